@@ -1,0 +1,81 @@
+# fsdpd: one plain Makefile (see docs/ARCHITECTURE.md for what lives where).
+#
+#   make          build libraries and binaries (installs missing Debian packages)
+#   make test     build and run every test
+#   make bench    build and run the benchmarks (prints `bench:` lines)
+#   make demo     build, tokenize the demo corpus, train a small GPT on it
+#
+# Objects go to build/, programs to bin/. CC, OPT and ARCH may be overridden.
+
+CC      = gcc
+OPT    ?= -O3
+ARCH   ?= -march=native
+CFLAGS  = -std=c11 -D_GNU_SOURCE $(OPT) $(ARCH) -g -fopenmp -Wall -Wextra -Werror \
+          -MMD -MP -I. $(EXTRA_CFLAGS)
+LDFLAGS = -fopenmp $(EXTRA_LDFLAGS)
+LDLIBS  = -ldnnl -linih -lm -lpthread
+B       = build
+
+# Debian packages the build, the tests, the benchmarks and the demo need.
+DEB_PKGS = build-essential pkg-config libdnnl-dev libinih-dev libcriterion-dev \
+           libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libuv1-dev libsqlite3-dev \
+           python3 python3-numpy python3-torch libopenblas-dev libblis-dev fortunes
+
+COMMON_SRCS = daemon/common/err.c daemon/common/log.c daemon/common/param.c
+KERN_SRCS   = kernels/cpu/backend.c kernels/cpu/encoder.c kernels/cpu/layernorm.c \
+              kernels/cpu/matmul.c kernels/cpu/attention.c kernels/cpu/gelu.c \
+              kernels/cpu/residual.c kernels/cpu/crossentropy.c kernels/cpu/adamw.c \
+              kernels/cpu/cast.c kernels/cpu/sumsq.c
+TRAIN_SRCS  = daemon/train/mem.c daemon/train/gpt.c daemon/train/adamw.c \
+              daemon/train/data.c daemon/train/config.c daemon/train/train.c
+LIB_SRCS    = $(COMMON_SRCS) $(KERN_SRCS) $(TRAIN_SRCS)
+LIB         = $(B)/libfsdp.a
+
+BINS  = bin/fsdp-train bin/fsdp-tokenize
+TESTS = err param kernels data gpt adamw config train reference
+TEST_BINS  = $(TESTS:%=$(B)/tests/test_%)
+BENCH_BINS = $(B)/bench/bench_gemm $(B)/bench/bench_train
+
+.PHONY: all deps test bench demo clean
+all: $(BINS)
+
+deps:
+	@sh mk/deps.sh $(DEB_PKGS)
+
+$(B)/%.o: %.c | deps
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(LIB): $(LIB_SRCS:%.c=$(B)/%.o)
+	@rm -f $@
+	ar rcs $@ $^
+
+bin/fsdp-train: $(B)/daemon/train/main.o $(LIB)
+	@mkdir -p bin
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+bin/fsdp-tokenize: $(B)/client/tokenize.o $(LIB)
+	@mkdir -p bin
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+$(B)/tests/test_%: $(B)/tests/unit/test_%.o $(B)/tests/unit/testutil.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -lcriterion
+
+$(B)/bench/%: $(B)/tests/bench/%.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -ldl
+
+test: $(BINS) $(TEST_BINS)
+	@sh tests/run.sh $(TEST_BINS)
+
+bench: $(BINS) $(BENCH_BINS)
+	@sh tests/bench/run.sh
+
+demo: $(BINS)
+	@sh mk/demo.sh
+
+clean:
+	rm -rf $(B) bin
+
+-include $(shell find $(B) -name '*.d' 2>/dev/null)

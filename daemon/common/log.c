@@ -1,0 +1,52 @@
+/* log: formatting and filtering of log lines (see log.h). */
+#include "log.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "param.h"
+
+static const char *const log_level_names[] = {"ERROR", "WARN", "INFO", "DEBUG"};
+
+int log_enabled(int level) { return level <= param_log_level(); }
+
+/* Writes s as the inside of a JSON string. */
+static void log_json_str(FILE *f, const char *s) {
+  for (; *s; s++) {
+    unsigned char c = (unsigned char)*s;
+    if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+    else if (c < 0x20) fprintf(f, "\\u%04x", c);
+    else fputc(c, f);
+  }
+}
+
+void log_write(int level, const char *subsys, const char *file, int line, const char *fmt, ...) {
+  char msg[2048];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  const char *lvl = log_level_names[level < 0 ? 0 : level > 3 ? 3 : level];
+  if (param_log_json()) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    flockfile(stderr);
+    fprintf(stderr, "{\"ts\":%lld.%03ld,\"level\":\"%s\",\"subsys\":\"", (long long)ts.tv_sec,
+            ts.tv_nsec / 1000000, lvl);
+    log_json_str(stderr, subsys);
+    fprintf(stderr, "\",\"src\":\"%s:%d\",\"msg\":\"", file, line);
+    log_json_str(stderr, msg);
+    fputs("\"}\n", stderr);
+    funlockfile(stderr);
+  } else {
+    fprintf(stderr, "fsdp %s %s: %s\n", lvl, subsys, msg);
+  }
+}
+
+void log_assert_fail(const char *cond, const char *file, int line) {
+  fprintf(stderr, "fsdp ASSERT %s:%d: %s\n", file, line, cond);
+  abort();
+}

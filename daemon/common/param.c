@@ -1,0 +1,41 @@
+/* param: getters for the tunables listed in param.h. */
+#include "param.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+
+
+static int64_t param_read(const char *env, int64_t def) {
+  const char *s = getenv(env);
+  if (!s || !*s) return def;
+  char *end;
+  errno = 0;
+  long long v = strtoll(s, &end, 0);
+  if (errno || *end) {
+    /* Not through the logger: the log level is itself a tunable read here. */
+    fprintf(stderr, "fsdp WARN param: %s=\"%s\" is not an integer; using the default %lld\n",
+            env, s, (long long)def);
+    return def;
+  }
+  return (int64_t)v;
+}
+
+#define XX(name, env, def, help)                                                   \
+  static int64_t param_val_##name;                                                 \
+  static pthread_once_t param_once_##name = PTHREAD_ONCE_INIT;                     \
+  static void param_init_##name(void) { param_val_##name = param_read(env, def); } \
+  int64_t param_##name(void) {                                                     \
+    pthread_once(&param_once_##name, param_init_##name);                           \
+    return param_val_##name;                                                       \
+  }
+FSDP_PARAM_LIST(XX)
+#undef XX
+
+void param_dump(FILE *out) {
+#define XX(name, env, def, help)                                                   \
+  fprintf(out, "  %-22s default %-6lld now %-6lld %s\n", env, (long long)(def),    \
+          (long long)param_##name(), help);
+  FSDP_PARAM_LIST(XX)
+#undef XX
+}

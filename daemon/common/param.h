@@ -1,0 +1,29 @@
+/* param: every tunable of the project, declared once (after NCCL's NCCL_PARAM).
+ *
+ * Each entry has a name, the environment variable that overrides it, a default
+ * and a sentence for `--help-params`. The getter param_<name>() reads the
+ * environment once, on first use; a value that does not parse as an integer is
+ * reported once and the default is kept. Job options (steps, batch, ...) are not
+ * tunables: they belong to the job and live in its config. */
+#ifndef FSDP_PARAM_H
+#define FSDP_PARAM_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+/* XX(name, env, default, help) */
+#define FSDP_PARAM_LIST(XX)                                                          \
+  XX(threads, "FSDP_THREADS", 0, "CPU threads for kernels (0: all online cores)")   \
+  XX(log_level, "FSDP_LOG_LEVEL", 2, "0 error, 1 warn, 2 info, 3 debug")             \
+  XX(log_json, "FSDP_LOG_JSON", 0, "1: one JSON object per log line")                \
+  XX(attn_block, "FSDP_ATTN_BLOCK", 64, "query rows per attention work item")        \
+  XX(progress_every, "FSDP_PROGRESS_EVERY", 1, "print a progress line every N steps")
+
+#define XX(name, env, def, help) int64_t param_##name(void);
+FSDP_PARAM_LIST(XX)
+#undef XX
+
+/* Prints every tunable, its variable, default and current value. */
+void param_dump(FILE *out);
+
+#endif

@@ -1,0 +1,54 @@
+/* data: token files and the batches drawn from them.
+ *
+ * A token file has the llm.c layout: int32 header[256] = { DATA_MAGIC, DATA_VERSION,
+ * token count, 0... }, then that many little-endian uint16 token ids. Opening one
+ * checks the header, the size and every token id against the model's vocabulary,
+ * so a bad file is refused at start with a message that names the file, the
+ * position and the fix, never mid-run.
+ *
+ * The file is split into a training part and a held-out evaluation part (the
+ * last eval_fraction of the tokens). Training batches are windows of T+1
+ * tokens, taken in an order shuffled per epoch from a seed: the batch at a
+ * position (epoch, index) is a pure function of (file, seed, B, T, position), so
+ * a run resumes exactly where it stopped. */
+#ifndef FSDP_DATA_H
+#define FSDP_DATA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define DATA_MAGIC 20240520
+#define DATA_VERSION 1
+#define DATA_HEADER_INTS 256
+
+typedef struct data data_t;
+
+/* Where the next training batch starts: resumable. */
+typedef struct data_pos {
+  uint64_t epoch; /* passes over the training split so far */
+  uint64_t index; /* next batch within the epoch */
+} data_pos_t;
+
+/* Opens and validates path. vocab: token ids must be below it. eval_fraction in
+ * [0, 0.5]: share of tokens held out (0: no evaluation split). T: the sequence
+ * length batches will use (the training split must hold at least one window). */
+int data_open(data_t **out, const char *path, int vocab, double eval_fraction, int T);
+void data_close(data_t *d);
+
+size_t data_num_tokens(const data_t *d);
+size_t data_num_train_tokens(const data_t *d);
+size_t data_num_eval_tokens(const data_t *d);
+
+/* Fills inputs and targets (B,T each) with the training batch at *pos and
+ * advances *pos (to the next epoch when this one is used up). */
+int data_next_batch(data_t *d, data_pos_t *pos, uint64_t seed, int B, int T, int32_t *inputs,
+                    int32_t *targets);
+/* Number of whole evaluation batches of (B,T), and the k-th of them (sequential
+ * windows of the held-out split, the same every time). */
+size_t data_eval_num_batches(const data_t *d, int B, int T);
+int data_eval_batch(const data_t *d, size_t k, int B, int T, int32_t *inputs, int32_t *targets);
+
+/* Writes a token file: temporary name, fsync, rename. Ids must fit in uint16. */
+int data_write(const char *path, const uint16_t *tokens, size_t n);
+
+#endif

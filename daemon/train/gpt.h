@@ -1,0 +1,101 @@
+/* gpt: a GPT-2 style decoder (pre-LN, learned positions, tied embeddings) on a
+ * kern backend: its shapes, parameter layout, initialisation, forward and backward.
+ *
+ * Parameters live in one flat fp32 buffer ordered by UNIT: unit 0 holds the
+ * embeddings and the final norm (wte, wpe, lnf.w, lnf.b), unit 1+l holds every
+ * parameter of transformer block l. A unit is one contiguous range: it is what
+ * the sharded runtime gathers and frees as one. The gradients use the same layout.
+ * Activations are allocated for a (B, T) on first use and reused after. */
+#ifndef FSDP_GPT_H
+#define FSDP_GPT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../../kernels/kern.h"
+
+typedef struct gpt_config {
+  int layers;   /* L: transformer blocks */
+  int channels; /* C: model width; a multiple of heads */
+  int heads;    /* NH: attention heads */
+  int vocab;    /* V: token ids are 0..V-1 */
+  int context;  /* maximum sequence length (rows of wpe) */
+} gpt_config_t;
+
+/* Fills cfg from a preset name: gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1558m, and
+ * the small test presets tiny (L2 C64 NH4 V256 T64) and small (L4 C256 NH4 V256 T256).
+ * Unknown name: FSDP_EINVAL with the list of names. */
+int gpt_config_preset(gpt_config_t *cfg, const char *name);
+/* Prints the preset names, comma-separated, into buf. */
+void gpt_config_preset_names(char *buf, size_t len);
+/* Checks every dimension; the error names the field (model.heads, ...) and the fix. */
+int gpt_config_validate(const gpt_config_t *cfg);
+/* Parameter count of a config (no padding). */
+size_t gpt_config_num_params(const gpt_config_t *cfg);
+
+/* One named parameter tensor inside the flat buffer. */
+typedef struct gpt_tensor {
+  char name[32];    /* "wte", "h.3.attn.qkv.w", ... */
+  size_t offset;    /* in elements, into the flat buffer */
+  size_t numel;
+  int rows, cols;   /* shape: (rows, cols) for matrices, (1, n) for vectors */
+  int decay;        /* 1: weight decay applies (matrices and embeddings) */
+  int unit;         /* which unit holds it */
+  float init_std;   /* 0: constant init (init_value) */
+  float init_value;
+} gpt_tensor_t;
+
+typedef struct gpt_unit {
+  size_t offset, numel; /* range in the flat buffer */
+} gpt_unit_t;
+
+typedef struct gpt gpt_t;
+
+int gpt_create(gpt_t **out, const gpt_config_t *cfg, const kern_backend_t *be);
+void gpt_destroy(gpt_t *g);
+
+const gpt_config_t *gpt_get_config(const gpt_t *g);
+size_t gpt_num_params(const gpt_t *g);
+int gpt_num_tensors(const gpt_t *g);
+const gpt_tensor_t *gpt_tensor(const gpt_t *g, int i);
+/* Index of the tensor named name, or -1. */
+int gpt_find_tensor(const gpt_t *g, const char *name);
+int gpt_num_units(const gpt_t *g);
+gpt_unit_t gpt_unit(const gpt_t *g, int u);
+float *gpt_params(gpt_t *g);
+float *gpt_grads(gpt_t *g);
+
+/* Fills elements [begin, end) of the flat parameter buffer of a model with this
+ * config, writing them to dst[0 .. end-begin). Each value is a pure function of
+ * (seed, global element index): any split of the range gives the same bytes. */
+void gpt_init_range(const gpt_config_t *cfg, uint64_t seed, size_t begin, size_t end, float *dst);
+/* The whole model: gpt_init_range over [0, num_params). */
+void gpt_init_weights(gpt_t *g, uint64_t seed);
+
+/* Weights file (see docs/FORMATS.md): int32 header[256] = { magic GPT_WEIGHTS_MAGIC,
+ * version 1, layers, channels, heads, vocab, context, 0... } then num_params
+ * little-endian fp32 in the flat (unit) order. Saving writes a temporary file
+ * and renames it, so a crash never leaves a half-written file under the name. */
+#define GPT_WEIGHTS_MAGIC 20261122
+int gpt_save(const gpt_t *g, const char *path);
+/* Creates a model from a weights file (config read from its header). */
+int gpt_load(gpt_t **out, const char *path, const kern_backend_t *be);
+
+/* Forward pass on inputs (B,T) of token ids. With targets (B,T) non-NULL, the
+ * mean cross-entropy goes to *loss and the probabilities are kept for backward;
+ * with targets NULL the logits (B,T,V) are kept instead (gpt_logits) and *loss
+ * is untouched. Checks B > 0, 0 < T <= context and every id < vocab; the error
+ * names the field or the position of the bad token. */
+int gpt_forward(gpt_t *g, const int32_t *inputs, const int32_t *targets, int B, int T,
+                float *loss);
+/* Backward of the last forward (which must have had targets). Accumulates into
+ * the gradients: the loss gradient is scaled by dloss_scale (1 for one
+ * micro-batch, 1/k to average over k micro-batches). */
+int gpt_backward(gpt_t *g, float dloss_scale);
+void gpt_zero_grad(gpt_t *g);
+/* Logits (B,T,V) of the last forward without targets. */
+const float *gpt_logits(const gpt_t *g);
+/* Bytes of activations (and their gradients) the model holds for (B, T). */
+size_t gpt_activation_bytes(const gpt_config_t *cfg, int B, int T);
+
+#endif

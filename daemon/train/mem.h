@@ -1,0 +1,46 @@
+/* mem: the accounting allocator. Every byte the training path allocates goes
+ * through here with a category, so the peak a run reports is measured, not
+ * estimated, and a planner's estimate can be checked against it.
+ *
+ * Blocks are 64-byte aligned. Counters are process-wide and atomic. */
+#ifndef FSDP_MEM_H
+#define FSDP_MEM_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+/* XX(enum suffix, printed name) */
+#define MEM_CATEGORY_LIST(XX)          \
+  XX(PARAMS, "params")                 \
+  XX(PARAMS_GATHERED, "params_gathered") \
+  XX(GRADS, "grads")                   \
+  XX(OPTIM, "optimizer")               \
+  XX(ACTS, "activations")              \
+  XX(COMM, "comm")                     \
+  XX(WORKSPACE, "workspace")
+
+typedef enum {
+#define XX(e, s) MEM_##e,
+  MEM_CATEGORY_LIST(XX)
+#undef XX
+  MEM__COUNT
+} mem_cat_t;
+
+/* Returns NULL (with err_set(FSDP_ENOMEM, ...) naming what and how much) on failure.
+ * what names the allocation in that message ("activations for B=4 T=256"). */
+void *mem_alloc(mem_cat_t cat, size_t bytes, const char *what);
+/* Same, zero-filled. */
+void *mem_calloc(mem_cat_t cat, size_t bytes, const char *what);
+void mem_free(void *p);
+
+size_t mem_current(mem_cat_t cat);
+size_t mem_peak(mem_cat_t cat);
+size_t mem_total_current(void);
+size_t mem_total_peak(void);
+const char *mem_cat_name(mem_cat_t cat);
+/* One line: "mem: params=... grads=... total=... peak=..." in MiB. */
+void mem_report(FILE *out, const char *prefix);
+/* Peak resident set of this process (VmHWM), in bytes; 0 if unknown. */
+size_t mem_process_peak_rss(void);
+
+#endif

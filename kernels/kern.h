@@ -1,0 +1,102 @@
+/* kern: the op set every model computes with, behind one backend table.
+ *
+ * A backend (cpu now, cuda later) fills a static const kern_backend_t; callers
+ * hold a pointer to it and never name a backend's functions directly (after
+ * ggml's ggml_backend_i). Pointers are device pointers of that backend.
+ *
+ * Conventions, for every op:
+ *  - Tensors are dense, row-major fp32 unless the op says otherwise. Shapes are in
+ *    the comment of each member: B batch, T sequence, C channels, NH heads, V vocab,
+ *    N rows (B*T), IC/OC input/output features.
+ *  - Backward ops ACCUMULATE (+=) into every gradient they write, parameters and
+ *    activations alike: gradient accumulation over micro-batches and the
+ *    residual stream both rely on it. Callers zero gradients when they start.
+ *  - Ops never allocate. Scratch memory is passed in, sized by *_scratch().
+ */
+#ifndef FSDP_KERN_H
+#define FSDP_KERN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum {
+  KERN_OP_ENCODER,
+  KERN_OP_LAYERNORM,
+  KERN_OP_MATMUL,
+  KERN_OP_ATTENTION,
+  KERN_OP_GELU,
+  KERN_OP_RESIDUAL,
+  KERN_OP_CROSSENTROPY,
+  KERN_OP_ADAMW,
+  KERN_OP_CAST,
+  KERN_OP_SUMSQ,
+  KERN_OP__COUNT
+} kern_op_t;
+
+typedef struct kern_backend {
+  const char *name;
+  /* 1 when the op is implemented by this backend, 0 when not (never a crash). */
+  int (*supports_op)(kern_op_t op);
+  /* Worker threads the backend uses (CPU: OpenMP threads); n <= 0 means all cores. */
+  void (*set_threads)(int n);
+  int (*get_threads)(void);
+
+  /* out (B,T,C) = wte[tok] + wpe[t]. tok (B,T) must be < V (checked by the caller). */
+  void (*encoder_fwd)(float *out, const int32_t *tok, const float *wte, const float *wpe, int B,
+                      int T, int C);
+  /* dwte (V,C) += scatter of dout rows; dwpe (T,C) += sum over b. */
+  void (*encoder_bwd)(float *dwte, float *dwpe, const float *dout, const int32_t *tok, int B,
+                      int T, int C);
+
+  /* out (N,C) = (inp - mean) * rstd * w + b; saves mean (N), rstd (N). */
+  void (*layernorm_fwd)(float *out, float *mean, float *rstd, const float *inp, const float *w,
+                        const float *b, int N, int C);
+  void (*layernorm_bwd)(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                        const float *w, const float *mean, const float *rstd, int N, int C);
+
+  /* out (N,OC) = inp (N,IC) @ w (OC,IC)^T + bias (OC); bias may be NULL. */
+  void (*matmul_fwd)(float *out, const float *inp, const float *w, const float *bias, int N,
+                     int IC, int OC);
+  /* dinp (N,IC) += dout @ w; dw (OC,IC) += dout^T @ inp; dbias (OC) += column sums (if not NULL). */
+  void (*matmul_bwd)(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
+                     const float *w, int N, int IC, int OC);
+
+  /* Causal multi-head attention. qkv (B,T,3C) holds q, k, v side by side, each
+   * (NH heads of C/NH). out (B,T,C); att (B,NH,T,T) keeps the softmax
+   * probabilities for backward (entries above the diagonal are 0). */
+  void (*attention_fwd)(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
+  /* dqkv (B,T,3C) += gradient; scratch holds attention_scratch() floats. */
+  void (*attention_bwd)(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                        const float *att, int B, int T, int C, int NH);
+  size_t (*attention_scratch)(int B, int T, int C, int NH);
+
+  /* GELU (tanh form), element-wise over n. */
+  void (*gelu_fwd)(float *out, const float *inp, size_t n);
+  void (*gelu_bwd)(float *dinp, const float *inp, const float *dout, size_t n);
+
+  /* out = a + b over n; backward: da += dout, db += dout. */
+  void (*residual_fwd)(float *out, const float *a, const float *b, size_t n);
+  void (*residual_bwd)(float *da, float *db, const float *dout, size_t n);
+
+  /* Softmax cross-entropy over rows of V logits. Forward turns logits (N,V) into
+   * probabilities IN PLACE and writes losses (N) = -log p[target]. Backward turns
+   * the probabilities into dlogits = (p - onehot(target)) * dloss IN PLACE. */
+  void (*crossentropy_fwd)(float *losses, float *logits, const int32_t *targets, int N, int V);
+  void (*crossentropy_bwd)(float *probs, const int32_t *targets, float dloss, int N, int V);
+
+  /* AdamW (decoupled weight decay) over n elements at step t (1-based). */
+  void (*adamw)(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
+                float beta2, float eps, float wd, int t);
+
+  /* fp32 <-> bf16 (uint16 storage), round-to-nearest-even. */
+  void (*f32_to_bf16)(uint16_t *out, const float *inp, size_t n);
+  void (*bf16_to_f32)(float *out, const uint16_t *inp, size_t n);
+
+  /* sum of x[i]^2, accumulated in double. */
+  double (*sumsq)(const float *x, size_t n);
+} kern_backend_t;
+
+/* The CPU backend (OpenMP + oneDNN sgemm). */
+const kern_backend_t *kern_cpu(void);
+
+#endif
