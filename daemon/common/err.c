@@ -48,13 +48,25 @@ int err_set_errno(int code, int errnum, const char *fmt, ...) {
 }
 
 int err_wrap(int code, const char *fmt, ...) {
-  char prefix[ERR_MSG_MAX], old[ERR_MSG_MAX];
+  char old[ERR_MSG_MAX];
+  memcpy(old, err_buf, sizeof old);
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(prefix, sizeof prefix, fmt, ap);
+  int n = vsnprintf(err_buf, sizeof err_buf, fmt, ap);
   va_end(ap);
-  memcpy(old, err_buf, sizeof old);
-  snprintf(err_buf, sizeof err_buf, "%s: %s", prefix, old[0] ? old : err_str(code));
+  if (n >= 0 && (size_t)n < sizeof err_buf) {
+    const char *rest = old[0] ? old : err_str(code);
+    size_t room = sizeof err_buf - (size_t)n;
+    /* truncation is fine: the start of a message says the most */
+    if (room > 2) {
+      err_buf[n] = ':';
+      err_buf[n + 1] = ' ';
+      size_t len = strlen(rest);
+      if (len > room - 3) len = room - 3;
+      memcpy(err_buf + n + 2, rest, len);
+      err_buf[(size_t)n + 2 + len] = 0;
+    }
+  }
   return code;
 }
 
