@@ -1,1 +1,224 @@
-/* placeholder: being written */
+/* config: the option table of a training job, its parsing from flags and INI
+ * job files (inih), and its checks (see config.h). One table serves the flags,
+ * the job file, --help and config_write, so an option is declared once. */
+#include "config.h"
+
+#include <errno.h>
+#include <ini.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/err.h"
+
+typedef enum { CFG_INT, CFG_U64, CFG_FLOAT, CFG_DOUBLE, CFG_STR } config_type_t;
+
+typedef struct config_opt {
+  const char *key;
+  const char *section; /* grouping in job files and --help */
+  config_type_t type;
+  size_t offset;
+  size_t size;         /* CFG_STR: buffer size */
+  double lo, hi;       /* accepted range for numbers */
+  const char *help;
+} config_opt_t;
+
+#define OFF(f) offsetof(config_t, f)
+#define STR(f) CFG_STR, OFF(f), sizeof(((config_t *)0)->f), 0, 0
+static const config_opt_t config_opts[] = {
+    {"model", "model", STR(model), "preset: gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1558m, tiny, small"},
+    {"layers", "model", CFG_INT, OFF(dims.layers), 0, 0, 4096, "transformer blocks (0: the preset's)"},
+    {"channels", "model", CFG_INT, OFF(dims.channels), 0, 0, 65536, "model width (0: the preset's)"},
+    {"heads", "model", CFG_INT, OFF(dims.heads), 0, 0, 65536, "attention heads (0: the preset's)"},
+    {"vocab", "model", CFG_INT, OFF(dims.vocab), 0, 0, 65536, "vocabulary size (0: the preset's)"},
+    {"context", "model", CFG_INT, OFF(dims.context), 0, 0, 1 << 20, "maximum sequence length (0: the preset's)"},
+    {"init_from", "model", STR(init_from), "weights file to start from instead of a random init"},
+    {"data", "data", STR(data), "token file (make one with fsdp-tokenize)"},
+    {"eval_fraction", "data", CFG_DOUBLE, OFF(eval_fraction), 0, 0, 0.5, "share of tokens held out for evaluation"},
+    {"steps", "train", CFG_INT, OFF(steps), 0, 1, 1e9, "optimizer steps"},
+    {"batch", "train", CFG_INT, OFF(batch), 0, 1, 1 << 20, "sequences per micro-batch"},
+    {"seq_len", "train", CFG_INT, OFF(seq_len), 0, 1, 1 << 20, "tokens per sequence"},
+    {"grad_accum", "train", CFG_INT, OFF(grad_accum), 0, 1, 1 << 20, "micro-batches per optimizer step"},
+    {"seed", "train", CFG_U64, OFF(seed), 0, 0, 0, "seed of the initial weights and the data order"},
+    {"eval_every", "train", CFG_INT, OFF(eval_every), 0, 0, 1e9, "steps between evaluations (0: only at the end)"},
+    {"eval_batches", "train", CFG_INT, OFF(eval_batches), 0, 0, 1e9, "batches per evaluation (0: all held-out data)"},
+    {"threads", "train", CFG_INT, OFF(threads), 0, 0, 4096, "CPU threads (0: FSDP_THREADS, else all cores)"},
+    {"lr", "optim", CFG_FLOAT, OFF(lr), 0, 0, 10, "peak learning rate"},
+    {"min_lr_frac", "optim", CFG_FLOAT, OFF(min_lr_frac), 0, 0, 1, "final lr as a fraction of lr (cosine decay)"},
+    {"warmup_steps", "optim", CFG_INT, OFF(warmup_steps), 0, 0, 1e9, "linear warmup steps"},
+    {"weight_decay", "optim", CFG_FLOAT, OFF(weight_decay), 0, 0, 10, "AdamW decoupled weight decay (matrices only)"},
+    {"beta1", "optim", CFG_FLOAT, OFF(beta1), 0, 0, 0.999999, "AdamW beta1"},
+    {"beta2", "optim", CFG_FLOAT, OFF(beta2), 0, 0, 0.999999, "AdamW beta2"},
+    {"eps", "optim", CFG_FLOAT, OFF(eps), 0, 1e-30, 1, "AdamW epsilon"},
+    {"grad_clip", "optim", CFG_FLOAT, OFF(grad_clip), 0, 0, 1e9, "clip the global gradient norm to this (0: off)"},
+    {"save", "output", STR(save), "weights file written at the end"},
+};
+#undef STR
+#undef OFF
+#define CONFIG_NUM_OPTS (int)(sizeof config_opts / sizeof config_opts[0])
+
+void config_default(config_t *c) {
+  memset(c, 0, sizeof *c);
+  snprintf(c->model, sizeof c->model, "small");
+  c->eval_fraction = 0.1;
+  c->steps = 100;
+  c->batch = 4;
+  c->seq_len = 256;
+  c->grad_accum = 1;
+  c->seed = 1337;
+  c->eval_batches = 8;
+  c->lr = 6e-4f;
+  c->min_lr_frac = 0.1f;
+  c->warmup_steps = 10;
+  c->weight_decay = 0.1f;
+  c->beta1 = 0.9f;
+  c->beta2 = 0.95f;
+  c->eps = 1e-8f;
+  c->grad_clip = 1.0f;
+}
+
+int config_num_opts(void) { return CONFIG_NUM_OPTS; }
+const char *config_opt_key(int i) { return config_opts[i].key; }
+
+static const config_opt_t *config_find(const char *key) {
+  for (int i = 0; i < CONFIG_NUM_OPTS; i++)
+    if (!strcmp(config_opts[i].key, key)) return &config_opts[i];
+  return NULL;
+}
+
+int config_set(config_t *c, const char *key, const char *value) {
+  const config_opt_t *o = config_find(key);
+  if (!o) return err_set(FSDP_EINVAL, "unknown option \"%s\"; see --help for the list", key);
+  char *field = (char *)c + o->offset;
+  if (o->type == CFG_STR) {
+    if (strlen(value) >= o->size)
+      return err_set(FSDP_EINVAL, "%s: value is %zu characters long; the limit is %zu", key,
+                     strlen(value), o->size - 1);
+    memcpy(field, value, strlen(value) + 1);
+    return FSDP_OK;
+  }
+  char *end;
+  errno = 0;
+  if (o->type == CFG_U64) {
+    unsigned long long u = strtoull(value, &end, 0);
+    if (errno || end == value || *end || value[0] == '-')
+      return err_set(FSDP_EINVAL, "%s: \"%s\" is not a non-negative integer", key, value);
+    *(uint64_t *)field = u;
+    return FSDP_OK;
+  }
+  double v = strtod(value, &end);
+  if (errno || end == value || *end || !isfinite(v))
+    return err_set(FSDP_EINVAL, "%s: \"%s\" is not a number", key, value);
+  if (o->type == CFG_INT && v != floor(v))
+    return err_set(FSDP_EINVAL, "%s: \"%s\" is not a whole number", key, value);
+  if (v < o->lo || v > o->hi)
+    return err_set(FSDP_EINVAL, "%s: %s is out of range; give a value from %g to %g (%s)", key,
+                   value, o->lo, o->hi, o->help);
+  switch (o->type) {
+  case CFG_INT: *(int *)field = (int)v; break;
+  case CFG_FLOAT: *(float *)field = (float)v; break;
+  case CFG_DOUBLE: *(double *)field = v; break;
+  default: break;
+  }
+  return FSDP_OK;
+}
+
+typedef struct config_ini_ctx {
+  config_t *c;
+  const char *path;
+  int rc;
+} config_ini_ctx_t;
+
+/* Debian's inih passes no line number to handlers: errors name the file and key. */
+static int config_ini_cb(void *user, const char *section, const char *name, const char *value) {
+  config_ini_ctx_t *x = user;
+  if (x->rc) return 0;
+  const config_opt_t *o = config_find(name);
+  if (o && section[0] && strcmp(section, o->section)) {
+    x->rc = err_set(FSDP_EINVAL, "job file %s: %s belongs in section [%s], not [%s]", x->path,
+                    name, o->section, section);
+    return 0;
+  }
+  int rc = config_set(x->c, name, value);
+  if (rc) {
+    x->rc = err_wrap(rc, "job file %s", x->path);
+    return 0;
+  }
+  return 1;
+}
+
+int config_load_file(config_t *c, const char *path) {
+  FILE *f = fopen(path, "r");
+  if (!f) return err_set_errno(err_from_errno(errno), errno, "job file %s", path);
+  config_ini_ctx_t x = {c, path, FSDP_OK};
+  int line = ini_parse_file(f, config_ini_cb, &x);
+  fclose(f);
+  if (x.rc) return x.rc;
+  if (line > 0)
+    return err_set(FSDP_EINVAL, "%s:%d: not a `key = value` line or a [section] header", path,
+                   line);
+  if (line < 0) return err_set(FSDP_EIO, "job file %s: could not be read", path);
+  return FSDP_OK;
+}
+
+int config_finish(config_t *c) {
+  gpt_config_t g = {0};
+  int rc;
+  if (c->model[0] && (rc = gpt_config_preset(&g, c->model))) return rc;
+  if (c->dims.layers) g.layers = c->dims.layers;
+  if (c->dims.channels) g.channels = c->dims.channels;
+  if (c->dims.heads) g.heads = c->dims.heads;
+  if (c->dims.vocab) g.vocab = c->dims.vocab;
+  if (c->dims.context) g.context = c->dims.context;
+  if (!c->model[0] && (!g.layers || !g.channels || !g.heads || !g.vocab || !g.context))
+    return err_set(FSDP_EINVAL, "model: no preset given, so layers, channels, heads, vocab and "
+                   "context must all be set (or set model to a preset)");
+  if ((rc = gpt_config_validate(&g))) return rc;
+  c->gpt = g;
+  if (!c->data[0])
+    return err_set(FSDP_EINVAL, "data: no token file given; set data = PATH (make one from text "
+                   "with fsdp-tokenize)");
+  if (c->seq_len > g.context)
+    return err_set(FSDP_EINVAL, "seq_len: %d is longer than the model's context %d; shorten "
+                   "seq_len or raise context", c->seq_len, g.context);
+  if (c->warmup_steps > c->steps)
+    return err_set(FSDP_EINVAL, "warmup_steps: %d is more than steps %d; warmup must end "
+                   "before training does", c->warmup_steps, c->steps);
+  return FSDP_OK;
+}
+
+static void config_print_value(const config_t *c, const config_opt_t *o, FILE *out) {
+  const char *field = (const char *)c + o->offset;
+  switch (o->type) {
+  case CFG_INT: fprintf(out, "%d", *(const int *)field); break;
+  case CFG_U64: fprintf(out, "%llu", (unsigned long long)*(const uint64_t *)field); break;
+  case CFG_FLOAT: fprintf(out, "%g", *(const float *)field); break;
+  case CFG_DOUBLE: fprintf(out, "%g", *(const double *)field); break;
+  case CFG_STR: fprintf(out, "%s", field); break;
+  }
+}
+
+void config_print_help(FILE *out) {
+  config_t d;
+  config_default(&d);
+  const char *sec = "";
+  for (int i = 0; i < CONFIG_NUM_OPTS; i++) {
+    const config_opt_t *o = &config_opts[i];
+    if (strcmp(sec, o->section)) fprintf(out, "  [%s]\n", sec = o->section);
+    fprintf(out, "    --%-14s %s (default: ", o->key, o->help);
+    config_print_value(&d, o, out);
+    fprintf(out, ")\n");
+  }
+}
+
+void config_write(const config_t *c, FILE *out) {
+  const char *sec = "";
+  for (int i = 0; i < CONFIG_NUM_OPTS; i++) {
+    const config_opt_t *o = &config_opts[i];
+    if (strcmp(sec, o->section)) fprintf(out, "%s[%s]\n", i ? "\n" : "", sec = o->section);
+    fprintf(out, "%s = ", o->key);
+    config_print_value(c, o, out);
+    fprintf(out, "\n");
+  }
+}

@@ -19,7 +19,8 @@
 typedef struct config {
   /* model */
   char model[64];             /* preset name, or "" for explicit dimensions */
-  gpt_config_t gpt;           /* final dimensions (preset, then explicit overrides) */
+  gpt_config_t dims;          /* explicit dimensions; 0 = take the preset's */
+  gpt_config_t gpt;           /* final dimensions, set by config_finish */
   char init_from[CONFIG_PATH_MAX]; /* weights file to start from ("" : random init) */
   /* data */
   char data[CONFIG_PATH_MAX]; /* token file */
@@ -47,8 +48,12 @@ void config_default(config_t *c);
 int config_set(config_t *c, const char *key, const char *value);
 /* Reads a job file (INI). Unknown keys are errors, with the file and line. */
 int config_load_file(config_t *c, const char *path);
-/* Cross-field checks (seq_len <= context, ...). */
-int config_validate(const config_t *c);
+/* Resolves the model (preset, then explicit dimensions) into c->gpt and runs
+ * the cross-field checks (seq_len <= context, ...). Call before using c. */
+int config_finish(config_t *c);
+/* The option keys, for building a command line (i from 0 to config_num_opts()-1). */
+int config_num_opts(void);
+const char *config_opt_key(int i);
 /* Prints every option with its help (for --help). */
 void config_print_help(FILE *out);
 /* Prints the effective options, one `key = value` line each (a job file). */

@@ -1,1 +1,579 @@
-/* placeholder: being written */
+/* gpt: the GPT-2 model on a kern backend (see gpt.h).
+ *
+ * Owns the flat parameter and gradient buffers, the activations of one (B, T)
+ * and the scratch of backward. The forward keeps exactly what backward reads;
+ * backward reuses a handful of per-layer scratch buffers instead of a full
+ * mirror of the activations. Every byte comes from the accounting allocator. */
+#include "gpt.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../common/err.h"
+#include "../common/log.h"
+#include "mem.h"
+
+#define GPT_WEIGHTS_VERSION 1
+#define GPT_HEADER_INTS 256
+
+/* Per-layer activations kept from forward for backward. Shapes with N = B*T. */
+typedef struct gpt_layer_acts {
+  float *ln1;       /* (N,C) */
+  float *ln1_mean;  /* (N) */
+  float *ln1_rstd;  /* (N) */
+  float *qkv;       /* (N,3C) */
+  float *atty;      /* (N,C) attention output before its projection */
+  float *att;       /* (B,NH,T,T) softmax probabilities */
+  float *res2;      /* (N,C) residual after attention */
+  float *ln2;       /* (N,C) */
+  float *ln2_mean;  /* (N) */
+  float *ln2_rstd;  /* (N) */
+  float *fch;       /* (N,4C) fc output before GELU */
+  float *fch_gelu;  /* (N,4C) */
+  float *res3;      /* (N,C) residual after the MLP: the layer's output */
+} gpt_layer_acts_t;
+
+struct gpt {
+  gpt_config_t cfg;
+  const kern_backend_t *be;
+  int num_tensors;
+  gpt_tensor_t *tensors;
+  int num_units;
+  gpt_unit_t *units;
+  size_t num_params;
+  float *params; /* (num_params) flat, unit order */
+  float *grads;  /* (num_params) same layout */
+
+  /* activations for (B, T); NULL until the first forward */
+  int B, T;
+  float *acts_mem;
+  float *encoded;         /* (N,C) */
+  gpt_layer_acts_t *layer; /* (L) */
+  float *lnf;             /* (N,C) */
+  float *lnf_mean, *lnf_rstd; /* (N) */
+  float *logits;          /* (N,V): logits, then probabilities, then dlogits */
+  float *losses;          /* (N) */
+  int32_t *tokens;        /* (N) inputs of the last forward */
+  int32_t *targets;       /* (N) targets of the last forward */
+  /* backward scratch */
+  float *dres;            /* (N,C) gradient of the residual stream */
+  float *dln;             /* (N,C) gradient of a layernorm output */
+  float *dbig1;           /* (N,4C) dfch_gelu, then dqkv */
+  float *dbig2;           /* (N,4C) dfch, then datty */
+  float *att_scratch;
+  int have_targets;
+};
+
+/* ---- configuration ---------------------------------------------------- */
+
+static const struct {
+  const char *name;
+  gpt_config_t cfg;
+} gpt_presets[] = {
+    {"gpt2-124m", {12, 768, 12, 50257, 1024}},
+    {"gpt2-350m", {24, 1024, 16, 50257, 1024}},
+    {"gpt2-774m", {36, 1280, 20, 50257, 1024}},
+    {"gpt2-1558m", {48, 1600, 25, 50257, 1024}},
+    {"tiny", {2, 64, 4, 256, 64}},
+    {"small", {4, 256, 4, 256, 256}},
+};
+#define GPT_NUM_PRESETS (int)(sizeof gpt_presets / sizeof gpt_presets[0])
+
+void gpt_config_preset_names(char *buf, size_t len) {
+  size_t n = 0;
+  buf[0] = 0;
+  for (int i = 0; i < GPT_NUM_PRESETS && n < len; i++)
+    n += (size_t)snprintf(buf + n, len - n, "%s%s", i ? ", " : "", gpt_presets[i].name);
+}
+
+int gpt_config_preset(gpt_config_t *cfg, const char *name) {
+  for (int i = 0; i < GPT_NUM_PRESETS; i++)
+    if (!strcmp(name, gpt_presets[i].name)) {
+      *cfg = gpt_presets[i].cfg;
+      return FSDP_OK;
+    }
+  char names[256];
+  gpt_config_preset_names(names, sizeof names);
+  return err_set(FSDP_EINVAL, "model: unknown preset \"%s\"; choose one of %s, or give "
+                 "layers, channels, heads, vocab and context explicitly", name, names);
+}
+
+int gpt_config_validate(const gpt_config_t *c) {
+  if (c->layers <= 0 || c->layers > 4096)
+    return err_set(FSDP_EINVAL, "layers: %d is out of range; give 1 to 4096 transformer blocks",
+                   c->layers);
+  if (c->channels <= 0 || c->channels > 65536)
+    return err_set(FSDP_EINVAL, "channels: %d is out of range; give 1 to 65536", c->channels);
+  if (c->heads <= 0)
+    return err_set(FSDP_EINVAL, "heads: %d must be positive", c->heads);
+  if (c->channels % c->heads)
+    return err_set(FSDP_EINVAL, "heads: channels %d is not divisible by heads %d; choose heads "
+                   "that divide channels (each head gets channels/heads features)",
+                   c->channels, c->heads);
+  if (c->vocab < 2 || c->vocab > 65536)
+    return err_set(FSDP_EINVAL, "vocab: %d is out of range; token files hold 16-bit ids, so "
+                   "give 2 to 65536", c->vocab);
+  if (c->context <= 0 || c->context > 1 << 20)
+    return err_set(FSDP_EINVAL, "context: %d is out of range; give 1 to 1048576 positions",
+                   c->context);
+  return FSDP_OK;
+}
+
+/* The tensor table of a config, in flat-buffer order. Returns the count; writes
+ * up to max entries into t (t may be NULL to count). */
+static int gpt_layout(const gpt_config_t *cfg, gpt_tensor_t *t, int max) {
+  const int C = cfg->channels, L = cfg->layers;
+  const float std = 0.02f, proj_std = 0.02f / sqrtf(2.0f * (float)L);
+  int n = 0;
+  size_t off = 0;
+#define GPT_T(unit_, rows_, cols_, decay_, std_, val_, ...)                           \
+  do {                                                                               \
+    if (t && n < max) {                                                              \
+      gpt_tensor_t *x = &t[n];                                                       \
+      snprintf(x->name, sizeof x->name, __VA_ARGS__);                                \
+      x->offset = off;                                                               \
+      x->rows = (rows_);                                                             \
+      x->cols = (cols_);                                                             \
+      x->numel = (size_t)(rows_) * (size_t)(cols_);                                  \
+      x->decay = (decay_);                                                           \
+      x->unit = (unit_);                                                             \
+      x->init_std = (std_);                                                          \
+      x->init_value = (val_);                                                        \
+    }                                                                                \
+    off += (size_t)(rows_) * (size_t)(cols_);                                        \
+    n++;                                                                             \
+  } while (0)
+  GPT_T(0, cfg->vocab, C, 1, std, 0.f, "wte");
+  GPT_T(0, cfg->context, C, 1, 0.01f, 0.f, "wpe");
+  GPT_T(0, 1, C, 0, 0.f, 1.f, "lnf.w");
+  GPT_T(0, 1, C, 0, 0.f, 0.f, "lnf.b");
+  for (int l = 0; l < L; l++) {
+    GPT_T(1 + l, 1, C, 0, 0.f, 1.f, "h.%d.ln1.w", l);
+    GPT_T(1 + l, 1, C, 0, 0.f, 0.f, "h.%d.ln1.b", l);
+    GPT_T(1 + l, 3 * C, C, 1, std, 0.f, "h.%d.attn.qkv.w", l);
+    GPT_T(1 + l, 1, 3 * C, 0, 0.f, 0.f, "h.%d.attn.qkv.b", l);
+    GPT_T(1 + l, C, C, 1, proj_std, 0.f, "h.%d.attn.proj.w", l);
+    GPT_T(1 + l, 1, C, 0, 0.f, 0.f, "h.%d.attn.proj.b", l);
+    GPT_T(1 + l, 1, C, 0, 0.f, 1.f, "h.%d.ln2.w", l);
+    GPT_T(1 + l, 1, C, 0, 0.f, 0.f, "h.%d.ln2.b", l);
+    GPT_T(1 + l, 4 * C, C, 1, std, 0.f, "h.%d.mlp.fc.w", l);
+    GPT_T(1 + l, 1, 4 * C, 0, 0.f, 0.f, "h.%d.mlp.fc.b", l);
+    GPT_T(1 + l, C, 4 * C, 1, proj_std, 0.f, "h.%d.mlp.proj.w", l);
+    GPT_T(1 + l, 1, C, 0, 0.f, 0.f, "h.%d.mlp.proj.b", l);
+  }
+#undef GPT_T
+  return n;
+}
+
+size_t gpt_config_num_params(const gpt_config_t *c) {
+  const size_t C = (size_t)c->channels, L = (size_t)c->layers;
+  return (size_t)c->vocab * C + (size_t)c->context * C + 2 * C + L * (12 * C * C + 13 * C);
+}
+
+/* ---- initialisation ---------------------------------------------------- */
+
+static uint64_t gpt_hash(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+/* A standard normal that depends only on (seed, i): Box-Muller on two
+ * counter-based uniforms. */
+static double gpt_normal(uint64_t seed, uint64_t i) {
+  uint64_t a = gpt_hash(seed ^ gpt_hash(2 * i));
+  uint64_t b = gpt_hash(seed ^ gpt_hash(2 * i + 1));
+  double u1 = ((double)(a >> 11) + 1.0) * 0x1.0p-53; /* (0, 1] */
+  double u2 = (double)(b >> 11) * 0x1.0p-53;
+  return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
+}
+
+void gpt_init_range(const gpt_config_t *cfg, uint64_t seed, size_t begin, size_t end,
+                    float *dst) {
+  int n = gpt_layout(cfg, NULL, 0);
+  gpt_tensor_t *t = malloc((size_t)n * sizeof *t);
+  FSDP_ASSERT(t);
+  gpt_layout(cfg, t, n);
+  for (int k = 0; k < n; k++) {
+    size_t lo = t[k].offset > begin ? t[k].offset : begin;
+    size_t hi = t[k].offset + t[k].numel < end ? t[k].offset + t[k].numel : end;
+    if (lo >= hi) continue;
+    if (t[k].init_std == 0.f) {
+      for (size_t i = lo; i < hi; i++) dst[i - begin] = t[k].init_value;
+    } else {
+#pragma omp parallel for schedule(static)
+      for (size_t i = lo; i < hi; i++)
+        dst[i - begin] = (float)(t[k].init_std * gpt_normal(seed, i));
+    }
+  }
+  free(t);
+}
+
+void gpt_init_weights(gpt_t *g, uint64_t seed) {
+  gpt_init_range(&g->cfg, seed, 0, g->num_params, g->params);
+}
+
+/* ---- create / destroy / accessors --------------------------------------- */
+
+int gpt_create(gpt_t **out, const gpt_config_t *cfg, const kern_backend_t *be) {
+  *out = NULL;
+  int rc = gpt_config_validate(cfg);
+  if (rc) return rc;
+  gpt_t *g = calloc(1, sizeof *g);
+  if (!g) return err_set(FSDP_ENOMEM, "gpt: out of memory");
+  g->cfg = *cfg;
+  g->be = be;
+  g->num_tensors = gpt_layout(cfg, NULL, 0);
+  g->tensors = calloc((size_t)g->num_tensors, sizeof *g->tensors);
+  g->num_units = cfg->layers + 1;
+  g->units = calloc((size_t)g->num_units, sizeof *g->units);
+  if (!g->tensors || !g->units) {
+    gpt_destroy(g);
+    return err_set(FSDP_ENOMEM, "gpt: out of memory");
+  }
+  gpt_layout(cfg, g->tensors, g->num_tensors);
+  for (int k = 0; k < g->num_tensors; k++) {
+    gpt_unit_t *u = &g->units[g->tensors[k].unit];
+    if (!u->numel) u->offset = g->tensors[k].offset;
+    u->numel += g->tensors[k].numel;
+  }
+  g->num_params = gpt_config_num_params(cfg);
+  FSDP_ASSERT(g->num_params == g->tensors[g->num_tensors - 1].offset +
+                                   g->tensors[g->num_tensors - 1].numel);
+  g->params = mem_alloc(MEM_PARAMS, g->num_params * sizeof(float), "parameters");
+  g->grads = g->params ? mem_calloc(MEM_GRADS, g->num_params * sizeof(float), "gradients")
+                       : NULL;
+  if (!g->grads) {
+    rc = err_wrap(FSDP_ENOMEM, "model with %zu parameters", g->num_params);
+    gpt_destroy(g);
+    return rc;
+  }
+  *out = g;
+  return FSDP_OK;
+}
+
+static void gpt_free_acts(gpt_t *g) {
+  mem_free(g->acts_mem);
+  mem_free(g->att_scratch);
+  free(g->layer);
+  g->acts_mem = NULL;
+  g->att_scratch = NULL;
+  g->layer = NULL;
+  g->B = g->T = 0;
+}
+
+void gpt_destroy(gpt_t *g) {
+  if (!g) return;
+  gpt_free_acts(g);
+  mem_free(g->params);
+  mem_free(g->grads);
+  free(g->tensors);
+  free(g->units);
+  free(g);
+}
+
+const gpt_config_t *gpt_get_config(const gpt_t *g) { return &g->cfg; }
+const kern_backend_t *gpt_backend(const gpt_t *g) { return g->be; }
+size_t gpt_num_params(const gpt_t *g) { return g->num_params; }
+int gpt_num_tensors(const gpt_t *g) { return g->num_tensors; }
+const gpt_tensor_t *gpt_tensor(const gpt_t *g, int i) { return &g->tensors[i]; }
+int gpt_num_units(const gpt_t *g) { return g->num_units; }
+gpt_unit_t gpt_unit(const gpt_t *g, int u) { return g->units[u]; }
+float *gpt_params(gpt_t *g) { return g->params; }
+float *gpt_grads(gpt_t *g) { return g->grads; }
+const float *gpt_logits(const gpt_t *g) { return g->have_targets ? NULL : g->logits; }
+
+int gpt_find_tensor(const gpt_t *g, const char *name) {
+  for (int k = 0; k < g->num_tensors; k++)
+    if (!strcmp(g->tensors[k].name, name)) return k;
+  return -1;
+}
+
+void gpt_zero_grad(gpt_t *g) { memset(g->grads, 0, g->num_params * sizeof(float)); }
+
+/* ---- activations -------------------------------------------------------- */
+
+/* Floats of activations + backward scratch for (B, T), excluding the int32
+ * token arrays and the attention scratch (counted by the caller). */
+static size_t gpt_act_floats(const gpt_config_t *c, size_t B, size_t T) {
+  const size_t N = B * T, C = (size_t)c->channels, L = (size_t)c->layers;
+  size_t per_layer = 16 * N * C + 4 * N + B * (size_t)c->heads * T * T;
+  size_t fwd = N * C /* encoded */ + L * per_layer + N * C + 2 * N /* lnf */ +
+               N * (size_t)c->vocab /* logits */ + N /* losses */;
+  size_t bwd = 2 * N * C /* dres, dln */ + 8 * N * C /* dbig1, dbig2 */;
+  return fwd + bwd;
+}
+
+size_t gpt_activation_bytes(const gpt_config_t *cfg, int B, int T) {
+  /* the attention scratch is the CPU backend's (per thread); other backends differ */
+  return gpt_act_floats(cfg, (size_t)B, (size_t)T) * sizeof(float) +
+         2 * (size_t)B * (size_t)T * sizeof(int32_t) +
+         kern_cpu()->attention_scratch(B, T, cfg->channels, cfg->heads) * sizeof(float);
+}
+
+static int gpt_alloc_acts(gpt_t *g, int B, int T) {
+  if (g->acts_mem && g->B == B && g->T == T) return FSDP_OK;
+  gpt_free_acts(g);
+  const gpt_config_t *c = &g->cfg;
+  const size_t N = (size_t)B * T, C = (size_t)c->channels, L = (size_t)c->layers;
+  size_t nf = gpt_act_floats(c, (size_t)B, (size_t)T);
+  size_t bytes = nf * sizeof(float) + 2 * N * sizeof(int32_t);
+  char what[96];
+  snprintf(what, sizeof what, "activations for batch %d x seq_len %d", B, T);
+  g->acts_mem = mem_alloc(MEM_ACTS, bytes, what);
+  size_t ns = g->be->attention_scratch(B, T, c->channels, c->heads);
+  g->att_scratch = g->acts_mem ? mem_alloc(MEM_WORKSPACE, ns * sizeof(float) + 64, "attention scratch") : NULL;
+  g->layer = calloc(L, sizeof *g->layer);
+  if (!g->acts_mem || !g->att_scratch || !g->layer) {
+    gpt_free_acts(g);
+    return FSDP_ENOMEM;
+  }
+  float *p = g->acts_mem;
+#define TAKE(n) (p += (n), p - (n))
+  g->encoded = TAKE(N * C);
+  for (size_t l = 0; l < L; l++) {
+    gpt_layer_acts_t *a = &g->layer[l];
+    a->ln1 = TAKE(N * C);
+    a->ln1_mean = TAKE(N);
+    a->ln1_rstd = TAKE(N);
+    a->qkv = TAKE(3 * N * C);
+    a->atty = TAKE(N * C);
+    a->att = TAKE((size_t)B * c->heads * T * T);
+    a->res2 = TAKE(N * C);
+    a->ln2 = TAKE(N * C);
+    a->ln2_mean = TAKE(N);
+    a->ln2_rstd = TAKE(N);
+    a->fch = TAKE(4 * N * C);
+    a->fch_gelu = TAKE(4 * N * C);
+    a->res3 = TAKE(N * C);
+  }
+  g->lnf = TAKE(N * C);
+  g->lnf_mean = TAKE(N);
+  g->lnf_rstd = TAKE(N);
+  g->logits = TAKE(N * (size_t)c->vocab);
+  g->losses = TAKE(N);
+  g->dres = TAKE(N * C);
+  g->dln = TAKE(N * C);
+  g->dbig1 = TAKE(4 * N * C);
+  g->dbig2 = TAKE(4 * N * C);
+#undef TAKE
+  FSDP_ASSERT((size_t)(p - g->acts_mem) == nf);
+  g->tokens = (int32_t *)p;
+  g->targets = g->tokens + N;
+  g->B = B;
+  g->T = T;
+  return FSDP_OK;
+}
+
+/* ---- forward / backward ------------------------------------------------- */
+
+/* Pointer to tensor k of layer l (k: index within the block, 0..11) in buf. */
+static float *gpt_layer_tensor(const gpt_t *g, float *buf, int l, int k) {
+  return buf + g->tensors[4 + 12 * l + k].offset;
+}
+enum { T_LN1W, T_LN1B, T_QKVW, T_QKVB, T_PROJW, T_PROJB, T_LN2W, T_LN2B, T_FCW, T_FCB,
+       T_FCPW, T_FCPB };
+
+static int gpt_check_tokens(const gpt_t *g, const int32_t *ids, size_t n, const char *what) {
+  for (size_t i = 0; i < n; i++)
+    if (ids[i] < 0 || ids[i] >= g->cfg.vocab)
+      return err_set(FSDP_ERANGE, "%s: token id %d at position %zu (batch row %zu, column %zu) "
+                     "is outside the vocabulary 0..%d; tokenize the data with the model's "
+                     "vocabulary or raise vocab", what, ids[i], i, i / (size_t)g->T,
+                     i % (size_t)g->T, g->cfg.vocab - 1);
+  return FSDP_OK;
+}
+
+int gpt_forward(gpt_t *g, const int32_t *inputs, const int32_t *targets, int B, int T,
+                float *loss) {
+  const gpt_config_t *c = &g->cfg;
+  if (B <= 0) return err_set(FSDP_EINVAL, "batch: %d must be at least 1", B);
+  if (T <= 0 || T > c->context)
+    return err_set(FSDP_EINVAL, "seq_len: %d is out of range; it must be 1 to the model's "
+                   "context %d (raise context or shorten seq_len)", T, c->context);
+  int rc = gpt_alloc_acts(g, B, T);
+  if (rc) return rc;
+  const size_t N = (size_t)B * T;
+  const int C = c->channels, V = c->vocab, NH = c->heads;
+  memcpy(g->tokens, inputs, N * sizeof *inputs);
+  if ((rc = gpt_check_tokens(g, g->tokens, N, "inputs"))) return rc;
+  if (targets) {
+    memcpy(g->targets, targets, N * sizeof *targets);
+    if ((rc = gpt_check_tokens(g, g->targets, N, "targets"))) return rc;
+  }
+  const kern_backend_t *be = g->be;
+  float *P = g->params;
+  be->encoder_fwd(g->encoded, g->tokens, P + g->tensors[0].offset, P + g->tensors[1].offset, B,
+                  T, C);
+  const float *res = g->encoded;
+  for (int l = 0; l < c->layers; l++) {
+    gpt_layer_acts_t *a = &g->layer[l];
+    be->layernorm_fwd(a->ln1, a->ln1_mean, a->ln1_rstd, res, gpt_layer_tensor(g, P, l, T_LN1W),
+                      gpt_layer_tensor(g, P, l, T_LN1B), (int)N, C);
+    be->matmul_fwd(a->qkv, a->ln1, gpt_layer_tensor(g, P, l, T_QKVW),
+                   gpt_layer_tensor(g, P, l, T_QKVB), (int)N, C, 3 * C);
+    be->attention_fwd(a->atty, a->att, a->qkv, B, T, C, NH);
+    /* the projection lands in res2, then the residual is added in place */
+    be->matmul_fwd(a->res2, a->atty, gpt_layer_tensor(g, P, l, T_PROJW),
+                   gpt_layer_tensor(g, P, l, T_PROJB), (int)N, C, C);
+    be->residual_fwd(a->res2, a->res2, res, N * C);
+    be->layernorm_fwd(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2,
+                      gpt_layer_tensor(g, P, l, T_LN2W), gpt_layer_tensor(g, P, l, T_LN2B),
+                      (int)N, C);
+    be->matmul_fwd(a->fch, a->ln2, gpt_layer_tensor(g, P, l, T_FCW),
+                   gpt_layer_tensor(g, P, l, T_FCB), (int)N, C, 4 * C);
+    be->gelu_fwd(a->fch_gelu, a->fch, N * 4 * (size_t)C);
+    be->matmul_fwd(a->res3, a->fch_gelu, gpt_layer_tensor(g, P, l, T_FCPW),
+                   gpt_layer_tensor(g, P, l, T_FCPB), (int)N, 4 * C, C);
+    be->residual_fwd(a->res3, a->res3, a->res2, N * C);
+    res = a->res3;
+  }
+  be->layernorm_fwd(g->lnf, g->lnf_mean, g->lnf_rstd, res, P + g->tensors[2].offset,
+                    P + g->tensors[3].offset, (int)N, C);
+  be->matmul_fwd(g->logits, g->lnf, P + g->tensors[0].offset, NULL, (int)N, C, V);
+  g->have_targets = targets != NULL;
+  if (targets) {
+    be->crossentropy_fwd(g->losses, g->logits, g->targets, (int)N, V);
+    double sum = 0;
+    for (size_t i = 0; i < N; i++) sum += g->losses[i];
+    if (loss) *loss = (float)(sum / (double)N);
+  }
+  return FSDP_OK;
+}
+
+int gpt_backward(gpt_t *g, float dloss_scale) {
+  if (!g->acts_mem || !g->have_targets)
+    return err_set(FSDP_EINVAL, "gpt_backward: the last forward had no targets; call "
+                   "gpt_forward with targets first");
+  const gpt_config_t *c = &g->cfg;
+  const kern_backend_t *be = g->be;
+  const int B = g->B, T = g->T, C = c->channels, V = c->vocab, NH = c->heads;
+  const size_t N = (size_t)B * T, NC = N * (size_t)C;
+  float *P = g->params, *G = g->grads;
+
+  /* mean over the N tokens, times the caller's scale (micro-batch averaging) */
+  be->crossentropy_bwd(g->logits, g->targets, dloss_scale / (float)N, (int)N, V);
+  g->have_targets = 0; /* the probabilities are now dlogits */
+  memset(g->dln, 0, NC * sizeof(float));
+  be->matmul_bwd(g->dln, G + g->tensors[0].offset, NULL, g->logits, g->lnf,
+                 P + g->tensors[0].offset, (int)N, C, V);
+  const float *res_last = c->layers ? g->layer[c->layers - 1].res3 : g->encoded;
+  memset(g->dres, 0, NC * sizeof(float));
+  be->layernorm_bwd(g->dres, G + g->tensors[2].offset, G + g->tensors[3].offset, g->dln, res_last,
+                    P + g->tensors[2].offset, g->lnf_mean, g->lnf_rstd, (int)N, C);
+
+  for (int l = c->layers - 1; l >= 0; l--) {
+    gpt_layer_acts_t *a = &g->layer[l];
+    const float *res_in = l ? g->layer[l - 1].res3 : g->encoded;
+    /* g->dres holds d(res3) here; it becomes d(res2), then d(res_in) */
+    float *dfch_gelu = g->dbig1, *dfch = g->dbig2;
+    memset(dfch_gelu, 0, 4 * NC * sizeof(float));
+    be->matmul_bwd(dfch_gelu, gpt_layer_tensor(g, G, l, T_FCPW), gpt_layer_tensor(g, G, l, T_FCPB),
+                   g->dres, a->fch_gelu, gpt_layer_tensor(g, P, l, T_FCPW), (int)N, 4 * C, C);
+    memset(dfch, 0, 4 * NC * sizeof(float));
+    be->gelu_bwd(dfch, a->fch, dfch_gelu, 4 * NC);
+    memset(g->dln, 0, NC * sizeof(float));
+    be->matmul_bwd(g->dln, gpt_layer_tensor(g, G, l, T_FCW), gpt_layer_tensor(g, G, l, T_FCB),
+                   dfch, a->ln2, gpt_layer_tensor(g, P, l, T_FCW), (int)N, C, 4 * C);
+    be->layernorm_bwd(g->dres, gpt_layer_tensor(g, G, l, T_LN2W), gpt_layer_tensor(g, G, l, T_LN2B),
+                      g->dln, a->res2, gpt_layer_tensor(g, P, l, T_LN2W), a->ln2_mean,
+                      a->ln2_rstd, (int)N, C);
+    float *datty = g->dbig2, *dqkv = g->dbig1;
+    memset(datty, 0, NC * sizeof(float));
+    be->matmul_bwd(datty, gpt_layer_tensor(g, G, l, T_PROJW), gpt_layer_tensor(g, G, l, T_PROJB),
+                   g->dres, a->atty, gpt_layer_tensor(g, P, l, T_PROJW), (int)N, C, C);
+    memset(dqkv, 0, 3 * NC * sizeof(float));
+    be->attention_bwd(dqkv, g->att_scratch, datty, a->qkv, a->att, B, T, C, NH);
+    memset(g->dln, 0, NC * sizeof(float));
+    be->matmul_bwd(g->dln, gpt_layer_tensor(g, G, l, T_QKVW), gpt_layer_tensor(g, G, l, T_QKVB),
+                   dqkv, a->ln1, gpt_layer_tensor(g, P, l, T_QKVW), (int)N, C, 3 * C);
+    be->layernorm_bwd(g->dres, gpt_layer_tensor(g, G, l, T_LN1W), gpt_layer_tensor(g, G, l, T_LN1B),
+                      g->dln, res_in, gpt_layer_tensor(g, P, l, T_LN1W), a->ln1_mean,
+                      a->ln1_rstd, (int)N, C);
+  }
+  be->encoder_bwd(G + g->tensors[0].offset, G + g->tensors[1].offset, g->dres, g->tokens, B, T, C);
+  return FSDP_OK;
+}
+
+/* ---- weights files ------------------------------------------------------ */
+
+int gpt_save(const gpt_t *g, const char *path) {
+  char tmp[4096];
+  snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return err_set_errno(err_from_errno(errno), errno, "saving weights to %s", tmp);
+  int32_t hdr[GPT_HEADER_INTS] = {GPT_WEIGHTS_MAGIC, GPT_WEIGHTS_VERSION, g->cfg.layers,
+                                  g->cfg.channels, g->cfg.heads, g->cfg.vocab, g->cfg.context};
+  const char *parts[2] = {(const char *)hdr, (const char *)g->params};
+  size_t lens[2] = {sizeof hdr, g->num_params * sizeof(float)};
+  int rc = FSDP_OK;
+  for (int k = 0; k < 2 && !rc; k++)
+    for (size_t done = 0; done < lens[k];) {
+      ssize_t w = write(fd, parts[k] + done, lens[k] - done);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) {
+        int e = w < 0 ? errno : ENOSPC;
+        rc = err_set_errno(err_from_errno(e), e, "saving weights to %s", path);
+        break;
+      }
+      done += (size_t)w;
+    }
+  if (!rc && fsync(fd) != 0) rc = err_set_errno(err_from_errno(errno), errno, "saving weights to %s", path);
+  if (close(fd) != 0 && !rc) rc = err_set_errno(err_from_errno(errno), errno, "saving weights to %s", path);
+  if (!rc && rename(tmp, path) != 0)
+    rc = err_set_errno(err_from_errno(errno), errno, "saving weights: rename %s to %s", tmp, path);
+  if (rc) unlink(tmp);
+  return rc;
+}
+
+int gpt_load(gpt_t **out, const char *path, const kern_backend_t *be) {
+  *out = NULL;
+  FILE *f = fopen(path, "rb");
+  if (!f) return err_set_errno(err_from_errno(errno), errno, "init_from: cannot open %s", path);
+  int32_t hdr[GPT_HEADER_INTS];
+  int rc = FSDP_OK;
+  gpt_t *g = NULL;
+  if (fread(hdr, sizeof hdr, 1, f) != 1) {
+    rc = err_set(FSDP_EFORMAT, "init_from: %s is shorter than the %zu-byte header of a weights "
+                 "file; it is truncated or not a weights file", path, sizeof hdr);
+    goto out;
+  }
+  if (hdr[0] != GPT_WEIGHTS_MAGIC || hdr[1] != GPT_WEIGHTS_VERSION) {
+    rc = err_set(FSDP_EFORMAT, "init_from: %s is not an fsdpd weights file (magic %d version %d, "
+                 "expected %d version %d)", path, hdr[0], hdr[1], GPT_WEIGHTS_MAGIC,
+                 GPT_WEIGHTS_VERSION);
+    goto out;
+  }
+  gpt_config_t cfg = {hdr[2], hdr[3], hdr[4], hdr[5], hdr[6]};
+  if ((rc = gpt_config_validate(&cfg))) {
+    rc = err_wrap(FSDP_EFORMAT, "init_from: header of %s", path);
+    goto out;
+  }
+  struct stat st;
+  size_t want = sizeof hdr + gpt_config_num_params(&cfg) * sizeof(float);
+  if (fstat(fileno(f), &st) != 0 || (size_t)st.st_size != want) {
+    rc = err_set(FSDP_EFORMAT, "init_from: %s holds %lld bytes but its header (layers %d, "
+                 "channels %d, heads %d, vocab %d, context %d) needs %zu; the file is truncated "
+                 "or corrupt", path, (long long)st.st_size, cfg.layers, cfg.channels, cfg.heads,
+                 cfg.vocab, cfg.context, want);
+    goto out;
+  }
+  if ((rc = gpt_create(&g, &cfg, be))) goto out;
+  if (fread(g->params, sizeof(float), g->num_params, f) != g->num_params) {
+    rc = err_set_errno(FSDP_EIO, errno, "init_from: reading %s", path);
+    goto out;
+  }
+  *out = g;
+  g = NULL;
+out:
+  gpt_destroy(g);
+  fclose(f);
+  return rc;
+}

@@ -55,6 +55,7 @@ int gpt_create(gpt_t **out, const gpt_config_t *cfg, const kern_backend_t *be);
 void gpt_destroy(gpt_t *g);
 
 const gpt_config_t *gpt_get_config(const gpt_t *g);
+const kern_backend_t *gpt_backend(const gpt_t *g);
 size_t gpt_num_params(const gpt_t *g);
 int gpt_num_tensors(const gpt_t *g);
 const gpt_tensor_t *gpt_tensor(const gpt_t *g, int i);

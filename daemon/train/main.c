@@ -1,1 +1,100 @@
-/* placeholder: being written */
+/* fsdp-train: runs single-rank training from a job file and/or flags.
+ *
+ *   fsdp-train [--config JOB.conf] [--KEY VALUE]...
+ *
+ * Flags override the job file whatever their order. Exit status: 0 done,
+ * 1 the run failed, 2 bad usage or a bad option (the message names it). */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/err.h"
+#include "../common/param.h"
+#include "config.h"
+#include "train.h"
+
+enum { OPT_HELP = 1, OPT_CONFIG, OPT_PRINT, OPT_PARAMS, OPT_KEY0 = 1000 };
+
+static void usage(FILE *out) {
+  fprintf(out,
+          "usage: fsdp-train [--config JOB.conf] [--KEY VALUE]...\n"
+          "Trains a GPT model on one CPU device. Options (also the keys of a job file, an INI\n"
+          "file of `key = value` lines under optional [section] headers):\n");
+  config_print_help(out);
+  fprintf(out, "  other flags:\n"
+               "    --config FILE     read options from a job file (flags override it)\n"
+               "    --print-config    print the effective job file and exit\n"
+               "    --help-params     list the FSDP_* environment tunables\n"
+               "    --help            this text\n");
+}
+
+int main(int argc, char **argv) {
+  int n = config_num_opts();
+  struct option *opts = calloc((size_t)n + 5, sizeof *opts);
+  if (!opts) return 1;
+  for (int i = 0; i < n; i++) opts[i] = (struct option){config_opt_key(i), required_argument, NULL, OPT_KEY0 + i};
+  opts[n] = (struct option){"help", no_argument, NULL, OPT_HELP};
+  opts[n + 1] = (struct option){"config", required_argument, NULL, OPT_CONFIG};
+  opts[n + 2] = (struct option){"print-config", no_argument, NULL, OPT_PRINT};
+  opts[n + 3] = (struct option){"help-params", no_argument, NULL, OPT_PARAMS};
+
+  config_t c;
+  config_default(&c);
+  const char *job = NULL;
+  int print = 0, ch;
+  /* first pass: find the job file, so flags can override it in the second */
+  opterr = 0;
+  while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1)
+    if (ch == OPT_CONFIG) job = optarg;
+  if (job && config_load_file(&c, job)) {
+    fprintf(stderr, "fsdp-train: %s\n", err_msg());
+    return 2;
+  }
+  optind = 1;
+  opterr = 1;
+  int rc = 0;
+  while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    if (ch >= OPT_KEY0) {
+      if (config_set(&c, config_opt_key(ch - OPT_KEY0), optarg)) {
+        fprintf(stderr, "fsdp-train: %s\n", err_msg());
+        return 2;
+      }
+    } else if (ch == OPT_HELP) {
+      usage(stdout);
+      return 0;
+    } else if (ch == OPT_PARAMS) {
+      param_dump(stdout);
+      return 0;
+    } else if (ch == OPT_PRINT) {
+      print = 1;
+    } else if (ch != OPT_CONFIG) {
+      fprintf(stderr, "fsdp-train: see --help for the options\n");
+      return 2;
+    }
+  }
+  if (optind < argc) {
+    fprintf(stderr, "fsdp-train: unexpected argument \"%s\"; options are --KEY VALUE (see --help)\n",
+            argv[optind]);
+    return 2;
+  }
+  free(opts);
+  if (print) {
+    config_write(&c, stdout);
+    return 0;
+  }
+  if (config_finish(&c)) {
+    fprintf(stderr, "fsdp-train: %s\n", err_msg());
+    return 2;
+  }
+  train_result_t res;
+  rc = train_run(&c, stdout, &res);
+  if (rc) {
+    fprintf(stderr, "fsdp-train: %s (%s)\n", err_msg(), err_name(rc));
+    return 1;
+  }
+  printf("train: done: %d steps, loss %.4f -> %.4f, eval %.4f, %.0f tokens/s, %.1f s\n",
+         res.steps_done, res.first_loss, res.last_loss, res.eval_loss, res.tokens_per_s,
+         res.seconds);
+  return 0;
+}
