@@ -1,1 +1,515 @@
-/* placeholder: being written */
+/* data: reads and checks token files, cuts them into windows, and hands out
+ * training and evaluation batches (see data.h); writes token files atomically.
+ *
+ * It owns the tokens of one file (read into memory at open: a corpus is small
+ * next to a model, and a private copy cannot change or vanish under a run the
+ * way a mapping of a file being rewritten can, which would be a SIGBUS) and the
+ * shuffled window order of the current epoch. It does not own tokenization
+ * (client/tokenize.c) or where a run's position is saved (the training loop).
+ *
+ * Layout of the tokens, for a sequence length T:
+ *   training part  [0, eval_start)   windows w = 0.. cover tokens [w*T, w*T+T]
+ *   held-out part  [eval_start, n)   windows k = 0.. cover [eval_start+k*T, ..+T]
+ * eval_start is the first multiple of T (the T given to data_open) at or after
+ * n - floor(n * eval_fraction): it lies on the training windows' grid, past the
+ * last token any training window reads (windows of T+1 tokens at stride T end
+ * one token short of the next boundary), so no token is both trained on and
+ * evaluated on.
+ *
+ * Epoch order: the training windows are shuffled with Fisher-Yates, whose step i
+ * draws from splitmix64 applied to a counter (key(seed, epoch) + i), so the
+ * order of any epoch is computed from (seed, epoch) alone, without replaying
+ * earlier epochs: a run resumed at (epoch, index) sees the batches it would
+ * have seen. The permutation of the current epoch is kept (4 bytes a window)
+ * and rebuilt only when the epoch, seed or window count changes. */
+#include "data.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "daemon/common/err.h"
+#include "daemon/common/log.h"
+
+#define DATA_HEADER_BYTES ((size_t)DATA_HEADER_INTS * 4)
+
+struct data {
+  char *path;          /* for messages */
+  uint16_t *tokens;    /* (n) */
+  size_t n;            /* tokens in the file */
+  size_t eval_start;   /* first token of the held-out part (n when there is none) */
+  /* permutation of the training windows for (perm_seed, perm_epoch, perm_n) */
+  uint32_t *perm;      /* (perm_n) */
+  size_t perm_n;
+  uint64_t perm_seed, perm_epoch;
+  int perm_valid;
+};
+
+/* ---- small helpers ---- */
+
+static uint32_t data__le32(const unsigned char *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static void data__put_le32(unsigned char *p, uint32_t v) {
+  p[0] = (unsigned char)v;
+  p[1] = (unsigned char)(v >> 8);
+  p[2] = (unsigned char)(v >> 16);
+  p[3] = (unsigned char)(v >> 24);
+}
+
+/* splitmix64's output function: a bijective mix of a 64-bit counter. */
+static uint64_t data__mix(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+/* Number of windows of T+1 tokens at stride T in a run of len tokens. */
+static size_t data__windows(size_t len, int T) {
+  return len >= (size_t)T + 1 ? (len - 1) / (size_t)T : 0;
+}
+
+/* Reads exactly n bytes at offset off (pread: no shared file position). */
+static int data__read_all(int fd, void *buf, size_t n, off_t off, const char *path) {
+  unsigned char *p = buf;
+  while (n > 0) {
+    ssize_t r = pread(fd, p, n, off);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      int e = errno;
+      return err_set(err_from_errno(e), "token file %s: read at byte %lld failed: %s", path,
+                     (long long)off, strerror(e));
+    }
+    if (r == 0)
+      return err_set(FSDP_EIO,
+                     "token file %s: ended at byte %lld while reading: the file changed while "
+                     "being opened; wait for whatever writes it to finish and retry",
+                     path, (long long)off);
+    p += r;
+    n -= (size_t)r;
+    off += r;
+  }
+  return FSDP_OK;
+}
+
+/* ---- open ---- */
+
+/* Decides where the held-out part starts and checks both parts hold a window. */
+static int data__split(data_t *d, double eval_fraction, int T) {
+  size_t n = d->n;
+  size_t ntrain_windows;
+  size_t hold = (size_t)floor((double)n * eval_fraction);
+  if (hold == 0 && eval_fraction > 0 && n > 0) hold = 1; /* asked for one: report it too small */
+  if (hold == 0) {
+    d->eval_start = n;
+  } else {
+    size_t cut = n - hold;
+    size_t start = (cut + (size_t)T - 1) / (size_t)T * (size_t)T;
+    d->eval_start = start < n ? start : n;
+  }
+  ntrain_windows = data__windows(d->eval_start, T);
+  if (ntrain_windows == 0)
+    return err_set(FSDP_EINVAL,
+                   "token file %s: %zu tokens, of which the training split holds %zu; one "
+                   "window at seq_len %d needs %d tokens (seq_len + 1): use a longer file or a "
+                   "smaller seq_len%s",
+                   d->path, n, d->eval_start, T, T + 1,
+                   eval_fraction > 0 ? ", or a smaller eval_fraction" : "");
+  if (hold > 0 && data__windows(n - d->eval_start, T) == 0) {
+    /* floor(n*f) >= 2T leaves at least T+1 tokens after rounding up to the grid */
+    double need = ceil(2.0 * T / eval_fraction);
+    return err_set(FSDP_EINVAL,
+                   "token file %s: eval_fraction %g of %zu tokens leaves %zu held-out tokens "
+                   "after aligning to a window boundary; one evaluation window at seq_len %d "
+                   "needs %d tokens: use a file of at least %.0f tokens, a larger "
+                   "eval_fraction, or eval_fraction 0 (no evaluation)",
+                   d->path, eval_fraction, n, n - d->eval_start, T, T + 1, need);
+  }
+  return FSDP_OK;
+}
+
+int data_open(data_t **out, const char *path, int vocab, double eval_fraction, int T) {
+  FSDP_ASSERT(out && path);
+  *out = NULL;
+  if (vocab <= 0)
+    return err_set(FSDP_EINVAL, "token file %s: vocab %d must be positive (model vocabulary size)",
+                   path, vocab);
+  if (T <= 0)
+    return err_set(FSDP_EINVAL, "token file %s: seq_len %d must be positive", path, T);
+  if (!(eval_fraction >= 0.0 && eval_fraction <= 0.5)) /* also refuses NaN */
+    return err_set(FSDP_ERANGE,
+                   "token file %s: eval_fraction %g is out of range: use a value in [0, 0.5] "
+                   "(0: no evaluation split)",
+                   path, eval_fraction);
+
+  int rc = FSDP_OK;
+  int fd = -1;
+  unsigned char *raw = NULL;
+  data_t *d = calloc(1, sizeof *d);
+  if (!d) return err_set(FSDP_ENOMEM, "token file %s: out of memory", path);
+  d->path = strdup(path);
+  if (!d->path) {
+    rc = err_set(FSDP_ENOMEM, "token file %s: out of memory", path);
+    goto out;
+  }
+
+  fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    int e = errno;
+    rc = err_set(err_from_errno(e),
+                 "token file %s: cannot open: %s; check the `data` path (fsdp-tokenize makes "
+                 "token files from text)",
+                 path, strerror(e));
+    goto out;
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    int e = errno;
+    rc = err_set(err_from_errno(e), "token file %s: cannot stat: %s", path, strerror(e));
+    goto out;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    rc = err_set(FSDP_EINVAL, "token file %s: not a regular file; give the path of a .bin "
+                 "made by fsdp-tokenize", path);
+    goto out;
+  }
+  size_t size = (size_t)st.st_size;
+  if (size < DATA_HEADER_BYTES) {
+    rc = err_set(FSDP_EFORMAT,
+                 "token file %s: truncated: %zu bytes, shorter than the %zu-byte header; "
+                 "re-create it with fsdp-tokenize (if this is text, tokenize it first: "
+                 "`fsdp-tokenize -o FILE.bin TEXT...`)",
+                 path, size, DATA_HEADER_BYTES);
+    goto out;
+  }
+
+  unsigned char hdr[DATA_HEADER_BYTES];
+  if ((rc = data__read_all(fd, hdr, sizeof hdr, 0, path)) != FSDP_OK) goto out;
+  int32_t magic = (int32_t)data__le32(hdr), version = (int32_t)data__le32(hdr + 4);
+  int32_t count = (int32_t)data__le32(hdr + 8);
+  /* header[3..255] are reserved: not checked, as llm.c does not check them */
+  if (magic != DATA_MAGIC) {
+    rc = err_set(FSDP_EFORMAT,
+                 "token file %s: not a token file (magic number %d at byte 0, expected %d); "
+                 "make one from text with `fsdp-tokenize -o FILE.bin TEXT...`",
+                 path, magic, DATA_MAGIC);
+    goto out;
+  }
+  if (version != DATA_VERSION) {
+    rc = err_set(FSDP_EFORMAT,
+                 "token file %s: version %d (at byte 4), this build reads version %d; "
+                 "re-create it with this build's fsdp-tokenize",
+                 path, version, DATA_VERSION);
+    goto out;
+  }
+  if (count < 0) {
+    rc = err_set(FSDP_EFORMAT,
+                 "token file %s: header token count %d (at byte 8) is negative: the header is "
+                 "corrupt; re-create it with fsdp-tokenize",
+                 path, count);
+    goto out;
+  }
+  size_t expect = DATA_HEADER_BYTES + 2 * (size_t)count;
+  if (size < expect) {
+    rc = err_set(FSDP_EFORMAT,
+                 "token file %s: truncated: the header says %d tokens, so %zu bytes expected, "
+                 "but the file has %zu (%zu missing); it was probably cut short while being "
+                 "written or copied: re-create or re-copy it",
+                 path, count, expect, size, expect - size);
+    goto out;
+  }
+  if (size > expect) {
+    rc = err_set(FSDP_EFORMAT,
+                 "token file %s: trailing garbage: the header says %d tokens, so %zu bytes "
+                 "expected, but the file has %zu (%zu extra); the header and the data disagree: "
+                 "re-create it with fsdp-tokenize",
+                 path, count, expect, size, size - expect);
+    goto out;
+  }
+
+  d->n = (size_t)count;
+  /* +1 so that an empty file still gets a non-NULL buffer */
+  raw = malloc(2 * d->n + 1);
+  d->tokens = malloc(sizeof *d->tokens * d->n + 1);
+  if (!raw || !d->tokens) {
+    rc = err_set(FSDP_ENOMEM, "token file %s: out of memory for %zu tokens", path, d->n);
+    goto out;
+  }
+  if ((rc = data__read_all(fd, raw, 2 * d->n, (off_t)DATA_HEADER_BYTES, path)) != FSDP_OK)
+    goto out;
+
+  /* decode and check every id: a bad one is found now, not at step 40000 */
+  size_t bad = SIZE_MAX;
+  unsigned maxid = 0;
+  for (size_t i = 0; i < d->n; i++) {
+    unsigned id = (unsigned)raw[2 * i] | (unsigned)raw[2 * i + 1] << 8;
+    d->tokens[i] = (uint16_t)id;
+    if (id > maxid) maxid = id;
+    if (id >= (unsigned)vocab && bad == SIZE_MAX) bad = i;
+  }
+  if (bad != SIZE_MAX) {
+    rc = err_set(FSDP_ERANGE,
+                 "token file %s: token id %u at position %zu (byte %zu) is not below the model's "
+                 "vocab %d (largest id in the file: %u); the file was made for a larger "
+                 "vocabulary: set the model's vocab to at least %u, or re-tokenize the text "
+                 "for this model",
+                 path, (unsigned)d->tokens[bad], bad, DATA_HEADER_BYTES + 2 * bad, vocab, maxid,
+                 maxid + 1);
+    goto out;
+  }
+
+  if ((rc = data__split(d, eval_fraction, T)) != FSDP_OK) goto out;
+
+  LOG_INFO("data", "%s: %zu tokens; train %zu tokens, eval %zu tokens; windows of %d tokens: "
+           "train %zu, eval %zu", path, d->n, d->eval_start, d->n - d->eval_start, T + 1,
+           data__windows(d->eval_start, T), data__windows(d->n - d->eval_start, T));
+  *out = d;
+  d = NULL;
+out:
+  free(raw);
+  if (fd >= 0) close(fd);
+  data_close(d);
+  return rc;
+}
+
+void data_close(data_t *d) {
+  if (!d) return;
+  free(d->perm);
+  free(d->tokens);
+  free(d->path);
+  free(d);
+}
+
+size_t data_num_tokens(const data_t *d) { return d->n; }
+size_t data_num_train_tokens(const data_t *d) { return d->eval_start; }
+size_t data_num_eval_tokens(const data_t *d) { return d->n - d->eval_start; }
+
+/* ---- batches ---- */
+
+/* Builds the window order of (seed, epoch) over nw windows into d->perm. */
+static int data__permute(data_t *d, uint64_t seed, uint64_t epoch, size_t nw) {
+  if (d->perm_valid && d->perm_seed == seed && d->perm_epoch == epoch && d->perm_n == nw)
+    return FSDP_OK;
+  if (d->perm_n != nw || !d->perm) {
+    uint32_t *p = realloc(d->perm, sizeof *p * nw);
+    if (!p) return err_set(FSDP_ENOMEM, "token file %s: out of memory for %zu windows", d->path, nw);
+    d->perm = p;
+  }
+  d->perm_valid = 0;
+  d->perm_n = nw;
+  /* two mixes so that nearby (seed, epoch) pairs give unrelated keys */
+  uint64_t key = data__mix(data__mix(seed) ^ (epoch * 0xd1b54a32d192ed03ull));
+  for (size_t i = 0; i < nw; i++) d->perm[i] = (uint32_t)i;
+  for (size_t i = nw; i > 1; i--) {
+    /* modulo bias is at most i / 2^64: immaterial for any window count */
+    size_t j = (size_t)(data__mix(key + i) % i);
+    uint32_t t = d->perm[i - 1];
+    d->perm[i - 1] = d->perm[j];
+    d->perm[j] = t;
+  }
+  d->perm_seed = seed;
+  d->perm_epoch = epoch;
+  d->perm_valid = 1;
+  return FSDP_OK;
+}
+
+static void data__fill(const uint16_t *tok, size_t start, int T, int32_t *in, int32_t *tg) {
+  const uint16_t *w = tok + start;
+  for (int t = 0; t < T; t++) {
+    in[t] = w[t];
+    tg[t] = w[t + 1];
+  }
+}
+
+static int data__check_bt(const data_t *d, int B, int T) {
+  if (B <= 0 || T <= 0)
+    return err_set(FSDP_EINVAL, "token file %s: batch %d and seq_len %d must be positive", d->path,
+                   B, T);
+  return FSDP_OK;
+}
+
+int data_next_batch(data_t *d, data_pos_t *pos, uint64_t seed, int B, int T, int32_t *inputs,
+                    int32_t *targets) {
+  FSDP_ASSERT(d && pos && inputs && targets);
+  int rc = data__check_bt(d, B, T);
+  if (rc) return rc;
+  size_t nw = data__windows(d->eval_start, T);
+  if (nw < (size_t)B)
+    return err_set(FSDP_EINVAL,
+                   "token file %s: batch %d needs %d windows of seq_len+1 = %d tokens, but the "
+                   "training split (%zu tokens) holds %zu; lower batch or seq_len, or use more "
+                   "data",
+                   d->path, B, B, T + 1, d->eval_start, nw);
+  size_t per_epoch = nw / (size_t)B;
+  /* a position past the end of its epoch (e.g. saved with a smaller batch) starts the next */
+  if (pos->index >= per_epoch) {
+    pos->epoch++;
+    pos->index = 0;
+  }
+  if ((rc = data__permute(d, seed, pos->epoch, nw)) != FSDP_OK) return rc;
+  const uint32_t *win = d->perm + pos->index * (size_t)B;
+  for (int b = 0; b < B; b++)
+    data__fill(d->tokens, (size_t)win[b] * (size_t)T, T, inputs + (size_t)b * T,
+               targets + (size_t)b * T);
+  if (++pos->index >= per_epoch) {
+    pos->epoch++;
+    pos->index = 0;
+  }
+  return FSDP_OK;
+}
+
+size_t data_eval_num_batches(const data_t *d, int B, int T) {
+  if (B <= 0 || T <= 0) return 0;
+  return data__windows(d->n - d->eval_start, T) / (size_t)B;
+}
+
+int data_eval_batch(const data_t *d, size_t k, int B, int T, int32_t *inputs, int32_t *targets) {
+  FSDP_ASSERT(d && inputs && targets);
+  int rc = data__check_bt(d, B, T);
+  if (rc) return rc;
+  size_t nb = data_eval_num_batches(d, B, T);
+  if (k >= nb)
+    return err_set(FSDP_ERANGE,
+                   "token file %s: evaluation batch %zu does not exist: the held-out split "
+                   "(%zu tokens) holds %zu batches of %d x %d",
+                   d->path, k, d->n - d->eval_start, nb, B, T);
+  for (int b = 0; b < B; b++) {
+    size_t w = k * (size_t)B + (size_t)b;
+    data__fill(d->tokens, d->eval_start + w * (size_t)T, T, inputs + (size_t)b * T,
+               targets + (size_t)b * T);
+  }
+  return FSDP_OK;
+}
+
+/* ---- write ---- */
+
+static int data__write_all(int fd, const void *buf, size_t n, const char *tmp) {
+  const unsigned char *p = buf;
+  while (n > 0) {
+    ssize_t w = write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      int e = errno;
+      return err_set(err_from_errno(e),
+                     "token file %s: write failed: %s; free space (or raise the file-size "
+                     "limit) and retry",
+                     tmp, strerror(e));
+    }
+    p += w;
+    n -= (size_t)w;
+  }
+  return FSDP_OK;
+}
+
+/* Makes the rename itself durable; filesystems that cannot sync a directory are let be. */
+static int data__sync_dir(const char *path) {
+  char *dir = strdup(path);
+  if (!dir) return err_set(FSDP_ENOMEM, "token file %s: out of memory", path);
+  char *slash = strrchr(dir, '/');
+  const char *name = ".";
+  if (slash == dir) name = "/";
+  else if (slash) {
+    *slash = 0;
+    name = dir;
+  }
+  int rc = FSDP_OK;
+  int fd = open(name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    if (fsync(fd) != 0 && errno != EINVAL && errno != ENOTSUP) {
+      int e = errno;
+      rc = err_set(err_from_errno(e),
+                   "token file %s: written, but syncing its directory failed: %s; the file may "
+                   "be lost on a crash: check the disk",
+                   path, strerror(e));
+    }
+    close(fd);
+  }
+  free(dir);
+  return rc;
+}
+
+int data_write(const char *path, const uint16_t *tokens, size_t n) {
+  FSDP_ASSERT(path && (tokens || n == 0));
+  if (n > (size_t)INT32_MAX)
+    return err_set(FSDP_ERANGE,
+                   "token file %s: %zu tokens do not fit the header's int32 count (at most %d): "
+                   "split the text into several files",
+                   path, n, INT32_MAX);
+  int rc = FSDP_OK;
+  int fd = -1;
+  size_t len = strlen(path) + 32;
+  char *tmp = malloc(len);
+  unsigned char *buf = malloc(1 << 16);
+  if (!tmp || !buf) {
+    rc = err_set(FSDP_ENOMEM, "token file %s: out of memory", path);
+    goto out;
+  }
+  snprintf(tmp, len, "%s.tmp.%ld", path, (long)getpid());
+
+  fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    int e = errno;
+    rc = err_set(err_from_errno(e),
+                 "token file %s: cannot create %s: %s; check that the directory exists and is "
+                 "writable",
+                 path, tmp, strerror(e));
+    free(tmp); /* nothing was created: nothing to remove */
+    tmp = NULL;
+    goto out;
+  }
+
+  memset(buf, 0, DATA_HEADER_BYTES);
+  data__put_le32(buf, DATA_MAGIC);
+  data__put_le32(buf + 4, DATA_VERSION);
+  data__put_le32(buf + 8, (uint32_t)n);
+  if ((rc = data__write_all(fd, buf, DATA_HEADER_BYTES, tmp)) != FSDP_OK) goto out;
+  /* little-endian whatever the host, through one 64 KiB buffer */
+  for (size_t i = 0; i < n;) {
+    size_t m = n - i < (1 << 15) ? n - i : (1 << 15);
+    for (size_t j = 0; j < m; j++) {
+      buf[2 * j] = (unsigned char)tokens[i + j];
+      buf[2 * j + 1] = (unsigned char)(tokens[i + j] >> 8);
+    }
+    if ((rc = data__write_all(fd, buf, 2 * m, tmp)) != FSDP_OK) goto out;
+    i += m;
+  }
+  if (fsync(fd) != 0) {
+    int e = errno;
+    rc = err_set(err_from_errno(e), "token file %s: fsync of %s failed: %s; check the disk", path,
+                 tmp, strerror(e));
+    goto out;
+  }
+  int cfd = fd;
+  fd = -1;
+  if (close(cfd) != 0) { /* NFS reports some write errors only here */
+    int e = errno;
+    rc = err_set(err_from_errno(e), "token file %s: closing %s failed: %s; check the disk", path,
+                 tmp, strerror(e));
+    goto out;
+  }
+  if (rename(tmp, path) != 0) {
+    int e = errno;
+    rc = err_set(err_from_errno(e), "token file %s: renaming %s into place failed: %s", path, tmp,
+                 strerror(e));
+    goto out;
+  }
+  free(tmp); /* renamed: no temporary left to remove */
+  tmp = NULL;
+  rc = data__sync_dir(path);
+out:
+  if (fd >= 0) close(fd);
+  if (tmp) {
+    if (rc != FSDP_OK) unlink(tmp);
+    free(tmp);
+  }
+  free(buf);
+  return rc;
+}

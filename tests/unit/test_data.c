@@ -1,0 +1,593 @@
+/* test_data: token files (every way a file is refused, and what the message
+ * says) and batches (determinism, resume, epoch coverage, the held-out split),
+ * and the atomic write under a missing directory and a full disk. */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "daemon/common/err.h"
+#include "daemon/train/data.h"
+#include "tests/unit/testutil.h"
+
+#define HDR_BYTES (DATA_HEADER_INTS * 4)
+
+#define assert_msg_has(s)                                                                 \
+  cr_assert(strstr(err_msg(), (s)) != NULL, "message lacks \"%s\": %s", (s), err_msg())
+
+/* A file of n tokens whose id is the token's position (unique below 65536),
+ * through data_write. Returns the path (caller frees). */
+static char *make_seq_file(const char *name, size_t n) {
+  uint16_t *t = malloc(n * sizeof *t + 1);
+  cr_assert_not_null(t);
+  for (size_t i = 0; i < n; i++) t[i] = (uint16_t)i;
+  char *p = tu_path(name);
+  cr_assert_eq(data_write(p, t, n), FSDP_OK, "%s", err_msg());
+  free(t);
+  return p;
+}
+
+/* Crafts a file byte by byte: header {magic, version, count}, then ntok ids from ids. */
+static char *make_raw_file(const char *name, int32_t magic, int32_t version, int32_t count,
+                           const uint16_t *ids, size_t ntok, size_t total_bytes) {
+  size_t full = HDR_BYTES + 2 * ntok;
+  unsigned char *buf = calloc(1, full > total_bytes ? full : total_bytes);
+  cr_assert_not_null(buf);
+  int32_t h[3] = {magic, version, count};
+  memcpy(buf, h, sizeof h); /* the test machines are little-endian like the format */
+  if (ntok) memcpy(buf + HDR_BYTES, ids, 2 * ntok);
+  char *p = tu_path(name);
+  tu_write_file(p, buf, total_bytes);
+  free(buf);
+  return p;
+}
+
+static int exists(const char *p) {
+  struct stat st;
+  return stat(p, &st) == 0;
+}
+
+/* Whether a directory holds an entry whose name contains s. */
+static int dir_has(const char *dir, const char *s) {
+  DIR *d = opendir(dir);
+  cr_assert_not_null(d, "opendir %s", dir);
+  int found = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL)
+    if (strstr(e->d_name, s)) found = 1;
+  closedir(d);
+  return found;
+}
+
+/* ---- refused files: one test per way ---- */
+
+Test(data, missing_file) {
+  char *p = tu_path("nope.bin");
+  data_t *d = NULL;
+  cr_assert_eq(data_open(&d, p, 256, 0, 8), FSDP_ENOENT);
+  cr_assert_null(d);
+  assert_msg_has(p);
+  assert_msg_has("No such file");
+  assert_msg_has("fsdp-tokenize");
+  free(p);
+}
+
+Test(data, truncated_header) {
+  char *p = make_raw_file("short.bin", DATA_MAGIC, DATA_VERSION, 0, NULL, 0, 100);
+  data_t *d = NULL;
+  cr_assert_eq(data_open(&d, p, 256, 0, 8), FSDP_EFORMAT);
+  cr_assert_null(d);
+  assert_msg_has(p);
+  assert_msg_has("truncated");
+  assert_msg_has("100 bytes");
+  assert_msg_has("1024-byte header");
+  free(p);
+}
+
+Test(data, truncated_body) {
+  uint16_t ids[50] = {0};
+  /* header says 100 tokens (1224 bytes), 50 are there (1124 bytes) */
+  char *p = make_raw_file("cut.bin", DATA_MAGIC, DATA_VERSION, 100, ids, 50, HDR_BYTES + 100);
+  data_t *d = NULL;
+  cr_assert_eq(data_open(&d, p, 256, 0, 8), FSDP_EFORMAT);
+  assert_msg_has(p);
+  assert_msg_has("truncated");
+  assert_msg_has("1224 bytes expected");
+  assert_msg_has("has 1124");
+  free(p);
+}
+
+Test(data, trailing_garbage) {
+  uint16_t ids[12] = {0};
+  /* header says 10 tokens (1044 bytes), 12 are there (1048 bytes) */
+  char *p = make_raw_file("long.bin", DATA_MAGIC, DATA_VERSION, 10, ids, 12, HDR_BYTES + 24);
+  data_t *d = NULL;
+  cr_assert_eq(data_open(&d, p, 256, 0, 8), FSDP_EFORMAT);
+  assert_msg_has(p);
+  assert_msg_has("trailing garbage");
+  assert_msg_has("1044 bytes expected");
+  assert_msg_has("has 1048");
+  free(p);
+}
+
+Test(data, bad_magic) {
+  uint16_t ids[20] = {0};
+  char *p = make_raw_file("magic.bin", 20240326, DATA_VERSION, 20, ids, 20, HDR_BYTES + 40);
+  data_t *d = NULL;
+  cr_assert_eq(data_open(&d, p, 256, 0, 8), FSDP_EFORMAT);
+  assert_msg_has(p);
+  assert_msg_has("not a token file");
+  assert_msg_has("20240326");
+  assert_msg_has("fsdp-tokenize");
+  free(p);
+}
+
+Test(data, bad_version) {
+  uint16_t ids[20] = {0};
+  char *p = make_raw_file("ver.bin", DATA_MAGIC, 2, 20, ids, 20, HDR_BYTES + 40);
+  data_t *d = NULL;
+  cr_assert_eq(data_open(&d, p, 256, 0, 8), FSDP_EFORMAT);
+  assert_msg_has(p);
+  assert_msg_has("version 2");
+  assert_msg_has("reads version 1");
+  free(p);
+}
+
+Test(data, negative_count) {
+  char *p = make_raw_file("neg.bin", DATA_MAGIC, DATA_VERSION, -5, NULL, 0, HDR_BYTES);
+  data_t *d = NULL;
+  cr_assert_eq(data_open(&d, p, 256, 0, 8), FSDP_EFORMAT);
+  assert_msg_has(p);
+  assert_msg_has("-5");
+  assert_msg_has("negative");
+  free(p);
+}
+
+Test(data, not_a_regular_file) {
+  data_t *d = NULL;
+  const char *dir = tu_tmpdir();
+  cr_assert_eq(data_open(&d, dir, 256, 0, 8), FSDP_EINVAL);
+  assert_msg_has(dir);
+  assert_msg_has("not a regular file");
+}
+
+Test(data, token_id_at_or_above_vocab) {
+  uint16_t ids[100];
+  for (int i = 0; i < 100; i++) ids[i] = (uint16_t)(i % 200);
+  ids[37] = 300; /* the first bad one */
+  ids[60] = 256;
+  ids[80] = 999; /* the largest */
+  char *p = make_raw_file("vocab.bin", DATA_MAGIC, DATA_VERSION, 100, ids, 100, HDR_BYTES + 200);
+  data_t *d = NULL;
+  cr_assert_eq(data_open(&d, p, 256, 0, 8), FSDP_ERANGE);
+  cr_assert_null(d);
+  assert_msg_has(p);
+  assert_msg_has("token id 300 at position 37");
+  assert_msg_has("byte 1098");
+  assert_msg_has("vocab 256");
+  assert_msg_has("at least 1000");
+  /* the same file is fine for a model with a large enough vocabulary */
+  cr_assert_eq(data_open(&d, p, 1000, 0, 8), FSDP_OK, "%s", err_msg());
+  data_close(d);
+  free(p);
+}
+
+Test(data, eval_fraction_out_of_range) {
+  char *p = make_seq_file("evalfrac.bin", 1000);
+  const double bad[] = {0.6, -0.1, NAN, INFINITY};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    data_t *d = NULL;
+    cr_assert_eq(data_open(&d, p, 65536, bad[i], 8), FSDP_ERANGE, "eval_fraction %g", bad[i]);
+    cr_assert_null(d);
+    assert_msg_has("eval_fraction");
+    assert_msg_has("[0, 0.5]");
+  }
+  data_t *d = NULL;
+  cr_assert_eq(data_open(&d, p, 65536, 0.5, 8), FSDP_OK, "%s", err_msg());
+  data_close(d);
+  free(p);
+}
+
+Test(data, too_few_tokens_for_one_window) {
+  char *p = make_seq_file("tiny.bin", 64);
+  data_t *d = NULL;
+  /* 64 tokens, T = 64: a window needs 65 */
+  cr_assert_eq(data_open(&d, p, 65536, 0, 64), FSDP_EINVAL);
+  cr_assert_null(d);
+  assert_msg_has(p);
+  assert_msg_has("64 tokens");
+  assert_msg_has("seq_len 64 needs 65 tokens");
+  /* one token more is exactly one window */
+  free(p);
+  p = make_seq_file("tiny65.bin", 65);
+  cr_assert_eq(data_open(&d, p, 65536, 0, 64), FSDP_OK, "%s", err_msg());
+  data_close(d);
+  free(p);
+}
+
+Test(data, eval_split_too_small) {
+  char *p = make_seq_file("smalleval.bin", 200);
+  data_t *d = NULL;
+  /* 10% of 200 = 20 tokens held out, a window at T = 32 needs 33 */
+  cr_assert_eq(data_open(&d, p, 65536, 0.1, 32), FSDP_EINVAL);
+  assert_msg_has(p);
+  assert_msg_has("eval_fraction 0.1");
+  assert_msg_has("needs 33 tokens");
+  assert_msg_has("at least 640 tokens");
+  /* the bound the message gives is enough */
+  free(p);
+  p = make_seq_file("enougheval.bin", 640);
+  cr_assert_eq(data_open(&d, p, 65536, 0.1, 32), FSDP_OK, "%s", err_msg());
+  cr_assert_geq(data_eval_num_batches(d, 1, 32), 1);
+  data_close(d);
+  free(p);
+}
+
+Test(data, too_few_windows_for_batch) {
+  char *p = make_seq_file("fewwin.bin", 25); /* T = 8: windows [0,8] [8,16] [16,24] */
+  data_t *d = NULL;
+  cr_assert_eq(data_open(&d, p, 65536, 0, 8), FSDP_OK, "%s", err_msg());
+  int32_t in[4 * 8], tg[4 * 8];
+  data_pos_t pos = {0, 0};
+  cr_assert_eq(data_next_batch(d, &pos, 1, 4, 8, in, tg), FSDP_EINVAL);
+  assert_msg_has(p);
+  assert_msg_has("batch 4");
+  assert_msg_has("holds 3");
+  cr_assert_eq(data_next_batch(d, &pos, 1, 3, 8, in, tg), FSDP_OK, "%s", err_msg());
+  data_close(d);
+  free(p);
+}
+
+/* ---- behaviour ---- */
+
+Test(data, write_read_round_trip) {
+  size_t n = 5000;
+  uint16_t *t = malloc(n * sizeof *t);
+  uint64_t s = 7;
+  for (size_t i = 0; i < n; i++) t[i] = (uint16_t)(tu_rand_u64(&s) & 0xffff);
+  t[0] = 0xffff; /* the largest id survives */
+  char *p = tu_path("rt.bin");
+  cr_assert_eq(data_write(p, t, n), FSDP_OK, "%s", err_msg());
+  cr_assert_not(dir_has(tu_tmpdir(), ".tmp."), "temporary file left behind");
+
+  /* the bytes are the llm.c layout */
+  FILE *f = fopen(p, "rb");
+  cr_assert_not_null(f);
+  int32_t h[DATA_HEADER_INTS];
+  cr_assert_eq(fread(h, 4, DATA_HEADER_INTS, f), DATA_HEADER_INTS);
+  cr_assert_eq(h[0], DATA_MAGIC);
+  cr_assert_eq(h[1], DATA_VERSION);
+  cr_assert_eq(h[2], (int32_t)n);
+  for (int i = 3; i < DATA_HEADER_INTS; i++) cr_assert_eq(h[i], 0);
+  uint16_t *back = malloc(n * sizeof *back);
+  cr_assert_eq(fread(back, 2, n, f), n);
+  cr_assert_eq(fgetc(f), EOF);
+  fclose(f);
+  cr_assert_eq(memcmp(back, t, n * 2), 0);
+
+  /* and data_open reads back the same tokens, window by window */
+  data_t *d = NULL;
+  int T = 10;
+  cr_assert_eq(data_open(&d, p, 65536, 0, T), FSDP_OK, "%s", err_msg());
+  cr_assert_eq(data_num_tokens(d), n);
+  cr_assert_eq(data_num_train_tokens(d), n);
+  cr_assert_eq(data_num_eval_tokens(d), 0);
+  cr_assert_eq(data_eval_num_batches(d, 1, T), 0);
+  size_t nw = (n - 1) / (size_t)T;
+  int32_t in[10], tg[10];
+  data_pos_t pos = {0, 0};
+  unsigned char *seen = calloc(nw, 1);
+  for (size_t b = 0; b < nw; b++) {
+    cr_assert_eq(data_next_batch(d, &pos, 3, 1, T, in, tg), FSDP_OK, "%s", err_msg());
+    /* find the window by content: inputs must equal t[w*T .. w*T+T-1] for some w */
+    size_t w = nw;
+    for (size_t c = 0; c < nw && w == nw; c++)
+      if (!seen[c]) {
+        int ok = 1;
+        for (int i = 0; i < T && ok; i++) ok = in[i] == t[c * T + i] && tg[i] == t[c * T + i + 1];
+        if (ok) w = c;
+      }
+    cr_assert_lt(w, nw, "batch %zu matches no unused window of the file", b);
+    seen[w] = 1;
+  }
+  free(seen);
+  data_close(d);
+  free(back);
+  free(t);
+  free(p);
+}
+
+Test(data, empty_write_is_refused_at_open) {
+  char *p = tu_path("empty.bin");
+  cr_assert_eq(data_write(p, NULL, 0), FSDP_OK, "%s", err_msg());
+  data_t *d = NULL;
+  cr_assert_eq(data_open(&d, p, 256, 0, 4), FSDP_EINVAL);
+  assert_msg_has("0 tokens");
+  free(p);
+}
+
+Test(data, inputs_and_targets_shift_by_one) {
+  int B = 4, T = 16;
+  char *p = make_seq_file("shift.bin", 1000); /* id == position */
+  data_t *d = NULL;
+  cr_assert_eq(data_open(&d, p, 65536, 0, T), FSDP_OK, "%s", err_msg());
+  int32_t in[4 * 16], tg[4 * 16];
+  data_pos_t pos = {0, 0};
+  for (int k = 0; k < 5; k++) {
+    cr_assert_eq(data_next_batch(d, &pos, 11, B, T, in, tg), FSDP_OK, "%s", err_msg());
+    for (int b = 0; b < B; b++) {
+      const int32_t *x = in + b * T, *y = tg + b * T;
+      cr_assert_eq(x[0] % T, 0, "window starts at %d, not a multiple of T", x[0]);
+      for (int t = 0; t < T; t++) {
+        cr_assert_eq(x[t], x[0] + t);
+        cr_assert_eq(y[t], x[t] + 1);
+      }
+    }
+  }
+  data_close(d);
+  free(p);
+}
+
+/* Runs nb batches from *pos, storing them in in/tg (nb * B * T each). */
+static void run_batches(data_t *d, data_pos_t *pos, uint64_t seed, int B, int T, int nb,
+                        int32_t *in, int32_t *tg) {
+  for (int k = 0; k < nb; k++)
+    cr_assert_eq(data_next_batch(d, pos, seed, B, T, in + (size_t)k * B * T,
+                                 tg + (size_t)k * B * T),
+                 FSDP_OK, "%s", err_msg());
+}
+
+Test(data, batches_deterministic_per_seed) {
+  int B = 2, T = 8, nb = 20;
+  char *p = make_seq_file("det.bin", 801); /* 100 windows, 50 batches an epoch */
+  data_t *d1 = NULL, *d2 = NULL;
+  cr_assert_eq(data_open(&d1, p, 65536, 0, T), FSDP_OK, "%s", err_msg());
+  cr_assert_eq(data_open(&d2, p, 65536, 0, T), FSDP_OK, "%s", err_msg());
+  size_t sz = (size_t)nb * B * T;
+  int32_t *a = malloc(sz * 4), *at = malloc(sz * 4), *b = malloc(sz * 4), *bt = malloc(sz * 4);
+  data_pos_t pa = {3, 7}, pb = {3, 7};
+  run_batches(d1, &pa, 1234, B, T, nb, a, at);
+  run_batches(d2, &pb, 1234, B, T, nb, b, bt);
+  cr_assert_eq(memcmp(a, b, sz * 4), 0, "same seed and position, different batches");
+  cr_assert_eq(memcmp(at, bt, sz * 4), 0);
+  cr_assert_eq(pa.epoch, pb.epoch);
+  cr_assert_eq(pa.index, pb.index);
+  /* another seed gives another order */
+  data_pos_t pc = {3, 7};
+  run_batches(d2, &pc, 1235, B, T, nb, b, bt);
+  cr_assert_neq(memcmp(a, b, sz * 4), 0, "seeds 1234 and 1235 give the same batches");
+  /* and so does another epoch under the same seed */
+  data_pos_t pd = {4, 7};
+  run_batches(d2, &pd, 1234, B, T, nb, b, bt);
+  cr_assert_neq(memcmp(a, b, sz * 4), 0, "epochs 3 and 4 give the same batches");
+  free(a), free(at), free(b), free(bt);
+  data_close(d1);
+  data_close(d2);
+  free(p);
+}
+
+Test(data, resume_equals_continuous_run) {
+  int B = 3, T = 8, nb = 40, k = 17;
+  char *p = make_seq_file("resume.bin", 8 * 31 + 1); /* 31 windows: 10 batches an epoch */
+  data_t *d = NULL;
+  cr_assert_eq(data_open(&d, p, 65536, 0, T), FSDP_OK, "%s", err_msg());
+  size_t bsz = (size_t)B * T, sz = (size_t)nb * bsz;
+  int32_t *a = malloc(sz * 4), *at = malloc(sz * 4), *b = malloc(sz * 4), *bt = malloc(sz * 4);
+  data_pos_t pos = {0, 0}, saved = {0, 0};
+  for (int i = 0; i < nb; i++) {
+    if (i == k) saved = pos;
+    run_batches(d, &pos, 99, B, T, 1, a + i * bsz, at + i * bsz);
+  }
+  data_close(d);
+  cr_assert_eq(saved.epoch, 1); /* 17 = 10 + 7: the resume lands mid-epoch and */
+  cr_assert_eq(saved.index, 7); /* the run after it crosses two epoch boundaries */
+  /* a new process: fresh handle, only the saved position */
+  cr_assert_eq(data_open(&d, p, 65536, 0, T), FSDP_OK, "%s", err_msg());
+  run_batches(d, &saved, 99, B, T, nb - k, b, bt);
+  cr_assert_eq(memcmp(a + k * bsz, b, (size_t)(nb - k) * bsz * 4), 0);
+  cr_assert_eq(memcmp(at + k * bsz, bt, (size_t)(nb - k) * bsz * 4), 0);
+  cr_assert_eq(saved.epoch, pos.epoch);
+  cr_assert_eq(saved.index, pos.index);
+  free(a), free(at), free(b), free(bt);
+  data_close(d);
+  free(p);
+}
+
+/* Over several epochs, the windows (identified by their first token / T) one
+ * epoch uses: each at most once, and every one when B divides the count. */
+static void check_epochs(int B, int nwin) {
+  int T = 4;
+  char name[64];
+  snprintf(name, sizeof name, "epochs%d_%d.bin", B, nwin);
+  char *p = make_seq_file(name, (size_t)nwin * T + 1);
+  data_t *d = NULL;
+  cr_assert_eq(data_open(&d, p, 65536, 0, T), FSDP_OK, "%s", err_msg());
+  int per_epoch = nwin / B;
+  int32_t *in = malloc((size_t)B * T * 4), *tg = malloc((size_t)B * T * 4);
+  int *count = malloc((size_t)nwin * sizeof *count);
+  int *first = malloc((size_t)nwin * sizeof *first), differs = 0;
+  data_pos_t pos = {0, 0};
+  for (uint64_t e = 0; e < 4; e++) {
+    memset(count, 0, (size_t)nwin * sizeof *count);
+    for (int k = 0; k < per_epoch; k++) {
+      cr_assert_eq(pos.epoch, e);
+      cr_assert_eq(pos.index, (uint64_t)k);
+      cr_assert_eq(data_next_batch(d, &pos, 5, B, T, in, tg), FSDP_OK, "%s", err_msg());
+      for (int b = 0; b < B; b++) {
+        int w = in[b * T] / T;
+        cr_assert(w >= 0 && w < nwin);
+        count[w]++;
+        if (e == 0) first[k * B + b] = w;
+        else if (first[k * B + b] != w) differs = 1;
+      }
+    }
+    /* the epoch is used up: the position moved to the next one */
+    cr_assert_eq(pos.epoch, e + 1);
+    cr_assert_eq(pos.index, 0);
+    int used = 0;
+    for (int w = 0; w < nwin; w++) {
+      cr_assert_leq(count[w], 1, "window %d used %d times in epoch %llu", w, count[w],
+                    (unsigned long long)e);
+      used += count[w];
+    }
+    cr_assert_eq(used, per_epoch * B);
+  }
+  cr_assert(differs, "every epoch has the same order");
+  free(in), free(tg), free(count), free(first);
+  data_close(d);
+  free(p);
+}
+
+Test(data, epoch_covers_every_window_once) { check_epochs(1, 37); }
+Test(data, epoch_covers_whole_batches_once) { check_epochs(4, 37); }
+Test(data, epoch_batch_divides_windows) { check_epochs(5, 40); }
+
+Test(data, position_past_epoch_end_starts_next_epoch) {
+  int B = 2, T = 4;
+  char *p = make_seq_file("past.bin", 41); /* 10 windows, 5 batches an epoch */
+  data_t *d = NULL;
+  cr_assert_eq(data_open(&d, p, 65536, 0, T), FSDP_OK, "%s", err_msg());
+  int32_t a[8], at[8], b[8], bt[8];
+  data_pos_t late = {2, 9}, next = {3, 0};
+  cr_assert_eq(data_next_batch(d, &late, 8, B, T, a, at), FSDP_OK, "%s", err_msg());
+  cr_assert_eq(data_next_batch(d, &next, 8, B, T, b, bt), FSDP_OK, "%s", err_msg());
+  cr_assert_eq(memcmp(a, b, sizeof a), 0);
+  cr_assert_eq(late.epoch, 3);
+  cr_assert_eq(late.index, 1);
+  data_close(d);
+  free(p);
+}
+
+Test(data, eval_windows_never_overlap_training) {
+  int B = 2, T = 8;
+  size_t n = 1003;
+  char *p = make_seq_file("eval.bin", n); /* id == position */
+  data_t *d = NULL;
+  cr_assert_eq(data_open(&d, p, 65536, 0.25, T), FSDP_OK, "%s", err_msg());
+  size_t ntrain = data_num_train_tokens(d), neval = data_num_eval_tokens(d);
+  cr_assert_eq(ntrain + neval, n);
+  cr_assert_eq(ntrain % (size_t)T, 0, "held-out part starts off the window grid: %zu", ntrain);
+  cr_assert_geq(neval, (size_t)(0.25 * n) - (T - 1));
+  cr_assert_leq(neval, (size_t)(0.25 * n));
+
+  /* every token a training epoch reads lies below ntrain */
+  size_t nw = (ntrain - 1) / T;
+  int32_t in[16], tg[16];
+  data_pos_t pos = {0, 0};
+  int32_t train_max = -1;
+  for (size_t k = 0; k < nw / B; k++) {
+    cr_assert_eq(data_next_batch(d, &pos, 2, B, T, in, tg), FSDP_OK, "%s", err_msg());
+    for (int i = 0; i < B * T; i++) train_max = tg[i] > train_max ? tg[i] : train_max;
+  }
+  cr_assert_lt((size_t)train_max, ntrain);
+
+  /* eval batches: sequential windows from ntrain on, all above every training token */
+  size_t ne = data_eval_num_batches(d, B, T);
+  cr_assert_eq(ne, (neval - 1) / T / B);
+  cr_assert_gt(ne, 0);
+  for (size_t k = 0; k < ne; k++) {
+    cr_assert_eq(data_eval_batch(d, k, B, T, in, tg), FSDP_OK, "%s", err_msg());
+    for (int b = 0; b < B; b++) {
+      size_t start = ntrain + (k * B + b) * T;
+      for (int t = 0; t < T; t++) {
+        cr_assert_eq((size_t)in[b * T + t], start + t);
+        cr_assert_eq((size_t)tg[b * T + t], start + t + 1);
+        cr_assert_gt(in[b * T + t], train_max, "eval token %d also used in training",
+                     in[b * T + t]);
+      }
+    }
+  }
+  /* the same every time, and the end is an error */
+  int32_t in2[16], tg2[16];
+  cr_assert_eq(data_eval_batch(d, 0, B, T, in2, tg2), FSDP_OK);
+  cr_assert_eq(data_eval_batch(d, 0, B, T, in, tg), FSDP_OK);
+  cr_assert_eq(memcmp(in, in2, sizeof in), 0);
+  cr_assert_eq(data_eval_batch(d, ne, B, T, in, tg), FSDP_ERANGE);
+  assert_msg_has("evaluation batch");
+  data_close(d);
+  free(p);
+}
+
+/* ---- writes that fail ---- */
+
+Test(data, write_to_missing_directory) {
+  char *dir = tu_path("no-such-dir");
+  size_t len = strlen(dir) + 16;
+  char *p = malloc(len);
+  snprintf(p, len, "%s/x.bin", dir);
+  uint16_t t[10] = {1, 2, 3};
+  cr_assert_eq(data_write(p, t, 10), FSDP_ENOENT);
+  assert_msg_has(p);
+  assert_msg_has("directory exists");
+  cr_assert_not(exists(p));
+  cr_assert_not(exists(dir));
+  cr_assert_not(dir_has(tu_tmpdir(), ".tmp."));
+  free(p);
+  free(dir);
+}
+
+/* In a child limited to a 4 KiB file size, writes 100000 tokens to path and
+ * sends back "rc message". Returns rc; the message goes to msg. */
+static int write_limited(const char *path, char *msg, size_t msgsz) {
+  int fds[2];
+  cr_assert_eq(pipe(fds), 0);
+  pid_t pid = fork();
+  cr_assert_geq(pid, 0);
+  if (pid == 0) {
+    close(fds[0]);
+    signal(SIGXFSZ, SIG_IGN); /* writes past the limit fail with EFBIG instead of killing */
+    struct rlimit rl = {4096, 4096};
+    if (setrlimit(RLIMIT_FSIZE, &rl) != 0) _exit(3);
+    size_t n = 100000;
+    uint16_t *t = calloc(n, sizeof *t);
+    int rc = data_write(path, t, n);
+    dprintf(fds[1], "%d %s", rc, err_msg());
+    _exit(0);
+  }
+  close(fds[1]);
+  char buf[1200] = {0};
+  size_t got = 0;
+  ssize_t r;
+  while (got < sizeof buf - 1 && (r = read(fds[0], buf + got, sizeof buf - 1 - got)) > 0)
+    got += (size_t)r;
+  close(fds[0]);
+  int st;
+  cr_assert_eq(waitpid(pid, &st, 0), pid);
+  cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child failed (status %d)", st);
+  int rc = 0, off = 0;
+  cr_assert_eq(sscanf(buf, "%d %n", &rc, &off), 1, "child said: %s", buf);
+  snprintf(msg, msgsz, "%s", buf + off);
+  return rc;
+}
+
+Test(data, write_past_file_size_limit_leaves_no_file) {
+  char *p = tu_path("full.bin");
+  char msg[1200];
+  int rc = write_limited(p, msg, sizeof msg);
+  cr_assert(rc == FSDP_ENOSPC || rc == FSDP_EIO, "rc %s: %s", err_name(rc), msg);
+  cr_assert(strstr(msg, p) != NULL, "message lacks the path: %s", msg);
+  cr_assert(strstr(msg, "write failed") != NULL, "message: %s", msg);
+  cr_assert_not(exists(p), "a half-written file is at the final path");
+  cr_assert_not(dir_has(tu_tmpdir(), ".tmp."), "temporary file left behind");
+  free(p);
+}
+
+Test(data, failed_write_keeps_the_old_file) {
+  char *p = make_seq_file("keep.bin", 300);
+  char msg[1200];
+  int rc = write_limited(p, msg, sizeof msg);
+  cr_assert(rc == FSDP_ENOSPC || rc == FSDP_EIO, "rc %s: %s", err_name(rc), msg);
+  data_t *d = NULL;
+  cr_assert_eq(data_open(&d, p, 65536, 0, 8), FSDP_OK, "old file damaged: %s", err_msg());
+  cr_assert_eq(data_num_tokens(d), 300);
+  data_close(d);
+  cr_assert_not(dir_has(tu_tmpdir(), ".tmp."), "temporary file left behind");
+  free(p);
+}

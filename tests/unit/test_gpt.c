@@ -1,0 +1,234 @@
+/* Unit tests of the model: configuration checks, parameter layout and units,
+ * deterministic sharded-style initialisation, weights files, input checks,
+ * and gradient accumulation. Numerical agreement with PyTorch is in
+ * test_reference.c. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/common/err.h"
+#include "daemon/train/gpt.h"
+#include "tests/unit/testutil.h"
+
+static gpt_config_t tiny(void) {
+  gpt_config_t c;
+  cr_assert_eq(gpt_config_preset(&c, "tiny"), 0);
+  return c;
+}
+
+Test(gpt, presets_and_unknown_preset) {
+  gpt_config_t c;
+  cr_assert_eq(gpt_config_preset(&c, "gpt2-124m"), 0);
+  cr_assert_eq(c.layers, 12);
+  cr_assert_eq(c.channels, 768);
+  /* the published parameter count of GPT-2 small (tied embeddings, vocab 50257) */
+  cr_assert_eq(gpt_config_num_params(&c), 124439808u);
+  cr_assert_eq(gpt_config_preset(&c, "gpt2-1558m"), 0);
+  cr_assert_eq(c.heads, 25);
+  int rc = gpt_config_preset(&c, "gpt5");
+  cr_assert_eq(rc, FSDP_EINVAL);
+  cr_assert(strstr(err_msg(), "gpt5") && strstr(err_msg(), "gpt2-350m"), "%s", err_msg());
+}
+
+Test(gpt, channels_not_divisible_by_heads_names_the_field) {
+  gpt_config_t c = tiny();
+  c.heads = 3; /* 64 % 3 != 0 */
+  cr_assert_eq(gpt_config_validate(&c), FSDP_EINVAL);
+  cr_assert(strstr(err_msg(), "heads") && strstr(err_msg(), "divisible"), "%s", err_msg());
+  gpt_t *g = (gpt_t *)1;
+  cr_assert_eq(gpt_create(&g, &c, kern_cpu()), FSDP_EINVAL);
+  cr_assert_null(g);
+  c = tiny();
+  c.vocab = 70000;
+  cr_assert_eq(gpt_config_validate(&c), FSDP_EINVAL);
+  cr_assert(strstr(err_msg(), "vocab"), "%s", err_msg());
+}
+
+Test(gpt, units_are_contiguous_blocks) {
+  gpt_config_t c = tiny();
+  c.layers = 3;
+  gpt_t *g;
+  cr_assert_eq(gpt_create(&g, &c, kern_cpu()), 0);
+  cr_assert_eq(gpt_num_units(g), 4);
+  size_t next = 0;
+  for (int u = 0; u < gpt_num_units(g); u++) {
+    gpt_unit_t un = gpt_unit(g, u);
+    cr_assert_eq(un.offset, next, "unit %d starts where the previous ends", u);
+    next += un.numel;
+  }
+  cr_assert_eq(next, gpt_num_params(g));
+  const size_t C = 64;
+  cr_assert_eq(gpt_unit(g, 1).numel, 12 * C * C + 13 * C, "a block's parameters");
+  for (int k = 0; k < gpt_num_tensors(g); k++) {
+    const gpt_tensor_t *t = gpt_tensor(g, k);
+    gpt_unit_t un = gpt_unit(g, t->unit);
+    cr_assert(t->offset >= un.offset && t->offset + t->numel <= un.offset + un.numel, "%s", t->name);
+    cr_assert_eq(t->decay, t->rows > 1, "%s: decay exactly on matrices", t->name);
+  }
+  int k = gpt_find_tensor(g, "h.2.mlp.proj.w");
+  cr_assert_geq(k, 0);
+  cr_assert_eq(gpt_tensor(g, k)->unit, 3);
+  cr_assert_eq(gpt_find_tensor(g, "h.3.ln1.w"), -1);
+  gpt_destroy(g);
+}
+
+Test(gpt, init_is_bit_identical_for_any_split) {
+  gpt_config_t c = tiny();
+  size_t n = gpt_config_num_params(&c);
+  float *whole = malloc(n * sizeof *whole), *parts = malloc(n * sizeof *parts);
+  gpt_init_range(&c, 42, 0, n, whole);
+  for (int world = 2; world <= 4; world++) {
+    memset(parts, 0xff, n * sizeof *parts);
+    size_t shard = (n + (size_t)world - 1) / (size_t)world;
+    for (int r = 0; r < world; r++) {
+      size_t lo = (size_t)r * shard, hi = lo + shard < n ? lo + shard : n;
+      gpt_init_range(&c, 42, lo, hi, parts + lo);
+    }
+    cr_assert_eq(memcmp(whole, parts, n * sizeof *parts), 0, "world %d", world);
+  }
+  float *other = malloc(n * sizeof *other);
+  gpt_init_range(&c, 43, 0, n, other);
+  cr_assert_neq(memcmp(whole, other, n * sizeof *other), 0, "another seed, other weights");
+  /* GPT-2 init: wte ~ N(0, 0.02), layernorm weights 1, biases 0 */
+  gpt_t *g;
+  cr_assert_eq(gpt_create(&g, &c, kern_cpu()), 0);
+  const gpt_tensor_t *wte = gpt_tensor(g, gpt_find_tensor(g, "wte"));
+  double s = 0, s2 = 0;
+  for (size_t i = 0; i < wte->numel; i++) s += whole[wte->offset + i], s2 += (double)whole[wte->offset + i] * whole[wte->offset + i];
+  double mean = s / wte->numel, sd = sqrt(s2 / wte->numel - mean * mean);
+  cr_assert(fabs(mean) < 0.002 && fabs(sd - 0.02) < 0.001, "mean %g sd %g", mean, sd);
+  cr_assert_eq(whole[gpt_tensor(g, gpt_find_tensor(g, "h.1.ln2.w"))->offset + 5], 1.0f);
+  cr_assert_eq(whole[gpt_tensor(g, gpt_find_tensor(g, "h.1.attn.qkv.b"))->offset + 5], 0.0f);
+  gpt_destroy(g);
+  free(whole);
+  free(parts);
+  free(other);
+}
+
+Test(gpt, weights_file_round_trip_and_corruption) {
+  gpt_config_t c = tiny();
+  gpt_t *g, *h;
+  cr_assert_eq(gpt_create(&g, &c, kern_cpu()), 0);
+  gpt_init_weights(g, 7);
+  char *path = tu_path("w.bin");
+  cr_assert_eq(gpt_save(g, path), 0, "%s", err_msg());
+  cr_assert_eq(gpt_load(&h, path, kern_cpu()), 0, "%s", err_msg());
+  cr_assert_eq(memcmp(gpt_get_config(h), &c, sizeof c), 0);
+  cr_assert_eq(memcmp(gpt_params(g), gpt_params(h), gpt_num_params(g) * sizeof(float)), 0);
+  gpt_destroy(h);
+  /* truncated: keep the header and half the parameters */
+  FILE *f = fopen(path, "rb");
+  size_t n = 1024 + gpt_num_params(g) * 2;
+  char *buf = malloc(n);
+  cr_assert_eq(fread(buf, 1, n, f), n);
+  fclose(f);
+  char *bad = tu_path("trunc.bin");
+  tu_write_file(bad, buf, n);
+  cr_assert_eq(gpt_load(&h, bad, kern_cpu()), FSDP_EFORMAT);
+  cr_assert_null(h);
+  cr_assert(strstr(err_msg(), "truncated") && strstr(err_msg(), bad), "%s", err_msg());
+  /* not a weights file */
+  buf[0] ^= 0x55;
+  tu_write_file(bad, buf, n);
+  cr_assert_eq(gpt_load(&h, bad, kern_cpu()), FSDP_EFORMAT);
+  cr_assert(strstr(err_msg(), "not an fsdpd weights file"), "%s", err_msg());
+  /* missing directory: an error, and nothing left behind */
+  cr_assert_neq(gpt_save(g, "/nonexistent-dir/w.bin"), 0);
+  cr_assert(strstr(err_msg(), "/nonexistent-dir/w.bin"), "%s", err_msg());
+  free(buf);
+  free(bad);
+  free(path);
+  gpt_destroy(g);
+}
+
+static void fill_tokens(int32_t *x, size_t n, int V, uint64_t seed) {
+  for (size_t i = 0; i < n; i++) x[i] = (int32_t)(tu_rand_u64(&seed) % (uint64_t)V);
+}
+
+Test(gpt, bad_inputs_are_errors_that_name_the_field) {
+  gpt_config_t c = tiny();
+  gpt_t *g;
+  cr_assert_eq(gpt_create(&g, &c, kern_cpu()), 0);
+  gpt_init_weights(g, 1);
+  int32_t in[2 * 65], tg[2 * 65];
+  fill_tokens(in, 130, c.vocab, 1);
+  fill_tokens(tg, 130, c.vocab, 2);
+  float loss;
+  cr_assert_eq(gpt_forward(g, in, tg, 0, 8, &loss), FSDP_EINVAL);
+  cr_assert(strstr(err_msg(), "batch"), "%s", err_msg());
+  cr_assert_eq(gpt_forward(g, in, tg, -3, 8, &loss), FSDP_EINVAL);
+  cr_assert_eq(gpt_forward(g, in, tg, 2, 65, &loss), FSDP_EINVAL);
+  cr_assert(strstr(err_msg(), "seq_len") && strstr(err_msg(), "context 64"), "%s", err_msg());
+  in[11] = 256;
+  cr_assert_eq(gpt_forward(g, in, tg, 2, 8, &loss), FSDP_ERANGE);
+  cr_assert(strstr(err_msg(), "token id 256 at position 11"), "%s", err_msg());
+  in[11] = 3;
+  tg[5] = -1;
+  cr_assert_eq(gpt_forward(g, in, tg, 2, 8, &loss), FSDP_ERANGE);
+  cr_assert(strstr(err_msg(), "targets"), "%s", err_msg());
+  tg[5] = 3;
+  cr_assert_eq(gpt_forward(g, in, NULL, 2, 8, NULL), 0);
+  cr_assert_eq(gpt_backward(g, 1.0f), FSDP_EINVAL, "backward needs a forward with targets");
+  gpt_destroy(g);
+}
+
+/* The loss of a forward with targets is the mean of -log softmax(logits)[target],
+ * recomputed here in double from the logits of a forward without targets. */
+Test(gpt, loss_matches_logits) {
+  gpt_config_t c = tiny();
+  gpt_t *g;
+  cr_assert_eq(gpt_create(&g, &c, kern_cpu()), 0);
+  gpt_init_weights(g, 3);
+  enum { B = 3, T = 17 };
+  int32_t in[B * T], tg[B * T];
+  fill_tokens(in, B * T, c.vocab, 5);
+  fill_tokens(tg, B * T, c.vocab, 6);
+  cr_assert_eq(gpt_forward(g, in, NULL, B, T, NULL), 0);
+  const float *lg = gpt_logits(g);
+  double want = 0;
+  for (int i = 0; i < B * T; i++) {
+    const float *r = lg + (size_t)i * c.vocab;
+    double mx = r[0], s = 0;
+    for (int v = 1; v < c.vocab; v++) mx = fmax(mx, r[v]);
+    for (int v = 0; v < c.vocab; v++) s += exp(r[v] - mx);
+    want += -(r[tg[i]] - mx - log(s));
+  }
+  want /= B * T;
+  float loss;
+  cr_assert_eq(gpt_forward(g, in, tg, B, T, &loss), 0);
+  cr_assert(fabs(loss - want) < 1e-5 * want, "loss %f want %f", loss, want);
+  cr_assert(fabs(want - log(256.0)) < 0.1, "an untrained model is near ln(vocab): %f", want);
+  gpt_destroy(g);
+}
+
+/* One batch of 4 gives the gradient of two batches of 2 accumulated with scale 1/2. */
+Test(gpt, gradient_accumulation_equals_full_batch) {
+  gpt_config_t c = tiny();
+  gpt_t *g;
+  cr_assert_eq(gpt_create(&g, &c, kern_cpu()), 0);
+  gpt_init_weights(g, 9);
+  enum { B = 4, T = 16 };
+  int32_t in[B * T], tg[B * T];
+  fill_tokens(in, B * T, c.vocab, 10);
+  fill_tokens(tg, B * T, c.vocab, 11);
+  size_t n = gpt_num_params(g);
+  float loss, *full = malloc(n * sizeof *full);
+  gpt_zero_grad(g);
+  cr_assert_eq(gpt_forward(g, in, tg, B, T, &loss), 0);
+  cr_assert_eq(gpt_backward(g, 1.0f), 0);
+  memcpy(full, gpt_grads(g), n * sizeof *full);
+  gpt_zero_grad(g);
+  for (int h = 0; h < 2; h++) {
+    cr_assert_eq(gpt_forward(g, in + h * (B / 2) * T, tg + h * (B / 2) * T, B / 2, T, &loss), 0);
+    cr_assert_eq(gpt_backward(g, 0.5f), 0);
+  }
+  double err = tu_rel_err_f32f32(gpt_grads(g), full, n);
+  cr_assert(err < 1e-5, "accumulated vs full-batch gradient: rel err %g", err);
+  double norm = 0;
+  for (size_t i = 0; i < n; i++) norm += (double)full[i] * full[i];
+  cr_assert(norm > 0, "gradients are not all zero");
+  free(full);
+  gpt_destroy(g);
+}
