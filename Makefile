@@ -1,7 +1,7 @@
 # fsdpd: one plain Makefile (see docs/ARCHITECTURE.md for what lives where).
 #
 #   make          build libraries and binaries (installs missing Debian packages)
-#   make test     build and run every test
+#   make test     build and run every test (make test-san: the same under ASan and UBSan)
 #   make bench    build and run the benchmarks (prints `bench:` lines)
 #   make demo     build, tokenize the demo corpus, train a small GPT on it
 #
@@ -36,7 +36,7 @@ TESTS = err param kernels data gpt adamw config train reference
 TEST_BINS  = $(TESTS:%=$(B)/tests/test_%)
 BENCH_BINS = $(B)/bench/bench_gemm $(B)/bench/bench_train
 
-.PHONY: all deps test bench demo clean
+.PHONY: all deps test test-san bench demo clean
 all: $(BINS)
 
 deps:
@@ -68,6 +68,12 @@ $(B)/bench/%: $(B)/tests/bench/%.o $(LIB)
 
 test: $(BINS) $(TEST_BINS)
 	@sh tests/run.sh $(TEST_BINS)
+
+# The same tests built with AddressSanitizer and UBSan, in their own build dir.
+test-san: $(BINS)
+	$(MAKE) B=build-san OPT=-O1 EXTRA_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer" \
+	  EXTRA_LDFLAGS="-fsanitize=address,undefined" $(TESTS:%=build-san/tests/test_%)
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1 sh tests/run.sh $(TESTS:%=build-san/tests/test_%)
 
 bench: $(BINS) $(BENCH_BINS)
 	@sh tests/bench/run.sh
