@@ -1,0 +1,301 @@
+/* test_adamw: our AdamW (daemon/train/adamw.c and the kernel under it) against
+ * torch.optim.AdamW run in float64 by tests/reference/gpt2_ref.py --adamw-only
+ * on the same parameters and gradients, and the rule that only tensors marked
+ * decay are decayed. A missing python3 or torch FAILS the test.
+ *
+ * The script's input and output are record files (little-endian): a sequence
+ * of { int32 name_len, name bytes, int64 numel, float64 data[numel] } ending
+ * with a record named "end" of numel 0. Input: "hparams" = {beta1, beta2, eps,
+ * weight_decay}, "lr" = one rate per step, then per tensor "param.<name>",
+ * "decay.<name>" (0 or 1), "grad<s>.<name>" for s = 1..S. Output, per step s:
+ * "param<s>.<name>", "exp_avg<s>.<name>", "exp_avg_sq<s>.<name>". */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "daemon/common/err.h"
+#include "daemon/train/adamw.h"
+#include "daemon/train/gpt.h"
+#include "testutil.h"
+
+#define STEPS 3
+
+/* Our fp32 against torch's float64, relative over each tensor. Every quantity is
+ * a few fp32 operations from exact inputs (torch gets our fp32 params, grads and
+ * constants exactly), so the error is a few unit roundoffs (6e-8): we measure
+ * p 7e-8, m 9e-8, v 1.5e-7 at worst (see the log line). 1e-6 leaves room for a different
+ * but correct order of operations and still catches a wrong bias correction,
+ * eps placement or decay (those are 1e-4 and up). */
+#define ADAMW_TOL 1e-6
+
+/* ---- record files ------------------------------------------------------ */
+
+typedef struct ref_rec {
+  char name[64];
+  size_t numel;
+  double *data;
+} ref_rec_t;
+
+typedef struct ref_file {
+  int n;
+  ref_rec_t *recs;
+} ref_file_t;
+
+static void rec_write(FILE *f, const char *name, const double *x, size_t n) {
+  int32_t len = (int32_t)strlen(name);
+  int64_t numel = (int64_t)n;
+  cr_assert_eq(fwrite(&len, 4, 1, f), 1);
+  cr_assert_eq(fwrite(name, 1, (size_t)len, f), (size_t)len);
+  cr_assert_eq(fwrite(&numel, 8, 1, f), 1);
+  if (n) cr_assert_eq(fwrite(x, sizeof(double), n, f), n);
+}
+
+static void rec_write_f32(FILE *f, const char *name, const float *x, size_t n) {
+  double *d = malloc((n ? n : 1) * sizeof *d);
+  cr_assert_not_null(d);
+  for (size_t i = 0; i < n; i++) d[i] = x[i];
+  rec_write(f, name, d, n);
+  free(d);
+}
+
+static ref_file_t ref_read(const char *path) {
+  ref_file_t rf = {0, NULL};
+  FILE *f = fopen(path, "rb");
+  cr_assert_not_null(f, "reference output %s missing", path);
+  for (;;) {
+    int32_t len;
+    int64_t numel;
+    char name[64];
+    cr_assert_eq(fread(&len, 4, 1, f), 1, "%s: truncated (no end record)", path);
+    cr_assert(len > 0 && len < (int32_t)sizeof name, "%s: bad name length %d", path, len);
+    cr_assert_eq(fread(name, 1, (size_t)len, f), (size_t)len, "%s: truncated name", path);
+    name[len] = 0;
+    cr_assert_eq(fread(&numel, 8, 1, f), 1, "%s: truncated after %s", path, name);
+    if (!strcmp(name, "end")) break;
+    cr_assert(numel >= 0, "%s: record %s has numel %lld", path, name, (long long)numel);
+    rf.recs = realloc(rf.recs, (size_t)(rf.n + 1) * sizeof *rf.recs);
+    cr_assert_not_null(rf.recs);
+    ref_rec_t *r = &rf.recs[rf.n++];
+    snprintf(r->name, sizeof r->name, "%s", name);
+    r->numel = (size_t)numel;
+    r->data = malloc((r->numel ? r->numel : 1) * sizeof(double));
+    cr_assert_not_null(r->data);
+    cr_assert_eq(fread(r->data, sizeof(double), r->numel, f), r->numel,
+                 "%s: record %s truncated", path, name);
+  }
+  fclose(f);
+  return rf;
+}
+
+static const double *ref_get(const ref_file_t *rf, const char *name, size_t numel) {
+  for (int i = 0; i < rf->n; i++)
+    if (!strcmp(rf->recs[i].name, name)) {
+      cr_assert_eq(rf->recs[i].numel, numel, "reference record %s has %zu values, ours %zu",
+                   name, rf->recs[i].numel, numel);
+      return rf->recs[i].data;
+    }
+  cr_assert_fail("reference output has no record %s", name);
+  return NULL;
+}
+
+static void ref_free(ref_file_t *rf) {
+  for (int i = 0; i < rf->n; i++) free(rf->recs[i].data);
+  free(rf->recs);
+}
+
+/* Runs the reference script with args; a failure carries the script's stderr. */
+static void ref_run(const char *args) {
+  int rc = system("/usr/bin/python3 -c 'import torch, numpy' >/dev/null 2>&1");
+  cr_assert(rc == 0,
+            "the PyTorch reference needs /usr/bin/python3 with torch and numpy, and "
+            "`/usr/bin/python3 -c \"import torch, numpy\"` failed (status %d); install them "
+            "with `apt-get install python3-torch python3-numpy` (or `make deps`)", rc);
+  char script[1024];
+  snprintf(script, sizeof script, "%s/tests/reference/gpt2_ref.py", tu_root());
+  cr_assert(access(script, R_OK) == 0,
+            "reference script %s not found; run from the project root or set FSDP_ROOT", script);
+  char *errpath = tu_path("ref.stderr");
+  size_t n = strlen(script) + strlen(args) + strlen(errpath) + 64;
+  char *cmd = malloc(n);
+  cr_assert_not_null(cmd);
+  snprintf(cmd, n, "/usr/bin/python3 '%s' %s 2>'%s'", script, args, errpath);
+  rc = system(cmd);
+  if (rc != 0) {
+    /* the tail of stderr: a Python traceback ends with its reason */
+    char msg[2048] = "";
+    FILE *f = fopen(errpath, "r");
+    if (f) {
+      fseek(f, 0, SEEK_END);
+      long len = ftell(f);
+      fseek(f, len > (long)sizeof msg - 1 ? len - (long)sizeof msg + 1 : 0, SEEK_SET);
+      size_t k = fread(msg, 1, sizeof msg - 1, f);
+      msg[k] = 0;
+      fclose(f);
+    }
+    cr_assert_fail("reference failed (%s %d): %s\n%s",
+                   WIFEXITED(rc) ? "exit status" : "signal",
+                   WIFEXITED(rc) ? WEXITSTATUS(rc) : WIFSIGNALED(rc) ? WTERMSIG(rc) : rc, cmd, msg);
+  }
+  free(cmd);
+  free(errpath);
+}
+
+/* ---- helpers ------------------------------------------------------------ */
+
+/* Small enough to be quick, with every kind of tensor and two blocks. */
+static gpt_t *tiny_model(uint64_t seed) {
+  gpt_config_t cfg = {.layers = 2, .channels = 16, .heads = 2, .vocab = 32, .context = 8};
+  gpt_t *g = NULL;
+  cr_assert_eq(gpt_create(&g, &cfg, kern_cpu()), 0, "gpt_create: %s", err_msg());
+  gpt_init_weights(g, seed);
+  /* biases and norm parameters away from 0 and 1, so decay would show on them */
+  uint64_t rng = seed + 17;
+  float *p = gpt_params(g);
+  for (size_t i = 0; i < gpt_num_params(g); i++) p[i] += (float)tu_rand_uniform(&rng, -0.1, 0.1);
+  return g;
+}
+
+/* Gradients over many magnitudes, 1e-10 to 1: some below eps (1e-8), where
+ * eps dominates the denominator, most well above it; random signs. */
+static void fill_grads(float *gr, size_t n, uint64_t *rng) {
+  for (size_t i = 0; i < n; i++) {
+    double mag = pow(10.0, tu_rand_uniform(rng, -10, 0));
+    gr[i] = (float)(tu_rand_uniform(rng, -1, 1) * mag);
+  }
+}
+
+/* ---- tests -------------------------------------------------------------- */
+
+Test(adamw, matches_torch) {
+  const adamw_hparams_t hp = {0.9f, 0.95f, 1e-8f, 0.1f};
+  const float lrs[STEPS] = {1e-3f, 3e-3f, 5e-4f};
+  gpt_t *g = tiny_model(3);
+  const int nt = gpt_num_tensors(g);
+  const size_t np = gpt_num_params(g);
+  float *gr = gpt_grads(g);
+
+  /* the input file: hyper-parameters, then per tensor its values, decay flag
+   * and one gradient per step */
+  float *grads[STEPS];
+  uint64_t rng = 99;
+  for (int s = 0; s < STEPS; s++) {
+    grads[s] = malloc(np * sizeof(float));
+    cr_assert_not_null(grads[s]);
+    fill_grads(grads[s], np, &rng);
+  }
+  char *inpath = tu_path("adamw_in.bin"), *outpath = tu_path("adamw_out.bin");
+  FILE *f = fopen(inpath, "wb");
+  cr_assert_not_null(f);
+  /* the float constants widened exactly: torch computes with our values */
+  double h[4] = {hp.beta1, hp.beta2, hp.eps, hp.weight_decay}, lr64[STEPS];
+  for (int s = 0; s < STEPS; s++) lr64[s] = lrs[s];
+  rec_write(f, "hparams", h, 4);
+  rec_write(f, "lr", lr64, STEPS);
+  for (int i = 0; i < nt; i++) {
+    const gpt_tensor_t *t = gpt_tensor(g, i);
+    char key[96];
+    double decay = t->decay;
+    snprintf(key, sizeof key, "param.%s", t->name);
+    rec_write_f32(f, key, gpt_params(g) + t->offset, t->numel);
+    snprintf(key, sizeof key, "decay.%s", t->name);
+    rec_write(f, key, &decay, 1);
+    for (int s = 0; s < STEPS; s++) {
+      snprintf(key, sizeof key, "grad%d.%s", s + 1, t->name);
+      rec_write_f32(f, key, grads[s] + t->offset, t->numel);
+    }
+  }
+  rec_write(f, "end", NULL, 0);
+  cr_assert_eq(fclose(f), 0);
+
+  char args[2048];
+  snprintf(args, sizeof args, "--adamw-only '%s' '%s'", inpath, outpath);
+  ref_run(args);
+  ref_file_t rf = ref_read(outpath);
+
+  adamw_t *o = NULL;
+  cr_assert_eq(adamw_create(&o, g, hp), 0, "adamw_create: %s", err_msg());
+  double worst[3] = {0, 0, 0};
+  const char *what[3] = {"param", "exp_avg", "exp_avg_sq"};
+  char worst_name[3][96] = {"", "", ""};
+  for (int s = 0; s < STEPS; s++) {
+    memcpy(gr, grads[s], np * sizeof(float));
+    adamw_step(o, g, lrs[s]);
+    cr_assert_eq(adamw_step_count(o), s + 1);
+    const float *ours[3] = {gpt_params(g), adamw_m(o), adamw_v(o)};
+    for (int i = 0; i < nt; i++) {
+      const gpt_tensor_t *t = gpt_tensor(g, i);
+      for (int q = 0; q < 3; q++) {
+        char key[96];
+        snprintf(key, sizeof key, "%s%d.%s", what[q], s + 1, t->name);
+        double e = tu_rel_err_f32(ours[q] + t->offset, ref_get(&rf, key, t->numel), t->numel);
+        if (e >= worst[q]) {
+          worst[q] = e;
+          snprintf(worst_name[q], sizeof worst_name[q], "%s", key);
+        }
+        cr_expect(e <= ADAMW_TOL, "%s: relative error %.3e > %.0e", key, e, ADAMW_TOL);
+      }
+    }
+  }
+  cr_log_info("adamw vs torch, %d steps: worst param %s %.2e, m %s %.2e, v %s %.2e", STEPS,
+              worst_name[0], worst[0], worst_name[1], worst[1], worst_name[2], worst[2]);
+
+  adamw_destroy(o);
+  ref_free(&rf);
+  for (int s = 0; s < STEPS; s++) free(grads[s]);
+  free(inpath);
+  free(outpath);
+  gpt_destroy(g);
+}
+
+/* With zero gradients Adam's update is 0/(0+eps) = 0, so what is left is the
+ * decay alone: tensors with decay=0 (biases, norms) keep their exact bits,
+ * decay=1 tensors shrink by (1 - lr*wd) per step. Also pins which tensors are
+ * decayed: exactly the matrices and the two embeddings. */
+Test(adamw, decay_only_where_marked) {
+  const adamw_hparams_t hp = {0.9f, 0.95f, 1e-8f, 0.1f};
+  const float lrs[STEPS] = {0.1f, 0.3f, 0.05f};
+  gpt_t *g = tiny_model(5);
+  const size_t np = gpt_num_params(g);
+  float *p0 = malloc(np * sizeof *p0);
+  cr_assert_not_null(p0);
+  memcpy(p0, gpt_params(g), np * sizeof *p0);
+  adamw_t *o = NULL;
+  cr_assert_eq(adamw_create(&o, g, hp), 0, "adamw_create: %s", err_msg());
+  double factor = 1;
+  for (int s = 0; s < STEPS; s++) {
+    gpt_zero_grad(g);
+    adamw_step(o, g, lrs[s]);
+    factor *= 1.0 - (double)lrs[s] * hp.weight_decay;
+  }
+  for (int i = 0; i < gpt_num_tensors(g); i++) {
+    const gpt_tensor_t *t = gpt_tensor(g, i);
+    const size_t nl = strlen(t->name);
+    const int is_matrix = !strcmp(t->name, "wte") || !strcmp(t->name, "wpe") ||
+                          (nl > 5 && (!strcmp(t->name + nl - 5, "qkv.w") ||
+                                      !strcmp(t->name + nl - 6, "proj.w") ||
+                                      !strcmp(t->name + nl - 4, "fc.w")));
+    cr_expect_eq(t->decay, is_matrix, "%s: decay flag %d, expected %d", t->name, t->decay,
+                 is_matrix);
+    const float *p = gpt_params(g) + t->offset, *q = p0 + t->offset;
+    if (!t->decay) {
+      cr_expect(memcmp(p, q, t->numel * sizeof *p) == 0,
+                "%s (decay=0) changed under zero gradients: it was decayed", t->name);
+    } else {
+      double *want = malloc(t->numel * sizeof *want);
+      cr_assert_not_null(want);
+      for (size_t k = 0; k < t->numel; k++) want[k] = q[k] * factor;
+      /* three fp32 multiplies: a few unit roundoffs */
+      double e = tu_rel_err_f32(p, want, t->numel);
+      cr_expect(e <= 1e-6, "%s (decay=1): after zero-gradient steps relative error %.3e "
+                "against p * prod(1 - lr*wd) = %.6f", t->name, e, factor);
+      free(want);
+    }
+  }
+  adamw_destroy(o);
+  free(p0);
+  gpt_destroy(g);
+}
