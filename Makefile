@@ -58,7 +58,7 @@ bin/fsdp-tokenize: $(B)/client/tokenize.o $(LIB)
 	@mkdir -p bin
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
-$(B)/tests/test_%: $(B)/tests/unit/test_%.o $(B)/tests/unit/testutil.o $(LIB)
+$(B)/tests/test_%: $(B)/tests/unit/test_%.o $(B)/tests/unit/testutil.o $(B)/tests/unit/refrun.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -lcriterion
 

@@ -30,107 +30,10 @@
 #include "daemon/common/err.h"
 #include "daemon/train/adamw.h"
 #include "daemon/train/gpt.h"
+#include "refrun.h"
 #include "testutil.h"
 
 #define REL_TOL 1e-5
-
-/* ---- record files ------------------------------------------------------ */
-
-typedef struct ref_rec {
-  char name[64];
-  size_t numel;
-  double *data;
-} ref_rec_t;
-
-typedef struct ref_file {
-  int n;
-  ref_rec_t *recs;
-} ref_file_t;
-
-static ref_file_t ref_read(const char *path) {
-  ref_file_t rf = {0, NULL};
-  FILE *f = fopen(path, "rb");
-  cr_assert_not_null(f, "reference output %s missing", path);
-  for (;;) {
-    int32_t len;
-    int64_t numel;
-    char name[64];
-    cr_assert_eq(fread(&len, 4, 1, f), 1, "%s: truncated (no end record)", path);
-    cr_assert(len > 0 && len < (int32_t)sizeof name, "%s: bad name length %d", path, len);
-    cr_assert_eq(fread(name, 1, (size_t)len, f), (size_t)len, "%s: truncated name", path);
-    name[len] = 0;
-    cr_assert_eq(fread(&numel, 8, 1, f), 1, "%s: truncated after %s", path, name);
-    if (!strcmp(name, "end")) break;
-    cr_assert(numel >= 0, "%s: record %s has numel %lld", path, name, (long long)numel);
-    rf.recs = realloc(rf.recs, (size_t)(rf.n + 1) * sizeof *rf.recs);
-    cr_assert_not_null(rf.recs);
-    ref_rec_t *r = &rf.recs[rf.n++];
-    snprintf(r->name, sizeof r->name, "%s", name);
-    r->numel = (size_t)numel;
-    r->data = malloc((r->numel ? r->numel : 1) * sizeof(double));
-    cr_assert_not_null(r->data);
-    cr_assert_eq(fread(r->data, sizeof(double), r->numel, f), r->numel,
-                 "%s: record %s truncated", path, name);
-  }
-  fclose(f);
-  return rf;
-}
-
-static const ref_rec_t *ref_get(const ref_file_t *rf, const char *name, size_t numel) {
-  for (int i = 0; i < rf->n; i++)
-    if (!strcmp(rf->recs[i].name, name)) {
-      cr_assert_eq(rf->recs[i].numel, numel, "reference record %s has %zu values, ours %zu",
-                   name, rf->recs[i].numel, numel);
-      return &rf->recs[i];
-    }
-  cr_assert_fail("reference output has no record %s", name);
-  return NULL;
-}
-
-static void ref_free(ref_file_t *rf) {
-  for (int i = 0; i < rf->n; i++) free(rf->recs[i].data);
-  free(rf->recs);
-}
-
-/* ---- running the reference -------------------------------------------- */
-
-/* Runs the reference script with args; on failure the assertion carries the
- * script's stderr, which says why. */
-static void ref_run(const char *args) {
-  int rc = system("/usr/bin/python3 -c 'import torch, numpy' >/dev/null 2>&1");
-  cr_assert(rc == 0,
-            "the PyTorch reference needs /usr/bin/python3 with torch and numpy, and "
-            "`/usr/bin/python3 -c \"import torch, numpy\"` failed (status %d); install them "
-            "with `apt-get install python3-torch python3-numpy` (or `make deps`)", rc);
-  char script[1024];
-  snprintf(script, sizeof script, "%s/tests/reference/gpt2_ref.py", tu_root());
-  cr_assert(access(script, R_OK) == 0,
-            "reference script %s not found; run from the project root or set FSDP_ROOT", script);
-  char *errpath = tu_path("ref.stderr");
-  size_t n = strlen(script) + strlen(args) + strlen(errpath) + 64;
-  char *cmd = malloc(n);
-  cr_assert_not_null(cmd);
-  snprintf(cmd, n, "/usr/bin/python3 '%s' %s 2>'%s'", script, args, errpath);
-  rc = system(cmd);
-  if (rc != 0) {
-    /* the tail of stderr: a Python traceback ends with its reason */
-    char msg[2048] = "";
-    FILE *f = fopen(errpath, "r");
-    if (f) {
-      fseek(f, 0, SEEK_END);
-      long len = ftell(f);
-      fseek(f, len > (long)sizeof msg - 1 ? len - (long)sizeof msg + 1 : 0, SEEK_SET);
-      size_t k = fread(msg, 1, sizeof msg - 1, f);
-      msg[k] = 0;
-      fclose(f);
-    }
-    cr_assert_fail("reference failed (%s %d): %s\n%s",
-                   WIFEXITED(rc) ? "exit status" : "signal",
-                   WIFEXITED(rc) ? WEXITSTATUS(rc) : WIFSIGNALED(rc) ? WTERMSIG(rc) : rc, cmd, msg);
-  }
-  free(cmd);
-  free(errpath);
-}
 
 /* ---- the comparison ---------------------------------------------------- */
 
@@ -265,12 +168,12 @@ static void run_shape(const char *label, shape_t s) {
   cr_assert_eq(gpt_forward(g, inputs, NULL, B, T, NULL), 0, "gpt_forward: %s", err_msg());
   const float *logits = gpt_logits(g);
   cr_assert_not_null(logits);
-  double e_logits = tu_rel_err_f32(logits, ref_get(&rf, "logits", N * V)->data, N * V);
+  double e_logits = tu_rel_err_f32(logits, ref_get(&rf, "logits", N * V), N * V);
 
   /* forward with targets, backward */
   float loss = 0;
   cr_assert_eq(gpt_forward(g, inputs, targets, B, T, &loss), 0, "gpt_forward: %s", err_msg());
-  double ref_loss = ref_get(&rf, "loss", 1)->data[0];
+  double ref_loss = ref_get(&rf, "loss", 1)[0];
   const float loss0 = loss;
   double e_loss = rel1(loss0, ref_loss);
   gpt_zero_grad(g);
@@ -293,7 +196,7 @@ static void run_shape(const char *label, shape_t s) {
     cr_assert(first_grad + i < rf.n && !strcmp(rf.recs[first_grad + i].name, key),
               "reference gradient %d is %s, ours is %s: the layouts differ", i,
               first_grad + i < rf.n ? rf.recs[first_grad + i].name : "(none)", key);
-    const double *ref = ref_get(&rf, key, t->numel)->data;
+    const double *ref = ref_get(&rf, key, t->numel);
     const float *ours = grads + t->offset;
     double e;
     if (strstr(t->name, ".attn.qkv.b")) {
@@ -313,7 +216,7 @@ static void run_shape(const char *label, shape_t s) {
       cr_assert(kn_ref <= 1e-10 * qn, "reference key-bias gradient %g is not ~0 (query %g)",
                 kn_ref, qn);
       snprintf(key, sizeof key, "grad32.%s", t->name);
-      const double kn32 = norm_f64(ref_get(&rf, key, t->numel)->data + C, (size_t)C);
+      const double kn32 = norm_f64(ref_get(&rf, key, t->numel) + C, (size_t)C);
       const double kbound = fmax(10 * kn32, 1e-6 * qn);
       if (kn / qn > kbias_ratio) {
         kbias_ratio = kn / qn;
@@ -360,8 +263,8 @@ static void run_shape(const char *label, shape_t s) {
     adamw_step(opt, g, lr);
     cr_assert_eq(gpt_forward(g, inputs, targets, B, T, &after[s]), 0, "%s", err_msg());
   }
-  double e_after1 = rel1(after[0], ref_get(&rf, "loss.after1", 1)->data[0]);
-  double e_after2 = rel1(after[1], ref_get(&rf, "loss.after2", 1)->data[0]);
+  double e_after1 = rel1(after[0], ref_get(&rf, "loss.after1", 1)[0]);
+  double e_after2 = rel1(after[1], ref_get(&rf, "loss.after2", 1)[0]);
 
   /* For diagnosis only: the parameters after two steps are not asserted (Adam
    * turns rounding noise in zero or tiny gradients into full-size updates), but
@@ -373,7 +276,7 @@ static void run_shape(const char *label, shape_t s) {
     char key[64];
     snprintf(key, sizeof key, "param2.%s", t->name);
     worst_note(&wp, t->name,
-               tu_rel_err_f32(gpt_params(g) + t->offset, ref_get(&rf, key, t->numel)->data,
+               tu_rel_err_f32(gpt_params(g) + t->offset, ref_get(&rf, key, t->numel),
                               t->numel));
   }
 
