@@ -1,1 +1,74 @@
-/* placeholder: being written */
+/* layernorm: LayerNorm over the last dimension (biased variance, eps =
+ * KERN_LN_EPS, as PyTorch), forward saving mean and rstd, and backward. */
+#include <omp.h>
+
+#include "kernels/cpu/cpu.h"
+#include "kernels/kern_math.h"
+
+/* One row per iteration; two passes (mean, then the variance of x - mean) so the
+ * variance does not lose digits to cancellation. `omp simd` lets gcc reorder the
+ * float sums into vector lanes without -ffast-math. */
+void kern_cpu_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp,
+                            const float *w, const float *b, int N, int C) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; n++) {
+    const float *x = inp + (int64_t)n * C;
+    float *o = out + (int64_t)n * C;
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int c = 0; c < C; c++) s += x[c];
+    float m = s / (float)C;
+    float v = 0.0f;
+#pragma omp simd reduction(+ : v)
+    for (int c = 0; c < C; c++) {
+      float d = x[c] - m;
+      v += d * d;
+    }
+    float r = 1.0f / sqrtf(v / (float)C + KERN_LN_EPS);
+    for (int c = 0; c < C; c++) o[c] = (x[c] - m) * r * w[c] + b[c];
+    mean[n] = m;
+    rstd[n] = r;
+  }
+}
+
+/* dinp is per row (parallel over rows); dw and db sum over rows, so a second
+ * pass gives each thread a range of channels (race-free, order fixed). */
+void kern_cpu_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout,
+                            const float *inp, const float *w, const float *mean,
+                            const float *rstd, int N, int C) {
+#pragma omp parallel
+  {
+#pragma omp for schedule(static) nowait
+    for (int n = 0; n < N; n++) {
+      const float *x = inp + (int64_t)n * C;
+      const float *d = dout + (int64_t)n * C;
+      float *di = dinp + (int64_t)n * C;
+      float m = mean[n], r = rstd[n];
+      /* dx = r * (g - mean(g) - xhat * mean(g * xhat)) with g = w * dout. */
+      float gs = 0.0f, gxs = 0.0f;
+#pragma omp simd reduction(+ : gs, gxs)
+      for (int c = 0; c < C; c++) {
+        float g = w[c] * d[c];
+        gs += g;
+        gxs += g * (x[c] - m) * r;
+      }
+      float gm = gs / (float)C, gxm = gxs / (float)C;
+      for (int c = 0; c < C; c++) {
+        float xhat = (x[c] - m) * r;
+        di[c] += r * (w[c] * d[c] - gm - xhat * gxm);
+      }
+    }
+    /* dw, db do not depend on dinp: no barrier between the passes. */
+    int c0, c1;
+    kern_cpu_channel_range(C, &c0, &c1);
+    for (int n = 0; n < N; n++) {
+      const float *x = inp + (int64_t)n * C;
+      const float *d = dout + (int64_t)n * C;
+      float m = mean[n], r = rstd[n];
+      for (int c = c0; c < c1; c++) {
+        dw[c] += d[c] * (x[c] - m) * r;
+        db[c] += d[c];
+      }
+    }
+  }
+}

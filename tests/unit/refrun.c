@@ -10,9 +10,6 @@
 
 #include "testutil.h"
 
-
-
-
 void rec_write(FILE *f, const char *name, const double *x, size_t n) {
   int32_t len = (int32_t)strlen(name);
   int64_t numel = (int64_t)n;
