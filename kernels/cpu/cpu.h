@@ -28,8 +28,8 @@ float tanhf(float) __attribute__((simd("notinbranch")));
 /* Every call of dnnl_sgemm goes through here: row-major, C = alpha op(A) op(B) + beta C.
  * A failure is a programmer error (bad leading dimension), so it aborts. */
 void kern_cpu_sgemm(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha,
-                    const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
-                    float *C, int64_t ldc);
+                    const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+                    int64_t ldc);
 
 /* Channels [*c0, *c1) this thread owns when a team splits C channels in blocks
  * of KERN_CPU_CBLOCK: lets reductions over rows (dw, db, dwte) run without races
@@ -38,24 +38,22 @@ void kern_cpu_sgemm(char transa, char transb, int64_t M, int64_t N, int64_t K, f
 #define KERN_CPU_CBLOCK 16
 void kern_cpu_channel_range(int C, int *c0, int *c1);
 
-void kern_cpu_encoder_fwd(float *out, const int32_t *tok, const float *wte, const float *wpe,
-                          int B, int T, int C);
-void kern_cpu_encoder_bwd(float *dwte, float *dwpe, const float *dout, const int32_t *tok,
-                          int B, int T, int C);
+void kern_cpu_encoder_fwd(float *out, const int32_t *tok, const float *wte, const float *wpe, int B,
+                          int T, int C);
+void kern_cpu_encoder_bwd(float *dwte, float *dwpe, const float *dout, const int32_t *tok, int B,
+                          int T, int C);
 
-void kern_cpu_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp,
-                            const float *w, const float *b, int N, int C);
-void kern_cpu_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout,
-                            const float *inp, const float *w, const float *mean,
-                            const float *rstd, int N, int C);
+void kern_cpu_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp, const float *w,
+                            const float *b, int N, int C);
+void kern_cpu_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                            const float *w, const float *mean, const float *rstd, int N, int C);
 
 void kern_cpu_matmul_fwd(float *out, const float *inp, const float *w, const float *bias, int N,
                          int IC, int OC);
-void kern_cpu_matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout,
-                         const float *inp, const float *w, int N, int IC, int OC);
+void kern_cpu_matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
+                         const float *w, int N, int IC, int OC);
 
-void kern_cpu_attention_fwd(float *out, float *att, const float *qkv, int B, int T, int C,
-                            int NH);
+void kern_cpu_attention_fwd(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
 void kern_cpu_attention_bwd(float *dqkv, float *scratch, const float *dout, const float *qkv,
                             const float *att, int B, int T, int C, int NH);
 size_t kern_cpu_attention_scratch(int B, int T, int C, int NH);
@@ -66,12 +64,11 @@ void kern_cpu_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t 
 void kern_cpu_residual_fwd(float *out, const float *a, const float *b, size_t n);
 void kern_cpu_residual_bwd(float *da, float *db, const float *dout, size_t n);
 
-void kern_cpu_crossentropy_fwd(float *losses, float *logits, const int32_t *targets, int N,
-                               int V);
+void kern_cpu_crossentropy_fwd(float *losses, float *logits, const int32_t *targets, int N, int V);
 void kern_cpu_crossentropy_bwd(float *probs, const int32_t *targets, float dloss, int N, int V);
 
-void kern_cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr,
-                    float beta1, float beta2, float eps, float wd, int t);
+void kern_cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
+                    float beta2, float eps, float wd, int t);
 
 void kern_cpu_f32_to_bf16(uint16_t *out, const float *inp, size_t n);
 void kern_cpu_bf16_to_f32(float *out, const uint16_t *inp, size_t n);

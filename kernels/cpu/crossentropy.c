@@ -4,8 +4,7 @@
 
 #include "kernels/cpu/cpu.h"
 
-void kern_cpu_crossentropy_fwd(float *losses, float *logits, const int32_t *targets, int N,
-                               int V) {
+void kern_cpu_crossentropy_fwd(float *losses, float *logits, const int32_t *targets, int N, int V) {
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; n++) {
     float *x = logits + (int64_t)n * V;

@@ -4,8 +4,8 @@
 
 #include "kernels/cpu/cpu.h"
 
-void kern_cpu_encoder_fwd(float *out, const int32_t *tok, const float *wte, const float *wpe,
-                          int B, int T, int C) {
+void kern_cpu_encoder_fwd(float *out, const int32_t *tok, const float *wte, const float *wpe, int B,
+                          int T, int C) {
 #pragma omp parallel for schedule(static)
   for (int64_t bt = 0; bt < (int64_t)B * T; bt++) {
     float *o = out + bt * C;
@@ -19,8 +19,8 @@ void kern_cpu_encoder_fwd(float *out, const int32_t *tok, const float *wte, cons
  * threads by (b,t). Each thread owns a range of channels instead and walks every
  * row: no races, no scratch, and the summation order does not depend on the
  * thread count. */
-void kern_cpu_encoder_bwd(float *dwte, float *dwpe, const float *dout, const int32_t *tok,
-                          int B, int T, int C) {
+void kern_cpu_encoder_bwd(float *dwte, float *dwpe, const float *dout, const int32_t *tok, int B,
+                          int T, int C) {
 #pragma omp parallel
   {
     int c0, c1;

@@ -8,8 +8,8 @@
 /* One row per iteration; two passes (mean, then the variance of x - mean) so the
  * variance does not lose digits to cancellation. `omp simd` lets gcc reorder the
  * float sums into vector lanes without -ffast-math. */
-void kern_cpu_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp,
-                            const float *w, const float *b, int N, int C) {
+void kern_cpu_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp, const float *w,
+                            const float *b, int N, int C) {
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; n++) {
     const float *x = inp + (int64_t)n * C;
@@ -33,9 +33,8 @@ void kern_cpu_layernorm_fwd(float *out, float *mean, float *rstd, const float *i
 
 /* dinp is per row (parallel over rows); dw and db sum over rows, so a second
  * pass gives each thread a range of channels (race-free, order fixed). */
-void kern_cpu_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout,
-                            const float *inp, const float *w, const float *mean,
-                            const float *rstd, int N, int C) {
+void kern_cpu_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                            const float *w, const float *mean, const float *rstd, int N, int C) {
 #pragma omp parallel
   {
 #pragma omp for schedule(static) nowait

@@ -1,0 +1,746 @@
+/* test_kernels: the CPU backend's ops against independent float64 references.
+ *
+ * For every op: the forward against a float64 implementation written here; the
+ * backward against central finite differences (in float64) of that reference,
+ * for the scalar loss L = sum(out * R) with R random; the accumulate contract
+ * (a second backward into non-zero buffers adds to them). Outputs and scratch
+ * are filled with NaN first, so a value an op forgets to write shows up.
+ * Inputs are fresh each run: the seed comes from FSDP_TEST_SEED or the clock and
+ * is logged, so `FSDP_TEST_SEED=<seed> test_kernels` replays a failure.
+ * Shapes are small and odd (not multiples of the vector width). */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kernels/kern.h"
+#include "tests/unit/testutil.h"
+
+#define FWD_TOL 1e-5 /* fp32 forward vs float64 reference */
+#define BWD_TOL 1e-4 /* fp32 backward vs float64 finite differences */
+#define ACC_TOL 1e-6 /* second backward == first + initial contents */
+#define FD_H 1e-6    /* finite-difference step, relative to max(1, |x|) */
+
+static const kern_backend_t *K;
+static uint64_t seed, rng;
+/* Failure messages of randomised checks end with the seed: Criterion shows the
+ * cr_log_info line of setup() only under --verbose. */
+#define SEED ((unsigned long long)seed)
+
+/* Picks and logs the seed; every test starts here (each runs in its own process). */
+static void setup(void) {
+  const char *s = getenv("FSDP_TEST_SEED");
+  seed = s && *s ? strtoull(s, NULL, 0) : (uint64_t)time(NULL);
+  rng = seed;
+  cr_log_info("seed %llu (replay with FSDP_TEST_SEED=%llu)", (unsigned long long)seed,
+              (unsigned long long)seed);
+  K = kern_cpu();
+  cr_assert_not_null(K);
+}
+
+/* Every buffer a test takes goes through tnew() and is freed after the test
+ * (test-san runs with LeakSanitizer). */
+static void *allocs[256];
+static int nallocs;
+
+static void *tnew(size_t bytes) {
+  cr_assert_lt(nallocs, (int)(sizeof allocs / sizeof allocs[0]), "raise allocs[]");
+  void *p = calloc(1, bytes ? bytes : 1);
+  cr_assert_not_null(p);
+  return allocs[nallocs++] = p;
+}
+
+static void teardown(void) {
+  while (nallocs > 0) free(allocs[--nallocs]);
+}
+
+TestSuite(kernels, .init = setup, .fini = teardown);
+
+/* ---- buffers ---------------------------------------------------------------- */
+
+static float *fnew(size_t n) {
+  float *p = tnew(n * sizeof *p);
+  for (size_t i = 0; i < n; i++) p[i] = NAN;
+  return p;
+}
+
+static double *dnew(size_t n) { return tnew(n * sizeof(double)); }
+
+static float *frand(size_t n, double lo, double hi) {
+  float *p = fnew(n);
+  tu_fill_f32(p, n, &rng, lo, hi);
+  return p;
+}
+
+static float *fcopy(const float *x, size_t n) {
+  float *p = fnew(n);
+  memcpy(p, x, n * sizeof *p);
+  return p;
+}
+
+static double *to_f64(const float *x, size_t n) {
+  double *p = dnew(n);
+  for (size_t i = 0; i < n; i++) p[i] = x[i];
+  return p;
+}
+
+static float *fzero(size_t n) {
+  float *p = fnew(n);
+  memset(p, 0, n * sizeof *p);
+  return p;
+}
+
+#define EXPECT_REL(ours, ref, n, tol, what)                                          \
+  do {                                                                               \
+    double e_ = tu_rel_err_f32((ours), (ref), (n));                                  \
+    cr_expect(e_ < (tol), "%s: relative error %.3g >= %.3g [seed %llu]", (what), e_, \
+              (double)(tol), SEED);                                                  \
+  } while (0)
+
+/* ---- finite differences ---------------------------------------------------- */
+
+typedef double (*loss_fn)(void *ctx);
+
+/* grad[i] = dL/dx[i] by central differences; x is a float64 input that f reads. */
+static void fd_grad(double *grad, double *x, size_t n, loss_fn f, void *ctx) {
+  for (size_t i = 0; i < n; i++) {
+    double xi = x[i], h = FD_H * fmax(1.0, fabs(xi));
+    x[i] = xi + h;
+    double lp = f(ctx);
+    x[i] = xi - h;
+    double lm = f(ctx);
+    x[i] = xi;
+    grad[i] = (lp - lm) / (2 * h);
+  }
+}
+
+static double dot(const double *a, const double *b, size_t n) {
+  double s = 0;
+  for (size_t i = 0; i < n; i++) s += a[i] * b[i];
+  return s;
+}
+
+/* Checks the accumulate contract: g0 holds random values, the backward call that
+ * produced `after` started from g0, and `once` is what it gives from zeros. */
+static void expect_accumulated(const float *after, const float *g0, const float *once, size_t n,
+                               const char *what) {
+  double *want = dnew(n);
+  for (size_t i = 0; i < n; i++) want[i] = (double)g0[i] + (double)once[i];
+  EXPECT_REL(after, want, n, ACC_TOL, what);
+}
+
+/* ---- table ------------------------------------------------------------------ */
+
+Test(kernels, table) {
+  cr_expect_str_eq(K->name, "cpu");
+  for (int op = 0; op < KERN_OP__COUNT; op++)
+    cr_expect_eq(K->supports_op((kern_op_t)op), 1, "op %d", op);
+  cr_expect_eq(K->supports_op(KERN_OP__COUNT), 0);
+  K->set_threads(3);
+  cr_expect_eq(K->get_threads(), 3);
+  K->set_threads(0);
+  cr_expect_eq(K->get_threads(), (int)sysconf(_SC_NPROCESSORS_ONLN), "0: all online cores");
+  K->set_threads(1);
+  cr_expect_eq(K->get_threads(), 1);
+}
+
+/* ---- encoder ---------------------------------------------------------------- */
+
+enum { EB = 2, ET = 7, EC = 12, EV = 5 }; /* V < B*T: ids repeat */
+
+static void encoder_ref(double *out, const int32_t *tok, const double *wte, const double *wpe) {
+  for (int b = 0; b < EB; b++)
+    for (int t = 0; t < ET; t++)
+      for (int c = 0; c < EC; c++)
+        out[(b * ET + t) * EC + c] = wte[tok[b * ET + t] * EC + c] + wpe[t * EC + c];
+}
+
+typedef struct {
+  const int32_t *tok;
+  double *wte, *wpe, *r, *out;
+} enc_ctx_t;
+
+static double enc_loss(void *p) {
+  enc_ctx_t *c = p;
+  encoder_ref(c->out, c->tok, c->wte, c->wpe);
+  return dot(c->out, c->r, EB * ET * EC);
+}
+
+Test(kernels, encoder) {
+  const size_t nout = EB * ET * EC, nte = EV * EC, npe = ET * EC;
+  int32_t tok[EB * ET];
+  for (int i = 0; i < EB * ET; i++) tok[i] = (int32_t)(tu_rand_u64(&rng) % (EV - 1));
+  tok[0] = tok[1] = tok[ET] = 2; /* the same id twice in a row and across the batch */
+  /* id EV-1 never occurs: its dwte row must stay as it was */
+  float *wte = frand(nte, -1, 1), *wpe = frand(npe, -1, 1), *out = fnew(nout);
+  K->encoder_fwd(out, tok, wte, wpe, EB, ET, EC);
+  enc_ctx_t c = {tok, to_f64(wte, nte), to_f64(wpe, npe), dnew(nout), dnew(nout)};
+  encoder_ref(c.out, tok, c.wte, c.wpe);
+  EXPECT_REL(out, c.out, nout, FWD_TOL, "encoder out");
+
+  float *r = frand(nout, -1, 1);
+  for (size_t i = 0; i < nout; i++) c.r[i] = r[i];
+  float *dwte = fzero(nte), *dwpe = fzero(npe);
+  K->encoder_bwd(dwte, dwpe, r, tok, EB, ET, EC);
+  double *gte = dnew(nte), *gpe = dnew(npe);
+  fd_grad(gte, c.wte, nte, enc_loss, &c);
+  fd_grad(gpe, c.wpe, npe, enc_loss, &c);
+  EXPECT_REL(dwte, gte, nte, BWD_TOL, "encoder dwte");
+  EXPECT_REL(dwpe, gpe, npe, BWD_TOL, "encoder dwpe");
+  for (int ch = 0; ch < EC; ch++)
+    cr_expect_eq(dwte[(EV - 1) * EC + ch], 0.0f, "dwte of an absent id [seed %llu]", SEED);
+
+  float *g0te = frand(nte, -1, 1), *g0pe = frand(npe, -1, 1);
+  float *ate = fcopy(g0te, nte), *ape = fcopy(g0pe, npe);
+  K->encoder_bwd(ate, ape, r, tok, EB, ET, EC);
+  expect_accumulated(ate, g0te, dwte, nte, "encoder dwte +=");
+  expect_accumulated(ape, g0pe, dwpe, npe, "encoder dwpe +=");
+}
+
+/* ---- layernorm -------------------------------------------------------------- */
+
+enum { LN = 14, LC = 13 };
+
+static void layernorm_ref(double *out, double *mean, double *rstd, const double *x, const double *w,
+                          const double *b) {
+  for (int n = 0; n < LN; n++) {
+    const double *xr = x + n * LC;
+    double m = 0, v = 0;
+    for (int c = 0; c < LC; c++) m += xr[c];
+    m /= LC;
+    for (int c = 0; c < LC; c++) v += (xr[c] - m) * (xr[c] - m);
+    v /= LC; /* biased, as PyTorch */
+    double r = 1.0 / sqrt(v + 1e-5);
+    for (int c = 0; c < LC; c++) out[n * LC + c] = (xr[c] - m) * r * w[c] + b[c];
+    if (mean) mean[n] = m;
+    if (rstd) rstd[n] = r;
+  }
+}
+
+typedef struct {
+  double *x, *w, *b, *r, *out;
+} ln_ctx_t;
+
+static double ln_loss(void *p) {
+  ln_ctx_t *c = p;
+  layernorm_ref(c->out, NULL, NULL, c->x, c->w, c->b);
+  return dot(c->out, c->r, LN * LC);
+}
+
+Test(kernels, layernorm) {
+  const size_t n = LN * LC;
+  /* an offset well above the spread: the variance must not cancel */
+  float *x = frand(n, 2, 4), *w = frand(LC, 0.5, 1.5), *b = frand(LC, -1, 1);
+  float *out = fnew(n), *mean = fnew(LN), *rstd = fnew(LN);
+  K->layernorm_fwd(out, mean, rstd, x, w, b, LN, LC);
+  ln_ctx_t c = {to_f64(x, n), to_f64(w, LC), to_f64(b, LC), dnew(n), dnew(n)};
+  double *rm = dnew(LN), *rr = dnew(LN);
+  layernorm_ref(c.out, rm, rr, c.x, c.w, c.b);
+  EXPECT_REL(out, c.out, n, FWD_TOL, "layernorm out");
+  EXPECT_REL(mean, rm, LN, FWD_TOL, "layernorm mean");
+  EXPECT_REL(rstd, rr, LN, FWD_TOL, "layernorm rstd");
+
+  float *r = frand(n, -1, 1);
+  for (size_t i = 0; i < n; i++) c.r[i] = r[i];
+  float *dx = fzero(n), *dw = fzero(LC), *db = fzero(LC);
+  K->layernorm_bwd(dx, dw, db, r, x, w, mean, rstd, LN, LC);
+  double *gx = dnew(n), *gw = dnew(LC), *gb = dnew(LC);
+  fd_grad(gx, c.x, n, ln_loss, &c);
+  fd_grad(gw, c.w, LC, ln_loss, &c);
+  fd_grad(gb, c.b, LC, ln_loss, &c);
+  EXPECT_REL(dx, gx, n, BWD_TOL, "layernorm dinp");
+  EXPECT_REL(dw, gw, LC, BWD_TOL, "layernorm dw");
+  EXPECT_REL(db, gb, LC, BWD_TOL, "layernorm db");
+
+  float *g0x = frand(n, -1, 1), *g0w = frand(LC, -1, 1), *g0b = frand(LC, -1, 1);
+  float *ax = fcopy(g0x, n), *aw = fcopy(g0w, LC), *ab = fcopy(g0b, LC);
+  K->layernorm_bwd(ax, aw, ab, r, x, w, mean, rstd, LN, LC);
+  expect_accumulated(ax, g0x, dx, n, "layernorm dinp +=");
+  expect_accumulated(aw, g0w, dw, LC, "layernorm dw +=");
+  expect_accumulated(ab, g0b, db, LC, "layernorm db +=");
+}
+
+/* ---- matmul ----------------------------------------------------------------- */
+
+enum { MN = 14, MI = 13, MO = 11 };
+
+static void matmul_ref(double *out, const double *x, const double *w, const double *bias, int N,
+                       int IC, int OC) {
+  for (int n = 0; n < N; n++)
+    for (int o = 0; o < OC; o++) {
+      double s = bias ? bias[o] : 0;
+      for (int i = 0; i < IC; i++) s += x[n * IC + i] * w[o * IC + i];
+      out[n * OC + o] = s;
+    }
+}
+
+typedef struct {
+  double *x, *w, *bias, *r, *out;
+} mm_ctx_t;
+
+static double mm_loss(void *p) {
+  mm_ctx_t *c = p;
+  matmul_ref(c->out, c->x, c->w, c->bias, MN, MI, MO);
+  return dot(c->out, c->r, MN * MO);
+}
+
+static void check_matmul(int with_bias) {
+  const size_t nx = MN * MI, nw = MO * MI, no = MN * MO;
+  float *x = frand(nx, -1, 1), *w = frand(nw, -1, 1), *bias = with_bias ? frand(MO, -1, 1) : NULL;
+  float *out = fnew(no);
+  K->matmul_fwd(out, x, w, bias, MN, MI, MO);
+  mm_ctx_t c = {to_f64(x, nx), to_f64(w, nw), with_bias ? to_f64(bias, MO) : NULL, dnew(no),
+                dnew(no)};
+  matmul_ref(c.out, c.x, c.w, c.bias, MN, MI, MO);
+  EXPECT_REL(out, c.out, no, FWD_TOL, "matmul out");
+
+  float *r = frand(no, -1, 1);
+  for (size_t i = 0; i < no; i++) c.r[i] = r[i];
+  float *dx = fzero(nx), *dw = fzero(nw), *db = with_bias ? fzero(MO) : NULL;
+  K->matmul_bwd(dx, dw, db, r, x, w, MN, MI, MO);
+  double *gx = dnew(nx), *gw = dnew(nw), *gb = dnew(MO);
+  fd_grad(gx, c.x, nx, mm_loss, &c);
+  fd_grad(gw, c.w, nw, mm_loss, &c);
+  EXPECT_REL(dx, gx, nx, BWD_TOL, "matmul dinp");
+  EXPECT_REL(dw, gw, nw, BWD_TOL, "matmul dw");
+
+  float *g0x = frand(nx, -1, 1), *g0w = frand(nw, -1, 1);
+  float *ax = fcopy(g0x, nx), *aw = fcopy(g0w, nw);
+  float *g0b = with_bias ? frand(MO, -1, 1) : NULL, *ab = with_bias ? fcopy(g0b, MO) : NULL;
+  K->matmul_bwd(ax, aw, ab, r, x, w, MN, MI, MO);
+  expect_accumulated(ax, g0x, dx, nx, "matmul dinp +=");
+  expect_accumulated(aw, g0w, dw, nw, "matmul dw +=");
+  if (with_bias) {
+    fd_grad(gb, c.bias, MO, mm_loss, &c);
+    EXPECT_REL(db, gb, MO, BWD_TOL, "matmul dbias");
+    expect_accumulated(ab, g0b, db, MO, "matmul dbias +=");
+  }
+}
+
+Test(kernels, matmul_bias) { check_matmul(1); }
+Test(kernels, matmul_no_bias) { check_matmul(0); }
+
+/* ---- attention -------------------------------------------------------------- */
+
+/* Reference: per (b, h, query i), softmax over keys 0..i of q.k / sqrt(hs). */
+static void attention_ref(double *out, double *att, const double *qkv, int B, int T, int C,
+                          int NH) {
+  int hs = C / NH;
+  double scale = 1.0 / sqrt((double)hs);
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < NH; h++)
+      for (int i = 0; i < T; i++) {
+        double *row = att + (((size_t)b * NH + h) * T + i) * T;
+        const double *q = qkv + ((size_t)b * T + i) * 3 * C + h * hs;
+        double mx = -INFINITY, sum = 0;
+        for (int j = 0; j <= i; j++) {
+          const double *k = qkv + ((size_t)b * T + j) * 3 * C + C + h * hs;
+          row[j] = scale * dot(q, k, hs);
+          mx = fmax(mx, row[j]);
+        }
+        for (int j = 0; j <= i; j++) sum += row[j] = exp(row[j] - mx);
+        for (int j = 0; j < T; j++) row[j] = j <= i ? row[j] / sum : 0;
+        for (int d = 0; d < hs; d++) {
+          double s = 0;
+          for (int j = 0; j <= i; j++)
+            s += row[j] * qkv[((size_t)b * T + j) * 3 * C + 2 * C + h * hs + d];
+          out[((size_t)b * T + i) * C + h * hs + d] = s;
+        }
+      }
+}
+
+typedef struct {
+  int B, T, C, NH;
+  double *qkv, *r, *out, *att;
+} at_ctx_t;
+
+static double at_loss(void *p) {
+  at_ctx_t *c = p;
+  attention_ref(c->out, c->att, c->qkv, c->B, c->T, c->C, c->NH);
+  return dot(c->out, c->r, (size_t)c->B * c->T * c->C);
+}
+
+/* FSDP_ATTN_BLOCK is read once per process; each Criterion test is a process. */
+static void check_attention(const char *block) {
+  cr_assert_eq(setenv("FSDP_ATTN_BLOCK", block, 1), 0);
+  const int B = 2, T = 7, C = 12, NH = 3;
+  const size_t nqkv = (size_t)B * T * 3 * C, no = (size_t)B * T * C, na = (size_t)B * NH * T * T;
+  float *qkv = frand(nqkv, -2, 2), *out = fnew(no), *att = fnew(na);
+  K->attention_fwd(out, att, qkv, B, T, C, NH);
+  at_ctx_t c = {B, T, C, NH, to_f64(qkv, nqkv), dnew(no), dnew(no), dnew(na)};
+  attention_ref(c.out, c.att, c.qkv, B, T, C, NH);
+  EXPECT_REL(out, c.out, no, FWD_TOL, "attention out");
+  EXPECT_REL(att, c.att, na, FWD_TOL, "attention att");
+  for (int bh = 0; bh < B * NH; bh++)
+    for (int i = 0; i < T; i++) {
+      const float *row = att + ((size_t)bh * T + i) * T;
+      double s = 0;
+      for (int j = 0; j < T; j++) {
+        if (j > i)
+          cr_expect(row[j] == 0.0f && !signbit(row[j]), "att[%d,%d,%d] above diagonal [seed %llu]",
+                    bh, i, j, SEED);
+        s += row[j];
+      }
+      cr_expect(fabs(s - 1) < 1e-6, "att row %d,%d sums to %.9g [seed %llu]", bh, i, s, SEED);
+    }
+
+  float *r = frand(no, -1, 1);
+  for (size_t i = 0; i < no; i++) c.r[i] = r[i];
+  size_t ns = K->attention_scratch(B, T, C, NH);
+  float *scratch = fnew(ns); /* NaN: the op must not read scratch it did not write */
+  float *dqkv = fzero(nqkv);
+  K->attention_bwd(dqkv, scratch, r, qkv, att, B, T, C, NH);
+  double *g = dnew(nqkv);
+  fd_grad(g, c.qkv, nqkv, at_loss, &c);
+  EXPECT_REL(dqkv, g, nqkv, BWD_TOL, "attention dqkv");
+
+  float *g0 = frand(nqkv, -1, 1), *acc = fcopy(g0, nqkv);
+  for (size_t i = 0; i < ns; i++) scratch[i] = NAN;
+  K->attention_bwd(acc, scratch, r, qkv, att, B, T, C, NH);
+  expect_accumulated(acc, g0, dqkv, nqkv, "attention dqkv +=");
+}
+
+Test(kernels, attention_blocks) { check_attention("3"); } /* blocks of 3, 3, 1 rows */
+Test(kernels, attention_one_block) { check_attention("64"); }
+
+/* ---- same results with 1 and 2 threads -------------------------------------- */
+
+Test(kernels, threads_1_vs_2) {
+  cr_assert_eq(setenv("FSDP_ATTN_BLOCK", "64", 1), 0);
+  const int N = 200, IC = 96, OC = 130;
+  float *x = frand((size_t)N * IC, -1, 1), *w = frand((size_t)OC * IC, -1, 1);
+  float *bias = frand(OC, -1, 1), *dout = frand((size_t)N * OC, -1, 1);
+  float *o[2], *dx[2], *dw[2], *db[2];
+  const int B = 2, T = 70, C = 48, NH = 4; /* T > block: blocks of 64 and 6 rows */
+  const size_t nqkv = (size_t)B * T * 3 * C, no = (size_t)B * T * C, na = (size_t)B * NH * T * T;
+  float *qkv = frand(nqkv, -2, 2), *adout = frand(no, -1, 1);
+  float *ao[2], *aa[2], *ag[2];
+  float *scratch = fnew(K->attention_scratch(B, T, C, NH));
+  for (int k = 0; k < 2; k++) {
+    K->set_threads(k + 1);
+    o[k] = fnew((size_t)N * OC);
+    dx[k] = fzero((size_t)N * IC), dw[k] = fzero((size_t)OC * IC), db[k] = fzero(OC);
+    K->matmul_fwd(o[k], x, w, bias, N, IC, OC);
+    K->matmul_bwd(dx[k], dw[k], db[k], dout, x, w, N, IC, OC);
+    ao[k] = fnew(no), aa[k] = fnew(na), ag[k] = fzero(nqkv);
+    K->attention_fwd(ao[k], aa[k], qkv, B, T, C, NH);
+    K->attention_bwd(ag[k], scratch, adout, qkv, aa[k], B, T, C, NH);
+  }
+  struct {
+    const char *what;
+    float **v;
+    size_t n;
+  } cmp[] = {{"matmul out", o, (size_t)N * OC},  {"matmul dinp", dx, (size_t)N * IC},
+             {"matmul dw", dw, (size_t)OC * IC}, {"matmul dbias", db, OC},
+             {"attention out", ao, no},          {"attention att", aa, na},
+             {"attention dqkv", ag, nqkv}};
+  for (size_t i = 0; i < sizeof cmp / sizeof cmp[0]; i++) {
+    double e = tu_rel_err_f32f32(cmp[i].v[1], cmp[i].v[0], cmp[i].n);
+    cr_expect(e < 1e-6, "%s: 1 vs 2 threads differ by %.3g [seed %llu]", cmp[i].what, e, SEED);
+  }
+}
+
+/* ---- gelu ------------------------------------------------------------------- */
+
+enum { GN = 1003 };
+
+static double gelu_ref(double x) {
+  return 0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+
+/* dL/dx for L = sum(gelu(x) * r): the terms are independent, so a central
+ * difference per element (a difference of the whole sum would drown small
+ * terms in the rounding of large ones). */
+static void gelu_fd(double *g, const double *x, const double *r, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    double h = FD_H * fmax(1.0, fabs(x[i]));
+    g[i] = r[i] * (gelu_ref(x[i] + h) - gelu_ref(x[i] - h)) / (2 * h);
+  }
+}
+
+Test(kernels, gelu) {
+  float *x = frand(GN, -5, 5), *out = fnew(GN);
+  K->gelu_fwd(out, x, GN);
+  double *xd = to_f64(x, GN), *want = dnew(GN);
+  for (int i = 0; i < GN; i++) want[i] = gelu_ref(xd[i]);
+  EXPECT_REL(out, want, GN, FWD_TOL, "gelu out");
+
+  float *r = frand(GN, -1, 1), *dx = fzero(GN);
+  K->gelu_bwd(dx, x, r, GN);
+  double *g = dnew(GN);
+  gelu_fd(g, xd, to_f64(r, GN), GN);
+  EXPECT_REL(dx, g, GN, BWD_TOL, "gelu dinp");
+
+  float *g0 = frand(GN, -1, 1), *acc = fcopy(g0, GN);
+  K->gelu_bwd(acc, x, r, GN);
+  expect_accumulated(acc, g0, dx, GN, "gelu dinp +=");
+}
+
+/* The tails, one element at a time: tanh saturates, and for +-1e13 x^3
+ * overflows fp32 (x^2 must not: past 1.8e19 kern_gelu_grad computes
+ * 0 * inf = NaN). */
+Test(kernels, gelu_tails) {
+  const float x[] = {0.0f, -0.0f, 10.0f, -10.0f, 40.0f, -40.0f, 1e13f, -1e13f};
+  enum { NT = sizeof x / sizeof x[0] };
+  float out[NT], dx[NT] = {0}, one[NT];
+  for (int i = 0; i < NT; i++) one[i] = 1.0f;
+  K->gelu_fwd(out, x, NT);
+  K->gelu_bwd(dx, x, one, NT);
+  double xd[NT], rd[NT], g[NT];
+  for (int i = 0; i < NT; i++) xd[i] = x[i], rd[i] = 1.0;
+  gelu_fd(g, xd, rd, NT);
+  for (int i = 0; i < NT; i++) {
+    double want = gelu_ref(xd[i]);
+    cr_expect(fabs(out[i] - want) <= 1e-6 * fmax(1.0, fabs(want)), "gelu(%g) = %g, want %g", xd[i],
+              out[i], want);
+    cr_expect(fabs(dx[i] - g[i]) <= 1e-5, "gelu'(%g) = %g, want %g", xd[i], dx[i], g[i]);
+  }
+}
+
+/* ---- residual --------------------------------------------------------------- */
+
+Test(kernels, residual) {
+  const size_t n = 1003;
+  float *a = frand(n, -1, 1), *b = frand(n, -1, 1), *out = fnew(n), *r = frand(n, -1, 1);
+  K->residual_fwd(out, a, b, n);
+  double *want = dnew(n);
+  for (size_t i = 0; i < n; i++) want[i] = (double)a[i] + b[i];
+  EXPECT_REL(out, want, n, FWD_TOL, "residual out");
+  /* L = sum((a + b) * r) is linear: dL/da = dL/db = r exactly */
+  double *g = to_f64(r, n);
+  float *da = fzero(n), *db = fzero(n);
+  K->residual_bwd(da, db, r, n);
+  EXPECT_REL(da, g, n, BWD_TOL, "residual da");
+  EXPECT_REL(db, g, n, BWD_TOL, "residual db");
+  float *g0a = frand(n, -1, 1), *g0b = frand(n, -1, 1);
+  float *aa = fcopy(g0a, n), *ab = fcopy(g0b, n);
+  K->residual_bwd(aa, ab, r, n);
+  expect_accumulated(aa, g0a, da, n, "residual da +=");
+  expect_accumulated(ab, g0b, db, n, "residual db +=");
+}
+
+/* ---- cross-entropy ---------------------------------------------------------- */
+
+enum { XN = 14, XV = 37 };
+
+static void xent_ref(double *losses, double *probs, const double *logits, const int32_t *tgt) {
+  for (int n = 0; n < XN; n++) {
+    const double *x = logits + n * XV;
+    double mx = -INFINITY, s = 0;
+    for (int j = 0; j < XV; j++) mx = fmax(mx, x[j]);
+    for (int j = 0; j < XV; j++) s += exp(x[j] - mx);
+    if (probs)
+      for (int j = 0; j < XV; j++) probs[n * XV + j] = exp(x[j] - mx) / s;
+    losses[n] = log(s) - (x[tgt[n]] - mx);
+  }
+}
+
+typedef struct {
+  const int32_t *tgt;
+  double *logits, *losses, dloss;
+} xent_ctx_t;
+
+static double xent_loss(void *p) {
+  xent_ctx_t *c = p;
+  xent_ref(c->losses, NULL, c->logits, c->tgt);
+  double s = 0;
+  for (int n = 0; n < XN; n++) s += c->dloss * c->losses[n];
+  return s;
+}
+
+Test(kernels, crossentropy) {
+  const size_t n = XN * XV;
+  int32_t tgt[XN];
+  for (int i = 0; i < XN; i++) tgt[i] = (int32_t)(tu_rand_u64(&rng) % XV);
+  float *logits = frand(n, -3, 3);
+  for (int j = 0; j < XV; j++) logits[j] += 100; /* expf(100) overflows without the max */
+  logits[XV + tgt[1]] = -120;                    /* p[target] underflows to 0 in fp32 */
+  float *probs = fcopy(logits, n), *losses = fnew(XN);
+  K->crossentropy_fwd(losses, probs, tgt, XN, XV);
+  xent_ctx_t c = {tgt, to_f64(logits, n), dnew(XN), 0.37};
+  double *wp = dnew(n);
+  xent_ref(c.losses, wp, c.logits, tgt);
+  EXPECT_REL(losses, c.losses, XN, FWD_TOL, "crossentropy losses");
+  EXPECT_REL(probs, wp, n, FWD_TOL, "crossentropy probs");
+  for (int i = 0; i < XN; i++)
+    cr_expect(isfinite(losses[i]), "loss %d = %g [seed %llu]", i, losses[i], SEED);
+
+  K->crossentropy_bwd(probs, tgt, (float)c.dloss, XN, XV);
+  double *g = dnew(n);
+  fd_grad(g, c.logits, n, xent_loss, &c);
+  EXPECT_REL(probs, g, n, BWD_TOL, "crossentropy dlogits");
+}
+
+/* ---- adamw ------------------------------------------------------------------ */
+
+Test(kernels, adamw) {
+  const size_t n = 1003;
+  const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
+  float *p = frand(n, -1, 1), *m = fzero(n), *v = fzero(n);
+  double *rp = to_f64(p, n), *rm = dnew(n), *rv = dnew(n), *d = dnew(n);
+  float *p0 = fnew(n);
+  for (int t = 1; t <= 6; t++) {
+    float *g = frand(n, -1, 1);
+    memcpy(p0, p, n * sizeof *p);
+    K->adamw(p, g, m, v, n, lr, b1, b2, eps, wd, t);
+    /* PyTorch AdamW: decay, moments, bias-corrected step */
+    double bc1 = 1 - pow(b1, t), bc2 = 1 - pow(b2, t);
+    for (size_t i = 0; i < n; i++) {
+      rp[i] *= 1 - (double)lr * wd;
+      rm[i] = b1 * rm[i] + (1 - (double)b1) * g[i];
+      rv[i] = b2 * rv[i] + (1 - (double)b2) * g[i] * g[i];
+      rp[i] -= lr / bc1 * rm[i] / (sqrt(rv[i]) / sqrt(bc2) + eps);
+      d[i] = rp[i] - p0[i];
+    }
+    EXPECT_REL(p, rp, n, FWD_TOL, "adamw p");
+    EXPECT_REL(m, rm, n, FWD_TOL, "adamw m");
+    EXPECT_REL(v, rv, n, FWD_TOL, "adamw v");
+    /* the step itself, which is small next to p */
+    for (size_t i = 0; i < n; i++) p0[i] = p[i] - p0[i];
+    EXPECT_REL(p0, d, n, BWD_TOL, "adamw step");
+    /* carry on from our state so errors do not compound across steps */
+    for (size_t i = 0; i < n; i++) rp[i] = p[i], rm[i] = m[i], rv[i] = v[i];
+  }
+}
+
+/* ---- casts ------------------------------------------------------------------ */
+
+static float f32_bits(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+static uint32_t bits_f32(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+
+static int bf16_is_nan(uint16_t h) { return (h & 0x7f80) == 0x7f80 && (h & 0x7f); }
+
+Test(kernels, bf16_cases) {
+  static const struct {
+    uint32_t in;
+    uint16_t out;
+    const char *what;
+  } cases[] = {
+      {0x3f800000, 0x3f80, "1.0 exact"},
+      {0x3f808000, 0x3f80, "tie, even below: down"},
+      {0x3f818000, 0x3f82, "tie, odd below: up"},
+      {0x3f808001, 0x3f81, "just above a tie: up"},
+      {0x3f807fff, 0x3f80, "just below a tie: down"},
+      {0x3f81ffff, 0x3f82, "carry into the next"},
+      {0x3fff8000, 0x4000, "tie with carry into the exponent"},
+      {0xbf818000, 0xbf82, "negative tie, odd: away from zero"},
+      {0xbf808000, 0xbf80, "negative tie, even: toward zero"},
+      {0x7f7f7fff, 0x7f7f, "below max bf16 + half ulp: max finite"},
+      {0x7f7f8000, 0x7f80, "max bf16 + half ulp (tie, odd): inf"},
+      {0x7f7fffff, 0x7f80, "max finite fp32: inf"},
+      {0xff7fffff, 0xff80, "-max finite fp32: -inf"},
+      {0x7f800000, 0x7f80, "inf"},
+      {0xff800000, 0xff80, "-inf"},
+      {0x00000000, 0x0000, "+0"},
+      {0x80000000, 0x8000, "-0"},
+      {0x00000001, 0x0000, "smallest denormal: to 0"},
+      {0x00008000, 0x0000, "denormal tie, even: to 0"},
+      {0x00018000, 0x0002, "denormal tie, odd: up"},
+      {0x00010000, 0x0001, "denormal exact"},
+      {0x80008001, 0x8001, "negative denormal above a tie"},
+      {0x007fffff, 0x0080, "largest denormal: smallest normal"},
+  };
+  const size_t nc = sizeof cases / sizeof cases[0];
+  float in[sizeof cases / sizeof cases[0]];
+  uint16_t out[sizeof cases / sizeof cases[0]];
+  for (size_t i = 0; i < nc; i++) in[i] = f32_bits(cases[i].in);
+  K->f32_to_bf16(out, in, nc);
+  for (size_t i = 0; i < nc; i++)
+    cr_expect_eq(out[i], cases[i].out, "%s: 0x%08x -> 0x%04x, want 0x%04x", cases[i].what,
+                 cases[i].in, out[i], cases[i].out);
+
+  /* NaNs stay NaN, including those whose payload sits only in the low bits
+   * (truncation would make them inf) or whose rounding would carry (0xffffffff). */
+  static const uint32_t nans[] = {0x7fc00000, 0x7f800001, 0x7f80ffff,
+                                  0xffffffff, 0xff800001, 0x7fffffff};
+  float nin[6];
+  uint16_t nout[6];
+  for (int i = 0; i < 6; i++) nin[i] = f32_bits(nans[i]);
+  K->f32_to_bf16(nout, nin, 6);
+  for (int i = 0; i < 6; i++) {
+    cr_expect(bf16_is_nan(nout[i]), "NaN 0x%08x -> 0x%04x", nans[i], nout[i]);
+    cr_expect_eq(nout[i] >> 15, nans[i] >> 31, "NaN 0x%08x keeps its sign", nans[i]);
+  }
+
+  uint16_t hin[4] = {0x3f80, 0x8000, 0x7f80, 0x0001};
+  float hout[4];
+  K->bf16_to_f32(hout, hin, 4);
+  for (int i = 0; i < 4; i++) cr_expect_eq(bits_f32(hout[i]), (uint32_t)hin[i] << 16);
+}
+
+/* Every bf16 pattern goes to fp32 and back unchanged (NaNs stay NaN). */
+Test(kernels, bf16_round_trip) {
+  uint16_t *h = tnew(65536 * sizeof *h), *back = tnew(65536 * sizeof *back);
+  float *f = fnew(65536);
+  for (uint32_t i = 0; i < 65536; i++) h[i] = (uint16_t)i;
+  K->bf16_to_f32(f, h, 65536);
+  K->f32_to_bf16(back, f, 65536);
+  for (uint32_t i = 0; i < 65536; i++) {
+    cr_assert_eq(bits_f32(f[i]), i << 16, "bf16 0x%04x widens exactly", i);
+    if (bf16_is_nan(h[i]))
+      cr_assert(bf16_is_nan(back[i]), "NaN 0x%04x -> 0x%04x", i, back[i]);
+    else
+      cr_assert_eq(back[i], h[i], "0x%04x -> 0x%04x", i, back[i]);
+  }
+}
+
+/* bf16 value of a pattern as a double, with 0x7f80 standing for 2^128 (where an
+ * unbounded exponent would put the next value): IEEE rounds to inf from there. */
+static double bf16_val(uint16_t h) {
+  if ((h & 0x7fff) == 0x7f80) return (h & 0x8000 ? -1 : 1) * ldexp(1, 128);
+  uint32_t u = (uint32_t)h << 16;
+  return f32_bits(u);
+}
+
+/* Random finite fp32: the result is one of the two bf16 values around x, the
+ * nearer (so within half an ulp), the even one on a tie. */
+Test(kernels, bf16_random) {
+  enum { RN = 1 << 18 };
+  float *x = fnew(RN);
+  uint16_t *h = tnew(RN * sizeof *h);
+  for (int i = 0; i < RN; i++) {
+    uint32_t u;
+    do u = (uint32_t)tu_rand_u64(&rng);
+    while ((u & 0x7f800000) == 0x7f800000);
+    /* half the cases on or next to a tie, where rounding is decided */
+    if (i & 1) u = (u & 0xffff0000u) | (0x7fffu + (uint32_t)(tu_rand_u64(&rng) % 3));
+    x[i] = f32_bits(u);
+  }
+  K->f32_to_bf16(h, x, RN);
+  for (int i = 0; i < RN; i++) {
+    uint32_t u = bits_f32(x[i]);
+    uint16_t lo = (uint16_t)(u >> 16), hi = (uint16_t)(lo + 1); /* |lo| <= |x| < |hi| */
+    double dl = fabs((double)x[i] - bf16_val(lo)), dh = fabs((double)x[i] - bf16_val(hi));
+    uint16_t want = dl < dh ? lo : dh < dl ? hi : (lo & 1) ? hi : lo;
+    cr_assert_eq(h[i], want, "0x%08x -> 0x%04x, want 0x%04x", u, h[i], want);
+    double half_ulp = fabs(bf16_val(hi) - bf16_val(lo)) / 2;
+    cr_assert(fmin(dl, dh) <= half_ulp, "0x%08x: more than half an ulp", u);
+  }
+}
+
+/* ---- sumsq ------------------------------------------------------------------ */
+
+Test(kernels, sumsq) {
+  const size_t n = 100003;
+  float *x = frand(n, -3, 3);
+  double want = 0;
+  for (size_t i = 0; i < n; i++) want += (double)x[i] * x[i];
+  double got = K->sumsq(x, n);
+  cr_expect(fabs(got - want) <= 1e-12 * want, "sumsq %.17g, want %.17g [seed %llu]", got, want,
+            SEED);
+  /* values whose squares float would round away: 2^-12 next to 1 */
+  float y[3] = {1.0f, 0x1p-12f, 0x1p-12f};
+  cr_expect_eq(K->sumsq(y, 3), 1.0 + 0x1p-23, "sumsq must accumulate in double");
+  cr_expect_eq(K->sumsq(x, 0), 0.0);
+}
