@@ -29,8 +29,11 @@ KERN_HD float kern_gelu(float x) {
   return 0.5f * x * (1.0f + tanhf(u));
 }
 
-/* d gelu / dx. */
+/* d gelu / dx. Past |x| = 10 the derivative is 1 or 0 to fp32 precision; the
+ * clamp keeps x*x from overflowing into 0*inf = NaN for huge inputs. */
 KERN_HD float kern_gelu_grad(float x) {
+  if (x > 10.0f) return 1.0f;
+  if (x < -10.0f) return 0.0f;
   float u = KERN_GELU_K * (x + KERN_GELU_C * x * x * x);
   float t = tanhf(u);
   float sech2 = 1.0f - t * t;

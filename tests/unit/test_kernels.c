@@ -497,6 +497,12 @@ Test(kernels, gelu_tails) {
               out[i], want);
     cr_expect(fabs(dx[i] - g[i]) <= 1e-5, "gelu'(%g) = %g, want %g", xd[i], dx[i], g[i]);
   }
+  /* inputs whose cube overflows fp32: the derivative stays 1 or 0, never NaN */
+  const float huge[] = {1e20f, -1e20f, INFINITY, -INFINITY};
+  float dh[4] = {0}, ones[4] = {1, 1, 1, 1};
+  K->gelu_bwd(dh, huge, ones, 4);
+  cr_expect(dh[0] == 1.0f && dh[1] == 0.0f && dh[2] == 1.0f && dh[3] == 0.0f,
+            "gelu' at +-1e20, +-inf: %g %g %g %g", dh[0], dh[1], dh[2], dh[3]);
 }
 
 /* ---- residual --------------------------------------------------------------- */
