@@ -39,6 +39,8 @@ TEST_BINS  = $(TESTS:%=$(B)/tests/test_%)
 BENCH_BINS = $(B)/bench/bench_gemm $(B)/bench/bench_train
 
 .PHONY: all deps test test-san bench demo clean
+# keep objects that pattern rules chain through (tests, bench) between runs
+.SECONDARY:
 all: $(BINS)
 
 deps:
