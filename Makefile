@@ -80,7 +80,7 @@ test-san: $(BINS)
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1 sh tests/run.sh $(TESTS:%=build-san/tests/test_%)
 
 bench: $(BINS) $(BENCH_BINS)
-	@sh tests/bench/run.sh
+	@BENCH_BUILD=$(B) sh tests/bench/run.sh
 
 demo: $(BINS)
 	@sh mk/demo.sh

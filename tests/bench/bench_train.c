@@ -1,0 +1,395 @@
+/* bench_train: times our single-rank training step (gpt_zero_grad, forward with
+ * targets, backward, AdamW step) for one preset and (B, T, threads), and
+ * measures the memory it took.
+ *
+ *   bench_train PRESET B T THREADS STEPS [-p]
+ *
+ * One untimed warm-up step (it allocates the activations and warms the caches
+ * and oneDNN's kernel cache), then STEPS timed steps; the median is reported
+ * (the machines are shared and noisy). Tokens are a fixed pseudo-random
+ * sequence (ids < vocab), the same every run.
+ *
+ * -p wraps the backend table in a timing layer (the model calls every op
+ * through the table it was created with) and prints where the step's time goes,
+ * per op and per matmul shape; the layer costs two clock reads per op call.
+ *
+ * Lines (stdout):
+ *   bench: train model=... B= T= threads= step_ms= tokens_per_s= model_gflops= params= ...
+ *   bench: memory model=... tensors_mib= alloc_peak_mib= rss_peak_mib= ratio= ...
+ *   bench: op model=... op=... ms_per_step= share= ...          (with -p)
+ * Exit status 0, 1 when a step fails or the loss is not finite, 2 on bad usage. */
+#include <math.h>
+#include <oneapi/dnnl/dnnl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "daemon/common/err.h"
+#include "daemon/train/adamw.h"
+#include "daemon/train/gpt.h"
+#include "daemon/train/mem.h"
+
+#define MIB (1024.0 * 1024.0)
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Current resident set (VmRSS) in bytes: the process before the model exists
+ * (code, libraries, thread stacks) is part of rss_peak but not of the tensors. */
+static size_t rss_now(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  if (!f) return 0;
+  char line[256];
+  size_t kb = 0;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "VmRSS: %zu kB", &kb) == 1) break;
+  fclose(f);
+  return kb * 1024;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* ---- the timing layer (-p) ------------------------------------------------ */
+
+enum {
+  P_ENCODER_FWD, P_ENCODER_BWD, P_LAYERNORM_FWD, P_LAYERNORM_BWD, P_MATMUL_FWD, P_MATMUL_BWD,
+  P_ATTENTION_FWD, P_ATTENTION_BWD, P_GELU_FWD, P_GELU_BWD, P_RESIDUAL_FWD, P_RESIDUAL_BWD,
+  P_CROSSENTROPY_FWD, P_CROSSENTROPY_BWD, P_ADAMW, P_CAST, P_SUMSQ, P__COUNT
+};
+static const char *const prof_names[P__COUNT] = {
+    "encoder_fwd", "encoder_bwd", "layernorm_fwd", "layernorm_bwd", "matmul_fwd",
+    "matmul_bwd", "attention_fwd", "attention_bwd", "gelu_fwd", "gelu_bwd",
+    "residual_fwd", "residual_bwd", "crossentropy_fwd", "crossentropy_bwd", "adamw",
+    "cast", "sumsq"};
+
+typedef struct prof_slot {
+  double s, flops;
+  long calls;
+} prof_slot_t;
+
+typedef struct prof_shape {
+  int bwd, N, IC, OC;
+  prof_slot_t t;
+} prof_shape_t;
+
+static const kern_backend_t *prof_base;
+static prof_slot_t prof_op[P__COUNT];
+static prof_shape_t prof_shapes[64];
+static int prof_nshapes;
+
+static void prof_add(int op, double t0, double flops) {
+  prof_op[op].s += now_s() - t0;
+  prof_op[op].flops += flops;
+  prof_op[op].calls++;
+}
+
+static void prof_add_shape(int bwd, int N, int IC, int OC, double t0, double t1, double flops) {
+  prof_shape_t *p = NULL;
+  for (int i = 0; i < prof_nshapes && !p; i++)
+    if (prof_shapes[i].bwd == bwd && prof_shapes[i].N == N && prof_shapes[i].IC == IC &&
+        prof_shapes[i].OC == OC)
+      p = &prof_shapes[i];
+  if (!p && prof_nshapes < 64) {
+    p = &prof_shapes[prof_nshapes++];
+    *p = (prof_shape_t){.bwd = bwd, .N = N, .IC = IC, .OC = OC};
+  }
+  if (!p) return;
+  p->t.s += t1 - t0;
+  p->t.flops += flops;
+  p->t.calls++;
+}
+
+static void prof_reset(void) {
+  memset(prof_op, 0, sizeof prof_op);
+  prof_nshapes = 0;
+}
+
+static void w_encoder_fwd(float *out, const int32_t *tok, const float *wte, const float *wpe,
+                          int B, int T, int C) {
+  double t0 = now_s();
+  prof_base->encoder_fwd(out, tok, wte, wpe, B, T, C);
+  prof_add(P_ENCODER_FWD, t0, 0);
+}
+static void w_encoder_bwd(float *dwte, float *dwpe, const float *dout, const int32_t *tok, int B,
+                          int T, int C) {
+  double t0 = now_s();
+  prof_base->encoder_bwd(dwte, dwpe, dout, tok, B, T, C);
+  prof_add(P_ENCODER_BWD, t0, 0);
+}
+static void w_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp,
+                            const float *w, const float *b, int N, int C) {
+  double t0 = now_s();
+  prof_base->layernorm_fwd(out, mean, rstd, inp, w, b, N, C);
+  prof_add(P_LAYERNORM_FWD, t0, 0);
+}
+static void w_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout,
+                            const float *inp, const float *w, const float *mean,
+                            const float *rstd, int N, int C) {
+  double t0 = now_s();
+  prof_base->layernorm_bwd(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+  prof_add(P_LAYERNORM_BWD, t0, 0);
+}
+static void w_matmul_fwd(float *out, const float *inp, const float *w, const float *bias, int N,
+                         int IC, int OC) {
+  double t0 = now_s();
+  prof_base->matmul_fwd(out, inp, w, bias, N, IC, OC);
+  double f = 2.0 * N * IC * OC;
+  prof_add_shape(0, N, IC, OC, t0, now_s(), f);
+  prof_add(P_MATMUL_FWD, t0, f);
+}
+static void w_matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout,
+                         const float *inp, const float *w, int N, int IC, int OC) {
+  double t0 = now_s();
+  prof_base->matmul_bwd(dinp, dw, dbias, dout, inp, w, N, IC, OC);
+  double f = (dinp ? 2.0 : 0.0) * N * IC * OC + 2.0 * N * IC * OC;
+  prof_add_shape(1, N, IC, OC, t0, now_s(), f);
+  prof_add(P_MATMUL_BWD, t0, f);
+}
+static void w_attention_fwd(float *out, float *att, const float *qkv, int B, int T, int C,
+                            int NH) {
+  double t0 = now_s();
+  prof_base->attention_fwd(out, att, qkv, B, T, C, NH);
+  /* q k^T and att v over the causal half: 2 * (2 B T^2/2 C). */
+  prof_add(P_ATTENTION_FWD, t0, 2.0 * B * (double)T * T * C);
+}
+static void w_attention_bwd(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                            const float *att, int B, int T, int C, int NH) {
+  double t0 = now_s();
+  prof_base->attention_bwd(dqkv, scratch, dout, qkv, att, B, T, C, NH);
+  prof_add(P_ATTENTION_BWD, t0, 4.0 * B * (double)T * T * C);
+}
+static void w_gelu_fwd(float *out, const float *inp, size_t n) {
+  double t0 = now_s();
+  prof_base->gelu_fwd(out, inp, n);
+  prof_add(P_GELU_FWD, t0, 0);
+}
+static void w_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n) {
+  double t0 = now_s();
+  prof_base->gelu_bwd(dinp, inp, dout, n);
+  prof_add(P_GELU_BWD, t0, 0);
+}
+static void w_residual_fwd(float *out, const float *a, const float *b, size_t n) {
+  double t0 = now_s();
+  prof_base->residual_fwd(out, a, b, n);
+  prof_add(P_RESIDUAL_FWD, t0, 0);
+}
+static void w_residual_bwd(float *da, float *db, const float *dout, size_t n) {
+  double t0 = now_s();
+  prof_base->residual_bwd(da, db, dout, n);
+  prof_add(P_RESIDUAL_BWD, t0, 0);
+}
+static void w_crossentropy_fwd(float *losses, float *logits, const int32_t *targets, int N,
+                               int V) {
+  double t0 = now_s();
+  prof_base->crossentropy_fwd(losses, logits, targets, N, V);
+  prof_add(P_CROSSENTROPY_FWD, t0, 0);
+}
+static void w_crossentropy_bwd(float *probs, const int32_t *targets, float dloss, int N, int V) {
+  double t0 = now_s();
+  prof_base->crossentropy_bwd(probs, targets, dloss, N, V);
+  prof_add(P_CROSSENTROPY_BWD, t0, 0);
+}
+static void w_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
+                    float beta2, float eps, float wd, int t) {
+  double t0 = now_s();
+  prof_base->adamw(p, g, m, v, n, lr, beta1, beta2, eps, wd, t);
+  prof_add(P_ADAMW, t0, 0);
+}
+static void w_f32_to_bf16(uint16_t *out, const float *inp, size_t n) {
+  double t0 = now_s();
+  prof_base->f32_to_bf16(out, inp, n);
+  prof_add(P_CAST, t0, 0);
+}
+static void w_bf16_to_f32(float *out, const uint16_t *inp, size_t n) {
+  double t0 = now_s();
+  prof_base->bf16_to_f32(out, inp, n);
+  prof_add(P_CAST, t0, 0);
+}
+static double w_sumsq(const float *x, size_t n) {
+  double t0 = now_s();
+  double r = prof_base->sumsq(x, n);
+  prof_add(P_SUMSQ, t0, 0);
+  return r;
+}
+
+static kern_backend_t prof_backend;
+
+static const kern_backend_t *prof_wrap(const kern_backend_t *base) {
+  prof_base = base;
+  prof_backend = *base; /* name, supports_op, threads, attention_scratch pass through */
+  prof_backend.encoder_fwd = w_encoder_fwd;
+  prof_backend.encoder_bwd = w_encoder_bwd;
+  prof_backend.layernorm_fwd = w_layernorm_fwd;
+  prof_backend.layernorm_bwd = w_layernorm_bwd;
+  prof_backend.matmul_fwd = w_matmul_fwd;
+  prof_backend.matmul_bwd = w_matmul_bwd;
+  prof_backend.attention_fwd = w_attention_fwd;
+  prof_backend.attention_bwd = w_attention_bwd;
+  prof_backend.gelu_fwd = w_gelu_fwd;
+  prof_backend.gelu_bwd = w_gelu_bwd;
+  prof_backend.residual_fwd = w_residual_fwd;
+  prof_backend.residual_bwd = w_residual_bwd;
+  prof_backend.crossentropy_fwd = w_crossentropy_fwd;
+  prof_backend.crossentropy_bwd = w_crossentropy_bwd;
+  prof_backend.adamw = w_adamw;
+  prof_backend.f32_to_bf16 = w_f32_to_bf16;
+  prof_backend.bf16_to_f32 = w_bf16_to_f32;
+  prof_backend.sumsq = w_sumsq;
+  return &prof_backend;
+}
+
+static void prof_print(const char *tag, int steps, double step_s_total) {
+  double in_ops = 0;
+  for (int i = 0; i < P__COUNT; i++) in_ops += prof_op[i].s;
+  for (int i = 0; i < P__COUNT; i++) {
+    const prof_slot_t *p = &prof_op[i];
+    if (!p->calls) continue;
+    printf("bench: op %s op=%s ms_per_step=%.2f share=%.3f calls_per_step=%ld", tag,
+           prof_names[i], p->s * 1e3 / steps, p->s / step_s_total, p->calls / steps);
+    if (p->flops > 0) printf(" gflops=%.1f", p->flops / p->s * 1e-9);
+    printf("\n");
+  }
+  /* Time in the step but in no op: gpt.c/adamw.c themselves (zeroing, copies). */
+  printf("bench: op %s op=outside_ops ms_per_step=%.2f share=%.3f\n", tag,
+         (step_s_total - in_ops) * 1e3 / steps, (step_s_total - in_ops) / step_s_total);
+  for (int i = 0; i < prof_nshapes; i++) {
+    const prof_shape_t *p = &prof_shapes[i];
+    printf("bench: op %s op=%s shape=N%d_IC%d_OC%d ms_per_step=%.2f share=%.3f "
+           "calls_per_step=%ld gflops=%.1f\n",
+           tag, p->bwd ? "matmul_bwd" : "matmul_fwd", p->N, p->IC, p->OC, p->t.s * 1e3 / steps,
+           p->t.s / step_s_total, p->t.calls / steps, p->t.flops / p->t.s * 1e-9);
+  }
+}
+
+/* ---- the benchmark ---------------------------------------------------------- */
+
+static const char *isa_name(dnnl_cpu_isa_t isa) {
+  switch (isa) {
+  case dnnl_cpu_isa_avx2: return "avx2";
+  case dnnl_cpu_isa_avx512_core: return "avx512_core";
+  case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
+  case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
+  case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
+  default: return "other";
+  }
+}
+
+static int usage(void) {
+  fprintf(stderr, "usage: bench_train PRESET B T THREADS STEPS [-p]\n");
+  return 2;
+}
+
+static int step(gpt_t *g, adamw_t *opt, const int32_t *in, const int32_t *tg, int B, int T,
+                float *loss) {
+  gpt_zero_grad(g);
+  int rc = gpt_forward(g, in, tg, B, T, loss);
+  if (rc == 0) rc = gpt_backward(g, 1.0f);
+  if (rc == 0) adamw_step(opt, g, 1e-4f);
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 6 || argc > 7) return usage();
+  const char *preset = argv[1];
+  int B = atoi(argv[2]), T = atoi(argv[3]), threads = atoi(argv[4]), steps = atoi(argv[5]);
+  int profile = argc == 7 && !strcmp(argv[6], "-p");
+  if (B <= 0 || T <= 0 || threads <= 0 || steps <= 0 || (argc == 7 && !profile)) return usage();
+
+  size_t rss_base = rss_now();
+  gpt_config_t cfg;
+  gpt_t *g = NULL;
+  adamw_t *opt = NULL;
+  int32_t *tok = NULL, *in = NULL, *tg = NULL;
+  double *times = NULL;
+  int rc = gpt_config_preset(&cfg, preset);
+  if (rc) goto out;
+  const kern_backend_t *be = kern_cpu();
+  be->set_threads(threads);
+  if ((rc = gpt_create(&g, &cfg, profile ? prof_wrap(be) : be))) goto out;
+  gpt_init_weights(g, 1337);
+  adamw_hparams_t hp = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+  if ((rc = adamw_create(&opt, g, hp))) goto out;
+
+  /* B rows of T+1 tokens; targets are the inputs shifted by one. */
+  tok = malloc(sizeof(int32_t) * B * (T + 1));
+  in = malloc(sizeof(int32_t) * B * T);
+  tg = malloc(sizeof(int32_t) * B * T);
+  times = malloc(sizeof(double) * steps);
+  if (!tok || !in || !tg || !times) {
+    rc = err_set(FSDP_ENOMEM, "bench_train: token buffers");
+    goto out;
+  }
+  uint64_t s = 42;
+  for (int i = 0; i < B * (T + 1); i++) {
+    s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+    tok[i] = (int32_t)((s >> 33) % (uint64_t)cfg.vocab);
+  }
+  for (int b = 0; b < B; b++)
+    for (int t = 0; t < T; t++) {
+      in[b * T + t] = tok[b * (T + 1) + t];
+      tg[b * T + t] = tok[b * (T + 1) + t + 1];
+    }
+
+  float loss = NAN, first_loss = NAN;
+  if ((rc = step(g, opt, in, tg, B, T, &first_loss))) goto out; /* warm-up */
+  prof_reset();
+  double total = 0;
+  for (int i = 0; i < steps; i++) {
+    double t0 = now_s();
+    if ((rc = step(g, opt, in, tg, B, T, &loss))) goto out;
+    times[i] = now_s() - t0;
+    total += times[i];
+  }
+  if (!isfinite(loss) || !isfinite(first_loss)) {
+    fprintf(stderr, "bench_train: loss is not finite (first %g, last %g)\n", first_loss, loss);
+    rc = 1;
+    goto out;
+  }
+  qsort(times, steps, sizeof(double), cmp_double);
+  double med = steps % 2 ? times[steps / 2] : 0.5 * (times[steps / 2 - 1] + times[steps / 2]);
+
+  /* Model FLOPs per token, PaLM (Chowdhery et al. 2022) appendix B: 6N for the
+   * weight matmuls forward and backward, plus 12*L*C*T for attention's q k^T
+   * and att v (forward and backward, counted without the causal half). N is
+   * every parameter: with tied embeddings wte also serves as the output
+   * projection, so its V*C weights do matmul work; wpe (context*C) does not,
+   * which overstates by under 1% on gpt2-124m. */
+  size_t P = gpt_num_params(g);
+  double flops_tok = 6.0 * (double)P + 12.0 * cfg.layers * (double)cfg.channels * T;
+  double tokens = (double)B * T;
+  char tag[160];
+  snprintf(tag, sizeof tag, "model=%s B=%d T=%d threads=%d", preset, B, T, threads);
+  printf("bench: train %s step_ms=%.1f tokens_per_s=%.1f model_gflops=%.1f params=%zu "
+         "step_ms_min=%.1f steps=%d loss=%.4f backend=%s lib=onednn kernel=%s\n",
+         tag, med * 1e3, tokens / med, flops_tok * tokens / med * 1e-9, P, times[0] * 1e3,
+         steps, loss, be->name, isa_name(dnnl_get_effective_cpu_isa()));
+
+  /* The sum of the tensors the step needs: params and grads (4 bytes each), Adam
+   * m and v (8), and the activations with their gradients. */
+  double tensors = 16.0 * (double)P + (double)gpt_activation_bytes(&cfg, B, T);
+  double rss = (double)mem_process_peak_rss();
+  printf("bench: memory model=%s B=%d T=%d threads=%d tensors_mib=%.1f alloc_peak_mib=%.1f "
+         "rss_peak_mib=%.1f ratio=%.3f rss_base_mib=%.1f\n",
+         preset, B, T, threads, tensors / MIB, mem_total_peak() / MIB, rss / MIB, rss / tensors,
+         rss_base / MIB);
+  if (profile) prof_print(tag, steps, total);
+  fflush(stdout);
+
+out:
+  if (rc < 0) fprintf(stderr, "bench_train: %s (%s)\n", err_msg(), err_name(rc));
+  free(tok);
+  free(in);
+  free(tg);
+  free(times);
+  if (opt) adamw_destroy(opt);
+  if (g) gpt_destroy(g);
+  return rc ? 1 : 0;
+}
