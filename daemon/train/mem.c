@@ -87,13 +87,20 @@ void mem_report(FILE *out, const char *prefix) {
           mem_total_peak() / 1048576.0);
 }
 
-size_t mem_process_peak_rss(void) {
+/* The value of a "Key: N kB" line of /proc/self/status, in bytes. */
+static size_t mem_proc_status_kb(const char *key) {
   FILE *f = fopen("/proc/self/status", "r");
   if (!f) return 0;
   char line[256];
-  size_t kb = 0;
+  size_t kb = 0, klen = strlen(key);
   while (fgets(line, sizeof line, f))
-    if (sscanf(line, "VmHWM: %zu kB", &kb) == 1) break;
+    if (!strncmp(line, key, klen) && line[klen] == ':') {
+      sscanf(line + klen + 1, "%zu", &kb);
+      break;
+    }
   fclose(f);
   return kb * 1024;
 }
+
+size_t mem_process_peak_rss(void) { return mem_proc_status_kb("VmHWM"); }
+size_t mem_process_anon_rss(void) { return mem_proc_status_kb("RssAnon"); }

@@ -40,7 +40,11 @@ size_t mem_total_peak(void);
 const char *mem_cat_name(mem_cat_t cat);
 /* One line: "mem: params=... grads=... total=... peak=..." in MiB. */
 void mem_report(FILE *out, const char *prefix);
-/* Peak resident set of this process (VmHWM), in bytes; 0 if unknown. */
+/* Peak resident set of this process (VmHWM), in bytes; 0 if unknown. It
+ * includes the file-backed pages of the program and its libraries' code. */
 size_t mem_process_peak_rss(void);
+/* Resident anonymous memory now (RssAnon: heap, mmaps, stacks; the process's
+ * own data, without library code), in bytes; 0 if unknown. */
+size_t mem_process_anon_rss(void);
 
 #endif

@@ -15,7 +15,7 @@
  *
  * Lines (stdout):
  *   bench: train model=... B= T= threads= step_ms= tokens_per_s= model_gflops= params= ...
- *   bench: memory model=... tensors_mib= alloc_peak_mib= rss_peak_mib= ratio= ...
+ *   bench: memory model=... tensors_mib= alloc_peak_mib= anon_peak_mib= ratio= rss_peak_mib= ...
  *   bench: op model=... op=... ms_per_step= share= ...          (with -p)
  * Exit status 0, 1 when a step fails or the loss is not finite, 2 on bad usage. */
 #include <math.h>
@@ -37,19 +37,6 @@ static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-/* Current resident set (VmRSS) in bytes: the process before the model exists
- * (code, libraries, thread stacks) is part of rss_peak but not of the tensors. */
-static size_t rss_now(void) {
-  FILE *f = fopen("/proc/self/status", "r");
-  if (!f) return 0;
-  char line[256];
-  size_t kb = 0;
-  while (fgets(line, sizeof line, f))
-    if (sscanf(line, "VmRSS: %zu kB", &kb) == 1) break;
-  fclose(f);
-  return kb * 1024;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -303,7 +290,8 @@ int main(int argc, char **argv) {
   int profile = argc == 7 && !strcmp(argv[6], "-p");
   if (B <= 0 || T <= 0 || threads <= 0 || steps <= 0 || (argc == 7 && !profile)) return usage();
 
-  size_t rss_base = rss_now();
+  /* the process before the model exists (code, libraries, thread stacks) */
+  size_t rss_base = mem_process_anon_rss();
   gpt_config_t cfg;
   gpt_t *g = NULL;
   adamw_t *opt = NULL;
@@ -342,11 +330,15 @@ int main(int argc, char **argv) {
   if ((rc = step(g, opt, in, tg, B, T, &first_loss))) goto out; /* warm-up */
   prof_reset();
   double total = 0;
+  size_t anon_peak = mem_process_anon_rss(); /* sampled after every step: allocations are made
+                                                by the warm-up and never shrink, but say it */
   for (int i = 0; i < steps; i++) {
     double t0 = now_s();
     if ((rc = step(g, opt, in, tg, B, T, &loss))) goto out;
     times[i] = now_s() - t0;
     total += times[i];
+    size_t anon = mem_process_anon_rss();
+    if (anon > anon_peak) anon_peak = anon;
   }
   if (!isfinite(loss) || !isfinite(first_loss)) {
     fprintf(stderr, "bench_train: loss is not finite (first %g, last %g)\n", first_loss, loss);
@@ -375,11 +367,16 @@ int main(int argc, char **argv) {
   /* The sum of the tensors the step needs: params and grads (4 bytes each), Adam
    * m and v (8), and the activations with their gradients. */
   double tensors = 16.0 * (double)P + (double)gpt_activation_bytes(&cfg, B, T);
-  double rss = (double)mem_process_peak_rss();
+  /* Peak memory: the process's anonymous resident memory (its own data: every
+   * buffer, oneDNN's packing buffers and JIT code, thread stacks, the heap),
+   * sampled after each step. rss_peak (VmHWM) adds the file-backed pages of the
+   * program's and libraries' code (about 9 MiB, shared and the same for any
+   * model); it is printed too. */
+  double rss = (double)mem_process_peak_rss(), anon = (double)anon_peak;
   printf("bench: memory model=%s B=%d T=%d threads=%d tensors_mib=%.1f alloc_peak_mib=%.1f "
-         "rss_peak_mib=%.1f ratio=%.3f rss_base_mib=%.1f\n",
-         preset, B, T, threads, tensors / MIB, mem_total_peak() / MIB, rss / MIB, rss / tensors,
-         rss_base / MIB);
+         "anon_peak_mib=%.1f ratio=%.3f rss_peak_mib=%.1f rss_ratio=%.3f anon_base_mib=%.1f\n",
+         preset, B, T, threads, tensors / MIB, mem_total_peak() / MIB, anon / MIB,
+         anon / tensors, rss / MIB, rss / tensors, rss_base / MIB);
   if (profile) prof_print(tag, steps, total);
   fflush(stdout);
 

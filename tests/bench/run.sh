@@ -139,7 +139,8 @@ $2 == "torch" {
 }
 $2 == "memory" {
   k = kv("model") SUBSEP kv("threads")
-  mem[k] = kv("ratio"); rss[k] = kv("rss_peak_mib"); ten[k] = kv("tensors_mib")
+  mem[k] = kv("ratio"); anon[k] = kv("anon_peak_mib"); ten[k] = kv("tensors_mib")
+  rss[k] = kv("rss_peak_mib"); rssr[k] = kv("rss_ratio")
 }
 END {
   bad = 0
@@ -165,7 +166,7 @@ END {
   for (i = 1; i <= n; i++) {
     k = order[i]; split(k, p, SUBSEP); m = p[1]; t = p[2]
     if (!(k in mem)) continue
-    printf "bench: target name=peak_memory model=%s threads=%s ratio=%.3f goal=<=1.10 met=%s rss_peak_mib=%s tensors_mib=%s\n", m, t, mem[k], met(mem[k] + 0 <= 1.10), rss[k], ten[k]
+    printf "bench: target name=peak_memory model=%s threads=%s ratio=%.3f goal=<=1.10 met=%s anon_peak_mib=%s tensors_mib=%s rss_peak_mib=%s rss_ratio=%s\n", m, t, mem[k], met(mem[k] + 0 <= 1.10), anon[k], ten[k], rss[k], rssr[k]
   }
   print bad > out
 }' "$all"
