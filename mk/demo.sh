@@ -4,7 +4,7 @@
 # trains the `small` preset on it on this machine's CPU cores.
 set -eu
 out=${DEMO_OUT:-demo-out}
-steps=${DEMO_STEPS:-300}
+steps=${DEMO_STEPS:-600}
 mkdir -p "$out"
 dir=/usr/share/games/fortunes
 files=""
@@ -27,7 +27,7 @@ eval_fraction = 0.05
 steps = $steps
 batch = 8
 seq_len = 128
-eval_every = 100
+eval_every = 200
 eval_batches = 16
 
 [optim]
@@ -36,6 +36,8 @@ warmup_steps = 20
 
 [output]
 save = $out/small.weights
+sample_tokens = 400
+sample_prompt = The computer
 CONF
 echo "demo: training with $out/demo.conf (FSDP_PROGRESS_EVERY=${FSDP_PROGRESS_EVERY:-10})"
 FSDP_PROGRESS_EVERY=${FSDP_PROGRESS_EVERY:-10} bin/fsdp-train --config "$out/demo.conf"

@@ -53,6 +53,9 @@ static const config_opt_t config_opts[] = {
     {"eps", "optim", CFG_FLOAT, OFF(eps), 0, 1e-30, 1, "AdamW epsilon"},
     {"grad_clip", "optim", CFG_FLOAT, OFF(grad_clip), 0, 0, 1e9, "clip the global gradient norm to this (0: off)"},
     {"save", "output", STR(save), "weights file written at the end"},
+    {"sample_tokens", "output", CFG_INT, OFF(sample_tokens), 0, 0, 1 << 20, "tokens to generate after training, to look at"},
+    {"sample_prompt", "output", STR(sample_prompt), "prompt for the sample (byte-level models)"},
+    {"sample_temperature", "output", CFG_FLOAT, OFF(sample_temperature), 0, 1e-3, 100, "sampling temperature"},
 };
 #undef STR
 #undef OFF
@@ -76,6 +79,8 @@ void config_default(config_t *c) {
   c->beta2 = 0.95f;
   c->eps = 1e-8f;
   c->grad_clip = 1.0f;
+  snprintf(c->sample_prompt, sizeof c->sample_prompt, "The ");
+  c->sample_temperature = 0.8f;
 }
 
 int config_num_opts(void) { return CONFIG_NUM_OPTS; }

@@ -41,6 +41,9 @@ typedef struct config {
   float grad_clip;            /* max global grad norm (0: off) */
   /* output */
   char save[CONFIG_PATH_MAX]; /* weights file written at the end ("" : none) */
+  int sample_tokens;          /* tokens to generate after training (0: none) */
+  char sample_prompt[256];    /* prompt text for byte-level models */
+  float sample_temperature;
 } config_t;
 
 void config_default(config_t *c);

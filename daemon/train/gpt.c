@@ -52,6 +52,7 @@ struct gpt {
 
   /* activations for (B, T); NULL until the first forward */
   int B, T;
+  size_t acts_cap, scratch_cap; /* bytes held: a smaller (B, T) reuses them */
   float *acts_mem;
   float *encoded;         /* (N,C) */
   gpt_layer_acts_t *layer; /* (L) */
@@ -234,7 +235,8 @@ int gpt_create(gpt_t **out, const gpt_config_t *cfg, const kern_backend_t *be) {
   g->tensors = calloc((size_t)g->num_tensors, sizeof *g->tensors);
   g->num_units = cfg->layers + 1;
   g->units = calloc((size_t)g->num_units, sizeof *g->units);
-  if (!g->tensors || !g->units) {
+  g->layer = calloc((size_t)cfg->layers, sizeof *g->layer);
+  if (!g->tensors || !g->units || !g->layer) {
     gpt_destroy(g);
     return err_set(FSDP_ENOMEM, "gpt: out of memory");
   }
@@ -262,16 +264,16 @@ int gpt_create(gpt_t **out, const gpt_config_t *cfg, const kern_backend_t *be) {
 static void gpt_free_acts(gpt_t *g) {
   mem_free(g->acts_mem);
   mem_free(g->att_scratch);
-  free(g->layer);
   g->acts_mem = NULL;
   g->att_scratch = NULL;
-  g->layer = NULL;
+  g->acts_cap = g->scratch_cap = 0;
   g->B = g->T = 0;
 }
 
 void gpt_destroy(gpt_t *g) {
   if (!g) return;
   gpt_free_acts(g);
+  free(g->layer);
   mem_free(g->params);
   mem_free(g->grads);
   free(g->tensors);
@@ -318,22 +320,27 @@ size_t gpt_activation_bytes(const gpt_config_t *cfg, int B, int T) {
          kern_cpu()->attention_scratch(B, T, cfg->channels, cfg->heads) * sizeof(float);
 }
 
+/* Lays out the activations of (B, T) in the held block, growing it only when
+ * (B, T) needs more than it holds (sampling walks T up one token at a time). */
 static int gpt_alloc_acts(gpt_t *g, int B, int T) {
   if (g->acts_mem && g->B == B && g->T == T) return FSDP_OK;
-  gpt_free_acts(g);
   const gpt_config_t *c = &g->cfg;
   const size_t N = (size_t)B * T, C = (size_t)c->channels, L = (size_t)c->layers;
   size_t nf = gpt_act_floats(c, (size_t)B, (size_t)T);
   size_t bytes = nf * sizeof(float) + 2 * N * sizeof(int32_t);
-  char what[96];
-  snprintf(what, sizeof what, "activations for batch %d x seq_len %d", B, T);
-  g->acts_mem = mem_alloc(MEM_ACTS, bytes, what);
-  size_t ns = g->be->attention_scratch(B, T, c->channels, c->heads);
-  g->att_scratch = g->acts_mem ? mem_alloc(MEM_WORKSPACE, ns * sizeof(float) + 64, "attention scratch") : NULL;
-  g->layer = calloc(L, sizeof *g->layer);
-  if (!g->acts_mem || !g->att_scratch || !g->layer) {
+  size_t sbytes = g->be->attention_scratch(B, T, c->channels, c->heads) * sizeof(float) + 64;
+  if (bytes > g->acts_cap || sbytes > g->scratch_cap) {
     gpt_free_acts(g);
-    return FSDP_ENOMEM;
+    char what[96];
+    snprintf(what, sizeof what, "activations for batch %d x seq_len %d", B, T);
+    g->acts_mem = mem_alloc(MEM_ACTS, bytes, what);
+    g->att_scratch = g->acts_mem ? mem_alloc(MEM_WORKSPACE, sbytes, "attention scratch") : NULL;
+    if (!g->att_scratch) {
+      gpt_free_acts(g);
+      return FSDP_ENOMEM;
+    }
+    g->acts_cap = bytes;
+    g->scratch_cap = sbytes;
   }
   float *p = g->acts_mem;
 #define TAKE(n) (p += (n), p - (n))

@@ -16,6 +16,7 @@
 #include "data.h"
 #include "gpt.h"
 #include "mem.h"
+#include "sample.h"
 
 float train_lr(const config_t *c, int step) {
   if (step < c->warmup_steps) return c->lr * (float)(step + 1) / (float)c->warmup_steps;
@@ -82,6 +83,26 @@ static int train_open_model(const config_t *c, gpt_t **g) {
     gpt_destroy(*g);
     *g = NULL;
   }
+  return rc;
+}
+
+/* A look at what the model learned: sample_tokens tokens after the prompt
+ * (its bytes for a byte-level model, token 0 otherwise). */
+static int train_sample(gpt_t *g, const config_t *c, FILE *out) {
+  int32_t prompt[256];
+  int np = 0;
+  if (c->gpt.vocab == 256)
+    for (const char *p = c->sample_prompt; *p && np < 256; p++) prompt[np++] = (unsigned char)*p;
+  if (!np) prompt[np++] = 0;
+  int32_t *toks = mem_alloc(MEM_WORKSPACE, (size_t)c->sample_tokens * sizeof *toks, "sample");
+  if (!toks) return FSDP_ENOMEM;
+  int rc = sample_tokens(g, prompt, np, c->sample_tokens, c->sample_temperature, c->seed, toks);
+  if (!rc) {
+    fprintf(out, "sample (temperature %g):\n%s", c->sample_temperature,
+            c->gpt.vocab == 256 ? c->sample_prompt : "");
+    sample_print(out, toks, c->sample_tokens, c->gpt.vocab);
+  }
+  mem_free(toks);
   return rc;
 }
 
@@ -165,6 +186,7 @@ int train_run(const config_t *cin, FILE *progress, train_result_t *res) {
   if (res->steps_done > 1)
     res->tokens_per_s = (double)N * c->grad_accum * (res->steps_done - 1) / (t_end - t_after_first);
   if (c->save[0] && (rc = gpt_save(g, c->save))) goto out;
+  if (c->sample_tokens > 0 && progress && (rc = train_sample(g, c, progress))) goto out;
   res->mem_peak = mem_total_peak();
   if (progress) {
     mem_report(progress, "mem (MiB):");

@@ -1,0 +1,63 @@
+/* sample: autoregressive sampling (see sample.h). */
+#include "sample.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/err.h"
+#include "mem.h"
+
+static uint64_t sample_next(uint64_t *s) {
+  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+int sample_tokens(gpt_t *g, const int32_t *prompt, int n_prompt, int n_new, float temperature,
+                  uint64_t seed, int32_t *out) {
+  const gpt_config_t *c = gpt_get_config(g);
+  if (n_prompt < 1) return err_set(FSDP_EINVAL, "sample: the prompt needs at least one token");
+  if (!(temperature > 0)) return err_set(FSDP_EINVAL, "sample: temperature must be positive");
+  size_t total = (size_t)n_prompt + (size_t)n_new;
+  int32_t *seq = mem_alloc(MEM_WORKSPACE, total * sizeof *seq, "sampled tokens");
+  if (!seq) return FSDP_ENOMEM;
+  memcpy(seq, prompt, (size_t)n_prompt * sizeof *seq);
+  int rc = FSDP_OK;
+  for (int k = 0; k < n_new && !rc; k++) {
+    int len = n_prompt + k, T = len < c->context ? len : c->context;
+    if ((rc = gpt_forward(g, seq + len - T, NULL, 1, T, NULL))) break;
+    const float *lg = gpt_logits(g) + (size_t)(T - 1) * (size_t)c->vocab;
+    float mx = lg[0];
+    for (int v = 1; v < c->vocab; v++) mx = fmaxf(mx, lg[v]);
+    double sum = 0;
+    for (int v = 0; v < c->vocab; v++) sum += exp((lg[v] - mx) / temperature);
+    double u = (double)(sample_next(&seed) >> 11) * 0x1.0p-53 * sum, acc = 0;
+    int pick = c->vocab - 1;
+    for (int v = 0; v < c->vocab; v++) {
+      acc += exp((lg[v] - mx) / temperature);
+      if (u < acc) {
+        pick = v;
+        break;
+      }
+    }
+    seq[len] = pick;
+  }
+  if (!rc) memcpy(out, seq + n_prompt, (size_t)n_new * sizeof *out);
+  mem_free(seq);
+  return rc;
+}
+
+void sample_print(FILE *f, const int32_t *ids, int n, int vocab) {
+  for (int i = 0; i < n; i++) {
+    if (vocab == 256) {
+      int ch = ids[i];
+      fputc(ch == '\n' || ch == '\t' || isprint(ch) ? ch : '.', f);
+    } else {
+      fprintf(f, "%s%d", i ? " " : "", ids[i]);
+    }
+  }
+  fputc('\n', f);
+}
