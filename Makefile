@@ -17,6 +17,11 @@ CFLAGS  = -std=c11 -D_GNU_SOURCE $(OPT) $(ARCH) -g -fopenmp -fno-math-errno -Wal
 LDFLAGS = -fopenmp $(EXTRA_LDFLAGS)
 LDLIBS  = -ldnnl -linih -lm -lpthread
 B       = build
+# CUDA 13 lives in /usr/local/cuda on these machines (no GPU needed to compile).
+NVCC   ?= /usr/local/cuda/bin/nvcc
+NVFLAGS = -std=c++17 -I. -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+          -gencode arch=compute_90,code=compute_90
+CUDA_CHECKS = $(if $(wildcard $(NVCC)),$(B)/tests/cuda/kern_math_check.o)
 
 # Debian packages the build, the tests, the benchmarks and the demo need.
 DEB_PKGS = build-essential pkg-config libdnnl-dev libinih-dev libcriterion-dev \
@@ -67,11 +72,16 @@ $(B)/tests/test_%: $(B)/tests/unit/test_%.o $(B)/tests/unit/testutil.o $(B)/test
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -lcriterion
 
+$(B)/%.o: %.cu | deps
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
 $(B)/bench/%: $(B)/tests/bench/%.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -ldl
 
-test: $(BINS) $(TEST_BINS)
+test: $(BINS) $(TEST_BINS) $(CUDA_CHECKS)
+	@[ -n "$(CUDA_CHECKS)" ] || echo "note: $(NVCC) not found: the CUDA compile check was not built"
 	@sh tests/run.sh $(TEST_BINS)
 
 # The same tests built with AddressSanitizer and UBSan, in their own build dir.
