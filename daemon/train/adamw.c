@@ -5,7 +5,7 @@
 
 #include <stdlib.h>
 
-#include "../common/err.h"
+#include "daemon/common/err.h"
 #include "mem.h"
 
 struct adamw {

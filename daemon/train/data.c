@@ -36,6 +36,7 @@
 
 #include "daemon/common/err.h"
 #include "daemon/common/log.h"
+#include "daemon/common/rng.h"
 
 #define DATA_HEADER_BYTES ((size_t)DATA_HEADER_INTS * 4)
 
@@ -62,14 +63,6 @@ static void data__put_le32(unsigned char *p, uint32_t v) {
   p[1] = (unsigned char)(v >> 8);
   p[2] = (unsigned char)(v >> 16);
   p[3] = (unsigned char)(v >> 24);
-}
-
-/* splitmix64's output function: a bijective mix of a 64-bit counter. */
-static uint64_t data__mix(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
 }
 
 /* Number of windows of T+1 tokens at stride T in a run of len tokens. */
@@ -306,11 +299,11 @@ static int data__permute(data_t *d, uint64_t seed, uint64_t epoch, size_t nw) {
   d->perm_valid = 0;
   d->perm_n = nw;
   /* two mixes so that nearby (seed, epoch) pairs give unrelated keys */
-  uint64_t key = data__mix(data__mix(seed) ^ (epoch * 0xd1b54a32d192ed03ull));
+  uint64_t key = rng_mix(rng_mix(seed) ^ (epoch * 0xd1b54a32d192ed03ull));
   for (size_t i = 0; i < nw; i++) d->perm[i] = (uint32_t)i;
   for (size_t i = nw; i > 1; i--) {
     /* modulo bias is at most i / 2^64: immaterial for any window count */
-    size_t j = (size_t)(data__mix(key + i) % i);
+    size_t j = (size_t)(rng_mix(key + i) % i);
     uint32_t t = d->perm[i - 1];
     d->perm[i - 1] = d->perm[j];
     d->perm[j] = t;

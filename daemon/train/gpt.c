@@ -15,8 +15,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../common/err.h"
-#include "../common/log.h"
+#include "daemon/common/err.h"
+#include "daemon/common/rng.h"
+#include "daemon/common/log.h"
 #include "mem.h"
 
 #define GPT_WEIGHTS_VERSION 1
@@ -179,20 +180,13 @@ size_t gpt_config_num_params(const gpt_config_t *c) {
 
 /* ---- initialisation ---------------------------------------------------- */
 
-static uint64_t gpt_hash(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 /* A standard normal that depends only on (seed, i): Box-Muller on two
  * counter-based uniforms. */
 static double gpt_normal(uint64_t seed, uint64_t i) {
-  uint64_t a = gpt_hash(seed ^ gpt_hash(2 * i));
-  uint64_t b = gpt_hash(seed ^ gpt_hash(2 * i + 1));
-  double u1 = ((double)(a >> 11) + 1.0) * 0x1.0p-53; /* (0, 1] */
-  double u2 = (double)(b >> 11) * 0x1.0p-53;
+  uint64_t a = rng_mix(seed ^ rng_mix(2 * i));
+  uint64_t b = rng_mix(seed ^ rng_mix(2 * i + 1));
+  double u1 = rng_unit(a) + 0x1.0p-53; /* (0, 1]: log(u1) is finite */
+  double u2 = rng_unit(b);
   return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
 }
 

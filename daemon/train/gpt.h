@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../../kernels/kern.h"
+#include "kernels/kern.h"
 
 typedef struct gpt_config {
   int layers;   /* L: transformer blocks */

@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../common/err.h"
-#include "../common/param.h"
+#include "daemon/common/err.h"
+#include "daemon/common/param.h"
 #include "config.h"
 #include "train.h"
 

@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../common/err.h"
-#include "../common/log.h"
+#include "daemon/common/err.h"
+#include "daemon/common/log.h"
 
 #define MEM_ALIGN 64
 #define MEM_MAGIC 0x6d656d66u /* "fmem" */

@@ -6,15 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../common/err.h"
+#include "daemon/common/err.h"
+#include "daemon/common/rng.h"
 #include "mem.h"
-
-static uint64_t sample_next(uint64_t *s) {
-  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
 
 int sample_tokens(gpt_t *g, const int32_t *prompt, int n_prompt, int n_new, float temperature,
                   uint64_t seed, int32_t *out) {
@@ -34,7 +28,7 @@ int sample_tokens(gpt_t *g, const int32_t *prompt, int n_prompt, int n_new, floa
     for (int v = 1; v < c->vocab; v++) mx = fmaxf(mx, lg[v]);
     double sum = 0;
     for (int v = 0; v < c->vocab; v++) sum += exp((lg[v] - mx) / temperature);
-    double u = (double)(sample_next(&seed) >> 11) * 0x1.0p-53 * sum, acc = 0;
+    double u = rng_unit(rng_next(&seed)) * sum, acc = 0;
     int pick = c->vocab - 1;
     for (int v = 0; v < c->vocab; v++) {
       acc += exp((lg[v] - mx) / temperature);

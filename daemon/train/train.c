@@ -9,9 +9,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "../common/err.h"
-#include "../common/log.h"
-#include "../common/param.h"
+#include "daemon/common/err.h"
+#include "daemon/common/log.h"
+#include "daemon/common/param.h"
 #include "adamw.h"
 #include "data.h"
 #include "gpt.h"

@@ -7,15 +7,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-uint64_t tu_rand_u64(uint64_t *s) {
-  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
+#include "daemon/common/rng.h"
+
+uint64_t tu_rand_u64(uint64_t *s) { return rng_next(s); }
 
 double tu_rand_uniform(uint64_t *s, double lo, double hi) {
-  return lo + (hi - lo) * ((double)(tu_rand_u64(s) >> 11) * 0x1.0p-53);
+  return lo + (hi - lo) * rng_unit(tu_rand_u64(s));
 }
 
 void tu_fill_f32(float *x, size_t n, uint64_t *s, double lo, double hi) {
