@@ -25,6 +25,7 @@ CUDA_CHECKS = $(if $(wildcard $(NVCC)),$(B)/tests/cuda/kern_math_check.o)
 
 # Debian packages the build, the tests, the benchmarks and the demo need.
 DEB_PKGS = build-essential pkg-config libdnnl-dev libinih-dev libcriterion-dev \
+           clang libclang-rt-14-dev libomp-14-dev \
            libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libuv1-dev libsqlite3-dev \
            python3 python3-numpy python3-torch libopenblas-dev libblis-dev fortunes
 
@@ -44,7 +45,7 @@ TESTS = err param kernels data gpt adamw config train sample reference
 TEST_BINS  = $(TESTS:%=$(B)/tests/test_%)
 BENCH_BINS = $(B)/bench/bench_gemm $(B)/bench/bench_train
 
-.PHONY: all deps test test-san bench demo clean
+.PHONY: all deps test test-san fuzz fuzz-build bench demo clean
 # keep objects that pattern rules chain through (tests, bench) between runs
 .SECONDARY:
 all: $(BINS)
@@ -76,11 +77,36 @@ $(B)/%.o: %.cu | deps
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
+# libFuzzer targets for every decoder of outside input (token, weights and job
+# files), built with clang, ASan and UBSan in build-fuzz/. `make test` runs each
+# for a fixed number of inputs from a fixed seed (a bounded regression run);
+# `make fuzz` searches for FUZZ_SECONDS each, keeping what it finds in
+# build-fuzz/corpus/.
+FUZZ         = tokens weights jobfile
+FUZZ_SECONDS ?= 60
+FUZZ_RUNS    ?= 20000
+FUZZ_SAN     = -fsanitize=fuzzer-no-link,address,undefined -Wno-pass-failed
+
+fuzz-build:
+	@$(MAKE) --no-print-directory B=build-fuzz CC=clang OPT=-O1 EXTRA_CFLAGS="$(FUZZ_SAN)" \
+	  $(FUZZ:%=build-fuzz/fuzz_%)
+
+$(B)/fuzz_%: $(B)/tests/fuzz/fuzz_%.o $(B)/tests/fuzz/fuzz.o $(LIB)
+	$(CC) -fsanitize=fuzzer,address,undefined -fopenmp $^ -o $@ $(LDLIBS)
+
+fuzz: fuzz-build
+	@for t in $(FUZZ); do mkdir -p build-fuzz/corpus/$$t; \
+	  build-fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) build-fuzz/corpus/$$t \
+	    tests/fuzz/corpus/$$t || exit 1; done
+
 $(B)/bench/%: $(B)/tests/bench/%.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -ldl
 
-test: $(BINS) $(TEST_BINS) $(CUDA_CHECKS)
+test: $(BINS) $(TEST_BINS) $(CUDA_CHECKS) fuzz-build
+	@for t in $(FUZZ); do build-fuzz/fuzz_$$t -seed=1 -runs=$(FUZZ_RUNS) tests/fuzz/corpus/$$t \
+	  >build-fuzz/fuzz_$$t.log 2>&1 || { tail -n 40 build-fuzz/fuzz_$$t.log; exit 1; }; \
+	  echo "fuzz_$$t: $(FUZZ_RUNS) inputs, no crash"; done
 	@[ -n "$(CUDA_CHECKS)" ] || echo "note: $(NVCC) not found: the CUDA compile check was not built"
 	@sh tests/run.sh $(TEST_BINS)
 
