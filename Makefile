@@ -48,7 +48,7 @@ BENCH_BINS = $(B)/bench/bench_gemm $(B)/bench/bench_train
 .PHONY: all deps test test-san fuzz fuzz-build bench demo clean
 # keep objects that pattern rules chain through (tests, bench) between runs
 .SECONDARY:
-all: $(BINS)
+all: $(BINS) $(TEST_BINS) $(BENCH_BINS) $(CUDA_CHECKS)
 
 deps:
 	@sh mk/deps.sh $(DEB_PKGS)
