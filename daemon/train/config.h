@@ -34,6 +34,7 @@ typedef struct config {
   int eval_every;             /* steps between evaluations (0: only at the end) */
   int eval_batches;           /* batches per evaluation (0: the whole held-out split) */
   int threads;                /* 0: FSDP_THREADS or all cores */
+  int activation_checkpointing; /* 1: keep block inputs only, recompute in backward */
   /* optimizer and schedule */
   float lr, min_lr_frac;      /* peak lr; cosine decays to min_lr_frac * lr */
   int warmup_steps;

@@ -54,6 +54,8 @@ struct gpt {
   /* activations for (B, T); NULL until the first forward */
   int B, T;
   size_t acts_cap, scratch_cap; /* bytes held: a smaller (B, T) reuses them */
+  int ckpt;                     /* activation checkpointing per block */
+  gpt_unit_hooks_t hooks;       /* how units are reached (gpt_flat_hooks by default) */
   float *acts_mem;
   float *encoded;         /* (N,C) */
   gpt_layer_acts_t *layer; /* (L) */
@@ -235,6 +237,7 @@ int gpt_create(gpt_t **out, const gpt_config_t *cfg, const kern_backend_t *be) {
     return err_set(FSDP_ENOMEM, "gpt: out of memory");
   }
   gpt_layout(cfg, g->tensors, g->num_tensors);
+  gpt_set_hooks(g, NULL);
   for (int k = 0; k < g->num_tensors; k++) {
     gpt_unit_t *u = &g->units[g->tensors[k].unit];
     if (!u->numel) u->offset = g->tensors[k].offset;
@@ -297,21 +300,30 @@ void gpt_zero_grad(gpt_t *g) { memset(g->grads, 0, g->num_params * sizeof(float)
 /* ---- activations -------------------------------------------------------- */
 
 /* Floats of activations + backward scratch for (B, T), excluding the int32
- * token arrays and the attention scratch (counted by the caller). */
-static size_t gpt_act_floats(const gpt_config_t *c, size_t B, size_t T) {
+ * token arrays and the attention scratch (counted by the caller). With
+ * checkpointing, each block keeps only its output; the rest of a block's
+ * activations live in one slot that backward refills by recomputing. */
+static size_t gpt_act_floats(const gpt_config_t *c, size_t B, size_t T, int ckpt) {
   const size_t N = B * T, C = (size_t)c->channels, L = (size_t)c->layers;
-  size_t per_layer = 16 * N * C + 4 * N + B * (size_t)c->heads * T * T;
-  size_t fwd = N * C /* encoded */ + L * per_layer + N * C + 2 * N /* lnf */ +
+  size_t inner = 15 * N * C + 4 * N + B * (size_t)c->heads * T * T; /* all but res3 */
+  size_t layers = ckpt ? L * N * C + inner : L * (inner + N * C);
+  size_t fwd = N * C /* encoded */ + layers + N * C + 2 * N /* lnf */ +
                N * (size_t)c->vocab /* logits */ + N /* losses */;
   size_t bwd = 2 * N * C /* dres, dln */ + 8 * N * C /* dbig1, dbig2 */;
   return fwd + bwd;
 }
 
-size_t gpt_activation_bytes(const gpt_config_t *cfg, int B, int T) {
-  /* the attention scratch is the CPU backend's (per thread); other backends differ */
-  return gpt_act_floats(cfg, (size_t)B, (size_t)T) * sizeof(float) +
+size_t gpt_activation_bytes(const gpt_config_t *cfg, int B, int T, int ckpt) {
+  /* the attention scratch is the CPU backend's; other backends differ */
+  return gpt_act_floats(cfg, (size_t)B, (size_t)T, ckpt) * sizeof(float) +
          2 * (size_t)B * (size_t)T * sizeof(int32_t) +
          kern_cpu()->attention_scratch(B, T, cfg->channels, cfg->heads) * sizeof(float);
+}
+
+void gpt_set_checkpointing(gpt_t *g, int on) {
+  if (!!on == g->ckpt) return;
+  g->ckpt = !!on;
+  g->B = g->T = 0; /* lay the activations out again on the next forward */
 }
 
 /* Lays out the activations of (B, T) in the held block, growing it only when
@@ -320,7 +332,7 @@ static int gpt_alloc_acts(gpt_t *g, int B, int T) {
   if (g->acts_mem && g->B == B && g->T == T) return FSDP_OK;
   const gpt_config_t *c = &g->cfg;
   const size_t N = (size_t)B * T, C = (size_t)c->channels, L = (size_t)c->layers;
-  size_t nf = gpt_act_floats(c, (size_t)B, (size_t)T);
+  size_t nf = gpt_act_floats(c, (size_t)B, (size_t)T, g->ckpt);
   size_t bytes = nf * sizeof(float) + 2 * N * sizeof(int32_t);
   size_t sbytes = g->be->attention_scratch(B, T, c->channels, c->heads) * sizeof(float) + 64;
   if (bytes > g->acts_cap || sbytes > g->scratch_cap) {
@@ -341,18 +353,22 @@ static int gpt_alloc_acts(gpt_t *g, int B, int T) {
   g->encoded = TAKE(N * C);
   for (size_t l = 0; l < L; l++) {
     gpt_layer_acts_t *a = &g->layer[l];
-    a->ln1 = TAKE(N * C);
-    a->ln1_mean = TAKE(N);
-    a->ln1_rstd = TAKE(N);
-    a->qkv = TAKE(3 * N * C);
-    a->atty = TAKE(N * C);
-    a->att = TAKE((size_t)B * c->heads * T * T);
-    a->res2 = TAKE(N * C);
-    a->ln2 = TAKE(N * C);
-    a->ln2_mean = TAKE(N);
-    a->ln2_rstd = TAKE(N);
-    a->fch = TAKE(4 * N * C);
-    a->fch_gelu = TAKE(4 * N * C);
+    if (!g->ckpt || l == 0) {
+      a->ln1 = TAKE(N * C);
+      a->ln1_mean = TAKE(N);
+      a->ln1_rstd = TAKE(N);
+      a->qkv = TAKE(3 * N * C);
+      a->atty = TAKE(N * C);
+      a->att = TAKE((size_t)B * c->heads * T * T);
+      a->res2 = TAKE(N * C);
+      a->ln2 = TAKE(N * C);
+      a->ln2_mean = TAKE(N);
+      a->ln2_rstd = TAKE(N);
+      a->fch = TAKE(4 * N * C);
+      a->fch_gelu = TAKE(4 * N * C);
+    } else {
+      *a = g->layer[0]; /* the shared slot; res3 is the layer's own, below */
+    }
     a->res3 = TAKE(N * C);
   }
   g->lnf = TAKE(N * C);
@@ -375,12 +391,47 @@ static int gpt_alloc_acts(gpt_t *g, int B, int T) {
 
 /* ---- forward / backward ------------------------------------------------- */
 
-/* Pointer to tensor k of layer l (k: index within the block, 0..11) in buf. */
-static float *gpt_layer_tensor(const gpt_t *g, float *buf, int l, int k) {
-  return buf + g->tensors[4 + 12 * l + k].offset;
+/* ---- units: where forward and backward find parameters and gradients --- */
+
+/* The default hooks: every unit lives in the model's flat buffers. */
+static int gpt_flat_params(void *ctx, int unit, int phase, float **out) {
+  (void)phase;
+  gpt_t *g = ctx;
+  *out = g->params + g->units[unit].offset;
+  return FSDP_OK;
 }
+static int gpt_flat_grads(void *ctx, int unit, float **out) {
+  gpt_t *g = ctx;
+  *out = g->grads + g->units[unit].offset;
+  return FSDP_OK;
+}
+static int gpt_flat_release(void *ctx, int unit, int phase) {
+  (void)ctx, (void)unit, (void)phase;
+  return FSDP_OK;
+}
+static int gpt_flat_done(void *ctx, int unit) {
+  (void)ctx, (void)unit;
+  return FSDP_OK;
+}
+
+void gpt_set_hooks(gpt_t *g, const gpt_unit_hooks_t *h) {
+  if (h) {
+    g->hooks = *h;
+  } else {
+    g->hooks = (gpt_unit_hooks_t){g, gpt_flat_params, gpt_flat_release, gpt_flat_grads,
+                                  gpt_flat_done};
+  }
+}
+
+/* Tensor i inside the buffer ubuf of its unit. */
+static float *gpt_tp(const gpt_t *g, float *ubuf, int i) {
+  return ubuf + (g->tensors[i].offset - g->units[g->tensors[i].unit].offset);
+}
+/* Tensor k (0..11, the enum below) of block l inside the block's unit buffer. */
+static float *gpt_lt(const gpt_t *g, float *ubuf, int l, int k) { return gpt_tp(g, ubuf, 4 + 12 * l + k); }
 enum { T_LN1W, T_LN1B, T_QKVW, T_QKVB, T_PROJW, T_PROJB, T_LN2W, T_LN2B, T_FCW, T_FCB,
        T_FCPW, T_FCPB };
+enum { T_WTE, T_WPE, T_LNFW, T_LNFB }; /* unit 0 */
 
 static int gpt_check_tokens(const gpt_t *g, const int32_t *ids, size_t n, const char *what) {
   for (size_t i = 0; i < n; i++)
@@ -392,6 +443,70 @@ static int gpt_check_tokens(const gpt_t *g, const int32_t *ids, size_t n, const 
   return FSDP_OK;
 }
 
+/* Forward of block l with its parameters P (the unit buffer), from res_in into
+ * the layer's activations. Backward calls it again under checkpointing. */
+static void gpt_layer_fwd(gpt_t *g, int l, float *P, const float *res_in) {
+  const kern_backend_t *be = g->be;
+  const int B = g->B, T = g->T, C = g->cfg.channels, NH = g->cfg.heads;
+  const size_t N = (size_t)B * T;
+  gpt_layer_acts_t *a = &g->layer[l];
+  be->layernorm_fwd(a->ln1, a->ln1_mean, a->ln1_rstd, res_in, gpt_lt(g, P, l, T_LN1W),
+                    gpt_lt(g, P, l, T_LN1B), (int)N, C);
+  be->matmul_fwd(a->qkv, a->ln1, gpt_lt(g, P, l, T_QKVW), gpt_lt(g, P, l, T_QKVB), (int)N, C,
+                 3 * C);
+  be->attention_fwd(a->atty, a->att, a->qkv, B, T, C, NH);
+  /* the projection lands in res2, then the residual is added in place */
+  be->matmul_fwd(a->res2, a->atty, gpt_lt(g, P, l, T_PROJW), gpt_lt(g, P, l, T_PROJB), (int)N, C,
+                 C);
+  be->residual_fwd(a->res2, a->res2, res_in, N * C);
+  be->layernorm_fwd(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, gpt_lt(g, P, l, T_LN2W),
+                    gpt_lt(g, P, l, T_LN2B), (int)N, C);
+  be->matmul_fwd(a->fch, a->ln2, gpt_lt(g, P, l, T_FCW), gpt_lt(g, P, l, T_FCB), (int)N, C,
+                 4 * C);
+  be->gelu_fwd(a->fch_gelu, a->fch, N * 4 * (size_t)C);
+  be->matmul_fwd(a->res3, a->fch_gelu, gpt_lt(g, P, l, T_FCPW), gpt_lt(g, P, l, T_FCPB), (int)N,
+                 4 * C, C);
+  be->residual_fwd(a->res3, a->res3, a->res2, N * C);
+}
+
+/* Backward of block l: g->dres holds d(output) and becomes d(res_in); the
+ * parameter gradients accumulate into the unit buffer G. */
+static void gpt_layer_bwd(gpt_t *g, int l, float *P, float *G, const float *res_in) {
+  const kern_backend_t *be = g->be;
+  const int B = g->B, T = g->T, C = g->cfg.channels, NH = g->cfg.heads;
+  const size_t N = (size_t)B * T, NC = N * (size_t)C;
+  gpt_layer_acts_t *a = &g->layer[l];
+  float *dfch_gelu = g->dbig1, *dfch = g->dbig2;
+  memset(dfch_gelu, 0, 4 * NC * sizeof(float));
+  be->matmul_bwd(dfch_gelu, gpt_lt(g, G, l, T_FCPW), gpt_lt(g, G, l, T_FCPB), g->dres, a->fch_gelu,
+                 gpt_lt(g, P, l, T_FCPW), (int)N, 4 * C, C);
+  memset(dfch, 0, 4 * NC * sizeof(float));
+  be->gelu_bwd(dfch, a->fch, dfch_gelu, 4 * NC);
+  memset(g->dln, 0, NC * sizeof(float));
+  be->matmul_bwd(g->dln, gpt_lt(g, G, l, T_FCW), gpt_lt(g, G, l, T_FCB), dfch, a->ln2,
+                 gpt_lt(g, P, l, T_FCW), (int)N, C, 4 * C);
+  /* the skip path already put d(res3) in dres: adding the norm's gives d(res2) */
+  be->layernorm_bwd(g->dres, gpt_lt(g, G, l, T_LN2W), gpt_lt(g, G, l, T_LN2B), g->dln, a->res2,
+                    gpt_lt(g, P, l, T_LN2W), a->ln2_mean, a->ln2_rstd, (int)N, C);
+  float *datty = g->dbig2, *dqkv = g->dbig1;
+  memset(datty, 0, NC * sizeof(float));
+  be->matmul_bwd(datty, gpt_lt(g, G, l, T_PROJW), gpt_lt(g, G, l, T_PROJB), g->dres, a->atty,
+                 gpt_lt(g, P, l, T_PROJW), (int)N, C, C);
+  memset(dqkv, 0, 3 * NC * sizeof(float));
+  be->attention_bwd(dqkv, g->att_scratch, datty, a->qkv, a->att, B, T, C, NH);
+  memset(g->dln, 0, NC * sizeof(float));
+  be->matmul_bwd(g->dln, gpt_lt(g, G, l, T_QKVW), gpt_lt(g, G, l, T_QKVB), dqkv, a->ln1,
+                 gpt_lt(g, P, l, T_QKVW), (int)N, C, 3 * C);
+  be->layernorm_bwd(g->dres, gpt_lt(g, G, l, T_LN1W), gpt_lt(g, G, l, T_LN1B), g->dln, res_in,
+                    gpt_lt(g, P, l, T_LN1W), a->ln1_mean, a->ln1_rstd, (int)N, C);
+}
+
+#define GPT_TRY(call)                                                                         \
+  do {                                                                                        \
+    int rc_ = (call);                                                                         \
+    if (rc_) return rc_;                                                                      \
+  } while (0)
+
 int gpt_forward(gpt_t *g, const int32_t *inputs, const int32_t *targets, int B, int T,
                 float *loss) {
   const gpt_config_t *c = &g->cfg;
@@ -399,52 +514,43 @@ int gpt_forward(gpt_t *g, const int32_t *inputs, const int32_t *targets, int B, 
   if (T <= 0 || T > c->context)
     return err_set(FSDP_EINVAL, "seq_len: %d is out of range; it must be 1 to the model's "
                    "context %d (raise context or shorten seq_len)", T, c->context);
-  int rc = gpt_alloc_acts(g, B, T);
-  if (rc) return rc;
+  GPT_TRY(gpt_alloc_acts(g, B, T));
   const size_t N = (size_t)B * T;
-  const int C = c->channels, V = c->vocab, NH = c->heads;
+  const int C = c->channels, V = c->vocab;
+  g->have_targets = 0;
   memcpy(g->tokens, inputs, N * sizeof *inputs);
-  if ((rc = gpt_check_tokens(g, g->tokens, N, "inputs"))) return rc;
+  GPT_TRY(gpt_check_tokens(g, g->tokens, N, "inputs"));
   if (targets) {
     memcpy(g->targets, targets, N * sizeof *targets);
-    if ((rc = gpt_check_tokens(g, g->targets, N, "targets"))) return rc;
+    GPT_TRY(gpt_check_tokens(g, g->targets, N, "targets"));
   }
   const kern_backend_t *be = g->be;
-  float *P = g->params;
-  be->encoder_fwd(g->encoded, g->tokens, P + g->tensors[0].offset, P + g->tensors[1].offset, B,
-                  T, C);
+  const gpt_unit_hooks_t *h = &g->hooks;
+  float *P;
+  /* unit 0 is used twice (embeddings first, final norm and logits last): it is
+   * asked for and released around each use, so the runtime decides whether it
+   * stays gathered in between */
+  GPT_TRY(h->params(h->ctx, 0, GPT_FWD, &P));
+  be->encoder_fwd(g->encoded, g->tokens, gpt_tp(g, P, T_WTE), gpt_tp(g, P, T_WPE), B, T, C);
+  GPT_TRY(h->release(h->ctx, 0, GPT_FWD));
   const float *res = g->encoded;
   for (int l = 0; l < c->layers; l++) {
-    gpt_layer_acts_t *a = &g->layer[l];
-    be->layernorm_fwd(a->ln1, a->ln1_mean, a->ln1_rstd, res, gpt_layer_tensor(g, P, l, T_LN1W),
-                      gpt_layer_tensor(g, P, l, T_LN1B), (int)N, C);
-    be->matmul_fwd(a->qkv, a->ln1, gpt_layer_tensor(g, P, l, T_QKVW),
-                   gpt_layer_tensor(g, P, l, T_QKVB), (int)N, C, 3 * C);
-    be->attention_fwd(a->atty, a->att, a->qkv, B, T, C, NH);
-    /* the projection lands in res2, then the residual is added in place */
-    be->matmul_fwd(a->res2, a->atty, gpt_layer_tensor(g, P, l, T_PROJW),
-                   gpt_layer_tensor(g, P, l, T_PROJB), (int)N, C, C);
-    be->residual_fwd(a->res2, a->res2, res, N * C);
-    be->layernorm_fwd(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2,
-                      gpt_layer_tensor(g, P, l, T_LN2W), gpt_layer_tensor(g, P, l, T_LN2B),
-                      (int)N, C);
-    be->matmul_fwd(a->fch, a->ln2, gpt_layer_tensor(g, P, l, T_FCW),
-                   gpt_layer_tensor(g, P, l, T_FCB), (int)N, C, 4 * C);
-    be->gelu_fwd(a->fch_gelu, a->fch, N * 4 * (size_t)C);
-    be->matmul_fwd(a->res3, a->fch_gelu, gpt_layer_tensor(g, P, l, T_FCPW),
-                   gpt_layer_tensor(g, P, l, T_FCPB), (int)N, 4 * C, C);
-    be->residual_fwd(a->res3, a->res3, a->res2, N * C);
-    res = a->res3;
+    GPT_TRY(h->params(h->ctx, 1 + l, GPT_FWD, &P));
+    gpt_layer_fwd(g, l, P, res);
+    GPT_TRY(h->release(h->ctx, 1 + l, GPT_FWD));
+    res = g->layer[l].res3;
   }
-  be->layernorm_fwd(g->lnf, g->lnf_mean, g->lnf_rstd, res, P + g->tensors[2].offset,
-                    P + g->tensors[3].offset, (int)N, C);
-  be->matmul_fwd(g->logits, g->lnf, P + g->tensors[0].offset, NULL, (int)N, C, V);
-  g->have_targets = targets != NULL;
+  GPT_TRY(h->params(h->ctx, 0, GPT_FWD, &P));
+  be->layernorm_fwd(g->lnf, g->lnf_mean, g->lnf_rstd, res, gpt_tp(g, P, T_LNFW),
+                    gpt_tp(g, P, T_LNFB), (int)N, C);
+  be->matmul_fwd(g->logits, g->lnf, gpt_tp(g, P, T_WTE), NULL, (int)N, C, V);
+  GPT_TRY(h->release(h->ctx, 0, GPT_FWD));
   if (targets) {
     be->crossentropy_fwd(g->losses, g->logits, g->targets, (int)N, V);
     double sum = 0;
     for (size_t i = 0; i < N; i++) sum += g->losses[i];
     if (loss) *loss = (float)(sum / (double)N);
+    g->have_targets = 1;
   }
   return FSDP_OK;
 }
@@ -455,51 +561,37 @@ int gpt_backward(gpt_t *g, float dloss_scale) {
                    "gpt_forward with targets first");
   const gpt_config_t *c = &g->cfg;
   const kern_backend_t *be = g->be;
-  const int B = g->B, T = g->T, C = c->channels, V = c->vocab, NH = c->heads;
+  const gpt_unit_hooks_t *h = &g->hooks;
+  const int B = g->B, T = g->T, C = c->channels, V = c->vocab;
   const size_t N = (size_t)B * T, NC = N * (size_t)C;
-  float *P = g->params, *G = g->grads;
+  float *P, *G, *G0;
 
   /* mean over the N tokens, times the caller's scale (micro-batch averaging) */
   be->crossentropy_bwd(g->logits, g->targets, dloss_scale / (float)N, (int)N, V);
   g->have_targets = 0; /* the probabilities are now dlogits */
+  GPT_TRY(h->params(h->ctx, 0, GPT_BWD, &P));
+  GPT_TRY(h->grads(h->ctx, 0, &G0));
   memset(g->dln, 0, NC * sizeof(float));
-  be->matmul_bwd(g->dln, G + g->tensors[0].offset, NULL, g->logits, g->lnf,
-                 P + g->tensors[0].offset, (int)N, C, V);
+  be->matmul_bwd(g->dln, gpt_tp(g, G0, T_WTE), NULL, g->logits, g->lnf, gpt_tp(g, P, T_WTE),
+                 (int)N, C, V);
   const float *res_last = c->layers ? g->layer[c->layers - 1].res3 : g->encoded;
   memset(g->dres, 0, NC * sizeof(float));
-  be->layernorm_bwd(g->dres, G + g->tensors[2].offset, G + g->tensors[3].offset, g->dln, res_last,
-                    P + g->tensors[2].offset, g->lnf_mean, g->lnf_rstd, (int)N, C);
+  be->layernorm_bwd(g->dres, gpt_tp(g, G0, T_LNFW), gpt_tp(g, G0, T_LNFB), g->dln, res_last,
+                    gpt_tp(g, P, T_LNFW), g->lnf_mean, g->lnf_rstd, (int)N, C);
+  GPT_TRY(h->release(h->ctx, 0, GPT_BWD));
 
   for (int l = c->layers - 1; l >= 0; l--) {
-    gpt_layer_acts_t *a = &g->layer[l];
     const float *res_in = l ? g->layer[l - 1].res3 : g->encoded;
-    /* g->dres holds d(res3) here; it becomes d(res2), then d(res_in) */
-    float *dfch_gelu = g->dbig1, *dfch = g->dbig2;
-    memset(dfch_gelu, 0, 4 * NC * sizeof(float));
-    be->matmul_bwd(dfch_gelu, gpt_layer_tensor(g, G, l, T_FCPW), gpt_layer_tensor(g, G, l, T_FCPB),
-                   g->dres, a->fch_gelu, gpt_layer_tensor(g, P, l, T_FCPW), (int)N, 4 * C, C);
-    memset(dfch, 0, 4 * NC * sizeof(float));
-    be->gelu_bwd(dfch, a->fch, dfch_gelu, 4 * NC);
-    memset(g->dln, 0, NC * sizeof(float));
-    be->matmul_bwd(g->dln, gpt_layer_tensor(g, G, l, T_FCW), gpt_layer_tensor(g, G, l, T_FCB),
-                   dfch, a->ln2, gpt_layer_tensor(g, P, l, T_FCW), (int)N, C, 4 * C);
-    be->layernorm_bwd(g->dres, gpt_layer_tensor(g, G, l, T_LN2W), gpt_layer_tensor(g, G, l, T_LN2B),
-                      g->dln, a->res2, gpt_layer_tensor(g, P, l, T_LN2W), a->ln2_mean,
-                      a->ln2_rstd, (int)N, C);
-    float *datty = g->dbig2, *dqkv = g->dbig1;
-    memset(datty, 0, NC * sizeof(float));
-    be->matmul_bwd(datty, gpt_layer_tensor(g, G, l, T_PROJW), gpt_layer_tensor(g, G, l, T_PROJB),
-                   g->dres, a->atty, gpt_layer_tensor(g, P, l, T_PROJW), (int)N, C, C);
-    memset(dqkv, 0, 3 * NC * sizeof(float));
-    be->attention_bwd(dqkv, g->att_scratch, datty, a->qkv, a->att, B, T, C, NH);
-    memset(g->dln, 0, NC * sizeof(float));
-    be->matmul_bwd(g->dln, gpt_layer_tensor(g, G, l, T_QKVW), gpt_layer_tensor(g, G, l, T_QKVB),
-                   dqkv, a->ln1, gpt_layer_tensor(g, P, l, T_QKVW), (int)N, C, 3 * C);
-    be->layernorm_bwd(g->dres, gpt_layer_tensor(g, G, l, T_LN1W), gpt_layer_tensor(g, G, l, T_LN1B),
-                      g->dln, res_in, gpt_layer_tensor(g, P, l, T_LN1W), a->ln1_mean,
-                      a->ln1_rstd, (int)N, C);
+    GPT_TRY(h->params(h->ctx, 1 + l, GPT_BWD, &P));
+    GPT_TRY(h->grads(h->ctx, 1 + l, &G));
+    if (g->ckpt) gpt_layer_fwd(g, l, P, res_in); /* refill the shared slot */
+    gpt_layer_bwd(g, l, P, G, res_in);
+    GPT_TRY(h->release(h->ctx, 1 + l, GPT_BWD));
+    GPT_TRY(h->grads_done(h->ctx, 1 + l));
   }
-  be->encoder_bwd(G + g->tensors[0].offset, G + g->tensors[1].offset, g->dres, g->tokens, B, T, C);
+  /* the embeddings' backward needs gradients only, no parameters */
+  be->encoder_bwd(gpt_tp(g, G0, T_WTE), gpt_tp(g, G0, T_WPE), g->dres, g->tokens, B, T, C);
+  GPT_TRY(h->grads_done(h->ctx, 0));
   return FSDP_OK;
 }
 

@@ -96,7 +96,34 @@ int gpt_backward(gpt_t *g, float dloss_scale);
 void gpt_zero_grad(gpt_t *g);
 /* Logits (B,T,V) of the last forward without targets. */
 const float *gpt_logits(const gpt_t *g);
-/* Bytes of activations (and their gradients) the model holds for (B, T). */
-size_t gpt_activation_bytes(const gpt_config_t *cfg, int B, int T);
+/* Bytes of activations (and their gradients) the model holds for (B, T), with
+ * or without activation checkpointing. */
+size_t gpt_activation_bytes(const gpt_config_t *cfg, int B, int T, int ckpt);
+
+/* Activation checkpointing per block: forward keeps only each block's output;
+ * backward recomputes a block's forward from its input before its backward.
+ * Same gradients, bit for bit; about one block's activations instead of L. */
+void gpt_set_checkpointing(gpt_t *g, int on);
+
+/* How forward and backward reach each unit's parameters and gradients. The
+ * default (gpt_set_hooks(g, NULL)) points into the flat buffers; the sharded
+ * runtime installs hooks that gather a unit before use and reduce its
+ * gradients after. Per step the model calls, in order:
+ *   forward:  params(0) release(0), then params(u) release(u) for u = 1..L,
+ *             then params(0) release(0) (final norm and logits);
+ *   backward: params(0) grads(0) release(0), then for u = L..1:
+ *             params(u) grads(u) release(u) grads_done(u); last grads_done(0).
+ * A unit's pointers are valid from params/grads until its release/grads_done.
+ * Unit buffers hold the unit's tensors at unit-local offsets
+ * (tensor.offset - unit.offset). A hook's error stops the pass and is returned. */
+enum { GPT_FWD = 0, GPT_BWD = 1 };
+typedef struct gpt_unit_hooks {
+  void *ctx;
+  int (*params)(void *ctx, int unit, int phase, float **out);
+  int (*release)(void *ctx, int unit, int phase);
+  int (*grads)(void *ctx, int unit, float **out);
+  int (*grads_done)(void *ctx, int unit);
+} gpt_unit_hooks_t;
+void gpt_set_hooks(gpt_t *g, const gpt_unit_hooks_t *h);
 
 #endif

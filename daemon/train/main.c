@@ -5,6 +5,7 @@
  * Flags override the job file whatever their order. Exit status: 0 done,
  * 1 the run failed, 2 bad usage or a bad option (the message names it). */
 #include <getopt.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,8 +94,9 @@ int main(int argc, char **argv) {
     fprintf(stderr, "fsdp-train: %s (%s)\n", err_msg(), err_name(rc));
     return 1;
   }
-  printf("train: done: %d steps, loss %.4f -> %.4f, eval %.4f, %.0f tokens/s, %.1f s\n",
-         res.steps_done, res.first_loss, res.last_loss, res.eval_loss, res.tokens_per_s,
-         res.seconds);
+  char eval[32] = "none (eval_fraction 0)";
+  if (!isnan(res.eval_loss)) snprintf(eval, sizeof eval, "%.4f", res.eval_loss);
+  printf("train: done: %d steps, loss %.4f -> %.4f, eval %s, %.0f tokens/s, %.1f s\n",
+         res.steps_done, res.first_loss, res.last_loss, eval, res.tokens_per_s, res.seconds);
   return 0;
 }

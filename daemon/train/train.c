@@ -122,6 +122,7 @@ int train_run(const config_t *cin, FILE *progress, train_result_t *res) {
   int32_t *in = NULL, *tg = NULL;
   if ((rc = data_open(&d, c->data, c->gpt.vocab, c->eval_fraction, c->seq_len))) goto out;
   if ((rc = train_open_model(c, &g))) goto out;
+  gpt_set_checkpointing(g, c->activation_checkpointing);
   adamw_hparams_t hp = {c->beta1, c->beta2, c->eps, c->weight_decay};
   if ((rc = adamw_create(&opt, g, hp))) goto out;
   size_t N = (size_t)c->batch * (size_t)c->seq_len;
@@ -134,10 +135,10 @@ int train_run(const config_t *cin, FILE *progress, train_result_t *res) {
   if (progress)
     fprintf(progress, "train: model %s (layers %d, channels %d, heads %d, vocab %d, context %d): "
             "%.2fM params | precision fp32 (storage, compute, reduce, optimizer) | %d threads | "
-            "%zu train + %zu eval tokens | %zu tokens/step\n",
+            "activation checkpointing %s | %zu train + %zu eval tokens | %zu tokens/step\n",
             c->model[0] ? c->model : "custom", c->gpt.layers, c->gpt.channels, c->gpt.heads,
             c->gpt.vocab, c->gpt.context, gpt_num_params(g) / 1e6, be->get_threads(),
-            data_num_train_tokens(d), data_num_eval_tokens(d), N * (size_t)c->grad_accum);
+            c->activation_checkpointing ? "on" : "off", data_num_train_tokens(d), data_num_eval_tokens(d), N * (size_t)c->grad_accum);
 
   data_pos_t pos = {0, 0};
   double t_start = train_now(), t_after_first = 0;

@@ -366,7 +366,7 @@ int main(int argc, char **argv) {
 
   /* The sum of the tensors the step needs: params and grads (4 bytes each), Adam
    * m and v (8), and the activations with their gradients. */
-  double tensors = 16.0 * (double)P + (double)gpt_activation_bytes(&cfg, B, T);
+  double tensors = 16.0 * (double)P + (double)gpt_activation_bytes(&cfg, B, T, 0);
   /* Peak memory: the process's anonymous resident memory (its own data: every
    * buffer, oneDNN's packing buffers and JIT code, thread stacks, the heap),
    * sampled after each step. rss_peak (VmHWM) adds the file-backed pages of the
