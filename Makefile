@@ -88,7 +88,7 @@ FUZZ_RUNS    ?= 20000
 FUZZ_SAN     = -fsanitize=fuzzer-no-link,address,undefined -Wno-pass-failed
 
 fuzz-build:
-	@$(MAKE) --no-print-directory B=build-fuzz CC=clang OPT=-O1 EXTRA_CFLAGS="$(FUZZ_SAN)" \
+	@$(MAKE) -s --no-print-directory B=build-fuzz CC=clang OPT=-O1 EXTRA_CFLAGS="$(FUZZ_SAN)" \
 	  $(FUZZ:%=build-fuzz/fuzz_%)
 
 $(B)/fuzz_%: $(B)/tests/fuzz/fuzz_%.o $(B)/tests/fuzz/fuzz.o $(LIB)
@@ -104,7 +104,8 @@ $(B)/bench/%: $(B)/tests/bench/%.o $(LIB)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -ldl
 
 test: $(BINS) $(TEST_BINS) $(CUDA_CHECKS) fuzz-build
-	@for t in $(FUZZ); do build-fuzz/fuzz_$$t -seed=1 -runs=$(FUZZ_RUNS) tests/fuzz/corpus/$$t \
+	@for t in $(FUZZ); do rm -rf build-fuzz/run/$$t; mkdir -p build-fuzz/run/$$t; \
+	  build-fuzz/fuzz_$$t -seed=1 -runs=$(FUZZ_RUNS) build-fuzz/run/$$t tests/fuzz/corpus/$$t \
 	  >build-fuzz/fuzz_$$t.log 2>&1 || { tail -n 40 build-fuzz/fuzz_$$t.log; exit 1; }; \
 	  echo "fuzz_$$t: $(FUZZ_RUNS) inputs, no crash"; done
 	@[ -n "$(CUDA_CHECKS)" ] || echo "note: $(NVCC) not found: the CUDA compile check was not built"
