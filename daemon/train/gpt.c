@@ -180,6 +180,13 @@ size_t gpt_config_num_params(const gpt_config_t *c) {
   return (size_t)c->vocab * C + (size_t)c->context * C + 2 * C + L * (12 * C * C + 13 * C);
 }
 
+gpt_unit_t gpt_config_unit(const gpt_config_t *c, int u) {
+  const size_t C = (size_t)c->channels, emb = ((size_t)c->vocab + (size_t)c->context + 2) * C;
+  const size_t block = 12 * C * C + 13 * C;
+  if (u == 0) return (gpt_unit_t){0, emb};
+  return (gpt_unit_t){emb + (size_t)(u - 1) * block, block};
+}
+
 /* ---- initialisation ---------------------------------------------------- */
 
 /* A standard normal that depends only on (seed, i): Box-Muller on two
@@ -246,6 +253,10 @@ int gpt_create(gpt_t **out, const gpt_config_t *cfg, const kern_backend_t *be) {
   g->num_params = gpt_config_num_params(cfg);
   FSDP_ASSERT(g->num_params == g->tensors[g->num_tensors - 1].offset +
                                    g->tensors[g->num_tensors - 1].numel);
+  for (int u = 0; u < g->num_units; u++) {
+    gpt_unit_t cu = gpt_config_unit(cfg, u); /* the config-only answer agrees */
+    FSDP_ASSERT(cu.offset == g->units[u].offset && cu.numel == g->units[u].numel);
+  }
   g->params = mem_alloc(MEM_PARAMS, g->num_params * sizeof(float), "parameters");
   g->grads = g->params ? mem_calloc(MEM_GRADS, g->num_params * sizeof(float), "gradients")
                        : NULL;

@@ -33,6 +33,13 @@ int gpt_config_validate(const gpt_config_t *cfg);
 /* Parameter count of a config (no padding). */
 size_t gpt_config_num_params(const gpt_config_t *cfg);
 
+typedef struct gpt_unit {
+  size_t offset, numel; /* range in the flat buffer */
+} gpt_unit_t;
+
+/* Unit u (0: embeddings and final norm; 1+l: block l) of a config, without a model. */
+gpt_unit_t gpt_config_unit(const gpt_config_t *cfg, int u);
+
 /* One named parameter tensor inside the flat buffer. */
 typedef struct gpt_tensor {
   char name[32];    /* "wte", "h.3.attn.qkv.w", ... */
@@ -44,10 +51,6 @@ typedef struct gpt_tensor {
   float init_std;   /* 0: constant init (init_value) */
   float init_value;
 } gpt_tensor_t;
-
-typedef struct gpt_unit {
-  size_t offset, numel; /* range in the flat buffer */
-} gpt_unit_t;
 
 typedef struct gpt gpt_t;
 
