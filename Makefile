@@ -40,8 +40,8 @@ TRAIN_SRCS  = daemon/train/mem.c daemon/train/gpt.c daemon/train/adamw.c \
 LIB_SRCS    = $(COMMON_SRCS) $(KERN_SRCS) $(TRAIN_SRCS)
 LIB         = $(B)/libfsdp.a
 
-BINS  = bin/fsdp-train bin/fsdp-tokenize
-TESTS = err param kernels data gpt adamw config train sample shard reference
+BINS  = bin/fsdp-train bin/fsdp-tokenize bin/fsdp-launch
+TESTS = err param kernels data gpt adamw config train sample shard launch reference
 TEST_BINS  = $(TESTS:%=$(B)/tests/test_%)
 BENCH_BINS = $(B)/bench/bench_gemm $(B)/bench/bench_train
 
@@ -68,6 +68,10 @@ bin/fsdp-train: $(B)/daemon/train/main.o $(LIB)
 bin/fsdp-tokenize: $(B)/client/tokenize.o $(LIB)
 	@mkdir -p bin
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+bin/fsdp-launch: $(B)/client/launch.o
+	@mkdir -p bin
+	$(CC) $(LDFLAGS) $^ -o $@ -luv
 
 $(B)/tests/test_%: $(B)/tests/unit/test_%.o $(B)/tests/unit/testutil.o $(B)/tests/unit/refrun.o $(LIB)
 	@mkdir -p $(dir $@)
