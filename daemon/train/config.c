@@ -44,6 +44,7 @@ static const config_opt_t config_opts[] = {
     {"eval_every", "train", CFG_INT, OFF(eval_every), 0, 0, 1e9, "steps between evaluations (0: only at the end)"},
     {"eval_batches", "train", CFG_INT, OFF(eval_batches), 0, 0, 1e9, "batches per evaluation (0: all held-out data)"},
     {"threads", "train", CFG_INT, OFF(threads), 0, 0, 4096, "CPU threads (0: FSDP_THREADS, else all cores)"},
+    {"memory_limit_mib", "train", CFG_INT, OFF(memory_limit_mib), 0, 0, 1 << 30, "refuse a job planned above this many MiB (0: the host's available memory)"},
     {"activation_checkpointing", "train", CFG_INT, OFF(activation_checkpointing), 0, 0, 1, "1: keep only block inputs, recompute each block in backward"},
     {"lr", "optim", CFG_FLOAT, OFF(lr), 0, 0, 10, "peak learning rate"},
     {"min_lr_frac", "optim", CFG_FLOAT, OFF(min_lr_frac), 0, 0, 1, "final lr as a fraction of lr (cosine decay)"},

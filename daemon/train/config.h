@@ -35,6 +35,7 @@ typedef struct config {
   int eval_batches;           /* batches per evaluation (0: the whole held-out split) */
   int threads;                /* 0: FSDP_THREADS or all cores */
   int activation_checkpointing; /* 1: keep block inputs only, recompute in backward */
+  int memory_limit_mib;       /* refuse a job whose plan exceeds this (0: host's available) */
   /* optimizer and schedule */
   float lr, min_lr_frac;      /* peak lr; cosine decays to min_lr_frac * lr */
   int warmup_steps;

@@ -345,7 +345,7 @@ static int gpt_alloc_acts(gpt_t *g, int B, int T) {
   const size_t N = (size_t)B * T, C = (size_t)c->channels, L = (size_t)c->layers;
   size_t nf = gpt_act_floats(c, (size_t)B, (size_t)T, g->ckpt);
   size_t bytes = nf * sizeof(float) + 2 * N * sizeof(int32_t);
-  size_t sbytes = g->be->attention_scratch(B, T, c->channels, c->heads) * sizeof(float) + 64;
+  size_t sbytes = g->be->attention_scratch(B, T, c->channels, c->heads) * sizeof(float);
   if (bytes > g->acts_cap || sbytes > g->scratch_cap) {
     gpt_free_acts(g);
     char what[96];

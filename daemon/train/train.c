@@ -16,6 +16,7 @@
 #include "data.h"
 #include "gpt.h"
 #include "mem.h"
+#include "plan.h"
 #include "sample.h"
 
 float train_lr(const config_t *c, int step) {
@@ -120,6 +121,11 @@ int train_run(const config_t *cin, FILE *progress, train_result_t *res) {
   gpt_t *g = NULL;
   adamw_t *opt = NULL;
   int32_t *in = NULL, *tg = NULL;
+  plan_t plan;
+  plan_single(c, &plan);
+  size_t limit = c->memory_limit_mib ? (size_t)c->memory_limit_mib << 20 : plan_host_available();
+  if ((rc = plan_check(&plan, c, limit))) return rc;
+  if (progress) plan_print(&plan, progress);
   if ((rc = data_open(&d, c->data, c->gpt.vocab, c->eval_fraction, c->seq_len))) goto out;
   if ((rc = train_open_model(c, &g))) goto out;
   gpt_set_checkpointing(g, c->activation_checkpointing);
@@ -189,6 +195,7 @@ int train_run(const config_t *cin, FILE *progress, train_result_t *res) {
   if (c->save[0] && (rc = gpt_save(g, c->save))) goto out;
   if (c->sample_tokens > 0 && progress && (rc = train_sample(g, c, progress))) goto out;
   res->mem_peak = mem_total_peak();
+  res->mem_planned = plan.total;
   if (progress) {
     mem_report(progress, "mem (MiB):");
     if (c->save[0]) fprintf(progress, "train: saved weights to %s\n", c->save);

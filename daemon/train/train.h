@@ -16,6 +16,7 @@ typedef struct train_result {
   double tokens_per_s;   /* over steps after the first */
   double seconds;
   size_t mem_peak;       /* accounting allocator peak, bytes */
+  size_t mem_planned;    /* what the plan predicted, bytes */
 } train_result_t;
 
 /* Learning rate at step (0-based): linear warmup, then cosine to min_lr_frac * lr. */
