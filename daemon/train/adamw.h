@@ -1,7 +1,12 @@
-/* adamw: the AdamW optimizer over a model's flat parameters: owns the m and v
- * state (fp32, same layout as the parameters) and the step count. Weight decay
- * is decoupled and applies only to tensors marked decay (matrices, embeddings);
- * biases and norm parameters are never decayed. */
+/* adamw: the AdamW optimizer over a flat run of parameters: owns the m and v
+ * state (fp32, the parameters' layout) and the step count. Weight decay is
+ * decoupled and applies only to segments marked decay (matrices, embeddings);
+ * biases and norm parameters are never decayed.
+ *
+ * The run is either a whole model (adamw_create: one segment per tensor) or
+ * one rank's shards (adamw_create_segments, with the pieces of tensors that
+ * fall in them): the update of an element does not depend on where it sits,
+ * so sharded steps give the same bytes as the whole-model step. */
 #ifndef FSDP_ADAMW_H
 #define FSDP_ADAMW_H
 
@@ -11,12 +16,25 @@ typedef struct adamw_hparams {
   float beta1, beta2, eps, weight_decay;
 } adamw_hparams_t;
 
+/* A run of elements [offset, offset+numel) of the buffer with one decay rule. */
+typedef struct adamw_segment {
+  size_t offset, numel;
+  int decay;
+} adamw_segment_t;
+
 typedef struct adamw adamw_t;
 
+/* For the model's whole flat buffer. */
 int adamw_create(adamw_t **out, const gpt_t *g, adamw_hparams_t hp);
+/* For a buffer of n elements; elements in no segment (padding) are left alone. */
+int adamw_create_segments(adamw_t **out, size_t n, const adamw_segment_t *segs, int nsegs,
+                          adamw_hparams_t hp);
 void adamw_destroy(adamw_t *o);
 /* One step at learning rate lr on the model's params with its grads. */
 void adamw_step(adamw_t *o, gpt_t *g, float lr);
+/* One step on any buffers of the optimizer's length. */
+void adamw_step_buffers(adamw_t *o, const kern_backend_t *be, float *params, const float *grads,
+                        float lr);
 int adamw_step_count(const adamw_t *o);
 float *adamw_m(adamw_t *o);
 float *adamw_v(adamw_t *o);

@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "adamw.h"
 #include "gpt.h"
 
 /* XX(enum suffix, name, shards params, keeps params gathered after forward, hybrid) */
@@ -88,5 +89,11 @@ void shard_layout_destroy(shard_layout_t *l);
  * the padding. No rank ever materialises more than its shard. */
 void shard_init_weights(const shard_layout_t *l, const gpt_config_t *cfg, uint64_t seed, int r,
                         float *shard);
+
+/* The AdamW segments of rank r's shards (offsets into its shard_total
+ * buffer): the pieces of each tensor that fall in them, with the tensor's decay
+ * rule; padding belongs to no segment. *segs is malloc'd (free it). */
+int shard_segments(const shard_layout_t *l, const gpt_t *g, int r, adamw_segment_t **segs,
+                   int *nsegs);
 
 #endif

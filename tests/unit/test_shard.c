@@ -145,3 +145,77 @@ Test(shard, sharded_init_is_bit_identical_for_world_1_to_4) {
   free(whole);
   free(gathered);
 }
+
+/* AdamW run on each rank's shards, put side by side, gives the bytes of AdamW
+ * on the whole model: parameters, m and v, after several steps. */
+#include "daemon/common/rng.h"
+
+static float grad_of(size_t i, int step) {
+  return (float)(rng_unit(rng_mix(i * 7 + (size_t)step)) - 0.5) * 0.01f;
+}
+
+Test(shard, sharded_adamw_equals_whole_model_adamw) {
+  gpt_config_t c = cfg_small();
+  gpt_t *g;
+  cr_assert_eq(gpt_create(&g, &c, kern_cpu()), 0);
+  gpt_init_weights(g, 77);
+  const size_t n = gpt_num_params(g);
+  const adamw_hparams_t hp = {0.9f, 0.95f, 1e-8f, 0.1f};
+  adamw_t *whole;
+  cr_assert_eq(adamw_create(&whole, g, hp), 0);
+  for (int step = 0; step < 3; step++) {
+    for (size_t i = 0; i < n; i++) gpt_grads(g)[i] = grad_of(i, step);
+    adamw_step(whole, g, 1e-3f * (float)(step + 1));
+  }
+  for (int S = 1; S <= 4; S++) {
+    shard_layout_t *l;
+    cr_assert_eq(shard_layout_create(&l, &c, S, 0), 0);
+    float *gathered = malloc(n * sizeof(float)), *gm = malloc(n * sizeof(float));
+    for (int r = 0; r < S; r++) {
+      adamw_segment_t *segs;
+      int nsegs;
+      cr_assert_eq(shard_segments(l, g, r, &segs, &nsegs), 0);
+      float *p = malloc(l->shard_total * sizeof(float)), *gr = malloc(l->shard_total * sizeof(float));
+      shard_init_weights(l, &c, 77, r, p);
+      adamw_t *o;
+      cr_assert_eq(adamw_create_segments(&o, l->shard_total, segs, nsegs, hp), 0);
+      for (int step = 0; step < 3; step++) {
+        size_t base = 0;
+        for (int k = 0; k < l->num_units; k++) {
+          const shard_unit_t *u = &l->units[k];
+          for (size_t i = 0; i < u->shard_numel; i++) {
+            size_t e = (size_t)r * u->shard_numel + i;
+            gr[base + i] = e < u->numel ? grad_of(u->offset + e, step) : 0.0f;
+          }
+          base += u->shard_numel;
+        }
+        adamw_step_buffers(o, kern_cpu(), p, gr, 1e-3f * (float)(step + 1));
+      }
+      size_t base = 0;
+      for (int k = 0; k < l->num_units; k++) {
+        const shard_unit_t *u = &l->units[k];
+        for (size_t i = 0; i < u->shard_numel; i++) {
+          size_t e = (size_t)r * u->shard_numel + i;
+          if (e < u->numel) {
+            gathered[u->offset + e] = p[base + i];
+            gm[u->offset + e] = adamw_m(o)[base + i];
+          } else {
+            cr_assert_eq(p[base + i], 0.0f, "padding is never updated");
+          }
+        }
+        base += u->shard_numel;
+      }
+      adamw_destroy(o);
+      free(segs);
+      free(p);
+      free(gr);
+    }
+    cr_assert_eq(memcmp(gathered, gpt_params(g), n * sizeof(float)), 0, "params, S=%d", S);
+    cr_assert_eq(memcmp(gm, adamw_m(whole), n * sizeof(float)), 0, "m, S=%d", S);
+    free(gathered);
+    free(gm);
+    shard_layout_destroy(l);
+  }
+  adamw_destroy(whole);
+  gpt_destroy(g);
+}
