@@ -221,12 +221,16 @@ void gpt_init_range(const gpt_config_t *cfg, uint64_t seed, size_t begin, size_t
 }
 
 void gpt_init_weights(gpt_t *g, uint64_t seed) {
+  FSDP_ASSERT(g->params); /* a shell's weights are initialised by whoever holds its shards */
   gpt_init_range(&g->cfg, seed, 0, g->num_params, g->params);
 }
 
 /* ---- create / destroy / accessors --------------------------------------- */
 
-int gpt_create(gpt_t **out, const gpt_config_t *cfg, const kern_backend_t *be) {
+/* flat: 1 allocates the flat parameter and gradient buffers (gpt_create), 0
+ * leaves every unit to the hooks (gpt_create_shell). */
+static int gpt_create_common(gpt_t **out, const gpt_config_t *cfg, const kern_backend_t *be,
+                             int flat) {
   *out = NULL;
   int rc = gpt_config_validate(cfg);
   if (rc) return rc;
@@ -257,6 +261,10 @@ int gpt_create(gpt_t **out, const gpt_config_t *cfg, const kern_backend_t *be) {
     gpt_unit_t cu = gpt_config_unit(cfg, u); /* the config-only answer agrees */
     FSDP_ASSERT(cu.offset == g->units[u].offset && cu.numel == g->units[u].numel);
   }
+  if (!flat) {
+    *out = g;
+    return FSDP_OK;
+  }
   g->params = mem_alloc(MEM_PARAMS, g->num_params * sizeof(float), "parameters");
   g->grads = g->params ? mem_calloc(MEM_GRADS, g->num_params * sizeof(float), "gradients")
                        : NULL;
@@ -267,6 +275,14 @@ int gpt_create(gpt_t **out, const gpt_config_t *cfg, const kern_backend_t *be) {
   }
   *out = g;
   return FSDP_OK;
+}
+
+int gpt_create(gpt_t **out, const gpt_config_t *cfg, const kern_backend_t *be) {
+  return gpt_create_common(out, cfg, be, 1);
+}
+
+int gpt_create_shell(gpt_t **out, const gpt_config_t *cfg, const kern_backend_t *be) {
+  return gpt_create_common(out, cfg, be, 0);
 }
 
 static void gpt_free_acts(gpt_t *g) {
@@ -306,7 +322,9 @@ int gpt_find_tensor(const gpt_t *g, const char *name) {
   return -1;
 }
 
-void gpt_zero_grad(gpt_t *g) { memset(g->grads, 0, g->num_params * sizeof(float)); }
+void gpt_zero_grad(gpt_t *g) {
+  if (g->grads) memset(g->grads, 0, g->num_params * sizeof(float));
+}
 
 /* ---- activations -------------------------------------------------------- */
 
@@ -525,6 +543,9 @@ int gpt_forward(gpt_t *g, const int32_t *inputs, const int32_t *targets, int B, 
   if (T <= 0 || T > c->context)
     return err_set(FSDP_EINVAL, "seq_len: %d is out of range; it must be 1 to the model's "
                    "context %d (raise context or shorten seq_len)", T, c->context);
+  if (!g->params && g->hooks.params == gpt_flat_params)
+    return err_set(FSDP_EINVAL, "gpt_forward: this model has no parameter buffers "
+                   "(gpt_create_shell); install hooks that provide its units first");
   GPT_TRY(gpt_alloc_acts(g, B, T));
   const size_t N = (size_t)B * T;
   const int C = c->channels, V = c->vocab;

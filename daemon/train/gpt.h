@@ -55,6 +55,10 @@ typedef struct gpt_tensor {
 typedef struct gpt gpt_t;
 
 int gpt_create(gpt_t **out, const gpt_config_t *cfg, const kern_backend_t *be);
+/* A model without flat parameter and gradient buffers (gpt_params and
+ * gpt_grads return NULL): its units come from hooks (gpt_set_hooks), as in
+ * sharded training, where no rank ever holds the whole model. */
+int gpt_create_shell(gpt_t **out, const gpt_config_t *cfg, const kern_backend_t *be);
 void gpt_destroy(gpt_t *g);
 
 const gpt_config_t *gpt_get_config(const gpt_t *g);

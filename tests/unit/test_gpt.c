@@ -379,3 +379,19 @@ Test(gpt, unit_hooks_see_every_use_in_order) {
   free(ref);
   gpt_destroy(g);
 }
+
+Test(gpt, shell_has_no_buffers_and_needs_hooks) {
+  gpt_config_t c = tiny();
+  size_t before = mem_total_current();
+  gpt_t *g;
+  cr_assert_eq(gpt_create_shell(&g, &c, kern_cpu()), 0);
+  cr_assert_null(gpt_params(g));
+  cr_assert_null(gpt_grads(g));
+  cr_assert_eq(mem_total_current(), before, "a shell allocates no parameters or gradients");
+  cr_assert_eq(gpt_num_params(g), gpt_config_num_params(&c));
+  int32_t in[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  cr_assert_eq(gpt_forward(g, in, in, 1, 8, NULL), FSDP_EINVAL);
+  cr_assert(strstr(err_msg(), "gpt_create_shell") && strstr(err_msg(), "hooks"), "%s", err_msg());
+  gpt_zero_grad(g); /* nothing to zero: no crash */
+  gpt_destroy(g);
+}
