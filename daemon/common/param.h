@@ -17,7 +17,10 @@
   XX(log_level, "FSDP_LOG_LEVEL", 2, "0 error, 1 warn, 2 info, 3 debug")             \
   XX(log_json, "FSDP_LOG_JSON", 0, "1: one JSON object per log line")                \
   XX(attn_block, "FSDP_ATTN_BLOCK", 64, "query rows per attention work item")        \
-  XX(progress_every, "FSDP_PROGRESS_EVERY", 1, "print a progress line every N steps")
+  XX(progress_every, "FSDP_PROGRESS_EVERY", 1, "print a progress line every N steps")     \
+  XX(comm_timeout_ms, "FSDP_COMM_TIMEOUT_MS", 5000, "collective timeout, and ring bootstrap") \
+  XX(comm_chunk_bytes, "FSDP_COMM_CHUNK_BYTES", 1048576, "ring: bytes per socket call")       \
+  XX(comm_staging_bytes, "FSDP_COMM_STAGING_BYTES", 4194304, "ring: reduce staging per comm")
 
 #define XX(name, env, def, help) int64_t param_##name(void);
 FSDP_PARAM_LIST(XX)

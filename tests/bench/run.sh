@@ -10,7 +10,11 @@
 #     ATEN_CPU_CAPABILITY=avx512 for that command only: PyTorch at its best
 #     here) for gpt2-124m and small, B=4 T=256, 1 and 2 threads, ours and
 #     PyTorch's back to back so both see the same machine.
-#  3. Targets: tokens/s against PyTorch (>= 1.25), model GFLOP/s against the
+#  3. Collectives (bench_comm): ring all_gather and reduce_scatter bus
+#     bandwidth (nccl-tests busbw) with 2 rank processes on loopback, 1 MiB to
+#     256 MiB, against single-thread memcpy; it prints its own target lines
+#     (busbw at 64 MiB >= 0.50 x memcpy).
+#  4. Targets: tokens/s against PyTorch (>= 1.25), model GFLOP/s against the
 #     best sgemm measured with the same threads (>= 0.60), and peak RSS against
 #     the sum of the tensors the step needs (<= 1.10). met= judges the medians;
 #     ratio_fastest_step(s)= gives the same ratio from the fastest steps, the
@@ -37,6 +41,7 @@ NS=${BENCH_GEMM_SIZES:-2048}
 HERE=$(dirname "$0")
 GEMM=$BUILD/bench/bench_gemm
 TRAIN=$BUILD/bench/bench_train
+COMM=$BUILD/bench/bench_comm
 
 tmp=$(mktemp -d) || exit 1
 trap 'rm -rf "$tmp"' EXIT
@@ -64,7 +69,7 @@ bench_run() {
   return 0
 }
 
-for f in "$GEMM" "$TRAIN"; do
+for f in "$GEMM" "$TRAIN" "$COMM"; do
   if [ ! -x "$f" ]; then
     echo "bench: error $f is not built (make B=$BUILD $f)"
     exit 1
@@ -109,9 +114,14 @@ for model in gpt2-124m small; do
       "$model" "$BB" "$TT" "$th" "$steps"
   done
 done
+# 3. Collectives: ring all_gather / reduce_scatter bus bandwidth, 2 rank
+# processes on loopback, 1 MiB to 256 MiB, against single-thread memcpy
+# measured in the same run; bench_comm prints its own target lines
+# (busbw at 64 MiB >= 0.50 x memcpy). About 5 s.
+bench_run "comm ranks=2" "$COMM"
 echo "bench: host loadavg=$(cut -d' ' -f1 /proc/loadavg) (after the runs)"
 
-# 3. Targets, from the lines above.
+# 4. Targets, from the lines above.
 awk -v out="$tmp/summary_failures" '
 function kv(key,    i, n) {
   for (i = 3; i <= NF; i++) {

@@ -1,0 +1,1041 @@
+/* ring: the collectives over TCP for CPU devices (the ring algorithms NCCL
+ * and Gloo use), behind comm_backend_t.
+ *
+ * What it owns: two sockets per communicator (to the next rank, from the
+ * previous one), a communication thread that runs the queued ops in issue
+ * order, a bounded staging buffer for reductions (MEM_COMM), and a wake pipe
+ * that comm_abort writes to. It does not own the caller's buffers.
+ *
+ * Wire, per op, on the forward direction (rank r -> r+1): a 32-byte header
+ * (magic, sequence number, op, dtype, reduction, root, count), then the data
+ * as a byte stream. reduce_scatter streams N-1 blocks, each the previous
+ * rank's partial sum plus this rank's contribution; all_gather streams N-1
+ * blocks, each forwarded as soon as its bytes arrive; all_reduce is one then
+ * the other on blocks of count/N (the first count%N blocks one longer);
+ * broadcast is a chain from the root. Sending is limited only by what has
+ * been received and reduced, receiving by the staging room, so large buffers
+ * stream with every link busy (send chunk k while reducing chunk k-1).
+ *
+ * The reverse direction (r -> r-1) carries nothing but a failure notice: when
+ * an op fails on a rank (timeout, dead peer, divergence, abort), it sends a
+ * 512-byte notice (origin rank, code, message) to its previous rank, which
+ * fails its own op with it and passes it on, so every rank learns within
+ * milliseconds which rank failed and why, rather than timing out. Every
+ * socket wait is a poll() bounded by the op's deadline that also watches the
+ * wake pipe and the notice direction. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon/comm/comm.h"
+#include "daemon/common/err.h"
+#include "daemon/common/log.h"
+#include "daemon/common/param.h"
+#include "daemon/train/mem.h"
+#include "kernels/kern_math.h"
+
+#define RING_HELLO_MAGIC 0x48525346u  /* "FSRH" */
+#define RING_HDR_MAGIC 0x4f525346u    /* "FSRO" */
+#define RING_NOTICE_MAGIC 0x41525346u /* "FSRA" */
+#define RING_VERSION 1u
+#define RING_MSG 512
+#define RING_ADDR 128
+
+typedef struct {
+  uint32_t magic, version;
+  int32_t size, from, to;
+  char name[64];
+  char pad[12];
+} ring_hello_t;
+
+typedef struct {
+  uint32_t magic, seq;
+  uint8_t op, dtype, redop, pad;
+  int32_t root;
+  uint64_t count;
+  uint64_t pad2;
+} ring_hdr_t;
+
+typedef struct {
+  uint32_t magic;
+  int32_t origin, code;
+  char msg[RING_MSG - 12];
+} ring_notice_t;
+
+_Static_assert(sizeof(ring_hdr_t) == 32, "wire header is 32 bytes");
+_Static_assert(sizeof(ring_notice_t) == RING_MSG, "notice is 512 bytes");
+
+typedef struct ring_req {
+  comm_req_t base;
+  struct ring *r;
+  comm_args_t a;
+  uint32_t seq;
+  int done, rc;
+  char msg[RING_MSG];
+  struct ring_req *next;     /* queue */
+  struct ring_req *all_next; /* every live request, for destroy */
+} ring_req_t;
+
+typedef struct ring {
+  comm_t base;
+  int fd_next, fd_prev; /* to rank+1, from rank-1 */
+  int wake[2];          /* comm_abort -> the thread */
+  char addr_self[RING_ADDR], addr_next[RING_ADDR], addr_prev[RING_ADDR];
+  int rank_next, rank_prev;
+  int64_t timeout_ms;
+  size_t chunk, staging_bytes;
+  uint8_t *staging;
+
+  pthread_t thread;
+  int thread_started;
+  pthread_mutex_t mu;
+  pthread_cond_t cv; /* queue changes and completions */
+  ring_req_t *head, *tail, *all;
+  uint32_t seq_issue; /* under mu */
+  int stop;           /* under mu */
+  atomic_int aborted;
+  /* Set once by the thread when an op fails; read under mu by issue. */
+  int broken_rc;
+  char broken_msg[RING_MSG];
+  int notice_sent; /* thread only */
+} ring_t;
+
+/* The op the thread is running: its deadline and names for messages. */
+typedef struct {
+  ring_t *r;
+  const comm_args_t *a;
+  uint32_t seq;
+  int64_t deadline_ns, timeout_ms;
+  char sig[160]; /* "all_reduce #3 (f32 count=100 sum)" */
+} ring_op_t;
+
+static int64_t ring_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static int ring_ms_left(int64_t deadline_ns) {
+  int64_t left = deadline_ns - ring_now_ns();
+  if (left <= 0) return 0;
+  int64_t ms = (left + 999999) / 1000000;
+  return ms > 1000000000 ? 1000000000 : (int)ms;
+}
+
+static void ring_sig(char *buf, size_t n, int op, int dt, int redop, int root, uint64_t count,
+                     uint32_t seq) {
+  if (op == COMM_OP_BARRIER)
+    snprintf(buf, n, "barrier #%u", seq);
+  else if (op == COMM_OP_BROADCAST)
+    snprintf(buf, n, "broadcast #%u (%s count=%llu root=%d)", seq,
+             comm_dtype_name((comm_dtype_t)dt), (unsigned long long)count, root);
+  else if (op == COMM_OP_ALL_GATHER)
+    snprintf(buf, n, "all_gather #%u (%s count=%llu per rank)", seq,
+             comm_dtype_name((comm_dtype_t)dt), (unsigned long long)count);
+  else
+    snprintf(buf, n, "%s #%u (%s count=%llu%s %s)", comm_op_name((comm_op_t)op), seq,
+             comm_dtype_name((comm_dtype_t)dt), (unsigned long long)count,
+             op == COMM_OP_REDUCE_SCATTER ? " per rank" : "", redop == COMM_AVG ? "avg" : "sum");
+}
+
+/* ---- failure notices (reverse direction) ---- */
+
+static void ring_send_notice(ring_t *r, const ring_notice_t *nt) {
+  if (r->fd_prev < 0 || r->notice_sent) return;
+  r->notice_sent = 1;
+  /* The reverse direction carries nothing else, so its send buffer is empty. */
+  ssize_t k = send(r->fd_prev, nt, sizeof *nt, MSG_NOSIGNAL | MSG_DONTWAIT);
+  if (k != (ssize_t)sizeof *nt)
+    LOG_DEBUG("comm", "group '%s' rank %d: could not pass a failure notice to rank %d",
+              r->base.name, r->base.rank, r->rank_prev);
+}
+
+/* The next rank wrote on the reverse direction: a notice, or it closed. */
+static int ring_read_notice(ring_t *r, ring_op_t *o) {
+  ring_notice_t nt;
+  size_t got = 0;
+  int64_t until = ring_now_ns() + 1000000000;
+  while (got < sizeof nt) {
+    ssize_t k = recv(r->fd_next, (char *)&nt + got, sizeof nt - got, MSG_DONTWAIT);
+    if (k > 0) {
+      got += (size_t)k;
+      continue;
+    }
+    if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+      int e = k == 0 ? 0 : errno;
+      if (got == 0)
+        return err_set(FSDP_EPEER,
+                       "%s on rank %d of group '%s': rank %d (%s) closed its connection (%s): that "
+                       "rank exited, crashed or was killed; see its log, then restart the job "
+                       "from its last checkpoint",
+                       o->sig, r->base.rank, r->base.name, r->rank_next, r->addr_next,
+                       e ? strerror(e) : "end of stream");
+      break;
+    }
+    struct pollfd p = {.fd = r->fd_next, .events = POLLIN};
+    int ms = ring_ms_left(until);
+    if (ms == 0 || poll(&p, 1, ms) < 0) break;
+  }
+  if (got < sizeof nt || nt.magic != RING_NOTICE_MAGIC)
+    return err_set(FSDP_EPEER,
+                   "%s on rank %d of group '%s': rank %d (%s) sent an unreadable failure notice "
+                   "(%zu bytes): a version mismatch or a stray connection",
+                   o->sig, r->base.rank, r->base.name, r->rank_next, r->addr_next, got);
+  nt.msg[sizeof nt.msg - 1] = 0;
+  err_set(FSDP_EPEER, "%s on rank %d of group '%s': rank %d failed first: %s", o->sig,
+          r->base.rank, r->base.name, (int)nt.origin, nt.msg);
+  /* Pass the origin's notice on unchanged, so it stays short and names the cause. */
+  ring_send_notice(r, &nt);
+  return FSDP_EPEER;
+}
+
+/* ---- socket waits ---- */
+
+static int ring_timeout(ring_t *r, ring_op_t *o, int want_recv) {
+  int peer = want_recv ? r->rank_prev : r->rank_next;
+  const char *addr = want_recv ? r->addr_prev : r->addr_next;
+  return err_set(FSDP_ETIMEDOUT,
+                 "%s on rank %d of group '%s': timed out after %lld ms %s rank %d (%s): that rank "
+                 "is stalled, dead, or has not issued this collective (check its log and its "
+                 "last collective); raise FSDP_COMM_TIMEOUT_MS if it is merely slow",
+                 o->sig, r->base.rank, r->base.name, (long long)o->timeout_ms,
+                 want_recv ? "waiting for data from" : "waiting to send to", peer, addr);
+}
+
+static int ring_check(ring_t *r, ring_op_t *o) {
+  if (atomic_load_explicit(&r->aborted, memory_order_relaxed))
+    return err_set(FSDP_ECANCELED, "%s on rank %d of group '%s': the communicator was aborted",
+                   o->sig, r->base.rank, r->base.name);
+  if (ring_now_ns() >= o->deadline_ns) return 1;
+  return 0;
+}
+
+/* Waits until the next socket can take data (want_send), the previous one has
+ * data (want_recv), the deadline, an abort or a notice. watch_next: this op
+ * still has data to send, so the next rank closing or failing matters. */
+static int ring_poll(ring_t *r, ring_op_t *o, int want_send, int want_recv, int watch_next) {
+  struct pollfd p[3];
+  p[0].fd = r->wake[0];
+  p[0].events = POLLIN;
+  p[1].fd = (want_send || watch_next) ? r->fd_next : -1;
+  p[1].events = (short)((want_send ? POLLOUT : 0) | (watch_next ? POLLIN : 0));
+  p[2].fd = want_recv ? r->fd_prev : -1;
+  p[2].events = POLLIN;
+  for (;;) {
+    int rc = ring_check(r, o);
+    if (rc < 0) return rc;
+    if (rc == 1) return ring_timeout(r, o, want_recv);
+    p[0].revents = p[1].revents = p[2].revents = 0;
+    int n = poll(p, 3, ring_ms_left(o->deadline_ns));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return err_set_errno(FSDP_EINTERNAL, errno, "%s: poll", o->sig);
+    if (n == 0) continue; /* deadline: reported by ring_check */
+    if (p[0].revents) continue; /* abort: reported by ring_check */
+    if (watch_next && (p[1].revents & (POLLIN | POLLHUP | POLLERR))) return ring_read_notice(r, o);
+    return 0;
+  }
+}
+
+static ssize_t ring_send_some(ring_t *r, ring_op_t *o, const void *p, size_t n) {
+  ssize_t k = send(r->fd_next, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+  if (k >= 0) return k;
+  if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
+  int e = errno;
+  /* A notice explains more than a reset: read it when the next rank left one. */
+  struct pollfd pf = {.fd = r->fd_next, .events = POLLIN};
+  if (poll(&pf, 1, 0) == 1) {
+    int rc = ring_read_notice(r, o);
+    if (rc < 0) return rc;
+  }
+  return err_set(FSDP_EPEER,
+                 "%s on rank %d of group '%s': sending to rank %d (%s) failed: %s: that rank "
+                 "exited, crashed or was killed; see its log, then restart the job from its last "
+                 "checkpoint",
+                 o->sig, r->base.rank, r->base.name, r->rank_next, r->addr_next, strerror(e));
+}
+
+static ssize_t ring_recv_some(ring_t *r, ring_op_t *o, void *p, size_t n) {
+  ssize_t k = recv(r->fd_prev, p, n, MSG_DONTWAIT);
+  if (k > 0) return k;
+  if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+  int e = k == 0 ? 0 : errno;
+  /* The previous rank is gone. If that is the echo of a failure further
+   * back, the next rank's notice (travelling the other way) names the rank
+   * that failed first: wait for it briefly. */
+  struct pollfd pf = {.fd = r->fd_next, .events = POLLIN};
+  int grace = ring_ms_left(o->deadline_ns);
+  if (grace > 200) grace = 200;
+  if (poll(&pf, 1, grace) == 1 && (pf.revents & POLLIN)) {
+    int rc = ring_read_notice(r, o);
+    if (r->notice_sent) return rc; /* it was a notice, now passed on */
+  }
+  return err_set(FSDP_EPEER,
+                 "%s on rank %d of group '%s': rank %d (%s) closed its connection (%s): that rank "
+                 "exited, crashed or was killed; see its log, then restart the job from its last "
+                 "checkpoint",
+                 o->sig, r->base.rank, r->base.name, r->rank_prev, r->addr_prev,
+                 e ? strerror(e) : "end of stream");
+}
+
+/* ---- streams ---- */
+
+typedef struct {
+  uint8_t *p;
+  size_t n;
+} ring_seg_t;
+
+/* Sends the segments ss to the next rank while receiving rs from the previous
+ * one, never sending byte x of the send stream before byte x - lead of the
+ * receive stream has arrived (all_gather and broadcast forward what they
+ * receive; lead is what a rank has of its own). */
+static int ring_stream_fwd(ring_t *r, ring_op_t *o, const ring_seg_t *ss, int nss,
+                           const ring_seg_t *rs, int nrs, size_t lead) {
+  size_t stot = 0, rtot = 0, sent = 0, recvd = 0, soff = 0, roff = 0;
+  int si = 0, ri = 0;
+  for (int i = 0; i < nss; i++) stot += ss[i].n;
+  for (int i = 0; i < nrs; i++) rtot += rs[i].n;
+  while (sent < stot || recvd < rtot) {
+    int progress = 0;
+    size_t slim = lead + recvd < stot ? lead + recvd : stot;
+    if (sent < slim) {
+      while (soff == ss[si].n) si++, soff = 0;
+      size_t n = ss[si].n - soff;
+      if (n > slim - sent) n = slim - sent;
+      if (n > r->chunk) n = r->chunk;
+      ssize_t k = ring_send_some(r, o, ss[si].p + soff, n);
+      if (k < 0) return (int)k;
+      if (k > 0) sent += (size_t)k, soff += (size_t)k, progress = 1;
+    }
+    if (recvd < rtot) {
+      while (roff == rs[ri].n) ri++, roff = 0;
+      size_t n = rs[ri].n - roff;
+      if (n > r->chunk) n = r->chunk;
+      ssize_t k = ring_recv_some(r, o, rs[ri].p + roff, n);
+      if (k < 0) return (int)k;
+      if (k > 0) recvd += (size_t)k, roff += (size_t)k, progress = 1;
+    }
+    if (progress) {
+      int rc = ring_check(r, o);
+      if (rc < 0) return rc;
+      if (rc == 1) return ring_timeout(r, o, recvd < rtot);
+      continue;
+    }
+    int rc = ring_poll(r, o, sent < slim, recvd < rtot, sent < stot);
+    if (rc < 0) return rc;
+  }
+  return 0;
+}
+
+/* dst = a + b over n elements (bf16: in fp32, one rounding), times scale when
+ * scale != 1 (the average's division happens before that one rounding). */
+static void ring_reduce(comm_dtype_t dt, void *dst, const void *a, const void *b, size_t n,
+                        float div) {
+  if (dt == COMM_F32) {
+    float *d = dst;
+    const float *x = a, *y = b;
+    if (div == 1.0f)
+      for (size_t i = 0; i < n; i++) d[i] = x[i] + y[i];
+    else
+      for (size_t i = 0; i < n; i++) d[i] = (x[i] + y[i]) / div;
+  } else {
+    uint16_t *d = dst;
+    const uint16_t *x = a, *y = b;
+    if (div == 1.0f)
+      for (size_t i = 0; i < n; i++)
+        d[i] = kern_f32_to_bf16(kern_bf16_to_f32(x[i]) + kern_bf16_to_f32(y[i]));
+    else
+      for (size_t i = 0; i < n; i++)
+        d[i] = kern_f32_to_bf16((kern_bf16_to_f32(x[i]) + kern_bf16_to_f32(y[i])) / div);
+  }
+}
+
+/* Ring reduce-scatter over blocks (offsets boff, lengths blen, in elements):
+ * at step s this rank sends block rank-s-1 (its own values at s = 0, else the
+ * partial sum it just made) and receives block rank-s-2, adding its own
+ * values to it; after N-1 steps it holds the full sum of block rank, written
+ * to dst. Blocks are cut in slices of one staging slot; the streams go slice
+ * by slice (slice 0 of every step, then slice 1, ...), so a received piece is
+ * sent on right after it is reduced and RING_SLOTS slots bound the memory
+ * whatever the size. Piece i of either stream is (slice i / (N-1), step
+ * i % (N-1)); sent piece i (step >= 1) is received piece i-1 plus this
+ * rank's values. */
+#define RING_SLOTS 4
+static int ring_stream_rs(ring_t *r, ring_op_t *o, const uint8_t *own, const size_t *boff,
+                          const size_t *blen, uint8_t *dst, comm_dtype_t dt, float div) {
+  const int N = r->base.size, me = r->base.rank, S = N - 1;
+  const size_t esz = comm_dtype_size(dt);
+  const size_t slotb = r->staging_bytes / RING_SLOTS / esz * esz, pe = slotb / esz;
+  size_t maxlen = 0;
+  for (int b = 0; b < N; b++)
+    if (blen[b] > maxlen) maxlen = blen[b];
+  if (!maxlen) return 0;
+  const size_t P = (maxlen + pe - 1) / pe * (size_t)S; /* pieces per stream */
+  size_t ms = 0, moff = 0; /* send: piece, bytes of it sent */
+  size_t kr = 0, koff = 0; /* receive: piece, bytes of it received (reduced when whole) */
+#define PIECE_BLOCK(i, first) ((me - (int)((i) % (size_t)S) - (first) + 2 * N) % N)
+#define PIECE_ELEMS(b, i)                                                          \
+  (blen[b] > ((i) / (size_t)S) * pe                                               \
+       ? (blen[b] - ((i) / (size_t)S) * pe < pe ? blen[b] - ((i) / (size_t)S) * pe : pe) \
+       : 0)
+  while (ms < P || kr < P) {
+    int progress = 0;
+    /* send piece ms: own values at step 0, else received piece ms-1, reduced */
+    if (ms < P && (ms % (size_t)S == 0 || kr >= ms)) {
+      int b = PIECE_BLOCK(ms, 1);
+      size_t len = PIECE_ELEMS(b, ms) * esz;
+      if (moff < len) {
+        const uint8_t *p = ms % (size_t)S == 0
+                               ? own + (boff[b] + ms / (size_t)S * pe) * esz
+                               : r->staging + ((ms - 1) % RING_SLOTS) * slotb;
+        size_t n = len - moff < r->chunk ? len - moff : r->chunk;
+        ssize_t k = ring_send_some(r, o, p + moff, n);
+        if (k < 0) return (int)k;
+        moff += (size_t)k, progress |= k > 0;
+      }
+      if (moff == len) ms++, moff = 0, progress = 1;
+    }
+    /* receive piece kr into slot kr % SLOTS once piece kr-SLOTS has been sent
+     * on (as piece kr-SLOTS+1); pieces of the last step are consumed at once */
+    if (kr < P && (kr < RING_SLOTS || (kr - RING_SLOTS) % (size_t)S == (size_t)S - 1 ||
+                   ms >= kr - RING_SLOTS + 2)) {
+      int b = PIECE_BLOCK(kr, 2);
+      size_t ne = PIECE_ELEMS(b, kr), len = ne * esz;
+      uint8_t *slot = r->staging + (kr % RING_SLOTS) * slotb;
+      if (koff < len) {
+        size_t n = len - koff < r->chunk ? len - koff : r->chunk;
+        ssize_t k = ring_recv_some(r, o, slot + koff, n);
+        if (k < 0) return (int)k;
+        koff += (size_t)k, progress |= k > 0;
+      }
+      if (koff == len) {
+        const uint8_t *mine = own + (boff[b] + kr / (size_t)S * pe) * esz;
+        if (kr % (size_t)S < (size_t)S - 1)
+          ring_reduce(dt, slot, slot, mine, ne, 1.0f);
+        else
+          ring_reduce(dt, dst + kr / (size_t)S * pe * esz, slot, mine, ne, div);
+        kr++, koff = 0, progress = 1;
+      }
+    }
+    if (progress) {
+      int rc = ring_check(r, o);
+      if (rc < 0) return rc;
+      if (rc == 1) return ring_timeout(r, o, kr < P);
+      continue;
+    }
+    int want_send = ms < P && (ms % (size_t)S == 0 || kr >= ms);
+    int rc = ring_poll(r, o, want_send, kr < P, ms < P);
+    if (rc < 0) return rc;
+  }
+#undef PIECE_BLOCK
+#undef PIECE_ELEMS
+  return 0;
+}
+
+/* All-gather of blocks already in place in buf (this rank's block filled). */
+static int ring_gather_blocks(ring_t *r, ring_op_t *o, uint8_t *buf, const size_t *boff,
+                              const size_t *blen, size_t esz) {
+  const int N = r->base.size, me = r->base.rank;
+  ring_seg_t ss[N - 1], rs[N - 1];
+  for (int s = 0; s < N - 1; s++) {
+    int b = (me - s + N) % N, c = (me - s - 1 + N) % N;
+    ss[s] = (ring_seg_t){buf + boff[b] * esz, blen[b] * esz};
+    rs[s] = (ring_seg_t){buf + boff[c] * esz, blen[c] * esz};
+  }
+  return ring_stream_fwd(r, o, ss, N - 1, rs, N - 1, ss[0].n);
+}
+
+/* ---- one op ---- */
+
+static int ring_run_op(ring_t *r, ring_op_t *o) {
+  const comm_args_t *a = o->a;
+  const int N = r->base.size, me = r->base.rank;
+  const size_t esz = comm_dtype_size(a->dtype);
+  const float div = (a->redop == COMM_AVG) ? (float)N : 1.0f;
+
+  if (N > 1) { /* a notice already waiting explains more than anything this op would see */
+    struct pollfd pf = {.fd = r->fd_next, .events = POLLIN};
+    if (poll(&pf, 1, 0) == 1) return ring_read_notice(r, o);
+  }
+  if (N > 1) { /* the header: both sides must be at the same collective */
+    ring_hdr_t mine = {.magic = RING_HDR_MAGIC, .seq = o->seq, .op = (uint8_t)a->op,
+                       .dtype = (uint8_t)a->dtype, .root = a->root, .count = a->count};
+    if (a->op == COMM_OP_REDUCE_SCATTER || a->op == COMM_OP_ALL_REDUCE)
+      mine.redop = (uint8_t)a->redop;
+    if (a->op != COMM_OP_BROADCAST) mine.root = 0;
+    if (a->op == COMM_OP_BARRIER) mine.dtype = 0, mine.count = 0;
+    ring_hdr_t theirs;
+    ring_seg_t s = {(uint8_t *)&mine, sizeof mine}, rv = {(uint8_t *)&theirs, sizeof theirs};
+    int rc = ring_stream_fwd(r, o, &s, 1, &rv, 1, sizeof mine);
+    if (rc < 0) return rc;
+    if (theirs.magic != RING_HDR_MAGIC)
+      return err_set(FSDP_EPEER,
+                     "%s on rank %d of group '%s': rank %d (%s) sent bytes that are not a "
+                     "collective header: the ranks' streams are out of step (a different count "
+                     "in an earlier op?) or a stray process connected",
+                     o->sig, me, r->base.name, r->rank_prev, r->addr_prev);
+    if (memcmp(&mine, &theirs, sizeof mine) != 0) {
+      char ts[160];
+      ring_sig(ts, sizeof ts, theirs.op, theirs.dtype, theirs.redop, theirs.root, theirs.count,
+               theirs.seq);
+      return err_set(FSDP_EPEER,
+                     "group '%s': collectives diverged: rank %d issued %s but its previous rank "
+                     "%d (%s) issued %s at the same position; every rank of a group must issue "
+                     "the same collectives, with the same sizes, in the same order",
+                     r->base.name, me, o->sig, r->rank_prev, r->addr_prev, ts);
+    }
+  }
+
+  switch (a->op) {
+    case COMM_OP_BARRIER: {
+      /* An all_gather of one byte each: every rank has heard from every rank. */
+      static const uint8_t zero[4096]; /* the group size limit */
+      uint8_t tok[4096];
+      memcpy(tok, zero, sizeof tok);
+      size_t boff[N], blen[N];
+      for (int i = 0; i < N; i++) boff[i] = (size_t)i, blen[i] = 1;
+      return N > 1 ? ring_gather_blocks(r, o, tok, boff, blen, 1) : 0;
+    }
+    case COMM_OP_ALL_GATHER: {
+      size_t n = a->count, bytes = n * esz;
+      uint8_t *out = a->recv;
+      if ((const uint8_t *)a->send != out + (size_t)me * bytes && bytes)
+        memmove(out + (size_t)me * bytes, a->send, bytes);
+      if (N == 1 || !bytes) return 0;
+      size_t boff[N], blen[N];
+      for (int i = 0; i < N; i++) boff[i] = (size_t)i * n, blen[i] = n;
+      return ring_gather_blocks(r, o, out, boff, blen, esz);
+    }
+    case COMM_OP_REDUCE_SCATTER: {
+      size_t n = a->count;
+      if (!n) return 0;
+      const uint8_t *in = a->send;
+      if (N == 1) {
+        if (div == 1.0f) memmove(a->recv, in, n * esz);
+        return 0;
+      }
+      size_t boff[N], blen[N];
+      for (int i = 0; i < N; i++) boff[i] = (size_t)i * n, blen[i] = n;
+      return ring_stream_rs(r, o, in, boff, blen, a->recv, a->dtype, div);
+    }
+    case COMM_OP_ALL_REDUCE: {
+      size_t n = a->count;
+      uint8_t *out = a->recv;
+      if (!n) return 0;
+      if (N == 1) {
+        if ((const void *)out != a->send) memmove(out, a->send, n * esz);
+        return 0;
+      }
+      size_t boff[N], blen[N], q = n / (size_t)N, rem = n % (size_t)N, off = 0;
+      for (int i = 0; i < N; i++) {
+        boff[i] = off;
+        blen[i] = q + ((size_t)i < rem);
+        off += blen[i];
+      }
+      int rc = ring_stream_rs(r, o, a->send, boff, blen, out + boff[me] * esz, a->dtype, div);
+      if (rc < 0) return rc;
+      return ring_gather_blocks(r, o, out, boff, blen, esz);
+    }
+    case COMM_OP_BROADCAST: {
+      size_t bytes = a->count * esz;
+      if (N == 1 || !bytes) return 0;
+      ring_seg_t seg = {a->recv, bytes};
+      int is_root = me == a->root, is_last = (a->root - 1 + N) % N == me;
+      return ring_stream_fwd(r, o, &seg, is_last ? 0 : 1, &seg, is_root ? 0 : 1,
+                             is_root ? bytes : 0);
+    }
+    default:
+      return err_set(FSDP_EINTERNAL, "%s: unknown op", o->sig);
+  }
+}
+
+/* ---- the communication thread ---- */
+
+static void ring_complete(ring_t *r, ring_req_t *q, int rc, const char *msg) {
+  /* under mu */
+  q->rc = rc;
+  snprintf(q->msg, sizeof q->msg, "%s", rc < 0 ? msg : "");
+  q->done = 1;
+  pthread_cond_broadcast(&r->cv);
+}
+
+static void ring_fail(ring_t *r, int rc) {
+  /* thread, not under mu: the first failure breaks the communicator */
+  ring_notice_t nt;
+  memset(&nt, 0, sizeof nt);
+  nt.magic = RING_NOTICE_MAGIC;
+  nt.origin = r->base.rank;
+  nt.code = rc;
+  snprintf(nt.msg, sizeof nt.msg, "%s", err_msg());
+  pthread_mutex_lock(&r->mu);
+  if (!r->broken_rc) {
+    r->broken_rc = rc;
+    snprintf(r->broken_msg, sizeof r->broken_msg, "%s", err_msg());
+  }
+  pthread_mutex_unlock(&r->mu);
+  /* A rank that read a notice already passed it on (notice_sent); others start one. */
+  ring_send_notice(r, &nt);
+}
+
+static void *ring_thread(void *arg) {
+  ring_t *r = arg;
+  pthread_mutex_lock(&r->mu);
+  for (;;) {
+    while (!r->head && !r->stop && !(atomic_load(&r->aborted) && !r->notice_sent))
+      pthread_cond_wait(&r->cv, &r->mu);
+    if (atomic_load(&r->aborted) && !r->notice_sent) {
+      pthread_mutex_unlock(&r->mu);
+      err_set(FSDP_ECANCELED, "rank %d of group '%s' aborted its communicator (comm_abort)",
+              r->base.rank, r->base.name);
+      ring_fail(r, FSDP_ECANCELED);
+      pthread_mutex_lock(&r->mu);
+      continue;
+    }
+    if (!r->head) break; /* stop */
+    ring_req_t *q = r->head;
+    r->head = q->next;
+    if (!r->head) r->tail = NULL;
+    int broken = r->broken_rc;
+    pthread_mutex_unlock(&r->mu);
+
+    ring_op_t o = {.r = r, .a = &q->a, .seq = q->seq};
+    o.timeout_ms = q->a.timeout_ms ? q->a.timeout_ms : r->timeout_ms;
+    o.deadline_ns = ring_now_ns() + o.timeout_ms * 1000000;
+    ring_sig(o.sig, sizeof o.sig, q->a.op, q->a.dtype, q->a.redop, q->a.root, q->a.count, q->seq);
+    int rc;
+    if (atomic_load(&r->aborted))
+      rc = err_set(FSDP_ECANCELED, "%s on rank %d of group '%s': the communicator was aborted",
+                   o.sig, r->base.rank, r->base.name);
+    else if (broken)
+      rc = err_set(broken, "%s on rank %d: the communicator is broken by an earlier failure: %s",
+                   o.sig, r->base.rank, r->broken_msg);
+    else if ((rc = ring_run_op(r, &o)) < 0)
+      ring_fail(r, rc);
+    pthread_mutex_lock(&r->mu);
+    ring_complete(r, q, rc, err_msg());
+  }
+  pthread_mutex_unlock(&r->mu);
+  return NULL;
+}
+
+/* ---- backend table ---- */
+
+static int ring_supports(comm_op_t op, comm_dtype_t dt) {
+  return (unsigned)op < COMM_OP__COUNT && (unsigned)dt < COMM_DTYPE__COUNT;
+}
+
+static int ring_issue(comm_t *c, const comm_args_t *a, comm_req_t **out) {
+  ring_t *r = (ring_t *)c;
+  pthread_mutex_lock(&r->mu);
+  int rc = 0;
+  if (atomic_load(&r->aborted))
+    rc = err_set(FSDP_ECANCELED, "%s on rank %d of group '%s': the communicator was aborted",
+                 comm_op_name(a->op), c->rank, c->name);
+  else if (r->broken_rc)
+    rc = err_set(r->broken_rc, "%s on rank %d: the communicator is broken by an earlier failure: %s",
+                 comm_op_name(a->op), c->rank, r->broken_msg);
+  if (rc < 0) {
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+  }
+  ring_req_t *q = calloc(1, sizeof *q);
+  if (!q) {
+    pthread_mutex_unlock(&r->mu);
+    return err_set(FSDP_ENOMEM, "group '%s': no memory for a collective request", c->name);
+  }
+  q->base.be = &comm_ring_backend;
+  q->r = r;
+  q->a = *a;
+  q->seq = ++r->seq_issue;
+  if (r->tail) r->tail->next = q;
+  else r->head = q;
+  r->tail = q;
+  q->all_next = r->all;
+  r->all = q;
+  pthread_cond_broadcast(&r->cv);
+  pthread_mutex_unlock(&r->mu);
+  *out = &q->base;
+  return 0;
+}
+
+static void ring_req_release(ring_t *r, ring_req_t *q) {
+  /* under mu */
+  for (ring_req_t **pp = &r->all; *pp; pp = &(*pp)->all_next)
+    if (*pp == q) {
+      *pp = q->all_next;
+      break;
+    }
+  free(q);
+}
+
+static int ring_wait(comm_req_t *req, int64_t wait_ms) {
+  ring_req_t *q = (ring_req_t *)req;
+  ring_t *r = q->r;
+  struct timespec until;
+  clock_gettime(CLOCK_MONOTONIC, &until);
+  if (wait_ms >= 0) {
+    until.tv_sec += wait_ms / 1000;
+    until.tv_nsec += (wait_ms % 1000) * 1000000;
+    if (until.tv_nsec >= 1000000000) until.tv_sec++, until.tv_nsec -= 1000000000;
+  }
+  pthread_mutex_lock(&r->mu);
+  while (!q->done) {
+    if (wait_ms < 0) {
+      pthread_cond_wait(&r->cv, &r->mu);
+    } else if (pthread_cond_timedwait(&r->cv, &r->mu, &until) == ETIMEDOUT && !q->done) {
+      pthread_mutex_unlock(&r->mu);
+      return COMM_PENDING;
+    }
+  }
+  int rc = q->rc;
+  if (rc < 0) err_set(rc, "%s", q->msg);
+  ring_req_release(r, q);
+  pthread_mutex_unlock(&r->mu);
+  return rc;
+}
+
+static void ring_abort(comm_t *c) {
+  ring_t *r = (ring_t *)c;
+  atomic_store(&r->aborted, 1);
+  char b = 1;
+  if (r->wake[1] >= 0 && write(r->wake[1], &b, 1) < 0) { /* full pipe: already woken */
+  }
+  pthread_mutex_lock(&r->mu);
+  for (ring_req_t *q = r->head; q; q = q->next) {
+    char m[RING_MSG];
+    snprintf(m, sizeof m, "%s #%u on rank %d of group '%s': the communicator was aborted",
+             comm_op_name(q->a.op), q->seq, c->rank, c->name);
+    ring_complete(r, q, FSDP_ECANCELED, m);
+  }
+  r->head = r->tail = NULL;
+  pthread_cond_broadcast(&r->cv);
+  pthread_mutex_unlock(&r->mu);
+}
+
+static void ring_free(ring_t *r) {
+  if (r->fd_next >= 0) close(r->fd_next);
+  if (r->fd_prev >= 0) close(r->fd_prev);
+  if (r->wake[0] >= 0) close(r->wake[0]);
+  if (r->wake[1] >= 0) close(r->wake[1]);
+  mem_free(r->staging);
+  pthread_mutex_destroy(&r->mu);
+  pthread_cond_destroy(&r->cv);
+  free(r);
+}
+
+static void ring_destroy(comm_t *c) {
+  ring_t *r = (ring_t *)c;
+  pthread_mutex_lock(&r->mu);
+  int busy = r->head != NULL;
+  for (ring_req_t *q = r->all; q; q = q->all_next) busy |= !q->done;
+  /* A normal end tells nobody; ops still queued or running are aborted. */
+  if (busy) {
+    pthread_mutex_unlock(&r->mu);
+    ring_abort(c);
+    pthread_mutex_lock(&r->mu);
+  }
+  r->stop = 1;
+  pthread_cond_broadcast(&r->cv);
+  pthread_mutex_unlock(&r->mu);
+  if (r->thread_started) pthread_join(r->thread, NULL);
+  while (r->all) {
+    ring_req_t *q = r->all;
+    r->all = q->all_next;
+    free(q);
+  }
+  ring_free(r);
+}
+
+const comm_backend_t comm_ring_backend = {
+    .name = "ring",
+    .supports = ring_supports,
+    .issue = ring_issue,
+    .wait = ring_wait,
+    .abort = ring_abort,
+    .destroy = ring_destroy,
+};
+
+/* ---- bootstrap ---- */
+
+static int ring_parse_addr(const char *addr, char *host, size_t hn, char *port, size_t pn) {
+  const char *colon = strrchr(addr, ':');
+  if (!colon || colon == addr || !colon[1]) return -1;
+  const char *h = addr;
+  size_t len = (size_t)(colon - addr);
+  if (h[0] == '[' && len >= 2 && h[len - 1] == ']') h++, len -= 2;
+  if (len >= hn || strlen(colon + 1) >= pn) return -1;
+  memcpy(host, h, len);
+  host[len] = 0;
+  snprintf(port, pn, "%s", colon + 1);
+  return 0;
+}
+
+static int ring_resolve(const char *addr, struct addrinfo **res, int passive) {
+  char host[RING_ADDR], port[16];
+  if (ring_parse_addr(addr, host, sizeof host, port, sizeof port) < 0)
+    return err_set(FSDP_EINVAL, "address \"%s\" is not host:port", addr);
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                           .ai_flags = passive ? AI_PASSIVE : 0};
+  int g = getaddrinfo(host, port, &hints, res);
+  if (g) return err_set(FSDP_EINVAL, "address \"%s\": %s", addr, gai_strerror(g));
+  return 0;
+}
+
+static void ring_tune(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+}
+
+/* Blocking exchange of a small struct with a bounded wait. */
+static int ring_io_all(int fd, void *p, size_t n, int sending, int64_t deadline) {
+  size_t done = 0;
+  while (done < n) {
+    ssize_t k = sending ? send(fd, (char *)p + done, n - done, MSG_NOSIGNAL | MSG_DONTWAIT)
+                        : recv(fd, (char *)p + done, n - done, MSG_DONTWAIT);
+    if (k > 0) {
+      done += (size_t)k;
+      continue;
+    }
+    if (k == 0) return -ECONNRESET;
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return -errno;
+    struct pollfd pf = {.fd = fd, .events = sending ? POLLOUT : POLLIN};
+    int ms = ring_ms_left(deadline);
+    if (ms == 0) return -ETIMEDOUT;
+    if (poll(&pf, 1, ms) < 0 && errno != EINTR) return -errno;
+  }
+  return 0;
+}
+
+static int ring_connect_next(ring_t *r, int64_t deadline) {
+  struct addrinfo *res;
+  int rc = ring_resolve(r->addr_next, &res, 0);
+  if (rc < 0)
+    return err_wrap(rc, "rank %d of group '%s': connecting to rank %d", r->base.rank, r->base.name,
+                    r->rank_next);
+  int last = ETIMEDOUT;
+  while (ring_now_ns() < deadline) {
+    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      last = errno;
+      break;
+    }
+    int e = 0;
+    if (connect(fd, res->ai_addr, res->ai_addrlen) < 0) {
+      e = errno;
+      if (e == EINPROGRESS) {
+        struct pollfd pf = {.fd = fd, .events = POLLOUT};
+        int n = poll(&pf, 1, ring_ms_left(deadline));
+        socklen_t sl = sizeof e;
+        if (n == 1) getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &sl);
+        else e = ETIMEDOUT;
+      }
+    }
+    if (!e) {
+      r->fd_next = fd;
+      freeaddrinfo(res);
+      return 0;
+    }
+    close(fd);
+    last = e;
+    /* not listening yet: try again shortly, within the deadline */
+    struct timespec ts = {0, 20 * 1000000};
+    int ms = ring_ms_left(deadline);
+    if (ms < 20) ts.tv_nsec = (long)ms * 1000000;
+    nanosleep(&ts, NULL);
+  }
+  freeaddrinfo(res);
+  return err_set(FSDP_ETIMEDOUT,
+                 "rank %d of group '%s' could not connect to rank %d at %s within %lld ms (last "
+                 "error: %s): is that rank running, and listening on that address?",
+                 r->base.rank, r->base.name, r->rank_next, r->addr_next,
+                 (long long)r->timeout_ms, strerror(last));
+}
+
+static int ring_listen(ring_t *r, int *lfd) {
+  struct addrinfo *res;
+  int rc = ring_resolve(r->addr_self, &res, 1);
+  if (rc < 0) return err_wrap(rc, "rank %d of group '%s': listening", r->base.rank, r->base.name);
+  int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+  if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (fd < 0 || bind(fd, res->ai_addr, res->ai_addrlen) < 0) {
+    int e = errno;
+    if (fd >= 0) close(fd);
+    freeaddrinfo(res);
+    return err_set_errno(FSDP_EIO, e,
+                         "rank %d of group '%s': cannot listen on %s (another process on that "
+                         "port? pick a free one)",
+                         r->base.rank, r->base.name, r->addr_self);
+  }
+  freeaddrinfo(res);
+  *lfd = fd;
+  return 0;
+}
+
+static int ring_bootstrap(ring_t *r, int lfd) {
+  const int me = r->base.rank, N = r->base.size;
+  int64_t deadline = ring_now_ns() + r->timeout_ms * 1000000;
+  if (listen(lfd, 64) < 0)
+    return err_set_errno(FSDP_EINVAL, errno, "rank %d of group '%s': listen on %s", me,
+                         r->base.name, r->addr_self);
+  int rc = ring_connect_next(r, deadline);
+  if (rc < 0) return rc;
+  ring_hello_t hi = {.magic = RING_HELLO_MAGIC, .version = RING_VERSION, .size = N, .from = me,
+                     .to = r->rank_next};
+  snprintf(hi.name, sizeof hi.name, "%s", r->base.name);
+  int e = ring_io_all(r->fd_next, &hi, sizeof hi, 1, deadline);
+  if (e < 0) goto io_next;
+
+  /* accept the previous rank */
+  for (;;) {
+    struct pollfd pf = {.fd = lfd, .events = POLLIN};
+    int ms = ring_ms_left(deadline);
+    if (ms == 0 || poll(&pf, 1, ms) == 0)
+      return err_set(FSDP_ETIMEDOUT,
+                     "rank %d of group '%s' (%s): rank %d (%s) did not connect within %lld ms: is "
+                     "it running, with the same address list?",
+                     me, r->base.name, r->addr_self, r->rank_prev, r->addr_prev,
+                     (long long)r->timeout_ms);
+    int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd >= 0) {
+      r->fd_prev = fd;
+      break;
+    }
+    if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+      return err_set_errno(FSDP_EIO, errno, "rank %d of group '%s': accept on %s", me,
+                           r->base.name, r->addr_self);
+  }
+  ring_tune(r->fd_prev);
+  ring_hello_t ph;
+  e = ring_io_all(r->fd_prev, &ph, sizeof ph, 0, deadline);
+  if (e < 0)
+    return err_set(e == -ETIMEDOUT ? FSDP_ETIMEDOUT : FSDP_EPEER,
+                   "rank %d of group '%s' (%s): reading the hello of the connecting rank: %s", me,
+                   r->base.name, r->addr_self, strerror(-e));
+  ph.name[sizeof ph.name - 1] = 0;
+  if (ph.magic != RING_HELLO_MAGIC || ph.version != RING_VERSION)
+    return err_set(FSDP_EPEER,
+                   "rank %d of group '%s' (%s): a connection that is not an fsdpd ring of this "
+                   "version (magic %08x version %u) arrived where rank %d (%s) was expected",
+                   me, r->base.name, r->addr_self, ph.magic, ph.version, r->rank_prev,
+                   r->addr_prev);
+  if (ph.size != N || ph.from != r->rank_prev || ph.to != me || strcmp(ph.name, r->base.name))
+    return err_set(FSDP_EPEER,
+                   "rank %d of group '%s' (size %d, at %s) expected its previous rank %d (%s) "
+                   "but was reached by rank %d of group '%s' (size %d) dialling rank %d: the "
+                   "address lists handed to the ranks disagree",
+                   me, r->base.name, N, r->addr_self, r->rank_prev, r->addr_prev, (int)ph.from,
+                   ph.name, (int)ph.size, (int)ph.to);
+  ring_hello_t reply = hi;
+  reply.to = r->rank_prev;
+  e = ring_io_all(r->fd_prev, &reply, sizeof reply, 1, deadline);
+  if (e < 0)
+    return err_set(FSDP_EPEER, "rank %d of group '%s': answering rank %d (%s): %s", me,
+                   r->base.name, r->rank_prev, r->addr_prev, strerror(-e));
+
+  ring_hello_t nh;
+  e = ring_io_all(r->fd_next, &nh, sizeof nh, 0, deadline);
+  if (e < 0) goto io_next;
+  nh.name[sizeof nh.name - 1] = 0;
+  if (nh.magic != RING_HELLO_MAGIC || nh.size != N || nh.from != r->rank_next || nh.to != me ||
+      strcmp(nh.name, r->base.name))
+    return err_set(FSDP_EPEER,
+                   "rank %d of group '%s' (size %d) dialled rank %d at %s but rank %d of group "
+                   "'%s' (size %d) answered: the address lists handed to the ranks disagree",
+                   me, r->base.name, N, r->rank_next, r->addr_next, (int)nh.from, nh.name,
+                   (int)nh.size);
+  return 0;
+io_next:
+  return err_set(e == -ETIMEDOUT ? FSDP_ETIMEDOUT : FSDP_EPEER,
+                 "rank %d of group '%s': handshake with rank %d at %s: %s (was the rank started "
+                 "with the same address list? did it fail? see its log)",
+                 me, r->base.name, r->rank_next, r->addr_next, strerror(-e));
+}
+
+int comm_ring_create(const comm_ring_opts_t *o, comm_t **out) {
+  *out = NULL;
+  if (!o || o->size < 1 || o->rank < 0 || o->rank >= o->size || (o->size > 1 && !o->addrs))
+    return err_set(FSDP_EINVAL, "comm_ring_create: rank %d of size %d (need 0 <= rank < size)",
+                   o ? o->rank : -1, o ? o->size : -1);
+  if (o->size > 4096)
+    return err_set(FSDP_EINVAL, "comm_ring_create: group size %d is over the ring's 4096", o->size);
+  const char *name = o->name ? o->name : "";
+  if (strlen(name) > 63)
+    return err_set(FSDP_EINVAL, "comm_ring_create: group name \"%s\" is over 63 bytes", name);
+  ring_t *r = calloc(1, sizeof *r);
+  if (!r) return err_set(FSDP_ENOMEM, "comm_ring_create: no memory");
+  r->base.be = &comm_ring_backend;
+  r->base.rank = o->rank;
+  r->base.size = o->size;
+  snprintf(r->base.name, sizeof r->base.name, "%s", name);
+  r->fd_next = r->fd_prev = r->wake[0] = r->wake[1] = -1;
+  pthread_mutex_init(&r->mu, NULL);
+  pthread_cond_init(&r->cv, NULL);
+  {
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_destroy(&r->cv);
+    pthread_cond_init(&r->cv, &ca);
+    pthread_condattr_destroy(&ca);
+  }
+  r->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : param_comm_timeout_ms();
+  if (r->timeout_ms <= 0) r->timeout_ms = 5000;
+  int64_t ch = o->chunk_bytes ? (int64_t)o->chunk_bytes : param_comm_chunk_bytes();
+  int64_t st = o->staging_bytes ? (int64_t)o->staging_bytes : param_comm_staging_bytes();
+  if (ch < 64) ch = 64;
+  if (st < 64) st = 64;
+  r->chunk = (size_t)ch;
+  r->staging_bytes = (size_t)st & ~(size_t)3; /* whole fp32 and bf16 elements */
+  int rc = 0;
+  int lfd = o->listen_fd;
+  if (o->size > 1) {
+    r->rank_next = (o->rank + 1) % o->size;
+    r->rank_prev = (o->rank - 1 + o->size) % o->size;
+    snprintf(r->addr_self, RING_ADDR, "%s", o->addrs[o->rank]);
+    snprintf(r->addr_next, RING_ADDR, "%s", o->addrs[r->rank_next]);
+    snprintf(r->addr_prev, RING_ADDR, "%s", o->addrs[r->rank_prev]);
+    r->staging = mem_alloc(MEM_COMM, r->staging_bytes, "ring reduce staging");
+    if (!r->staging) {
+      rc = FSDP_ENOMEM;
+      goto fail;
+    }
+    if (lfd < 0 && (rc = ring_listen(r, &lfd)) < 0) goto fail;
+    rc = ring_bootstrap(r, lfd);
+    close(lfd);
+    lfd = -1;
+    if (rc < 0) goto fail;
+    ring_tune(r->fd_next);
+  } else if (lfd >= 0) {
+    close(lfd);
+    lfd = -1;
+  }
+  if (pipe2(r->wake, O_NONBLOCK | O_CLOEXEC) < 0) {
+    rc = err_set_errno(FSDP_EINTERNAL, errno, "comm_ring_create: pipe");
+    goto fail;
+  }
+  if (pthread_create(&r->thread, NULL, ring_thread, r) != 0) {
+    rc = err_set(FSDP_EINTERNAL, "comm_ring_create: cannot start the communication thread");
+    goto fail;
+  }
+  r->thread_started = 1;
+  LOG_DEBUG("comm", "group '%s': rank %d of %d connected (next %s, prev %s)", name, o->rank,
+            o->size, r->addr_next, r->addr_prev);
+  *out = &r->base;
+  return 0;
+fail:
+  if (lfd >= 0) close(lfd);
+  ring_free(r);
+  return rc;
+}

@@ -1,0 +1,265 @@
+/* fsdp: the sharded runtime of one rank (see fsdp.h).
+ *
+ * It owns the rank's shards (params, grads, AdamW state), the gathered unit
+ * buffers and the unsharded gradient buffers, and drives the collectives from
+ * the model's unit hooks. Everything it allocates goes through the accounting
+ * allocator: params (the shard), params_gathered (units in flight), grads (the
+ * shard and a unit's unsharded gradient), optimizer, comm. */
+#include "fsdp.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/common/err.h"
+#include "daemon/common/log.h"
+#include "mem.h"
+
+struct fsdp {
+  fsdp_opts_t o;
+  gpt_t *g; /* a shell: no flat buffers */
+  const kern_backend_t *be;
+  shard_layout_t *l;
+  int S, shard_rank, keeps;
+  float *params;     /* (shard_total) fp32 master shard */
+  float *grads;      /* (shard_total) reduced gradient shard */
+  float *landing;    /* (largest shard_numel) where a reduce-scatter lands */
+  size_t *shard_off; /* per unit: offset of its shard in params / grads */
+  float **full;      /* per unit: gathered parameters (padded numel), or NULL */
+  comm_req_t **req;  /* per unit: its all-gather in flight, or NULL */
+  float **ugrad;     /* per unit: unsharded gradient during backward, or NULL */
+  int gathered, max_gathered;
+  int fwd_tail; /* forward has reached the last block: unit 0's next use ends it */
+  adamw_t *opt;
+};
+
+static size_t fsdp_padded(const fsdp_t *f, int k) {
+  return f->l->units[k].shard_numel * (size_t)f->S;
+}
+
+/* Issues the all-gather of unit k (no-op if gathered or in flight). */
+static int fsdp_gather_start(fsdp_t *f, int k) {
+  if (f->full[k]) return FSDP_OK;
+  const shard_unit_t *u = &f->l->units[k];
+  f->full[k] = mem_alloc(MEM_PARAMS_GATHERED, fsdp_padded(f, k) * sizeof(float), "gathered unit");
+  if (!f->full[k]) return FSDP_ENOMEM;
+  if (++f->gathered > f->max_gathered) f->max_gathered = f->gathered;
+  if (f->S == 1) { /* NO_SHARD: the shard is the unit */
+    memcpy(f->full[k], f->params + f->shard_off[k], u->shard_numel * sizeof(float));
+    return FSDP_OK;
+  }
+  int rc = comm_iall_gather(f->o.shard_comm, f->params + f->shard_off[k], f->full[k],
+                            u->shard_numel, COMM_F32, &f->req[k]);
+  return rc ? err_wrap(rc, "gathering unit %d", k) : FSDP_OK;
+}
+
+static int fsdp_gather_wait(fsdp_t *f, int k) {
+  if (!f->req[k]) return FSDP_OK;
+  int rc = comm_wait(f->req[k], -1);
+  f->req[k] = NULL;
+  return rc ? err_wrap(rc, "gathering unit %d", k) : FSDP_OK;
+}
+
+static void fsdp_free_unit(fsdp_t *f, int k) {
+  if (!f->full[k]) return;
+  FSDP_ASSERT(!f->req[k]);
+  mem_free(f->full[k]);
+  f->full[k] = NULL;
+  f->gathered--;
+}
+
+/* The unit the model asks for after model unit u in this phase (gpt.h gives
+ * the order), or -1: what to prefetch. */
+static int fsdp_next_unit(const fsdp_t *f, int u, int phase) {
+  const int L = f->l->num_units - 1;
+  if (phase == GPT_FWD) return u == 0 ? (f->fwd_tail || L == 0 ? -1 : 1) : u < L ? u + 1 : 0;
+  return u == 0 ? L : u > 1 ? u - 1 : -1;
+}
+
+static int fsdp_params_cb(void *ctx, int u, int phase, float **out) {
+  fsdp_t *f = ctx;
+  int rc;
+  if ((rc = fsdp_gather_start(f, u)) || (rc = fsdp_gather_wait(f, u))) return rc;
+  /* prefetch: the next unit's gather runs while this one computes; FULL_SHARD
+   * keeps at most two units gathered, the strategies that keep parameters
+   * hold what they keep anyway */
+  if (phase == GPT_FWD && u == f->l->num_units - 1) f->fwd_tail = 1;
+  int next = fsdp_next_unit(f, u, phase);
+  if (next >= 0 && next != u && (f->keeps || f->gathered < 2) &&
+      (rc = fsdp_gather_start(f, next)))
+    return rc;
+  *out = f->full[u];
+  return FSDP_OK;
+}
+
+static int fsdp_release_cb(void *ctx, int u, int phase) {
+  fsdp_t *f = ctx;
+  if (phase == GPT_FWD && u == 0 && f->fwd_tail) f->fwd_tail = 0; /* forward is over */
+  /* kept units are freed once backward is done with them */
+  if (!f->keeps || phase == GPT_BWD) fsdp_free_unit(f, u);
+  return FSDP_OK;
+}
+
+static int fsdp_grads_cb(void *ctx, int u, float **out) {
+  fsdp_t *f = ctx;
+  if (!f->ugrad[u]) {
+    f->ugrad[u] = mem_calloc(MEM_GRADS, fsdp_padded(f, u) * sizeof(float), "unit gradient");
+    if (!f->ugrad[u]) return FSDP_ENOMEM;
+  }
+  *out = f->ugrad[u];
+  return FSDP_OK;
+}
+
+/* The unit's gradient of this micro-batch is complete: average it into the
+ * shard (reduce-scatter over the shard group, all-reduce over replicas). */
+static int fsdp_grads_done_cb(void *ctx, int u) {
+  fsdp_t *f = ctx;
+  const size_t n = f->l->units[u].shard_numel;
+  float *mine = f->ugrad[u];
+  int rc = FSDP_OK;
+  if (f->S > 1) {
+    rc = comm_reduce_scatter(f->o.shard_comm, f->ugrad[u], f->landing, n, COMM_F32, COMM_AVG);
+    mine = f->landing;
+  }
+  if (!rc && f->o.replica_comm)
+    rc = comm_all_reduce(f->o.replica_comm, mine, mine, n, COMM_F32, COMM_AVG);
+  if (!rc) {
+    float *dst = f->grads + f->shard_off[u];
+    for (size_t i = 0; i < n; i++) dst[i] += mine[i];
+  }
+  mem_free(f->ugrad[u]);
+  f->ugrad[u] = NULL;
+  return rc ? err_wrap(rc, "reducing the gradient of unit %d", u) : FSDP_OK;
+}
+
+int fsdp_create(fsdp_t **out, const gpt_config_t *cfg, const fsdp_opts_t *o) {
+  *out = NULL;
+  const shard_mesh_t *m = &o->mesh;
+  if ((m->shards > 1) != (o->shard_comm != NULL) || (m->replicas > 1) != (o->replica_comm != NULL))
+    return err_set(FSDP_EINVAL, "fsdp: mesh %dx%d needs a shard group communicator when S > 1 "
+                   "and a replica group communicator when R > 1", m->replicas, m->shards);
+  if (o->shard_comm && o->shard_comm->size != m->shards)
+    return err_set(FSDP_EINVAL, "fsdp: the shard group has %d ranks, the mesh says %d",
+                   o->shard_comm->size, m->shards);
+  if (o->replica_comm && o->replica_comm->size != m->replicas)
+    return err_set(FSDP_EINVAL, "fsdp: the replica group has %d ranks, the mesh says %d",
+                   o->replica_comm->size, m->replicas);
+  fsdp_t *f = calloc(1, sizeof *f);
+  if (!f) return err_set(FSDP_ENOMEM, "fsdp: out of memory");
+  f->o = *o;
+  f->be = kern_cpu();
+  f->S = m->shards;
+  f->shard_rank = o->shard_comm ? o->shard_comm->rank : 0;
+  f->keeps = shard_strategy_keeps_params(m->strategy);
+  adamw_segment_t *segs = NULL;
+  int nsegs = 0, rc;
+  if ((rc = gpt_create_shell(&f->g, cfg, f->be))) goto fail;
+  if ((rc = shard_layout_create(&f->l, cfg, f->S, 0))) goto fail;
+  const int nu = f->l->num_units;
+  f->shard_off = calloc((size_t)nu, sizeof *f->shard_off);
+  f->full = calloc((size_t)nu, sizeof *f->full);
+  f->req = calloc((size_t)nu, sizeof *f->req);
+  f->ugrad = calloc((size_t)nu, sizeof *f->ugrad);
+  if (!f->shard_off || !f->full || !f->req || !f->ugrad) {
+    rc = err_set(FSDP_ENOMEM, "fsdp: out of memory");
+    goto fail;
+  }
+  size_t off = 0, largest = 0;
+  for (int k = 0; k < nu; k++) {
+    f->shard_off[k] = off;
+    off += f->l->units[k].shard_numel;
+    if (f->l->units[k].shard_numel > largest) largest = f->l->units[k].shard_numel;
+  }
+  f->params = mem_alloc(MEM_PARAMS, f->l->shard_total * sizeof(float), "parameter shard");
+  f->grads = mem_calloc(MEM_GRADS, f->l->shard_total * sizeof(float), "gradient shard");
+  f->landing = mem_alloc(MEM_COMM, largest * sizeof(float), "reduce-scatter landing");
+  if (!f->params || !f->grads || !f->landing) {
+    rc = FSDP_ENOMEM;
+    goto fail;
+  }
+  shard_init_weights(f->l, cfg, o->seed, f->shard_rank, f->params);
+  if ((rc = shard_segments(f->l, f->g, f->shard_rank, &segs, &nsegs))) goto fail;
+  if ((rc = adamw_create_segments(&f->opt, f->l->shard_total, segs, nsegs, o->hp))) goto fail;
+  free(segs);
+  gpt_unit_hooks_t h = {f, fsdp_params_cb, fsdp_release_cb, fsdp_grads_cb, fsdp_grads_done_cb};
+  gpt_set_hooks(f->g, &h);
+  *out = f;
+  return FSDP_OK;
+fail:
+  free(segs);
+  fsdp_destroy(f);
+  return rc;
+}
+
+void fsdp_destroy(fsdp_t *f) {
+  if (!f) return;
+  if (f->l)
+    for (int k = 0; k < f->l->num_units; k++) {
+      if (f->req && f->req[k]) comm_wait(f->req[k], -1); /* the buffer must outlive the op */
+      if (f->req) f->req[k] = NULL;
+      if (f->full) fsdp_free_unit(f, k);
+      if (f->ugrad) mem_free(f->ugrad[k]);
+    }
+  adamw_destroy(f->opt);
+  mem_free(f->params);
+  mem_free(f->grads);
+  mem_free(f->landing);
+  free(f->shard_off);
+  free(f->full);
+  free(f->req);
+  free(f->ugrad);
+  shard_layout_destroy(f->l);
+  gpt_destroy(f->g);
+  free(f);
+}
+
+gpt_t *fsdp_model(fsdp_t *f) { return f->g; }
+const shard_layout_t *fsdp_layout(const fsdp_t *f) { return f->l; }
+int fsdp_max_gathered(const fsdp_t *f) { return f->max_gathered; }
+
+void fsdp_zero_grad(fsdp_t *f) { memset(f->grads, 0, f->l->shard_total * sizeof(float)); }
+
+int fsdp_step(fsdp_t *f, float lr, float clip, float *norm) {
+  /* the squared norm of the whole gradient: each shard group holds it once
+   * (replicas hold equal shards), and padding is zero */
+  float sq = (float)f->be->sumsq(f->grads, f->l->shard_total);
+  if (f->o.shard_comm) {
+    int rc = comm_all_reduce(f->o.shard_comm, &sq, &sq, 1, COMM_F32, COMM_SUM);
+    if (rc) return err_wrap(rc, "gradient norm");
+  }
+  double n = sqrt((double)sq);
+  if (norm) *norm = (float)n;
+  if (clip > 0 && n > clip) {
+    float s = (float)(clip / (n + 1e-6));
+    for (size_t i = 0; i < f->l->shard_total; i++) f->grads[i] *= s;
+  }
+  adamw_step_buffers(f->opt, f->be, f->params, f->grads, lr);
+  return FSDP_OK;
+}
+
+int fsdp_mean(fsdp_t *f, float *x) {
+  int rc = FSDP_OK;
+  if (f->o.shard_comm) rc = comm_all_reduce(f->o.shard_comm, x, x, 1, COMM_F32, COMM_AVG);
+  if (!rc && f->o.replica_comm) rc = comm_all_reduce(f->o.replica_comm, x, x, 1, COMM_F32, COMM_AVG);
+  return rc;
+}
+
+void fsdp_reshard(fsdp_t *f) {
+  for (int k = 0; k < f->l->num_units; k++) {
+    if (f->req[k]) {
+      comm_wait(f->req[k], -1);
+      f->req[k] = NULL;
+    }
+    fsdp_free_unit(f, k);
+  }
+}
+
+int fsdp_gather_params(fsdp_t *f, float *dst) {
+  for (int k = 0; k < f->l->num_units; k++) {
+    int rc;
+    if ((rc = fsdp_gather_start(f, k)) || (rc = fsdp_gather_wait(f, k))) return rc;
+    memcpy(dst + f->l->units[k].offset, f->full[k], f->l->units[k].numel * sizeof(float));
+    fsdp_free_unit(f, k);
+  }
+  return FSDP_OK;
+}

@@ -1,0 +1,59 @@
+/* fsdp: the fully sharded runtime of one rank.
+ *
+ * A rank holds only its shard of every unit: fp32 master parameters, the
+ * reduced fp32 gradient and the AdamW state (shard.h's layout). The model is a
+ * shell (gpt_create_shell) whose unit hooks this module provides: a unit's
+ * shards are all-gathered from the shard group just before use (the next
+ * unit's gather is issued while the current one computes) and freed after it
+ * (FULL_SHARD, HYBRID_SHARD) or kept until backward is done with it
+ * (SHARD_GRAD_OP, HYBRID_SHARD_ZERO2, NO_SHARD); a unit's gradient is
+ * reduce-scattered (averaged) into the gradient shard as soon as backward has
+ * produced it, and averaged across the replica group under HYBRID. Under
+ * FULL_SHARD at most two units are gathered at any moment.
+ *
+ * Each rank trains on its own rows of the global batch with the loss averaged
+ * over its tokens, so the averaged gradients are those of the global batch:
+ * any mesh trains like one device. Precision is fp32 throughout for now. */
+#ifndef FSDP_FSDP_H
+#define FSDP_FSDP_H
+
+#include "adamw.h"
+#include "daemon/comm/comm.h"
+#include "gpt.h"
+#include "shard.h"
+
+typedef struct fsdp_opts {
+  shard_mesh_t mesh;
+  comm_t *shard_comm;   /* this rank's shard group (S ranks); NULL when S == 1 */
+  comm_t *replica_comm; /* its replica group (R ranks); NULL when R == 1 */
+  uint64_t seed;        /* initial weights: the same bytes as one device's */
+  adamw_hparams_t hp;
+} fsdp_opts_t;
+
+typedef struct fsdp fsdp_t;
+
+/* Builds the shell model, the layout and this rank's shards (initialised from
+ * seed). The communicators stay the caller's. */
+int fsdp_create(fsdp_t **out, const gpt_config_t *cfg, const fsdp_opts_t *o);
+void fsdp_destroy(fsdp_t *f);
+/* The model to run forward and backward on (its hooks are this runtime's). */
+gpt_t *fsdp_model(fsdp_t *f);
+
+/* Starts a step: zeroes the gradient shard. */
+void fsdp_zero_grad(fsdp_t *f);
+/* Ends a step: global gradient norm (over every shard), clipping to clip (0:
+ * off), AdamW on the shard. *norm gets the norm before clipping. */
+int fsdp_step(fsdp_t *f, float lr, float clip, float *norm);
+/* Averages x over every rank (shard group, then replica group). */
+int fsdp_mean(fsdp_t *f, float *x);
+/* Gathers the whole model's parameters into dst (num_params floats), for
+ * checks and checkpoints; every rank of the shard group must call it. */
+int fsdp_gather_params(fsdp_t *f, float *dst);
+/* Frees every gathered unit: after a forward-only pass (evaluation) under a
+ * strategy that keeps parameters, or before a checkpoint. */
+void fsdp_reshard(fsdp_t *f);
+/* Most units that were gathered (or being gathered) at the same time. */
+int fsdp_max_gathered(const fsdp_t *f);
+const shard_layout_t *fsdp_layout(const fsdp_t *f);
+
+#endif

@@ -1,0 +1,153 @@
+/* bench_comm: ring all_gather and reduce_scatter bus bandwidth with 2 rank
+ * processes on loopback, against this machine's single-thread memcpy
+ * bandwidth measured in the same run.
+ *
+ * Figures follow nccl-tests: bytes is the whole buffer (all_gather's output,
+ * reduce_scatter's input), algbw = bytes / time, busbw = algbw * (n-1)/n.
+ * Each size runs a fixed number of ops (the same on both ranks), each timed
+ * alone after a barrier; the median is reported. Output: `bench:` lines. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon/comm/comm.h"
+#include "daemon/common/err.h"
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp_d(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double memcpy_gbps(size_t bytes) {
+  char *a = malloc(bytes), *b = malloc(bytes);
+  if (!a || !b) return 0;
+  memset(a, 1, bytes);
+  memset(b, 2, bytes);
+  double best = 1e30;
+  for (int i = 0; i < 5; i++) {
+    double t = now_s();
+    memcpy(i % 2 ? a : b, i % 2 ? b : a, bytes);
+    t = now_s() - t;
+    if (t < best) best = t;
+  }
+  free(a);
+  free(b);
+  return bytes / best / 1e9;
+}
+
+static int bind_any(char *addr, size_t n) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET};
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0) return -1;
+  socklen_t sl = sizeof sa;
+  getsockname(fd, (struct sockaddr *)&sa, &sl);
+  snprintf(addr, n, "127.0.0.1:%d", ntohs(sa.sin_port));
+  return fd;
+}
+
+#define NSIZES 5
+static const size_t sizes_mib[NSIZES] = {1, 4, 16, 64, 256};
+
+/* Runs every op and size; rank 0 writes the median seconds to med[op][size]. */
+static int run_rank(int rank, const char *const *addrs, int lfd, double med[2][NSIZES]) {
+  const int N = 2;
+  comm_ring_opts_t o = {.rank = rank, .size = N, .addrs = addrs, .name = "bench",
+                        .listen_fd = lfd, .timeout_ms = 30000};
+  comm_t *c;
+  if (comm_ring_create(&o, &c) < 0) {
+    fprintf(stderr, "bench_comm rank %d: %s\n", rank, err_msg());
+    return 1;
+  }
+  size_t maxb = sizes_mib[NSIZES - 1] << 20;
+  char *big = malloc(maxb), *small = malloc(maxb / N);
+  if (!big || !small) return 1;
+  memset(big, 0, maxb);
+  memset(small, 0, maxb / N);
+  for (int op = 0; op < 2; op++) {
+    for (int s = 0; s < NSIZES; s++) {
+      size_t bytes = sizes_mib[s] << 20, count = bytes / 4 / N;
+      int iters = (int)((256u << 20) / bytes);
+      if (iters > 40) iters = 40;
+      if (iters < 4) iters = 4;
+      double t[64];
+      for (int i = -1; i < iters; i++) { /* one warm-up */
+        if (comm_barrier(c) < 0) goto fail;
+        double t0 = now_s();
+        int rc = op == 0 ? comm_all_gather(c, small, big, count, COMM_F32)
+                         : comm_reduce_scatter(c, big, small, count, COMM_F32, COMM_SUM);
+        if (rc < 0) goto fail;
+        if (i >= 0) t[i] = now_s() - t0;
+      }
+      qsort(t, (size_t)iters, sizeof *t, cmp_d);
+      med[op][s] = t[iters / 2];
+    }
+  }
+  comm_destroy(c);
+  free(big);
+  free(small);
+  return 0;
+fail:
+  fprintf(stderr, "bench_comm rank %d: %s\n", rank, err_msg());
+  comm_destroy(c);
+  return 1;
+}
+
+int main(void) {
+  const int N = 2;
+  double mc = memcpy_gbps((size_t)256 << 20);
+  printf("bench: memcpy gbps=%.2f bytes=256MiB threads=1\n", mc);
+  fflush(stdout);
+
+  char addr[2][64];
+  int lfd[2];
+  for (int i = 0; i < N; i++)
+    if ((lfd[i] = bind_any(addr[i], sizeof addr[i])) < 0) {
+      perror("bench_comm: bind");
+      return 1;
+    }
+  const char *addrs[2] = {addr[0], addr[1]};
+  pid_t p = fork();
+  if (p < 0) return 1;
+  if (p == 0) {
+    close(lfd[0]);
+    double med[2][NSIZES];
+    _exit(run_rank(1, addrs, lfd[1], med));
+  }
+  close(lfd[1]);
+  double med[2][NSIZES];
+  int rc = run_rank(0, addrs, lfd[0], med);
+  int st = 0;
+  waitpid(p, &st, 0);
+  if (rc || !WIFEXITED(st) || WEXITSTATUS(st)) return 1;
+
+  static const char *names[2] = {"all_gather", "reduce_scatter"};
+  double at64[2] = {0, 0};
+  for (int op = 0; op < 2; op++)
+    for (int s = 0; s < NSIZES; s++) {
+      double bytes = (double)(sizes_mib[s] << 20), alg = bytes / med[op][s] / 1e9;
+      double bus = alg * (N - 1) / N;
+      if (sizes_mib[s] == 64) at64[op] = bus;
+      printf("bench: comm op=%s ranks=%d bytes=%zu algbw_gbps=%.2f busbw_gbps=%.2f time_ms=%.3f\n",
+             names[op], N, sizes_mib[s] << 20, alg, bus, med[op][s] * 1e3);
+    }
+  for (int op = 0; op < 2; op++) {
+    double ratio = mc > 0 ? at64[op] / mc : 0;
+    printf("bench: target name=ring_busbw_vs_memcpy op=%s bytes=64MiB ratio=%.2f goal=>=0.50 "
+           "met=%s busbw_gbps=%.2f memcpy_gbps=%.2f\n",
+           names[op], ratio, ratio >= 0.50 ? "yes" : "no", at64[op], mc);
+  }
+  return 0;
+}

@@ -1,0 +1,661 @@
+/* Tests of the collectives (daemon/comm) with the ring backend: N rank
+ * processes forked on 127.0.0.1, each checking its results against float64
+ * references computed here, and the failure paths (a killed rank, a divergent
+ * op, comm_abort, a dead bootstrap address, mis-wired groups).
+ *
+ * The parent binds every rank's listening socket on 127.0.0.1:0 before
+ * forking, so the ports are known and free. Children never use Criterion's
+ * asserts: they write a verdict into shared memory and _exit; the parent waits
+ * for them with a bound, kills them past it, and asserts. */
+#include <criterion/criterion.h>
+#include <arpa/inet.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon/comm/comm.h"
+#include "daemon/common/err.h"
+#include "daemon/common/rng.h"
+#include "kernels/kern_math.h"
+
+#define MAXR 8
+
+typedef struct {
+  int fail;          /* 1: the child's checks failed (msg says why) */
+  int code;          /* the comm error a fault test saw */
+  int64_t t_err_ns;  /* when it saw it (CLOCK_MONOTONIC, system-wide) */
+  volatile int ready;
+  char msg[2048];
+} slot_t;
+
+typedef struct {
+  slot_t s[MAXR];
+  volatile int64_t t_kill_ns;
+} shared_t;
+
+typedef struct {
+  int n;
+  int lfd[MAXR];
+  char addr[MAXR][64];
+  const char *ptr[MAXR];
+} group_t;
+
+static int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static int bind_any(char *addr, size_t n) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = 0};
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  cr_assert(fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0);
+  socklen_t sl = sizeof sa;
+  getsockname(fd, (struct sockaddr *)&sa, &sl);
+  snprintf(addr, n, "127.0.0.1:%d", ntohs(sa.sin_port));
+  return fd;
+}
+
+static void group_bind(group_t *g, int n) {
+  g->n = n;
+  for (int i = 0; i < n; i++) {
+    g->lfd[i] = bind_any(g->addr[i], sizeof g->addr[i]);
+    g->ptr[i] = g->addr[i];
+  }
+}
+
+static int group_create(group_t *g, int rank, const char *name, int64_t timeout_ms,
+                        comm_t **c) {
+  comm_ring_opts_t o = {.rank = rank, .size = g->n, .addrs = g->ptr, .name = name,
+                        .listen_fd = g->lfd[rank], .timeout_ms = timeout_ms,
+                        .chunk_bytes = 1024, .staging_bytes = 4096};
+  g->lfd[rank] = -1; /* owned by the communicator now */
+  return comm_ring_create(&o, c);
+}
+
+static shared_t *shared_new(void) {
+  shared_t *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  cr_assert(sh != MAP_FAILED);
+  memset(sh, 0, sizeof *sh);
+  return sh;
+}
+
+static int child_fail(shared_t *sh, int rank, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(sh->s[rank].msg, sizeof sh->s[rank].msg, fmt, ap);
+  va_end(ap);
+  sh->s[rank].fail = 1;
+  return 1;
+}
+
+typedef int (*child_fn)(int rank, void *arg, shared_t *sh);
+
+/* Forks n children running fn(rank); closes listeners the child does not own. */
+static void spawn(pid_t *pids, int n, child_fn fn, void *arg, shared_t *sh, group_t **gs, int ng) {
+  for (int r = 0; r < n; r++) {
+    pid_t p = fork();
+    cr_assert(p >= 0);
+    if (p == 0) {
+      for (int k = 0; k < ng; k++)
+        for (int i = 0; i < gs[k]->n; i++)
+          if (i != r && gs[k]->lfd[i] >= 0) close(gs[k]->lfd[i]), gs[k]->lfd[i] = -1;
+      int rc = fn(r, arg, sh);
+      _exit(rc ? 1 : 0);
+    }
+    pids[r] = p;
+  }
+  for (int k = 0; k < ng; k++)
+    for (int i = 0; i < gs[k]->n; i++)
+      if (gs[k]->lfd[i] >= 0) close(gs[k]->lfd[i]), gs[k]->lfd[i] = -1;
+}
+
+/* Waits for every child, at most limit_s; kills the rest past it. Returns how
+ * many exited 0; *hung is set when some had to be killed. */
+static int reap(pid_t *pids, int n, double limit_s, int *hung) {
+  int64_t until = now_ns() + (int64_t)(limit_s * 1e9);
+  int ok = 0, left = n, st[MAXR];
+  int done[MAXR] = {0};
+  *hung = 0;
+  while (left > 0) {
+    for (int r = 0; r < n; r++) {
+      if (done[r] || pids[r] <= 0) {
+        if (!done[r] && pids[r] <= 0) done[r] = 1, left--;
+        continue;
+      }
+      pid_t w = waitpid(pids[r], &st[r], WNOHANG);
+      if (w == pids[r]) {
+        done[r] = 1, left--;
+        if (WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0) ok++;
+      }
+    }
+    if (left == 0) break;
+    if (now_ns() > until) {
+      *hung = 1;
+      for (int r = 0; r < n; r++)
+        if (!done[r] && pids[r] > 0) kill(pids[r], SIGKILL), waitpid(pids[r], NULL, 0);
+      break;
+    }
+    usleep(5000);
+  }
+  return ok;
+}
+
+static void assert_children(shared_t *sh, pid_t *pids, int n, double limit_s) {
+  int hung;
+  int ok = reap(pids, n, limit_s, &hung);
+  for (int r = 0; r < n; r++) cr_expect(!sh->s[r].fail, "rank %d: %s", r, sh->s[r].msg);
+  cr_assert(!hung, "children still running after %.0f s", limit_s);
+  cr_assert_eq(ok, n, "%d of %d ranks exited cleanly", ok, n);
+}
+
+/* ---- deterministic inputs and float64 references ---- */
+
+/* Value of element i on rank r for a test case (seed). bf16: rounded to bf16. */
+static double val(uint64_t seed, int r, size_t i, comm_dtype_t dt) {
+  double v = rng_unit(rng_mix(seed * 1000003u + (uint64_t)r * 0x100000001ull + i)) * 2.0 - 1.0;
+  float f = (float)v;
+  if (dt == COMM_BF16) f = kern_bf16_to_f32(kern_f32_to_bf16(f));
+  return f;
+}
+
+static void fill(void *p, uint64_t seed, int r, size_t off, size_t n, comm_dtype_t dt) {
+  for (size_t i = 0; i < n; i++) {
+    float f = (float)val(seed, r, off + i, dt);
+    if (dt == COMM_F32) ((float *)p)[i] = f;
+    else ((uint16_t *)p)[i] = kern_f32_to_bf16(f);
+  }
+}
+
+static double get(const void *p, size_t i, comm_dtype_t dt) {
+  return dt == COMM_F32 ? ((const float *)p)[i] : kern_bf16_to_f32(((const uint16_t *)p)[i]);
+}
+
+/* Checks out[i] (i < n) against the sum (or average) over ranks of element
+ * base+i. bf16 bound: n-1 roundings, each within 2^-8 (relative) of a partial sum. */
+static int check_reduce(shared_t *sh, int rank, int N, const void *out, size_t n, size_t base,
+                        uint64_t seed, comm_dtype_t dt, comm_redop_t op, const char *what) {
+  for (size_t i = 0; i < n; i++) {
+    double exact = 0, mag = 0;
+    for (int j = 0; j < N; j++) {
+      double x = val(seed, j, base + i, dt);
+      exact += x;
+      mag += fabs(x);
+    }
+    if (op == COMM_AVG) exact /= N, mag /= N;
+    double got = get(out, i, dt), tol;
+    if (dt == COMM_F32) tol = 4e-7 * mag * N + 1e-30;
+    else tol = (N - 1) * 0x1p-8 * mag * 1.0001 + 1e-30;
+    if (fabs(got - exact) > tol)
+      return child_fail(sh, rank, "%s: element %zu: got %.9g, float64 reference %.9g (tolerance %.3g)",
+                        what, i, got, exact, tol);
+    if (dt == COMM_BF16 && N == 2) { /* exactly one rounding of the fp32 sum */
+      float a = (float)val(seed, 0, base + i, dt), b = (float)val(seed, 1, base + i, dt);
+      float s = op == COMM_AVG ? (b + a) / 2.0f : b + a;
+      if (((const uint16_t *)out)[i] != kern_f32_to_bf16(s))
+        return child_fail(sh, rank, "%s: element %zu: 2-rank bf16 sum is not bf16(a + b)", what, i);
+    }
+  }
+  return 0;
+}
+
+static int check_exact(shared_t *sh, int rank, const void *out, size_t n, uint64_t seed, int src,
+                       size_t base, comm_dtype_t dt, const char *what) {
+  for (size_t i = 0; i < n; i++)
+    if (get(out, i, dt) != val(seed, src, base + i, dt))
+      return child_fail(sh, rank, "%s: element %zu from rank %d: got %.9g, want %.9g", what, i, src,
+                        get(out, i, dt), val(seed, src, base + i, dt));
+  return 0;
+}
+
+/* ---- correctness of every op and dtype ---- */
+
+typedef struct {
+  group_t g;
+} ops_arg_t;
+
+static int child_ops(int rank, void *argp, shared_t *sh) {
+  ops_arg_t *arg = argp;
+  const int N = arg->g.n;
+  comm_t *c;
+  if (group_create(&arg->g, rank, "world", 10000, &c) < 0)
+    return child_fail(sh, rank, "create: %s", err_msg());
+  static const size_t counts[] = {0, 1, 5, 37, 4099};
+  uint64_t seed = 1;
+  char what[128];
+  for (int d = 0; d < 2; d++) {
+    comm_dtype_t dt = d ? COMM_BF16 : COMM_F32;
+    size_t esz = comm_dtype_size(dt);
+    for (size_t ci = 0; ci < sizeof counts / sizeof *counts; ci++) {
+      size_t n = counts[ci];
+      uint8_t *in = malloc(n * N * esz + 8), *out = malloc(n * N * esz + 8);
+      /* all_gather, out of place and in place */
+      for (int inplace = 0; inplace < 2; inplace++) {
+        seed++;
+        snprintf(what, sizeof what, "all_gather %s n=%zu%s", comm_dtype_name(dt), n,
+                 inplace ? " in place" : "");
+        void *src = inplace ? out + rank * n * esz : in;
+        fill(src, seed, rank, 0, n, dt);
+        if (comm_all_gather(c, src, out, n, dt) < 0)
+          return child_fail(sh, rank, "%s: %s", what, err_msg());
+        for (int j = 0; j < N; j++)
+          if (check_exact(sh, rank, out + j * n * esz, n, seed, j, 0, dt, what)) return 1;
+      }
+      for (int op = 0; op < 2; op++) {
+        comm_redop_t ro = op ? COMM_AVG : COMM_SUM;
+        seed++;
+        snprintf(what, sizeof what, "reduce_scatter %s %s n=%zu", comm_dtype_name(dt),
+                 op ? "avg" : "sum", n);
+        fill(in, seed, rank, 0, n * N, dt);
+        if (comm_reduce_scatter(c, in, out, n, dt, ro) < 0)
+          return child_fail(sh, rank, "%s: %s", what, err_msg());
+        if (check_reduce(sh, rank, N, out, n, rank * n, seed, dt, ro, what)) return 1;
+        for (int inplace = 0; inplace < 2; inplace++) {
+          seed++;
+          snprintf(what, sizeof what, "all_reduce %s %s n=%zu%s", comm_dtype_name(dt),
+                   op ? "avg" : "sum", n, inplace ? " in place" : "");
+          fill(in, seed, rank, 0, n, dt);
+          if (comm_all_reduce(c, in, inplace ? in : out, n, dt, ro) < 0)
+            return child_fail(sh, rank, "%s: %s", what, err_msg());
+          if (check_reduce(sh, rank, N, inplace ? in : out, n, 0, seed, dt, ro, what)) return 1;
+        }
+      }
+      seed++;
+      int root = (int)((n + ci) % (size_t)N);
+      snprintf(what, sizeof what, "broadcast %s n=%zu root=%d", comm_dtype_name(dt), n, root);
+      if (rank == root) fill(out, seed, rank, 0, n, dt);
+      else memset(out, 0xff, n * esz);
+      if (comm_broadcast(c, out, n, dt, root) < 0)
+        return child_fail(sh, rank, "%s: %s", what, err_msg());
+      if (check_exact(sh, rank, out, n, seed, root, 0, dt, what)) return 1;
+      if (comm_barrier(c) < 0) return child_fail(sh, rank, "barrier: %s", err_msg());
+      free(in);
+      free(out);
+    }
+  }
+  comm_destroy(c);
+  return 0;
+}
+
+static void run_ops(int n) {
+  shared_t *sh = shared_new();
+  ops_arg_t arg;
+  group_bind(&arg.g, n);
+  group_t *gs[] = {&arg.g};
+  pid_t pids[MAXR];
+  spawn(pids, n, child_ops, &arg, sh, gs, 1);
+  assert_children(sh, pids, n, 40);
+}
+
+Test(comm, ops_and_dtypes_1_rank, .timeout = 60) { run_ops(1); }
+Test(comm, ops_and_dtypes_2_ranks, .timeout = 60) { run_ops(2); }
+Test(comm, ops_and_dtypes_3_ranks, .timeout = 60) { run_ops(3); }
+Test(comm, ops_and_dtypes_4_ranks, .timeout = 60) { run_ops(4); }
+
+/* Buffers far beyond the sockets' and the staging's sizes, default tunables:
+ * every link must keep streaming (a reduce-scatter that buffered a whole
+ * step before sending on would deadlock here). */
+static int child_large(int rank, void *argp, shared_t *sh) {
+  ops_arg_t *arg = argp;
+  const int N = arg->g.n;
+  comm_ring_opts_t o = {.rank = rank, .size = N, .addrs = arg->g.ptr, .name = "large",
+                        .listen_fd = arg->g.lfd[rank], .timeout_ms = 20000};
+  comm_t *c;
+  if (comm_ring_create(&o, &c) < 0) return child_fail(sh, rank, "create: %s", err_msg());
+  const size_t n = (size_t)3 << 20; /* per rank: 12 MiB of fp32 */
+  float *in = malloc(n * N * 4), *out = malloc(n * N * 4);
+  fill(in, 77, rank, 0, n * N, COMM_F32);
+  if (comm_reduce_scatter(c, in, out, n, COMM_F32, COMM_SUM) < 0)
+    return child_fail(sh, rank, "reduce_scatter: %s", err_msg());
+  if (check_reduce(sh, rank, N, out, n, rank * n, 77, COMM_F32, COMM_SUM, "large reduce_scatter"))
+    return 1;
+  fill(in, 78, rank, 0, n, COMM_F32);
+  if (comm_all_gather(c, in, out, n, COMM_F32) < 0)
+    return child_fail(sh, rank, "all_gather: %s", err_msg());
+  for (int j = 0; j < N; j++)
+    if (check_exact(sh, rank, out + j * n, n, 78, j, 0, COMM_F32, "large all_gather")) return 1;
+  comm_destroy(c);
+  return 0;
+}
+
+Test(comm, large_buffers_stream_through_the_ring, .timeout = 60) {
+  shared_t *sh = shared_new();
+  ops_arg_t arg;
+  group_bind(&arg.g, 3);
+  group_t *gs[] = {&arg.g};
+  pid_t pids[MAXR];
+  spawn(pids, 3, child_large, &arg, sh, gs, 1);
+  assert_children(sh, pids, 3, 45);
+}
+
+/* ---- two communicators at once, async ops waited out of order ---- */
+
+typedef struct {
+  group_t world, sub; /* sub = world ranks 0 and 2 */
+} multi_arg_t;
+
+static int child_multi(int rank, void *argp, shared_t *sh) {
+  multi_arg_t *a = argp;
+  comm_t *w, *s = NULL;
+  if (group_create(&a->world, rank, "world", 10000, &w) < 0)
+    return child_fail(sh, rank, "world: %s", err_msg());
+  int srank = rank == 0 ? 0 : rank == 2 ? 1 : -1;
+  if (srank >= 0 && group_create(&a->sub, srank, "shard0", 10000, &s) < 0)
+    return child_fail(sh, rank, "sub: %s", err_msg());
+  const size_t n1 = 1000, n2 = 333;
+  float *ar = malloc(n1 * 4), *bc = malloc(n1 * 4), *sin_ = malloc(n2 * 4), *sout = malloc(2 * n2 * 4);
+  uint16_t *sar = malloc(n1 * 2);
+  for (int round = 0; round < 3; round++) {
+    uint64_t seed = 100 + (uint64_t)round * 10;
+    comm_req_t *r1, *r2, *r3 = NULL, *r4 = NULL;
+    fill(ar, seed, rank, 0, n1, COMM_F32);
+    if (rank == 1) fill(bc, seed + 1, rank, 0, n1, COMM_F32);
+    if (comm_iall_reduce(w, ar, ar, n1, COMM_F32, COMM_SUM, &r1) < 0 ||
+        comm_ibroadcast(w, bc, n1, COMM_F32, 1, &r2) < 0)
+      return child_fail(sh, rank, "issue world: %s", err_msg());
+    if (s) {
+      fill(sin_, seed + 2, srank, 0, n2, COMM_F32);
+      fill(sar, seed + 3, srank, 0, n1, COMM_BF16);
+      if (comm_iall_gather(s, sin_, sout, n2, COMM_F32, &r3) < 0 ||
+          comm_iall_reduce(s, sar, sar, n1, COMM_BF16, COMM_AVG, &r4) < 0)
+        return child_fail(sh, rank, "issue sub: %s", err_msg());
+    }
+    /* wait in reverse order of issue */
+    if (r4 && comm_wait(r4, -1) < 0) return child_fail(sh, rank, "sub all_reduce: %s", err_msg());
+    if (r3 && comm_wait(r3, -1) < 0) return child_fail(sh, rank, "sub all_gather: %s", err_msg());
+    if (comm_wait(r2, -1) < 0) return child_fail(sh, rank, "broadcast: %s", err_msg());
+    if (comm_wait(r1, -1) < 0) return child_fail(sh, rank, "all_reduce: %s", err_msg());
+    if (check_reduce(sh, rank, 3, ar, n1, 0, seed, COMM_F32, COMM_SUM, "world all_reduce") ||
+        check_exact(sh, rank, bc, n1, seed + 1, 1, 0, COMM_F32, "world broadcast"))
+      return 1;
+    if (s) {
+      for (int j = 0; j < 2; j++)
+        if (check_exact(sh, rank, sout + j * n2, n2, seed + 2, j, 0, COMM_F32, "sub all_gather"))
+          return 1;
+      if (check_reduce(sh, rank, 2, sar, n1, 0, seed + 3, COMM_BF16, COMM_AVG, "sub all_reduce"))
+        return 1;
+    }
+  }
+  /* issue order on one communicator: the broadcast sees the all_reduce's result */
+  fill(ar, 7, rank, 0, n1, COMM_F32);
+  comm_req_t *q1, *q2;
+  if (comm_iall_reduce(w, ar, ar, n1, COMM_F32, COMM_SUM, &q1) < 0 ||
+      comm_ibroadcast(w, ar, n1, COMM_F32, 2, &q2) < 0)
+    return child_fail(sh, rank, "issue: %s", err_msg());
+  if (comm_wait(q2, -1) < 0 || comm_wait(q1, -1) < 0)
+    return child_fail(sh, rank, "ordered pair: %s", err_msg());
+  if (check_reduce(sh, rank, 3, ar, n1, 0, 7, COMM_F32, COMM_SUM, "all_reduce then broadcast"))
+    return 1;
+  comm_destroy(s);
+  comm_destroy(w);
+  return 0;
+}
+
+Test(comm, two_communicators_interleaved_async_ops, .timeout = 60) {
+  shared_t *sh = shared_new();
+  multi_arg_t a;
+  group_bind(&a.world, 3);
+  group_bind(&a.sub, 2);
+  /* sub rank 1 is world rank 2: move its listener to that slot for spawn */
+  int subl[2] = {a.sub.lfd[0], a.sub.lfd[1]};
+  group_t subv = a.sub;
+  subv.n = 3;
+  subv.lfd[0] = subl[0], subv.lfd[1] = -1, subv.lfd[2] = subl[1];
+  group_t *gs[] = {&a.world, &subv};
+  pid_t pids[MAXR];
+  spawn(pids, 3, child_multi, &a, sh, gs, 2);
+  /* children hold a.sub.lfd by value; their own copy was closed for others */
+  assert_children(sh, pids, 3, 40);
+}
+
+/* ---- faults ---- */
+
+typedef struct {
+  group_t g;
+  int64_t timeout_ms;
+  int variant;
+} fault_arg_t;
+
+static void record(shared_t *sh, int rank, int rc) {
+  sh->s[rank].code = rc;
+  sh->s[rank].t_err_ns = now_ns();
+  snprintf(sh->s[rank].msg, sizeof sh->s[rank].msg, "%s", err_msg());
+}
+
+static int child_kill(int rank, void *argp, shared_t *sh) {
+  fault_arg_t *a = argp;
+  comm_t *c;
+  if (group_create(&a->g, rank, "world", a->timeout_ms, &c) < 0)
+    return child_fail(sh, rank, "create: %s", err_msg());
+  size_t n = 1 << 18;
+  float *buf = calloc(n, 4);
+  for (int it = 0;; it++) {
+    int rc = comm_all_reduce(c, buf, buf, n, COMM_F32, COMM_SUM);
+    if (rc < 0) {
+      record(sh, rank, rc);
+      break;
+    }
+    sh->s[rank].ready = 1;
+    if (it > 100000) return child_fail(sh, rank, "never failed");
+  }
+  comm_destroy(c);
+  return 0;
+}
+
+Test(comm, killed_rank_is_named_by_every_other_rank_within_timeout, .timeout = 60) {
+  shared_t *sh = shared_new();
+  fault_arg_t a = {.timeout_ms = 2000};
+  const int N = 4, victim = 1;
+  group_bind(&a.g, N);
+  char vaddr[80];
+  snprintf(vaddr, sizeof vaddr, "rank %d (%s)", victim, a.g.addr[victim]);
+  group_t *gs[] = {&a.g};
+  pid_t pids[MAXR];
+  spawn(pids, N, child_kill, &a, sh, gs, 1);
+  int64_t until = now_ns() + 15 * 1000000000ll;
+  for (int r = 0; r < N; r++)
+    while (!sh->s[r].ready && now_ns() < until) usleep(2000);
+  usleep(50000);
+  sh->t_kill_ns = now_ns();
+  kill(pids[victim], SIGKILL);
+  waitpid(pids[victim], NULL, 0);
+  pids[victim] = 0;
+  int hung;
+  reap(pids, N, 10, &hung);
+  cr_assert(!hung, "a surviving rank did not return");
+  for (int r = 0; r < N; r++) {
+    if (r == victim) continue;
+    cr_expect(!sh->s[r].fail, "rank %d: %s", r, sh->s[r].msg);
+    double dt = (sh->s[r].t_err_ns - sh->t_kill_ns) / 1e9;
+    cr_log_info("rank %d after %.3f s: %s", r, dt, sh->s[r].msg);
+    cr_expect(sh->s[r].code == FSDP_EPEER || sh->s[r].code == FSDP_ETIMEDOUT,
+              "rank %d: code %d: %s", r, sh->s[r].code, sh->s[r].msg);
+    cr_expect(dt < a.timeout_ms / 1000.0 + 1.0, "rank %d failed %.2f s after the kill", r, dt);
+    cr_expect(strstr(sh->s[r].msg, vaddr), "rank %d's error does not name %s: %s", r, vaddr,
+              sh->s[r].msg);
+  }
+}
+
+static int child_diverge(int rank, void *argp, shared_t *sh) {
+  fault_arg_t *a = argp;
+  comm_t *c;
+  if (group_create(&a->g, rank, "world", a->timeout_ms, &c) < 0)
+    return child_fail(sh, rank, "create: %s", err_msg());
+  float buf[300] = {0};
+  if (comm_all_reduce(c, buf, buf, 10, COMM_F32, COMM_SUM) < 0)
+    return child_fail(sh, rank, "first op: %s", err_msg());
+  int64_t t0 = now_ns();
+  int rc = a->variant == 0 ? comm_all_reduce(c, buf, buf, rank == 1 ? 100 : 200, COMM_F32, COMM_SUM)
+           : rank == 1     ? comm_all_gather(c, buf, buf, 50, COMM_F32)
+                           : comm_all_reduce(c, buf, buf, 200, COMM_F32, COMM_SUM);
+  record(sh, rank, rc);
+  sh->s[rank].t_err_ns -= t0;
+  /* a later op fails at once: the communicator is broken */
+  if (rc < 0 && comm_barrier(c) != rc) return child_fail(sh, rank, "later op: %s", err_msg());
+  comm_destroy(c);
+  return 0;
+}
+
+static void run_diverge(int variant, const char *a_sig, const char *b_sig) {
+  shared_t *sh = shared_new();
+  fault_arg_t a = {.timeout_ms = 5000, .variant = variant};
+  group_bind(&a.g, 3);
+  group_t *gs[] = {&a.g};
+  pid_t pids[MAXR];
+  spawn(pids, 3, child_diverge, &a, sh, gs, 1);
+  assert_children(sh, pids, 3, 20);
+  for (int r = 0; r < 3; r++) {
+    const char *m = sh->s[r].msg;
+    cr_log_info("rank %d: %s", r, m);
+    cr_expect_eq(sh->s[r].code, FSDP_EPEER, "rank %d: code %d: %s", r, sh->s[r].code, m);
+    cr_expect(sh->s[r].t_err_ns < 2000000000ll, "rank %d took %.2f s", r, sh->s[r].t_err_ns / 1e9);
+    cr_expect(strstr(m, "diverged") && strstr(m, a_sig) && strstr(m, b_sig) && strstr(m, "rank 1"),
+              "rank %d's error does not name both signatures: %s", r, m);
+  }
+}
+
+Test(comm, divergent_size_is_an_error_naming_both, .timeout = 30) {
+  run_diverge(0, "count=100", "count=200");
+}
+
+Test(comm, divergent_op_is_an_error_naming_both, .timeout = 30) {
+  run_diverge(1, "all_gather #2", "all_reduce #2");
+}
+
+static void *abort_later(void *p) {
+  usleep(200000);
+  comm_abort(p);
+  return NULL;
+}
+
+static int child_abort(int rank, void *argp, shared_t *sh) {
+  fault_arg_t *a = argp;
+  comm_t *c;
+  if (group_create(&a->g, rank, "world", a->timeout_ms, &c) < 0)
+    return child_fail(sh, rank, "create: %s", err_msg());
+  float buf[64] = {0};
+  if (rank == 0) {
+    pthread_t t;
+    pthread_create(&t, NULL, abort_later, c);
+    int64_t t0 = now_ns();
+    comm_req_t *q;
+    int rc = comm_iall_reduce(c, buf, buf, 64, COMM_F32, COMM_SUM, &q);
+    if (rc == 0) {
+      rc = comm_wait(q, 0);
+      if (rc != COMM_PENDING) return child_fail(sh, rank, "op ended alone: %d %s", rc, err_msg());
+      rc = comm_wait(q, -1);
+    }
+    record(sh, rank, rc);
+    sh->s[rank].t_err_ns -= t0;
+    pthread_join(t, NULL);
+    comm_req_t *q2;
+    t0 = now_ns();
+    int rc2 = comm_ibarrier(c, &q2);
+    if (rc2 != FSDP_ECANCELED || now_ns() - t0 > 100000000)
+      return child_fail(sh, rank, "an op after abort: %d %s", rc2, err_msg());
+  } else {
+    usleep(600000);
+    int64_t t0 = now_ns();
+    int rc = comm_barrier(c);
+    record(sh, rank, rc);
+    sh->s[rank].t_err_ns -= t0;
+  }
+  comm_destroy(c);
+  return 0;
+}
+
+Test(comm, abort_from_another_thread_unblocks_and_tells_the_peer, .timeout = 30) {
+  shared_t *sh = shared_new();
+  fault_arg_t a = {.timeout_ms = 10000};
+  group_bind(&a.g, 2);
+  group_t *gs[] = {&a.g};
+  pid_t pids[MAXR];
+  spawn(pids, 2, child_abort, &a, sh, gs, 1);
+  assert_children(sh, pids, 2, 20);
+  cr_log_info("rank 0: %s", sh->s[0].msg);
+  cr_log_info("rank 1: %s", sh->s[1].msg);
+  cr_expect_eq(sh->s[0].code, FSDP_ECANCELED, "%s", sh->s[0].msg);
+  cr_expect(sh->s[0].t_err_ns < 1000000000ll, "abort took %.2f s", sh->s[0].t_err_ns / 1e9);
+  cr_expect_eq(sh->s[1].code, FSDP_EPEER, "%s", sh->s[1].msg);
+  cr_expect(sh->s[1].t_err_ns < 1000000000ll, "peer learned in %.2f s", sh->s[1].t_err_ns / 1e9);
+  cr_expect(strstr(sh->s[1].msg, "rank 0 failed first") && strstr(sh->s[1].msg, "abort"), "%s",
+            sh->s[1].msg);
+}
+
+Test(comm, bootstrap_to_a_dead_address_fails_within_the_timeout, .timeout = 20) {
+  char self[64], dead[64];
+  int lfd = bind_any(self, sizeof self);
+  int dfd = bind_any(dead, sizeof dead);
+  close(dfd); /* nobody listens there now */
+  const char *addrs[] = {self, dead};
+  comm_ring_opts_t o = {.rank = 0, .size = 2, .addrs = addrs, .name = "world", .listen_fd = lfd,
+                        .timeout_ms = 500};
+  comm_t *c = NULL;
+  int64_t t0 = now_ns();
+  int rc = comm_ring_create(&o, &c);
+  double dt = (now_ns() - t0) / 1e9;
+  cr_log_info("%s", err_msg());
+  cr_assert_eq(rc, FSDP_ETIMEDOUT, "%d %s", rc, err_msg());
+  cr_assert_null(c);
+  cr_assert(dt >= 0.45 && dt < 1.5, "took %.2f s", dt);
+  cr_assert(strstr(err_msg(), dead) && strstr(err_msg(), "rank 1"), "%s", err_msg());
+}
+
+static int child_miswired(int rank, void *argp, shared_t *sh) {
+  fault_arg_t *a = argp;
+  comm_t *c = NULL;
+  int rc = group_create(&a->g, rank, rank == 0 ? "alpha" : "beta", a->timeout_ms, &c);
+  record(sh, rank, rc);
+  comm_destroy(c);
+  return 0;
+}
+
+Test(comm, miswired_groups_are_an_error_naming_both_sides, .timeout = 20) {
+  shared_t *sh = shared_new();
+  fault_arg_t a = {.timeout_ms = 3000};
+  group_bind(&a.g, 2);
+  group_t *gs[] = {&a.g};
+  pid_t pids[MAXR];
+  spawn(pids, 2, child_miswired, &a, sh, gs, 1);
+  assert_children(sh, pids, 2, 10);
+  for (int r = 0; r < 2; r++) {
+    cr_expect(sh->s[r].code == FSDP_EPEER || sh->s[r].code == FSDP_ETIMEDOUT, "rank %d: %s", r,
+              sh->s[r].msg);
+  }
+  cr_log_info("rank 0: %s", sh->s[0].msg);
+  cr_log_info("rank 1: %s", sh->s[1].msg);
+  /* at least one side saw the other's hello and names both groups */
+  int named = 0;
+  for (int r = 0; r < 2; r++)
+    named |= strstr(sh->s[r].msg, "'alpha'") && strstr(sh->s[r].msg, "'beta'");
+  cr_expect(named, "neither error names both groups: [%s] [%s]", sh->s[0].msg, sh->s[1].msg);
+}
+
+Test(comm, bad_arguments_are_refused_with_a_message) {
+  comm_ring_opts_t o = {.rank = 0, .size = 1, .name = "solo", .listen_fd = -1};
+  comm_t *c;
+  cr_assert_eq(comm_ring_create(&o, &c), 0, "%s", err_msg());
+  cr_assert(comm_supports(c, COMM_OP_REDUCE_SCATTER, COMM_BF16));
+  cr_assert(!comm_supports(c, COMM_OP__COUNT, COMM_F32));
+  float x[4] = {1, 2, 3, 4};
+  cr_assert_eq(comm_broadcast(c, x, 4, COMM_F32, 1), FSDP_EINVAL);
+  cr_assert(strstr(err_msg(), "root 1"), "%s", err_msg());
+  cr_assert_eq(comm_all_reduce(c, NULL, x, 4, COMM_F32, COMM_SUM), FSDP_EINVAL);
+  cr_assert_eq(comm_all_gather(c, x, x, SIZE_MAX / 2, COMM_F32), FSDP_EINVAL);
+  cr_assert_eq(comm_all_reduce(c, x, x, 4, COMM_F32, COMM_AVG), 0);
+  cr_assert_eq(x[2], 3.0f);
+  comm_ring_opts_t bad = {.rank = 2, .size = 2, .listen_fd = -1};
+  cr_assert_eq(comm_ring_create(&bad, &c), FSDP_EINVAL);
+  comm_destroy(NULL);
+}
