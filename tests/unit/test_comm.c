@@ -10,7 +10,6 @@
 #include <criterion/criterion.h>
 #include <arpa/inet.h>
 #include <math.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -18,7 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -27,6 +25,7 @@
 #include "daemon/common/err.h"
 #include "daemon/common/rng.h"
 #include "kernels/kern_math.h"
+#include "tests/unit/testutil.h"
 
 #define MAXR 8
 
@@ -56,21 +55,10 @@ static int64_t now_ns(void) {
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-static int bind_any(char *addr, size_t n) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = 0};
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  cr_assert(fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0);
-  socklen_t sl = sizeof sa;
-  getsockname(fd, (struct sockaddr *)&sa, &sl);
-  snprintf(addr, n, "127.0.0.1:%d", ntohs(sa.sin_port));
-  return fd;
-}
-
 static void group_bind(group_t *g, int n) {
   g->n = n;
   for (int i = 0; i < n; i++) {
-    g->lfd[i] = bind_any(g->addr[i], sizeof g->addr[i]);
+    g->lfd[i] = tu_listen_loopback(g->addr[i], sizeof g->addr[i]);
     g->ptr[i] = g->addr[i];
   }
 }
@@ -595,8 +583,8 @@ Test(comm, abort_from_another_thread_unblocks_and_tells_the_peer, .timeout = 30)
 
 Test(comm, bootstrap_to_a_dead_address_fails_within_the_timeout, .timeout = 20) {
   char self[64], dead[64];
-  int lfd = bind_any(self, sizeof self);
-  int dfd = bind_any(dead, sizeof dead);
+  int lfd = tu_listen_loopback(self, sizeof self);
+  int dfd = tu_listen_loopback(dead, sizeof dead);
   close(dfd); /* nobody listens there now */
   const char *addrs[] = {self, dead};
   comm_ring_opts_t o = {.rank = 0, .size = 2, .addrs = addrs, .name = "world", .listen_fd = lfd,

@@ -10,12 +10,10 @@
  * by the communicators' own (10 s). */
 #include <criterion/criterion.h>
 #include <math.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -77,16 +75,6 @@ static void reference(float *losses, float *params) {
   gpt_destroy(g);
 }
 
-static int listen_any(int *port) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t al = sizeof a;
-  cr_assert(fd >= 0 && !bind(fd, (struct sockaddr *)&a, sizeof a) && !listen(fd, 16) &&
-            !getsockname(fd, (struct sockaddr *)&a, &al));
-  *port = ntohs(a.sin_port);
-  return fd;
-}
-
 /* Sockets and addresses of every group: shard group i (member j) and replica
  * group j (member i) of world rank w = i*S + j. */
 typedef struct world {
@@ -98,11 +86,8 @@ typedef struct world {
 static void world_make(world_t *x, int R, int S) {
   x->R = R, x->S = S, x->W = R * S;
   for (int w = 0; w < x->W; w++) {
-    int p;
-    x->sfd[w] = listen_any(&p);
-    snprintf(x->saddr[w], sizeof x->saddr[w], "127.0.0.1:%d", p);
-    x->rfd[w] = listen_any(&p);
-    snprintf(x->raddr[w], sizeof x->raddr[w], "127.0.0.1:%d", p);
+    x->sfd[w] = tu_listen_loopback(x->saddr[w], sizeof x->saddr[w]);
+    x->rfd[w] = tu_listen_loopback(x->raddr[w], sizeof x->raddr[w]);
   }
 }
 

@@ -2,6 +2,8 @@
 #include "testutil.h"
 
 #include <criterion/criterion.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,4 +85,14 @@ void tu_write_file(const char *path, const void *data, size_t n) {
 const char *tu_root(void) {
   const char *r = getenv("FSDP_ROOT");
   return r && *r ? r : ".";
+}
+
+int tu_listen_loopback(char *addr, size_t n) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t sl = sizeof sa;
+  cr_assert(fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(fd, 64) == 0 &&
+            getsockname(fd, (struct sockaddr *)&sa, &sl) == 0, "listening on 127.0.0.1");
+  snprintf(addr, n, "127.0.0.1:%d", ntohs(sa.sin_port));
+  return fd;
 }

@@ -21,6 +21,9 @@ const char *tu_tmpdir(void);
 char *tu_path(const char *name);
 /* Writes n bytes to path (for crafting bad files). */
 void tu_write_file(const char *path, const void *data, size_t n);
+/* A TCP socket bound (and listening) on 127.0.0.1 at a port the kernel picks,
+ * its "127.0.0.1:PORT" in addr (n bytes). For rank processes forked by tests. */
+int tu_listen_loopback(char *addr, size_t n);
 /* Project root (where the Makefile is): FSDP_ROOT, else the current directory. */
 const char *tu_root(void);
 
