@@ -147,6 +147,14 @@ typedef struct {
 } comm_ring_opts_t;
 
 extern const comm_backend_t comm_ring_backend;
+
+/* Makes this rank's sub-group ring from a world ring (ring_split.c), as
+ * ncclCommSplit does: every world rank calls it (collective); the ranks with
+ * the same color >= 0 form a ring ordered by key (ties: world rank), named
+ * name; color < 0 takes part but joins nothing (*out = NULL). self_addr is the
+ * rank's world address: the sub-group listens on the same host. */
+int comm_ring_split(comm_t *world, const char *self_addr, int color, int key, const char *name,
+                    int64_t timeout_ms, comm_t **out);
 /* Connects the ring (blocking, bounded by timeout_ms); 0 and *out, or a code. */
 int comm_ring_create(const comm_ring_opts_t *o, comm_t **out);
 

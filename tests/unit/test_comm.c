@@ -407,6 +407,49 @@ Test(comm, two_communicators_interleaved_async_ops, .timeout = 60) {
   assert_children(sh, pids, 3, 40);
 }
 
+/* ---- split ---- */
+
+/* 4 world ranks split as a 2x2 mesh: shard groups {0,1} {2,3} (color w/2) and
+ * replica groups {0,2} {1,3} (color w%2, keyed in reverse to check ordering);
+ * an all_reduce of the world rank in each shows who is in it. */
+static int child_split(int rank, void *argp, shared_t *sh) {
+  group_t *g = argp;
+  comm_t *world, *shard, *rep;
+  if (group_create(g, rank, "world", 10000, &world) < 0)
+    return child_fail(sh, rank, "create: %s", err_msg());
+  if (comm_ring_split(world, g->addr[rank], rank / 2, rank % 2, "shard", 10000, &shard) ||
+      comm_ring_split(world, g->addr[rank], rank % 2, -rank, "replica", 10000, &rep))
+    return child_fail(sh, rank, "split: %s", err_msg());
+  comm_t *none;
+  if (comm_ring_split(world, g->addr[rank], rank == 3 ? 0 : -1, 0, "solo", 10000, &none))
+    return child_fail(sh, rank, "split with color -1: %s", err_msg());
+  if ((rank == 3) != (none != NULL) || (none && none->size != 1))
+    return child_fail(sh, rank, "color -1 must join nothing");
+  float x = (float)rank, y = (float)rank;
+  if (comm_all_reduce(shard, &x, &x, 1, COMM_F32, COMM_SUM) ||
+      comm_all_reduce(rep, &y, &y, 1, COMM_F32, COMM_SUM))
+    return child_fail(sh, rank, "all_reduce: %s", err_msg());
+  float want_x = rank < 2 ? 1.0f : 5.0f, want_y = rank % 2 ? 4.0f : 2.0f;
+  if (x != want_x || y != want_y || shard->rank != rank % 2 || rep->rank != 1 - rank / 2)
+    return child_fail(sh, rank, "rank %d: shard sum %g (want %g) rank %d, replica sum %g (want %g) "
+                      "rank %d", rank, x, want_x, shard->rank, y, want_y, rep->rank);
+  comm_destroy(none);
+  comm_destroy(shard);
+  comm_destroy(rep);
+  comm_destroy(world);
+  return 0;
+}
+
+Test(comm, split_makes_the_groups_of_a_mesh, .timeout = 60) {
+  shared_t *sh = shared_new();
+  static group_t g;
+  group_bind(&g, 4);
+  group_t *gs[] = {&g};
+  pid_t pids[MAXR];
+  spawn(pids, 4, child_split, &g, sh, gs, 1);
+  assert_children(sh, pids, 4, 40);
+}
+
 /* ---- faults ---- */
 
 typedef struct {
