@@ -35,6 +35,8 @@ typedef struct config {
   int eval_batches;           /* batches per evaluation (0: the whole held-out split) */
   int threads;                /* 0: FSDP_THREADS or all cores */
   int activation_checkpointing; /* 1: keep block inputs only, recompute in backward */
+  char strategy[32];          /* FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, ... */
+  char mesh[32];              /* "RxS" ("" : 1xWORLD, or WORLDx1 for NO_SHARD) */
   int memory_limit_mib;       /* refuse a job whose plan exceeds this (0: host's available) */
   /* optimizer and schedule */
   float lr, min_lr_frac;      /* peak lr; cosine decays to min_lr_frac * lr */

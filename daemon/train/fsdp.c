@@ -216,6 +216,8 @@ void fsdp_destroy(fsdp_t *f) {
 gpt_t *fsdp_model(fsdp_t *f) { return f->g; }
 const shard_layout_t *fsdp_layout(const fsdp_t *f) { return f->l; }
 int fsdp_max_gathered(const fsdp_t *f) { return f->max_gathered; }
+float *fsdp_params(fsdp_t *f) { return f->params; }
+int fsdp_shard_rank(const fsdp_t *f) { return f->shard_rank; }
 
 void fsdp_zero_grad(fsdp_t *f) { memset(f->grads, 0, f->l->shard_total * sizeof(float)); }
 

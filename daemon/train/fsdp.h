@@ -55,5 +55,8 @@ void fsdp_reshard(fsdp_t *f);
 /* Most units that were gathered (or being gathered) at the same time. */
 int fsdp_max_gathered(const fsdp_t *f);
 const shard_layout_t *fsdp_layout(const fsdp_t *f);
+/* This rank's parameter shards (shard_total floats): to load or save them. */
+float *fsdp_params(fsdp_t *f);
+int fsdp_shard_rank(const fsdp_t *f);
 
 #endif

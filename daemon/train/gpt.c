@@ -634,8 +634,8 @@ int gpt_save(const gpt_t *g, const char *path) {
   snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) return err_set_errno(err_from_errno(errno), errno, "saving weights to %s", tmp);
-  int32_t hdr[GPT_HEADER_INTS] = {GPT_WEIGHTS_MAGIC, GPT_WEIGHTS_VERSION, g->cfg.layers,
-                                  g->cfg.channels, g->cfg.heads, g->cfg.vocab, g->cfg.context};
+  int32_t hdr[GPT_HEADER_INTS];
+  gpt_weights_header(&g->cfg, hdr);
   const char *parts[2] = {(const char *)hdr, (const char *)g->params};
   size_t lens[2] = {sizeof hdr, g->num_params * sizeof(float)};
   int rc = FSDP_OK;
@@ -658,46 +658,70 @@ int gpt_save(const gpt_t *g, const char *path) {
   return rc;
 }
 
-int gpt_load(gpt_t **out, const char *path, const kern_backend_t *be) {
+int gpt_weights_open(const char *path, gpt_config_t *cfg, FILE **out) {
   *out = NULL;
   FILE *f = fopen(path, "rb");
   if (!f) return err_set_errno(err_from_errno(errno), errno, "init_from: cannot open %s", path);
   int32_t hdr[GPT_HEADER_INTS];
-  int rc = FSDP_OK;
-  gpt_t *g = NULL;
-  if (fread(hdr, sizeof hdr, 1, f) != 1) {
-    rc = err_set(FSDP_EFORMAT, "init_from: %s is shorter than the %zu-byte header of a weights "
-                 "file; it is truncated or not a weights file", path, sizeof hdr);
-    goto out;
-  }
-  if (hdr[0] != GPT_WEIGHTS_MAGIC || hdr[1] != GPT_WEIGHTS_VERSION) {
-    rc = err_set(FSDP_EFORMAT, "init_from: %s is not an fsdpd weights file (magic %d version %d, "
-                 "expected %d version %d)", path, hdr[0], hdr[1], GPT_WEIGHTS_MAGIC,
-                 GPT_WEIGHTS_VERSION);
-    goto out;
-  }
-  gpt_config_t cfg = {hdr[2], hdr[3], hdr[4], hdr[5], hdr[6]};
-  if ((rc = gpt_config_validate(&cfg))) {
-    rc = err_wrap(FSDP_EFORMAT, "init_from: header of %s", path);
-    goto out;
-  }
   struct stat st;
-  size_t want = sizeof hdr + gpt_config_num_params(&cfg) * sizeof(float);
-  if (fstat(fileno(f), &st) != 0 || (size_t)st.st_size != want) {
-    rc = err_set(FSDP_EFORMAT, "init_from: %s holds %lld bytes but its header (layers %d, "
-                 "channels %d, heads %d, vocab %d, context %d) needs %zu; the file is truncated "
-                 "or corrupt", path, (long long)st.st_size, cfg.layers, cfg.channels, cfg.heads,
-                 cfg.vocab, cfg.context, want);
-    goto out;
+  int rc = FSDP_EFORMAT;
+  if (fread(hdr, sizeof hdr, 1, f) != 1) {
+    err_set(rc, "init_from: %s is shorter than the %zu-byte header of a weights file; it is "
+            "truncated or not a weights file", path, sizeof hdr);
+  } else if (hdr[0] != GPT_WEIGHTS_MAGIC || hdr[1] != GPT_WEIGHTS_VERSION) {
+    err_set(rc, "init_from: %s is not an fsdpd weights file (magic %d version %d, expected %d "
+            "version %d)", path, hdr[0], hdr[1], GPT_WEIGHTS_MAGIC, GPT_WEIGHTS_VERSION);
+  } else if ((*cfg = (gpt_config_t){hdr[2], hdr[3], hdr[4], hdr[5], hdr[6]},
+              gpt_config_validate(cfg))) {
+    err_wrap(rc, "init_from: header of %s", path);
+  } else if (fstat(fileno(f), &st) != 0 ||
+             (size_t)st.st_size != sizeof hdr + gpt_config_num_params(cfg) * sizeof(float)) {
+    err_set(rc, "init_from: %s holds %lld bytes but its header (layers %d, channels %d, heads "
+            "%d, vocab %d, context %d) needs %zu; the file is truncated or corrupt", path,
+            (long long)st.st_size, cfg->layers, cfg->channels, cfg->heads, cfg->vocab,
+            cfg->context, sizeof hdr + gpt_config_num_params(cfg) * sizeof(float));
+  } else {
+    *out = f;
+    return FSDP_OK;
   }
-  if ((rc = gpt_create(&g, &cfg, be))) goto out;
-  if (fread(g->params, sizeof(float), g->num_params, f) != g->num_params) {
+  fclose(f);
+  return rc;
+}
+
+int gpt_weights_match(const gpt_config_t *f, const gpt_config_t *want, const char *path) {
+  if (!memcmp(f, want, sizeof *f)) return FSDP_OK;
+  return err_set(FSDP_EINVAL, "init_from: %s holds a model with layers %d, channels %d, heads %d, "
+                 "vocab %d, context %d, but the job asks for %d, %d, %d, %d, %d; make the model "
+                 "options match the file", path, f->layers, f->channels, f->heads, f->vocab,
+                 f->context, want->layers, want->channels, want->heads, want->vocab,
+                 want->context);
+}
+
+void gpt_weights_header(const gpt_config_t *c, int32_t hdr[256]) {
+  memset(hdr, 0, GPT_HEADER_INTS * sizeof *hdr);
+  hdr[0] = GPT_WEIGHTS_MAGIC;
+  hdr[1] = GPT_WEIGHTS_VERSION;
+  hdr[2] = c->layers;
+  hdr[3] = c->channels;
+  hdr[4] = c->heads;
+  hdr[5] = c->vocab;
+  hdr[6] = c->context;
+}
+
+int gpt_load(gpt_t **out, const char *path, const kern_backend_t *be) {
+  *out = NULL;
+  gpt_config_t cfg;
+  FILE *f;
+  int rc = gpt_weights_open(path, &cfg, &f);
+  if (rc) return rc;
+  gpt_t *g = NULL;
+  rc = gpt_create(&g, &cfg, be);
+  if (!rc && fread(g->params, sizeof(float), g->num_params, f) != g->num_params)
     rc = err_set_errno(FSDP_EIO, errno, "init_from: reading %s", path);
-    goto out;
+  if (!rc) {
+    *out = g;
+    g = NULL;
   }
-  *out = g;
-  g = NULL;
-out:
   gpt_destroy(g);
   fclose(f);
   return rc;

@@ -11,6 +11,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "kernels/kern.h"
 
@@ -88,6 +89,14 @@ void gpt_init_weights(gpt_t *g, uint64_t seed);
 int gpt_save(const gpt_t *g, const char *path);
 /* Creates a model from a weights file (config read from its header). */
 int gpt_load(gpt_t **out, const char *path, const kern_backend_t *be);
+/* Opens a weights file and checks its header and size; *cfg gets its model.
+ * The parameters start at byte GPT_WEIGHTS_HEADER_BYTES. */
+#define GPT_WEIGHTS_HEADER_BYTES 1024
+int gpt_weights_open(const char *path, gpt_config_t *cfg, FILE **out);
+/* FSDP_OK when a file's model f is the wanted one; else an error naming both. */
+int gpt_weights_match(const gpt_config_t *f, const gpt_config_t *want, const char *path);
+/* The header of a weights file for a model of config c. */
+void gpt_weights_header(const gpt_config_t *c, int32_t hdr[256]);
 
 /* Forward pass on inputs (B,T) of token ids. With targets (B,T) non-NULL, the
  * mean cross-entropy goes to *loss and the probabilities are kept for backward;

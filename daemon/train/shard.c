@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
+#include <errno.h>
 
 #include "daemon/common/err.h"
 
@@ -205,4 +207,48 @@ int shard_segments(const shard_layout_t *l, const gpt_t *g, int r, adamw_segment
   *segs = out;
   *nsegs = n;
   return FSDP_OK;
+}
+
+/* Moves rank r's real elements between buf (its shards) and their places in
+ * a weights file: pread when writing is 0, pwrite otherwise. */
+static int shard_io(const shard_layout_t *l, int fd, const char *path, int r, float *buf,
+                    int writing) {
+  for (int k = 0; k < l->num_units; k++) {
+    const shard_unit_t *u = &l->units[k];
+    size_t lo = (size_t)r * u->shard_numel, real = lo < u->numel ? u->numel - lo : 0;
+    if (real > u->shard_numel) real = u->shard_numel;
+    char *p = (char *)buf;
+    size_t len = real * sizeof(float), done = 0;
+    off_t at = GPT_WEIGHTS_HEADER_BYTES + (off_t)((u->offset + lo) * sizeof(float));
+    while (done < len) {
+      ssize_t n = writing ? pwrite(fd, p + done, len - done, at + (off_t)done)
+                          : pread(fd, p + done, len - done, at + (off_t)done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        int e = n < 0 ? errno : (writing ? ENOSPC : EIO);
+        return err_set_errno(err_from_errno(e), e, "%s shard %d of %s", writing ? "writing" :
+                             "reading", r, path);
+      }
+      done += (size_t)n;
+    }
+    if (!writing) memset(buf + real, 0, (u->shard_numel - real) * sizeof(float));
+    buf += u->shard_numel;
+  }
+  return FSDP_OK;
+}
+
+int shard_load_weights(const shard_layout_t *l, const gpt_config_t *cfg, const char *path, int r,
+                       float *shard) {
+  gpt_config_t fc;
+  FILE *f;
+  int rc = gpt_weights_open(path, &fc, &f);
+  if (rc) return rc;
+  if (!(rc = gpt_weights_match(&fc, cfg, path))) rc = shard_io(l, fileno(f), path, r, shard, 0);
+  fclose(f);
+  return rc;
+}
+
+int shard_write_weights(const shard_layout_t *l, int fd, const char *path, int r,
+                        const float *shard) {
+  return shard_io(l, fd, path, r, (float *)shard, 1);
 }

@@ -90,6 +90,16 @@ void shard_layout_destroy(shard_layout_t *l);
 void shard_init_weights(const shard_layout_t *l, const gpt_config_t *cfg, uint64_t seed, int r,
                         float *shard);
 
+/* Reads rank r's shards from a weights file (gpt.h's format) of a model with
+ * config cfg: only its own byte ranges, zeros in the padding. A file of
+ * another model is an error naming both. */
+int shard_load_weights(const shard_layout_t *l, const gpt_config_t *cfg, const char *path, int r,
+                       float *shard);
+/* Writes rank r's real elements into their byte ranges of fd, an open weights
+ * file already sized (all shard ranks of one group write; together they fill it). */
+int shard_write_weights(const shard_layout_t *l, int fd, const char *path, int r,
+                        const float *shard);
+
 /* The AdamW segments of rank r's shards (offsets into its shard_total
  * buffer): the pieces of each tensor that fall in them, with the tensor's decay
  * rule; padding belongs to no segment. *segs is malloc'd (free it). */

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 
 #include "daemon/common/err.h"
 #include "daemon/train/data.h"
@@ -127,4 +128,84 @@ Test(train, command_exit_codes_and_messages) {
   cr_assert_eq(run_cmd("--no-such-flag 1", out, sizeof out), 2);
   cr_assert_eq(run_cmd("--data /nonexistent/t.bin", out, sizeof out), 1);
   cr_assert(strstr(out, "/nonexistent/t.bin"), "%s", out);
+}
+
+/* ---- sharded jobs through fsdp-launch ------------------------------------ */
+
+#include "daemon/train/gpt.h"
+
+static int launch_cmd(const char *args, char *out, size_t len) {
+  char cmd[4096];
+  snprintf(cmd, sizeof cmd, "%s/bin/fsdp-launch %s 2>&1", tu_root(), args);
+  FILE *p = popen(cmd, "r");
+  cr_assert_not_null(p);
+  size_t n = fread(out, 1, len - 1, p);
+  out[n] = 0;
+  int st = pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* A job of 2 ranks (FULL_SHARD) and one of 4 (HYBRID_SHARD 2x2) started by
+ * fsdp-launch train like one device on the whole batch: the same losses and,
+ * in the weights file the ranks write together, the same weights. */
+Test(train, sharded_jobs_train_like_one_device, .timeout = 120) {
+  char *data = demo_tokens(), *w1 = tu_path("one.bin"), *w2 = tu_path("two.bin"), *w4 = tu_path("four.bin");
+  config_t c;
+  config_default(&c);
+  cr_assert_eq(config_set(&c, "data", data), 0);
+  cr_assert_eq(config_set(&c, "model", "tiny"), 0);
+  cr_assert_eq(config_set(&c, "save", w1), 0);
+  c.steps = 12, c.warmup_steps = 2, c.batch = 4, c.seq_len = 32, c.lr = 3e-4f, c.eval_batches = 4;
+  train_result_t r;
+  cr_assert_eq(train_run(&c, NULL, &r), 0, "%s", err_msg());
+  const char *common = "--model tiny --steps 12 --warmup_steps 2 --seq_len 32 --lr 3e-4 "
+                       "--eval_batches 4";
+  struct { const char *ranks, *extra, *path; } jobs[] = {
+      {"2", "--batch 2", w2}, {"4", "--batch 1 --strategy HYBRID_SHARD --mesh 2x2", w4}};
+  for (int j = 0; j < 2; j++) {
+    char args[4096], out[65536];
+    snprintf(args, sizeof args, "-n %s -- %s/bin/fsdp-train %s %s --data %s --save %s",
+             jobs[j].ranks, tu_root(), common, jobs[j].extra, data, jobs[j].path);
+    cr_assert_eq(launch_cmd(args, out, sizeof out), 0, "%s", out);
+    const char *done = strstr(out, "[rank 0] train: done:");
+    cr_assert_not_null(done, "%s", out);
+    float first, last, eval;
+    cr_assert_eq(sscanf(done, "[rank 0] train: done: %*d steps, loss %f -> %f, eval %f", &first,
+                        &last, &eval), 3, "%s", done);
+    cr_assert(fabsf(first - r.first_loss) <= 1e-4f && fabsf(last - r.last_loss) <= 1e-4f &&
+              fabsf(eval - r.eval_loss) <= 1e-4f, "%s ranks: loss %f -> %f eval %f; one device "
+              "%f -> %f eval %f", jobs[j].ranks, first, last, eval, r.first_loss, r.last_loss,
+              r.eval_loss);
+    gpt_t *a, *b;
+    cr_assert_eq(gpt_load(&a, w1, kern_cpu()), 0, "%s", err_msg());
+    cr_assert_eq(gpt_load(&b, jobs[j].path, kern_cpu()), 0, "%s", err_msg());
+    for (int i = 0; i < gpt_num_tensors(a); i++) {
+      const gpt_tensor_t *t = gpt_tensor(a, i);
+      if (strstr(t->name, "qkv.b")) continue; /* the key bias: see test_fsdp.c */
+      double e = tu_rel_err_f32f32(gpt_params(b) + t->offset, gpt_params(a) + t->offset, t->numel);
+      cr_assert_leq(e, 1e-5, "%s ranks: %s differs by %.3e", jobs[j].ranks, t->name, e);
+    }
+    gpt_destroy(a);
+    gpt_destroy(b);
+  }
+  free(data), free(w1), free(w2), free(w4);
+}
+
+/* A rank killed mid-run: the job stops at once, saying which rank died, and
+ * leaves no process behind. */
+Test(train, a_killed_rank_stops_the_job, .timeout = 60) {
+  char *data = demo_tokens(), args[4096], out[65536];
+  snprintf(args, sizeof args, "-n 2 --grace 2 -- sh -c 'if [ \"$FSDP_RANK\" = 1 ]; then "
+           "(sleep 1.5; kill -9 $$) & fi; exec %s/bin/fsdp-train --model tiny --steps 1000000 "
+           "--warmup_steps 1 --batch 2 --seq_len 32 --data %s --seed 8642097'", tu_root(), data);
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  cr_assert_eq(launch_cmd(args, out, sizeof out), 1, "%s", out);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+  cr_assert(strstr(out, "rank 1 was killed by signal 9"), "%s", out);
+  cr_assert(strstr(out, "[rank 0] step"), "training was under way: %s", out);
+  cr_assert_lt(secs, 1.5 + 5.0 + 1.0, "stopped within the comm timeout + 1 s (%.2f s)", secs);
+  cr_assert_neq(system("pgrep -f 'seed 864209[7]' >/dev/null"), 0, "no rank survived");
+  free(data);
 }
