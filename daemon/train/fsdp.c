@@ -30,6 +30,10 @@ struct fsdp {
   float **ugrad;     /* per unit: unsharded gradient during backward, or NULL */
   int gathered, max_gathered;
   int fwd_tail; /* forward has reached the last block: unit 0's next use ends it */
+  /* the one gradient reduction in flight: it overlaps the next unit's backward */
+  int pend_unit;         /* -1: none */
+  comm_req_t *pend_req;  /* its reduce-scatter (or all-reduce when S == 1) */
+  float *pend_out;       /* where its result lands */
   adamw_t *opt;
 };
 
@@ -110,26 +114,55 @@ static int fsdp_grads_cb(void *ctx, int u, float **out) {
   return FSDP_OK;
 }
 
-/* The unit's gradient of this micro-batch is complete: average it into the
- * shard (reduce-scatter over the shard group, all-reduce over replicas). */
-static int fsdp_grads_done_cb(void *ctx, int u) {
-  fsdp_t *f = ctx;
+/* Completes the gradient reduction in flight: waits for it, averages across
+ * the replica group after a reduce-scatter (HYBRID), adds the result into the
+ * gradient shard and frees the unit's unsharded gradient. */
+static int fsdp_reduce_finish(fsdp_t *f) {
+  const int u = f->pend_unit;
+  if (u < 0) return FSDP_OK;
   const size_t n = f->l->units[u].shard_numel;
-  float *mine = f->ugrad[u];
-  int rc = FSDP_OK;
-  if (f->S > 1) {
-    rc = comm_reduce_scatter(f->o.shard_comm, f->ugrad[u], f->landing, n, COMM_F32, COMM_AVG);
-    mine = f->landing;
-  }
-  if (!rc && f->o.replica_comm)
-    rc = comm_all_reduce(f->o.replica_comm, mine, mine, n, COMM_F32, COMM_AVG);
+  int rc = f->pend_req ? comm_wait(f->pend_req, -1) : FSDP_OK;
+  f->pend_req = NULL;
+  f->pend_unit = -1;
+  if (!rc && f->S > 1 && f->o.replica_comm)
+    rc = comm_all_reduce(f->o.replica_comm, f->pend_out, f->pend_out, n, COMM_F32, COMM_AVG);
   if (!rc) {
     float *dst = f->grads + f->shard_off[u];
-    for (size_t i = 0; i < n; i++) dst[i] += mine[i];
+    const float *src = f->pend_out;
+    for (size_t i = 0; i < n; i++) dst[i] += src[i];
   }
   mem_free(f->ugrad[u]);
   f->ugrad[u] = NULL;
   return rc ? err_wrap(rc, "reducing the gradient of unit %d", u) : FSDP_OK;
+}
+
+/* The unit's gradient of this micro-batch is complete: its average over the
+ * shard group (reduce-scatter) or the replicas (all-reduce, NO_SHARD) is
+ * issued now and completed when the next unit's is, so it runs while backward
+ * computes. */
+static int fsdp_grads_done_cb(void *ctx, int u) {
+  fsdp_t *f = ctx;
+  int rc = fsdp_reduce_finish(f);
+  if (rc) return rc;
+  const size_t n = f->l->units[u].shard_numel;
+  f->pend_unit = u;
+  if (f->S > 1) {
+    f->pend_out = f->landing;
+    rc = comm_ireduce_scatter(f->o.shard_comm, f->ugrad[u], f->landing, n, COMM_F32, COMM_AVG,
+                              &f->pend_req);
+  } else {
+    f->pend_out = f->ugrad[u];
+    if (f->o.replica_comm)
+      rc = comm_iall_reduce(f->o.replica_comm, f->ugrad[u], f->ugrad[u], n, COMM_F32, COMM_AVG,
+                            &f->pend_req);
+  }
+  if (rc) {
+    f->pend_unit = -1;
+    mem_free(f->ugrad[u]);
+    f->ugrad[u] = NULL;
+    return err_wrap(rc, "reducing the gradient of unit %d", u);
+  }
+  return FSDP_OK;
 }
 
 int fsdp_create(fsdp_t **out, const gpt_config_t *cfg, const fsdp_opts_t *o) {
@@ -151,6 +184,7 @@ int fsdp_create(fsdp_t **out, const gpt_config_t *cfg, const fsdp_opts_t *o) {
   f->S = m->shards;
   f->shard_rank = o->shard_comm ? o->shard_comm->rank : 0;
   f->keeps = shard_strategy_keeps_params(m->strategy);
+  f->pend_unit = -1;
   adamw_segment_t *segs = NULL;
   int nsegs = 0, rc;
   if ((rc = gpt_create_shell(&f->g, cfg, f->be))) goto fail;
@@ -193,6 +227,7 @@ fail:
 
 void fsdp_destroy(fsdp_t *f) {
   if (!f) return;
+  if (f->pend_req) comm_wait(f->pend_req, -1); /* its buffers must outlive it */
   if (f->l)
     for (int k = 0; k < f->l->num_units; k++) {
       if (f->req && f->req[k]) comm_wait(f->req[k], -1); /* the buffer must outlive the op */
@@ -222,6 +257,8 @@ int fsdp_shard_rank(const fsdp_t *f) { return f->shard_rank; }
 void fsdp_zero_grad(fsdp_t *f) { memset(f->grads, 0, f->l->shard_total * sizeof(float)); }
 
 int fsdp_step(fsdp_t *f, float lr, float clip, float *norm) {
+  int rc0 = fsdp_reduce_finish(f); /* the last unit's gradient (unit 0) */
+  if (rc0) return rc0;
   /* the squared norm of the whole gradient: each shard group holds it once
    * (replicas hold equal shards), and padding is zero */
   float sq = (float)f->be->sumsq(f->grads, f->l->shard_total);
@@ -247,6 +284,7 @@ int fsdp_mean(fsdp_t *f, float *x) {
 }
 
 void fsdp_reshard(fsdp_t *f) {
+  if (fsdp_reduce_finish(f)) LOG_WARN("fsdp", "reshard: %s", err_msg());
   for (int k = 0; k < f->l->num_units; k++) {
     if (f->req[k]) {
       comm_wait(f->req[k], -1);
@@ -257,6 +295,8 @@ void fsdp_reshard(fsdp_t *f) {
 }
 
 int fsdp_gather_params(fsdp_t *f, float *dst) {
+  int rc0 = fsdp_reduce_finish(f);
+  if (rc0) return rc0;
   for (int k = 0; k < f->l->num_units; k++) {
     int rc;
     if ((rc = fsdp_gather_start(f, k)) || (rc = fsdp_gather_wait(f, k))) return rc;
