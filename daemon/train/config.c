@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "daemon/common/err.h"
+#include "fsdp.h"
 #include "shard.h"
 
 typedef enum { CFG_INT, CFG_U64, CFG_FLOAT, CFG_DOUBLE, CFG_STR } config_type_t;
@@ -49,6 +50,7 @@ static const config_opt_t config_opts[] = {
     {"activation_checkpointing", "train", CFG_INT, OFF(activation_checkpointing), 0, 0, 1, "1: keep only block inputs, recompute each block in backward"},
     {"strategy", "shard", STR(strategy), "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or HYBRID_SHARD_ZERO2 (ranks from fsdp-launch)"},
     {"mesh", "shard", STR(mesh), "replicas x shards, e.g. 2x4 (empty: every rank in one shard group)"},
+    {"precision", "shard", STR(precision), "fp32, or bf16-mixed (bf16 gather and compute, fp32 reduce and master weights)"},
     {"lr", "optim", CFG_FLOAT, OFF(lr), 0, 0, 10, "peak learning rate"},
     {"min_lr_frac", "optim", CFG_FLOAT, OFF(min_lr_frac), 0, 0, 1, "final lr as a fraction of lr (cosine decay)"},
     {"warmup_steps", "optim", CFG_INT, OFF(warmup_steps), 0, 0, 1e9, "linear warmup steps"},
@@ -86,6 +88,7 @@ void config_default(config_t *c) {
   c->grad_clip = 1.0f;
   snprintf(c->sample_prompt, sizeof c->sample_prompt, "The ");
   snprintf(c->strategy, sizeof c->strategy, "FULL_SHARD");
+  snprintf(c->precision, sizeof c->precision, "fp32");
   c->sample_temperature = 0.8f;
 }
 
@@ -197,6 +200,8 @@ int config_finish(config_t *c) {
   if ((rc = shard_strategy_parse(c->strategy, &st))) return rc;
   shard_mesh_t m;
   if (c->mesh[0] && (rc = shard_mesh_parse(c->mesh, st, &m))) return rc;
+  fsdp_precision_t prec;
+  if ((rc = fsdp_precision_parse(c->precision, &prec))) return rc;
   if (c->warmup_steps > c->steps)
     return err_set(FSDP_EINVAL, "warmup_steps: %d is more than steps %d; warmup must end "
                    "before training does", c->warmup_steps, c->steps);

@@ -26,6 +26,8 @@ struct fsdp {
   float *landing;    /* (largest shard_numel) where a reduce-scatter lands */
   size_t *shard_off; /* per unit: offset of its shard in params / grads */
   float **full;      /* per unit: gathered parameters (padded numel), or NULL */
+  uint16_t **send16, **recv16; /* per unit: a bf16 gather in flight (bf16-mixed) */
+  int bf16;          /* the precision policy gathers parameters in bf16 */
   comm_req_t **req;  /* per unit: its all-gather in flight, or NULL */
   float **ugrad;     /* per unit: unsharded gradient during backward, or NULL */
   int gathered, max_gathered;
@@ -41,26 +43,49 @@ static size_t fsdp_padded(const fsdp_t *f, int k) {
   return f->l->units[k].shard_numel * (size_t)f->S;
 }
 
-/* Issues the all-gather of unit k (no-op if gathered or in flight). */
-static int fsdp_gather_start(fsdp_t *f, int k) {
+/* Issues the all-gather of unit k (no-op if gathered or in flight), in bf16
+ * when bf16 is set (the param dtype of bf16-mixed: half the bytes on the
+ * wire, and the model computes with bf16 values), else in fp32. */
+static int fsdp_gather_start(fsdp_t *f, int k, int bf16) {
   if (f->full[k]) return FSDP_OK;
   const shard_unit_t *u = &f->l->units[k];
-  f->full[k] = mem_alloc(MEM_PARAMS_GATHERED, fsdp_padded(f, k) * sizeof(float), "gathered unit");
+  const float *shard = f->params + f->shard_off[k];
+  const size_t padded = fsdp_padded(f, k);
+  f->full[k] = mem_alloc(MEM_PARAMS_GATHERED, padded * sizeof(float), "gathered unit");
   if (!f->full[k]) return FSDP_ENOMEM;
   if (++f->gathered > f->max_gathered) f->max_gathered = f->gathered;
+  if (bf16) {
+    f->send16[k] = mem_alloc(MEM_COMM, u->shard_numel * sizeof(uint16_t), "bf16 shard");
+    f->recv16[k] = mem_alloc(MEM_PARAMS_GATHERED, padded * sizeof(uint16_t), "bf16 gathered unit");
+    if (!f->send16[k] || !f->recv16[k]) return FSDP_ENOMEM;
+    f->be->f32_to_bf16(f->send16[k], shard, u->shard_numel);
+  }
   if (f->S == 1) { /* NO_SHARD: the shard is the unit */
-    memcpy(f->full[k], f->params + f->shard_off[k], u->shard_numel * sizeof(float));
+    if (bf16) memcpy(f->recv16[k], f->send16[k], u->shard_numel * sizeof(uint16_t));
+    else memcpy(f->full[k], shard, u->shard_numel * sizeof(float));
     return FSDP_OK;
   }
-  int rc = comm_iall_gather(f->o.shard_comm, f->params + f->shard_off[k], f->full[k],
-                            u->shard_numel, COMM_F32, &f->req[k]);
+  int rc = bf16 ? comm_iall_gather(f->o.shard_comm, f->send16[k], f->recv16[k], u->shard_numel,
+                                   COMM_BF16, &f->req[k])
+                : comm_iall_gather(f->o.shard_comm, shard, f->full[k], u->shard_numel, COMM_F32,
+                                   &f->req[k]);
   return rc ? err_wrap(rc, "gathering unit %d", k) : FSDP_OK;
 }
 
+/* Waits for unit k's gather; a bf16 gather is widened to fp32 for the model. */
 static int fsdp_gather_wait(fsdp_t *f, int k) {
-  if (!f->req[k]) return FSDP_OK;
-  int rc = comm_wait(f->req[k], -1);
-  f->req[k] = NULL;
+  int rc = FSDP_OK;
+  if (f->req[k]) {
+    rc = comm_wait(f->req[k], -1);
+    f->req[k] = NULL;
+  }
+  if (f->recv16[k]) {
+    if (!rc) f->be->bf16_to_f32(f->full[k], f->recv16[k], fsdp_padded(f, k));
+    mem_free(f->recv16[k]);
+    mem_free(f->send16[k]);
+    f->recv16[k] = NULL;
+    f->send16[k] = NULL;
+  }
   return rc ? err_wrap(rc, "gathering unit %d", k) : FSDP_OK;
 }
 
@@ -83,14 +108,14 @@ static int fsdp_next_unit(const fsdp_t *f, int u, int phase) {
 static int fsdp_params_cb(void *ctx, int u, int phase, float **out) {
   fsdp_t *f = ctx;
   int rc;
-  if ((rc = fsdp_gather_start(f, u)) || (rc = fsdp_gather_wait(f, u))) return rc;
+  if ((rc = fsdp_gather_start(f, u, f->bf16)) || (rc = fsdp_gather_wait(f, u))) return rc;
   /* prefetch: the next unit's gather runs while this one computes; FULL_SHARD
    * keeps at most two units gathered, the strategies that keep parameters
    * hold what they keep anyway */
   if (phase == GPT_FWD && u == f->l->num_units - 1) f->fwd_tail = 1;
   int next = fsdp_next_unit(f, u, phase);
   if (next >= 0 && next != u && (f->keeps || f->gathered < 2) &&
-      (rc = fsdp_gather_start(f, next)))
+      (rc = fsdp_gather_start(f, next, f->bf16)))
     return rc;
   *out = f->full[u];
   return FSDP_OK;
@@ -184,6 +209,7 @@ int fsdp_create(fsdp_t **out, const gpt_config_t *cfg, const fsdp_opts_t *o) {
   f->S = m->shards;
   f->shard_rank = o->shard_comm ? o->shard_comm->rank : 0;
   f->keeps = shard_strategy_keeps_params(m->strategy);
+  f->bf16 = o->precision == FSDP_BF16_MIXED;
   f->pend_unit = -1;
   adamw_segment_t *segs = NULL;
   int nsegs = 0, rc;
@@ -194,7 +220,9 @@ int fsdp_create(fsdp_t **out, const gpt_config_t *cfg, const fsdp_opts_t *o) {
   f->full = calloc((size_t)nu, sizeof *f->full);
   f->req = calloc((size_t)nu, sizeof *f->req);
   f->ugrad = calloc((size_t)nu, sizeof *f->ugrad);
-  if (!f->shard_off || !f->full || !f->req || !f->ugrad) {
+  f->send16 = calloc((size_t)nu, sizeof *f->send16);
+  f->recv16 = calloc((size_t)nu, sizeof *f->recv16);
+  if (!f->shard_off || !f->full || !f->req || !f->ugrad || !f->send16 || !f->recv16) {
     rc = err_set(FSDP_ENOMEM, "fsdp: out of memory");
     goto fail;
   }
@@ -232,6 +260,7 @@ void fsdp_destroy(fsdp_t *f) {
     for (int k = 0; k < f->l->num_units; k++) {
       if (f->req && f->req[k]) comm_wait(f->req[k], -1); /* the buffer must outlive the op */
       if (f->req) f->req[k] = NULL;
+      if (f->recv16) fsdp_gather_wait(f, k); /* frees a bf16 gather's buffers */
       if (f->full) fsdp_free_unit(f, k);
       if (f->ugrad) mem_free(f->ugrad[k]);
     }
@@ -243,6 +272,8 @@ void fsdp_destroy(fsdp_t *f) {
   free(f->full);
   free(f->req);
   free(f->ugrad);
+  free(f->send16);
+  free(f->recv16);
   shard_layout_destroy(f->l);
   gpt_destroy(f->g);
   free(f);
@@ -286,10 +317,7 @@ int fsdp_mean(fsdp_t *f, float *x) {
 void fsdp_reshard(fsdp_t *f) {
   if (fsdp_reduce_finish(f)) LOG_WARN("fsdp", "reshard: %s", err_msg());
   for (int k = 0; k < f->l->num_units; k++) {
-    if (f->req[k]) {
-      comm_wait(f->req[k], -1);
-      f->req[k] = NULL;
-    }
+    fsdp_gather_wait(f, k); /* nothing may be in flight into a buffer we free */
     fsdp_free_unit(f, k);
   }
 }
@@ -299,9 +327,27 @@ int fsdp_gather_params(fsdp_t *f, float *dst) {
   if (rc0) return rc0;
   for (int k = 0; k < f->l->num_units; k++) {
     int rc;
-    if ((rc = fsdp_gather_start(f, k)) || (rc = fsdp_gather_wait(f, k))) return rc;
+    /* the fp32 master weights, whatever the policy gathers for compute */
+    if ((rc = fsdp_gather_start(f, k, 0)) || (rc = fsdp_gather_wait(f, k))) return rc;
     memcpy(dst + f->l->units[k].offset, f->full[k], f->l->units[k].numel * sizeof(float));
     fsdp_free_unit(f, k);
   }
+  return FSDP_OK;
+}
+
+const char *fsdp_precision_describe(fsdp_precision_t p) {
+  return p == FSDP_BF16_MIXED
+             ? "bf16-mixed: parameters gathered and computed with in bf16 (the CPU backend's "
+               "arithmetic is fp32 on those values), gradients reduced in fp32, fp32 master "
+               "weights and AdamW state on the shard"
+             : "fp32: storage, compute, reduce and optimizer all fp32";
+}
+
+int fsdp_precision_parse(const char *s, fsdp_precision_t *out) {
+  if (!strcmp(s, "fp32")) *out = FSDP_FP32;
+  else if (!strcmp(s, "bf16-mixed")) *out = FSDP_BF16_MIXED;
+  else
+    return err_set(FSDP_EINVAL, "precision: \"%s\" is not a policy; choose fp32 or bf16-mixed "
+                   "(bf16-true is not built yet)", s);
   return FSDP_OK;
 }

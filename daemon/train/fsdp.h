@@ -13,7 +13,8 @@
  *
  * Each rank trains on its own rows of the global batch with the loss averaged
  * over its tokens, so the averaged gradients are those of the global batch:
- * any mesh trains like one device. Precision is fp32 throughout for now. */
+ * any mesh trains like one device. Precision: fp32, or bf16-mixed (units
+ * gathered in bf16, gradients reduced in fp32, fp32 master and AdamW state). */
 #ifndef FSDP_FSDP_H
 #define FSDP_FSDP_H
 
@@ -22,12 +23,19 @@
 #include "gpt.h"
 #include "shard.h"
 
+/* Precision policies (param dtype / reduce dtype / master and optimizer). */
+typedef enum { FSDP_FP32, FSDP_BF16_MIXED } fsdp_precision_t;
+int fsdp_precision_parse(const char *s, fsdp_precision_t *out);
+/* One sentence: storage, compute, reduce and optimizer dtypes. */
+const char *fsdp_precision_describe(fsdp_precision_t p);
+
 typedef struct fsdp_opts {
   shard_mesh_t mesh;
   comm_t *shard_comm;   /* this rank's shard group (S ranks); NULL when S == 1 */
   comm_t *replica_comm; /* its replica group (R ranks); NULL when R == 1 */
   uint64_t seed;        /* initial weights: the same bytes as one device's */
   adamw_hparams_t hp;
+  fsdp_precision_t precision;
 } fsdp_opts_t;
 
 typedef struct fsdp fsdp_t;

@@ -168,7 +168,9 @@ static int train_rank_open(const config_t *c, train_rank_t *tr, FILE *progress) 
       return rc;
   }
   adamw_hparams_t hp = {c->beta1, c->beta2, c->eps, c->weight_decay};
-  if (tr->world == 1 && !c->mesh[0]) { /* one device: the flat model */
+  fsdp_precision_t prec;
+  if ((rc = fsdp_precision_parse(c->precision, &prec))) return rc;
+  if (tr->world == 1 && !c->mesh[0] && prec == FSDP_FP32) { /* one device: the flat model */
     if ((rc = train_open_model(c, &tr->g))) return rc;
     return adamw_create(&tr->opt, tr->g, hp);
   }
@@ -180,7 +182,8 @@ static int train_rank_open(const config_t *c, train_rank_t *tr, FILE *progress) 
   if ((rc = shard_mesh_parse(mesh_text, st, &tr->mesh)) ||
       (rc = shard_mesh_validate(&tr->mesh, tr->world, desc, sizeof desc)))
     return rc;
-  if (progress && tr->rank == 0) fprintf(progress, "train: %s\n", desc);
+  if (progress && tr->rank == 0)
+    fprintf(progress, "train: %s\ntrain: precision %s\n", desc, fsdp_precision_describe(prec));
   char **addrs = NULL;
   const int S = tr->mesh.shards, R = tr->mesh.replicas;
   if (tr->world > 1) {
@@ -195,7 +198,7 @@ static int train_rank_open(const config_t *c, train_rank_t *tr, FILE *progress) 
     free(addrs);
     if (rc) return rc;
   }
-  fsdp_opts_t o = {tr->mesh, tr->shard_comm, tr->replica_comm, c->seed, hp};
+  fsdp_opts_t o = {tr->mesh, tr->shard_comm, tr->replica_comm, c->seed, hp, prec};
   if ((rc = fsdp_create(&tr->f, &c->gpt, &o))) return rc;
   tr->g = fsdp_model(tr->f);
   if (c->init_from[0])
@@ -334,10 +337,10 @@ int train_run(const config_t *cin, FILE *progress_in, train_result_t *res) {
   }
   if (progress)
     fprintf(progress, "train: model %s (layers %d, channels %d, heads %d, vocab %d, context %d): "
-            "%.2fM params | precision fp32 (storage, compute, reduce, optimizer) | %d rank%s x "
+            "%.2fM params | precision %s | %d rank%s x "
             "%d threads | activation checkpointing %s | %zu train + %zu eval tokens | %zu "
             "tokens/step\n", c->model[0] ? c->model : "custom", c->gpt.layers, c->gpt.channels,
-            c->gpt.heads, c->gpt.vocab, c->gpt.context, gpt_num_params(g) / 1e6, tr.world,
+            c->gpt.heads, c->gpt.vocab, c->gpt.context, gpt_num_params(g) / 1e6, c->precision, tr.world,
             tr.world == 1 ? "" : "s", be->get_threads(), c->activation_checkpointing ? "on" : "off",
             data_num_train_tokens(d), data_num_eval_tokens(d), NG * (size_t)c->grad_accum);
 

@@ -111,11 +111,12 @@ static comm_t *group(world_t *x, int w, int shard) {
 }
 
 /* A rank: trains STEPS steps on its rows; rank 0 writes losses and weights. */
-static void rank_main(world_t *x, int w, shard_strategy_t st, const char *out) {
+static void rank_main(world_t *x, int w, shard_strategy_t st, fsdp_precision_t prec,
+                      const char *out) {
   for (int v = 0; v < x->W; v++) /* only its own sockets stay open */
     if (v != w) close(x->sfd[v]), close(x->rfd[v]);
   kern_cpu()->set_threads(1); /* up to 4 ranks share 2 cores */
-  fsdp_opts_t o = {.mesh = {x->R, x->S, st}, .seed = SEED, .hp = HP};
+  fsdp_opts_t o = {.mesh = {x->R, x->S, st}, .seed = SEED, .hp = HP, .precision = prec};
   o.shard_comm = group(x, w, 1);
   o.replica_comm = group(x, w, 0);
   gpt_config_t c = cfg();
@@ -162,7 +163,7 @@ fail:
   _exit(2);
 }
 
-static void run_mesh(int R, int S, shard_strategy_t st) {
+static void run_mesh_prec(int R, int S, shard_strategy_t st, fsdp_precision_t prec) {
   world_t x;
   world_make(&x, R, S);
   char *out = tu_path("rank0.bin");
@@ -171,7 +172,7 @@ static void run_mesh(int R, int S, shard_strategy_t st) {
   for (int w = 0; w < x.W; w++) {
     pid[w] = fork();
     cr_assert_neq(pid[w], -1);
-    if (pid[w] == 0) rank_main(&x, w, st, out);
+    if (pid[w] == 0) rank_main(&x, w, st, prec, out);
   }
   for (int w = 0; w < x.W; w++) close(x.sfd[w]), close(x.rfd[w]);
   for (int w = 0; w < x.W; w++) {
@@ -191,6 +192,20 @@ static void run_mesh(int R, int S, shard_strategy_t st) {
   cr_assert_eq(fread(losses, sizeof *losses, STEPS, f), (size_t)STEPS);
   cr_assert_eq(fread(got, sizeof *got, n, f), n);
   fclose(f);
+  if (prec == FSDP_BF16_MIXED) {
+    /* bf16 parameters: the fp32 one-device curve within 2e-2 at every step,
+     * and really bf16 (not bit-for-bit the fp32 curve) */
+    float most = 0;
+    for (int s = 0; s < STEPS; s++) {
+      cr_expect(fabsf(losses[s] - ref_losses[s]) <= 2e-2f, "bf16-mixed step %d: loss %.5f, fp32 "
+                "one device %.5f", s + 1, losses[s], ref_losses[s]);
+      most = fmaxf(most, fabsf(losses[s] - ref_losses[s]));
+    }
+    cr_expect_gt(most, 1e-6f, "bf16-mixed gave exactly the fp32 losses: bf16 is not in effect");
+    cr_log_info("bf16-mixed %dx%d: largest loss difference to fp32 one device %.2e", R, S, most);
+    free(ref), free(got), free(out);
+    return;
+  }
   for (int s = 0; s < STEPS; s++)
     cr_expect(fabsf(losses[s] - ref_losses[s]) <= 1e-5f * ref_losses[s], "step %d: loss %.7f, one "
               "device %.7f", s + 1, losses[s], ref_losses[s]);
@@ -225,6 +240,8 @@ static void run_mesh(int R, int S, shard_strategy_t st) {
   free(out);
 }
 
+static void run_mesh(int R, int S, shard_strategy_t st) { run_mesh_prec(R, S, st, FSDP_FP32); }
+
 /* World sizes 2, 3 and 4 for each strategy, and the 2x2 hybrid meshes; the
  * global batch (12 rows) splits evenly over each. */
 Test(fsdp, full_shard_2, .timeout = 60) { run_mesh(1, 2, SHARD_FULL_SHARD); }
@@ -240,3 +257,7 @@ Test(fsdp, hybrid_2x2, .timeout = 60) { run_mesh(2, 2, SHARD_HYBRID_SHARD); }
 Test(fsdp, hybrid_zero2_2x2, .timeout = 60) { run_mesh(2, 2, SHARD_HYBRID_SHARD_ZERO2); }
 /* one rank: the runtime with no collectives at all */
 Test(fsdp, world_1, .timeout = 60) { run_mesh(1, 1, SHARD_FULL_SHARD); }
+/* bf16-mixed: units gathered in bf16, fp32 everywhere else */
+Test(fsdp, bf16_mixed_full_shard_2, .timeout = 60) { run_mesh_prec(1, 2, SHARD_FULL_SHARD, FSDP_BF16_MIXED); }
+Test(fsdp, bf16_mixed_hybrid_2x2, .timeout = 60) { run_mesh_prec(2, 2, SHARD_HYBRID_SHARD, FSDP_BF16_MIXED); }
+Test(fsdp, bf16_mixed_no_shard_2, .timeout = 60) { run_mesh_prec(2, 1, SHARD_NO_SHARD, FSDP_BF16_MIXED); }
