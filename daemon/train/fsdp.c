@@ -28,6 +28,7 @@ struct fsdp {
   float **full;      /* per unit: gathered parameters (padded numel), or NULL */
   uint16_t **send16, **recv16; /* per unit: a bf16 gather in flight (bf16-mixed) */
   int bf16;          /* the precision policy gathers parameters in bf16 */
+  int defer;         /* keep unsharded gradients: no reduction this micro-batch */
   comm_req_t **req;  /* per unit: its all-gather in flight, or NULL */
   float **ugrad;     /* per unit: unsharded gradient during backward, or NULL */
   int gathered, max_gathered;
@@ -129,8 +130,16 @@ static int fsdp_release_cb(void *ctx, int u, int phase) {
   return FSDP_OK;
 }
 
+static int fsdp_reduce_finish(fsdp_t *f);
+
 static int fsdp_grads_cb(void *ctx, int u, float **out) {
   fsdp_t *f = ctx;
+  /* unit 0's reduction from the previous micro-batch may still be in flight
+   * on this buffer: finish it before backward writes a new gradient */
+  if (f->pend_unit == u) {
+    int rc = fsdp_reduce_finish(f);
+    if (rc) return rc;
+  }
   if (!f->ugrad[u]) {
     f->ugrad[u] = mem_calloc(MEM_GRADS, fsdp_padded(f, u) * sizeof(float), "unit gradient");
     if (!f->ugrad[u]) return FSDP_ENOMEM;
@@ -167,6 +176,7 @@ static int fsdp_reduce_finish(fsdp_t *f) {
  * computes. */
 static int fsdp_grads_done_cb(void *ctx, int u) {
   fsdp_t *f = ctx;
+  if (f->defer) return FSDP_OK; /* the unit's gradient keeps accumulating unsharded */
   int rc = fsdp_reduce_finish(f);
   if (rc) return rc;
   const size_t n = f->l->units[u].shard_numel;
@@ -284,6 +294,8 @@ const shard_layout_t *fsdp_layout(const fsdp_t *f) { return f->l; }
 int fsdp_max_gathered(const fsdp_t *f) { return f->max_gathered; }
 float *fsdp_params(fsdp_t *f) { return f->params; }
 int fsdp_shard_rank(const fsdp_t *f) { return f->shard_rank; }
+
+void fsdp_defer_reduce(fsdp_t *f, int defer) { f->defer = defer; }
 
 void fsdp_zero_grad(fsdp_t *f) { memset(f->grads, 0, f->l->shard_total * sizeof(float)); }
 

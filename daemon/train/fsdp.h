@@ -47,6 +47,12 @@ void fsdp_destroy(fsdp_t *f);
 /* The model to run forward and backward on (its hooks are this runtime's). */
 gpt_t *fsdp_model(fsdp_t *f);
 
+/* Gradient accumulation: with defer set, the next backward keeps each unit's
+ * gradient unsharded (memory: the whole model's gradients) and reduces
+ * nothing; the first backward with defer clear reduces the sum once. With
+ * defer always clear (the default) every micro-batch is reduce-scattered into
+ * the fp32 shard: less memory, one reduction per micro-batch. */
+void fsdp_defer_reduce(fsdp_t *f, int defer);
 /* Starts a step: zeroes the gradient shard. */
 void fsdp_zero_grad(fsdp_t *f);
 /* Ends a step: global gradient norm (over every shard), clipping to clip (0:

@@ -354,6 +354,7 @@ int train_run(const config_t *cin, FILE *progress_in, train_result_t *res) {
     double loss_sum = 0;
     for (int m = 0; m < c->grad_accum; m++) {
       float loss;
+      if (tr.f) fsdp_defer_reduce(tr.f, c->keep_unsharded_grads && m < c->grad_accum - 1);
       if ((rc = data_next_batch(d, &pos, c->seed, BG, c->seq_len, in, tg))) goto out;
       if ((rc = gpt_forward(g, in + mine, tg + mine, c->batch, c->seq_len, &loss))) goto out;
       if ((rc = gpt_backward(g, 1.0f / (float)c->grad_accum))) goto out;

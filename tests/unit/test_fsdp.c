@@ -110,6 +110,12 @@ static comm_t *group(world_t *x, int w, int shard) {
   return c;
 }
 
+/* Gradient accumulation in the ranks: micro-batches per step, and whether the
+ * unsharded gradients are kept until the last one (fsdp_defer_reduce). Set
+ * by a test before it forks. */
+static int g_accum = 1, g_keep_unsharded = 0;
+static size_t g_peak_grads; /* rank 0's gradient memory peak, from the last run */
+
 /* A rank: trains STEPS steps on its rows; rank 0 writes losses and weights. */
 static void rank_main(world_t *x, int w, shard_strategy_t st, fsdp_precision_t prec,
                       const char *out) {
@@ -134,13 +140,20 @@ static void rank_main(world_t *x, int w, shard_strategy_t st, fsdp_precision_t p
   const int rows = BG / x->W;
   int32_t in[BG * T], tg[BG * T];
   float losses[STEPS];
+  const int mrows = rows / g_accum;
   for (int s = 0; s < STEPS; s++) {
     batch(s, w * rows, rows, in, tg);
     fsdp_zero_grad(f);
-    if (gpt_forward(fsdp_model(f), in, tg, rows, T, &losses[s]) ||
-        gpt_backward(fsdp_model(f), 1.0f) || fsdp_mean(f, &losses[s]) ||
-        fsdp_step(f, LR, CLIP, NULL))
-      goto fail;
+    float sum = 0, l;
+    for (int m = 0; m < g_accum; m++) {
+      fsdp_defer_reduce(f, g_keep_unsharded && m < g_accum - 1);
+      if (gpt_forward(fsdp_model(f), in + m * mrows * T, tg + m * mrows * T, mrows, T, &l) ||
+          gpt_backward(fsdp_model(f), 1.0f / (float)g_accum))
+        goto fail;
+      sum += l / (float)g_accum;
+    }
+    losses[s] = sum;
+    if (fsdp_mean(f, &losses[s]) || fsdp_step(f, LR, CLIP, NULL)) goto fail;
   }
   size_t n = gpt_config_num_params(&c);
   float *params = malloc(n * sizeof *params);
@@ -149,7 +162,9 @@ static void rank_main(world_t *x, int w, shard_strategy_t st, fsdp_precision_t p
     FILE *fo = fopen(out, "wb");
     if (!fo) _exit(4);
     int maxg = fsdp_max_gathered(f);
+    size_t peaks[2] = {mem_peak(MEM_GRADS), mem_peak(MEM_PARAMS_GATHERED)};
     fwrite(&maxg, sizeof maxg, 1, fo);
+    fwrite(peaks, sizeof peaks, 1, fo);
     fwrite(losses, sizeof *losses, STEPS, fo);
     fwrite(params, sizeof *params, n, fo);
     fclose(fo);
@@ -188,7 +203,25 @@ static void run_mesh_prec(int R, int S, shard_strategy_t st, fsdp_precision_t pr
   FILE *f = fopen(out, "rb");
   cr_assert_not_null(f);
   int maxg;
+  size_t peaks[2];
   cr_assert_eq(fread(&maxg, sizeof maxg, 1, f), 1);
+  cr_assert_eq(fread(peaks, sizeof peaks, 1, f), 1);
+  g_peak_grads = peaks[0];
+  if (!shard_strategy_keeps_params(st)) {
+    /* the allocator's own count: never more than the two largest units at once */
+    shard_layout_t *l;
+    cr_assert_eq(shard_layout_create(&l, &c, S, 0), 0);
+    size_t a = 0, b = 0;
+    for (int k = 0; k < l->num_units; k++) {
+      size_t bytes = l->units[k].shard_numel * (size_t)S * sizeof(float);
+      if (bytes > a) b = a, a = bytes; else if (bytes > b) b = bytes;
+    }
+    /* a bf16 gather also holds the bf16 copy it lands in (2 more bytes) */
+    size_t two = prec == FSDP_BF16_MIXED ? (a + b) / 2 * 3 : a + b;
+    cr_expect_leq(peaks[1], two, "gathered parameters peaked at %zu bytes, two units are %zu",
+                  peaks[1], two);
+    shard_layout_destroy(l);
+  }
   cr_assert_eq(fread(losses, sizeof *losses, STEPS, f), (size_t)STEPS);
   cr_assert_eq(fread(got, sizeof *got, n, f), n);
   fclose(f);
@@ -261,3 +294,22 @@ Test(fsdp, world_1, .timeout = 60) { run_mesh(1, 1, SHARD_FULL_SHARD); }
 Test(fsdp, bf16_mixed_full_shard_2, .timeout = 60) { run_mesh_prec(1, 2, SHARD_FULL_SHARD, FSDP_BF16_MIXED); }
 Test(fsdp, bf16_mixed_hybrid_2x2, .timeout = 60) { run_mesh_prec(2, 2, SHARD_HYBRID_SHARD, FSDP_BF16_MIXED); }
 Test(fsdp, bf16_mixed_no_shard_2, .timeout = 60) { run_mesh_prec(2, 1, SHARD_NO_SHARD, FSDP_BF16_MIXED); }
+
+/* Gradient accumulation over 2 micro-batches: reduced every micro-batch (the
+ * default, least memory) or once from unsharded gradients kept until the last
+ * (one reduction per step, the whole model's gradients in memory): both train
+ * like one device, and the second costs more gradient memory. */
+Test(fsdp, grad_accum_both_modes, .timeout = 60) {
+  g_accum = 2;
+  g_keep_unsharded = 0;
+  run_mesh(1, 2, SHARD_FULL_SHARD);
+  size_t every = g_peak_grads;
+  g_keep_unsharded = 1;
+  run_mesh(1, 2, SHARD_FULL_SHARD);
+  size_t last = g_peak_grads;
+  gpt_config_t c = cfg();
+  cr_log_info("gradient memory per rank: reduce every micro-batch %zu bytes, keep unsharded %zu "
+              "bytes (the model is %zu)", every, last, gpt_config_num_params(&c) * sizeof(float));
+  cr_expect_gt(last, every);
+  cr_expect_geq(last, gpt_config_num_params(&c) * sizeof(float), "kept: every unit unsharded");
+}
