@@ -20,7 +20,7 @@ struct adamw {
 };
 
 int adamw_create_segments(adamw_t **out, size_t n, const adamw_segment_t *segs, int nsegs,
-                          adamw_hparams_t hp) {
+                          adamw_hparams_t hp, mem_cat_t cat) {
   *out = NULL;
   adamw_t *o = calloc(1, sizeof *o);
   if (!o) return err_set(FSDP_ENOMEM, "adamw: out of memory");
@@ -28,8 +28,8 @@ int adamw_create_segments(adamw_t **out, size_t n, const adamw_segment_t *segs, 
   o->n = n;
   o->nsegs = nsegs;
   o->segs = malloc((size_t)(nsegs ? nsegs : 1) * sizeof *segs);
-  o->m = mem_calloc(MEM_OPTIM, n * sizeof(float), "AdamW first moment");
-  o->v = o->m ? mem_calloc(MEM_OPTIM, n * sizeof(float), "AdamW second moment") : NULL;
+  o->m = mem_calloc(cat, n * sizeof(float), "AdamW first moment");
+  o->v = o->m ? mem_calloc(cat, n * sizeof(float), "AdamW second moment") : NULL;
   if (!o->v || !o->segs) {
     adamw_destroy(o);
     return FSDP_ENOMEM;
@@ -48,7 +48,7 @@ int adamw_create(adamw_t **out, const gpt_t *g, adamw_hparams_t hp) {
     const gpt_tensor_t *t = gpt_tensor(g, k);
     segs[k] = (adamw_segment_t){t->offset, t->numel, t->decay};
   }
-  int rc = adamw_create_segments(out, gpt_num_params(g), segs, nt, hp);
+  int rc = adamw_create_segments(out, gpt_num_params(g), segs, nt, hp, MEM_OPTIM);
   free(segs);
   return rc;
 }

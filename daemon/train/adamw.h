@@ -11,6 +11,7 @@
 #define FSDP_ADAMW_H
 
 #include "gpt.h"
+#include "mem.h"
 
 typedef struct adamw_hparams {
   float beta1, beta2, eps, weight_decay;
@@ -26,9 +27,10 @@ typedef struct adamw adamw_t;
 
 /* For the model's whole flat buffer. */
 int adamw_create(adamw_t **out, const gpt_t *g, adamw_hparams_t hp);
-/* For a buffer of n elements; elements in no segment (padding) are left alone. */
+/* For a buffer of n elements; elements in no segment (padding) are left alone.
+ * m and v are allocated under cat (MEM_OPTIM, or MEM_OFFLOAD when offloaded). */
 int adamw_create_segments(adamw_t **out, size_t n, const adamw_segment_t *segs, int nsegs,
-                          adamw_hparams_t hp);
+                          adamw_hparams_t hp, mem_cat_t cat);
 void adamw_destroy(adamw_t *o);
 /* One step at learning rate lr on the model's params with its grads. */
 void adamw_step(adamw_t *o, gpt_t *g, float lr);

@@ -39,6 +39,7 @@ typedef struct config {
   char mesh[32];              /* "RxS" ("" : 1xWORLD, or WORLDx1 for NO_SHARD) */
   char precision[16];         /* fp32 or bf16-mixed */
   int keep_unsharded_grads;   /* 1: reduce once per step from unsharded gradients */
+  int offload;                /* 1: master weights, gradient shard, AdamW state in host memory */
   int memory_limit_mib;       /* refuse a job whose plan exceeds this (0: host's available) */
   /* optimizer and schedule */
   float lr, min_lr_frac;      /* peak lr; cosine decays to min_lr_frac * lr */

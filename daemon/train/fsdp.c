@@ -242,8 +242,11 @@ int fsdp_create(fsdp_t **out, const gpt_config_t *cfg, const fsdp_opts_t *o) {
     off += f->l->units[k].shard_numel;
     if (f->l->units[k].shard_numel > largest) largest = f->l->units[k].shard_numel;
   }
-  f->params = mem_alloc(MEM_PARAMS, f->l->shard_total * sizeof(float), "parameter shard");
-  f->grads = mem_calloc(MEM_GRADS, f->l->shard_total * sizeof(float), "gradient shard");
+  /* offload: the shard's fp32 state lives in host memory and the optimizer
+   * step runs on the CPU (for a CPU device, only the accounting moves) */
+  const mem_cat_t pc = o->offload ? MEM_OFFLOAD : MEM_PARAMS, gc = o->offload ? MEM_OFFLOAD : MEM_GRADS;
+  f->params = mem_alloc(pc, f->l->shard_total * sizeof(float), "parameter shard");
+  f->grads = mem_calloc(gc, f->l->shard_total * sizeof(float), "gradient shard");
   f->landing = mem_alloc(MEM_COMM, largest * sizeof(float), "reduce-scatter landing");
   if (!f->params || !f->grads || !f->landing) {
     rc = FSDP_ENOMEM;
@@ -251,7 +254,9 @@ int fsdp_create(fsdp_t **out, const gpt_config_t *cfg, const fsdp_opts_t *o) {
   }
   shard_init_weights(f->l, cfg, o->seed, f->shard_rank, f->params);
   if ((rc = shard_segments(f->l, f->g, f->shard_rank, &segs, &nsegs))) goto fail;
-  if ((rc = adamw_create_segments(&f->opt, f->l->shard_total, segs, nsegs, o->hp))) goto fail;
+  if ((rc = adamw_create_segments(&f->opt, f->l->shard_total, segs, nsegs, o->hp,
+                                  o->offload ? MEM_OFFLOAD : MEM_OPTIM)))
+    goto fail;
   free(segs);
   gpt_unit_hooks_t h = {f, fsdp_params_cb, fsdp_release_cb, fsdp_grads_cb, fsdp_grads_done_cb};
   gpt_set_hooks(f->g, &h);

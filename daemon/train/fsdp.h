@@ -36,6 +36,7 @@ typedef struct fsdp_opts {
   uint64_t seed;        /* initial weights: the same bytes as one device's */
   adamw_hparams_t hp;
   fsdp_precision_t precision;
+  int offload; /* master weights, gradient shard and AdamW state in host memory */
 } fsdp_opts_t;
 
 typedef struct fsdp fsdp_t;

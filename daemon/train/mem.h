@@ -9,7 +9,10 @@
 #include <stddef.h>
 #include <stdio.h>
 
-/* XX(enum suffix, printed name) */
+/* XX(enum suffix, printed name). host_offload is state kept in host memory
+ * off the device (offloaded master weights, gradients and AdamW state); on
+ * CPU devices it is the same memory, counted apart so a plan for a GPU can
+ * tell device bytes from host bytes. */
 #define MEM_CATEGORY_LIST(XX)          \
   XX(PARAMS, "params")                 \
   XX(PARAMS_GATHERED, "params_gathered") \
@@ -17,7 +20,8 @@
   XX(OPTIM, "optimizer")               \
   XX(ACTS, "activations")              \
   XX(COMM, "comm")                     \
-  XX(WORKSPACE, "workspace")
+  XX(WORKSPACE, "workspace")            \
+  XX(OFFLOAD, "host_offload")
 
 typedef enum {
 #define XX(e, s) MEM_##e,

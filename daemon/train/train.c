@@ -170,7 +170,7 @@ static int train_rank_open(const config_t *c, train_rank_t *tr, FILE *progress) 
   adamw_hparams_t hp = {c->beta1, c->beta2, c->eps, c->weight_decay};
   fsdp_precision_t prec;
   if ((rc = fsdp_precision_parse(c->precision, &prec))) return rc;
-  if (tr->world == 1 && !c->mesh[0] && prec == FSDP_FP32) { /* one device: the flat model */
+  if (tr->world == 1 && !c->mesh[0] && prec == FSDP_FP32 && !c->offload) { /* the flat model */
     if ((rc = train_open_model(c, &tr->g))) return rc;
     return adamw_create(&tr->opt, tr->g, hp);
   }
@@ -198,7 +198,7 @@ static int train_rank_open(const config_t *c, train_rank_t *tr, FILE *progress) 
     free(addrs);
     if (rc) return rc;
   }
-  fsdp_opts_t o = {tr->mesh, tr->shard_comm, tr->replica_comm, c->seed, hp, prec};
+  fsdp_opts_t o = {tr->mesh, tr->shard_comm, tr->replica_comm, c->seed, hp, prec, c->offload};
   if ((rc = fsdp_create(&tr->f, &c->gpt, &o))) return rc;
   tr->g = fsdp_model(tr->f);
   if (c->init_from[0])

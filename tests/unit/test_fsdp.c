@@ -113,7 +113,7 @@ static comm_t *group(world_t *x, int w, int shard) {
 /* Gradient accumulation in the ranks: micro-batches per step, and whether the
  * unsharded gradients are kept until the last one (fsdp_defer_reduce). Set
  * by a test before it forks. */
-static int g_accum = 1, g_keep_unsharded = 0;
+static int g_accum = 1, g_keep_unsharded = 0, g_offload = 0;
 static size_t g_peak_grads; /* rank 0's gradient memory peak, from the last run */
 
 /* A rank: trains STEPS steps on its rows; rank 0 writes losses and weights. */
@@ -122,7 +122,8 @@ static void rank_main(world_t *x, int w, shard_strategy_t st, fsdp_precision_t p
   for (int v = 0; v < x->W; v++) /* only its own sockets stay open */
     if (v != w) close(x->sfd[v]), close(x->rfd[v]);
   kern_cpu()->set_threads(1); /* up to 4 ranks share 2 cores */
-  fsdp_opts_t o = {.mesh = {x->R, x->S, st}, .seed = SEED, .hp = HP, .precision = prec};
+  fsdp_opts_t o = {.mesh = {x->R, x->S, st}, .seed = SEED, .hp = HP, .precision = prec,
+                   .offload = g_offload};
   o.shard_comm = group(x, w, 1);
   o.replica_comm = group(x, w, 0);
   gpt_config_t c = cfg();
@@ -131,8 +132,10 @@ static void rank_main(world_t *x, int w, shard_strategy_t st, fsdp_precision_t p
   /* the persistent state of a rank is exactly its padded shard: fp32 master,
    * fp32 gradient, Adam m and v (and nothing of the whole model) */
   const size_t sh = fsdp_layout(f)->shard_total * sizeof(float);
-  if (mem_current(MEM_PARAMS) != sh || mem_current(MEM_GRADS) != sh ||
-      mem_current(MEM_OPTIM) != 2 * sh || mem_current(MEM_PARAMS_GATHERED) != 0) {
+  const size_t dev = g_offload ? 0 : sh; /* offloaded: all of it in host memory */
+  if (mem_current(MEM_PARAMS) != dev || mem_current(MEM_GRADS) != dev ||
+      mem_current(MEM_OPTIM) != 2 * dev || mem_current(MEM_OFFLOAD) != 4 * (sh - dev) ||
+      mem_current(MEM_PARAMS_GATHERED) != 0) {
     fprintf(stderr, "rank %d: state %zu/%zu/%zu bytes, shard %zu\n", w, mem_current(MEM_PARAMS),
             mem_current(MEM_GRADS), mem_current(MEM_OPTIM), sh);
     _exit(5);
@@ -312,4 +315,11 @@ Test(fsdp, grad_accum_both_modes, .timeout = 60) {
               "bytes (the model is %zu)", every, last, gpt_config_num_params(&c) * sizeof(float));
   cr_expect_gt(last, every);
   cr_expect_geq(last, gpt_config_num_params(&c) * sizeof(float), "kept: every unit unsharded");
+}
+
+/* Offload moves the shard's state to host memory (the accounting says so, in
+ * the ranks) and changes nothing in the training. */
+Test(fsdp, offload_full_shard_2, .timeout = 60) {
+  g_offload = 1;
+  run_mesh(1, 2, SHARD_FULL_SHARD);
 }

@@ -178,7 +178,7 @@ Test(shard, sharded_adamw_equals_whole_model_adamw) {
       float *p = malloc(l->shard_total * sizeof(float)), *gr = malloc(l->shard_total * sizeof(float));
       shard_init_weights(l, &c, 77, r, p);
       adamw_t *o;
-      cr_assert_eq(adamw_create_segments(&o, l->shard_total, segs, nsegs, hp), 0);
+      cr_assert_eq(adamw_create_segments(&o, l->shard_total, segs, nsegs, hp, MEM_OPTIM), 0);
       for (int step = 0; step < 3; step++) {
         size_t base = 0;
         for (int k = 0; k < l->num_units; k++) {
