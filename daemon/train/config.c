@@ -51,6 +51,7 @@ static const config_opt_t config_opts[] = {
     {"strategy", "shard", STR(strategy), "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or HYBRID_SHARD_ZERO2 (ranks from fsdp-launch)"},
     {"mesh", "shard", STR(mesh), "replicas x shards, e.g. 2x4 (empty: every rank in one shard group)"},
     {"keep_unsharded_grads", "shard", CFG_INT, OFF(keep_unsharded_grads), 0, 0, 1, "1: with grad_accum, keep each unit's gradient unsharded and reduce once per step (more memory, fewer collectives); 0: reduce every micro-batch into the shard"},
+    {"min_params", "shard", CFG_DOUBLE, OFF(min_params), 0, 0, 1e15, "wrap policy: merge neighbouring units until each holds this many parameters (0: one unit per block, plus the embeddings)"},
     {"offload", "shard", CFG_INT, OFF(offload), 0, 0, 1, "1: keep fp32 master weights, gradient shard and AdamW state in host memory, step on the CPU"},
     {"precision", "shard", STR(precision), "fp32, or bf16-mixed (bf16 gather and compute, fp32 reduce and master weights)"},
     {"lr", "optim", CFG_FLOAT, OFF(lr), 0, 0, 10, "peak learning rate"},

@@ -40,6 +40,7 @@ typedef struct config {
   char precision[16];         /* fp32 or bf16-mixed */
   int keep_unsharded_grads;   /* 1: reduce once per step from unsharded gradients */
   int offload;                /* 1: master weights, gradient shard, AdamW state in host memory */
+  double min_params;          /* wrap policy: merge units up to this many parameters (0: per block) */
   int memory_limit_mib;       /* refuse a job whose plan exceeds this (0: host's available) */
   /* optimizer and schedule */
   float lr, min_lr_frac;      /* peak lr; cosine decays to min_lr_frac * lr */

@@ -29,6 +29,8 @@ struct fsdp {
   uint16_t **send16, **recv16; /* per unit: a bf16 gather in flight (bf16-mixed) */
   int bf16;          /* the precision policy gathers parameters in bf16 */
   int defer;         /* keep unsharded gradients: no reduction this micro-batch */
+  int nmodel;        /* model units (embeddings + blocks) */
+  int *done;         /* per FSDP unit: its model units whose gradients are complete */
   comm_req_t **req;  /* per unit: its all-gather in flight, or NULL */
   float **ugrad;     /* per unit: unsharded gradient during backward, or NULL */
   int gathered, max_gathered;
@@ -101,32 +103,44 @@ static void fsdp_free_unit(fsdp_t *f, int k) {
 /* The unit the model asks for after model unit u in this phase (gpt.h gives
  * the order), or -1: what to prefetch. */
 static int fsdp_next_unit(const fsdp_t *f, int u, int phase) {
-  const int L = f->l->num_units - 1;
+  const int L = f->nmodel - 1;
   if (phase == GPT_FWD) return u == 0 ? (f->fwd_tail || L == 0 ? -1 : 1) : u < L ? u + 1 : 0;
   return u == 0 ? L : u > 1 ? u - 1 : -1;
 }
 
+/* Model unit u inside the buffer of its FSDP unit (several model units share
+ * one under min_params). */
+static size_t fsdp_model_offset(const fsdp_t *f, int u) {
+  return gpt_unit(f->g, u).offset - f->l->units[f->l->unit_of[u]].offset;
+}
+
 static int fsdp_params_cb(void *ctx, int u, int phase, float **out) {
   fsdp_t *f = ctx;
+  const int k = f->l->unit_of[u];
   int rc;
-  if ((rc = fsdp_gather_start(f, u, f->bf16)) || (rc = fsdp_gather_wait(f, u))) return rc;
+  if ((rc = fsdp_gather_start(f, k, f->bf16)) || (rc = fsdp_gather_wait(f, k))) return rc;
   /* prefetch: the next unit's gather runs while this one computes; FULL_SHARD
    * keeps at most two units gathered, the strategies that keep parameters
    * hold what they keep anyway */
-  if (phase == GPT_FWD && u == f->l->num_units - 1) f->fwd_tail = 1;
+  if (phase == GPT_FWD && u == f->nmodel - 1) f->fwd_tail = 1;
   int next = fsdp_next_unit(f, u, phase);
-  if (next >= 0 && next != u && (f->keeps || f->gathered < 2) &&
-      (rc = fsdp_gather_start(f, next, f->bf16)))
+  int nk = next >= 0 ? f->l->unit_of[next] : -1;
+  if (nk >= 0 && nk != k && (f->keeps || f->gathered < 2) &&
+      (rc = fsdp_gather_start(f, nk, f->bf16)))
     return rc;
-  *out = f->full[u];
+  *out = f->full[k] + fsdp_model_offset(f, u);
   return FSDP_OK;
 }
 
 static int fsdp_release_cb(void *ctx, int u, int phase) {
   fsdp_t *f = ctx;
-  if (phase == GPT_FWD && u == 0 && f->fwd_tail) f->fwd_tail = 0; /* forward is over */
-  /* kept units are freed once backward is done with them */
-  if (!f->keeps || phase == GPT_BWD) fsdp_free_unit(f, u);
+  const int k = f->l->unit_of[u];
+  int next = fsdp_next_unit(f, u, phase);
+  if (phase == GPT_FWD && u == 0 && f->fwd_tail) f->fwd_tail = 0, next = -1; /* forward is over */
+  /* an FSDP unit stays while the model moves on inside it; kept units are
+   * freed once backward is done with them */
+  if (next >= 0 && f->l->unit_of[next] == k) return FSDP_OK;
+  if (!f->keeps || phase == GPT_BWD) fsdp_free_unit(f, k);
   return FSDP_OK;
 }
 
@@ -134,17 +148,18 @@ static int fsdp_reduce_finish(fsdp_t *f);
 
 static int fsdp_grads_cb(void *ctx, int u, float **out) {
   fsdp_t *f = ctx;
-  /* unit 0's reduction from the previous micro-batch may still be in flight
-   * on this buffer: finish it before backward writes a new gradient */
-  if (f->pend_unit == u) {
+  const int k = f->l->unit_of[u];
+  /* this unit's reduction from the previous micro-batch may still be in flight
+   * on its buffer: finish it before backward writes a new gradient */
+  if (f->pend_unit == k) {
     int rc = fsdp_reduce_finish(f);
     if (rc) return rc;
   }
-  if (!f->ugrad[u]) {
-    f->ugrad[u] = mem_calloc(MEM_GRADS, fsdp_padded(f, u) * sizeof(float), "unit gradient");
-    if (!f->ugrad[u]) return FSDP_ENOMEM;
+  if (!f->ugrad[k]) {
+    f->ugrad[k] = mem_calloc(MEM_GRADS, fsdp_padded(f, k) * sizeof(float), "unit gradient");
+    if (!f->ugrad[k]) return FSDP_ENOMEM;
   }
-  *out = f->ugrad[u];
+  *out = f->ugrad[k] + fsdp_model_offset(f, u);
   return FSDP_OK;
 }
 
@@ -174,8 +189,13 @@ static int fsdp_reduce_finish(fsdp_t *f) {
  * shard group (reduce-scatter) or the replicas (all-reduce, NO_SHARD) is
  * issued now and completed when the next unit's is, so it runs while backward
  * computes. */
-static int fsdp_grads_done_cb(void *ctx, int u) {
+static int fsdp_grads_done_cb(void *ctx, int mu) {
   fsdp_t *f = ctx;
+  const int u = f->l->unit_of[mu];
+  const shard_unit_t *su = &f->l->units[u];
+  /* an FSDP unit is reduced when backward is done with all its model units */
+  if (++f->done[u] < su->last - su->first + 1) return FSDP_OK;
+  f->done[u] = 0;
   if (f->defer) return FSDP_OK; /* the unit's gradient keeps accumulating unsharded */
   int rc = fsdp_reduce_finish(f);
   if (rc) return rc;
@@ -224,7 +244,8 @@ int fsdp_create(fsdp_t **out, const gpt_config_t *cfg, const fsdp_opts_t *o) {
   adamw_segment_t *segs = NULL;
   int nsegs = 0, rc;
   if ((rc = gpt_create_shell(&f->g, cfg, f->be))) goto fail;
-  if ((rc = shard_layout_create(&f->l, cfg, f->S, 0))) goto fail;
+  if ((rc = shard_layout_create(&f->l, cfg, f->S, o->min_params))) goto fail;
+  f->nmodel = cfg->layers + 1;
   const int nu = f->l->num_units;
   f->shard_off = calloc((size_t)nu, sizeof *f->shard_off);
   f->full = calloc((size_t)nu, sizeof *f->full);
@@ -232,7 +253,8 @@ int fsdp_create(fsdp_t **out, const gpt_config_t *cfg, const fsdp_opts_t *o) {
   f->ugrad = calloc((size_t)nu, sizeof *f->ugrad);
   f->send16 = calloc((size_t)nu, sizeof *f->send16);
   f->recv16 = calloc((size_t)nu, sizeof *f->recv16);
-  if (!f->shard_off || !f->full || !f->req || !f->ugrad || !f->send16 || !f->recv16) {
+  f->done = calloc((size_t)nu, sizeof *f->done);
+  if (!f->shard_off || !f->full || !f->req || !f->ugrad || !f->send16 || !f->recv16 || !f->done) {
     rc = err_set(FSDP_ENOMEM, "fsdp: out of memory");
     goto fail;
   }
@@ -289,6 +311,7 @@ void fsdp_destroy(fsdp_t *f) {
   free(f->ugrad);
   free(f->send16);
   free(f->recv16);
+  free(f->done);
   shard_layout_destroy(f->l);
   gpt_destroy(f->g);
   free(f);

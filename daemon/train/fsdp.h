@@ -37,6 +37,7 @@ typedef struct fsdp_opts {
   adamw_hparams_t hp;
   fsdp_precision_t precision;
   int offload; /* master weights, gradient shard and AdamW state in host memory */
+  size_t min_params; /* wrap policy: merge neighbouring units up to this size (0: one per block) */
 } fsdp_opts_t;
 
 typedef struct fsdp fsdp_t;

@@ -198,7 +198,8 @@ static int train_rank_open(const config_t *c, train_rank_t *tr, FILE *progress) 
     free(addrs);
     if (rc) return rc;
   }
-  fsdp_opts_t o = {tr->mesh, tr->shard_comm, tr->replica_comm, c->seed, hp, prec, c->offload};
+  fsdp_opts_t o = {tr->mesh, tr->shard_comm, tr->replica_comm, c->seed, hp, prec, c->offload,
+                   (size_t)c->min_params};
   if ((rc = fsdp_create(&tr->f, &c->gpt, &o))) return rc;
   tr->g = fsdp_model(tr->f);
   if (c->init_from[0])

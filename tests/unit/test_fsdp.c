@@ -114,6 +114,7 @@ static comm_t *group(world_t *x, int w, int shard) {
  * unsharded gradients are kept until the last one (fsdp_defer_reduce). Set
  * by a test before it forks. */
 static int g_accum = 1, g_keep_unsharded = 0, g_offload = 0;
+static size_t g_min_params = 0;
 static size_t g_peak_grads; /* rank 0's gradient memory peak, from the last run */
 
 /* A rank: trains STEPS steps on its rows; rank 0 writes losses and weights. */
@@ -123,7 +124,7 @@ static void rank_main(world_t *x, int w, shard_strategy_t st, fsdp_precision_t p
     if (v != w) close(x->sfd[v]), close(x->rfd[v]);
   kern_cpu()->set_threads(1); /* up to 4 ranks share 2 cores */
   fsdp_opts_t o = {.mesh = {x->R, x->S, st}, .seed = SEED, .hp = HP, .precision = prec,
-                   .offload = g_offload};
+                   .offload = g_offload, .min_params = g_min_params};
   o.shard_comm = group(x, w, 1);
   o.replica_comm = group(x, w, 0);
   gpt_config_t c = cfg();
@@ -213,7 +214,7 @@ static void run_mesh_prec(int R, int S, shard_strategy_t st, fsdp_precision_t pr
   if (!shard_strategy_keeps_params(st)) {
     /* the allocator's own count: never more than the two largest units at once */
     shard_layout_t *l;
-    cr_assert_eq(shard_layout_create(&l, &c, S, 0), 0);
+    cr_assert_eq(shard_layout_create(&l, &c, S, g_min_params), 0);
     size_t a = 0, b = 0;
     for (int k = 0; k < l->num_units; k++) {
       size_t bytes = l->units[k].shard_numel * (size_t)S * sizeof(float);
@@ -265,9 +266,13 @@ static void run_mesh_prec(int R, int S, shard_strategy_t st, fsdp_precision_t pr
   }
   cr_log_info("%s %dx%d: worst tensor error %.2e, most units gathered at once %d",
               shard_strategy_name(st), R, S, worst, maxg);
+  shard_layout_t *lay;
+  cr_assert_eq(shard_layout_create(&lay, &c, S, g_min_params), 0);
+  const int nunits = lay->num_units;
+  shard_layout_destroy(lay);
   if (shard_strategy_keeps_params(st))
-    cr_expect_eq(maxg, c.layers + 1, "%s keeps every unit from forward to backward (saw %d)",
-                 shard_strategy_name(st), maxg);
+    cr_expect_eq(maxg, nunits, "%s keeps all %d units from forward to backward (saw %d)",
+                 shard_strategy_name(st), nunits, maxg);
   else
     cr_expect_leq(maxg, 2, "FULL_SHARD gathers at most two units at once (saw %d)", maxg);
   gpt_destroy(g);
@@ -322,4 +327,17 @@ Test(fsdp, grad_accum_both_modes, .timeout = 60) {
 Test(fsdp, offload_full_shard_2, .timeout = 60) {
   g_offload = 1;
   run_mesh(1, 2, SHARD_FULL_SHARD);
+}
+
+/* The size-based wrap policy: blocks merged two by two (and the embeddings
+ * with the first ones) train the same, under both kinds of strategy. */
+Test(fsdp, min_params_merged_units_full_shard, .timeout = 60) {
+  gpt_config_t c = cfg();
+  g_min_params = 2 * gpt_config_unit(&c, 1).numel;
+  run_mesh(1, 2, SHARD_FULL_SHARD);
+}
+Test(fsdp, min_params_merged_units_shard_grad_op, .timeout = 60) {
+  gpt_config_t c = cfg();
+  g_min_params = 2 * gpt_config_unit(&c, 1).numel;
+  run_mesh(1, 2, SHARD_SHARD_GRAD_OP);
 }
