@@ -2,9 +2,10 @@
  * and Gloo use), behind comm_backend_t.
  *
  * What it owns: two sockets per communicator (to the next rank, from the
- * previous one), a communication thread that runs the queued ops in issue
- * order, a bounded staging buffer for reductions (MEM_COMM), and a wake pipe
- * that comm_abort writes to. It does not own the caller's buffers.
+ * previous one), up to two shared-memory links (same-host neighbours), a
+ * communication thread that runs the queued ops in issue order, a bounded
+ * staging buffer for reductions (MEM_COMM), and a wake pipe that comm_abort
+ * writes to. It does not own the caller's buffers.
  *
  * Wire, per op, on the forward direction (rank r -> r+1): a 32-byte header
  * (magic, sequence number, op, dtype, reduction, root, count), then the data
@@ -22,7 +23,13 @@
  * fails its own op with it and passes it on, so every rank learns within
  * milliseconds which rank failed and why, rather than timing out. Every
  * socket wait is a poll() bounded by the op's deadline that also watches the
- * wake pipe and the notice direction. */
+ * wake pipe and the notice direction.
+ *
+ * Transport: a link whose two ends share a host carries the forward stream
+ * (headers and data, the same bytes) through a shared-memory link (shm.c)
+ * negotiated at the end of the bootstrap, one copy in and one out instead of
+ * TCP's two kernel copies and wakeups; its sockets then carry only notices
+ * and the end of a dead peer. FSDP_COMM_SHM=0 keeps every link on TCP. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -40,6 +47,7 @@
 #include <unistd.h>
 
 #include "daemon/comm/comm.h"
+#include "daemon/comm/shm.h"
 #include "daemon/common/err.h"
 #include "daemon/common/log.h"
 #include "daemon/common/param.h"
@@ -49,7 +57,8 @@
 #define RING_HELLO_MAGIC 0x48525346u  /* "FSRH" */
 #define RING_HDR_MAGIC 0x4f525346u    /* "FSRO" */
 #define RING_NOTICE_MAGIC 0x41525346u /* "FSRA" */
-#define RING_VERSION 1u
+#define RING_VERSION 2u
+#define RING_SHM_MAGIC 0x53525346u /* "FSRS" */
 #define RING_MSG 512
 #define RING_ADDR 128
 
@@ -74,6 +83,16 @@ typedef struct {
   char msg[RING_MSG - 12];
 } ring_notice_t;
 
+/* The bootstrap's last step, on each link: the producer (rank r) offers a
+ * shared-memory link to rank r+1 (name empty: no offer), which answers
+ * whether it could map it (accepted = 1). */
+typedef struct {
+  uint32_t magic;
+  uint32_t accepted;
+  uint64_t token, cap;
+  char name[COMM_SHM_NAME];
+} ring_shm_offer_t;
+
 _Static_assert(sizeof(ring_hdr_t) == 32, "wire header is 32 bytes");
 _Static_assert(sizeof(ring_notice_t) == RING_MSG, "notice is 512 bytes");
 
@@ -97,6 +116,9 @@ typedef struct ring {
   int64_t timeout_ms;
   size_t chunk, staging_bytes;
   uint8_t *staging;
+  /* same-host links: the data (headers included) goes through these instead
+   * of fd_next / fd_prev, which then carry only notices and liveness */
+  comm_shm_link_t *shm_out, *shm_in;
 
   pthread_t thread;
   int thread_started;
@@ -157,6 +179,7 @@ static void ring_send_notice(ring_t *r, const ring_notice_t *nt) {
   r->notice_sent = 1;
   /* The reverse direction carries nothing else, so its send buffer is empty. */
   ssize_t k = send(r->fd_prev, nt, sizeof *nt, MSG_NOSIGNAL | MSG_DONTWAIT);
+  comm_shm_kick(r->shm_in); /* the previous rank may sleep on that link: wake it to read this */
   if (k != (ssize_t)sizeof *nt)
     LOG_DEBUG("comm", "group '%s' rank %d: could not pass a failure notice to rank %d",
               r->base.name, r->base.rank, r->rank_prev);
@@ -222,10 +245,60 @@ static int ring_check(ring_t *r, ring_op_t *o) {
   return 0;
 }
 
+static int ring_prev_closed(ring_t *r, ring_op_t *o, int e);
+
+/* ring_poll when a link is shared memory: the TCP sockets are looked at
+ * (notices, a closed peer, a TCP side's readiness) between futex sleeps of at
+ * most 10 ms (1 ms when the other side is TCP), so a dead peer is seen within
+ * a slice and a notice or an abort at once (their senders kick the links). */
+static int ring_poll_shm(ring_t *r, ring_op_t *o, int want_send, int want_recv, int watch_next) {
+  comm_shm_link_t *in = want_recv ? r->shm_in : NULL, *out = want_send ? r->shm_out : NULL;
+  int tcp_send = want_send && !r->shm_out, tcp_recv = want_recv && !r->shm_in;
+  struct pollfd p[3];
+  p[0].fd = r->wake[0];
+  p[0].events = POLLIN;
+  p[1].fd = (want_send || watch_next) ? r->fd_next : -1;
+  p[1].events = (short)((tcp_send ? POLLOUT : 0) | POLLIN);
+  /* on a shared-memory link nothing comes through fd_prev: readable = closed */
+  p[2].fd = want_recv ? r->fd_prev : -1;
+  p[2].events = POLLIN;
+  for (;;) {
+    int rc = ring_check(r, o);
+    if (rc < 0) return rc;
+    if (rc == 1) return ring_timeout(r, o, want_recv);
+    p[0].revents = p[1].revents = p[2].revents = 0;
+    int n = poll(p, 3, 0);
+    if (n < 0 && errno != EINTR) return err_set_errno(FSDP_EINTERNAL, errno, "%s: poll", o->sig);
+    if (n > 0) {
+      if (p[0].revents) continue; /* abort: reported by ring_check */
+      if (p[1].revents & (POLLIN | POLLHUP | POLLERR)) return ring_read_notice(r, o);
+      if (p[1].revents & POLLOUT) return 0;
+      if (p[2].revents && tcp_recv) return 0;
+      if (p[2].revents) {
+        if (comm_shm_readable(r->shm_in)) return 0; /* what it wrote before leaving */
+        char b;
+        ssize_t k = recv(r->fd_prev, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+        return ring_prev_closed(r, o, k < 0 ? errno : 0);
+      }
+    }
+    if ((in && comm_shm_readable(in)) || (out && comm_shm_writable(out))) return 0;
+    int64_t slice = (tcp_send || tcp_recv || (!in && !out)) ? 1000000 : 10000000;
+    int64_t until = ring_now_ns() + slice;
+    if (until > o->deadline_ns) until = o->deadline_ns;
+    if (in || out) {
+      if (comm_shm_wait(in, out, until)) return 0;
+    } else {
+      p[0].revents = p[1].revents = p[2].revents = 0;
+      if (poll(p, 3, 1) > 0) continue;
+    }
+  }
+}
+
 /* Waits until the next socket can take data (want_send), the previous one has
  * data (want_recv), the deadline, an abort or a notice. watch_next: this op
  * still has data to send, so the next rank closing or failing matters. */
 static int ring_poll(ring_t *r, ring_op_t *o, int want_send, int want_recv, int watch_next) {
+  if (r->shm_in || r->shm_out) return ring_poll_shm(r, o, want_send, want_recv, watch_next);
   struct pollfd p[3];
   p[0].fd = r->wake[0];
   p[0].events = POLLIN;
@@ -249,6 +322,7 @@ static int ring_poll(ring_t *r, ring_op_t *o, int want_send, int want_recv, int 
 }
 
 static ssize_t ring_send_some(ring_t *r, ring_op_t *o, const void *p, size_t n) {
+  if (r->shm_out) return (ssize_t)comm_shm_write(r->shm_out, p, n); /* a dead next rank: ring_poll */
   ssize_t k = send(r->fd_next, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
   if (k >= 0) return k;
   if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
@@ -267,10 +341,15 @@ static ssize_t ring_send_some(ring_t *r, ring_op_t *o, const void *p, size_t n) 
 }
 
 static ssize_t ring_recv_some(ring_t *r, ring_op_t *o, void *p, size_t n) {
+  if (r->shm_in) return (ssize_t)comm_shm_read(r->shm_in, p, n); /* a dead previous rank: ring_poll */
   ssize_t k = recv(r->fd_prev, p, n, MSG_DONTWAIT);
   if (k > 0) return k;
   if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
-  int e = k == 0 ? 0 : errno;
+  return ring_prev_closed(r, o, k == 0 ? 0 : errno);
+}
+
+/* The previous rank's connection ended (e: its errno, 0 for end of stream). */
+static int ring_prev_closed(ring_t *r, ring_op_t *o, int e) {
   /* The previous rank is gone. If that is the echo of a failure further
    * back, the next rank's notice (travelling the other way) names the rank
    * that failed first: wait for it briefly. */
@@ -299,9 +378,13 @@ typedef struct {
 /* Sends the segments ss to the next rank while receiving rs from the previous
  * one, never sending byte x of the send stream before byte x - lead of the
  * receive stream has arrived (all_gather and broadcast forward what they
- * receive; lead is what a rank has of its own). */
+ * receive; lead is what a rank has of its own). copy0: where the bytes of
+ * ss[0] also go, copied right after they are sent while they are still in
+ * cache (an out-of-place all_gather's own block: one read of the input
+ * instead of two), or NULL. */
+#define RING_COPY_GRAIN ((size_t)256 << 10)
 static int ring_stream_fwd(ring_t *r, ring_op_t *o, const ring_seg_t *ss, int nss,
-                           const ring_seg_t *rs, int nrs, size_t lead) {
+                           const ring_seg_t *rs, int nrs, size_t lead, uint8_t *copy0) {
   size_t stot = 0, rtot = 0, sent = 0, recvd = 0, soff = 0, roff = 0;
   int si = 0, ri = 0;
   for (int i = 0; i < nss; i++) stot += ss[i].n;
@@ -314,8 +397,10 @@ static int ring_stream_fwd(ring_t *r, ring_op_t *o, const ring_seg_t *ss, int ns
       size_t n = ss[si].n - soff;
       if (n > slim - sent) n = slim - sent;
       if (n > r->chunk) n = r->chunk;
+      if (copy0 && si == 0 && n > RING_COPY_GRAIN) n = RING_COPY_GRAIN;
       ssize_t k = ring_send_some(r, o, ss[si].p + soff, n);
       if (k < 0) return (int)k;
+      if (k > 0 && copy0 && si == 0) memcpy(copy0 + soff, ss[0].p + soff, (size_t)k);
       if (k > 0) sent += (size_t)k, soff += (size_t)k, progress = 1;
     }
     if (recvd < rtot) {
@@ -443,9 +528,10 @@ static int ring_stream_rs(ring_t *r, ring_op_t *o, const uint8_t *own, const siz
   return 0;
 }
 
-/* All-gather of blocks already in place in buf (this rank's block filled). */
+/* All-gather of blocks in buf: this rank's block is in place, or own (not
+ * overlapping buf) holds it and is copied in as it is sent. */
 static int ring_gather_blocks(ring_t *r, ring_op_t *o, uint8_t *buf, const size_t *boff,
-                              const size_t *blen, size_t esz) {
+                              const size_t *blen, size_t esz, const uint8_t *own) {
   const int N = r->base.size, me = r->base.rank;
   ring_seg_t ss[N - 1], rs[N - 1];
   for (int s = 0; s < N - 1; s++) {
@@ -453,7 +539,9 @@ static int ring_gather_blocks(ring_t *r, ring_op_t *o, uint8_t *buf, const size_
     ss[s] = (ring_seg_t){buf + boff[b] * esz, blen[b] * esz};
     rs[s] = (ring_seg_t){buf + boff[c] * esz, blen[c] * esz};
   }
-  return ring_stream_fwd(r, o, ss, N - 1, rs, N - 1, ss[0].n);
+  uint8_t *copy0 = NULL;
+  if (own) copy0 = ss[0].p, ss[0].p = (uint8_t *)own;
+  return ring_stream_fwd(r, o, ss, N - 1, rs, N - 1, ss[0].n, copy0);
 }
 
 /* ---- one op ---- */
@@ -477,7 +565,7 @@ static int ring_run_op(ring_t *r, ring_op_t *o) {
     if (a->op == COMM_OP_BARRIER) mine.dtype = 0, mine.count = 0;
     ring_hdr_t theirs;
     ring_seg_t s = {(uint8_t *)&mine, sizeof mine}, rv = {(uint8_t *)&theirs, sizeof theirs};
-    int rc = ring_stream_fwd(r, o, &s, 1, &rv, 1, sizeof mine);
+    int rc = ring_stream_fwd(r, o, &s, 1, &rv, 1, sizeof mine, NULL);
     if (rc < 0) return rc;
     if (theirs.magic != RING_HDR_MAGIC)
       return err_set(FSDP_EPEER,
@@ -505,17 +593,22 @@ static int ring_run_op(ring_t *r, ring_op_t *o) {
       memcpy(tok, zero, sizeof tok);
       size_t boff[N], blen[N];
       for (int i = 0; i < N; i++) boff[i] = (size_t)i, blen[i] = 1;
-      return N > 1 ? ring_gather_blocks(r, o, tok, boff, blen, 1) : 0;
+      return N > 1 ? ring_gather_blocks(r, o, tok, boff, blen, 1, NULL) : 0;
     }
     case COMM_OP_ALL_GATHER: {
       size_t n = a->count, bytes = n * esz;
       uint8_t *out = a->recv;
-      if ((const uint8_t *)a->send != out + (size_t)me * bytes && bytes)
-        memmove(out + (size_t)me * bytes, a->send, bytes);
+      const uint8_t *in = a->send, *own = NULL;
+      /* an input apart from the output is copied in as it is sent; one that
+       * overlaps it (but is not in place) is moved first */
+      if (in != out + (size_t)me * bytes && bytes) {
+        if (N > 1 && (in + bytes <= out || in >= out + (size_t)N * bytes)) own = in;
+        else memmove(out + (size_t)me * bytes, in, bytes);
+      }
       if (N == 1 || !bytes) return 0;
       size_t boff[N], blen[N];
       for (int i = 0; i < N; i++) boff[i] = (size_t)i * n, blen[i] = n;
-      return ring_gather_blocks(r, o, out, boff, blen, esz);
+      return ring_gather_blocks(r, o, out, boff, blen, esz, own);
     }
     case COMM_OP_REDUCE_SCATTER: {
       size_t n = a->count;
@@ -545,7 +638,7 @@ static int ring_run_op(ring_t *r, ring_op_t *o) {
       }
       int rc = ring_stream_rs(r, o, a->send, boff, blen, out + boff[me] * esz, a->dtype, div);
       if (rc < 0) return rc;
-      return ring_gather_blocks(r, o, out, boff, blen, esz);
+      return ring_gather_blocks(r, o, out, boff, blen, esz, NULL);
     }
     case COMM_OP_BROADCAST: {
       size_t bytes = a->count * esz;
@@ -553,7 +646,7 @@ static int ring_run_op(ring_t *r, ring_op_t *o) {
       ring_seg_t seg = {a->recv, bytes};
       int is_root = me == a->root, is_last = (a->root - 1 + N) % N == me;
       return ring_stream_fwd(r, o, &seg, is_last ? 0 : 1, &seg, is_root ? 0 : 1,
-                             is_root ? bytes : 0);
+                             is_root ? bytes : 0, NULL);
     }
     default:
       return err_set(FSDP_EINTERNAL, "%s: unknown op", o->sig);
@@ -711,6 +804,8 @@ static void ring_abort(comm_t *c) {
   char b = 1;
   if (r->wake[1] >= 0 && write(r->wake[1], &b, 1) < 0) { /* full pipe: already woken */
   }
+  comm_shm_kick(r->shm_in); /* the thread may sleep on a futex rather than in poll */
+  comm_shm_kick(r->shm_out);
   pthread_mutex_lock(&r->mu);
   for (ring_req_t *q = r->head; q; q = q->next) {
     char m[RING_MSG];
@@ -729,6 +824,8 @@ static void ring_free(ring_t *r) {
   if (r->wake[0] >= 0) close(r->wake[0]);
   if (r->wake[1] >= 0) close(r->wake[1]);
   mem_free(r->staging);
+  comm_shm_close(r->shm_in);
+  comm_shm_close(r->shm_out);
   pthread_mutex_destroy(&r->mu);
   pthread_cond_destroy(&r->cv);
   free(r);
@@ -883,6 +980,60 @@ static int ring_listen(ring_t *r, int *lfd) {
   return 0;
 }
 
+/* The last bootstrap step: each link becomes shared memory when its producer
+ * could create one and its consumer could map it (same host, same /dev/shm,
+ * FSDP_COMM_SHM not 0 on either side); otherwise it stays TCP. Every rank
+ * sends its offer before reading, and offers and answers fit any socket
+ * buffer, so the step cannot deadlock. */
+static int ring_shm_negotiate(ring_t *r, int64_t deadline) {
+  const int me = r->base.rank;
+  int want = param_comm_shm() != 0;
+  ring_shm_offer_t mine = {.magic = RING_SHM_MAGIC}, theirs, ans;
+  comm_shm_link_t *out = NULL, *in = NULL;
+  if (want) {
+    int64_t bytes = param_comm_shm_bytes();
+    if (comm_shm_create(bytes > 0 ? (size_t)bytes : 0, &out, mine.name, &mine.token) < 0) {
+      LOG_DEBUG("comm", "group '%s' rank %d: no shared memory towards rank %d (%s): TCP",
+                r->base.name, me, r->rank_next, err_msg());
+      out = NULL;
+      mine.name[0] = 0;
+    } else {
+      mine.cap = comm_shm_cap(out);
+    }
+  }
+  int e = ring_io_all(r->fd_next, &mine, sizeof mine, 1, deadline);
+  if (e == 0) e = ring_io_all(r->fd_prev, &theirs, sizeof theirs, 0, deadline);
+  if (e == 0) {
+    theirs.name[COMM_SHM_NAME - 1] = 0;
+    ans = (ring_shm_offer_t){.magic = RING_SHM_MAGIC};
+    if (want && theirs.magic == RING_SHM_MAGIC && theirs.name[0]) {
+      if (comm_shm_attach(theirs.name, theirs.token, theirs.cap, &in) == 0) ans.accepted = 1;
+      else
+        LOG_DEBUG("comm", "group '%s' rank %d: shared memory from rank %d refused (%s): TCP",
+                  r->base.name, me, r->rank_prev, err_msg());
+    }
+    e = ring_io_all(r->fd_prev, &ans, sizeof ans, 1, deadline);
+  }
+  if (e == 0) e = ring_io_all(r->fd_next, &ans, sizeof ans, 0, deadline);
+  comm_shm_unlink(mine.name); /* mapped by both now, or never to be */
+  if (e < 0) {
+    comm_shm_close(out);
+    comm_shm_close(in);
+    return err_set(e == -ETIMEDOUT ? FSDP_ETIMEDOUT : FSDP_EPEER,
+                   "rank %d of group '%s': choosing the transport with ranks %d (%s) and %d (%s): "
+                   "%s (did a rank fail? see its log)",
+                   me, r->base.name, r->rank_next, r->addr_next, r->rank_prev, r->addr_prev,
+                   strerror(-e));
+  }
+  if (!(ans.magic == RING_SHM_MAGIC && ans.accepted == 1)) {
+    comm_shm_close(out);
+    out = NULL;
+  }
+  r->shm_out = out;
+  r->shm_in = in;
+  return 0;
+}
+
 static int ring_bootstrap(ring_t *r, int lfd) {
   const int me = r->base.rank, N = r->base.size;
   int64_t deadline = ring_now_ns() + r->timeout_ms * 1000000;
@@ -955,7 +1106,7 @@ static int ring_bootstrap(ring_t *r, int lfd) {
                    "'%s' (size %d) answered: the address lists handed to the ranks disagree",
                    me, r->base.name, N, r->rank_next, r->addr_next, (int)nh.from, nh.name,
                    (int)nh.size);
-  return 0;
+  return ring_shm_negotiate(r, deadline);
 io_next:
   return err_set(e == -ETIMEDOUT ? FSDP_ETIMEDOUT : FSDP_EPEER,
                  "rank %d of group '%s': handshake with rank %d at %s: %s (was the rank started "
@@ -1030,8 +1181,9 @@ int comm_ring_create(const comm_ring_opts_t *o, comm_t **out) {
     goto fail;
   }
   r->thread_started = 1;
-  LOG_DEBUG("comm", "group '%s': rank %d of %d connected (next %s, prev %s)", name, o->rank,
-            o->size, r->addr_next, r->addr_prev);
+  LOG_DEBUG("comm", "group '%s': rank %d of %d connected (next %s over %s, prev %s over %s)",
+            name, o->rank, o->size, r->addr_next, r->shm_out ? "shm" : "tcp", r->addr_prev,
+            r->shm_in ? "shm" : "tcp");
   *out = &r->base;
   return 0;
 fail:

@@ -20,7 +20,9 @@
   XX(progress_every, "FSDP_PROGRESS_EVERY", 1, "print a progress line every N steps")     \
   XX(comm_timeout_ms, "FSDP_COMM_TIMEOUT_MS", 5000, "collective timeout, and ring bootstrap") \
   XX(comm_chunk_bytes, "FSDP_COMM_CHUNK_BYTES", 1048576, "ring: bytes per socket call")       \
-  XX(comm_staging_bytes, "FSDP_COMM_STAGING_BYTES", 4194304, "ring: reduce staging per comm")
+  XX(comm_staging_bytes, "FSDP_COMM_STAGING_BYTES", 4194304, "ring: reduce staging per comm") \
+  XX(comm_shm, "FSDP_COMM_SHM", 1, "ring: shared memory to a rank on this host (0: TCP only)")  \
+  XX(comm_shm_bytes, "FSDP_COMM_SHM_BYTES", 2097152, "ring: shared-memory link buffer per link")
 
 #define XX(name, env, def, help) int64_t param_##name(void);
 FSDP_PARAM_LIST(XX)

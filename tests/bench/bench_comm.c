@@ -5,7 +5,10 @@
  * Figures follow nccl-tests: bytes is the whole buffer (all_gather's output,
  * reduce_scatter's input), algbw = bytes / time, busbw = algbw * (n-1)/n.
  * Each size runs a fixed number of ops (the same on both ranks), each timed
- * alone after a barrier; the median is reported. Output: `bench:` lines. */
+ * alone after a barrier; the median is reported, with rank 0's CPU time
+ * per op (every thread of the process), which a loaded machine does not
+ * inflate: a time_ms far above cpu_ms means the ranks waited for a core.
+ * Output: `bench:` lines. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <stdio.h>
@@ -22,6 +25,12 @@
 static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static double cpu_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
@@ -61,8 +70,10 @@ static int bind_any(char *addr, size_t n) {
 #define NSIZES 5
 static const size_t sizes_mib[NSIZES] = {1, 4, 16, 64, 256};
 
-/* Runs every op and size; rank 0 writes the median seconds to med[op][size]. */
-static int run_rank(int rank, const char *const *addrs, int lfd, double med[2][NSIZES]) {
+/* Runs every op and size; rank 0 writes the median seconds to med[op][size]
+ * and the median CPU seconds to cpu[op][size]. */
+static int run_rank(int rank, const char *const *addrs, int lfd, double med[2][NSIZES],
+                    double cpu[2][NSIZES]) {
   const int N = 2;
   comm_ring_opts_t o = {.rank = rank, .size = N, .addrs = addrs, .name = "bench",
                         .listen_fd = lfd, .timeout_ms = 30000};
@@ -82,17 +93,19 @@ static int run_rank(int rank, const char *const *addrs, int lfd, double med[2][N
       int iters = (int)((256u << 20) / bytes);
       if (iters > 40) iters = 40;
       if (iters < 4) iters = 4;
-      double t[64];
+      double t[64], u[64];
       for (int i = -1; i < iters; i++) { /* one warm-up */
         if (comm_barrier(c) < 0) goto fail;
-        double t0 = now_s();
+        double t0 = now_s(), u0 = cpu_s();
         int rc = op == 0 ? comm_all_gather(c, small, big, count, COMM_F32)
                          : comm_reduce_scatter(c, big, small, count, COMM_F32, COMM_SUM);
         if (rc < 0) goto fail;
-        if (i >= 0) t[i] = now_s() - t0;
+        if (i >= 0) t[i] = now_s() - t0, u[i] = cpu_s() - u0;
       }
       qsort(t, (size_t)iters, sizeof *t, cmp_d);
+      qsort(u, (size_t)iters, sizeof *u, cmp_d);
       med[op][s] = t[iters / 2];
+      cpu[op][s] = u[iters / 2];
     }
   }
   comm_destroy(c);
@@ -123,12 +136,12 @@ int main(void) {
   if (p < 0) return 1;
   if (p == 0) {
     close(lfd[0]);
-    double med[2][NSIZES];
-    _exit(run_rank(1, addrs, lfd[1], med));
+    double med[2][NSIZES], cpu[2][NSIZES];
+    _exit(run_rank(1, addrs, lfd[1], med, cpu));
   }
   close(lfd[1]);
-  double med[2][NSIZES];
-  int rc = run_rank(0, addrs, lfd[0], med);
+  double med[2][NSIZES], cpu[2][NSIZES];
+  int rc = run_rank(0, addrs, lfd[0], med, cpu);
   int st = 0;
   waitpid(p, &st, 0);
   if (rc || !WIFEXITED(st) || WEXITSTATUS(st)) return 1;
@@ -140,8 +153,9 @@ int main(void) {
       double bytes = (double)(sizes_mib[s] << 20), alg = bytes / med[op][s] / 1e9;
       double bus = alg * (N - 1) / N;
       if (sizes_mib[s] == 64) at64[op] = bus;
-      printf("bench: comm op=%s ranks=%d bytes=%zu algbw_gbps=%.2f busbw_gbps=%.2f time_ms=%.3f\n",
-             names[op], N, sizes_mib[s] << 20, alg, bus, med[op][s] * 1e3);
+      printf("bench: comm op=%s ranks=%d bytes=%zu algbw_gbps=%.2f busbw_gbps=%.2f time_ms=%.3f "
+             "cpu_ms=%.3f\n",
+             names[op], N, sizes_mib[s] << 20, alg, bus, med[op][s] * 1e3, cpu[op][s] * 1e3);
     }
   for (int op = 0; op < 2; op++) {
     double ratio = mc > 0 ? at64[op] / mc : 0;

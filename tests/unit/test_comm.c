@@ -690,3 +690,160 @@ Test(comm, bad_arguments_are_refused_with_a_message) {
   cr_assert_eq(comm_ring_create(&bad, &c), FSDP_EINVAL);
   comm_destroy(NULL);
 }
+
+/* ---- transports: shared memory between ranks on this host, TCP forced ---- */
+
+/* How many shared-memory links this process has mapped (ring.c maps one per
+ * same-host link and unlinks the name, so /proc/self/maps is the witness). */
+static int shm_links_mapped(void) {
+  FILE *f = fopen("/proc/self/maps", "r");
+  if (!f) return -1;
+  char line[512];
+  int n = 0;
+  while (fgets(line, sizeof line, f))
+    if (strstr(line, "/fsdpd-ring-")) n++;
+  fclose(f);
+  return n;
+}
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+  const uint8_t *b = p;
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+  return h;
+}
+
+typedef struct {
+  group_t g;
+  int tcp_rank; /* this rank runs with FSDP_COMM_SHM=0; -1: none; MAXR: every rank */
+} xport_arg_t;
+
+/* Every op at sizes around and far beyond the link buffer (wrapping it many
+ * times), default tunables; the hash of every output goes to the parent. */
+static int child_xport(int rank, void *argp, shared_t *sh) {
+  xport_arg_t *a = argp;
+  const int N = a->g.n;
+  if (a->tcp_rank == rank || a->tcp_rank == MAXR) setenv("FSDP_COMM_SHM", "0", 1);
+  comm_ring_opts_t o = {.rank = rank, .size = N, .addrs = a->g.ptr, .name = "xport",
+                        .listen_fd = a->g.lfd[rank], .timeout_ms = 20000};
+  comm_t *c;
+  if (comm_ring_create(&o, &c) < 0) return child_fail(sh, rank, "create: %s", err_msg());
+  /* links to or from a TCP rank stay TCP; the rest are shared memory */
+  int tcp_all = a->tcp_rank == MAXR, me_tcp = a->tcp_rank == rank;
+  int want = tcp_all || me_tcp ? 0
+                               : 2 - ((rank + 1) % N == a->tcp_rank) - ((rank - 1 + N) % N == a->tcp_rank);
+  if (shm_links_mapped() != want)
+    return child_fail(sh, rank, "%d shared-memory links mapped, expected %d", shm_links_mapped(),
+                      want);
+  static const size_t counts[] = {1, 1000, 300001, (size_t)3 << 20};
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t ci = 0; ci < sizeof counts / sizeof *counts; ci++)
+    for (int d = 0; d < 2; d++) {
+      comm_dtype_t dt = d ? COMM_BF16 : COMM_F32;
+      size_t n = counts[ci], esz = comm_dtype_size(dt);
+      uint8_t *in = malloc(n * N * esz), *out = malloc(n * N * esz);
+      if (!in || !out) return child_fail(sh, rank, "no memory");
+      fill(in, 100 + ci, rank, 0, n * N, dt);
+      if (comm_all_gather(c, in, out, n, dt) < 0) return child_fail(sh, rank, "ag: %s", err_msg());
+      h = fnv(h, out, n * N * esz);
+      if (comm_reduce_scatter(c, in, out, n, dt, COMM_AVG) < 0)
+        return child_fail(sh, rank, "rs: %s", err_msg());
+      h = fnv(h, out, n * esz);
+      if (comm_all_reduce(c, in, in, n * N, dt, COMM_SUM) < 0)
+        return child_fail(sh, rank, "ar: %s", err_msg());
+      h = fnv(h, in, n * N * esz);
+      if (comm_broadcast(c, out, n, dt, (int)(ci % (size_t)N)) < 0)
+        return child_fail(sh, rank, "bc: %s", err_msg());
+      h = fnv(h, out, n * esz);
+      if (comm_barrier(c) < 0) return child_fail(sh, rank, "barrier: %s", err_msg());
+      free(in);
+      free(out);
+    }
+  snprintf(sh->s[rank].msg, sizeof sh->s[rank].msg, "%016llx", (unsigned long long)h);
+  comm_destroy(c);
+  return 0;
+}
+
+static void run_xport(int n, int tcp_rank, char hashes[MAXR][17]) {
+  shared_t *sh = shared_new();
+  xport_arg_t a = {.tcp_rank = tcp_rank};
+  group_bind(&a.g, n);
+  group_t *gs[] = {&a.g};
+  pid_t pids[MAXR];
+  spawn(pids, n, child_xport, &a, sh, gs, 1);
+  assert_children(sh, pids, n, 50);
+  for (int r = 0; r < n; r++) snprintf(hashes[r], 17, "%s", sh->s[r].msg);
+}
+
+Test(comm, shared_memory_tcp_and_mixed_rings_give_identical_bytes, .timeout = 120) {
+  for (int n = 2; n <= 3; n++) {
+    char shm[MAXR][17], tcp[MAXR][17], mixed[MAXR][17];
+    run_xport(n, -1, shm);
+    run_xport(n, MAXR, tcp);
+    run_xport(n, 1, mixed);
+    for (int r = 0; r < n; r++) {
+      cr_expect_str_eq(shm[r], tcp[r], "%d ranks, rank %d: shm and TCP outputs differ", n, r);
+      cr_expect_str_eq(shm[r], mixed[r], "%d ranks, rank %d: shm and mixed outputs differ", n, r);
+    }
+  }
+}
+
+/* A rank killed mid-stream on shared-memory links: its neighbours sleep on
+ * futexes, not sockets, and must still name it within the timeout. */
+static int child_kill_shm(int rank, void *argp, shared_t *sh) {
+  fault_arg_t *a = argp;
+  comm_ring_opts_t o = {.rank = rank, .size = a->g.n, .addrs = a->g.ptr, .name = "world",
+                        .listen_fd = a->g.lfd[rank], .timeout_ms = a->timeout_ms};
+  comm_t *c;
+  if (comm_ring_create(&o, &c) < 0) return child_fail(sh, rank, "create: %s", err_msg());
+  if (shm_links_mapped() != 2) return child_fail(sh, rank, "not on shared memory");
+  size_t n = (size_t)4 << 20; /* 16 MiB per rank: many link buffers per op */
+  float *in = calloc(n, 4), *out = calloc(n * (size_t)a->g.n, 4);
+  for (int it = 0;; it++) {
+    int rc = it % 2 ? comm_all_gather(c, in, out, n, COMM_F32)
+                    : comm_reduce_scatter(c, out, in, n, COMM_F32, COMM_SUM);
+    if (rc < 0) {
+      record(sh, rank, rc);
+      break;
+    }
+    sh->s[rank].ready = 1;
+    if (it > 100000) return child_fail(sh, rank, "never failed");
+  }
+  comm_destroy(c);
+  return 0;
+}
+
+Test(comm, killed_rank_on_shared_memory_is_named_within_timeout, .timeout = 60) {
+  for (int N = 2; N <= 3; N++) {
+    shared_t *sh = shared_new();
+    fault_arg_t a = {.timeout_ms = 2000};
+    const int victim = N - 1;
+    group_bind(&a.g, N);
+    char vaddr[80];
+    snprintf(vaddr, sizeof vaddr, "rank %d (%s)", victim, a.g.addr[victim]);
+    group_t *gs[] = {&a.g};
+    pid_t pids[MAXR];
+    spawn(pids, N, child_kill_shm, &a, sh, gs, 1);
+    int64_t until = now_ns() + 15 * 1000000000ll;
+    for (int r = 0; r < N; r++)
+      while (!sh->s[r].ready && !sh->s[r].fail && now_ns() < until) usleep(2000);
+    usleep(30000);
+    sh->t_kill_ns = now_ns();
+    kill(pids[victim], SIGKILL);
+    waitpid(pids[victim], NULL, 0);
+    pids[victim] = 0;
+    int hung;
+    reap(pids, N, 10, &hung);
+    cr_assert(!hung, "a surviving rank did not return");
+    for (int r = 0; r < N; r++) {
+      if (r == victim) continue;
+      cr_expect(!sh->s[r].fail, "rank %d: %s", r, sh->s[r].msg);
+      double dt = (sh->s[r].t_err_ns - sh->t_kill_ns) / 1e9;
+      cr_log_info("%d ranks: rank %d after %.3f s: %s", N, r, dt, sh->s[r].msg);
+      cr_expect(sh->s[r].code == FSDP_EPEER, "rank %d: code %d: %s", r, sh->s[r].code,
+                sh->s[r].msg);
+      cr_expect(dt < a.timeout_ms / 1000.0 + 1.0, "rank %d failed %.2f s after the kill", r, dt);
+      cr_expect(strstr(sh->s[r].msg, vaddr), "rank %d's error does not name %s: %s", r, vaddr,
+                sh->s[r].msg);
+    }
+  }
+}
