@@ -121,7 +121,7 @@ test: $(BINS) $(TEST_BINS) $(CUDA_CHECKS) fuzz-build
 test-san: $(BINS)
 	$(MAKE) B=build-san OPT=-O1 EXTRA_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer" \
 	  EXTRA_LDFLAGS="-fsanitize=address,undefined" $(TESTS:%=build-san/tests/test_%)
-	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1 sh tests/run.sh $(TESTS:%=build-san/tests/test_%)
+	ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp UBSAN_OPTIONS=halt_on_error=1 sh tests/run.sh $(TESTS:%=build-san/tests/test_%)
 
 bench: $(BINS) $(BENCH_BINS)
 	@BENCH_BUILD=$(B) sh tests/bench/run.sh
