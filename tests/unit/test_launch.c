@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <time.h>
 
 #include "tests/unit/testutil.h"
@@ -19,16 +18,10 @@ static double now_s(void) {
 
 /* Runs fsdp-launch with args (shell words), output and errors into out. */
 static int launch(const char *args, char *out, size_t len, double *secs) {
-  char cmd[4096];
-  snprintf(cmd, sizeof cmd, "%s/bin/fsdp-launch %s 2>&1", tu_root(), args);
   double t0 = now_s();
-  FILE *p = popen(cmd, "r");
-  cr_assert_not_null(p);
-  size_t n = fread(out, 1, len - 1, p);
-  out[n] = 0;
-  int st = pclose(p);
+  int rc = tu_run_bin("fsdp-launch", args, out, len);
   if (secs) *secs = now_s() - t0;
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return rc;
 }
 
 /* 1 when a process runs `sleep SECS`; the pattern's [.] keeps pgrep from

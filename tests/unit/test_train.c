@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <time.h>
 
 #include "daemon/common/err.h"
@@ -107,14 +106,7 @@ Test(train, init_from_must_match_the_model) {
 }
 
 static int run_cmd(const char *args, char *out, size_t len) {
-  char cmd[2048];
-  snprintf(cmd, sizeof cmd, "%s/bin/fsdp-train %s 2>&1", tu_root(), args);
-  FILE *p = popen(cmd, "r");
-  cr_assert_not_null(p);
-  size_t n = fread(out, 1, len - 1, p);
-  out[n] = 0;
-  int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return tu_run_bin("fsdp-train", args, out, len);
 }
 
 Test(train, command_exit_codes_and_messages) {
@@ -135,14 +127,7 @@ Test(train, command_exit_codes_and_messages) {
 #include "daemon/train/gpt.h"
 
 static int launch_cmd(const char *args, char *out, size_t len) {
-  char cmd[4096];
-  snprintf(cmd, sizeof cmd, "%s/bin/fsdp-launch %s 2>&1", tu_root(), args);
-  FILE *p = popen(cmd, "r");
-  cr_assert_not_null(p);
-  size_t n = fread(out, 1, len - 1, p);
-  out[n] = 0;
-  int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return tu_run_bin("fsdp-launch", args, out, len);
 }
 
 /* A job of 2 ranks (FULL_SHARD) and one of 4 (HYBRID_SHARD 2x2) started by

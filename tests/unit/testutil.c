@@ -4,6 +4,7 @@
 #include <criterion/criterion.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -95,4 +96,18 @@ int tu_listen_loopback(char *addr, size_t n) {
             getsockname(fd, (struct sockaddr *)&sa, &sl) == 0, "listening on 127.0.0.1");
   snprintf(addr, n, "127.0.0.1:%d", ntohs(sa.sin_port));
   return fd;
+}
+
+int tu_run_bin(const char *program, const char *args, char *out, size_t len) {
+  size_t n = strlen(tu_root()) + strlen(program) + strlen(args) + 32;
+  char *cmd = malloc(n);
+  cr_assert_not_null(cmd);
+  snprintf(cmd, n, "%s/bin/%s %s 2>&1", tu_root(), program, args);
+  FILE *p = popen(cmd, "r");
+  cr_assert_not_null(p, "popen %s", cmd);
+  size_t got = fread(out, 1, len - 1, p);
+  out[got] = 0;
+  int st = pclose(p);
+  free(cmd);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }

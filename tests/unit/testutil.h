@@ -24,6 +24,10 @@ void tu_write_file(const char *path, const void *data, size_t n);
 /* A TCP socket bound (and listening) on 127.0.0.1 at a port the kernel picks,
  * its "127.0.0.1:PORT" in addr (n bytes). For rank processes forked by tests. */
 int tu_listen_loopback(char *addr, size_t n);
+/* Runs bin/PROGRAM ARGS (from tu_root()) through the shell with stderr joined
+ * to stdout, which lands in out (len bytes, NUL-terminated); returns the exit
+ * status (-1 if killed by a signal). */
+int tu_run_bin(const char *program, const char *args, char *out, size_t len);
 /* Project root (where the Makefile is): FSDP_ROOT, else the current directory. */
 const char *tu_root(void);
 
