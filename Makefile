@@ -45,7 +45,7 @@ LIB         = $(B)/libfsdp.a
 BINS  = bin/fsdp-train bin/fsdp-tokenize bin/fsdp-launch
 TESTS = err param kernels data gpt adamw config train sample shard launch plan comm fsdp reference
 TEST_BINS  = $(TESTS:%=$(B)/tests/test_%)
-BENCH_BINS = $(B)/bench/bench_gemm $(B)/bench/bench_train $(B)/bench/bench_comm
+BENCH_BINS = $(B)/bench/bench_gemm $(B)/bench/bench_train $(B)/bench/bench_comm $(B)/bench/bench_fsdp
 
 .PHONY: all deps test test-san fuzz fuzz-build bench demo clean
 # keep objects that pattern rules chain through (tests, bench) between runs

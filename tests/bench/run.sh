@@ -14,12 +14,23 @@
 #     bandwidth (nccl-tests busbw) with 2 rank processes on loopback, 1 MiB to
 #     256 MiB, against single-thread memcpy; it prints its own target lines
 #     (busbw at 64 MiB >= 0.50 x memcpy).
-#  4. Targets: tokens/s against PyTorch (>= 1.25), model GFLOP/s against the
+#  4. Sharded training (bench_fsdp): 2 rank processes, 1 thread each, ring
+#     communicators, FULL_SHARD (1x2), SHARD_GRAD_OP (1x2) and NO_SHARD (2x1),
+#     against one rank (1 and 2 threads), interleaved step by step, with
+#     compute_ms, comm_ms and hidden_share; then PyTorch DDP over gloo
+#     (bench_ddp.py, 2 processes, 1 thread each, PyTorch's settings as for
+#     bench_torch.py) on the same model and per-rank batch. small at B x T,
+#     and gpt2-124m at B=1 T=256 when MemAvailable allows its ~16 GiB (every
+#     configuration stays allocated in each rank for the interleaving). About
+#     3-4 minutes on a quiet machine.
+#  5. Targets: tokens/s against PyTorch (>= 1.25), model GFLOP/s against the
 #     best sgemm measured with the same threads (>= 0.60), and peak RSS against
 #     the sum of the tensors the step needs (<= 1.10). met= judges the medians;
 #     ratio_fastest_step(s)= gives the same ratio from the fastest steps, the
 #     statistic the sgemm figures use (best of several), as a noise gauge: on a
-#     shared 2-core machine a busy neighbour slows whole steps.
+#     shared 2-core machine a busy neighbour slows whole steps. Sharded:
+#     FULL_SHARD step time <= 1.15 x NO_SHARD's (same run), and NO_SHARD
+#     tokens/s >= PyTorch DDP's.
 #
 # Exit status: 0 when every benchmark ran, targets met or not (bench reports,
 # it does not judge the build); 1 when one failed to run. The environment
@@ -28,7 +39,9 @@
 # Environment: BENCH_BUILD (build dir, default build), BENCH_PYTHON (default
 # /usr/bin/python3: Debian's torch), BENCH_STEPS_LARGE / BENCH_STEPS_SMALL
 # (timed steps for gpt2-124m / small), BENCH_B, BENCH_T, BENCH_GEMM_SIZES
-# (sgemm sizes, comma-separated, default 2048; 4096 adds about a minute).
+# (sgemm sizes, comma-separated, default 2048; 4096 adds about a minute),
+# BENCH_FSDP_STEPS_SMALL / BENCH_FSDP_STEPS_LARGE (rounds of bench_fsdp and
+# steps of bench_ddp.py for small / gpt2-124m; 0 skips that model).
 set -u
 
 BUILD=${BENCH_BUILD:-build}
@@ -42,6 +55,9 @@ HERE=$(dirname "$0")
 GEMM=$BUILD/bench/bench_gemm
 TRAIN=$BUILD/bench/bench_train
 COMM=$BUILD/bench/bench_comm
+FSDP=$BUILD/bench/bench_fsdp
+FSDP_STEPS_SMALL=${BENCH_FSDP_STEPS_SMALL:-10}
+FSDP_STEPS_LARGE=${BENCH_FSDP_STEPS_LARGE:-5}
 
 tmp=$(mktemp -d) || exit 1
 trap 'rm -rf "$tmp"' EXIT
@@ -69,7 +85,7 @@ bench_run() {
   return 0
 }
 
-for f in "$GEMM" "$TRAIN" "$COMM"; do
+for f in "$GEMM" "$TRAIN" "$COMM" "$FSDP"; do
   if [ ! -x "$f" ]; then
     echo "bench: error $f is not built (make B=$BUILD $f)"
     exit 1
@@ -119,9 +135,26 @@ done
 # measured in the same run; bench_comm prints its own target lines
 # (busbw at 64 MiB >= 0.50 x memcpy). About 5 s.
 bench_run "comm ranks=2" "$COMM"
+# 4. Sharded training with 2 ranks against one rank, then DDP as the peer of
+# NO_SHARD, back to back. gpt2-124m only when the memory is there: each rank
+# keeps the flat model and a runtime per strategy (about 7.5 GiB per rank).
+mem_avail_mib=$(awk '/^MemAvailable:/ { print int($2 / 1024) }' /proc/meminfo)
+for model in small gpt2-124m; do
+  steps=$FSDP_STEPS_SMALL fb=$BB ft=$TT
+  [ "$model" = gpt2-124m ] && steps=$FSDP_STEPS_LARGE fb=1 ft=256
+  [ "$steps" -gt 0 ] || continue
+  if [ "$model" = gpt2-124m ] && [ "${mem_avail_mib:-0}" -lt 18432 ]; then
+    echo "bench: skipped fsdp model=$model reason=memory mem_available_mib=$mem_avail_mib needs_mib=18432"
+    continue
+  fi
+  echo "bench: host loadavg=$(cut -d' ' -f1 /proc/loadavg) (before fsdp model=$model)"
+  bench_run "fsdp model=$model" "$FSDP" "$model" "$fb" "$ft" "$steps"
+  # shellcheck disable=SC2086 # $torch_env is VAR=value words for env
+  bench_run "ddp model=$model" env $torch_env "$PY" "$HERE/bench_ddp.py" "$model" "$fb" "$ft" "$steps"
+done
 echo "bench: host loadavg=$(cut -d' ' -f1 /proc/loadavg) (after the runs)"
 
-# 4. Targets, from the lines above.
+# 5. Targets, from the lines above.
 awk -v out="$tmp/summary_failures" '
 function kv(key,    i, n) {
   for (i = 3; i <= NF; i++) {
@@ -146,6 +179,16 @@ $2 == "torch" {
   k = kv("model") SUBSEP kv("threads")
   torch[k] = kv("tokens_per_s") + 0; tp[k] = kv("params"); tk[k] = kv("kernel")
   tmin[k] = kv("step_ms_min") + 0
+}
+$2 == "fsdp" {
+  k = kv("model"); st = kv("strategy")
+  fms[k, st] = kv("step_ms") + 0; ftok[k, st] = kv("tokens_per_s") + 0
+  fmin[k, st] = kv("step_ms_min") + 0; fhid[k, st] = kv("hidden_share")
+  if (!(k in fseen)) { fseen[k] = 1; forder[++nf] = k }
+}
+$2 == "ddp" {
+  k = kv("model"); dtok[k] = kv("tokens_per_s") + 0; dmin[k] = kv("step_ms_min") + 0
+  dk[k] = kv("kernel"); dB[k] = kv("B"); dT[k] = kv("T")
 }
 $2 == "memory" {
   k = kv("model") SUBSEP kv("threads")
@@ -177,6 +220,20 @@ END {
     k = order[i]; split(k, p, SUBSEP); m = p[1]; t = p[2]
     if (!(k in mem)) continue
     printf "bench: target name=peak_memory model=%s threads=%s ratio=%.3f goal=<=1.10 met=%s anon_peak_mib=%s tensors_mib=%s rss_peak_mib=%s rss_ratio=%s\n", m, t, mem[k], met(mem[k] + 0 <= 1.10), anon[k], ten[k], rss[k], rssr[k]
+  }
+  for (i = 1; i <= nf; i++) {
+    m = forder[i]; f = m SUBSEP "FULL_SHARD"; s = m SUBSEP "NO_SHARD"
+    if (!(f in fms) || !(s in fms) || fms[s] <= 0) continue
+    r = fms[f] / fms[s]
+    rb = fmin[s] > 0 ? fmin[f] / fmin[s] : 0
+    printf "bench: target name=fsdp_full_shard_vs_no_shard model=%s ranks=2 ratio=%.2f goal=<=1.15 met=%s full_shard_step_ms=%.1f no_shard_step_ms=%.1f full_shard_hidden_share=%s ratio_fastest_steps=%.2f\n", m, r, met(r <= 1.15), fms[f], fms[s], fhid[f], rb
+  }
+  for (i = 1; i <= nf; i++) {
+    m = forder[i]; s = m SUBSEP "NO_SHARD"
+    if (!(s in ftok) || !(m in dtok)) continue
+    r = dtok[m] > 0 ? ftok[s] / dtok[m] : 0
+    rb = fmin[s] > 0 ? dmin[m] / fmin[s] : 0
+    printf "bench: target name=no_shard_vs_ddp model=%s ranks=2 B=%s T=%s ratio=%.2f goal=>=1.0 met=%s no_shard_tokens_per_s=%.1f ddp_tokens_per_s=%.1f ddp_kernel=%s ratio_fastest_steps=%.2f\n", m, dB[m], dT[m], r, met(r >= 1.0), ftok[s], dtok[m], dk[m], rb
   }
   print bad > out
 }' "$all"
