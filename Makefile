@@ -105,7 +105,7 @@ fuzz: fuzz-build
 	  build-fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) build-fuzz/corpus/$$t \
 	    tests/fuzz/corpus/$$t || exit 1; done
 
-$(B)/bench/%: $(B)/tests/bench/%.o $(LIB)
+$(B)/bench/%: $(B)/tests/bench/%.o $(B)/tests/bench/benchutil.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -ldl
 

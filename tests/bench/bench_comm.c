@@ -10,7 +10,6 @@
  * inflate: a time_ms far above cpu_ms means the ranks waited for a core.
  * Output: `bench:` lines. */
 #include <arpa/inet.h>
-#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tests/bench/benchutil.h"
 #include "daemon/comm/comm.h"
 #include "daemon/common/err.h"
 
@@ -56,16 +56,6 @@ static double memcpy_gbps(size_t bytes) {
   return bytes / best / 1e9;
 }
 
-static int bind_any(char *addr, size_t n) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in sa = {.sin_family = AF_INET};
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0) return -1;
-  socklen_t sl = sizeof sa;
-  getsockname(fd, (struct sockaddr *)&sa, &sl);
-  snprintf(addr, n, "127.0.0.1:%d", ntohs(sa.sin_port));
-  return fd;
-}
 
 #define NSIZES 5
 static const size_t sizes_mib[NSIZES] = {1, 4, 16, 64, 256};
@@ -127,7 +117,7 @@ int main(void) {
   char addr[2][64];
   int lfd[2];
   for (int i = 0; i < N; i++)
-    if ((lfd[i] = bind_any(addr[i], sizeof addr[i])) < 0) {
+    if ((lfd[i] = bench_listen_loopback(addr[i], sizeof addr[i])) < 0) {
       perror("bench_comm: bind");
       return 1;
     }

@@ -53,7 +53,6 @@
  * Exit status 0; 1 when a phase fails (its message on stderr); 2 on bad usage. */
 #include <arpa/inet.h>
 #include <math.h>
-#include <netinet/in.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,6 +64,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tests/bench/benchutil.h"
 #include "daemon/comm/comm.h"
 #include "daemon/common/err.h"
 #include "daemon/train/adamw.h"
@@ -425,16 +425,6 @@ static int rank_round(rank_state_t *s, const job_t *j, int r, comm_t *world, int
   return 0;
 }
 
-static int bind_loopback(char *addr, size_t n) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in sa = {.sin_family = AF_INET};
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0) return -1;
-  socklen_t sl = sizeof sa;
-  getsockname(fd, (struct sockaddr *)&sa, &sl);
-  snprintf(addr, n, "127.0.0.1:%d", ntohs(sa.sin_port));
-  return fd;
-}
 
 /* A rank process: every round. */
 static int rank_main(const job_t *j, int r, const char *const *addrs, int lfd) {
@@ -511,7 +501,7 @@ int main(int argc, char **argv) {
   char addr[RANKS][64];
   int lfd[RANKS];
   for (int r = 0; r < RANKS; r++)
-    if ((lfd[r] = bind_loopback(addr[r], sizeof addr[r])) < 0) {
+    if ((lfd[r] = bench_listen_loopback(addr[r], sizeof addr[r])) < 0) {
       perror("bench_fsdp: bind");
       return 1;
     }

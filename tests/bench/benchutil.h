@@ -1,0 +1,11 @@
+/* benchutil: what the benchmarks that fork rank processes share. */
+#ifndef FSDP_BENCHUTIL_H
+#define FSDP_BENCHUTIL_H
+
+#include <stddef.h>
+
+/* A TCP socket bound on 127.0.0.1 at a port the kernel picks; its
+ * "127.0.0.1:PORT" in addr (n bytes). -1 on failure. */
+int bench_listen_loopback(char *addr, size_t n);
+
+#endif
