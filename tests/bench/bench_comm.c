@@ -22,18 +22,6 @@
 #include "daemon/comm/comm.h"
 #include "daemon/common/err.h"
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static double cpu_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static int cmp_d(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y;
@@ -46,9 +34,9 @@ static double memcpy_gbps(size_t bytes) {
   memset(b, 2, bytes);
   double best = 1e30;
   for (int i = 0; i < 5; i++) {
-    double t = now_s();
+    double t = bench_now_s();
     memcpy(i % 2 ? a : b, i % 2 ? b : a, bytes);
-    t = now_s() - t;
+    t = bench_now_s() - t;
     if (t < best) best = t;
   }
   free(a);
@@ -86,11 +74,11 @@ static int run_rank(int rank, const char *const *addrs, int lfd, double med[2][N
       double t[64], u[64];
       for (int i = -1; i < iters; i++) { /* one warm-up */
         if (comm_barrier(c) < 0) goto fail;
-        double t0 = now_s(), u0 = cpu_s();
+        double t0 = bench_now_s(), u0 = bench_cpu_s();
         int rc = op == 0 ? comm_all_gather(c, small, big, count, COMM_F32)
                          : comm_reduce_scatter(c, big, small, count, COMM_F32, COMM_SUM);
         if (rc < 0) goto fail;
-        if (i >= 0) t[i] = now_s() - t0, u[i] = cpu_s() - u0;
+        if (i >= 0) t[i] = bench_now_s() - t0, u[i] = bench_cpu_s() - u0;
       }
       qsort(t, (size_t)iters, sizeof *t, cmp_d);
       qsort(u, (size_t)iters, sizeof *u, cmp_d);

@@ -80,22 +80,10 @@
 static const adamw_hparams_t HP = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                                    .weight_decay = 0.1f};
 
-static double cpu_s(void) { /* this process: every thread, the ring's included */
-  struct timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static double minflt(void) {
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
   return (double)ru.ru_minflt;
-}
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 static int cmp_d(const void *a, const void *b) {
@@ -178,9 +166,9 @@ static int rec_issue(comm_t *c, const comm_args_t *a, comm_req_t **req) {
 
 static int rec_wait(comm_req_t *req, int64_t wait_ms) {
   rec_req_t *r = (rec_req_t *)req;
-  double t0 = now_s();
+  double t0 = bench_now_s();
   int rc = comm_wait(r->inner, wait_ms);
-  rec.wait_s[r->reduce] += now_s() - t0;
+  rec.wait_s[r->reduce] += bench_now_s() - t0;
   if (rc != COMM_PENDING) free(r);
   return rc;
 }
@@ -353,17 +341,17 @@ static int rank_round(rank_state_t *s, const job_t *j, int r, comm_t *world, int
     if ((rc = comm_barrier(ring)) < 0) return rc;
     if (r != 0) continue;
     kern_cpu()->set_threads(th);
-    t0 = now_s();
+    t0 = bench_now_s();
     rc = flat_step(s->g, s->opt, s->in, s->tg, j->B, j->T, &loss);
-    if (i >= 0) sh->ph[PH_ONE_1T + th - 1].step_s[0][i] = now_s() - t0;
+    if (i >= 0) sh->ph[PH_ONE_1T + th - 1].step_s[0][i] = bench_now_s() - t0;
     kern_cpu()->set_threads(1);
     if (rc < 0) return rc;
   }
   /* both ranks compute, no communication */
   if ((rc = comm_barrier(ring)) < 0) return rc;
-  t0 = now_s();
+  t0 = bench_now_s();
   if ((rc = flat_step(s->g, s->opt, s->in, s->tg, j->B, j->T, &loss)) < 0) return rc;
-  if (i >= 0) sh->ph[PH_COMPUTE].step_s[r][i] = now_s() - t0;
+  if (i >= 0) sh->ph[PH_COMPUTE].step_s[r][i] = bench_now_s() - t0;
   if (!isfinite(loss)) return err_set(FSDP_EINVAL, "bench_fsdp: flat loss is not finite");
   for (int k = 0; k < 3; k++) {
     phase_result_t *p = &sh->ph[PH_FULL + k];
@@ -373,9 +361,9 @@ static int rank_round(rank_state_t *s, const job_t *j, int r, comm_t *world, int
     rec.n = rec.overflow = 0;
     rec.bytes = 0;
     double f0 = minflt();
-    t0 = now_s();
+    t0 = bench_now_s();
     rc = sharded_step(s->f[k], s->in, s->tg, j->B, j->T, &loss);
-    double t = now_s() - t0;
+    double t = bench_now_s() - t0;
     f0 = minflt() - f0;
     rec.recording = 0;
     if (rc < 0) return rc;
@@ -416,11 +404,11 @@ static int rank_round(rank_state_t *s, const job_t *j, int r, comm_t *world, int
     rec.n = s->nlog[k];
     memcpy(rec.log, s->log[k], (size_t)rec.n * sizeof *rec.log);
     if ((rc = comm_barrier(ring)) < 0) return rc;
-    double c0 = cpu_s();
-    t0 = now_s();
+    double c0 = bench_cpu_s();
+    t0 = bench_now_s();
     if ((rc = rec_replay(s->send, s->recv)) < 0) return rc;
-    sh->ph[PH_FULL + k].comm_s[r][i] = now_s() - t0;
-    sh->ph[PH_FULL + k].comm_cpu_s[r][i] = cpu_s() - c0;
+    sh->ph[PH_FULL + k].comm_s[r][i] = bench_now_s() - t0;
+    sh->ph[PH_FULL + k].comm_cpu_s[r][i] = bench_cpu_s() - c0;
   }
   return 0;
 }

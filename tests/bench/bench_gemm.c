@@ -25,6 +25,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "tests/bench/benchutil.h"
+
 #define EXIT_MISSING 3
 
 /* CBLAS enum values (cblas.h), passed as int: the same ABI. */
@@ -40,12 +42,6 @@ typedef struct gemm_lib {
   void (*set_threads)(int n);
   char kernel[64];
 } gemm_lib_t;
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static const char *onednn_isa_name(dnnl_cpu_isa_t isa) {
   switch (isa) {
@@ -161,9 +157,9 @@ static int run(const gemm_lib_t *L, int threads, int n, int reps) {
   }
   double best = 1e30;
   for (int r = 0; r < reps; r++) {
-    double t0 = now_s();
+    double t0 = bench_now_s();
     lib_sgemm(L, n, A, B, C);
-    double dt = now_s() - t0;
+    double dt = bench_now_s() - t0;
     if (dt < best) best = dt;
   }
   printf("bench: gemm lib=%s threads=%d n=%d gflops=%.1f kernel=%s reps=%d\n", L->name, threads, n,

@@ -31,13 +31,9 @@
 #include "daemon/train/gpt.h"
 #include "daemon/train/mem.h"
 
-#define MIB (1024.0 * 1024.0)
+#include "tests/bench/benchutil.h"
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+#define MIB (1024.0 * 1024.0)
 
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
@@ -73,7 +69,7 @@ static prof_shape_t prof_shapes[64];
 static int prof_nshapes;
 
 static void prof_add(int op, double t0, double flops) {
-  prof_op[op].s += now_s() - t0;
+  prof_op[op].s += bench_now_s() - t0;
   prof_op[op].flops += flops;
   prof_op[op].calls++;
 }
@@ -101,107 +97,107 @@ static void prof_reset(void) {
 
 static void w_encoder_fwd(float *out, const int32_t *tok, const float *wte, const float *wpe,
                           int B, int T, int C) {
-  double t0 = now_s();
+  double t0 = bench_now_s();
   prof_base->encoder_fwd(out, tok, wte, wpe, B, T, C);
   prof_add(P_ENCODER_FWD, t0, 0);
 }
 static void w_encoder_bwd(float *dwte, float *dwpe, const float *dout, const int32_t *tok, int B,
                           int T, int C) {
-  double t0 = now_s();
+  double t0 = bench_now_s();
   prof_base->encoder_bwd(dwte, dwpe, dout, tok, B, T, C);
   prof_add(P_ENCODER_BWD, t0, 0);
 }
 static void w_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp,
                             const float *w, const float *b, int N, int C) {
-  double t0 = now_s();
+  double t0 = bench_now_s();
   prof_base->layernorm_fwd(out, mean, rstd, inp, w, b, N, C);
   prof_add(P_LAYERNORM_FWD, t0, 0);
 }
 static void w_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout,
                             const float *inp, const float *w, const float *mean,
                             const float *rstd, int N, int C) {
-  double t0 = now_s();
+  double t0 = bench_now_s();
   prof_base->layernorm_bwd(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
   prof_add(P_LAYERNORM_BWD, t0, 0);
 }
 static void w_matmul_fwd(float *out, const float *inp, const float *w, const float *bias, int N,
                          int IC, int OC) {
-  double t0 = now_s();
+  double t0 = bench_now_s();
   prof_base->matmul_fwd(out, inp, w, bias, N, IC, OC);
   double f = 2.0 * N * IC * OC;
-  prof_add_shape(0, N, IC, OC, t0, now_s(), f);
+  prof_add_shape(0, N, IC, OC, t0, bench_now_s(), f);
   prof_add(P_MATMUL_FWD, t0, f);
 }
 static void w_matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout,
                          const float *inp, const float *w, int N, int IC, int OC) {
-  double t0 = now_s();
+  double t0 = bench_now_s();
   prof_base->matmul_bwd(dinp, dw, dbias, dout, inp, w, N, IC, OC);
   double f = (dinp ? 2.0 : 0.0) * N * IC * OC + 2.0 * N * IC * OC;
-  prof_add_shape(1, N, IC, OC, t0, now_s(), f);
+  prof_add_shape(1, N, IC, OC, t0, bench_now_s(), f);
   prof_add(P_MATMUL_BWD, t0, f);
 }
 static void w_attention_fwd(float *out, float *att, const float *qkv, int B, int T, int C,
                             int NH) {
-  double t0 = now_s();
+  double t0 = bench_now_s();
   prof_base->attention_fwd(out, att, qkv, B, T, C, NH);
   /* q k^T and att v over the causal half: 2 * (2 B T^2/2 C). */
   prof_add(P_ATTENTION_FWD, t0, 2.0 * B * (double)T * T * C);
 }
 static void w_attention_bwd(float *dqkv, float *scratch, const float *dout, const float *qkv,
                             const float *att, int B, int T, int C, int NH) {
-  double t0 = now_s();
+  double t0 = bench_now_s();
   prof_base->attention_bwd(dqkv, scratch, dout, qkv, att, B, T, C, NH);
   prof_add(P_ATTENTION_BWD, t0, 4.0 * B * (double)T * T * C);
 }
 static void w_gelu_fwd(float *out, const float *inp, size_t n) {
-  double t0 = now_s();
+  double t0 = bench_now_s();
   prof_base->gelu_fwd(out, inp, n);
   prof_add(P_GELU_FWD, t0, 0);
 }
 static void w_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n) {
-  double t0 = now_s();
+  double t0 = bench_now_s();
   prof_base->gelu_bwd(dinp, inp, dout, n);
   prof_add(P_GELU_BWD, t0, 0);
 }
 static void w_residual_fwd(float *out, const float *a, const float *b, size_t n) {
-  double t0 = now_s();
+  double t0 = bench_now_s();
   prof_base->residual_fwd(out, a, b, n);
   prof_add(P_RESIDUAL_FWD, t0, 0);
 }
 static void w_residual_bwd(float *da, float *db, const float *dout, size_t n) {
-  double t0 = now_s();
+  double t0 = bench_now_s();
   prof_base->residual_bwd(da, db, dout, n);
   prof_add(P_RESIDUAL_BWD, t0, 0);
 }
 static void w_crossentropy_fwd(float *losses, float *logits, const int32_t *targets, int N,
                                int V) {
-  double t0 = now_s();
+  double t0 = bench_now_s();
   prof_base->crossentropy_fwd(losses, logits, targets, N, V);
   prof_add(P_CROSSENTROPY_FWD, t0, 0);
 }
 static void w_crossentropy_bwd(float *probs, const int32_t *targets, float dloss, int N, int V) {
-  double t0 = now_s();
+  double t0 = bench_now_s();
   prof_base->crossentropy_bwd(probs, targets, dloss, N, V);
   prof_add(P_CROSSENTROPY_BWD, t0, 0);
 }
 static void w_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
                     float beta2, float eps, float wd, int t) {
-  double t0 = now_s();
+  double t0 = bench_now_s();
   prof_base->adamw(p, g, m, v, n, lr, beta1, beta2, eps, wd, t);
   prof_add(P_ADAMW, t0, 0);
 }
 static void w_f32_to_bf16(uint16_t *out, const float *inp, size_t n) {
-  double t0 = now_s();
+  double t0 = bench_now_s();
   prof_base->f32_to_bf16(out, inp, n);
   prof_add(P_CAST, t0, 0);
 }
 static void w_bf16_to_f32(float *out, const uint16_t *inp, size_t n) {
-  double t0 = now_s();
+  double t0 = bench_now_s();
   prof_base->bf16_to_f32(out, inp, n);
   prof_add(P_CAST, t0, 0);
 }
 static double w_sumsq(const float *x, size_t n) {
-  double t0 = now_s();
+  double t0 = bench_now_s();
   double r = prof_base->sumsq(x, n);
   prof_add(P_SUMSQ, t0, 0);
   return r;
@@ -333,9 +329,9 @@ int main(int argc, char **argv) {
   size_t anon_peak = mem_process_anon_rss(); /* sampled after every step: allocations are made
                                                 by the warm-up and never shrink, but say it */
   for (int i = 0; i < steps; i++) {
-    double t0 = now_s();
+    double t0 = bench_now_s();
     if ((rc = step(g, opt, in, tg, B, T, &loss))) goto out;
-    times[i] = now_s() - t0;
+    times[i] = bench_now_s() - t0;
     total += times[i];
     size_t anon = mem_process_anon_rss();
     if (anon > anon_peak) anon_peak = anon;

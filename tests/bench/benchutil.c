@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <stdio.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 int bench_listen_loopback(char *addr, size_t n) {
@@ -19,3 +20,12 @@ int bench_listen_loopback(char *addr, size_t n) {
   snprintf(addr, n, "127.0.0.1:%d", ntohs(sa.sin_port));
   return fd;
 }
+
+static double bench_clock(clockid_t id) {
+  struct timespec ts;
+  clock_gettime(id, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+double bench_now_s(void) { return bench_clock(CLOCK_MONOTONIC); }
+double bench_cpu_s(void) { return bench_clock(CLOCK_PROCESS_CPUTIME_ID); }

@@ -8,4 +8,9 @@
  * "127.0.0.1:PORT" in addr (n bytes). -1 on failure. */
 int bench_listen_loopback(char *addr, size_t n);
 
+/* Wall-clock seconds (CLOCK_MONOTONIC) and this process's CPU seconds, all
+ * threads included (CLOCK_PROCESS_CPUTIME_ID). */
+double bench_now_s(void);
+double bench_cpu_s(void);
+
 #endif
