@@ -53,6 +53,22 @@ static void mem_tune_malloc(void) {
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }
 
+static void mem_count(mem_cat_t cat, size_t bytes) {
+  mem_peak_update(&mem_pk[cat], atomic_fetch_add(&mem_cur[cat], bytes) + bytes);
+  mem_peak_update(&mem_pk_total, atomic_fetch_add(&mem_cur_total, bytes) + bytes);
+}
+
+static void mem_uncount(mem_cat_t cat, size_t bytes) {
+  atomic_fetch_sub(&mem_cur[cat], bytes);
+  atomic_fetch_sub(&mem_cur_total, bytes);
+}
+
+void mem_account(mem_cat_t cat, size_t bytes, int held) {
+  FSDP_ASSERT((unsigned)cat < MEM__COUNT);
+  if (held) mem_count(cat, bytes);
+  else mem_uncount(cat, bytes);
+}
+
 void *mem_alloc(mem_cat_t cat, size_t bytes, const char *what) {
   FSDP_ASSERT((unsigned)cat < MEM__COUNT);
   pthread_once(&mem_once, mem_tune_malloc);
@@ -67,8 +83,7 @@ void *mem_alloc(mem_cat_t cat, size_t bytes, const char *what) {
   h->bytes = bytes;
   h->cat = cat;
   h->magic = MEM_MAGIC;
-  mem_peak_update(&mem_pk[cat], atomic_fetch_add(&mem_cur[cat], bytes) + bytes);
-  mem_peak_update(&mem_pk_total, atomic_fetch_add(&mem_cur_total, bytes) + bytes);
+  mem_count(cat, bytes);
   return (char *)raw + MEM_ALIGN;
 }
 
@@ -83,8 +98,7 @@ void mem_free(void *p) {
   mem_hdr_t *h = (mem_hdr_t *)((char *)p - MEM_ALIGN);
   FSDP_ASSERT(h->magic == MEM_MAGIC);
   h->magic = 0;
-  atomic_fetch_sub(&mem_cur[h->cat], h->bytes);
-  atomic_fetch_sub(&mem_cur_total, h->bytes);
+  mem_uncount((mem_cat_t)h->cat, h->bytes);
   free(h);
 }
 

@@ -36,6 +36,9 @@ void *mem_alloc(mem_cat_t cat, size_t bytes, const char *what);
 /* Same, zero-filled. */
 void *mem_calloc(mem_cat_t cat, size_t bytes, const char *what);
 void mem_free(void *p);
+/* Counts memory held outside this allocator (a shared-memory mapping) in cat:
+ * held 1 when it is mapped, 0 with the same bytes when it is released. */
+void mem_account(mem_cat_t cat, size_t bytes, int held);
 
 size_t mem_current(mem_cat_t cat);
 size_t mem_peak(mem_cat_t cat);
