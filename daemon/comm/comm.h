@@ -155,6 +155,9 @@ extern const comm_backend_t comm_ring_backend;
  * rank's world address: the sub-group listens on the same host. */
 int comm_ring_split(comm_t *world, const char *self_addr, int color, int key, const char *name,
                     int64_t timeout_ms, comm_t **out);
+/* The bytes one ring communicator of size ranks holds in MEM_COMM with the
+ * default tunables (memory plans count it per communicator). */
+size_t comm_ring_buffer_bytes(int size);
 /* Connects the ring (blocking, bounded by timeout_ms); 0 and *out, or a code. */
 int comm_ring_create(const comm_ring_opts_t *o, comm_t **out);
 

@@ -25,11 +25,42 @@
  * socket wait is a poll() bounded by the op's deadline that also watches the
  * wake pipe and the notice direction.
  *
- * Transport: a link whose two ends share a host carries the forward stream
- * (headers and data, the same bytes) through a shared-memory link (shm.c)
- * negotiated at the end of the bootstrap, one copy in and one out instead of
- * TCP's two kernel copies and wakeups; its sockets then carry only notices
- * and the end of a dead peer. FSDP_COMM_SHM=0 keeps every link on TCP. */
+ * Transport, per link, chosen at the end of the bootstrap:
+ *  - TCP (another host, no shared /dev/shm, FSDP_COMM_SHM=0 on either end).
+ *  - A shared-memory link (shm.c) carrying the same stream: the sender copies
+ *    into it, the receiver copies out (straight into the output, with
+ *    non-temporal stores when the output outsizes the caches) or, in a
+ *    reduction, adds its own values to the bytes where they lie in the link:
+ *    no kernel copies, and the link stays in cache.
+ *  - With FSDP_COMM_CMA=1 on both ends, and when the receiver could read a
+ *    word of the sender's memory at bootstrap, the same link carries records
+ *    instead (cma.c): the sender posts the address and length of what it
+ *    would have sent (its input, a block that already landed in its output,
+ *    a staging slot), and the receiver copies it straight from the sender's
+ *    process with process_vm_readv: one copy per byte instead of two. Since
+ *    the receiver reads the sender's buffers, a sender ends an op only once
+ *    the receiver has consumed every record (the link's consumer position;
+ *    bounded by the op's deadline like every wait), refills a staging slot
+ *    only once the records naming it are consumed, and, when its op fails,
+ *    abandons the link before the failure reaches its caller: the receiver
+ *    checks that after every copy and fails its op rather than deliver bytes
+ *    the caller may have reused (its error then names the rank that failed
+ *    first, from the notice). A dead sender shows as ESRCH and is named like
+ *    a closed socket. Off by default: on the 2-core dev VM process_vm_readv
+ *    pins every 4 KiB page of the source (~300 ns each) and copies at about
+ *    half memcpy speed, so both collectives were slower than the copying
+ *    link there (THP-backed buffers bring it level, not ahead).
+ * On either shared-memory kind the sockets carry only notices and the end of
+ * a dead peer.
+ *
+ * Memory (MEM_COMM), per communicator of size > 1, as a function of the
+ * tunables (comm_ring_buffer_bytes returns it, and plans mirror it):
+ *   FSDP_COMM_STAGING_BYTES (rounded down to 4 bytes)
+ *   + links * (192 + cap), cap = FSDP_COMM_SHM_BYTES rounded up to a power of
+ *     two in [64 KiB, 1 GiB], links = 2 when FSDP_COMM_SHM != 0 (the link out
+ *     and the link in; fewer when a neighbour is on another host), else 0.
+ * A CMA link has the same size (it is made before the receiver is known to
+ * read the sender's memory). */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -46,6 +77,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "daemon/comm/cma.h"
 #include "daemon/comm/comm.h"
 #include "daemon/comm/shm.h"
 #include "daemon/common/err.h"
@@ -57,7 +89,7 @@
 #define RING_HELLO_MAGIC 0x48525346u  /* "FSRH" */
 #define RING_HDR_MAGIC 0x4f525346u    /* "FSRO" */
 #define RING_NOTICE_MAGIC 0x41525346u /* "FSRA" */
-#define RING_VERSION 2u
+#define RING_VERSION 3u
 #define RING_SHM_MAGIC 0x53525346u /* "FSRS" */
 #define RING_MSG 512
 #define RING_ADDR 128
@@ -84,13 +116,18 @@ typedef struct {
 } ring_notice_t;
 
 /* The bootstrap's last step, on each link: the producer (rank r) offers a
- * shared-memory link to rank r+1 (name empty: no offer), which answers
- * whether it could map it (accepted = 1). */
+ * shared-memory link to rank r+1 (name empty: no offer), with its pid and the
+ * address of a word holding the token when it also offers records (cma = 1);
+ * rank r+1 answers whether it could map the link (accepted = 1) and read that
+ * word (cma = 1). */
 typedef struct {
   uint32_t magic;
   uint32_t accepted;
   uint64_t token, cap;
   char name[COMM_SHM_NAME];
+  int32_t pid;
+  uint32_t cma;
+  uint64_t probe; /* address of the token in the producer */
 } ring_shm_offer_t;
 
 _Static_assert(sizeof(ring_hdr_t) == 32, "wire header is 32 bytes");
@@ -119,6 +156,9 @@ typedef struct ring {
   /* same-host links: the data (headers included) goes through these instead
    * of fd_next / fd_prev, which then carry only notices and liveness */
   comm_shm_link_t *shm_out, *shm_in;
+  int cma_out;          /* shm_out carries records the next rank reads (cma.c) */
+  comm_cma_rx_t cma_in; /* .link set: shm_in carries records of the previous rank */
+  uint64_t cma_probe;   /* read by the next rank at bootstrap */
 
   pthread_t thread;
   int thread_started;
@@ -141,6 +181,7 @@ typedef struct {
   uint32_t seq;
   int64_t deadline_ns, timeout_ms;
   char sig[160]; /* "all_reduce #3 (f32 count=100 sum)" */
+  int nt;        /* the output outsizes the caches: written with comm_shm_copy_nt */
 } ring_op_t;
 
 static int64_t ring_now_ns(void) {
@@ -246,18 +287,36 @@ static int ring_check(ring_t *r, ring_op_t *o) {
 }
 
 static int ring_prev_closed(ring_t *r, ring_op_t *o, int e);
+static uint64_t ring_posted(const ring_t *r);
+static int ring_consumed(const ring_t *r, uint64_t pos);
+static int ring_prev_gone(ring_t *r, ring_op_t *o, const char *what, const char *why);
+
+/* The position the next rank must consume up to for this rank to post more:
+ * a byte of room, or a whole record on a CMA link. */
+static uint64_t ring_room_pos(const ring_t *r) {
+  return comm_shm_tell(r->shm_out) - comm_shm_cap(r->shm_out) +
+         (r->cma_out ? COMM_CMA_RECORD_MAX : 1);
+}
 
 /* ring_poll when a link is shared memory: the TCP sockets are looked at
  * (notices, a closed peer, a TCP side's readiness) between futex sleeps of at
  * most 10 ms (1 ms when the other side is TCP), so a dead peer is seen within
- * a slice and a notice or an abort at once (their senders kick the links). */
-static int ring_poll_shm(ring_t *r, ring_op_t *o, int want_send, int want_recv, int watch_next) {
-  comm_shm_link_t *in = want_recv ? r->shm_in : NULL, *out = want_send ? r->shm_out : NULL;
+ * a slice and a notice or an abort at once (their senders kick the links).
+ * reach (CMA links): also wait for the next rank to consume up to *reach. */
+static int ring_poll_shm(ring_t *r, ring_op_t *o, int want_send, int want_recv, int watch_next,
+                         const uint64_t *reach) {
+  comm_shm_link_t *in = want_recv ? r->shm_in : NULL;
+  comm_shm_link_t *out = (want_send || reach) ? r->shm_out : NULL;
+  uint64_t out_pos = 0;
+  if (out) {
+    out_pos = want_send ? ring_room_pos(r) : *reach;
+    if (want_send && reach && (int64_t)(*reach - out_pos) < 0) out_pos = *reach;
+  }
   int tcp_send = want_send && !r->shm_out, tcp_recv = want_recv && !r->shm_in;
   struct pollfd p[3];
   p[0].fd = r->wake[0];
   p[0].events = POLLIN;
-  p[1].fd = (want_send || watch_next) ? r->fd_next : -1;
+  p[1].fd = (want_send || watch_next || reach) ? r->fd_next : -1;
   p[1].events = (short)((tcp_send ? POLLOUT : 0) | POLLIN);
   /* on a shared-memory link nothing comes through fd_prev: readable = closed */
   p[2].fd = want_recv ? r->fd_prev : -1;
@@ -281,12 +340,12 @@ static int ring_poll_shm(ring_t *r, ring_op_t *o, int want_send, int want_recv, 
         return ring_prev_closed(r, o, k < 0 ? errno : 0);
       }
     }
-    if ((in && comm_shm_readable(in)) || (out && comm_shm_writable(out))) return 0;
+    if ((in && comm_shm_readable(in)) || (out && comm_shm_reached(out, out_pos))) return 0;
     int64_t slice = (tcp_send || tcp_recv || (!in && !out)) ? 1000000 : 10000000;
     int64_t until = ring_now_ns() + slice;
     if (until > o->deadline_ns) until = o->deadline_ns;
     if (in || out) {
-      if (comm_shm_wait(in, out, until)) return 0;
+      if (comm_shm_wait(in, out, out_pos, until)) return 0;
     } else {
       p[0].revents = p[1].revents = p[2].revents = 0;
       if (poll(p, 3, 1) > 0) continue;
@@ -298,7 +357,9 @@ static int ring_poll_shm(ring_t *r, ring_op_t *o, int want_send, int want_recv, 
  * data (want_recv), the deadline, an abort or a notice. watch_next: this op
  * still has data to send, so the next rank closing or failing matters. */
 static int ring_poll(ring_t *r, ring_op_t *o, int want_send, int want_recv, int watch_next) {
-  if (r->shm_in || r->shm_out) return ring_poll_shm(r, o, want_send, want_recv, watch_next);
+  /* the next rank still reading this rank's records matters as much as sending */
+  watch_next |= !ring_consumed(r, ring_posted(r));
+  if (r->shm_in || r->shm_out) return ring_poll_shm(r, o, want_send, want_recv, watch_next, NULL);
   struct pollfd p[3];
   p[0].fd = r->wake[0];
   p[0].events = POLLIN;
@@ -322,7 +383,9 @@ static int ring_poll(ring_t *r, ring_op_t *o, int want_send, int want_recv, int 
 }
 
 static ssize_t ring_send_some(ring_t *r, ring_op_t *o, const void *p, size_t n) {
-  if (r->shm_out) return (ssize_t)comm_shm_write(r->shm_out, p, n); /* a dead next rank: ring_poll */
+  /* a dead next rank: ring_poll */
+  if (r->cma_out) return (ssize_t)comm_cma_post(r->shm_out, p, n);
+  if (r->shm_out) return (ssize_t)comm_shm_write(r->shm_out, p, n);
   ssize_t k = send(r->fd_next, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
   if (k >= 0) return k;
   if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
@@ -340,8 +403,19 @@ static ssize_t ring_send_some(ring_t *r, ring_op_t *o, const void *p, size_t n) 
                  o->sig, r->base.rank, r->base.name, r->rank_next, r->addr_next, strerror(e));
 }
 
-static ssize_t ring_recv_some(ring_t *r, ring_op_t *o, void *p, size_t n) {
-  if (r->shm_in) return (ssize_t)comm_shm_read(r->shm_in, p, n); /* a dead previous rank: ring_poll */
+/* nt: p is the op's output and o->nt (comm_shm_copy_nt). */
+static ssize_t ring_recv_some(ring_t *r, ring_op_t *o, void *p, size_t n, int nt) {
+  if (r->cma_in.link) {
+    ssize_t k = comm_cma_pull(&r->cma_in, p, n);
+    if (k >= 0) return k;
+    if (k == -ECANCELED)
+      return ring_prev_gone(r, o, "failed during this collective", "it abandoned its link");
+    char why[96];
+    snprintf(why, sizeof why, "process_vm_readv of its memory: %s", strerror((int)-k));
+    return ring_prev_gone(r, o, k == -ESRCH ? "is gone" : "could not be read", why);
+  }
+  /* a dead previous rank: ring_poll */
+  if (r->shm_in) return (ssize_t)comm_shm_read(r->shm_in, p, n, nt);
   ssize_t k = recv(r->fd_prev, p, n, MSG_DONTWAIT);
   if (k > 0) return k;
   if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
@@ -350,6 +424,11 @@ static ssize_t ring_recv_some(ring_t *r, ring_op_t *o, void *p, size_t n) {
 
 /* The previous rank's connection ended (e: its errno, 0 for end of stream). */
 static int ring_prev_closed(ring_t *r, ring_op_t *o, int e) {
+  return ring_prev_gone(r, o, "closed its connection", e ? strerror(e) : "end of stream");
+}
+
+/* The previous rank left or failed: "rank N (addr) <what> (<why>)". */
+static int ring_prev_gone(ring_t *r, ring_op_t *o, const char *what, const char *why) {
   /* The previous rank is gone. If that is the echo of a failure further
    * back, the next rank's notice (travelling the other way) names the rank
    * that failed first: wait for it briefly. */
@@ -361,14 +440,48 @@ static int ring_prev_closed(ring_t *r, ring_op_t *o, int e) {
     if (r->notice_sent) return rc; /* it was a notice, now passed on */
   }
   return err_set(FSDP_EPEER,
-                 "%s on rank %d of group '%s': rank %d (%s) closed its connection (%s): that rank "
-                 "exited, crashed or was killed; see its log, then restart the job from its last "
-                 "checkpoint",
-                 o->sig, r->base.rank, r->base.name, r->rank_prev, r->addr_prev,
-                 e ? strerror(e) : "end of stream");
+                 "%s on rank %d of group '%s': rank %d (%s) %s (%s): that rank exited, crashed, "
+                 "failed or was killed; see its log, then restart the job from its last checkpoint",
+                 o->sig, r->base.rank, r->base.name, r->rank_prev, r->addr_prev, what, why);
 }
 
 /* ---- streams ---- */
+
+/* Outputs from this size up are streamed out (comm_shm_copy_nt): they would
+ * not stay in the caches anyway, and skipping the read of every destination
+ * line saves a third of the memory traffic; smaller ones stay cached for the
+ * caller, who usually reads them next. */
+#define RING_NT_MIN ((size_t)8 << 20)
+
+static size_t ring_out_bytes(const comm_args_t *a, int N) {
+  size_t b = a->count * comm_dtype_size(a->dtype);
+  return a->op == COMM_OP_ALL_GATHER ? b * (size_t)N : a->op == COMM_OP_BARRIER ? 0 : b;
+}
+
+static void ring_copy_out(const ring_op_t *o, void *dst, const void *src, size_t n) {
+  if (o->nt) comm_shm_copy_nt(dst, src, n);
+  else memcpy(dst, src, n);
+}
+
+/* CMA links only (0 elsewhere): where the next rank must have consumed up to
+ * for this rank to be done with what it has posted so far. */
+static uint64_t ring_posted(const ring_t *r) {
+  return r->cma_out ? comm_shm_tell(r->shm_out) : 0;
+}
+
+static int ring_consumed(const ring_t *r, uint64_t pos) {
+  return !r->cma_out || comm_shm_reached(r->shm_out, pos);
+}
+
+/* Waits until the next rank has consumed what this rank posted up to pos: it
+ * reads this rank's memory until then (CMA links; at once elsewhere). */
+static int ring_wait_consumed(ring_t *r, ring_op_t *o, uint64_t pos) {
+  while (!ring_consumed(r, pos)) {
+    int rc = ring_poll_shm(r, o, 0, 0, 1, &pos);
+    if (rc < 0) return rc;
+  }
+  return 0;
+}
 
 typedef struct {
   uint8_t *p;
@@ -400,14 +513,14 @@ static int ring_stream_fwd(ring_t *r, ring_op_t *o, const ring_seg_t *ss, int ns
       if (copy0 && si == 0 && n > RING_COPY_GRAIN) n = RING_COPY_GRAIN;
       ssize_t k = ring_send_some(r, o, ss[si].p + soff, n);
       if (k < 0) return (int)k;
-      if (k > 0 && copy0 && si == 0) memcpy(copy0 + soff, ss[0].p + soff, (size_t)k);
+      if (k > 0 && copy0 && si == 0) ring_copy_out(o, copy0 + soff, ss[0].p + soff, (size_t)k);
       if (k > 0) sent += (size_t)k, soff += (size_t)k, progress = 1;
     }
     if (recvd < rtot) {
       while (roff == rs[ri].n) ri++, roff = 0;
       size_t n = rs[ri].n - roff;
       if (n > r->chunk) n = r->chunk;
-      ssize_t k = ring_recv_some(r, o, rs[ri].p + roff, n);
+      ssize_t k = ring_recv_some(r, o, rs[ri].p + roff, n, o->nt);
       if (k < 0) return (int)k;
       if (k > 0) recvd += (size_t)k, roff += (size_t)k, progress = 1;
     }
@@ -423,26 +536,70 @@ static int ring_stream_fwd(ring_t *r, ring_op_t *o, const ring_seg_t *ss, int ns
   return 0;
 }
 
-/* dst = a + b over n elements (bf16: in fp32, one rounding), times scale when
- * scale != 1 (the average's division happens before that one rounding). */
+/* Loads from a possibly unaligned address (bytes read in place in a
+ * shared-memory link, whose stream positions follow earlier ops' sizes):
+ * memcpy compiles to plain (vector) loads. */
+static inline float ring_ld_f32(const uint8_t *p) {
+  float v;
+  memcpy(&v, p, sizeof v);
+  return v;
+}
+
+static inline uint16_t ring_ld_u16(const uint8_t *p) {
+  uint16_t v;
+  memcpy(&v, p, sizeof v);
+  return v;
+}
+
+/* dst = a + b over n elements (bf16: in fp32, one rounding), divided by div
+ * when div != 1 (the average's division happens before that one rounding).
+ * a may be unaligned. */
 static void ring_reduce(comm_dtype_t dt, void *dst, const void *a, const void *b, size_t n,
                         float div) {
+  const uint8_t *x = a;
   if (dt == COMM_F32) {
     float *d = dst;
-    const float *x = a, *y = b;
+    const float *y = b;
     if (div == 1.0f)
-      for (size_t i = 0; i < n; i++) d[i] = x[i] + y[i];
+      for (size_t i = 0; i < n; i++) d[i] = ring_ld_f32(x + 4 * i) + y[i];
     else
-      for (size_t i = 0; i < n; i++) d[i] = (x[i] + y[i]) / div;
+      for (size_t i = 0; i < n; i++) d[i] = (ring_ld_f32(x + 4 * i) + y[i]) / div;
   } else {
     uint16_t *d = dst;
-    const uint16_t *x = a, *y = b;
-    if (div == 1.0f)
-      for (size_t i = 0; i < n; i++)
-        d[i] = kern_f32_to_bf16(kern_bf16_to_f32(x[i]) + kern_bf16_to_f32(y[i]));
-    else
-      for (size_t i = 0; i < n; i++)
-        d[i] = kern_f32_to_bf16((kern_bf16_to_f32(x[i]) + kern_bf16_to_f32(y[i])) / div);
+    const uint16_t *y = b;
+    for (size_t i = 0; i < n; i++) {
+      float s = kern_bf16_to_f32(ring_ld_u16(x + 2 * i)) + kern_bf16_to_f32(y[i]);
+      d[i] = kern_f32_to_bf16(div == 1.0f ? s : s / div);
+    }
+  }
+}
+
+/* A copying shared-memory link's next bytes, readable in place (*p) when they
+ * start a whole element (koff: bytes of the piece so far): their length,
+ * whole elements, at most n (0: none yet); -1 when they must be received
+ * into the slot instead (a partial element there, or one across the end of
+ * the link's buffer). */
+static ssize_t ring_view(ring_t *r, const void **p, size_t n, size_t koff, size_t esz) {
+  if (!r->shm_in || r->cma_in.link || koff % esz) return -1;
+  size_t k = comm_shm_view(r->shm_in, p);
+  if (k && k < esz) return -1;
+  return (ssize_t)((k < n ? k : n) / esz * esz);
+}
+
+/* ring_reduce into the op's output; when o->nt through a block in L1,
+ * streamed out with comm_shm_copy_nt. */
+static void ring_reduce_out(const ring_op_t *o, comm_dtype_t dt, void *dst, const void *a,
+                            const void *b, size_t n, float div) {
+  if (!o->nt) {
+    ring_reduce(dt, dst, a, b, n, div);
+    return;
+  }
+  _Alignas(64) uint8_t tmp[8192];
+  const size_t esz = comm_dtype_size(dt), step = sizeof tmp / esz;
+  for (size_t i = 0; i < n; i += step) {
+    size_t k = n - i < step ? n - i : step;
+    ring_reduce(dt, tmp, (const uint8_t *)a + i * esz, (const uint8_t *)b + i * esz, k, div);
+    comm_shm_copy_nt((uint8_t *)dst + i * esz, tmp, k * esz);
   }
 }
 
@@ -452,11 +609,15 @@ static void ring_reduce(comm_dtype_t dt, void *dst, const void *a, const void *b
  * values to it; after N-1 steps it holds the full sum of block rank, written
  * to dst. Blocks are cut in slices of one staging slot; the streams go slice
  * by slice (slice 0 of every step, then slice 1, ...), so a received piece is
- * sent on right after it is reduced and RING_SLOTS slots bound the memory
- * whatever the size. Piece i of either stream is (slice i / (N-1), step
- * i % (N-1)); sent piece i (step >= 1) is received piece i-1 plus this
- * rank's values. */
+ * sent on right after it is reduced (its elements are reduced as they arrive,
+ * while in cache) and RING_SLOTS slots bound the memory whatever the size.
+ * Piece i of either stream is (slice i / (N-1), step i % (N-1)); sent piece
+ * i (step >= 1) is received piece i-1 plus this rank's values. */
 #define RING_SLOTS 4
+/* bytes taken from a shared-memory link, then reduced while in cache (a
+ * process_vm_readv costs a system call: more per call) */
+#define RING_RS_GRAIN ((size_t)64 << 10)
+#define RING_RS_GRAIN_CMA ((size_t)256 << 10)
 static int ring_stream_rs(ring_t *r, ring_op_t *o, const uint8_t *own, const size_t *boff,
                           const size_t *blen, uint8_t *dst, comm_dtype_t dt, float div) {
   const int N = r->base.size, me = r->base.rank, S = N - 1;
@@ -468,7 +629,10 @@ static int ring_stream_rs(ring_t *r, ring_op_t *o, const uint8_t *own, const siz
   if (!maxlen) return 0;
   const size_t P = (maxlen + pe - 1) / pe * (size_t)S; /* pieces per stream */
   size_t ms = 0, moff = 0; /* send: piece, bytes of it sent */
-  size_t kr = 0, koff = 0; /* receive: piece, bytes of it received (reduced when whole) */
+  size_t kr = 0, koff = 0; /* receive: piece, bytes of it received (and reduced) */
+  /* CMA: a slot is refilled only once the next rank has read the piece sent
+   * from it (posted[slot]: the link position after that piece) */
+  uint64_t posted[RING_SLOTS] = {0};
 #define PIECE_BLOCK(i, first) ((me - (int)((i) % (size_t)S) - (first) + 2 * N) % N)
 #define PIECE_ELEMS(b, i)                                                          \
   (blen[b] > ((i) / (size_t)S) * pe                                               \
@@ -489,29 +653,47 @@ static int ring_stream_rs(ring_t *r, ring_op_t *o, const uint8_t *own, const siz
         if (k < 0) return (int)k;
         moff += (size_t)k, progress |= k > 0;
       }
-      if (moff == len) ms++, moff = 0, progress = 1;
+      if (moff == len) {
+        if (ms % (size_t)S) posted[(ms - 1) % RING_SLOTS] = ring_posted(r);
+        ms++, moff = 0, progress = 1;
+      }
     }
     /* receive piece kr into slot kr % SLOTS once piece kr-SLOTS has been sent
      * on (as piece kr-SLOTS+1); pieces of the last step are consumed at once */
-    if (kr < P && (kr < RING_SLOTS || (kr - RING_SLOTS) % (size_t)S == (size_t)S - 1 ||
-                   ms >= kr - RING_SLOTS + 2)) {
+    int slot_free = kr < P && (kr < RING_SLOTS || (kr - RING_SLOTS) % (size_t)S == (size_t)S - 1 ||
+                               ms >= kr - RING_SLOTS + 2);
+    int slot_read = kr < P && ring_consumed(r, posted[kr % RING_SLOTS]);
+    if (slot_free && slot_read) {
       int b = PIECE_BLOCK(kr, 2);
       size_t ne = PIECE_ELEMS(b, kr), len = ne * esz;
       uint8_t *slot = r->staging + (kr % RING_SLOTS) * slotb;
       if (koff < len) {
-        size_t n = len - koff < r->chunk ? len - koff : r->chunk;
-        ssize_t k = ring_recv_some(r, o, slot + koff, n);
-        if (k < 0) return (int)k;
-        koff += (size_t)k, progress |= k > 0;
-      }
-      if (koff == len) {
-        const uint8_t *mine = own + (boff[b] + kr / (size_t)S * pe) * esz;
+        /* reduce the whole elements that arrived, while they are in cache:
+         * in place in a copying link, else after receiving them into the
+         * slot */
+        const uint8_t *mine = own + (boff[b] + kr / (size_t)S * pe) * esz, *from;
+        size_t n = len - koff < r->chunk ? len - koff : r->chunk, e0 = koff / esz, e1;
+        size_t grain = r->cma_in.link ? RING_RS_GRAIN_CMA : RING_RS_GRAIN;
+        if (r->shm_in && n > grain) n = grain;
+        ssize_t v = ring_view(r, (const void **)&from, n, koff, esz);
+        size_t k = v > 0 ? (size_t)v : 0;
+        int in_link = v >= 0;
+        if (in_link) {
+          e1 = e0 + k / esz;
+        } else {
+          ssize_t got = ring_recv_some(r, o, slot + koff, n, 0);
+          if (got < 0) return (int)got;
+          k = (size_t)got, from = slot + e0 * esz, e1 = (koff + k) / esz;
+        }
         if (kr % (size_t)S < (size_t)S - 1)
-          ring_reduce(dt, slot, slot, mine, ne, 1.0f);
+          ring_reduce(dt, slot + e0 * esz, from, mine + e0 * esz, e1 - e0, 1.0f);
         else
-          ring_reduce(dt, dst + kr / (size_t)S * pe * esz, slot, mine, ne, div);
-        kr++, koff = 0, progress = 1;
+          ring_reduce_out(o, dt, dst + (kr / (size_t)S * pe + e0) * esz, from,
+                          mine + e0 * esz, e1 - e0, div);
+        if (in_link) comm_shm_consume(r->shm_in, k);
+        koff += k, progress |= k > 0;
       }
+      if (koff == len) kr++, koff = 0, progress = 1;
     }
     if (progress) {
       int rc = ring_check(r, o);
@@ -519,8 +701,11 @@ static int ring_stream_rs(ring_t *r, ring_op_t *o, const uint8_t *own, const siz
       if (rc == 1) return ring_timeout(r, o, kr < P);
       continue;
     }
-    int want_send = ms < P && (ms % (size_t)S == 0 || kr >= ms);
-    int rc = ring_poll(r, o, want_send, kr < P, ms < P);
+    int want_send = ms < P && (ms % (size_t)S == 0 || kr >= ms), rc;
+    if (slot_free && !slot_read)
+      rc = ring_poll_shm(r, o, want_send, 0, 1, &posted[kr % RING_SLOTS]);
+    else
+      rc = ring_poll(r, o, want_send, kr < P, ms < P);
     if (rc < 0) return rc;
   }
 #undef PIECE_BLOCK
@@ -546,11 +731,11 @@ static int ring_gather_blocks(ring_t *r, ring_op_t *o, uint8_t *buf, const size_
 
 /* ---- one op ---- */
 
+static int ring_run_data(ring_t *r, ring_op_t *o);
+
 static int ring_run_op(ring_t *r, ring_op_t *o) {
   const comm_args_t *a = o->a;
   const int N = r->base.size, me = r->base.rank;
-  const size_t esz = comm_dtype_size(a->dtype);
-  const float div = (a->redop == COMM_AVG) ? (float)N : 1.0f;
 
   if (N > 1) { /* a notice already waiting explains more than anything this op would see */
     struct pollfd pf = {.fd = r->fd_next, .events = POLLIN};
@@ -584,7 +769,19 @@ static int ring_run_op(ring_t *r, ring_op_t *o) {
                      r->base.name, me, o->sig, r->rank_prev, r->addr_prev, ts);
     }
   }
+  int rc = ring_run_data(r, o);
+  /* on a CMA link the next rank reads this op's buffers until it has
+   * consumed every record: the op is not over before */
+  if (rc == 0) rc = ring_wait_consumed(r, o, ring_posted(r));
+  return rc;
+}
 
+/* The data of one op, after the headers matched. */
+static int ring_run_data(ring_t *r, ring_op_t *o) {
+  const comm_args_t *a = o->a;
+  const int N = r->base.size, me = r->base.rank;
+  const size_t esz = comm_dtype_size(a->dtype);
+  const float div = (a->redop == COMM_AVG) ? (float)N : 1.0f;
   switch (a->op) {
     case COMM_OP_BARRIER: {
       /* An all_gather of one byte each: every rank has heard from every rank. */
@@ -637,6 +834,8 @@ static int ring_run_op(ring_t *r, ring_op_t *o) {
         off += blen[i];
       }
       int rc = ring_stream_rs(r, o, a->send, boff, blen, out + boff[me] * esz, a->dtype, div);
+      /* in place, the gather overwrites input the next rank may still read */
+      if (rc == 0) rc = ring_wait_consumed(r, o, ring_posted(r));
       if (rc < 0) return rc;
       return ring_gather_blocks(r, o, out, boff, blen, esz, NULL);
     }
@@ -677,6 +876,9 @@ static void ring_fail(ring_t *r, int rc) {
     snprintf(r->broken_msg, sizeof r->broken_msg, "%s", err_msg());
   }
   pthread_mutex_unlock(&r->mu);
+  /* Before the failure reaches the caller, who may then reuse the buffers the
+   * next rank could still be reading (CMA): it must not deliver those bytes. */
+  if (r->cma_out) comm_shm_abandon(r->shm_out);
   /* A rank that read a notice already passed it on (notice_sent); others start one. */
   ring_send_notice(r, &nt);
 }
@@ -706,6 +908,7 @@ static void *ring_thread(void *arg) {
     o.timeout_ms = q->a.timeout_ms ? q->a.timeout_ms : r->timeout_ms;
     o.deadline_ns = ring_now_ns() + o.timeout_ms * 1000000;
     ring_sig(o.sig, sizeof o.sig, q->a.op, q->a.dtype, q->a.redop, q->a.root, q->a.count, q->seq);
+    o.nt = ring_out_bytes(&q->a, r->base.size) >= RING_NT_MIN;
     int rc;
     if (atomic_load(&r->aborted))
       rc = err_set(FSDP_ECANCELED, "%s on rank %d of group '%s': the communicator was aborted",
@@ -980,15 +1183,30 @@ static int ring_listen(ring_t *r, int *lfd) {
   return 0;
 }
 
+/* Consumer: whether the producer's offer of records can be taken (both want
+ * them and its memory can be read here: same uid, no seccomp or Yama in the
+ * way); 1 or 0. */
+static int ring_cma_accept(ring_t *r, const ring_shm_offer_t *theirs) {
+  if (!theirs->cma || param_comm_cma() == 0) return 0;
+  int e = comm_cma_probe((pid_t)theirs->pid, theirs->probe, theirs->token);
+  if (e < 0)
+    LOG_DEBUG("comm", "group '%s' rank %d: cannot read rank %d's memory (%s): copying link",
+              r->base.name, r->base.rank, r->rank_prev, strerror(-e));
+  return e == 0;
+}
+
 /* The last bootstrap step: each link becomes shared memory when its producer
  * could create one and its consumer could map it (same host, same /dev/shm,
- * FSDP_COMM_SHM not 0 on either side); otherwise it stays TCP. Every rank
- * sends its offer before reading, and offers and answers fit any socket
- * buffer, so the step cannot deadlock. */
+ * FSDP_COMM_SHM not 0 on either side); otherwise it stays TCP. A shared link
+ * carries records (cma.c) when the consumer could also read the producer's
+ * memory and FSDP_COMM_CMA is not 0 on either side. Every rank sends its
+ * offer before reading, and offers and answers fit any socket buffer, so the
+ * step cannot deadlock. */
 static int ring_shm_negotiate(ring_t *r, int64_t deadline) {
   const int me = r->base.rank;
   int want = param_comm_shm() != 0;
   ring_shm_offer_t mine = {.magic = RING_SHM_MAGIC}, theirs, ans;
+  int cma_in = 0;
   comm_shm_link_t *out = NULL, *in = NULL;
   if (want) {
     int64_t bytes = param_comm_shm_bytes();
@@ -999,6 +1217,13 @@ static int ring_shm_negotiate(ring_t *r, int64_t deadline) {
       mine.name[0] = 0;
     } else {
       mine.cap = comm_shm_cap(out);
+      if (param_comm_cma() != 0) {
+        comm_cma_allow();
+        r->cma_probe = mine.token;
+        mine.cma = 1;
+        mine.pid = (int32_t)getpid();
+        mine.probe = (uint64_t)(uintptr_t)&r->cma_probe;
+      }
     }
   }
   int e = ring_io_all(r->fd_next, &mine, sizeof mine, 1, deadline);
@@ -1007,7 +1232,8 @@ static int ring_shm_negotiate(ring_t *r, int64_t deadline) {
     theirs.name[COMM_SHM_NAME - 1] = 0;
     ans = (ring_shm_offer_t){.magic = RING_SHM_MAGIC};
     if (want && theirs.magic == RING_SHM_MAGIC && theirs.name[0]) {
-      if (comm_shm_attach(theirs.name, theirs.token, theirs.cap, &in) == 0) ans.accepted = 1;
+      if (comm_shm_attach(theirs.name, theirs.token, theirs.cap, &in) == 0)
+        ans.accepted = 1, ans.cma = (uint32_t)(cma_in = ring_cma_accept(r, &theirs));
       else
         LOG_DEBUG("comm", "group '%s' rank %d: shared memory from rank %d refused (%s): TCP",
                   r->base.name, me, r->rank_prev, err_msg());
@@ -1031,6 +1257,8 @@ static int ring_shm_negotiate(ring_t *r, int64_t deadline) {
   }
   r->shm_out = out;
   r->shm_in = in;
+  r->cma_out = out && ans.cma == 1;
+  if (cma_in) r->cma_in = (comm_cma_rx_t){.link = in, .pid = (pid_t)theirs.pid};
   return 0;
 }
 
@@ -1114,6 +1342,10 @@ io_next:
                  me, r->base.name, r->rank_next, r->addr_next, strerror(-e));
 }
 
+static const char *ring_xport_name(const comm_shm_link_t *l, int cma) {
+  return !l ? "tcp" : cma ? "shm+cma" : "shm";
+}
+
 int comm_ring_create(const comm_ring_opts_t *o, comm_t **out) {
   *out = NULL;
   if (!o || o->size < 1 || o->rank < 0 || o->rank >= o->size || (o->size > 1 && !o->addrs))
@@ -1182,12 +1414,27 @@ int comm_ring_create(const comm_ring_opts_t *o, comm_t **out) {
   }
   r->thread_started = 1;
   LOG_DEBUG("comm", "group '%s': rank %d of %d connected (next %s over %s, prev %s over %s)",
-            name, o->rank, o->size, r->addr_next, r->shm_out ? "shm" : "tcp", r->addr_prev,
-            r->shm_in ? "shm" : "tcp");
+            name, o->rank, o->size, r->addr_next, ring_xport_name(r->shm_out, r->cma_out),
+            r->addr_prev, ring_xport_name(r->shm_in, r->cma_in.link != NULL));
   *out = &r->base;
   return 0;
 fail:
   if (lfd >= 0) close(lfd);
   ring_free(r);
   return rc;
+}
+
+/* The formula at the top of this file, with the default tunables (a link that
+ * stays TCP maps nothing, so this is the most a communicator holds). */
+size_t comm_ring_buffer_bytes(int size) {
+  if (size < 2) return 0;
+  int64_t st = param_comm_staging_bytes(), sb = param_comm_shm_bytes();
+  size_t staging = (size_t)(st < 64 ? 64 : st) & ~(size_t)3; /* as comm_ring_create */
+  size_t links = param_comm_shm() != 0 ? 2 : 0;
+  return staging + links * COMM_SHM_MAP_BYTES((size_t)comm_shm_round_cap(sb > 0 ? (size_t)sb : 0));
+}
+
+int comm_ring_cma_links(const comm_t *c) {
+  const ring_t *r = (const ring_t *)c;
+  return r->cma_out + (r->cma_in.link != NULL);
 }

@@ -14,7 +14,10 @@
  * orders are sequentially consistent, so a wake is never lost. The futexes
  * are shared (not FUTEX_PRIVATE): the words live in a MAP_SHARED mapping. A
  * thread waiting on both directions uses futex_waitv (Linux 5.16); without
- * it, it waits on the receive side in 1 ms slices. */
+ * it, it waits on the receive side in 1 ms slices.
+ *
+ * Each side counts its mapping (header and data) in MEM_COMM while it holds
+ * it, so the training run's memory report sees the links. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -30,11 +33,16 @@
 #include <time.h>
 #include <unistd.h>
 
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
+
 #include "daemon/comm/shm.h"
 #include "daemon/common/err.h"
+#include "daemon/train/mem.h"
 
 #define SHM_MAGIC 0x4d535346u /* "FSSM" */
-#define SHM_VERSION 1u
+#define SHM_VERSION 2u
 #define SHM_SPINS 2000 /* ~ tens of microseconds of polling before a futex sleep */
 
 _Static_assert(ATOMIC_LLONG_LOCK_FREE == 2 && ATOMIC_INT_LOCK_FREE == 2,
@@ -47,13 +55,14 @@ typedef struct {
   _Alignas(64) _Atomic uint64_t head; /* producer's position */
   _Atomic uint32_t head_bell;         /* rung by the producer */
   _Atomic uint32_t head_sleep;        /* the consumer sleeps on head_bell */
+  _Atomic uint32_t abandoned;         /* the producer gave the stream up */
   _Alignas(64) _Atomic uint64_t tail; /* consumer's position */
   _Atomic uint32_t tail_bell;         /* rung by the consumer */
   _Atomic uint32_t tail_sleep;        /* the producer sleeps on tail_bell */
   _Alignas(64) uint8_t data[];
 } shm_hdr_t;
 
-_Static_assert(sizeof(shm_hdr_t) == 192, "shm header is 192 bytes");
+_Static_assert(sizeof(shm_hdr_t) == COMM_SHM_HDR_BYTES, "shm header is 192 bytes");
 
 struct comm_shm_link {
   shm_hdr_t *h;
@@ -73,7 +82,7 @@ static void shm_ring(_Atomic uint32_t *bell) {
 }
 
 static int shm_map(int fd, uint64_t cap, comm_shm_link_t **out, int producer) {
-  size_t bytes = sizeof(shm_hdr_t) + (size_t)cap;
+  size_t bytes = COMM_SHM_MAP_BYTES((size_t)cap);
   void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) return err_set_errno(FSDP_EIO, errno, "shm: mmap of %zu bytes", bytes);
   comm_shm_link_t *l = calloc(1, sizeof *l);
@@ -86,14 +95,20 @@ static int shm_map(int fd, uint64_t cap, comm_shm_link_t **out, int producer) {
   l->cap = cap;
   l->grain = cap / 8;
   l->producer = producer;
+  mem_account(MEM_COMM, bytes, 1);
   *out = l;
   return 0;
 }
 
-int comm_shm_create(size_t cap, comm_shm_link_t **out, char name[COMM_SHM_NAME], uint64_t *token) {
-  *out = NULL;
+uint64_t comm_shm_round_cap(size_t cap) {
   uint64_t c = 65536;
   while (c < cap && c < ((uint64_t)1 << 30)) c <<= 1;
+  return c;
+}
+
+int comm_shm_create(size_t cap, comm_shm_link_t **out, char name[COMM_SHM_NAME], uint64_t *token) {
+  *out = NULL;
+  uint64_t c = comm_shm_round_cap(cap);
   static atomic_uint serial;
   uint64_t tok = 0;
   if (getrandom(&tok, sizeof tok, GRND_NONBLOCK) != (ssize_t)sizeof tok)
@@ -158,6 +173,7 @@ void comm_shm_unlink(const char *name) {
 void comm_shm_close(comm_shm_link_t *l) {
   if (!l) return;
   munmap(l->h, l->map_bytes);
+  mem_account(MEM_COMM, l->map_bytes, 0);
   free(l);
 }
 
@@ -182,22 +198,76 @@ size_t comm_shm_write(comm_shm_link_t *l, const void *p, size_t n) {
   return done;
 }
 
-size_t comm_shm_read(comm_shm_link_t *l, void *p, size_t n) {
-  shm_hdr_t *h = l->h;
-  uint64_t tail = l->pos, avail = atomic_load_explicit(&h->head, memory_order_acquire) - tail;
-  size_t done = 0;
-  while (done < n && avail) {
-    uint64_t off = tail & (l->cap - 1), k = n - done;
-    if (k > avail) k = avail;
-    if (k > l->grain) k = l->grain;
-    if (k > l->cap - off) k = l->cap - off;
-    memcpy((uint8_t *)p + done, h->data + off, (size_t)k);
-    tail += k, done += (size_t)k, avail -= k;
-    atomic_store(&h->tail, tail);
-    if (atomic_load(&h->tail_sleep)) shm_ring(&h->tail_bell);
-    if (!avail) avail = atomic_load_explicit(&h->head, memory_order_acquire) - tail;
+void comm_shm_copy_nt(void *dst, const void *src, size_t n) {
+#if defined(__SSE2__)
+  if (n < 4096) {
+    memcpy(dst, src, n);
+    return;
   }
-  l->pos = tail;
+  uint8_t *d = dst;
+  const uint8_t *s = src;
+  size_t head = (size_t)(-(uintptr_t)d & 63); /* whole cache lines from here */
+  memcpy(d, s, head);
+  d += head, s += head, n -= head;
+  for (; n >= 64; n -= 64, d += 64, s += 64) {
+#if defined(__AVX__)
+    __m256i lo = _mm256_loadu_si256((const __m256i *)s);
+    __m256i hi = _mm256_loadu_si256((const __m256i *)(s + 32));
+    _mm256_stream_si256((__m256i *)d, lo);
+    _mm256_stream_si256((__m256i *)(d + 32), hi);
+#else
+    for (int i = 0; i < 64; i += 16)
+      _mm_stream_si128((__m128i *)(d + i), _mm_loadu_si128((const __m128i *)(s + i)));
+#endif
+  }
+  memcpy(d, s, n);
+  _mm_sfence(); /* the streamed lines are visible before whatever this thread publishes next */
+#else
+  memcpy(dst, src, n);
+#endif
+}
+
+static size_t shm_peek(const comm_shm_link_t *l, void *p, size_t n,
+                       void (*copy)(void *, const void *, size_t)) {
+  const shm_hdr_t *h = l->h;
+  uint64_t tail = l->pos, avail = atomic_load_explicit(&h->head, memory_order_acquire) - tail;
+  if (n > avail) n = (size_t)avail;
+  uint64_t off = tail & (l->cap - 1), k = n < l->cap - off ? n : l->cap - off;
+  copy(p, h->data + off, (size_t)k);
+  copy((uint8_t *)p + k, h->data, n - (size_t)k);
+  return n;
+}
+
+static void shm_memcpy(void *d, const void *s, size_t n) { memcpy(d, s, n); }
+
+size_t comm_shm_peek(const comm_shm_link_t *l, void *p, size_t n) {
+  return shm_peek(l, p, n, shm_memcpy);
+}
+
+size_t comm_shm_view(const comm_shm_link_t *l, const void **p) {
+  uint64_t avail = atomic_load_explicit(&l->h->head, memory_order_acquire) - l->pos;
+  uint64_t off = l->pos & (l->cap - 1);
+  *p = l->h->data + off;
+  return (size_t)(avail < l->cap - off ? avail : l->cap - off);
+}
+
+void comm_shm_consume(comm_shm_link_t *l, size_t n) {
+  shm_hdr_t *h = l->h;
+  uint64_t avail = atomic_load_explicit(&h->head, memory_order_acquire) - l->pos;
+  l->pos += n < avail ? n : avail;
+  atomic_store(&h->tail, l->pos); /* seq_cst: pairs with the producer's sleep flag */
+  if (atomic_load(&h->tail_sleep)) shm_ring(&h->tail_bell);
+}
+
+size_t comm_shm_read(comm_shm_link_t *l, void *p, size_t n, int nt) {
+  size_t done = 0;
+  while (done < n) { /* a grain at a time, so the producer refills while this copies */
+    size_t k = shm_peek(l, (uint8_t *)p + done, n - done < l->grain ? n - done : l->grain,
+                        nt ? comm_shm_copy_nt : shm_memcpy);
+    if (!k) break;
+    comm_shm_consume(l, k);
+    done += k;
+  }
   return done;
 }
 
@@ -205,12 +275,26 @@ int comm_shm_readable(const comm_shm_link_t *l) {
   return atomic_load_explicit(&l->h->head, memory_order_acquire) != l->pos;
 }
 
-int comm_shm_writable(const comm_shm_link_t *l) {
-  return l->pos - atomic_load_explicit(&l->h->tail, memory_order_acquire) < l->cap;
+uint64_t comm_shm_room(const comm_shm_link_t *l) {
+  return l->cap - (l->pos - atomic_load_explicit(&l->h->tail, memory_order_acquire));
 }
 
-static int shm_ready(comm_shm_link_t *in, comm_shm_link_t *out) {
-  return (in && comm_shm_readable(in)) || (out && comm_shm_writable(out));
+uint64_t comm_shm_tell(const comm_shm_link_t *l) { return l->pos; }
+
+int comm_shm_reached(const comm_shm_link_t *l, uint64_t pos) {
+  return (int64_t)(atomic_load_explicit(&l->h->tail, memory_order_acquire) - pos) >= 0;
+}
+
+void comm_shm_abandon(comm_shm_link_t *l) {
+  if (!l) return;
+  atomic_store(&l->h->abandoned, 1);
+  comm_shm_kick(l);
+}
+
+int comm_shm_abandoned(const comm_shm_link_t *l) { return atomic_load(&l->h->abandoned) != 0; }
+
+static int shm_ready(comm_shm_link_t *in, comm_shm_link_t *out, uint64_t out_pos) {
+  return (in && comm_shm_readable(in)) || (out && comm_shm_reached(out, out_pos));
 }
 
 static inline void shm_relax(void) {
@@ -221,9 +305,9 @@ static inline void shm_relax(void) {
 #endif
 }
 
-int comm_shm_wait(comm_shm_link_t *in, comm_shm_link_t *out, int64_t until_ns) {
+int comm_shm_wait(comm_shm_link_t *in, comm_shm_link_t *out, uint64_t out_pos, int64_t until_ns) {
   for (int i = 0; i < SHM_SPINS; i++) {
-    if (shm_ready(in, out)) return 1;
+    if (shm_ready(in, out, out_pos)) return 1;
     shm_relax();
   }
   /* raise the flags, then look again: a position published after this look
@@ -231,7 +315,7 @@ int comm_shm_wait(comm_shm_link_t *in, comm_shm_link_t *out, int64_t until_ns) {
   uint32_t bin = 0, bout = 0;
   if (in) bin = atomic_load(&in->h->head_bell), atomic_store(&in->h->head_sleep, 1);
   if (out) bout = atomic_load(&out->h->tail_bell), atomic_store(&out->h->tail_sleep, 1);
-  int ready = shm_ready(in, out);
+  int ready = shm_ready(in, out, out_pos);
   if (!ready) {
     struct timespec ts = {(time_t)(until_ns / 1000000000), (long)(until_ns % 1000000000)};
     long rc = -1;
@@ -254,7 +338,7 @@ int comm_shm_wait(comm_shm_link_t *in, comm_shm_link_t *out, int64_t until_ns) {
       if (in) shm_futex(&in->h->head_bell, FUTEX_WAIT_BITSET, bin, &ts);
       else shm_futex(&out->h->tail_bell, FUTEX_WAIT_BITSET, bout, &ts);
     }
-    ready = shm_ready(in, out);
+    ready = shm_ready(in, out, out_pos);
   }
   if (in) atomic_store(&in->h->head_sleep, 0);
   if (out) atomic_store(&out->h->tail_sleep, 0);

@@ -10,7 +10,8 @@
  * token (a peer on another host cannot open it, so the check also tells "same
  * host"), and both unlink the name, so nothing outlives the two processes.
  *
- * It carries bytes only: failures, liveness and aborts stay with the caller
+ * It carries bytes only (cma.c layers records that point into the producer's
+ * memory on top): failures, liveness and aborts stay with the caller
  * (ring.c watches its TCP sockets between waits, comm_shm_wait sleeps at most
  * until the time it is given). One producer thread and one consumer thread. */
 #ifndef FSDP_COMM_SHM_H
@@ -36,19 +37,54 @@ void comm_shm_close(comm_shm_link_t *l);
 uint64_t comm_shm_cap(const comm_shm_link_t *l);
 
 /* Copies up to n bytes in (producer) or out (consumer), as room or data
- * allows, waking the other side if it sleeps; returns the bytes moved. */
+ * allows, waking the other side if it sleeps; returns the bytes moved. nt:
+ * p is where the bytes end up, not read again soon (comm_shm_copy_nt). */
 size_t comm_shm_write(comm_shm_link_t *l, const void *p, size_t n);
-size_t comm_shm_read(comm_shm_link_t *l, void *p, size_t n);
-/* 1 when the consumer has data / the producer has room. */
+size_t comm_shm_read(comm_shm_link_t *l, void *p, size_t n, int nt);
+/* Consumer: copies up to n bytes from its position without consuming them
+ * (returns the bytes copied), and consumes n bytes (at most what is there),
+ * waking the producer if it sleeps. read = peek + consume. */
+size_t comm_shm_peek(const comm_shm_link_t *l, void *p, size_t n);
+void comm_shm_consume(comm_shm_link_t *l, size_t n);
+/* Consumer: the bytes readable in place at its position, up to the end of
+ * the buffer (*p points at them; the data is 64-byte aligned at position 0);
+ * they stay valid until consumed. */
+size_t comm_shm_view(const comm_shm_link_t *l, const void **p);
+/* 1 when the consumer has data. */
 int comm_shm_readable(const comm_shm_link_t *l);
-int comm_shm_writable(const comm_shm_link_t *l);
+/* Producer: bytes of room now; its position (bytes written since creation);
+ * 1 when the consumer has consumed up to position pos (pos may be "below 0"
+ * as an unsigned wrap: positions compare by signed difference). */
+uint64_t comm_shm_room(const comm_shm_link_t *l);
+uint64_t comm_shm_tell(const comm_shm_link_t *l);
+int comm_shm_reached(const comm_shm_link_t *l, uint64_t pos);
 
-/* Sleeps until in (consumer, may be NULL) has data, out (producer, may be
- * NULL) has room, comm_shm_kick on either, or CLOCK_MONOTONIC until_ns.
- * Spins briefly first. 1: ready, 0: not (time, a kick, a spurious wake). */
-int comm_shm_wait(comm_shm_link_t *in, comm_shm_link_t *out, int64_t until_ns);
+/* Sleeps until in (consumer, may be NULL) has data, the consumer of out
+ * (producer, may be NULL) has reached position out_pos (comm_shm_tell(out) -
+ * cap + 1: room for a byte; comm_shm_tell(out): everything consumed),
+ * comm_shm_kick on either, or CLOCK_MONOTONIC until_ns. Spins briefly first.
+ * 1: ready, 0: not (time, a kick, a spurious wake). */
+int comm_shm_wait(comm_shm_link_t *in, comm_shm_link_t *out, uint64_t out_pos, int64_t until_ns);
 /* Wakes whoever sleeps on the link, either side, either process (abort,
  * failure): any thread. */
 void comm_shm_kick(comm_shm_link_t *l);
+/* Producer: gives the stream up for good (its op failed): what the link
+ * holds, and whatever its records point at, is void from now on. Then kicks.
+ * Consumer: 1 once the producer gave up. */
+void comm_shm_abandon(comm_shm_link_t *l);
+int comm_shm_abandoned(const comm_shm_link_t *l);
+
+/* memcpy for a destination that is not read again soon (a large collective
+ * output): from 4 KiB up, non-temporal stores, so the copy neither reads
+ * every destination line first (a third less memory traffic) nor fills the
+ * cache with them. Ends with a store fence. */
+void comm_shm_copy_nt(void *dst, const void *src, size_t n);
+
+/* Bytes a link of cap bytes maps (its header and its data): what it counts
+ * in MEM_COMM on each side while mapped. */
+#define COMM_SHM_HDR_BYTES 192
+#define COMM_SHM_MAP_BYTES(cap) (COMM_SHM_HDR_BYTES + (cap))
+/* The capacity comm_shm_create makes for a request of cap bytes. */
+uint64_t comm_shm_round_cap(size_t cap);
 
 #endif

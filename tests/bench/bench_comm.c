@@ -4,10 +4,13 @@
  *
  * Figures follow nccl-tests: bytes is the whole buffer (all_gather's output,
  * reduce_scatter's input), algbw = bytes / time, busbw = algbw * (n-1)/n.
- * Each size runs a fixed number of ops (the same on both ranks), each timed
- * alone after a barrier; the median is reported, with rank 0's CPU time
+ * Each size runs a fixed number of ops (the same on both ranks, at least 10),
+ * each timed alone after a barrier; the median is reported, with rank 0's CPU time
  * per op (every thread of the process), which a loaded machine does not
  * inflate: a time_ms far above cpu_ms means the ranks waited for a core.
+ * Buffers are filled with nonzero bytes first: pages never written (malloc
+ * plus a memset to 0 becomes calloc) all read the kernel's one zero page,
+ * which stays in cache and would make reading the input free.
  * Output: `bench:` lines. */
 #include <arpa/inet.h>
 #include <stdio.h>
@@ -63,14 +66,14 @@ static int run_rank(int rank, const char *const *addrs, int lfd, double med[2][N
   size_t maxb = sizes_mib[NSIZES - 1] << 20;
   char *big = malloc(maxb), *small = malloc(maxb / N);
   if (!big || !small) return 1;
-  memset(big, 0, maxb);
-  memset(small, 0, maxb / N);
+  memset(big, 1, maxb);
+  memset(small, 1, maxb / N);
   for (int op = 0; op < 2; op++) {
     for (int s = 0; s < NSIZES; s++) {
       size_t bytes = sizes_mib[s] << 20, count = bytes / 4 / N;
-      int iters = (int)((256u << 20) / bytes);
+      int iters = (int)((1024u << 20) / bytes);
       if (iters > 40) iters = 40;
-      if (iters < 4) iters = 4;
+      if (iters < 10) iters = 10;
       double t[64], u[64];
       for (int i = -1; i < iters; i++) { /* one warm-up */
         if (comm_barrier(c) < 0) goto fail;

@@ -21,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "daemon/comm/cma.h"
 #include "daemon/comm/comm.h"
 #include "daemon/common/err.h"
 #include "daemon/common/rng.h"
@@ -209,17 +210,42 @@ static int check_exact(shared_t *sh, int rank, const void *out, size_t n, uint64
 
 /* ---- correctness of every op and dtype ---- */
 
+/* Same-host links: RING_CMA reads the peer's memory (FSDP_COMM_CMA=1),
+ * RING_COPY copies through the shared-memory link (FSDP_COMM_CMA=0, the
+ * default), RING_TCP keeps every link on TCP (FSDP_COMM_SHM=0). Set in the
+ * child before its ring. */
+typedef enum { RING_COPY, RING_CMA, RING_TCP } xport_t;
+
+static void xport_set(xport_t x) {
+  setenv("FSDP_COMM_CMA", x == RING_CMA ? "1" : "0", 1);
+  if (x == RING_TCP) setenv("FSDP_COMM_SHM", "0", 1);
+}
+
+/* How many of c's links carry records: 2 on a CMA ring of 2+ ranks on this
+ * host, else 0 (every test rank is on this host). */
+static int xport_check(shared_t *sh, int rank, comm_t *c, xport_t x) {
+  int want = x == RING_CMA && c->size > 1 ? 2 : 0, got = comm_ring_cma_links(c);
+  if (got != want)
+    return child_fail(sh, rank, "%d links read the peer's memory, expected %d", got, want);
+  return 0;
+}
+
 typedef struct {
   group_t g;
+  xport_t x;
 } ops_arg_t;
 
+/* Odd counts, counts off the chunk (1024 bytes), the staging slot (1024
+ * bytes) and the shared-memory grains, and one over many of each. */
 static int child_ops(int rank, void *argp, shared_t *sh) {
   ops_arg_t *arg = argp;
   const int N = arg->g.n;
   comm_t *c;
+  xport_set(arg->x);
   if (group_create(&arg->g, rank, "world", 10000, &c) < 0)
     return child_fail(sh, rank, "create: %s", err_msg());
-  static const size_t counts[] = {0, 1, 5, 37, 4099};
+  if (xport_check(sh, rank, c, arg->x)) return 1;
+  static const size_t counts[] = {0, 1, 5, 37, 257, 4099, 70001};
   uint64_t seed = 1;
   char what[128];
   for (int d = 0; d < 2; d++) {
@@ -276,9 +302,9 @@ static int child_ops(int rank, void *argp, shared_t *sh) {
   return 0;
 }
 
-static void run_ops(int n) {
+static void run_ops(int n, xport_t x) {
   shared_t *sh = shared_new();
-  ops_arg_t arg;
+  ops_arg_t arg = {.x = x};
   group_bind(&arg.g, n);
   group_t *gs[] = {&arg.g};
   pid_t pids[MAXR];
@@ -286,10 +312,14 @@ static void run_ops(int n) {
   assert_children(sh, pids, n, 40);
 }
 
-Test(comm, ops_and_dtypes_1_rank, .timeout = 60) { run_ops(1); }
-Test(comm, ops_and_dtypes_2_ranks, .timeout = 60) { run_ops(2); }
-Test(comm, ops_and_dtypes_3_ranks, .timeout = 60) { run_ops(3); }
-Test(comm, ops_and_dtypes_4_ranks, .timeout = 60) { run_ops(4); }
+Test(comm, ops_and_dtypes_1_rank, .timeout = 60) { run_ops(1, RING_CMA); }
+Test(comm, ops_and_dtypes_2_ranks, .timeout = 60) { run_ops(2, RING_CMA); }
+Test(comm, ops_and_dtypes_3_ranks, .timeout = 60) { run_ops(3, RING_CMA); }
+Test(comm, ops_and_dtypes_4_ranks, .timeout = 60) { run_ops(4, RING_CMA); }
+Test(comm, ops_and_dtypes_2_ranks_copying_link, .timeout = 60) { run_ops(2, RING_COPY); }
+Test(comm, ops_and_dtypes_3_ranks_copying_link, .timeout = 60) { run_ops(3, RING_COPY); }
+Test(comm, ops_and_dtypes_4_ranks_copying_link, .timeout = 60) { run_ops(4, RING_COPY); }
+Test(comm, ops_and_dtypes_3_ranks_tcp, .timeout = 60) { run_ops(3, RING_TCP); }
 
 /* Buffers far beyond the sockets' and the staging's sizes, default tunables:
  * every link must keep streaming (a reduce-scatter that buffered a whole
@@ -297,10 +327,12 @@ Test(comm, ops_and_dtypes_4_ranks, .timeout = 60) { run_ops(4); }
 static int child_large(int rank, void *argp, shared_t *sh) {
   ops_arg_t *arg = argp;
   const int N = arg->g.n;
+  xport_set(arg->x);
   comm_ring_opts_t o = {.rank = rank, .size = N, .addrs = arg->g.ptr, .name = "large",
                         .listen_fd = arg->g.lfd[rank], .timeout_ms = 20000};
   comm_t *c;
   if (comm_ring_create(&o, &c) < 0) return child_fail(sh, rank, "create: %s", err_msg());
+  if (xport_check(sh, rank, c, arg->x)) return 1;
   const size_t n = (size_t)3 << 20; /* per rank: 12 MiB of fp32 */
   float *in = malloc(n * N * 4), *out = malloc(n * N * 4);
   fill(in, 77, rank, 0, n * N, COMM_F32);
@@ -317,15 +349,18 @@ static int child_large(int rank, void *argp, shared_t *sh) {
   return 0;
 }
 
-Test(comm, large_buffers_stream_through_the_ring, .timeout = 60) {
+static void run_large(xport_t x) {
   shared_t *sh = shared_new();
-  ops_arg_t arg;
+  ops_arg_t arg = {.x = x};
   group_bind(&arg.g, 3);
   group_t *gs[] = {&arg.g};
   pid_t pids[MAXR];
   spawn(pids, 3, child_large, &arg, sh, gs, 1);
   assert_children(sh, pids, 3, 45);
 }
+
+Test(comm, large_buffers_stream_through_the_ring, .timeout = 60) { run_large(RING_COPY); }
+Test(comm, large_buffers_stream_through_a_cma_ring, .timeout = 60) { run_large(RING_CMA); }
 
 /* ---- two communicators at once, async ops waited out of order ---- */
 
@@ -456,6 +491,7 @@ typedef struct {
   group_t g;
   int64_t timeout_ms;
   int variant;
+  xport_t x; /* the same-host links */
 } fault_arg_t;
 
 static void record(shared_t *sh, int rank, int rc) {
@@ -521,6 +557,7 @@ Test(comm, killed_rank_is_named_by_every_other_rank_within_timeout, .timeout = 6
 static int child_diverge(int rank, void *argp, shared_t *sh) {
   fault_arg_t *a = argp;
   comm_t *c;
+  xport_set(a->x);
   if (group_create(&a->g, rank, "world", a->timeout_ms, &c) < 0)
     return child_fail(sh, rank, "create: %s", err_msg());
   float buf[300] = {0};
@@ -538,9 +575,9 @@ static int child_diverge(int rank, void *argp, shared_t *sh) {
   return 0;
 }
 
-static void run_diverge(int variant, const char *a_sig, const char *b_sig) {
+static void run_diverge(int variant, xport_t x, const char *a_sig, const char *b_sig) {
   shared_t *sh = shared_new();
-  fault_arg_t a = {.timeout_ms = 5000, .variant = variant};
+  fault_arg_t a = {.timeout_ms = 5000, .variant = variant, .x = x};
   group_bind(&a.g, 3);
   group_t *gs[] = {&a.g};
   pid_t pids[MAXR];
@@ -557,11 +594,13 @@ static void run_diverge(int variant, const char *a_sig, const char *b_sig) {
 }
 
 Test(comm, divergent_size_is_an_error_naming_both, .timeout = 30) {
-  run_diverge(0, "count=100", "count=200");
+  run_diverge(0, RING_COPY, "count=100", "count=200");
+  run_diverge(0, RING_CMA, "count=100", "count=200");
 }
 
 Test(comm, divergent_op_is_an_error_naming_both, .timeout = 30) {
-  run_diverge(1, "all_gather #2", "all_reduce #2");
+  run_diverge(1, RING_COPY, "all_gather #2", "all_reduce #2");
+  run_diverge(1, RING_CMA, "all_gather #2", "all_reduce #2");
 }
 
 static void *abort_later(void *p) {
@@ -714,15 +753,22 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n) {
 
 typedef struct {
   group_t g;
-  int tcp_rank; /* this rank runs with FSDP_COMM_SHM=0; -1: none; MAXR: every rank */
+  int tcp_rank;  /* this rank runs with FSDP_COMM_SHM=0; -1: none; MAXR: every rank */
+  int copy_rank; /* this rank runs with FSDP_COMM_CMA=0; the same */
 } xport_arg_t;
+
+/* What rank r runs with in a. */
+static xport_t xport_of(const xport_arg_t *a, int r) {
+  if (a->tcp_rank == r || a->tcp_rank == MAXR) return RING_TCP;
+  return a->copy_rank == r || a->copy_rank == MAXR ? RING_COPY : RING_CMA;
+}
 
 /* Every op at sizes around and far beyond the link buffer (wrapping it many
  * times), default tunables; the hash of every output goes to the parent. */
 static int child_xport(int rank, void *argp, shared_t *sh) {
   xport_arg_t *a = argp;
   const int N = a->g.n;
-  if (a->tcp_rank == rank || a->tcp_rank == MAXR) setenv("FSDP_COMM_SHM", "0", 1);
+  xport_set(xport_of(a, rank));
   comm_ring_opts_t o = {.rank = rank, .size = N, .addrs = a->g.ptr, .name = "xport",
                         .listen_fd = a->g.lfd[rank], .timeout_ms = 20000};
   comm_t *c;
@@ -734,6 +780,13 @@ static int child_xport(int rank, void *argp, shared_t *sh) {
   if (shm_links_mapped() != want)
     return child_fail(sh, rank, "%d shared-memory links mapped, expected %d", shm_links_mapped(),
                       want);
+  /* a link reads the peer's memory when both ends allow it */
+  xport_t me = xport_of(a, rank), nx = xport_of(a, (rank + 1) % N),
+          pv = xport_of(a, (rank - 1 + N) % N);
+  int cma = (me == RING_CMA && nx == RING_CMA) + (me == RING_CMA && pv == RING_CMA);
+  if (comm_ring_cma_links(c) != cma)
+    return child_fail(sh, rank, "%d links read the peer's memory, expected %d",
+                      comm_ring_cma_links(c), cma);
   static const size_t counts[] = {1, 1000, 300001, (size_t)3 << 20};
   uint64_t h = 0xcbf29ce484222325ull;
   for (size_t ci = 0; ci < sizeof counts / sizeof *counts; ci++)
@@ -763,9 +816,9 @@ static int child_xport(int rank, void *argp, shared_t *sh) {
   return 0;
 }
 
-static void run_xport(int n, int tcp_rank, char hashes[MAXR][17]) {
+static void run_xport(int n, int tcp_rank, int copy_rank, char hashes[MAXR][17]) {
   shared_t *sh = shared_new();
-  xport_arg_t a = {.tcp_rank = tcp_rank};
+  xport_arg_t a = {.tcp_rank = tcp_rank, .copy_rank = copy_rank};
   group_bind(&a.g, n);
   group_t *gs[] = {&a.g};
   pid_t pids[MAXR];
@@ -774,15 +827,20 @@ static void run_xport(int n, int tcp_rank, char hashes[MAXR][17]) {
   for (int r = 0; r < n; r++) snprintf(hashes[r], 17, "%s", sh->s[r].msg);
 }
 
-Test(comm, shared_memory_tcp_and_mixed_rings_give_identical_bytes, .timeout = 120) {
+Test(comm, shared_memory_tcp_and_mixed_rings_give_identical_bytes, .timeout = 180) {
   for (int n = 2; n <= 3; n++) {
-    char shm[MAXR][17], tcp[MAXR][17], mixed[MAXR][17];
-    run_xport(n, -1, shm);
-    run_xport(n, MAXR, tcp);
-    run_xport(n, 1, mixed);
+    char cma[MAXR][17], copy[MAXR][17], tcp[MAXR][17], mixed[MAXR][17], mixed_cma[MAXR][17];
+    run_xport(n, -1, -1, cma);
+    run_xport(n, -1, MAXR, copy);
+    run_xport(n, MAXR, -1, tcp);
+    run_xport(n, 1, -1, mixed);     /* rank 1 on TCP */
+    run_xport(n, -1, 1, mixed_cma); /* rank 1's links copy, the others' read */
     for (int r = 0; r < n; r++) {
-      cr_expect_str_eq(shm[r], tcp[r], "%d ranks, rank %d: shm and TCP outputs differ", n, r);
-      cr_expect_str_eq(shm[r], mixed[r], "%d ranks, rank %d: shm and mixed outputs differ", n, r);
+      cr_expect_str_eq(cma[r], tcp[r], "%d ranks, rank %d: CMA and TCP outputs differ", n, r);
+      cr_expect_str_eq(copy[r], tcp[r], "%d ranks, rank %d: copying shm and TCP differ", n, r);
+      cr_expect_str_eq(mixed[r], tcp[r], "%d ranks, rank %d: shm/TCP mixed and TCP differ", n, r);
+      cr_expect_str_eq(mixed_cma[r], tcp[r], "%d ranks, rank %d: CMA/copy mixed and TCP differ",
+                       n, r);
     }
   }
 }
@@ -791,11 +849,13 @@ Test(comm, shared_memory_tcp_and_mixed_rings_give_identical_bytes, .timeout = 12
  * futexes, not sockets, and must still name it within the timeout. */
 static int child_kill_shm(int rank, void *argp, shared_t *sh) {
   fault_arg_t *a = argp;
+  xport_set(a->x);
   comm_ring_opts_t o = {.rank = rank, .size = a->g.n, .addrs = a->g.ptr, .name = "world",
                         .listen_fd = a->g.lfd[rank], .timeout_ms = a->timeout_ms};
   comm_t *c;
   if (comm_ring_create(&o, &c) < 0) return child_fail(sh, rank, "create: %s", err_msg());
   if (shm_links_mapped() != 2) return child_fail(sh, rank, "not on shared memory");
+  if (xport_check(sh, rank, c, a->x)) return 1;
   size_t n = (size_t)4 << 20; /* 16 MiB per rank: many link buffers per op */
   float *in = calloc(n, 4), *out = calloc(n * (size_t)a->g.n, 4);
   for (int it = 0;; it++) {
@@ -812,10 +872,10 @@ static int child_kill_shm(int rank, void *argp, shared_t *sh) {
   return 0;
 }
 
-Test(comm, killed_rank_on_shared_memory_is_named_within_timeout, .timeout = 60) {
+static void run_kill_shm(xport_t x) {
   for (int N = 2; N <= 3; N++) {
     shared_t *sh = shared_new();
-    fault_arg_t a = {.timeout_ms = 2000};
+    fault_arg_t a = {.timeout_ms = 2000, .x = x};
     const int victim = N - 1;
     group_bind(&a.g, N);
     char vaddr[80];
@@ -845,5 +905,67 @@ Test(comm, killed_rank_on_shared_memory_is_named_within_timeout, .timeout = 60) 
       cr_expect(strstr(sh->s[r].msg, vaddr), "rank %d's error does not name %s: %s", r, vaddr,
                 sh->s[r].msg);
     }
+  }
+}
+
+Test(comm, killed_rank_on_shared_memory_is_named_within_timeout, .timeout = 60) {
+  run_kill_shm(RING_CMA);
+}
+
+Test(comm, killed_rank_on_a_copying_link_is_named_within_timeout, .timeout = 60) {
+  run_kill_shm(RING_COPY);
+}
+
+/* A rank aborts in the middle of a large all_gather on CMA links and at once
+ * overwrites its input, as a caller may once its op has failed: its peer,
+ * which reads that input directly, must fail naming it, or (if it had read
+ * everything before) hold the right bytes, never the overwritten ones. */
+static void *abort_soon(void *p) {
+  usleep(1000);
+  comm_abort(p);
+  return NULL;
+}
+
+static int child_abort_read(int rank, void *argp, shared_t *sh) {
+  fault_arg_t *a = argp;
+  xport_set(RING_CMA);
+  comm_ring_opts_t o = {.rank = rank, .size = 2, .addrs = a->g.ptr, .name = "world",
+                        .listen_fd = a->g.lfd[rank], .timeout_ms = a->timeout_ms};
+  comm_t *c;
+  if (comm_ring_create(&o, &c) < 0) return child_fail(sh, rank, "create: %s", err_msg());
+  if (xport_check(sh, rank, c, RING_CMA)) return 1;
+  const size_t n = (size_t)8 << 20; /* 32 MiB of fp32 per rank */
+  float *in = malloc(n * 4), *out = malloc(2 * n * 4);
+  if (!in || !out) return child_fail(sh, rank, "no memory");
+  fill(in, 55, rank, 0, n, COMM_F32);
+  if (comm_barrier(c) < 0) return child_fail(sh, rank, "barrier: %s", err_msg());
+  pthread_t t;
+  if (rank == 0) pthread_create(&t, NULL, abort_soon, c);
+  int rc = comm_all_gather(c, in, out, n, COMM_F32);
+  if (rank == 0) {
+    memset(in, 0x7f, n * 4); /* the caller reuses its buffer */
+    pthread_join(t, NULL);
+  }
+  record(sh, rank, rc);
+  if (rank == 1 && rc == 0 && check_exact(sh, rank, out, n, 55, 0, 0, COMM_F32, "all_gather"))
+    return 1;
+  comm_destroy(c);
+  return 0;
+}
+
+Test(comm, abort_while_the_peer_reads_its_memory_never_delivers_reused_bytes, .timeout = 60) {
+  for (int round = 0; round < 3; round++) {
+    shared_t *sh = shared_new();
+    fault_arg_t a = {.timeout_ms = 5000};
+    group_bind(&a.g, 2);
+    group_t *gs[] = {&a.g};
+    pid_t pids[MAXR];
+    spawn(pids, 2, child_abort_read, &a, sh, gs, 1);
+    assert_children(sh, pids, 2, 30);
+    cr_log_info("rank 0: %s", sh->s[0].msg);
+    cr_log_info("rank 1: %s", sh->s[1].msg);
+    cr_expect(sh->s[1].code == 0 || (sh->s[1].code == FSDP_EPEER && strstr(sh->s[1].msg, "rank 0")),
+              "rank 1: code %d: %s", sh->s[1].code, sh->s[1].msg);
+    if (sh->s[1].code == 0) cr_expect_eq(sh->s[0].code, 0, "rank 0 failed alone: %s", sh->s[0].msg);
   }
 }
