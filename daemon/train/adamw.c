@@ -1,6 +1,6 @@
 /* adamw: AdamW state and steps over segments of a flat buffer (see adamw.h).
  * The update math is the kernel's (kern_adamw_elem); this module owns the m and
- * v buffers, the step count, and which elements are decayed. */
+ * v buffers (fp32 or bf16), the step count, and which elements are decayed. */
 #include "adamw.h"
 
 #include <stdlib.h>
@@ -13,14 +13,16 @@
 struct adamw {
   adamw_hparams_t hp;
   size_t n;
-  float *m, *v; /* (n) each, the parameters' layout */
+  float *m, *v;        /* (n) each, the parameters' layout: fp32 state, or NULL */
+  uint16_t *m16, *v16; /* (n) each: bf16 state, or NULL */
+  float *wide;         /* (4 * ADAMW_CHUNK) bf16 state: p, g, m, v of one chunk in fp32 */
   int nsegs;
   adamw_segment_t *segs;
   int t;        /* steps taken */
 };
 
-int adamw_create_segments(adamw_t **out, size_t n, const adamw_segment_t *segs, int nsegs,
-                          adamw_hparams_t hp, mem_cat_t cat) {
+static int adamw_alloc(adamw_t **out, size_t n, const adamw_segment_t *segs, int nsegs,
+                       adamw_hparams_t hp, mem_cat_t cat, int bf16) {
   *out = NULL;
   adamw_t *o = calloc(1, sizeof *o);
   if (!o) return err_set(FSDP_ENOMEM, "adamw: out of memory");
@@ -28,9 +30,19 @@ int adamw_create_segments(adamw_t **out, size_t n, const adamw_segment_t *segs, 
   o->n = n;
   o->nsegs = nsegs;
   o->segs = malloc((size_t)(nsegs ? nsegs : 1) * sizeof *segs);
-  o->m = mem_calloc(cat, n * sizeof(float), "AdamW first moment");
-  o->v = o->m ? mem_calloc(cat, n * sizeof(float), "AdamW second moment") : NULL;
-  if (!o->v || !o->segs) {
+  int ok;
+  if (bf16) {
+    o->m16 = mem_calloc(cat, n * sizeof(uint16_t), "AdamW first moment (bf16)");
+    o->v16 = o->m16 ? mem_calloc(cat, n * sizeof(uint16_t), "AdamW second moment (bf16)") : NULL;
+    o->wide = o->v16 ? mem_alloc(MEM_WORKSPACE, 4 * ADAMW_CHUNK * sizeof(float),
+                                 "AdamW fp32 chunk of bf16 state") : NULL;
+    ok = o->wide != NULL;
+  } else {
+    o->m = mem_calloc(cat, n * sizeof(float), "AdamW first moment");
+    o->v = o->m ? mem_calloc(cat, n * sizeof(float), "AdamW second moment") : NULL;
+    ok = o->v != NULL;
+  }
+  if (!ok || !o->segs) {
     adamw_destroy(o);
     return FSDP_ENOMEM;
   }
@@ -38,6 +50,16 @@ int adamw_create_segments(adamw_t **out, size_t n, const adamw_segment_t *segs, 
   for (int k = 0; k < nsegs; k++) FSDP_ASSERT(segs[k].offset + segs[k].numel <= n);
   *out = o;
   return FSDP_OK;
+}
+
+int adamw_create_segments(adamw_t **out, size_t n, const adamw_segment_t *segs, int nsegs,
+                          adamw_hparams_t hp, mem_cat_t cat) {
+  return adamw_alloc(out, n, segs, nsegs, hp, cat, 0);
+}
+
+int adamw_create_segments_bf16(adamw_t **out, size_t n, const adamw_segment_t *segs, int nsegs,
+                               adamw_hparams_t hp, mem_cat_t cat) {
+  return adamw_alloc(out, n, segs, nsegs, hp, cat, 1);
 }
 
 int adamw_create(adamw_t **out, const gpt_t *g, adamw_hparams_t hp) {
@@ -57,18 +79,52 @@ void adamw_destroy(adamw_t *o) {
   if (!o) return;
   mem_free(o->m);
   mem_free(o->v);
+  mem_free(o->m16);
+  mem_free(o->v16);
+  mem_free(o->wide);
   free(o->segs);
   free(o);
 }
 
+/* n elements of segment s through the kernel: the one place the update runs
+ * (decay differs between segments). */
+static void adamw_kernel(const adamw_t *o, const kern_backend_t *be, const adamw_segment_t *s,
+                         float *p, const float *g, float *m, float *v, size_t n, float lr) {
+  be->adamw(p, g, m, v, n, lr, o->hp.beta1, o->hp.beta2, o->hp.eps,
+            s->decay ? o->hp.weight_decay : 0.f, o->t);
+}
+
 void adamw_step_buffers(adamw_t *o, const kern_backend_t *be, float *p, const float *gr,
                         float lr) {
+  FSDP_ASSERT(o->m);
   o->t++;
-  /* one kernel call per segment: decay differs between them */
   for (int k = 0; k < o->nsegs; k++) {
     const adamw_segment_t *s = &o->segs[k];
-    be->adamw(p + s->offset, gr + s->offset, o->m + s->offset, o->v + s->offset, s->numel, lr,
-              o->hp.beta1, o->hp.beta2, o->hp.eps, s->decay ? o->hp.weight_decay : 0.f, o->t);
+    adamw_kernel(o, be, s, p + s->offset, gr + s->offset, o->m + s->offset, o->v + s->offset,
+                 s->numel, lr);
+  }
+}
+
+void adamw_step_bf16(adamw_t *o, const kern_backend_t *be, uint16_t *p, const uint16_t *gr,
+                     float lr) {
+  FSDP_ASSERT(o->m16);
+  o->t++;
+  float *wp = o->wide, *wg = wp + ADAMW_CHUNK, *wm = wg + ADAMW_CHUNK, *wv = wm + ADAMW_CHUNK;
+  for (int k = 0; k < o->nsegs; k++) {
+    const adamw_segment_t *s = &o->segs[k];
+    for (size_t i = s->offset, end = s->offset + s->numel; i < end; i += ADAMW_CHUNK) {
+      const size_t c = end - i < ADAMW_CHUNK ? end - i : ADAMW_CHUNK;
+      be->bf16_to_f32(wp, p + i, c); /* widening is exact */
+      be->bf16_to_f32(wg, gr + i, c);
+      be->bf16_to_f32(wm, o->m16 + i, c);
+      be->bf16_to_f32(wv, o->v16 + i, c);
+      adamw_kernel(o, be, s, wp, wg, wm, wv, c, lr);
+      /* the step's rounding: each new p, m and v to bf16, nearest-even (an
+       * update below half a bf16 ulp of p is lost here: bf16-true's limit) */
+      be->f32_to_bf16(p + i, wp, c);
+      be->f32_to_bf16(o->m16 + i, wm, c);
+      be->f32_to_bf16(o->v16 + i, wv, c);
+    }
   }
 }
 
@@ -79,3 +135,5 @@ void adamw_step(adamw_t *o, gpt_t *g, float lr) {
 int adamw_step_count(const adamw_t *o) { return o->t; }
 float *adamw_m(adamw_t *o) { return o->m; }
 float *adamw_v(adamw_t *o) { return o->v; }
+uint16_t *adamw_m_bf16(adamw_t *o) { return o->m16; }
+uint16_t *adamw_v_bf16(adamw_t *o) { return o->v16; }

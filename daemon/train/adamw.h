@@ -6,7 +6,14 @@
  * The run is either a whole model (adamw_create: one segment per tensor) or
  * one rank's shards (adamw_create_segments, with the pieces of tensors that
  * fall in them): the update of an element does not depend on where it sits,
- * so sharded steps give the same bytes as the whole-model step. */
+ * so sharded steps give the same bytes as the whole-model step.
+ *
+ * The state is fp32, or bf16 (adamw_create_segments_bf16, for bf16-true
+ * training: m and v stored in bf16 and the step taken on bf16 parameters and
+ * gradients). A bf16 step widens each chunk of p, g, m and v into a small
+ * fp32 scratch, runs the same kernel, and rounds p, m and v back to bf16
+ * (nearest-even): the update math exists once, and no fp32 copy of the whole
+ * state is ever made. */
 #ifndef FSDP_ADAMW_H
 #define FSDP_ADAMW_H
 
@@ -31,14 +38,27 @@ int adamw_create(adamw_t **out, const gpt_t *g, adamw_hparams_t hp);
  * m and v are allocated under cat (MEM_OPTIM, or MEM_OFFLOAD when offloaded). */
 int adamw_create_segments(adamw_t **out, size_t n, const adamw_segment_t *segs, int nsegs,
                           adamw_hparams_t hp, mem_cat_t cat);
+/* The same with m and v in bf16 (2 bytes each per element, under cat), for
+ * adamw_step_bf16; plus a fixed fp32 scratch (MEM_WORKSPACE, ADAMW_CHUNK
+ * elements of each of p, g, m, v). */
+#define ADAMW_CHUNK 16384
+int adamw_create_segments_bf16(adamw_t **out, size_t n, const adamw_segment_t *segs, int nsegs,
+                               adamw_hparams_t hp, mem_cat_t cat);
 void adamw_destroy(adamw_t *o);
 /* One step at learning rate lr on the model's params with its grads. */
 void adamw_step(adamw_t *o, gpt_t *g, float lr);
 /* One step on any buffers of the optimizer's length. */
 void adamw_step_buffers(adamw_t *o, const kern_backend_t *be, float *params, const float *grads,
                         float lr);
+/* One step on bf16 buffers (uint16 storage) of the optimizer's length; the
+ * optimizer must have bf16 state. */
+void adamw_step_bf16(adamw_t *o, const kern_backend_t *be, uint16_t *params,
+                     const uint16_t *grads, float lr);
 int adamw_step_count(const adamw_t *o);
+/* The state: fp32 (NULL for bf16 state) or bf16 (NULL for fp32 state). */
 float *adamw_m(adamw_t *o);
 float *adamw_v(adamw_t *o);
+uint16_t *adamw_m_bf16(adamw_t *o);
+uint16_t *adamw_v_bf16(adamw_t *o);
 
 #endif

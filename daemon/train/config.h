@@ -37,7 +37,7 @@ typedef struct config {
   int activation_checkpointing; /* 1: keep block inputs only, recompute in backward */
   char strategy[32];          /* FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, ... */
   char mesh[32];              /* "RxS" ("" : 1xWORLD, or WORLDx1 for NO_SHARD) */
-  char precision[16];         /* fp32 or bf16-mixed */
+  char precision[16];         /* fp32, bf16-mixed or bf16-true */
   int keep_unsharded_grads;   /* 1: reduce once per step from unsharded gradients */
   int offload;                /* 1: master weights, gradient shard, AdamW state in host memory */
   double min_params;          /* wrap policy: merge units up to this many parameters (0: per block) */

@@ -1,20 +1,25 @@
 /* fsdp: the fully sharded runtime of one rank.
  *
- * A rank holds only its shard of every unit: fp32 master parameters, the
- * reduced fp32 gradient and the AdamW state (shard.h's layout). The model is a
- * shell (gpt_create_shell) whose unit hooks this module provides: a unit's
- * shards are all-gathered from the shard group just before use (the next
- * unit's gather is issued while the current one computes) and freed after it
- * (FULL_SHARD, HYBRID_SHARD) or kept until backward is done with it
- * (SHARD_GRAD_OP, HYBRID_SHARD_ZERO2, NO_SHARD); a unit's gradient is
+ * A rank holds only its shard of every unit: master parameters, the reduced
+ * gradient and the AdamW state (shard.h's layout), fp32 or bf16 by policy.
+ * The model is a shell (gpt_create_shell) whose unit hooks this module
+ * provides: a unit's shards are all-gathered from the shard group just before
+ * use (the next unit's gather is issued while the current one computes) and
+ * freed after it (FULL_SHARD, HYBRID_SHARD) or kept until backward is done
+ * with it (SHARD_GRAD_OP, HYBRID_SHARD_ZERO2, NO_SHARD); a unit's gradient is
  * reduce-scattered (averaged) into the gradient shard as soon as backward has
  * produced it, and averaged across the replica group under HYBRID. Under
  * FULL_SHARD at most two units are gathered at any moment.
  *
  * Each rank trains on its own rows of the global batch with the loss averaged
  * over its tokens, so the averaged gradients are those of the global batch:
- * any mesh trains like one device. Precision: fp32, or bf16-mixed (units
- * gathered in bf16, gradients reduced in fp32, fp32 master and AdamW state). */
+ * any mesh trains like one device. Precision: fp32; bf16-mixed (units
+ * gathered in bf16, gradients reduced in fp32, fp32 master and AdamW state);
+ * or bf16-true (the shard's parameters, gradient and AdamW m and v stored in
+ * bf16: 8 bytes per shard element instead of 16; gathers and reductions in
+ * bf16; the kernels compute in fp32 on widened values). Under bf16-true an
+ * update smaller than half a bf16 ulp of its parameter (about 2^-9 of it) is
+ * rounded away: small learning rates stall where fp32 would keep learning. */
 #ifndef FSDP_FSDP_H
 #define FSDP_FSDP_H
 
@@ -24,7 +29,10 @@
 #include "shard.h"
 
 /* Precision policies (param dtype / reduce dtype / master and optimizer). */
-typedef enum { FSDP_FP32, FSDP_BF16_MIXED } fsdp_precision_t;
+typedef enum { FSDP_FP32, FSDP_BF16_MIXED, FSDP_BF16_TRUE } fsdp_precision_t;
+/* Elements of a bf16 gradient shard converted to fp32 at a time under
+ * bf16-true (a fixed 2 x FSDP_CHUNK fp32 workspace). */
+#define FSDP_CHUNK 16384
 int fsdp_precision_parse(const char *s, fsdp_precision_t *out);
 /* One sentence: storage, compute, reduce and optimizer dtypes. */
 const char *fsdp_precision_describe(fsdp_precision_t p);
@@ -36,7 +44,7 @@ typedef struct fsdp_opts {
   uint64_t seed;        /* initial weights: the same bytes as one device's */
   adamw_hparams_t hp;
   fsdp_precision_t precision;
-  int offload; /* master weights, gradient shard and AdamW state in host memory */
+  int offload; /* parameter shard, gradient shard and AdamW state in host memory */
   size_t min_params; /* wrap policy: merge neighbouring units up to this size (0: one per block) */
 } fsdp_opts_t;
 
@@ -53,7 +61,7 @@ gpt_t *fsdp_model(fsdp_t *f);
  * gradient unsharded (memory: the whole model's gradients) and reduces
  * nothing; the first backward with defer clear reduces the sum once. With
  * defer always clear (the default) every micro-batch is reduce-scattered into
- * the fp32 shard: less memory, one reduction per micro-batch. */
+ * the gradient shard: less memory, one reduction per micro-batch. */
 void fsdp_defer_reduce(fsdp_t *f, int defer);
 /* Starts a step: zeroes the gradient shard. */
 void fsdp_zero_grad(fsdp_t *f);
@@ -62,8 +70,9 @@ void fsdp_zero_grad(fsdp_t *f);
 int fsdp_step(fsdp_t *f, float lr, float clip, float *norm);
 /* Averages x over every rank (shard group, then replica group). */
 int fsdp_mean(fsdp_t *f, float *x);
-/* Gathers the whole model's parameters into dst (num_params floats), for
- * checks and checkpoints; every rank of the shard group must call it. */
+/* Gathers the whole model's parameters into dst (num_params fp32 floats;
+ * bf16 storage widened, exactly), for checks; every rank of the shard group
+ * must call it. */
 int fsdp_gather_params(fsdp_t *f, float *dst);
 /* Frees every gathered unit: after a forward-only pass (evaluation) under a
  * strategy that keeps parameters, or before a checkpoint. */
@@ -71,8 +80,14 @@ void fsdp_reshard(fsdp_t *f);
 /* Most units that were gathered (or being gathered) at the same time. */
 int fsdp_max_gathered(const fsdp_t *f);
 const shard_layout_t *fsdp_layout(const fsdp_t *f);
-/* This rank's parameter shards (shard_total floats): to load or save them. */
-float *fsdp_params(fsdp_t *f);
+/* Loads this rank's shards from an fp32 weights file (gpt.h's format; only
+ * its byte ranges), rounded to bf16 (nearest-even) under bf16-true. */
+int fsdp_load_weights(fsdp_t *f, const char *path);
+/* Writes this rank's real elements into their byte ranges of fd, an open
+ * fp32 weights file already sized (shard_write_weights); bf16 storage is
+ * widened exactly. Transient memory under bf16-true: one unit's shard in
+ * fp32 (MEM_WORKSPACE), less than the unit a step gathers. */
+int fsdp_write_weights(fsdp_t *f, int fd, const char *path);
 int fsdp_shard_rank(const fsdp_t *f);
 
 #endif

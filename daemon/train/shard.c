@@ -68,6 +68,18 @@ bad:
                  "shard groups), or a single number of ranks", text);
 }
 
+int shard_mesh_resolve(const char *strategy, const char *mesh, int world, shard_mesh_t *out,
+                       char *desc, size_t len) {
+  shard_strategy_t st = SHARD_FULL_SHARD;
+  char text[32];
+  int rc = shard_strategy_parse(strategy, &st);
+  if (rc) return rc;
+  if (mesh && mesh[0]) snprintf(text, sizeof text, "%s", mesh);
+  else snprintf(text, sizeof text, "%d", world);
+  if ((rc = shard_mesh_parse(text, st, out))) return rc;
+  return shard_mesh_validate(out, world, desc, len);
+}
+
 /* Appends "{a,b,c}" for the ranks first, first+stride, ... (n of them). */
 static size_t shard_fmt_group(char *buf, size_t len, int first, int stride, int n) {
   size_t k = 0;
@@ -171,16 +183,21 @@ void shard_layout_destroy(shard_layout_t *l) {
   free(l);
 }
 
+void shard_init_unit(const shard_layout_t *l, const gpt_config_t *cfg, uint64_t seed, int r, int k,
+                     float *shard) {
+  const shard_unit_t *x = &l->units[k];
+  size_t lo = (size_t)r * x->shard_numel, hi = lo + x->shard_numel; /* unit-local */
+  size_t real_hi = hi < x->numel ? hi : x->numel;
+  if (lo < real_hi) gpt_init_range(cfg, seed, x->offset + lo, x->offset + real_hi, shard);
+  size_t nreal = lo < real_hi ? real_hi - lo : 0;
+  memset(shard + nreal, 0, (x->shard_numel - nreal) * sizeof *shard);
+}
+
 void shard_init_weights(const shard_layout_t *l, const gpt_config_t *cfg, uint64_t seed, int r,
                         float *shard) {
   for (int k = 0; k < l->num_units; k++) {
-    const shard_unit_t *x = &l->units[k];
-    size_t lo = (size_t)r * x->shard_numel, hi = lo + x->shard_numel; /* unit-local */
-    size_t real_hi = hi < x->numel ? hi : x->numel;
-    if (lo < real_hi) gpt_init_range(cfg, seed, x->offset + lo, x->offset + real_hi, shard);
-    size_t nreal = lo < real_hi ? real_hi - lo : 0;
-    memset(shard + nreal, 0, (x->shard_numel - nreal) * sizeof *shard);
-    shard += x->shard_numel;
+    shard_init_unit(l, cfg, seed, r, k, shard);
+    shard += l->units[k].shard_numel;
   }
 }
 
@@ -209,11 +226,12 @@ int shard_segments(const shard_layout_t *l, const gpt_t *g, int r, adamw_segment
   return FSDP_OK;
 }
 
-/* Moves rank r's real elements between buf (its shards) and their places in
- * a weights file: pread when writing is 0, pwrite otherwise. */
-static int shard_io(const shard_layout_t *l, int fd, const char *path, int r, float *buf,
-                    int writing) {
-  for (int k = 0; k < l->num_units; k++) {
+/* Moves rank r's real elements of units [k0, k1) between buf (their shards,
+ * in order) and their places in a weights file: pread when writing is 0,
+ * pwrite otherwise. */
+static int shard_io(const shard_layout_t *l, int fd, const char *path, int r, int k0, int k1,
+                    float *buf, int writing) {
+  for (int k = k0; k < k1; k++) {
     const shard_unit_t *u = &l->units[k];
     size_t lo = (size_t)r * u->shard_numel, real = lo < u->numel ? u->numel - lo : 0;
     if (real > u->shard_numel) real = u->shard_numel;
@@ -237,18 +255,33 @@ static int shard_io(const shard_layout_t *l, int fd, const char *path, int r, fl
   return FSDP_OK;
 }
 
-int shard_load_weights(const shard_layout_t *l, const gpt_config_t *cfg, const char *path, int r,
-                       float *shard) {
+static int shard_load_units(const shard_layout_t *l, const gpt_config_t *cfg, const char *path,
+                            int r, int k0, int k1, float *buf) {
   gpt_config_t fc;
   FILE *f;
   int rc = gpt_weights_open(path, &fc, &f);
   if (rc) return rc;
-  if (!(rc = gpt_weights_match(&fc, cfg, path))) rc = shard_io(l, fileno(f), path, r, shard, 0);
+  if (!(rc = gpt_weights_match(&fc, cfg, path))) rc = shard_io(l, fileno(f), path, r, k0, k1, buf, 0);
   fclose(f);
   return rc;
 }
 
+int shard_load_weights(const shard_layout_t *l, const gpt_config_t *cfg, const char *path, int r,
+                       float *shard) {
+  return shard_load_units(l, cfg, path, r, 0, l->num_units, shard);
+}
+
+int shard_load_unit(const shard_layout_t *l, const gpt_config_t *cfg, const char *path, int r,
+                    int k, float *buf) {
+  return shard_load_units(l, cfg, path, r, k, k + 1, buf);
+}
+
 int shard_write_weights(const shard_layout_t *l, int fd, const char *path, int r,
                         const float *shard) {
-  return shard_io(l, fd, path, r, (float *)shard, 1);
+  return shard_io(l, fd, path, r, 0, l->num_units, (float *)shard, 1);
+}
+
+int shard_write_unit(const shard_layout_t *l, int fd, const char *path, int r, int k,
+                     const float *buf) {
+  return shard_io(l, fd, path, r, k, k + 1, (float *)buf, 1);
 }

@@ -50,6 +50,12 @@ int shard_mesh_parse(const char *text, shard_strategy_t strategy, shard_mesh_t *
  * mesh would fit. */
 int shard_mesh_validate(const shard_mesh_t *m, int world, char *desc, size_t len);
 
+/* The mesh of a job from its strategy and mesh options on world ranks (mesh
+ * "" : 1xWORLD, or WORLDx1 under NO_SHARD): parsed and validated, with the
+ * groups' sentence in desc (shard_mesh_validate). */
+int shard_mesh_resolve(const char *strategy, const char *mesh, int world, shard_mesh_t *out,
+                       char *desc, size_t len);
+
 /* Where a world rank sits: its shard group (S ranks) and replica group (R ranks). */
 typedef struct shard_place {
   int shard_rank;   /* index in its shard group: the shard it owns */
@@ -89,6 +95,9 @@ void shard_layout_destroy(shard_layout_t *l);
  * the padding. No rank ever materialises more than its shard. */
 void shard_init_weights(const shard_layout_t *l, const gpt_config_t *cfg, uint64_t seed, int r,
                         float *shard);
+/* The same for unit k alone: its shard (shard_numel floats) into buf. */
+void shard_init_unit(const shard_layout_t *l, const gpt_config_t *cfg, uint64_t seed, int r, int k,
+                     float *buf);
 
 /* Reads rank r's shards from a weights file (gpt.h's format) of a model with
  * config cfg: only its own byte ranges, zeros in the padding. A file of
@@ -99,6 +108,13 @@ int shard_load_weights(const shard_layout_t *l, const gpt_config_t *cfg, const c
  * file already sized (all shard ranks of one group write; together they fill it). */
 int shard_write_weights(const shard_layout_t *l, int fd, const char *path, int r,
                         const float *shard);
+/* Both for unit k alone (buf: its shard, shard_numel floats): for a caller
+ * that stores its shards in another dtype (bf16) and converts one unit at a
+ * time rather than through an fp32 copy of every shard. */
+int shard_load_unit(const shard_layout_t *l, const gpt_config_t *cfg, const char *path, int r,
+                    int k, float *buf);
+int shard_write_unit(const shard_layout_t *l, int fd, const char *path, int r, int k,
+                     const float *buf);
 
 /* The AdamW segments of rank r's shards (offsets into its shard_total
  * buffer): the pieces of each tensor that fall in them, with the tensor's decay

@@ -9,6 +9,7 @@
  * and its weights are left out here. Every test is bounded by its timeout and
  * by the communicators' own (10 s). */
 #include <criterion/criterion.h>
+#include <fcntl.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -30,8 +31,10 @@ enum { STEPS = 20, BG = 12, T = 16, MAXW = 4 };
  * (measured), and the sharded runs by up to 9.7e-6 at 3e-4 (1.2e-5 in the
  * -O1 sanitizer build). The bound 1e-5 is checked at lr 1e-4, where the worst
  * tensor is 3.4e-6 (4.0e-6 at -O1): rounding stays well inside it, while a
- * wrong reduction (a sum for an average) fails 12 of these tests. */
-static const float LR = 1e-4f, CLIP = 1.0f;
+ * wrong reduction (a sum for an average) fails 12 of these tests. The bf16
+ * policies are checked against the fp32 curve at their own lr (g_lr). */
+static const float CLIP = 1.0f;
+static float g_lr = 1e-4f; /* a test may set another before it forks */
 static const adamw_hparams_t HP = {0.9f, 0.95f, 1e-8f, 0.1f};
 static const uint64_t SEED = 99;
 
@@ -40,9 +43,20 @@ static gpt_config_t cfg(void) {
   return c;
 }
 
-/* Token (row, t) of step s of the global batch; targets are the next token. */
+/* Set by a test before it forks: sequences a model can learn (a fixed walk
+ * from a random start) instead of random tokens. */
+static int g_learnable = 0;
+
+/* Token (row, t) of step s of the global batch; targets are the next token.
+ * Random tokens leave nothing to learn beyond their frequencies; the
+ * learnable walk (each token determines the next: x -> 5x + 1 mod 61) lets
+ * the loss fall within a few steps. */
 static int32_t tok(int s, int row, int t) {
-  return (int32_t)(rng_mix(((uint64_t)s * 1000 + (uint64_t)row) * 100 + (uint64_t)t) % 61);
+  if (!g_learnable)
+    return (int32_t)(rng_mix(((uint64_t)s * 1000 + (uint64_t)row) * 100 + (uint64_t)t) % 61);
+  uint64_t x = rng_mix((uint64_t)s * 1000 + (uint64_t)row) % 61;
+  for (int i = 0; i < t; i++) x = (5 * x + 1) % 61;
+  return (int32_t)x;
 }
 
 static void batch(int s, int row0, int rows, int32_t *in, int32_t *tg) {
@@ -70,7 +84,7 @@ static void reference(float *losses, float *params) {
     double n = sqrt(kern_cpu()->sumsq(gpt_grads(g), gpt_num_params(g)));
     if (n > CLIP)
       for (size_t i = 0; i < gpt_num_params(g); i++) gpt_grads(g)[i] *= (float)(CLIP / (n + 1e-6));
-    adamw_step(o, g, LR);
+    adamw_step(o, g, g_lr);
   }
   memcpy(params, gpt_params(g), gpt_num_params(g) * sizeof(float));
   adamw_destroy(o);
@@ -119,6 +133,35 @@ static int g_accum = 1, g_keep_unsharded = 0, g_offload = 0;
 static size_t g_min_params = 0;
 static size_t g_peak_grads; /* rank 0's gradient memory peak, from the last run */
 
+/* Bytes per element of the shard's parameters (and of its gradient, m and v). */
+static size_t state_bytes(fsdp_precision_t prec) { return prec == FSDP_BF16_TRUE ? 2 : 4; }
+
+static const char *prec_name(fsdp_precision_t prec) {
+  return prec == FSDP_BF16_TRUE ? "bf16-true" : prec == FSDP_BF16_MIXED ? "bf16-mixed" : "fp32";
+}
+
+/* Trains steps steps as world rank w of W on its rows of the global batch;
+ * losses[s] gets step s's loss averaged over every rank. */
+static int rank_train(fsdp_t *f, int w, int W, int steps, float *losses) {
+  const int rows = BG / W, mrows = rows / g_accum;
+  int32_t in[BG * T], tg[BG * T];
+  for (int s = 0; s < steps; s++) {
+    batch(s, w * rows, rows, in, tg);
+    fsdp_zero_grad(f);
+    float sum = 0, l;
+    for (int m = 0; m < g_accum; m++) {
+      fsdp_defer_reduce(f, g_keep_unsharded && m < g_accum - 1);
+      int rc = gpt_forward(fsdp_model(f), in + m * mrows * T, tg + m * mrows * T, mrows, T, &l);
+      if (rc || (rc = gpt_backward(fsdp_model(f), 1.0f / (float)g_accum))) return rc;
+      sum += l / (float)g_accum;
+    }
+    losses[s] = sum;
+    int rc = fsdp_mean(f, &losses[s]);
+    if (rc || (rc = fsdp_step(f, g_lr, CLIP, NULL))) return rc;
+  }
+  return FSDP_OK;
+}
+
 /* A rank: trains STEPS steps on its rows; rank 0 writes losses and weights. */
 static void rank_main(world_t *x, int w, shard_strategy_t st, fsdp_precision_t prec,
                       const char *out) {
@@ -132,35 +175,24 @@ static void rank_main(world_t *x, int w, shard_strategy_t st, fsdp_precision_t p
   gpt_config_t c = cfg();
   fsdp_t *f;
   if (fsdp_create(&f, &c, &o)) goto fail;
-  /* the persistent state of a rank is exactly its padded shard: fp32 master,
-   * fp32 gradient, Adam m and v (and nothing of the whole model) */
-  const size_t sh = fsdp_layout(f)->shard_total * sizeof(float);
+  /* the persistent state of a rank is exactly its padded shard: master
+   * parameters, gradient, Adam m and v (and nothing of the whole model), each
+   * fp32 (16 bytes per element in all) or bf16 under bf16-true (8 bytes) */
+  const size_t sh = fsdp_layout(f)->shard_total * state_bytes(prec);
   const size_t dev = g_offload ? 0 : sh; /* offloaded: all of it in host memory */
+  size_t state = mem_current(MEM_PARAMS) + mem_current(MEM_GRADS) + mem_current(MEM_OPTIM) +
+                 mem_current(MEM_OFFLOAD);
   if (mem_current(MEM_PARAMS) != dev || mem_current(MEM_GRADS) != dev ||
       mem_current(MEM_OPTIM) != 2 * dev || mem_current(MEM_OFFLOAD) != 4 * (sh - dev) ||
+      state != 4 * state_bytes(prec) * fsdp_layout(f)->shard_total ||
       mem_current(MEM_PARAMS_GATHERED) != 0) {
-    fprintf(stderr, "rank %d: state %zu/%zu/%zu bytes, shard %zu\n", w, mem_current(MEM_PARAMS),
-            mem_current(MEM_GRADS), mem_current(MEM_OPTIM), sh);
+    fprintf(stderr, "rank %d: state %zu/%zu/%zu/%zu bytes, shard %zu\n", w,
+            mem_current(MEM_PARAMS), mem_current(MEM_GRADS), mem_current(MEM_OPTIM),
+            mem_current(MEM_OFFLOAD), sh);
     _exit(5);
   }
-  const int rows = BG / x->W;
-  int32_t in[BG * T], tg[BG * T];
   float losses[STEPS];
-  const int mrows = rows / g_accum;
-  for (int s = 0; s < STEPS; s++) {
-    batch(s, w * rows, rows, in, tg);
-    fsdp_zero_grad(f);
-    float sum = 0, l;
-    for (int m = 0; m < g_accum; m++) {
-      fsdp_defer_reduce(f, g_keep_unsharded && m < g_accum - 1);
-      if (gpt_forward(fsdp_model(f), in + m * mrows * T, tg + m * mrows * T, mrows, T, &l) ||
-          gpt_backward(fsdp_model(f), 1.0f / (float)g_accum))
-        goto fail;
-      sum += l / (float)g_accum;
-    }
-    losses[s] = sum;
-    if (fsdp_mean(f, &losses[s]) || fsdp_step(f, LR, CLIP, NULL)) goto fail;
-  }
+  if (rank_train(f, w, x->W, STEPS, losses)) goto fail;
   size_t n = gpt_config_num_params(&c);
   float *params = malloc(n * sizeof *params);
   if (fsdp_gather_params(f, params)) goto fail;
@@ -168,7 +200,7 @@ static void rank_main(world_t *x, int w, shard_strategy_t st, fsdp_precision_t p
     FILE *fo = fopen(out, "wb");
     if (!fo) _exit(4);
     int maxg = fsdp_max_gathered(f);
-    size_t peaks[2] = {mem_peak(MEM_GRADS), mem_peak(MEM_PARAMS_GATHERED)};
+    size_t peaks[3] = {mem_peak(MEM_GRADS), mem_peak(MEM_PARAMS_GATHERED), state};
     fwrite(&maxg, sizeof maxg, 1, fo);
     fwrite(peaks, sizeof peaks, 1, fo);
     fwrite(losses, sizeof *losses, STEPS, fo);
@@ -183,6 +215,41 @@ fail:
   fprintf(stderr, "rank %d: %s\n", w, err_msg());
   _exit(2);
 }
+
+/* The bf16 policies against the fp32 one-device curve at the same lr: within
+ * 2e-2 at every step (the issue's bound), and really bf16 (not bit for bit
+ * the fp32 curve). bf16-true must also keep learning: its loss falls over the
+ * run by at least half as much as fp32's, which fails when bf16 rounding
+ * loses the updates. */
+static void check_bf16_losses(const float *losses, const float *ref, fsdp_precision_t prec,
+                              shard_strategy_t st, int R, int S) {
+  float most = 0;
+  for (int s = 0; s < STEPS; s++) {
+    cr_expect(fabsf(losses[s] - ref[s]) <= 2e-2f, "%s step %d: loss %.5f, fp32 one device %.5f",
+              prec_name(prec), s + 1, losses[s], ref[s]);
+    most = fmaxf(most, fabsf(losses[s] - ref[s]));
+  }
+  cr_expect_gt(most, 1e-6f, "%s gave exactly the fp32 losses: bf16 is not in effect",
+               prec_name(prec));
+  const float fell = losses[0] - losses[STEPS - 1], ref_fell = ref[0] - ref[STEPS - 1];
+  cr_log_info("%s %s %dx%d: largest loss difference to fp32 one device %.2e; loss fell %.4f "
+              "(fp32 %.4f)", prec_name(prec), shard_strategy_name(st), R, S, most, fell, ref_fell);
+  if (prec == FSDP_BF16_TRUE)
+    cr_expect(ref_fell > 0 && fell >= ref_fell / 2, "bf16-true: the loss fell %.4f over %d steps, "
+              "fp32 %.4f: updates are being lost", fell, STEPS, ref_fell);
+}
+
+/* Relative error of tensor t of the weights got against ref (num_params
+ * floats each); of an attention bias, its q and v parts only (see the top). */
+static double tensor_err(const gpt_tensor_t *t, const float *got, const float *ref) {
+  got += t->offset, ref += t->offset;
+  if (!strstr(t->name, ".attn.qkv.b")) return tu_rel_err_f32f32(got, ref, t->numel);
+  const size_t C = (size_t)cfg().channels;
+  return fmax(tu_rel_err_f32f32(got, ref, C), tu_rel_err_f32f32(got + 2 * C, ref + 2 * C, C));
+}
+
+/* The final weights of the last run_mesh_prec (num_params floats). */
+static float *g_weights;
 
 static void run_mesh_prec(int R, int S, shard_strategy_t st, fsdp_precision_t prec) {
   world_t x;
@@ -209,40 +276,36 @@ static void run_mesh_prec(int R, int S, shard_strategy_t st, fsdp_precision_t pr
   FILE *f = fopen(out, "rb");
   cr_assert_not_null(f);
   int maxg;
-  size_t peaks[2];
+  size_t peaks[3];
   cr_assert_eq(fread(&maxg, sizeof maxg, 1, f), 1);
   cr_assert_eq(fread(peaks, sizeof peaks, 1, f), 1);
   g_peak_grads = peaks[0];
+  shard_layout_t *lay;
+  cr_assert_eq(shard_layout_create(&lay, &c, S, g_min_params), 0);
+  cr_log_info("%s: persistent state %.1f bytes per padded shard element (rank 0)", prec_name(prec),
+              (double)peaks[2] / (double)lay->shard_total);
+  const int nunits = lay->num_units;
   if (!shard_strategy_keeps_params(st)) {
     /* the allocator's own count: never more than the two largest units at once */
-    shard_layout_t *l;
-    cr_assert_eq(shard_layout_create(&l, &c, S, g_min_params), 0);
     size_t a = 0, b = 0;
-    for (int k = 0; k < l->num_units; k++) {
-      size_t bytes = l->units[k].shard_numel * (size_t)S * sizeof(float);
+    for (int k = 0; k < nunits; k++) {
+      size_t bytes = lay->units[k].shard_numel * (size_t)S * sizeof(float);
       if (bytes > a) b = a, a = bytes; else if (bytes > b) b = bytes;
     }
     /* a bf16 gather also holds the bf16 copy it lands in (2 more bytes) */
-    size_t two = prec == FSDP_BF16_MIXED ? (a + b) / 2 * 3 : a + b;
+    size_t two = prec != FSDP_FP32 ? (a + b) / 2 * 3 : a + b;
     cr_expect_leq(peaks[1], two, "gathered parameters peaked at %zu bytes, two units are %zu",
                   peaks[1], two);
-    shard_layout_destroy(l);
   }
+  shard_layout_destroy(lay);
   cr_assert_eq(fread(losses, sizeof *losses, STEPS, f), (size_t)STEPS);
   cr_assert_eq(fread(got, sizeof *got, n, f), n);
   fclose(f);
-  if (prec == FSDP_BF16_MIXED) {
-    /* bf16 parameters: the fp32 one-device curve within 2e-2 at every step,
-     * and really bf16 (not bit-for-bit the fp32 curve) */
-    float most = 0;
-    for (int s = 0; s < STEPS; s++) {
-      cr_expect(fabsf(losses[s] - ref_losses[s]) <= 2e-2f, "bf16-mixed step %d: loss %.5f, fp32 "
-                "one device %.5f", s + 1, losses[s], ref_losses[s]);
-      most = fmaxf(most, fabsf(losses[s] - ref_losses[s]));
-    }
-    cr_expect_gt(most, 1e-6f, "bf16-mixed gave exactly the fp32 losses: bf16 is not in effect");
-    cr_log_info("bf16-mixed %dx%d: largest loss difference to fp32 one device %.2e", R, S, most);
-    free(ref), free(got), free(out);
+  free(g_weights);
+  g_weights = got;
+  if (prec != FSDP_FP32) {
+    check_bf16_losses(losses, ref_losses, prec, st, R, S);
+    free(ref), free(out);
     return;
   }
   for (int s = 0; s < STEPS; s++)
@@ -253,25 +316,13 @@ static void run_mesh_prec(int R, int S, shard_strategy_t st, fsdp_precision_t pr
   double worst = 0;
   for (int i = 0; i < gpt_num_tensors(g); i++) {
     const gpt_tensor_t *t = gpt_tensor(g, i);
-    size_t from = 0, len = t->numel;
-    double e;
-    if (strstr(t->name, ".attn.qkv.b")) { /* q and v parts only: see the top */
-      const size_t C = (size_t)c.channels;
-      e = fmax(tu_rel_err_f32f32(got + t->offset, ref + t->offset, C),
-               tu_rel_err_f32f32(got + t->offset + 2 * C, ref + t->offset + 2 * C, C));
-    } else {
-      e = tu_rel_err_f32f32(got + t->offset + from, ref + t->offset + from, len);
-    }
+    double e = tensor_err(t, got, ref);
     worst = fmax(worst, e);
     cr_expect(e <= 1e-5, "%s %dx%d: %s after %d steps: relative error %.3e", shard_strategy_name(st),
               R, S, t->name, STEPS, e);
   }
   cr_log_info("%s %dx%d: worst tensor error %.2e, most units gathered at once %d",
               shard_strategy_name(st), R, S, worst, maxg);
-  shard_layout_t *lay;
-  cr_assert_eq(shard_layout_create(&lay, &c, S, g_min_params), 0);
-  const int nunits = lay->num_units;
-  shard_layout_destroy(lay);
   if (shard_strategy_keeps_params(st))
     cr_expect_eq(maxg, nunits, "%s keeps all %d units from forward to backward (saw %d)",
                  shard_strategy_name(st), nunits, maxg);
@@ -279,7 +330,6 @@ static void run_mesh_prec(int R, int S, shard_strategy_t st, fsdp_precision_t pr
     cr_expect_leq(maxg, 2, "FULL_SHARD gathers at most two units at once (saw %d)", maxg);
   gpt_destroy(g);
   free(ref);
-  free(got);
   free(out);
 }
 
@@ -342,4 +392,116 @@ Test(fsdp, min_params_merged_units_shard_grad_op, .timeout = 60) {
   gpt_config_t c = cfg();
   g_min_params = 2 * gpt_config_unit(&c, 1).numel;
   run_mesh(1, 2, SHARD_SHARD_GRAD_OP);
+}
+
+/* bf16-true: parameters, gradients and Adam state stored in bf16, gathers and
+ * reductions in bf16, on the learnable sequences (its loss must fall as
+ * fp32's does). At lr 1e-3: at the suite's 1e-4 most updates are below half a
+ * bf16 ulp of their weights and are lost, bf16-true's known limit (even at
+ * 1e-3 the layernorm gains, all 1.0 where an ulp is 2^-7, never move). */
+static const float BF16_LR = 1e-3f;
+/* A mesh against one rank, both bf16-true: each rank rounds its gradient to
+ * bf16 before the reduction and the ring rounds once per hop, where one rank
+ * rounds the whole sum once; Adam turns those bf16 ulps into different
+ * weights. Measured after 20 steps (FULL_SHARD 1x2, HYBRID_SHARD 2x2):
+ * matrices and embeddings within 8.1e-3 (h.1.attn.proj.w), biases within
+ * 0.13 (h.2.attn.proj.b, 32 elements: its gradient is a small sum of larger
+ * per-rank parts, so their roundings weigh; 9.8e-3 with fp32 reductions).
+ * The bounds are 3x those; a HYBRID run that skips the replica reduction
+ * gives at least 0.14 and 0.58 (and fails the loss bound too). */
+static const double BF16_TRUE_TOL_MATRIX = 2.5e-2, BF16_TRUE_TOL_VECTOR = 0.4;
+
+/* bf16-true on mesh R x S, checked against the fp32 curve (run_mesh_prec)
+ * and against bf16-true on one rank. */
+static void run_bf16_true(int R, int S, shard_strategy_t st) {
+  g_lr = BF16_LR;
+  g_learnable = 1;
+  run_mesh_prec(1, 1, SHARD_FULL_SHARD, FSDP_BF16_TRUE);
+  if (R * S == 1) return;
+  float *one = g_weights;
+  g_weights = NULL;
+  run_mesh_prec(R, S, st, FSDP_BF16_TRUE);
+  gpt_config_t c = cfg();
+  gpt_t *g;
+  cr_assert_eq(gpt_create_shell(&g, &c, kern_cpu()), 0);
+  double worst[2] = {0, 0}; /* biases and norms, matrices and embeddings */
+  const char *worst_name[2] = {"", ""};
+  for (int i = 0; i < gpt_num_tensors(g); i++) {
+    const gpt_tensor_t *t = gpt_tensor(g, i);
+    const double e = tensor_err(t, g_weights, one);
+    const double tol = t->decay ? BF16_TRUE_TOL_MATRIX : BF16_TRUE_TOL_VECTOR;
+    if (e > worst[t->decay]) worst[t->decay] = e, worst_name[t->decay] = t->name;
+    cr_expect(e <= tol, "bf16-true %s %dx%d against one rank: %s relative error %.3e > %.1e",
+              shard_strategy_name(st), R, S, t->name, e, tol);
+  }
+  cr_log_info("bf16-true %s %dx%d against one rank: worst matrix %s %.2e, worst vector %s %.2e, "
+              "whole model %.2e", shard_strategy_name(st), R, S, worst_name[1], worst[1],
+              worst_name[0], worst[0], tu_rel_err_f32f32(g_weights, one, gpt_num_params(g)));
+  gpt_destroy(g);
+  free(one);
+}
+
+Test(fsdp, bf16_true_world_1, .timeout = 60) { run_bf16_true(1, 1, SHARD_FULL_SHARD); }
+Test(fsdp, bf16_true_full_shard_2, .timeout = 60) { run_bf16_true(1, 2, SHARD_FULL_SHARD); }
+Test(fsdp, bf16_true_hybrid_2x2, .timeout = 60) { run_bf16_true(2, 2, SHARD_HYBRID_SHARD); }
+Test(fsdp, bf16_true_shard_grad_op_2, .timeout = 60) { run_bf16_true(1, 2, SHARD_SHARD_GRAD_OP); }
+Test(fsdp, bf16_true_no_shard_2, .timeout = 60) { run_bf16_true(2, 1, SHARD_NO_SHARD); }
+Test(fsdp, bf16_true_hybrid_zero2_2x2, .timeout = 60) { run_bf16_true(2, 2, SHARD_HYBRID_SHARD_ZERO2); }
+/* the options: state in host memory (the ranks check its 8 bytes there),
+ * merged units, one reduction per step from unsharded gradients */
+Test(fsdp, bf16_true_offload_2, .timeout = 60) {
+  g_offload = 1;
+  run_bf16_true(1, 2, SHARD_FULL_SHARD);
+}
+Test(fsdp, bf16_true_min_params_2, .timeout = 60) {
+  gpt_config_t c = cfg();
+  g_min_params = 2 * gpt_config_unit(&c, 1).numel;
+  run_bf16_true(1, 2, SHARD_FULL_SHARD);
+}
+Test(fsdp, bf16_true_keep_unsharded_grads_2, .timeout = 60) {
+  g_accum = 2;
+  g_keep_unsharded = 1;
+  run_bf16_true(1, 2, SHARD_FULL_SHARD);
+}
+
+/* Saving and loading under bf16-true: the weights file stays fp32 (the bf16
+ * shard widened, exactly), and loading it (init_from) rounds it back to the
+ * same bf16 bytes. One rank, in this process: its shard is every unit. */
+Test(fsdp, bf16_true_save_load_round_trip, .timeout = 60) {
+  g_lr = BF16_LR;
+  g_learnable = 1;
+  gpt_config_t c = cfg();
+  const size_t n = gpt_config_num_params(&c);
+  fsdp_opts_t o = {.mesh = {1, 1, SHARD_FULL_SHARD}, .seed = SEED, .hp = HP,
+                   .precision = FSDP_BF16_TRUE};
+  fsdp_t *a, *b;
+  float losses[3], *wa = malloc(n * sizeof *wa), *wb = malloc(n * sizeof *wb);
+  cr_assert_eq(fsdp_create(&a, &c, &o), 0, "%s", err_msg());
+  cr_assert_eq(rank_train(a, 0, 1, 3, losses), 0, "%s", err_msg()); /* away from the init */
+  char *path = tu_path("bf16.weights");
+  int32_t hdr[256];
+  gpt_weights_header(&c, hdr);
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  cr_assert(fd >= 0);
+  cr_assert_eq(write(fd, hdr, sizeof hdr), (ssize_t)sizeof hdr);
+  cr_assert_eq(ftruncate(fd, GPT_WEIGHTS_HEADER_BYTES + (off_t)(n * sizeof(float))), 0);
+  cr_assert_eq(fsdp_write_weights(a, fd, path), 0, "%s", err_msg());
+  close(fd);
+  o.seed = SEED + 1;
+  cr_assert_eq(fsdp_create(&b, &c, &o), 0, "%s", err_msg());
+  cr_assert_eq(fsdp_gather_params(a, wa), 0);
+  cr_assert_eq(fsdp_gather_params(b, wb), 0);
+  cr_assert_neq(memcmp(wa, wb, n * sizeof *wa), 0, "another seed gave the same weights");
+  cr_assert_eq(fsdp_load_weights(b, path), 0, "%s", err_msg());
+  cr_assert_eq(fsdp_gather_params(b, wb), 0);
+  /* widening bf16 to fp32 is exact and one to one: equal fp32 bits are equal
+   * bf16 shard bytes */
+  cr_expect_eq(memcmp(wa, wb, n * sizeof *wa), 0, "loaded bf16 weights differ from the saved ones");
+  gpt_t *g; /* the file holds those values in fp32: one device loads them */
+  cr_assert_eq(gpt_load(&g, path, kern_cpu()), 0, "%s", err_msg());
+  cr_expect_eq(memcmp(gpt_params(g), wa, n * sizeof *wa), 0, "the file is not the widened shard");
+  gpt_destroy(g);
+  fsdp_destroy(a);
+  fsdp_destroy(b);
+  free(wa), free(wb), free(path);
 }
