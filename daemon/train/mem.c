@@ -24,6 +24,8 @@ typedef struct mem_hdr {
 
 static atomic_size_t mem_cur[MEM__COUNT], mem_pk[MEM__COUNT];
 static atomic_size_t mem_cur_total, mem_pk_total;
+/* peaks since the last mem_step_begin, for the per-step report */
+static atomic_size_t mem_pk_step[MEM__COUNT], mem_pk_step_total;
 
 static const char *const mem_names[] = {
 #define XX(e, s) s,
@@ -54,8 +56,12 @@ static void mem_tune_malloc(void) {
 }
 
 static void mem_count(mem_cat_t cat, size_t bytes) {
-  mem_peak_update(&mem_pk[cat], atomic_fetch_add(&mem_cur[cat], bytes) + bytes);
-  mem_peak_update(&mem_pk_total, atomic_fetch_add(&mem_cur_total, bytes) + bytes);
+  size_t now = atomic_fetch_add(&mem_cur[cat], bytes) + bytes;
+  mem_peak_update(&mem_pk[cat], now);
+  mem_peak_update(&mem_pk_step[cat], now);
+  now = atomic_fetch_add(&mem_cur_total, bytes) + bytes;
+  mem_peak_update(&mem_pk_total, now);
+  mem_peak_update(&mem_pk_step_total, now);
 }
 
 static void mem_uncount(mem_cat_t cat, size_t bytes) {
@@ -107,13 +113,24 @@ size_t mem_peak(mem_cat_t cat) { return atomic_load(&mem_pk[cat]); }
 size_t mem_total_current(void) { return atomic_load(&mem_cur_total); }
 size_t mem_total_peak(void) { return atomic_load(&mem_pk_total); }
 
-void mem_report(FILE *out, const char *prefix) {
+void mem_step_begin(void) {
+  for (int c = 0; c < MEM__COUNT; c++) atomic_store(&mem_pk_step[c], atomic_load(&mem_cur[c]));
+  atomic_store(&mem_pk_step_total, atomic_load(&mem_cur_total));
+}
+
+static void mem_print(FILE *out, const char *prefix, const atomic_size_t *pk, const atomic_size_t *pk_total) {
   fprintf(out, "%s", prefix ? prefix : "mem:");
   for (int c = 0; c < MEM__COUNT; c++)
-    if (mem_peak(c)) fprintf(out, " %s=%.1f/%.1f", mem_names[c], mem_current(c) / 1048576.0,
-                             mem_peak(c) / 1048576.0);
+    if (atomic_load(&mem_pk[c])) fprintf(out, " %s=%.1f/%.1f", mem_names[c],
+                                         mem_current(c) / 1048576.0, atomic_load(&pk[c]) / 1048576.0);
   fprintf(out, " total=%.1f/%.1f MiB (current/peak)\n", mem_total_current() / 1048576.0,
-          mem_total_peak() / 1048576.0);
+          atomic_load(pk_total) / 1048576.0);
+}
+
+void mem_report(FILE *out, const char *prefix) { mem_print(out, prefix, mem_pk, &mem_pk_total); }
+
+void mem_report_step(FILE *out, const char *prefix) {
+  mem_print(out, prefix, mem_pk_step, &mem_pk_step_total);
 }
 
 /* The value of a "Key: N kB" line of /proc/self/status, in bytes. */

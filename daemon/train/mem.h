@@ -45,8 +45,13 @@ size_t mem_peak(mem_cat_t cat);
 size_t mem_total_current(void);
 size_t mem_total_peak(void);
 const char *mem_cat_name(mem_cat_t cat);
-/* One line: "mem: params=... grads=... total=... peak=..." in MiB. */
+/* One line: "mem: params=cur/peak grads=cur/peak ... total=cur/peak MiB": every
+ * category that has held memory, current and peak over the run. */
 void mem_report(FILE *out, const char *prefix);
+/* Starts a step: its peaks restart from what is held now. */
+void mem_step_begin(void);
+/* mem_report's line with the peaks since mem_step_begin. */
+void mem_report_step(FILE *out, const char *prefix);
 /* Peak resident set of this process (VmHWM), in bytes; 0 if unknown. It
  * includes the file-backed pages of the program and its libraries' code. */
 size_t mem_process_peak_rss(void);

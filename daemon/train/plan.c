@@ -1,26 +1,212 @@
-/* plan: memory prediction and the fit check (see plan.h). */
+/* plan: memory prediction and the fit check (see plan.h).
+ *
+ * The sharded part mirrors fsdp.c's schedule; each rule below names the
+ * runtime behaviour it counts, and test_plan.c holds every category equal to
+ * what ranks really allocate, so a change to one without the other fails. */
 #include "plan.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "daemon/comm/comm.h"
 #include "daemon/common/err.h"
+#include "fsdp.h"
+#include "shard.h"
 
-void plan_single(const config_t *c, plan_t *p) {
-  memset(p, 0, sizeof *p);
+#define MIB(x) ((double)(x) / 1048576.0)
+
+int plan_uses_runtime(const config_t *c, int world) {
+  fsdp_precision_t prec;
+  if (fsdp_precision_parse(c->precision, &prec)) return 1;
+  return world > 1 || c->mesh[0] || prec != FSDP_FP32 || c->offload;
+}
+
+/* ---- what every path allocates the same way -------------------------------- */
+
+/* Activations and the workspace of the training loop and the sample: the
+ * model's activations for (B, T), its attention scratch, the loop's input and
+ * target batches (every rank holds the global batch's rows: batch x world),
+ * and after training the sample's forward passes (B = 1, T growing to the
+ * context) with its token buffers. gpt.c reallocates activations only when a
+ * shape needs more, so each is the larger of training and sampling.
+ * *train_ws is the workspace while training (before any sample). */
+static void plan_loop(const config_t *c, int world, plan_t *p, size_t *train_ws) {
+  const kern_backend_t *be = kern_cpu();
+  const gpt_config_t *g = &c->gpt;
+  const int ck = c->activation_checkpointing;
+  const size_t f = sizeof(float);
+  size_t scratch = be->attention_scratch(c->batch, c->seq_len, g->channels, g->heads) * f;
+  size_t acts = gpt_activation_bytes(g, c->batch, c->seq_len, ck) - scratch;
+  const size_t NG = (size_t)c->batch * (size_t)world * (size_t)c->seq_len;
+  const size_t batches = 2 * NG * sizeof(int32_t);
+  *train_ws = scratch + batches;
+  size_t sample = 0;
+  if (c->sample_tokens > 0) {
+    const size_t np = g->vocab == 256 && c->sample_prompt[0] ? strlen(c->sample_prompt) : 1;
+    const size_t n = np + (size_t)c->sample_tokens;
+    const int T = n - 1 < (size_t)g->context ? (int)(n - 1) : g->context;
+    size_t s_scratch = be->attention_scratch(1, T, g->channels, g->heads) * f;
+    size_t s_acts = gpt_activation_bytes(g, 1, T, ck) - s_scratch;
+    if (s_acts > acts) acts = s_acts;
+    if (s_scratch > scratch) scratch = s_scratch;
+    sample = (size_t)c->sample_tokens * sizeof(int32_t) + n * sizeof(int32_t);
+  }
+  p->bytes[MEM_ACTS] = acts;
+  p->bytes[MEM_WORKSPACE] = scratch + batches + sample;
+}
+
+/* ---- one device: the flat model -------------------------------------------- */
+
+static void plan_flat(const config_t *c, plan_t *p) {
   const size_t P = gpt_config_num_params(&c->gpt), f = sizeof(float);
-  const size_t N = (size_t)c->batch * (size_t)c->seq_len;
   p->bytes[MEM_PARAMS] = P * f;
   p->bytes[MEM_GRADS] = P * f;
   p->bytes[MEM_OPTIM] = 2 * P * f; /* AdamW m and v */
-  /* activations and their gradients (gpt.c); the attention scratch is
-   * workspace, as are the training loop's input and target batches */
-  const size_t scratch =
-      kern_cpu()->attention_scratch(c->batch, c->seq_len, c->gpt.channels, c->gpt.heads) * f;
-  p->bytes[MEM_ACTS] = gpt_activation_bytes(&c->gpt, c->batch, c->seq_len,
-                                            c->activation_checkpointing) - scratch;
-  p->bytes[MEM_WORKSPACE] = scratch + 2 * N * sizeof(int32_t);
+  size_t train_ws;
+  plan_loop(c, 1, p, &train_ws);
+}
+
+/* ---- the sharded runtime ---------------------------------------------------- */
+
+/* The FSDP units in the order the model asks for their parameters (gpt.c):
+ * forward unit 0, the blocks, unit 0 again (final norm and logits); backward
+ * unit 0, then the blocks last to first. Consecutive model units of one FSDP
+ * unit (min_params) are one entry. Returns the count. */
+static int plan_order(const shard_layout_t *l, int L, int bwd, int *seq) {
+  int n = 0;
+  for (int i = 0; i < L + 2 - bwd; i++) {
+    int mu = bwd ? (i ? L + 1 - i : 0) : (i <= L ? i : 0);
+    int k = l->unit_of[mu];
+    if (!n || seq[n - 1] != k) seq[n++] = k;
+  }
+  return n;
+}
+
+/* Peak bytes of gathered parameters. A gathered unit is fp32 (4 bytes per
+ * padded element), plus, while its bf16 gather is in flight, the bf16 buffer
+ * it lands in (x = 2 bytes). FULL_SHARD and HYBRID_SHARD free a unit after
+ * use and prefetch the next one while it computes: the unit in use and the
+ * next are held together. Strategies that keep units hold every one by the
+ * end of forward, the last still landing; backward frees each as it leaves
+ * it, so when min_params merged blocks into unit 0 they gather it again. */
+static size_t plan_gathered(const shard_layout_t *l, int L, int keeps, size_t x) {
+  int *seq = malloc(sizeof *seq * (size_t)(L + 2));
+  if (!seq) return 0;
+#define PADDED(k) (l->units[(k)].shard_numel * (size_t)l->S)
+  size_t best = 0;
+  for (int bwd = 0; bwd < 2; bwd++) {
+    int n = plan_order(l, L, bwd, seq);
+    size_t held = 0; /* kept: every unit gathered before this one */
+    for (int i = 0; i < n; i++) {
+      size_t now = (4 + x) * PADDED(seq[i]) + (i ? 4 * PADDED(seq[i - 1]) : 0);
+      if (keeps && !bwd) { /* forward gathers each unit once and keeps it */
+        if (i == n - 1 && n > 1) break; /* unit 0's second use */
+        now = (4 + x) * PADDED(seq[i]) + held;
+        held += 4 * PADDED(seq[i]);
+      } else if (keeps && (i < n - 1 || n < 3)) {
+        continue; /* backward frees kept units as it leaves them and gathers none... */
+      } /* ...but unit 0's merged blocks, after unit 0 was freed for the logits' backward */
+      if (now > best) best = now;
+    }
+  }
+#undef PADDED
+  free(seq);
+  return best;
+}
+
+/* Peak bytes of unsharded unit gradients (fp32, padded). Unit 0's lives
+ * through the whole backward (the logits' gradient starts it, the embeddings'
+ * ends it). A block unit's gradient is handed to its reduction when complete
+ * and freed when that completes, which is when the next unit's is issued: so
+ * it is held beside the next unit's and unit 0's. Under bf16-true (w = 2) the
+ * reduction takes a bf16 copy (the fp32 one is freed once copied). Keeping
+ * unsharded gradients across micro-batches holds every unit's. */
+static size_t plan_unit_grads(const shard_layout_t *l, int L, int keep_all, size_t w) {
+#define PADDED(k) (l->units[(k)].shard_numel * (size_t)l->S)
+  const int u0 = l->unit_of[0];
+  const size_t pend = w ? w : 4; /* bytes per element of a gradient in reduction */
+  size_t all = 0, best = (4 + w) * PADDED(u0), first = PADDED(u0);
+  for (int k = 0; k < l->num_units; k++) all += PADDED(k);
+  size_t prev = 0; /* the pending unit's bytes */
+  for (int mu = L, last = -1; mu >= 1; mu--) {
+    int k = l->unit_of[mu];
+    if (k == u0 || k == last) continue;
+    if (last < 0) first = PADDED(k);
+    size_t now = 4 * PADDED(u0) + (prev + 4 * PADDED(k) > (4 + w) * PADDED(k)
+                                       ? prev + 4 * PADDED(k) : (4 + w) * PADDED(k));
+    if (now > best) best = now;
+    prev = pend * PADDED(k);
+    last = k;
+  }
+#undef PADDED
+  return keep_all ? 4 * all + w * first : best;
+}
+
+static int plan_runtime(const config_t *c, int world, plan_t *p) {
+  shard_mesh_t m;
+  fsdp_precision_t prec;
+  shard_layout_t *l;
+  int rc;
+  if ((rc = shard_mesh_resolve(c->strategy, c->mesh, world, &m, NULL, 0)) ||
+      (rc = fsdp_precision_parse(c->precision, &prec)) ||
+      (rc = shard_layout_create(&l, &c->gpt, m.shards, (size_t)c->min_params)))
+    return rc;
+  const int L = c->gpt.layers, true16 = prec == FSDP_BF16_TRUE;
+  const size_t x = prec != FSDP_FP32 ? 2 : 0; /* bf16 gathers land in a bf16 buffer */
+  const size_t e = true16 ? 2 : 4;            /* bytes per element of the shard's state */
+  size_t largest = 0;
+  for (int k = 0; k < l->num_units; k++)
+    if (l->units[k].shard_numel > largest) largest = l->units[k].shard_numel;
+  /* the shard: master weights, gradient, AdamW m and v (fp32, or bf16 under
+   * bf16-true), in host_offload when offloaded */
+  const size_t sh = l->shard_total * e;
+  p->bytes[c->offload ? MEM_OFFLOAD : MEM_PARAMS] += sh;
+  p->bytes[c->offload ? MEM_OFFLOAD : MEM_GRADS] += sh;
+  p->bytes[c->offload ? MEM_OFFLOAD : MEM_OPTIM] += 2 * sh;
+  p->bytes[MEM_PARAMS_GATHERED] = plan_gathered(l, L, shard_strategy_keeps_params(m.strategy), x);
+  /* both accumulation modes, for the report; the job's own counts */
+  const size_t w = true16 ? 2 : 0;
+  const size_t gsh = c->offload ? 0 : sh;
+  p->grads_reduce_each = gsh + plan_unit_grads(l, L, 0, w);
+  p->grads_keep_unsharded = gsh + plan_unit_grads(l, L, 1, w);
+  p->bytes[MEM_GRADS] = c->keep_unsharded_grads && c->grad_accum > 1 ? p->grads_keep_unsharded
+                                                                       : p->grads_reduce_each;
+  /* communication: each ring's buffers (world; shard group when S > 1;
+   * replica group when R > 1), the reduce-scatter landing (reduce dtype), and
+   * under bf16-mixed the bf16 copy of the one shard being sent */
+  size_t comm = e * largest + (prec == FSDP_BF16_MIXED ? 2 * largest : 0);
+  if (world > 1) comm += comm_ring_buffer_bytes(world);
+  if (m.shards > 1) comm += comm_ring_buffer_bytes(m.shards);
+  if (m.replicas > 1) comm += comm_ring_buffer_bytes(m.replicas);
+  p->bytes[MEM_COMM] = comm;
+  size_t train_ws;
+  plan_loop(c, world, p, &train_ws);
+  if (true16) {
+    /* bf16-true: fixed fp32 chunks for the gradient shard (fsdp) and AdamW
+     * (created after the weights are initialised), and one unit's fp32 shard
+     * while initialising, loading (init_from) or saving weights */
+    const size_t fixed_f = 2 * FSDP_CHUNK * sizeof(float), fixed_a = 4 * ADAMW_CHUNK * sizeof(float);
+    const size_t unit = largest * sizeof(float), sampling = p->bytes[MEM_WORKSPACE];
+    size_t ws = unit; /* initialising, before AdamW's chunks */
+    if (c->init_from[0] && fixed_a + unit > ws) ws = fixed_a + unit;
+    if (fixed_a + train_ws + (c->save[0] ? unit : 0) > ws) ws = fixed_a + train_ws + (c->save[0] ? unit : 0);
+    if (fixed_a + sampling > ws) ws = fixed_a + sampling;
+    p->bytes[MEM_WORKSPACE] = fixed_f + ws;
+  }
+  shard_layout_destroy(l);
+  return FSDP_OK;
+}
+
+int plan_job(const config_t *c, int world, plan_t *p) {
+  memset(p, 0, sizeof *p);
+  p->world = world;
+  p->runtime = plan_uses_runtime(c, world);
+  int rc = FSDP_OK;
+  if (p->runtime) rc = plan_runtime(c, world, p);
+  else plan_flat(c, p);
   for (int k = 0; k < MEM__COUNT; k++) p->total += p->bytes[k];
+  return rc;
 }
 
 size_t plan_host_available(void) {
@@ -34,37 +220,80 @@ size_t plan_host_available(void) {
   return kb * 1024;
 }
 
-#define MIB(x) ((double)(x) / 1048576.0)
+/* ---- the fit check ---------------------------------------------------------- */
+
+/* The total of c changed by one knob, or 0 when that plan fails. */
+static size_t plan_total_of(const config_t *c, int world) {
+  plan_t q;
+  return plan_job(c, world, &q) ? 0 : q.total;
+}
+
+/* The first single change that fits, as advice; 0 when none does. */
+static int plan_advice(const plan_t *p, const config_t *c, size_t limit, char *out, size_t len) {
+  config_t k = *c;
+  size_t t;
+  if (!c->activation_checkpointing) {
+    k.activation_checkpointing = 1;
+    if ((t = plan_total_of(&k, p->world)) && t <= limit)
+      return snprintf(out, len, "set activation_checkpointing = 1 (the plan is then %.0f MiB)",
+                      MIB(t)), 1;
+    k = *c;
+  }
+  if (p->runtime && c->keep_unsharded_grads && c->grad_accum > 1) {
+    k.keep_unsharded_grads = 0;
+    if ((t = plan_total_of(&k, p->world)) && t <= limit)
+      return snprintf(out, len, "set keep_unsharded_grads = 0 to reduce every micro-batch into "
+                      "the gradient shard (the plan is then %.0f MiB)", MIB(t)), 1;
+    k = *c;
+  }
+  shard_strategy_t st;
+  if (p->runtime && !shard_strategy_parse(c->strategy, &st) && shard_strategy_keeps_params(st)) {
+    const char *to = st == SHARD_HYBRID_SHARD_ZERO2 ? "HYBRID_SHARD" : "FULL_SHARD";
+    snprintf(k.strategy, sizeof k.strategy, "%s", to);
+    if (st == SHARD_NO_SHARD) k.mesh[0] = 0; /* "N" means Nx1 only under NO_SHARD */
+    if ((t = plan_total_of(&k, p->world)) && t <= limit)
+      return snprintf(out, len, "set strategy = %s, which frees each unit's parameters after "
+                      "use (the plan is then %.0f MiB)", to, MIB(t)), 1;
+    k = *c;
+  }
+  /* more ranks in one shard group: the smallest power of two that fits */
+  k.mesh[0] = 0;
+  snprintf(k.strategy, sizeof k.strategy, "FULL_SHARD");
+  for (int w = p->world * 2; w <= 4096; w *= 2)
+    if ((t = plan_total_of(&k, w)) && t <= limit)
+      return snprintf(out, len, "shard the model over %d ranks (FULL_SHARD, %.0f MiB per rank)", w,
+                      MIB(t)), 1;
+  return 0;
+}
 
 int plan_check(const plan_t *p, const config_t *c, size_t limit) {
   if (!limit || p->total <= limit) return FSDP_OK;
-  const size_t acts = p->bytes[MEM_ACTS];
-  const size_t state = p->bytes[MEM_PARAMS] + p->bytes[MEM_GRADS] + p->bytes[MEM_OPTIM];
-  char advice[512];
-  if (acts >= state) {
-    config_t ck = *c;
-    ck.activation_checkpointing = 1;
-    plan_t q;
-    plan_single(&ck, &q);
-    if (!c->activation_checkpointing && q.total <= limit)
-      snprintf(advice, sizeof advice, "activations take the most (%.0f MiB): set "
-               "activation_checkpointing = 1 (the plan is then %.0f MiB)", MIB(acts), MIB(q.total));
+  int top = 0;
+  for (int k = 1; k < MEM__COUNT; k++)
+    if (p->bytes[k] > p->bytes[top]) top = k;
+  char advice[384];
+  if (!plan_advice(p, c, limit, advice, sizeof advice)) {
+    if (top == MEM_ACTS)
+      snprintf(advice, sizeof advice, "lower batch (now %d) or seq_len (now %d) and raise "
+               "grad_accum to keep the tokens per step", c->batch, c->seq_len);
     else
-      snprintf(advice, sizeof advice, "activations take the most (%.0f MiB, batch %d x seq_len "
-               "%d): lower batch and raise grad_accum to keep the tokens per step", MIB(acts),
-               c->batch, c->seq_len);
-  } else {
-    snprintf(advice, sizeof advice, "parameters, gradients and AdamW state take %.0f MiB (16 bytes "
-             "per parameter): choose a smaller model, or shard it over more ranks", MIB(state));
+      snprintf(advice, sizeof advice, "parameters, gradients and AdamW state take 16 bytes per "
+               "parameter: choose a smaller model, or shard it over more ranks");
   }
-  return err_set(FSDP_ENOMEM, "memory: the job needs %.0f MiB but %.0f MiB is available "
-                 "(memory_limit_mib, or the host's available memory); %s", MIB(p->total),
-                 MIB(limit), advice);
+  return err_set(FSDP_ENOMEM, "memory: the job needs %.0f MiB per rank but %.0f MiB is available "
+                 "(memory_limit_mib, or the host's available memory shared by its ranks); %s "
+                 "takes the most (%.0f MiB); %s", MIB(p->total), MIB(limit),
+                 mem_cat_name((mem_cat_t)top), MIB(p->bytes[top]), advice);
 }
 
-void plan_print(const plan_t *p, FILE *out) {
-  fprintf(out, "plan (MiB):");
+void plan_print(const plan_t *p, const config_t *c, FILE *out) {
+  fprintf(out, "plan (MiB%s):", p->world > 1 ? " per rank" : "");
   for (int k = 0; k < MEM__COUNT; k++)
     if (p->bytes[k]) fprintf(out, " %s=%.1f", mem_cat_name((mem_cat_t)k), MIB(p->bytes[k]));
   fprintf(out, " total=%.1f\n", MIB(p->total));
+  if (p->runtime && c->grad_accum > 1)
+    fprintf(out, "plan: gradient accumulation over %d micro-batches: grads %.1f MiB reducing each "
+            "micro-batch%s, %.1f MiB keeping unsharded gradients to the last%s\n", c->grad_accum,
+            MIB(p->grads_reduce_each), c->keep_unsharded_grads ? "" : " (this job)",
+            MIB(p->grads_keep_unsharded), c->keep_unsharded_grads ? " (this job)" : "");
 }

@@ -1,30 +1,52 @@
-/* plan: the memory a job will need, predicted before anything is allocated,
- * so a job that cannot fit is refused at start with the knob that fixes it,
- * not killed by the OOM killer an hour in. The prediction is exact for what
- * the runtime allocates (every byte goes through the accounting allocator, so
- * a run can print its measured peak beside the plan and a test holds them
- * equal); it does not count the process's code and libraries. */
+/* plan: the memory a job will need per rank, predicted before anything is
+ * allocated, so a job that cannot fit is refused at start with the knob that
+ * fixes it, not killed by the OOM killer an hour in.
+ *
+ * The prediction is per accounting category (mem.h) and exact: every byte the
+ * runtime allocates goes through the accounting allocator, and the tests hold
+ * each category's measured peak equal to the plan's, for one device and for
+ * every strategy, precision and accumulation mode of the sharded runtime. On
+ * one device everything is held at once, so the total is exact too; in the
+ * sharded runtime the transient categories (gathered units, unsharded unit
+ * gradients) peak at different moments, and the total, the sum of the
+ * category peaks, is an upper bound of the measured peak. It does not count
+ * the process's code and libraries. */
 #ifndef FSDP_PLAN_H
 #define FSDP_PLAN_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 #include "config.h"
 #include "mem.h"
 
 typedef struct plan {
-  size_t bytes[MEM__COUNT]; /* by accounting category */
-  size_t total;
+  size_t bytes[MEM__COUNT]; /* peak per accounting category */
+  size_t total;             /* the sum of the peaks */
+  int world;                /* ranks of the job */
+  int runtime;              /* 1: the sharded runtime (fsdp.c); 0: the flat one-device model */
+  /* gradient accumulation's two modes (grad_accum > 1): the grads peak when
+   * each micro-batch is reduce-scattered, and when unsharded gradients are
+   * kept until the last one (keep_unsharded_grads) */
+  size_t grads_reduce_each, grads_keep_unsharded;
 } plan_t;
 
-/* Predicts a single-rank run of c (after config_finish). */
-void plan_single(const config_t *c, plan_t *p);
+/* Whether a job of c on world ranks runs the sharded runtime (a mesh, more
+ * than one rank, a precision other than fp32, or offload) rather than the
+ * flat one-device model. Needs a valid precision (config_finish). */
+int plan_uses_runtime(const config_t *c, int world);
+/* Predicts one rank of a job of c (after config_finish) on world ranks.
+ * Errors: a strategy, mesh or precision that does not parse or fit. */
+int plan_job(const config_t *c, int world, plan_t *p);
 /* Memory the host can give now (MemAvailable), in bytes; 0 if unknown. */
 size_t plan_host_available(void);
-/* FSDP_OK when p fits in limit bytes (0: nothing to check); otherwise an error
- * that states both numbers, what takes the most, and what to change. */
+/* FSDP_OK when p fits in limit bytes per rank (0: nothing to check);
+ * otherwise an error that states both numbers, what takes the most, and the
+ * first single change that makes the job fit (activation checkpointing,
+ * FULL_SHARD, reducing every micro-batch, more ranks...). */
 int plan_check(const plan_t *p, const config_t *c, size_t limit);
-/* One line: "plan: total X MiB (params ..., activations ...)". */
-void plan_print(const plan_t *p, FILE *out);
+/* One line: "plan (MiB per rank): params=... total=...", and under grad
+ * accumulation what the other mode would cost. */
+void plan_print(const plan_t *p, const config_t *c, FILE *out);
 
 #endif

@@ -158,29 +158,27 @@ static int train_world_comm(train_rank_t *tr, char ***addrs_out) {
   return rc;
 }
 
-static int train_rank_open(const config_t *c, train_rank_t *tr, FILE *progress) {
+/* This process's place in the job: one device, or the rank the launcher set. */
+static int train_rank_env(train_rank_t *tr) {
   memset(tr, 0, sizeof *tr);
   tr->world = 1;
+  if (!getenv("FSDP_WORLD_SIZE")) return FSDP_OK;
+  int rc = train_env_int("FSDP_WORLD_SIZE", 1, 4096, &tr->world);
+  return rc ? rc : train_env_int("FSDP_RANK", 0, tr->world - 1, &tr->rank);
+}
+
+/* Connects the job's groups and builds the model (after train_rank_env). */
+static int train_rank_open(const config_t *c, train_rank_t *tr, FILE *progress) {
   int rc;
-  if (getenv("FSDP_WORLD_SIZE")) {
-    if ((rc = train_env_int("FSDP_WORLD_SIZE", 1, 4096, &tr->world)) ||
-        (rc = train_env_int("FSDP_RANK", 0, tr->world - 1, &tr->rank)))
-      return rc;
-  }
   adamw_hparams_t hp = {c->beta1, c->beta2, c->eps, c->weight_decay};
   fsdp_precision_t prec;
   if ((rc = fsdp_precision_parse(c->precision, &prec))) return rc;
-  if (tr->world == 1 && !c->mesh[0] && prec == FSDP_FP32 && !c->offload) { /* the flat model */
+  if (!plan_uses_runtime(c, tr->world)) { /* the flat model */
     if ((rc = train_open_model(c, &tr->g))) return rc;
     return adamw_create(&tr->opt, tr->g, hp);
   }
-  shard_strategy_t st;
-  char mesh_text[32], desc[512];
-  if ((rc = shard_strategy_parse(c->strategy, &st))) return rc;
-  snprintf(mesh_text, sizeof mesh_text, "%s", c->mesh);
-  if (!mesh_text[0]) snprintf(mesh_text, sizeof mesh_text, "%d", tr->world);
-  if ((rc = shard_mesh_parse(mesh_text, st, &tr->mesh)) ||
-      (rc = shard_mesh_validate(&tr->mesh, tr->world, desc, sizeof desc)))
+  char desc[512];
+  if ((rc = shard_mesh_resolve(c->strategy, c->mesh, tr->world, &tr->mesh, desc, sizeof desc)))
     return rc;
   if (progress && tr->rank == 0)
     fprintf(progress, "train: %s\ntrain: precision %s\n", desc, fsdp_precision_describe(prec));
@@ -203,8 +201,7 @@ static int train_rank_open(const config_t *c, train_rank_t *tr, FILE *progress) 
   if ((rc = fsdp_create(&tr->f, &c->gpt, &o))) return rc;
   tr->g = fsdp_model(tr->f);
   if (c->init_from[0])
-    rc = shard_load_weights(fsdp_layout(tr->f), &c->gpt, c->init_from, fsdp_shard_rank(tr->f),
-                            fsdp_params(tr->f));
+    rc = fsdp_load_weights(tr->f, c->init_from);
   return rc;
 }
 
@@ -270,8 +267,7 @@ static int train_save_sharded(train_rank_t *tr, const char *path) {
       bad = 1;
       err_set_errno(err_from_errno(errno), errno, "save: open %s", tmp);
     } else {
-      bad = shard_write_weights(fsdp_layout(tr->f), fd, tmp, fsdp_shard_rank(tr->f),
-                                fsdp_params(tr->f)) != FSDP_OK;
+      bad = fsdp_write_weights(tr->f, fd, tmp) != FSDP_OK;
       if (!bad && fsync(fd)) bad = 1, err_set_errno(err_from_errno(errno), errno, "save: fsync %s", tmp);
       close(fd);
     }
@@ -302,26 +298,26 @@ int train_run(const config_t *cin, FILE *progress_in, train_result_t *res) {
   res->eval_loss = NAN;
   int rc = config_finish(&cfg);
   if (rc) return rc;
-  train_rank_t tr = {0};
+  train_rank_t tr;
   data_t *d = NULL;
   int32_t *in = NULL, *tg = NULL;
   FILE *progress = progress_in;
   const kern_backend_t *be = kern_cpu();
   int threads = c->threads ? c->threads : (int)param_threads();
-  const char *ws = getenv("FSDP_WORLD_SIZE");
-  if (!threads && ws && atoi(ws) > 1) { /* ranks of one machine share its cores */
+  if ((rc = train_rank_env(&tr))) return rc;
+  if (!threads && tr.world > 1) { /* the launcher's ranks share this machine's cores */
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    threads = cores / atoi(ws) > 0 ? (int)(cores / atoi(ws)) : 1;
+    threads = cores / tr.world > 0 ? (int)(cores / tr.world) : 1;
   }
   be->set_threads(threads);
 
+  /* every rank plans the same job and refuses it alike, before connecting */
   plan_t plan;
-  plan_single(c, &plan);
-  if (!ws) { /* the plan is exact for one device; sharded plans come with the planner's next step */
-    size_t limit = c->memory_limit_mib ? (size_t)c->memory_limit_mib << 20 : plan_host_available();
-    if ((rc = plan_check(&plan, c, limit))) return rc;
-    if (progress) plan_print(&plan, progress);
-  }
+  if ((rc = plan_job(c, tr.world, &plan))) return rc;
+  size_t limit = c->memory_limit_mib ? (size_t)c->memory_limit_mib << 20
+                                     : plan_host_available() / (size_t)tr.world;
+  if ((rc = plan_check(&plan, c, limit))) return rc;
+  if (progress && tr.rank == 0) plan_print(&plan, c, progress);
   if ((rc = train_rank_open(c, &tr, progress))) goto out;
   if (tr.rank != 0) progress = NULL; /* one voice per job */
   if ((rc = data_open(&d, c->data, c->gpt.vocab, c->eval_fraction, c->seq_len))) goto out;
@@ -351,6 +347,7 @@ int train_run(const config_t *cin, FILE *progress_in, train_result_t *res) {
   const size_t mine = (size_t)tr.rank * N;
   for (int step = 0; step < c->steps; step++) {
     double t0 = train_now();
+    mem_step_begin();
     train_rank_zero_grad(&tr);
     double loss_sum = 0;
     for (int m = 0; m < c->grad_accum; m++) {
@@ -376,10 +373,14 @@ int train_run(const config_t *cin, FILE *progress_in, train_result_t *res) {
     }
     res->last_loss = loss;
     res->steps_done = step + 1;
-    if (progress && ((step + 1) % every == 0 || step + 1 == c->steps))
+    if (progress && ((step + 1) % every == 0 || step + 1 == c->steps)) {
       fprintf(progress, "step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s | %.1f ms\n",
               step + 1, c->steps, loss, lr, norm,
               (double)NG * c->grad_accum / (t1 - t0), 1e3 * (t1 - t0));
+      char what[48]; /* this step's memory by category: now and its peak */
+      snprintf(what, sizeof what, "mem  %5d/%d (MiB):", step + 1, c->steps);
+      mem_report_step(progress, what);
+    }
     int last = step + 1 == c->steps;
     if (data_num_eval_tokens(d) && (last || (c->eval_every && (step + 1) % c->eval_every == 0))) {
       if ((rc = train_eval(g, d, c, BG, tr.rank * c->batch, in, tg, &res->eval_loss)) ||

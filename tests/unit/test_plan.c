@@ -1,14 +1,18 @@
 /* Tests of the memory plan: it equals, category by category, what a run
- * allocates through the accounting allocator, and a job that would not fit is
- * refused before anything is allocated, with the knob that fixes it. */
+ * allocates through the accounting allocator, on one device and in the ranks
+ * of every sharded strategy, and a job that would not fit is refused before
+ * anything is allocated, with the knob that fixes it. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "daemon/common/err.h"
 #include "daemon/train/data.h"
 #include "daemon/train/plan.h"
+#include "daemon/train/shard.h"
 #include "daemon/train/train.h"
 #include "tests/unit/testutil.h"
 
@@ -40,7 +44,8 @@ static void plan_matches_run(int ckpt) {
   char *data = token_file();
   config_t c = job(data, ckpt);
   plan_t p;
-  plan_single(&c, &p);
+  cr_assert_eq(plan_job(&c, 1, &p), 0);
+  cr_assert_eq(p.runtime, 0, "fp32 on one device runs the flat model");
   train_result_t r;
   cr_assert_eq(train_run(&c, NULL, &r), 0, "%s", err_msg());
   for (int k = 0; k < MEM__COUNT; k++)
@@ -59,8 +64,8 @@ Test(plan, checkpointing_plans_less) {
   char *data = token_file();
   config_t a = job(data, 0), b = job(data, 1);
   plan_t pa, pb;
-  plan_single(&a, &pa);
-  plan_single(&b, &pb);
+  cr_assert_eq(plan_job(&a, 1, &pa), 0);
+  cr_assert_eq(plan_job(&b, 1, &pb), 0);
   cr_assert_lt(pb.bytes[MEM_ACTS], pa.bytes[MEM_ACTS]);
   cr_assert_eq(pb.bytes[MEM_PARAMS], pa.bytes[MEM_PARAMS]);
   free(data);
@@ -71,11 +76,11 @@ Test(plan, a_job_that_does_not_fit_is_refused_with_the_fix) {
   config_t c = job(data, 0);
   c.batch = 64; /* activations dominate */
   plan_t p;
-  plan_single(&c, &p);
+  cr_assert_eq(plan_job(&c, 1, &p), 0);
   config_t ck = c;
   ck.activation_checkpointing = 1;
   plan_t q;
-  plan_single(&ck, &q);
+  cr_assert_eq(plan_job(&ck, 1, &q), 0);
   size_t limit = (p.total + q.total) / 2; /* fits only with checkpointing */
   cr_assert_eq(plan_check(&p, &c, limit), FSDP_ENOMEM);
   cr_assert(strstr(err_msg(), "activation_checkpointing = 1"), "%s", err_msg());
@@ -101,11 +106,195 @@ Test(plan, model_state_dominated_job_points_at_the_model) {
   c.seq_len = 8;
   cr_assert_eq(config_finish(&c), 0);
   plan_t p;
-  plan_single(&c, &p);
+  cr_assert_eq(plan_job(&c, 1, &p), 0);
   cr_assert_eq(p.bytes[MEM_PARAMS], 124439808u * 4, "4 bytes per parameter");
   cr_assert_eq(p.bytes[MEM_OPTIM], 124439808u * 8, "AdamW m and v");
   cr_assert_eq(plan_check(&p, &c, 1u << 30), FSDP_ENOMEM);
-  cr_assert(strstr(err_msg(), "16 bytes per parameter") && strstr(err_msg(), "shard"), "%s",
+  const char *adv = strstr(err_msg(), "shard the model over ");
+  cr_assert(adv, "%s", err_msg());
+  /* the advice holds: that many FULL_SHARD ranks fit, half as many do not */
+  int w = atoi(adv + strlen("shard the model over "));
+  cr_assert_geq(w, 2, "%s", err_msg());
+  plan_t pw, ph;
+  cr_assert_eq(plan_job(&c, w, &pw), 0);
+  cr_assert_leq(pw.total, 1u << 30);
+  cr_assert_eq(pw.bytes[MEM_PARAMS] * (size_t)w >= 124439808u * 4, 1, "each rank holds 1/%d", w);
+  cr_assert_eq(plan_job(&c, w / 2, &ph), 0);
+  cr_assert_gt(ph.total, 1u << 30, "%d ranks would not have fitted", w / 2);
+  free(data);
+}
+
+/* ---- the sharded runtime: ranks forked in this test, each running train_run */
+
+/* One rank: trains c, then holds each category's measured peak against the
+ * plan for its world; exits 0 when they agree, 1 naming the first that does
+ * not. The total peak is at most the plan's total (the sum of the peaks). */
+static void plan_rank(const config_t *c, int rank, int world, const char *addrs, int lfd) {
+  char v[32];
+  snprintf(v, sizeof v, "%d", rank);
+  setenv("FSDP_RANK", v, 1);
+  snprintf(v, sizeof v, "%d", world);
+  setenv("FSDP_WORLD_SIZE", v, 1);
+  snprintf(v, sizeof v, "%d", lfd);
+  setenv("FSDP_LISTEN_FD", v, 1);
+  setenv("FSDP_ADDRS", addrs, 1);
+  plan_t p;
+  train_result_t r;
+  if (plan_job(c, world, &p) || train_run(c, NULL, &r)) {
+    fprintf(stderr, "rank %d: %s\n", rank, err_msg());
+    _exit(2);
+  }
+  int bad = mem_total_peak() > p.total || r.mem_planned != p.total;
+  for (int k = 0; k < MEM__COUNT; k++)
+    if (mem_peak((mem_cat_t)k) != p.bytes[k]) {
+      fprintf(stderr, "rank %d: %s measured %zu, planned %zu\n", rank, mem_cat_name((mem_cat_t)k),
+              mem_peak((mem_cat_t)k), p.bytes[k]);
+      bad = 1;
+    }
+  if (bad) _exit(1);
+  if (rank == 0)
+    fprintf(stderr, "plan: %s %s world %d: measured total peak %.2f MiB = %.3f of the plan's "
+            "%.2f MiB\n", c->strategy, c->precision, world, mem_total_peak() / 1048576.0,
+            (double)mem_total_peak() / (double)p.total, p.total / 1048576.0);
+  _exit(0);
+}
+
+static void plan_world(const config_t *c, int world) {
+  char addrs[256] = "", addr[32];
+  int fds[8];
+  for (int r = 0; r < world; r++) {
+    fds[r] = tu_listen_loopback(addr, sizeof addr);
+    snprintf(addrs + strlen(addrs), sizeof addrs - strlen(addrs), "%s%s", r ? "," : "", addr);
+  }
+  pid_t pid[8];
+  for (int r = 0; r < world; r++) {
+    pid[r] = fork();
+    cr_assert_neq(pid[r], -1);
+    if (!pid[r]) {
+      for (int q = 0; q < world; q++)
+        if (q != r) close(fds[q]);
+      alarm(120); /* a stuck rank ends itself */
+      plan_rank(c, r, world, addrs, fds[r]);
+    }
+  }
+  for (int r = 0; r < world; r++) close(fds[r]);
+  for (int r = 0; r < world; r++) {
+    int st;
+    cr_assert_eq(waitpid(pid[r], &st, 0), pid[r]);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s mesh '%s' %s: rank %d of %d: status %d",
+              c->strategy, c->mesh, c->precision, r, world, st);
+  }
+}
+
+/* A sharded job of the tiny preset, 2 steps with an evaluation. */
+static config_t sharded(const char *data, const char *strategy, const char *mesh) {
+  config_t c = job(data, 0);
+  cr_assert_eq(config_set(&c, "strategy", strategy), 0);
+  cr_assert_eq(config_set(&c, "mesh", mesh), 0);
+  c.threads = 1;
+  c.eval_every = 1;
+  c.eval_batches = 1;
+  return c;
+}
+
+Test(plan, equals_what_sharded_ranks_allocate, .timeout = 300) {
+  char *data = token_file();
+  const struct {
+    const char *strategy, *mesh;
+    int world;
+  } m[] = {{"FULL_SHARD", "", 2},        {"SHARD_GRAD_OP", "", 2}, {"NO_SHARD", "", 2},
+           {"FULL_SHARD", "", 3},        {"HYBRID_SHARD", "2x2", 4},
+           {"HYBRID_SHARD_ZERO2", "2x2", 4}, {"FULL_SHARD", "1", 1}};
+  for (size_t i = 0; i < sizeof m / sizeof m[0]; i++)
+    plan_world((config_t[]){sharded(data, m[i].strategy, m[i].mesh)}, m[i].world);
+  free(data);
+}
+
+Test(plan, equals_what_sharded_ranks_allocate_in_every_mode, .timeout = 300) {
+  char *data = token_file();
+  config_t c = sharded(data, "FULL_SHARD", "");
+  cr_assert_eq(config_set(&c, "precision", "bf16-mixed"), 0);
+  plan_world(&c, 2);
+  c = sharded(data, "FULL_SHARD", "");
+  c.grad_accum = 2;
+  c.keep_unsharded_grads = 1;
+  plan_world(&c, 2);
+  c.keep_unsharded_grads = 0;
+  c.min_params = 30000; /* merged units */
+  c.activation_checkpointing = 1;
+  plan_world(&c, 3);
+  c = sharded(data, "SHARD_GRAD_OP", "");
+  c.offload = 1;
+  c.sample_tokens = 50;
+  cr_assert_eq(config_set(&c, "precision", "bf16-mixed"), 0);
+  plan_world(&c, 2);
+  free(data);
+}
+
+Test(plan, equals_what_bf16_true_ranks_allocate, .timeout = 300) {
+  char *data = token_file(), *w = tu_path("plan.weights");
+  config_t c = sharded(data, "FULL_SHARD", "");
+  cr_assert_eq(config_set(&c, "precision", "bf16-true"), 0);
+  cr_assert_eq(config_set(&c, "save", w), 0);
+  c.grad_accum = 2;
+  plan_world(&c, 2);
+  c = sharded(data, "HYBRID_SHARD", "2x2");
+  cr_assert_eq(config_set(&c, "precision", "bf16-true"), 0);
+  cr_assert_eq(config_set(&c, "init_from", w), 0);
+  c.grad_accum = 2;
+  c.keep_unsharded_grads = 1;
+  c.sample_tokens = 30;
+  plan_world(&c, 4);
+  c = sharded(data, "NO_SHARD", "");
+  cr_assert_eq(config_set(&c, "precision", "bf16-true"), 0);
+  c.offload = 1;
+  c.min_params = 30000;
+  plan_world(&c, 2);
+  free(w);
+  free(data);
+}
+
+Test(plan, reports_both_accumulation_modes) {
+  char *data = token_file();
+  config_t c = sharded(data, "FULL_SHARD", "");
+  cr_assert_eq(config_set(&c, "model", "small"), 0);
+  cr_assert_eq(config_finish(&c), 0, "%s", err_msg());
+  c.grad_accum = 4;
+  plan_t a, b;
+  cr_assert_eq(plan_job(&c, 2, &a), 0);
+  c.keep_unsharded_grads = 1;
+  cr_assert_eq(plan_job(&c, 2, &b), 0);
+  cr_assert_eq(a.grads_keep_unsharded, b.grads_keep_unsharded);
+  cr_assert_eq(a.bytes[MEM_GRADS], a.grads_reduce_each);
+  cr_assert_eq(b.bytes[MEM_GRADS], b.grads_keep_unsharded);
+  /* keeping them: the fp32 gradient shard plus every unit's padded gradient */
+  shard_layout_t *l;
+  cr_assert_eq(shard_layout_create(&l, &c.gpt, 2, 0), 0);
+  cr_assert_eq(b.grads_keep_unsharded, l->shard_total * 4 * 3, "shard + both shards' units");
+  shard_layout_destroy(l);
+  cr_assert_lt(a.grads_reduce_each, b.grads_keep_unsharded, "4 blocks: reducing each holds 2");
+  char buf[1024];
+  FILE *f = fmemopen(buf, sizeof buf, "w");
+  plan_print(&b, &c, f);
+  fclose(f);
+  cr_assert(strstr(buf, "keeping unsharded gradients to the last (this job)"), "%s", buf);
+  free(data);
+}
+
+Test(plan, a_sharded_job_that_does_not_fit_gets_the_strategy_that_does) {
+  char *data = token_file();
+  config_t c = sharded(data, "SHARD_GRAD_OP", "");
+  cr_assert_eq(config_set(&c, "model", "small"), 0);
+  c.activation_checkpointing = 1;
+  cr_assert_eq(config_finish(&c), 0, "%s", err_msg());
+  plan_t p, q;
+  cr_assert_eq(plan_job(&c, 4, &p), 0);
+  config_t f = c;
+  cr_assert_eq(config_set(&f, "strategy", "FULL_SHARD"), 0);
+  cr_assert_eq(plan_job(&f, 4, &q), 0);
+  cr_assert_lt(q.total, p.total, "FULL_SHARD frees units after use");
+  cr_assert_eq(plan_check(&p, &c, (p.total + q.total) / 2), FSDP_ENOMEM);
+  cr_assert(strstr(err_msg(), "strategy = FULL_SHARD") && strstr(err_msg(), "per rank"), "%s",
             err_msg());
   free(data);
 }

@@ -180,7 +180,8 @@ Test(train, sharded_jobs_train_like_one_device, .timeout = 120) {
  * leaves no process behind. */
 Test(train, a_killed_rank_stops_the_job, .timeout = 60) {
   char *data = demo_tokens(), args[4096], out[65536];
-  snprintf(args, sizeof args, "-n 2 --grace 2 -- sh -c 'if [ \"$FSDP_RANK\" = 1 ]; then "
+  /* a progress line (and its memory line) every 20 steps: the output fits in out */
+  snprintf(args, sizeof args, "-n 2 --grace 2 -- env FSDP_PROGRESS_EVERY=20 sh -c 'if [ \"$FSDP_RANK\" = 1 ]; then "
            "(sleep 1.5; kill -9 $$) & fi; exec %s/bin/fsdp-train --model tiny --steps 1000000 "
            "--warmup_steps 1 --batch 2 --seq_len 32 --data %s --seed 8642097'", tu_root(), data);
   struct timespec t0, t1;
