@@ -38,12 +38,12 @@ TRAIN_SRCS  = daemon/train/mem.c daemon/train/gpt.c daemon/train/adamw.c \
               daemon/train/data.c daemon/train/config.c daemon/train/train.c \
               daemon/train/sample.c daemon/train/shard.c daemon/train/plan.c \
               daemon/train/fsdp.c
-COMM_SRCS   = daemon/comm/comm.c daemon/comm/ring.c daemon/comm/ring_split.c daemon/comm/shm.c
+COMM_SRCS   = daemon/comm/comm.c daemon/comm/ring.c daemon/comm/ring_split.c daemon/comm/shm.c daemon/comm/cma.c
 LIB_SRCS    = $(COMMON_SRCS) $(KERN_SRCS) $(TRAIN_SRCS) $(COMM_SRCS)
 LIB         = $(B)/libfsdp.a
 
 BINS  = bin/fsdp-train bin/fsdp-tokenize bin/fsdp-launch
-TESTS = err param kernels data gpt adamw config train sample shard launch plan comm fsdp reference
+TESTS = err param kernels data gpt adamw config train sample shard launch plan comm fsdp fault reference
 TEST_BINS  = $(TESTS:%=$(B)/tests/test_%)
 BENCH_BINS = $(B)/bench/bench_gemm $(B)/bench/bench_train $(B)/bench/bench_comm $(B)/bench/bench_fsdp
 

@@ -2,13 +2,18 @@
 #include "testutil.h"
 
 #include <criterion/criterion.h>
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "daemon/common/rng.h"
 
@@ -110,4 +115,143 @@ int tu_run_bin(const char *program, const char *args, char *out, size_t len) {
   int st = pclose(p);
   free(cmd);
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+double tu_now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void tu_sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+extern char **environ;
+
+void tu_world_start(tu_world_t *w, int n, const char *program, const char *args,
+                    const char *const *env, const char *const *rank_args) {
+  static int worlds; /* log names stay apart when a test starts several worlds */
+  cr_assert(n >= 1 && n <= TU_WORLD_MAX, "a world of 1 to %d ranks", TU_WORLD_MAX);
+  memset(w, 0, sizeof *w);
+  w->n = n;
+  int lfd[TU_WORLD_MAX];
+  char addrs[TU_WORLD_MAX * 24] = "", a[32];
+  for (int r = 0; r < n; r++) {
+    lfd[r] = tu_listen_loopback(a, sizeof a);
+    snprintf(addrs + strlen(addrs), sizeof addrs - strlen(addrs), "%s%s", r ? "," : "", a);
+  }
+  /* Ours come first: getenv returns the first match, so they win over inherited ones. */
+  size_t ne = 0, nx = 0;
+  while (environ[ne]) ne++;
+  while (env && env[nx]) nx++;
+  char **envp = calloc(ne + nx + 5, sizeof *envp);
+  char vrank[32], vworld[32], vaddrs[sizeof addrs + 16], vfd[] = "FSDP_LISTEN_FD=3";
+  cr_assert_not_null(envp);
+  snprintf(vworld, sizeof vworld, "FSDP_WORLD_SIZE=%d", n);
+  snprintf(vaddrs, sizeof vaddrs, "FSDP_ADDRS=%s", addrs);
+  size_t k = 0;
+  envp[k++] = vrank, envp[k++] = vworld, envp[k++] = vaddrs, envp[k++] = vfd;
+  for (size_t i = 0; i < nx; i++) envp[k++] = (char *)env[i];
+  for (size_t i = 0; i < ne; i++) envp[k++] = environ[i];
+
+  worlds++;
+  for (int r = 0; r < n; r++) {
+    char name[64], *log, *cmd;
+    snprintf(name, sizeof name, "world%d-rank%d.log", worlds, r);
+    log = tu_path(name);
+    snprintf(w->log[r], sizeof w->log[r], "%s", log);
+    free(log);
+    int out = open(w->log[r], O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    cr_assert(out >= 0, "open %s", w->log[r]);
+    const char *extra = rank_args && rank_args[r] ? rank_args[r] : "";
+    size_t len = strlen(tu_root()) + strlen(program) + strlen(args) + strlen(extra) + 32;
+    cr_assert_not_null(cmd = malloc(len));
+    snprintf(cmd, len, "exec %s/bin/%s %s %s", tu_root(), program, args, extra);
+    snprintf(vrank, sizeof vrank, "FSDP_RANK=%d", r);
+    pid_t parent = getpid(), pid = fork();
+    cr_assert(pid >= 0, "fork");
+    if (pid == 0) { /* only async-signal-safe calls from here to exec */
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(127); /* the test died before prctl */
+      dup2(out, 1), dup2(out, 2), dup2(lfd[r], 3);
+      fcntl(3, F_SETFD, 0); /* dup2 onto itself keeps FD_CLOEXEC */
+      char *argv[] = {"sh", "-c", cmd, NULL};
+      execve("/bin/sh", argv, envp);
+      _exit(127);
+    }
+    w->pid[r] = pid;
+    close(out);
+    close(lfd[r]); /* the rank holds it now */
+    free(cmd);
+  }
+  free(envp);
+}
+
+char *tu_world_output(const tu_world_t *w, int r) {
+  FILE *f = fopen(w->log[r], "rb");
+  cr_assert_not_null(f, "open %s", w->log[r]);
+  size_t cap = 4096, len = 0, got;
+  char *s = malloc(cap);
+  cr_assert_not_null(s);
+  while ((got = fread(s + len, 1, cap - len - 1, f)) > 0) {
+    len += got;
+    if (cap - len < 2048) cr_assert_not_null(s = realloc(s, cap *= 2));
+  }
+  fclose(f);
+  s[len] = 0;
+  return s;
+}
+
+/* 1 once rank r has exited (reaped now or before), 0 while it runs. */
+static int tu_world_reap(tu_world_t *w, int r) {
+  if (!w->pid[r]) return 1;
+  int st = 0;
+  pid_t p = waitpid(w->pid[r], &st, WNOHANG);
+  if (p == 0) return 0;
+  w->status[r] = p > 0 ? st : -1;
+  w->exit_s[r] = tu_now_s();
+  w->pid[r] = 0;
+  return 1;
+}
+
+int tu_world_wait_lines(tu_world_t *w, int r, const char *prefix, int count, double timeout_s) {
+  const double deadline = tu_now_s() + timeout_s;
+  const size_t pn = strlen(prefix);
+  for (;;) {
+    int exited = tu_world_reap(w, r), seen = 0; /* reaped first: its last lines are in the file */
+    char *out = tu_world_output(w, r);
+    for (const char *l = out; *l;) {
+      seen += strncmp(l, prefix, pn) == 0;
+      const char *nl = strchr(l, '\n');
+      if (!nl) break;
+      l = nl + 1;
+    }
+    free(out);
+    if (seen >= count) return 0;
+    if (exited || tu_now_s() > deadline) return -1;
+    tu_sleep_ms(20);
+  }
+}
+
+int tu_world_wait_exits(tu_world_t *w, int except, double timeout_s) {
+  const double deadline = tu_now_s() + timeout_s;
+  for (;;) {
+    int running = 0;
+    for (int r = 0; r < w->n; r++) running += r != except && !tu_world_reap(w, r);
+    if (!running || tu_now_s() > deadline) return running;
+    tu_sleep_ms(5);
+  }
+}
+
+void tu_world_kill(tu_world_t *w) {
+  for (int r = 0; r < w->n; r++) {
+    if (!w->pid[r]) continue;
+    kill(w->pid[r], SIGKILL); /* ends a stopped process too */
+    int st = 0;
+    w->status[r] = waitpid(w->pid[r], &st, 0) > 0 ? st : -1;
+    w->exit_s[r] = tu_now_s();
+    w->pid[r] = 0;
+  }
 }

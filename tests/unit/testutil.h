@@ -30,5 +30,38 @@ int tu_listen_loopback(char *addr, size_t n);
 int tu_run_bin(const char *program, const char *args, char *out, size_t len);
 /* Project root (where the Makefile is): FSDP_ROOT, else the current directory. */
 const char *tu_root(void);
+/* Monotonic clock, in seconds. */
+double tu_now_s(void);
+
+/* ---- a world of rank processes, started without fsdp-launch ---------------
+ * The way fsdp-launch starts a job: rank r runs `bin/PROGRAM ARGS` (shell
+ * words, from tu_root()) with FSDP_RANK, FSDP_WORLD_SIZE, FSDP_ADDRS and its
+ * own bound listening socket as fd 3 (FSDP_LISTEN_FD=3), plus the caller's
+ * environment additions. Its stdout and stderr go to a file (a pipe nobody
+ * drains would stall a chatty rank), so the test reads them whenever it likes.
+ * A rank dies with the test process (PR_SET_PDEATHSIG), and tu_world_kill
+ * ends and reaps whatever is left: call it from a test's .fini. */
+#define TU_WORLD_MAX 8
+typedef struct tu_world {
+  int n;
+  int pid[TU_WORLD_MAX];       /* 0 once reaped */
+  int status[TU_WORLD_MAX];    /* waitpid status, once reaped */
+  double exit_s[TU_WORLD_MAX]; /* tu_now_s() when seen exited (0 while running) */
+  char log[TU_WORLD_MAX][512]; /* the file holding rank r's stdout and stderr */
+} tu_world_t;
+/* env: "NAME=value" strings ending with NULL (or NULL); rank_args[r]: more
+ * words for rank r only (or NULL). */
+void tu_world_start(tu_world_t *w, int n, const char *program, const char *args,
+                    const char *const *env, const char *const *rank_args);
+/* Rank r's output so far (malloc'd, NUL-terminated). */
+char *tu_world_output(const tu_world_t *w, int r);
+/* Waits up to timeout_s until rank r's output holds `count` lines starting
+ * with prefix; 0 when it does, -1 on the deadline or when r exited first. */
+int tu_world_wait_lines(tu_world_t *w, int r, const char *prefix, int count, double timeout_s);
+/* Waits up to timeout_s until every rank but `except` (-1: none) has exited,
+ * noting when each did (exit_s); returns how many are still running. */
+int tu_world_wait_exits(tu_world_t *w, int except, double timeout_s);
+/* SIGKILLs and reaps every rank not reaped yet (stopped ones included). */
+void tu_world_kill(tu_world_t *w);
 
 #endif
