@@ -85,31 +85,30 @@ static int plan_order(const shard_layout_t *l, int L, int bwd, int *seq) {
 
 /* Peak bytes of gathered parameters. A gathered unit is fp32 (4 bytes per
  * padded element), plus, while its bf16 gather is in flight, the bf16 buffer
- * it lands in (x = 2 bytes). FULL_SHARD and HYBRID_SHARD free a unit after
- * use and prefetch the next one while it computes: the unit in use and the
- * next are held together. Strategies that keep units hold every one by the
- * end of forward, the last still landing; backward frees each as it leaves
- * it, so when min_params merged blocks into unit 0 they gather it again. */
+ * it lands in (x = 2 bytes). The unit in use is held while the next one's
+ * gather lands (prefetch). FULL_SHARD and HYBRID_SHARD free a unit after use,
+ * so that pair is all they hold. Strategies that keep units hold every unit
+ * gathered so far in forward; backward frees each as it leaves it, so when
+ * min_params merged blocks into unit 0, backward gathers unit 0 again for
+ * them (after freeing it for the logits' backward) beside the unit before. */
 static size_t plan_gathered(const shard_layout_t *l, int L, int keeps, size_t x) {
   int *seq = malloc(sizeof *seq * (size_t)(L + 2));
   if (!seq) return 0;
 #define PADDED(k) (l->units[(k)].shard_numel * (size_t)l->S)
+#define MAX(a, b) ((a) > (b) ? (a) : (b))
   size_t best = 0;
   for (int bwd = 0; bwd < 2; bwd++) {
-    int n = plan_order(l, L, bwd, seq);
-    size_t held = 0; /* kept: every unit gathered before this one */
+    const int n = plan_order(l, L, bwd, seq);
+    size_t held = 0; /* fp32 units held while seq[i] lands */
     for (int i = 0; i < n; i++) {
-      size_t now = (4 + x) * PADDED(seq[i]) + (i ? 4 * PADDED(seq[i - 1]) : 0);
-      if (keeps && !bwd) { /* forward gathers each unit once and keeps it */
-        if (i == n - 1 && n > 1) break; /* unit 0's second use */
-        now = (4 + x) * PADDED(seq[i]) + held;
-        held += 4 * PADDED(seq[i]);
-      } else if (keeps && (i < n - 1 || n < 3)) {
-        continue; /* backward frees kept units as it leaves them and gathers none... */
-      } /* ...but unit 0's merged blocks, after unit 0 was freed for the logits' backward */
-      if (now > best) best = now;
+      if (keeps && !bwd && i == n - 1 && n > 1) break; /* unit 0 again: kept */
+      if (keeps && bwd && !(i == n - 1 && n >= 3)) continue; /* all kept from forward */
+      held = keeps && !bwd ? held : i ? 4 * PADDED(seq[i - 1]) : 0;
+      best = MAX(best, held + (4 + x) * PADDED(seq[i]));
+      if (keeps && !bwd) held += 4 * PADDED(seq[i]);
     }
   }
+#undef MAX
 #undef PADDED
   free(seq);
   return best;
