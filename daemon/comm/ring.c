@@ -17,13 +17,36 @@
  * been received and reduced, receiving by the staging room, so large buffers
  * stream with every link busy (send chunk k while reducing chunk k-1).
  *
- * The reverse direction (r -> r-1) carries nothing but a failure notice: when
- * an op fails on a rank (timeout, dead peer, divergence, abort), it sends a
- * 512-byte notice (origin rank, code, message) to its previous rank, which
- * fails its own op with it and passes it on, so every rank learns within
- * milliseconds which rank failed and why, rather than timing out. Every
- * socket wait is a poll() bounded by the op's deadline that also watches the
- * wake pipe and the notice direction.
+ * The reverse direction (r -> r-1, on the same sockets) carries frames, each
+ * opening with its own magic:
+ *  - a beat (8 bytes), sent by the communication thread every H = min(100 ms,
+ *    timeout / 10), idle or busy (the idle thread wakes every H; an op's waits
+ *    never sleep past the next beat), so a rank in a long computation still
+ *    beats, and a silent one is stopped or hung;
+ *  - a failure notice (512 bytes: origin rank, code, message): when an op
+ *    fails on a rank (timeout, dead or silent peer, divergence, abort), it
+ *    sends one to its previous rank, which fails its own op with it (or, idle,
+ *    breaks the communicator with it) and passes it on, so every rank learns
+ *    within milliseconds which rank failed and why, rather than timing out;
+ *  - a bye (8 bytes), from comm_destroy after a normal end.
+ * A notice or a bye is a rank's last frame. So the next rank's stream ending
+ * with neither means it died, and it died first (had it seen a failure
+ * elsewhere it would have sent a notice): a rank whose previous rank closes
+ * names the next one when that one died unannounced (the previous rank's
+ * close is the echo), else waits up to 200 ms for its notice.
+ * Liveness, while an op runs: a next rank not heard from (no bytes at all)
+ * for over max(timeout / 2, 400 ms) fails the op naming it as stopped or
+ * hung. Only rank s-1 hears from a stalled rank s, so it is the one to name
+ * it, half a timeout in; its notice then travels back through every rank
+ * before their own deadlines. Deadlines, for what beats cannot tell (a rank
+ * alive but not at this collective): a rank that has not even received its
+ * previous rank's header names that rank at once (it has not issued the
+ * collective); any other (the previous rank is in the op but its data
+ * stopped: it waits on someone further back) first waits a grace of
+ * min(500 ms, timeout / 4) for a notice, which comes from further on and
+ * knows more. Every socket wait is a poll() bounded by the op's deadline
+ * and the next beat that also watches the wake pipe and the reverse
+ * direction.
  *
  * Transport, per link, chosen at the end of the bootstrap:
  *  - TCP (another host, no shared /dev/shm, FSDP_COMM_SHM=0 on either end).
@@ -50,8 +73,8 @@
  *    pins every 4 KiB page of the source (~300 ns each) and copies at about
  *    half memcpy speed, so both collectives were slower than the copying
  *    link there (THP-backed buffers bring it level, not ahead).
- * On either shared-memory kind the sockets carry only notices and the end of
- * a dead peer.
+ * On either shared-memory kind the sockets carry only the reverse direction's
+ * frames and the end of a dead peer.
  *
  * Memory (MEM_COMM), per communicator of size > 1, as a function of the
  * tunables (comm_ring_buffer_bytes returns it, and plans mirror it):
@@ -89,10 +112,17 @@
 #define RING_HELLO_MAGIC 0x48525346u  /* "FSRH" */
 #define RING_HDR_MAGIC 0x4f525346u    /* "FSRO" */
 #define RING_NOTICE_MAGIC 0x41525346u /* "FSRA" */
-#define RING_VERSION 3u
+#define RING_BEAT_MAGIC 0x42525346u   /* "FSRB" */
+#define RING_BYE_MAGIC 0x59525346u    /* "FSRY" */
+#define RING_VERSION 4u
 #define RING_SHM_MAGIC 0x53525346u /* "FSRS" */
 #define RING_MSG 512
 #define RING_ADDR 128
+#define RING_BEAT_MS 100  /* beat period, at most (timeout / 10 when shorter) */
+#define RING_GRACE_MS 500 /* a deadline's wait for a notice, at most (timeout / 4) */
+
+/* How the next rank's reverse stream ended. */
+enum { RING_NEXT_OPEN, RING_NEXT_BYE, RING_NEXT_GONE };
 
 typedef struct {
   uint32_t magic, version;
@@ -130,7 +160,14 @@ typedef struct {
   uint64_t probe; /* address of the token in the producer */
 } ring_shm_offer_t;
 
+/* A beat or a bye on the reverse direction. */
+typedef struct {
+  uint32_t magic;
+  int32_t rank;
+} ring_beat_t;
+
 _Static_assert(sizeof(ring_hdr_t) == 32, "wire header is 32 bytes");
+_Static_assert(sizeof(ring_beat_t) == 8, "beat is 8 bytes");
 _Static_assert(sizeof(ring_notice_t) == RING_MSG, "notice is 512 bytes");
 
 typedef struct ring_req {
@@ -172,6 +209,16 @@ typedef struct ring {
   int broken_rc;
   char broken_msg[RING_MSG];
   int notice_sent; /* thread only */
+  /* The reverse direction, thread only (ring_destroy's bye comes after the
+   * join): frames from the next rank not yet whole (rx), frames for the
+   * previous one the socket has not taken yet (tx: frames never interleave). */
+  uint8_t rx[RING_MSG];
+  size_t rx_len;
+  uint8_t tx[2 * RING_MSG];
+  size_t tx_len;
+  int next_end, next_errno; /* RING_NEXT_*; errno of a reset (0: end of stream) */
+  int64_t heard_ns;         /* when bytes last came from the next rank */
+  int64_t beat_ns, beat_due;
 } ring_t;
 
 /* The op the thread is running: its deadline and names for messages. */
@@ -180,6 +227,8 @@ typedef struct {
   const comm_args_t *a;
   uint32_t seq;
   int64_t deadline_ns, timeout_ms;
+  int64_t silence_ns; /* the next rank not heard from for longer: stopped or hung */
+  int hdr_in;         /* the previous rank's header arrived: it is at this op */
   char sig[160]; /* "all_reduce #3 (f32 count=100 sum)" */
   int nt;        /* the output outsizes the caches: written with comm_shm_copy_nt */
 } ring_op_t;
@@ -213,56 +262,195 @@ static void ring_sig(char *buf, size_t n, int op, int dt, int redop, int root, u
              op == COMM_OP_REDUCE_SCATTER ? " per rank" : "", redop == COMM_AVG ? "avg" : "sum");
 }
 
-/* ---- failure notices (reverse direction) ---- */
+/* ---- the reverse direction: beats, notices, bye ---- */
+
+/* Sends what tx holds, as far as the socket takes it now. A previous rank
+ * that is gone takes nothing more: its frames are dropped. */
+static void ring_tx_flush(ring_t *r) {
+  while (r->tx_len) {
+    ssize_t k = send(r->fd_prev, r->tx, r->tx_len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK) r->tx_len = 0;
+    if (k <= 0) return;
+    memmove(r->tx, r->tx + k, r->tx_len - (size_t)k);
+    r->tx_len -= (size_t)k;
+  }
+}
+
+/* Queues a whole frame behind what is pending and sends; -1 when it does not
+ * fit (the previous rank stopped reading long ago). */
+static int ring_tx_frame(ring_t *r, const void *f, size_t n) {
+  if (r->fd_prev < 0) return -1;
+  ring_tx_flush(r);
+  if (r->tx_len + n > sizeof r->tx) return -1;
+  memcpy(r->tx + r->tx_len, f, n);
+  r->tx_len += n;
+  ring_tx_flush(r);
+  return 0;
+}
+
+/* Every H: a beat to the previous rank (none behind a frame the socket has
+ * not taken, so a stopped reader costs no memory; none after a notice, the
+ * last frame). */
+static void ring_tick(ring_t *r, int64_t now) {
+  r->beat_due = now + r->beat_ns;
+  ring_tx_flush(r);
+  if (r->tx_len || r->notice_sent) return;
+  ring_beat_t b = {.magic = RING_BEAT_MAGIC, .rank = r->base.rank};
+  ring_tx_frame(r, &b, sizeof b);
+}
 
 static void ring_send_notice(ring_t *r, const ring_notice_t *nt) {
   if (r->fd_prev < 0 || r->notice_sent) return;
   r->notice_sent = 1;
-  /* The reverse direction carries nothing else, so its send buffer is empty. */
-  ssize_t k = send(r->fd_prev, nt, sizeof *nt, MSG_NOSIGNAL | MSG_DONTWAIT);
+  /* behind at most a beat; what the socket cannot take now goes at the next ticks */
+  int rc = ring_tx_frame(r, nt, sizeof *nt);
   comm_shm_kick(r->shm_in); /* the previous rank may sleep on that link: wake it to read this */
-  if (k != (ssize_t)sizeof *nt)
-    LOG_DEBUG("comm", "group '%s' rank %d: could not pass a failure notice to rank %d",
-              r->base.name, r->base.rank, r->rank_prev);
+  if (rc < 0 || r->tx_len)
+    LOG_DEBUG("comm", "group '%s' rank %d: could not pass a failure notice to rank %d%s",
+              r->base.name, r->base.rank, r->rank_prev, rc < 0 ? "" : " at once");
 }
 
-/* The next rank wrote on the reverse direction: a notice, or it closed. */
-static int ring_read_notice(ring_t *r, ring_op_t *o) {
-  ring_notice_t nt;
-  size_t got = 0;
-  int64_t until = ring_now_ns() + 1000000000;
-  while (got < sizeof nt) {
-    ssize_t k = recv(r->fd_next, (char *)&nt + got, sizeof nt - got, MSG_DONTWAIT);
+/* "<op> on rank R of group 'G'", or "rank R of group 'G'" between ops. */
+static const char *ring_where(const ring_t *r, const ring_op_t *o, char *buf, size_t n) {
+  if (o) snprintf(buf, n, "%s on rank %d of group '%s'", o->sig, r->base.rank, r->base.name);
+  else snprintf(buf, n, "rank %d of group '%s'", r->base.rank, r->base.name);
+  return buf;
+}
+
+/* The next rank's stream ended while this rank needs it, or it died first. */
+static int ring_next_gone(ring_t *r, ring_op_t *o) {
+  char w[256];
+  ring_where(r, o, w, sizeof w);
+  if (r->next_end == RING_NEXT_BYE)
+    return err_set(FSDP_EPEER,
+                   "%s: rank %d (%s) ended its communicator while this rank still needed it: "
+                   "the ranks issued different numbers of collectives (see that rank's log for "
+                   "its last one)",
+                   w, r->rank_next, r->addr_next);
+  return err_set(FSDP_EPEER,
+                 "%s: rank %d (%s) closed its connection (%s): that rank exited, crashed or was "
+                 "killed; see its log, then restart the job from its last checkpoint",
+                 w, r->rank_next, r->addr_next,
+                 r->next_errno ? strerror(r->next_errno) : "end of stream");
+}
+
+/* A notice from the next rank: this rank's failure, passed on unchanged so it
+ * stays short and names the cause. */
+static int ring_take_notice(ring_t *r, ring_op_t *o, ring_notice_t *nt) {
+  char w[256];
+  nt->msg[sizeof nt->msg - 1] = 0;
+  err_set(FSDP_EPEER, "%s: rank %d failed first: %s", ring_where(r, o, w, sizeof w),
+          (int)nt->origin, nt->msg);
+  ring_send_notice(r, nt);
+  return FSDP_EPEER;
+}
+
+/* Reads what the next rank sent on the reverse direction, without waiting
+ * (but for the rest of a notice already begun, up to 1 s): beats (heard_ns),
+ * a bye or the end of the stream (next_end), a notice (returned as this op's
+ * failure, or between ops (o NULL) the communicator's, and passed on). need:
+ * the op still needs the next rank, so its end is a failure too. */
+static int ring_hear(ring_t *r, ring_op_t *o, int need) {
+  int64_t until = 0;
+  char w[256];
+  while (r->next_end == RING_NEXT_OPEN) {
+    ssize_t k = recv(r->fd_next, r->rx + r->rx_len, sizeof r->rx - r->rx_len, MSG_DONTWAIT);
     if (k > 0) {
-      got += (size_t)k;
+      r->rx_len += (size_t)k;
+      r->heard_ns = ring_now_ns();
+      size_t off = 0;
+      while (r->rx_len - off >= 4 && r->next_end == RING_NEXT_OPEN) {
+        uint32_t m;
+        memcpy(&m, r->rx + off, sizeof m);
+        size_t fl = m == RING_NOTICE_MAGIC                        ? sizeof(ring_notice_t)
+                    : m == RING_BEAT_MAGIC || m == RING_BYE_MAGIC ? sizeof(ring_beat_t)
+                                                                  : 0;
+        if (!fl) {
+          r->next_end = RING_NEXT_GONE;
+          return err_set(FSDP_EPEER,
+                         "%s: rank %d (%s) sent an unreadable frame (magic %08x) on the reverse "
+                         "direction: a version mismatch or a stray connection",
+                         ring_where(r, o, w, sizeof w), r->rank_next, r->addr_next, m);
+        }
+        if (r->rx_len - off < fl) break;
+        if (m == RING_NOTICE_MAGIC) {
+          ring_notice_t nt;
+          memcpy(&nt, r->rx + off, sizeof nt);
+          r->rx_len = 0;               /* a notice is the last frame: */
+          r->next_end = RING_NEXT_BYE; /* nothing more to read, and its end is explained */
+          return ring_take_notice(r, o, &nt);
+        }
+        if (m == RING_BYE_MAGIC) r->next_end = RING_NEXT_BYE;
+        off += fl;
+      }
+      memmove(r->rx, r->rx + off, r->rx_len - off);
+      r->rx_len -= off;
       continue;
     }
-    if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-      int e = k == 0 ? 0 : errno;
-      if (got == 0)
-        return err_set(FSDP_EPEER,
-                       "%s on rank %d of group '%s': rank %d (%s) closed its connection (%s): that "
-                       "rank exited, crashed or was killed; see its log, then restart the job "
-                       "from its last checkpoint",
-                       o->sig, r->base.rank, r->base.name, r->rank_next, r->addr_next,
-                       e ? strerror(e) : "end of stream");
-      break;
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      uint32_t m = 0;
+      if (r->rx_len >= 4) memcpy(&m, r->rx, sizeof m);
+      if (m != RING_NOTICE_MAGIC) break; /* nothing, or part of a beat: later */
+      /* the rest of a notice is on its way */
+      if (!until) until = ring_now_ns() + 1000000000;
+      struct pollfd p = {.fd = r->fd_next, .events = POLLIN};
+      int ms = ring_ms_left(until);
+      if (ms > 0 && (poll(&p, 1, ms) >= 0 || errno == EINTR)) continue;
+      r->next_end = RING_NEXT_GONE;
+      return err_set(FSDP_EPEER,
+                     "%s: rank %d (%s) sent an unreadable failure notice (%zu bytes): a version "
+                     "mismatch or a stray connection",
+                     ring_where(r, o, w, sizeof w), r->rank_next, r->addr_next, r->rx_len);
     }
-    struct pollfd p = {.fd = r->fd_next, .events = POLLIN};
-    int ms = ring_ms_left(until);
-    if (ms == 0 || poll(&p, 1, ms) < 0) break;
+    r->next_end = RING_NEXT_GONE; /* died: no notice, no bye */
+    r->next_errno = k == 0 ? 0 : errno;
   }
-  if (got < sizeof nt || nt.magic != RING_NOTICE_MAGIC)
-    return err_set(FSDP_EPEER,
-                   "%s on rank %d of group '%s': rank %d (%s) sent an unreadable failure notice "
-                   "(%zu bytes): a version mismatch or a stray connection",
-                   o->sig, r->base.rank, r->base.name, r->rank_next, r->addr_next, got);
-  nt.msg[sizeof nt.msg - 1] = 0;
-  err_set(FSDP_EPEER, "%s on rank %d of group '%s': rank %d failed first: %s", o->sig,
-          r->base.rank, r->base.name, (int)nt.origin, nt.msg);
-  /* Pass the origin's notice on unchanged, so it stays short and names the cause. */
-  ring_send_notice(r, &nt);
-  return FSDP_EPEER;
+  if (need && r->next_end != RING_NEXT_OPEN) return ring_next_gone(r, o);
+  return 0;
+}
+
+/* Liveness while an op runs: the next rank beats every H, so a long silence
+ * means its process is stopped or hung. Call right after ring_hear. */
+static int ring_silent(ring_t *r, ring_op_t *o) {
+  if (r->next_end != RING_NEXT_OPEN) return 0;
+  int64_t quiet = ring_now_ns() - r->heard_ns;
+  if (quiet <= o->silence_ns) return 0;
+  return err_set(FSDP_ETIMEDOUT,
+                 "%s on rank %d of group '%s': rank %d (%s) has not been heard from for %lld ms: "
+                 "its process is stopped or hung (SIGSTOP, a debugger, a frozen host); check its "
+                 "state and log, then restart the job from its last checkpoint",
+                 o->sig, r->base.rank, r->base.name, r->rank_next, r->addr_next,
+                 (long long)(quiet / 1000000));
+}
+
+static int ring_aborted(ring_t *r, ring_op_t *o) {
+  if (!atomic_load_explicit(&r->aborted, memory_order_relaxed)) return 0;
+  return err_set(FSDP_ECANCELED, "%s on rank %d of group '%s': the communicator was aborted",
+                 o->sig, r->base.rank, r->base.name);
+}
+
+/* Before a rank names a neighbour on its own evidence: up to ms for the next
+ * rank's word, which comes from further on and knows more: its notice
+ * (returned), its death with neither notice nor bye (it failed first: named),
+ * its silence (named). 0: nothing came (or it ended normally). Beats go on. */
+static int ring_await_word(ring_t *r, ring_op_t *o, int ms) {
+  int64_t until = ring_now_ns() + (int64_t)ms * 1000000;
+  for (;;) {
+    int rc = ring_aborted(r, o);
+    if (rc == 0) rc = ring_hear(r, o, 0);
+    if (rc < 0) return rc;
+    if (r->next_end == RING_NEXT_GONE) return ring_next_gone(r, o);
+    if (r->next_end == RING_NEXT_BYE) return 0;
+    int64_t now = ring_now_ns();
+    if (now >= r->beat_due) ring_tick(r, now);
+    if ((rc = ring_silent(r, o)) < 0) return rc;
+    if (now >= until) return 0;
+    struct pollfd p[2] = {{.fd = r->fd_next, .events = POLLIN},
+                          {.fd = r->wake[0], .events = POLLIN}};
+    poll(p, 2, ring_ms_left(until < r->beat_due ? until : r->beat_due));
+  }
 }
 
 /* ---- socket waits ---- */
@@ -270,19 +458,40 @@ static int ring_read_notice(ring_t *r, ring_op_t *o) {
 static int ring_timeout(ring_t *r, ring_op_t *o, int want_recv) {
   int peer = want_recv ? r->rank_prev : r->rank_next;
   const char *addr = want_recv ? r->addr_prev : r->addr_next;
+  if (want_recv && !o->hdr_in) /* not even its header: it is not at this collective */
+    return err_set(FSDP_ETIMEDOUT,
+                   "%s on rank %d of group '%s': timed out after %lld ms waiting for data from "
+                   "rank %d (%s): that rank has not issued this collective (it is stuck before "
+                   "it, in computation or another collective, or stalled; check its log and its "
+                   "last collective); raise FSDP_COMM_TIMEOUT_MS if it is merely slow",
+                   o->sig, r->base.rank, r->base.name, (long long)o->timeout_ms, peer, addr);
+  /* The peer is at this op and alive, but stuck: likely behind a rank further
+   * on, whose own neighbour knows; that one's notice travels here. */
+  int grace = (int)(o->timeout_ms / 4 < RING_GRACE_MS ? o->timeout_ms / 4 : RING_GRACE_MS);
+  int rc = ring_await_word(r, o, grace);
+  if (rc < 0) return rc;
   return err_set(FSDP_ETIMEDOUT,
                  "%s on rank %d of group '%s': timed out after %lld ms %s rank %d (%s): that rank "
-                 "is stalled, dead, or has not issued this collective (check its log and its "
-                 "last collective); raise FSDP_COMM_TIMEOUT_MS if it is merely slow",
+                 "%s; check its log and the other ranks'; raise FSDP_COMM_TIMEOUT_MS if it is "
+                 "merely slow",
                  o->sig, r->base.rank, r->base.name, (long long)o->timeout_ms,
-                 want_recv ? "waiting for data from" : "waiting to send to", peer, addr);
+                 want_recv ? "waiting for data from" : "waiting to send to", peer, addr,
+                 want_recv ? "is in this collective but stuck (waiting on another rank, or slow)"
+                           : "is alive but takes no data (it has not issued this collective, "
+                             "or is stuck in it)");
 }
 
+/* An abort (error), the deadline (1), else 0; every H also beats, reads the
+ * next rank's frames (a notice fails the op at once) and checks its silence. */
 static int ring_check(ring_t *r, ring_op_t *o) {
-  if (atomic_load_explicit(&r->aborted, memory_order_relaxed))
-    return err_set(FSDP_ECANCELED, "%s on rank %d of group '%s': the communicator was aborted",
-                   o->sig, r->base.rank, r->base.name);
-  if (ring_now_ns() >= o->deadline_ns) return 1;
+  int rc = ring_aborted(r, o);
+  if (rc < 0) return rc;
+  int64_t now = ring_now_ns();
+  if (now >= r->beat_due) {
+    ring_tick(r, now);
+    if ((rc = ring_hear(r, o, 0)) < 0 || (rc = ring_silent(r, o)) < 0) return rc;
+  }
+  if (now >= o->deadline_ns) return 1;
   return 0;
 }
 
@@ -299,7 +508,7 @@ static uint64_t ring_room_pos(const ring_t *r) {
 }
 
 /* ring_poll when a link is shared memory: the TCP sockets are looked at
- * (notices, a closed peer, a TCP side's readiness) between futex sleeps of at
+ * (frames, a closed peer, a TCP side's readiness) between futex sleeps of at
  * most 10 ms (1 ms when the other side is TCP), so a dead peer is seen within
  * a slice and a notice or an abort at once (their senders kick the links).
  * reach (CMA links): also wait for the next rank to consume up to *reach. */
@@ -313,11 +522,10 @@ static int ring_poll_shm(ring_t *r, ring_op_t *o, int want_send, int want_recv, 
     if (want_send && reach && (int64_t)(*reach - out_pos) < 0) out_pos = *reach;
   }
   int tcp_send = want_send && !r->shm_out, tcp_recv = want_recv && !r->shm_in;
+  int need = want_send || watch_next || reach;
   struct pollfd p[3];
   p[0].fd = r->wake[0];
   p[0].events = POLLIN;
-  p[1].fd = (want_send || watch_next || reach) ? r->fd_next : -1;
-  p[1].events = (short)((tcp_send ? POLLOUT : 0) | POLLIN);
   /* on a shared-memory link nothing comes through fd_prev: readable = closed */
   p[2].fd = want_recv ? r->fd_prev : -1;
   p[2].events = POLLIN;
@@ -325,12 +533,19 @@ static int ring_poll_shm(ring_t *r, ring_op_t *o, int want_send, int want_recv, 
     int rc = ring_check(r, o);
     if (rc < 0) return rc;
     if (rc == 1) return ring_timeout(r, o, want_recv);
+    if (need && r->next_end != RING_NEXT_OPEN) return ring_next_gone(r, o);
+    int open = r->next_end == RING_NEXT_OPEN; /* frames may come */
+    p[1].fd = (open || tcp_send) ? r->fd_next : -1;
+    p[1].events = (short)((tcp_send ? POLLOUT : 0) | (open ? POLLIN : 0));
     p[0].revents = p[1].revents = p[2].revents = 0;
     int n = poll(p, 3, 0);
     if (n < 0 && errno != EINTR) return err_set_errno(FSDP_EINTERNAL, errno, "%s: poll", o->sig);
     if (n > 0) {
       if (p[0].revents) continue; /* abort: reported by ring_check */
-      if (p[1].revents & (POLLIN | POLLHUP | POLLERR)) return ring_read_notice(r, o);
+      if (open && (p[1].revents & (POLLIN | POLLHUP | POLLERR))) {
+        if ((rc = ring_hear(r, o, need)) < 0) return rc;
+        continue; /* beats */
+      }
       if (p[1].revents & POLLOUT) return 0;
       if (p[2].revents && tcp_recv) return 0;
       if (p[2].revents) {
@@ -354,30 +569,38 @@ static int ring_poll_shm(ring_t *r, ring_op_t *o, int want_send, int want_recv, 
 }
 
 /* Waits until the next socket can take data (want_send), the previous one has
- * data (want_recv), the deadline, an abort or a notice. watch_next: this op
- * still has data to send, so the next rank closing or failing matters. */
+ * data (want_recv), the deadline, an abort or a notice, reading the next
+ * rank's frames meanwhile. watch_next: this op still has data to send, so the
+ * next rank closing or failing matters. */
 static int ring_poll(ring_t *r, ring_op_t *o, int want_send, int want_recv, int watch_next) {
   /* the next rank still reading this rank's records matters as much as sending */
   watch_next |= !ring_consumed(r, ring_posted(r));
   if (r->shm_in || r->shm_out) return ring_poll_shm(r, o, want_send, want_recv, watch_next, NULL);
+  int need = want_send || watch_next;
   struct pollfd p[3];
   p[0].fd = r->wake[0];
   p[0].events = POLLIN;
-  p[1].fd = (want_send || watch_next) ? r->fd_next : -1;
-  p[1].events = (short)((want_send ? POLLOUT : 0) | (watch_next ? POLLIN : 0));
   p[2].fd = want_recv ? r->fd_prev : -1;
   p[2].events = POLLIN;
   for (;;) {
     int rc = ring_check(r, o);
     if (rc < 0) return rc;
     if (rc == 1) return ring_timeout(r, o, want_recv);
+    if (need && r->next_end != RING_NEXT_OPEN) return ring_next_gone(r, o);
+    int open = r->next_end == RING_NEXT_OPEN; /* frames may come */
+    p[1].fd = (want_send || open) ? r->fd_next : -1;
+    p[1].events = (short)((want_send ? POLLOUT : 0) | (open ? POLLIN : 0));
     p[0].revents = p[1].revents = p[2].revents = 0;
-    int n = poll(p, 3, ring_ms_left(o->deadline_ns));
+    int64_t until = o->deadline_ns < r->beat_due ? o->deadline_ns : r->beat_due;
+    int n = poll(p, 3, ring_ms_left(until));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return err_set_errno(FSDP_EINTERNAL, errno, "%s: poll", o->sig);
-    if (n == 0) continue; /* deadline: reported by ring_check */
+    if (n == 0) continue;       /* deadline or beat: ring_check */
     if (p[0].revents) continue; /* abort: reported by ring_check */
-    if (watch_next && (p[1].revents & (POLLIN | POLLHUP | POLLERR))) return ring_read_notice(r, o);
+    if (open && (p[1].revents & (POLLIN | POLLHUP | POLLERR))) {
+      if ((rc = ring_hear(r, o, need)) < 0) return rc;
+      if (!(p[1].revents & POLLOUT) && !p[2].revents) continue; /* beats */
+    }
     return 0;
   }
 }
@@ -391,11 +614,8 @@ static ssize_t ring_send_some(ring_t *r, ring_op_t *o, const void *p, size_t n) 
   if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
   int e = errno;
   /* A notice explains more than a reset: read it when the next rank left one. */
-  struct pollfd pf = {.fd = r->fd_next, .events = POLLIN};
-  if (poll(&pf, 1, 0) == 1) {
-    int rc = ring_read_notice(r, o);
-    if (rc < 0) return rc;
-  }
+  int rc = ring_hear(r, o, 0);
+  if (rc < 0) return rc;
   return err_set(FSDP_EPEER,
                  "%s on rank %d of group '%s': sending to rank %d (%s) failed: %s: that rank "
                  "exited, crashed or was killed; see its log, then restart the job from its last "
@@ -431,14 +651,13 @@ static int ring_prev_closed(ring_t *r, ring_op_t *o, int e) {
 static int ring_prev_gone(ring_t *r, ring_op_t *o, const char *what, const char *why) {
   /* The previous rank is gone. If that is the echo of a failure further
    * back, the next rank's notice (travelling the other way) names the rank
-   * that failed first: wait for it briefly. */
-  struct pollfd pf = {.fd = r->fd_next, .events = POLLIN};
+   * that failed first: wait for it briefly. A next rank that died without a
+   * notice died first (every failing rank sends one before it closes): the
+   * previous rank's end is the echo, and ring_await_word names the next. */
   int grace = ring_ms_left(o->deadline_ns);
   if (grace > 200) grace = 200;
-  if (poll(&pf, 1, grace) == 1 && (pf.revents & POLLIN)) {
-    int rc = ring_read_notice(r, o);
-    if (r->notice_sent) return rc; /* it was a notice, now passed on */
-  }
+  int rc = ring_await_word(r, o, grace);
+  if (rc < 0) return rc;
   return err_set(FSDP_EPEER,
                  "%s on rank %d of group '%s': rank %d (%s) %s (%s): that rank exited, crashed, "
                  "failed or was killed; see its log, then restart the job from its last checkpoint",
@@ -738,8 +957,9 @@ static int ring_run_op(ring_t *r, ring_op_t *o) {
   const int N = r->base.size, me = r->base.rank;
 
   if (N > 1) { /* a notice already waiting explains more than anything this op would see */
-    struct pollfd pf = {.fd = r->fd_next, .events = POLLIN};
-    if (poll(&pf, 1, 0) == 1) return ring_read_notice(r, o);
+    int rc = ring_hear(r, o, 1);
+    if (rc == 0) rc = ring_silent(r, o);
+    if (rc < 0) return rc;
   }
   if (N > 1) { /* the header: both sides must be at the same collective */
     ring_hdr_t mine = {.magic = RING_HDR_MAGIC, .seq = o->seq, .op = (uint8_t)a->op,
@@ -752,6 +972,7 @@ static int ring_run_op(ring_t *r, ring_op_t *o) {
     ring_seg_t s = {(uint8_t *)&mine, sizeof mine}, rv = {(uint8_t *)&theirs, sizeof theirs};
     int rc = ring_stream_fwd(r, o, &s, 1, &rv, 1, sizeof mine, NULL);
     if (rc < 0) return rc;
+    o->hdr_in = 1;
     if (theirs.magic != RING_HDR_MAGIC)
       return err_set(FSDP_EPEER,
                      "%s on rank %d of group '%s': rank %d (%s) sent bytes that are not a "
@@ -862,20 +1083,25 @@ static void ring_complete(ring_t *r, ring_req_t *q, int rc, const char *msg) {
   pthread_cond_broadcast(&r->cv);
 }
 
-static void ring_fail(ring_t *r, int rc) {
-  /* thread, not under mu: the first failure breaks the communicator */
-  ring_notice_t nt;
-  memset(&nt, 0, sizeof nt);
-  nt.magic = RING_NOTICE_MAGIC;
-  nt.origin = r->base.rank;
-  nt.code = rc;
-  snprintf(nt.msg, sizeof nt.msg, "%s", err_msg());
+/* Thread, not under mu: the first failure (err_msg()) breaks the communicator. */
+static void ring_break(ring_t *r, int rc) {
   pthread_mutex_lock(&r->mu);
   if (!r->broken_rc) {
     r->broken_rc = rc;
     snprintf(r->broken_msg, sizeof r->broken_msg, "%s", err_msg());
   }
   pthread_mutex_unlock(&r->mu);
+}
+
+static void ring_fail(ring_t *r, int rc) {
+  /* thread, not under mu */
+  ring_notice_t nt;
+  memset(&nt, 0, sizeof nt);
+  nt.magic = RING_NOTICE_MAGIC;
+  nt.origin = r->base.rank;
+  nt.code = rc;
+  snprintf(nt.msg, sizeof nt.msg, "%s", err_msg());
+  ring_break(r, rc);
   /* Before the failure reaches the caller, who may then reuse the buffers the
    * next rank could still be reading (CMA): it must not deliver those bytes. */
   if (r->cma_out) comm_shm_abandon(r->shm_out);
@@ -883,12 +1109,34 @@ static void ring_fail(ring_t *r, int rc) {
   ring_send_notice(r, &nt);
 }
 
+/* Between ops, every H (thread, not under mu): a beat, and the next rank's
+ * frames: a notice breaks the communicator and is passed on at once, so it
+ * crosses a rank that is not in a collective (busy computing, or stuck
+ * before one) on its way to the ranks that are. */
+static void ring_idle_tick(ring_t *r) {
+  ring_tick(r, ring_now_ns());
+  int rc = ring_hear(r, NULL, 0);
+  if (rc < 0) ring_break(r, rc);
+}
+
 static void *ring_thread(void *arg) {
   ring_t *r = arg;
   pthread_mutex_lock(&r->mu);
   for (;;) {
-    while (!r->head && !r->stop && !(atomic_load(&r->aborted) && !r->notice_sent))
-      pthread_cond_wait(&r->cv, &r->mu);
+    while (!r->head && !r->stop && !(atomic_load(&r->aborted) && !r->notice_sent)) {
+      if (r->base.size < 2) {
+        pthread_cond_wait(&r->cv, &r->mu);
+        continue;
+      }
+      struct timespec ts = {.tv_sec = (time_t)(r->beat_due / 1000000000),
+                            .tv_nsec = (long)(r->beat_due % 1000000000)};
+      int w = pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+      if (w == ETIMEDOUT || ring_now_ns() >= r->beat_due) {
+        pthread_mutex_unlock(&r->mu);
+        ring_idle_tick(r);
+        pthread_mutex_lock(&r->mu);
+      }
+    }
     if (atomic_load(&r->aborted) && !r->notice_sent) {
       pthread_mutex_unlock(&r->mu);
       err_set(FSDP_ECANCELED, "rank %d of group '%s' aborted its communicator (comm_abort)",
@@ -907,6 +1155,9 @@ static void *ring_thread(void *arg) {
     ring_op_t o = {.r = r, .a = &q->a, .seq = q->seq};
     o.timeout_ms = q->a.timeout_ms ? q->a.timeout_ms : r->timeout_ms;
     o.deadline_ns = ring_now_ns() + o.timeout_ms * 1000000;
+    /* beats come every H <= RING_BEAT_MS: some slack over a few of them */
+    o.silence_ns = (o.timeout_ms / 2 > 4 * RING_BEAT_MS ? o.timeout_ms / 2 : 4 * RING_BEAT_MS) *
+                   1000000;
     ring_sig(o.sig, sizeof o.sig, q->a.op, q->a.dtype, q->a.redop, q->a.root, q->a.count, q->seq);
     o.nt = ring_out_bytes(&q->a, r->base.size) >= RING_NT_MIN;
     int rc;
@@ -1049,6 +1300,12 @@ static void ring_destroy(comm_t *c) {
   pthread_cond_broadcast(&r->cv);
   pthread_mutex_unlock(&r->mu);
   if (r->thread_started) pthread_join(r->thread, NULL);
+  /* A normal end says so (a failure already sent its notice), so the
+   * previous rank can tell it from a death. */
+  if (r->base.size > 1 && !r->notice_sent) {
+    ring_beat_t bye = {.magic = RING_BYE_MAGIC, .rank = r->base.rank};
+    ring_tx_frame(r, &bye, sizeof bye);
+  }
   while (r->all) {
     ring_req_t *q = r->all;
     r->all = q->all_next;
@@ -1404,6 +1661,9 @@ int comm_ring_create(const comm_ring_opts_t *o, comm_t **out) {
     close(lfd);
     lfd = -1;
   }
+  r->beat_ns = (r->timeout_ms / 10 < RING_BEAT_MS ? r->timeout_ms / 10 : RING_BEAT_MS) * 1000000;
+  if (r->beat_ns < 1000000) r->beat_ns = 1000000;
+  r->heard_ns = r->beat_due = ring_now_ns(); /* the hello was the last word */
   if (pipe2(r->wake, O_NONBLOCK | O_CLOEXEC) < 0) {
     rc = err_set_errno(FSDP_EINTERNAL, errno, "comm_ring_create: pipe");
     goto fail;

@@ -41,6 +41,7 @@ typedef struct {
 typedef struct {
   slot_t s[MAXR];
   volatile int64_t t_kill_ns;
+  volatile int stall; /* the victim of a strike stops issuing collectives */
 } shared_t;
 
 typedef struct {
@@ -491,7 +492,8 @@ typedef struct {
   group_t g;
   int64_t timeout_ms;
   int variant;
-  xport_t x; /* the same-host links */
+  xport_t x;  /* the same-host links */
+  int victim; /* a strike's: stops issuing collectives when sh->stall is set */
 } fault_arg_t;
 
 static void record(shared_t *sh, int rank, int rc) {
@@ -508,6 +510,7 @@ static int child_kill(int rank, void *argp, shared_t *sh) {
   size_t n = 1 << 18;
   float *buf = calloc(n, 4);
   for (int it = 0;; it++) {
+    while (rank == a->victim && sh->stall) pause(); /* stuck before a collective: killed later */
     int rc = comm_all_reduce(c, buf, buf, n, COMM_F32, COMM_SUM);
     if (rc < 0) {
       record(sh, rank, rc);
@@ -520,10 +523,17 @@ static int child_kill(int rank, void *argp, shared_t *sh) {
   return 0;
 }
 
-Test(comm, killed_rank_is_named_by_every_other_rank_within_timeout, .timeout = 60) {
+/* N ranks in a loop of all_reduce; rank 1 is struck: killed (SIGKILL: its
+ * sockets close), stopped (SIGSTOP: silent, named through the missing beats)
+ * or, with sig 0, stuck before its next collective (its communication thread
+ * still beats: named by the rank that never gets its header). Every other
+ * rank must fail within the timeout + 1 s with an error naming it, and
+ * holding want. */
+static void run_strike(int N, int sig, const char *want) {
   shared_t *sh = shared_new();
-  fault_arg_t a = {.timeout_ms = 2000};
-  const int N = 4, victim = 1;
+  const int victim = 1;
+  fault_arg_t a = {.timeout_ms = 2000, .victim = victim};
+  const char *what = sig == SIGKILL ? "SIGKILL" : sig == SIGSTOP ? "SIGSTOP" : "stuck";
   group_bind(&a.g, N);
   char vaddr[80];
   snprintf(vaddr, sizeof vaddr, "rank %d (%s)", victim, a.g.addr[victim]);
@@ -535,23 +545,45 @@ Test(comm, killed_rank_is_named_by_every_other_rank_within_timeout, .timeout = 6
     while (!sh->s[r].ready && now_ns() < until) usleep(2000);
   usleep(50000);
   sh->t_kill_ns = now_ns();
-  kill(pids[victim], SIGKILL);
-  waitpid(pids[victim], NULL, 0);
+  if (sig) kill(pids[victim], sig);
+  else sh->stall = 1;
+  pid_t vpid = pids[victim];
   pids[victim] = 0;
   int hung;
   reap(pids, N, 10, &hung);
-  cr_assert(!hung, "a surviving rank did not return");
+  kill(vpid, SIGKILL);
+  waitpid(vpid, NULL, 0);
+  cr_assert(!hung, "%s, %d ranks: a surviving rank did not return", what, N);
   for (int r = 0; r < N; r++) {
     if (r == victim) continue;
-    cr_expect(!sh->s[r].fail, "rank %d: %s", r, sh->s[r].msg);
+    const char *m = sh->s[r].msg;
+    cr_expect(!sh->s[r].fail, "%s, %d ranks: rank %d: %s", what, N, r, m);
     double dt = (sh->s[r].t_err_ns - sh->t_kill_ns) / 1e9;
-    cr_log_info("rank %d after %.3f s: %s", r, dt, sh->s[r].msg);
+    cr_log_info("%s, %d ranks: rank %d after %.3f s: %s", what, N, r, dt, m);
     cr_expect(sh->s[r].code == FSDP_EPEER || sh->s[r].code == FSDP_ETIMEDOUT,
-              "rank %d: code %d: %s", r, sh->s[r].code, sh->s[r].msg);
-    cr_expect(dt < a.timeout_ms / 1000.0 + 1.0, "rank %d failed %.2f s after the kill", r, dt);
-    cr_expect(strstr(sh->s[r].msg, vaddr), "rank %d's error does not name %s: %s", r, vaddr,
-              sh->s[r].msg);
+              "%s, %d ranks: rank %d: code %d: %s", what, N, r, sh->s[r].code, m);
+    cr_expect(dt < a.timeout_ms / 1000.0 + 1.0, "%s, %d ranks: rank %d failed %.2f s after", what,
+              N, r, dt);
+    cr_expect(strstr(m, vaddr) && strstr(m, want), "%s, %d ranks: rank %d's error does not name "
+              "%s (\"%s\"): %s", what, N, r, vaddr, want, m);
   }
+}
+
+Test(comm, killed_rank_is_named_by_every_other_rank_within_timeout, .timeout = 60) {
+  run_strike(4, SIGKILL, "closed its connection");
+}
+
+/* Only the rank before a stopped one hears its silence (half a timeout);
+ * its notice reaches every other rank before their own deadlines. */
+Test(comm, stopped_rank_is_named_by_every_other_rank_within_timeout, .timeout = 60) {
+  for (int N = 2; N <= 4; N++) run_strike(N, SIGSTOP, "stopped or hung");
+}
+
+/* Alive (it beats) but never at the collective: the rank after it names it
+ * at its deadline; the others, whose previous rank is in the op, wait a
+ * grace for that notice rather than blame their own neighbour. */
+Test(comm, rank_stuck_before_a_collective_is_named_by_every_other_rank, .timeout = 60) {
+  for (int N = 3; N <= 4; N++) run_strike(N, 0, "has not issued this collective");
 }
 
 static int child_diverge(int rank, void *argp, shared_t *sh) {
