@@ -51,10 +51,18 @@ static double memcpy_gbps(size_t bytes) {
 #define NSIZES 5
 static const size_t sizes_mib[NSIZES] = {1, 4, 16, 64, 256};
 
+/* The ops, as nccl-tests reports them: out of place, and in place (this
+ * rank's block of the all_gather output is its input; its reduce_scatter
+ * result lands on its block of the input). */
+#define NOPS 4
+static const char *const op_names[NOPS] = {"all_gather", "reduce_scatter", "all_gather",
+                                           "reduce_scatter"};
+static const char *const op_place[NOPS] = {"out", "out", "in", "in"};
+
 /* Runs every op and size; rank 0 writes the median seconds to med[op][size]
  * and the median CPU seconds to cpu[op][size]. */
-static int run_rank(int rank, const char *const *addrs, int lfd, double med[2][NSIZES],
-                    double cpu[2][NSIZES]) {
+static int run_rank(int rank, const char *const *addrs, int lfd, double med[NOPS][NSIZES],
+                    double cpu[NOPS][NSIZES]) {
   const int N = 2;
   comm_ring_opts_t o = {.rank = rank, .size = N, .addrs = addrs, .name = "bench",
                         .listen_fd = lfd, .timeout_ms = 30000};
@@ -68,9 +76,10 @@ static int run_rank(int rank, const char *const *addrs, int lfd, double med[2][N
   if (!big || !small) return 1;
   memset(big, 1, maxb);
   memset(small, 1, maxb / N);
-  for (int op = 0; op < 2; op++) {
+  for (int op = 0; op < NOPS; op++) {
     for (int s = 0; s < NSIZES; s++) {
       size_t bytes = sizes_mib[s] << 20, count = bytes / 4 / N;
+      char *mine = big + (size_t)rank * count * 4; /* this rank's block, in place */
       int iters = (int)((1024u << 20) / bytes);
       if (iters > 40) iters = 40;
       if (iters < 10) iters = 10;
@@ -78,8 +87,9 @@ static int run_rank(int rank, const char *const *addrs, int lfd, double med[2][N
       for (int i = -1; i < iters; i++) { /* one warm-up */
         if (comm_barrier(c) < 0) goto fail;
         double t0 = bench_now_s(), u0 = bench_cpu_s();
-        int rc = op == 0 ? comm_all_gather(c, small, big, count, COMM_F32)
-                         : comm_reduce_scatter(c, big, small, count, COMM_F32, COMM_SUM);
+        int rc = op % 2 == 0
+                     ? comm_all_gather(c, op < 2 ? small : mine, big, count, COMM_F32)
+                     : comm_reduce_scatter(c, big, op < 2 ? small : mine, count, COMM_F32, COMM_SUM);
         if (rc < 0) goto fail;
         if (i >= 0) t[i] = bench_now_s() - t0, u[i] = bench_cpu_s() - u0;
       }
@@ -117,32 +127,31 @@ int main(void) {
   if (p < 0) return 1;
   if (p == 0) {
     close(lfd[0]);
-    double med[2][NSIZES], cpu[2][NSIZES];
+    double med[NOPS][NSIZES], cpu[NOPS][NSIZES];
     _exit(run_rank(1, addrs, lfd[1], med, cpu));
   }
   close(lfd[1]);
-  double med[2][NSIZES], cpu[2][NSIZES];
+  double med[NOPS][NSIZES], cpu[NOPS][NSIZES];
   int rc = run_rank(0, addrs, lfd[0], med, cpu);
   int st = 0;
   waitpid(p, &st, 0);
   if (rc || !WIFEXITED(st) || WEXITSTATUS(st)) return 1;
 
-  static const char *names[2] = {"all_gather", "reduce_scatter"};
-  double at64[2] = {0, 0};
-  for (int op = 0; op < 2; op++)
+  double at64[NOPS] = {0};
+  for (int op = 0; op < NOPS; op++)
     for (int s = 0; s < NSIZES; s++) {
       double bytes = (double)(sizes_mib[s] << 20), alg = bytes / med[op][s] / 1e9;
       double bus = alg * (N - 1) / N;
       if (sizes_mib[s] == 64) at64[op] = bus;
-      printf("bench: comm op=%s ranks=%d bytes=%zu algbw_gbps=%.2f busbw_gbps=%.2f time_ms=%.3f "
-             "cpu_ms=%.3f\n",
-             names[op], N, sizes_mib[s] << 20, alg, bus, med[op][s] * 1e3, cpu[op][s] * 1e3);
+      printf("bench: comm op=%s place=%s ranks=%d bytes=%zu algbw_gbps=%.2f busbw_gbps=%.2f "
+             "time_ms=%.3f cpu_ms=%.3f\n", op_names[op], op_place[op], N, sizes_mib[s] << 20, alg,
+             bus, med[op][s] * 1e3, cpu[op][s] * 1e3);
     }
-  for (int op = 0; op < 2; op++) {
+  for (int op = 0; op < NOPS; op++) {
     double ratio = mc > 0 ? at64[op] / mc : 0;
-    printf("bench: target name=ring_busbw_vs_memcpy op=%s bytes=64MiB ratio=%.2f goal=>=0.50 "
-           "met=%s busbw_gbps=%.2f memcpy_gbps=%.2f\n",
-           names[op], ratio, ratio >= 0.50 ? "yes" : "no", at64[op], mc);
+    printf("bench: target name=ring_busbw_vs_memcpy op=%s place=%s bytes=64MiB ratio=%.2f "
+           "goal=>=0.50 met=%s busbw_gbps=%.2f memcpy_gbps=%.2f\n", op_names[op], op_place[op],
+           ratio, ratio >= 0.50 ? "yes" : "no", at64[op], mc);
   }
   return 0;
 }
