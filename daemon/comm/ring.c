@@ -495,6 +495,14 @@ static int ring_check(ring_t *r, ring_op_t *o) {
   return 0;
 }
 
+/* One turn of a wait loop: an abort, a notice or silence ends the op with
+ * its error, and so does the deadline (ring_timeout names whom it waited
+ * for: the previous rank when want_recv, else the next); 0 to go on. */
+static int ring_turn(ring_t *r, ring_op_t *o, int want_recv) {
+  int rc = ring_check(r, o);
+  return rc == 1 ? ring_timeout(r, o, want_recv) : rc;
+}
+
 static int ring_prev_closed(ring_t *r, ring_op_t *o, int e);
 static uint64_t ring_posted(const ring_t *r);
 static int ring_consumed(const ring_t *r, uint64_t pos);
@@ -530,9 +538,8 @@ static int ring_poll_shm(ring_t *r, ring_op_t *o, int want_send, int want_recv, 
   p[2].fd = want_recv ? r->fd_prev : -1;
   p[2].events = POLLIN;
   for (;;) {
-    int rc = ring_check(r, o);
+    int rc = ring_turn(r, o, want_recv);
     if (rc < 0) return rc;
-    if (rc == 1) return ring_timeout(r, o, want_recv);
     if (need && r->next_end != RING_NEXT_OPEN) return ring_next_gone(r, o);
     int open = r->next_end == RING_NEXT_OPEN; /* frames may come */
     p[1].fd = (open || tcp_send) ? r->fd_next : -1;
@@ -583,9 +590,8 @@ static int ring_poll(ring_t *r, ring_op_t *o, int want_send, int want_recv, int 
   p[2].fd = want_recv ? r->fd_prev : -1;
   p[2].events = POLLIN;
   for (;;) {
-    int rc = ring_check(r, o);
+    int rc = ring_turn(r, o, want_recv);
     if (rc < 0) return rc;
-    if (rc == 1) return ring_timeout(r, o, want_recv);
     if (need && r->next_end != RING_NEXT_OPEN) return ring_next_gone(r, o);
     int open = r->next_end == RING_NEXT_OPEN; /* frames may come */
     p[1].fd = (want_send || open) ? r->fd_next : -1;
@@ -744,9 +750,8 @@ static int ring_stream_fwd(ring_t *r, ring_op_t *o, const ring_seg_t *ss, int ns
       if (k > 0) recvd += (size_t)k, roff += (size_t)k, progress = 1;
     }
     if (progress) {
-      int rc = ring_check(r, o);
+      int rc = ring_turn(r, o, recvd < rtot);
       if (rc < 0) return rc;
-      if (rc == 1) return ring_timeout(r, o, recvd < rtot);
       continue;
     }
     int rc = ring_poll(r, o, sent < slim, recvd < rtot, sent < stot);
@@ -915,9 +920,8 @@ static int ring_stream_rs(ring_t *r, ring_op_t *o, const uint8_t *own, const siz
       if (koff == len) kr++, koff = 0, progress = 1;
     }
     if (progress) {
-      int rc = ring_check(r, o);
+      int rc = ring_turn(r, o, kr < P);
       if (rc < 0) return rc;
-      if (rc == 1) return ring_timeout(r, o, kr < P);
       continue;
     }
     int want_send = ms < P && (ms % (size_t)S == 0 || kr >= ms), rc;
