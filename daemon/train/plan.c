@@ -83,6 +83,11 @@ static int plan_order(const shard_layout_t *l, int L, int bwd, int *seq) {
   return n;
 }
 
+/* Elements of unit k's gathered (padded) buffer. */
+static size_t plan_padded(const shard_layout_t *l, int k) {
+  return l->units[k].shard_numel * (size_t)l->S;
+}
+
 /* Peak bytes of gathered parameters. A gathered unit is fp32 (4 bytes per
  * padded element), plus, while its bf16 gather is in flight, the bf16 buffer
  * it lands in (x = 2 bytes). The unit in use is held while the next one's
@@ -94,7 +99,6 @@ static int plan_order(const shard_layout_t *l, int L, int bwd, int *seq) {
 static size_t plan_gathered(const shard_layout_t *l, int L, int keeps, size_t x) {
   int *seq = malloc(sizeof *seq * (size_t)(L + 2));
   if (!seq) return 0;
-#define PADDED(k) (l->units[(k)].shard_numel * (size_t)l->S)
 #define MAX(a, b) ((a) > (b) ? (a) : (b))
   size_t best = 0;
   for (int bwd = 0; bwd < 2; bwd++) {
@@ -103,13 +107,12 @@ static size_t plan_gathered(const shard_layout_t *l, int L, int keeps, size_t x)
     for (int i = 0; i < n; i++) {
       if (keeps && !bwd && i == n - 1 && n > 1) break; /* unit 0 again: kept */
       if (keeps && bwd && !(i == n - 1 && n >= 3)) continue; /* all kept from forward */
-      held = keeps && !bwd ? held : i ? 4 * PADDED(seq[i - 1]) : 0;
-      best = MAX(best, held + (4 + x) * PADDED(seq[i]));
-      if (keeps && !bwd) held += 4 * PADDED(seq[i]);
+      held = keeps && !bwd ? held : i ? 4 * plan_padded(l, seq[i - 1]) : 0;
+      best = MAX(best, held + (4 + x) * plan_padded(l, seq[i]));
+      if (keeps && !bwd) held += 4 * plan_padded(l, seq[i]);
     }
   }
 #undef MAX
-#undef PADDED
   free(seq);
   return best;
 }
@@ -122,23 +125,21 @@ static size_t plan_gathered(const shard_layout_t *l, int L, int keeps, size_t x)
  * reduction takes a bf16 copy (the fp32 one is freed once copied). Keeping
  * unsharded gradients across micro-batches holds every unit's. */
 static size_t plan_unit_grads(const shard_layout_t *l, int L, int keep_all, size_t w) {
-#define PADDED(k) (l->units[(k)].shard_numel * (size_t)l->S)
   const int u0 = l->unit_of[0];
-  const size_t pend = w ? w : 4; /* bytes per element of a gradient in reduction */
-  size_t all = 0, best = (4 + w) * PADDED(u0), first = PADDED(u0);
-  for (int k = 0; k < l->num_units; k++) all += PADDED(k);
-  size_t prev = 0; /* the pending unit's bytes */
+  const size_t p0 = plan_padded(l, u0), pend = w ? w : 4; /* bytes per element in reduction */
+  size_t all = 0, best = (4 + w) * p0, first = p0, prev = 0; /* prev: the pending unit's bytes */
+  for (int k = 0; k < l->num_units; k++) all += plan_padded(l, k);
   for (int mu = L, last = -1; mu >= 1; mu--) {
-    int k = l->unit_of[mu];
+    const int k = l->unit_of[mu];
     if (k == u0 || k == last) continue;
-    if (last < 0) first = PADDED(k);
-    size_t now = 4 * PADDED(u0) + (prev + 4 * PADDED(k) > (4 + w) * PADDED(k)
-                                       ? prev + 4 * PADDED(k) : (4 + w) * PADDED(k));
+    const size_t pk = plan_padded(l, k);
+    if (last < 0) first = pk;
+    /* beside the pending one's while backward fills it, then its copy for the wire */
+    const size_t now = 4 * p0 + (prev + 4 * pk > (4 + w) * pk ? prev + 4 * pk : (4 + w) * pk);
     if (now > best) best = now;
-    prev = pend * PADDED(k);
+    prev = pend * pk;
     last = k;
   }
-#undef PADDED
   return keep_all ? 4 * all + w * first : best;
 }
 
