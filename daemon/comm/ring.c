@@ -102,6 +102,7 @@
 
 #include "daemon/comm/cma.h"
 #include "daemon/comm/comm.h"
+#include "daemon/comm/reg.h"
 #include "daemon/comm/shm.h"
 #include "daemon/common/err.h"
 #include "daemon/common/log.h"
@@ -109,12 +110,16 @@
 #include "daemon/train/mem.h"
 #include "kernels/kern_math.h"
 
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
+
 #define RING_HELLO_MAGIC 0x48525346u  /* "FSRH" */
 #define RING_HDR_MAGIC 0x4f525346u    /* "FSRO" */
 #define RING_NOTICE_MAGIC 0x41525346u /* "FSRA" */
 #define RING_BEAT_MAGIC 0x42525346u   /* "FSRB" */
 #define RING_BYE_MAGIC 0x59525346u    /* "FSRY" */
-#define RING_VERSION 4u
+#define RING_VERSION 5u
 #define RING_SHM_MAGIC 0x53525346u /* "FSRS" */
 #define RING_MSG 512
 #define RING_ADDR 128
@@ -133,7 +138,8 @@ typedef struct {
 
 typedef struct {
   uint32_t magic, seq;
-  uint8_t op, dtype, redop, pad;
+  uint8_t op, dtype, redop;
+  uint8_t xport; /* 1: this op's data follow as records (cma.c); not compared */
   int32_t root;
   uint64_t count;
   uint64_t pad2;
@@ -146,10 +152,11 @@ typedef struct {
 } ring_notice_t;
 
 /* The bootstrap's last step, on each link: the producer (rank r) offers a
- * shared-memory link to rank r+1 (name empty: no offer), with its pid and the
- * address of a word holding the token when it also offers records (cma = 1);
- * rank r+1 answers whether it could map the link (accepted = 1) and read that
- * word (cma = 1). */
+ * shared-memory link to rank r+1 (name empty: no offer), with its pid, the
+ * address of a word holding the token when it also offers records for every
+ * op (cma = 1), and its registration probe segment (reg = 1: reg.c); rank r+1
+ * answers whether it could map the link (accepted = 1), read that word
+ * (cma = 1) and map that segment and read its token there (reg = 1). */
 typedef struct {
   uint32_t magic;
   uint32_t accepted;
@@ -158,6 +165,9 @@ typedef struct {
   int32_t pid;
   uint32_t cma;
   uint64_t probe; /* address of the token in the producer */
+  uint32_t reg;
+  int32_t reg_fd;
+  uint64_t reg_id, reg_token;
 } ring_shm_offer_t;
 
 /* A beat or a bye on the reverse direction. */
@@ -193,8 +203,12 @@ typedef struct ring {
   /* same-host links: the data (headers included) goes through these instead
    * of fd_next / fd_prev, which then carry only notices and liveness */
   comm_shm_link_t *shm_out, *shm_in;
-  int cma_out;          /* shm_out carries records the next rank reads (cma.c) */
-  comm_cma_rx_t cma_in; /* .link set: shm_in carries records of the previous rank */
+  int cma_out;          /* shm_out carries records for every op (CMA, cma.c) */
+  int reg_out;          /* the next rank maps this rank's registered segments */
+  comm_cma_rx_t cma_in; /* .link set: shm_in may carry records of the previous rank */
+  int cma_in_always;    /* ... and does for every op (CMA) */
+  int reg_in;           /* this rank maps the previous rank's registered segments */
+  atomic_ullong record_ops; /* ops whose data this rank sent as records (tests) */
   uint64_t cma_probe;   /* read by the next rank at bootstrap */
 
   pthread_t thread;
@@ -231,6 +245,9 @@ typedef struct {
   int hdr_in;         /* the previous rank's header arrived: it is at this op */
   char sig[160]; /* "all_reduce #3 (f32 count=100 sum)" */
   int nt;        /* the output outsizes the caches: written with comm_shm_copy_nt */
+  int rec_out, rec_in; /* this op's data go out / come in as records (cma.c) */
+  comm_reg_seg_t seg[3]; /* rec_out on a registered link: the segments it sends from */
+  int nseg;
 } ring_op_t;
 
 static int64_t ring_now_ns(void) {
@@ -504,15 +521,16 @@ static int ring_turn(ring_t *r, ring_op_t *o, int want_recv) {
 }
 
 static int ring_prev_closed(ring_t *r, ring_op_t *o, int e);
-static uint64_t ring_posted(const ring_t *r);
-static int ring_consumed(const ring_t *r, uint64_t pos);
+static uint64_t ring_posted(const ring_t *r, const ring_op_t *o);
+static int ring_consumed(const ring_t *r, const ring_op_t *o, uint64_t pos);
 static int ring_prev_gone(ring_t *r, ring_op_t *o, const char *what, const char *why);
+static int ring_rec_failed(ring_t *r, ring_op_t *o, int k);
 
 /* The position the next rank must consume up to for this rank to post more:
- * a byte of room, or a whole record on a CMA link. */
-static uint64_t ring_room_pos(const ring_t *r) {
+ * a byte of room, or a whole record when the op sends records. */
+static uint64_t ring_room_pos(const ring_t *r, const ring_op_t *o) {
   return comm_shm_tell(r->shm_out) - comm_shm_cap(r->shm_out) +
-         (r->cma_out ? COMM_CMA_RECORD_MAX : 1);
+         (o->rec_out ? COMM_CMA_RECORD_MAX : 1);
 }
 
 /* ring_poll when a link is shared memory: the TCP sockets are looked at
@@ -526,7 +544,7 @@ static int ring_poll_shm(ring_t *r, ring_op_t *o, int want_send, int want_recv, 
   comm_shm_link_t *out = (want_send || reach) ? r->shm_out : NULL;
   uint64_t out_pos = 0;
   if (out) {
-    out_pos = want_send ? ring_room_pos(r) : *reach;
+    out_pos = want_send ? ring_room_pos(r, o) : *reach;
     if (want_send && reach && (int64_t)(*reach - out_pos) < 0) out_pos = *reach;
   }
   int tcp_send = want_send && !r->shm_out, tcp_recv = want_recv && !r->shm_in;
@@ -581,7 +599,7 @@ static int ring_poll_shm(ring_t *r, ring_op_t *o, int want_send, int want_recv, 
  * next rank closing or failing matters. */
 static int ring_poll(ring_t *r, ring_op_t *o, int want_send, int want_recv, int watch_next) {
   /* the next rank still reading this rank's records matters as much as sending */
-  watch_next |= !ring_consumed(r, ring_posted(r));
+  watch_next |= !ring_consumed(r, o, ring_posted(r, o));
   if (r->shm_in || r->shm_out) return ring_poll_shm(r, o, want_send, want_recv, watch_next, NULL);
   int need = want_send || watch_next;
   struct pollfd p[3];
@@ -611,9 +629,19 @@ static int ring_poll(ring_t *r, ring_op_t *o, int want_send, int want_recv, int 
   }
 }
 
+/* The registered segment of the op's that holds [p, p + n), or NULL. */
+static const comm_reg_seg_t *ring_seg_of(const ring_op_t *o, const void *p, size_t n) {
+  const uint8_t *q = p;
+  for (int i = 0; i < o->nseg; i++) {
+    const comm_reg_seg_t *g = &o->seg[i];
+    if (q >= g->base && q < g->base + g->bytes && n <= (size_t)(g->base + g->bytes - q)) return g;
+  }
+  return NULL;
+}
+
 static ssize_t ring_send_some(ring_t *r, ring_op_t *o, const void *p, size_t n) {
   /* a dead next rank: ring_poll */
-  if (r->cma_out) return (ssize_t)comm_cma_post(r->shm_out, p, n);
+  if (o->rec_out) return (ssize_t)comm_cma_post(r->shm_out, p, n, ring_seg_of(o, p, n));
   if (r->shm_out) return (ssize_t)comm_shm_write(r->shm_out, p, n);
   ssize_t k = send(r->fd_next, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
   if (k >= 0) return k;
@@ -631,14 +659,9 @@ static ssize_t ring_send_some(ring_t *r, ring_op_t *o, const void *p, size_t n) 
 
 /* nt: p is the op's output and o->nt (comm_shm_copy_nt). */
 static ssize_t ring_recv_some(ring_t *r, ring_op_t *o, void *p, size_t n, int nt) {
-  if (r->cma_in.link) {
-    ssize_t k = comm_cma_pull(&r->cma_in, p, n);
-    if (k >= 0) return k;
-    if (k == -ECANCELED)
-      return ring_prev_gone(r, o, "failed during this collective", "it abandoned its link");
-    char why[96];
-    snprintf(why, sizeof why, "process_vm_readv of its memory: %s", strerror((int)-k));
-    return ring_prev_gone(r, o, k == -ESRCH ? "is gone" : "could not be read", why);
+  if (o->rec_in) {
+    ssize_t k = comm_cma_pull(&r->cma_in, p, n, nt);
+    return k >= 0 ? k : ring_rec_failed(r, o, (int)k);
   }
   /* a dead previous rank: ring_poll */
   if (r->shm_in) return (ssize_t)comm_shm_read(r->shm_in, p, n, nt);
@@ -646,6 +669,16 @@ static ssize_t ring_recv_some(ring_t *r, ring_op_t *o, void *p, size_t n, int nt
   if (k > 0) return k;
   if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
   return ring_prev_closed(r, o, k == 0 ? 0 : errno);
+}
+
+/* A record of the previous rank could not be read (k: cma.c's -errno). */
+static int ring_rec_failed(ring_t *r, ring_op_t *o, int k) {
+  if (k == -ECANCELED)
+    return ring_prev_gone(r, o, "failed during this collective", "it abandoned its link");
+  char why[RING_MSG];
+  if (k == -EACCES) snprintf(why, sizeof why, "mapping its buffer: %s", err_msg());
+  else snprintf(why, sizeof why, "process_vm_readv of its memory: %s", strerror(-k));
+  return ring_prev_gone(r, o, k == -ESRCH ? "is gone" : "could not be read", why);
 }
 
 /* The previous rank's connection ended (e: its errno, 0 for end of stream). */
@@ -688,20 +721,20 @@ static void ring_copy_out(const ring_op_t *o, void *dst, const void *src, size_t
   else memcpy(dst, src, n);
 }
 
-/* CMA links only (0 elsewhere): where the next rank must have consumed up to
- * for this rank to be done with what it has posted so far. */
-static uint64_t ring_posted(const ring_t *r) {
-  return r->cma_out ? comm_shm_tell(r->shm_out) : 0;
+/* Ops that send records only (0 elsewhere): where the next rank must have
+ * consumed up to for this rank to be done with what it has posted so far. */
+static uint64_t ring_posted(const ring_t *r, const ring_op_t *o) {
+  return o->rec_out ? comm_shm_tell(r->shm_out) : 0;
 }
 
-static int ring_consumed(const ring_t *r, uint64_t pos) {
-  return !r->cma_out || comm_shm_reached(r->shm_out, pos);
+static int ring_consumed(const ring_t *r, const ring_op_t *o, uint64_t pos) {
+  return !o->rec_out || comm_shm_reached(r->shm_out, pos);
 }
 
 /* Waits until the next rank has consumed what this rank posted up to pos: it
- * reads this rank's memory until then (CMA links; at once elsewhere). */
+ * reads this rank's memory until then (records; at once elsewhere). */
 static int ring_wait_consumed(ring_t *r, ring_op_t *o, uint64_t pos) {
-  while (!ring_consumed(r, pos)) {
+  while (!ring_consumed(r, o, pos)) {
     int rc = ring_poll_shm(r, o, 0, 0, 1, &pos);
     if (rc < 0) return rc;
   }
@@ -798,26 +831,72 @@ static void ring_reduce(comm_dtype_t dt, void *dst, const void *a, const void *b
   }
 }
 
-/* A copying shared-memory link's next bytes, readable in place (*p) when they
- * start a whole element (koff: bytes of the piece so far): their length,
- * whole elements, at most n (0: none yet); -1 when they must be received
- * into the slot instead (a partial element there, or one across the end of
- * the link's buffer). */
-static ssize_t ring_view(ring_t *r, const void **p, size_t n, size_t koff, size_t esz) {
-  if (!r->shm_in || r->cma_in.link || koff % esz) return -1;
-  size_t k = comm_shm_view(r->shm_in, p);
+/* The next bytes from the previous rank, readable in place (*p) when they
+ * start a whole element (koff: bytes of the piece so far): in a copying
+ * shared-memory link, or in the previous rank's registered buffer that a
+ * record names. Their length, whole elements, at most n (0: none yet); -1
+ * when they must be received into the slot instead (a partial element there,
+ * one across the end of the link's buffer, a record read otherwise, an error
+ * the receive then reports). Used, they are passed on with ring_viewed. */
+static ssize_t ring_view(ring_t *r, const ring_op_t *o, const void **p, size_t n, size_t koff,
+                         size_t esz) {
+  if (!r->shm_in || koff % esz) return -1;
+  size_t k;
+  if (o->rec_in) {
+    ssize_t v = comm_cma_view(&r->cma_in, p, n);
+    if (v < 0) return -1;
+    k = (size_t)v;
+  } else {
+    k = comm_shm_view(r->shm_in, p);
+  }
   if (k && k < esz) return -1;
   return (ssize_t)((k < n ? k : n) / esz * esz);
 }
 
-/* ring_reduce into the op's output; when o->nt through a block in L1,
- * streamed out with comm_shm_copy_nt. */
+static int ring_viewed(ring_t *r, ring_op_t *o, size_t k) {
+  if (!o->rec_in) {
+    comm_shm_consume(r->shm_in, k);
+    return 0;
+  }
+  int rc = comm_cma_done(&r->cma_in, k);
+  return rc < 0 ? ring_rec_failed(r, o, rc) : 0;
+}
+
+#if defined(__AVX__)
+/* ring_reduce's fp32 sums, written with non-temporal stores (whole aligned
+ * 32-byte pieces; the ends plainly), then a store fence. */
+static void ring_reduce_f32_nt(float *d, const uint8_t *x, const float *y, size_t n, float div) {
+  size_t i = 0;
+  for (; i < n && ((uintptr_t)(d + i) & 31); i++) d[i] = (ring_ld_f32(x + 4 * i) + y[i]) / div;
+  const __m256 vd = _mm256_set1_ps(div);
+  if (div == 1.0f)
+    for (; i + 8 <= n; i += 8)
+      _mm256_stream_ps(d + i, _mm256_add_ps(_mm256_loadu_ps((const float *)(x + 4 * i)),
+                                            _mm256_loadu_ps(y + i)));
+  else
+    for (; i + 8 <= n; i += 8)
+      _mm256_stream_ps(d + i, _mm256_div_ps(_mm256_add_ps(_mm256_loadu_ps((const float *)(x + 4 * i)),
+                                                          _mm256_loadu_ps(y + i)),
+                                            vd));
+  for (; i < n; i++) d[i] = (ring_ld_f32(x + 4 * i) + y[i]) / div;
+  _mm_sfence();
+}
+#endif
+
+/* ring_reduce into the op's output; when o->nt streamed out: fp32 straight
+ * from the registers, bf16 through a block in L1 and comm_shm_copy_nt. */
 static void ring_reduce_out(const ring_op_t *o, comm_dtype_t dt, void *dst, const void *a,
                             const void *b, size_t n, float div) {
   if (!o->nt) {
     ring_reduce(dt, dst, a, b, n, div);
     return;
   }
+#if defined(__AVX__)
+  if (dt == COMM_F32) {
+    ring_reduce_f32_nt(dst, a, b, n, div);
+    return;
+  }
+#endif
   _Alignas(64) uint8_t tmp[8192];
   const size_t esz = comm_dtype_size(dt), step = sizeof tmp / esz;
   for (size_t i = 0; i < n; i += step) {
@@ -878,7 +957,7 @@ static int ring_stream_rs(ring_t *r, ring_op_t *o, const uint8_t *own, const siz
         moff += (size_t)k, progress |= k > 0;
       }
       if (moff == len) {
-        if (ms % (size_t)S) posted[(ms - 1) % RING_SLOTS] = ring_posted(r);
+        if (ms % (size_t)S) posted[(ms - 1) % RING_SLOTS] = ring_posted(r, o);
         ms++, moff = 0, progress = 1;
       }
     }
@@ -886,7 +965,7 @@ static int ring_stream_rs(ring_t *r, ring_op_t *o, const uint8_t *own, const siz
      * on (as piece kr-SLOTS+1); pieces of the last step are consumed at once */
     int slot_free = kr < P && (kr < RING_SLOTS || (kr - RING_SLOTS) % (size_t)S == (size_t)S - 1 ||
                                ms >= kr - RING_SLOTS + 2);
-    int slot_read = kr < P && ring_consumed(r, posted[kr % RING_SLOTS]);
+    int slot_read = kr < P && ring_consumed(r, o, posted[kr % RING_SLOTS]);
     if (slot_free && slot_read) {
       int b = PIECE_BLOCK(kr, 2);
       size_t ne = PIECE_ELEMS(b, kr), len = ne * esz;
@@ -897,9 +976,9 @@ static int ring_stream_rs(ring_t *r, ring_op_t *o, const uint8_t *own, const siz
          * slot */
         const uint8_t *mine = own + (boff[b] + kr / (size_t)S * pe) * esz, *from;
         size_t n = len - koff < r->chunk ? len - koff : r->chunk, e0 = koff / esz, e1;
-        size_t grain = r->cma_in.link ? RING_RS_GRAIN_CMA : RING_RS_GRAIN;
+        size_t grain = !o->rec_in ? RING_RS_GRAIN : r->cma_in_always ? RING_RS_GRAIN_CMA : r->chunk;
         if (r->shm_in && n > grain) n = grain;
-        ssize_t v = ring_view(r, (const void **)&from, n, koff, esz);
+        ssize_t v = ring_view(r, o, (const void **)&from, n, koff, esz);
         size_t k = v > 0 ? (size_t)v : 0;
         int in_link = v >= 0;
         if (in_link) {
@@ -914,7 +993,10 @@ static int ring_stream_rs(ring_t *r, ring_op_t *o, const uint8_t *own, const siz
         else
           ring_reduce_out(o, dt, dst + (kr / (size_t)S * pe + e0) * esz, from,
                           mine + e0 * esz, e1 - e0, div);
-        if (in_link) comm_shm_consume(r->shm_in, k);
+        if (in_link) {
+          int rc = ring_viewed(r, o, k);
+          if (rc < 0) return rc;
+        }
         koff += k, progress |= k > 0;
       }
       if (koff == len) kr++, koff = 0, progress = 1;
@@ -956,6 +1038,45 @@ static int ring_gather_blocks(ring_t *r, ring_op_t *o, uint8_t *buf, const size_
 
 static int ring_run_data(ring_t *r, ring_op_t *o);
 
+/* 1 when the next rank maps this rank's registered segments and every buffer
+ * the op sends from lies in one (o->seg gets them): its data then go as
+ * records naming them, read in place. */
+static int ring_op_registered(ring_t *r, ring_op_t *o) {
+  const comm_args_t *a = o->a;
+  const size_t b = a->count * comm_dtype_size(a->dtype), N = (size_t)r->base.size;
+  const void *p[3];
+  size_t n[3];
+  int k = 0;
+  o->nseg = 0;
+  if (!r->reg_out || !b) return 0;
+  switch (a->op) {
+    case COMM_OP_ALL_GATHER: /* what it forwards from its output, and its input */
+      p[k] = a->recv, n[k++] = b * N;
+      p[k] = a->send, n[k++] = b;
+      break;
+    case COMM_OP_REDUCE_SCATTER: /* its input, and partial sums from the staging */
+      p[k] = a->send, n[k++] = b * N;
+      p[k] = r->staging, n[k++] = r->staging_bytes;
+      break;
+    case COMM_OP_ALL_REDUCE: /* and the gather's forwarding from its output */
+      p[k] = a->send, n[k++] = b;
+      p[k] = r->staging, n[k++] = r->staging_bytes;
+      p[k] = a->recv, n[k++] = b;
+      break;
+    case COMM_OP_BROADCAST:
+      p[k] = a->recv, n[k++] = b;
+      break;
+    default:
+      return 0;
+  }
+  for (int i = 0; i < k; i++)
+    if (!comm_reg_find(p[i], n[i], &o->seg[o->nseg++])) {
+      o->nseg = 0;
+      return 0;
+    }
+  return 1;
+}
+
 static int ring_run_op(ring_t *r, ring_op_t *o) {
   const comm_args_t *a = o->a;
   const int N = r->base.size, me = r->base.rank;
@@ -966,8 +1087,13 @@ static int ring_run_op(ring_t *r, ring_op_t *o) {
     if (rc < 0) return rc;
   }
   if (N > 1) { /* the header: both sides must be at the same collective */
+    /* it goes as the link always carries data; what follows, as it says */
+    o->rec_out = r->cma_out;
+    o->rec_in = r->cma_in_always;
+    int rec = r->cma_out || ring_op_registered(r, o);
     ring_hdr_t mine = {.magic = RING_HDR_MAGIC, .seq = o->seq, .op = (uint8_t)a->op,
-                       .dtype = (uint8_t)a->dtype, .root = a->root, .count = a->count};
+                       .dtype = (uint8_t)a->dtype, .xport = (uint8_t)rec, .root = a->root,
+                       .count = a->count};
     if (a->op == COMM_OP_REDUCE_SCATTER || a->op == COMM_OP_ALL_REDUCE)
       mine.redop = (uint8_t)a->redop;
     if (a->op != COMM_OP_BROADCAST) mine.root = 0;
@@ -983,6 +1109,8 @@ static int ring_run_op(ring_t *r, ring_op_t *o) {
                      "collective header: the ranks' streams are out of step (a different count "
                      "in an earlier op?) or a stray process connected",
                      o->sig, me, r->base.name, r->rank_prev, r->addr_prev);
+    int rec_in = r->cma_in_always || (r->cma_in.link && theirs.xport == 1);
+    mine.xport = theirs.xport = 0;
     if (memcmp(&mine, &theirs, sizeof mine) != 0) {
       char ts[160];
       ring_sig(ts, sizeof ts, theirs.op, theirs.dtype, theirs.redop, theirs.root, theirs.count,
@@ -993,11 +1121,14 @@ static int ring_run_op(ring_t *r, ring_op_t *o) {
                      "the same collectives, with the same sizes, in the same order",
                      r->base.name, me, o->sig, r->rank_prev, r->addr_prev, ts);
     }
+    o->rec_out = rec;
+    o->rec_in = rec_in;
+    if (rec) atomic_fetch_add(&r->record_ops, 1);
   }
   int rc = ring_run_data(r, o);
-  /* on a CMA link the next rank reads this op's buffers until it has
-   * consumed every record: the op is not over before */
-  if (rc == 0) rc = ring_wait_consumed(r, o, ring_posted(r));
+  /* records: the next rank reads this op's buffers until it has consumed
+   * every one: the op is not over before */
+  if (rc == 0) rc = ring_wait_consumed(r, o, ring_posted(r, o));
   return rc;
 }
 
@@ -1060,7 +1191,7 @@ static int ring_run_data(ring_t *r, ring_op_t *o) {
       }
       int rc = ring_stream_rs(r, o, a->send, boff, blen, out + boff[me] * esz, a->dtype, div);
       /* in place, the gather overwrites input the next rank may still read */
-      if (rc == 0) rc = ring_wait_consumed(r, o, ring_posted(r));
+      if (rc == 0) rc = ring_wait_consumed(r, o, ring_posted(r, o));
       if (rc < 0) return rc;
       return ring_gather_blocks(r, o, out, boff, blen, esz, NULL);
     }
@@ -1108,7 +1239,7 @@ static void ring_fail(ring_t *r, int rc) {
   ring_break(r, rc);
   /* Before the failure reaches the caller, who may then reuse the buffers the
    * next rank could still be reading (CMA): it must not deliver those bytes. */
-  if (r->cma_out) comm_shm_abandon(r->shm_out);
+  if (r->cma_out || r->reg_out) comm_shm_abandon(r->shm_out);
   /* A rank that read a notice already passed it on (notice_sent); others start one. */
   ring_send_notice(r, &nt);
 }
@@ -1281,7 +1412,8 @@ static void ring_free(ring_t *r) {
   if (r->fd_prev >= 0) close(r->fd_prev);
   if (r->wake[0] >= 0) close(r->wake[0]);
   if (r->wake[1] >= 0) close(r->wake[1]);
-  mem_free(r->staging);
+  comm_reg_free(r->staging);
+  comm_reg_peer_close(r->cma_in.peer);
   comm_shm_close(r->shm_in);
   comm_shm_close(r->shm_out);
   pthread_mutex_destroy(&r->mu);
@@ -1456,6 +1588,21 @@ static int ring_cma_accept(ring_t *r, const ring_shm_offer_t *theirs) {
   return e == 0;
 }
 
+/* Consumer: whether the producer's registered segments can be mapped here
+ * (its probe segment maps and holds its token); 1 and rx->peer, or 0. */
+static int ring_reg_accept(ring_t *r, const ring_shm_offer_t *theirs, comm_cma_rx_t *rx) {
+  if (!theirs->reg || param_comm_reg() == 0) return 0;
+  if (!rx->peer && !(rx->peer = comm_reg_peer_open((pid_t)theirs->pid))) return 0;
+  const uint8_t *m = comm_reg_peer_map(rx->peer, theirs->reg_id, theirs->reg_fd, 8);
+  uint64_t got = 0;
+  if (m) memcpy(&got, m, sizeof got);
+  if (m && got == theirs->reg_token) return 1;
+  LOG_DEBUG("comm", "group '%s' rank %d: cannot map rank %d's registered memory (%s): its "
+            "buffers are copied", r->base.name, r->base.rank, r->rank_prev,
+            m ? "another token" : err_msg());
+  return 0;
+}
+
 /* The last bootstrap step: each link becomes shared memory when its producer
  * could create one and its consumer could map it (same host, same /dev/shm,
  * FSDP_COMM_SHM not 0 on either side); otherwise it stays TCP. A shared link
@@ -1467,7 +1614,8 @@ static int ring_shm_negotiate(ring_t *r, int64_t deadline) {
   const int me = r->base.rank;
   int want = param_comm_shm() != 0;
   ring_shm_offer_t mine = {.magic = RING_SHM_MAGIC}, theirs, ans;
-  int cma_in = 0;
+  int cma_in = 0, reg_in = 0;
+  comm_cma_rx_t rx = {0};
   comm_shm_link_t *out = NULL, *in = NULL;
   if (want) {
     int64_t bytes = param_comm_shm_bytes();
@@ -1478,13 +1626,16 @@ static int ring_shm_negotiate(ring_t *r, int64_t deadline) {
       mine.name[0] = 0;
     } else {
       mine.cap = comm_shm_cap(out);
+      mine.pid = (int32_t)getpid();
       if (param_comm_cma() != 0) {
         comm_cma_allow();
         r->cma_probe = mine.token;
         mine.cma = 1;
-        mine.pid = (int32_t)getpid();
         mine.probe = (uint64_t)(uintptr_t)&r->cma_probe;
       }
+      comm_reg_seg_t probe;
+      if (comm_reg_probe(&probe, &mine.reg_token) == 0)
+        mine.reg = 1, mine.reg_id = probe.id, mine.reg_fd = probe.fd;
     }
   }
   int e = ring_io_all(r->fd_next, &mine, sizeof mine, 1, deadline);
@@ -1493,9 +1644,10 @@ static int ring_shm_negotiate(ring_t *r, int64_t deadline) {
     theirs.name[COMM_SHM_NAME - 1] = 0;
     ans = (ring_shm_offer_t){.magic = RING_SHM_MAGIC};
     if (want && theirs.magic == RING_SHM_MAGIC && theirs.name[0]) {
-      if (comm_shm_attach(theirs.name, theirs.token, theirs.cap, &in) == 0)
+      if (comm_shm_attach(theirs.name, theirs.token, theirs.cap, &in) == 0) {
         ans.accepted = 1, ans.cma = (uint32_t)(cma_in = ring_cma_accept(r, &theirs));
-      else
+        ans.reg = (uint32_t)(reg_in = ring_reg_accept(r, &theirs, &rx));
+      } else
         LOG_DEBUG("comm", "group '%s' rank %d: shared memory from rank %d refused (%s): TCP",
                   r->base.name, me, r->rank_prev, err_msg());
     }
@@ -1506,6 +1658,7 @@ static int ring_shm_negotiate(ring_t *r, int64_t deadline) {
   if (e < 0) {
     comm_shm_close(out);
     comm_shm_close(in);
+    comm_reg_peer_close(rx.peer);
     return err_set(e == -ETIMEDOUT ? FSDP_ETIMEDOUT : FSDP_EPEER,
                    "rank %d of group '%s': choosing the transport with ranks %d (%s) and %d (%s): "
                    "%s (did a rank fail? see its log)",
@@ -1519,7 +1672,16 @@ static int ring_shm_negotiate(ring_t *r, int64_t deadline) {
   r->shm_out = out;
   r->shm_in = in;
   r->cma_out = out && ans.cma == 1;
-  if (cma_in) r->cma_in = (comm_cma_rx_t){.link = in, .pid = (pid_t)theirs.pid};
+  r->reg_out = out && ans.reg == 1;
+  if (cma_in || reg_in) {
+    rx.link = in;
+    rx.pid = (pid_t)theirs.pid;
+    r->cma_in = rx;
+    r->cma_in_always = cma_in;
+    r->reg_in = reg_in;
+  } else {
+    comm_reg_peer_close(rx.peer);
+  }
   return 0;
 }
 
@@ -1603,8 +1765,8 @@ io_next:
                  me, r->base.name, r->rank_next, r->addr_next, strerror(-e));
 }
 
-static const char *ring_xport_name(const comm_shm_link_t *l, int cma) {
-  return !l ? "tcp" : cma ? "shm+cma" : "shm";
+static const char *ring_xport_name(const comm_shm_link_t *l, int cma, int reg) {
+  return !l ? "tcp" : cma && reg ? "shm+cma+reg" : cma ? "shm+cma" : reg ? "shm+reg" : "shm";
 }
 
 int comm_ring_create(const comm_ring_opts_t *o, comm_t **out) {
@@ -1650,7 +1812,7 @@ int comm_ring_create(const comm_ring_opts_t *o, comm_t **out) {
     snprintf(r->addr_self, RING_ADDR, "%s", o->addrs[o->rank]);
     snprintf(r->addr_next, RING_ADDR, "%s", o->addrs[r->rank_next]);
     snprintf(r->addr_prev, RING_ADDR, "%s", o->addrs[r->rank_prev]);
-    r->staging = mem_alloc(MEM_COMM, r->staging_bytes, "ring reduce staging");
+    r->staging = comm_reg_alloc(MEM_COMM, r->staging_bytes, "ring reduce staging");
     if (!r->staging) {
       rc = FSDP_ENOMEM;
       goto fail;
@@ -1678,8 +1840,9 @@ int comm_ring_create(const comm_ring_opts_t *o, comm_t **out) {
   }
   r->thread_started = 1;
   LOG_DEBUG("comm", "group '%s': rank %d of %d connected (next %s over %s, prev %s over %s)",
-            name, o->rank, o->size, r->addr_next, ring_xport_name(r->shm_out, r->cma_out),
-            r->addr_prev, ring_xport_name(r->shm_in, r->cma_in.link != NULL));
+            name, o->rank, o->size, r->addr_next,
+            ring_xport_name(r->shm_out, r->cma_out, r->reg_out), r->addr_prev,
+            ring_xport_name(r->shm_in, r->cma_in_always, r->cma_in.link && !r->cma_in_always));
   *out = &r->base;
   return 0;
 fail:
@@ -1700,5 +1863,14 @@ size_t comm_ring_buffer_bytes(int size) {
 
 int comm_ring_cma_links(const comm_t *c) {
   const ring_t *r = (const ring_t *)c;
-  return r->cma_out + (r->cma_in.link != NULL);
+  return r->cma_out + r->cma_in_always;
+}
+
+int comm_ring_reg_links(const comm_t *c) {
+  const ring_t *r = (const ring_t *)c;
+  return r->reg_out + r->reg_in;
+}
+
+uint64_t comm_ring_record_ops(const comm_t *c) {
+  return atomic_load(&((const ring_t *)c)->record_ops);
 }

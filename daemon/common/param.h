@@ -23,7 +23,8 @@
   XX(comm_staging_bytes, "FSDP_COMM_STAGING_BYTES", 4194304, "ring: reduce staging per comm") \
   XX(comm_shm, "FSDP_COMM_SHM", 1, "ring: shared memory to a rank on this host (0: TCP only)")  \
   XX(comm_shm_bytes, "FSDP_COMM_SHM_BYTES", 2097152, "ring: shared-memory link buffer per link") \
-  XX(comm_cma, "FSDP_COMM_CMA", 0, "ring: 1: same-host links read the peer by process_vm_readv")
+  XX(comm_cma, "FSDP_COMM_CMA", 0, "ring: 1: same-host links read the peer by process_vm_readv") \
+  XX(comm_reg, "FSDP_COMM_REG", 1, "registered buffers: peers on this host read them in place (0: off)")
 
 #define XX(name, env, def, help) int64_t param_##name(void);
 FSDP_PARAM_LIST(XX)

@@ -23,6 +23,7 @@
 
 #include "tests/bench/benchutil.h"
 #include "daemon/comm/comm.h"
+#include "daemon/comm/reg.h"
 #include "daemon/common/err.h"
 
 static int cmp_d(const void *a, const void *b) {
@@ -59,10 +60,15 @@ static const char *const op_names[NOPS] = {"all_gather", "reduce_scatter", "all_
                                            "reduce_scatter"};
 static const char *const op_place[NOPS] = {"out", "out", "in", "in"};
 
-/* Runs every op and size; rank 0 writes the median seconds to med[op][size]
- * and the median CPU seconds to cpu[op][size]. */
-static int run_rank(int rank, const char *const *addrs, int lfd, double med[NOPS][NSIZES],
-                    double cpu[NOPS][NSIZES]) {
+/* Buffers from malloc, and registered ones (comm_reg_alloc, as the training
+ * runtime allocates what it communicates; nccl-tests' -R). */
+#define NBUFS 2
+static const char *const buf_names[NBUFS] = {"plain", "registered"};
+
+/* Runs every op and size on buffers of kind reg; rank 0 writes the median
+ * seconds to med[op][size] and the median CPU seconds to cpu[op][size]. */
+static int run_rank(int rank, const char *const *addrs, int lfd, int reg,
+                    double med[NOPS][NSIZES], double cpu[NOPS][NSIZES]) {
   const int N = 2;
   comm_ring_opts_t o = {.rank = rank, .size = N, .addrs = addrs, .name = "bench",
                         .listen_fd = lfd, .timeout_ms = 30000};
@@ -72,7 +78,8 @@ static int run_rank(int rank, const char *const *addrs, int lfd, double med[NOPS
     return 1;
   }
   size_t maxb = sizes_mib[NSIZES - 1] << 20;
-  char *big = malloc(maxb), *small = malloc(maxb / N);
+  char *big = reg ? comm_reg_alloc(MEM_COMM, maxb, "bench") : malloc(maxb);
+  char *small = reg ? comm_reg_alloc(MEM_COMM, maxb / N, "bench") : malloc(maxb / N);
   if (!big || !small) return 1;
   memset(big, 1, maxb);
   memset(small, 1, maxb / N);
@@ -100,8 +107,8 @@ static int run_rank(int rank, const char *const *addrs, int lfd, double med[NOPS
     }
   }
   comm_destroy(c);
-  free(big);
-  free(small);
+  if (reg) comm_reg_free(big), comm_reg_free(small);
+  else free(big), free(small);
   return 0;
 fail:
   fprintf(stderr, "bench_comm rank %d: %s\n", rank, err_msg());
@@ -115,43 +122,46 @@ int main(void) {
   printf("bench: memcpy gbps=%.2f bytes=256MiB threads=1\n", mc);
   fflush(stdout);
 
-  char addr[2][64];
-  int lfd[2];
-  for (int i = 0; i < N; i++)
-    if ((lfd[i] = bench_listen_loopback(addr[i], sizeof addr[i])) < 0) {
-      perror("bench_comm: bind");
-      return 1;
-    }
-  const char *addrs[2] = {addr[0], addr[1]};
-  pid_t p = fork();
-  if (p < 0) return 1;
-  if (p == 0) {
-    close(lfd[0]);
+  double at64[NBUFS][NOPS] = {{0}};
+  for (int reg = 0; reg < NBUFS; reg++) {
+    char addr[2][64];
+    int lfd[2];
+    for (int i = 0; i < N; i++)
+      if ((lfd[i] = bench_listen_loopback(addr[i], sizeof addr[i])) < 0) {
+        perror("bench_comm: bind");
+        return 1;
+      }
+    const char *addrs[2] = {addr[0], addr[1]};
+    pid_t p = fork();
+    if (p < 0) return 1;
     double med[NOPS][NSIZES], cpu[NOPS][NSIZES];
-    _exit(run_rank(1, addrs, lfd[1], med, cpu));
-  }
-  close(lfd[1]);
-  double med[NOPS][NSIZES], cpu[NOPS][NSIZES];
-  int rc = run_rank(0, addrs, lfd[0], med, cpu);
-  int st = 0;
-  waitpid(p, &st, 0);
-  if (rc || !WIFEXITED(st) || WEXITSTATUS(st)) return 1;
-
-  double at64[NOPS] = {0};
-  for (int op = 0; op < NOPS; op++)
-    for (int s = 0; s < NSIZES; s++) {
-      double bytes = (double)(sizes_mib[s] << 20), alg = bytes / med[op][s] / 1e9;
-      double bus = alg * (N - 1) / N;
-      if (sizes_mib[s] == 64) at64[op] = bus;
-      printf("bench: comm op=%s place=%s ranks=%d bytes=%zu algbw_gbps=%.2f busbw_gbps=%.2f "
-             "time_ms=%.3f cpu_ms=%.3f\n", op_names[op], op_place[op], N, sizes_mib[s] << 20, alg,
-             bus, med[op][s] * 1e3, cpu[op][s] * 1e3);
+    if (p == 0) {
+      close(lfd[0]);
+      _exit(run_rank(1, addrs, lfd[1], reg, med, cpu));
     }
-  for (int op = 0; op < NOPS; op++) {
-    double ratio = mc > 0 ? at64[op] / mc : 0;
-    printf("bench: target name=ring_busbw_vs_memcpy op=%s place=%s bytes=64MiB ratio=%.2f "
-           "goal=>=0.50 met=%s busbw_gbps=%.2f memcpy_gbps=%.2f\n", op_names[op], op_place[op],
-           ratio, ratio >= 0.50 ? "yes" : "no", at64[op], mc);
+    close(lfd[1]);
+    int rc = run_rank(0, addrs, lfd[0], reg, med, cpu);
+    int st = 0;
+    waitpid(p, &st, 0);
+    if (rc || !WIFEXITED(st) || WEXITSTATUS(st)) return 1;
+    for (int op = 0; op < NOPS; op++)
+      for (int s = 0; s < NSIZES; s++) {
+        double bytes = (double)(sizes_mib[s] << 20), alg = bytes / med[op][s] / 1e9;
+        double bus = alg * (N - 1) / N;
+        if (sizes_mib[s] == 64) at64[reg][op] = bus;
+        printf("bench: comm op=%s place=%s buffers=%s ranks=%d bytes=%zu algbw_gbps=%.2f "
+               "busbw_gbps=%.2f time_ms=%.3f cpu_ms=%.3f\n", op_names[op], op_place[op],
+               buf_names[reg], N, sizes_mib[s] << 20, alg, bus, med[op][s] * 1e3,
+               cpu[op][s] * 1e3);
+      }
+    fflush(stdout);
   }
+  for (int reg = 0; reg < NBUFS; reg++)
+    for (int op = 0; op < NOPS; op++) {
+      double ratio = mc > 0 ? at64[reg][op] / mc : 0;
+      printf("bench: target name=ring_busbw_vs_memcpy op=%s place=%s buffers=%s bytes=64MiB "
+             "ratio=%.2f goal=>=0.50 met=%s busbw_gbps=%.2f memcpy_gbps=%.2f\n", op_names[op],
+             op_place[op], buf_names[reg], ratio, ratio >= 0.50 ? "yes" : "no", at64[reg][op], mc);
+    }
   return 0;
 }

@@ -23,6 +23,7 @@
 
 #include "daemon/comm/cma.h"
 #include "daemon/comm/comm.h"
+#include "daemon/comm/reg.h"
 #include "daemon/common/err.h"
 #include "daemon/common/rng.h"
 #include "kernels/kern_math.h"
@@ -213,21 +214,49 @@ static int check_exact(shared_t *sh, int rank, const void *out, size_t n, uint64
 
 /* Same-host links: RING_CMA reads the peer's memory (FSDP_COMM_CMA=1),
  * RING_COPY copies through the shared-memory link (FSDP_COMM_CMA=0, the
- * default), RING_TCP keeps every link on TCP (FSDP_COMM_SHM=0). Set in the
- * child before its ring. */
-typedef enum { RING_COPY, RING_CMA, RING_TCP } xport_t;
+ * default), RING_TCP keeps every link on TCP (FSDP_COMM_SHM=0); RING_REG is
+ * RING_COPY with registered buffers (reg.c), which the peers read in place.
+ * Set in the child before its ring. */
+typedef enum { RING_COPY, RING_CMA, RING_TCP, RING_REG } xport_t;
 
 static void xport_set(xport_t x) {
   setenv("FSDP_COMM_CMA", x == RING_CMA ? "1" : "0", 1);
   if (x == RING_TCP) setenv("FSDP_COMM_SHM", "0", 1);
 }
 
-/* How many of c's links carry records: 2 on a CMA ring of 2+ ranks on this
- * host, else 0 (every test rank is on this host). */
+/* A test buffer: registered under RING_REG, else from malloc. */
+static void *xbuf(xport_t x, size_t bytes) {
+  return x == RING_REG ? comm_reg_alloc(MEM_COMM, bytes ? bytes : 1, "test buffer")
+                       : malloc(bytes ? bytes : 1);
+}
+
+static void xfree(xport_t x, void *p) {
+  if (x == RING_REG) comm_reg_free(p);
+  else free(p);
+}
+
+/* How many of c's links carry records for every op: 2 on a CMA ring of 2+
+ * ranks on this host, else 0 (every test rank is on this host); and how
+ * many map the neighbours' registered memory: 2 on any shared-memory ring. */
 static int xport_check(shared_t *sh, int rank, comm_t *c, xport_t x) {
   int want = x == RING_CMA && c->size > 1 ? 2 : 0, got = comm_ring_cma_links(c);
   if (got != want)
     return child_fail(sh, rank, "%d links read the peer's memory, expected %d", got, want);
+  want = x != RING_TCP && c->size > 1 ? 2 : 0, got = comm_ring_reg_links(c);
+  if (got != want)
+    return child_fail(sh, rank, "%d links map the peer's registered memory, expected %d", got,
+                      want);
+  return 0;
+}
+
+/* After a run: ops went out as records exactly when the ring reads the
+ * peer's memory (CMA) or the buffers were registered. */
+static int xport_check_records(shared_t *sh, int rank, comm_t *c, xport_t x) {
+  uint64_t n = comm_ring_record_ops(c);
+  int want = (x == RING_CMA || x == RING_REG) && c->size > 1;
+  if ((n > 0) != want)
+    return child_fail(sh, rank, "%llu ops sent as records, expected %s", (unsigned long long)n,
+                      want ? "some" : "none");
   return 0;
 }
 
@@ -254,7 +283,7 @@ static int child_ops(int rank, void *argp, shared_t *sh) {
     size_t esz = comm_dtype_size(dt);
     for (size_t ci = 0; ci < sizeof counts / sizeof *counts; ci++) {
       size_t n = counts[ci];
-      uint8_t *in = malloc(n * N * esz + 8), *out = malloc(n * N * esz + 8);
+      uint8_t *in = xbuf(arg->x, n * N * esz + 8), *out = xbuf(arg->x, n * N * esz + 8);
       /* all_gather, out of place and in place */
       for (int inplace = 0; inplace < 2; inplace++) {
         seed++;
@@ -295,10 +324,11 @@ static int child_ops(int rank, void *argp, shared_t *sh) {
         return child_fail(sh, rank, "%s: %s", what, err_msg());
       if (check_exact(sh, rank, out, n, seed, root, 0, dt, what)) return 1;
       if (comm_barrier(c) < 0) return child_fail(sh, rank, "barrier: %s", err_msg());
-      free(in);
-      free(out);
+      xfree(arg->x, in);
+      xfree(arg->x, out);
     }
   }
+  if (xport_check_records(sh, rank, c, arg->x)) return 1;
   comm_destroy(c);
   return 0;
 }
@@ -321,6 +351,9 @@ Test(comm, ops_and_dtypes_2_ranks_copying_link, .timeout = 60) { run_ops(2, RING
 Test(comm, ops_and_dtypes_3_ranks_copying_link, .timeout = 60) { run_ops(3, RING_COPY); }
 Test(comm, ops_and_dtypes_4_ranks_copying_link, .timeout = 60) { run_ops(4, RING_COPY); }
 Test(comm, ops_and_dtypes_3_ranks_tcp, .timeout = 60) { run_ops(3, RING_TCP); }
+Test(comm, ops_and_dtypes_2_ranks_registered_buffers, .timeout = 60) { run_ops(2, RING_REG); }
+Test(comm, ops_and_dtypes_3_ranks_registered_buffers, .timeout = 60) { run_ops(3, RING_REG); }
+Test(comm, ops_and_dtypes_4_ranks_registered_buffers, .timeout = 60) { run_ops(4, RING_REG); }
 
 /* Buffers far beyond the sockets' and the staging's sizes, default tunables:
  * every link must keep streaming (a reduce-scatter that buffered a whole
@@ -335,7 +368,7 @@ static int child_large(int rank, void *argp, shared_t *sh) {
   if (comm_ring_create(&o, &c) < 0) return child_fail(sh, rank, "create: %s", err_msg());
   if (xport_check(sh, rank, c, arg->x)) return 1;
   const size_t n = (size_t)3 << 20; /* per rank: 12 MiB of fp32 */
-  float *in = malloc(n * N * 4), *out = malloc(n * N * 4);
+  float *in = xbuf(arg->x, n * N * 4), *out = xbuf(arg->x, n * N * 4);
   fill(in, 77, rank, 0, n * N, COMM_F32);
   if (comm_reduce_scatter(c, in, out, n, COMM_F32, COMM_SUM) < 0)
     return child_fail(sh, rank, "reduce_scatter: %s", err_msg());
@@ -346,6 +379,9 @@ static int child_large(int rank, void *argp, shared_t *sh) {
     return child_fail(sh, rank, "all_gather: %s", err_msg());
   for (int j = 0; j < N; j++)
     if (check_exact(sh, rank, out + j * n, n, 78, j, 0, COMM_F32, "large all_gather")) return 1;
+  if (xport_check_records(sh, rank, c, arg->x)) return 1;
+  xfree(arg->x, in);
+  xfree(arg->x, out);
   comm_destroy(c);
   return 0;
 }
@@ -362,6 +398,7 @@ static void run_large(xport_t x) {
 
 Test(comm, large_buffers_stream_through_the_ring, .timeout = 60) { run_large(RING_COPY); }
 Test(comm, large_buffers_stream_through_a_cma_ring, .timeout = 60) { run_large(RING_CMA); }
+Test(comm, large_registered_buffers_are_read_in_place, .timeout = 60) { run_large(RING_REG); }
 
 /* ---- two communicators at once, async ops waited out of order ---- */
 
@@ -787,6 +824,7 @@ typedef struct {
   group_t g;
   int tcp_rank;  /* this rank runs with FSDP_COMM_SHM=0; -1: none; MAXR: every rank */
   int copy_rank; /* this rank runs with FSDP_COMM_CMA=0; the same */
+  int reg_rank;  /* this rank's buffers are registered; the same */
 } xport_arg_t;
 
 /* What rank r runs with in a. */
@@ -825,7 +863,8 @@ static int child_xport(int rank, void *argp, shared_t *sh) {
     for (int d = 0; d < 2; d++) {
       comm_dtype_t dt = d ? COMM_BF16 : COMM_F32;
       size_t n = counts[ci], esz = comm_dtype_size(dt);
-      uint8_t *in = malloc(n * N * esz), *out = malloc(n * N * esz);
+      xport_t bx = a->reg_rank == rank || a->reg_rank == MAXR ? RING_REG : RING_COPY;
+      uint8_t *in = xbuf(bx, n * N * esz), *out = xbuf(bx, n * N * esz);
       if (!in || !out) return child_fail(sh, rank, "no memory");
       fill(in, 100 + ci, rank, 0, n * N, dt);
       if (comm_all_gather(c, in, out, n, dt) < 0) return child_fail(sh, rank, "ag: %s", err_msg());
@@ -840,17 +879,17 @@ static int child_xport(int rank, void *argp, shared_t *sh) {
         return child_fail(sh, rank, "bc: %s", err_msg());
       h = fnv(h, out, n * esz);
       if (comm_barrier(c) < 0) return child_fail(sh, rank, "barrier: %s", err_msg());
-      free(in);
-      free(out);
+      xfree(bx, in);
+      xfree(bx, out);
     }
   snprintf(sh->s[rank].msg, sizeof sh->s[rank].msg, "%016llx", (unsigned long long)h);
   comm_destroy(c);
   return 0;
 }
 
-static void run_xport(int n, int tcp_rank, int copy_rank, char hashes[MAXR][17]) {
+static void run_xport(int n, int tcp_rank, int copy_rank, int reg_rank, char hashes[MAXR][17]) {
   shared_t *sh = shared_new();
-  xport_arg_t a = {.tcp_rank = tcp_rank, .copy_rank = copy_rank};
+  xport_arg_t a = {.tcp_rank = tcp_rank, .copy_rank = copy_rank, .reg_rank = reg_rank};
   group_bind(&a.g, n);
   group_t *gs[] = {&a.g};
   pid_t pids[MAXR];
@@ -862,12 +901,21 @@ static void run_xport(int n, int tcp_rank, int copy_rank, char hashes[MAXR][17])
 Test(comm, shared_memory_tcp_and_mixed_rings_give_identical_bytes, .timeout = 180) {
   for (int n = 2; n <= 3; n++) {
     char cma[MAXR][17], copy[MAXR][17], tcp[MAXR][17], mixed[MAXR][17], mixed_cma[MAXR][17];
-    run_xport(n, -1, -1, cma);
-    run_xport(n, -1, MAXR, copy);
-    run_xport(n, MAXR, -1, tcp);
-    run_xport(n, 1, -1, mixed);     /* rank 1 on TCP */
-    run_xport(n, -1, 1, mixed_cma); /* rank 1's links copy, the others' read */
+    char reg[MAXR][17], mixed_reg[MAXR][17], reg_cma[MAXR][17];
+    run_xport(n, -1, -1, -1, cma);
+    run_xport(n, -1, MAXR, -1, copy);
+    run_xport(n, MAXR, -1, -1, tcp);
+    run_xport(n, 1, -1, -1, mixed);       /* rank 1 on TCP */
+    run_xport(n, -1, 1, -1, mixed_cma);   /* rank 1's links copy, the others' read */
+    run_xport(n, -1, MAXR, MAXR, reg);    /* registered buffers, read in place */
+    run_xport(n, -1, MAXR, 1, mixed_reg); /* rank 1's buffers registered, the others' not */
+    run_xport(n, -1, 1, 0, reg_cma);      /* rank 0 registered on CMA links, rank 1 copies */
     for (int r = 0; r < n; r++) {
+      cr_expect_str_eq(reg[r], tcp[r], "%d ranks, rank %d: registered and TCP differ", n, r);
+      cr_expect_str_eq(mixed_reg[r], tcp[r], "%d ranks, rank %d: registered/plain and TCP differ",
+                       n, r);
+      cr_expect_str_eq(reg_cma[r], tcp[r], "%d ranks, rank %d: registered/CMA and TCP differ", n,
+                       r);
       cr_expect_str_eq(cma[r], tcp[r], "%d ranks, rank %d: CMA and TCP outputs differ", n, r);
       cr_expect_str_eq(copy[r], tcp[r], "%d ranks, rank %d: copying shm and TCP differ", n, r);
       cr_expect_str_eq(mixed[r], tcp[r], "%d ranks, rank %d: shm/TCP mixed and TCP differ", n, r);
@@ -889,7 +937,9 @@ static int child_kill_shm(int rank, void *argp, shared_t *sh) {
   if (shm_links_mapped() != 2) return child_fail(sh, rank, "not on shared memory");
   if (xport_check(sh, rank, c, a->x)) return 1;
   size_t n = (size_t)4 << 20; /* 16 MiB per rank: many link buffers per op */
-  float *in = calloc(n, 4), *out = calloc(n * (size_t)a->g.n, 4);
+  float *in = xbuf(a->x, n * 4), *out = xbuf(a->x, n * (size_t)a->g.n * 4);
+  memset(in, 0, n * 4);
+  memset(out, 0, n * (size_t)a->g.n * 4);
   for (int it = 0;; it++) {
     int rc = it % 2 ? comm_all_gather(c, in, out, n, COMM_F32)
                     : comm_reduce_scatter(c, out, in, n, COMM_F32, COMM_SUM);
@@ -948,10 +998,15 @@ Test(comm, killed_rank_on_a_copying_link_is_named_within_timeout, .timeout = 60)
   run_kill_shm(RING_COPY);
 }
 
-/* A rank aborts in the middle of a large all_gather on CMA links and at once
- * overwrites its input, as a caller may once its op has failed: its peer,
- * which reads that input directly, must fail naming it, or (if it had read
- * everything before) hold the right bytes, never the overwritten ones. */
+Test(comm, killed_rank_whose_buffers_are_read_in_place_is_named_within_timeout, .timeout = 60) {
+  run_kill_shm(RING_REG);
+}
+
+/* A rank aborts in the middle of a large all_gather on CMA links (or with
+ * registered buffers) and at once overwrites its input, as a caller may once
+ * its op has failed: its peer, which reads that input directly, must fail
+ * naming it, or (if it had read everything before) hold the right bytes,
+ * never the overwritten ones. */
 static void *abort_soon(void *p) {
   usleep(1000);
   comm_abort(p);
@@ -960,14 +1015,14 @@ static void *abort_soon(void *p) {
 
 static int child_abort_read(int rank, void *argp, shared_t *sh) {
   fault_arg_t *a = argp;
-  xport_set(RING_CMA);
+  xport_set(a->x);
   comm_ring_opts_t o = {.rank = rank, .size = 2, .addrs = a->g.ptr, .name = "world",
                         .listen_fd = a->g.lfd[rank], .timeout_ms = a->timeout_ms};
   comm_t *c;
   if (comm_ring_create(&o, &c) < 0) return child_fail(sh, rank, "create: %s", err_msg());
-  if (xport_check(sh, rank, c, RING_CMA)) return 1;
+  if (xport_check(sh, rank, c, a->x)) return 1;
   const size_t n = (size_t)8 << 20; /* 32 MiB of fp32 per rank */
-  float *in = malloc(n * 4), *out = malloc(2 * n * 4);
+  float *in = xbuf(a->x, n * 4), *out = xbuf(a->x, 2 * n * 4);
   if (!in || !out) return child_fail(sh, rank, "no memory");
   fill(in, 55, rank, 0, n, COMM_F32);
   if (comm_barrier(c) < 0) return child_fail(sh, rank, "barrier: %s", err_msg());
@@ -985,10 +1040,10 @@ static int child_abort_read(int rank, void *argp, shared_t *sh) {
   return 0;
 }
 
-Test(comm, abort_while_the_peer_reads_its_memory_never_delivers_reused_bytes, .timeout = 60) {
+static void run_abort_read(xport_t x) {
   for (int round = 0; round < 3; round++) {
     shared_t *sh = shared_new();
-    fault_arg_t a = {.timeout_ms = 5000};
+    fault_arg_t a = {.timeout_ms = 5000, .x = x};
     group_bind(&a.g, 2);
     group_t *gs[] = {&a.g};
     pid_t pids[MAXR];
@@ -1000,4 +1055,122 @@ Test(comm, abort_while_the_peer_reads_its_memory_never_delivers_reused_bytes, .t
               "rank 1: code %d: %s", sh->s[1].code, sh->s[1].msg);
     if (sh->s[1].code == 0) cr_expect_eq(sh->s[0].code, 0, "rank 0 failed alone: %s", sh->s[0].msg);
   }
+}
+
+Test(comm, abort_while_the_peer_reads_its_memory_never_delivers_reused_bytes, .timeout = 60) {
+  run_abort_read(RING_CMA);
+}
+
+Test(comm, abort_while_the_peer_reads_its_registered_buffer_never_delivers_reused_bytes,
+     .timeout = 60) {
+  run_abort_read(RING_REG);
+}
+
+/* ---- registered memory (reg.c) ---- */
+
+Test(reg, buffers_are_accounted_found_and_reused_by_size) {
+  const size_t before = mem_current(MEM_COMM), bytes = 100000;
+  uint8_t *p = comm_reg_alloc(MEM_COMM, bytes, "test");
+  cr_assert(p);
+  cr_expect_eq(mem_current(MEM_COMM) - before, bytes, "accounted as requested");
+  cr_expect_eq((uintptr_t)p % 64, 0);
+  comm_reg_seg_t g;
+  cr_expect(comm_reg_find(p + 10, bytes - 10, &g) && g.base == p && g.bytes >= bytes);
+  cr_expect(!comm_reg_find(p, g.bytes + 1, &g), "a range past the segment is not in it");
+  int x;
+  cr_expect(!comm_reg_find(&x, sizeof x, &g), "the stack is not registered");
+  memset(p, 0xab, bytes);
+  comm_reg_free(p);
+  cr_expect_eq(mem_current(MEM_COMM), before);
+  cr_expect(!comm_reg_find(p, 1, &g), "a freed buffer is not registered");
+  uint8_t *q = comm_reg_calloc(MEM_COMM, bytes, "test");
+  cr_expect_eq(q, p, "the kept segment of that size is reused");
+  size_t nonzero = 0;
+  for (size_t i = 0; i < bytes; i++) nonzero += q[i] != 0;
+  cr_expect_eq(nonzero, 0, "%zu bytes of a reused calloc are not 0", nonzero);
+  comm_reg_free(q);
+  comm_reg_trim();
+}
+
+Test(reg, off_switch_gives_plain_memory) {
+  pid_t p = fork();
+  cr_assert(p >= 0);
+  if (p == 0) { /* the parameter is read once per process */
+    setenv("FSDP_COMM_REG", "0", 1);
+    void *b = comm_reg_alloc(MEM_COMM, 8192, "test");
+    comm_reg_seg_t g, pr;
+    uint64_t tok;
+    int bad = !b || comm_reg_find(b, 1, &g) || comm_reg_probe(&pr, &tok) == 0;
+    comm_reg_free(b);
+    _exit(bad);
+  }
+  int st;
+  waitpid(p, &st, 0);
+  cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "FSDP_COMM_REG=0 still registered a buffer");
+}
+
+/* A peer process maps a segment by its descriptor, and refuses a descriptor
+ * that names another segment (a number reused after a free). */
+Test(reg, a_peer_maps_a_segment_and_refuses_a_stale_name, .timeout = 20) {
+  int tx[2], go[2];
+  cr_assert(pipe(tx) == 0 && pipe(go) == 0);
+  pid_t p = fork();
+  cr_assert(p >= 0);
+  if (p == 0) {
+    uint64_t *b = comm_reg_alloc(MEM_COMM, 1 << 20, "test");
+    for (size_t i = 0; i < (1 << 20) / 8; i++) b[i] = i * 0x9e3779b97f4a7c15ull;
+    comm_reg_seg_t g;
+    if (!comm_reg_find(b, 8, &g)) _exit(2);
+    if (write(tx[1], &g, sizeof g) != sizeof g) _exit(3);
+    char c;
+    if (read(go[0], &c, 1) != 1) _exit(4); /* until the parent has read it */
+    comm_reg_free(b);
+    comm_reg_trim(); /* the descriptor is closed: its number may name something else */
+    uint64_t *b2 = comm_reg_alloc(MEM_COMM, 1 << 20, "test");
+    if (!comm_reg_find(b2, 8, &g) || write(tx[1], &g, sizeof g) != sizeof g) _exit(5);
+    if (read(go[0], &c, 1) != 1) _exit(6);
+    _exit(0);
+  }
+  comm_reg_seg_t g, g2;
+  cr_assert_eq(read(tx[0], &g, sizeof g), (ssize_t)sizeof g);
+  comm_reg_peer_t *pp = comm_reg_peer_open(p);
+  const uint64_t *m = (const uint64_t *)comm_reg_peer_map(pp, g.id, g.fd, 1 << 20);
+  cr_assert(m, "mapping the child's segment: %s", err_msg());
+  for (size_t i = 0; i < (1 << 20) / 8; i += 4099)
+    cr_expect_eq(m[i], i * 0x9e3779b97f4a7c15ull, "word %zu", i);
+  cr_expect(!comm_reg_peer_map(pp, g.id, g.fd, (1 << 20) + 1 + g.bytes), "past its end");
+  cr_assert_eq(write(go[1], "x", 1), 1);
+  cr_assert_eq(read(tx[0], &g2, sizeof g2), (ssize_t)sizeof g2);
+  cr_expect_neq(g2.id, g.id);
+  cr_expect_eq(g2.fd, g.fd, "the test needs the number reused");
+  cr_expect(!comm_reg_peer_map(pp, g.id, g.fd, 8), "a reused number taken for the old segment");
+  cr_expect(strstr(err_msg(), "not registered segment"), "%s", err_msg());
+  cr_expect(comm_reg_peer_map(pp, g2.id, g2.fd, 8), "the new segment: %s", err_msg());
+  cr_assert_eq(write(go[1], "x", 1), 1);
+  int st;
+  waitpid(p, &st, 0);
+  cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child exit %d", WEXITSTATUS(st));
+  comm_reg_peer_close(pp);
+}
+
+Test(reg, a_forked_child_does_not_own_its_parents_segments) {
+  uint8_t *b = comm_reg_calloc(MEM_COMM, 4096, "test");
+  cr_assert(b);
+  pid_t p = fork();
+  cr_assert(p >= 0);
+  if (p == 0) {
+    comm_reg_seg_t g;
+    if (comm_reg_find(b, 1, &g)) _exit(1);
+    uint8_t *c = comm_reg_alloc(MEM_COMM, 4096, "test"); /* never the parent's pages */
+    if (!c) _exit(2);
+    memset(c, 0x5a, 4096);
+    _exit(0);
+  }
+  int st;
+  waitpid(p, &st, 0);
+  cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the child saw its parent's segment as its own");
+  size_t changed = 0;
+  for (size_t i = 0; i < 4096; i++) changed += b[i] != 0;
+  cr_expect_eq(changed, 0, "the child wrote %zu bytes of its parent's buffer", changed);
+  comm_reg_free(b);
 }
