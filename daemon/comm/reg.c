@@ -29,7 +29,6 @@
 #include "daemon/common/param.h"
 
 #define REG_MAX 512     /* segments per process, live and kept */
-#define REG_KEEP 16     /* freed segments kept for reuse, at most */
 #define REG_PEER_MAX 64 /* a peer's segments mapped here, at most */
 
 typedef struct {
@@ -46,6 +45,12 @@ static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
 static reg_seg_t reg_tab[REG_MAX];
 static int reg_n;
 static uint64_t reg_ids, reg_tick;
+/* mapped bytes of the used and of the kept segments, and the most ever used:
+ * the kept ones are released (longest-kept first) before they would pass
+ * that peak, so keeping at most doubles the peak; in a training step, whose
+ * buffers come and go in the same sizes every step, the kept set settles on
+ * each size's most at once and nothing is created again */
+static size_t reg_used, reg_kept, reg_peak;
 static int reg_off; /* memfd_create failed here: plain memory from now on */
 static reg_seg_t reg_probe_seg;
 static uint64_t reg_probe_token;
@@ -60,6 +65,18 @@ static void reg_release(reg_seg_t *s) {
   close(s->fd);
 }
 
+/* Releases the longest-kept segment; 0 when none is kept. Under reg_mu. */
+static int reg_release_oldest(void) {
+  int old = -1;
+  for (int i = 0; i < reg_n; i++)
+    if (!reg_tab[i].used && (old < 0 || reg_tab[i].freed < reg_tab[old].freed)) old = i;
+  if (old < 0) return 0;
+  reg_kept -= reg_tab[old].bytes;
+  reg_release(&reg_tab[old]);
+  reg_tab[old] = reg_tab[--reg_n];
+  return 1;
+}
+
 /* In a forked child: the parent's segments are not the child's (and,
  * MADV_DONTFORK, not even mapped). */
 static void reg_atfork_child(void) {
@@ -68,6 +85,7 @@ static void reg_atfork_child(void) {
   memset(reg_tab, 0, sizeof reg_tab);
   memset(&reg_probe_seg, 0, sizeof reg_probe_seg);
   reg_n = 0;
+  reg_used = reg_kept = reg_peak = 0;
   pthread_mutex_init(&reg_mu, NULL);
 }
 
@@ -100,16 +118,6 @@ static int reg_create(size_t bytes, reg_seg_t *s) {
   return 0;
 }
 
-/* A free table entry, evicting the longest-kept free segment when full; NULL
- * when every entry is live. Under reg_mu. */
-static reg_seg_t *reg_slot(void) {
-  if (reg_n < REG_MAX) return &reg_tab[reg_n++];
-  reg_seg_t *old = NULL;
-  for (int i = 0; i < reg_n; i++)
-    if (!reg_tab[i].used && (!old || reg_tab[i].freed < old->freed)) old = &reg_tab[i];
-  if (old) reg_release(old);
-  return old;
-}
 
 void *comm_reg_alloc(mem_cat_t cat, size_t bytes, const char *what) {
   pthread_once(&reg_once, reg_init_once);
@@ -125,7 +133,11 @@ void *comm_reg_alloc(mem_cat_t cat, size_t bytes, const char *what) {
   reg_seg_t *s = NULL;
   for (int i = 0; i < reg_n && !s; i++)
     if (!reg_tab[i].used && reg_tab[i].bytes == whole) s = &reg_tab[i];
-  if (!s) {
+  if (s) {
+    reg_kept -= whole;
+  } else {
+    while (reg_n == REG_MAX && reg_release_oldest()) {
+    }
     reg_seg_t fresh;
     if (reg_create(whole, &fresh) < 0) {
       /* no memfds here, or no memory: the plain allocator decides */
@@ -134,13 +146,16 @@ void *comm_reg_alloc(mem_cat_t cat, size_t bytes, const char *what) {
       pthread_mutex_unlock(&reg_mu);
       return mem_alloc(cat, bytes, what);
     }
-    if (!(s = reg_slot())) {
+    if (reg_n == REG_MAX) { /* every entry in use */
       pthread_mutex_unlock(&reg_mu);
       reg_release(&fresh);
       return mem_alloc(cat, bytes, what);
     }
+    s = &reg_tab[reg_n++];
     *s = fresh;
   }
+  reg_used += whole;
+  if (reg_used > reg_peak) reg_peak = reg_used;
   s->used = 1;
   s->cat = cat;
   s->want = bytes;
@@ -160,11 +175,8 @@ void comm_reg_free(void *p) {
   if (!p) return;
   pthread_mutex_lock(&reg_mu);
   reg_seg_t *s = NULL;
-  int kept = 0;
-  for (int i = 0; i < reg_n; i++) {
+  for (int i = 0; i < reg_n && !s; i++)
     if (reg_tab[i].used && reg_tab[i].base == p) s = &reg_tab[i];
-    kept += !reg_tab[i].used;
-  }
   if (!s) {
     pthread_mutex_unlock(&reg_mu);
     mem_free(p);
@@ -172,30 +184,29 @@ void comm_reg_free(void *p) {
   }
   s->used = 0;
   s->freed = ++reg_tick;
+  reg_used -= s->bytes;
+  reg_kept += s->bytes;
+  while (reg_kept > reg_peak && reg_release_oldest()) {
+  }
   mem_cat_t cat = s->cat;
   size_t want = s->want;
-  if (kept + 1 > REG_KEEP) { /* keep the most recently freed ones */
-    reg_seg_t *old = NULL;
-    for (int i = 0; i < reg_n; i++)
-      if (!reg_tab[i].used && (!old || reg_tab[i].freed < old->freed)) old = &reg_tab[i];
-    reg_release(old);
-    *old = reg_tab[--reg_n];
-  }
   pthread_mutex_unlock(&reg_mu);
   mem_account(cat, want, 0);
 }
 
 void comm_reg_trim(void) {
   pthread_mutex_lock(&reg_mu);
-  for (int i = 0; i < reg_n;) {
-    if (reg_tab[i].used) {
-      i++;
-      continue;
-    }
-    reg_release(&reg_tab[i]);
-    reg_tab[i] = reg_tab[--reg_n];
+  while (reg_release_oldest()) {
   }
+  reg_peak = reg_used;
   pthread_mutex_unlock(&reg_mu);
+}
+
+size_t comm_reg_mapped(void) {
+  pthread_mutex_lock(&reg_mu);
+  size_t n = reg_used + reg_kept;
+  pthread_mutex_unlock(&reg_mu);
+  return n;
 }
 
 int comm_reg_find(const void *p, size_t n, comm_reg_seg_t *out) {

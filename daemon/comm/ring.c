@@ -8,11 +8,12 @@
  * writes to. It does not own the caller's buffers.
  *
  * Wire, per op, on the forward direction (rank r -> r+1): a 32-byte header
- * (magic, sequence number, op, dtype, reduction, root, count), then the data
- * as a byte stream. reduce_scatter streams N-1 blocks, each the previous
- * rank's partial sum plus this rank's contribution; all_gather streams N-1
- * blocks, each forwarded as soon as its bytes arrive; all_reduce is one then
- * the other on blocks of count/N (the first count%N blocks one longer);
+ * (magic, sequence number, op, dtype, reduction, transport, root, count),
+ * then the data as a byte stream (or records: below). reduce_scatter
+ * streams N-1 blocks, each the previous rank's partial sum plus this rank's
+ * contribution; all_gather streams N-1 blocks, each forwarded as soon as
+ * its bytes arrive; all_reduce is one then the other on blocks of count/N
+ * (the first count%N blocks one longer);
  * broadcast is a chain from the root. Sending is limited only by what has
  * been received and reduced, receiving by the staging room, so large buffers
  * stream with every link busy (send chunk k while reducing chunk k-1).
@@ -55,21 +56,27 @@
  *    non-temporal stores when the output outsizes the caches) or, in a
  *    reduction, adds its own values to the bytes where they lie in the link:
  *    no kernel copies, and the link stays in cache.
- *  - With FSDP_COMM_CMA=1 on both ends, and when the receiver could read a
- *    word of the sender's memory at bootstrap, the same link carries records
- *    instead (cma.c): the sender posts the address and length of what it
- *    would have sent (its input, a block that already landed in its output,
- *    a staging slot), and the receiver copies it straight from the sender's
- *    process with process_vm_readv: one copy per byte instead of two. Since
- *    the receiver reads the sender's buffers, a sender ends an op only once
- *    the receiver has consumed every record (the link's consumer position;
- *    bounded by the op's deadline like every wait), refills a staging slot
- *    only once the records naming it are consumed, and, when its op fails,
- *    abandons the link before the failure reaches its caller: the receiver
- *    checks that after every copy and fails its op rather than deliver bytes
- *    the caller may have reused (its error then names the rank that failed
- *    first, from the notice). A dead sender shows as ESRCH and is named like
- *    a closed socket. Off by default: on the 2-core dev VM process_vm_readv
+ *  - Records instead of bytes (cma.c), per op: the sender posts where the
+ *    bytes it would have sent lie (its input, a block that already landed in
+ *    its output, a staging slot) and the receiver copies them from there into
+ *    their destination, or reduces them where they lie: one copy per byte
+ *    instead of two. An op goes as records when every buffer it sends from
+ *    is registered memory (reg.c) and the receiver mapped this rank's probe
+ *    segment at bootstrap (it then maps each segment a record names, once),
+ *    or always on a link made with FSDP_COMM_CMA=1 on both ends whose
+ *    receiver could read a word of the sender's memory at bootstrap
+ *    (process_vm_readv for what is not registered). The header, sent the
+ *    link's usual way, says which in its xport byte. Since the receiver reads
+ *    the sender's buffers, a sender ends an op only once the receiver has
+ *    consumed every record (the link's consumer position; bounded by the
+ *    op's deadline like every wait), refills a staging slot only once the
+ *    records naming it are consumed, and, when its op fails, abandons the
+ *    link before the failure reaches its caller: the receiver checks that
+ *    after every copy and fails its op rather than deliver bytes the caller
+ *    may have reused (its error then names the rank that failed first, from
+ *    the notice). A dead sender shows as ESRCH (CMA) or a closed socket and
+ *    is named like one; a mapped segment stays readable after its owner's
+ *    death. CMA is off by default: on the 2-core dev VM process_vm_readv
  *    pins every 4 KiB page of the source (~300 ns each) and copies at about
  *    half memcpy speed, so both collectives were slower than the copying
  *    link there (THP-backed buffers bring it level, not ahead).
@@ -82,8 +89,9 @@
  *   + links * (192 + cap), cap = FSDP_COMM_SHM_BYTES rounded up to a power of
  *     two in [64 KiB, 1 GiB], links = 2 when FSDP_COMM_SHM != 0 (the link out
  *     and the link in; fewer when a neighbour is on another host), else 0.
- * A CMA link has the same size (it is made before the receiver is known to
- * read the sender's memory). */
+ * A link that carries records has the same size (it is made before the
+ * receiver is known to read the sender's memory); the staging is registered
+ * memory (reg.c), accounted the same. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>

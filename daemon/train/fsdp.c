@@ -5,7 +5,10 @@
  * the model's unit hooks. Everything it allocates goes through the accounting
  * allocator: params (the shard), params_gathered (units in flight), grads (the
  * shard and a unit's unsharded gradient), optimizer, comm, workspace (fp32
- * chunks of a bf16 shard).
+ * chunks of a bf16 shard). What a collective sends from or lands in (the
+ * parameter shard, gathered units, unit gradients, the landing) is registered
+ * memory (daemon/comm/reg.c, same accounting), so the ranks on this host read
+ * it in place instead of copying it through the ring's links.
  *
  * Under bf16-true the shard is stored in bf16 and the kernels still compute in
  * fp32, so values are rounded (to nearest-even, the backend's f32_to_bf16) in
@@ -20,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/comm/reg.h"
 #include "daemon/common/err.h"
 #include "daemon/common/log.h"
 #include "mem.h"
@@ -76,14 +80,15 @@ static int fsdp_gather_start(fsdp_t *f, int k, int bf16) {
   const size_t n = f->l->units[k].shard_numel, padded = fsdp_padded(f, k);
   const void *send = f->params16 ? (const void *)(f->params16 + f->shard_off[k])
                                  : (const void *)(f->params + f->shard_off[k]);
-  f->full[k] = mem_alloc(MEM_PARAMS_GATHERED, padded * sizeof(float), "gathered unit");
+  f->full[k] = comm_reg_alloc(MEM_PARAMS_GATHERED, padded * sizeof(float), "gathered unit");
   if (!f->full[k]) return FSDP_ENOMEM;
   if (++f->gathered > f->max_gathered) f->max_gathered = f->gathered;
   if (bf16) {
-    f->recv16[k] = mem_alloc(MEM_PARAMS_GATHERED, padded * sizeof(uint16_t), "bf16 gathered unit");
+    f->recv16[k] =
+        comm_reg_alloc(MEM_PARAMS_GATHERED, padded * sizeof(uint16_t), "bf16 gathered unit");
     if (!f->recv16[k]) return FSDP_ENOMEM;
     if (!f->params16) { /* bf16-mixed: the fp32 master rounded for compute (nearest-even) */
-      f->send16[k] = mem_alloc(MEM_COMM, n * sizeof(uint16_t), "bf16 shard");
+      f->send16[k] = comm_reg_alloc(MEM_COMM, n * sizeof(uint16_t), "bf16 shard");
       if (!f->send16[k]) return FSDP_ENOMEM;
       f->be->f32_to_bf16(f->send16[k], send, n);
       send = f->send16[k];
@@ -107,8 +112,8 @@ static int fsdp_gather_wait(fsdp_t *f, int k) {
   }
   if (f->recv16[k]) {
     if (!rc) f->be->bf16_to_f32(f->full[k], f->recv16[k], fsdp_padded(f, k));
-    mem_free(f->recv16[k]);
-    mem_free(f->send16[k]);
+    comm_reg_free(f->recv16[k]);
+    comm_reg_free(f->send16[k]);
     f->recv16[k] = NULL;
     f->send16[k] = NULL;
   }
@@ -118,7 +123,7 @@ static int fsdp_gather_wait(fsdp_t *f, int k) {
 static void fsdp_free_unit(fsdp_t *f, int k) {
   if (!f->full[k]) return;
   FSDP_ASSERT(!f->req[k]);
-  mem_free(f->full[k]);
+  comm_reg_free(f->full[k]);
   f->full[k] = NULL;
   f->gathered--;
 }
@@ -179,7 +184,7 @@ static int fsdp_grads_cb(void *ctx, int u, float **out) {
     if (rc) return rc;
   }
   if (!f->ugrad[k]) {
-    f->ugrad[k] = mem_calloc(MEM_GRADS, fsdp_padded(f, k) * sizeof(float), "unit gradient");
+    f->ugrad[k] = comm_reg_calloc(MEM_GRADS, fsdp_padded(f, k) * sizeof(float), "unit gradient");
     if (!f->ugrad[k]) return FSDP_ENOMEM;
   }
   *out = f->ugrad[k] + fsdp_model_offset(f, u);
@@ -219,7 +224,7 @@ static int fsdp_reduce_finish(fsdp_t *f) {
   if (!rc && f->S > 1 && f->o.replica_comm)
     rc = comm_all_reduce(f->o.replica_comm, f->pend_out, f->pend_out, n, f->rdt, COMM_AVG);
   if (!rc) fsdp_grad_add(f, u, f->pend_out);
-  mem_free(f->pend_buf);
+  comm_reg_free(f->pend_buf);
   f->pend_buf = NULL;
   return rc ? err_wrap(rc, "reducing the gradient of unit %d", u) : FSDP_OK;
 }
@@ -232,9 +237,9 @@ static void *fsdp_grad_for_wire(fsdp_t *f, int u) {
   f->ugrad[u] = NULL;
   if (!f->true16) return g;
   const size_t padded = fsdp_padded(f, u);
-  uint16_t *g16 = mem_alloc(MEM_GRADS, padded * sizeof(uint16_t), "bf16 unit gradient");
+  uint16_t *g16 = comm_reg_alloc(MEM_GRADS, padded * sizeof(uint16_t), "bf16 unit gradient");
   if (g16) f->be->f32_to_bf16(g16, g, padded); /* rounds: the unit's gradient, for the wire */
-  mem_free(g);
+  comm_reg_free(g);
   return g16;
 }
 
@@ -264,7 +269,7 @@ static int fsdp_grads_done_cb(void *ctx, int mu) {
     rc = comm_iall_reduce(f->o.replica_comm, g, g, n, f->rdt, COMM_AVG, &f->pend_req);
   if (rc) {
     f->pend_unit = -1;
-    mem_free(f->pend_buf);
+    comm_reg_free(f->pend_buf);
     f->pend_buf = NULL;
     return err_wrap(rc, "reducing the gradient of unit %d", u);
   }
@@ -337,15 +342,16 @@ static int fsdp_alloc_state(fsdp_t *f) {
   const mem_cat_t pc = f->o.offload ? MEM_OFFLOAD : MEM_PARAMS;
   const mem_cat_t gc = f->o.offload ? MEM_OFFLOAD : MEM_GRADS;
   if (f->true16) {
-    f->params16 = mem_alloc(pc, n * sizeof(uint16_t), "parameter shard (bf16)");
+    f->params16 = comm_reg_alloc(pc, n * sizeof(uint16_t), "parameter shard (bf16)");
     f->grads16 = mem_calloc(gc, n * sizeof(uint16_t), "gradient shard (bf16)");
     f->wide = mem_alloc(MEM_WORKSPACE, 2 * FSDP_CHUNK * sizeof(float), "fp32 gradient chunks");
-    f->landing = mem_alloc(MEM_COMM, f->largest * sizeof(uint16_t), "reduce-scatter landing");
+    f->landing =
+        comm_reg_alloc(MEM_COMM, f->largest * sizeof(uint16_t), "reduce-scatter landing");
     return f->params16 && f->grads16 && f->wide && f->landing ? FSDP_OK : FSDP_ENOMEM;
   }
-  f->params = mem_alloc(pc, n * sizeof(float), "parameter shard");
+  f->params = comm_reg_alloc(pc, n * sizeof(float), "parameter shard");
   f->grads = mem_calloc(gc, n * sizeof(float), "gradient shard");
-  f->landing = mem_alloc(MEM_COMM, f->largest * sizeof(float), "reduce-scatter landing");
+  f->landing = comm_reg_alloc(MEM_COMM, f->largest * sizeof(float), "reduce-scatter landing");
   return f->params && f->grads && f->landing ? FSDP_OK : FSDP_ENOMEM;
 }
 
@@ -415,22 +421,23 @@ fail:
 void fsdp_destroy(fsdp_t *f) {
   if (!f) return;
   if (f->pend_req) comm_wait(f->pend_req, -1); /* its buffers must outlive it */
-  mem_free(f->pend_buf);
+  comm_reg_free(f->pend_buf);
   if (f->l)
     for (int k = 0; k < f->l->num_units; k++) {
       if (f->req && f->req[k]) comm_wait(f->req[k], -1); /* the buffer must outlive the op */
       if (f->req) f->req[k] = NULL;
       if (f->recv16) fsdp_gather_wait(f, k); /* frees a bf16 gather's buffers */
       if (f->full) fsdp_free_unit(f, k);
-      if (f->ugrad) mem_free(f->ugrad[k]);
+      if (f->ugrad) comm_reg_free(f->ugrad[k]);
     }
   adamw_destroy(f->opt);
-  mem_free(f->params);
-  mem_free(f->params16);
+  comm_reg_free(f->params);
+  comm_reg_free(f->params16);
   mem_free(f->grads);
   mem_free(f->grads16);
-  mem_free(f->landing);
+  comm_reg_free(f->landing);
   mem_free(f->wide);
+  comm_reg_trim(); /* the segments kept for this runtime's next unit */
   free(f->shard_off);
   free(f->full);
   free(f->req);

@@ -1174,3 +1174,25 @@ Test(reg, a_forked_child_does_not_own_its_parents_segments) {
   cr_expect_eq(changed, 0, "the child wrote %zu bytes of its parent's buffer", changed);
   comm_reg_free(b);
 }
+
+/* Freed segments are kept for reuse, but never more bytes of them than the
+ * most ever in use at once. */
+Test(reg, kept_segments_stay_within_the_peak_in_use) {
+  comm_reg_trim();
+  const size_t base = comm_reg_mapped(), mib = 1 << 20;
+  void *a = comm_reg_alloc(MEM_COMM, mib, "test");
+  comm_reg_free(a);
+  cr_expect_eq(comm_reg_mapped() - base, mib, "a freed segment is kept");
+  void *b = comm_reg_alloc(MEM_COMM, 2 * mib, "test"); /* no 2 MiB kept: a new one */
+  cr_expect_eq(comm_reg_mapped() - base, 3 * mib);
+  comm_reg_free(b); /* 3 MiB kept over a 2 MiB peak: the older 1 MiB goes */
+  cr_expect_eq(comm_reg_mapped() - base, 2 * mib);
+  void *c = comm_reg_alloc(MEM_COMM, 2 * mib, "test");
+  cr_expect_eq(c, b, "the kept 2 MiB segment is reused");
+  void *d = comm_reg_alloc(MEM_COMM, mib, "test"); /* peak 3 MiB */
+  comm_reg_free(c);
+  comm_reg_free(d);
+  cr_expect_eq(comm_reg_mapped() - base, 3 * mib, "both kept: within the 3 MiB peak");
+  comm_reg_trim();
+  cr_expect_eq(comm_reg_mapped(), base);
+}

@@ -18,6 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "daemon/comm/cma.h"
 #include "daemon/common/err.h"
 #include "daemon/common/rng.h"
 #include "daemon/train/fsdp.h"
@@ -193,6 +194,13 @@ static void rank_main(world_t *x, int w, shard_strategy_t st, fsdp_precision_t p
   }
   float losses[STEPS];
   if (rank_train(f, w, x->W, STEPS, losses)) goto fail;
+  /* its buffers are registered: its peers (all on this host) read them in place */
+  comm_t *cs[2] = {o.shard_comm, o.replica_comm};
+  for (int i = 0; i < 2; i++)
+    if (cs[i] && comm_ring_record_ops(cs[i]) == 0) {
+      fprintf(stderr, "rank %d: no collective of group '%s' was read in place\n", w, cs[i]->name);
+      _exit(6);
+    }
   size_t n = gpt_config_num_params(&c);
   float *params = malloc(n * sizeof *params);
   if (fsdp_gather_params(f, params)) goto fail;
