@@ -89,7 +89,7 @@ static int run_rank(int rank, const char *const *addrs, int lfd, int reg,
       char *mine = big + (size_t)rank * count * 4; /* this rank's block, in place */
       int iters = (int)((1024u << 20) / bytes);
       if (iters > 40) iters = 40;
-      if (iters < 10) iters = 10;
+      if (iters < 30) iters = 30;
       double t[64], u[64];
       for (int i = -1; i < iters; i++) { /* one warm-up */
         if (comm_barrier(c) < 0) goto fail;
