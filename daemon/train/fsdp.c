@@ -160,15 +160,24 @@ static int fsdp_params_cb(void *ctx, int u, int phase, float **out) {
   return FSDP_OK;
 }
 
+/* The model unit whose backward is the last use of FSDP unit k: backward
+ * runs unit 0 (final norm and logits), then the blocks last to first, so a
+ * unit's first block, or block 1 when min_params merged blocks into unit 0. */
+static int fsdp_last_bwd_use(const fsdp_t *f, int k) {
+  const shard_unit_t *su = &f->l->units[k];
+  return su->first == 0 && su->last >= 1 ? 1 : su->first;
+}
+
 static int fsdp_release_cb(void *ctx, int u, int phase) {
   fsdp_t *f = ctx;
   const int k = f->l->unit_of[u];
   int next = fsdp_next_unit(f, u, phase);
   if (phase == GPT_FWD && u == 0 && f->fwd_tail) f->fwd_tail = 0, next = -1; /* forward is over */
   /* an FSDP unit stays while the model moves on inside it; kept units are
-   * freed once backward is done with them */
+   * freed once backward is done with them (not in between: unit 0 with
+   * merged blocks is used again after the others) */
   if (next >= 0 && f->l->unit_of[next] == k) return FSDP_OK;
-  if (!f->keeps || phase == GPT_BWD) fsdp_free_unit(f, k);
+  if (!f->keeps || (phase == GPT_BWD && u == fsdp_last_bwd_use(f, k))) fsdp_free_unit(f, k);
   return FSDP_OK;
 }
 

@@ -93,9 +93,8 @@ static size_t plan_padded(const shard_layout_t *l, int k) {
  * it lands in (x = 2 bytes). The unit in use is held while the next one's
  * gather lands (prefetch). FULL_SHARD and HYBRID_SHARD free a unit after use,
  * so that pair is all they hold. Strategies that keep units hold every unit
- * gathered so far in forward; backward frees each as it leaves it, so when
- * min_params merged blocks into unit 0, backward gathers unit 0 again for
- * them (after freeing it for the logits' backward) beside the unit before. */
+ * gathered so far in forward; backward only frees them, each after its last
+ * use (fsdp.c), so it adds nothing. */
 static size_t plan_gathered(const shard_layout_t *l, int L, int keeps, size_t x) {
   int *seq = malloc(sizeof *seq * (size_t)(L + 2));
   if (!seq) return 0;
@@ -105,8 +104,7 @@ static size_t plan_gathered(const shard_layout_t *l, int L, int keeps, size_t x)
     const int n = plan_order(l, L, bwd, seq);
     size_t held = 0; /* fp32 units held while seq[i] lands */
     for (int i = 0; i < n; i++) {
-      if (keeps && !bwd && i == n - 1 && n > 1) break; /* unit 0 again: kept */
-      if (keeps && bwd && !(i == n - 1 && n >= 3)) continue; /* all kept from forward */
+      if (keeps && (bwd || (i == n - 1 && n > 1))) break; /* unit 0 again, backward: kept */
       held = keeps && !bwd ? held : i ? 4 * plan_padded(l, seq[i - 1]) : 0;
       best = MAX(best, held + (4 + x) * plan_padded(l, seq[i]));
       if (keeps && !bwd) held += 4 * plan_padded(l, seq[i]);
