@@ -541,13 +541,19 @@ static uint64_t ring_room_pos(const ring_t *r, const ring_op_t *o) {
          (o->rec_out ? COMM_CMA_RECORD_MAX : 1);
 }
 
-/* ring_poll when a link is shared memory: the TCP sockets are looked at
- * (frames, a closed peer, a TCP side's readiness) between futex sleeps of at
- * most 10 ms (1 ms when the other side is TCP), so a dead peer is seen within
- * a slice and a notice or an abort at once (their senders kick the links).
- * reach (CMA links): also wait for the next rank to consume up to *reach. */
-static int ring_poll_shm(ring_t *r, ring_op_t *o, int want_send, int want_recv, int watch_next,
-                         const uint64_t *reach) {
+/* Waits until the next rank can take data (want_send), the previous one has
+ * sent some (want_recv), the next rank has consumed this rank's records up
+ * to *reach (reach not NULL), the deadline, an abort or a notice, reading the
+ * next rank's frames meanwhile. watch_next: this op still has data to send,
+ * so the next rank closing or failing matters. On TCP it sleeps in poll()
+ * until the next beat; when a link is shared memory, on its futexes in
+ * slices of at most 10 ms (1 ms when the other side is TCP), looking at the
+ * sockets (frames, a closed peer, a TCP side's readiness) between them, so a
+ * dead peer is seen within a slice and a notice or an abort at once (their
+ * senders kick the links). */
+static int ring_poll_until(ring_t *r, ring_op_t *o, int want_send, int want_recv, int watch_next,
+                           const uint64_t *reach) {
+  const int shm = r->shm_in || r->shm_out;
   comm_shm_link_t *in = want_recv ? r->shm_in : NULL;
   comm_shm_link_t *out = (want_send || reach) ? r->shm_out : NULL;
   uint64_t out_pos = 0;
@@ -571,8 +577,10 @@ static int ring_poll_shm(ring_t *r, ring_op_t *o, int want_send, int want_recv, 
     p[1].fd = (open || tcp_send) ? r->fd_next : -1;
     p[1].events = (short)((tcp_send ? POLLOUT : 0) | (open ? POLLIN : 0));
     p[0].revents = p[1].revents = p[2].revents = 0;
-    int n = poll(p, 3, 0);
-    if (n < 0 && errno != EINTR) return err_set_errno(FSDP_EINTERNAL, errno, "%s: poll", o->sig);
+    int64_t until = o->deadline_ns < r->beat_due ? o->deadline_ns : r->beat_due;
+    int n = poll(p, 3, shm ? 0 : ring_ms_left(until));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return err_set_errno(FSDP_EINTERNAL, errno, "%s: poll", o->sig);
     if (n > 0) {
       if (p[0].revents) continue; /* abort: reported by ring_check */
       if (open && (p[1].revents & (POLLIN | POLLHUP | POLLERR))) {
@@ -588,9 +596,10 @@ static int ring_poll_shm(ring_t *r, ring_op_t *o, int want_send, int want_recv, 
         return ring_prev_closed(r, o, k < 0 ? errno : 0);
       }
     }
+    if (!shm) continue; /* deadline or beat: ring_check */
     if ((in && comm_shm_readable(in)) || (out && comm_shm_reached(out, out_pos))) return 0;
     int64_t slice = (tcp_send || tcp_recv || (!in && !out)) ? 1000000 : 10000000;
-    int64_t until = ring_now_ns() + slice;
+    until = ring_now_ns() + slice;
     if (until > o->deadline_ns) until = o->deadline_ns;
     if (in || out) {
       if (comm_shm_wait(in, out, out_pos, until)) return 0;
@@ -601,40 +610,11 @@ static int ring_poll_shm(ring_t *r, ring_op_t *o, int want_send, int want_recv, 
   }
 }
 
-/* Waits until the next socket can take data (want_send), the previous one has
- * data (want_recv), the deadline, an abort or a notice, reading the next
- * rank's frames meanwhile. watch_next: this op still has data to send, so the
- * next rank closing or failing matters. */
+/* ring_poll_until for data: also watches the next rank while it still reads
+ * this rank's records. */
 static int ring_poll(ring_t *r, ring_op_t *o, int want_send, int want_recv, int watch_next) {
-  /* the next rank still reading this rank's records matters as much as sending */
   watch_next |= !ring_consumed(r, o, ring_posted(r, o));
-  if (r->shm_in || r->shm_out) return ring_poll_shm(r, o, want_send, want_recv, watch_next, NULL);
-  int need = want_send || watch_next;
-  struct pollfd p[3];
-  p[0].fd = r->wake[0];
-  p[0].events = POLLIN;
-  p[2].fd = want_recv ? r->fd_prev : -1;
-  p[2].events = POLLIN;
-  for (;;) {
-    int rc = ring_turn(r, o, want_recv);
-    if (rc < 0) return rc;
-    if (need && r->next_end != RING_NEXT_OPEN) return ring_next_gone(r, o);
-    int open = r->next_end == RING_NEXT_OPEN; /* frames may come */
-    p[1].fd = (want_send || open) ? r->fd_next : -1;
-    p[1].events = (short)((want_send ? POLLOUT : 0) | (open ? POLLIN : 0));
-    p[0].revents = p[1].revents = p[2].revents = 0;
-    int64_t until = o->deadline_ns < r->beat_due ? o->deadline_ns : r->beat_due;
-    int n = poll(p, 3, ring_ms_left(until));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return err_set_errno(FSDP_EINTERNAL, errno, "%s: poll", o->sig);
-    if (n == 0) continue;       /* deadline or beat: ring_check */
-    if (p[0].revents) continue; /* abort: reported by ring_check */
-    if (open && (p[1].revents & (POLLIN | POLLHUP | POLLERR))) {
-      if ((rc = ring_hear(r, o, need)) < 0) return rc;
-      if (!(p[1].revents & POLLOUT) && !p[2].revents) continue; /* beats */
-    }
-    return 0;
-  }
+  return ring_poll_until(r, o, want_send, want_recv, watch_next, NULL);
 }
 
 /* The registered segment of the op's that holds [p, p + n), or NULL. */
@@ -743,7 +723,7 @@ static int ring_consumed(const ring_t *r, const ring_op_t *o, uint64_t pos) {
  * reads this rank's memory until then (records; at once elsewhere). */
 static int ring_wait_consumed(ring_t *r, ring_op_t *o, uint64_t pos) {
   while (!ring_consumed(r, o, pos)) {
-    int rc = ring_poll_shm(r, o, 0, 0, 1, &pos);
+    int rc = ring_poll_until(r, o, 0, 0, 1, &pos);
     if (rc < 0) return rc;
   }
   return 0;
@@ -1016,7 +996,7 @@ static int ring_stream_rs(ring_t *r, ring_op_t *o, const uint8_t *own, const siz
     }
     int want_send = ms < P && (ms % (size_t)S == 0 || kr >= ms), rc;
     if (slot_free && !slot_read)
-      rc = ring_poll_shm(r, o, want_send, 0, 1, &posted[kr % RING_SLOTS]);
+      rc = ring_poll_until(r, o, want_send, 0, 1, &posted[kr % RING_SLOTS]);
     else
       rc = ring_poll(r, o, want_send, kr < P, ms < P);
     if (rc < 0) return rc;
