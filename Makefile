@@ -21,7 +21,10 @@ B       = build
 NVCC   ?= /usr/local/cuda/bin/nvcc
 NVFLAGS = -std=c++17 -I. -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
           -gencode arch=compute_90,code=compute_90
-CUDA_CHECKS = $(if $(wildcard $(NVCC)),$(B)/tests/cuda/kern_math_check.o)
+CUDA_LIB ?= $(dir $(NVCC))../lib64
+# kern_math.h's functions run on a GPU against the CPU kernels, built as
+# nvcc compiles by default (fused multiply-adds) and with -fmad=false.
+CUDA_CHECKS = $(if $(wildcard $(NVCC)),$(B)/tests/cuda/kern_math_gpu $(B)/tests/cuda/kern_math_gpu_nofmad)
 
 # Debian packages the build, the tests, the benchmarks and the demo need.
 DEB_PKGS = build-essential pkg-config libdnnl-dev libinih-dev libcriterion-dev \
@@ -47,7 +50,7 @@ TESTS = err param kernels data gpt adamw config train sample shard launch plan c
 TEST_BINS  = $(TESTS:%=$(B)/tests/test_%)
 BENCH_BINS = $(B)/bench/bench_gemm $(B)/bench/bench_train $(B)/bench/bench_comm $(B)/bench/bench_fsdp
 
-.PHONY: all deps test test-san fuzz fuzz-build bench demo clean
+.PHONY: all deps test test-san test-cuda fuzz fuzz-build bench demo clean
 # keep objects that pattern rules chain through (tests, bench) between runs
 .SECONDARY:
 all: $(BINS) $(TEST_BINS) $(BENCH_BINS) $(CUDA_CHECKS)
@@ -83,6 +86,15 @@ $(B)/%.o: %.cu | deps
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
+$(B)/tests/cuda/kern_math_gpu_nofmad.o: tests/cuda/kern_math_gpu.cu | deps
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -fmad=false -DKMG_NO_FMAD -c $< -o $@
+
+# cudart linked statically: the program runs wherever a driver is, with no toolkit.
+KMG_CPU_OBJS = $(B)/kernels/cpu/gelu.o $(B)/kernels/cpu/adamw.o $(B)/kernels/cpu/cast.o
+$(CUDA_CHECKS): %: %.o $(KMG_CPU_OBJS)
+	$(CC) $(LDFLAGS) $^ -o $@ -L$(CUDA_LIB) -lcudart_static -ldl -lrt -lpthread -lstdc++ -lm
+
 # libFuzzer targets for every decoder of outside input (token, weights and job
 # files), built with clang, ASan and UBSan in build-fuzz/. `make test` runs each
 # for a fixed number of inputs from a fixed seed (a bounded regression run);
@@ -114,8 +126,14 @@ test: $(BINS) $(TEST_BINS) $(CUDA_CHECKS) fuzz-build
 	  build-fuzz/fuzz_$$t -seed=1 -runs=$(FUZZ_RUNS) build-fuzz/run/$$t tests/fuzz/corpus/$$t \
 	  >build-fuzz/fuzz_$$t.log 2>&1 || { tail -n 40 build-fuzz/fuzz_$$t.log; exit 1; }; \
 	  echo "fuzz_$$t: $(FUZZ_RUNS) inputs, no crash"; done
-	@[ -n "$(CUDA_CHECKS)" ] || echo "note: $(NVCC) not found: the CUDA compile check was not built"
+	@[ -n "$(CUDA_CHECKS)" ] || echo "note: $(NVCC) not found: the CUDA checks were not built"
 	@sh tests/run.sh $(TEST_BINS)
+
+# The shared element-wise math on a GPU against the CPU kernels (passes, saying
+# so, where there is no GPU).
+test-cuda: $(CUDA_CHECKS)
+	@[ -n "$(CUDA_CHECKS)" ] || { echo "test-cuda: $(NVCC) not found"; exit 1; }
+	@for t in $(CUDA_CHECKS); do $$t || exit 1; done
 
 # The same tests built with AddressSanitizer and UBSan, in their own build dir.
 test-san: $(BINS)
