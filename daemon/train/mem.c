@@ -113,9 +113,17 @@ size_t mem_peak(mem_cat_t cat) { return atomic_load(&mem_pk[cat]); }
 size_t mem_total_current(void) { return atomic_load(&mem_cur_total); }
 size_t mem_total_peak(void) { return atomic_load(&mem_pk_total); }
 
-void mem_step_begin(void) {
-  for (int c = 0; c < MEM__COUNT; c++) atomic_store(&mem_pk_step[c], atomic_load(&mem_cur[c]));
-  atomic_store(&mem_pk_step_total, atomic_load(&mem_cur_total));
+/* Peaks pk (per category) and pk_total restart from what is held now. */
+static void mem_restart(atomic_size_t *pk, atomic_size_t *pk_total) {
+  for (int c = 0; c < MEM__COUNT; c++) atomic_store(&pk[c], atomic_load(&mem_cur[c]));
+  atomic_store(pk_total, atomic_load(&mem_cur_total));
+}
+
+void mem_step_begin(void) { mem_restart(mem_pk_step, &mem_pk_step_total); }
+
+void mem_run_begin(void) {
+  mem_restart(mem_pk, &mem_pk_total);
+  mem_step_begin();
 }
 
 static void mem_print(FILE *out, const char *prefix, const atomic_size_t *pk, const atomic_size_t *pk_total) {

@@ -50,6 +50,10 @@ const char *mem_cat_name(mem_cat_t cat);
 void mem_report(FILE *out, const char *prefix);
 /* Starts a step: its peaks restart from what is held now. */
 void mem_step_begin(void);
+/* Starts a run: the run's peaks (and the step's) restart from what is held
+ * now; for a rank forked from a process that already allocated, whose
+ * counters it inherits. */
+void mem_run_begin(void);
 /* mem_report's line with the peaks since mem_step_begin. */
 void mem_report_step(FILE *out, const char *prefix);
 /* Peak resident set of this process (VmHWM), in bytes; 0 if unknown. It

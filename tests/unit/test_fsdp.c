@@ -130,9 +130,9 @@ static comm_t *group(world_t *x, int w, int shard) {
 /* Gradient accumulation in the ranks: micro-batches per step, and whether the
  * unsharded gradients are kept until the last one (fsdp_defer_reduce). Set
  * by a test before it forks. */
-static int g_accum = 1, g_keep_unsharded = 0, g_offload = 0;
+static int g_accum = 1, g_keep_unsharded = 0, g_offload = 0, g_ckpt = 0;
 static size_t g_min_params = 0;
-static size_t g_peak_grads; /* rank 0's gradient memory peak, from the last run */
+static size_t g_peak_grads, g_peak_act; /* rank 0's gradient and activation peaks, last run */
 
 /* Bytes per element of the shard's parameters (and of its gradient, m and v). */
 static size_t state_bytes(fsdp_precision_t prec) { return prec == FSDP_BF16_TRUE ? 2 : 4; }
@@ -169,6 +169,7 @@ static void rank_main(world_t *x, int w, shard_strategy_t st, fsdp_precision_t p
   for (int v = 0; v < x->W; v++) /* only its own sockets stay open */
     if (v != w) close(x->sfd[v]), close(x->rfd[v]);
   kern_cpu()->set_threads(1); /* up to 4 ranks share 2 cores */
+  mem_run_begin(); /* peaks of this rank, not of the test process it was forked from */
   fsdp_opts_t o = {.mesh = {x->R, x->S, st}, .seed = SEED, .hp = HP, .precision = prec,
                    .offload = g_offload, .min_params = g_min_params};
   o.shard_comm = group(x, w, 1);
@@ -176,6 +177,7 @@ static void rank_main(world_t *x, int w, shard_strategy_t st, fsdp_precision_t p
   gpt_config_t c = cfg();
   fsdp_t *f;
   if (fsdp_create(&f, &c, &o)) goto fail;
+  gpt_set_checkpointing(fsdp_model(f), g_ckpt);
   /* the persistent state of a rank is exactly its padded shard: master
    * parameters, gradient, Adam m and v (and nothing of the whole model), each
    * fp32 (16 bytes per element in all) or bf16 under bf16-true (8 bytes) */
@@ -208,7 +210,8 @@ static void rank_main(world_t *x, int w, shard_strategy_t st, fsdp_precision_t p
     FILE *fo = fopen(out, "wb");
     if (!fo) _exit(4);
     int maxg = fsdp_max_gathered(f);
-    size_t peaks[3] = {mem_peak(MEM_GRADS), mem_peak(MEM_PARAMS_GATHERED), state};
+    size_t peaks[4] = {mem_peak(MEM_GRADS), mem_peak(MEM_PARAMS_GATHERED), state,
+                       mem_peak(MEM_ACTS)};
     fwrite(&maxg, sizeof maxg, 1, fo);
     fwrite(peaks, sizeof peaks, 1, fo);
     fwrite(losses, sizeof *losses, STEPS, fo);
@@ -284,10 +287,10 @@ static void run_mesh_prec(int R, int S, shard_strategy_t st, fsdp_precision_t pr
   FILE *f = fopen(out, "rb");
   cr_assert_not_null(f);
   int maxg;
-  size_t peaks[3];
+  size_t peaks[4];
   cr_assert_eq(fread(&maxg, sizeof maxg, 1, f), 1);
   cr_assert_eq(fread(peaks, sizeof peaks, 1, f), 1);
-  g_peak_grads = peaks[0];
+  g_peak_grads = peaks[0], g_peak_act = peaks[3];
   shard_layout_t *lay;
   cr_assert_eq(shard_layout_create(&lay, &c, S, g_min_params), 0);
   cr_log_info("%s: persistent state %.1f bytes per padded shard element (rank 0)", prec_name(prec),
@@ -387,6 +390,26 @@ Test(fsdp, grad_accum_both_modes, .timeout = 60) {
 Test(fsdp, offload_full_shard_2, .timeout = 60) {
   g_offload = 1;
   run_mesh(1, 2, SHARD_FULL_SHARD);
+}
+
+/* Activation checkpointing: backward recomputes each block from its input,
+ * so a freeing strategy gathers the unit again for the recomputation and the
+ * keeping ones use what they kept. Same losses and weights as one device
+ * (which computes without it: on one device it is bit-identical), and still
+ * at most two units gathered at once under FULL_SHARD (run_mesh_prec). */
+static void run_mesh_ckpt(int R, int S, shard_strategy_t st) {
+  run_mesh(R, S, st);
+  const size_t without = g_peak_act;
+  g_ckpt = 1;
+  run_mesh(R, S, st);
+  cr_log_info("activations per rank: %zu bytes, %zu with checkpointing", without, g_peak_act);
+  cr_expect_lt(g_peak_act, without, "checkpointing is not in effect in the sharded model");
+}
+Test(fsdp, activation_checkpointing_full_shard_3, .timeout = 60) {
+  run_mesh_ckpt(1, 3, SHARD_FULL_SHARD);
+}
+Test(fsdp, activation_checkpointing_hybrid_zero2_2x2, .timeout = 60) {
+  run_mesh_ckpt(2, 2, SHARD_HYBRID_SHARD_ZERO2);
 }
 
 /* The size-based wrap policy: blocks merged two by two (and the embeddings
