@@ -305,6 +305,7 @@ int train_run(const config_t *cin, FILE *progress_in, train_result_t *res) {
   const kern_backend_t *be = kern_cpu();
   int threads = c->threads ? c->threads : (int)param_threads();
   if ((rc = train_rank_env(&tr))) return rc;
+  mem_run_begin(); /* the run's report counts this run, whatever the process held before */
   if (!threads && tr.world > 1) { /* the launcher's ranks share this machine's cores */
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     threads = cores / tr.world > 0 ? (int)(cores / tr.world) : 1;
