@@ -13,7 +13,9 @@
 #  3. Collectives (bench_comm): ring all_gather and reduce_scatter bus
 #     bandwidth (nccl-tests busbw) with 2 rank processes on loopback, 1 MiB to
 #     256 MiB, against single-thread memcpy; it prints its own target lines
-#     (busbw at 64 MiB >= 0.50 x memcpy).
+#     (busbw at 64 MiB >= 0.50 x memcpy), for plain and registered buffers,
+#     in and out of place; used_by_training=yes marks the registered ones,
+#     which are what the sharded runtime communicates.
 #  4. Sharded training (bench_fsdp): 2 rank processes, 1 thread each, ring
 #     communicators, FULL_SHARD (1x2), SHARD_GRAD_OP (1x2) and NO_SHARD (2x1),
 #     against one rank (1 and 2 threads), interleaved step by step, with
