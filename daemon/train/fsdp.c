@@ -44,7 +44,7 @@ struct fsdp {
   float *wide;       /* (2 * FSDP_CHUNK) bf16-true: gradient shard chunks in fp32 */
   size_t *shard_off; /* per unit: offset of its shard in params / grads */
   float **full;      /* per unit: gathered parameters (padded numel), or NULL */
-  uint16_t **send16, **recv16; /* per unit: a bf16 gather in flight */
+  uint16_t **recv16;  /* per unit: where a bf16 gather in flight lands */
   int bf16;          /* the precision policy gathers parameters in bf16 */
   int true16;        /* bf16-true: bf16 storage, bf16 reductions */
   comm_dtype_t rdt;  /* the dtype gradients are reduced in */
@@ -73,7 +73,9 @@ static size_t fsdp_chunk(size_t i, size_t n) { return n - i < FSDP_CHUNK ? n - i
 /* Issues the all-gather of unit k (no-op if gathered or in flight), in bf16
  * when bf16 is set (half the bytes on the wire, and the model computes with
  * bf16 values), else in fp32 (fp32 storage only). Under bf16-true the bf16
- * shard itself is sent; under bf16-mixed a copy of the fp32 master. */
+ * shard itself is sent; under bf16-mixed the fp32 master is rounded straight
+ * into this rank's block of the landing buffer and gathered in place (no
+ * bf16 copy of the shard, and the ring does not copy this rank's block). */
 static int fsdp_gather_start(fsdp_t *f, int k, int bf16) {
   if (f->full[k]) return FSDP_OK;
   FSDP_ASSERT(bf16 || f->params);
@@ -88,15 +90,14 @@ static int fsdp_gather_start(fsdp_t *f, int k, int bf16) {
         comm_reg_alloc(MEM_PARAMS_GATHERED, padded * sizeof(uint16_t), "bf16 gathered unit");
     if (!f->recv16[k]) return FSDP_ENOMEM;
     if (!f->params16) { /* bf16-mixed: the fp32 master rounded for compute (nearest-even) */
-      f->send16[k] = comm_reg_alloc(MEM_COMM, n * sizeof(uint16_t), "bf16 shard");
-      if (!f->send16[k]) return FSDP_ENOMEM;
-      f->be->f32_to_bf16(f->send16[k], send, n);
-      send = f->send16[k];
+      uint16_t *mine = f->recv16[k] + (size_t)f->shard_rank * n;
+      f->be->f32_to_bf16(mine, send, n);
+      send = mine;
     }
   }
   void *recv = bf16 ? (void *)f->recv16[k] : (void *)f->full[k];
   if (f->S == 1) { /* NO_SHARD: the shard is the unit */
-    memcpy(recv, send, n * (bf16 ? sizeof(uint16_t) : sizeof(float)));
+    if (send != recv) memcpy(recv, send, n * (bf16 ? sizeof(uint16_t) : sizeof(float)));
     return FSDP_OK;
   }
   int rc = comm_iall_gather(f->o.shard_comm, send, recv, n, bf16 ? COMM_BF16 : COMM_F32, &f->req[k]);
@@ -113,9 +114,7 @@ static int fsdp_gather_wait(fsdp_t *f, int k) {
   if (f->recv16[k]) {
     if (!rc) f->be->bf16_to_f32(f->full[k], f->recv16[k], fsdp_padded(f, k));
     comm_reg_free(f->recv16[k]);
-    comm_reg_free(f->send16[k]);
     f->recv16[k] = NULL;
-    f->send16[k] = NULL;
   }
   return rc ? err_wrap(rc, "gathering unit %d", k) : FSDP_OK;
 }
@@ -397,10 +396,9 @@ int fsdp_create(fsdp_t **out, const gpt_config_t *cfg, const fsdp_opts_t *o) {
   f->full = calloc((size_t)nu, sizeof *f->full);
   f->req = calloc((size_t)nu, sizeof *f->req);
   f->ugrad = calloc((size_t)nu, sizeof *f->ugrad);
-  f->send16 = calloc((size_t)nu, sizeof *f->send16);
   f->recv16 = calloc((size_t)nu, sizeof *f->recv16);
   f->done = calloc((size_t)nu, sizeof *f->done);
-  if (!f->shard_off || !f->full || !f->req || !f->ugrad || !f->send16 || !f->recv16 || !f->done) {
+  if (!f->shard_off || !f->full || !f->req || !f->ugrad || !f->recv16 || !f->done) {
     rc = err_set(FSDP_ENOMEM, "fsdp: out of memory");
     goto fail;
   }
@@ -451,7 +449,6 @@ void fsdp_destroy(fsdp_t *f) {
   free(f->full);
   free(f->req);
   free(f->ugrad);
-  free(f->send16);
   free(f->recv16);
   free(f->done);
   shard_layout_destroy(f->l);

@@ -171,9 +171,9 @@ static int plan_runtime(const config_t *c, int world, plan_t *p) {
   p->bytes[MEM_GRADS] = c->keep_unsharded_grads && c->grad_accum > 1 ? p->grads_keep_unsharded
                                                                        : p->grads_reduce_each;
   /* communication: each ring's buffers (world; shard group when S > 1;
-   * replica group when R > 1), the reduce-scatter landing (reduce dtype), and
-   * under bf16-mixed the bf16 copy of the one shard being sent */
-  size_t comm = e * largest + (prec == FSDP_BF16_MIXED ? 2 * largest : 0);
+   * replica group when R > 1) and the reduce-scatter landing (reduce dtype;
+   * a bf16-mixed gather sends from its own landing buffer, counted above) */
+  size_t comm = e * largest;
   if (world > 1) comm += comm_ring_buffer_bytes(world);
   if (m.shards > 1) comm += comm_ring_buffer_bytes(m.shards);
   if (m.replicas > 1) comm += comm_ring_buffer_bytes(m.replicas);
