@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/common/rng.h"
 #include "kernels/kern_math.h"
 
 // The CPU backend's kernels (kernels/cpu/{gelu,adamw,cast}.c, built by gcc
@@ -79,16 +80,9 @@ __global__ void kmg_bf16(uint16_t *out, uint32_t first, size_t count) {
 
 static unsigned kmg_blocks(size_t n) { return (unsigned)((n + 255) / 256); }
 
-// splitmix64: inputs that any run reproduces.
-static uint64_t kmg_rng(uint64_t *s) {
-  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
+// Uniform in [lo, hi), from the project's one generator: inputs any run reproduces.
 static float kmg_uniform(uint64_t *s, float lo, float hi) {
-  return lo + (hi - lo) * (float)((kmg_rng(s) >> 40) * (1.0 / 16777216.0));
+  return lo + (hi - lo) * (float)rng_unit(rng_next(s));
 }
 
 // Distance in ulp between two floats (through the ordered integer line);
