@@ -32,16 +32,17 @@ DEB_PKGS = build-essential pkg-config libdnnl-dev libinih-dev libcriterion-dev \
            libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libuv1-dev libsqlite3-dev \
            python3 python3-numpy python3-torch libopenblas-dev libblis-dev fortunes
 
-COMMON_SRCS = daemon/common/err.c daemon/common/log.c daemon/common/param.c
+COMMON_SRCS = daemon/common/err.c daemon/common/log.c daemon/common/param.c daemon/common/mem.c
 KERN_SRCS   = kernels/cpu/backend.c kernels/cpu/encoder.c kernels/cpu/layernorm.c \
               kernels/cpu/matmul.c kernels/cpu/attention.c kernels/cpu/gelu.c \
               kernels/cpu/residual.c kernels/cpu/crossentropy.c kernels/cpu/adamw.c \
-              kernels/cpu/cast.c kernels/cpu/sumsq.c
-TRAIN_SRCS  = daemon/train/mem.c daemon/train/gpt.c daemon/train/adamw.c \
+              kernels/cpu/cast.c kernels/cpu/sumsq.c kernels/cpu/memory.c \
+              kernels/cpu/reduce.c
+TRAIN_SRCS  = daemon/train/gpt.c daemon/train/adamw.c \
               daemon/train/data.c daemon/train/config.c daemon/train/train.c \
               daemon/train/sample.c daemon/train/shard.c daemon/train/plan.c \
-              daemon/train/fsdp.c
-COMM_SRCS   = daemon/comm/comm.c daemon/comm/ring.c daemon/comm/ring_split.c daemon/comm/shm.c daemon/comm/cma.c daemon/comm/reg.c
+              daemon/train/fsdp.c daemon/train/device.c
+COMM_SRCS   = daemon/comm/comm.c daemon/comm/boot.c daemon/comm/ring.c daemon/comm/ring_split.c daemon/comm/shm.c daemon/comm/cma.c daemon/comm/reg.c
 LIB_SRCS    = $(COMMON_SRCS) $(KERN_SRCS) $(TRAIN_SRCS) $(COMM_SRCS)
 LIB         = $(B)/libfsdp.a
 

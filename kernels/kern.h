@@ -2,7 +2,13 @@
  *
  * A backend (cpu now, cuda later) fills a static const kern_backend_t; callers
  * hold a pointer to it and never name a backend's functions directly (after
- * ggml's ggml_backend_i). Pointers are device pointers of that backend.
+ * ggml's ggml_backend_i). Pointers are device pointers of that backend: code
+ * outside kernels/ never reads or writes them itself, it asks the table (the
+ * memory section below: allocation, set, copies, the few vector ops a runtime
+ * needs between ops).
+ *
+ * kernels/ is a leaf: it includes nothing of the daemon. Tunables reach a
+ * backend through its init call (kern_cpu_init), never from the environment.
  *
  * Conventions, for every op:
  *  - Tensors are dense, row-major fp32 unless the op says otherwise. Shapes are in
@@ -40,6 +46,44 @@ typedef struct kern_backend {
   /* Worker threads the backend uses (CPU: OpenMP threads); n <= 0 means all cores. */
   void (*set_threads)(int n);
   int (*get_threads)(void);
+
+  /* ---- memory: device buffers, from the host's side ---------------------
+   * host_memory 1: device pointers are host pointers (the CPU backend), so
+   * the accounting allocator serves device buffers as host ones and
+   * dev_alloc / dev_free are NULL. Otherwise dev_alloc returns device memory
+   * (64-byte aligned; NULL when the device is full) and the caller counts it
+   * (mem_dev_alloc, daemon/common/mem.h, is the one caller). */
+  int host_memory;
+  void *(*dev_alloc)(size_t bytes);
+  void (*dev_free)(void *p);
+  /* Every byte of dst[0, bytes) set to v. */
+  void (*dev_set)(void *dst, int v, size_t bytes);
+  /* Copies of bytes between host and device memory (regions never overlap). */
+  void (*copy_h2d)(void *dst, const void *src, size_t bytes);
+  void (*copy_d2h)(void *dst, const void *src, size_t bytes);
+  void (*copy_d2d)(void *dst, const void *src, size_t bytes);
+  /* Waits until every op queued so far has finished (a GPU's stream): after
+   * it the host may read what copy_d2h wrote. The CPU runs ops synchronously. */
+  void (*sync)(void);
+  /* y (n) += x; y (n) *= s: element-wise, the same bytes for any thread count. */
+  void (*vec_add)(float *y, const float *x, size_t n);
+  void (*vec_scale)(float *y, float s, size_t n);
+  /* Sum of x (n), accumulated in double in index order (a fixed order: the
+   * same bytes whatever the thread count). For short vectors (a batch's losses). */
+  double (*vec_sum)(const float *x, size_t n);
+
+  /* ---- the CPU collectives' element-wise work (host memory; NULL in a
+   * device backend, whose collectives reduce on the device) ----
+   * dst = (a + b) / div over n elements (div 1: the plain sum); bf16 (uint16
+   * storage) adds in fp32 and rounds once, after the division. a may be
+   * unaligned. stream: dst is not read again soon, so it is written with
+   * non-temporal stores (a large collective's output). */
+  void (*reduce_f32)(float *dst, const void *a, const float *b, size_t n, float div, int stream);
+  void (*reduce_bf16)(uint16_t *dst, const void *a, const uint16_t *b, size_t n, float div,
+                      int stream);
+  /* memcpy for a destination not read again soon: non-temporal stores from
+   * 4 KiB up, then a store fence. */
+  void (*copy_stream)(void *dst, const void *src, size_t n);
 
   /* out (B,T,C) = wte[tok] + wpe[t]. tok (B,T) must be < V (checked by the caller). */
   void (*encoder_fwd)(float *out, const int32_t *tok, const float *wte, const float *wpe, int B,
@@ -96,7 +140,18 @@ typedef struct kern_backend {
   double (*sumsq)(const float *x, size_t n);
 } kern_backend_t;
 
-/* The CPU backend (OpenMP + oneDNN sgemm). */
+/* The CPU backend's tunables; the caller reads them from its own
+ * configuration (the daemon: FSDP_THREADS, FSDP_ATTN_BLOCK). */
+typedef struct kern_cpu_opts {
+  int threads;    /* OpenMP threads; <= 0: every online core */
+  int attn_block; /* attention: query rows per work item; <= 0: 64 */
+} kern_cpu_opts_t;
+
+/* The CPU backend (OpenMP + oneDNN sgemm), configured by o (NULL: the
+ * defaults). Its settings are process-wide (OpenMP's thread count is), so the
+ * last call wins; call it once at start. */
+const kern_backend_t *kern_cpu_init(const kern_cpu_opts_t *o);
+/* The CPU backend as last configured (the defaults when never). */
 const kern_backend_t *kern_cpu(void);
 
 #endif

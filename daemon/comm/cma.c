@@ -36,6 +36,7 @@
 #include <sys/uio.h>
 
 #include "daemon/common/err.h"
+#include "kernels/kern.h"
 
 #define CMA_PAD(n) (((n) + 15) & ~(size_t)15)
 
@@ -148,7 +149,7 @@ ssize_t comm_cma_pull(comm_cma_rx_t *rx, void *p, size_t n, int nt) {
   } else if (h.kind == CMA_SEG) {
     const uint8_t *b = cma_seg_bytes(rx, &h);
     if (!b) return -EACCES;
-    if (nt) comm_shm_copy_nt(p, b, k);
+    if (nt) kern_cpu()->copy_stream(p, b, k);
     else memcpy(p, b, k);
   } else {
     struct iovec lv = {p, k}, rv = {(void *)(uintptr_t)(h.addr + rx->done), k};

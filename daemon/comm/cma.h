@@ -55,7 +55,7 @@ int comm_cma_probe(pid_t pid, uint64_t addr, uint64_t want);
  * (process_vm_readv). */
 size_t comm_cma_post(comm_shm_link_t *l, const void *p, size_t n, const comm_reg_seg_t *seg);
 /* Consumer: copies up to n bytes of the stream into p (nt: with
- * comm_shm_copy_nt, for an output that outsizes the caches); returns the
+ * kern.h copy_stream, for an output that outsizes the caches); returns the
  * bytes copied (0: no record yet), or a negative errno: -ESRCH (the
  * producer's process is gone), -ECANCELED (the producer abandoned the stream:
  * what this call copied may be stale, so none of it counts), -EFAULT (its
@@ -70,13 +70,5 @@ ssize_t comm_cma_view(comm_cma_rx_t *rx, const void **p, size_t n);
 /* Consumer: k bytes of a view were used; 0, or -ECANCELED when the producer
  * abandoned the stream meanwhile (what was read may be stale). */
 int comm_cma_done(comm_cma_rx_t *rx, size_t k);
-
-/* For tests (ring.c): how many of a ring communicator's links (out, in)
- * carry records for every op (CMA); how many map the other end's registered
- * segments; how many ops this rank sent as records. */
-struct comm;
-int comm_ring_cma_links(const struct comm *c);
-int comm_ring_reg_links(const struct comm *c);
-uint64_t comm_ring_record_ops(const struct comm *c);
 
 #endif

@@ -138,6 +138,24 @@ int comm_barrier(comm_t *c) {
   return comm_run(c, &a);
 }
 
+int comm_split(comm_t *c, int color, int key, const char *name, int64_t timeout_ms,
+               comm_t **out) {
+  *out = NULL;
+  if (!c) return err_set(FSDP_EINVAL, "comm_split: NULL communicator");
+  if (!name || !*name)
+    return err_set(FSDP_EINVAL, "comm_split of group '%s': the new group needs a name", c->name);
+  if (timeout_ms < 0)
+    return err_set(FSDP_EINVAL, "comm_split of group '%s': timeout %lld ms is negative (0 means "
+                   "the default)", c->name, (long long)timeout_ms);
+  return c->be->split(c, color, key, name, timeout_ms, out);
+}
+
+int comm_rank(const comm_t *c) { return c->rank; }
+int comm_size(const comm_t *c) { return c->size; }
+const char *comm_name(const comm_t *c) { return c->name; }
+const comm_backend_t *comm_backend(const comm_t *c) { return c->be; }
+size_t comm_buffer_bytes(const comm_backend_t *be, int size) { return be->buffer_bytes(size); }
+
 void comm_abort(comm_t *c) {
   if (c) c->be->abort(c);
 }

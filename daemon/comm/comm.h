@@ -1,10 +1,11 @@
 /* comm: collectives on a group of ranks, behind one backend table.
  *
  * A communicator (comm_t) is one group: the world, a shard group or a replica
- * group are each their own communicator, made from the list of every member's
- * address (the control plane hands those out; until then a local launcher or
- * a test does). A backend (ring over TCP for CPU devices now, NCCL later) fills
- * a static const comm_backend_t (after ggml's ggml_backend_i and redis's
+ * group are each their own communicator. The world is made by a backend's own
+ * create call from what the rank was told about its peers (boot.h is the one
+ * place that does it); groups are split from it (comm_split). A backend (ring
+ * over TCP and shared memory for CPU devices, ring.h; NCCL next) fills a
+ * static const comm_backend_t (after ggml's ggml_backend_i and redis's
  * ConnectionType); callers only use the comm_* functions below.
  *
  * Contract, for every backend:
@@ -81,9 +82,15 @@ typedef struct comm_backend {
   int (*wait)(comm_req_t *req, int64_t wait_ms);
   void (*abort)(comm_t *c);
   void (*destroy)(comm_t *c);
+  /* See comm_split. */
+  int (*split)(comm_t *c, int color, int key, const char *name, int64_t timeout_ms,
+               comm_t **out);
+  /* Bytes one communicator of size ranks holds (MEM_COMM) with the default
+   * tunables, for memory plans made before any communicator exists. */
+  size_t (*buffer_bytes)(int size);
 } comm_backend_t;
 
-/* Backends embed these as their first member; callers use the functions. */
+/* Backends embed these as their first member; callers use the accessors. */
 struct comm {
   const comm_backend_t *be;
   int rank, size;
@@ -121,6 +128,22 @@ int comm_all_reduce(comm_t *c, const void *send, void *recv, size_t count, comm_
 int comm_broadcast(comm_t *c, void *buf, size_t count, comm_dtype_t dt, int root);
 int comm_barrier(comm_t *c);
 
+/* Makes this rank's sub-group from c, as ncclCommSplit does: every rank of c
+ * calls it (it is collective); the ranks with the same color >= 0 form a
+ * group ordered by key (ties: rank in c), named name; color < 0 takes part
+ * but joins nothing (*out = NULL). timeout_ms bounds the connection (0: c's
+ * default). 0, or a negative code with a message. */
+int comm_split(comm_t *c, int color, int key, const char *name, int64_t timeout_ms,
+               comm_t **out);
+
+int comm_rank(const comm_t *c);
+int comm_size(const comm_t *c);
+/* The group's name ("world", "shard", "replica"): every message names it. */
+const char *comm_name(const comm_t *c);
+const comm_backend_t *comm_backend(const comm_t *c);
+/* be->buffer_bytes(size): what a communicator of size ranks holds. */
+size_t comm_buffer_bytes(const comm_backend_t *be, int size);
+
 int comm_supports(const comm_t *c, comm_op_t op, comm_dtype_t dt);
 /* Fails the running and queued ops and every later one with FSDP_ECANCELED
  * and tells the peers (they fail with FSDP_EPEER naming this rank). Any thread. */
@@ -132,33 +155,5 @@ void comm_destroy(comm_t *c);
 const char *comm_op_name(comm_op_t op);
 const char *comm_dtype_name(comm_dtype_t dt);
 size_t comm_dtype_size(comm_dtype_t dt);
-
-/* The ring over TCP (ring.c). Rank r listens at addrs[r], connects to rank
- * r+1 and accepts rank r-1; a handshake checks the group's name and size and
- * both ranks, so mis-wired address lists are an error naming both sides. */
-typedef struct {
-  int rank, size;
-  const char *const *addrs; /* size entries, "host:port" ("[v6]:port" too) */
-  const char *name;         /* group name, up to 63 bytes; both sides must agree */
-  int listen_fd;            /* -1: bind addrs[rank]; else a bound socket, owned from now on */
-  int64_t timeout_ms;       /* bootstrap deadline and default op timeout; 0: FSDP_COMM_TIMEOUT_MS */
-  size_t chunk_bytes;       /* 0: FSDP_COMM_CHUNK_BYTES */
-  size_t staging_bytes;     /* 0: FSDP_COMM_STAGING_BYTES */
-} comm_ring_opts_t;
-
-extern const comm_backend_t comm_ring_backend;
-
-/* Makes this rank's sub-group ring from a world ring (ring_split.c), as
- * ncclCommSplit does: every world rank calls it (collective); the ranks with
- * the same color >= 0 form a ring ordered by key (ties: world rank), named
- * name; color < 0 takes part but joins nothing (*out = NULL). self_addr is the
- * rank's world address: the sub-group listens on the same host. */
-int comm_ring_split(comm_t *world, const char *self_addr, int color, int key, const char *name,
-                    int64_t timeout_ms, comm_t **out);
-/* The bytes one ring communicator of size ranks holds in MEM_COMM with the
- * default tunables (memory plans count it per communicator). */
-size_t comm_ring_buffer_bytes(int size);
-/* Connects the ring (blocking, bounded by timeout_ms); 0 and *out, or a code. */
-int comm_ring_create(const comm_ring_opts_t *o, comm_t **out);
 
 #endif

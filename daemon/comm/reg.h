@@ -34,7 +34,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "daemon/train/mem.h"
+#include "daemon/common/mem.h"
 
 /* One segment as its owner sees it: what a record names. */
 typedef struct {

@@ -109,18 +109,14 @@
 #include <unistd.h>
 
 #include "daemon/comm/cma.h"
-#include "daemon/comm/comm.h"
 #include "daemon/comm/reg.h"
+#include "daemon/comm/ring.h"
 #include "daemon/comm/shm.h"
 #include "daemon/common/err.h"
 #include "daemon/common/log.h"
 #include "daemon/common/param.h"
-#include "daemon/train/mem.h"
-#include "kernels/kern_math.h"
-
-#if defined(__AVX__)
-#include <immintrin.h>
-#endif
+#include "daemon/common/mem.h"
+#include "kernels/kern.h"
 
 #define RING_HELLO_MAGIC 0x48525346u  /* "FSRH" */
 #define RING_HDR_MAGIC 0x4f525346u    /* "FSRO" */
@@ -252,7 +248,7 @@ typedef struct {
   int64_t silence_ns; /* the next rank not heard from for longer: stopped or hung */
   int hdr_in;         /* the previous rank's header arrived: it is at this op */
   char sig[160]; /* "all_reduce #3 (f32 count=100 sum)" */
-  int nt;        /* the output outsizes the caches: written with comm_shm_copy_nt */
+  int nt;        /* the output outsizes the caches: written with kern.h copy_stream */
   int rec_out, rec_in; /* this op's data go out / come in as records (cma.c) */
   comm_reg_seg_t seg[3]; /* rec_out on a registered link: the segments it sends from */
   int nseg;
@@ -645,7 +641,7 @@ static ssize_t ring_send_some(ring_t *r, ring_op_t *o, const void *p, size_t n) 
                  o->sig, r->base.rank, r->base.name, r->rank_next, r->addr_next, strerror(e));
 }
 
-/* nt: p is the op's output and o->nt (comm_shm_copy_nt). */
+/* nt: p is the op's output and o->nt (kern.h copy_stream). */
 static ssize_t ring_recv_some(ring_t *r, ring_op_t *o, void *p, size_t n, int nt) {
   if (o->rec_in) {
     ssize_t k = comm_cma_pull(&r->cma_in, p, n, nt);
@@ -693,7 +689,7 @@ static int ring_prev_gone(ring_t *r, ring_op_t *o, const char *what, const char 
 
 /* ---- streams ---- */
 
-/* Outputs from this size up are streamed out (comm_shm_copy_nt): they would
+/* Outputs from this size up are streamed out (kern.h copy_stream): they would
  * not stay in the caches anyway, and skipping the read of every destination
  * line saves a third of the memory traffic; smaller ones stay cached for the
  * caller, who usually reads them next. */
@@ -705,7 +701,7 @@ static size_t ring_out_bytes(const comm_args_t *a, int N) {
 }
 
 static void ring_copy_out(const ring_op_t *o, void *dst, const void *src, size_t n) {
-  if (o->nt) comm_shm_copy_nt(dst, src, n);
+  if (o->nt) kern_cpu()->copy_stream(dst, src, n);
   else memcpy(dst, src, n);
 }
 
@@ -781,42 +777,14 @@ static int ring_stream_fwd(ring_t *r, ring_op_t *o, const ring_seg_t *ss, int ns
   return 0;
 }
 
-/* Loads from a possibly unaligned address (bytes read in place in a
- * shared-memory link, whose stream positions follow earlier ops' sizes):
- * memcpy compiles to plain (vector) loads. */
-static inline float ring_ld_f32(const uint8_t *p) {
-  float v;
-  memcpy(&v, p, sizeof v);
-  return v;
-}
-
-static inline uint16_t ring_ld_u16(const uint8_t *p) {
-  uint16_t v;
-  memcpy(&v, p, sizeof v);
-  return v;
-}
-
 /* dst = a + b over n elements (bf16: in fp32, one rounding), divided by div
- * when div != 1 (the average's division happens before that one rounding).
- * a may be unaligned. */
+ * when div != 1 (the average's division happens before that one rounding);
+ * a may be unaligned. The arithmetic is the CPU kernels' (kern.h). */
 static void ring_reduce(comm_dtype_t dt, void *dst, const void *a, const void *b, size_t n,
-                        float div) {
-  const uint8_t *x = a;
-  if (dt == COMM_F32) {
-    float *d = dst;
-    const float *y = b;
-    if (div == 1.0f)
-      for (size_t i = 0; i < n; i++) d[i] = ring_ld_f32(x + 4 * i) + y[i];
-    else
-      for (size_t i = 0; i < n; i++) d[i] = (ring_ld_f32(x + 4 * i) + y[i]) / div;
-  } else {
-    uint16_t *d = dst;
-    const uint16_t *y = b;
-    for (size_t i = 0; i < n; i++) {
-      float s = kern_bf16_to_f32(ring_ld_u16(x + 2 * i)) + kern_bf16_to_f32(y[i]);
-      d[i] = kern_f32_to_bf16(div == 1.0f ? s : s / div);
-    }
-  }
+                        float div, int stream) {
+  const kern_backend_t *k = kern_cpu();
+  if (dt == COMM_F32) k->reduce_f32(dst, a, b, n, div, stream);
+  else k->reduce_bf16(dst, a, b, n, div, stream);
 }
 
 /* The next bytes from the previous rank, readable in place (*p) when they
@@ -848,50 +816,6 @@ static int ring_viewed(ring_t *r, ring_op_t *o, size_t k) {
   }
   int rc = comm_cma_done(&r->cma_in, k);
   return rc < 0 ? ring_rec_failed(r, o, rc) : 0;
-}
-
-#if defined(__AVX__)
-/* ring_reduce's fp32 sums, written with non-temporal stores (whole aligned
- * 32-byte pieces; the ends plainly), then a store fence. */
-static void ring_reduce_f32_nt(float *d, const uint8_t *x, const float *y, size_t n, float div) {
-  size_t i = 0;
-  for (; i < n && ((uintptr_t)(d + i) & 31); i++) d[i] = (ring_ld_f32(x + 4 * i) + y[i]) / div;
-  const __m256 vd = _mm256_set1_ps(div);
-  if (div == 1.0f)
-    for (; i + 8 <= n; i += 8)
-      _mm256_stream_ps(d + i, _mm256_add_ps(_mm256_loadu_ps((const float *)(x + 4 * i)),
-                                            _mm256_loadu_ps(y + i)));
-  else
-    for (; i + 8 <= n; i += 8)
-      _mm256_stream_ps(d + i, _mm256_div_ps(_mm256_add_ps(_mm256_loadu_ps((const float *)(x + 4 * i)),
-                                                          _mm256_loadu_ps(y + i)),
-                                            vd));
-  for (; i < n; i++) d[i] = (ring_ld_f32(x + 4 * i) + y[i]) / div;
-  _mm_sfence();
-}
-#endif
-
-/* ring_reduce into the op's output; when o->nt streamed out: fp32 straight
- * from the registers, bf16 through a block in L1 and comm_shm_copy_nt. */
-static void ring_reduce_out(const ring_op_t *o, comm_dtype_t dt, void *dst, const void *a,
-                            const void *b, size_t n, float div) {
-  if (!o->nt) {
-    ring_reduce(dt, dst, a, b, n, div);
-    return;
-  }
-#if defined(__AVX__)
-  if (dt == COMM_F32) {
-    ring_reduce_f32_nt(dst, a, b, n, div);
-    return;
-  }
-#endif
-  _Alignas(64) uint8_t tmp[8192];
-  const size_t esz = comm_dtype_size(dt), step = sizeof tmp / esz;
-  for (size_t i = 0; i < n; i += step) {
-    size_t k = n - i < step ? n - i : step;
-    ring_reduce(dt, tmp, (const uint8_t *)a + i * esz, (const uint8_t *)b + i * esz, k, div);
-    comm_shm_copy_nt((uint8_t *)dst + i * esz, tmp, k * esz);
-  }
 }
 
 /* Ring reduce-scatter over blocks (offsets boff, lengths blen, in elements):
@@ -977,10 +901,10 @@ static int ring_stream_rs(ring_t *r, ring_op_t *o, const uint8_t *own, const siz
           k = (size_t)got, from = slot + e0 * esz, e1 = (koff + k) / esz;
         }
         if (kr % (size_t)S < (size_t)S - 1)
-          ring_reduce(dt, slot + e0 * esz, from, mine + e0 * esz, e1 - e0, 1.0f);
+          ring_reduce(dt, slot + e0 * esz, from, mine + e0 * esz, e1 - e0, 1.0f, 0);
         else
-          ring_reduce_out(o, dt, dst + (kr / (size_t)S * pe + e0) * esz, from,
-                          mine + e0 * esz, e1 - e0, div);
+          ring_reduce(dt, dst + (kr / (size_t)S * pe + e0) * esz, from, mine + e0 * esz,
+                      e1 - e0, div, o->nt);
         if (in_link) {
           int rc = ring_viewed(r, o, k);
           if (rc < 0) return rc;
@@ -1409,6 +1333,8 @@ static void ring_free(ring_t *r) {
   free(r);
 }
 
+static size_t comm_ring_buffer_bytes(int size);
+
 static void ring_destroy(comm_t *c) {
   ring_t *r = (ring_t *)c;
   pthread_mutex_lock(&r->mu);
@@ -1445,6 +1371,8 @@ const comm_backend_t comm_ring_backend = {
     .wait = ring_wait,
     .abort = ring_abort,
     .destroy = ring_destroy,
+    .split = comm_ring_split,
+    .buffer_bytes = comm_ring_buffer_bytes,
 };
 
 /* ---- bootstrap ---- */
@@ -1794,10 +1722,10 @@ int comm_ring_create(const comm_ring_opts_t *o, comm_t **out) {
   r->staging_bytes = (size_t)st & ~(size_t)3; /* whole fp32 and bf16 elements */
   int rc = 0;
   int lfd = o->listen_fd;
+  if (o->addrs) snprintf(r->addr_self, RING_ADDR, "%s", o->addrs[o->rank]);
   if (o->size > 1) {
     r->rank_next = (o->rank + 1) % o->size;
     r->rank_prev = (o->rank - 1 + o->size) % o->size;
-    snprintf(r->addr_self, RING_ADDR, "%s", o->addrs[o->rank]);
     snprintf(r->addr_next, RING_ADDR, "%s", o->addrs[r->rank_next]);
     snprintf(r->addr_prev, RING_ADDR, "%s", o->addrs[r->rank_prev]);
     r->staging = comm_reg_alloc(MEM_COMM, r->staging_bytes, "ring reduce staging");
@@ -1841,13 +1769,15 @@ fail:
 
 /* The formula at the top of this file, with the default tunables (a link that
  * stays TCP maps nothing, so this is the most a communicator holds). */
-size_t comm_ring_buffer_bytes(int size) {
+static size_t comm_ring_buffer_bytes(int size) {
   if (size < 2) return 0;
   int64_t st = param_comm_staging_bytes(), sb = param_comm_shm_bytes();
   size_t staging = (size_t)(st < 64 ? 64 : st) & ~(size_t)3; /* as comm_ring_create */
   size_t links = param_comm_shm() != 0 ? 2 : 0;
   return staging + links * COMM_SHM_MAP_BYTES((size_t)comm_shm_round_cap(sb > 0 ? (size_t)sb : 0));
 }
+
+const char *comm_ring_self_addr(const comm_t *c) { return ((const ring_t *)c)->addr_self; }
 
 int comm_ring_cma_links(const comm_t *c) {
   const ring_t *r = (const ring_t *)c;

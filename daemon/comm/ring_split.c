@@ -12,7 +12,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "daemon/comm/comm.h"
+#include "daemon/comm/ring.h"
 #include "daemon/common/err.h"
 
 /* What each rank tells the world: 64 bytes, moved as 16 opaque fp32 words
@@ -46,9 +46,10 @@ static int ring_split_listen(const char *host, char *addr, size_t n) {
   return fd;
 }
 
-int comm_ring_split(comm_t *world, const char *self_addr, int color, int key, const char *name,
-                    int64_t timeout_ms, comm_t **out) {
+int comm_ring_split(comm_t *world, int color, int key, const char *name, int64_t timeout_ms,
+                    comm_t **out) {
   *out = NULL;
+  const char *self_addr = comm_ring_self_addr(world);
   char host[64];
   const char *colon = strrchr(self_addr, ':');
   size_t hl = colon ? (size_t)(colon - self_addr) : 0;

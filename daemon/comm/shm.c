@@ -33,13 +33,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#if defined(__SSE2__)
-#include <immintrin.h>
-#endif
-
 #include "daemon/comm/shm.h"
 #include "daemon/common/err.h"
-#include "daemon/train/mem.h"
+#include "daemon/common/mem.h"
+#include "kernels/kern.h"
 
 #define SHM_MAGIC 0x4d535346u /* "FSSM" */
 #define SHM_VERSION 2u
@@ -198,35 +195,6 @@ size_t comm_shm_write(comm_shm_link_t *l, const void *p, size_t n) {
   return done;
 }
 
-void comm_shm_copy_nt(void *dst, const void *src, size_t n) {
-#if defined(__SSE2__)
-  if (n < 4096) {
-    memcpy(dst, src, n);
-    return;
-  }
-  uint8_t *d = dst;
-  const uint8_t *s = src;
-  size_t head = (size_t)(-(uintptr_t)d & 63); /* whole cache lines from here */
-  memcpy(d, s, head);
-  d += head, s += head, n -= head;
-  for (; n >= 64; n -= 64, d += 64, s += 64) {
-#if defined(__AVX__)
-    __m256i lo = _mm256_loadu_si256((const __m256i *)s);
-    __m256i hi = _mm256_loadu_si256((const __m256i *)(s + 32));
-    _mm256_stream_si256((__m256i *)d, lo);
-    _mm256_stream_si256((__m256i *)(d + 32), hi);
-#else
-    for (int i = 0; i < 64; i += 16)
-      _mm_stream_si128((__m128i *)(d + i), _mm_loadu_si128((const __m128i *)(s + i)));
-#endif
-  }
-  memcpy(d, s, n);
-  _mm_sfence(); /* the streamed lines are visible before whatever this thread publishes next */
-#else
-  memcpy(dst, src, n);
-#endif
-}
-
 static size_t shm_peek(const comm_shm_link_t *l, void *p, size_t n,
                        void (*copy)(void *, const void *, size_t)) {
   const shm_hdr_t *h = l->h;
@@ -263,7 +231,7 @@ size_t comm_shm_read(comm_shm_link_t *l, void *p, size_t n, int nt) {
   size_t done = 0;
   while (done < n) { /* a grain at a time, so the producer refills while this copies */
     size_t k = shm_peek(l, (uint8_t *)p + done, n - done < l->grain ? n - done : l->grain,
-                        nt ? comm_shm_copy_nt : shm_memcpy);
+                        nt ? kern_cpu()->copy_stream : shm_memcpy);
     if (!k) break;
     comm_shm_consume(l, k);
     done += k;

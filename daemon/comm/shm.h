@@ -38,7 +38,7 @@ uint64_t comm_shm_cap(const comm_shm_link_t *l);
 
 /* Copies up to n bytes in (producer) or out (consumer), as room or data
  * allows, waking the other side if it sleeps; returns the bytes moved. nt:
- * p is where the bytes end up, not read again soon (comm_shm_copy_nt). */
+ * p is where the bytes end up, not read again soon (streamed: kern.h copy_stream). */
 size_t comm_shm_write(comm_shm_link_t *l, const void *p, size_t n);
 size_t comm_shm_read(comm_shm_link_t *l, void *p, size_t n, int nt);
 /* Consumer: copies up to n bytes from its position without consuming them
@@ -73,12 +73,6 @@ void comm_shm_kick(comm_shm_link_t *l);
  * Consumer: 1 once the producer gave up. */
 void comm_shm_abandon(comm_shm_link_t *l);
 int comm_shm_abandoned(const comm_shm_link_t *l);
-
-/* memcpy for a destination that is not read again soon (a large collective
- * output): from 4 KiB up, non-temporal stores, so the copy neither reads
- * every destination line first (a third less memory traffic) nor fills the
- * cache with them. Ends with a store fence. */
-void comm_shm_copy_nt(void *dst, const void *src, size_t n);
 
 /* Bytes a link of cap bytes maps (its header and its data): what it counts
  * in MEM_COMM on each side while mapped. */

@@ -8,38 +8,42 @@
 
 #include "daemon/common/err.h"
 #include "daemon/common/log.h"
-#include "mem.h"
+#include "daemon/common/mem.h"
 
 struct adamw {
+  const kern_backend_t *be; /* the state lives on its device; the update is its kernel */
   adamw_hparams_t hp;
   size_t n;
   float *m, *v;        /* (n) each, the parameters' layout: fp32 state, or NULL */
   uint16_t *m16, *v16; /* (n) each: bf16 state, or NULL */
-  float *wide;         /* (4 * ADAMW_CHUNK) bf16 state: p, g, m, v of one chunk in fp32 */
+  float *chunk32;      /* (4 * ADAMW_CHUNK) bf16 state: p, g, m, v of one chunk in fp32 */
   int nsegs;
   adamw_segment_t *segs;
   int t;        /* steps taken */
 };
 
-static int adamw_alloc(adamw_t **out, size_t n, const adamw_segment_t *segs, int nsegs,
-                       adamw_hparams_t hp, mem_cat_t cat, int bf16) {
+static int adamw_alloc(adamw_t **out, const kern_backend_t *be, size_t n,
+                       const adamw_segment_t *segs, int nsegs, adamw_hparams_t hp, mem_cat_t cat,
+                       int bf16) {
   *out = NULL;
   adamw_t *o = calloc(1, sizeof *o);
   if (!o) return err_set(FSDP_ENOMEM, "adamw: out of memory");
+  o->be = be;
   o->hp = hp;
   o->n = n;
   o->nsegs = nsegs;
   o->segs = malloc((size_t)(nsegs ? nsegs : 1) * sizeof *segs);
   int ok;
   if (bf16) {
-    o->m16 = mem_calloc(cat, n * sizeof(uint16_t), "AdamW first moment (bf16)");
-    o->v16 = o->m16 ? mem_calloc(cat, n * sizeof(uint16_t), "AdamW second moment (bf16)") : NULL;
-    o->wide = o->v16 ? mem_alloc(MEM_WORKSPACE, 4 * ADAMW_CHUNK * sizeof(float),
-                                 "AdamW fp32 chunk of bf16 state") : NULL;
-    ok = o->wide != NULL;
+    o->m16 = mem_dev_calloc(be, cat, n * sizeof(uint16_t), "AdamW first moment (bf16)");
+    o->v16 = o->m16 ? mem_dev_calloc(be, cat, n * sizeof(uint16_t), "AdamW second moment (bf16)")
+                    : NULL;
+    o->chunk32 = o->v16 ? mem_dev_alloc(be, MEM_WORKSPACE, 4 * ADAMW_CHUNK * sizeof(float),
+                                        "AdamW fp32 chunk of bf16 state") : NULL;
+    ok = o->chunk32 != NULL;
   } else {
-    o->m = mem_calloc(cat, n * sizeof(float), "AdamW first moment");
-    o->v = o->m ? mem_calloc(cat, n * sizeof(float), "AdamW second moment") : NULL;
+    o->m = mem_dev_calloc(be, cat, n * sizeof(float), "AdamW first moment");
+    o->v = o->m ? mem_dev_calloc(be, cat, n * sizeof(float), "AdamW second moment") : NULL;
     ok = o->v != NULL;
   }
   if (!ok || !o->segs) {
@@ -52,14 +56,16 @@ static int adamw_alloc(adamw_t **out, size_t n, const adamw_segment_t *segs, int
   return FSDP_OK;
 }
 
-int adamw_create_segments(adamw_t **out, size_t n, const adamw_segment_t *segs, int nsegs,
-                          adamw_hparams_t hp, mem_cat_t cat) {
-  return adamw_alloc(out, n, segs, nsegs, hp, cat, 0);
+int adamw_create_segments(adamw_t **out, const kern_backend_t *be, size_t n,
+                          const adamw_segment_t *segs, int nsegs, adamw_hparams_t hp,
+                          mem_cat_t cat) {
+  return adamw_alloc(out, be, n, segs, nsegs, hp, cat, 0);
 }
 
-int adamw_create_segments_bf16(adamw_t **out, size_t n, const adamw_segment_t *segs, int nsegs,
-                               adamw_hparams_t hp, mem_cat_t cat) {
-  return adamw_alloc(out, n, segs, nsegs, hp, cat, 1);
+int adamw_create_segments_bf16(adamw_t **out, const kern_backend_t *be, size_t n,
+                               const adamw_segment_t *segs, int nsegs, adamw_hparams_t hp,
+                               mem_cat_t cat) {
+  return adamw_alloc(out, be, n, segs, nsegs, hp, cat, 1);
 }
 
 int adamw_create(adamw_t **out, const gpt_t *g, adamw_hparams_t hp) {
@@ -70,46 +76,45 @@ int adamw_create(adamw_t **out, const gpt_t *g, adamw_hparams_t hp) {
     const gpt_tensor_t *t = gpt_tensor(g, k);
     segs[k] = (adamw_segment_t){t->offset, t->numel, t->decay};
   }
-  int rc = adamw_create_segments(out, gpt_num_params(g), segs, nt, hp, MEM_OPTIM);
+  int rc = adamw_create_segments(out, gpt_backend(g), gpt_num_params(g), segs, nt, hp, MEM_OPTIM);
   free(segs);
   return rc;
 }
 
 void adamw_destroy(adamw_t *o) {
   if (!o) return;
-  mem_free(o->m);
-  mem_free(o->v);
-  mem_free(o->m16);
-  mem_free(o->v16);
-  mem_free(o->wide);
+  mem_dev_free(o->be, o->m);
+  mem_dev_free(o->be, o->v);
+  mem_dev_free(o->be, o->m16);
+  mem_dev_free(o->be, o->v16);
+  mem_dev_free(o->be, o->chunk32);
   free(o->segs);
   free(o);
 }
 
 /* n elements of segment s through the kernel: the one place the update runs
  * (decay differs between segments). */
-static void adamw_kernel(const adamw_t *o, const kern_backend_t *be, const adamw_segment_t *s,
-                         float *p, const float *g, float *m, float *v, size_t n, float lr) {
-  be->adamw(p, g, m, v, n, lr, o->hp.beta1, o->hp.beta2, o->hp.eps,
-            s->decay ? o->hp.weight_decay : 0.f, o->t);
+static void adamw_kernel(const adamw_t *o, const adamw_segment_t *s, float *p, const float *g,
+                         float *m, float *v, size_t n, float lr) {
+  o->be->adamw(p, g, m, v, n, lr, o->hp.beta1, o->hp.beta2, o->hp.eps,
+               s->decay ? o->hp.weight_decay : 0.f, o->t);
 }
 
-void adamw_step_buffers(adamw_t *o, const kern_backend_t *be, float *p, const float *gr,
-                        float lr) {
+void adamw_step_buffers(adamw_t *o, float *p, const float *gr, float lr) {
   FSDP_ASSERT(o->m);
   o->t++;
   for (int k = 0; k < o->nsegs; k++) {
     const adamw_segment_t *s = &o->segs[k];
-    adamw_kernel(o, be, s, p + s->offset, gr + s->offset, o->m + s->offset, o->v + s->offset,
+    adamw_kernel(o, s, p + s->offset, gr + s->offset, o->m + s->offset, o->v + s->offset,
                  s->numel, lr);
   }
 }
 
-void adamw_step_bf16(adamw_t *o, const kern_backend_t *be, uint16_t *p, const uint16_t *gr,
-                     float lr) {
+void adamw_step_bf16(adamw_t *o, uint16_t *p, const uint16_t *gr, float lr) {
   FSDP_ASSERT(o->m16);
   o->t++;
-  float *wp = o->wide, *wg = wp + ADAMW_CHUNK, *wm = wg + ADAMW_CHUNK, *wv = wm + ADAMW_CHUNK;
+  const kern_backend_t *be = o->be;
+  float *wp = o->chunk32, *wg = wp + ADAMW_CHUNK, *wm = wg + ADAMW_CHUNK, *wv = wm + ADAMW_CHUNK;
   for (int k = 0; k < o->nsegs; k++) {
     const adamw_segment_t *s = &o->segs[k];
     for (size_t i = s->offset, end = s->offset + s->numel; i < end; i += ADAMW_CHUNK) {
@@ -118,7 +123,7 @@ void adamw_step_bf16(adamw_t *o, const kern_backend_t *be, uint16_t *p, const ui
       be->bf16_to_f32(wg, gr + i, c);
       be->bf16_to_f32(wm, o->m16 + i, c);
       be->bf16_to_f32(wv, o->v16 + i, c);
-      adamw_kernel(o, be, s, wp, wg, wm, wv, c, lr);
+      adamw_kernel(o, s, wp, wg, wm, wv, c, lr);
       /* the step's rounding: each new p, m and v to bf16, nearest-even (an
        * update below half a bf16 ulp of p is lost here: bf16-true's limit) */
       be->f32_to_bf16(p + i, wp, c);
@@ -129,7 +134,7 @@ void adamw_step_bf16(adamw_t *o, const kern_backend_t *be, uint16_t *p, const ui
 }
 
 void adamw_step(adamw_t *o, gpt_t *g, float lr) {
-  adamw_step_buffers(o, gpt_backend(g), gpt_params(g), gpt_grads(g), lr);
+  adamw_step_buffers(o, gpt_params(g), gpt_grads(g), lr);
 }
 
 int adamw_step_count(const adamw_t *o) { return o->t; }

@@ -18,7 +18,7 @@
 #define FSDP_ADAMW_H
 
 #include "gpt.h"
-#include "mem.h"
+#include "daemon/common/mem.h"
 
 typedef struct adamw_hparams {
   float beta1, beta2, eps, weight_decay;
@@ -32,28 +32,29 @@ typedef struct adamw_segment {
 
 typedef struct adamw adamw_t;
 
-/* For the model's whole flat buffer. */
+/* For the model's whole flat buffer (on the model's backend). */
 int adamw_create(adamw_t **out, const gpt_t *g, adamw_hparams_t hp);
-/* For a buffer of n elements; elements in no segment (padding) are left alone.
- * m and v are allocated under cat (MEM_OPTIM, or MEM_OFFLOAD when offloaded). */
-int adamw_create_segments(adamw_t **out, size_t n, const adamw_segment_t *segs, int nsegs,
-                          adamw_hparams_t hp, mem_cat_t cat);
+/* For a buffer of n elements on be's device; elements in no segment (padding)
+ * are left alone. m and v are allocated under cat (MEM_OPTIM, or MEM_OFFLOAD
+ * when offloaded). */
+int adamw_create_segments(adamw_t **out, const kern_backend_t *be, size_t n,
+                          const adamw_segment_t *segs, int nsegs, adamw_hparams_t hp,
+                          mem_cat_t cat);
 /* The same with m and v in bf16 (2 bytes each per element, under cat), for
  * adamw_step_bf16; plus a fixed fp32 scratch (MEM_WORKSPACE, ADAMW_CHUNK
  * elements of each of p, g, m, v). */
 #define ADAMW_CHUNK 16384
-int adamw_create_segments_bf16(adamw_t **out, size_t n, const adamw_segment_t *segs, int nsegs,
-                               adamw_hparams_t hp, mem_cat_t cat);
+int adamw_create_segments_bf16(adamw_t **out, const kern_backend_t *be, size_t n,
+                               const adamw_segment_t *segs, int nsegs, adamw_hparams_t hp,
+                               mem_cat_t cat);
 void adamw_destroy(adamw_t *o);
 /* One step at learning rate lr on the model's params with its grads. */
 void adamw_step(adamw_t *o, gpt_t *g, float lr);
-/* One step on any buffers of the optimizer's length. */
-void adamw_step_buffers(adamw_t *o, const kern_backend_t *be, float *params, const float *grads,
-                        float lr);
+/* One step on any device buffers of the optimizer's length. */
+void adamw_step_buffers(adamw_t *o, float *params, const float *grads, float lr);
 /* One step on bf16 buffers (uint16 storage) of the optimizer's length; the
  * optimizer must have bf16 state. */
-void adamw_step_bf16(adamw_t *o, const kern_backend_t *be, uint16_t *params,
-                     const uint16_t *grads, float lr);
+void adamw_step_bf16(adamw_t *o, uint16_t *params, const uint16_t *grads, float lr);
 int adamw_step_count(const adamw_t *o);
 /* The state: fp32 (NULL for bf16 state) or bf16 (NULL for fp32 state). */
 float *adamw_m(adamw_t *o);

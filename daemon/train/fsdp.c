@@ -10,6 +10,16 @@
  * memory (daemon/comm/reg.c, same accounting), so the ranks on this host read
  * it in place instead of copying it through the ring's links.
  *
+ * Every buffer it reads or writes lives on the kernel backend's device and is
+ * touched only through the backend's table (kernels/kern.h): set, copies,
+ * vector ops. Weights move between files (or their initial values) and the
+ * device through one small host staging buffer, a chunk at a time.
+ *
+ * On one rank (S = R = 1) nothing needs communicating: under fp32 a unit's
+ * parameters are its shard and backward accumulates straight into the
+ * gradient shard (no gathered copies, no unit gradients), which is exactly
+ * what the flat model does, at its cost.
+ *
  * Under bf16-true the shard is stored in bf16 and the kernels still compute in
  * fp32, so values are rounded (to nearest-even, the backend's f32_to_bf16) in
  * exactly these places, each marked "rounds:" below: a unit's gradient before
@@ -19,52 +29,59 @@
  * fp32 is exact. */
 #include "fsdp.h"
 
+#include <fcntl.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "daemon/comm/reg.h"
 #include "daemon/common/err.h"
 #include "daemon/common/log.h"
-#include "mem.h"
+#include "daemon/common/mem.h"
 
 struct fsdp {
-  fsdp_opts_t o;
-  gpt_t *g; /* a shell: no flat buffers */
+  fsdp_opts_t opts;
   const kern_backend_t *be;
-  shard_layout_t *l;
-  int S, shard_rank, keeps;
-  size_t largest;    /* the largest shard_numel */
+  gpt_t *model;           /* a shell: no flat buffers; its unit hooks are ours */
+  shard_layout_t *layout; /* units, their padding and shards */
+  int shards;             /* S: ranks of the shard group */
+  int shard_rank;         /* which shard of every unit this rank owns */
+  int keeps_params;       /* the strategy keeps units gathered from forward to backward */
+  int gather_bf16;        /* units are gathered in bf16 (bf16-mixed and bf16-true) */
+  int bf16_storage;       /* bf16-true: shard, gradient and reductions in bf16 */
+  int alias_params;       /* S = 1 under fp32: a unit's parameters are its shard */
+  int alias_grads;        /* S = R = 1, fp32 gradients: backward accumulates into the shard */
+  comm_dtype_t reduce_dtype;
+  int defer_reduce;       /* keep unsharded gradients: no reduction this micro-batch */
+  size_t largest;         /* the largest shard_numel */
   /* the shard, in fp32 (fp32, bf16-mixed) or in bf16 (bf16-true): one of each pair */
-  float *params;     /* (shard_total) fp32 master shard, or NULL */
+  float *params;      /* (shard_total) fp32 master shard, or NULL */
   uint16_t *params16; /* (shard_total) bf16 parameter shard, or NULL */
-  float *grads;      /* (shard_total) fp32 reduced gradient shard, or NULL */
-  uint16_t *grads16; /* (shard_total) bf16 reduced gradient shard, or NULL */
-  void *landing;     /* (largest) where a reduce-scatter lands, in the reduce dtype */
-  float *wide;       /* (2 * FSDP_CHUNK) bf16-true: gradient shard chunks in fp32 */
-  size_t *shard_off; /* per unit: offset of its shard in params / grads */
-  float **full;      /* per unit: gathered parameters (padded numel), or NULL */
+  float *grads;       /* (shard_total) fp32 reduced gradient shard, or NULL */
+  uint16_t *grads16;  /* (shard_total) bf16 reduced gradient shard, or NULL */
+  void *landing;      /* (largest) where a reduce-scatter lands, reduce dtype; NULL when S = 1 */
+  float *chunk32;     /* (2 * FSDP_CHUNK) bf16-true: shard chunks widened to fp32 (device) */
+  float *stage;       /* (FSDP_CHUNK) host: weights on their way to or from the device */
+  size_t *shard_off;  /* per unit: offset of its shard in params / grads */
+  float **full;       /* per unit: gathered parameters (padded numel), or NULL */
   uint16_t **recv16;  /* per unit: where a bf16 gather in flight lands */
-  int bf16;          /* the precision policy gathers parameters in bf16 */
-  int true16;        /* bf16-true: bf16 storage, bf16 reductions */
-  comm_dtype_t rdt;  /* the dtype gradients are reduced in */
-  int defer;         /* keep unsharded gradients: no reduction this micro-batch */
-  int nmodel;        /* model units (embeddings + blocks) */
-  int *done;         /* per FSDP unit: its model units whose gradients are complete */
-  comm_req_t **req;  /* per unit: its all-gather in flight, or NULL */
-  float **ugrad;     /* per unit: unsharded gradient during backward, or NULL */
+  comm_req_t **gather_req; /* per unit: its all-gather in flight, or NULL */
+  float **unit_grad;  /* per unit: unsharded gradient during backward, or NULL */
+  int *bwd_done;      /* per FSDP unit: its model units whose gradients are complete */
+  int nmodel;         /* model units (embeddings + blocks) */
   int gathered, max_gathered;
   int fwd_tail; /* forward has reached the last block: unit 0's next use ends it */
   /* the one gradient reduction in flight: it overlaps the next unit's backward */
-  int pend_unit;         /* -1: none */
-  comm_req_t *pend_req;  /* its reduce-scatter (or all-reduce when S == 1) */
-  void *pend_buf;        /* the unit's gradient being reduced (rdt): freed when done */
-  void *pend_out;        /* where its result lands (landing, or pend_buf when S == 1) */
+  int pend_unit;        /* -1: none */
+  comm_req_t *pend_req; /* its reduce-scatter (or all-reduce when S == 1) */
+  void *pend_buf;       /* the unit's gradient being reduced (reduce dtype): freed when done */
+  void *pend_out;       /* where its result lands (landing, or pend_buf when S == 1) */
   adamw_t *opt;
 };
 
 static size_t fsdp_padded(const fsdp_t *f, int k) {
-  return f->l->units[k].shard_numel * (size_t)f->S;
+  return f->layout->units[k].shard_numel * (size_t)f->shards;
 }
 
 /* Elements from i to the end of the chunk of n that starts there. */
@@ -79,37 +96,43 @@ static size_t fsdp_chunk(size_t i, size_t n) { return n - i < FSDP_CHUNK ? n - i
 static int fsdp_gather_start(fsdp_t *f, int k, int bf16) {
   if (f->full[k]) return FSDP_OK;
   FSDP_ASSERT(bf16 || f->params);
-  const size_t n = f->l->units[k].shard_numel, padded = fsdp_padded(f, k);
+  const kern_backend_t *be = f->be;
+  if (++f->gathered > f->max_gathered) f->max_gathered = f->gathered;
+  if (f->alias_params) { /* one shard under fp32: it is the unit */
+    f->full[k] = f->params + f->shard_off[k];
+    return FSDP_OK;
+  }
+  const size_t n = f->layout->units[k].shard_numel, padded = fsdp_padded(f, k);
   const void *send = f->params16 ? (const void *)(f->params16 + f->shard_off[k])
                                  : (const void *)(f->params + f->shard_off[k]);
   f->full[k] = comm_reg_alloc(MEM_PARAMS_GATHERED, padded * sizeof(float), "gathered unit");
   if (!f->full[k]) return FSDP_ENOMEM;
-  if (++f->gathered > f->max_gathered) f->max_gathered = f->gathered;
   if (bf16) {
     f->recv16[k] =
         comm_reg_alloc(MEM_PARAMS_GATHERED, padded * sizeof(uint16_t), "bf16 gathered unit");
     if (!f->recv16[k]) return FSDP_ENOMEM;
     if (!f->params16) { /* bf16-mixed: the fp32 master rounded for compute (nearest-even) */
       uint16_t *mine = f->recv16[k] + (size_t)f->shard_rank * n;
-      f->be->f32_to_bf16(mine, send, n);
+      be->f32_to_bf16(mine, send, n);
       send = mine;
     }
   }
   void *recv = bf16 ? (void *)f->recv16[k] : (void *)f->full[k];
-  if (f->S == 1) { /* NO_SHARD: the shard is the unit */
-    if (send != recv) memcpy(recv, send, n * (bf16 ? sizeof(uint16_t) : sizeof(float)));
+  if (f->shards == 1) { /* NO_SHARD: the shard is the unit */
+    if (send != recv) be->copy_d2d(recv, send, n * (bf16 ? sizeof(uint16_t) : sizeof(float)));
     return FSDP_OK;
   }
-  int rc = comm_iall_gather(f->o.shard_comm, send, recv, n, bf16 ? COMM_BF16 : COMM_F32, &f->req[k]);
+  int rc = comm_iall_gather(f->opts.shard_comm, send, recv, n, bf16 ? COMM_BF16 : COMM_F32,
+                            &f->gather_req[k]);
   return rc ? err_wrap(rc, "gathering unit %d", k) : FSDP_OK;
 }
 
 /* Waits for unit k's gather; a bf16 gather is widened to fp32 for the model. */
 static int fsdp_gather_wait(fsdp_t *f, int k) {
   int rc = FSDP_OK;
-  if (f->req[k]) {
-    rc = comm_wait(f->req[k], -1);
-    f->req[k] = NULL;
+  if (f->gather_req[k]) {
+    rc = comm_wait(f->gather_req[k], -1);
+    f->gather_req[k] = NULL;
   }
   if (f->recv16[k]) {
     if (!rc) f->be->bf16_to_f32(f->full[k], f->recv16[k], fsdp_padded(f, k));
@@ -121,8 +144,8 @@ static int fsdp_gather_wait(fsdp_t *f, int k) {
 
 static void fsdp_free_unit(fsdp_t *f, int k) {
   if (!f->full[k]) return;
-  FSDP_ASSERT(!f->req[k]);
-  comm_reg_free(f->full[k]);
+  FSDP_ASSERT(!f->gather_req[k]);
+  if (!f->alias_params) comm_reg_free(f->full[k]);
   f->full[k] = NULL;
   f->gathered--;
 }
@@ -138,22 +161,22 @@ static int fsdp_next_unit(const fsdp_t *f, int u, int phase) {
 /* Model unit u inside the buffer of its FSDP unit (several model units share
  * one under min_params). */
 static size_t fsdp_model_offset(const fsdp_t *f, int u) {
-  return gpt_unit(f->g, u).offset - f->l->units[f->l->unit_of[u]].offset;
+  return gpt_unit(f->model, u).offset - f->layout->units[f->layout->unit_of[u]].offset;
 }
 
 static int fsdp_params_cb(void *ctx, int u, int phase, float **out) {
   fsdp_t *f = ctx;
-  const int k = f->l->unit_of[u];
+  const int k = f->layout->unit_of[u];
   int rc;
-  if ((rc = fsdp_gather_start(f, k, f->bf16)) || (rc = fsdp_gather_wait(f, k))) return rc;
+  if ((rc = fsdp_gather_start(f, k, f->gather_bf16)) || (rc = fsdp_gather_wait(f, k))) return rc;
   /* prefetch: the next unit's gather runs while this one computes; FULL_SHARD
    * keeps at most two units gathered, the strategies that keep parameters
    * hold what they keep anyway */
   if (phase == GPT_FWD && u == f->nmodel - 1) f->fwd_tail = 1;
   int next = fsdp_next_unit(f, u, phase);
-  int nk = next >= 0 ? f->l->unit_of[next] : -1;
-  if (nk >= 0 && nk != k && (f->keeps || f->gathered < 2) &&
-      (rc = fsdp_gather_start(f, nk, f->bf16)))
+  int nk = next >= 0 ? f->layout->unit_of[next] : -1;
+  if (nk >= 0 && nk != k && (f->keeps_params || f->gathered < 2) &&
+      (rc = fsdp_gather_start(f, nk, f->gather_bf16)))
     return rc;
   *out = f->full[k] + fsdp_model_offset(f, u);
   return FSDP_OK;
@@ -163,20 +186,20 @@ static int fsdp_params_cb(void *ctx, int u, int phase, float **out) {
  * runs unit 0 (final norm and logits), then the blocks last to first, so a
  * unit's first block, or block 1 when min_params merged blocks into unit 0. */
 static int fsdp_last_bwd_use(const fsdp_t *f, int k) {
-  const shard_unit_t *su = &f->l->units[k];
+  const shard_unit_t *su = &f->layout->units[k];
   return su->first == 0 && su->last >= 1 ? 1 : su->first;
 }
 
 static int fsdp_release_cb(void *ctx, int u, int phase) {
   fsdp_t *f = ctx;
-  const int k = f->l->unit_of[u];
+  const int k = f->layout->unit_of[u];
   int next = fsdp_next_unit(f, u, phase);
   if (phase == GPT_FWD && u == 0 && f->fwd_tail) f->fwd_tail = 0, next = -1; /* forward is over */
   /* an FSDP unit stays while the model moves on inside it; kept units are
    * freed once backward is done with them (not in between: unit 0 with
    * merged blocks is used again after the others) */
-  if (next >= 0 && f->l->unit_of[next] == k) return FSDP_OK;
-  if (!f->keeps || (phase == GPT_BWD && u == fsdp_last_bwd_use(f, k))) fsdp_free_unit(f, k);
+  if (next >= 0 && f->layout->unit_of[next] == k) return FSDP_OK;
+  if (!f->keeps_params || (phase == GPT_BWD && u == fsdp_last_bwd_use(f, k))) fsdp_free_unit(f, k);
   return FSDP_OK;
 }
 
@@ -184,38 +207,44 @@ static int fsdp_reduce_finish(fsdp_t *f);
 
 static int fsdp_grads_cb(void *ctx, int u, float **out) {
   fsdp_t *f = ctx;
-  const int k = f->l->unit_of[u];
+  const int k = f->layout->unit_of[u];
+  if (f->alias_grads) { /* one rank: nothing to reduce */
+    *out = f->grads + f->shard_off[k] + fsdp_model_offset(f, u);
+    return FSDP_OK;
+  }
   /* this unit's reduction from the previous micro-batch may still be in flight
    * on its buffer: finish it before backward writes a new gradient */
   if (f->pend_unit == k) {
     int rc = fsdp_reduce_finish(f);
     if (rc) return rc;
   }
-  if (!f->ugrad[k]) {
-    f->ugrad[k] = comm_reg_calloc(MEM_GRADS, fsdp_padded(f, k) * sizeof(float), "unit gradient");
-    if (!f->ugrad[k]) return FSDP_ENOMEM;
+  if (!f->unit_grad[k]) {
+    f->unit_grad[k] =
+        comm_reg_alloc(MEM_GRADS, fsdp_padded(f, k) * sizeof(float), "unit gradient");
+    if (!f->unit_grad[k]) return FSDP_ENOMEM;
+    f->be->dev_set(f->unit_grad[k], 0, fsdp_padded(f, k) * sizeof(float));
   }
-  *out = f->ugrad[k] + fsdp_model_offset(f, u);
+  *out = f->unit_grad[k] + fsdp_model_offset(f, u);
   return FSDP_OK;
 }
 
 /* Adds unit u's reduced gradient src (shard_numel elements, in the reduce
  * dtype) into the gradient shard. */
 static void fsdp_grad_add(fsdp_t *f, int u, const void *src) {
-  const size_t off = f->shard_off[u], n = f->l->units[u].shard_numel;
-  if (!f->true16) {
-    const float *s = src;
-    for (size_t i = 0; i < n; i++) f->grads[off + i] += s[i];
+  const kern_backend_t *be = f->be;
+  const size_t off = f->shard_off[u], n = f->layout->units[u].shard_numel;
+  if (!f->bf16_storage) {
+    be->vec_add(f->grads + off, src, n);
     return;
   }
   const uint16_t *s16 = src;
-  float *a = f->wide, *b = f->wide + FSDP_CHUNK;
+  float *a = f->chunk32, *b = f->chunk32 + FSDP_CHUNK;
   for (size_t i = 0, c; i < n; i += c) {
     c = fsdp_chunk(i, n);
-    f->be->bf16_to_f32(a, f->grads16 + off + i, c);
-    f->be->bf16_to_f32(b, s16 + i, c);
-    for (size_t j = 0; j < c; j++) a[j] += b[j];
-    f->be->f32_to_bf16(f->grads16 + off + i, a, c); /* rounds: the sum, into the bf16 shard */
+    be->bf16_to_f32(a, f->grads16 + off + i, c);
+    be->bf16_to_f32(b, s16 + i, c);
+    be->vec_add(a, b, c);
+    be->f32_to_bf16(f->grads16 + off + i, a, c); /* rounds: the sum, into the bf16 shard */
   }
 }
 
@@ -225,12 +254,13 @@ static void fsdp_grad_add(fsdp_t *f, int u, const void *src) {
 static int fsdp_reduce_finish(fsdp_t *f) {
   const int u = f->pend_unit;
   if (u < 0) return FSDP_OK;
-  const size_t n = f->l->units[u].shard_numel;
+  const size_t n = f->layout->units[u].shard_numel;
   int rc = f->pend_req ? comm_wait(f->pend_req, -1) : FSDP_OK;
   f->pend_req = NULL;
   f->pend_unit = -1;
-  if (!rc && f->S > 1 && f->o.replica_comm)
-    rc = comm_all_reduce(f->o.replica_comm, f->pend_out, f->pend_out, n, f->rdt, COMM_AVG);
+  if (!rc && f->shards > 1 && f->opts.replica_comm)
+    rc = comm_all_reduce(f->opts.replica_comm, f->pend_out, f->pend_out, n, f->reduce_dtype,
+                         COMM_AVG);
   if (!rc) fsdp_grad_add(f, u, f->pend_out);
   comm_reg_free(f->pend_buf);
   f->pend_buf = NULL;
@@ -241,9 +271,9 @@ static int fsdp_reduce_finish(fsdp_t *f) {
  * dtype: the buffer itself, or under bf16-true a bf16 copy (the fp32 one is
  * freed at once). NULL when out of memory. */
 static void *fsdp_grad_for_wire(fsdp_t *f, int u) {
-  float *g = f->ugrad[u];
-  f->ugrad[u] = NULL;
-  if (!f->true16) return g;
+  float *g = f->unit_grad[u];
+  f->unit_grad[u] = NULL;
+  if (!f->bf16_storage) return g;
   const size_t padded = fsdp_padded(f, u);
   uint16_t *g16 = comm_reg_alloc(MEM_GRADS, padded * sizeof(uint16_t), "bf16 unit gradient");
   if (g16) f->be->f32_to_bf16(g16, g, padded); /* rounds: the unit's gradient, for the wire */
@@ -257,24 +287,26 @@ static void *fsdp_grad_for_wire(fsdp_t *f, int u) {
  * computes. */
 static int fsdp_grads_done_cb(void *ctx, int mu) {
   fsdp_t *f = ctx;
-  const int u = f->l->unit_of[mu];
-  const shard_unit_t *su = &f->l->units[u];
+  if (f->alias_grads) return FSDP_OK; /* it is in the gradient shard already */
+  const int u = f->layout->unit_of[mu];
+  const shard_unit_t *su = &f->layout->units[u];
   /* an FSDP unit is reduced when backward is done with all its model units */
-  if (++f->done[u] < su->last - su->first + 1) return FSDP_OK;
-  f->done[u] = 0;
-  if (f->defer) return FSDP_OK; /* the unit's gradient keeps accumulating unsharded */
+  if (++f->bwd_done[u] < su->last - su->first + 1) return FSDP_OK;
+  f->bwd_done[u] = 0;
+  if (f->defer_reduce) return FSDP_OK; /* the unit's gradient keeps accumulating unsharded */
   int rc = fsdp_reduce_finish(f);
   if (rc) return rc;
-  const size_t n = f->l->units[u].shard_numel;
+  const size_t n = f->layout->units[u].shard_numel;
   void *g = fsdp_grad_for_wire(f, u);
   if (!g) return FSDP_ENOMEM;
   f->pend_unit = u;
   f->pend_buf = g;
-  f->pend_out = f->S > 1 ? f->landing : g;
-  if (f->S > 1)
-    rc = comm_ireduce_scatter(f->o.shard_comm, g, f->landing, n, f->rdt, COMM_AVG, &f->pend_req);
-  else if (f->o.replica_comm)
-    rc = comm_iall_reduce(f->o.replica_comm, g, g, n, f->rdt, COMM_AVG, &f->pend_req);
+  f->pend_out = f->shards > 1 ? f->landing : g;
+  if (f->shards > 1)
+    rc = comm_ireduce_scatter(f->opts.shard_comm, g, f->landing, n, f->reduce_dtype, COMM_AVG,
+                              &f->pend_req);
+  else if (f->opts.replica_comm)
+    rc = comm_iall_reduce(f->opts.replica_comm, g, g, n, f->reduce_dtype, COMM_AVG, &f->pend_req);
   if (rc) {
     f->pend_unit = -1;
     comm_reg_free(f->pend_buf);
@@ -284,83 +316,126 @@ static int fsdp_grads_done_cb(void *ctx, int mu) {
   return FSDP_OK;
 }
 
-/* Initialisation and weights files are fp32. Under fp32 storage a unit's
- * shard is filled or written in place; bf16 storage converts one unit's shard
- * at a time through *buf (transient workspace, smaller than the fp32 unit a
- * step gathers: never an fp32 copy of the whole shard). */
-static int fsdp_unit_buf(fsdp_t *f, float **buf) {
-  *buf = NULL;
-  if (!f->params16) return FSDP_OK;
-  *buf = mem_alloc(MEM_WORKSPACE, f->largest * sizeof(float), "fp32 copy of a unit's shard");
-  return *buf ? FSDP_OK : FSDP_ENOMEM;
+/* ---- weights in and out: fp32 on the host, a chunk at a time ------------ */
+
+/* Stores c fp32 values from the host stage into the parameter shard at off
+ * (rounded to bf16 under bf16-true). */
+static void fsdp_stage_store(fsdp_t *f, size_t off, size_t c) {
+  const kern_backend_t *be = f->be;
+  if (!f->params16) {
+    be->copy_h2d(f->params + off, f->stage, c * sizeof(float));
+    return;
+  }
+  be->copy_h2d(f->chunk32, f->stage, c * sizeof(float));
+  be->f32_to_bf16(f->params16 + off, f->chunk32, c); /* rounds: weights in, to bf16 storage */
 }
 
-/* Where unit k's shard is in fp32: the shard itself, or buf. */
-static float *fsdp_unit_f32(fsdp_t *f, int k, float *buf) {
-  return buf ? buf : f->params + f->shard_off[k];
+/* The reverse: c parameters from off into the stage, in fp32 (bf16 widened
+ * exactly). */
+static void fsdp_stage_fetch(fsdp_t *f, size_t off, size_t c) {
+  const kern_backend_t *be = f->be;
+  if (!f->params16) {
+    be->copy_d2h(f->stage, f->params + off, c * sizeof(float));
+  } else {
+    be->bf16_to_f32(f->chunk32, f->params16 + off, c);
+    be->copy_d2h(f->stage, f->chunk32, c * sizeof(float));
+  }
+  be->sync();
 }
 
-/* Stores buf (unit k's shard in fp32) into a bf16 shard; no-op in fp32. */
-static void fsdp_unit_store(fsdp_t *f, int k, const float *buf) {
-  if (buf) /* rounds: initial and loaded weights, to bf16 storage */
-    f->be->f32_to_bf16(f->params16 + f->shard_off[k], buf, f->l->units[k].shard_numel);
+/* Zeroes unit k's padding in the parameter shard (from its real elements on). */
+static void fsdp_zero_padding(fsdp_t *f, int k, size_t real) {
+  const size_t e = f->params16 ? sizeof(uint16_t) : sizeof(float);
+  char *base = f->params16 ? (char *)f->params16 : (char *)f->params;
+  f->be->dev_set(base + (f->shard_off[k] + real) * e, 0,
+                 (f->layout->units[k].shard_numel - real) * e);
 }
 
 /* This rank's shard of the initial weights: one device's bytes (in bf16:
  * rounded from them). */
-static int fsdp_init_shard(fsdp_t *f, const gpt_config_t *cfg, uint64_t seed) {
-  float *buf;
-  int rc = fsdp_unit_buf(f, &buf);
-  for (int k = 0; !rc && k < f->l->num_units; k++) {
-    shard_init_unit(f->l, cfg, seed, f->shard_rank, k, fsdp_unit_f32(f, k, buf));
-    fsdp_unit_store(f, k, buf);
+static void fsdp_init_shard(fsdp_t *f, const gpt_config_t *cfg, uint64_t seed) {
+  for (int k = 0; k < f->layout->num_units; k++) {
+    size_t begin, real = shard_unit_real(f->layout, f->shard_rank, k, &begin);
+    for (size_t i = 0, c; i < real; i += c) {
+      c = fsdp_chunk(i, real);
+      gpt_init_range(cfg, seed, begin + i, begin + i + c, f->stage);
+      fsdp_stage_store(f, f->shard_off[k] + i, c);
+    }
+    fsdp_zero_padding(f, k, real);
   }
-  mem_free(buf);
-  return rc;
+  f->be->sync();
+}
+
+/* Where element begin of the flat model lies in a weights file. */
+static off_t fsdp_file_at(size_t begin) {
+  return GPT_WEIGHTS_HEADER_BYTES + (off_t)(begin * sizeof(float));
 }
 
 int fsdp_load_weights(fsdp_t *f, const char *path) {
-  const gpt_config_t *cfg = gpt_get_config(f->g);
-  float *buf;
-  int rc = fsdp_unit_buf(f, &buf);
-  for (int k = 0; !rc && k < f->l->num_units; k++)
-    if (!(rc = shard_load_unit(f->l, cfg, path, f->shard_rank, k, fsdp_unit_f32(f, k, buf))))
-      fsdp_unit_store(f, k, buf);
-  mem_free(buf);
+  gpt_config_t fc;
+  FILE *file;
+  int rc = gpt_weights_open(path, &fc, &file);
+  if (rc) return rc;
+  if ((rc = gpt_weights_match(&fc, gpt_get_config(f->model), path))) goto out;
+  for (int k = 0; !rc && k < f->layout->num_units; k++) {
+    size_t begin, real = shard_unit_real(f->layout, f->shard_rank, k, &begin);
+    for (size_t i = 0, c; !rc && i < real; i += c) {
+      c = fsdp_chunk(i, real);
+      rc = shard_file_io(fileno(file), f->stage, c * sizeof(float), fsdp_file_at(begin + i), 0,
+                         f->shard_rank, path);
+      if (!rc) fsdp_stage_store(f, f->shard_off[k] + i, c);
+    }
+    fsdp_zero_padding(f, k, real);
+  }
+  f->be->sync();
+out:
+  fclose(file);
   return rc;
 }
 
 int fsdp_write_weights(fsdp_t *f, int fd, const char *path) {
-  float *buf;
-  int rc = fsdp_unit_buf(f, &buf);
-  for (int k = 0; !rc && k < f->l->num_units; k++) {
-    if (buf) f->be->bf16_to_f32(buf, f->params16 + f->shard_off[k], f->l->units[k].shard_numel);
-    rc = shard_write_unit(f->l, fd, path, f->shard_rank, k, fsdp_unit_f32(f, k, buf));
+  int rc = FSDP_OK;
+  for (int k = 0; !rc && k < f->layout->num_units; k++) {
+    size_t begin, real = shard_unit_real(f->layout, f->shard_rank, k, &begin);
+    for (size_t i = 0, c; !rc && i < real; i += c) {
+      c = fsdp_chunk(i, real);
+      fsdp_stage_fetch(f, f->shard_off[k] + i, c);
+      rc = shard_file_io(fd, f->stage, c * sizeof(float), fsdp_file_at(begin + i), 1,
+                         f->shard_rank, path);
+    }
   }
-  mem_free(buf);
   return rc;
 }
 
+/* ---- create / destroy ----------------------------------------------------- */
+
 /* The shard's persistent state: parameters and gradient (fp32, or bf16 under
- * bf16-true), where a reduce-scatter lands, and bf16-true's fp32 chunks. */
+ * bf16-true), where a reduce-scatter lands, bf16-true's fp32 chunks, and the
+ * host stage. */
 static int fsdp_alloc_state(fsdp_t *f) {
-  const size_t n = f->l->shard_total;
+  const kern_backend_t *be = f->be;
+  const size_t n = f->layout->shard_total;
   /* offload: the shard's state lives in host memory and the optimizer step
    * runs on the CPU (for a CPU device, only the accounting moves) */
-  const mem_cat_t pc = f->o.offload ? MEM_OFFLOAD : MEM_PARAMS;
-  const mem_cat_t gc = f->o.offload ? MEM_OFFLOAD : MEM_GRADS;
-  if (f->true16) {
-    f->params16 = comm_reg_alloc(pc, n * sizeof(uint16_t), "parameter shard (bf16)");
-    f->grads16 = mem_calloc(gc, n * sizeof(uint16_t), "gradient shard (bf16)");
-    f->wide = mem_alloc(MEM_WORKSPACE, 2 * FSDP_CHUNK * sizeof(float), "fp32 gradient chunks");
-    f->landing =
-        comm_reg_alloc(MEM_COMM, f->largest * sizeof(uint16_t), "reduce-scatter landing");
-    return f->params16 && f->grads16 && f->wide && f->landing ? FSDP_OK : FSDP_ENOMEM;
+  const mem_cat_t pc = f->opts.offload ? MEM_OFFLOAD : MEM_PARAMS;
+  const mem_cat_t gc = f->opts.offload ? MEM_OFFLOAD : MEM_GRADS;
+  const size_t e = f->bf16_storage ? sizeof(uint16_t) : sizeof(float);
+  f->stage = mem_alloc(MEM_WORKSPACE, FSDP_CHUNK * sizeof(float), "weights staging");
+  void *params = comm_reg_alloc(pc, n * e, f->bf16_storage ? "parameter shard (bf16)" : "parameter shard");
+  void *grads = mem_dev_calloc(be, gc, n * e, f->bf16_storage ? "gradient shard (bf16)" : "gradient shard");
+  if (f->shards > 1)
+    f->landing = comm_reg_alloc(MEM_COMM, f->largest * e, "reduce-scatter landing");
+  if (f->bf16_storage) {
+    f->params16 = params;
+    f->grads16 = grads;
+    f->chunk32 = mem_dev_alloc(be, MEM_WORKSPACE, 2 * FSDP_CHUNK * sizeof(float), "fp32 shard chunks");
+  } else {
+    f->params = params;
+    f->grads = grads;
   }
-  f->params = comm_reg_alloc(pc, n * sizeof(float), "parameter shard");
-  f->grads = mem_calloc(gc, n * sizeof(float), "gradient shard");
-  f->landing = comm_reg_alloc(MEM_COMM, f->largest * sizeof(float), "reduce-scatter landing");
-  return f->params && f->grads && f->landing ? FSDP_OK : FSDP_ENOMEM;
+  int ok = f->stage && params && grads && (f->shards == 1 || f->landing) &&
+           (!f->bf16_storage || f->chunk32);
+  return ok ? FSDP_OK : FSDP_ENOMEM;
 }
 
 int fsdp_create(fsdp_t **out, const gpt_config_t *cfg, const fsdp_opts_t *o) {
@@ -369,54 +444,58 @@ int fsdp_create(fsdp_t **out, const gpt_config_t *cfg, const fsdp_opts_t *o) {
   if ((m->shards > 1) != (o->shard_comm != NULL) || (m->replicas > 1) != (o->replica_comm != NULL))
     return err_set(FSDP_EINVAL, "fsdp: mesh %dx%d needs a shard group communicator when S > 1 "
                    "and a replica group communicator when R > 1", m->replicas, m->shards);
-  if (o->shard_comm && o->shard_comm->size != m->shards)
+  if (o->shard_comm && comm_size(o->shard_comm) != m->shards)
     return err_set(FSDP_EINVAL, "fsdp: the shard group has %d ranks, the mesh says %d",
-                   o->shard_comm->size, m->shards);
-  if (o->replica_comm && o->replica_comm->size != m->replicas)
+                   comm_size(o->shard_comm), m->shards);
+  if (o->replica_comm && comm_size(o->replica_comm) != m->replicas)
     return err_set(FSDP_EINVAL, "fsdp: the replica group has %d ranks, the mesh says %d",
-                   o->replica_comm->size, m->replicas);
+                   comm_size(o->replica_comm), m->replicas);
+  if (!o->be) return err_set(FSDP_EINVAL, "fsdp: no kernel backend (fsdp_opts_t.be)");
   fsdp_t *f = calloc(1, sizeof *f);
   if (!f) return err_set(FSDP_ENOMEM, "fsdp: out of memory");
-  f->o = *o;
-  f->be = kern_cpu();
-  f->S = m->shards;
-  f->shard_rank = o->shard_comm ? o->shard_comm->rank : 0;
-  f->keeps = shard_strategy_keeps_params(m->strategy);
-  f->bf16 = o->precision != FSDP_FP32;
-  f->true16 = o->precision == FSDP_BF16_TRUE;
-  f->rdt = f->true16 ? COMM_BF16 : COMM_F32;
+  f->opts = *o;
+  f->be = o->be;
+  f->shards = m->shards;
+  f->shard_rank = o->shard_comm ? comm_rank(o->shard_comm) : 0;
+  f->keeps_params = shard_strategy_keeps_params(m->strategy);
+  f->gather_bf16 = o->precision != FSDP_FP32;
+  f->bf16_storage = o->precision == FSDP_BF16_TRUE;
+  f->alias_params = f->shards == 1 && o->precision == FSDP_FP32;
+  f->alias_grads = f->shards == 1 && m->replicas == 1 && !f->bf16_storage;
+  f->reduce_dtype = f->bf16_storage ? COMM_BF16 : COMM_F32;
   f->pend_unit = -1;
   adamw_segment_t *segs = NULL;
   int nsegs = 0, rc;
-  if ((rc = gpt_create_shell(&f->g, cfg, f->be))) goto fail;
-  if ((rc = shard_layout_create(&f->l, cfg, f->S, o->min_params))) goto fail;
+  if ((rc = gpt_create_shell(&f->model, cfg, f->be))) goto fail;
+  if ((rc = shard_layout_create(&f->layout, cfg, f->shards, o->min_params))) goto fail;
   f->nmodel = cfg->layers + 1;
-  const int nu = f->l->num_units;
+  const int nu = f->layout->num_units;
   f->shard_off = calloc((size_t)nu, sizeof *f->shard_off);
   f->full = calloc((size_t)nu, sizeof *f->full);
-  f->req = calloc((size_t)nu, sizeof *f->req);
-  f->ugrad = calloc((size_t)nu, sizeof *f->ugrad);
+  f->gather_req = calloc((size_t)nu, sizeof *f->gather_req);
+  f->unit_grad = calloc((size_t)nu, sizeof *f->unit_grad);
   f->recv16 = calloc((size_t)nu, sizeof *f->recv16);
-  f->done = calloc((size_t)nu, sizeof *f->done);
-  if (!f->shard_off || !f->full || !f->req || !f->ugrad || !f->recv16 || !f->done) {
+  f->bwd_done = calloc((size_t)nu, sizeof *f->bwd_done);
+  if (!f->shard_off || !f->full || !f->gather_req || !f->unit_grad || !f->recv16 || !f->bwd_done) {
     rc = err_set(FSDP_ENOMEM, "fsdp: out of memory");
     goto fail;
   }
   size_t off = 0;
   for (int k = 0; k < nu; k++) {
     f->shard_off[k] = off;
-    off += f->l->units[k].shard_numel;
-    if (f->l->units[k].shard_numel > f->largest) f->largest = f->l->units[k].shard_numel;
+    off += f->layout->units[k].shard_numel;
+    if (f->layout->units[k].shard_numel > f->largest) f->largest = f->layout->units[k].shard_numel;
   }
-  if ((rc = fsdp_alloc_state(f)) || (rc = fsdp_init_shard(f, cfg, o->seed))) goto fail;
-  if ((rc = shard_segments(f->l, f->g, f->shard_rank, &segs, &nsegs))) goto fail;
+  if ((rc = fsdp_alloc_state(f))) goto fail;
+  fsdp_init_shard(f, cfg, o->seed);
+  if ((rc = shard_segments(f->layout, f->model, f->shard_rank, &segs, &nsegs))) goto fail;
   const mem_cat_t oc = o->offload ? MEM_OFFLOAD : MEM_OPTIM;
-  if ((rc = (f->true16 ? adamw_create_segments_bf16
-                       : adamw_create_segments)(&f->opt, f->l->shard_total, segs, nsegs, o->hp, oc)))
+  if ((rc = (f->bf16_storage ? adamw_create_segments_bf16 : adamw_create_segments)(
+           &f->opt, f->be, f->layout->shard_total, segs, nsegs, o->hp, oc)))
     goto fail;
   free(segs);
   gpt_unit_hooks_t h = {f, fsdp_params_cb, fsdp_release_cb, fsdp_grads_cb, fsdp_grads_done_cb};
-  gpt_set_hooks(f->g, &h);
+  gpt_set_hooks(f->model, &h);
   *out = f;
   return FSDP_OK;
 fail:
@@ -429,118 +508,137 @@ void fsdp_destroy(fsdp_t *f) {
   if (!f) return;
   if (f->pend_req) comm_wait(f->pend_req, -1); /* its buffers must outlive it */
   comm_reg_free(f->pend_buf);
-  if (f->l)
-    for (int k = 0; k < f->l->num_units; k++) {
-      if (f->req && f->req[k]) comm_wait(f->req[k], -1); /* the buffer must outlive the op */
-      if (f->req) f->req[k] = NULL;
+  if (f->layout)
+    for (int k = 0; k < f->layout->num_units; k++) {
+      if (f->gather_req && f->gather_req[k]) comm_wait(f->gather_req[k], -1); /* the buffer must outlive the op */
+      if (f->gather_req) f->gather_req[k] = NULL;
       if (f->recv16) fsdp_gather_wait(f, k); /* frees a bf16 gather's buffers */
       if (f->full) fsdp_free_unit(f, k);
-      if (f->ugrad) comm_reg_free(f->ugrad[k]);
+      if (f->unit_grad) comm_reg_free(f->unit_grad[k]);
     }
   adamw_destroy(f->opt);
   comm_reg_free(f->params);
   comm_reg_free(f->params16);
-  mem_free(f->grads);
-  mem_free(f->grads16);
+  if (f->be) {
+    mem_dev_free(f->be, f->grads);
+    mem_dev_free(f->be, f->grads16);
+    mem_dev_free(f->be, f->chunk32);
+  }
   comm_reg_free(f->landing);
-  mem_free(f->wide);
+  mem_free(f->stage);
   comm_reg_trim(); /* the segments kept for this runtime's next unit */
   free(f->shard_off);
   free(f->full);
-  free(f->req);
-  free(f->ugrad);
+  free(f->gather_req);
+  free(f->unit_grad);
   free(f->recv16);
-  free(f->done);
-  shard_layout_destroy(f->l);
-  gpt_destroy(f->g);
+  free(f->bwd_done);
+  shard_layout_destroy(f->layout);
+  gpt_destroy(f->model);
   free(f);
 }
 
-gpt_t *fsdp_model(fsdp_t *f) { return f->g; }
-const shard_layout_t *fsdp_layout(const fsdp_t *f) { return f->l; }
+gpt_t *fsdp_model(fsdp_t *f) { return f->model; }
+const shard_layout_t *fsdp_layout(const fsdp_t *f) { return f->layout; }
 int fsdp_max_gathered(const fsdp_t *f) { return f->max_gathered; }
 int fsdp_shard_rank(const fsdp_t *f) { return f->shard_rank; }
 
-void fsdp_defer_reduce(fsdp_t *f, int defer) { f->defer = defer; }
+void fsdp_state(fsdp_t *f, fsdp_state_t *st) {
+  st->layout = f->layout;
+  st->shard_rank = f->shard_rank;
+  st->elem_bytes = f->bf16_storage ? sizeof(uint16_t) : sizeof(float);
+  st->params = f->params16 ? (void *)f->params16 : (void *)f->params;
+  st->opt = f->opt;
+}
+
+void fsdp_defer_reduce(fsdp_t *f, int defer) { f->defer_reduce = defer; }
 
 void fsdp_zero_grad(fsdp_t *f) {
-  if (f->grads16) memset(f->grads16, 0, f->l->shard_total * sizeof *f->grads16);
-  else memset(f->grads, 0, f->l->shard_total * sizeof *f->grads);
+  const size_t n = f->layout->shard_total;
+  if (f->grads16) f->be->dev_set(f->grads16, 0, n * sizeof *f->grads16);
+  else f->be->dev_set(f->grads, 0, n * sizeof *f->grads);
 }
 
 /* Sum of squares of this rank's gradient shard (the kernel sums in double; a
  * bf16 shard is widened chunk by chunk). */
 static double fsdp_grad_sumsq(fsdp_t *f) {
-  const size_t n = f->l->shard_total;
+  const size_t n = f->layout->shard_total;
   if (!f->grads16) return f->be->sumsq(f->grads, n);
   double s = 0;
   for (size_t i = 0, c; i < n; i += c) {
     c = fsdp_chunk(i, n);
-    f->be->bf16_to_f32(f->wide, f->grads16 + i, c);
-    s += f->be->sumsq(f->wide, c);
+    f->be->bf16_to_f32(f->chunk32, f->grads16 + i, c);
+    s += f->be->sumsq(f->chunk32, c);
   }
   return s;
 }
 
 /* Multiplies the gradient shard by s (clipping). */
 static void fsdp_grad_scale(fsdp_t *f, float s) {
-  const size_t n = f->l->shard_total;
+  const kern_backend_t *be = f->be;
+  const size_t n = f->layout->shard_total;
   if (!f->grads16) {
-    for (size_t i = 0; i < n; i++) f->grads[i] *= s;
+    be->vec_scale(f->grads, s, n);
     return;
   }
   for (size_t i = 0, c; i < n; i += c) {
     c = fsdp_chunk(i, n);
-    f->be->bf16_to_f32(f->wide, f->grads16 + i, c);
-    for (size_t j = 0; j < c; j++) f->wide[j] *= s;
-    f->be->f32_to_bf16(f->grads16 + i, f->wide, c); /* rounds: the clipped gradient */
+    be->bf16_to_f32(f->chunk32, f->grads16 + i, c);
+    be->vec_scale(f->chunk32, s, c);
+    be->f32_to_bf16(f->grads16 + i, f->chunk32, c); /* rounds: the clipped gradient */
   }
 }
 
 int fsdp_step(fsdp_t *f, float lr, float clip, float *norm) {
-  int rc0 = fsdp_reduce_finish(f); /* the last unit's gradient (unit 0) */
-  if (rc0) return rc0;
+  int rc = fsdp_reduce_finish(f); /* the last unit's gradient (unit 0) */
+  if (rc) return rc;
   /* the squared norm of the whole gradient: each shard group holds it once
    * (replicas hold equal shards), and padding is zero */
-  float sq = (float)fsdp_grad_sumsq(f);
-  if (f->o.shard_comm) {
-    int rc = comm_all_reduce(f->o.shard_comm, &sq, &sq, 1, COMM_F32, COMM_SUM);
-    if (rc) return err_wrap(rc, "gradient norm");
+  double sq = fsdp_grad_sumsq(f);
+  if (f->opts.shard_comm) {
+    float sq32 = (float)sq;
+    if ((rc = comm_all_reduce(f->opts.shard_comm, &sq32, &sq32, 1, COMM_F32, COMM_SUM)))
+      return err_wrap(rc, "gradient norm");
+    sq = sq32;
   }
-  double n = sqrt((double)sq);
+  double n = sqrt(sq);
   if (norm) *norm = (float)n;
   if (clip > 0 && n > clip) fsdp_grad_scale(f, (float)(clip / (n + 1e-6)));
-  if (f->true16) adamw_step_bf16(f->opt, f->be, f->params16, f->grads16, lr); /* rounds: p, m, v */
-  else adamw_step_buffers(f->opt, f->be, f->params, f->grads, lr);
+  if (f->bf16_storage) adamw_step_bf16(f->opt, f->params16, f->grads16, lr); /* rounds: p, m, v */
+  else adamw_step_buffers(f->opt, f->params, f->grads, lr);
   return FSDP_OK;
 }
 
 int fsdp_mean(fsdp_t *f, float *x) {
   int rc = FSDP_OK;
-  if (f->o.shard_comm) rc = comm_all_reduce(f->o.shard_comm, x, x, 1, COMM_F32, COMM_AVG);
-  if (!rc && f->o.replica_comm) rc = comm_all_reduce(f->o.replica_comm, x, x, 1, COMM_F32, COMM_AVG);
+  if (f->opts.shard_comm) rc = comm_all_reduce(f->opts.shard_comm, x, x, 1, COMM_F32, COMM_AVG);
+  if (!rc && f->opts.replica_comm)
+    rc = comm_all_reduce(f->opts.replica_comm, x, x, 1, COMM_F32, COMM_AVG);
   return rc;
 }
 
-void fsdp_reshard(fsdp_t *f) {
-  if (fsdp_reduce_finish(f)) LOG_WARN("fsdp", "reshard: %s", err_msg());
-  for (int k = 0; k < f->l->num_units; k++) {
-    fsdp_gather_wait(f, k); /* nothing may be in flight into a buffer we free */
+int fsdp_reshard(fsdp_t *f) {
+  int rc = fsdp_reduce_finish(f);
+  for (int k = 0; k < f->layout->num_units; k++) {
+    int rk = fsdp_gather_wait(f, k); /* nothing may be in flight into a buffer we free */
+    if (!rc) rc = rk;
     fsdp_free_unit(f, k);
   }
+  return rc;
 }
 
 int fsdp_gather_params(fsdp_t *f, float *dst) {
-  int rc0 = fsdp_reduce_finish(f);
-  if (rc0) return rc0;
-  for (int k = 0; k < f->l->num_units; k++) {
-    int rc;
+  int rc = fsdp_reduce_finish(f);
+  if (rc) return rc;
+  for (int k = 0; k < f->layout->num_units; k++) {
     /* the stored weights (fp32 master, or the bf16 shard widened exactly),
      * whatever the policy gathers for compute */
-    if ((rc = fsdp_gather_start(f, k, f->true16)) || (rc = fsdp_gather_wait(f, k))) return rc;
-    memcpy(dst + f->l->units[k].offset, f->full[k], f->l->units[k].numel * sizeof(float));
+    if ((rc = fsdp_gather_start(f, k, f->bf16_storage)) || (rc = fsdp_gather_wait(f, k))) return rc;
+    const shard_unit_t *u = &f->layout->units[k];
+    f->be->copy_d2h(dst + u->offset, f->full[k], u->numel * sizeof(float));
     fsdp_free_unit(f, k);
   }
+  f->be->sync();
   return FSDP_OK;
 }
 

@@ -38,6 +38,7 @@ int fsdp_precision_parse(const char *s, fsdp_precision_t *out);
 const char *fsdp_precision_describe(fsdp_precision_t p);
 
 typedef struct fsdp_opts {
+  const kern_backend_t *be; /* the device every buffer lives on and every op runs on */
   shard_mesh_t mesh;
   comm_t *shard_comm;   /* this rank's shard group (S ranks); NULL when S == 1 */
   comm_t *replica_comm; /* its replica group (R ranks); NULL when R == 1 */
@@ -75,8 +76,10 @@ int fsdp_mean(fsdp_t *f, float *x);
  * must call it. */
 int fsdp_gather_params(fsdp_t *f, float *dst);
 /* Frees every gathered unit: after a forward-only pass (evaluation) under a
- * strategy that keeps parameters, or before a checkpoint. */
-void fsdp_reshard(fsdp_t *f);
+ * strategy that keeps parameters, or before a checkpoint. It completes the
+ * reduction and the gathers in flight first: their failure is returned (the
+ * units are freed all the same). */
+int fsdp_reshard(fsdp_t *f);
 /* Most units that were gathered (or being gathered) at the same time. */
 int fsdp_max_gathered(const fsdp_t *f);
 const shard_layout_t *fsdp_layout(const fsdp_t *f);
@@ -84,10 +87,23 @@ const shard_layout_t *fsdp_layout(const fsdp_t *f);
  * its byte ranges), rounded to bf16 (nearest-even) under bf16-true. */
 int fsdp_load_weights(fsdp_t *f, const char *path);
 /* Writes this rank's real elements into their byte ranges of fd, an open
- * fp32 weights file already sized (shard_write_weights); bf16 storage is
- * widened exactly. Transient memory under bf16-true: one unit's shard in
- * fp32 (MEM_WORKSPACE), less than the unit a step gathers. */
+ * fp32 weights file already sized; bf16 storage is widened exactly. Weights
+ * pass through a fixed host stage of FSDP_CHUNK floats (MEM_WORKSPACE, held
+ * by the runtime): no copy of a unit or of the shard is ever made. */
 int fsdp_write_weights(fsdp_t *f, int fd, const char *path);
 int fsdp_shard_rank(const fsdp_t *f);
+
+/* The rank's training state, what a checkpoint saves and restores (device
+ * pointers): the layout and this rank's place in it, the parameter shard
+ * (shard_total elements of elem_bytes: fp32, or bf16 under bf16-true) and the
+ * optimizer (its m, v and step count: adamw.h). */
+typedef struct fsdp_state {
+  const shard_layout_t *layout;
+  int shard_rank;
+  size_t elem_bytes;
+  void *params;
+  adamw_t *opt;
+} fsdp_state_t;
+void fsdp_state(fsdp_t *f, fsdp_state_t *st);
 
 #endif

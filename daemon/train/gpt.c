@@ -3,12 +3,15 @@
  * Owns the flat parameter and gradient buffers, the activations of one (B, T)
  * and the scratch of backward. The forward keeps exactly what backward reads;
  * backward reuses a handful of per-layer scratch buffers instead of a full
- * mirror of the activations. Every byte comes from the accounting allocator. */
+ * mirror of the activations. Every byte comes from the accounting allocator,
+ * and every buffer lives on the backend's device: this file never reads or
+ * writes one itself, it asks the backend's table (set, copies, sums). */
 #include "gpt.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,10 +21,59 @@
 #include "daemon/common/err.h"
 #include "daemon/common/rng.h"
 #include "daemon/common/log.h"
-#include "mem.h"
+#include "daemon/common/mem.h"
 
 #define GPT_WEIGHTS_VERSION 1
 #define GPT_HEADER_INTS 256
+
+/* A block's parameters (or gradients) inside its unit buffer, by name (after
+ * llm.c's ParameterTensors); shapes as (rows, cols). gpt_create finds each
+ * one's unit-local offset by the tensor's name in the layout, so nothing here
+ * depends on the order gpt_layout lists them in. */
+typedef struct gpt_block {
+  float *ln1w, *ln1b;         /* (C) */
+  float *qkvw;                /* (3C, C) */
+  float *qkvb;                /* (3C) */
+  float *attprojw;            /* (C, C) */
+  float *attprojb;            /* (C) */
+  float *ln2w, *ln2b;         /* (C) */
+  float *fcw;                 /* (4C, C) */
+  float *fcb;                 /* (4C) */
+  float *fcprojw;             /* (C, 4C) */
+  float *fcprojb;             /* (C) */
+} gpt_block_t;
+/* Unit 0: the embeddings and the final norm. */
+typedef struct gpt_embed {
+  float *wte; /* (V, C), tied: also the LM head */
+  float *wpe; /* (context, C) */
+  float *lnfw, *lnfb; /* (C) */
+} gpt_embed_t;
+
+/* Each member's tensor name in the layout ("h.<l>." + name for a block's). */
+typedef struct {
+  const char *name;
+  size_t member; /* offsetof the float * in gpt_block_t / gpt_embed_t */
+} gpt_field_t;
+#define GPT_F(type, m, name) {name, offsetof(type, m)}
+static const gpt_field_t gpt_block_fields[] = {
+    GPT_F(gpt_block_t, ln1w, "ln1.w"),           GPT_F(gpt_block_t, ln1b, "ln1.b"),
+    GPT_F(gpt_block_t, qkvw, "attn.qkv.w"),      GPT_F(gpt_block_t, qkvb, "attn.qkv.b"),
+    GPT_F(gpt_block_t, attprojw, "attn.proj.w"), GPT_F(gpt_block_t, attprojb, "attn.proj.b"),
+    GPT_F(gpt_block_t, ln2w, "ln2.w"),           GPT_F(gpt_block_t, ln2b, "ln2.b"),
+    GPT_F(gpt_block_t, fcw, "mlp.fc.w"),         GPT_F(gpt_block_t, fcb, "mlp.fc.b"),
+    GPT_F(gpt_block_t, fcprojw, "mlp.proj.w"),   GPT_F(gpt_block_t, fcprojb, "mlp.proj.b"),
+};
+static const gpt_field_t gpt_embed_fields[] = {
+    GPT_F(gpt_embed_t, wte, "wte"), GPT_F(gpt_embed_t, wpe, "wpe"),
+    GPT_F(gpt_embed_t, lnfw, "lnf.w"), GPT_F(gpt_embed_t, lnfb, "lnf.b"),
+};
+#undef GPT_F
+#define GPT_BLOCK_TENSORS (int)(sizeof gpt_block_fields / sizeof *gpt_block_fields)
+#define GPT_EMBED_TENSORS (int)(sizeof gpt_embed_fields / sizeof *gpt_embed_fields)
+_Static_assert(sizeof(gpt_block_t) == sizeof gpt_block_fields / sizeof *gpt_block_fields * sizeof(float *),
+               "every member of gpt_block_t is named in gpt_block_fields");
+_Static_assert(sizeof(gpt_embed_t) == sizeof gpt_embed_fields / sizeof *gpt_embed_fields * sizeof(float *),
+               "every member of gpt_embed_t is named in gpt_embed_fields");
 
 /* Per-layer activations kept from forward for backward. Shapes with N = B*T. */
 typedef struct gpt_layer_acts {
@@ -56,6 +108,8 @@ struct gpt {
   size_t acts_cap, scratch_cap; /* bytes held: a smaller (B, T) reuses them */
   int ckpt;                     /* activation checkpointing per block */
   gpt_unit_hooks_t hooks;       /* how units are reached (gpt_flat_hooks by default) */
+  /* unit-local offsets of the named tensors: every block's are the same */
+  size_t block_off[GPT_BLOCK_TENSORS], embed_off[GPT_EMBED_TENSORS];
   float *acts_mem;
   float *encoded;         /* (N,C) */
   gpt_layer_acts_t *layer; /* (L) */
@@ -220,9 +274,22 @@ void gpt_init_range(const gpt_config_t *cfg, uint64_t seed, size_t begin, size_t
   free(t);
 }
 
-void gpt_init_weights(gpt_t *g, uint64_t seed) {
+/* The flat parameters move between the host and the device in chunks of
+ * this many floats, through one host buffer (MEM_WORKSPACE). */
+#define GPT_STAGE 65536
+
+int gpt_init_weights(gpt_t *g, uint64_t seed) {
   FSDP_ASSERT(g->params); /* a shell's weights are initialised by whoever holds its shards */
-  gpt_init_range(&g->cfg, seed, 0, g->num_params, g->params);
+  float *stage = mem_alloc(MEM_WORKSPACE, GPT_STAGE * sizeof(float), "initial weights (staging)");
+  if (!stage) return FSDP_ENOMEM;
+  for (size_t i = 0, c; i < g->num_params; i += c) {
+    c = g->num_params - i < GPT_STAGE ? g->num_params - i : GPT_STAGE;
+    gpt_init_range(&g->cfg, seed, i, i + c, stage);
+    g->be->copy_h2d(g->params + i, stage, c * sizeof(float));
+  }
+  g->be->sync();
+  mem_free(stage);
+  return FSDP_OK;
 }
 
 /* ---- create / destroy / accessors --------------------------------------- */
@@ -261,12 +328,27 @@ static int gpt_create_common(gpt_t **out, const gpt_config_t *cfg, const kern_ba
     gpt_unit_t cu = gpt_config_unit(cfg, u); /* the config-only answer agrees */
     FSDP_ASSERT(cu.offset == g->units[u].offset && cu.numel == g->units[u].numel);
   }
+  for (int k = 0; k < GPT_EMBED_TENSORS; k++) {
+    int i = gpt_find_tensor(g, gpt_embed_fields[k].name);
+    FSDP_ASSERT(i >= 0 && g->tensors[i].unit == 0);
+    g->embed_off[k] = g->tensors[i].offset - g->units[0].offset;
+  }
+  for (int l = 0; l < cfg->layers; l++)
+    for (int k = 0; k < GPT_BLOCK_TENSORS; k++) {
+      char name[32];
+      snprintf(name, sizeof name, "h.%d.%s", l, gpt_block_fields[k].name);
+      int i = gpt_find_tensor(g, name);
+      FSDP_ASSERT(i >= 0 && g->tensors[i].unit == 1 + l);
+      size_t off = g->tensors[i].offset - g->units[1 + l].offset;
+      FSDP_ASSERT(l == 0 || off == g->block_off[k]); /* every block is laid out alike */
+      g->block_off[k] = off;
+    }
   if (!flat) {
     *out = g;
     return FSDP_OK;
   }
-  g->params = mem_alloc(MEM_PARAMS, g->num_params * sizeof(float), "parameters");
-  g->grads = g->params ? mem_calloc(MEM_GRADS, g->num_params * sizeof(float), "gradients")
+  g->params = mem_dev_alloc(be, MEM_PARAMS, g->num_params * sizeof(float), "parameters");
+  g->grads = g->params ? mem_dev_calloc(be, MEM_GRADS, g->num_params * sizeof(float), "gradients")
                        : NULL;
   if (!g->grads) {
     rc = err_wrap(FSDP_ENOMEM, "model with %zu parameters", g->num_params);
@@ -286,8 +368,8 @@ int gpt_create_shell(gpt_t **out, const gpt_config_t *cfg, const kern_backend_t 
 }
 
 static void gpt_free_acts(gpt_t *g) {
-  mem_free(g->acts_mem);
-  mem_free(g->att_scratch);
+  mem_dev_free(g->be, g->acts_mem);
+  mem_dev_free(g->be, g->att_scratch);
   g->acts_mem = NULL;
   g->att_scratch = NULL;
   g->acts_cap = g->scratch_cap = 0;
@@ -298,8 +380,8 @@ void gpt_destroy(gpt_t *g) {
   if (!g) return;
   gpt_free_acts(g);
   free(g->layer);
-  mem_free(g->params);
-  mem_free(g->grads);
+  mem_dev_free(g->be, g->params);
+  mem_dev_free(g->be, g->grads);
   free(g->tensors);
   free(g->units);
   free(g);
@@ -316,6 +398,16 @@ float *gpt_params(gpt_t *g) { return g->params; }
 float *gpt_grads(gpt_t *g) { return g->grads; }
 const float *gpt_logits(const gpt_t *g) { return g->have_targets ? NULL : g->logits; }
 
+int gpt_copy_logits(const gpt_t *g, int row, float *out) {
+  if (!g->acts_mem || g->have_targets || row < 0 || row >= g->B * g->T)
+    return err_set(FSDP_EINVAL, "gpt_copy_logits: row %d of a forward without targets of %d rows "
+                   "(run gpt_forward with targets NULL first)", row, g->acts_mem ? g->B * g->T : 0);
+  g->be->copy_d2h(out, g->logits + (size_t)row * (size_t)g->cfg.vocab,
+                  (size_t)g->cfg.vocab * sizeof(float));
+  g->be->sync();
+  return FSDP_OK;
+}
+
 int gpt_find_tensor(const gpt_t *g, const char *name) {
   for (int k = 0; k < g->num_tensors; k++)
     if (!strcmp(g->tensors[k].name, name)) return k;
@@ -323,7 +415,7 @@ int gpt_find_tensor(const gpt_t *g, const char *name) {
 }
 
 void gpt_zero_grad(gpt_t *g) {
-  if (g->grads) memset(g->grads, 0, g->num_params * sizeof(float));
+  if (g->grads) g->be->dev_set(g->grads, 0, g->num_params * sizeof(float));
 }
 
 /* ---- activations -------------------------------------------------------- */
@@ -343,10 +435,8 @@ static size_t gpt_act_floats(const gpt_config_t *c, size_t B, size_t T, int ckpt
 }
 
 size_t gpt_activation_bytes(const gpt_config_t *cfg, int B, int T, int ckpt) {
-  /* the attention scratch is the CPU backend's; other backends differ */
   return gpt_act_floats(cfg, (size_t)B, (size_t)T, ckpt) * sizeof(float) +
-         2 * (size_t)B * (size_t)T * sizeof(int32_t) +
-         kern_cpu()->attention_scratch(B, T, cfg->channels, cfg->heads) * sizeof(float);
+         2 * (size_t)B * (size_t)T * sizeof(int32_t);
 }
 
 void gpt_set_checkpointing(gpt_t *g, int on) {
@@ -368,8 +458,9 @@ static int gpt_alloc_acts(gpt_t *g, int B, int T) {
     gpt_free_acts(g);
     char what[96];
     snprintf(what, sizeof what, "activations for batch %d x seq_len %d", B, T);
-    g->acts_mem = mem_alloc(MEM_ACTS, bytes, what);
-    g->att_scratch = g->acts_mem ? mem_alloc(MEM_WORKSPACE, sbytes, "attention scratch") : NULL;
+    g->acts_mem = mem_dev_alloc(g->be, MEM_ACTS, bytes, what);
+    g->att_scratch =
+        g->acts_mem ? mem_dev_alloc(g->be, MEM_WORKSPACE, sbytes, "attention scratch") : NULL;
     if (!g->att_scratch) {
       gpt_free_acts(g);
       return FSDP_ENOMEM;
@@ -452,15 +543,21 @@ void gpt_set_hooks(gpt_t *g, const gpt_unit_hooks_t *h) {
   }
 }
 
-/* Tensor i inside the buffer ubuf of its unit. */
-static float *gpt_tp(const gpt_t *g, float *ubuf, int i) {
-  return ubuf + (g->tensors[i].offset - g->units[g->tensors[i].unit].offset);
+/* The named tensors of a block's unit buffer ubuf (parameters or gradients). */
+static gpt_block_t gpt_block_at(const gpt_t *g, float *ubuf) {
+  gpt_block_t b;
+  for (int k = 0; k < GPT_BLOCK_TENSORS; k++)
+    *(float **)((char *)&b + gpt_block_fields[k].member) = ubuf + g->block_off[k];
+  return b;
 }
-/* Tensor k (0..11, the enum below) of block l inside the block's unit buffer. */
-static float *gpt_lt(const gpt_t *g, float *ubuf, int l, int k) { return gpt_tp(g, ubuf, 4 + 12 * l + k); }
-enum { T_LN1W, T_LN1B, T_QKVW, T_QKVB, T_PROJW, T_PROJB, T_LN2W, T_LN2B, T_FCW, T_FCB,
-       T_FCPW, T_FCPB };
-enum { T_WTE, T_WPE, T_LNFW, T_LNFB }; /* unit 0 */
+
+/* The same for unit 0's buffer. */
+static gpt_embed_t gpt_embed_at(const gpt_t *g, float *ubuf) {
+  gpt_embed_t e;
+  for (int k = 0; k < GPT_EMBED_TENSORS; k++)
+    *(float **)((char *)&e + gpt_embed_fields[k].member) = ubuf + g->embed_off[k];
+  return e;
+}
 
 static int gpt_check_tokens(const gpt_t *g, const int32_t *ids, size_t n, const char *what) {
   for (size_t i = 0; i < n; i++)
@@ -479,22 +576,17 @@ static void gpt_layer_fwd(gpt_t *g, int l, float *P, const float *res_in) {
   const int B = g->B, T = g->T, C = g->cfg.channels, NH = g->cfg.heads;
   const size_t N = (size_t)B * T;
   gpt_layer_acts_t *a = &g->layer[l];
-  be->layernorm_fwd(a->ln1, a->ln1_mean, a->ln1_rstd, res_in, gpt_lt(g, P, l, T_LN1W),
-                    gpt_lt(g, P, l, T_LN1B), (int)N, C);
-  be->matmul_fwd(a->qkv, a->ln1, gpt_lt(g, P, l, T_QKVW), gpt_lt(g, P, l, T_QKVB), (int)N, C,
-                 3 * C);
+  const gpt_block_t p = gpt_block_at(g, P);
+  be->layernorm_fwd(a->ln1, a->ln1_mean, a->ln1_rstd, res_in, p.ln1w, p.ln1b, (int)N, C);
+  be->matmul_fwd(a->qkv, a->ln1, p.qkvw, p.qkvb, (int)N, C, 3 * C);
   be->attention_fwd(a->atty, a->att, a->qkv, B, T, C, NH);
   /* the projection lands in res2, then the residual is added in place */
-  be->matmul_fwd(a->res2, a->atty, gpt_lt(g, P, l, T_PROJW), gpt_lt(g, P, l, T_PROJB), (int)N, C,
-                 C);
+  be->matmul_fwd(a->res2, a->atty, p.attprojw, p.attprojb, (int)N, C, C);
   be->residual_fwd(a->res2, a->res2, res_in, N * C);
-  be->layernorm_fwd(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, gpt_lt(g, P, l, T_LN2W),
-                    gpt_lt(g, P, l, T_LN2B), (int)N, C);
-  be->matmul_fwd(a->fch, a->ln2, gpt_lt(g, P, l, T_FCW), gpt_lt(g, P, l, T_FCB), (int)N, C,
-                 4 * C);
+  be->layernorm_fwd(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, p.ln2w, p.ln2b, (int)N, C);
+  be->matmul_fwd(a->fch, a->ln2, p.fcw, p.fcb, (int)N, C, 4 * C);
   be->gelu_fwd(a->fch_gelu, a->fch, N * 4 * (size_t)C);
-  be->matmul_fwd(a->res3, a->fch_gelu, gpt_lt(g, P, l, T_FCPW), gpt_lt(g, P, l, T_FCPB), (int)N,
-                 4 * C, C);
+  be->matmul_fwd(a->res3, a->fch_gelu, p.fcprojw, p.fcprojb, (int)N, 4 * C, C);
   be->residual_fwd(a->res3, a->res3, a->res2, N * C);
 }
 
@@ -505,29 +597,28 @@ static void gpt_layer_bwd(gpt_t *g, int l, float *P, float *G, const float *res_
   const int B = g->B, T = g->T, C = g->cfg.channels, NH = g->cfg.heads;
   const size_t N = (size_t)B * T, NC = N * (size_t)C;
   gpt_layer_acts_t *a = &g->layer[l];
+  const gpt_block_t p = gpt_block_at(g, P), d = gpt_block_at(g, G);
+  const size_t f = sizeof(float);
   float *dfch_gelu = g->dbig1, *dfch = g->dbig2;
-  memset(dfch_gelu, 0, 4 * NC * sizeof(float));
-  be->matmul_bwd(dfch_gelu, gpt_lt(g, G, l, T_FCPW), gpt_lt(g, G, l, T_FCPB), g->dres, a->fch_gelu,
-                 gpt_lt(g, P, l, T_FCPW), (int)N, 4 * C, C);
-  memset(dfch, 0, 4 * NC * sizeof(float));
+  be->dev_set(dfch_gelu, 0, 4 * NC * f);
+  be->matmul_bwd(dfch_gelu, d.fcprojw, d.fcprojb, g->dres, a->fch_gelu, p.fcprojw, (int)N, 4 * C,
+                 C);
+  be->dev_set(dfch, 0, 4 * NC * f);
   be->gelu_bwd(dfch, a->fch, dfch_gelu, 4 * NC);
-  memset(g->dln, 0, NC * sizeof(float));
-  be->matmul_bwd(g->dln, gpt_lt(g, G, l, T_FCW), gpt_lt(g, G, l, T_FCB), dfch, a->ln2,
-                 gpt_lt(g, P, l, T_FCW), (int)N, C, 4 * C);
+  be->dev_set(g->dln, 0, NC * f);
+  be->matmul_bwd(g->dln, d.fcw, d.fcb, dfch, a->ln2, p.fcw, (int)N, C, 4 * C);
   /* the skip path already put d(res3) in dres: adding the norm's gives d(res2) */
-  be->layernorm_bwd(g->dres, gpt_lt(g, G, l, T_LN2W), gpt_lt(g, G, l, T_LN2B), g->dln, a->res2,
-                    gpt_lt(g, P, l, T_LN2W), a->ln2_mean, a->ln2_rstd, (int)N, C);
+  be->layernorm_bwd(g->dres, d.ln2w, d.ln2b, g->dln, a->res2, p.ln2w, a->ln2_mean, a->ln2_rstd,
+                    (int)N, C);
   float *datty = g->dbig2, *dqkv = g->dbig1;
-  memset(datty, 0, NC * sizeof(float));
-  be->matmul_bwd(datty, gpt_lt(g, G, l, T_PROJW), gpt_lt(g, G, l, T_PROJB), g->dres, a->atty,
-                 gpt_lt(g, P, l, T_PROJW), (int)N, C, C);
-  memset(dqkv, 0, 3 * NC * sizeof(float));
+  be->dev_set(datty, 0, NC * f);
+  be->matmul_bwd(datty, d.attprojw, d.attprojb, g->dres, a->atty, p.attprojw, (int)N, C, C);
+  be->dev_set(dqkv, 0, 3 * NC * f);
   be->attention_bwd(dqkv, g->att_scratch, datty, a->qkv, a->att, B, T, C, NH);
-  memset(g->dln, 0, NC * sizeof(float));
-  be->matmul_bwd(g->dln, gpt_lt(g, G, l, T_QKVW), gpt_lt(g, G, l, T_QKVB), dqkv, a->ln1,
-                 gpt_lt(g, P, l, T_QKVW), (int)N, C, 3 * C);
-  be->layernorm_bwd(g->dres, gpt_lt(g, G, l, T_LN1W), gpt_lt(g, G, l, T_LN1B), g->dln, res_in,
-                    gpt_lt(g, P, l, T_LN1W), a->ln1_mean, a->ln1_rstd, (int)N, C);
+  be->dev_set(g->dln, 0, NC * f);
+  be->matmul_bwd(g->dln, d.qkvw, d.qkvb, dqkv, a->ln1, p.qkvw, (int)N, C, 3 * C);
+  be->layernorm_bwd(g->dres, d.ln1w, d.ln1b, g->dln, res_in, p.ln1w, a->ln1_mean, a->ln1_rstd,
+                    (int)N, C);
 }
 
 #define GPT_TRY(call)                                                                         \
@@ -550,20 +641,20 @@ int gpt_forward(gpt_t *g, const int32_t *inputs, const int32_t *targets, int B, 
   const size_t N = (size_t)B * T;
   const int C = c->channels, V = c->vocab;
   g->have_targets = 0;
-  memcpy(g->tokens, inputs, N * sizeof *inputs);
-  GPT_TRY(gpt_check_tokens(g, g->tokens, N, "inputs"));
-  if (targets) {
-    memcpy(g->targets, targets, N * sizeof *targets);
-    GPT_TRY(gpt_check_tokens(g, g->targets, N, "targets"));
-  }
   const kern_backend_t *be = g->be;
+  /* checked on the host, before the device sees them */
+  GPT_TRY(gpt_check_tokens(g, inputs, N, "inputs"));
+  if (targets) GPT_TRY(gpt_check_tokens(g, targets, N, "targets"));
+  be->copy_h2d(g->tokens, inputs, N * sizeof *inputs);
+  if (targets) be->copy_h2d(g->targets, targets, N * sizeof *targets);
   const gpt_unit_hooks_t *h = &g->hooks;
   float *P;
   /* unit 0 is used twice (embeddings first, final norm and logits last): it is
    * asked for and released around each use, so the runtime decides whether it
    * stays gathered in between */
   GPT_TRY(h->params(h->ctx, 0, GPT_FWD, &P));
-  be->encoder_fwd(g->encoded, g->tokens, gpt_tp(g, P, T_WTE), gpt_tp(g, P, T_WPE), B, T, C);
+  gpt_embed_t e = gpt_embed_at(g, P);
+  be->encoder_fwd(g->encoded, g->tokens, e.wte, e.wpe, B, T, C);
   GPT_TRY(h->release(h->ctx, 0, GPT_FWD));
   const float *res = g->encoded;
   for (int l = 0; l < c->layers; l++) {
@@ -573,14 +664,13 @@ int gpt_forward(gpt_t *g, const int32_t *inputs, const int32_t *targets, int B, 
     res = g->layer[l].res3;
   }
   GPT_TRY(h->params(h->ctx, 0, GPT_FWD, &P));
-  be->layernorm_fwd(g->lnf, g->lnf_mean, g->lnf_rstd, res, gpt_tp(g, P, T_LNFW),
-                    gpt_tp(g, P, T_LNFB), (int)N, C);
-  be->matmul_fwd(g->logits, g->lnf, gpt_tp(g, P, T_WTE), NULL, (int)N, C, V);
+  e = gpt_embed_at(g, P);
+  be->layernorm_fwd(g->lnf, g->lnf_mean, g->lnf_rstd, res, e.lnfw, e.lnfb, (int)N, C);
+  be->matmul_fwd(g->logits, g->lnf, e.wte, NULL, (int)N, C, V);
   GPT_TRY(h->release(h->ctx, 0, GPT_FWD));
   if (targets) {
     be->crossentropy_fwd(g->losses, g->logits, g->targets, (int)N, V);
-    double sum = 0;
-    for (size_t i = 0; i < N; i++) sum += g->losses[i];
+    double sum = be->vec_sum(g->losses, N); /* the mean loss over the batch's tokens */
     if (loss) *loss = (float)(sum / (double)N);
     g->have_targets = 1;
   }
@@ -603,13 +693,13 @@ int gpt_backward(gpt_t *g, float dloss_scale) {
   g->have_targets = 0; /* the probabilities are now dlogits */
   GPT_TRY(h->params(h->ctx, 0, GPT_BWD, &P));
   GPT_TRY(h->grads(h->ctx, 0, &G0));
-  memset(g->dln, 0, NC * sizeof(float));
-  be->matmul_bwd(g->dln, gpt_tp(g, G0, T_WTE), NULL, g->logits, g->lnf, gpt_tp(g, P, T_WTE),
-                 (int)N, C, V);
+  const gpt_embed_t p0 = gpt_embed_at(g, P), d0 = gpt_embed_at(g, G0);
+  be->dev_set(g->dln, 0, NC * sizeof(float));
+  be->matmul_bwd(g->dln, d0.wte, NULL, g->logits, g->lnf, p0.wte, (int)N, C, V);
   const float *res_last = c->layers ? g->layer[c->layers - 1].res3 : g->encoded;
-  memset(g->dres, 0, NC * sizeof(float));
-  be->layernorm_bwd(g->dres, gpt_tp(g, G0, T_LNFW), gpt_tp(g, G0, T_LNFB), g->dln, res_last,
-                    gpt_tp(g, P, T_LNFW), g->lnf_mean, g->lnf_rstd, (int)N, C);
+  be->dev_set(g->dres, 0, NC * sizeof(float));
+  be->layernorm_bwd(g->dres, d0.lnfw, d0.lnfb, g->dln, res_last, p0.lnfw, g->lnf_mean,
+                    g->lnf_rstd, (int)N, C);
   GPT_TRY(h->release(h->ctx, 0, GPT_BWD));
 
   for (int l = c->layers - 1; l >= 0; l--) {
@@ -622,34 +712,47 @@ int gpt_backward(gpt_t *g, float dloss_scale) {
     GPT_TRY(h->grads_done(h->ctx, 1 + l));
   }
   /* the embeddings' backward needs gradients only, no parameters */
-  be->encoder_bwd(gpt_tp(g, G0, T_WTE), gpt_tp(g, G0, T_WPE), g->dres, g->tokens, B, T, C);
+  be->encoder_bwd(d0.wte, d0.wpe, g->dres, g->tokens, B, T, C);
   GPT_TRY(h->grads_done(h->ctx, 0));
   return FSDP_OK;
 }
 
 /* ---- weights files ------------------------------------------------------ */
 
+/* Writes all n bytes of p to fd; a message naming path on failure. */
+static int gpt_write_all(int fd, const void *p, size_t n, const char *path) {
+  for (size_t done = 0; done < n;) {
+    ssize_t w = write(fd, (const char *)p + done, n - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      int e = w < 0 ? errno : ENOSPC;
+      return err_set_errno(err_from_errno(e), e, "saving weights to %s", path);
+    }
+    done += (size_t)w;
+  }
+  return FSDP_OK;
+}
+
 int gpt_save(const gpt_t *g, const char *path) {
   char tmp[4096];
   snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+  float *stage = mem_alloc(MEM_WORKSPACE, GPT_STAGE * sizeof(float), "saved weights (staging)");
+  if (!stage) return FSDP_ENOMEM;
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) return err_set_errno(err_from_errno(errno), errno, "saving weights to %s", tmp);
+  if (fd < 0) {
+    mem_free(stage);
+    return err_set_errno(err_from_errno(errno), errno, "saving weights to %s", tmp);
+  }
   int32_t hdr[GPT_HEADER_INTS];
   gpt_weights_header(&g->cfg, hdr);
-  const char *parts[2] = {(const char *)hdr, (const char *)g->params};
-  size_t lens[2] = {sizeof hdr, g->num_params * sizeof(float)};
-  int rc = FSDP_OK;
-  for (int k = 0; k < 2 && !rc; k++)
-    for (size_t done = 0; done < lens[k];) {
-      ssize_t w = write(fd, parts[k] + done, lens[k] - done);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) {
-        int e = w < 0 ? errno : ENOSPC;
-        rc = err_set_errno(err_from_errno(e), e, "saving weights to %s", path);
-        break;
-      }
-      done += (size_t)w;
-    }
+  int rc = gpt_write_all(fd, hdr, sizeof hdr, path);
+  for (size_t i = 0, c; !rc && i < g->num_params; i += c) {
+    c = g->num_params - i < GPT_STAGE ? g->num_params - i : GPT_STAGE;
+    g->be->copy_d2h(stage, g->params + i, c * sizeof(float));
+    g->be->sync();
+    rc = gpt_write_all(fd, stage, c * sizeof(float), path);
+  }
+  mem_free(stage);
   if (!rc && fsync(fd) != 0) rc = err_set_errno(err_from_errno(errno), errno, "saving weights to %s", path);
   if (close(fd) != 0 && !rc) rc = err_set_errno(err_from_errno(errno), errno, "saving weights to %s", path);
   if (!rc && rename(tmp, path) != 0)
@@ -716,8 +819,17 @@ int gpt_load(gpt_t **out, const char *path, const kern_backend_t *be) {
   if (rc) return rc;
   gpt_t *g = NULL;
   rc = gpt_create(&g, &cfg, be);
-  if (!rc && fread(g->params, sizeof(float), g->num_params, f) != g->num_params)
-    rc = err_set_errno(FSDP_EIO, errno, "init_from: reading %s", path);
+  float *stage = rc ? NULL : mem_alloc(MEM_WORKSPACE, GPT_STAGE * sizeof(float), "loaded weights (staging)");
+  if (!rc && !stage) rc = FSDP_ENOMEM;
+  for (size_t i = 0, c; !rc && i < g->num_params; i += c) {
+    c = g->num_params - i < GPT_STAGE ? g->num_params - i : GPT_STAGE;
+    if (fread(stage, sizeof(float), c, f) != c)
+      rc = err_set_errno(FSDP_EIO, errno, "init_from: reading %s", path);
+    else
+      be->copy_h2d(g->params + i, stage, c * sizeof(float));
+  }
+  be->sync();
+  mem_free(stage);
   if (!rc) {
     *out = g;
     g = NULL;

@@ -1,11 +1,16 @@
 /* gpt: a GPT-2 style decoder (pre-LN, learned positions, tied embeddings) on a
  * kern backend: its shapes, parameter layout, initialisation, forward and backward.
+ * docs/MODEL.md states its math (GELU, LayerNorm, loss, initialisation).
  *
  * Parameters live in one flat fp32 buffer ordered by UNIT: unit 0 holds the
  * embeddings and the final norm (wte, wpe, lnf.w, lnf.b), unit 1+l holds every
  * parameter of transformer block l. A unit is one contiguous range: it is what
  * the sharded runtime gathers and frees as one. The gradients use the same layout.
- * Activations are allocated for a (B, T) on first use and reused after. */
+ * Activations are allocated for a (B, T) on first use and reused after.
+ *
+ * Parameters, gradients and activations live on the backend's device: the
+ * pointers gpt_params, gpt_grads and gpt_logits return are device pointers
+ * (host pointers on the CPU backend, which tests rely on). */
 #ifndef FSDP_GPT_H
 #define FSDP_GPT_H
 
@@ -78,8 +83,9 @@ float *gpt_grads(gpt_t *g);
  * config, writing them to dst[0 .. end-begin). Each value is a pure function of
  * (seed, global element index): any split of the range gives the same bytes. */
 void gpt_init_range(const gpt_config_t *cfg, uint64_t seed, size_t begin, size_t end, float *dst);
-/* The whole model: gpt_init_range over [0, num_params). */
-void gpt_init_weights(gpt_t *g, uint64_t seed);
+/* The whole model: gpt_init_range over [0, num_params), staged through the
+ * host in chunks. FSDP_ENOMEM when the staging buffer cannot be had. */
+int gpt_init_weights(gpt_t *g, uint64_t seed);
 
 /* Weights file (see docs/FORMATS.md): int32 header[256] = { magic GPT_WEIGHTS_MAGIC,
  * version 1, layers, channels, heads, vocab, context, 0... } then num_params
@@ -110,10 +116,13 @@ int gpt_forward(gpt_t *g, const int32_t *inputs, const int32_t *targets, int B, 
  * micro-batch, 1/k to average over k micro-batches). */
 int gpt_backward(gpt_t *g, float dloss_scale);
 void gpt_zero_grad(gpt_t *g);
-/* Logits (B,T,V) of the last forward without targets. */
+/* Logits (B,T,V) of the last forward without targets (a device pointer). */
 const float *gpt_logits(const gpt_t *g);
+/* Copies row row (of B*T) of those logits, V floats, into host memory out. */
+int gpt_copy_logits(const gpt_t *g, int row, float *out);
 /* Bytes of activations (and their gradients) the model holds for (B, T), with
- * or without activation checkpointing. */
+ * or without activation checkpointing. The attention scratch is the
+ * backend's own (kern_backend_t.attention_scratch) and not counted here. */
 size_t gpt_activation_bytes(const gpt_config_t *cfg, int B, int T, int ckpt);
 
 /* Activation checkpointing per block: forward keeps only each block's output;

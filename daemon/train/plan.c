@@ -9,62 +9,45 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/comm/comm.h"
 #include "daemon/common/err.h"
+#include "device.h"
 #include "fsdp.h"
 #include "shard.h"
 
 #define MIB(x) ((double)(x) / 1048576.0)
 
-int plan_uses_runtime(const config_t *c, int world) {
-  fsdp_precision_t prec;
-  if (fsdp_precision_parse(c->precision, &prec)) return 1;
-  return world > 1 || c->mesh[0] || prec != FSDP_FP32 || c->offload;
-}
-
-/* ---- what every path allocates the same way -------------------------------- */
+/* ---- the training loop ------------------------------------------------------ */
 
 /* Activations and the workspace of the training loop and the sample: the
  * model's activations for (B, T), its attention scratch, the loop's input and
  * target batches (every rank holds the global batch's rows: batch x world),
  * and after training the sample's forward passes (B = 1, T growing to the
- * context) with its token buffers. gpt.c reallocates activations only when a
- * shape needs more, so each is the larger of training and sampling.
- * *train_ws is the workspace while training (before any sample). */
-static void plan_loop(const config_t *c, int world, plan_t *p, size_t *train_ws) {
-  const kern_backend_t *be = kern_cpu();
+ * context) with its token buffers and one row of logits on the host. gpt.c
+ * reallocates activations only when a shape needs more, so each is the larger
+ * of training and sampling. */
+static void plan_loop(const config_t *c, int world, plan_t *p) {
+  const kern_backend_t *be = device_for(c)->kern;
   const gpt_config_t *g = &c->gpt;
   const int ck = c->activation_checkpointing;
   const size_t f = sizeof(float);
   size_t scratch = be->attention_scratch(c->batch, c->seq_len, g->channels, g->heads) * f;
-  size_t acts = gpt_activation_bytes(g, c->batch, c->seq_len, ck) - scratch;
+  size_t acts = gpt_activation_bytes(g, c->batch, c->seq_len, ck);
   const size_t NG = (size_t)c->batch * (size_t)world * (size_t)c->seq_len;
   const size_t batches = 2 * NG * sizeof(int32_t);
-  *train_ws = scratch + batches;
   size_t sample = 0;
   if (c->sample_tokens > 0) {
     const size_t np = g->vocab == 256 && c->sample_prompt[0] ? strlen(c->sample_prompt) : 1;
     const size_t n = np + (size_t)c->sample_tokens;
     const int T = n - 1 < (size_t)g->context ? (int)(n - 1) : g->context;
     size_t s_scratch = be->attention_scratch(1, T, g->channels, g->heads) * f;
-    size_t s_acts = gpt_activation_bytes(g, 1, T, ck) - s_scratch;
+    size_t s_acts = gpt_activation_bytes(g, 1, T, ck);
     if (s_acts > acts) acts = s_acts;
     if (s_scratch > scratch) scratch = s_scratch;
-    sample = (size_t)c->sample_tokens * sizeof(int32_t) + n * sizeof(int32_t);
+    sample = (size_t)c->sample_tokens * sizeof(int32_t) + n * sizeof(int32_t) +
+             (size_t)g->vocab * f;
   }
   p->bytes[MEM_ACTS] = acts;
   p->bytes[MEM_WORKSPACE] = scratch + batches + sample;
-}
-
-/* ---- one device: the flat model -------------------------------------------- */
-
-static void plan_flat(const config_t *c, plan_t *p) {
-  const size_t P = gpt_config_num_params(&c->gpt), f = sizeof(float);
-  p->bytes[MEM_PARAMS] = P * f;
-  p->bytes[MEM_GRADS] = P * f;
-  p->bytes[MEM_OPTIM] = 2 * P * f; /* AdamW m and v */
-  size_t train_ws;
-  plan_loop(c, 1, p, &train_ws);
 }
 
 /* ---- the sharded runtime ---------------------------------------------------- */
@@ -141,6 +124,8 @@ static size_t plan_unit_grads(const shard_layout_t *l, int L, int keep_all, size
   return keep_all ? 4 * all + w * first : best;
 }
 
+/* Every rank, one device included, runs the runtime; on one rank under fp32
+ * it gathers and reduces nothing (fsdp.c aliases units to the shard). */
 static int plan_runtime(const config_t *c, int world, plan_t *p) {
   shard_mesh_t m;
   fsdp_precision_t prec;
@@ -162,36 +147,35 @@ static int plan_runtime(const config_t *c, int world, plan_t *p) {
   p->bytes[c->offload ? MEM_OFFLOAD : MEM_PARAMS] += sh;
   p->bytes[c->offload ? MEM_OFFLOAD : MEM_GRADS] += sh;
   p->bytes[c->offload ? MEM_OFFLOAD : MEM_OPTIM] += 2 * sh;
-  p->bytes[MEM_PARAMS_GATHERED] = plan_gathered(l, L, shard_strategy_keeps_params(m.strategy), x);
+  /* one shard under fp32: units are the shard itself; one rank with fp32
+   * gradients: backward writes the gradient shard itself */
+  const int alias_params = m.shards == 1 && prec == FSDP_FP32;
+  const int alias_grads = m.shards == 1 && m.replicas == 1 && !true16;
+  p->bytes[MEM_PARAMS_GATHERED] =
+      alias_params ? 0 : plan_gathered(l, L, shard_strategy_keeps_params(m.strategy), x);
   /* both accumulation modes, for the report; the job's own counts */
   const size_t w = true16 ? 2 : 0;
   const size_t gsh = c->offload ? 0 : sh;
-  p->grads_reduce_each = gsh + plan_unit_grads(l, L, 0, w);
-  p->grads_keep_unsharded = gsh + plan_unit_grads(l, L, 1, w);
+  p->grads_reduce_each = gsh + (alias_grads ? 0 : plan_unit_grads(l, L, 0, w));
+  p->grads_keep_unsharded = gsh + (alias_grads ? 0 : plan_unit_grads(l, L, 1, w));
   p->bytes[MEM_GRADS] = c->keep_unsharded_grads && c->grad_accum > 1 ? p->grads_keep_unsharded
                                                                        : p->grads_reduce_each;
-  /* communication: each ring's buffers (world; shard group when S > 1;
-   * replica group when R > 1) and the reduce-scatter landing (reduce dtype;
-   * a bf16-mixed gather sends from its own landing buffer, counted above) */
-  size_t comm = e * largest;
-  if (world > 1) comm += comm_ring_buffer_bytes(world);
-  if (m.shards > 1) comm += comm_ring_buffer_bytes(m.shards);
-  if (m.replicas > 1) comm += comm_ring_buffer_bytes(m.replicas);
+  /* communication: each communicator's buffers (world; shard group when
+   * S > 1; replica group when R > 1) and the reduce-scatter landing when
+   * S > 1 (reduce dtype; a bf16-mixed gather sends from its own landing
+   * buffer, counted above) */
+  size_t comm = m.shards > 1 ? e * largest : 0;
+  const comm_backend_t *cb = device_for(c)->comm;
+  if (world > 1) comm += comm_buffer_bytes(cb, world);
+  if (m.shards > 1) comm += comm_buffer_bytes(cb, m.shards);
+  if (m.replicas > 1) comm += comm_buffer_bytes(cb, m.replicas);
   p->bytes[MEM_COMM] = comm;
-  size_t train_ws;
-  plan_loop(c, world, p, &train_ws);
-  if (true16) {
-    /* bf16-true: fixed fp32 chunks for the gradient shard (fsdp) and AdamW
-     * (created after the weights are initialised), and one unit's fp32 shard
-     * while initialising, loading (init_from) or saving weights */
-    const size_t fixed_f = 2 * FSDP_CHUNK * sizeof(float), fixed_a = 4 * ADAMW_CHUNK * sizeof(float);
-    const size_t unit = largest * sizeof(float), sampling = p->bytes[MEM_WORKSPACE];
-    size_t ws = unit; /* initialising, before AdamW's chunks */
-    if (c->init_from[0] && fixed_a + unit > ws) ws = fixed_a + unit;
-    if (fixed_a + train_ws + (c->save[0] ? unit : 0) > ws) ws = fixed_a + train_ws + (c->save[0] ? unit : 0);
-    if (fixed_a + sampling > ws) ws = fixed_a + sampling;
-    p->bytes[MEM_WORKSPACE] = fixed_f + ws;
-  }
+  plan_loop(c, world, p);
+  /* held for the runtime's life, so on top of the loop's: the host stage
+   * weights pass through (fsdp.c), and under bf16-true the fp32 chunks of
+   * the gradient shard (fsdp.c) and of AdamW's state (adamw.c) */
+  p->bytes[MEM_WORKSPACE] += FSDP_CHUNK * sizeof(float);
+  if (true16) p->bytes[MEM_WORKSPACE] += 2 * FSDP_CHUNK * sizeof(float) + 4 * ADAMW_CHUNK * sizeof(float);
   shard_layout_destroy(l);
   return FSDP_OK;
 }
@@ -199,10 +183,7 @@ static int plan_runtime(const config_t *c, int world, plan_t *p) {
 int plan_job(const config_t *c, int world, plan_t *p) {
   memset(p, 0, sizeof *p);
   p->world = world;
-  p->runtime = plan_uses_runtime(c, world);
-  int rc = FSDP_OK;
-  if (p->runtime) rc = plan_runtime(c, world, p);
-  else plan_flat(c, p);
+  int rc = plan_runtime(c, world, p);
   for (int k = 0; k < MEM__COUNT; k++) p->total += p->bytes[k];
   return rc;
 }
@@ -237,7 +218,7 @@ static int plan_advice(const plan_t *p, const config_t *c, size_t limit, char *o
                       MIB(t)), 1;
     k = *c;
   }
-  if (p->runtime && c->keep_unsharded_grads && c->grad_accum > 1) {
+  if (c->keep_unsharded_grads && c->grad_accum > 1) {
     k.keep_unsharded_grads = 0;
     if ((t = plan_total_of(&k, p->world)) && t <= limit)
       return snprintf(out, len, "set keep_unsharded_grads = 0 to reduce every micro-batch into "
@@ -245,7 +226,7 @@ static int plan_advice(const plan_t *p, const config_t *c, size_t limit, char *o
     k = *c;
   }
   shard_strategy_t st;
-  if (p->runtime && !shard_strategy_parse(c->strategy, &st) && shard_strategy_keeps_params(st)) {
+  if (!shard_strategy_parse(c->strategy, &st) && shard_strategy_keeps_params(st)) {
     const char *to = st == SHARD_HYBRID_SHARD_ZERO2 ? "HYBRID_SHARD" : "FULL_SHARD";
     snprintf(k.strategy, sizeof k.strategy, "%s", to);
     if (st == SHARD_NO_SHARD) k.mesh[0] = 0; /* "N" means Nx1 only under NO_SHARD */
@@ -289,7 +270,7 @@ void plan_print(const plan_t *p, const config_t *c, FILE *out) {
   for (int k = 0; k < MEM__COUNT; k++)
     if (p->bytes[k]) fprintf(out, " %s=%.1f", mem_cat_name((mem_cat_t)k), MIB(p->bytes[k]));
   fprintf(out, " total=%.1f\n", MIB(p->total));
-  if (p->runtime && c->grad_accum > 1)
+  if (c->grad_accum > 1)
     fprintf(out, "plan: gradient accumulation over %d micro-batches: grads %.1f MiB reducing each "
             "micro-batch%s, %.1f MiB keeping unsharded gradients to the last%s\n", c->grad_accum,
             MIB(p->grads_reduce_each), c->keep_unsharded_grads ? "" : " (this job)",

@@ -5,12 +5,12 @@
  * The prediction is per accounting category (mem.h) and exact: every byte the
  * runtime allocates goes through the accounting allocator, and the tests hold
  * each category's measured peak equal to the plan's, for one device and for
- * every strategy, precision and accumulation mode of the sharded runtime. On
- * one device everything is held at once, so the total is exact too; in the
- * sharded runtime the transient categories (gathered units, unsharded unit
- * gradients) peak at different moments, and the total, the sum of the
- * category peaks, is an upper bound of the measured peak. It does not count
- * the process's code and libraries. */
+ * every strategy, precision and accumulation mode of the sharded runtime
+ * (which one device runs too). On one fp32 device everything is held at
+ * once, so the total is exact too; otherwise the transient categories
+ * (gathered units, unsharded unit gradients) peak at different moments, and
+ * the total, the sum of the category peaks, is an upper bound of the
+ * measured peak. It does not count the process's code and libraries. */
 #ifndef FSDP_PLAN_H
 #define FSDP_PLAN_H
 
@@ -18,23 +18,18 @@
 #include <stdio.h>
 
 #include "config.h"
-#include "mem.h"
+#include "daemon/common/mem.h"
 
 typedef struct plan {
   size_t bytes[MEM__COUNT]; /* peak per accounting category */
   size_t total;             /* the sum of the peaks */
   int world;                /* ranks of the job */
-  int runtime;              /* 1: the sharded runtime (fsdp.c); 0: the flat one-device model */
   /* gradient accumulation's two modes (grad_accum > 1): the grads peak when
    * each micro-batch is reduce-scattered, and when unsharded gradients are
    * kept until the last one (keep_unsharded_grads) */
   size_t grads_reduce_each, grads_keep_unsharded;
 } plan_t;
 
-/* Whether a job of c on world ranks runs the sharded runtime (a mesh, more
- * than one rank, a precision other than fp32, or offload) rather than the
- * flat one-device model. Needs a valid precision (config_finish). */
-int plan_uses_runtime(const config_t *c, int world);
 /* Predicts one rank of a job of c (after config_finish) on world ranks.
  * Errors: a strategy, mesh or precision that does not parse or fit. */
 int plan_job(const config_t *c, int world, plan_t *p);

@@ -8,7 +8,7 @@
 
 #include "daemon/common/err.h"
 #include "daemon/common/rng.h"
-#include "mem.h"
+#include "daemon/common/mem.h"
 
 int sample_tokens(gpt_t *g, const int32_t *prompt, int n_prompt, int n_new, float temperature,
                   uint64_t seed, int32_t *out) {
@@ -17,13 +17,18 @@ int sample_tokens(gpt_t *g, const int32_t *prompt, int n_prompt, int n_new, floa
   if (!(temperature > 0)) return err_set(FSDP_EINVAL, "sample: temperature must be positive");
   size_t total = (size_t)n_prompt + (size_t)n_new;
   int32_t *seq = mem_alloc(MEM_WORKSPACE, total * sizeof *seq, "sampled tokens");
-  if (!seq) return FSDP_ENOMEM;
+  float *lg = seq ? mem_alloc(MEM_WORKSPACE, (size_t)c->vocab * sizeof *lg, "logits of a sample") : NULL;
+  if (!lg) {
+    mem_free(seq);
+    return FSDP_ENOMEM;
+  }
   memcpy(seq, prompt, (size_t)n_prompt * sizeof *seq);
   int rc = FSDP_OK;
   for (int k = 0; k < n_new && !rc; k++) {
     int len = n_prompt + k, T = len < c->context ? len : c->context;
-    if ((rc = gpt_forward(g, seq + len - T, NULL, 1, T, NULL))) break;
-    const float *lg = gpt_logits(g) + (size_t)(T - 1) * (size_t)c->vocab;
+    if ((rc = gpt_forward(g, seq + len - T, NULL, 1, T, NULL)) ||
+        (rc = gpt_copy_logits(g, T - 1, lg)))
+      break;
     float mx = lg[0];
     for (int v = 1; v < c->vocab; v++) mx = fmaxf(mx, lg[v]);
     double sum = 0;
@@ -40,6 +45,7 @@ int sample_tokens(gpt_t *g, const int32_t *prompt, int n_prompt, int n_new, floa
     seq[len] = pick;
   }
   if (!rc) memcpy(out, seq + n_prompt, (size_t)n_new * sizeof *out);
+  mem_free(lg);
   mem_free(seq);
   return rc;
 }

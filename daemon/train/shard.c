@@ -183,14 +183,19 @@ void shard_layout_destroy(shard_layout_t *l) {
   free(l);
 }
 
+size_t shard_unit_real(const shard_layout_t *l, int r, int k, size_t *begin) {
+  const shard_unit_t *x = &l->units[k];
+  const size_t lo = (size_t)r * x->shard_numel; /* unit-local */
+  *begin = x->offset + lo;
+  size_t real = lo < x->numel ? x->numel - lo : 0;
+  return real < x->shard_numel ? real : x->shard_numel;
+}
+
 void shard_init_unit(const shard_layout_t *l, const gpt_config_t *cfg, uint64_t seed, int r, int k,
                      float *shard) {
-  const shard_unit_t *x = &l->units[k];
-  size_t lo = (size_t)r * x->shard_numel, hi = lo + x->shard_numel; /* unit-local */
-  size_t real_hi = hi < x->numel ? hi : x->numel;
-  if (lo < real_hi) gpt_init_range(cfg, seed, x->offset + lo, x->offset + real_hi, shard);
-  size_t nreal = lo < real_hi ? real_hi - lo : 0;
-  memset(shard + nreal, 0, (x->shard_numel - nreal) * sizeof *shard);
+  size_t begin, real = shard_unit_real(l, r, k, &begin);
+  if (real) gpt_init_range(cfg, seed, begin, begin + real, shard);
+  memset(shard + real, 0, (l->units[k].shard_numel - real) * sizeof *shard);
 }
 
 void shard_init_weights(const shard_layout_t *l, const gpt_config_t *cfg, uint64_t seed, int r,
@@ -226,62 +231,18 @@ int shard_segments(const shard_layout_t *l, const gpt_t *g, int r, adamw_segment
   return FSDP_OK;
 }
 
-/* Moves rank r's real elements of units [k0, k1) between buf (their shards,
- * in order) and their places in a weights file: pread when writing is 0,
- * pwrite otherwise. */
-static int shard_io(const shard_layout_t *l, int fd, const char *path, int r, int k0, int k1,
-                    float *buf, int writing) {
-  for (int k = k0; k < k1; k++) {
-    const shard_unit_t *u = &l->units[k];
-    size_t lo = (size_t)r * u->shard_numel, real = lo < u->numel ? u->numel - lo : 0;
-    if (real > u->shard_numel) real = u->shard_numel;
-    char *p = (char *)buf;
-    size_t len = real * sizeof(float), done = 0;
-    off_t at = GPT_WEIGHTS_HEADER_BYTES + (off_t)((u->offset + lo) * sizeof(float));
-    while (done < len) {
-      ssize_t n = writing ? pwrite(fd, p + done, len - done, at + (off_t)done)
-                          : pread(fd, p + done, len - done, at + (off_t)done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        int e = n < 0 ? errno : (writing ? ENOSPC : EIO);
-        return err_set_errno(err_from_errno(e), e, "%s shard %d of %s", writing ? "writing" :
-                             "reading", r, path);
-      }
-      done += (size_t)n;
+int shard_file_io(int fd, void *buf, size_t len, off_t at, int writing, int r, const char *path) {
+  char *p = buf;
+  for (size_t done = 0; done < len;) {
+    ssize_t n = writing ? pwrite(fd, p + done, len - done, at + (off_t)done)
+                        : pread(fd, p + done, len - done, at + (off_t)done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      int e = n < 0 ? errno : (writing ? ENOSPC : EIO);
+      return err_set_errno(err_from_errno(e), e, "%s shard %d of %s", writing ? "writing" :
+                           "reading", r, path);
     }
-    if (!writing) memset(buf + real, 0, (u->shard_numel - real) * sizeof(float));
-    buf += u->shard_numel;
+    done += (size_t)n;
   }
   return FSDP_OK;
-}
-
-static int shard_load_units(const shard_layout_t *l, const gpt_config_t *cfg, const char *path,
-                            int r, int k0, int k1, float *buf) {
-  gpt_config_t fc;
-  FILE *f;
-  int rc = gpt_weights_open(path, &fc, &f);
-  if (rc) return rc;
-  if (!(rc = gpt_weights_match(&fc, cfg, path))) rc = shard_io(l, fileno(f), path, r, k0, k1, buf, 0);
-  fclose(f);
-  return rc;
-}
-
-int shard_load_weights(const shard_layout_t *l, const gpt_config_t *cfg, const char *path, int r,
-                       float *shard) {
-  return shard_load_units(l, cfg, path, r, 0, l->num_units, shard);
-}
-
-int shard_load_unit(const shard_layout_t *l, const gpt_config_t *cfg, const char *path, int r,
-                    int k, float *buf) {
-  return shard_load_units(l, cfg, path, r, k, k + 1, buf);
-}
-
-int shard_write_weights(const shard_layout_t *l, int fd, const char *path, int r,
-                        const float *shard) {
-  return shard_io(l, fd, path, r, 0, l->num_units, (float *)shard, 1);
-}
-
-int shard_write_unit(const shard_layout_t *l, int fd, const char *path, int r, int k,
-                     const float *buf) {
-  return shard_io(l, fd, path, r, k, k + 1, (float *)buf, 1);
 }

@@ -11,6 +11,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "adamw.h"
 #include "gpt.h"
@@ -99,23 +100,14 @@ void shard_init_weights(const shard_layout_t *l, const gpt_config_t *cfg, uint64
 void shard_init_unit(const shard_layout_t *l, const gpt_config_t *cfg, uint64_t seed, int r, int k,
                      float *buf);
 
-/* Reads rank r's shards from a weights file (gpt.h's format) of a model with
- * config cfg: only its own byte ranges, zeros in the padding. A file of
- * another model is an error naming both. */
-int shard_load_weights(const shard_layout_t *l, const gpt_config_t *cfg, const char *path, int r,
-                       float *shard);
-/* Writes rank r's real elements into their byte ranges of fd, an open weights
- * file already sized (all shard ranks of one group write; together they fill it). */
-int shard_write_weights(const shard_layout_t *l, int fd, const char *path, int r,
-                        const float *shard);
-/* Both for unit k alone (buf: its shard, shard_numel floats): for a caller
- * that stores its shards in another dtype (bf16) and converts one unit at a
- * time rather than through an fp32 copy of every shard. */
-int shard_load_unit(const shard_layout_t *l, const gpt_config_t *cfg, const char *path, int r,
-                    int k, float *buf);
-int shard_write_unit(const shard_layout_t *l, int fd, const char *path, int r, int k,
-                     const float *buf);
-
+/* Rank r's shard of unit k: how many of its shard_numel elements are real
+ * (the rest is padding), and in *begin the global index (in the model's flat
+ * order) of its first element. */
+size_t shard_unit_real(const shard_layout_t *l, int r, int k, size_t *begin);
+/* Moves len bytes between buf and fd at offset at, whole (pread when writing
+ * is 0, pwrite otherwise; short transfers are continued); the error names
+ * rank r's shard and path. */
+int shard_file_io(int fd, void *buf, size_t len, off_t at, int writing, int r, const char *path);
 /* The AdamW segments of rank r's shards (offsets into its shard_total
  * buffer): the pieces of each tensor that fall in them, with the tensor's decay
  * rule; padding belongs to no segment. *segs is malloc'd (free it). */

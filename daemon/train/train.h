@@ -1,12 +1,52 @@
-/* train: the single-rank training loop: data, model, AdamW, schedule, clipping,
- * evaluation and progress. The sharded runtime and the control plane run the
- * same loop. */
+/* train: the training loop of one rank (one device, or one rank of a sharded
+ * job): data, the runtime, the schedule, clipping, evaluation, the end-of-run
+ * outputs.
+ *
+ * It is driven a step at a time (train_open, train_step, train_finish,
+ * train_close), so whoever runs it, the fsdp-train program or a node
+ * daemon's rank worker, owns the step boundary: it can stop, checkpoint or
+ * report between any two steps. Each step hands structured metrics to a
+ * callback; the progress lines fsdp-train prints are one consumer of them
+ * (train_run). Every rank, one device included, trains through the sharded
+ * runtime (fsdp.h); the flat model (gpt_create) is the reference the tests
+ * compare it against. */
 #ifndef FSDP_TRAIN_H
 #define FSDP_TRAIN_H
 
 #include <stdio.h>
 
 #include "config.h"
+#include "daemon/common/mem.h"
+#include "data.h"
+#include "fsdp.h"
+
+typedef struct train train_t;
+
+/* What one step did, on this rank. The loss (and eval_loss) is the mean over
+ * every rank's tokens, the same on all ranks; memory is this rank's. */
+typedef struct train_metrics {
+  int rank, world;
+  int step, steps;     /* the step just done (1-based), of steps */
+  float loss;          /* training loss, averaged over the step's micro-batches */
+  float lr;            /* the learning rate the step used */
+  float grad_norm;     /* global gradient norm before clipping */
+  double step_s;       /* wall time of the step (evaluation excluded) */
+  size_t tokens;       /* tokens of the step over every rank */
+  double tokens_per_s; /* tokens / step_s */
+  int evaluated;       /* an evaluation ran after the step ... */
+  float eval_loss;     /* ... with this held-out loss */
+  mem_snapshot_t mem;  /* this step's memory by category: now and the step's peak */
+} train_metrics_t;
+
+typedef void (*train_metrics_cb)(void *ctx, const train_metrics_t *m);
+
+typedef struct train_opts {
+  /* the job's description lines (plan, mesh, model), the sample text and
+   * the closing memory line: printed by rank 0 only; NULL: none */
+  FILE *out;
+  train_metrics_cb metrics; /* called on every rank after every step; NULL: none */
+  void *ctx;
+} train_opts_t;
 
 typedef struct train_result {
   int steps_done;
@@ -19,10 +59,42 @@ typedef struct train_result {
   size_t mem_planned;    /* what the plan predicted, bytes */
 } train_result_t;
 
+/* The full training state a checkpoint needs: the steps done (the schedule
+ * is a function of it: train_lr), where the data stream is, and the
+ * runtime's shard and optimizer (fsdp_state). */
+typedef struct train_state {
+  int step;
+  data_pos_t data;
+  fsdp_t *runtime;
+} train_state_t;
+
 /* Learning rate at step (0-based): linear warmup, then cosine to min_lr_frac * lr. */
 float train_lr(const config_t *c, int step);
-/* Runs c (validated here) and prints a progress line per step to progress
- * (NULL: silent). */
+
+/* Checks c (config_finish on a copy), plans the rank's memory and refuses a
+ * job that cannot fit, checks that its outputs can be written, connects the
+ * rank to its peers (boot.h: the launcher's environment), builds the runtime
+ * and opens the data. Every failure is returned before the first step, with
+ * a message naming the field and the fix. */
+int train_open(train_t **out, const config_t *c, const train_opts_t *o);
+/* One optimizer step (its micro-batches, clipping, AdamW), then an
+ * evaluation when one is due; the metrics go to the callback. Every rank
+ * calls it in lockstep. */
+int train_step(train_t *t);
+/* 1 once every step of the job is done. */
+int train_done(const train_t *t);
+/* After the last step: saves the weights (save) and prints a sample
+ * (sample_tokens); every rank calls it. */
+int train_finish(train_t *t);
+void train_state(train_t *t, train_state_t *st);
+/* The run so far. */
+void train_result(const train_t *t, train_result_t *res);
+/* Frees everything; NULL is a no-op. */
+void train_close(train_t *t);
+
+/* The whole run: open, every step, finish, close, with a progress line per
+ * step (every FSDP_PROGRESS_EVERY steps) and the memory of the step printed
+ * to progress by rank 0 (NULL: silent). */
 int train_run(const config_t *c, FILE *progress, train_result_t *res);
 
 #endif

@@ -4,20 +4,19 @@
  * Work is split over (batch, head) pairs with OpenMP; inside a pair, oneDNN's
  * sgemm does the products on strided views of qkv (leading dimension 3C) and
  * runs single-threaded, since it is called inside a parallel region. Each pair
- * walks its queries in blocks of FSDP_ATTN_BLOCK rows: a block of rows [r0, r1)
+ * walks its queries in blocks of kern_cpu_opts_t.attn_block rows: a block of rows [r0, r1)
  * only sees keys [0, r1), so the products skip most of the masked upper
  * triangle (about half the flops for long sequences). On one core, B=4 T=256
  * C=768 NH=12 forward+backward took 21 ms in blocks of 64 rows against 29 ms in
  * one block; at T=1024, 66 ms against 117 ms (blocks of 32 to 128 are alike). */
 #include <omp.h>
 
-#include "daemon/common/param.h"
 #include "kernels/cpu/cpu.h"
 
-/* Query rows per block, in [1, T]. */
+/* Query rows per block, in [1, T] (kern_cpu_init sets the rows). */
 static int attn_block(int T) {
-  int64_t r = param_attn_block();
-  return r < 1 ? 1 : r > T ? T : (int)r;
+  int r = kern_cpu_attn_rows;
+  return r < 1 ? 1 : r > T ? T : r;
 }
 
 /* Backward needs, per (batch, head) pair, the gradient of one block of scores

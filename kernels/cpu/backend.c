@@ -1,9 +1,12 @@
-/* backend: the CPU backend's table (kern_cpu()), its thread control, and the
- * small helpers the op files share. The ops themselves live one per file. */
+/* backend: the CPU backend's table (kern_cpu_init, kern_cpu), its tunables
+ * and thread control, and the small helpers the op files share. The ops
+ * themselves live one per file. */
 #include <omp.h>
 #include <unistd.h>
 
 #include "kernels/cpu/cpu.h"
+
+int kern_cpu_attn_rows = 64;
 
 /* Every op of the table is implemented here. */
 static int cpu_supports_op(kern_op_t op) { return op >= 0 && op < KERN_OP__COUNT; }
@@ -33,6 +36,20 @@ static const kern_backend_t cpu_backend = {
     .supports_op = cpu_supports_op,
     .set_threads = cpu_set_threads,
     .get_threads = cpu_get_threads,
+    .host_memory = 1,
+    .dev_alloc = NULL,
+    .dev_free = NULL,
+    .dev_set = kern_cpu_dev_set,
+    .copy_h2d = kern_cpu_copy,
+    .copy_d2h = kern_cpu_copy,
+    .copy_d2d = kern_cpu_copy,
+    .sync = kern_cpu_sync,
+    .vec_add = kern_cpu_vec_add,
+    .vec_scale = kern_cpu_vec_scale,
+    .vec_sum = kern_cpu_vec_sum,
+    .reduce_f32 = kern_cpu_reduce_f32,
+    .reduce_bf16 = kern_cpu_reduce_bf16,
+    .copy_stream = kern_cpu_copy_stream,
     .encoder_fwd = kern_cpu_encoder_fwd,
     .encoder_bwd = kern_cpu_encoder_bwd,
     .layernorm_fwd = kern_cpu_layernorm_fwd,
@@ -53,5 +70,13 @@ static const kern_backend_t cpu_backend = {
     .bf16_to_f32 = kern_cpu_bf16_to_f32,
     .sumsq = kern_cpu_sumsq,
 };
+
+const kern_backend_t *kern_cpu_init(const kern_cpu_opts_t *o) {
+  kern_cpu_opts_t d = {0, 0};
+  if (!o) o = &d;
+  kern_cpu_attn_rows = o->attn_block > 0 ? o->attn_block : 64;
+  cpu_set_threads(o->threads);
+  return &cpu_backend;
+}
 
 const kern_backend_t *kern_cpu(void) { return &cpu_backend; }

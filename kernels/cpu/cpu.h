@@ -9,6 +9,8 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 #include "kernels/kern.h"
 
@@ -25,6 +27,20 @@ float expf(float) __attribute__((simd("notinbranch")));
 float tanhf(float) __attribute__((simd("notinbranch")));
 #endif
 #endif
+
+/* A broken invariant (a programmer error) stops with file and line; kernels
+ * are a leaf and have no logger of their own. */
+#define KERN_CPU_ASSERT(cond)                                                          \
+  do {                                                                                \
+    if (!(cond)) {                                                                    \
+      fprintf(stderr, "fsdp: kernel assertion failed: %s (%s:%d)\n", #cond, __FILE__, \
+              __LINE__);                                                              \
+      abort();                                                                        \
+    }                                                                                 \
+  } while (0)
+
+/* Query rows per attention work item, as kern_cpu_init set them. */
+extern int kern_cpu_attn_rows;
 
 /* Every call of dnnl_sgemm goes through here: row-major, C = alpha op(A) op(B) + beta C.
  * A failure is a programmer error (bad leading dimension), so it aborts. */
@@ -75,5 +91,20 @@ void kern_cpu_f32_to_bf16(uint16_t *out, const float *inp, size_t n);
 void kern_cpu_bf16_to_f32(float *out, const uint16_t *inp, size_t n);
 
 double kern_cpu_sumsq(const float *x, size_t n);
+
+/* memory.c: the table's memory section on host memory. */
+void kern_cpu_dev_set(void *dst, int v, size_t bytes);
+void kern_cpu_copy(void *dst, const void *src, size_t bytes);
+void kern_cpu_sync(void);
+void kern_cpu_vec_add(float *y, const float *x, size_t n);
+void kern_cpu_vec_scale(float *y, float s, size_t n);
+double kern_cpu_vec_sum(const float *x, size_t n);
+
+/* reduce.c: the collectives' element-wise work. */
+void kern_cpu_reduce_f32(float *dst, const void *a, const float *b, size_t n, float div,
+                         int stream);
+void kern_cpu_reduce_bf16(uint16_t *dst, const void *a, const uint16_t *b, size_t n, float div,
+                          int stream);
+void kern_cpu_copy_stream(void *dst, const void *src, size_t n);
 
 #endif

@@ -11,7 +11,6 @@
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 
-#include "daemon/common/log.h"
 #include "kernels/cpu/cpu.h"
 
 void kern_cpu_sgemm(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha,
@@ -19,7 +18,7 @@ void kern_cpu_sgemm(char transa, char transb, int64_t M, int64_t N, int64_t K, f
                     int64_t ldc) {
   if (M <= 0 || N <= 0) return;
   dnnl_status_t st = dnnl_sgemm(transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  FSDP_ASSERT(st == dnnl_success);
+  KERN_CPU_ASSERT(st == dnnl_success);
 }
 
 /* Columns of C are split in multiples of 16 floats (64 bytes), so tiles side by

@@ -22,7 +22,7 @@
 #include <unistd.h>
 
 #include "tests/bench/benchutil.h"
-#include "daemon/comm/comm.h"
+#include "daemon/comm/ring.h"
 #include "daemon/comm/reg.h"
 #include "daemon/common/err.h"
 

@@ -65,7 +65,7 @@
 #include <unistd.h>
 
 #include "tests/bench/benchutil.h"
-#include "daemon/comm/comm.h"
+#include "daemon/comm/ring.h"
 #include "daemon/common/err.h"
 #include "daemon/train/adamw.h"
 #include "daemon/train/fsdp.h"
@@ -154,7 +154,7 @@ static int rec_issue(comm_t *c, const comm_args_t *a, comm_req_t **req) {
       e->a = *a;
       e->a.send = e->a.recv = NULL;
       size_t total = a->op == COMM_OP_ALL_GATHER || a->op == COMM_OP_REDUCE_SCATTER
-                         ? a->count * (size_t)c->size : a->count;
+                         ? a->count * (size_t)comm_size(c) : a->count;
       rec.bytes += total * comm_dtype_size(a->dtype);
     } else {
       rec.overflow = 1;
@@ -180,16 +180,26 @@ static void rec_destroy(comm_t *c) {
   free(c);
 }
 
+/* Wraps communicators made elsewhere: it never splits, and holds nothing of
+ * its own. */
+static int rec_split(comm_t *c, int color, int key, const char *name, int64_t timeout_ms,
+                     comm_t **out) {
+  (void)c, (void)color, (void)key, (void)name, (void)timeout_ms;
+  *out = NULL;
+  return err_set(FSDP_EUNSUPPORTED, "the recording backend does not split");
+}
+static size_t rec_buffer_bytes(int size) { return (void)size, 0; }
+
 const comm_backend_t rec_backend = {"recording", rec_supports, rec_issue, rec_wait, rec_abort,
-                                    rec_destroy};
+                                    rec_destroy, rec_split, rec_buffer_bytes};
 
 static comm_t *rec_wrap(comm_t *inner) {
   rec_comm_t *w = calloc(1, sizeof *w);
   if (!w) return NULL;
   w->base.be = &rec_backend;
-  w->base.rank = inner->rank;
-  w->base.size = inner->size;
-  snprintf(w->base.name, sizeof w->base.name, "%s", inner->name);
+  w->base.rank = comm_rank(inner);
+  w->base.size = comm_size(inner);
+  snprintf(w->base.name, sizeof w->base.name, "%s", comm_name(inner));
   w->inner = inner;
   return &w->base;
 }
@@ -211,7 +221,7 @@ static size_t rec_max_elems(void) {
   for (int i = 0; i < rec.n; i++) {
     const comm_args_t *a = &rec.log[i].a;
     size_t e = a->op == COMM_OP_ALL_GATHER || a->op == COMM_OP_REDUCE_SCATTER
-                   ? a->count * (size_t)rec.log[i].inner->size : a->count;
+                   ? a->count * (size_t)comm_size(rec.log[i].inner) : a->count;
     if (e > m) m = e;
   }
   return m;
@@ -308,8 +318,8 @@ static int rank_setup(rank_state_t *s, const job_t *j, int r, comm_t *world) {
   gpt_init_weights(s->g, 1337);
   if ((rc = adamw_create(&s->opt, s->g, HP)) < 0) return rc;
   for (int k = 0; k < 3; k++) {
-    fsdp_opts_t o = {.mesh = {strategies[k].R, strategies[k].S, strategies[k].st}, .seed = 1337,
-                     .hp = HP};
+    fsdp_opts_t o = {.be = kern_cpu(), .mesh = {strategies[k].R, strategies[k].S, strategies[k].st},
+                     .seed = 1337, .hp = HP};
     if (strategies[k].S > 1) o.shard_comm = world;
     else o.replica_comm = world;
     if ((rc = fsdp_create(&s->f[k], &j->cfg, &o)) < 0) return rc;

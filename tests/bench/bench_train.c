@@ -29,7 +29,7 @@
 #include "daemon/common/err.h"
 #include "daemon/train/adamw.h"
 #include "daemon/train/gpt.h"
-#include "daemon/train/mem.h"
+#include "daemon/common/mem.h"
 
 #include "tests/bench/benchutil.h"
 

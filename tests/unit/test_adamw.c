@@ -190,8 +190,8 @@ Test(adamw, bf16_state_matches_torch_rounded) {
     segs[i] = (adamw_segment_t){t->offset, t->numel, t->decay};
   }
   adamw_t *o = NULL;
-  cr_assert_eq(adamw_create_segments_bf16(&o, np, segs, nt, hp, MEM_OPTIM), 0, "%s", err_msg());
-  adamw_step_bf16(o, be, p16, g16, lr);
+  cr_assert_eq(adamw_create_segments_bf16(&o, be, np, segs, nt, hp, MEM_OPTIM), 0, "%s", err_msg());
+  adamw_step_bf16(o, p16, g16, lr);
   const uint16_t *ours[3] = {p16, adamw_m_bf16(o), adamw_v_bf16(o)};
   const char *what[3] = {"param", "exp_avg", "exp_avg_sq"};
   size_t off_by_one[3] = {0, 0, 0}, changed = 0;

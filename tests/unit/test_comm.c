@@ -22,7 +22,7 @@
 #include <unistd.h>
 
 #include "daemon/comm/cma.h"
-#include "daemon/comm/comm.h"
+#include "daemon/comm/ring.h"
 #include "daemon/comm/reg.h"
 #include "daemon/common/err.h"
 #include "daemon/common/rng.h"
@@ -239,10 +239,10 @@ static void xfree(xport_t x, void *p) {
  * ranks on this host, else 0 (every test rank is on this host); and how
  * many map the neighbours' registered memory: 2 on any shared-memory ring. */
 static int xport_check(shared_t *sh, int rank, comm_t *c, xport_t x) {
-  int want = x == RING_CMA && c->size > 1 ? 2 : 0, got = comm_ring_cma_links(c);
+  int want = x == RING_CMA && comm_size(c) > 1 ? 2 : 0, got = comm_ring_cma_links(c);
   if (got != want)
     return child_fail(sh, rank, "%d links read the peer's memory, expected %d", got, want);
-  want = x != RING_TCP && c->size > 1 ? 2 : 0, got = comm_ring_reg_links(c);
+  want = x != RING_TCP && comm_size(c) > 1 ? 2 : 0, got = comm_ring_reg_links(c);
   if (got != want)
     return child_fail(sh, rank, "%d links map the peer's registered memory, expected %d", got,
                       want);
@@ -253,7 +253,7 @@ static int xport_check(shared_t *sh, int rank, comm_t *c, xport_t x) {
  * peer's memory (CMA) or the buffers were registered. */
 static int xport_check_records(shared_t *sh, int rank, comm_t *c, xport_t x) {
   uint64_t n = comm_ring_record_ops(c);
-  int want = (x == RING_CMA || x == RING_REG) && c->size > 1;
+  int want = (x == RING_CMA || x == RING_REG) && comm_size(c) > 1;
   if ((n > 0) != want)
     return child_fail(sh, rank, "%llu ops sent as records, expected %s", (unsigned long long)n,
                       want ? "some" : "none");
@@ -490,22 +490,22 @@ static int child_split(int rank, void *argp, shared_t *sh) {
   comm_t *world, *shard, *rep;
   if (group_create(g, rank, "world", 10000, &world) < 0)
     return child_fail(sh, rank, "create: %s", err_msg());
-  if (comm_ring_split(world, g->addr[rank], rank / 2, rank % 2, "shard", 10000, &shard) ||
-      comm_ring_split(world, g->addr[rank], rank % 2, -rank, "replica", 10000, &rep))
+  if (comm_split(world, rank / 2, rank % 2, "shard", 10000, &shard) ||
+      comm_split(world, rank % 2, -rank, "replica", 10000, &rep))
     return child_fail(sh, rank, "split: %s", err_msg());
   comm_t *none;
-  if (comm_ring_split(world, g->addr[rank], rank == 3 ? 0 : -1, 0, "solo", 10000, &none))
+  if (comm_split(world, rank == 3 ? 0 : -1, 0, "solo", 10000, &none))
     return child_fail(sh, rank, "split with color -1: %s", err_msg());
-  if ((rank == 3) != (none != NULL) || (none && none->size != 1))
+  if ((rank == 3) != (none != NULL) || (none && comm_size(none) != 1))
     return child_fail(sh, rank, "color -1 must join nothing");
   float x = (float)rank, y = (float)rank;
   if (comm_all_reduce(shard, &x, &x, 1, COMM_F32, COMM_SUM) ||
       comm_all_reduce(rep, &y, &y, 1, COMM_F32, COMM_SUM))
     return child_fail(sh, rank, "all_reduce: %s", err_msg());
   float want_x = rank < 2 ? 1.0f : 5.0f, want_y = rank % 2 ? 4.0f : 2.0f;
-  if (x != want_x || y != want_y || shard->rank != rank % 2 || rep->rank != 1 - rank / 2)
+  if (x != want_x || y != want_y || comm_rank(shard) != rank % 2 || comm_rank(rep) != 1 - rank / 2)
     return child_fail(sh, rank, "rank %d: shard sum %g (want %g) rank %d, replica sum %g (want %g) "
-                      "rank %d", rank, x, want_x, shard->rank, y, want_y, rep->rank);
+                      "rank %d", rank, x, want_x, comm_rank(shard), y, want_y, comm_rank(rep));
   comm_destroy(none);
   comm_destroy(shard);
   comm_destroy(rep);

@@ -18,11 +18,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "daemon/comm/cma.h"
+#include "daemon/comm/ring.h"
 #include "daemon/common/err.h"
 #include "daemon/common/rng.h"
 #include "daemon/train/fsdp.h"
-#include "daemon/train/mem.h"
+#include "daemon/common/mem.h"
 #include "tests/unit/testutil.h"
 
 enum { STEPS = 20, BG = 12, T = 16, MAXW = 4 };
@@ -170,7 +170,7 @@ static void rank_main(world_t *x, int w, shard_strategy_t st, fsdp_precision_t p
     if (v != w) close(x->sfd[v]), close(x->rfd[v]);
   kern_cpu()->set_threads(1); /* up to 4 ranks share 2 cores */
   mem_run_begin(); /* peaks of this rank, not of the test process it was forked from */
-  fsdp_opts_t o = {.mesh = {x->R, x->S, st}, .seed = SEED, .hp = HP, .precision = prec,
+  fsdp_opts_t o = {.be = kern_cpu(), .mesh = {x->R, x->S, st}, .seed = SEED, .hp = HP, .precision = prec,
                    .offload = g_offload, .min_params = g_min_params};
   o.shard_comm = group(x, w, 1);
   o.replica_comm = group(x, w, 0);
@@ -200,7 +200,7 @@ static void rank_main(world_t *x, int w, shard_strategy_t st, fsdp_precision_t p
   comm_t *cs[2] = {o.shard_comm, o.replica_comm};
   for (int i = 0; i < 2; i++)
     if (cs[i] && comm_ring_record_ops(cs[i]) == 0) {
-      fprintf(stderr, "rank %d: no collective of group '%s' was read in place\n", w, cs[i]->name);
+      fprintf(stderr, "rank %d: no collective of group '%s' was read in place\n", w, comm_name(cs[i]));
       _exit(6);
     }
   size_t n = gpt_config_num_params(&c);
@@ -503,7 +503,7 @@ Test(fsdp, bf16_true_save_load_round_trip, .timeout = 60) {
   g_learnable = 1;
   gpt_config_t c = cfg();
   const size_t n = gpt_config_num_params(&c);
-  fsdp_opts_t o = {.mesh = {1, 1, SHARD_FULL_SHARD}, .seed = SEED, .hp = HP,
+  fsdp_opts_t o = {.be = kern_cpu(), .mesh = {1, 1, SHARD_FULL_SHARD}, .seed = SEED, .hp = HP,
                    .precision = FSDP_BF16_TRUE};
   fsdp_t *a, *b;
   float losses[3], *wa = malloc(n * sizeof *wa), *wb = malloc(n * sizeof *wb);

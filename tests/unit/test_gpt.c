@@ -235,7 +235,7 @@ Test(gpt, gradient_accumulation_equals_full_batch) {
 
 /* ---- activation checkpointing and unit hooks ----------------------------- */
 
-#include "daemon/train/mem.h"
+#include "daemon/common/mem.h"
 
 static void fwd_bwd(gpt_t *g, const int32_t *in, const int32_t *tg, int B, int T, float *loss) {
   gpt_zero_grad(g);

@@ -178,7 +178,7 @@ Test(shard, sharded_adamw_equals_whole_model_adamw) {
       float *p = malloc(l->shard_total * sizeof(float)), *gr = malloc(l->shard_total * sizeof(float));
       shard_init_weights(l, &c, 77, r, p);
       adamw_t *o;
-      cr_assert_eq(adamw_create_segments(&o, l->shard_total, segs, nsegs, hp, MEM_OPTIM), 0);
+      cr_assert_eq(adamw_create_segments(&o, kern_cpu(), l->shard_total, segs, nsegs, hp, MEM_OPTIM), 0);
       for (int step = 0; step < 3; step++) {
         size_t base = 0;
         for (int k = 0; k < l->num_units; k++) {
@@ -189,7 +189,7 @@ Test(shard, sharded_adamw_equals_whole_model_adamw) {
           }
           base += u->shard_numel;
         }
-        adamw_step_buffers(o, kern_cpu(), p, gr, 1e-3f * (float)(step + 1));
+        adamw_step_buffers(o, p, gr, 1e-3f * (float)(step + 1));
       }
       size_t base = 0;
       for (int k = 0; k < l->num_units; k++) {

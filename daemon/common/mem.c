@@ -1,7 +1,7 @@
 /* mem: the accounting allocator (see mem.h). Each block carries a 64-byte
  * header with its size and category, so mem_free needs nothing but the pointer
  * and the counters can never drift from what is really held. */
-#include "mem.h"
+#include "daemon/common/mem.h"
 
 #include <malloc.h>
 #include <pthread.h>
@@ -12,6 +12,7 @@
 
 #include "daemon/common/err.h"
 #include "daemon/common/log.h"
+#include "kernels/kern.h"
 
 #define MEM_ALIGN 64
 #define MEM_MAGIC 0x6d656d66u /* "fmem" */
@@ -108,6 +109,70 @@ void mem_free(void *p) {
   free(h);
 }
 
+/* ---- device memory ------------------------------------------------------
+ * A device block cannot carry a header the host writes, so its size and
+ * category live here, in a list searched by address: a rank holds tens of
+ * device blocks, not millions. */
+typedef struct {
+  void *p;
+  size_t bytes;
+  mem_cat_t cat;
+} mem_dev_block_t;
+
+static pthread_mutex_t mem_dev_mu = PTHREAD_MUTEX_INITIALIZER;
+static mem_dev_block_t *mem_dev_blocks;
+static size_t mem_dev_n, mem_dev_cap;
+
+void *mem_dev_alloc(const kern_backend_t *be, mem_cat_t cat, size_t bytes, const char *what) {
+  FSDP_ASSERT((unsigned)cat < MEM__COUNT);
+  if (be->host_memory) return mem_alloc(cat, bytes, what);
+  void *p = be->dev_alloc(bytes ? bytes : 1);
+  pthread_mutex_lock(&mem_dev_mu);
+  if (p && mem_dev_n == mem_dev_cap) {
+    size_t cap = mem_dev_cap ? 2 * mem_dev_cap : 64;
+    mem_dev_block_t *nb = realloc(mem_dev_blocks, cap * sizeof *nb);
+    if (nb) mem_dev_blocks = nb, mem_dev_cap = cap;
+  }
+  int kept = p && mem_dev_n < mem_dev_cap;
+  if (kept) mem_dev_blocks[mem_dev_n++] = (mem_dev_block_t){p, bytes, cat};
+  pthread_mutex_unlock(&mem_dev_mu);
+  if (!kept) {
+    if (p) be->dev_free(p);
+    err_set(FSDP_ENOMEM, "cannot allocate %.1f MiB of %s memory for %s (%s): the device is "
+            "full; use a smaller batch or sequence length, shard more, or turn on activation "
+            "checkpointing", bytes / 1048576.0, be->name, what, mem_cat_name(cat));
+    return NULL;
+  }
+  mem_count(cat, bytes);
+  return p;
+}
+
+void *mem_dev_calloc(const kern_backend_t *be, mem_cat_t cat, size_t bytes, const char *what) {
+  void *p = mem_dev_alloc(be, cat, bytes, what);
+  if (p) be->dev_set(p, 0, bytes);
+  return p;
+}
+
+void mem_dev_free(const kern_backend_t *be, void *p) {
+  if (!p) return;
+  if (be->host_memory) {
+    mem_free(p);
+    return;
+  }
+  mem_dev_block_t b = {NULL, 0, MEM_PARAMS};
+  pthread_mutex_lock(&mem_dev_mu);
+  for (size_t i = 0; i < mem_dev_n; i++)
+    if (mem_dev_blocks[i].p == p) {
+      b = mem_dev_blocks[i];
+      mem_dev_blocks[i] = mem_dev_blocks[--mem_dev_n];
+      break;
+    }
+  pthread_mutex_unlock(&mem_dev_mu);
+  FSDP_ASSERT(b.p == p); /* freeing what mem_dev_alloc never gave is a programmer error */
+  mem_uncount(b.cat, b.bytes);
+  be->dev_free(p);
+}
+
 size_t mem_current(mem_cat_t cat) { return atomic_load(&mem_cur[cat]); }
 size_t mem_peak(mem_cat_t cat) { return atomic_load(&mem_pk[cat]); }
 size_t mem_total_current(void) { return atomic_load(&mem_cur_total); }
@@ -126,19 +191,23 @@ void mem_run_begin(void) {
   mem_step_begin();
 }
 
-static void mem_print(FILE *out, const char *prefix, const atomic_size_t *pk, const atomic_size_t *pk_total) {
-  fprintf(out, "%s", prefix ? prefix : "mem:");
-  for (int c = 0; c < MEM__COUNT; c++)
-    if (atomic_load(&mem_pk[c])) fprintf(out, " %s=%.1f/%.1f", mem_names[c],
-                                         mem_current(c) / 1048576.0, atomic_load(&pk[c]) / 1048576.0);
-  fprintf(out, " total=%.1f/%.1f MiB (current/peak)\n", mem_total_current() / 1048576.0,
-          atomic_load(pk_total) / 1048576.0);
+void mem_snapshot(mem_snapshot_t *s, int step) {
+  const atomic_size_t *pk = step ? mem_pk_step : mem_pk;
+  for (int c = 0; c < MEM__COUNT; c++) {
+    s->cur[c] = atomic_load(&mem_cur[c]);
+    s->peak[c] = atomic_load(&pk[c]);
+  }
+  s->total_cur = mem_total_current();
+  s->total_peak = atomic_load(step ? &mem_pk_step_total : &mem_pk_total);
 }
 
-void mem_report(FILE *out, const char *prefix) { mem_print(out, prefix, mem_pk, &mem_pk_total); }
-
-void mem_report_step(FILE *out, const char *prefix) {
-  mem_print(out, prefix, mem_pk_step, &mem_pk_step_total);
+void mem_snapshot_print(FILE *out, const char *prefix, const mem_snapshot_t *s) {
+  fprintf(out, "%s", prefix ? prefix : "mem:");
+  for (int c = 0; c < MEM__COUNT; c++)
+    if (s->peak[c]) fprintf(out, " %s=%.1f/%.1f", mem_names[c], s->cur[c] / 1048576.0,
+                            s->peak[c] / 1048576.0);
+  fprintf(out, " total=%.1f/%.1f MiB (current/peak)\n", s->total_cur / 1048576.0,
+          s->total_peak / 1048576.0);
 }
 
 /* The value of a "Key: N kB" line of /proc/self/status, in bytes. */

@@ -1,0 +1,115 @@
+/* boot: a rank's peers and its communicators (see boot.h). */
+#include "daemon/comm/boot.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "daemon/comm/ring.h"
+#include "daemon/common/err.h"
+
+static int comm_boot_env_int(const char *name, int lo, int hi, int *out) {
+  const char *v = getenv(name);
+  char *end;
+  long x = v ? strtol(v, &end, 10) : 0;
+  if (!v || !*v || *end || x < lo || x > hi)
+    return err_set(FSDP_EINVAL, "%s: \"%s\" is not a number from %d to %d; it is set by "
+                   "fsdp-launch (or the node daemon) for each rank of a sharded job", name,
+                   v ? v : "(unset)", lo, hi);
+  *out = (int)x;
+  return FSDP_OK;
+}
+
+/* Copies n comma-separated addresses of list into b->addrs (one block). */
+static int comm_boot_split_list(comm_boot_t *b, const char *list, const char *what) {
+  size_t len = strlen(list);
+  char **a = calloc((size_t)b->world, sizeof *a);
+  char *copy = malloc(len + 1);
+  if (!a || !copy) {
+    free(a);
+    free(copy);
+    return err_set(FSDP_ENOMEM, "%s: out of memory", what);
+  }
+  memcpy(copy, list, len + 1);
+  int n = 0;
+  char *save = NULL;
+  for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save), n++)
+    if (n < b->world) a[n] = t;
+  if (n != b->world) {
+    free(a);
+    free(copy);
+    return err_set(FSDP_EINVAL, "%s: %d addresses for a world of %d ranks", what, n, b->world);
+  }
+  b->addrs = a; /* a[0] is the start of copy: comm_boot_free frees both */
+  return FSDP_OK;
+}
+
+int comm_boot_from_env(comm_boot_t *b) {
+  memset(b, 0, sizeof *b);
+  b->world = 1;
+  b->listen_fd = -1;
+  if (!getenv("FSDP_WORLD_SIZE")) return FSDP_OK;
+  int rc, fd = -1;
+  if ((rc = comm_boot_env_int("FSDP_WORLD_SIZE", 1, 4096, &b->world)) ||
+      (rc = comm_boot_env_int("FSDP_RANK", 0, b->world - 1, &b->rank)))
+    return rc;
+  if (b->world == 1) return FSDP_OK;
+  const char *env = getenv("FSDP_ADDRS");
+  if (!env) return err_set(FSDP_EINVAL, "FSDP_ADDRS: unset; it is set by fsdp-launch");
+  if ((rc = comm_boot_env_int("FSDP_LISTEN_FD", 0, 1 << 20, &fd))) return rc;
+  if ((rc = comm_boot_split_list(b, env, "FSDP_ADDRS"))) return rc;
+  b->listen_fd = fd;
+  return FSDP_OK;
+}
+
+int comm_boot_from_addrs(comm_boot_t *b, int rank, int world, const char *const *addrs) {
+  memset(b, 0, sizeof *b);
+  b->listen_fd = -1;
+  if (world < 1 || rank < 0 || rank >= world)
+    return err_set(FSDP_EINVAL, "boot: rank %d of a world of %d", rank, world);
+  b->rank = rank;
+  b->world = world;
+  if (world == 1) return FSDP_OK;
+  size_t len = 0;
+  for (int r = 0; r < world; r++) len += strlen(addrs[r]) + 1;
+  char *list = malloc(len);
+  if (!list) return err_set(FSDP_ENOMEM, "boot: out of memory");
+  list[0] = 0;
+  for (int r = 0; r < world; r++) strcat(strcat(list, r ? "," : ""), addrs[r]);
+  int rc = comm_boot_split_list(b, list, "boot");
+  free(list);
+  return rc;
+}
+
+void comm_boot_free(comm_boot_t *b) {
+  if (b->addrs) free(b->addrs[0]);
+  free(b->addrs);
+  b->addrs = NULL;
+  if (b->listen_fd >= 0) close(b->listen_fd);
+  b->listen_fd = -1;
+}
+
+int comm_boot_connect(comm_boot_t *b, int replicas, int shards, comm_groups_t *g) {
+  memset(g, 0, sizeof *g);
+  if (replicas < 1 || shards < 1 || replicas * shards != b->world)
+    return err_set(FSDP_EINVAL, "mesh: %d x %d is not a mesh of the job's %d ranks", replicas,
+                   shards, b->world);
+  if (b->world == 1) return FSDP_OK;
+  comm_ring_opts_t o = {.rank = b->rank, .size = b->world,
+                        .addrs = (const char *const *)b->addrs, .name = "world",
+                        .listen_fd = b->listen_fd};
+  b->listen_fd = -1; /* the ring owns it, whatever happens */
+  int rc = comm_ring_create(&o, &g->world);
+  const int shard = b->rank % shards, replica = b->rank / shards;
+  if (!rc && shards > 1) rc = comm_split(g->world, replica, shard, "shard", 0, &g->shard);
+  if (!rc && replicas > 1) rc = comm_split(g->world, shard, replica, "replica", 0, &g->replica);
+  if (rc) comm_groups_destroy(g);
+  return rc;
+}
+
+void comm_groups_destroy(comm_groups_t *g) {
+  comm_destroy(g->shard);
+  comm_destroy(g->replica);
+  comm_destroy(g->world);
+  memset(g, 0, sizeof *g);
+}

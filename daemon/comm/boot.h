@@ -1,0 +1,45 @@
+/* boot: how a rank finds its peers and connects the groups of its mesh; the
+ * one place a rank's communicators are made.
+ *
+ * What a rank is told (comm_boot_t) depends on who started it and on the
+ * backend: today an address list and a bound listening socket for the ring
+ * (fsdp-launch sets FSDP_RANK, FSDP_WORLD_SIZE, FSDP_ADDRS and FSDP_LISTEN_FD;
+ * the node daemon will set the same); an NCCL unique id from the
+ * coordinator's rendezvous next. comm_boot_connect turns it into the world
+ * communicator and splits the mesh's shard and replica groups from it. */
+#ifndef FSDP_COMM_BOOT_H
+#define FSDP_COMM_BOOT_H
+
+#include "daemon/comm/comm.h"
+
+typedef struct comm_boot {
+  int rank, world; /* this rank and the job's size; world 1: a one-rank job, no peers */
+  /* the ring: every rank's listening address ("host:port"), and this rank's
+   * socket, already bound to addrs[rank] (-1: none; comm_boot_connect binds) */
+  char **addrs; /* world entries, or NULL for one rank */
+  int listen_fd;
+} comm_boot_t;
+
+/* The communicators of one rank in a mesh of replicas x shards ranks, rank =
+ * replica * shards + shard: world (NULL for one rank), its shard group (NULL
+ * when shards == 1) and its replica group (NULL when replicas == 1). */
+typedef struct comm_groups {
+  comm_t *world, *shard, *replica;
+} comm_groups_t;
+
+/* This process's place in its job, from the environment its launcher set
+ * (FSDP_WORLD_SIZE unset: a one-rank job). A value that is missing or out of
+ * range is an error naming the variable. Free with comm_boot_free. */
+int comm_boot_from_env(comm_boot_t *b);
+/* A boot for tests and tools: world addresses given, no bound socket. */
+int comm_boot_from_addrs(comm_boot_t *b, int rank, int world, const char *const *addrs);
+void comm_boot_free(comm_boot_t *b);
+
+/* Connects the world (every rank of the job calls it) and splits the mesh's
+ * groups; replicas * shards must equal world. On failure nothing is left
+ * open. The bound socket is the world's from now on. */
+int comm_boot_connect(comm_boot_t *b, int replicas, int shards, comm_groups_t *g);
+/* Destroys the groups (shard and replica first, then the world); NULLs ok. */
+void comm_groups_destroy(comm_groups_t *g);
+
+#endif

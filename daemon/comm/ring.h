@@ -1,0 +1,50 @@
+/* ring: the collectives of CPU devices behind comm_backend_t: a ring over TCP
+ * between hosts, over shared memory between the ranks of one host (the
+ * algorithms NCCL and Gloo use). docs/RING.md describes the wire protocol,
+ * the transports and the failure model; comm.h states the contract every
+ * backend keeps.
+ *
+ * A world ring is made from every member's listening address (boot.c reads
+ * them from the launcher); groups are split from it with comm_split, which
+ * listens on the host of the rank's world address. */
+#ifndef FSDP_COMM_RING_H
+#define FSDP_COMM_RING_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon/comm/comm.h"
+
+/* Rank r listens at addrs[r], connects to rank r+1 and accepts rank r-1; a
+ * handshake checks the group's name and size and both ranks, so mis-wired
+ * address lists are an error naming both sides. */
+typedef struct {
+  int rank, size;
+  const char *const *addrs; /* size entries, "host:port" ("[v6]:port" too) */
+  const char *name;         /* group name, up to 63 bytes; both sides must agree */
+  int listen_fd;            /* -1: bind addrs[rank]; else a bound socket, owned from now on */
+  int64_t timeout_ms;       /* bootstrap deadline and default op timeout; 0: FSDP_COMM_TIMEOUT_MS */
+  size_t chunk_bytes;       /* 0: FSDP_COMM_CHUNK_BYTES */
+  size_t staging_bytes;     /* 0: FSDP_COMM_STAGING_BYTES */
+} comm_ring_opts_t;
+
+extern const comm_backend_t comm_ring_backend;
+
+/* Connects the ring (blocking, bounded by timeout_ms); 0 and *out, or a code. */
+int comm_ring_create(const comm_ring_opts_t *o, comm_t **out);
+
+/* For tests: how many of a ring communicator's links (out, in) carry records
+ * for every op (CMA); how many map the other end's registered segments; how
+ * many ops this rank sent as records. */
+int comm_ring_cma_links(const comm_t *c);
+int comm_ring_reg_links(const comm_t *c);
+uint64_t comm_ring_record_ops(const comm_t *c);
+
+/* Internal to the ring's files (ring_split.c): this rank's listening address
+ * in c (its host is where a split group listens), and the comm_split of the
+ * table. */
+const char *comm_ring_self_addr(const comm_t *c);
+int comm_ring_split(comm_t *c, int color, int key, const char *name, int64_t timeout_ms,
+                    comm_t **out);
+
+#endif
