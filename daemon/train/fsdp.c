@@ -7,8 +7,9 @@
  * shard and a unit's unsharded gradient), optimizer, comm, workspace (fp32
  * chunks of a bf16 shard). What a collective sends from or lands in (the
  * parameter shard, gathered units, unit gradients, the landing) is registered
- * memory (daemon/comm/reg.c, same accounting), so the ranks on this host read
- * it in place instead of copying it through the ring's links.
+ * memory on a host-memory device (daemon/comm/reg.c, same accounting), so the
+ * ranks on this host read it in place instead of copying it through the
+ * ring's links; device memory on any other device.
  *
  * Every buffer it reads or writes lives on the kernel backend's device and is
  * touched only through the backend's table (kernels/kern.h): set, copies,
@@ -87,6 +88,19 @@ static size_t fsdp_padded(const fsdp_t *f, int k) {
 /* Elements from i to the end of the chunk of n that starts there. */
 static size_t fsdp_chunk(size_t i, size_t n) { return n - i < FSDP_CHUNK ? n - i : FSDP_CHUNK; }
 
+/* A buffer a collective sends from or lands in. On a device whose memory is
+ * host memory it is registered memory (reg.c: same-host peers read it in
+ * place); on any other device, device memory. */
+static void *fsdp_buf_alloc(const fsdp_t *f, mem_cat_t cat, size_t bytes, const char *what) {
+  return f->be->host_memory ? comm_reg_alloc(cat, bytes, what)
+                            : mem_dev_alloc(f->be, cat, bytes, what);
+}
+
+static void fsdp_buf_free(const fsdp_t *f, void *p) {
+  if (f->be->host_memory) comm_reg_free(p);
+  else mem_dev_free(f->be, p);
+}
+
 /* Issues the all-gather of unit k (no-op if gathered or in flight), in bf16
  * when bf16 is set (half the bytes on the wire, and the model computes with
  * bf16 values), else in fp32 (fp32 storage only). Under bf16-true the bf16
@@ -105,11 +119,11 @@ static int fsdp_gather_start(fsdp_t *f, int k, int bf16) {
   const size_t n = f->layout->units[k].shard_numel, padded = fsdp_padded(f, k);
   const void *send = f->params16 ? (const void *)(f->params16 + f->shard_off[k])
                                  : (const void *)(f->params + f->shard_off[k]);
-  f->full[k] = comm_reg_alloc(MEM_PARAMS_GATHERED, padded * sizeof(float), "gathered unit");
+  f->full[k] = fsdp_buf_alloc(f, MEM_PARAMS_GATHERED, padded * sizeof(float), "gathered unit");
   if (!f->full[k]) return FSDP_ENOMEM;
   if (bf16) {
     f->recv16[k] =
-        comm_reg_alloc(MEM_PARAMS_GATHERED, padded * sizeof(uint16_t), "bf16 gathered unit");
+        fsdp_buf_alloc(f, MEM_PARAMS_GATHERED, padded * sizeof(uint16_t), "bf16 gathered unit");
     if (!f->recv16[k]) return FSDP_ENOMEM;
     if (!f->params16) { /* bf16-mixed: the fp32 master rounded for compute (nearest-even) */
       uint16_t *mine = f->recv16[k] + (size_t)f->shard_rank * n;
@@ -136,7 +150,7 @@ static int fsdp_gather_wait(fsdp_t *f, int k) {
   }
   if (f->recv16[k]) {
     if (!rc) f->be->bf16_to_f32(f->full[k], f->recv16[k], fsdp_padded(f, k));
-    comm_reg_free(f->recv16[k]);
+    fsdp_buf_free(f, f->recv16[k]);
     f->recv16[k] = NULL;
   }
   return rc ? err_wrap(rc, "gathering unit %d", k) : FSDP_OK;
@@ -145,7 +159,7 @@ static int fsdp_gather_wait(fsdp_t *f, int k) {
 static void fsdp_free_unit(fsdp_t *f, int k) {
   if (!f->full[k]) return;
   FSDP_ASSERT(!f->gather_req[k]);
-  if (!f->alias_params) comm_reg_free(f->full[k]);
+  if (!f->alias_params) fsdp_buf_free(f, f->full[k]);
   f->full[k] = NULL;
   f->gathered--;
 }
@@ -220,7 +234,7 @@ static int fsdp_grads_cb(void *ctx, int u, float **out) {
   }
   if (!f->unit_grad[k]) {
     f->unit_grad[k] =
-        comm_reg_alloc(MEM_GRADS, fsdp_padded(f, k) * sizeof(float), "unit gradient");
+        fsdp_buf_alloc(f, MEM_GRADS, fsdp_padded(f, k) * sizeof(float), "unit gradient");
     if (!f->unit_grad[k]) return FSDP_ENOMEM;
     f->be->dev_set(f->unit_grad[k], 0, fsdp_padded(f, k) * sizeof(float));
   }
@@ -262,7 +276,7 @@ static int fsdp_reduce_finish(fsdp_t *f) {
     rc = comm_all_reduce(f->opts.replica_comm, f->pend_out, f->pend_out, n, f->reduce_dtype,
                          COMM_AVG);
   if (!rc) fsdp_grad_add(f, u, f->pend_out);
-  comm_reg_free(f->pend_buf);
+  fsdp_buf_free(f, f->pend_buf);
   f->pend_buf = NULL;
   return rc ? err_wrap(rc, "reducing the gradient of unit %d", u) : FSDP_OK;
 }
@@ -275,9 +289,9 @@ static void *fsdp_grad_for_wire(fsdp_t *f, int u) {
   f->unit_grad[u] = NULL;
   if (!f->bf16_storage) return g;
   const size_t padded = fsdp_padded(f, u);
-  uint16_t *g16 = comm_reg_alloc(MEM_GRADS, padded * sizeof(uint16_t), "bf16 unit gradient");
+  uint16_t *g16 = fsdp_buf_alloc(f, MEM_GRADS, padded * sizeof(uint16_t), "bf16 unit gradient");
   if (g16) f->be->f32_to_bf16(g16, g, padded); /* rounds: the unit's gradient, for the wire */
-  comm_reg_free(g);
+  fsdp_buf_free(f, g);
   return g16;
 }
 
@@ -309,7 +323,7 @@ static int fsdp_grads_done_cb(void *ctx, int mu) {
     rc = comm_iall_reduce(f->opts.replica_comm, g, g, n, f->reduce_dtype, COMM_AVG, &f->pend_req);
   if (rc) {
     f->pend_unit = -1;
-    comm_reg_free(f->pend_buf);
+    fsdp_buf_free(f, f->pend_buf);
     f->pend_buf = NULL;
     return err_wrap(rc, "reducing the gradient of unit %d", u);
   }
@@ -421,10 +435,10 @@ static int fsdp_alloc_state(fsdp_t *f) {
   const mem_cat_t gc = f->opts.offload ? MEM_OFFLOAD : MEM_GRADS;
   const size_t e = f->bf16_storage ? sizeof(uint16_t) : sizeof(float);
   f->stage = mem_alloc(MEM_WORKSPACE, FSDP_CHUNK * sizeof(float), "weights staging");
-  void *params = comm_reg_alloc(pc, n * e, f->bf16_storage ? "parameter shard (bf16)" : "parameter shard");
+  void *params = fsdp_buf_alloc(f, pc, n * e, f->bf16_storage ? "parameter shard (bf16)" : "parameter shard");
   void *grads = mem_dev_calloc(be, gc, n * e, f->bf16_storage ? "gradient shard (bf16)" : "gradient shard");
   if (f->shards > 1)
-    f->landing = comm_reg_alloc(MEM_COMM, f->largest * e, "reduce-scatter landing");
+    f->landing = fsdp_buf_alloc(f, MEM_COMM, f->largest * e, "reduce-scatter landing");
   if (f->bf16_storage) {
     f->params16 = params;
     f->grads16 = grads;
@@ -507,24 +521,22 @@ fail:
 void fsdp_destroy(fsdp_t *f) {
   if (!f) return;
   if (f->pend_req) comm_wait(f->pend_req, -1); /* its buffers must outlive it */
-  comm_reg_free(f->pend_buf);
+  fsdp_buf_free(f, f->pend_buf);
   if (f->layout)
     for (int k = 0; k < f->layout->num_units; k++) {
       if (f->gather_req && f->gather_req[k]) comm_wait(f->gather_req[k], -1); /* the buffer must outlive the op */
       if (f->gather_req) f->gather_req[k] = NULL;
       if (f->recv16) fsdp_gather_wait(f, k); /* frees a bf16 gather's buffers */
       if (f->full) fsdp_free_unit(f, k);
-      if (f->unit_grad) comm_reg_free(f->unit_grad[k]);
+      if (f->unit_grad) fsdp_buf_free(f, f->unit_grad[k]);
     }
   adamw_destroy(f->opt);
-  comm_reg_free(f->params);
-  comm_reg_free(f->params16);
-  if (f->be) {
-    mem_dev_free(f->be, f->grads);
-    mem_dev_free(f->be, f->grads16);
-    mem_dev_free(f->be, f->chunk32);
-  }
-  comm_reg_free(f->landing);
+  fsdp_buf_free(f, f->params);
+  fsdp_buf_free(f, f->params16);
+  mem_dev_free(f->be, f->grads);
+  mem_dev_free(f->be, f->grads16);
+  mem_dev_free(f->be, f->chunk32);
+  fsdp_buf_free(f, f->landing);
   mem_free(f->stage);
   comm_reg_trim(); /* the segments kept for this runtime's next unit */
   free(f->shard_off);

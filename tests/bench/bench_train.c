@@ -1,8 +1,16 @@
-/* bench_train: times our single-rank training step (gpt_zero_grad, forward with
- * targets, backward, AdamW step) for one preset and (B, T, threads), and
- * measures the memory it took.
+/* bench_train: times our one-device training step for one preset and (B, T,
+ * threads), and measures the memory it took. The step is what fsdp-train runs
+ * (train.c): the sharded runtime on one rank (fsdp_zero_grad, forward with
+ * targets, backward, fsdp_step: global norm and AdamW).
  *
- *   bench_train PRESET B T THREADS STEPS [-p]
+ *   bench_train PRESET B T THREADS STEPS [-p | --vs-flat]
+ *
+ * --vs-flat builds the flat model (gpt_create, adamw: the reference the tests
+ * compare the runtime against) beside the runtime and times their steps
+ * interleaved, one of each in turn, so both see the same machine: one
+ * training path costs nothing when the ratio is 1 (the line is
+ * bench: train_path ... runtime_vs_flat=). It prints no memory line (both
+ * models are held at once).
  *
  * One untimed warm-up step (it allocates the activations and warms the caches
  * and oneDNN's kernel cache), then STEPS timed steps; the median is reported
@@ -15,6 +23,7 @@
  *
  * Lines (stdout):
  *   bench: train model=... B= T= threads= step_ms= tokens_per_s= model_gflops= params= ...
+ *   bench: train_path model=... runtime_step_ms= flat_step_ms= runtime_vs_flat=  (--vs-flat)
  *   bench: memory model=... tensors_mib= alloc_peak_mib= anon_peak_mib= ratio= rss_peak_mib= ...
  *   bench: op model=... op=... ms_per_step= share= ...          (with -p)
  * Exit status 0, 1 when a step fails or the loss is not finite, 2 on bad usage. */
@@ -27,9 +36,10 @@
 #include <time.h>
 
 #include "daemon/common/err.h"
-#include "daemon/train/adamw.h"
-#include "daemon/train/gpt.h"
 #include "daemon/common/mem.h"
+#include "daemon/train/adamw.h"
+#include "daemon/train/fsdp.h"
+#include "daemon/train/gpt.h"
 
 #include "tests/bench/benchutil.h"
 
@@ -266,16 +276,82 @@ static const char *isa_name(dnnl_cpu_isa_t isa) {
 }
 
 static int usage(void) {
-  fprintf(stderr, "usage: bench_train PRESET B T THREADS STEPS [-p]\n");
+  fprintf(stderr, "usage: bench_train PRESET B T THREADS STEPS [-p | --vs-flat]\n");
   return 2;
 }
 
-static int step(gpt_t *g, adamw_t *opt, const int32_t *in, const int32_t *tg, int B, int T,
-                float *loss) {
-  gpt_zero_grad(g);
-  int rc = gpt_forward(g, in, tg, B, T, loss);
-  if (rc == 0) rc = gpt_backward(g, 1.0f);
-  if (rc == 0) adamw_step(opt, g, 1e-4f);
+/* A model being trained: the runtime on one rank (f), or the flat model and
+ * its optimizer (g, opt). */
+typedef struct {
+  fsdp_t *f;
+  gpt_t *g;
+  adamw_t *opt;
+} model_t;
+
+static const adamw_hparams_t HP = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                                   .weight_decay = 0.1f};
+
+static int model_open(model_t *m, const gpt_config_t *cfg, const kern_backend_t *be, int flat) {
+  memset(m, 0, sizeof *m);
+  if (!flat) {
+    fsdp_opts_t o = {.be = be, .mesh = {1, 1, SHARD_FULL_SHARD}, .seed = 1337, .hp = HP};
+    int rc = fsdp_create(&m->f, cfg, &o);
+    if (!rc) m->g = fsdp_model(m->f);
+    return rc;
+  }
+  int rc = gpt_create(&m->g, cfg, be);
+  if (!rc) rc = gpt_init_weights(m->g, 1337);
+  return rc ? rc : adamw_create(&m->opt, m->g, HP);
+}
+
+static int model_step(model_t *m, const int32_t *in, const int32_t *tg, int B, int T,
+                      float *loss) {
+  if (m->f) fsdp_zero_grad(m->f);
+  else gpt_zero_grad(m->g);
+  int rc = gpt_forward(m->g, in, tg, B, T, loss);
+  if (rc == 0) rc = gpt_backward(m->g, 1.0f);
+  if (rc == 0 && m->f) rc = fsdp_step(m->f, 1e-4f, 0, NULL);
+  else if (rc == 0) adamw_step(m->opt, m->g, 1e-4f);
+  return rc;
+}
+
+static void model_close(model_t *m) {
+  if (m->f) {
+    fsdp_destroy(m->f); /* with its model */
+  } else {
+    adamw_destroy(m->opt);
+    gpt_destroy(m->g);
+  }
+  memset(m, 0, sizeof *m);
+}
+
+static double median(double *t, int n) {
+  qsort(t, n, sizeof *t, cmp_double);
+  return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
+/* --vs-flat: the runtime's and the flat model's steps, interleaved. */
+static int vs_flat(const char *preset, const gpt_config_t *cfg, const kern_backend_t *be,
+                   const int32_t *in, const int32_t *tg, int B, int T, int threads, int steps) {
+  model_t m[2];
+  double *t[2] = {calloc((size_t)steps, sizeof(double)), calloc((size_t)steps, sizeof(double))};
+  float loss[2];
+  int rc = t[0] && t[1] ? FSDP_OK : err_set(FSDP_ENOMEM, "bench_train: timings");
+  for (int k = 0; k < 2 && !rc; k++) rc = model_open(&m[k], cfg, be, k);
+  for (int k = 0; k < 2 && !rc; k++) rc = model_step(&m[k], in, tg, B, T, &loss[k]); /* warm-up */
+  for (int i = 0; i < steps && !rc; i++)
+    for (int k = 0; k < 2 && !rc; k++) {
+      double t0 = bench_now_s();
+      rc = model_step(&m[k], in, tg, B, T, &loss[k]);
+      t[k][i] = bench_now_s() - t0;
+    }
+  if (!rc) {
+    double rt = median(t[0], steps), fl = median(t[1], steps);
+    printf("bench: train_path model=%s B=%d T=%d threads=%d runtime_step_ms=%.1f "
+           "flat_step_ms=%.1f runtime_vs_flat=%.3f steps=%d runtime_loss=%.4f flat_loss=%.4f\n",
+           preset, B, T, threads, rt * 1e3, fl * 1e3, rt / fl, steps, loss[0], loss[1]);
+  }
+  for (int k = 0; k < 2; k++) model_close(&m[k]), free(t[k]);
   return rc;
 }
 
@@ -284,23 +360,20 @@ int main(int argc, char **argv) {
   const char *preset = argv[1];
   int B = atoi(argv[2]), T = atoi(argv[3]), threads = atoi(argv[4]), steps = atoi(argv[5]);
   int profile = argc == 7 && !strcmp(argv[6], "-p");
-  if (B <= 0 || T <= 0 || threads <= 0 || steps <= 0 || (argc == 7 && !profile)) return usage();
+  int flat = argc == 7 && !strcmp(argv[6], "--vs-flat");
+  if (B <= 0 || T <= 0 || threads <= 0 || steps <= 0 || (argc == 7 && !profile && !flat))
+    return usage();
 
   /* the process before the model exists (code, libraries, thread stacks) */
   size_t rss_base = mem_process_anon_rss();
   gpt_config_t cfg;
-  gpt_t *g = NULL;
-  adamw_t *opt = NULL;
+  model_t m = {0};
   int32_t *tok = NULL, *in = NULL, *tg = NULL;
   double *times = NULL;
   int rc = gpt_config_preset(&cfg, preset);
   if (rc) goto out;
   const kern_backend_t *be = kern_cpu();
   be->set_threads(threads);
-  if ((rc = gpt_create(&g, &cfg, profile ? prof_wrap(be) : be))) goto out;
-  gpt_init_weights(g, 1337);
-  adamw_hparams_t hp = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
-  if ((rc = adamw_create(&opt, g, hp))) goto out;
 
   /* B rows of T+1 tokens; targets are the inputs shifted by one. */
   tok = malloc(sizeof(int32_t) * B * (T + 1));
@@ -322,15 +395,20 @@ int main(int argc, char **argv) {
       tg[b * T + t] = tok[b * (T + 1) + t + 1];
     }
 
+  if (flat) {
+    rc = vs_flat(preset, &cfg, be, in, tg, B, T, threads, steps);
+    goto out;
+  }
+  if ((rc = model_open(&m, &cfg, profile ? prof_wrap(be) : be, 0))) goto out;
   float loss = NAN, first_loss = NAN;
-  if ((rc = step(g, opt, in, tg, B, T, &first_loss))) goto out; /* warm-up */
+  if ((rc = model_step(&m, in, tg, B, T, &first_loss))) goto out; /* warm-up */
   prof_reset();
   double total = 0;
   size_t anon_peak = mem_process_anon_rss(); /* sampled after every step: allocations are made
                                                 by the warm-up and never shrink, but say it */
   for (int i = 0; i < steps; i++) {
     double t0 = bench_now_s();
-    if ((rc = step(g, opt, in, tg, B, T, &loss))) goto out;
+    if ((rc = model_step(&m, in, tg, B, T, &loss))) goto out;
     times[i] = bench_now_s() - t0;
     total += times[i];
     size_t anon = mem_process_anon_rss();
@@ -341,8 +419,7 @@ int main(int argc, char **argv) {
     rc = 1;
     goto out;
   }
-  qsort(times, steps, sizeof(double), cmp_double);
-  double med = steps % 2 ? times[steps / 2] : 0.5 * (times[steps / 2 - 1] + times[steps / 2]);
+  double med = median(times, steps);
 
   /* Model FLOPs per token, PaLM (Chowdhery et al. 2022) appendix B: 6N for the
    * weight matmuls forward and backward, plus 12*L*C*T for attention's q k^T
@@ -350,7 +427,7 @@ int main(int argc, char **argv) {
    * every parameter: with tied embeddings wte also serves as the output
    * projection, so its V*C weights do matmul work; wpe (context*C) does not,
    * which overstates by under 1% on gpt2-124m. */
-  size_t P = gpt_num_params(g);
+  size_t P = gpt_num_params(m.g);
   double flops_tok = 6.0 * (double)P + 12.0 * cfg.layers * (double)cfg.channels * T;
   double tokens = (double)B * T;
   char tag[160];
@@ -361,8 +438,10 @@ int main(int argc, char **argv) {
          steps, loss, be->name, isa_name(dnnl_get_effective_cpu_isa()));
 
   /* The sum of the tensors the step needs: params and grads (4 bytes each), Adam
-   * m and v (8), and the activations with their gradients. */
-  double tensors = 16.0 * (double)P + (double)gpt_activation_bytes(&cfg, B, T, 0);
+   * m and v (8), and the activations with their gradients and the attention
+   * scratch. */
+  double tensors = 16.0 * (double)P + (double)gpt_activation_bytes(&cfg, B, T, 0) +
+                   (double)be->attention_scratch(B, T, cfg.channels, cfg.heads) * sizeof(float);
   /* Peak memory: the process's anonymous resident memory (its own data: every
    * buffer, oneDNN's packing buffers and JIT code, thread stacks, the heap),
    * sampled after each step. rss_peak (VmHWM) adds the file-backed pages of the
@@ -382,7 +461,6 @@ out:
   free(in);
   free(tg);
   free(times);
-  if (opt) adamw_destroy(opt);
-  if (g) gpt_destroy(g);
+  model_close(&m);
   return rc ? 1 : 0;
 }

@@ -5,11 +5,15 @@
 #  1. sgemm n=2048 with 1 and 2 threads: oneDNN (our library), BLIS, OpenBLAS
 #     as it detects the processor, and OpenBLAS with OPENBLAS_CORETYPE=SkylakeX
 #     (on AVX-512 machines; set for that one command, read when it loads).
-#  2. Our training step (bench_train) and PyTorch's (bench_torch.py, with
+#  2. Our training step (bench_train: the sharded runtime on one rank, what
+#     fsdp-train runs on one device) and PyTorch's (bench_torch.py, with
 #     OPENBLAS_CORETYPE=SkylakeX, OMP_WAIT_POLICY=PASSIVE and
 #     ATEN_CPU_CAPABILITY=avx512 for that command only: PyTorch at its best
 #     here) for gpt2-124m and small, B=4 T=256, 1 and 2 threads, ours and
-#     PyTorch's back to back so both see the same machine.
+#     PyTorch's back to back so both see the same machine. Then, at 1 thread,
+#     our step against the flat model's (bench_train --vs-flat, interleaved):
+#     every rank runs the runtime, which must cost nothing against the flat
+#     model the tests keep as their reference.
 #  3. Collectives (bench_comm): ring all_gather and reduce_scatter bus
 #     bandwidth (nccl-tests busbw) with 2 rank processes on loopback, 1 MiB to
 #     256 MiB, against single-thread memcpy; it prints its own target lines
@@ -32,7 +36,8 @@
 #     statistic the sgemm figures use (best of several), as a noise gauge: on a
 #     shared 2-core machine a busy neighbour slows whole steps. Sharded:
 #     FULL_SHARD step time <= 1.15 x NO_SHARD's (same run), and NO_SHARD
-#     tokens/s >= PyTorch DDP's.
+#     tokens/s >= PyTorch DDP's. One training path: the runtime's step on one
+#     rank <= 1.03 x the flat model's (same run, interleaved).
 #
 # Exit status: 0 when every benchmark ran, targets met or not (bench reports,
 # it does not judge the build); 1 when one failed to run. The environment
@@ -131,6 +136,7 @@ for model in gpt2-124m small; do
     bench_run "torch model=$model threads=$th" env $torch_env "$PY" "$HERE/bench_torch.py" \
       "$model" "$BB" "$TT" "$th" "$steps"
   done
+  bench_run "train_path model=$model" "$TRAIN" "$model" "$BB" "$TT" 1 "$steps" --vs-flat
 done
 # 3. Collectives: ring all_gather / reduce_scatter bus bandwidth, 2 rank
 # processes on loopback, 1 MiB to 256 MiB, against single-thread memcpy
@@ -192,6 +198,10 @@ $2 == "ddp" {
   k = kv("model"); dtok[k] = kv("tokens_per_s") + 0; dmin[k] = kv("step_ms_min") + 0
   dk[k] = kv("kernel"); dB[k] = kv("B"); dT[k] = kv("T")
 }
+$2 == "train_path" {
+  pm[++npath] = kv("model"); pr[npath] = kv("runtime_vs_flat") + 0
+  prt[npath] = kv("runtime_step_ms"); pfl[npath] = kv("flat_step_ms")
+}
 $2 == "memory" {
   k = kv("model") SUBSEP kv("threads")
   mem[k] = kv("ratio"); anon[k] = kv("anon_peak_mib"); ten[k] = kv("tensors_mib")
@@ -237,6 +247,8 @@ END {
     rb = fmin[s] > 0 ? dmin[m] / fmin[s] : 0
     printf "bench: target name=no_shard_vs_ddp model=%s ranks=2 B=%s T=%s ratio=%.2f goal=>=1.0 met=%s no_shard_tokens_per_s=%.1f ddp_tokens_per_s=%.1f ddp_kernel=%s ratio_fastest_steps=%.2f\n", m, dB[m], dT[m], r, met(r >= 1.0), ftok[s], dtok[m], dk[m], rb
   }
+  for (i = 1; i <= npath; i++)
+    printf "bench: target name=one_training_path model=%s threads=1 ratio=%.3f goal=<=1.03 met=%s runtime_step_ms=%s flat_step_ms=%s\n", pm[i], pr[i], met(pr[i] <= 1.03), prt[i], pfl[i]
   print bad > out
 }' "$all"
 bad=$(cat "$tmp/summary_failures" 2>/dev/null || echo 1)

@@ -536,3 +536,78 @@ Test(fsdp, bf16_true_save_load_round_trip, .timeout = 60) {
   fsdp_destroy(b);
   free(wa), free(wb), free(path);
 }
+
+/* A failed collective fails the call that completes it. A backend of two
+ * ranks (this process plays both: an all-gather repeats its input) whose
+ * reduce-scatters fail from the n-th on: after a backward the last unit's
+ * reduction (unit 0's) is still in flight, so it is fsdp_reshard (or
+ * fsdp_step) that meets the failure, and it returns it, naming the unit,
+ * instead of warning and going on. */
+typedef struct {
+  comm_req_t base;
+  int rc;
+} fail_req_t;
+static int fail_from, fail_seen;
+
+static int fail_supports(comm_op_t op, comm_dtype_t dt) { return (void)op, (void)dt, 1; }
+static int fail_issue(comm_t *c, const comm_args_t *a, comm_req_t **out) {
+  fail_req_t *q = calloc(1, sizeof *q);
+  q->base.be = c->be;
+  const size_t e = comm_dtype_size(a->dtype);
+  if (a->op == COMM_OP_ALL_GATHER)
+    for (int r = 0; r < 2; r++) memcpy((char *)a->recv + r * a->count * e, a->send, a->count * e);
+  else if (a->op == COMM_OP_REDUCE_SCATTER && ++fail_seen >= fail_from)
+    q->rc = err_set(FSDP_EPEER, "group 'shard': rank 1 failed (a test's failing backend)");
+  else if (a->op == COMM_OP_REDUCE_SCATTER)
+    memcpy(a->recv, a->send, a->count * e);
+  else if (a->op == COMM_OP_ALL_REDUCE && a->send != a->recv)
+    memcpy(a->recv, a->send, a->count * e);
+  *out = &q->base;
+  return FSDP_OK;
+}
+static int fail_wait(comm_req_t *req, int64_t wait_ms) {
+  (void)wait_ms;
+  int rc = ((fail_req_t *)req)->rc;
+  if (rc) err_set(rc, "group 'shard': rank 1 failed (a test's failing backend)");
+  free(req);
+  return rc;
+}
+static void fail_abort(comm_t *c) { (void)c; }
+static void fail_destroy(comm_t *c) { free(c); }
+static int fail_split(comm_t *c, int color, int key, const char *name, int64_t t, comm_t **out) {
+  (void)c, (void)color, (void)key, (void)name, (void)t;
+  *out = NULL;
+  return FSDP_EUNSUPPORTED;
+}
+static size_t fail_buffer_bytes(int size) { return (void)size, 0; }
+static const comm_backend_t fail_backend = {"failing", fail_supports, fail_issue, fail_wait,
+                                            fail_abort, fail_destroy, fail_split,
+                                            fail_buffer_bytes};
+
+static void reduction_failure_is_returned(int in_step) {
+  gpt_config_t c = cfg();
+  comm_t *sc = calloc(1, sizeof *sc);
+  sc->be = &fail_backend, sc->rank = 0, sc->size = 2;
+  snprintf(sc->name, sizeof sc->name, "shard");
+  fsdp_opts_t o = {.be = kern_cpu(), .mesh = {1, 2, SHARD_FULL_SHARD}, .shard_comm = sc,
+                   .seed = SEED, .hp = HP};
+  fsdp_t *f;
+  cr_assert_eq(fsdp_create(&f, &c, &o), 0, "%s", err_msg());
+  int32_t in[BG * T], tg[BG * T];
+  float l;
+  batch(0, 0, BG / 2, in, tg);
+  fail_seen = 0;
+  fail_from = c.layers + 1; /* unit 0's, the last of a backward */
+  cr_assert_eq(gpt_forward(fsdp_model(f), in, tg, BG / 2, T, &l), 0, "%s", err_msg());
+  cr_assert_eq(gpt_backward(fsdp_model(f), 1.0f), 0, "the blocks' reductions succeed: %s",
+               err_msg());
+  cr_assert_eq(fail_seen, c.layers + 1, "unit 0's reduction is in flight");
+  int rc = in_step ? fsdp_step(f, 1e-3f, 0, NULL) : fsdp_reshard(f);
+  cr_assert_eq(rc, FSDP_EPEER, "%s", err_msg());
+  cr_assert(strstr(err_msg(), "unit 0") && strstr(err_msg(), "rank 1"), "%s", err_msg());
+  fsdp_destroy(f);
+  comm_destroy(sc);
+}
+
+Test(fsdp, a_failed_reduction_fails_reshard) { reduction_failure_is_returned(0); }
+Test(fsdp, a_failed_reduction_fails_the_step) { reduction_failure_is_returned(1); }

@@ -105,6 +105,94 @@ Test(train, init_from_must_match_the_model) {
   free(data);
 }
 
+/* ---- the step API ---------------------------------------------------------- */
+
+typedef struct {
+  int n;
+  train_metrics_t m[16];
+} metrics_log_t;
+
+static void log_metrics(void *ctx, const train_metrics_t *m) {
+  metrics_log_t *l = ctx;
+  cr_assert_lt(l->n, 16);
+  l->m[l->n++] = *m;
+}
+
+/* A run driven a step at a time: every step reports its metrics, an
+ * evaluation is reported on the steps it is due, the state advances, and the
+ * losses are train_run's bit for bit (one loop, two drivers). */
+Test(train, step_api_reports_every_step) {
+  config_t c;
+  config_default(&c);
+  char *data = demo_tokens();
+  cr_assert_eq(config_set(&c, "data", data), 0);
+  cr_assert_eq(config_set(&c, "model", "tiny"), 0);
+  c.steps = 6, c.warmup_steps = 2, c.batch = 2, c.seq_len = 32, c.grad_accum = 2;
+  c.eval_every = 4, c.eval_batches = 2;
+  metrics_log_t log = {0};
+  train_opts_t o = {NULL, log_metrics, &log};
+  train_t *t;
+  cr_assert_eq(train_open(&t, &c, &o), 0, "%s", err_msg());
+  train_state_t st;
+  train_state(t, &st);
+  cr_assert_eq(st.step, 0);
+  cr_assert_not_null(st.runtime);
+  for (int s = 1; !train_done(t); s++) {
+    cr_assert_eq(train_step(t), 0, "%s", err_msg());
+    cr_assert_eq(log.n, s, "one report per step");
+    const train_metrics_t *m = &log.m[s - 1];
+    cr_assert_eq(m->step, s);
+    cr_assert_eq(m->steps, 6);
+    cr_assert_eq(m->rank, 0);
+    cr_assert_eq(m->world, 1);
+    cr_assert_eq(m->tokens, 2u * 32 * 2, "batch x seq_len x grad_accum");
+    cr_assert(isfinite(m->loss) && m->loss > 0, "%f", m->loss);
+    cr_assert_float_eq(m->lr, train_lr(&c, s - 1), 0);
+    cr_assert(m->grad_norm > 0 && m->step_s > 0 && m->tokens_per_s > 0);
+    cr_assert_eq(m->evaluated, s == 4 || s == 6, "evaluations after steps 4 and 6 (step %d)", s);
+    cr_assert_gt(m->mem.peak[MEM_PARAMS], 0, "memory by category is reported");
+    cr_assert_geq(m->mem.total_peak, m->mem.total_cur);
+    train_state(t, &st);
+    cr_assert_eq(st.step, s);
+    cr_assert(st.data.epoch == 0 && st.data.index == (uint64_t)(2 * s), "two micro-batches a step (%d)", s);
+  }
+  cr_assert_eq(train_step(t), FSDP_EINVAL, "no step after the last");
+  cr_assert_eq(train_finish(t), 0, "%s", err_msg());
+  train_result_t r;
+  train_result(t, &r);
+  train_close(t);
+  cr_assert_eq(r.steps_done, 6);
+  cr_assert_eq(r.first_loss, log.m[0].loss);
+  cr_assert_eq(r.last_loss, log.m[5].loss);
+  cr_assert_eq(r.eval_loss, log.m[5].eval_loss);
+  train_result_t rr;
+  cr_assert_eq(train_run(&c, NULL, &rr), 0, "%s", err_msg());
+  cr_assert_eq(rr.last_loss, r.last_loss, "%a vs %a", rr.last_loss, r.last_loss);
+  cr_assert_eq(rr.eval_loss, r.eval_loss);
+  free(data);
+}
+
+/* A save path that cannot be written is found before the first step, with
+ * the option named, and nothing is trained. */
+Test(train, an_unwritable_save_path_is_refused_before_training) {
+  config_t c;
+  config_default(&c);
+  char *data = demo_tokens();
+  cr_assert_eq(config_set(&c, "data", data), 0);
+  cr_assert_eq(config_set(&c, "model", "tiny"), 0);
+  cr_assert_eq(config_set(&c, "save", "/nonexistent-dir/w.bin"), 0);
+  c.steps = 1000000, c.warmup_steps = 1, c.seq_len = 32;
+  metrics_log_t log = {0};
+  train_opts_t o = {NULL, log_metrics, &log};
+  train_t *t;
+  cr_assert_eq(train_open(&t, &c, &o), FSDP_ENOENT);
+  cr_assert(strstr(err_msg(), "save") && strstr(err_msg(), "/nonexistent-dir/w.bin"), "%s",
+            err_msg());
+  cr_assert_eq(log.n, 0, "not a step ran");
+  cr_assert_eq(mem_total_current(), 0, "nothing is left allocated");
+  free(data);
+}
+
 static int run_cmd(const char *args, char *out, size_t len) {
   return tu_run_bin("fsdp-train", args, out, len);
 }
