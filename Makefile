@@ -47,7 +47,7 @@ LIB_SRCS    = $(COMMON_SRCS) $(KERN_SRCS) $(TRAIN_SRCS) $(COMM_SRCS)
 LIB         = $(B)/libfsdp.a
 
 BINS  = bin/fsdp-train bin/fsdp-tokenize bin/fsdp-launch
-TESTS = err param kernels device data gpt adamw config train sample shard launch plan comm fsdp fault reference
+TESTS = err param kernels device boot data gpt adamw config train sample shard launch plan comm fsdp fault reference
 TEST_BINS  = $(TESTS:%=$(B)/tests/test_%)
 BENCH_BINS = $(B)/bench/bench_gemm $(B)/bench/bench_train $(B)/bench/bench_comm $(B)/bench/bench_fsdp
 
