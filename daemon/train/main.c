@@ -1,4 +1,6 @@
-/* fsdp-train: runs single-rank training from a job file and/or flags.
+/* fsdp-train: trains a GPT model from a job file and/or flags, as one device,
+ * or as one rank of a sharded job when fsdp-launch starts it (the launcher's
+ * environment says which; daemon/comm/boot.c reads it).
  *
  *   fsdp-train [--config JOB.conf] [--KEY VALUE]...
  *
@@ -30,8 +32,10 @@ static void note_adjusted(const config_t *c) {
 static void usage(FILE *out) {
   fprintf(out,
           "usage: fsdp-train [--config JOB.conf] [--KEY VALUE]...\n"
-          "Trains a GPT model on one CPU device. Options (also the keys of a job file, an INI\n"
-          "file of `key = value` lines under optional [section] headers):\n");
+          "Trains a GPT model on one device, or as one rank of a sharded job when started by\n"
+          "fsdp-launch (fsdp-launch -n N -- fsdp-train ...).\n"
+          "Options (also the keys of a job file, an INI file of `key = value` lines under\n"
+          "optional [section] headers):\n");
   config_print_help(out);
   fprintf(out, "  other flags:\n"
                "    --config FILE     read options from a job file (flags override it)\n"
