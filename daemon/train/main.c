@@ -33,7 +33,9 @@ static void usage(FILE *out) {
   fprintf(out,
           "usage: fsdp-train [--config JOB.conf] [--KEY VALUE]...\n"
           "Trains a GPT model on one device, or as one rank of a sharded job when started by\n"
-          "fsdp-launch (fsdp-launch -n N -- fsdp-train ...).\n"
+          "fsdp-launch (fsdp-launch -n N -- fsdp-train ...). What the model and its training\n"
+          "compute (GELU, LayerNorm, loss, learning-rate schedule, initialisation, data\n"
+          "windows, weight decay) is written in docs/MODEL.md.\n"
           "Options (also the keys of a job file, an INI file of `key = value` lines under\n"
           "optional [section] headers):\n");
   config_print_help(out);
