@@ -127,30 +127,28 @@ Test(config, explicit_values_that_do_not_fit_are_refused) {
   cr_assert_eq(config_is_given(&c, "no_such_option"), -1);
 }
 
+/* Loads text as a job file over the defaults (and data) into *c, then
+ * finishes it: config_finish's code. */
+static int finish_job_text(config_t *c, const char *text) {
+  char *path = tu_path("job_text.conf");
+  tu_write_file(path, text, strlen(text));
+  *c = base();
+  cr_assert_eq(config_load_file(c, path), 0, "%s", err_msg());
+  free(path);
+  return config_finish(c);
+}
+
 /* A job file is the user's word, like a flag: its values are explicit; the
  * keys it leaves out keep defaults that fit themselves. */
 Test(config, a_job_file_counts_as_explicit) {
-  char *path = tu_path("explicit.conf");
-  const char *too_long = "[model]\nmodel = tiny\n[train]\nseq_len = 256\n";
-  tu_write_file(path, too_long, strlen(too_long));
-  config_t c = base();
-  cr_assert_eq(config_load_file(&c, path), 0, "%s", err_msg());
-  cr_assert_eq(config_finish(&c), FSDP_EINVAL);
+  config_t c;
+  cr_assert_eq(finish_job_text(&c, "[model]\nmodel = tiny\n[train]\nseq_len = 256\n"), FSDP_EINVAL);
   cr_assert(strstr(err_msg(), "seq_len: 256"), "%s", err_msg());
-  const char *warm = "[train]\nsteps = 5\n[optim]\nwarmup_steps = 10\n";
-  tu_write_file(path, warm, strlen(warm));
-  c = base();
-  cr_assert_eq(config_load_file(&c, path), 0, "%s", err_msg());
-  cr_assert_eq(config_finish(&c), FSDP_EINVAL);
+  cr_assert_eq(finish_job_text(&c, "[train]\nsteps = 5\n[optim]\nwarmup_steps = 10\n"), FSDP_EINVAL);
   cr_assert(strstr(err_msg(), "warmup_steps: 10"), "%s", err_msg());
-  const char *model_only = "[model]\nmodel = tiny\n[train]\nsteps = 5\n";
-  tu_write_file(path, model_only, strlen(model_only));
-  c = base();
-  cr_assert_eq(config_load_file(&c, path), 0, "%s", err_msg());
-  cr_assert_eq(config_finish(&c), 0, "%s", err_msg());
+  cr_assert_eq(finish_job_text(&c, "[model]\nmodel = tiny\n[train]\nsteps = 5\n"), 0, "%s", err_msg());
   cr_assert_eq(c.seq_len, 64);
   cr_assert_eq(c.warmup_steps, 5);
-  free(path);
 }
 
 /* Reads a whole file (the tests' small job files) into a malloc'd string. */
