@@ -1,11 +1,14 @@
 /* config: the option table of a training job, its parsing from flags and INI
- * job files (inih), and its checks (see config.h). One table serves the flags,
- * the job file, --help and config_write, so an option is declared once. */
+ * job files (inih), its defaults fitted to the model and the run, and its
+ * checks (see config.h). One table serves the flags, the job file, --help and
+ * config_write, so an option is declared once. */
 #include "config.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <ini.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,10 +40,10 @@ static const config_opt_t config_opts[] = {
     {"context", "model", CFG_INT, OFF(dims.context), 0, 0, 1 << 20, "maximum sequence length (0: the preset's)"},
     {"init_from", "model", STR(init_from), "weights file to start from instead of a random init"},
     {"data", "data", STR(data), "token file (make one with fsdp-tokenize)"},
-    {"eval_fraction", "data", CFG_DOUBLE, OFF(eval_fraction), 0, 0, 0.5, "share of tokens held out for evaluation"},
+    {"eval_fraction", "data", CFG_DOUBLE, OFF(eval_fraction), 0, 0, 0.5, "share of tokens held out for evaluation, from the end of the file"},
     {"steps", "train", CFG_INT, OFF(steps), 0, 1, 1e9, "optimizer steps"},
     {"batch", "train", CFG_INT, OFF(batch), 0, 1, 1 << 20, "sequences per micro-batch"},
-    {"seq_len", "train", CFG_INT, OFF(seq_len), 0, 1, 1 << 20, "tokens per sequence"},
+    {"seq_len", "train", CFG_INT, OFF(seq_len), 0, 1, 1 << 20, "tokens per sequence, at most the model's context (unless given, the default shrinks to the context)"},
     {"grad_accum", "train", CFG_INT, OFF(grad_accum), 0, 1, 1 << 20, "micro-batches per optimizer step"},
     {"seed", "train", CFG_U64, OFF(seed), 0, 0, 0, "seed of the initial weights and the data order"},
     {"eval_every", "train", CFG_INT, OFF(eval_every), 0, 0, 1e9, "steps between evaluations (0: only at the end)"},
@@ -54,22 +57,24 @@ static const config_opt_t config_opts[] = {
     {"min_params", "shard", CFG_DOUBLE, OFF(min_params), 0, 0, 1e15, "wrap policy: merge neighbouring units until each holds this many parameters (0: one unit per block, plus the embeddings)"},
     {"offload", "shard", CFG_INT, OFF(offload), 0, 0, 1, "1: keep fp32 master weights, gradient shard and AdamW state in host memory, step on the CPU"},
     {"precision", "shard", STR(precision), "fp32; bf16-mixed (bf16 gather and compute, fp32 reduce and master weights); or bf16-true (bf16 storage, gather, reduce and AdamW state: half fp32's memory; updates below bf16 resolution are lost)"},
-    {"lr", "optim", CFG_FLOAT, OFF(lr), 0, 0, 10, "peak learning rate"},
+    {"lr", "optim", CFG_FLOAT, OFF(lr), 0, 0, 10, "peak learning rate, after a linear warmup and before a cosine decay (docs/MODEL.md)"},
     {"min_lr_frac", "optim", CFG_FLOAT, OFF(min_lr_frac), 0, 0, 1, "final lr as a fraction of lr (cosine decay)"},
-    {"warmup_steps", "optim", CFG_INT, OFF(warmup_steps), 0, 0, 1e9, "linear warmup steps"},
-    {"weight_decay", "optim", CFG_FLOAT, OFF(weight_decay), 0, 0, 10, "AdamW decoupled weight decay (matrices only)"},
+    {"warmup_steps", "optim", CFG_INT, OFF(warmup_steps), 0, 0, 1e9, "linear warmup steps, at most steps (unless given, the default shrinks to steps)"},
+    {"weight_decay", "optim", CFG_FLOAT, OFF(weight_decay), 0, 0, 10, "AdamW decoupled weight decay, on every 2-D tensor: the blocks' matrices and the wte and wpe embeddings; never on biases or LayerNorm parameters"},
     {"beta1", "optim", CFG_FLOAT, OFF(beta1), 0, 0, 0.999999, "AdamW beta1"},
     {"beta2", "optim", CFG_FLOAT, OFF(beta2), 0, 0, 0.999999, "AdamW beta2"},
     {"eps", "optim", CFG_FLOAT, OFF(eps), 0, 1e-30, 1, "AdamW epsilon"},
     {"grad_clip", "optim", CFG_FLOAT, OFF(grad_clip), 0, 0, 1e9, "clip the global gradient norm to this (0: off)"},
     {"save", "output", STR(save), "weights file written at the end"},
     {"sample_tokens", "output", CFG_INT, OFF(sample_tokens), 0, 0, 1 << 20, "tokens to generate after training, to look at"},
-    {"sample_prompt", "output", STR(sample_prompt), "prompt for the sample (byte-level models)"},
+    {"sample_prompt", "output", STR(sample_prompt), "prompt for the sample (byte-level models; in a job file, quote it to keep spaces at either end)"},
     {"sample_temperature", "output", CFG_FLOAT, OFF(sample_temperature), 0, 1e-3, 100, "sampling temperature"},
 };
 #undef STR
 #undef OFF
 #define CONFIG_NUM_OPTS (int)(sizeof config_opts / sizeof config_opts[0])
+_Static_assert(sizeof config_opts / sizeof config_opts[0] <= 64,
+               "config_t.given holds one bit per option");
 
 void config_default(config_t *c) {
   memset(c, 0, sizeof *c);
@@ -104,9 +109,38 @@ static const config_opt_t *config_find(const char *key) {
   return NULL;
 }
 
-int config_set(config_t *c, const char *key, const char *value) {
+static uint64_t config_bit(const config_opt_t *o) { return 1ull << (o - config_opts); }
+
+/* The options that say which model it is: setting one makes c->gpt stale. */
+static int config_opt_is_dim(const config_opt_t *o) {
+  return o->offset >= offsetof(config_t, dims) &&
+         o->offset < offsetof(config_t, dims) + sizeof(gpt_config_t);
+}
+
+/* Explicit: set through config_set, or (code that writes fields directly)
+ * holding something other than the default. */
+static int config_given(const config_t *c, const config_opt_t *o) {
+  if (c->given & config_bit(o)) return 1;
+  config_t d;
+  config_default(&d);
+  const char *v = (const char *)c + o->offset, *dv = (const char *)&d + o->offset;
+  switch (o->type) {
+  case CFG_INT: return memcmp(v, dv, sizeof(int)) != 0;
+  case CFG_U64: return memcmp(v, dv, sizeof(uint64_t)) != 0;
+  case CFG_FLOAT: return memcmp(v, dv, sizeof(float)) != 0;
+  case CFG_DOUBLE: return memcmp(v, dv, sizeof(double)) != 0;
+  case CFG_STR: break;
+  }
+  return strcmp(v, dv) != 0;
+}
+
+int config_is_given(const config_t *c, const char *key) {
   const config_opt_t *o = config_find(key);
-  if (!o) return err_set(FSDP_EINVAL, "unknown option \"%s\"; see --help for the list", key);
+  return o ? config_given(c, o) : -1;
+}
+
+/* Stores value into o's field of c; on error c is unchanged. */
+static int config_parse(config_t *c, const config_opt_t *o, const char *key, const char *value) {
   char *field = (char *)c + o->offset;
   if (o->type == CFG_STR) {
     if (strlen(value) >= o->size)
@@ -141,6 +175,17 @@ int config_set(config_t *c, const char *key, const char *value) {
   return FSDP_OK;
 }
 
+int config_set(config_t *c, const char *key, const char *value) {
+  const config_opt_t *o = config_find(key);
+  if (!o) return err_set(FSDP_EINVAL, "unknown option \"%s\"; see --help for the list", key);
+  int rc = config_parse(c, o, key, value);
+  if (rc) return rc;
+  c->given |= config_bit(o);
+  if (config_opt_is_dim(o) || o->offset == offsetof(config_t, model))
+    memset(&c->gpt, 0, sizeof c->gpt); /* resolved for another model */
+  return FSDP_OK;
+}
+
 typedef struct config_ini_ctx {
   config_t *c;
   const char *path;
@@ -156,6 +201,15 @@ static int config_ini_cb(void *user, const char *section, const char *name, cons
     x->rc = err_set(FSDP_EINVAL, "job file %s: %s belongs in section [%s], not [%s]", x->path,
                     name, o->section, section);
     return 0;
+  }
+  /* inih trims the spaces around a value: a quoted value keeps them (config_write
+   * quotes a string that starts or ends with a space, like the default prompt) */
+  char unq[CONFIG_PATH_MAX];
+  size_t n = strlen(value);
+  if (n >= 2 && value[0] == '"' && value[n - 1] == '"' && n - 2 < sizeof unq) {
+    memcpy(unq, value + 1, n - 2);
+    unq[n - 2] = 0;
+    value = unq;
   }
   int rc = config_set(x->c, name, value);
   if (rc) {
@@ -179,9 +233,22 @@ int config_load_file(config_t *c, const char *path) {
   return FSDP_OK;
 }
 
-int config_finish(config_t *c) {
+/* Appends one clause to c->adjusted ("; " between clauses). */
+static void config_note(config_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void config_note(config_t *c, const char *fmt, ...) {
+  size_t n = strlen(c->adjusted);
+  if (n && n + 2 < sizeof c->adjusted) n += (size_t)snprintf(c->adjusted + n, sizeof c->adjusted - n, "; ");
+  va_list ap;
+  va_start(ap, fmt);
+  if (n < sizeof c->adjusted) vsnprintf(c->adjusted + n, sizeof c->adjusted - n, fmt, ap);
+  va_end(ap);
+}
+
+int config_resolve(config_t *c) {
   gpt_config_t g = {0};
   int rc;
+  c->adjusted[0] = 0;
+  memset(&c->gpt, 0, sizeof c->gpt);
   if (c->model[0] && (rc = gpt_config_preset(&g, c->model))) return rc;
   if (c->dims.layers) g.layers = c->dims.layers;
   if (c->dims.channels) g.channels = c->dims.channels;
@@ -193,12 +260,33 @@ int config_finish(config_t *c) {
                    "context must all be set (or set model to a preset)");
   if ((rc = gpt_config_validate(&g))) return rc;
   c->gpt = g;
+  /* A default that does not fit is the default's fault, not the user's: fit
+   * it and say so. A value the user gave is left for config_finish to refuse. */
+  if (c->seq_len > g.context && !config_given(c, config_find("seq_len"))) {
+    config_note(c, "seq_len = %d (the default %d is longer than the %s model's context)",
+                g.context, c->seq_len, c->model[0] ? c->model : "custom");
+    c->seq_len = g.context;
+  }
+  if (c->warmup_steps > c->steps && !config_given(c, config_find("warmup_steps"))) {
+    config_note(c, "warmup_steps = %d (the default %d is longer than the run's %d steps)",
+                c->steps, c->warmup_steps, c->steps);
+    c->warmup_steps = c->steps;
+  }
+  return FSDP_OK;
+}
+
+const char *config_adjusted(const config_t *c) { return c->adjusted; }
+
+int config_finish(config_t *c) {
+  int rc;
+  if ((rc = config_resolve(c))) return rc;
+  const gpt_config_t *g = &c->gpt;
   if (!c->data[0])
     return err_set(FSDP_EINVAL, "data: no token file given; set data = PATH (make one from text "
                    "with fsdp-tokenize)");
-  if (c->seq_len > g.context)
+  if (c->seq_len > g->context)
     return err_set(FSDP_EINVAL, "seq_len: %d is longer than the model's context %d; shorten "
-                   "seq_len or raise context", c->seq_len, g.context);
+                   "seq_len or raise context", c->seq_len, g->context);
   shard_strategy_t st;
   if ((rc = shard_strategy_parse(c->strategy, &st))) return rc;
   shard_mesh_t m;
@@ -207,18 +295,29 @@ int config_finish(config_t *c) {
   if ((rc = fsdp_precision_parse(c->precision, &prec))) return rc;
   if (c->warmup_steps > c->steps)
     return err_set(FSDP_EINVAL, "warmup_steps: %d is more than steps %d; warmup must end "
-                   "before training does", c->warmup_steps, c->steps);
+                   "before training does: lower warmup_steps or raise steps", c->warmup_steps,
+                   c->steps);
   return FSDP_OK;
 }
 
 static void config_print_value(const config_t *c, const config_opt_t *o, FILE *out) {
   const char *field = (const char *)c + o->offset;
+  /* once resolved, the model's dimensions are the ones the run uses */
+  if (config_opt_is_dim(o) && c->gpt.layers)
+    field += offsetof(config_t, gpt) - offsetof(config_t, dims);
   switch (o->type) {
   case CFG_INT: fprintf(out, "%d", *(const int *)field); break;
   case CFG_U64: fprintf(out, "%llu", (unsigned long long)*(const uint64_t *)field); break;
   case CFG_FLOAT: fprintf(out, "%g", *(const float *)field); break;
   case CFG_DOUBLE: fprintf(out, "%g", *(const double *)field); break;
-  case CFG_STR: fprintf(out, "%s", field); break;
+  case CFG_STR: {
+    /* quoted where a job file would lose spaces at either end (config_ini_cb) */
+    size_t n = strlen(field);
+    int quote = n && (isspace((unsigned char)field[0]) || isspace((unsigned char)field[n - 1]) ||
+                      field[0] == '"');
+    fprintf(out, quote ? "\"%s\"" : "%s", field);
+    break;
+  }
   }
 }
 

@@ -3,8 +3,17 @@
  * Every option has one key (the long flag without dashes, and the key in a job
  * file), a default and a check. Job files are INI (parsed with inih): `key =
  * value` lines, optionally under sections ([model], [data], [optim]...), which
- * only group them for the reader. A bad value gets an error naming the key,
- * the value, and what would be accepted. */
+ * only group them for the reader; a value in double quotes keeps the spaces
+ * at its ends, which inih would trim. A bad value gets an error naming the
+ * key, the value, and what would be accepted.
+ *
+ * Defaults follow the model and the run: a default that does not fit (seq_len
+ * longer than the model's context, warmup_steps longer than the run) is
+ * adjusted by config_resolve, which says what it changed (config_adjusted).
+ * Only a value the user gave explicitly is refused for not fitting. Explicit
+ * means set through config_set (a flag, or a job file, which is read with
+ * it), or, for code that writes fields directly, different from the
+ * default. */
 #ifndef FSDP_CONFIG_H
 #define FSDP_CONFIG_H
 
@@ -20,7 +29,7 @@ typedef struct config {
   /* model */
   char model[64];             /* preset name, or "" for explicit dimensions */
   gpt_config_t dims;          /* explicit dimensions; 0 = take the preset's */
-  gpt_config_t gpt;           /* final dimensions, set by config_finish */
+  gpt_config_t gpt;           /* final dimensions, set by config_resolve (0: not resolved) */
   char init_from[CONFIG_PATH_MAX]; /* weights file to start from ("" : random init) */
   /* data */
   char data[CONFIG_PATH_MAX]; /* token file */
@@ -52,6 +61,9 @@ typedef struct config {
   int sample_tokens;          /* tokens to generate after training (0: none) */
   char sample_prompt[256];    /* prompt text for byte-level models */
   float sample_temperature;
+  /* bookkeeping */
+  uint64_t given;             /* bit i: option i was set by config_set (a flag or a job file) */
+  char adjusted[256];         /* what the last config_resolve changed of the defaults ("": nothing) */
 } config_t;
 
 void config_default(config_t *c);
@@ -59,15 +71,31 @@ void config_default(config_t *c);
 int config_set(config_t *c, const char *key, const char *value);
 /* Reads a job file (INI). Unknown keys are errors, with the file and line. */
 int config_load_file(config_t *c, const char *path);
-/* Resolves the model (preset, then explicit dimensions) into c->gpt and runs
- * the cross-field checks (seq_len <= context, ...). Call before using c. */
+/* Resolves the model (preset, then explicit dimensions) into c->gpt and fits
+ * the defaults the user did not set to it and to the run: seq_len becomes
+ * the context when that is shorter, warmup_steps becomes steps when the run
+ * is shorter; config_adjusted says so. An error only when the model cannot
+ * be resolved (unknown preset, bad dimensions). Values it adjusts differ from
+ * the defaults from then on, so a later call treats them as given. */
+int config_resolve(config_t *c);
+/* config_resolve, then the cross-field checks (a data file, seq_len <=
+ * context, warmup_steps <= steps, strategy, mesh, precision). Call before
+ * using c. */
 int config_finish(config_t *c);
+/* One line on what the last config_resolve changed of the defaults, for the
+ * user ("seq_len 64: ..."), or "" when it changed nothing. */
+const char *config_adjusted(const config_t *c);
+/* 1 when key was given explicitly (see above), 0 when it holds its default,
+ * -1 when there is no such option. */
+int config_is_given(const config_t *c, const char *key);
 /* The option keys, for building a command line (i from 0 to config_num_opts()-1). */
 int config_num_opts(void);
 const char *config_opt_key(int i);
 /* Prints every option with its help (for --help). */
 void config_print_help(FILE *out);
-/* Prints the effective options, one `key = value` line each (a job file). */
+/* Prints the effective options, one `key = value` line each (a job file).
+ * After config_resolve the model's dimensions are the resolved ones, so the
+ * file read back with config_load_file describes the same run. */
 void config_write(const config_t *c, FILE *out);
 
 #endif

@@ -1,4 +1,6 @@
-/* fsdp-train: runs single-rank training from a job file and/or flags.
+/* fsdp-train: trains a GPT model from a job file and/or flags, as one device,
+ * or as one rank of a sharded job when fsdp-launch starts it (the launcher's
+ * environment says which; daemon/comm/boot.c reads it).
  *
  *   fsdp-train [--config JOB.conf] [--KEY VALUE]...
  *
@@ -17,15 +19,30 @@
 
 enum { OPT_HELP = 1, OPT_CONFIG, OPT_PRINT, OPT_PARAMS, OPT_KEY0 = 1000 };
 
+/* Says which defaults config_resolve fitted to the model and the run, once
+ * per job: from a one-rank job, or from rank 0 of a sharded one (fsdp-launch
+ * sets FSDP_RANK). On stderr, so --print-config's output stays a job file. */
+static void note_adjusted(const config_t *c) {
+  const char *rank = getenv("FSDP_RANK");
+  if (config_adjusted(c)[0] && (!rank || !strcmp(rank, "0")))
+    fprintf(stderr, "fsdp-train: note: %s; set an option explicitly to choose its value\n",
+            config_adjusted(c));
+}
+
 static void usage(FILE *out) {
   fprintf(out,
           "usage: fsdp-train [--config JOB.conf] [--KEY VALUE]...\n"
-          "Trains a GPT model on one CPU device. Options (also the keys of a job file, an INI\n"
-          "file of `key = value` lines under optional [section] headers):\n");
+          "Trains a GPT model on one device, or as one rank of a sharded job when started by\n"
+          "fsdp-launch (fsdp-launch -n N -- fsdp-train ...). What the model and its training\n"
+          "compute (GELU, LayerNorm, loss, learning-rate schedule, initialisation, data\n"
+          "windows, weight decay) is written in docs/MODEL.md.\n"
+          "Options (also the keys of a job file, an INI file of `key = value` lines under\n"
+          "optional [section] headers):\n");
   config_print_help(out);
   fprintf(out, "  other flags:\n"
                "    --config FILE     read options from a job file (flags override it)\n"
-               "    --print-config    print the effective job file and exit\n"
+               "    --print-config    print the effective job file (the model's dimensions and\n"
+               "                      the defaults as this run would use them) and exit\n"
                "    --help-params     list the FSDP_* environment tunables\n"
                "    --help            this text\n");
 }
@@ -80,13 +97,16 @@ int main(int argc, char **argv) {
     return 2;
   }
   free(opts);
+  /* --print-config needs the model resolved (its dimensions, the defaults
+   * fitted to it) but not a runnable job: no data file yet is fine */
+  if (print ? config_resolve(&c) : config_finish(&c)) {
+    fprintf(stderr, "fsdp-train: %s\n", err_msg());
+    return 2;
+  }
+  note_adjusted(&c);
   if (print) {
     config_write(&c, stdout);
     return 0;
-  }
-  if (config_finish(&c)) {
-    fprintf(stderr, "fsdp-train: %s\n", err_msg());
-    return 2;
   }
   train_result_t res;
   rc = train_run(&c, stdout, &res);

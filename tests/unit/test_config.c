@@ -1,5 +1,6 @@
-/* Unit tests of the job options: parsing from text, job files, and the checks
- * that name the option and the fix. */
+/* Unit tests of the job options: parsing from text, job files, defaults fitted
+ * to the model and the run (and explicit values refused instead), the printed
+ * job file, and the checks that name the option and the fix. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,6 +67,155 @@ Test(config, cross_field_checks) {
   cr_assert_eq(config_set(&c, "warmup_steps", "500"), 0);
   cr_assert_eq(config_finish(&c), FSDP_EINVAL);
   cr_assert(strstr(err_msg(), "warmup_steps"), "%s", err_msg());
+}
+
+/* The first runs a new user tries: `--model tiny` (the default seq_len 256 is
+ * longer than tiny's context 64) and `--steps 5` (the default warmup of 10 is
+ * longer than the run). Defaults give way, and the note says how. */
+Test(config, defaults_fit_the_model_and_the_run) {
+  config_t c = base();
+  cr_assert_eq(config_set(&c, "model", "tiny"), 0);
+  cr_assert_eq(config_set(&c, "steps", "5"), 0);
+  cr_assert_eq(config_finish(&c), 0, "%s", err_msg());
+  cr_assert_eq(c.seq_len, 64, "seq_len follows tiny's context");
+  cr_assert_eq(c.warmup_steps, 5, "warmup is clipped to the run");
+  const char *note = config_adjusted(&c);
+  cr_assert(strstr(note, "seq_len = 64") && strstr(note, "256") && strstr(note, "context"), "%s", note);
+  cr_assert(strstr(note, "warmup_steps = 5") && strstr(note, "10"), "%s", note);
+  cr_assert_eq(config_is_given(&c, "seq_len"), 1, "an adjusted value is the job's from now on");
+  cr_assert_eq(config_finish(&c), 0, "finishing twice (main, then train_open) is harmless");
+  cr_assert_eq(c.seq_len, 64);
+  /* what fits is left alone, and nothing is noted */
+  c = base();
+  cr_assert_eq(config_set(&c, "steps", "5"), 0);
+  cr_assert_eq(config_set(&c, "warmup_steps", "2"), 0);
+  cr_assert_eq(config_finish(&c), 0, "%s", err_msg());
+  cr_assert_eq(c.seq_len, 256, "small's context is 256: the default fits");
+  cr_assert_eq(c.warmup_steps, 2);
+  cr_assert_str_eq(config_adjusted(&c), "");
+  /* a context shortened explicitly shortens the default seq_len the same way */
+  c = base();
+  cr_assert_eq(config_set(&c, "context", "100"), 0);
+  cr_assert_eq(config_finish(&c), 0, "%s", err_msg());
+  cr_assert_eq(c.seq_len, 100);
+  cr_assert_eq(c.warmup_steps, 10, "a default warmup within the run stays");
+}
+
+/* What the user set is theirs: a value that does not fit is refused with the
+ * option and the fix, even when it equals the default. */
+Test(config, explicit_values_that_do_not_fit_are_refused) {
+  config_t c = base();
+  cr_assert_eq(config_set(&c, "model", "tiny"), 0);
+  cr_assert_eq(config_set(&c, "seq_len", "256"), 0);
+  cr_assert_eq(config_is_given(&c, "seq_len"), 1);
+  cr_assert_eq(config_finish(&c), FSDP_EINVAL);
+  cr_assert(strstr(err_msg(), "seq_len: 256") && strstr(err_msg(), "context 64") &&
+            strstr(err_msg(), "shorten seq_len"), "%s", err_msg());
+  c = base();
+  cr_assert_eq(config_set(&c, "steps", "5"), 0);
+  cr_assert_eq(config_set(&c, "warmup_steps", "10"), 0);
+  cr_assert_eq(config_finish(&c), FSDP_EINVAL);
+  cr_assert(strstr(err_msg(), "warmup_steps: 10") && strstr(err_msg(), "steps 5") &&
+            strstr(err_msg(), "raise steps"), "%s", err_msg());
+  /* code that writes a field directly with a value of its own set it too */
+  c = base();
+  cr_assert_eq(config_set(&c, "model", "tiny"), 0);
+  c.seq_len = 128;
+  cr_assert_eq(config_is_given(&c, "seq_len"), 1);
+  cr_assert_eq(config_finish(&c), FSDP_EINVAL);
+  cr_assert(strstr(err_msg(), "seq_len: 128"), "%s", err_msg());
+  cr_assert_eq(config_is_given(&c, "no_such_option"), -1);
+}
+
+/* Loads text as a job file over the defaults (and data) into *c, then
+ * finishes it: config_finish's code. */
+static int finish_job_text(config_t *c, const char *text) {
+  char *path = tu_path("job_text.conf");
+  tu_write_file(path, text, strlen(text));
+  *c = base();
+  cr_assert_eq(config_load_file(c, path), 0, "%s", err_msg());
+  free(path);
+  return config_finish(c);
+}
+
+/* A job file is the user's word, like a flag: its values are explicit; the
+ * keys it leaves out keep defaults that fit themselves. */
+Test(config, a_job_file_counts_as_explicit) {
+  config_t c;
+  cr_assert_eq(finish_job_text(&c, "[model]\nmodel = tiny\n[train]\nseq_len = 256\n"), FSDP_EINVAL);
+  cr_assert(strstr(err_msg(), "seq_len: 256"), "%s", err_msg());
+  cr_assert_eq(finish_job_text(&c, "[train]\nsteps = 5\n[optim]\nwarmup_steps = 10\n"), FSDP_EINVAL);
+  cr_assert(strstr(err_msg(), "warmup_steps: 10"), "%s", err_msg());
+  cr_assert_eq(finish_job_text(&c, "[model]\nmodel = tiny\n[train]\nsteps = 5\n"), 0, "%s", err_msg());
+  cr_assert_eq(c.seq_len, 64);
+  cr_assert_eq(c.warmup_steps, 5);
+}
+
+/* Reads a whole file (the tests' small job files) into a malloc'd string. */
+static char *slurp(const char *path) {
+  FILE *f = fopen(path, "rb");
+  cr_assert_not_null(f, "%s", path);
+  static char buf[16384];
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  return strdup(buf);
+}
+
+/* --print-config prints the job as it would run: the preset's dimensions
+ * (not the 0 that means "the preset's") and the fitted defaults; read back,
+ * it describes the same run, with nothing left to adjust. */
+Test(config, the_printed_job_is_the_effective_one) {
+  config_t c = base();
+  cr_assert_eq(config_set(&c, "model", "tiny"), 0);
+  cr_assert_eq(config_set(&c, "steps", "5"), 0);
+  cr_assert_eq(config_resolve(&c), 0, "%s", err_msg());
+  char *path = tu_path("effective.conf");
+  FILE *f = fopen(path, "w");
+  config_write(&c, f);
+  fclose(f);
+  char *text = slurp(path);
+  const char *want[] = {"model = tiny\n", "layers = 2\n", "channels = 64\n", "heads = 4\n",
+                        "vocab = 256\n", "context = 64\n", "seq_len = 64\n",
+                        "warmup_steps = 5\n", "sample_prompt = \"The \"\n"};
+  for (size_t i = 0; i < sizeof want / sizeof *want; i++)
+    cr_assert(strstr(text, want[i]), "missing %s in:\n%s", want[i], text);
+  config_t d;
+  config_default(&d);
+  cr_assert_eq(config_load_file(&d, path), 0, "%s", err_msg());
+  cr_assert_eq(config_finish(&d), 0, "%s", err_msg());
+  cr_assert_str_eq(config_adjusted(&d), "");
+  cr_assert(!memcmp(&d.gpt, &c.gpt, sizeof c.gpt), "same model");
+  cr_assert_eq(d.seq_len, c.seq_len);
+  cr_assert_eq(d.warmup_steps, c.warmup_steps);
+  cr_assert_str_eq(d.sample_prompt, "The ", "the prompt's trailing space survives the file");
+  /* another model set after resolving: the dimensions printed are its own
+   * again (the set ones), not the stale preset's */
+  cr_assert_eq(config_set(&c, "model", "small"), 0);
+  f = fopen(path, "w");
+  config_write(&c, f);
+  fclose(f);
+  free(text);
+  text = slurp(path);
+  cr_assert(strstr(text, "layers = 0\n"), "%s", text);
+  free(text);
+  free(path);
+}
+
+/* The command: `fsdp-train --print-config --model tiny` with no data file yet
+ * prints tiny's dimensions, and on stderr the note on what it fitted. */
+Test(config, fsdp_train_print_config) {
+  char out[16384];
+  cr_assert_eq(tu_run_bin("fsdp-train", "--print-config --model tiny --steps 5", out, sizeof out), 0,
+               "%s", out);
+  cr_assert(strstr(out, "layers = 2\n") && strstr(out, "channels = 64\n") &&
+            strstr(out, "seq_len = 64\n") && strstr(out, "warmup_steps = 5\n"), "%s", out);
+  cr_assert(strstr(out, "fsdp-train: note: seq_len = 64"), "%s", out);
+  cr_assert_eq(tu_run_bin("fsdp-train", "--print-config --model tiny --seq_len 256", out, sizeof out),
+               0, "printing a job does not check it: %s", out);
+  cr_assert(strstr(out, "seq_len = 256\n") && !strstr(out, "note:"), "%s", out);
+  cr_assert_eq(tu_run_bin("fsdp-train", "--print-config --model gpt2-9000b", out, sizeof out), 2);
+  cr_assert(strstr(out, "gpt2-9000b"), "%s", out);
 }
 
 Test(config, explicit_dimensions_override_the_preset) {
