@@ -19,16 +19,6 @@
 
 enum { OPT_HELP = 1, OPT_CONFIG, OPT_PRINT, OPT_PARAMS, OPT_KEY0 = 1000 };
 
-/* Says which defaults config_resolve fitted to the model and the run, once
- * per job: from a one-rank job, or from rank 0 of a sharded one (fsdp-launch
- * sets FSDP_RANK). On stderr, so --print-config's output stays a job file. */
-static void note_adjusted(const config_t *c) {
-  const char *rank = getenv("FSDP_RANK");
-  if (config_adjusted(c)[0] && (!rank || !strcmp(rank, "0")))
-    fprintf(stderr, "fsdp-train: note: %s; set an option explicitly to choose its value\n",
-            config_adjusted(c));
-}
-
 static void usage(FILE *out) {
   fprintf(out,
           "usage: fsdp-train [--config JOB.conf] [--KEY VALUE]...\n"
@@ -103,8 +93,10 @@ int main(int argc, char **argv) {
     fprintf(stderr, "fsdp-train: %s\n", err_msg());
     return 2;
   }
-  note_adjusted(&c);
-  if (print) {
+  if (print) { /* on stderr, so the output stays a job file (training prints it itself) */
+    if (config_adjusted(&c)[0])
+      fprintf(stderr, "fsdp-train: note: %s; set an option explicitly to choose its value\n",
+              config_adjusted(&c));
     config_write(&c, stdout);
     return 0;
   }

@@ -100,10 +100,18 @@ int train_open(train_t **out, const config_t *c, const train_opts_t *o) {
   t->cfg = *c;
   t->opts = o ? *o : (train_opts_t){0};
   t->res.eval_loss = NAN;
+  /* the defaults fitted to the model and the run: said by the caller's
+   * finish, or by this one when the caller did not finish its config */
+  char adjusted[sizeof c->adjusted];
+  snprintf(adjusted, sizeof adjusted, "%s", config_adjusted(c));
   c = &t->cfg;
   int rc;
   if ((rc = config_finish(&t->cfg)) || (rc = comm_boot_from_env(&t->boot))) goto fail;
   if (t->boot.rank != 0) t->opts.out = NULL;
+  if (!adjusted[0]) snprintf(adjusted, sizeof adjusted, "%s", config_adjusted(c));
+  if (t->opts.out && adjusted[0])
+    fprintf(t->opts.out, "train: note: %s; set an option explicitly to choose its value\n",
+            adjusted);
   mem_run_begin(); /* the run's report counts this run, whatever the process held before */
   t->dev = device_open(c, t->boot.world);
   /* every rank plans the same job and refuses it alike, before connecting */
