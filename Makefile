@@ -42,12 +42,14 @@ TRAIN_SRCS  = daemon/train/gpt.c daemon/train/adamw.c \
               daemon/train/data.c daemon/train/config.c daemon/train/train.c \
               daemon/train/sample.c daemon/train/shard.c daemon/train/plan.c \
               daemon/train/fsdp.c daemon/train/device.c
+NODE_SRCS   = daemon/node/supervise.c
 COMM_SRCS   = daemon/comm/comm.c daemon/comm/boot.c daemon/comm/ring.c daemon/comm/ring_split.c daemon/comm/shm.c daemon/comm/cma.c daemon/comm/reg.c
-LIB_SRCS    = $(COMMON_SRCS) $(KERN_SRCS) $(TRAIN_SRCS) $(COMM_SRCS)
+LIB_SRCS    = $(COMMON_SRCS) $(KERN_SRCS) $(TRAIN_SRCS) $(COMM_SRCS) $(NODE_SRCS)
 LIB         = $(B)/libfsdp.a
 
 BINS  = bin/fsdp-train bin/fsdp-tokenize bin/fsdp-launch
-TESTS = err param kernels data gpt adamw config train sample shard launch plan comm fsdp fault reference
+TESTS = err param kernels data gpt adamw config train sample shard launch plan comm fsdp fault reference \
+        supervise
 TEST_BINS  = $(TESTS:%=$(B)/tests/test_%)
 BENCH_BINS = $(B)/bench/bench_gemm $(B)/bench/bench_train $(B)/bench/bench_comm $(B)/bench/bench_fsdp
 
@@ -75,13 +77,16 @@ bin/fsdp-tokenize: $(B)/client/tokenize.o $(LIB)
 	@mkdir -p bin
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
-bin/fsdp-launch: $(B)/client/launch.o
+bin/fsdp-launch: $(B)/daemon/node/launch.o $(LIB)
 	@mkdir -p bin
 	$(CC) $(LDFLAGS) $^ -o $@ -luv
 
 $(B)/tests/test_%: $(B)/tests/unit/test_%.o $(B)/tests/unit/testutil.o $(B)/tests/unit/refrun.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -lcriterion
+
+# the supervisor runs on libuv
+$(B)/tests/test_supervise: LDLIBS += -luv
 
 $(B)/%.o: %.cu | deps
 	@mkdir -p $(dir $@)
