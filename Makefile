@@ -73,7 +73,7 @@ bin/fsdp-train: $(B)/daemon/train/main.o $(LIB)
 	@mkdir -p bin
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
-bin/fsdp-tokenize: $(B)/client/tokenize.o $(LIB)
+bin/fsdp-tokenize: $(B)/daemon/train/tokenize.o $(LIB)
 	@mkdir -p bin
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
