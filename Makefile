@@ -48,9 +48,15 @@ LIB_SRCS    = $(COMMON_SRCS) $(KERN_SRCS) $(TRAIN_SRCS) $(COMM_SRCS) $(NODE_SRCS
 LIB         = $(B)/libfsdp.a
 
 BINS  = bin/fsdp-train bin/fsdp-tokenize bin/fsdp-launch
-TESTS = err param kernels data gpt adamw config train sample shard launch plan comm fsdp fault reference \
-        supervise
-TEST_BINS  = $(TESTS:%=$(B)/tests/test_%)
+# Unit tests (tests/unit: a module through its API) and end-to-end tests
+# (tests/e2e: the programs run as processes); test_bins names their binaries
+# under a build directory.
+UNIT_TESTS = err param kernels data gpt adamw config train sample shard plan comm fsdp reference \
+             supervise
+E2E_TESTS  = launch fault
+test_bins  = $(UNIT_TESTS:%=$(1)/tests/test_%) $(E2E_TESTS:%=$(1)/e2e/test_%)
+TEST_BINS  = $(call test_bins,$(B))
+TESTUTIL   = $(B)/tests/unit/testutil.o
 BENCH_BINS = $(B)/bench/bench_gemm $(B)/bench/bench_train $(B)/bench/bench_comm $(B)/bench/bench_fsdp
 
 .PHONY: all deps test test-san test-cuda fuzz fuzz-build bench demo clean
@@ -81,7 +87,11 @@ bin/fsdp-launch: $(B)/daemon/node/launch.o $(LIB)
 	@mkdir -p bin
 	$(CC) $(LDFLAGS) $^ -o $@ -luv
 
-$(B)/tests/test_%: $(B)/tests/unit/test_%.o $(B)/tests/unit/testutil.o $(B)/tests/unit/refrun.o $(LIB)
+$(B)/tests/test_%: $(B)/tests/unit/test_%.o $(TESTUTIL) $(B)/tests/unit/refrun.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -lcriterion
+
+$(B)/e2e/test_%: $(B)/tests/e2e/test_%.o $(TESTUTIL) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -lcriterion
 
@@ -144,8 +154,8 @@ test-cuda: $(CUDA_CHECKS)
 # The same tests built with AddressSanitizer and UBSan, in their own build dir.
 test-san: $(BINS)
 	$(MAKE) B=build-san OPT=-O1 EXTRA_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer" \
-	  EXTRA_LDFLAGS="-fsanitize=address,undefined" $(TESTS:%=build-san/tests/test_%)
-	ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp UBSAN_OPTIONS=halt_on_error=1 sh tests/run.sh $(TESTS:%=build-san/tests/test_%)
+	  EXTRA_LDFLAGS="-fsanitize=address,undefined" $(call test_bins,build-san)
+	ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp UBSAN_OPTIONS=halt_on_error=1 sh tests/run.sh $(call test_bins,build-san)
 
 bench: $(BINS) $(BENCH_BINS)
 	@BENCH_BUILD=$(B) sh tests/bench/run.sh

@@ -1,4 +1,4 @@
-/* Tests of fsdp-launch: what each rank is given (rank, world, addresses, a
+/* End-to-end tests of fsdp-launch, run as a program: what each rank is given (rank, world, addresses, a
  * bound listening socket), prefixed output, and supervision: one failing rank
  * stops the others within the grace period and nothing survives. Every test
  * is bounded (Criterion timeouts; the ranks' sleeps are ended by the launcher). */
@@ -6,21 +6,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "tests/unit/testutil.h"
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
-
 /* Runs fsdp-launch with args (shell words), output and errors into out. */
 static int launch(const char *args, char *out, size_t len, double *secs) {
-  double t0 = now_s();
+  double t0 = tu_now_s();
   int rc = tu_run_bin("fsdp-launch", args, out, len);
-  if (secs) *secs = now_s() - t0;
+  if (secs) *secs = tu_now_s() - t0;
   return rc;
 }
 
