@@ -1,9 +1,10 @@
 # fsdpd: one plain Makefile (see docs/ARCHITECTURE.md for what lives where).
 #
-#   make          build libraries and binaries (installs missing Debian packages)
-#   make test     build and run every test (make test-san: the same under ASan and UBSan)
-#   make bench    build and run the benchmarks (prints `bench:` lines)
-#   make demo     build, tokenize the demo corpus, train a small GPT on it
+#   make          build the programs in bin/ (installs missing build packages only)
+#   make test     also install what the tests need, build and run every test
+#                 (make test-san: the same under ASan and UBSan)
+#   make bench    also install what the benchmarks need, build and run them (`bench:` lines)
+#   make demo     also install the demo corpus, tokenize it, train a small GPT on it
 #
 # Objects go to build/, programs to bin/. CC, OPT and ARCH may be overridden.
 # -fno-math-errno: nothing reads errno after math calls, and it lets gcc
@@ -26,11 +27,20 @@ CUDA_LIB ?= $(dir $(NVCC))../lib64
 # nvcc compiles by default (fused multiply-adds) and with -fmad=false.
 CUDA_CHECKS = $(if $(wildcard $(NVCC)),$(B)/tests/cuda/kern_math_gpu $(B)/tests/cuda/kern_math_gpu_nofmad)
 
-# Debian packages the build, the tests, the benchmarks and the demo need.
-DEB_PKGS = build-essential pkg-config libdnnl-dev libinih-dev libcriterion-dev \
-           clang libclang-rt-14-dev libomp-14-dev \
-           libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libuv1-dev libsqlite3-dev \
-           python3 python3-numpy python3-torch libopenblas-dev libblis-dev fortunes
+# Debian packages, by what needs them; mk/deps.sh installs those missing.
+# Compiling and linking the programs:
+BUILD_PKGS = build-essential pkg-config libdnnl-dev libinih-dev libuv1-dev
+# The tests: Criterion; clang, its sanitizer and fuzzer runtimes and its OpenMP
+# for the fuzz build; PyTorch and numpy for the reference runs.
+TEST_PKGS  = libcriterion-dev clang libclang-rt-14-dev libomp-14-dev python3 python3-numpy python3-torch
+# The benchmarks: PyTorch for the peer runs, OpenBLAS and BLIS for the GEMM ceilings.
+BENCH_PKGS = python3 python3-numpy python3-torch libopenblas-dev libblis-dev
+# The demo's corpus.
+DEMO_PKGS  = fortunes
+# The control plane (coordinator, fsdpd, fsdpctl) will build with these; no
+# code does yet, so no target installs them: move them into BUILD_PKGS with
+# the first source that includes them.
+CONTROL_PKGS = libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libsqlite3-dev
 
 COMMON_SRCS = daemon/common/err.c daemon/common/log.c daemon/common/param.c daemon/common/mem.c
 KERN_SRCS   = kernels/cpu/backend.c kernels/cpu/encoder.c kernels/cpu/layernorm.c \
@@ -56,16 +66,28 @@ UNIT_TESTS = err param kernels data gpt adamw config train sample shard plan com
 E2E_TESTS  = launch fault
 test_bins  = $(UNIT_TESTS:%=$(1)/tests/test_%) $(E2E_TESTS:%=$(1)/e2e/test_%)
 TEST_BINS  = $(call test_bins,$(B))
-TESTUTIL   = $(B)/tests/unit/testutil.o
 BENCH_BINS = $(B)/bench/bench_gemm $(B)/bench/bench_train $(B)/bench/bench_comm $(B)/bench/bench_fsdp
+TESTUTIL   = $(B)/tests/unit/testutil.o
+# Test sources include Criterion's header: their objects wait for the test packages.
+TEST_OBJS  = $(patsubst %.c,$(B)/%.o,$(wildcard tests/unit/*.c tests/e2e/*.c tests/fuzz/*.c))
 
-.PHONY: all deps test test-san test-cuda fuzz fuzz-build bench demo clean
+.PHONY: all deps deps-test deps-bench deps-demo test test-san test-cuda fuzz fuzz-build bench demo clean
 # keep objects that pattern rules chain through (tests, bench) between runs
 .SECONDARY:
-all: $(BINS) $(TEST_BINS) $(BENCH_BINS) $(CUDA_CHECKS)
+all: $(BINS)
 
+# One step per package set; mk/deps.sh runs one apt-get at a time when make -j
+# (or a sub-make) reaches several at once.
 deps:
-	@sh mk/deps.sh $(DEB_PKGS)
+	@sh mk/deps.sh $(BUILD_PKGS)
+deps-test:
+	@sh mk/deps.sh $(TEST_PKGS)
+deps-bench:
+	@sh mk/deps.sh $(BENCH_PKGS)
+deps-demo:
+	@sh mk/deps.sh $(DEMO_PKGS)
+
+$(TEST_OBJS): | deps-test
 
 $(B)/%.o: %.c | deps
 	@mkdir -p $(dir $@)
@@ -121,7 +143,7 @@ FUZZ_SECONDS ?= 60
 FUZZ_RUNS    ?= 20000
 FUZZ_SAN     = -fsanitize=fuzzer-no-link,address,undefined -Wno-pass-failed
 
-fuzz-build:
+fuzz-build: deps-test
 	@$(MAKE) -s --no-print-directory B=build-fuzz CC=clang OPT=-O1 EXTRA_CFLAGS="$(FUZZ_SAN)" \
 	  $(FUZZ:%=build-fuzz/fuzz_%)
 
@@ -137,7 +159,7 @@ $(B)/bench/%: $(B)/tests/bench/%.o $(B)/tests/bench/benchutil.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -ldl
 
-test: $(BINS) $(TEST_BINS) $(CUDA_CHECKS) fuzz-build
+test: deps-test $(BINS) $(TEST_BINS) $(CUDA_CHECKS) fuzz-build
 	@for t in $(FUZZ); do rm -rf build-fuzz/run/$$t; mkdir -p build-fuzz/run/$$t; \
 	  build-fuzz/fuzz_$$t -seed=1 -runs=$(FUZZ_RUNS) build-fuzz/run/$$t tests/fuzz/corpus/$$t \
 	  >build-fuzz/fuzz_$$t.log 2>&1 || { tail -n 40 build-fuzz/fuzz_$$t.log; exit 1; }; \
@@ -152,15 +174,15 @@ test-cuda: $(CUDA_CHECKS)
 	@for t in $(CUDA_CHECKS); do $$t || exit 1; done
 
 # The same tests built with AddressSanitizer and UBSan, in their own build dir.
-test-san: $(BINS)
+test-san: deps-test $(BINS)
 	$(MAKE) B=build-san OPT=-O1 EXTRA_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer" \
 	  EXTRA_LDFLAGS="-fsanitize=address,undefined" $(call test_bins,build-san)
 	ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp UBSAN_OPTIONS=halt_on_error=1 sh tests/run.sh $(call test_bins,build-san)
 
-bench: $(BINS) $(BENCH_BINS)
+bench: deps-bench $(BINS) $(BENCH_BINS)
 	@BENCH_BUILD=$(B) sh tests/bench/run.sh
 
-demo: $(BINS)
+demo: deps-demo $(BINS)
 	@sh mk/demo.sh
 
 clean:
