@@ -31,8 +31,10 @@ CUDA_CHECKS = $(if $(wildcard $(NVCC)),$(B)/tests/cuda/kern_math_gpu $(B)/tests/
 # Compiling and linking the programs:
 BUILD_PKGS = build-essential pkg-config libdnnl-dev libinih-dev libuv1-dev
 # The tests: Criterion; clang, its sanitizer and fuzzer runtimes and its OpenMP
-# for the fuzz build; PyTorch and numpy for the reference runs.
-TEST_PKGS  = libcriterion-dev clang libclang-rt-14-dev libomp-14-dev python3 python3-numpy python3-torch
+# for the fuzz build; PyTorch and numpy for the reference runs; the demo
+# corpus (test_train learns it); pgrep (test_launch looks for survivors).
+TEST_PKGS  = libcriterion-dev clang libclang-rt-14-dev libomp-14-dev python3 python3-numpy python3-torch \
+             fortunes procps
 # The benchmarks: PyTorch for the peer runs, OpenBLAS and BLIS for the GEMM ceilings.
 BENCH_PKGS = python3 python3-numpy python3-torch libopenblas-dev libblis-dev
 # The demo's corpus.

@@ -78,7 +78,7 @@ void ref_run(const char *args) {
   cr_assert(rc == 0,
             "the PyTorch reference needs /usr/bin/python3 with torch and numpy, and "
             "`/usr/bin/python3 -c \"import torch, numpy\"` failed (status %d); install them "
-            "with `apt-get install python3-torch python3-numpy` (or `make deps`)", rc);
+            "with `apt-get install python3-torch python3-numpy` (or `make deps-test`)", rc);
   char script[1024];
   snprintf(script, sizeof script, "%s/tests/reference/gpt2_ref.py", tu_root());
   cr_assert(access(script, R_OK) == 0,
