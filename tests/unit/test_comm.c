@@ -814,9 +814,17 @@ static int shm_links_mapped(void) {
   return n;
 }
 
+/* FNV-1a's step taken on 8-byte words, then on the tail's bytes: byte by
+ * byte it spent a third of the transport comparison's CPU. Each step is a
+ * bijection of the state, so outputs differing in one word still differ. */
 static uint64_t fnv(uint64_t h, const void *p, size_t n) {
   const uint8_t *b = p;
-  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+  size_t i = 0;
+  for (uint64_t w; i + 8 <= n; i += 8) {
+    memcpy(&w, b + i, 8);
+    h = (h ^ w) * 0x100000001b3ull;
+  }
+  for (; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
   return h;
 }
 
