@@ -161,10 +161,13 @@ $(B)/bench/%: $(B)/tests/bench/%.o $(B)/tests/bench/benchutil.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -ldl
 
+# The fuzz targets' bounded runs go side by side (independent processes, one
+# thread each), then the test binaries one after another.
 test: deps-test $(BINS) $(TEST_BINS) $(CUDA_CHECKS) fuzz-build
-	@for t in $(FUZZ); do rm -rf build-fuzz/run/$$t; mkdir -p build-fuzz/run/$$t; \
-	  build-fuzz/fuzz_$$t -seed=1 -runs=$(FUZZ_RUNS) build-fuzz/run/$$t tests/fuzz/corpus/$$t \
-	  >build-fuzz/fuzz_$$t.log 2>&1 || { tail -n 40 build-fuzz/fuzz_$$t.log; exit 1; }; \
+	@for t in $(FUZZ); do rm -rf build-fuzz/run/$$t build-fuzz/fuzz_$$t.rc; mkdir -p build-fuzz/run/$$t; \
+	  { build-fuzz/fuzz_$$t -seed=1 -runs=$(FUZZ_RUNS) build-fuzz/run/$$t tests/fuzz/corpus/$$t \
+	    >build-fuzz/fuzz_$$t.log 2>&1; echo $$? >build-fuzz/fuzz_$$t.rc; } & done; wait; \
+	for t in $(FUZZ); do [ "$$(cat build-fuzz/fuzz_$$t.rc)" = 0 ] || { tail -n 40 build-fuzz/fuzz_$$t.log; exit 1; }; \
 	  echo "fuzz_$$t: $(FUZZ_RUNS) inputs, no crash"; done
 	@[ -n "$(CUDA_CHECKS)" ] || echo "note: $(NVCC) not found: the CUDA checks were not built"
 	@sh tests/run.sh $(TEST_BINS)
