@@ -115,7 +115,9 @@ static int launch_listen(int *port) {
 static int launch_spawn(launch_t *L, launch_rank_t *R, char **argv, const char *addrs) {
   char vrank[32], vworld[40], prefix[32];
   char *vaddrs = malloc(strlen(addrs) + 16);
-  if (!vaddrs) return err_set(FSDP_ENOMEM, "out of memory");
+  if (!vaddrs)
+    return err_set(FSDP_ENOMEM, "out of memory for its environment (%zu bytes of addresses)",
+                   strlen(addrs));
   snprintf(vrank, sizeof vrank, "FSDP_RANK=%d", R->rank);
   snprintf(vworld, sizeof vworld, "FSDP_WORLD_SIZE=%d", L->n);
   sprintf(vaddrs, "FSDP_ADDRS=%s", addrs);

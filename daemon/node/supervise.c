@@ -204,7 +204,8 @@ int supervise_spawn(supervise_t *s, const supervise_child_opts_t *o, int *pid) {
   char **env = o->env ? supervise_env(o->env) : NULL;
   if (!c || !prefix || (o->env && !env)) {
     free(c), free(prefix), free(env);
-    return err_set(FSDP_ENOMEM, "not starting %s: out of memory", o->argv[0]);
+    return err_set(FSDP_ENOMEM, "not starting %s: out of memory for its environment and relay",
+                   o->argv[0]);
   }
   *c = (supervise_child_t){.set = s, .prefix = prefix, .exit_cb = o->exit_cb, .arg = o->arg,
                            .open_handles = 3};
