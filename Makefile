@@ -1,9 +1,10 @@
 # fsdpd: one plain Makefile (see docs/ARCHITECTURE.md for what lives where).
 #
-#   make          build libraries and binaries (installs missing Debian packages)
-#   make test     build and run every test (make test-san: the same under ASan and UBSan)
-#   make bench    build and run the benchmarks (prints `bench:` lines)
-#   make demo     build, tokenize the demo corpus, train a small GPT on it
+#   make          build the programs in bin/ (installs missing build packages only)
+#   make test     also install what the tests need, build and run every test
+#                 (make test-san: the same under ASan and UBSan)
+#   make bench    also install what the benchmarks need, build and run them (`bench:` lines)
+#   make demo     also install the demo corpus, tokenize it, train a small GPT on it
 #
 # Objects go to build/, programs to bin/. CC, OPT and ARCH may be overridden.
 # -fno-math-errno: nothing reads errno after math calls, and it lets gcc
@@ -26,11 +27,22 @@ CUDA_LIB ?= $(dir $(NVCC))../lib64
 # nvcc compiles by default (fused multiply-adds) and with -fmad=false.
 CUDA_CHECKS = $(if $(wildcard $(NVCC)),$(B)/tests/cuda/kern_math_gpu $(B)/tests/cuda/kern_math_gpu_nofmad)
 
-# Debian packages the build, the tests, the benchmarks and the demo need.
-DEB_PKGS = build-essential pkg-config libdnnl-dev libinih-dev libcriterion-dev \
-           clang libclang-rt-14-dev libomp-14-dev \
-           libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libuv1-dev libsqlite3-dev \
-           python3 python3-numpy python3-torch libopenblas-dev libblis-dev fortunes
+# Debian packages, by what needs them; mk/deps.sh installs those missing.
+# Compiling and linking the programs:
+BUILD_PKGS = build-essential pkg-config libdnnl-dev libinih-dev libuv1-dev
+# The tests: Criterion; clang, its sanitizer and fuzzer runtimes and its OpenMP
+# for the fuzz build; PyTorch and numpy for the reference runs; the demo
+# corpus (test_train learns it); pgrep (test_launch looks for survivors).
+TEST_PKGS  = libcriterion-dev clang libclang-rt-14-dev libomp-14-dev python3 python3-numpy python3-torch \
+             fortunes procps
+# The benchmarks: PyTorch for the peer runs, OpenBLAS and BLIS for the GEMM ceilings.
+BENCH_PKGS = python3 python3-numpy python3-torch libopenblas-dev libblis-dev
+# The demo's corpus.
+DEMO_PKGS  = fortunes
+# The control plane (coordinator, fsdpd, fsdpctl) will build with these; no
+# code does yet, so no target installs them: move them into BUILD_PKGS with
+# the first source that includes them.
+CONTROL_PKGS = libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libsqlite3-dev
 
 COMMON_SRCS = daemon/common/err.c daemon/common/log.c daemon/common/param.c daemon/common/mem.c
 KERN_SRCS   = kernels/cpu/backend.c kernels/cpu/encoder.c kernels/cpu/layernorm.c \
@@ -42,22 +54,42 @@ TRAIN_SRCS  = daemon/train/gpt.c daemon/train/adamw.c \
               daemon/train/data.c daemon/train/config.c daemon/train/train.c \
               daemon/train/sample.c daemon/train/shard.c daemon/train/plan.c \
               daemon/train/fsdp.c daemon/train/device.c
+NODE_SRCS   = daemon/node/supervise.c
 COMM_SRCS   = daemon/comm/comm.c daemon/comm/boot.c daemon/comm/ring.c daemon/comm/ring_split.c daemon/comm/shm.c daemon/comm/cma.c daemon/comm/reg.c
-LIB_SRCS    = $(COMMON_SRCS) $(KERN_SRCS) $(TRAIN_SRCS) $(COMM_SRCS)
+LIB_SRCS    = $(COMMON_SRCS) $(KERN_SRCS) $(TRAIN_SRCS) $(COMM_SRCS) $(NODE_SRCS)
 LIB         = $(B)/libfsdp.a
 
 BINS  = bin/fsdp-train bin/fsdp-tokenize bin/fsdp-launch
-TESTS = err param kernels device boot data gpt adamw config train sample shard launch plan comm fsdp fault reference
-TEST_BINS  = $(TESTS:%=$(B)/tests/test_%)
+# Unit tests (tests/unit: a module through its API) and end-to-end tests
+# (tests/e2e: the programs run as processes); test_bins names their binaries
+# under a build directory.
+UNIT_TESTS = err param kernels device boot data gpt adamw config train sample shard plan comm fsdp reference \
+             supervise
+E2E_TESTS  = launch fault
+test_bins  = $(UNIT_TESTS:%=$(1)/tests/test_%) $(E2E_TESTS:%=$(1)/e2e/test_%)
+TEST_BINS  = $(call test_bins,$(B))
 BENCH_BINS = $(B)/bench/bench_gemm $(B)/bench/bench_train $(B)/bench/bench_comm $(B)/bench/bench_fsdp
+TESTUTIL   = $(B)/tests/unit/testutil.o
+# Test sources include Criterion's header: their objects wait for the test packages.
+TEST_OBJS  = $(patsubst %.c,$(B)/%.o,$(wildcard tests/unit/*.c tests/e2e/*.c tests/fuzz/*.c))
 
-.PHONY: all deps test test-san test-cuda fuzz fuzz-build bench demo clean
+.PHONY: all deps deps-test deps-bench deps-demo test test-san test-cuda fuzz fuzz-build bench demo clean
 # keep objects that pattern rules chain through (tests, bench) between runs
 .SECONDARY:
-all: $(BINS) $(TEST_BINS) $(BENCH_BINS) $(CUDA_CHECKS)
+all: $(BINS)
 
+# One step per package set; mk/deps.sh runs one apt-get at a time when make -j
+# (or a sub-make) reaches several at once.
 deps:
-	@sh mk/deps.sh $(DEB_PKGS)
+	@sh mk/deps.sh $(BUILD_PKGS)
+deps-test:
+	@sh mk/deps.sh $(TEST_PKGS)
+deps-bench:
+	@sh mk/deps.sh $(BENCH_PKGS)
+deps-demo:
+	@sh mk/deps.sh $(DEMO_PKGS)
+
+$(TEST_OBJS): | deps-test
 
 $(B)/%.o: %.c | deps
 	@mkdir -p $(dir $@)
@@ -71,17 +103,24 @@ bin/fsdp-train: $(B)/daemon/train/main.o $(LIB)
 	@mkdir -p bin
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
-bin/fsdp-tokenize: $(B)/client/tokenize.o $(LIB)
+bin/fsdp-tokenize: $(B)/daemon/train/tokenize.o $(LIB)
 	@mkdir -p bin
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
-bin/fsdp-launch: $(B)/client/launch.o
+bin/fsdp-launch: $(B)/daemon/node/launch.o $(LIB)
 	@mkdir -p bin
 	$(CC) $(LDFLAGS) $^ -o $@ -luv
 
-$(B)/tests/test_%: $(B)/tests/unit/test_%.o $(B)/tests/unit/testutil.o $(B)/tests/unit/refrun.o $(LIB)
+$(B)/tests/test_%: $(B)/tests/unit/test_%.o $(TESTUTIL) $(B)/tests/unit/refrun.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -lcriterion
+
+$(B)/e2e/test_%: $(B)/tests/e2e/test_%.o $(TESTUTIL) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -lcriterion
+
+# the supervisor runs on libuv
+$(B)/tests/test_supervise: LDLIBS += -luv
 
 $(B)/%.o: %.cu | deps
 	@mkdir -p $(dir $@)
@@ -106,7 +145,7 @@ FUZZ_SECONDS ?= 60
 FUZZ_RUNS    ?= 20000
 FUZZ_SAN     = -fsanitize=fuzzer-no-link,address,undefined -Wno-pass-failed
 
-fuzz-build:
+fuzz-build: deps-test
 	@$(MAKE) -s --no-print-directory B=build-fuzz CC=clang OPT=-O1 EXTRA_CFLAGS="$(FUZZ_SAN)" \
 	  $(FUZZ:%=build-fuzz/fuzz_%)
 
@@ -122,10 +161,13 @@ $(B)/bench/%: $(B)/tests/bench/%.o $(B)/tests/bench/benchutil.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -ldl
 
-test: $(BINS) $(TEST_BINS) $(CUDA_CHECKS) fuzz-build
-	@for t in $(FUZZ); do rm -rf build-fuzz/run/$$t; mkdir -p build-fuzz/run/$$t; \
-	  build-fuzz/fuzz_$$t -seed=1 -runs=$(FUZZ_RUNS) build-fuzz/run/$$t tests/fuzz/corpus/$$t \
-	  >build-fuzz/fuzz_$$t.log 2>&1 || { tail -n 40 build-fuzz/fuzz_$$t.log; exit 1; }; \
+# The fuzz targets' bounded runs go side by side (independent processes, one
+# thread each), then the test binaries one after another.
+test: deps-test $(BINS) $(TEST_BINS) $(CUDA_CHECKS) fuzz-build
+	@for t in $(FUZZ); do rm -rf build-fuzz/run/$$t build-fuzz/fuzz_$$t.rc; mkdir -p build-fuzz/run/$$t; \
+	  { build-fuzz/fuzz_$$t -seed=1 -runs=$(FUZZ_RUNS) build-fuzz/run/$$t tests/fuzz/corpus/$$t \
+	    >build-fuzz/fuzz_$$t.log 2>&1; echo $$? >build-fuzz/fuzz_$$t.rc; } & done; wait; \
+	for t in $(FUZZ); do [ "$$(cat build-fuzz/fuzz_$$t.rc)" = 0 ] || { tail -n 40 build-fuzz/fuzz_$$t.log; exit 1; }; \
 	  echo "fuzz_$$t: $(FUZZ_RUNS) inputs, no crash"; done
 	@[ -n "$(CUDA_CHECKS)" ] || echo "note: $(NVCC) not found: the CUDA checks were not built"
 	@sh tests/run.sh $(TEST_BINS)
@@ -137,15 +179,15 @@ test-cuda: $(CUDA_CHECKS)
 	@for t in $(CUDA_CHECKS); do $$t || exit 1; done
 
 # The same tests built with AddressSanitizer and UBSan, in their own build dir.
-test-san: $(BINS)
+test-san: deps-test $(BINS)
 	$(MAKE) B=build-san OPT=-O1 EXTRA_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer" \
-	  EXTRA_LDFLAGS="-fsanitize=address,undefined" $(TESTS:%=build-san/tests/test_%)
-	ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp UBSAN_OPTIONS=halt_on_error=1 sh tests/run.sh $(TESTS:%=build-san/tests/test_%)
+	  EXTRA_LDFLAGS="-fsanitize=address,undefined" $(call test_bins,build-san)
+	ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp UBSAN_OPTIONS=halt_on_error=1 sh tests/run.sh $(call test_bins,build-san)
 
-bench: $(BINS) $(BENCH_BINS)
+bench: deps-bench $(BINS) $(BENCH_BINS)
 	@BENCH_BUILD=$(B) sh tests/bench/run.sh
 
-demo: $(BINS)
+demo: deps-demo $(BINS)
 	@sh mk/demo.sh
 
 clean:

@@ -1,5 +1,7 @@
 #!/bin/sh
-# Installs the Debian packages fsdpd needs that this machine lacks.
+# Installs those of the given Debian packages that this machine lacks. The
+# Makefile calls it once per package set (build, test, bench, demo), so a plain
+# `make` installs only what compiling the programs needs.
 # Checks with dpkg-query (fast, no network) and calls apt-get only when something
 # is missing, with sudo when not root. Usage: mk/deps.sh [package...]
 set -eu

@@ -72,13 +72,10 @@ void ref_free(ref_file_t *rf) {
   free(rf->recs);
 }
 
-/* Runs the reference script with args; a failure carries the script's stderr. */
+/* Runs the reference script with args; a failure carries the script's stderr,
+ * or, when torch or numpy is what is missing, the command that installs them
+ * (asked only after a failure: importing torch takes seconds, once is enough). */
 void ref_run(const char *args) {
-  int rc = system("/usr/bin/python3 -c 'import torch, numpy' >/dev/null 2>&1");
-  cr_assert(rc == 0,
-            "the PyTorch reference needs /usr/bin/python3 with torch and numpy, and "
-            "`/usr/bin/python3 -c \"import torch, numpy\"` failed (status %d); install them "
-            "with `apt-get install python3-torch python3-numpy` (or `make deps`)", rc);
   char script[1024];
   snprintf(script, sizeof script, "%s/tests/reference/gpt2_ref.py", tu_root());
   cr_assert(access(script, R_OK) == 0,
@@ -88,8 +85,13 @@ void ref_run(const char *args) {
   char *cmd = malloc(n);
   cr_assert_not_null(cmd);
   snprintf(cmd, n, "/usr/bin/python3 '%s' %s 2>'%s'", script, args, errpath);
-  rc = system(cmd);
+  int rc = system(cmd);
   if (rc != 0) {
+    int imp = system("/usr/bin/python3 -c 'import torch, numpy' >/dev/null 2>&1");
+    cr_assert(imp == 0,
+              "the PyTorch reference needs /usr/bin/python3 with torch and numpy, and "
+              "`/usr/bin/python3 -c \"import torch, numpy\"` failed (status %d); install them "
+              "with `apt-get install python3-torch python3-numpy` (or `make deps-test`)", imp);
     /* the tail of stderr: a Python traceback ends with its reason */
     char msg[2048] = "";
     FILE *f = fopen(errpath, "r");

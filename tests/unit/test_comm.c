@@ -814,9 +814,17 @@ static int shm_links_mapped(void) {
   return n;
 }
 
+/* FNV-1a's step taken on 8-byte words, then on the tail's bytes: byte by
+ * byte it spent a third of the transport comparison's CPU. Each step is a
+ * bijection of the state, so outputs differing in one word still differ. */
 static uint64_t fnv(uint64_t h, const void *p, size_t n) {
   const uint8_t *b = p;
-  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+  size_t i = 0;
+  for (uint64_t w; i + 8 <= n; i += 8) {
+    memcpy(&w, b + i, 8);
+    h = (h ^ w) * 0x100000001b3ull;
+  }
+  for (; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
   return h;
 }
 
@@ -895,34 +903,42 @@ static void run_xport(int n, int tcp_rank, int copy_rank, int reg_rank, char has
   pid_t pids[MAXR];
   spawn(pids, n, child_xport, &a, sh, gs, 1);
   assert_children(sh, pids, n, 50);
-  for (int r = 0; r < n; r++) snprintf(hashes[r], 17, "%s", sh->s[r].msg);
+  for (int r = 0; r < n; r++) snprintf(hashes[r], 17, "%.16s", sh->s[r].msg);
 }
 
-Test(comm, shared_memory_tcp_and_mixed_rings_give_identical_bytes, .timeout = 180) {
-  for (int n = 2; n <= 3; n++) {
-    char cma[MAXR][17], copy[MAXR][17], tcp[MAXR][17], mixed[MAXR][17], mixed_cma[MAXR][17];
-    char reg[MAXR][17], mixed_reg[MAXR][17], reg_cma[MAXR][17];
-    run_xport(n, -1, -1, -1, cma);
-    run_xport(n, -1, MAXR, -1, copy);
-    run_xport(n, MAXR, -1, -1, tcp);
-    run_xport(n, 1, -1, -1, mixed);       /* rank 1 on TCP */
-    run_xport(n, -1, 1, -1, mixed_cma);   /* rank 1's links copy, the others' read */
-    run_xport(n, -1, MAXR, MAXR, reg);    /* registered buffers, read in place */
-    run_xport(n, -1, MAXR, 1, mixed_reg); /* rank 1's buffers registered, the others' not */
-    run_xport(n, -1, 1, 0, reg_cma);      /* rank 0 registered on CMA links, rank 1 copies */
-    for (int r = 0; r < n; r++) {
-      cr_expect_str_eq(reg[r], tcp[r], "%d ranks, rank %d: registered and TCP differ", n, r);
-      cr_expect_str_eq(mixed_reg[r], tcp[r], "%d ranks, rank %d: registered/plain and TCP differ",
-                       n, r);
-      cr_expect_str_eq(reg_cma[r], tcp[r], "%d ranks, rank %d: registered/CMA and TCP differ", n,
-                       r);
-      cr_expect_str_eq(cma[r], tcp[r], "%d ranks, rank %d: CMA and TCP outputs differ", n, r);
-      cr_expect_str_eq(copy[r], tcp[r], "%d ranks, rank %d: copying shm and TCP differ", n, r);
-      cr_expect_str_eq(mixed[r], tcp[r], "%d ranks, rank %d: shm/TCP mixed and TCP differ", n, r);
-      cr_expect_str_eq(mixed_cma[r], tcp[r], "%d ranks, rank %d: CMA/copy mixed and TCP differ",
-                       n, r);
-    }
+/* Every transport and mix of them gives the same bytes as TCP, n ranks (one
+ * test per n, so that Criterion runs them side by side). */
+static void compare_transports(int n) {
+  char cma[MAXR][17], copy[MAXR][17], tcp[MAXR][17], mixed[MAXR][17], mixed_cma[MAXR][17];
+  char reg[MAXR][17], mixed_reg[MAXR][17], reg_cma[MAXR][17];
+  run_xport(n, -1, -1, -1, cma);
+  run_xport(n, -1, MAXR, -1, copy);
+  run_xport(n, MAXR, -1, -1, tcp);
+  run_xport(n, 1, -1, -1, mixed);       /* rank 1 on TCP */
+  run_xport(n, -1, 1, -1, mixed_cma);   /* rank 1's links copy, the others' read */
+  run_xport(n, -1, MAXR, MAXR, reg);    /* registered buffers, read in place */
+  run_xport(n, -1, MAXR, 1, mixed_reg); /* rank 1's buffers registered, the others' not */
+  run_xport(n, -1, 1, 0, reg_cma);      /* rank 0 registered on CMA links, rank 1 copies */
+  for (int r = 0; r < n; r++) {
+    cr_expect_str_eq(reg[r], tcp[r], "%d ranks, rank %d: registered and TCP differ", n, r);
+    cr_expect_str_eq(mixed_reg[r], tcp[r], "%d ranks, rank %d: registered/plain and TCP differ",
+                     n, r);
+    cr_expect_str_eq(reg_cma[r], tcp[r], "%d ranks, rank %d: registered/CMA and TCP differ", n,
+                     r);
+    cr_expect_str_eq(cma[r], tcp[r], "%d ranks, rank %d: CMA and TCP outputs differ", n, r);
+    cr_expect_str_eq(copy[r], tcp[r], "%d ranks, rank %d: copying shm and TCP differ", n, r);
+    cr_expect_str_eq(mixed[r], tcp[r], "%d ranks, rank %d: shm/TCP mixed and TCP differ", n, r);
+    cr_expect_str_eq(mixed_cma[r], tcp[r], "%d ranks, rank %d: CMA/copy mixed and TCP differ",
+                     n, r);
   }
+}
+
+Test(comm, shared_memory_tcp_and_mixed_rings_give_identical_bytes_2_ranks, .timeout = 180) {
+  compare_transports(2);
+}
+
+Test(comm, shared_memory_tcp_and_mixed_rings_give_identical_bytes_3_ranks, .timeout = 180) {
+  compare_transports(3);
 }
 
 /* A rank killed mid-stream on shared-memory links: its neighbours sleep on

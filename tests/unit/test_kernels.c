@@ -38,6 +38,7 @@ static void setup(void) {
               (unsigned long long)seed);
   K = kern_cpu();
   cr_assert_not_null(K);
+  K->set_threads(2); /* the ops' splits across threads are part of what is checked */
 }
 
 /* Every buffer a test takes goes through tnew() and is freed after the test

@@ -33,7 +33,7 @@ Test(train, lr_schedule_warmup_then_cosine) {
 /* The demo corpus as a byte-level token file. */
 static char *demo_tokens(void) {
   FILE *f = fopen(DEMO_CORPUS, "rb");
-  cr_assert_not_null(f, "%s is missing: install the Debian package fortunes (make does)", DEMO_CORPUS);
+  cr_assert_not_null(f, "%s is missing: install the Debian package fortunes (make test does)", DEMO_CORPUS);
   static uint16_t tok[1 << 21];
   size_t n = 0;
   int ch;

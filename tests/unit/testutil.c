@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,28 @@
 #include <unistd.h>
 
 #include "daemon/common/rng.h"
+
+/* Every test process computes on one thread unless the environment says
+ * otherwise (FSDP_THREADS, OMP_NUM_THREADS) or the test sets its own
+ * (config threads, kern_cpu()->set_threads). Criterion runs two tests at once
+ * and many tests fork ranks, so a process that took every core for its own
+ * loops made the cores' threads spin against each other: that, not the
+ * work, was most of `make test`'s time. For the same reason the threads of
+ * a test that does take several sleep when they wait (OMP_WAIT_POLICY
+ * passive): spinning, the demo-corpus run of test_train took 8 s of CPU
+ * instead of 1.7 beside one other test. The variables also reach the
+ * programs and scripts the tests start (fsdp-train, PyTorch), and, set here
+ * in the binary, hold however it is run: make test, run.sh, or by hand.
+ * Criterion execs a fresh process per test, whose OpenMP runtime reads them
+ * as it starts; omp_set_num_threads covers this process. */
+__attribute__((constructor)) static void tu_one_thread(void) {
+  setenv("FSDP_THREADS", "1", 0);
+  setenv("OMP_WAIT_POLICY", "passive", 0);
+  if (!getenv("OMP_NUM_THREADS")) {
+    setenv("OMP_NUM_THREADS", "1", 1);
+    omp_set_num_threads(1);
+  }
+}
 
 uint64_t tu_rand_u64(uint64_t *s) { return rng_next(s); }
 

@@ -1,5 +1,7 @@
-/* testutil: small helpers shared by the unit tests (random fill, errors
- * against a float64 reference, temporary directories). */
+/* testutil: small helpers shared by the unit and end-to-end tests (random
+ * fill, errors against a float64 reference, temporary directories, rank
+ * processes). Linking it makes a test process compute on one thread unless
+ * the environment or the test says otherwise (testutil.c says why). */
 #ifndef FSDP_TESTUTIL_H
 #define FSDP_TESTUTIL_H
 

@@ -21,7 +21,10 @@
 #define TIMEOUT_MS 2000 /* FSDP_COMM_TIMEOUT_MS for the ranks */
 #define STR_(x) #x
 #define STR(x) STR_(x)
-#define BOUND_S (TIMEOUT_MS / 1000.0 + 1.0) /* the promise: timeout + 1 s */
+/* What the ring's failure handling promises (docs/ARCHITECTURE.md, daemon/comm):
+ * every other rank names a dead or stalled rank within the collective timeout
+ * + 1 s. */
+#define BOUND_S (TIMEOUT_MS / 1000.0 + 1.0)
 #define VICTIM 1
 
 static tu_world_t W;

@@ -1,26 +1,23 @@
-/* Tests of fsdp-launch: what each rank is given (rank, world, addresses, a
- * bound listening socket), prefixed output, and supervision: one failing rank
- * stops the others within the grace period and nothing survives. Every test
- * is bounded (Criterion timeouts; the ranks' sleeps are ended by the launcher). */
+/* End-to-end tests of fsdp-launch, run as a program: what each rank is given
+ * (rank, world, addresses, a bound listening socket), prefixed output, and
+ * supervision: one failing rank, or a signal to the launcher, stops the
+ * others within the grace period and nothing survives. Every test is bounded
+ * (Criterion timeouts; the ranks' sleeps are ended by the launcher). */
 #include <criterion/criterion.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+
+#include <sys/wait.h>
 
 #include "tests/unit/testutil.h"
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
-
 /* Runs fsdp-launch with args (shell words), output and errors into out. */
 static int launch(const char *args, char *out, size_t len, double *secs) {
-  double t0 = now_s();
+  double t0 = tu_now_s();
   int rc = tu_run_bin("fsdp-launch", args, out, len);
-  if (secs) *secs = now_s() - t0;
+  if (secs) *secs = tu_now_s() - t0;
   return rc;
 }
 
@@ -62,11 +59,18 @@ Test(launch, a_failing_rank_stops_the_others, .timeout = 30) {
   cr_assert(!survivors("31", "4159"), "a rank's child survived the launcher");
 }
 
+/* Rank 1 fails only once rank 0 ignores SIGTERM (a file says so; rank 1
+ * waits for it at most 10 s): failing at once, it could stop rank 0 before
+ * its trap was set. */
 Test(launch, a_rank_ignoring_sigterm_is_killed_after_the_grace, .timeout = 30) {
-  char out[16384];
+  char out[16384], args[1024], *ready = tu_path("rank0-ignores-term");
   double secs;
-  int rc = launch("-n 2 --grace 1 -- sh -c 'trap \"\" TERM; if [ \"$FSDP_RANK\" = 1 ]; then exit 4; fi; "
-                  "sleep 27.1828'", out, sizeof out, &secs);
+  snprintf(args, sizeof args,
+           "-n 2 --grace 1 -- sh -c 'if [ \"$FSDP_RANK\" = 1 ]; then "
+           "for i in $(seq 200); do [ -e %s ] && break; sleep 0.05; done; exit 4; fi; "
+           "trap \"\" TERM; touch %s; sleep 27.1828'", ready, ready);
+  int rc = launch(args, out, sizeof out, &secs);
+  free(ready);
   cr_assert_eq(rc, 1);
   cr_assert(strstr(out, "killing them") && strstr(out, "rank 0: killed by signal 9"), "%s", out);
   cr_assert(secs >= 1.0 && secs < 3.0, "killed after the 1 s grace, not before: %.2f s", secs);
@@ -82,5 +86,29 @@ Test(launch, bad_usage, .timeout = 10) {
   cr_assert_eq(launch("-n 2", out, sizeof out, NULL), 2);
   cr_assert(strstr(out, "no program"), "%s", out);
   cr_assert_eq(launch("-n 2 -- /nonexistent/prog", out, sizeof out, NULL), 1);
-  cr_assert(strstr(out, "cannot start rank 0") && strstr(out, "/nonexistent/prog"), "%s", out);
+  cr_assert(strstr(out, "rank 0: cannot start /nonexistent/prog"), "%s", out);
+}
+
+/* The launcher started the way a job's ranks are (testutil's world of one
+ * process), so the test can signal it; .fini ends whatever is left. */
+static tu_world_t W;
+
+static void kill_world(void) { tu_world_kill(&W); }
+
+Test(launch, a_signal_to_the_launcher_stops_every_rank, .timeout = 30, .fini = kill_world) {
+  tu_world_start(&W, 1, "fsdp-launch", "-n 2 -- sh -c 'echo up; sleep 16.1803 & wait'", NULL, NULL);
+  cr_assert_eq(tu_world_wait_lines(&W, 0, "[rank ", 2, 10), 0, "the ranks did not start:\n%s",
+               tu_world_output(&W, 0));
+  const double t0 = tu_now_s();
+  cr_assert_eq(kill(W.pid[0], SIGTERM), 0);
+  int left = tu_world_wait_exits(&W, -1, 10);
+  char *out = tu_world_output(&W, 0);
+  cr_assert_eq(left, 0, "the launcher still runs 10 s after SIGTERM:\n%s", out);
+  cr_expect(WIFEXITED(W.status[0]) && WEXITSTATUS(W.status[0]) == 1,
+            "a stopped job is a failure: status 0x%x\n%s", W.status[0], out);
+  cr_expect(strstr(out, "got Terminated") && strstr(out, "rank 0: killed by signal 15") &&
+            strstr(out, "rank 1: killed by signal 15"), "%s", out);
+  cr_expect_lt(W.exit_s[0] - t0, 5.0, "SIGTERM ends the ranks at once, not after the grace");
+  cr_expect(!survivors("16", "1803"), "a rank's child survived the launcher");
+  free(out);
 }

@@ -8,14 +8,12 @@
  * own listening socket, already bound, as file descriptor 3 (FSDP_LISTEN_FD=3),
  * so no port can be taken between choosing it and using it.
  *
- * Supervision: each rank runs in its own session (process group). The lines
- * it prints come out prefixed with "[rank R]". When a rank fails (non-zero exit
- * or a signal), or the launcher gets SIGINT or SIGTERM, every other rank's
- * group gets SIGTERM, and SIGKILL after the grace period; when a rank exits,
- * whatever it left in its group is killed. Nothing outlives the launcher.
- * Exit status: 0 when every rank exited 0, 1 when one failed, 2 on bad usage.
- *
- * Everything runs on one libuv loop: callbacks never block. */
+ * Supervision is supervise.h's (each rank in its own session, output lines
+ * prefixed "[rank R] ", a rank's group killed when it exits); the policy is
+ * this file's: when a rank fails (non-zero exit or a signal), or the launcher
+ * gets SIGINT or SIGTERM, the set is stopped (SIGTERM to every rank's group,
+ * SIGKILL after the grace period). Nothing outlives the launcher.
+ * Exit status: 0 when every rank exited 0, 1 when one failed, 2 on bad usage. */
 #include <errno.h>
 #include <getopt.h>
 #include <netinet/in.h>
@@ -27,41 +25,26 @@
 #include <unistd.h>
 #include <uv.h>
 
-extern char **environ;
-
-#define LAUNCH_LINE_MAX 4096
+#include "daemon/common/err.h"
+#include "daemon/node/supervise.h"
 
 typedef struct launch launch_t;
-
-/* One output stream of a rank, cut into lines for prefixing. */
-typedef struct launch_stream {
-  uv_pipe_t pipe;
-  FILE *to;
-  int rank;
-  size_t len;
-  char line[LAUNCH_LINE_MAX];
-} launch_stream_t;
 
 typedef struct launch_rank {
   launch_t *L;
   int rank;
   int listen_fd;
-  uv_process_t proc;
-  launch_stream_t out, err;
-  int running;
   int64_t status;
   int term_signal;
 } launch_rank_t;
 
 struct launch {
   uv_loop_t loop;
+  supervise_t *set;
   int n;
   launch_rank_t *ranks;
-  int running;
-  int stopping;
-  int failed;          /* first rank that failed, -1 if none */
+  int failed; /* first rank that failed, n for a signal, -1 if none */
   double grace_s;
-  uv_timer_t grace;
   uv_signal_t sigint, sigterm;
 };
 
@@ -73,81 +56,28 @@ static void launch_usage(FILE *f) {
              "FSDP_WORLD_SIZE, FSDP_ADDRS and FSDP_LISTEN_FD=3 (its bound listening socket).\n");
 }
 
-static void launch_flush_line(launch_stream_t *s) {
-  fprintf(s->to, "[rank %d] %.*s\n", s->rank, (int)s->len, s->line);
-  fflush(s->to);
-  s->len = 0;
-}
-
-static void launch_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
-  (void)h;
-  static char slab[65536]; /* one loop thread, and read_cb consumes it at once */
-  (void)suggested;
-  *buf = uv_buf_init(slab, sizeof slab);
-}
-
-static void launch_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
-  launch_stream_t *s = st->data;
-  if (nread < 0) { /* EOF or error: the last partial line, then close */
-    if (s->len) launch_flush_line(s);
-    uv_close((uv_handle_t *)st, NULL);
-    return;
-  }
-  for (ssize_t i = 0; i < nread; i++) {
-    char c = buf->base[i];
-    if (c == '\n') {
-      launch_flush_line(s);
-    } else {
-      s->line[s->len++] = c;
-      if (s->len == sizeof s->line) launch_flush_line(s); /* an endless line: cut it */
-    }
-  }
-}
-
-/* Signals every rank's process group that is still running. */
-static void launch_signal_all(launch_t *L, int sig) {
-  for (int r = 0; r < L->n; r++)
-    if (L->ranks[r].running) uv_kill(-L->ranks[r].proc.pid, sig);
-}
-
-static void launch_grace_cb(uv_timer_t *t) {
-  launch_t *L = t->data;
-  if (L->running) {
-    fprintf(stderr, "fsdp-launch: %d rank(s) still running after %.1f s: killing them\n",
-            L->running, L->grace_s);
-    launch_signal_all(L, SIGKILL);
-  }
-}
-
 static void launch_stop(launch_t *L, const char *why) {
-  if (L->stopping) return;
-  L->stopping = 1;
-  if (L->running) {
+  if (supervise_stopping(L->set)) return;
+  if (supervise_running(L->set))
     fprintf(stderr, "fsdp-launch: %s; stopping the other ranks (SIGTERM, SIGKILL after %.1f s)\n",
             why, L->grace_s);
-    launch_signal_all(L, SIGTERM);
-    uv_timer_start(&L->grace, launch_grace_cb, (uint64_t)(L->grace_s * 1000), 0);
-  }
+  supervise_stop(L->set, L->grace_s);
 }
 
-static void launch_close_loop_handles(launch_t *L) {
-  uv_timer_stop(&L->grace);
-  uv_close((uv_handle_t *)&L->grace, NULL);
-  uv_close((uv_handle_t *)&L->sigint, NULL);
-  uv_close((uv_handle_t *)&L->sigterm, NULL);
+static void launch_kill_cb(supervise_t *s, void *arg, int running) {
+  launch_t *L = arg;
+  (void)s;
+  fprintf(stderr, "fsdp-launch: %d rank(s) still running after %.1f s: killing them\n", running,
+          L->grace_s);
 }
 
-static void launch_exit_cb(uv_process_t *p, int64_t status, int term_signal) {
-  launch_rank_t *R = p->data;
+static void launch_exit_cb(supervise_t *s, void *arg, int64_t status, int term_signal) {
+  launch_rank_t *R = arg;
   launch_t *L = R->L;
-  R->running = 0;
+  (void)s;
   R->status = status;
   R->term_signal = term_signal;
-  L->running--;
-  /* whatever the rank started in its session goes with it */
-  uv_kill(-p->pid, SIGKILL);
-  uv_close((uv_handle_t *)p, NULL);
-  if ((status || term_signal) && !L->stopping) {
+  if ((status || term_signal) && !supervise_stopping(L->set)) {
     char why[128];
     if (term_signal)
       snprintf(why, sizeof why, "rank %d was killed by signal %d (%s)", R->rank, term_signal,
@@ -157,7 +87,6 @@ static void launch_exit_cb(uv_process_t *p, int64_t status, int term_signal) {
     L->failed = R->rank;
     launch_stop(L, why);
   }
-  if (!L->running) launch_close_loop_handles(L);
 }
 
 static void launch_signal_cb(uv_signal_t *h, int sig) {
@@ -184,66 +113,21 @@ static int launch_listen(int *port) {
 }
 
 static int launch_spawn(launch_t *L, launch_rank_t *R, char **argv, const char *addrs) {
-  size_t nenv = 0;
-  while (environ[nenv]) nenv++;
-  char **env = calloc(nenv + 5, sizeof *env);
-  char vrank[32], vworld[40], vfd[32];
+  char vrank[32], vworld[40], prefix[32];
   char *vaddrs = malloc(strlen(addrs) + 16);
-  if (!env || !vaddrs) {
-    free(env);
-    free(vaddrs);
-    return UV_ENOMEM;
-  }
-  size_t k = 0;
-  for (size_t i = 0; i < nenv; i++) /* ours replace any inherited values */
-    if (strncmp(environ[i], "FSDP_RANK=", 10) && strncmp(environ[i], "FSDP_WORLD_SIZE=", 16) &&
-        strncmp(environ[i], "FSDP_ADDRS=", 11) && strncmp(environ[i], "FSDP_LISTEN_FD=", 15))
-      env[k++] = environ[i];
+  if (!vaddrs)
+    return err_set(FSDP_ENOMEM, "out of memory for its environment (%zu bytes of addresses)",
+                   strlen(addrs));
   snprintf(vrank, sizeof vrank, "FSDP_RANK=%d", R->rank);
   snprintf(vworld, sizeof vworld, "FSDP_WORLD_SIZE=%d", L->n);
-  snprintf(vfd, sizeof vfd, "FSDP_LISTEN_FD=3");
   sprintf(vaddrs, "FSDP_ADDRS=%s", addrs);
-  env[k++] = vrank;
-  env[k++] = vworld;
-  env[k++] = vaddrs;
-  env[k++] = vfd;
-
-  uv_stdio_container_t stdio[4];
-  launch_stream_t *streams[2] = {&R->out, &R->err};
-  for (int i = 0; i < 2; i++) {
-    uv_pipe_init(&L->loop, &streams[i]->pipe, 0);
-    streams[i]->pipe.data = streams[i];
-    streams[i]->rank = R->rank;
-    streams[i]->to = i ? stderr : stdout;
-    stdio[1 + i].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
-    stdio[1 + i].data.stream = (uv_stream_t *)&streams[i]->pipe;
-  }
-  stdio[0].flags = UV_IGNORE;
-  stdio[3].flags = UV_INHERIT_FD;
-  stdio[3].data.fd = R->listen_fd;
-  uv_process_options_t o = {
-      .exit_cb = launch_exit_cb,
-      .file = argv[0],
-      .args = argv,
-      .env = env,
-      .flags = UV_PROCESS_DETACHED, /* its own session: its group can be signalled whole */
-      .stdio_count = 4,
-      .stdio = stdio,
-  };
-  R->proc.data = R;
-  int rc = uv_spawn(&L->loop, &R->proc, &o);
-  free(env);
+  snprintf(prefix, sizeof prefix, "[rank %d] ", R->rank);
+  char *env[] = {vrank, vworld, vaddrs, "FSDP_LISTEN_FD=3", NULL};
+  const supervise_child_opts_t o = {.argv = argv, .env = env, .fds = &R->listen_fd, .nfds = 1,
+                                    .prefix = prefix, .exit_cb = launch_exit_cb, .arg = R};
+  int rc = supervise_spawn(L->set, &o, NULL);
   free(vaddrs);
-  if (rc) {
-    uv_close((uv_handle_t *)&R->out.pipe, NULL);
-    uv_close((uv_handle_t *)&R->err.pipe, NULL);
-    return rc;
-  }
-  R->running = 1;
-  L->running++;
-  uv_read_start((uv_stream_t *)&R->out.pipe, launch_alloc_cb, launch_read_cb);
-  uv_read_start((uv_stream_t *)&R->err.pipe, launch_alloc_cb, launch_read_cb);
-  return 0;
+  return rc;
 }
 
 int main(int argc, char **argv) {
@@ -288,7 +172,10 @@ int main(int argc, char **argv) {
 
   L.ranks = calloc((size_t)L.n, sizeof *L.ranks);
   char *addrs = calloc((size_t)L.n, 24);
-  if (!L.ranks || !addrs) return 1;
+  if (!L.ranks || !addrs) {
+    fprintf(stderr, "fsdp-launch: out of memory for %d ranks\n", L.n);
+    return 1;
+  }
   for (int r = 0; r < L.n; r++) {
     int port = 0;
     L.ranks[r] = (launch_rank_t){.L = &L, .rank = r, .listen_fd = launch_listen(&port)};
@@ -300,27 +187,34 @@ int main(int argc, char **argv) {
   }
 
   uv_loop_init(&L.loop);
-  uv_timer_init(&L.loop, &L.grace);
-  L.grace.data = &L;
-  uv_signal_init(&L.loop, &L.sigint);
-  uv_signal_init(&L.loop, &L.sigterm);
-  L.sigint.data = L.sigterm.data = &L;
-  uv_signal_start(&L.sigint, launch_signal_cb, SIGINT);
-  uv_signal_start(&L.sigterm, launch_signal_cb, SIGTERM);
-  for (int r = 0; r < L.n && !L.stopping; r++) {
-    int rc = launch_spawn(&L, &L.ranks[r], cmd, addrs);
-    if (rc) {
-      char why[256];
-      snprintf(why, sizeof why, "cannot start rank %d (%s): %s", r, cmd[0], uv_strerror(rc));
+  const supervise_opts_t so = {.kill_cb = launch_kill_cb, .arg = &L};
+  if (supervise_create(&L.set, &L.loop, &so)) {
+    fprintf(stderr, "fsdp-launch: %s\n", err_msg());
+    return 1;
+  }
+  /* unreferenced: the loop ends when the ranks are done, not when signals are */
+  uv_signal_t *sigs[2] = {&L.sigint, &L.sigterm};
+  const int signums[2] = {SIGINT, SIGTERM};
+  for (int i = 0; i < 2; i++) {
+    uv_signal_init(&L.loop, sigs[i]);
+    sigs[i]->data = &L;
+    uv_signal_start(sigs[i], launch_signal_cb, signums[i]);
+    uv_unref((uv_handle_t *)sigs[i]);
+  }
+  for (int r = 0; r < L.n && !supervise_stopping(L.set); r++) {
+    if (launch_spawn(&L, &L.ranks[r], cmd, addrs)) {
+      char why[1024];
+      snprintf(why, sizeof why, "rank %d: %s", r, err_msg());
       L.failed = r;
-      if (!L.running) fprintf(stderr, "fsdp-launch: %s\n", why);
+      if (!supervise_running(L.set)) fprintf(stderr, "fsdp-launch: %s\n", why);
       launch_stop(&L, why); /* stops what started; nothing more is spawned */
-      L.stopping = 1;
-      if (!L.running) launch_close_loop_handles(&L);
     }
   }
   for (int r = 0; r < L.n; r++) close(L.ranks[r].listen_fd); /* the ranks hold them now */
   uv_run(&L.loop, UV_RUN_DEFAULT);
+  for (int i = 0; i < 2; i++) uv_close((uv_handle_t *)sigs[i], NULL);
+  supervise_destroy(L.set);
+  uv_run(&L.loop, UV_RUN_DEFAULT); /* the close callbacks */
   uv_loop_close(&L.loop);
 
   int rc = 0;
