@@ -56,7 +56,7 @@
  *    non-temporal stores when the output outsizes the caches) or, in a
  *    reduction, adds its own values to the bytes where they lie in the link:
  *    no kernel copies, and the link stays in cache.
- *  - Records instead of bytes (cma.c), per op: the sender posts where the
+ *  - Records instead of bytes (rec.c), per op: the sender posts where the
  *    bytes it would have sent lie (its input, a block that already landed in
  *    its output, a staging slot) and the receiver copies them from there into
  *    their destination, or reduces them where they lie: one copy per byte
@@ -109,6 +109,7 @@
 #include <unistd.h>
 
 #include "daemon/comm/cma.h"
+#include "daemon/comm/rec.h"
 #include "daemon/comm/reg.h"
 #include "daemon/comm/ring.h"
 #include "daemon/comm/shm.h"
@@ -143,7 +144,7 @@ typedef struct {
 typedef struct {
   uint32_t magic, seq;
   uint8_t op, dtype, redop;
-  uint8_t xport; /* 1: this op's data follow as records (cma.c); not compared */
+  uint8_t xport; /* 1: this op's data follow as records (rec.c); not compared */
   int32_t root;
   uint64_t count;
   uint64_t pad2;
@@ -207,10 +208,10 @@ typedef struct ring {
   /* same-host links: the data (headers included) goes through these instead
    * of fd_next / fd_prev, which then carry only notices and liveness */
   comm_shm_link_t *shm_out, *shm_in;
-  int cma_out;          /* shm_out carries records for every op (CMA, cma.c) */
+  int cma_out;          /* shm_out carries records for every op (CMA, rec.c) */
   int reg_out;          /* the next rank maps this rank's registered segments */
-  comm_cma_rx_t cma_in; /* .link set: shm_in may carry records of the previous rank */
-  int cma_in_always;    /* ... and does for every op (CMA) */
+  comm_rec_rx_t rec_rx;  /* .link set: shm_in may carry records of the previous rank */
+  int cma_in;           /* ... and does for every op (CMA) */
   int reg_in;           /* this rank maps the previous rank's registered segments */
   atomic_ullong record_ops; /* ops whose data this rank sent as records (tests) */
   uint64_t cma_probe;   /* read by the next rank at bootstrap */
@@ -249,7 +250,7 @@ typedef struct {
   int hdr_in;         /* the previous rank's header arrived: it is at this op */
   char sig[160]; /* "all_reduce #3 (f32 count=100 sum)" */
   int nt;        /* the output outsizes the caches: written with kern.h copy_stream */
-  int rec_out, rec_in; /* this op's data go out / come in as records (cma.c) */
+  int rec_out, rec_in; /* this op's data go out / come in as records (rec.c) */
   comm_reg_seg_t seg[3]; /* rec_out on a registered link: the segments it sends from */
   int nseg;
 } ring_op_t;
@@ -534,7 +535,7 @@ static int ring_rec_failed(ring_t *r, ring_op_t *o, int k);
  * a byte of room, or a whole record when the op sends records. */
 static uint64_t ring_room_pos(const ring_t *r, const ring_op_t *o) {
   return comm_shm_tell(r->shm_out) - comm_shm_cap(r->shm_out) +
-         (o->rec_out ? COMM_CMA_RECORD_MAX : 1);
+         (o->rec_out ? COMM_REC_RECORD_MAX : 1);
 }
 
 /* Waits until the next rank can take data (want_send), the previous one has
@@ -625,7 +626,7 @@ static const comm_reg_seg_t *ring_seg_of(const ring_op_t *o, const void *p, size
 
 static ssize_t ring_send_some(ring_t *r, ring_op_t *o, const void *p, size_t n) {
   /* a dead next rank: ring_poll */
-  if (o->rec_out) return (ssize_t)comm_cma_post(r->shm_out, p, n, ring_seg_of(o, p, n));
+  if (o->rec_out) return (ssize_t)comm_rec_post(r->shm_out, p, n, ring_seg_of(o, p, n));
   if (r->shm_out) return (ssize_t)comm_shm_write(r->shm_out, p, n);
   ssize_t k = send(r->fd_next, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
   if (k >= 0) return k;
@@ -644,7 +645,7 @@ static ssize_t ring_send_some(ring_t *r, ring_op_t *o, const void *p, size_t n) 
 /* nt: p is the op's output and o->nt (kern.h copy_stream). */
 static ssize_t ring_recv_some(ring_t *r, ring_op_t *o, void *p, size_t n, int nt) {
   if (o->rec_in) {
-    ssize_t k = comm_cma_pull(&r->cma_in, p, n, nt);
+    ssize_t k = comm_rec_pull(&r->rec_rx, p, n, nt);
     return k >= 0 ? k : ring_rec_failed(r, o, (int)k);
   }
   /* a dead previous rank: ring_poll */
@@ -655,7 +656,7 @@ static ssize_t ring_recv_some(ring_t *r, ring_op_t *o, void *p, size_t n, int nt
   return ring_prev_closed(r, o, k == 0 ? 0 : errno);
 }
 
-/* A record of the previous rank could not be read (k: cma.c's -errno). */
+/* A record of the previous rank could not be read (k: rec.c's -errno). */
 static int ring_rec_failed(ring_t *r, ring_op_t *o, int k) {
   if (k == -ECANCELED)
     return ring_prev_gone(r, o, "failed during this collective", "it abandoned its link");
@@ -799,7 +800,7 @@ static ssize_t ring_view(ring_t *r, const ring_op_t *o, const void **p, size_t n
   if (!r->shm_in || koff % esz) return -1;
   size_t k;
   if (o->rec_in) {
-    ssize_t v = comm_cma_view(&r->cma_in, p, n);
+    ssize_t v = comm_rec_view(&r->rec_rx, p, n);
     if (v < 0) return -1;
     k = (size_t)v;
   } else {
@@ -814,7 +815,7 @@ static int ring_viewed(ring_t *r, ring_op_t *o, size_t k) {
     comm_shm_consume(r->shm_in, k);
     return 0;
   }
-  int rc = comm_cma_done(&r->cma_in, k);
+  int rc = comm_rec_done(&r->rec_rx, k);
   return rc < 0 ? ring_rec_failed(r, o, rc) : 0;
 }
 
@@ -845,7 +846,7 @@ static int ring_stream_rs(ring_t *r, ring_op_t *o, const uint8_t *own, const siz
   const size_t P = (maxlen + pe - 1) / pe * (size_t)S; /* pieces per stream */
   size_t ms = 0, moff = 0; /* send: piece, bytes of it sent */
   size_t kr = 0, koff = 0; /* receive: piece, bytes of it received (and reduced) */
-  /* CMA: a slot is refilled only once the next rank has read the piece sent
+  /* records: a slot is refilled only once the next rank has read the piece sent
    * from it (posted[slot]: the link position after that piece) */
   uint64_t posted[RING_SLOTS] = {0};
 #define PIECE_BLOCK(i, first) ((me - (int)((i) % (size_t)S) - (first) + 2 * N) % N)
@@ -888,7 +889,7 @@ static int ring_stream_rs(ring_t *r, ring_op_t *o, const uint8_t *own, const siz
          * slot */
         const uint8_t *mine = own + (boff[b] + kr / (size_t)S * pe) * esz, *from;
         size_t n = len - koff < r->chunk ? len - koff : r->chunk, e0 = koff / esz, e1;
-        size_t grain = !o->rec_in ? RING_RS_GRAIN : r->cma_in_always ? RING_RS_GRAIN_CMA : r->chunk;
+        size_t grain = !o->rec_in ? RING_RS_GRAIN : r->cma_in ? RING_RS_GRAIN_CMA : r->chunk;
         if (r->shm_in && n > grain) n = grain;
         ssize_t v = ring_view(r, o, (const void **)&from, n, koff, esz);
         size_t k = v > 0 ? (size_t)v : 0;
@@ -1001,7 +1002,7 @@ static int ring_run_op(ring_t *r, ring_op_t *o) {
   if (N > 1) { /* the header: both sides must be at the same collective */
     /* it goes as the link always carries data; what follows, as it says */
     o->rec_out = r->cma_out;
-    o->rec_in = r->cma_in_always;
+    o->rec_in = r->cma_in;
     int rec = r->cma_out || ring_op_registered(r, o);
     ring_hdr_t mine = {.magic = RING_HDR_MAGIC, .seq = o->seq, .op = (uint8_t)a->op,
                        .dtype = (uint8_t)a->dtype, .xport = (uint8_t)rec, .root = a->root,
@@ -1021,7 +1022,7 @@ static int ring_run_op(ring_t *r, ring_op_t *o) {
                      "collective header: the ranks' streams are out of step (a different count "
                      "in an earlier op?) or a stray process connected",
                      o->sig, me, r->base.name, r->rank_prev, r->addr_prev);
-    int rec_in = r->cma_in_always || (r->cma_in.link && theirs.xport == 1);
+    int rec_in = r->cma_in || (r->rec_rx.link && theirs.xport == 1);
     mine.xport = theirs.xport = 0;
     if (memcmp(&mine, &theirs, sizeof mine) != 0) {
       char ts[160];
@@ -1150,7 +1151,7 @@ static void ring_fail(ring_t *r, int rc) {
   snprintf(nt.msg, sizeof nt.msg, "%s", err_msg());
   ring_break(r, rc);
   /* Before the failure reaches the caller, who may then reuse the buffers the
-   * next rank could still be reading (CMA): it must not deliver those bytes. */
+   * next rank could still be reading (records): it must not deliver those bytes. */
   if (r->cma_out || r->reg_out) comm_shm_abandon(r->shm_out);
   /* A rank that read a notice already passed it on (notice_sent); others start one. */
   ring_send_notice(r, &nt);
@@ -1325,7 +1326,7 @@ static void ring_free(ring_t *r) {
   if (r->wake[0] >= 0) close(r->wake[0]);
   if (r->wake[1] >= 0) close(r->wake[1]);
   comm_reg_free(r->staging);
-  comm_reg_peer_close(r->cma_in.peer);
+  comm_reg_peer_close(r->rec_rx.peer);
   comm_shm_close(r->shm_in);
   comm_shm_close(r->shm_out);
   pthread_mutex_destroy(&r->mu);
@@ -1506,7 +1507,7 @@ static int ring_cma_accept(ring_t *r, const ring_shm_offer_t *theirs) {
 
 /* Consumer: whether the producer's registered segments can be mapped here
  * (its probe segment maps and holds its token); 1 and rx->peer, or 0. */
-static int ring_reg_accept(ring_t *r, const ring_shm_offer_t *theirs, comm_cma_rx_t *rx) {
+static int ring_reg_accept(ring_t *r, const ring_shm_offer_t *theirs, comm_rec_rx_t *rx) {
   if (!theirs->reg || param_comm_reg() == 0) return 0;
   if (!rx->peer && !(rx->peer = comm_reg_peer_open((pid_t)theirs->pid))) return 0;
   const uint8_t *m = comm_reg_peer_map(rx->peer, theirs->reg_id, theirs->reg_fd, 8);
@@ -1522,7 +1523,7 @@ static int ring_reg_accept(ring_t *r, const ring_shm_offer_t *theirs, comm_cma_r
 /* The last bootstrap step: each link becomes shared memory when its producer
  * could create one and its consumer could map it (same host, same /dev/shm,
  * FSDP_COMM_SHM not 0 on either side); otherwise it stays TCP. A shared link
- * carries records (cma.c) when the consumer could also read the producer's
+ * carries records (rec.c) when the consumer could also read the producer's
  * memory and FSDP_COMM_CMA is not 0 on either side. Every rank sends its
  * offer before reading, and offers and answers fit any socket buffer, so the
  * step cannot deadlock. */
@@ -1531,7 +1532,7 @@ static int ring_shm_negotiate(ring_t *r, int64_t deadline) {
   int want = param_comm_shm() != 0;
   ring_shm_offer_t mine = {.magic = RING_SHM_MAGIC}, theirs, ans;
   int cma_in = 0, reg_in = 0;
-  comm_cma_rx_t rx = {0};
+  comm_rec_rx_t rx = {0};
   comm_shm_link_t *out = NULL, *in = NULL;
   if (want) {
     int64_t bytes = param_comm_shm_bytes();
@@ -1592,8 +1593,8 @@ static int ring_shm_negotiate(ring_t *r, int64_t deadline) {
   if (cma_in || reg_in) {
     rx.link = in;
     rx.pid = (pid_t)theirs.pid;
-    r->cma_in = rx;
-    r->cma_in_always = cma_in;
+    r->rec_rx = rx;
+    r->cma_in = cma_in;
     r->reg_in = reg_in;
   } else {
     comm_reg_peer_close(rx.peer);
@@ -1758,7 +1759,7 @@ int comm_ring_create(const comm_ring_opts_t *o, comm_t **out) {
   LOG_DEBUG("comm", "group '%s': rank %d of %d connected (next %s over %s, prev %s over %s)",
             name, o->rank, o->size, r->addr_next,
             ring_xport_name(r->shm_out, r->cma_out, r->reg_out), r->addr_prev,
-            ring_xport_name(r->shm_in, r->cma_in_always, r->cma_in.link && !r->cma_in_always));
+            ring_xport_name(r->shm_in, r->cma_in, r->rec_rx.link && !r->cma_in));
   *out = &r->base;
   return 0;
 fail:
@@ -1781,7 +1782,7 @@ const char *comm_ring_self_addr(const comm_t *c) { return ((const ring_t *)c)->a
 
 int comm_ring_cma_links(const comm_t *c) {
   const ring_t *r = (const ring_t *)c;
-  return r->cma_out + r->cma_in_always;
+  return r->cma_out + r->cma_in;
 }
 
 int comm_ring_reg_links(const comm_t *c) {

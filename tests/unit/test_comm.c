@@ -21,7 +21,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "daemon/comm/cma.h"
 #include "daemon/comm/ring.h"
 #include "daemon/comm/reg.h"
 #include "daemon/common/err.h"
