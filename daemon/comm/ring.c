@@ -249,7 +249,8 @@ typedef struct {
   int64_t silence_ns; /* the next rank not heard from for longer: stopped or hung */
   int hdr_in;         /* the previous rank's header arrived: it is at this op */
   char sig[160]; /* "all_reduce #3 (f32 count=100 sum)" */
-  int nt;        /* the output outsizes the caches: written with kern.h copy_stream */
+  int uncached;  /* the output outsizes the caches: written with non-temporal stores
+                    (kern.h copy_stream), past them */
   int rec_out, rec_in; /* this op's data go out / come in as records (rec.c) */
   comm_reg_seg_t seg[3]; /* rec_out on a registered link: the segments it sends from */
   int nseg;
@@ -322,11 +323,11 @@ static void ring_tick(ring_t *r, int64_t now) {
   ring_tx_frame(r, &b, sizeof b);
 }
 
-static void ring_send_notice(ring_t *r, const ring_notice_t *nt) {
+static void ring_send_notice(ring_t *r, const ring_notice_t *note) {
   if (r->fd_prev < 0 || r->notice_sent) return;
   r->notice_sent = 1;
   /* behind at most a beat; what the socket cannot take now goes at the next ticks */
-  int rc = ring_tx_frame(r, nt, sizeof *nt);
+  int rc = ring_tx_frame(r, note, sizeof *note);
   comm_shm_kick(r->shm_in); /* the previous rank may sleep on that link: wake it to read this */
   if (rc < 0 || r->tx_len)
     LOG_DEBUG("comm", "group '%s' rank %d: could not pass a failure notice to rank %d%s",
@@ -359,12 +360,12 @@ static int ring_next_gone(ring_t *r, ring_op_t *o) {
 
 /* A notice from the next rank: this rank's failure, passed on unchanged so it
  * stays short and names the cause. */
-static int ring_take_notice(ring_t *r, ring_op_t *o, ring_notice_t *nt) {
+static int ring_take_notice(ring_t *r, ring_op_t *o, ring_notice_t *note) {
   char w[256];
-  nt->msg[sizeof nt->msg - 1] = 0;
+  note->msg[sizeof note->msg - 1] = 0;
   err_set(FSDP_EPEER, "%s: rank %d failed first: %s", ring_where(r, o, w, sizeof w),
-          (int)nt->origin, nt->msg);
-  ring_send_notice(r, nt);
+          (int)note->origin, note->msg);
+  ring_send_notice(r, note);
   return FSDP_EPEER;
 }
 
@@ -397,11 +398,11 @@ static int ring_hear(ring_t *r, ring_op_t *o, int need) {
         }
         if (r->rx_len - off < fl) break;
         if (m == RING_NOTICE_MAGIC) {
-          ring_notice_t nt;
-          memcpy(&nt, r->rx + off, sizeof nt);
+          ring_notice_t note;
+          memcpy(&note, r->rx + off, sizeof note);
           r->rx_len = 0;               /* a notice is the last frame: */
           r->next_end = RING_NEXT_BYE; /* nothing more to read, and its end is explained */
-          return ring_take_notice(r, o, &nt);
+          return ring_take_notice(r, o, &note);
         }
         if (m == RING_BYE_MAGIC) r->next_end = RING_NEXT_BYE;
         off += fl;
@@ -642,14 +643,14 @@ static ssize_t ring_send_some(ring_t *r, ring_op_t *o, const void *p, size_t n) 
                  o->sig, r->base.rank, r->base.name, r->rank_next, r->addr_next, strerror(e));
 }
 
-/* nt: p is the op's output and o->nt (kern.h copy_stream). */
-static ssize_t ring_recv_some(ring_t *r, ring_op_t *o, void *p, size_t n, int nt) {
+/* uncached: p is the op's output and o->uncached (kern.h copy_stream). */
+static ssize_t ring_recv_some(ring_t *r, ring_op_t *o, void *p, size_t n, int uncached) {
   if (o->rec_in) {
-    ssize_t k = comm_rec_pull(&r->rec_rx, p, n, nt);
+    ssize_t k = comm_rec_pull(&r->rec_rx, p, n, uncached);
     return k >= 0 ? k : ring_rec_failed(r, o, (int)k);
   }
   /* a dead previous rank: ring_poll */
-  if (r->shm_in) return (ssize_t)comm_shm_read(r->shm_in, p, n, nt);
+  if (r->shm_in) return (ssize_t)comm_shm_read(r->shm_in, p, n, uncached);
   ssize_t k = recv(r->fd_prev, p, n, MSG_DONTWAIT);
   if (k > 0) return k;
   if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
@@ -690,11 +691,11 @@ static int ring_prev_gone(ring_t *r, ring_op_t *o, const char *what, const char 
 
 /* ---- streams ---- */
 
-/* Outputs from this size up are streamed out (kern.h copy_stream): they would
+/* Outputs from this size up are written uncached (kern.h copy_stream): they would
  * not stay in the caches anyway, and skipping the read of every destination
  * line saves a third of the memory traffic; smaller ones stay cached for the
  * caller, who usually reads them next. */
-#define RING_NT_MIN ((size_t)8 << 20)
+#define RING_UNCACHED_MIN ((size_t)8 << 20)
 
 static size_t ring_out_bytes(const comm_args_t *a, int N) {
   size_t b = a->count * comm_dtype_size(a->dtype);
@@ -702,7 +703,7 @@ static size_t ring_out_bytes(const comm_args_t *a, int N) {
 }
 
 static void ring_copy_out(const ring_op_t *o, void *dst, const void *src, size_t n) {
-  if (o->nt) kern_cpu()->copy_stream(dst, src, n);
+  if (o->uncached) kern_cpu()->copy_stream(dst, src, n);
   else memcpy(dst, src, n);
 }
 
@@ -763,7 +764,7 @@ static int ring_stream_fwd(ring_t *r, ring_op_t *o, const ring_seg_t *ss, int ns
       while (roff == rs[ri].n) ri++, roff = 0;
       size_t n = rs[ri].n - roff;
       if (n > r->chunk) n = r->chunk;
-      ssize_t k = ring_recv_some(r, o, rs[ri].p + roff, n, o->nt);
+      ssize_t k = ring_recv_some(r, o, rs[ri].p + roff, n, o->uncached);
       if (k < 0) return (int)k;
       if (k > 0) recvd += (size_t)k, roff += (size_t)k, progress = 1;
     }
@@ -782,10 +783,10 @@ static int ring_stream_fwd(ring_t *r, ring_op_t *o, const ring_seg_t *ss, int ns
  * when div != 1 (the average's division happens before that one rounding);
  * a may be unaligned. The arithmetic is the CPU kernels' (kern.h). */
 static void ring_reduce(comm_dtype_t dt, void *dst, const void *a, const void *b, size_t n,
-                        float div, int stream) {
+                        float div, int uncached) {
   const kern_backend_t *k = kern_cpu();
-  if (dt == COMM_F32) k->reduce_f32(dst, a, b, n, div, stream);
-  else k->reduce_bf16(dst, a, b, n, div, stream);
+  if (dt == COMM_F32) k->reduce_f32(dst, a, b, n, div, uncached);
+  else k->reduce_bf16(dst, a, b, n, div, uncached);
 }
 
 /* The next bytes from the previous rank, readable in place (*p) when they
@@ -905,7 +906,7 @@ static int ring_stream_rs(ring_t *r, ring_op_t *o, const uint8_t *own, const siz
           ring_reduce(dt, slot + e0 * esz, from, mine + e0 * esz, e1 - e0, 1.0f, 0);
         else
           ring_reduce(dt, dst + (kr / (size_t)S * pe + e0) * esz, from, mine + e0 * esz,
-                      e1 - e0, div, o->nt);
+                      e1 - e0, div, o->uncached);
         if (in_link) {
           int rc = ring_viewed(r, o, k);
           if (rc < 0) return rc;
@@ -1143,18 +1144,18 @@ static void ring_break(ring_t *r, int rc) {
 
 static void ring_fail(ring_t *r, int rc) {
   /* thread, not under mu */
-  ring_notice_t nt;
-  memset(&nt, 0, sizeof nt);
-  nt.magic = RING_NOTICE_MAGIC;
-  nt.origin = r->base.rank;
-  nt.code = rc;
-  snprintf(nt.msg, sizeof nt.msg, "%s", err_msg());
+  ring_notice_t note;
+  memset(&note, 0, sizeof note);
+  note.magic = RING_NOTICE_MAGIC;
+  note.origin = r->base.rank;
+  note.code = rc;
+  snprintf(note.msg, sizeof note.msg, "%s", err_msg());
   ring_break(r, rc);
   /* Before the failure reaches the caller, who may then reuse the buffers the
    * next rank could still be reading (records): it must not deliver those bytes. */
   if (r->cma_out || r->reg_out) comm_shm_abandon(r->shm_out);
   /* A rank that read a notice already passed it on (notice_sent); others start one. */
-  ring_send_notice(r, &nt);
+  ring_send_notice(r, &note);
 }
 
 /* Between ops, every H (thread, not under mu): a beat, and the next rank's
@@ -1207,7 +1208,7 @@ static void *ring_thread(void *arg) {
     o.silence_ns = (o.timeout_ms / 2 > 4 * RING_BEAT_MS ? o.timeout_ms / 2 : 4 * RING_BEAT_MS) *
                    1000000;
     ring_sig(o.sig, sizeof o.sig, q->a.op, q->a.dtype, q->a.redop, q->a.root, q->a.count, q->seq);
-    o.nt = ring_out_bytes(&q->a, r->base.size) >= RING_NT_MIN;
+    o.uncached = ring_out_bytes(&q->a, r->base.size) >= RING_UNCACHED_MIN;
     int rc;
     if (atomic_load(&r->aborted))
       rc = err_set(FSDP_ECANCELED, "%s on rank %d of group '%s': the communicator was aborted",
