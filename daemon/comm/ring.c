@@ -185,6 +185,49 @@ _Static_assert(sizeof(ring_hdr_t) == 32, "wire header is 32 bytes");
 _Static_assert(sizeof(ring_beat_t) == 8, "beat is 8 bytes");
 _Static_assert(sizeof(ring_notice_t) == RING_MSG, "notice is 512 bytes");
 
+typedef struct ring ring_t;
+typedef struct ring_op ring_op_t;
+
+/* A transport: how an op's data move to the next rank (send, on the link
+ * out) and come from the previous one (recv, view, on the link in). One
+ * table per transport, after redis's ae_epoll.c / ae_kqueue.c behind ae.c:
+ * the bootstrap picks one per link (ring_t out, in: TCP, a copying
+ * shared-memory link, or one carrying records for every op), and an op
+ * whose data go as records over a shared-memory link takes the records'
+ * (ring_op_t out, in). The algorithms and the waits call these, never a
+ * transport directly. */
+typedef struct ring_link {
+  const char *name; /* in log lines */
+  /* 1: the data go through shared memory: a wait sleeps on the link's
+   * futexes (shm_out, shm_in), and the sockets carry only the reverse
+   * direction's frames and a peer's end. 0: through the socket, whose
+   * readiness poll() tells. */
+  int shared;
+  /* Bytes of room a send needs (shared links): a byte, or a whole record. */
+  size_t send_min;
+  /* Bytes a reduction takes from the link in one go, to add them while they
+   * are in cache (0: as many as came, up to a chunk). */
+  size_t grain;
+  /* Sends up to n bytes at p as far as the link takes them now: the bytes
+   * taken (0: none now), or a negative code naming the next rank. */
+  ssize_t (*send)(ring_t *r, ring_op_t *o, const void *p, size_t n);
+  /* Where the next rank must have consumed up to before this rank is done
+   * with the buffers it sent from so far (records name them), and whether it
+   * has; 0 and 1 where the bytes were copied. */
+  uint64_t (*posted)(const ring_t *r);
+  int (*consumed)(const ring_t *r, uint64_t pos);
+  /* Receives up to n bytes into p (uncached: as ring_op_t's): the bytes
+   * received (0: none yet), or a negative code naming the previous rank. */
+  ssize_t (*recv)(ring_t *r, ring_op_t *o, void *p, size_t n, int uncached);
+  /* The next bytes readable where they lie (*p): their length, at most n (0:
+   * none yet), or -1 when they must be received instead. Once used, they
+   * are passed with viewed: 0, or a negative code naming the previous rank. */
+  ssize_t (*view)(ring_t *r, const void **p, size_t n);
+  int (*viewed)(ring_t *r, ring_op_t *o, size_t k);
+} ring_link_t;
+
+static const ring_link_t ring_tcp_link, ring_shm_link, ring_rec_link, ring_rec_cma_link;
+
 typedef struct ring_req {
   comm_req_t base;
   struct ring *r;
@@ -196,7 +239,7 @@ typedef struct ring_req {
   struct ring_req *all_next; /* every live request, for destroy */
 } ring_req_t;
 
-typedef struct ring {
+struct ring {
   comm_t base;
   int fd_next, fd_prev; /* to rank+1, from rank-1 */
   int wake[2];          /* comm_abort -> the thread */
@@ -205,13 +248,14 @@ typedef struct ring {
   int64_t timeout_ms;
   size_t chunk, staging_bytes;
   uint8_t *staging;
+  /* how data move on each link, chosen at bootstrap: ring_tcp_link,
+   * ring_shm_link, or ring_rec_cma_link (records for every op, CMA) */
+  const ring_link_t *out, *in;
   /* same-host links: the data (headers included) goes through these instead
    * of fd_next / fd_prev, which then carry only notices and liveness */
   comm_shm_link_t *shm_out, *shm_in;
-  int cma_out;          /* shm_out carries records for every op (CMA, rec.c) */
   int reg_out;          /* the next rank maps this rank's registered segments */
-  comm_rec_rx_t rec_rx;  /* .link set: shm_in may carry records of the previous rank */
-  int cma_in;           /* ... and does for every op (CMA) */
+  comm_rec_rx_t rec_rx; /* .link set: shm_in may carry records of the previous rank */
   int reg_in;           /* this rank maps the previous rank's registered segments */
   atomic_ullong record_ops; /* ops whose data this rank sent as records (tests) */
   uint64_t cma_probe;   /* read by the next rank at bootstrap */
@@ -238,10 +282,11 @@ typedef struct ring {
   int next_end, next_errno; /* RING_NEXT_*; errno of a reset (0: end of stream) */
   int64_t heard_ns;         /* when bytes last came from the next rank */
   int64_t beat_ns, beat_due;
-} ring_t;
+};
 
-/* The op the thread is running: its deadline and names for messages. */
-typedef struct {
+/* The op the thread is running: its deadline, names for messages, and the
+ * transports its data take. */
+struct ring_op {
   ring_t *r;
   const comm_args_t *a;
   uint32_t seq;
@@ -251,10 +296,12 @@ typedef struct {
   char sig[160]; /* "all_reduce #3 (f32 count=100 sum)" */
   int uncached;  /* the output outsizes the caches: written with non-temporal stores
                     (kern.h copy_stream), past them */
-  int rec_out, rec_in; /* this op's data go out / come in as records (rec.c) */
-  comm_reg_seg_t seg[3]; /* rec_out on a registered link: the segments it sends from */
+  /* the links' own (ring_t out, in) for the header; for the data,
+   * ring_rec_link instead of ring_shm_link when they go as records */
+  const ring_link_t *out, *in;
+  comm_reg_seg_t seg[3]; /* records from registered memory: the segments it sends from */
   int nseg;
-} ring_op_t;
+};
 
 static int64_t ring_now_ns(void) {
   struct timespec ts;
@@ -527,39 +574,28 @@ static int ring_turn(ring_t *r, ring_op_t *o, int want_recv) {
 }
 
 static int ring_prev_closed(ring_t *r, ring_op_t *o, int e);
-static uint64_t ring_posted(const ring_t *r, const ring_op_t *o);
-static int ring_consumed(const ring_t *r, const ring_op_t *o, uint64_t pos);
-static int ring_prev_gone(ring_t *r, ring_op_t *o, const char *what, const char *why);
-static int ring_rec_failed(ring_t *r, ring_op_t *o, int k);
-
-/* The position the next rank must consume up to for this rank to post more:
- * a byte of room, or a whole record when the op sends records. */
-static uint64_t ring_room_pos(const ring_t *r, const ring_op_t *o) {
-  return comm_shm_tell(r->shm_out) - comm_shm_cap(r->shm_out) +
-         (o->rec_out ? COMM_REC_RECORD_MAX : 1);
-}
 
 /* Waits until the next rank can take data (want_send), the previous one has
  * sent some (want_recv), the next rank has consumed this rank's records up
  * to *reach (reach not NULL), the deadline, an abort or a notice, reading the
  * next rank's frames meanwhile. watch_next: this op still has data to send,
- * so the next rank closing or failing matters. On TCP it sleeps in poll()
- * until the next beat; when a link is shared memory, on its futexes in
- * slices of at most 10 ms (1 ms when the other side is TCP), looking at the
- * sockets (frames, a closed peer, a TCP side's readiness) between them, so a
- * dead peer is seen within a slice and a notice or an abort at once (their
- * senders kick the links). */
+ * so the next rank closing or failing matters. When both links are sockets
+ * it sleeps in poll() until the next beat; when one is shared memory, on its
+ * futexes in slices of at most 10 ms (1 ms when the other side is a socket
+ * it waits on), looking at the sockets (frames, a closed peer, a socket
+ * side's readiness) between them, so a dead peer is seen within a slice and
+ * a notice or an abort at once (their senders kick the links). */
 static int ring_poll_until(ring_t *r, ring_op_t *o, int want_send, int want_recv, int watch_next,
                            const uint64_t *reach) {
-  const int shm = r->shm_in || r->shm_out;
-  comm_shm_link_t *in = want_recv ? r->shm_in : NULL;
-  comm_shm_link_t *out = (want_send || reach) ? r->shm_out : NULL;
+  const int shm = o->in->shared || o->out->shared;
+  comm_shm_link_t *in = want_recv && o->in->shared ? r->shm_in : NULL;
+  comm_shm_link_t *out = (want_send || reach) && o->out->shared ? r->shm_out : NULL;
   uint64_t out_pos = 0;
   if (out) {
-    out_pos = want_send ? ring_room_pos(r, o) : *reach;
+    out_pos = want_send ? comm_shm_tell(out) - comm_shm_cap(out) + o->out->send_min : *reach;
     if (want_send && reach && (int64_t)(*reach - out_pos) < 0) out_pos = *reach;
   }
-  int tcp_send = want_send && !r->shm_out, tcp_recv = want_recv && !r->shm_in;
+  int sock_send = want_send && !o->out->shared, sock_recv = want_recv && !o->in->shared;
   int need = want_send || watch_next || reach;
   struct pollfd p[3];
   p[0].fd = r->wake[0];
@@ -572,8 +608,8 @@ static int ring_poll_until(ring_t *r, ring_op_t *o, int want_send, int want_recv
     if (rc < 0) return rc;
     if (need && r->next_end != RING_NEXT_OPEN) return ring_next_gone(r, o);
     int open = r->next_end == RING_NEXT_OPEN; /* frames may come */
-    p[1].fd = (open || tcp_send) ? r->fd_next : -1;
-    p[1].events = (short)((tcp_send ? POLLOUT : 0) | (open ? POLLIN : 0));
+    p[1].fd = (open || sock_send) ? r->fd_next : -1;
+    p[1].events = (short)((sock_send ? POLLOUT : 0) | (open ? POLLIN : 0));
     p[0].revents = p[1].revents = p[2].revents = 0;
     int64_t until = o->deadline_ns < r->beat_due ? o->deadline_ns : r->beat_due;
     int n = poll(p, 3, shm ? 0 : ring_ms_left(until));
@@ -586,7 +622,7 @@ static int ring_poll_until(ring_t *r, ring_op_t *o, int want_send, int want_recv
         continue; /* beats */
       }
       if (p[1].revents & POLLOUT) return 0;
-      if (p[2].revents && tcp_recv) return 0;
+      if (p[2].revents && sock_recv) return 0;
       if (p[2].revents) {
         if (comm_shm_readable(r->shm_in)) return 0; /* what it wrote before leaving */
         char b;
@@ -596,7 +632,7 @@ static int ring_poll_until(ring_t *r, ring_op_t *o, int want_send, int want_recv
     }
     if (!shm) continue; /* deadline or beat: ring_check */
     if ((in && comm_shm_readable(in)) || (out && comm_shm_reached(out, out_pos))) return 0;
-    int64_t slice = (tcp_send || tcp_recv || (!in && !out)) ? 1000000 : 10000000;
+    int64_t slice = (sock_send || sock_recv || (!in && !out)) ? 1000000 : 10000000;
     until = ring_now_ns() + slice;
     if (until > o->deadline_ns) until = o->deadline_ns;
     if (in || out) {
@@ -611,65 +647,8 @@ static int ring_poll_until(ring_t *r, ring_op_t *o, int want_send, int want_recv
 /* ring_poll_until for data: also watches the next rank while it still reads
  * this rank's records. */
 static int ring_poll(ring_t *r, ring_op_t *o, int want_send, int want_recv, int watch_next) {
-  watch_next |= !ring_consumed(r, o, ring_posted(r, o));
+  watch_next |= !o->out->consumed(r, o->out->posted(r));
   return ring_poll_until(r, o, want_send, want_recv, watch_next, NULL);
-}
-
-/* The registered segment of the op's that holds [p, p + n), or NULL. */
-static const comm_reg_seg_t *ring_seg_of(const ring_op_t *o, const void *p, size_t n) {
-  const uint8_t *q = p;
-  for (int i = 0; i < o->nseg; i++) {
-    const comm_reg_seg_t *g = &o->seg[i];
-    if (q >= g->base && q < g->base + g->bytes && n <= (size_t)(g->base + g->bytes - q)) return g;
-  }
-  return NULL;
-}
-
-static ssize_t ring_send_some(ring_t *r, ring_op_t *o, const void *p, size_t n) {
-  /* a dead next rank: ring_poll */
-  if (o->rec_out) return (ssize_t)comm_rec_post(r->shm_out, p, n, ring_seg_of(o, p, n));
-  if (r->shm_out) return (ssize_t)comm_shm_write(r->shm_out, p, n);
-  ssize_t k = send(r->fd_next, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
-  if (k >= 0) return k;
-  if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
-  int e = errno;
-  /* A notice explains more than a reset: read it when the next rank left one. */
-  int rc = ring_hear(r, o, 0);
-  if (rc < 0) return rc;
-  return err_set(FSDP_EPEER,
-                 "%s on rank %d of group '%s': sending to rank %d (%s) failed: %s: that rank "
-                 "exited, crashed or was killed; see its log, then restart the job from its last "
-                 "checkpoint",
-                 o->sig, r->base.rank, r->base.name, r->rank_next, r->addr_next, strerror(e));
-}
-
-/* uncached: p is the op's output and o->uncached (kern.h copy_stream). */
-static ssize_t ring_recv_some(ring_t *r, ring_op_t *o, void *p, size_t n, int uncached) {
-  if (o->rec_in) {
-    ssize_t k = comm_rec_pull(&r->rec_rx, p, n, uncached);
-    return k >= 0 ? k : ring_rec_failed(r, o, (int)k);
-  }
-  /* a dead previous rank: ring_poll */
-  if (r->shm_in) return (ssize_t)comm_shm_read(r->shm_in, p, n, uncached);
-  ssize_t k = recv(r->fd_prev, p, n, MSG_DONTWAIT);
-  if (k > 0) return k;
-  if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
-  return ring_prev_closed(r, o, k == 0 ? 0 : errno);
-}
-
-/* A record of the previous rank could not be read (k: rec.c's -errno). */
-static int ring_rec_failed(ring_t *r, ring_op_t *o, int k) {
-  if (k == -ECANCELED)
-    return ring_prev_gone(r, o, "failed during this collective", "it abandoned its link");
-  char why[RING_MSG];
-  if (k == -EACCES) snprintf(why, sizeof why, "mapping its buffer: %s", err_msg());
-  else snprintf(why, sizeof why, "process_vm_readv of its memory: %s", strerror(-k));
-  return ring_prev_gone(r, o, k == -ESRCH ? "is gone" : "could not be read", why);
-}
-
-/* The previous rank's connection ended (e: its errno, 0 for end of stream). */
-static int ring_prev_closed(ring_t *r, ring_op_t *o, int e) {
-  return ring_prev_gone(r, o, "closed its connection", e ? strerror(e) : "end of stream");
 }
 
 /* The previous rank left or failed: "rank N (addr) <what> (<why>)". */
@@ -689,6 +668,195 @@ static int ring_prev_gone(ring_t *r, ring_op_t *o, const char *what, const char 
                  o->sig, r->base.rank, r->base.name, r->rank_prev, r->addr_prev, what, why);
 }
 
+/* The previous rank's connection ended (e: its errno, 0 for end of stream). */
+static int ring_prev_closed(ring_t *r, ring_op_t *o, int e) {
+  return ring_prev_gone(r, o, "closed its connection", e ? strerror(e) : "end of stream");
+}
+
+/* ---- links: TCP ---- */
+
+static ssize_t tcp_send(ring_t *r, ring_op_t *o, const void *p, size_t n) {
+  ssize_t k = send(r->fd_next, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+  if (k >= 0) return k;
+  if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
+  int e = errno;
+  /* A notice explains more than a reset: read it when the next rank left one. */
+  int rc = ring_hear(r, o, 0);
+  if (rc < 0) return rc;
+  return err_set(FSDP_EPEER,
+                 "%s on rank %d of group '%s': sending to rank %d (%s) failed: %s: that rank "
+                 "exited, crashed or was killed; see its log, then restart the job from its last "
+                 "checkpoint",
+                 o->sig, r->base.rank, r->base.name, r->rank_next, r->addr_next, strerror(e));
+}
+
+static ssize_t tcp_recv(ring_t *r, ring_op_t *o, void *p, size_t n, int uncached) {
+  (void)uncached; /* the kernel copies */
+  ssize_t k = recv(r->fd_prev, p, n, MSG_DONTWAIT);
+  if (k > 0) return k;
+  if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+  return ring_prev_closed(r, o, k == 0 ? 0 : errno);
+}
+
+/* Bytes that crossed a socket are copies: nothing of this rank's is read later. */
+static uint64_t tcp_posted(const ring_t *r) {
+  (void)r;
+  return 0;
+}
+
+static int tcp_consumed(const ring_t *r, uint64_t pos) {
+  (void)r, (void)pos;
+  return 1;
+}
+
+static ssize_t tcp_view(ring_t *r, const void **p, size_t n) {
+  (void)r, (void)p, (void)n;
+  return -1; /* in the kernel's buffers: received, always */
+}
+
+static int tcp_viewed(ring_t *r, ring_op_t *o, size_t k) {
+  (void)r, (void)o, (void)k;
+  FSDP_ASSERT(!"a socket has nothing to view");
+  return 0;
+}
+
+static const ring_link_t ring_tcp_link = {
+    .name = "tcp",
+    .send_min = 1,
+    .send = tcp_send,
+    .posted = tcp_posted,
+    .consumed = tcp_consumed,
+    .recv = tcp_recv,
+    .view = tcp_view,
+    .viewed = tcp_viewed,
+};
+
+/* ---- links: shared memory, copying ---- */
+
+/* A dead peer shows on its socket, which the waits watch (ring_poll_until). */
+static ssize_t shm_send(ring_t *r, ring_op_t *o, const void *p, size_t n) {
+  (void)o;
+  return (ssize_t)comm_shm_write(r->shm_out, p, n);
+}
+
+static ssize_t shm_recv(ring_t *r, ring_op_t *o, void *p, size_t n, int uncached) {
+  (void)o;
+  return (ssize_t)comm_shm_read(r->shm_in, p, n, uncached);
+}
+
+/* The receiver copies out of the link: nothing of this rank's is read later. */
+static uint64_t shm_posted(const ring_t *r) {
+  (void)r;
+  return 0;
+}
+
+static int shm_consumed(const ring_t *r, uint64_t pos) {
+  (void)r, (void)pos;
+  return 1;
+}
+
+static ssize_t shm_view(ring_t *r, const void **p, size_t n) {
+  (void)n; /* all there is, up to the end of the buffer: the caller takes at most n */
+  return (ssize_t)comm_shm_view(r->shm_in, p);
+}
+
+static int shm_viewed(ring_t *r, ring_op_t *o, size_t k) {
+  (void)o;
+  comm_shm_consume(r->shm_in, k);
+  return 0;
+}
+
+static const ring_link_t ring_shm_link = {
+    .name = "shm",
+    .shared = 1,
+    .send_min = 1,
+    .grain = (size_t)64 << 10,
+    .send = shm_send,
+    .posted = shm_posted,
+    .consumed = shm_consumed,
+    .recv = shm_recv,
+    .view = shm_view,
+    .viewed = shm_viewed,
+};
+
+/* ---- links: records over shared memory (rec.c) ---- */
+
+/* The registered segment of the op's that holds [p, p + n), or NULL. */
+static const comm_reg_seg_t *rec_seg_of(const ring_op_t *o, const void *p, size_t n) {
+  const uint8_t *q = p;
+  for (int i = 0; i < o->nseg; i++) {
+    const comm_reg_seg_t *g = &o->seg[i];
+    if (q >= g->base && q < g->base + g->bytes && n <= (size_t)(g->base + g->bytes - q)) return g;
+  }
+  return NULL;
+}
+
+/* A record of the previous rank could not be read (k: rec.c's -errno). */
+static int rec_failed(ring_t *r, ring_op_t *o, int k) {
+  if (k == -ECANCELED)
+    return ring_prev_gone(r, o, "failed during this collective", "it abandoned its link");
+  char why[RING_MSG];
+  if (k == -EACCES) snprintf(why, sizeof why, "mapping its buffer: %s", err_msg());
+  else snprintf(why, sizeof why, "process_vm_readv of its memory: %s", strerror(-k));
+  return ring_prev_gone(r, o, k == -ESRCH ? "is gone" : "could not be read", why);
+}
+
+static ssize_t rec_send(ring_t *r, ring_op_t *o, const void *p, size_t n) {
+  return (ssize_t)comm_rec_post(r->shm_out, p, n, rec_seg_of(o, p, n));
+}
+
+static ssize_t rec_recv(ring_t *r, ring_op_t *o, void *p, size_t n, int uncached) {
+  ssize_t k = comm_rec_pull(&r->rec_rx, p, n, uncached);
+  return k >= 0 ? k : rec_failed(r, o, (int)k);
+}
+
+/* The next rank reads this rank's memory until it has consumed the records
+ * naming it. */
+static uint64_t rec_posted(const ring_t *r) { return comm_shm_tell(r->shm_out); }
+
+static int rec_consumed(const ring_t *r, uint64_t pos) {
+  return comm_shm_reached(r->shm_out, pos);
+}
+
+static ssize_t rec_view(ring_t *r, const void **p, size_t n) {
+  ssize_t v = comm_rec_view(&r->rec_rx, p, n);
+  return v < 0 ? -1 : v; /* an error shows again when the record is received */
+}
+
+static int rec_viewed(ring_t *r, ring_op_t *o, size_t k) {
+  int rc = comm_rec_done(&r->rec_rx, k);
+  return rc < 0 ? rec_failed(r, o, rc) : 0;
+}
+
+/* Records for the ops whose buffers are registered, on a copying link. */
+static const ring_link_t ring_rec_link = {
+    .name = "rec",
+    .shared = 1,
+    .send_min = COMM_REC_RECORD_MAX,
+    .send = rec_send,
+    .posted = rec_posted,
+    .consumed = rec_consumed,
+    .recv = rec_recv,
+    .view = rec_view,
+    .viewed = rec_viewed,
+};
+
+/* Records for every op (FSDP_COMM_CMA=1), read with process_vm_readv where
+ * not registered: a reduction takes more per call, since each costs a
+ * system call. */
+static const ring_link_t ring_rec_cma_link = {
+    .name = "shm+cma",
+    .shared = 1,
+    .send_min = COMM_REC_RECORD_MAX,
+    .grain = (size_t)256 << 10,
+    .send = rec_send,
+    .posted = rec_posted,
+    .consumed = rec_consumed,
+    .recv = rec_recv,
+    .view = rec_view,
+    .viewed = rec_viewed,
+};
+
 /* ---- streams ---- */
 
 /* Outputs from this size up are written uncached (kern.h copy_stream): they would
@@ -707,20 +875,10 @@ static void ring_copy_out(const ring_op_t *o, void *dst, const void *src, size_t
   else memcpy(dst, src, n);
 }
 
-/* Ops that send records only (0 elsewhere): where the next rank must have
- * consumed up to for this rank to be done with what it has posted so far. */
-static uint64_t ring_posted(const ring_t *r, const ring_op_t *o) {
-  return o->rec_out ? comm_shm_tell(r->shm_out) : 0;
-}
-
-static int ring_consumed(const ring_t *r, const ring_op_t *o, uint64_t pos) {
-  return !o->rec_out || comm_shm_reached(r->shm_out, pos);
-}
-
 /* Waits until the next rank has consumed what this rank posted up to pos: it
  * reads this rank's memory until then (records; at once elsewhere). */
 static int ring_wait_consumed(ring_t *r, ring_op_t *o, uint64_t pos) {
-  while (!ring_consumed(r, o, pos)) {
+  while (!o->out->consumed(r, pos)) {
     int rc = ring_poll_until(r, o, 0, 0, 1, &pos);
     if (rc < 0) return rc;
   }
@@ -755,7 +913,7 @@ static int ring_stream_fwd(ring_t *r, ring_op_t *o, const ring_seg_t *ss, int ns
       if (n > slim - sent) n = slim - sent;
       if (n > r->chunk) n = r->chunk;
       if (copy0 && si == 0 && n > RING_COPY_GRAIN) n = RING_COPY_GRAIN;
-      ssize_t k = ring_send_some(r, o, ss[si].p + soff, n);
+      ssize_t k = o->out->send(r, o, ss[si].p + soff, n);
       if (k < 0) return (int)k;
       if (k > 0 && copy0 && si == 0) ring_copy_out(o, copy0 + soff, ss[0].p + soff, (size_t)k);
       if (k > 0) sent += (size_t)k, soff += (size_t)k, progress = 1;
@@ -764,7 +922,7 @@ static int ring_stream_fwd(ring_t *r, ring_op_t *o, const ring_seg_t *ss, int ns
       while (roff == rs[ri].n) ri++, roff = 0;
       size_t n = rs[ri].n - roff;
       if (n > r->chunk) n = r->chunk;
-      ssize_t k = ring_recv_some(r, o, rs[ri].p + roff, n, o->uncached);
+      ssize_t k = o->in->recv(r, o, rs[ri].p + roff, n, o->uncached);
       if (k < 0) return (int)k;
       if (k > 0) recvd += (size_t)k, roff += (size_t)k, progress = 1;
     }
@@ -795,29 +953,15 @@ static void ring_reduce(comm_dtype_t dt, void *dst, const void *a, const void *b
  * record names. Their length, whole elements, at most n (0: none yet); -1
  * when they must be received into the slot instead (a partial element there,
  * one across the end of the link's buffer, a record read otherwise, an error
- * the receive then reports). Used, they are passed on with ring_viewed. */
+ * the receive then reports). Used, they are passed on with the link's viewed. */
 static ssize_t ring_view(ring_t *r, const ring_op_t *o, const void **p, size_t n, size_t koff,
                          size_t esz) {
-  if (!r->shm_in || koff % esz) return -1;
-  size_t k;
-  if (o->rec_in) {
-    ssize_t v = comm_rec_view(&r->rec_rx, p, n);
-    if (v < 0) return -1;
-    k = (size_t)v;
-  } else {
-    k = comm_shm_view(r->shm_in, p);
-  }
+  if (koff % esz) return -1;
+  ssize_t v = o->in->view(r, p, n);
+  if (v < 0) return -1;
+  size_t k = (size_t)v;
   if (k && k < esz) return -1;
   return (ssize_t)((k < n ? k : n) / esz * esz);
-}
-
-static int ring_viewed(ring_t *r, ring_op_t *o, size_t k) {
-  if (!o->rec_in) {
-    comm_shm_consume(r->shm_in, k);
-    return 0;
-  }
-  int rc = comm_rec_done(&r->rec_rx, k);
-  return rc < 0 ? ring_rec_failed(r, o, rc) : 0;
 }
 
 /* Ring reduce-scatter over blocks (offsets boff, lengths blen, in elements):
@@ -831,10 +975,6 @@ static int ring_viewed(ring_t *r, ring_op_t *o, size_t k) {
  * Piece i of either stream is (slice i / (N-1), step i % (N-1)); sent piece
  * i (step >= 1) is received piece i-1 plus this rank's values. */
 #define RING_SLOTS 4
-/* bytes taken from a shared-memory link, then reduced while in cache (a
- * process_vm_readv costs a system call: more per call) */
-#define RING_RS_GRAIN ((size_t)64 << 10)
-#define RING_RS_GRAIN_CMA ((size_t)256 << 10)
 static int ring_stream_rs(ring_t *r, ring_op_t *o, const uint8_t *own, const size_t *boff,
                           const size_t *blen, uint8_t *dst, comm_dtype_t dt, float div) {
   const int N = r->base.size, me = r->base.rank, S = N - 1;
@@ -866,12 +1006,12 @@ static int ring_stream_rs(ring_t *r, ring_op_t *o, const uint8_t *own, const siz
                                ? own + (boff[b] + ms / (size_t)S * pe) * esz
                                : r->staging + ((ms - 1) % RING_SLOTS) * slotb;
         size_t n = len - moff < r->chunk ? len - moff : r->chunk;
-        ssize_t k = ring_send_some(r, o, p + moff, n);
+        ssize_t k = o->out->send(r, o, p + moff, n);
         if (k < 0) return (int)k;
         moff += (size_t)k, progress |= k > 0;
       }
       if (moff == len) {
-        if (ms % (size_t)S) posted[(ms - 1) % RING_SLOTS] = ring_posted(r, o);
+        if (ms % (size_t)S) posted[(ms - 1) % RING_SLOTS] = o->out->posted(r);
         ms++, moff = 0, progress = 1;
       }
     }
@@ -879,7 +1019,7 @@ static int ring_stream_rs(ring_t *r, ring_op_t *o, const uint8_t *own, const siz
      * on (as piece kr-SLOTS+1); pieces of the last step are consumed at once */
     int slot_free = kr < P && (kr < RING_SLOTS || (kr - RING_SLOTS) % (size_t)S == (size_t)S - 1 ||
                                ms >= kr - RING_SLOTS + 2);
-    int slot_read = kr < P && ring_consumed(r, o, posted[kr % RING_SLOTS]);
+    int slot_read = kr < P && o->out->consumed(r, posted[kr % RING_SLOTS]);
     if (slot_free && slot_read) {
       int b = PIECE_BLOCK(kr, 2);
       size_t ne = PIECE_ELEMS(b, kr), len = ne * esz;
@@ -890,15 +1030,14 @@ static int ring_stream_rs(ring_t *r, ring_op_t *o, const uint8_t *own, const siz
          * slot */
         const uint8_t *mine = own + (boff[b] + kr / (size_t)S * pe) * esz, *from;
         size_t n = len - koff < r->chunk ? len - koff : r->chunk, e0 = koff / esz, e1;
-        size_t grain = !o->rec_in ? RING_RS_GRAIN : r->cma_in ? RING_RS_GRAIN_CMA : r->chunk;
-        if (r->shm_in && n > grain) n = grain;
+        if (o->in->grain && n > o->in->grain) n = o->in->grain;
         ssize_t v = ring_view(r, o, (const void **)&from, n, koff, esz);
         size_t k = v > 0 ? (size_t)v : 0;
         int in_link = v >= 0;
         if (in_link) {
           e1 = e0 + k / esz;
         } else {
-          ssize_t got = ring_recv_some(r, o, slot + koff, n, 0);
+          ssize_t got = o->in->recv(r, o, slot + koff, n, 0);
           if (got < 0) return (int)got;
           k = (size_t)got, from = slot + e0 * esz, e1 = (koff + k) / esz;
         }
@@ -908,7 +1047,7 @@ static int ring_stream_rs(ring_t *r, ring_op_t *o, const uint8_t *own, const siz
           ring_reduce(dt, dst + (kr / (size_t)S * pe + e0) * esz, from, mine + e0 * esz,
                       e1 - e0, div, o->uncached);
         if (in_link) {
-          int rc = ring_viewed(r, o, k);
+          int rc = o->in->viewed(r, o, k);
           if (rc < 0) return rc;
         }
         koff += k, progress |= k > 0;
@@ -1000,11 +1139,11 @@ static int ring_run_op(ring_t *r, ring_op_t *o) {
     if (rc == 0) rc = ring_silent(r, o);
     if (rc < 0) return rc;
   }
+  /* the header goes as the link always carries data; what follows, as it says */
+  o->out = r->out;
+  o->in = r->in;
   if (N > 1) { /* the header: both sides must be at the same collective */
-    /* it goes as the link always carries data; what follows, as it says */
-    o->rec_out = r->cma_out;
-    o->rec_in = r->cma_in;
-    int rec = r->cma_out || ring_op_registered(r, o);
+    int rec = o->out == &ring_rec_cma_link || ring_op_registered(r, o);
     ring_hdr_t mine = {.magic = RING_HDR_MAGIC, .seq = o->seq, .op = (uint8_t)a->op,
                        .dtype = (uint8_t)a->dtype, .xport = (uint8_t)rec, .root = a->root,
                        .count = a->count};
@@ -1023,7 +1162,7 @@ static int ring_run_op(ring_t *r, ring_op_t *o) {
                      "collective header: the ranks' streams are out of step (a different count "
                      "in an earlier op?) or a stray process connected",
                      o->sig, me, r->base.name, r->rank_prev, r->addr_prev);
-    int rec_in = r->cma_in || (r->rec_rx.link && theirs.xport == 1);
+    int rec_in = theirs.xport == 1 && r->rec_rx.link;
     mine.xport = theirs.xport = 0;
     if (memcmp(&mine, &theirs, sizeof mine) != 0) {
       char ts[160];
@@ -1035,14 +1174,15 @@ static int ring_run_op(ring_t *r, ring_op_t *o) {
                      "the same collectives, with the same sizes, in the same order",
                      r->base.name, me, o->sig, r->rank_prev, r->addr_prev, ts);
     }
-    o->rec_out = rec;
-    o->rec_in = rec_in;
+    /* a link that carries records for every op already does */
+    if (rec && o->out == &ring_shm_link) o->out = &ring_rec_link;
+    if (rec_in && o->in == &ring_shm_link) o->in = &ring_rec_link;
     if (rec) atomic_fetch_add(&r->record_ops, 1);
   }
   int rc = ring_run_data(r, o);
   /* records: the next rank reads this op's buffers until it has consumed
    * every one: the op is not over before */
-  if (rc == 0) rc = ring_wait_consumed(r, o, ring_posted(r, o));
+  if (rc == 0) rc = ring_wait_consumed(r, o, o->out->posted(r));
   return rc;
 }
 
@@ -1105,7 +1245,7 @@ static int ring_run_data(ring_t *r, ring_op_t *o) {
       }
       int rc = ring_stream_rs(r, o, a->send, boff, blen, out + boff[me] * esz, a->dtype, div);
       /* in place, the gather overwrites input the next rank may still read */
-      if (rc == 0) rc = ring_wait_consumed(r, o, ring_posted(r, o));
+      if (rc == 0) rc = ring_wait_consumed(r, o, o->out->posted(r));
       if (rc < 0) return rc;
       return ring_gather_blocks(r, o, out, boff, blen, esz, NULL);
     }
@@ -1153,7 +1293,7 @@ static void ring_fail(ring_t *r, int rc) {
   ring_break(r, rc);
   /* Before the failure reaches the caller, who may then reuse the buffers the
    * next rank could still be reading (records): it must not deliver those bytes. */
-  if (r->cma_out || r->reg_out) comm_shm_abandon(r->shm_out);
+  if (r->out == &ring_rec_cma_link || r->reg_out) comm_shm_abandon(r->shm_out);
   /* A rank that read a notice already passed it on (notice_sent); others start one. */
   ring_send_notice(r, &note);
 }
@@ -1589,13 +1729,13 @@ static int ring_shm_negotiate(ring_t *r, int64_t deadline) {
   }
   r->shm_out = out;
   r->shm_in = in;
-  r->cma_out = out && ans.cma == 1;
+  r->out = !out ? &ring_tcp_link : ans.cma == 1 ? &ring_rec_cma_link : &ring_shm_link;
+  r->in = !in ? &ring_tcp_link : cma_in ? &ring_rec_cma_link : &ring_shm_link;
   r->reg_out = out && ans.reg == 1;
   if (cma_in || reg_in) {
     rx.link = in;
     rx.pid = (pid_t)theirs.pid;
     r->rec_rx = rx;
-    r->cma_in = cma_in;
     r->reg_in = reg_in;
   } else {
     comm_reg_peer_close(rx.peer);
@@ -1683,9 +1823,6 @@ io_next:
                  me, r->base.name, r->rank_next, r->addr_next, strerror(-e));
 }
 
-static const char *ring_xport_name(const comm_shm_link_t *l, int cma, int reg) {
-  return !l ? "tcp" : cma && reg ? "shm+cma+reg" : cma ? "shm+cma" : reg ? "shm+reg" : "shm";
-}
 
 int comm_ring_create(const comm_ring_opts_t *o, comm_t **out) {
   *out = NULL;
@@ -1704,6 +1841,7 @@ int comm_ring_create(const comm_ring_opts_t *o, comm_t **out) {
   r->base.size = o->size;
   snprintf(r->base.name, sizeof r->base.name, "%s", name);
   r->fd_next = r->fd_prev = r->wake[0] = r->wake[1] = -1;
+  r->out = r->in = &ring_tcp_link; /* until the bootstrap finds better */
   pthread_mutex_init(&r->mu, NULL);
   pthread_cond_init(&r->cv, NULL);
   {
@@ -1757,10 +1895,9 @@ int comm_ring_create(const comm_ring_opts_t *o, comm_t **out) {
     goto fail;
   }
   r->thread_started = 1;
-  LOG_DEBUG("comm", "group '%s': rank %d of %d connected (next %s over %s, prev %s over %s)",
-            name, o->rank, o->size, r->addr_next,
-            ring_xport_name(r->shm_out, r->cma_out, r->reg_out), r->addr_prev,
-            ring_xport_name(r->shm_in, r->cma_in, r->rec_rx.link && !r->cma_in));
+  LOG_DEBUG("comm", "group '%s': rank %d of %d connected (next %s over %s%s, prev %s over %s%s)",
+            name, o->rank, o->size, r->addr_next, r->out->name, r->reg_out ? "+reg" : "",
+            r->addr_prev, r->in->name, r->reg_in ? "+reg" : "");
   *out = &r->base;
   return 0;
 fail:
@@ -1783,7 +1920,7 @@ const char *comm_ring_self_addr(const comm_t *c) { return ((const ring_t *)c)->a
 
 int comm_ring_cma_links(const comm_t *c) {
   const ring_t *r = (const ring_t *)c;
-  return r->cma_out + r->cma_in;
+  return (r->out == &ring_rec_cma_link) + (r->in == &ring_rec_cma_link);
 }
 
 int comm_ring_reg_links(const comm_t *c) {
