@@ -7,91 +7,9 @@
  * staging buffer for reductions (MEM_COMM), and a wake pipe that comm_abort
  * writes to. It does not own the caller's buffers.
  *
- * Wire, per op, on the forward direction (rank r -> r+1): a 32-byte header
- * (magic, sequence number, op, dtype, reduction, transport, root, count),
- * then the data as a byte stream (or records: below). reduce_scatter
- * streams N-1 blocks, each the previous rank's partial sum plus this rank's
- * contribution; all_gather streams N-1 blocks, each forwarded as soon as
- * its bytes arrive; all_reduce is one then the other on blocks of count/N
- * (the first count%N blocks one longer);
- * broadcast is a chain from the root. Sending is limited only by what has
- * been received and reduced, receiving by the staging room, so large buffers
- * stream with every link busy (send chunk k while reducing chunk k-1).
- *
- * The reverse direction (r -> r-1, on the same sockets) carries frames, each
- * opening with its own magic:
- *  - a beat (8 bytes), sent by the communication thread every H = min(100 ms,
- *    timeout / 10), idle or busy (the idle thread wakes every H; an op's waits
- *    never sleep past the next beat), so a rank in a long computation still
- *    beats, and a silent one is stopped or hung;
- *  - a failure notice (512 bytes: origin rank, code, message): when an op
- *    fails on a rank (timeout, dead or silent peer, divergence, abort), it
- *    sends one to its previous rank, which fails its own op with it (or, idle,
- *    breaks the communicator with it) and passes it on, so every rank learns
- *    within milliseconds which rank failed and why, rather than timing out;
- *  - a bye (8 bytes), from comm_destroy after a normal end.
- * A notice or a bye is a rank's last frame. So the next rank's stream ending
- * with neither means it died, and it died first (had it seen a failure
- * elsewhere it would have sent a notice): a rank whose previous rank closes
- * names the next one when that one died unannounced (the previous rank's
- * close is the echo), else waits up to 200 ms for its notice.
- * Liveness, while an op runs: a next rank not heard from (no bytes at all)
- * for over max(timeout / 2, 400 ms) fails the op naming it as stopped or
- * hung. Only rank s-1 hears from a stalled rank s, so it is the one to name
- * it, half a timeout in; its notice then travels back through every rank
- * before their own deadlines. Deadlines, for what beats cannot tell (a rank
- * alive but not at this collective): a rank that has not even received its
- * previous rank's header names that rank at once (it has not issued the
- * collective); any other (the previous rank is in the op but its data
- * stopped: it waits on someone further back) first waits a grace of
- * min(500 ms, timeout / 4) for a notice, which comes from further on and
- * knows more. Every socket wait is a poll() bounded by the op's deadline
- * and the next beat that also watches the wake pipe and the reverse
- * direction.
- *
- * Transport, per link, chosen at the end of the bootstrap:
- *  - TCP (another host, no shared /dev/shm, FSDP_COMM_SHM=0 on either end).
- *  - A shared-memory link (shm.c) carrying the same stream: the sender copies
- *    into it, the receiver copies out (straight into the output, with
- *    non-temporal stores when the output outsizes the caches) or, in a
- *    reduction, adds its own values to the bytes where they lie in the link:
- *    no kernel copies, and the link stays in cache.
- *  - Records instead of bytes (rec.c), per op: the sender posts where the
- *    bytes it would have sent lie (its input, a block that already landed in
- *    its output, a staging slot) and the receiver copies them from there into
- *    their destination, or reduces them where they lie: one copy per byte
- *    instead of two. An op goes as records when every buffer it sends from
- *    is registered memory (reg.c) and the receiver mapped this rank's probe
- *    segment at bootstrap (it then maps each segment a record names, once),
- *    or always on a link made with FSDP_COMM_CMA=1 on both ends whose
- *    receiver could read a word of the sender's memory at bootstrap
- *    (process_vm_readv for what is not registered). The header, sent the
- *    link's usual way, says which in its xport byte. Since the receiver reads
- *    the sender's buffers, a sender ends an op only once the receiver has
- *    consumed every record (the link's consumer position; bounded by the
- *    op's deadline like every wait), refills a staging slot only once the
- *    records naming it are consumed, and, when its op fails, abandons the
- *    link before the failure reaches its caller: the receiver checks that
- *    after every copy and fails its op rather than deliver bytes the caller
- *    may have reused (its error then names the rank that failed first, from
- *    the notice). A dead sender shows as ESRCH (CMA) or a closed socket and
- *    is named like one; a mapped segment stays readable after its owner's
- *    death. CMA is off by default: on the 2-core dev VM process_vm_readv
- *    pins every 4 KiB page of the source (~300 ns each) and copies at about
- *    half memcpy speed, so both collectives were slower than the copying
- *    link there (THP-backed buffers bring it level, not ahead).
- * On either shared-memory kind the sockets carry only the reverse direction's
- * frames and the end of a dead peer.
- *
- * Memory (MEM_COMM), per communicator of size > 1, as a function of the
- * tunables (comm_ring_buffer_bytes returns it, and plans mirror it):
- *   FSDP_COMM_STAGING_BYTES (rounded down to 4 bytes)
- *   + links * (192 + cap), cap = FSDP_COMM_SHM_BYTES rounded up to a power of
- *     two in [64 KiB, 1 GiB], links = 2 when FSDP_COMM_SHM != 0 (the link out
- *     and the link in; fewer when a neighbour is on another host), else 0.
- * A link that carries records has the same size (it is made before the
- * receiver is known to read the sender's memory); the staging is registered
- * memory (reg.c), accounted the same. */
+ * docs/RING.md describes the protocol: the wire format, the reverse
+ * direction and how a failed or stalled rank is named, the transports, and
+ * the memory formula (comm_ring_buffer_bytes). */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -1906,7 +1824,7 @@ fail:
   return rc;
 }
 
-/* The formula at the top of this file, with the default tunables (a link that
+/* docs/RING.md's memory formula, with the default tunables (a link that
  * stays TCP maps nothing, so this is the most a communicator holds). */
 static size_t comm_ring_buffer_bytes(int size) {
   if (size < 2) return 0;
