@@ -60,31 +60,20 @@ static int ring_rec_viewed(ring_t *r, ring_op_t *o, size_t k) {
   return rc < 0 ? ring_rec_failed(r, o, rc) : 0;
 }
 
+/* The two record tables differ in their name and grain only. */
+#define RING_REC_LINK_FNS                                                                \
+  .shared = 1, .send_min = COMM_REC_RECORD_MAX, .send = ring_rec_send,                   \
+  .posted = ring_rec_posted, .consumed = ring_rec_consumed, .recv = ring_rec_recv,       \
+  .view = ring_rec_view, .viewed = ring_rec_viewed
+
 /* Records for the ops whose buffers are registered, on a copying link. */
-const ring_link_t ring_rec_link = {
-    .name = "rec",
-    .shared = 1,
-    .send_min = COMM_REC_RECORD_MAX,
-    .send = ring_rec_send,
-    .posted = ring_rec_posted,
-    .consumed = ring_rec_consumed,
-    .recv = ring_rec_recv,
-    .view = ring_rec_view,
-    .viewed = ring_rec_viewed,
-};
+const ring_link_t ring_rec_link = {.name = "rec", RING_REC_LINK_FNS};
 
 /* Records for every op (FSDP_COMM_CMA=1), read with process_vm_readv where
  * not registered: a reduction takes more per call, since each costs a
  * system call. */
 const ring_link_t ring_rec_cma_link = {
     .name = "shm+cma",
-    .shared = 1,
-    .send_min = COMM_REC_RECORD_MAX,
     .grain = (size_t)256 << 10,
-    .send = ring_rec_send,
-    .posted = ring_rec_posted,
-    .consumed = ring_rec_consumed,
-    .recv = ring_rec_recv,
-    .view = ring_rec_view,
-    .viewed = ring_rec_viewed,
+    RING_REC_LINK_FNS,
 };

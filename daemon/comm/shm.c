@@ -1,4 +1,4 @@
-/* shm: the shared-memory byte stream behind ring.c's same-host links (see
+/* shm: the shared-memory byte stream behind the ring's same-host links (see
  * shm.h for the contract).
  *
  * Layout of the object: a 192-byte header (identity; the producer's position

@@ -1,6 +1,6 @@
 /* shm: a one-way byte stream through shared memory between two processes on
- * one host (ring.c's transport for a link whose ends share a host; NCCL's SHM
- * transport has the same shape). Internal to daemon/comm.
+ * one host (the ring's transport for a link whose ends share a host; NCCL's
+ * SHM transport has the same shape). Internal to daemon/comm.
  *
  * A link is a ring buffer of cap bytes in a POSIX shared-memory object, a
  * header holding the producer's and the consumer's positions, and two futex
@@ -12,8 +12,9 @@
  *
  * It carries bytes only (rec.c layers records that point into the producer's
  * memory on top): failures, liveness and aborts stay with the caller
- * (ring.c watches its TCP sockets between waits, comm_shm_wait sleeps at most
- * until the time it is given). One producer thread and one consumer thread. */
+ * (ring_live.c watches its TCP sockets between waits, comm_shm_wait sleeps
+ * at most until the time it is given). One producer thread and one consumer
+ * thread. */
 #ifndef FSDP_COMM_SHM_H
 #define FSDP_COMM_SHM_H
 
