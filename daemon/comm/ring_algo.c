@@ -306,6 +306,8 @@ int ring_algo_run(ring_t *r, ring_op_t *o) {
   o->out = r->out;
   o->in = r->in;
   if (N > 1) { /* the header: both sides must be at the same collective */
+    /* on a link that carries records for every op they name addresses, even
+     * in registered buffers (o->seg stays empty) */
     int rec = o->out == &ring_rec_cma_link || ring_algo_registered(r, o);
     ring_hdr_t mine = {.magic = RING_HDR_MAGIC, .seq = o->seq, .op = (uint8_t)a->op,
                        .dtype = (uint8_t)a->dtype, .xport = (uint8_t)rec, .root = a->root,
