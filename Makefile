@@ -55,7 +55,11 @@ TRAIN_SRCS  = daemon/train/gpt.c daemon/train/adamw.c \
               daemon/train/sample.c daemon/train/shard.c daemon/train/plan.c \
               daemon/train/fsdp.c daemon/train/device.c
 NODE_SRCS   = daemon/node/supervise.c
-COMM_SRCS   = daemon/comm/comm.c daemon/comm/boot.c daemon/comm/ring.c daemon/comm/ring_split.c daemon/comm/shm.c daemon/comm/cma.c daemon/comm/reg.c
+COMM_SRCS   = daemon/comm/comm.c daemon/comm/boot.c \
+              daemon/comm/ring.c daemon/comm/ring_boot.c daemon/comm/ring_live.c \
+              daemon/comm/ring_algo.c daemon/comm/ring_tcp.c daemon/comm/ring_shm.c \
+              daemon/comm/ring_rec.c daemon/comm/ring_split.c \
+              daemon/comm/shm.c daemon/comm/rec.c daemon/comm/cma.c daemon/comm/reg.c
 LIB_SRCS    = $(COMMON_SRCS) $(KERN_SRCS) $(TRAIN_SRCS) $(COMM_SRCS) $(NODE_SRCS)
 LIB         = $(B)/libfsdp.a
 

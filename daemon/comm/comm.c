@@ -1,5 +1,6 @@
 /* comm: the backend-independent front of the collectives: argument checks,
- * the blocking forms and names. What runs an op is the backend's (ring.c). */
+ * the blocking forms and names. What runs an op is the backend's (the ring:
+ * ring.c and the files ring_impl.h lists). */
 #include "daemon/comm/comm.h"
 
 #include <stdint.h>

@@ -1,274 +1,36 @@
-/* ring: the collectives over TCP for CPU devices (the ring algorithms NCCL
- * and Gloo use), behind comm_backend_t.
+/* ring: the collectives of CPU devices (the ring algorithms NCCL and Gloo
+ * use, over TCP and shared memory), behind comm_backend_t.
  *
- * What it owns: two sockets per communicator (to the next rank, from the
+ * What a ring communicator owns: two sockets (to the next rank, from the
  * previous one), up to two shared-memory links (same-host neighbours), a
  * communication thread that runs the queued ops in issue order, a bounded
  * staging buffer for reductions (MEM_COMM), and a wake pipe that comm_abort
  * writes to. It does not own the caller's buffers.
  *
- * Wire, per op, on the forward direction (rank r -> r+1): a 32-byte header
- * (magic, sequence number, op, dtype, reduction, transport, root, count),
- * then the data as a byte stream (or records: below). reduce_scatter
- * streams N-1 blocks, each the previous rank's partial sum plus this rank's
- * contribution; all_gather streams N-1 blocks, each forwarded as soon as
- * its bytes arrive; all_reduce is one then the other on blocks of count/N
- * (the first count%N blocks one longer);
- * broadcast is a chain from the root. Sending is limited only by what has
- * been received and reduced, receiving by the staging room, so large buffers
- * stream with every link busy (send chunk k while reducing chunk k-1).
- *
- * The reverse direction (r -> r-1, on the same sockets) carries frames, each
- * opening with its own magic:
- *  - a beat (8 bytes), sent by the communication thread every H = min(100 ms,
- *    timeout / 10), idle or busy (the idle thread wakes every H; an op's waits
- *    never sleep past the next beat), so a rank in a long computation still
- *    beats, and a silent one is stopped or hung;
- *  - a failure notice (512 bytes: origin rank, code, message): when an op
- *    fails on a rank (timeout, dead or silent peer, divergence, abort), it
- *    sends one to its previous rank, which fails its own op with it (or, idle,
- *    breaks the communicator with it) and passes it on, so every rank learns
- *    within milliseconds which rank failed and why, rather than timing out;
- *  - a bye (8 bytes), from comm_destroy after a normal end.
- * A notice or a bye is a rank's last frame. So the next rank's stream ending
- * with neither means it died, and it died first (had it seen a failure
- * elsewhere it would have sent a notice): a rank whose previous rank closes
- * names the next one when that one died unannounced (the previous rank's
- * close is the echo), else waits up to 200 ms for its notice.
- * Liveness, while an op runs: a next rank not heard from (no bytes at all)
- * for over max(timeout / 2, 400 ms) fails the op naming it as stopped or
- * hung. Only rank s-1 hears from a stalled rank s, so it is the one to name
- * it, half a timeout in; its notice then travels back through every rank
- * before their own deadlines. Deadlines, for what beats cannot tell (a rank
- * alive but not at this collective): a rank that has not even received its
- * previous rank's header names that rank at once (it has not issued the
- * collective); any other (the previous rank is in the op but its data
- * stopped: it waits on someone further back) first waits a grace of
- * min(500 ms, timeout / 4) for a notice, which comes from further on and
- * knows more. Every socket wait is a poll() bounded by the op's deadline
- * and the next beat that also watches the wake pipe and the reverse
- * direction.
- *
- * Transport, per link, chosen at the end of the bootstrap:
- *  - TCP (another host, no shared /dev/shm, FSDP_COMM_SHM=0 on either end).
- *  - A shared-memory link (shm.c) carrying the same stream: the sender copies
- *    into it, the receiver copies out (straight into the output, with
- *    non-temporal stores when the output outsizes the caches) or, in a
- *    reduction, adds its own values to the bytes where they lie in the link:
- *    no kernel copies, and the link stays in cache.
- *  - Records instead of bytes (cma.c), per op: the sender posts where the
- *    bytes it would have sent lie (its input, a block that already landed in
- *    its output, a staging slot) and the receiver copies them from there into
- *    their destination, or reduces them where they lie: one copy per byte
- *    instead of two. An op goes as records when every buffer it sends from
- *    is registered memory (reg.c) and the receiver mapped this rank's probe
- *    segment at bootstrap (it then maps each segment a record names, once),
- *    or always on a link made with FSDP_COMM_CMA=1 on both ends whose
- *    receiver could read a word of the sender's memory at bootstrap
- *    (process_vm_readv for what is not registered). The header, sent the
- *    link's usual way, says which in its xport byte. Since the receiver reads
- *    the sender's buffers, a sender ends an op only once the receiver has
- *    consumed every record (the link's consumer position; bounded by the
- *    op's deadline like every wait), refills a staging slot only once the
- *    records naming it are consumed, and, when its op fails, abandons the
- *    link before the failure reaches its caller: the receiver checks that
- *    after every copy and fails its op rather than deliver bytes the caller
- *    may have reused (its error then names the rank that failed first, from
- *    the notice). A dead sender shows as ESRCH (CMA) or a closed socket and
- *    is named like one; a mapped segment stays readable after its owner's
- *    death. CMA is off by default: on the 2-core dev VM process_vm_readv
- *    pins every 4 KiB page of the source (~300 ns each) and copies at about
- *    half memcpy speed, so both collectives were slower than the copying
- *    link there (THP-backed buffers bring it level, not ahead).
- * On either shared-memory kind the sockets carry only the reverse direction's
- * frames and the end of a dead peer.
- *
- * Memory (MEM_COMM), per communicator of size > 1, as a function of the
- * tunables (comm_ring_buffer_bytes returns it, and plans mirror it):
- *   FSDP_COMM_STAGING_BYTES (rounded down to 4 bytes)
- *   + links * (192 + cap), cap = FSDP_COMM_SHM_BYTES rounded up to a power of
- *     two in [64 KiB, 1 GiB], links = 2 when FSDP_COMM_SHM != 0 (the link out
- *     and the link in; fewer when a neighbour is on another host), else 0.
- * A link that carries records has the same size (it is made before the
- * receiver is known to read the sender's memory); the staging is registered
- * memory (reg.c), accounted the same. */
-#include <arpa/inet.h>
+ * This file is the backend table, the request queue, the thread and the
+ * communicator's life (create, abort, destroy, breaking it after a failure);
+ * ring_impl.h says which file holds the rest. docs/RING.md describes the
+ * protocol: the wire format, the reverse direction and how a failed or
+ * stalled rank is named, the transports, and the memory formula
+ * (comm_ring_buffer_bytes). */
 #include <errno.h>
 #include <fcntl.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "daemon/comm/cma.h"
-#include "daemon/comm/reg.h"
-#include "daemon/comm/ring.h"
-#include "daemon/comm/shm.h"
+#include "daemon/comm/ring_impl.h"
 #include "daemon/common/err.h"
 #include "daemon/common/log.h"
-#include "daemon/common/param.h"
 #include "daemon/common/mem.h"
-#include "kernels/kern.h"
+#include "daemon/common/param.h"
 
-#define RING_HELLO_MAGIC 0x48525346u  /* "FSRH" */
-#define RING_HDR_MAGIC 0x4f525346u    /* "FSRO" */
-#define RING_NOTICE_MAGIC 0x41525346u /* "FSRA" */
-#define RING_BEAT_MAGIC 0x42525346u   /* "FSRB" */
-#define RING_BYE_MAGIC 0x59525346u    /* "FSRY" */
-#define RING_VERSION 5u
-#define RING_SHM_MAGIC 0x53525346u /* "FSRS" */
-#define RING_MSG 512
-#define RING_ADDR 128
-#define RING_BEAT_MS 100  /* beat period, at most (timeout / 10 when shorter) */
-#define RING_GRACE_MS 500 /* a deadline's wait for a notice, at most (timeout / 4) */
-
-/* How the next rank's reverse stream ended. */
-enum { RING_NEXT_OPEN, RING_NEXT_BYE, RING_NEXT_GONE };
-
-typedef struct {
-  uint32_t magic, version;
-  int32_t size, from, to;
-  char name[64];
-  char pad[12];
-} ring_hello_t;
-
-typedef struct {
-  uint32_t magic, seq;
-  uint8_t op, dtype, redop;
-  uint8_t xport; /* 1: this op's data follow as records (cma.c); not compared */
-  int32_t root;
-  uint64_t count;
-  uint64_t pad2;
-} ring_hdr_t;
-
-typedef struct {
-  uint32_t magic;
-  int32_t origin, code;
-  char msg[RING_MSG - 12];
-} ring_notice_t;
-
-/* The bootstrap's last step, on each link: the producer (rank r) offers a
- * shared-memory link to rank r+1 (name empty: no offer), with its pid, the
- * address of a word holding the token when it also offers records for every
- * op (cma = 1), and its registration probe segment (reg = 1: reg.c); rank r+1
- * answers whether it could map the link (accepted = 1), read that word
- * (cma = 1) and map that segment and read its token there (reg = 1). */
-typedef struct {
-  uint32_t magic;
-  uint32_t accepted;
-  uint64_t token, cap;
-  char name[COMM_SHM_NAME];
-  int32_t pid;
-  uint32_t cma;
-  uint64_t probe; /* address of the token in the producer */
-  uint32_t reg;
-  int32_t reg_fd;
-  uint64_t reg_id, reg_token;
-} ring_shm_offer_t;
-
-/* A beat or a bye on the reverse direction. */
-typedef struct {
-  uint32_t magic;
-  int32_t rank;
-} ring_beat_t;
-
-_Static_assert(sizeof(ring_hdr_t) == 32, "wire header is 32 bytes");
-_Static_assert(sizeof(ring_beat_t) == 8, "beat is 8 bytes");
-_Static_assert(sizeof(ring_notice_t) == RING_MSG, "notice is 512 bytes");
-
-typedef struct ring_req {
-  comm_req_t base;
-  struct ring *r;
-  comm_args_t a;
-  uint32_t seq;
-  int done, rc;
-  char msg[RING_MSG];
-  struct ring_req *next;     /* queue */
-  struct ring_req *all_next; /* every live request, for destroy */
-} ring_req_t;
-
-typedef struct ring {
-  comm_t base;
-  int fd_next, fd_prev; /* to rank+1, from rank-1 */
-  int wake[2];          /* comm_abort -> the thread */
-  char addr_self[RING_ADDR], addr_next[RING_ADDR], addr_prev[RING_ADDR];
-  int rank_next, rank_prev;
-  int64_t timeout_ms;
-  size_t chunk, staging_bytes;
-  uint8_t *staging;
-  /* same-host links: the data (headers included) goes through these instead
-   * of fd_next / fd_prev, which then carry only notices and liveness */
-  comm_shm_link_t *shm_out, *shm_in;
-  int cma_out;          /* shm_out carries records for every op (CMA, cma.c) */
-  int reg_out;          /* the next rank maps this rank's registered segments */
-  comm_cma_rx_t cma_in; /* .link set: shm_in may carry records of the previous rank */
-  int cma_in_always;    /* ... and does for every op (CMA) */
-  int reg_in;           /* this rank maps the previous rank's registered segments */
-  atomic_ullong record_ops; /* ops whose data this rank sent as records (tests) */
-  uint64_t cma_probe;   /* read by the next rank at bootstrap */
-
-  pthread_t thread;
-  int thread_started;
-  pthread_mutex_t mu;
-  pthread_cond_t cv; /* queue changes and completions */
-  ring_req_t *head, *tail, *all;
-  uint32_t seq_issue; /* under mu */
-  int stop;           /* under mu */
-  atomic_int aborted;
-  /* Set once by the thread when an op fails; read under mu by issue. */
-  int broken_rc;
-  char broken_msg[RING_MSG];
-  int notice_sent; /* thread only */
-  /* The reverse direction, thread only (ring_destroy's bye comes after the
-   * join): frames from the next rank not yet whole (rx), frames for the
-   * previous one the socket has not taken yet (tx: frames never interleave). */
-  uint8_t rx[RING_MSG];
-  size_t rx_len;
-  uint8_t tx[2 * RING_MSG];
-  size_t tx_len;
-  int next_end, next_errno; /* RING_NEXT_*; errno of a reset (0: end of stream) */
-  int64_t heard_ns;         /* when bytes last came from the next rank */
-  int64_t beat_ns, beat_due;
-} ring_t;
-
-/* The op the thread is running: its deadline and names for messages. */
-typedef struct {
-  ring_t *r;
-  const comm_args_t *a;
-  uint32_t seq;
-  int64_t deadline_ns, timeout_ms;
-  int64_t silence_ns; /* the next rank not heard from for longer: stopped or hung */
-  int hdr_in;         /* the previous rank's header arrived: it is at this op */
-  char sig[160]; /* "all_reduce #3 (f32 count=100 sum)" */
-  int nt;        /* the output outsizes the caches: written with kern.h copy_stream */
-  int rec_out, rec_in; /* this op's data go out / come in as records (cma.c) */
-  comm_reg_seg_t seg[3]; /* rec_out on a registered link: the segments it sends from */
-  int nseg;
-} ring_op_t;
-
-static int64_t ring_now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-static int ring_ms_left(int64_t deadline_ns) {
-  int64_t left = deadline_ns - ring_now_ns();
-  if (left <= 0) return 0;
-  int64_t ms = (left + 999999) / 1000000;
-  return ms > 1000000000 ? 1000000000 : (int)ms;
-}
-
-static void ring_sig(char *buf, size_t n, int op, int dt, int redop, int root, uint64_t count,
-                     uint32_t seq) {
+void ring_sig(char *buf, size_t n, int op, int dt, int redop, int root, uint64_t count,
+              uint32_t seq) {
   if (op == COMM_OP_BARRIER)
     snprintf(buf, n, "barrier #%u", seq);
   else if (op == COMM_OP_BROADCAST)
@@ -282,845 +44,6 @@ static void ring_sig(char *buf, size_t n, int op, int dt, int redop, int root, u
              comm_dtype_name((comm_dtype_t)dt), (unsigned long long)count,
              op == COMM_OP_REDUCE_SCATTER ? " per rank" : "", redop == COMM_AVG ? "avg" : "sum");
 }
-
-/* ---- the reverse direction: beats, notices, bye ---- */
-
-/* Sends what tx holds, as far as the socket takes it now. A previous rank
- * that is gone takes nothing more: its frames are dropped. */
-static void ring_tx_flush(ring_t *r) {
-  while (r->tx_len) {
-    ssize_t k = send(r->fd_prev, r->tx, r->tx_len, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (k < 0 && errno == EINTR) continue;
-    if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK) r->tx_len = 0;
-    if (k <= 0) return;
-    memmove(r->tx, r->tx + k, r->tx_len - (size_t)k);
-    r->tx_len -= (size_t)k;
-  }
-}
-
-/* Queues a whole frame behind what is pending and sends; -1 when it does not
- * fit (the previous rank stopped reading long ago). */
-static int ring_tx_frame(ring_t *r, const void *f, size_t n) {
-  if (r->fd_prev < 0) return -1;
-  ring_tx_flush(r);
-  if (r->tx_len + n > sizeof r->tx) return -1;
-  memcpy(r->tx + r->tx_len, f, n);
-  r->tx_len += n;
-  ring_tx_flush(r);
-  return 0;
-}
-
-/* Every H: a beat to the previous rank (none behind a frame the socket has
- * not taken, so a stopped reader costs no memory; none after a notice, the
- * last frame). */
-static void ring_tick(ring_t *r, int64_t now) {
-  r->beat_due = now + r->beat_ns;
-  ring_tx_flush(r);
-  if (r->tx_len || r->notice_sent) return;
-  ring_beat_t b = {.magic = RING_BEAT_MAGIC, .rank = r->base.rank};
-  ring_tx_frame(r, &b, sizeof b);
-}
-
-static void ring_send_notice(ring_t *r, const ring_notice_t *nt) {
-  if (r->fd_prev < 0 || r->notice_sent) return;
-  r->notice_sent = 1;
-  /* behind at most a beat; what the socket cannot take now goes at the next ticks */
-  int rc = ring_tx_frame(r, nt, sizeof *nt);
-  comm_shm_kick(r->shm_in); /* the previous rank may sleep on that link: wake it to read this */
-  if (rc < 0 || r->tx_len)
-    LOG_DEBUG("comm", "group '%s' rank %d: could not pass a failure notice to rank %d%s",
-              r->base.name, r->base.rank, r->rank_prev, rc < 0 ? "" : " at once");
-}
-
-/* "<op> on rank R of group 'G'", or "rank R of group 'G'" between ops. */
-static const char *ring_where(const ring_t *r, const ring_op_t *o, char *buf, size_t n) {
-  if (o) snprintf(buf, n, "%s on rank %d of group '%s'", o->sig, r->base.rank, r->base.name);
-  else snprintf(buf, n, "rank %d of group '%s'", r->base.rank, r->base.name);
-  return buf;
-}
-
-/* The next rank's stream ended while this rank needs it, or it died first. */
-static int ring_next_gone(ring_t *r, ring_op_t *o) {
-  char w[256];
-  ring_where(r, o, w, sizeof w);
-  if (r->next_end == RING_NEXT_BYE)
-    return err_set(FSDP_EPEER,
-                   "%s: rank %d (%s) ended its communicator while this rank still needed it: "
-                   "the ranks issued different numbers of collectives (see that rank's log for "
-                   "its last one)",
-                   w, r->rank_next, r->addr_next);
-  return err_set(FSDP_EPEER,
-                 "%s: rank %d (%s) closed its connection (%s): that rank exited, crashed or was "
-                 "killed; see its log, then restart the job from its last checkpoint",
-                 w, r->rank_next, r->addr_next,
-                 r->next_errno ? strerror(r->next_errno) : "end of stream");
-}
-
-/* A notice from the next rank: this rank's failure, passed on unchanged so it
- * stays short and names the cause. */
-static int ring_take_notice(ring_t *r, ring_op_t *o, ring_notice_t *nt) {
-  char w[256];
-  nt->msg[sizeof nt->msg - 1] = 0;
-  err_set(FSDP_EPEER, "%s: rank %d failed first: %s", ring_where(r, o, w, sizeof w),
-          (int)nt->origin, nt->msg);
-  ring_send_notice(r, nt);
-  return FSDP_EPEER;
-}
-
-/* Reads what the next rank sent on the reverse direction, without waiting
- * (but for the rest of a notice already begun, up to 1 s): beats (heard_ns),
- * a bye or the end of the stream (next_end), a notice (returned as this op's
- * failure, or between ops (o NULL) the communicator's, and passed on). need:
- * the op still needs the next rank, so its end is a failure too. */
-static int ring_hear(ring_t *r, ring_op_t *o, int need) {
-  int64_t until = 0;
-  char w[256];
-  while (r->next_end == RING_NEXT_OPEN) {
-    ssize_t k = recv(r->fd_next, r->rx + r->rx_len, sizeof r->rx - r->rx_len, MSG_DONTWAIT);
-    if (k > 0) {
-      r->rx_len += (size_t)k;
-      r->heard_ns = ring_now_ns();
-      size_t off = 0;
-      while (r->rx_len - off >= 4 && r->next_end == RING_NEXT_OPEN) {
-        uint32_t m;
-        memcpy(&m, r->rx + off, sizeof m);
-        size_t fl = m == RING_NOTICE_MAGIC                        ? sizeof(ring_notice_t)
-                    : m == RING_BEAT_MAGIC || m == RING_BYE_MAGIC ? sizeof(ring_beat_t)
-                                                                  : 0;
-        if (!fl) {
-          r->next_end = RING_NEXT_GONE;
-          return err_set(FSDP_EPEER,
-                         "%s: rank %d (%s) sent an unreadable frame (magic %08x) on the reverse "
-                         "direction: a version mismatch or a stray connection",
-                         ring_where(r, o, w, sizeof w), r->rank_next, r->addr_next, m);
-        }
-        if (r->rx_len - off < fl) break;
-        if (m == RING_NOTICE_MAGIC) {
-          ring_notice_t nt;
-          memcpy(&nt, r->rx + off, sizeof nt);
-          r->rx_len = 0;               /* a notice is the last frame: */
-          r->next_end = RING_NEXT_BYE; /* nothing more to read, and its end is explained */
-          return ring_take_notice(r, o, &nt);
-        }
-        if (m == RING_BYE_MAGIC) r->next_end = RING_NEXT_BYE;
-        off += fl;
-      }
-      memmove(r->rx, r->rx + off, r->rx_len - off);
-      r->rx_len -= off;
-      continue;
-    }
-    if (k < 0 && errno == EINTR) continue;
-    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      uint32_t m = 0;
-      if (r->rx_len >= 4) memcpy(&m, r->rx, sizeof m);
-      if (m != RING_NOTICE_MAGIC) break; /* nothing, or part of a beat: later */
-      /* the rest of a notice is on its way */
-      if (!until) until = ring_now_ns() + 1000000000;
-      struct pollfd p = {.fd = r->fd_next, .events = POLLIN};
-      int ms = ring_ms_left(until);
-      if (ms > 0 && (poll(&p, 1, ms) >= 0 || errno == EINTR)) continue;
-      r->next_end = RING_NEXT_GONE;
-      return err_set(FSDP_EPEER,
-                     "%s: rank %d (%s) sent an unreadable failure notice (%zu bytes): a version "
-                     "mismatch or a stray connection",
-                     ring_where(r, o, w, sizeof w), r->rank_next, r->addr_next, r->rx_len);
-    }
-    r->next_end = RING_NEXT_GONE; /* died: no notice, no bye */
-    r->next_errno = k == 0 ? 0 : errno;
-  }
-  if (need && r->next_end != RING_NEXT_OPEN) return ring_next_gone(r, o);
-  return 0;
-}
-
-/* Liveness while an op runs: the next rank beats every H, so a long silence
- * means its process is stopped or hung. Call right after ring_hear. */
-static int ring_silent(ring_t *r, ring_op_t *o) {
-  if (r->next_end != RING_NEXT_OPEN) return 0;
-  int64_t quiet = ring_now_ns() - r->heard_ns;
-  if (quiet <= o->silence_ns) return 0;
-  return err_set(FSDP_ETIMEDOUT,
-                 "%s on rank %d of group '%s': rank %d (%s) has not been heard from for %lld ms: "
-                 "its process is stopped or hung (SIGSTOP, a debugger, a frozen host); check its "
-                 "state and log, then restart the job from its last checkpoint",
-                 o->sig, r->base.rank, r->base.name, r->rank_next, r->addr_next,
-                 (long long)(quiet / 1000000));
-}
-
-static int ring_aborted(ring_t *r, ring_op_t *o) {
-  if (!atomic_load_explicit(&r->aborted, memory_order_relaxed)) return 0;
-  return err_set(FSDP_ECANCELED, "%s on rank %d of group '%s': the communicator was aborted",
-                 o->sig, r->base.rank, r->base.name);
-}
-
-/* Before a rank names a neighbour on its own evidence: up to ms for the next
- * rank's word, which comes from further on and knows more: its notice
- * (returned), its death with neither notice nor bye (it failed first: named),
- * its silence (named). 0: nothing came (or it ended normally). Beats go on. */
-static int ring_await_word(ring_t *r, ring_op_t *o, int ms) {
-  int64_t until = ring_now_ns() + (int64_t)ms * 1000000;
-  for (;;) {
-    int rc = ring_aborted(r, o);
-    if (rc == 0) rc = ring_hear(r, o, 0);
-    if (rc < 0) return rc;
-    if (r->next_end == RING_NEXT_GONE) return ring_next_gone(r, o);
-    if (r->next_end == RING_NEXT_BYE) return 0;
-    int64_t now = ring_now_ns();
-    if (now >= r->beat_due) ring_tick(r, now);
-    if ((rc = ring_silent(r, o)) < 0) return rc;
-    if (now >= until) return 0;
-    struct pollfd p[2] = {{.fd = r->fd_next, .events = POLLIN},
-                          {.fd = r->wake[0], .events = POLLIN}};
-    poll(p, 2, ring_ms_left(until < r->beat_due ? until : r->beat_due));
-  }
-}
-
-/* ---- socket waits ---- */
-
-static int ring_timeout(ring_t *r, ring_op_t *o, int want_recv) {
-  int peer = want_recv ? r->rank_prev : r->rank_next;
-  const char *addr = want_recv ? r->addr_prev : r->addr_next;
-  if (want_recv && !o->hdr_in) /* not even its header: it is not at this collective */
-    return err_set(FSDP_ETIMEDOUT,
-                   "%s on rank %d of group '%s': timed out after %lld ms waiting for data from "
-                   "rank %d (%s): that rank has not issued this collective (it is stuck before "
-                   "it, in computation or another collective, or stalled; check its log and its "
-                   "last collective); raise FSDP_COMM_TIMEOUT_MS if it is merely slow",
-                   o->sig, r->base.rank, r->base.name, (long long)o->timeout_ms, peer, addr);
-  /* The peer is at this op and alive, but stuck: likely behind a rank further
-   * on, whose own neighbour knows; that one's notice travels here. */
-  int grace = (int)(o->timeout_ms / 4 < RING_GRACE_MS ? o->timeout_ms / 4 : RING_GRACE_MS);
-  int rc = ring_await_word(r, o, grace);
-  if (rc < 0) return rc;
-  return err_set(FSDP_ETIMEDOUT,
-                 "%s on rank %d of group '%s': timed out after %lld ms %s rank %d (%s): that rank "
-                 "%s; check its log and the other ranks'; raise FSDP_COMM_TIMEOUT_MS if it is "
-                 "merely slow",
-                 o->sig, r->base.rank, r->base.name, (long long)o->timeout_ms,
-                 want_recv ? "waiting for data from" : "waiting to send to", peer, addr,
-                 want_recv ? "is in this collective but stuck (waiting on another rank, or slow)"
-                           : "is alive but takes no data (it has not issued this collective, "
-                             "or is stuck in it)");
-}
-
-/* An abort (error), the deadline (1), else 0; every H also beats, reads the
- * next rank's frames (a notice fails the op at once) and checks its silence. */
-static int ring_check(ring_t *r, ring_op_t *o) {
-  int rc = ring_aborted(r, o);
-  if (rc < 0) return rc;
-  int64_t now = ring_now_ns();
-  if (now >= r->beat_due) {
-    ring_tick(r, now);
-    if ((rc = ring_hear(r, o, 0)) < 0 || (rc = ring_silent(r, o)) < 0) return rc;
-  }
-  if (now >= o->deadline_ns) return 1;
-  return 0;
-}
-
-/* One turn of a wait loop: an abort, a notice or silence ends the op with
- * its error, and so does the deadline (ring_timeout names whom it waited
- * for: the previous rank when want_recv, else the next); 0 to go on. */
-static int ring_turn(ring_t *r, ring_op_t *o, int want_recv) {
-  int rc = ring_check(r, o);
-  return rc == 1 ? ring_timeout(r, o, want_recv) : rc;
-}
-
-static int ring_prev_closed(ring_t *r, ring_op_t *o, int e);
-static uint64_t ring_posted(const ring_t *r, const ring_op_t *o);
-static int ring_consumed(const ring_t *r, const ring_op_t *o, uint64_t pos);
-static int ring_prev_gone(ring_t *r, ring_op_t *o, const char *what, const char *why);
-static int ring_rec_failed(ring_t *r, ring_op_t *o, int k);
-
-/* The position the next rank must consume up to for this rank to post more:
- * a byte of room, or a whole record when the op sends records. */
-static uint64_t ring_room_pos(const ring_t *r, const ring_op_t *o) {
-  return comm_shm_tell(r->shm_out) - comm_shm_cap(r->shm_out) +
-         (o->rec_out ? COMM_CMA_RECORD_MAX : 1);
-}
-
-/* Waits until the next rank can take data (want_send), the previous one has
- * sent some (want_recv), the next rank has consumed this rank's records up
- * to *reach (reach not NULL), the deadline, an abort or a notice, reading the
- * next rank's frames meanwhile. watch_next: this op still has data to send,
- * so the next rank closing or failing matters. On TCP it sleeps in poll()
- * until the next beat; when a link is shared memory, on its futexes in
- * slices of at most 10 ms (1 ms when the other side is TCP), looking at the
- * sockets (frames, a closed peer, a TCP side's readiness) between them, so a
- * dead peer is seen within a slice and a notice or an abort at once (their
- * senders kick the links). */
-static int ring_poll_until(ring_t *r, ring_op_t *o, int want_send, int want_recv, int watch_next,
-                           const uint64_t *reach) {
-  const int shm = r->shm_in || r->shm_out;
-  comm_shm_link_t *in = want_recv ? r->shm_in : NULL;
-  comm_shm_link_t *out = (want_send || reach) ? r->shm_out : NULL;
-  uint64_t out_pos = 0;
-  if (out) {
-    out_pos = want_send ? ring_room_pos(r, o) : *reach;
-    if (want_send && reach && (int64_t)(*reach - out_pos) < 0) out_pos = *reach;
-  }
-  int tcp_send = want_send && !r->shm_out, tcp_recv = want_recv && !r->shm_in;
-  int need = want_send || watch_next || reach;
-  struct pollfd p[3];
-  p[0].fd = r->wake[0];
-  p[0].events = POLLIN;
-  /* on a shared-memory link nothing comes through fd_prev: readable = closed */
-  p[2].fd = want_recv ? r->fd_prev : -1;
-  p[2].events = POLLIN;
-  for (;;) {
-    int rc = ring_turn(r, o, want_recv);
-    if (rc < 0) return rc;
-    if (need && r->next_end != RING_NEXT_OPEN) return ring_next_gone(r, o);
-    int open = r->next_end == RING_NEXT_OPEN; /* frames may come */
-    p[1].fd = (open || tcp_send) ? r->fd_next : -1;
-    p[1].events = (short)((tcp_send ? POLLOUT : 0) | (open ? POLLIN : 0));
-    p[0].revents = p[1].revents = p[2].revents = 0;
-    int64_t until = o->deadline_ns < r->beat_due ? o->deadline_ns : r->beat_due;
-    int n = poll(p, 3, shm ? 0 : ring_ms_left(until));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return err_set_errno(FSDP_EINTERNAL, errno, "%s: poll", o->sig);
-    if (n > 0) {
-      if (p[0].revents) continue; /* abort: reported by ring_check */
-      if (open && (p[1].revents & (POLLIN | POLLHUP | POLLERR))) {
-        if ((rc = ring_hear(r, o, need)) < 0) return rc;
-        continue; /* beats */
-      }
-      if (p[1].revents & POLLOUT) return 0;
-      if (p[2].revents && tcp_recv) return 0;
-      if (p[2].revents) {
-        if (comm_shm_readable(r->shm_in)) return 0; /* what it wrote before leaving */
-        char b;
-        ssize_t k = recv(r->fd_prev, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-        return ring_prev_closed(r, o, k < 0 ? errno : 0);
-      }
-    }
-    if (!shm) continue; /* deadline or beat: ring_check */
-    if ((in && comm_shm_readable(in)) || (out && comm_shm_reached(out, out_pos))) return 0;
-    int64_t slice = (tcp_send || tcp_recv || (!in && !out)) ? 1000000 : 10000000;
-    until = ring_now_ns() + slice;
-    if (until > o->deadline_ns) until = o->deadline_ns;
-    if (in || out) {
-      if (comm_shm_wait(in, out, out_pos, until)) return 0;
-    } else {
-      p[0].revents = p[1].revents = p[2].revents = 0;
-      if (poll(p, 3, 1) > 0) continue;
-    }
-  }
-}
-
-/* ring_poll_until for data: also watches the next rank while it still reads
- * this rank's records. */
-static int ring_poll(ring_t *r, ring_op_t *o, int want_send, int want_recv, int watch_next) {
-  watch_next |= !ring_consumed(r, o, ring_posted(r, o));
-  return ring_poll_until(r, o, want_send, want_recv, watch_next, NULL);
-}
-
-/* The registered segment of the op's that holds [p, p + n), or NULL. */
-static const comm_reg_seg_t *ring_seg_of(const ring_op_t *o, const void *p, size_t n) {
-  const uint8_t *q = p;
-  for (int i = 0; i < o->nseg; i++) {
-    const comm_reg_seg_t *g = &o->seg[i];
-    if (q >= g->base && q < g->base + g->bytes && n <= (size_t)(g->base + g->bytes - q)) return g;
-  }
-  return NULL;
-}
-
-static ssize_t ring_send_some(ring_t *r, ring_op_t *o, const void *p, size_t n) {
-  /* a dead next rank: ring_poll */
-  if (o->rec_out) return (ssize_t)comm_cma_post(r->shm_out, p, n, ring_seg_of(o, p, n));
-  if (r->shm_out) return (ssize_t)comm_shm_write(r->shm_out, p, n);
-  ssize_t k = send(r->fd_next, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
-  if (k >= 0) return k;
-  if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
-  int e = errno;
-  /* A notice explains more than a reset: read it when the next rank left one. */
-  int rc = ring_hear(r, o, 0);
-  if (rc < 0) return rc;
-  return err_set(FSDP_EPEER,
-                 "%s on rank %d of group '%s': sending to rank %d (%s) failed: %s: that rank "
-                 "exited, crashed or was killed; see its log, then restart the job from its last "
-                 "checkpoint",
-                 o->sig, r->base.rank, r->base.name, r->rank_next, r->addr_next, strerror(e));
-}
-
-/* nt: p is the op's output and o->nt (kern.h copy_stream). */
-static ssize_t ring_recv_some(ring_t *r, ring_op_t *o, void *p, size_t n, int nt) {
-  if (o->rec_in) {
-    ssize_t k = comm_cma_pull(&r->cma_in, p, n, nt);
-    return k >= 0 ? k : ring_rec_failed(r, o, (int)k);
-  }
-  /* a dead previous rank: ring_poll */
-  if (r->shm_in) return (ssize_t)comm_shm_read(r->shm_in, p, n, nt);
-  ssize_t k = recv(r->fd_prev, p, n, MSG_DONTWAIT);
-  if (k > 0) return k;
-  if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
-  return ring_prev_closed(r, o, k == 0 ? 0 : errno);
-}
-
-/* A record of the previous rank could not be read (k: cma.c's -errno). */
-static int ring_rec_failed(ring_t *r, ring_op_t *o, int k) {
-  if (k == -ECANCELED)
-    return ring_prev_gone(r, o, "failed during this collective", "it abandoned its link");
-  char why[RING_MSG];
-  if (k == -EACCES) snprintf(why, sizeof why, "mapping its buffer: %s", err_msg());
-  else snprintf(why, sizeof why, "process_vm_readv of its memory: %s", strerror(-k));
-  return ring_prev_gone(r, o, k == -ESRCH ? "is gone" : "could not be read", why);
-}
-
-/* The previous rank's connection ended (e: its errno, 0 for end of stream). */
-static int ring_prev_closed(ring_t *r, ring_op_t *o, int e) {
-  return ring_prev_gone(r, o, "closed its connection", e ? strerror(e) : "end of stream");
-}
-
-/* The previous rank left or failed: "rank N (addr) <what> (<why>)". */
-static int ring_prev_gone(ring_t *r, ring_op_t *o, const char *what, const char *why) {
-  /* The previous rank is gone. If that is the echo of a failure further
-   * back, the next rank's notice (travelling the other way) names the rank
-   * that failed first: wait for it briefly. A next rank that died without a
-   * notice died first (every failing rank sends one before it closes): the
-   * previous rank's end is the echo, and ring_await_word names the next. */
-  int grace = ring_ms_left(o->deadline_ns);
-  if (grace > 200) grace = 200;
-  int rc = ring_await_word(r, o, grace);
-  if (rc < 0) return rc;
-  return err_set(FSDP_EPEER,
-                 "%s on rank %d of group '%s': rank %d (%s) %s (%s): that rank exited, crashed, "
-                 "failed or was killed; see its log, then restart the job from its last checkpoint",
-                 o->sig, r->base.rank, r->base.name, r->rank_prev, r->addr_prev, what, why);
-}
-
-/* ---- streams ---- */
-
-/* Outputs from this size up are streamed out (kern.h copy_stream): they would
- * not stay in the caches anyway, and skipping the read of every destination
- * line saves a third of the memory traffic; smaller ones stay cached for the
- * caller, who usually reads them next. */
-#define RING_NT_MIN ((size_t)8 << 20)
-
-static size_t ring_out_bytes(const comm_args_t *a, int N) {
-  size_t b = a->count * comm_dtype_size(a->dtype);
-  return a->op == COMM_OP_ALL_GATHER ? b * (size_t)N : a->op == COMM_OP_BARRIER ? 0 : b;
-}
-
-static void ring_copy_out(const ring_op_t *o, void *dst, const void *src, size_t n) {
-  if (o->nt) kern_cpu()->copy_stream(dst, src, n);
-  else memcpy(dst, src, n);
-}
-
-/* Ops that send records only (0 elsewhere): where the next rank must have
- * consumed up to for this rank to be done with what it has posted so far. */
-static uint64_t ring_posted(const ring_t *r, const ring_op_t *o) {
-  return o->rec_out ? comm_shm_tell(r->shm_out) : 0;
-}
-
-static int ring_consumed(const ring_t *r, const ring_op_t *o, uint64_t pos) {
-  return !o->rec_out || comm_shm_reached(r->shm_out, pos);
-}
-
-/* Waits until the next rank has consumed what this rank posted up to pos: it
- * reads this rank's memory until then (records; at once elsewhere). */
-static int ring_wait_consumed(ring_t *r, ring_op_t *o, uint64_t pos) {
-  while (!ring_consumed(r, o, pos)) {
-    int rc = ring_poll_until(r, o, 0, 0, 1, &pos);
-    if (rc < 0) return rc;
-  }
-  return 0;
-}
-
-typedef struct {
-  uint8_t *p;
-  size_t n;
-} ring_seg_t;
-
-/* Sends the segments ss to the next rank while receiving rs from the previous
- * one, never sending byte x of the send stream before byte x - lead of the
- * receive stream has arrived (all_gather and broadcast forward what they
- * receive; lead is what a rank has of its own). copy0: where the bytes of
- * ss[0] also go, copied right after they are sent while they are still in
- * cache (an out-of-place all_gather's own block: one read of the input
- * instead of two), or NULL. */
-#define RING_COPY_GRAIN ((size_t)256 << 10)
-static int ring_stream_fwd(ring_t *r, ring_op_t *o, const ring_seg_t *ss, int nss,
-                           const ring_seg_t *rs, int nrs, size_t lead, uint8_t *copy0) {
-  size_t stot = 0, rtot = 0, sent = 0, recvd = 0, soff = 0, roff = 0;
-  int si = 0, ri = 0;
-  for (int i = 0; i < nss; i++) stot += ss[i].n;
-  for (int i = 0; i < nrs; i++) rtot += rs[i].n;
-  while (sent < stot || recvd < rtot) {
-    int progress = 0;
-    size_t slim = lead + recvd < stot ? lead + recvd : stot;
-    if (sent < slim) {
-      while (soff == ss[si].n) si++, soff = 0;
-      size_t n = ss[si].n - soff;
-      if (n > slim - sent) n = slim - sent;
-      if (n > r->chunk) n = r->chunk;
-      if (copy0 && si == 0 && n > RING_COPY_GRAIN) n = RING_COPY_GRAIN;
-      ssize_t k = ring_send_some(r, o, ss[si].p + soff, n);
-      if (k < 0) return (int)k;
-      if (k > 0 && copy0 && si == 0) ring_copy_out(o, copy0 + soff, ss[0].p + soff, (size_t)k);
-      if (k > 0) sent += (size_t)k, soff += (size_t)k, progress = 1;
-    }
-    if (recvd < rtot) {
-      while (roff == rs[ri].n) ri++, roff = 0;
-      size_t n = rs[ri].n - roff;
-      if (n > r->chunk) n = r->chunk;
-      ssize_t k = ring_recv_some(r, o, rs[ri].p + roff, n, o->nt);
-      if (k < 0) return (int)k;
-      if (k > 0) recvd += (size_t)k, roff += (size_t)k, progress = 1;
-    }
-    if (progress) {
-      int rc = ring_turn(r, o, recvd < rtot);
-      if (rc < 0) return rc;
-      continue;
-    }
-    int rc = ring_poll(r, o, sent < slim, recvd < rtot, sent < stot);
-    if (rc < 0) return rc;
-  }
-  return 0;
-}
-
-/* dst = a + b over n elements (bf16: in fp32, one rounding), divided by div
- * when div != 1 (the average's division happens before that one rounding);
- * a may be unaligned. The arithmetic is the CPU kernels' (kern.h). */
-static void ring_reduce(comm_dtype_t dt, void *dst, const void *a, const void *b, size_t n,
-                        float div, int stream) {
-  const kern_backend_t *k = kern_cpu();
-  if (dt == COMM_F32) k->reduce_f32(dst, a, b, n, div, stream);
-  else k->reduce_bf16(dst, a, b, n, div, stream);
-}
-
-/* The next bytes from the previous rank, readable in place (*p) when they
- * start a whole element (koff: bytes of the piece so far): in a copying
- * shared-memory link, or in the previous rank's registered buffer that a
- * record names. Their length, whole elements, at most n (0: none yet); -1
- * when they must be received into the slot instead (a partial element there,
- * one across the end of the link's buffer, a record read otherwise, an error
- * the receive then reports). Used, they are passed on with ring_viewed. */
-static ssize_t ring_view(ring_t *r, const ring_op_t *o, const void **p, size_t n, size_t koff,
-                         size_t esz) {
-  if (!r->shm_in || koff % esz) return -1;
-  size_t k;
-  if (o->rec_in) {
-    ssize_t v = comm_cma_view(&r->cma_in, p, n);
-    if (v < 0) return -1;
-    k = (size_t)v;
-  } else {
-    k = comm_shm_view(r->shm_in, p);
-  }
-  if (k && k < esz) return -1;
-  return (ssize_t)((k < n ? k : n) / esz * esz);
-}
-
-static int ring_viewed(ring_t *r, ring_op_t *o, size_t k) {
-  if (!o->rec_in) {
-    comm_shm_consume(r->shm_in, k);
-    return 0;
-  }
-  int rc = comm_cma_done(&r->cma_in, k);
-  return rc < 0 ? ring_rec_failed(r, o, rc) : 0;
-}
-
-/* Ring reduce-scatter over blocks (offsets boff, lengths blen, in elements):
- * at step s this rank sends block rank-s-1 (its own values at s = 0, else the
- * partial sum it just made) and receives block rank-s-2, adding its own
- * values to it; after N-1 steps it holds the full sum of block rank, written
- * to dst. Blocks are cut in slices of one staging slot; the streams go slice
- * by slice (slice 0 of every step, then slice 1, ...), so a received piece is
- * sent on right after it is reduced (its elements are reduced as they arrive,
- * while in cache) and RING_SLOTS slots bound the memory whatever the size.
- * Piece i of either stream is (slice i / (N-1), step i % (N-1)); sent piece
- * i (step >= 1) is received piece i-1 plus this rank's values. */
-#define RING_SLOTS 4
-/* bytes taken from a shared-memory link, then reduced while in cache (a
- * process_vm_readv costs a system call: more per call) */
-#define RING_RS_GRAIN ((size_t)64 << 10)
-#define RING_RS_GRAIN_CMA ((size_t)256 << 10)
-static int ring_stream_rs(ring_t *r, ring_op_t *o, const uint8_t *own, const size_t *boff,
-                          const size_t *blen, uint8_t *dst, comm_dtype_t dt, float div) {
-  const int N = r->base.size, me = r->base.rank, S = N - 1;
-  const size_t esz = comm_dtype_size(dt);
-  const size_t slotb = r->staging_bytes / RING_SLOTS / esz * esz, pe = slotb / esz;
-  size_t maxlen = 0;
-  for (int b = 0; b < N; b++)
-    if (blen[b] > maxlen) maxlen = blen[b];
-  if (!maxlen) return 0;
-  const size_t P = (maxlen + pe - 1) / pe * (size_t)S; /* pieces per stream */
-  size_t ms = 0, moff = 0; /* send: piece, bytes of it sent */
-  size_t kr = 0, koff = 0; /* receive: piece, bytes of it received (and reduced) */
-  /* CMA: a slot is refilled only once the next rank has read the piece sent
-   * from it (posted[slot]: the link position after that piece) */
-  uint64_t posted[RING_SLOTS] = {0};
-#define PIECE_BLOCK(i, first) ((me - (int)((i) % (size_t)S) - (first) + 2 * N) % N)
-#define PIECE_ELEMS(b, i)                                                          \
-  (blen[b] > ((i) / (size_t)S) * pe                                               \
-       ? (blen[b] - ((i) / (size_t)S) * pe < pe ? blen[b] - ((i) / (size_t)S) * pe : pe) \
-       : 0)
-  while (ms < P || kr < P) {
-    int progress = 0;
-    /* send piece ms: own values at step 0, else received piece ms-1, reduced */
-    if (ms < P && (ms % (size_t)S == 0 || kr >= ms)) {
-      int b = PIECE_BLOCK(ms, 1);
-      size_t len = PIECE_ELEMS(b, ms) * esz;
-      if (moff < len) {
-        const uint8_t *p = ms % (size_t)S == 0
-                               ? own + (boff[b] + ms / (size_t)S * pe) * esz
-                               : r->staging + ((ms - 1) % RING_SLOTS) * slotb;
-        size_t n = len - moff < r->chunk ? len - moff : r->chunk;
-        ssize_t k = ring_send_some(r, o, p + moff, n);
-        if (k < 0) return (int)k;
-        moff += (size_t)k, progress |= k > 0;
-      }
-      if (moff == len) {
-        if (ms % (size_t)S) posted[(ms - 1) % RING_SLOTS] = ring_posted(r, o);
-        ms++, moff = 0, progress = 1;
-      }
-    }
-    /* receive piece kr into slot kr % SLOTS once piece kr-SLOTS has been sent
-     * on (as piece kr-SLOTS+1); pieces of the last step are consumed at once */
-    int slot_free = kr < P && (kr < RING_SLOTS || (kr - RING_SLOTS) % (size_t)S == (size_t)S - 1 ||
-                               ms >= kr - RING_SLOTS + 2);
-    int slot_read = kr < P && ring_consumed(r, o, posted[kr % RING_SLOTS]);
-    if (slot_free && slot_read) {
-      int b = PIECE_BLOCK(kr, 2);
-      size_t ne = PIECE_ELEMS(b, kr), len = ne * esz;
-      uint8_t *slot = r->staging + (kr % RING_SLOTS) * slotb;
-      if (koff < len) {
-        /* reduce the whole elements that arrived, while they are in cache:
-         * in place in a copying link, else after receiving them into the
-         * slot */
-        const uint8_t *mine = own + (boff[b] + kr / (size_t)S * pe) * esz, *from;
-        size_t n = len - koff < r->chunk ? len - koff : r->chunk, e0 = koff / esz, e1;
-        size_t grain = !o->rec_in ? RING_RS_GRAIN : r->cma_in_always ? RING_RS_GRAIN_CMA : r->chunk;
-        if (r->shm_in && n > grain) n = grain;
-        ssize_t v = ring_view(r, o, (const void **)&from, n, koff, esz);
-        size_t k = v > 0 ? (size_t)v : 0;
-        int in_link = v >= 0;
-        if (in_link) {
-          e1 = e0 + k / esz;
-        } else {
-          ssize_t got = ring_recv_some(r, o, slot + koff, n, 0);
-          if (got < 0) return (int)got;
-          k = (size_t)got, from = slot + e0 * esz, e1 = (koff + k) / esz;
-        }
-        if (kr % (size_t)S < (size_t)S - 1)
-          ring_reduce(dt, slot + e0 * esz, from, mine + e0 * esz, e1 - e0, 1.0f, 0);
-        else
-          ring_reduce(dt, dst + (kr / (size_t)S * pe + e0) * esz, from, mine + e0 * esz,
-                      e1 - e0, div, o->nt);
-        if (in_link) {
-          int rc = ring_viewed(r, o, k);
-          if (rc < 0) return rc;
-        }
-        koff += k, progress |= k > 0;
-      }
-      if (koff == len) kr++, koff = 0, progress = 1;
-    }
-    if (progress) {
-      int rc = ring_turn(r, o, kr < P);
-      if (rc < 0) return rc;
-      continue;
-    }
-    int want_send = ms < P && (ms % (size_t)S == 0 || kr >= ms), rc;
-    if (slot_free && !slot_read)
-      rc = ring_poll_until(r, o, want_send, 0, 1, &posted[kr % RING_SLOTS]);
-    else
-      rc = ring_poll(r, o, want_send, kr < P, ms < P);
-    if (rc < 0) return rc;
-  }
-#undef PIECE_BLOCK
-#undef PIECE_ELEMS
-  return 0;
-}
-
-/* All-gather of blocks in buf: this rank's block is in place, or own (not
- * overlapping buf) holds it and is copied in as it is sent. */
-static int ring_gather_blocks(ring_t *r, ring_op_t *o, uint8_t *buf, const size_t *boff,
-                              const size_t *blen, size_t esz, const uint8_t *own) {
-  const int N = r->base.size, me = r->base.rank;
-  ring_seg_t ss[N - 1], rs[N - 1];
-  for (int s = 0; s < N - 1; s++) {
-    int b = (me - s + N) % N, c = (me - s - 1 + N) % N;
-    ss[s] = (ring_seg_t){buf + boff[b] * esz, blen[b] * esz};
-    rs[s] = (ring_seg_t){buf + boff[c] * esz, blen[c] * esz};
-  }
-  uint8_t *copy0 = NULL;
-  if (own) copy0 = ss[0].p, ss[0].p = (uint8_t *)own;
-  return ring_stream_fwd(r, o, ss, N - 1, rs, N - 1, ss[0].n, copy0);
-}
-
-/* ---- one op ---- */
-
-static int ring_run_data(ring_t *r, ring_op_t *o);
-
-/* 1 when the next rank maps this rank's registered segments and every buffer
- * the op sends from lies in one (o->seg gets them): its data then go as
- * records naming them, read in place. */
-static int ring_op_registered(ring_t *r, ring_op_t *o) {
-  const comm_args_t *a = o->a;
-  const size_t b = a->count * comm_dtype_size(a->dtype), N = (size_t)r->base.size;
-  const void *p[3];
-  size_t n[3];
-  int k = 0;
-  o->nseg = 0;
-  if (!r->reg_out || !b) return 0;
-  switch (a->op) {
-    case COMM_OP_ALL_GATHER: /* what it forwards from its output, and its input */
-      p[k] = a->recv, n[k++] = b * N;
-      p[k] = a->send, n[k++] = b;
-      break;
-    case COMM_OP_REDUCE_SCATTER: /* its input, and partial sums from the staging */
-      p[k] = a->send, n[k++] = b * N;
-      p[k] = r->staging, n[k++] = r->staging_bytes;
-      break;
-    case COMM_OP_ALL_REDUCE: /* and the gather's forwarding from its output */
-      p[k] = a->send, n[k++] = b;
-      p[k] = r->staging, n[k++] = r->staging_bytes;
-      p[k] = a->recv, n[k++] = b;
-      break;
-    case COMM_OP_BROADCAST:
-      p[k] = a->recv, n[k++] = b;
-      break;
-    default:
-      return 0;
-  }
-  for (int i = 0; i < k; i++)
-    if (!comm_reg_find(p[i], n[i], &o->seg[o->nseg++])) {
-      o->nseg = 0;
-      return 0;
-    }
-  return 1;
-}
-
-static int ring_run_op(ring_t *r, ring_op_t *o) {
-  const comm_args_t *a = o->a;
-  const int N = r->base.size, me = r->base.rank;
-
-  if (N > 1) { /* a notice already waiting explains more than anything this op would see */
-    int rc = ring_hear(r, o, 1);
-    if (rc == 0) rc = ring_silent(r, o);
-    if (rc < 0) return rc;
-  }
-  if (N > 1) { /* the header: both sides must be at the same collective */
-    /* it goes as the link always carries data; what follows, as it says */
-    o->rec_out = r->cma_out;
-    o->rec_in = r->cma_in_always;
-    int rec = r->cma_out || ring_op_registered(r, o);
-    ring_hdr_t mine = {.magic = RING_HDR_MAGIC, .seq = o->seq, .op = (uint8_t)a->op,
-                       .dtype = (uint8_t)a->dtype, .xport = (uint8_t)rec, .root = a->root,
-                       .count = a->count};
-    if (a->op == COMM_OP_REDUCE_SCATTER || a->op == COMM_OP_ALL_REDUCE)
-      mine.redop = (uint8_t)a->redop;
-    if (a->op != COMM_OP_BROADCAST) mine.root = 0;
-    if (a->op == COMM_OP_BARRIER) mine.dtype = 0, mine.count = 0;
-    ring_hdr_t theirs;
-    ring_seg_t s = {(uint8_t *)&mine, sizeof mine}, rv = {(uint8_t *)&theirs, sizeof theirs};
-    int rc = ring_stream_fwd(r, o, &s, 1, &rv, 1, sizeof mine, NULL);
-    if (rc < 0) return rc;
-    o->hdr_in = 1;
-    if (theirs.magic != RING_HDR_MAGIC)
-      return err_set(FSDP_EPEER,
-                     "%s on rank %d of group '%s': rank %d (%s) sent bytes that are not a "
-                     "collective header: the ranks' streams are out of step (a different count "
-                     "in an earlier op?) or a stray process connected",
-                     o->sig, me, r->base.name, r->rank_prev, r->addr_prev);
-    int rec_in = r->cma_in_always || (r->cma_in.link && theirs.xport == 1);
-    mine.xport = theirs.xport = 0;
-    if (memcmp(&mine, &theirs, sizeof mine) != 0) {
-      char ts[160];
-      ring_sig(ts, sizeof ts, theirs.op, theirs.dtype, theirs.redop, theirs.root, theirs.count,
-               theirs.seq);
-      return err_set(FSDP_EPEER,
-                     "group '%s': collectives diverged: rank %d issued %s but its previous rank "
-                     "%d (%s) issued %s at the same position; every rank of a group must issue "
-                     "the same collectives, with the same sizes, in the same order",
-                     r->base.name, me, o->sig, r->rank_prev, r->addr_prev, ts);
-    }
-    o->rec_out = rec;
-    o->rec_in = rec_in;
-    if (rec) atomic_fetch_add(&r->record_ops, 1);
-  }
-  int rc = ring_run_data(r, o);
-  /* records: the next rank reads this op's buffers until it has consumed
-   * every one: the op is not over before */
-  if (rc == 0) rc = ring_wait_consumed(r, o, ring_posted(r, o));
-  return rc;
-}
-
-/* The data of one op, after the headers matched. */
-static int ring_run_data(ring_t *r, ring_op_t *o) {
-  const comm_args_t *a = o->a;
-  const int N = r->base.size, me = r->base.rank;
-  const size_t esz = comm_dtype_size(a->dtype);
-  const float div = (a->redop == COMM_AVG) ? (float)N : 1.0f;
-  switch (a->op) {
-    case COMM_OP_BARRIER: {
-      /* An all_gather of one byte each: every rank has heard from every rank. */
-      static const uint8_t zero[4096]; /* the group size limit */
-      uint8_t tok[4096];
-      memcpy(tok, zero, sizeof tok);
-      size_t boff[N], blen[N];
-      for (int i = 0; i < N; i++) boff[i] = (size_t)i, blen[i] = 1;
-      return N > 1 ? ring_gather_blocks(r, o, tok, boff, blen, 1, NULL) : 0;
-    }
-    case COMM_OP_ALL_GATHER: {
-      size_t n = a->count, bytes = n * esz;
-      uint8_t *out = a->recv;
-      const uint8_t *in = a->send, *own = NULL;
-      /* an input apart from the output is copied in as it is sent; one that
-       * overlaps it (but is not in place) is moved first */
-      if (in != out + (size_t)me * bytes && bytes) {
-        if (N > 1 && (in + bytes <= out || in >= out + (size_t)N * bytes)) own = in;
-        else memmove(out + (size_t)me * bytes, in, bytes);
-      }
-      if (N == 1 || !bytes) return 0;
-      size_t boff[N], blen[N];
-      for (int i = 0; i < N; i++) boff[i] = (size_t)i * n, blen[i] = n;
-      return ring_gather_blocks(r, o, out, boff, blen, esz, own);
-    }
-    case COMM_OP_REDUCE_SCATTER: {
-      size_t n = a->count;
-      if (!n) return 0;
-      const uint8_t *in = a->send;
-      if (N == 1) {
-        if (div == 1.0f) memmove(a->recv, in, n * esz);
-        return 0;
-      }
-      size_t boff[N], blen[N];
-      for (int i = 0; i < N; i++) boff[i] = (size_t)i * n, blen[i] = n;
-      return ring_stream_rs(r, o, in, boff, blen, a->recv, a->dtype, div);
-    }
-    case COMM_OP_ALL_REDUCE: {
-      size_t n = a->count;
-      uint8_t *out = a->recv;
-      if (!n) return 0;
-      if (N == 1) {
-        if ((const void *)out != a->send) memmove(out, a->send, n * esz);
-        return 0;
-      }
-      size_t boff[N], blen[N], q = n / (size_t)N, rem = n % (size_t)N, off = 0;
-      for (int i = 0; i < N; i++) {
-        boff[i] = off;
-        blen[i] = q + ((size_t)i < rem);
-        off += blen[i];
-      }
-      int rc = ring_stream_rs(r, o, a->send, boff, blen, out + boff[me] * esz, a->dtype, div);
-      /* in place, the gather overwrites input the next rank may still read */
-      if (rc == 0) rc = ring_wait_consumed(r, o, ring_posted(r, o));
-      if (rc < 0) return rc;
-      return ring_gather_blocks(r, o, out, boff, blen, esz, NULL);
-    }
-    case COMM_OP_BROADCAST: {
-      size_t bytes = a->count * esz;
-      if (N == 1 || !bytes) return 0;
-      ring_seg_t seg = {a->recv, bytes};
-      int is_root = me == a->root, is_last = (a->root - 1 + N) % N == me;
-      return ring_stream_fwd(r, o, &seg, is_last ? 0 : 1, &seg, is_root ? 0 : 1,
-                             is_root ? bytes : 0, NULL);
-    }
-    default:
-      return err_set(FSDP_EINTERNAL, "%s: unknown op", o->sig);
-  }
-}
-
-/* ---- the communication thread ---- */
 
 static void ring_complete(ring_t *r, ring_req_t *q, int rc, const char *msg) {
   /* under mu */
@@ -1140,20 +63,13 @@ static void ring_break(ring_t *r, int rc) {
   pthread_mutex_unlock(&r->mu);
 }
 
+/* Thread, not under mu: an op failed (err_msg()). */
 static void ring_fail(ring_t *r, int rc) {
-  /* thread, not under mu */
-  ring_notice_t nt;
-  memset(&nt, 0, sizeof nt);
-  nt.magic = RING_NOTICE_MAGIC;
-  nt.origin = r->base.rank;
-  nt.code = rc;
-  snprintf(nt.msg, sizeof nt.msg, "%s", err_msg());
   ring_break(r, rc);
   /* Before the failure reaches the caller, who may then reuse the buffers the
-   * next rank could still be reading (CMA): it must not deliver those bytes. */
-  if (r->cma_out || r->reg_out) comm_shm_abandon(r->shm_out);
-  /* A rank that read a notice already passed it on (notice_sent); others start one. */
-  ring_send_notice(r, &nt);
+   * next rank could still be reading (records): it must not deliver those bytes. */
+  if (r->out == &ring_rec_cma_link || r->reg_out) comm_shm_abandon(r->shm_out);
+  ring_live_notify(r, rc);
 }
 
 /* Between ops, every H (thread, not under mu): a beat, and the next rank's
@@ -1161,8 +77,8 @@ static void ring_fail(ring_t *r, int rc) {
  * crosses a rank that is not in a collective (busy computing, or stuck
  * before one) on its way to the ranks that are. */
 static void ring_idle_tick(ring_t *r) {
-  ring_tick(r, ring_now_ns());
-  int rc = ring_hear(r, NULL, 0);
+  ring_live_tick(r, ring_now_ns());
+  int rc = ring_live_hear(r, NULL, 0);
   if (rc < 0) ring_break(r, rc);
 }
 
@@ -1206,7 +122,6 @@ static void *ring_thread(void *arg) {
     o.silence_ns = (o.timeout_ms / 2 > 4 * RING_BEAT_MS ? o.timeout_ms / 2 : 4 * RING_BEAT_MS) *
                    1000000;
     ring_sig(o.sig, sizeof o.sig, q->a.op, q->a.dtype, q->a.redop, q->a.root, q->a.count, q->seq);
-    o.nt = ring_out_bytes(&q->a, r->base.size) >= RING_NT_MIN;
     int rc;
     if (atomic_load(&r->aborted))
       rc = err_set(FSDP_ECANCELED, "%s on rank %d of group '%s': the communicator was aborted",
@@ -1214,7 +129,7 @@ static void *ring_thread(void *arg) {
     else if (broken)
       rc = err_set(broken, "%s on rank %d: the communicator is broken by an earlier failure: %s",
                    o.sig, r->base.rank, r->broken_msg);
-    else if ((rc = ring_run_op(r, &o)) < 0)
+    else if ((rc = ring_algo_run(r, &o)) < 0)
       ring_fail(r, rc);
     pthread_mutex_lock(&r->mu);
     ring_complete(r, q, rc, err_msg());
@@ -1222,8 +137,6 @@ static void *ring_thread(void *arg) {
   pthread_mutex_unlock(&r->mu);
   return NULL;
 }
-
-/* ---- backend table ---- */
 
 static int ring_supports(comm_op_t op, comm_dtype_t dt) {
   return (unsigned)op < COMM_OP__COUNT && (unsigned)dt < COMM_DTYPE__COUNT;
@@ -1325,7 +238,7 @@ static void ring_free(ring_t *r) {
   if (r->wake[0] >= 0) close(r->wake[0]);
   if (r->wake[1] >= 0) close(r->wake[1]);
   comm_reg_free(r->staging);
-  comm_reg_peer_close(r->cma_in.peer);
+  comm_reg_peer_close(r->rec_rx.peer);
   comm_shm_close(r->shm_in);
   comm_shm_close(r->shm_out);
   pthread_mutex_destroy(&r->mu);
@@ -1350,12 +263,7 @@ static void ring_destroy(comm_t *c) {
   pthread_cond_broadcast(&r->cv);
   pthread_mutex_unlock(&r->mu);
   if (r->thread_started) pthread_join(r->thread, NULL);
-  /* A normal end says so (a failure already sent its notice), so the
-   * previous rank can tell it from a death. */
-  if (r->base.size > 1 && !r->notice_sent) {
-    ring_beat_t bye = {.magic = RING_BYE_MAGIC, .rank = r->base.rank};
-    ring_tx_frame(r, &bye, sizeof bye);
-  }
+  ring_live_bye(r);
   while (r->all) {
     ring_req_t *q = r->all;
     r->all = q->all_next;
@@ -1375,316 +283,6 @@ const comm_backend_t comm_ring_backend = {
     .buffer_bytes = comm_ring_buffer_bytes,
 };
 
-/* ---- bootstrap ---- */
-
-static int ring_parse_addr(const char *addr, char *host, size_t hn, char *port, size_t pn) {
-  const char *colon = strrchr(addr, ':');
-  if (!colon || colon == addr || !colon[1]) return -1;
-  const char *h = addr;
-  size_t len = (size_t)(colon - addr);
-  if (h[0] == '[' && len >= 2 && h[len - 1] == ']') h++, len -= 2;
-  if (len >= hn || strlen(colon + 1) >= pn) return -1;
-  memcpy(host, h, len);
-  host[len] = 0;
-  snprintf(port, pn, "%s", colon + 1);
-  return 0;
-}
-
-static int ring_resolve(const char *addr, struct addrinfo **res, int passive) {
-  char host[RING_ADDR], port[16];
-  if (ring_parse_addr(addr, host, sizeof host, port, sizeof port) < 0)
-    return err_set(FSDP_EINVAL, "address \"%s\" is not host:port", addr);
-  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                           .ai_flags = passive ? AI_PASSIVE : 0};
-  int g = getaddrinfo(host, port, &hints, res);
-  if (g) return err_set(FSDP_EINVAL, "address \"%s\": %s", addr, gai_strerror(g));
-  return 0;
-}
-
-static void ring_tune(int fd) {
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-}
-
-/* Blocking exchange of a small struct with a bounded wait. */
-static int ring_io_all(int fd, void *p, size_t n, int sending, int64_t deadline) {
-  size_t done = 0;
-  while (done < n) {
-    ssize_t k = sending ? send(fd, (char *)p + done, n - done, MSG_NOSIGNAL | MSG_DONTWAIT)
-                        : recv(fd, (char *)p + done, n - done, MSG_DONTWAIT);
-    if (k > 0) {
-      done += (size_t)k;
-      continue;
-    }
-    if (k == 0) return -ECONNRESET;
-    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return -errno;
-    struct pollfd pf = {.fd = fd, .events = sending ? POLLOUT : POLLIN};
-    int ms = ring_ms_left(deadline);
-    if (ms == 0) return -ETIMEDOUT;
-    if (poll(&pf, 1, ms) < 0 && errno != EINTR) return -errno;
-  }
-  return 0;
-}
-
-static int ring_connect_next(ring_t *r, int64_t deadline) {
-  struct addrinfo *res;
-  int rc = ring_resolve(r->addr_next, &res, 0);
-  if (rc < 0)
-    return err_wrap(rc, "rank %d of group '%s': connecting to rank %d", r->base.rank, r->base.name,
-                    r->rank_next);
-  int last = ETIMEDOUT;
-  while (ring_now_ns() < deadline) {
-    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-      last = errno;
-      break;
-    }
-    int e = 0;
-    if (connect(fd, res->ai_addr, res->ai_addrlen) < 0) {
-      e = errno;
-      if (e == EINPROGRESS) {
-        struct pollfd pf = {.fd = fd, .events = POLLOUT};
-        int n = poll(&pf, 1, ring_ms_left(deadline));
-        socklen_t sl = sizeof e;
-        if (n == 1) getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &sl);
-        else e = ETIMEDOUT;
-      }
-    }
-    if (!e) {
-      r->fd_next = fd;
-      freeaddrinfo(res);
-      return 0;
-    }
-    close(fd);
-    last = e;
-    /* not listening yet: try again shortly, within the deadline */
-    struct timespec ts = {0, 20 * 1000000};
-    int ms = ring_ms_left(deadline);
-    if (ms < 20) ts.tv_nsec = (long)ms * 1000000;
-    nanosleep(&ts, NULL);
-  }
-  freeaddrinfo(res);
-  return err_set(FSDP_ETIMEDOUT,
-                 "rank %d of group '%s' could not connect to rank %d at %s within %lld ms (last "
-                 "error: %s): is that rank running, and listening on that address?",
-                 r->base.rank, r->base.name, r->rank_next, r->addr_next,
-                 (long long)r->timeout_ms, strerror(last));
-}
-
-static int ring_listen(ring_t *r, int *lfd) {
-  struct addrinfo *res;
-  int rc = ring_resolve(r->addr_self, &res, 1);
-  if (rc < 0) return err_wrap(rc, "rank %d of group '%s': listening", r->base.rank, r->base.name);
-  int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
-  if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (fd < 0 || bind(fd, res->ai_addr, res->ai_addrlen) < 0) {
-    int e = errno;
-    if (fd >= 0) close(fd);
-    freeaddrinfo(res);
-    return err_set_errno(FSDP_EIO, e,
-                         "rank %d of group '%s': cannot listen on %s (another process on that "
-                         "port? pick a free one)",
-                         r->base.rank, r->base.name, r->addr_self);
-  }
-  freeaddrinfo(res);
-  *lfd = fd;
-  return 0;
-}
-
-/* Consumer: whether the producer's offer of records can be taken (both want
- * them and its memory can be read here: same uid, no seccomp or Yama in the
- * way); 1 or 0. */
-static int ring_cma_accept(ring_t *r, const ring_shm_offer_t *theirs) {
-  if (!theirs->cma || param_comm_cma() == 0) return 0;
-  int e = comm_cma_probe((pid_t)theirs->pid, theirs->probe, theirs->token);
-  if (e < 0)
-    LOG_DEBUG("comm", "group '%s' rank %d: cannot read rank %d's memory (%s): copying link",
-              r->base.name, r->base.rank, r->rank_prev, strerror(-e));
-  return e == 0;
-}
-
-/* Consumer: whether the producer's registered segments can be mapped here
- * (its probe segment maps and holds its token); 1 and rx->peer, or 0. */
-static int ring_reg_accept(ring_t *r, const ring_shm_offer_t *theirs, comm_cma_rx_t *rx) {
-  if (!theirs->reg || param_comm_reg() == 0) return 0;
-  if (!rx->peer && !(rx->peer = comm_reg_peer_open((pid_t)theirs->pid))) return 0;
-  const uint8_t *m = comm_reg_peer_map(rx->peer, theirs->reg_id, theirs->reg_fd, 8);
-  uint64_t got = 0;
-  if (m) memcpy(&got, m, sizeof got);
-  if (m && got == theirs->reg_token) return 1;
-  LOG_DEBUG("comm", "group '%s' rank %d: cannot map rank %d's registered memory (%s): its "
-            "buffers are copied", r->base.name, r->base.rank, r->rank_prev,
-            m ? "another token" : err_msg());
-  return 0;
-}
-
-/* The last bootstrap step: each link becomes shared memory when its producer
- * could create one and its consumer could map it (same host, same /dev/shm,
- * FSDP_COMM_SHM not 0 on either side); otherwise it stays TCP. A shared link
- * carries records (cma.c) when the consumer could also read the producer's
- * memory and FSDP_COMM_CMA is not 0 on either side. Every rank sends its
- * offer before reading, and offers and answers fit any socket buffer, so the
- * step cannot deadlock. */
-static int ring_shm_negotiate(ring_t *r, int64_t deadline) {
-  const int me = r->base.rank;
-  int want = param_comm_shm() != 0;
-  ring_shm_offer_t mine = {.magic = RING_SHM_MAGIC}, theirs, ans;
-  int cma_in = 0, reg_in = 0;
-  comm_cma_rx_t rx = {0};
-  comm_shm_link_t *out = NULL, *in = NULL;
-  if (want) {
-    int64_t bytes = param_comm_shm_bytes();
-    if (comm_shm_create(bytes > 0 ? (size_t)bytes : 0, &out, mine.name, &mine.token) < 0) {
-      LOG_DEBUG("comm", "group '%s' rank %d: no shared memory towards rank %d (%s): TCP",
-                r->base.name, me, r->rank_next, err_msg());
-      out = NULL;
-      mine.name[0] = 0;
-    } else {
-      mine.cap = comm_shm_cap(out);
-      mine.pid = (int32_t)getpid();
-      if (param_comm_cma() != 0) {
-        comm_cma_allow();
-        r->cma_probe = mine.token;
-        mine.cma = 1;
-        mine.probe = (uint64_t)(uintptr_t)&r->cma_probe;
-      }
-      comm_reg_seg_t probe;
-      if (comm_reg_probe(&probe, &mine.reg_token) == 0)
-        mine.reg = 1, mine.reg_id = probe.id, mine.reg_fd = probe.fd;
-    }
-  }
-  int e = ring_io_all(r->fd_next, &mine, sizeof mine, 1, deadline);
-  if (e == 0) e = ring_io_all(r->fd_prev, &theirs, sizeof theirs, 0, deadline);
-  if (e == 0) {
-    theirs.name[COMM_SHM_NAME - 1] = 0;
-    ans = (ring_shm_offer_t){.magic = RING_SHM_MAGIC};
-    if (want && theirs.magic == RING_SHM_MAGIC && theirs.name[0]) {
-      if (comm_shm_attach(theirs.name, theirs.token, theirs.cap, &in) == 0) {
-        ans.accepted = 1, ans.cma = (uint32_t)(cma_in = ring_cma_accept(r, &theirs));
-        ans.reg = (uint32_t)(reg_in = ring_reg_accept(r, &theirs, &rx));
-      } else
-        LOG_DEBUG("comm", "group '%s' rank %d: shared memory from rank %d refused (%s): TCP",
-                  r->base.name, me, r->rank_prev, err_msg());
-    }
-    e = ring_io_all(r->fd_prev, &ans, sizeof ans, 1, deadline);
-  }
-  if (e == 0) e = ring_io_all(r->fd_next, &ans, sizeof ans, 0, deadline);
-  comm_shm_unlink(mine.name); /* mapped by both now, or never to be */
-  if (e < 0) {
-    comm_shm_close(out);
-    comm_shm_close(in);
-    comm_reg_peer_close(rx.peer);
-    return err_set(e == -ETIMEDOUT ? FSDP_ETIMEDOUT : FSDP_EPEER,
-                   "rank %d of group '%s': choosing the transport with ranks %d (%s) and %d (%s): "
-                   "%s (did a rank fail? see its log)",
-                   me, r->base.name, r->rank_next, r->addr_next, r->rank_prev, r->addr_prev,
-                   strerror(-e));
-  }
-  if (!(ans.magic == RING_SHM_MAGIC && ans.accepted == 1)) {
-    comm_shm_close(out);
-    out = NULL;
-  }
-  r->shm_out = out;
-  r->shm_in = in;
-  r->cma_out = out && ans.cma == 1;
-  r->reg_out = out && ans.reg == 1;
-  if (cma_in || reg_in) {
-    rx.link = in;
-    rx.pid = (pid_t)theirs.pid;
-    r->cma_in = rx;
-    r->cma_in_always = cma_in;
-    r->reg_in = reg_in;
-  } else {
-    comm_reg_peer_close(rx.peer);
-  }
-  return 0;
-}
-
-static int ring_bootstrap(ring_t *r, int lfd) {
-  const int me = r->base.rank, N = r->base.size;
-  int64_t deadline = ring_now_ns() + r->timeout_ms * 1000000;
-  if (listen(lfd, 64) < 0)
-    return err_set_errno(FSDP_EINVAL, errno, "rank %d of group '%s': listen on %s", me,
-                         r->base.name, r->addr_self);
-  int rc = ring_connect_next(r, deadline);
-  if (rc < 0) return rc;
-  ring_hello_t hi = {.magic = RING_HELLO_MAGIC, .version = RING_VERSION, .size = N, .from = me,
-                     .to = r->rank_next};
-  snprintf(hi.name, sizeof hi.name, "%s", r->base.name);
-  int e = ring_io_all(r->fd_next, &hi, sizeof hi, 1, deadline);
-  if (e < 0) goto io_next;
-
-  /* accept the previous rank */
-  for (;;) {
-    struct pollfd pf = {.fd = lfd, .events = POLLIN};
-    int ms = ring_ms_left(deadline);
-    if (ms == 0 || poll(&pf, 1, ms) == 0)
-      return err_set(FSDP_ETIMEDOUT,
-                     "rank %d of group '%s' (%s): rank %d (%s) did not connect within %lld ms: is "
-                     "it running, with the same address list?",
-                     me, r->base.name, r->addr_self, r->rank_prev, r->addr_prev,
-                     (long long)r->timeout_ms);
-    int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd >= 0) {
-      r->fd_prev = fd;
-      break;
-    }
-    if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
-      return err_set_errno(FSDP_EIO, errno, "rank %d of group '%s': accept on %s", me,
-                           r->base.name, r->addr_self);
-  }
-  ring_tune(r->fd_prev);
-  ring_hello_t ph;
-  e = ring_io_all(r->fd_prev, &ph, sizeof ph, 0, deadline);
-  if (e < 0)
-    return err_set(e == -ETIMEDOUT ? FSDP_ETIMEDOUT : FSDP_EPEER,
-                   "rank %d of group '%s' (%s): reading the hello of the connecting rank: %s", me,
-                   r->base.name, r->addr_self, strerror(-e));
-  ph.name[sizeof ph.name - 1] = 0;
-  if (ph.magic != RING_HELLO_MAGIC || ph.version != RING_VERSION)
-    return err_set(FSDP_EPEER,
-                   "rank %d of group '%s' (%s): a connection that is not an fsdpd ring of this "
-                   "version (magic %08x version %u) arrived where rank %d (%s) was expected",
-                   me, r->base.name, r->addr_self, ph.magic, ph.version, r->rank_prev,
-                   r->addr_prev);
-  if (ph.size != N || ph.from != r->rank_prev || ph.to != me || strcmp(ph.name, r->base.name))
-    return err_set(FSDP_EPEER,
-                   "rank %d of group '%s' (size %d, at %s) expected its previous rank %d (%s) "
-                   "but was reached by rank %d of group '%s' (size %d) dialling rank %d: the "
-                   "address lists handed to the ranks disagree",
-                   me, r->base.name, N, r->addr_self, r->rank_prev, r->addr_prev, (int)ph.from,
-                   ph.name, (int)ph.size, (int)ph.to);
-  ring_hello_t reply = hi;
-  reply.to = r->rank_prev;
-  e = ring_io_all(r->fd_prev, &reply, sizeof reply, 1, deadline);
-  if (e < 0)
-    return err_set(FSDP_EPEER, "rank %d of group '%s': answering rank %d (%s): %s", me,
-                   r->base.name, r->rank_prev, r->addr_prev, strerror(-e));
-
-  ring_hello_t nh;
-  e = ring_io_all(r->fd_next, &nh, sizeof nh, 0, deadline);
-  if (e < 0) goto io_next;
-  nh.name[sizeof nh.name - 1] = 0;
-  if (nh.magic != RING_HELLO_MAGIC || nh.size != N || nh.from != r->rank_next || nh.to != me ||
-      strcmp(nh.name, r->base.name))
-    return err_set(FSDP_EPEER,
-                   "rank %d of group '%s' (size %d) dialled rank %d at %s but rank %d of group "
-                   "'%s' (size %d) answered: the address lists handed to the ranks disagree",
-                   me, r->base.name, N, r->rank_next, r->addr_next, (int)nh.from, nh.name,
-                   (int)nh.size);
-  return ring_shm_negotiate(r, deadline);
-io_next:
-  return err_set(e == -ETIMEDOUT ? FSDP_ETIMEDOUT : FSDP_EPEER,
-                 "rank %d of group '%s': handshake with rank %d at %s: %s (was the rank started "
-                 "with the same address list? did it fail? see its log)",
-                 me, r->base.name, r->rank_next, r->addr_next, strerror(-e));
-}
-
-static const char *ring_xport_name(const comm_shm_link_t *l, int cma, int reg) {
-  return !l ? "tcp" : cma && reg ? "shm+cma+reg" : cma ? "shm+cma" : reg ? "shm+reg" : "shm";
-}
-
 int comm_ring_create(const comm_ring_opts_t *o, comm_t **out) {
   *out = NULL;
   if (!o || o->size < 1 || o->rank < 0 || o->rank >= o->size || (o->size > 1 && !o->addrs))
@@ -1702,16 +300,13 @@ int comm_ring_create(const comm_ring_opts_t *o, comm_t **out) {
   r->base.size = o->size;
   snprintf(r->base.name, sizeof r->base.name, "%s", name);
   r->fd_next = r->fd_prev = r->wake[0] = r->wake[1] = -1;
+  r->out = r->in = &ring_tcp_link; /* until the bootstrap finds better */
   pthread_mutex_init(&r->mu, NULL);
-  pthread_cond_init(&r->cv, NULL);
-  {
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_destroy(&r->cv);
-    pthread_cond_init(&r->cv, &ca);
-    pthread_condattr_destroy(&ca);
-  }
+  pthread_condattr_t ca; /* ring_wait and the idle beats count in CLOCK_MONOTONIC */
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&r->cv, &ca);
+  pthread_condattr_destroy(&ca);
   r->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : param_comm_timeout_ms();
   if (r->timeout_ms <= 0) r->timeout_ms = 5000;
   int64_t ch = o->chunk_bytes ? (int64_t)o->chunk_bytes : param_comm_chunk_bytes();
@@ -1733,12 +328,9 @@ int comm_ring_create(const comm_ring_opts_t *o, comm_t **out) {
       rc = FSDP_ENOMEM;
       goto fail;
     }
-    if (lfd < 0 && (rc = ring_listen(r, &lfd)) < 0) goto fail;
-    rc = ring_bootstrap(r, lfd);
-    close(lfd);
+    rc = ring_boot_connect(r, lfd);
     lfd = -1;
     if (rc < 0) goto fail;
-    ring_tune(r->fd_next);
   } else if (lfd >= 0) {
     close(lfd);
     lfd = -1;
@@ -1755,10 +347,9 @@ int comm_ring_create(const comm_ring_opts_t *o, comm_t **out) {
     goto fail;
   }
   r->thread_started = 1;
-  LOG_DEBUG("comm", "group '%s': rank %d of %d connected (next %s over %s, prev %s over %s)",
-            name, o->rank, o->size, r->addr_next,
-            ring_xport_name(r->shm_out, r->cma_out, r->reg_out), r->addr_prev,
-            ring_xport_name(r->shm_in, r->cma_in_always, r->cma_in.link && !r->cma_in_always));
+  LOG_DEBUG("comm", "group '%s': rank %d of %d connected (next %s over %s%s, prev %s over %s%s)",
+            name, o->rank, o->size, r->addr_next, r->out->name, r->reg_out ? "+reg" : "",
+            r->addr_prev, r->in->name, r->reg_in ? "+reg" : "");
   *out = &r->base;
   return 0;
 fail:
@@ -1767,7 +358,7 @@ fail:
   return rc;
 }
 
-/* The formula at the top of this file, with the default tunables (a link that
+/* docs/RING.md's memory formula, with the default tunables (a link that
  * stays TCP maps nothing, so this is the most a communicator holds). */
 static size_t comm_ring_buffer_bytes(int size) {
   if (size < 2) return 0;
@@ -1781,7 +372,7 @@ const char *comm_ring_self_addr(const comm_t *c) { return ((const ring_t *)c)->a
 
 int comm_ring_cma_links(const comm_t *c) {
   const ring_t *r = (const ring_t *)c;
-  return r->cma_out + r->cma_in_always;
+  return (r->out == &ring_rec_cma_link) + (r->in == &ring_rec_cma_link);
 }
 
 int comm_ring_reg_links(const comm_t *c) {

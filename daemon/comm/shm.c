@@ -1,4 +1,4 @@
-/* shm: the shared-memory byte stream behind ring.c's same-host links (see
+/* shm: the shared-memory byte stream behind the ring's same-host links (see
  * shm.h for the contract).
  *
  * Layout of the object: a 192-byte header (identity; the producer's position
@@ -227,11 +227,11 @@ void comm_shm_consume(comm_shm_link_t *l, size_t n) {
   if (atomic_load(&h->tail_sleep)) shm_ring(&h->tail_bell);
 }
 
-size_t comm_shm_read(comm_shm_link_t *l, void *p, size_t n, int nt) {
+size_t comm_shm_read(comm_shm_link_t *l, void *p, size_t n, int stream) {
   size_t done = 0;
   while (done < n) { /* a grain at a time, so the producer refills while this copies */
     size_t k = shm_peek(l, (uint8_t *)p + done, n - done < l->grain ? n - done : l->grain,
-                        nt ? kern_cpu()->copy_stream : shm_memcpy);
+                        stream ? kern_cpu()->copy_stream : shm_memcpy);
     if (!k) break;
     comm_shm_consume(l, k);
     done += k;

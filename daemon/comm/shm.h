@@ -1,6 +1,6 @@
 /* shm: a one-way byte stream through shared memory between two processes on
- * one host (ring.c's transport for a link whose ends share a host; NCCL's SHM
- * transport has the same shape). Internal to daemon/comm.
+ * one host (the ring's transport for a link whose ends share a host; NCCL's
+ * SHM transport has the same shape). Internal to daemon/comm.
  *
  * A link is a ring buffer of cap bytes in a POSIX shared-memory object, a
  * header holding the producer's and the consumer's positions, and two futex
@@ -10,10 +10,11 @@
  * token (a peer on another host cannot open it, so the check also tells "same
  * host"), and both unlink the name, so nothing outlives the two processes.
  *
- * It carries bytes only (cma.c layers records that point into the producer's
+ * It carries bytes only (rec.c layers records that point into the producer's
  * memory on top): failures, liveness and aborts stay with the caller
- * (ring.c watches its TCP sockets between waits, comm_shm_wait sleeps at most
- * until the time it is given). One producer thread and one consumer thread. */
+ * (ring_live.c watches its TCP sockets between waits, comm_shm_wait sleeps
+ * at most until the time it is given). One producer thread and one consumer
+ * thread. */
 #ifndef FSDP_COMM_SHM_H
 #define FSDP_COMM_SHM_H
 
@@ -37,10 +38,11 @@ void comm_shm_close(comm_shm_link_t *l);
 uint64_t comm_shm_cap(const comm_shm_link_t *l);
 
 /* Copies up to n bytes in (producer) or out (consumer), as room or data
- * allows, waking the other side if it sleeps; returns the bytes moved. nt:
- * p is where the bytes end up, not read again soon (streamed: kern.h copy_stream). */
+ * allows, waking the other side if it sleeps; returns the bytes moved.
+ * stream: p is where the bytes end up, not read again soon (kern.h
+ * copy_stream). */
 size_t comm_shm_write(comm_shm_link_t *l, const void *p, size_t n);
-size_t comm_shm_read(comm_shm_link_t *l, void *p, size_t n, int nt);
+size_t comm_shm_read(comm_shm_link_t *l, void *p, size_t n, int stream);
 /* Consumer: copies up to n bytes from its position without consuming them
  * (returns the bytes copied), and consumes n bytes (at most what is there),
  * waking the producer if it sleeps. read = peek + consume. */

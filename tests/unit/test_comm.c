@@ -21,7 +21,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "daemon/comm/cma.h"
 #include "daemon/comm/ring.h"
 #include "daemon/comm/reg.h"
 #include "daemon/common/err.h"
@@ -801,7 +800,7 @@ Test(comm, bad_arguments_are_refused_with_a_message) {
 
 /* ---- transports: shared memory between ranks on this host, TCP forced ---- */
 
-/* How many shared-memory links this process has mapped (ring.c maps one per
+/* How many shared-memory links this process has mapped (the ring maps one per
  * same-host link and unlinks the name, so /proc/self/maps is the witness). */
 static int shm_links_mapped(void) {
   FILE *f = fopen("/proc/self/maps", "r");

@@ -1,0 +1,373 @@
+/* ring_boot: how a ring communicator connects (docs/RING.md, "Bootstrap"):
+ * listen, connect to the next rank, accept the previous one, the hello both
+ * ways, and the offer that chooses each link's transport: TCP, a copying
+ * shared-memory link, or records (r->out, r->in, the shared-memory links,
+ * and what the neighbours can map of each other's memory). Everything here
+ * is bounded by the communicator's timeout and runs before the thread
+ * starts. A rank that cannot connect, or a neighbour that is not the rank
+ * the address list says, is an error naming both sides. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon/comm/cma.h"
+#include "daemon/comm/ring_impl.h"
+#include "daemon/common/err.h"
+#include "daemon/common/log.h"
+#include "daemon/common/param.h"
+
+/* The first message on each connection, both ways: who sends, whom it
+ * meant, and the group. */
+typedef struct {
+  uint32_t magic, version;
+  int32_t size, from, to;
+  char name[64];
+  char pad[12];
+} ring_boot_hello_t;
+
+/* The bootstrap's last step, on each link: the producer (rank r) offers a
+ * shared-memory link to rank r+1 (name empty: no offer), with its pid, the
+ * address of a word holding the token when it also offers records for every
+ * op (cma = 1), and its registration probe segment (reg = 1: reg.c); rank r+1
+ * answers whether it could map the link (accepted = 1), read that word
+ * (cma = 1) and map that segment and read its token there (reg = 1). */
+typedef struct {
+  uint32_t magic;
+  uint32_t accepted;
+  uint64_t token, cap;
+  char name[COMM_SHM_NAME];
+  int32_t pid;
+  uint32_t cma;
+  uint64_t probe; /* address of the token in the producer */
+  uint32_t reg;
+  int32_t reg_fd;
+  uint64_t reg_id, reg_token;
+} ring_boot_offer_t;
+
+_Static_assert(sizeof(ring_boot_hello_t) == 96, "hello is 96 bytes");
+_Static_assert(sizeof(ring_boot_offer_t) == 112, "offer is 112 bytes");
+
+static int ring_boot_parse_addr(const char *addr, char *host, size_t hn, char *port, size_t pn) {
+  const char *colon = strrchr(addr, ':');
+  if (!colon || colon == addr || !colon[1]) return -1;
+  const char *h = addr;
+  size_t len = (size_t)(colon - addr);
+  if (h[0] == '[' && len >= 2 && h[len - 1] == ']') h++, len -= 2;
+  if (len >= hn || strlen(colon + 1) >= pn) return -1;
+  memcpy(host, h, len);
+  host[len] = 0;
+  snprintf(port, pn, "%s", colon + 1);
+  return 0;
+}
+
+static int ring_boot_resolve(const char *addr, struct addrinfo **res, int passive) {
+  char host[RING_ADDR], port[16];
+  if (ring_boot_parse_addr(addr, host, sizeof host, port, sizeof port) < 0)
+    return err_set(FSDP_EINVAL, "address \"%s\" is not host:port", addr);
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                           .ai_flags = passive ? AI_PASSIVE : 0};
+  int g = getaddrinfo(host, port, &hints, res);
+  if (g) return err_set(FSDP_EINVAL, "address \"%s\": %s", addr, gai_strerror(g));
+  return 0;
+}
+
+static void ring_boot_tune(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+}
+
+/* Blocking exchange of a small struct with a bounded wait. */
+static int ring_boot_io_all(int fd, void *p, size_t n, int sending, int64_t deadline) {
+  size_t done = 0;
+  while (done < n) {
+    ssize_t k = sending ? send(fd, (char *)p + done, n - done, MSG_NOSIGNAL | MSG_DONTWAIT)
+                        : recv(fd, (char *)p + done, n - done, MSG_DONTWAIT);
+    if (k > 0) {
+      done += (size_t)k;
+      continue;
+    }
+    if (k == 0) return -ECONNRESET;
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return -errno;
+    struct pollfd pf = {.fd = fd, .events = sending ? POLLOUT : POLLIN};
+    int ms = ring_ms_left(deadline);
+    if (ms == 0) return -ETIMEDOUT;
+    if (poll(&pf, 1, ms) < 0 && errno != EINTR) return -errno;
+  }
+  return 0;
+}
+
+static int ring_boot_connect_next(ring_t *r, int64_t deadline) {
+  struct addrinfo *res;
+  int rc = ring_boot_resolve(r->addr_next, &res, 0);
+  if (rc < 0)
+    return err_wrap(rc, "rank %d of group '%s': connecting to rank %d", r->base.rank, r->base.name,
+                    r->rank_next);
+  int last = ETIMEDOUT;
+  while (ring_now_ns() < deadline) {
+    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      last = errno;
+      break;
+    }
+    int e = 0;
+    if (connect(fd, res->ai_addr, res->ai_addrlen) < 0) {
+      e = errno;
+      if (e == EINPROGRESS) {
+        struct pollfd pf = {.fd = fd, .events = POLLOUT};
+        int n = poll(&pf, 1, ring_ms_left(deadline));
+        socklen_t sl = sizeof e;
+        if (n == 1) getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &sl);
+        else e = ETIMEDOUT;
+      }
+    }
+    if (!e) {
+      r->fd_next = fd;
+      freeaddrinfo(res);
+      return 0;
+    }
+    close(fd);
+    last = e;
+    /* not listening yet: try again shortly, within the deadline */
+    struct timespec ts = {0, 20 * 1000000};
+    int ms = ring_ms_left(deadline);
+    if (ms < 20) ts.tv_nsec = (long)ms * 1000000;
+    nanosleep(&ts, NULL);
+  }
+  freeaddrinfo(res);
+  return err_set(FSDP_ETIMEDOUT,
+                 "rank %d of group '%s' could not connect to rank %d at %s within %lld ms (last "
+                 "error: %s): is that rank running, and listening on that address?",
+                 r->base.rank, r->base.name, r->rank_next, r->addr_next,
+                 (long long)r->timeout_ms, strerror(last));
+}
+
+static int ring_boot_listen(ring_t *r, int *lfd) {
+  struct addrinfo *res;
+  int rc = ring_boot_resolve(r->addr_self, &res, 1);
+  if (rc < 0) return err_wrap(rc, "rank %d of group '%s': listening", r->base.rank, r->base.name);
+  int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+  if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (fd < 0 || bind(fd, res->ai_addr, res->ai_addrlen) < 0) {
+    int e = errno;
+    if (fd >= 0) close(fd);
+    freeaddrinfo(res);
+    return err_set_errno(FSDP_EIO, e,
+                         "rank %d of group '%s': cannot listen on %s (another process on that "
+                         "port? pick a free one)",
+                         r->base.rank, r->base.name, r->addr_self);
+  }
+  freeaddrinfo(res);
+  *lfd = fd;
+  return 0;
+}
+
+/* Consumer: whether the producer's offer of records can be taken (both want
+ * them and its memory can be read here: same uid, no seccomp or Yama in the
+ * way); 1 or 0. */
+static int ring_boot_cma_accept(ring_t *r, const ring_boot_offer_t *theirs) {
+  if (!theirs->cma || param_comm_cma() == 0) return 0;
+  int e = comm_cma_probe((pid_t)theirs->pid, theirs->probe, theirs->token);
+  if (e < 0)
+    LOG_DEBUG("comm", "group '%s' rank %d: cannot read rank %d's memory (%s): copying link",
+              r->base.name, r->base.rank, r->rank_prev, strerror(-e));
+  return e == 0;
+}
+
+/* Consumer: whether the producer's registered segments can be mapped here
+ * (its probe segment maps and holds its token); 1 and rx->peer, or 0. */
+static int ring_boot_reg_accept(ring_t *r, const ring_boot_offer_t *theirs, comm_rec_rx_t *rx) {
+  if (!theirs->reg || param_comm_reg() == 0) return 0;
+  if (!rx->peer && !(rx->peer = comm_reg_peer_open((pid_t)theirs->pid))) return 0;
+  const uint8_t *m = comm_reg_peer_map(rx->peer, theirs->reg_id, theirs->reg_fd, 8);
+  uint64_t got = 0;
+  if (m) memcpy(&got, m, sizeof got);
+  if (m && got == theirs->reg_token) return 1;
+  LOG_DEBUG("comm", "group '%s' rank %d: cannot map rank %d's registered memory (%s): its "
+            "buffers are copied", r->base.name, r->base.rank, r->rank_prev,
+            m ? "another token" : err_msg());
+  return 0;
+}
+
+/* The last bootstrap step, which picks r->out and r->in: each link becomes
+ * shared memory when its producer could create one and its consumer could
+ * map it (same host, same /dev/shm, FSDP_COMM_SHM not 0 on either side);
+ * otherwise it stays TCP. A shared link carries records (rec.c) for the ops
+ * whose buffers are registered when the consumer could map the producer's
+ * probe segment (FSDP_COMM_REG not 0 on either side), and for every op when
+ * it could read the producer's memory (process_vm_readv; FSDP_COMM_CMA=1 on
+ * both sides). Every rank sends its offer before reading, and offers and
+ * answers fit any socket buffer, so the step cannot deadlock. */
+static int ring_boot_choose_links(ring_t *r, int64_t deadline) {
+  const int me = r->base.rank;
+  int want = param_comm_shm() != 0;
+  ring_boot_offer_t mine = {.magic = RING_OFFER_MAGIC}, theirs, ans;
+  int cma_in = 0, reg_in = 0;
+  comm_rec_rx_t rx = {0};
+  comm_shm_link_t *out = NULL, *in = NULL;
+  if (want) {
+    int64_t bytes = param_comm_shm_bytes();
+    if (comm_shm_create(bytes > 0 ? (size_t)bytes : 0, &out, mine.name, &mine.token) < 0) {
+      LOG_DEBUG("comm", "group '%s' rank %d: no shared memory towards rank %d (%s): TCP",
+                r->base.name, me, r->rank_next, err_msg());
+      out = NULL;
+      mine.name[0] = 0;
+    } else {
+      mine.cap = comm_shm_cap(out);
+      mine.pid = (int32_t)getpid();
+      if (param_comm_cma() != 0) {
+        comm_cma_allow();
+        r->cma_probe = mine.token;
+        mine.cma = 1;
+        mine.probe = (uint64_t)(uintptr_t)&r->cma_probe;
+      }
+      comm_reg_seg_t probe;
+      if (comm_reg_probe(&probe, &mine.reg_token) == 0)
+        mine.reg = 1, mine.reg_id = probe.id, mine.reg_fd = probe.fd;
+    }
+  }
+  int e = ring_boot_io_all(r->fd_next, &mine, sizeof mine, 1, deadline);
+  if (e == 0) e = ring_boot_io_all(r->fd_prev, &theirs, sizeof theirs, 0, deadline);
+  if (e == 0) {
+    theirs.name[COMM_SHM_NAME - 1] = 0;
+    ans = (ring_boot_offer_t){.magic = RING_OFFER_MAGIC};
+    if (want && theirs.magic == RING_OFFER_MAGIC && theirs.name[0]) {
+      if (comm_shm_attach(theirs.name, theirs.token, theirs.cap, &in) == 0) {
+        ans.accepted = 1, ans.cma = (uint32_t)(cma_in = ring_boot_cma_accept(r, &theirs));
+        ans.reg = (uint32_t)(reg_in = ring_boot_reg_accept(r, &theirs, &rx));
+      } else
+        LOG_DEBUG("comm", "group '%s' rank %d: shared memory from rank %d refused (%s): TCP",
+                  r->base.name, me, r->rank_prev, err_msg());
+    }
+    e = ring_boot_io_all(r->fd_prev, &ans, sizeof ans, 1, deadline);
+  }
+  if (e == 0) e = ring_boot_io_all(r->fd_next, &ans, sizeof ans, 0, deadline);
+  comm_shm_unlink(mine.name); /* mapped by both now, or never to be */
+  if (e < 0) {
+    comm_shm_close(out);
+    comm_shm_close(in);
+    comm_reg_peer_close(rx.peer);
+    return err_set(e == -ETIMEDOUT ? FSDP_ETIMEDOUT : FSDP_EPEER,
+                   "rank %d of group '%s': choosing the transport with ranks %d (%s) and %d (%s): "
+                   "%s (did a rank fail? see its log)",
+                   me, r->base.name, r->rank_next, r->addr_next, r->rank_prev, r->addr_prev,
+                   strerror(-e));
+  }
+  if (!(ans.magic == RING_OFFER_MAGIC && ans.accepted == 1)) {
+    comm_shm_close(out);
+    out = NULL;
+  }
+  r->shm_out = out;
+  r->shm_in = in;
+  r->out = !out ? &ring_tcp_link : ans.cma == 1 ? &ring_rec_cma_link : &ring_shm_link;
+  r->in = !in ? &ring_tcp_link : cma_in ? &ring_rec_cma_link : &ring_shm_link;
+  r->reg_out = out && ans.reg == 1;
+  if (cma_in || reg_in) {
+    rx.link = in;
+    rx.pid = (pid_t)theirs.pid;
+    r->rec_rx = rx;
+    r->reg_in = reg_in;
+  } else {
+    comm_reg_peer_close(rx.peer);
+  }
+  return 0;
+}
+
+static int ring_boot_handshake(ring_t *r, int lfd) {
+  const int me = r->base.rank, N = r->base.size;
+  int64_t deadline = ring_now_ns() + r->timeout_ms * 1000000;
+  if (listen(lfd, 64) < 0)
+    return err_set_errno(FSDP_EINVAL, errno, "rank %d of group '%s': listen on %s", me,
+                         r->base.name, r->addr_self);
+  int rc = ring_boot_connect_next(r, deadline);
+  if (rc < 0) return rc;
+  ring_boot_hello_t hi = {.magic = RING_HELLO_MAGIC, .version = RING_VERSION, .size = N, .from = me,
+                     .to = r->rank_next};
+  snprintf(hi.name, sizeof hi.name, "%s", r->base.name);
+  int e = ring_boot_io_all(r->fd_next, &hi, sizeof hi, 1, deadline);
+  if (e < 0) goto io_next;
+
+  /* accept the previous rank */
+  for (;;) {
+    struct pollfd pf = {.fd = lfd, .events = POLLIN};
+    int ms = ring_ms_left(deadline);
+    if (ms == 0 || poll(&pf, 1, ms) == 0)
+      return err_set(FSDP_ETIMEDOUT,
+                     "rank %d of group '%s' (%s): rank %d (%s) did not connect within %lld ms: is "
+                     "it running, with the same address list?",
+                     me, r->base.name, r->addr_self, r->rank_prev, r->addr_prev,
+                     (long long)r->timeout_ms);
+    int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd >= 0) {
+      r->fd_prev = fd;
+      break;
+    }
+    if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+      return err_set_errno(FSDP_EIO, errno, "rank %d of group '%s': accept on %s", me,
+                           r->base.name, r->addr_self);
+  }
+  ring_boot_tune(r->fd_prev);
+  ring_boot_hello_t ph;
+  e = ring_boot_io_all(r->fd_prev, &ph, sizeof ph, 0, deadline);
+  if (e < 0)
+    return err_set(e == -ETIMEDOUT ? FSDP_ETIMEDOUT : FSDP_EPEER,
+                   "rank %d of group '%s' (%s): reading the hello of the connecting rank: %s", me,
+                   r->base.name, r->addr_self, strerror(-e));
+  ph.name[sizeof ph.name - 1] = 0;
+  if (ph.magic != RING_HELLO_MAGIC || ph.version != RING_VERSION)
+    return err_set(FSDP_EPEER,
+                   "rank %d of group '%s' (%s): a connection that is not an fsdpd ring of this "
+                   "version (magic %08x version %u) arrived where rank %d (%s) was expected",
+                   me, r->base.name, r->addr_self, ph.magic, ph.version, r->rank_prev,
+                   r->addr_prev);
+  if (ph.size != N || ph.from != r->rank_prev || ph.to != me || strcmp(ph.name, r->base.name))
+    return err_set(FSDP_EPEER,
+                   "rank %d of group '%s' (size %d, at %s) expected its previous rank %d (%s) "
+                   "but was reached by rank %d of group '%s' (size %d) dialling rank %d: the "
+                   "address lists handed to the ranks disagree",
+                   me, r->base.name, N, r->addr_self, r->rank_prev, r->addr_prev, (int)ph.from,
+                   ph.name, (int)ph.size, (int)ph.to);
+  ring_boot_hello_t reply = hi;
+  reply.to = r->rank_prev;
+  e = ring_boot_io_all(r->fd_prev, &reply, sizeof reply, 1, deadline);
+  if (e < 0)
+    return err_set(FSDP_EPEER, "rank %d of group '%s': answering rank %d (%s): %s", me,
+                   r->base.name, r->rank_prev, r->addr_prev, strerror(-e));
+
+  ring_boot_hello_t nh;
+  e = ring_boot_io_all(r->fd_next, &nh, sizeof nh, 0, deadline);
+  if (e < 0) goto io_next;
+  nh.name[sizeof nh.name - 1] = 0;
+  if (nh.magic != RING_HELLO_MAGIC || nh.size != N || nh.from != r->rank_next || nh.to != me ||
+      strcmp(nh.name, r->base.name))
+    return err_set(FSDP_EPEER,
+                   "rank %d of group '%s' (size %d) dialled rank %d at %s but rank %d of group "
+                   "'%s' (size %d) answered: the address lists handed to the ranks disagree",
+                   me, r->base.name, N, r->rank_next, r->addr_next, (int)nh.from, nh.name,
+                   (int)nh.size);
+  return ring_boot_choose_links(r, deadline);
+io_next:
+  return err_set(e == -ETIMEDOUT ? FSDP_ETIMEDOUT : FSDP_EPEER,
+                 "rank %d of group '%s': handshake with rank %d at %s: %s (was the rank started "
+                 "with the same address list? did it fail? see its log)",
+                 me, r->base.name, r->rank_next, r->addr_next, strerror(-e));
+}
+
+int ring_boot_connect(ring_t *r, int lfd) {
+  int rc = 0;
+  if (lfd < 0 && (rc = ring_boot_listen(r, &lfd)) < 0) return rc;
+  rc = ring_boot_handshake(r, lfd);
+  close(lfd);
+  if (rc < 0) return rc;
+  ring_boot_tune(r->fd_next);
+  return 0;
+}
