@@ -14,10 +14,9 @@
 #include "daemon/common/err.h"
 #include "kernels/kern.h"
 
-/* ring_live_wait for data: also watches the next rank while it still reads
- * this rank's records. */
+/* ring_live_wait for data (it watches the next rank itself while that rank
+ * still reads this rank's records). */
 static int ring_algo_poll(ring_t *r, ring_op_t *o, int want_send, int want_recv, int watch_next) {
-  watch_next |= !o->out->consumed(r, o->out->posted(r));
   return ring_live_wait(r, o, want_send, want_recv, watch_next, NULL);
 }
 

@@ -276,11 +276,21 @@ int ring_live_turn(ring_t *r, ring_op_t *o, int want_recv) {
   return rc == 1 ? ring_live_timeout(r, o, want_recv) : rc;
 }
 
+/* Whether this op still needs the next rank: data to send to it (want_send,
+ * watch_next), or records it has not consumed yet (up to *reach, or all this
+ * rank posted): then its end, even a normal one, fails the op. */
+static int ring_live_owes_next(ring_t *r, ring_op_t *o, int want_send, int watch_next,
+                               const uint64_t *reach) {
+  return want_send || watch_next || (reach && !o->out->consumed(r, *reach)) ||
+         !o->out->consumed(r, o->out->posted(r));
+}
+
 /* Waits until the next rank can take data (want_send), the previous one has
  * sent some (want_recv), the next rank has consumed this rank's records up
  * to *reach (reach not NULL), the deadline, an abort or a notice, reading the
  * next rank's frames meanwhile. watch_next: this op still has data to send,
- * so the next rank closing or failing matters. When both links are sockets
+ * so the next rank closing or failing matters (so does it while the next
+ * rank has records of this rank's still to read: ring_live_owes_next). When both links are sockets
  * it sleeps in poll() until the next beat; when one is shared memory, on its
  * futexes in slices of at most 10 ms (1 ms when the other side is a socket
  * it waits on), looking at the sockets (frames, a closed peer, a socket
@@ -297,7 +307,6 @@ int ring_live_wait(ring_t *r, ring_op_t *o, int want_send, int want_recv, int wa
     if (want_send && reach && (int64_t)(*reach - out_pos) < 0) out_pos = *reach;
   }
   int sock_send = want_send && !o->out->shared, sock_recv = want_recv && !o->in->shared;
-  int need = want_send || watch_next || reach;
   struct pollfd p[3];
   p[0].fd = r->wake[0];
   p[0].events = POLLIN;
@@ -307,6 +316,10 @@ int ring_live_wait(ring_t *r, ring_op_t *o, int want_send, int want_recv, int wa
   for (;;) {
     int rc = ring_live_turn(r, o, want_recv);
     if (rc < 0) return rc;
+    /* Decided again every turn: the next rank may consume the last of this
+     * rank's records and end normally while this rank still waits for its
+     * previous one, which is no failure of this op. */
+    const int need = ring_live_owes_next(r, o, want_send, watch_next, reach);
     if (need && r->next_end != RING_NEXT_OPEN) return ring_live_next_gone(r, o);
     int open = r->next_end == RING_NEXT_OPEN; /* frames may come */
     p[1].fd = (open || sock_send) ? r->fd_next : -1;
