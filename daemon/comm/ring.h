@@ -39,6 +39,10 @@ int comm_ring_create(const comm_ring_opts_t *o, comm_t **out);
 int comm_ring_cma_links(const comm_t *c);
 int comm_ring_reg_links(const comm_t *c);
 uint64_t comm_ring_record_ops(const comm_t *c);
+/* For tests: every turn of an op's wait loop first sleeps this long (0: no
+ * sleep), standing in for a descheduled communication thread, so tests can
+ * make the races of a loaded machine happen on purpose. */
+extern int64_t comm_ring_test_stall_ns;
 
 /* Internal to the ring's files (ring_split.c): this rank's listening address
  * in c (its host is where a split group listens), and the comm_split of the

@@ -40,7 +40,7 @@ static void ring_algo_copy_out(const ring_op_t *o, void *dst, const void *src, s
  * reads this rank's memory until then (records; at once elsewhere). */
 static int ring_algo_wait_consumed(ring_t *r, ring_op_t *o, uint64_t pos) {
   while (!o->out->consumed(r, pos)) {
-    int rc = ring_live_wait(r, o, 0, 0, 1, &pos);
+    int rc = ring_live_wait(r, o, 0, 0, 0, &pos); /* owed: what is not consumed yet */
     if (rc < 0) return rc;
   }
   return 0;
@@ -224,7 +224,7 @@ static int ring_algo_stream_rs(ring_t *r, ring_op_t *o, const uint8_t *own, cons
     }
     int want_send = ms < P && (ms % (size_t)S == 0 || kr >= ms), rc;
     if (slot_free && !slot_read)
-      rc = ring_live_wait(r, o, want_send, 0, 1, &posted[kr % RING_SLOTS]);
+      rc = ring_live_wait(r, o, want_send, 0, ms < P, &posted[kr % RING_SLOTS]);
     else
       rc = ring_algo_poll(r, o, want_send, kr < P, ms < P);
     if (rc < 0) return rc;

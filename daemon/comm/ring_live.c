@@ -13,6 +13,7 @@
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include <sys/socket.h>
 
 #include "daemon/comm/ring_impl.h"
@@ -276,6 +277,8 @@ int ring_live_turn(ring_t *r, ring_op_t *o, int want_recv) {
   return rc == 1 ? ring_live_timeout(r, o, want_recv) : rc;
 }
 
+int64_t comm_ring_test_stall_ns;
+
 /* Whether this op still needs the next rank: data to send to it (want_send,
  * watch_next), or records it has not consumed yet (up to *reach, or all this
  * rank posted): then its end, even a normal one, fails the op. */
@@ -314,13 +317,18 @@ int ring_live_wait(ring_t *r, ring_op_t *o, int want_send, int want_recv, int wa
   p[2].fd = want_recv ? r->fd_prev : -1;
   p[2].events = POLLIN;
   for (;;) {
+    if (comm_ring_test_stall_ns) {
+      struct timespec ts = {comm_ring_test_stall_ns / 1000000000, comm_ring_test_stall_ns % 1000000000};
+      nanosleep(&ts, NULL);
+    }
     int rc = ring_live_turn(r, o, want_recv);
     if (rc < 0) return rc;
-    /* Decided again every turn: the next rank may consume the last of this
-     * rank's records and end normally while this rank still waits for its
-     * previous one, which is no failure of this op. */
-    const int need = ring_live_owes_next(r, o, want_send, watch_next, reach);
-    if (need && r->next_end != RING_NEXT_OPEN) return ring_live_next_gone(r, o);
+    /* Decided every turn, after the next rank's end is seen: it may consume
+     * the last of this rank's records and end normally while this rank still
+     * waits (on its previous rank, or for that very consumption), which is no
+     * failure of this op. */
+    if (r->next_end != RING_NEXT_OPEN && ring_live_owes_next(r, o, want_send, watch_next, reach))
+      return ring_live_next_gone(r, o);
     int open = r->next_end == RING_NEXT_OPEN; /* frames may come */
     p[1].fd = (open || sock_send) ? r->fd_next : -1;
     p[1].events = (short)((sock_send ? POLLOUT : 0) | (open ? POLLIN : 0));
@@ -332,7 +340,7 @@ int ring_live_wait(ring_t *r, ring_op_t *o, int want_send, int want_recv, int wa
     if (n > 0) {
       if (p[0].revents) continue; /* abort: reported by ring_live_check */
       if (open && (p[1].revents & (POLLIN | POLLHUP | POLLERR))) {
-        if ((rc = ring_live_hear(r, o, need)) < 0) return rc;
+        if ((rc = ring_live_hear(r, o, 0)) < 0) return rc; /* its end: next turn */
         continue; /* beats */
       }
       if (p[1].revents & POLLOUT) return 0;

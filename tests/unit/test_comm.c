@@ -342,6 +342,48 @@ static void run_ops(int n, xport_t x) {
   assert_children(sh, pids, n, 40);
 }
 
+/* A rank whose communication thread is slow to look (every wait stalls 20
+ * ms, as on a loaded machine) must not take its next rank's normal end for
+ * a failure: the next rank may consume this rank's last records and finish
+ * the job while this rank still waits, and that op succeeded. */
+static int child_slow_waits(int rank, void *argp, shared_t *sh) {
+  ops_arg_t *arg = argp;
+  xport_set(arg->x);
+  comm_ring_test_stall_ns = 20000000;
+  comm_t *c;
+  if (group_create(&arg->g, rank, "slow", 10000, &c) < 0)
+    return child_fail(sh, rank, "create: %s", err_msg());
+  uint8_t *in = xbuf(arg->x, 64), *out = xbuf(arg->x, 64 * MAXR);
+  for (int i = 0; i < 8; i++) {
+    memset(in, rank + i, 64);
+    if (comm_all_gather(c, in, out, 16, COMM_F32) < 0 || comm_barrier(c) < 0)
+      return child_fail(sh, rank, "op %d: %s", i, err_msg());
+    for (int r = 0; r < comm_size(c); r++)
+      if (out[64 * r] != (uint8_t)(r + i)) return child_fail(sh, rank, "op %d: wrong bytes", i);
+  }
+  xfree(arg->x, in);
+  xfree(arg->x, out);
+  comm_destroy(c);
+  return 0;
+}
+
+static void run_slow_waits(int n, xport_t x) {
+  shared_t *sh = shared_new();
+  ops_arg_t arg = {.x = x};
+  group_bind(&arg.g, n);
+  group_t *gs[] = {&arg.g};
+  pid_t pids[MAXR];
+  spawn(pids, n, child_slow_waits, &arg, sh, gs, 1);
+  assert_children(sh, pids, n, 40);
+}
+
+Test(comm, slow_waits_take_a_normal_end_as_one_2_ranks_cma, .timeout = 60) {
+  run_slow_waits(2, RING_CMA);
+}
+Test(comm, slow_waits_take_a_normal_end_as_one_3_ranks_registered, .timeout = 60) {
+  run_slow_waits(3, RING_REG);
+}
+
 Test(comm, ops_and_dtypes_1_rank, .timeout = 60) { run_ops(1, RING_CMA); }
 Test(comm, ops_and_dtypes_2_ranks, .timeout = 60) { run_ops(2, RING_CMA); }
 Test(comm, ops_and_dtypes_3_ranks, .timeout = 60) { run_ops(3, RING_CMA); }
