@@ -12,6 +12,7 @@
 #include <omp.h>
 
 #include "kernels/cpu/cpu.h"
+#include "kernels/kern_math.h"
 
 /* Query rows per block, in [1, T] (kern_cpu_init sets the rows). */
 static int attn_block(int T) {
@@ -37,7 +38,7 @@ static void softmax_causal_row(float *p, int i, int T) {
   float s = 0.0f;
 #pragma omp simd reduction(+ : s)
   for (int j = 0; j <= i; j++) {
-    p[j] = expf(p[j] - mx);
+    p[j] = kern_expf(p[j] - mx);
     s += p[j];
   }
   float inv = 1.0f / s;

@@ -14,20 +14,6 @@
 
 #include "kernels/kern.h"
 
-/* gcc vectorises a loop that calls expf/tanhf only when it knows a SIMD variant
- * exists; glibc declares libmvec's variants only under -ffast-math, which we do
- * not use (it would also relax the rest of the arithmetic). Declaring them here
- * lets the GELU and softmax loops vectorise (libmvec: a few ulp, same formula).
- * libm.so's linker script pulls libmvec in as needed. Include this header before
- * kernels/kern_math.h so the declarations are seen by its inline functions.
- * clang has no such attribute (the fuzz build uses clang): plain calls there. */
-#if defined(__x86_64__) && defined(__GLIBC__) && !defined(__FAST_MATH__) && !defined(__clang__)
-#if __GLIBC_PREREQ(2, 35)
-float expf(float) __attribute__((simd("notinbranch")));
-float tanhf(float) __attribute__((simd("notinbranch")));
-#endif
-#endif
-
 /* A broken invariant (a programmer error) stops with file and line; kernels
  * are a leaf and have no logger of their own. */
 #define KERN_CPU_ASSERT(cond)                                                          \

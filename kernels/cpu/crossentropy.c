@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include "kernels/cpu/cpu.h"
+#include "kernels/kern_math.h"
 
 void kern_cpu_crossentropy_fwd(float *losses, float *logits, const int32_t *targets, int N, int V) {
 #pragma omp parallel for schedule(static)
@@ -17,7 +18,7 @@ void kern_cpu_crossentropy_fwd(float *losses, float *logits, const int32_t *targ
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
     for (int j = 0; j < V; j++) {
-      x[j] = expf(x[j] - mx);
+      x[j] = kern_expf(x[j] - mx);
       s += x[j];
     }
     float inv = 1.0f / s;
