@@ -136,7 +136,8 @@ typedef struct kern_backend {
   void (*f32_to_bf16)(uint16_t *out, const float *inp, size_t n);
   void (*bf16_to_f32)(float *out, const uint16_t *inp, size_t n);
 
-  /* sum of x[i]^2, accumulated in double. */
+  /* sum of x[i]^2, accumulated in double, in a fixed order: the same bytes
+   * whatever the thread count. */
   double (*sumsq)(const float *x, size_t n);
 } kern_backend_t;
 

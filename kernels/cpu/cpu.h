@@ -14,6 +14,35 @@
 
 #include "kernels/kern.h"
 
+/* ---- sums in a fixed order ------------------------------------------------
+ * s = the sum of TERM for IDX in [0, n), of type T: KERN_CPU_LANES partial
+ * sums, partial l taking the terms IDX = l, l + 16, l + 32, ... in turn, then
+ * added pairwise in a fixed tree (lane l + w into lane l, w = 8, 4, 2, 1).
+ * `#pragma omp simd reduction(+:s)` leaves the split to the compiler, which
+ * makes as many partial sums as a vector has lanes (4, 8 or 16 floats), so the
+ * bits of every softmax and norm depended on the ISA level. Written as whole
+ * blocks of 16 terms, this vectorises at any width (four SSE registers, two
+ * AVX, one AVX-512) with the same result; a partial block at the end fills
+ * the first lanes. TERM is an expression of IDX, evaluated once per index. */
+#define KERN_CPU_LANES 16
+#define KERN_CPU_SUM(T, s, n, IDX, TERM)                                           \
+  do {                                                                             \
+    T kcs_acc[KERN_CPU_LANES] = {0};                                               \
+    int64_t kcs_n = (int64_t)(n), kcs_b = 0;                                       \
+    for (; kcs_b + KERN_CPU_LANES <= kcs_n; kcs_b += KERN_CPU_LANES)               \
+      for (int64_t kcs_l = 0; kcs_l < KERN_CPU_LANES; kcs_l++) {                   \
+        const int64_t IDX = kcs_b + kcs_l;                                         \
+        kcs_acc[kcs_l] += (TERM);                                                  \
+      }                                                                            \
+    for (int64_t kcs_l = 0; kcs_b + kcs_l < kcs_n; kcs_l++) {                      \
+      const int64_t IDX = kcs_b + kcs_l;                                           \
+      kcs_acc[kcs_l] += (TERM);                                                    \
+    }                                                                              \
+    for (int kcs_w = KERN_CPU_LANES / 2; kcs_w > 0; kcs_w /= 2)                    \
+      for (int kcs_l = 0; kcs_l < kcs_w; kcs_l++) kcs_acc[kcs_l] += kcs_acc[kcs_l + kcs_w]; \
+    (s) = kcs_acc[0];                                                              \
+  } while (0)
+
 /* A broken invariant (a programmer error) stops with file and line; kernels
  * are a leaf and have no logger of their own. */
 #define KERN_CPU_ASSERT(cond)                                                          \

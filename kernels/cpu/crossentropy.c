@@ -15,12 +15,9 @@ void kern_cpu_crossentropy_fwd(float *losses, float *logits, const int32_t *targ
     /* -log p[target] = log(sum) - (x[target] - max): taken before x is
      * overwritten, it stays finite even where p[target] underflows to 0. */
     float zt = x[targets[n]] - mx;
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int j = 0; j < V; j++) {
-      x[j] = kern_expf(x[j] - mx);
-      s += x[j];
-    }
+    for (int j = 0; j < V; j++) x[j] = kern_expf(x[j] - mx);
+    float s;
+    KERN_CPU_SUM(float, s, V, j, x[j]);
     float inv = 1.0f / s;
     for (int j = 0; j < V; j++) x[j] *= inv;
     losses[n] = logf(s) - zt;

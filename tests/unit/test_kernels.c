@@ -749,4 +749,9 @@ Test(kernels, sumsq) {
   float y[3] = {1.0f, 0x1p-12f, 0x1p-12f};
   cr_expect_eq(K->sumsq(y, 3), 1.0 + 0x1p-23, "sumsq must accumulate in double");
   cr_expect_eq(K->sumsq(x, 0), 0.0);
+  /* the order is fixed: 1 and 2 threads give the same bits */
+  K->set_threads(1);
+  double one = K->sumsq(x, n);
+  K->set_threads(2);
+  cr_expect_eq(K->sumsq(x, n), one, "sumsq: 1 vs 2 threads [seed %llu]", SEED);
 }
