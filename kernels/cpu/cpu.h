@@ -1,8 +1,9 @@
 /* cpu: private header of the CPU backend (OpenMP loops + oneDNN sgemm).
  *
- * Declares the kern_cpu_* functions that backend.c gathers into the
- * kern_backend_t table (one op per .c file; semantics in kernels/kern.h), and
- * the few helpers they share. Nothing outside kernels/cpu includes this. */
+ * Declares the kern_cpu_* functions that table.c gathers into a
+ * kern_backend_t table per ISA level (one op per .c file; semantics in
+ * kernels/kern.h), and the few helpers they share. Nothing outside
+ * kernels/cpu includes this. */
 #ifndef FSDP_KERN_CPU_H
 #define FSDP_KERN_CPU_H
 
@@ -13,6 +14,62 @@
 #include <stdlib.h>
 
 #include "kernels/kern.h"
+
+/* ---- one build per ISA level ---------------------------------------------
+ * Every file here but backend.c is compiled three times (Makefile): for
+ * baseline x86-64 (-march=x86-64, SSE2), x86-64-v3 (AVX2, FMA) and x86-64-v4
+ * (AVX-512), with KERN_CPU_ISA set to generic, avx2 or avx512. The macros
+ * below give each build its own symbols (kern_cpu_gelu_fwd becomes
+ * kern_cpu_gelu_fwd_avx2, ...), so the three link side by side, each level
+ * fills its own table (table.c) and backend.c picks one at run time. The code
+ * is the same and so are its results, bit for bit: gcc in ISO C mode fuses no
+ * multiply-adds (-ffp-contract=off, also set in the Makefile for clang), the
+ * exponentials are kern_math.h's own, and every sum is in a fixed order
+ * (KERN_CPU_SUM). backend.c, compiled once, sees the plain names of the
+ * helpers it defines and the three tables. */
+#define KERN_CPU_CAT_(a, b) a##_##b
+#define KERN_CPU_CAT(a, b) KERN_CPU_CAT_(a, b)
+#ifdef KERN_CPU_ISA
+#define KERN_CPU_FN(f) KERN_CPU_CAT(f, KERN_CPU_ISA)
+#define kern_cpu_table KERN_CPU_FN(kern_cpu_table)
+#define kern_cpu_sgemm KERN_CPU_FN(kern_cpu_sgemm)
+#define kern_cpu_encoder_fwd KERN_CPU_FN(kern_cpu_encoder_fwd)
+#define kern_cpu_encoder_bwd KERN_CPU_FN(kern_cpu_encoder_bwd)
+#define kern_cpu_layernorm_fwd KERN_CPU_FN(kern_cpu_layernorm_fwd)
+#define kern_cpu_layernorm_bwd KERN_CPU_FN(kern_cpu_layernorm_bwd)
+#define kern_cpu_matmul_fwd KERN_CPU_FN(kern_cpu_matmul_fwd)
+#define kern_cpu_matmul_bwd KERN_CPU_FN(kern_cpu_matmul_bwd)
+#define kern_cpu_attention_fwd KERN_CPU_FN(kern_cpu_attention_fwd)
+#define kern_cpu_attention_bwd KERN_CPU_FN(kern_cpu_attention_bwd)
+#define kern_cpu_attention_scratch KERN_CPU_FN(kern_cpu_attention_scratch)
+#define kern_cpu_gelu_fwd KERN_CPU_FN(kern_cpu_gelu_fwd)
+#define kern_cpu_gelu_bwd KERN_CPU_FN(kern_cpu_gelu_bwd)
+#define kern_cpu_residual_fwd KERN_CPU_FN(kern_cpu_residual_fwd)
+#define kern_cpu_residual_bwd KERN_CPU_FN(kern_cpu_residual_bwd)
+#define kern_cpu_crossentropy_fwd KERN_CPU_FN(kern_cpu_crossentropy_fwd)
+#define kern_cpu_crossentropy_bwd KERN_CPU_FN(kern_cpu_crossentropy_bwd)
+#define kern_cpu_adamw KERN_CPU_FN(kern_cpu_adamw)
+#define kern_cpu_f32_to_bf16 KERN_CPU_FN(kern_cpu_f32_to_bf16)
+#define kern_cpu_bf16_to_f32 KERN_CPU_FN(kern_cpu_bf16_to_f32)
+#define kern_cpu_sumsq KERN_CPU_FN(kern_cpu_sumsq)
+#define kern_cpu_dev_set KERN_CPU_FN(kern_cpu_dev_set)
+#define kern_cpu_copy KERN_CPU_FN(kern_cpu_copy)
+#define kern_cpu_sync KERN_CPU_FN(kern_cpu_sync)
+#define kern_cpu_vec_add KERN_CPU_FN(kern_cpu_vec_add)
+#define kern_cpu_vec_scale KERN_CPU_FN(kern_cpu_vec_scale)
+#define kern_cpu_vec_sum KERN_CPU_FN(kern_cpu_vec_sum)
+#define kern_cpu_reduce_f32 KERN_CPU_FN(kern_cpu_reduce_f32)
+#define kern_cpu_reduce_bf16 KERN_CPU_FN(kern_cpu_reduce_bf16)
+#define kern_cpu_copy_stream KERN_CPU_FN(kern_cpu_copy_stream)
+#endif
+
+/* Each level's table (table.c). */
+extern const kern_backend_t kern_cpu_table_generic, kern_cpu_table_avx2, kern_cpu_table_avx512;
+
+/* The table's entries every level shares (backend.c). */
+int kern_cpu_supports_op(kern_op_t op);
+void kern_cpu_set_threads(int n);
+int kern_cpu_get_threads(void);
 
 /* ---- sums in a fixed order ------------------------------------------------
  * s = the sum of TERM for IDX in [0, n), of type T: KERN_CPU_LANES partial
