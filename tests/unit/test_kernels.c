@@ -42,7 +42,7 @@ static void setup(void) {
 
 /* Every buffer a test takes goes through tnew() and is freed after the test
  * (test-san runs with LeakSanitizer). */
-static void *allocs[256];
+static void *allocs[512];
 static int nallocs;
 
 static void *tnew(size_t bytes) {
@@ -754,4 +754,240 @@ Test(kernels, sumsq) {
   double one = K->sumsq(x, n);
   K->set_threads(2);
   cr_expect_eq(K->sumsq(x, n), one, "sumsq: 1 vs 2 threads [seed %llu]", SEED);
+}
+
+/* ---- ISA levels: each gives the generic level's bytes ----------------------
+ * The CPU kernels are built for baseline x86-64, x86-64-v3 (AVX2) and
+ * x86-64-v4 (AVX-512) and picked at run time (kern.h: kern_cpu_isa); the
+ * levels must agree bit for bit, or a job's result would depend on the node
+ * it ran on. Every op of every table this processor runs, forward and
+ * backward, against the generic table on the same inputs: shapes whose
+ * lengths leave vector tails at every width (4, 8, 16 lanes) and buffers
+ * that start off any vector boundary. */
+
+enum { ISA_MAX_OUT = 96 };
+
+/* The outputs of one pass over every op, in call order, so that two passes
+ * (two levels) line up entry by entry. */
+typedef struct {
+  int n;
+  const char *what[ISA_MAX_OUT];
+  const uint8_t *p[ISA_MAX_OUT];
+  size_t bytes[ISA_MAX_OUT];
+} isa_run_t;
+
+/* bytes at 4 bytes past a 16-byte boundary (calloc's alignment): no vector
+ * width divides the start. */
+static void *isa_unaligned(size_t bytes) { return (uint8_t *)tnew(bytes + 4) + 4; }
+
+/* An output buffer of run r: a copy of init (in-place and accumulating ops),
+ * or 0xff bytes (NaN) where the op writes without reading. */
+static void *isa_out(isa_run_t *r, const char *what, size_t bytes, const void *init) {
+  cr_assert_lt(r->n, ISA_MAX_OUT, "raise ISA_MAX_OUT");
+  void *p = isa_unaligned(bytes);
+  if (init) memcpy(p, init, bytes);
+  else memset(p, 0xff, bytes);
+  r->what[r->n] = what, r->p[r->n] = p, r->bytes[r->n] = bytes, r->n++;
+  return p;
+}
+
+static float *isa_in(size_t n, double lo, double hi) {
+  float *p = isa_unaligned(n * sizeof *p);
+  tu_fill_f32(p, n, &rng, lo, hi);
+  return p;
+}
+
+/* Shapes: element-wise ops over IE elements (IE % 16 = 11, % 8 = 3); rows
+ * of ISA_C[k] channels (below, at and past one block of 16 lanes). */
+enum { IE = 1003, IN = 5, IB = 2, IT = 37, IAC = 24, INH = 3, IV = 1003 };
+static const int ISA_C[] = {3, 16, 101};
+
+typedef struct {
+  float *a, *b, *c, *wide, *x16, *w16, *b16, *wte, *wpe, *qkv, *logits, *big;
+  int32_t *tok, *tgt;
+  uint16_t *h1, *h2;
+  size_t nwide, nbig;
+} isa_inputs_t;
+
+static void isa_inputs(isa_inputs_t *in) {
+  in->a = isa_in(IE, -4, 4), in->b = isa_in(IE, -4, 4), in->c = isa_in(IE, -1, 1);
+  /* every 4099th bit pattern: all exponents, denormals, +-inf and NaNs, for
+   * the element-wise math (GELU's tanh, casts) */
+  in->nwide = (size_t)(((uint64_t)1 << 32) / 4099);
+  in->wide = isa_unaligned(in->nwide * sizeof(float));
+  for (size_t i = 0; i < in->nwide; i++) {
+    uint32_t u = (uint32_t)(i * 4099u);
+    memcpy(in->wide + i, &u, 4);
+  }
+  in->x16 = isa_in((size_t)IN * 101, 2, 4), in->w16 = isa_in(101, 0.5, 1.5);
+  in->wte = isa_in(5 * 37, -1, 1), in->wpe = isa_in(IT * 37, -1, 1);
+  in->b16 = isa_in(101, -1, 1);
+  in->qkv = isa_in((size_t)IB * IT * 3 * IAC, -3, 3);
+  /* cross-entropy rows: ordinary logits, then one spread so wide that most of
+   * its exponentials underflow (denormals, zeros) */
+  in->logits = isa_in((size_t)IN * IV, -8, 8);
+  for (int j = 0; j < IV; j++) in->logits[(IN - 1) * IV + j] *= 15.0f;
+  in->tok = isa_unaligned(IB * IT * sizeof(int32_t));
+  in->tgt = isa_unaligned(IN * sizeof(int32_t));
+  for (int i = 0; i < IB * IT; i++) in->tok[i] = (int32_t)(tu_rand_u64(&rng) % 5);
+  for (int i = 0; i < IN; i++) in->tgt[i] = (int32_t)(tu_rand_u64(&rng) % IV);
+  in->h1 = isa_unaligned(IE * sizeof(uint16_t)), in->h2 = isa_unaligned(IE * sizeof(uint16_t));
+  for (int i = 0; i < IE; i++) {
+    in->h1[i] = (uint16_t)tu_rand_u64(&rng);
+    in->h2[i] = (uint16_t)tu_rand_u64(&rng);
+  }
+  in->nbig = 100003;
+  in->big = isa_in(in->nbig, -3, 3);
+}
+
+static void isa_run_ops(const kern_backend_t *k, isa_run_t *r, const isa_inputs_t *in) {
+  const size_t fe = IE * sizeof(float);
+  float *o;
+  /* encoder: C = 37, ids repeat */
+  {
+    const int C = 37;
+    o = isa_out(r, "encoder out", (size_t)IB * IT * C * sizeof(float), NULL);
+    k->encoder_fwd(o, in->tok, in->wte, in->wpe, IB, IT, C);
+    float *dwte = isa_out(r, "encoder dwte", 5 * C * sizeof(float), in->wte);
+    float *dwpe = isa_out(r, "encoder dwpe", (size_t)IT * C * sizeof(float), in->wpe);
+    k->encoder_bwd(dwte, dwpe, in->qkv, in->tok, IB, IT, C);
+  }
+  for (size_t i = 0; i < sizeof ISA_C / sizeof ISA_C[0]; i++) {
+    const int C = ISA_C[i];
+    const size_t nx = (size_t)IN * C;
+    float *out = isa_out(r, "layernorm out", nx * sizeof(float), NULL);
+    float *mean = isa_out(r, "layernorm mean", IN * sizeof(float), NULL);
+    float *rstd = isa_out(r, "layernorm rstd", IN * sizeof(float), NULL);
+    k->layernorm_fwd(out, mean, rstd, in->x16, in->w16, in->b16, IN, C);
+    float *dx = isa_out(r, "layernorm dinp", nx * sizeof(float), in->a);
+    float *dw = isa_out(r, "layernorm dw", C * sizeof(float), in->b);
+    float *db = isa_out(r, "layernorm db", C * sizeof(float), in->c);
+    k->layernorm_bwd(dx, dw, db, in->c, in->x16, in->w16, mean, rstd, IN, C);
+  }
+  {
+    const int N = 14, IC = 13, OC = 37;
+    o = isa_out(r, "matmul out", (size_t)N * OC * sizeof(float), NULL);
+    k->matmul_fwd(o, in->a, in->b, in->c, N, IC, OC);
+    float *dx = isa_out(r, "matmul dinp", (size_t)N * IC * sizeof(float), in->c);
+    float *dw = isa_out(r, "matmul dw", (size_t)OC * IC * sizeof(float), in->a);
+    float *db = isa_out(r, "matmul dbias", OC * sizeof(float), in->b);
+    k->matmul_bwd(dx, dw, db, in->b, in->a, in->b, N, IC, OC);
+  }
+  {
+    /* T = 37: softmax rows of every length from 1 to 37 */
+    const size_t no = (size_t)IB * IT * IAC, na = (size_t)IB * INH * IT * IT;
+    const size_t nq = (size_t)IB * IT * 3 * IAC;
+    o = isa_out(r, "attention out", no * sizeof(float), NULL);
+    float *att = isa_out(r, "attention att", na * sizeof(float), NULL);
+    k->attention_fwd(o, att, in->qkv, IB, IT, IAC, INH);
+    float *scratch = isa_unaligned(k->attention_scratch(IB, IT, IAC, INH) * sizeof(float));
+    float *dq = isa_out(r, "attention dqkv", nq * sizeof(float), in->qkv);
+    k->attention_bwd(dq, scratch, in->qkv, in->qkv, att, IB, IT, IAC, INH);
+  }
+  o = isa_out(r, "gelu out", in->nwide * sizeof(float), NULL);
+  k->gelu_fwd(o, in->wide, in->nwide);
+  o = isa_out(r, "gelu dinp", in->nwide * sizeof(float), in->wide);
+  k->gelu_bwd(o, in->wide, in->wide, in->nwide);
+  o = isa_out(r, "gelu out (ordinary range)", fe, NULL);
+  k->gelu_fwd(o, in->a, IE);
+  o = isa_out(r, "gelu dinp (ordinary range)", fe, in->c);
+  k->gelu_bwd(o, in->a, in->b, IE);
+  o = isa_out(r, "residual out", fe, NULL);
+  k->residual_fwd(o, in->a, in->b, IE);
+  float *da = isa_out(r, "residual da", fe, in->a), *db = isa_out(r, "residual db", fe, in->b);
+  k->residual_bwd(da, db, in->c, IE);
+  {
+    float *losses = isa_out(r, "crossentropy losses", IN * sizeof(float), NULL);
+    float *p = isa_out(r, "crossentropy probs", (size_t)IN * IV * sizeof(float), in->logits);
+    k->crossentropy_fwd(losses, p, in->tgt, IN, IV);
+    float *d = isa_out(r, "crossentropy dlogits", (size_t)IN * IV * sizeof(float), p);
+    k->crossentropy_bwd(d, in->tgt, 0.37f, IN, IV);
+  }
+  {
+    float *p = isa_out(r, "adamw p", fe, in->a), *m = isa_out(r, "adamw m", fe, in->c);
+    float *v = isa_out(r, "adamw v", fe, in->c);
+    for (size_t i = 0; i < IE; i++) v[i] = v[i] * v[i];
+    for (int t = 1; t <= 3; t++) k->adamw(p, in->b, m, v, IE, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+  }
+  uint16_t *h = isa_out(r, "f32_to_bf16", in->nwide * sizeof(uint16_t), NULL);
+  k->f32_to_bf16(h, in->wide, in->nwide);
+  o = isa_out(r, "bf16_to_f32", IE * sizeof(float), NULL);
+  k->bf16_to_f32(o, in->h1, IE);
+  {
+    const size_t ns[] = {0, 1, 15, 17, IE, in->nbig}; /* the last one split among threads */
+    for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+      double *s = isa_out(r, "sumsq", sizeof(double), NULL);
+      *s = k->sumsq(in->big, ns[i]);
+    }
+    double *s = isa_out(r, "vec_sum", sizeof(double), NULL);
+    *s = k->vec_sum(in->a, IE);
+  }
+  o = isa_out(r, "dev_set", fe + 3, NULL);
+  k->dev_set(o, 0x5a, fe + 3);
+  o = isa_out(r, "copy_h2d", fe - 1, NULL);
+  k->copy_h2d(o, in->a, fe - 1);
+  o = isa_out(r, "copy_d2h", fe, NULL);
+  k->copy_d2h(o, in->b, fe);
+  o = isa_out(r, "copy_d2d", fe, NULL);
+  k->copy_d2d(o, in->c, fe);
+  o = isa_out(r, "vec_add", fe, in->a);
+  k->vec_add(o, in->b, IE);
+  o = isa_out(r, "vec_scale", fe, in->a);
+  k->vec_scale(o, 0.3f, IE);
+  /* the collectives' work: plain and streamed (the stream path reaches its
+   * aligned middle only past a few thousand elements), plain sum and average;
+   * the first operand at an odd byte offset, as in a shared-memory link */
+  for (int stream = 0; stream <= 1; stream++)
+    for (int avg = 0; avg <= 1; avg++) {
+      const size_t n = stream ? 50001 : IE; /* b: in->big from element 7 */
+      const float div = avg ? 3.0f : 1.0f;
+      uint8_t *odd = isa_unaligned(n * sizeof(float) + 1);
+      memcpy(odd + 1, in->big, n * sizeof(float));
+      o = isa_out(r, "reduce_f32", n * sizeof(float), NULL);
+      k->reduce_f32(o, odd + 1, in->big + 7, n, div, stream);
+      const size_t nh = stream ? 5000 : IE; /* bf16 streams through blocks of 4096 */
+      uint16_t *hs = isa_unaligned(nh * sizeof(uint16_t)), *hb = isa_unaligned(nh * sizeof(uint16_t));
+      k->f32_to_bf16(hs, in->big, nh);
+      k->f32_to_bf16(hb, in->big + 1000, nh);
+      memcpy(odd + 1, hs, nh * sizeof(uint16_t));
+      h = isa_out(r, "reduce_bf16", nh * sizeof(uint16_t), NULL);
+      k->reduce_bf16(h, odd + 1, hb, nh, div, stream);
+    }
+  o = isa_out(r, "copy_stream (short)", 101 * sizeof(float), NULL);
+  k->copy_stream(o, in->a, 101 * sizeof(float));
+  o = isa_out(r, "copy_stream (long)", in->nbig * sizeof(float) - 1, NULL);
+  k->copy_stream(o, in->big, in->nbig * sizeof(float) - 1);
+}
+
+Test(kernels, isa_levels_give_the_same_bytes, .timeout = 120) {
+  const kern_cpu_isa_t levels[] = {KERN_CPU_ISA_AVX2, KERN_CPU_ISA_AVX512};
+  const kern_backend_t *gen = kern_cpu_isa_table(KERN_CPU_ISA_GENERIC);
+  cr_assert_not_null(gen, "the generic level runs anywhere");
+  isa_inputs_t in;
+  isa_inputs(&in);
+  isa_run_t *ref = tnew(sizeof *ref);
+  isa_run_ops(gen, ref, &in);
+  int compared = 0;
+  for (size_t l = 0; l < sizeof levels / sizeof levels[0]; l++) {
+    const kern_backend_t *k = kern_cpu_isa_table(levels[l]);
+    const char *name = kern_cpu_isa_name(levels[l]);
+    if (!k) {
+      cr_log_warn("this processor lacks %s: not compared", name);
+      continue;
+    }
+    cr_assert_neq(k, gen);
+    isa_run_t *r = tnew(sizeof *r);
+    isa_run_ops(k, r, &in);
+    cr_assert_eq(r->n, ref->n);
+    for (int i = 0; i < r->n; i++) {
+      cr_assert_eq(r->bytes[i], ref->bytes[i]);
+      size_t j = 0;
+      while (j < r->bytes[i] && r->p[i][j] == ref->p[i][j]) j++;
+      cr_expect_eq(j, r->bytes[i], "%s: %s (output %d) differs from generic at byte %zu of %zu [seed %llu]",
+                   name, r->what[i], i, j, r->bytes[i], SEED);
+    }
+    compared++;
+  }
+  cr_log_info("%d levels compared with generic (best here: %s)", compared,
+              kern_cpu_isa_name(kern_cpu_isa_best()));
 }
