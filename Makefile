@@ -57,7 +57,7 @@ LIB_SRCS    = $(COMMON_SRCS) $(TRAIN_SRCS) $(COMM_SRCS)
 LIB         = $(B)/libfsdp.a
 
 BINS  = bin/fsdp-train bin/fsdp-tokenize bin/fsdp-launch
-TESTS = err param kernels data gpt adamw config train sample shard launch plan comm fsdp fault reference
+TESTS = err param kernels data gpt adamw config train sample shard launch plan comm fsdp fault reference isa
 TEST_BINS  = $(TESTS:%=$(B)/tests/test_%)
 BENCH_BINS = $(B)/bench/bench_gemm $(B)/bench/bench_train $(B)/bench/bench_comm $(B)/bench/bench_fsdp
 
