@@ -35,9 +35,8 @@ static void softmax_causal_row(float *p, int i, int T) {
   float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
   for (int j = 0; j <= i; j++) mx = p[j] > mx ? p[j] : mx;
-  for (int j = 0; j <= i; j++) p[j] = kern_expf(p[j] - mx);
-  float s;
-  KERN_CPU_SUM(float, s, i + 1, j, p[j]);
+  float s; /* e^(p - max), stored, and their sum, in one pass */
+  KERN_CPU_SUM(float, s, i + 1, j, p[j] = kern_expf(p[j] - mx));
   float inv = 1.0f / s;
   for (int j = 0; j <= i; j++) p[j] *= inv;
   for (int j = i + 1; j < T; j++) p[j] = 0.0f;
