@@ -19,6 +19,7 @@
 #include "daemon/train/data.h"
 #include "daemon/train/train.h"
 #include "kernels/kern.h"
+#include "kernels/kern_math.h"
 #include "tests/unit/testutil.h"
 
 enum { ISA_STEPS = 6 };
@@ -34,12 +35,6 @@ typedef struct {
   int32_t level; /* kern_cpu_isa() after the run */
 } isa_trace_t;
 
-static uint32_t isa_bits(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  return u;
-}
-
 static void isa_write_all(int fd, const void *p, size_t n) {
   const char *b = p;
   while (n) {
@@ -50,8 +45,8 @@ static void isa_write_all(int fd, const void *p, size_t n) {
 }
 
 static void isa_on_step(void *ctx, const train_metrics_t *m) {
-  isa_step_t s = {m->step, m->evaluated, isa_bits(m->loss), isa_bits(m->grad_norm),
-                  isa_bits(m->evaluated ? m->eval_loss : 0.0f)};
+  isa_step_t s = {m->step, m->evaluated, kern_asuint(m->loss), kern_asuint(m->grad_norm),
+                  kern_asuint(m->evaluated ? m->eval_loss : 0.0f)};
   isa_write_all(*(int *)ctx, &s, sizeof s);
 }
 
@@ -140,9 +135,7 @@ static void check_generic_matches_default(const char *precision) {
   int evals = 0;
   for (int i = 0; i < ISA_STEPS; i++) {
     const isa_step_t *a = &def.s[i], *b = &gen.s[i];
-    float la, lb;
-    memcpy(&la, &a->loss, 4);
-    memcpy(&lb, &b->loss, 4);
+    const float la = kern_asfloat(a->loss), lb = kern_asfloat(b->loss);
     cr_expect_eq(a->step, b->step);
     cr_expect_eq(a->loss, b->loss, "%s step %d: loss %a (%s) vs %a (generic)", precision, a->step,
                  la, kern_cpu_isa_name((kern_cpu_isa_t)def.level), lb);

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "kernels/kern.h"
+#include "kernels/kern_math.h"
 #include "tests/unit/testutil.h"
 
 #define FWD_TOL 1e-5 /* fp32 forward vs float64 reference */
@@ -613,18 +614,6 @@ Test(kernels, adamw) {
 
 /* ---- casts ------------------------------------------------------------------ */
 
-static float f32_bits(uint32_t u) {
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
-static uint32_t bits_f32(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  return u;
-}
-
 static int bf16_is_nan(uint16_t h) { return (h & 0x7f80) == 0x7f80 && (h & 0x7f); }
 
 Test(kernels, bf16_cases) {
@@ -660,7 +649,7 @@ Test(kernels, bf16_cases) {
   const size_t nc = sizeof cases / sizeof cases[0];
   float in[sizeof cases / sizeof cases[0]];
   uint16_t out[sizeof cases / sizeof cases[0]];
-  for (size_t i = 0; i < nc; i++) in[i] = f32_bits(cases[i].in);
+  for (size_t i = 0; i < nc; i++) in[i] = kern_asfloat(cases[i].in);
   K->f32_to_bf16(out, in, nc);
   for (size_t i = 0; i < nc; i++)
     cr_expect_eq(out[i], cases[i].out, "%s: 0x%08x -> 0x%04x, want 0x%04x", cases[i].what,
@@ -672,7 +661,7 @@ Test(kernels, bf16_cases) {
                                   0xffffffff, 0xff800001, 0x7fffffff};
   float nin[6];
   uint16_t nout[6];
-  for (int i = 0; i < 6; i++) nin[i] = f32_bits(nans[i]);
+  for (int i = 0; i < 6; i++) nin[i] = kern_asfloat(nans[i]);
   K->f32_to_bf16(nout, nin, 6);
   for (int i = 0; i < 6; i++) {
     cr_expect(bf16_is_nan(nout[i]), "NaN 0x%08x -> 0x%04x", nans[i], nout[i]);
@@ -682,7 +671,7 @@ Test(kernels, bf16_cases) {
   uint16_t hin[4] = {0x3f80, 0x8000, 0x7f80, 0x0001};
   float hout[4];
   K->bf16_to_f32(hout, hin, 4);
-  for (int i = 0; i < 4; i++) cr_expect_eq(bits_f32(hout[i]), (uint32_t)hin[i] << 16);
+  for (int i = 0; i < 4; i++) cr_expect_eq(kern_asuint(hout[i]), (uint32_t)hin[i] << 16);
 }
 
 /* Every bf16 pattern goes to fp32 and back unchanged (NaNs stay NaN). */
@@ -693,7 +682,7 @@ Test(kernels, bf16_round_trip) {
   K->bf16_to_f32(f, h, 65536);
   K->f32_to_bf16(back, f, 65536);
   for (uint32_t i = 0; i < 65536; i++) {
-    cr_assert_eq(bits_f32(f[i]), i << 16, "bf16 0x%04x widens exactly", i);
+    cr_assert_eq(kern_asuint(f[i]), i << 16, "bf16 0x%04x widens exactly", i);
     if (bf16_is_nan(h[i]))
       cr_assert(bf16_is_nan(back[i]), "NaN 0x%04x -> 0x%04x", i, back[i]);
     else
@@ -706,7 +695,7 @@ Test(kernels, bf16_round_trip) {
 static double bf16_val(uint16_t h) {
   if ((h & 0x7fff) == 0x7f80) return (h & 0x8000 ? -1 : 1) * ldexp(1, 128);
   uint32_t u = (uint32_t)h << 16;
-  return f32_bits(u);
+  return kern_asfloat(u);
 }
 
 /* Random finite fp32: the result is one of the two bf16 values around x, the
@@ -721,11 +710,11 @@ Test(kernels, bf16_random) {
     while ((u & 0x7f800000) == 0x7f800000);
     /* half the cases on or next to a tie, where rounding is decided */
     if (i & 1) u = (u & 0xffff0000u) | (0x7fffu + (uint32_t)(tu_rand_u64(&rng) % 3));
-    x[i] = f32_bits(u);
+    x[i] = kern_asfloat(u);
   }
   K->f32_to_bf16(h, x, RN);
   for (int i = 0; i < RN; i++) {
-    uint32_t u = bits_f32(x[i]);
+    uint32_t u = kern_asuint(x[i]);
     uint16_t lo = (uint16_t)(u >> 16), hi = (uint16_t)(lo + 1); /* |lo| <= |x| < |hi| */
     double dl = fabs((double)x[i] - bf16_val(lo)), dh = fabs((double)x[i] - bf16_val(hi));
     uint16_t want = dl < dh ? lo : dh < dl ? hi : (lo & 1) ? hi : lo;
@@ -815,10 +804,7 @@ static void isa_inputs(isa_inputs_t *in) {
    * the element-wise math (GELU's tanh, casts) */
   in->nwide = (size_t)(((uint64_t)1 << 32) / 4099);
   in->wide = isa_unaligned(in->nwide * sizeof(float));
-  for (size_t i = 0; i < in->nwide; i++) {
-    uint32_t u = (uint32_t)(i * 4099u);
-    memcpy(in->wide + i, &u, 4);
-  }
+  for (size_t i = 0; i < in->nwide; i++) in->wide[i] = kern_asfloat((uint32_t)(i * 4099u));
   in->x16 = isa_in((size_t)IN * 101, 2, 4), in->w16 = isa_in(101, 0.5, 1.5);
   in->wte = isa_in(5 * 37, -1, 1), in->wpe = isa_in(IT * 37, -1, 1);
   in->b16 = isa_in(101, -1, 1);
