@@ -9,12 +9,17 @@
 # Objects go to build/, programs to bin/. CC, OPT and ARCH may be overridden.
 # -fno-math-errno: nothing reads errno after math calls, and it lets gcc
 # vectorise sqrtf (AdamW: 3x faster).
+# ARCH is baseline x86-64, so the binaries run on any x86-64 node; the CPU
+# kernels, whose speed depends on wide vectors, are built once per level
+# besides (KERN_ISAS) and chosen at run time. -ffp-contract=off: no fused
+# multiply-adds, so the levels give the same bits (gcc's default in ISO C
+# mode; clang's is on).
 
 CC      = gcc
 OPT    ?= -O3
-ARCH   ?= -march=native
-CFLAGS  = -std=c11 -D_GNU_SOURCE $(OPT) $(ARCH) -g -fopenmp -fno-math-errno -Wall -Wextra -Werror \
-          -MMD -MP -I. $(EXTRA_CFLAGS)
+ARCH   ?= -march=x86-64 -mtune=generic
+CFLAGS  = -std=c11 -D_GNU_SOURCE $(OPT) $(ARCH) -g -fopenmp -fno-math-errno -ffp-contract=off \
+          -Wall -Wextra -Werror -MMD -MP -I. $(EXTRA_CFLAGS)
 LDFLAGS = -fopenmp $(EXTRA_LDFLAGS)
 LDLIBS  = -ldnnl -linih -lm -lpthread
 B       = build
@@ -45,11 +50,16 @@ DEMO_PKGS  = fortunes
 CONTROL_PKGS = libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libsqlite3-dev
 
 COMMON_SRCS = daemon/common/err.c daemon/common/log.c daemon/common/param.c daemon/common/mem.c
-KERN_SRCS   = kernels/cpu/backend.c kernels/cpu/encoder.c kernels/cpu/layernorm.c \
-              kernels/cpu/matmul.c kernels/cpu/attention.c kernels/cpu/gelu.c \
-              kernels/cpu/residual.c kernels/cpu/crossentropy.c kernels/cpu/adamw.c \
-              kernels/cpu/cast.c kernels/cpu/sumsq.c kernels/cpu/memory.c \
-              kernels/cpu/reduce.c
+# kernels/cpu: backend.c once (it picks the level), the rest once per level,
+# in $(B)/kernels/cpu/<level>/ (kernels/cpu/cpu.h names their symbols apart).
+KERN_ISAS     = generic avx2 avx512
+KERN_ISA_SRCS = kernels/cpu/table.c kernels/cpu/encoder.c kernels/cpu/layernorm.c \
+                kernels/cpu/matmul.c kernels/cpu/attention.c kernels/cpu/gelu.c \
+                kernels/cpu/residual.c kernels/cpu/crossentropy.c kernels/cpu/adamw.c \
+                kernels/cpu/cast.c kernels/cpu/sumsq.c kernels/cpu/memory.c \
+                kernels/cpu/reduce.c
+KERN_OBJS   = $(B)/kernels/cpu/backend.o \
+              $(foreach i,$(KERN_ISAS),$(KERN_ISA_SRCS:kernels/cpu/%.c=$(B)/kernels/cpu/$(i)/%.o))
 TRAIN_SRCS  = daemon/train/gpt.c daemon/train/adamw.c \
               daemon/train/data.c daemon/train/config.c daemon/train/train.c \
               daemon/train/sample.c daemon/train/shard.c daemon/train/plan.c \
@@ -60,15 +70,15 @@ COMM_SRCS   = daemon/comm/comm.c daemon/comm/boot.c \
               daemon/comm/ring_algo.c daemon/comm/ring_tcp.c daemon/comm/ring_shm.c \
               daemon/comm/ring_rec.c daemon/comm/ring_split.c \
               daemon/comm/shm.c daemon/comm/rec.c daemon/comm/cma.c daemon/comm/reg.c
-LIB_SRCS    = $(COMMON_SRCS) $(KERN_SRCS) $(TRAIN_SRCS) $(COMM_SRCS) $(NODE_SRCS)
+LIB_SRCS    = $(COMMON_SRCS) $(TRAIN_SRCS) $(COMM_SRCS) $(NODE_SRCS)
 LIB         = $(B)/libfsdp.a
 
 BINS  = bin/fsdp-train bin/fsdp-tokenize bin/fsdp-launch
 # Unit tests (tests/unit: a module through its API) and end-to-end tests
 # (tests/e2e: the programs run as processes); test_bins names their binaries
 # under a build directory.
-UNIT_TESTS = err param kernels device boot data gpt adamw config train sample shard plan comm fsdp reference \
-             supervise
+UNIT_TESTS = err param kernels isa device boot data gpt adamw config train sample shard plan comm fsdp \
+             reference supervise
 E2E_TESTS  = launch fault
 test_bins  = $(UNIT_TESTS:%=$(1)/tests/test_%) $(E2E_TESTS:%=$(1)/e2e/test_%)
 TEST_BINS  = $(call test_bins,$(B))
@@ -99,7 +109,21 @@ $(B)/%.o: %.c | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(LIB): $(LIB_SRCS:%.c=$(B)/%.o)
+# The kernels' levels: the psABI's x86-64 (SSE2), x86-64-v3 (AVX2) and
+# x86-64-v4 (AVX-512), each -march placed after ARCH, so it wins.
+$(B)/kernels/cpu/generic/%.o: kernels/cpu/%.c | deps
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -march=x86-64 -DKERN_CPU_ISA=generic -c $< -o $@
+
+$(B)/kernels/cpu/avx2/%.o: kernels/cpu/%.c | deps
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -march=x86-64-v3 -DKERN_CPU_ISA=avx2 -c $< -o $@
+
+$(B)/kernels/cpu/avx512/%.o: kernels/cpu/%.c | deps
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -march=x86-64-v4 -DKERN_CPU_ISA=avx512 -c $< -o $@
+
+$(LIB): $(LIB_SRCS:%.c=$(B)/%.o) $(KERN_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
 
@@ -135,7 +159,9 @@ $(B)/tests/cuda/kern_math_gpu_nofmad.o: tests/cuda/kern_math_gpu.cu | deps
 	$(NVCC) $(NVFLAGS) -fmad=false -DKMG_NO_FMAD -c $< -o $@
 
 # cudart linked statically: the program runs wherever a driver is, with no toolkit.
-KMG_CPU_OBJS = $(B)/kernels/cpu/gelu.o $(B)/kernels/cpu/adamw.o $(B)/kernels/cpu/cast.o
+# The generic level's kernels: every level gives the same bits (test_kernels).
+KMG_CPU_OBJS = $(B)/kernels/cpu/generic/gelu.o $(B)/kernels/cpu/generic/adamw.o \
+               $(B)/kernels/cpu/generic/cast.o
 $(CUDA_CHECKS): %: %.o $(KMG_CPU_OBJS)
 	$(CC) $(LDFLAGS) $^ -o $@ -L$(CUDA_LIB) -lcudart_static -ldl -lrt -lpthread -lstdc++ -lm
 

@@ -136,15 +136,29 @@ typedef struct kern_backend {
   void (*f32_to_bf16)(uint16_t *out, const float *inp, size_t n);
   void (*bf16_to_f32)(float *out, const uint16_t *inp, size_t n);
 
-  /* sum of x[i]^2, accumulated in double. */
+  /* sum of x[i]^2, accumulated in double, in a fixed order: the same bytes
+   * whatever the thread count. */
   double (*sumsq)(const float *x, size_t n);
 } kern_backend_t;
 
+/* The x86-64 levels the CPU kernels are built for, numbered as the psABI's
+ * microarchitecture levels (x86-64-vN). Each level is a table of its own,
+ * with the same results bit for bit (kernels/cpu/cpu.h says how); they
+ * differ only in speed. */
+typedef enum kern_cpu_isa {
+  KERN_CPU_ISA_AUTO = 0,    /* the best level this processor runs */
+  KERN_CPU_ISA_GENERIC = 1, /* baseline x86-64 (SSE2): any x86-64 processor */
+  KERN_CPU_ISA_AVX2 = 3,    /* x86-64-v3: AVX2, FMA, BMI1/2, F16C, LZCNT, MOVBE */
+  KERN_CPU_ISA_AVX512 = 4   /* x86-64-v4: AVX-512 F, BW, CD, DQ, VL */
+} kern_cpu_isa_t;
+
 /* The CPU backend's tunables; the caller reads them from its own
- * configuration (the daemon: FSDP_THREADS, FSDP_ATTN_BLOCK). */
+ * configuration (the daemon: FSDP_THREADS, FSDP_ATTN_BLOCK, FSDP_CPU_ISA). */
 typedef struct kern_cpu_opts {
-  int threads;    /* OpenMP threads; <= 0: every online core */
-  int attn_block; /* attention: query rows per work item; <= 0: 64 */
+  int threads;        /* OpenMP threads; <= 0: every online core */
+  int attn_block;     /* attention: query rows per work item; <= 0: 64 */
+  kern_cpu_isa_t isa; /* AUTO: the best this processor has; a level it lacks
+                       * is lowered to the best it has (kern_cpu_isa tells) */
 } kern_cpu_opts_t;
 
 /* The CPU backend (OpenMP + oneDNN sgemm), configured by o (NULL: the
@@ -153,5 +167,17 @@ typedef struct kern_cpu_opts {
 const kern_backend_t *kern_cpu_init(const kern_cpu_opts_t *o);
 /* The CPU backend as last configured (the defaults when never). */
 const kern_backend_t *kern_cpu(void);
+
+/* The level kern_cpu() runs at. */
+kern_cpu_isa_t kern_cpu_isa(void);
+/* The best level this processor (and its OS, which must save the wide
+ * registers) supports. */
+kern_cpu_isa_t kern_cpu_isa_best(void);
+/* The table of one level, NULL when this processor lacks it (AUTO: the best).
+ * Tables share kern_cpu_init's settings; for tests and benchmarks that
+ * compare levels. */
+const kern_backend_t *kern_cpu_isa_table(kern_cpu_isa_t isa);
+/* "auto", "generic", "avx2", "avx512"; NULL for a value not in the enum. */
+const char *kern_cpu_isa_name(kern_cpu_isa_t isa);
 
 #endif

@@ -17,6 +17,8 @@
   XX(log_level, "FSDP_LOG_LEVEL", 2, "0 error, 1 warn, 2 info, 3 debug")             \
   XX(log_json, "FSDP_LOG_JSON", 0, "1: one JSON object per log line")                \
   XX(attn_block, "FSDP_ATTN_BLOCK", 64, "query rows per attention work item")        \
+  XX(cpu_isa, "FSDP_CPU_ISA", 0,                                                     \
+     "CPU kernels' x86-64 level: 0 auto (the best this CPU has), 1 generic, 3 avx2, 4 avx512") \
   XX(progress_every, "FSDP_PROGRESS_EVERY", 1, "print a progress line every N steps")     \
   XX(comm_timeout_ms, "FSDP_COMM_TIMEOUT_MS", 5000, "collective timeout, and ring bootstrap") \
   XX(comm_chunk_bytes, "FSDP_COMM_CHUNK_BYTES", 1048576, "ring: bytes per socket call")       \

@@ -12,6 +12,7 @@
 #include <omp.h>
 
 #include "kernels/cpu/cpu.h"
+#include "kernels/kern_math.h"
 
 /* Query rows per block, in [1, T] (kern_cpu_init sets the rows). */
 static int attn_block(int T) {
@@ -34,12 +35,8 @@ static void softmax_causal_row(float *p, int i, int T) {
   float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
   for (int j = 0; j <= i; j++) mx = p[j] > mx ? p[j] : mx;
-  float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-  for (int j = 0; j <= i; j++) {
-    p[j] = expf(p[j] - mx);
-    s += p[j];
-  }
+  float s; /* e^(p - max), stored, and their sum, in one pass */
+  KERN_CPU_SUM(float, s, i + 1, j, p[j] = kern_expf(p[j] - mx));
   float inv = 1.0f / s;
   for (int j = 0; j <= i; j++) p[j] *= inv;
   for (int j = i + 1; j < T; j++) p[j] = 0.0f;
@@ -94,9 +91,8 @@ void kern_cpu_attention_bwd(float *dqkv, float *scratch, const float *dout, cons
         const int n = r0 + i + 1; /* keys 0..r0+i are visible */
         const float *ar = ab + (int64_t)i * T;
         float *pr = dp + (int64_t)i * T;
-        float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-        for (int j = 0; j < n; j++) s += ar[j] * pr[j];
+        float s;
+        KERN_CPU_SUM(float, s, n, j, ar[j] * pr[j]);
         for (int j = 0; j < n; j++) pr[j] = ar[j] * (pr[j] - s);
         for (int j = n; j < r1; j++) pr[j] = 0.0f;
       }

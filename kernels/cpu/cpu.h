@@ -1,8 +1,9 @@
 /* cpu: private header of the CPU backend (OpenMP loops + oneDNN sgemm).
  *
- * Declares the kern_cpu_* functions that backend.c gathers into the
- * kern_backend_t table (one op per .c file; semantics in kernels/kern.h), and
- * the few helpers they share. Nothing outside kernels/cpu includes this. */
+ * Declares the kern_cpu_* functions that table.c gathers into a
+ * kern_backend_t table per ISA level (one op per .c file; semantics in
+ * kernels/kern.h), and the few helpers they share. Nothing outside
+ * kernels/cpu includes this. */
 #ifndef FSDP_KERN_CPU_H
 #define FSDP_KERN_CPU_H
 
@@ -14,19 +15,90 @@
 
 #include "kernels/kern.h"
 
-/* gcc vectorises a loop that calls expf/tanhf only when it knows a SIMD variant
- * exists; glibc declares libmvec's variants only under -ffast-math, which we do
- * not use (it would also relax the rest of the arithmetic). Declaring them here
- * lets the GELU and softmax loops vectorise (libmvec: a few ulp, same formula).
- * libm.so's linker script pulls libmvec in as needed. Include this header before
- * kernels/kern_math.h so the declarations are seen by its inline functions.
- * clang has no such attribute (the fuzz build uses clang): plain calls there. */
-#if defined(__x86_64__) && defined(__GLIBC__) && !defined(__FAST_MATH__) && !defined(__clang__)
-#if __GLIBC_PREREQ(2, 35)
-float expf(float) __attribute__((simd("notinbranch")));
-float tanhf(float) __attribute__((simd("notinbranch")));
+/* ---- one build per ISA level ---------------------------------------------
+ * Every file here but backend.c is compiled three times (Makefile): for
+ * baseline x86-64 (-march=x86-64, SSE2), x86-64-v3 (AVX2, FMA) and x86-64-v4
+ * (AVX-512), with KERN_CPU_ISA set to generic, avx2 or avx512. The macros
+ * below give each build its own symbols (kern_cpu_gelu_fwd becomes
+ * kern_cpu_gelu_fwd_avx2, ...), so the three link side by side, each level
+ * fills its own table (table.c) and backend.c picks one at run time. The code
+ * is the same and so are its results, bit for bit: gcc in ISO C mode fuses no
+ * multiply-adds (-ffp-contract=off, also set in the Makefile for clang), the
+ * exponentials are kern_math.h's own, and every sum is in a fixed order
+ * (KERN_CPU_SUM). backend.c, compiled once, sees the plain names of the
+ * helpers it defines and the three tables. */
+#define KERN_CPU_CAT_(a, b) a##_##b
+#define KERN_CPU_CAT(a, b) KERN_CPU_CAT_(a, b)
+#ifdef KERN_CPU_ISA
+#define KERN_CPU_FN(f) KERN_CPU_CAT(f, KERN_CPU_ISA)
+#define kern_cpu_table KERN_CPU_FN(kern_cpu_table)
+#define kern_cpu_sgemm KERN_CPU_FN(kern_cpu_sgemm)
+#define kern_cpu_encoder_fwd KERN_CPU_FN(kern_cpu_encoder_fwd)
+#define kern_cpu_encoder_bwd KERN_CPU_FN(kern_cpu_encoder_bwd)
+#define kern_cpu_layernorm_fwd KERN_CPU_FN(kern_cpu_layernorm_fwd)
+#define kern_cpu_layernorm_bwd KERN_CPU_FN(kern_cpu_layernorm_bwd)
+#define kern_cpu_matmul_fwd KERN_CPU_FN(kern_cpu_matmul_fwd)
+#define kern_cpu_matmul_bwd KERN_CPU_FN(kern_cpu_matmul_bwd)
+#define kern_cpu_attention_fwd KERN_CPU_FN(kern_cpu_attention_fwd)
+#define kern_cpu_attention_bwd KERN_CPU_FN(kern_cpu_attention_bwd)
+#define kern_cpu_attention_scratch KERN_CPU_FN(kern_cpu_attention_scratch)
+#define kern_cpu_gelu_fwd KERN_CPU_FN(kern_cpu_gelu_fwd)
+#define kern_cpu_gelu_bwd KERN_CPU_FN(kern_cpu_gelu_bwd)
+#define kern_cpu_residual_fwd KERN_CPU_FN(kern_cpu_residual_fwd)
+#define kern_cpu_residual_bwd KERN_CPU_FN(kern_cpu_residual_bwd)
+#define kern_cpu_crossentropy_fwd KERN_CPU_FN(kern_cpu_crossentropy_fwd)
+#define kern_cpu_crossentropy_bwd KERN_CPU_FN(kern_cpu_crossentropy_bwd)
+#define kern_cpu_adamw KERN_CPU_FN(kern_cpu_adamw)
+#define kern_cpu_f32_to_bf16 KERN_CPU_FN(kern_cpu_f32_to_bf16)
+#define kern_cpu_bf16_to_f32 KERN_CPU_FN(kern_cpu_bf16_to_f32)
+#define kern_cpu_sumsq KERN_CPU_FN(kern_cpu_sumsq)
+#define kern_cpu_dev_set KERN_CPU_FN(kern_cpu_dev_set)
+#define kern_cpu_copy KERN_CPU_FN(kern_cpu_copy)
+#define kern_cpu_sync KERN_CPU_FN(kern_cpu_sync)
+#define kern_cpu_vec_add KERN_CPU_FN(kern_cpu_vec_add)
+#define kern_cpu_vec_scale KERN_CPU_FN(kern_cpu_vec_scale)
+#define kern_cpu_vec_sum KERN_CPU_FN(kern_cpu_vec_sum)
+#define kern_cpu_reduce_f32 KERN_CPU_FN(kern_cpu_reduce_f32)
+#define kern_cpu_reduce_bf16 KERN_CPU_FN(kern_cpu_reduce_bf16)
+#define kern_cpu_copy_stream KERN_CPU_FN(kern_cpu_copy_stream)
 #endif
-#endif
+
+/* Each level's table (table.c). */
+extern const kern_backend_t kern_cpu_table_generic, kern_cpu_table_avx2, kern_cpu_table_avx512;
+
+/* The table's entries every level shares (backend.c). */
+int kern_cpu_supports_op(kern_op_t op);
+void kern_cpu_set_threads(int n);
+int kern_cpu_get_threads(void);
+
+/* ---- sums in a fixed order ------------------------------------------------
+ * s = the sum of TERM for IDX in [0, n), of type T: KERN_CPU_LANES partial
+ * sums, partial l taking the terms IDX = l, l + 16, l + 32, ... in turn, then
+ * added pairwise in a fixed tree (lane l + w into lane l, w = 8, 4, 2, 1).
+ * `#pragma omp simd reduction(+:s)` leaves the split to the compiler, which
+ * makes as many partial sums as a vector has lanes (4, 8 or 16 floats), so the
+ * bits of every softmax and norm depended on the ISA level. Written as whole
+ * blocks of 16 terms, this vectorises at any width (four SSE registers, two
+ * AVX, one AVX-512) with the same result; a partial block at the end fills
+ * the first lanes. TERM is an expression of IDX, evaluated once per index. */
+#define KERN_CPU_LANES 16
+#define KERN_CPU_SUM(T, s, n, IDX, TERM)                                           \
+  do {                                                                             \
+    T kcs_acc[KERN_CPU_LANES] = {0};                                               \
+    int64_t kcs_n = (int64_t)(n), kcs_b = 0;                                       \
+    for (; kcs_b + KERN_CPU_LANES <= kcs_n; kcs_b += KERN_CPU_LANES)               \
+      for (int64_t kcs_l = 0; kcs_l < KERN_CPU_LANES; kcs_l++) {                   \
+        const int64_t IDX = kcs_b + kcs_l;                                         \
+        kcs_acc[kcs_l] += (TERM);                                                  \
+      }                                                                            \
+    for (int64_t kcs_l = 0; kcs_b + kcs_l < kcs_n; kcs_l++) {                      \
+      const int64_t IDX = kcs_b + kcs_l;                                           \
+      kcs_acc[kcs_l] += (TERM);                                                    \
+    }                                                                              \
+    for (int kcs_w = KERN_CPU_LANES / 2; kcs_w > 0; kcs_w /= 2)                    \
+      for (int kcs_l = 0; kcs_l < kcs_w; kcs_l++) kcs_acc[kcs_l] += kcs_acc[kcs_l + kcs_w]; \
+    (s) = kcs_acc[0];                                                              \
+  } while (0)
 
 /* A broken invariant (a programmer error) stops with file and line; kernels
  * are a leaf and have no logger of their own. */

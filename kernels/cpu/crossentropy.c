@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include "kernels/cpu/cpu.h"
+#include "kernels/kern_math.h"
 
 void kern_cpu_crossentropy_fwd(float *losses, float *logits, const int32_t *targets, int N, int V) {
 #pragma omp parallel for schedule(static)
@@ -14,12 +15,8 @@ void kern_cpu_crossentropy_fwd(float *losses, float *logits, const int32_t *targ
     /* -log p[target] = log(sum) - (x[target] - max): taken before x is
      * overwritten, it stays finite even where p[target] underflows to 0. */
     float zt = x[targets[n]] - mx;
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int j = 0; j < V; j++) {
-      x[j] = expf(x[j] - mx);
-      s += x[j];
-    }
+    float s; /* e^(x - max), stored, and their sum, in one pass */
+    KERN_CPU_SUM(float, s, V, j, x[j] = kern_expf(x[j] - mx));
     float inv = 1.0f / s;
     for (int j = 0; j < V; j++) x[j] *= inv;
     losses[n] = logf(s) - zt;

@@ -6,24 +6,18 @@
 #include "kernels/kern_math.h"
 
 /* One row per iteration; two passes (mean, then the variance of x - mean) so the
- * variance does not lose digits to cancellation. `omp simd` lets gcc reorder the
- * float sums into vector lanes without -ffast-math. */
+ * variance does not lose digits to cancellation. KERN_CPU_SUM splits the float
+ * sums into vector lanes without -ffast-math, in an order fixed for every ISA. */
 void kern_cpu_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp, const float *w,
                             const float *b, int N, int C) {
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; n++) {
     const float *x = inp + (int64_t)n * C;
     float *o = out + (int64_t)n * C;
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int c = 0; c < C; c++) s += x[c];
+    float s, v;
+    KERN_CPU_SUM(float, s, C, c, x[c]);
     float m = s / (float)C;
-    float v = 0.0f;
-#pragma omp simd reduction(+ : v)
-    for (int c = 0; c < C; c++) {
-      float d = x[c] - m;
-      v += d * d;
-    }
+    KERN_CPU_SUM(float, v, C, c, (x[c] - m) * (x[c] - m));
     float r = 1.0f / sqrtf(v / (float)C + KERN_LN_EPS);
     for (int c = 0; c < C; c++) o[c] = (x[c] - m) * r * w[c] + b[c];
     mean[n] = m;
@@ -44,13 +38,9 @@ void kern_cpu_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout
       float *di = dinp + (int64_t)n * C;
       float m = mean[n], r = rstd[n];
       /* dx = r * (g - mean(g) - xhat * mean(g * xhat)) with g = w * dout. */
-      float gs = 0.0f, gxs = 0.0f;
-#pragma omp simd reduction(+ : gs, gxs)
-      for (int c = 0; c < C; c++) {
-        float g = w[c] * d[c];
-        gs += g;
-        gxs += g * (x[c] - m) * r;
-      }
+      float gs, gxs;
+      KERN_CPU_SUM(float, gs, C, c, w[c] * d[c]);
+      KERN_CPU_SUM(float, gxs, C, c, w[c] * d[c] * (x[c] - m) * r);
       float gm = gs / (float)C, gxm = gxs / (float)C;
       for (int c = 0; c < C; c++) {
         float xhat = (x[c] - m) * r;

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "kernels/kern.h"
+#include "kernels/kern_math.h"
 #include "tests/unit/testutil.h"
 
 #define FWD_TOL 1e-5 /* fp32 forward vs float64 reference */
@@ -43,7 +44,7 @@ static void setup(void) {
 
 /* Every buffer a test takes goes through tnew() and is freed after the test
  * (test-san runs with LeakSanitizer). */
-static void *allocs[256];
+static void *allocs[512];
 static int nallocs;
 
 static void *tnew(size_t bytes) {
@@ -614,18 +615,6 @@ Test(kernels, adamw) {
 
 /* ---- casts ------------------------------------------------------------------ */
 
-static float f32_bits(uint32_t u) {
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
-static uint32_t bits_f32(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  return u;
-}
-
 static int bf16_is_nan(uint16_t h) { return (h & 0x7f80) == 0x7f80 && (h & 0x7f); }
 
 Test(kernels, bf16_cases) {
@@ -661,7 +650,7 @@ Test(kernels, bf16_cases) {
   const size_t nc = sizeof cases / sizeof cases[0];
   float in[sizeof cases / sizeof cases[0]];
   uint16_t out[sizeof cases / sizeof cases[0]];
-  for (size_t i = 0; i < nc; i++) in[i] = f32_bits(cases[i].in);
+  for (size_t i = 0; i < nc; i++) in[i] = kern_asfloat(cases[i].in);
   K->f32_to_bf16(out, in, nc);
   for (size_t i = 0; i < nc; i++)
     cr_expect_eq(out[i], cases[i].out, "%s: 0x%08x -> 0x%04x, want 0x%04x", cases[i].what,
@@ -673,7 +662,7 @@ Test(kernels, bf16_cases) {
                                   0xffffffff, 0xff800001, 0x7fffffff};
   float nin[6];
   uint16_t nout[6];
-  for (int i = 0; i < 6; i++) nin[i] = f32_bits(nans[i]);
+  for (int i = 0; i < 6; i++) nin[i] = kern_asfloat(nans[i]);
   K->f32_to_bf16(nout, nin, 6);
   for (int i = 0; i < 6; i++) {
     cr_expect(bf16_is_nan(nout[i]), "NaN 0x%08x -> 0x%04x", nans[i], nout[i]);
@@ -683,7 +672,7 @@ Test(kernels, bf16_cases) {
   uint16_t hin[4] = {0x3f80, 0x8000, 0x7f80, 0x0001};
   float hout[4];
   K->bf16_to_f32(hout, hin, 4);
-  for (int i = 0; i < 4; i++) cr_expect_eq(bits_f32(hout[i]), (uint32_t)hin[i] << 16);
+  for (int i = 0; i < 4; i++) cr_expect_eq(kern_asuint(hout[i]), (uint32_t)hin[i] << 16);
 }
 
 /* Every bf16 pattern goes to fp32 and back unchanged (NaNs stay NaN). */
@@ -694,7 +683,7 @@ Test(kernels, bf16_round_trip) {
   K->bf16_to_f32(f, h, 65536);
   K->f32_to_bf16(back, f, 65536);
   for (uint32_t i = 0; i < 65536; i++) {
-    cr_assert_eq(bits_f32(f[i]), i << 16, "bf16 0x%04x widens exactly", i);
+    cr_assert_eq(kern_asuint(f[i]), i << 16, "bf16 0x%04x widens exactly", i);
     if (bf16_is_nan(h[i]))
       cr_assert(bf16_is_nan(back[i]), "NaN 0x%04x -> 0x%04x", i, back[i]);
     else
@@ -707,7 +696,7 @@ Test(kernels, bf16_round_trip) {
 static double bf16_val(uint16_t h) {
   if ((h & 0x7fff) == 0x7f80) return (h & 0x8000 ? -1 : 1) * ldexp(1, 128);
   uint32_t u = (uint32_t)h << 16;
-  return f32_bits(u);
+  return kern_asfloat(u);
 }
 
 /* Random finite fp32: the result is one of the two bf16 values around x, the
@@ -722,11 +711,11 @@ Test(kernels, bf16_random) {
     while ((u & 0x7f800000) == 0x7f800000);
     /* half the cases on or next to a tie, where rounding is decided */
     if (i & 1) u = (u & 0xffff0000u) | (0x7fffu + (uint32_t)(tu_rand_u64(&rng) % 3));
-    x[i] = f32_bits(u);
+    x[i] = kern_asfloat(u);
   }
   K->f32_to_bf16(h, x, RN);
   for (int i = 0; i < RN; i++) {
-    uint32_t u = bits_f32(x[i]);
+    uint32_t u = kern_asuint(x[i]);
     uint16_t lo = (uint16_t)(u >> 16), hi = (uint16_t)(lo + 1); /* |lo| <= |x| < |hi| */
     double dl = fabs((double)x[i] - bf16_val(lo)), dh = fabs((double)x[i] - bf16_val(hi));
     uint16_t want = dl < dh ? lo : dh < dl ? hi : (lo & 1) ? hi : lo;
@@ -750,4 +739,240 @@ Test(kernels, sumsq) {
   float y[3] = {1.0f, 0x1p-12f, 0x1p-12f};
   cr_expect_eq(K->sumsq(y, 3), 1.0 + 0x1p-23, "sumsq must accumulate in double");
   cr_expect_eq(K->sumsq(x, 0), 0.0);
+  /* the order is fixed: 1 and 2 threads give the same bits */
+  K->set_threads(1);
+  double one = K->sumsq(x, n);
+  K->set_threads(2);
+  cr_expect_eq(K->sumsq(x, n), one, "sumsq: 1 vs 2 threads [seed %llu]", SEED);
+}
+
+/* ---- ISA levels: each gives the generic level's bytes ----------------------
+ * The CPU kernels are built for baseline x86-64, x86-64-v3 (AVX2) and
+ * x86-64-v4 (AVX-512) and picked at run time (kern.h: kern_cpu_isa); the
+ * levels must agree bit for bit, or a job's result would depend on the node
+ * it ran on. Every op of every table this processor runs, forward and
+ * backward, against the generic table on the same inputs: shapes whose
+ * lengths leave vector tails at every width (4, 8, 16 lanes) and buffers
+ * that start off any vector boundary. */
+
+enum { ISA_MAX_OUT = 96 };
+
+/* The outputs of one pass over every op, in call order, so that two passes
+ * (two levels) line up entry by entry. */
+typedef struct {
+  int n;
+  const char *what[ISA_MAX_OUT];
+  const uint8_t *p[ISA_MAX_OUT];
+  size_t bytes[ISA_MAX_OUT];
+} isa_run_t;
+
+/* bytes at 4 bytes past a 16-byte boundary (calloc's alignment): no vector
+ * width divides the start. */
+static void *isa_unaligned(size_t bytes) { return (uint8_t *)tnew(bytes + 4) + 4; }
+
+/* An output buffer of run r: a copy of init (in-place and accumulating ops),
+ * or 0xff bytes (NaN) where the op writes without reading. */
+static void *isa_out(isa_run_t *r, const char *what, size_t bytes, const void *init) {
+  cr_assert_lt(r->n, ISA_MAX_OUT, "raise ISA_MAX_OUT");
+  void *p = isa_unaligned(bytes);
+  if (init) memcpy(p, init, bytes);
+  else memset(p, 0xff, bytes);
+  r->what[r->n] = what, r->p[r->n] = p, r->bytes[r->n] = bytes, r->n++;
+  return p;
+}
+
+static float *isa_in(size_t n, double lo, double hi) {
+  float *p = isa_unaligned(n * sizeof *p);
+  tu_fill_f32(p, n, &rng, lo, hi);
+  return p;
+}
+
+/* Shapes: element-wise ops over IE elements (IE % 16 = 11, % 8 = 3); rows
+ * of ISA_C[k] channels (below, at and past one block of 16 lanes). */
+enum { IE = 1003, IN = 5, IB = 2, IT = 37, IAC = 24, INH = 3, IV = 1003 };
+static const int ISA_C[] = {3, 16, 101};
+
+typedef struct {
+  float *a, *b, *c, *wide, *x16, *w16, *b16, *wte, *wpe, *qkv, *logits, *big;
+  int32_t *tok, *tgt;
+  uint16_t *h1; /* random bf16 patterns */
+  size_t nwide, nbig;
+} isa_inputs_t;
+
+static void isa_inputs(isa_inputs_t *in) {
+  in->a = isa_in(IE, -4, 4), in->b = isa_in(IE, -4, 4), in->c = isa_in(IE, -1, 1);
+  /* every 4099th bit pattern: all exponents, denormals, +-inf and NaNs, for
+   * the element-wise math (GELU's exponential, the casts) */
+  in->nwide = (size_t)(((uint64_t)1 << 32) / 4099);
+  in->wide = isa_unaligned(in->nwide * sizeof(float));
+  for (size_t i = 0; i < in->nwide; i++) in->wide[i] = kern_asfloat((uint32_t)(i * 4099u));
+  in->x16 = isa_in((size_t)IN * 101, 2, 4), in->w16 = isa_in(101, 0.5, 1.5);
+  in->wte = isa_in(5 * 37, -1, 1), in->wpe = isa_in(IT * 37, -1, 1);
+  in->b16 = isa_in(101, -1, 1);
+  in->qkv = isa_in((size_t)IB * IT * 3 * IAC, -3, 3);
+  /* cross-entropy rows: ordinary logits, then one spread so wide that most of
+   * its exponentials underflow (denormals, zeros) */
+  in->logits = isa_in((size_t)IN * IV, -8, 8);
+  for (int j = 0; j < IV; j++) in->logits[(IN - 1) * IV + j] *= 15.0f;
+  in->tok = isa_unaligned(IB * IT * sizeof(int32_t));
+  in->tgt = isa_unaligned(IN * sizeof(int32_t));
+  for (int i = 0; i < IB * IT; i++) in->tok[i] = (int32_t)(tu_rand_u64(&rng) % 5);
+  for (int i = 0; i < IN; i++) in->tgt[i] = (int32_t)(tu_rand_u64(&rng) % IV);
+  in->h1 = isa_unaligned(IE * sizeof(uint16_t));
+  for (int i = 0; i < IE; i++) in->h1[i] = (uint16_t)tu_rand_u64(&rng);
+  in->nbig = 100003;
+  in->big = isa_in(in->nbig, -3, 3);
+}
+
+static void isa_run_ops(const kern_backend_t *k, isa_run_t *r, const isa_inputs_t *in) {
+  const size_t fe = IE * sizeof(float);
+  float *o;
+  /* encoder: C = 37, ids repeat */
+  {
+    const int C = 37;
+    o = isa_out(r, "encoder out", (size_t)IB * IT * C * sizeof(float), NULL);
+    k->encoder_fwd(o, in->tok, in->wte, in->wpe, IB, IT, C);
+    float *dwte = isa_out(r, "encoder dwte", 5 * C * sizeof(float), in->wte);
+    float *dwpe = isa_out(r, "encoder dwpe", (size_t)IT * C * sizeof(float), in->wpe);
+    k->encoder_bwd(dwte, dwpe, in->qkv, in->tok, IB, IT, C);
+  }
+  for (size_t i = 0; i < sizeof ISA_C / sizeof ISA_C[0]; i++) {
+    const int C = ISA_C[i];
+    const size_t nx = (size_t)IN * C;
+    float *out = isa_out(r, "layernorm out", nx * sizeof(float), NULL);
+    float *mean = isa_out(r, "layernorm mean", IN * sizeof(float), NULL);
+    float *rstd = isa_out(r, "layernorm rstd", IN * sizeof(float), NULL);
+    k->layernorm_fwd(out, mean, rstd, in->x16, in->w16, in->b16, IN, C);
+    float *dx = isa_out(r, "layernorm dinp", nx * sizeof(float), in->a);
+    float *dw = isa_out(r, "layernorm dw", C * sizeof(float), in->b);
+    float *db = isa_out(r, "layernorm db", C * sizeof(float), in->c);
+    k->layernorm_bwd(dx, dw, db, in->c, in->x16, in->w16, mean, rstd, IN, C);
+  }
+  {
+    const int N = 14, IC = 13, OC = 37;
+    o = isa_out(r, "matmul out", (size_t)N * OC * sizeof(float), NULL);
+    k->matmul_fwd(o, in->a, in->b, in->c, N, IC, OC);
+    float *dx = isa_out(r, "matmul dinp", (size_t)N * IC * sizeof(float), in->c);
+    float *dw = isa_out(r, "matmul dw", (size_t)OC * IC * sizeof(float), in->a);
+    float *db = isa_out(r, "matmul dbias", OC * sizeof(float), in->b);
+    k->matmul_bwd(dx, dw, db, in->b, in->a, in->b, N, IC, OC);
+  }
+  {
+    /* T = 37: softmax rows of every length from 1 to 37 */
+    const size_t no = (size_t)IB * IT * IAC, na = (size_t)IB * INH * IT * IT;
+    const size_t nq = (size_t)IB * IT * 3 * IAC;
+    o = isa_out(r, "attention out", no * sizeof(float), NULL);
+    float *att = isa_out(r, "attention att", na * sizeof(float), NULL);
+    k->attention_fwd(o, att, in->qkv, IB, IT, IAC, INH);
+    float *scratch = isa_unaligned(k->attention_scratch(IB, IT, IAC, INH) * sizeof(float));
+    float *dq = isa_out(r, "attention dqkv", nq * sizeof(float), in->qkv);
+    k->attention_bwd(dq, scratch, in->qkv, in->qkv, att, IB, IT, IAC, INH);
+  }
+  o = isa_out(r, "gelu out", in->nwide * sizeof(float), NULL);
+  k->gelu_fwd(o, in->wide, in->nwide);
+  o = isa_out(r, "gelu dinp", in->nwide * sizeof(float), in->wide);
+  k->gelu_bwd(o, in->wide, in->wide, in->nwide);
+  o = isa_out(r, "gelu out (ordinary range)", fe, NULL);
+  k->gelu_fwd(o, in->a, IE);
+  o = isa_out(r, "gelu dinp (ordinary range)", fe, in->c);
+  k->gelu_bwd(o, in->a, in->b, IE);
+  o = isa_out(r, "residual out", fe, NULL);
+  k->residual_fwd(o, in->a, in->b, IE);
+  float *da = isa_out(r, "residual da", fe, in->a), *db = isa_out(r, "residual db", fe, in->b);
+  k->residual_bwd(da, db, in->c, IE);
+  {
+    float *losses = isa_out(r, "crossentropy losses", IN * sizeof(float), NULL);
+    float *p = isa_out(r, "crossentropy probs", (size_t)IN * IV * sizeof(float), in->logits);
+    k->crossentropy_fwd(losses, p, in->tgt, IN, IV);
+    float *d = isa_out(r, "crossentropy dlogits", (size_t)IN * IV * sizeof(float), p);
+    k->crossentropy_bwd(d, in->tgt, 0.37f, IN, IV);
+  }
+  {
+    float *p = isa_out(r, "adamw p", fe, in->a), *m = isa_out(r, "adamw m", fe, in->c);
+    float *v = isa_out(r, "adamw v", fe, in->c);
+    for (size_t i = 0; i < IE; i++) v[i] = v[i] * v[i];
+    for (int t = 1; t <= 3; t++) k->adamw(p, in->b, m, v, IE, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+  }
+  uint16_t *h = isa_out(r, "f32_to_bf16", in->nwide * sizeof(uint16_t), NULL);
+  k->f32_to_bf16(h, in->wide, in->nwide);
+  o = isa_out(r, "bf16_to_f32", IE * sizeof(float), NULL);
+  k->bf16_to_f32(o, in->h1, IE);
+  {
+    const size_t ns[] = {0, 1, 15, 17, IE, in->nbig}; /* the last one split among threads */
+    /* doubles are copied in: the buffers are not 8-byte aligned */
+    for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+      const double s = k->sumsq(in->big, ns[i]);
+      isa_out(r, "sumsq", sizeof s, &s);
+    }
+    const double s = k->vec_sum(in->a, IE);
+    isa_out(r, "vec_sum", sizeof s, &s);
+  }
+  o = isa_out(r, "dev_set", fe + 3, NULL);
+  k->dev_set(o, 0x5a, fe + 3);
+  o = isa_out(r, "copy_h2d", fe - 1, NULL);
+  k->copy_h2d(o, in->a, fe - 1);
+  o = isa_out(r, "copy_d2h", fe, NULL);
+  k->copy_d2h(o, in->b, fe);
+  o = isa_out(r, "copy_d2d", fe, NULL);
+  k->copy_d2d(o, in->c, fe);
+  o = isa_out(r, "vec_add", fe, in->a);
+  k->vec_add(o, in->b, IE);
+  o = isa_out(r, "vec_scale", fe, in->a);
+  k->vec_scale(o, 0.3f, IE);
+  /* the collectives' work: plain and streamed (the stream path reaches its
+   * aligned middle only past a few thousand elements), plain sum and average;
+   * the first operand at an odd byte offset, as in a shared-memory link */
+  for (int stream = 0; stream <= 1; stream++)
+    for (int avg = 0; avg <= 1; avg++) {
+      const size_t n = stream ? 50001 : IE; /* b: in->big from element 7 */
+      const float div = avg ? 3.0f : 1.0f;
+      uint8_t *odd = isa_unaligned(n * sizeof(float) + 1);
+      memcpy(odd + 1, in->big, n * sizeof(float));
+      o = isa_out(r, "reduce_f32", n * sizeof(float), NULL);
+      k->reduce_f32(o, odd + 1, in->big + 7, n, div, stream);
+      const size_t nh = stream ? 5000 : IE; /* bf16 streams through blocks of 4096 */
+      uint16_t *hs = isa_unaligned(nh * sizeof(uint16_t)), *hb = isa_unaligned(nh * sizeof(uint16_t));
+      k->f32_to_bf16(hs, in->big, nh);
+      k->f32_to_bf16(hb, in->big + 1000, nh);
+      memcpy(odd + 1, hs, nh * sizeof(uint16_t));
+      h = isa_out(r, "reduce_bf16", nh * sizeof(uint16_t), NULL);
+      k->reduce_bf16(h, odd + 1, hb, nh, div, stream);
+    }
+  o = isa_out(r, "copy_stream (short)", 101 * sizeof(float), NULL);
+  k->copy_stream(o, in->a, 101 * sizeof(float));
+  o = isa_out(r, "copy_stream (long)", in->nbig * sizeof(float) - 1, NULL);
+  k->copy_stream(o, in->big, in->nbig * sizeof(float) - 1);
+}
+
+Test(kernels, isa_levels_give_the_same_bytes, .timeout = 120) {
+  const kern_cpu_isa_t levels[] = {KERN_CPU_ISA_AVX2, KERN_CPU_ISA_AVX512};
+  const kern_backend_t *gen = kern_cpu_isa_table(KERN_CPU_ISA_GENERIC);
+  cr_assert_not_null(gen, "the generic level runs anywhere");
+  isa_inputs_t in;
+  isa_inputs(&in);
+  isa_run_t *ref = tnew(sizeof *ref);
+  isa_run_ops(gen, ref, &in);
+  int compared = 0;
+  for (size_t l = 0; l < sizeof levels / sizeof levels[0]; l++) {
+    const kern_backend_t *k = kern_cpu_isa_table(levels[l]);
+    const char *name = kern_cpu_isa_name(levels[l]);
+    if (!k) {
+      cr_log_warn("this processor lacks %s: not compared", name);
+      continue;
+    }
+    cr_assert_neq(k, gen);
+    isa_run_t *r = tnew(sizeof *r);
+    isa_run_ops(k, r, &in);
+    cr_assert_eq(r->n, ref->n);
+    for (int i = 0; i < r->n; i++) {
+      cr_assert_eq(r->bytes[i], ref->bytes[i]);
+      size_t j = 0;
+      while (j < r->bytes[i] && r->p[i][j] == ref->p[i][j]) j++;
+      cr_expect_eq(j, r->bytes[i], "%s: %s (output %d) differs from generic at byte %zu of %zu [seed %llu]",
+                   name, r->what[i], i, j, r->bytes[i], SEED);
+    }
+    compared++;
+  }
+  cr_log_info("%d levels compared with generic (best here: %s)", compared,
+              kern_cpu_isa_name(kern_cpu_isa_best()));
 }
