@@ -112,19 +112,8 @@ static void isa_run(isa_trace_t *tr, const char *isa, const char *data, const ch
   cr_assert_eq(tr->n, ISA_STEPS, "FSDP_CPU_ISA=%s: %d steps reported", isa ? isa : "(unset)", tr->n);
 }
 
-/* Random byte-level tokens (the tiny model's vocabulary is 256). */
-static char *isa_tokens(void) {
-  enum { NTOK = 1 << 15 };
-  static uint16_t tok[NTOK];
-  uint64_t rng = 7;
-  for (int i = 0; i < NTOK; i++) tok[i] = (uint16_t)(tu_rand_u64(&rng) % 256);
-  char *path = tu_path("tokens.bin");
-  cr_assert_eq(data_write(path, tok, NTOK), 0, "%s", err_msg());
-  return path;
-}
-
 static void check_generic_matches_default(const char *precision) {
-  char *data = isa_tokens();
+  char *data = tu_token_file("tokens.bin", 1 << 15, 7, 256);
   isa_trace_t def, gen;
   isa_run(&def, NULL, data, precision);
   isa_run(&gen, "1", data, precision);
@@ -163,7 +152,7 @@ Test(isa, generic_forced_matches_default_bf16, .timeout = 120) {
 /* The tunable's values: a level number runs at that level, anything else at
  * the best one (device.c warns, naming the variable and the choices). */
 static int isa_level_for(const char *value) {
-  char *data = isa_tokens();
+  char *data = tu_token_file("tokens.bin", 1 << 15, 7, 256);
   isa_trace_t tr;
   isa_run(&tr, value, data, "fp32");
   free(data);

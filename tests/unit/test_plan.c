@@ -16,16 +16,6 @@
 #include "daemon/train/train.h"
 #include "tests/unit/testutil.h"
 
-static char *token_file(void) {
-  enum { N = 20000 };
-  static uint16_t tok[N];
-  uint64_t s = 3;
-  for (int i = 0; i < N; i++) tok[i] = (uint16_t)(tu_rand_u64(&s) % 256);
-  char *path = tu_path("tokens.bin");
-  cr_assert_eq(data_write(path, tok, N), 0, "%s", err_msg());
-  return path;
-}
-
 static config_t job(const char *data, int ckpt) {
   config_t c;
   config_default(&c);
@@ -41,7 +31,7 @@ static config_t job(const char *data, int ckpt) {
 }
 
 static void plan_matches_run(int ckpt) {
-  char *data = token_file();
+  char *data = tu_token_file("tokens.bin", 20000, 3, 256);
   config_t c = job(data, ckpt);
   plan_t p;
   cr_assert_eq(plan_job(&c, 1, &p), 0);
@@ -65,7 +55,7 @@ Test(plan, equals_what_a_run_allocates) { plan_matches_run(0); }
 Test(plan, equals_what_a_run_allocates_with_checkpointing) { plan_matches_run(1); }
 
 Test(plan, checkpointing_plans_less) {
-  char *data = token_file();
+  char *data = tu_token_file("tokens.bin", 20000, 3, 256);
   config_t a = job(data, 0), b = job(data, 1);
   plan_t pa, pb;
   cr_assert_eq(plan_job(&a, 1, &pa), 0);
@@ -76,7 +66,7 @@ Test(plan, checkpointing_plans_less) {
 }
 
 Test(plan, a_job_that_does_not_fit_is_refused_with_the_fix) {
-  char *data = token_file();
+  char *data = tu_token_file("tokens.bin", 20000, 3, 256);
   config_t c = job(data, 0);
   c.batch = 64; /* activations dominate */
   plan_t p;
@@ -101,7 +91,7 @@ Test(plan, a_job_that_does_not_fit_is_refused_with_the_fix) {
 }
 
 Test(plan, model_state_dominated_job_points_at_the_model) {
-  char *data = token_file();
+  char *data = tu_token_file("tokens.bin", 20000, 3, 256);
   config_t c;
   config_default(&c);
   cr_assert_eq(config_set(&c, "data", data), 0);
@@ -202,7 +192,7 @@ static config_t sharded(const char *data, const char *strategy, const char *mesh
 }
 
 Test(plan, equals_what_sharded_ranks_allocate, .timeout = 300) {
-  char *data = token_file();
+  char *data = tu_token_file("tokens.bin", 20000, 3, 256);
   const struct {
     const char *strategy, *mesh;
     int world;
@@ -215,7 +205,7 @@ Test(plan, equals_what_sharded_ranks_allocate, .timeout = 300) {
 }
 
 Test(plan, equals_what_sharded_ranks_allocate_in_every_mode, .timeout = 300) {
-  char *data = token_file();
+  char *data = tu_token_file("tokens.bin", 20000, 3, 256);
   config_t c = sharded(data, "FULL_SHARD", "");
   cr_assert_eq(config_set(&c, "precision", "bf16-mixed"), 0);
   plan_world(&c, 2);
@@ -236,7 +226,7 @@ Test(plan, equals_what_sharded_ranks_allocate_in_every_mode, .timeout = 300) {
 }
 
 Test(plan, equals_what_bf16_true_ranks_allocate, .timeout = 300) {
-  char *data = token_file(), *w = tu_path("plan.weights");
+  char *data = tu_token_file("tokens.bin", 20000, 3, 256), *w = tu_path("plan.weights");
   config_t c = sharded(data, "FULL_SHARD", "");
   cr_assert_eq(config_set(&c, "precision", "bf16-true"), 0);
   cr_assert_eq(config_set(&c, "save", w), 0);
@@ -259,7 +249,7 @@ Test(plan, equals_what_bf16_true_ranks_allocate, .timeout = 300) {
 }
 
 Test(plan, reports_both_accumulation_modes) {
-  char *data = token_file();
+  char *data = tu_token_file("tokens.bin", 20000, 3, 256);
   config_t c = sharded(data, "FULL_SHARD", "");
   cr_assert_eq(config_set(&c, "model", "small"), 0);
   cr_assert_eq(config_finish(&c), 0, "%s", err_msg());
@@ -286,7 +276,7 @@ Test(plan, reports_both_accumulation_modes) {
 }
 
 Test(plan, a_sharded_job_that_does_not_fit_gets_the_strategy_that_does) {
-  char *data = token_file();
+  char *data = tu_token_file("tokens.bin", 20000, 3, 256);
   config_t c = sharded(data, "SHARD_GRAD_OP", "");
   cr_assert_eq(config_set(&c, "model", "small"), 0);
   c.activation_checkpointing = 1;

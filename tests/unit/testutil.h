@@ -63,6 +63,10 @@ int tu_world_wait_lines(tu_world_t *w, int r, const char *prefix, int count, dou
 /* Waits up to timeout_s until every rank but `except` (-1: none) has exited,
  * noting when each did (exit_s); returns how many are still running. */
 int tu_world_wait_exits(tu_world_t *w, int except, double timeout_s);
+/* A token file of n random ids below vocab (a stream seeded by seed), named
+ * name in the test's directory; returns its path (free it). */
+char *tu_token_file(const char *name, size_t n, uint64_t seed, int vocab);
+
 /* SIGKILLs and reaps every rank not reaped yet (stopped ones included). */
 void tu_world_kill(tu_world_t *w);
 
