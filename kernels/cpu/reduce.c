@@ -6,7 +6,7 @@
  * a destination line only to overwrite it. */
 #include <string.h>
 #if defined(__SSE2__)
-#include <emmintrin.h>
+#include <immintrin.h>
 #endif
 
 #include "kernels/cpu/cpu.h"
@@ -52,26 +52,53 @@ void kern_cpu_copy_stream(void *dst, const void *src, size_t n) {
   size_t head = (size_t)(-(uintptr_t)d & 63); /* whole cache lines from here */
   memcpy(d, s, head);
   d += head, s += head, n -= head;
-  for (; n >= 64; n -= 64, d += 64, s += 64)
+  for (; n >= 64; n -= 64, d += 64, s += 64) {
+#if defined(__AVX__) /* the avx2 and avx512 levels: two 32-byte stores a line */
+    __m256i lo = _mm256_loadu_si256((const __m256i *)s);
+    __m256i hi = _mm256_loadu_si256((const __m256i *)(s + 32));
+    _mm256_stream_si256((__m256i *)d, lo);
+    _mm256_stream_si256((__m256i *)(d + 32), hi);
+#else
     for (int i = 0; i < 64; i += 16)
       _mm_stream_si128((__m128i *)(d + i), _mm_loadu_si128((const __m128i *)(s + i)));
+#endif
+  }
   memcpy(d, s, n);
   _mm_sfence(); /* the streamed lines are visible before whatever this thread publishes next */
 }
 
 /* fp32 sums straight from the registers with non-temporal stores (whole
- * aligned 16-byte pieces; the ends plainly), then a store fence. */
+ * aligned vectors, 32 bytes at the avx2 and avx512 levels, 16 below; the ends
+ * plainly), then a store fence. */
+#if defined(__AVX__)
+#define REDUCE_W 8
+#define REDUCE_PS __m256
+#define REDUCE_SET1 _mm256_set1_ps
+#define REDUCE_LOADU _mm256_loadu_ps
+#define REDUCE_ADD _mm256_add_ps
+#define REDUCE_DIV _mm256_div_ps
+#define REDUCE_STREAM _mm256_stream_ps
+#else
+#define REDUCE_W 4
+#define REDUCE_PS __m128
+#define REDUCE_SET1 _mm_set1_ps
+#define REDUCE_LOADU _mm_loadu_ps
+#define REDUCE_ADD _mm_add_ps
+#define REDUCE_DIV _mm_div_ps
+#define REDUCE_STREAM _mm_stream_ps
+#endif
 static void reduce_f32_stream(float *d, const uint8_t *x, const float *y, size_t n, float div) {
   size_t i = 0;
-  for (; i < n && ((uintptr_t)(d + i) & 15); i++) d[i] = (reduce_ld_f32(x + 4 * i) + y[i]) / div;
-  const __m128 vd = _mm_set1_ps(div);
+  for (; i < n && ((uintptr_t)(d + i) & (4 * REDUCE_W - 1)); i++)
+    d[i] = (reduce_ld_f32(x + 4 * i) + y[i]) / div;
+  const REDUCE_PS vd = REDUCE_SET1(div);
   if (div == 1.0f)
-    for (; i + 4 <= n; i += 4)
-      _mm_stream_ps(d + i, _mm_add_ps(_mm_loadu_ps((const float *)(x + 4 * i)), _mm_loadu_ps(y + i)));
+    for (; i + REDUCE_W <= n; i += REDUCE_W)
+      REDUCE_STREAM(d + i, REDUCE_ADD(REDUCE_LOADU((const float *)(x + 4 * i)), REDUCE_LOADU(y + i)));
   else
-    for (; i + 4 <= n; i += 4)
-      _mm_stream_ps(d + i, _mm_div_ps(_mm_add_ps(_mm_loadu_ps((const float *)(x + 4 * i)),
-                                                 _mm_loadu_ps(y + i)), vd));
+    for (; i + REDUCE_W <= n; i += REDUCE_W)
+      REDUCE_STREAM(d + i, REDUCE_DIV(REDUCE_ADD(REDUCE_LOADU((const float *)(x + 4 * i)),
+                                                 REDUCE_LOADU(y + i)), vd));
   for (; i < n; i++) d[i] = (reduce_ld_f32(x + 4 * i) + y[i]) / div;
   _mm_sfence();
 }
