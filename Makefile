@@ -72,18 +72,22 @@ COMM_SRCS   = daemon/comm/comm.c daemon/comm/boot.c \
               daemon/comm/shm.c daemon/comm/rec.c daemon/comm/cma.c daemon/comm/reg.c
 LIB_SRCS    = $(COMMON_SRCS) $(TRAIN_SRCS) $(COMM_SRCS) $(NODE_SRCS)
 LIB         = $(B)/libfsdp.a
+# The coordinator's own code links daemon/common and nothing of the engine.
+SCHED_SRCS  = daemon/coordinator/sched.c
+SCHED_OBJS  = $(SCHED_SRCS:%.c=$(B)/%.o) $(COMMON_SRCS:%.c=$(B)/%.o)
 
 BINS  = bin/fsdp-train bin/fsdp-tokenize bin/fsdp-launch
 # Unit tests (tests/unit: a module through its API) and end-to-end tests
 # (tests/e2e: the programs run as processes); test_bins names their binaries
 # under a build directory.
 UNIT_TESTS = err param kernels isa device boot data gpt adamw config train sample shard plan comm fsdp \
-             reference supervise
+             reference supervise sched
 E2E_TESTS  = launch fault
 test_bins  = $(UNIT_TESTS:%=$(1)/tests/test_%) $(E2E_TESTS:%=$(1)/e2e/test_%)
 TEST_BINS  = $(call test_bins,$(B))
 BENCH_BINS = $(B)/bench/bench_gemm $(B)/bench/bench_train $(B)/bench/bench_comm $(B)/bench/bench_fsdp
 TESTUTIL   = $(B)/tests/unit/testutil.o
+TESTUTIL_TRAIN = $(B)/tests/unit/testutil_train.o $(B)/tests/unit/refrun.o
 # Test sources include Criterion's header: their objects wait for the test packages.
 TEST_OBJS  = $(patsubst %.c,$(B)/%.o,$(wildcard tests/unit/*.c tests/e2e/*.c tests/fuzz/*.c))
 
@@ -139,16 +143,21 @@ bin/fsdp-launch: $(B)/daemon/node/launch.o $(LIB)
 	@mkdir -p bin
 	$(CC) $(LDFLAGS) $^ -o $@ -luv
 
-$(B)/tests/test_%: $(B)/tests/unit/test_%.o $(TESTUTIL) $(B)/tests/unit/refrun.o $(LIB)
+$(B)/tests/test_%: $(B)/tests/unit/test_%.o $(TESTUTIL) $(TESTUTIL_TRAIN) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -lcriterion
 
-$(B)/e2e/test_%: $(B)/tests/e2e/test_%.o $(TESTUTIL) $(LIB)
+$(B)/e2e/test_%: $(B)/tests/e2e/test_%.o $(TESTUTIL) $(TESTUTIL_TRAIN) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -lcriterion
 
 # the supervisor runs on libuv
 $(B)/tests/test_supervise: LDLIBS += -luv
+
+# The scheduler's test links what the coordinator links of it: no engine.
+$(B)/tests/test_sched: $(B)/tests/unit/test_sched.o $(TESTUTIL) $(SCHED_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ -lm -lcriterion
 
 $(B)/%.o: %.cu | deps
 	@mkdir -p $(dir $@)

@@ -16,9 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "daemon/common/err.h"
 #include "daemon/common/rng.h"
-#include "daemon/train/data.h"
 
 /* Every test process computes on one thread unless the environment says
  * otherwise (FSDP_THREADS, OMP_NUM_THREADS) or the test sets its own
@@ -279,14 +277,4 @@ void tu_world_kill(tu_world_t *w) {
     w->exit_s[r] = tu_now_s();
     w->pid[r] = 0;
   }
-}
-
-char *tu_token_file(const char *name, size_t n, uint64_t seed, int vocab) {
-  uint16_t *tok = malloc(n * sizeof *tok);
-  cr_assert_not_null(tok);
-  for (size_t i = 0; i < n; i++) tok[i] = (uint16_t)(tu_rand_u64(&seed) % (uint64_t)vocab);
-  char *path = tu_path(name);
-  cr_assert_eq(data_write(path, tok, n), 0, "%s", err_msg());
-  free(tok);
-  return path;
 }

@@ -64,7 +64,8 @@ int tu_world_wait_lines(tu_world_t *w, int r, const char *prefix, int count, dou
  * noting when each did (exit_s); returns how many are still running. */
 int tu_world_wait_exits(tu_world_t *w, int except, double timeout_s);
 /* A token file of n random ids below vocab (a stream seeded by seed), named
- * name in the test's directory; returns its path (free it). */
+ * name in the test's directory; returns its path (free it). In
+ * testutil_train.c, which links the engine. */
 char *tu_token_file(const char *name, size_t n, uint64_t seed, int vocab);
 
 /* SIGKILLs and reaps every rank not reaped yet (stopped ones included). */

@@ -1,0 +1,120 @@
+/* sched: gang placement with shard groups kept inside nodes (see sched.h).
+ *
+ * All shard groups have S ranks, so placing them whole is bin packing with
+ * equal items: at most sum over nodes of floor(free / S) groups fit whole, and
+ * best fit (the node with the fewest free devices that still holds a group)
+ * reaches that count while leaving the larger holes to larger jobs. Groups
+ * that cannot be whole take the devices left, from the nodes with the most
+ * free first, so a group spans as few nodes as it can. */
+#include "sched.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/common/err.h"
+
+/* Appends to a bounded sentence; what does not fit is cut, never overflows. */
+static void sched_say(char *s, size_t len, const char *fmt, ...) {
+  size_t at = strnlen(s, len);
+  if (at + 1 >= len) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(s + at, len - at, fmt, ap);
+  va_end(ap);
+}
+
+static int sched_usable(const sched_node_t *nodes, const sched_device_t *d, const sched_job_t *job) {
+  return !d->held && nodes[d->node].alive && strcmp(d->kind, job->kind) == 0 &&
+         d->memory >= job->need;
+}
+
+/* Why the job waits: what it needs, and where the devices are. */
+static void sched_why(const sched_node_t *nodes, int num_nodes, const sched_device_t *devices,
+                      int num_devices, const sched_job_t *job, const int *avail, int total,
+                      char *note, size_t len) {
+  int held = 0, small = 0, dead = 0, other = 0;
+  for (int i = 0; i < num_devices; i++) {
+    const sched_device_t *d = &devices[i];
+    if (strcmp(d->kind, job->kind) != 0) other++;
+    else if (!nodes[d->node].alive) dead++;
+    else if (d->memory < job->need) small++;
+    else if (d->held) held++;
+  }
+  note[0] = '\0';
+  sched_say(note, len, "waiting for %d free %s devices with at least %.0f MiB each: %d free",
+            job->replicas * job->shards, job->kind, (double)job->need / (1 << 20), total);
+  if (total) {
+    const char *sep = " (";
+    for (int n = 0; n < num_nodes; n++)
+      if (avail[n]) sched_say(note, len, "%s%s %d", sep, nodes[n].name, avail[n]), sep = ", ";
+    sched_say(note, len, ")");
+  }
+  if (held) sched_say(note, len, "; %d held by running jobs", held);
+  if (small) sched_say(note, len, "; %d with too little memory", small);
+  if (dead) sched_say(note, len, "; %d on dead nodes", dead);
+  if (other) sched_say(note, len, "; %d of another kind", other);
+}
+
+/* Takes k usable devices of node n for ranks first.., lowest device index first. */
+static void sched_take(const sched_node_t *nodes, const sched_device_t *devices, int num_devices,
+                       const sched_job_t *job, char *taken, int n, int k, sched_slot_t *slot) {
+  for (int r = 0; r < k; r++) {
+    int best = -1;
+    for (int i = 0; i < num_devices; i++)
+      if (devices[i].node == n && !taken[i] && sched_usable(nodes, &devices[i], job) &&
+          (best < 0 || devices[i].index < devices[best].index))
+        best = i;
+    taken[best] = 1; /* the caller counted k usable devices there */
+    slot[r].device = best;
+  }
+}
+
+int sched_place(const sched_node_t *nodes, int num_nodes, const sched_device_t *devices,
+                int num_devices, const sched_job_t *job, sched_slot_t *slot, char *note,
+                size_t len) {
+  const int R = job->replicas, S = job->shards;
+  if (R < 1 || S < 1)
+    return err_set(FSDP_EINVAL, "sched: mesh %dx%d: both sides must be at least 1", R, S);
+  note[0] = '\0';
+  int *avail = calloc((size_t)num_nodes + 1, sizeof *avail);
+  char *taken = calloc((size_t)num_devices + 1, 1);
+  if (!avail || !taken) {
+    free(avail), free(taken);
+    return err_set(FSDP_ENOMEM, "sched: out of memory placing %d ranks", R * S);
+  }
+  int total = 0;
+  for (int i = 0; i < num_devices; i++)
+    if (sched_usable(nodes, &devices[i], job)) avail[devices[i].node]++, total++;
+  if (total < R * S) {
+    sched_why(nodes, num_nodes, devices, num_devices, job, avail, total, note, len);
+    free(avail), free(taken);
+    return SCHED_WAIT;
+  }
+  for (int g = 0; g < R; g++) {
+    sched_slot_t *group = slot + (size_t)g * S;
+    int best = -1;
+    for (int n = 0; n < num_nodes; n++)
+      if (avail[n] >= S && (best < 0 || avail[n] < avail[best])) best = n;
+    if (best >= 0) {
+      sched_take(nodes, devices, num_devices, job, taken, best, S, group);
+      avail[best] -= S;
+      continue;
+    }
+    sched_say(note, len, "%sshard group %d (ranks %d-%d) spans nodes", *note ? "; " : "", g,
+              g * S, g * S + S - 1);
+    for (int got = 0; got < S;) { /* the count above leaves enough usable devices */
+      int most = 0;
+      for (int n = 1; n < num_nodes; n++)
+        if (avail[n] > avail[most]) most = n;
+      int k = avail[most] < S - got ? avail[most] : S - got;
+      sched_take(nodes, devices, num_devices, job, taken, most, k, group + got);
+      avail[most] -= k, got += k;
+      sched_say(note, len, "%s%s", got == k ? " " : ", ", nodes[most].name);
+    }
+    sched_say(note, len, ": no node has %d free devices", S);
+  }
+  free(avail), free(taken);
+  return SCHED_PLACED;
+}
