@@ -64,7 +64,7 @@ TRAIN_SRCS  = daemon/train/gpt.c daemon/train/adamw.c \
               daemon/train/data.c daemon/train/config.c daemon/train/train.c \
               daemon/train/sample.c daemon/train/shard.c daemon/train/plan.c \
               daemon/train/fsdp.c daemon/train/device.c
-NODE_SRCS   = daemon/node/supervise.c
+NODE_SRCS   = daemon/node/supervise.c daemon/node/inventory.c
 COMM_SRCS   = daemon/comm/comm.c daemon/comm/boot.c \
               daemon/comm/ring.c daemon/comm/ring_boot.c daemon/comm/ring_live.c \
               daemon/comm/ring_algo.c daemon/comm/ring_tcp.c daemon/comm/ring_shm.c \
@@ -81,7 +81,7 @@ BINS  = bin/fsdp-train bin/fsdp-tokenize bin/fsdp-launch
 # (tests/e2e: the programs run as processes); test_bins names their binaries
 # under a build directory.
 UNIT_TESTS = err param kernels isa device boot data gpt adamw config train sample shard plan comm fsdp \
-             reference supervise sched
+             reference supervise sched inventory
 E2E_TESTS  = launch fault
 test_bins  = $(UNIT_TESTS:%=$(1)/tests/test_%) $(E2E_TESTS:%=$(1)/e2e/test_%)
 TEST_BINS  = $(call test_bins,$(B))
@@ -153,6 +153,18 @@ $(B)/e2e/test_%: $(B)/tests/e2e/test_%.o $(TESTUTIL) $(TESTUTIL_TRAIN) $(LIB)
 
 # the supervisor runs on libuv
 $(B)/tests/test_supervise: LDLIBS += -luv
+
+# fsdpd's device discovery, its GPU path run against a fake driver library
+# (test_inventory puts it on inventory_probe's library path).
+INVENTORY_OBJS = $(B)/daemon/node/inventory.o $(COMMON_SRCS:%.c=$(B)/%.o)
+$(B)/tests/test_inventory: $(B)/tests/unit/test_inventory.o $(TESTUTIL) $(INVENTORY_OBJS) \
+                           $(B)/tests/inventory_probe $(B)/tests/fake-cuda/libcuda.so.1
+	$(CC) $(LDFLAGS) $(filter %.o,$^) -o $@ -ldl -lm -lcriterion
+$(B)/tests/inventory_probe: $(B)/tests/unit/inventory_probe.o $(INVENTORY_OBJS)
+	$(CC) $(LDFLAGS) $^ -o $@ -ldl
+$(B)/tests/fake-cuda/libcuda.so.1: tests/unit/fake_libcuda.c | deps
+	@mkdir -p $(dir $@)
+	$(CC) -shared -fPIC -O1 -Wall -Wextra -Werror $< -o $@
 
 # The scheduler's test links what the coordinator links of it: no engine.
 $(B)/tests/test_sched: $(B)/tests/unit/test_sched.o $(TESTUTIL) $(SCHED_OBJS)

@@ -1,0 +1,135 @@
+/* inventory: the node's devices from fsdpd's --devices spec (see inventory.h).
+ *
+ * GPUs come from the CUDA driver API through dlopen: the driver library is
+ * what every CUDA machine has (the toolkit need not be installed), and a
+ * machine without it still runs fsdpd with CPU devices. A CPU device's memory
+ * is the host's physical memory split N ways: a capacity, like a GPU's total
+ * memory, that the scheduler compares with a job's memory plan. */
+#include "inventory.h"
+
+#include <ctype.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "daemon/common/err.h"
+
+/* The few driver entry points used, by their C ABI (cuda.h is not needed). */
+typedef int (*cu_init_fn)(unsigned);
+typedef int (*cu_count_fn)(int *);
+typedef int (*cu_get_fn)(int *, int);
+typedef int (*cu_name_fn)(char *, int, int);
+typedef int (*cu_mem_fn)(size_t *, int);
+
+static int inventory_cpu(int n, inventory_t *out) {
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0)
+    return err_set_errno(FSDP_EIO, errno, "devices: cannot read this host's memory size");
+  const uint64_t each = (uint64_t)pages * (uint64_t)page / (uint64_t)n;
+  for (int i = 0; i < n; i++) {
+    inventory_device_t *d = &out->dev[out->count++];
+    snprintf(d->kind, sizeof d->kind, "cpu");
+    d->index = i;
+    snprintf(d->name, sizeof d->name, "CPU device %d of %d", i, n);
+    d->memory = each;
+  }
+  return FSDP_OK;
+}
+
+/* Every GPU the driver sees, or those whose ordinals are in want (nwant > 0). */
+static int inventory_cuda(const int *want, int nwant, inventory_t *out) {
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib)
+    return err_set(FSDP_EUNSUPPORTED, "devices: cuda: no NVIDIA driver on this node (%s); "
+                   "install the driver, or use --devices cpu:N", dlerror());
+  cu_init_fn init = (cu_init_fn)dlsym(lib, "cuInit");
+  cu_count_fn count = (cu_count_fn)dlsym(lib, "cuDeviceGetCount");
+  cu_get_fn get = (cu_get_fn)dlsym(lib, "cuDeviceGet");
+  cu_name_fn name = (cu_name_fn)dlsym(lib, "cuDeviceGetName");
+  cu_mem_fn mem = (cu_mem_fn)dlsym(lib, "cuDeviceTotalMem_v2");
+  int rc = FSDP_OK, n = 0, e;
+  if (!init || !count || !get || !name || !mem) {
+    rc = err_set(FSDP_EUNSUPPORTED, "devices: cuda: libcuda.so.1 lacks the driver API "
+                 "(cuInit, cuDeviceGetCount, ...); reinstall the NVIDIA driver");
+    goto out;
+  }
+  if ((e = init(0)) || (e = count(&n)) || n == 0) {
+    rc = err_set(FSDP_EUNSUPPORTED, "devices: cuda: the driver finds no usable GPU (CUDA error "
+                 "%d); check nvidia-smi, or use --devices cpu:N", n == 0 && !e ? 100 : e);
+    goto out;
+  }
+  for (int k = 0; k < (nwant ? nwant : n) && rc == FSDP_OK; k++) {
+    int ord = nwant ? want[k] : k, dev;
+    size_t bytes = 0;
+    if (ord >= n) {
+      rc = err_set(FSDP_ERANGE, "devices: cuda:%d: this node has %d GPUs (ordinals 0-%d)", ord,
+                   n, n - 1);
+      break;
+    }
+    inventory_device_t *d = &out->dev[out->count];
+    if ((e = get(&dev, ord)) || (e = name(d->name, (int)sizeof d->name, dev)) ||
+        (e = mem(&bytes, dev))) {
+      rc = err_set(FSDP_EIO, "devices: cuda:%d: the driver cannot describe it (CUDA error %d)",
+                   ord, e);
+      break;
+    }
+    snprintf(d->kind, sizeof d->kind, "cuda");
+    d->index = ord;
+    d->memory = bytes;
+    out->count++;
+  }
+out:
+  dlclose(lib);
+  return rc;
+}
+
+/* "N": a whole number in 1..max; -1 otherwise. */
+static int inventory_number(const char *s, size_t len, int max) {
+  if (len == 0 || len > 4) return -1;
+  int v = 0;
+  for (size_t i = 0; i < len; i++) {
+    if (!isdigit((unsigned char)s[i])) return -1;
+    v = v * 10 + (s[i] - '0');
+  }
+  return v <= max ? v : -1;
+}
+
+int inventory_find(const char *spec, inventory_t *out) {
+  memset(out, 0, sizeof *out);
+  if (!spec || !*spec || !strcmp(spec, "auto")) {
+    if (inventory_cuda(NULL, 0, out) == FSDP_OK) return FSDP_OK;
+    memset(out, 0, sizeof *out);
+    return inventory_cpu(1, out);
+  }
+  if (!strncmp(spec, "cpu:", 4)) {
+    int n = inventory_number(spec + 4, strlen(spec + 4), INVENTORY_MAX);
+    if (n < 1)
+      return err_set(FSDP_EINVAL, "devices: '%s': cpu:N wants N from 1 to %d (e.g. cpu:2)", spec,
+                     INVENTORY_MAX);
+    return inventory_cpu(n, out);
+  }
+  if (!strcmp(spec, "cuda")) return inventory_cuda(NULL, 0, out);
+  if (!strncmp(spec, "cuda:", 5)) {
+    int want[INVENTORY_MAX], nwant = 0;
+    for (const char *p = spec + 5;; p++) {
+      const char *end = strchr(p, ',');
+      size_t len = end ? (size_t)(end - p) : strlen(p);
+      int ord = inventory_number(p, len, 9999);
+      if (ord < 0 || nwant == INVENTORY_MAX)
+        return err_set(FSDP_EINVAL, "devices: '%s': cuda:LIST wants GPU ordinals separated by "
+                       "commas (e.g. cuda:0,1), at most %d", spec, INVENTORY_MAX);
+      for (int k = 0; k < nwant; k++)
+        if (want[k] == ord)
+          return err_set(FSDP_EINVAL, "devices: '%s': GPU %d is named twice", spec, ord);
+      want[nwant++] = ord;
+      if (!end) break;
+      p = end;
+    }
+    return inventory_cuda(want, nwant, out);
+  }
+  return err_set(FSDP_EINVAL, "devices: '%s' is not a device spec: use cpu:N, cuda, cuda:0,1 or "
+                 "auto", spec);
+}

@@ -1,0 +1,33 @@
+/* inventory: what a node offers the coordinator. fsdpd owns its devices and
+ * registers them: CUDA GPUs found through the driver (libcuda.so.1, opened at
+ * run time so that fsdpd starts on a machine without one), or CPU devices,
+ * `cpu:N`, which share the host's memory N ways and run the same code paths
+ * on the CPU backend.
+ *
+ * Spec (fsdpd --devices): "cpu:N" (1..INVENTORY_MAX), "cuda" (every GPU),
+ * "cuda:0,2" (those), "auto" (every GPU, else one CPU device). */
+#ifndef FSDP_INVENTORY_H
+#define FSDP_INVENTORY_H
+
+#include <stdint.h>
+
+#define INVENTORY_MAX 64
+
+typedef struct inventory_device {
+  char kind[8];   /* "cpu" or "cuda" */
+  int index;      /* the device's index on this node (the CUDA ordinal for GPUs) */
+  char name[96];  /* "CPU device 0 of 2", "NVIDIA H100 80GB HBM3" */
+  uint64_t memory; /* bytes a rank may use there */
+} inventory_device_t;
+
+typedef struct inventory {
+  int count;
+  inventory_device_t dev[INVENTORY_MAX];
+} inventory_t;
+
+/* Finds the devices spec names. Errors name the spec and the fix: a malformed
+ * spec (EINVAL), no driver or no GPU for "cuda" (EUNSUPPORTED), an ordinal
+ * the node does not have (ERANGE). */
+int inventory_find(const char *spec, inventory_t *out);
+
+#endif

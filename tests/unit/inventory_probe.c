@@ -1,0 +1,20 @@
+/* inventory_probe: prints what inventory_find makes of a spec, one device per
+ * line ("kind index memory name"), or "error CODE MESSAGE"; test_inventory runs
+ * it with the fake driver on its library path. */
+#include <stdio.h>
+
+#include "daemon/common/err.h"
+#include "daemon/node/inventory.h"
+
+int main(int argc, char **argv) {
+  inventory_t d;
+  int rc = inventory_find(argc > 1 ? argv[1] : NULL, &d);
+  if (rc) {
+    printf("error %s %s\n", err_name(rc), err_msg());
+    return 1;
+  }
+  for (int i = 0; i < d.count; i++)
+    printf("%s %d %llu %s\n", d.dev[i].kind, d.dev[i].index,
+           (unsigned long long)d.dev[i].memory, d.dev[i].name);
+  return 0;
+}

@@ -1,0 +1,107 @@
+/* test_inventory: fsdpd's device discovery (daemon/node/inventory.c). CPU devices
+ * split the host's memory; GPUs are found through the driver library, here a
+ * fake one (fake_libcuda.c) put on the library path of inventory_probe, so the
+ * GPU path runs on a machine without a GPU; and without any driver, a GPU
+ * spec is a clear error while "auto" falls back to one CPU device. */
+#include <criterion/criterion.h>
+#include <dlfcn.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "daemon/common/err.h"
+#include "daemon/node/inventory.h"
+
+/* MemTotal from /proc/meminfo, in bytes: the host's memory, read apart from
+ * the code under test (which asks sysconf). */
+static uint64_t host_memory(void) {
+  FILE *f = fopen("/proc/meminfo", "r");
+  cr_assert_not_null(f);
+  char line[256];
+  unsigned long long kb = 0;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "MemTotal: %llu kB", &kb) == 1) break;
+  fclose(f);
+  cr_assert_gt(kb, 0);
+  return (uint64_t)kb * 1024;
+}
+
+static int have_driver(void) {
+  void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (h) dlclose(h);
+  return h != NULL;
+}
+
+/* Runs inventory_probe SPEC with the fake driver (gpus of them; -1: no fake
+ * driver on the path) and returns its output (static). */
+static const char *probe(const char *spec, int gpus) {
+  static char out[4096];
+  char self[1024] = {0}, cmd[3072];
+  cr_assert_gt(readlink("/proc/self/exe", self, sizeof self - 1), 0);
+  const char *dir = dirname(self);
+  if (gpus >= 0)
+    snprintf(cmd, sizeof cmd, "LD_LIBRARY_PATH='%s/fake-cuda' FAKE_CUDA_GPUS=%d '%s/inventory_probe' '%s'",
+             dir, gpus, dir, spec);
+  else
+    snprintf(cmd, sizeof cmd, "'%s/inventory_probe' '%s'", dir, spec);
+  FILE *p = popen(cmd, "r");
+  cr_assert_not_null(p);
+  size_t n = fread(out, 1, sizeof out - 1, p);
+  out[n] = '\0';
+  pclose(p);
+  return out;
+}
+
+Test(inventory, cpu_devices_split_the_host_memory) {
+  inventory_t d;
+  cr_assert_eq(inventory_find("cpu:3", &d), FSDP_OK, "%s", err_msg());
+  cr_assert_eq(d.count, 3);
+  for (int i = 0; i < 3; i++) {
+    cr_assert_str_eq(d.dev[i].kind, "cpu");
+    cr_assert_eq(d.dev[i].index, i);
+    cr_assert_eq(d.dev[i].memory, host_memory() / 3);
+  }
+  cr_assert_str_eq(d.dev[1].name, "CPU device 1 of 3");
+}
+
+Test(inventory, bad_specs_name_the_spec_and_the_fix) {
+  static const char *bad[] = {"cpu:0", "cpu:", "cpu:x", "cpu:65", "cpu:-1", "gpu", "cpu",
+                              "cuda:", "cuda:0,,1", "cuda:a", "cuda:1,1", "cuda:0,"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    inventory_t d;
+    cr_assert_eq(inventory_find(bad[i], &d), FSDP_EINVAL, "'%s' was accepted", bad[i]);
+    char quoted[64];
+    snprintf(quoted, sizeof quoted, "'%s'", bad[i]);
+    cr_assert(strstr(err_msg(), quoted), "'%s': %s", bad[i], err_msg());
+    cr_assert(strstr(err_msg(), "e.g.") || strstr(err_msg(), "use cpu:N") ||
+                  strstr(err_msg(), "named twice"), "'%s': no fix in: %s", bad[i], err_msg());
+  }
+}
+
+Test(inventory, gpus_come_from_the_driver) {
+  cr_assert_str_eq(probe("cuda", 2), "cuda 0 85899345920 Fake GPU 0\n"
+                                     "cuda 1 42949672960 Fake GPU 1\n");
+  cr_assert_str_eq(probe("cuda:1", 2), "cuda 1 42949672960 Fake GPU 1\n");
+  cr_assert_str_eq(probe("auto", 1), "cuda 0 85899345920 Fake GPU 0\n");
+  const char *o = probe("cuda:0,2", 2);
+  cr_assert(strstr(o, "error ERANGE devices: cuda:2: this node has 2 GPUs (ordinals 0-1)"), "%s", o);
+  o = probe("cuda", 0);
+  cr_assert(strstr(o, "error EUNSUPPORTED") && strstr(o, "no usable GPU") &&
+                strstr(o, "--devices cpu:N"), "%s", o);
+}
+
+Test(inventory, without_a_driver_cuda_is_an_error_and_auto_is_one_cpu_device) {
+  if (have_driver()) cr_skip_test("this machine has an NVIDIA driver");
+  inventory_t d;
+  cr_assert_eq(inventory_find("cuda", &d), FSDP_EUNSUPPORTED);
+  cr_assert(strstr(err_msg(), "no NVIDIA driver") && strstr(err_msg(), "--devices cpu:N"), "%s",
+            err_msg());
+  cr_assert_eq(inventory_find("auto", &d), FSDP_OK, "%s", err_msg());
+  cr_assert_eq(d.count, 1);
+  cr_assert_str_eq(d.dev[0].kind, "cpu");
+  cr_assert_eq(d.dev[0].memory, host_memory());
+  const char *o = probe("cuda:0", -1);
+  cr_assert(strstr(o, "error EUNSUPPORTED"), "%s", o);
+}
