@@ -211,7 +211,8 @@ int supervise_spawn(supervise_t *s, const supervise_child_opts_t *o, int *pid) {
                            .open_handles = 3};
   uv_stdio_container_t stdio[3 + SUPERVISE_FDS_MAX];
   supervise_stream_t *streams[2] = {&c->out, &c->err};
-  FILE *to[2] = {s->o.out ? s->o.out : stdout, s->o.err ? s->o.err : stderr};
+  FILE *to[2] = {o->out ? o->out : s->o.out ? s->o.out : stdout,
+                 o->err ? o->err : s->o.err ? s->o.err : stderr};
   for (int i = 0; i < 2; i++) {
     uv_pipe_init(s->loop, &streams[i]->pipe, 0);
     streams[i]->pipe.data = streams[i];
@@ -230,7 +231,10 @@ int supervise_spawn(supervise_t *s, const supervise_child_opts_t *o, int *pid) {
       .file = o->argv[0],
       .args = (char **)o->argv,
       .env = env, /* NULL: ours */
-      .flags = UV_PROCESS_DETACHED, /* its own session: its group can be signalled whole */
+      /* its own session: its group can be signalled whole */
+      .flags = UV_PROCESS_DETACHED | (o->as_user ? UV_PROCESS_SETUID | UV_PROCESS_SETGID : 0),
+      .uid = o->uid,
+      .gid = o->gid,
       .stdio_count = 3 + o->nfds,
       .stdio = stdio,
   };

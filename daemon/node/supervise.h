@@ -59,6 +59,11 @@ typedef struct supervise_child_opts {
   const int *fds;            /* handed down as fd 3, 4, ...; the caller still owns and closes */
   int nfds;                  /*   its own copies */
   const char *prefix;        /* put before every relayed line (copied), e.g. "[rank 3] " */
+  FILE *out, *err;           /* where this child's lines go (NULL: the set's), e.g. the
+                                rank's log file; the caller closes them after its exit_cb */
+  int as_user;               /* 1: run it as uid/gid, supplementary groups dropped, so a daemon
+                                started as root runs ranks unprivileged; 0: as we run */
+  unsigned uid, gid;
   supervise_exit_cb exit_cb; /* NULL: none */
   void *arg;
 } supervise_child_opts_t;

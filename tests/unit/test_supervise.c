@@ -334,3 +334,38 @@ Test(supervise, stop_kills_grandchildren_ignoring_sigterm) {
   cr_expect(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "the grandchild ended with status 0x%x", st);
   cr_expect_lt(tu_now_s() - t0, 5.0, "the grandchild waited for the grace");
 }
+
+Test(supervise, a_child_with_its_own_files_writes_there_and_not_to_the_set) {
+  FILE *log = tmpfile(), *elog = tmpfile();
+  cr_assert(log && elog);
+  exit_rec_t a = {0}, b = {0};
+  char *argv[] = {"/bin/sh", "-c", "echo to-log; echo to-elog >&2", NULL};
+  const supervise_child_opts_t o = {.argv = argv, .out = log, .err = elog, .exit_cb = exit_cb,
+                                    .arg = &a};
+  cr_assert_eq(supervise_spawn(S, &o, NULL), 0, "%s", err_msg());
+  cr_assert_eq(spawn_sh("echo to-set", "[b] ", &b, NULL), 0);
+  cr_assert(run_until(all_exited, NULL, 10));
+  char *l = relayed(log), *el = relayed(elog), *o2 = relayed(out), *e2 = relayed(err);
+  cr_expect_str_eq(l, "to-log\n");
+  cr_expect_str_eq(el, "to-elog\n");
+  cr_expect_str_eq(o2, "[b] to-set\n");
+  cr_expect_str_eq(e2, "");
+  free(l), free(el), free(o2), free(e2);
+  fclose(log), fclose(elog);
+}
+
+/* A daemon started as root runs its ranks as an unprivileged user: uid, gid
+ * and no supplementary group of root's. */
+Test(supervise, a_child_runs_as_the_user_it_is_given) {
+  if (geteuid() != 0) cr_skip_test("needs root to change user");
+  exit_rec_t a = {0};
+  char *argv[] = {"/bin/sh", "-c", "echo \"$(id -u) $(id -g) $(id -G)\"", NULL};
+  const supervise_child_opts_t o = {.argv = argv, .as_user = 1, .uid = 65534, .gid = 65534,
+                                    .exit_cb = exit_cb, .arg = &a};
+  cr_assert_eq(supervise_spawn(S, &o, NULL), 0, "%s", err_msg());
+  cr_assert(run_until(all_exited, NULL, 10));
+  cr_assert_eq(a.status, 0);
+  char *s = relayed(out);
+  cr_expect_str_eq(s, "65534 65534 65534\n");
+  free(s);
+}
