@@ -60,9 +60,16 @@ KERN_ISA_SRCS = kernels/cpu/table.c kernels/cpu/encoder.c kernels/cpu/layernorm.
                 kernels/cpu/reduce.c
 KERN_OBJS   = $(B)/kernels/cpu/backend.o \
               $(foreach i,$(KERN_ISAS),$(KERN_ISA_SRCS:kernels/cpu/%.c=$(B)/kernels/cpu/$(i)/%.o))
+# The job library (daemon/job): a job's options, model shape, sharding
+# geometry, memory plan and admission checks, linked by the ranks and by the
+# coordinator, which links nothing else of the engine (only common). Purity is
+# proved by linking: test_job links only these and the common objects.
+JOB_SRCS    = daemon/job/config.c daemon/job/gpt_config.c daemon/job/precision.c \
+              daemon/job/shard.c daemon/job/plan.c
+JOB_OBJS    = $(JOB_SRCS:%.c=$(B)/%.o) $(COMMON_SRCS:%.c=$(B)/%.o)
 TRAIN_SRCS  = daemon/train/gpt.c daemon/train/adamw.c \
-              daemon/train/data.c daemon/train/config.c daemon/train/train.c \
-              daemon/train/sample.c daemon/train/shard.c daemon/train/plan.c \
+              daemon/train/data.c daemon/train/train.c \
+              daemon/train/sample.c daemon/train/shard_rank.c \
               daemon/train/fsdp.c daemon/train/device.c
 NODE_SRCS   = daemon/node/supervise.c
 COMM_SRCS   = daemon/comm/comm.c daemon/comm/boot.c \
@@ -70,7 +77,7 @@ COMM_SRCS   = daemon/comm/comm.c daemon/comm/boot.c \
               daemon/comm/ring_algo.c daemon/comm/ring_tcp.c daemon/comm/ring_shm.c \
               daemon/comm/ring_rec.c daemon/comm/ring_split.c \
               daemon/comm/shm.c daemon/comm/rec.c daemon/comm/cma.c daemon/comm/reg.c
-LIB_SRCS    = $(COMMON_SRCS) $(TRAIN_SRCS) $(COMM_SRCS) $(NODE_SRCS)
+LIB_SRCS    = $(COMMON_SRCS) $(JOB_SRCS) $(TRAIN_SRCS) $(COMM_SRCS) $(NODE_SRCS)
 LIB         = $(B)/libfsdp.a
 
 BINS  = bin/fsdp-train bin/fsdp-tokenize bin/fsdp-launch

@@ -2,7 +2,7 @@
  * job files (inih), its defaults fitted to the model and the run, and its
  * checks (see config.h). One table serves the flags, the job file, --help and
  * config_write, so an option is declared once. */
-#include "config.h"
+#include "daemon/job/config.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -14,8 +14,8 @@
 #include <string.h>
 
 #include "daemon/common/err.h"
-#include "fsdp.h"
-#include "shard.h"
+#include "daemon/job/precision.h"
+#include "daemon/job/shard.h"
 
 typedef enum { CFG_INT, CFG_U64, CFG_FLOAT, CFG_DOUBLE, CFG_STR } config_type_t;
 
@@ -291,8 +291,8 @@ int config_finish(config_t *c) {
   if ((rc = shard_strategy_parse(c->strategy, &st))) return rc;
   shard_mesh_t m;
   if (c->mesh[0] && (rc = shard_mesh_parse(c->mesh, st, &m))) return rc;
-  fsdp_precision_t prec;
-  if ((rc = fsdp_precision_parse(c->precision, &prec))) return rc;
+  precision_t prec;
+  if ((rc = precision_parse(c->precision, &prec))) return rc;
   if (c->warmup_steps > c->steps)
     return err_set(FSDP_EINVAL, "warmup_steps: %d is more than steps %d; warmup must end "
                    "before training does: lower warmup_steps or raise steps", c->warmup_steps,

@@ -21,7 +21,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "gpt.h"
+#include "daemon/job/gpt_config.h"
 
 #define CONFIG_PATH_MAX 1024
 

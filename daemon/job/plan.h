@@ -17,8 +17,15 @@
 #include <stddef.h>
 #include <stdio.h>
 
-#include "config.h"
 #include "daemon/common/mem.h"
+#include "daemon/job/config.h"
+
+/* Fixed buffers of the runtime that the plan counts, defined here so the plan
+ * (which links no runtime) and the runtime use one number: fsdp.c's host
+ * stage and bf16-true gradient chunks (FSDP_CHUNK elements), and adamw.c's
+ * bf16 step chunks (ADAMW_CHUNK). */
+#define PLAN_FSDP_CHUNK 16384
+#define PLAN_ADAMW_CHUNK 16384
 
 typedef struct plan {
   size_t bytes[MEM__COUNT]; /* peak per accounting category */
