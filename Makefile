@@ -65,7 +65,7 @@ KERN_OBJS   = $(B)/kernels/cpu/backend.o \
 # coordinator, which links nothing else of the engine (only common). Purity is
 # proved by linking: test_job links only these and the common objects.
 JOB_SRCS    = daemon/job/config.c daemon/job/gpt_config.c daemon/job/precision.c \
-              daemon/job/shard.c daemon/job/plan.c
+              daemon/job/shard.c daemon/job/plan.c daemon/job/job.c
 JOB_OBJS    = $(JOB_SRCS:%.c=$(B)/%.o) $(COMMON_SRCS:%.c=$(B)/%.o)
 TRAIN_SRCS  = daemon/train/gpt.c daemon/train/adamw.c \
               daemon/train/data.c daemon/train/train.c \
@@ -85,7 +85,7 @@ BINS  = bin/fsdp-train bin/fsdp-tokenize bin/fsdp-launch
 # (tests/e2e: the programs run as processes); test_bins names their binaries
 # under a build directory.
 UNIT_TESTS = err param kernels isa device boot data gpt adamw config train sample shard plan comm fsdp \
-             reference supervise
+             reference supervise job
 E2E_TESTS  = launch fault
 test_bins  = $(UNIT_TESTS:%=$(1)/tests/test_%) $(E2E_TESTS:%=$(1)/e2e/test_%)
 TEST_BINS  = $(call test_bins,$(B))
@@ -156,6 +156,18 @@ $(B)/e2e/test_%: $(B)/tests/e2e/test_%.o $(TESTUTIL) $(LIB)
 
 # the supervisor runs on libuv
 $(B)/tests/test_supervise: LDLIBS += -luv
+
+# The job library's test links the job library and daemon/common and nothing
+# else (no libfsdp, no testutil, no OpenMP, no oneDNN): if it links, the
+# library is as pure as the coordinator needs (an explicit rule, so it wins
+# over the pattern above). The grep keeps its includes so too: nothing of
+# daemon/train, daemon/node or the backends but their header-only sizes.
+$(B)/tests/test_job: $(B)/tests/unit/test_job.o $(JOB_OBJS)
+	@mkdir -p $(dir $@)
+	@! grep -En '#include "(daemon/(train|node|comm)|kernels)/' daemon/job/*.[ch] \
+	  | grep -Ev '"(daemon/comm/ring_size|kernels/cpu/size)\.h"' \
+	  || { echo "daemon/job includes engine headers (above)"; exit 1; }
+	$(CC) $(EXTRA_LDFLAGS) $^ -o $@ -linih -lm -lpthread -lcriterion
 
 $(B)/%.o: %.cu | deps
 	@mkdir -p $(dir $@)

@@ -273,6 +273,11 @@ static int plan_advice(const plan_t *p, const config_t *c, size_t limit, char *o
 }
 
 int plan_check(const plan_t *p, const config_t *c, size_t limit) {
+  return plan_fits(p, c, limit, "memory_limit_mib, or the host's available memory shared by its "
+                   "ranks");
+}
+
+int plan_fits(const plan_t *p, const config_t *c, size_t limit, const char *what) {
   if (!limit || p->total <= limit) return FSDP_OK;
   int top = 0;
   for (int k = 1; k < MEM__COUNT; k++)
@@ -287,8 +292,7 @@ int plan_check(const plan_t *p, const config_t *c, size_t limit) {
                "parameter: choose a smaller model, or shard it over more ranks");
   }
   return err_set(FSDP_ENOMEM, "memory: the job needs %.0f MiB per rank but %.0f MiB is available "
-                 "(memory_limit_mib, or the host's available memory shared by its ranks); %s "
-                 "takes the most (%.0f MiB); %s", MIB(p->total), MIB(limit),
+                 "(%s); %s takes the most (%.0f MiB); %s", MIB(p->total), MIB(limit), what,
                  mem_cat_name((mem_cat_t)top), MIB(p->bytes[top]), advice);
 }
 

@@ -47,6 +47,9 @@ size_t plan_host_available(void);
  * first single change that makes the job fit (activation checkpointing,
  * FULL_SHARD, reducing every micro-batch, more ranks...). */
 int plan_check(const plan_t *p, const config_t *c, size_t limit);
+/* plan_check against a limit described by what ("the smallest device it
+ * could land on"), which the message names as where the limit comes from. */
+int plan_fits(const plan_t *p, const config_t *c, size_t limit, const char *what);
 /* One line: "plan (MiB per rank): params=... total=...", and under grad
  * accumulation what the other mode would cost. */
 void plan_print(const plan_t *p, const config_t *c, FILE *out);
