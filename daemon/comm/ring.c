@@ -12,7 +12,7 @@
  * ring_impl.h says which file holds the rest. docs/RING.md describes the
  * protocol: the wire format, the reverse direction and how a failed or
  * stalled rank is named, the transports, and the memory formula
- * (comm_ring_buffer_bytes). */
+ * (ring_size.h). */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -246,8 +246,6 @@ static void ring_free(ring_t *r) {
   free(r);
 }
 
-static size_t comm_ring_buffer_bytes(int size);
-
 static void ring_destroy(comm_t *c) {
   ring_t *r = (ring_t *)c;
   pthread_mutex_lock(&r->mu);
@@ -280,7 +278,7 @@ const comm_backend_t comm_ring_backend = {
     .abort = ring_abort,
     .destroy = ring_destroy,
     .split = comm_ring_split,
-    .buffer_bytes = comm_ring_buffer_bytes,
+    .buffer_bytes = comm_ring_size_bytes, /* ring_size.h: the plan's formula */
 };
 
 int comm_ring_create(const comm_ring_opts_t *o, comm_t **out) {
@@ -312,9 +310,8 @@ int comm_ring_create(const comm_ring_opts_t *o, comm_t **out) {
   int64_t ch = o->chunk_bytes ? (int64_t)o->chunk_bytes : param_comm_chunk_bytes();
   int64_t st = o->staging_bytes ? (int64_t)o->staging_bytes : param_comm_staging_bytes();
   if (ch < 64) ch = 64;
-  if (st < 64) st = 64;
   r->chunk = (size_t)ch;
-  r->staging_bytes = (size_t)st & ~(size_t)3; /* whole fp32 and bf16 elements */
+  r->staging_bytes = comm_ring_size_staging(st); /* the size the plan counts */
   int rc = 0;
   int lfd = o->listen_fd;
   if (o->addrs) snprintf(r->addr_self, RING_ADDR, "%s", o->addrs[o->rank]);
@@ -356,16 +353,6 @@ fail:
   if (lfd >= 0) close(lfd);
   ring_free(r);
   return rc;
-}
-
-/* docs/RING.md's memory formula, with the default tunables (a link that
- * stays TCP maps nothing, so this is the most a communicator holds). */
-static size_t comm_ring_buffer_bytes(int size) {
-  if (size < 2) return 0;
-  int64_t st = param_comm_staging_bytes(), sb = param_comm_shm_bytes();
-  size_t staging = (size_t)(st < 64 ? 64 : st) & ~(size_t)3; /* as comm_ring_create */
-  size_t links = param_comm_shm() != 0 ? 2 : 0;
-  return staging + links * COMM_SHM_MAP_BYTES((size_t)comm_shm_round_cap(sb > 0 ? (size_t)sb : 0));
 }
 
 const char *comm_ring_self_addr(const comm_t *c) { return ((const ring_t *)c)->addr_self; }

@@ -97,15 +97,9 @@ static int shm_map(int fd, uint64_t cap, comm_shm_link_t **out, int producer) {
   return 0;
 }
 
-uint64_t comm_shm_round_cap(size_t cap) {
-  uint64_t c = 65536;
-  while (c < cap && c < ((uint64_t)1 << 30)) c <<= 1;
-  return c;
-}
-
 int comm_shm_create(size_t cap, comm_shm_link_t **out, char name[COMM_SHM_NAME], uint64_t *token) {
   *out = NULL;
-  uint64_t c = comm_shm_round_cap(cap);
+  uint64_t c = comm_ring_size_link(cap);
   static atomic_uint serial;
   uint64_t tok = 0;
   if (getrandom(&tok, sizeof tok, GRND_NONBLOCK) != (ssize_t)sizeof tok)

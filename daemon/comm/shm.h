@@ -21,6 +21,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "daemon/comm/ring_size.h" /* COMM_SHM_MAP_BYTES, the link's capacity */
+
 typedef struct comm_shm_link comm_shm_link_t;
 
 #define COMM_SHM_NAME 48
@@ -75,12 +77,5 @@ void comm_shm_kick(comm_shm_link_t *l);
  * Consumer: 1 once the producer gave up. */
 void comm_shm_abandon(comm_shm_link_t *l);
 int comm_shm_abandoned(const comm_shm_link_t *l);
-
-/* Bytes a link of cap bytes maps (its header and its data): what it counts
- * in MEM_COMM on each side while mapped. */
-#define COMM_SHM_HDR_BYTES 192
-#define COMM_SHM_MAP_BYTES(cap) (COMM_SHM_HDR_BYTES + (cap))
-/* The capacity comm_shm_create makes for a request of cap bytes. */
-uint64_t comm_shm_round_cap(size_t cap);
 
 #endif

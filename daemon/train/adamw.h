@@ -19,6 +19,7 @@
 
 #include "gpt.h"
 #include "daemon/common/mem.h"
+#include "daemon/job/plan.h"
 
 typedef struct adamw_hparams {
   float beta1, beta2, eps, weight_decay;
@@ -43,7 +44,7 @@ int adamw_create_segments(adamw_t **out, const kern_backend_t *be, size_t n,
 /* The same with m and v in bf16 (2 bytes each per element, under cat), for
  * adamw_step_bf16; plus a fixed fp32 scratch (MEM_WORKSPACE, ADAMW_CHUNK
  * elements of each of p, g, m, v). */
-#define ADAMW_CHUNK 16384
+#define ADAMW_CHUNK PLAN_ADAMW_CHUNK /* the plan counts it (daemon/job/plan.h) */
 int adamw_create_segments_bf16(adamw_t **out, const kern_backend_t *be, size_t n,
                                const adamw_segment_t *segs, int nsegs, adamw_hparams_t hp,
                                mem_cat_t cat);

@@ -1,14 +1,17 @@
 /* device: what a job's ranks compute and communicate with: a kind of device
  * and the two backends that serve it, the kernels (kernels/kern.h) and the
- * collectives (daemon/comm/comm.h). The training loop, the runtime and the
- * memory plan ask here and nowhere else, so a second kind of device (GPU
- * ranks: CUDA kernels and NCCL) is one more entry, not a change to them.
+ * collectives (daemon/comm/comm.h). The training loop and the runtime ask
+ * here and nowhere else, so a second kind of device (GPU ranks: CUDA kernels
+ * and NCCL) is one more entry, not a change to them. The memory plan
+ * (daemon/job/plan.c) links no backend: its device profile reads the
+ * backends' header-only size formulas with the tunables device_open hands
+ * them, and needs the same new entry.
  *
  * Today every job runs on CPU devices: the CPU kernels and the ring. */
 #ifndef FSDP_DEVICE_H
 #define FSDP_DEVICE_H
 
-#include "config.h"
+#include "daemon/job/config.h"
 #include "daemon/comm/comm.h"
 #include "kernels/kern.h"
 

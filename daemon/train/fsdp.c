@@ -29,6 +29,7 @@
  * AdamW step (adamw.c), and weights initialised or loaded. Widening bf16 to
  * fp32 is exact. */
 #include "fsdp.h"
+#include "shard_rank.h"
 
 #include <fcntl.h>
 #include <math.h>
@@ -472,9 +473,9 @@ int fsdp_create(fsdp_t **out, const gpt_config_t *cfg, const fsdp_opts_t *o) {
   f->shards = m->shards;
   f->shard_rank = o->shard_comm ? comm_rank(o->shard_comm) : 0;
   f->keeps_params = shard_strategy_keeps_params(m->strategy);
-  f->gather_bf16 = o->precision != FSDP_FP32;
-  f->bf16_storage = o->precision == FSDP_BF16_TRUE;
-  f->alias_params = f->shards == 1 && o->precision == FSDP_FP32;
+  f->gather_bf16 = o->precision != PRECISION_FP32;
+  f->bf16_storage = o->precision == PRECISION_BF16_TRUE;
+  f->alias_params = f->shards == 1 && o->precision == PRECISION_FP32;
   f->alias_grads = f->shards == 1 && m->replicas == 1 && !f->bf16_storage;
   f->reduce_dtype = f->bf16_storage ? COMM_BF16 : COMM_F32;
   f->pend_unit = -1;
@@ -654,28 +655,3 @@ int fsdp_gather_params(fsdp_t *f, float *dst) {
   return FSDP_OK;
 }
 
-const char *fsdp_precision_describe(fsdp_precision_t p) {
-  switch (p) {
-  case FSDP_BF16_MIXED:
-    return "bf16-mixed: parameters gathered and computed with in bf16 (the CPU backend's "
-           "arithmetic is fp32 on those values), gradients reduced in fp32, fp32 master "
-           "weights and AdamW state on the shard";
-  case FSDP_BF16_TRUE:
-    return "bf16-true: parameter and gradient shards stored in bf16, gathered and reduced in "
-           "bf16, computed with in fp32 on the bf16 values, AdamW m and v in bf16 (8 bytes "
-           "per parameter against fp32's 16); an update below half a bf16 ulp of its weight "
-           "(about 2^-9 of it) is lost";
-  default:
-    return "fp32: storage, compute, reduce and optimizer all fp32";
-  }
-}
-
-int fsdp_precision_parse(const char *s, fsdp_precision_t *out) {
-  if (!strcmp(s, "fp32")) *out = FSDP_FP32;
-  else if (!strcmp(s, "bf16-mixed")) *out = FSDP_BF16_MIXED;
-  else if (!strcmp(s, "bf16-true")) *out = FSDP_BF16_TRUE;
-  else
-    return err_set(FSDP_EINVAL, "precision: \"%s\" is not a policy; choose fp32, bf16-mixed or "
-                   "bf16-true", s);
-  return FSDP_OK;
-}

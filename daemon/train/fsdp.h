@@ -24,18 +24,16 @@
 #define FSDP_FSDP_H
 
 #include "adamw.h"
+#include "daemon/job/plan.h"
+#include "daemon/job/precision.h"
+#include "daemon/job/shard.h"
 #include "daemon/comm/comm.h"
 #include "gpt.h"
-#include "shard.h"
 
-/* Precision policies (param dtype / reduce dtype / master and optimizer). */
-typedef enum { FSDP_FP32, FSDP_BF16_MIXED, FSDP_BF16_TRUE } fsdp_precision_t;
 /* Elements of a bf16 gradient shard converted to fp32 at a time under
- * bf16-true (a fixed 2 x FSDP_CHUNK fp32 workspace). */
-#define FSDP_CHUNK 16384
-int fsdp_precision_parse(const char *s, fsdp_precision_t *out);
-/* One sentence: storage, compute, reduce and optimizer dtypes. */
-const char *fsdp_precision_describe(fsdp_precision_t p);
+ * bf16-true (a fixed 2 x FSDP_CHUNK fp32 workspace), and of the host stage
+ * weights pass through: the plan counts them (daemon/job/plan.h). */
+#define FSDP_CHUNK PLAN_FSDP_CHUNK
 
 typedef struct fsdp_opts {
   const kern_backend_t *be; /* the device every buffer lives on and every op runs on */
@@ -44,7 +42,7 @@ typedef struct fsdp_opts {
   comm_t *replica_comm; /* its replica group (R ranks); NULL when R == 1 */
   uint64_t seed;        /* initial weights: the same bytes as one device's */
   adamw_hparams_t hp;
-  fsdp_precision_t precision;
+  precision_t precision;
   int offload; /* parameter shard, gradient shard and AdamW state in host memory */
   size_t min_params; /* wrap policy: merge neighbouring units up to this size (0: one per block) */
 } fsdp_opts_t;

@@ -7,6 +7,8 @@
  * parameter of transformer block l. A unit is one contiguous range: it is what
  * the sharded runtime gathers and frees as one. The gradients use the same layout.
  * Activations are allocated for a (B, T) on first use and reused after.
+ * The shape as numbers (gpt_config_t, presets, unit ranges, activation
+ * bytes) is daemon/job/gpt_config.h, which the memory plan uses without this.
  *
  * Parameters, gradients and activations live on the backend's device: the
  * pointers gpt_params, gpt_grads and gpt_logits return are device pointers
@@ -18,33 +20,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "daemon/job/gpt_config.h"
 #include "kernels/kern.h"
-
-typedef struct gpt_config {
-  int layers;   /* L: transformer blocks */
-  int channels; /* C: model width; a multiple of heads */
-  int heads;    /* NH: attention heads */
-  int vocab;    /* V: token ids are 0..V-1 */
-  int context;  /* maximum sequence length (rows of wpe) */
-} gpt_config_t;
-
-/* Fills cfg from a preset name: gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1558m, and
- * the small test presets tiny (L2 C64 NH4 V256 T64) and small (L4 C256 NH4 V256 T256).
- * Unknown name: FSDP_EINVAL with the list of names. */
-int gpt_config_preset(gpt_config_t *cfg, const char *name);
-/* Prints the preset names, comma-separated, into buf. */
-void gpt_config_preset_names(char *buf, size_t len);
-/* Checks every dimension; the error names the field (model.heads, ...) and the fix. */
-int gpt_config_validate(const gpt_config_t *cfg);
-/* Parameter count of a config (no padding). */
-size_t gpt_config_num_params(const gpt_config_t *cfg);
-
-typedef struct gpt_unit {
-  size_t offset, numel; /* range in the flat buffer */
-} gpt_unit_t;
-
-/* Unit u (0: embeddings and final norm; 1+l: block l) of a config, without a model. */
-gpt_unit_t gpt_config_unit(const gpt_config_t *cfg, int u);
 
 /* One named parameter tensor inside the flat buffer. */
 typedef struct gpt_tensor {
@@ -120,10 +97,6 @@ void gpt_zero_grad(gpt_t *g);
 const float *gpt_logits(const gpt_t *g);
 /* Copies row row (of B*T) of those logits, V floats, into host memory out. */
 int gpt_copy_logits(const gpt_t *g, int row, float *out);
-/* Bytes of activations (and their gradients) the model holds for (B, T), with
- * or without activation checkpointing. The attention scratch is the
- * backend's own (kern_backend_t.attention_scratch) and not counted here. */
-size_t gpt_activation_bytes(const gpt_config_t *cfg, int B, int T, int ckpt);
 
 /* Activation checkpointing per block: forward keeps only each block's output;
  * backward recomputes a block's forward from its input before its backward.

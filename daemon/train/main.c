@@ -14,7 +14,7 @@
 
 #include "daemon/common/err.h"
 #include "daemon/common/param.h"
-#include "config.h"
+#include "daemon/job/config.h"
 #include "train.h"
 
 enum { OPT_HELP = 1, OPT_CONFIG, OPT_PRINT, OPT_PARAMS, OPT_KEY0 = 1000 };

@@ -18,9 +18,9 @@
 #include "daemon/common/param.h"
 #include "device.h"
 #include "gpt.h"
-#include "plan.h"
+#include "daemon/job/plan.h"
 #include "sample.h"
-#include "shard.h"
+#include "daemon/job/shard.h"
 
 struct train {
   config_t cfg;       /* finished (config_finish) */
@@ -77,14 +77,14 @@ static int train_check_writable(const char *key, const char *path) {
 static int train_open_runtime(train_t *t) {
   const config_t *c = &t->cfg;
   adamw_hparams_t hp = {c->beta1, c->beta2, c->eps, c->weight_decay};
-  fsdp_precision_t prec;
+  precision_t prec;
   char desc[512];
   int rc;
-  if ((rc = fsdp_precision_parse(c->precision, &prec)) ||
+  if ((rc = precision_parse(c->precision, &prec)) ||
       (rc = shard_mesh_resolve(c->strategy, c->mesh, t->boot.world, &t->mesh, desc, sizeof desc)))
     return rc;
   if (t->opts.out)
-    fprintf(t->opts.out, "train: %s\ntrain: precision %s\n", desc, fsdp_precision_describe(prec));
+    fprintf(t->opts.out, "train: %s\ntrain: precision %s\n", desc, precision_describe(prec));
   if ((rc = comm_boot_connect(&t->boot, t->mesh.replicas, t->mesh.shards, &t->groups))) return rc;
   fsdp_opts_t o = {t->dev->kern, t->mesh, t->groups.shard, t->groups.replica, c->seed, hp, prec,
                    c->offload, (size_t)c->min_params};

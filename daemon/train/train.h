@@ -15,7 +15,7 @@
 
 #include <stdio.h>
 
-#include "config.h"
+#include "daemon/job/config.h"
 #include "daemon/common/mem.h"
 #include "data.h"
 #include "fsdp.h"

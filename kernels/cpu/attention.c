@@ -12,20 +12,16 @@
 #include <omp.h>
 
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/size.h"
 #include "kernels/kern_math.h"
 
 /* Query rows per block, in [1, T] (kern_cpu_init sets the rows). */
-static int attn_block(int T) {
-  int r = kern_cpu_attn_rows;
-  return r < 1 ? 1 : r > T ? T : r;
-}
+static int attn_block(int T) { return kern_cpu_size_block(kern_cpu_attn_rows, T); }
 
-/* Backward needs, per (batch, head) pair, the gradient of one block of scores
- * (rows x T). One slice per pair rather than per thread: the size then does not
- * depend on the thread count, which may change between this call and the op. */
+/* size.h's formula, which the memory plan uses too. */
 size_t kern_cpu_attention_scratch(int B, int T, int C, int NH) {
   (void)C;
-  return (size_t)B * NH * attn_block(T) * T;
+  return kern_cpu_size_attention_scratch(B, T, NH, kern_cpu_attn_rows);
 }
 
 /* Softmax of row i of a block of scores (keys 0..i), in place, and exact zeros

@@ -11,6 +11,7 @@
 #endif
 
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/size.h"
 
 int kern_cpu_attn_rows = 64;
 
@@ -116,7 +117,7 @@ kern_cpu_isa_t kern_cpu_isa(void) {
 const kern_backend_t *kern_cpu_init(const kern_cpu_opts_t *o) {
   kern_cpu_opts_t d = {0, 0, KERN_CPU_ISA_AUTO};
   if (!o) o = &d;
-  kern_cpu_attn_rows = o->attn_block > 0 ? o->attn_block : 64;
+  kern_cpu_attn_rows = kern_cpu_size_attn_rows(o->attn_block);
   kern_cpu_set_threads(o->threads);
   /* a level this processor lacks (or no level at all) runs at the best it has */
   const kern_cpu_isa_t best = kern_cpu_isa_best();

@@ -440,7 +440,7 @@ int main(int argc, char **argv) {
   /* The sum of the tensors the step needs: params and grads (4 bytes each), Adam
    * m and v (8), and the activations with their gradients and the attention
    * scratch. */
-  double tensors = 16.0 * (double)P + (double)gpt_activation_bytes(&cfg, B, T, 0) +
+  double tensors = 16.0 * (double)P + (double)gpt_config_act_bytes(&cfg, B, T, 0) +
                    (double)be->attention_scratch(B, T, cfg.channels, cfg.heads) * sizeof(float);
   /* Peak memory: the process's anonymous resident memory (its own data: every
    * buffer, oneDNN's packing buffers and JIT code, thread stacks, the heap),

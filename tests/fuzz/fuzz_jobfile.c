@@ -3,7 +3,7 @@
 #include <unistd.h>
 
 #include "daemon/common/err.h"
-#include "daemon/train/config.h"
+#include "daemon/job/config.h"
 #include "tests/fuzz/fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "daemon/common/err.h"
-#include "daemon/train/config.h"
+#include "daemon/job/config.h"
 #include "tests/unit/testutil.h"
 
 static config_t base(void) {

@@ -241,7 +241,7 @@ Test(device, flat_model_runs_on_a_device_the_host_cannot_touch) {
 /* Three steps of the runtime (mesh 1x1) on be under prec, two micro-batches
  * each (the second with the reduction deferred when defer), clipping on,
  * then the weights written to path and read back. Memory peaks into *m. */
-static void runtime_run(const kern_backend_t *be, fsdp_precision_t prec, int defer,
+static void runtime_run(const kern_backend_t *be, precision_t prec, int defer,
                         const char *path, float *losses, float *norms, mem_snapshot_t *m) {
   const gpt_config_t c = cfg();
   enum { B = 2, T = 16 };
@@ -286,7 +286,7 @@ static void runtime_run(const kern_backend_t *be, fsdp_precision_t prec, int def
   fsdp_destroy(f);
 }
 
-static void runtime_matches(fsdp_precision_t prec, int defer) {
+static void runtime_matches(precision_t prec, int defer) {
   char *pc = tu_path("rt_cpu.w"), *pg = tu_path("rt_guarded.w");
   float lc[4], lg[4], nc[3], ng[3];
   mem_snapshot_t mc, mg;
@@ -306,10 +306,10 @@ static void runtime_matches(fsdp_precision_t prec, int defer) {
   free(pg);
 }
 
-Test(device, runtime_fp32_runs_on_a_device_the_host_cannot_touch) { runtime_matches(FSDP_FP32, 0); }
+Test(device, runtime_fp32_runs_on_a_device_the_host_cannot_touch) { runtime_matches(PRECISION_FP32, 0); }
 Test(device, runtime_bf16_mixed_runs_on_a_device_the_host_cannot_touch) {
-  runtime_matches(FSDP_BF16_MIXED, 1);
+  runtime_matches(PRECISION_BF16_MIXED, 1);
 }
 Test(device, runtime_bf16_true_runs_on_a_device_the_host_cannot_touch) {
-  runtime_matches(FSDP_BF16_TRUE, 1);
+  runtime_matches(PRECISION_BF16_TRUE, 1);
 }

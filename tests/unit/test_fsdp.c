@@ -135,10 +135,10 @@ static size_t g_min_params = 0;
 static size_t g_peak_grads, g_peak_act; /* rank 0's gradient and activation peaks, last run */
 
 /* Bytes per element of the shard's parameters (and of its gradient, m and v). */
-static size_t state_bytes(fsdp_precision_t prec) { return prec == FSDP_BF16_TRUE ? 2 : 4; }
+static size_t state_bytes(precision_t prec) { return prec == PRECISION_BF16_TRUE ? 2 : 4; }
 
-static const char *prec_name(fsdp_precision_t prec) {
-  return prec == FSDP_BF16_TRUE ? "bf16-true" : prec == FSDP_BF16_MIXED ? "bf16-mixed" : "fp32";
+static const char *prec_name(precision_t prec) {
+  return prec == PRECISION_BF16_TRUE ? "bf16-true" : prec == PRECISION_BF16_MIXED ? "bf16-mixed" : "fp32";
 }
 
 /* Trains steps steps as world rank w of W on its rows of the global batch;
@@ -164,7 +164,7 @@ static int rank_train(fsdp_t *f, int w, int W, int steps, float *losses) {
 }
 
 /* A rank: trains STEPS steps on its rows; rank 0 writes losses and weights. */
-static void rank_main(world_t *x, int w, shard_strategy_t st, fsdp_precision_t prec,
+static void rank_main(world_t *x, int w, shard_strategy_t st, precision_t prec,
                       const char *out) {
   for (int v = 0; v < x->W; v++) /* only its own sockets stay open */
     if (v != w) close(x->sfd[v]), close(x->rfd[v]);
@@ -232,7 +232,7 @@ fail:
  * fp32), and really bf16 (not bit for bit the fp32 curve). bf16-true must
  * also keep learning: its loss falls over the run by at least half as much
  * as fp32's, which fails when bf16 rounding loses the updates. */
-static void check_bf16_losses(const float *losses, const float *ref, fsdp_precision_t prec,
+static void check_bf16_losses(const float *losses, const float *ref, precision_t prec,
                               shard_strategy_t st, int R, int S) {
   float most = 0;
   for (int s = 0; s < STEPS; s++) {
@@ -245,7 +245,7 @@ static void check_bf16_losses(const float *losses, const float *ref, fsdp_precis
   const float fell = losses[0] - losses[STEPS - 1], ref_fell = ref[0] - ref[STEPS - 1];
   cr_log_info("%s %s %dx%d: largest loss difference to fp32 one device %.2e; loss fell %.4f "
               "(fp32 %.4f)", prec_name(prec), shard_strategy_name(st), R, S, most, fell, ref_fell);
-  if (prec == FSDP_BF16_TRUE)
+  if (prec == PRECISION_BF16_TRUE)
     cr_expect(ref_fell > 0 && fell >= ref_fell / 2, "bf16-true: the loss fell %.4f over %d steps, "
               "fp32 %.4f: updates are being lost", fell, STEPS, ref_fell);
 }
@@ -262,7 +262,7 @@ static double tensor_err(const gpt_tensor_t *t, const float *got, const float *r
 /* The final weights of the last run_mesh_prec (num_params floats). */
 static float *g_weights;
 
-static void run_mesh_prec(int R, int S, shard_strategy_t st, fsdp_precision_t prec) {
+static void run_mesh_prec(int R, int S, shard_strategy_t st, precision_t prec) {
   world_t x;
   world_make(&x, R, S);
   char *out = tu_path("rank0.bin");
@@ -304,7 +304,7 @@ static void run_mesh_prec(int R, int S, shard_strategy_t st, fsdp_precision_t pr
       if (bytes > a) b = a, a = bytes; else if (bytes > b) b = bytes;
     }
     /* a bf16 gather also holds the bf16 copy it lands in (2 more bytes) */
-    size_t two = prec != FSDP_FP32 ? (a + b) / 2 * 3 : a + b;
+    size_t two = prec != PRECISION_FP32 ? (a + b) / 2 * 3 : a + b;
     cr_expect_leq(peaks[1], two, "gathered parameters peaked at %zu bytes, two units are %zu",
                   peaks[1], two);
   }
@@ -314,7 +314,7 @@ static void run_mesh_prec(int R, int S, shard_strategy_t st, fsdp_precision_t pr
   fclose(f);
   free(g_weights);
   g_weights = got;
-  if (prec != FSDP_FP32) {
+  if (prec != PRECISION_FP32) {
     check_bf16_losses(losses, ref_losses, prec, st, R, S);
     free(ref), free(out);
     return;
@@ -344,7 +344,7 @@ static void run_mesh_prec(int R, int S, shard_strategy_t st, fsdp_precision_t pr
   free(out);
 }
 
-static void run_mesh(int R, int S, shard_strategy_t st) { run_mesh_prec(R, S, st, FSDP_FP32); }
+static void run_mesh(int R, int S, shard_strategy_t st) { run_mesh_prec(R, S, st, PRECISION_FP32); }
 
 /* World sizes 2, 3 and 4 for each strategy, and the 2x2 hybrid meshes; the
  * global batch (12 rows) splits evenly over each. */
@@ -362,9 +362,9 @@ Test(fsdp, hybrid_zero2_2x2, .timeout = 60) { run_mesh(2, 2, SHARD_HYBRID_SHARD_
 /* one rank: the runtime with no collectives at all */
 Test(fsdp, world_1, .timeout = 60) { run_mesh(1, 1, SHARD_FULL_SHARD); }
 /* bf16-mixed: units gathered in bf16, fp32 everywhere else */
-Test(fsdp, bf16_mixed_full_shard_2, .timeout = 60) { run_mesh_prec(1, 2, SHARD_FULL_SHARD, FSDP_BF16_MIXED); }
-Test(fsdp, bf16_mixed_hybrid_2x2, .timeout = 60) { run_mesh_prec(2, 2, SHARD_HYBRID_SHARD, FSDP_BF16_MIXED); }
-Test(fsdp, bf16_mixed_no_shard_2, .timeout = 60) { run_mesh_prec(2, 1, SHARD_NO_SHARD, FSDP_BF16_MIXED); }
+Test(fsdp, bf16_mixed_full_shard_2, .timeout = 60) { run_mesh_prec(1, 2, SHARD_FULL_SHARD, PRECISION_BF16_MIXED); }
+Test(fsdp, bf16_mixed_hybrid_2x2, .timeout = 60) { run_mesh_prec(2, 2, SHARD_HYBRID_SHARD, PRECISION_BF16_MIXED); }
+Test(fsdp, bf16_mixed_no_shard_2, .timeout = 60) { run_mesh_prec(2, 1, SHARD_NO_SHARD, PRECISION_BF16_MIXED); }
 
 /* Gradient accumulation over 2 micro-batches: reduced every micro-batch (the
  * default, least memory) or once from unsharded gradients kept until the last
@@ -447,11 +447,11 @@ static const double BF16_TRUE_TOL_MATRIX = 2.5e-2, BF16_TRUE_TOL_VECTOR = 0.4;
 static void run_bf16_true(int R, int S, shard_strategy_t st) {
   g_lr = BF16_LR;
   g_learnable = 1;
-  run_mesh_prec(1, 1, SHARD_FULL_SHARD, FSDP_BF16_TRUE);
+  run_mesh_prec(1, 1, SHARD_FULL_SHARD, PRECISION_BF16_TRUE);
   if (R * S == 1) return;
   float *one = g_weights;
   g_weights = NULL;
-  run_mesh_prec(R, S, st, FSDP_BF16_TRUE);
+  run_mesh_prec(R, S, st, PRECISION_BF16_TRUE);
   gpt_config_t c = cfg();
   gpt_t *g;
   cr_assert_eq(gpt_create_shell(&g, &c, kern_cpu()), 0);
@@ -504,7 +504,7 @@ Test(fsdp, bf16_true_save_load_round_trip, .timeout = 60) {
   gpt_config_t c = cfg();
   const size_t n = gpt_config_num_params(&c);
   fsdp_opts_t o = {.be = kern_cpu(), .mesh = {1, 1, SHARD_FULL_SHARD}, .seed = SEED, .hp = HP,
-                   .precision = FSDP_BF16_TRUE};
+                   .precision = PRECISION_BF16_TRUE};
   fsdp_t *a, *b;
   float losses[3], *wa = malloc(n * sizeof *wa), *wb = malloc(n * sizeof *wb);
   cr_assert_eq(fsdp_create(&a, &c, &o), 0, "%s", err_msg());

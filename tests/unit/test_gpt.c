@@ -267,7 +267,7 @@ Test(gpt, checkpointing_same_gradients_less_memory) {
   /* three of four blocks keep only their output (N*C floats) */
   size_t N = B * T, C = c.channels;
   size_t inner = 15 * N * C + 4 * N + (size_t)B * c.heads * T * T;
-  cr_assert_eq(gpt_activation_bytes(&c, B, T, 0) - gpt_activation_bytes(&c, B, T, 1),
+  cr_assert_eq(gpt_config_act_bytes(&c, B, T, 0) - gpt_config_act_bytes(&c, B, T, 1),
                3 * inner * sizeof(float));
   cr_assert_leq(acts_ckpt, acts_plain, "the block was reused, not grown");
   gpt_destroy(g);

@@ -11,8 +11,8 @@
 
 #include "daemon/common/err.h"
 #include "daemon/train/data.h"
-#include "daemon/train/plan.h"
-#include "daemon/train/shard.h"
+#include "daemon/job/plan.h"
+#include "daemon/job/shard.h"
 #include "daemon/train/train.h"
 #include "tests/unit/testutil.h"
 

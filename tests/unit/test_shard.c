@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "daemon/common/err.h"
-#include "daemon/train/shard.h"
+#include "daemon/train/shard_rank.h"
 
 Test(shard, strategy_names) {
   shard_strategy_t s;

@@ -5,16 +5,17 @@
  *
  * The layout depends only on the model, the wrap policy and S (never on R or
  * the rank), so a checkpoint written under one S can be re-sharded to another.
- * Rank r of a shard group owns shard r of every unit. */
+ * Rank r of a shard group owns shard r of every unit.
+ *
+ * Pure geometry (daemon/job): what a rank does with its shards' bytes
+ * (initial values, weights files, AdamW segments) is daemon/train/shard_rank.h. */
 #ifndef FSDP_SHARD_H
 #define FSDP_SHARD_H
 
 #include <stddef.h>
 #include <stdint.h>
-#include <sys/types.h>
 
-#include "adamw.h"
-#include "gpt.h"
+#include "daemon/job/gpt_config.h"
 
 /* XX(enum suffix, name, shards params, keeps params gathered after forward, hybrid) */
 #define SHARD_STRATEGY_LIST(XX)                               \
@@ -91,27 +92,8 @@ typedef struct shard_layout {
  * holds at least that many parameters (the last may hold fewer). */
 int shard_layout_create(shard_layout_t **out, const gpt_config_t *cfg, int S, size_t min_params);
 void shard_layout_destroy(shard_layout_t *l);
-/* Fills rank r's shard of every unit (shard_total floats, units in order) with
- * the initial weights: gpt_init_range over the real elements it owns, zeros in
- * the padding. No rank ever materialises more than its shard. */
-void shard_init_weights(const shard_layout_t *l, const gpt_config_t *cfg, uint64_t seed, int r,
-                        float *shard);
-/* The same for unit k alone: its shard (shard_numel floats) into buf. */
-void shard_init_unit(const shard_layout_t *l, const gpt_config_t *cfg, uint64_t seed, int r, int k,
-                     float *buf);
-
 /* Rank r's shard of unit k: how many of its shard_numel elements are real
  * (the rest is padding), and in *begin the global index (in the model's flat
  * order) of its first element. */
 size_t shard_unit_real(const shard_layout_t *l, int r, int k, size_t *begin);
-/* Moves len bytes between buf and fd at offset at, whole (pread when writing
- * is 0, pwrite otherwise; short transfers are continued); the error names
- * rank r's shard and path. */
-int shard_file_io(int fd, void *buf, size_t len, off_t at, int writing, int r, const char *path);
-/* The AdamW segments of rank r's shards (offsets into its shard_total
- * buffer): the pieces of each tensor that fall in them, with the tensor's decay
- * rule; padding belongs to no segment. *segs is malloc'd (free it). */
-int shard_segments(const shard_layout_t *l, const gpt_t *g, int r, adamw_segment_t **segs,
-                   int *nsegs);
-
 #endif

@@ -21,7 +21,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "gpt.h"
+#include "daemon/job/gpt_config.h"
 
 #define CONFIG_PATH_MAX 1024
 
@@ -69,6 +69,10 @@ typedef struct config {
 void config_default(config_t *c);
 /* Sets one option from its text form. Error: names the key, the value and the fix. */
 int config_set(config_t *c, const char *key, const char *value);
+/* config_set of a key given under a section (a job file's [section], a
+ * submitted option's): NULL or "" takes the key in any section; another
+ * section than the key's own is an error naming the key and both sections. */
+int config_set_in(config_t *c, const char *section, const char *key, const char *value);
 /* Reads a job file (INI). Unknown keys are errors, with the file and line. */
 int config_load_file(config_t *c, const char *path);
 /* Resolves the model (preset, then explicit dimensions) into c->gpt and fits
@@ -82,6 +86,14 @@ int config_resolve(config_t *c);
  * context, warmup_steps <= steps, strategy, mesh, precision). Call before
  * using c. */
 int config_finish(config_t *c);
+/* The same checks, every one (config_finish stops at the first): each
+ * failure calls report(ctx, code) with its message in err_msg(), and the
+ * first code is returned (FSDP_OK: none failed). With world > 0 the mesh is
+ * checked against that many ranks too (shard_mesh_resolve); report NULL
+ * stops at the first failure, as config_finish does. A model that does not
+ * resolve is one failure, and the checks that need it are skipped. */
+typedef void (*config_report_cb)(void *ctx, int code);
+int config_check(config_t *c, int world, config_report_cb report, void *ctx);
 /* One line on what the last config_resolve changed of the defaults, for the
  * user ("seq_len 64: ..."), or "" when it changed nothing. */
 const char *config_adjusted(const config_t *c);

@@ -2,7 +2,7 @@
  * job files (inih), its defaults fitted to the model and the run, and its
  * checks (see config.h). One table serves the flags, the job file, --help and
  * config_write, so an option is declared once. */
-#include "config.h"
+#include "daemon/job/config.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -14,8 +14,8 @@
 #include <string.h>
 
 #include "daemon/common/err.h"
-#include "fsdp.h"
-#include "shard.h"
+#include "daemon/job/precision.h"
+#include "daemon/job/shard.h"
 
 typedef enum { CFG_INT, CFG_U64, CFG_FLOAT, CFG_DOUBLE, CFG_STR } config_type_t;
 
@@ -192,16 +192,17 @@ typedef struct config_ini_ctx {
   int rc;
 } config_ini_ctx_t;
 
+int config_set_in(config_t *c, const char *section, const char *key, const char *value) {
+  const config_opt_t *o = config_find(key);
+  if (o && section && section[0] && strcmp(section, o->section))
+    return err_set(FSDP_EINVAL, "%s belongs in section [%s], not [%s]", key, o->section, section);
+  return config_set(c, key, value);
+}
+
 /* Debian's inih passes no line number to handlers: errors name the file and key. */
 static int config_ini_cb(void *user, const char *section, const char *name, const char *value) {
   config_ini_ctx_t *x = user;
   if (x->rc) return 0;
-  const config_opt_t *o = config_find(name);
-  if (o && section[0] && strcmp(section, o->section)) {
-    x->rc = err_set(FSDP_EINVAL, "job file %s: %s belongs in section [%s], not [%s]", x->path,
-                    name, o->section, section);
-    return 0;
-  }
   /* inih trims the spaces around a value: a quoted value keeps them (config_write
    * quotes a string that starts or ends with a space, like the default prompt) */
   char unq[CONFIG_PATH_MAX];
@@ -211,7 +212,7 @@ static int config_ini_cb(void *user, const char *section, const char *name, cons
     unq[n - 2] = 0;
     value = unq;
   }
-  int rc = config_set(x->c, name, value);
+  int rc = config_set_in(x->c, section, name, value);
   if (rc) {
     x->rc = err_wrap(rc, "job file %s", x->path);
     return 0;
@@ -277,28 +278,46 @@ int config_resolve(config_t *c) {
 
 const char *config_adjusted(const config_t *c) { return c->adjusted; }
 
-int config_finish(config_t *c) {
-  int rc;
-  if ((rc = config_resolve(c))) return rc;
-  const gpt_config_t *g = &c->gpt;
-  if (!c->data[0])
-    return err_set(FSDP_EINVAL, "data: no token file given; set data = PATH (make one from text "
-                   "with fsdp-tokenize)");
-  if (c->seq_len > g->context)
-    return err_set(FSDP_EINVAL, "seq_len: %d is longer than the model's context %d; shorten "
-                   "seq_len or raise context", c->seq_len, g->context);
+/* One failed check: stop at it (no report), or report it and go on. */
+#define CONFIG_CHECK(expr)                       \
+  do {                                           \
+    int rc_ = (expr);                            \
+    if (rc_) {                                   \
+      if (!first) first = rc_;                   \
+      if (!report) return rc_;                   \
+      report(ctx, rc_);                          \
+    }                                            \
+  } while (0)
+
+int config_check(config_t *c, int world, config_report_cb report, void *ctx) {
+  int first = FSDP_OK;
+  /* the model first: seq_len and warmup_steps are checked against what
+   * config_resolve fitted, so a model that does not resolve skips them */
+  const int resolved = config_resolve(c);
+  CONFIG_CHECK(resolved);
+  CONFIG_CHECK(c->data[0] ? FSDP_OK
+               : err_set(FSDP_EINVAL, "data: no token file given; set data = PATH (make one "
+                         "from text with fsdp-tokenize)"));
+  if (!resolved && c->seq_len > c->gpt.context)
+    CONFIG_CHECK(err_set(FSDP_EINVAL, "seq_len: %d is longer than the model's context %d; "
+                         "shorten seq_len or raise context", c->seq_len, c->gpt.context));
   shard_strategy_t st;
-  if ((rc = shard_strategy_parse(c->strategy, &st))) return rc;
+  const int strategy = shard_strategy_parse(c->strategy, &st);
+  CONFIG_CHECK(strategy);
   shard_mesh_t m;
-  if (c->mesh[0] && (rc = shard_mesh_parse(c->mesh, st, &m))) return rc;
-  fsdp_precision_t prec;
-  if ((rc = fsdp_precision_parse(c->precision, &prec))) return rc;
-  if (c->warmup_steps > c->steps)
-    return err_set(FSDP_EINVAL, "warmup_steps: %d is more than steps %d; warmup must end "
-                   "before training does: lower warmup_steps or raise steps", c->warmup_steps,
-                   c->steps);
-  return FSDP_OK;
+  if (!strategy && world > 0) CONFIG_CHECK(shard_mesh_resolve(c->strategy, c->mesh, world, &m, NULL, 0));
+  else if (!strategy && c->mesh[0]) CONFIG_CHECK(shard_mesh_parse(c->mesh, st, &m));
+  precision_t prec;
+  CONFIG_CHECK(precision_parse(c->precision, &prec));
+  if (!resolved && c->warmup_steps > c->steps)
+    CONFIG_CHECK(err_set(FSDP_EINVAL, "warmup_steps: %d is more than steps %d; warmup must end "
+                         "before training does: lower warmup_steps or raise steps",
+                         c->warmup_steps, c->steps));
+  return first;
 }
+#undef CONFIG_CHECK
+
+int config_finish(config_t *c) { return config_check(c, 0, NULL, NULL); }
 
 static void config_print_value(const config_t *c, const config_opt_t *o, FILE *out) {
   const char *field = (const char *)c + o->offset;

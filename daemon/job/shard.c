@@ -1,12 +1,10 @@
 /* shard: strategies, meshes, groups and the padded shard layout (see shard.h). */
-#include "shard.h"
+#include "daemon/job/shard.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <unistd.h>
-#include <errno.h>
 
 #include "daemon/common/err.h"
 
@@ -189,60 +187,4 @@ size_t shard_unit_real(const shard_layout_t *l, int r, int k, size_t *begin) {
   *begin = x->offset + lo;
   size_t real = lo < x->numel ? x->numel - lo : 0;
   return real < x->shard_numel ? real : x->shard_numel;
-}
-
-void shard_init_unit(const shard_layout_t *l, const gpt_config_t *cfg, uint64_t seed, int r, int k,
-                     float *shard) {
-  size_t begin, real = shard_unit_real(l, r, k, &begin);
-  if (real) gpt_init_range(cfg, seed, begin, begin + real, shard);
-  memset(shard + real, 0, (l->units[k].shard_numel - real) * sizeof *shard);
-}
-
-void shard_init_weights(const shard_layout_t *l, const gpt_config_t *cfg, uint64_t seed, int r,
-                        float *shard) {
-  for (int k = 0; k < l->num_units; k++) {
-    shard_init_unit(l, cfg, seed, r, k, shard);
-    shard += l->units[k].shard_numel;
-  }
-}
-
-int shard_segments(const shard_layout_t *l, const gpt_t *g, int r, adamw_segment_t **segs,
-                   int *nsegs) {
-  const int nt = gpt_num_tensors(g);
-  /* a shard cuts at most every tensor once, plus one piece per unit boundary */
-  adamw_segment_t *out = malloc((size_t)(nt + l->num_units) * sizeof *out);
-  if (!out) return err_set(FSDP_ENOMEM, "shard segments: out of memory");
-  int n = 0;
-  size_t base = 0; /* where this unit's shard starts in the rank's buffer */
-  for (int k = 0; k < l->num_units; k++) {
-    const shard_unit_t *u = &l->units[k];
-    size_t lo = u->offset + (size_t)r * u->shard_numel, hi = lo + u->shard_numel; /* global */
-    for (int i = 0; i < nt; i++) {
-      const gpt_tensor_t *t = gpt_tensor(g, i);
-      size_t a = t->offset > lo ? t->offset : lo;
-      size_t b = t->offset + t->numel < hi ? t->offset + t->numel : hi;
-      if (a < b && t->unit >= u->first && t->unit <= u->last)
-        out[n++] = (adamw_segment_t){base + (a - lo), b - a, t->decay};
-    }
-    base += u->shard_numel;
-  }
-  *segs = out;
-  *nsegs = n;
-  return FSDP_OK;
-}
-
-int shard_file_io(int fd, void *buf, size_t len, off_t at, int writing, int r, const char *path) {
-  char *p = buf;
-  for (size_t done = 0; done < len;) {
-    ssize_t n = writing ? pwrite(fd, p + done, len - done, at + (off_t)done)
-                        : pread(fd, p + done, len - done, at + (off_t)done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      int e = n < 0 ? errno : (writing ? ENOSPC : EIO);
-      return err_set_errno(err_from_errno(e), e, "%s shard %d of %s", writing ? "writing" :
-                           "reading", r, path);
-    }
-    done += (size_t)n;
-  }
-  return FSDP_OK;
 }

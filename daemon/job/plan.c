@@ -3,18 +3,45 @@
  * The sharded part mirrors fsdp.c's schedule; each rule below names the
  * runtime behaviour it counts, and test_plan.c holds every category equal to
  * what ranks really allocate, so a change to one without the other fails. */
-#include "plan.h"
+#include "daemon/job/plan.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/comm/ring_size.h"
 #include "daemon/common/err.h"
-#include "device.h"
-#include "fsdp.h"
-#include "shard.h"
+#include "daemon/common/param.h"
+#include "daemon/job/precision.h"
+#include "daemon/job/shard.h"
+#include "kernels/cpu/size.h"
 
 #define MIB(x) ((double)(x) / 1048576.0)
+
+/* ---- the device ------------------------------------------------------------- */
+
+/* What a kind of device adds to the plan: its kernels' attention scratch and
+ * its collectives' buffers. They come from the header-only formulas the
+ * backends size themselves with (kernels/cpu/size.h, daemon/comm/ring_size.h),
+ * read with the tunables daemon/train/device.c hands the backends, so the plan
+ * links no backend and still counts their bytes. A second kind of device
+ * (CUDA kernels, NCCL) is one more profile, picked as device_for picks. */
+typedef struct plan_device {
+  size_t (*attention_scratch)(int B, int T, int C, int NH); /* floats */
+  size_t (*comm_bytes)(int size);                           /* one communicator of size ranks */
+} plan_device_t;
+
+static size_t plan_cpu_attention_scratch(int B, int T, int C, int NH) {
+  (void)C;
+  return kern_cpu_size_attention_scratch(B, T, NH, (int)param_attn_block());
+}
+
+static const plan_device_t plan_cpu = {plan_cpu_attention_scratch, comm_ring_size_bytes};
+
+static const plan_device_t *plan_device(const config_t *c) {
+  (void)c; /* one kind of device so far (daemon/train/device.c) */
+  return &plan_cpu;
+}
 
 /* ---- the training loop ------------------------------------------------------ */
 
@@ -26,12 +53,12 @@
  * reallocates activations only when a shape needs more, so each is the larger
  * of training and sampling. */
 static void plan_loop(const config_t *c, int world, plan_t *p) {
-  const kern_backend_t *be = device_for(c)->kern;
+  const plan_device_t *dev = plan_device(c);
   const gpt_config_t *g = &c->gpt;
   const int ck = c->activation_checkpointing;
   const size_t f = sizeof(float);
-  size_t scratch = be->attention_scratch(c->batch, c->seq_len, g->channels, g->heads) * f;
-  size_t acts = gpt_activation_bytes(g, c->batch, c->seq_len, ck);
+  size_t scratch = dev->attention_scratch(c->batch, c->seq_len, g->channels, g->heads) * f;
+  size_t acts = gpt_config_act_bytes(g, c->batch, c->seq_len, ck);
   const size_t NG = (size_t)c->batch * (size_t)world * (size_t)c->seq_len;
   const size_t batches = 2 * NG * sizeof(int32_t);
   size_t sample = 0;
@@ -39,8 +66,8 @@ static void plan_loop(const config_t *c, int world, plan_t *p) {
     const size_t np = g->vocab == 256 && c->sample_prompt[0] ? strlen(c->sample_prompt) : 1;
     const size_t n = np + (size_t)c->sample_tokens;
     const int T = n - 1 < (size_t)g->context ? (int)(n - 1) : g->context;
-    size_t s_scratch = be->attention_scratch(1, T, g->channels, g->heads) * f;
-    size_t s_acts = gpt_activation_bytes(g, 1, T, ck);
+    size_t s_scratch = dev->attention_scratch(1, T, g->channels, g->heads) * f;
+    size_t s_acts = gpt_config_act_bytes(g, 1, T, ck);
     if (s_acts > acts) acts = s_acts;
     if (s_scratch > scratch) scratch = s_scratch;
     sample = (size_t)c->sample_tokens * sizeof(int32_t) + n * sizeof(int32_t) +
@@ -128,15 +155,15 @@ static size_t plan_unit_grads(const shard_layout_t *l, int L, int keep_all, size
  * it gathers and reduces nothing (fsdp.c aliases units to the shard). */
 static int plan_runtime(const config_t *c, int world, plan_t *p) {
   shard_mesh_t m;
-  fsdp_precision_t prec;
+  precision_t prec;
   shard_layout_t *l;
   int rc;
   if ((rc = shard_mesh_resolve(c->strategy, c->mesh, world, &m, NULL, 0)) ||
-      (rc = fsdp_precision_parse(c->precision, &prec)) ||
+      (rc = precision_parse(c->precision, &prec)) ||
       (rc = shard_layout_create(&l, &c->gpt, m.shards, (size_t)c->min_params)))
     return rc;
-  const int L = c->gpt.layers, true16 = prec == FSDP_BF16_TRUE;
-  const size_t x = prec != FSDP_FP32 ? 2 : 0; /* bf16 gathers land in a bf16 buffer */
+  const int L = c->gpt.layers, true16 = prec == PRECISION_BF16_TRUE;
+  const size_t x = prec != PRECISION_FP32 ? 2 : 0; /* bf16 gathers land in a bf16 buffer */
   const size_t e = true16 ? 2 : 4;            /* bytes per element of the shard's state */
   size_t largest = 0;
   for (int k = 0; k < l->num_units; k++)
@@ -149,7 +176,7 @@ static int plan_runtime(const config_t *c, int world, plan_t *p) {
   p->bytes[c->offload ? MEM_OFFLOAD : MEM_OPTIM] += 2 * sh;
   /* one shard under fp32: units are the shard itself; one rank with fp32
    * gradients: backward writes the gradient shard itself */
-  const int alias_params = m.shards == 1 && prec == FSDP_FP32;
+  const int alias_params = m.shards == 1 && prec == PRECISION_FP32;
   const int alias_grads = m.shards == 1 && m.replicas == 1 && !true16;
   p->bytes[MEM_PARAMS_GATHERED] =
       alias_params ? 0 : plan_gathered(l, L, shard_strategy_keeps_params(m.strategy), x);
@@ -165,17 +192,17 @@ static int plan_runtime(const config_t *c, int world, plan_t *p) {
    * S > 1 (reduce dtype; a bf16-mixed gather sends from its own landing
    * buffer, counted above) */
   size_t comm = m.shards > 1 ? e * largest : 0;
-  const comm_backend_t *cb = device_for(c)->comm;
-  if (world > 1) comm += comm_buffer_bytes(cb, world);
-  if (m.shards > 1) comm += comm_buffer_bytes(cb, m.shards);
-  if (m.replicas > 1) comm += comm_buffer_bytes(cb, m.replicas);
+  const plan_device_t *dev = plan_device(c);
+  if (world > 1) comm += dev->comm_bytes(world);
+  if (m.shards > 1) comm += dev->comm_bytes(m.shards);
+  if (m.replicas > 1) comm += dev->comm_bytes(m.replicas);
   p->bytes[MEM_COMM] = comm;
   plan_loop(c, world, p);
   /* held for the runtime's life, so on top of the loop's: the host stage
    * weights pass through (fsdp.c), and under bf16-true the fp32 chunks of
    * the gradient shard (fsdp.c) and of AdamW's state (adamw.c) */
-  p->bytes[MEM_WORKSPACE] += FSDP_CHUNK * sizeof(float);
-  if (true16) p->bytes[MEM_WORKSPACE] += 2 * FSDP_CHUNK * sizeof(float) + 4 * ADAMW_CHUNK * sizeof(float);
+  p->bytes[MEM_WORKSPACE] += PLAN_FSDP_CHUNK * sizeof(float);
+  if (true16) p->bytes[MEM_WORKSPACE] += 2 * PLAN_FSDP_CHUNK * sizeof(float) + 4 * PLAN_ADAMW_CHUNK * sizeof(float);
   shard_layout_destroy(l);
   return FSDP_OK;
 }
@@ -246,6 +273,11 @@ static int plan_advice(const plan_t *p, const config_t *c, size_t limit, char *o
 }
 
 int plan_check(const plan_t *p, const config_t *c, size_t limit) {
+  return plan_fits(p, c, limit, "memory_limit_mib, or the host's available memory shared by its "
+                   "ranks");
+}
+
+int plan_fits(const plan_t *p, const config_t *c, size_t limit, const char *what) {
   if (!limit || p->total <= limit) return FSDP_OK;
   int top = 0;
   for (int k = 1; k < MEM__COUNT; k++)
@@ -260,8 +292,7 @@ int plan_check(const plan_t *p, const config_t *c, size_t limit) {
                "parameter: choose a smaller model, or shard it over more ranks");
   }
   return err_set(FSDP_ENOMEM, "memory: the job needs %.0f MiB per rank but %.0f MiB is available "
-                 "(memory_limit_mib, or the host's available memory shared by its ranks); %s "
-                 "takes the most (%.0f MiB); %s", MIB(p->total), MIB(limit),
+                 "(%s); %s takes the most (%.0f MiB); %s", MIB(p->total), MIB(limit), what,
                  mem_cat_name((mem_cat_t)top), MIB(p->bytes[top]), advice);
 }
 

@@ -17,8 +17,15 @@
 #include <stddef.h>
 #include <stdio.h>
 
-#include "config.h"
 #include "daemon/common/mem.h"
+#include "daemon/job/config.h"
+
+/* Fixed buffers of the runtime that the plan counts, defined here so the plan
+ * (which links no runtime) and the runtime use one number: fsdp.c's host
+ * stage and bf16-true gradient chunks (FSDP_CHUNK elements), and adamw.c's
+ * bf16 step chunks (ADAMW_CHUNK). */
+#define PLAN_FSDP_CHUNK 16384
+#define PLAN_ADAMW_CHUNK 16384
 
 typedef struct plan {
   size_t bytes[MEM__COUNT]; /* peak per accounting category */
@@ -40,6 +47,9 @@ size_t plan_host_available(void);
  * first single change that makes the job fit (activation checkpointing,
  * FULL_SHARD, reducing every micro-batch, more ranks...). */
 int plan_check(const plan_t *p, const config_t *c, size_t limit);
+/* plan_check against a limit described by what ("the smallest device it
+ * could land on"), which the message names as where the limit comes from. */
+int plan_fits(const plan_t *p, const config_t *c, size_t limit, const char *what);
 /* One line: "plan (MiB per rank): params=... total=...", and under grad
  * accumulation what the other mode would cost. */
 void plan_print(const plan_t *p, const config_t *c, FILE *out);

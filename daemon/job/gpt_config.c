@@ -1,0 +1,92 @@
+/* gpt_config: presets, checks and sizes of a model's shape (see gpt_config.h). */
+#include "daemon/job/gpt_config.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "daemon/common/err.h"
+
+static const struct {
+  const char *name;
+  gpt_config_t cfg;
+} gpt_presets[] = {
+    {"gpt2-124m", {12, 768, 12, 50257, 1024}},
+    {"gpt2-350m", {24, 1024, 16, 50257, 1024}},
+    {"gpt2-774m", {36, 1280, 20, 50257, 1024}},
+    {"gpt2-1558m", {48, 1600, 25, 50257, 1024}},
+    {"tiny", {2, 64, 4, 256, 64}},
+    {"small", {4, 256, 4, 256, 256}},
+};
+#define GPT_NUM_PRESETS (int)(sizeof gpt_presets / sizeof gpt_presets[0])
+
+void gpt_config_preset_names(char *buf, size_t len) {
+  size_t n = 0;
+  buf[0] = 0;
+  for (int i = 0; i < GPT_NUM_PRESETS && n < len; i++)
+    n += (size_t)snprintf(buf + n, len - n, "%s%s", i ? ", " : "", gpt_presets[i].name);
+}
+
+int gpt_config_preset(gpt_config_t *cfg, const char *name) {
+  for (int i = 0; i < GPT_NUM_PRESETS; i++)
+    if (!strcmp(name, gpt_presets[i].name)) {
+      *cfg = gpt_presets[i].cfg;
+      return FSDP_OK;
+    }
+  char names[256];
+  gpt_config_preset_names(names, sizeof names);
+  return err_set(FSDP_EINVAL, "model: unknown preset \"%s\"; choose one of %s, or give "
+                 "layers, channels, heads, vocab and context explicitly", name, names);
+}
+
+int gpt_config_validate(const gpt_config_t *c) {
+  if (c->layers <= 0 || c->layers > 4096)
+    return err_set(FSDP_EINVAL, "layers: %d is out of range; give 1 to 4096 transformer blocks",
+                   c->layers);
+  if (c->channels <= 0 || c->channels > 65536)
+    return err_set(FSDP_EINVAL, "channels: %d is out of range; give 1 to 65536", c->channels);
+  if (c->heads <= 0)
+    return err_set(FSDP_EINVAL, "heads: %d must be positive", c->heads);
+  if (c->channels % c->heads)
+    return err_set(FSDP_EINVAL, "heads: channels %d is not divisible by heads %d; choose heads "
+                   "that divide channels (each head gets channels/heads features)",
+                   c->channels, c->heads);
+  if (c->vocab < 2 || c->vocab > 65536)
+    return err_set(FSDP_EINVAL, "vocab: %d is out of range; token files hold 16-bit ids, so "
+                   "give 2 to 65536", c->vocab);
+  if (c->context <= 0 || c->context > 1 << 20)
+    return err_set(FSDP_EINVAL, "context: %d is out of range; give 1 to 1048576 positions",
+                   c->context);
+  return FSDP_OK;
+}
+
+size_t gpt_config_num_params(const gpt_config_t *c) {
+  const size_t C = (size_t)c->channels, L = (size_t)c->layers;
+  return (size_t)c->vocab * C + (size_t)c->context * C + 2 * C + L * (12 * C * C + 13 * C);
+}
+
+gpt_unit_t gpt_config_unit(const gpt_config_t *c, int u) {
+  const size_t C = (size_t)c->channels, emb = ((size_t)c->vocab + (size_t)c->context + 2) * C;
+  const size_t block = 12 * C * C + 13 * C;
+  if (u == 0) return (gpt_unit_t){0, emb};
+  return (gpt_unit_t){emb + (size_t)(u - 1) * block, block};
+}
+
+/* Floats of activations + backward scratch for (B, T), excluding the int32
+ * token arrays and the attention scratch (counted by the caller). With
+ * checkpointing, each block keeps only its output; the rest of a block's
+ * activations live in one slot that backward refills by recomputing. */
+static size_t gpt_config_act_floats(const gpt_config_t *c, size_t B, size_t T, int ckpt) {
+  const size_t N = B * T, C = (size_t)c->channels, L = (size_t)c->layers;
+  size_t inner = 15 * N * C + 4 * N + B * (size_t)c->heads * T * T; /* all but res3 */
+  size_t layers = ckpt ? L * N * C + inner : L * (inner + N * C);
+  size_t fwd = N * C /* encoded */ + layers + N * C + 2 * N /* lnf */ +
+               N * (size_t)c->vocab /* logits */ + N /* losses */;
+  size_t bwd = 2 * N * C /* dres, dln */ + 8 * N * C /* dbig1, dbig2 */;
+  return fwd + bwd;
+}
+
+size_t gpt_config_act_bytes(const gpt_config_t *cfg, int B, int T, int ckpt) {
+  return gpt_config_act_floats(cfg, (size_t)B, (size_t)T, ckpt) * sizeof(float) +
+         2 * (size_t)B * (size_t)T * sizeof(int32_t);
+}

@@ -1,0 +1,45 @@
+/* gpt_config: the shape of a GPT model as numbers, with no model behind it:
+ * the dimensions, the presets, their checks, the parameter count, where each
+ * unit lies in the flat buffer and how many bytes of activations a (B, T)
+ * takes. The model (daemon/train/gpt.c) is built from these; the memory plan
+ * and the coordinator's admission use them without linking the model, so the
+ * numbers they predict are the model's own, not a copy. docs/MODEL.md has
+ * the math. */
+#ifndef FSDP_GPT_CONFIG_H
+#define FSDP_GPT_CONFIG_H
+
+#include <stddef.h>
+
+typedef struct gpt_config {
+  int layers;   /* L: transformer blocks */
+  int channels; /* C: model width; a multiple of heads */
+  int heads;    /* NH: attention heads */
+  int vocab;    /* V: token ids are 0..V-1 */
+  int context;  /* maximum sequence length (rows of wpe) */
+} gpt_config_t;
+
+/* Fills cfg from a preset name: gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1558m, and
+ * the small test presets tiny (L2 C64 NH4 V256 T64) and small (L4 C256 NH4 V256 T256).
+ * Unknown name: FSDP_EINVAL with the list of names. */
+int gpt_config_preset(gpt_config_t *cfg, const char *name);
+/* Prints the preset names, comma-separated, into buf. */
+void gpt_config_preset_names(char *buf, size_t len);
+/* Checks every dimension; the error names the field (model.heads, ...) and the fix. */
+int gpt_config_validate(const gpt_config_t *cfg);
+/* Parameter count of a config (no padding). */
+size_t gpt_config_num_params(const gpt_config_t *cfg);
+
+typedef struct gpt_unit {
+  size_t offset, numel; /* range in the flat buffer */
+} gpt_unit_t;
+
+/* Unit u (0: embeddings and final norm; 1+l: block l) of a config, without a model. */
+gpt_unit_t gpt_config_unit(const gpt_config_t *cfg, int u);
+
+/* Bytes of activations (and their gradients) the model holds for (B, T), with
+ * or without activation checkpointing: what gpt.c allocates for them. The
+ * attention scratch is the kernel backend's own (kern_backend_t's
+ * attention_scratch) and not counted here. */
+size_t gpt_config_act_bytes(const gpt_config_t *cfg, int B, int T, int ckpt);
+
+#endif

@@ -1,0 +1,217 @@
+/* job: a job's admission: its options, its memory and its paths (see job.h). */
+#include "daemon/job/job.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "daemon/common/err.h"
+
+/* ---- validation ------------------------------------------------------------ */
+
+/* The problems found so far, one line each. err.c keeps at most 1 KiB of a
+ * message, so lines that would not fit are counted instead, and the last
+ * line says how many. */
+#define JOB_MSG_MAX 1000
+typedef struct job_problems {
+  int first;   /* code of the first problem (FSDP_OK: none) */
+  int omitted; /* problems that did not fit */
+  size_t len;
+  char text[JOB_MSG_MAX];
+} job_problems_t;
+
+static void job_problem(void *ctx, int code) {
+  job_problems_t *p = ctx;
+  if (!p->first) p->first = code;
+  const char *m = err_msg();
+  /* room is kept for the closing "(and N more)" line */
+  if (p->omitted || p->len + strlen(m) + 2 > sizeof p->text - 32) {
+    p->omitted++;
+    return;
+  }
+  p->len += (size_t)snprintf(p->text + p->len, sizeof p->text - p->len, "%s%s",
+                             p->len ? "\n" : "", m);
+}
+
+static int job_problems_end(job_problems_t *p) {
+  if (!p->first) return FSDP_OK;
+  if (p->omitted)
+    snprintf(p->text + p->len, sizeof p->text - p->len, "\n(and %d more)", p->omitted);
+  return err_set(p->first, "%s", p->text);
+}
+
+int job_validate(const job_opt_t *opts, int n, int world, size_t device_bytes, config_t *out,
+                 plan_t *plan) {
+  job_problems_t pr = {0};
+  config_default(out);
+  memset(plan, 0, sizeof *plan);
+  for (int i = 0; i < n; i++) {
+    const job_opt_t *o = &opts[i];
+    if (!o->key || !o->value)
+      job_problem(&pr, err_set(FSDP_EINVAL, "option %d: no %s given; every option is key = "
+                               "value", i, o->key ? "value" : "key"));
+    else {
+      int rc = config_set_in(out, o->section, o->key, o->value);
+      if (rc) job_problem(&pr, rc);
+    }
+  }
+  if (world < 1)
+    job_problem(&pr, err_set(FSDP_EINVAL, "world: %d ranks; a job needs at least 1", world));
+  else
+    config_check(out, world, job_problem, &pr);
+  if (pr.first || !device_bytes) return job_problems_end(&pr);
+  /* the memory plan needs a job that holds: only then is it worth stating */
+  int rc = plan_job(out, world, plan);
+  if (rc) return rc;
+  const size_t own = (size_t)out->memory_limit_mib << 20;
+  if (own && own < device_bytes)
+    return plan_fits(plan, out, own, "memory_limit_mib, set by the job");
+  return plan_fits(plan, out, device_bytes, "the smallest device this job could land on");
+}
+
+/* ---- paths ------------------------------------------------------------------ */
+
+/* The paths of a job: whether each is read (it must exist) or written (its
+ * directory must exist). A checkpoint directory, when jobs get one, is one
+ * more row (written: the directory itself, or its parent when it does not
+ * exist yet). */
+typedef enum { JOB_PATH_IN, JOB_PATH_OUT } job_path_kind_t;
+#define JOB_FIELD(f) offsetof(config_t, f), sizeof(((config_t *)0)->f)
+static const struct {
+  const char *key;
+  size_t offset, size;
+  job_path_kind_t kind;
+} job_paths[] = {
+    {"data", JOB_FIELD(data), JOB_PATH_IN},
+    {"init_from", JOB_FIELD(init_from), JOB_PATH_IN},
+    {"save", JOB_FIELD(save), JOB_PATH_OUT},
+};
+#undef JOB_FIELD
+
+/* The roots, resolved, for messages: "/a, /b". */
+static void job_roots_list(char (*roots)[PATH_MAX], int n, char *buf, size_t len) {
+  size_t k = 0;
+  buf[0] = 0;
+  for (int i = 0; i < n && k < len; i++)
+    k += (size_t)snprintf(buf + k, len - k, "%s%s", i ? ", " : "", roots[i]);
+}
+
+/* 1 when the resolved path p is root or below it. */
+static int job_path_inside(const char *p, const char *root) {
+  size_t n = strlen(root);
+  if (n == 1) return 1; /* "/" */
+  return !strncmp(p, root, n) && (p[n] == '/' || p[n] == 0);
+}
+
+/* Resolves the absolute path full as far as it exists: res gets the realpath
+ * of its longest existing prefix with the rest appended, and *missing how
+ * many components of full do not exist (0: all of it does). The rest is
+ * taken as written, so "." or ".." in it (whose meaning would depend on
+ * directories not there yet) is refused; so is a first missing component
+ * that is there as a link to nowhere, which a write would follow. */
+static int job_path_resolve(const char *key, const char *full, char res[PATH_MAX], int *missing) {
+  char pre[PATH_MAX];
+  snprintf(pre, sizeof pre, "%s", full);
+  size_t cut = strlen(pre); /* full[cut..] does not exist */
+  *missing = 0;
+  while (!realpath(pre, res)) {
+    if (errno != ENOENT)
+      return err_set_errno(FSDP_EINVAL, errno, "%s: %s cannot be resolved", key, full);
+    char *s = strrchr(pre, '/');
+    cut = (size_t)(s - pre);
+    if (s == pre) s[1] = 0; /* "/" itself always resolves */
+    else *s = 0;
+    (*missing)++;
+  }
+  if (!*missing) return FSDP_OK;
+  const char *rest = full + cut; /* "/a/b": the components that are not there */
+  struct stat lst;
+  char first[PATH_MAX];
+  const char *end = strchr(rest + 1, '/');
+  snprintf(first, sizeof first, "%.*s", (int)(end ? (size_t)(end - full) : strlen(full)), full);
+  if (!lstat(first, &lst))
+    return err_set(FSDP_EINVAL, "%s: %s is a symlink that points nowhere; name the file itself",
+                   key, first);
+  for (const char *p = rest; p; p = strchr(p + 1, '/')) {
+    size_t n = strcspn(p + 1, "/");
+    if ((n == 1 && p[1] == '.') || (n == 2 && p[1] == '.' && p[2] == '.'))
+      return err_set(FSDP_EINVAL, "%s: %s goes through \"%.*s\" in a directory that does not "
+                     "exist; name the path without it", key, full, (int)n, p + 1);
+  }
+  if (strlen(res) + strlen(rest) >= PATH_MAX)
+    return err_set(FSDP_EINVAL, "%s: %s is too long", key, full);
+  strcat(res, strcmp(res, "/") ? rest : rest + 1);
+  return FSDP_OK;
+}
+
+/* After the root check: what a path must be to be used. */
+static int job_path_usable(const char *key, const char *full, const char *res,
+                           job_path_kind_t kind, int missing) {
+  if (missing) {
+    if (kind == JOB_PATH_IN)
+      return err_set(FSDP_ENOENT, "%s: %s does not exist; name an existing file", key, full);
+    if (missing > 1 || res[strlen(res) - 1] == '/')
+      return err_set(FSDP_ENOENT, "%s: the directory of %s does not exist; create it, or name a "
+                     "file in an existing directory", key, full);
+    return FSDP_OK; /* a new file in an existing directory */
+  }
+  struct stat st;
+  if (stat(res, &st) || !S_ISREG(st.st_mode))
+    return err_set(FSDP_EINVAL, "%s: %s is not a regular file; name a file", key, full);
+  if (kind == JOB_PATH_OUT) return FSDP_OK;
+  int fd = open(res, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return err_set_errno(err_from_errno(errno), errno, "%s: %s cannot be read; make it readable",
+                         key, full);
+  close(fd);
+  return FSDP_OK;
+}
+
+int job_paths_check(config_t *c, const char *const *roots, int nroots) {
+  if (nroots < 1)
+    return err_set(FSDP_EINVAL, "roots: no directory is configured for jobs' files, so no path "
+                   "can be allowed; configure at least one root");
+  char (*rr)[PATH_MAX] = malloc(sizeof *rr * (size_t)nroots);
+  if (!rr) return err_set(FSDP_ENOMEM, "roots: out of memory");
+  int rc = FSDP_OK;
+  for (int i = 0; i < nroots && !rc; i++)
+    if (!realpath(roots[i], rr[i]))
+      rc = err_set_errno(FSDP_EINVAL, errno, "roots: %s cannot be resolved; configure an "
+                         "existing directory", roots[i]);
+  for (size_t k = 0; !rc && k < sizeof job_paths / sizeof *job_paths; k++) {
+    char *field = (char *)c + job_paths[k].offset;
+    const char *key = job_paths[k].key;
+    if (!field[0]) continue;
+    char full[PATH_MAX], res[PATH_MAX], list[1024];
+    if (snprintf(full, sizeof full, "%s%s%s", field[0] == '/' ? "" : rr[0],
+                 field[0] == '/' ? "" : "/", field) >= (int)sizeof full) {
+      rc = err_set(FSDP_EINVAL, "%s: %s is too long", key, field);
+      break;
+    }
+    int missing;
+    if ((rc = job_path_resolve(key, full, res, &missing))) break;
+    int inside = 0;
+    for (int i = 0; i < nroots && !inside; i++) inside = job_path_inside(res, rr[i]);
+    if (!inside) {
+      job_roots_list(rr, nroots, list, sizeof list);
+      rc = err_set(FSDP_EINVAL, "%s: %s resolves to %s, outside the allowed roots (%s); name a "
+                   "path inside one of them", key, field, res, list);
+      break;
+    }
+    if ((rc = job_path_usable(key, full, res, job_paths[k].kind, missing))) break;
+    if (strlen(res) >= job_paths[k].size) {
+      rc = err_set(FSDP_EINVAL, "%s: %s resolves to %zu characters; the limit is %zu", key,
+                   field, strlen(res), job_paths[k].size - 1);
+      break;
+    }
+    memcpy(field, res, strlen(res) + 1);
+  }
+  free(rr);
+  return rc;
+}

@@ -1,0 +1,64 @@
+/* job: admission of a training job, what the coordinator runs at submit
+ * before anything is stored or scheduled. It owns no state: it checks a job
+ * given as key/value options (the keys of the INI job file and of
+ * fsdp-train's flags) on a world size, resolves it exactly as fsdp-train
+ * does (config_finish), plans its memory against the smallest device it
+ * could land on, and puts every path it names inside the roots the operator
+ * allows. It links daemon/job and daemon/common only, as the coordinator
+ * does (test_job's link line proves it).
+ *
+ * Errors are FSDP_EINVAL (a field that is wrong), FSDP_ENOMEM (the plan does
+ * not fit) or FSDP_ENOENT (a file or directory that is not there), each
+ * with a message naming the field and the fix. */
+#ifndef FSDP_JOB_H
+#define FSDP_JOB_H
+
+#include <stddef.h>
+
+#include "daemon/job/config.h"
+#include "daemon/job/plan.h"
+
+/* One option of a job: key = value, optionally under its section. */
+typedef struct job_opt {
+  const char *section; /* NULL or "": any; else the key's own section ([model], [shard], ...) */
+  const char *key;
+  const char *value;
+} job_opt_t;
+
+/* Checks and resolves the job of n options on world ranks. Every problem is
+ * collected, one line each in err_msg() (as many as fit in a message; the
+ * last line then says how many more): unknown keys, keys under another
+ * section, bad values, the model (unknown preset, heads not dividing
+ * channels...), a missing data file name, seq_len above the context,
+ * warmup_steps above steps, strategy, mesh against world, precision. When
+ * those hold and device_bytes is not 0, the memory plan must fit in
+ * device_bytes (or in memory_limit_mib when the job sets less): the refusal
+ * gives the plan's numbers and the single change that makes it fit.
+ * FSDP_OK: *out is the resolved job (what fsdp-train would run) and *plan
+ * its plan per rank (zeroed when device_bytes is 0); else the first
+ * problem's code. */
+int job_validate(const job_opt_t *opts, int n, int world, size_t device_bytes, config_t *out,
+                 plan_t *plan);
+
+/* Puts every path of c (data, init_from, save) inside one of nroots
+ * directories, rewriting each to the absolute path it resolves to, with no
+ * symlink, "." or ".." left in it: the path the ranks are given is exactly
+ * the one checked. A relative path is taken against roots[0]. Refused,
+ * naming the field, the path and the roots: a path that resolves (through
+ * "..", or a symlink anywhere in it) outside every root; an input (data,
+ * init_from) that does not exist, is not a regular file or cannot be opened
+ * for reading by this process; an output (save) whose directory does not
+ * exist, or that is a symlink or not a regular file. A root that does not
+ * exist, or no root at all, is the operator's error (FSDP_EINVAL, "roots").
+ *
+ * Assumptions: the nodes see the same file system paths as the caller (a
+ * shared file system), and this process's permissions stand for the ranks';
+ * fsdpd runs the same check as the ranks' user before it starts them.
+ * What remains after the check (TOCTOU): someone who can write inside a
+ * root can replace a checked directory or file with a symlink between the
+ * check and the rank's open. Only the opens themselves can close that
+ * (openat2 with RESOLVE_BENEATH from a descriptor of the root, or
+ * O_NOFOLLOW on each component); the ranks do not do that yet. */
+int job_paths_check(config_t *c, const char *const *roots, int nroots);
+
+#endif

@@ -1,0 +1,27 @@
+/* size: the CPU backend's scratch sizes as formulas with no code behind them
+ * (header only). The backend sizes its scratch with them (attention.c,
+ * backend.c) and the memory plan (daemon/job/plan.c), which links no kernel,
+ * predicts MEM_WORKSPACE with them: one formula, so they cannot drift. */
+#ifndef FSDP_KERN_CPU_SIZE_H
+#define FSDP_KERN_CPU_SIZE_H
+
+#include <stddef.h>
+
+/* Query rows per attention block (kern_cpu_opts_t.attn_block; <= 0: 64). */
+static inline int kern_cpu_size_attn_rows(int attn_block) { return attn_block > 0 ? attn_block : 64; }
+
+/* Rows of one block of a sequence of T: the configured rows, at most T. */
+static inline int kern_cpu_size_block(int attn_block, int T) {
+  const int r = kern_cpu_size_attn_rows(attn_block);
+  return r > T ? T : r;
+}
+
+/* Floats of attention backward's scratch: per (batch, head) pair, the
+ * gradient of one block of scores (rows x T). One slice per pair rather than
+ * per thread: the size then does not depend on the thread count, which may
+ * change between this call and the op. */
+static inline size_t kern_cpu_size_attention_scratch(int B, int T, int NH, int attn_block) {
+  return (size_t)B * (size_t)NH * (size_t)kern_cpu_size_block(attn_block, T) * (size_t)T;
+}
+
+#endif

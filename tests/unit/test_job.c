@@ -1,0 +1,322 @@
+/* Unit tests of a job's admission (daemon/job/job.h): invalid specs refused
+ * with the error code and a message naming the field, every problem of a
+ * spec listed, valid specs resolved as fsdp-train resolves them, the memory
+ * plan against a device's memory with the change that fits, and paths kept
+ * inside the operator's roots (in a mkdtemp tree).
+ *
+ * This binary links only the job library and daemon/common (Makefile): that
+ * it links at all is the proof that the coordinator can admit jobs without
+ * the engine. So it uses no testutil helper. */
+#include <criterion/criterion.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "daemon/common/err.h"
+#include "daemon/job/job.h"
+
+#define MAX_OPTS 8
+typedef struct {
+  const char *name;
+  job_opt_t opts[MAX_OPTS]; /* ends at the first NULL key */
+  int world;
+  int code;
+  const char *field; /* the message names it */
+} bad_spec_t;
+
+static int count_opts(const job_opt_t *o) {
+  int n = 0;
+  while (n < MAX_OPTS && o[n].key) n++;
+  return n;
+}
+
+/* Every spec has its data file named, so each refusal is its own problem. */
+#define DATA {NULL, "data", "x.bin"}
+static const bad_spec_t bad_specs[] = {
+    {"mesh 2x3 on 4 ranks", {DATA, {"shard", "strategy", "HYBRID_SHARD"}, {NULL, "mesh", "2x3"}},
+     4, FSDP_EINVAL, "mesh"},
+    {"heads 5 with channels 64", {DATA, {"model", "channels", "64"}, {"model", "heads", "5"}}, 1,
+     FSDP_EINVAL, "heads"},
+    {"preset gpt5", {DATA, {NULL, "model", "gpt5"}}, 1, FSDP_EINVAL, "model"},
+    {"steps 0", {DATA, {"train", "steps", "0"}}, 1, FSDP_EINVAL, "steps"},
+    {"batch -1", {DATA, {NULL, "batch", "-1"}}, 1, FSDP_EINVAL, "batch"},
+    {"seq_len above context", {DATA, {NULL, "model", "tiny"}, {NULL, "seq_len", "65"}}, 1,
+     FSDP_EINVAL, "seq_len"},
+    {"strategy SOMETHING", {DATA, {NULL, "strategy", "SOMETHING"}}, 2, FSDP_EINVAL, "strategy"},
+    {"precision fp16", {DATA, {NULL, "precision", "fp16"}}, 1, FSDP_EINVAL, "precision"},
+    {"unknown key", {DATA, {NULL, "learning_rate", "1e-3"}}, 1, FSDP_EINVAL, "learning_rate"},
+    {"key under another section", {DATA, {"optim", "steps", "10"}}, 1, FSDP_EINVAL, "steps"},
+    {"no data file", {{NULL, "steps", "10"}}, 1, FSDP_EINVAL, "data"},
+    {"warmup above steps", {DATA, {NULL, "steps", "5"}, {NULL, "warmup_steps", "6"}}, 1,
+     FSDP_EINVAL, "warmup_steps"},
+    {"no ranks", {DATA}, 0, FSDP_EINVAL, "world"},
+    {"NO_SHARD on a 1x2 mesh", {DATA, {NULL, "strategy", "NO_SHARD"}, {NULL, "mesh", "1x2"}}, 2,
+     FSDP_EINVAL, "mesh"},
+};
+
+Test(job, invalid_specs_name_the_field) {
+  for (size_t i = 0; i < sizeof bad_specs / sizeof *bad_specs; i++) {
+    const bad_spec_t *s = &bad_specs[i];
+    config_t c;
+    plan_t p;
+    int rc = job_validate(s->opts, count_opts(s->opts), s->world, 0, &c, &p);
+    cr_assert_eq(rc, s->code, "%s: code %d (%s), want %d", s->name, rc, err_msg(), s->code);
+    cr_assert(strstr(err_msg(), s->field), "%s: the message does not name %s: %s", s->name,
+              s->field, err_msg());
+    cr_assert_null(strchr(err_msg(), '\n'), "%s: one problem, one line: %s", s->name, err_msg());
+  }
+}
+
+Test(job, every_problem_is_listed_one_per_line) {
+  const job_opt_t o[] = {{NULL, "steps", "0"}, {NULL, "strategy", "SOMETHING"},
+                         {NULL, "colour", "blue"}, {NULL, "model", "gpt5"}};
+  config_t c;
+  plan_t p;
+  cr_assert_eq(job_validate(o, 4, 1, 0, &c, &p), FSDP_EINVAL);
+  const char *m = err_msg();
+  const char *fields[] = {"steps", "strategy", "colour", "model", "data"};
+  for (size_t i = 0; i < sizeof fields / sizeof *fields; i++)
+    cr_assert(strstr(m, fields[i]), "%s is not named: %s", fields[i], m);
+  int lines = 1;
+  for (const char *q = m; *q; q++) lines += *q == '\n';
+  cr_assert_eq(lines, 5, "one line per problem: %s", m);
+}
+
+/* A job file with the options of o, one `key = value` line each under its
+ * section (when it has one), as fsdp-train would read it. */
+static void write_job_file(const char *path, const job_opt_t *o, int n) {
+  FILE *f = fopen(path, "w");
+  cr_assert_not_null(f);
+  for (int i = 0; i < n; i++) {
+    if (o[i].section) fprintf(f, "[%s]\n", o[i].section);
+    fprintf(f, "%s = %s\n", o[i].key, o[i].value);
+  }
+  fclose(f);
+}
+
+static char *config_text(const config_t *c) {
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  config_write(c, f);
+  fclose(f);
+  return buf;
+}
+
+Test(job, valid_specs_resolve_as_fsdp_train_does) {
+  const job_opt_t specs[][MAX_OPTS] = {
+      {DATA, {"model", "model", "tiny"}, {"train", "steps", "5"}}, /* seq_len, warmup fitted */
+      {DATA, {"shard", "strategy", "HYBRID_SHARD"}, {"shard", "mesh", "2x2"},
+       {"shard", "precision", "bf16-mixed"}, {"train", "grad_accum", "2"}},
+      {DATA, {NULL, "model", ""}, {NULL, "layers", "3"}, {NULL, "channels", "96"},
+       {NULL, "heads", "3"}, {NULL, "vocab", "300"}, {NULL, "context", "32"}},
+  };
+  const int worlds[] = {1, 4, 2};
+  char dir[] = "/tmp/test_job_XXXXXX", path[PATH_MAX];
+  cr_assert_not_null(mkdtemp(dir));
+  snprintf(path, sizeof path, "%s/job.conf", dir);
+  for (size_t i = 0; i < sizeof specs / sizeof *specs; i++) {
+    const int n = count_opts(specs[i]);
+    config_t c, f;
+    plan_t p, pf;
+    cr_assert_eq(job_validate(specs[i], n, worlds[i], 64ull << 30, &c, &p), FSDP_OK,
+                 "spec %zu: %s", i, err_msg());
+    write_job_file(path, specs[i], n);
+    config_default(&f);
+    cr_assert_eq(config_load_file(&f, path), FSDP_OK, "%s", err_msg());
+    cr_assert_eq(config_finish(&f), FSDP_OK, "%s", err_msg());
+    char *a = config_text(&c), *b = config_text(&f);
+    cr_assert_str_eq(a, b, "spec %zu resolves otherwise than the job file", i);
+    free(a);
+    free(b);
+    cr_assert_eq(plan_job(&f, worlds[i], &pf), FSDP_OK);
+    cr_assert_eq(p.total, pf.total, "spec %zu: the plan is fsdp-train's", i);
+    cr_assert(p.total > 0);
+  }
+  cr_assert_eq(unlink(path), 0);
+  cr_assert_eq(rmdir(dir), 0);
+  /* the fitted defaults are said, as fsdp-train says them */
+  config_t c;
+  plan_t p;
+  cr_assert_eq(job_validate(specs[0], count_opts(specs[0]), 1, 0, &c, &p), FSDP_OK);
+  cr_assert_eq(c.seq_len, 64);
+  cr_assert_eq(c.warmup_steps, 5);
+  cr_assert(strstr(config_adjusted(&c), "seq_len"), "%s", config_adjusted(&c));
+}
+
+Test(job, memory_too_small_is_refused_with_the_fix) {
+  const job_opt_t o[] = {DATA, {NULL, "model", "small"}, {NULL, "batch", "8"}};
+  config_t c;
+  plan_t p, q;
+  cr_assert_eq(job_validate(o, 3, 1, 64ull << 30, &c, &p), FSDP_OK, "%s", err_msg());
+  config_t ck = c;
+  ck.activation_checkpointing = 1;
+  cr_assert_eq(plan_job(&ck, 1, &q), FSDP_OK);
+  cr_assert(q.total < p.total);
+  /* between the two plans: checkpointing is the single change that fits */
+  const size_t dev = (p.total + q.total) / 2;
+  cr_assert_eq(job_validate(o, 3, 1, dev, &c, &p), FSDP_ENOMEM);
+  const char *m = err_msg();
+  cr_assert(strstr(m, "memory") && strstr(m, "smallest device"), "%s", m);
+  cr_assert(strstr(m, "activation_checkpointing = 1"), "the fix is named: %s", m);
+  char need[64];
+  snprintf(need, sizeof need, "%.0f MiB", (double)p.total / 1048576.0);
+  cr_assert(strstr(m, need), "the plan's number (%s) is given: %s", need, m);
+  /* the job's own, smaller limit is the one checked, and named */
+  const job_opt_t lim[] = {DATA, {NULL, "model", "small"}, {NULL, "batch", "8"},
+                           {NULL, "memory_limit_mib", "1"}};
+  cr_assert_eq(job_validate(lim, 4, 1, 64ull << 30, &c, &p), FSDP_ENOMEM);
+  cr_assert(strstr(err_msg(), "memory_limit_mib"), "%s", err_msg());
+  /* a device that holds the plan exactly is enough */
+  cr_assert_eq(job_validate(o, 3, 1, p.total, &c, &p), FSDP_OK, "%s", err_msg());
+}
+
+/* ---- paths ---------------------------------------------------------------- */
+
+typedef struct {
+  char top[64];        /* the mkdtemp tree */
+  char root[128];      /* top/root: the operator's roots */
+  char root2[128];
+} tree_t;
+
+static void touch(const char *dir, const char *name) {
+  char p[PATH_MAX];
+  snprintf(p, sizeof p, "%s/%s", dir, name);
+  FILE *f = fopen(p, "w");
+  cr_assert_not_null(f, "%s", p);
+  fputs("tokens", f);
+  fclose(f);
+}
+
+/* top/root/{data.bin, out/, link -> top/outside.bin, dangling -> top/nowhere,
+ * sub/ -> top (a directory link out)}, top/root2/other.bin, top/outside.bin */
+static void tree_make(tree_t *t) {
+  snprintf(t->top, sizeof t->top, "/tmp/test_job_XXXXXX");
+  cr_assert_not_null(mkdtemp(t->top));
+  char p[PATH_MAX], q[PATH_MAX];
+  snprintf(t->root, sizeof t->root, "%s/root", t->top);
+  snprintf(t->root2, sizeof t->root2, "%s/root2", t->top);
+  cr_assert_eq(mkdir(t->root, 0700), 0);
+  cr_assert_eq(mkdir(t->root2, 0700), 0);
+  snprintf(p, sizeof p, "%s/out", t->root);
+  cr_assert_eq(mkdir(p, 0700), 0);
+  touch(t->root, "data.bin");
+  touch(t->root2, "other.bin");
+  touch(t->top, "outside.bin");
+  snprintf(p, sizeof p, "%s/link", t->root);
+  snprintf(q, sizeof q, "%s/outside.bin", t->top);
+  cr_assert_eq(symlink(q, p), 0);
+  snprintf(p, sizeof p, "%s/dangling", t->root);
+  snprintf(q, sizeof q, "%s/nowhere.bin", t->top);
+  cr_assert_eq(symlink(q, p), 0);
+  snprintf(p, sizeof p, "%s/sub", t->root);
+  cr_assert_eq(symlink(t->top, p), 0);
+}
+
+static void tree_remove(const tree_t *t) {
+  char cmd[PATH_MAX + 16];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", t->top);
+  cr_assert_eq(system(cmd), 0);
+}
+
+/* A job's config with one path field set (data always set, so a check of
+ * another field runs with a valid data path). */
+static int check_path(const tree_t *t, const char *key, const char *value, config_t *c) {
+  config_default(c);
+  cr_assert_eq(config_set(c, "data", "data.bin"), 0);
+  cr_assert_eq(config_set(c, key, value), 0, "%s", err_msg());
+  const char *roots[] = {t->root, t->root2};
+  return job_paths_check(c, roots, 2);
+}
+
+Test(job, paths_outside_the_roots_are_refused) {
+  tree_t t;
+  tree_make(&t);
+  char abs_out[PATH_MAX];
+  snprintf(abs_out, sizeof abs_out, "%s/outside.bin", t.top);
+  const struct {
+    const char *key, *value;
+    int code;
+    const char *says; /* besides the field */
+  } cases[] = {
+      {"data", "../outside.bin", FSDP_EINVAL, "outside the allowed roots"},
+      {"data", abs_out, FSDP_EINVAL, "outside the allowed roots"},
+      {"data", "link", FSDP_EINVAL, "outside the allowed roots"},
+      {"data", "sub/outside.bin", FSDP_EINVAL, "outside the allowed roots"},
+      {"data", "missing.bin", FSDP_ENOENT, "does not exist"},
+      {"data", "out", FSDP_EINVAL, "not a regular file"},
+      {"init_from", "../../etc/passwd", FSDP_EINVAL, "outside the allowed roots"},
+      {"save", "../escape.bin", FSDP_EINVAL, "outside the allowed roots"},
+      {"save", "sub/escape.bin", FSDP_EINVAL, "outside the allowed roots"},
+      {"save", "missing/model.bin", FSDP_ENOENT, "directory"},
+      {"save", "dangling", FSDP_EINVAL, "symlink"},
+      {"save", "missing/../model.bin", FSDP_EINVAL, ".."},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    config_t c;
+    int rc = check_path(&t, cases[i].key, cases[i].value, &c);
+    cr_assert_eq(rc, cases[i].code, "%s = %s: code %d (%s)", cases[i].key, cases[i].value, rc,
+                 err_msg());
+    const char *m = err_msg();
+    cr_assert(!strncmp(m, cases[i].key, strlen(cases[i].key)) && strstr(m, cases[i].says),
+              "%s = %s: %s", cases[i].key, cases[i].value, m);
+    if (!strcmp(cases[i].says, "outside the allowed roots"))
+      cr_assert(strstr(m, cases[i].value) && strstr(m, t.root) && strstr(m, t.root2),
+                "the path and the roots are named: %s", m);
+  }
+  tree_remove(&t);
+}
+
+Test(job, paths_inside_the_roots_resolve) {
+  tree_t t;
+  tree_make(&t);
+  char rroot[PATH_MAX], want[PATH_MAX + 32];
+  cr_assert_not_null(realpath(t.root, rroot));
+  config_t c;
+  /* a relative input, against the first root */
+  cr_assert_eq(check_path(&t, "init_from", "./out/../data.bin", &c), FSDP_OK, "%s", err_msg());
+  snprintf(want, sizeof want, "%s/data.bin", rroot);
+  cr_assert_str_eq(c.data, want);
+  cr_assert_str_eq(c.init_from, want);
+  /* a new output in an existing directory */
+  cr_assert_eq(check_path(&t, "save", "out/model.bin", &c), FSDP_OK, "%s", err_msg());
+  snprintf(want, sizeof want, "%s/out/model.bin", rroot);
+  cr_assert_str_eq(c.save, want);
+  /* an absolute path in the second root */
+  char abs[PATH_MAX], rabs[PATH_MAX];
+  snprintf(abs, sizeof abs, "%s/other.bin", t.root2);
+  cr_assert_not_null(realpath(abs, rabs));
+  cr_assert_eq(check_path(&t, "init_from", abs, &c), FSDP_OK, "%s", err_msg());
+  cr_assert_str_eq(c.init_from, rabs);
+  /* an existing output is overwritten: fine inside a root */
+  cr_assert_eq(check_path(&t, "save", "data.bin", &c), FSDP_OK, "%s", err_msg());
+  tree_remove(&t);
+}
+
+Test(job, roots_are_the_operators_to_get_right) {
+  config_t c;
+  config_default(&c);
+  cr_assert_eq(config_set(&c, "data", "x.bin"), 0);
+  cr_assert_eq(job_paths_check(&c, NULL, 0), FSDP_EINVAL);
+  cr_assert(!strncmp(err_msg(), "roots", 5), "%s", err_msg());
+  const char *roots[] = {"/nonexistent/test_job_root"};
+  cr_assert_eq(job_paths_check(&c, roots, 1), FSDP_EINVAL);
+  cr_assert(strstr(err_msg(), "roots") && strstr(err_msg(), roots[0]), "%s", err_msg());
+}
+
+Test(job, unreadable_data_is_refused) {
+  if (geteuid() == 0) return; /* root reads any file: nothing to see */
+  tree_t t;
+  tree_make(&t);
+  char p[PATH_MAX];
+  snprintf(p, sizeof p, "%s/data.bin", t.root);
+  cr_assert_eq(chmod(p, 0), 0);
+  config_t c;
+  cr_assert_neq(check_path(&t, "save", "out/m.bin", &c), FSDP_OK);
+  cr_assert(!strncmp(err_msg(), "data", 4) && strstr(err_msg(), "cannot be read"), "%s",
+            err_msg());
+  tree_remove(&t);
+}
