@@ -327,6 +327,19 @@ static void write_token(const char *name, const char *text) {
   free(p);
 }
 
+/* The common case: an open server and a client of it. */
+static rpc_client_t *open_default(void) {
+  srv_start(&(rpc_server_opts_t){0});
+  return client(NULL, NULL, NULL);
+}
+
+/* Checks the server let go of every call, then ends both. */
+static void close_checked(rpc_client_t *c) {
+  expect_idle();
+  rpc_client_destroy(c);
+  srv_stop();
+}
+
 /* ---- tests ----------------------------------------------------------------------- */
 
 Test(rpc, status_mapping_round_trips, .timeout = 5) {
@@ -345,17 +358,13 @@ Test(rpc, status_mapping_round_trips, .timeout = 5) {
 }
 
 Test(rpc, unary_call_through_the_real_messages, .timeout = 20) {
-  srv_start(&(rpc_server_opts_t){0});
-  rpc_client_t *c = client(NULL, NULL, NULL);
+  rpc_client_t *c = open_default();
   for (int i = 0; i < 3; i++) expect_get_job_ok(c);
-  expect_idle();
-  rpc_client_destroy(c);
-  srv_stop();
+  close_checked(c);
 }
 
 Test(rpc, an_error_arrives_with_its_code_and_sentence, .timeout = 20) {
-  srv_start(&(rpc_server_opts_t){0});
-  rpc_client_t *c = client(NULL, NULL, NULL);
+  rpc_client_t *c = open_default();
   Fsdp__V1__CancelJobRequest req = FSDP__V1__CANCEL_JOB_REQUEST__INIT;
   req.job_id = "j-404";
   ProtobufCMessage *rep;
@@ -364,13 +373,11 @@ Test(rpc, an_error_arrives_with_its_code_and_sentence, .timeout = 20) {
   cr_assert_null(rep);
   cr_assert(strstr(err_msg(), "job j-404: no such job; fsdpctl jobs lists them"), "%s", err_msg());
   cr_assert(strstr(err_msg(), CANCEL_JOB) && strstr(err_msg(), target), "%s", err_msg());
-  rpc_client_destroy(c);
-  srv_stop();
+  close_checked(c);
 }
 
 Test(rpc, server_stream_delivers_every_message_in_order, .timeout = 20) {
-  srv_start(&(rpc_server_opts_t){0});
-  rpc_client_t *c = client(NULL, NULL, NULL);
+  rpc_client_t *c = open_default();
   for (int round = 0; round < 2; round++) {
     Fsdp__V1__WatchJobRequest req = FSDP__V1__WATCH_JOB_REQUEST__INIT;
     req.job_id = "j-1";
@@ -398,14 +405,11 @@ Test(rpc, server_stream_delivers_every_message_in_order, .timeout = 20) {
   cr_assert_eq(rpc_stream_next(st, &fsdp__v1__job_progress__descriptor, &p), 1, "%s", err_msg());
   protobuf_c_message_free_unpacked(p, NULL);
   rpc_stream_close(st);
-  expect_idle();
-  rpc_client_destroy(c);
-  srv_stop();
+  close_checked(c);
 }
 
 Test(rpc, unknown_method_is_unimplemented_at_once, .timeout = 20) {
-  srv_start(&(rpc_server_opts_t){0});
-  rpc_client_t *c = client(NULL, NULL, NULL);
+  rpc_client_t *c = open_default();
   void *rep;
   size_t n;
   double t0 = tu_now_s();
@@ -414,14 +418,11 @@ Test(rpc, unknown_method_is_unimplemented_at_once, .timeout = 20) {
   cr_assert_eq(rc, FSDP_EUNSUPPORTED, "%s", err_msg());
   cr_assert_lt(dt, 1.0, "answered after %.3f s (deadline 10 s)", dt);
   cr_assert(strstr(err_msg(), "UNIMPLEMENTED") && strstr(err_msg(), "NoSuchMethod"), "%s", err_msg());
-  expect_idle();
-  rpc_client_destroy(c);
-  srv_stop();
+  close_checked(c);
 }
 
 Test(rpc, truncated_request_is_invalid_argument_naming_the_method, .timeout = 20) {
-  srv_start(&(rpc_server_opts_t){0});
-  rpc_client_t *c = client(NULL, NULL, NULL);
+  rpc_client_t *c = open_default();
   Fsdp__V1__GetJobRequest req = FSDP__V1__GET_JOB_REQUEST__INIT;
   req.job_id = "a job id long enough to cut in the middle";
   uint8_t buf[128];
@@ -436,9 +437,7 @@ Test(rpc, truncated_request_is_invalid_argument_naming_the_method, .timeout = 20
   rc = rpc_client_call_raw(c, GET_JOB, buf, n, &rep, &rn, 10);
   cr_assert_eq(rc, 0, "%s", err_msg());
   free(rep);
-  expect_idle();
-  rpc_client_destroy(c);
-  srv_stop();
+  close_checked(c);
 }
 
 Test(rpc, oversized_request_is_resource_exhausted, .timeout = 20) {
@@ -452,9 +451,7 @@ Test(rpc, oversized_request_is_resource_exhausted, .timeout = 20) {
   cr_assert_eq(rc, FSDP_ELIMIT, "%s", err_msg());
   cr_assert(strstr(err_msg(), "RESOURCE_EXHAUSTED"), "%s", err_msg());
   expect_get_job_ok(c); /* a small one still passes */
-  expect_idle();
-  rpc_client_destroy(c);
-  srv_stop();
+  close_checked(c);
 }
 
 static rpc_server_opts_t token_opts(void) {
@@ -541,8 +538,7 @@ Test(rpc, token_and_tls_files_are_checked_at_create, .timeout = 20) {
 }
 
 Test(rpc, health_check, .timeout = 20) {
-  srv_start(&(rpc_server_opts_t){0});
-  rpc_client_t *c = client(NULL, NULL, NULL);
+  rpc_client_t *c = open_default();
   int status = -1;
   cr_assert_eq(health(c, "", &status), 0, "%s", err_msg());
   cr_assert_eq(status, GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING);
@@ -550,13 +546,11 @@ Test(rpc, health_check, .timeout = 20) {
   cr_assert_eq(health(c, "fsdp.v1.Coordinator", &status), 0, "%s", err_msg());
   cr_assert_eq(status, GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING);
   cr_assert_eq(health(c, "fsdp.v1.Coord", &status), FSDP_ENOTFOUND, "%s", err_msg());
-  rpc_client_destroy(c);
-  srv_stop();
+  close_checked(c);
 }
 
 Test(rpc, deadline_on_a_handler_that_never_answers, .timeout = 20) {
-  srv_start(&(rpc_server_opts_t){0});
-  rpc_client_t *c = client(NULL, NULL, NULL);
+  rpc_client_t *c = open_default();
   Fsdp__V1__ListNodesRequest req = FSDP__V1__LIST_NODES_REQUEST__INIT;
   ProtobufCMessage *rep;
   double t0 = tu_now_s();
@@ -568,8 +562,7 @@ Test(rpc, deadline_on_a_handler_that_never_answers, .timeout = 20) {
   expect_idle(); /* the server saw the deadline too and freed the call */
   on_loop(query_job);
   cr_assert_eq(q_cancels, 1, "the handler was told once");
-  rpc_client_destroy(c);
-  srv_stop();
+  close_checked(c);
 }
 
 static int bg_rc;
@@ -585,8 +578,7 @@ static void *bg_list_nodes(void *arg) {
 }
 
 Test(rpc, shutdown_cancels_calls_in_flight, .timeout = 20) {
-  srv_start(&(rpc_server_opts_t){0});
-  rpc_client_t *c = client(NULL, NULL, NULL);
+  rpc_client_t *c = open_default();
   pthread_t t;
   pthread_create(&t, NULL, bg_list_nodes, c);
   double until = tu_now_s() + 5;
