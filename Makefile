@@ -34,19 +34,19 @@ CUDA_CHECKS = $(if $(wildcard $(NVCC)),$(B)/tests/cuda/kern_math_gpu $(B)/tests/
 
 # Debian packages, by what needs them; mk/deps.sh installs those missing.
 # Compiling and linking the programs:
-BUILD_PKGS = build-essential pkg-config libdnnl-dev libinih-dev libuv1-dev
+BUILD_PKGS = build-essential pkg-config libdnnl-dev libinih-dev libuv1-dev \
+             $(CONTROL_PKGS)
 # The tests: Criterion; clang, its sanitizer and fuzzer runtimes and its OpenMP
 # for the fuzz build; PyTorch and numpy for the reference runs; the demo
 # corpus (test_train learns it); pgrep (test_launch looks for survivors).
 TEST_PKGS  = libcriterion-dev clang libclang-rt-14-dev libomp-14-dev python3 python3-numpy python3-torch \
-             fortunes procps
+             fortunes procps openssl
 # The benchmarks: PyTorch for the peer runs, OpenBLAS and BLIS for the GEMM ceilings.
 BENCH_PKGS = python3 python3-numpy python3-torch libopenblas-dev libblis-dev
 # The demo's corpus.
 DEMO_PKGS  = fortunes
-# The control plane (coordinator, fsdpd, fsdpctl) will build with these; no
-# code does yet, so no target installs them: move them into BUILD_PKGS with
-# the first source that includes them.
+# The control plane (coordinator, fsdpd, fsdpctl): gRPC's C core, protobuf-c
+# and its compiler for the wire, SQLite for the coordinator's state.
 CONTROL_PKGS = libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libsqlite3-dev
 
 COMMON_SRCS = daemon/common/err.c daemon/common/log.c daemon/common/param.c daemon/common/mem.c
@@ -88,7 +88,7 @@ BINS  = bin/fsdp-train bin/fsdp-tokenize bin/fsdp-launch
 # (tests/e2e: the programs run as processes); test_bins names their binaries
 # under a build directory.
 UNIT_TESTS = err param kernels isa device boot data gpt adamw config train sample shard plan comm fsdp \
-             reference supervise sched inventory job
+             reference supervise sched inventory job rpc
 E2E_TESTS  = launch fault
 test_bins  = $(UNIT_TESTS:%=$(1)/tests/test_%) $(E2E_TESTS:%=$(1)/e2e/test_%)
 TEST_BINS  = $(call test_bins,$(B))
@@ -210,7 +210,7 @@ $(CUDA_CHECKS): %: %.o $(KMG_CPU_OBJS)
 # for a fixed number of inputs from a fixed seed (a bounded regression run);
 # `make fuzz` searches for FUZZ_SECONDS each, keeping what it finds in
 # build-fuzz/corpus/.
-FUZZ         = tokens weights jobfile
+FUZZ         = tokens weights jobfile rpc_requests
 FUZZ_SECONDS ?= 60
 FUZZ_RUNS    ?= 20000
 FUZZ_SAN     = -fsanitize=fuzzer-no-link,address,undefined -Wno-pass-failed
@@ -221,6 +221,45 @@ fuzz-build: deps-test
 
 $(B)/fuzz_%: $(B)/tests/fuzz/fuzz_%.o $(B)/tests/fuzz/fuzz.o $(LIB)
 	$(CC) -fsanitize=fuzzer,address,undefined -fopenmp $^ -o $@ $(LDLIBS)
+
+# ---- the wire and the RPC layer (proto/, daemon/common/rpc*) ---------------
+# protoc-c generates C from proto/*.proto into $(B)/proto/ (never committed);
+# objects include it as "proto/fsdp.pb-c.h". Everything that speaks gRPC is in
+# its own archive, RPC_LIB, linked with RPC_LDLIBS only by the programs and
+# tests that use it: the training binaries never link gRPC.
+PROTOS      = proto/fsdp.proto proto/health.proto
+PROTO_HDRS  = $(PROTOS:%.proto=$(B)/%.pb-c.h)
+PROTO_OBJS  = $(PROTOS:%.proto=$(B)/%.pb-c.o)
+RPC_SRCS    = daemon/common/rpc.c daemon/common/rpc_server.c daemon/common/rpc_client.c
+RPC_OBJS    = $(RPC_SRCS:%.c=$(B)/%.o)
+RPC_LIB     = $(B)/libfsdp_rpc.a
+RPC_LDLIBS  = -lgrpc -lgpr -lprotobuf-c -luv
+CFLAGS     += -I$(B)
+
+# one protoc-c run makes both files; the .c is the grouped rule's other target
+$(B)/proto/%.pb-c.c $(B)/proto/%.pb-c.h: proto/%.proto | deps
+	@mkdir -p $(B)/proto
+	protoc-c --proto_path=. --c_out=$(B) $<
+
+$(B)/proto/%.pb-c.o: $(B)/proto/%.pb-c.c
+	$(CC) $(CFLAGS) -c $< -o $@
+
+# generated headers first (after that, -MMD's dependency files track them)
+$(RPC_OBJS) $(PROTO_OBJS) $(B)/tests/unit/test_rpc.o $(B)/tests/fuzz/fuzz_rpc_requests.o: | $(PROTO_HDRS)
+
+$(RPC_LIB): $(RPC_OBJS) $(PROTO_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+# linked with daemon/common alone: the layer needs nothing of the engine
+$(B)/tests/test_rpc: $(B)/tests/unit/test_rpc.o $(TESTUTIL) $(RPC_LIB) $(COMMON_SRCS:%.c=$(B)/%.o)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(RPC_LDLIBS) -lm -lpthread -lcriterion
+
+# the fuzz target needs the generated messages and protobuf-c, nothing of gRPC
+$(B)/fuzz_rpc_requests: $(B)/tests/fuzz/fuzz_rpc_requests.o $(B)/tests/fuzz/fuzz.o $(PROTO_OBJS) $(LIB)
+	$(CC) -fsanitize=fuzzer,address,undefined -fopenmp $^ -o $@ $(LDLIBS) -lprotobuf-c
+# ---- end of the RPC block ----------------------------------------------------
 
 fuzz: fuzz-build
 	@for t in $(FUZZ); do mkdir -p build-fuzz/corpus/$$t; \

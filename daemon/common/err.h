@@ -8,7 +8,8 @@
  *     return err_set(FSDP_EINVAL, "model.heads: %d does not divide channels %d; ...", ...);
  *
  * Codes from errno, SQLite, gRPC, NCCL and CUDA are mapped into this table at the
- * boundary where they are met, never passed on raw. */
+ * boundary where they are met, never passed on raw (gRPC statuses: rpc.h). New
+ * codes go at the end: the values of the others stay put. */
 #ifndef FSDP_ERR_H
 #define FSDP_ERR_H
 
@@ -27,7 +28,14 @@
   XX(ETIMEDOUT, "timed out")                                                 \
   XX(EPEER, "peer failed")                                                   \
   XX(ECANCELED, "canceled")                                                  \
-  XX(EINTERNAL, "internal error")
+  XX(EINTERNAL, "internal error")                                            \
+  XX(EAUTH, "not authenticated")                                             \
+  XX(EPERM, "permission denied")                                             \
+  XX(ENOTFOUND, "not found")                                                 \
+  XX(EEXIST, "already exists")                                               \
+  XX(EUNAVAILABLE, "service unavailable")                                    \
+  XX(ESTATE, "not allowed in the current state")                             \
+  XX(ELIMIT, "over a size or rate limit")
 
 typedef enum {
   FSDP_OK = 0,

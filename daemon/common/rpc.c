@@ -1,0 +1,158 @@
+/* rpc: what the server and the client share (see rpc.h): the status
+ * mapping between gRPC and err.h, and reading token and PEM files. */
+#include "rpc_impl.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/common/err.h"
+#include "daemon/common/log.h"
+
+/* err.h -> gRPC. Several codes share a status; the reverse map below picks
+ * one code per status. ERANGE is a bad value in a request (INVALID_ARGUMENT),
+ * not OUT_OF_RANGE, which gRPC keeps for reading past an end. */
+grpc_status_code rpc_status_from_err(int rc) {
+  switch (rc) {
+  case FSDP_OK: return GRPC_STATUS_OK;
+  case FSDP_EINVAL: case FSDP_EFORMAT: case FSDP_ERANGE: return GRPC_STATUS_INVALID_ARGUMENT;
+  case FSDP_ENOMEM: case FSDP_ENOSPC: case FSDP_ELIMIT: return GRPC_STATUS_RESOURCE_EXHAUSTED;
+  case FSDP_ENOENT: case FSDP_ENOTFOUND: return GRPC_STATUS_NOT_FOUND;
+  case FSDP_EUNSUPPORTED: return GRPC_STATUS_UNIMPLEMENTED;
+  case FSDP_ETIMEDOUT: return GRPC_STATUS_DEADLINE_EXCEEDED;
+  case FSDP_EPEER: case FSDP_EUNAVAILABLE: return GRPC_STATUS_UNAVAILABLE;
+  case FSDP_ECANCELED: return GRPC_STATUS_CANCELLED;
+  case FSDP_EAUTH: return GRPC_STATUS_UNAUTHENTICATED;
+  case FSDP_EPERM: return GRPC_STATUS_PERMISSION_DENIED;
+  case FSDP_EEXIST: return GRPC_STATUS_ALREADY_EXISTS;
+  case FSDP_ESTATE: return GRPC_STATUS_FAILED_PRECONDITION;
+  default: return GRPC_STATUS_INTERNAL; /* EIO, EINTERNAL, anything unknown */
+  }
+}
+
+int rpc_err_from_status(grpc_status_code st) {
+  switch (st) {
+  case GRPC_STATUS_OK: return FSDP_OK;
+  case GRPC_STATUS_CANCELLED: return FSDP_ECANCELED;
+  case GRPC_STATUS_INVALID_ARGUMENT: return FSDP_EINVAL;
+  case GRPC_STATUS_DEADLINE_EXCEEDED: return FSDP_ETIMEDOUT;
+  case GRPC_STATUS_NOT_FOUND: return FSDP_ENOTFOUND;
+  case GRPC_STATUS_ALREADY_EXISTS: return FSDP_EEXIST;
+  case GRPC_STATUS_PERMISSION_DENIED: return FSDP_EPERM;
+  case GRPC_STATUS_RESOURCE_EXHAUSTED: return FSDP_ELIMIT;
+  case GRPC_STATUS_FAILED_PRECONDITION: case GRPC_STATUS_ABORTED: return FSDP_ESTATE;
+  case GRPC_STATUS_OUT_OF_RANGE: return FSDP_ERANGE;
+  case GRPC_STATUS_UNIMPLEMENTED: return FSDP_EUNSUPPORTED;
+  case GRPC_STATUS_UNAVAILABLE: return FSDP_EUNAVAILABLE;
+  case GRPC_STATUS_DATA_LOSS: return FSDP_EIO;
+  case GRPC_STATUS_UNAUTHENTICATED: return FSDP_EAUTH;
+  default: return FSDP_EINTERNAL; /* UNKNOWN, INTERNAL */
+  }
+}
+
+const char *rpc_status_name(grpc_status_code st) {
+  static const char *const names[] = {
+      "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+      "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+      "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+      "UNAUTHENTICATED"};
+  if ((unsigned)st < sizeof names / sizeof names[0]) return names[st];
+  return "UNKNOWN_STATUS";
+}
+
+int rpc__read_file(const char *path, const char *what, size_t max, char **out, size_t *len) {
+  *out = NULL;
+  FILE *f = fopen(path, "rb");
+  if (!f)
+    return err_set_errno(err_from_errno(errno), errno, "%s %s: cannot open", what, path);
+  char *buf = malloc(max + 1);
+  if (!buf) {
+    fclose(f);
+    return err_set(FSDP_ENOMEM, "%s %s: out of memory", what, path);
+  }
+  size_t n = fread(buf, 1, max + 1, f);
+  int bad = ferror(f);
+  fclose(f);
+  if (bad) {
+    free(buf);
+    return err_set(FSDP_EIO, "%s %s: read failed", what, path);
+  }
+  if (n > max) {
+    free(buf);
+    return err_set(FSDP_ELIMIT, "%s %s: longer than %zu bytes; is it the right file?", what,
+                   path, max);
+  }
+  buf[n] = 0;
+  *out = buf;
+  if (len) *len = n;
+  return 0;
+}
+
+int rpc__read_token(const char *path, char **token) {
+  size_t n;
+  int rc = rpc__read_file(path, "token file", RPC_TOKEN_MAX, token, &n);
+  if (rc) return rc;
+  char *t = *token;
+  while (n && (t[n - 1] == '\n' || t[n - 1] == '\r' || t[n - 1] == ' ' || t[n - 1] == '\t'))
+    t[--n] = 0;
+  const char *why = NULL;
+  if (!n) why = "is empty";
+  for (size_t i = 0; i < n && !why; i++) /* it travels in an HTTP/2 header value */
+    if (t[i] < 0x21 || t[i] > 0x7e) why = "holds a space or a byte that is not printable ASCII";
+  if (why) {
+    free(t);
+    *token = NULL;
+    return err_set(FSDP_EINVAL, "token file %s %s: put one token (printable ASCII, no spaces) in it",
+                   path, why);
+  }
+  return 0;
+}
+
+void rpc__free_secret(char *p) {
+  if (!p) return;
+  /* volatile: the stores must happen though the buffer dies right after */
+  for (volatile char *v = p; *v; v++) *v = 0;
+  free(p);
+}
+
+grpc_byte_buffer *rpc__pack(const ProtobufCMessage *m) {
+  size_t n = protobuf_c_message_get_packed_size(m);
+  grpc_slice s = grpc_slice_malloc(n);
+  protobuf_c_message_pack(m, GRPC_SLICE_START_PTR(s));
+  grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
+  grpc_slice_unref(s);
+  return bb;
+}
+
+grpc_slice rpc__flatten(grpc_byte_buffer *bb) {
+  grpc_byte_buffer_reader r;
+  if (!grpc_byte_buffer_reader_init(&r, bb)) return grpc_empty_slice();
+  grpc_slice s = grpc_byte_buffer_reader_readall(&r);
+  grpc_byte_buffer_reader_destroy(&r);
+  return s;
+}
+
+gpr_timespec rpc__deadline(double timeout_s) {
+  if (timeout_s < 0) timeout_s = 0;
+  if (timeout_s > 1e9) return gpr_inf_future(GPR_CLOCK_MONOTONIC);
+  return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                      gpr_time_from_micros((int64_t)(timeout_s * 1e6), GPR_TIMESPAN));
+}
+
+/* gRPC's own log lines join ours, under the subsystem "grpc". Its errors
+ * are mostly a peer's failure (a handshake, a reset connection) that the
+ * call concerned also reports as its status: a warning here, not an error. */
+static void rpc_gpr_log(gpr_log_func_args *a) {
+  int level = a->severity == GPR_LOG_SEVERITY_ERROR ? LOG_LEVEL_WARN : LOG_LEVEL_DEBUG;
+  if (log_enabled(level)) log_write(level, "grpc", a->file, a->line, "%s", a->message);
+}
+
+static void rpc_init_once(void) { gpr_set_log_function(rpc_gpr_log); }
+
+void rpc__init(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, rpc_init_once);
+  grpc_init();
+}

@@ -1,0 +1,377 @@
+/* rpc_client: blocking client calls over one channel (see rpc.h).
+ *
+ * Each call has its own pluck completion queue, so calls from several
+ * threads never see each other's completions and no thread of ours runs in
+ * the background. A call's deadline bounds every wait: a batch holding
+ * RECV_STATUS_ON_CLIENT completes by then at the latest (gRPC's promise);
+ * the pluck waits a little longer and cancels the call if even that passes. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
+
+#include "daemon/common/err.h"
+#include "rpc_impl.h"
+
+#define RPC_PLUCK_SLACK_S 5.0 /* past the deadline before a pluck gives up on gRPC */
+
+struct rpc_client {
+  grpc_channel *ch;
+  char *target;
+  grpc_metadata auth; /* authorization: Bearer <token> */
+  int has_auth;
+  int tls;
+};
+
+struct rpc_stream {
+  rpc_client_t *c;
+  grpc_call *call;
+  grpc_completion_queue *cq;
+  char *method;
+  double timeout_s;
+  gpr_timespec deadline;
+  /* written by gRPC until the status batch completes */
+  grpc_metadata_array md_in, trailing;
+  grpc_status_code status;
+  grpc_slice details;
+  const char *error_string;
+  grpc_byte_buffer *msg;
+  int md_received; /* RECV_INITIAL_METADATA was asked for */
+  int ended;   /* the status batch was plucked */
+  int rc;      /* after the end: 0 or the error */
+  char *err;   /* the error's message, replayed on every later next */
+};
+
+int rpc_client_create(rpc_client_t **out, const rpc_client_opts_t *o) {
+  *out = NULL;
+  if (!o->target || !*o->target) return err_set(FSDP_EINVAL, "rpc client: no server address");
+  rpc_client_t *c = calloc(1, sizeof *c);
+  if (!c || !(c->target = strdup(o->target))) {
+    free(c);
+    return err_set(FSDP_ENOMEM, "rpc client: out of memory");
+  }
+  char *token = NULL, *ca = NULL;
+  int rc = 0;
+  if (o->token_file) {
+    if ((rc = rpc__read_token(o->token_file, &token))) goto fail;
+    size_t n = strlen(token);
+    char *v = malloc(n + 8);
+    if (!v) {
+      rc = err_set(FSDP_ENOMEM, "rpc client: out of memory");
+      goto fail;
+    }
+    memcpy(v, "Bearer ", 7);
+    memcpy(v + 7, token, n + 1);
+    c->auth.key = grpc_slice_from_static_string("authorization");
+    c->auth.value = grpc_slice_from_copied_buffer(v, n + 7);
+    rpc__free_secret(v);
+    c->has_auth = 1;
+  }
+  if (o->tls_ca_file &&
+      (rc = rpc__read_file(o->tls_ca_file, "TLS CA file", RPC_PEM_MAX, &ca, NULL)))
+    goto fail;
+  rpc__init();
+  grpc_channel_credentials *creds =
+      ca ? grpc_ssl_credentials_create(ca, NULL, NULL, NULL) : grpc_insecure_credentials_create();
+  c->tls = ca != NULL;
+  c->ch = creds ? grpc_channel_create(c->target, creds, NULL) : NULL;
+  if (creds) grpc_channel_credentials_release(creds);
+  if (!c->ch) {
+    grpc_shutdown();
+    rc = err_set(FSDP_EINVAL, "rpc client: cannot make a channel to %s%s", c->target,
+                 ca ? " (is the CA file PEM?)" : "");
+    goto fail;
+  }
+  rpc__free_secret(token);
+  free(ca);
+  *out = c;
+  return 0;
+fail:
+  rpc__free_secret(token);
+  free(ca);
+  if (c->has_auth) grpc_slice_unref(c->auth.value);
+  free(c->target);
+  free(c);
+  return rc;
+}
+
+void rpc_client_destroy(rpc_client_t *c) {
+  if (!c) return;
+  grpc_channel_destroy(c->ch);
+  if (c->has_auth) grpc_slice_unref(c->auth.value);
+  free(c->target);
+  free(c);
+  grpc_shutdown();
+}
+
+/* Waits for tag; if gRPC has not completed it well past the deadline,
+ * cancels the call (which completes everything pending) and waits again. */
+static int rpc_pluck(grpc_completion_queue *cq, grpc_call *call, void *tag, gpr_timespec deadline) {
+  gpr_timespec limit = gpr_time_add(deadline, gpr_time_from_micros(
+                                                  (int64_t)(RPC_PLUCK_SLACK_S * 1e6), GPR_TIMESPAN));
+  grpc_event ev = grpc_completion_queue_pluck(cq, tag, limit, NULL);
+  if (ev.type == GRPC_QUEUE_TIMEOUT) {
+    grpc_call_cancel(call, NULL);
+    ev = grpc_completion_queue_pluck(cq, tag, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+  }
+  return ev.type == GRPC_OP_COMPLETE ? ev.success : 0;
+}
+
+static void rpc_cq_destroy(grpc_completion_queue *cq) {
+  grpc_completion_queue_shutdown(cq);
+  grpc_completion_queue_destroy(cq);
+}
+
+/* What a user can do about a status, after the server's own words. */
+static const char *rpc_advice(grpc_status_code st) {
+  switch (st) {
+  case GRPC_STATUS_UNAVAILABLE:
+    return "; check that the server runs at that address and is reachable (with TLS: that its "
+           "certificate is signed by the CA file given and names that host)";
+  case GRPC_STATUS_DEADLINE_EXCEEDED:
+    return "; the server may be overloaded, stalled or unreachable";
+  case GRPC_STATUS_UNAUTHENTICATED:
+    return "; give the token file of this cluster";
+  default: return "";
+  }
+}
+
+/* Maps a call's final status to err.h with a sentence naming the call. */
+static int rpc_status_err(rpc_client_t *c, const char *method, grpc_status_code st,
+                          grpc_slice details, const char *error_string, double timeout_s) {
+  if (st == GRPC_STATUS_OK) return 0;
+  int n = (int)GRPC_SLICE_LENGTH(details);
+  const char *d = (const char *)GRPC_SLICE_START_PTR(details);
+  if (!n && error_string) d = error_string, n = (int)strlen(error_string);
+  if (st == GRPC_STATUS_DEADLINE_EXCEEDED) /* gRPC's words ("Deadline Exceeded") add nothing */
+    return err_set(FSDP_ETIMEDOUT, "%s at %s: DEADLINE_EXCEEDED: no answer within %g s%s", method,
+                   c->target, timeout_s, rpc_advice(st));
+  return err_set(rpc_err_from_status(st), "%s at %s: %s: %.*s%s", method, c->target,
+                 rpc_status_name(st), n, d, rpc_advice(st));
+}
+
+static grpc_call *rpc_new_call(rpc_client_t *c, grpc_completion_queue *cq, const char *method,
+                               gpr_timespec deadline) {
+  grpc_slice m = grpc_slice_from_copied_string(method);
+  grpc_call *call = grpc_channel_create_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, m, NULL,
+                                             deadline, NULL);
+  grpc_slice_unref(m);
+  return call;
+}
+
+/* The ops that open a call: the token, the request, the half-close. */
+static size_t rpc_send_ops(rpc_client_t *c, grpc_op *ops, grpc_byte_buffer *bb) {
+  memset(ops, 0, 3 * sizeof *ops);
+  ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+  ops[0].data.send_initial_metadata.count = c->has_auth;
+  ops[0].data.send_initial_metadata.metadata = c->has_auth ? &c->auth : NULL;
+  ops[1].op = GRPC_OP_SEND_MESSAGE;
+  ops[1].data.send_message.send_message = bb;
+  ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+  return 3;
+}
+
+int rpc_client_call_raw(rpc_client_t *c, const char *method, const void *req, size_t req_len,
+                        void **reply, size_t *reply_len, double timeout_s) {
+  *reply = NULL;
+  *reply_len = 0;
+  grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
+  gpr_timespec deadline = rpc__deadline(timeout_s);
+  grpc_call *call = rpc_new_call(c, cq, method, deadline);
+  grpc_slice s = grpc_slice_from_copied_buffer(req, req_len);
+  grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
+  grpc_slice_unref(s);
+  grpc_metadata_array md_in, trailing;
+  grpc_metadata_array_init(&md_in);
+  grpc_metadata_array_init(&trailing);
+  grpc_byte_buffer *resp = NULL;
+  grpc_status_code st = GRPC_STATUS_UNKNOWN;
+  grpc_slice details = grpc_empty_slice();
+  const char *error_string = NULL;
+  grpc_op ops[6];
+  size_t n = rpc_send_ops(c, ops, bb);
+  memset(ops + n, 0, 3 * sizeof *ops);
+  ops[n++].op = GRPC_OP_RECV_INITIAL_METADATA;
+  ops[n - 1].data.recv_initial_metadata.recv_initial_metadata = &md_in;
+  ops[n].op = GRPC_OP_RECV_MESSAGE;
+  ops[n++].data.recv_message.recv_message = &resp;
+  ops[n].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+  ops[n].data.recv_status_on_client.trailing_metadata = &trailing;
+  ops[n].data.recv_status_on_client.status = &st;
+  ops[n].data.recv_status_on_client.status_details = &details;
+  ops[n++].data.recv_status_on_client.error_string = &error_string;
+  int rc = 0;
+  grpc_call_error e = grpc_call_start_batch(call, ops, n, (void *)1, NULL);
+  if (e != GRPC_CALL_OK) {
+    rc = err_set(FSDP_EINTERNAL, "%s at %s: gRPC refused the call (grpc_call_error %d)", method,
+                 c->target, (int)e);
+  } else {
+    rpc_pluck(cq, call, (void *)1, deadline);
+    rc = rpc_status_err(c, method, st, details, error_string, timeout_s);
+    if (!rc && !resp)
+      rc = err_set(FSDP_EINTERNAL, "%s at %s: the server answered OK without a reply message",
+                   method, c->target);
+    if (!rc) {
+      grpc_slice flat = rpc__flatten(resp);
+      size_t len = GRPC_SLICE_LENGTH(flat);
+      if (len && !(*reply = malloc(len))) {
+        rc = err_set(FSDP_ENOMEM, "%s: out of memory for a %zu-byte reply", method, len);
+      } else {
+        if (len) memcpy(*reply, GRPC_SLICE_START_PTR(flat), len);
+        *reply_len = len;
+      }
+      grpc_slice_unref(flat);
+    }
+  }
+  if (resp) grpc_byte_buffer_destroy(resp);
+  grpc_byte_buffer_destroy(bb);
+  grpc_slice_unref(details);
+  if (error_string) gpr_free((void *)error_string);
+  grpc_metadata_array_destroy(&md_in);
+  grpc_metadata_array_destroy(&trailing);
+  grpc_call_unref(call);
+  rpc_cq_destroy(cq);
+  return rc;
+}
+
+int rpc_client_call(rpc_client_t *c, const char *method, const ProtobufCMessage *req,
+                    const ProtobufCMessageDescriptor *reply_desc, ProtobufCMessage **reply,
+                    double timeout_s) {
+  *reply = NULL;
+  size_t n = protobuf_c_message_get_packed_size(req);
+  uint8_t *buf = malloc(n ? n : 1);
+  if (!buf) return err_set(FSDP_ENOMEM, "%s: out of memory for the request", method);
+  protobuf_c_message_pack(req, buf);
+  void *rep;
+  size_t rep_len;
+  int rc = rpc_client_call_raw(c, method, buf, n, &rep, &rep_len, timeout_s);
+  free(buf);
+  if (rc) return rc;
+  *reply = protobuf_c_message_unpack(reply_desc, NULL, rep_len, rep);
+  free(rep);
+  if (!*reply)
+    return err_set(FSDP_EFORMAT, "%s at %s: the reply does not decode as %s; are client and "
+                   "server built from the same proto/fsdp.proto?", method, c->target,
+                   reply_desc->name);
+  return 0;
+}
+
+/* ---- server streaming --------------------------------------------------------------- */
+
+#define RPC_TAG_SENT ((void *)1)
+#define RPC_TAG_STATUS ((void *)2)
+#define RPC_TAG_MSG ((void *)3)
+
+int rpc_stream_open(rpc_client_t *c, rpc_stream_t **out, const char *method,
+                    const ProtobufCMessage *req, double timeout_s) {
+  *out = NULL;
+  rpc_stream_t *st = calloc(1, sizeof *st);
+  if (!st || !(st->method = strdup(method))) {
+    free(st);
+    return err_set(FSDP_ENOMEM, "%s: out of memory", method);
+  }
+  st->c = c;
+  st->timeout_s = timeout_s;
+  st->deadline = rpc__deadline(timeout_s);
+  st->cq = grpc_completion_queue_create_for_pluck(NULL);
+  st->call = rpc_new_call(c, st->cq, method, st->deadline);
+  grpc_metadata_array_init(&st->md_in);
+  grpc_metadata_array_init(&st->trailing);
+  st->details = grpc_empty_slice();
+  grpc_byte_buffer *bb = rpc__pack(req);
+  grpc_op ops[3];
+  size_t n = rpc_send_ops(c, ops, bb);
+  grpc_call_error e1 = grpc_call_start_batch(st->call, ops, n, RPC_TAG_SENT, NULL);
+  /* the status in a batch of its own: it completes last, after every message */
+  grpc_op sop;
+  memset(&sop, 0, sizeof sop);
+  sop.op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+  sop.data.recv_status_on_client.trailing_metadata = &st->trailing;
+  sop.data.recv_status_on_client.status = &st->status;
+  sop.data.recv_status_on_client.status_details = &st->details;
+  sop.data.recv_status_on_client.error_string = &st->error_string;
+  grpc_call_error e2 = e1 == GRPC_CALL_OK ? grpc_call_start_batch(st->call, &sop, 1, RPC_TAG_STATUS, NULL)
+                                          : e1;
+  int rc = 0;
+  if (e1 == GRPC_CALL_OK) rpc_pluck(st->cq, st->call, RPC_TAG_SENT, st->deadline);
+  grpc_byte_buffer_destroy(bb);
+  if (e2 != GRPC_CALL_OK) {
+    rc = err_set(FSDP_EINTERNAL, "%s at %s: gRPC refused the call (grpc_call_error %d)", method,
+                 c->target, (int)e2);
+    if (e1 == GRPC_CALL_OK) grpc_call_cancel(st->call, NULL);
+    st->ended = 1; /* no status batch to wait for */
+    rpc_stream_close(st);
+    return rc;
+  }
+  *out = st;
+  return 0;
+}
+
+/* The status, once: maps it and keeps the message for later calls. */
+static int rpc_stream_end(rpc_stream_t *st) {
+  if (!st->ended) {
+    rpc_pluck(st->cq, st->call, RPC_TAG_STATUS, st->deadline);
+    st->ended = 1;
+    st->rc = rpc_status_err(st->c, st->method, st->status, st->details, st->error_string,
+                            st->timeout_s);
+    if (st->rc) st->err = strdup(err_msg());
+  }
+  if (st->rc) err_set(st->rc, "%s", st->err ? st->err : err_str(st->rc));
+  return st->rc;
+}
+
+int rpc_stream_next(rpc_stream_t *st, const ProtobufCMessageDescriptor *desc,
+                    ProtobufCMessage **msg) {
+  *msg = NULL;
+  if (st->ended) return rpc_stream_end(st);
+  grpc_op ops[2];
+  size_t n = 0;
+  memset(ops, 0, sizeof ops);
+  if (!st->md_received) { /* with the first message, so that open does not wait for it */
+    ops[n].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[n++].data.recv_initial_metadata.recv_initial_metadata = &st->md_in;
+    st->md_received = 1;
+  }
+  ops[n].op = GRPC_OP_RECV_MESSAGE;
+  ops[n++].data.recv_message.recv_message = &st->msg;
+  st->msg = NULL;
+  if (grpc_call_start_batch(st->call, ops, n, RPC_TAG_MSG, NULL) != GRPC_CALL_OK)
+    return rpc_stream_end(st);
+  rpc_pluck(st->cq, st->call, RPC_TAG_MSG, st->deadline);
+  if (!st->msg) return rpc_stream_end(st); /* no more messages: the status says why */
+  grpc_slice flat = rpc__flatten(st->msg);
+  grpc_byte_buffer_destroy(st->msg);
+  st->msg = NULL;
+  *msg = protobuf_c_message_unpack(desc, NULL, GRPC_SLICE_LENGTH(flat), GRPC_SLICE_START_PTR(flat));
+  grpc_slice_unref(flat);
+  if (!*msg) {
+    grpc_call_cancel(st->call, NULL);
+    rpc_stream_end(st);
+    st->rc = err_set(FSDP_EFORMAT, "%s at %s: a streamed message does not decode as %s; are "
+                     "client and server built from the same proto/fsdp.proto?", st->method,
+                     st->c->target, desc->name);
+    free(st->err);
+    st->err = strdup(err_msg());
+    return st->rc;
+  }
+  return 1;
+}
+
+void rpc_stream_close(rpc_stream_t *st) {
+  if (!st) return;
+  if (!st->ended) {
+    grpc_call_cancel(st->call, NULL);
+    rpc_pluck(st->cq, st->call, RPC_TAG_STATUS, st->deadline);
+  }
+  grpc_metadata_array_destroy(&st->md_in);
+  grpc_metadata_array_destroy(&st->trailing);
+  grpc_slice_unref(st->details);
+  if (st->error_string) gpr_free((void *)st->error_string);
+  grpc_call_unref(st->call);
+  rpc_cq_destroy(st->cq);
+  free(st->method);
+  free(st->err);
+  free(st);
+}

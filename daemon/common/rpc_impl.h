@@ -1,0 +1,33 @@
+/* rpc_impl: what rpc.c, rpc_server.c and rpc_client.c share and nothing
+ * else includes. */
+#ifndef FSDP_RPC_IMPL_H
+#define FSDP_RPC_IMPL_H
+
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/support/log.h>
+#include <grpc/support/time.h>
+
+#include "rpc.h"
+
+#define RPC_PEM_MAX (1u << 20) /* longest certificate, key or CA file accepted */
+
+/* Reads a whole file of at most max bytes into a NUL-terminated buffer; what
+ * names the file in messages ("token file", "TLS key"). */
+int rpc__read_file(const char *path, const char *what, size_t max, char **out, size_t *len);
+/* Reads a token file: trailing whitespace dropped; empty, over RPC_TOKEN_MAX
+ * or holding bytes that cannot go in a header: refused. */
+int rpc__read_token(const char *path, char **token);
+/* Frees a buffer that held a secret, after overwriting it. */
+void rpc__free_secret(char *p);
+/* A message packed into a new byte buffer (NULL when out of memory). */
+grpc_byte_buffer *rpc__pack(const ProtobufCMessage *m);
+/* A byte buffer's bytes as one slice (the caller unrefs it). */
+grpc_slice rpc__flatten(grpc_byte_buffer *bb);
+/* grpc_init, with gRPC's log lines sent to log.h's (once per process). */
+void rpc__init(void);
+/* gpr deadline timeout_s seconds from now. */
+gpr_timespec rpc__deadline(double timeout_s);
+
+#endif

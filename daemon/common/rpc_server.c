@@ -1,0 +1,665 @@
+/* rpc_server: a gRPC server whose completion queue feeds a libuv loop (see
+ * rpc.h for the contract).
+ *
+ * Threads: the queue thread only moves (tag, ok) pairs from
+ * grpc_completion_queue_next into s->q and wakes the loop (uv_async_send,
+ * which coalesces: each wake-up drains the whole queue). Every other line
+ * here runs on the loop's thread.
+ *
+ * Calls: each registered method keeps one request armed
+ * (grpc_server_request_registered_call, which reads the request message
+ * with the call), re-armed as soon as a call arrives; the generic
+ * grpc_server_request_call is armed as well, so a method nobody registered
+ * is answered UNIMPLEMENTED at once instead of waiting for its deadline. A
+ * started call always has RECV_CLOSE_ON_SERVER pending (its end: answered,
+ * or cancelled by a deadline, the client or shutdown) and at most one send
+ * batch; replies wait in a queue behind it.
+ *
+ * Ownership: an rpc_call_t is freed when nothing refers to it: no batch
+ * pending in gRPC (what gRPC writes back lives in the struct until then) and
+ * the handler done with it (answered, or told of the cancellation). */
+#include <pthread.h>
+#include <strings.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
+
+#include "daemon/common/err.h"
+#include "daemon/common/log.h"
+#include "proto/health.pb-c.h"
+#include "rpc_impl.h"
+
+#define RPC_METHODS_MAX 64
+#define RPC_HEALTH_CHECK "/grpc.health.v1.Health/Check"
+
+typedef enum {
+  RPC_TAG_REQUEST, /* a registered call arrived (or, ok = 0, the server shut down) */
+  RPC_TAG_GENERIC, /* a call to an unregistered method arrived */
+  RPC_TAG_CLOSE,   /* RECV_CLOSE_ON_SERVER: the call is over */
+  RPC_TAG_SEND,    /* a send batch completed */
+  RPC_TAG_SHUTDOWN /* grpc_server_shutdown_and_notify's tag */
+} rpc_tag_kind_t;
+
+typedef struct rpc_tag {
+  rpc_tag_kind_t kind;
+  void *owner; /* the rpc_call_t, or the server for RPC_TAG_SHUTDOWN */
+} rpc_tag_t;
+
+typedef struct rpc_reg {
+  rpc_method_t m;
+  void *handle; /* grpc_server_register_method's */
+} rpc_reg_t;
+
+/* One reply or the final status, queued behind the send in flight. */
+typedef struct rpc_out {
+  grpc_byte_buffer *msg;   /* NULL for the status */
+  int final;
+  grpc_status_code status;
+  grpc_slice details;
+  struct rpc_out *next;
+} rpc_out_t;
+
+struct rpc_call {
+  rpc_server_t *s;
+  rpc_reg_t *reg;                /* NULL for a generic (unregistered) call */
+  rpc_tag_t t_req, t_close, t_send;
+  grpc_call *call;
+  gpr_timespec deadline;
+  grpc_metadata_array md;        /* the request's metadata */
+  grpc_byte_buffer *payload;     /* registered calls: the request's bytes */
+  grpc_call_details details;     /* generic calls: the method asked for */
+  int cancelled;                 /* written by RECV_CLOSE_ON_SERVER */
+  ProtobufCMessage *req;
+  unsigned role;
+  char method[256];              /* for messages */
+  int close_pending, send_pending;
+  int held;                      /* the handler may still answer */
+  int answered;                  /* the final status is queued or sent */
+  int ended;                     /* RECV_CLOSE_ON_SERVER completed */
+  int md_sent;
+  rpc_out_t *out, *out_tail;     /* waiting to be sent */
+  rpc_out_t *inflight;           /* in the send batch pending */
+  rpc_cancel_cb cancel_cb;
+  void *cancel_arg;
+  rpc_call_t *prev, *next;       /* the server's started calls */
+};
+
+typedef struct rpc_ev {
+  void *tag;
+  int ok;
+} rpc_ev_t;
+
+struct rpc_server {
+  uv_loop_t *loop;
+  uv_async_t async;
+  grpc_server *server;
+  grpc_completion_queue *cq;
+  rpc_server_opts_t o;
+  char *addr;
+  char *user_token, *node_token; /* NULL: auth off */
+  size_t user_len, node_len;
+  char *cert_pem, *key_pem;       /* NULL: plaintext */
+  rpc_reg_t regs[RPC_METHODS_MAX];
+  int nregs;
+  int port;
+  int started, closing, shutdown_seen;
+  int armed;                      /* requests waiting for a call */
+  int live;                       /* started calls not yet freed */
+  rpc_call_t *calls;
+  rpc_tag_t t_shutdown;
+  /* the queue thread's hand-over */
+  pthread_t thread;
+  int thread_started;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  rpc_ev_t *q, *q_spare;
+  size_t q_len, q_cap, q_spare_cap;
+};
+
+/* ---- the queue thread ------------------------------------------------------- */
+
+static void rpc_push(rpc_server_t *s, void *tag, int ok) {
+  pthread_mutex_lock(&s->mu);
+  if (s->q_len == s->q_cap) {
+    size_t cap = s->q_cap ? 2 * s->q_cap : 64;
+    rpc_ev_t *q = realloc(s->q, cap * sizeof *q);
+    FSDP_ASSERT(q); /* a completion cannot be dropped: gRPC would wait for it forever */
+    s->q = q;
+    s->q_cap = cap;
+  }
+  s->q[s->q_len++] = (rpc_ev_t){tag, ok};
+  pthread_cond_signal(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+  uv_async_send(&s->async);
+}
+
+static void *rpc_cq_thread(void *arg) {
+  rpc_server_t *s = arg;
+  for (;;) {
+    grpc_event ev = grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+    if (ev.type == GRPC_QUEUE_SHUTDOWN) break;
+    if (ev.type == GRPC_OP_COMPLETE) rpc_push(s, ev.tag, ev.success);
+  }
+  return NULL;
+}
+
+/* ---- calls -------------------------------------------------------------------- */
+
+static void rpc_out_free(rpc_out_t *o) {
+  if (o->msg) grpc_byte_buffer_destroy(o->msg);
+  if (o->final) grpc_slice_unref(o->details);
+  free(o);
+}
+
+static void rpc_call_free(rpc_call_t *c) {
+  while (c->out) {
+    rpc_out_t *o = c->out;
+    c->out = o->next;
+    rpc_out_free(o);
+  }
+  if (c->call) grpc_call_unref(c->call);
+  grpc_metadata_array_destroy(&c->md);
+  if (c->payload) grpc_byte_buffer_destroy(c->payload);
+  if (!c->reg) grpc_call_details_destroy(&c->details);
+  if (c->req) protobuf_c_message_free_unpacked(c->req, NULL);
+  free(c);
+}
+
+/* Frees a started call once gRPC and the handler are both done with it. */
+static void rpc_call_maybe_free(rpc_call_t *c) {
+  if (c->close_pending || c->send_pending || c->held) return;
+  rpc_server_t *s = c->s;
+  if (c->prev) c->prev->next = c->next;
+  else s->calls = c->next;
+  if (c->next) c->next->prev = c->prev;
+  s->live--;
+  rpc_call_free(c);
+}
+
+/* Arms a request for a call of reg (NULL: the generic one). */
+static void rpc_arm(rpc_server_t *s, rpc_reg_t *reg) {
+  if (s->closing) return;
+  rpc_call_t *c = calloc(1, sizeof *c);
+  FSDP_ASSERT(c);
+  c->s = s;
+  c->reg = reg;
+  c->t_req = (rpc_tag_t){reg ? RPC_TAG_REQUEST : RPC_TAG_GENERIC, c};
+  c->t_close = (rpc_tag_t){RPC_TAG_CLOSE, c};
+  c->t_send = (rpc_tag_t){RPC_TAG_SEND, c};
+  grpc_metadata_array_init(&c->md);
+  grpc_call_error e;
+  if (reg) {
+    e = grpc_server_request_registered_call(s->server, reg->handle, &c->call, &c->deadline, &c->md,
+                                            &c->payload, s->cq, s->cq, &c->t_req);
+  } else {
+    grpc_call_details_init(&c->details);
+    e = grpc_server_request_call(s->server, &c->call, &c->details, &c->md, s->cq, s->cq, &c->t_req);
+  }
+  if (e != GRPC_CALL_OK) {
+    /* only a programming error or a server already shutting down gets here */
+    LOG_ERROR("rpc", "%s: cannot wait for calls (grpc_call_error %d)",
+              reg ? reg->m.path : "generic", (int)e);
+    rpc_call_free(c);
+    return;
+  }
+  s->armed++;
+}
+
+/* Starts the batch for the next queued reply, if none is in flight. */
+static void rpc_pump(rpc_call_t *c) {
+  if (c->send_pending || !c->out) return;
+  grpc_op ops[3];
+  size_t n = 0;
+  memset(ops, 0, sizeof ops);
+  if (!c->md_sent) {
+    ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+    c->md_sent = 1;
+  }
+  rpc_out_t *o = c->out, *st = NULL;
+  if (o->msg) {
+    ops[n].op = GRPC_OP_SEND_MESSAGE;
+    ops[n++].data.send_message.send_message = o->msg;
+    /* a unary reply goes out with its status in one batch */
+    if (o->next && o->next->final) st = o->next;
+  } else {
+    st = o;
+  }
+  if (st) {
+    ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[n].data.send_status_from_server.status = st->status;
+    ops[n++].data.send_status_from_server.status_details = &st->details;
+  }
+  rpc_out_t *last = st ? st : o;
+  c->out = last->next;
+  if (!c->out) c->out_tail = NULL;
+  last->next = NULL;
+  c->inflight = o;
+  grpc_call_error e = grpc_call_start_batch(c->call, ops, n, &c->t_send, NULL);
+  FSDP_ASSERT(e == GRPC_CALL_OK);
+  c->send_pending = 1;
+}
+
+static void rpc_enqueue(rpc_call_t *c, rpc_out_t *o) {
+  if (c->out_tail) c->out_tail->next = o;
+  else c->out = o;
+  c->out_tail = o;
+  rpc_pump(c);
+}
+
+/* The call's end: the handler is told if it has not answered. */
+static void rpc_on_close(rpc_call_t *c) {
+  c->close_pending = 0;
+  c->ended = 1;
+  if (!c->answered) {
+    LOG_DEBUG("rpc", "%s: cancelled before its answer", c->method);
+    c->answered = 1; /* nothing more may be queued */
+    if (c->held && c->cancel_cb) c->cancel_cb(c, c->cancel_arg);
+    c->held = 0;
+  }
+  rpc_call_maybe_free(c);
+}
+
+static void rpc_on_send(rpc_call_t *c, int ok) {
+  c->send_pending = 0;
+  while (c->inflight) {
+    rpc_out_t *o = c->inflight;
+    c->inflight = o->next;
+    rpc_out_free(o);
+  }
+  if (!ok) { /* the call is broken (client gone, deadline): drop what waits */
+    while (c->out) {
+      rpc_out_t *o = c->out;
+      c->out = o->next;
+      rpc_out_free(o);
+    }
+    c->out_tail = NULL;
+  }
+  rpc_pump(c);
+  rpc_call_maybe_free(c);
+}
+
+/* ---- auth --------------------------------------------------------------------- */
+
+/* Equal in time that depends on the lengths only, never on where the bytes differ. */
+static int rpc_token_eq(const char *tok, size_t tlen, const uint8_t *p, size_t n) {
+  volatile unsigned char d = (unsigned char)(tlen != n);
+  for (size_t i = 0; i < tlen; i++) d |= (unsigned char)tok[i] ^ (i < n ? p[i] : 0);
+  return d == 0;
+}
+
+static int rpc_role_names(unsigned roles, char *buf, size_t n) {
+  return snprintf(buf, n, "%s%s%s", roles & RPC_ROLE_USER ? "user" : "",
+                  (roles & RPC_ROLE_USER) && (roles & RPC_ROLE_NODE) ? " or " : "",
+                  roles & RPC_ROLE_NODE ? "node" : "");
+}
+
+/* Checks the caller's token against the roles allowed; sets c->role. */
+static int rpc_auth(rpc_server_t *s, rpc_call_t *c, unsigned roles) {
+  if (!s->user_token || !roles) return 0;
+  const grpc_slice *val = NULL;
+  int count = 0;
+  for (size_t i = 0; i < c->md.count; i++)
+    if (!grpc_slice_str_cmp(c->md.metadata[i].key, "authorization")) {
+      val = &c->md.metadata[i].value;
+      count++;
+    }
+  if (count == 0)
+    return err_set(FSDP_EAUTH, "%s: no token: this server requires one (authorization: Bearer "
+                   "<token>, from the token file the operator gave you)", c->method);
+  if (count > 1)
+    return err_set(FSDP_EAUTH, "%s: %d authorization headers; send exactly one", c->method, count);
+  const uint8_t *p = GRPC_SLICE_START_PTR(*val);
+  size_t n = GRPC_SLICE_LENGTH(*val);
+  if (n < 7 || strncasecmp((const char *)p, "bearer ", 7))
+    return err_set(FSDP_EAUTH, "%s: the authorization header is not \"Bearer <token>\"", c->method);
+  p += 7, n -= 7;
+  int is_user = rpc_token_eq(s->user_token, s->user_len, p, n);
+  int is_node = rpc_token_eq(s->node_token, s->node_len, p, n);
+  if (!is_user && !is_node)
+    return err_set(FSDP_EAUTH, "%s: the token is not valid on this server; check the token "
+                   "file the client reads", c->method);
+  c->role = is_user ? RPC_ROLE_USER : RPC_ROLE_NODE;
+  if (!(c->role & roles)) {
+    char need[32];
+    rpc_role_names(roles, need, sizeof need);
+    return err_set(FSDP_EPERM, "%s: a %s token may not call this method; it needs the %s token",
+                   c->method, c->role == RPC_ROLE_USER ? "user" : "node", need);
+  }
+  return 0;
+}
+
+/* ---- a call arrives ------------------------------------------------------------ */
+
+/* Takes a call that arrived: arms its end, then checks and decodes it, and
+ * hands it to its handler or answers it with an error. */
+static void rpc_start(rpc_server_t *s, rpc_call_t *c) {
+  s->armed--;
+  s->live++;
+  c->next = s->calls;
+  if (s->calls) s->calls->prev = c;
+  s->calls = c;
+  c->held = 1;
+  if (c->reg) {
+    snprintf(c->method, sizeof c->method, "%s", c->reg->m.path);
+  } else {
+    size_t n = GRPC_SLICE_LENGTH(c->details.method);
+    if (n > sizeof c->method - 1) n = sizeof c->method - 1;
+    memcpy(c->method, GRPC_SLICE_START_PTR(c->details.method), n);
+    c->method[n] = 0;
+  }
+  grpc_op op;
+  memset(&op, 0, sizeof op);
+  op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+  op.data.recv_close_on_server.cancelled = &c->cancelled;
+  grpc_call_error e = grpc_call_start_batch(c->call, &op, 1, &c->t_close, NULL);
+  FSDP_ASSERT(e == GRPC_CALL_OK);
+  c->close_pending = 1;
+
+  rpc_reg_t *reg = c->reg;
+  int rc = rpc_auth(s, c, reg ? reg->m.roles : RPC_ROLE_USER | RPC_ROLE_NODE);
+  if (rc) goto fail;
+  if (!reg) {
+    rc = err_set(FSDP_EUNSUPPORTED, "%s: no such method on this server (a client newer than "
+                 "the server, or a wrong address?)", c->method);
+    goto fail;
+  }
+  if (!c->payload) {
+    rc = err_set(FSDP_EINVAL, "%s: the call carried no request message", c->method);
+    goto fail;
+  }
+  grpc_slice bytes = rpc__flatten(c->payload);
+  grpc_byte_buffer_destroy(c->payload);
+  c->payload = NULL;
+  c->req = protobuf_c_message_unpack(reg->m.request, NULL, GRPC_SLICE_LENGTH(bytes),
+                                     GRPC_SLICE_START_PTR(bytes));
+  grpc_slice_unref(bytes);
+  if (!c->req) {
+    rc = err_set(FSDP_EINVAL, "%s: the request does not decode as %s (truncated, or not "
+                 "this method's message)", c->method, reg->m.request->name);
+    goto fail;
+  }
+  reg->m.handler(c, c->req, reg->m.arg);
+  return;
+fail:
+  LOG_DEBUG("rpc", "%s", err_msg());
+  rpc_call_finish(c, rc);
+}
+
+static void rpc_event(rpc_server_t *s, void *tag, int ok) {
+  rpc_tag_t *t = tag;
+  rpc_call_t *c = t->owner;
+  switch (t->kind) {
+  case RPC_TAG_REQUEST:
+  case RPC_TAG_GENERIC:
+    if (!ok) { /* the server is shutting down: this request will never get a call */
+      s->armed--;
+      rpc_call_free(c);
+      return;
+    }
+    rpc_arm(s, c->reg);
+    rpc_start(s, c);
+    return;
+  case RPC_TAG_CLOSE:
+    rpc_on_close(c);
+    return;
+  case RPC_TAG_SEND:
+    rpc_on_send(c, ok);
+    return;
+  case RPC_TAG_SHUTDOWN:
+    s->shutdown_seen = 1;
+    return;
+  }
+}
+
+/* Handles every completion handed over so far. */
+static void rpc_drain(rpc_server_t *s) {
+  for (;;) {
+    pthread_mutex_lock(&s->mu);
+    rpc_ev_t *q = s->q;
+    size_t n = s->q_len, cap = s->q_cap;
+    s->q = s->q_spare, s->q_cap = s->q_spare_cap, s->q_len = 0;
+    pthread_mutex_unlock(&s->mu);
+    for (size_t i = 0; i < n; i++) rpc_event(s, q[i].tag, q[i].ok);
+    s->q_spare = q, s->q_spare_cap = cap; /* swapped back next time: no allocation per wake-up */
+    if (!n) return;
+  }
+}
+
+static void rpc_async_cb(uv_async_t *a) { rpc_drain(a->data); }
+
+/* ---- answering -------------------------------------------------------------------- */
+
+static int rpc_call_check(rpc_call_t *c, const char *what) {
+  if (c->answered)
+    return err_set(FSDP_ESTATE, "%s: %s after the call was answered or ended", c->method, what);
+  return 0;
+}
+
+int rpc_call_send(rpc_call_t *c, const ProtobufCMessage *msg) {
+  int rc = rpc_call_check(c, "a send");
+  if (rc) return rc;
+  FSDP_ASSERT(c->reg && msg->descriptor == c->reg->m.reply);
+  rpc_out_t *o = calloc(1, sizeof *o);
+  if (!o || !(o->msg = rpc__pack(msg))) {
+    free(o);
+    return err_set(FSDP_ENOMEM, "%s: out of memory for a reply", c->method);
+  }
+  rpc_enqueue(c, o);
+  return 0;
+}
+
+int rpc_call_finish(rpc_call_t *c, int rc) {
+  int crc = rpc_call_check(c, "a finish");
+  if (crc) return crc;
+  rpc_out_t *o = calloc(1, sizeof *o);
+  FSDP_ASSERT(o); /* without it the call would never end */
+  o->final = 1;
+  o->status = rpc_status_from_err(rc);
+  o->details = grpc_slice_from_copied_string(rc ? err_msg() : "");
+  c->answered = 1;
+  c->held = 0;
+  rpc_enqueue(c, o);
+  rpc_call_maybe_free(c); /* not yet: the batch and the close are pending */
+  return 0;
+}
+
+int rpc_call_reply(rpc_call_t *c, const ProtobufCMessage *reply) {
+  FSDP_ASSERT(!c->reg || !c->reg->m.server_streaming);
+  int rc = rpc_call_send(c, reply);
+  if (rc) return rc;
+  return rpc_call_finish(c, 0);
+}
+
+void rpc_call_on_cancel(rpc_call_t *c, rpc_cancel_cb cb, void *arg) {
+  c->cancel_cb = cb;
+  c->cancel_arg = arg;
+}
+
+const char *rpc_call_method(const rpc_call_t *c) { return c->method; }
+unsigned rpc_call_role(const rpc_call_t *c) { return c->role; }
+
+/* ---- health -------------------------------------------------------------------------- */
+
+/* grpc.health.v1.Health/Check: SERVING for the server ("") and for every
+ * service with a method registered; NOT_FOUND for others, as the spec says. */
+static void rpc_health_check(rpc_call_t *c, const ProtobufCMessage *m, void *arg) {
+  rpc_server_t *s = arg;
+  const Grpc__Health__V1__HealthCheckRequest *req = (const void *)m;
+  const char *svc = req->service ? req->service : "";
+  size_t n = strlen(svc);
+  int known = n == 0;
+  for (int i = 0; i < s->nregs && !known; i++) {
+    const char *p = s->regs[i].m.path;
+    known = p[0] == '/' && !strncmp(p + 1, svc, n) && p[1 + n] == '/';
+  }
+  if (!known) {
+    rpc_call_finish(c, err_set(FSDP_ENOTFOUND, "health: no service %s here", svc));
+    return;
+  }
+  Grpc__Health__V1__HealthCheckResponse rep = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+  rep.status = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
+  rpc_call_reply(c, &rep.base);
+}
+
+/* ---- the server ------------------------------------------------------------------------ */
+
+static void rpc_server_free(rpc_server_t *s) {
+  free(s->addr);
+  rpc__free_secret(s->user_token);
+  rpc__free_secret(s->node_token);
+  free(s->cert_pem);
+  rpc__free_secret(s->key_pem);
+  free(s->q);
+  free(s->q_spare);
+  pthread_mutex_destroy(&s->mu);
+  pthread_cond_destroy(&s->cv);
+  free(s);
+}
+
+static void rpc_async_closed(uv_handle_t *h) { rpc_server_free(h->data); }
+
+int rpc_server_create(rpc_server_t **out, uv_loop_t *loop, const rpc_server_opts_t *o) {
+  *out = NULL;
+  if (!o->addr || !*o->addr) return err_set(FSDP_EINVAL, "rpc server: no address to listen on");
+  if (!o->user_token_file != !o->node_token_file)
+    return err_set(FSDP_EINVAL, "rpc server: a %s token file without a %s one: give both (users "
+                   "and nodes hold different tokens) or neither (open to anyone who can connect)",
+                   o->user_token_file ? "user" : "node", o->user_token_file ? "node" : "user");
+  if (!o->tls_cert_file != !o->tls_key_file)
+    return err_set(FSDP_EINVAL, "rpc server: TLS needs both a certificate and a key file");
+  rpc_server_t *s = calloc(1, sizeof *s);
+  if (!s) return err_set(FSDP_ENOMEM, "rpc server: out of memory");
+  pthread_mutex_init(&s->mu, NULL);
+  pthread_cond_init(&s->cv, NULL);
+  s->loop = loop;
+  s->o = *o;
+  if (!s->o.max_request_bytes) s->o.max_request_bytes = RPC_MAX_MESSAGE_DEFAULT;
+  s->o.addr = NULL;
+  s->t_shutdown = (rpc_tag_t){RPC_TAG_SHUTDOWN, s};
+  int rc = 0;
+  if (!(s->addr = strdup(o->addr))) {
+    rc = err_set(FSDP_ENOMEM, "rpc server: out of memory");
+    goto fail;
+  }
+  if (o->user_token_file) {
+    if ((rc = rpc__read_token(o->user_token_file, &s->user_token)) ||
+        (rc = rpc__read_token(o->node_token_file, &s->node_token)))
+      goto fail;
+    s->user_len = strlen(s->user_token);
+    s->node_len = strlen(s->node_token);
+    if (!strcmp(s->user_token, s->node_token)) {
+      rc = err_set(FSDP_EINVAL, "rpc server: the user and node token files hold the same token; "
+                   "a user could then act as a node: give each role its own");
+      goto fail;
+    }
+  }
+  if (o->tls_cert_file &&
+      ((rc = rpc__read_file(o->tls_cert_file, "TLS certificate", RPC_PEM_MAX, &s->cert_pem, NULL)) ||
+       (rc = rpc__read_file(o->tls_key_file, "TLS key", RPC_PEM_MAX, &s->key_pem, NULL))))
+    goto fail;
+  if ((rc = uv_async_init(loop, &s->async, rpc_async_cb))) {
+    rc = err_set(FSDP_EINTERNAL, "rpc server: uv_async_init: %s", uv_strerror(rc));
+    goto fail;
+  }
+  s->async.data = s;
+  rpc__init();
+  grpc_arg arg = {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH};
+  arg.value.integer = s->o.max_request_bytes > INT32_MAX ? INT32_MAX : (int)s->o.max_request_bytes;
+  grpc_channel_args args = {1, &arg};
+  s->server = grpc_server_create(&args, NULL);
+  s->cq = grpc_completion_queue_create_for_next(NULL);
+  grpc_server_register_completion_queue(s->server, s->cq, NULL);
+  rpc_method_t health = {RPC_HEALTH_CHECK, &grpc__health__v1__health_check_request__descriptor,
+                         &grpc__health__v1__health_check_response__descriptor, 0, 0,
+                         rpc_health_check, s};
+  rpc_server_add(s, &health);
+  if (pthread_create(&s->thread, NULL, rpc_cq_thread, s)) {
+    /* nothing can be served: undo through destroy, which copes with no thread */
+    rpc_server_destroy(s);
+    return err_set(FSDP_EINTERNAL, "rpc server: cannot start its completion-queue thread");
+  }
+  s->thread_started = 1;
+  *out = s;
+  return 0;
+fail:
+  rpc_server_free(s);
+  return rc;
+}
+
+int rpc_server_add(rpc_server_t *s, const rpc_method_t *m) {
+  FSDP_ASSERT(!s->started && m->path && m->request && m->reply && m->handler);
+  if (s->nregs == RPC_METHODS_MAX)
+    return err_set(FSDP_ELIMIT, "rpc server: more than %d methods", RPC_METHODS_MAX);
+  for (int i = 0; i < s->nregs; i++)
+    if (!strcmp(s->regs[i].m.path, m->path))
+      return err_set(FSDP_EEXIST, "rpc server: %s registered twice", m->path);
+  rpc_reg_t *r = &s->regs[s->nregs];
+  r->m = *m;
+  r->handle = grpc_server_register_method(s->server, m->path, NULL,
+                                          GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
+  if (!r->handle) return err_set(FSDP_EINVAL, "rpc server: gRPC refused to register %s", m->path);
+  s->nregs++;
+  return 0;
+}
+
+int rpc_server_start(rpc_server_t *s) {
+  FSDP_ASSERT(!s->started);
+  grpc_server_credentials *creds;
+  if (s->cert_pem) {
+    grpc_ssl_pem_key_cert_pair pair = {s->key_pem, s->cert_pem};
+    creds = grpc_ssl_server_credentials_create_ex(NULL, &pair, 1,
+                                                  GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE, NULL);
+  } else {
+    creds = grpc_insecure_server_credentials_create();
+  }
+  if (!creds) return err_set(FSDP_EINVAL, "rpc server: TLS certificate %s or key %s is not "
+                             "usable PEM", s->o.tls_cert_file, s->o.tls_key_file);
+  s->port = grpc_server_add_http2_port(s->server, s->addr, creds);
+  grpc_server_credentials_release(creds);
+  if (!s->port)
+    return err_set(FSDP_EUNAVAILABLE, "rpc server: cannot listen on %s (in use, not an address "
+                   "of this host, or a bad certificate or key); pick another --listen", s->addr);
+  if (!strncmp(s->addr, "unix:", 5)) s->port = 0;
+  grpc_server_start(s->server);
+  s->started = 1;
+  for (int i = 0; i < s->nregs; i++) rpc_arm(s, &s->regs[i]);
+  rpc_arm(s, NULL);
+  return 0;
+}
+
+int rpc_server_port(const rpc_server_t *s) { return s->port; }
+int rpc_server_calls(const rpc_server_t *s) { return s->live; }
+
+void rpc_server_destroy(rpc_server_t *s) {
+  s->closing = 1;
+  grpc_server_shutdown_and_notify(s->server, s->cq, &s->t_shutdown);
+  grpc_server_cancel_all_calls(s->server);
+  if (s->thread_started) {
+    /* Handle completions here, on the loop's thread, until gRPC has given
+     * back every armed request and call and said the server is done. */
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+      while (!s->q_len) pthread_cond_wait(&s->cv, &s->mu);
+      pthread_mutex_unlock(&s->mu);
+      rpc_drain(s);
+      pthread_mutex_lock(&s->mu);
+      if (s->shutdown_seen && !s->armed && !s->live && !s->q_len) break;
+    }
+    pthread_mutex_unlock(&s->mu);
+  } else {
+    for (;;) {
+      grpc_event ev = grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+      if (ev.type == GRPC_OP_COMPLETE && ev.tag == &s->t_shutdown) break;
+    }
+  }
+  grpc_server_destroy(s->server);
+  grpc_completion_queue_shutdown(s->cq);
+  if (s->thread_started) pthread_join(s->thread, NULL);
+  else while (grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
+              GRPC_QUEUE_SHUTDOWN) {}
+  grpc_completion_queue_destroy(s->cq);
+  grpc_shutdown();
+  uv_close((uv_handle_t *)&s->async, rpc_async_closed);
+}

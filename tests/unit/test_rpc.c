@@ -1,0 +1,669 @@
+/* Tests of the RPC layer (daemon/common/rpc*.c) over real sockets on
+ * 127.0.0.1: a server on a libuv loop in a thread of the test, the blocking
+ * client on the test's own thread, proto/fsdp.proto's messages both ways.
+ *
+ * Covered: a unary call and a server stream through the real messages; an
+ * error's code and sentence carried across; an unknown method answered at
+ * once; truncated and oversized requests; bearer tokens and roles; the
+ * health service; a deadline on a handler that never answers (the client
+ * times out, the server frees the call); shutdown with a call in flight;
+ * TLS with a throwaway CA (openssl), and a client trusting another CA.
+ * Every wait is bounded. */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon/common/err.h"
+#include "daemon/common/rpc.h"
+#include "proto/fsdp.pb-c.h"
+#include "proto/health.pb-c.h"
+#include "tests/unit/testutil.h"
+
+#define GET_JOB "/fsdp.v1.Coordinator/GetJob"
+#define CANCEL_JOB "/fsdp.v1.Coordinator/CancelJob"
+#define WATCH_JOB "/fsdp.v1.Coordinator/WatchJob"
+#define LIST_NODES "/fsdp.v1.Coordinator/ListNodes"
+#define HEARTBEAT "/fsdp.v1.Coordinator/Heartbeat"
+#define HEALTH "/grpc.health.v1.Health/Check"
+#define WATCH_N 40
+
+/* ---- handlers (on the server's loop thread) ----------------------------------- */
+
+/* GetJob echoes the id back in a job at step 42. */
+static void h_get_job(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
+  (void)arg;
+  const Fsdp__V1__GetJobRequest *req = (const void *)m;
+  Fsdp__V1__Job job = FSDP__V1__JOB__INIT;
+  job.job_id = req->job_id;
+  job.state = FSDP__V1__JOB_STATE__JOB_STATE_RUNNING;
+  job.step = 42;
+  Fsdp__V1__GetJobReply rep = FSDP__V1__GET_JOB_REPLY__INIT;
+  rep.job = &job;
+  rpc_call_reply(call, &rep.base);
+}
+
+/* CancelJob fails the way a store lookup would. */
+static void h_cancel_job(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
+  (void)arg;
+  const Fsdp__V1__CancelJobRequest *req = (const void *)m;
+  rpc_call_finish(call, err_set(FSDP_ENOTFOUND, "job %s: no such job; fsdpctl jobs lists them",
+                                req->job_id));
+}
+
+/* WatchJob sends WATCH_N progress messages, one per millisecond, then OK. */
+typedef struct watch {
+  uv_timer_t timer;
+  rpc_call_t *call;
+  int sent;
+} watch_t;
+
+static void watch_closed(uv_handle_t *h) { free(h->data); }
+
+static void watch_tick(uv_timer_t *t) {
+  watch_t *w = t->data;
+  if (w->sent == WATCH_N) {
+    rpc_call_finish(w->call, 0);
+    uv_close((uv_handle_t *)&w->timer, watch_closed);
+    return;
+  }
+  Fsdp__V1__JobProgress p = FSDP__V1__JOB_PROGRESS__INIT;
+  p.job_id = "j-1";
+  p.step = w->sent++;
+  p.total_steps = WATCH_N;
+  rpc_call_send(w->call, &p.base);
+}
+
+static void watch_cancel(rpc_call_t *call, void *arg) {
+  (void)call;
+  watch_t *w = arg;
+  uv_close((uv_handle_t *)&w->timer, watch_closed);
+}
+
+static void h_watch_job(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
+  (void)m;
+  uv_loop_t *loop = arg;
+  watch_t *w = calloc(1, sizeof *w);
+  w->call = call;
+  uv_timer_init(loop, &w->timer);
+  w->timer.data = w;
+  uv_timer_start(&w->timer, watch_tick, 1, 1);
+  rpc_call_on_cancel(call, watch_cancel, w);
+}
+
+/* ListNodes never answers: the handler keeps the call until it is cancelled. */
+static rpc_call_t *hung;
+static int hung_cancels;
+
+static void hung_cancel(rpc_call_t *call, void *arg) {
+  (void)arg;
+  cr_assert_eq(call, hung);
+  hung = NULL;
+  hung_cancels++;
+}
+
+static void h_list_nodes(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
+  (void)m, (void)arg;
+  hung = call;
+  rpc_call_on_cancel(call, hung_cancel, NULL);
+}
+
+/* Heartbeat: a node method. */
+static void h_heartbeat(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
+  (void)m, (void)arg;
+  Fsdp__V1__HeartbeatReply rep = FSDP__V1__HEARTBEAT_REPLY__INIT;
+  rep.heartbeat_interval_ms = rpc_call_role(call) == RPC_ROLE_NODE ? 1000 : 1;
+  rpc_call_reply(call, &rep.base);
+}
+
+/* ---- the server, on a loop in its own thread ----------------------------------- */
+
+static struct {
+  pthread_t thread;
+  uv_loop_t loop;
+  uv_async_t wake;
+  rpc_server_t *srv;
+  rpc_server_opts_t opts;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int ready, rc, port;
+  char err[1024];
+  void (*job)(void);
+  int job_done, stop;
+} F = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+
+static void wake_cb(uv_async_t *a) {
+  (void)a;
+  pthread_mutex_lock(&F.mu);
+  void (*job)(void) = F.job;
+  int stop = F.stop;
+  pthread_mutex_unlock(&F.mu);
+  if (job) {
+    job();
+    pthread_mutex_lock(&F.mu);
+    F.job = NULL;
+    F.job_done = 1;
+    pthread_cond_broadcast(&F.cv);
+    pthread_mutex_unlock(&F.mu);
+  }
+  if (stop) {
+    rpc_server_destroy(F.srv);
+    F.srv = NULL;
+    uv_close((uv_handle_t *)&F.wake, NULL);
+  }
+}
+
+static int add_methods(rpc_server_t *s) {
+  const rpc_method_t m[] = {
+      {GET_JOB, &fsdp__v1__get_job_request__descriptor, &fsdp__v1__get_job_reply__descriptor, 0,
+       RPC_ROLE_USER, h_get_job, NULL},
+      {CANCEL_JOB, &fsdp__v1__cancel_job_request__descriptor,
+       &fsdp__v1__cancel_job_reply__descriptor, 0, RPC_ROLE_USER, h_cancel_job, NULL},
+      {WATCH_JOB, &fsdp__v1__watch_job_request__descriptor, &fsdp__v1__job_progress__descriptor, 1,
+       RPC_ROLE_USER, h_watch_job, &F.loop},
+      {LIST_NODES, &fsdp__v1__list_nodes_request__descriptor,
+       &fsdp__v1__list_nodes_reply__descriptor, 0, RPC_ROLE_USER, h_list_nodes, NULL},
+      {HEARTBEAT, &fsdp__v1__heartbeat_request__descriptor, &fsdp__v1__heartbeat_reply__descriptor,
+       0, RPC_ROLE_NODE, h_heartbeat, NULL},
+  };
+  for (size_t i = 0; i < sizeof m / sizeof m[0]; i++) {
+    int rc = rpc_server_add(s, &m[i]);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+static void *server_thread(void *arg) {
+  (void)arg;
+  uv_loop_init(&F.loop);
+  uv_async_init(&F.loop, &F.wake, wake_cb);
+  int rc = rpc_server_create(&F.srv, &F.loop, &F.opts);
+  if (!rc && (rc = add_methods(F.srv))) rpc_server_destroy(F.srv);
+  if (!rc && (rc = rpc_server_start(F.srv))) rpc_server_destroy(F.srv);
+  pthread_mutex_lock(&F.mu);
+  F.rc = rc;
+  F.port = rc ? 0 : rpc_server_port(F.srv);
+  snprintf(F.err, sizeof F.err, "%s", err_msg());
+  F.ready = 1;
+  pthread_cond_broadcast(&F.cv);
+  pthread_mutex_unlock(&F.mu);
+  if (rc) uv_close((uv_handle_t *)&F.wake, NULL);
+  uv_run(&F.loop, UV_RUN_DEFAULT); /* until the wake handle closes after the server */
+  uv_loop_close(&F.loop);
+  return NULL;
+}
+
+/* Waits on F.cv until *flag, at most 10 s. */
+static void wait_flag(int *flag) {
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += 10;
+  pthread_mutex_lock(&F.mu);
+  while (!*flag)
+    if (pthread_cond_timedwait(&F.cv, &F.mu, &until)) break;
+  int ok = *flag;
+  pthread_mutex_unlock(&F.mu);
+  cr_assert(ok, "the server's loop did not answer within 10 s");
+}
+
+/* Starts a server; returns rpc_server_create/start's code (message in F.err). */
+static int srv_try(const rpc_server_opts_t *o) {
+  F.opts = *o;
+  if (!F.opts.addr) F.opts.addr = "127.0.0.1:0";
+  F.ready = F.stop = 0;
+  pthread_create(&F.thread, NULL, server_thread, NULL);
+  wait_flag(&F.ready);
+  if (F.rc) pthread_join(F.thread, NULL);
+  return F.rc;
+}
+
+static void srv_start(const rpc_server_opts_t *o) {
+  int rc = srv_try(o);
+  cr_assert_eq(rc, 0, "server: %s", F.err);
+  cr_assert_gt(F.port, 0);
+}
+
+/* Runs job on the loop's thread and waits for it. */
+static void on_loop(void (*job)(void)) {
+  pthread_mutex_lock(&F.mu);
+  F.job = job;
+  F.job_done = 0;
+  pthread_mutex_unlock(&F.mu);
+  uv_async_send(&F.wake);
+  wait_flag(&F.job_done);
+}
+
+static void srv_stop(void) {
+  pthread_mutex_lock(&F.mu);
+  F.stop = 1;
+  pthread_mutex_unlock(&F.mu);
+  uv_async_send(&F.wake);
+  pthread_join(F.thread, NULL);
+}
+
+static int q_calls, q_cancels;
+static void query_job(void) {
+  q_calls = rpc_server_calls(F.srv);
+  q_cancels = hung_cancels;
+}
+
+/* Polls the server until it holds no call (the last reply's batch may still
+ * be completing when the client has its answer), at most 5 s. */
+static void expect_idle(void) {
+  double until = tu_now_s() + 5;
+  do {
+    on_loop(query_job);
+    if (!q_calls) return;
+    struct timespec ms = {0, 1000000};
+    nanosleep(&ms, NULL);
+  } while (tu_now_s() < until);
+  cr_assert_eq(q_calls, 0, "the server still holds %d calls", q_calls);
+}
+
+/* ---- client helpers -------------------------------------------------------------- */
+
+static char target[64];
+
+static rpc_client_t *client(const char *token_file, const char *ca_file, const char *host) {
+  snprintf(target, sizeof target, "%s:%d", host ? host : "127.0.0.1", F.port);
+  rpc_client_opts_t o = {target, token_file, ca_file};
+  rpc_client_t *c;
+  int rc = rpc_client_create(&c, &o);
+  cr_assert_eq(rc, 0, "client: %s", err_msg());
+  return c;
+}
+
+static int get_job(rpc_client_t *c, const char *id, Fsdp__V1__GetJobReply **rep) {
+  Fsdp__V1__GetJobRequest req = FSDP__V1__GET_JOB_REQUEST__INIT;
+  req.job_id = (char *)id;
+  *rep = NULL;
+  return rpc_client_call(c, GET_JOB, &req.base, &fsdp__v1__get_job_reply__descriptor,
+                         (ProtobufCMessage **)rep, 10);
+}
+
+static void expect_get_job_ok(rpc_client_t *c) {
+  Fsdp__V1__GetJobReply *rep;
+  int rc = get_job(c, "j-7", &rep);
+  cr_assert_eq(rc, 0, "%s", err_msg());
+  cr_assert_not_null(rep->job);
+  cr_assert_str_eq(rep->job->job_id, "j-7");
+  cr_assert_eq(rep->job->step, 42);
+  cr_assert_eq(rep->job->state, FSDP__V1__JOB_STATE__JOB_STATE_RUNNING);
+  protobuf_c_message_free_unpacked(&rep->base, NULL);
+}
+
+static int heartbeat(rpc_client_t *c, uint32_t *interval) {
+  Fsdp__V1__HeartbeatRequest req = FSDP__V1__HEARTBEAT_REQUEST__INIT;
+  req.node_id = "n-1";
+  Fsdp__V1__HeartbeatReply *rep;
+  int rc = rpc_client_call(c, HEARTBEAT, &req.base, &fsdp__v1__heartbeat_reply__descriptor,
+                           (ProtobufCMessage **)&rep, 10);
+  if (!rc) {
+    *interval = rep->heartbeat_interval_ms;
+    protobuf_c_message_free_unpacked(&rep->base, NULL);
+  }
+  return rc;
+}
+
+static int health(rpc_client_t *c, const char *service, int *status) {
+  Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+  req.service = (char *)service;
+  Grpc__Health__V1__HealthCheckResponse *rep;
+  int rc = rpc_client_call(c, HEALTH, &req.base, &grpc__health__v1__health_check_response__descriptor,
+                           (ProtobufCMessage **)&rep, 10);
+  if (!rc) {
+    *status = rep->status;
+    protobuf_c_message_free_unpacked(&rep->base, NULL);
+  }
+  return rc;
+}
+
+static void write_token(const char *name, const char *text) {
+  char *p = tu_path(name);
+  tu_write_file(p, text, strlen(text));
+  free(p);
+}
+
+/* The common case: an open server and a client of it. */
+static rpc_client_t *open_default(void) {
+  srv_start(&(rpc_server_opts_t){0});
+  return client(NULL, NULL, NULL);
+}
+
+/* Checks the server let go of every call, then ends both. */
+static void close_checked(rpc_client_t *c) {
+  expect_idle();
+  rpc_client_destroy(c);
+  srv_stop();
+}
+
+/* ---- tests ----------------------------------------------------------------------- */
+
+Test(rpc, status_mapping_round_trips, .timeout = 5) {
+  for (int code = FSDP__ERR_FIRST + 1; code < FSDP__ERR_LAST; code++) {
+    grpc_status_code st = rpc_status_from_err(code);
+    cr_assert_neq(st, GRPC_STATUS_OK, "%s maps to OK", err_name(code));
+    cr_assert_eq(rpc_status_from_err(rpc_err_from_status(st)), st, "%s", err_name(code));
+  }
+  cr_assert_eq(rpc_status_from_err(0), GRPC_STATUS_OK);
+  cr_assert_eq(rpc_err_from_status(GRPC_STATUS_UNAUTHENTICATED), FSDP_EAUTH);
+  cr_assert_eq(rpc_err_from_status(GRPC_STATUS_PERMISSION_DENIED), FSDP_EPERM);
+  cr_assert_eq(rpc_err_from_status(GRPC_STATUS_UNAVAILABLE), FSDP_EUNAVAILABLE);
+  cr_assert_eq(rpc_err_from_status(GRPC_STATUS_DEADLINE_EXCEEDED), FSDP_ETIMEDOUT);
+  cr_assert_eq(rpc_status_from_err(FSDP_EINVAL), GRPC_STATUS_INVALID_ARGUMENT);
+  cr_assert_str_eq(rpc_status_name(GRPC_STATUS_UNIMPLEMENTED), "UNIMPLEMENTED");
+}
+
+Test(rpc, unary_call_through_the_real_messages, .timeout = 20) {
+  rpc_client_t *c = open_default();
+  for (int i = 0; i < 3; i++) expect_get_job_ok(c);
+  close_checked(c);
+}
+
+Test(rpc, an_error_arrives_with_its_code_and_sentence, .timeout = 20) {
+  rpc_client_t *c = open_default();
+  Fsdp__V1__CancelJobRequest req = FSDP__V1__CANCEL_JOB_REQUEST__INIT;
+  req.job_id = "j-404";
+  ProtobufCMessage *rep;
+  int rc = rpc_client_call(c, CANCEL_JOB, &req.base, &fsdp__v1__cancel_job_reply__descriptor, &rep, 10);
+  cr_assert_eq(rc, FSDP_ENOTFOUND, "%s", err_msg());
+  cr_assert_null(rep);
+  cr_assert(strstr(err_msg(), "job j-404: no such job; fsdpctl jobs lists them"), "%s", err_msg());
+  cr_assert(strstr(err_msg(), CANCEL_JOB) && strstr(err_msg(), target), "%s", err_msg());
+  close_checked(c);
+}
+
+Test(rpc, server_stream_delivers_every_message_in_order, .timeout = 20) {
+  rpc_client_t *c = open_default();
+  for (int round = 0; round < 2; round++) {
+    Fsdp__V1__WatchJobRequest req = FSDP__V1__WATCH_JOB_REQUEST__INIT;
+    req.job_id = "j-1";
+    rpc_stream_t *st;
+    cr_assert_eq(rpc_stream_open(c, &st, WATCH_JOB, &req.base, 10), 0, "%s", err_msg());
+    int got = 0, rc;
+    Fsdp__V1__JobProgress *p;
+    while ((rc = rpc_stream_next(st, &fsdp__v1__job_progress__descriptor, (ProtobufCMessage **)&p)) == 1) {
+      cr_assert_eq(p->step, got, "message %d carries step %lld", got, (long long)p->step);
+      cr_assert_str_eq(p->job_id, "j-1");
+      protobuf_c_message_free_unpacked(&p->base, NULL);
+      cr_assert_leq(++got, WATCH_N);
+    }
+    cr_assert_eq(rc, 0, "%s", err_msg());
+    cr_assert_eq(got, WATCH_N);
+    cr_assert_eq(rpc_stream_next(st, &fsdp__v1__job_progress__descriptor, (ProtobufCMessage **)&p), 0,
+                 "the end repeats");
+    rpc_stream_close(st);
+  }
+  /* a stream closed by the client half way: the handler is told, the server frees the call */
+  Fsdp__V1__WatchJobRequest req = FSDP__V1__WATCH_JOB_REQUEST__INIT;
+  rpc_stream_t *st;
+  cr_assert_eq(rpc_stream_open(c, &st, WATCH_JOB, &req.base, 10), 0, "%s", err_msg());
+  ProtobufCMessage *p;
+  cr_assert_eq(rpc_stream_next(st, &fsdp__v1__job_progress__descriptor, &p), 1, "%s", err_msg());
+  protobuf_c_message_free_unpacked(p, NULL);
+  rpc_stream_close(st);
+  close_checked(c);
+}
+
+Test(rpc, unknown_method_is_unimplemented_at_once, .timeout = 20) {
+  rpc_client_t *c = open_default();
+  void *rep;
+  size_t n;
+  double t0 = tu_now_s();
+  int rc = rpc_client_call_raw(c, "/fsdp.v1.Coordinator/NoSuchMethod", "", 0, &rep, &n, 10);
+  double dt = tu_now_s() - t0;
+  cr_assert_eq(rc, FSDP_EUNSUPPORTED, "%s", err_msg());
+  cr_assert_lt(dt, 1.0, "answered after %.3f s (deadline 10 s)", dt);
+  cr_assert(strstr(err_msg(), "UNIMPLEMENTED") && strstr(err_msg(), "NoSuchMethod"), "%s", err_msg());
+  close_checked(c);
+}
+
+Test(rpc, truncated_request_is_invalid_argument_naming_the_method, .timeout = 20) {
+  rpc_client_t *c = open_default();
+  Fsdp__V1__GetJobRequest req = FSDP__V1__GET_JOB_REQUEST__INIT;
+  req.job_id = "a job id long enough to cut in the middle";
+  uint8_t buf[128];
+  size_t n = protobuf_c_message_pack(&req.base, buf);
+  void *rep;
+  size_t rn;
+  int rc = rpc_client_call_raw(c, GET_JOB, buf, n / 2, &rep, &rn, 10);
+  cr_assert_eq(rc, FSDP_EINVAL, "%s", err_msg());
+  cr_assert(strstr(err_msg(), "INVALID_ARGUMENT") && strstr(err_msg(), GET_JOB ": the request does "
+            "not decode as fsdp.v1.GetJobRequest"), "%s", err_msg());
+  /* the whole message still works on the same channel */
+  rc = rpc_client_call_raw(c, GET_JOB, buf, n, &rep, &rn, 10);
+  cr_assert_eq(rc, 0, "%s", err_msg());
+  free(rep);
+  close_checked(c);
+}
+
+Test(rpc, oversized_request_is_resource_exhausted, .timeout = 20) {
+  srv_start(&(rpc_server_opts_t){.max_request_bytes = 1024});
+  rpc_client_t *c = client(NULL, NULL, NULL);
+  char id[4096];
+  memset(id, 'x', sizeof id - 1);
+  id[sizeof id - 1] = 0;
+  Fsdp__V1__GetJobReply *rep;
+  int rc = get_job(c, id, &rep);
+  cr_assert_eq(rc, FSDP_ELIMIT, "%s", err_msg());
+  cr_assert(strstr(err_msg(), "RESOURCE_EXHAUSTED"), "%s", err_msg());
+  expect_get_job_ok(c); /* a small one still passes */
+  close_checked(c);
+}
+
+static rpc_server_opts_t token_opts(void) {
+  write_token("user.token", "user-secret-1234\n");
+  write_token("node.token", "node-secret-5678\n");
+  write_token("wrong.token", "user-secret-1235\n");
+  static char u[512], nd[512];
+  char *p = tu_path("user.token");
+  snprintf(u, sizeof u, "%s", p);
+  free(p);
+  p = tu_path("node.token");
+  snprintf(nd, sizeof nd, "%s", p);
+  free(p);
+  return (rpc_server_opts_t){.user_token_file = u, .node_token_file = nd};
+}
+
+Test(rpc, tokens_and_roles, .timeout = 30) {
+  rpc_server_opts_t o = token_opts();
+  srv_start(&o);
+  char *wrong = tu_path("wrong.token");
+  rpc_client_t *none = client(NULL, NULL, NULL), *bad = client(wrong, NULL, NULL);
+  rpc_client_t *user = client(o.user_token_file, NULL, NULL), *node = client(o.node_token_file, NULL, NULL);
+  free(wrong);
+  Fsdp__V1__GetJobReply *rep;
+  uint32_t iv = 0;
+  int status = 0;
+
+  cr_assert_eq(get_job(none, "j-7", &rep), FSDP_EAUTH, "%s", err_msg());
+  cr_assert(strstr(err_msg(), "UNAUTHENTICATED") && strstr(err_msg(), "no token"), "%s", err_msg());
+  cr_assert_eq(heartbeat(none, &iv), FSDP_EAUTH, "%s", err_msg());
+  cr_assert_eq(get_job(bad, "j-7", &rep), FSDP_EAUTH, "%s", err_msg());
+  cr_assert(strstr(err_msg(), "not valid"), "%s", err_msg());
+  cr_assert_eq(heartbeat(bad, &iv), FSDP_EAUTH, "%s", err_msg());
+  /* an unknown method tells nothing to a caller without a token */
+  void *raw;
+  size_t rn;
+  cr_assert_eq(rpc_client_call_raw(none, "/fsdp.v1.Coordinator/Nope", "", 0, &raw, &rn, 10),
+               FSDP_EAUTH, "%s", err_msg());
+  cr_assert_eq(rpc_client_call_raw(user, "/fsdp.v1.Coordinator/Nope", "", 0, &raw, &rn, 10),
+               FSDP_EUNSUPPORTED, "%s", err_msg());
+
+  expect_get_job_ok(user);
+  cr_assert_eq(heartbeat(user, &iv), FSDP_EPERM, "%s", err_msg());
+  cr_assert(strstr(err_msg(), "PERMISSION_DENIED") && strstr(err_msg(), "a user token may not"),
+            "%s", err_msg());
+  cr_assert_eq(heartbeat(node, &iv), 0, "%s", err_msg());
+  cr_assert_eq(iv, 1000, "the handler saw the node role");
+  cr_assert_eq(get_job(node, "j-7", &rep), FSDP_EPERM, "%s", err_msg());
+
+  /* Health needs no token */
+  cr_assert_eq(health(none, "", &status), 0, "%s", err_msg());
+  cr_assert_eq(status, GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING);
+  expect_idle();
+  rpc_client_destroy(none);
+  rpc_client_destroy(bad);
+  rpc_client_destroy(user);
+  rpc_client_destroy(node);
+  srv_stop();
+}
+
+Test(rpc, token_and_tls_files_are_checked_at_create, .timeout = 20) {
+  rpc_server_opts_t o = token_opts();
+  rpc_server_opts_t half = {.user_token_file = o.user_token_file};
+  cr_assert_eq(srv_try(&half), FSDP_EINVAL);
+  cr_assert(strstr(F.err, "give both"), "%s", F.err);
+  rpc_server_opts_t same = {.user_token_file = o.user_token_file, .node_token_file = o.user_token_file};
+  cr_assert_eq(srv_try(&same), FSDP_EINVAL);
+  cr_assert(strstr(F.err, "same token"), "%s", F.err);
+  write_token("empty.token", " \n");
+  char *empty = tu_path("empty.token");
+  rpc_server_opts_t e = {.user_token_file = empty, .node_token_file = o.node_token_file};
+  cr_assert_eq(srv_try(&e), FSDP_EINVAL);
+  cr_assert(strstr(F.err, "is empty") && strstr(F.err, empty), "%s", F.err);
+  free(empty);
+  rpc_server_opts_t missing = {.user_token_file = "/nonexistent/u.token", .node_token_file = o.node_token_file};
+  cr_assert_eq(srv_try(&missing), FSDP_ENOENT);
+  cr_assert(strstr(F.err, "/nonexistent/u.token"), "%s", F.err);
+  rpc_server_opts_t tls = {.tls_cert_file = "/nonexistent/c.pem"};
+  cr_assert_eq(srv_try(&tls), FSDP_EINVAL);
+  rpc_client_opts_t co = {"127.0.0.1:1", "/nonexistent/t", NULL};
+  rpc_client_t *c;
+  cr_assert_eq(rpc_client_create(&c, &co), FSDP_ENOENT);
+  cr_assert(strstr(err_msg(), "/nonexistent/t"), "%s", err_msg());
+}
+
+Test(rpc, health_check, .timeout = 20) {
+  rpc_client_t *c = open_default();
+  int status = -1;
+  cr_assert_eq(health(c, "", &status), 0, "%s", err_msg());
+  cr_assert_eq(status, GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING);
+  status = -1;
+  cr_assert_eq(health(c, "fsdp.v1.Coordinator", &status), 0, "%s", err_msg());
+  cr_assert_eq(status, GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING);
+  cr_assert_eq(health(c, "fsdp.v1.Coord", &status), FSDP_ENOTFOUND, "%s", err_msg());
+  close_checked(c);
+}
+
+Test(rpc, deadline_on_a_handler_that_never_answers, .timeout = 20) {
+  rpc_client_t *c = open_default();
+  Fsdp__V1__ListNodesRequest req = FSDP__V1__LIST_NODES_REQUEST__INIT;
+  ProtobufCMessage *rep;
+  double t0 = tu_now_s();
+  int rc = rpc_client_call(c, LIST_NODES, &req.base, &fsdp__v1__list_nodes_reply__descriptor, &rep, 0.3);
+  double dt = tu_now_s() - t0;
+  cr_assert_eq(rc, FSDP_ETIMEDOUT, "%s", err_msg());
+  cr_assert(strstr(err_msg(), LIST_NODES), "%s", err_msg());
+  cr_assert(dt >= 0.25 && dt < 3, "the call took %.3f s with a 0.3 s deadline", dt);
+  expect_idle(); /* the server saw the deadline too and freed the call */
+  on_loop(query_job);
+  cr_assert_eq(q_cancels, 1, "the handler was told once");
+  close_checked(c);
+}
+
+static int bg_rc;
+static double bg_dt;
+static void *bg_list_nodes(void *arg) {
+  rpc_client_t *c = arg;
+  Fsdp__V1__ListNodesRequest req = FSDP__V1__LIST_NODES_REQUEST__INIT;
+  ProtobufCMessage *rep;
+  double t0 = tu_now_s();
+  bg_rc = rpc_client_call(c, LIST_NODES, &req.base, &fsdp__v1__list_nodes_reply__descriptor, &rep, 10);
+  bg_dt = tu_now_s() - t0;
+  return NULL;
+}
+
+Test(rpc, shutdown_cancels_calls_in_flight, .timeout = 20) {
+  rpc_client_t *c = open_default();
+  pthread_t t;
+  pthread_create(&t, NULL, bg_list_nodes, c);
+  double until = tu_now_s() + 5;
+  do on_loop(query_job);
+  while (q_calls < 1 && tu_now_s() < until);
+  cr_assert_eq(q_calls, 1, "the call did not reach the handler");
+  srv_stop(); /* returns once gRPC gave every call back: nothing leaks (ASan build) */
+  cr_assert_eq(hung_cancels, 1);
+  pthread_join(t, NULL);
+  cr_assert_lt(bg_rc, 0);
+  cr_assert_lt(bg_dt, 5, "the client waited %.3f s for a server that shut down", bg_dt);
+  rpc_client_destroy(c);
+}
+
+/* A CA and a server certificate for 127.0.0.1 and localhost, made with openssl. */
+static void make_ca(const char *dir, const char *name) {
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd,
+           "cd '%s' && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes "
+           "-keyout %s.key -out %s.pem -days 2 -subj /CN=fsdp-test-%s >/dev/null 2>&1",
+           dir, name, name, name);
+  cr_assert_eq(system(cmd), 0, "openssl could not make CA %s", name);
+}
+
+static void make_tls(const char *dir) {
+  make_ca(dir, "ca");
+  make_ca(dir, "otherca");
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd,
+           "cd '%s' && printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > san.ext && "
+           "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout srv.key "
+           "-out srv.csr -subj /CN=localhost >/dev/null 2>&1 && "
+           "openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 "
+           "-extfile san.ext -out srv.pem >/dev/null 2>&1",
+           dir);
+  cr_assert_eq(system(cmd), 0, "openssl could not make the server certificate");
+}
+
+Test(rpc, tls, .timeout = 30) {
+  const char *d = tu_tmpdir();
+  make_tls(d);
+  char cert[600], key[600], ca[600], other[600];
+  snprintf(cert, sizeof cert, "%s/srv.pem", d);
+  snprintf(key, sizeof key, "%s/srv.key", d);
+  snprintf(ca, sizeof ca, "%s/ca.pem", d);
+  snprintf(other, sizeof other, "%s/otherca.pem", d);
+  rpc_server_opts_t o = token_opts();
+  o.tls_cert_file = cert;
+  o.tls_key_file = key;
+  srv_start(&o);
+  rpc_client_t *ip = client(o.user_token_file, ca, "127.0.0.1");
+  expect_get_job_ok(ip);
+  rpc_client_t *name = client(o.user_token_file, ca, "localhost");
+  expect_get_job_ok(name);
+  rpc_client_t *notoken = client(NULL, ca, NULL);
+  Fsdp__V1__GetJobReply *rep;
+  cr_assert_eq(get_job(notoken, "j-7", &rep), FSDP_EAUTH, "%s", err_msg());
+
+  double t0 = tu_now_s();
+  rpc_client_t *wrong = client(o.user_token_file, other, NULL);
+  cr_assert_eq(get_job(wrong, "j-7", &rep), FSDP_EUNAVAILABLE, "%s", err_msg());
+  cr_assert(strstr(err_msg(), "CA file"), "%s", err_msg());
+  rpc_client_t *plain = client(o.user_token_file, NULL, NULL);
+  cr_assert_eq(get_job(plain, "j-7", &rep), FSDP_EUNAVAILABLE, "%s", err_msg());
+  cr_assert_lt(tu_now_s() - t0, 5, "refusals take milliseconds, not the 10 s deadline");
+  expect_idle();
+  rpc_client_destroy(ip);
+  rpc_client_destroy(name);
+  rpc_client_destroy(notoken);
+  rpc_client_destroy(wrong);
+  rpc_client_destroy(plain);
+  srv_stop();
+}
+
+Test(rpc, dead_address_is_unavailable_with_advice, .timeout = 20) {
+  char addr[64];
+  int fd = tu_listen_loopback(addr, sizeof addr); /* a port nobody serves gRPC on: closed now */
+  close(fd);
+  rpc_client_opts_t o = {addr, NULL, NULL};
+  rpc_client_t *c;
+  cr_assert_eq(rpc_client_create(&c, &o), 0, "%s", err_msg());
+  Fsdp__V1__GetJobReply *rep;
+  double t0 = tu_now_s();
+  cr_assert_eq(get_job(c, "j-7", &rep), FSDP_EUNAVAILABLE, "%s", err_msg());
+  cr_assert_lt(tu_now_s() - t0, 5);
+  cr_assert(strstr(err_msg(), addr) && strstr(err_msg(), "check that the server runs"), "%s", err_msg());
+  rpc_client_destroy(c);
+}
