@@ -27,7 +27,10 @@
   XX(ETIMEDOUT, "timed out")                                                 \
   XX(EPEER, "peer failed")                                                   \
   XX(ECANCELED, "canceled")                                                  \
-  XX(EINTERNAL, "internal error")
+  XX(EINTERNAL, "internal error")                                            \
+  XX(ENOTFOUND, "no such object")                                            \
+  XX(ECONFLICT, "conflicts with the current state")                          \
+  XX(ESTALE, "from an older epoch")
 
 typedef enum {
   FSDP_OK = 0,
