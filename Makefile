@@ -34,7 +34,7 @@ CUDA_CHECKS = $(if $(wildcard $(NVCC)),$(B)/tests/cuda/kern_math_gpu $(B)/tests/
 
 # Debian packages, by what needs them; mk/deps.sh installs those missing.
 # Compiling and linking the programs:
-BUILD_PKGS = build-essential pkg-config libdnnl-dev libinih-dev libuv1-dev
+BUILD_PKGS = build-essential pkg-config libdnnl-dev libinih-dev libuv1-dev libsqlite3-dev
 # The tests: Criterion; clang, its sanitizer and fuzzer runtimes and its OpenMP
 # for the fuzz build; PyTorch and numpy for the reference runs; the demo
 # corpus (test_train learns it); pgrep (test_launch looks for survivors).
@@ -72,13 +72,24 @@ COMM_SRCS   = daemon/comm/comm.c daemon/comm/boot.c \
               daemon/comm/shm.c daemon/comm/rec.c daemon/comm/cma.c daemon/comm/reg.c
 LIB_SRCS    = $(COMMON_SRCS) $(TRAIN_SRCS) $(COMM_SRCS) $(NODE_SRCS)
 LIB         = $(B)/libfsdp.a
+# daemon/common alone, for the programs that link no engine (the coordinator,
+# fsdpctl): libfsdp.a holds the training and kernel code.
+COMMON_LIB  = $(B)/libfsdp_common.a
+
+# ---- the coordinator (fsdp-coordinator) ----
+# Its sources link $(COMMON_LIB) and SQLite only: no training, comm or kernel
+# object (daemon/coordinator includes nothing of daemon/train, daemon/comm or
+# kernels). COORD_OBJS is what the coordinator and its tests link.
+COORD_SRCS   = daemon/coordinator/store.c
+COORD_OBJS   = $(COORD_SRCS:%.c=$(B)/%.o) $(COMMON_LIB)
+COORD_LDLIBS = -lsqlite3 -lpthread
 
 BINS  = bin/fsdp-train bin/fsdp-tokenize bin/fsdp-launch
 # Unit tests (tests/unit: a module through its API) and end-to-end tests
 # (tests/e2e: the programs run as processes); test_bins names their binaries
 # under a build directory.
 UNIT_TESTS = err param kernels isa device boot data gpt adamw config train sample shard plan comm fsdp \
-             reference supervise
+             reference supervise store
 E2E_TESTS  = launch fault
 test_bins  = $(UNIT_TESTS:%=$(1)/tests/test_%) $(E2E_TESTS:%=$(1)/e2e/test_%)
 TEST_BINS  = $(call test_bins,$(B))
@@ -127,6 +138,10 @@ $(LIB): $(LIB_SRCS:%.c=$(B)/%.o) $(KERN_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
 
+$(COMMON_LIB): $(COMMON_SRCS:%.c=$(B)/%.o)
+	@rm -f $@
+	ar rcs $@ $^
+
 bin/fsdp-train: $(B)/daemon/train/main.o $(LIB)
 	@mkdir -p bin
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
@@ -149,6 +164,12 @@ $(B)/e2e/test_%: $(B)/tests/e2e/test_%.o $(TESTUTIL) $(LIB)
 
 # the supervisor runs on libuv
 $(B)/tests/test_supervise: LDLIBS += -luv
+
+# The coordinator's tests link what the coordinator links, nothing of the
+# engine (so not testutil, which reaches daemon/train).
+$(B)/tests/test_store: $(B)/tests/unit/test_store.o $(COORD_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(COORD_LDLIBS) -lcriterion
 
 $(B)/%.o: %.cu | deps
 	@mkdir -p $(dir $@)
