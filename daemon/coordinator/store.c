@@ -732,7 +732,8 @@ static int job_brief(store_t *st, int64_t job_id, job_brief_t *b) {
 
 /* The fence: anything naming an attempt is checked against the job's
  * current epoch. An older one is FSDP_ESTALE, so nothing of a previous
- * attempt reaches the current one. running: the attempt must still run. */
+ * attempt reaches the current one. running: the attempt must still run
+ * (else FSDP_ESTALE too). */
 static int job_fence(store_t *st, int64_t job_id, int64_t epoch, const char *what, int running,
                      job_brief_t *b) {
   int rc = job_brief(st, job_id, b);
@@ -745,8 +746,9 @@ static int job_fence(store_t *st, int64_t job_id, int64_t epoch, const char *wha
   if (epoch > b->epoch || epoch <= 0)
     return err_set(FSDP_ENOTFOUND, "job %lld: %s for epoch %lld, which never started",
                    (long long)job_id, what, (long long)epoch);
+  /* an ended attempt is as stale as an older one: its ranks must give up */
   if (running && b->state != STORE_JOB_RUNNING)
-    return err_set(FSDP_ECONFLICT, "job %lld: %s for epoch %lld, which has ended (job %s)",
+    return err_set(FSDP_ESTALE, "job %lld: %s for epoch %lld, an attempt that has ended (job %s)",
                    (long long)job_id, what, (long long)epoch, store_job_state_name(b->state));
   return 0;
 }

@@ -219,7 +219,8 @@ int store_rank_exit(store_t *st, int64_t job_id, int64_t epoch, int rank, int ex
  * Otherwise it FAILED for reason, and goes back to PENDING with restarts + 1
  * when restarts < max_restarts. Either way ranks still alive become STOPPED,
  * the job's devices are freed and the attempt's rendezvous data dropped. The
- * job's new state in *state (may be NULL). FSDP_ESTALE for an older epoch. */
+ * job's new state in *state (may be NULL). FSDP_ESTALE for an older epoch
+ * or an attempt already ended. */
 int store_attempt_end(store_t *st, int64_t job_id, int64_t epoch, int succeeded,
                       const char *reason, store_job_state_t *state);
 /* Cancels a PENDING or RUNNING job (a running attempt ends CANCELLED as
@@ -229,7 +230,8 @@ int store_job_cancel(store_t *st, int64_t job_id, const char *reason, store_job_
 
 /* ---- rendezvous, fenced by epoch ---- */
 /* Publishes a rank's payload in a group of the job's running attempt (again:
- * replaced). An older epoch: FSDP_ESTALE; a rank not in the attempt: ENOTFOUND. */
+ * replaced). An older epoch or an ended attempt: FSDP_ESTALE (the rank
+ * should give up); a rank not in the attempt: ENOTFOUND. */
 int store_rendezvous_put(store_t *st, int64_t job_id, int64_t epoch, const char *group, int rank,
                          const void *payload, size_t len);
 /* The group's payloads; complete when `expected` ranks have put (the caller
