@@ -109,6 +109,23 @@ static int start(store_t *st, int64_t job, int n, const int64_t *node, const int
   return store_attempt_start(st, job, p, n, epoch);
 }
 
+/* Places rank r on device r of one node. */
+static int start_on(store_t *st, int64_t job, int64_t node, int n, int64_t *epoch) {
+  int64_t nodes[8];
+  int dev[8];
+  for (int r = 0; r < n; r++) nodes[r] = node, dev[r] = r;
+  return start(st, job, n, nodes, dev, epoch);
+}
+
+/* The one text value a query (a PRAGMA) answers. */
+static void raw_text_eq(sqlite3 *db, const char *sql, const char *want) {
+  sqlite3_stmt *s = NULL;
+  cr_assert_eq(sqlite3_prepare_v2(db, sql, -1, &s, NULL), SQLITE_OK);
+  cr_assert_eq(sqlite3_step(s), SQLITE_ROW);
+  cr_assert_str_eq((const char *)sqlite3_column_text(s, 0), want, "%s", sql);
+  sqlite3_finalize(s);
+}
+
 static store_job_t get_job(store_t *st, int64_t id) {
   store_job_t j;
   cr_assert_eq(store_job_get(st, id, &j), 0, "%s", err_msg());
@@ -133,11 +150,7 @@ Test(store, a_new_file_gets_the_schema_and_its_version) {
   cr_assert_eq(raw_int(db, "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name IN "
                            "('nodes','devices','jobs','attempts','ranks','rendezvous','events')"),
                7);
-  sqlite3_stmt *s;
-  sqlite3_prepare_v2(db, "PRAGMA journal_mode", -1, &s, NULL);
-  cr_assert_eq(sqlite3_step(s), SQLITE_ROW);
-  cr_assert_str_eq((const char *)sqlite3_column_text(s, 0), "wal");
-  sqlite3_finalize(s);
+  raw_text_eq(db, "PRAGMA journal_mode", "wal");
   sqlite3_close(db);
 }
 
@@ -237,7 +250,7 @@ Test(store, a_job_runs_to_success_and_frees_its_devices) {
   int64_t job = submit(st, "ok", 2, 0);
   cr_assert_eq(n_free(st), 2);
   int64_t epoch = 0;
-  cr_assert_eq(start(st, job, 2, (int64_t[]){node, node}, (int[]){0, 1}, &epoch), 0, "%s",
+  cr_assert_eq(start_on(st, job, node, 2, &epoch), 0, "%s",
                err_msg());
   cr_assert_eq(epoch, 1);
   store_job_t j = get_job(st, job);
@@ -287,7 +300,7 @@ Test(store, a_failed_rank_restarts_the_job_at_a_new_epoch_and_the_old_one_is_fen
   int64_t node = add_node(st, "n0", 2);
   int64_t job = submit(st, "flaky", 2, 1);
   int64_t epoch;
-  cr_assert_eq(start(st, job, 2, (int64_t[]){node, node}, (int[]){0, 1}, &epoch), 0);
+  cr_assert_eq(start_on(st, job, node, 2, &epoch), 0);
   cr_assert_eq(store_rendezvous_put(st, job, 1, "world", 0, "addr-a", 6), 0, "%s", err_msg());
   store_attempt_verdict_t v;
   cr_assert_eq(store_rank_exit(st, job, 1, 0, 1, &v), 0);
@@ -303,6 +316,8 @@ Test(store, a_failed_rank_restarts_the_job_at_a_new_epoch_and_the_old_one_is_fen
             j.reason);
   store_job_free(&j);
   cr_assert_eq(n_free(st), 2);
+  cr_assert_eq(store_rendezvous_put(st, job, 1, "world", 1, "late", 4), FSDP_ESTALE,
+               "the ended attempt, before the next one starts");
   store_rank_t *r;
   int n;
   cr_assert_eq(store_ranks_of_job(st, job, 1, &r, &n), 0);
@@ -341,7 +356,7 @@ Test(store, attempt_start_is_all_or_nothing) {
   int64_t a = add_node(st, "a", 2), b = add_node(st, "b", 1);
   int64_t j1 = submit(st, "first", 1, 0), j2 = submit(st, "second", 2, 0);
   int64_t epoch;
-  cr_assert_eq(start(st, j1, 1, (int64_t[]){a}, (int[]){0}, &epoch), 0);
+  cr_assert_eq(start_on(st, j1, a, 1, &epoch), 0);
   /* rank 0 lands on a free device, rank 1 on the one j1 holds */
   int rc = start(st, j2, 2, (int64_t[]){a, a}, (int[]){1, 0}, &epoch);
   cr_assert_eq(rc, FSDP_ECONFLICT, "%s", err_name(rc));
@@ -369,7 +384,7 @@ Test(store, a_failed_placement_changes_nothing) {
   cr_assert_eq(start(st, j1, 1, (int64_t[]){a}, (int[]){2}, &epoch), 0);
   cr_assert_eq(n_free(st), 2);
   /* two devices taken before the third is found held */
-  cr_assert_eq(start(st, j2, 3, (int64_t[]){a, a, a}, (int[]){0, 1, 2}, &epoch), FSDP_ECONFLICT);
+  cr_assert_eq(start_on(st, j2, a, 3, &epoch), FSDP_ECONFLICT);
   cr_assert_eq(n_free(st), 2, "the two it took are free again");
   store_job_t j = get_job(st, j2);
   cr_assert_eq(j.state, STORE_JOB_PENDING);
@@ -404,7 +419,7 @@ Test(store, cancel_ends_a_pending_or_running_job_once) {
   cr_assert_eq(store_job_cancel(st, waiting, "by user", &was), 0);
   cr_assert_eq(was, STORE_JOB_PENDING);
   int64_t epoch;
-  cr_assert_eq(start(st, running, 2, (int64_t[]){node, node}, (int[]){0, 1}, &epoch), 0);
+  cr_assert_eq(start_on(st, running, node, 2, &epoch), 0);
   cr_assert_eq(store_rendezvous_put(st, running, epoch, "world", 0, "x", 1), 0);
   cr_assert_eq(store_job_cancel(st, running, "fsdpctl cancel", &was), 0, "%s", err_msg());
   cr_assert_eq(was, STORE_JOB_RUNNING, "the caller must stop its ranks");
@@ -419,13 +434,12 @@ Test(store, cancel_ends_a_pending_or_running_job_once) {
   cr_assert_eq(store_ranks_of_job(st, running, 0, &r, &n), 0);
   cr_assert(n == 2 && r[0].state == STORE_RANK_STOPPED && r[1].state == STORE_RANK_STOPPED);
   store_array_free(r);
-  cr_assert_eq(store_rendezvous_put(st, running, epoch, "world", 1, "y", 1), FSDP_ECONFLICT);
+  cr_assert_eq(store_rendezvous_put(st, running, epoch, "world", 1, "y", 1), FSDP_ESTALE);
   store_attempt_verdict_t v;
   cr_assert_eq(store_rank_exit(st, running, epoch, 0, -15, &v), 0, "a late exit is recorded");
   cr_assert_eq(v, STORE_ATTEMPT_ENDED);
   cr_assert_eq(store_job_cancel(st, running, "again", &was), FSDP_ECONFLICT);
-  cr_assert_eq(start(st, waiting, 2, (int64_t[]){node, node}, (int[]){0, 1}, &epoch),
-               FSDP_ECONFLICT);
+  cr_assert_eq(start_on(st, waiting, node, 2, &epoch), FSDP_ECONFLICT);
   cr_assert_eq(store_job_cancel(st, 999, "", &was), FSDP_ENOTFOUND);
   store_close(st);
 }
@@ -435,7 +449,7 @@ Test(store, a_rendezvous_completes_only_when_every_rank_has_put) {
   int64_t node = add_node(st, "n0", 3);
   int64_t job = submit(st, "three", 3, 0);
   int64_t ep;
-  cr_assert_eq(start(st, job, 3, (int64_t[]){node, node, node}, (int[]){0, 1, 2}, &ep), 0);
+  cr_assert_eq(start_on(st, job, node, 3, &ep), 0);
   cr_assert_eq(store_rendezvous_put(st, job, ep, "world", 2, "c:2", 3), 0);
   cr_assert_eq(store_rendezvous_put(st, job, ep, "world", 0, "a:0", 3), 0);
   cr_assert_eq(store_rendezvous_put(st, job, ep, "shard.0", 1, "other", 5), 0);
@@ -474,7 +488,7 @@ Test(store, state_changes_leave_events_in_order) {
   cr_assert_eq(store_job_set_pending_reason(st, job, "waiting for 1 device"), 0);
   cr_assert_eq(store_job_set_pending_reason(st, job, "waiting for 1 device"), 0);
   int64_t ep;
-  cr_assert_eq(start(st, job, 1, (int64_t[]){node}, (int[]){0}, &ep), 0);
+  cr_assert_eq(start_on(st, job, node, 1, &ep), 0);
   cr_assert_eq(store_event_add(st, job, node, "rank.progress", "step %d of %d", 5, 10), 0);
   store_attempt_verdict_t v;
   cr_assert_eq(store_rank_exit(st, job, ep, 0, 0, &v), 0);
@@ -608,7 +622,7 @@ static void crash_step(store_t *st, int i) {
       snprintf(name, sizeof name, "crash-%lld", (long long)job);
       rc = store_job_submit(st, &js, NULL);
       break;
-    case 1: rc = start(st, job, 2, (int64_t[]){1, 1}, (int[]){0, 1}, &ep); break;
+    case 1: rc = start_on(st, job, 1, 2, &ep); break;
     case 2: rc = store_rendezvous_put(st, job, 1, "world", 0, "addr:0:x", 8); break;
     default: rc = store_attempt_end(st, job, 1, job % 2, "ended by the test", NULL); break;
     }
@@ -683,11 +697,7 @@ Test(store, a_writer_killed_mid_way_leaves_exactly_what_it_committed, .timeout =
   cr_assert_eq(store_schema_from(st), STORE_SCHEMA_VERSION);
   store_close(st);
   sqlite3 *db = raw_open("crash.db");
-  sqlite3_stmt *s;
-  sqlite3_prepare_v2(db, "PRAGMA integrity_check", -1, &s, NULL);
-  cr_assert_eq(sqlite3_step(s), SQLITE_ROW);
-  cr_assert_str_eq((const char *)sqlite3_column_text(s, 0), "ok");
-  sqlite3_finalize(s);
+  raw_text_eq(db, "PRAGMA integrity_check", "ok");
   cr_assert_eq(raw_int(db, "PRAGMA foreign_key_check"), -1, "no dangling reference");
   sqlite3_close(db);
   uint64_t got = digest("crash.db");
