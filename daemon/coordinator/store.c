@@ -686,26 +686,39 @@ int store_node_mark_dead(store_t *st, int64_t node_id, int64_t last_seen_ms, int
 
 /* ---- jobs and attempts ---- */
 
-int store_job_submit(store_t *st, const store_job_spec_t *js, int64_t *job_id) {
+static int check_job_spec(const store_job_spec_t *js) {
   int rc = check_text("job name", js->name, STORE_NAME_MAX, 0);
   if (!rc) rc = check_text("job mesh", js->mesh, STORE_MESH_MAX, 0);
   if (!rc) rc = check_text("job spec", js->spec, (size_t)1 << 30, 1);
   if (!rc && (js->world_size <= 0 || js->max_restarts < 0))
     rc = err_set(FSDP_EINVAL, "job %s: world_size %d and max_restarts %d: need > 0 and >= 0",
                  js->name, js->world_size, js->max_restarts);
-  if (rc) return rc;
-  if ((rc = store_begin(st, 1))) return rc;
-  st_exec(st,
-          "INSERT INTO jobs(name, spec, world_size, mesh, state, max_restarts, submitted_ms) "
-          "VALUES(?, ?, ?, ?, 'PENDING', ?, ?)",
-          A_T(js->name), A_T(js->spec), A_I(js->world_size), A_T(js->mesh),
-          A_I(js->max_restarts), A_I(store_now_ms()));
-  int64_t id = sqlite3_last_insert_rowid(st->db);
-  st_event(st, id, 0, "job.submitted", "job %s submitted: %d ranks, mesh %s, max_restarts %d",
-           js->name, js->world_size, js->mesh, js->max_restarts);
-  rc = store_end(st, 0);
-  if (!rc && job_id) *job_id = id;
   return rc;
+}
+
+int store_job_submit_batch(store_t *st, const store_job_spec_t *specs, int n, int64_t *job_ids) {
+  int rc = 0;
+  for (int i = 0; i < n && !rc; i++) rc = check_job_spec(&specs[i]);
+  if (rc || n <= 0) return rc;
+  if ((rc = store_begin(st, 1))) return rc;
+  int64_t now = store_now_ms();
+  for (int i = 0; i < n && !st->rc; i++) {
+    const store_job_spec_t *js = &specs[i];
+    st_exec(st,
+            "INSERT INTO jobs(name, spec, world_size, mesh, state, max_restarts, submitted_ms) "
+            "VALUES(?, ?, ?, ?, 'PENDING', ?, ?)",
+            A_T(js->name), A_T(js->spec), A_I(js->world_size), A_T(js->mesh),
+            A_I(js->max_restarts), A_I(now));
+    int64_t id = sqlite3_last_insert_rowid(st->db);
+    st_event(st, id, 0, "job.submitted", "job %s submitted: %d ranks, mesh %s, max_restarts %d",
+             js->name, js->world_size, js->mesh, js->max_restarts);
+    if (job_ids) job_ids[i] = id;
+  }
+  return store_end(st, 0);
+}
+
+int store_job_submit(store_t *st, const store_job_spec_t *js, int64_t *job_id) {
+  return store_job_submit_batch(st, js, 1, job_id);
 }
 
 /* The job's state and epoch; ENOTFOUND when there is no such job. */

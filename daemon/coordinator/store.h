@@ -200,6 +200,11 @@ int store_node_mark_dead(store_t *st, int64_t node_id, int64_t last_seen_ms, int
 /* ---- jobs and attempts ---- */
 /* Stores a new job as PENDING; its id in *job_id. */
 int store_job_submit(store_t *st, const store_job_spec_t *spec, int64_t *job_id);
+/* Stores n new jobs in one transaction, all or none; their ids in job_ids[].
+ * Group commit: one sync for the submits of one turn of the coordinator's
+ * loop, each answered after it (under synchronous=FULL every commit is an
+ * fsync; docs/ARCHITECTURE.md has the rates). */
+int store_job_submit_batch(store_t *st, const store_job_spec_t *specs, int n, int64_t *job_ids);
 /* Records why a PENDING job waits (written only when it changed). */
 int store_job_set_pending_reason(store_t *st, int64_t job_id, const char *reason);
 /* Starts the next attempt of a PENDING job: epoch + 1, RUNNING, its

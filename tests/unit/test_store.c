@@ -244,6 +244,31 @@ Test(store, another_programs_database_is_refused) {
   sqlite3_close(db);
 }
 
+Test(store, a_batch_of_submits_is_stored_all_or_none) {
+  store_t *st = open_db("state.db");
+  store_job_spec_t js[3] = {
+      {.name = "b0", .spec = "", .world_size = 1, .mesh = "1x1"},
+      {.name = "b1", .spec = "steps = 2\n", .world_size = 2, .mesh = "1x2", .max_restarts = 1},
+      {.name = "b2", .spec = "", .world_size = 4, .mesh = "2x2"}};
+  int64_t ids[3];
+  cr_assert_eq(store_job_submit_batch(st, js, 3, ids), 0, "%s", err_msg());
+  cr_assert(ids[1] == ids[0] + 1 && ids[2] == ids[1] + 1);
+  store_job_t j = get_job(st, ids[1]);
+  cr_assert(j.state == STORE_JOB_PENDING && j.world_size == 2 && j.max_restarts == 1);
+  cr_assert_str_eq(j.spec, "steps = 2\n");
+  store_job_free(&j);
+  js[2].world_size = 0;
+  cr_assert_eq(store_job_submit_batch(st, js, 3, ids), FSDP_EINVAL);
+  cr_assert(strstr(err_msg(), "b2"), "names the job: %s", err_msg());
+  store_job_t *all;
+  int n;
+  cr_assert_eq(store_job_list(st, &all, &n), 0);
+  cr_assert_eq(n, 3, "none of the refused batch was stored");
+  cr_assert(all[2].spec == NULL && all[2].world_size == 4);
+  store_jobs_free(all, n);
+  store_close(st);
+}
+
 Test(store, a_job_runs_to_success_and_frees_its_devices) {
   store_t *st = open_db("state.db");
   int64_t node = add_node(st, "n0", 2);
