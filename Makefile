@@ -72,16 +72,14 @@ COMM_SRCS   = daemon/comm/comm.c daemon/comm/boot.c \
               daemon/comm/shm.c daemon/comm/rec.c daemon/comm/cma.c daemon/comm/reg.c
 LIB_SRCS    = $(COMMON_SRCS) $(TRAIN_SRCS) $(COMM_SRCS) $(NODE_SRCS)
 LIB         = $(B)/libfsdp.a
-# daemon/common alone, for the programs that link no engine (the coordinator,
-# fsdpctl): libfsdp.a holds the training and kernel code.
-COMMON_LIB  = $(B)/libfsdp_common.a
 
 # ---- the coordinator (fsdp-coordinator) ----
-# Its sources link $(COMMON_LIB) and SQLite only: no training, comm or kernel
-# object (daemon/coordinator includes nothing of daemon/train, daemon/comm or
-# kernels). COORD_OBJS is what the coordinator and its tests link.
+# Its sources link daemon/common's objects and SQLite only: no training, comm
+# or kernel object (libfsdp.a holds those; daemon/coordinator includes nothing
+# of daemon/train, daemon/comm or kernels). COORD_OBJS is what the
+# coordinator and its tests link.
 COORD_SRCS   = daemon/coordinator/store.c
-COORD_OBJS   = $(COORD_SRCS:%.c=$(B)/%.o) $(COMMON_LIB)
+COORD_OBJS   = $(COORD_SRCS:%.c=$(B)/%.o) $(COMMON_SRCS:%.c=$(B)/%.o)
 COORD_LDLIBS = -lsqlite3 -lpthread
 
 BINS  = bin/fsdp-train bin/fsdp-tokenize bin/fsdp-launch
@@ -135,10 +133,6 @@ $(B)/kernels/cpu/avx512/%.o: kernels/cpu/%.c | deps
 	$(CC) $(CFLAGS) -march=x86-64-v4 -DKERN_CPU_ISA=avx512 -c $< -o $@
 
 $(LIB): $(LIB_SRCS:%.c=$(B)/%.o) $(KERN_OBJS)
-	@rm -f $@
-	ar rcs $@ $^
-
-$(COMMON_LIB): $(COMMON_SRCS:%.c=$(B)/%.o)
 	@rm -f $@
 	ar rcs $@ $^
 
