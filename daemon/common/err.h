@@ -28,8 +28,8 @@
   XX(EPEER, "peer failed")                                                   \
   XX(ECANCELED, "canceled")                                                  \
   XX(EINTERNAL, "internal error")                                            \
-  XX(ENOTFOUND, "no such object")                                            \
-  XX(ECONFLICT, "conflicts with the current state")                          \
+  XX(ENOTFOUND, "not found")                                                 \
+  XX(ESTATE, "not allowed in the current state")                             \
   XX(ESTALE, "from an older epoch")
 
 typedef enum {

@@ -772,7 +772,7 @@ int store_job_set_pending_reason(store_t *st, int64_t job_id, const char *reason
   job_brief_t b;
   if ((rc = job_brief(st, job_id, &b))) return store_end(st, rc);
   if (b.state != STORE_JOB_PENDING)
-    return store_end(st, err_set(FSDP_ECONFLICT, "job %lld is %s, not PENDING: no pending reason",
+    return store_end(st, err_set(FSDP_ESTATE, "job %lld is %s, not PENDING: no pending reason",
                                  (long long)job_id, store_job_state_name(b.state)));
   reason = reason ? reason : "";
   if (st_exec(st, "UPDATE jobs SET reason = ? WHERE id = ? AND reason IS NOT ?", A_T(reason),
@@ -798,10 +798,10 @@ static int placement_err(store_t *st, int64_t job_id, const store_placement_t *p
   }
   if (st->rc) return st->rc;
   if (strcmp(state, "DEAD") == 0)
-    return err_set(FSDP_ECONFLICT, "job %lld rank %d: node %s is dead", (long long)job_id,
+    return err_set(FSDP_ESTATE, "job %lld rank %d: node %s is dead", (long long)job_id,
                    p->rank, node);
   if (holder > 0)
-    return err_set(FSDP_ECONFLICT, "job %lld rank %d: device %s:%d is held by job %lld",
+    return err_set(FSDP_ESTATE, "job %lld rank %d: device %s:%d is held by job %lld",
                    (long long)job_id, p->rank, node, p->device_index, (long long)holder);
   return err_set(FSDP_ENOTFOUND, "job %lld rank %d: no device %d on node %lld (%s)",
                  (long long)job_id, p->rank, p->device_index, (long long)p->node_id, node);
@@ -815,7 +815,7 @@ int store_attempt_start(store_t *st, int64_t job_id, const store_placement_t *ra
   job_brief_t b;
   if ((rc = job_brief(st, job_id, &b))) goto out;
   if (b.state != STORE_JOB_PENDING) {
-    rc = err_set(FSDP_ECONFLICT, "job %lld is %s: only a PENDING job starts an attempt",
+    rc = err_set(FSDP_ESTATE, "job %lld is %s: only a PENDING job starts an attempt",
                  (long long)job_id, store_job_state_name(b.state));
     goto out;
   }
@@ -974,7 +974,7 @@ int store_job_cancel(store_t *st, int64_t job_id, const char *reason, store_job_
   job_brief_t b;
   if ((rc = job_brief(st, job_id, &b))) return store_end(st, rc);
   if (b.state != STORE_JOB_PENDING && b.state != STORE_JOB_RUNNING)
-    return store_end(st, err_set(FSDP_ECONFLICT, "job %lld already %s: nothing to cancel",
+    return store_end(st, err_set(FSDP_ESTATE, "job %lld already %s: nothing to cancel",
                                  (long long)job_id, store_job_state_name(b.state)));
   reason = reason && *reason ? reason : "cancelled";
   int64_t now = store_now_ms();

@@ -210,7 +210,7 @@ int store_job_set_pending_reason(store_t *st, int64_t job_id, const char *reason
 /* Starts the next attempt of a PENDING job: epoch + 1, RUNNING, its
  * world_size ranks ASSIGNED to the given devices, which become held by the
  * job. All or nothing: a device unknown (ENOTFOUND), held, or on a dead node
- * (ECONFLICT) changes nothing. The new epoch in *epoch. */
+ * (ESTATE) changes nothing. The new epoch in *epoch. */
 int store_attempt_start(store_t *st, int64_t job_id, const store_placement_t *ranks, int n,
                         int64_t *epoch);
 /* A rank's process runs with this pid (ASSIGNED -> RUNNING). */
@@ -230,7 +230,7 @@ int store_attempt_end(store_t *st, int64_t job_id, int64_t epoch, int succeeded,
                       const char *reason, store_job_state_t *state);
 /* Cancels a PENDING or RUNNING job (a running attempt ends CANCELLED as
  * above). The state it had in *was (may be NULL): RUNNING means its ranks
- * must be stopped. An ended job: ECONFLICT. */
+ * must be stopped. An ended job: ESTATE. */
 int store_job_cancel(store_t *st, int64_t job_id, const char *reason, store_job_state_t *was);
 
 /* ---- rendezvous, fenced by epoch ---- */

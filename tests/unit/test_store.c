@@ -384,7 +384,7 @@ Test(store, attempt_start_is_all_or_nothing) {
   cr_assert_eq(start_on(st, j1, a, 1, &epoch), 0);
   /* rank 0 lands on a free device, rank 1 on the one j1 holds */
   int rc = start(st, j2, 2, (int64_t[]){a, a}, (int[]){1, 0}, &epoch);
-  cr_assert_eq(rc, FSDP_ECONFLICT, "%s", err_name(rc));
+  cr_assert_eq(rc, FSDP_ESTATE, "%s", err_name(rc));
   cr_assert(strstr(err_msg(), "a:0 is held by job"), "%s", err_msg());
   rc = start(st, j2, 2, (int64_t[]){b, b}, (int[]){0, 5}, &epoch);
   cr_assert_eq(rc, FSDP_ENOTFOUND, "no device 5: %s", err_msg());
@@ -409,7 +409,7 @@ Test(store, a_failed_placement_changes_nothing) {
   cr_assert_eq(start(st, j1, 1, (int64_t[]){a}, (int[]){2}, &epoch), 0);
   cr_assert_eq(n_free(st), 2);
   /* two devices taken before the third is found held */
-  cr_assert_eq(start_on(st, j2, a, 3, &epoch), FSDP_ECONFLICT);
+  cr_assert_eq(start_on(st, j2, a, 3, &epoch), FSDP_ESTATE);
   cr_assert_eq(n_free(st), 2, "the two it took are free again");
   store_job_t j = get_job(st, j2);
   cr_assert_eq(j.state, STORE_JOB_PENDING);
@@ -422,7 +422,7 @@ Test(store, a_failed_placement_changes_nothing) {
   cr_assert_eq(n, 0);
   store_array_free(r);
   /* a rank given twice, and a dead node, are refused the same way */
-  cr_assert_eq(start(st, j2, 3, (int64_t[]){a, a, a}, (int[]){0, 1, 0}, &epoch), FSDP_ECONFLICT);
+  cr_assert_eq(start(st, j2, 3, (int64_t[]){a, a, a}, (int[]){0, 1, 0}, &epoch), FSDP_ESTATE);
   store_placement_t dup[3] = {{.rank = 0, .node_id = a, .device_index = 0},
                               {.rank = 0, .node_id = a, .device_index = 1},
                               {.rank = 2, .node_id = a, .device_index = 2}};
@@ -430,7 +430,7 @@ Test(store, a_failed_placement_changes_nothing) {
   int n_jobs;
   int64_t jobs[4];
   cr_assert_eq(store_node_mark_dead(st, a, 0, jobs, 4, &n_jobs), 0);
-  cr_assert_eq(start(st, j2, 3, (int64_t[]){a, a, a}, (int[]){0, 1, 1}, &epoch), FSDP_ECONFLICT);
+  cr_assert_eq(start(st, j2, 3, (int64_t[]){a, a, a}, (int[]){0, 1, 1}, &epoch), FSDP_ESTATE);
   cr_assert(strstr(err_msg(), "dead"), "%s", err_msg());
   cr_assert_eq(n_free(st), 0, "a dead node's devices are not free");
   store_close(st);
@@ -463,8 +463,8 @@ Test(store, cancel_ends_a_pending_or_running_job_once) {
   store_attempt_verdict_t v;
   cr_assert_eq(store_rank_exit(st, running, epoch, 0, -15, &v), 0, "a late exit is recorded");
   cr_assert_eq(v, STORE_ATTEMPT_ENDED);
-  cr_assert_eq(store_job_cancel(st, running, "again", &was), FSDP_ECONFLICT);
-  cr_assert_eq(start_on(st, waiting, node, 2, &epoch), FSDP_ECONFLICT);
+  cr_assert_eq(store_job_cancel(st, running, "again", &was), FSDP_ESTATE);
+  cr_assert_eq(start_on(st, waiting, node, 2, &epoch), FSDP_ESTATE);
   cr_assert_eq(store_job_cancel(st, 999, "", &was), FSDP_ENOTFOUND);
   store_close(st);
 }
