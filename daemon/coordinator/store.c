@@ -421,7 +421,8 @@ static int store_check_file(store_t *st, int *version) {
   if (st->rc) {
     int rc = st->rc;
     st->rc = 0;
-    if (rc == FSDP_EFORMAT)
+    /* a damaged database keeps store_sqlite_err's message (restore it) */
+    if ((sqlite3_errcode(st->db) & 0xff) == SQLITE_NOTADB)
       return err_set(FSDP_EFORMAT,
                      "%s is not a SQLite database: refusing to use it as the coordinator's "
                      "state, and it was left as it was; give a new path, or move the file away",

@@ -232,6 +232,23 @@ Test(store, a_file_that_is_not_a_database_is_refused_and_left_untouched) {
   cr_assert_neq(stat(tpath("job.conf-shm"), &sb), 0);
 }
 
+Test(store, a_damaged_database_is_refused_as_damaged) {
+  store_t *st = open_db("state.db");
+  submit(st, "lost", 1, 0);
+  store_close(st); /* the last close moves the log into the file */
+  /* page 1's b-tree header (after the 100-byte file header) says a page
+   * type no b-tree has */
+  FILE *f = fopen(tpath("state.db"), "r+b");
+  cr_assert_not_null(f);
+  fseek(f, 100, SEEK_SET);
+  fputc(0x77, f);
+  fclose(f);
+  int rc = store_open(tpath("state.db"), NULL, &st);
+  cr_assert_eq(rc, FSDP_EFORMAT, "%s: %s", err_name(rc), err_msg());
+  cr_assert(strstr(err_msg(), "damaged") && strstr(err_msg(), tpath("state.db")), "%s",
+            err_msg());
+}
+
 Test(store, another_programs_database_is_refused) {
   sqlite3 *db = raw_open("other.db");
   cr_assert_eq(sqlite3_exec(db, "CREATE TABLE photos(id, path)", NULL, NULL, NULL), SQLITE_OK);
