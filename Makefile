@@ -87,7 +87,7 @@ BINS  = bin/fsdp-train bin/fsdp-tokenize bin/fsdp-launch
 # (tests/e2e: the programs run as processes); test_bins names their binaries
 # under a build directory.
 UNIT_TESTS = err param kernels isa device boot data gpt adamw config train sample shard plan comm fsdp \
-             reference supervise store
+             reference supervise store store_txn
 E2E_TESTS  = launch fault
 test_bins  = $(UNIT_TESTS:%=$(1)/tests/test_%) $(E2E_TESTS:%=$(1)/e2e/test_%)
 TEST_BINS  = $(call test_bins,$(B))
@@ -161,7 +161,11 @@ $(B)/tests/test_supervise: LDLIBS += -luv
 
 # The coordinator's tests link what the coordinator links, nothing of the
 # engine (so not testutil, which reaches daemon/train).
+# test_store_txn includes store.c (its static transaction helpers), so it
+# links the coordinator's objects but store.o.
 $(B)/tests/test_store: $(B)/tests/unit/test_store.o $(COORD_OBJS)
+$(B)/tests/test_store_txn: $(B)/tests/unit/test_store_txn.o $(filter-out %/store.o,$(COORD_OBJS))
+$(B)/tests/test_store $(B)/tests/test_store_txn:
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(COORD_LDLIBS) -lcriterion
 
