@@ -601,9 +601,9 @@ int store_node_register(store_t *st, const char *name, const char *address,
   for (int i = 0; !rc && i < n_devices; i++) {
     const store_device_t *d = &devices[i];
     rc = check_text("device name", d->name, STORE_NAME_MAX, 0);
-    if (!rc && (d->index < 0 || (unsigned)d->kind > STORE_DEV_cuda))
-      rc = err_set(FSDP_EINVAL, "node %s: device %d: bad index or kind %d", name, d->index,
-                   (int)d->kind);
+    if (!rc && (d->index < 0 || (unsigned)d->kind > STORE_DEV_cuda || d->memory_bytes > INT64_MAX))
+      rc = err_set(FSDP_EINVAL, "node %s: device %d: bad index, kind %d or memory %llu", name,
+                   d->index, (int)d->kind, (unsigned long long)d->memory_bytes);
     for (int k = 0; !rc && k < i; k++)
       if (devices[k].index == d->index)
         rc = err_set(FSDP_EINVAL, "node %s: device index %d given twice", name, d->index);
