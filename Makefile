@@ -83,12 +83,21 @@ LIB         = $(B)/libfsdp.a
 SCHED_SRCS  = daemon/coordinator/sched.c
 SCHED_OBJS  = $(SCHED_SRCS:%.c=$(B)/%.o) $(COMMON_SRCS:%.c=$(B)/%.o)
 
+# ---- the coordinator (fsdp-coordinator) ----
+# Its sources link daemon/common's objects and SQLite only: no training, comm
+# or kernel object (libfsdp.a holds those; daemon/coordinator includes nothing
+# of daemon/train, daemon/comm or kernels). COORD_OBJS is what the
+# coordinator and its tests link.
+COORD_SRCS   = daemon/coordinator/store.c
+COORD_OBJS   = $(COORD_SRCS:%.c=$(B)/%.o) $(COMMON_SRCS:%.c=$(B)/%.o)
+COORD_LDLIBS = -lsqlite3 -lpthread
+
 BINS  = bin/fsdp-train bin/fsdp-tokenize bin/fsdp-launch
 # Unit tests (tests/unit: a module through its API) and end-to-end tests
 # (tests/e2e: the programs run as processes); test_bins names their binaries
 # under a build directory.
 UNIT_TESTS = err param kernels isa device boot data gpt adamw config train sample shard plan comm fsdp \
-             reference supervise sched inventory job rpc
+             reference supervise sched inventory job rpc store store_txn
 E2E_TESTS  = launch fault
 test_bins  = $(UNIT_TESTS:%=$(1)/tests/test_%) $(E2E_TESTS:%=$(1)/e2e/test_%)
 TEST_BINS  = $(call test_bins,$(B))
@@ -189,6 +198,16 @@ $(B)/tests/test_job: $(B)/tests/unit/test_job.o $(JOB_OBJS)
 	  | grep -Ev '"(daemon/comm/ring_size|kernels/cpu/size)\.h"' \
 	  || { echo "daemon/job includes engine headers (above)"; exit 1; }
 	$(CC) $(EXTRA_LDFLAGS) $^ -o $@ -linih -lm -lpthread -lcriterion
+
+# The coordinator's tests link what the coordinator links, nothing of the
+# engine (so not testutil, which reaches daemon/train).
+# test_store_txn includes store.c (its static transaction helpers), so it
+# links the coordinator's objects but store.o.
+$(B)/tests/test_store: $(B)/tests/unit/test_store.o $(COORD_OBJS)
+$(B)/tests/test_store_txn: $(B)/tests/unit/test_store_txn.o $(filter-out %/store.o,$(COORD_OBJS))
+$(B)/tests/test_store $(B)/tests/test_store_txn:
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(COORD_LDLIBS) -lcriterion
 
 $(B)/%.o: %.cu | deps
 	@mkdir -p $(dir $@)

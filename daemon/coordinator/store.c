@@ -1,0 +1,1199 @@
+/* store: the coordinator's state in SQLite (see store.h).
+ *
+ * It owns the one connection, the schema (the SQL text below, one script per
+ * version) and the helpers every state change goes through: a transaction
+ * opened by store_begin(), which remembers the file and line that opened it,
+ * and closed by store_end(), which commits or rolls back (Fossil's
+ * db_begin_transaction / db_end_transaction); statements prepared once from
+ * their SQL text and cached; small query helpers (st_int, st_exec, ...). A
+ * failure inside a transaction is sticky (st->rc): the first one is kept, the
+ * helpers after it do nothing, and store_end rolls back and returns it. */
+#include "daemon/coordinator/store.h"
+
+#include <sqlite3.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "daemon/common/err.h"
+#include "daemon/common/log.h"
+
+/* PRAGMA application_id: "FSDP". Tells our database from another program's. */
+#define STORE_APP_ID 0x46534450
+#define STORE_STMT_MAX 64
+#define STORE_BUSY_MS 5000
+
+/* ---- the schema ---------------------------------------------------------
+ * store_migrations[v] takes a database from version v to v + 1, in one
+ * transaction with the user_version it reaches. Never edit a released step:
+ * add the next one (and say what it changes in docs/FORMATS.md).
+ * States are stored as their names, checked by the table; times are Unix ms. */
+static const char store_schema_v1[] =
+    "CREATE TABLE nodes(\n"
+    "  id INTEGER PRIMARY KEY,\n"
+    "  name TEXT NOT NULL UNIQUE,\n"
+    "  address TEXT NOT NULL,\n"
+    "  state TEXT NOT NULL CHECK(state IN ('ALIVE','DEAD')),\n"
+    "  registered_ms INTEGER NOT NULL,\n"
+    "  last_seen_ms INTEGER NOT NULL\n"
+    ");\n"
+    /* AUTOINCREMENT: a job id is what users type; never reuse one */
+    "CREATE TABLE jobs(\n"
+    "  id INTEGER PRIMARY KEY AUTOINCREMENT,\n"
+    "  name TEXT NOT NULL,\n"
+    "  spec TEXT NOT NULL,\n"
+    "  world_size INTEGER NOT NULL CHECK(world_size > 0),\n"
+    "  mesh TEXT NOT NULL,\n"
+    "  state TEXT NOT NULL\n"
+    "    CHECK(state IN ('PENDING','RUNNING','SUCCEEDED','FAILED','CANCELLED')),\n"
+    "  reason TEXT NOT NULL DEFAULT '',\n"
+    "  max_restarts INTEGER NOT NULL CHECK(max_restarts >= 0),\n"
+    "  restarts INTEGER NOT NULL DEFAULT 0,\n"
+    "  epoch INTEGER NOT NULL DEFAULT 0,\n"
+    "  submitted_ms INTEGER NOT NULL,\n"
+    "  started_ms INTEGER,\n"
+    "  ended_ms INTEGER\n"
+    ");\n"
+    "CREATE INDEX jobs_state ON jobs(state);\n"
+    "CREATE TABLE devices(\n"
+    "  node_id INTEGER NOT NULL REFERENCES nodes(id),\n"
+    "  idx INTEGER NOT NULL CHECK(idx >= 0),\n"
+    "  kind TEXT NOT NULL CHECK(kind IN ('cpu','cuda')),\n"
+    "  name TEXT NOT NULL,\n"
+    "  memory_bytes INTEGER NOT NULL CHECK(memory_bytes >= 0),\n"
+    "  job_id INTEGER REFERENCES jobs(id),\n"
+    "  PRIMARY KEY(node_id, idx)\n"
+    ") WITHOUT ROWID;\n"
+    "CREATE INDEX devices_job ON devices(job_id) WHERE job_id IS NOT NULL;\n"
+    "CREATE TABLE attempts(\n"
+    "  job_id INTEGER NOT NULL REFERENCES jobs(id),\n"
+    "  epoch INTEGER NOT NULL CHECK(epoch > 0),\n"
+    "  started_ms INTEGER NOT NULL,\n"
+    "  ended_ms INTEGER,\n"
+    "  outcome TEXT CHECK(outcome IN ('SUCCEEDED','FAILED','CANCELLED')),\n"
+    "  reason TEXT NOT NULL DEFAULT '',\n"
+    "  PRIMARY KEY(job_id, epoch)\n"
+    ") WITHOUT ROWID;\n"
+    "CREATE TABLE ranks(\n"
+    "  job_id INTEGER NOT NULL,\n"
+    "  epoch INTEGER NOT NULL,\n"
+    "  rank INTEGER NOT NULL CHECK(rank >= 0),\n"
+    "  node_id INTEGER NOT NULL REFERENCES nodes(id),\n"
+    "  device_idx INTEGER NOT NULL,\n"
+    "  shard_group INTEGER NOT NULL,\n"
+    "  replica_group INTEGER NOT NULL,\n"
+    "  state TEXT NOT NULL\n"
+    "    CHECK(state IN ('ASSIGNED','RUNNING','SUCCEEDED','FAILED','STOPPED','LOST')),\n"
+    "  exit_status INTEGER,\n"
+    "  pid INTEGER,\n"
+    "  PRIMARY KEY(job_id, epoch, rank),\n"
+    "  FOREIGN KEY(job_id, epoch) REFERENCES attempts(job_id, epoch)\n"
+    ") WITHOUT ROWID;\n"
+    "CREATE INDEX ranks_node ON ranks(node_id, state);\n"
+    "CREATE TABLE rendezvous(\n"
+    "  job_id INTEGER NOT NULL,\n"
+    "  epoch INTEGER NOT NULL,\n"
+    "  group_name TEXT NOT NULL,\n"
+    "  rank INTEGER NOT NULL,\n"
+    "  payload BLOB NOT NULL,\n"
+    "  PRIMARY KEY(job_id, epoch, group_name, rank),\n"
+    "  FOREIGN KEY(job_id, epoch, rank) REFERENCES ranks(job_id, epoch, rank)\n"
+    ") WITHOUT ROWID;\n"
+    "CREATE TABLE events(\n"
+    "  id INTEGER PRIMARY KEY,\n"
+    "  time_ms INTEGER NOT NULL,\n"
+    "  job_id INTEGER REFERENCES jobs(id),\n"
+    "  node_id INTEGER REFERENCES nodes(id),\n"
+    "  kind TEXT NOT NULL,\n"
+    "  text TEXT NOT NULL\n"
+    ");\n"
+    "CREATE INDEX events_job ON events(job_id) WHERE job_id IS NOT NULL;\n";
+
+static const char *const store_migrations[] = {store_schema_v1};
+_Static_assert(sizeof store_migrations / sizeof store_migrations[0] == STORE_SCHEMA_VERSION,
+               "one migration per schema version");
+
+struct store {
+  sqlite3 *db;
+  char path[1024];
+  int busy_ms;
+  int from_version;
+  const char *txn_file; /* where the open transaction began; NULL: none open */
+  int txn_line;
+  int committing;       /* store_end is committing (the commit hook's permission) */
+  int rc;               /* the first failure inside the open transaction */
+  struct {
+    const char *sql;    /* the statement's text, by address: SQL here is literals */
+    sqlite3_stmt *stmt;
+  } cache[STORE_STMT_MAX];
+  int n_cache;
+};
+
+/* ---- enum names ---- */
+#define STORE_STR(x) #x,
+#define STORE_NAMES(fn, type, LIST)                                           \
+  static const char *const fn##_tab[] = {LIST(STORE_STR)};                    \
+  const char *fn(type v) {                                                    \
+    return (unsigned)v < sizeof fn##_tab / sizeof fn##_tab[0] ? fn##_tab[v] : "?"; \
+  }
+STORE_NAMES(store_node_state_name, store_node_state_t, STORE_NODE_STATES)
+STORE_NAMES(store_dev_kind_name, store_dev_kind_t, STORE_DEV_KINDS)
+STORE_NAMES(store_job_state_name, store_job_state_t, STORE_JOB_STATES)
+STORE_NAMES(store_rank_state_name, store_rank_state_t, STORE_RANK_STATES)
+
+/* A stored name back to its enum; the tables' CHECKs keep them known. */
+static int st_enum(const char *const *tab, int n, const unsigned char *text) {
+  for (int i = 0; text && i < n; i++)
+    if (strcmp(tab[i], (const char *)text) == 0) return i;
+  return 0;
+}
+#define ST_ENUM(fn, text) st_enum(fn##_tab, (int)(sizeof fn##_tab / sizeof fn##_tab[0]), (text))
+
+static int64_t store_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ---- SQLite's codes, mapped at the boundary ---- */
+static int store_sqlite_err(store_t *st, int rc, const char *sql) {
+  const char *msg = st->db ? sqlite3_errmsg(st->db) : sqlite3_errstr(rc);
+  int code;
+  switch (rc & 0xff) {
+  case SQLITE_BUSY:
+  case SQLITE_LOCKED:
+    code = err_set(FSDP_ETIMEDOUT,
+                   "state database %s: locked by another connection for over %d ms (%s): "
+                   "is another fsdp-coordinator using this file?",
+                   st->path, st->busy_ms, msg);
+    break;
+  case SQLITE_FULL:
+    code = err_set(FSDP_ENOSPC, "state database %s: the disk is full (%s): free space there",
+                   st->path, msg);
+    break;
+  case SQLITE_CORRUPT:
+  case SQLITE_NOTADB:
+    code = err_set(FSDP_EFORMAT,
+                   "state database %s is damaged or not a database (%s): restore it from a "
+                   "backup, or start on a new file",
+                   st->path, msg);
+    break;
+  case SQLITE_NOMEM:
+    code = err_set(FSDP_ENOMEM, "state database %s: out of memory", st->path);
+    break;
+  case SQLITE_IOERR:
+  case SQLITE_CANTOPEN:
+  case SQLITE_READONLY:
+  case SQLITE_PERM:
+  case SQLITE_PROTOCOL:
+    code = err_set(FSDP_EIO, "state database %s: %s (check the file and its directory)",
+                   st->path, msg);
+    break;
+  default: /* a constraint the store failed to check first, or bad SQL: a bug here */
+    code = err_set(FSDP_EINTERNAL, "state database %s: %s (in: %.200s)", st->path, msg,
+                   sql ? sql : "?");
+    break;
+  }
+  return code;
+}
+
+/* Records the first failure of the open transaction; returns it. */
+static int st_fail(store_t *st, int code) {
+  if (!st->rc) st->rc = code;
+  return st->rc;
+}
+
+/* ---- transactions ---- */
+
+/* SQLite calls this before any commit: only store_end may commit, so a COMMIT
+ * run any other way becomes a rollback (and a bug to find). */
+static int store_commit_hook(void *arg) {
+  store_t *st = arg;
+  if (st->committing) return 0;
+  LOG_ERROR("store", "a commit outside store_end (transaction opened at %s:%d): rolled back",
+            st->txn_file ? st->txn_file : "?", st->txn_line);
+  return 1;
+}
+
+/* Opens a transaction (write: BEGIN IMMEDIATE, which takes the write lock now,
+ * so a second writer waits busy_timeout here rather than failing mid-way). A
+ * transaction still open is a forgotten store_end: a bug, named by where it
+ * began. */
+#define store_begin(st, write) store_begin_at((st), (write), __FILE__, __LINE__)
+static int store_begin_at(store_t *st, int write, const char *file, int line) {
+  if (st->txn_file) {
+    LOG_ERROR("store", "the transaction opened at %s:%d was never ended (next begin at %s:%d)",
+              st->txn_file, st->txn_line, file, line);
+    FSDP_ASSERT(st->txn_file == NULL);
+  }
+  st->rc = 0;
+  const char *sql = write ? "BEGIN IMMEDIATE" : "BEGIN";
+  int rc = sqlite3_exec(st->db, sql, NULL, NULL, NULL);
+  if (rc != SQLITE_OK) return store_sqlite_err(st, rc, sql);
+  st->txn_file = file;
+  st->txn_line = line;
+  return 0;
+}
+
+/* Ends the open transaction: commits when rc and the sticky failure are 0,
+ * else rolls back. Returns the failure (rc first), or the commit's. */
+static int store_end(store_t *st, int rc) {
+  FSDP_ASSERT(st->txn_file != NULL);
+  if (rc == 0) rc = st->rc;
+  /* no statement may keep reading past the transaction */
+  for (int i = 0; i < st->n_cache; i++) sqlite3_reset(st->cache[i].stmt);
+  if (rc == 0) {
+    st->committing = 1;
+    int src = sqlite3_exec(st->db, "COMMIT", NULL, NULL, NULL);
+    st->committing = 0;
+    if (src != SQLITE_OK) rc = store_sqlite_err(st, src, "COMMIT");
+  }
+  if (rc != 0 && !sqlite3_get_autocommit(st->db))
+    sqlite3_exec(st->db, "ROLLBACK", NULL, NULL, NULL); /* keeps err_msg(): no err_set here */
+  st->txn_file = NULL;
+  st->rc = 0;
+  return rc;
+}
+
+/* ---- statements ----
+ * Values are bound, never printed into SQL: A_I(int), A_T(text or NULL),
+ * A_B(pointer, bytes). ST_ARGS counts them at compile time. */
+typedef struct {
+  char type;
+  int64_t i;
+  const void *p;
+  size_t n;
+} st_arg_t;
+#define A_I(x) ((st_arg_t){'i', (int64_t)(x), NULL, 0})
+#define A_T(s) ((st_arg_t){'t', 0, (s), 0})
+#define A_B(ptr, len) ((st_arg_t){'b', 0, (ptr), (len)})
+#define ST_ARGS(...) \
+  (st_arg_t[]){__VA_ARGS__}, (int)(sizeof((st_arg_t[]){__VA_ARGS__}) / sizeof(st_arg_t))
+
+/* The statement for sql (prepared once, then reused), reset and bound; NULL
+ * after a failure (sticky) or when one happens here. */
+static sqlite3_stmt *st_prep(store_t *st, const char *sql, const st_arg_t *a, int n) {
+  if (st->rc) return NULL;
+  sqlite3_stmt *s = NULL;
+  for (int i = 0; i < st->n_cache && !s; i++)
+    if (st->cache[i].sql == sql) s = st->cache[i].stmt;
+  if (!s) {
+    FSDP_ASSERT(st->n_cache < STORE_STMT_MAX); /* more statements than slots: raise it */
+    int rc = sqlite3_prepare_v3(st->db, sql, -1, SQLITE_PREPARE_PERSISTENT, &s, NULL);
+    if (rc != SQLITE_OK) {
+      st_fail(st, store_sqlite_err(st, rc, sql));
+      return NULL;
+    }
+    st->cache[st->n_cache].sql = sql;
+    st->cache[st->n_cache++].stmt = s;
+  }
+  sqlite3_reset(s);
+  sqlite3_clear_bindings(s);
+  for (int i = 0; i < n; i++) {
+    int rc;
+    if (a[i].type == 'i') rc = sqlite3_bind_int64(s, i + 1, a[i].i);
+    else if (a[i].type == 't') rc = sqlite3_bind_text(s, i + 1, a[i].p, -1, SQLITE_STATIC);
+    else rc = sqlite3_bind_blob64(s, i + 1, a[i].p ? a[i].p : "", a[i].n, SQLITE_STATIC);
+    if (rc != SQLITE_OK) {
+      st_fail(st, store_sqlite_err(st, rc, sql));
+      return NULL;
+    }
+  }
+  return s;
+}
+#define st_query(st, sql, ...) st_prep((st), (sql), ST_ARGS(__VA_ARGS__))
+
+/* 1: a row; 0: done (the statement is reset); < 0: failed (sticky). */
+static int st_step(store_t *st, sqlite3_stmt *s) {
+  if (!s) return st->rc ? st->rc : FSDP_EINTERNAL;
+  int rc = sqlite3_step(s);
+  if (rc == SQLITE_ROW) return 1;
+  sqlite3_reset(s);
+  if (rc == SQLITE_DONE) return 0;
+  return st_fail(st, store_sqlite_err(st, rc, sqlite3_sql(s)));
+}
+
+/* Runs a statement to its end: the rows it changed, or < 0. */
+static int st_exec_(store_t *st, const char *sql, const st_arg_t *a, int n) {
+  sqlite3_stmt *s = st_prep(st, sql, a, n);
+  int rc;
+  while ((rc = st_step(st, s)) == 1) {}
+  return rc < 0 ? rc : sqlite3_changes(st->db);
+}
+#define st_exec(st, sql, ...) st_exec_((st), (sql), ST_ARGS(__VA_ARGS__))
+
+/* The first column of the first row as an integer; dflt when there is no row
+ * (or NULL there, or a failure, which is sticky). */
+static int64_t st_int_(store_t *st, int64_t dflt, const char *sql, const st_arg_t *a, int n) {
+  sqlite3_stmt *s = st_prep(st, sql, a, n);
+  int64_t v = dflt;
+  if (st_step(st, s) == 1) {
+    if (sqlite3_column_type(s, 0) != SQLITE_NULL) v = sqlite3_column_int64(s, 0);
+    sqlite3_reset(s);
+  }
+  return v;
+}
+#define st_int(st, dflt, sql, ...) st_int_((st), (dflt), (sql), ST_ARGS(__VA_ARGS__))
+
+/* Copies text column col into buf (cut to fit; "" for NULL). */
+static void st_col_text(sqlite3_stmt *s, int col, char *buf, size_t cap) {
+  const unsigned char *t = sqlite3_column_text(s, col);
+  snprintf(buf, cap, "%s", t ? (const char *)t : "");
+}
+
+/* Rows of a query into a growing array of elem-sized items, each filled by
+ * row(); the array in *out (free()), its length in *n. */
+typedef void (*st_row_fn)(sqlite3_stmt *s, void *item);
+static int st_collect_(store_t *st, size_t elem, st_row_fn row, void **out, int *n,
+                       const char *sql, const st_arg_t *a, int na) {
+  sqlite3_stmt *s = st_prep(st, sql, a, na);
+  char *arr = NULL;
+  int len = 0, cap = 0, rc;
+  while ((rc = st_step(st, s)) == 1) {
+    if (len == cap) {
+      cap = cap ? 2 * cap : 16;
+      char *grown = realloc(arr, (size_t)cap * elem);
+      if (!grown) {
+        sqlite3_reset(s);
+        rc = st_fail(st, err_set(FSDP_ENOMEM, "state database %s: out of memory reading %d rows",
+                                 st->path, len));
+        break;
+      }
+      arr = grown;
+    }
+    memset(arr + (size_t)len * elem, 0, elem);
+    row(s, arr + (size_t)len * elem);
+    len++;
+  }
+  if (rc < 0) {
+    free(arr);
+    arr = NULL;
+    len = 0;
+  }
+  *out = arr;
+  *n = len;
+  return rc < 0 ? rc : 0;
+}
+#define st_collect(st, type, row, out, n, sql, ...) \
+  st_collect_((st), sizeof(type), (row), (void **)(out), (n), (sql), ST_ARGS(__VA_ARGS__))
+
+/* An event in the open transaction (the state changes' audit lines). */
+static void st_event(store_t *st, int64_t job_id, int64_t node_id, const char *kind,
+                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static void st_eventv(store_t *st, int64_t job_id, int64_t node_id, const char *kind,
+                      const char *fmt, va_list ap) {
+  char text[STORE_REASON_MAX];
+  vsnprintf(text, sizeof text, fmt, ap);
+  st_exec(st,
+          "INSERT INTO events(time_ms, job_id, node_id, kind, text) "
+          "VALUES(?, nullif(?, 0), nullif(?, 0), ?, ?)",
+          A_I(store_now_ms()), A_I(job_id), A_I(node_id), A_T(kind), A_T(text));
+}
+static void st_event(store_t *st, int64_t job_id, int64_t node_id, const char *kind,
+                     const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  st_eventv(st, job_id, node_id, kind, fmt, ap);
+  va_end(ap);
+}
+
+/* Text arguments: present, and short enough to read back whole. */
+static int check_text(const char *what, const char *s, size_t cap, int may_be_empty) {
+  if (!s) return err_set(FSDP_EINVAL, "%s: missing", what);
+  size_t len = strlen(s);
+  if (!may_be_empty && len == 0) return err_set(FSDP_EINVAL, "%s: empty", what);
+  if (len >= cap)
+    return err_set(FSDP_EINVAL, "%s: %zu bytes, at most %zu: shorten it", what, len, cap - 1);
+  return 0;
+}
+
+/* ---- opening and migrating ---- */
+
+/* Refuses what is not ours before anything is written: SQLite's first read
+ * of a file that is not a database fails with SQLITE_NOTADB, and nothing so far
+ * (opening, these reads) writes the file. */
+static int store_check_file(store_t *st, int *version) {
+  int64_t tables = st_int(st, 0, "SELECT count(*) FROM sqlite_schema");
+  int64_t app = st_int(st, 0, "PRAGMA application_id");
+  int64_t ver = st_int(st, 0, "PRAGMA user_version");
+  if (st->rc) {
+    int rc = st->rc;
+    st->rc = 0;
+    /* a damaged database keeps store_sqlite_err's message (restore it) */
+    if ((sqlite3_errcode(st->db) & 0xff) == SQLITE_NOTADB)
+      return err_set(FSDP_EFORMAT,
+                     "%s is not a SQLite database: refusing to use it as the coordinator's "
+                     "state, and it was left as it was; give a new path, or move the file away",
+                     st->path);
+    return rc;
+  }
+  if (app != STORE_APP_ID && (app != 0 || tables > 0))
+    return err_set(FSDP_EFORMAT,
+                   "%s is a SQLite database of another program (application_id %lld, %lld "
+                   "tables), not an fsdp-coordinator state file: left as it was; give a new path",
+                   st->path, (long long)app, (long long)tables);
+  if (ver > STORE_SCHEMA_VERSION)
+    return err_set(FSDP_EFORMAT,
+                   "%s has schema version %lld, newer than this fsdp-coordinator's %d: it was "
+                   "written by a newer release; run that release (or newer) on it, or start "
+                   "this one on a new file",
+                   st->path, (long long)ver, STORE_SCHEMA_VERSION);
+  *version = (int)ver;
+  return 0;
+}
+
+/* One transaction per step, each re-reading the version under the write
+ * lock, so two processes opening one new file cannot both migrate it. */
+static int store_migrate(store_t *st, int from) {
+  for (int v = from; v < STORE_SCHEMA_VERSION; v++) {
+    int rc = store_begin(st, 1);
+    if (rc) return rc;
+    int64_t now = st_int(st, -1, "PRAGMA user_version");
+    if (now == v) {
+      int src = sqlite3_exec(st->db, store_migrations[v], NULL, NULL, NULL);
+      if (src != SQLITE_OK) st_fail(st, store_sqlite_err(st, src, store_migrations[v]));
+      char sql[96]; /* PRAGMAs take no bound values */
+      snprintf(sql, sizeof sql, "PRAGMA user_version = %d; PRAGMA application_id = %d", v + 1,
+               STORE_APP_ID);
+      if (!st->rc && (src = sqlite3_exec(st->db, sql, NULL, NULL, NULL)) != SQLITE_OK)
+        st_fail(st, store_sqlite_err(st, src, sql));
+    }
+    rc = store_end(st, 0);
+    if (rc) return err_wrap(rc, "migrating %s from schema version %d to %d", st->path, v, v + 1);
+    if (now == v) LOG_INFO("store", "%s: schema version %d -> %d", st->path, v, v + 1);
+  }
+  return 0;
+}
+
+int store_open(const char *path, const store_opts_t *opts, store_t **out) {
+  *out = NULL;
+  int rc = check_text("state database path", path, sizeof ((store_t *)0)->path, 0);
+  if (rc) return rc;
+  store_t *st = calloc(1, sizeof *st);
+  if (!st) return err_set(FSDP_ENOMEM, "opening state database %s: out of memory", path);
+  snprintf(st->path, sizeof st->path, "%s", path);
+  st->busy_ms = opts && opts->busy_timeout_ms > 0 ? opts->busy_timeout_ms : STORE_BUSY_MS;
+  int src = sqlite3_open_v2(path, &st->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL);
+  if (src != SQLITE_OK) {
+    rc = store_sqlite_err(st, src, NULL);
+    goto fail;
+  }
+  sqlite3_extended_result_codes(st->db, 1);
+  sqlite3_busy_timeout(st->db, st->busy_ms);
+  rc = store_check_file(st, &st->from_version);
+  if (rc) goto fail;
+  /* WAL: readers (the sqlite3 shell, a backup) never block the coordinator.
+   * synchronous=FULL syncs the log at every commit, so a change the
+   * coordinator acted on (an answer sent, ranks assigned to nodes) survives
+   * a power loss too; NORMAL survives a crash of the process or kill -9 but
+   * may lose the last commits on power loss, for fewer fsyncs. */
+  char sql[160];
+  snprintf(sql, sizeof sql,
+           "PRAGMA journal_mode = WAL; PRAGMA synchronous = %s; PRAGMA foreign_keys = ON",
+           opts && opts->sync_normal ? "NORMAL" : "FULL");
+  src = sqlite3_exec(st->db, sql, NULL, NULL, NULL);
+  if (src != SQLITE_OK) {
+    rc = store_sqlite_err(st, src, sql);
+    goto fail;
+  }
+  sqlite3_commit_hook(st->db, store_commit_hook, st);
+  rc = store_migrate(st, st->from_version);
+  if (rc) goto fail;
+  *out = st;
+  return 0;
+fail:
+  store_close(st);
+  return rc;
+}
+
+void store_close(store_t *st) {
+  if (!st) return;
+  if (st->txn_file) {
+    LOG_ERROR("store", "closing %s with the transaction opened at %s:%d never ended", st->path,
+              st->txn_file, st->txn_line);
+    FSDP_ASSERT(st->txn_file == NULL);
+  }
+  for (int i = 0; i < st->n_cache; i++) sqlite3_finalize(st->cache[i].stmt);
+  sqlite3_close(st->db);
+  free(st);
+}
+
+int store_schema_from(const store_t *st) { return st->from_version; }
+
+/* ---- rows ---- */
+static void device_row(sqlite3_stmt *s, void *item) {
+  store_device_t *d = item;
+  d->node_id = sqlite3_column_int64(s, 0);
+  d->index = sqlite3_column_int(s, 1);
+  d->kind = ST_ENUM(store_dev_kind_name, sqlite3_column_text(s, 2));
+  st_col_text(s, 3, d->name, sizeof d->name);
+  d->memory_bytes = (uint64_t)sqlite3_column_int64(s, 4);
+  d->job_id = sqlite3_column_int64(s, 5); /* NULL reads as 0: free */
+}
+#define DEVICE_COLS "node_id, idx, kind, name, memory_bytes, job_id"
+
+static void node_row(sqlite3_stmt *s, void *item) {
+  store_node_t *n = item;
+  n->id = sqlite3_column_int64(s, 0);
+  st_col_text(s, 1, n->name, sizeof n->name);
+  st_col_text(s, 2, n->address, sizeof n->address);
+  n->state = ST_ENUM(store_node_state_name, sqlite3_column_text(s, 3));
+  n->registered_ms = sqlite3_column_int64(s, 4);
+  n->last_seen_ms = sqlite3_column_int64(s, 5);
+}
+
+static void job_row(sqlite3_stmt *s, void *item) {
+  store_job_t *j = item;
+  j->id = sqlite3_column_int64(s, 0);
+  st_col_text(s, 1, j->name, sizeof j->name);
+  j->world_size = sqlite3_column_int(s, 2);
+  st_col_text(s, 3, j->mesh, sizeof j->mesh);
+  j->state = ST_ENUM(store_job_state_name, sqlite3_column_text(s, 4));
+  st_col_text(s, 5, j->reason, sizeof j->reason);
+  j->max_restarts = sqlite3_column_int(s, 6);
+  j->restarts = sqlite3_column_int(s, 7);
+  j->epoch = sqlite3_column_int64(s, 8);
+  j->submitted_ms = sqlite3_column_int64(s, 9);
+  j->started_ms = sqlite3_column_int64(s, 10);
+  j->ended_ms = sqlite3_column_int64(s, 11);
+}
+#define JOB_COLS                                                                      \
+  "id, name, world_size, mesh, state, reason, max_restarts, restarts, epoch, submitted_ms, " \
+  "started_ms, ended_ms"
+
+static void rank_row(sqlite3_stmt *s, void *item) {
+  store_rank_t *r = item;
+  r->job_id = sqlite3_column_int64(s, 0);
+  r->epoch = sqlite3_column_int64(s, 1);
+  r->rank = sqlite3_column_int(s, 2);
+  r->node_id = sqlite3_column_int64(s, 3);
+  r->device_index = sqlite3_column_int(s, 4);
+  r->shard_group = sqlite3_column_int(s, 5);
+  r->replica_group = sqlite3_column_int(s, 6);
+  r->state = ST_ENUM(store_rank_state_name, sqlite3_column_text(s, 7));
+  r->has_exit = sqlite3_column_type(s, 8) != SQLITE_NULL;
+  r->exit_status = sqlite3_column_int(s, 8);
+  r->pid = sqlite3_column_int64(s, 9);
+}
+#define RANK_COLS \
+  "job_id, epoch, rank, node_id, device_idx, shard_group, replica_group, state, exit_status, pid"
+
+static void event_row(sqlite3_stmt *s, void *item) {
+  store_event_t *e = item;
+  e->id = sqlite3_column_int64(s, 0);
+  e->time_ms = sqlite3_column_int64(s, 1);
+  e->job_id = sqlite3_column_int64(s, 2);
+  e->node_id = sqlite3_column_int64(s, 3);
+  st_col_text(s, 4, e->kind, sizeof e->kind);
+  st_col_text(s, 5, e->text, sizeof e->text);
+}
+
+/* ---- nodes ---- */
+
+int store_node_register(store_t *st, const char *name, const char *address,
+                        const store_device_t *devices, int n_devices, int64_t *node_id) {
+  int rc = check_text("node name", name, STORE_NAME_MAX, 0);
+  if (!rc) rc = check_text("node address", address, STORE_ADDR_MAX, 0);
+  if (!rc && (n_devices < 0 || (n_devices > 0 && !devices)))
+    rc = err_set(FSDP_EINVAL, "node %s: %d devices given", name, n_devices);
+  for (int i = 0; !rc && i < n_devices; i++) {
+    const store_device_t *d = &devices[i];
+    rc = check_text("device name", d->name, STORE_NAME_MAX, 0);
+    if (!rc && (d->index < 0 || (unsigned)d->kind > STORE_DEV_cuda || d->memory_bytes > INT64_MAX))
+      rc = err_set(FSDP_EINVAL, "node %s: device %d: bad index, kind %d or memory %llu", name,
+                   d->index, (int)d->kind, (unsigned long long)d->memory_bytes);
+    for (int k = 0; !rc && k < i; k++)
+      if (devices[k].index == d->index)
+        rc = err_set(FSDP_EINVAL, "node %s: device index %d given twice", name, d->index);
+  }
+  if (rc) return rc;
+  if ((rc = store_begin(st, 1))) return rc;
+  int64_t now = store_now_ms();
+  int64_t id = st_int(st, 0, "SELECT id FROM nodes WHERE name = ?", A_T(name));
+  if (id == 0) {
+    st_exec(st,
+            "INSERT INTO nodes(name, address, state, registered_ms, last_seen_ms) "
+            "VALUES(?, ?, 'ALIVE', ?, ?)",
+            A_T(name), A_T(address), A_I(now), A_I(now));
+    id = sqlite3_last_insert_rowid(st->db);
+  } else {
+    st_exec(st, "UPDATE nodes SET address = ?, state = 'ALIVE', last_seen_ms = ? WHERE id = ?",
+            A_T(address), A_I(now), A_I(id));
+  }
+  /* a device it no longer has goes, unless a job still holds it (that job's
+   * attempt ends first and frees it) */
+  store_device_t *old = NULL;
+  int n_old = 0;
+  st_collect(st, store_device_t, device_row, &old, &n_old,
+             "SELECT " DEVICE_COLS " FROM devices WHERE node_id = ? AND job_id IS NULL", A_I(id));
+  for (int k = 0; k < n_old; k++) {
+    int kept = 0;
+    for (int i = 0; i < n_devices && !kept; i++) kept = devices[i].index == old[k].index;
+    if (!kept)
+      st_exec(st, "DELETE FROM devices WHERE node_id = ? AND idx = ?", A_I(id), A_I(old[k].index));
+  }
+  free(old);
+  for (int i = 0; i < n_devices; i++) {
+    const store_device_t *d = &devices[i];
+    st_exec(st,
+            "INSERT INTO devices(node_id, idx, kind, name, memory_bytes) VALUES(?, ?, ?, ?, ?) "
+            "ON CONFLICT(node_id, idx) DO UPDATE SET kind = excluded.kind, "
+            "name = excluded.name, memory_bytes = excluded.memory_bytes",
+            A_I(id), A_I(d->index), A_T(store_dev_kind_name(d->kind)), A_T(d->name),
+            A_I(d->memory_bytes));
+  }
+  st_event(st, 0, id, "node.registered", "node %s at %s registered with %d devices", name,
+           address, n_devices);
+  rc = store_end(st, 0);
+  if (!rc && node_id) *node_id = id;
+  return rc;
+}
+
+int store_node_mark_dead(store_t *st, int64_t node_id, int64_t last_seen_ms, int64_t *jobs,
+                         int cap, int *n_jobs) {
+  int rc = store_begin(st, 1);
+  if (rc) return rc;
+  char name[STORE_NAME_MAX] = "";
+  sqlite3_stmt *s = st_query(st, "SELECT name FROM nodes WHERE id = ?", A_I(node_id));
+  if (st_step(st, s) == 1) {
+    st_col_text(s, 0, name, sizeof name);
+    sqlite3_reset(s);
+  } else if (!st->rc) {
+    return store_end(st, err_set(FSDP_ENOTFOUND, "node %lld: no such node", (long long)node_id));
+  }
+  st_exec(st, "UPDATE nodes SET state = 'DEAD', last_seen_ms = ? WHERE id = ?",
+          A_I(last_seen_ms), A_I(node_id));
+  int n = 0;
+  s = st_query(st,
+               "SELECT DISTINCT job_id FROM ranks WHERE node_id = ? "
+               "AND state IN ('ASSIGNED', 'RUNNING') ORDER BY job_id",
+               A_I(node_id));
+  while (st_step(st, s) == 1) {
+    if (n < cap) jobs[n] = sqlite3_column_int64(s, 0);
+    n++;
+  }
+  int lost = st_exec(st,
+                     "UPDATE ranks SET state = 'LOST' WHERE node_id = ? "
+                     "AND state IN ('ASSIGNED', 'RUNNING')",
+                     A_I(node_id));
+  st_event(st, 0, node_id, "node.dead", "node %s is dead (last heard %lld ms ago): %d ranks of %d jobs lost",
+           name, (long long)(store_now_ms() - last_seen_ms), lost, n);
+  rc = store_end(st, 0);
+  if (!rc && n_jobs) *n_jobs = n;
+  return rc;
+}
+
+/* ---- jobs and attempts ---- */
+
+static int check_job_spec(const store_job_spec_t *js) {
+  int rc = check_text("job name", js->name, STORE_NAME_MAX, 0);
+  if (!rc) rc = check_text("job mesh", js->mesh, STORE_MESH_MAX, 0);
+  if (!rc) rc = check_text("job spec", js->spec, (size_t)1 << 30, 1);
+  if (!rc && (js->world_size <= 0 || js->max_restarts < 0))
+    rc = err_set(FSDP_EINVAL, "job %s: world_size %d and max_restarts %d: need > 0 and >= 0",
+                 js->name, js->world_size, js->max_restarts);
+  return rc;
+}
+
+int store_job_submit_batch(store_t *st, const store_job_spec_t *specs, int n, int64_t *job_ids) {
+  int rc = 0;
+  for (int i = 0; i < n && !rc; i++) rc = check_job_spec(&specs[i]);
+  if (rc || n <= 0) return rc;
+  if ((rc = store_begin(st, 1))) return rc;
+  int64_t now = store_now_ms();
+  for (int i = 0; i < n && !st->rc; i++) {
+    const store_job_spec_t *js = &specs[i];
+    st_exec(st,
+            "INSERT INTO jobs(name, spec, world_size, mesh, state, max_restarts, submitted_ms) "
+            "VALUES(?, ?, ?, ?, 'PENDING', ?, ?)",
+            A_T(js->name), A_T(js->spec), A_I(js->world_size), A_T(js->mesh),
+            A_I(js->max_restarts), A_I(now));
+    int64_t id = sqlite3_last_insert_rowid(st->db);
+    st_event(st, id, 0, "job.submitted", "job %s submitted: %d ranks, mesh %s, max_restarts %d",
+             js->name, js->world_size, js->mesh, js->max_restarts);
+    if (job_ids) job_ids[i] = id;
+  }
+  return store_end(st, 0);
+}
+
+int store_job_submit(store_t *st, const store_job_spec_t *js, int64_t *job_id) {
+  return store_job_submit_batch(st, js, 1, job_id);
+}
+
+/* The job's state and epoch; ENOTFOUND when there is no such job. */
+typedef struct {
+  store_job_state_t state;
+  int64_t epoch;
+  int restarts, max_restarts, world_size;
+} job_brief_t;
+static int job_brief(store_t *st, int64_t job_id, job_brief_t *b) {
+  sqlite3_stmt *s = st_query(
+      st, "SELECT state, epoch, restarts, max_restarts, world_size FROM jobs WHERE id = ?",
+      A_I(job_id));
+  int rc = st_step(st, s);
+  if (rc < 0) return rc;
+  if (rc == 0) return err_set(FSDP_ENOTFOUND, "job %lld: no such job", (long long)job_id);
+  b->state = ST_ENUM(store_job_state_name, sqlite3_column_text(s, 0));
+  b->epoch = sqlite3_column_int64(s, 1);
+  b->restarts = sqlite3_column_int(s, 2);
+  b->max_restarts = sqlite3_column_int(s, 3);
+  b->world_size = sqlite3_column_int(s, 4);
+  sqlite3_reset(s);
+  return 0;
+}
+
+/* The fence: anything naming an attempt is checked against the job's
+ * current epoch. An older one is FSDP_ESTALE, so nothing of a previous
+ * attempt reaches the current one. running: the attempt must still run
+ * (else FSDP_ESTALE too). */
+static int job_fence(store_t *st, int64_t job_id, int64_t epoch, const char *what, int running,
+                     job_brief_t *b) {
+  int rc = job_brief(st, job_id, b);
+  if (rc) return rc;
+  if (epoch < b->epoch)
+    return err_set(FSDP_ESTALE,
+                   "job %lld: %s for epoch %lld, but the job is at epoch %lld: refused (it "
+                   "belongs to an earlier attempt)",
+                   (long long)job_id, what, (long long)epoch, (long long)b->epoch);
+  if (epoch > b->epoch || epoch <= 0)
+    return err_set(FSDP_ENOTFOUND, "job %lld: %s for epoch %lld, which never started",
+                   (long long)job_id, what, (long long)epoch);
+  /* an ended attempt is as stale as an older one: its ranks must give up */
+  if (running && b->state != STORE_JOB_RUNNING)
+    return err_set(FSDP_ESTALE, "job %lld: %s for epoch %lld, an attempt that has ended (job %s)",
+                   (long long)job_id, what, (long long)epoch, store_job_state_name(b->state));
+  return 0;
+}
+
+int store_job_set_pending_reason(store_t *st, int64_t job_id, const char *reason) {
+  int rc = store_begin(st, 1);
+  if (rc) return rc;
+  job_brief_t b;
+  if ((rc = job_brief(st, job_id, &b))) return store_end(st, rc);
+  if (b.state != STORE_JOB_PENDING)
+    return store_end(st, err_set(FSDP_ESTATE, "job %lld is %s, not PENDING: no pending reason",
+                                 (long long)job_id, store_job_state_name(b.state)));
+  reason = reason ? reason : "";
+  if (st_exec(st, "UPDATE jobs SET reason = ? WHERE id = ? AND reason IS NOT ?", A_T(reason),
+              A_I(job_id), A_T(reason)) > 0)
+    st_event(st, job_id, 0, "job.pending", "%s", reason);
+  return store_end(st, 0);
+}
+
+/* Why placing a rank on (node, device) failed: the device is unknown, held,
+ * or on a dead node. */
+static int placement_err(store_t *st, int64_t job_id, const store_placement_t *p) {
+  char node[STORE_NAME_MAX] = "?", state[16] = "";
+  int64_t holder = -1;
+  sqlite3_stmt *s = st_query(st,
+                             "SELECT n.name, n.state, d.job_id FROM nodes n LEFT JOIN devices d "
+                             "ON d.node_id = n.id AND d.idx = ? WHERE n.id = ?",
+                             A_I(p->device_index), A_I(p->node_id));
+  if (st_step(st, s) == 1) {
+    st_col_text(s, 0, node, sizeof node);
+    st_col_text(s, 1, state, sizeof state);
+    holder = sqlite3_column_type(s, 2) == SQLITE_NULL ? 0 : sqlite3_column_int64(s, 2);
+    sqlite3_reset(s);
+  }
+  if (st->rc) return st->rc;
+  if (strcmp(state, "DEAD") == 0)
+    return err_set(FSDP_ESTATE, "job %lld rank %d: node %s is dead", (long long)job_id,
+                   p->rank, node);
+  if (holder > 0)
+    return err_set(FSDP_ESTATE, "job %lld rank %d: device %s:%d is held by job %lld",
+                   (long long)job_id, p->rank, node, p->device_index, (long long)holder);
+  return err_set(FSDP_ENOTFOUND, "job %lld rank %d: no device %d on node %lld (%s)",
+                 (long long)job_id, p->rank, p->device_index, (long long)p->node_id, node);
+}
+
+int store_attempt_start(store_t *st, int64_t job_id, const store_placement_t *ranks, int n,
+                        int64_t *epoch) {
+  int rc = store_begin(st, 1);
+  if (rc) return rc;
+  char *seen = NULL;
+  job_brief_t b;
+  if ((rc = job_brief(st, job_id, &b))) goto out;
+  if (b.state != STORE_JOB_PENDING) {
+    rc = err_set(FSDP_ESTATE, "job %lld is %s: only a PENDING job starts an attempt",
+                 (long long)job_id, store_job_state_name(b.state));
+    goto out;
+  }
+  if (n != b.world_size || !ranks) {
+    rc = err_set(FSDP_EINVAL, "job %lld: %d ranks placed, its world size is %d", (long long)job_id,
+                 n, b.world_size);
+    goto out;
+  }
+  if (!(seen = calloc((size_t)n, 1))) {
+    rc = err_set(FSDP_ENOMEM, "job %lld: out of memory placing %d ranks", (long long)job_id, n);
+    goto out;
+  }
+  int64_t ep = b.epoch + 1, now = store_now_ms();
+  st_exec(st, "INSERT INTO attempts(job_id, epoch, started_ms) VALUES(?, ?, ?)", A_I(job_id),
+          A_I(ep), A_I(now));
+  for (int i = 0; i < n && !rc && !st->rc; i++) {
+    const store_placement_t *p = &ranks[i];
+    if (p->rank < 0 || p->rank >= n || seen[p->rank]) {
+      rc = err_set(FSDP_EINVAL, "job %lld: rank %d placed twice or outside 0..%d",
+                   (long long)job_id, p->rank, n - 1);
+      break;
+    }
+    seen[p->rank] = 1;
+    /* taking the device and checking it was free is one statement */
+    if (st_exec(st,
+                "UPDATE devices SET job_id = ? WHERE node_id = ? AND idx = ? AND job_id IS NULL "
+                "AND (SELECT state FROM nodes WHERE nodes.id = devices.node_id) = 'ALIVE'",
+                A_I(job_id), A_I(p->node_id), A_I(p->device_index)) == 0) {
+      rc = placement_err(st, job_id, p);
+      break;
+    }
+    st_exec(st,
+            "INSERT INTO ranks(job_id, epoch, rank, node_id, device_idx, shard_group, "
+            "replica_group, state) VALUES(?, ?, ?, ?, ?, ?, ?, 'ASSIGNED')",
+            A_I(job_id), A_I(ep), A_I(p->rank), A_I(p->node_id), A_I(p->device_index),
+            A_I(p->shard_group), A_I(p->replica_group));
+  }
+  if (rc) goto out;
+  st_exec(st,
+          "UPDATE jobs SET state = 'RUNNING', epoch = ?, reason = '', "
+          "started_ms = coalesce(started_ms, ?) WHERE id = ?",
+          A_I(ep), A_I(now), A_I(job_id));
+  st_event(st, job_id, 0, "attempt.started", "attempt %lld started: %d ranks placed",
+           (long long)ep, n);
+  if (epoch) *epoch = ep;
+out:
+  free(seen);
+  return store_end(st, rc);
+}
+
+int store_rank_running(store_t *st, int64_t job_id, int64_t epoch, int rank, int64_t pid) {
+  int rc = store_begin(st, 1);
+  if (rc) return rc;
+  job_brief_t b;
+  if ((rc = job_fence(st, job_id, epoch, "rank start", 1, &b))) return store_end(st, rc);
+  if (st_exec(st,
+              "UPDATE ranks SET state = CASE state WHEN 'ASSIGNED' THEN 'RUNNING' ELSE state END, "
+              "pid = ? WHERE job_id = ? AND epoch = ? AND rank = ?",
+              A_I(pid), A_I(job_id), A_I(epoch), A_I(rank)) == 0 &&
+      !st->rc)
+    rc = err_set(FSDP_ENOTFOUND, "job %lld epoch %lld: no rank %d", (long long)job_id,
+                 (long long)epoch, rank);
+  return store_end(st, rc);
+}
+
+int store_rank_exit(store_t *st, int64_t job_id, int64_t epoch, int rank, int exit_status,
+                    store_attempt_verdict_t *verdict) {
+  int rc = store_begin(st, 1);
+  if (rc) return rc;
+  job_brief_t b;
+  if ((rc = job_fence(st, job_id, epoch, "rank exit report", 0, &b))) return store_end(st, rc);
+  if (!st_int(st, 0, "SELECT 1 FROM ranks WHERE job_id = ? AND epoch = ? AND rank = ?",
+              A_I(job_id), A_I(epoch), A_I(rank)) &&
+      !st->rc)
+    return store_end(st, err_set(FSDP_ENOTFOUND, "job %lld epoch %lld: no rank %d",
+                                 (long long)job_id, (long long)epoch, rank));
+  /* the first report counts; a rank already stopped or lost keeps its state */
+  if (st_exec(st,
+              "UPDATE ranks SET exit_status = ?, state = CASE WHEN state IN ('ASSIGNED', "
+              "'RUNNING') THEN (CASE WHEN ? = 0 THEN 'SUCCEEDED' ELSE 'FAILED' END) ELSE state "
+              "END WHERE job_id = ? AND epoch = ? AND rank = ? AND exit_status IS NULL",
+              A_I(exit_status), A_I(exit_status), A_I(job_id), A_I(epoch), A_I(rank)) > 0)
+    st_event(st, job_id, 0, "rank.exited", "rank %d of attempt %lld exited with status %d", rank,
+             (long long)epoch, exit_status);
+  store_attempt_verdict_t v = STORE_ATTEMPT_ENDED;
+  if (b.state == STORE_JOB_RUNNING) {
+    int64_t bad = st_int(st, 0,
+                         "SELECT count(*) FROM ranks WHERE job_id = ? AND epoch = ? "
+                         "AND state IN ('FAILED', 'LOST')",
+                         A_I(job_id), A_I(epoch));
+    int64_t live = st_int(st, 0,
+                          "SELECT count(*) FROM ranks WHERE job_id = ? AND epoch = ? "
+                          "AND state IN ('ASSIGNED', 'RUNNING')",
+                          A_I(job_id), A_I(epoch));
+    v = bad ? STORE_ATTEMPT_FAILED : live ? STORE_ATTEMPT_GOING : STORE_ATTEMPT_SUCCEEDED;
+  }
+  rc = store_end(st, 0);
+  if (!rc && verdict) *verdict = v;
+  return rc;
+}
+
+/* Closes a running attempt: its outcome, ranks still alive STOPPED, the
+ * job's devices freed, its rendezvous data dropped (the fence refuses the
+ * epoch from now on anyway; this keeps the table small). */
+static void attempt_close(store_t *st, int64_t job_id, int64_t epoch, const char *outcome,
+                          const char *reason, int64_t now) {
+  st_exec(st, "UPDATE attempts SET ended_ms = ?, outcome = ?, reason = ? WHERE job_id = ? AND epoch = ?",
+          A_I(now), A_T(outcome), A_T(reason), A_I(job_id), A_I(epoch));
+  st_exec(st,
+          "UPDATE ranks SET state = 'STOPPED' WHERE job_id = ? AND epoch = ? "
+          "AND state IN ('ASSIGNED', 'RUNNING')",
+          A_I(job_id), A_I(epoch));
+  st_exec(st, "UPDATE devices SET job_id = NULL WHERE job_id = ?", A_I(job_id));
+  st_exec(st, "DELETE FROM rendezvous WHERE job_id = ? AND epoch = ?", A_I(job_id), A_I(epoch));
+}
+
+int store_attempt_end(store_t *st, int64_t job_id, int64_t epoch, int succeeded,
+                      const char *reason, store_job_state_t *state) {
+  int rc = store_begin(st, 1);
+  if (rc) return rc;
+  job_brief_t b;
+  if ((rc = job_fence(st, job_id, epoch, "attempt end", 1, &b))) return store_end(st, rc);
+  reason = reason ? reason : "";
+  int64_t now = store_now_ms();
+  attempt_close(st, job_id, epoch, succeeded ? "SUCCEEDED" : "FAILED", reason, now);
+  store_job_state_t next;
+  char why[STORE_REASON_MAX];
+  if (succeeded) {
+    next = STORE_JOB_SUCCEEDED;
+    why[0] = 0;
+  } else if (b.restarts < b.max_restarts) {
+    next = STORE_JOB_PENDING;
+    snprintf(why, sizeof why, "attempt %lld failed: %s; restart %d of %d", (long long)epoch,
+             reason, b.restarts + 1, b.max_restarts);
+  } else {
+    next = STORE_JOB_FAILED;
+    snprintf(why, sizeof why, "attempt %lld failed: %s; no restarts left (max_restarts %d)",
+             (long long)epoch, reason, b.max_restarts);
+  }
+  st_exec(st,
+          "UPDATE jobs SET state = ?, reason = ?, restarts = restarts + ?, "
+          "ended_ms = CASE WHEN ? = 'PENDING' THEN NULL ELSE ? END WHERE id = ?",
+          A_T(store_job_state_name(next)), A_T(why), A_I(next == STORE_JOB_PENDING),
+          A_T(store_job_state_name(next)), A_I(now), A_I(job_id));
+  st_event(st, job_id, 0, "attempt.ended", "attempt %lld %s%s%s: job %s", (long long)epoch,
+           succeeded ? "succeeded" : "failed", *reason ? ": " : "", reason,
+           store_job_state_name(next));
+  rc = store_end(st, 0);
+  if (!rc && state) *state = next;
+  return rc;
+}
+
+int store_job_cancel(store_t *st, int64_t job_id, const char *reason, store_job_state_t *was) {
+  int rc = store_begin(st, 1);
+  if (rc) return rc;
+  job_brief_t b;
+  if ((rc = job_brief(st, job_id, &b))) return store_end(st, rc);
+  if (b.state != STORE_JOB_PENDING && b.state != STORE_JOB_RUNNING)
+    return store_end(st, err_set(FSDP_ESTATE, "job %lld already %s: nothing to cancel",
+                                 (long long)job_id, store_job_state_name(b.state)));
+  reason = reason && *reason ? reason : "cancelled";
+  int64_t now = store_now_ms();
+  if (b.state == STORE_JOB_RUNNING) attempt_close(st, job_id, b.epoch, "CANCELLED", reason, now);
+  st_exec(st, "UPDATE jobs SET state = 'CANCELLED', reason = ?, ended_ms = ? WHERE id = ?",
+          A_T(reason), A_I(now), A_I(job_id));
+  st_event(st, job_id, 0, "job.cancelled", "job cancelled while %s: %s",
+           store_job_state_name(b.state), reason);
+  rc = store_end(st, 0);
+  if (!rc && was) *was = b.state;
+  return rc;
+}
+
+/* ---- rendezvous ---- */
+
+int store_rendezvous_put(store_t *st, int64_t job_id, int64_t epoch, const char *group, int rank,
+                         const void *payload, size_t len) {
+  int rc = check_text("rendezvous group", group, STORE_NAME_MAX, 0);
+  if (!rc && len > STORE_PAYLOAD_MAX)
+    rc = err_set(FSDP_EINVAL, "rendezvous %s: payload of %zu bytes, at most %d", group, len,
+                 STORE_PAYLOAD_MAX);
+  if (!rc && len > 0 && !payload) rc = err_set(FSDP_EINVAL, "rendezvous %s: no payload", group);
+  if (rc) return rc;
+  if ((rc = store_begin(st, 1))) return rc;
+  job_brief_t b;
+  if ((rc = job_fence(st, job_id, epoch, "rendezvous put", 1, &b))) return store_end(st, rc);
+  if (!st_int(st, 0, "SELECT 1 FROM ranks WHERE job_id = ? AND epoch = ? AND rank = ?",
+              A_I(job_id), A_I(epoch), A_I(rank)) &&
+      !st->rc)
+    return store_end(st, err_set(FSDP_ENOTFOUND, "job %lld epoch %lld: no rank %d in rendezvous %s",
+                                 (long long)job_id, (long long)epoch, rank, group));
+  st_exec(st,
+          "INSERT OR REPLACE INTO rendezvous(job_id, epoch, group_name, rank, payload) "
+          "VALUES(?, ?, ?, ?, ?)",
+          A_I(job_id), A_I(epoch), A_T(group), A_I(rank), A_B(payload, len));
+  return store_end(st, 0);
+}
+
+int store_rendezvous_get(store_t *st, int64_t job_id, int64_t epoch, const char *group,
+                         int expected, store_rendezvous_t *out) {
+  memset(out, 0, sizeof *out);
+  int rc = check_text("rendezvous group", group, STORE_NAME_MAX, 0);
+  if (rc) return rc;
+  if ((rc = store_begin(st, 0))) return rc;
+  job_brief_t b;
+  if ((rc = job_fence(st, job_id, epoch, "rendezvous get", 1, &b))) return store_end(st, rc);
+  sqlite3_stmt *s = st_query(st,
+                             "SELECT rank, payload FROM rendezvous WHERE job_id = ? AND epoch = ? "
+                             "AND group_name = ? ORDER BY rank",
+                             A_I(job_id), A_I(epoch), A_T(group));
+  int cap = 0;
+  while ((rc = st_step(st, s)) == 1) {
+    if (out->n == cap) {
+      cap = cap ? 2 * cap : 8;
+      store_rendezvous_entry_t *grown = realloc(out->entry, (size_t)cap * sizeof *grown);
+      if (!grown) break;
+      out->entry = grown;
+    }
+    store_rendezvous_entry_t *e = &out->entry[out->n];
+    e->rank = sqlite3_column_int(s, 0);
+    e->len = (size_t)sqlite3_column_bytes(s, 1);
+    e->data = malloc(e->len ? e->len : 1);
+    if (!e->data) break;
+    if (e->len) memcpy(e->data, sqlite3_column_blob(s, 1), e->len);
+    out->n++;
+  }
+  if (rc == 1) { /* left the loop for memory */
+    sqlite3_reset(s);
+    rc = err_set(FSDP_ENOMEM, "rendezvous %s: out of memory", group);
+  }
+  rc = store_end(st, rc < 0 ? rc : 0);
+  if (rc) store_rendezvous_free(out);
+  else out->complete = out->n >= expected;
+  return rc;
+}
+
+void store_rendezvous_free(store_rendezvous_t *r) {
+  if (!r) return;
+  for (int i = 0; i < r->n; i++) free(r->entry[i].data);
+  free(r->entry);
+  memset(r, 0, sizeof *r);
+}
+
+/* ---- events ---- */
+
+int store_event_add(store_t *st, int64_t job_id, int64_t node_id, const char *kind,
+                    const char *fmt, ...) {
+  int rc = check_text("event kind", kind, STORE_KIND_MAX, 0);
+  if (rc) return rc;
+  if ((rc = store_begin(st, 1))) return rc;
+  va_list ap;
+  va_start(ap, fmt);
+  st_eventv(st, job_id, node_id, kind, fmt, ap);
+  va_end(ap);
+  return store_end(st, 0);
+}
+
+int store_event_list(store_t *st, int64_t job_id, int64_t after_id, store_event_t **events,
+                     int *n) {
+  int rc = store_begin(st, 0);
+  if (rc) return rc;
+  rc = st_collect(st, store_event_t, event_row, events, n,
+                  "SELECT id, time_ms, job_id, node_id, kind, text FROM events "
+                  "WHERE id > ? AND (? = 0 OR job_id = ?) ORDER BY id",
+                  A_I(after_id), A_I(job_id), A_I(job_id));
+  return store_end(st, rc);
+}
+
+/* ---- readers ---- */
+
+int store_job_get(store_t *st, int64_t job_id, store_job_t *job) {
+  memset(job, 0, sizeof *job);
+  int rc = store_begin(st, 0);
+  if (rc) return rc;
+  sqlite3_stmt *s = st_query(st, "SELECT " JOB_COLS ", spec FROM jobs WHERE id = ?", A_I(job_id));
+  rc = st_step(st, s);
+  if (rc == 0) rc = err_set(FSDP_ENOTFOUND, "job %lld: no such job", (long long)job_id);
+  if (rc == 1) {
+    job_row(s, job);
+    const unsigned char *spec = sqlite3_column_text(s, 12);
+    job->spec = strdup(spec ? (const char *)spec : "");
+    rc = job->spec ? 0 : err_set(FSDP_ENOMEM, "job %lld: out of memory", (long long)job_id);
+  }
+  return store_end(st, rc);
+}
+
+void store_job_free(store_job_t *job) {
+  if (!job) return;
+  free(job->spec);
+  job->spec = NULL;
+}
+
+int store_job_list(store_t *st, store_job_t **jobs, int *n) {
+  int rc = store_begin(st, 0);
+  if (rc) return rc;
+  rc = st_collect(st, store_job_t, job_row, jobs, n, "SELECT " JOB_COLS " FROM jobs ORDER BY id");
+  return store_end(st, rc);
+}
+
+void store_jobs_free(store_job_t *jobs, int n) {
+  for (int i = 0; jobs && i < n; i++) store_job_free(&jobs[i]);
+  free(jobs);
+}
+
+int store_node_list(store_t *st, store_node_t **nodes, int *n) {
+  *nodes = NULL;
+  *n = 0;
+  int rc = store_begin(st, 0);
+  if (rc) return rc;
+  store_device_t *devs = NULL;
+  int nd = 0;
+  rc = st_collect(st, store_node_t, node_row, nodes, n,
+                  "SELECT id, name, address, state, registered_ms, last_seen_ms FROM nodes "
+                  "ORDER BY id");
+  if (!rc)
+    rc = st_collect(st, store_device_t, device_row, &devs, &nd,
+                    "SELECT " DEVICE_COLS " FROM devices ORDER BY node_id, idx");
+  rc = store_end(st, rc);
+  /* both are in id order: hand each node its run of devices */
+  for (int i = 0, d = 0; !rc && i < *n; i++) {
+    store_node_t *node = &(*nodes)[i];
+    while (d < nd && devs[d].node_id < node->id) d++;
+    int first = d;
+    while (d < nd && devs[d].node_id == node->id) d++;
+    if (d == first) continue;
+    node->devices = malloc((size_t)(d - first) * sizeof *devs);
+    if (!node->devices) {
+      rc = err_set(FSDP_ENOMEM, "listing nodes: out of memory");
+      break;
+    }
+    memcpy(node->devices, devs + first, (size_t)(d - first) * sizeof *devs);
+    node->n_devices = d - first;
+  }
+  free(devs);
+  if (rc) {
+    store_nodes_free(*nodes, *n);
+    *nodes = NULL;
+    *n = 0;
+  }
+  return rc;
+}
+
+void store_nodes_free(store_node_t *nodes, int n) {
+  for (int i = 0; nodes && i < n; i++) free(nodes[i].devices);
+  free(nodes);
+}
+
+int store_free_devices(store_t *st, store_device_t **devices, int *n) {
+  int rc = store_begin(st, 0);
+  if (rc) return rc;
+  rc = st_collect(st, store_device_t, device_row, devices, n,
+                  "SELECT " DEVICE_COLS " FROM devices WHERE job_id IS NULL "
+                  "AND node_id IN (SELECT id FROM nodes WHERE state = 'ALIVE') "
+                  "ORDER BY node_id, idx");
+  return store_end(st, rc);
+}
+
+int store_ranks_of_node(store_t *st, int64_t node_id, store_rank_t **ranks, int *n) {
+  int rc = store_begin(st, 0);
+  if (rc) return rc;
+  /* attempt_close stops every live rank of an ended attempt, so the live
+   * ones are the running jobs' current attempts */
+  rc = st_collect(st, store_rank_t, rank_row, ranks, n,
+                  "SELECT " RANK_COLS " FROM ranks WHERE node_id = ? "
+                  "AND state IN ('ASSIGNED', 'RUNNING') ORDER BY job_id, rank",
+                  A_I(node_id));
+  return store_end(st, rc);
+}
+
+int store_ranks_of_job(store_t *st, int64_t job_id, int64_t epoch, store_rank_t **ranks, int *n) {
+  int rc = store_begin(st, 0);
+  if (rc) return rc;
+  rc = st_collect(st, store_rank_t, rank_row, ranks, n,
+                  "SELECT " RANK_COLS " FROM ranks WHERE job_id = ? "
+                  "AND epoch = (CASE WHEN ? > 0 THEN ? ELSE "
+                  "(SELECT epoch FROM jobs WHERE id = ?) END) ORDER BY rank",
+                  A_I(job_id), A_I(epoch), A_I(epoch), A_I(job_id));
+  return store_end(st, rc);
+}
+
+void store_array_free(void *array) { free(array); }

@@ -1,0 +1,279 @@
+/* store: the coordinator's cluster state, one SQLite database (WAL).
+ *
+ * It owns the connection, the schema and its migrations, and every write of
+ * the cluster's state: each function below is one state change made in one
+ * transaction (all of it or none), named after the change; no caller writes
+ * SQL. It knows nothing of gRPC or protobuf: the coordinator translates
+ * requests into these calls. It holds state, not policy, with one exception
+ * kept here because it must be atomic with the attempt's end: whether a
+ * failed attempt restarts (restarts < max_restarts).
+ *
+ * What is not here, on purpose: liveness. Heartbeat times live in the
+ * coordinator's memory, so a heartbeat writes nothing; the store records a
+ * node's last-seen time only when its state changes (registration, death).
+ *
+ * One store_t is used by one thread. Every function returns 0 or a negative
+ * FSDP_E* code with err_msg() saying what failed (SQLite's codes are mapped:
+ * SQLITE_BUSY -> FSDP_ETIMEDOUT, SQLITE_FULL -> FSDP_ENOSPC, a corrupt file
+ * or one that is not a database -> FSDP_EFORMAT). Times are Unix milliseconds
+ * from the store's clock; 0 means "not yet". Rows come back in caller-owned
+ * structs: fixed-size text, and arrays the store allocates, freed by the
+ * matching _free. The schema is docs/FORMATS.md's "Coordinator database". */
+#ifndef FSDP_STORE_H
+#define FSDP_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* The schema version this build writes and reads (PRAGMA user_version). */
+#define STORE_SCHEMA_VERSION 1
+
+/* Text bounds: longer input is refused (EINVAL) so what is stored reads back
+ * whole; reasons and event text are free text and are cut to fit on read. */
+#define STORE_NAME_MAX 128    /* node, job, device and group names, with the NUL */
+#define STORE_ADDR_MAX 256    /* a node's address */
+#define STORE_MESH_MAX 32     /* "2x2" */
+#define STORE_REASON_MAX 512  /* reasons and event text */
+#define STORE_KIND_MAX 32     /* event kinds ("job.submitted") */
+#define STORE_PAYLOAD_MAX 65536 /* one rendezvous payload, bytes */
+
+typedef struct store store_t;
+
+/* ---- enums, stored as their names (readable with the sqlite3 shell) ---- */
+#define STORE_NODE_STATES(XX) XX(ALIVE) XX(DEAD)
+#define STORE_DEV_KINDS(XX) XX(cpu) XX(cuda)
+#define STORE_JOB_STATES(XX) XX(PENDING) XX(RUNNING) XX(SUCCEEDED) XX(FAILED) XX(CANCELLED)
+/* ASSIGNED: placed, its fsdpd not yet reported a process; RUNNING: it has;
+ * SUCCEEDED/FAILED: exited (0 / otherwise); STOPPED: its attempt was ended
+ * around it (another rank failed, cancel); LOST: its node died. */
+#define STORE_RANK_STATES(XX) XX(ASSIGNED) XX(RUNNING) XX(SUCCEEDED) XX(FAILED) XX(STOPPED) XX(LOST)
+
+typedef enum {
+#define XX(x) STORE_NODE_##x,
+  STORE_NODE_STATES(XX)
+#undef XX
+} store_node_state_t;
+typedef enum {
+#define XX(x) STORE_DEV_##x,
+  STORE_DEV_KINDS(XX)
+#undef XX
+} store_dev_kind_t;
+typedef enum {
+#define XX(x) STORE_JOB_##x,
+  STORE_JOB_STATES(XX)
+#undef XX
+} store_job_state_t;
+typedef enum {
+#define XX(x) STORE_RANK_##x,
+  STORE_RANK_STATES(XX)
+#undef XX
+} store_rank_state_t;
+
+const char *store_node_state_name(store_node_state_t s);
+const char *store_dev_kind_name(store_dev_kind_t k);
+const char *store_job_state_name(store_job_state_t s);
+const char *store_rank_state_name(store_rank_state_t s);
+
+/* ---- rows ---- */
+typedef struct store_device {
+  int64_t node_id;
+  int index;                    /* the device's number on its node */
+  store_dev_kind_t kind;
+  char name[STORE_NAME_MAX];    /* "NVIDIA H100 80GB HBM3", "cpu" */
+  uint64_t memory_bytes;
+  int64_t job_id;               /* the job holding it; 0: free */
+} store_device_t;
+
+typedef struct store_node {
+  int64_t id;
+  char name[STORE_NAME_MAX];
+  char address[STORE_ADDR_MAX]; /* where its fsdpd listens */
+  store_node_state_t state;
+  int64_t registered_ms;        /* first registration */
+  int64_t last_seen_ms;         /* at its last state change (not every heartbeat) */
+  int n_devices;
+  store_device_t *devices;      /* by index; freed by store_nodes_free */
+} store_node_t;
+
+/* What a job is submitted with (validated by the coordinator before). */
+typedef struct store_job_spec {
+  const char *name;
+  const char *spec;             /* the job's key = value options, as text */
+  int world_size;
+  const char *mesh;             /* "R x S" as the spec gave it, e.g. "2x2" */
+  int max_restarts;
+} store_job_spec_t;
+
+typedef struct store_job {
+  int64_t id;
+  char name[STORE_NAME_MAX];
+  char *spec;                   /* store_job_get only (NULL from store_job_list) */
+  int world_size;
+  char mesh[STORE_MESH_MAX];
+  store_job_state_t state;
+  char reason[STORE_REASON_MAX]; /* why PENDING / FAILED / CANCELLED ("" when none) */
+  int max_restarts;
+  int restarts;                 /* attempts restarted so far */
+  int64_t epoch;                /* the current (or last) attempt; 0 before the first */
+  int64_t submitted_ms, started_ms, ended_ms; /* started: the first attempt */
+} store_job_t;
+
+/* Where one rank of an attempt runs (store_attempt_start's input). */
+typedef struct store_placement {
+  int rank;
+  int64_t node_id;
+  int device_index;
+  int shard_group;              /* which S-way shard group (0 .. R-1) */
+  int replica_group;            /* which replica group (0 .. S-1) */
+} store_placement_t;
+
+typedef struct store_rank {
+  int64_t job_id;
+  int64_t epoch;
+  int rank;
+  int64_t node_id;
+  int device_index;
+  int shard_group, replica_group;
+  store_rank_state_t state;
+  int has_exit;                 /* exit_status is known */
+  int exit_status;              /* exit code, or -signal */
+  int64_t pid;                  /* 0 until its fsdpd reports the process */
+} store_rank_t;
+
+typedef struct store_event {
+  int64_t id;                   /* ascending: a reader resumes after the last it saw */
+  int64_t time_ms;
+  int64_t job_id, node_id;      /* 0: none */
+  char kind[STORE_KIND_MAX];
+  char text[STORE_REASON_MAX];
+} store_event_t;
+
+/* One payload of a rendezvous group. */
+typedef struct store_rendezvous_entry {
+  int rank;
+  size_t len;
+  unsigned char *data;
+} store_rendezvous_entry_t;
+
+typedef struct store_rendezvous {
+  int complete;                 /* every expected rank has put */
+  int n;                        /* payloads present, by rank ascending */
+  store_rendezvous_entry_t *entry;
+} store_rendezvous_t;
+
+/* What a rank's exit means for its attempt. */
+typedef enum {
+  STORE_ATTEMPT_GOING = 0,  /* ranks still running, none failed */
+  STORE_ATTEMPT_SUCCEEDED,  /* every rank exited 0: end it as SUCCEEDED */
+  STORE_ATTEMPT_FAILED,     /* a rank failed or was lost: stop the others, end it as FAILED */
+  STORE_ATTEMPT_ENDED,      /* the attempt was already ended: nothing to do */
+} store_attempt_verdict_t;
+
+/* ---- opening ---- */
+typedef struct store_opts {
+  int busy_timeout_ms;          /* a second writer waits this long; 0: 5000 */
+  int sync_normal;              /* 1: synchronous=NORMAL (see store.c); 0: FULL */
+} store_opts_t;
+
+/* Opens or creates the database at path and migrates it to
+ * STORE_SCHEMA_VERSION, one transaction per step. Refuses (EFORMAT, naming the
+ * file) a file that is not a SQLite database, a database of another program,
+ * and one from a newer schema, leaving the file as it was. opts may be NULL. */
+int store_open(const char *path, const store_opts_t *opts, store_t **out);
+/* Closes; a transaction left open is a bug and aborts naming where it began. */
+void store_close(store_t *st);
+/* The schema version the file had when opened (0: created by this open). */
+int store_schema_from(const store_t *st);
+
+/* ---- nodes ---- */
+/* Registers a node by name (a known name is updated: address, devices, ALIVE
+ * again) with its devices; a device it no longer reports is dropped unless a
+ * job holds it. Returns its id in *node_id. */
+int store_node_register(store_t *st, const char *name, const char *address,
+                        const store_device_t *devices, int n_devices, int64_t *node_id);
+/* Marks a node DEAD, heard last at last_seen_ms; its ranks still assigned or
+ * running become LOST. The distinct jobs they belonged to go in jobs[] (at
+ * most cap), their number in *n_jobs (may exceed cap). */
+int store_node_mark_dead(store_t *st, int64_t node_id, int64_t last_seen_ms, int64_t *jobs,
+                         int cap, int *n_jobs);
+
+/* ---- jobs and attempts ---- */
+/* Stores a new job as PENDING; its id in *job_id. */
+int store_job_submit(store_t *st, const store_job_spec_t *spec, int64_t *job_id);
+/* Stores n new jobs in one transaction, all or none; their ids in job_ids[].
+ * Group commit: one sync for the submits of one turn of the coordinator's
+ * loop, each answered after it (under synchronous=FULL every commit is an
+ * fsync; docs/ARCHITECTURE.md has the rates). */
+int store_job_submit_batch(store_t *st, const store_job_spec_t *specs, int n, int64_t *job_ids);
+/* Records why a PENDING job waits (written only when it changed). */
+int store_job_set_pending_reason(store_t *st, int64_t job_id, const char *reason);
+/* Starts the next attempt of a PENDING job: epoch + 1, RUNNING, its
+ * world_size ranks ASSIGNED to the given devices, which become held by the
+ * job. All or nothing: a device unknown (ENOTFOUND), held, or on a dead node
+ * (ESTATE) changes nothing. The new epoch in *epoch. */
+int store_attempt_start(store_t *st, int64_t job_id, const store_placement_t *ranks, int n,
+                        int64_t *epoch);
+/* A rank's process runs with this pid (ASSIGNED -> RUNNING). */
+int store_rank_running(store_t *st, int64_t job_id, int64_t epoch, int rank, int64_t pid);
+/* A rank's process ended with exit_status (0: success; a code; -signal).
+ * *verdict says whether the attempt is over and how. A report for an older
+ * epoch is refused with FSDP_ESTALE. */
+int store_rank_exit(store_t *st, int64_t job_id, int64_t epoch, int rank, int exit_status,
+                    store_attempt_verdict_t *verdict);
+/* Ends the running attempt `epoch` of a job. succeeded: the job SUCCEEDED.
+ * Otherwise it FAILED for reason, and goes back to PENDING with restarts + 1
+ * when restarts < max_restarts. Either way ranks still alive become STOPPED,
+ * the job's devices are freed and the attempt's rendezvous data dropped. The
+ * job's new state in *state (may be NULL). FSDP_ESTALE for an older epoch
+ * or an attempt already ended. */
+int store_attempt_end(store_t *st, int64_t job_id, int64_t epoch, int succeeded,
+                      const char *reason, store_job_state_t *state);
+/* Cancels a PENDING or RUNNING job (a running attempt ends CANCELLED as
+ * above). The state it had in *was (may be NULL): RUNNING means its ranks
+ * must be stopped. An ended job: ESTATE. */
+int store_job_cancel(store_t *st, int64_t job_id, const char *reason, store_job_state_t *was);
+
+/* ---- rendezvous, fenced by epoch ---- */
+/* Publishes a rank's payload in a group of the job's running attempt (again:
+ * replaced). An older epoch or an ended attempt: FSDP_ESTALE (the rank
+ * should give up); a rank not in the attempt: ENOTFOUND. */
+int store_rendezvous_put(store_t *st, int64_t job_id, int64_t epoch, const char *group, int rank,
+                         const void *payload, size_t len);
+/* The group's payloads; complete when `expected` ranks have put (the caller
+ * knows the group's size from the mesh). An older epoch: FSDP_ESTALE. Free
+ * with store_rendezvous_free. */
+int store_rendezvous_get(store_t *st, int64_t job_id, int64_t epoch, const char *group,
+                         int expected, store_rendezvous_t *out);
+void store_rendezvous_free(store_rendezvous_t *r);
+
+/* ---- the audit log ---- */
+/* Adds an event (job_id, node_id: 0 for none). The state changes above add
+ * their own; this is for what the coordinator sees besides. */
+int store_event_add(store_t *st, int64_t job_id, int64_t node_id, const char *kind,
+                    const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* Events with id > after_id, of one job (job_id > 0) or all, oldest first. */
+int store_event_list(store_t *st, int64_t job_id, int64_t after_id, store_event_t **events,
+                     int *n);
+
+/* ---- readers ---- */
+/* ENOTFOUND for an unknown id; free with store_job_free. */
+int store_job_get(store_t *st, int64_t job_id, store_job_t *job);
+void store_job_free(store_job_t *job);
+/* Every job by id (spec left NULL); free with store_jobs_free. */
+int store_job_list(store_t *st, store_job_t **jobs, int *n);
+void store_jobs_free(store_job_t *jobs, int n);
+/* Every node by id with its devices; free with store_nodes_free. */
+int store_node_list(store_t *st, store_node_t **nodes, int *n);
+void store_nodes_free(store_node_t *nodes, int n);
+/* Devices no job holds, on ALIVE nodes, by (node, index). */
+int store_free_devices(store_t *st, store_device_t **devices, int *n);
+/* The ranks placed on a node by running jobs' current attempts, still
+ * ASSIGNED or RUNNING: what it should be running (reconciling after a
+ * coordinator restart, or when the node re-registers). */
+int store_ranks_of_node(store_t *st, int64_t node_id, store_rank_t **ranks, int *n);
+/* The ranks of one attempt (epoch 0: the job's current one), by rank. */
+int store_ranks_of_job(store_t *st, int64_t job_id, int64_t epoch, store_rank_t **ranks, int *n);
+/* Frees an array from store_free_devices, store_ranks_of_*, store_event_list. */
+void store_array_free(void *array);
+
+#endif
