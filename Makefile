@@ -79,20 +79,17 @@ COMM_SRCS   = daemon/comm/comm.c daemon/comm/boot.c \
               daemon/comm/shm.c daemon/comm/rec.c daemon/comm/cma.c daemon/comm/reg.c
 LIB_SRCS    = $(COMMON_SRCS) $(JOB_SRCS) $(TRAIN_SRCS) $(COMM_SRCS) $(NODE_SRCS)
 LIB         = $(B)/libfsdp.a
-# The coordinator's own code links daemon/common and nothing of the engine.
-SCHED_SRCS  = daemon/coordinator/sched.c
-SCHED_OBJS  = $(SCHED_SRCS:%.c=$(B)/%.o) $(COMMON_SRCS:%.c=$(B)/%.o)
 
 # ---- the coordinator (fsdp-coordinator) ----
 # Its sources link daemon/common's objects and SQLite only: no training, comm
 # or kernel object (libfsdp.a holds those; daemon/coordinator includes nothing
 # of daemon/train, daemon/comm or kernels). COORD_OBJS is what the
 # coordinator and its tests link.
-COORD_SRCS   = daemon/coordinator/store.c
+COORD_SRCS   = daemon/coordinator/store.c daemon/coordinator/sched.c
 COORD_OBJS   = $(COORD_SRCS:%.c=$(B)/%.o) $(COMMON_SRCS:%.c=$(B)/%.o)
 COORD_LDLIBS = -lsqlite3 -lpthread
 
-BINS  = bin/fsdp-train bin/fsdp-tokenize bin/fsdp-launch
+BINS  = bin/fsdp-train bin/fsdp-tokenize bin/fsdp-launch bin/fsdp-coordinator
 # Unit tests (tests/unit: a module through its API) and end-to-end tests
 # (tests/e2e: the programs run as processes); test_bins names their binaries
 # under a build directory.
@@ -183,7 +180,8 @@ $(B)/tests/fake-cuda/libcuda.so.1: tests/unit/fake_libcuda.c | deps
 	$(CC) -shared -fPIC -O1 -Wall -Wextra -Werror $< -o $@
 
 # The scheduler's test links what the coordinator links of it: no engine.
-$(B)/tests/test_sched: $(B)/tests/unit/test_sched.o $(TESTUTIL) $(SCHED_OBJS)
+$(B)/tests/test_sched: $(B)/tests/unit/test_sched.o $(TESTUTIL) $(B)/daemon/coordinator/sched.o \
+                       $(COMMON_SRCS:%.c=$(B)/%.o)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ -lm -lcriterion
 
@@ -279,6 +277,16 @@ $(B)/tests/test_rpc: $(B)/tests/unit/test_rpc.o $(TESTUTIL) $(RPC_LIB) $(COMMON_
 $(B)/fuzz_rpc_requests: $(B)/tests/fuzz/fuzz_rpc_requests.o $(B)/tests/fuzz/fuzz.o $(PROTO_OBJS) $(LIB)
 	$(CC) -fsanitize=fuzzer,address,undefined -fopenmp $^ -o $@ $(LDLIBS) -lprotobuf-c
 # ---- end of the RPC block ----------------------------------------------------
+
+# ---- fsdp-coordinator: the store, the scheduler and admission (the job
+# library) behind the RPC layer; nothing of the engine (COORD_BIN_OBJS).
+COORD_SVC_SRCS = daemon/coordinator/coord.c daemon/coordinator/coord_rpc.c daemon/coordinator/main.c
+COORD_SVC_OBJS = $(COORD_SVC_SRCS:%.c=$(B)/%.o)
+COORD_BIN_OBJS = $(COORD_SVC_OBJS) $(sort $(COORD_OBJS) $(JOB_OBJS)) $(RPC_LIB)
+$(COORD_SVC_OBJS): | $(PROTO_HDRS)
+bin/fsdp-coordinator: $(COORD_BIN_OBJS)
+	@mkdir -p bin
+	$(CC) $(EXTRA_LDFLAGS) $^ -o $@ $(RPC_LDLIBS) $(COORD_LDLIBS) -linih -lm
 
 fuzz: fuzz-build
 	@for t in $(FUZZ); do mkdir -p build-fuzz/corpus/$$t; \

@@ -109,6 +109,11 @@ static const config_opt_t *config_find(const char *key) {
   return NULL;
 }
 
+const char *config_section_of(const char *key) {
+  const config_opt_t *o = config_find(key);
+  return o ? o->section : NULL;
+}
+
 static uint64_t config_bit(const config_opt_t *o) { return 1ull << (o - config_opts); }
 
 /* The options that say which model it is: setting one makes c->gpt stale. */

@@ -103,6 +103,8 @@ int config_is_given(const config_t *c, const char *key);
 /* The option keys, for building a command line (i from 0 to config_num_opts()-1). */
 int config_num_opts(void);
 const char *config_opt_key(int i);
+/* The section a key belongs in ("model", "train", ...), or NULL for no such key. */
+const char *config_section_of(const char *key);
 /* Prints every option with its help (for --help). */
 void config_print_help(FILE *out);
 /* Prints the effective options, one `key = value` line each (a job file).

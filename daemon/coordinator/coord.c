@@ -1,0 +1,686 @@
+/* coord: the coordinator's state machine around the store (see coord.h):
+ * liveness and node death, placement of pending jobs, what each node is
+ * still to be told and its delivery through the held heartbeat, failing and
+ * killing attempts, and the open calls that wait on state (WatchJob streams,
+ * rendezvous). The RPC handlers are coord_rpc.c.
+ *
+ * One timer (coord_tick_cb, every COORD_TICK_MS) does all periodic work:
+ * answers held heartbeats whose interval has passed and rendezvous calls
+ * held past COORD_RDV_HOLD_MS, declares nodes dead after the heartbeat
+ * timeout, and places pending jobs when something they depend on changed
+ * (a job ended or was submitted, a node came or went, a device was freed). */
+#include "daemon/coordinator/coord_impl.h"
+
+#include <ini.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "daemon/common/err.h"
+#include "daemon/common/log.h"
+#include "daemon/coordinator/sched.h"
+#include "daemon/job/job.h"
+#include "daemon/job/shard.h"
+
+#define COORD_TICK_MS 50
+
+int64_t coord_unix_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+uint64_t coord_mono_ms(coord_t *c) {
+  uv_update_time(c->loop);
+  return uv_now(c->loop);
+}
+
+void coord_id_str(char *buf, size_t len, char kind, int64_t id) {
+  snprintf(buf, len, "%c-%lld", kind, (long long)id);
+}
+
+/* "j-42" -> 42; 0 for anything else (ids start at 1). */
+int64_t coord_id_parse(const char *s, char kind) {
+  if (!s || s[0] != kind || s[1] != '-' || s[2] < '1' || s[2] > '9') return 0;
+  int64_t v = 0;
+  for (const char *p = s + 2; *p; p++) {
+    if (*p < '0' || *p > '9' || v > (INT64_MAX - 9) / 10) return 0;
+    v = v * 10 + (*p - '0');
+  }
+  return v;
+}
+
+Fsdp__V1__JobState coord_job_state(store_job_state_t s) {
+  switch (s) {
+  case STORE_JOB_PENDING: return FSDP__V1__JOB_STATE__JOB_STATE_PENDING;
+  case STORE_JOB_RUNNING: return FSDP__V1__JOB_STATE__JOB_STATE_RUNNING;
+  case STORE_JOB_SUCCEEDED: return FSDP__V1__JOB_STATE__JOB_STATE_SUCCEEDED;
+  case STORE_JOB_FAILED: return FSDP__V1__JOB_STATE__JOB_STATE_FAILED;
+  case STORE_JOB_CANCELLED: return FSDP__V1__JOB_STATE__JOB_STATE_CANCELLED;
+  }
+  return FSDP__V1__JOB_STATE__JOB_STATE_UNSPECIFIED;
+}
+
+/* ---- a job's spec: INI text in the store, options on the wire ------------ */
+
+typedef struct coord_spec_ctx {
+  Fsdp__V1__JobSpec *spec;
+  int cap, failed;
+} coord_spec_ctx_t;
+
+static int coord_spec_ini_cb(void *user, const char *section, const char *key, const char *value) {
+  coord_spec_ctx_t *x = user;
+  Fsdp__V1__JobSpec *s = x->spec;
+  if ((int)s->n_options == x->cap) {
+    int cap = x->cap ? 2 * x->cap : 16;
+    Fsdp__V1__Option **p = realloc(s->options, (size_t)cap * sizeof *p);
+    if (!p) return x->failed = 1, 0;
+    s->options = p, x->cap = cap;
+  }
+  Fsdp__V1__Option *o = malloc(sizeof *o);
+  if (!o) return x->failed = 1, 0;
+  fsdp__v1__option__init(o);
+  o->section = strdup(section), o->key = strdup(key), o->value = strdup(value);
+  s->options[s->n_options++] = o;
+  if (!o->section || !o->key || !o->value) return x->failed = 1, 0;
+  return 1;
+}
+
+int coord_spec_from_text(const char *text, Fsdp__V1__JobSpec *spec) {
+  fsdp__v1__job_spec__init(spec);
+  coord_spec_ctx_t x = {spec, 0, 0};
+  int line = ini_parse_string(text, coord_spec_ini_cb, &x);
+  if (line || x.failed) {
+    coord_spec_free(spec);
+    return x.failed ? err_set(FSDP_ENOMEM, "coordinator: out of memory reading a job's spec")
+                    : err_set(FSDP_EFORMAT, "coordinator: a stored job spec does not parse "
+                              "(line %d); the database was changed by hand?", line);
+  }
+  return FSDP_OK;
+}
+
+void coord_spec_free(Fsdp__V1__JobSpec *spec) {
+  for (size_t i = 0; i < spec->n_options; i++) {
+    Fsdp__V1__Option *o = spec->options[i];
+    if (!o) continue;
+    free(o->section), free(o->key), free(o->value), free(o);
+  }
+  free(spec->options);
+  fsdp__v1__job_spec__init(spec);
+}
+
+/* ---- in-memory tables ----------------------------------------------------- */
+
+coord_node_t *coord_node_get(coord_t *c, int64_t id, int create) {
+  if (id <= 0) return NULL;
+  if (id >= c->cap_node) {
+    if (!create) return NULL;
+    int64_t cap = c->cap_node ? c->cap_node : 64;
+    while (cap <= id) cap *= 2;
+    coord_node_t **p = realloc(c->node, (size_t)cap * sizeof *p);
+    if (!p) return NULL;
+    memset(p + c->cap_node, 0, (size_t)(cap - c->cap_node) * sizeof *p);
+    c->node = p, c->cap_node = cap;
+  }
+  if (!c->node[id] && create) {
+    coord_node_t *n = calloc(1, sizeof *n);
+    if (!n) return NULL;
+    n->id = id;
+    n->heard_ms = coord_mono_ms(c);
+    n->heard_unix_ms = coord_unix_ms();
+    c->node[id] = n;
+  }
+  return c->node[id];
+}
+
+coord_rank_t *coord_rank_get(coord_t *c, int64_t job, int rank, int create) {
+  for (int i = 0; i < c->n_rank; i++)
+    if (c->rank[i].job == job && c->rank[i].rank == rank) return &c->rank[i];
+  if (!create) return NULL;
+  if (c->n_rank == c->cap_rank) {
+    int cap = c->cap_rank ? 2 * c->cap_rank : 64;
+    coord_rank_t *p = realloc(c->rank, (size_t)cap * sizeof *p);
+    if (!p) return NULL;
+    c->rank = p, c->cap_rank = cap;
+  }
+  coord_rank_t *r = &c->rank[c->n_rank++];
+  memset(r, 0, sizeof *r);
+  r->job = job, r->rank = rank;
+  return r;
+}
+
+/* Forgets the ranks' reports of a job (its attempt ended). */
+static void coord_ranks_forget(coord_t *c, int64_t job) {
+  int k = 0;
+  for (int i = 0; i < c->n_rank; i++)
+    if (c->rank[i].job != job) c->rank[k++] = c->rank[i];
+  c->n_rank = k;
+}
+
+coord_job_t *coord_job_info(coord_t *c, int64_t id) {
+  for (int i = 0; i < c->n_job; i++)
+    if (c->job[i].id == id) return &c->job[i];
+  store_job_t j;
+  if (store_job_get(c->st, id, &j)) return NULL;
+  Fsdp__V1__JobSpec spec;
+  int rc = coord_spec_from_text(j.spec ? j.spec : "", &spec);
+  int world = j.world_size;
+  store_job_free(&j);
+  if (rc) return NULL;
+  job_opt_t *opts = calloc(spec.n_options + 1, sizeof *opts);
+  if (!opts) return coord_spec_free(&spec), NULL;
+  for (size_t i = 0; i < spec.n_options; i++)
+    opts[i] = (job_opt_t){spec.options[i]->section, spec.options[i]->key, spec.options[i]->value};
+  config_t cfg;
+  plan_t plan;
+  shard_mesh_t m;
+  char desc[256];
+  rc = job_validate(opts, (int)spec.n_options, world, 0, &cfg, &plan);
+  if (!rc) rc = plan_job(&cfg, world, &plan);
+  if (!rc) rc = shard_mesh_resolve(cfg.strategy, cfg.mesh, world, &m, desc, sizeof desc);
+  free(opts);
+  coord_spec_free(&spec);
+  if (rc) return NULL;
+  if (c->n_job == c->cap_job) {
+    int cap = c->cap_job ? 2 * c->cap_job : 32;
+    coord_job_t *p = realloc(c->job, (size_t)cap * sizeof *p);
+    if (!p) return NULL;
+    c->job = p, c->cap_job = cap;
+  }
+  coord_job_t *x = &c->job[c->n_job++];
+  memset(x, 0, sizeof *x);
+  x->id = id, x->R = m.replicas, x->S = m.shards, x->steps = cfg.steps;
+  x->need = plan.total;
+  for (int k = 0; k < COORD_CATS; k++) x->planned[k] = plan.bytes[k];
+  return x;
+}
+
+/* ---- telling nodes -------------------------------------------------------- */
+
+void coord_order_push(coord_t *c, int64_t node, const coord_order_t *o) {
+  coord_node_t *n = coord_node_get(c, node, 1);
+  if (!n) return;
+  if (n->n_order == n->cap_order) {
+    int cap = n->cap_order ? 2 * n->cap_order : 8;
+    coord_order_t *p = realloc(n->order, (size_t)cap * sizeof *p);
+    if (!p) {
+      LOG_WARN("coord", "out of memory queueing an order for node n-%lld", (long long)node);
+      return;
+    }
+    n->order = p, n->cap_order = cap;
+  }
+  n->order[n->n_order++] = *o;
+  coord_node_deliver(c, n);
+}
+
+static void coord_poll_cancel_cb(rpc_call_t *call, void *arg) {
+  coord_node_t *n = arg;
+  if (n->poll == call) n->poll = NULL;
+}
+
+/* Answers n's held heartbeat with whatever is queued for it (possibly
+ * nothing: the interval passed), and empties the queue. */
+static void coord_node_answer(coord_t *c, coord_node_t *n) {
+  rpc_call_t *call = n->poll;
+  n->poll = NULL;
+  rpc_call_on_cancel(call, NULL, NULL);
+  Fsdp__V1__HeartbeatReply rep = FSDP__V1__HEARTBEAT_REPLY__INIT;
+  rep.heartbeat_interval_ms = (uint32_t)c->o.heartbeat_interval_ms;
+  int na = 0, nk = 0;
+  for (int i = 0; i < n->n_order; i++) n->order[i].kill ? nk++ : na++;
+  Fsdp__V1__RankAssignment *as = calloc((size_t)na + 1, sizeof *as);
+  Fsdp__V1__RankAssignment **ap = calloc((size_t)na + 1, sizeof *ap);
+  Fsdp__V1__JobSpec *specs = calloc((size_t)na + 1, sizeof *specs);
+  Fsdp__V1__Kill *ks = calloc((size_t)nk + 1, sizeof *ks);
+  Fsdp__V1__Kill **kp = calloc((size_t)nk + 1, sizeof *kp);
+  char (*ids)[32] = calloc((size_t)n->n_order + 1, sizeof *ids);
+  uint32_t *kranks = calloc((size_t)nk + 1, sizeof *kranks);
+  if (!as || !ap || !specs || !ks || !kp || !ids || !kranks) {
+    rpc_call_finish(call, err_set(FSDP_ENOMEM, "coordinator: out of memory answering a heartbeat"));
+    goto out; /* the orders stay queued for the next heartbeat */
+  }
+  for (int i = 0; i < n->n_order; i++) {
+    const coord_order_t *o = &n->order[i];
+    coord_id_str(ids[i], sizeof ids[i], 'j', o->job);
+    if (o->kill) {
+      Fsdp__V1__Kill *k = &ks[rep.n_kills];
+      fsdp__v1__kill__init(k);
+      k->job_id = ids[i], k->attempt = (uint32_t)o->epoch, k->grace_ms = (uint32_t)o->grace_ms;
+      k->reason = (char *)o->reason;
+      if (o->rank >= 0) kranks[rep.n_kills] = (uint32_t)o->rank, k->ranks = &kranks[rep.n_kills],
+                        k->n_ranks = 1;
+      kp[rep.n_kills++] = k;
+      continue;
+    }
+    store_job_t j;
+    if (store_job_get(c->st, o->job, &j)) continue; /* gone: nothing to start */
+    Fsdp__V1__JobSpec *sp = &specs[rep.n_assignments];
+    int rc = coord_spec_from_text(j.spec ? j.spec : "", sp);
+    if (!rc) {
+      sp->name = strdup(j.name);
+      sp->world_size = (uint32_t)j.world_size;
+      sp->max_restarts = (uint32_t)j.max_restarts;
+    }
+    store_job_free(&j);
+    if (rc) {
+      LOG_WARN("coord", "job j-%lld: %s", (long long)o->job, err_msg());
+      continue;
+    }
+    Fsdp__V1__RankAssignment *a = &as[rep.n_assignments];
+    fsdp__v1__rank_assignment__init(a);
+    a->job_id = ids[i], a->attempt = (uint32_t)o->epoch, a->rank = (uint32_t)o->rank;
+    a->world_size = (uint32_t)o->world, a->device = (uint32_t)o->device;
+    a->shard_group = (uint32_t)o->shard_group, a->replica_group = (uint32_t)o->replica_group;
+    a->spec = sp;
+    ap[rep.n_assignments++] = a;
+  }
+  rep.assignments = ap, rep.kills = kp;
+  rpc_call_reply(call, &rep.base);
+  n->n_order = 0;
+  for (size_t i = 0; i < rep.n_assignments; i++) free(specs[i].name), coord_spec_free(&specs[i]);
+out:
+  free(as), free(ap), free(specs), free(ks), free(kp), free(ids), free(kranks);
+}
+
+void coord_node_deliver(coord_t *c, coord_node_t *n) {
+  if (n->poll && n->n_order) coord_node_answer(c, n);
+}
+
+/* Holds a node's heartbeat until there is news or the interval passes. */
+void coord_node_hold(coord_t *c, coord_node_t *n, rpc_call_t *call) {
+  if (n->poll) coord_node_answer(c, n); /* a node has one in flight; answer an older one */
+  n->poll = call;
+  n->poll_until = coord_mono_ms(c) + (uint64_t)c->o.heartbeat_interval_ms;
+  rpc_call_on_cancel(call, coord_poll_cancel_cb, n);
+  coord_node_deliver(c, n);
+}
+
+/* ---- attempts ------------------------------------------------------------- */
+
+void coord_kill_attempt(coord_t *c, int64_t job, int64_t epoch, int64_t except_node,
+                        const char *why) {
+  store_rank_t *r = NULL;
+  int n = 0;
+  if (store_ranks_of_job(c->st, job, epoch, &r, &n)) {
+    LOG_WARN("coord", "job j-%lld: cannot list its ranks to stop them: %s", (long long)job,
+             err_msg());
+    return;
+  }
+  for (int i = 0; i < n; i++) {
+    int seen = r[i].node_id == except_node;
+    for (int k = 0; k < i && !seen; k++) seen = r[k].node_id == r[i].node_id;
+    if (seen) continue;
+    coord_order_t o = {.kill = 1, .job = job, .epoch = epoch, .rank = -1, .grace_ms = 10000};
+    snprintf(o.reason, sizeof o.reason, "%s", why);
+    coord_order_push(c, r[i].node_id, &o);
+  }
+  store_array_free(r);
+}
+
+/* Ends a running attempt as failed: its other ranks are killed, the job
+ * restarts or fails by its policy (store_attempt_end). */
+void coord_attempt_fail(coord_t *c, int64_t job, int64_t epoch, int64_t except_node,
+                        const char *why) {
+  coord_kill_attempt(c, job, epoch, except_node, why);
+  store_job_state_t state;
+  int rc = store_attempt_end(c->st, job, epoch, 0, why, &state);
+  if (rc && rc != FSDP_ESTALE)
+    LOG_WARN("coord", "job j-%lld: ending attempt %lld: %s", (long long)job, (long long)epoch,
+             err_msg());
+  if (!rc)
+    LOG_INFO("coord", "job j-%lld attempt %lld failed (%s): now %s", (long long)job,
+             (long long)epoch, why, store_job_state_name(state));
+  coord_ranks_forget(c, job);
+  c->dirty = 1;
+  coord_job_changed(c, job);
+}
+
+/* ---- liveness ------------------------------------------------------------- */
+
+static void coord_node_died(coord_t *c, coord_node_t *n, uint64_t now) {
+  int64_t jobs[64];
+  int nj = 0;
+  n->dead = 1;
+  n->session = 0;
+  char why[256];
+  snprintf(why, sizeof why, "node n-%lld was not heard from for %.1f s (heartbeat timeout %.1f s): "
+           "declared dead", (long long)n->id, (double)(now - n->heard_ms) / 1000,
+           c->o.heartbeat_timeout_ms / 1000.0);
+  int rc = store_node_mark_dead(c->st, n->id, n->heard_unix_ms, jobs, 64, &nj);
+  if (rc) {
+    LOG_WARN("coord", "node n-%lld: %s", (long long)n->id, err_msg());
+    return;
+  }
+  LOG_WARN("coord", "%s; %d job(s) affected", why, nj);
+  for (int i = 0; i < nj && i < 64; i++) {
+    store_job_t j;
+    if (store_job_get(c->st, jobs[i], &j)) continue;
+    int64_t epoch = j.epoch;
+    int running = j.state == STORE_JOB_RUNNING;
+    store_job_free(&j);
+    if (running) coord_attempt_fail(c, jobs[i], epoch, n->id, why);
+  }
+  n->n_order = 0; /* a dead node is told nothing more; it re-registers */
+  c->dirty = 1;
+}
+
+/* ---- rendezvous ----------------------------------------------------------- */
+
+static void coord_rdv_reply(coord_rdv_t *w, const store_rendezvous_t *r) {
+  Fsdp__V1__RendezvousReply rep = FSDP__V1__RENDEZVOUS_REPLY__INIT;
+  ProtobufCBinaryData *p = NULL;
+  if (r && r->complete) {
+    p = calloc((size_t)r->n + 1, sizeof *p);
+    if (!p) {
+      rpc_call_finish(w->call, err_set(FSDP_ENOMEM, "coordinator: out of memory"));
+      return;
+    }
+    for (int i = 0; i < r->n; i++) p[i].data = r->entry[i].data, p[i].len = r->entry[i].len;
+    rep.complete = 1, rep.payloads = p, rep.n_payloads = (size_t)r->n;
+  }
+  rpc_call_reply(w->call, &rep.base);
+  free(p);
+}
+
+static void coord_rdv_remove(coord_t *c, coord_rdv_t *w) {
+  for (coord_rdv_t **p = &c->rdv; *p; p = &(*p)->next)
+    if (*p == w) {
+      *p = w->next;
+      break;
+    }
+  free(w);
+}
+
+void coord_rdv_answer(coord_t *c, int64_t job, int64_t epoch, const char *group) {
+  for (coord_rdv_t *w = c->rdv, *next; w; w = next) {
+    next = w->next;
+    if (w->job != job || w->epoch != epoch || strcmp(w->group, group)) continue;
+    store_rendezvous_t r = {0};
+    int rc = store_rendezvous_get(c->st, job, epoch, group, w->expected, &r);
+    if (rc == FSDP_OK && !r.complete) {
+      store_rendezvous_free(&r);
+      return; /* the others of the group wait on */
+    }
+    rpc_call_on_cancel(w->call, NULL, NULL);
+    if (rc) rpc_call_finish(w->call, rc);
+    else coord_rdv_reply(w, &r);
+    store_rendezvous_free(&r);
+    coord_rdv_remove(c, w);
+  }
+}
+
+/* ---- watchers ------------------------------------------------------------- */
+
+static int coord_state_ended(Fsdp__V1__JobState s) {
+  return s == FSDP__V1__JOB_STATE__JOB_STATE_SUCCEEDED ||
+         s == FSDP__V1__JOB_STATE__JOB_STATE_FAILED || s == FSDP__V1__JOB_STATE__JOB_STATE_CANCELLED;
+}
+
+static void coord_watch_remove(coord_t *c, coord_watch_t *w) {
+  for (coord_watch_t **p = &c->watch; *p; p = &(*p)->next)
+    if (*p == w) {
+      *p = w->next;
+      break;
+    }
+  free(w);
+}
+
+/* The job's progress as the slowest rank has it. */
+static void coord_progress(coord_t *c, const store_job_t *j, Fsdp__V1__JobProgress *p) {
+  coord_job_t *x = coord_job_info(c, j->id);
+  int64_t step = -1;
+  for (int i = 0; i < c->n_rank; i++) {
+    const coord_rank_t *r = &c->rank[i];
+    if (r->job != j->id || r->epoch != j->epoch) continue;
+    if (step < 0 || r->step < step) step = r->step;
+    if (r->rank == 0) p->loss = r->loss, p->tokens_per_s = r->tokens_per_s;
+  }
+  p->step = step < 0 ? 0 : step;
+  p->total_steps = x ? x->steps : 0;
+  p->state = coord_job_state(j->state);
+  p->attempt = (uint32_t)j->epoch;
+  p->unix_ms = coord_unix_ms();
+  if (x && step > 0) {
+    uint64_t now = coord_mono_ms(c);
+    if (x->rate_epoch != j->epoch) x->rate_epoch = j->epoch, x->rate_step0 = step, x->rate_t0 = now;
+    if (step > x->rate_step0 && now > x->rate_t0)
+      p->eta_s = (double)(x->steps - step) * (double)(now - x->rate_t0) / 1000.0 /
+                 (double)(step - x->rate_step0);
+  }
+}
+
+/* Sends each watcher of job what changed; ends the streams of an ended job. */
+void coord_job_changed(coord_t *c, int64_t job) {
+  store_job_t j;
+  int got = 0;
+  for (coord_watch_t *w = c->watch, *next; w; w = next) {
+    next = w->next;
+    if (w->job != job) continue;
+    if (!got && store_job_get(c->st, job, &j)) return;
+    got = 1;
+    char id[32];
+    coord_id_str(id, sizeof id, 'j', job);
+    Fsdp__V1__JobProgress p = FSDP__V1__JOB_PROGRESS__INIT;
+    p.job_id = id;
+    coord_progress(c, &j, &p);
+    p.message = j.reason;
+    if ((int)p.state == w->last_state && p.step == w->last_step) continue;
+    w->last_state = (int)p.state, w->last_step = p.step;
+    rpc_call_send(w->call, &p.base);
+    if (coord_state_ended(p.state)) {
+      rpc_call_on_cancel(w->call, NULL, NULL);
+      rpc_call_finish(w->call, FSDP_OK);
+      coord_watch_remove(c, w);
+    }
+  }
+  if (got) store_job_free(&j);
+}
+
+static void coord_watch_cancel_cb(rpc_call_t *call, void *arg) {
+  coord_watch_t *w = arg;
+  (void)call;
+  coord_watch_remove(w->c, w);
+}
+
+void coord_watch_add(coord_t *c, rpc_call_t *call, int64_t job) {
+  coord_watch_t *w = calloc(1, sizeof *w);
+  if (!w) {
+    rpc_call_finish(call, err_set(FSDP_ENOMEM, "coordinator: out of memory for a watch"));
+    return;
+  }
+  *w = (coord_watch_t){call, job, -1, -1, c->watch, c};
+  c->watch = w;
+  rpc_call_on_cancel(call, coord_watch_cancel_cb, w);
+  coord_job_changed(c, job);
+}
+
+static void coord_rdv_cancel_cb(rpc_call_t *call, void *arg) {
+  coord_rdv_t *w = arg;
+  (void)call;
+  coord_rdv_remove(w->c, w);
+}
+
+void coord_rdv_hold(coord_t *c, rpc_call_t *call, int64_t job, int64_t epoch, const char *group,
+                    int expected) {
+  coord_rdv_t *w = calloc(1, sizeof *w);
+  if (!w) {
+    rpc_call_finish(call, err_set(FSDP_ENOMEM, "coordinator: out of memory for a rendezvous"));
+    return;
+  }
+  *w = (coord_rdv_t){.call = call, .job = job, .epoch = epoch, .expected = expected,
+                     .until = coord_mono_ms(c) + COORD_RDV_HOLD_MS, .next = c->rdv, .c = c};
+  snprintf(w->group, sizeof w->group, "%s", group);
+  c->rdv = w;
+  rpc_call_on_cancel(call, coord_rdv_cancel_cb, w);
+}
+
+/* ---- placement ------------------------------------------------------------ */
+
+static int coord_node_busy(const coord_node_t *n, int index) {
+  for (int i = 0; n && i < n->nbusy; i++)
+    if (n->busy[i] == index) return 1;
+  return 0;
+}
+
+/* Places every PENDING job it can, in submission order (a job that cannot
+ * start does not hold back a smaller one behind it), and records why the
+ * others wait. A device counts as held while the store says a job holds it
+ * or its node still reports processes of an earlier job on it. */
+void coord_schedule(coord_t *c) {
+  c->dirty = 0;
+  store_job_t *jobs = NULL;
+  store_node_t *nodes = NULL;
+  int nj = 0, nn = 0, nd = 0;
+  if (store_job_list(c->st, &jobs, &nj) || store_node_list(c->st, &nodes, &nn)) {
+    LOG_WARN("coord", "placement: %s", err_msg());
+    goto out;
+  }
+  for (int i = 0; i < nn; i++) nd += nodes[i].n_devices;
+  sched_node_t *sn = calloc((size_t)nn + 1, sizeof *sn);
+  sched_device_t *sd = calloc((size_t)nd + 1, sizeof *sd);
+  if (!sn || !sd) goto out2;
+  nd = 0;
+  for (int i = 0; i < nn; i++) {
+    coord_node_t *ln = coord_node_get(c, nodes[i].id, 0);
+    sn[i] = (sched_node_t){nodes[i].id, nodes[i].name,
+                           nodes[i].state == STORE_NODE_ALIVE && ln && ln->session && !ln->dead};
+    for (int k = 0; k < nodes[i].n_devices; k++) {
+      const store_device_t *d = &nodes[i].devices[k];
+      sd[nd++] = (sched_device_t){0, i, d->index, store_dev_kind_name(d->kind), d->memory_bytes,
+                                  d->job_id != 0 || coord_node_busy(ln, d->index)};
+    }
+  }
+  for (int i = 0; i < nj; i++) {
+    if (jobs[i].state != STORE_JOB_PENDING) continue;
+    coord_job_t *x = coord_job_info(c, jobs[i].id);
+    if (!x) {
+      LOG_WARN("coord", "job j-%lld: its stored spec no longer resolves: %s",
+               (long long)jobs[i].id, err_msg());
+      continue;
+    }
+    sched_job_t sj = {x->R, x->S, "cpu", x->need};
+    sched_slot_t *slot = calloc((size_t)(x->R * x->S) + 1, sizeof *slot);
+    store_placement_t *pl = calloc((size_t)(x->R * x->S) + 1, sizeof *pl);
+    char note[512];
+    int rc = slot && pl ? sched_place(sn, nn, sd, nd, &sj, slot, note, sizeof note) : FSDP_ENOMEM;
+    if (rc == SCHED_WAIT) {
+      store_job_set_pending_reason(c->st, jobs[i].id, note);
+    } else if (rc == SCHED_PLACED) {
+      const int W = x->R * x->S;
+      for (int r = 0; r < W; r++) {
+        const sched_device_t *d = &sd[slot[r].device];
+        pl[r] = (store_placement_t){r, sn[d->node].id, d->index, r / x->S, r % x->S};
+      }
+      int64_t epoch = 0;
+      if (store_attempt_start(c->st, jobs[i].id, pl, W, &epoch)) {
+        LOG_WARN("coord", "job j-%lld: placing it: %s", (long long)jobs[i].id, err_msg());
+      } else {
+        if (note[0]) store_event_add(c->st, jobs[i].id, 0, "job.placement", "%s", note);
+        LOG_INFO("coord", "job j-%lld attempt %lld: %d ranks placed%s%s", (long long)jobs[i].id,
+                 (long long)epoch, W, note[0] ? "; " : "", note);
+        for (int r = 0; r < W; r++) {
+          sd[slot[r].device].held = 1;
+          coord_order_t o = {.job = jobs[i].id, .epoch = epoch, .rank = r, .world = W,
+                             .device = pl[r].device_index, .shard_group = pl[r].shard_group,
+                             .replica_group = pl[r].replica_group};
+          coord_order_push(c, pl[r].node_id, &o);
+        }
+        coord_job_changed(c, jobs[i].id);
+      }
+    }
+    free(slot), free(pl);
+  }
+out2:
+  free(sn), free(sd);
+out:
+  store_jobs_free(jobs, nj);
+  store_nodes_free(nodes, nn);
+}
+
+/* ---- the timer ------------------------------------------------------------ */
+
+static void coord_tick_cb(uv_timer_t *t) {
+  coord_t *c = t->data;
+  const uint64_t now = coord_mono_ms(c);
+  for (int64_t id = 1; id < c->cap_node; id++) {
+    coord_node_t *n = c->node[id];
+    if (!n) continue;
+    if (n->poll && now >= n->poll_until) coord_node_answer(c, n);
+    if (!n->dead && now - n->heard_ms > (uint64_t)c->o.heartbeat_timeout_ms)
+      coord_node_died(c, n, now);
+  }
+  for (coord_rdv_t *w = c->rdv, *next; w; w = next) {
+    next = w->next;
+    if (now < w->until) continue;
+    rpc_call_on_cancel(w->call, NULL, NULL);
+    coord_rdv_reply(w, NULL); /* not yet: ask again */
+    coord_rdv_remove(c, w);
+  }
+  if (c->dirty) coord_schedule(c);
+}
+
+/* ---- life ----------------------------------------------------------------- */
+
+int coord_create(coord_t **out, uv_loop_t *loop, const coord_opts_t *o) {
+  if (!o->nroots)
+    return err_set(FSDP_EINVAL, "coordinator: no --root: give the directories job paths (data, "
+                   "init_from, save) must lie in, e.g. --root /data");
+  coord_t *c = calloc(1, sizeof *c);
+  if (!c) return err_set(FSDP_ENOMEM, "coordinator: out of memory");
+  c->loop = loop;
+  c->o = *o;
+  if (!c->o.heartbeat_interval_ms) c->o.heartbeat_interval_ms = 1000;
+  if (!c->o.heartbeat_timeout_ms) c->o.heartbeat_timeout_ms = 5000;
+  store_opts_t so = {.sync_normal = o->sync_normal};
+  int rc = store_open(o->db, &so, &c->st);
+  if (rc) {
+    free(c);
+    return rc;
+  }
+  /* nodes the store has alive get a timeout's grace from now to re-register */
+  store_node_t *nodes = NULL;
+  int nn = 0;
+  if (!(rc = store_node_list(c->st, &nodes, &nn)))
+    for (int i = 0; i < nn; i++)
+      if (nodes[i].state == STORE_NODE_ALIVE && !coord_node_get(c, nodes[i].id, 1))
+        rc = err_set(FSDP_ENOMEM, "coordinator: out of memory");
+  store_nodes_free(nodes, nn);
+  rpc_server_opts_t ro = {.addr = o->listen, .user_token_file = o->user_token_file,
+                          .node_token_file = o->node_token_file, .tls_cert_file = o->tls_cert_file,
+                          .tls_key_file = o->tls_key_file};
+  if (!rc) rc = rpc_server_create(&c->srv, loop, &ro);
+  if (!rc) rc = coord_rpc_register(c);
+  if (!rc) rc = rpc_server_start(c->srv);
+  if (rc) {
+    if (c->srv) rpc_server_destroy(c->srv);
+    store_close(c->st);
+    for (int64_t i = 0; i < c->cap_node; i++) free(c->node ? c->node[i] : NULL);
+    free(c->node), free(c);
+    return rc;
+  }
+  uv_timer_init(loop, &c->tick);
+  c->tick.data = c;
+  uv_timer_start(&c->tick, coord_tick_cb, COORD_TICK_MS, COORD_TICK_MS);
+  c->dirty = 1;
+  *out = c;
+  return FSDP_OK;
+}
+
+int coord_port(const coord_t *c) { return rpc_server_port(c->srv); }
+
+static void coord_free_cb(uv_handle_t *h) {
+  coord_t *c = h->data;
+  for (int64_t i = 0; i < c->cap_node; i++)
+    if (c->node[i]) free(c->node[i]->order), free(c->node[i]);
+  free(c->node), free(c->rank), free(c->job);
+  free(c);
+}
+
+void coord_destroy(coord_t *c) {
+  if (!c) return;
+  uv_timer_stop(&c->tick);
+  rpc_server_destroy(c->srv); /* cancel callbacks forget the held calls */
+  store_close(c->st);
+  uv_close((uv_handle_t *)&c->tick, coord_free_cb);
+}

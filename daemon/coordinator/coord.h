@@ -1,0 +1,48 @@
+/* coord: fsdp-coordinator's service: the Coordinator RPCs of proto/fsdp.proto
+ * over the store (state on disk), the scheduler (placement) and the job
+ * library (admission), on one libuv loop.
+ *
+ * What it keeps in memory, and why there: liveness (each node's last
+ * heartbeat, so heartbeats write nothing), what each node is still to be told
+ * (assignments and kills, delivered by its next heartbeat), the latest
+ * progress and memory of every rank (what heartbeats carry, replaced each
+ * time), and the calls it holds open (a heartbeat long poll per node,
+ * rendezvous waiting for their group, WatchJob streams). After a restart all
+ * of it is rebuilt from the store and from the nodes re-registering.
+ *
+ * Heartbeats are long polls: a node keeps one Heartbeat call in flight; the
+ * coordinator answers at once when it has assignments or kills for the node
+ * (so a placed rank reaches its node in the time of one reply), else after
+ * the heartbeat interval. A node not heard for the heartbeat timeout is dead:
+ * its jobs' attempts fail (restarting by their policy) and their other
+ * ranks are killed.
+ *
+ * Threading: everything runs on the loop's thread (rpc.h's contract). */
+#ifndef FSDP_COORD_H
+#define FSDP_COORD_H
+
+#include <uv.h>
+
+typedef struct coord coord_t;
+
+typedef struct coord_opts {
+  const char *listen;            /* "127.0.0.1:7070"; port 0 picks one (coord_port) */
+  const char *db;                /* SQLite file */
+  const char *const *roots;      /* directories every job path must resolve inside */
+  int nroots;
+  const char *user_token_file;   /* both or neither (rpc.h) */
+  const char *node_token_file;
+  const char *tls_cert_file, *tls_key_file;
+  int heartbeat_interval_ms;     /* 0: 1000 */
+  int heartbeat_timeout_ms;      /* 0: 5000 */
+  int sync_normal;               /* the store's synchronous=NORMAL (store.h) */
+} coord_opts_t;
+
+/* Opens the store, reads back what was running, starts serving. */
+int coord_create(coord_t **c, uv_loop_t *loop, const coord_opts_t *o);
+int coord_port(const coord_t *c);
+/* Stops serving (calls in flight are cancelled) and closes the store. Run
+ * the loop once more before uv_loop_close. */
+void coord_destroy(coord_t *c);
+
+#endif

@@ -1,0 +1,133 @@
+/* coord_impl: what coord.c (state, liveness, scheduling, deliveries) and
+ * coord_rpc.c (the handlers) share. Not for other modules. */
+#ifndef FSDP_COORD_IMPL_H
+#define FSDP_COORD_IMPL_H
+
+#include <stdint.h>
+
+#include "daemon/common/mem.h"
+#include "daemon/common/rpc.h"
+#include "daemon/coordinator/coord.h"
+#include "daemon/coordinator/store.h"
+#include "proto/fsdp.pb-c.h"
+
+#define COORD_CATS MEM__COUNT
+#define COORD_RDV_HOLD_MS 1000 /* a rendezvous call is answered "not yet" after this */
+
+/* Something a node is still to be told. */
+typedef struct coord_order {
+  int kill;                 /* 0: assign rank; 1: kill */
+  int64_t job, epoch;
+  int rank;                 /* assign: the rank; kill: -1 for every rank of the job there */
+  int world, device, shard_group, replica_group;
+  int grace_ms;
+  char reason[256];
+} coord_order_t;
+
+typedef struct coord_node {
+  int64_t id;
+  uint64_t session;         /* 0: not registered since this coordinator started */
+  uint64_t heard_ms;        /* loop time of its last call */
+  int64_t heard_unix_ms;
+  int dead;
+  rpc_call_t *poll;         /* its held heartbeat */
+  uint64_t poll_until;
+  coord_order_t *order;
+  int n_order, cap_order;
+  int nbusy;                /* devices it reports still running a job's processes */
+  int busy[64];
+} coord_node_t;
+
+/* A rank's latest report. */
+typedef struct coord_rank {
+  int64_t job, epoch, node;
+  int rank, device, state;  /* state: Fsdp__V1__RankState */
+  int64_t step;
+  double loss, tokens_per_s;
+  int ncat;
+  char cat[COORD_CATS][24];
+  uint64_t cur[COORD_CATS], peak[COORD_CATS];
+  uint64_t collective_seq;
+  char collective_op[64];
+} coord_rank_t;
+
+/* What the coordinator derives from a job's spec, once. */
+typedef struct coord_job {
+  int64_t id;
+  int R, S, steps;
+  uint64_t need;                  /* plan total per rank */
+  uint64_t planned[COORD_CATS];   /* per category */
+  int64_t rate_epoch, rate_step0; /* for the ETA: the first step seen this attempt... */
+  uint64_t rate_t0;               /* ...and when */
+} coord_job_t;
+
+typedef struct coord_watch {
+  rpc_call_t *call;
+  int64_t job, last_step;
+  int last_state;
+  struct coord_watch *next;
+  struct coord *c;
+} coord_watch_t;
+
+typedef struct coord_rdv {
+  rpc_call_t *call;
+  int64_t job, epoch;
+  char group[64];
+  int expected;
+  uint64_t until;
+  struct coord_rdv *next;
+  struct coord *c;
+} coord_rdv_t;
+
+struct coord {
+  uv_loop_t *loop;
+  coord_opts_t o;
+  store_t *st;
+  rpc_server_t *srv;
+  uv_timer_t tick;
+  coord_node_t **node;      /* by id (ids are dense, from 1) */
+  int64_t cap_node;
+  coord_rank_t *rank;
+  int n_rank, cap_rank;
+  coord_job_t *job;
+  int n_job, cap_job;
+  coord_watch_t *watch;
+  coord_rdv_t *rdv;
+  int dirty;                /* something changed that placement depends on */
+  /* idempotent submits: request ids of the last submits, with their jobs */
+  char req_id[256][64];
+  int64_t req_job[256];
+  int req_next;
+};
+
+/* coord.c, for the handlers */
+int64_t coord_unix_ms(void);
+uint64_t coord_mono_ms(coord_t *c);
+coord_node_t *coord_node_get(coord_t *c, int64_t id, int create);
+coord_rank_t *coord_rank_get(coord_t *c, int64_t job, int rank, int create);
+coord_job_t *coord_job_info(coord_t *c, int64_t job);
+void coord_order_push(coord_t *c, int64_t node, const coord_order_t *o);
+void coord_node_deliver(coord_t *c, coord_node_t *n);
+void coord_kill_attempt(coord_t *c, int64_t job, int64_t epoch, int64_t except_node, const char *why);
+void coord_attempt_fail(coord_t *c, int64_t job, int64_t epoch, int64_t except_node, const char *why);
+void coord_schedule(coord_t *c);
+void coord_job_changed(coord_t *c, int64_t job);
+void coord_rdv_answer(coord_t *c, int64_t job, int64_t epoch, const char *group);
+/* Calls held open: a node's heartbeat (long poll), a rendezvous waiting for
+ * its group, a WatchJob stream. */
+void coord_node_hold(coord_t *c, coord_node_t *n, rpc_call_t *call);
+void coord_rdv_hold(coord_t *c, rpc_call_t *call, int64_t job, int64_t epoch, const char *group,
+                    int expected);
+void coord_watch_add(coord_t *c, rpc_call_t *call, int64_t job);
+/* ids on the wire: "j-42", "n-3" */
+void coord_id_str(char *buf, size_t len, char kind, int64_t id);
+int64_t coord_id_parse(const char *s, char kind);
+/* the job's spec, stored as INI text, as a JobSpec (coord_spec_free) */
+int coord_spec_from_text(const char *text, Fsdp__V1__JobSpec *spec);
+void coord_spec_free(Fsdp__V1__JobSpec *spec);
+Fsdp__V1__JobState coord_job_state(store_job_state_t s);
+
+/* coord_rpc.c */
+int coord_rpc_register(coord_t *c);
+
+#endif

@@ -1,0 +1,686 @@
+/* coord_rpc: the Coordinator service's handlers (proto/fsdp.proto): requests
+ * checked and turned into store changes and coord.c's state, replies built
+ * from both. Client-facing calls need the user role, node-facing calls the
+ * node role (rpc.h). Every handler answers at once except Heartbeat (held as
+ * a long poll), Rendezvous (held until its group is complete, or 1 s) and
+ * WatchJob (a stream until the job ends).
+ *
+ * Nothing from a request reaches the file system unchecked: a job's paths go
+ * through job_paths_check (inside the operator's roots) before they are
+ * stored, and ids are parsed as numbers. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "daemon/common/err.h"
+#include "daemon/common/log.h"
+#include "daemon/coordinator/coord_impl.h"
+#include "daemon/job/job.h"
+#include "daemon/job/shard.h"
+
+#define COORD_LIST_DEFAULT 1000 /* ListJobs without a limit: the newest this many */
+#define COORD_VALUE_MAX 4096    /* longest option value accepted */
+
+/* ---- replies' memory: everything a reply points to, freed after sending ---- */
+
+typedef struct coord_arena {
+  void **p;
+  int n, cap, failed;
+  Fsdp__V1__JobSpec **spec; /* parsed specs (coord_spec_free) */
+  int nspec, capspec;
+} coord_arena_t;
+
+static void *coord_keep(coord_arena_t *a, void *x) {
+  if (!x || a->failed) return a->failed = 1, free(x), NULL;
+  if (a->n == a->cap) {
+    int cap = a->cap ? 2 * a->cap : 64;
+    void **p = realloc(a->p, (size_t)cap * sizeof *p);
+    if (!p) return a->failed = 1, free(x), NULL;
+    a->p = p, a->cap = cap;
+  }
+  return a->p[a->n++] = x;
+}
+
+static void *coord_alloc(coord_arena_t *a, size_t n) { return coord_keep(a, calloc(1, n ? n : 1)); }
+static char *coord_str(coord_arena_t *a, const char *s) { return coord_keep(a, strdup(s ? s : "")); }
+
+static char *coord_idstr(coord_arena_t *a, char kind, int64_t id) {
+  char b[32];
+  coord_id_str(b, sizeof b, kind, id);
+  return coord_str(a, b);
+}
+
+static void coord_arena_free(coord_arena_t *a) {
+  for (int i = 0; i < a->nspec; i++) coord_spec_free(a->spec[i]);
+  free(a->spec);
+  for (int i = 0; i < a->n; i++) free(a->p[i]);
+  free(a->p);
+}
+
+/* Replies, or fails the call when building the reply ran out of memory. */
+static void coord_reply(rpc_call_t *call, coord_arena_t *a, const ProtobufCMessage *m) {
+  if (a->failed) rpc_call_finish(call, err_set(FSDP_ENOMEM, "coordinator: out of memory"));
+  else rpc_call_reply(call, m);
+  coord_arena_free(a);
+}
+
+/* ---- messages from the store's rows ---------------------------------------- */
+
+static Fsdp__V1__JobSpec *coord_spec_msg(coord_arena_t *a, const store_job_t *j) {
+  Fsdp__V1__JobSpec *s = coord_alloc(a, sizeof *s);
+  if (!s) return NULL;
+  if (a->nspec == a->capspec) {
+    int cap = a->capspec ? 2 * a->capspec : 8;
+    Fsdp__V1__JobSpec **p = realloc(a->spec, (size_t)cap * sizeof *p);
+    if (!p) return a->failed = 1, NULL;
+    a->spec = p, a->capspec = cap;
+  }
+  if (coord_spec_from_text(j->spec ? j->spec : "", s)) return a->failed = 1, NULL;
+  a->spec[a->nspec++] = s;
+  s->name = coord_str(a, j->name);
+  s->world_size = (uint32_t)j->world_size;
+  s->max_restarts = (uint32_t)j->max_restarts;
+  return s;
+}
+
+static Fsdp__V1__RankState coord_rank_state(store_rank_state_t s) {
+  switch (s) {
+  case STORE_RANK_ASSIGNED: return FSDP__V1__RANK_STATE__RANK_STATE_STARTING;
+  case STORE_RANK_RUNNING: return FSDP__V1__RANK_STATE__RANK_STATE_RUNNING;
+  default: return FSDP__V1__RANK_STATE__RANK_STATE_EXITED;
+  }
+}
+
+/* The ranks of j's current attempt, with what they last reported. */
+static int coord_ranks_msg(coord_t *c, coord_arena_t *a, const store_job_t *j,
+                           Fsdp__V1__RankStatus ***out, size_t *n_out) {
+  store_rank_t *r = NULL;
+  int n = 0;
+  *out = NULL, *n_out = 0;
+  if (!j->epoch) return FSDP_OK;
+  int rc = store_ranks_of_job(c->st, j->id, j->epoch, &r, &n);
+  if (rc) return rc;
+  coord_job_t *x = coord_job_info(c, j->id);
+  Fsdp__V1__RankStatus **v = coord_alloc(a, (size_t)n * sizeof *v);
+  for (int i = 0; v && i < n; i++) {
+    Fsdp__V1__RankStatus *s = v[i] = coord_alloc(a, sizeof *s);
+    if (!s) break;
+    fsdp__v1__rank_status__init(s);
+    s->job_id = coord_idstr(a, 'j', j->id);
+    s->attempt = (uint32_t)j->epoch, s->rank = (uint32_t)r[i].rank;
+    s->state = coord_rank_state(r[i].state);
+    s->device = (uint32_t)r[i].device_index;
+    s->node_id = coord_idstr(a, 'n', r[i].node_id);
+    const coord_rank_t *m = coord_rank_get(c, j->id, r[i].rank, 0);
+    if (m && m->epoch != j->epoch) m = NULL;
+    if (m) {
+      s->step = m->step, s->loss = m->loss, s->tokens_per_s = m->tokens_per_s;
+      s->collective_seq = m->collective_seq;
+      s->collective_op = coord_str(a, m->collective_op);
+    }
+    /* every category of the plan, with what the rank reported of it */
+    s->memory = coord_alloc(a, COORD_CATS * sizeof *s->memory);
+    for (int k = 0; s->memory && k < COORD_CATS; k++) {
+      Fsdp__V1__MemoryCategory *mc = s->memory[k] = coord_alloc(a, sizeof *mc);
+      if (!mc) break;
+      fsdp__v1__memory_category__init(mc);
+      mc->name = (char *)mem_cat_name((mem_cat_t)k);
+      mc->planned_bytes = x ? x->planned[k] : 0;
+      for (int q = 0; m && q < m->ncat; q++)
+        if (!strcmp(m->cat[q], mc->name)) mc->current_bytes = m->cur[q], mc->peak_bytes = m->peak[q];
+      s->n_memory++;
+    }
+  }
+  store_array_free(r);
+  if (!a->failed) *out = v, *n_out = (size_t)n;
+  return FSDP_OK;
+}
+
+static Fsdp__V1__Job *coord_job_msg(coord_t *c, coord_arena_t *a, const store_job_t *j,
+                                    int with_ranks) {
+  Fsdp__V1__Job *m = coord_alloc(a, sizeof *m);
+  if (!m) return NULL;
+  fsdp__v1__job__init(m);
+  m->job_id = coord_idstr(a, 'j', j->id);
+  m->spec = j->spec ? coord_spec_msg(a, j) : NULL;
+  m->state = coord_job_state(j->state);
+  m->reason = coord_str(a, j->reason);
+  m->attempt = (uint32_t)j->epoch, m->restarts = (uint32_t)j->restarts;
+  m->submitted_unix_ms = j->submitted_ms, m->started_unix_ms = j->started_ms;
+  m->ended_unix_ms = j->ended_ms;
+  coord_job_t *x = coord_job_info(c, j->id);
+  m->total_steps = x ? x->steps : 0;
+  int64_t step = -1;
+  for (int i = 0; i < c->n_rank; i++)
+    if (c->rank[i].job == j->id && c->rank[i].epoch == j->epoch && (step < 0 || c->rank[i].step < step))
+      step = c->rank[i].step;
+  m->step = step < 0 ? 0 : step;
+  if (with_ranks && coord_ranks_msg(c, a, j, &m->ranks, &m->n_ranks)) a->failed = 1;
+  return m;
+}
+
+/* The job a request names, or the call failed with NOT_FOUND. */
+static int coord_job_arg(coord_t *c, rpc_call_t *call, const char *id, store_job_t *j) {
+  int64_t job = coord_id_parse(id, 'j');
+  int rc = job ? store_job_get(c->st, job, j)
+               : err_set(FSDP_ENOTFOUND, "job_id: '%.64s' is not a job id (they read j-42)", id);
+  if (rc == FSDP_ENOTFOUND && job)
+    rc = err_set(FSDP_ENOTFOUND, "job %s: no such job (fsdpctl jobs lists them)", id);
+  if (rc) rpc_call_finish(call, rc);
+  return rc;
+}
+
+/* ---- user: jobs ------------------------------------------------------------- */
+
+/* The spec as the store keeps it: INI text, every option under its own
+ * section, the paths replaced by what job_paths_check resolved. */
+static char *coord_spec_text(const Fsdp__V1__JobSpec *s, const config_t *cfg) {
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  if (!f) return NULL;
+  const char *sec = "";
+  for (size_t i = 0; i < s->n_options; i++) {
+    const Fsdp__V1__Option *o = s->options[i];
+    const char *osec = o->section[0] ? o->section : config_section_of(o->key);
+    const char *v = o->value;
+    if (!strcmp(o->key, "data")) v = cfg->data;
+    else if (!strcmp(o->key, "init_from")) v = cfg->init_from;
+    else if (!strcmp(o->key, "save")) v = cfg->save;
+    if (strcmp(sec, osec)) fprintf(f, "[%s]\n", sec = osec);
+    fprintf(f, "%s = %s\n", o->key, v);
+  }
+  if (fclose(f)) return free(text), NULL;
+  return text;
+}
+
+/* Text that could break the stored INI or a log line: refused, naming it. */
+static int coord_text_ok(const char *what, const char *s, size_t max) {
+  size_t n = strlen(s);
+  if (n > max) return err_set(FSDP_EINVAL, "%s: %zu bytes; at most %zu", what, n, max);
+  for (size_t i = 0; i < n; i++)
+    if ((unsigned char)s[i] < 0x20 && s[i] != '\t')
+      return err_set(FSDP_EINVAL, "%s: a control character at byte %zu; use plain text", what, i);
+  return FSDP_OK;
+}
+
+/* The least memory of any device a job could land on (0: no device known). */
+static uint64_t coord_smallest_device(coord_t *c) {
+  store_node_t *nodes = NULL;
+  int nn = 0;
+  uint64_t least = 0;
+  if (store_node_list(c->st, &nodes, &nn)) return 0;
+  for (int i = 0; i < nn; i++)
+    for (int k = 0; nodes[i].state == STORE_NODE_ALIVE && k < nodes[i].n_devices; k++)
+      if (!least || nodes[i].devices[k].memory_bytes < least) least = nodes[i].devices[k].memory_bytes;
+  store_nodes_free(nodes, nn);
+  return least;
+}
+
+static void coord_submit_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
+  coord_t *c = arg;
+  const Fsdp__V1__SubmitJobRequest *q = (const void *)req;
+  const Fsdp__V1__JobSpec *s = q->spec;
+  coord_arena_t a = {0};
+  int rc = FSDP_OK;
+  if (!s) {
+    rpc_call_finish(call, err_set(FSDP_EINVAL, "spec: missing; send a JobSpec with its options"));
+    return;
+  }
+  /* a retried submit (same request_id) gets the job the first one made */
+  int64_t job = 0;
+  if (q->request_id[0])
+    for (int i = 0; i < 256 && !job; i++)
+      if (!strncmp(c->req_id[i], q->request_id, sizeof c->req_id[i] - 1) && c->req_job[i])
+        job = c->req_job[i];
+  config_t cfg;
+  plan_t plan;
+  char *text = NULL;
+  job_opt_t *opts = NULL;
+  if (job) goto reply;
+  if ((rc = coord_text_ok("spec.name", s->name, STORE_NAME_MAX - 1)) ||
+      (rc = coord_text_ok("request_id", q->request_id, sizeof c->req_id[0] - 1)))
+    goto fail;
+  if (s->world_size < 1 || s->world_size > 4096) {
+    rc = err_set(FSDP_EINVAL, "spec.world_size: %u; give the number of ranks, 1 to 4096 "
+                 "(fsdpctl submit --ranks N)", s->world_size);
+    goto fail;
+  }
+  opts = calloc(s->n_options + 1, sizeof *opts);
+  if (!opts) {
+    rc = err_set(FSDP_ENOMEM, "coordinator: out of memory");
+    goto fail;
+  }
+  for (size_t i = 0; i < s->n_options; i++) {
+    const Fsdp__V1__Option *o = s->options[i];
+    char what[96];
+    snprintf(what, sizeof what, "options[%zu] (%.40s)", i, o->key);
+    if ((rc = coord_text_ok(what, o->key, 64)) || (rc = coord_text_ok(what, o->section, 64)) ||
+        (rc = coord_text_ok(what, o->value, COORD_VALUE_MAX)))
+      goto fail;
+    opts[i] = (job_opt_t){o->section, o->key, o->value};
+  }
+  rc = job_validate(opts, (int)s->n_options, (int)s->world_size, coord_smallest_device(c), &cfg,
+                    &plan);
+  if (rc == FSDP_ENOMEM) rc = FSDP_EINVAL; /* does not fit: the spec is what must change */
+  if (!rc) rc = job_paths_check(&cfg, (const char *const *)c->o.roots, c->o.nroots);
+  if (rc == FSDP_ENOENT) rc = FSDP_EINVAL;
+  if (rc) goto fail;
+  shard_mesh_t m;
+  char desc[256], mesh[32];
+  if ((rc = shard_mesh_resolve(cfg.strategy, cfg.mesh, (int)s->world_size, &m, desc, sizeof desc)))
+    goto fail;
+  snprintf(mesh, sizeof mesh, "%dx%d", m.replicas, m.shards);
+  if (!(text = coord_spec_text(s, &cfg))) {
+    rc = err_set(FSDP_ENOMEM, "coordinator: out of memory");
+    goto fail;
+  }
+  store_job_spec_t js = {s->name, text, (int)s->world_size, mesh, (int)s->max_restarts};
+  if ((rc = store_job_submit(c->st, &js, &job))) goto fail;
+  LOG_INFO("coord", "job j-%lld submitted: %s, %u ranks, mesh %s", (long long)job,
+           s->name[0] ? s->name : "(no name)", s->world_size, mesh);
+  if (q->request_id[0]) {
+    snprintf(c->req_id[c->req_next], sizeof c->req_id[0], "%s", q->request_id);
+    c->req_job[c->req_next] = job;
+    c->req_next = (c->req_next + 1) % 256;
+  }
+  coord_schedule(c); /* it may start now: the reply then says RUNNING */
+reply:;
+  store_job_t j;
+  if ((rc = store_job_get(c->st, job, &j))) goto fail;
+  Fsdp__V1__SubmitJobReply rep = FSDP__V1__SUBMIT_JOB_REPLY__INIT;
+  rep.job_id = coord_idstr(&a, 'j', job);
+  rep.job = coord_job_msg(c, &a, &j, 0);
+  store_job_free(&j);
+  if (text && config_adjusted(&cfg)[0]) {
+    rep.notes = coord_alloc(&a, sizeof *rep.notes);
+    if (rep.notes) rep.notes[0] = coord_str(&a, config_adjusted(&cfg)), rep.n_notes = 1;
+  }
+  free(opts), free(text);
+  coord_reply(call, &a, &rep.base);
+  return;
+fail:
+  free(opts), free(text);
+  coord_arena_free(&a);
+  rpc_call_finish(call, rc);
+}
+
+static void coord_get_job_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
+  coord_t *c = arg;
+  const Fsdp__V1__GetJobRequest *q = (const void *)req;
+  store_job_t j;
+  if (coord_job_arg(c, call, q->job_id, &j)) return;
+  coord_arena_t a = {0};
+  Fsdp__V1__GetJobReply rep = FSDP__V1__GET_JOB_REPLY__INIT;
+  rep.job = coord_job_msg(c, &a, &j, 1);
+  store_job_free(&j);
+  coord_reply(call, &a, &rep.base);
+}
+
+static void coord_list_jobs_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
+  coord_t *c = arg;
+  const Fsdp__V1__ListJobsRequest *q = (const void *)req;
+  store_job_t *jobs = NULL;
+  int n = 0;
+  int rc = store_job_list(c->st, &jobs, &n);
+  if (rc) {
+    rpc_call_finish(call, rc);
+    return;
+  }
+  coord_arena_t a = {0};
+  Fsdp__V1__ListJobsReply rep = FSDP__V1__LIST_JOBS_REPLY__INIT;
+  rep.jobs = coord_alloc(&a, (size_t)n * sizeof *rep.jobs);
+  const size_t limit = q->limit ? q->limit : COORD_LIST_DEFAULT;
+  /* newest last; of the matching ones, the newest `limit` */
+  int first = n;
+  for (size_t kept = 0; first > 0 && kept < limit;) {
+    first--;
+    int match = !q->n_states;
+    for (size_t k = 0; k < q->n_states && !match; k++)
+      match = q->states[k] == coord_job_state(jobs[first].state);
+    kept += (size_t)match;
+    if (!match) jobs[first].id = -jobs[first].id; /* skipped below */
+  }
+  for (int i = first; rep.jobs && i < n; i++)
+    if (jobs[i].id > 0) rep.jobs[rep.n_jobs++] = coord_job_msg(c, &a, &jobs[i], 0);
+  store_jobs_free(jobs, n);
+  coord_reply(call, &a, &rep.base);
+}
+
+static void coord_cancel_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
+  coord_t *c = arg;
+  const Fsdp__V1__CancelJobRequest *q = (const void *)req;
+  store_job_t j;
+  if (coord_job_arg(c, call, q->job_id, &j)) return;
+  const int64_t id = j.id, epoch = j.epoch;
+  store_job_free(&j);
+  char why[300];
+  snprintf(why, sizeof why, "cancelled: %.256s", q->reason[0] ? q->reason : "by a user");
+  store_job_state_t was;
+  int rc = coord_text_ok("reason", q->reason, 256);
+  if (!rc) rc = store_job_cancel(c->st, id, why, &was);
+  if (!rc) {
+    LOG_INFO("coord", "job j-%lld %s", (long long)id, why);
+    if (was == STORE_JOB_RUNNING) coord_kill_attempt(c, id, epoch, 0, why);
+    c->dirty = 1;
+    coord_job_changed(c, id);
+    rc = store_job_get(c->st, id, &j);
+  }
+  if (rc) {
+    rpc_call_finish(call, rc);
+    return;
+  }
+  coord_arena_t a = {0};
+  Fsdp__V1__CancelJobReply rep = FSDP__V1__CANCEL_JOB_REPLY__INIT;
+  rep.job = coord_job_msg(c, &a, &j, 0);
+  store_job_free(&j);
+  coord_reply(call, &a, &rep.base);
+}
+
+static void coord_watch_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
+  coord_t *c = arg;
+  const Fsdp__V1__WatchJobRequest *q = (const void *)req;
+  store_job_t j;
+  if (coord_job_arg(c, call, q->job_id, &j)) return;
+  const int64_t id = j.id;
+  store_job_free(&j);
+  coord_watch_add(c, call, id);
+}
+
+static void coord_memory_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
+  coord_t *c = arg;
+  const Fsdp__V1__GetMemoryStatsRequest *q = (const void *)req;
+  store_job_t j;
+  if (coord_job_arg(c, call, q->job_id, &j)) return;
+  coord_arena_t a = {0};
+  Fsdp__V1__GetMemoryStatsReply rep = FSDP__V1__GET_MEMORY_STATS_REPLY__INIT;
+  if (coord_ranks_msg(c, &a, &j, &rep.ranks, &rep.n_ranks)) a.failed = 1;
+  store_job_free(&j);
+  coord_reply(call, &a, &rep.base);
+}
+
+static void coord_checkpoints_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
+  coord_t *c = arg;
+  const Fsdp__V1__ListCheckpointsRequest *q = (const void *)req;
+  store_job_t j;
+  if (coord_job_arg(c, call, q->job_id, &j)) return;
+  store_job_free(&j);
+  Fsdp__V1__ListCheckpointsReply rep = FSDP__V1__LIST_CHECKPOINTS_REPLY__INIT;
+  rpc_call_reply(call, &rep.base); /* no checkpoints are taken yet */
+}
+
+static void coord_nodes_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
+  coord_t *c = arg;
+  (void)req;
+  store_node_t *nodes = NULL;
+  int nn = 0;
+  int rc = store_node_list(c->st, &nodes, &nn);
+  if (rc) {
+    rpc_call_finish(call, rc);
+    return;
+  }
+  coord_arena_t a = {0};
+  Fsdp__V1__ListNodesReply rep = FSDP__V1__LIST_NODES_REPLY__INIT;
+  rep.nodes = coord_alloc(&a, (size_t)nn * sizeof *rep.nodes);
+  for (int i = 0; rep.nodes && i < nn; i++) {
+    const store_node_t *sn = &nodes[i];
+    Fsdp__V1__NodeInfo *m = coord_alloc(&a, sizeof *m);
+    if (!m) break;
+    fsdp__v1__node_info__init(m);
+    m->node_id = coord_idstr(&a, 'n', sn->id);
+    m->hostname = coord_str(&a, sn->name);
+    m->address = coord_str(&a, sn->address);
+    m->state = sn->state == STORE_NODE_ALIVE ? FSDP__V1__NODE_STATE__NODE_STATE_ALIVE
+                                             : FSDP__V1__NODE_STATE__NODE_STATE_DEAD;
+    const coord_node_t *ln = coord_node_get(c, sn->id, 0);
+    m->last_heartbeat_unix_ms = ln ? ln->heard_unix_ms : sn->last_seen_ms;
+    m->devices = coord_alloc(&a, (size_t)sn->n_devices * sizeof *m->devices);
+    for (int k = 0; m->devices && k < sn->n_devices; k++) {
+      Fsdp__V1__Device *d = m->devices[k] = coord_alloc(&a, sizeof *d);
+      if (!d) break;
+      fsdp__v1__device__init(d);
+      d->index = (uint32_t)sn->devices[k].index;
+      d->kind = (char *)store_dev_kind_name(sn->devices[k].kind);
+      d->name = coord_str(&a, sn->devices[k].name);
+      d->total_bytes = sn->devices[k].memory_bytes;
+      d->job_id = sn->devices[k].job_id ? coord_idstr(&a, 'j', sn->devices[k].job_id) : "";
+      m->n_devices++;
+    }
+    rep.nodes[rep.n_nodes++] = m;
+  }
+  store_nodes_free(nodes, nn);
+  coord_reply(call, &a, &rep.base);
+}
+
+/* ---- node ------------------------------------------------------------------- */
+
+static int coord_kind(const char *s, store_dev_kind_t *k) {
+#define XX(x)                                                                                     \
+  if (!strcmp(s, #x)) return *k = STORE_DEV_##x, FSDP_OK;
+  STORE_DEV_KINDS(XX)
+#undef XX
+  return err_set(FSDP_EINVAL, "devices: kind '%.32s'; cpu or cuda", s);
+}
+
+static void coord_register_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
+  coord_t *c = arg;
+  const Fsdp__V1__RegisterNodeRequest *q = (const void *)req;
+  int rc = coord_text_ok("hostname", q->hostname, STORE_NAME_MAX - 1);
+  if (!rc && !q->hostname[0]) rc = err_set(FSDP_EINVAL, "hostname: empty; fsdpd sends its --name");
+  if (!rc) rc = coord_text_ok("address", q->address, STORE_ADDR_MAX - 1);
+  store_device_t *dev = calloc(q->n_devices + 1, sizeof *dev);
+  if (!rc && !dev) rc = err_set(FSDP_ENOMEM, "coordinator: out of memory");
+  for (size_t i = 0; !rc && i < q->n_devices; i++) {
+    const Fsdp__V1__Device *d = q->devices[i];
+    dev[i].index = (int)d->index;
+    dev[i].memory_bytes = d->total_bytes;
+    snprintf(dev[i].name, sizeof dev[i].name, "%s", d->name);
+    if (!(rc = coord_kind(d->kind, &dev[i].kind)))
+      rc = coord_text_ok("devices.name", d->name, STORE_NAME_MAX - 1);
+  }
+  int64_t id = 0;
+  if (!rc) rc = store_node_register(c->st, q->hostname, q->address, dev, (int)q->n_devices, &id);
+  free(dev);
+  coord_node_t *n = rc ? NULL : coord_node_get(c, id, 1);
+  if (!rc && !n) rc = err_set(FSDP_ENOMEM, "coordinator: out of memory");
+  if (rc) {
+    rpc_call_finish(call, rc);
+    return;
+  }
+  uint64_t session = 0;
+  while (!session)
+    if (getrandom(&session, sizeof session, 0) != sizeof session) session = (uint64_t)coord_unix_ms();
+  n->session = session, n->dead = 0;
+  n->heard_ms = coord_mono_ms(c), n->heard_unix_ms = coord_unix_ms();
+  /* Reconcile: ranks it runs that are not of a running attempt are killed;
+   * ranks the store has there but it does not run were never started
+   * (assigned: told again) or are gone (running: the attempt fails). */
+  for (size_t i = 0; i < q->n_ranks; i++) {
+    const Fsdp__V1__RankStatus *r = q->ranks[i];
+    int64_t job = coord_id_parse(r->job_id, 'j');
+    store_job_t j;
+    int keep = job && !store_job_get(c->st, job, &j);
+    if (keep) keep = j.state == STORE_JOB_RUNNING && j.epoch == (int64_t)r->attempt,
+              store_job_free(&j);
+    if (!keep && job) {
+      coord_order_t o = {.kill = 1, .job = job, .epoch = r->attempt, .rank = (int)r->rank,
+                         .grace_ms = 10000};
+      snprintf(o.reason, sizeof o.reason, "its attempt is over");
+      coord_order_push(c, id, &o);
+    }
+  }
+  store_rank_t *want = NULL;
+  int nw = 0;
+  if (!store_ranks_of_node(c->st, id, &want, &nw))
+    for (int i = 0; i < nw; i++) {
+      int runs = 0;
+      for (size_t k = 0; k < q->n_ranks && !runs; k++)
+        runs = coord_id_parse(q->ranks[k]->job_id, 'j') == want[i].job_id &&
+               q->ranks[k]->attempt == (uint32_t)want[i].epoch && q->ranks[k]->rank == (uint32_t)want[i].rank;
+      if (runs) continue;
+      coord_job_t *x = coord_job_info(c, want[i].job_id);
+      if (want[i].state == STORE_RANK_ASSIGNED && x) {
+        coord_order_t o = {.job = want[i].job_id, .epoch = want[i].epoch, .rank = want[i].rank,
+                           .world = x->R * x->S, .device = want[i].device_index,
+                           .shard_group = want[i].shard_group, .replica_group = want[i].replica_group};
+        coord_order_push(c, id, &o);
+      } else {
+        char why[256];
+        snprintf(why, sizeof why, "rank %d is gone from node n-%lld (%s registered again "
+                 "without it)", want[i].rank, (long long)id, q->hostname);
+        coord_attempt_fail(c, want[i].job_id, want[i].epoch, 0, why);
+      }
+    }
+  store_array_free(want);
+  LOG_INFO("coord", "node n-%lld (%s, %zu devices) registered", (long long)id, q->hostname,
+           q->n_devices);
+  c->dirty = 1;
+  char nid[32];
+  coord_id_str(nid, sizeof nid, 'n', id);
+  Fsdp__V1__RegisterNodeReply rep = FSDP__V1__REGISTER_NODE_REPLY__INIT;
+  rep.node_id = nid, rep.session = session;
+  rep.heartbeat_interval_ms = (uint32_t)c->o.heartbeat_interval_ms;
+  rpc_call_reply(call, &rep.base);
+}
+
+/* A rank's report from its node's heartbeat. */
+static void coord_rank_report(coord_t *c, int64_t node, const Fsdp__V1__RankStatus *s) {
+  int64_t job = coord_id_parse(s->job_id, 'j');
+  coord_rank_t *r = job ? coord_rank_get(c, job, (int)s->rank, 1) : NULL;
+  if (!r) return;
+  if (r->epoch != (int64_t)s->attempt) {
+    memset(r, 0, sizeof *r);
+    r->job = job, r->rank = (int)s->rank, r->epoch = s->attempt;
+    /* first news of this rank in this attempt: its process runs */
+    if (store_rank_running(c->st, job, r->epoch, r->rank, 0) == FSDP_ESTALE) {
+      r->epoch = -1; /* an old attempt's rank: not shown */
+      return;
+    }
+  }
+  const int64_t before = r->step;
+  r->node = node, r->device = (int)s->device, r->state = s->state;
+  r->step = s->step, r->loss = s->loss, r->tokens_per_s = s->tokens_per_s;
+  r->collective_seq = s->collective_seq;
+  snprintf(r->collective_op, sizeof r->collective_op, "%s", s->collective_op);
+  r->ncat = 0;
+  for (size_t k = 0; k < s->n_memory && r->ncat < COORD_CATS; k++, r->ncat++) {
+    snprintf(r->cat[r->ncat], sizeof r->cat[0], "%s", s->memory[k]->name);
+    r->cur[r->ncat] = s->memory[k]->current_bytes, r->peak[r->ncat] = s->memory[k]->peak_bytes;
+  }
+  if (r->step != before) coord_job_changed(c, job);
+}
+
+static void coord_heartbeat_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
+  coord_t *c = arg;
+  const Fsdp__V1__HeartbeatRequest *q = (const void *)req;
+  coord_node_t *n = coord_node_get(c, coord_id_parse(q->node_id, 'n'), 0);
+  if (!n || !n->session || n->session != q->session || n->dead) {
+    Fsdp__V1__HeartbeatReply rep = FSDP__V1__HEARTBEAT_REPLY__INIT;
+    rep.reregister = 1;
+    rep.heartbeat_interval_ms = (uint32_t)c->o.heartbeat_interval_ms;
+    rpc_call_reply(call, &rep.base);
+    return;
+  }
+  n->heard_ms = coord_mono_ms(c), n->heard_unix_ms = coord_unix_ms();
+  int nbusy = 0;
+  for (size_t i = 0; i < q->n_devices && nbusy < 64; i++)
+    if (q->devices[i]->job_id[0]) n->busy[nbusy++] = (int)q->devices[i]->index;
+  if (nbusy < n->nbusy) c->dirty = 1; /* a device came free */
+  n->nbusy = nbusy;
+  for (size_t i = 0; i < q->n_ranks; i++) coord_rank_report(c, n->id, q->ranks[i]);
+  coord_node_hold(c, n, call);
+}
+
+static void coord_rendezvous_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
+  coord_t *c = arg;
+  const Fsdp__V1__RendezvousRequest *q = (const void *)req;
+  int64_t job = coord_id_parse(q->job_id, 'j');
+  int rc = job ? FSDP_OK : err_set(FSDP_ENOTFOUND, "job_id: '%.64s' is not a job id", q->job_id);
+  if (!rc) rc = coord_text_ok("group", q->group, 63);
+  if (!rc && (q->group_size < 1 || q->group_size > 4096 || q->rank >= q->group_size))
+    rc = err_set(FSDP_EINVAL, "rank %u of group_size %u: a group has 1 to 4096 ranks", q->rank,
+                 q->group_size);
+  if (!rc) rc = store_rendezvous_put(c->st, job, q->attempt, q->group, (int)q->rank,
+                                     q->payload.data, q->payload.len);
+  store_rendezvous_t r = {0};
+  if (!rc) rc = store_rendezvous_get(c->st, job, q->attempt, q->group, (int)q->group_size, &r);
+  if (rc) {
+    rpc_call_finish(call, rc);
+    return;
+  }
+  if (!r.complete) {
+    store_rendezvous_free(&r);
+    coord_rdv_hold(c, call, job, q->attempt, q->group, (int)q->group_size);
+    return;
+  }
+  store_rendezvous_free(&r);
+  coord_rdv_hold(c, call, job, q->attempt, q->group, (int)q->group_size);
+  coord_rdv_answer(c, job, q->attempt, q->group); /* this call and every waiter of the group */
+}
+
+static void coord_rank_exit_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
+  coord_t *c = arg;
+  const Fsdp__V1__ReportRankExitRequest *q = (const void *)req;
+  int64_t job = coord_id_parse(q->job_id, 'j');
+  int status = q->term_signal ? -q->term_signal : q->exit_status;
+  store_attempt_verdict_t verdict = STORE_ATTEMPT_GOING;
+  int rc = job ? store_rank_exit(c->st, job, q->attempt, (int)q->rank, status, &verdict)
+               : err_set(FSDP_ENOTFOUND, "job_id: '%.64s' is not a job id", q->job_id);
+  if (rc) {
+    rpc_call_finish(call, rc);
+    return;
+  }
+  Fsdp__V1__ReportRankExitReply rep = FSDP__V1__REPORT_RANK_EXIT_REPLY__INIT;
+  rpc_call_reply(call, &rep.base);
+  char why[512];
+  if (q->term_signal)
+    snprintf(why, sizeof why, "rank %u on node %.32s was killed by signal %d%s%.300s", q->rank,
+             q->node_id, q->term_signal, q->message[0] ? ": " : "", q->message);
+  else
+    snprintf(why, sizeof why, "rank %u on node %.32s exited with status %d%s%.300s", q->rank,
+             q->node_id, q->exit_status, q->message[0] ? ": " : "", q->message);
+  if (verdict == STORE_ATTEMPT_SUCCEEDED) {
+    store_job_state_t state;
+    if (store_attempt_end(c->st, job, q->attempt, 1, "", &state))
+      LOG_WARN("coord", "job j-%lld: ending its attempt: %s", (long long)job, err_msg());
+    else
+      LOG_INFO("coord", "job j-%lld attempt %u succeeded", (long long)job, q->attempt);
+    c->dirty = 1;
+    coord_job_changed(c, job);
+  } else if (verdict == STORE_ATTEMPT_FAILED) {
+    coord_attempt_fail(c, job, q->attempt, 0, why);
+  }
+}
+
+/* ---- registration ------------------------------------------------------------- */
+
+int coord_rpc_register(coord_t *c) {
+#define M(name, Req, Rep, stream, role, cb)                                                      \
+  {"/fsdp.v1.Coordinator/" name, &fsdp__v1__##Req##__descriptor, &fsdp__v1__##Rep##__descriptor, \
+   stream, role, cb, c}
+  const rpc_method_t methods[] = {
+      M("SubmitJob", submit_job_request, submit_job_reply, 0, RPC_ROLE_USER, coord_submit_cb),
+      M("GetJob", get_job_request, get_job_reply, 0, RPC_ROLE_USER, coord_get_job_cb),
+      M("ListJobs", list_jobs_request, list_jobs_reply, 0, RPC_ROLE_USER, coord_list_jobs_cb),
+      M("CancelJob", cancel_job_request, cancel_job_reply, 0, RPC_ROLE_USER, coord_cancel_cb),
+      M("WatchJob", watch_job_request, job_progress, 1, RPC_ROLE_USER, coord_watch_cb),
+      M("GetMemoryStats", get_memory_stats_request, get_memory_stats_reply, 0, RPC_ROLE_USER,
+        coord_memory_cb),
+      M("ListCheckpoints", list_checkpoints_request, list_checkpoints_reply, 0, RPC_ROLE_USER,
+        coord_checkpoints_cb),
+      M("ListNodes", list_nodes_request, list_nodes_reply, 0, RPC_ROLE_USER, coord_nodes_cb),
+      M("RegisterNode", register_node_request, register_node_reply, 0, RPC_ROLE_NODE,
+        coord_register_cb),
+      M("Heartbeat", heartbeat_request, heartbeat_reply, 0, RPC_ROLE_NODE, coord_heartbeat_cb),
+      M("Rendezvous", rendezvous_request, rendezvous_reply, 0, RPC_ROLE_NODE, coord_rendezvous_cb),
+      M("ReportRankExit", report_rank_exit_request, report_rank_exit_reply, 0, RPC_ROLE_NODE,
+        coord_rank_exit_cb),
+  };
+#undef M
+  for (size_t i = 0; i < sizeof methods / sizeof *methods; i++) {
+    int rc = rpc_server_add(c->srv, &methods[i]);
+    if (rc) return rc;
+  }
+  return FSDP_OK;
+}

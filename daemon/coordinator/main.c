@@ -1,0 +1,136 @@
+/* fsdp-coordinator: the cluster's one coordinator (daemon/coordinator/coord.h).
+ * Options name files, never secrets: tokens are read from files. It needs no
+ * privilege and says so when started as root. SIGTERM or SIGINT stops it
+ * cleanly (calls in flight cancelled, the database closed); the nodes keep
+ * their ranks running and re-register when it is back. */
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <grpc/grpc.h>
+
+#include "daemon/common/err.h"
+#include "daemon/common/log.h"
+#include "daemon/coordinator/coord.h"
+
+#define ROOTS_MAX 32
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: fsdp-coordinator --db FILE --root DIR [--root DIR ...] [options]\n"
+          "  --db FILE                  the cluster's state (SQLite; created if absent)\n"
+          "  --root DIR                 a directory job paths (data, init_from, save) may lie in;\n"
+          "                             relative job paths resolve against the first\n"
+          "  --listen ADDR              where to serve (default 127.0.0.1:7070; port 0: any)\n"
+          "  --user-token-file FILE     bearer token of users (fsdpctl); with --node-token-file,\n"
+          "  --node-token-file FILE     every call needs one of the two (default: open)\n"
+          "  --tls-cert FILE --tls-key FILE   serve TLS\n"
+          "  --heartbeat-interval-ms N  how long a node's heartbeat is held (default 1000)\n"
+          "  --heartbeat-timeout-ms N   a node silent this long is dead (default 5000)\n"
+          "  --sync normal|full         SQLite synchronous mode (default full: what was\n"
+          "                             answered survives a power loss)\n"
+          "exit status: 0 stopped by a signal, 1 failed, 2 bad option\n");
+}
+
+static uv_signal_t sig_term, sig_int;
+static coord_t *coord;
+
+static void on_signal(uv_signal_t *s, int signum) {
+  (void)s;
+  LOG_INFO("coord", "signal %d: stopping", signum);
+  coord_destroy(coord);
+  coord = NULL;
+  uv_close((uv_handle_t *)&sig_term, NULL);
+  uv_close((uv_handle_t *)&sig_int, NULL);
+}
+
+static int positive(const char *opt, const char *v, int *out) {
+  char *end;
+  long x = strtol(v, &end, 10);
+  if (*v == '\0' || *end || x < 1 || x > 3600000) {
+    fprintf(stderr, "fsdp-coordinator: %s: '%s' is not a number of milliseconds (1 to 3600000)\n",
+            opt, v);
+    return -1;
+  }
+  *out = (int)x;
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  static const struct option longopts[] = {
+      {"db", required_argument, 0, 'd'},          {"root", required_argument, 0, 'r'},
+      {"listen", required_argument, 0, 'l'},      {"user-token-file", required_argument, 0, 'u'},
+      {"node-token-file", required_argument, 0, 'n'}, {"tls-cert", required_argument, 0, 'c'},
+      {"tls-key", required_argument, 0, 'k'},     {"heartbeat-interval-ms", required_argument, 0, 'i'},
+      {"heartbeat-timeout-ms", required_argument, 0, 't'}, {"sync", required_argument, 0, 's'},
+      {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
+  const char *roots[ROOTS_MAX];
+  coord_opts_t o = {.listen = "127.0.0.1:7070", .roots = roots};
+  int ch;
+  while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+    switch (ch) {
+    case 'd': o.db = optarg; break;
+    case 'r':
+      if (o.nroots == ROOTS_MAX) {
+        fprintf(stderr, "fsdp-coordinator: --root: at most %d roots\n", ROOTS_MAX);
+        return 2;
+      }
+      roots[o.nroots++] = optarg;
+      break;
+    case 'l': o.listen = optarg; break;
+    case 'u': o.user_token_file = optarg; break;
+    case 'n': o.node_token_file = optarg; break;
+    case 'c': o.tls_cert_file = optarg; break;
+    case 'k': o.tls_key_file = optarg; break;
+    case 'i': if (positive("--heartbeat-interval-ms", optarg, &o.heartbeat_interval_ms)) return 2; break;
+    case 't': if (positive("--heartbeat-timeout-ms", optarg, &o.heartbeat_timeout_ms)) return 2; break;
+    case 's':
+      if (strcmp(optarg, "normal") && strcmp(optarg, "full")) {
+        fprintf(stderr, "fsdp-coordinator: --sync: '%s'; normal or full\n", optarg);
+        return 2;
+      }
+      o.sync_normal = !strcmp(optarg, "normal");
+      break;
+    case 'h': usage(stdout); return 0;
+    default: usage(stderr); return 2;
+    }
+  }
+  if (optind < argc || !o.db || !o.nroots) {
+    fprintf(stderr, "fsdp-coordinator: %s\n",
+            optind < argc ? "unexpected arguments" : !o.db ? "--db FILE is required"
+                                                            : "--root DIR is required (at least one)");
+    usage(stderr);
+    return 2;
+  }
+  if (o.heartbeat_timeout_ms && o.heartbeat_interval_ms &&
+      o.heartbeat_timeout_ms <= o.heartbeat_interval_ms) {
+    fprintf(stderr, "fsdp-coordinator: --heartbeat-timeout-ms must exceed the interval\n");
+    return 2;
+  }
+  if (geteuid() == 0)
+    LOG_WARN("coord", "running as root: the coordinator needs no privilege; run it as its own user");
+  signal(SIGPIPE, SIG_IGN);
+  grpc_init();
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  int rc = coord_create(&coord, &loop, &o);
+  if (rc) {
+    fprintf(stderr, "fsdp-coordinator: %s\n", err_msg());
+    uv_loop_close(&loop);
+    grpc_shutdown();
+    return 1;
+  }
+  printf("fsdp-coordinator: serving on port %d (database %s)\n", coord_port(coord), o.db);
+  fflush(stdout);
+  uv_signal_init(&loop, &sig_term);
+  uv_signal_init(&loop, &sig_int);
+  uv_signal_start(&sig_term, on_signal, SIGTERM);
+  uv_signal_start(&sig_int, on_signal, SIGINT);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  uv_loop_close(&loop);
+  grpc_shutdown();
+  return 0;
+}
