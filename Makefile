@@ -95,7 +95,7 @@ BINS  = bin/fsdp-train bin/fsdp-tokenize bin/fsdp-launch bin/fsdp-coordinator
 # under a build directory.
 UNIT_TESTS = err param kernels isa device boot data gpt adamw config train sample shard plan comm fsdp \
              reference supervise sched inventory job rpc store store_txn
-E2E_TESTS  = launch fault
+E2E_TESTS  = launch fault coordinator
 test_bins  = $(UNIT_TESTS:%=$(1)/tests/test_%) $(E2E_TESTS:%=$(1)/e2e/test_%)
 TEST_BINS  = $(call test_bins,$(B))
 BENCH_BINS = $(B)/bench/bench_gemm $(B)/bench/bench_train $(B)/bench/bench_comm $(B)/bench/bench_fsdp
@@ -283,7 +283,12 @@ $(B)/fuzz_rpc_requests: $(B)/tests/fuzz/fuzz_rpc_requests.o $(B)/tests/fuzz/fuzz
 COORD_SVC_SRCS = daemon/coordinator/coord.c daemon/coordinator/coord_rpc.c daemon/coordinator/main.c
 COORD_SVC_OBJS = $(COORD_SVC_SRCS:%.c=$(B)/%.o)
 COORD_BIN_OBJS = $(COORD_SVC_OBJS) $(sort $(COORD_OBJS) $(JOB_OBJS)) $(RPC_LIB)
-$(COORD_SVC_OBJS): | $(PROTO_HDRS)
+$(COORD_SVC_OBJS) $(B)/tests/e2e/test_coordinator.o: | $(PROTO_HDRS)
+# the coordinator's end-to-end test plays users and nodes through the RPC client
+$(B)/e2e/test_coordinator: $(B)/tests/e2e/test_coordinator.o $(TESTUTIL) $(TESTUTIL_TRAIN) $(LIB) $(RPC_LIB) \
+                           bin/fsdp-coordinator
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $(filter %.o %.a,$^) -o $@ $(LDLIBS) $(RPC_LDLIBS) -lsqlite3 -lcriterion
 bin/fsdp-coordinator: $(COORD_BIN_OBJS)
 	@mkdir -p bin
 	$(CC) $(EXTRA_LDFLAGS) $^ -o $@ $(RPC_LDLIBS) $(COORD_LDLIBS) -linih -lm

@@ -1,0 +1,545 @@
+/* End-to-end tests of fsdp-coordinator, run as a process on 127.0.0.1 and
+ * driven through its wire: the test plays the users (SubmitJob, GetJob...)
+ * and the nodes (RegisterNode, Heartbeat, Rendezvous, ReportRankExit) with
+ * the project's RPC client, so each rule of the service is checked on its
+ * own, without real ranks: admission (every invalid spec refused naming its
+ * field, paths outside the roots), malformed calls, gang scheduling and its
+ * reasons, cancel, node death within the timeout, and a coordinator killed
+ * with SIGKILL and restarted on its database with the running job kept.
+ *
+ * The coordinator runs with a 200 ms heartbeat interval and a 1 s timeout.
+ * Every wait is bounded. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "daemon/common/err.h"
+#include "daemon/common/rpc.h"
+#include "proto/fsdp.pb-c.h"
+#include "tests/unit/testutil.h"
+
+#define HB_MS 200
+#define TIMEOUT_MS 1000
+
+typedef struct co {
+  pid_t pid;
+  char addr[64];
+  char db[512];
+  char log[512];
+} co_t;
+
+static co_t co;
+static rpc_client_t *cl;
+
+/* Starts the coordinator on db (root: the test's directory), extra options
+ * as shell words; waits (bounded) for its "serving on port" line. */
+static void co_start(co_t *c, const char *db, const char *extra) {
+  int fd[2];
+  cr_assert_eq(pipe(fd), 0);
+  snprintf(c->db, sizeof c->db, "%s", db);
+  snprintf(c->log, sizeof c->log, "%s.log", db);
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd,
+           "exec '%s/bin/fsdp-coordinator' --db '%s' --root '%s' --listen 127.0.0.1:0 "
+           "--heartbeat-interval-ms %d --heartbeat-timeout-ms %d %s 2>>'%s'",
+           tu_root(), db, tu_tmpdir(), HB_MS, TIMEOUT_MS, extra ? extra : "", c->log);
+  c->pid = fork();
+  cr_assert_geq(c->pid, 0);
+  if (c->pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    dup2(fd[1], 1);
+    close(fd[0]), close(fd[1]);
+    execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+    _exit(127);
+  }
+  close(fd[1]);
+  char buf[512];
+  size_t n = 0;
+  int port = 0;
+  const double deadline = tu_now_s() + 10;
+  while (!port && tu_now_s() < deadline) {
+    struct pollfd p = {fd[0], POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    ssize_t k = read(fd[0], buf + n, sizeof buf - 1 - n);
+    if (k <= 0) break;
+    n += (size_t)k;
+    buf[n] = 0;
+    char *at = strstr(buf, "serving on port ");
+    if (at) port = atoi(at + 16);
+  }
+  close(fd[0]);
+  cr_assert_gt(port, 0, "the coordinator did not start: %s", buf);
+  snprintf(c->addr, sizeof c->addr, "127.0.0.1:%d", port);
+}
+
+static void co_kill(co_t *c, int sig) {
+  if (c->pid <= 0) return;
+  kill(c->pid, sig);
+  int st;
+  waitpid(c->pid, &st, 0);
+  c->pid = 0;
+}
+
+static void client_for(const co_t *c, const char *token_file) {
+  if (cl) rpc_client_destroy(cl);
+  rpc_client_opts_t o = {.target = c->addr, .token_file = token_file};
+  cr_assert_eq(rpc_client_create(&cl, &o), 0, "%s", err_msg());
+}
+
+static void setup(void) {
+  char *db = tu_path("state.db");
+  co_start(&co, db, NULL);
+  free(db);
+  client_for(&co, NULL);
+}
+
+static void teardown(void) {
+  if (cl) rpc_client_destroy(cl);
+  cl = NULL;
+  co_kill(&co, SIGKILL);
+}
+
+TestSuite(coordinator, .init = setup, .fini = teardown, .timeout = 60);
+
+/* ---- calls ------------------------------------------------------------------ */
+
+#define CALL(method, req, Rep, reply)                                                            \
+  rpc_client_call(cl, "/fsdp.v1.Coordinator/" method, &(req).base, &fsdp__v1__##Rep##__descriptor, \
+                  (ProtobufCMessage **)(reply), 5.0)
+
+/* A spec from "key=value" strings (section-less), for world ranks. */
+typedef struct spec_buf {
+  Fsdp__V1__JobSpec spec;
+  Fsdp__V1__Option opt[32], *optp[32];
+  char key[32][64], val[32][256];
+} spec_buf_t;
+
+static void spec_make(spec_buf_t *b, int world, const char *const *kv) {
+  fsdp__v1__job_spec__init(&b->spec);
+  b->spec.name = "t";
+  b->spec.world_size = (uint32_t)world;
+  int n = 0;
+  for (; kv[n]; n++) {
+    const char *eq = strchr(kv[n], '=');
+    cr_assert_not_null(eq);
+    snprintf(b->key[n], sizeof b->key[n], "%.*s", (int)(eq - kv[n]), kv[n]);
+    snprintf(b->val[n], sizeof b->val[n], "%s", eq + 1);
+    fsdp__v1__option__init(&b->opt[n]);
+    b->opt[n].section = "";
+    b->opt[n].key = b->key[n], b->opt[n].value = b->val[n];
+    b->optp[n] = &b->opt[n];
+  }
+  b->spec.options = b->optp, b->spec.n_options = (size_t)n;
+}
+
+/* Submits; the job id in id (when it succeeds); returns the call's code. */
+static int submit(int world, const char *const *kv, char *id, size_t len) {
+  spec_buf_t b;
+  spec_make(&b, world, kv);
+  Fsdp__V1__SubmitJobRequest q = FSDP__V1__SUBMIT_JOB_REQUEST__INIT;
+  q.spec = &b.spec;
+  Fsdp__V1__SubmitJobReply *r = NULL;
+  int rc = CALL("SubmitJob", q, submit_job_reply, &r);
+  if (!rc) {
+    snprintf(id, len, "%s", r->job_id);
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+  }
+  return rc;
+}
+
+static Fsdp__V1__GetJobReply *get_job(const char *id) {
+  Fsdp__V1__GetJobRequest q = FSDP__V1__GET_JOB_REQUEST__INIT;
+  q.job_id = (char *)id;
+  Fsdp__V1__GetJobReply *r = NULL;
+  cr_assert_eq(CALL("GetJob", q, get_job_reply, &r), 0, "GetJob %s: %s", id, err_msg());
+  cr_assert_not_null(r->job);
+  return r;
+}
+
+static void reply_free(void *r) { protobuf_c_message_free_unpacked(r, NULL); }
+
+/* A node: its id and session after registering. */
+typedef struct node {
+  char id[32];
+  uint64_t session;
+} node_t;
+
+static void node_register(node_t *n, const char *name, int ndev, uint64_t mem,
+                          Fsdp__V1__RankStatus **ranks, size_t nranks) {
+  Fsdp__V1__Device d[8], *dp[8];
+  char dn[8][16];
+  for (int i = 0; i < ndev; i++) {
+    fsdp__v1__device__init(&d[i]);
+    snprintf(dn[i], sizeof dn[i], "cpu:%d", i);
+    d[i].index = (uint32_t)i, d[i].kind = "cpu", d[i].name = dn[i], d[i].total_bytes = mem;
+    dp[i] = &d[i];
+  }
+  Fsdp__V1__RegisterNodeRequest q = FSDP__V1__REGISTER_NODE_REQUEST__INIT;
+  q.hostname = (char *)name, q.address = "127.0.0.1:9", q.devices = dp, q.n_devices = (size_t)ndev;
+  q.ranks = ranks, q.n_ranks = nranks;
+  q.node_id = n->id[0] ? n->id : "";
+  Fsdp__V1__RegisterNodeReply *r = NULL;
+  cr_assert_eq(CALL("RegisterNode", q, register_node_reply, &r), 0, "%s", err_msg());
+  snprintf(n->id, sizeof n->id, "%s", r->node_id);
+  n->session = r->session;
+  protobuf_c_message_free_unpacked(&r->base, NULL);
+}
+
+/* One heartbeat (held by the coordinator up to its interval); the reply. */
+static Fsdp__V1__HeartbeatReply *heartbeat(const node_t *n, Fsdp__V1__RankStatus **ranks,
+                                           size_t nranks) {
+  Fsdp__V1__HeartbeatRequest q = FSDP__V1__HEARTBEAT_REQUEST__INIT;
+  q.node_id = (char *)n->id, q.session = n->session, q.ranks = ranks, q.n_ranks = nranks;
+  Fsdp__V1__HeartbeatReply *r = NULL;
+  cr_assert_eq(CALL("Heartbeat", q, heartbeat_reply, &r), 0, "%s", err_msg());
+  return r;
+}
+
+static int report_exit(const node_t *n, const char *job, uint32_t attempt, uint32_t rank, int status) {
+  Fsdp__V1__ReportRankExitRequest q = FSDP__V1__REPORT_RANK_EXIT_REQUEST__INIT;
+  q.node_id = (char *)n->id, q.job_id = (char *)job, q.attempt = attempt, q.rank = rank;
+  q.exit_status = status;
+  Fsdp__V1__ReportRankExitReply *r = NULL;
+  int rc = CALL("ReportRankExit", q, report_rank_exit_reply, &r);
+  if (r) protobuf_c_message_free_unpacked(&r->base, NULL);
+  return rc;
+}
+
+static Fsdp__V1__JobState job_state(const char *id, char *reason, size_t len) {
+  Fsdp__V1__GetJobReply *g = get_job(id);
+  Fsdp__V1__JobState s = g->job->state;
+  if (reason) snprintf(reason, len, "%s", g->job->reason);
+  reply_free(g);
+  return s;
+}
+
+/* ---- admission ---------------------------------------------------------------- */
+
+Test(coordinator, every_invalid_spec_is_refused_naming_its_field) {
+  char *data = tu_token_file("tok.bin", 20000, 1, 256);
+  char outside[] = "/tmp/fsdp-outside-XXXXXX";
+  cr_assert_not_null(mkdtemp(outside));
+  char outfile[600], link[600];
+  snprintf(outfile, sizeof outfile, "%s/secret.bin", outside);
+  tu_write_file(outfile, "x", 1);
+  char *lk = tu_path("escape.bin");
+  snprintf(link, sizeof link, "%s", lk);
+  free(lk);
+  cr_assert_eq(symlink(outfile, link), 0);
+  char abs_out[700], link_opt[700];
+  snprintf(abs_out, sizeof abs_out, "data=%s", outfile);
+  snprintf(link_opt, sizeof link_opt, "data=%s", link);
+  static char ok_data[600];
+  snprintf(ok_data, sizeof ok_data, "data=%s", data);
+  struct {
+    int world;
+    const char *kv[6];
+    const char *field;
+  } bad[] = {
+      {4, {"model=tiny", ok_data, "mesh=2x3", NULL}, "mesh"},
+      {2, {"model=tiny", ok_data, "heads=5", NULL}, "heads"},
+      {2, {"model=gpt5", ok_data, NULL}, "gpt5"},
+      {2, {"model=tiny", ok_data, "steps=0", NULL}, "steps"},
+      {2, {"model=tiny", ok_data, "batch=-1", NULL}, "batch"},
+      {2, {"model=tiny", ok_data, "seq_len=65", NULL}, "seq_len"},
+      {2, {"model=tiny", ok_data, "strategy=SOMETHING", NULL}, "strategy"},
+      {2, {"model=tiny", ok_data, "colour=blue", NULL}, "colour"},
+      {2, {"model=tiny", "data=../../etc/passwd", NULL}, "data"},
+      {2, {"model=tiny", abs_out, NULL}, "data"},
+      {2, {"model=tiny", link_opt, NULL}, "data"},
+      {2, {"model=tiny", "data=missing.bin", NULL}, "data"},
+      {2, {"model=tiny", ok_data, "sample_prompt=a\nb", NULL}, "options[2]"},
+      {0, {"model=tiny", ok_data, NULL}, "world_size"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    char id[32];
+    int rc = submit(bad[i].world, bad[i].kv, id, sizeof id);
+    cr_expect_eq(rc, FSDP_EINVAL, "case %zu (%s) was not refused as invalid: %d %s", i,
+                 bad[i].field, rc, err_msg());
+    cr_expect(strstr(err_msg(), bad[i].field), "case %zu: the message does not name %s: %s", i,
+              bad[i].field, err_msg());
+  }
+  /* nothing of them was stored */
+  Fsdp__V1__ListJobsRequest lq = FSDP__V1__LIST_JOBS_REQUEST__INIT;
+  Fsdp__V1__ListJobsReply *lr = NULL;
+  cr_assert_eq(CALL("ListJobs", lq, list_jobs_reply, &lr), 0);
+  cr_expect_eq(lr->n_jobs, 0);
+  protobuf_c_message_free_unpacked(&lr->base, NULL);
+  unlink(outfile), rmdir(outside);
+  free(data);
+}
+
+Test(coordinator, a_job_larger_than_every_device_is_refused_with_the_plan_and_the_fix) {
+  char *data = tu_token_file("tok.bin", 20000, 1, 256);
+  char d[600];
+  snprintf(d, sizeof d, "data=%s", data);
+  node_t n = {{0}, 0};
+  node_register(&n, "small", 2, 4u << 20, NULL, 0); /* 4 MiB devices */
+  const char *kv[] = {"model=small", d, NULL};
+  char id[32];
+  cr_assert_eq(submit(2, kv, id, sizeof id), FSDP_EINVAL);
+  cr_expect(strstr(err_msg(), "MiB"), "%s", err_msg());
+  free(data);
+}
+
+Test(coordinator, malformed_and_unauthorised_calls_get_their_status_at_once) {
+  void *rep = NULL;
+  size_t rlen = 0;
+  const unsigned char trunc[] = {0x0a, 0x20, 'x'}; /* field 1, 32 bytes announced, 1 given */
+  cr_expect_eq(rpc_client_call_raw(cl, "/fsdp.v1.Coordinator/SubmitJob", trunc, sizeof trunc, &rep,
+                                   &rlen, 5.0), FSDP_EINVAL);
+  double t0 = tu_now_s();
+  cr_expect_eq(rpc_client_call_raw(cl, "/fsdp.v1.Coordinator/Nope", "", 0, &rep, &rlen, 10.0),
+               FSDP_EUNSUPPORTED);
+  cr_expect_lt(tu_now_s() - t0, 1.0);
+  Fsdp__V1__GetJobRequest q = FSDP__V1__GET_JOB_REQUEST__INIT;
+  Fsdp__V1__GetJobReply *r = NULL;
+  q.job_id = "j-999";
+  cr_expect_eq(CALL("GetJob", q, get_job_reply, &r), FSDP_ENOTFOUND);
+  cr_expect(strstr(err_msg(), "j-999"), "%s", err_msg());
+  q.job_id = "../../x";
+  cr_expect_eq(CALL("GetJob", q, get_job_reply, &r), FSDP_ENOTFOUND);
+  /* a name of 5 MB: over the request size limit, refused, and the server goes on */
+  char *huge = malloc(5 << 20);
+  memset(huge, 'a', (5 << 20) - 1);
+  huge[(5 << 20) - 1] = 0;
+  Fsdp__V1__RegisterNodeRequest rq = FSDP__V1__REGISTER_NODE_REQUEST__INIT;
+  rq.hostname = huge;
+  Fsdp__V1__RegisterNodeReply *rr = NULL;
+  cr_expect_eq(CALL("RegisterNode", rq, register_node_reply, &rr), FSDP_ELIMIT, "%s", err_msg());
+  free(huge);
+  q.job_id = "j-1";
+  cr_expect_eq(CALL("GetJob", q, get_job_reply, &r), FSDP_ENOTFOUND, "still serving");
+}
+
+Test(coordinator, tokens_are_required_and_roles_kept) {
+  teardown();
+  char *ut = tu_path("user.token"), *nt = tu_path("node.token"), *db = tu_path("auth.db");
+  tu_write_file(ut, "user-secret-1234567890\n", 23);
+  tu_write_file(nt, "node-secret-0987654321\n", 23);
+  char extra[1200];
+  snprintf(extra, sizeof extra, "--user-token-file '%s' --node-token-file '%s'", ut, nt);
+  co_start(&co, db, extra);
+  Fsdp__V1__ListNodesRequest q = FSDP__V1__LIST_NODES_REQUEST__INIT;
+  Fsdp__V1__ListNodesReply *r = NULL;
+  client_for(&co, NULL);
+  cr_expect_eq(CALL("ListNodes", q, list_nodes_reply, &r), FSDP_EAUTH);
+  client_for(&co, ut);
+  cr_expect_eq(CALL("ListNodes", q, list_nodes_reply, &r), 0, "%s", err_msg());
+  if (r) protobuf_c_message_free_unpacked(&r->base, NULL);
+  Fsdp__V1__RegisterNodeRequest rq = FSDP__V1__REGISTER_NODE_REQUEST__INIT;
+  rq.hostname = "n";
+  Fsdp__V1__RegisterNodeReply *rr = NULL;
+  cr_expect_eq(CALL("RegisterNode", rq, register_node_reply, &rr), FSDP_EPERM);
+  client_for(&co, nt);
+  cr_expect_eq(CALL("ListNodes", q, list_nodes_reply, &r), FSDP_EPERM);
+  free(ut), free(nt), free(db);
+}
+
+/* ---- scheduling ------------------------------------------------------------ */
+
+/* Collects assignments from heartbeats until want ranks of job are in
+ * (bounded); returns how many came. */
+static int collect(const node_t *n, const char *job, int want, Fsdp__V1__HeartbeatReply **last) {
+  int got = 0;
+  const double deadline = tu_now_s() + 5;
+  while (got < want && tu_now_s() < deadline) {
+    Fsdp__V1__HeartbeatReply *r = heartbeat(n, NULL, 0);
+    for (size_t i = 0; i < r->n_assignments; i++) got += !strcmp(r->assignments[i]->job_id, job);
+    if (last && *last) protobuf_c_message_free_unpacked(&(*last)->base, NULL);
+    if (last) *last = r;
+    else protobuf_c_message_free_unpacked(&r->base, NULL);
+  }
+  return got;
+}
+
+Test(coordinator, three_jobs_on_four_devices_two_run_the_third_waits_then_runs) {
+  char *data = tu_token_file("tok.bin", 20000, 1, 256);
+  char d[600];
+  snprintf(d, sizeof d, "data=%s", data);
+  node_t n = {{0}, 0};
+  node_register(&n, "four", 4, 8ull << 30, NULL, 0);
+  const char *kv[] = {"model=tiny", d, "steps=3", NULL};
+  char a[32], b[32], x[32], reason[512];
+  cr_assert_eq(submit(2, kv, a, sizeof a), 0, "%s", err_msg());
+  cr_assert_eq(submit(2, kv, b, sizeof b), 0, "%s", err_msg());
+  cr_assert_eq(submit(2, kv, x, sizeof x), 0, "%s", err_msg());
+  cr_expect_eq(job_state(a, NULL, 0), FSDP__V1__JOB_STATE__JOB_STATE_RUNNING);
+  cr_expect_eq(job_state(b, NULL, 0), FSDP__V1__JOB_STATE__JOB_STATE_RUNNING);
+  cr_expect_eq(job_state(x, reason, sizeof reason), FSDP__V1__JOB_STATE__JOB_STATE_PENDING);
+  cr_expect(strstr(reason, "waiting for 2 free cpu devices") && strstr(reason, "4 held"), "%s",
+            reason);
+  /* the assignments reach the node at once (a held heartbeat answers) */
+  double t0 = tu_now_s();
+  Fsdp__V1__HeartbeatReply *r = heartbeat(&n, NULL, 0);
+  cr_expect_lt(tu_now_s() - t0, 0.1);
+  cr_expect_eq(r->n_assignments, 4);
+  protobuf_c_message_free_unpacked(&r->base, NULL);
+  /* job a ends: x takes its devices, and its ranks reach the node */
+  cr_assert_eq(report_exit(&n, a, 1, 0, 0), 0, "%s", err_msg());
+  cr_assert_eq(report_exit(&n, a, 1, 1, 0), 0, "%s", err_msg());
+  cr_expect_eq(job_state(a, NULL, 0), FSDP__V1__JOB_STATE__JOB_STATE_SUCCEEDED);
+  cr_expect_eq(collect(&n, x, 2, NULL), 2);
+  cr_expect_eq(job_state(x, NULL, 0), FSDP__V1__JOB_STATE__JOB_STATE_RUNNING);
+  /* cancel b: its node is told to kill it, its devices are free */
+  Fsdp__V1__CancelJobRequest cq = FSDP__V1__CANCEL_JOB_REQUEST__INIT;
+  cq.job_id = b, cq.reason = "test";
+  Fsdp__V1__CancelJobReply *cr = NULL;
+  cr_assert_eq(CALL("CancelJob", cq, cancel_job_reply, &cr), 0, "%s", err_msg());
+  cr_expect_eq(cr->job->state, FSDP__V1__JOB_STATE__JOB_STATE_CANCELLED);
+  protobuf_c_message_free_unpacked(&cr->base, NULL);
+  r = heartbeat(&n, NULL, 0);
+  cr_expect_eq(r->n_kills, 1);
+  if (r->n_kills) cr_expect_str_eq(r->kills[0]->job_id, b);
+  protobuf_c_message_free_unpacked(&r->base, NULL);
+  free(data);
+}
+
+Test(coordinator, hybrid_2x2_keeps_each_shard_group_on_one_node_and_a_dead_node_is_named) {
+  char *data = tu_token_file("tok.bin", 20000, 1, 256);
+  char d[600];
+  snprintf(d, sizeof d, "data=%s", data);
+  node_t A = {{0}, 0}, Bn = {{0}, 0};
+  node_register(&A, "alpha", 2, 8ull << 30, NULL, 0);
+  node_register(&Bn, "beta", 2, 8ull << 30, NULL, 0);
+  const char *kv[] = {"model=tiny", d, "strategy=HYBRID_SHARD", "mesh=2x2", NULL};
+  char id[32];
+  cr_assert_eq(submit(4, kv, id, sizeof id), 0, "%s", err_msg());
+  Fsdp__V1__GetJobReply *g = get_job(id);
+  const Fsdp__V1__Job *j = g->job;
+  cr_assert_eq(j->n_ranks, 4);
+  cr_expect_str_eq(j->ranks[0]->node_id, j->ranks[1]->node_id);
+  cr_expect_str_eq(j->ranks[2]->node_id, j->ranks[3]->node_id);
+  cr_expect_str_neq(j->ranks[0]->node_id, j->ranks[2]->node_id);
+  reply_free(g);
+  /* beta goes silent; alpha keeps beating: beta is dead within the timeout + 1 s */
+  const double t0 = tu_now_s();
+  char reason[512] = "";
+  Fsdp__V1__JobState s = FSDP__V1__JOB_STATE__JOB_STATE_RUNNING;
+  int killed = 0;
+  while (tu_now_s() - t0 < TIMEOUT_MS / 1000.0 + 1.5) {
+    Fsdp__V1__HeartbeatReply *r = heartbeat(&A, NULL, 0);
+    for (size_t i = 0; i < r->n_kills; i++) killed |= !strcmp(r->kills[i]->job_id, id);
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+    s = job_state(id, reason, sizeof reason);
+    if (s != FSDP__V1__JOB_STATE__JOB_STATE_RUNNING && killed) break;
+  }
+  const double took = tu_now_s() - t0;
+  cr_expect_eq(s, FSDP__V1__JOB_STATE__JOB_STATE_FAILED, "max_restarts 0: the job fails");
+  cr_expect(strstr(reason, Bn.id) && strstr(reason, "declared dead"), "%s", reason);
+  cr_expect(killed, "alpha was told to kill its ranks of the job");
+  cr_expect_lt(took, TIMEOUT_MS / 1000.0 + 1.0, "declared after %.2f s", took);
+  Fsdp__V1__ListNodesRequest q = FSDP__V1__LIST_NODES_REQUEST__INIT;
+  Fsdp__V1__ListNodesReply *nr = NULL;
+  cr_assert_eq(CALL("ListNodes", q, list_nodes_reply, &nr), 0);
+  for (size_t i = 0; i < nr->n_nodes; i++)
+    cr_expect_eq(nr->nodes[i]->state, !strcmp(nr->nodes[i]->node_id, Bn.id)
+                                          ? FSDP__V1__NODE_STATE__NODE_STATE_DEAD
+                                          : FSDP__V1__NODE_STATE__NODE_STATE_ALIVE);
+  protobuf_c_message_free_unpacked(&nr->base, NULL);
+  /* beta's next heartbeat is told to register again */
+  Fsdp__V1__HeartbeatReply *r = heartbeat(&Bn, NULL, 0);
+  cr_expect(r->reregister);
+  protobuf_c_message_free_unpacked(&r->base, NULL);
+  free(data);
+}
+
+Test(coordinator, a_restarted_coordinator_keeps_the_running_job_and_fences_old_epochs) {
+  char *data = tu_token_file("tok.bin", 20000, 1, 256);
+  char d[600];
+  snprintf(d, sizeof d, "data=%s", data);
+  node_t n = {{0}, 0};
+  node_register(&n, "solo", 2, 8ull << 30, NULL, 0);
+  const char *kv[] = {"model=tiny", d, NULL};
+  char id[32];
+  cr_assert_eq(submit(2, kv, id, sizeof id), 0, "%s", err_msg());
+  cr_assert_eq(collect(&n, id, 2, NULL), 2);
+  /* the ranks run: the node reports them */
+  Fsdp__V1__RankStatus rs[2], *rp[2];
+  for (int k = 0; k < 2; k++) {
+    fsdp__v1__rank_status__init(&rs[k]);
+    rs[k].job_id = id, rs[k].attempt = 1, rs[k].rank = (uint32_t)k, rs[k].step = 3;
+    rs[k].state = FSDP__V1__RANK_STATE__RANK_STATE_RUNNING;
+    rp[k] = &rs[k];
+  }
+  protobuf_c_message_free_unpacked(&heartbeat(&n, rp, 2)->base, NULL);
+  Fsdp__V1__GetJobReply *g = get_job(id);
+  cr_expect_eq(g->job->step, 3);
+  reply_free(g);
+  /* SIGKILL, and back on the same database */
+  char db[512];
+  snprintf(db, sizeof db, "%s", co.db);
+  co_kill(&co, SIGKILL);
+  co_start(&co, db, NULL);
+  client_for(&co, NULL);
+  Fsdp__V1__HeartbeatReply *r = heartbeat(&n, rp, 2);
+  cr_expect(r->reregister, "a new coordinator does not know the session");
+  protobuf_c_message_free_unpacked(&r->base, NULL);
+  node_register(&n, "solo", 2, 8ull << 30, rp, 2);
+  r = heartbeat(&n, rp, 2);
+  cr_expect_eq(r->n_kills, 0, "its ranks belong to the running attempt");
+  cr_expect_eq(r->n_assignments, 0, "nothing to start again");
+  protobuf_c_message_free_unpacked(&r->base, NULL);
+  cr_expect_eq(job_state(id, NULL, 0), FSDP__V1__JOB_STATE__JOB_STATE_RUNNING);
+  cr_assert_eq(report_exit(&n, id, 1, 0, 0), 0, "%s", err_msg());
+  cr_assert_eq(report_exit(&n, id, 1, 1, 0), 0, "%s", err_msg());
+  cr_expect_eq(job_state(id, NULL, 0), FSDP__V1__JOB_STATE__JOB_STATE_SUCCEEDED);
+  /* an older epoch is refused: a rendezvous of attempt 1 after the job ended */
+  Fsdp__V1__RendezvousRequest q = FSDP__V1__RENDEZVOUS_REQUEST__INIT;
+  q.job_id = id, q.attempt = 1, q.group = "world", q.group_size = 2, q.node_id = n.id;
+  Fsdp__V1__RendezvousReply *rr = NULL;
+  cr_expect_eq(CALL("Rendezvous", q, rendezvous_reply, &rr), FSDP_ESTALE, "%s", err_msg());
+  co_kill(&co, SIGTERM);
+  sqlite3 *h;
+  cr_assert_eq(sqlite3_open(db, &h), SQLITE_OK);
+  sqlite3_stmt *s;
+  cr_assert_eq(sqlite3_prepare_v2(h, "PRAGMA integrity_check", -1, &s, NULL), SQLITE_OK);
+  cr_assert_eq(sqlite3_step(s), SQLITE_ROW);
+  cr_expect_str_eq((const char *)sqlite3_column_text(s, 0), "ok");
+  sqlite3_finalize(s);
+  sqlite3_close(h);
+  free(data);
+}
+
+Test(coordinator, rendezvous_answers_when_the_group_is_complete) {
+  /* a node that does not beat while the test waits: a longer timeout */
+  teardown();
+  char *db = tu_path("rdv.db");
+  co_start(&co, db, "--heartbeat-timeout-ms 5000");
+  free(db);
+  client_for(&co, NULL);
+  char *data = tu_token_file("tok.bin", 20000, 1, 256);
+  char d[600];
+  snprintf(d, sizeof d, "data=%s", data);
+  node_t n = {{0}, 0};
+  node_register(&n, "solo", 2, 8ull << 30, NULL, 0);
+  const char *kv[] = {"model=tiny", d, NULL};
+  char id[32];
+  cr_assert_eq(submit(2, kv, id, sizeof id), 0, "%s", err_msg());
+  Fsdp__V1__RendezvousRequest q = FSDP__V1__RENDEZVOUS_REQUEST__INIT;
+  q.job_id = id, q.attempt = 1, q.group = "world", q.group_size = 2, q.node_id = n.id;
+  q.rank = 0, q.payload.data = (uint8_t *)"addr0", q.payload.len = 5;
+  Fsdp__V1__RendezvousReply *r = NULL;
+  double t0 = tu_now_s();
+  cr_assert_eq(CALL("Rendezvous", q, rendezvous_reply, &r), 0, "%s", err_msg());
+  cr_expect(!r->complete, "one of two has published");
+  cr_expect_geq(tu_now_s() - t0, 0.9, "held about a second before 'not yet'");
+  protobuf_c_message_free_unpacked(&r->base, NULL);
+  q.rank = 1, q.payload.data = (uint8_t *)"addr1";
+  cr_assert_eq(CALL("Rendezvous", q, rendezvous_reply, &r), 0, "%s", err_msg());
+  cr_assert(r->complete);
+  cr_assert_eq(r->n_payloads, 2);
+  cr_expect_eq(memcmp(r->payloads[0].data, "addr0", 5), 0);
+  cr_expect_eq(memcmp(r->payloads[1].data, "addr1", 5), 0);
+  protobuf_c_message_free_unpacked(&r->base, NULL);
+  free(data);
+}
