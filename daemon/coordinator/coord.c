@@ -523,79 +523,118 @@ static int coord_node_busy(const coord_node_t *n, int index) {
   return 0;
 }
 
+/* The cluster as placement sees it: alive nodes (known to the store and
+ * heard since this coordinator started) and their devices, a device held
+ * while the store says a job holds it or while its node still reports
+ * processes of an earlier job on it. */
+typedef struct coord_pic {
+  store_node_t *nodes;
+  int nn, nd;
+  sched_node_t *sn;
+  sched_device_t *sd;
+} coord_pic_t;
+
+static void coord_pic_free(coord_pic_t *p) {
+  store_nodes_free(p->nodes, p->nn);
+  free(p->sn), free(p->sd);
+}
+
+static int coord_pic_load(coord_t *c, coord_pic_t *p) {
+  memset(p, 0, sizeof *p);
+  int rc = store_node_list(c->st, &p->nodes, &p->nn);
+  if (rc) return rc;
+  int nd = 0;
+  for (int i = 0; i < p->nn; i++) nd += p->nodes[i].n_devices;
+  p->sn = calloc((size_t)p->nn + 1, sizeof *p->sn);
+  p->sd = calloc((size_t)nd + 1, sizeof *p->sd);
+  if (!p->sn || !p->sd) {
+    coord_pic_free(p);
+    return err_set(FSDP_ENOMEM, "coordinator: out of memory placing jobs");
+  }
+  for (int i = 0; i < p->nn; i++) {
+    const store_node_t *n = &p->nodes[i];
+    coord_node_t *ln = coord_node_get(c, n->id, 0);
+    p->sn[i] = (sched_node_t){n->id, n->name,
+                              n->state == STORE_NODE_ALIVE && ln && ln->session && !ln->dead};
+    for (int k = 0; k < n->n_devices; k++) {
+      const store_device_t *d = &n->devices[k];
+      p->sd[p->nd++] = (sched_device_t){0, i, d->index, store_dev_kind_name(d->kind),
+                                        d->memory_bytes, d->job_id != 0 || coord_node_busy(ln, d->index)};
+    }
+  }
+  return FSDP_OK;
+}
+
+/* Places one PENDING job on the picture (which then holds its devices), or
+ * records why it waits. */
+static void coord_place(coord_t *c, coord_pic_t *p, int64_t job) {
+  coord_job_t *x = coord_job_info(c, job);
+  if (!x) {
+    LOG_WARN("coord", "job j-%lld: its stored spec no longer resolves: %s", (long long)job,
+             err_msg());
+    return;
+  }
+  const int W = x->R * x->S;
+  sched_job_t sj = {x->R, x->S, "cpu", x->need};
+  sched_slot_t *slot = calloc((size_t)W + 1, sizeof *slot);
+  store_placement_t *pl = calloc((size_t)W + 1, sizeof *pl);
+  char note[512];
+  int rc = slot && pl ? sched_place(p->sn, p->nn, p->sd, p->nd, &sj, slot, note, sizeof note)
+                      : FSDP_ENOMEM;
+  if (rc == SCHED_WAIT) store_job_set_pending_reason(c->st, job, note);
+  if (rc != SCHED_PLACED) goto out;
+  for (int r = 0; r < W; r++) {
+    const sched_device_t *d = &p->sd[slot[r].device];
+    pl[r] = (store_placement_t){r, p->sn[d->node].id, d->index, r / x->S, r % x->S};
+  }
+  int64_t epoch = 0;
+  if (store_attempt_start(c->st, job, pl, W, &epoch)) {
+    LOG_WARN("coord", "job j-%lld: placing it: %s", (long long)job, err_msg());
+    goto out;
+  }
+  if (note[0]) store_event_add(c->st, job, 0, "job.placement", "%s", note);
+  LOG_INFO("coord", "job j-%lld attempt %lld: %d ranks placed%s%s", (long long)job,
+           (long long)epoch, W, note[0] ? "; " : "", note);
+  for (int r = 0; r < W; r++) {
+    p->sd[slot[r].device].held = 1;
+    coord_order_t o = {.job = job, .epoch = epoch, .rank = r, .world = W,
+                       .device = pl[r].device_index, .shard_group = pl[r].shard_group,
+                       .replica_group = pl[r].replica_group};
+    coord_order_push(c, pl[r].node_id, &o);
+  }
+  coord_job_changed(c, job);
+out:
+  free(slot), free(pl);
+}
+
 /* Places every PENDING job it can, in submission order (a job that cannot
- * start does not hold back a smaller one behind it), and records why the
- * others wait. A device counts as held while the store says a job holds it
- * or its node still reports processes of an earlier job on it. */
+ * start does not hold back a smaller one behind it). */
 void coord_schedule(coord_t *c) {
   c->dirty = 0;
   store_job_t *jobs = NULL;
-  store_node_t *nodes = NULL;
-  int nj = 0, nn = 0, nd = 0;
-  if (store_job_list(c->st, &jobs, &nj) || store_node_list(c->st, &nodes, &nn)) {
+  int nj = 0;
+  coord_pic_t p;
+  if (coord_pic_load(c, &p)) {
     LOG_WARN("coord", "placement: %s", err_msg());
-    goto out;
+    return;
   }
-  for (int i = 0; i < nn; i++) nd += nodes[i].n_devices;
-  sched_node_t *sn = calloc((size_t)nn + 1, sizeof *sn);
-  sched_device_t *sd = calloc((size_t)nd + 1, sizeof *sd);
-  if (!sn || !sd) goto out2;
-  nd = 0;
-  for (int i = 0; i < nn; i++) {
-    coord_node_t *ln = coord_node_get(c, nodes[i].id, 0);
-    sn[i] = (sched_node_t){nodes[i].id, nodes[i].name,
-                           nodes[i].state == STORE_NODE_ALIVE && ln && ln->session && !ln->dead};
-    for (int k = 0; k < nodes[i].n_devices; k++) {
-      const store_device_t *d = &nodes[i].devices[k];
-      sd[nd++] = (sched_device_t){0, i, d->index, store_dev_kind_name(d->kind), d->memory_bytes,
-                                  d->job_id != 0 || coord_node_busy(ln, d->index)};
-    }
-  }
-  for (int i = 0; i < nj; i++) {
-    if (jobs[i].state != STORE_JOB_PENDING) continue;
-    coord_job_t *x = coord_job_info(c, jobs[i].id);
-    if (!x) {
-      LOG_WARN("coord", "job j-%lld: its stored spec no longer resolves: %s",
-               (long long)jobs[i].id, err_msg());
-      continue;
-    }
-    sched_job_t sj = {x->R, x->S, "cpu", x->need};
-    sched_slot_t *slot = calloc((size_t)(x->R * x->S) + 1, sizeof *slot);
-    store_placement_t *pl = calloc((size_t)(x->R * x->S) + 1, sizeof *pl);
-    char note[512];
-    int rc = slot && pl ? sched_place(sn, nn, sd, nd, &sj, slot, note, sizeof note) : FSDP_ENOMEM;
-    if (rc == SCHED_WAIT) {
-      store_job_set_pending_reason(c->st, jobs[i].id, note);
-    } else if (rc == SCHED_PLACED) {
-      const int W = x->R * x->S;
-      for (int r = 0; r < W; r++) {
-        const sched_device_t *d = &sd[slot[r].device];
-        pl[r] = (store_placement_t){r, sn[d->node].id, d->index, r / x->S, r % x->S};
-      }
-      int64_t epoch = 0;
-      if (store_attempt_start(c->st, jobs[i].id, pl, W, &epoch)) {
-        LOG_WARN("coord", "job j-%lld: placing it: %s", (long long)jobs[i].id, err_msg());
-      } else {
-        if (note[0]) store_event_add(c->st, jobs[i].id, 0, "job.placement", "%s", note);
-        LOG_INFO("coord", "job j-%lld attempt %lld: %d ranks placed%s%s", (long long)jobs[i].id,
-                 (long long)epoch, W, note[0] ? "; " : "", note);
-        for (int r = 0; r < W; r++) {
-          sd[slot[r].device].held = 1;
-          coord_order_t o = {.job = jobs[i].id, .epoch = epoch, .rank = r, .world = W,
-                             .device = pl[r].device_index, .shard_group = pl[r].shard_group,
-                             .replica_group = pl[r].replica_group};
-          coord_order_push(c, pl[r].node_id, &o);
-        }
-        coord_job_changed(c, jobs[i].id);
-      }
-    }
-    free(slot), free(pl);
-  }
-out2:
-  free(sn), free(sd);
-out:
+  if (store_job_list(c->st, &jobs, &nj)) LOG_WARN("coord", "placement: %s", err_msg());
+  for (int i = 0; i < nj; i++)
+    if (jobs[i].state == STORE_JOB_PENDING) coord_place(c, &p, jobs[i].id);
   store_jobs_free(jobs, nj);
-  store_nodes_free(nodes, nn);
+  coord_pic_free(&p);
+}
+
+/* A new job: placed now if it fits (jobs already waiting did not fit, so it
+ * passes none that could have started). */
+void coord_schedule_job(coord_t *c, int64_t job) {
+  coord_pic_t p;
+  if (coord_pic_load(c, &p)) {
+    LOG_WARN("coord", "placement: %s", err_msg());
+    return;
+  }
+  coord_place(c, &p, job);
+  coord_pic_free(&p);
 }
 
 /* ---- the timer ------------------------------------------------------------ */

@@ -111,6 +111,7 @@ void coord_node_deliver(coord_t *c, coord_node_t *n);
 void coord_kill_attempt(coord_t *c, int64_t job, int64_t epoch, int64_t except_node, const char *why);
 void coord_attempt_fail(coord_t *c, int64_t job, int64_t epoch, int64_t except_node, const char *why);
 void coord_schedule(coord_t *c);
+void coord_schedule_job(coord_t *c, int64_t job);
 void coord_job_changed(coord_t *c, int64_t job);
 void coord_rdv_answer(coord_t *c, int64_t job, int64_t epoch, const char *group);
 /* Calls held open: a node's heartbeat (long poll), a rendezvous waiting for

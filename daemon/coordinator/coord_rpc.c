@@ -285,7 +285,7 @@ static void coord_submit_cb(rpc_call_t *call, const ProtobufCMessage *req, void 
     c->req_job[c->req_next] = job;
     c->req_next = (c->req_next + 1) % 256;
   }
-  coord_schedule(c); /* it may start now: the reply then says RUNNING */
+  coord_schedule_job(c, job); /* it may start now: the reply then says RUNNING */
 reply:;
   store_job_t j;
   if ((rc = store_job_get(c->st, job, &j))) goto fail;
