@@ -98,7 +98,8 @@ UNIT_TESTS = err param kernels isa device boot data gpt adamw config train sampl
 E2E_TESTS  = launch fault coordinator
 test_bins  = $(UNIT_TESTS:%=$(1)/tests/test_%) $(E2E_TESTS:%=$(1)/e2e/test_%)
 TEST_BINS  = $(call test_bins,$(B))
-BENCH_BINS = $(B)/bench/bench_gemm $(B)/bench/bench_train $(B)/bench/bench_comm $(B)/bench/bench_fsdp
+BENCH_BINS = $(B)/bench/bench_gemm $(B)/bench/bench_train $(B)/bench/bench_comm $(B)/bench/bench_fsdp \
+             $(B)/bench/bench_coord
 TESTUTIL   = $(B)/tests/unit/testutil.o
 TESTUTIL_TRAIN = $(B)/tests/unit/testutil_train.o $(B)/tests/unit/refrun.o
 # Test sources include Criterion's header: their objects wait for the test packages.
@@ -284,6 +285,12 @@ COORD_SVC_SRCS = daemon/coordinator/coord.c daemon/coordinator/coord_rpc.c daemo
 COORD_SVC_OBJS = $(COORD_SVC_SRCS:%.c=$(B)/%.o)
 COORD_BIN_OBJS = $(COORD_SVC_OBJS) $(sort $(COORD_OBJS) $(JOB_OBJS)) $(RPC_LIB)
 $(COORD_SVC_OBJS) $(B)/tests/e2e/test_coordinator.o: | $(PROTO_HDRS)
+# the control plane's rates: the coordinator driven by concurrent RPC clients
+$(B)/tests/bench/bench_coord.o: | $(PROTO_HDRS)
+$(B)/bench/bench_coord: $(B)/tests/bench/bench_coord.o $(B)/tests/bench/benchutil.o $(LIB) $(RPC_LIB) \
+                        bin/fsdp-coordinator
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $(filter %.o %.a,$^) -o $@ $(LDLIBS) $(RPC_LDLIBS)
 # the coordinator's end-to-end test plays users and nodes through the RPC client
 $(B)/e2e/test_coordinator: $(B)/tests/e2e/test_coordinator.o $(TESTUTIL) $(TESTUTIL_TRAIN) $(LIB) $(RPC_LIB) \
                            bin/fsdp-coordinator

@@ -182,18 +182,28 @@ coord_job_t *coord_job_info(coord_t *c, int64_t id) {
   free(opts);
   coord_spec_free(&spec);
   if (rc) return NULL;
+  coord_job_t x;
+  coord_job_facts(&x, &cfg, &plan, &m);
+  x.id = id;
+  return coord_job_cache(c, &x);
+}
+
+void coord_job_facts(coord_job_t *x, const config_t *cfg, const plan_t *plan, const shard_mesh_t *m) {
+  memset(x, 0, sizeof *x);
+  x->R = m->replicas, x->S = m->shards, x->steps = cfg->steps;
+  x->need = plan->total;
+  for (int k = 0; k < COORD_CATS; k++) x->planned[k] = plan->bytes[k];
+}
+
+coord_job_t *coord_job_cache(coord_t *c, const coord_job_t *x) {
   if (c->n_job == c->cap_job) {
     int cap = c->cap_job ? 2 * c->cap_job : 32;
     coord_job_t *p = realloc(c->job, (size_t)cap * sizeof *p);
     if (!p) return NULL;
     c->job = p, c->cap_job = cap;
   }
-  coord_job_t *x = &c->job[c->n_job++];
-  memset(x, 0, sizeof *x);
-  x->id = id, x->R = m.replicas, x->S = m.shards, x->steps = cfg.steps;
-  x->need = plan.total;
-  for (int k = 0; k < COORD_CATS; k++) x->planned[k] = plan.bytes[k];
-  return x;
+  c->job[c->n_job] = *x;
+  return &c->job[c->n_job++];
 }
 
 /* ---- telling nodes -------------------------------------------------------- */
@@ -362,7 +372,7 @@ static void coord_node_died(coord_t *c, coord_node_t *n, uint64_t now) {
     if (running) coord_attempt_fail(c, jobs[i], epoch, n->id, why);
   }
   n->n_order = 0; /* a dead node is told nothing more; it re-registers */
-  c->dirty = 1;
+  c->dirty = c->nodes_changed = 1;
 }
 
 /* ---- rendezvous ----------------------------------------------------------- */
@@ -527,19 +537,12 @@ static int coord_node_busy(const coord_node_t *n, int index) {
  * heard since this coordinator started) and their devices, a device held
  * while the store says a job holds it or while its node still reports
  * processes of an earlier job on it. */
-typedef struct coord_pic {
-  store_node_t *nodes;
-  int nn, nd;
-  sched_node_t *sn;
-  sched_device_t *sd;
-} coord_pic_t;
-
-static void coord_pic_free(coord_pic_t *p) {
+void coord_pic_free(coord_pic_t *p) {
   store_nodes_free(p->nodes, p->nn);
   free(p->sn), free(p->sd);
 }
 
-static int coord_pic_load(coord_t *c, coord_pic_t *p) {
+int coord_pic_load(coord_t *c, coord_pic_t *p) {
   memset(p, 0, sizeof *p);
   int rc = store_node_list(c->st, &p->nodes, &p->nn);
   if (rc) return rc;
@@ -565,8 +568,52 @@ static int coord_pic_load(coord_t *c, coord_pic_t *p) {
   return FSDP_OK;
 }
 
-/* Places one PENDING job on the picture (which then holds its devices), or
- * records why it waits. */
+/* Fits a job of facts x on the picture: SCHED_PLACED with its slots (their
+ * devices then held in the picture), or SCHED_WAIT with the reason in note. */
+int coord_fit(coord_pic_t *p, const coord_job_t *x, sched_slot_t *slot, char *note,
+                     size_t len) {
+  sched_job_t sj = {x->R, x->S, "cpu", x->need};
+  int rc = sched_place(p->sn, p->nn, p->sd, p->nd, &sj, slot, note, len);
+  for (int r = 0; rc == SCHED_PLACED && r < x->R * x->S; r++) p->sd[slot[r].device].held = 1;
+  return rc;
+}
+
+/* Starts the job's next attempt on the slots coord_fit gave: the store
+ * records it, each node is told its ranks. */
+void coord_start(coord_t *c, const coord_pic_t *p, int64_t job, const coord_job_t *x,
+                        const sched_slot_t *slot, const char *note) {
+  const int W = x->R * x->S;
+  store_placement_t *pl = calloc((size_t)W + 1, sizeof *pl);
+  int64_t epoch = 0;
+  if (!pl) {
+    LOG_WARN("coord", "job j-%lld: out of memory placing it", (long long)job);
+    c->dirty = 1;
+    return;
+  }
+  for (int r = 0; r < W; r++) {
+    const sched_device_t *d = &p->sd[slot[r].device];
+    pl[r] = (store_placement_t){r, p->sn[d->node].id, d->index, r / x->S, r % x->S};
+  }
+  if (store_attempt_start(c->st, job, pl, W, &epoch)) {
+    LOG_WARN("coord", "job j-%lld: placing it: %s", (long long)job, err_msg());
+    c->dirty = 1; /* tried again by the timer */
+    free(pl);
+    return;
+  }
+  if (note[0]) store_event_add(c->st, job, 0, "job.placement", "%s", note);
+  LOG_INFO("coord", "job j-%lld attempt %lld: %d ranks placed%s%s", (long long)job,
+           (long long)epoch, W, note[0] ? "; " : "", note);
+  for (int r = 0; r < W; r++) {
+    coord_order_t o = {.job = job, .epoch = epoch, .rank = r, .world = W,
+                       .device = pl[r].device_index, .shard_group = pl[r].shard_group,
+                       .replica_group = pl[r].replica_group};
+    coord_order_push(c, pl[r].node_id, &o);
+  }
+  free(pl);
+  coord_job_changed(c, job);
+}
+
+/* Places one PENDING job on the picture, or records why it waits. */
 static void coord_place(coord_t *c, coord_pic_t *p, int64_t job) {
   coord_job_t *x = coord_job_info(c, job);
   if (!x) {
@@ -574,37 +621,12 @@ static void coord_place(coord_t *c, coord_pic_t *p, int64_t job) {
              err_msg());
     return;
   }
-  const int W = x->R * x->S;
-  sched_job_t sj = {x->R, x->S, "cpu", x->need};
-  sched_slot_t *slot = calloc((size_t)W + 1, sizeof *slot);
-  store_placement_t *pl = calloc((size_t)W + 1, sizeof *pl);
+  sched_slot_t *slot = calloc((size_t)(x->R * x->S) + 1, sizeof *slot);
   char note[512];
-  int rc = slot && pl ? sched_place(p->sn, p->nn, p->sd, p->nd, &sj, slot, note, sizeof note)
-                      : FSDP_ENOMEM;
+  int rc = slot ? coord_fit(p, x, slot, note, sizeof note) : FSDP_ENOMEM;
   if (rc == SCHED_WAIT) store_job_set_pending_reason(c->st, job, note);
-  if (rc != SCHED_PLACED) goto out;
-  for (int r = 0; r < W; r++) {
-    const sched_device_t *d = &p->sd[slot[r].device];
-    pl[r] = (store_placement_t){r, p->sn[d->node].id, d->index, r / x->S, r % x->S};
-  }
-  int64_t epoch = 0;
-  if (store_attempt_start(c->st, job, pl, W, &epoch)) {
-    LOG_WARN("coord", "job j-%lld: placing it: %s", (long long)job, err_msg());
-    goto out;
-  }
-  if (note[0]) store_event_add(c->st, job, 0, "job.placement", "%s", note);
-  LOG_INFO("coord", "job j-%lld attempt %lld: %d ranks placed%s%s", (long long)job,
-           (long long)epoch, W, note[0] ? "; " : "", note);
-  for (int r = 0; r < W; r++) {
-    p->sd[slot[r].device].held = 1;
-    coord_order_t o = {.job = job, .epoch = epoch, .rank = r, .world = W,
-                       .device = pl[r].device_index, .shard_group = pl[r].shard_group,
-                       .replica_group = pl[r].replica_group};
-    coord_order_push(c, pl[r].node_id, &o);
-  }
-  coord_job_changed(c, job);
-out:
-  free(slot), free(pl);
+  if (rc == SCHED_PLACED) coord_start(c, p, job, x, slot, note);
+  free(slot);
 }
 
 /* Places every PENDING job it can, in submission order (a job that cannot
@@ -622,18 +644,6 @@ void coord_schedule(coord_t *c) {
   for (int i = 0; i < nj; i++)
     if (jobs[i].state == STORE_JOB_PENDING) coord_place(c, &p, jobs[i].id);
   store_jobs_free(jobs, nj);
-  coord_pic_free(&p);
-}
-
-/* A new job: placed now if it fits (jobs already waiting did not fit, so it
- * passes none that could have started). */
-void coord_schedule_job(coord_t *c, int64_t job) {
-  coord_pic_t p;
-  if (coord_pic_load(c, &p)) {
-    LOG_WARN("coord", "placement: %s", err_msg());
-    return;
-  }
-  coord_place(c, &p, job);
   coord_pic_free(&p);
 }
 
@@ -658,6 +668,9 @@ static void coord_tick_cb(uv_timer_t *t) {
   }
   if (c->dirty) coord_schedule(c);
 }
+
+/* After each turn of the loop's callbacks: that turn's submits, stored together. */
+static void coord_flush_cb(uv_check_t *h) { coord_submit_flush(h->data); }
 
 /* ---- life ----------------------------------------------------------------- */
 
@@ -701,7 +714,10 @@ int coord_create(coord_t **out, uv_loop_t *loop, const coord_opts_t *o) {
   uv_timer_init(loop, &c->tick);
   c->tick.data = c;
   uv_timer_start(&c->tick, coord_tick_cb, COORD_TICK_MS, COORD_TICK_MS);
-  c->dirty = 1;
+  uv_check_init(loop, &c->flush);
+  c->flush.data = c;
+  uv_check_start(&c->flush, coord_flush_cb);
+  c->dirty = c->nodes_changed = 1;
   *out = c;
   return FSDP_OK;
 }
@@ -710,6 +726,10 @@ int coord_port(const coord_t *c) { return rpc_server_port(c->srv); }
 
 static void coord_free_cb(uv_handle_t *h) {
   coord_t *c = h->data;
+  if (!uv_is_closing((uv_handle_t *)&c->flush)) {
+    uv_close((uv_handle_t *)&c->flush, coord_free_cb); /* the last handle frees */
+    return;
+  }
   for (int64_t i = 0; i < c->cap_node; i++)
     if (c->node[i]) free(c->node[i]->order), free(c->node[i]);
   free(c->node), free(c->rank), free(c->job);
@@ -719,7 +739,10 @@ static void coord_free_cb(uv_handle_t *h) {
 void coord_destroy(coord_t *c) {
   if (!c) return;
   uv_timer_stop(&c->tick);
+  uv_check_stop(&c->flush);
   rpc_server_destroy(c->srv); /* cancel callbacks forget the held calls */
+  for (int i = 0; i < c->n_sub; i++) free(c->sub[i].text); /* their calls were cancelled */
+  free(c->sub);
   store_close(c->st);
   uv_close((uv_handle_t *)&c->tick, coord_free_cb);
 }

@@ -8,6 +8,10 @@
 #include "daemon/common/mem.h"
 #include "daemon/common/rpc.h"
 #include "daemon/coordinator/coord.h"
+#include "daemon/coordinator/sched.h"
+#include "daemon/job/config.h"
+#include "daemon/job/plan.h"
+#include "daemon/job/shard.h"
 #include "daemon/coordinator/store.h"
 #include "proto/fsdp.pb-c.h"
 
@@ -69,6 +73,19 @@ typedef struct coord_watch {
   struct coord *c;
 } coord_watch_t;
 
+/* A validated submit, stored with the others of its loop turn in one
+ * transaction (one fsync for all: coord_submit_flush). */
+typedef struct coord_submit {
+  rpc_call_t *call;         /* NULL: cancelled before the flush */
+  char *text;               /* the spec as stored */
+  char name[STORE_NAME_MAX];
+  char mesh[32];
+  char request_id[64];
+  char note[256];           /* the defaults resolution fitted */
+  int world, max_restarts;
+  coord_job_t facts;
+} coord_submit_t;
+
 typedef struct coord_rdv {
   rpc_call_t *call;
   int64_t job, epoch;
@@ -94,6 +111,11 @@ struct coord {
   coord_watch_t *watch;
   coord_rdv_t *rdv;
   int dirty;                /* something changed that placement depends on */
+  coord_submit_t *sub;      /* submits waiting for this loop turn's commit */
+  int n_sub, cap_sub;
+  uv_check_t flush;         /* runs coord_submit_flush after each turn's callbacks */
+  int nodes_changed;        /* a node registered or died since least_device was read */
+  uint64_t least_device;    /* the smallest device memory of the alive nodes */
   /* idempotent submits: request ids of the last submits, with their jobs */
   char req_id[256][64];
   int64_t req_job[256];
@@ -111,7 +133,24 @@ void coord_node_deliver(coord_t *c, coord_node_t *n);
 void coord_kill_attempt(coord_t *c, int64_t job, int64_t epoch, int64_t except_node, const char *why);
 void coord_attempt_fail(coord_t *c, int64_t job, int64_t epoch, int64_t except_node, const char *why);
 void coord_schedule(coord_t *c);
-void coord_schedule_job(coord_t *c, int64_t job);
+/* The cluster as placement sees it: alive nodes (known to the store and
+ * heard since this coordinator started) and their devices, a device held
+ * while the store says a job holds it or while its node still reports
+ * processes of an earlier job on it. */
+typedef struct coord_pic {
+  store_node_t *nodes;
+  int nn, nd;
+  sched_node_t *sn;
+  sched_device_t *sd;
+} coord_pic_t;
+int coord_pic_load(coord_t *c, coord_pic_t *p);
+void coord_pic_free(coord_pic_t *p);
+int coord_fit(coord_pic_t *p, const coord_job_t *x, sched_slot_t *slot, char *note, size_t len);
+void coord_start(coord_t *c, const coord_pic_t *p, int64_t job, const coord_job_t *x,
+                 const sched_slot_t *slot, const char *note);
+/* A job's facts from its resolved config, plan and mesh; kept by id. */
+void coord_job_facts(coord_job_t *x, const config_t *cfg, const plan_t *plan, const shard_mesh_t *m);
+coord_job_t *coord_job_cache(coord_t *c, const coord_job_t *x);
 void coord_job_changed(coord_t *c, int64_t job);
 void coord_rdv_answer(coord_t *c, int64_t job, int64_t epoch, const char *group);
 /* Calls held open: a node's heartbeat (long poll), a rendezvous waiting for
@@ -130,5 +169,6 @@ Fsdp__V1__JobState coord_job_state(store_job_state_t s);
 
 /* coord_rpc.c */
 int coord_rpc_register(coord_t *c);
+void coord_submit_flush(coord_t *c);
 
 #endif

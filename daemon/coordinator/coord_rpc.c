@@ -207,48 +207,82 @@ static int coord_text_ok(const char *what, const char *s, size_t max) {
 
 /* The least memory of any device a job could land on (0: no device known). */
 static uint64_t coord_smallest_device(coord_t *c) {
+  if (!c->nodes_changed) return c->least_device; /* read again after a node came or went */
   store_node_t *nodes = NULL;
   int nn = 0;
   uint64_t least = 0;
   if (store_node_list(c->st, &nodes, &nn)) return 0;
+  c->nodes_changed = 0;
   for (int i = 0; i < nn; i++)
     for (int k = 0; nodes[i].state == STORE_NODE_ALIVE && k < nodes[i].n_devices; k++)
       if (!least || nodes[i].devices[k].memory_bytes < least) least = nodes[i].devices[k].memory_bytes;
   store_nodes_free(nodes, nn);
-  return least;
+  return c->least_device = least;
 }
 
+static void coord_submit_cancel_cb(rpc_call_t *call, void *arg) {
+  coord_t *c = arg;
+  for (int i = 0; i < c->n_sub; i++)
+    if (c->sub[i].call == call) c->sub[i].call = NULL;
+}
+
+static void coord_submit_reply(coord_t *c, rpc_call_t *call, int64_t job, const char *note) {
+  coord_arena_t a = {0};
+  store_job_t j;
+  int rc = store_job_get(c->st, job, &j);
+  if (rc) {
+    rpc_call_finish(call, rc);
+    return;
+  }
+  Fsdp__V1__SubmitJobReply rep = FSDP__V1__SUBMIT_JOB_REPLY__INIT;
+  rep.job_id = coord_idstr(&a, 'j', job);
+  rep.job = coord_job_msg(c, &a, &j, 0);
+  store_job_free(&j);
+  if (note && note[0]) {
+    rep.notes = coord_alloc(&a, sizeof *rep.notes);
+    if (rep.notes) rep.notes[0] = coord_str(&a, note), rep.n_notes = 1;
+  }
+  coord_reply(call, &a, &rep.base);
+}
+
+/* A submit is checked here and queued; the loop turn's submits are stored
+ * together by coord_submit_flush (one transaction, one fsync). */
 static void coord_submit_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
   coord_t *c = arg;
   const Fsdp__V1__SubmitJobRequest *q = (const void *)req;
   const Fsdp__V1__JobSpec *s = q->spec;
-  coord_arena_t a = {0};
-  int rc = FSDP_OK;
   if (!s) {
     rpc_call_finish(call, err_set(FSDP_EINVAL, "spec: missing; send a JobSpec with its options"));
     return;
   }
+  int rc = FSDP_OK;
   /* a retried submit (same request_id) gets the job the first one made */
-  int64_t job = 0;
   if (q->request_id[0])
-    for (int i = 0; i < 256 && !job; i++)
-      if (!strncmp(c->req_id[i], q->request_id, sizeof c->req_id[i] - 1) && c->req_job[i])
-        job = c->req_job[i];
+    for (int i = 0; i < 256; i++)
+      if (c->req_job[i] && !strncmp(c->req_id[i], q->request_id, sizeof c->req_id[i] - 1)) {
+        coord_submit_reply(c, call, c->req_job[i], NULL);
+        return;
+      }
   config_t cfg;
   plan_t plan;
-  char *text = NULL;
+  shard_mesh_t m;
+  char desc[256];
+  coord_submit_t sub = {.call = call, .world = (int)s->world_size,
+                        .max_restarts = (int)s->max_restarts};
   job_opt_t *opts = NULL;
-  if (job) goto reply;
   if ((rc = coord_text_ok("spec.name", s->name, STORE_NAME_MAX - 1)) ||
-      (rc = coord_text_ok("request_id", q->request_id, sizeof c->req_id[0] - 1)))
+      (rc = coord_text_ok("request_id", q->request_id, sizeof sub.request_id - 1)))
     goto fail;
   if (s->world_size < 1 || s->world_size > 4096) {
     rc = err_set(FSDP_EINVAL, "spec.world_size: %u; give the number of ranks, 1 to 4096 "
                  "(fsdpctl submit --ranks N)", s->world_size);
     goto fail;
   }
-  opts = calloc(s->n_options + 1, sizeof *opts);
-  if (!opts) {
+  if (s->max_restarts > 1000) {
+    rc = err_set(FSDP_EINVAL, "spec.max_restarts: %u; at most 1000", s->max_restarts);
+    goto fail;
+  }
+  if (!(opts = calloc(s->n_options + 1, sizeof *opts))) {
     rc = err_set(FSDP_ENOMEM, "coordinator: out of memory");
     goto fail;
   }
@@ -261,49 +295,88 @@ static void coord_submit_cb(rpc_call_t *call, const ProtobufCMessage *req, void 
       goto fail;
     opts[i] = (job_opt_t){o->section, o->key, o->value};
   }
-  rc = job_validate(opts, (int)s->n_options, (int)s->world_size, coord_smallest_device(c), &cfg,
-                    &plan);
+  rc = job_validate(opts, (int)s->n_options, sub.world, coord_smallest_device(c), &cfg, &plan);
   if (rc == FSDP_ENOMEM) rc = FSDP_EINVAL; /* does not fit: the spec is what must change */
+  if (!rc && (plan.total == 0)) rc = plan_job(&cfg, sub.world, &plan);
   if (!rc) rc = job_paths_check(&cfg, (const char *const *)c->o.roots, c->o.nroots);
   if (rc == FSDP_ENOENT) rc = FSDP_EINVAL;
+  if (!rc) rc = shard_mesh_resolve(cfg.strategy, cfg.mesh, sub.world, &m, desc, sizeof desc);
   if (rc) goto fail;
-  shard_mesh_t m;
-  char desc[256], mesh[32];
-  if ((rc = shard_mesh_resolve(cfg.strategy, cfg.mesh, (int)s->world_size, &m, desc, sizeof desc)))
-    goto fail;
-  snprintf(mesh, sizeof mesh, "%dx%d", m.replicas, m.shards);
-  if (!(text = coord_spec_text(s, &cfg))) {
+  coord_job_facts(&sub.facts, &cfg, &plan, &m);
+  snprintf(sub.mesh, sizeof sub.mesh, "%dx%d", m.replicas, m.shards);
+  snprintf(sub.name, sizeof sub.name, "%s", s->name);
+  snprintf(sub.request_id, sizeof sub.request_id, "%s", q->request_id);
+  snprintf(sub.note, sizeof sub.note, "%s", config_adjusted(&cfg));
+  if (!(sub.text = coord_spec_text(s, &cfg))) {
     rc = err_set(FSDP_ENOMEM, "coordinator: out of memory");
     goto fail;
   }
-  store_job_spec_t js = {s->name, text, (int)s->world_size, mesh, (int)s->max_restarts};
-  if ((rc = store_job_submit(c->st, &js, &job))) goto fail;
-  LOG_INFO("coord", "job j-%lld submitted: %s, %u ranks, mesh %s", (long long)job,
-           s->name[0] ? s->name : "(no name)", s->world_size, mesh);
-  if (q->request_id[0]) {
-    snprintf(c->req_id[c->req_next], sizeof c->req_id[0], "%s", q->request_id);
-    c->req_job[c->req_next] = job;
-    c->req_next = (c->req_next + 1) % 256;
+  if (c->n_sub == c->cap_sub) {
+    int cap = c->cap_sub ? 2 * c->cap_sub : 32;
+    coord_submit_t *p = realloc(c->sub, (size_t)cap * sizeof *p);
+    if (!p) {
+      free(sub.text);
+      rc = err_set(FSDP_ENOMEM, "coordinator: out of memory");
+      goto fail;
+    }
+    c->sub = p, c->cap_sub = cap;
   }
-  coord_schedule_job(c, job); /* it may start now: the reply then says RUNNING */
-reply:;
-  store_job_t j;
-  if ((rc = store_job_get(c->st, job, &j))) goto fail;
-  Fsdp__V1__SubmitJobReply rep = FSDP__V1__SUBMIT_JOB_REPLY__INIT;
-  rep.job_id = coord_idstr(&a, 'j', job);
-  rep.job = coord_job_msg(c, &a, &j, 0);
-  store_job_free(&j);
-  if (text && config_adjusted(&cfg)[0]) {
-    rep.notes = coord_alloc(&a, sizeof *rep.notes);
-    if (rep.notes) rep.notes[0] = coord_str(&a, config_adjusted(&cfg)), rep.n_notes = 1;
-  }
-  free(opts), free(text);
-  coord_reply(call, &a, &rep.base);
+  c->sub[c->n_sub++] = sub;
+  rpc_call_on_cancel(call, coord_submit_cancel_cb, c);
+  free(opts);
   return;
 fail:
-  free(opts), free(text);
-  coord_arena_free(&a);
+  free(opts);
   rpc_call_finish(call, rc);
+}
+
+void coord_submit_flush(coord_t *c) {
+  const int n = c->n_sub;
+  if (!n) return;
+  coord_submit_t *sub = c->sub;
+  c->sub = NULL, c->n_sub = c->cap_sub = 0;
+  store_job_spec_t *js = calloc((size_t)n, sizeof *js);
+  int64_t *ids = calloc((size_t)n, sizeof *ids);
+  sched_slot_t **slot = calloc((size_t)n, sizeof *slot);
+  char (*why)[512] = calloc((size_t)n, sizeof *why);
+  int *placed = calloc((size_t)n, sizeof *placed);
+  coord_pic_t p;
+  int pic = 0, rc = js && ids && slot && why && placed ? FSDP_OK
+                                                     : err_set(FSDP_ENOMEM, "coordinator: out of memory");
+  if (!rc) pic = !coord_pic_load(c, &p);
+  /* fitted before they are stored, so a job that waits is stored with its reason */
+  for (int i = 0; !rc && i < n; i++) {
+    const coord_job_t *x = &sub[i].facts;
+    slot[i] = calloc((size_t)(x->R * x->S) + 1, sizeof **slot);
+    if (pic && slot[i] && sub[i].call)
+      placed[i] = coord_fit(&p, x, slot[i], why[i], sizeof why[i]) == SCHED_PLACED;
+    js[i] = (store_job_spec_t){sub[i].name, sub[i].text, sub[i].world, sub[i].mesh,
+                               sub[i].max_restarts, placed[i] ? NULL : why[i]};
+  }
+  if (!rc) rc = store_job_submit_batch(c->st, js, n, ids);
+  for (int i = 0; i < n; i++) {
+    if (!rc) {
+      sub[i].facts.id = ids[i];
+      coord_job_cache(c, &sub[i].facts);
+      LOG_INFO("coord", "job j-%lld submitted: %s, %d ranks, mesh %s", (long long)ids[i],
+               sub[i].name[0] ? sub[i].name : "(no name)", sub[i].world, sub[i].mesh);
+      if (sub[i].request_id[0]) {
+        snprintf(c->req_id[c->req_next], sizeof c->req_id[0], "%s", sub[i].request_id);
+        c->req_job[c->req_next] = ids[i];
+        c->req_next = (c->req_next + 1) % 256;
+      }
+      if (placed[i]) coord_start(c, &p, ids[i], &sub[i].facts, slot[i], why[i]);
+    }
+    if (sub[i].call) {
+      rpc_call_on_cancel(sub[i].call, NULL, NULL);
+      if (rc) rpc_call_finish(sub[i].call, rc);
+      else coord_submit_reply(c, sub[i].call, ids[i], sub[i].note);
+    }
+    free(sub[i].text);
+    if (slot) free(slot[i]);
+  }
+  if (pic) coord_pic_free(&p);
+  free(sub), free(js), free(ids), free(slot), free(why), free(placed);
 }
 
 static void coord_get_job_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
@@ -535,7 +608,7 @@ static void coord_register_cb(rpc_call_t *call, const ProtobufCMessage *req, voi
   store_array_free(want);
   LOG_INFO("coord", "node n-%lld (%s, %zu devices) registered", (long long)id, q->hostname,
            q->n_devices);
-  c->dirty = 1;
+  c->dirty = c->nodes_changed = 1;
   char nid[32];
   coord_id_str(nid, sizeof nid, 'n', id);
   Fsdp__V1__RegisterNodeReply rep = FSDP__V1__REGISTER_NODE_REPLY__INIT;

@@ -691,6 +691,7 @@ static int check_job_spec(const store_job_spec_t *js) {
   int rc = check_text("job name", js->name, STORE_NAME_MAX, 0);
   if (!rc) rc = check_text("job mesh", js->mesh, STORE_MESH_MAX, 0);
   if (!rc) rc = check_text("job spec", js->spec, (size_t)1 << 30, 1);
+  if (!rc && js->reason) rc = check_text("job reason", js->reason, STORE_REASON_MAX, 1);
   if (!rc && (js->world_size <= 0 || js->max_restarts < 0))
     rc = err_set(FSDP_EINVAL, "job %s: world_size %d and max_restarts %d: need > 0 and >= 0",
                  js->name, js->world_size, js->max_restarts);
@@ -706,10 +707,10 @@ int store_job_submit_batch(store_t *st, const store_job_spec_t *specs, int n, in
   for (int i = 0; i < n && !st->rc; i++) {
     const store_job_spec_t *js = &specs[i];
     st_exec(st,
-            "INSERT INTO jobs(name, spec, world_size, mesh, state, max_restarts, submitted_ms) "
-            "VALUES(?, ?, ?, ?, 'PENDING', ?, ?)",
+            "INSERT INTO jobs(name, spec, world_size, mesh, state, reason, max_restarts, "
+            "submitted_ms) VALUES(?, ?, ?, ?, 'PENDING', ?, ?, ?)",
             A_T(js->name), A_T(js->spec), A_I(js->world_size), A_T(js->mesh),
-            A_I(js->max_restarts), A_I(now));
+            A_T(js->reason ? js->reason : ""), A_I(js->max_restarts), A_I(now));
     int64_t id = sqlite3_last_insert_rowid(st->db);
     st_event(st, id, 0, "job.submitted", "job %s submitted: %d ranks, mesh %s, max_restarts %d",
              js->name, js->world_size, js->mesh, js->max_restarts);

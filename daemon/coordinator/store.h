@@ -102,6 +102,7 @@ typedef struct store_job_spec {
   int world_size;
   const char *mesh;             /* "R x S" as the spec gave it, e.g. "2x2" */
   int max_restarts;
+  const char *reason;           /* why it waits, known at submit (NULL: none yet) */
 } store_job_spec_t;
 
 typedef struct store_job {

@@ -92,7 +92,7 @@ bench_run() {
   return 0
 }
 
-for f in "$GEMM" "$TRAIN" "$COMM" "$FSDP"; do
+for f in "$GEMM" "$TRAIN" "$COMM" "$FSDP" "$BUILD/bench/bench_coord"; do
   if [ ! -x "$f" ]; then
     echo "bench: error $f is not built (make B=$BUILD $f)"
     exit 1
@@ -143,6 +143,10 @@ done
 # measured in the same run; bench_comm prints its own target lines
 # (busbw at 64 MiB >= 0.50 x memcpy). About 5 s.
 bench_run "comm ranks=2" "$COMM"
+# 3b. The control plane: fsdp-coordinator on loopback driven by 1, 4 and 16
+# concurrent RPC clients: SubmitJob and GetJob calls/s, p50 and p99 (target:
+# >= 2000 submits/s). About 20 s.
+bench_run "coord" "$BUILD/bench/bench_coord"
 # 4. Sharded training with 2 ranks against one rank, then DDP as the peer of
 # NO_SHARD, back to back. gpt2-124m only when the memory is there: each rank
 # keeps the flat model and a runtime per strategy (about 7.5 GiB per rank).
