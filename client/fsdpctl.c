@@ -353,11 +353,12 @@ static int ctl_watch(ctl_t *c, const char *job) {
    * goes away ends it with UNAVAILABLE */
   rc = rpc_stream_open(c->client, &st, CTL_SVC "WatchJob", &req.base, CTL_FOREVER_S);
   if (rc) return ctl_fail(c, rc, "watching job %s", job);
-  int tty = !c->json && isatty(STDOUT_FILENO), drawn = 0, last = 0;
+  int tty = !c->json && isatty(STDOUT_FILENO), drawn = 0, last = 0, got = 0;
   char line[512];
   Fsdp__V1__JobProgress *p;
   while ((rc = rpc_stream_next(st, &fsdp__v1__job_progress__descriptor, (ProtobufCMessage **)&p)) == 1) {
     last = p->state;
+    got++;
     if (c->json) {
       ctl_json(c, pbjson_message(&p->base), 0);
     } else if (tty) {
@@ -374,8 +375,9 @@ static int ctl_watch(ctl_t *c, const char *job) {
   }
   if (drawn) putchar('\n');
   rpc_stream_close(st);
-  if (rc == FSDP_EUNAVAILABLE)
-    return ctl_fail(c, rc, "watching job %s: the stream from the coordinator broke", job);
+  if (rc == FSDP_EUNAVAILABLE && got)
+    return ctl_fail(c, rc, "watching job %s: the stream from the coordinator broke after %d "
+                    "messages", job, got);
   if (rc) return ctl_fail(c, rc, "watching job %s", job);
   if (!ctl_job_ended(last))
     return ctl_fail(c, err_set(FSDP_EINTERNAL, "the stream ended with the job %s, not ended; "
@@ -441,7 +443,7 @@ static int cmd_submit(ctl_t *c, int argc, char **argv) {
     }
   }
   if (!code && file && (rc = spec_load_file(&spec, file)))
-    code = ctl_fail(c, rc, "submit: reading the job file");
+    code = ctl_fail(c, rc, "submit");
   /* flags after the file, whatever their order on the line: they override it */
   for (size_t i = 0; !code && i < flags.n; i++)
     if ((rc = spec_set(&spec, flags.opts[i].section, flags.opts[i].key, flags.opts[i].value)))

@@ -65,8 +65,9 @@ void table_print(const table_t *t, FILE *out, int width) {
     if (l > w[i % t->ncols]) w[i % t->ncols] = l;
   }
   size_t rows = (t->n + (size_t)t->ncols - 1) / (size_t)t->ncols;
-  for (size_t r = 0; r <= rows; r++) { /* row 0: the headers */
-    if (r && (r - 1) * (size_t)t->ncols >= t->n) break;
+  int headers = 0;
+  for (int c = 0; c < t->ncols; c++) headers |= t->headers[c][0] != 0;
+  for (size_t r = !headers; r <= rows; r++) { /* row 0: the headers */
     size_t col = 0; /* characters printed on this line */
     for (int c = 0; c < t->ncols; c++) {
       size_t i = (r - 1) * (size_t)t->ncols + (size_t)c;

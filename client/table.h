@@ -17,8 +17,8 @@
 typedef struct table table_t;
 
 /* A table with the given column headers (NULL-terminated, at most
- * TABLE_MAX_COLS). right: bit i set right-aligns column i. NULL when out of
- * memory. */
+ * TABLE_MAX_COLS; all "" : a table without a header line, for key-value
+ * blocks). right: bit i set right-aligns column i. NULL when out of memory. */
 table_t *table_create(unsigned right, const char *const *headers);
 void table_destroy(table_t *t);
 /* Appends a cell to the current row (a new row after the last column).
