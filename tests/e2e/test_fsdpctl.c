@@ -422,6 +422,7 @@ static int ctl(const char *const *args) {
   argv[n] = NULL;
   char bin[1024];
   snprintf(bin, sizeof bin, "%s/bin/fsdpctl", tu_root());
+  cr_assert_eq(access(bin, X_OK), 0, "%s is not there: build it first (make)", bin);
   int po[2], pe[2];
   cr_assert_eq(pipe(po), 0);
   cr_assert_eq(pipe(pe), 0);
