@@ -38,16 +38,18 @@ BUILD_PKGS = build-essential pkg-config libdnnl-dev libinih-dev libuv1-dev \
              $(CONTROL_PKGS)
 # The tests: Criterion; clang, its sanitizer and fuzzer runtimes and its OpenMP
 # for the fuzz build; PyTorch and numpy for the reference runs; the demo
-# corpus (test_train learns it); pgrep (test_launch looks for survivors).
+# corpus (test_train learns it); pgrep (test_launch looks for survivors);
+# gRPC for Python, the independent client test_fsdpctl runs.
 TEST_PKGS  = libcriterion-dev clang libclang-rt-14-dev libomp-14-dev python3 python3-numpy python3-torch \
-             fortunes procps openssl
+             fortunes procps openssl python3-grpcio python3-grpc-tools python3-protobuf
 # The benchmarks: PyTorch for the peer runs, OpenBLAS and BLIS for the GEMM ceilings.
 BENCH_PKGS = python3 python3-numpy python3-torch libopenblas-dev libblis-dev
 # The demo's corpus.
 DEMO_PKGS  = fortunes
 # The control plane (coordinator, fsdpd, fsdpctl): gRPC's C core, protobuf-c
-# and its compiler for the wire, SQLite for the coordinator's state.
-CONTROL_PKGS = libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libsqlite3-dev
+# and its compiler for the wire, SQLite for the coordinator's state, jansson
+# for fsdpctl's --output json.
+CONTROL_PKGS = libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libsqlite3-dev libjansson-dev
 
 COMMON_SRCS = daemon/common/err.c daemon/common/log.c daemon/common/param.c daemon/common/mem.c
 # kernels/cpu: backend.c once (it picks the level), the rest once per level,
@@ -287,18 +289,48 @@ COORD_BIN_OBJS = $(COORD_SVC_OBJS) $(sort $(COORD_OBJS) $(JOB_OBJS)) $(RPC_LIB)
 $(COORD_SVC_OBJS) $(B)/tests/e2e/test_coordinator.o: | $(PROTO_HDRS)
 # the control plane's rates: the coordinator driven by concurrent RPC clients
 $(B)/tests/bench/bench_coord.o: | $(PROTO_HDRS)
-$(B)/bench/bench_coord: $(B)/tests/bench/bench_coord.o $(B)/tests/bench/benchutil.o $(LIB) $(RPC_LIB) \
-                        bin/fsdp-coordinator
+$(B)/bench/bench_coord: $(B)/tests/bench/bench_coord.o $(B)/tests/bench/benchutil.o $(LIB) $(RPC_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $(filter %.o %.a,$^) -o $@ $(LDLIBS) $(RPC_LDLIBS)
-# the coordinator's end-to-end test plays users and nodes through the RPC client
-$(B)/e2e/test_coordinator: $(B)/tests/e2e/test_coordinator.o $(TESTUTIL) $(TESTUTIL_TRAIN) $(LIB) $(RPC_LIB) \
-                           bin/fsdp-coordinator
+# the coordinator's end-to-end test plays users and nodes through the RPC
+# client; it runs bin/fsdp-coordinator, which `make test` builds with $(BINS)
+# (not a prerequisite: test-san's sub-make would rebuild it with sanitizers)
+$(B)/e2e/test_coordinator: $(B)/tests/e2e/test_coordinator.o $(TESTUTIL) $(TESTUTIL_TRAIN) $(LIB) $(RPC_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $(filter %.o %.a,$^) -o $@ $(LDLIBS) $(RPC_LDLIBS) -lsqlite3 -lcriterion
 bin/fsdp-coordinator: $(COORD_BIN_OBJS)
 	@mkdir -p bin
 	$(CC) $(EXTRA_LDFLAGS) $^ -o $@ $(RPC_LDLIBS) $(COORD_LDLIBS) -linih -lm
+
+# ---- fsdpctl (client/) ------------------------------------------------------
+# The client links only the wire: its own objects, RPC_LIB and three objects
+# of daemon/common (errors, log lines, the tunables the log reads), plus inih
+# for job files and jansson for --output json. No libfsdp, no OpenMP: the nm
+# check below fails the build if an engine symbol ever gets in.
+# (`all:` was read before this block, so it is told of the program here.)
+CLIENT_SRCS        = client/fsdpctl.c client/spec.c client/table.c client/pbjson.c
+CLIENT_OBJS        = $(CLIENT_SRCS:%.c=$(B)/%.o)
+CLIENT_COMMON_OBJS = $(B)/daemon/common/err.o $(B)/daemon/common/log.o $(B)/daemon/common/param.o
+BINS      += bin/fsdpctl
+E2E_TESTS += fsdpctl
+all: bin/fsdpctl
+
+$(CLIENT_OBJS) $(B)/tests/e2e/test_fsdpctl.o: | $(PROTO_HDRS)
+
+bin/fsdpctl: $(CLIENT_OBJS) $(RPC_LIB) $(CLIENT_COMMON_OBJS)
+	@mkdir -p bin
+	$(CC) $(EXTRA_LDFLAGS) $^ -o $@ $(RPC_LDLIBS) -linih -ljansson -lpthread
+	@! nm $@ | grep -E ' [TtDdBb] (kern|gpt|fsdp|comm|train|config|job|plan|shard|mem|sched|supervise)_[a-z]' \
+	  || { rm -f $@; echo "bin/fsdpctl links engine code (above): it must link only the wire"; exit 1; }
+
+# The fake coordinator and Node service run in the test process on the RPC
+# layer; bin/fsdpctl runs as a process (built by `make test` with $(BINS); not
+# a prerequisite here, so test-san's sub-make never rebuilds bin/fsdpctl
+# with the sanitizers); jansson parses its --output json.
+$(B)/e2e/test_fsdpctl: $(B)/tests/e2e/test_fsdpctl.o $(TESTUTIL) $(RPC_LIB) $(CLIENT_COMMON_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(RPC_LDLIBS) -ljansson -lm -lpthread -lcriterion
+# ---- end of the fsdpctl block -----------------------------------------------
 
 fuzz: fuzz-build
 	@for t in $(FUZZ); do mkdir -p build-fuzz/corpus/$$t; \

@@ -1,0 +1,955 @@
+/* fsdpctl: the command-line client of fsdp-coordinator (and of each fsdpd's
+ * Node service, for rank logs). It owns the commands, their options and
+ * output, and the one map from a failure to an exit code; it speaks only
+ * the wire (proto/fsdp.proto through daemon/common/rpc.h) and links nothing
+ * of the engine. What a job's options mean is the coordinator's business:
+ * fsdpctl carries them as written (client/spec.c).
+ *
+ * Output: human tables (client/table.c) by default, one JSON document per
+ * command with --output json (client/pbjson.c). Errors are one line on
+ * stderr: "fsdpctl: <what failed>: <the server's or our message>", with the
+ * fix where the client knows it. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "client/pbjson.h"
+#include "client/spec.h"
+#include "client/table.h"
+#include "daemon/common/err.h"
+#include "daemon/common/rpc.h"
+#include "proto/fsdp.pb-c.h"
+
+#define FSDPCTL_VERSION "0.1.0"
+#define CTL_DEFAULT_COORDINATOR "127.0.0.1:7070"
+#define CTL_DEFAULT_TIMEOUT_S 10.0
+#define CTL_FOREVER_S 2e9 /* a stream that lasts as long as the job (rpc.h: no deadline) */
+#define CTL_SVC "/fsdp.v1.Coordinator/"
+
+/* Exit codes: documented in `fsdpctl --help` and the README; scripts rely on them. */
+enum {
+  CTL_EXIT_OK = 0,
+  CTL_EXIT_JOB_FAILED = 1, /* watch: the job FAILED or was CANCELLED */
+  CTL_EXIT_INVALID = 2,    /* usage, or the server's INVALID_ARGUMENT / FAILED_PRECONDITION */
+  CTL_EXIT_NOT_FOUND = 3,
+  CTL_EXIT_UNREACHABLE = 4, /* UNAVAILABLE, DEADLINE_EXCEEDED */
+  CTL_EXIT_AUTH = 5,        /* UNAUTHENTICATED, PERMISSION_DENIED */
+  CTL_EXIT_SERVER = 6,      /* any other failure */
+};
+
+typedef struct ctl {
+  const char *coordinator;
+  const char *token_file;
+  const char *tls_ca;
+  double timeout_s;
+  int json;
+  const char *cmd;        /* the command running, for messages */
+  rpc_client_t *client;   /* to the coordinator, made at the first call */
+} ctl_t;
+
+/* ---- failures and exit codes ------------------------------------------------- */
+
+/* The one map from an err.h code to an exit code. */
+static int ctl_exit_code(int rc) {
+  switch (rc) {
+  case FSDP_OK: return CTL_EXIT_OK;
+  case FSDP_EINVAL: case FSDP_EFORMAT: case FSDP_ERANGE: case FSDP_ESTATE: case FSDP_ENOENT:
+    return CTL_EXIT_INVALID;
+  case FSDP_ENOTFOUND: return CTL_EXIT_NOT_FOUND;
+  case FSDP_EUNAVAILABLE: case FSDP_ETIMEDOUT: case FSDP_EPEER: return CTL_EXIT_UNREACHABLE;
+  case FSDP_EAUTH: case FSDP_EPERM: return CTL_EXIT_AUTH;
+  default: return CTL_EXIT_SERVER;
+  }
+}
+
+/* Prints the one error line for rc (what: what failed) and returns the
+ * exit code. target: the address a failed call went to (NULL: the
+ * coordinator's), so the fix names where that address comes from. */
+static int ctl_fail_at(const ctl_t *c, int rc, const char *target, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int ctl_fail_at(const ctl_t *c, int rc, const char *target, const char *fmt, ...) {
+  char what[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof what, fmt, ap);
+  va_end(ap);
+  char msg[2048];
+  snprintf(msg, sizeof msg, "%s", *err_msg() ? err_msg() : err_str(rc));
+  for (char *p = msg; *p; p++) /* one line, whatever the server wrote */
+    if (*p == '\n' || *p == '\r') *p = ' ';
+  const char *fix = "";
+  char buf[256];
+  int code = ctl_exit_code(rc);
+  if (code == CTL_EXIT_UNREACHABLE && !target) {
+    snprintf(buf, sizeof buf, "; fsdpctl used %s: check --coordinator or FSDP_COORDINATOR",
+             c->coordinator);
+    fix = buf;
+  } else if (code == CTL_EXIT_UNREACHABLE) {
+    snprintf(buf, sizeof buf, "; %s is the node's address as ListNodes gives it (fsdpctl nodes)",
+             target);
+    fix = buf;
+  } else if (rc == FSDP_EAUTH) {
+    fix = c->token_file ? "; is --token-file (or FSDP_TOKEN_FILE) this cluster's user token?"
+                        : "; give the cluster's user token with --token-file FILE or FSDP_TOKEN_FILE";
+  }
+  fprintf(stderr, "fsdpctl: %s: %s%s\n", what, msg, fix);
+  return code;
+}
+#define ctl_fail(c, rc, ...) ctl_fail_at(c, rc, NULL, __VA_ARGS__)
+
+/* A usage error: names the option and where help is. */
+static int ctl_usage(const ctl_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int ctl_usage(const ctl_t *c, const char *fmt, ...) {
+  char what[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof what, fmt, ap);
+  va_end(ap);
+  if (c->cmd)
+    fprintf(stderr, "fsdpctl %s: %s; see fsdpctl %s --help\n", c->cmd, what, c->cmd);
+  else
+    fprintf(stderr, "fsdpctl: %s; see fsdpctl --help\n", what);
+  return CTL_EXIT_INVALID;
+}
+
+/* ---- options ------------------------------------------------------------------ */
+
+/* Matches argv[*i] against --name (its value the next word) or --name=VALUE.
+ * 1: matched, *val set, *i on the last word used; 0: another option; -1: the
+ * value is missing (a usage error was printed). */
+static int ctl_opt(const ctl_t *c, int argc, char **argv, int *i, const char *name,
+                   const char **val) {
+  const char *a = argv[*i];
+  size_t n = strlen(name);
+  if (strncmp(a, name, n)) return 0;
+  if (a[n] == '=') {
+    *val = a + n + 1;
+    return 1;
+  }
+  if (a[n]) return 0;
+  if (*i + 1 >= argc) {
+    ctl_usage(c, "%s needs a value", name);
+    return -1;
+  }
+  *val = argv[++*i];
+  return 1;
+}
+
+static int ctl_uint(const ctl_t *c, const char *opt, const char *s, unsigned long max,
+                    unsigned long *out) {
+  char *end;
+  errno = 0;
+  unsigned long v = strtoul(s, &end, 10);
+  if (!*s || *end || errno || v > max || *s == '-')
+    return ctl_usage(c, "%s %s: not a whole number from 0 to %lu", opt, s, max), -1;
+  *out = v;
+  return 0;
+}
+
+/* The options every command takes (before or after its name). 1: consumed,
+ * 0: not one of them, -1: bad (printed). */
+static int ctl_global_opt(ctl_t *c, int argc, char **argv, int *i) {
+  const char *v;
+  int r;
+  if ((r = ctl_opt(c, argc, argv, i, "--coordinator", &v))) return r < 0 ? -1 : (c->coordinator = v, 1);
+  if ((r = ctl_opt(c, argc, argv, i, "--token-file", &v))) return r < 0 ? -1 : (c->token_file = v, 1);
+  if ((r = ctl_opt(c, argc, argv, i, "--tls-ca", &v))) return r < 0 ? -1 : (c->tls_ca = v, 1);
+  if ((r = ctl_opt(c, argc, argv, i, "--timeout", &v))) {
+    if (r < 0) return -1;
+    char *end;
+    double t = strtod(v, &end);
+    if (!*v || *end || !(t > 0) || t > 1e6)
+      return ctl_usage(c, "--timeout %s: give seconds, more than 0", v), -1;
+    c->timeout_s = t;
+    return 1;
+  }
+  if ((r = ctl_opt(c, argc, argv, i, "--output", &v)) || (r = ctl_opt(c, argc, argv, i, "-o", &v))) {
+    if (r < 0) return -1;
+    if (!strcmp(v, "json")) c->json = 1;
+    else if (!strcmp(v, "table")) c->json = 0;
+    else return ctl_usage(c, "--output %s: give table or json", v), -1;
+    return 1;
+  }
+  if (!strncmp(argv[*i], "--token", 7) && strncmp(argv[*i], "--token-file", 12))
+    return ctl_usage(c, "%s: there is no such option: a token is read from a file (--token-file "
+                     "FILE or FSDP_TOKEN_FILE), never given on the command line, where ps shows it",
+                     argv[*i]), -1;
+  return 0;
+}
+
+static int ctl_unknown(const ctl_t *c, const char *arg) {
+  if (arg[0] == '-' && arg[1]) return ctl_usage(c, "unknown option %s", arg);
+  return ctl_usage(c, "unexpected argument \"%s\"", arg);
+}
+
+/* ---- calls ---------------------------------------------------------------------- */
+
+static int ctl_connect(ctl_t *c) {
+  if (c->client) return 0;
+  rpc_client_opts_t o = {c->coordinator, c->token_file, c->tls_ca};
+  return rpc_client_create(&c->client, &o);
+}
+
+/* A unary call to the coordinator; method: its name after the service. */
+static int ctl_call(ctl_t *c, const char *method, const ProtobufCMessage *req,
+                    const ProtobufCMessageDescriptor *reply_desc, void *reply) {
+  int rc = ctl_connect(c);
+  if (rc) return rc;
+  char path[128];
+  snprintf(path, sizeof path, CTL_SVC "%s", method);
+  return rpc_client_call(c->client, path, req, reply_desc, (ProtobufCMessage **)reply, c->timeout_s);
+}
+
+static void ctl_free(void *m) {
+  if (m) protobuf_c_message_free_unpacked(m, NULL);
+}
+
+/* One JSON document on stdout (indent: 0 for one line). Returns an exit code. */
+static int ctl_json(const ctl_t *c, json_t *j, int indent) {
+  if (!j) return ctl_fail(c, FSDP_ENOMEM, "%s: JSON output", c->cmd);
+  json_dumpf(j, stdout, JSON_INDENT(indent) | JSON_REAL_PRECISION(10) | JSON_COMPACT * !indent);
+  fputc('\n', stdout);
+  fflush(stdout);
+  json_decref(j);
+  return CTL_EXIT_OK;
+}
+
+/* A repeated message field as one JSON array. */
+static int ctl_json_list(const ctl_t *c, void *const *items, size_t n) {
+  json_t *a = json_array();
+  for (size_t i = 0; a && i < n; i++)
+    if (json_array_append_new(a, pbjson_message(items[i]))) json_decref(a), a = NULL;
+  return ctl_json(c, a, 2);
+}
+
+static int ctl_table_out(const ctl_t *c, table_t *t) {
+  if (!t) return ctl_fail(c, FSDP_ENOMEM, "%s: table", c->cmd);
+  table_print(t, stdout, table_term_width());
+  table_destroy(t);
+  return CTL_EXIT_OK;
+}
+
+#define ENUM_NAME(d, v) (pbjson_enum_name(&(d), (v)) ? pbjson_enum_name(&(d), (v)) : "?")
+#define JOB_STATE(v) ENUM_NAME(fsdp__v1__job_state__descriptor, v)
+
+static int ctl_job_ended(int state) {
+  return state == FSDP__V1__JOB_STATE__JOB_STATE_SUCCEEDED ||
+         state == FSDP__V1__JOB_STATE__JOB_STATE_FAILED ||
+         state == FSDP__V1__JOB_STATE__JOB_STATE_CANCELLED;
+}
+
+static void ctl_steps(char *buf, size_t n, int64_t step, int64_t total) {
+  if (total > 0) snprintf(buf, n, "%lld/%lld", (long long)step, (long long)total);
+  else snprintf(buf, n, "%lld", (long long)step);
+}
+
+/* The one positional JOB argument (and the options common to all). */
+static int ctl_job_arg(ctl_t *c, int argc, char **argv, const char **job) {
+  *job = NULL;
+  for (int i = 0; i < argc; i++) {
+    int r = ctl_global_opt(c, argc, argv, &i);
+    if (r < 0) return CTL_EXIT_INVALID;
+    if (r) continue;
+    if (argv[i][0] == '-' || *job) return ctl_unknown(c, argv[i]);
+    *job = argv[i];
+  }
+  if (!*job) return ctl_usage(c, "which job? give its id (fsdpctl jobs lists them)");
+  return CTL_EXIT_OK;
+}
+
+/* ---- nodes ------------------------------------------------------------------------ */
+
+/* "2x cpu (1 free)", one group per kind, in the order they come. */
+static void ctl_devices(char *buf, size_t n, const Fsdp__V1__NodeInfo *node) {
+  size_t k = 0;
+  buf[0] = 0;
+  for (size_t i = 0; i < node->n_devices; i++) {
+    const char *kind = node->devices[i]->kind;
+    int seen = 0, count = 0, free_ = 0;
+    for (size_t j = 0; j < i && !seen; j++) seen = !strcmp(node->devices[j]->kind, kind);
+    if (seen) continue;
+    for (size_t j = i; j < node->n_devices; j++)
+      if (!strcmp(node->devices[j]->kind, kind)) count++, free_ += !*node->devices[j]->job_id;
+    if (k < n)
+      k += (size_t)snprintf(buf + k, n - k, "%s%dx %s (%d free)", k ? ", " : "", count,
+                            *kind ? kind : "?", free_);
+  }
+  if (!node->n_devices) snprintf(buf, n, "none");
+}
+
+static int cmd_nodes(ctl_t *c, int argc, char **argv) {
+  for (int i = 0; i < argc; i++) {
+    int r = ctl_global_opt(c, argc, argv, &i);
+    if (r < 0) return CTL_EXIT_INVALID;
+    if (!r) return ctl_unknown(c, argv[i]);
+  }
+  Fsdp__V1__ListNodesRequest req = FSDP__V1__LIST_NODES_REQUEST__INIT;
+  Fsdp__V1__ListNodesReply *rep = NULL;
+  int rc = ctl_call(c, "ListNodes", &req.base, &fsdp__v1__list_nodes_reply__descriptor, &rep);
+  if (rc) return ctl_fail(c, rc, "listing nodes");
+  if (c->json) {
+    rc = ctl_json_list(c, (void *const *)rep->nodes, rep->n_nodes);
+    ctl_free(rep);
+    return rc;
+  }
+  static const char *const h[] = {"NODE", "HOST", "STATE", "ADDRESS", "HEARTBEAT", "DEVICES",
+                                  "MEMORY (USED / TOTAL)", NULL};
+  table_t *t = table_create(0, h);
+  int64_t now = table_now_ms();
+  for (size_t i = 0; t && i < rep->n_nodes; i++) {
+    const Fsdp__V1__NodeInfo *n = rep->nodes[i];
+    char age[32], dev[256], used[32], total[32];
+    uint64_t u = 0, tot = 0;
+    for (size_t j = 0; j < n->n_devices; j++) u += n->devices[j]->used_bytes, tot += n->devices[j]->total_bytes;
+    table_age(age, sizeof age, now, n->last_heartbeat_unix_ms);
+    ctl_devices(dev, sizeof dev, n);
+    table_bytes(used, sizeof used, u);
+    table_bytes(total, sizeof total, tot);
+    table_cell(t, "%s", n->node_id);
+    table_cell(t, "%s", n->hostname);
+    table_cell(t, "%s", ENUM_NAME(fsdp__v1__node_state__descriptor, n->state));
+    table_cell(t, "%s", n->address);
+    table_cell(t, "%s%s", age, n->last_heartbeat_unix_ms ? " ago" : "");
+    table_cell(t, "%s", dev);
+    table_cell(t, "%s / %s", used, total);
+  }
+  ctl_free(rep);
+  return ctl_table_out(c, t);
+}
+
+/* ---- watch ------------------------------------------------------------------------- */
+
+static void ctl_bar(const Fsdp__V1__JobProgress *p, char *buf, size_t n) {
+  enum { W = 24 };
+  char steps[48], eta[32], bar[W + 3] = "";
+  ctl_steps(steps, sizeof steps, p->step, p->total_steps);
+  table_secs(eta, sizeof eta, p->eta_s);
+  if (p->total_steps > 0) {
+    int64_t s = p->step < 0 ? 0 : p->step > p->total_steps ? p->total_steps : p->step;
+    int fill = (int)(W * s / p->total_steps);
+    bar[0] = '[';
+    for (int i = 0; i < W; i++) bar[1 + i] = i < fill ? '#' : '.';
+    bar[W + 1] = ']';
+    bar[W + 2] = 0;
+  }
+  snprintf(buf, n, "%s %-10s %s%sstep %s | loss %.4f | %.0f tok/s | ETA %s", p->job_id,
+           JOB_STATE(p->state), bar, *bar ? " " : "", steps, p->loss, p->tokens_per_s, eta);
+}
+
+/* Watches job to its end: 0 SUCCEEDED, 1 FAILED or CANCELLED, else the
+ * failure's code. On a terminal one line redrawn in place; otherwise (or
+ * with --output json) a line per message. */
+static int ctl_watch(ctl_t *c, const char *job) {
+  int rc = ctl_connect(c);
+  if (rc) return ctl_fail(c, rc, "watching job %s", job);
+  Fsdp__V1__WatchJobRequest req = FSDP__V1__WATCH_JOB_REQUEST__INIT;
+  req.job_id = (char *)job;
+  rpc_stream_t *st;
+  /* the stream lasts as long as the job: no deadline; a coordinator that
+   * goes away ends it with UNAVAILABLE */
+  rc = rpc_stream_open(c->client, &st, CTL_SVC "WatchJob", &req.base, CTL_FOREVER_S);
+  if (rc) return ctl_fail(c, rc, "watching job %s", job);
+  int tty = !c->json && isatty(STDOUT_FILENO), drawn = 0, last = 0, got = 0;
+  char line[512];
+  Fsdp__V1__JobProgress *p;
+  while ((rc = rpc_stream_next(st, &fsdp__v1__job_progress__descriptor, (ProtobufCMessage **)&p)) == 1) {
+    last = p->state;
+    got++;
+    if (c->json) {
+      ctl_json(c, pbjson_message(&p->base), 0);
+    } else if (tty) {
+      if (*p->message) printf("\r\033[K%s\n", p->message);
+      ctl_bar(p, line, sizeof line);
+      printf("\r\033[K%s", line);
+      drawn = 1;
+    } else {
+      ctl_bar(p, line, sizeof line);
+      printf("%s%s%s\n", line, *p->message ? " | " : "", p->message);
+    }
+    fflush(stdout);
+    ctl_free(p);
+  }
+  if (drawn) putchar('\n');
+  rpc_stream_close(st);
+  if (rc == FSDP_EUNAVAILABLE && got)
+    return ctl_fail(c, rc, "watching job %s: the stream from the coordinator broke after %d "
+                    "messages", job, got);
+  if (rc) return ctl_fail(c, rc, "watching job %s", job);
+  if (!ctl_job_ended(last))
+    return ctl_fail(c, err_set(FSDP_EINTERNAL, "the stream ended with the job %s, not ended; "
+                               "fsdpctl status %s says where it is", JOB_STATE(last), job),
+                    "watching job %s", job);
+  if (!c->json && tty) printf("job %s %s\n", job, JOB_STATE(last));
+  return last == FSDP__V1__JOB_STATE__JOB_STATE_SUCCEEDED ? CTL_EXIT_OK : CTL_EXIT_JOB_FAILED;
+}
+
+static int cmd_watch(ctl_t *c, int argc, char **argv) {
+  const char *job;
+  int rc = ctl_job_arg(c, argc, argv, &job);
+  return rc ? rc : ctl_watch(c, job);
+}
+
+/* ---- submit ----------------------------------------------------------------------- */
+
+/* A random idempotency key: a retried submit with it returns the first job. */
+static int ctl_request_id(char *buf, size_t n) {
+  unsigned char r[16];
+  if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r)
+    return err_set_errno(FSDP_EIO, errno, "getrandom (for the submit's request id)");
+  for (size_t i = 0; i < sizeof r && 2 * i + 2 < n; i++) snprintf(buf + 2 * i, 3, "%02x", r[i]);
+  return 0;
+}
+
+static int cmd_submit(ctl_t *c, int argc, char **argv) {
+  spec_t spec = {0}, flags = {0};
+  const char *file = NULL, *name = "", *v;
+  unsigned long ranks = 0, restarts = 0;
+  int watch = 0, rc = 0, code = CTL_EXIT_OK, r;
+  for (int i = 0; i < argc && !code; i++) {
+    const char *a = argv[i];
+    if ((r = ctl_global_opt(c, argc, argv, &i))) {
+      if (r < 0) code = CTL_EXIT_INVALID;
+    } else if ((r = ctl_opt(c, argc, argv, &i, "--ranks", &v))) {
+      if (r < 0 || ctl_uint(c, "--ranks", v, 1u << 20, &ranks)) code = CTL_EXIT_INVALID;
+      else if (!ranks) code = ctl_usage(c, "--ranks 0: a job has at least one rank");
+    } else if ((r = ctl_opt(c, argc, argv, &i, "--name", &v))) {
+      if (r < 0) code = CTL_EXIT_INVALID;
+      else name = v;
+    } else if ((r = ctl_opt(c, argc, argv, &i, "--max-restarts", &v))) {
+      if (r < 0 || ctl_uint(c, "--max-restarts", v, 1000000, &restarts)) code = CTL_EXIT_INVALID;
+    } else if ((r = ctl_opt(c, argc, argv, &i, "--set", &v))) {
+      if (r < 0) code = CTL_EXIT_INVALID;
+      else if ((rc = spec_set_arg(&flags, v))) code = ctl_usage(c, "%s", err_msg());
+    } else if (!strcmp(a, "--watch")) {
+      watch = 1;
+    } else if (!strncmp(a, "--", 2) && a[2]) {
+      /* --KEY VALUE or --KEY=VALUE: a job option, whatever its section */
+      const char *eq = strchr(a, '=');
+      char key[128];
+      size_t kn = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
+      if (kn >= sizeof key) { code = ctl_usage(c, "%s: the option name is too long", a); break; }
+      memcpy(key, a + 2, kn);
+      key[kn] = 0;
+      if (!eq && i + 1 >= argc) { code = ctl_usage(c, "%s needs a value (--KEY VALUE)", a); break; }
+      if ((rc = spec_set(&flags, "", key, eq ? eq + 1 : argv[++i]))) code = ctl_usage(c, "%s", err_msg());
+    } else if (a[0] == '-' || file) {
+      code = ctl_unknown(c, a);
+    } else {
+      file = a;
+    }
+  }
+  if (!code && file && (rc = spec_load_file(&spec, file)))
+    code = ctl_fail(c, rc, "submit");
+  /* flags after the file, whatever their order on the line: they override it */
+  for (size_t i = 0; !code && i < flags.n; i++)
+    if ((rc = spec_set(&spec, flags.opts[i].section, flags.opts[i].key, flags.opts[i].value)))
+      code = ctl_fail(c, rc, "submit");
+  uint32_t world = (uint32_t)ranks;
+  if (!code && !world) {
+    if ((rc = spec_world_from_mesh(&spec, &world))) code = ctl_usage(c, "%s", err_msg());
+    else if (!world)
+      code = ctl_usage(c, "how many ranks? give --ranks N, or a mesh RxS (in the job file or --mesh)");
+  }
+  char request_id[40] = "";
+  if (!code && (rc = ctl_request_id(request_id, sizeof request_id))) code = ctl_fail(c, rc, "submit");
+  if (code) goto out;
+
+  Fsdp__V1__Option *opts = calloc(spec.n ? spec.n : 1, sizeof *opts);
+  Fsdp__V1__Option **optp = calloc(spec.n ? spec.n : 1, sizeof *optp);
+  if (!opts || !optp) {
+    free(opts), free(optp);
+    code = ctl_fail(c, err_set(FSDP_ENOMEM, "out of memory"), "submit");
+    goto out;
+  }
+  for (size_t i = 0; i < spec.n; i++) {
+    fsdp__v1__option__init(&opts[i]);
+    opts[i].section = spec.opts[i].section;
+    opts[i].key = spec.opts[i].key;
+    opts[i].value = spec.opts[i].value;
+    optp[i] = &opts[i];
+  }
+  Fsdp__V1__JobSpec js = FSDP__V1__JOB_SPEC__INIT;
+  js.name = (char *)name;
+  js.world_size = world;
+  js.n_options = spec.n;
+  js.options = optp;
+  js.max_restarts = (uint32_t)restarts;
+  Fsdp__V1__SubmitJobRequest req = FSDP__V1__SUBMIT_JOB_REQUEST__INIT;
+  req.spec = &js;
+  req.request_id = request_id;
+  Fsdp__V1__SubmitJobReply *rep = NULL;
+  rc = ctl_call(c, "SubmitJob", &req.base, &fsdp__v1__submit_job_reply__descriptor, &rep);
+  free(opts);
+  free(optp);
+  if (rc) {
+    code = ctl_fail(c, rc, "submitting the job");
+    goto out;
+  }
+  if (c->json) {
+    ctl_json(c, pbjson_message(&rep->base), 2);
+  } else {
+    /* the id alone on stdout (id=$(fsdpctl submit job.conf)); the notes are for people */
+    printf("%s\n", rep->job_id);
+    fflush(stdout);
+    for (size_t i = 0; i < rep->n_notes; i++) fprintf(stderr, "note: %s\n", rep->notes[i]);
+  }
+  if (watch) code = ctl_watch(c, rep->job_id);
+  ctl_free(rep);
+out:
+  spec_free(&spec);
+  spec_free(&flags);
+  return code;
+}
+
+/* ---- jobs, status, cancel ----------------------------------------------------------- */
+
+static int cmd_jobs(ctl_t *c, int argc, char **argv) {
+  Fsdp__V1__JobState states[16];
+  size_t ns = 0;
+  unsigned long limit = 0;
+  const char *v;
+  for (int i = 0; i < argc; i++) {
+    int r = ctl_global_opt(c, argc, argv, &i);
+    if (r < 0) return CTL_EXIT_INVALID;
+    if (r) continue;
+    if ((r = ctl_opt(c, argc, argv, &i, "--state", &v))) {
+      if (r < 0) return CTL_EXIT_INVALID;
+      int s = pbjson_enum_value(&fsdp__v1__job_state__descriptor, v);
+      if (s <= 0)
+        return ctl_usage(c, "--state %s: give PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED or "
+                         "CANCELLED", v);
+      if (ns == sizeof states / sizeof states[0]) return ctl_usage(c, "--state: too many");
+      states[ns++] = (Fsdp__V1__JobState)s;
+    } else if ((r = ctl_opt(c, argc, argv, &i, "--limit", &v))) {
+      if (r < 0 || ctl_uint(c, "--limit", v, UINT32_MAX, &limit)) return CTL_EXIT_INVALID;
+    } else {
+      return ctl_unknown(c, argv[i]);
+    }
+  }
+  Fsdp__V1__ListJobsRequest req = FSDP__V1__LIST_JOBS_REQUEST__INIT;
+  req.states = states;
+  req.n_states = ns;
+  req.limit = (uint32_t)limit;
+  Fsdp__V1__ListJobsReply *rep = NULL;
+  int rc = ctl_call(c, "ListJobs", &req.base, &fsdp__v1__list_jobs_reply__descriptor, &rep);
+  if (rc) return ctl_fail(c, rc, "listing jobs");
+  if (c->json) {
+    rc = ctl_json_list(c, (void *const *)rep->jobs, rep->n_jobs);
+    ctl_free(rep);
+    return rc;
+  }
+  static const char *const h[] = {"JOB", "NAME", "STATE", "STEP", "RESTARTS", "AGE", "REASON", NULL};
+  table_t *t = table_create(1u << 4, h);
+  int64_t now = table_now_ms();
+  for (size_t i = 0; t && i < rep->n_jobs; i++) {
+    const Fsdp__V1__Job *j = rep->jobs[i];
+    char steps[48], age[32];
+    ctl_steps(steps, sizeof steps, j->step, j->total_steps);
+    table_age(age, sizeof age, now, j->submitted_unix_ms);
+    table_cell(t, "%s", j->job_id);
+    table_cell(t, "%s", j->spec && *j->spec->name ? j->spec->name : "-");
+    table_cell(t, "%s", JOB_STATE(j->state));
+    table_cell(t, "%s", steps);
+    table_cell(t, "%u", j->restarts);
+    table_cell(t, "%s", age);
+    table_cell(t, "%s", *j->reason ? j->reason : "-");
+  }
+  ctl_free(rep);
+  return ctl_table_out(c, t);
+}
+
+/* A job's own fields as a two-column table without headers. */
+static table_t *ctl_job_table(const Fsdp__V1__Job *j) {
+  static const char *const h[] = {"", "", NULL};
+  table_t *t = table_create(0, h);
+  if (!t) return NULL;
+  int64_t now = table_now_ms();
+  char buf[64];
+  table_cell(t, "job"), table_cell(t, "%s", j->job_id);
+  table_cell(t, "name"), table_cell(t, "%s", j->spec && *j->spec->name ? j->spec->name : "-");
+  table_cell(t, "state"), table_cell(t, "%s", JOB_STATE(j->state));
+  table_cell(t, "reason"), table_cell(t, "%s", *j->reason ? j->reason : "-");
+  ctl_steps(buf, sizeof buf, j->step, j->total_steps);
+  table_cell(t, "step"), table_cell(t, "%s", buf);
+  table_cell(t, "ranks"), table_cell(t, "%u", j->spec ? j->spec->world_size : 0);
+  table_cell(t, "attempt"), table_cell(t, "%u (restarts %u of %u)", j->attempt, j->restarts,
+                                      j->spec ? j->spec->max_restarts : 0);
+  table_age(buf, sizeof buf, now, j->submitted_unix_ms);
+  table_cell(t, "submitted"), table_cell(t, "%s%s", buf, j->submitted_unix_ms ? " ago" : "");
+  table_age(buf, sizeof buf, now, j->started_unix_ms);
+  table_cell(t, "started"), table_cell(t, "%s%s", buf, j->started_unix_ms ? " ago" : "");
+  table_age(buf, sizeof buf, now, j->ended_unix_ms);
+  table_cell(t, "ended"), table_cell(t, "%s%s", buf, j->ended_unix_ms ? " ago" : "");
+  table_cell(t, "checkpoint");
+  if (j->last_checkpoint_step) table_cell(t, "step %lld", (long long)j->last_checkpoint_step);
+  else table_cell(t, "none");
+  return t;
+}
+
+static int cmd_status(ctl_t *c, int argc, char **argv) {
+  const char *job;
+  int rc = ctl_job_arg(c, argc, argv, &job);
+  if (rc) return rc;
+  Fsdp__V1__GetJobRequest req = FSDP__V1__GET_JOB_REQUEST__INIT;
+  req.job_id = (char *)job;
+  Fsdp__V1__GetJobReply *rep = NULL;
+  if ((rc = ctl_call(c, "GetJob", &req.base, &fsdp__v1__get_job_reply__descriptor, &rep)))
+    return ctl_fail(c, rc, "job %s", job);
+  if (!rep->job) {
+    ctl_free(rep);
+    return ctl_fail(c, err_set(FSDP_EINTERNAL, "the coordinator answered without a job"), "job %s", job);
+  }
+  if (c->json) {
+    rc = ctl_json(c, pbjson_message(&rep->job->base), 2);
+    ctl_free(rep);
+    return rc;
+  }
+  const Fsdp__V1__Job *j = rep->job;
+  rc = ctl_table_out(c, ctl_job_table(j));
+  if (!rc && j->n_ranks) {
+    static const char *const h[] = {"RANK", "NODE", "DEVICE", "STATE", "STEP", "LOSS", "TOKENS/S", NULL};
+    table_t *t = table_create(1u << 0 | 1u << 2 | 1u << 4 | 1u << 5 | 1u << 6, h);
+    for (size_t i = 0; t && i < j->n_ranks; i++) {
+      const Fsdp__V1__RankStatus *r = j->ranks[i];
+      table_cell(t, "%u", r->rank);
+      table_cell(t, "%s", r->node_id);
+      table_cell(t, "%u", r->device);
+      table_cell(t, "%s", ENUM_NAME(fsdp__v1__rank_state__descriptor, r->state));
+      table_cell(t, "%lld", (long long)r->step);
+      table_cell(t, "%.4f", r->loss);
+      table_cell(t, "%.0f", r->tokens_per_s);
+    }
+    putchar('\n');
+    rc = ctl_table_out(c, t);
+  }
+  ctl_free(rep);
+  return rc;
+}
+
+static int cmd_cancel(ctl_t *c, int argc, char **argv) {
+  const char *job = NULL, *reason = "", *v;
+  for (int i = 0; i < argc; i++) {
+    int r = ctl_global_opt(c, argc, argv, &i);
+    if (r < 0) return CTL_EXIT_INVALID;
+    if (r) continue;
+    if ((r = ctl_opt(c, argc, argv, &i, "--reason", &v))) {
+      if (r < 0) return CTL_EXIT_INVALID;
+      reason = v;
+    } else if (argv[i][0] == '-' || job) {
+      return ctl_unknown(c, argv[i]);
+    } else {
+      job = argv[i];
+    }
+  }
+  if (!job) return ctl_usage(c, "which job? give its id (fsdpctl jobs lists them)");
+  Fsdp__V1__CancelJobRequest req = FSDP__V1__CANCEL_JOB_REQUEST__INIT;
+  req.job_id = (char *)job;
+  req.reason = (char *)reason;
+  Fsdp__V1__CancelJobReply *rep = NULL;
+  int rc = ctl_call(c, "CancelJob", &req.base, &fsdp__v1__cancel_job_reply__descriptor, &rep);
+  if (rc) return ctl_fail(c, rc, "cancelling job %s", job);
+  if (c->json) rc = ctl_json(c, pbjson_message(rep->job ? &rep->job->base : NULL), 2);
+  else if (rep->job) printf("%s %s\n", rep->job->job_id, JOB_STATE(rep->job->state));
+  else printf("%s cancelled\n", job);
+  ctl_free(rep);
+  return rc;
+}
+
+/* ---- memory, checkpoints ------------------------------------------------------------ */
+
+static int cmd_memory(ctl_t *c, int argc, char **argv) {
+  const char *job;
+  int rc = ctl_job_arg(c, argc, argv, &job);
+  if (rc) return rc;
+  Fsdp__V1__GetMemoryStatsRequest req = FSDP__V1__GET_MEMORY_STATS_REQUEST__INIT;
+  req.job_id = (char *)job;
+  Fsdp__V1__GetMemoryStatsReply *rep = NULL;
+  if ((rc = ctl_call(c, "GetMemoryStats", &req.base, &fsdp__v1__get_memory_stats_reply__descriptor, &rep)))
+    return ctl_fail(c, rc, "memory of job %s", job);
+  if (c->json) {
+    rc = ctl_json_list(c, (void *const *)rep->ranks, rep->n_ranks);
+    ctl_free(rep);
+    return rc;
+  }
+  static const char *const h[] = {"RANK", "NODE", "CATEGORY", "PLANNED MiB", "CURRENT MiB",
+                                  "PEAK MiB", NULL};
+  table_t *t = table_create(1u << 0 | 1u << 3 | 1u << 4 | 1u << 5, h);
+  const double mib = 1024.0 * 1024.0;
+  for (size_t i = 0; t && i < rep->n_ranks; i++) {
+    const Fsdp__V1__RankStatus *r = rep->ranks[i];
+    for (size_t k = 0; k < r->n_memory; k++) {
+      const Fsdp__V1__MemoryCategory *m = r->memory[k];
+      table_cell(t, "%u", r->rank);
+      table_cell(t, "%s", r->node_id);
+      table_cell(t, "%s", m->name);
+      if (m->planned_bytes) table_cell(t, "%.1f", (double)m->planned_bytes / mib);
+      else table_cell(t, "-"); /* not planned */
+      table_cell(t, "%.1f", (double)m->current_bytes / mib);
+      table_cell(t, "%.1f", (double)m->peak_bytes / mib);
+    }
+  }
+  ctl_free(rep);
+  return ctl_table_out(c, t);
+}
+
+static int cmd_checkpoints(ctl_t *c, int argc, char **argv) {
+  const char *job;
+  int rc = ctl_job_arg(c, argc, argv, &job);
+  if (rc) return rc;
+  Fsdp__V1__ListCheckpointsRequest req = FSDP__V1__LIST_CHECKPOINTS_REQUEST__INIT;
+  req.job_id = (char *)job;
+  Fsdp__V1__ListCheckpointsReply *rep = NULL;
+  if ((rc = ctl_call(c, "ListCheckpoints", &req.base, &fsdp__v1__list_checkpoints_reply__descriptor, &rep)))
+    return ctl_fail(c, rc, "checkpoints of job %s", job);
+  if (c->json) {
+    rc = ctl_json_list(c, (void *const *)rep->checkpoints, rep->n_checkpoints);
+    ctl_free(rep);
+    return rc;
+  }
+  static const char *const h[] = {"STEP", "ATTEMPT", "STATE", "SHARDS", "OPENED", "DIR", NULL};
+  table_t *t = table_create(1u << 0 | 1u << 1, h);
+  int64_t now = table_now_ms();
+  for (size_t i = 0; t && i < rep->n_checkpoints; i++) {
+    const Fsdp__V1__Checkpoint *k = rep->checkpoints[i];
+    char age[32];
+    table_age(age, sizeof age, now, k->opened_unix_ms);
+    table_cell(t, "%lld", (long long)k->step);
+    table_cell(t, "%u", k->attempt);
+    table_cell(t, "%s", ENUM_NAME(fsdp__v1__checkpoint_state__descriptor, k->state));
+    table_cell(t, "%u/%u", k->shards_reported, k->shards_total);
+    table_cell(t, "%s%s", age, k->opened_unix_ms ? " ago" : "");
+    table_cell(t, "%s", k->dir);
+  }
+  ctl_free(rep);
+  return ctl_table_out(c, t);
+}
+
+/* ---- logs ------------------------------------------------------------------------------ */
+
+/* The address of the node that runs (or ran) rank of job: GetJob's ranks
+ * name the node, ListNodes its address. *addr is malloc'd. */
+static int ctl_rank_node(ctl_t *c, const char *job, unsigned rank, char **addr, char *node, size_t n) {
+  *addr = NULL;
+  Fsdp__V1__GetJobRequest gq = FSDP__V1__GET_JOB_REQUEST__INIT;
+  gq.job_id = (char *)job;
+  Fsdp__V1__GetJobReply *gr = NULL;
+  int rc = ctl_call(c, "GetJob", &gq.base, &fsdp__v1__get_job_reply__descriptor, &gr);
+  if (rc) return rc;
+  node[0] = 0;
+  for (size_t i = 0; gr->job && i < gr->job->n_ranks; i++)
+    if (gr->job->ranks[i]->rank == rank) snprintf(node, n, "%s", gr->job->ranks[i]->node_id);
+  const char *state = gr->job ? JOB_STATE(gr->job->state) : "?";
+  if (!node[0]) {
+    rc = err_set(FSDP_ENOTFOUND, "job %s (%s) has no rank %u placed on a node", job, state, rank);
+    ctl_free(gr);
+    return rc;
+  }
+  ctl_free(gr);
+  Fsdp__V1__ListNodesRequest nq = FSDP__V1__LIST_NODES_REQUEST__INIT;
+  Fsdp__V1__ListNodesReply *nr = NULL;
+  if ((rc = ctl_call(c, "ListNodes", &nq.base, &fsdp__v1__list_nodes_reply__descriptor, &nr))) return rc;
+  for (size_t i = 0; i < nr->n_nodes && !*addr; i++)
+    if (!strcmp(nr->nodes[i]->node_id, node) && *nr->nodes[i]->address)
+      *addr = strdup(nr->nodes[i]->address);
+  ctl_free(nr);
+  if (!*addr)
+    return err_set(FSDP_ENOTFOUND, "rank %u of job %s ran on node %s, which ListNodes does not "
+                   "list with an address", rank, job, node);
+  return 0;
+}
+
+static int cmd_logs(ctl_t *c, int argc, char **argv) {
+  const char *job = NULL, *v;
+  unsigned long rank = 0, attempt = 0, tail = 0;
+  int follow = 0, has_tail = 0;
+  for (int i = 0; i < argc; i++) {
+    int r = ctl_global_opt(c, argc, argv, &i);
+    if (r < 0) return CTL_EXIT_INVALID;
+    if (r) continue;
+    if ((r = ctl_opt(c, argc, argv, &i, "--rank", &v))) {
+      if (r < 0 || ctl_uint(c, "--rank", v, UINT32_MAX, &rank)) return CTL_EXIT_INVALID;
+    } else if ((r = ctl_opt(c, argc, argv, &i, "--attempt", &v))) {
+      if (r < 0 || ctl_uint(c, "--attempt", v, UINT32_MAX, &attempt)) return CTL_EXIT_INVALID;
+    } else if ((r = ctl_opt(c, argc, argv, &i, "--tail", &v))) {
+      if (r < 0 || ctl_uint(c, "--tail", v, 1ul << 40, &tail)) return CTL_EXIT_INVALID;
+      has_tail = 1;
+    } else if (!strcmp(argv[i], "--follow") || !strcmp(argv[i], "-f")) {
+      follow = 1;
+    } else if (argv[i][0] == '-' || job) {
+      return ctl_unknown(c, argv[i]);
+    } else {
+      job = argv[i];
+    }
+  }
+  if (!job) return ctl_usage(c, "which job? give its id (fsdpctl jobs lists them)");
+  char *addr, node[128];
+  int rc = ctl_rank_node(c, job, (unsigned)rank, &addr, node, sizeof node);
+  if (rc) return ctl_fail(c, rc, "logs of job %s rank %lu", job, rank);
+  rpc_client_opts_t o = {addr, c->token_file, c->tls_ca};
+  rpc_client_t *nc = NULL;
+  rpc_stream_t *st = NULL;
+  Fsdp__V1__GetRankLogsRequest req = FSDP__V1__GET_RANK_LOGS_REQUEST__INIT;
+  req.job_id = (char *)job;
+  req.rank = (uint32_t)rank;
+  req.attempt = (uint32_t)attempt;
+  req.follow = follow;
+  req.offset = has_tail ? -(int64_t)tail : 0;
+  int code = CTL_EXIT_OK;
+  /* --follow lasts until the user stops it; a plain read is bounded by --timeout */
+  if ((rc = rpc_client_create(&nc, &o)) ||
+      (rc = rpc_stream_open(nc, &st, "/fsdp.v1.Node/GetRankLogs", &req.base,
+                            follow ? CTL_FOREVER_S : c->timeout_s))) {
+    code = ctl_fail_at(c, rc, addr, "logs of job %s rank %lu from node %s", job, rank, node);
+  } else {
+    Fsdp__V1__LogChunk *ch;
+    while ((rc = rpc_stream_next(st, &fsdp__v1__log_chunk__descriptor, (ProtobufCMessage **)&ch)) == 1) {
+      fwrite(ch->data.data, 1, ch->data.len, stdout);
+      fflush(stdout);
+      ctl_free(ch);
+    }
+    if (rc) code = ctl_fail_at(c, rc, addr, "logs of job %s rank %lu from node %s", job, rank, node);
+  }
+  rpc_stream_close(st);
+  rpc_client_destroy(nc);
+  free(addr);
+  return code;
+}
+
+/* ---- commands and help ----------------------------------------------------------------- */
+
+typedef struct ctl_cmd {
+  const char *name;
+  int (*run)(ctl_t *c, int argc, char **argv);
+  const char *usage;
+  const char *help;
+} ctl_cmd_t;
+
+static const ctl_cmd_t ctl_cmds[] = {
+    {"nodes", cmd_nodes, "nodes",
+     "The cluster's nodes: state, address, age of the last heartbeat, devices by kind\n"
+     "(how many, how many free), device memory used and total.\n"},
+    {"submit", cmd_submit,
+     "submit [JOB.conf] [--ranks N] [--name NAME] [--max-restarts N]\n"
+     "              [--set section.key=value]... [--KEY VALUE]... [--watch]",
+     "Submits a job: every `[section] key = value` of the job file (the INI file\n"
+     "fsdp-train reads), then the flags, which override the file's key in any section.\n"
+     "--KEY VALUE (or --KEY=VALUE) is any job option (fsdp-train --help lists them);\n"
+     "--set section.key=value names its section. The coordinator checks every option.\n"
+     "  --ranks N          ranks (world size); default: R*S of the mesh option\n"
+     "  --name NAME        a name for people\n"
+     "  --max-restarts N   restarts after a failure before the job fails (default 0)\n"
+     "  --watch            then watch it to its end (exit code as `watch`)\n"
+     "Prints the job id on stdout (--output json: the whole reply), the coordinator's\n"
+     "notes on stderr. Each submit carries a random request id, so the coordinator\n"
+     "never makes two jobs of one submit.\n"},
+    {"jobs", cmd_jobs, "jobs [--state S]... [--limit N]",
+     "Jobs: id, name, state, step of total, restarts, age, reason (cut to the terminal).\n"
+     "  --state S   only jobs in state S (PENDING, RUNNING, RESTARTING, SUCCEEDED,\n"
+     "              FAILED, CANCELLED); repeat for several\n"
+     "  --limit N   at most N jobs (0: the coordinator's default)\n"},
+    {"status", cmd_status, "status JOB",
+     "One job: its state and why, steps, attempts and times, then its ranks (node,\n"
+     "device, state, step, loss, tokens/s).\n"},
+    {"watch", cmd_watch, "watch JOB",
+     "Follows a job to its end: on a terminal a progress bar redrawn in place (step of\n"
+     "total, loss, tokens/s, ETA), otherwise a line per progress message (--output\n"
+     "json: one JSON object per line). Exits 0 when the job SUCCEEDED, 1 when it FAILED\n"
+     "or was CANCELLED, 4 when the coordinator cannot be reached or the stream breaks.\n"},
+    {"memory", cmd_memory, "memory JOB",
+     "Memory of each rank by category (params, grads, optimizer, activations, ...):\n"
+     "the memory plan's figure, the current and the peak bytes side by side, in MiB.\n"},
+    {"logs", cmd_logs, "logs JOB [--rank R] [--attempt N] [--tail BYTES] [--follow]",
+     "A rank's log, read from the node that runs it (its address from ListNodes).\n"
+     "  --rank R       which rank (default 0)\n"
+     "  --attempt N    which attempt (default: the latest on that node)\n"
+     "  --tail BYTES   only the last BYTES bytes\n"
+     "  --follow, -f   keep printing as the log grows (until interrupted)\n"},
+    {"cancel", cmd_cancel, "cancel JOB [--reason TEXT]",
+     "Cancels a job: its ranks are stopped and its devices freed.\n"},
+    {"checkpoints", cmd_checkpoints, "checkpoints JOB",
+     "A job's checkpoints: step, attempt, state, shards reported, when opened, directory.\n"},
+};
+#define CTL_NCMDS (sizeof ctl_cmds / sizeof ctl_cmds[0])
+
+static const char ctl_globals_help[] =
+    "Options of every command (before or after its name):\n"
+    "  --coordinator ADDR  the coordinator (host:port or unix:PATH); default\n"
+    "                      FSDP_COORDINATOR, else " CTL_DEFAULT_COORDINATOR "\n"
+    "  --token-file FILE   the cluster's user token (default FSDP_TOKEN_FILE); tokens\n"
+    "                      are never given on the command line, where ps shows them\n"
+    "  --tls-ca FILE       speak TLS, checking the coordinator against this CA (PEM)\n"
+    "  --timeout SECONDS   bound on each call (default 10); watch and logs --follow\n"
+    "                      last until the job ends or you stop them\n"
+    "  --output table|json human tables (default) or one JSON document (-o json)\n";
+
+static const char ctl_exit_help[] =
+    "Exit codes:\n"
+    "  0  success (watch, submit --watch: the job SUCCEEDED)\n"
+    "  1  the job FAILED or was CANCELLED (watch, submit --watch)\n"
+    "  2  invalid: a usage error, or the coordinator refused the request\n"
+    "     (INVALID_ARGUMENT, FAILED_PRECONDITION)\n"
+    "  3  not found (no such job, rank or node)\n"
+    "  4  unreachable: UNAVAILABLE or DEADLINE_EXCEEDED (check --coordinator)\n"
+    "  5  unauthenticated or permission denied (check --token-file)\n"
+    "  6  any other failure of the server or the client\n";
+
+static void ctl_help(FILE *out) {
+  fprintf(out, "usage: fsdpctl [OPTIONS] COMMAND [ARGS]\n\n"
+               "The client of fsdp-coordinator: submits, watches and stops training jobs.\n\n"
+               "Commands:\n");
+  for (size_t i = 0; i < CTL_NCMDS; i++) fprintf(out, "  %s\n", ctl_cmds[i].usage);
+  fprintf(out, "  fsdpctl COMMAND --help   more on one command\n\n%s\n%s", ctl_globals_help,
+          ctl_exit_help);
+  fprintf(out, "\nEnvironment: FSDP_COORDINATOR, FSDP_TOKEN_FILE (as the options above),\n"
+               "FSDP_LOG_LEVEL (gRPC's own log lines; fsdpctl prints only errors by default).\n");
+}
+
+int main(int argc, char **argv) {
+  /* gRPC's warnings repeat what the failed call's one error line says */
+  setenv("FSDP_LOG_LEVEL", "0", 0);
+  ctl_t c = {0};
+  c.coordinator = getenv("FSDP_COORDINATOR");
+  if (!c.coordinator || !*c.coordinator) c.coordinator = CTL_DEFAULT_COORDINATOR;
+  c.token_file = getenv("FSDP_TOKEN_FILE");
+  if (c.token_file && !*c.token_file) c.token_file = NULL;
+  c.timeout_s = CTL_DEFAULT_TIMEOUT_S;
+  int i = 1;
+  for (; i < argc && argv[i][0] == '-'; i++) {
+    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+      ctl_help(stdout);
+      return CTL_EXIT_OK;
+    }
+    if (!strcmp(argv[i], "--version")) {
+      printf("fsdpctl %s (API fsdp.v1)\n", FSDPCTL_VERSION);
+      return CTL_EXIT_OK;
+    }
+    int r = ctl_global_opt(&c, argc, argv, &i);
+    if (r < 0) return CTL_EXIT_INVALID;
+    if (!r) return ctl_unknown(&c, argv[i]);
+  }
+  if (i == argc) {
+    ctl_help(stderr);
+    return CTL_EXIT_INVALID;
+  }
+  if (!strcmp(argv[i], "help")) {
+    ctl_help(stdout);
+    return CTL_EXIT_OK;
+  }
+  const ctl_cmd_t *cmd = NULL;
+  for (size_t k = 0; k < CTL_NCMDS; k++)
+    if (!strcmp(argv[i], ctl_cmds[k].name)) cmd = &ctl_cmds[k];
+  if (!cmd) return ctl_usage(&c, "unknown command \"%s\"", argv[i]);
+  c.cmd = cmd->name;
+  for (int k = i + 1; k < argc; k++)
+    if (!strcmp(argv[k], "--help") || !strcmp(argv[k], "-h")) {
+      printf("usage: fsdpctl [OPTIONS] %s\n\n%s\n%s", cmd->usage, cmd->help, ctl_globals_help);
+      return CTL_EXIT_OK;
+    }
+  int code = cmd->run(&c, argc - i - 1, argv + i + 1);
+  rpc_client_destroy(c.client);
+  return code;
+}

@@ -1,0 +1,133 @@
+/* table: aligned human tables and their cell formats (see table.h). */
+#include "client/table.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon/common/err.h"
+
+struct table {
+  int ncols;
+  unsigned right;
+  const char *headers[TABLE_MAX_COLS];
+  char **cells; /* row-major, ncols per row */
+  size_t n, cap;
+};
+
+table_t *table_create(unsigned right, const char *const *headers) {
+  table_t *t = calloc(1, sizeof *t);
+  if (!t) return NULL;
+  while (headers[t->ncols] && t->ncols < TABLE_MAX_COLS) {
+    t->headers[t->ncols] = headers[t->ncols];
+    t->ncols++;
+  }
+  t->right = right;
+  return t;
+}
+
+void table_destroy(table_t *t) {
+  if (!t) return;
+  for (size_t i = 0; i < t->n; i++) free(t->cells[i]);
+  free(t->cells);
+  free(t);
+}
+
+int table_cell(table_t *t, const char *fmt, ...) {
+  if (t->n == t->cap) {
+    size_t cap = t->cap ? 2 * t->cap : 64;
+    char **c = realloc(t->cells, cap * sizeof *c);
+    if (!c) return err_set(FSDP_ENOMEM, "table: out of memory");
+    t->cells = c;
+    t->cap = cap;
+  }
+  va_list ap;
+  va_start(ap, fmt);
+  char *s = NULL;
+  int rc = vasprintf(&s, fmt, ap);
+  va_end(ap);
+  if (rc < 0) return err_set(FSDP_ENOMEM, "table: out of memory");
+  /* a cell is one line: a server's sentence with a newline would break the rows */
+  for (char *p = s; *p; p++)
+    if (*p == '\n' || *p == '\r' || *p == '\t') *p = ' ';
+  t->cells[t->n++] = s;
+  return 0;
+}
+
+void table_print(const table_t *t, FILE *out, int width) {
+  size_t w[TABLE_MAX_COLS];
+  for (int c = 0; c < t->ncols; c++) w[c] = strlen(t->headers[c]);
+  for (size_t i = 0; i < t->n; i++) {
+    size_t l = strlen(t->cells[i]);
+    if (l > w[i % t->ncols]) w[i % t->ncols] = l;
+  }
+  size_t rows = (t->n + (size_t)t->ncols - 1) / (size_t)t->ncols;
+  int headers = 0;
+  for (int c = 0; c < t->ncols; c++) headers |= t->headers[c][0] != 0;
+  for (size_t r = !headers; r <= rows; r++) { /* row 0: the headers */
+    size_t col = 0; /* characters printed on this line */
+    for (int c = 0; c < t->ncols; c++) {
+      size_t i = (r - 1) * (size_t)t->ncols + (size_t)c;
+      const char *s = !r ? t->headers[c] : i < t->n ? t->cells[i] : "";
+      int last = c == t->ncols - 1;
+      size_t l = strlen(s);
+      if (c) fputs("  ", out), col += 2;
+      if (last && !(t->right >> c & 1)) {
+        /* the last column is cut to the terminal (a reason can run on) */
+        if (width > 0 && col + l > (size_t)width) {
+          size_t keep = (size_t)width > col + 3 ? (size_t)width - col - 3 : 0;
+          fprintf(out, "%.*s...", (int)keep, s);
+        } else {
+          fputs(s, out);
+        }
+      } else if (t->right >> c & 1) {
+        fprintf(out, "%*s", (int)w[c], s);
+      } else {
+        fprintf(out, "%-*s", (int)w[c], s);
+      }
+      col += w[c];
+    }
+    fputc('\n', out);
+  }
+}
+
+int table_term_width(void) {
+  struct winsize ws;
+  if (!isatty(STDOUT_FILENO)) return 0;
+  if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) return ws.ws_col;
+  return 80;
+}
+
+void table_secs(char *buf, size_t n, double s) {
+  if (!(s > 0)) snprintf(buf, n, "-");
+  else if (s < 60) snprintf(buf, n, "%.0fs", s);
+  else if (s < 3600) snprintf(buf, n, "%.0fm", s / 60);
+  else if (s < 48 * 3600) snprintf(buf, n, "%.0fh", s / 3600);
+  else snprintf(buf, n, "%.0fd", s / 86400);
+}
+
+void table_age(char *buf, size_t n, int64_t now_ms, int64_t then_ms) {
+  if (!then_ms) {
+    snprintf(buf, n, "-");
+    return;
+  }
+  /* clocks of two machines disagree a little: a time just ahead of ours is "now" */
+  double s = now_ms > then_ms ? (double)(now_ms - then_ms) / 1000.0 : 0;
+  if (s < 1) snprintf(buf, n, "0s");
+  else table_secs(buf, n, s);
+}
+
+void table_bytes(char *buf, size_t n, uint64_t b) {
+  const double mib = 1024.0 * 1024.0;
+  if (b < (1ull << 30)) snprintf(buf, n, "%.1f MiB", (double)b / mib);
+  else snprintf(buf, n, "%.1f GiB", (double)b / (mib * 1024.0));
+}
+
+int64_t table_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}

@@ -1,0 +1,42 @@
+/* table: fsdpctl's one printer of human tables, and the formats its cells
+ * share (ages, sizes). Every command that lists things builds a table_t and
+ * prints it here, so columns line up the same way everywhere.
+ *
+ * A table owns copies of its cells. Columns are as wide as their widest
+ * cell; numbers can be right-aligned; the last column is cut to the
+ * terminal's width when stdout is a terminal (a reason or a path can be
+ * long), never when it is a pipe: scripts get every byte. */
+#ifndef FSDP_CLIENT_TABLE_H
+#define FSDP_CLIENT_TABLE_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#define TABLE_MAX_COLS 12
+
+typedef struct table table_t;
+
+/* A table with the given column headers (NULL-terminated, at most
+ * TABLE_MAX_COLS; all "" : a table without a header line, for key-value
+ * blocks). right: bit i set right-aligns column i. NULL when out of memory. */
+table_t *table_create(unsigned right, const char *const *headers);
+void table_destroy(table_t *t);
+/* Appends a cell to the current row (a new row after the last column).
+ * Returns 0 or FSDP_ENOMEM. */
+int table_cell(table_t *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Prints the headers and the rows. width: the terminal's columns (0: no cut). */
+void table_print(const table_t *t, FILE *out, int width);
+
+/* Columns of the terminal stdout is, or 0 when stdout is not a terminal. */
+int table_term_width(void);
+/* An age in whole units ("12s", "3m", "5h", "2d"); "-" when ms_then is 0
+ * (never happened). now_ms: the current Unix time in ms. */
+void table_age(char *buf, size_t n, int64_t now_ms, int64_t ms_then);
+/* A duration in seconds the same way (for ETAs); "-" when secs <= 0. */
+void table_secs(char *buf, size_t n, double secs);
+/* Bytes as "512.0 MiB" below a GiB, "12.5 GiB" from there on. */
+void table_bytes(char *buf, size_t n, uint64_t bytes);
+/* The current Unix time in ms. */
+int64_t table_now_ms(void);
+
+#endif

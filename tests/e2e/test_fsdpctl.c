@@ -1,0 +1,870 @@
+/* End-to-end tests of bin/fsdpctl: the program runs as a process against a
+ * FAKE coordinator and a fake Node service served by this test process (the
+ * RPC layer on a libuv loop in a thread), whose canned handlers record each
+ * request. So the tests check what fsdpctl sends (options, world size,
+ * filters, log offsets), what it prints (tables, JSON parsed with jansson,
+ * plain watch lines through a pipe) and its exit codes (job outcome, not
+ * found, unreachable, unauthenticated, usage), and that an independent
+ * Python gRPC client (tests/e2e/python_client.py) can use the same API.
+ * Every wait is bounded: fsdpctl is killed after CTL_LIMIT_S. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <poll.h>
+#include <pty.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon/common/err.h"
+#include "daemon/common/rpc.h"
+#include "proto/fsdp.pb-c.h"
+#include "tests/unit/testutil.h"
+
+#define SVC "/fsdp.v1.Coordinator/"
+#define CTL_LIMIT_S 20.0
+#define MIB (1024ull * 1024ull)
+
+/* ---- what the fake servers record ------------------------------------------------ */
+
+#define REC_MAX 16
+static struct {
+  pthread_mutex_t mu;
+  char method[REC_MAX][64];
+  uint8_t *req[REC_MAX];
+  size_t len[REC_MAX];
+  int calls[REC_MAX];
+  int n;
+} R = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+/* Keeps the last request of a method, packed (on the loop's thread). */
+static void rec_put(const char *method, const ProtobufCMessage *m) {
+  pthread_mutex_lock(&R.mu);
+  int i = 0;
+  while (i < R.n && strcmp(R.method[i], method)) i++;
+  if (i == R.n && R.n < REC_MAX) snprintf(R.method[R.n++], sizeof R.method[0], "%s", method);
+  if (i < REC_MAX) {
+    free(R.req[i]);
+    R.len[i] = protobuf_c_message_get_packed_size(m);
+    R.req[i] = malloc(R.len[i] + 1);
+    protobuf_c_message_pack(m, R.req[i]);
+    R.calls[i]++;
+  }
+  pthread_mutex_unlock(&R.mu);
+}
+
+/* The last request of method (short name), unpacked (free it), and how many came. */
+static void *rec_get(const char *method, const ProtobufCMessageDescriptor *d, int *calls) {
+  void *m = NULL;
+  pthread_mutex_lock(&R.mu);
+  if (calls) *calls = 0;
+  for (int i = 0; i < R.n; i++)
+    if (!strcmp(strrchr(R.method[i], '/') + 1, method)) {
+      m = protobuf_c_message_unpack(d, NULL, R.len[i], R.req[i]);
+      if (calls) *calls = R.calls[i];
+    }
+  pthread_mutex_unlock(&R.mu);
+  cr_assert_not_null(m, "the fake server got no %s request", method);
+  return m;
+}
+
+/* ---- canned handlers (on the loop's thread) --------------------------------------- */
+
+static int node_port; /* the fake Node service's, for ListNodes */
+
+static void h_submit(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
+  (void)arg;
+  const Fsdp__V1__SubmitJobRequest *req = (const void *)m;
+  rec_put(rpc_call_method(call), m);
+  if (req->spec && !strcmp(req->spec->name, "bad")) {
+    rpc_call_finish(call, err_set(FSDP_EINVAL, "model.heads: 5 does not divide channels 64; "
+                                  "give heads that divide it"));
+    return;
+  }
+  Fsdp__V1__Job job = FSDP__V1__JOB__INIT;
+  job.job_id = "j-42";
+  job.spec = req->spec;
+  job.state = FSDP__V1__JOB_STATE__JOB_STATE_PENDING;
+  job.reason = "waiting for 2 devices";
+  Fsdp__V1__SubmitJobReply rep = FSDP__V1__SUBMIT_JOB_REPLY__INIT;
+  rep.job_id = "j-42";
+  rep.job = &job;
+  char *notes[] = {"seq_len set to the model's context, 64"};
+  rep.notes = notes;
+  rep.n_notes = 1;
+  rpc_call_reply(call, &rep.base);
+}
+
+/* j-42: RUNNING at step 40 of 300 with two ranks on n-1. */
+static void fill_job(Fsdp__V1__Job *job, Fsdp__V1__JobSpec *spec, Fsdp__V1__RankStatus *rs,
+                     Fsdp__V1__RankStatus **rp, const char *id) {
+  fsdp__v1__job__init(job);
+  fsdp__v1__job_spec__init(spec);
+  spec->name = "demo";
+  spec->world_size = 2;
+  spec->max_restarts = 3;
+  job->job_id = (char *)id;
+  job->spec = spec;
+  job->state = FSDP__V1__JOB_STATE__JOB_STATE_RUNNING;
+  job->attempt = 1;
+  job->step = 40;
+  job->total_steps = 300;
+  job->submitted_unix_ms = (int64_t)time(NULL) * 1000 - 180000;
+  job->started_unix_ms = (int64_t)time(NULL) * 1000 - 120000;
+  for (int r = 0; rs && r < 2; r++) {
+    fsdp__v1__rank_status__init(&rs[r]);
+    rs[r].job_id = (char *)id;
+    rs[r].rank = (uint32_t)r;
+    rs[r].node_id = "n-1";
+    rs[r].device = (uint32_t)r;
+    rs[r].state = FSDP__V1__RANK_STATE__RANK_STATE_RUNNING;
+    rs[r].step = 40;
+    rs[r].loss = 3.25;
+    rs[r].tokens_per_s = 1234;
+    rp[r] = &rs[r];
+  }
+  if (rs) job->ranks = rp, job->n_ranks = 2;
+}
+
+static void h_get_job(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
+  (void)arg;
+  const Fsdp__V1__GetJobRequest *req = (const void *)m;
+  rec_put(rpc_call_method(call), m);
+  if (strcmp(req->job_id, "j-42")) {
+    rpc_call_finish(call, err_set(FSDP_ENOTFOUND, "job %s: no such job; fsdpctl jobs lists them",
+                                  req->job_id));
+    return;
+  }
+  Fsdp__V1__Job job;
+  Fsdp__V1__JobSpec spec;
+  Fsdp__V1__RankStatus rs[2], *rp[2];
+  fill_job(&job, &spec, rs, rp, req->job_id);
+  Fsdp__V1__GetJobReply rep = FSDP__V1__GET_JOB_REPLY__INIT;
+  rep.job = &job;
+  rpc_call_reply(call, &rep.base);
+}
+
+static void h_list_jobs(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
+  (void)arg;
+  rec_put(rpc_call_method(call), m);
+  Fsdp__V1__Job a, b, *jobs[2] = {&a, &b};
+  Fsdp__V1__JobSpec sa, sb;
+  fill_job(&a, &sa, NULL, NULL, "j-42");
+  fill_job(&b, &sb, NULL, NULL, "j-43");
+  sb.name = "other";
+  b.state = FSDP__V1__JOB_STATE__JOB_STATE_FAILED;
+  b.reason = "rank 1 on node n-2 exited with status 1: out of memory";
+  b.restarts = 2;
+  Fsdp__V1__ListJobsReply rep = FSDP__V1__LIST_JOBS_REPLY__INIT;
+  rep.jobs = jobs;
+  rep.n_jobs = 2;
+  rpc_call_reply(call, &rep.base);
+}
+
+static void h_cancel(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
+  (void)arg;
+  const Fsdp__V1__CancelJobRequest *req = (const void *)m;
+  rec_put(rpc_call_method(call), m);
+  Fsdp__V1__Job job;
+  Fsdp__V1__JobSpec spec;
+  fill_job(&job, &spec, NULL, NULL, req->job_id);
+  job.state = FSDP__V1__JOB_STATE__JOB_STATE_CANCELLED;
+  job.reason = req->reason;
+  Fsdp__V1__CancelJobReply rep = FSDP__V1__CANCEL_JOB_REPLY__INIT;
+  rep.job = &job;
+  rpc_call_reply(call, &rep.base);
+}
+
+/* j-ok: two RUNNING steps then SUCCEEDED; j-bad: one step then FAILED; else NOT_FOUND. */
+static void h_watch(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
+  (void)arg;
+  const Fsdp__V1__WatchJobRequest *req = (const void *)m;
+  rec_put(rpc_call_method(call), m);
+  int ok = !strcmp(req->job_id, "j-ok");
+  if (!ok && strcmp(req->job_id, "j-bad")) {
+    rpc_call_finish(call, err_set(FSDP_ENOTFOUND, "job %s: no such job", req->job_id));
+    return;
+  }
+  int n = ok ? 3 : 2;
+  for (int i = 1; i <= n; i++) {
+    Fsdp__V1__JobProgress p = FSDP__V1__JOB_PROGRESS__INIT;
+    p.job_id = req->job_id;
+    p.state = i < n ? FSDP__V1__JOB_STATE__JOB_STATE_RUNNING
+              : ok  ? FSDP__V1__JOB_STATE__JOB_STATE_SUCCEEDED
+                    : FSDP__V1__JOB_STATE__JOB_STATE_FAILED;
+    p.attempt = 1;
+    p.step = i;
+    p.total_steps = 3;
+    p.loss = 5.0 - i;
+    p.tokens_per_s = 1000.0 * i;
+    p.eta_s = i < n ? 3.0 - i : 0;
+    p.message = i == n && !ok ? "rank 0 exited with status 1" : "";
+    rpc_call_send(call, &p.base);
+  }
+  rpc_call_finish(call, 0);
+}
+
+static void h_memory(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
+  (void)arg;
+  rec_put(rpc_call_method(call), m);
+  Fsdp__V1__MemoryCategory cat[2][2], *cp[2][2];
+  Fsdp__V1__RankStatus rs[2], *rp[2];
+  static const char *const names[2] = {"params", "optimizer"};
+  for (int r = 0; r < 2; r++) {
+    for (int k = 0; k < 2; k++) {
+      fsdp__v1__memory_category__init(&cat[r][k]);
+      cat[r][k].name = (char *)names[k];
+      cat[r][k].planned_bytes = (uint64_t)(k + 1) * 4 * MIB;
+      cat[r][k].current_bytes = (uint64_t)(k + 1) * 2 * MIB;
+      cat[r][k].peak_bytes = (uint64_t)(k + 1) * 3 * MIB + (uint64_t)r * MIB / 2;
+      cp[r][k] = &cat[r][k];
+    }
+    fsdp__v1__rank_status__init(&rs[r]);
+    rs[r].job_id = "j-42";
+    rs[r].rank = (uint32_t)r;
+    rs[r].node_id = "n-1";
+    rs[r].memory = cp[r];
+    rs[r].n_memory = 2;
+    rp[r] = &rs[r];
+  }
+  Fsdp__V1__GetMemoryStatsReply rep = FSDP__V1__GET_MEMORY_STATS_REPLY__INIT;
+  rep.ranks = rp;
+  rep.n_ranks = 2;
+  rpc_call_reply(call, &rep.base);
+}
+
+static void h_checkpoints(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
+  (void)arg;
+  rec_put(rpc_call_method(call), m);
+  Fsdp__V1__ListCheckpointsReply rep = FSDP__V1__LIST_CHECKPOINTS_REPLY__INIT;
+  rpc_call_reply(call, &rep.base);
+}
+
+static void h_nodes(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
+  (void)arg;
+  rec_put(rpc_call_method(call), m);
+  Fsdp__V1__Device dev[2], *dp[2];
+  for (int i = 0; i < 2; i++) {
+    fsdp__v1__device__init(&dev[i]);
+    dev[i].index = (uint32_t)i;
+    dev[i].kind = "cpu";
+    dev[i].total_bytes = 8ull << 30;
+    dev[i].used_bytes = i ? 0 : 1ull << 30;
+    dev[i].job_id = i ? "" : "j-42";
+    dp[i] = &dev[i];
+  }
+  char addr[32];
+  snprintf(addr, sizeof addr, "127.0.0.1:%d", node_port);
+  Fsdp__V1__NodeInfo node = FSDP__V1__NODE_INFO__INIT, *np = &node;
+  node.node_id = "n-1";
+  node.hostname = "host-a";
+  node.address = addr;
+  node.state = FSDP__V1__NODE_STATE__NODE_STATE_ALIVE;
+  node.last_heartbeat_unix_ms = (int64_t)time(NULL) * 1000 - 3000;
+  node.devices = dp;
+  node.n_devices = 2;
+  Fsdp__V1__ListNodesReply rep = FSDP__V1__LIST_NODES_REPLY__INIT;
+  rep.nodes = &np;
+  rep.n_nodes = 1;
+  rpc_call_reply(call, &rep.base);
+}
+
+/* The Node service: three chunks of the log, in order. */
+static void h_logs(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
+  (void)arg;
+  rec_put(rpc_call_method(call), m);
+  static const char *const lines[] = {"step 1 loss 5.0\n", "step 2 loss 4.0\n", "step 3 loss 3.0\n"};
+  int64_t off = 0;
+  for (int i = 0; i < 3; i++) {
+    Fsdp__V1__LogChunk c = FSDP__V1__LOG_CHUNK__INIT;
+    c.offset = off;
+    c.data.data = (uint8_t *)lines[i];
+    c.data.len = strlen(lines[i]);
+    off += (int64_t)c.data.len;
+    rpc_call_send(call, &c.base);
+  }
+  rpc_call_finish(call, 0);
+}
+
+/* ---- the fake servers, on a loop in a thread of the test --------------------------- */
+
+static struct {
+  pthread_t thread;
+  uv_loop_t loop;
+  uv_async_t wake;
+  rpc_server_t *coord, *node;
+  rpc_server_opts_t opts;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int ready, rc, port, started;
+  char err[1024];
+} F = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+
+static void stop_cb(uv_async_t *a) {
+  (void)a;
+  rpc_server_destroy(F.coord);
+  rpc_server_destroy(F.node);
+  uv_close((uv_handle_t *)&F.wake, NULL);
+}
+
+#define U RPC_ROLE_USER
+static int add_coordinator(rpc_server_t *s) {
+  const rpc_method_t m[] = {
+      {SVC "SubmitJob", &fsdp__v1__submit_job_request__descriptor,
+       &fsdp__v1__submit_job_reply__descriptor, 0, U, h_submit, NULL},
+      {SVC "GetJob", &fsdp__v1__get_job_request__descriptor, &fsdp__v1__get_job_reply__descriptor,
+       0, U, h_get_job, NULL},
+      {SVC "ListJobs", &fsdp__v1__list_jobs_request__descriptor,
+       &fsdp__v1__list_jobs_reply__descriptor, 0, U, h_list_jobs, NULL},
+      {SVC "CancelJob", &fsdp__v1__cancel_job_request__descriptor,
+       &fsdp__v1__cancel_job_reply__descriptor, 0, U, h_cancel, NULL},
+      {SVC "WatchJob", &fsdp__v1__watch_job_request__descriptor,
+       &fsdp__v1__job_progress__descriptor, 1, U, h_watch, NULL},
+      {SVC "GetMemoryStats", &fsdp__v1__get_memory_stats_request__descriptor,
+       &fsdp__v1__get_memory_stats_reply__descriptor, 0, U, h_memory, NULL},
+      {SVC "ListCheckpoints", &fsdp__v1__list_checkpoints_request__descriptor,
+       &fsdp__v1__list_checkpoints_reply__descriptor, 0, U, h_checkpoints, NULL},
+      {SVC "ListNodes", &fsdp__v1__list_nodes_request__descriptor,
+       &fsdp__v1__list_nodes_reply__descriptor, 0, U, h_nodes, NULL},
+  };
+  for (size_t i = 0; i < sizeof m / sizeof m[0]; i++) {
+    int rc = rpc_server_add(s, &m[i]);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+static void *server_thread(void *arg) {
+  (void)arg;
+  uv_loop_init(&F.loop);
+  uv_async_init(&F.loop, &F.wake, stop_cb);
+  rpc_server_opts_t no = F.opts; /* the node: the same tokens, its own port */
+  no.addr = "127.0.0.1:0";
+  const rpc_method_t logs = {"/fsdp.v1.Node/GetRankLogs", &fsdp__v1__get_rank_logs_request__descriptor,
+                             &fsdp__v1__log_chunk__descriptor, 1, U, h_logs, NULL};
+  int rc = rpc_server_create(&F.coord, &F.loop, &F.opts);
+  if (!rc) rc = add_coordinator(F.coord);
+  if (!rc) rc = rpc_server_start(F.coord);
+  if (!rc) rc = rpc_server_create(&F.node, &F.loop, &no);
+  if (!rc) rc = rpc_server_add(F.node, &logs);
+  if (!rc) rc = rpc_server_start(F.node);
+  pthread_mutex_lock(&F.mu);
+  F.rc = rc;
+  F.port = rc ? 0 : rpc_server_port(F.coord);
+  node_port = rc ? 0 : rpc_server_port(F.node);
+  snprintf(F.err, sizeof F.err, "%s", err_msg());
+  F.ready = 1;
+  pthread_cond_broadcast(&F.cv);
+  pthread_mutex_unlock(&F.mu);
+  if (rc) {
+    if (F.coord) rpc_server_destroy(F.coord);
+    if (F.node) rpc_server_destroy(F.node);
+    uv_close((uv_handle_t *)&F.wake, NULL);
+  }
+  uv_run(&F.loop, UV_RUN_DEFAULT); /* until stop_cb closes the wake handle */
+  uv_loop_close(&F.loop);
+  return NULL;
+}
+
+static char coord_addr[64];
+
+/* Starts both fake servers (tokens: user and node token files, or NULL)
+ * and points FSDP_COORDINATOR at the coordinator. */
+static void fake_start(const char *user_token, const char *node_token) {
+  memset(&F.opts, 0, sizeof F.opts);
+  F.opts.addr = "127.0.0.1:0";
+  F.opts.user_token_file = user_token;
+  F.opts.node_token_file = node_token;
+  pthread_create(&F.thread, NULL, server_thread, NULL);
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += 10;
+  pthread_mutex_lock(&F.mu);
+  while (!F.ready)
+    if (pthread_cond_timedwait(&F.cv, &F.mu, &until)) break;
+  int ready = F.ready;
+  pthread_mutex_unlock(&F.mu);
+  cr_assert(ready, "the fake servers did not start within 10 s");
+  if (F.rc) pthread_join(F.thread, NULL);
+  cr_assert_eq(F.rc, 0, "fake servers: %s", F.err);
+  F.started = 1;
+  snprintf(coord_addr, sizeof coord_addr, "127.0.0.1:%d", F.port);
+  setenv("FSDP_COORDINATOR", coord_addr, 1);
+  unsetenv("FSDP_TOKEN_FILE");
+}
+
+static void fake_stop(void) {
+  if (!F.started) return;
+  F.started = 0;
+  uv_async_send(&F.wake);
+  pthread_join(F.thread, NULL);
+}
+
+/* ---- running fsdpctl ---------------------------------------------------------------- */
+
+#define OUT_MAX (64 * 1024)
+static char out[OUT_MAX], err[OUT_MAX];
+static double ctl_seconds;
+
+/* Runs bin/fsdpctl with args (NULL-terminated), stdout and stderr into
+ * out and err (pipes: not a terminal); returns its exit status. Killed after
+ * CTL_LIMIT_S (a failure). */
+static int ctl(const char *const *args) {
+  const char *argv[64] = {"fsdpctl"};
+  int n = 1;
+  for (; args[n - 1]; n++) argv[n] = args[n - 1];
+  argv[n] = NULL;
+  char bin[1024];
+  snprintf(bin, sizeof bin, "%s/bin/fsdpctl", tu_root());
+  cr_assert_eq(access(bin, X_OK), 0, "%s is not there: build it first (make)", bin);
+  int po[2], pe[2];
+  cr_assert_eq(pipe(po), 0);
+  cr_assert_eq(pipe(pe), 0);
+  double t0 = tu_now_s();
+  pid_t pid = fork();
+  cr_assert_geq(pid, 0);
+  if (!pid) {
+    dup2(po[1], 1);
+    dup2(pe[1], 2);
+    close(po[0]), close(pe[0]), close(po[1]), close(pe[1]);
+    execv(bin, (char *const *)argv);
+    _exit(127);
+  }
+  close(po[1]), close(pe[1]);
+  size_t no = 0, ne = 0;
+  struct pollfd p[2] = {{po[0], POLLIN, 0}, {pe[0], POLLIN, 0}};
+  int open_ = 2;
+  while (open_ && tu_now_s() - t0 < CTL_LIMIT_S) {
+    if (poll(p, 2, 100) <= 0) continue;
+    for (int i = 0; i < 2; i++) {
+      if (p[i].fd < 0 || !(p[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      char *buf = i ? err : out;
+      size_t *k = i ? &ne : &no;
+      ssize_t r = read(p[i].fd, buf + *k, OUT_MAX - 1 - *k);
+      if (r > 0) *k += (size_t)r;
+      if (r <= 0 || *k == OUT_MAX - 1) close(p[i].fd), p[i].fd = -1, open_--;
+    }
+  }
+  out[no] = 0, err[ne] = 0;
+  for (int i = 0; i < 2; i++)
+    if (p[i].fd >= 0) close(p[i].fd);
+  int st = 0;
+  if (open_) kill(pid, SIGKILL);
+  waitpid(pid, &st, 0);
+  ctl_seconds = tu_now_s() - t0;
+  cr_assert(!open_, "fsdpctl ran past %.0f s; stdout: %s stderr: %s", CTL_LIMIT_S, out, err);
+  cr_assert(WIFEXITED(st), "fsdpctl died of signal %d; stderr: %s", WTERMSIG(st), err);
+  return WEXITSTATUS(st);
+}
+#define CTL(...) ctl((const char *const[]){__VA_ARGS__, NULL})
+
+static json_t *parse_json(const char *text) {
+  json_error_t e;
+  json_t *j = json_loads(text, 0, &e);
+  cr_assert_not_null(j, "not one JSON document (%s at line %d): %s", e.text, e.line, text);
+  return j;
+}
+
+static void expect_in(const char *hay, const char *needle) {
+  cr_assert(strstr(hay, needle), "\"%s\" is not in:\n%s", needle, hay);
+}
+
+static char *write_tmp(const char *name, const char *text) {
+  char *p = tu_path(name);
+  tu_write_file(p, text, strlen(text));
+  return p;
+}
+
+/* ---- submit ---------------------------------------------------------------------------- */
+
+TestSuite(fsdpctl, .fini = fake_stop, .timeout = 30);
+
+static void expect_opt(const Fsdp__V1__JobSpec *s, size_t i, const char *sec, const char *key,
+                       const char *val) {
+  cr_assert_lt(i, s->n_options, "option %zu (%s) missing: %zu sent", i, key, s->n_options);
+  const Fsdp__V1__Option *o = s->options[i];
+  cr_assert(!strcmp(o->section, sec) && !strcmp(o->key, key) && !strcmp(o->value, val),
+            "option %zu: [%s] %s = \"%s\", expected [%s] %s = \"%s\"", i, o->section, o->key,
+            o->value, sec, key, val);
+}
+
+Test(fsdpctl, submit_sends_the_job_file_with_the_flags_on_top) {
+  fake_start(NULL, NULL);
+  char *job = write_tmp("job.conf", "; a job file as fsdp-train reads it\n"
+                                    "[model]\nmodel = tiny\nlayers = 3\n"
+                                    "[train]\nsteps = 10\nbatch = 2\n"
+                                    "[shard]\nstrategy = FULL_SHARD\nmesh = 1x2\n"
+                                    "[output]\nsample_prompt = \"  hi  \"\n");
+  int rc = CTL("submit", "--steps", "20", job, "--set", "shard.strategy=SHARD_GRAD_OP", "--lr=0.01",
+               "--name", "demo", "--max-restarts", "2");
+  cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
+  cr_assert_str_eq(out, "j-42\n");
+  expect_in(err, "note: seq_len set to the model's context, 64");
+  Fsdp__V1__SubmitJobRequest *req = rec_get("SubmitJob", &fsdp__v1__submit_job_request__descriptor, NULL);
+  const Fsdp__V1__JobSpec *s = req->spec;
+  cr_assert_not_null(s);
+  cr_assert_str_eq(s->name, "demo");
+  cr_assert_eq(s->world_size, 2, "the mesh 1x2 makes 2 ranks, got %u", s->world_size);
+  cr_assert_eq(s->max_restarts, 2);
+  /* the file in its order less the keys a flag overrides, then the flags in theirs */
+  expect_opt(s, 0, "model", "model", "tiny");
+  expect_opt(s, 1, "model", "layers", "3");
+  expect_opt(s, 2, "train", "batch", "2");
+  expect_opt(s, 3, "shard", "mesh", "1x2");
+  expect_opt(s, 4, "output", "sample_prompt", "  hi  ");
+  expect_opt(s, 5, "", "steps", "20");
+  expect_opt(s, 6, "shard", "strategy", "SHARD_GRAD_OP");
+  expect_opt(s, 7, "", "lr", "0.01");
+  cr_assert_eq(s->n_options, 8, "%zu options sent", s->n_options);
+  cr_assert_eq(strlen(req->request_id), 32, "request id \"%s\"", req->request_id);
+  char first[40];
+  snprintf(first, sizeof first, "%s", req->request_id);
+  protobuf_c_message_free_unpacked(&req->base, NULL);
+  free(job);
+
+  /* --ranks wins over nothing; a --mesh flag alone gives R*S; each submit its own key */
+  cr_assert_eq(CTL("submit", "--ranks", "4", "--model", "tiny"), 0, "%s", err);
+  req = rec_get("SubmitJob", &fsdp__v1__submit_job_request__descriptor, NULL);
+  cr_assert_eq(req->spec->world_size, 4);
+  cr_assert_eq(req->spec->n_options, 1);
+  expect_opt(req->spec, 0, "", "model", "tiny");
+  cr_assert_str_neq(req->request_id, first, "two submits share a request id");
+  protobuf_c_message_free_unpacked(&req->base, NULL);
+  cr_assert_eq(CTL("submit", "--mesh", "2x3"), 0, "%s", err);
+  req = rec_get("SubmitJob", &fsdp__v1__submit_job_request__descriptor, NULL);
+  cr_assert_eq(req->spec->world_size, 6);
+  protobuf_c_message_free_unpacked(&req->base, NULL);
+}
+
+Test(fsdpctl, submit_json_and_a_refusal) {
+  fake_start(NULL, NULL);
+  cr_assert_eq(CTL("--output", "json", "submit", "--ranks", "2", "--steps", "5"), 0, "%s", err);
+  json_t *j = parse_json(out);
+  cr_assert_str_eq(json_string_value(json_object_get(j, "job_id")), "j-42");
+  json_t *job = json_object_get(j, "job");
+  cr_assert_str_eq(json_string_value(json_object_get(job, "state")), "PENDING");
+  cr_assert_eq(json_integer_value(json_object_get(json_object_get(job, "spec"), "world_size")), 2);
+  cr_assert_eq(json_array_size(json_object_get(j, "notes")), 1);
+  json_decref(j);
+  /* the coordinator refuses: INVALID_ARGUMENT is 2, with its sentence */
+  int rc = CTL("submit", "--ranks", "1", "--name", "bad");
+  cr_assert_eq(rc, 2, "exit %d: %s", rc, err);
+  cr_assert(!strncmp(err, "fsdpctl: ", 9), "%s", err);
+  expect_in(err, "model.heads: 5 does not divide channels 64");
+  cr_assert_eq(strchr(err, '\n'), err + strlen(err) - 1, "more than one line: %s", err);
+}
+
+/* ---- tables and JSON of the listing commands --------------------------------------------- */
+
+Test(fsdpctl, jobs_table_json_and_state_filter) {
+  fake_start(NULL, NULL);
+  cr_assert_eq(CTL("jobs", "--state", "running", "--state", "FAILED"), 0, "%s", err);
+  expect_in(out, "JOB");
+  expect_in(out, "REASON");
+  expect_in(out, "j-42");
+  expect_in(out, "RUNNING");
+  expect_in(out, "40/300");
+  expect_in(out, "3m");
+  expect_in(out, "rank 1 on node n-2 exited with status 1: out of memory"); /* a pipe: not cut */
+  /* aligned: the STATE column starts at the same place on every line */
+  const char *h = strstr(out, "STATE"), *l2 = strchr(out, '\n') + 1;
+  cr_assert_eq(strstr(l2, "RUNNING") - l2, h - out, "columns do not line up:\n%s", out);
+  Fsdp__V1__ListJobsRequest *req = rec_get("ListJobs", &fsdp__v1__list_jobs_request__descriptor, NULL);
+  cr_assert_eq(req->n_states, 2);
+  cr_assert_eq(req->states[0], FSDP__V1__JOB_STATE__JOB_STATE_RUNNING);
+  cr_assert_eq(req->states[1], FSDP__V1__JOB_STATE__JOB_STATE_FAILED);
+  protobuf_c_message_free_unpacked(&req->base, NULL);
+
+  cr_assert_eq(CTL("jobs", "-o", "json"), 0, "%s", err);
+  json_t *j = parse_json(out);
+  cr_assert(json_is_array(j) && json_array_size(j) == 2, "%s", out);
+  json_t *b = json_array_get(j, 1);
+  cr_assert_str_eq(json_string_value(json_object_get(b, "job_id")), "j-43");
+  cr_assert_str_eq(json_string_value(json_object_get(b, "state")), "FAILED");
+  cr_assert_eq(json_integer_value(json_object_get(b, "restarts")), 2);
+  cr_assert_eq(json_integer_value(json_object_get(b, "total_steps")), 300);
+  json_decref(j);
+}
+
+Test(fsdpctl, status_shows_the_job_and_its_ranks) {
+  fake_start(NULL, NULL);
+  cr_assert_eq(CTL("status", "j-42"), 0, "%s", err);
+  expect_in(out, "j-42");
+  expect_in(out, "RUNNING");
+  expect_in(out, "40/300");
+  expect_in(out, "restarts 0 of 3");
+  expect_in(out, "TOKENS/S");
+  expect_in(out, "n-1");
+  expect_in(out, "3.2500");
+  expect_in(out, "1234");
+  cr_assert_eq(CTL("status", "j-42", "--output=json"), 0, "%s", err);
+  json_t *j = parse_json(out);
+  cr_assert_str_eq(json_string_value(json_object_get(j, "state")), "RUNNING");
+  json_t *r1 = json_array_get(json_object_get(j, "ranks"), 1);
+  cr_assert_eq(json_integer_value(json_object_get(r1, "rank")), 1);
+  cr_assert_str_eq(json_string_value(json_object_get(r1, "state")), "RUNNING");
+  cr_assert_float_eq(json_real_value(json_object_get(r1, "loss")), 3.25, 1e-12);
+  cr_assert_str_eq(json_string_value(json_object_get(r1, "node_id")), "n-1");
+  json_decref(j);
+}
+
+Test(fsdpctl, nodes_memory_checkpoints_cancel) {
+  fake_start(NULL, NULL);
+  cr_assert_eq(CTL("nodes"), 0, "%s", err);
+  expect_in(out, "n-1");
+  expect_in(out, "host-a");
+  expect_in(out, "ALIVE");
+  expect_in(out, "2x cpu (1 free)");
+  expect_in(out, "1.0 GiB / 16.0 GiB");
+  cr_assert(strstr(out, "3s ago") || strstr(out, "4s ago"), "%s", out);
+  cr_assert_eq(CTL("nodes", "--output", "json"), 0, "%s", err);
+  json_t *j = parse_json(out);
+  json_t *n = json_array_get(j, 0);
+  cr_assert_str_eq(json_string_value(json_object_get(n, "state")), "ALIVE");
+  cr_assert_eq(json_array_size(json_object_get(n, "devices")), 2);
+  cr_assert_eq(json_integer_value(json_object_get(json_array_get(json_object_get(n, "devices"), 0),
+                                                  "total_bytes")), 8ll << 30);
+  json_decref(j);
+
+  cr_assert_eq(CTL("memory", "j-42"), 0, "%s", err);
+  expect_in(out, "PLANNED MiB");
+  expect_in(out, "PEAK MiB");
+  /* rank 1's optimizer: planned 8, current 4, peak 6.5 MiB, side by side */
+  cr_assert(strstr(out, "optimizer") && strstr(out, "8.0") && strstr(out, "6.5"), "%s", out);
+  const char *row = NULL; /* rank 1's optimizer line: the last with that category */
+  for (const char *q = out; (q = strstr(q, "optimizer")); q++) row = q;
+  cr_assert_not_null(row, "%s", out);
+  cr_assert(strstr(row, "8.0") < strstr(row, "4.0") && strstr(row, "4.0") < strstr(row, "6.5"), "%s", row);
+  cr_assert_eq(CTL("memory", "j-42", "-o", "json"), 0, "%s", err);
+  j = parse_json(out);
+  json_t *cat = json_array_get(json_object_get(json_array_get(j, 1), "memory"), 1);
+  cr_assert_str_eq(json_string_value(json_object_get(cat, "name")), "optimizer");
+  cr_assert_eq(json_integer_value(json_object_get(cat, "peak_bytes")), (json_int_t)(6 * MIB + MIB / 2));
+  json_decref(j);
+
+  cr_assert_eq(CTL("checkpoints", "j-42"), 0, "%s", err);
+  expect_in(out, "STEP");
+  cr_assert_eq(CTL("checkpoints", "j-42", "-o", "json"), 0, "%s", err);
+  j = parse_json(out);
+  cr_assert(json_is_array(j) && !json_array_size(j), "%s", out);
+  json_decref(j);
+
+  cr_assert_eq(CTL("cancel", "j-42", "--reason", "wrong data"), 0, "%s", err);
+  expect_in(out, "j-42 CANCELLED");
+  Fsdp__V1__CancelJobRequest *req = rec_get("CancelJob", &fsdp__v1__cancel_job_request__descriptor, NULL);
+  cr_assert_str_eq(req->job_id, "j-42");
+  cr_assert_str_eq(req->reason, "wrong data");
+  protobuf_c_message_free_unpacked(&req->base, NULL);
+}
+
+/* ---- watch ------------------------------------------------------------------------------ */
+
+Test(fsdpctl, watch_exits_with_the_jobs_outcome) {
+  fake_start(NULL, NULL);
+  int rc = CTL("watch", "j-ok");
+  cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
+  /* stdout is a pipe here: one plain line per message, nothing redrawn */
+  cr_assert_null(strchr(out, '\r'), "%s", out);
+  cr_assert_null(strchr(out, '\033'), "%s", out);
+  int lines = 0;
+  for (const char *p = out; (p = strchr(p, '\n')); p++) lines++;
+  cr_assert_eq(lines, 3, "%s", out);
+  expect_in(out, "step 1/3");
+  expect_in(out, "loss 3.0000");
+  expect_in(out, "2000 tok/s");
+  expect_in(out, "SUCCEEDED");
+
+  rc = CTL("watch", "j-bad");
+  cr_assert_eq(rc, 1, "exit %d: %s", rc, err);
+  expect_in(out, "FAILED");
+  expect_in(out, "rank 0 exited with status 1");
+
+  rc = CTL("watch", "j-none");
+  cr_assert_eq(rc, 3, "exit %d: %s", rc, err);
+  expect_in(err, "job j-none: no such job");
+
+  /* submit --watch: the id, then the watch, and the watch's exit code */
+  cr_assert_eq(CTL("submit", "--ranks", "1", "--watch"), 3, "%s", err); /* the fake's j-42 has no stream */
+  cr_assert(!strncmp(out, "j-42\n", 5), "%s", out);
+
+  cr_assert_eq(CTL("watch", "j-ok", "-o", "json"), 0, "%s", err);
+  const char *second = strchr(out, '\n') + 1;
+  char *first = strndup(out, (size_t)(second - out));
+  json_t *j = parse_json(first);
+  free(first);
+  cr_assert_eq(json_integer_value(json_object_get(j, "step")), 1);
+  cr_assert_str_eq(json_string_value(json_object_get(j, "state")), "RUNNING");
+  json_decref(j);
+}
+
+/* On a terminal (a pseudo-terminal here) watch redraws one line in place. */
+Test(fsdpctl, watch_draws_a_progress_bar_on_a_terminal) {
+  fake_start(NULL, NULL);
+  char bin[1024];
+  snprintf(bin, sizeof bin, "%s/bin/fsdpctl", tu_root());
+  int master;
+  pid_t pid = forkpty(&master, NULL, NULL, NULL);
+  cr_assert_geq(pid, 0);
+  if (!pid) {
+    execl(bin, "fsdpctl", "watch", "j-ok", (char *)NULL);
+    _exit(127);
+  }
+  size_t n = 0;
+  double t0 = tu_now_s();
+  while (n < OUT_MAX - 1 && tu_now_s() - t0 < CTL_LIMIT_S) {
+    struct pollfd p = {master, POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    ssize_t r = read(master, out + n, OUT_MAX - 1 - n);
+    if (r <= 0) break; /* EIO: the child closed the terminal */
+    n += (size_t)r;
+  }
+  out[n] = 0;
+  close(master);
+  int st;
+  if (waitpid(pid, &st, WNOHANG) == 0) kill(pid, SIGKILL), waitpid(pid, &st, 0);
+  cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "watch on a terminal: %s", out);
+  /* every update starts with a carriage return and a clear to the end of line */
+  int redraws = 0;
+  for (const char *p = out; (p = strstr(p, "\r\033[K")); p++) redraws++;
+  cr_assert_geq(redraws, 3, "%d redraws: %s", redraws, out);
+  expect_in(out, "[################........] step 2/3");
+  expect_in(out, "ETA 1s");
+  expect_in(out, "job j-ok SUCCEEDED");
+}
+
+/* ---- failures and their exit codes ----------------------------------------------------------- */
+
+Test(fsdpctl, not_found_is_3_with_the_servers_words) {
+  fake_start(NULL, NULL);
+  int rc = CTL("status", "j-missing");
+  cr_assert_eq(rc, 3, "exit %d: %s", rc, err);
+  cr_assert(!strncmp(err, "fsdpctl: ", 9), "%s", err);
+  expect_in(err, "job j-missing: no such job; fsdpctl jobs lists them");
+  cr_assert_str_eq(out, "");
+}
+
+Test(fsdpctl, unreachable_is_4_within_the_timeout) {
+  char addr[64];
+  int fd = tu_listen_loopback(addr, sizeof addr);
+  close(fd); /* a port nobody listens on now */
+  setenv("FSDP_COORDINATOR", addr, 1);
+  int rc = CTL("--timeout", "3", "jobs");
+  cr_assert_eq(rc, 4, "exit %d: %s", rc, err);
+  cr_assert_lt(ctl_seconds, 3.5, "took %.2f s", ctl_seconds);
+  expect_in(err, "UNAVAILABLE");
+  expect_in(err, "FSDP_COORDINATOR");
+  expect_in(err, addr);
+  rc = CTL("watch", "j-ok", "--coordinator", addr);
+  cr_assert_eq(rc, 4, "exit %d: %s", rc, err);
+  cr_assert_lt(ctl_seconds, 3.5, "took %.2f s", ctl_seconds);
+}
+
+Test(fsdpctl, tokens_come_from_files_only) {
+  char *user = write_tmp("user.token", "user-secret-1\n");
+  char *node = write_tmp("node.token", "node-secret-2\n");
+  char *wrong = write_tmp("wrong.token", "nope\n");
+  fake_start(user, node);
+  int rc = CTL("jobs");
+  cr_assert_eq(rc, 5, "exit %d: %s", rc, err);
+  expect_in(err, "UNAUTHENTICATED");
+  expect_in(err, "--token-file");
+  cr_assert_eq(CTL("jobs", "--token-file", user), 0, "%s", err);
+  cr_assert_eq(CTL("--token-file", wrong, "jobs"), 5, "%s", err);
+  setenv("FSDP_TOKEN_FILE", user, 1);
+  cr_assert_eq(CTL("status", "j-42"), 0, "%s", err);
+  /* the logs go to the node with the same token */
+  cr_assert_eq(CTL("logs", "j-42"), 0, "%s", err);
+  /* there is no flag that takes a token's value */
+  rc = CTL("--token", "user-secret-1", "jobs");
+  cr_assert_eq(rc, 2, "exit %d: %s", rc, err);
+  expect_in(err, "--token-file");
+  cr_assert_eq(CTL("jobs", "--token=user-secret-1"), 2, "%s", err);
+  free(user), free(node), free(wrong);
+}
+
+Test(fsdpctl, usage_errors_are_2_and_name_the_option) {
+  setenv("FSDP_COORDINATOR", "127.0.0.1:1", 1); /* never reached */
+  static const struct {
+    const char *args[6];
+    const char *named;
+  } cases[] = {
+      {{"jobs", "--bogus"}, "--bogus"},
+      {{"jobs", "--state", "SLEEPING"}, "--state SLEEPING"},
+      {{"submit", "--steps", "5"}, "--ranks"},
+      {{"submit", "--ranks", "two"}, "--ranks two"},
+      {{"submit", "--ranks"}, "--ranks needs a value"},
+      {{"submit", "--mesh", "2y2"}, "mesh \"2y2\""},
+      {{"submit", "--set", "novalue"}, "--set novalue"},
+      {{"--timeout", "0", "jobs"}, "--timeout 0"},
+      {{"--output", "yaml", "jobs"}, "--output yaml"},
+      {{"status"}, "which job"},
+      {{"status", "a", "b"}, "unexpected argument \"b\""},
+      {{"logs", "j-1", "--rank", "-1"}, "--rank -1"},
+      {{"frobnicate"}, "unknown command \"frobnicate\""},
+      {{"submit", "/no/such/job.conf", "--ranks", "1"}, "/no/such/job.conf"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    int rc = ctl(cases[i].args);
+    cr_assert_eq(rc, 2, "%s %s: exit %d: %s", cases[i].args[0], cases[i].args[1], rc, err);
+    expect_in(err, cases[i].named);
+    cr_assert_lt(ctl_seconds, 2.0, "a usage error took %.2f s", ctl_seconds);
+  }
+  cr_assert_eq(CTL("--help"), 0);
+  expect_in(out, "Exit codes");
+  expect_in(out, "FSDP_COORDINATOR");
+  cr_assert_eq(CTL("submit", "--help"), 0);
+  expect_in(out, "--max-restarts");
+  cr_assert_eq(CTL("--version"), 0);
+  expect_in(out, "fsdpctl ");
+}
+
+/* ---- logs -------------------------------------------------------------------------------------- */
+
+Test(fsdpctl, logs_stream_the_nodes_chunks_in_order) {
+  fake_start(NULL, NULL);
+  int rc = CTL("logs", "j-42", "--rank", "1", "--tail", "100", "--attempt", "1");
+  cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
+  cr_assert_str_eq(out, "step 1 loss 5.0\nstep 2 loss 4.0\nstep 3 loss 3.0\n");
+  Fsdp__V1__GetRankLogsRequest *req =
+      rec_get("GetRankLogs", &fsdp__v1__get_rank_logs_request__descriptor, NULL);
+  cr_assert_str_eq(req->job_id, "j-42");
+  cr_assert_eq(req->rank, 1);
+  cr_assert_eq(req->attempt, 1);
+  cr_assert_eq(req->offset, -100);
+  cr_assert(!req->follow);
+  protobuf_c_message_free_unpacked(&req->base, NULL);
+  /* a rank the job does not have: not found */
+  rc = CTL("logs", "j-42", "--rank", "7");
+  cr_assert_eq(rc, 3, "exit %d: %s", rc, err);
+  expect_in(err, "no rank 7");
+}
+
+/* ---- an independent client ---------------------------------------------------------------------- */
+
+Test(fsdpctl, python_grpc_client_submits_reads_and_checks_health, .timeout = 60) {
+  char *user = write_tmp("user.token", "user-secret-1\n");
+  char *node = write_tmp("node.token", "node-secret-2\n");
+  fake_start(user, node);
+  char cmd[2048], buf[4096];
+  snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/tests/e2e/python_client.py %s %s %s 2>&1",
+           tu_root(), tu_root(), coord_addr, user);
+  FILE *p = popen(cmd, "r");
+  cr_assert_not_null(p);
+  size_t n = fread(buf, 1, sizeof buf - 1, p);
+  buf[n] = 0;
+  int st = pclose(p);
+  cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "python client: %s", buf);
+  cr_assert_str_eq(buf, "submit j-42\nget j-42 JOB_STATE_RUNNING 2\nhealth SERVING\n");
+  Fsdp__V1__SubmitJobRequest *req = rec_get("SubmitJob", &fsdp__v1__submit_job_request__descriptor, NULL);
+  cr_assert_str_eq(req->request_id, "py-1");
+  cr_assert_eq(req->spec->world_size, 2);
+  expect_opt(req->spec, 1, "train", "steps", "5");
+  protobuf_c_message_free_unpacked(&req->base, NULL);
+  free(user), free(node);
+}
