@@ -143,7 +143,14 @@ static Fsdp__V1__Job *coord_job_msg(coord_t *c, coord_arena_t *a, const store_jo
   if (!m) return NULL;
   fsdp__v1__job__init(m);
   m->job_id = coord_idstr(a, 'j', j->id);
-  m->spec = j->spec ? coord_spec_msg(a, j) : NULL;
+  if (j->spec) {
+    m->spec = coord_spec_msg(a, j);
+  } else if ((m->spec = coord_alloc(a, sizeof *m->spec))) { /* a list: no options, the rest */
+    fsdp__v1__job_spec__init(m->spec);
+    m->spec->name = coord_str(a, j->name);
+    m->spec->world_size = (uint32_t)j->world_size;
+    m->spec->max_restarts = (uint32_t)j->max_restarts;
+  }
   m->state = coord_job_state(j->state);
   m->reason = coord_str(a, j->reason);
   m->attempt = (uint32_t)j->epoch, m->restarts = (uint32_t)j->restarts;
