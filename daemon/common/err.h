@@ -35,7 +35,8 @@
   XX(EEXIST, "already exists")                                               \
   XX(EUNAVAILABLE, "service unavailable")                                    \
   XX(ESTATE, "not allowed in the current state")                             \
-  XX(ELIMIT, "over a size or rate limit")
+  XX(ELIMIT, "over a size or rate limit")                                    \
+  XX(ESTALE, "from an older epoch")
 
 typedef enum {
   FSDP_OK = 0,

@@ -28,6 +28,7 @@ grpc_status_code rpc_status_from_err(int rc) {
   case FSDP_EPERM: return GRPC_STATUS_PERMISSION_DENIED;
   case FSDP_EEXIST: return GRPC_STATUS_ALREADY_EXISTS;
   case FSDP_ESTATE: return GRPC_STATUS_FAILED_PRECONDITION;
+  case FSDP_ESTALE: return GRPC_STATUS_ABORTED; /* gRPC's "sequencer check failed" */
   default: return GRPC_STATUS_INTERNAL; /* EIO, EINTERNAL, anything unknown */
   }
 }
@@ -42,7 +43,8 @@ int rpc_err_from_status(grpc_status_code st) {
   case GRPC_STATUS_ALREADY_EXISTS: return FSDP_EEXIST;
   case GRPC_STATUS_PERMISSION_DENIED: return FSDP_EPERM;
   case GRPC_STATUS_RESOURCE_EXHAUSTED: return FSDP_ELIMIT;
-  case GRPC_STATUS_FAILED_PRECONDITION: case GRPC_STATUS_ABORTED: return FSDP_ESTATE;
+  case GRPC_STATUS_FAILED_PRECONDITION: return FSDP_ESTATE;
+  case GRPC_STATUS_ABORTED: return FSDP_ESTALE;
   case GRPC_STATUS_OUT_OF_RANGE: return FSDP_ERANGE;
   case GRPC_STATUS_UNIMPLEMENTED: return FSDP_EUNSUPPORTED;
   case GRPC_STATUS_UNAVAILABLE: return FSDP_EUNAVAILABLE;
