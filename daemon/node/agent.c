@@ -208,6 +208,12 @@ int agent_start(agent_t **out, const agent_opts_t *o) {
   agent_t *a = calloc(1, sizeof *a);
   if (!a) return err_set(FSDP_ENOMEM, "fsdpd: out of memory for the coordinator session");
   a->o = *o;
+  a->o.state = NULL;
+  if (o->state && !(a->state = malloc(o->state_len ? o->state_len : 1))) {
+    free(a);
+    return err_set(FSDP_ENOMEM, "fsdpd: out of memory for the node's state");
+  }
+  if (o->state) memcpy(a->state, o->state, a->state_len = o->state_len);
   pthread_mutex_init(&a->mu, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);

@@ -31,6 +31,9 @@ typedef struct agent_opts {
   uv_loop_t *loop;
   rpc_client_t *client;          /* shared: rpc clients may be used from any thread */
   const char *hostname, *address, *version;
+  /* the node's state for the first registration (see agent_publish); copied */
+  const uint8_t *state;
+  size_t state_len;
   /* on the loop: the node is registered as node_id (again, after a lost session) */
   void (*registered_cb)(void *arg, const char *node_id);
   /* on the loop: a heartbeat's reply with assignments or kills (owned by the agent) */

@@ -328,14 +328,18 @@ int main(int argc, char **argv) {
   D.publish.data = D.shutdown.data = &D;
   uv_timer_start(&D.publish, fsdpd_publish_cb, PUBLISH_MS, PUBLISH_MS);
 
+  uint8_t *state = NULL; /* the devices, for the first registration */
+  size_t state_len = 0;
   const agent_opts_t ao = {.loop = &D.loop, .client = D.client, .hostname = D.name, .address = D.address,
                            .version = FSDPD_VERSION, .registered_cb = fsdpd_registered_cb,
                            .reply_cb = fsdpd_reply_cb, .arg = &D};
-  if (agent_start(&D.agent, &ao)) {
+  agent_opts_t aos = ao;
+  if (ranks_pack(D.ranks, &state, &state_len) ||
+      (aos.state = state, aos.state_len = state_len, agent_start(&D.agent, &aos))) {
     fprintf(stderr, "fsdpd: %s\n", err_msg());
     return 1;
   }
-  fsdpd_publish(&D); /* the devices, before the first registration */
+  free(state);
   uv_run(&D.loop, UV_RUN_DEFAULT); /* until fsdpd_close_all after a signal */
 
   /* the session thread may sit in a heartbeat for up to its interval + 5 s:
