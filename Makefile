@@ -88,7 +88,7 @@ BINS  = bin/fsdp-train bin/fsdp-tokenize bin/fsdp-launch bin/fsdpd
 # Unit tests (tests/unit: a module through its API) and end-to-end tests
 # (tests/e2e: the programs run as processes); test_bins names their binaries
 # under a build directory.
-UNIT_TESTS = err param kernels isa device boot data gpt adamw config train sample shard plan comm fsdp \
+UNIT_TESTS = err frame param kernels isa device boot data gpt adamw config train sample shard plan comm fsdp \
              reference supervise sched inventory job rpc
 E2E_TESTS  = launch fault fsdpd
 test_bins  = $(UNIT_TESTS:%=$(1)/tests/test_%) $(E2E_TESTS:%=$(1)/e2e/test_%)

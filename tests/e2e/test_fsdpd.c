@@ -716,10 +716,40 @@ Test(fsdpd, a_kill_stops_both_ranks_within_the_grace_and_leaves_nothing, .timeou
   start_long_job(pids);
   if (geteuid() == 0)
     for (int i = 0; i < 2; i++) cr_expect_eq(proc_uid(pids[i]), NOBODY, "ranks run as nobody");
+  /* a follower of rank 0's log, from its last 100 bytes: it gets them now,
+   * and its stream ends by itself once the rank is gone */
+  char node_addr[128];
+  pthread_mutex_lock(&F.mu);
+  snprintf(node_addr, sizeof node_addr, "%s", F.reg_address);
+  pthread_mutex_unlock(&F.mu);
+  rpc_client_t *c;
+  const rpc_client_opts_t co = {.target = node_addr};
+  cr_assert_eq(rpc_client_create(&c, &co), 0, "%s", err_msg());
+  Fsdp__V1__GetRankLogsRequest req = FSDP__V1__GET_RANK_LOGS_REQUEST__INIT;
+  req.job_id = "j-2";
+  req.attempt = 1;
+  req.follow = 1;
+  req.offset = -100;
+  rpc_stream_t *st;
+  ProtobufCMessage *m;
+  cr_assert_eq(rpc_stream_open(c, &st, "/fsdp.v1.Node/GetRankLogs", &req.base, 15), 0, "%s", err_msg());
+  cr_assert_eq(rpc_stream_next(st, &fsdp__v1__log_chunk__descriptor, &m), 1, "%s", err_msg());
+  protobuf_c_message_free_unpacked(m, NULL);
+
   const double t0 = tu_now_s();
   queue_kill("j-2", 1000);
   cr_assert(wait_for(two_exits, 1.0 + 1.0 + 1.0), "the exits were not reported within grace + 2 s:\n%s",
             slurp(fsdpd_log));
+  int rc, chunks = 0;
+  while ((rc = rpc_stream_next(st, &fsdp__v1__log_chunk__descriptor, &m)) == 1) {
+    chunks++;
+    protobuf_c_message_free_unpacked(m, NULL);
+  }
+  cr_expect_eq(rc, 0, "the follow stream ends OK once the rank has exited: %s", err_msg());
+  cr_expect_lt(tu_now_s() - t0, 5.0, "and soon after");
+  cr_expect_gt(chunks, 0, "lines written while following arrived");
+  rpc_stream_close(st);
+  rpc_client_destroy(c);
   pthread_mutex_lock(&F.mu);
   for (int i = 0; i < 2; i++) {
     exit_rec_t *e = &F.exits[i];
