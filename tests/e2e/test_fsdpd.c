@@ -348,6 +348,57 @@ static void fake_stop(void) {
   F.ready = 0;
 }
 
+/* ---- processes, from /proc ---------------------------------------------------------- */
+
+/* Calls fn for every process (its pid, state, parent and group); returns
+ * how many calls returned non-zero. */
+static int proc_each(int (*fn)(int pid, char st, int ppid, int pgrp, void *arg), void *arg) {
+  int n = 0;
+  DIR *d = opendir("/proc");
+  for (struct dirent *e; d && (e = readdir(d));) {
+    char path[300], buf[512];
+    snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+    FILE *f = fopen(path, "r");
+    if (!f) continue;
+    size_t len = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[len] = 0;
+    /* "pid (comm) state ppid pgrp ...": comm may hold anything; parse after the last ')' */
+    char *rp = strrchr(buf, ')'), st;
+    int ppid, pgrp;
+    if (rp && sscanf(rp + 1, " %c %d %d", &st, &ppid, &pgrp) == 3)
+      n += fn(atoi(e->d_name), st, ppid, pgrp, arg) != 0;
+  }
+  if (d) closedir(d);
+  return n;
+}
+
+/* SIGKILLs a child of ours (fsdpd, or a rank reparented to this subreaper). */
+static int kill_child(int pid, char st, int ppid, int pgrp, void *arg) {
+  (void)st, (void)pgrp, (void)arg;
+  return ppid == getpid() && kill(pid, SIGKILL) == 0;
+}
+
+typedef struct pids {
+  int ppid, n, pid[2];
+} pids_t;
+
+static int note_child(int pid, char st, int ppid, int pgrp, void *arg) {
+  pids_t *p = arg;
+  (void)pgrp;
+  if (ppid != p->ppid || st == 'Z' || p->n == 2) return 0;
+  p->pid[p->n++] = pid;
+  return 1;
+}
+
+static int in_group(int pid, char st, int ppid, int pgrp, void *arg) {
+  (void)pid, (void)st, (void)ppid;
+  return pgrp == *(int *)arg;
+}
+
+/* 1 when any process (zombies included) is in process group pgid. */
+static int group_alive(int pgid) { return proc_each(in_group, &pgid) > 0; }
+
 /* ---- fsdpd, the process -------------------------------------------------------------- */
 
 /* Runs bin/fsdpd with args (NULL-terminated, after --coordinator), its
@@ -439,34 +490,29 @@ static void teardown(void) {
     waitpid(fsdpd_pid, NULL, 0);
     fsdpd_pid = 0;
   }
-  for (int round = 0; round < 100; round++) {
-    int left = 0;
-    DIR *d = opendir("/proc");
-    for (struct dirent *e; d && (e = readdir(d));) {
-      char path[300], buf[512];
-      snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
-      FILE *f = fopen(path, "r");
-      if (!f) continue;
-      size_t n = fread(buf, 1, sizeof buf - 1, f);
-      fclose(f);
-      buf[n] = 0;
-      char *rp = strrchr(buf, ')'), st;
-      int ppid;
-      if (rp && sscanf(rp + 1, " %c %d", &st, &ppid) == 2 && ppid == getpid()) {
-        kill(atoi(e->d_name), SIGKILL);
-        left++;
-      }
-    }
-    if (d) closedir(d);
+  for (int round = 0; round < 100 && proc_each(kill_child, NULL); round++) {
     while (waitpid(-1, NULL, WNOHANG) > 0) {
     }
-    if (!left) break;
     usleep(10000);
+  }
+  while (waitpid(-1, NULL, WNOHANG) > 0) {
   }
   fake_stop();
 }
 
 /* ---- jobs ---------------------------------------------------------------------------- */
+
+/* The reply the next heartbeat gets (replacing one not sent yet). */
+static void queue_reply(const Fsdp__V1__HeartbeatReply *rep) {
+  size_t n = fsdp__v1__heartbeat_reply__get_packed_size(rep);
+  uint8_t *b = malloc(n);
+  fsdp__v1__heartbeat_reply__pack(rep, b);
+  pthread_mutex_lock(&F.mu);
+  free(F.queued);
+  F.queued = b;
+  F.queued_len = n;
+  pthread_mutex_unlock(&F.mu);
+}
 
 /* Queues a heartbeat reply with one assignment per rank (rank r on device r). */
 static void queue_job(const char *job, int world, int steps) {
@@ -504,14 +550,7 @@ static void queue_job(const char *job, int world, int steps) {
   Fsdp__V1__HeartbeatReply rep = FSDP__V1__HEARTBEAT_REPLY__INIT;
   rep.n_assignments = (size_t)world;
   rep.assignments = pa;
-  size_t n = fsdp__v1__heartbeat_reply__get_packed_size(&rep);
-  uint8_t *b = malloc(n);
-  fsdp__v1__heartbeat_reply__pack(&rep, b);
-  pthread_mutex_lock(&F.mu);
-  free(F.queued);
-  F.queued = b;
-  F.queued_len = n;
-  pthread_mutex_unlock(&F.mu);
+  queue_reply(&rep);
 }
 
 static void queue_kill(const char *job, uint32_t grace_ms) {
@@ -524,14 +563,7 @@ static void queue_kill(const char *job, uint32_t grace_ms) {
   Fsdp__V1__HeartbeatReply rep = FSDP__V1__HEARTBEAT_REPLY__INIT;
   rep.n_kills = 1;
   rep.kills = &pk;
-  size_t n = fsdp__v1__heartbeat_reply__get_packed_size(&rep);
-  uint8_t *b = malloc(n);
-  fsdp__v1__heartbeat_reply__pack(&rep, b);
-  pthread_mutex_lock(&F.mu);
-  free(F.queued);
-  F.queued = b;
-  F.queued_len = n;
-  pthread_mutex_unlock(&F.mu);
+  queue_reply(&rep);
 }
 
 static int two_exits(void) { return F.nexits >= 2; }
@@ -545,46 +577,6 @@ static int64_t max_step(const char *job, uint32_t r) {
 }
 
 static int training_j2(void) { return max_step("j-2", 0) >= 3 && max_step("j-2", 1) >= 3; }
-
-/* Pids of processes whose parent is ppid (at most n). */
-static int children_of(int ppid, int *pids, int n) {
-  int k = 0;
-  DIR *d = opendir("/proc");
-  for (struct dirent *e; d && (e = readdir(d)) && k < n;) {
-    char path[300], buf[512];
-    snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
-    FILE *f = fopen(path, "r");
-    if (!f) continue;
-    size_t len = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[len] = 0;
-    char *rp = strrchr(buf, ')'), st;
-    int pp;
-    if (rp && sscanf(rp + 1, " %c %d", &st, &pp) == 2 && pp == ppid && st != 'Z') pids[k++] = atoi(e->d_name);
-  }
-  if (d) closedir(d);
-  return k;
-}
-
-/* 1 when any process (zombies included) is in process group pgid. */
-static int group_alive(int pgid) {
-  DIR *d = opendir("/proc");
-  int found = 0;
-  for (struct dirent *e; d && (e = readdir(d)) && !found;) {
-    char path[300], buf[512];
-    snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
-    FILE *f = fopen(path, "r");
-    if (!f) continue;
-    size_t len = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[len] = 0;
-    char *rp = strrchr(buf, ')'), st;
-    int pp, pg;
-    if (rp && sscanf(rp + 1, " %c %d %d", &st, &pp, &pg) == 3 && pg == pgid) found = 1;
-  }
-  if (d) closedir(d);
-  return found;
-}
 
 static unsigned proc_uid(int pid) {
   char path[64], line[256];
@@ -605,7 +597,10 @@ static void start_long_job(int pids[2]) {
   queue_job("j-2", 2, 1000000);
   cr_assert(wait_for(training_j2, 20), "the ranks did not report 3 steps within 20 s:\n%s",
             slurp(fsdpd_log));
-  cr_assert_eq(children_of(fsdpd_pid, pids, 2), 2, "fsdpd should have two rank children");
+  pids_t p = {.ppid = fsdpd_pid};
+  proc_each(note_child, &p);
+  cr_assert_eq(p.n, 2, "fsdpd should have two rank children");
+  pids[0] = p.pid[0], pids[1] = p.pid[1];
 }
 
 /* ---- tests --------------------------------------------------------------------------- */
