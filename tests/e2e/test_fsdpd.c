@@ -15,7 +15,8 @@
  * addresses only from Rendezvous), GetRankLogs, a Kill mid-job (both ranks
  * gone within grace + 1 s, nothing of their groups left), the coordinator
  * going away and coming back (fsdpd re-registers with its ranks, which kept
- * running), a "../" job id refused before it reaches a path, SIGTERM to
+ * running), a "../" job id refused before it reaches a path, an ended
+ * attempt's rendezvous (ESTALE) given up without a report, SIGTERM to
  * fsdpd, and the root checks (no --run-as refused with exit 2; ranks run as
  * nobody). The test process is a child subreaper: whatever fsdpd leaves is
  * its to kill and reap in .fini, so no process outlives a test. */
@@ -848,4 +849,30 @@ Test(fsdpd, refuses_to_run_ranks_as_root, .timeout = 10) {
   cr_assert_eq(waitpid(pid, &status, 0), pid);
   cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 2, "--run-as root: status 0x%x", status);
   free(out);
+}
+
+static int j3_done(void) { return F.nexits >= 1 && !strcmp(F.exits[F.nexits - 1].job, "j-3"); }
+
+/* An ended attempt (ESTALE from Rendezvous) is given up without a report,
+ * and its device is free for the next job at once. */
+Test(fsdpd, a_stale_rendezvous_is_given_up_and_frees_the_device, .timeout = 20) {
+  fsdpd_start();
+  cr_assert(wait_for(registered, 10), "%s", slurp(fsdpd_log));
+  queue_job("stale-1", 1, 5);
+  double until = tu_now_s() + 5;
+  char *out = NULL;
+  while (tu_now_s() < until) {
+    free(out);
+    out = slurp(fsdpd_log);
+    if (strstr(out, "rendezvous refused")) break;
+    usleep(20000);
+  }
+  cr_assert(strstr(out, "rendezvous refused") && strstr(out, "given up"), "%s", out);
+  free(out);
+  queue_job("j-3", 1, 5);
+  cr_assert(wait_for(j3_done, 10), "j-3 did not run after the stale rank:\n%s", slurp(fsdpd_log));
+  pthread_mutex_lock(&F.mu);
+  cr_expect_eq(F.nexits, 1, "no exit is reported for the stale attempt's rank");
+  cr_expect_eq(F.exits[0].exit_status, 0, "%s", F.exits[0].message);
+  pthread_mutex_unlock(&F.mu);
 }
