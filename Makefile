@@ -51,7 +51,8 @@ DEMO_PKGS  = fortunes
 # for fsdpctl's --output json.
 CONTROL_PKGS = libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libsqlite3-dev libjansson-dev
 
-COMMON_SRCS = daemon/common/err.c daemon/common/log.c daemon/common/param.c daemon/common/mem.c
+COMMON_SRCS = daemon/common/err.c daemon/common/log.c daemon/common/param.c daemon/common/mem.c \
+              daemon/common/frame.c
 # kernels/cpu: backend.c once (it picks the level), the rest once per level,
 # in $(B)/kernels/cpu/<level>/ (kernels/cpu/cpu.h names their symbols apart).
 KERN_ISAS     = generic avx2 avx512
@@ -91,13 +92,13 @@ COORD_SRCS   = daemon/coordinator/store.c daemon/coordinator/sched.c
 COORD_OBJS   = $(COORD_SRCS:%.c=$(B)/%.o) $(COMMON_SRCS:%.c=$(B)/%.o)
 COORD_LDLIBS = -lsqlite3 -lpthread
 
-BINS  = bin/fsdp-train bin/fsdp-tokenize bin/fsdp-launch bin/fsdp-coordinator
+BINS  = bin/fsdp-train bin/fsdp-tokenize bin/fsdp-launch bin/fsdp-coordinator bin/fsdpd
 # Unit tests (tests/unit: a module through its API) and end-to-end tests
 # (tests/e2e: the programs run as processes); test_bins names their binaries
 # under a build directory.
-UNIT_TESTS = err param kernels isa device boot data gpt adamw config train sample shard plan comm fsdp \
-             reference supervise sched inventory job rpc store store_txn
-E2E_TESTS  = launch fault coordinator
+UNIT_TESTS = err frame param kernels isa device boot data gpt adamw config train sample shard plan comm \
+             fsdp reference supervise sched inventory job rpc store store_txn
+E2E_TESTS  = launch fault coordinator fsdpd
 test_bins  = $(UNIT_TESTS:%=$(1)/tests/test_%) $(E2E_TESTS:%=$(1)/e2e/test_%)
 TEST_BINS  = $(call test_bins,$(B))
 BENCH_BINS = $(B)/bench/bench_gemm $(B)/bench/bench_train $(B)/bench/bench_comm $(B)/bench/bench_fsdp \
@@ -147,9 +148,11 @@ $(LIB): $(LIB_SRCS:%.c=$(B)/%.o) $(KERN_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
 
-bin/fsdp-train: $(B)/daemon/train/main.o $(LIB)
+# report.o is the rank's report channel to fsdpd: the wire's messages and
+# protobuf-c, never gRPC (the RPC block below).
+bin/fsdp-train: $(B)/daemon/train/main.o $(B)/daemon/train/report.o $(B)/proto/fsdp.pb-c.o $(LIB)
 	@mkdir -p bin
-	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -lprotobuf-c
 
 bin/fsdp-tokenize: $(B)/daemon/train/tokenize.o $(LIB)
 	@mkdir -p bin
@@ -265,7 +268,8 @@ $(B)/proto/%.pb-c.o: $(B)/proto/%.pb-c.c
 	$(CC) $(CFLAGS) -c $< -o $@
 
 # generated headers first (after that, -MMD's dependency files track them)
-$(RPC_OBJS) $(PROTO_OBJS) $(B)/tests/unit/test_rpc.o $(B)/tests/fuzz/fuzz_rpc_requests.o: | $(PROTO_HDRS)
+$(RPC_OBJS) $(PROTO_OBJS) $(B)/tests/unit/test_rpc.o $(B)/tests/fuzz/fuzz_rpc_requests.o \
+  $(B)/daemon/train/report.o: | $(PROTO_HDRS)
 
 $(RPC_LIB): $(RPC_OBJS) $(PROTO_OBJS)
 	@rm -f $@
@@ -331,6 +335,27 @@ $(B)/e2e/test_fsdpctl: $(B)/tests/e2e/test_fsdpctl.o $(TESTUTIL) $(RPC_LIB) $(CL
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(RPC_LDLIBS) -ljansson -lm -lpthread -lcriterion
 # ---- end of the fsdpctl block -----------------------------------------------
+
+# ---- fsdpd, the node daemon (daemon/node) ------------------------------------
+# It speaks the wire (RPC_LIB) and supervises ranks with supervise.c, the code
+# fsdp-launch uses; it links daemon/common and nothing of the engine (no
+# kern_, fsdp_, gpt_ symbols: the rule checks with nm).
+FSDPD_SRCS = daemon/node/fsdpd.c daemon/node/agent.c daemon/node/ranks.c daemon/node/logs.c \
+             daemon/node/workdir.c daemon/node/supervise.c daemon/node/inventory.c
+FSDPD_OBJS = $(FSDPD_SRCS:%.c=$(B)/%.o)
+$(FSDPD_OBJS) $(B)/tests/e2e/test_fsdpd.o: | $(PROTO_HDRS)
+bin/fsdpd: $(FSDPD_OBJS) $(RPC_LIB) $(COMMON_SRCS:%.c=$(B)/%.o)
+	@mkdir -p bin
+	$(CC) $(EXTRA_LDFLAGS) $^ -o $@ $(RPC_LDLIBS) -ldl -lm -lpthread
+	@! nm $@ | grep -E ' [TtDdBb] (kern_|fsdp_[a-z]|gpt_|train_|comm_)' \
+	  || { echo "bin/fsdpd links engine code (above)"; rm -f $@; exit 1; }
+
+# The test runs a fake coordinator (RPC_LIB) and starts bin/fsdpd and, through
+# it, bin/fsdp-train; it links the engine only for tu_token_file.
+$(B)/e2e/test_fsdpd: $(B)/tests/e2e/test_fsdpd.o $(TESTUTIL) $(TESTUTIL_TRAIN) $(RPC_LIB) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(RPC_LDLIBS) $(LDLIBS) -lcriterion
+# ---- end of the fsdpd block --------------------------------------------------
 
 fuzz: fuzz-build
 	@for t in $(FUZZ); do mkdir -p build-fuzz/corpus/$$t; \

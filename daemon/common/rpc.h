@@ -115,6 +115,10 @@ int rpc_call_send(rpc_call_t *call, const ProtobufCMessage *msg);
 /* Ends the call: OK when rc is 0, else rc's status with err_msg() as the
  * details. After queued messages. The call is done. */
 int rpc_call_finish(rpc_call_t *call, int rc);
+/* Streaming: messages queued and not yet handed to gRPC (the one in flight
+ * included). A streamer that produces faster than its client reads (a log
+ * file) waits for this to fall before sending more, so memory stays bounded. */
+int rpc_call_backlog(const rpc_call_t *call);
 /* See the top of this file. */
 void rpc_call_on_cancel(rpc_call_t *call, rpc_cancel_cb cb, void *arg);
 /* The method's path ("/fsdp.v1.Coordinator/GetJob"), for messages. */

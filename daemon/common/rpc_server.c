@@ -472,6 +472,12 @@ int rpc_call_reply(rpc_call_t *c, const ProtobufCMessage *reply) {
   return rpc_call_finish(c, 0);
 }
 
+int rpc_call_backlog(const rpc_call_t *c) {
+  int n = c->send_pending;
+  for (const rpc_out_t *o = c->out; o; o = o->next) n++;
+  return n;
+}
+
 void rpc_call_on_cancel(rpc_call_t *c, rpc_cancel_cb cb, void *arg) {
   c->cancel_cb = cb;
   c->cancel_arg = arg;

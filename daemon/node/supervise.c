@@ -231,6 +231,7 @@ int supervise_spawn(supervise_t *s, const supervise_child_opts_t *o, int *pid) {
       .file = o->argv[0],
       .args = (char **)o->argv,
       .env = env, /* NULL: ours */
+      .cwd = o->cwd,
       /* its own session: its group can be signalled whole */
       .flags = UV_PROCESS_DETACHED | (o->as_user ? UV_PROCESS_SETUID | UV_PROCESS_SETGID : 0),
       .uid = o->uid,

@@ -61,6 +61,8 @@ typedef struct supervise_child_opts {
   const char *prefix;        /* put before every relayed line (copied), e.g. "[rank 3] " */
   FILE *out, *err;           /* where this child's lines go (NULL: the set's), e.g. the
                                 rank's log file; the caller closes them after its exit_cb */
+  const char *cwd;           /* its working directory (NULL: ours), entered before it drops
+                                to uid/gid: fsdpd gives a rank its attempt's directory */
   int as_user;               /* 1: run it as uid/gid, supplementary groups dropped, so a daemon
                                 started as root runs ranks unprivileged; 0: as we run */
   unsigned uid, gid;

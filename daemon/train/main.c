@@ -4,7 +4,8 @@
  *
  *   fsdp-train [--config JOB.conf] [--KEY VALUE]...
  *
- * Flags override the job file whatever their order. Exit status: 0 done,
+ * Started by fsdpd, it also reports every step to it (FSDP_REPORT_FD,
+ * report.h). Flags override the job file whatever their order. Exit status: 0 done,
  * 1 the run failed, 2 bad usage or a bad option (the message names it). */
 #include <getopt.h>
 #include <math.h>
@@ -15,6 +16,7 @@
 #include "daemon/common/err.h"
 #include "daemon/common/param.h"
 #include "daemon/job/config.h"
+#include "report.h"
 #include "train.h"
 
 enum { OPT_HELP = 1, OPT_CONFIG, OPT_PRINT, OPT_PARAMS, OPT_KEY0 = 1000 };
@@ -100,8 +102,14 @@ int main(int argc, char **argv) {
     config_write(&c, stdout);
     return 0;
   }
+  report_t *rep; /* the node daemon's report channel, when it started us */
+  if (report_open_from_env(&rep)) {
+    fprintf(stderr, "fsdp-train: %s\n", err_msg());
+    return 2;
+  }
   train_result_t res;
-  rc = train_run(&c, stdout, &res);
+  rc = train_run_with(&c, stdout, rep ? report_metrics : NULL, rep, &res);
+  report_close(rep);
   if (rc) {
     fprintf(stderr, "fsdp-train: %s (%s)\n", err_msg(), err_name(rc));
     return 1;

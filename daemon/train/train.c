@@ -367,17 +367,36 @@ static void train_print_metrics(void *ctx, const train_metrics_t *m) {
   fflush(out);
 }
 
-int train_run(const config_t *c, FILE *progress, train_result_t *res) {
+/* The progress lines (rank 0) and the caller's consumer (every rank). */
+typedef struct train_consumers {
+  FILE *progress;
+  train_metrics_cb metrics;
+  void *ctx;
+} train_consumers_t;
+
+static void train_consume(void *ctx, const train_metrics_t *m) {
+  const train_consumers_t *k = ctx;
+  if (k->progress) train_print_metrics(k->progress, m);
+  if (k->metrics) k->metrics(k->ctx, m);
+}
+
+int train_run_with(const config_t *c, FILE *progress, train_metrics_cb metrics, void *ctx,
+                   train_result_t *res) {
   train_t *t;
   memset(res, 0, sizeof *res);
   res->eval_loss = NAN;
-  train_opts_t o = {progress, NULL, progress};
+  train_consumers_t k = {NULL, metrics, ctx};
+  train_opts_t o = {progress, train_consume, &k};
   int rc = train_open(&t, c, &o);
   if (rc) return rc;
-  if (t->opts.out) t->opts.metrics = train_print_metrics; /* rank 0 speaks for the job */
+  k.progress = t->opts.out; /* rank 0 speaks for the job */
   while (!rc && !train_done(t)) rc = train_step(t);
   if (!rc) rc = train_finish(t);
   train_result(t, res);
   train_close(t);
   return rc;
+}
+
+int train_run(const config_t *c, FILE *progress, train_result_t *res) {
+  return train_run_with(c, progress, NULL, NULL, res);
 }

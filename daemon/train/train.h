@@ -96,5 +96,10 @@ void train_close(train_t *t);
  * step (every FSDP_PROGRESS_EVERY steps) and the memory of the step printed
  * to progress by rank 0 (NULL: silent). */
 int train_run(const config_t *c, FILE *progress, train_result_t *res);
+/* train_run with one more consumer of the metrics, called on every rank after
+ * every step, after the progress line (fsdp-train's report channel to its
+ * node daemon, report.h); NULL: none. */
+int train_run_with(const config_t *c, FILE *progress, train_metrics_cb metrics, void *ctx,
+                   train_result_t *res);
 
 #endif

@@ -1,0 +1,278 @@
+/* agent: the coordinator session (see agent.h). */
+#include "daemon/node/agent.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "daemon/common/err.h"
+#include "daemon/common/log.h"
+
+#define AGENT_BACKOFF_MIN_MS 50
+#define AGENT_BACKOFF_MAX_MS 1000 /* the contract: a restarted coordinator is seen within 1 s */
+#define AGENT_CALL_S 5.0          /* RegisterNode's deadline, and the heartbeat's beyond its hold */
+
+/* A message for the loop. */
+typedef struct agent_msg {
+  int kind; /* 0: registered (text = node id), 1: a heartbeat reply (packed) */
+  uint8_t *data;
+  size_t len;
+  struct agent_msg *next;
+} agent_msg_t;
+
+struct agent {
+  agent_opts_t o;
+  uv_async_t async;
+  pthread_t thread;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int stop, ended;
+  uint8_t *state; /* the latest published HeartbeatRequest */
+  size_t state_len;
+  agent_msg_t *head, *tail;
+};
+
+static double agent_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Sleeps ms unless asked to stop; 1 when asked. */
+static int agent_sleep(agent_t *a, int ms) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  ts.tv_sec += ms / 1000;
+  ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+  if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+  pthread_mutex_lock(&a->mu);
+  while (!a->stop && pthread_cond_timedwait(&a->cv, &a->mu, &ts) != ETIMEDOUT) {
+  }
+  int stop = a->stop;
+  pthread_mutex_unlock(&a->mu);
+  return stop;
+}
+
+static int agent_stopping(agent_t *a) {
+  pthread_mutex_lock(&a->mu);
+  int s = a->stop;
+  pthread_mutex_unlock(&a->mu);
+  return s;
+}
+
+/* The latest published state, unpacked (NULL when nothing was published). */
+static Fsdp__V1__HeartbeatRequest *agent_state(agent_t *a) {
+  pthread_mutex_lock(&a->mu);
+  Fsdp__V1__HeartbeatRequest *hb =
+      a->state ? fsdp__v1__heartbeat_request__unpack(NULL, a->state_len, a->state) : NULL;
+  pthread_mutex_unlock(&a->mu);
+  return hb;
+}
+
+static void agent_post(agent_t *a, int kind, const ProtobufCMessage *m, const char *text) {
+  agent_msg_t *msg = calloc(1, sizeof *msg);
+  size_t len = m ? protobuf_c_message_get_packed_size(m) : strlen(text) + 1;
+  if (!msg || !(msg->data = malloc(len ? len : 1))) {
+    free(msg);
+    LOG_ERROR("fsdpd", "out of memory for a message from the coordinator: dropped");
+    return;
+  }
+  msg->kind = kind;
+  msg->len = len;
+  if (m) protobuf_c_message_pack(m, msg->data);
+  else memcpy(msg->data, text, len);
+  pthread_mutex_lock(&a->mu);
+  if (a->tail) a->tail->next = msg;
+  else a->head = msg;
+  a->tail = msg;
+  pthread_mutex_unlock(&a->mu);
+  uv_async_send(&a->async);
+}
+
+/* On the loop: every queued message, in order (wake-ups coalesce). */
+static void agent_async_cb(uv_async_t *h) {
+  agent_t *a = h->data;
+  pthread_mutex_lock(&a->mu);
+  agent_msg_t *m = a->head;
+  a->head = a->tail = NULL;
+  pthread_mutex_unlock(&a->mu);
+  while (m) {
+    agent_msg_t *next = m->next;
+    if (m->kind == 0) {
+      if (a->o.registered_cb) a->o.registered_cb(a->o.arg, (const char *)m->data);
+    } else {
+      Fsdp__V1__HeartbeatReply *rep = fsdp__v1__heartbeat_reply__unpack(NULL, m->len, m->data);
+      if (rep && a->o.reply_cb) a->o.reply_cb(a->o.arg, rep);
+      if (rep) fsdp__v1__heartbeat_reply__free_unpacked(rep, NULL);
+    }
+    free(m->data);
+    free(m);
+    m = next;
+  }
+}
+
+/* The session: register, then one heartbeat in flight at a time. */
+static void *agent_main(void *arg) {
+  agent_t *a = arg;
+  char node_id[256] = "";
+  uint64_t session = 0;
+  uint32_t interval_ms = 1000;
+  int registered = 0, backoff = AGENT_BACKOFF_MIN_MS, lost = 0;
+  while (!agent_stopping(a)) {
+    Fsdp__V1__HeartbeatRequest *st = agent_state(a);
+    int rc;
+    const char *what;
+    double t0 = agent_now();
+    int quiet = 0; /* an empty heartbeat reply */
+    if (!registered) {
+      what = "RegisterNode";
+      Fsdp__V1__RegisterNodeRequest req = FSDP__V1__REGISTER_NODE_REQUEST__INIT;
+      req.hostname = (char *)a->o.hostname;
+      req.address = (char *)a->o.address;
+      req.version = (char *)a->o.version;
+      req.node_id = node_id;
+      if (st) {
+        req.n_devices = st->n_devices, req.devices = st->devices;
+        req.n_ranks = st->n_ranks, req.ranks = st->ranks;
+      }
+      Fsdp__V1__RegisterNodeReply *rep = NULL;
+      rc = rpc_client_call(a->o.client, "/fsdp.v1.Coordinator/RegisterNode", &req.base,
+                           &fsdp__v1__register_node_reply__descriptor, (ProtobufCMessage **)&rep,
+                           AGENT_CALL_S);
+      if (!rc) {
+        snprintf(node_id, sizeof node_id, "%s", rep->node_id);
+        session = rep->session;
+        if (rep->heartbeat_interval_ms) interval_ms = rep->heartbeat_interval_ms;
+        registered = 1;
+        LOG_INFO("fsdpd", "registered as node %s (session %llu, heartbeat every %u ms, %zu rank(s) "
+                 "running)", node_id, (unsigned long long)session, interval_ms,
+                 st ? st->n_ranks : 0);
+        agent_post(a, 0, NULL, node_id);
+        protobuf_c_message_free_unpacked(&rep->base, NULL);
+      }
+    } else {
+      what = "Heartbeat";
+      Fsdp__V1__HeartbeatRequest empty = FSDP__V1__HEARTBEAT_REQUEST__INIT;
+      Fsdp__V1__HeartbeatRequest *req = st ? st : &empty;
+      char *their_id = req->node_id; /* put back before st is freed */
+      req->node_id = node_id;
+      req->session = session;
+      Fsdp__V1__HeartbeatReply *rep = NULL;
+      rc = rpc_client_call(a->o.client, "/fsdp.v1.Coordinator/Heartbeat", &req->base,
+                           &fsdp__v1__heartbeat_reply__descriptor, (ProtobufCMessage **)&rep,
+                           interval_ms / 1000.0 + AGENT_CALL_S);
+      req->node_id = their_id;
+      if (!rc) {
+        if (rep->heartbeat_interval_ms) interval_ms = rep->heartbeat_interval_ms;
+        if (rep->reregister) {
+          LOG_INFO("fsdpd", "the coordinator does not know node %s's session %llu (it restarted, or "
+                   "declared the node dead): registering again", node_id,
+                   (unsigned long long)session);
+          registered = 0;
+        } else if (rep->n_assignments || rep->n_kills) {
+          agent_post(a, 1, &rep->base, NULL);
+        } else {
+          quiet = 1;
+        }
+        protobuf_c_message_free_unpacked(&rep->base, NULL);
+      }
+    }
+    if (st) fsdp__v1__heartbeat_request__free_unpacked(st, NULL);
+    if (rc) {
+      /* one line when the coordinator goes, one when it is back: not one per retry */
+      if (!lost) LOG_WARN("fsdpd", "%s: %s; retrying every %d ms at most, ranks keep running", what,
+                          err_msg(), AGENT_BACKOFF_MAX_MS);
+      lost = 1;
+      if (agent_sleep(a, backoff)) break;
+      backoff = backoff * 2 > AGENT_BACKOFF_MAX_MS ? AGENT_BACKOFF_MAX_MS : backoff * 2;
+      continue;
+    }
+    if (lost) LOG_INFO("fsdpd", "the coordinator answers again (%s)", what);
+    lost = 0;
+    backoff = AGENT_BACKOFF_MIN_MS;
+    /* a coordinator should hold an empty heartbeat for its interval; one that
+     * answers at once must not make this a busy loop */
+    double spent_ms = 1e3 * (agent_now() - t0);
+    if (quiet && spent_ms < 10 && agent_sleep(a, 10)) break;
+  }
+  pthread_mutex_lock(&a->mu);
+  a->ended = 1;
+  pthread_cond_broadcast(&a->cv);
+  pthread_mutex_unlock(&a->mu);
+  return NULL;
+}
+
+int agent_start(agent_t **out, const agent_opts_t *o) {
+  agent_t *a = calloc(1, sizeof *a);
+  if (!a) return err_set(FSDP_ENOMEM, "fsdpd: out of memory for the coordinator session");
+  a->o = *o;
+  a->o.state = NULL;
+  if (o->state && !(a->state = malloc(o->state_len ? o->state_len : 1))) {
+    free(a);
+    return err_set(FSDP_ENOMEM, "fsdpd: out of memory for the node's state");
+  }
+  if (o->state) memcpy(a->state, o->state, a->state_len = o->state_len);
+  pthread_mutex_init(&a->mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_cond_init(&a->cv, &ca); /* CLOCK_REALTIME: agent_sleep's deadlines */
+  pthread_condattr_destroy(&ca);
+  uv_async_init(o->loop, &a->async, agent_async_cb);
+  a->async.data = a;
+  uv_unref((uv_handle_t *)&a->async); /* the session does not keep the loop alive: fsdpd's handles do */
+  if (pthread_create(&a->thread, NULL, agent_main, a)) {
+    uv_close((uv_handle_t *)&a->async, NULL);
+    return err_set(FSDP_EINTERNAL, "fsdpd: cannot start the coordinator session's thread");
+  }
+  *out = a;
+  return FSDP_OK;
+}
+
+int agent_publish(agent_t *a, const uint8_t *state, size_t len) {
+  uint8_t *copy = malloc(len ? len : 1);
+  if (!copy) return err_set(FSDP_ENOMEM, "fsdpd: out of memory for the node's state");
+  memcpy(copy, state, len);
+  pthread_mutex_lock(&a->mu);
+  free(a->state);
+  a->state = copy;
+  a->state_len = len;
+  pthread_mutex_unlock(&a->mu);
+  return FSDP_OK;
+}
+
+int agent_stop(agent_t *a, double wait_s) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  long ns = ts.tv_nsec + (long)((wait_s - (long)wait_s) * 1e9);
+  ts.tv_sec += (time_t)wait_s + ns / 1000000000L;
+  ts.tv_nsec = ns % 1000000000L;
+  pthread_mutex_lock(&a->mu);
+  a->stop = 1;
+  pthread_cond_broadcast(&a->cv);
+  while (!a->ended && pthread_cond_timedwait(&a->cv, &a->mu, &ts) != ETIMEDOUT) {
+  }
+  int ended = a->ended;
+  pthread_mutex_unlock(&a->mu);
+  if (ended) pthread_join(a->thread, NULL);
+  return ended;
+}
+
+static void agent_closed_cb(uv_handle_t *h) {
+  agent_t *a = h->data;
+  while (a->head) {
+    agent_msg_t *m = a->head;
+    a->head = m->next;
+    free(m->data);
+    free(m);
+  }
+  free(a->state);
+  pthread_mutex_destroy(&a->mu);
+  pthread_cond_destroy(&a->cv);
+  free(a);
+}
+
+void agent_destroy(agent_t *a) {
+  if (a) uv_close((uv_handle_t *)&a->async, agent_closed_cb);
+}

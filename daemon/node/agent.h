@@ -1,0 +1,56 @@
+/* agent: fsdpd's session with the coordinator, on a thread of its own.
+ *
+ * The thread registers the node (RegisterNode), then keeps exactly one
+ * Heartbeat call in flight: the coordinator holds it until it has
+ * assignments or kills for the node, or for heartbeat_interval_ms (the
+ * call's deadline is that + 5 s). A reply with assignments or kills is
+ * handed to the loop; one saying `reregister` makes the thread register
+ * again, with the node id it had and the ranks it still runs. A coordinator
+ * that is down or slow (UNAVAILABLE, DEADLINE_EXCEEDED, anything else) is
+ * retried with a backoff of at most 1 s, and nothing is stopped meanwhile:
+ * ranks outlive a coordinator restart.
+ *
+ * Threading: the thread owns nothing of the loop's. What it sends (devices
+ * and rank statuses) is a packed HeartbeatRequest the loop publishes with
+ * agent_publish (a mutex guards the bytes); what it receives goes to the
+ * loop through a mutex-protected queue and a uv_async, and the callbacks run
+ * on the loop's thread. Blocking calls never run on the loop. */
+#ifndef FSDP_AGENT_H
+#define FSDP_AGENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "daemon/common/rpc.h"
+#include "proto/fsdp.pb-c.h"
+
+typedef struct agent agent_t;
+
+typedef struct agent_opts {
+  uv_loop_t *loop;
+  rpc_client_t *client;          /* shared: rpc clients may be used from any thread */
+  const char *hostname, *address, *version;
+  /* the node's state for the first registration (see agent_publish); copied */
+  const uint8_t *state;
+  size_t state_len;
+  /* on the loop: the node is registered as node_id (again, after a lost session) */
+  void (*registered_cb)(void *arg, const char *node_id);
+  /* on the loop: a heartbeat's reply with assignments or kills (owned by the agent) */
+  void (*reply_cb)(void *arg, const Fsdp__V1__HeartbeatReply *rep);
+  void *arg;
+} agent_opts_t;
+
+int agent_start(agent_t **out, const agent_opts_t *o);
+/* The node's state for the next RegisterNode or Heartbeat: a packed
+ * HeartbeatRequest with devices and ranks (the agent adds node id and
+ * session). Copied. */
+int agent_publish(agent_t *a, const uint8_t *state, size_t len);
+/* Asks the thread to end and waits up to wait_s for it: 1 when it ended (then
+ * agent_destroy frees everything), 0 when it is still inside a call (the
+ * caller then leaves it to process exit; see fsdpd.c). */
+int agent_stop(agent_t *a, double wait_s);
+/* After agent_stop returned 1; closes the async handle on the loop. */
+void agent_destroy(agent_t *a);
+
+#endif

@@ -1,0 +1,360 @@
+/* fsdpd: the node daemon. One per node: it owns the node's devices,
+ * registers them with the coordinator, keeps a heartbeat in flight, runs
+ * the ranks it is assigned and serves their logs (the Node service).
+ *
+ *   fsdpd --coordinator ADDR [--devices SPEC] [--run-as USER] [...]   (--help)
+ *
+ * Threads: the main thread runs the libuv loop, which owns all state (the
+ * ranks and their processes, report channels, the Node service's calls,
+ * timers, signals). The coordinator session (agent.c) blocks in its calls
+ * on a thread of its own and hands replies to the loop; Rendezvous and
+ * ReportRankExit calls run on libuv's thread pool, one call per work item
+ * (ranks.c); the RPC server has its completion-queue thread (rpc.h). A
+ * publish timer (PUBLISH_MS) packs the node's state for the next heartbeat
+ * when it changed.
+ *
+ * SIGTERM or SIGINT: every rank is stopped (SIGTERM, SIGKILL after the
+ * grace), their exits are reported (until grace + 3 s), and fsdpd exits 0.
+ * Exit status: 0 after a signal, 1 when it cannot start, 2 on bad usage. */
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <pwd.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "daemon/common/err.h"
+#include "daemon/common/log.h"
+#include "daemon/common/rpc.h"
+#include "daemon/node/agent.h"
+#include "daemon/node/inventory.h"
+#include "daemon/node/logs.h"
+#include "daemon/node/ranks.h"
+#include "daemon/node/workdir.h"
+
+#define FSDPD_VERSION "0.1.0"
+#define PUBLISH_MS 100         /* the heartbeat's data is at most this old */
+#define SHUTDOWN_POLL_MS 50
+#define SHUTDOWN_REPORTS_S 3.0 /* beyond the grace: time left to report the exits */
+
+typedef struct fsdpd {
+  /* options */
+  const char *coordinator, *devices, *name, *listen, *rank_host, *work_dir, *run_as;
+  const char *token_file, *user_token_file, *node_token_file, *tls_ca, *tls_cert, *tls_key;
+  const char *rank_program;
+  double grace_s;
+  /* state */
+  uv_loop_t loop;
+  inventory_t inv;
+  rpc_client_t *client;
+  rpc_server_t *server;
+  ranks_t *ranks;
+  logs_t *logs;
+  agent_t *agent;
+  uv_signal_t sigint, sigterm;
+  uv_timer_t publish, shutdown;
+  uint64_t shutdown_deadline;
+  int stopping;
+  char address[300], hostname[256], workdir_buf[PATH_MAX], program_buf[PATH_MAX];
+} fsdpd_t;
+
+static void usage(FILE *f) {
+  fprintf(f,
+    "usage: fsdpd --coordinator ADDR [options]\n"
+    "The node daemon: registers this node's devices with the coordinator, runs the ranks\n"
+    "it is assigned (one process per device) and serves their logs.\n"
+    "  --coordinator ADDR    the coordinator (host:port; default $FSDP_COORDINATOR)\n"
+    "  --devices SPEC        cpu:N, cuda, cuda:0,1 or auto (default auto)\n"
+    "  --name NAME           the node's host name as registered (default: hostname)\n"
+    "  --listen ADDR         the Node service (rank logs; default 127.0.0.1:0, the bound\n"
+    "                        address is registered)\n"
+    "  --rank-host HOST      IPv4 address ranks listen on for their ring (default 127.0.0.1)\n"
+    "  --work-dir DIR        job files and rank logs (default /var/lib/fsdpd as root, else\n"
+    "                        $XDG_STATE_HOME/fsdpd or ~/.local/state/fsdpd)\n"
+    "  --run-as USER         the user ranks run as; required when fsdpd runs as root\n"
+    "  --token-file FILE     the node token sent to the coordinator\n"
+    "  --user-token-file FILE, --node-token-file FILE\n"
+    "                        tokens the Node service accepts (both or neither)\n"
+    "  --tls-ca FILE         check the coordinator's certificate against this CA\n"
+    "  --tls-cert FILE, --tls-key FILE\n"
+    "                        serve the Node service over TLS\n"
+    "  --rank-program PATH   what a rank runs (default: fsdp-train beside fsdpd)\n"
+    "  --grace SECONDS       SIGTERM -> SIGKILL for ranks (default 10)\n");
+}
+
+/* ---- the loop's callbacks --------------------------------------------------------- */
+
+static void fsdpd_publish(fsdpd_t *D) {
+  uint8_t *buf;
+  size_t len;
+  if (ranks_pack(D->ranks, &buf, &len)) {
+    LOG_ERROR("fsdpd", "%s", err_msg());
+    return;
+  }
+  if (agent_publish(D->agent, buf, len)) LOG_ERROR("fsdpd", "%s", err_msg());
+  free(buf);
+}
+
+static void fsdpd_publish_cb(uv_timer_t *t) {
+  fsdpd_t *D = t->data;
+  if (ranks_dirty(D->ranks)) fsdpd_publish(D);
+}
+
+static void fsdpd_registered_cb(void *arg, const char *node_id) {
+  fsdpd_t *D = arg;
+  ranks_set_node_id(D->ranks, node_id);
+}
+
+static void fsdpd_reply_cb(void *arg, const Fsdp__V1__HeartbeatReply *rep) {
+  fsdpd_t *D = arg;
+  for (size_t i = 0; i < rep->n_kills; i++) ranks_kill(D->ranks, rep->kills[i]);
+  for (size_t i = 0; i < rep->n_assignments; i++) ranks_assign(D->ranks, rep->assignments[i]);
+  fsdpd_publish(D); /* the coordinator sees the new ranks in the very next heartbeat */
+}
+
+static void fsdpd_close_all(fsdpd_t *D) {
+  uv_close((uv_handle_t *)&D->sigint, NULL);
+  uv_close((uv_handle_t *)&D->sigterm, NULL);
+  uv_close((uv_handle_t *)&D->publish, NULL);
+  uv_close((uv_handle_t *)&D->shutdown, NULL);
+  if (D->server) rpc_server_destroy(D->server), D->server = NULL; /* ends the log streams */
+  ranks_destroy(D->ranks);
+  D->ranks = NULL;
+}
+
+static void fsdpd_shutdown_cb(uv_timer_t *t) {
+  fsdpd_t *D = t->data;
+  if (!ranks_idle(D->ranks) && uv_now(&D->loop) < D->shutdown_deadline) return;
+  uv_timer_stop(t);
+  fsdpd_close_all(D); /* the loop ends once the handles are closed and the work is back */
+}
+
+static void fsdpd_signal_cb(uv_signal_t *h, int sig) {
+  fsdpd_t *D = h->data;
+  if (D->stopping) {
+    LOG_WARN("fsdpd", "got %s again: already stopping", strsignal(sig));
+    return;
+  }
+  D->stopping = 1;
+  LOG_INFO("fsdpd", "got %s: stopping every rank (SIGTERM, SIGKILL after %.1f s), then exiting",
+           strsignal(sig), D->grace_s);
+  uint64_t now = uv_now(&D->loop);
+  D->shutdown_deadline = now + (uint64_t)((D->grace_s + SHUTDOWN_REPORTS_S) * 1000.0);
+  ranks_stop_all(D->ranks, D->grace_s, D->shutdown_deadline);
+  uv_timer_start(&D->shutdown, fsdpd_shutdown_cb, 0, SHUTDOWN_POLL_MS);
+}
+
+/* ---- options -------------------------------------------------------------------- */
+
+static int bad(const char *opt, const char *fmt, const char *val) {
+  fprintf(stderr, "fsdpd: %s: ", opt);
+  fprintf(stderr, fmt, val);
+  fprintf(stderr, " (fsdpd --help)\n");
+  return 2;
+}
+
+/* The default work dir (see usage). */
+static int fsdpd_default_workdir(fsdpd_t *D) {
+  const char *xdg = getenv("XDG_STATE_HOME"), *home = getenv("HOME");
+  int n;
+  if (geteuid() == 0) n = snprintf(D->workdir_buf, sizeof D->workdir_buf, "/var/lib/fsdpd");
+  else if (xdg && *xdg) n = snprintf(D->workdir_buf, sizeof D->workdir_buf, "%s/fsdpd", xdg);
+  else if (home && *home) n = snprintf(D->workdir_buf, sizeof D->workdir_buf, "%s/.local/state/fsdpd", home);
+  else return bad("--work-dir", "%s", "no default without HOME; give one");
+  if (n < 0 || (size_t)n >= sizeof D->workdir_buf) return bad("--work-dir", "%s", "default path too long");
+  D->work_dir = D->workdir_buf;
+  return 0;
+}
+
+/* fsdp-train beside our own binary. */
+static int fsdpd_default_program(fsdpd_t *D) {
+  char self[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) return bad("--rank-program", "%s", "cannot find fsdpd's own path; give one");
+  self[n] = 0;
+  char *slash = strrchr(self, '/');
+  *slash = 0;
+  if (snprintf(D->program_buf, sizeof D->program_buf, "%s/fsdp-train", self) >= (int)sizeof D->program_buf)
+    return bad("--rank-program", "%s", "default path too long");
+  D->rank_program = D->program_buf;
+  return 0;
+}
+
+static int fsdpd_options(fsdpd_t *D, int argc, char **argv, int *as_user, unsigned *uid, unsigned *gid) {
+  enum { O_COORD = 256, O_DEVICES, O_NAME, O_LISTEN, O_RANKHOST, O_WORKDIR, O_RUNAS, O_TOKEN,
+         O_UTOKEN, O_NTOKEN, O_CA, O_CERT, O_KEY, O_PROGRAM, O_GRACE, O_HELP };
+  static const struct option opts[] = {
+      {"coordinator", required_argument, NULL, O_COORD}, {"devices", required_argument, NULL, O_DEVICES},
+      {"name", required_argument, NULL, O_NAME}, {"listen", required_argument, NULL, O_LISTEN},
+      {"rank-host", required_argument, NULL, O_RANKHOST}, {"work-dir", required_argument, NULL, O_WORKDIR},
+      {"run-as", required_argument, NULL, O_RUNAS}, {"token-file", required_argument, NULL, O_TOKEN},
+      {"user-token-file", required_argument, NULL, O_UTOKEN},
+      {"node-token-file", required_argument, NULL, O_NTOKEN}, {"tls-ca", required_argument, NULL, O_CA},
+      {"tls-cert", required_argument, NULL, O_CERT}, {"tls-key", required_argument, NULL, O_KEY},
+      {"rank-program", required_argument, NULL, O_PROGRAM}, {"grace", required_argument, NULL, O_GRACE},
+      {"help", no_argument, NULL, O_HELP}, {NULL, 0, NULL, 0}};
+  int ch;
+  char *end;
+  while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    switch (ch) {
+    case O_COORD: D->coordinator = optarg; break;
+    case O_DEVICES: D->devices = optarg; break;
+    case O_NAME: D->name = optarg; break;
+    case O_LISTEN: D->listen = optarg; break;
+    case O_RANKHOST: D->rank_host = optarg; break;
+    case O_WORKDIR: D->work_dir = optarg; break;
+    case O_RUNAS: D->run_as = optarg; break;
+    case O_TOKEN: D->token_file = optarg; break;
+    case O_UTOKEN: D->user_token_file = optarg; break;
+    case O_NTOKEN: D->node_token_file = optarg; break;
+    case O_CA: D->tls_ca = optarg; break;
+    case O_CERT: D->tls_cert = optarg; break;
+    case O_KEY: D->tls_key = optarg; break;
+    case O_PROGRAM: D->rank_program = optarg; break;
+    case O_GRACE:
+      D->grace_s = strtod(optarg, &end);
+      if (*end || !(D->grace_s >= 0 && D->grace_s <= 3600))
+        return bad("--grace", "\"%s\" is not a number of seconds from 0 to 3600", optarg);
+      break;
+    case O_HELP: usage(stdout); exit(0);
+    default: usage(stderr); return 2;
+    }
+  }
+  if (optind < argc) return bad("arguments", "unexpected \"%s\"; every option has a --name", argv[optind]);
+  if (!D->coordinator) D->coordinator = getenv("FSDP_COORDINATOR");
+  if (!D->coordinator || !*D->coordinator)
+    return bad("--coordinator", "%s", "required (or FSDP_COORDINATOR): the coordinator's host:port");
+  if (!D->user_token_file != !D->node_token_file)
+    return bad(D->user_token_file ? "--node-token-file" : "--user-token-file", "%s",
+               "the Node service takes both token files or neither");
+  if (!D->tls_cert != !D->tls_key)
+    return bad(D->tls_cert ? "--tls-key" : "--tls-cert", "%s", "TLS needs both --tls-cert and --tls-key");
+  /* who the ranks run as: never root */
+  *as_user = 0;
+  if (D->run_as) {
+    struct passwd *pw = getpwnam(D->run_as);
+    if (!pw) return bad("--run-as", "no user \"%s\" on this node", D->run_as);
+    if (pw->pw_uid == 0)
+      return bad("--run-as", "\"%s\" is root; ranks never run as root: name an unprivileged user", D->run_as);
+    if (geteuid() != 0 && pw->pw_uid != geteuid())
+      return bad("--run-as", "running ranks as \"%s\" needs fsdpd to run as root", D->run_as);
+    *as_user = geteuid() == 0;
+    *uid = pw->pw_uid;
+    *gid = pw->pw_gid;
+  } else if (geteuid() == 0) {
+    fprintf(stderr, "fsdpd: --run-as: required when fsdpd runs as root, so that ranks never run as "
+                    "root; give an unprivileged user (e.g. --run-as nobody, or a dedicated account)\n");
+    return 2;
+  }
+  if (!D->work_dir && fsdpd_default_workdir(D)) return 2;
+  if (!D->rank_program && fsdpd_default_program(D)) return 2;
+  if (access(D->rank_program, X_OK))
+    return bad("--rank-program", "%s is not an executable file", D->rank_program);
+  return 0;
+}
+
+/* ---- main ------------------------------------------------------------------------ */
+
+int main(int argc, char **argv) {
+  fsdpd_t D = {.devices = "auto", .listen = "127.0.0.1:0", .rank_host = "127.0.0.1", .grace_s = 10.0};
+  int as_user = 0;
+  unsigned uid = 0, gid = 0;
+  int rc = fsdpd_options(&D, argc, argv, &as_user, &uid, &gid);
+  if (rc) return rc;
+  if (!D.name) {
+    if (gethostname(D.hostname, sizeof D.hostname - 1)) snprintf(D.hostname, sizeof D.hostname, "localhost");
+    D.name = D.hostname;
+  }
+  if (inventory_find(D.devices, &D.inv)) {
+    fprintf(stderr, "fsdpd: --devices: %s\n", err_msg());
+    return 2;
+  }
+  if (workdir_mkdirs(D.work_dir, 0755)) {
+    fprintf(stderr, "fsdpd: --work-dir: %s\n", err_msg());
+    return 1;
+  }
+  /* Rendezvous calls wait on the pool, up to one per device at once; libuv's
+   * default of 4 threads would serialise a larger node's rendezvous */
+  if (!getenv("UV_THREADPOOL_SIZE")) {
+    char n[16];
+    snprintf(n, sizeof n, "%d", D.inv.count * 2 + 4 < 128 ? D.inv.count * 2 + 4 : 128);
+    setenv("UV_THREADPOOL_SIZE", n, 1);
+  }
+  signal(SIGPIPE, SIG_IGN); /* a closed socket is an error, not our death */
+
+  const rpc_client_opts_t co = {.target = D.coordinator, .token_file = D.token_file, .tls_ca_file = D.tls_ca};
+  if (rpc_client_create(&D.client, &co)) {
+    fprintf(stderr, "fsdpd: %s\n", err_msg());
+    return 1;
+  }
+  uv_loop_init(&D.loop);
+  const ranks_opts_t ro = {.loop = &D.loop, .client = D.client, .inv = &D.inv, .work_dir = D.work_dir,
+                           .rank_program = D.rank_program, .rank_host = D.rank_host, .as_user = as_user,
+                           .uid = uid, .gid = gid, .grace_s = D.grace_s};
+  const rpc_server_opts_t so = {.addr = D.listen, .user_token_file = D.user_token_file,
+                                .node_token_file = D.node_token_file, .tls_cert_file = D.tls_cert,
+                                .tls_key_file = D.tls_key};
+  if (ranks_create(&D.ranks, &ro) || logs_create(&D.logs, &D.loop, D.work_dir, D.ranks) ||
+      rpc_server_create(&D.server, &D.loop, &so) || logs_register(D.logs, D.server) ||
+      rpc_server_start(D.server)) {
+    fprintf(stderr, "fsdpd: %s\n", err_msg());
+    return 1;
+  }
+  /* the registered address: the listen host, or our name when it listens on every address */
+  const char *colon = strrchr(D.listen, ':');
+  int hl = colon ? (int)(colon - D.listen) : (int)strlen(D.listen);
+  int any = !strncmp(D.listen, "0.0.0.0", (size_t)hl) || !strncmp(D.listen, "[::]", (size_t)hl) || !hl;
+  if (!strncmp(D.listen, "unix:", 5)) snprintf(D.address, sizeof D.address, "%s", D.listen);
+  else snprintf(D.address, sizeof D.address, "%.*s:%d", any ? (int)strlen(D.name) : hl,
+                any ? D.name : D.listen, rpc_server_port(D.server));
+  LOG_INFO("fsdpd", "node %s: %d device(s) (%s), Node service on %s, coordinator %s, work dir %s, ranks run "
+           "%s%s", D.name, D.inv.count, D.devices, D.address, D.coordinator, D.work_dir,
+           as_user ? "as " : "as fsdpd's user", as_user ? D.run_as : "");
+
+  uv_signal_t *sigs[2] = {&D.sigint, &D.sigterm};
+  const int signums[2] = {SIGINT, SIGTERM};
+  for (int i = 0; i < 2; i++) {
+    uv_signal_init(&D.loop, sigs[i]);
+    sigs[i]->data = &D;
+    uv_signal_start(sigs[i], fsdpd_signal_cb, signums[i]);
+  }
+  uv_timer_init(&D.loop, &D.publish);
+  uv_timer_init(&D.loop, &D.shutdown);
+  D.publish.data = D.shutdown.data = &D;
+  uv_timer_start(&D.publish, fsdpd_publish_cb, PUBLISH_MS, PUBLISH_MS);
+
+  uint8_t *state = NULL; /* the devices, for the first registration */
+  size_t state_len = 0;
+  const agent_opts_t ao = {.loop = &D.loop, .client = D.client, .hostname = D.name, .address = D.address,
+                           .version = FSDPD_VERSION, .registered_cb = fsdpd_registered_cb,
+                           .reply_cb = fsdpd_reply_cb, .arg = &D};
+  agent_opts_t aos = ao;
+  if (ranks_pack(D.ranks, &state, &state_len) ||
+      (aos.state = state, aos.state_len = state_len, agent_start(&D.agent, &aos))) {
+    fprintf(stderr, "fsdpd: %s\n", err_msg());
+    return 1;
+  }
+  free(state);
+  uv_run(&D.loop, UV_RUN_DEFAULT); /* until fsdpd_close_all after a signal */
+
+  /* the session thread may sit in a heartbeat for up to its interval + 5 s:
+   * waited for briefly; if it is still inside its call, the process ends
+   * under it (nothing of the loop's is left to clean) */
+  int joined = agent_stop(D.agent, 1.0);
+  if (joined) agent_destroy(D.agent);
+  logs_destroy(D.logs);
+  uv_run(&D.loop, UV_RUN_DEFAULT); /* close callbacks */
+  LOG_INFO("fsdpd", "stopped");
+  if (!joined) {
+    fflush(NULL);
+    _exit(0);
+  }
+  uv_loop_close(&D.loop);
+  rpc_client_destroy(D.client);
+  return 0;
+}

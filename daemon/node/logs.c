@@ -1,0 +1,141 @@
+/* logs: GetRankLogs (see logs.h). */
+#include "daemon/node/logs.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "daemon/common/err.h"
+#include "daemon/common/log.h"
+#include "daemon/node/workdir.h"
+
+#define LOGS_BACKLOG 4 /* chunks queued ahead of a client before the stream waits */
+
+struct logs {
+  uv_loop_t *loop;
+  const char *work_dir;
+  const ranks_t *ranks;
+};
+
+typedef struct logs_stream {
+  logs_t *L;
+  rpc_call_t *call;
+  uv_timer_t timer;
+  int fd;
+  int64_t off;
+  int follow;
+  char job[WORKDIR_ID_MAX + 1];
+  uint32_t attempt, rank;
+} logs_stream_t;
+
+static void logs_stream_closed(uv_handle_t *h) {
+  logs_stream_t *st = h->data;
+  if (st->fd >= 0) close(st->fd);
+  free(st);
+}
+
+static void logs_stream_end(logs_stream_t *st, int rc) {
+  if (st->call) rpc_call_finish(st->call, rc);
+  st->call = NULL;
+  uv_close((uv_handle_t *)&st->timer, logs_stream_closed);
+}
+
+static void logs_cancel_cb(rpc_call_t *call, void *arg) {
+  logs_stream_t *st = arg;
+  (void)call;
+  st->call = NULL; /* freed as this returns */
+  uv_close((uv_handle_t *)&st->timer, logs_stream_closed);
+}
+
+/* Sends what the file holds beyond st->off, as far as the backlog allows. */
+static void logs_tick_cb(uv_timer_t *t) {
+  logs_stream_t *st = t->data;
+  /* asked before reading: a rank that exited has written its last byte */
+  int active = st->follow && ranks_log_active(st->L->ranks, st->job, st->attempt, st->rank);
+  static uint8_t buf[LOGS_CHUNK]; /* the loop's thread only */
+  for (;;) {
+    if (rpc_call_backlog(st->call) >= LOGS_BACKLOG) return; /* the next tick goes on */
+    ssize_t n = pread(st->fd, buf, sizeof buf, st->off);
+    if (n < 0) {
+      logs_stream_end(st, err_set_errno(FSDP_EIO, errno, "job %s rank %" PRIu32 ": reading its log",
+                                        st->job, st->rank));
+      return;
+    }
+    if (n == 0) break;
+    Fsdp__V1__LogChunk c = FSDP__V1__LOG_CHUNK__INIT;
+    c.offset = st->off;
+    c.data.data = buf;
+    c.data.len = (size_t)n;
+    if (rpc_call_send(st->call, &c.base)) {
+      logs_stream_end(st, FSDP_ENOMEM);
+      return;
+    }
+    st->off += n;
+  }
+  if (!active) logs_stream_end(st, 0); /* everything is sent */
+}
+
+static void logs_get_rank_logs(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
+  logs_t *L = arg;
+  const Fsdp__V1__GetRankLogsRequest *req = (const void *)m;
+  int rc = workdir_id_check("job_id", req->job_id);
+  uint32_t attempt = req->attempt;
+  if (!rc && !attempt) rc = workdir_latest_attempt(L->work_dir, req->job_id, &attempt);
+  char dir[PATH_MAX], path[PATH_MAX + 32];
+  if (!rc) rc = workdir_attempt_dir(L->work_dir, req->job_id, attempt, dir, sizeof dir);
+  int fd = -1;
+  if (!rc) {
+    snprintf(path, sizeof path, "%s/rank-%" PRIu32 ".log", dir, req->rank);
+    fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+      rc = err_set(errno == ENOENT ? FSDP_ENOTFOUND : err_from_errno(errno),
+                   "job %s attempt %" PRIu32 " rank %" PRIu32 " has no log on this node (%s); "
+                   "fsdpctl status names the node of each rank", req->job_id, attempt, req->rank,
+                   strerror(errno));
+  }
+  logs_stream_t *st = rc ? NULL : calloc(1, sizeof *st);
+  if (!rc && !st) rc = err_set(FSDP_ENOMEM, "fsdpd: out of memory for a log stream");
+  if (rc) {
+    if (fd >= 0) close(fd);
+    rpc_call_finish(call, rc);
+    return;
+  }
+  struct stat sb;
+  int64_t size = fstat(fd, &sb) ? 0 : (int64_t)sb.st_size;
+  *st = (logs_stream_t){.L = L, .call = call, .fd = fd, .follow = req->follow, .attempt = attempt,
+                        .rank = req->rank};
+  snprintf(st->job, sizeof st->job, "%s", req->job_id);
+  st->off = req->offset >= 0 ? (req->offset < size ? req->offset : size)
+                             : (size + req->offset > 0 ? size + req->offset : 0);
+  uv_timer_init(L->loop, &st->timer);
+  st->timer.data = st;
+  uv_timer_start(&st->timer, logs_tick_cb, 0, LOGS_TICK_MS);
+  rpc_call_on_cancel(call, logs_cancel_cb, st);
+}
+
+int logs_create(logs_t **out, uv_loop_t *loop, const char *work_dir, const ranks_t *ranks) {
+  logs_t *L = calloc(1, sizeof *L);
+  if (!L) return err_set(FSDP_ENOMEM, "fsdpd: out of memory for the Node service");
+  *L = (logs_t){loop, work_dir, ranks};
+  *out = L;
+  return FSDP_OK;
+}
+
+int logs_register(logs_t *L, rpc_server_t *srv) {
+  const rpc_method_t m = {.path = "/fsdp.v1.Node/GetRankLogs",
+                          .request = &fsdp__v1__get_rank_logs_request__descriptor,
+                          .reply = &fsdp__v1__log_chunk__descriptor,
+                          .server_streaming = 1,
+                          .roles = RPC_ROLE_USER,
+                          .handler = logs_get_rank_logs,
+                          .arg = L};
+  return rpc_server_add(srv, &m);
+}
+
+void logs_destroy(logs_t *L) { free(L); }

@@ -1,0 +1,31 @@
+/* logs: fsdpd's Node service, GetRankLogs: a rank's log file streamed as
+ * LogChunks from where it lies, so logs never travel through the
+ * coordinator. The request's job id is checked (workdir_id_check) before it
+ * names a file; attempt 0 means the latest attempt with files here.
+ *
+ * Streams run on the loop: a timer per stream (LOGS_TICK_MS) reads the file
+ * from where the stream is, sending chunks of up to LOGS_CHUNK bytes while
+ * the call's backlog is small (a slow client is never sent more than a few
+ * chunks ahead). Without follow the stream ends at the end of the file;
+ * with follow it ends once the rank has exited and everything is sent, or
+ * when the client goes away. */
+#ifndef FSDP_LOGS_H
+#define FSDP_LOGS_H
+
+#include <uv.h>
+
+#include "daemon/common/rpc.h"
+#include "daemon/node/ranks.h"
+
+#define LOGS_TICK_MS 100
+#define LOGS_CHUNK (32u << 10)
+
+typedef struct logs logs_t;
+
+int logs_create(logs_t **out, uv_loop_t *loop, const char *work_dir, const ranks_t *ranks);
+/* Registers GetRankLogs (role: user) on srv, before rpc_server_start. */
+int logs_register(logs_t *L, rpc_server_t *srv);
+/* After rpc_server_destroy (which ends the streams). */
+void logs_destroy(logs_t *L);
+
+#endif

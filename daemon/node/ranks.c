@@ -1,0 +1,843 @@
+/* ranks: assignment -> rendezvous -> spawn -> exit report (see ranks.h). */
+#include "daemon/node/ranks.h"
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "daemon/common/err.h"
+#include "daemon/common/frame.h"
+#include "daemon/common/log.h"
+#include "daemon/node/supervise.h"
+#include "daemon/node/workdir.h"
+
+#define RANKS_RENDEZVOUS_S 5.0 /* a call's deadline: the coordinator holds it ~1 s */
+#define RANKS_REPORT_S 3.0     /* ReportRankExit's deadline */
+#define RANKS_BACKOFF_MAX_MS 1000
+#define RANKS_GROUP_POLL_MS 20 /* while a finished rank's group still has members */
+#define RANKS_MESSAGE_MAX 512  /* of the last log line sent with an exit */
+#define RANKS_PAYLOAD_MAX 256  /* a ring address */
+
+typedef enum { RK_WAITING, RK_RENDEZVOUS, RK_RUNNING, RK_EXITED } rk_state_t;
+
+typedef struct rank rank_t;
+
+/* One blocking call on the thread pool. */
+typedef struct rk_work {
+  uv_work_t req;
+  rank_t *rk;
+  int is_report;
+  ProtobufCMessage *request; /* built on the loop, freed there */
+  ProtobufCMessage *reply;   /* filled by the pool thread */
+  int rc;
+  char err[1024];
+} rk_work_t;
+
+struct rank {
+  ranks_t *R;
+  rank_t *next;
+  Fsdp__V1__RankAssignment *a; /* our copy (unpacked from its bytes) */
+  rk_state_t state;
+  int listen_fd;
+  char payload[64];
+  int killed;
+  double grace_s;
+  char why[RANKS_MESSAGE_MAX]; /* why it never started, or the kill's reason */
+  int work;                    /* a call in flight (the rank is kept until it is back) */
+  int backoff_ms;
+  uv_timer_t timer;            /* retries and the group poll */
+  int handles;                 /* open handles: freed when 0 and no work */
+  supervise_t *set;
+  int pid;
+  FILE *log;
+  char dir[PATH_MAX];
+  uv_pipe_t report;
+  int report_open;
+  frame_reader_t fr;
+  Fsdp__V1__RankStatus *status; /* the latest report */
+  int started;                  /* spawned */
+  int alive;                    /* spawned, and its process group not yet empty */
+  int64_t exit_status;
+  int term_signal;
+  int group_waits;              /* polls of a group with members left */
+  int reported;                 /* the exit report is done (or given up) */
+  int freeing;
+};
+
+struct ranks {
+  ranks_opts_t o;
+  char node_id[256];
+  rank_t *list;
+  int dirty, stopping, destroying;
+  uint64_t report_deadline; /* after it, exit reports are given up (stopping) */
+  int ncpu_threads;
+};
+
+/* ---- bookkeeping --------------------------------------------------------------- */
+
+static void rk_maybe_free(rank_t *rk);
+
+static void rk_handle_closed(uv_handle_t *h) {
+  rank_t *rk = h->data;
+  rk->handles--;
+  rk_maybe_free(rk);
+}
+
+static void rk_close_report(rank_t *rk) {
+  if (!rk->report_open) return;
+  rk->report_open = 0;
+  uv_close((uv_handle_t *)&rk->report, rk_handle_closed);
+}
+
+/* Unlinks and frees a rank once nothing refers to it: no call in flight and
+ * its handles closed. */
+static void rk_maybe_free(rank_t *rk) {
+  if (!rk->freeing || rk->work) return;
+  if (!uv_is_closing((uv_handle_t *)&rk->timer)) uv_close((uv_handle_t *)&rk->timer, rk_handle_closed);
+  rk_close_report(rk);
+  if (rk->handles) return;
+  ranks_t *R = rk->R;
+  for (rank_t **pp = &R->list; *pp; pp = &(*pp)->next)
+    if (*pp == rk) {
+      *pp = rk->next;
+      break;
+    }
+  if (rk->listen_fd >= 0) close(rk->listen_fd);
+  if (rk->log) fclose(rk->log);
+  frame_reader_free(&rk->fr);
+  if (rk->status) fsdp__v1__rank_status__free_unpacked(rk->status, NULL);
+  fsdp__v1__rank_assignment__free_unpacked(rk->a, NULL);
+  free(rk);
+  R->dirty = 1;
+  if (R->destroying && !R->list) free(R);
+}
+
+static void rk_forget(rank_t *rk) {
+  rk->freeing = 1;
+  rk_maybe_free(rk);
+}
+
+static const char *rk_job(const rank_t *rk) { return rk->a->job_id; }
+
+/* ---- calls on the thread pool --------------------------------------------------- */
+
+static void rk_work_cb(uv_work_t *req) {
+  rk_work_t *w = req->data;
+  ranks_t *R = w->rk->R;
+  const char *method = w->is_report ? "/fsdp.v1.Coordinator/ReportRankExit"
+                                    : "/fsdp.v1.Coordinator/Rendezvous";
+  const ProtobufCMessageDescriptor *d = w->is_report ? &fsdp__v1__report_rank_exit_reply__descriptor
+                                                     : &fsdp__v1__rendezvous_reply__descriptor;
+  w->rc = rpc_client_call(R->o.client, method, w->request, d, &w->reply,
+                          w->is_report ? RANKS_REPORT_S : RANKS_RENDEZVOUS_S);
+  if (w->rc) snprintf(w->err, sizeof w->err, "%s", err_msg()); /* err_msg is per thread */
+}
+
+static void rk_after_rendezvous(rank_t *rk, rk_work_t *w);
+static void rk_after_report(rank_t *rk, rk_work_t *w);
+
+static void rk_after_work_cb(uv_work_t *req, int status) {
+  rk_work_t *w = req->data;
+  rank_t *rk = w->rk;
+  (void)status;
+  rk->work = 0;
+  if (rk->freeing) {
+    /* destroyed meanwhile: nothing more to do */
+  } else if (w->is_report) {
+    rk_after_report(rk, w);
+  } else {
+    rk_after_rendezvous(rk, w);
+  }
+  if (w->reply) protobuf_c_message_free_unpacked(w->reply, NULL);
+  free(w->request); /* one block: see rk_call */
+  free(w);
+  rk_maybe_free(rk);
+}
+
+/* Queues one call; request is a malloc'd block the work owns. */
+static void rk_call(rank_t *rk, int is_report, ProtobufCMessage *request) {
+  rk_work_t *w = calloc(1, sizeof *w);
+  FSDP_ASSERT(w);
+  w->rk = rk;
+  w->is_report = is_report;
+  w->request = request;
+  w->req.data = w;
+  rk->work = 1;
+  int rc = uv_queue_work(rk->R->o.loop, &w->req, rk_work_cb, rk_after_work_cb);
+  FSDP_ASSERT(rc == 0);
+}
+
+static int rk_backoff(rank_t *rk) {
+  rk->backoff_ms = rk->backoff_ms ? rk->backoff_ms * 2 : 50;
+  if (rk->backoff_ms > RANKS_BACKOFF_MAX_MS) rk->backoff_ms = RANKS_BACKOFF_MAX_MS;
+  return rk->backoff_ms;
+}
+
+/* ---- the exit and its report -------------------------------------------------- */
+
+static void rk_report_start(rank_t *rk);
+
+static void rk_report_timer_cb(uv_timer_t *t) { rk_report_start(t->data); }
+
+/* The last non-empty line of the rank's log (its error, for a failed rank). */
+static void rk_last_line(rank_t *rk, char *out, size_t n) {
+  out[0] = 0;
+  if (!rk->dir[0]) return;
+  char path[PATH_MAX + 32];
+  snprintf(path, sizeof path, "%s/rank-%" PRIu32 ".log", rk->dir, rk->a->rank);
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return;
+  char buf[4096];
+  off_t end = lseek(fd, 0, SEEK_END), from = end > (off_t)sizeof buf - 1 ? end - (off_t)sizeof buf + 1 : 0;
+  ssize_t got = pread(fd, buf, sizeof buf - 1, from);
+  close(fd);
+  if (got <= 0) return;
+  buf[got] = 0;
+  while (got > 0 && (buf[got - 1] == '\n' || buf[got - 1] == '\r' || buf[got - 1] == ' ')) buf[--got] = 0;
+  char *line = strrchr(buf, '\n');
+  line = line ? line + 1 : buf;
+  snprintf(out, n, "%.*s", (int)n - 1, line); /* bounded: a line may be 4 KiB */
+}
+
+static void rk_report_start(rank_t *rk) {
+  ranks_t *R = rk->R;
+  if (R->stopping && uv_now(R->o.loop) >= R->report_deadline) {
+    LOG_WARN("fsdpd", "job %s attempt %" PRIu32 " rank %" PRIu32 ": its exit was not reported "
+             "before fsdpd stopped; the coordinator will learn it from the node's next registration",
+             rk_job(rk), rk->a->attempt, rk->a->rank);
+    rk->reported = 1;
+    rk_forget(rk);
+    return;
+  }
+  /* one block: the message and its strings, freed with free() after the call */
+  char msg[RANKS_MESSAGE_MAX];
+  if (rk->started) rk_last_line(rk, msg, sizeof msg);
+  else snprintf(msg, sizeof msg, "%s", rk->why);
+  size_t nid = strlen(R->node_id) + 1, njob = strlen(rk_job(rk)) + 1, nmsg = strlen(msg) + 1;
+  Fsdp__V1__ReportRankExitRequest *req = malloc(sizeof *req + nid + njob + nmsg);
+  FSDP_ASSERT(req);
+  fsdp__v1__report_rank_exit_request__init(req);
+  char *p = (char *)(req + 1);
+  req->node_id = memcpy(p, R->node_id, nid);
+  req->job_id = memcpy(p + nid, rk_job(rk), njob);
+  req->message = memcpy(p + nid + njob, msg, nmsg);
+  req->attempt = rk->a->attempt;
+  req->rank = rk->a->rank;
+  req->exit_status = (int32_t)rk->exit_status;
+  req->term_signal = rk->term_signal;
+  rk_call(rk, 1, &req->base);
+}
+
+static void rk_after_report(rank_t *rk, rk_work_t *w) {
+  if (!w->rc || w->rc == FSDP_ESTALE || w->rc == FSDP_ENOTFOUND) {
+    if (w->rc)
+      LOG_INFO("fsdpd", "job %s attempt %" PRIu32 " rank %" PRIu32 ": exit report refused (%s); "
+               "nothing more to tell", rk_job(rk), rk->a->attempt, rk->a->rank, w->err);
+    rk->reported = 1;
+    rk_forget(rk);
+    return;
+  }
+  LOG_DEBUG("fsdpd", "job %s rank %" PRIu32 ": exit report: %s; retrying", rk_job(rk), rk->a->rank,
+            w->err);
+  uv_timer_start(&rk->timer, rk_report_timer_cb, (uint64_t)rk_backoff(rk), 0);
+}
+
+static void rank_try_start_waiting(ranks_t *R);
+
+/* The rank is over (or never ran): report it, and free its device. */
+static void rk_exited(rank_t *rk) {
+  rk->state = RK_EXITED;
+  rk->R->dirty = 1;
+  if (rk->listen_fd >= 0) close(rk->listen_fd), rk->listen_fd = -1;
+  rk->backoff_ms = 0;
+  rk_report_start(rk);
+  rank_try_start_waiting(rk->R);
+}
+
+static void rk_not_started(rank_t *rk, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void rk_not_started(rank_t *rk, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(rk->why, sizeof rk->why, fmt, ap);
+  va_end(ap);
+  LOG_WARN("fsdpd", "job %s attempt %" PRIu32 " rank %" PRIu32 ": not started: %s", rk_job(rk),
+           rk->a->attempt, rk->a->rank, rk->why);
+  rk->exit_status = RANKS_NOT_STARTED;
+  rk->term_signal = 0;
+  rk_exited(rk);
+}
+
+/* 1 when a process of group pgid is left (zombies included: not reaped yet). */
+static int rk_group_alive(int pgid) {
+  DIR *d = opendir("/proc");
+  if (!d) return 0;
+  int found = 0;
+  for (struct dirent *e; !found && (e = readdir(d));) {
+    if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
+    char path[300], buf[512];
+    snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) continue;
+    buf[n] = 0;
+    /* "pid (comm) state ppid pgrp ...": comm may hold spaces; parse after the last ')' */
+    char *rp = strrchr(buf, ')');
+    int ppid, pgrp;
+    char st;
+    if (rp && sscanf(rp + 1, " %c %d %d", &st, &ppid, &pgrp) == 3 && pgrp == pgid) found = 1;
+  }
+  closedir(d);
+  return found;
+}
+
+static void rk_group_poll_cb(uv_timer_t *t) {
+  rank_t *rk = t->data;
+  if (rk_group_alive(rk->pid)) {
+    kill(-rk->pid, SIGKILL);
+    if (++rk->group_waits == 50)
+      LOG_WARN("fsdpd", "job %s rank %" PRIu32 ": processes of its group %d are still there 1 s after "
+               "it exited; device %" PRIu32 " stays busy until they are gone", rk_job(rk), rk->a->rank,
+               rk->pid, rk->a->device);
+    uv_timer_start(&rk->timer, rk_group_poll_cb, RANKS_GROUP_POLL_MS, 0);
+    return;
+  }
+  rk->alive = 0;
+  rk_exited(rk);
+}
+
+static void rk_exit_cb(supervise_t *s, void *arg, int64_t status, int term_signal) {
+  rank_t *rk = arg;
+  (void)s;
+  rk->exit_status = status;
+  rk->term_signal = term_signal;
+  LOG_INFO("fsdpd", "job %s attempt %" PRIu32 " rank %" PRIu32 " (pid %d): %s %d", rk_job(rk),
+           rk->a->attempt, rk->a->rank, rk->pid, term_signal ? "killed by signal" : "exited with status",
+           term_signal ? term_signal : (int)status);
+  supervise_destroy(rk->set); /* allowed in the exit callback: it runs last */
+  rk->set = NULL;
+  if (rk->log) fclose(rk->log), rk->log = NULL;
+  rk_close_report(rk); /* what it reported last stays its status */
+  /* the supervisor SIGKILLed its group; the device is free once the group is empty */
+  rk_group_poll_cb(&rk->timer);
+}
+
+/* ---- the report channel -------------------------------------------------------- */
+
+static int rk_frame_cb(void *arg, const uint8_t *data, size_t n) {
+  rank_t *rk = arg;
+  Fsdp__V1__RankStatus *st = fsdp__v1__rank_status__unpack(NULL, n, data);
+  if (!st)
+    return err_set(FSDP_EFORMAT, "a report of %zu bytes that is not a RankStatus", n);
+  if (rk->status) fsdp__v1__rank_status__free_unpacked(rk->status, NULL);
+  rk->status = st;
+  rk->R->dirty = 1;
+  return 0;
+}
+
+static void rk_report_alloc_cb(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
+  static char b[16384]; /* the loop's thread only; consumed before the next read */
+  (void)h, (void)hint;
+  *buf = uv_buf_init(b, sizeof b);
+}
+
+static void rk_report_read_cb(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
+  rank_t *rk = s->data;
+  if (n == 0) return;
+  if (n < 0) { /* the rank closed its end (it exited, or stopped reporting) */
+    rk_close_report(rk);
+    return;
+  }
+  int rc = frame_reader_feed(&rk->fr, buf->base, (size_t)n, rk_frame_cb, rk);
+  if (rc) {
+    /* closing (not just ignoring) ends the rank's writes with EPIPE: a rank
+     * never blocks on a channel nobody reads */
+    LOG_WARN("fsdpd", "job %s rank %" PRIu32 ": %s; no more reports are read from it (it keeps "
+             "training)", rk_job(rk), rk->a->rank, err_msg());
+    rk_close_report(rk);
+  }
+}
+
+/* ---- spawning ----------------------------------------------------------------- */
+
+/* A section or key of a job file: what the option table's names are made of. */
+static int rk_word_ok(const char *s, int empty_ok) {
+  if (!*s) return empty_ok;
+  for (; *s; s++)
+    if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||
+          *s == '_' || *s == '-' || *s == '.'))
+      return 0;
+  return 1;
+}
+
+/* Checks the spec's options: a newline in a value, or a bracket in a key,
+ * would let a request add lines of its own to the job file. */
+static int rk_options_check(const Fsdp__V1__RankAssignment *a) {
+  const Fsdp__V1__JobSpec *sp = a->spec;
+  for (size_t i = 0; sp && i < sp->n_options; i++) {
+    const Fsdp__V1__Option *o = sp->options[i];
+    if (!rk_word_ok(o->section, 1) || !rk_word_ok(o->key, 0) || strpbrk(o->value, "\r\n"))
+      return err_set(FSDP_EINVAL, "option %zu ([%.32s] %.32s) is not a job file line (sections and "
+                     "keys are words, values one line)", i, o->section, o->key);
+  }
+  return FSDP_OK;
+}
+
+/* The spec's options as a job file: options with no section first, then
+ * each section's, in their order. */
+static int rk_write_job(rank_t *rk, const char *path) {
+  const Fsdp__V1__JobSpec *sp = rk->a->spec;
+  ranks_t *R = rk->R;
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+  if (!f) {
+    int e = errno;
+    if (fd >= 0) close(fd);
+    return err_set_errno(err_from_errno(e), e, "cannot write %s", path);
+  }
+  fprintf(f, "# job %s attempt %" PRIu32 " rank %" PRIu32 " of %" PRIu32 ", written by fsdpd\n",
+          rk_job(rk), rk->a->attempt, rk->a->rank, rk->a->world_size);
+  for (int pass = 0; pass < 2 && sp; pass++) {
+    const char *cur = "";
+    for (size_t i = 0; i < sp->n_options; i++) {
+      const Fsdp__V1__Option *o = sp->options[i];
+      if ((pass == 0) != (o->section[0] == 0)) continue;
+      if (pass == 1 && strcmp(cur, o->section)) fprintf(f, "[%s]\n", cur = o->section);
+      fprintf(f, "%s = %s\n", o->key, o->value);
+    }
+  }
+  int bad = ferror(f);
+  if (R->o.as_user && fchown(fileno(f), R->o.uid, R->o.gid)) bad = 1;
+  if (fclose(f) || bad) return err_set(FSDP_EIO, "cannot write %s", path);
+  return FSDP_OK;
+}
+
+static FILE *rk_open_log(rank_t *rk, char *path) {
+  ranks_t *R = rk->R;
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0640);
+  if (fd < 0) {
+    err_set_errno(err_from_errno(errno), errno, "cannot create the rank's log %s", path);
+    return NULL;
+  }
+  if (R->o.as_user && fchown(fd, R->o.uid, R->o.gid)) { /* its owner may read it */
+  }
+  FILE *f = fdopen(fd, "w");
+  if (!f) close(fd), err_set(FSDP_ENOMEM, "cannot open the rank's log %s", path);
+  return f;
+}
+
+static int rk_spawn(rank_t *rk, const Fsdp__V1__RendezvousReply *rep) {
+  ranks_t *R = rk->R;
+  const Fsdp__V1__RankAssignment *a = rk->a;
+  int rc;
+  /* FSDP_ADDRS: the payloads in rank order, checked before they reach an environment */
+  if (rep->n_payloads != a->world_size)
+    return err_set(FSDP_EINVAL, "rendezvous gave %zu addresses for %" PRIu32 " ranks",
+                   rep->n_payloads, a->world_size);
+  size_t len = 0;
+  for (size_t i = 0; i < rep->n_payloads; i++) {
+    const ProtobufCBinaryData *p = &rep->payloads[i];
+    int ok = p->len > 0 && p->len <= RANKS_PAYLOAD_MAX;
+    for (size_t j = 0; ok && j < p->len; j++) ok = p->data[j] > ' ' && p->data[j] < 127 && p->data[j] != ',';
+    if (!ok)
+      return err_set(FSDP_EINVAL, "rendezvous payload of rank %zu is not a host:port address", i);
+    len += p->len + 1;
+  }
+  char *addrs = malloc(len + 16);
+  if (!addrs) return err_set(FSDP_ENOMEM, "out of memory for %zu bytes of addresses", len);
+  char *q = addrs + sprintf(addrs, "FSDP_ADDRS=");
+  for (size_t i = 0; i < rep->n_payloads; i++) {
+    if (i) *q++ = ',';
+    memcpy(q, rep->payloads[i].data, rep->payloads[i].len);
+    q += rep->payloads[i].len;
+  }
+  *q = 0;
+
+  char conf[PATH_MAX + 16], logp[PATH_MAX + 32];
+  int sv[2] = {-1, -1};
+  if ((rc = workdir_make_attempt(R->o.work_dir, rk_job(rk), a->attempt, R->o.as_user, R->o.uid,
+                                 R->o.gid, rk->dir, sizeof rk->dir)))
+    goto out;
+  snprintf(conf, sizeof conf, "%s/job.conf", rk->dir);
+  snprintf(logp, sizeof logp, "%s/rank-%" PRIu32 ".log", rk->dir, a->rank);
+  if ((rc = rk_write_job(rk, conf))) goto out;
+  if (!(rk->log = rk_open_log(rk, logp))) {
+    rc = FSDP_EIO;
+    goto out;
+  }
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv)) {
+    rc = err_set_errno(FSDP_EIO, errno, "cannot make the report channel");
+    goto out;
+  }
+  char vrank[32], vworld[40], vthreads[40];
+  snprintf(vrank, sizeof vrank, "FSDP_RANK=%" PRIu32, a->rank);
+  snprintf(vworld, sizeof vworld, "FSDP_WORLD_SIZE=%" PRIu32, a->world_size);
+  snprintf(vthreads, sizeof vthreads, "FSDP_THREADS=%d", R->ncpu_threads);
+  const int is_cpu = !strcmp(R->o.inv->dev[a->device].kind, "cpu");
+  char *env[] = {vrank, vworld, addrs, "FSDP_LISTEN_FD=3", "FSDP_REPORT_FD=4",
+                 is_cpu ? vthreads : NULL, NULL};
+  char *argv[] = {(char *)R->o.rank_program, "--config", "job.conf", NULL};
+  const int fds[2] = {rk->listen_fd, sv[1]};
+  const supervise_child_opts_t co = {.argv = argv, .env = env, .fds = fds, .nfds = 2,
+                                     .out = rk->log, .err = rk->log, .cwd = rk->dir,
+                                     .as_user = R->o.as_user, .uid = R->o.uid, .gid = R->o.gid,
+                                     .exit_cb = rk_exit_cb, .arg = rk};
+  if ((rc = supervise_create(&rk->set, R->o.loop, NULL))) goto out;
+  if ((rc = supervise_spawn(rk->set, &co, &rk->pid))) {
+    supervise_destroy(rk->set);
+    rk->set = NULL;
+    goto out;
+  }
+  rk->started = rk->alive = 1;
+  rk->state = RK_RUNNING;
+  R->dirty = 1;
+  /* the rank holds its copies now */
+  close(rk->listen_fd), rk->listen_fd = -1;
+  close(sv[1]), sv[1] = -1;
+  uv_pipe_init(R->o.loop, &rk->report, 0);
+  rk->report.data = rk;
+  rk->handles++;
+  rk->report_open = 1;
+  if (uv_pipe_open(&rk->report, sv[0]) == 0) {
+    sv[0] = -1; /* the pipe owns it */
+    uv_read_start((uv_stream_t *)&rk->report, rk_report_alloc_cb, rk_report_read_cb);
+  } else {
+    rk_close_report(rk);
+  }
+  LOG_INFO("fsdpd", "job %s attempt %" PRIu32 " rank %" PRIu32 "/%" PRIu32 ": started on device %" PRIu32
+           " (pid %d, log %s)", rk_job(rk), a->attempt, a->rank, a->world_size, a->device, rk->pid, logp);
+  if (rk->killed) supervise_stop(rk->set, rk->grace_s);
+out:
+  if (sv[0] >= 0) close(sv[0]);
+  if (sv[1] >= 0) close(sv[1]);
+  free(addrs);
+  return rc;
+}
+
+/* ---- rendezvous ---------------------------------------------------------------- */
+
+static void rk_rendezvous_start(rank_t *rk);
+static void rk_rendezvous_timer_cb(uv_timer_t *t) { rk_rendezvous_start(t->data); }
+
+static void rk_rendezvous_start(rank_t *rk) {
+  ranks_t *R = rk->R;
+  if (rk->killed) {
+    rk_not_started(rk, "killed during its rendezvous (%s)", rk->why[0] ? rk->why : "no reason given");
+    return;
+  }
+  size_t nid = strlen(R->node_id) + 1, njob = strlen(rk_job(rk)) + 1, np = strlen(rk->payload);
+  Fsdp__V1__RendezvousRequest *req = malloc(sizeof *req + nid + njob + np + 8);
+  FSDP_ASSERT(req);
+  fsdp__v1__rendezvous_request__init(req);
+  char *p = (char *)(req + 1);
+  req->node_id = memcpy(p, R->node_id, nid);
+  req->job_id = memcpy(p + nid, rk_job(rk), njob);
+  req->group = memcpy(p + nid + njob, "world", 6);
+  req->payload.data = memcpy(p + nid + njob + 6, rk->payload, np);
+  req->payload.len = np;
+  req->attempt = rk->a->attempt;
+  req->group_size = rk->a->world_size;
+  req->rank = rk->a->rank;
+  rk_call(rk, 0, &req->base);
+}
+
+static void rk_after_rendezvous(rank_t *rk, rk_work_t *w) {
+  if (rk->killed) {
+    rk_not_started(rk, "killed during its rendezvous (%s)", rk->why[0] ? rk->why : "no reason given");
+    return;
+  }
+  if (w->rc == FSDP_ESTALE || w->rc == FSDP_ENOTFOUND) {
+    /* the attempt ended: nobody waits for this rank, nor for its report */
+    LOG_INFO("fsdpd", "job %s attempt %" PRIu32 " rank %" PRIu32 ": rendezvous refused (%s); given up",
+             rk_job(rk), rk->a->attempt, rk->a->rank, w->err);
+    rk->reported = 1;
+    rk->state = RK_EXITED;
+    if (rk->listen_fd >= 0) close(rk->listen_fd), rk->listen_fd = -1;
+    rk_forget(rk);
+    rank_try_start_waiting(rk->R);
+    return;
+  }
+  if (w->rc == FSDP_EUNAVAILABLE || w->rc == FSDP_ETIMEDOUT || w->rc == FSDP_ECANCELED ||
+      w->rc == FSDP_EINTERNAL) {
+    /* the coordinator is away (a restart): keep the rank waiting for it */
+    uv_timer_start(&rk->timer, rk_rendezvous_timer_cb, (uint64_t)rk_backoff(rk), 0);
+    return;
+  }
+  if (w->rc) {
+    rk_not_started(rk, "rendezvous failed: %s", w->err);
+    return;
+  }
+  rk->backoff_ms = 0;
+  const Fsdp__V1__RendezvousReply *rep = (const void *)w->reply;
+  if (!rep->complete) { /* the coordinator held the call; ask again */
+    rk_rendezvous_start(rk);
+    return;
+  }
+  if (rk_spawn(rk, rep)) rk_not_started(rk, "%s", err_msg());
+}
+
+/* ---- devices and waiting ranks ------------------------------------------------- */
+
+/* The rank holding device d (starting, or its processes alive), or NULL. */
+static rank_t *rk_device_holder(ranks_t *R, uint32_t d, const rank_t *except) {
+  for (rank_t *rk = R->list; rk; rk = rk->next)
+    if (rk != except && rk->a->device == d && !rk->freeing &&
+        (rk->state == RK_RENDEZVOUS || rk->state == RK_RUNNING || rk->alive))
+      return rk;
+  return NULL;
+}
+
+static int rk_bind(rank_t *rk) {
+  ranks_t *R = rk->R;
+  struct sockaddr_in sa = {.sin_family = AF_INET};
+  if (inet_pton(AF_INET, R->o.rank_host, &sa.sin_addr) != 1)
+    return err_set(FSDP_EINVAL, "--rank-host %s is not an IPv4 address", R->o.rank_host);
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  socklen_t al = sizeof sa;
+  if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) || listen(fd, 64) ||
+      getsockname(fd, (struct sockaddr *)&sa, &al)) {
+    int e = errno;
+    if (fd >= 0) close(fd);
+    return err_set_errno(FSDP_EIO, e, "cannot listen on %s for the rank's ring", R->o.rank_host);
+  }
+  rk->listen_fd = fd;
+  snprintf(rk->payload, sizeof rk->payload, "%s:%d", R->o.rank_host, ntohs(sa.sin_port));
+  return FSDP_OK;
+}
+
+/* Starts, in assignment order, each waiting rank whose device is free. */
+static void rank_try_start_waiting(ranks_t *R) {
+  if (R->stopping) return;
+  /* the list is newest first: walk to the oldest by repeated scans (lists are short) */
+  for (;;) {
+    rank_t *first = NULL;
+    for (rank_t *rk = R->list; rk; rk = rk->next)
+      if (rk->state == RK_WAITING && !rk->freeing && !rk_device_holder(R, rk->a->device, rk))
+        first = rk;
+    if (!first) return;
+    first->state = RK_RENDEZVOUS;
+    R->dirty = 1;
+    if (rk_bind(first)) {
+      rk_not_started(first, "%s", err_msg());
+      continue;
+    }
+    rk_rendezvous_start(first);
+  }
+}
+
+/* ---- the API -------------------------------------------------------------------- */
+
+int ranks_create(ranks_t **out, const ranks_opts_t *o) {
+  ranks_t *R = calloc(1, sizeof *R);
+  if (!R) return err_set(FSDP_ENOMEM, "fsdpd: out of memory for its ranks");
+  R->o = *o;
+  int cpus = 0;
+  for (int i = 0; i < o->inv->count; i++) cpus += !strcmp(o->inv->dev[i].kind, "cpu");
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  R->ncpu_threads = cpus && cores / cpus > 1 ? (int)(cores / cpus) : 1;
+  R->dirty = 1;
+  *out = R;
+  return FSDP_OK;
+}
+
+void ranks_set_node_id(ranks_t *R, const char *node_id) {
+  snprintf(R->node_id, sizeof R->node_id, "%s", node_id);
+}
+
+static rank_t *rk_find(const ranks_t *R, const char *job, uint32_t attempt, uint32_t rank) {
+  for (rank_t *rk = R->list; rk; rk = rk->next)
+    if (!rk->freeing && rk->a->attempt == attempt && rk->a->rank == rank && !strcmp(rk_job(rk), job))
+      return rk;
+  return NULL;
+}
+
+void ranks_assign(ranks_t *R, const Fsdp__V1__RankAssignment *a) {
+  if (R->stopping) {
+    LOG_INFO("fsdpd", "job %.64s rank %" PRIu32 ": assignment ignored, fsdpd is stopping", a->job_id,
+             a->rank);
+    return;
+  }
+  if (rk_find(R, a->job_id, a->attempt, a->rank)) return; /* sent again (after a re-registration) */
+  size_t n = fsdp__v1__rank_assignment__get_packed_size(a);
+  uint8_t *b = malloc(n ? n : 1);
+  rank_t *rk = calloc(1, sizeof *rk);
+  FSDP_ASSERT(b && rk);
+  fsdp__v1__rank_assignment__pack(a, b);
+  rk->a = fsdp__v1__rank_assignment__unpack(NULL, n, b);
+  free(b);
+  FSDP_ASSERT(rk->a);
+  rk->R = R;
+  rk->listen_fd = -1;
+  rk->grace_s = R->o.grace_s;
+  frame_reader_init(&rk->fr, RANKS_REPORT_MAX);
+  uv_timer_init(R->o.loop, &rk->timer);
+  rk->timer.data = rk;
+  rk->handles = 1;
+  rk->next = R->list;
+  R->list = rk;
+  R->dirty = 1;
+  /* checked before anything touches the file system or the network */
+  int rc = workdir_id_check("job_id", a->job_id);
+  if (!rc && a->attempt == 0) rc = err_set(FSDP_EINVAL, "attempt 0 (attempts count from 1)");
+  if (!rc && (a->world_size == 0 || a->world_size > 4096 || a->rank >= a->world_size))
+    rc = err_set(FSDP_EINVAL, "rank %" PRIu32 " of a world of %" PRIu32, a->rank, a->world_size);
+  if (!rc && a->device >= (uint32_t)R->o.inv->count)
+    rc = err_set(FSDP_EINVAL, "device %" PRIu32 ": this node has %d", a->device, R->o.inv->count);
+  if (!rc) rc = rk_options_check(a);
+  if (rc) {
+    rk_not_started(rk, "assignment refused: %s", err_msg());
+    return;
+  }
+  rk->state = RK_WAITING;
+  if (rk_device_holder(R, a->device, rk))
+    LOG_INFO("fsdpd", "job %s rank %" PRIu32 ": waits for device %" PRIu32 " to be free of the "
+             "processes of an earlier rank", a->job_id, a->rank, a->device);
+  rank_try_start_waiting(R);
+}
+
+/* Stops one rank, whatever its state. */
+static void rk_kill(rank_t *rk, const char *reason, double grace_s) {
+  if (rk->freeing || rk->state == RK_EXITED) return;
+  rk->killed = 1;
+  if (grace_s > 0) rk->grace_s = grace_s;
+  snprintf(rk->why, sizeof rk->why, "%s", reason[0] ? reason : "no reason given");
+  LOG_INFO("fsdpd", "job %s attempt %" PRIu32 " rank %" PRIu32 ": kill (%s), grace %.1f s", rk_job(rk),
+           rk->a->attempt, rk->a->rank, rk->why, rk->grace_s);
+  if (rk->state == RK_WAITING) {
+    rk_not_started(rk, "killed before it started (%s)", rk->why);
+  } else if (rk->state == RK_RENDEZVOUS) {
+    /* the call in flight comes back within its deadline and gives up; the
+     * listener goes now so no peer connects to a rank that will not run */
+    if (rk->listen_fd >= 0) close(rk->listen_fd), rk->listen_fd = -1;
+    if (!rk->work && uv_is_active((uv_handle_t *)&rk->timer)) {
+      uv_timer_stop(&rk->timer);
+      rk_rendezvous_start(rk);
+    }
+  } else if (rk->set) {
+    supervise_stop(rk->set, rk->grace_s);
+  }
+}
+
+void ranks_kill(ranks_t *R, const Fsdp__V1__Kill *k) {
+  for (rank_t *rk = R->list; rk; rk = rk->next) {
+    if (strcmp(rk_job(rk), k->job_id)) continue;
+    if (k->attempt && rk->a->attempt > k->attempt) continue; /* a newer attempt than the kill's */
+    int named = !k->n_ranks;
+    for (size_t i = 0; i < k->n_ranks && !named; i++) named = k->ranks[i] == rk->a->rank;
+    if (named) rk_kill(rk, k->reason, k->grace_ms / 1000.0);
+  }
+}
+
+int ranks_dirty(const ranks_t *R) { return R->dirty; }
+
+int ranks_pack(ranks_t *R, uint8_t **buf, size_t *len) {
+  const inventory_t *inv = R->o.inv;
+  size_t nr = 0;
+  for (rank_t *rk = R->list; rk; rk = rk->next) nr++;
+  Fsdp__V1__Device *devs = calloc((size_t)inv->count, sizeof *devs);
+  Fsdp__V1__Device **pdevs = calloc((size_t)inv->count, sizeof *pdevs);
+  Fsdp__V1__RankStatus *sts = calloc(nr ? nr : 1, sizeof *sts);
+  Fsdp__V1__RankStatus **psts = calloc(nr ? nr : 1, sizeof *psts);
+  if (!devs || !pdevs || !sts || !psts) {
+    free(devs), free(pdevs), free(sts), free(psts);
+    return err_set(FSDP_ENOMEM, "fsdpd: out of memory for a heartbeat");
+  }
+  for (int i = 0; i < inv->count; i++) {
+    fsdp__v1__device__init(&devs[i]);
+    devs[i].index = (uint32_t)inv->dev[i].index;
+    devs[i].kind = (char *)inv->dev[i].kind;
+    devs[i].name = (char *)inv->dev[i].name;
+    devs[i].total_bytes = inv->dev[i].memory;
+    pdevs[i] = &devs[i];
+  }
+  size_t k = 0;
+  for (rank_t *rk = R->list; rk; rk = rk->next) {
+    if (rk->freeing) continue;
+    uint32_t d = rk->a->device;
+    /* a device is busy while the rank's processes live: from its spawn until its group is empty */
+    if (rk->alive && d < (uint32_t)inv->count) {
+      devs[d].job_id = (char *)rk_job(rk);
+      if (rk->status)
+        for (size_t m = 0; m < rk->status->n_memory; m++)
+          devs[d].used_bytes += rk->status->memory[m]->current_bytes;
+    }
+    if (rk->state == RK_EXITED) continue; /* its exit goes in ReportRankExit */
+    Fsdp__V1__RankStatus *st = &sts[k];
+    if (rk->status) *st = *rk->status; /* a shallow copy: only read while packing */
+    else fsdp__v1__rank_status__init(st);
+    st->job_id = (char *)rk_job(rk);
+    st->attempt = rk->a->attempt;
+    st->rank = rk->a->rank;
+    st->device = rk->a->device;
+    st->node_id = R->node_id;
+    st->state = rk->status && rk->state == RK_RUNNING ? FSDP__V1__RANK_STATE__RANK_STATE_RUNNING
+                                                      : FSDP__V1__RANK_STATE__RANK_STATE_STARTING;
+    psts[k] = st;
+    k++;
+  }
+  Fsdp__V1__HeartbeatRequest hb = FSDP__V1__HEARTBEAT_REQUEST__INIT;
+  hb.n_devices = (size_t)inv->count;
+  hb.devices = pdevs;
+  hb.n_ranks = k;
+  hb.ranks = psts;
+  *len = fsdp__v1__heartbeat_request__get_packed_size(&hb);
+  *buf = malloc(*len ? *len : 1);
+  int rc = FSDP_OK;
+  if (*buf) fsdp__v1__heartbeat_request__pack(&hb, *buf);
+  else rc = err_set(FSDP_ENOMEM, "fsdpd: out of memory for a heartbeat");
+  free(devs), free(pdevs), free(sts), free(psts);
+  R->dirty = 0;
+  return rc;
+}
+
+int ranks_log_active(const ranks_t *R, const char *job, uint32_t attempt, uint32_t rank) {
+  const rank_t *rk = rk_find(R, job, attempt, rank);
+  /* the log is closed once its exit callback ran: the pipes were drained before */
+  return rk && rk->state != RK_EXITED && (!rk->started || rk->log);
+}
+
+void ranks_stop_all(ranks_t *R, double grace_s, uint64_t report_deadline) {
+  R->stopping = 1;
+  R->report_deadline = report_deadline;
+  /* Later (checkpoint on preemption, DESIGN.md "Lessons"): ask each rank to
+   * checkpoint at its next step boundary and wait, within a deadline, for
+   * its shard report before the SIGTERM below. */
+  for (rank_t *rk = R->list; rk; rk = rk->next) rk_kill(rk, "fsdpd is stopping", grace_s);
+}
+
+int ranks_idle(const ranks_t *R) {
+  for (const rank_t *rk = R->list; rk; rk = rk->next)
+    if (!rk->freeing) return 0;
+  return 1;
+}
+
+void ranks_destroy(ranks_t *R) {
+  if (!R) return;
+  R->destroying = 1;
+  if (!R->list) {
+    free(R);
+    return;
+  }
+  for (rank_t *rk = R->list, *next; rk; rk = next) {
+    next = rk->next;
+    if (rk->set) { /* past the deadline with a process that would not die: left to process exit */
+      LOG_ERROR("fsdpd", "job %s rank %" PRIu32 " (pid %d) still runs as fsdpd exits", rk_job(rk),
+                rk->a->rank, rk->pid);
+      continue;
+    }
+    rk_forget(rk);
+  }
+}

@@ -1,0 +1,74 @@
+/* ranks: the rank processes fsdpd runs, from assignment to reported exit.
+ *
+ * A rank's life (every step on the loop's thread; blocking calls to the
+ * coordinator run on libuv's thread pool, one call per work item, and their
+ * results come back to the loop):
+ *   WAITING     assigned; its device still holds processes of an earlier
+ *               rank (a device is free only when they are all gone)
+ *   RENDEZVOUS  a TCP listener bound on --rank-host, its "host:port"
+ *               published with Rendezvous(group "world") until the
+ *               coordinator answers complete (an ended attempt, ESTALE, or a
+ *               Kill: given up, listener closed)
+ *   RUNNING     job file written, RANK_PROGRAM --config job.conf started
+ *               through supervise (own session, its log file, as the run-as
+ *               user, cwd its attempt directory) with FSDP_RANK,
+ *               FSDP_WORLD_SIZE, FSDP_ADDRS (the payloads, in rank order),
+ *               FSDP_LISTEN_FD=3, FSDP_REPORT_FD=4 and, on CPU devices,
+ *               FSDP_THREADS; its report frames read into its latest status
+ *   EXITED      its process is reaped and its process group empty (polled
+ *               in /proc, SIGKILLed again while not); ReportRankExit is
+ *               retried until acknowledged, or ESTALE / NOT_FOUND
+ * then it is forgotten. A rank that never started (refused assignment,
+ * failed rendezvous or spawn, killed before it ran) is reported with exit
+ * status RANKS_NOT_STARTED and the reason as its message.
+ *
+ * One supervise set per rank, so a Kill naming some ranks of a job stops
+ * exactly those. */
+#ifndef FSDP_RANKS_H
+#define FSDP_RANKS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "daemon/common/rpc.h"
+#include "daemon/node/inventory.h"
+#include "proto/fsdp.pb-c.h"
+
+#define RANKS_NOT_STARTED 127  /* exit status reported for a rank that never ran */
+#define RANKS_REPORT_MAX (64u << 10) /* largest report frame accepted from a rank */
+
+typedef struct ranks ranks_t;
+
+typedef struct ranks_opts {
+  uv_loop_t *loop;
+  rpc_client_t *client;
+  const inventory_t *inv;
+  const char *work_dir, *rank_program, *rank_host;
+  int as_user;             /* run ranks as uid/gid */
+  unsigned uid, gid;
+  double grace_s;          /* SIGTERM -> SIGKILL when a Kill gives none */
+} ranks_opts_t;
+
+int ranks_create(ranks_t **out, const ranks_opts_t *o);
+/* The node's id for Rendezvous and ReportRankExit (after each registration). */
+void ranks_set_node_id(ranks_t *R, const char *node_id);
+void ranks_assign(ranks_t *R, const Fsdp__V1__RankAssignment *a);
+void ranks_kill(ranks_t *R, const Fsdp__V1__Kill *k);
+/* 1 when something a heartbeat carries changed since the last ranks_pack. */
+int ranks_dirty(const ranks_t *R);
+/* A packed HeartbeatRequest with the devices (job_id set where processes
+ * live) and every rank's latest status (malloc'd into *buf). */
+int ranks_pack(ranks_t *R, uint8_t **buf, size_t *len);
+/* 1 while rank (job, attempt, rank) may still write to its log. */
+int ranks_log_active(const ranks_t *R, const char *job, uint32_t attempt, uint32_t rank);
+/* Stops every rank (SIGTERM, SIGKILL after grace_s) and refuses new ones;
+ * exit reports are then tried until report_deadline (loop time, ms). */
+void ranks_stop_all(ranks_t *R, double grace_s, uint64_t report_deadline);
+/* 1 when no rank is left: all exited and reported (or given up). */
+int ranks_idle(const ranks_t *R);
+/* After ranks_idle, or after the deadline: frees what is left (work in
+ * flight finishes on the loop first: run it until it returns). */
+void ranks_destroy(ranks_t *R);
+
+#endif

@@ -1,0 +1,76 @@
+/* report: the rank's side of the report channel (see report.h). */
+#include "daemon/train/report.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "daemon/common/err.h"
+#include "daemon/common/frame.h"
+#include "proto/fsdp.pb-c.h"
+
+struct report {
+  int fd; /* -1 once the reports stopped */
+};
+
+int report_open_from_env(report_t **out) {
+  *out = NULL;
+  const char *v = getenv("FSDP_REPORT_FD");
+  if (!v || !*v) return FSDP_OK;
+  char *end;
+  long fd = strtol(v, &end, 10);
+  if (*end || fd < 0 || fd > (1 << 20) || fcntl((int)fd, F_GETFD) < 0)
+    return err_set(FSDP_EINVAL, "FSDP_REPORT_FD: \"%s\" is not an open descriptor; it is set by "
+                   "fsdpd for the ranks it starts (unset it to run fsdp-train by hand)", v);
+  /* the channel is a socket (send ignores SIGPIPE per call); a pipe given by
+   * hand needs SIGPIPE ignored so a gone reader is an error, not our death */
+  struct stat sb;
+  if (fcntl((int)fd, F_SETFD, FD_CLOEXEC) < 0 || fstat((int)fd, &sb) ||
+      (!S_ISSOCK(sb.st_mode) && signal(SIGPIPE, SIG_IGN) == SIG_ERR))
+    return err_set(FSDP_EINVAL, "FSDP_REPORT_FD: cannot set up descriptor %ld", fd);
+  report_t *r = malloc(sizeof *r);
+  if (!r) return err_set(FSDP_ENOMEM, "report channel: out of memory");
+  r->fd = (int)fd;
+  *out = r;
+  return FSDP_OK;
+}
+
+void report_metrics(void *ctx, const train_metrics_t *m) {
+  report_t *r = ctx;
+  if (r->fd < 0) return;
+  Fsdp__V1__MemoryCategory cats[MEM__COUNT], *pcats[MEM__COUNT];
+  for (int i = 0; i < MEM__COUNT; i++) {
+    fsdp__v1__memory_category__init(&cats[i]);
+    cats[i].name = (char *)mem_cat_name((mem_cat_t)i);
+    cats[i].current_bytes = m->mem.cur[i];
+    cats[i].peak_bytes = m->mem.peak[i];
+    pcats[i] = &cats[i];
+  }
+  Fsdp__V1__RankStatus st = FSDP__V1__RANK_STATUS__INIT;
+  st.rank = (uint32_t)m->rank;
+  st.state = FSDP__V1__RANK_STATE__RANK_STATE_RUNNING;
+  st.step = m->step;
+  st.loss = m->loss;
+  st.tokens_per_s = m->tokens_per_s;
+  st.n_memory = MEM__COUNT;
+  st.memory = pcats;
+  uint8_t buf[4096]; /* a status with every category is a few hundred bytes */
+  size_t n = fsdp__v1__rank_status__get_packed_size(&st);
+  if (n > sizeof buf) return; /* cannot happen with the fields above; skip rather than stop */
+  fsdp__v1__rank_status__pack(&st, buf);
+  if (frame_write(r->fd, buf, n)) {
+    fprintf(stderr, "fsdp-train: rank %d: reports to the node daemon stopped (%s); training goes on\n",
+            m->rank, err_msg());
+    close(r->fd);
+    r->fd = -1;
+  }
+}
+
+void report_close(report_t *r) {
+  if (!r) return;
+  if (r->fd >= 0) close(r->fd);
+  free(r);
+}

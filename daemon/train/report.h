@@ -1,0 +1,28 @@
+/* report: a rank's report channel to its node daemon. When fsdpd starts a
+ * rank it hands it one end of a socket as FSDP_REPORT_FD; after every step
+ * the rank writes there one fsdp.v1.RankStatus (proto/fsdp.proto: rank,
+ * state RUNNING, step, loss, tokens/s, memory by mem.h's categories),
+ * framed by daemon/common/frame.h. fsdpd relays the latest in its
+ * heartbeats. The job fields (job id, attempt, device, node) are fsdpd's to
+ * fill: the rank does not know them.
+ *
+ * Reports never stop training: a daemon that closed its end (or refused a
+ * frame) ends the reports with one line on stderr, and the run goes on.
+ * This is the one file of fsdp-train that knows the wire's messages; it
+ * links the generated proto code and protobuf-c, never gRPC. */
+#ifndef FSDP_REPORT_H
+#define FSDP_REPORT_H
+
+#include "daemon/train/train.h"
+
+typedef struct report report_t;
+
+/* The channel FSDP_REPORT_FD names, or *out = NULL when it is unset. A value
+ * that is not an open descriptor is an error naming the variable. */
+int report_open_from_env(report_t **out);
+/* train_metrics_cb: one frame per step (ctx is the report_t). */
+void report_metrics(void *ctx, const train_metrics_t *m);
+/* Closes the descriptor; NULL is a no-op. */
+void report_close(report_t *r);
+
+#endif

@@ -1,0 +1,878 @@
+/* End-to-end tests of fsdpd, run as a program against a fake coordinator.
+ *
+ * The fake coordinator is this test's own rpc_server on a libuv loop in a
+ * thread: RegisterNode records the request and names the node "n-1";
+ * Heartbeat holds each call HOLD_MS, then answers with the reply the test
+ * queued (assignments, kills), or empty, or `reregister` when the session is
+ * not the current one (a restarted coordinator); Rendezvous collects the
+ * payloads of a (job, attempt) and answers complete once all are in (after a
+ * short hold otherwise), ESTALE for jobs named "stale-*"; ReportRankExit
+ * records. bin/fsdpd runs as a process with --devices cpu:2 on 127.0.0.1 and
+ * starts bin/fsdp-train ranks (the `tiny` model) through it.
+ *
+ * Covered: registration (devices, Node address), a 2-rank job to the end
+ * (exits reported, heartbeats with rising steps and memory, logs, ring
+ * addresses only from Rendezvous), GetRankLogs, a Kill mid-job (both ranks
+ * gone within grace + 1 s, nothing of their groups left), the coordinator
+ * going away and coming back (fsdpd re-registers with its ranks, which kept
+ * running), a "../" job id refused before it reaches a path, an ended
+ * attempt's rendezvous (ESTALE) given up without a report, SIGTERM to
+ * fsdpd, and the root checks (no --run-as refused with exit 2; ranks run as
+ * nobody). The test process is a child subreaper: whatever fsdpd leaves is
+ * its to kill and reap in .fini, so no process outlives a test. */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <pwd.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon/common/err.h"
+#include "daemon/common/rpc.h"
+#include "proto/fsdp.pb-c.h"
+#include "tests/unit/testutil.h"
+
+#define HOLD_MS 150      /* the fake coordinator's heartbeat hold */
+#define GRACE_S 2        /* fsdpd --grace */
+#define MAX_RECS 8192
+#define MAX_EXITS 16
+#define MAX_JOBS 8
+#define NOBODY 65534
+
+/* ---- the fake coordinator's state (F.mu guards it) ------------------------------- */
+
+typedef struct hb_rec {
+  char job[32];
+  uint32_t rank;
+  int64_t step;
+  int nmem, has_params;
+  int running;
+} hb_rec_t;
+
+typedef struct exit_rec {
+  char job[32], message[512];
+  uint32_t attempt, rank;
+  int32_t exit_status, term_signal;
+  double at;
+} exit_rec_t;
+
+typedef struct rdv_job {
+  char job[32];
+  uint32_t attempt, size;
+  char payload[8][64];
+  unsigned have;
+  int calls;
+} rdv_job_t;
+
+static struct {
+  pthread_t thread;
+  uv_loop_t loop;
+  uv_async_t wake;
+  rpc_server_t *srv;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int ready, rc, port, stop;
+  char err[1024];
+  /* what fsdpd told it */
+  int regs;
+  char reg_node_id[64], reg_address[128], reg_host[128];
+  int reg_ndev, reg_ncpu, reg_nranks;
+  uint64_t session, generation;
+  int heartbeats, reregisters_sent, dev_busy_seen;
+  hb_rec_t recs[MAX_RECS];
+  int nrecs;
+  exit_rec_t exits[MAX_EXITS];
+  int nexits;
+  rdv_job_t jobs[MAX_JOBS];
+  int njobs;
+  /* what it tells fsdpd next */
+  uint8_t *queued;
+  size_t queued_len;
+} F = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+
+/* fsdpd, as a process */
+static int fsdpd_pid;
+static char *workdir, *fsdpd_log, *tokens;
+
+/* ---- handlers (on the fake's loop thread) ----------------------------------------- */
+
+static void h_register(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
+  (void)arg;
+  const Fsdp__V1__RegisterNodeRequest *req = (const void *)m;
+  pthread_mutex_lock(&F.mu);
+  F.regs++;
+  snprintf(F.reg_node_id, sizeof F.reg_node_id, "%s", req->node_id);
+  snprintf(F.reg_address, sizeof F.reg_address, "%s", req->address);
+  snprintf(F.reg_host, sizeof F.reg_host, "%s", req->hostname);
+  F.reg_ndev = (int)req->n_devices;
+  F.reg_ncpu = 0;
+  for (size_t i = 0; i < req->n_devices; i++)
+    F.reg_ncpu += !strcmp(req->devices[i]->kind, "cpu") && req->devices[i]->index == i &&
+                  req->devices[i]->total_bytes > 0;
+  F.reg_nranks = (int)req->n_ranks;
+  F.session = F.generation * 1000 + (uint64_t)F.regs;
+  Fsdp__V1__RegisterNodeReply rep = FSDP__V1__REGISTER_NODE_REPLY__INIT;
+  rep.node_id = "n-1";
+  rep.session = F.session;
+  rep.heartbeat_interval_ms = HOLD_MS;
+  pthread_mutex_unlock(&F.mu);
+  rpc_call_reply(call, &rep.base);
+}
+
+typedef struct hold {
+  uv_timer_t timer;
+  rpc_call_t *call;
+  int reregister;
+  char job[32];
+  uint32_t attempt;
+  int rdv_index;
+} hold_t;
+
+static void hold_closed(uv_handle_t *h) { free(h->data); }
+
+static void hold_cancel(rpc_call_t *call, void *arg) {
+  (void)call;
+  hold_t *h = arg;
+  uv_close((uv_handle_t *)&h->timer, hold_closed);
+}
+
+/* The held heartbeat's answer: what the test queued, or nothing. */
+static void heartbeat_answer(uv_timer_t *t) {
+  hold_t *h = t->data;
+  pthread_mutex_lock(&F.mu);
+  Fsdp__V1__HeartbeatReply *rep = NULL;
+  if (F.queued && !h->reregister) {
+    rep = fsdp__v1__heartbeat_reply__unpack(NULL, F.queued_len, F.queued);
+    free(F.queued);
+    F.queued = NULL;
+  }
+  pthread_mutex_unlock(&F.mu);
+  Fsdp__V1__HeartbeatReply empty = FSDP__V1__HEARTBEAT_REPLY__INIT;
+  empty.reregister = h->reregister;
+  rpc_call_reply(h->call, rep ? &rep->base : &empty.base);
+  if (rep) fsdp__v1__heartbeat_reply__free_unpacked(rep, NULL);
+  uv_close((uv_handle_t *)&h->timer, hold_closed);
+}
+
+static void h_heartbeat(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
+  (void)arg;
+  const Fsdp__V1__HeartbeatRequest *req = (const void *)m;
+  hold_t *h = calloc(1, sizeof *h);
+  pthread_mutex_lock(&F.mu);
+  F.heartbeats++;
+  h->reregister = req->session != F.session || strcmp(req->node_id, "n-1");
+  F.reregisters_sent += h->reregister;
+  for (size_t i = 0; i < req->n_devices; i++) F.dev_busy_seen += req->devices[i]->job_id[0] != 0;
+  for (size_t i = 0; i < req->n_ranks && F.nrecs < MAX_RECS; i++) {
+    const Fsdp__V1__RankStatus *st = req->ranks[i];
+    hb_rec_t *r = &F.recs[F.nrecs++];
+    snprintf(r->job, sizeof r->job, "%s", st->job_id);
+    r->rank = st->rank;
+    r->step = st->step;
+    r->running = st->state == FSDP__V1__RANK_STATE__RANK_STATE_RUNNING;
+    r->nmem = (int)st->n_memory;
+    for (size_t k = 0; k < st->n_memory; k++)
+      r->has_params |= !strcmp(st->memory[k]->name, "params") && st->memory[k]->peak_bytes > 0;
+  }
+  /* something queued goes out at once; otherwise the call is held */
+  int now = F.queued != NULL || h->reregister;
+  pthread_mutex_unlock(&F.mu);
+  h->call = call;
+  uv_timer_init(&F.loop, &h->timer);
+  h->timer.data = h;
+  rpc_call_on_cancel(call, hold_cancel, h);
+  uv_timer_start(&h->timer, heartbeat_answer, now ? 0 : HOLD_MS, 0);
+}
+
+/* A rendezvous answer: complete with every payload once all are in. */
+static void rendezvous_answer(uv_timer_t *t) {
+  hold_t *h = t->data;
+  Fsdp__V1__RendezvousReply rep = FSDP__V1__RENDEZVOUS_REPLY__INIT;
+  ProtobufCBinaryData p[8];
+  pthread_mutex_lock(&F.mu);
+  rdv_job_t *j = &F.jobs[h->rdv_index];
+  if (j->have == (1u << j->size) - 1) {
+    rep.complete = 1;
+    rep.n_payloads = j->size;
+    for (uint32_t r = 0; r < j->size; r++) p[r] = (ProtobufCBinaryData){strlen(j->payload[r]),
+                                                                        (uint8_t *)j->payload[r]};
+    rep.payloads = p;
+  }
+  rpc_call_reply(h->call, &rep.base); /* encoded now, under the lock that keeps payloads still */
+  pthread_mutex_unlock(&F.mu);
+  uv_close((uv_handle_t *)&h->timer, hold_closed);
+}
+
+static void h_rendezvous(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
+  (void)arg;
+  const Fsdp__V1__RendezvousRequest *req = (const void *)m;
+  if (!strncmp(req->job_id, "stale-", 6)) {
+    rpc_call_finish(call, err_set(FSDP_ESTALE, "job %s: attempt %u has ended", req->job_id, req->attempt));
+    return;
+  }
+  pthread_mutex_lock(&F.mu);
+  int i = 0;
+  while (i < F.njobs && (strcmp(F.jobs[i].job, req->job_id) || F.jobs[i].attempt != req->attempt)) i++;
+  int bad = req->group_size > 8 || req->rank >= req->group_size || strcmp(req->group, "world") ||
+            req->payload.len >= 64 || strcmp(req->node_id, "n-1") || (i == F.njobs && i == MAX_JOBS);
+  if (!bad && i == F.njobs) {
+    F.njobs++;
+    snprintf(F.jobs[i].job, sizeof F.jobs[i].job, "%s", req->job_id);
+    F.jobs[i].attempt = req->attempt;
+    F.jobs[i].size = req->group_size;
+  }
+  if (!bad) {
+    rdv_job_t *j = &F.jobs[i];
+    j->calls++;
+    memcpy(j->payload[req->rank], req->payload.data, req->payload.len);
+    j->payload[req->rank][req->payload.len] = 0;
+    j->have |= 1u << req->rank;
+  }
+  int complete = !bad && F.jobs[i].have == (1u << F.jobs[i].size) - 1;
+  pthread_mutex_unlock(&F.mu);
+  if (bad) {
+    rpc_call_finish(call, err_set(FSDP_EINVAL, "rendezvous: a malformed request"));
+    return;
+  }
+  hold_t *h = calloc(1, sizeof *h);
+  h->call = call;
+  h->rdv_index = i;
+  uv_timer_init(&F.loop, &h->timer);
+  h->timer.data = h;
+  rpc_call_on_cancel(call, hold_cancel, h);
+  uv_timer_start(&h->timer, rendezvous_answer, complete ? 0 : 100, 0);
+}
+
+static void h_report_exit(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
+  (void)arg;
+  const Fsdp__V1__ReportRankExitRequest *req = (const void *)m;
+  pthread_mutex_lock(&F.mu);
+  if (F.nexits < MAX_EXITS) {
+    exit_rec_t *e = &F.exits[F.nexits++];
+    snprintf(e->job, sizeof e->job, "%s", req->job_id);
+    snprintf(e->message, sizeof e->message, "%s", req->message);
+    e->attempt = req->attempt;
+    e->rank = req->rank;
+    e->exit_status = req->exit_status;
+    e->term_signal = req->term_signal;
+    e->at = tu_now_s();
+  }
+  pthread_mutex_unlock(&F.mu);
+  Fsdp__V1__ReportRankExitReply rep = FSDP__V1__REPORT_RANK_EXIT_REPLY__INIT;
+  rpc_call_reply(call, &rep.base);
+}
+
+/* ---- the fake's loop, in its thread ------------------------------------------------ */
+
+static void wake_cb(uv_async_t *a) {
+  (void)a;
+  pthread_mutex_lock(&F.mu);
+  int stop = F.stop;
+  pthread_mutex_unlock(&F.mu);
+  if (stop) {
+    rpc_server_destroy(F.srv); /* cancels held calls: their timers close */
+    F.srv = NULL;
+    uv_close((uv_handle_t *)&F.wake, NULL);
+  }
+}
+
+static void *fake_thread(void *arg) {
+  (void)arg;
+  uv_loop_init(&F.loop);
+  uv_async_init(&F.loop, &F.wake, wake_cb);
+  char addr[64];
+  snprintf(addr, sizeof addr, "127.0.0.1:%d", F.port);
+  const rpc_server_opts_t o = {.addr = addr};
+  const rpc_method_t ms[] = {
+      {"/fsdp.v1.Coordinator/RegisterNode", &fsdp__v1__register_node_request__descriptor,
+       &fsdp__v1__register_node_reply__descriptor, 0, RPC_ROLE_NODE, h_register, NULL},
+      {"/fsdp.v1.Coordinator/Heartbeat", &fsdp__v1__heartbeat_request__descriptor,
+       &fsdp__v1__heartbeat_reply__descriptor, 0, RPC_ROLE_NODE, h_heartbeat, NULL},
+      {"/fsdp.v1.Coordinator/Rendezvous", &fsdp__v1__rendezvous_request__descriptor,
+       &fsdp__v1__rendezvous_reply__descriptor, 0, RPC_ROLE_NODE, h_rendezvous, NULL},
+      {"/fsdp.v1.Coordinator/ReportRankExit", &fsdp__v1__report_rank_exit_request__descriptor,
+       &fsdp__v1__report_rank_exit_reply__descriptor, 0, RPC_ROLE_NODE, h_report_exit, NULL},
+  };
+  int rc = rpc_server_create(&F.srv, &F.loop, &o);
+  for (size_t i = 0; !rc && i < sizeof ms / sizeof ms[0]; i++) rc = rpc_server_add(F.srv, &ms[i]);
+  if (!rc) rc = rpc_server_start(F.srv);
+  pthread_mutex_lock(&F.mu);
+  F.rc = rc;
+  if (!rc) F.port = rpc_server_port(F.srv);
+  snprintf(F.err, sizeof F.err, "%s", err_msg());
+  F.ready = 1;
+  pthread_cond_broadcast(&F.cv);
+  pthread_mutex_unlock(&F.mu);
+  if (rc) {
+    if (F.srv) rpc_server_destroy(F.srv);
+    uv_close((uv_handle_t *)&F.wake, NULL);
+  }
+  uv_run(&F.loop, UV_RUN_DEFAULT);
+  uv_loop_close(&F.loop);
+  return NULL;
+}
+
+/* Starts the fake on F.port (0: any); a new generation of sessions. */
+static void fake_start(void) {
+  F.ready = F.stop = 0;
+  F.generation++;
+  F.session = 0; /* a restarted coordinator knows no session */
+  pthread_create(&F.thread, NULL, fake_thread, NULL);
+  double until = tu_now_s() + 10;
+  while (tu_now_s() < until) {
+    pthread_mutex_lock(&F.mu);
+    int ready = F.ready;
+    pthread_mutex_unlock(&F.mu);
+    if (ready) break;
+    usleep(5000);
+  }
+  cr_assert(F.ready, "the fake coordinator did not start within 10 s");
+  if (F.rc) pthread_join(F.thread, NULL);
+  cr_assert_eq(F.rc, 0, "fake coordinator: %s", F.err);
+}
+
+static void fake_stop(void) {
+  if (!F.ready || F.rc) return;
+  pthread_mutex_lock(&F.mu);
+  F.stop = 1;
+  pthread_mutex_unlock(&F.mu);
+  uv_async_send(&F.wake);
+  pthread_join(F.thread, NULL);
+  F.ready = 0;
+}
+
+/* ---- processes, from /proc ---------------------------------------------------------- */
+
+/* Calls fn for every process (its pid, state, parent and group); returns
+ * how many calls returned non-zero. */
+static int proc_each(int (*fn)(int pid, char st, int ppid, int pgrp, void *arg), void *arg) {
+  int n = 0;
+  DIR *d = opendir("/proc");
+  for (struct dirent *e; d && (e = readdir(d));) {
+    char path[300], buf[512];
+    snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+    FILE *f = fopen(path, "r");
+    if (!f) continue;
+    size_t len = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[len] = 0;
+    /* "pid (comm) state ppid pgrp ...": comm may hold anything; parse after the last ')' */
+    char *rp = strrchr(buf, ')'), st;
+    int ppid, pgrp;
+    if (rp && sscanf(rp + 1, " %c %d %d", &st, &ppid, &pgrp) == 3)
+      n += fn(atoi(e->d_name), st, ppid, pgrp, arg) != 0;
+  }
+  if (d) closedir(d);
+  return n;
+}
+
+/* SIGKILLs a child of ours (fsdpd, or a rank reparented to this subreaper). */
+static int kill_child(int pid, char st, int ppid, int pgrp, void *arg) {
+  (void)st, (void)pgrp, (void)arg;
+  return ppid == getpid() && kill(pid, SIGKILL) == 0;
+}
+
+typedef struct pids {
+  int ppid, n, pid[2];
+} pids_t;
+
+static int note_child(int pid, char st, int ppid, int pgrp, void *arg) {
+  pids_t *p = arg;
+  (void)pgrp;
+  if (ppid != p->ppid || st == 'Z' || p->n == 2) return 0;
+  p->pid[p->n++] = pid;
+  return 1;
+}
+
+static int in_group(int pid, char st, int ppid, int pgrp, void *arg) {
+  (void)pid, (void)st, (void)ppid;
+  return pgrp == *(int *)arg;
+}
+
+/* 1 when any process (zombies included) is in process group pgid. */
+static int group_alive(int pgid) { return proc_each(in_group, &pgid) > 0; }
+
+/* ---- fsdpd, the process -------------------------------------------------------------- */
+
+/* Runs bin/fsdpd with args (NULL-terminated, after --coordinator), its
+ * output into fsdpd_log; returns its pid. */
+static int fsdpd_spawn(const char *const *extra) {
+  char coord[64], root[1024], prog[1100];
+  snprintf(coord, sizeof coord, "127.0.0.1:%d", F.port);
+  snprintf(root, sizeof root, "%s", tu_root());
+  snprintf(prog, sizeof prog, "%s/bin/fsdpd", root);
+  const char *argv[40] = {prog, "--coordinator", coord};
+  int n = 3;
+  for (int i = 0; extra && extra[i] && n < 38; i++) argv[n++] = extra[i];
+  argv[n] = NULL;
+  int pid = fork();
+  cr_assert_geq(pid, 0);
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    int fd = open(fsdpd_log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    execv(prog, (char **)argv);
+    _exit(127);
+  }
+  return pid;
+}
+
+static char *slurp(const char *path) {
+  FILE *f = fopen(path, "rb");
+  char *s = calloc(1, 1 << 20);
+  if (f) {
+    size_t n = fread(s, 1, (1 << 20) - 1, f);
+    s[n] = 0;
+    fclose(f);
+  }
+  return s;
+}
+
+/* The usual daemon: 2 CPU devices, ranks as nobody when we are root. */
+static void fsdpd_start(void) {
+  const char *args[] = {"--devices", "cpu:2", "--work-dir", workdir, "--grace", "2",
+                        geteuid() == 0 ? "--run-as" : NULL, "nobody", NULL};
+  fsdpd_pid = fsdpd_spawn(args);
+}
+
+/* Waits until cond() holds (F.mu held while it is asked), at most secs. */
+static int wait_for(int (*cond)(void), double secs) {
+  double until = tu_now_s() + secs;
+  for (;;) {
+    pthread_mutex_lock(&F.mu);
+    int ok = cond();
+    pthread_mutex_unlock(&F.mu);
+    if (ok) return 1;
+    if (tu_now_s() > until) return 0;
+    usleep(10000);
+  }
+}
+
+static int registered(void) { return F.regs >= 1; }
+
+/* A cleared record for the next test, the fake on a fresh port, the dirs. */
+static void setup(void) {
+  cr_assert_eq(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  pthread_mutex_lock(&F.mu);
+  free(F.queued);
+  F.queued = NULL;
+  F.regs = F.heartbeats = F.reregisters_sent = F.dev_busy_seen = F.nrecs = F.nexits = F.njobs = 0;
+  memset(F.jobs, 0, sizeof F.jobs);
+  F.port = 0;
+  pthread_mutex_unlock(&F.mu);
+  /* the ranks run as nobody: the token file must be theirs to read */
+  cr_assert_eq(chmod(tu_tmpdir(), 0755), 0);
+  if (!tokens) tokens = tu_token_file("tokens.bin", 1 << 14, 7, 256);
+  cr_assert_eq(chmod(tokens, 0644), 0);
+  free(workdir);
+  free(fsdpd_log);
+  static int n;
+  char name[64];
+  snprintf(name, sizeof name, "work-%d", ++n);
+  workdir = tu_path(name);
+  snprintf(name, sizeof name, "fsdpd-%d.log", n);
+  fsdpd_log = tu_path(name);
+  fake_start();
+}
+
+/* Every process left (fsdpd, and ranks reparented to us) is killed and reaped. */
+static void teardown(void) {
+  if (fsdpd_pid > 0) {
+    kill(fsdpd_pid, SIGKILL);
+    waitpid(fsdpd_pid, NULL, 0);
+    fsdpd_pid = 0;
+  }
+  for (int round = 0; round < 100 && proc_each(kill_child, NULL); round++) {
+    while (waitpid(-1, NULL, WNOHANG) > 0) {
+    }
+    usleep(10000);
+  }
+  while (waitpid(-1, NULL, WNOHANG) > 0) {
+  }
+  fake_stop();
+}
+
+/* ---- jobs ---------------------------------------------------------------------------- */
+
+/* The reply the next heartbeat gets (replacing one not sent yet). */
+static void queue_reply(const Fsdp__V1__HeartbeatReply *rep) {
+  size_t n = fsdp__v1__heartbeat_reply__get_packed_size(rep);
+  uint8_t *b = malloc(n);
+  fsdp__v1__heartbeat_reply__pack(rep, b);
+  pthread_mutex_lock(&F.mu);
+  free(F.queued);
+  F.queued = b;
+  F.queued_len = n;
+  pthread_mutex_unlock(&F.mu);
+}
+
+/* Queues a heartbeat reply with one assignment per rank (rank r on device r). */
+static void queue_job(const char *job, int world, int steps) {
+  char vsteps[32];
+  snprintf(vsteps, sizeof vsteps, "%d", steps);
+  Fsdp__V1__Option o[7];
+  Fsdp__V1__Option *po[7];
+  const char *kv[7][3] = {{"model", "model", "tiny"}, {"train", "steps", vsteps},
+                          {"train", "batch", "2"},     {"train", "seq_len", "32"},
+                          {"optim", "warmup_steps", "1"}, {"data", "data", tokens},
+                          {"", "eval_fraction", "0.1"}};
+  for (int i = 0; i < 7; i++) {
+    fsdp__v1__option__init(&o[i]);
+    o[i].section = (char *)kv[i][0];
+    o[i].key = (char *)kv[i][1];
+    o[i].value = (char *)kv[i][2];
+    po[i] = &o[i];
+  }
+  Fsdp__V1__JobSpec spec = FSDP__V1__JOB_SPEC__INIT;
+  spec.name = "test";
+  spec.world_size = (uint32_t)world;
+  spec.n_options = 7;
+  spec.options = po;
+  Fsdp__V1__RankAssignment a[2], *pa[2];
+  for (int r = 0; r < world; r++) {
+    fsdp__v1__rank_assignment__init(&a[r]);
+    a[r].job_id = (char *)job;
+    a[r].attempt = 1;
+    a[r].rank = (uint32_t)r;
+    a[r].world_size = (uint32_t)world;
+    a[r].device = (uint32_t)r;
+    a[r].spec = &spec;
+    pa[r] = &a[r];
+  }
+  Fsdp__V1__HeartbeatReply rep = FSDP__V1__HEARTBEAT_REPLY__INIT;
+  rep.n_assignments = (size_t)world;
+  rep.assignments = pa;
+  queue_reply(&rep);
+}
+
+static void queue_kill(const char *job, uint32_t grace_ms) {
+  Fsdp__V1__Kill k = FSDP__V1__KILL__INIT;
+  k.job_id = (char *)job;
+  k.attempt = 1;
+  k.reason = "cancelled by the test";
+  k.grace_ms = grace_ms;
+  Fsdp__V1__Kill *pk = &k;
+  Fsdp__V1__HeartbeatReply rep = FSDP__V1__HEARTBEAT_REPLY__INIT;
+  rep.n_kills = 1;
+  rep.kills = &pk;
+  queue_reply(&rep);
+}
+
+static int two_exits(void) { return F.nexits >= 2; }
+
+/* The highest step heartbeats carried for rank r of job (F.mu held). */
+static int64_t max_step(const char *job, uint32_t r) {
+  int64_t s = -1;
+  for (int i = 0; i < F.nrecs; i++)
+    if (F.recs[i].rank == r && !strcmp(F.recs[i].job, job) && F.recs[i].step > s) s = F.recs[i].step;
+  return s;
+}
+
+static int training_j2(void) { return max_step("j-2", 0) >= 3 && max_step("j-2", 1) >= 3; }
+
+static unsigned proc_uid(int pid) {
+  char path[64], line[256];
+  snprintf(path, sizeof path, "/proc/%d/status", pid);
+  FILE *f = fopen(path, "r");
+  unsigned uid = ~0u;
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "Uid: %u", &uid) == 1) break;
+  if (f) fclose(f);
+  return uid;
+}
+
+/* Starts the long job j-2 and waits until both ranks have reported 3 steps;
+ * its ranks' pids (fsdpd's children) in pids. */
+static void start_long_job(int pids[2]) {
+  fsdpd_start();
+  cr_assert(wait_for(registered, 10), "fsdpd did not register within 10 s:\n%s", slurp(fsdpd_log));
+  queue_job("j-2", 2, 1000000);
+  cr_assert(wait_for(training_j2, 20), "the ranks did not report 3 steps within 20 s:\n%s",
+            slurp(fsdpd_log));
+  pids_t p = {.ppid = fsdpd_pid};
+  proc_each(note_child, &p);
+  cr_assert_eq(p.n, 2, "fsdpd should have two rank children");
+  pids[0] = p.pid[0], pids[1] = p.pid[1];
+}
+
+/* ---- tests --------------------------------------------------------------------------- */
+
+TestSuite(fsdpd, .init = setup, .fini = teardown);
+
+static int j1_complete(void) { return F.njobs >= 1 && F.jobs[0].have == 3; }
+
+Test(fsdpd, registers_runs_a_job_to_the_end_and_serves_its_logs, .timeout = 40) {
+  fsdpd_start();
+  cr_assert(wait_for(registered, 10), "fsdpd did not register within 10 s:\n%s", slurp(fsdpd_log));
+  pthread_mutex_lock(&F.mu);
+  cr_expect_eq(F.reg_ndev, 2);
+  cr_expect_eq(F.reg_ncpu, 2, "two cpu devices, indexed 0 and 1, with memory");
+  cr_expect_str_eq(F.reg_node_id, "", "a first registration has no id yet");
+  cr_expect(!strncmp(F.reg_address, "127.0.0.1:", 10) && atoi(F.reg_address + 10) > 0,
+            "the Node service's bound address: %s", F.reg_address);
+  char node_addr[128];
+  snprintf(node_addr, sizeof node_addr, "%s", F.reg_address);
+  pthread_mutex_unlock(&F.mu);
+
+  queue_job("j-1", 2, 400); /* long enough for a few heartbeats */
+  cr_assert(wait_for(two_exits, 30), "both ranks' exits were not reported within 30 s:\n%s",
+            slurp(fsdpd_log));
+  pthread_mutex_lock(&F.mu);
+  for (int i = 0; i < 2; i++) {
+    exit_rec_t *e = &F.exits[i];
+    cr_expect(!strcmp(e->job, "j-1") && e->attempt == 1 && e->exit_status == 0 && !e->term_signal,
+              "rank %u: %s exit %d signal %d (%s)", e->rank, e->job, e->exit_status, e->term_signal,
+              e->message);
+    cr_expect(strstr(e->message, "train: done"), "the last line of its log: %s", e->message);
+  }
+  cr_expect_neq(F.exits[0].rank, F.exits[1].rank);
+  /* the ring addresses came from the rendezvous: one per rank, ports the ranks' listeners had */
+  cr_assert(j1_complete(), "rendezvous of j-1 incomplete");
+  cr_expect(strncmp(F.jobs[0].payload[0], "127.0.0.1:", 10) == 0 &&
+            strncmp(F.jobs[0].payload[1], "127.0.0.1:", 10) == 0 &&
+            strcmp(F.jobs[0].payload[0], F.jobs[0].payload[1]), "payloads %s %s",
+            F.jobs[0].payload[0], F.jobs[0].payload[1]);
+  /* heartbeats relayed the ranks' reports: steps rising, memory by category */
+  int64_t last[2] = {-1, -1};
+  int rising = 1, running = 0, mem = 0;
+  for (int i = 0; i < F.nrecs; i++) {
+    hb_rec_t *r = &F.recs[i];
+    if (strcmp(r->job, "j-1") || r->rank > 1) continue;
+    rising &= r->step >= last[r->rank];
+    last[r->rank] = r->step;
+    running += r->running;
+    mem += r->nmem >= 6 && r->has_params;
+  }
+  cr_expect(rising, "a rank's step went back in the heartbeats");
+  cr_expect(running > 0 && mem > 0, "no heartbeat carried a running rank with its memory "
+            "(%d records, %d running, %d with memory)", F.nrecs, running, mem);
+  cr_expect_gt(F.dev_busy_seen, 0, "no heartbeat named a device as held by the job");
+  pthread_mutex_unlock(&F.mu);
+
+  /* the log on disk, and the same bytes through GetRankLogs */
+  char path[1200];
+  snprintf(path, sizeof path, "%s/jobs/j-1/1/rank-0.log", workdir);
+  char *log = slurp(path);
+  cr_expect(strstr(log, "step   400/400 | loss"), "rank 0's log lacks its progress lines:\n%s", log);
+  snprintf(path, sizeof path, "%s/jobs/j-1/1/rank-1.log", workdir);
+  struct stat sb;
+  cr_expect_eq(stat(path, &sb), 0, "rank 1 has a log too");
+
+  rpc_client_t *c;
+  const rpc_client_opts_t co = {.target = node_addr};
+  cr_assert_eq(rpc_client_create(&c, &co), 0, "%s", err_msg());
+  Fsdp__V1__GetRankLogsRequest req = FSDP__V1__GET_RANK_LOGS_REQUEST__INIT;
+  req.job_id = "j-1";
+  req.rank = 0; /* attempt 0: the latest */
+  rpc_stream_t *st;
+  cr_assert_eq(rpc_stream_open(c, &st, "/fsdp.v1.Node/GetRankLogs", &req.base, 10), 0, "%s", err_msg());
+  size_t got = 0, cap = 1 << 20;
+  char *text = calloc(1, cap);
+  ProtobufCMessage *m;
+  int rc;
+  while ((rc = rpc_stream_next(st, &fsdp__v1__log_chunk__descriptor, &m)) == 1) {
+    Fsdp__V1__LogChunk *ch = (void *)m;
+    cr_expect_eq(ch->offset, (int64_t)got);
+    if (got + ch->data.len < cap) memcpy(text + got, ch->data.data, ch->data.len);
+    got += ch->data.len;
+    protobuf_c_message_free_unpacked(m, NULL);
+  }
+  cr_expect_eq(rc, 0, "the stream ends OK: %s", err_msg());
+  cr_expect_str_eq(text, log, "GetRankLogs returns the log file");
+  rpc_stream_close(st);
+  /* the last 20 bytes, and a job id that is not one */
+  req.offset = -20;
+  cr_assert_eq(rpc_stream_open(c, &st, "/fsdp.v1.Node/GetRankLogs", &req.base, 10), 0);
+  cr_assert_eq(rpc_stream_next(st, &fsdp__v1__log_chunk__descriptor, &m), 1, "%s", err_msg());
+  cr_expect_eq(((Fsdp__V1__LogChunk *)m)->data.len, 20);
+  protobuf_c_message_free_unpacked(m, NULL);
+  rpc_stream_close(st);
+  req.offset = 0;
+  req.job_id = "../j-1";
+  cr_assert_eq(rpc_stream_open(c, &st, "/fsdp.v1.Node/GetRankLogs", &req.base, 10), 0);
+  cr_expect_eq(rpc_stream_next(st, &fsdp__v1__log_chunk__descriptor, &m), FSDP_EINVAL);
+  cr_expect(strstr(err_msg(), "not an id"), "%s", err_msg());
+  rpc_stream_close(st);
+  rpc_client_destroy(c);
+  free(text);
+  free(log);
+}
+
+Test(fsdpd, a_kill_stops_both_ranks_within_the_grace_and_leaves_nothing, .timeout = 40) {
+  int pids[2];
+  start_long_job(pids);
+  if (geteuid() == 0)
+    for (int i = 0; i < 2; i++) cr_expect_eq(proc_uid(pids[i]), NOBODY, "ranks run as nobody");
+  /* a follower of rank 0's log, from its last 100 bytes: it gets them now,
+   * and its stream ends by itself once the rank is gone */
+  char node_addr[128];
+  pthread_mutex_lock(&F.mu);
+  snprintf(node_addr, sizeof node_addr, "%s", F.reg_address);
+  pthread_mutex_unlock(&F.mu);
+  rpc_client_t *c;
+  const rpc_client_opts_t co = {.target = node_addr};
+  cr_assert_eq(rpc_client_create(&c, &co), 0, "%s", err_msg());
+  Fsdp__V1__GetRankLogsRequest req = FSDP__V1__GET_RANK_LOGS_REQUEST__INIT;
+  req.job_id = "j-2";
+  req.attempt = 1;
+  req.follow = 1;
+  req.offset = -100;
+  rpc_stream_t *st;
+  ProtobufCMessage *m;
+  cr_assert_eq(rpc_stream_open(c, &st, "/fsdp.v1.Node/GetRankLogs", &req.base, 15), 0, "%s", err_msg());
+  cr_assert_eq(rpc_stream_next(st, &fsdp__v1__log_chunk__descriptor, &m), 1, "%s", err_msg());
+  protobuf_c_message_free_unpacked(m, NULL);
+
+  const double t0 = tu_now_s();
+  queue_kill("j-2", 1000);
+  cr_assert(wait_for(two_exits, 1.0 + 1.0 + 1.0), "the exits were not reported within grace + 2 s:\n%s",
+            slurp(fsdpd_log));
+  int rc, chunks = 0;
+  while ((rc = rpc_stream_next(st, &fsdp__v1__log_chunk__descriptor, &m)) == 1) {
+    chunks++;
+    protobuf_c_message_free_unpacked(m, NULL);
+  }
+  cr_expect_eq(rc, 0, "the follow stream ends OK once the rank has exited: %s", err_msg());
+  cr_expect_lt(tu_now_s() - t0, 5.0, "and soon after");
+  cr_expect_gt(chunks, 0, "lines written while following arrived");
+  rpc_stream_close(st);
+  rpc_client_destroy(c);
+  pthread_mutex_lock(&F.mu);
+  for (int i = 0; i < 2; i++) {
+    exit_rec_t *e = &F.exits[i];
+    cr_expect(e->term_signal == SIGTERM || e->term_signal == SIGKILL, "rank %u: signal %d, status %d",
+              e->rank, e->term_signal, e->exit_status);
+    cr_expect_lt(e->at - t0, 1.0 + 1.0, "rank %u reported %.2f s after the kill", e->rank, e->at - t0);
+  }
+  pthread_mutex_unlock(&F.mu);
+  for (int i = 0; i < 2; i++) cr_expect(!group_alive(pids[i]), "rank pid %d's group outlived it", pids[i]);
+}
+
+static int reregistered(void) { return F.regs >= 2; }
+
+Test(fsdpd, survives_the_coordinator_going_away_and_reregisters_with_its_ranks, .timeout = 40) {
+  int pids[2];
+  start_long_job(pids);
+  fake_stop();
+  usleep(1500 * 1000); /* a coordinator restart */
+  for (int i = 0; i < 2; i++) cr_assert_eq(kill(pids[i], 0), 0, "rank %d died with the coordinator", i);
+  pthread_mutex_lock(&F.mu);
+  int64_t before = max_step("j-2", 0);
+  pthread_mutex_unlock(&F.mu);
+  fake_start(); /* the same port; sessions of the old one are unknown */
+  cr_assert(wait_for(reregistered, 10), "fsdpd did not register again within 10 s:\n%s", slurp(fsdpd_log));
+  pthread_mutex_lock(&F.mu);
+  cr_expect_geq(F.reregisters_sent, 1, "told to re-register");
+  cr_expect_str_eq(F.reg_node_id, "n-1", "it comes back with the id it had");
+  cr_expect_eq(F.reg_nranks, 2, "and with the ranks it still runs");
+  pthread_mutex_unlock(&F.mu);
+  double until = tu_now_s() + 10;
+  int64_t after = before;
+  while (after <= before + 5 && tu_now_s() < until) {
+    usleep(20000);
+    pthread_mutex_lock(&F.mu);
+    after = max_step("j-2", 0);
+    pthread_mutex_unlock(&F.mu);
+  }
+  cr_expect_gt(after, before + 5, "the ranks kept training and reporting (%lld -> %lld)",
+               (long long)before, (long long)after);
+  queue_kill("j-2", 1000);
+  cr_expect(wait_for(two_exits, 5), "killed ranks reported");
+}
+
+static int one_exit(void) { return F.nexits >= 1; }
+
+Test(fsdpd, a_job_id_with_a_path_in_it_is_refused_before_any_file, .timeout = 20) {
+  fsdpd_start();
+  cr_assert(wait_for(registered, 10), "%s", slurp(fsdpd_log));
+  queue_job("../../escape", 1, 5);
+  cr_assert(wait_for(one_exit, 5), "the refusal was not reported:\n%s", slurp(fsdpd_log));
+  pthread_mutex_lock(&F.mu);
+  cr_expect_eq(F.exits[0].exit_status, 127);
+  cr_expect(strstr(F.exits[0].message, "not an id"), "%s", F.exits[0].message);
+  cr_expect_eq(F.njobs, 0, "no rendezvous for a refused rank");
+  pthread_mutex_unlock(&F.mu);
+  char p[1200];
+  struct stat sb;
+  snprintf(p, sizeof p, "%s/escape", tu_tmpdir());
+  cr_expect_neq(stat(p, &sb), 0, "%s was created", p);
+  snprintf(p, sizeof p, "%s/escape", workdir);
+  cr_expect_neq(stat(p, &sb), 0, "%s was created", p);
+  snprintf(p, sizeof p, "%s/jobs", workdir);
+  DIR *d = opendir(p);
+  int entries = 0;
+  for (struct dirent *e; d && (e = readdir(d));) entries += e->d_name[0] != '.';
+  if (d) closedir(d);
+  cr_expect_eq(entries, 0, "nothing under %s", p);
+}
+
+Test(fsdpd, sigterm_stops_the_ranks_reports_them_and_exits_0, .timeout = 40) {
+  int pids[2];
+  start_long_job(pids);
+  const double t0 = tu_now_s();
+  cr_assert_eq(kill(fsdpd_pid, SIGTERM), 0);
+  int status = 0, done = 0;
+  while (!done && tu_now_s() - t0 < GRACE_S + 5) {
+    done = waitpid(fsdpd_pid, &status, WNOHANG) == fsdpd_pid;
+    if (!done) usleep(10000);
+  }
+  cr_assert(done, "fsdpd still runs %d s after SIGTERM:\n%s", GRACE_S + 5, slurp(fsdpd_log));
+  fsdpd_pid = 0;
+  cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status 0x%x\n%s", status, slurp(fsdpd_log));
+  cr_expect_lt(tu_now_s() - t0, GRACE_S + 3.0);
+  pthread_mutex_lock(&F.mu);
+  cr_expect_eq(F.nexits, 2, "both exits reported before fsdpd exited");
+  for (int i = 0; i < F.nexits; i++) cr_expect_eq(F.exits[i].term_signal, SIGTERM);
+  pthread_mutex_unlock(&F.mu);
+  for (int i = 0; i < 2; i++) cr_expect(!group_alive(pids[i]), "rank pid %d's group outlived fsdpd", pids[i]);
+}
+
+Test(fsdpd, refuses_to_run_ranks_as_root, .timeout = 10) {
+  if (geteuid() != 0) cr_skip_test("needs root");
+  const char *args[] = {"--devices", "cpu:1", "--work-dir", workdir, NULL};
+  int pid = fsdpd_spawn(args), status;
+  cr_assert_eq(waitpid(pid, &status, 0), pid);
+  char *out = slurp(fsdpd_log);
+  cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 2, "status 0x%x", status);
+  cr_expect(strstr(out, "--run-as") && strstr(out, "root"), "%s", out);
+  const char *root_args[] = {"--devices", "cpu:1", "--work-dir", workdir, "--run-as", "root", NULL};
+  pid = fsdpd_spawn(root_args);
+  cr_assert_eq(waitpid(pid, &status, 0), pid);
+  cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 2, "--run-as root: status 0x%x", status);
+  free(out);
+}
+
+static int j3_done(void) { return F.nexits >= 1 && !strcmp(F.exits[F.nexits - 1].job, "j-3"); }
+
+/* An ended attempt (ESTALE from Rendezvous) is given up without a report,
+ * and its device is free for the next job at once. */
+Test(fsdpd, a_stale_rendezvous_is_given_up_and_frees_the_device, .timeout = 20) {
+  fsdpd_start();
+  cr_assert(wait_for(registered, 10), "%s", slurp(fsdpd_log));
+  queue_job("stale-1", 1, 5);
+  double until = tu_now_s() + 5;
+  char *out = NULL;
+  while (tu_now_s() < until) {
+    free(out);
+    out = slurp(fsdpd_log);
+    if (strstr(out, "rendezvous refused")) break;
+    usleep(20000);
+  }
+  cr_assert(strstr(out, "rendezvous refused") && strstr(out, "given up"), "%s", out);
+  free(out);
+  queue_job("j-3", 1, 5);
+  cr_assert(wait_for(j3_done, 10), "j-3 did not run after the stale rank:\n%s", slurp(fsdpd_log));
+  pthread_mutex_lock(&F.mu);
+  cr_expect_eq(F.nexits, 1, "no exit is reported for the stale attempt's rank");
+  cr_expect_eq(F.exits[0].exit_status, 0, "%s", F.exits[0].message);
+  pthread_mutex_unlock(&F.mu);
+}
