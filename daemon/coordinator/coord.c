@@ -436,23 +436,31 @@ static void coord_watch_remove(coord_t *c, coord_watch_t *w) {
   free(w);
 }
 
-/* The job's progress as the slowest rank has it. */
-static void coord_progress(coord_t *c, const store_job_t *j, Fsdp__V1__JobProgress *p) {
-  coord_job_t *x = coord_job_info(c, j->id);
+int64_t coord_job_step(coord_t *c, const store_job_t *j, double *loss, double *tokens_per_s) {
   int64_t step = -1;
+  int heard = 0;
   for (int i = 0; i < c->n_rank; i++) {
     const coord_rank_t *r = &c->rank[i];
     if (r->job != j->id || r->epoch != j->epoch) continue;
+    heard++;
     if (step < 0 || r->step < step) step = r->step;
-    if (r->rank == 0) p->loss = r->loss, p->tokens_per_s = r->tokens_per_s;
+    /* rank 0's figures (they are the job's: the loss is averaged over ranks) */
+    if (loss && (r->rank == 0 || heard == 1)) *loss = r->loss, *tokens_per_s = r->tokens_per_s;
   }
-  p->step = step < 0 ? 0 : step;
+  return heard < j->world_size || step < 0 ? 0 : step; /* a rank not heard from is at 0 */
+}
+
+/* The job's progress as the slowest rank has it. */
+static void coord_progress(coord_t *c, const store_job_t *j, Fsdp__V1__JobProgress *p) {
+  coord_job_t *x = coord_job_info(c, j->id);
+  const int64_t step = coord_job_step(c, j, &p->loss, &p->tokens_per_s);
+  p->step = step;
   p->total_steps = x ? x->steps : 0;
   p->state = coord_job_state(j->state);
   p->attempt = (uint32_t)j->epoch;
   p->unix_ms = coord_unix_ms();
   if (x && step > 0) {
-    uint64_t now = coord_mono_ms(c);
+    const uint64_t now = coord_mono_ms(c);
     if (x->rate_epoch != j->epoch) x->rate_epoch = j->epoch, x->rate_step0 = step, x->rate_t0 = now;
     if (step > x->rate_step0 && now > x->rate_t0)
       p->eta_s = (double)(x->steps - step) * (double)(now - x->rate_t0) / 1000.0 /

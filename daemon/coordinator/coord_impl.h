@@ -152,6 +152,9 @@ void coord_start(coord_t *c, const coord_pic_t *p, int64_t job, const coord_job_
 void coord_job_facts(coord_job_t *x, const config_t *cfg, const plan_t *plan, const shard_mesh_t *m);
 coord_job_t *coord_job_cache(coord_t *c, const coord_job_t *x);
 void coord_job_changed(coord_t *c, int64_t job);
+/* The slowest rank's last step of j's current attempt (0 while a rank has
+ * not reported), with rank 0's loss and tokens/s when loss is not NULL. */
+int64_t coord_job_step(coord_t *c, const store_job_t *j, double *loss, double *tokens_per_s);
 void coord_rdv_answer(coord_t *c, int64_t job, int64_t epoch, const char *group);
 /* Calls held open: a node's heartbeat (long poll), a rendezvous waiting for
  * its group, a WatchJob stream. */

@@ -158,11 +158,7 @@ static Fsdp__V1__Job *coord_job_msg(coord_t *c, coord_arena_t *a, const store_jo
   m->ended_unix_ms = j->ended_ms;
   coord_job_t *x = coord_job_info(c, j->id);
   m->total_steps = x ? x->steps : 0;
-  int64_t step = -1;
-  for (int i = 0; i < c->n_rank; i++)
-    if (c->rank[i].job == j->id && c->rank[i].epoch == j->epoch && (step < 0 || c->rank[i].step < step))
-      step = c->rank[i].step;
-  m->step = step < 0 ? 0 : step;
+  m->step = coord_job_step(c, j, NULL, NULL);
   if (with_ranks && coord_ranks_msg(c, a, j, &m->ranks, &m->n_ranks)) a->failed = 1;
   return m;
 }
