@@ -98,7 +98,7 @@ BINS  = bin/fsdp-train bin/fsdp-tokenize bin/fsdp-launch bin/fsdp-coordinator bi
 # under a build directory.
 UNIT_TESTS = err frame param kernels isa device boot data gpt adamw config train sample shard plan comm \
              fsdp reference supervise sched inventory job rpc store store_txn
-E2E_TESTS  = launch fault coordinator fsdpd
+E2E_TESTS  = launch fault coordinator fsdpd cluster
 test_bins  = $(UNIT_TESTS:%=$(1)/tests/test_%) $(E2E_TESTS:%=$(1)/e2e/test_%)
 TEST_BINS  = $(call test_bins,$(B))
 BENCH_BINS = $(B)/bench/bench_gemm $(B)/bench/bench_train $(B)/bench/bench_comm $(B)/bench/bench_fsdp \
@@ -299,7 +299,8 @@ $(B)/bench/bench_coord: $(B)/tests/bench/bench_coord.o $(B)/tests/bench/benchuti
 # the coordinator's end-to-end test plays users and nodes through the RPC
 # client; it runs bin/fsdp-coordinator, which `make test` builds with $(BINS)
 # (not a prerequisite: test-san's sub-make would rebuild it with sanitizers)
-$(B)/e2e/test_coordinator: $(B)/tests/e2e/test_coordinator.o $(TESTUTIL) $(TESTUTIL_TRAIN) $(LIB) $(RPC_LIB)
+$(B)/e2e/test_coordinator: $(B)/tests/e2e/test_coordinator.o $(B)/tests/e2e/cluster.o $(TESTUTIL) \
+                           $(TESTUTIL_TRAIN) $(LIB) $(RPC_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $(filter %.o %.a,$^) -o $@ $(LDLIBS) $(RPC_LDLIBS) -lsqlite3 -lcriterion
 bin/fsdp-coordinator: $(COORD_BIN_OBJS)
@@ -355,6 +356,14 @@ bin/fsdpd: $(FSDPD_OBJS) $(RPC_LIB) $(COMMON_SRCS:%.c=$(B)/%.o)
 $(B)/e2e/test_fsdpd: $(B)/tests/e2e/test_fsdpd.o $(TESTUTIL) $(TESTUTIL_TRAIN) $(RPC_LIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(RPC_LDLIBS) $(LDLIBS) -lcriterion
+
+# The whole service as processes (tests/e2e/cluster.c starts them): it runs
+# bin/fsdp-coordinator, bin/fsdpd, bin/fsdpctl and bin/fsdp-train, which
+# `make test` builds with $(BINS).
+$(B)/e2e/test_cluster: $(B)/tests/e2e/test_cluster.o $(B)/tests/e2e/cluster.o $(TESTUTIL) \
+                       $(TESTUTIL_TRAIN) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -lsqlite3 -lcriterion
 # ---- end of the fsdpd block --------------------------------------------------
 
 fuzz: fuzz-build

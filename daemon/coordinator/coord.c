@@ -24,6 +24,7 @@
 #include "daemon/job/shard.h"
 
 #define COORD_TICK_MS 50
+#define COORD_BEAT_SLACK_MS 250
 
 int64_t coord_unix_ms(void) {
   struct timespec ts;
@@ -333,6 +334,8 @@ void coord_kill_attempt(coord_t *c, int64_t job, int64_t epoch, int64_t except_n
 void coord_attempt_fail(coord_t *c, int64_t job, int64_t epoch, int64_t except_node,
                         const char *why) {
   coord_kill_attempt(c, job, epoch, except_node, why);
+  coord_job_t *x = coord_job_info(c, job);
+  if (x) x->failures++, snprintf(x->failure, sizeof x->failure, "%s", why);
   store_job_state_t state;
   int rc = store_attempt_end(c->st, job, epoch, 0, why, &state);
   if (rc && rc != FSDP_ESTALE)
@@ -562,11 +565,17 @@ int coord_pic_load(coord_t *c, coord_pic_t *p) {
     coord_pic_free(p);
     return err_set(FSDP_ENOMEM, "coordinator: out of memory placing jobs");
   }
+  const uint64_t now = coord_mono_ms(c);
   for (int i = 0; i < p->nn; i++) {
     const store_node_t *n = &p->nodes[i];
     coord_node_t *ln = coord_node_get(c, n->id, 0);
+    /* beating: its heartbeat is held now (a node keeps one in flight, and
+     * the call is cancelled when its process or connection dies), or the
+     * last one came a moment ago (between a reply and the next call). A
+     * node that stopped gets no new ranks while its timeout runs out. */
+    const int beating = ln && (ln->poll || now - ln->heard_ms <= COORD_BEAT_SLACK_MS);
     p->sn[i] = (sched_node_t){n->id, n->name,
-                              n->state == STORE_NODE_ALIVE && ln && ln->session && !ln->dead};
+                              n->state == STORE_NODE_ALIVE && ln && ln->session && !ln->dead && beating};
     for (int k = 0; k < n->n_devices; k++) {
       const store_device_t *d = &n->devices[k];
       p->sd[p->nd++] = (sched_device_t){0, i, d->index, store_dev_kind_name(d->kind),
@@ -632,7 +641,13 @@ static void coord_place(coord_t *c, coord_pic_t *p, int64_t job) {
   sched_slot_t *slot = calloc((size_t)(x->R * x->S) + 1, sizeof *slot);
   char note[512];
   int rc = slot ? coord_fit(p, x, slot, note, sizeof note) : FSDP_ENOMEM;
-  if (rc == SCHED_WAIT) store_job_set_pending_reason(c->st, job, note);
+  if (rc == SCHED_WAIT && x->failure[0]) { /* waiting to restart: say after what */
+    char why[STORE_REASON_MAX];
+    snprintf(why, sizeof why, "restarting after attempt failed (%.200s); %.250s", x->failure, note);
+    store_job_set_pending_reason(c->st, job, why);
+  } else if (rc == SCHED_WAIT) {
+    store_job_set_pending_reason(c->st, job, note);
+  }
   if (rc == SCHED_PLACED) coord_start(c, p, job, x, slot, note);
   free(slot);
 }

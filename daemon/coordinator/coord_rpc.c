@@ -307,7 +307,7 @@ static void coord_submit_cb(rpc_call_t *call, const ProtobufCMessage *req, void 
   if (rc) goto fail;
   coord_job_facts(&sub.facts, &cfg, &plan, &m);
   snprintf(sub.mesh, sizeof sub.mesh, "%dx%d", m.replicas, m.shards);
-  snprintf(sub.name, sizeof sub.name, "%s", s->name);
+  snprintf(sub.name, sizeof sub.name, "%s", s->name[0] ? s->name : "job"); /* a name is optional */
   snprintf(sub.request_id, sizeof sub.request_id, "%s", q->request_id);
   snprintf(sub.note, sizeof sub.note, "%s", config_adjusted(&cfg));
   if (!(sub.text = coord_spec_text(s, &cfg))) {

@@ -466,12 +466,16 @@ static int rk_spawn(rank_t *rk, const Fsdp__V1__RendezvousReply *rep) {
   }
   *q = 0;
 
-  char conf[PATH_MAX + 16], logp[PATH_MAX + 32];
+  char conf[PATH_MAX + 64], logp[PATH_MAX + 32];
   int sv[2] = {-1, -1};
   if ((rc = workdir_make_attempt(R->o.work_dir, rk_job(rk), a->attempt, R->o.as_user, R->o.uid,
                                  R->o.gid, rk->dir, sizeof rk->dir)))
     goto out;
-  snprintf(conf, sizeof conf, "%s/job.conf", rk->dir);
+  /* one file per rank: ranks of one attempt on this node share the directory,
+   * and a file rewritten while another rank reads it would be half a job */
+  char confname[48];
+  snprintf(confname, sizeof confname, "rank-%" PRIu32 ".conf", a->rank);
+  snprintf(conf, sizeof conf, "%s/%s", rk->dir, confname);
   snprintf(logp, sizeof logp, "%s/rank-%" PRIu32 ".log", rk->dir, a->rank);
   if ((rc = rk_write_job(rk, conf))) goto out;
   if (!(rk->log = rk_open_log(rk, logp))) {
@@ -482,14 +486,15 @@ static int rk_spawn(rank_t *rk, const Fsdp__V1__RendezvousReply *rep) {
     rc = err_set_errno(FSDP_EIO, errno, "cannot make the report channel");
     goto out;
   }
-  char vrank[32], vworld[40], vthreads[40];
+  char vrank[32], vworld[40], vthreads[40], vnode[40];
+  snprintf(vnode, sizeof vnode, "FSDP_NODE_PID=%ld", (long)getpid()); /* the rank dies with us */
   snprintf(vrank, sizeof vrank, "FSDP_RANK=%" PRIu32, a->rank);
   snprintf(vworld, sizeof vworld, "FSDP_WORLD_SIZE=%" PRIu32, a->world_size);
   snprintf(vthreads, sizeof vthreads, "FSDP_THREADS=%d", R->ncpu_threads);
   const int is_cpu = !strcmp(R->o.inv->dev[a->device].kind, "cpu");
-  char *env[] = {vrank, vworld, addrs, "FSDP_LISTEN_FD=3", "FSDP_REPORT_FD=4",
+  char *env[] = {vrank, vworld, addrs, "FSDP_LISTEN_FD=3", "FSDP_REPORT_FD=4", vnode,
                  is_cpu ? vthreads : NULL, NULL};
-  char *argv[] = {(char *)R->o.rank_program, "--config", "job.conf", NULL};
+  char *argv[] = {(char *)R->o.rank_program, "--config", confname, NULL};
   const int fds[2] = {rk->listen_fd, sv[1]};
   const supervise_child_opts_t co = {.argv = argv, .env = env, .fds = fds, .nfds = 2,
                                      .out = rk->log, .err = rk->log, .cwd = rk->dir,

@@ -9,7 +9,7 @@
  *               published with Rendezvous(group "world") until the
  *               coordinator answers complete (an ended attempt, ESTALE, or a
  *               Kill: given up, listener closed)
- *   RUNNING     job file written, RANK_PROGRAM --config job.conf started
+ *   RUNNING     job file written, RANK_PROGRAM --config rank-R.conf started
  *               through supervise (own session, its log file, as the run-as
  *               user, cwd its attempt directory) with FSDP_RANK,
  *               FSDP_WORLD_SIZE, FSDP_ADDRS (the payloads, in rank order),

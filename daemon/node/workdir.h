@@ -1,7 +1,7 @@
 /* workdir: fsdpd's files under its work directory, and the only place that
  * turns a request's strings into paths. Layout:
  *
- *   <work-dir>/jobs/<job_id>/<attempt>/job.conf     the rank's job file
+ *   <work-dir>/jobs/<job_id>/<attempt>/rank-R.conf  each rank's job file
  *   <work-dir>/jobs/<job_id>/<attempt>/rank-<r>.log its stdout and stderr
  *
  * A job id reaches a path only after workdir_id_check ([A-Za-z0-9_-], 1 to

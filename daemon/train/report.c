@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -31,6 +32,14 @@ int report_open_from_env(report_t **out) {
   if (fcntl((int)fd, F_SETFD, FD_CLOEXEC) < 0 || fstat((int)fd, &sb) ||
       (!S_ISSOCK(sb.st_mode) && signal(SIGPIPE, SIG_IGN) == SIG_ERR))
     return err_set(FSDP_EINVAL, "FSDP_REPORT_FD: cannot set up descriptor %ld", fd);
+  /* A rank dies with the fsdpd that started it: a node daemon that crashed
+   * leaves no rank running on a device nobody accounts for. */
+  const char *node = getenv("FSDP_NODE_PID");
+  if (node && *node) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if ((long)getppid() != atol(node))
+      return err_set(FSDP_EPEER, "fsdpd (pid %s) that started this rank is gone; not training", node);
+  }
   report_t *r = malloc(sizeof *r);
   if (!r) return err_set(FSDP_ENOMEM, "report channel: out of memory");
   r->fd = (int)fd;

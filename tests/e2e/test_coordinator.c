@@ -12,84 +12,38 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "daemon/common/err.h"
 #include "daemon/common/rpc.h"
 #include "proto/fsdp.pb-c.h"
+#include "tests/e2e/cluster.h"
 #include "tests/unit/testutil.h"
 
 #define HB_MS 200
 #define TIMEOUT_MS 1000
 
-typedef struct co {
-  pid_t pid;
-  char addr[64];
-  char db[512];
-  char log[512];
-} co_t;
-
-static co_t co;
+static cluster_proc_t co;
+static char co_db[600];
 static rpc_client_t *cl;
 
-/* Starts the coordinator on db (root: the test's directory), extra options
- * as shell words; waits (bounded) for its "serving on port" line. */
-static void co_start(co_t *c, const char *db, const char *extra) {
-  int fd[2];
-  cr_assert_eq(pipe(fd), 0);
-  snprintf(c->db, sizeof c->db, "%s", db);
-  snprintf(c->log, sizeof c->log, "%s.log", db);
-  char cmd[2048];
-  snprintf(cmd, sizeof cmd,
-           "exec '%s/bin/fsdp-coordinator' --db '%s' --root '%s' --listen 127.0.0.1:0 "
-           "--heartbeat-interval-ms %d --heartbeat-timeout-ms %d %s 2>>'%s'",
-           tu_root(), db, tu_tmpdir(), HB_MS, TIMEOUT_MS, extra ? extra : "", c->log);
-  c->pid = fork();
-  cr_assert_geq(c->pid, 0);
-  if (c->pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    dup2(fd[1], 1);
-    close(fd[0]), close(fd[1]);
-    execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-    _exit(127);
-  }
-  close(fd[1]);
-  char buf[512];
-  size_t n = 0;
-  int port = 0;
-  const double deadline = tu_now_s() + 10;
-  while (!port && tu_now_s() < deadline) {
-    struct pollfd p = {fd[0], POLLIN, 0};
-    if (poll(&p, 1, 100) <= 0) continue;
-    ssize_t k = read(fd[0], buf + n, sizeof buf - 1 - n);
-    if (k <= 0) break;
-    n += (size_t)k;
-    buf[n] = 0;
-    char *at = strstr(buf, "serving on port ");
-    if (at) port = atoi(at + 16);
-  }
-  close(fd[0]);
-  cr_assert_gt(port, 0, "the coordinator did not start: %s", buf);
-  snprintf(c->addr, sizeof c->addr, "127.0.0.1:%d", port);
+/* The coordinator on db (root: the test's directory), 200 ms heartbeat
+ * interval, 1 s timeout, more options in extra; listen: "127.0.0.1:0" or
+ * the address it had before a restart. */
+static void co_start(const char *db, const char *listen, const char *extra) {
+  char opts[1400];
+  snprintf(opts, sizeof opts, "--heartbeat-interval-ms %d --heartbeat-timeout-ms %d %s", HB_MS,
+           TIMEOUT_MS, extra ? extra : "");
+  snprintf(co_db, sizeof co_db, "%s", db);
+  cluster_coord_start(&co, db, listen, opts);
 }
 
-static void co_kill(co_t *c, int sig) {
-  if (c->pid <= 0) return;
-  kill(c->pid, sig);
-  int st;
-  waitpid(c->pid, &st, 0);
-  c->pid = 0;
-}
-
-static void client_for(const co_t *c, const char *token_file) {
+static void client_for(const cluster_proc_t *c, const char *token_file) {
   if (cl) rpc_client_destroy(cl);
   rpc_client_opts_t o = {.target = c->addr, .token_file = token_file};
   cr_assert_eq(rpc_client_create(&cl, &o), 0, "%s", err_msg());
@@ -97,7 +51,7 @@ static void client_for(const co_t *c, const char *token_file) {
 
 static void setup(void) {
   char *db = tu_path("state.db");
-  co_start(&co, db, NULL);
+  co_start(db, "127.0.0.1:0", NULL);
   free(db);
   client_for(&co, NULL);
 }
@@ -105,7 +59,7 @@ static void setup(void) {
 static void teardown(void) {
   if (cl) rpc_client_destroy(cl);
   cl = NULL;
-  co_kill(&co, SIGKILL);
+  cluster_stop(&co, SIGKILL);
 }
 
 TestSuite(coordinator, .init = setup, .fini = teardown, .timeout = 60);
@@ -328,7 +282,7 @@ Test(coordinator, tokens_are_required_and_roles_kept) {
   tu_write_file(nt, "node-secret-0987654321\n", 23);
   char extra[1200];
   snprintf(extra, sizeof extra, "--user-token-file '%s' --node-token-file '%s'", ut, nt);
-  co_start(&co, db, extra);
+  co_start(db, "127.0.0.1:0", extra);
   Fsdp__V1__ListNodesRequest q = FSDP__V1__LIST_NODES_REQUEST__INIT;
   Fsdp__V1__ListNodesReply *r = NULL;
   client_for(&co, NULL);
@@ -476,10 +430,10 @@ Test(coordinator, a_restarted_coordinator_keeps_the_running_job_and_fences_old_e
   cr_expect_eq(g->job->step, 3);
   reply_free(g);
   /* SIGKILL, and back on the same database */
-  char db[512];
-  snprintf(db, sizeof db, "%s", co.db);
-  co_kill(&co, SIGKILL);
-  co_start(&co, db, NULL);
+  char db[600];
+  snprintf(db, sizeof db, "%s", co_db);
+  cluster_stop(&co, SIGKILL);
+  co_start(db, "127.0.0.1:0", NULL);
   client_for(&co, NULL);
   Fsdp__V1__HeartbeatReply *r = heartbeat(&n, rp, 2);
   cr_expect(r->reregister, "a new coordinator does not know the session");
@@ -498,7 +452,7 @@ Test(coordinator, a_restarted_coordinator_keeps_the_running_job_and_fences_old_e
   q.job_id = id, q.attempt = 1, q.group = "world", q.group_size = 2, q.node_id = n.id;
   Fsdp__V1__RendezvousReply *rr = NULL;
   cr_expect_eq(CALL("Rendezvous", q, rendezvous_reply, &rr), FSDP_ESTALE, "%s", err_msg());
-  co_kill(&co, SIGTERM);
+  cluster_stop(&co, SIGTERM);
   sqlite3 *h;
   cr_assert_eq(sqlite3_open(db, &h), SQLITE_OK);
   sqlite3_stmt *s;
@@ -514,7 +468,7 @@ Test(coordinator, rendezvous_answers_when_the_group_is_complete) {
   /* a node that does not beat while the test waits: a longer timeout */
   teardown();
   char *db = tu_path("rdv.db");
-  co_start(&co, db, "--heartbeat-timeout-ms 5000");
+  co_start(db, "127.0.0.1:0", "--heartbeat-timeout-ms 5000");
   free(db);
   client_for(&co, NULL);
   char *data = tu_token_file("tok.bin", 20000, 1, 256);

@@ -1,0 +1,138 @@
+/* cluster: see cluster.h. */
+#include "tests/e2e/cluster.h"
+
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tests/unit/testutil.h"
+
+/* Forks `sh -c cmd` with stdout to a pipe (returned in *out_fd, or closed). */
+static pid_t cluster_spawn(const char *cmd, int *out_fd) {
+  int fd[2];
+  cr_assert_eq(pipe(fd), 0);
+  pid_t pid = fork();
+  cr_assert_geq(pid, 0);
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    dup2(fd[1], 1);
+    close(fd[0]), close(fd[1]);
+    execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+    _exit(127);
+  }
+  close(fd[1]);
+  if (out_fd) *out_fd = fd[0];
+  else close(fd[0]);
+  return pid;
+}
+
+void cluster_coord_start(cluster_proc_t *p, const char *db, const char *listen, const char *extra) {
+  snprintf(p->log, sizeof p->log, "%s.log", db);
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd,
+           "exec '%s/bin/fsdp-coordinator' --db '%s' --root '%s' --listen %s %s 2>>'%s'",
+           tu_root(), db, tu_tmpdir(), listen, extra ? extra : "", p->log);
+  int fd;
+  p->pid = cluster_spawn(cmd, &fd);
+  char buf[512];
+  size_t n = 0;
+  int port = 0;
+  const double deadline = tu_now_s() + 10;
+  while (!port && tu_now_s() < deadline) {
+    struct pollfd q = {fd, POLLIN, 0};
+    if (poll(&q, 1, 100) <= 0) continue;
+    ssize_t k = read(fd, buf + n, sizeof buf - 1 - n);
+    if (k <= 0) break;
+    n += (size_t)k;
+    buf[n] = 0;
+    char *at = strstr(buf, "serving on port ");
+    if (at) port = atoi(at + 16);
+  }
+  close(fd);
+  cr_assert_gt(port, 0, "the coordinator did not start (%s): %.400s", p->log, buf);
+  snprintf(p->addr, sizeof p->addr, "127.0.0.1:%d", port);
+}
+
+void cluster_fsdpd_start(cluster_proc_t *p, const char *coord, const char *name, int ndev,
+                         const char *extra) {
+  char *work = tu_path(name);
+  snprintf(p->log, sizeof p->log, "%s.log", work);
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd,
+           "exec '%s/bin/fsdpd' --coordinator %s --devices cpu:%d --name %s --work-dir '%s' "
+           "--grace 5 %s %s >>'%s' 2>&1",
+           tu_root(), coord, ndev, name, work, geteuid() == 0 ? "--run-as nobody" : "",
+           extra ? extra : "", p->log);
+  free(work);
+  p->pid = cluster_spawn(cmd, NULL);
+  char args[128], out[8192];
+  snprintf(args, sizeof args, "nodes");
+  const double deadline = tu_now_s() + 10;
+  for (;;) {
+    cluster_ctl(coord, args, out, sizeof out);
+    char *line = strstr(out, name);
+    char *eol = line ? strchr(line, '\n') : NULL;
+    if (line && strstr(line, "ALIVE") && (!eol || strstr(line, "ALIVE") < eol)) break;
+    cr_assert_lt(tu_now_s(), deadline, "fsdpd %s did not register (%s):\n%s", name, p->log, out);
+    nanosleep(&(struct timespec){0, 50000000}, NULL);
+  }
+}
+
+void cluster_stop(cluster_proc_t *p, int sig) {
+  if (p->pid <= 0) return;
+  kill(p->pid, sig);
+  const double deadline = tu_now_s() + 15;
+  int st;
+  while (waitpid(p->pid, &st, WNOHANG) == 0) {
+    if (tu_now_s() > deadline) {
+      kill(p->pid, SIGKILL);
+      waitpid(p->pid, &st, 0);
+      break;
+    }
+    nanosleep(&(struct timespec){0, 10000000}, NULL);
+  }
+  p->pid = 0;
+}
+
+int cluster_ctl(const char *coord, const char *args, char *out, size_t len) {
+  char a[4096];
+  snprintf(a, sizeof a, "--coordinator %s %s", coord, args);
+  return tu_run_bin("fsdpctl", a, out, len);
+}
+
+/* 1 when a process's working directory lies under dir. */
+static int cluster_any_under(const char *dir) {
+  DIR *d = opendir("/proc");
+  if (!d) return 0;
+  struct dirent *e;
+  int found = 0;
+  const size_t n = strlen(dir);
+  while (!found && (e = readdir(d))) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    char link[300], cwd[1024];
+    snprintf(link, sizeof link, "/proc/%s/cwd", e->d_name);
+    ssize_t k = readlink(link, cwd, sizeof cwd - 1);
+    if (k <= 0) continue;
+    cwd[k] = 0;
+    found = !strncmp(cwd, dir, n) && (cwd[n] == '/' || cwd[n] == 0);
+  }
+  closedir(d);
+  return found;
+}
+
+double cluster_wait_gone(const char *dir, double timeout_s) {
+  const double t0 = tu_now_s();
+  while (cluster_any_under(dir)) {
+    if (tu_now_s() - t0 > timeout_s) return -1;
+    nanosleep(&(struct timespec){0, 10000000}, NULL);
+  }
+  return tu_now_s() - t0;
+}

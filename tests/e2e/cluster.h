@@ -1,0 +1,34 @@
+/* cluster: the service's programs as processes on 127.0.0.1 for end-to-end
+ * tests: a coordinator on a database, node daemons with CPU devices, and
+ * fsdpctl. Every process dies with the test (PR_SET_PDEATHSIG) and every
+ * wait is bounded. */
+#ifndef FSDP_TESTS_CLUSTER_H
+#define FSDP_TESTS_CLUSTER_H
+
+#include <sys/types.h>
+
+typedef struct cluster_proc {
+  pid_t pid;
+  char addr[64]; /* the coordinator's "127.0.0.1:PORT" */
+  char log[600]; /* its stderr (and stdout, for fsdpd) */
+} cluster_proc_t;
+
+/* bin/fsdp-coordinator on db, the test's directory as its root, listening
+ * on listen ("127.0.0.1:0": any port), options extra (shell words); waits
+ * for it to serve. */
+void cluster_coord_start(cluster_proc_t *p, const char *db, const char *listen, const char *extra);
+/* bin/fsdpd named name with `--devices cpu:ndev` for the coordinator at
+ * coord, its work directory beside the database (ranks as nobody when the
+ * test runs as root); waits until the coordinator lists it ALIVE. */
+void cluster_fsdpd_start(cluster_proc_t *p, const char *coord, const char *name, int ndev,
+                         const char *extra);
+/* Sends sig and reaps it (bounded: SIGKILL after 15 s). */
+void cluster_stop(cluster_proc_t *p, int sig);
+/* Runs bin/fsdpctl ARGS (shell words) against coord, output (stderr joined)
+ * into out; its exit status. */
+int cluster_ctl(const char *coord, const char *args, char *out, size_t len);
+/* Seconds until no process whose working directory lies under dir is left
+ * (a rank runs in its attempt's directory), or -1 after timeout_s. */
+double cluster_wait_gone(const char *dir, double timeout_s);
+
+#endif

@@ -1,0 +1,260 @@
+/* End-to-end tests of the whole service on 127.0.0.1: a real coordinator,
+ * real node daemons with CPU devices, real ranks (fsdp-train), driven with
+ * fsdpctl, as a user would:
+ *   - a 4-rank HYBRID 2x2 job on two nodes keeps each shard group on one
+ *     node and trains exactly as the same job under fsdp-launch, loss for
+ *     loss;
+ *   - three 2-rank jobs on 4 devices: two run, the third waits with its
+ *     reason, then runs when a cancel frees devices (the cancelled ranks gone
+ *     within 2 s);
+ *   - an fsdpd killed with SIGKILL mid-job: its node declared dead within the
+ *     timeout + 1 s, the job's other ranks stopped, the job back to PENDING to
+ *     restart (its policy) with the reason;
+ *   - the coordinator killed with SIGKILL mid-job and started again on its
+ *     database: the node registers again, the job carries on to the end,
+ *     PRAGMA integrity_check is ok.
+ * Ranks run as nobody when the test runs as root. */
+#include <criterion/criterion.h>
+#include <signal.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tests/e2e/cluster.h"
+#include "tests/unit/testutil.h"
+
+#define TIMEOUT_MS 2000
+
+static cluster_proc_t coord, node[2];
+static char data[600];
+
+static void setup(void) {
+  chmod(tu_tmpdir(), 0755); /* the ranks' user reads the data and its directory */
+  char *d = tu_token_file("tok.bin", 40000, 7, 256);
+  snprintf(data, sizeof data, "%s", d);
+  free(d);
+  chmod(data, 0644);
+  char *db = tu_path("state.db");
+  char extra[64];
+  snprintf(extra, sizeof extra, "--heartbeat-timeout-ms %d", TIMEOUT_MS);
+  cluster_coord_start(&coord, db, "127.0.0.1:0", extra);
+  free(db);
+}
+
+static void teardown(void) {
+  for (int i = 0; i < 2; i++) cluster_stop(&node[i], SIGTERM);
+  cluster_stop(&coord, SIGTERM);
+}
+
+TestSuite(cluster, .init = setup, .fini = teardown, .timeout = 120);
+
+/* A job file of the tiny model on the test's data; more lines in extra. */
+static char *job_file(const char *name, const char *extra) {
+  char text[2048];
+  snprintf(text, sizeof text,
+           "[model]\nmodel = tiny\n[data]\ndata = %s\n[train]\nbatch = 2\nseq_len = 32\n"
+           "eval_every = 0\n%s\n", data, extra);
+  char *p = tu_path(name);
+  tu_write_file(p, text, strlen(text));
+  return p;
+}
+
+/* Submits; the job id (static). */
+static const char *submit(const char *conf, const char *args) {
+  static char id[32];
+  char a[1024], out[4096];
+  snprintf(a, sizeof a, "submit '%s' %s", conf, args);
+  int rc = cluster_ctl(coord.addr, a, out, sizeof out);
+  cr_assert_eq(rc, 0, "fsdpctl %s:\n%s", a, out);
+  cr_assert(!strncmp(out, "j-", 2), "%s", out);
+  snprintf(id, sizeof id, "%.*s", (int)strcspn(out, "\n"), out);
+  return id;
+}
+
+/* The job's state word from `fsdpctl status` ("RUNNING"), and its output. */
+static const char *state_of(const char *job, char *out, size_t len) {
+  static char st[32];
+  char a[128];
+  snprintf(a, sizeof a, "status %s", job);
+  cluster_ctl(coord.addr, a, out, len);
+  char *s = strstr(out, "\nstate");
+  st[0] = 0;
+  if (s) sscanf(s + 6, "%31s", st);
+  return st;
+}
+
+/* Waits (bounded) until the job's state is want. */
+static int wait_state(const char *job, const char *want, double timeout_s) {
+  char out[8192];
+  const double deadline = tu_now_s() + timeout_s;
+  while (strcmp(state_of(job, out, sizeof out), want)) {
+    if (tu_now_s() > deadline) return 0;
+    nanosleep(&(struct timespec){0, 50000000}, NULL);
+  }
+  return 1;
+}
+
+/* The losses of the "step k/N | loss X" lines in text (prefix: what the
+ * line starts with, e.g. "[rank 0] step"), joined by spaces. */
+static void losses(const char *text, const char *prefix, char *out, size_t len) {
+  out[0] = 0;
+  for (const char *p = text; (p = strstr(p, prefix)); p++) {
+    if (p != text && p[-1] != '\n') continue;
+    const char *l = strstr(p, "| loss ");
+    const char *eol = strchr(p, '\n');
+    if (!l || (eol && l > eol)) continue;
+    char v[32];
+    sscanf(l + 7, "%31s", v);
+    strncat(out, v, len - strlen(out) - 2);
+    strncat(out, " ", len - strlen(out) - 1);
+  }
+}
+
+Test(cluster, hybrid_2x2_on_two_nodes_trains_as_under_fsdp_launch) {
+  cluster_fsdpd_start(&node[0], coord.addr, "alpha", 2, NULL);
+  cluster_fsdpd_start(&node[1], coord.addr, "beta", 2, NULL);
+  char *conf = job_file("hybrid.conf", "steps = 6\n[shard]\nstrategy = HYBRID_SHARD\nmesh = 2x2\n");
+  const char *job = submit(conf, "--ranks 4 --name hybrid");
+  char out[65536], a[256];
+  snprintf(a, sizeof a, "watch %s", job);
+  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
+  /* each shard group on one node, the two groups on different nodes */
+  snprintf(a, sizeof a, "--output json status %s", job);
+  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
+  char nodes[4][16];
+  const char *p = out;
+  for (int r = 0; r < 4; r++) {
+    p = strstr(p, "\"node_id\": \"");
+    cr_assert_not_null(p, "%s", out);
+    p += 12;
+    snprintf(nodes[r], sizeof nodes[r], "%.*s", (int)strcspn(p, "\""), p);
+  }
+  cr_expect_str_eq(nodes[0], nodes[1]);
+  cr_expect_str_eq(nodes[2], nodes[3]);
+  cr_expect_str_neq(nodes[0], nodes[2]);
+  /* rank 0's losses, step by step, against fsdp-launch's */
+  char svc[4096], ref[4096];
+  snprintf(a, sizeof a, "logs %s --rank 0", job);
+  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
+  losses(out, "step", svc, sizeof svc);
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "-n 4 -- env FSDP_THREADS=1 '%s/bin/fsdp-train' --config '%s'",
+           tu_root(), conf);
+  cr_assert_eq(tu_run_bin("fsdp-launch", cmd, out, sizeof out), 0, "%s", out);
+  losses(out, "[rank 0] step", ref, sizeof ref);
+  cr_assert_gt(strlen(ref), 0, "%s", out);
+  cr_expect_str_eq(svc, ref, "losses under the service: %s\nunder fsdp-launch: %s", svc, ref);
+  free(conf);
+}
+
+Test(cluster, three_jobs_on_four_devices_the_third_waits_and_cancel_frees_devices) {
+  cluster_fsdpd_start(&node[0], coord.addr, "quad", 4, NULL);
+  char *conf = job_file("long.conf", "steps = 100000\n");
+  char a_id[32], b_id[32], x_id[32], out[8192];
+  snprintf(a_id, sizeof a_id, "%s", submit(conf, "--ranks 2"));
+  snprintf(b_id, sizeof b_id, "%s", submit(conf, "--ranks 2"));
+  snprintf(x_id, sizeof x_id, "%s", submit(conf, "--ranks 2"));
+  cr_assert(wait_state(a_id, "RUNNING", 10));
+  cr_assert(wait_state(b_id, "RUNNING", 10));
+  cr_assert_str_eq(state_of(x_id, out, sizeof out), "PENDING");
+  cr_expect(strstr(out, "waiting for 2 free cpu devices"), "%s", out);
+  /* the ranks run: wait until both report steps, so the cancel stops working ranks */
+  char a[256], dir[700];
+  snprintf(a, sizeof a, "cancel %s", a_id);
+  snprintf(dir, sizeof dir, "%s/quad/jobs/%s", tu_tmpdir(), a_id);
+  struct stat sb;
+  const double d0 = tu_now_s();
+  while (stat(dir, &sb) && tu_now_s() - d0 < 10) nanosleep(&(struct timespec){0, 20000000}, NULL);
+  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
+  const double gone = cluster_wait_gone(dir, 10);
+  cr_expect(gone >= 0 && gone < 2.0, "the cancelled ranks took %.2f s to go", gone);
+  cr_expect(wait_state(x_id, "RUNNING", 5), "the waiting job starts on the freed devices");
+  free(conf);
+}
+
+Test(cluster, a_killed_fsdpd_is_declared_dead_and_its_job_restarts) {
+  cluster_fsdpd_start(&node[0], coord.addr, "alpha", 2, NULL);
+  cluster_fsdpd_start(&node[1], coord.addr, "beta", 2, NULL);
+  char *conf = job_file("long.conf", "steps = 100000\n[shard]\nstrategy = HYBRID_SHARD\nmesh = 2x2\n");
+  const char *job = submit(conf, "--ranks 4 --max-restarts 1");
+  cr_assert(wait_state(job, "RUNNING", 10));
+  char out[8192], dir[700];
+  /* training: rank logs exist on both nodes */
+  snprintf(dir, sizeof dir, "%s/alpha/jobs/%s", tu_tmpdir(), job);
+  struct stat sb;
+  const double d0 = tu_now_s();
+  while (stat(dir, &sb) && tu_now_s() - d0 < 10) nanosleep(&(struct timespec){0, 20000000}, NULL);
+  nanosleep(&(struct timespec){0, 500000000}, NULL);
+  const double t0 = tu_now_s();
+  cluster_stop(&node[1], SIGKILL);
+  /* beta is declared dead within the timeout + 1 s */
+  double dead = -1;
+  while (tu_now_s() - t0 < TIMEOUT_MS / 1000.0 + 3) {
+    cluster_ctl(coord.addr, "nodes", out, sizeof out);
+    char *b = strstr(out, "beta");
+    char *eol = b ? strchr(b, '\n') : NULL;
+    if (b && strstr(b, "DEAD") && (!eol || strstr(b, "DEAD") < eol)) {
+      dead = tu_now_s() - t0;
+      break;
+    }
+    nanosleep(&(struct timespec){0, 50000000}, NULL);
+  }
+  cr_expect(dead >= 0 && dead < TIMEOUT_MS / 1000.0 + 1.0, "beta declared dead after %.2f s:\n%s",
+            dead, out);
+  /* the job left RUNNING (its ranks on alpha saw their peers go, or the
+   * node's death failed it), and waits to restart (max_restarts 1): beta's
+   * devices are not used, it stopped beating */
+  int pending = wait_state(job, "PENDING", 3);
+  state_of(job, out, sizeof out);
+  cr_assert(pending, "%s", out);
+  nanosleep(&(struct timespec){0, 500000000}, NULL);
+  cr_assert_str_eq(state_of(job, out, sizeof out), "PENDING", "%s", out);
+  char a[128];
+  snprintf(a, sizeof a, "--output json status %s", job);
+  cluster_ctl(coord.addr, a, out, sizeof out);
+  cr_expect(strstr(out, "\"restarts\": 1"), "%s", out);
+  cr_expect(strstr(out, "restarting after attempt failed") &&
+                (strstr(out, "declared dead") || strstr(out, "rank ")), "%s", out);
+  cr_expect(strstr(out, "on dead nodes"), "the wait names the dead node's devices:\n%s", out);
+  /* alpha's ranks of the job are stopped; beta's died with their fsdpd */
+  cr_expect_geq(cluster_wait_gone(dir, 10), 0, "alpha's ranks still run");
+  snprintf(dir, sizeof dir, "%s/beta/jobs/%s", tu_tmpdir(), job);
+  cr_expect_geq(cluster_wait_gone(dir, 5), 0, "beta's ranks outlived their fsdpd");
+  free(conf);
+}
+
+Test(cluster, a_restarted_coordinator_lets_the_running_job_finish) {
+  cluster_fsdpd_start(&node[0], coord.addr, "solo", 2, NULL);
+  char *conf = job_file("mid.conf", "steps = 1500\n");
+  char job[32], out[16384], a[256];
+  snprintf(job, sizeof job, "%s", submit(conf, "--ranks 2"));
+  cr_assert(wait_state(job, "RUNNING", 10));
+  nanosleep(&(struct timespec){0, 500000000}, NULL);
+  char addr[64], db[600];
+  snprintf(addr, sizeof addr, "%s", coord.addr);
+  snprintf(db, sizeof db, "%.*s", (int)(strlen(coord.log) - 4), coord.log);
+  cluster_stop(&coord, SIGKILL);
+  nanosleep(&(struct timespec){0, 300000000}, NULL);
+  char extra[64];
+  snprintf(extra, sizeof extra, "--heartbeat-timeout-ms %d", TIMEOUT_MS);
+  cluster_coord_start(&coord, db, addr, extra);
+  snprintf(a, sizeof a, "watch %s", job);
+  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
+  snprintf(a, sizeof a, "--output json status %s", job);
+  cluster_ctl(coord.addr, a, out, sizeof out);
+  cr_expect(strstr(out, "\"attempt\": 1"), "the job carried on in its first attempt:\n%s", out);
+  cluster_stop(&coord, SIGTERM);
+  sqlite3 *h;
+  cr_assert_eq(sqlite3_open(db, &h), SQLITE_OK);
+  sqlite3_stmt *s;
+  cr_assert_eq(sqlite3_prepare_v2(h, "PRAGMA integrity_check", -1, &s, NULL), SQLITE_OK);
+  cr_assert_eq(sqlite3_step(s), SQLITE_ROW);
+  cr_expect_str_eq((const char *)sqlite3_column_text(s, 0), "ok");
+  sqlite3_finalize(s);
+  sqlite3_close(h);
+  free(conf);
+}
