@@ -3,8 +3,9 @@ with stubs generated now, from proto/fsdp.proto and proto/health.proto, by
 grpc_tools into a temporary directory. Nothing of the project's C code is
 involved, so a coordinator that this client can use speaks standard gRPC.
 
-Usage: python_client.py ROOT ADDRESS [TOKEN_FILE]
-Submits a job, reads it back with GetJob and asks Health/Check, printing one
+Usage: python_client.py ROOT ADDRESS [TOKEN_FILE [DATA]]
+(TOKEN_FILE "" for none; DATA: the job's token file, which a real
+coordinator requires.) Submits a job, reads it back with GetJob and asks Health/Check, printing one
 line per answer ("submit <id>", "get <id> <STATE> <world_size>",
 "health <STATUS>"); exits 1 with the error on any failure."""
 import os
@@ -15,7 +16,8 @@ import tempfile
 
 def main():
     root, address = sys.argv[1], sys.argv[2]
-    token_file = sys.argv[3] if len(sys.argv) > 3 else None
+    token_file = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] else None
+    data = sys.argv[4] if len(sys.argv) > 4 else None
     with tempfile.TemporaryDirectory(prefix="fsdp-pyclient-") as out:
         subprocess.run([sys.executable, "-m", "grpc_tools.protoc", "-I", os.path.join(root, "proto"),
                         "--python_out=" + out, "--grpc_python_out=" + out, "fsdp.proto", "health.proto"],
@@ -33,9 +35,11 @@ def main():
                 md = [("authorization", "Bearer " + f.read().strip())]
         with grpc.insecure_channel(address) as ch:
             coord = fsdp_pb2_grpc.CoordinatorStub(ch)
-            spec = fsdp_pb2.JobSpec(name="py", world_size=2, options=[
-                fsdp_pb2.Option(section="model", key="model", value="tiny"),
-                fsdp_pb2.Option(section="train", key="steps", value="5")])
+            options = [fsdp_pb2.Option(section="model", key="model", value="tiny"),
+                       fsdp_pb2.Option(section="train", key="steps", value="5")]
+            if data:
+                options.append(fsdp_pb2.Option(section="data", key="data", value=data))
+            spec = fsdp_pb2.JobSpec(name="py", world_size=2, options=options)
             rep = coord.SubmitJob(fsdp_pb2.SubmitJobRequest(spec=spec, request_id="py-1"),
                                   metadata=md, timeout=10)
             print("submit", rep.job_id)

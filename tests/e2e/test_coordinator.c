@@ -299,6 +299,32 @@ Test(coordinator, tokens_are_required_and_roles_kept) {
   free(ut), free(nt), free(db);
 }
 
+/* An independent client (Python's grpcio, stubs generated from the proto
+ * at test time) against the real coordinator, with a user token. */
+Test(coordinator, an_independent_python_client_submits_and_reads_a_job) {
+  teardown();
+  char *ut = tu_path("user.token"), *nt = tu_path("node.token"), *db = tu_path("py.db");
+  tu_write_file(ut, "user-secret-1234567890\n", 23);
+  tu_write_file(nt, "node-secret-0987654321\n", 23);
+  char extra[1200];
+  snprintf(extra, sizeof extra, "--user-token-file '%s' --node-token-file '%s'", ut, nt);
+  co_start(db, "127.0.0.1:0", extra);
+  char *data = tu_token_file("tok.bin", 20000, 1, 256);
+  char cmd[2400], out[4096];
+  snprintf(cmd, sizeof cmd, "/usr/bin/python3 '%s/tests/e2e/python_client.py' '%s' %s '%s' '%s' 2>&1",
+           tu_root(), tu_root(), co.addr, ut, data);
+  FILE *p = popen(cmd, "r");
+  cr_assert_not_null(p);
+  size_t n = fread(out, 1, sizeof out - 1, p);
+  out[n] = 0;
+  int st = pclose(p);
+  cr_assert_eq(st, 0, "%s", out);
+  cr_expect(strstr(out, "submit j-1\n"), "%s", out);
+  cr_expect(strstr(out, "get j-1 JOB_STATE_PENDING 2\n"), "%s", out);
+  cr_expect(strstr(out, "health SERVING\n"), "%s", out);
+  free(ut), free(nt), free(db), free(data);
+}
+
 /* ---- scheduling ------------------------------------------------------------ */
 
 /* Collects assignments from heartbeats until want ranks of job are in
