@@ -93,6 +93,8 @@ int rpc_server_create(rpc_server_t **s, uv_loop_t *loop, const rpc_server_opts_t
 /* Registers a method (the struct is copied; path must stay valid). Before
  * rpc_server_start. */
 int rpc_server_add(rpc_server_t *s, const rpc_method_t *m);
+/* rpc_server_add of n methods, stopping at the first failure. */
+int rpc_server_add_all(rpc_server_t *s, const rpc_method_t *m, size_t n);
 /* Binds o->addr and starts serving. */
 int rpc_server_start(rpc_server_t *s);
 /* The bound port (after start; 0 for unix sockets). */

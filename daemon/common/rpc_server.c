@@ -610,6 +610,12 @@ int rpc_server_add(rpc_server_t *s, const rpc_method_t *m) {
   return 0;
 }
 
+int rpc_server_add_all(rpc_server_t *s, const rpc_method_t *m, size_t n) {
+  int rc = FSDP_OK;
+  for (size_t i = 0; i < n && !rc; i++) rc = rpc_server_add(s, &m[i]);
+  return rc;
+}
+
 int rpc_server_start(rpc_server_t *s) {
   FSDP_ASSERT(!s->started);
   grpc_server_credentials *creds;

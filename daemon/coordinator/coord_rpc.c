@@ -754,9 +754,5 @@ int coord_rpc_register(coord_t *c) {
         coord_rank_exit_cb),
   };
 #undef M
-  for (size_t i = 0; i < sizeof methods / sizeof *methods; i++) {
-    int rc = rpc_server_add(c->srv, &methods[i]);
-    if (rc) return rc;
-  }
-  return FSDP_OK;
+  return rpc_server_add_all(c->srv, methods, sizeof methods / sizeof methods[0]);
 }

@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <poll.h>
 #include <signal.h>
+#include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -135,4 +136,15 @@ double cluster_wait_gone(const char *dir, double timeout_s) {
     nanosleep(&(struct timespec){0, 10000000}, NULL);
   }
   return tu_now_s() - t0;
+}
+
+void cluster_db_check(const char *path) {
+  sqlite3 *h;
+  cr_assert_eq(sqlite3_open(path, &h), SQLITE_OK, "%s", path);
+  sqlite3_stmt *s;
+  cr_assert_eq(sqlite3_prepare_v2(h, "PRAGMA integrity_check", -1, &s, NULL), SQLITE_OK);
+  cr_assert_eq(sqlite3_step(s), SQLITE_ROW);
+  cr_expect_str_eq((const char *)sqlite3_column_text(s, 0), "ok", "%s", path);
+  sqlite3_finalize(s);
+  sqlite3_close(h);
 }

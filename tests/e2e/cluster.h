@@ -27,6 +27,8 @@ void cluster_stop(cluster_proc_t *p, int sig);
 /* Runs bin/fsdpctl ARGS (shell words) against coord, output (stderr joined)
  * into out; its exit status. */
 int cluster_ctl(const char *coord, const char *args, char *out, size_t len);
+/* Asserts that the SQLite database at path passes PRAGMA integrity_check. */
+void cluster_db_check(const char *path);
 /* Seconds until no process whose working directory lies under dir is left
  * (a rank runs in its attempt's directory), or -1 after timeout_s. */
 double cluster_wait_gone(const char *dir, double timeout_s);

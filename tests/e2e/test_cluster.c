@@ -16,7 +16,6 @@
  * Ranks run as nobody when the test runs as root. */
 #include <criterion/criterion.h>
 #include <signal.h>
-#include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -248,13 +247,6 @@ Test(cluster, a_restarted_coordinator_lets_the_running_job_finish) {
   cluster_ctl(coord.addr, a, out, sizeof out);
   cr_expect(strstr(out, "\"attempt\": 1"), "the job carried on in its first attempt:\n%s", out);
   cluster_stop(&coord, SIGTERM);
-  sqlite3 *h;
-  cr_assert_eq(sqlite3_open(db, &h), SQLITE_OK);
-  sqlite3_stmt *s;
-  cr_assert_eq(sqlite3_prepare_v2(h, "PRAGMA integrity_check", -1, &s, NULL), SQLITE_OK);
-  cr_assert_eq(sqlite3_step(s), SQLITE_ROW);
-  cr_expect_str_eq((const char *)sqlite3_column_text(s, 0), "ok");
-  sqlite3_finalize(s);
-  sqlite3_close(h);
+  cluster_db_check(db);
   free(conf);
 }

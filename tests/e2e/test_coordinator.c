@@ -13,7 +13,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
-#include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +42,10 @@ static void co_start(const char *db, const char *listen, const char *extra) {
   cluster_coord_start(&co, db, listen, opts);
 }
 
+/* A fresh coordinator (database name in the test's directory) requiring a
+ * user token and a node token, whose files' paths land in ut and nt. */
+static void co_start_with_tokens(const char *name, char *ut, char *nt);
+
 static void client_for(const cluster_proc_t *c, const char *token_file) {
   if (cl) rpc_client_destroy(cl);
   rpc_client_opts_t o = {.target = c->addr, .token_file = token_file};
@@ -60,6 +63,18 @@ static void teardown(void) {
   if (cl) rpc_client_destroy(cl);
   cl = NULL;
   cluster_stop(&co, SIGKILL);
+}
+
+static void co_start_with_tokens(const char *name, char *ut, char *nt) {
+  teardown();
+  char *u = tu_path("user.token"), *n = tu_path("node.token"), *db = tu_path(name);
+  tu_write_file(u, "user-secret-1234567890\n", 23);
+  tu_write_file(n, "node-secret-0987654321\n", 23);
+  char extra[1300];
+  snprintf(extra, sizeof extra, "--user-token-file '%s' --node-token-file '%s'", u, n);
+  co_start(db, "127.0.0.1:0", extra);
+  snprintf(ut, 600, "%s", u), snprintf(nt, 600, "%s", n);
+  free(u), free(n), free(db);
 }
 
 TestSuite(coordinator, .init = setup, .fini = teardown, .timeout = 60);
@@ -176,10 +191,16 @@ static Fsdp__V1__JobState job_state(const char *id, char *reason, size_t len) {
   return s;
 }
 
+/* A token file for jobs, and its "data=PATH" option in d. */
+static void data_opt(char *d, size_t len) {
+  char *data = tu_token_file("tok.bin", 20000, 1, 256);
+  snprintf(d, len, "data=%s", data);
+  free(data);
+}
+
 /* ---- admission ---------------------------------------------------------------- */
 
 Test(coordinator, every_invalid_spec_is_refused_naming_its_field) {
-  char *data = tu_token_file("tok.bin", 20000, 1, 256);
   char outside[] = "/tmp/fsdp-outside-XXXXXX";
   cr_assert_not_null(mkdtemp(outside));
   char outfile[600], link[600];
@@ -193,7 +214,7 @@ Test(coordinator, every_invalid_spec_is_refused_naming_its_field) {
   snprintf(abs_out, sizeof abs_out, "data=%s", outfile);
   snprintf(link_opt, sizeof link_opt, "data=%s", link);
   static char ok_data[600];
-  snprintf(ok_data, sizeof ok_data, "data=%s", data);
+  data_opt(ok_data, sizeof ok_data);
   struct {
     int world;
     const char *kv[6];
@@ -229,20 +250,17 @@ Test(coordinator, every_invalid_spec_is_refused_naming_its_field) {
   cr_expect_eq(lr->n_jobs, 0);
   protobuf_c_message_free_unpacked(&lr->base, NULL);
   unlink(outfile), rmdir(outside);
-  free(data);
 }
 
 Test(coordinator, a_job_larger_than_every_device_is_refused_with_the_plan_and_the_fix) {
-  char *data = tu_token_file("tok.bin", 20000, 1, 256);
   char d[600];
-  snprintf(d, sizeof d, "data=%s", data);
+  data_opt(d, sizeof d);
   node_t n = {{0}, 0};
   node_register(&n, "small", 2, 4u << 20, NULL, 0); /* 4 MiB devices */
   const char *kv[] = {"model=small", d, NULL};
   char id[32];
   cr_assert_eq(submit(2, kv, id, sizeof id), FSDP_EINVAL);
   cr_expect(strstr(err_msg(), "MiB"), "%s", err_msg());
-  free(data);
 }
 
 Test(coordinator, malformed_and_unauthorised_calls_get_their_status_at_once) {
@@ -276,13 +294,8 @@ Test(coordinator, malformed_and_unauthorised_calls_get_their_status_at_once) {
 }
 
 Test(coordinator, tokens_are_required_and_roles_kept) {
-  teardown();
-  char *ut = tu_path("user.token"), *nt = tu_path("node.token"), *db = tu_path("auth.db");
-  tu_write_file(ut, "user-secret-1234567890\n", 23);
-  tu_write_file(nt, "node-secret-0987654321\n", 23);
-  char extra[1200];
-  snprintf(extra, sizeof extra, "--user-token-file '%s' --node-token-file '%s'", ut, nt);
-  co_start(db, "127.0.0.1:0", extra);
+  char ut[600], nt[600];
+  co_start_with_tokens("auth.db", ut, nt);
   Fsdp__V1__ListNodesRequest q = FSDP__V1__LIST_NODES_REQUEST__INIT;
   Fsdp__V1__ListNodesReply *r = NULL;
   client_for(&co, NULL);
@@ -296,19 +309,13 @@ Test(coordinator, tokens_are_required_and_roles_kept) {
   cr_expect_eq(CALL("RegisterNode", rq, register_node_reply, &rr), FSDP_EPERM);
   client_for(&co, nt);
   cr_expect_eq(CALL("ListNodes", q, list_nodes_reply, &r), FSDP_EPERM);
-  free(ut), free(nt), free(db);
 }
 
 /* An independent client (Python's grpcio, stubs generated from the proto
  * at test time) against the real coordinator, with a user token. */
 Test(coordinator, an_independent_python_client_submits_and_reads_a_job) {
-  teardown();
-  char *ut = tu_path("user.token"), *nt = tu_path("node.token"), *db = tu_path("py.db");
-  tu_write_file(ut, "user-secret-1234567890\n", 23);
-  tu_write_file(nt, "node-secret-0987654321\n", 23);
-  char extra[1200];
-  snprintf(extra, sizeof extra, "--user-token-file '%s' --node-token-file '%s'", ut, nt);
-  co_start(db, "127.0.0.1:0", extra);
+  char ut[600], nt[600];
+  co_start_with_tokens("py.db", ut, nt);
   char *data = tu_token_file("tok.bin", 20000, 1, 256);
   char cmd[2400], out[4096];
   snprintf(cmd, sizeof cmd, "/usr/bin/python3 '%s/tests/e2e/python_client.py' '%s' %s '%s' '%s' 2>&1",
@@ -322,7 +329,7 @@ Test(coordinator, an_independent_python_client_submits_and_reads_a_job) {
   cr_expect(strstr(out, "submit j-1\n"), "%s", out);
   cr_expect(strstr(out, "get j-1 JOB_STATE_PENDING 2\n"), "%s", out);
   cr_expect(strstr(out, "health SERVING\n"), "%s", out);
-  free(ut), free(nt), free(db), free(data);
+  free(data);
 }
 
 /* ---- scheduling ------------------------------------------------------------ */
@@ -343,9 +350,8 @@ static int collect(const node_t *n, const char *job, int want, Fsdp__V1__Heartbe
 }
 
 Test(coordinator, three_jobs_on_four_devices_two_run_the_third_waits_then_runs) {
-  char *data = tu_token_file("tok.bin", 20000, 1, 256);
   char d[600];
-  snprintf(d, sizeof d, "data=%s", data);
+  data_opt(d, sizeof d);
   node_t n = {{0}, 0};
   node_register(&n, "four", 4, 8ull << 30, NULL, 0);
   const char *kv[] = {"model=tiny", d, "steps=3", NULL};
@@ -381,13 +387,11 @@ Test(coordinator, three_jobs_on_four_devices_two_run_the_third_waits_then_runs) 
   cr_expect_eq(r->n_kills, 1);
   if (r->n_kills) cr_expect_str_eq(r->kills[0]->job_id, b);
   protobuf_c_message_free_unpacked(&r->base, NULL);
-  free(data);
 }
 
 Test(coordinator, hybrid_2x2_keeps_each_shard_group_on_one_node_and_a_dead_node_is_named) {
-  char *data = tu_token_file("tok.bin", 20000, 1, 256);
   char d[600];
-  snprintf(d, sizeof d, "data=%s", data);
+  data_opt(d, sizeof d);
   node_t A = {{0}, 0}, Bn = {{0}, 0};
   node_register(&A, "alpha", 2, 8ull << 30, NULL, 0);
   node_register(&Bn, "beta", 2, 8ull << 30, NULL, 0);
@@ -430,13 +434,11 @@ Test(coordinator, hybrid_2x2_keeps_each_shard_group_on_one_node_and_a_dead_node_
   Fsdp__V1__HeartbeatReply *r = heartbeat(&Bn, NULL, 0);
   cr_expect(r->reregister);
   protobuf_c_message_free_unpacked(&r->base, NULL);
-  free(data);
 }
 
 Test(coordinator, a_restarted_coordinator_keeps_the_running_job_and_fences_old_epochs) {
-  char *data = tu_token_file("tok.bin", 20000, 1, 256);
   char d[600];
-  snprintf(d, sizeof d, "data=%s", data);
+  data_opt(d, sizeof d);
   node_t n = {{0}, 0};
   node_register(&n, "solo", 2, 8ull << 30, NULL, 0);
   const char *kv[] = {"model=tiny", d, NULL};
@@ -479,15 +481,7 @@ Test(coordinator, a_restarted_coordinator_keeps_the_running_job_and_fences_old_e
   Fsdp__V1__RendezvousReply *rr = NULL;
   cr_expect_eq(CALL("Rendezvous", q, rendezvous_reply, &rr), FSDP_ESTALE, "%s", err_msg());
   cluster_stop(&co, SIGTERM);
-  sqlite3 *h;
-  cr_assert_eq(sqlite3_open(db, &h), SQLITE_OK);
-  sqlite3_stmt *s;
-  cr_assert_eq(sqlite3_prepare_v2(h, "PRAGMA integrity_check", -1, &s, NULL), SQLITE_OK);
-  cr_assert_eq(sqlite3_step(s), SQLITE_ROW);
-  cr_expect_str_eq((const char *)sqlite3_column_text(s, 0), "ok");
-  sqlite3_finalize(s);
-  sqlite3_close(h);
-  free(data);
+  cluster_db_check(db);
 }
 
 Test(coordinator, rendezvous_answers_when_the_group_is_complete) {
@@ -497,9 +491,8 @@ Test(coordinator, rendezvous_answers_when_the_group_is_complete) {
   co_start(db, "127.0.0.1:0", "--heartbeat-timeout-ms 5000");
   free(db);
   client_for(&co, NULL);
-  char *data = tu_token_file("tok.bin", 20000, 1, 256);
   char d[600];
-  snprintf(d, sizeof d, "data=%s", data);
+  data_opt(d, sizeof d);
   node_t n = {{0}, 0};
   node_register(&n, "solo", 2, 8ull << 30, NULL, 0);
   const char *kv[] = {"model=tiny", d, NULL};
@@ -521,5 +514,4 @@ Test(coordinator, rendezvous_answers_when_the_group_is_complete) {
   cr_expect_eq(memcmp(r->payloads[0].data, "addr0", 5), 0);
   cr_expect_eq(memcmp(r->payloads[1].data, "addr1", 5), 0);
   protobuf_c_message_free_unpacked(&r->base, NULL);
-  free(data);
 }

@@ -333,11 +333,7 @@ static int add_coordinator(rpc_server_t *s) {
       {SVC "ListNodes", &fsdp__v1__list_nodes_request__descriptor,
        &fsdp__v1__list_nodes_reply__descriptor, 0, U, h_nodes, NULL},
   };
-  for (size_t i = 0; i < sizeof m / sizeof m[0]; i++) {
-    int rc = rpc_server_add(s, &m[i]);
-    if (rc) return rc;
-  }
-  return 0;
+  return rpc_server_add_all(s, m, sizeof m / sizeof m[0]);
 }
 
 static void *server_thread(void *arg) {

@@ -302,7 +302,7 @@ static void *fake_thread(void *arg) {
        &fsdp__v1__report_rank_exit_reply__descriptor, 0, RPC_ROLE_NODE, h_report_exit, NULL},
   };
   int rc = rpc_server_create(&F.srv, &F.loop, &o);
-  for (size_t i = 0; !rc && i < sizeof ms / sizeof ms[0]; i++) rc = rpc_server_add(F.srv, &ms[i]);
+  if (!rc) rc = rpc_server_add_all(F.srv, ms, sizeof ms / sizeof ms[0]);
   if (!rc) rc = rpc_server_start(F.srv);
   pthread_mutex_lock(&F.mu);
   F.rc = rc;

@@ -169,11 +169,7 @@ static int add_methods(rpc_server_t *s) {
       {HEARTBEAT, &fsdp__v1__heartbeat_request__descriptor, &fsdp__v1__heartbeat_reply__descriptor,
        0, RPC_ROLE_NODE, h_heartbeat, NULL},
   };
-  for (size_t i = 0; i < sizeof m / sizeof m[0]; i++) {
-    int rc = rpc_server_add(s, &m[i]);
-    if (rc) return rc;
-  }
-  return 0;
+  return rpc_server_add_all(s, m, sizeof m / sizeof m[0]);
 }
 
 static void *server_thread(void *arg) {
