@@ -250,3 +250,29 @@ Test(cluster, a_restarted_coordinator_lets_the_running_job_finish) {
   cluster_db_check(db);
   free(conf);
 }
+
+/* With tokens configured, fsdpd registers with the node token and a user
+ * reaches the coordinator only with the user token. */
+Test(cluster, tokens_let_the_node_register_and_the_user_in) {
+  cluster_stop(&coord, SIGTERM);
+  char *ut = tu_path("user.token"), *nt = tu_path("node.token"), *db = tu_path("auth.db");
+  tu_write_file(ut, "user-secret-1234567890\n", 23);
+  tu_write_file(nt, "node-secret-0987654321\n", 23);
+  char extra[1400], out[8192];
+  snprintf(extra, sizeof extra, "--heartbeat-timeout-ms %d --user-token-file '%s' --node-token-file '%s'",
+           TIMEOUT_MS, ut, nt);
+  cluster_coord_start(&coord, db, "127.0.0.1:0", extra);
+  /* fsdpctl without a token: refused (5); cluster_fsdpd_start's readiness
+   * check lists the nodes with the user token from the environment */
+  cr_expect_eq(cluster_ctl(coord.addr, "nodes", out, sizeof out), 5, "%s", out);
+  setenv("FSDP_TOKEN_FILE", ut, 1);
+  char opt[700];
+  snprintf(opt, sizeof opt, "--token-file '%s'", nt);
+  cluster_fsdpd_start(&node[0], coord.addr, "secure", 1, opt);
+  cr_expect_eq(cluster_ctl(coord.addr, "nodes", out, sizeof out), 0, "%s", out);
+  /* a node token is no user token */
+  setenv("FSDP_TOKEN_FILE", nt, 1);
+  cr_expect_eq(cluster_ctl(coord.addr, "nodes", out, sizeof out), 5, "%s", out);
+  unsetenv("FSDP_TOKEN_FILE");
+  free(ut), free(nt), free(db);
+}
