@@ -88,6 +88,7 @@ typedef struct sim {
   int stopping;                 /* no call is started once set */
   int inflight;                 /* calls started and not completed */
   int next_register, registered;
+  int next_beat;                /* nodes below this have started beating */
   double win_start, win_end;    /* replies received in [start, end) are measured */
   double *late;                 /* lateness of each measured reply, ms */
   size_t n_late, cap_late;
@@ -208,7 +209,9 @@ static void sim_done(sim_t *s, sim_node_t *nd, double t) {
     snprintf(nd->id, sizeof nd->id, "%s", r->node_id);
     nd->session = r->session;
     s->registered++;
-    again = SIM_BEAT;
+    /* the first heartbeats are paced by sim_run; a node registering again
+     * (told to) beats at once, as fsdpd does */
+    again = nd->index < s->next_beat ? SIM_BEAT : SIM_NONE;
   } else if (kind == SIM_BEAT && m) {
     const Fsdp__V1__HeartbeatReply *r = (const void *)m;
     if (r->reregister) { /* as fsdpd does: register again */
@@ -357,7 +360,7 @@ static int sim_run(const char *dir, int n, double window_s, sim_result_t *res) {
   for (int i = 0; i < SIM_CHANNELS; i++) s.ch[i] = grpc_channel_create(target, creds, &args);
   grpc_channel_credentials_release(creds);
 
-  /* register every node, SIM_REG_INFLIGHT at a time; each beats once registered */
+  /* register every node, SIM_REG_INFLIGHT at a time */
   const double t0 = bench_now_s();
   int rc = 0;
   while (s.registered < n && !s.errors) {
@@ -371,15 +374,23 @@ static int sim_run(const char *dir, int n, double window_s, sim_result_t *res) {
   }
   res->reg_s = bench_now_s() - t0;
   if (s.errors) rc = -1;
-  /* warm-up, then the window */
-  const double t1 = bench_now_s();
-  s.win_start = t1 + SIM_WARMUP_S, s.win_end = s.win_start + window_s;
+  /* The first heartbeats spread evenly over one interval: nodes started at
+   * independent times beat at independent phases. (Started as each
+   * registration returned, the phases would crowd into the registration's
+   * seconds, and the coordinator would see bursts above N per second.)
+   * Then the warm-up, then the window. */
+  const double t1 = bench_now_s(), spread = SIM_INTERVAL_MS / 1e3;
+  s.win_start = t1 + spread + SIM_WARMUP_S, s.win_end = s.win_start + window_s;
   double cpu0 = -1, sim0 = 0;
   for (;;) {
     const double now = bench_now_s();
     if (now >= s.win_end || rc) break;
+    while (s.next_beat < n && now >= t1 + spread * s.next_beat / n) {
+      sim_node_t *nd = &s.node[s.next_beat++];
+      if (nd->kind == SIM_NONE && nd->id[0]) sim_beat(&s, nd);
+    }
     if (cpu0 < 0 && now >= s.win_start) cpu0 = proc_cpu_s(pid), sim0 = bench_cpu_s();
-    sim_poll(&s, 0.05);
+    sim_poll(&s, s.next_beat < n ? 0.001 : 0.05);
   }
   const double cpu1 = proc_cpu_s(pid), sim1 = bench_cpu_s();
   res->coord_cpu = cpu0 >= 0 && cpu1 >= 0 ? (cpu1 - cpu0) / window_s : -1;
