@@ -6,7 +6,7 @@
  * sending the next as soon as the reply arrives. The coordinator holds each
  * heartbeat for its interval (1000 ms here), so each node beats at ~1 Hz and
  * what it costs the coordinator shows as LATENESS: reply time - send time -
- * interval. For each N (1000, 2500, 5000, 10000 by default; the first N
+ * interval. For each N (1000, 2500, 5000, 7500, 10000 by default; the first N
  * that misses the goal ends the run) it starts bin/fsdp-coordinator on a
  * fresh database, registers the nodes (many registrations in flight), lets
  * every node beat for a warm-up, then measures over a window: p50 and p99
@@ -447,7 +447,7 @@ int main(void) {
   const double window_s = w && atof(w) > 0 ? atof(w) : 5.0;
   const char *list = getenv("BENCH_NODESIM_NODES");
   char nodes[256];
-  snprintf(nodes, sizeof nodes, "%s", list && *list ? list : "1000,2500,5000,10000");
+  snprintf(nodes, sizeof nodes, "%s", list && *list ? list : "1000,2500,5000,7500,10000");
   grpc_init();
   char dir[] = "/tmp/fsdp-bench-nodesim-XXXXXX";
   if (!mkdtemp(dir)) return 1;
