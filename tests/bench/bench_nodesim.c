@@ -34,7 +34,6 @@
 #include <grpc/grpc_security.h>
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -294,20 +293,7 @@ static int coord_start(const char *dir, pid_t *pid) {
     _exit(127);
   }
   close(fd[1]);
-  char buf[256];
-  size_t n = 0;
-  int port = 0;
-  const double deadline = bench_now_s() + 10;
-  while (!port && bench_now_s() < deadline && n < sizeof buf - 1) {
-    struct pollfd q = {fd[0], POLLIN, 0};
-    if (poll(&q, 1, 100) <= 0) continue;
-    ssize_t k = read(fd[0], buf + n, sizeof buf - 1 - n);
-    if (k <= 0) break;
-    n += (size_t)k;
-    buf[n] = 0;
-    char *at = strstr(buf, "serving on port ");
-    if (at) port = atoi(at + 16);
-  }
+  const int port = bench_serving_port(fd[0], 10);
   close(fd[0]);
   return port;
 }

@@ -178,20 +178,7 @@ int main(void) {
   int fd;
   char *cargv[] = {"bin/fsdp-coordinator", "--db", db, "--root", dir, "--listen", "127.0.0.1:0", NULL};
   coord = spawn(cargv, &fd, NULL, clog);
-  char buf[512];
-  size_t k = 0;
-  int port = 0;
-  const double t_start = bench_now_s();
-  while (coord > 0 && !port && bench_now_s() - t_start < 10 && k < sizeof buf - 1) {
-    struct pollfd q = {fd, POLLIN, 0};
-    if (poll(&q, 1, 100) <= 0) continue;
-    ssize_t r = read(fd, buf + k, sizeof buf - 1 - k);
-    if (r <= 0) break;
-    k += (size_t)r;
-    buf[k] = 0;
-    char *at = strstr(buf, "serving on port ");
-    if (at) port = atoi(at + 16);
-  }
+  const int port = coord > 0 ? bench_serving_port(fd, 10) : 0;
   if (coord > 0) close(fd);
   if (!port) {
     fprintf(stderr, "bench_submit: the coordinator did not start (bin/fsdp-coordinator built?)\n");
