@@ -102,7 +102,7 @@ E2E_TESTS  = launch fault coordinator fsdpd cluster
 test_bins  = $(UNIT_TESTS:%=$(1)/tests/test_%) $(E2E_TESTS:%=$(1)/e2e/test_%)
 TEST_BINS  = $(call test_bins,$(B))
 BENCH_BINS = $(B)/bench/bench_gemm $(B)/bench/bench_train $(B)/bench/bench_comm $(B)/bench/bench_fsdp \
-             $(B)/bench/bench_coord
+             $(B)/bench/bench_coord $(B)/bench/bench_nodesim $(B)/bench/bench_submit
 TESTUTIL   = $(B)/tests/unit/testutil.o
 TESTUTIL_TRAIN = $(B)/tests/unit/testutil_train.o $(B)/tests/unit/refrun.o
 # Test sources include Criterion's header: their objects wait for the test packages.
@@ -296,6 +296,13 @@ $(B)/tests/bench/bench_coord.o: | $(PROTO_HDRS)
 $(B)/bench/bench_coord: $(B)/tests/bench/bench_coord.o $(B)/tests/bench/benchutil.o $(LIB) $(RPC_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $(filter %.o %.a,$^) -o $@ $(LDLIBS) $(RPC_LDLIBS)
+# how many nodes' heartbeats the coordinator sustains: one process plays them
+# with gRPC's C core directly (asynchronous calls, not rpc.h's blocking client)
+$(B)/tests/bench/bench_nodesim.o: | $(PROTO_HDRS)
+$(B)/bench/bench_nodesim: $(B)/tests/bench/bench_nodesim.o $(B)/tests/bench/benchutil.o $(RPC_LIB) \
+                          $(COMMON_SRCS:%.c=$(B)/%.o)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(RPC_LDLIBS) -lm -lpthread
 # the coordinator's end-to-end test plays users and nodes through the RPC
 # client; it runs bin/fsdp-coordinator, which `make test` builds with $(BINS)
 # (not a prerequisite: test-san's sub-make would rebuild it with sanitizers)

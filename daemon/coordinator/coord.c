@@ -4,11 +4,13 @@
  * killing attempts, and the open calls that wait on state (WatchJob streams,
  * rendezvous). The RPC handlers are coord_rpc.c.
  *
- * One timer (coord_tick_cb, every COORD_TICK_MS) does all periodic work:
- * answers held heartbeats whose interval has passed and rendezvous calls
- * held past COORD_RDV_HOLD_MS, declares nodes dead after the heartbeat
- * timeout, and places pending jobs when something they depend on changed
- * (a job ended or was submitted, a node came or went, a device was freed). */
+ * One timer (coord_tick_cb, every COORD_TICK_MS) does the periodic work:
+ * answers rendezvous calls held past COORD_RDV_HOLD_MS, declares nodes dead
+ * after the heartbeat timeout, and places pending jobs when something they
+ * depend on changed (a job ended or was submitted, a node came or went, a
+ * device was freed). Held heartbeats have a timer of their own
+ * (coord_beat_cb), armed for the first one due, so each is answered when
+ * its interval ends rather than on the tick after. */
 #include "daemon/coordinator/coord_impl.h"
 
 #include <ini.h>
@@ -128,6 +130,7 @@ coord_node_t *coord_node_get(coord_t *c, int64_t id, int create) {
     coord_node_t *n = calloc(1, sizeof *n);
     if (!n) return NULL;
     n->id = id;
+    n->coord = c;
     n->heard_ms = coord_mono_ms(c);
     n->heard_unix_ms = coord_unix_ms();
     c->node[id] = n;
@@ -225,9 +228,20 @@ void coord_order_push(coord_t *c, int64_t node, const coord_order_t *o) {
   coord_node_deliver(c, n);
 }
 
+/* Takes n off the list of held heartbeats (its poll is being answered or ended). */
+static void coord_held_unlink(coord_t *c, coord_node_t *n) {
+  if (n->held_prev) n->held_prev->held_next = n->held_next;
+  else c->held_head = n->held_next;
+  if (n->held_next) n->held_next->held_prev = n->held_prev;
+  else c->held_tail = n->held_prev;
+  n->held_prev = n->held_next = NULL;
+}
+
 static void coord_poll_cancel_cb(rpc_call_t *call, void *arg) {
   coord_node_t *n = arg;
-  if (n->poll == call) n->poll = NULL;
+  if (n->poll != call) return;
+  n->poll = NULL;
+  coord_held_unlink(n->coord, n);
 }
 
 /* Answers n's held heartbeat with whatever is queued for it (possibly
@@ -235,6 +249,7 @@ static void coord_poll_cancel_cb(rpc_call_t *call, void *arg) {
 static void coord_node_answer(coord_t *c, coord_node_t *n) {
   rpc_call_t *call = n->poll;
   n->poll = NULL;
+  coord_held_unlink(c, n);
   rpc_call_on_cancel(call, NULL, NULL);
   Fsdp__V1__HeartbeatReply rep = FSDP__V1__HEARTBEAT_REPLY__INIT;
   rep.heartbeat_interval_ms = (uint32_t)c->o.heartbeat_interval_ms;
@@ -298,11 +313,27 @@ void coord_node_deliver(coord_t *c, coord_node_t *n) {
   if (n->poll && n->n_order) coord_node_answer(c, n);
 }
 
+/* Answers every held heartbeat whose interval has ended, then sleeps until
+ * the next one's does. */
+static void coord_beat_cb(uv_timer_t *t) {
+  coord_t *c = t->data;
+  const uint64_t now = coord_mono_ms(c);
+  while (c->held_head && c->held_head->poll_until <= now) coord_node_answer(c, c->held_head);
+  if (c->held_head) uv_timer_start(&c->beat, coord_beat_cb, c->held_head->poll_until - now, 0);
+}
+
 /* Holds a node's heartbeat until there is news or the interval passes. */
 void coord_node_hold(coord_t *c, coord_node_t *n, rpc_call_t *call) {
   if (n->poll) coord_node_answer(c, n); /* a node has one in flight; answer an older one */
   n->poll = call;
   n->poll_until = coord_mono_ms(c) + (uint64_t)c->o.heartbeat_interval_ms;
+  /* at the tail: no held heartbeat falls due after this one */
+  n->held_prev = c->held_tail, n->held_next = NULL;
+  if (c->held_tail) c->held_tail->held_next = n;
+  else c->held_head = n;
+  c->held_tail = n;
+  if (c->held_head == n) /* the list was empty: the timer sleeps */
+    uv_timer_start(&c->beat, coord_beat_cb, (uint64_t)c->o.heartbeat_interval_ms, 0);
   rpc_call_on_cancel(call, coord_poll_cancel_cb, n);
   coord_node_deliver(c, n);
 }
@@ -678,7 +709,6 @@ static void coord_tick_cb(uv_timer_t *t) {
   for (int64_t id = 1; id < c->cap_node; id++) {
     coord_node_t *n = c->node[id];
     if (!n) continue;
-    if (n->poll && now >= n->poll_until) coord_node_answer(c, n);
     if (!n->dead && now - n->heard_ms > (uint64_t)c->o.heartbeat_timeout_ms)
       coord_node_died(c, n, now);
   }
@@ -737,6 +767,8 @@ int coord_create(coord_t **out, uv_loop_t *loop, const coord_opts_t *o) {
   uv_timer_init(loop, &c->tick);
   c->tick.data = c;
   uv_timer_start(&c->tick, coord_tick_cb, COORD_TICK_MS, COORD_TICK_MS);
+  uv_timer_init(loop, &c->beat);
+  c->beat.data = c;
   uv_check_init(loop, &c->flush);
   c->flush.data = c;
   uv_check_start(&c->flush, coord_flush_cb);
@@ -747,10 +779,15 @@ int coord_create(coord_t **out, uv_loop_t *loop, const coord_opts_t *o) {
 
 int coord_port(const coord_t *c) { return rpc_server_port(c->srv); }
 
+/* The handles close one after another (tick, beat, flush); the last frees. */
 static void coord_free_cb(uv_handle_t *h) {
   coord_t *c = h->data;
+  if (!uv_is_closing((uv_handle_t *)&c->beat)) {
+    uv_close((uv_handle_t *)&c->beat, coord_free_cb);
+    return;
+  }
   if (!uv_is_closing((uv_handle_t *)&c->flush)) {
-    uv_close((uv_handle_t *)&c->flush, coord_free_cb); /* the last handle frees */
+    uv_close((uv_handle_t *)&c->flush, coord_free_cb);
     return;
   }
   for (int64_t i = 0; i < c->cap_node; i++)
@@ -762,6 +799,7 @@ static void coord_free_cb(uv_handle_t *h) {
 void coord_destroy(coord_t *c) {
   if (!c) return;
   uv_timer_stop(&c->tick);
+  uv_timer_stop(&c->beat);
   uv_check_stop(&c->flush);
   rpc_server_destroy(c->srv); /* cancel callbacks forget the held calls */
   for (int i = 0; i < c->n_sub; i++) free(c->sub[i].text); /* their calls were cancelled */

@@ -36,6 +36,8 @@ typedef struct coord_node {
   int dead;
   rpc_call_t *poll;         /* its held heartbeat */
   uint64_t poll_until;
+  struct coord_node *held_prev, *held_next; /* in coord.held while poll is set */
+  struct coord *coord;      /* for its poll's cancel callback */
   coord_order_t *order;
   int n_order, cap_order;
   int nbusy;                /* devices it reports still running a job's processes */
@@ -104,6 +106,12 @@ struct coord {
   store_t *st;
   rpc_server_t *srv;
   uv_timer_t tick;
+  /* Held heartbeats, oldest first. All are held for the same interval, so
+   * this is also the order they fall due in: `beat` fires when the first
+   * does, to the millisecond, instead of on the next tick (up to
+   * COORD_TICK_MS late, which alone broke the 10 ms heartbeat goal). */
+  struct coord_node *held_head, *held_tail;
+  uv_timer_t beat;
   coord_node_t **node;      /* by id (ids are dense, from 1) */
   int64_t cap_node;
   coord_rank_t *rank;

@@ -149,11 +149,7 @@ int main(void) {
     _exit(127);
   }
   close(fd[1]);
-  char buf[256] = {0};
-  ssize_t k = read(fd[0], buf, sizeof buf - 1);
-  int port = 0;
-  char *at = k > 0 ? strstr(buf, "serving on port ") : NULL;
-  if (at) port = atoi(at + 16);
+  const int port = bench_serving_port(fd[0], 10);
   if (!port) {
     fprintf(stderr, "bench_coord: the coordinator did not start (bin/fsdp-coordinator built?)\n");
     return 1;

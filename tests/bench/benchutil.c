@@ -2,7 +2,10 @@
 #include "tests/bench/benchutil.h"
 
 #include <netinet/in.h>
+#include <poll.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -29,3 +32,20 @@ static double bench_clock(clockid_t id) {
 
 double bench_now_s(void) { return bench_clock(CLOCK_MONOTONIC); }
 double bench_cpu_s(void) { return bench_clock(CLOCK_PROCESS_CPUTIME_ID); }
+
+int bench_serving_port(int fd, double timeout_s) {
+  char buf[512];
+  size_t n = 0;
+  const double deadline = bench_now_s() + timeout_s;
+  while (bench_now_s() < deadline && n < sizeof buf - 1) {
+    struct pollfd q = {fd, POLLIN, 0};
+    if (poll(&q, 1, 100) <= 0) continue;
+    ssize_t k = read(fd, buf + n, sizeof buf - 1 - n);
+    if (k <= 0) break;
+    n += (size_t)k;
+    buf[n] = 0;
+    char *at = strstr(buf, "serving on port ");
+    if (at && atoi(at + 16) > 0) return atoi(at + 16);
+  }
+  return 0;
+}

@@ -13,4 +13,8 @@ int bench_listen_loopback(char *addr, size_t n);
 double bench_now_s(void);
 double bench_cpu_s(void);
 
+/* The port in fsdp-coordinator's "serving on port N" line, read from fd (its
+ * stdout) for up to timeout_s; 0 when it did not come. fd is left open. */
+int bench_serving_port(int fd, double timeout_s);
+
 #endif

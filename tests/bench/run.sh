@@ -20,6 +20,11 @@
 #     (busbw at 64 MiB >= 0.50 x memcpy), for plain and registered buffers,
 #     in and out of place; used_by_training=yes marks the registered ones,
 #     which are what the sharded runtime communicates.
+#  3b-d. The control plane: fsdp-coordinator's SubmitJob/GetJob rates
+#     (bench_coord), the simulated nodes whose 1 s heartbeats it answers within
+#     10 ms at p99 (bench_nodesim), and `fsdpctl submit` to the first step of a
+#     2-rank tiny job (bench_submit); each prints its own target line. About
+#     1.5 minutes together.
 #  4. Sharded training (bench_fsdp): 2 rank processes, 1 thread each, ring
 #     communicators, FULL_SHARD (1x2), SHARD_GRAD_OP (1x2) and NO_SHARD (2x1),
 #     against one rank (1 and 2 threads), interleaved step by step, with
@@ -92,7 +97,8 @@ bench_run() {
   return 0
 }
 
-for f in "$GEMM" "$TRAIN" "$COMM" "$FSDP" "$BUILD/bench/bench_coord"; do
+for f in "$GEMM" "$TRAIN" "$COMM" "$FSDP" "$BUILD/bench/bench_coord" "$BUILD/bench/bench_nodesim" \
+  "$BUILD/bench/bench_submit"; do
   if [ ! -x "$f" ]; then
     echo "bench: error $f is not built (make B=$BUILD $f)"
     exit 1
@@ -147,6 +153,16 @@ bench_run "comm ranks=2" "$COMM"
 # concurrent RPC clients: SubmitJob and GetJob calls/s, p50 and p99 (target:
 # >= 2000 submits/s). About 20 s.
 bench_run "coord" "$BUILD/bench/bench_coord"
+# 3c. Heartbeat scale: one process plays 1000, 2500, 5000, 7500 and 10000
+# nodes (stopping at the first N that misses), each node keeping one 1 s
+# heartbeat in flight as fsdpd does; p50/p99 lateness of the replies past
+# the interval and reregister replies (target: 10000 nodes with p99 < 10 ms
+# and none told to register again). About 60 s.
+bench_run "nodesim" "$BUILD/bench/bench_nodesim"
+# 3d. From `fsdpctl submit` to rank 0's first step of a 2-rank tiny job on one
+# fsdpd with cpu:2, five jobs (target: p50 < 1 s), with each run's stages.
+# About 5 s.
+bench_run "submit" "$BUILD/bench/bench_submit"
 # 4. Sharded training with 2 ranks against one rank, then DDP as the peer of
 # NO_SHARD, back to back. gpt2-124m only when the memory is there: each rank
 # keeps the flat model and a runtime per strategy (about 7.5 GiB per rank).
