@@ -876,3 +876,35 @@ Test(fsdpd, a_stale_rendezvous_is_given_up_and_frees_the_device, .timeout = 20) 
   cr_expect_eq(F.exits[0].exit_status, 0, "%s", F.exits[0].message);
   pthread_mutex_unlock(&F.mu);
 }
+
+/* With tokens given, fsdpd's own Node service wants the user token: none is
+ * UNAUTHENTICATED, the node token PERMISSION_DENIED, the user's gets in. */
+Test(fsdpd, its_node_service_requires_the_user_token_when_configured, .timeout = 20) {
+  char *ut = tu_path("user.token"), *nt = tu_path("node.token");
+  tu_write_file(ut, "user-secret-1234567890\n", 23);
+  tu_write_file(nt, "node-secret-0987654321\n", 23);
+  const char *args[] = {"--devices", "cpu:1", "--work-dir", workdir, "--user-token-file", ut,
+                        "--node-token-file", nt, geteuid() == 0 ? "--run-as" : NULL, "nobody", NULL};
+  fsdpd_pid = fsdpd_spawn(args);
+  cr_assert(wait_for(registered, 10), "fsdpd did not register");
+  char addr[128];
+  pthread_mutex_lock(&F.mu);
+  snprintf(addr, sizeof addr, "%s", F.reg_address);
+  pthread_mutex_unlock(&F.mu);
+  const char *token[] = {NULL, nt, ut};
+  const int want[] = {FSDP_EAUTH, FSDP_EPERM, FSDP_ENOTFOUND};
+  for (int i = 0; i < 3; i++) {
+    rpc_client_t *c;
+    const rpc_client_opts_t co = {.target = addr, .token_file = token[i]};
+    cr_assert_eq(rpc_client_create(&c, &co), 0, "%s", err_msg());
+    Fsdp__V1__GetRankLogsRequest req = FSDP__V1__GET_RANK_LOGS_REQUEST__INIT;
+    req.job_id = "j-9"; /* no such job here: the user gets as far as NOT_FOUND */
+    rpc_stream_t *st;
+    int rc = rpc_stream_open(c, &st, "/fsdp.v1.Node/GetRankLogs", &req.base, 10);
+    ProtobufCMessage *m = NULL;
+    if (!rc) rc = rpc_stream_next(st, &fsdp__v1__log_chunk__descriptor, &m), rpc_stream_close(st);
+    cr_expect_eq(rc, want[i], "token %d: %d %s", i, rc, err_msg());
+    rpc_client_destroy(c);
+  }
+  free(ut), free(nt);
+}
