@@ -126,10 +126,6 @@ struct coord {
   uv_check_t flush;         /* runs coord_submit_flush after each turn's callbacks */
   int nodes_changed;        /* a node registered or died since least_device was read */
   uint64_t least_device;    /* the smallest device memory of the alive nodes */
-  /* idempotent submits: request ids of the last submits, with their jobs */
-  char req_id[256][64];
-  int64_t req_job[256];
-  int req_next;
 };
 
 /* coord.c, for the handlers */

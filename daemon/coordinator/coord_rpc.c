@@ -259,13 +259,14 @@ static void coord_submit_cb(rpc_call_t *call, const ProtobufCMessage *req, void 
     return;
   }
   int rc = FSDP_OK;
-  /* a retried submit (same request_id) gets the job the first one made */
-  if (q->request_id[0])
-    for (int i = 0; i < 256; i++)
-      if (c->req_job[i] && !strncmp(c->req_id[i], q->request_id, sizeof c->req_id[i] - 1)) {
-        coord_submit_reply(c, call, c->req_job[i], NULL);
-        return;
-      }
+  /* a retried submit (same request_id) gets the job the first one made,
+   * also after a coordinator restart (the key is stored with the job) */
+  int64_t made = 0;
+  if (q->request_id[0] && strlen(q->request_id) < sizeof c->sub[0].request_id &&
+      !store_job_by_request(c->st, q->request_id, &made)) {
+    coord_submit_reply(c, call, made, NULL);
+    return;
+  }
   config_t cfg;
   plan_t plan;
   shard_mesh_t m;
@@ -347,27 +348,35 @@ void coord_submit_flush(coord_t *c) {
   int pic = 0, rc = js && ids && slot && why && placed ? FSDP_OK
                                                      : err_set(FSDP_ENOMEM, "coordinator: out of memory");
   if (!rc) pic = !coord_pic_load(c, &p);
-  /* fitted before they are stored, so a job that waits is stored with its reason */
+  /* fitted before they are stored, so a job that waits is stored with its
+   * reason; a second submit of the turn with the same request id is the
+   * first's job (dup[i]: its index + 1) */
+  int *dup = calloc((size_t)n, sizeof *dup);
+  int m = 0; /* stored */
+  if (!rc && !dup) rc = err_set(FSDP_ENOMEM, "coordinator: out of memory");
   for (int i = 0; !rc && i < n; i++) {
+    for (int k = 0; k < i && !dup[i]; k++)
+      if (sub[i].request_id[0] && !strcmp(sub[i].request_id, sub[k].request_id)) dup[i] = k + 1;
+    if (dup[i]) continue;
     const coord_job_t *x = &sub[i].facts;
     slot[i] = calloc((size_t)(x->R * x->S) + 1, sizeof **slot);
     if (pic && slot[i] && sub[i].call)
       placed[i] = coord_fit(&p, x, slot[i], why[i], sizeof why[i]) == SCHED_PLACED;
-    js[i] = (store_job_spec_t){sub[i].name, sub[i].text, sub[i].world, sub[i].mesh,
-                               sub[i].max_restarts, placed[i] ? NULL : why[i]};
+    js[m++] = (store_job_spec_t){sub[i].name, sub[i].text, sub[i].world, sub[i].mesh,
+                                 sub[i].max_restarts, placed[i] ? NULL : why[i], sub[i].request_id};
   }
-  if (!rc) rc = store_job_submit_batch(c->st, js, n, ids);
+  if (!rc) rc = store_job_submit_batch(c->st, js, m, ids);
+  /* ids[] in stored order back to the submits */
+  for (int i = n - 1, k = m - 1; !rc && i >= 0; i--)
+    if (!dup[i]) ids[i] = ids[k--];
+  for (int i = 0; !rc && i < n; i++)
+    if (dup[i]) ids[i] = ids[dup[i] - 1];
   for (int i = 0; i < n; i++) {
-    if (!rc) {
+    if (!rc && !dup[i]) {
       sub[i].facts.id = ids[i];
       coord_job_cache(c, &sub[i].facts);
       LOG_INFO("coord", "job j-%lld submitted: %s, %d ranks, mesh %s", (long long)ids[i],
                sub[i].name[0] ? sub[i].name : "(no name)", sub[i].world, sub[i].mesh);
-      if (sub[i].request_id[0]) {
-        snprintf(c->req_id[c->req_next], sizeof c->req_id[0], "%s", sub[i].request_id);
-        c->req_job[c->req_next] = ids[i];
-        c->req_next = (c->req_next + 1) % 256;
-      }
       if (placed[i]) coord_start(c, &p, ids[i], &sub[i].facts, slot[i], why[i]);
     }
     if (sub[i].call) {
@@ -379,7 +388,7 @@ void coord_submit_flush(coord_t *c) {
     if (slot) free(slot[i]);
   }
   if (pic) coord_pic_free(&p);
-  free(sub), free(js), free(ids), free(slot), free(why), free(placed);
+  free(sub), free(js), free(ids), free(slot), free(why), free(placed), free(dup);
 }
 
 static void coord_get_job_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {

@@ -111,7 +111,13 @@ static const char store_schema_v1[] =
     ");\n"
     "CREATE INDEX events_job ON events(job_id) WHERE job_id IS NOT NULL;\n";
 
-static const char *const store_migrations[] = {store_schema_v1};
+/* Version 2: a submit's idempotency key is stored with its job, so a
+ * client retrying after a coordinator restart finds the job it made. */
+static const char store_schema_v2[] =
+    "ALTER TABLE jobs ADD COLUMN request_id TEXT;\n"
+    "CREATE UNIQUE INDEX jobs_request_id ON jobs(request_id) WHERE request_id IS NOT NULL;\n";
+
+static const char *const store_migrations[] = {store_schema_v1, store_schema_v2};
 _Static_assert(sizeof store_migrations / sizeof store_migrations[0] == STORE_SCHEMA_VERSION,
                "one migration per schema version");
 
@@ -692,6 +698,7 @@ static int check_job_spec(const store_job_spec_t *js) {
   if (!rc) rc = check_text("job mesh", js->mesh, STORE_MESH_MAX, 0);
   if (!rc) rc = check_text("job spec", js->spec, (size_t)1 << 30, 1);
   if (!rc && js->reason) rc = check_text("job reason", js->reason, STORE_REASON_MAX, 1);
+  if (!rc && js->request_id) rc = check_text("request id", js->request_id, STORE_NAME_MAX, 1);
   if (!rc && (js->world_size <= 0 || js->max_restarts < 0))
     rc = err_set(FSDP_EINVAL, "job %s: world_size %d and max_restarts %d: need > 0 and >= 0",
                  js->name, js->world_size, js->max_restarts);
@@ -708,9 +715,10 @@ int store_job_submit_batch(store_t *st, const store_job_spec_t *specs, int n, in
     const store_job_spec_t *js = &specs[i];
     st_exec(st,
             "INSERT INTO jobs(name, spec, world_size, mesh, state, reason, max_restarts, "
-            "submitted_ms) VALUES(?, ?, ?, ?, 'PENDING', ?, ?, ?)",
+            "submitted_ms, request_id) VALUES(?, ?, ?, ?, 'PENDING', ?, ?, ?, ?)",
             A_T(js->name), A_T(js->spec), A_I(js->world_size), A_T(js->mesh),
-            A_T(js->reason ? js->reason : ""), A_I(js->max_restarts), A_I(now));
+            A_T(js->reason ? js->reason : ""), A_I(js->max_restarts), A_I(now),
+            A_T(js->request_id && js->request_id[0] ? js->request_id : NULL));
     int64_t id = sqlite3_last_insert_rowid(st->db);
     st_event(st, id, 0, "job.submitted", "job %s submitted: %d ranks, mesh %s, max_restarts %d",
              js->name, js->world_size, js->mesh, js->max_restarts);
@@ -1086,6 +1094,16 @@ int store_event_list(store_t *st, int64_t job_id, int64_t after_id, store_event_
 }
 
 /* ---- readers ---- */
+
+int store_job_by_request(store_t *st, const char *request_id, int64_t *job_id) {
+  *job_id = 0;
+  int rc = store_begin(st, 0);
+  if (rc) return rc;
+  *job_id = st_int(st, 0, "SELECT id FROM jobs WHERE request_id = ?", A_T(request_id));
+  if (!*job_id && !st->rc)
+    rc = err_set(FSDP_ENOTFOUND, "no job was submitted with request id %.64s", request_id);
+  return store_end(st, rc);
+}
 
 int store_job_get(store_t *st, int64_t job_id, store_job_t *job) {
   memset(job, 0, sizeof *job);

@@ -26,7 +26,7 @@
 #include <stdint.h>
 
 /* The schema version this build writes and reads (PRAGMA user_version). */
-#define STORE_SCHEMA_VERSION 1
+#define STORE_SCHEMA_VERSION 2
 
 /* Text bounds: longer input is refused (EINVAL) so what is stored reads back
  * whole; reasons and event text are free text and are cut to fit on read. */
@@ -103,6 +103,7 @@ typedef struct store_job_spec {
   const char *mesh;             /* "R x S" as the spec gave it, e.g. "2x2" */
   int max_restarts;
   const char *reason;           /* why it waits, known at submit (NULL: none yet) */
+  const char *request_id;       /* the client's idempotency key (NULL or "": none); unique */
 } store_job_spec_t;
 
 typedef struct store_job {
@@ -257,6 +258,9 @@ int store_event_list(store_t *st, int64_t job_id, int64_t after_id, store_event_
                      int *n);
 
 /* ---- readers ---- */
+/* The job submitted with request_id (a client's idempotency key), or
+ * ENOTFOUND. */
+int store_job_by_request(store_t *st, const char *request_id, int64_t *job_id);
 /* ENOTFOUND for an unknown id; free with store_job_free. */
 int store_job_get(store_t *st, int64_t job_id, store_job_t *job);
 void store_job_free(store_job_t *job);

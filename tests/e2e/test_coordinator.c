@@ -515,3 +515,35 @@ Test(coordinator, rendezvous_answers_when_the_group_is_complete) {
   cr_expect_eq(memcmp(r->payloads[1].data, "addr1", 5), 0);
   protobuf_c_message_free_unpacked(&r->base, NULL);
 }
+
+/* A client that retries a submit (same request id) gets the job its first
+ * try made, also after the coordinator was killed and started again. */
+Test(coordinator, a_retried_submit_finds_its_job_across_a_restart) {
+  char d[600];
+  data_opt(d, sizeof d);
+  const char *kv[] = {"model=tiny", d, NULL};
+  spec_buf_t b;
+  spec_make(&b, 2, kv);
+  Fsdp__V1__SubmitJobRequest q = FSDP__V1__SUBMIT_JOB_REQUEST__INIT;
+  q.spec = &b.spec, q.request_id = "retry-7f3a";
+  char first[32];
+  for (int round = 0; round < 3; round++) {
+    if (round == 2) { /* SIGKILL, and back on the same database */
+      char db[600];
+      snprintf(db, sizeof db, "%s", co_db);
+      cluster_stop(&co, SIGKILL);
+      co_start(db, "127.0.0.1:0", NULL);
+      client_for(&co, NULL);
+    }
+    Fsdp__V1__SubmitJobReply *r = NULL;
+    cr_assert_eq(CALL("SubmitJob", q, submit_job_reply, &r), 0, "round %d: %s", round, err_msg());
+    if (round == 0) snprintf(first, sizeof first, "%s", r->job_id);
+    else cr_expect_str_eq(r->job_id, first, "round %d made another job", round);
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+  }
+  Fsdp__V1__ListJobsRequest lq = FSDP__V1__LIST_JOBS_REQUEST__INIT;
+  Fsdp__V1__ListJobsReply *lr = NULL;
+  cr_assert_eq(CALL("ListJobs", lq, list_jobs_reply, &lr), 0);
+  cr_expect_eq(lr->n_jobs, 1);
+  protobuf_c_message_free_unpacked(&lr->base, NULL);
+}

@@ -90,3 +90,51 @@ Test(store_txn, a_failure_inside_undoes_the_whole_transaction_and_is_kept) {
   cr_assert_eq(n_events(st), 1);
   store_close(st);
 }
+
+/* A database of schema version 1 (made here with version 1's own script, as
+ * an older coordinator left it) is migrated to the current version at open,
+ * in place, its jobs kept; and the request ids version 2 adds work on it. */
+Test(store_txn, a_version_1_database_is_migrated_keeping_its_jobs) {
+  char path[] = "/tmp/fsdp-store-v1-XXXXXX";
+  int fd = mkstemp(path);
+  cr_assert_geq(fd, 0);
+  close(fd);
+  unlink(path);
+  sqlite3 *h;
+  cr_assert_eq(sqlite3_open(path, &h), SQLITE_OK);
+  char sql[256];
+  snprintf(sql, sizeof sql, "PRAGMA user_version = 1; PRAGMA application_id = %d", STORE_APP_ID);
+  cr_assert_eq(sqlite3_exec(h, store_schema_v1, NULL, NULL, NULL), SQLITE_OK, "%s", sqlite3_errmsg(h));
+  cr_assert_eq(sqlite3_exec(h, sql, NULL, NULL, NULL), SQLITE_OK);
+  cr_assert_eq(sqlite3_exec(h, "INSERT INTO jobs(name, spec, world_size, mesh, state, max_restarts, "
+                               "submitted_ms) VALUES('old', '[train]\nsteps = 5\n', 2, '1x2', "
+                               "'PENDING', 0, 1)", NULL, NULL, NULL), SQLITE_OK, "%s", sqlite3_errmsg(h));
+  sqlite3_close(h);
+  store_t *st = NULL;
+  cr_assert_eq(store_open(path, NULL, &st), 0, "%s", err_msg());
+  cr_expect_eq(store_schema_from(st), 1);
+  store_job_t j;
+  cr_assert_eq(store_job_get(st, 1, &j), 0, "%s", err_msg());
+  cr_expect_str_eq(j.name, "old");
+  cr_expect_str_eq(j.spec, "[train]\nsteps = 5\n");
+  store_job_free(&j);
+  store_job_spec_t js = {"new", "[train]\nsteps = 1\n", 2, "1x2", 0, NULL, "req-42"};
+  int64_t id = 0, found = 0;
+  cr_assert_eq(store_job_submit(st, &js, &id), 0, "%s", err_msg());
+  cr_expect_eq(store_job_by_request(st, "req-42", &found), 0, "%s", err_msg());
+  cr_expect_eq(found, id);
+  cr_expect_eq(store_job_by_request(st, "req-43", &found), FSDP_ENOTFOUND);
+  /* the key is unique: a second job with it is refused, nothing stored */
+  cr_expect_neq(store_job_submit(st, &js, &found), 0);
+  store_close(st);
+  cr_assert_eq(sqlite3_open(path, &h), SQLITE_OK);
+  sqlite3_stmt *s;
+  cr_assert_eq(sqlite3_prepare_v2(h, "SELECT (SELECT count(*) FROM jobs), user_version FROM "
+                                     "pragma_user_version", -1, &s, NULL), SQLITE_OK);
+  cr_assert_eq(sqlite3_step(s), SQLITE_ROW);
+  cr_expect_eq(sqlite3_column_int(s, 0), 2);
+  cr_expect_eq(sqlite3_column_int(s, 1), STORE_SCHEMA_VERSION);
+  sqlite3_finalize(s);
+  sqlite3_close(h);
+  unlink(path);
+}
