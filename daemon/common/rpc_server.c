@@ -2,18 +2,22 @@
  * rpc.h for the contract).
  *
  * Threads: the queue thread only moves (tag, ok) pairs from
- * grpc_completion_queue_next into s->q and wakes the loop (uv_async_send,
- * which coalesces: each wake-up drains the whole queue). Every other line
- * here runs on the loop's thread.
+ * grpc_completion_queue_next into s->q, every completion already there at
+ * once, and wakes the loop (uv_async_send, which coalesces: each wake-up
+ * drains the whole queue). Every other line here runs on the loop's thread.
  *
  * Calls: each registered method keeps RPC_ARMED_PER_METHOD requests armed
  * (grpc_server_request_registered_call, which reads the request message
  * with the call), re-armed as soon as a call arrives; the generic
  * grpc_server_request_call is armed as well, so a method nobody registered
  * is answered UNIMPLEMENTED at once instead of waiting for its deadline. A
- * started call always has RECV_CLOSE_ON_SERVER pending (its end: answered,
- * or cancelled by a deadline, the client or shutdown) and at most one send
- * batch; replies wait in a queue behind it.
+ * call's end (RECV_CLOSE_ON_SERVER: answered, or cancelled by a deadline,
+ * the client or shutdown) is awaited on a batch of its own when someone must
+ * hear of it early: a handler that holds the call with a cancel callback, a
+ * stream once its first message goes, and every call at shutdown. Otherwise
+ * it rides in the batch with the final status, so a unary call costs gRPC
+ * one batch and one completion for its answer, not two (bench_coord). A call
+ * has at most one send batch; replies wait in a queue behind it.
  *
  * Ownership: an rpc_call_t is freed when nothing refers to it: no batch
  * pending in gRPC (what gRPC writes back lives in the struct until then) and
@@ -41,6 +45,7 @@
  * rpc_call_t and gRPC's request record (~1 KiB), ~4 MiB for the
  * coordinator's methods. */
 #define RPC_ARMED_PER_METHOD 256
+#define RPC_CQ_BATCH 64 /* completions the queue thread hands over at once, at most */
 #define RPC_HEALTH_CHECK "/grpc.health.v1.Health/Check"
 
 typedef enum {
@@ -84,6 +89,7 @@ struct rpc_call {
   unsigned role;
   char method[256];              /* for messages */
   int close_pending, send_pending;
+  int close_in_send;             /* RECV_CLOSE_ON_SERVER rides in the send batch pending */
   int held;                      /* the handler may still answer */
   int answered;                  /* the final status is queued or sent */
   int ended;                     /* RECV_CLOSE_ON_SERVER completed */
@@ -129,27 +135,43 @@ struct rpc_server {
 
 /* ---- the queue thread ------------------------------------------------------- */
 
-static void rpc_push(rpc_server_t *s, void *tag, int ok) {
+/* Hands n completions to the loop: one lock and one wake-up for all. */
+static void rpc_push(rpc_server_t *s, const rpc_ev_t *ev, size_t n) {
   pthread_mutex_lock(&s->mu);
-  if (s->q_len == s->q_cap) {
+  if (s->q_len + n > s->q_cap) {
     size_t cap = s->q_cap ? 2 * s->q_cap : 64;
+    while (cap < s->q_len + n) cap *= 2;
     rpc_ev_t *q = realloc(s->q, cap * sizeof *q);
     FSDP_ASSERT(q); /* a completion cannot be dropped: gRPC would wait for it forever */
     s->q = q;
     s->q_cap = cap;
   }
-  s->q[s->q_len++] = (rpc_ev_t){tag, ok};
+  memcpy(s->q + s->q_len, ev, n * sizeof *ev);
+  s->q_len += n;
   pthread_cond_signal(&s->cv);
   pthread_mutex_unlock(&s->mu);
   uv_async_send(&s->async);
 }
 
+/* Waits for a completion, then takes every other one already there without
+ * waiting (up to RPC_CQ_BATCH), and hands them over together: under load
+ * the loop wakes once per batch, not once per completion. */
 static void *rpc_cq_thread(void *arg) {
   rpc_server_t *s = arg;
+  rpc_ev_t ev[RPC_CQ_BATCH];
   for (;;) {
-    grpc_event ev = grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
-    if (ev.type == GRPC_QUEUE_SHUTDOWN) break;
-    if (ev.type == GRPC_OP_COMPLETE) rpc_push(s, ev.tag, ev.success);
+    size_t n = 0;
+    int down = 0;
+    gpr_timespec until = gpr_inf_future(GPR_CLOCK_REALTIME);
+    while (n < RPC_CQ_BATCH) {
+      grpc_event e = grpc_completion_queue_next(s->cq, until, NULL);
+      if (e.type == GRPC_QUEUE_SHUTDOWN) { down = 1; break; }
+      if (e.type == GRPC_QUEUE_TIMEOUT) break;
+      ev[n++] = (rpc_ev_t){e.tag, e.success};
+      until = gpr_inf_past(GPR_CLOCK_REALTIME);
+    }
+    if (n) rpc_push(s, ev, n);
+    if (down) break;
   }
   return NULL;
 }
@@ -216,10 +238,22 @@ static void rpc_arm(rpc_server_t *s, rpc_reg_t *reg) {
   s->armed++;
 }
 
+/* Waits for the call's end on its own batch (once). */
+static void rpc_close_arm(rpc_call_t *c) {
+  if (c->close_pending || c->ended) return;
+  grpc_op op;
+  memset(&op, 0, sizeof op);
+  op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+  op.data.recv_close_on_server.cancelled = &c->cancelled;
+  grpc_call_error e = grpc_call_start_batch(c->call, &op, 1, &c->t_close, NULL);
+  FSDP_ASSERT(e == GRPC_CALL_OK);
+  c->close_pending = 1;
+}
+
 /* Starts the batch for the next queued reply, if none is in flight. */
 static void rpc_pump(rpc_call_t *c) {
   if (c->send_pending || !c->out) return;
-  grpc_op ops[3];
+  grpc_op ops[4];
   size_t n = 0;
   memset(ops, 0, sizeof ops);
   if (!c->md_sent) {
@@ -239,6 +273,13 @@ static void rpc_pump(rpc_call_t *c) {
     ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
     ops[n].data.send_status_from_server.status = st->status;
     ops[n++].data.send_status_from_server.status_details = &st->details;
+    if (!c->close_pending && !c->ended) { /* the call's end rides with its status */
+      ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+      ops[n++].data.recv_close_on_server.cancelled = &c->cancelled;
+      c->close_pending = c->close_in_send = 1;
+    }
+  } else {
+    rpc_close_arm(c); /* a stream: its end must be seen while it runs */
   }
   rpc_out_t *last = st ? st : o;
   c->out = last->next;
@@ -276,6 +317,8 @@ static void rpc_on_close(rpc_call_t *c) {
 
 static void rpc_on_send(rpc_call_t *c, int ok) {
   c->send_pending = 0;
+  if (c->close_in_send) /* the status went out with the close: the call is over */
+    c->close_in_send = c->close_pending = 0, c->ended = 1;
   while (c->inflight) {
     rpc_out_t *o = c->inflight;
     c->inflight = o->next;
@@ -362,14 +405,6 @@ static void rpc_start(rpc_server_t *s, rpc_call_t *c) {
     memcpy(c->method, GRPC_SLICE_START_PTR(c->details.method), n);
     c->method[n] = 0;
   }
-  grpc_op op;
-  memset(&op, 0, sizeof op);
-  op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
-  op.data.recv_close_on_server.cancelled = &c->cancelled;
-  grpc_call_error e = grpc_call_start_batch(c->call, &op, 1, &c->t_close, NULL);
-  FSDP_ASSERT(e == GRPC_CALL_OK);
-  c->close_pending = 1;
-
   rpc_reg_t *reg = c->reg;
   int rc = rpc_auth(s, c, reg ? reg->m.roles : RPC_ROLE_USER | RPC_ROLE_NODE);
   if (rc) goto fail;
@@ -508,6 +543,7 @@ int rpc_call_backlog(const rpc_call_t *c) {
 void rpc_call_on_cancel(rpc_call_t *c, rpc_cancel_cb cb, void *arg) {
   c->cancel_cb = cb;
   c->cancel_arg = arg;
+  if (cb && !c->answered) rpc_close_arm(c);
 }
 
 const char *rpc_call_method(const rpc_call_t *c) { return c->method; }
@@ -676,6 +712,7 @@ void rpc_server_destroy(rpc_server_t *s) {
   s->closing = 1;
   grpc_server_shutdown_and_notify(s->server, s->cq, &s->t_shutdown);
   grpc_server_cancel_all_calls(s->server);
+  for (rpc_call_t *c = s->calls; c; c = c->next) rpc_close_arm(c); /* held quietly: end them */
   if (s->thread_started) {
     /* Handle completions here, on the loop's thread, until gRPC has given
      * back every armed request and call and said the server is done. */

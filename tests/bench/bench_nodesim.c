@@ -34,6 +34,7 @@
 #include <grpc/grpc_security.h>
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -272,6 +273,33 @@ static double proc_cpu_s(pid_t pid) {
   return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
 }
 
+/* The CPUs the coordinator and the simulator are pinned to, -1 when not
+ * pinned (BENCH_NODESIM_PIN=0, or fewer than 2 CPUs allowed). */
+static int pin_coord = -1, pin_sim = -1;
+
+/* Pins the calling thread (and the threads and children it makes after) to cpu. */
+static void pin_to(int cpu) {
+  if (cpu < 0) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  if (sched_setaffinity(0, sizeof set, &set))
+    perror("bench_nodesim: sched_setaffinity");
+}
+
+/* Picks two CPUs: the first two this process may run on. */
+static void pin_choose(void) {
+  const char *e = getenv("BENCH_NODESIM_PIN");
+  cpu_set_t set;
+  if ((e && !strcmp(e, "0")) || sched_getaffinity(0, sizeof set, &set)) return;
+  for (int cpu = 0; cpu < CPU_SETSIZE && pin_sim < 0; cpu++)
+    if (CPU_ISSET(cpu, &set)) {
+      if (pin_coord < 0) pin_coord = cpu;
+      else pin_sim = cpu;
+    }
+  if (pin_sim < 0) pin_coord = -1;
+}
+
 /* Starts the coordinator on dir/state.db; its port, 0 on failure. */
 static int coord_start(const char *dir, pid_t *pid) {
   char db[600], logf[600], ms[16];
@@ -284,6 +312,7 @@ static int coord_start(const char *dir, pid_t *pid) {
   if (*pid < 0) return 0;
   if (*pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
+    pin_to(pin_coord);
     dup2(fd[1], 1);
     int lf = open(logf, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (lf >= 0) dup2(lf, 2);
@@ -429,6 +458,8 @@ int main(void) {
     setrlimit(RLIMIT_NOFILE, &rl);
   }
   signal(SIGPIPE, SIG_IGN);
+  pin_choose();
+  pin_to(pin_sim); /* before grpc_init: gRPC's threads inherit it */
   const char *w = getenv("BENCH_NODESIM_WINDOW_S");
   const double window_s = w && atof(w) > 0 ? atof(w) : 5.0;
   const char *list = getenv("BENCH_NODESIM_NODES");
@@ -438,8 +469,8 @@ int main(void) {
   char dir[] = "/tmp/fsdp-bench-nodesim-XXXXXX";
   if (!mkdtemp(dir)) return 1;
   printf("bench: coord_heartbeats_setup coordinator_sync=normal interval_ms=%d timeout_ms=5000 "
-         "channels=%d warmup_s=%.0f window_s=%.0f\n", SIM_INTERVAL_MS, SIM_CHANNELS, SIM_WARMUP_S,
-         window_s);
+         "channels=%d warmup_s=%.0f window_s=%.0f coord_cpu_pin=%d sim_cpu_pin=%d\n",
+         SIM_INTERVAL_MS, SIM_CHANNELS, SIM_WARMUP_S, window_s, pin_coord, pin_sim);
   fflush(stdout);
   int best = 0, rc = 0, runs = 0;
   for (char *save = NULL, *tok = strtok_r(nodes, ",", &save); tok && runs < SIM_MAX_RUNS;
