@@ -21,7 +21,7 @@ ARCH   ?= -march=x86-64 -mtune=generic
 CFLAGS  = -std=c11 -D_GNU_SOURCE $(OPT) $(ARCH) -g -fopenmp -fno-math-errno -ffp-contract=off \
           -Wall -Wextra -Werror -MMD -MP -I. $(EXTRA_CFLAGS)
 LDFLAGS = -fopenmp $(EXTRA_LDFLAGS)
-LDLIBS  = -ldnnl -linih -lm -lpthread
+LDLIBS  = -ldnnl $(JOB_LDLIBS) -lm -lpthread
 B       = build
 # CUDA 13 lives in /usr/local/cuda on these machines (no GPU needed to compile).
 NVCC   ?= /usr/local/cuda/bin/nvcc
@@ -34,7 +34,7 @@ CUDA_CHECKS = $(if $(wildcard $(NVCC)),$(B)/tests/cuda/kern_math_gpu $(B)/tests/
 
 # Debian packages, by what needs them; mk/deps.sh installs those missing.
 # Compiling and linking the programs:
-BUILD_PKGS = build-essential pkg-config libdnnl-dev libinih-dev libuv1-dev \
+BUILD_PKGS = build-essential pkg-config libdnnl-dev libinih-dev libuv1-dev libxxhash-dev \
              $(CONTROL_PKGS)
 # The tests: Criterion; clang, its sanitizer and fuzzer runtimes and its OpenMP
 # for the fuzz build; PyTorch and numpy for the reference runs; the demo
@@ -68,12 +68,14 @@ KERN_OBJS   = $(B)/kernels/cpu/backend.o \
 # coordinator, which links nothing else of the engine (only common). Purity is
 # proved by linking: test_job links only these and the common objects.
 JOB_SRCS    = daemon/job/config.c daemon/job/gpt_config.c daemon/job/precision.c \
-              daemon/job/shard.c daemon/job/plan.c daemon/job/job.c
+              daemon/job/shard.c daemon/job/plan.c daemon/job/job.c daemon/job/ckpt.c
 JOB_OBJS    = $(JOB_SRCS:%.c=$(B)/%.o) $(COMMON_SRCS:%.c=$(B)/%.o)
+# what the job library needs: job files (inih), checkpoints' checksums and manifests
+JOB_LDLIBS  = -linih -lxxhash -ljansson
 TRAIN_SRCS  = daemon/train/gpt.c daemon/train/adamw.c \
               daemon/train/data.c daemon/train/train.c \
               daemon/train/sample.c daemon/train/shard_rank.c \
-              daemon/train/fsdp.c daemon/train/device.c
+              daemon/train/fsdp.c daemon/train/device.c daemon/train/ckpt_rank.c
 NODE_SRCS   = daemon/node/supervise.c daemon/node/inventory.c
 COMM_SRCS   = daemon/comm/comm.c daemon/comm/boot.c \
               daemon/comm/ring.c daemon/comm/ring_boot.c daemon/comm/ring_live.c \
@@ -201,7 +203,7 @@ $(B)/tests/test_job: $(B)/tests/unit/test_job.o $(JOB_OBJS)
 	@! grep -En '#include "(daemon/(train|node|comm)|kernels)/' daemon/job/*.[ch] \
 	  | grep -Ev '"(daemon/comm/ring_size|kernels/cpu/size)\.h"' \
 	  || { echo "daemon/job includes engine headers (above)"; exit 1; }
-	$(CC) $(EXTRA_LDFLAGS) $^ -o $@ -linih -lm -lpthread -lcriterion
+	$(CC) $(EXTRA_LDFLAGS) $^ -o $@ $(JOB_LDLIBS) -lm -lpthread -lcriterion
 
 # The coordinator's tests link what the coordinator links, nothing of the
 # engine (so not testutil, which reaches daemon/train).
@@ -312,7 +314,7 @@ $(B)/e2e/test_coordinator: $(B)/tests/e2e/test_coordinator.o $(B)/tests/e2e/clus
 	$(CC) $(LDFLAGS) $(filter %.o %.a,$^) -o $@ $(LDLIBS) $(RPC_LDLIBS) -lsqlite3 -lcriterion
 bin/fsdp-coordinator: $(COORD_BIN_OBJS)
 	@mkdir -p bin
-	$(CC) $(EXTRA_LDFLAGS) $^ -o $@ $(RPC_LDLIBS) $(COORD_LDLIBS) -linih -lm
+	$(CC) $(EXTRA_LDFLAGS) $^ -o $@ $(RPC_LDLIBS) $(COORD_LDLIBS) $(JOB_LDLIBS) -lm
 
 # ---- fsdpctl (client/) ------------------------------------------------------
 # The client links only the wire: its own objects, RPC_LIB and three objects

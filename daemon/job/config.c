@@ -39,6 +39,7 @@ static const config_opt_t config_opts[] = {
     {"vocab", "model", CFG_INT, OFF(dims.vocab), 0, 0, 65536, "vocabulary size (0: the preset's)"},
     {"context", "model", CFG_INT, OFF(dims.context), 0, 0, 1 << 20, "maximum sequence length (0: the preset's)"},
     {"init_from", "model", STR(init_from), "weights file to start from instead of a random init"},
+    {"resume_from", "model", STR(resume_from), "committed checkpoint to continue from (a step-N directory, or a checkpoint_dir: its latest): weights, AdamW state, step and data position, under any mesh and precision"},
     {"data", "data", STR(data), "token file (make one with fsdp-tokenize)"},
     {"eval_fraction", "data", CFG_DOUBLE, OFF(eval_fraction), 0, 0, 0.5, "share of tokens held out for evaluation, from the end of the file"},
     {"steps", "train", CFG_INT, OFF(steps), 0, 1, 1e9, "optimizer steps"},
@@ -66,6 +67,8 @@ static const config_opt_t config_opts[] = {
     {"eps", "optim", CFG_FLOAT, OFF(eps), 0, 1e-30, 1, "AdamW epsilon"},
     {"grad_clip", "optim", CFG_FLOAT, OFF(grad_clip), 0, 0, 1e9, "clip the global gradient norm to this (0: off)"},
     {"save", "output", STR(save), "weights file written at the end"},
+    {"checkpoint_dir", "output", STR(checkpoint_dir), "directory of the job's checkpoints: step-N/ holds a shard file per shard rank and, once committed, manifest.json (docs/FORMATS.md)"},
+    {"checkpoint_every", "output", CFG_INT, OFF(checkpoint_every), 0, 0, 1e9, "steps between checkpoints (0: none); needs checkpoint_dir"},
     {"sample_tokens", "output", CFG_INT, OFF(sample_tokens), 0, 0, 1 << 20, "tokens to generate after training, to look at"},
     {"sample_prompt", "output", STR(sample_prompt), "prompt for the sample (byte-level models; in a job file, quote it to keep spaces at either end)"},
     {"sample_temperature", "output", CFG_FLOAT, OFF(sample_temperature), 0, 1e-3, 100, "sampling temperature"},
@@ -318,6 +321,12 @@ int config_check(config_t *c, int world, config_report_cb report, void *ctx) {
     CONFIG_CHECK(err_set(FSDP_EINVAL, "warmup_steps: %d is more than steps %d; warmup must end "
                          "before training does: lower warmup_steps or raise steps",
                          c->warmup_steps, c->steps));
+  if (c->checkpoint_every && !c->checkpoint_dir[0])
+    CONFIG_CHECK(err_set(FSDP_EINVAL, "checkpoint_every: %d, but no checkpoint_dir; set "
+                         "checkpoint_dir = DIR (an existing directory)", c->checkpoint_every));
+  if (c->resume_from[0] && c->init_from[0])
+    CONFIG_CHECK(err_set(FSDP_EINVAL, "resume_from: given with init_from; a checkpoint holds the "
+                         "weights already: drop init_from"));
   return first;
 }
 #undef CONFIG_CHECK

@@ -31,6 +31,7 @@ typedef struct config {
   gpt_config_t dims;          /* explicit dimensions; 0 = take the preset's */
   gpt_config_t gpt;           /* final dimensions, set by config_resolve (0: not resolved) */
   char init_from[CONFIG_PATH_MAX]; /* weights file to start from ("" : random init) */
+  char resume_from[CONFIG_PATH_MAX]; /* committed checkpoint, or a root: its latest ("" : none) */
   /* data */
   char data[CONFIG_PATH_MAX]; /* token file */
   double eval_fraction;       /* held-out share of the tokens */
@@ -58,6 +59,8 @@ typedef struct config {
   float grad_clip;            /* max global grad norm (0: off) */
   /* output */
   char save[CONFIG_PATH_MAX]; /* weights file written at the end ("" : none) */
+  char checkpoint_dir[CONFIG_PATH_MAX]; /* root of the job's checkpoints ("" : none) */
+  int checkpoint_every;       /* steps between checkpoints (0: none) */
   int sample_tokens;          /* tokens to generate after training (0: none) */
   char sample_prompt[256];    /* prompt text for byte-level models */
   float sample_temperature;

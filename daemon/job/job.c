@@ -77,11 +77,10 @@ int job_validate(const job_opt_t *opts, int n, int world, size_t device_bytes, c
 
 /* ---- paths ------------------------------------------------------------------ */
 
-/* The paths of a job: whether each is read (it must exist) or written (its
- * directory must exist). A checkpoint directory, when jobs get one, is one
- * more row (written: the directory itself, or its parent when it does not
- * exist yet). */
-typedef enum { JOB_PATH_IN, JOB_PATH_OUT } job_path_kind_t;
+/* The paths of a job: whether each is a file read (it must exist), a file
+ * written (its directory must exist) or a directory (it must exist: the
+ * checkpoints' root, written; a checkpoint to resume from, read). */
+typedef enum { JOB_PATH_IN, JOB_PATH_OUT, JOB_PATH_DIR } job_path_kind_t;
 #define JOB_FIELD(f) offsetof(config_t, f), sizeof(((config_t *)0)->f)
 static const struct {
   const char *key;
@@ -91,6 +90,8 @@ static const struct {
     {"data", JOB_FIELD(data), JOB_PATH_IN},
     {"init_from", JOB_FIELD(init_from), JOB_PATH_IN},
     {"save", JOB_FIELD(save), JOB_PATH_OUT},
+    {"checkpoint_dir", JOB_FIELD(checkpoint_dir), JOB_PATH_DIR},
+    {"resume_from", JOB_FIELD(resume_from), JOB_PATH_DIR},
 };
 #undef JOB_FIELD
 
@@ -154,6 +155,8 @@ static int job_path_resolve(const char *key, const char *full, char res[PATH_MAX
 static int job_path_usable(const char *key, const char *full, const char *res,
                            job_path_kind_t kind, int missing) {
   if (missing) {
+    if (kind == JOB_PATH_DIR)
+      return err_set(FSDP_ENOENT, "%s: %s does not exist; create the directory first", key, full);
     if (kind == JOB_PATH_IN)
       return err_set(FSDP_ENOENT, "%s: %s does not exist; name an existing file", key, full);
     if (missing > 1 || res[strlen(res) - 1] == '/')
@@ -162,6 +165,11 @@ static int job_path_usable(const char *key, const char *full, const char *res,
     return FSDP_OK; /* a new file in an existing directory */
   }
   struct stat st;
+  if (kind == JOB_PATH_DIR) {
+    if (stat(res, &st) || !S_ISDIR(st.st_mode))
+      return err_set(FSDP_EINVAL, "%s: %s is not a directory; name one", key, full);
+    return FSDP_OK;
+  }
   if (stat(res, &st) || !S_ISREG(st.st_mode))
     return err_set(FSDP_EINVAL, "%s: %s is not a regular file; name a file", key, full);
   if (kind == JOB_PATH_OUT) return FSDP_OK;

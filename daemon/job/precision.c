@@ -30,3 +30,11 @@ int precision_parse(const char *s, precision_t *out) {
                    "bf16-true", s);
   return FSDP_OK;
 }
+
+const char *precision_name(precision_t p) {
+  switch (p) {
+  case PRECISION_BF16_MIXED: return "bf16-mixed";
+  case PRECISION_BF16_TRUE: return "bf16-true";
+  default: return "fp32";
+  }
+}

@@ -9,6 +9,8 @@ typedef enum { PRECISION_FP32, PRECISION_BF16_MIXED, PRECISION_BF16_TRUE } preci
 
 /* fp32, bf16-mixed or bf16-true; the error names the field and the choices. */
 int precision_parse(const char *s, precision_t *out);
+/* "fp32", "bf16-mixed", "bf16-true": what precision_parse reads. */
+const char *precision_name(precision_t p);
 /* One sentence: storage, compute, reduce and optimizer dtypes. */
 const char *precision_describe(precision_t p);
 

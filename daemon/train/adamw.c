@@ -138,6 +138,7 @@ void adamw_step(adamw_t *o, gpt_t *g, float lr) {
 }
 
 int adamw_step_count(const adamw_t *o) { return o->t; }
+void adamw_set_step_count(adamw_t *o, int t) { o->t = t; }
 float *adamw_m(adamw_t *o) { return o->m; }
 float *adamw_v(adamw_t *o) { return o->v; }
 uint16_t *adamw_m_bf16(adamw_t *o) { return o->m16; }

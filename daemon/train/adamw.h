@@ -57,6 +57,8 @@ void adamw_step_buffers(adamw_t *o, float *params, const float *grads, float lr)
  * optimizer must have bf16 state. */
 void adamw_step_bf16(adamw_t *o, uint16_t *params, const uint16_t *grads, float lr);
 int adamw_step_count(const adamw_t *o);
+/* Sets the step count (its bias correction): a resumed run's, from its checkpoint. */
+void adamw_set_step_count(adamw_t *o, int t);
 /* The state: fp32 (NULL for bf16 state) or bf16 (NULL for fp32 state). */
 float *adamw_m(adamw_t *o);
 float *adamw_v(adamw_t *o);

@@ -557,6 +557,7 @@ int fsdp_max_gathered(const fsdp_t *f) { return f->max_gathered; }
 int fsdp_shard_rank(const fsdp_t *f) { return f->shard_rank; }
 
 void fsdp_state(fsdp_t *f, fsdp_state_t *st) {
+  st->be = f->be;
   st->layout = f->layout;
   st->shard_rank = f->shard_rank;
   st->elem_bytes = f->bf16_storage ? sizeof(uint16_t) : sizeof(float);

@@ -96,6 +96,7 @@ int fsdp_shard_rank(const fsdp_t *f);
  * (shard_total elements of elem_bytes: fp32, or bf16 under bf16-true) and the
  * optimizer (its m, v and step count: adamw.h). */
 typedef struct fsdp_state {
+  const kern_backend_t *be; /* the device the buffers are on */
   const shard_layout_t *layout;
   int shard_rank;
   size_t elem_bytes;

@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ckpt_rank.h"
 #include "daemon/comm/boot.h"
 #include "daemon/common/err.h"
 #include "daemon/common/log.h"
@@ -36,6 +37,7 @@ struct train {
   data_pos_t pos;     /* where the next training batch starts */
   int32_t *in, *tg;   /* (batch x world, seq_len) host token batches: the global batch */
   int step;           /* steps done */
+  int first_step;     /* steps done when this run began: 0, or a resumed checkpoint's */
   double t_start, t_after_first;
   train_result_t res;
 };
@@ -93,6 +95,61 @@ static int train_open_runtime(train_t *t) {
   return c->init_from[0] ? fsdp_load_weights(t->runtime, c->init_from) : FSDP_OK;
 }
 
+/* Continues from the latest committed checkpoint resume_from names: the
+ * shards, AdamW, the step and the data position (under any mesh). */
+static int train_resume(train_t *t) {
+  const config_t *c = &t->cfg;
+  char dir[CONFIG_PATH_MAX + 32];
+  ckpt_rank_meta_t m;
+  int rc;
+  if ((rc = ckpt_latest(c->resume_from, dir, sizeof dir)) ||
+      (rc = ckpt_rank_load(t->runtime, dir, &m)))
+    return err_wrap(rc, "resume_from");
+  if (m.seed != c->seed)
+    return err_set(FSDP_EINVAL, "resume_from: %s was trained with seed %llu, this job has %llu; "
+                   "the data order would differ: set seed = %llu", dir,
+                   (unsigned long long)m.seed, (unsigned long long)c->seed,
+                   (unsigned long long)m.seed);
+  if (m.step > c->steps)
+    return err_set(FSDP_EINVAL, "resume_from: %s is at step %lld, past this job's steps %d; "
+                   "raise steps", dir, (long long)m.step, c->steps);
+  t->step = t->first_step = (int)m.step;
+  t->pos = (data_pos_t){m.data_epoch, m.data_index};
+  t->res.steps_done = t->step;
+  if (t->opts.out)
+    fprintf(t->opts.out, "train: resumed from %s at step %d (saved as %s %dx%d, %s)\n", dir,
+            t->step, shard_strategy_name(m.mesh.strategy), m.mesh.replicas, m.mesh.shards,
+            precision_name(m.precision));
+  return FSDP_OK;
+}
+
+/* Writes this rank's shard of the checkpoint of the step just done (the
+ * first replica's ranks; the others hold the same shards), then commits the
+ * checkpoint when every shard is there: whichever rank finishes last sees
+ * them all. Nobody waits for anybody. */
+static int train_checkpoint(train_t *t) {
+  const config_t *c = &t->cfg;
+  if (shard_place(&t->mesh, t->boot.rank).replica != 0) return FSDP_OK;
+  precision_t prec;
+  precision_parse(c->precision, &prec);
+  ckpt_rank_meta_t m = {t->step, t->pos.epoch, t->pos.index, c->seed, t->mesh, prec,
+                        (uint64_t)c->min_params};
+  ckpt_shard_report_t rep;
+  char dir[CONFIG_PATH_MAX + 32];
+  const double t0 = train_now();
+  int rc = ckpt_rank_save(t->runtime, &m, c->checkpoint_dir, &rep, dir, sizeof dir);
+  if (rc) return err_wrap(rc, "step %d: checkpoint", t->step);
+  const double t1 = train_now();
+  rc = ckpt_commit(dir, t->mesh.shards, NULL);
+  if (rc && rc != FSDP_ENOENT) /* a shard still missing is the others' to commit */
+    LOG_WARN("train", "step %d: checkpoint %s not committed: %s", t->step, dir, err_msg());
+  if (t->opts.out)
+    fprintf(t->opts.out, "train: checkpoint step %d: %s (%s, %.1f MiB in %.0f ms)%s\n", t->step,
+            dir, rep.name, (double)rep.bytes / (1 << 20), 1e3 * (t1 - t0),
+            rc ? "" : ", committed");
+  return FSDP_OK;
+}
+
 int train_open(train_t **out, const config_t *c, const train_opts_t *o) {
   *out = NULL;
   train_t *t = calloc(1, sizeof *t);
@@ -123,6 +180,7 @@ int train_open(train_t **out, const config_t *c, const train_opts_t *o) {
   if (c->save[0] && (rc = train_check_writable("save", c->save))) goto fail;
   if ((rc = train_open_runtime(t))) goto fail;
   if ((rc = data_open(&t->data, c->data, c->gpt.vocab, c->eval_fraction, c->seq_len))) goto fail;
+  if (c->resume_from[0] && (rc = train_resume(t))) goto fail;
   gpt_set_checkpointing(t->model, c->activation_checkpointing);
   /* every rank draws the same global batch and trains on its own rows of it */
   const size_t NG = (size_t)c->batch * (size_t)t->boot.world * (size_t)c->seq_len;
@@ -213,21 +271,24 @@ int train_step(train_t *t) {
   m.tokens_per_s = (double)m.tokens / m.step_s;
   mem_snapshot(&m.mem, 1);
   t->step++;
-  if (t->step == 1) {
+  if (t->step == t->first_step + 1) {
     t->res.first_loss = m.loss;
     t->t_after_first = t1;
   }
   t->res.last_loss = m.loss;
   t->res.steps_done = t->step;
   t->res.seconds = t1 - t->t_start;
-  if (t->step > 1)
-    t->res.tokens_per_s = (double)m.tokens * (t->step - 1) / (t1 - t->t_after_first);
+  if (t->step > t->first_step + 1)
+    t->res.tokens_per_s =
+        (double)m.tokens * (t->step - t->first_step - 1) / (t1 - t->t_after_first);
   if (data_num_eval_tokens(t->data) &&
       (train_done(t) || (c->eval_every && t->step % c->eval_every == 0))) {
     if ((rc = train_eval(t, &t->res.eval_loss))) return err_wrap(rc, "step %d", m.step);
     m.evaluated = 1;
     m.eval_loss = t->res.eval_loss;
   }
+  if (c->checkpoint_every && t->step % c->checkpoint_every == 0 && (rc = train_checkpoint(t)))
+    return rc;
   if (t->opts.metrics) t->opts.metrics(t->opts.ctx, &m);
   return FSDP_OK;
 }

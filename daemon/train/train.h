@@ -50,7 +50,7 @@ typedef struct train_opts {
 
 typedef struct train_result {
   int steps_done;
-  float first_loss;      /* training loss of step 1 */
+  float first_loss;      /* training loss of the first step this run took (step 1, or the one after a resumed checkpoint) */
   float last_loss;       /* training loss of the last step */
   float eval_loss;       /* last evaluation (NAN if none) */
   double tokens_per_s;   /* over steps after the first */

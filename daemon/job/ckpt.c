@@ -1,0 +1,525 @@
+/* ckpt: the checkpoint format (see ckpt.h and docs/FORMATS.md). */
+#include "daemon/job/ckpt.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "daemon/common/err.h"
+#include "daemon/common/log.h"
+#include "daemon/job/precision.h"
+
+#define CKPT_FIXED 136u   /* bytes of the header before its unit table */
+#define CKPT_UNIT_BYTES 32u
+#define CKPT_SEC_BYTES 24u
+#define CKPT_UNITS_MAX (1u << 20)
+#define CKPT_TOTAL_MAX (UINT64_C(1) << 40) /* elements per shard: far above any model */
+
+size_t ckpt_dtype_bytes(uint32_t dtype) {
+  return dtype == CKPT_DTYPE_F32 ? 4 : dtype == CKPT_DTYPE_BF16 ? 2 : 0;
+}
+
+const char *ckpt_section_name(uint32_t kind) {
+  switch (kind) {
+  case CKPT_SEC_PARAMS: return "params";
+  case CKPT_SEC_ADAM_M: return "adam_m";
+  case CKPT_SEC_ADAM_V: return "adam_v";
+  default: return "unknown";
+  }
+}
+
+uint64_t ckpt_blocks(uint64_t bytes) { return (bytes + CKPT_BLOCK - 1) / CKPT_BLOCK; }
+
+static uint64_t ckpt_align(uint64_t x) { return (x + CKPT_ALIGN - 1) / CKPT_ALIGN * CKPT_ALIGN; }
+
+/* Encoded length of a header with these tables. */
+static uint64_t ckpt_header_len(uint32_t units, const ckpt_section_t *sec, uint32_t nsec) {
+  uint64_t n = CKPT_FIXED + (uint64_t)units * CKPT_UNIT_BYTES + (uint64_t)nsec * CKPT_SEC_BYTES;
+  for (uint32_t i = 0; i < nsec; i++) n += 8 * ckpt_blocks(sec[i].bytes);
+  return n + 8;
+}
+
+uint64_t ckpt_file_bytes(const ckpt_header_t *h) {
+  const ckpt_section_t *last = &h->sec[h->num_sections - 1];
+  return last->offset + last->bytes;
+}
+
+int ckpt_header_layout(ckpt_header_t *h) {
+  h->version = CKPT_VERSION;
+  h->header_bytes = ckpt_header_len(h->num_units, h->sec, h->num_sections);
+  uint64_t at = ckpt_align(h->header_bytes);
+  for (uint32_t i = 0; i < h->num_sections; i++) {
+    ckpt_section_t *s = &h->sec[i];
+    s->offset = at;
+    at = ckpt_align(at + s->bytes);
+    free(s->sums);
+    s->sums = calloc(ckpt_blocks(s->bytes) + 1, sizeof *s->sums);
+    if (!s->sums) return err_set(FSDP_ENOMEM, "checkpoint: out of memory for block checksums");
+  }
+  return FSDP_OK;
+}
+
+void ckpt_header_free(ckpt_header_t *h) {
+  free(h->units);
+  for (int i = 0; i < CKPT_SECTIONS; i++) free(h->sec[i].sums);
+  memset(h, 0, sizeof *h);
+}
+
+/* ---- little-endian fields ------------------------------------------------- */
+
+typedef struct ckpt_buf {
+  uint8_t *p;
+  size_t at, n;
+} ckpt_buf_t;
+
+static void put(ckpt_buf_t *b, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; i++) b->p[b->at++] = (uint8_t)(v >> (8 * i));
+}
+static uint64_t get(ckpt_buf_t *b, int bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; i++) v |= (uint64_t)b->p[b->at++] << (8 * i);
+  return v;
+}
+
+int ckpt_header_encode(ckpt_header_t *h, uint8_t **out) {
+  uint8_t *p = calloc(1, h->header_bytes);
+  if (!p) return err_set(FSDP_ENOMEM, "checkpoint: out of memory for a header");
+  ckpt_buf_t b = {p, 8, h->header_bytes};
+  memcpy(p, CKPT_MAGIC, 8);
+  put(&b, h->version, 4), put(&b, h->num_units, 4), put(&b, h->num_sections, 4), put(&b, 0, 4);
+  put(&b, h->header_bytes, 8);
+  put(&b, (uint32_t)h->shard_rank, 4), put(&b, (uint32_t)h->shards, 4);
+  put(&b, (uint32_t)h->replicas, 4), put(&b, (uint32_t)h->strategy, 4);
+  put(&b, (uint32_t)h->precision, 4), put(&b, 0, 4);
+  put(&b, (uint32_t)h->model.layers, 4), put(&b, (uint32_t)h->model.channels, 4);
+  put(&b, (uint32_t)h->model.heads, 4), put(&b, (uint32_t)h->model.vocab, 4);
+  put(&b, (uint32_t)h->model.context, 4), put(&b, 0, 4);
+  put(&b, h->min_params, 8), put(&b, h->shard_total, 8), put(&b, (uint64_t)h->step, 8);
+  put(&b, h->data_epoch, 8), put(&b, h->data_index, 8), put(&b, (uint64_t)h->adam_steps, 8);
+  put(&b, h->seed, 8);
+  FSDP_ASSERT(b.at == CKPT_FIXED);
+  for (uint32_t k = 0; k < h->num_units; k++) {
+    const shard_unit_t *u = &h->units[k];
+    put(&b, (uint32_t)u->first, 4), put(&b, (uint32_t)u->last, 4);
+    put(&b, u->offset, 8), put(&b, u->numel, 8), put(&b, u->shard_numel, 8);
+  }
+  for (uint32_t i = 0; i < h->num_sections; i++) {
+    const ckpt_section_t *s = &h->sec[i];
+    put(&b, s->kind, 4), put(&b, s->dtype, 4), put(&b, s->offset, 8), put(&b, s->bytes, 8);
+  }
+  for (uint32_t i = 0; i < h->num_sections; i++)
+    for (uint64_t k = 0; k < ckpt_blocks(h->sec[i].bytes); k++) put(&b, h->sec[i].sums[k], 8);
+  h->sum = XXH64(p, b.at, 0);
+  put(&b, h->sum, 8);
+  FSDP_ASSERT(b.at == h->header_bytes);
+  *out = p;
+  return FSDP_OK;
+}
+
+/* The layout's arithmetic: units tile the model's flat buffer in order, each
+ * split into S aligned shards that cover it, and the shards add up. */
+static int ckpt_check_units(const ckpt_header_t *h, const char *what) {
+  uint64_t at = 0, total = 0;
+  for (uint32_t k = 0; k < h->num_units; k++) {
+    const shard_unit_t *u = &h->units[k];
+    if (u->offset != at || !u->numel || u->numel > CKPT_TOTAL_MAX ||
+        u->shard_numel % SHARD_ALIGN || u->shard_numel > CKPT_TOTAL_MAX ||
+        u->shard_numel * (uint64_t)h->shards < u->numel ||
+        (u->shard_numel - SHARD_ALIGN) * (uint64_t)h->shards >= u->numel || /* shard.c's padding */
+        u->first < 0 || u->last < u->first)
+      return err_set(FSDP_EFORMAT, "%s: header: unit %u (offset %zu, %zu elements, shards of "
+                     "%zu) does not fit the layout of %d shards; the file is damaged or not a "
+                     "checkpoint shard", what, k, u->offset, u->numel, u->shard_numel, h->shards);
+    at += u->numel;
+    total += u->shard_numel;
+  }
+  if (at != gpt_config_num_params(&h->model) || total != h->shard_total)
+    return err_set(FSDP_EFORMAT, "%s: header: the units hold %" PRIu64 " parameters in shards "
+                   "of %" PRIu64 " elements, the model has %zu and the header says %" PRIu64
+                   "; the file is damaged", what, at, total, gpt_config_num_params(&h->model),
+                   h->shard_total);
+  return FSDP_OK;
+}
+
+static int ckpt_check_sections(const ckpt_header_t *h, const char *what) {
+  uint64_t at = ckpt_align(h->header_bytes);
+  unsigned seen = 0;
+  for (uint32_t i = 0; i < h->num_sections; i++) {
+    const ckpt_section_t *s = &h->sec[i];
+    const size_t e = ckpt_dtype_bytes(s->dtype);
+    if (s->kind < CKPT_SEC_PARAMS || s->kind > CKPT_SEC_ADAM_V || (seen & (1u << s->kind)))
+      return err_set(FSDP_EFORMAT, "%s: header: section %u has kind %u (expected each of "
+                     "params, adam_m, adam_v once); the file is damaged", what, i, s->kind);
+    seen |= 1u << s->kind;
+    if (!e || s->bytes != h->shard_total * e)
+      return err_set(FSDP_EFORMAT, "%s: header: section %s has dtype %u and %" PRIu64 " bytes, "
+                     "not %" PRIu64 " elements of fp32 or bf16; the file is damaged", what,
+                     ckpt_section_name(s->kind), s->dtype, s->bytes, h->shard_total);
+    if (s->offset % CKPT_ALIGN || s->offset < at)
+      return err_set(FSDP_EFORMAT, "%s: header: section %s starts at %" PRIu64 ", inside the "
+                     "header or the section before, or unaligned; the file is damaged", what,
+                     ckpt_section_name(s->kind), s->offset);
+    at = s->offset + s->bytes;
+  }
+  return FSDP_OK;
+}
+
+int ckpt_header_decode(const uint8_t *p, size_t n, const char *what, ckpt_header_t *h) {
+  memset(h, 0, sizeof *h);
+  if (n < CKPT_FIXED + 8 || memcmp(p, CKPT_MAGIC, 8))
+    return err_set(FSDP_EFORMAT, "%s: not a checkpoint shard (no %s header); name a shard file "
+                   "of a committed checkpoint", what, CKPT_MAGIC);
+  ckpt_buf_t b = {(uint8_t *)p, 8, n};
+  h->version = (uint32_t)get(&b, 4);
+  h->num_units = (uint32_t)get(&b, 4);
+  h->num_sections = (uint32_t)get(&b, 4);
+  get(&b, 4);
+  h->header_bytes = get(&b, 8);
+  if (h->version != CKPT_VERSION)
+    return err_set(FSDP_EFORMAT, "%s: header: version %u; this build reads version %d (a newer "
+                   "fsdpd wrote it?)", what, h->version, CKPT_VERSION);
+  if (h->header_bytes > n || h->header_bytes > CKPT_HEADER_MAX || h->header_bytes < CKPT_FIXED + 8)
+    return err_set(FSDP_EFORMAT, "%s: header: length %" PRIu64 " but the file has %zu bytes "
+                   "there; the file is truncated or damaged", what, h->header_bytes, n);
+  ckpt_buf_t tail = {(uint8_t *)p, h->header_bytes - 8, n};
+  h->sum = get(&tail, 8);
+  if (XXH64(p, h->header_bytes - 8, 0) != h->sum)
+    return err_set(FSDP_EFORMAT, "%s: header: checksum mismatch; the file is damaged", what);
+  if (h->num_units < 1 || h->num_units > CKPT_UNITS_MAX || h->num_sections != CKPT_SECTIONS)
+    return err_set(FSDP_EFORMAT, "%s: header: %u units and %u sections (expected 1..%u and %d)",
+                   what, h->num_units, h->num_sections, CKPT_UNITS_MAX, CKPT_SECTIONS);
+  h->shard_rank = (int32_t)get(&b, 4), h->shards = (int32_t)get(&b, 4);
+  h->replicas = (int32_t)get(&b, 4), h->strategy = (int32_t)get(&b, 4);
+  h->precision = (int32_t)get(&b, 4), get(&b, 4);
+  h->model.layers = (int)get(&b, 4), h->model.channels = (int)get(&b, 4);
+  h->model.heads = (int)get(&b, 4), h->model.vocab = (int)get(&b, 4);
+  h->model.context = (int)get(&b, 4), get(&b, 4);
+  h->min_params = get(&b, 8), h->shard_total = get(&b, 8), h->step = (int64_t)get(&b, 8);
+  h->data_epoch = get(&b, 8), h->data_index = get(&b, 8), h->adam_steps = (int64_t)get(&b, 8);
+  h->seed = get(&b, 8);
+  int rc;
+  if (h->shards < 1 || h->shard_rank < 0 || h->shard_rank >= h->shards || h->replicas < 1 ||
+      h->strategy < 0 || h->strategy >= SHARD__COUNT || h->precision < PRECISION_FP32 ||
+      h->precision > PRECISION_BF16_TRUE || h->step < 0 || h->adam_steps < 0 ||
+      h->shard_total > CKPT_TOTAL_MAX)
+    return err_set(FSDP_EFORMAT, "%s: header: shard %d of %d (x%d), strategy %d, precision %d, "
+                   "step %" PRId64 ": out of range; the file is damaged", what, h->shard_rank,
+                   h->shards, h->replicas, h->strategy, h->precision, h->step);
+  if ((rc = gpt_config_validate(&h->model)))
+    return err_wrap(FSDP_EFORMAT, "%s: header: model", what);
+  /* the tables must fit in the header before anything is allocated for them */
+  const uint64_t tables = (uint64_t)h->num_units * CKPT_UNIT_BYTES + CKPT_SECTIONS * CKPT_SEC_BYTES;
+  if (CKPT_FIXED + tables + 8 > h->header_bytes)
+    return err_set(FSDP_EFORMAT, "%s: header: %u units do not fit in its %" PRIu64 " bytes",
+                   what, h->num_units, h->header_bytes);
+  h->units = calloc(h->num_units, sizeof *h->units);
+  if (!h->units) return err_set(FSDP_ENOMEM, "%s: out of memory", what);
+  for (uint32_t k = 0; k < h->num_units; k++) {
+    shard_unit_t *u = &h->units[k];
+    u->first = (int)(uint32_t)get(&b, 4), u->last = (int)(uint32_t)get(&b, 4);
+    u->offset = get(&b, 8), u->numel = get(&b, 8), u->shard_numel = get(&b, 8);
+  }
+  for (uint32_t i = 0; i < CKPT_SECTIONS; i++) {
+    ckpt_section_t *s = &h->sec[i];
+    s->kind = (uint32_t)get(&b, 4), s->dtype = (uint32_t)get(&b, 4);
+    s->offset = get(&b, 8), s->bytes = get(&b, 8);
+  }
+  if ((rc = ckpt_check_units(h, what)) || (rc = ckpt_check_sections(h, what))) goto fail;
+  if (ckpt_header_len(h->num_units, h->sec, h->num_sections) != h->header_bytes) {
+    rc = err_set(FSDP_EFORMAT, "%s: header: its length %" PRIu64 " does not match its tables; "
+                 "the file is damaged", what, h->header_bytes);
+    goto fail;
+  }
+  for (uint32_t i = 0; i < CKPT_SECTIONS; i++) {
+    ckpt_section_t *s = &h->sec[i];
+    const uint64_t nb = ckpt_blocks(s->bytes);
+    if (!(s->sums = calloc(nb + 1, sizeof *s->sums))) {
+      rc = err_set(FSDP_ENOMEM, "%s: out of memory", what);
+      goto fail;
+    }
+    for (uint64_t k = 0; k < nb; k++) s->sums[k] = get(&b, 8);
+  }
+  return FSDP_OK;
+fail:
+  ckpt_header_free(h);
+  return rc;
+}
+
+int ckpt_header_read(int fd, const char *path, ckpt_header_t *h) {
+  uint8_t fixed[CKPT_FIXED + 8];
+  ssize_t got = pread(fd, fixed, sizeof fixed, 0);
+  if (got < 0) return err_set_errno(FSDP_EIO, errno, "%s: reading the header", path);
+  if ((size_t)got < sizeof fixed || memcmp(fixed, CKPT_MAGIC, 8))
+    return ckpt_header_decode(fixed, (size_t)got, path, h); /* its error says what is wrong */
+  uint64_t len = 0;
+  for (int i = 0; i < 8; i++) len |= (uint64_t)fixed[24 + i] << (8 * i);
+  if (len > CKPT_HEADER_MAX || len < sizeof fixed)
+    return err_set(FSDP_EFORMAT, "%s: header: length %" PRIu64 " is out of range; the file is "
+                   "damaged", path, len);
+  uint8_t *p = malloc(len);
+  if (!p) return err_set(FSDP_ENOMEM, "%s: out of memory for its header", path);
+  size_t have = 0;
+  while (have < len) {
+    ssize_t r = pread(fd, p + have, len - have, (off_t)have);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    have += (size_t)r;
+  }
+  int rc = ckpt_header_decode(p, have, path, h);
+  free(p);
+  return rc;
+}
+
+/* ---- names ---------------------------------------------------------------- */
+
+void ckpt_step_dir(char *buf, size_t len, const char *root, int64_t step) {
+  snprintf(buf, len, "%s/step-%08" PRId64, root, step);
+}
+
+void ckpt_shard_name(char *buf, size_t len, int shard_rank, int shards) {
+  snprintf(buf, len, "shard-%05d-of-%05d.fsdp", shard_rank, shards);
+}
+
+/* ---- the manifest ----------------------------------------------------------- */
+
+static int ckpt_fsync_dir(const char *dir) {
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return err_set_errno(err_from_errno(errno), errno, "checkpoint: open %s", dir);
+  int rc = fsync(fd) ? err_set_errno(FSDP_EIO, errno, "checkpoint: fsync %s", dir) : FSDP_OK;
+  close(fd);
+  return rc;
+}
+
+static int ckpt_same_layout(const ckpt_header_t *a, const ckpt_header_t *b) {
+  if (a->step != b->step || a->shards != b->shards || a->shard_total != b->shard_total ||
+      a->num_units != b->num_units || memcmp(&a->model, &b->model, sizeof a->model) ||
+      a->precision != b->precision || a->data_epoch != b->data_epoch ||
+      a->data_index != b->data_index || a->adam_steps != b->adam_steps)
+    return 0;
+  for (uint32_t k = 0; k < a->num_units; k++)
+    if (memcmp(&a->units[k], &b->units[k], sizeof a->units[k])) return 0;
+  for (int i = 0; i < CKPT_SECTIONS; i++)
+    if (a->sec[i].kind != b->sec[i].kind || a->sec[i].dtype != b->sec[i].dtype) return 0;
+  return 1;
+}
+
+static json_t *ckpt_manifest_json(const ckpt_header_t *h, const ckpt_shard_report_t *r) {
+  json_t *units = json_array(), *files = json_array();
+  for (uint32_t k = 0; k < h->num_units; k++) {
+    const shard_unit_t *u = &h->units[k];
+    json_array_append_new(units, json_pack("{s:i,s:i,s:I,s:I,s:I}", "first", u->first, "last",
+                                           u->last, "offset", (json_int_t)u->offset, "numel",
+                                           (json_int_t)u->numel, "shard_numel",
+                                           (json_int_t)u->shard_numel));
+  }
+  for (int j = 0; j < h->shards; j++) {
+    char sum[17];
+    snprintf(sum, sizeof sum, "%016" PRIx64, r[j].sum);
+    json_array_append_new(files, json_pack("{s:i,s:s,s:I,s:s}", "shard", j, "name", r[j].name,
+                                           "bytes", (json_int_t)r[j].bytes, "xxh64", sum));
+  }
+  precision_t p = (precision_t)h->precision;
+  return json_pack("{s:s,s:i,s:I,s:i,s:i,s:s,s:s,s:{s:i,s:i,s:i,s:i,s:i},s:I,s:I,s:o,s:o}",
+                   "format", "fsdpd-checkpoint", "version", CKPT_VERSION, "step",
+                   (json_int_t)h->step, "shards", h->shards, "replicas", h->replicas,
+                   "strategy", shard_strategy_name((shard_strategy_t)h->strategy), "precision",
+                   precision_name(p), "model", "layers", h->model.layers, "channels",
+                   h->model.channels, "heads", h->model.heads, "vocab", h->model.vocab,
+                   "context", h->model.context, "min_params", (json_int_t)h->min_params,
+                   "shard_total", (json_int_t)h->shard_total, "units", units, "files", files);
+}
+
+int ckpt_commit(const char *dir, int shards, const ckpt_shard_report_t *reports) {
+  if (shards < 1) return err_set(FSDP_EINVAL, "checkpoint %s: %d shards", dir, shards);
+  ckpt_shard_report_t *r = calloc((size_t)shards, sizeof *r);
+  ckpt_header_t first = {0};
+  int rc = r ? FSDP_OK : err_set(FSDP_ENOMEM, "checkpoint: out of memory");
+  for (int j = 0; !rc && j < shards; j++) {
+    char name[CKPT_NAME_MAX], path[4096];
+    ckpt_shard_name(name, sizeof name, j, shards);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      rc = err_set_errno(err_from_errno(errno), errno, "checkpoint %s: shard %d of %d (%s) is "
+                         "missing; it cannot be committed", dir, j, shards, name);
+      break;
+    }
+    ckpt_header_t h;
+    struct stat st;
+    rc = ckpt_header_read(fd, path, &h);
+    if (!rc && fstat(fd, &st)) rc = err_set_errno(FSDP_EIO, errno, "checkpoint: stat %s", path);
+    close(fd);
+    if (rc) break;
+    if (h.shard_rank != j || h.shards != shards || (uint64_t)st.st_size != ckpt_file_bytes(&h))
+      rc = err_set(FSDP_EFORMAT, "checkpoint %s: %s holds shard %d of %d in %lld bytes (its "
+                   "header implies %" PRIu64 "); expected shard %d of %d, whole", dir, name,
+                   h.shard_rank, h.shards, (long long)st.st_size, ckpt_file_bytes(&h), j, shards);
+    else if (j && !ckpt_same_layout(&first, &h))
+      rc = err_set(FSDP_EFORMAT, "checkpoint %s: %s is of another step, model or layout than "
+                   "shard 0; it cannot be committed", dir, name);
+    else if (reports && (reports[j].sum != h.sum || reports[j].bytes != (uint64_t)st.st_size))
+      rc = err_set(FSDP_EFORMAT, "checkpoint %s: %s is not the file its rank reported (checksum "
+                   "%016" PRIx64 ", %lld bytes; reported %016" PRIx64 ", %" PRIu64 "); it cannot "
+                   "be committed", dir, name, h.sum, (long long)st.st_size, reports[j].sum,
+                   reports[j].bytes);
+    r[j] = (ckpt_shard_report_t){j, "", (uint64_t)st.st_size, h.sum};
+    snprintf(r[j].name, sizeof r[j].name, "%s", name);
+    if (j == 0) first = h;
+    else ckpt_header_free(&h);
+  }
+  char tmp[4096], path[4096];
+  snprintf(path, sizeof path, "%s/%s", dir, CKPT_MANIFEST);
+  snprintf(tmp, sizeof tmp, "%s/.%s.tmp.%d", dir, CKPT_MANIFEST, (int)getpid());
+  json_t *m = rc ? NULL : ckpt_manifest_json(&first, r);
+  if (!rc && !m) rc = err_set(FSDP_ENOMEM, "checkpoint %s: out of memory for its manifest", dir);
+  if (!rc) {
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0 || json_dumpfd(m, fd, JSON_INDENT(1) | JSON_SORT_KEYS) || write(fd, "\n", 1) != 1 ||
+        fsync(fd))
+      rc = err_set_errno(err_from_errno(errno), errno, "checkpoint %s: writing %s", dir, tmp);
+    if (fd >= 0) close(fd);
+    if (!rc && rename(tmp, path))
+      rc = err_set_errno(err_from_errno(errno), errno, "checkpoint %s: rename %s", dir, tmp);
+    if (rc) unlink(tmp);
+    if (!rc) rc = ckpt_fsync_dir(dir);
+  }
+  json_decref(m);
+  ckpt_header_free(&first);
+  free(r);
+  return rc;
+}
+
+/* ---- reading it back ---------------------------------------------------------- */
+
+static int ckpt_json_int(json_t *o, const char *key, const char *path, int64_t lo, int64_t hi,
+                         int64_t *out) {
+  json_t *v = json_object_get(o, key);
+  if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
+    return err_set(FSDP_EFORMAT, "%s: \"%s\" is missing or not an integer in [%" PRId64 ", %"
+                   PRId64 "]; the manifest is damaged", path, key, lo, hi);
+  *out = json_integer_value(v);
+  return FSDP_OK;
+}
+
+int ckpt_manifest_read(const char *dir, ckpt_manifest_t *m) {
+  memset(m, 0, sizeof *m);
+  char path[4096];
+  snprintf(path, sizeof path, "%s/%s", dir, CKPT_MANIFEST);
+  json_error_t je;
+  json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+  if (!root) {
+    if (access(path, F_OK))
+      return err_set(FSDP_ENOENT, "%s: not a committed checkpoint (no %s); only committed "
+                     "checkpoints load", dir, CKPT_MANIFEST);
+    return err_set(FSDP_EFORMAT, "%s: line %d: %s; the manifest is damaged", path, je.line,
+                   je.text);
+  }
+  int rc = FSDP_OK;
+  int64_t v[12];
+  json_t *model = json_object_get(root, "model"), *files = json_object_get(root, "files");
+  const char *fmt = json_string_value(json_object_get(root, "format"));
+  const char *strategy = json_string_value(json_object_get(root, "strategy"));
+  const char *precision = json_string_value(json_object_get(root, "precision"));
+  if (!fmt || strcmp(fmt, "fsdpd-checkpoint") || !json_is_object(model) || !json_is_array(files) ||
+      !strategy || !precision) {
+    rc = err_set(FSDP_EFORMAT, "%s: not an fsdpd checkpoint manifest (format, model, files, "
+                 "strategy, precision)", path);
+    goto out;
+  }
+  if ((rc = ckpt_json_int(root, "version", path, CKPT_VERSION, CKPT_VERSION, &v[0])) ||
+      (rc = ckpt_json_int(root, "step", path, 0, INT64_MAX, &v[1])) ||
+      (rc = ckpt_json_int(root, "shards", path, 1, 1 << 20, &v[2])) ||
+      (rc = ckpt_json_int(root, "replicas", path, 1, 1 << 20, &v[3])) ||
+      (rc = ckpt_json_int(root, "min_params", path, 0, INT64_MAX, &v[4])) ||
+      (rc = ckpt_json_int(root, "shard_total", path, 1, (int64_t)CKPT_TOTAL_MAX, &v[5])) ||
+      (rc = ckpt_json_int(model, "layers", path, 1, INT32_MAX, &v[6])) ||
+      (rc = ckpt_json_int(model, "channels", path, 1, INT32_MAX, &v[7])) ||
+      (rc = ckpt_json_int(model, "heads", path, 1, INT32_MAX, &v[8])) ||
+      (rc = ckpt_json_int(model, "vocab", path, 1, INT32_MAX, &v[9])) ||
+      (rc = ckpt_json_int(model, "context", path, 1, INT32_MAX, &v[10])))
+    goto out;
+  shard_strategy_t st;
+  precision_t pr;
+  if (shard_strategy_parse(strategy, &st) || precision_parse(precision, &pr)) {
+    rc = err_wrap(FSDP_EFORMAT, "%s", path);
+    goto out;
+  }
+  m->step = v[1], m->shards = (int)v[2], m->replicas = (int)v[3], m->strategy = (int)st;
+  m->precision = (int)pr, m->min_params = (uint64_t)v[4], m->shard_total = (uint64_t)v[5];
+  m->model = (gpt_config_t){(int)v[6], (int)v[7], (int)v[8], (int)v[9], (int)v[10]};
+  if (json_array_size(files) != (size_t)m->shards) {
+    rc = err_set(FSDP_EFORMAT, "%s: %zu files for %d shards; the manifest is damaged", path,
+                 json_array_size(files), m->shards);
+    goto out;
+  }
+  if (!(m->shard = calloc((size_t)m->shards, sizeof *m->shard))) {
+    rc = err_set(FSDP_ENOMEM, "%s: out of memory", path);
+    goto out;
+  }
+  for (int j = 0; !rc && j < m->shards; j++) {
+    json_t *f = json_array_get(files, (size_t)j);
+    const char *name = json_string_value(json_object_get(f, "name"));
+    const char *sum = json_string_value(json_object_get(f, "xxh64"));
+    char want[CKPT_NAME_MAX], *end = NULL;
+    ckpt_shard_name(want, sizeof want, j, m->shards);
+    if ((rc = ckpt_json_int(f, "shard", path, j, j, &v[0])) ||
+        (rc = ckpt_json_int(f, "bytes", path, 1, INT64_MAX, &v[1])))
+      break;
+    /* the name is the one the format gives shard j: nothing else in the
+     * directory (or outside it) can be named by a manifest */
+    if (!name || strcmp(name, want) || !sum || strlen(sum) != 16) {
+      rc = err_set(FSDP_EFORMAT, "%s: file %d: name must be %s with a 16-digit xxh64; the "
+                   "manifest is damaged", path, j, want);
+      break;
+    }
+    m->shard[j].shard_rank = j;
+    snprintf(m->shard[j].name, sizeof m->shard[j].name, "%s", name);
+    m->shard[j].bytes = (uint64_t)v[1];
+    m->shard[j].sum = strtoull(sum, &end, 16);
+    if (*end) rc = err_set(FSDP_EFORMAT, "%s: file %d: xxh64 \"%s\" is not hex", path, j, sum);
+  }
+out:
+  json_decref(root);
+  if (rc) ckpt_manifest_free(m);
+  return rc;
+}
+
+void ckpt_manifest_free(ckpt_manifest_t *m) {
+  free(m->shard);
+  memset(m, 0, sizeof *m);
+}
+
+int ckpt_latest(const char *root, char *buf, size_t len) {
+  ckpt_manifest_t m;
+  if (!ckpt_manifest_read(root, &m)) {
+    ckpt_manifest_free(&m);
+    snprintf(buf, len, "%s", root);
+    return FSDP_OK;
+  }
+  DIR *d = opendir(root);
+  if (!d) return err_set_errno(err_from_errno(errno), errno, "checkpoints: cannot list %s", root);
+  long long best = -1;
+  for (struct dirent *e; (e = readdir(d));) {
+    long long step;
+    char tail;
+    if (sscanf(e->d_name, "step-%lld%c", &step, &tail) != 1 || step <= best) continue;
+    char dir[4096];
+    ckpt_step_dir(dir, sizeof dir, root, step);
+    if (strcmp(dir + strlen(root) + 1, e->d_name)) continue; /* only the format's own names */
+    if (!ckpt_manifest_read(dir, &m) && m.step == step) best = step;
+    ckpt_manifest_free(&m);
+  }
+  closedir(d);
+  if (best < 0)
+    return err_set(FSDP_ENOENT, "checkpoints: %s holds no committed checkpoint", root);
+  ckpt_step_dir(buf, len, root, best);
+  return FSDP_OK;
+}

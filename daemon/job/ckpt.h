@@ -1,0 +1,130 @@
+/* ckpt: the checkpoint format, what every side of a checkpoint agrees on
+ * without the engine: a shard file's header (encoded, decoded, checked), the
+ * names inside a checkpoint directory, the manifest that commits one, and
+ * finding the latest committed checkpoint. docs/FORMATS.md is the format's
+ * reference; this file is its one implementation.
+ *
+ * A checkpoint of step N is a directory ROOT/step-<N, 8 digits> holding one
+ * shard file per shard rank of the first replica (shard-<j>-of-<S>.fsdp) and,
+ * once committed, manifest.json. Only a directory whose manifest exists and
+ * checks is committed; nothing else is ever loaded. A shard file is a header
+ * (magic, version, the model, the unit layout, the training state, the
+ * section table and a checksum of every block of every section, then a
+ * checksum of the header itself) followed by its sections (parameters, AdamW
+ * m, AdamW v), each starting on a CKPT_ALIGN boundary. Checksums are XXH64
+ * (libxxhash): a block's covers CKPT_BLOCK bytes of its section (the last
+ * block fewer), so a rank that reads only its byte ranges still checks every
+ * byte it reads; the header's covers the block checksums, so it stands for
+ * the whole file and is what the manifest records per shard.
+ *
+ * Pure: it links daemon/common, libxxhash and jansson (the manifest), and
+ * the coordinator commits with it. The rank side (writing a shard from the
+ * runtime's buffers, loading one under any mesh) is daemon/train/ckpt_rank.h. */
+#ifndef FSDP_CKPT_H
+#define FSDP_CKPT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon/job/gpt_config.h"
+#include "daemon/job/shard.h"
+
+#define CKPT_MAGIC "FSDPSHRD"
+#define CKPT_VERSION 1
+#define CKPT_ALIGN 4096u             /* sections start on this boundary */
+#define CKPT_BLOCK (1u << 20)        /* bytes per block checksum */
+#define CKPT_HEADER_MAX (64u << 20)  /* a larger header is refused as damaged */
+#define CKPT_MANIFEST "manifest.json"
+#define CKPT_NAME_MAX 64
+
+typedef enum { CKPT_DTYPE_F32 = 1, CKPT_DTYPE_BF16 = 2 } ckpt_dtype_t;
+typedef enum { CKPT_SEC_PARAMS = 1, CKPT_SEC_ADAM_M = 2, CKPT_SEC_ADAM_V = 3 } ckpt_sec_kind_t;
+#define CKPT_SECTIONS 3
+
+/* Bytes per element of a dtype (0: not a dtype). */
+size_t ckpt_dtype_bytes(uint32_t dtype);
+/* "params", "adam_m", "adam_v": for messages. */
+const char *ckpt_section_name(uint32_t kind);
+
+typedef struct ckpt_section {
+  uint32_t kind, dtype;
+  uint64_t offset;  /* in the file; a multiple of CKPT_ALIGN */
+  uint64_t bytes;   /* shard_total elements of dtype */
+  uint64_t *sums;   /* XXH64 of each CKPT_BLOCK of the section (ckpt_blocks(bytes) of them) */
+} ckpt_section_t;
+
+/* What a shard file says about itself. */
+typedef struct ckpt_header {
+  uint32_t version;
+  int32_t shard_rank, shards, replicas; /* j of S; R of the mesh that wrote it */
+  int32_t strategy, precision;          /* shard_strategy_t, precision_t of the writer */
+  gpt_config_t model;
+  uint64_t min_params;                  /* the wrap policy */
+  uint64_t shard_total;                 /* elements per section */
+  int64_t step;                         /* optimizer steps done */
+  uint64_t data_epoch, data_index;      /* where the next batch starts (data.h) */
+  int64_t adam_steps;                   /* AdamW's step count (its bias correction) */
+  uint64_t seed;
+  uint32_t num_units;
+  shard_unit_t *units;                  /* the layout (shard.h), in order */
+  uint32_t num_sections;
+  ckpt_section_t sec[CKPT_SECTIONS];
+  uint64_t header_bytes;                /* encoded length, the checksum included */
+  uint64_t sum;                         /* XXH64 of the header: the file's checksum */
+} ckpt_header_t;
+
+/* Blocks of a section of that many bytes. */
+uint64_t ckpt_blocks(uint64_t bytes);
+/* Lays out h's sections after its header (offsets, aligned) and allocates
+ * their checksum arrays; h->units and every other field set. */
+int ckpt_header_layout(ckpt_header_t *h);
+/* Encodes h (its sums filled) into a malloc'd buffer of h->header_bytes,
+ * setting h->sum. */
+int ckpt_header_encode(ckpt_header_t *h, uint8_t **out);
+/* Decodes and checks n bytes that begin with a header (at least the whole
+ * header): magic, version, lengths, the layout's arithmetic, the section
+ * table and the header checksum. The error names what (path) and the field.
+ * Free with ckpt_header_free. */
+int ckpt_header_decode(const uint8_t *p, size_t n, const char *what, ckpt_header_t *h);
+/* Reads and decodes the header of the shard file fd (path for messages). */
+int ckpt_header_read(int fd, const char *path, ckpt_header_t *h);
+void ckpt_header_free(ckpt_header_t *h);
+/* The file size a header implies (its last section's end). */
+uint64_t ckpt_file_bytes(const ckpt_header_t *h);
+
+/* Names inside a checkpoint root. */
+void ckpt_step_dir(char *buf, size_t len, const char *root, int64_t step);
+void ckpt_shard_name(char *buf, size_t len, int shard_rank, int shards);
+
+/* One shard as committed: what its rank reported. */
+typedef struct ckpt_shard_report {
+  int shard_rank;
+  char name[CKPT_NAME_MAX]; /* within the step directory */
+  uint64_t bytes;
+  uint64_t sum;             /* the header checksum */
+} ckpt_shard_report_t;
+
+/* A committed checkpoint, as its manifest says. */
+typedef struct ckpt_manifest {
+  int64_t step;
+  int shards, replicas, strategy, precision;
+  gpt_config_t model;
+  uint64_t min_params, shard_total;
+  ckpt_shard_report_t *shard; /* shards of them, by shard rank */
+} ckpt_manifest_t;
+
+/* Commits the checkpoint in dir: checks that shards shard files are there,
+ * each with the header its report gives (when reports is NULL, the headers
+ * read are taken as the reports), all of one step and layout, then writes
+ * the manifest (temporary name, fsync, rename, fsync of dir). Idempotent:
+ * committing a committed directory again writes the same manifest. */
+int ckpt_commit(const char *dir, int shards, const ckpt_shard_report_t *reports);
+/* Reads and checks dir's manifest (absent: FSDP_ENOENT, "not committed"). */
+int ckpt_manifest_read(const char *dir, ckpt_manifest_t *m);
+void ckpt_manifest_free(ckpt_manifest_t *m);
+/* The committed checkpoint of root with the highest step: its directory in
+ * buf. FSDP_ENOENT when there is none. When root itself is a committed
+ * checkpoint, that is it. */
+int ckpt_latest(const char *root, char *buf, size_t len);
+
+#endif

@@ -1,0 +1,44 @@
+/* ckpt_rank: a rank's side of a checkpoint (the format is daemon/job/ckpt.h).
+ *
+ * Save: the rank writes its shard file (parameters, AdamW m and v as they are
+ * stored, the step, the data position) under a temporary name with large
+ * sequential writes straight from its shard buffers (a device whose memory the
+ * host cannot address goes through one block of host stage), fsyncs it,
+ * renames it and fsyncs the directory. No collective is involved: a rank that
+ * never arrives makes nobody wait. What it reports (path, bytes, checksum)
+ * is what a committer checks.
+ *
+ * Load: from a committed checkpoint under any mesh, strategy and precision
+ * policy: for each unit, the rank reads from the old shard files only the
+ * blocks holding its own elements, checks each block's checksum, converts
+ * fp32 <-> bf16 as its policy stores them, and restores the step, the data
+ * position and AdamW's step count. */
+#ifndef FSDP_CKPT_RANK_H
+#define FSDP_CKPT_RANK_H
+
+#include <stdint.h>
+
+#include "daemon/job/ckpt.h"
+#include "daemon/job/precision.h"
+#include "daemon/job/shard.h"
+#include "fsdp.h"
+
+/* The run's state that goes with the shards. */
+typedef struct ckpt_rank_meta {
+  int64_t step;
+  uint64_t data_epoch, data_index, seed;
+  shard_mesh_t mesh;
+  precision_t precision;
+  uint64_t min_params;
+} ckpt_rank_meta_t;
+
+/* Writes this rank's shard of the checkpoint of meta->step under root (the
+ * step directory is made when missing). *rep gets what to report; dir (len
+ * bytes) the step directory. */
+int ckpt_rank_save(fsdp_t *f, const ckpt_rank_meta_t *meta, const char *root,
+                   ckpt_shard_report_t *rep, char *dir, size_t len);
+/* Loads the committed checkpoint in dir into f's shards and optimizer; meta
+ * gets its step, data position and seed. */
+int ckpt_rank_load(fsdp_t *f, const char *dir, ckpt_rank_meta_t *meta);
+
+#endif
