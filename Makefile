@@ -98,7 +98,7 @@ BINS  = bin/fsdp-train bin/fsdp-tokenize bin/fsdp-launch bin/fsdp-coordinator bi
 # Unit tests (tests/unit: a module through its API) and end-to-end tests
 # (tests/e2e: the programs run as processes); test_bins names their binaries
 # under a build directory.
-UNIT_TESTS = err frame param kernels isa device boot data gpt adamw config train sample shard plan comm \
+UNIT_TESTS = err frame param kernels isa device boot data gpt adamw config train ckpt sample shard plan comm \
              fsdp reference supervise sched inventory job rpc store store_txn
 E2E_TESTS  = launch fault coordinator fsdpd cluster
 test_bins  = $(UNIT_TESTS:%=$(1)/tests/test_%) $(E2E_TESTS:%=$(1)/e2e/test_%)
@@ -231,11 +231,12 @@ $(CUDA_CHECKS): %: %.o $(KMG_CPU_OBJS)
 	$(CC) $(LDFLAGS) $^ -o $@ -L$(CUDA_LIB) -lcudart_static -ldl -lrt -lpthread -lstdc++ -lm
 
 # libFuzzer targets for every decoder of outside input (token, weights and job
-# files), built with clang, ASan and UBSan in build-fuzz/. `make test` runs each
+# files, checkpoint headers and manifests, RPC requests), built with clang,
+# ASan and UBSan in build-fuzz/. `make test` runs each
 # for a fixed number of inputs from a fixed seed (a bounded regression run);
 # `make fuzz` searches for FUZZ_SECONDS each, keeping what it finds in
 # build-fuzz/corpus/.
-FUZZ         = tokens weights jobfile rpc_requests
+FUZZ         = tokens weights jobfile rpc_requests ckpt_header ckpt_manifest
 FUZZ_SECONDS ?= 60
 FUZZ_RUNS    ?= 20000
 FUZZ_SAN     = -fsanitize=fuzzer-no-link,address,undefined -Wno-pass-failed

@@ -189,10 +189,6 @@ int ckpt_header_decode(const uint8_t *p, size_t n, const char *what, ckpt_header
   if (h->header_bytes > n || h->header_bytes > CKPT_HEADER_MAX || h->header_bytes < CKPT_FIXED + 8)
     return err_set(FSDP_EFORMAT, "%s: header: length %" PRIu64 " but the file has %zu bytes "
                    "there; the file is truncated or damaged", what, h->header_bytes, n);
-  ckpt_buf_t tail = {(uint8_t *)p, h->header_bytes - 8, n};
-  h->sum = get(&tail, 8);
-  if (XXH64(p, h->header_bytes - 8, 0) != h->sum)
-    return err_set(FSDP_EFORMAT, "%s: header: checksum mismatch; the file is damaged", what);
   if (h->num_units < 1 || h->num_units > CKPT_UNITS_MAX || h->num_sections != CKPT_SECTIONS)
     return err_set(FSDP_EFORMAT, "%s: header: %u units and %u sections (expected 1..%u and %d)",
                    what, h->num_units, h->num_sections, CKPT_UNITS_MAX, CKPT_SECTIONS);
@@ -246,6 +242,12 @@ int ckpt_header_decode(const uint8_t *p, size_t n, const char *what, ckpt_header
       goto fail;
     }
     for (uint64_t k = 0; k < nb; k++) s->sums[k] = get(&b, 8);
+  }
+  /* last, so that every check above meets any bytes (the fuzz target's) */
+  h->sum = get(&b, 8);
+  if (XXH64(p, h->header_bytes - 8, 0) != h->sum) {
+    rc = err_set(FSDP_EFORMAT, "%s: header: checksum mismatch; the file is damaged", what);
+    goto fail;
   }
   return FSDP_OK;
 fail:
@@ -413,15 +415,41 @@ int ckpt_manifest_read(const char *dir, ckpt_manifest_t *m) {
   memset(m, 0, sizeof *m);
   char path[4096];
   snprintf(path, sizeof path, "%s/%s", dir, CKPT_MANIFEST);
-  json_error_t je;
-  json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
-  if (!root) {
-    if (access(path, F_OK))
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT)
       return err_set(FSDP_ENOENT, "%s: not a committed checkpoint (no %s); only committed "
                      "checkpoints load", dir, CKPT_MANIFEST);
+    return err_set_errno(err_from_errno(errno), errno, "%s: cannot be read", path);
+  }
+  struct stat st;
+  char *text = NULL;
+  int rc = FSDP_OK;
+  if (fstat(fd, &st) || st.st_size > (off_t)CKPT_HEADER_MAX)
+    rc = err_set(FSDP_EFORMAT, "%s: larger than %u bytes or unreadable; the manifest is damaged",
+                 path, CKPT_HEADER_MAX);
+  else if (!(text = malloc((size_t)st.st_size + 1)))
+    rc = err_set(FSDP_ENOMEM, "%s: out of memory", path);
+  size_t n = 0;
+  while (!rc && n < (size_t)st.st_size) {
+    ssize_t r = read(fd, text + n, (size_t)st.st_size - n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) rc = err_set_errno(FSDP_EIO, errno, "%s: short read", path);
+    else n += (size_t)r;
+  }
+  close(fd);
+  if (!rc) rc = ckpt_manifest_parse(text, n, path, m);
+  free(text);
+  return rc;
+}
+
+int ckpt_manifest_parse(const char *text, size_t len, const char *path, ckpt_manifest_t *m) {
+  memset(m, 0, sizeof *m);
+  json_error_t je;
+  json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+  if (!root)
     return err_set(FSDP_EFORMAT, "%s: line %d: %s; the manifest is damaged", path, je.line,
                    je.text);
-  }
   int rc = FSDP_OK;
   int64_t v[12];
   json_t *model = json_object_get(root, "model"), *files = json_object_get(root, "files");
@@ -507,8 +535,10 @@ int ckpt_latest(const char *root, char *buf, size_t len) {
   DIR *d = opendir(root);
   if (!d) return err_set_errno(err_from_errno(errno), errno, "checkpoints: cannot list %s", root);
   long long best = -1;
+  int shards = 0; /* root holds shard files: a step directory itself */
   for (struct dirent *e; (e = readdir(d));) {
     long long step;
+    shards |= !strncmp(e->d_name, "shard-", 6);
     char tail;
     if (sscanf(e->d_name, "step-%lld%c", &step, &tail) != 1 || step <= best) continue;
     char dir[4096];
@@ -518,6 +548,9 @@ int ckpt_latest(const char *root, char *buf, size_t len) {
     ckpt_manifest_free(&m);
   }
   closedir(d);
+  if (best < 0 && shards)
+    return err_set(FSDP_ENOENT, "%s: not a committed checkpoint (no %s: its ranks did not all "
+                   "finish, or it was aborted); only committed checkpoints load", root, CKPT_MANIFEST);
   if (best < 0)
     return err_set(FSDP_ENOENT, "checkpoints: %s holds no committed checkpoint", root);
   ckpt_step_dir(buf, len, root, best);

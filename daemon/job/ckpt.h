@@ -121,6 +121,8 @@ typedef struct ckpt_manifest {
 int ckpt_commit(const char *dir, int shards, const ckpt_shard_report_t *reports);
 /* Reads and checks dir's manifest (absent: FSDP_ENOENT, "not committed"). */
 int ckpt_manifest_read(const char *dir, ckpt_manifest_t *m);
+/* The same from a manifest's text (len bytes; path for messages). */
+int ckpt_manifest_parse(const char *text, size_t len, const char *path, ckpt_manifest_t *m);
 void ckpt_manifest_free(ckpt_manifest_t *m);
 /* The committed checkpoint of root with the highest step: its directory in
  * buf. FSDP_ENOENT when there is none. When root itself is a committed

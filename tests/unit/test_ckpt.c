@@ -1,0 +1,417 @@
+/* Tests of checkpoints (daemon/job/ckpt.h, daemon/train/ckpt_rank.h): the
+ * shard header's encoding, exact resume, resharding to other meshes and
+ * precisions, and damaged checkpoints refused naming the file and section.
+ * Jobs run as rank processes through fsdp-launch, as users run them.
+ *
+ * The reference for what a checkpoint holds is read here, independently of
+ * the loader: each shard file's header and params section, placed by the
+ * layout's own arithmetic (unit k's shard j holds elements offset + j *
+ * shard_numel onward) into the model's flat buffer. */
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "daemon/common/err.h"
+#include "daemon/job/ckpt.h"
+#include "daemon/job/config.h"
+#include "daemon/train/gpt.h"
+#include "kernels/kern_math.h"
+#include "kernels/kern.h"
+#include "tests/unit/testutil.h"
+
+/* paths here are short temporary ones in buffers of PATH_MAX */
+#pragma GCC diagnostic ignored "-Wformat-truncation"
+
+#define COMMON "--model tiny --warmup_steps 2 --seq_len 32 --lr 3e-3 --eval_batches 2 " \
+               "--sample_tokens 0 --eval_every 0"
+
+static char *g_data;
+
+static const char *data_file(void) {
+  if (!g_data) g_data = tu_token_file("ckpt_tokens.bin", 200000, 11, 256);
+  return g_data;
+}
+
+/* fsdp-launch -n N fsdp-train COMMON ARGS; the output in out; fails the test
+ * unless it exits with want. */
+static void launch(int n, const char *args, int want, char *out, size_t len) {
+  char cmd[8192];
+  snprintf(cmd, sizeof cmd, "-n %d -- %s/bin/fsdp-train " COMMON " --data %s %s", n, tu_root(),
+           data_file(), args);
+  int rc = tu_run_bin("fsdp-launch", cmd, out, len);
+  cr_assert_eq(rc, want, "fsdp-launch %s: exit %d, expected %d:\n%s", cmd, rc, want, out);
+}
+
+static char *mkdir_tmp(const char *name) {
+  char *p = tu_path(name);
+  cr_assert(mkdir(p, 0755) == 0, "mkdir %s", p);
+  return p;
+}
+
+/* The model's parameters as the checkpoint in dir stores them (fp32; a bf16
+ * section widened), read from its shard files without the loader. */
+static float *ckpt_params(const char *dir, size_t *numel) {
+  ckpt_manifest_t m;
+  cr_assert_eq(ckpt_manifest_read(dir, &m), 0, "%s", err_msg());
+  const size_t n = gpt_config_num_params(&m.model);
+  float *w = calloc(n, sizeof *w);
+  for (int j = 0; j < m.shards; j++) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, m.shard[j].name);
+    int fd = open(path, O_RDONLY);
+    cr_assert_geq(fd, 0, "%s", path);
+    ckpt_header_t h;
+    cr_assert_eq(ckpt_header_read(fd, path, &h), 0, "%s", err_msg());
+    const ckpt_section_t *s = &h.sec[0];
+    cr_assert_eq(s->kind, CKPT_SEC_PARAMS);
+    const size_t e = ckpt_dtype_bytes(s->dtype);
+    uint8_t *buf = malloc(s->bytes);
+    cr_assert_eq(pread(fd, buf, s->bytes, (off_t)s->offset), (ssize_t)s->bytes);
+    size_t at = 0; /* unit k's place in the shard */
+    for (uint32_t k = 0; k < h.num_units; k++) {
+      const shard_unit_t *u = &h.units[k];
+      const size_t first = (size_t)j * u->shard_numel;
+      const size_t real = u->numel > first ? (u->numel - first < u->shard_numel ? u->numel - first
+                                                                                : u->shard_numel)
+                                           : 0;
+      for (size_t i = 0; i < real; i++) {
+        const uint8_t *x = buf + (at + i) * e;
+        float v;
+        if (e == 4) memcpy(&v, x, 4);
+        else v = kern_bf16_to_f32((uint16_t)(x[0] | x[1] << 8));
+        w[u->offset + first + i] = v;
+      }
+      at += u->shard_numel;
+    }
+    free(buf);
+    ckpt_header_free(&h);
+    close(fd);
+  }
+  *numel = n;
+  ckpt_manifest_free(&m);
+  return w;
+}
+
+/* The parameters of a weights file fsdp-train saved. */
+static float *weights(const char *path, size_t *numel) {
+  gpt_t *g;
+  cr_assert_eq(gpt_load(&g, path, kern_cpu()), 0, "%s", err_msg());
+  *numel = gpt_num_params(g);
+  float *w = malloc(*numel * sizeof *w);
+  memcpy(w, gpt_params(g), *numel * sizeof *w);
+  gpt_destroy(g);
+  return w;
+}
+
+static char *slurp(const char *path, size_t *n) {
+  FILE *f = fopen(path, "rb");
+  cr_assert_not_null(f, "%s", path);
+  fseek(f, 0, SEEK_END);
+  *n = (size_t)ftell(f);
+  rewind(f);
+  char *p = malloc(*n + 1);
+  cr_assert_eq(fread(p, 1, *n, f), *n);
+  p[*n] = 0;
+  fclose(f);
+  return p;
+}
+
+/* ---- the header ------------------------------------------------------------ */
+
+static void header_of(ckpt_header_t *h, shard_layout_t **lay) {
+  gpt_config_t cfg;
+  cr_assert_eq(gpt_config_preset(&cfg, "tiny"), 0);
+  cr_assert_eq(shard_layout_create(lay, &cfg, 3, 0), 0);
+  memset(h, 0, sizeof *h);
+  h->shard_rank = 2, h->shards = 3, h->replicas = 2, h->strategy = SHARD_HYBRID_SHARD;
+  h->precision = 1, h->model = cfg, h->shard_total = (*lay)->shard_total, h->step = 77;
+  h->data_epoch = 3, h->data_index = 12345, h->adam_steps = 77, h->seed = 0xfeedULL;
+  h->num_units = (uint32_t)(*lay)->num_units;
+  h->units = malloc(h->num_units * sizeof *h->units);
+  memcpy(h->units, (*lay)->units, h->num_units * sizeof *h->units);
+  h->num_sections = CKPT_SECTIONS;
+  const uint32_t dt[3] = {CKPT_DTYPE_F32, CKPT_DTYPE_BF16, CKPT_DTYPE_BF16};
+  for (int i = 0; i < 3; i++)
+    h->sec[i] = (ckpt_section_t){(uint32_t)i + 1, dt[i], 0, h->shard_total * ckpt_dtype_bytes(dt[i]), NULL};
+  cr_assert_eq(ckpt_header_layout(h), 0);
+  uint64_t st = 5;
+  for (int i = 0; i < 3; i++)
+    for (uint64_t k = 0; k < ckpt_blocks(h->sec[i].bytes); k++) h->sec[i].sums[k] = tu_rand_u64(&st);
+}
+
+/* Encoded and decoded, every field comes back; any one byte of the header
+ * changed, it is refused with a message. */
+Test(ckpt, header_round_trip_and_every_changed_byte_is_refused) {
+  ckpt_header_t h, d;
+  shard_layout_t *lay;
+  header_of(&h, &lay);
+  uint8_t *p;
+  cr_assert_eq(ckpt_header_encode(&h, &p), 0);
+  cr_assert_eq(ckpt_header_decode(p, h.header_bytes, "t", &d), 0, "%s", err_msg());
+  cr_assert(d.shard_rank == 2 && d.shards == 3 && d.replicas == 2 && d.step == 77 &&
+            d.data_epoch == 3 && d.data_index == 12345 && d.adam_steps == 77 &&
+            d.seed == 0xfeedULL && d.num_units == h.num_units && d.sum == h.sum &&
+            !memcmp(&d.model, &h.model, sizeof d.model));
+  for (uint32_t k = 0; k < d.num_units; k++)
+    cr_assert(!memcmp(&d.units[k], &h.units[k], sizeof d.units[k]), "unit %u", k);
+  for (int i = 0; i < 3; i++) {
+    cr_assert(d.sec[i].offset == h.sec[i].offset && d.sec[i].bytes == h.sec[i].bytes &&
+              d.sec[i].offset % CKPT_ALIGN == 0);
+    for (uint64_t k = 0; k < ckpt_blocks(d.sec[i].bytes); k++)
+      cr_assert_eq(d.sec[i].sums[k], h.sec[i].sums[k]);
+  }
+  ckpt_header_free(&d);
+  for (uint64_t i = 0; i < h.header_bytes; i++) {
+    p[i] ^= 0x10;
+    cr_assert_neq(ckpt_header_decode(p, h.header_bytes, "t", &d), 0, "byte %lu changed, accepted",
+                  (unsigned long)i);
+    cr_assert(strstr(err_msg(), "t: "), "%s", err_msg());
+    p[i] ^= 0x10;
+  }
+  /* cut short anywhere: refused */
+  for (uint64_t n = 0; n < h.header_bytes; n += 7)
+    cr_assert_neq(ckpt_header_decode(p, n, "t", &d), 0, "cut at %lu, accepted", (unsigned long)n);
+  free(p);
+  ckpt_header_free(&h);
+  shard_layout_destroy(lay);
+}
+
+/* ---- resume ---------------------------------------------------------------- */
+
+/* The progress line of step s ("step     9/12 | loss 5.1234 | lr ...") up to
+ * its timing, from fsdp-launch's output. */
+static void step_line(const char *out, int s, int steps, char *buf, size_t len) {
+  char key[64];
+  snprintf(key, sizeof key, "[rank 0] step %5d/%d | loss", s, steps);
+  const char *p = strstr(out, key);
+  cr_assert_not_null(p, "no line for step %d in:\n%s", s, out);
+  const char *end = strstr(p, " | norm");
+  cr_assert_not_null(end);
+  end = strchr(end + 7, '|'); /* past the norm */
+  snprintf(buf, len, "%.*s", (int)(end - p), p);
+}
+
+/* A job resumed from its step-8 checkpoint ends with the same bytes as the
+ * run that went on: every shard file of step 12 (parameters, AdamW m and v,
+ * step, data position) is identical, and so are steps 9-12's losses. */
+Test(ckpt, resume_is_exact, .timeout = 120) {
+  char *a = mkdir_tmp("resume-a"), *b = mkdir_tmp("resume-b"), args[4096];
+  static char out_a[1 << 17], out_b[1 << 17];
+  snprintf(args, sizeof args, "--steps 12 --batch 2 --checkpoint_dir %s --checkpoint_every 4", a);
+  launch(2, args, 0, out_a, sizeof out_a);
+  cr_assert_not_null(strstr(out_a, "checkpoint step 12"), "%s", out_a);
+  snprintf(args, sizeof args, "--steps 12 --batch 2 --checkpoint_dir %s --checkpoint_every 4 "
+           "--resume_from %s/step-00000008", b, a);
+  launch(2, args, 0, out_b, sizeof out_b);
+  cr_assert_not_null(strstr(out_b, "resumed from"), "%s", out_b);
+  cr_assert_null(strstr(out_b, "step     8/12"), "the resumed run redid step 8:\n%s", out_b);
+  for (int s = 9; s <= 12; s++) {
+    char la[256], lb[256];
+    step_line(out_a, s, 12, la, sizeof la);
+    step_line(out_b, s, 12, lb, sizeof lb);
+    cr_assert_str_eq(la, lb, "step %d", s);
+  }
+  for (int j = 0; j < 2; j++) {
+    char pa[4096], pb[4096], name[CKPT_NAME_MAX];
+    ckpt_shard_name(name, sizeof name, j, 2);
+    snprintf(pa, sizeof pa, "%s/step-00000012/%s", a, name);
+    snprintf(pb, sizeof pb, "%s/step-00000012/%s", b, name);
+    size_t na, nb;
+    char *fa = slurp(pa, &na), *fb = slurp(pb, &nb);
+    cr_assert(na == nb && !memcmp(fa, fb, na), "%s and %s differ", pa, pb);
+    free(fa), free(fb);
+  }
+  free(a), free(b);
+}
+
+/* ---- reshard ---------------------------------------------------------------- */
+
+/* A checkpoint saved under 1x4 FULL_SHARD loads under 1, 2x1, 1x3, 2x2 HYBRID
+ * and bf16-true with every parameter equal to the stored value (rounded to
+ * bf16 under bf16-true); training resumed under 1x3 ends where one device
+ * does (the same global batch of 12); and that 1x3 checkpoint loads back
+ * under 1x4. */
+Test(ckpt, reshards_to_any_mesh_and_back, .timeout = 240) {
+  static char out[1 << 17];
+  char *a = mkdir_tmp("reshard-a"), *c3 = mkdir_tmp("reshard-c3"), *one = tu_path("one.bin");
+  char args[4096], dir8[4096], dir12[4096];
+  snprintf(args, sizeof args, "--steps 12 --batch 3 --checkpoint_dir %s --checkpoint_every 8", a);
+  launch(4, args, 0, out, sizeof out);
+  snprintf(dir8, sizeof dir8, "%s/step-00000008", a);
+  size_t n, m;
+  float *stored = ckpt_params(dir8, &n);
+  struct { int ranks; const char *extra; } meshes[] = {
+      {1, "--batch 12"},
+      {2, "--batch 6 --strategy HYBRID_SHARD --mesh 2x1"},
+      {3, "--batch 4 --mesh 1x3"},
+      {4, "--batch 3 --strategy HYBRID_SHARD --mesh 2x2"},
+      {4, "--batch 3 --precision bf16-true"},
+  };
+  for (size_t i = 0; i < sizeof meshes / sizeof *meshes; i++) {
+    char *w = tu_path("resharded.bin");
+    snprintf(args, sizeof args, "--steps 8 %s --resume_from %s --save %s", meshes[i].extra, dir8, w);
+    launch(meshes[i].ranks, args, 0, out, sizeof out);
+    float *got = weights(w, &m);
+    cr_assert_eq(m, n);
+    const int bf16 = strstr(meshes[i].extra, "bf16-true") != NULL;
+    for (size_t k = 0; k < n; k++) {
+      const float want = bf16 ? kern_bf16_to_f32(kern_f32_to_bf16(stored[k])) : stored[k];
+      cr_assert(!memcmp(&got[k], &want, sizeof want), "%d ranks %s: parameter %zu is %.9g, the "
+                "checkpoint holds %.9g", meshes[i].ranks, meshes[i].extra, k, got[k], want);
+    }
+    free(got), free(w);
+  }
+  /* training goes on under 1x3 as one device trains the same batches */
+  snprintf(args, sizeof args, "--steps 12 --batch 12 --save %s", one);
+  launch(1, args, 0, out, sizeof out);
+  char *w3 = tu_path("three.bin");
+  snprintf(args, sizeof args, "--steps 12 --batch 4 --mesh 1x3 --resume_from %s --save %s "
+           "--checkpoint_dir %s --checkpoint_every 4", dir8, w3, c3);
+  launch(3, args, 0, out, sizeof out);
+  float *ref = weights(one, &m), *got = weights(w3, &m);
+  gpt_t *g;
+  cr_assert_eq(gpt_load(&g, one, kern_cpu()), 0);
+  for (int t = 0; t < gpt_num_tensors(g); t++) {
+    const gpt_tensor_t *x = gpt_tensor(g, t);
+    if (strstr(x->name, "qkv.b")) continue; /* the key bias gets no gradient: test_fsdp.c */
+    double e = tu_rel_err_f32f32(got + x->offset, ref + x->offset, x->numel);
+    cr_assert_leq(e, 1e-5, "%s: resumed under 1x3 differs from one device by %.3e", x->name, e);
+  }
+  gpt_destroy(g);
+  /* and back: 1x3's step 12 under 1x4 */
+  snprintf(dir12, sizeof dir12, "%s/step-00000012", c3);
+  float *stored12 = ckpt_params(dir12, &n);
+  char *w4 = tu_path("back.bin");
+  snprintf(args, sizeof args, "--steps 12 --batch 3 --resume_from %s --save %s", c3, w4);
+  launch(4, args, 0, out, sizeof out);
+  float *back = weights(w4, &m);
+  cr_assert(!memcmp(back, stored12, n * sizeof *back), "1x3's checkpoint loaded under 1x4 differs");
+  free(stored), free(stored12), free(ref), free(got), free(back);
+  free(a), free(c3), free(one), free(w3), free(w4);
+}
+
+/* ---- damage ------------------------------------------------------------------ */
+
+static void copy_file(const char *from, const char *to) {
+  size_t n;
+  char *p = slurp(from, &n);
+  tu_write_file(to, p, n);
+  free(p);
+}
+
+/* A copy of the 2-shard checkpoint src in dst (a step directory). */
+static void copy_ckpt(const char *src, const char *dst) {
+  mkdir(dst, 0755);
+  const char *names[] = {"shard-00000-of-00002.fsdp", "shard-00001-of-00002.fsdp", CKPT_MANIFEST};
+  for (int i = 0; i < 3; i++) {
+    char f[4096], t[4096];
+    snprintf(f, sizeof f, "%s/%s", src, names[i]);
+    snprintf(t, sizeof t, "%s/%s", dst, names[i]);
+    copy_file(f, t);
+  }
+}
+
+/* Changes one byte of path at off. */
+static void flip(const char *path, off_t off) {
+  int fd = open(path, O_RDWR);
+  cr_assert_geq(fd, 0);
+  uint8_t x;
+  cr_assert_eq(pread(fd, &x, 1, off), 1);
+  x ^= 0x01;
+  cr_assert_eq(pwrite(fd, &x, 1, off), 1);
+  close(fd);
+}
+
+/* Resuming from dir fails, and the message holds every one of want. */
+static void refused(const char *dir, const char *const *want) {
+  static char out[1 << 16];
+  char args[4096];
+  snprintf(args, sizeof args, "--steps 12 --batch 2 --resume_from %s", dir);
+  launch(2, args, 1, out, sizeof out);
+  for (; *want; want++) cr_assert_not_null(strstr(out, *want), "no \"%s\" in:\n%s", *want, out);
+}
+
+/* A changed byte in any section, a truncated shard, a manifest of another
+ * model, a shard another run wrote, a missing manifest: never loaded, and
+ * the error names the file and, for data, the section. The latest committed
+ * checkpoint is found past an uncommitted one. */
+Test(ckpt, damaged_checkpoints_never_load, .timeout = 120) {
+  static char out[1 << 17];
+  char *root = mkdir_tmp("damage"), args[4096], good[4096], bad[4096], path[4096];
+  snprintf(args, sizeof args, "--steps 8 --batch 2 --checkpoint_dir %s --checkpoint_every 4", root);
+  launch(2, args, 0, out, sizeof out);
+  snprintf(good, sizeof good, "%s/step-00000008", root);
+  snprintf(bad, sizeof bad, "%s/bad", tu_tmpdir());
+  ckpt_header_t h;
+  snprintf(path, sizeof path, "%s/shard-00001-of-00002.fsdp", good);
+  int fd = open(path, O_RDONLY);
+  cr_assert_eq(ckpt_header_read(fd, path, &h), 0);
+  close(fd);
+  snprintf(path, sizeof path, "%s/shard-00001-of-00002.fsdp", bad);
+  for (int i = 0; i < CKPT_SECTIONS; i++) {
+    copy_ckpt(good, bad);
+    flip(path, (off_t)(h.sec[i].offset + h.sec[i].bytes - 3));
+    char sec[64];
+    snprintf(sec, sizeof sec, "section %s", ckpt_section_name(h.sec[i].kind));
+    refused(bad, (const char *[]){"shard-00001-of-00002.fsdp", sec, "checksum mismatch", NULL});
+  }
+  copy_ckpt(good, bad);
+  flip(path, 40); /* the header */
+  refused(bad, (const char *[]){"shard-00001-of-00002.fsdp", "header", NULL});
+  copy_ckpt(good, bad);
+  cr_assert_eq(truncate(path, (off_t)h.sec[2].offset + 100), 0);
+  refused(bad, (const char *[]){"shard-00001-of-00002.fsdp", "bytes", NULL});
+  /* a shard of another step, under the right name: not what was committed */
+  copy_ckpt(good, bad);
+  char other[4096];
+  snprintf(other, sizeof other, "%s/step-00000004/shard-00001-of-00002.fsdp", root);
+  copy_file(other, path);
+  refused(bad, (const char *[]){"shard-00001-of-00002.fsdp", "not the shard the manifest committed",
+                                NULL});
+  /* a manifest of another model */
+  copy_ckpt(good, bad);
+  char man[4096];
+  snprintf(man, sizeof man, "%s/%s", bad, CKPT_MANIFEST);
+  size_t n;
+  char *text = slurp(man, &n), *p = strstr(text, "\"layers\": 2");
+  cr_assert_not_null(p, "%s", text);
+  p[10] = '3';
+  tu_write_file(man, text, n);
+  free(text);
+  refused(bad, (const char *[]){"resume_from", "layers 3", NULL});
+  /* not committed */
+  copy_ckpt(good, bad);
+  unlink(man);
+  refused(bad, (const char *[]){"not a committed checkpoint", NULL});
+  /* the latest committed: step 12 is there without its manifest */
+  char s12[4096], latest[4096];
+  snprintf(s12, sizeof s12, "%s/step-00000012", root);
+  copy_ckpt(good, s12);
+  snprintf(man, sizeof man, "%s/%s", s12, CKPT_MANIFEST);
+  unlink(man);
+  cr_assert_eq(ckpt_latest(root, latest, sizeof latest), 0, "%s", err_msg());
+  cr_assert_str_eq(latest, good);
+  ckpt_header_free(&h);
+  free(root);
+}
+
+/* ---- options ------------------------------------------------------------------- */
+
+Test(ckpt, options_are_checked) {
+  config_t c;
+  config_default(&c);
+  cr_assert_eq(config_set(&c, "data", "x.bin"), 0);
+  cr_assert_eq(config_set(&c, "checkpoint_every", "10"), 0);
+  cr_assert_neq(config_finish(&c), 0);
+  cr_assert_not_null(strstr(err_msg(), "checkpoint_dir"), "%s", err_msg());
+  config_default(&c);
+  cr_assert_eq(config_set(&c, "data", "x.bin"), 0);
+  cr_assert_eq(config_set(&c, "resume_from", "ck"), 0);
+  cr_assert_eq(config_set(&c, "init_from", "w.bin"), 0);
+  cr_assert_neq(config_finish(&c), 0);
+  cr_assert_not_null(strstr(err_msg(), "init_from"), "%s", err_msg());
+}
