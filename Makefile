@@ -104,7 +104,8 @@ E2E_TESTS  = launch fault coordinator fsdpd cluster
 test_bins  = $(UNIT_TESTS:%=$(1)/tests/test_%) $(E2E_TESTS:%=$(1)/e2e/test_%)
 TEST_BINS  = $(call test_bins,$(B))
 BENCH_BINS = $(B)/bench/bench_gemm $(B)/bench/bench_train $(B)/bench/bench_comm $(B)/bench/bench_fsdp \
-             $(B)/bench/bench_coord $(B)/bench/bench_nodesim $(B)/bench/bench_submit
+             $(B)/bench/bench_coord $(B)/bench/bench_nodesim $(B)/bench/bench_submit \
+             $(B)/bench/bench_ckpt
 TESTUTIL   = $(B)/tests/unit/testutil.o
 TESTUTIL_TRAIN = $(B)/tests/unit/testutil_train.o $(B)/tests/unit/refrun.o
 # Test sources include Criterion's header: their objects wait for the test packages.

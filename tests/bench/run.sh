@@ -25,6 +25,8 @@
 #     10 ms at p99 (bench_nodesim), and `fsdpctl submit` to the first step of a
 #     2-rank tiny job (bench_submit); each prints its own target line. About
 #     1.5 minutes together.
+#  3e. Checkpoints (bench_ckpt): a rank's shard file written against this
+#     disk's sequential bandwidth in the same run (target >= 80%).
 #  4. Sharded training (bench_fsdp): 2 rank processes, 1 thread each, ring
 #     communicators, FULL_SHARD (1x2), SHARD_GRAD_OP (1x2) and NO_SHARD (2x1),
 #     against one rank (1 and 2 threads), interleaved step by step, with
@@ -98,7 +100,7 @@ bench_run() {
 }
 
 for f in "$GEMM" "$TRAIN" "$COMM" "$FSDP" "$BUILD/bench/bench_coord" "$BUILD/bench/bench_nodesim" \
-  "$BUILD/bench/bench_submit"; do
+  "$BUILD/bench/bench_submit" "$BUILD/bench/bench_ckpt"; do
   if [ ! -x "$f" ]; then
     echo "bench: error $f is not built (make B=$BUILD $f)"
     exit 1
@@ -163,6 +165,10 @@ bench_run "nodesim" "$BUILD/bench/bench_nodesim"
 # fsdpd with cpu:2, five jobs (target: p50 < 1 s), with each run's stages.
 # About 5 s.
 bench_run "submit" "$BUILD/bench/bench_submit"
+# 3e. Checkpoints: one rank's 600 MB shard written by ckpt_rank_save against
+# the same bytes written plainly, into the same directory (target: >= 0.80 of
+# the disk). About 5 s.
+bench_run "ckpt" "$BUILD/bench/bench_ckpt"
 # 4. Sharded training with 2 ranks against one rank, then DDP as the peer of
 # NO_SHARD, back to back. gpt2-124m only when the memory is there: each rank
 # keeps the flat model and a runtime per strategy (about 7.5 GiB per rank).
