@@ -95,24 +95,25 @@ static int train_open_runtime(train_t *t) {
   return c->init_from[0] ? fsdp_load_weights(t->runtime, c->init_from) : FSDP_OK;
 }
 
-/* Continues from the latest committed checkpoint resume_from names: the
+/* Continues from the latest committed checkpoint resume_from names (or,
+ * with auto_resume, checkpoint_dir holds: none there is a fresh start): the
  * shards, AdamW, the step and the data position (under any mesh). */
 static int train_resume(train_t *t) {
   const config_t *c = &t->cfg;
+  const char *key = c->resume_from[0] ? "resume_from" : "checkpoint_dir (auto_resume)";
   char dir[CONFIG_PATH_MAX + 32];
   ckpt_rank_meta_t m;
-  int rc;
-  if ((rc = ckpt_latest(c->resume_from, dir, sizeof dir)) ||
-      (rc = ckpt_rank_load(t->runtime, dir, &m)))
-    return err_wrap(rc, "resume_from");
+  int rc = ckpt_latest(c->resume_from[0] ? c->resume_from : c->checkpoint_dir, dir, sizeof dir);
+  if (rc == FSDP_ENOENT && !c->resume_from[0]) return FSDP_OK;
+  if (rc || (rc = ckpt_rank_load(t->runtime, dir, &m))) return err_wrap(rc, "%s", key);
   if (m.seed != c->seed)
-    return err_set(FSDP_EINVAL, "resume_from: %s was trained with seed %llu, this job has %llu; "
-                   "the data order would differ: set seed = %llu", dir,
+    return err_set(FSDP_EINVAL, "%s: %s was trained with seed %llu, this job has %llu; "
+                   "the data order would differ: set seed = %llu", key, dir,
                    (unsigned long long)m.seed, (unsigned long long)c->seed,
                    (unsigned long long)m.seed);
   if (m.step > c->steps)
-    return err_set(FSDP_EINVAL, "resume_from: %s is at step %lld, past this job's steps %d; "
-                   "raise steps", dir, (long long)m.step, c->steps);
+    return err_set(FSDP_EINVAL, "%s: %s is at step %lld, past this job's steps %d; "
+                   "raise steps", key, dir, (long long)m.step, c->steps);
   t->step = t->first_step = (int)m.step;
   t->pos = (data_pos_t){m.data_epoch, m.data_index};
   t->res.steps_done = t->step;
@@ -180,7 +181,8 @@ int train_open(train_t **out, const config_t *c, const train_opts_t *o) {
   if (c->save[0] && (rc = train_check_writable("save", c->save))) goto fail;
   if ((rc = train_open_runtime(t))) goto fail;
   if ((rc = data_open(&t->data, c->data, c->gpt.vocab, c->eval_fraction, c->seq_len))) goto fail;
-  if (c->resume_from[0] && (rc = train_resume(t))) goto fail;
+  if ((c->resume_from[0] || (c->auto_resume && c->checkpoint_dir[0])) && (rc = train_resume(t)))
+    goto fail;
   gpt_set_checkpointing(t->model, c->activation_checkpointing);
   /* every rank draws the same global batch and trains on its own rows of it */
   const size_t NG = (size_t)c->batch * (size_t)t->boot.world * (size_t)c->seq_len;

@@ -109,12 +109,11 @@ int cluster_ctl(const char *coord, const char *args, char *out, size_t len) {
   return tu_run_bin("fsdpctl", a, out, len);
 }
 
-/* 1 when a process's working directory lies under dir. */
-static int cluster_any_under(const char *dir) {
+pid_t cluster_pid_under(const char *dir) {
   DIR *d = opendir("/proc");
   if (!d) return 0;
   struct dirent *e;
-  int found = 0;
+  pid_t found = 0;
   const size_t n = strlen(dir);
   while (!found && (e = readdir(d))) {
     if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
@@ -123,7 +122,7 @@ static int cluster_any_under(const char *dir) {
     ssize_t k = readlink(link, cwd, sizeof cwd - 1);
     if (k <= 0) continue;
     cwd[k] = 0;
-    found = !strncmp(cwd, dir, n) && (cwd[n] == '/' || cwd[n] == 0);
+    if (!strncmp(cwd, dir, n) && (cwd[n] == '/' || cwd[n] == 0)) found = (pid_t)atoi(e->d_name);
   }
   closedir(d);
   return found;
@@ -131,7 +130,7 @@ static int cluster_any_under(const char *dir) {
 
 double cluster_wait_gone(const char *dir, double timeout_s) {
   const double t0 = tu_now_s();
-  while (cluster_any_under(dir)) {
+  while (cluster_pid_under(dir)) {
     if (tu_now_s() - t0 > timeout_s) return -1;
     nanosleep(&(struct timespec){0, 10000000}, NULL);
   }

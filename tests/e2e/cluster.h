@@ -29,6 +29,9 @@ void cluster_stop(cluster_proc_t *p, int sig);
 int cluster_ctl(const char *coord, const char *args, char *out, size_t len);
 /* Asserts that the SQLite database at path passes PRAGMA integrity_check. */
 void cluster_db_check(const char *path);
+/* A process whose working directory lies under dir (a rank runs in its
+ * attempt's directory), 0 when there is none. */
+pid_t cluster_pid_under(const char *dir);
 /* Seconds until no process whose working directory lies under dir is left
  * (a rank runs in its attempt's directory), or -1 after timeout_s. */
 double cluster_wait_gone(const char *dir, double timeout_s);

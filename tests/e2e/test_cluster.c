@@ -251,6 +251,65 @@ Test(cluster, a_restarted_coordinator_lets_the_running_job_finish) {
   free(conf);
 }
 
+/* A rank killed (SIGKILL) after a committed checkpoint: the attempt fails,
+ * the job restarts (max_restarts 1), its ranks resume from the latest
+ * committed checkpoint (auto_resume), and the job ends with the bytes of the
+ * same job run without interruption under fsdp-launch: step 3000's shard
+ * files (parameters, AdamW state, step, data position) are identical. */
+Test(cluster, a_killed_rank_resumes_from_the_last_checkpoint_exactly) {
+  cluster_fsdpd_start(&node[0], coord.addr, "solo", 2, NULL);
+  char *ck = tu_path("ck-service"), *ref = tu_path("ck-ref"), text[1024], a[2048];
+  static char out[1 << 16];
+  cr_assert_eq(mkdir(ck, 0777), 0);
+  chmod(ck, 0777); /* the ranks' user writes there */
+  cr_assert_eq(mkdir(ref, 0755), 0);
+  snprintf(text, sizeof text, "steps = 3000\n[output]\ncheckpoint_dir = %s\ncheckpoint_every = 300\n",
+           ck);
+  char *conf = job_file("resume.conf", text);
+  char job[32];
+  snprintf(job, sizeof job, "%s", submit(conf, "--ranks 2 --max-restarts 1"));
+  cr_assert(wait_state(job, "RUNNING", 10));
+  /* the first checkpoint committed, then a rank killed */
+  char man[800], dir[700];
+  snprintf(man, sizeof man, "%s/step-00000300/manifest.json", ck);
+  const double t0 = tu_now_s();
+  while (access(man, F_OK) && tu_now_s() - t0 < 30) nanosleep(&(struct timespec){0, 5000000}, NULL);
+  cr_assert_eq(access(man, F_OK), 0, "no committed checkpoint within 30 s");
+  snprintf(dir, sizeof dir, "%s/solo/jobs/%s", tu_tmpdir(), job);
+  pid_t victim = cluster_pid_under(dir);
+  cr_assert_gt(victim, 0, "no rank process under %s", dir);
+  cr_assert_eq(kill(victim, SIGKILL), 0);
+  snprintf(a, sizeof a, "watch %s", job);
+  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
+  snprintf(a, sizeof a, "--output json status %s", job);
+  cluster_ctl(coord.addr, a, out, sizeof out);
+  cr_assert(strstr(out, "\"restarts\": 1"), "the job did not restart once:\n%s", out);
+  snprintf(a, sizeof a, "logs %s --rank 0", job);
+  cluster_ctl(coord.addr, a, out, sizeof out);
+  cr_assert(strstr(out, "resumed from"), "attempt 2 did not resume:\n%s", out);
+  /* the uninterrupted run (a progress line per 500 steps: the output fits) */
+  setenv("FSDP_PROGRESS_EVERY", "500", 1);
+  snprintf(a, sizeof a, "-n 2 -- %s/bin/fsdp-train --config %s --checkpoint_dir %s", tu_root(),
+           conf, ref);
+  cr_assert_eq(tu_run_bin("fsdp-launch", a, out, sizeof out), 0, "%s", out);
+  for (int j = 0; j < 2; j++) {
+    char pa[900], pb[900];
+    snprintf(pa, sizeof pa, "%s/step-00003000/shard-%05d-of-00002.fsdp", ck, j);
+    snprintf(pb, sizeof pb, "%s/step-00003000/shard-%05d-of-00002.fsdp", ref, j);
+    FILE *fa = fopen(pa, "rb"), *fb = fopen(pb, "rb");
+    cr_assert(fa && fb, "%s or %s missing", pa, pb);
+    long n = 0;
+    int ca, cb;
+    do {
+      ca = fgetc(fa), cb = fgetc(fb);
+      cr_assert_eq(ca, cb, "%s and %s differ at byte %ld", pa, pb, n);
+      n++;
+    } while (ca != EOF);
+    fclose(fa), fclose(fb);
+  }
+  free(ck), free(ref), free(conf);
+}
+
 /* With tokens configured, fsdpd registers with the node token and a user
  * reaches the coordinator only with the user token. */
 Test(cluster, tokens_let_the_node_register_and_the_user_in) {
