@@ -292,7 +292,7 @@ void ckpt_shard_name(char *buf, size_t len, int shard_rank, int shards) {
 
 /* ---- the manifest ----------------------------------------------------------- */
 
-static int ckpt_fsync_dir(const char *dir) {
+int ckpt_fsync_dir(const char *dir) {
   int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return err_set_errno(err_from_errno(errno), errno, "checkpoint: open %s", dir);
   int rc = fsync(fd) ? err_set_errno(FSDP_EIO, errno, "checkpoint: fsync %s", dir) : FSDP_OK;

@@ -92,6 +92,9 @@ void ckpt_header_free(ckpt_header_t *h);
 /* The file size a header implies (its last section's end). */
 uint64_t ckpt_file_bytes(const ckpt_header_t *h);
 
+/* fsync of a directory: a rename in it made durable. */
+int ckpt_fsync_dir(const char *dir);
+
 /* Names inside a checkpoint root. */
 void ckpt_step_dir(char *buf, size_t len, const char *root, int64_t step);
 void ckpt_shard_name(char *buf, size_t len, int shard_rank, int shards);

@@ -55,14 +55,6 @@ static int ckpt_write_section(const kern_backend_t *be, int fd, const char *path
   return FSDP_OK;
 }
 
-static int ckpt_fsync_dir(const char *dir) {
-  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return err_set_errno(err_from_errno(errno), errno, "checkpoint: open %s", dir);
-  int rc = fsync(fd) ? err_set_errno(FSDP_EIO, errno, "checkpoint: fsync %s", dir) : FSDP_OK;
-  close(fd);
-  return rc;
-}
-
 int ckpt_rank_save(fsdp_t *f, const ckpt_rank_meta_t *meta, const char *root,
                    ckpt_shard_report_t *rep, char *dir, size_t len) {
   fsdp_state_t st;
