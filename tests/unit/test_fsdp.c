@@ -137,10 +137,6 @@ static size_t g_peak_grads, g_peak_act; /* rank 0's gradient and activation peak
 /* Bytes per element of the shard's parameters (and of its gradient, m and v). */
 static size_t state_bytes(precision_t prec) { return prec == PRECISION_BF16_TRUE ? 2 : 4; }
 
-static const char *prec_name(precision_t prec) {
-  return prec == PRECISION_BF16_TRUE ? "bf16-true" : prec == PRECISION_BF16_MIXED ? "bf16-mixed" : "fp32";
-}
-
 /* Trains steps steps as world rank w of W on its rows of the global batch;
  * losses[s] gets step s's loss averaged over every rank. */
 static int rank_train(fsdp_t *f, int w, int W, int steps, float *losses) {
@@ -237,14 +233,14 @@ static void check_bf16_losses(const float *losses, const float *ref, precision_t
   float most = 0;
   for (int s = 0; s < STEPS; s++) {
     cr_expect(fabsf(losses[s] - ref[s]) <= 2e-2f, "%s step %d: loss %.5f, fp32 one device %.5f",
-              prec_name(prec), s + 1, losses[s], ref[s]);
+              precision_name(prec), s + 1, losses[s], ref[s]);
     most = fmaxf(most, fabsf(losses[s] - ref[s]));
   }
   cr_expect_gt(most, 1e-6f, "%s gave exactly the fp32 losses: bf16 is not in effect",
-               prec_name(prec));
+               precision_name(prec));
   const float fell = losses[0] - losses[STEPS - 1], ref_fell = ref[0] - ref[STEPS - 1];
   cr_log_info("%s %s %dx%d: largest loss difference to fp32 one device %.2e; loss fell %.4f "
-              "(fp32 %.4f)", prec_name(prec), shard_strategy_name(st), R, S, most, fell, ref_fell);
+              "(fp32 %.4f)", precision_name(prec), shard_strategy_name(st), R, S, most, fell, ref_fell);
   if (prec == PRECISION_BF16_TRUE)
     cr_expect(ref_fell > 0 && fell >= ref_fell / 2, "bf16-true: the loss fell %.4f over %d steps, "
               "fp32 %.4f: updates are being lost", fell, STEPS, ref_fell);
@@ -293,7 +289,7 @@ static void run_mesh_prec(int R, int S, shard_strategy_t st, precision_t prec) {
   g_peak_grads = peaks[0], g_peak_act = peaks[3];
   shard_layout_t *lay;
   cr_assert_eq(shard_layout_create(&lay, &c, S, g_min_params), 0);
-  cr_log_info("%s: persistent state %.1f bytes per padded shard element (rank 0)", prec_name(prec),
+  cr_log_info("%s: persistent state %.1f bytes per padded shard element (rank 0)", precision_name(prec),
               (double)peaks[2] / (double)lay->shard_total);
   const int nunits = lay->num_units;
   if (!shard_strategy_keeps_params(st)) {
