@@ -710,8 +710,9 @@ static int cmd_checkpoints(ctl_t *c, int argc, char **argv) {
     ctl_free(rep);
     return rc;
   }
-  static const char *const h[] = {"STEP", "ATTEMPT", "STATE", "SHARDS", "OPENED", "DIR", NULL};
-  table_t *t = table_create(1u << 0 | 1u << 1, h);
+  static const char *const h[] = {"STEP", "ATTEMPT", "STATE", "SHARDS", "SIZE", "OPENED", "DIR",
+                                  NULL};
+  table_t *t = table_create(1u << 0 | 1u << 1 | 1u << 4, h);
   int64_t now = table_now_ms();
   for (size_t i = 0; t && i < rep->n_checkpoints; i++) {
     const Fsdp__V1__Checkpoint *k = rep->checkpoints[i];
@@ -721,8 +722,10 @@ static int cmd_checkpoints(ctl_t *c, int argc, char **argv) {
     table_cell(t, "%u", k->attempt);
     table_cell(t, "%s", ENUM_NAME(fsdp__v1__checkpoint_state__descriptor, k->state));
     table_cell(t, "%u/%u", k->shards_reported, k->shards_total);
+    table_cell(t, "%.1f MiB", (double)k->bytes / (1 << 20));
     table_cell(t, "%s%s", age, k->opened_unix_ms ? " ago" : "");
-    table_cell(t, "%s", k->dir);
+    if (k->reason && k->reason[0]) table_cell(t, "%s (%s)", k->dir, k->reason);
+    else table_cell(t, "%s", k->dir);
   }
   ctl_free(rep);
   return ctl_table_out(c, t);
@@ -871,7 +874,8 @@ static const ctl_cmd_t ctl_cmds[] = {
     {"cancel", cmd_cancel, "cancel JOB [--reason TEXT]",
      "Cancels a job: its ranks are stopped and its devices freed.\n"},
     {"checkpoints", cmd_checkpoints, "checkpoints JOB",
-     "A job's checkpoints: step, attempt, state, shards reported, when opened, directory.\n"},
+     "A job's checkpoints: step, attempt, state (OPEN, COMMITTED, ABORTED), shards reported,\n"
+     "size, when opened, directory (and why an aborted one was).\n"},
 };
 #define CTL_NCMDS (sizeof ctl_cmds / sizeof ctl_cmds[0])
 

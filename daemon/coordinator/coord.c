@@ -27,6 +27,7 @@
 
 #define COORD_TICK_MS 50
 #define COORD_BEAT_SLACK_MS 250
+#define COORD_JANITOR_MS 1000 /* checkpoints' timeouts and removals are looked at this often */
 
 int64_t coord_unix_ms(void) {
   struct timespec ts;
@@ -195,6 +196,9 @@ coord_job_t *coord_job_info(coord_t *c, int64_t id) {
 void coord_job_facts(coord_job_t *x, const config_t *cfg, const plan_t *plan, const shard_mesh_t *m) {
   memset(x, 0, sizeof *x);
   x->R = m->replicas, x->S = m->shards, x->steps = cfg->steps;
+  x->mesh = *m;
+  snprintf(x->ckpt_dir, sizeof x->ckpt_dir, "%s", cfg->checkpoint_dir);
+  x->keep = cfg->keep_checkpoints;
   x->need = plan->total;
   for (int k = 0; k < COORD_CATS; k++) x->planned[k] = plan->bytes[k];
 }
@@ -720,6 +724,10 @@ static void coord_tick_cb(uv_timer_t *t) {
     coord_rdv_remove(c, w);
   }
   if (c->dirty) coord_schedule(c);
+  if (now - c->janitor_ms >= COORD_JANITOR_MS) {
+    c->janitor_ms = now;
+    coord_ckpt_janitor(c);
+  }
 }
 
 /* After each turn of the loop's callbacks: that turn's submits, stored together. */
@@ -737,6 +745,7 @@ int coord_create(coord_t **out, uv_loop_t *loop, const coord_opts_t *o) {
   c->o = *o;
   if (!c->o.heartbeat_interval_ms) c->o.heartbeat_interval_ms = 1000;
   if (!c->o.heartbeat_timeout_ms) c->o.heartbeat_timeout_ms = 5000;
+  if (!c->o.checkpoint_timeout_ms) c->o.checkpoint_timeout_ms = 300000;
   store_opts_t so = {.sync_normal = o->sync_normal};
   int rc = store_open(o->db, &so, &c->st);
   if (rc) {

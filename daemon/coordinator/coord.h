@@ -35,6 +35,7 @@ typedef struct coord_opts {
   const char *tls_cert_file, *tls_key_file;
   int heartbeat_interval_ms;     /* 0: 1000 */
   int heartbeat_timeout_ms;      /* 0: 5000 */
+  int checkpoint_timeout_ms;     /* an open checkpoint missing a shard this long aborts; 0: 300000 */
   int sync_normal;               /* the store's synchronous=NORMAL (store.h) */
 } coord_opts_t;
 

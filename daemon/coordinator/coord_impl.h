@@ -67,6 +67,9 @@ typedef struct coord_job {
   uint64_t rate_t0;               /* ...and when */
   int failures;                   /* attempts that failed while this coordinator ran */
   char failure[320];              /* the last one's reason, shown while it waits to restart */
+  shard_mesh_t mesh;
+  char ckpt_dir[CONFIG_PATH_MAX]; /* checkpoint_dir ("": none) */
+  int keep;                       /* keep_checkpoints */
 } coord_job_t;
 
 typedef struct coord_watch {
@@ -126,6 +129,7 @@ struct coord {
   uv_check_t flush;         /* runs coord_submit_flush after each turn's callbacks */
   int nodes_changed;        /* a node registered or died since least_device was read */
   uint64_t least_device;    /* the smallest device memory of the alive nodes */
+  uint64_t janitor_ms;      /* when coord_ckpt_janitor last ran */
 };
 
 /* coord.c, for the handlers */
@@ -175,6 +179,12 @@ int64_t coord_id_parse(const char *s, char kind);
 int coord_spec_from_text(const char *text, Fsdp__V1__JobSpec *spec);
 void coord_spec_free(Fsdp__V1__JobSpec *spec);
 Fsdp__V1__JobState coord_job_state(store_job_state_t s);
+
+/* coord_ckpt.c: ReportCheckpointShard and ListCheckpoints, and the
+ * periodic work (commits a restart left, timeouts, removing aborted files) */
+void coord_ckpt_report_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg);
+void coord_ckpt_list_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg);
+void coord_ckpt_janitor(coord_t *c);
 
 /* coord_rpc.c */
 int coord_rpc_register(coord_t *c);

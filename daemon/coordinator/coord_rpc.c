@@ -485,16 +485,6 @@ static void coord_memory_cb(rpc_call_t *call, const ProtobufCMessage *req, void 
   coord_reply(call, &a, &rep.base);
 }
 
-static void coord_checkpoints_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
-  coord_t *c = arg;
-  const Fsdp__V1__ListCheckpointsRequest *q = (const void *)req;
-  store_job_t j;
-  if (coord_job_arg(c, call, q->job_id, &j)) return;
-  store_job_free(&j);
-  Fsdp__V1__ListCheckpointsReply rep = FSDP__V1__LIST_CHECKPOINTS_REPLY__INIT;
-  rpc_call_reply(call, &rep.base); /* no checkpoints are taken yet */
-}
-
 static void coord_nodes_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
   coord_t *c = arg;
   (void)req;
@@ -753,7 +743,7 @@ int coord_rpc_register(coord_t *c) {
       M("GetMemoryStats", get_memory_stats_request, get_memory_stats_reply, 0, RPC_ROLE_USER,
         coord_memory_cb),
       M("ListCheckpoints", list_checkpoints_request, list_checkpoints_reply, 0, RPC_ROLE_USER,
-        coord_checkpoints_cb),
+        coord_ckpt_list_cb),
       M("ListNodes", list_nodes_request, list_nodes_reply, 0, RPC_ROLE_USER, coord_nodes_cb),
       M("RegisterNode", register_node_request, register_node_reply, 0, RPC_ROLE_NODE,
         coord_register_cb),
@@ -761,6 +751,8 @@ int coord_rpc_register(coord_t *c) {
       M("Rendezvous", rendezvous_request, rendezvous_reply, 0, RPC_ROLE_NODE, coord_rendezvous_cb),
       M("ReportRankExit", report_rank_exit_request, report_rank_exit_reply, 0, RPC_ROLE_NODE,
         coord_rank_exit_cb),
+      M("ReportCheckpointShard", report_checkpoint_shard_request, report_checkpoint_shard_reply, 0,
+        RPC_ROLE_NODE, coord_ckpt_report_cb),
   };
 #undef M
   return rpc_server_add_all(c->srv, methods, sizeof methods / sizeof methods[0]);

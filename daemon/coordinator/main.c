@@ -30,6 +30,8 @@ static void usage(FILE *f) {
           "  --tls-cert FILE --tls-key FILE   serve TLS\n"
           "  --heartbeat-interval-ms N  how long a node's heartbeat is held (default 1000)\n"
           "  --heartbeat-timeout-ms N   a node silent this long is dead (default 5000)\n"
+          "  --checkpoint-timeout-ms N  a checkpoint still missing a shard this long after its\n"
+          "                             first is aborted (default 300000)\n"
           "  --sync normal|full         SQLite synchronous mode (default full: what was\n"
           "                             answered survives a power loss)\n"
           "exit status: 0 stopped by a signal, 1 failed, 2 bad option\n");
@@ -66,6 +68,7 @@ int main(int argc, char **argv) {
       {"node-token-file", required_argument, 0, 'n'}, {"tls-cert", required_argument, 0, 'c'},
       {"tls-key", required_argument, 0, 'k'},     {"heartbeat-interval-ms", required_argument, 0, 'i'},
       {"heartbeat-timeout-ms", required_argument, 0, 't'}, {"sync", required_argument, 0, 's'},
+      {"checkpoint-timeout-ms", required_argument, 0, 'C'},
       {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
   const char *roots[ROOTS_MAX];
   coord_opts_t o = {.listen = "127.0.0.1:7070", .roots = roots};
@@ -87,6 +90,7 @@ int main(int argc, char **argv) {
     case 'k': o.tls_key_file = optarg; break;
     case 'i': if (positive("--heartbeat-interval-ms", optarg, &o.heartbeat_interval_ms)) return 2; break;
     case 't': if (positive("--heartbeat-timeout-ms", optarg, &o.heartbeat_timeout_ms)) return 2; break;
+    case 'C': if (positive("--checkpoint-timeout-ms", optarg, &o.checkpoint_timeout_ms)) return 2; break;
     case 's':
       if (strcmp(optarg, "normal") && strcmp(optarg, "full")) {
         fprintf(stderr, "fsdp-coordinator: --sync: '%s'; normal or full\n", optarg);

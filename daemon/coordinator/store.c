@@ -22,7 +22,7 @@
 
 /* PRAGMA application_id: "FSDP". Tells our database from another program's. */
 #define STORE_APP_ID 0x46534450
-#define STORE_STMT_MAX 64
+#define STORE_STMT_MAX 96
 #define STORE_BUSY_MS 5000
 
 /* ---- the schema ---------------------------------------------------------
@@ -117,7 +117,34 @@ static const char store_schema_v2[] =
     "ALTER TABLE jobs ADD COLUMN request_id TEXT;\n"
     "CREATE UNIQUE INDEX jobs_request_id ON jobs(request_id) WHERE request_id IS NOT NULL;\n";
 
-static const char *const store_migrations[] = {store_schema_v1, store_schema_v2};
+/* Version 3: checkpoints, and the shards each rank reported. */
+static const char store_schema_v3[] =
+    "CREATE TABLE checkpoints(\n"
+    "  job_id INTEGER NOT NULL REFERENCES jobs(id),\n"
+    "  step INTEGER NOT NULL,\n"
+    "  epoch INTEGER NOT NULL,\n"
+    "  state TEXT NOT NULL CHECK(state IN ('OPEN', 'COMMITTED', 'ABORTED')),\n"
+    "  shards INTEGER NOT NULL,\n"
+    "  dir TEXT NOT NULL,\n"
+    "  opened_ms INTEGER NOT NULL,\n"
+    "  closed_ms INTEGER NOT NULL DEFAULT 0,\n"
+    "  reason TEXT NOT NULL DEFAULT '',\n"
+    "  removed INTEGER NOT NULL DEFAULT 0,\n"
+    "  PRIMARY KEY(job_id, step)\n"
+    ") WITHOUT ROWID;\n"
+    "CREATE INDEX checkpoints_open ON checkpoints(state) WHERE state = 'OPEN';\n"
+    "CREATE TABLE checkpoint_shards(\n"
+    "  job_id INTEGER NOT NULL,\n"
+    "  step INTEGER NOT NULL,\n"
+    "  shard INTEGER NOT NULL,\n"
+    "  rank INTEGER NOT NULL,\n"
+    "  bytes INTEGER NOT NULL,\n"
+    "  sum INTEGER NOT NULL,\n"
+    "  PRIMARY KEY(job_id, step, shard),\n"
+    "  FOREIGN KEY(job_id, step) REFERENCES checkpoints(job_id, step)\n"
+    ") WITHOUT ROWID;\n";
+
+static const char *const store_migrations[] = {store_schema_v1, store_schema_v2, store_schema_v3};
 _Static_assert(sizeof store_migrations / sizeof store_migrations[0] == STORE_SCHEMA_VERSION,
                "one migration per schema version");
 
@@ -940,6 +967,14 @@ static void attempt_close(store_t *st, int64_t job_id, int64_t epoch, const char
           A_I(job_id), A_I(epoch));
   st_exec(st, "UPDATE devices SET job_id = NULL WHERE job_id = ?", A_I(job_id));
   st_exec(st, "DELETE FROM rendezvous WHERE job_id = ? AND epoch = ?", A_I(job_id), A_I(epoch));
+  /* its open checkpoints cannot complete: no rank of it will report again */
+  if (st_exec(st,
+              "UPDATE checkpoints SET state = 'ABORTED', closed_ms = ?, reason = ? "
+              "WHERE job_id = ? AND epoch = ? AND state = 'OPEN'",
+              A_I(now), A_T("its attempt ended before every shard was reported"), A_I(job_id),
+              A_I(epoch)) > 0)
+    st_event(st, job_id, 0, "checkpoint.aborted", "attempt %lld ended with a checkpoint open",
+             (long long)epoch);
 }
 
 int store_attempt_end(store_t *st, int64_t job_id, int64_t epoch, int succeeded,
@@ -1216,3 +1251,170 @@ int store_ranks_of_job(store_t *st, int64_t job_id, int64_t epoch, store_rank_t 
 }
 
 void store_array_free(void *array) { free(array); }
+
+/* ---- checkpoints ---------------------------------------------------------------- */
+
+static const char *const store_ckpt_names[] = {
+#define XX(s) #s,
+    STORE_CKPT_STATES(XX)
+#undef XX
+};
+
+const char *store_ckpt_state_name(store_ckpt_state_t s) {
+  return (unsigned)s < sizeof store_ckpt_names / sizeof *store_ckpt_names ? store_ckpt_names[s] : "?";
+}
+
+#define CKPT_COLS                                                                           \
+  "c.job_id, c.step, c.epoch, c.state, c.shards, c.dir, c.opened_ms, c.closed_ms, c.reason, " \
+  "c.removed, (SELECT count(*) FROM checkpoint_shards s WHERE s.job_id = c.job_id AND "        \
+  "s.step = c.step), (SELECT coalesce(sum(bytes), 0) FROM checkpoint_shards s WHERE "         \
+  "s.job_id = c.job_id AND s.step = c.step)"
+
+static void ckpt_row(sqlite3_stmt *s, void *item) {
+  store_ckpt_t *c = item;
+  c->job_id = sqlite3_column_int64(s, 0);
+  c->step = sqlite3_column_int64(s, 1);
+  c->epoch = sqlite3_column_int64(s, 2);
+  c->state = (store_ckpt_state_t)st_enum(store_ckpt_names, 3, sqlite3_column_text(s, 3));
+  c->shards = sqlite3_column_int(s, 4);
+  st_col_text(s, 5, c->dir, sizeof c->dir);
+  c->opened_ms = sqlite3_column_int64(s, 6);
+  c->closed_ms = sqlite3_column_int64(s, 7);
+  st_col_text(s, 8, c->reason, sizeof c->reason);
+  c->removed = sqlite3_column_int(s, 9);
+  c->reported = sqlite3_column_int(s, 10);
+  c->bytes = (uint64_t)sqlite3_column_int64(s, 11);
+}
+
+static void ckpt_shard_row(sqlite3_stmt *s, void *item) {
+  store_ckpt_shard_t *x = item;
+  x->shard = sqlite3_column_int(s, 0);
+  x->rank = sqlite3_column_int(s, 1);
+  x->bytes = (uint64_t)sqlite3_column_int64(s, 2);
+  x->sum = (uint64_t)sqlite3_column_int64(s, 3);
+}
+
+/* The checkpoint (job, step) in *out; 0 when there is none. */
+static int ckpt_get(store_t *st, int64_t job_id, int64_t step, store_ckpt_t *out) {
+  store_ckpt_t *v = NULL;
+  int n = 0;
+  int rc = st_collect(st, store_ckpt_t, ckpt_row, &v, &n,
+                      "SELECT " CKPT_COLS " FROM checkpoints c WHERE c.job_id = ? AND c.step = ?",
+                      A_I(job_id), A_I(step));
+  if (!rc && n) *out = v[0];
+  free(v);
+  return rc < 0 ? rc : n;
+}
+
+int store_ckpt_report(store_t *st, int64_t job_id, int64_t epoch, int64_t step, int shards,
+                      const char *dir, const store_ckpt_shard_t *sh, store_ckpt_t *out) {
+  int rc = check_text("checkpoint directory", dir, STORE_PATH_MAX, 0);
+  if (!rc && (step < 0 || shards < 1 || sh->shard < 0 || sh->shard >= shards))
+    rc = err_set(FSDP_EINVAL, "checkpoint: step %lld, shard %d of %d: out of range",
+                 (long long)step, sh->shard, shards);
+  if (rc || (rc = store_begin(st, 1))) return rc;
+  job_brief_t b;
+  if ((rc = job_fence(st, job_id, epoch, "checkpoint report", 1, &b))) return store_end(st, rc);
+  store_ckpt_t c;
+  int have = ckpt_get(st, job_id, step, &c);
+  if (have < 0) return store_end(st, have);
+  const int64_t now = store_now_ms();
+  if (have && (c.state == STORE_CKPT_ABORTED || (c.state == STORE_CKPT_OPEN && c.epoch < epoch))) {
+    /* written again by a later attempt: the new one replaces it */
+    st_exec(st, "DELETE FROM checkpoint_shards WHERE job_id = ? AND step = ?", A_I(job_id), A_I(step));
+    st_exec(st, "DELETE FROM checkpoints WHERE job_id = ? AND step = ?", A_I(job_id), A_I(step));
+    have = 0;
+  } else if (have && c.state == STORE_CKPT_COMMITTED) {
+    return store_end(st, err_set(FSDP_ESTATE, "job %lld: the checkpoint of step %lld is already "
+                                 "committed", (long long)job_id, (long long)step));
+  }
+  if (!have) {
+    st_exec(st,
+            "INSERT INTO checkpoints(job_id, step, epoch, state, shards, dir, opened_ms) "
+            "VALUES(?, ?, ?, 'OPEN', ?, ?, ?)",
+            A_I(job_id), A_I(step), A_I(epoch), A_I(shards), A_T(dir), A_I(now));
+    st_event(st, job_id, 0, "checkpoint.opened", "step %lld: %d shards into %s", (long long)step,
+             shards, dir);
+  } else if (c.shards != shards || strcmp(c.dir, dir)) {
+    return store_end(st, err_set(FSDP_EINVAL, "job %lld: checkpoint of step %lld has %d shards "
+                                 "in %s; this report says %d in %s", (long long)job_id,
+                                 (long long)step, c.shards, c.dir, shards, dir));
+  }
+  int64_t prev = st_int(st, -1, "SELECT sum FROM checkpoint_shards WHERE job_id = ? AND step = ? "
+                        "AND shard = ?", A_I(job_id), A_I(step), A_I(sh->shard));
+  if (prev == -1 && !st->rc &&
+      !st_int(st, 0, "SELECT 1 FROM checkpoint_shards WHERE job_id = ? AND step = ? AND shard = ?",
+              A_I(job_id), A_I(step), A_I(sh->shard))) {
+    st_exec(st, "INSERT INTO checkpoint_shards(job_id, step, shard, rank, bytes, sum) "
+            "VALUES(?, ?, ?, ?, ?, ?)", A_I(job_id), A_I(step), A_I(sh->shard), A_I(sh->rank),
+            A_I((int64_t)sh->bytes), A_I((int64_t)sh->sum));
+  } else if ((uint64_t)prev != sh->sum) {
+    return store_end(st, err_set(FSDP_EEXIST, "job %lld: shard %d of the checkpoint of step %lld "
+                                 "was reported with another checksum", (long long)job_id,
+                                 sh->shard, (long long)step));
+  }
+  if ((rc = ckpt_get(st, job_id, step, out)) < 0) return store_end(st, rc);
+  return store_end(st, 0);
+}
+
+int store_ckpt_shards(store_t *st, int64_t job_id, int64_t step, store_ckpt_shard_t **shards,
+                      int *n) {
+  int rc = store_begin(st, 0);
+  if (rc) return rc;
+  rc = st_collect(st, store_ckpt_shard_t, ckpt_shard_row, shards, n,
+                  "SELECT shard, rank, bytes, sum FROM checkpoint_shards WHERE job_id = ? AND "
+                  "step = ? ORDER BY shard", A_I(job_id), A_I(step));
+  return store_end(st, rc);
+}
+
+int store_ckpt_close(store_t *st, int64_t job_id, int64_t step, const char *abort_reason) {
+  int rc = store_begin(st, 1);
+  if (rc) return rc;
+  const int64_t now = store_now_ms();
+  const int commit = abort_reason == NULL;
+  if (st_exec(st,
+              "UPDATE checkpoints SET state = ?, closed_ms = ?, reason = ? WHERE job_id = ? AND "
+              "step = ? AND state = 'OPEN'",
+              A_T(commit ? "COMMITTED" : "ABORTED"), A_I(now), A_T(commit ? "" : abort_reason),
+              A_I(job_id), A_I(step)) <= 0) {
+    if (!st->rc)
+      rc = err_set(FSDP_ESTATE, "job %lld: no open checkpoint of step %lld", (long long)job_id,
+                   (long long)step);
+    return store_end(st, rc);
+  }
+  if (commit) st_event(st, job_id, 0, "checkpoint.committed", "step %lld", (long long)step);
+  else st_event(st, job_id, 0, "checkpoint.aborted", "step %lld: %s", (long long)step, abort_reason);
+  return store_end(st, 0);
+}
+
+int store_ckpt_list(store_t *st, int64_t job_id, store_ckpt_t **ckpts, int *n) {
+  int rc = store_begin(st, 0);
+  if (rc) return rc;
+  rc = st_collect(st, store_ckpt_t, ckpt_row, ckpts, n,
+                  "SELECT " CKPT_COLS " FROM checkpoints c WHERE ? = 0 OR c.job_id = ? "
+                  "ORDER BY c.job_id, c.step DESC", A_I(job_id), A_I(job_id));
+  return store_end(st, rc);
+}
+
+int store_ckpt_pending(store_t *st, store_ckpt_t **ckpts, int *n) {
+  int rc = store_begin(st, 0);
+  if (rc) return rc;
+  rc = st_collect(st, store_ckpt_t, ckpt_row, ckpts, n,
+                  "SELECT " CKPT_COLS " FROM checkpoints c WHERE c.state = 'OPEN' OR "
+                  "(c.state = 'ABORTED' AND c.removed = 0) ORDER BY c.job_id, c.step");
+  return store_end(st, rc);
+}
+
+int store_ckpt_removed(store_t *st, int64_t job_id, int64_t step, int forget) {
+  int rc = store_begin(st, 1);
+  if (rc) return rc;
+  if (forget) {
+    st_exec(st, "DELETE FROM checkpoint_shards WHERE job_id = ? AND step = ?", A_I(job_id), A_I(step));
+    st_exec(st, "DELETE FROM checkpoints WHERE job_id = ? AND step = ?", A_I(job_id), A_I(step));
+    st_event(st, job_id, 0, "checkpoint.removed", "step %lld (retention)", (long long)step);
+  } else {
+    st_exec(st, "UPDATE checkpoints SET removed = 1 WHERE job_id = ? AND step = ?", A_I(job_id),
+            A_I(step));
+  }
+  return store_end(st, 0);
+}

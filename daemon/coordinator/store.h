@@ -26,7 +26,7 @@
 #include <stdint.h>
 
 /* The schema version this build writes and reads (PRAGMA user_version). */
-#define STORE_SCHEMA_VERSION 2
+#define STORE_SCHEMA_VERSION 3
 
 /* Text bounds: longer input is refused (EINVAL) so what is stored reads back
  * whole; reasons and event text are free text and are cut to fit on read. */
@@ -36,6 +36,7 @@
 #define STORE_REASON_MAX 512  /* reasons and event text */
 #define STORE_KIND_MAX 32     /* event kinds ("job.submitted") */
 #define STORE_PAYLOAD_MAX 65536 /* one rendezvous payload, bytes */
+#define STORE_PATH_MAX 1100   /* a checkpoint's directory */
 
 typedef struct store store_t;
 
@@ -170,6 +171,60 @@ typedef enum {
   STORE_ATTEMPT_FAILED,     /* a rank failed or was lost: stop the others, end it as FAILED */
   STORE_ATTEMPT_ENDED,      /* the attempt was already ended: nothing to do */
 } store_attempt_verdict_t;
+
+/* ---- checkpoints ----
+ * A job's checkpoint of one step: OPEN from its first shard's report,
+ * COMMITTED once every shard is in and the committer wrote its manifest,
+ * ABORTED on a timeout, a bad shard or the end of its attempt. The files of
+ * an aborted one are removed by the coordinator when no attempt of the job
+ * runs (removed = 1 then). */
+#define STORE_CKPT_STATES(XX) XX(OPEN) XX(COMMITTED) XX(ABORTED)
+typedef enum {
+#define XX(s) STORE_CKPT_##s,
+  STORE_CKPT_STATES(XX)
+#undef XX
+} store_ckpt_state_t;
+const char *store_ckpt_state_name(store_ckpt_state_t s);
+
+typedef struct store_ckpt {
+  int64_t job_id, step, epoch;
+  store_ckpt_state_t state;
+  int shards, reported;         /* shards expected, and reported so far */
+  uint64_t bytes;               /* of the shards reported */
+  char dir[STORE_PATH_MAX];
+  int64_t opened_ms, closed_ms; /* closed: committed or aborted (0: open) */
+  char reason[STORE_REASON_MAX];/* why it was aborted */
+  int removed;                  /* an aborted one's files are gone */
+} store_ckpt_t;
+
+typedef struct store_ckpt_shard {
+  int shard, rank;
+  uint64_t bytes, sum;          /* sum: the shard header's XXH64 */
+} store_ckpt_shard_t;
+
+/* Records shard sh of job's checkpoint of step (written under dir, of
+ * shards shards) from attempt epoch, fenced: an older epoch or an ended
+ * attempt is FSDP_ESTALE. The first shard opens the checkpoint (replacing an
+ * aborted one, or one an older attempt left open). A shard reported again
+ * with the same checksum changes nothing; with another, FSDP_EEXIST. A
+ * committed or aborted checkpoint takes no shard (FSDP_ESTATE). *out: the
+ * checkpoint after it. */
+int store_ckpt_report(store_t *st, int64_t job_id, int64_t epoch, int64_t step, int shards,
+                      const char *dir, const store_ckpt_shard_t *sh, store_ckpt_t *out);
+/* The shards reported for a checkpoint, by shard. */
+int store_ckpt_shards(store_t *st, int64_t job_id, int64_t step, store_ckpt_shard_t **shards,
+                      int *n);
+/* OPEN -> COMMITTED (reason NULL) or ABORTED (with reason), with an event.
+ * FSDP_ESTATE when it is not open. */
+int store_ckpt_close(store_t *st, int64_t job_id, int64_t step, const char *abort_reason);
+/* A job's checkpoints by step (job_id 0: every job's), newest first. */
+int store_ckpt_list(store_t *st, int64_t job_id, store_ckpt_t **ckpts, int *n);
+/* Checkpoints the coordinator still has work on: OPEN ones (to commit or
+ * time out) and ABORTED ones whose files are not removed yet. */
+int store_ckpt_pending(store_t *st, store_ckpt_t **ckpts, int *n);
+/* An aborted checkpoint's files are gone (removed = 1); or, forget: a
+ * committed one retention removed, whose row goes too. */
+int store_ckpt_removed(store_t *st, int64_t job_id, int64_t step, int forget);
 
 /* ---- opening ---- */
 typedef struct store_opts {

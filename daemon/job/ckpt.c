@@ -556,3 +556,81 @@ int ckpt_latest(const char *root, char *buf, size_t len) {
   ckpt_step_dir(buf, len, root, best);
   return FSDP_OK;
 }
+
+/* ---- removal ------------------------------------------------------------------ */
+
+/* 1 for the names a checkpoint directory may hold: its shards, their
+ * temporary names and the manifest's (nothing else is ever deleted). */
+static int ckpt_own_name(const char *n) {
+  unsigned j, S;
+  int end = 0;
+  if (!strcmp(n, CKPT_MANIFEST)) return 1;
+  if (n[0] == '.') n++; /* a temporary name: .<name>.tmp.<pid> */
+  if (sscanf(n, "shard-%5u-of-%5u.fsdp%n", &j, &S, &end) == 2 && end && (!n[end] || !strncmp(n + end, ".tmp.", 5)))
+    return 1;
+  return !strncmp(n, CKPT_MANIFEST ".tmp.", sizeof CKPT_MANIFEST + 4);
+}
+
+int ckpt_remove(const char *dir) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/%s", dir, CKPT_MANIFEST);
+  /* uncommitted first: a reader never finds a manifest over missing shards */
+  if (unlink(path) && errno != ENOENT)
+    return err_set_errno(err_from_errno(errno), errno, "checkpoint: cannot remove %s", path);
+  DIR *d = opendir(dir);
+  if (!d) {
+    if (errno == ENOENT) return FSDP_OK;
+    return err_set_errno(err_from_errno(errno), errno, "checkpoint: cannot list %s", dir);
+  }
+  int rc = FSDP_OK;
+  for (struct dirent *e; (e = readdir(d));) {
+    if (!ckpt_own_name(e->d_name)) continue;
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    if (unlink(path) && errno != ENOENT && !rc)
+      rc = err_set_errno(err_from_errno(errno), errno, "checkpoint: cannot remove %s", path);
+  }
+  closedir(d);
+  if (!rc && rmdir(dir) && errno != ENOENT)
+    rc = err_set_errno(err_from_errno(errno), errno, "checkpoint: %s is not empty after its files "
+                       "were removed (something else was put there); left in place", dir);
+  return rc;
+}
+
+static int ckpt_step_desc(const void *a, const void *b) {
+  const long long x = *(const long long *)a, y = *(const long long *)b;
+  return x < y ? 1 : x > y ? -1 : 0;
+}
+
+int ckpt_retain(const char *root, int keep) {
+  if (keep <= 0) return FSDP_OK;
+  DIR *d = opendir(root);
+  if (!d) return err_set_errno(err_from_errno(errno), errno, "checkpoints: cannot list %s", root);
+  long long *steps = NULL;
+  size_t n = 0, cap = 0;
+  int rc = FSDP_OK;
+  for (struct dirent *e; (e = readdir(d)) && !rc;) {
+    long long step;
+    char tail, dir[4096];
+    if (sscanf(e->d_name, "step-%lld%c", &step, &tail) != 1 || step < 0) continue;
+    ckpt_step_dir(dir, sizeof dir, root, step);
+    if (strcmp(dir + strlen(root) + 1, e->d_name)) continue;
+    ckpt_manifest_t m;
+    if (ckpt_manifest_read(dir, &m)) continue; /* only committed ones count, and go */
+    ckpt_manifest_free(&m);
+    if (n == cap) {
+      long long *p = realloc(steps, (cap = cap ? 2 * cap : 16) * sizeof *steps);
+      if (!p) rc = err_set(FSDP_ENOMEM, "checkpoints: out of memory");
+      else steps = p;
+    }
+    if (!rc) steps[n++] = step;
+  }
+  closedir(d);
+  if (!rc) qsort(steps, n, sizeof *steps, ckpt_step_desc);
+  for (size_t i = (size_t)keep; !rc && i < n; i++) { /* the newest `keep` stay */
+    char dir[4096];
+    ckpt_step_dir(dir, sizeof dir, root, steps[i]);
+    rc = ckpt_remove(dir);
+  }
+  free(steps);
+  return rc;
+}

@@ -132,4 +132,14 @@ void ckpt_manifest_free(ckpt_manifest_t *m);
  * checkpoint, that is it. */
 int ckpt_latest(const char *root, char *buf, size_t len);
 
+/* Removes the checkpoint in dir: its manifest first (so it is no longer
+ * committed), then its shard files and temporary ones, then dir. Only the
+ * format's own names are deleted; a directory holding anything else is left
+ * with that, and said. */
+int ckpt_remove(const char *dir);
+/* Keeps the newest keep committed checkpoints of root and removes the older
+ * committed ones (keep <= 0: keeps all). The latest committed is never
+ * removed; uncommitted directories are not touched. */
+int ckpt_retain(const char *root, int keep);
+
 #endif

@@ -29,16 +29,25 @@
 #define RANKS_GROUP_POLL_MS 20 /* while a finished rank's group still has members */
 #define RANKS_MESSAGE_MAX 512  /* of the last log line sent with an exit */
 #define RANKS_PAYLOAD_MAX 256  /* a ring address */
+#define RANKS_SHARD_TRIES 6    /* a checkpoint shard's report: tries before it is given up */
 
 typedef enum { RK_WAITING, RK_RENDEZVOUS, RK_RUNNING, RK_EXITED } rk_state_t;
 
 typedef struct rank rank_t;
 
+typedef enum { RK_CALL_RENDEZVOUS, RK_CALL_EXIT, RK_CALL_SHARD } rk_call_t;
+
+/* A checkpoint shard the rank wrote, waiting to be relayed. */
+typedef struct rk_shard {
+  Fsdp__V1__ReportCheckpointShardRequest *req; /* one malloc'd block */
+  struct rk_shard *next;
+} rk_shard_t;
+
 /* One blocking call on the thread pool. */
 typedef struct rk_work {
   uv_work_t req;
   rank_t *rk;
-  int is_report;
+  rk_call_t kind;
   ProtobufCMessage *request; /* built on the loop, freed there */
   ProtobufCMessage *reply;   /* filled by the pool thread */
   int rc;
@@ -73,6 +82,8 @@ struct rank {
   int term_signal;
   int group_waits;              /* polls of a group with members left */
   int reported;                 /* the exit report is done (or given up) */
+  int exit_pending;             /* exited; its report waits for the shards' */
+  rk_shard_t *shards, **shards_tail; /* checkpoint shards to relay, in order */
   int freeing;
 };
 
@@ -117,6 +128,11 @@ static void rk_maybe_free(rank_t *rk) {
   if (rk->listen_fd >= 0) close(rk->listen_fd);
   if (rk->log) fclose(rk->log);
   frame_reader_free(&rk->fr);
+  while (rk->shards) {
+    rk_shard_t *x = rk->shards;
+    rk->shards = x->next;
+    free(x->req), free(x);
+  }
   if (rk->status) fsdp__v1__rank_status__free_unpacked(rk->status, NULL);
   fsdp__v1__rank_assignment__free_unpacked(rk->a, NULL);
   free(rk);
@@ -136,27 +152,62 @@ static const char *rk_job(const rank_t *rk) { return rk->a->job_id; }
 static void rk_work_cb(uv_work_t *req) {
   rk_work_t *w = req->data;
   ranks_t *R = w->rk->R;
-  const char *method = w->is_report ? "/fsdp.v1.Coordinator/ReportRankExit"
-                                    : "/fsdp.v1.Coordinator/Rendezvous";
-  const ProtobufCMessageDescriptor *d = w->is_report ? &fsdp__v1__report_rank_exit_reply__descriptor
-                                                     : &fsdp__v1__rendezvous_reply__descriptor;
-  w->rc = rpc_client_call(R->o.client, method, w->request, d, &w->reply,
-                          w->is_report ? RANKS_REPORT_S : RANKS_RENDEZVOUS_S);
+  static const struct {
+    const char *method;
+    const ProtobufCMessageDescriptor *reply;
+    double deadline_s;
+  } calls[] = {
+      [RK_CALL_RENDEZVOUS] = {"/fsdp.v1.Coordinator/Rendezvous",
+                              &fsdp__v1__rendezvous_reply__descriptor, RANKS_RENDEZVOUS_S},
+      [RK_CALL_EXIT] = {"/fsdp.v1.Coordinator/ReportRankExit",
+                        &fsdp__v1__report_rank_exit_reply__descriptor, RANKS_REPORT_S},
+      [RK_CALL_SHARD] = {"/fsdp.v1.Coordinator/ReportCheckpointShard",
+                         &fsdp__v1__report_checkpoint_shard_reply__descriptor, RANKS_REPORT_S},
+  };
+  /* a shard's report is retried here, on the pool (bounded): the loop's
+   * timer belongs to the rank's own life (retries of its calls, the group
+   * poll) */
+  const int tries = w->kind == RK_CALL_SHARD ? RANKS_SHARD_TRIES : 1;
+  for (int i = 0, ms = 50; i < tries; i++, ms *= 2) {
+    if (i) nanosleep(&(struct timespec){ms / 1000, (ms % 1000) * 1000000L}, NULL);
+    w->rc = rpc_client_call(R->o.client, calls[w->kind].method, w->request, calls[w->kind].reply,
+                            &w->reply, calls[w->kind].deadline_s);
+    if (!w->rc || w->rc == FSDP_ESTALE || w->rc == FSDP_ENOTFOUND || w->rc == FSDP_EINVAL) break;
+  }
   if (w->rc) snprintf(w->err, sizeof w->err, "%s", err_msg()); /* err_msg is per thread */
 }
 
 static void rk_after_rendezvous(rank_t *rk, rk_work_t *w);
 static void rk_after_report(rank_t *rk, rk_work_t *w);
+static void rk_report_start(rank_t *rk);
+static void rk_pump(rank_t *rk);
+
+static void rk_after_shard(rank_t *rk, rk_work_t *w) {
+  const Fsdp__V1__ReportCheckpointShardRequest *q = (const void *)w->request;
+  if (w->rc)
+    LOG_WARN("fsdpd", "job %s attempt %" PRIu32 " rank %" PRIu32 ": checkpoint step %" PRId64
+             " not reported (%s); the coordinator will abort it", rk_job(rk), rk->a->attempt,
+             rk->a->rank, q->step, w->err);
+  rk_pump(rk);
+}
 
 static void rk_after_work_cb(uv_work_t *req, int status) {
   rk_work_t *w = req->data;
   rank_t *rk = w->rk;
   (void)status;
   rk->work = 0;
+  if (w->kind == RK_CALL_SHARD) { /* off the queue: its request is w's, freed below */
+    rk_shard_t *x = rk->shards;
+    rk->shards = x->next;
+    if (!rk->shards) rk->shards_tail = &rk->shards;
+    free(x);
+  }
   if (rk->freeing) {
     /* destroyed meanwhile: nothing more to do */
-  } else if (w->is_report) {
+  } else if (w->kind == RK_CALL_EXIT) {
     rk_after_report(rk, w);
+  } else if (w->kind == RK_CALL_SHARD) {
+    rk_after_shard(rk, w);
   } else {
     rk_after_rendezvous(rk, w);
   }
@@ -167,11 +218,11 @@ static void rk_after_work_cb(uv_work_t *req, int status) {
 }
 
 /* Queues one call; request is a malloc'd block the work owns. */
-static void rk_call(rank_t *rk, int is_report, ProtobufCMessage *request) {
+static void rk_call(rank_t *rk, rk_call_t kind, ProtobufCMessage *request) {
   rk_work_t *w = calloc(1, sizeof *w);
   FSDP_ASSERT(w);
   w->rk = rk;
-  w->is_report = is_report;
+  w->kind = kind;
   w->request = request;
   w->req.data = w;
   rk->work = 1;
@@ -187,9 +238,22 @@ static int rk_backoff(rank_t *rk) {
 
 /* ---- the exit and its report -------------------------------------------------- */
 
-static void rk_report_start(rank_t *rk);
-
 static void rk_report_timer_cb(uv_timer_t *t) { rk_report_start(t->data); }
+
+/* The next call of a running or exited rank: its shards' reports in order,
+ * then its exit's (so the coordinator hears of a checkpoint before the exit
+ * that follows it). */
+static void rk_pump(rank_t *rk) {
+  if (rk->work || rk->freeing) return;
+  if (rk->shards) {
+    rk_call(rk, RK_CALL_SHARD, &rk->shards->req->base);
+    return;
+  }
+  if (rk->exit_pending) {
+    rk->exit_pending = 0;
+    rk_report_start(rk);
+  }
+}
 
 /* The last non-empty line of the rank's log (its error, for a failed rank). */
 static void rk_last_line(rank_t *rk, char *out, size_t n) {
@@ -237,7 +301,7 @@ static void rk_report_start(rank_t *rk) {
   req->rank = rk->a->rank;
   req->exit_status = (int32_t)rk->exit_status;
   req->term_signal = rk->term_signal;
-  rk_call(rk, 1, &req->base);
+  rk_call(rk, RK_CALL_EXIT, &req->base);
 }
 
 static void rk_after_report(rank_t *rk, rk_work_t *w) {
@@ -262,7 +326,8 @@ static void rk_exited(rank_t *rk) {
   rk->R->dirty = 1;
   if (rk->listen_fd >= 0) close(rk->listen_fd), rk->listen_fd = -1;
   rk->backoff_ms = 0;
-  rk_report_start(rk);
+  rk->exit_pending = 1;
+  rk_pump(rk); /* after its shards' reports, if any are still going */
   rank_try_start_waiting(rk->R);
 }
 
@@ -337,15 +402,54 @@ static void rk_exit_cb(supervise_t *s, void *arg, int64_t status, int term_signa
 
 /* ---- the report channel -------------------------------------------------------- */
 
+/* Queues the relay of a checkpoint shard the rank reported. The rank says
+ * only what it wrote (step, path, bytes, checksum); who it is (node, job,
+ * attempt, rank) is fsdpd's to say, and the coordinator checks the path. */
+static int rk_shard_queue(rank_t *rk, const Fsdp__V1__ReportCheckpointShardRequest *in) {
+  const char *path = in->path ? in->path : "", *sum = in->checksum ? in->checksum : "";
+  const size_t nid = strlen(rk->R->node_id) + 1, njob = strlen(rk_job(rk)) + 1;
+  const size_t npath = strlen(path) + 1, nsum = strlen(sum) + 1;
+  rk_shard_t *x = calloc(1, sizeof *x);
+  Fsdp__V1__ReportCheckpointShardRequest *q = malloc(sizeof *q + nid + njob + npath + nsum);
+  if (!x || !q) {
+    free(x), free(q);
+    return err_set(FSDP_ENOMEM, "out of memory for a checkpoint report");
+  }
+  fsdp__v1__report_checkpoint_shard_request__init(q);
+  char *p = (char *)(q + 1);
+  q->node_id = memcpy(p, rk->R->node_id, nid);
+  q->job_id = memcpy(p + nid, rk_job(rk), njob);
+  q->path = memcpy(p + nid + njob, path, npath);
+  q->checksum = memcpy(p + nid + njob + npath, sum, nsum);
+  q->attempt = rk->a->attempt;
+  q->rank = rk->a->rank;
+  q->step = in->step;
+  q->bytes = in->bytes;
+  x->req = q;
+  *rk->shards_tail = x;
+  rk->shards_tail = &x->next;
+  rk_pump(rk);
+  return 0;
+}
+
 static int rk_frame_cb(void *arg, const uint8_t *data, size_t n) {
   rank_t *rk = arg;
-  Fsdp__V1__RankStatus *st = fsdp__v1__rank_status__unpack(NULL, n, data);
-  if (!st)
-    return err_set(FSDP_EFORMAT, "a report of %zu bytes that is not a RankStatus", n);
-  if (rk->status) fsdp__v1__rank_status__free_unpacked(rk->status, NULL);
-  rk->status = st;
-  rk->R->dirty = 1;
-  return 0;
+  Fsdp__V1__RankReport *rep = fsdp__v1__rank_report__unpack(NULL, n, data);
+  if (!rep || rep->kind_case == FSDP__V1__RANK_REPORT__KIND__NOT_SET) {
+    if (rep) fsdp__v1__rank_report__free_unpacked(rep, NULL);
+    return err_set(FSDP_EFORMAT, "a report of %zu bytes that is not a RankReport", n);
+  }
+  int rc = 0;
+  if (rep->kind_case == FSDP__V1__RANK_REPORT__KIND_STATUS) {
+    if (rk->status) fsdp__v1__rank_status__free_unpacked(rk->status, NULL);
+    rk->status = rep->status;
+    rep->status = NULL, rep->kind_case = FSDP__V1__RANK_REPORT__KIND__NOT_SET; /* kept */
+    rk->R->dirty = 1;
+  } else {
+    rc = rk_shard_queue(rk, rep->shard);
+  }
+  fsdp__v1__rank_report__free_unpacked(rep, NULL);
+  return rc;
 }
 
 static void rk_report_alloc_cb(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
@@ -556,7 +660,7 @@ static void rk_rendezvous_start(rank_t *rk) {
   req->attempt = rk->a->attempt;
   req->group_size = rk->a->world_size;
   req->rank = rk->a->rank;
-  rk_call(rk, 0, &req->base);
+  rk_call(rk, RK_CALL_RENDEZVOUS, &req->base);
 }
 
 static void rk_after_rendezvous(rank_t *rk, rk_work_t *w) {
@@ -686,6 +790,7 @@ void ranks_assign(ranks_t *R, const Fsdp__V1__RankAssignment *a) {
   FSDP_ASSERT(rk->a);
   rk->R = R;
   rk->listen_fd = -1;
+  rk->shards_tail = &rk->shards;
   rk->grace_s = R->o.grace_s;
   frame_reader_init(&rk->fr, RANKS_REPORT_MAX);
   uv_timer_init(R->o.loop, &rk->timer);

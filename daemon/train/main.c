@@ -108,7 +108,8 @@ int main(int argc, char **argv) {
     return 2;
   }
   train_result_t res;
-  rc = train_run_with(&c, stdout, rep ? report_metrics : NULL, rep, &res);
+  rc = train_run_with(&c, stdout, rep ? report_metrics : NULL, rep ? report_checkpoint : NULL, rep,
+                      &res);
   report_close(rep);
   if (rc) {
     fprintf(stderr, "fsdp-train: %s (%s)\n", err_msg(), err_name(rc));

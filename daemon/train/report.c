@@ -2,6 +2,7 @@
 #include "daemon/train/report.h"
 
 #include <fcntl.h>
+#include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,6 +48,22 @@ int report_open_from_env(report_t **out) {
   return FSDP_OK;
 }
 
+/* One frame; a failure closes the channel (training goes on). */
+static int report_send(report_t *r, int rank, const Fsdp__V1__RankReport *rep) {
+  uint8_t buf[8192]; /* a status with every category is a few hundred bytes; a shard, its path */
+  size_t n = fsdp__v1__rank_report__get_packed_size(rep);
+  if (n > sizeof buf) return FSDP_OK; /* cannot happen with the fields above; skip rather than stop */
+  fsdp__v1__rank_report__pack(rep, buf);
+  if (frame_write(r->fd, buf, n)) {
+    fprintf(stderr, "fsdp-train: rank %d: reports to the node daemon stopped (%s); training goes on\n",
+            rank, err_msg());
+    close(r->fd);
+    r->fd = -1;
+    return FSDP_EPEER;
+  }
+  return FSDP_OK;
+}
+
 void report_metrics(void *ctx, const train_metrics_t *m) {
   report_t *r = ctx;
   if (r->fd < 0) return;
@@ -66,16 +83,31 @@ void report_metrics(void *ctx, const train_metrics_t *m) {
   st.tokens_per_s = m->tokens_per_s;
   st.n_memory = MEM__COUNT;
   st.memory = pcats;
-  uint8_t buf[4096]; /* a status with every category is a few hundred bytes */
-  size_t n = fsdp__v1__rank_status__get_packed_size(&st);
-  if (n > sizeof buf) return; /* cannot happen with the fields above; skip rather than stop */
-  fsdp__v1__rank_status__pack(&st, buf);
-  if (frame_write(r->fd, buf, n)) {
-    fprintf(stderr, "fsdp-train: rank %d: reports to the node daemon stopped (%s); training goes on\n",
-            m->rank, err_msg());
-    close(r->fd);
-    r->fd = -1;
-  }
+  Fsdp__V1__RankReport rep = FSDP__V1__RANK_REPORT__INIT;
+  rep.kind_case = FSDP__V1__RANK_REPORT__KIND_STATUS;
+  rep.status = &st;
+  report_send(r, m->rank, &rep);
+}
+
+int report_checkpoint(void *ctx, const train_ckpt_t *k) {
+  report_t *r = ctx;
+  if (r->fd < 0)
+    return err_set(FSDP_EPEER, "checkpoint step %d: the report channel to fsdpd is closed; the "
+                   "shard cannot be reported, so the checkpoint cannot be committed", k->step);
+  char path[4200], sum[32];
+  snprintf(path, sizeof path, "%s/%s", k->dir, k->shard->name);
+  snprintf(sum, sizeof sum, "xxh64:%016" PRIx64, k->shard->sum);
+  Fsdp__V1__ReportCheckpointShardRequest sh = FSDP__V1__REPORT_CHECKPOINT_SHARD_REQUEST__INIT;
+  sh.step = k->step;
+  sh.rank = (uint32_t)k->rank;
+  sh.path = path;
+  sh.bytes = k->shard->bytes;
+  sh.checksum = sum;
+  Fsdp__V1__RankReport rep = FSDP__V1__RANK_REPORT__INIT;
+  rep.kind_case = FSDP__V1__RANK_REPORT__KIND_SHARD;
+  rep.shard = &sh;
+  return report_send(r, k->rank, &rep) ? err_set(FSDP_EPEER, "checkpoint step %d: reports to "
+                                                 "fsdpd stopped", k->step) : FSDP_OK;
 }
 
 void report_close(report_t *r) {

@@ -22,6 +22,10 @@ typedef struct report report_t;
 int report_open_from_env(report_t **out);
 /* train_metrics_cb: one frame per step (ctx is the report_t). */
 void report_metrics(void *ctx, const train_metrics_t *m);
+/* train_ckpt_cb: a frame saying which shard was written (path, bytes, its
+ * header checksum as "xxh64:<hex>"), for fsdpd to relay to the coordinator,
+ * which commits. */
+int report_checkpoint(void *ctx, const train_ckpt_t *k);
 /* Closes the descriptor; NULL is a no-op. */
 void report_close(report_t *r);
 

@@ -141,13 +141,19 @@ static int train_checkpoint(train_t *t) {
   int rc = ckpt_rank_save(t->runtime, &m, c->checkpoint_dir, &rep, dir, sizeof dir);
   if (rc) return err_wrap(rc, "step %d: checkpoint", t->step);
   const double t1 = train_now();
-  rc = ckpt_commit(dir, t->mesh.shards, NULL);
-  if (rc && rc != FSDP_ENOENT) /* a shard still missing is the others' to commit */
-    LOG_WARN("train", "step %d: checkpoint %s not committed: %s", t->step, dir, err_msg());
+  if (t->opts.checkpoint) { /* the owner commits (the coordinator, through fsdpd) */
+    train_ckpt_t k = {t->boot.rank, t->step, dir, &rep};
+    rc = t->opts.checkpoint(t->opts.ctx, &k);
+  } else {
+    rc = ckpt_commit(dir, t->mesh.shards, NULL);
+    if (rc && rc != FSDP_ENOENT) /* a shard still missing is the others' to commit */
+      LOG_WARN("train", "step %d: checkpoint %s not committed: %s", t->step, dir, err_msg());
+    if (!rc) ckpt_retain(c->checkpoint_dir, c->keep_checkpoints);
+  }
   if (t->opts.out)
     fprintf(t->opts.out, "train: checkpoint step %d: %s (%s, %.1f MiB in %.0f ms)%s\n", t->step,
             dir, rep.name, (double)rep.bytes / (1 << 20), 1e3 * (t1 - t0),
-            rc ? "" : ", committed");
+            t->opts.checkpoint ? ", reported" : rc ? "" : ", committed");
   return FSDP_OK;
 }
 
@@ -434,8 +440,14 @@ static void train_print_metrics(void *ctx, const train_metrics_t *m) {
 typedef struct train_consumers {
   FILE *progress;
   train_metrics_cb metrics;
+  train_ckpt_cb checkpoint;
   void *ctx;
 } train_consumers_t;
+
+static int train_ckpt_forward(void *ctx, const train_ckpt_t *ck) {
+  const train_consumers_t *k = ctx;
+  return k->checkpoint(k->ctx, ck);
+}
 
 static void train_consume(void *ctx, const train_metrics_t *m) {
   const train_consumers_t *k = ctx;
@@ -443,13 +455,14 @@ static void train_consume(void *ctx, const train_metrics_t *m) {
   if (k->metrics) k->metrics(k->ctx, m);
 }
 
-int train_run_with(const config_t *c, FILE *progress, train_metrics_cb metrics, void *ctx,
-                   train_result_t *res) {
+int train_run_with(const config_t *c, FILE *progress, train_metrics_cb metrics,
+                   train_ckpt_cb checkpoint, void *ctx, train_result_t *res) {
   train_t *t;
   memset(res, 0, sizeof *res);
   res->eval_loss = NAN;
-  train_consumers_t k = {NULL, metrics, ctx};
-  train_opts_t o = {progress, train_consume, &k};
+  train_consumers_t k = {NULL, metrics, checkpoint, ctx};
+  train_opts_t o = {progress, train_consume, &k, NULL};
+  if (checkpoint) o.checkpoint = train_ckpt_forward; /* with ctx = &k, as metrics */
   int rc = train_open(&t, c, &o);
   if (rc) return rc;
   k.progress = t->opts.out; /* rank 0 speaks for the job */
@@ -461,5 +474,5 @@ int train_run_with(const config_t *c, FILE *progress, train_metrics_cb metrics, 
 }
 
 int train_run(const config_t *c, FILE *progress, train_result_t *res) {
-  return train_run_with(c, progress, NULL, NULL, res);
+  return train_run_with(c, progress, NULL, NULL, NULL, res);
 }

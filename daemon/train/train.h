@@ -15,6 +15,7 @@
 
 #include <stdio.h>
 
+#include "daemon/job/ckpt.h"
 #include "daemon/job/config.h"
 #include "daemon/common/mem.h"
 #include "data.h"
@@ -40,12 +41,24 @@ typedef struct train_metrics {
 
 typedef void (*train_metrics_cb)(void *ctx, const train_metrics_t *m);
 
+/* A shard of a checkpoint this rank wrote (step directory and report). */
+typedef struct train_ckpt {
+  int rank, step;
+  const char *dir;
+  const ckpt_shard_report_t *shard;
+} train_ckpt_t;
+
+/* Takes the report of a shard written; when set, the rank does not commit
+ * (its owner does: fsdpd relays the report to the coordinator). */
+typedef int (*train_ckpt_cb)(void *ctx, const train_ckpt_t *k);
+
 typedef struct train_opts {
   /* the job's description lines (plan, mesh, model), the sample text and
    * the closing memory line: printed by rank 0 only; NULL: none */
   FILE *out;
   train_metrics_cb metrics; /* called on every rank after every step; NULL: none */
   void *ctx;
+  train_ckpt_cb checkpoint; /* called with ctx after each shard written; NULL: commit here */
 } train_opts_t;
 
 typedef struct train_result {
@@ -97,9 +110,9 @@ void train_close(train_t *t);
  * to progress by rank 0 (NULL: silent). */
 int train_run(const config_t *c, FILE *progress, train_result_t *res);
 /* train_run with one more consumer of the metrics, called on every rank after
- * every step, after the progress line (fsdp-train's report channel to its
- * node daemon, report.h); NULL: none. */
-int train_run_with(const config_t *c, FILE *progress, train_metrics_cb metrics, void *ctx,
-                   train_result_t *res);
+ * every step, after the progress line, and of the checkpoint shards written
+ * (fsdp-train's report channel to its node daemon, report.h); NULL: none. */
+int train_run_with(const config_t *c, FILE *progress, train_metrics_cb metrics,
+                   train_ckpt_cb checkpoint, void *ctx, train_result_t *res);
 
 #endif

@@ -287,6 +287,32 @@ Test(cluster, a_killed_rank_resumes_from_the_last_checkpoint_exactly) {
   snprintf(a, sizeof a, "logs %s --rank 0", job);
   cluster_ctl(coord.addr, a, out, sizeof out);
   cr_assert(strstr(out, "resumed from"), "attempt 2 did not resume:\n%s", out);
+  /* the coordinator committed (the ranks reported their shards through fsdpd) */
+  FILE *lf = fopen(coord.log, "r");
+  cr_assert_not_null(lf, "%s", coord.log);
+  int committed = 0;
+  char line[1024];
+  while (fgets(line, sizeof line, lf)) committed |= strstr(line, "checkpoint of step 3000 committed") != NULL;
+  fclose(lf);
+  cr_assert(committed, "the coordinator's log (%s) does not say it committed step 3000", coord.log);
+  /* the coordinator committed; retention kept the newest 3 (keep_checkpoints) */
+  snprintf(a, sizeof a, "checkpoints %s", job);
+  cluster_ctl(coord.addr, a, out, sizeof out);
+  cr_assert(strstr(out, "3000") && strstr(out, "COMMITTED") && strstr(out, "2/2"), "%s", out);
+  int dirs = -1;
+  for (const double w0 = tu_now_s(); tu_now_s() - w0 < 5; nanosleep(&(struct timespec){0, 50000000}, NULL)) {
+    dirs = 0;
+    for (int step = 300; step <= 3000; step += 300) {
+      snprintf(man, sizeof man, "%s/step-%08d", ck, step);
+      dirs += access(man, F_OK) == 0;
+    }
+    if (dirs == 3) break;
+  }
+  cr_assert_eq(dirs, 3, "%d step directories left, keep_checkpoints is 3:\n%s", dirs, out);
+  for (int step = 2400; step <= 3000; step += 300) {
+    snprintf(man, sizeof man, "%s/step-%08d/manifest.json", ck, step);
+    cr_assert_eq(access(man, F_OK), 0, "%s missing", man);
+  }
   /* the uninterrupted run (a progress line per 500 steps: the output fits) */
   setenv("FSDP_PROGRESS_EVERY", "500", 1);
   snprintf(a, sizeof a, "-n 2 -- %s/bin/fsdp-train --config %s --checkpoint_dir %s", tu_root(),

@@ -1,0 +1,232 @@
+/* coord_ckpt: checkpoints as the coordinator commits them.
+ *
+ * Each rank of a job's first replica writes its shard and reports it through
+ * its fsdpd (ReportCheckpointShard: step, rank, path, bytes, checksum). The
+ * coordinator checks the report against what it knows (the attempt's epoch,
+ * the rank's shard, the path the format gives that shard under the job's
+ * checkpoint_dir: nothing else is ever touched), records it, and when every
+ * shard is in, commits: ckpt_commit reads each shard's header, checks it
+ * against its report and writes the manifest (fsynced, renamed); then the
+ * store marks it COMMITTED in one transaction, and retention removes the
+ * committed ones beyond the job's keep_checkpoints (never the latest). A
+ * shard that does not check aborts the checkpoint.
+ *
+ * The manifest is written before the store says COMMITTED: it is what a
+ * loader trusts. A coordinator that dies between the two finds, once back,
+ * an OPEN checkpoint with a manifest and finishes the commit; one with no
+ * manifest stays open until its timeout aborts it. Never half.
+ *
+ * Aborted checkpoints (a shard missing after --checkpoint-timeout-ms, a bad
+ * shard, or the attempt's end) have their files removed once no attempt of
+ * the job runs (a new attempt could be writing the same step's directory). */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "daemon/common/err.h"
+#include "daemon/common/log.h"
+#include "daemon/coordinator/coord_impl.h"
+#include "daemon/job/ckpt.h"
+
+/* "xxh64:<16 hex digits>" */
+static int coord_ckpt_sum(const char *s, uint64_t *out) {
+  char *end = NULL;
+  if (!s || strncmp(s, "xxh64:", 6) || strlen(s) != 22)
+    return err_set(FSDP_EINVAL, "checksum: \"%.40s\" is not \"xxh64:<16 hex digits>\"", s ? s : "");
+  *out = strtoull(s + 6, &end, 16);
+  if (*end) return err_set(FSDP_EINVAL, "checksum: \"%.40s\" is not hex", s);
+  return FSDP_OK;
+}
+
+/* Keeps the newest keep committed checkpoints of the job (keep <= 0: all). */
+static void coord_ckpt_retain(coord_t *c, int64_t job, int keep) {
+  store_ckpt_t *v = NULL;
+  int n = 0, kept = 0;
+  if (keep <= 0 || store_ckpt_list(c->st, job, &v, &n)) return;
+  for (int i = 0; i < n; i++) { /* newest first */
+    if (v[i].state != STORE_CKPT_COMMITTED || ++kept <= keep) continue;
+    if (ckpt_remove(v[i].dir)) {
+      LOG_WARN("coord", "job j-%lld: retention: %s", (long long)job, err_msg());
+      continue;
+    }
+    if (store_ckpt_removed(c->st, job, v[i].step, 1))
+      LOG_WARN("coord", "job j-%lld: retention: %s", (long long)job, err_msg());
+    else
+      LOG_INFO("coord", "job j-%lld: checkpoint of step %lld removed (keep_checkpoints %d)",
+               (long long)job, (long long)v[i].step, keep);
+  }
+  free(v);
+}
+
+/* Every shard of k is in: the manifest, then COMMITTED; or ABORTED, saying why. */
+static store_ckpt_state_t coord_ckpt_commit(coord_t *c, const store_ckpt_t *k, int keep) {
+  store_ckpt_shard_t *sh = NULL;
+  int n = 0;
+  ckpt_shard_report_t *rep = NULL;
+  int rc = store_ckpt_shards(c->st, k->job_id, k->step, &sh, &n);
+  if (!rc && n != k->shards)
+    rc = err_set(FSDP_EINTERNAL, "%d of %d shards recorded", n, k->shards);
+  if (!rc && !(rep = calloc((size_t)n, sizeof *rep))) rc = err_set(FSDP_ENOMEM, "out of memory");
+  for (int j = 0; !rc && j < n; j++) {
+    rep[j] = (ckpt_shard_report_t){sh[j].shard, "", sh[j].bytes, sh[j].sum};
+    ckpt_shard_name(rep[j].name, sizeof rep[j].name, sh[j].shard, k->shards);
+  }
+  if (!rc) rc = ckpt_commit(k->dir, k->shards, rep);
+  free(rep), free(sh);
+  const char *why = rc ? err_msg() : NULL;
+  char reason[STORE_REASON_MAX];
+  if (why) snprintf(reason, sizeof reason, "%s", why);
+  if (store_ckpt_close(c->st, k->job_id, k->step, why ? reason : NULL)) {
+    LOG_WARN("coord", "job j-%lld: checkpoint of step %lld: %s", (long long)k->job_id,
+             (long long)k->step, err_msg());
+    return STORE_CKPT_OPEN;
+  }
+  if (why) {
+    LOG_WARN("coord", "job j-%lld: checkpoint of step %lld aborted: %s", (long long)k->job_id,
+             (long long)k->step, reason);
+    return STORE_CKPT_ABORTED;
+  }
+  LOG_INFO("coord", "job j-%lld: checkpoint of step %lld committed (%d shards, %.1f MiB)",
+           (long long)k->job_id, (long long)k->step, k->shards, (double)k->bytes / (1 << 20));
+  coord_ckpt_retain(c, k->job_id, keep);
+  return STORE_CKPT_COMMITTED;
+}
+
+static Fsdp__V1__CheckpointState coord_ckpt_state(store_ckpt_state_t s) {
+  switch (s) {
+  case STORE_CKPT_OPEN: return FSDP__V1__CHECKPOINT_STATE__CHECKPOINT_STATE_OPEN;
+  case STORE_CKPT_COMMITTED: return FSDP__V1__CHECKPOINT_STATE__CHECKPOINT_STATE_COMMITTED;
+  default: return FSDP__V1__CHECKPOINT_STATE__CHECKPOINT_STATE_ABORTED;
+  }
+}
+
+void coord_ckpt_report_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
+  coord_t *c = arg;
+  const Fsdp__V1__ReportCheckpointShardRequest *q = (const void *)req;
+  const int64_t job = coord_id_parse(q->job_id, 'j');
+  coord_job_t *x = job ? coord_job_info(c, job) : NULL;
+  uint64_t sum = 0;
+  int rc = FSDP_OK;
+  if (!x)
+    rc = err_set(FSDP_ENOTFOUND, "job_id: '%.64s' is not a job of this coordinator", q->job_id);
+  else if (!x->ckpt_dir[0])
+    rc = err_set(FSDP_EINVAL, "job j-%lld has no checkpoint_dir: no shard of it is expected",
+                 (long long)job);
+  else if (q->rank >= (uint32_t)(x->mesh.replicas * x->mesh.shards) || q->step < 0)
+    rc = err_set(FSDP_EINVAL, "rank %u, step %" PRId64 ": out of range for job j-%lld", q->rank,
+                 q->step, (long long)job);
+  if (!rc) rc = coord_ckpt_sum(q->checksum, &sum);
+  shard_place_t pl = {0};
+  char dir[STORE_PATH_MAX], want[STORE_PATH_MAX + CKPT_NAME_MAX + 1], name[CKPT_NAME_MAX];
+  if (!rc) {
+    pl = shard_place(&x->mesh, (int)q->rank);
+    if (pl.replica != 0)
+      rc = err_set(FSDP_EINVAL, "rank %u is in replica %d: only the first replica's ranks write "
+                   "checkpoint shards", q->rank, pl.replica);
+  }
+  if (!rc) {
+    /* the path is the coordinator's to know, not the request's to say */
+    ckpt_step_dir(dir, sizeof dir, x->ckpt_dir, q->step);
+    ckpt_shard_name(name, sizeof name, pl.shard_rank, x->mesh.shards);
+    snprintf(want, sizeof want, "%s/%s", dir, name);
+    if (!q->path || strcmp(q->path, want))
+      rc = err_set(FSDP_EINVAL, "path: '%.200s' is not where rank %u's shard of step %" PRId64
+                   " goes (%s)", q->path ? q->path : "", q->rank, q->step, want);
+  }
+  store_ckpt_t k;
+  if (!rc) {
+    store_ckpt_shard_t sh = {pl.shard_rank, (int)q->rank, q->bytes, sum};
+    rc = store_ckpt_report(c->st, job, q->attempt, q->step, x->mesh.shards, dir, &sh, &k);
+  }
+  if (rc) {
+    rpc_call_finish(call, rc);
+    return;
+  }
+  store_ckpt_state_t st = k.state;
+  if (st == STORE_CKPT_OPEN && k.reported == k.shards) st = coord_ckpt_commit(c, &k, x->keep);
+  Fsdp__V1__ReportCheckpointShardReply rep = FSDP__V1__REPORT_CHECKPOINT_SHARD_REPLY__INIT;
+  rep.state = coord_ckpt_state(st);
+  rpc_call_reply(call, &rep.base);
+}
+
+void coord_ckpt_list_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
+  coord_t *c = arg;
+  const Fsdp__V1__ListCheckpointsRequest *q = (const void *)req;
+  const int64_t job = coord_id_parse(q->job_id, 'j');
+  store_job_t j;
+  if (!job || store_job_get(c->st, job, &j)) {
+    rpc_call_finish(call, err_set(FSDP_ENOTFOUND, "job_id: '%.64s': no such job", q->job_id));
+    return;
+  }
+  store_job_free(&j);
+  store_ckpt_t *v = NULL;
+  int n = 0;
+  int rc = store_ckpt_list(c->st, job, &v, &n);
+  Fsdp__V1__Checkpoint *m = calloc((size_t)n + 1, sizeof *m);
+  Fsdp__V1__Checkpoint **pm = calloc((size_t)n + 1, sizeof *pm);
+  if (!rc && (!m || !pm)) rc = err_set(FSDP_ENOMEM, "coordinator: out of memory");
+  if (rc) {
+    rpc_call_finish(call, rc);
+  } else {
+    for (int i = 0; i < n; i++) {
+      fsdp__v1__checkpoint__init(&m[i]);
+      m[i].step = v[i].step;
+      m[i].attempt = (uint32_t)v[i].epoch;
+      m[i].state = coord_ckpt_state(v[i].state);
+      m[i].shards_reported = (uint32_t)v[i].reported;
+      m[i].shards_total = (uint32_t)v[i].shards;
+      m[i].dir = v[i].dir;
+      m[i].opened_unix_ms = v[i].opened_ms;
+      m[i].closed_unix_ms = v[i].closed_ms;
+      m[i].bytes = v[i].bytes;
+      m[i].reason = v[i].reason;
+      pm[i] = &m[i];
+    }
+    Fsdp__V1__ListCheckpointsReply rep = FSDP__V1__LIST_CHECKPOINTS_REPLY__INIT;
+    rep.n_checkpoints = (size_t)n;
+    rep.checkpoints = pm;
+    rpc_call_reply(call, &rep.base);
+  }
+  free(m), free(pm), free(v);
+}
+
+void coord_ckpt_janitor(coord_t *c) {
+  store_ckpt_t *v = NULL;
+  int n = 0;
+  if (store_ckpt_pending(c->st, &v, &n)) {
+    LOG_WARN("coord", "checkpoints: %s", err_msg());
+    return;
+  }
+  const int64_t now = coord_unix_ms();
+  for (int i = 0; i < n; i++) {
+    store_ckpt_t *k = &v[i];
+    if (k->state == STORE_CKPT_OPEN) {
+      char man[STORE_PATH_MAX + 32];
+      snprintf(man, sizeof man, "%s/%s", k->dir, CKPT_MANIFEST);
+      if (k->reported == k->shards && !access(man, F_OK)) {
+        /* the manifest went out, the store did not hear: finish the commit */
+        coord_job_t *x = coord_job_info(c, k->job_id);
+        coord_ckpt_commit(c, k, x ? x->keep : 0);
+      } else if (now - k->opened_ms > c->o.checkpoint_timeout_ms) {
+        char why[256];
+        snprintf(why, sizeof why, "%d of %d shards reported within %.0f s (--checkpoint-timeout-ms)",
+                 k->reported, k->shards, c->o.checkpoint_timeout_ms / 1000.0);
+        if (!store_ckpt_close(c->st, k->job_id, k->step, why))
+          LOG_WARN("coord", "job j-%lld: checkpoint of step %lld aborted: %s",
+                   (long long)k->job_id, (long long)k->step, why);
+      }
+      continue;
+    }
+    /* aborted, files still there: removed once no attempt of the job runs */
+    store_job_t j;
+    if (store_job_get(c->st, k->job_id, &j)) continue;
+    const int running = j.state == STORE_JOB_RUNNING;
+    store_job_free(&j);
+    if (running) continue;
+    if (ckpt_remove(k->dir)) LOG_WARN("coord", "job j-%lld: %s", (long long)k->job_id, err_msg());
+    else store_ckpt_removed(c->st, k->job_id, k->step, 0);
+  }
+  free(v);
+}
