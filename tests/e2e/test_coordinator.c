@@ -547,3 +547,180 @@ Test(coordinator, a_retried_submit_finds_its_job_across_a_restart) {
   cr_expect_eq(lr->n_jobs, 1);
   protobuf_c_message_free_unpacked(&lr->base, NULL);
 }
+
+/* ---- checkpoints ------------------------------------------------------------ */
+
+#include <sys/stat.h>
+#include <xxhash.h>
+
+#include "daemon/job/ckpt.h"
+
+/* A valid shard file of the tiny model (zeros) for shard j of S at step
+ * under root, as a rank would write it; its path, size and checksum. */
+static void write_shard(const char *root, int64_t step, int j, int S, char *path, size_t len,
+                        uint64_t *bytes, char *sum, size_t sumlen) {
+  gpt_config_t cfg;
+  cr_assert_eq(gpt_config_preset(&cfg, "tiny"), 0);
+  shard_layout_t *l;
+  cr_assert_eq(shard_layout_create(&l, &cfg, S, 0), 0);
+  ckpt_header_t h = {0};
+  h.shard_rank = j, h.shards = S, h.replicas = 1, h.model = cfg, h.shard_total = l->shard_total;
+  h.step = step, h.adam_steps = step, h.num_units = (uint32_t)l->num_units, h.num_sections = 3;
+  h.units = malloc(h.num_units * sizeof *h.units);
+  memcpy(h.units, l->units, h.num_units * sizeof *h.units);
+  for (int i = 0; i < 3; i++)
+    h.sec[i] = (ckpt_section_t){(uint32_t)i + 1, CKPT_DTYPE_F32, 0, h.shard_total * 4, NULL};
+  cr_assert_eq(ckpt_header_layout(&h), 0);
+  uint8_t *zero = calloc(1, h.sec[0].bytes);
+  for (int i = 0; i < 3; i++)
+    for (uint64_t k = 0; k < ckpt_blocks(h.sec[i].bytes); k++) {
+      uint64_t at = k * CKPT_BLOCK, n = h.sec[i].bytes - at < CKPT_BLOCK ? h.sec[i].bytes - at : CKPT_BLOCK;
+      h.sec[i].sums[k] = XXH64(zero + at, n, 0);
+    }
+  uint8_t *hdr;
+  cr_assert_eq(ckpt_header_encode(&h, &hdr), 0);
+  char dir[700], name[CKPT_NAME_MAX];
+  ckpt_step_dir(dir, sizeof dir, root, step);
+  mkdir(dir, 0755);
+  ckpt_shard_name(name, sizeof name, j, S);
+  snprintf(path, len, "%s/%s", dir, name);
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  cr_assert_geq(fd, 0, "%s", path);
+  cr_assert_eq(write(fd, hdr, h.header_bytes), (ssize_t)h.header_bytes);
+  cr_assert_eq(ftruncate(fd, (off_t)ckpt_file_bytes(&h)), 0);
+  close(fd);
+  *bytes = ckpt_file_bytes(&h);
+  snprintf(sum, sumlen, "xxh64:%016llx", (unsigned long long)h.sum);
+  free(zero), free(hdr);
+  ckpt_header_free(&h);
+  shard_layout_destroy(l);
+}
+
+static int report_shard(const node_t *n, const char *job, uint32_t rank, int64_t step,
+                        const char *path, uint64_t bytes, const char *sum,
+                        Fsdp__V1__CheckpointState *state) {
+  Fsdp__V1__ReportCheckpointShardRequest q = FSDP__V1__REPORT_CHECKPOINT_SHARD_REQUEST__INIT;
+  q.node_id = (char *)n->id, q.job_id = (char *)job, q.attempt = 1, q.rank = rank, q.step = step;
+  q.path = (char *)path, q.bytes = bytes, q.checksum = (char *)sum;
+  Fsdp__V1__ReportCheckpointShardReply *r = NULL;
+  int rc = CALL("ReportCheckpointShard", q, report_checkpoint_shard_reply, &r);
+  if (r) {
+    if (state) *state = r->state;
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+  }
+  return rc;
+}
+
+/* The state of the job's checkpoint of step (UNSPECIFIED: not listed), and its reason. */
+static Fsdp__V1__CheckpointState ckpt_state(const char *job, int64_t step, char *reason, size_t len) {
+  Fsdp__V1__ListCheckpointsRequest q = FSDP__V1__LIST_CHECKPOINTS_REQUEST__INIT;
+  q.job_id = (char *)job;
+  Fsdp__V1__ListCheckpointsReply *r = NULL;
+  cr_assert_eq(CALL("ListCheckpoints", q, list_checkpoints_reply, &r), 0, "%s", err_msg());
+  Fsdp__V1__CheckpointState s = FSDP__V1__CHECKPOINT_STATE__CHECKPOINT_STATE_UNSPECIFIED;
+  for (size_t i = 0; i < r->n_checkpoints; i++)
+    if (r->checkpoints[i]->step == step) {
+      s = r->checkpoints[i]->state;
+      if (reason) snprintf(reason, len, "%s", r->checkpoints[i]->reason);
+    }
+  protobuf_c_message_free_unpacked(&r->base, NULL);
+  return s;
+}
+
+#define CK_OPEN FSDP__V1__CHECKPOINT_STATE__CHECKPOINT_STATE_OPEN
+#define CK_COMMITTED FSDP__V1__CHECKPOINT_STATE__CHECKPOINT_STATE_COMMITTED
+#define CK_ABORTED FSDP__V1__CHECKPOINT_STATE__CHECKPOINT_STATE_ABORTED
+
+/* Shard reports: the path is the coordinator's to know; the last shard
+ * commits (the manifest is there); a coordinator SIGKILLed between two
+ * shards commits after its restart; a shard missing past the timeout aborts
+ * it, and its files go once the job ends; retention keeps the newest 2; a
+ * report of an ended attempt is refused. */
+Test(coordinator, checkpoints_commit_abort_retain_and_survive_a_restart, .timeout = 90) {
+  char db[600];
+  snprintf(db, sizeof db, "%s", co_db);
+  teardown();
+  co_start(db, "127.0.0.1:0", "--checkpoint-timeout-ms 1500");
+  client_for(&co, NULL);
+  char d[600], ck[600], ckopt[700], path[800], sum[64], bad[900], why[512];
+  data_opt(d, sizeof d);
+  snprintf(ck, sizeof ck, "%s/ck", tu_tmpdir());
+  cr_assert_eq(mkdir(ck, 0755), 0);
+  snprintf(ckopt, sizeof ckopt, "checkpoint_dir=%s", ck);
+  node_t n = {{0}, 0};
+  node_register(&n, "solo", 2, 8ull << 30, NULL, 0);
+  const char *kv[] = {"model=tiny", d, ckopt, "checkpoint_every=10", "keep_checkpoints=2", NULL};
+  char id[32];
+  cr_assert_eq(submit(2, kv, id, sizeof id), 0, "%s", err_msg());
+  cr_assert_eq(collect(&n, id, 2, NULL), 2);
+  uint64_t bytes;
+  Fsdp__V1__CheckpointState st = 0;
+  /* step 10: shard 0, then refusals, then shard 1 commits */
+  write_shard(ck, 10, 0, 2, path, sizeof path, &bytes, sum, sizeof sum);
+  cr_assert_eq(report_shard(&n, id, 0, 10, path, bytes, sum, &st), 0, "%s", err_msg());
+  cr_expect_eq(st, CK_OPEN);
+  snprintf(bad, sizeof bad, "%s/../../elsewhere.fsdp", ck);
+  cr_expect_eq(report_shard(&n, id, 1, 10, bad, bytes, sum, NULL), FSDP_EINVAL);
+  cr_expect(strstr(err_msg(), "path"), "%s", err_msg());
+  cr_expect_eq(report_shard(&n, id, 1, 10, path, bytes, "md5:0", NULL), FSDP_EINVAL);
+  cr_expect(strstr(err_msg(), "checksum"), "%s", err_msg());
+  write_shard(ck, 10, 1, 2, path, sizeof path, &bytes, sum, sizeof sum);
+  cr_assert_eq(report_shard(&n, id, 1, 10, path, bytes, sum, &st), 0, "%s", err_msg());
+  cr_expect_eq(st, CK_COMMITTED);
+  char man[800];
+  snprintf(man, sizeof man, "%s/step-00000010/manifest.json", ck);
+  cr_expect_eq(access(man, F_OK), 0, "committed without a manifest");
+  /* step 20: shard 0, the coordinator killed, back, shard 1: committed */
+  write_shard(ck, 20, 0, 2, path, sizeof path, &bytes, sum, sizeof sum);
+  cr_assert_eq(report_shard(&n, id, 0, 20, path, bytes, sum, NULL), 0, "%s", err_msg());
+  cluster_stop(&co, SIGKILL);
+  co_start(db, "127.0.0.1:0", "--checkpoint-timeout-ms 1500");
+  client_for(&co, NULL);
+  Fsdp__V1__RankStatus rs[2], *rp[2];
+  for (int k = 0; k < 2; k++) {
+    fsdp__v1__rank_status__init(&rs[k]);
+    rs[k].job_id = id, rs[k].attempt = 1, rs[k].rank = (uint32_t)k, rs[k].step = 20;
+    rs[k].state = FSDP__V1__RANK_STATE__RANK_STATE_RUNNING;
+    rp[k] = &rs[k];
+  }
+  node_register(&n, "solo", 2, 8ull << 30, rp, 2);
+  cr_expect_eq(ckpt_state(id, 20, NULL, 0), CK_OPEN, "the open checkpoint survived the restart");
+  write_shard(ck, 20, 1, 2, path, sizeof path, &bytes, sum, sizeof sum);
+  cr_assert_eq(report_shard(&n, id, 1, 20, path, bytes, sum, &st), 0, "%s", err_msg());
+  cr_expect_eq(st, CK_COMMITTED);
+  /* step 30: one shard, then the timeout aborts it */
+  write_shard(ck, 30, 0, 2, path, sizeof path, &bytes, sum, sizeof sum);
+  cr_assert_eq(report_shard(&n, id, 0, 30, path, bytes, sum, NULL), 0, "%s", err_msg());
+  const double t0 = tu_now_s();
+  while (ckpt_state(id, 30, why, sizeof why) == CK_OPEN && tu_now_s() - t0 < 5) {
+    Fsdp__V1__HeartbeatReply *r = heartbeat(&n, rp, 2); /* the node stays alive meanwhile */
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+  }
+  cr_expect_eq(ckpt_state(id, 30, why, sizeof why), CK_ABORTED, "still open after %.1f s",
+               tu_now_s() - t0);
+  cr_expect(strstr(why, "1 of 2 shards"), "%s", why);
+  char d30[700];
+  snprintf(d30, sizeof d30, "%s/step-00000030", ck);
+  cr_expect_eq(access(d30, F_OK), 0, "an aborted checkpoint's files went while its job runs");
+  /* step 40 commits: retention (keep 2) removes step 10, directory and row */
+  for (int j = 0; j < 2; j++) {
+    write_shard(ck, 40, j, 2, path, sizeof path, &bytes, sum, sizeof sum);
+    cr_assert_eq(report_shard(&n, id, (uint32_t)j, 40, path, bytes, sum, &st), 0, "%s", err_msg());
+  }
+  cr_expect_eq(st, CK_COMMITTED);
+  char d10[700];
+  snprintf(d10, sizeof d10, "%s/step-00000010", ck);
+  cr_expect_neq(access(d10, F_OK), 0, "step 10 outlived keep_checkpoints=2");
+  cr_expect_eq(ckpt_state(id, 10, NULL, 0), FSDP__V1__CHECKPOINT_STATE__CHECKPOINT_STATE_UNSPECIFIED);
+  cr_expect_eq(ckpt_state(id, 20, NULL, 0), CK_COMMITTED);
+  /* the job ends: a late report is stale, and the aborted files go */
+  cr_assert_eq(report_exit(&n, id, 1, 0, 0), 0, "%s", err_msg());
+  cr_assert_eq(report_exit(&n, id, 1, 1, 0), 0, "%s", err_msg());
+  write_shard(ck, 50, 0, 2, path, sizeof path, &bytes, sum, sizeof sum);
+  cr_expect_eq(report_shard(&n, id, 0, 50, path, bytes, sum, NULL), FSDP_ESTALE, "%s", err_msg());
+  const double t1 = tu_now_s();
+  while (!access(d30, F_OK) && tu_now_s() - t1 < 5) nanosleep(&(struct timespec){0, 50000000}, NULL);
+  cr_expect_neq(access(d30, F_OK), 0, "the aborted checkpoint's files are still there");
+  cluster_stop(&co, SIGTERM);
+  cluster_db_check(db);
+}

@@ -761,3 +761,57 @@ Test(store, a_writer_killed_mid_way_leaves_exactly_what_it_committed, .timeout =
   cr_assert(got == upto_last || got == one_more,
             "the crashed file holds steps 0..%d (or %d): exactly its commits", last, last + 1);
 }
+
+/* A checkpoint opens at its first shard, takes a shard again only with the
+ * same checksum, commits once, is aborted by its attempt's end while open,
+ * and is replaced when a later attempt writes the same step; reports of an
+ * ended attempt are stale. */
+Test(store, checkpoints_open_commit_abort_and_are_fenced) {
+  store_t *st = open_db("state.db");
+  int64_t node = add_node(st, "n0", 2);
+  int64_t job = submit(st, "ck", 2, 1), epoch;
+  cr_assert_eq(start_on(st, job, node, 2, &epoch), 0);
+  store_ckpt_t k;
+  store_ckpt_shard_t s0 = {0, 0, 100, 0xabcdef0123456789ull}, s1 = {1, 1, 100, 7};
+  cr_assert_eq(store_ckpt_report(st, job, 1, 10, 2, "/ck/step-00000010", &s0, &k), 0, "%s", err_msg());
+  cr_assert(k.state == STORE_CKPT_OPEN && k.reported == 1 && k.shards == 2 && k.bytes == 100);
+  cr_assert_eq(store_ckpt_report(st, job, 1, 10, 2, "/ck/step-00000010", &s0, &k), 0, "again: a no-op");
+  cr_assert_eq(k.reported, 1);
+  store_ckpt_shard_t other = s0;
+  other.sum = 1;
+  cr_assert_eq(store_ckpt_report(st, job, 1, 10, 2, "/ck/step-00000010", &other, &k), FSDP_EEXIST);
+  cr_assert_eq(store_ckpt_report(st, job, 1, 10, 3, "/ck/step-00000010", &s1, &k), FSDP_EINVAL,
+               "another shard count for the same checkpoint");
+  cr_assert_eq(store_ckpt_report(st, job, 1, 10, 2, "/ck/step-00000010", &s1, &k), 0);
+  cr_assert_eq(k.reported, 2);
+  store_ckpt_shard_t *sh;
+  int n;
+  cr_assert_eq(store_ckpt_shards(st, job, 10, &sh, &n), 0);
+  cr_assert(n == 2 && sh[0].sum == 0xabcdef0123456789ull && sh[1].rank == 1, "64-bit sums kept");
+  store_array_free(sh);
+  cr_assert_eq(store_ckpt_close(st, job, 10, NULL), 0);
+  cr_assert_eq(store_ckpt_close(st, job, 10, NULL), FSDP_ESTATE, "committed once");
+  cr_assert_eq(store_ckpt_report(st, job, 1, 10, 2, "/ck/step-00000010", &s0, &k), FSDP_ESTATE);
+  /* step 20 open when the attempt fails: aborted with it, pending removal */
+  cr_assert_eq(store_ckpt_report(st, job, 1, 20, 2, "/ck/step-00000020", &s0, &k), 0);
+  store_job_state_t next;
+  cr_assert_eq(store_attempt_end(st, job, 1, 0, "rank 1 died", &next), 0);
+  cr_assert_eq(store_ckpt_report(st, job, 1, 20, 2, "/ck/step-00000020", &s1, &k), FSDP_ESTALE);
+  store_ckpt_t *v;
+  cr_assert_eq(store_ckpt_pending(st, &v, &n), 0);
+  cr_assert(n == 1 && v[0].step == 20 && v[0].state == STORE_CKPT_ABORTED, "%d", n);
+  store_array_free(v);
+  /* attempt 2 writes step 20 again: the aborted one is replaced */
+  cr_assert_eq(start_on(st, job, node, 2, &epoch), 0);
+  cr_assert_eq(epoch, 2);
+  cr_assert_eq(store_ckpt_report(st, job, 2, 20, 2, "/ck/step-00000020", &s1, &k), 0, "%s", err_msg());
+  cr_assert(k.state == STORE_CKPT_OPEN && k.epoch == 2 && k.reported == 1);
+  cr_assert_eq(store_ckpt_list(st, job, &v, &n), 0);
+  cr_assert(n == 2 && v[0].step == 20 && v[1].step == 10 && v[1].state == STORE_CKPT_COMMITTED);
+  store_array_free(v);
+  cr_assert_eq(store_ckpt_removed(st, job, 10, 1), 0);
+  cr_assert_eq(store_ckpt_list(st, job, &v, &n), 0);
+  cr_assert_eq(n, 1, "retention forgets the row");
+  store_array_free(v);
+  store_close(st);
+}
