@@ -67,7 +67,7 @@ static _Noreturn void isa_child(int fd, const char *isa, const char *data, const
   c.eval_every = 3;
   c.eval_batches = 2;
   c.threads = 2;
-  train_opts_t o = {NULL, isa_on_step, &fd};
+  train_opts_t o = {.metrics = isa_on_step, .ctx = &fd};
   train_t *t;
   if (train_open(&t, &c, &o)) {
     fprintf(stderr, "test_isa child: %s\n", err_msg());

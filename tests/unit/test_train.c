@@ -130,7 +130,7 @@ Test(train, step_api_reports_every_step) {
   c.steps = 6, c.warmup_steps = 2, c.batch = 2, c.seq_len = 32, c.grad_accum = 2;
   c.eval_every = 4, c.eval_batches = 2;
   metrics_log_t log = {0};
-  train_opts_t o = {NULL, log_metrics, &log};
+  train_opts_t o = {.metrics = log_metrics, .ctx = &log};
   train_t *t;
   cr_assert_eq(train_open(&t, &c, &o), 0, "%s", err_msg());
   train_state_t st;
@@ -183,7 +183,7 @@ Test(train, an_unwritable_save_path_is_refused_before_training) {
   cr_assert_eq(config_set(&c, "save", "/nonexistent-dir/w.bin"), 0);
   c.steps = 1000000, c.warmup_steps = 1, c.seq_len = 32;
   metrics_log_t log = {0};
-  train_opts_t o = {NULL, log_metrics, &log};
+  train_opts_t o = {.metrics = log_metrics, .ctx = &log};
   train_t *t;
   cr_assert_eq(train_open(&t, &c, &o), FSDP_ENOENT);
   cr_assert(strstr(err_msg(), "save") && strstr(err_msg(), "/nonexistent-dir/w.bin"), "%s",
