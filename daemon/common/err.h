@@ -36,7 +36,8 @@
   XX(EUNAVAILABLE, "service unavailable")                                    \
   XX(ESTATE, "not allowed in the current state")                             \
   XX(ELIMIT, "over a size or rate limit")                                    \
-  XX(ESTALE, "from an older epoch")
+  XX(ESTALE, "from an older epoch")                                         \
+  XX(EPREEMPTED, "stopped by a signal at a step boundary")
 
 typedef enum {
   FSDP_OK = 0,

@@ -156,7 +156,7 @@ coord_rank_t *coord_rank_get(coord_t *c, int64_t job, int rank, int create) {
 }
 
 /* Forgets the ranks' reports of a job (its attempt ended). */
-static void coord_ranks_forget(coord_t *c, int64_t job) {
+void coord_ranks_forget(coord_t *c, int64_t job) {
   int k = 0;
   for (int i = 0; i < c->n_rank; i++)
     if (c->rank[i].job != job) c->rank[k++] = c->rank[i];
@@ -370,7 +370,7 @@ void coord_attempt_fail(coord_t *c, int64_t job, int64_t epoch, int64_t except_n
                         const char *why) {
   coord_kill_attempt(c, job, epoch, except_node, why);
   coord_job_t *x = coord_job_info(c, job);
-  if (x) x->failures++, snprintf(x->failure, sizeof x->failure, "%s", why);
+  if (x) x->failures++, x->preempted = 0, snprintf(x->failure, sizeof x->failure, "%s", why);
   store_job_state_t state;
   int rc = store_attempt_end(c->st, job, epoch, 0, why, &state);
   if (rc && rc != FSDP_ESTALE)
@@ -610,7 +610,8 @@ int coord_pic_load(coord_t *c, coord_pic_t *p) {
      * node that stopped gets no new ranks while its timeout runs out. */
     const int beating = ln && (ln->poll || now - ln->heard_ms <= COORD_BEAT_SLACK_MS);
     p->sn[i] = (sched_node_t){n->id, n->name,
-                              n->state == STORE_NODE_ALIVE && ln && ln->session && !ln->dead && beating};
+                              n->state == STORE_NODE_ALIVE && ln && ln->session && !ln->dead &&
+                                  !ln->stopping && beating};
     for (int k = 0; k < n->n_devices; k++) {
       const store_device_t *d = &n->devices[k];
       p->sd[p->nd++] = (sched_device_t){0, i, d->index, store_dev_kind_name(d->kind),
@@ -678,7 +679,8 @@ static void coord_place(coord_t *c, coord_pic_t *p, int64_t job) {
   int rc = slot ? coord_fit(p, x, slot, note, sizeof note) : FSDP_ENOMEM;
   if (rc == SCHED_WAIT && x->failure[0]) { /* waiting to restart: say after what */
     char why[STORE_REASON_MAX];
-    snprintf(why, sizeof why, "restarting after attempt failed (%.200s); %.250s", x->failure, note);
+    snprintf(why, sizeof why, "%s (%.200s); %.250s", x->preempted ? "requeued after preemption"
+             : "restarting after attempt failed", x->failure, note);
     store_job_set_pending_reason(c->st, job, why);
   } else if (rc == SCHED_WAIT) {
     store_job_set_pending_reason(c->st, job, note);

@@ -34,6 +34,7 @@ typedef struct coord_node {
   uint64_t heard_ms;        /* loop time of its last call */
   int64_t heard_unix_ms;
   int dead;
+  int stopping;             /* its fsdpd said it is shutting down: no new ranks (until it registers) */
   rpc_call_t *poll;         /* its held heartbeat */
   uint64_t poll_until;
   struct coord_node *held_prev, *held_next; /* in coord.held while poll is set */
@@ -67,6 +68,7 @@ typedef struct coord_job {
   uint64_t rate_t0;               /* ...and when */
   int failures;                   /* attempts that failed while this coordinator ran */
   char failure[320];              /* the last one's reason, shown while it waits to restart */
+  int preempted;                  /* ... which was a preemption, not a failure */
   shard_mesh_t mesh;
   char ckpt_dir[CONFIG_PATH_MAX]; /* checkpoint_dir ("": none) */
   int keep;                       /* keep_checkpoints */
@@ -142,6 +144,8 @@ void coord_order_push(coord_t *c, int64_t node, const coord_order_t *o);
 void coord_node_deliver(coord_t *c, coord_node_t *n);
 void coord_kill_attempt(coord_t *c, int64_t job, int64_t epoch, int64_t except_node, const char *why);
 void coord_attempt_fail(coord_t *c, int64_t job, int64_t epoch, int64_t except_node, const char *why);
+/* Drops what the job's ranks reported (its attempt ended). */
+void coord_ranks_forget(coord_t *c, int64_t job);
 void coord_schedule(coord_t *c);
 /* The cluster as placement sees it: alive nodes (known to the store and
  * heard since this coordinator started) and their devices, a device held

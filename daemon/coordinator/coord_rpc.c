@@ -566,7 +566,7 @@ static void coord_register_cb(rpc_call_t *call, const ProtobufCMessage *req, voi
   uint64_t session = 0;
   while (!session)
     if (getrandom(&session, sizeof session, 0) != sizeof session) session = (uint64_t)coord_unix_ms();
-  n->session = session, n->dead = 0;
+  n->session = session, n->dead = 0, n->stopping = 0;
   n->heard_ms = coord_mono_ms(c), n->heard_unix_ms = coord_unix_ms();
   /* Reconcile: ranks it runs that are not of a running attempt are killed;
    * ranks the store has there but it does not run were never started
@@ -658,6 +658,8 @@ static void coord_heartbeat_cb(rpc_call_t *call, const ProtobufCMessage *req, vo
     return;
   }
   n->heard_ms = coord_mono_ms(c), n->heard_unix_ms = coord_unix_ms();
+  if (q->stopping && !n->stopping) LOG_INFO("coord", "node %s is stopping: no new ranks there", q->node_id);
+  n->stopping |= q->stopping;
   int nbusy = 0;
   for (size_t i = 0; i < q->n_devices && nbusy < 64; i++)
     if (q->devices[i]->job_id[0]) n->busy[nbusy++] = (int)q->devices[i]->index;
@@ -699,6 +701,10 @@ static void coord_rank_exit_cb(rpc_call_t *call, const ProtobufCMessage *req, vo
   const Fsdp__V1__ReportRankExitRequest *q = (const void *)req;
   int64_t job = coord_id_parse(q->job_id, 'j');
   int status = q->term_signal ? -q->term_signal : q->exit_status;
+  if (q->node_stopping) { /* before the verdict: a requeued job must not land there again */
+    coord_node_t *n = coord_node_get(c, coord_id_parse(q->node_id, 'n'), 0);
+    if (n) n->stopping = 1;
+  }
   store_attempt_verdict_t verdict = STORE_ATTEMPT_GOING;
   int rc = job ? store_rank_exit(c->st, job, q->attempt, (int)q->rank, status, &verdict)
                : err_set(FSDP_ENOTFOUND, "job_id: '%.64s' is not a job id", q->job_id);
@@ -725,6 +731,18 @@ static void coord_rank_exit_cb(rpc_call_t *call, const ProtobufCMessage *req, vo
     coord_job_changed(c, job);
   } else if (verdict == STORE_ATTEMPT_FAILED) {
     coord_attempt_fail(c, job, q->attempt, 0, why);
+  } else if (verdict == STORE_ATTEMPT_PREEMPTED) {
+    char what[160];
+    snprintf(what, sizeof what, "its ranks were stopped on node %.32s (preempted)", q->node_id);
+    if (store_attempt_requeue(c->st, job, q->attempt, what))
+      LOG_WARN("coord", "job j-%lld: requeueing: %s", (long long)job, err_msg());
+    else
+      LOG_INFO("coord", "job j-%lld attempt %u preempted: requeued", (long long)job, q->attempt);
+    coord_job_t *x = coord_job_info(c, job);
+    if (x) x->preempted = 1, snprintf(x->failure, sizeof x->failure, "%s", what);
+    coord_ranks_forget(c, job);
+    c->dirty = 1;
+    coord_job_changed(c, job);
   }
 }
 

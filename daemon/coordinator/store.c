@@ -19,6 +19,7 @@
 
 #include "daemon/common/err.h"
 #include "daemon/common/log.h"
+#include "daemon/job/job.h"
 
 /* PRAGMA application_id: "FSDP". Tells our database from another program's. */
 #define STORE_APP_ID 0x46534450
@@ -932,9 +933,11 @@ int store_rank_exit(store_t *st, int64_t job_id, int64_t epoch, int rank, int ex
   /* the first report counts; a rank already stopped or lost keeps its state */
   if (st_exec(st,
               "UPDATE ranks SET exit_status = ?, state = CASE WHEN state IN ('ASSIGNED', "
-              "'RUNNING') THEN (CASE WHEN ? = 0 THEN 'SUCCEEDED' ELSE 'FAILED' END) ELSE state "
-              "END WHERE job_id = ? AND epoch = ? AND rank = ? AND exit_status IS NULL",
-              A_I(exit_status), A_I(exit_status), A_I(job_id), A_I(epoch), A_I(rank)) > 0)
+              "'RUNNING') THEN (CASE WHEN ? = 0 THEN 'SUCCEEDED' WHEN ? = ? THEN 'STOPPED' "
+              "ELSE 'FAILED' END) ELSE state END WHERE job_id = ? AND epoch = ? AND rank = ? "
+              "AND exit_status IS NULL",
+              A_I(exit_status), A_I(exit_status), A_I(exit_status), A_I(JOB_EXIT_PREEMPTED),
+              A_I(job_id), A_I(epoch), A_I(rank)) > 0)
     st_event(st, job_id, 0, "rank.exited", "rank %d of attempt %lld exited with status %d", rank,
              (long long)epoch, exit_status);
   store_attempt_verdict_t v = STORE_ATTEMPT_ENDED;
@@ -947,7 +950,12 @@ int store_rank_exit(store_t *st, int64_t job_id, int64_t epoch, int rank, int ex
                           "SELECT count(*) FROM ranks WHERE job_id = ? AND epoch = ? "
                           "AND state IN ('ASSIGNED', 'RUNNING')",
                           A_I(job_id), A_I(epoch));
-    v = bad ? STORE_ATTEMPT_FAILED : live ? STORE_ATTEMPT_GOING : STORE_ATTEMPT_SUCCEEDED;
+    int64_t stopped = st_int(st, 0,
+                             "SELECT count(*) FROM ranks WHERE job_id = ? AND epoch = ? "
+                             "AND state = 'STOPPED' AND exit_status = ?",
+                             A_I(job_id), A_I(epoch), A_I(JOB_EXIT_PREEMPTED));
+    v = bad ? STORE_ATTEMPT_FAILED : live ? STORE_ATTEMPT_GOING
+        : stopped ? STORE_ATTEMPT_PREEMPTED : STORE_ATTEMPT_SUCCEEDED;
   }
   rc = store_end(st, 0);
   if (!rc && verdict) *verdict = v;
@@ -975,6 +983,21 @@ static void attempt_close(store_t *st, int64_t job_id, int64_t epoch, const char
               A_I(epoch)) > 0)
     st_event(st, job_id, 0, "checkpoint.aborted", "attempt %lld ended with a checkpoint open",
              (long long)epoch);
+}
+
+int store_attempt_requeue(store_t *st, int64_t job_id, int64_t epoch, const char *reason) {
+  int rc = store_begin(st, 1);
+  if (rc) return rc;
+  job_brief_t b;
+  if ((rc = job_fence(st, job_id, epoch, "requeue", 1, &b))) return store_end(st, rc);
+  reason = reason ? reason : "";
+  attempt_close(st, job_id, epoch, "CANCELLED", reason, store_now_ms());
+  char why[STORE_REASON_MAX];
+  snprintf(why, sizeof why, "attempt %lld stopped: %s; requeued, it resumes from its latest "
+           "committed checkpoint", (long long)epoch, reason);
+  st_exec(st, "UPDATE jobs SET state = 'PENDING', reason = ? WHERE id = ?", A_T(why), A_I(job_id));
+  st_event(st, job_id, 0, "attempt.requeued", "attempt %lld: %s", (long long)epoch, reason);
+  return store_end(st, 0);
 }
 
 int store_attempt_end(store_t *st, int64_t job_id, int64_t epoch, int succeeded,

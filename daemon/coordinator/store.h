@@ -170,6 +170,8 @@ typedef enum {
   STORE_ATTEMPT_SUCCEEDED,  /* every rank exited 0: end it as SUCCEEDED */
   STORE_ATTEMPT_FAILED,     /* a rank failed or was lost: stop the others, end it as FAILED */
   STORE_ATTEMPT_ENDED,      /* the attempt was already ended: nothing to do */
+  STORE_ATTEMPT_PREEMPTED,  /* every rank is gone, none failed, some stopped on SIGTERM
+                             * (JOB_EXIT_PREEMPTED): requeue it (store_attempt_requeue) */
 } store_attempt_verdict_t;
 
 /* ---- checkpoints ----
@@ -283,6 +285,11 @@ int store_rank_exit(store_t *st, int64_t job_id, int64_t epoch, int rank, int ex
  * the job's devices are freed and the attempt's rendezvous data dropped. The
  * job's new state in *state (may be NULL). FSDP_ESTALE for an older epoch
  * or an attempt already ended. */
+/* Ends a running attempt whose ranks were stopped from outside (a node
+ * shutting down: preemption) as CANCELLED with reason, and puts the job back
+ * to PENDING without spending a restart: it resumes from its latest
+ * committed checkpoint when placed again. */
+int store_attempt_requeue(store_t *st, int64_t job_id, int64_t epoch, const char *reason);
 int store_attempt_end(store_t *st, int64_t job_id, int64_t epoch, int succeeded,
                       const char *reason, store_job_state_t *state);
 /* Cancels a PENDING or RUNNING job (a running attempt ends CANCELLED as

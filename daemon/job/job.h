@@ -61,4 +61,9 @@ int job_validate(const job_opt_t *opts, int n, int world, size_t device_bytes, c
  * O_NOFOLLOW on each component); the ranks do not do that yet. */
 int job_paths_check(config_t *c, const char *const *roots, int nroots);
 
+/* fsdp-train's exit status when it stopped on SIGTERM at a step boundary
+ * (after writing its checkpoint when the job has a checkpoint_dir): the
+ * coordinator requeues the job instead of counting a failure (EX_TEMPFAIL). */
+#define JOB_EXIT_PREEMPTED 75
+
 #endif

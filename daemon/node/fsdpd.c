@@ -15,6 +15,11 @@
  *
  * SIGTERM or SIGINT: every rank is stopped (SIGTERM, SIGKILL after the
  * grace), their exits are reported (until grace + 3 s), and fsdpd exits 0.
+ * On SIGTERM a rank stops at its next step boundary, writes a checkpoint
+ * (its shard report goes before its exit) and exits JOB_EXIT_PREEMPTED: the
+ * coordinator requeues the job, which resumes from that checkpoint
+ * wherever it is placed next (preemption: how Slurm and Kubernetes stop a
+ * node's work).
  * Exit status: 0 after a signal, 1 when it cannot start, 2 on bad usage. */
 #include <errno.h>
 #include <getopt.h>
@@ -84,7 +89,8 @@ static void usage(FILE *f) {
     "  --tls-cert FILE, --tls-key FILE\n"
     "                        serve the Node service over TLS\n"
     "  --rank-program PATH   what a rank runs (default: fsdp-train beside fsdpd)\n"
-    "  --grace SECONDS       SIGTERM -> SIGKILL for ranks (default 10)\n");
+    "  --grace SECONDS       SIGTERM -> SIGKILL for ranks: on SIGTERM a rank stops at its\n"
+    "                        next step boundary and checkpoints, within this (default 30)\n");
 }
 
 /* ---- the loop's callbacks --------------------------------------------------------- */
@@ -261,7 +267,7 @@ static int fsdpd_options(fsdpd_t *D, int argc, char **argv, int *as_user, unsign
 /* ---- main ------------------------------------------------------------------------ */
 
 int main(int argc, char **argv) {
-  fsdpd_t D = {.devices = "auto", .listen = "127.0.0.1:0", .rank_host = "127.0.0.1", .grace_s = 10.0};
+  fsdpd_t D = {.devices = "auto", .listen = "127.0.0.1:0", .rank_host = "127.0.0.1", .grace_s = 30.0};
   int as_user = 0;
   unsigned uid = 0, gid = 0;
   int rc = fsdpd_options(&D, argc, argv, &as_user, &uid, &gid);

@@ -301,6 +301,7 @@ static void rk_report_start(rank_t *rk) {
   req->rank = rk->a->rank;
   req->exit_status = (int32_t)rk->exit_status;
   req->term_signal = rk->term_signal;
+  req->node_stopping = R->stopping; /* before the verdict requeues its job */
   rk_call(rk, RK_CALL_EXIT, &req->base);
 }
 
@@ -903,6 +904,7 @@ int ranks_pack(ranks_t *R, uint8_t **buf, size_t *len) {
   hb.devices = pdevs;
   hb.n_ranks = k;
   hb.ranks = psts;
+  hb.stopping = R->stopping; /* no new ranks for a node shutting down */
   *len = fsdp__v1__heartbeat_request__get_packed_size(&hb);
   *buf = malloc(*len ? *len : 1);
   int rc = FSDP_OK;
@@ -921,10 +923,11 @@ int ranks_log_active(const ranks_t *R, const char *job, uint32_t attempt, uint32
 
 void ranks_stop_all(ranks_t *R, double grace_s, uint64_t report_deadline) {
   R->stopping = 1;
+  R->dirty = 1; /* the next heartbeat says so */
   R->report_deadline = report_deadline;
-  /* Later (checkpoint on preemption, DESIGN.md "Lessons"): ask each rank to
-   * checkpoint at its next step boundary and wait, within a deadline, for
-   * its shard report before the SIGTERM below. */
+  /* SIGTERM asks each rank to stop at its next step boundary and checkpoint
+   * (daemon/train/main.c); its shard report, then its exit, are relayed
+   * until report_deadline, and SIGKILL follows after the grace. */
   for (rank_t *rk = R->list; rk; rk = rk->next) rk_kill(rk, "fsdpd is stopping", grace_s);
 }
 

@@ -623,13 +623,15 @@ int fsdp_step(fsdp_t *f, float lr, float clip, float *norm) {
   return FSDP_OK;
 }
 
-int fsdp_mean(fsdp_t *f, float *x) {
+int fsdp_mean_n(fsdp_t *f, float *x, size_t n) {
   int rc = FSDP_OK;
-  if (f->opts.shard_comm) rc = comm_all_reduce(f->opts.shard_comm, x, x, 1, COMM_F32, COMM_AVG);
+  if (f->opts.shard_comm) rc = comm_all_reduce(f->opts.shard_comm, x, x, n, COMM_F32, COMM_AVG);
   if (!rc && f->opts.replica_comm)
-    rc = comm_all_reduce(f->opts.replica_comm, x, x, 1, COMM_F32, COMM_AVG);
+    rc = comm_all_reduce(f->opts.replica_comm, x, x, n, COMM_F32, COMM_AVG);
   return rc;
 }
+
+int fsdp_mean(fsdp_t *f, float *x) { return fsdp_mean_n(f, x, 1); }
 
 int fsdp_reshard(fsdp_t *f) {
   int rc = fsdp_reduce_finish(f);

@@ -69,6 +69,8 @@ void fsdp_zero_grad(fsdp_t *f);
 int fsdp_step(fsdp_t *f, float lr, float clip, float *norm);
 /* Averages x over every rank (shard group, then replica group). */
 int fsdp_mean(fsdp_t *f, float *x);
+/* The same for n values at once (one collective per group). */
+int fsdp_mean_n(fsdp_t *f, float *x, size_t n);
 /* Gathers the whole model's parameters into dst (num_params fp32 floats;
  * bf16 storage widened, exactly), for checks; every rank of the shard group
  * must call it. */

@@ -5,9 +5,16 @@
  *   fsdp-train [--config JOB.conf] [--KEY VALUE]...
  *
  * Started by fsdpd, it also reports every step to it (FSDP_REPORT_FD,
- * report.h). Flags override the job file whatever their order. Exit status: 0 done,
- * 1 the run failed, 2 bad usage or a bad option (the message names it). */
+ * report.h). Flags override the job file whatever their order.
+ *
+ * SIGTERM (how fsdpd, fsdp-launch, Slurm and Kubernetes stop a process)
+ * stops the run at the next step boundary, every rank after the same step,
+ * writing a checkpoint of it when the job has a checkpoint_dir (SIGKILL is
+ * what ends a rank at once). Exit status: 0 done, 1 the run failed,
+ * 2 bad usage or a bad option (the message names it), 75 stopped by SIGTERM
+ * (JOB_EXIT_PREEMPTED: the coordinator requeues the job). */
 #include <getopt.h>
+#include <signal.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,10 +23,22 @@
 #include "daemon/common/err.h"
 #include "daemon/common/param.h"
 #include "daemon/job/config.h"
+#include "daemon/job/job.h"
 #include "report.h"
 #include "train.h"
 
 enum { OPT_HELP = 1, OPT_CONFIG, OPT_PRINT, OPT_PARAMS, OPT_KEY0 = 1000 };
+
+static volatile sig_atomic_t stop_asked;
+
+/* SIGTERM asks the loop to stop at the step boundary. Only that: a job is
+ * often sent it twice (Slurm signals the whole step, and the launcher passes
+ * it on), and a rank stuck in a step is its supervisor's to SIGKILL after
+ * the grace. */
+static void on_sigterm(int sig) {
+  (void)sig;
+  stop_asked = 1;
+}
 
 static void usage(FILE *out) {
   fprintf(out,
@@ -107,10 +126,18 @@ int main(int argc, char **argv) {
     fprintf(stderr, "fsdp-train: %s\n", err_msg());
     return 2;
   }
+  struct sigaction sa = {.sa_handler = on_sigterm};
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, NULL);
+  train_hooks_t hooks = {rep ? report_metrics : NULL, rep ? report_checkpoint : NULL, rep,
+                         &stop_asked};
   train_result_t res;
-  rc = train_run_with(&c, stdout, rep ? report_metrics : NULL, rep ? report_checkpoint : NULL, rep,
-                      &res);
+  rc = train_run_with(&c, stdout, &hooks, &res);
   report_close(rep);
+  if (rc == FSDP_EPREEMPTED) {
+    fprintf(stderr, "fsdp-train: %s\n", err_msg());
+    return JOB_EXIT_PREEMPTED;
+  }
   if (rc) {
     fprintf(stderr, "fsdp-train: %s (%s)\n", err_msg(), err_name(rc));
     return 1;

@@ -38,6 +38,8 @@ struct train {
   int32_t *in, *tg;   /* (batch x world, seq_len) host token batches: the global batch */
   int step;           /* steps done */
   int first_step;     /* steps done when this run began: 0, or a resumed checkpoint's */
+  int stop_agreed;    /* the ranks agreed to stop after this step (opts.stop) */
+  int ckpt_step;      /* the step of the last checkpoint written (-1: none) */
   double t_start, t_after_first;
   train_result_t res;
 };
@@ -140,6 +142,7 @@ static int train_checkpoint(train_t *t) {
   const double t0 = train_now();
   int rc = ckpt_rank_save(t->runtime, &m, c->checkpoint_dir, &rep, dir, sizeof dir);
   if (rc) return err_wrap(rc, "step %d: checkpoint", t->step);
+  t->ckpt_step = t->step;
   const double t1 = train_now();
   if (t->opts.checkpoint) { /* the owner commits (the coordinator, through fsdpd) */
     train_ckpt_t k = {t->boot.rank, t->step, dir, &rep};
@@ -164,6 +167,7 @@ int train_open(train_t **out, const config_t *c, const train_opts_t *o) {
   t->cfg = *c;
   t->opts = o ? *o : (train_opts_t){0};
   t->res.eval_loss = NAN;
+  t->ckpt_step = -1;
   /* the defaults fitted to the model and the run: said by the caller's
    * finish, or by this one when the caller did not finish its config */
   char adjusted[sizeof c->adjusted];
@@ -242,7 +246,8 @@ static int train_eval(train_t *t, float *out) {
   return rc ? rc : rs;
 }
 
-int train_done(const train_t *t) { return t->step >= t->cfg.steps; }
+int train_done(const train_t *t) { return t->step >= t->cfg.steps || t->stop_agreed; }
+int train_stopped(const train_t *t) { return t->stop_agreed && t->step < t->cfg.steps; }
 
 int train_step(train_t *t) {
   const config_t *c = &t->cfg;
@@ -267,8 +272,11 @@ int train_step(train_t *t) {
       return err_wrap(rc, "step %d", m.step);
     loss_sum += loss;
   }
-  m.loss = (float)(loss_sum / c->grad_accum);
-  if ((rc = fsdp_mean(t->runtime, &m.loss))) return err_wrap(rc, "step %d: averaging the loss", m.step);
+  /* the loss, and whether any rank was asked to stop: one collective */
+  float v[2] = {(float)(loss_sum / c->grad_accum), t->opts.stop && *t->opts.stop ? 1.0f : 0.0f};
+  if ((rc = fsdp_mean_n(t->runtime, v, 2))) return err_wrap(rc, "step %d: averaging the loss", m.step);
+  m.loss = v[0];
+  if (v[1] > 0) t->stop_agreed = 1;
   if (!isfinite(m.loss))
     return err_set(FSDP_ERANGE, "step %d: the training loss is %f; training diverged: lower lr "
                    "(now %g) or set grad_clip", m.step, m.loss, c->lr);
@@ -290,12 +298,15 @@ int train_step(train_t *t) {
     t->res.tokens_per_s =
         (double)m.tokens * (t->step - t->first_step - 1) / (t1 - t->t_after_first);
   if (data_num_eval_tokens(t->data) &&
-      (train_done(t) || (c->eval_every && t->step % c->eval_every == 0))) {
+      (t->step >= c->steps || (c->eval_every && t->step % c->eval_every == 0))) {
     if ((rc = train_eval(t, &t->res.eval_loss))) return err_wrap(rc, "step %d", m.step);
     m.evaluated = 1;
     m.eval_loss = t->res.eval_loss;
   }
   if (c->checkpoint_every && t->step % c->checkpoint_every == 0 && (rc = train_checkpoint(t)))
+    return rc;
+  if (train_stopped(t) && c->checkpoint_dir[0] && t->ckpt_step != t->step &&
+      (rc = train_checkpoint(t))) /* stopping: what was trained is kept */
     return rc;
   if (t->opts.metrics) t->opts.metrics(t->opts.ctx, &m);
   return FSDP_OK;
@@ -455,24 +466,30 @@ static void train_consume(void *ctx, const train_metrics_t *m) {
   if (k->metrics) k->metrics(k->ctx, m);
 }
 
-int train_run_with(const config_t *c, FILE *progress, train_metrics_cb metrics,
-                   train_ckpt_cb checkpoint, void *ctx, train_result_t *res) {
+int train_run_with(const config_t *c, FILE *progress, const train_hooks_t *h,
+                   train_result_t *res) {
   train_t *t;
   memset(res, 0, sizeof *res);
   res->eval_loss = NAN;
-  train_consumers_t k = {NULL, metrics, checkpoint, ctx};
-  train_opts_t o = {progress, train_consume, &k, NULL};
-  if (checkpoint) o.checkpoint = train_ckpt_forward; /* with ctx = &k, as metrics */
+  const train_hooks_t none = {0};
+  if (!h) h = &none;
+  train_consumers_t k = {NULL, h->metrics, h->checkpoint, h->ctx};
+  train_opts_t o = {progress, train_consume, &k, NULL, h->stop};
+  if (h->checkpoint) o.checkpoint = train_ckpt_forward; /* with ctx = &k, as metrics */
   int rc = train_open(&t, c, &o);
   if (rc) return rc;
   k.progress = t->opts.out; /* rank 0 speaks for the job */
   while (!rc && !train_done(t)) rc = train_step(t);
-  if (!rc) rc = train_finish(t);
+  if (!rc && train_stopped(t))
+    rc = err_set(FSDP_EPREEMPTED, "stopped after step %d of %d (asked to stop)%s", t->step,
+                 c->steps, t->ckpt_step == t->step ? "; its checkpoint is written" :
+                 c->checkpoint_dir[0] ? "" : "; no checkpoint_dir: a restart begins again");
+  else if (!rc) rc = train_finish(t);
   train_result(t, res);
   train_close(t);
   return rc;
 }
 
 int train_run(const config_t *c, FILE *progress, train_result_t *res) {
-  return train_run_with(c, progress, NULL, NULL, NULL, res);
+  return train_run_with(c, progress, NULL, res);
 }

@@ -13,6 +13,7 @@
 #ifndef FSDP_TRAIN_H
 #define FSDP_TRAIN_H
 
+#include <signal.h>
 #include <stdio.h>
 
 #include "daemon/job/ckpt.h"
@@ -59,7 +60,19 @@ typedef struct train_opts {
   train_metrics_cb metrics; /* called on every rank after every step; NULL: none */
   void *ctx;
   train_ckpt_cb checkpoint; /* called with ctx after each shard written; NULL: commit here */
+  /* set (by a signal handler) to stop: the ranks agree on it within the
+   * step (it rides with the loss's all-reduce), so all stop after the same
+   * step; NULL: never */
+  volatile sig_atomic_t *stop;
 } train_opts_t;
+
+/* What train_run_with hands the loop besides the progress lines. */
+typedef struct train_hooks {
+  train_metrics_cb metrics;   /* every rank, every step, after the progress line */
+  train_ckpt_cb checkpoint;   /* each shard this rank writes (the owner commits) */
+  void *ctx;
+  volatile sig_atomic_t *stop;
+} train_hooks_t;
 
 typedef struct train_result {
   int steps_done;
@@ -94,8 +107,10 @@ int train_open(train_t **out, const config_t *c, const train_opts_t *o);
  * evaluation when one is due; the metrics go to the callback. Every rank
  * calls it in lockstep. */
 int train_step(train_t *t);
-/* 1 once every step of the job is done. */
+/* 1 once every step of the job is done, or the ranks agreed to stop. */
 int train_done(const train_t *t);
+/* 1 when the ranks agreed to stop (train_opts_t.stop) before the last step. */
+int train_stopped(const train_t *t);
 /* After the last step: saves the weights (save) and prints a sample
  * (sample_tokens); every rank calls it. */
 int train_finish(train_t *t);
@@ -109,10 +124,12 @@ void train_close(train_t *t);
  * step (every FSDP_PROGRESS_EVERY steps) and the memory of the step printed
  * to progress by rank 0 (NULL: silent). */
 int train_run(const config_t *c, FILE *progress, train_result_t *res);
-/* train_run with one more consumer of the metrics, called on every rank after
- * every step, after the progress line, and of the checkpoint shards written
- * (fsdp-train's report channel to its node daemon, report.h); NULL: none. */
-int train_run_with(const config_t *c, FILE *progress, train_metrics_cb metrics,
-                   train_ckpt_cb checkpoint, void *ctx, train_result_t *res);
+/* train_run with hooks (fsdp-train's report channel to its node daemon,
+ * report.h, and its SIGTERM flag); NULL: none. A run stopped through
+ * hooks->stop writes a checkpoint of the step it stopped after (when the job
+ * has a checkpoint_dir and that step has none yet) and returns
+ * FSDP_EPREEMPTED. */
+int train_run_with(const config_t *c, FILE *progress, const train_hooks_t *hooks,
+                   train_result_t *res);
 
 #endif

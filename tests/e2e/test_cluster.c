@@ -251,6 +251,39 @@ Test(cluster, a_restarted_coordinator_lets_the_running_job_finish) {
   free(conf);
 }
 
+/* step-N directories under root that hold a manifest, the first in *first (-1: none). */
+static int committed_steps(const char *root, int steps, int every, int *first_odd) {
+  int n = 0;
+  *first_odd = -1;
+  for (int step = 1; step <= steps; step++) {
+    char man[800];
+    snprintf(man, sizeof man, "%s/step-%08d/manifest.json", root, step);
+    if (access(man, F_OK)) continue;
+    n++;
+    if (step % every && *first_odd < 0) *first_odd = step;
+  }
+  return n;
+}
+
+/* Compares the step's shard files of two checkpoint roots, byte for byte. */
+static void shards_identical(const char *a, const char *b, int step, int S) {
+  for (int j = 0; j < S; j++) {
+    char pa[900], pb[900];
+    snprintf(pa, sizeof pa, "%s/step-%08d/shard-%05d-of-%05d.fsdp", a, step, j, S);
+    snprintf(pb, sizeof pb, "%s/step-%08d/shard-%05d-of-%05d.fsdp", b, step, j, S);
+    FILE *fa = fopen(pa, "rb"), *fb = fopen(pb, "rb");
+    cr_assert(fa && fb, "%s or %s missing", pa, pb);
+    long n = 0;
+    int ca, cb;
+    do {
+      ca = fgetc(fa), cb = fgetc(fb);
+      cr_assert_eq(ca, cb, "%s and %s differ at byte %ld", pa, pb, n);
+      n++;
+    } while (ca != EOF);
+    fclose(fa), fclose(fb);
+  }
+}
+
 /* A rank killed (SIGKILL) after a committed checkpoint: the attempt fails,
  * the job restarts (max_restarts 1), its ranks resume from the latest
  * committed checkpoint (auto_resume), and the job ends with the bytes of the
@@ -318,21 +351,51 @@ Test(cluster, a_killed_rank_resumes_from_the_last_checkpoint_exactly) {
   snprintf(a, sizeof a, "-n 2 -- %s/bin/fsdp-train --config %s --checkpoint_dir %s", tu_root(),
            conf, ref);
   cr_assert_eq(tu_run_bin("fsdp-launch", a, out, sizeof out), 0, "%s", out);
-  for (int j = 0; j < 2; j++) {
-    char pa[900], pb[900];
-    snprintf(pa, sizeof pa, "%s/step-00003000/shard-%05d-of-00002.fsdp", ck, j);
-    snprintf(pb, sizeof pb, "%s/step-00003000/shard-%05d-of-00002.fsdp", ref, j);
-    FILE *fa = fopen(pa, "rb"), *fb = fopen(pb, "rb");
-    cr_assert(fa && fb, "%s or %s missing", pa, pb);
-    long n = 0;
-    int ca, cb;
-    do {
-      ca = fgetc(fa), cb = fgetc(fb);
-      cr_assert_eq(ca, cb, "%s and %s differ at byte %ld", pa, pb, n);
-      n++;
-    } while (ca != EOF);
-    fclose(fa), fclose(fb);
-  }
+  shards_identical(ck, ref, 3000, 2);
+  free(ck), free(ref), free(conf);
+}
+
+/* SIGTERM to the fsdpd of a running job (preemption): its ranks stop after
+ * the same step, write a checkpoint of it, exit 75; the job goes back to
+ * PENDING without spending a restart (max_restarts 0), runs on another node
+ * from that checkpoint, and ends with the bytes of an uninterrupted run. */
+Test(cluster, a_preempted_job_checkpoints_requeues_and_resumes_exactly) {
+  cluster_fsdpd_start(&node[0], coord.addr, "first", 2, NULL);
+  char *ck = tu_path("ck-preempt"), *ref = tu_path("ck-preempt-ref"), text[1024], a[2048];
+  static char out[1 << 16];
+  cr_assert_eq(mkdir(ck, 0777), 0);
+  chmod(ck, 0777);
+  cr_assert_eq(mkdir(ref, 0755), 0);
+  snprintf(text, sizeof text, "steps = 3000\n[output]\ncheckpoint_dir = %s\ncheckpoint_every = 1000\n",
+           ck);
+  char *conf = job_file("preempt.conf", text);
+  char job[32];
+  snprintf(job, sizeof job, "%s", submit(conf, "--ranks 2 --max-restarts 0"));
+  cr_assert(wait_state(job, "RUNNING", 10));
+  nanosleep(&(struct timespec){0, 800000000}, NULL); /* some hundreds of steps in */
+  cluster_stop(&node[0], SIGTERM);
+  cr_assert(wait_state(job, "PENDING", 10), "%s", state_of(job, out, sizeof out) ? out : "");
+  snprintf(a, sizeof a, "--output json status %s", job);
+  cluster_ctl(coord.addr, a, out, sizeof out);
+  cr_assert(strstr(out, "\"restarts\": 0") && strstr(out, "preempted"), "%s", out);
+  int odd;
+  cr_assert_geq(committed_steps(ck, 3000, 1000, &odd), 1);
+  cr_assert_gt(odd, 0, "no checkpoint of the step the job stopped at");
+  /* another node takes it, from that checkpoint */
+  cluster_fsdpd_start(&node[1], coord.addr, "second", 2, NULL);
+  snprintf(a, sizeof a, "watch %s", job);
+  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
+  snprintf(a, sizeof a, "logs %s --rank 0", job);
+  cluster_ctl(coord.addr, a, out, sizeof out);
+  char want[64];
+  snprintf(want, sizeof want, "at step %d ", odd);
+  cr_assert(strstr(out, "resumed from") && strstr(out, want), "not resumed at step %d:\n%.2000s",
+            odd, out);
+  setenv("FSDP_PROGRESS_EVERY", "500", 1);
+  snprintf(a, sizeof a, "-n 2 -- %s/bin/fsdp-train --config %s --checkpoint_dir %s", tu_root(),
+           conf, ref);
+  cr_assert_eq(tu_run_bin("fsdp-launch", a, out, sizeof out), 0, "%s", out);
+  shards_identical(ck, ref, 3000, 2);
   free(ck), free(ref), free(conf);
 }
 

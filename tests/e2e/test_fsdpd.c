@@ -37,6 +37,7 @@
 
 #include "daemon/common/err.h"
 #include "daemon/common/rpc.h"
+#include "daemon/job/job.h"
 #include "proto/fsdp.pb-c.h"
 #include "tests/unit/testutil.h"
 
@@ -61,6 +62,7 @@ typedef struct exit_rec {
   char job[32], message[512];
   uint32_t attempt, rank;
   int32_t exit_status, term_signal;
+  int node_stopping;
   double at;
 } exit_rec_t;
 
@@ -263,6 +265,7 @@ static void h_report_exit(rpc_call_t *call, const ProtobufCMessage *m, void *arg
     e->rank = req->rank;
     e->exit_status = req->exit_status;
     e->term_signal = req->term_signal;
+    e->node_stopping = req->node_stopping;
     e->at = tu_now_s();
   }
   pthread_mutex_unlock(&F.mu);
@@ -749,8 +752,10 @@ Test(fsdpd, a_kill_stops_both_ranks_within_the_grace_and_leaves_nothing, .timeou
   pthread_mutex_lock(&F.mu);
   for (int i = 0; i < 2; i++) {
     exit_rec_t *e = &F.exits[i];
-    cr_expect(e->term_signal == SIGTERM || e->term_signal == SIGKILL, "rank %u: signal %d, status %d",
-              e->rank, e->term_signal, e->exit_status);
+    /* SIGTERM: the rank stops at its step boundary (exit 75), or, stuck, SIGKILL */
+    cr_expect((!e->term_signal && e->exit_status == JOB_EXIT_PREEMPTED) || e->term_signal == SIGKILL,
+              "rank %u: signal %d, status %d", e->rank, e->term_signal, e->exit_status);
+    cr_expect(!e->node_stopping, "a kill order is not the node stopping");
     cr_expect_lt(e->at - t0, 1.0 + 1.0, "rank %u reported %.2f s after the kill", e->rank, e->at - t0);
   }
   pthread_mutex_unlock(&F.mu);
@@ -831,7 +836,15 @@ Test(fsdpd, sigterm_stops_the_ranks_reports_them_and_exits_0, .timeout = 40) {
   cr_expect_lt(tu_now_s() - t0, GRACE_S + 3.0);
   pthread_mutex_lock(&F.mu);
   cr_expect_eq(F.nexits, 2, "both exits reported before fsdpd exited");
-  for (int i = 0; i < F.nexits; i++) cr_expect_eq(F.exits[i].term_signal, SIGTERM);
+  for (int i = 0; i < F.nexits; i++) {
+    /* each rank stopped at its step boundary and said so (exit 75), and the
+     * report says the node is stopping: its job is requeued, not failed */
+    cr_expect(!F.exits[i].term_signal && F.exits[i].exit_status == JOB_EXIT_PREEMPTED,
+              "rank %u: signal %d, status %d", F.exits[i].rank, F.exits[i].term_signal,
+              F.exits[i].exit_status);
+    cr_expect(F.exits[i].node_stopping, "rank %u's exit does not say the node is stopping",
+              F.exits[i].rank);
+  }
   pthread_mutex_unlock(&F.mu);
   for (int i = 0; i < 2; i++) cr_expect(!group_alive(pids[i]), "rank pid %d's group outlived fsdpd", pids[i]);
 }

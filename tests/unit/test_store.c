@@ -17,6 +17,7 @@
 
 #include "daemon/common/err.h"
 #include "daemon/coordinator/store.h"
+#include "daemon/job/job.h"
 
 static char dir[256];
 
@@ -813,5 +814,33 @@ Test(store, checkpoints_open_commit_abort_and_are_fenced) {
   cr_assert_eq(store_ckpt_list(st, job, &v, &n), 0);
   cr_assert_eq(n, 1, "retention forgets the row");
   store_array_free(v);
+  store_close(st);
+}
+
+/* Ranks that stopped on SIGTERM (JOB_EXIT_PREEMPTED) end their attempt as
+ * preempted once every rank is gone: the job goes back to PENDING without
+ * spending a restart; a failed rank among them still fails it. */
+Test(store, a_preempted_attempt_is_requeued_without_a_restart) {
+  store_t *st = open_db("state.db");
+  int64_t node = add_node(st, "n0", 2);
+  int64_t job = submit(st, "pre", 2, 0), epoch;
+  cr_assert_eq(start_on(st, job, node, 2, &epoch), 0);
+  store_attempt_verdict_t v;
+  cr_assert_eq(store_rank_exit(st, job, 1, 0, JOB_EXIT_PREEMPTED, &v), 0);
+  cr_assert_eq(v, STORE_ATTEMPT_GOING, "the other rank still writes its checkpoint");
+  cr_assert_eq(store_rank_exit(st, job, 1, 1, JOB_EXIT_PREEMPTED, &v), 0);
+  cr_assert_eq(v, STORE_ATTEMPT_PREEMPTED);
+  cr_assert_eq(store_attempt_requeue(st, job, 1, "node n-1 stopping"), 0, "%s", err_msg());
+  store_job_t j = get_job(st, job);
+  cr_assert(j.state == STORE_JOB_PENDING && j.restarts == 0, "state %d restarts %d", j.state,
+            j.restarts);
+  cr_assert(strstr(j.reason, "requeued") && strstr(j.reason, "node n-1 stopping"), "%s", j.reason);
+  store_job_free(&j);
+  cr_assert_eq(n_free(st), 2, "its devices are free");
+  /* attempt 2: one preempted, one failed: that fails it */
+  cr_assert_eq(start_on(st, job, node, 2, &epoch), 0);
+  cr_assert_eq(store_rank_exit(st, job, 2, 0, JOB_EXIT_PREEMPTED, &v), 0);
+  cr_assert_eq(store_rank_exit(st, job, 2, 1, 1, &v), 0);
+  cr_assert_eq(v, STORE_ATTEMPT_FAILED);
   store_close(st);
 }
