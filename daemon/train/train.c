@@ -129,10 +129,15 @@ static int train_resume(train_t *t) {
 /* Writes this rank's shard of the checkpoint of the step just done (the
  * first replica's ranks; the others hold the same shards), then commits the
  * checkpoint when every shard is there: whichever rank finishes last sees
- * them all. Nobody waits for anybody. */
+ * them all. Nobody waits for anybody. A shard that cannot be written (a full
+ * disk) is said and left out, and training goes on: a checkpoint missing a
+ * shard never commits. */
 static int train_checkpoint(train_t *t) {
   const config_t *c = &t->cfg;
-  if (shard_place(&t->mesh, t->boot.rank).replica != 0) return FSDP_OK;
+  if (shard_place(&t->mesh, t->boot.rank).replica != 0) { /* the first replica writes */
+    t->ckpt_step = t->step;
+    return FSDP_OK;
+  }
   precision_t prec;
   precision_parse(c->precision, &prec);
   ckpt_rank_meta_t m = {t->step, t->pos.epoch, t->pos.index, c->seed, t->mesh, prec,
@@ -141,7 +146,17 @@ static int train_checkpoint(train_t *t) {
   char dir[CONFIG_PATH_MAX + 32];
   const double t0 = train_now();
   int rc = ckpt_rank_save(t->runtime, &m, c->checkpoint_dir, &rep, dir, sizeof dir);
-  if (rc) return err_wrap(rc, "step %d: checkpoint", t->step);
+  if (rc) {
+    /* nothing of it is left under a shard's name, so it never commits (its
+     * committer times it out); training goes on, and the last committed
+     * checkpoint stays the one a restart takes */
+    LOG_WARN("train", "rank %d: checkpoint of step %d not written: %s; training goes on",
+             t->boot.rank, t->step, err_msg());
+    if (t->opts.out)
+      fprintf(t->opts.out, "train: checkpoint step %d NOT written (%s); training goes on\n",
+              t->step, err_msg());
+    return FSDP_OK;
+  }
   t->ckpt_step = t->step;
   const double t1 = train_now();
   if (t->opts.checkpoint) { /* the owner commits (the coordinator, through fsdpd) */
@@ -483,7 +498,8 @@ int train_run_with(const config_t *c, FILE *progress, const train_hooks_t *h,
   if (!rc && train_stopped(t))
     rc = err_set(FSDP_EPREEMPTED, "stopped after step %d of %d (asked to stop)%s", t->step,
                  c->steps, t->ckpt_step == t->step ? "; its checkpoint is written" :
-                 c->checkpoint_dir[0] ? "" : "; no checkpoint_dir: a restart begins again");
+                 c->checkpoint_dir[0] ? "; its checkpoint could not be written here (see above)"
+                                      : "; no checkpoint_dir: a restart begins again");
   else if (!rc) rc = train_finish(t);
   train_result(t, res);
   train_close(t);

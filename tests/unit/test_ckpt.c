@@ -415,3 +415,41 @@ Test(ckpt, options_are_checked) {
   cr_assert_neq(config_finish(&c), 0);
   cr_assert_not_null(strstr(err_msg(), "init_from"), "%s", err_msg());
 }
+
+/* ---- a full disk --------------------------------------------------------------- */
+
+/* A checkpoint_dir on a 2 MiB tmpfs (in a mount namespace of its own, so
+ * nothing outlives the test): step 4's checkpoint fits, step 8's does not.
+ * Training goes on to the end; step 8 has no manifest and no temporary file
+ * left, step 4 stays committed and whole, and it is the latest. */
+Test(ckpt, a_full_disk_leaves_no_partial_checkpoint_and_training_goes_on, .timeout = 120) {
+  if (geteuid() != 0) cr_skip_test("needs root to mount a small tmpfs in its own mount namespace");
+  char *mnt = mkdir_tmp("small"), cmd[8192];
+  snprintf(cmd, sizeof cmd,
+           "unshare -m --propagation private sh -c '"
+           "mount -t tmpfs -o size=2m tmpfs %s || { echo mount-failed; exit 0; }; "
+           "FSDP_PROGRESS_EVERY=100 %s/bin/fsdp-launch -n 2 -- %s/bin/fsdp-train " COMMON
+           " --data %s --steps 12 --batch 2 --checkpoint_dir %s --checkpoint_every 4; "
+           "echo launch=$?; for d in %s/step-*; do echo \"== $d\"; ls -a $d; done' 2>&1",
+           mnt, tu_root(), tu_root(), data_file(), mnt, mnt);
+  FILE *p = popen(cmd, "r");
+  cr_assert_not_null(p);
+  static char out[1 << 17];
+  size_t n = fread(out, 1, sizeof out - 1, p);
+  out[n] = 0;
+  pclose(p);
+  if (strstr(out, "mount-failed")) cr_skip_test("cannot mount a tmpfs here:\n%s", out);
+  cr_assert_not_null(strstr(out, "launch=0"), "training did not go on to the end:\n%s", out);
+  cr_assert_not_null(strstr(out, "NOT written"), "no rank said its shard was not written:\n%s", out);
+  char *s4 = strstr(out, "== "), *s8 = s4 ? strstr(s4 + 3, "== ") : NULL;
+  cr_assert(s4 && s8 && strstr(s4, "step-00000004") < s8 && strstr(s8, "step-00000008"), "%s", out);
+  *s8 = 0; /* s4: step 4's listing */
+  cr_assert(strstr(s4, CKPT_MANIFEST) && strstr(s4, "shard-00000-of-00002.fsdp") &&
+            strstr(s4, "shard-00001-of-00002.fsdp"), "step 4 is not whole:\n%s", s4);
+  s8[0] = '=';
+  char *s12 = strstr(s8 + 3, "== ");
+  if (s12) *s12 = 0;
+  cr_assert_null(strstr(s8, CKPT_MANIFEST), "step 8 was committed without space:\n%s", s8);
+  cr_assert_null(strstr(s8, ".tmp."), "a temporary file was left:\n%s", s8);
+  free(mnt);
+}
