@@ -15,6 +15,7 @@
  *     PRAGMA integrity_check is ok.
  * Ranks run as nobody when the test runs as root. */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -352,6 +353,79 @@ Test(cluster, a_killed_rank_resumes_from_the_last_checkpoint_exactly) {
            conf, ref);
   cr_assert_eq(tu_run_bin("fsdp-launch", a, out, sizeof out), 0, "%s", out);
   shards_identical(ck, ref, 3000, 2);
+  free(ck), free(ref), free(conf);
+}
+
+/* The pid in a rank's temporary shard name under root (".shard-J-of-S.fsdp.tmp.PID"),
+ * and its step, while one is being written; 0 when none is. */
+static pid_t shard_writer(const char *root, int *step) {
+  DIR *d = opendir(root);
+  pid_t pid = 0;
+  for (struct dirent *e; d && !pid && (e = readdir(d));) {
+    int st;
+    if (sscanf(e->d_name, "step-%d", &st) != 1) continue;
+    char sub[900];
+    snprintf(sub, sizeof sub, "%s/%s", root, e->d_name);
+    DIR *s = opendir(sub);
+    for (struct dirent *f; s && !pid && (f = readdir(s));) {
+      const char *t = strstr(f->d_name, ".tmp.");
+      if (f->d_name[0] == '.' && t && !strncmp(f->d_name, ".shard-", 7)) pid = atoi(t + 5), *step = st;
+    }
+    if (s) closedir(s);
+  }
+  if (d) closedir(d);
+  return pid;
+}
+
+/* A rank SIGKILLed while it writes its shard: that checkpoint never
+ * commits, the attempt fails, the restarted one resumes from the checkpoint
+ * before (the half-written one is never loaded), and the job ends with the
+ * bytes of an uninterrupted run. */
+Test(cluster, a_rank_killed_while_writing_its_shard_resumes_from_the_previous_checkpoint) {
+  cluster_fsdpd_start(&node[0], coord.addr, "solo", 2, NULL);
+  char *ck = tu_path("ck-midwrite"), *ref = tu_path("ck-midwrite-ref"), text[1024], a[2048];
+  static char out[1 << 16];
+  cr_assert_eq(mkdir(ck, 0777), 0);
+  chmod(ck, 0777);
+  cr_assert_eq(mkdir(ref, 0755), 0);
+  /* the small preset: a shard of ~19 MB takes long enough to be caught writing */
+  snprintf(text, sizeof text, "steps = 300\neval_batches = 2\n[model]\nmodel = small\n[output]\n"
+           "checkpoint_dir = %s\ncheckpoint_every = 30\n", ck);
+  char *conf = job_file("midwrite.conf", text);
+  char job[32];
+  snprintf(job, sizeof job, "%s", submit(conf, "--ranks 2 --max-restarts 1"));
+  char man[800];
+  snprintf(man, sizeof man, "%s/step-00000030/manifest.json", ck);
+  double t0 = tu_now_s();
+  while (access(man, F_OK) && tu_now_s() - t0 < 60) nanosleep(&(struct timespec){0, 5000000}, NULL);
+  cr_assert_eq(access(man, F_OK), 0, "no committed checkpoint within 60 s");
+  int killed_step = 0;
+  pid_t writer = 0;
+  for (t0 = tu_now_s(); !writer && tu_now_s() - t0 < 30;) {
+    writer = shard_writer(ck, &killed_step);
+    if (!writer) nanosleep(&(struct timespec){0, 500000}, NULL);
+  }
+  cr_assert_gt(writer, 0, "no shard caught being written within 30 s");
+  cr_assert_eq(kill(writer, SIGKILL), 0, "pid %d", writer);
+  snprintf(a, sizeof a, "watch %s", job);
+  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
+  snprintf(a, sizeof a, "--output json status %s", job);
+  cluster_ctl(coord.addr, a, out, sizeof out);
+  cr_assert(strstr(out, "\"restarts\": 1"), "%s", out);
+  snprintf(a, sizeof a, "logs %s --rank 0", job);
+  cluster_ctl(coord.addr, a, out, sizeof out);
+  const char *r = strstr(out, "resumed from ");
+  cr_assert_not_null(r, "attempt 2 did not resume:\n%.3000s", out);
+  int from = -1;
+  const char *at = strstr(r, " at step ");
+  cr_assert(at && sscanf(at, " at step %d", &from) == 1, "%s", r);
+  cr_assert(from >= 30 && from < killed_step, "resumed at step %d; the shard of step %d was being "
+            "written when its rank was killed", from, killed_step);
+  setenv("FSDP_PROGRESS_EVERY", "500", 1);
+  snprintf(a, sizeof a, "-n 2 -- %s/bin/fsdp-train --config %s --checkpoint_dir %s", tu_root(),
+           conf, ref);
+  cr_assert_eq(tu_run_bin("fsdp-launch", a, out, sizeof out), 0, "%s", out);
+  shards_identical(ck, ref, 300, 2);
   free(ck), free(ref), free(conf);
 }
 
