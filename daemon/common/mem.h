@@ -15,7 +15,8 @@
 /* XX(enum suffix, printed name). host_offload is state kept in host memory
  * off the device (offloaded master weights, gradients and AdamW state); on
  * CPU devices it is the same memory, counted apart so a plan for a GPU can
- * tell device bytes from host bytes. */
+ * tell device bytes from host bytes. ckpt_snapshot is the host copy of the
+ * shard an asynchronous checkpoint is written from while training goes on. */
 #define MEM_CATEGORY_LIST(XX)          \
   XX(PARAMS, "params")                 \
   XX(PARAMS_GATHERED, "params_gathered") \
@@ -24,7 +25,8 @@
   XX(ACTS, "activations")              \
   XX(COMM, "comm")                     \
   XX(WORKSPACE, "workspace")            \
-  XX(OFFLOAD, "host_offload")
+  XX(OFFLOAD, "host_offload")          \
+  XX(SNAPSHOT, "ckpt_snapshot")
 
 typedef enum {
 #define XX(e, s) MEM_##e,

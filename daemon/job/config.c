@@ -70,6 +70,7 @@ static const config_opt_t config_opts[] = {
     {"checkpoint_dir", "output", STR(checkpoint_dir), "directory of the job's checkpoints: step-N/ holds a shard file per shard rank and, once committed, manifest.json (docs/FORMATS.md)"},
     {"checkpoint_every", "output", CFG_INT, OFF(checkpoint_every), 0, 0, 1e9, "steps between checkpoints (0: none); needs checkpoint_dir"},
     {"keep_checkpoints", "output", CFG_INT, OFF(keep_checkpoints), 0, 0, 1e6, "committed checkpoints kept, the newest (0: all); the latest is never removed"},
+    {"checkpoint_async", "output", CFG_INT, OFF(checkpoint_async), 0, 0, 1, "1: copy the shard into a host snapshot (planned memory: ckpt_snapshot) and write it on a thread while training goes on; 0, or when the snapshot does not fit: write in place, the step waits"},
     {"auto_resume", "output", CFG_INT, OFF(auto_resume), 0, 0, 1, "1: without resume_from, start from the latest committed checkpoint in checkpoint_dir when there is one (a restarted job goes on where it was)"},
     {"sample_tokens", "output", CFG_INT, OFF(sample_tokens), 0, 0, 1 << 20, "tokens to generate after training, to look at"},
     {"sample_prompt", "output", STR(sample_prompt), "prompt for the sample (byte-level models; in a job file, quote it to keep spaces at either end)"},
@@ -91,6 +92,7 @@ void config_default(config_t *c) {
   c->grad_accum = 1;
   c->auto_resume = 1;
   c->keep_checkpoints = 3;
+  c->checkpoint_async = 1;
   c->seed = 1337;
   c->eval_batches = 8;
   c->lr = 6e-4f;

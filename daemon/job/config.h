@@ -62,6 +62,7 @@ typedef struct config {
   char checkpoint_dir[CONFIG_PATH_MAX]; /* root of the job's checkpoints ("" : none) */
   int checkpoint_every;       /* steps between checkpoints (0: none) */
   int keep_checkpoints;       /* committed checkpoints kept (0: all) */
+  int checkpoint_async;       /* 1: snapshot, then write on a thread */
   int auto_resume;            /* 1: no resume_from: checkpoint_dir's latest, when there is one */
   int sample_tokens;          /* tokens to generate after training (0: none) */
   char sample_prompt[256];    /* prompt text for byte-level models */

@@ -171,6 +171,9 @@ static int plan_runtime(const config_t *c, int world, plan_t *p) {
   /* the shard: master weights, gradient, AdamW m and v (fp32, or bf16 under
    * bf16-true), in host_offload when offloaded */
   const size_t sh = l->shard_total * e;
+  /* an asynchronous checkpoint's host snapshot: parameters, m and v */
+  if (c->checkpoint_dir[0] && c->checkpoint_every && c->checkpoint_async)
+    p->bytes[MEM_SNAPSHOT] = 3 * sh;
   p->bytes[c->offload ? MEM_OFFLOAD : MEM_PARAMS] += sh;
   p->bytes[c->offload ? MEM_OFFLOAD : MEM_GRADS] += sh;
   p->bytes[c->offload ? MEM_OFFLOAD : MEM_OPTIM] += 2 * sh;
@@ -270,6 +273,14 @@ static int plan_advice(const plan_t *p, const config_t *c, size_t limit, char *o
       return snprintf(out, len, "shard the model over %d ranks (FULL_SHARD, %.0f MiB per rank)", w,
                       MIB(t)), 1;
   return 0;
+}
+
+int plan_fit_snapshot(config_t *c, int world, plan_t *p, size_t limit) {
+  if (!limit || p->total <= limit || !p->bytes[MEM_SNAPSHOT] ||
+      p->total - p->bytes[MEM_SNAPSHOT] > limit)
+    return 0;
+  c->checkpoint_async = 0; /* fits without the snapshot: checkpoints are written in place */
+  return plan_job(c, world, p) ? 0 : 1;
 }
 
 int plan_check(const plan_t *p, const config_t *c, size_t limit) {

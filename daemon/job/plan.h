@@ -46,6 +46,10 @@ size_t plan_host_available(void);
  * otherwise an error that states both numbers, what takes the most, and the
  * first single change that makes the job fit (activation checkpointing,
  * FULL_SHARD, reducing every micro-batch, more ranks...). */
+/* When p exceeds limit only by an asynchronous checkpoint's snapshot, turns
+ * checkpoint_async off in c (checkpoints are then written in place, the step
+ * waiting) and replans: 1 when it did. */
+int plan_fit_snapshot(config_t *c, int world, plan_t *p, size_t limit);
 int plan_check(const plan_t *p, const config_t *c, size_t limit);
 /* plan_check against a limit described by what ("the smallest device it
  * could land on"), which the message names as where the limit comes from. */

@@ -2,6 +2,8 @@
 #include "ckpt_rank.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <sched.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -12,6 +14,7 @@
 #include <xxhash.h>
 
 #include "daemon/common/err.h"
+#include "daemon/common/log.h"
 #include "kernels/kern_math.h"
 #include "shard_rank.h"
 
@@ -42,7 +45,7 @@ static int ckpt_write_section(const kern_backend_t *be, int fd, const char *path
   for (uint64_t off = 0; off < s->bytes; off += CKPT_WRITE) {
     const size_t n = s->bytes - off < CKPT_WRITE ? (size_t)(s->bytes - off) : CKPT_WRITE;
     const uint8_t *p = src + off;
-    if (stage) { /* the device's memory is not the host's: one chunk through the stage */
+    if (stage && be) { /* the device's memory is not the host's: one chunk through the stage */
       be->copy_d2h(stage, p, n);
       be->sync();
       p = stage;
@@ -55,51 +58,95 @@ static int ckpt_write_section(const kern_backend_t *be, int fd, const char *path
   return FSDP_OK;
 }
 
-int ckpt_rank_save(fsdp_t *f, const ckpt_rank_meta_t *meta, const char *root,
-                   ckpt_shard_report_t *rep, char *dir, size_t len) {
+/* img's header for this rank's state, and its sections' device buffers. */
+static int ckpt_rank_prepare(fsdp_t *f, const ckpt_rank_meta_t *meta, ckpt_rank_image_t *img) {
   fsdp_state_t st;
   fsdp_state(f, &st);
   const shard_layout_t *l = st.layout;
-  const kern_backend_t *be = st.be;
-  ckpt_step_dir(dir, len, root, meta->step);
+  memset(img, 0, sizeof *img);
+  img->be = st.be;
+  ckpt_header_t *h = &img->h;
+  h->shard_rank = st.shard_rank, h->shards = l->S, h->replicas = meta->mesh.replicas;
+  h->strategy = (int32_t)meta->mesh.strategy, h->precision = (int32_t)meta->precision;
+  h->model = *gpt_get_config(fsdp_model(f));
+  h->min_params = meta->min_params, h->shard_total = l->shard_total, h->step = meta->step;
+  h->data_epoch = meta->data_epoch, h->data_index = meta->data_index;
+  h->adam_steps = adamw_step_count(st.opt), h->seed = meta->seed;
+  h->num_units = (uint32_t)l->num_units;
+  h->num_sections = CKPT_SECTIONS;
+  ckpt_bufs_t b;
+  ckpt_rank_bufs(&st, &b);
+  for (int i = 0; i < CKPT_SECTIONS; i++) {
+    h->sec[i] = (ckpt_section_t){b.kind[i], b.dtype[i], 0,
+                                 l->shard_total * ckpt_dtype_bytes(b.dtype[i]), NULL};
+    img->src[i] = b.ptr[i];
+  }
+  if (!(h->units = malloc((size_t)l->num_units * sizeof *h->units)))
+    return err_set(FSDP_ENOMEM, "checkpoint: out of memory");
+  memcpy(h->units, l->units, (size_t)l->num_units * sizeof *h->units);
+  return ckpt_header_layout(h);
+}
+
+void ckpt_rank_image_free(ckpt_rank_image_t *img) { ckpt_header_free(&img->h); }
+
+void ckpt_rank_writer_priority(void) {
+  struct sched_param sp = {0};
+  if (pthread_setschedparam(pthread_self(), SCHED_IDLE, &sp))
+    LOG_DEBUG("ckpt", "the checkpoint writer keeps its priority (SCHED_IDLE refused)");
+}
+
+size_t ckpt_rank_snapshot_bytes(fsdp_t *f) {
+  fsdp_state_t st;
+  fsdp_state(f, &st);
+  ckpt_bufs_t b;
+  ckpt_rank_bufs(&st, &b);
+  size_t n = 0;
+  for (int i = 0; i < CKPT_SECTIONS; i++) n += st.layout->shard_total * ckpt_dtype_bytes(b.dtype[i]);
+  return n;
+}
+
+int ckpt_rank_snapshot(fsdp_t *f, const ckpt_rank_meta_t *meta, void *snap, ckpt_rank_image_t *img) {
+  int rc = ckpt_rank_prepare(f, meta, img);
+  if (rc) {
+    ckpt_rank_image_free(img);
+    return rc;
+  }
+  uint8_t *p = snap;
+  for (int i = 0; i < CKPT_SECTIONS; i++) { /* one copy per section, device to host */
+    img->be->copy_d2h(p, img->src[i], img->h.sec[i].bytes);
+    img->src[i] = p;
+    p += img->h.sec[i].bytes;
+  }
+  img->be->sync();
+  img->be = NULL; /* the sections are host memory now */
+  return FSDP_OK;
+}
+
+int ckpt_rank_write(ckpt_rank_image_t *img, const char *root, ckpt_shard_report_t *rep, char *dir,
+                    size_t len) {
+  ckpt_header_t *h = &img->h;
+  ckpt_step_dir(dir, len, root, h->step);
   if (mkdir(dir, 0755) && errno != EEXIST)
     return err_set_errno(err_from_errno(errno), errno, "checkpoint_dir: cannot create %s; the "
                          "checkpoint directory must exist and be writable", dir);
-  ckpt_header_t h = {0};
-  h.shard_rank = st.shard_rank, h.shards = l->S, h.replicas = meta->mesh.replicas;
-  h.strategy = (int32_t)meta->mesh.strategy, h.precision = (int32_t)meta->precision;
-  h.model = *gpt_get_config(fsdp_model(f));
-  h.min_params = meta->min_params, h.shard_total = l->shard_total, h.step = meta->step;
-  h.data_epoch = meta->data_epoch, h.data_index = meta->data_index;
-  h.adam_steps = adamw_step_count(st.opt), h.seed = meta->seed;
-  h.num_units = (uint32_t)l->num_units;
-  h.num_sections = CKPT_SECTIONS;
-  ckpt_bufs_t b;
-  ckpt_rank_bufs(&st, &b);
-  for (int i = 0; i < CKPT_SECTIONS; i++)
-    h.sec[i] = (ckpt_section_t){b.kind[i], b.dtype[i], 0,
-                                l->shard_total * ckpt_dtype_bytes(b.dtype[i]), NULL};
   char name[CKPT_NAME_MAX], path[4096], tmp[4096];
-  ckpt_shard_name(name, sizeof name, st.shard_rank, l->S);
+  ckpt_shard_name(name, sizeof name, h->shard_rank, h->shards);
   snprintf(path, sizeof path, "%s/%s", dir, name);
   snprintf(tmp, sizeof tmp, "%s/.%s.tmp.%d", dir, name, (int)getpid());
   uint8_t *stage = NULL, *hdr = NULL;
-  int fd = -1, rc;
-  h.units = malloc((size_t)l->num_units * sizeof *h.units);
-  if (!h.units || (!be->host_memory && !(stage = malloc(CKPT_WRITE)))) {
+  int fd = -1, rc = FSDP_OK;
+  if (img->be && !img->be->host_memory && !(stage = malloc(CKPT_WRITE))) {
     rc = err_set(FSDP_ENOMEM, "checkpoint: out of memory");
     goto out;
   }
-  memcpy(h.units, l->units, (size_t)l->num_units * sizeof *h.units);
-  if ((rc = ckpt_header_layout(&h))) goto out;
   if ((fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0) {
     rc = err_set_errno(err_from_errno(errno), errno, "checkpoint: cannot create %s", tmp);
     goto out;
   }
   for (int i = 0; !rc && i < CKPT_SECTIONS; i++)
-    rc = ckpt_write_section(be, fd, tmp, st.shard_rank, &h.sec[i], b.ptr[i], stage);
-  if (!rc && !(rc = ckpt_header_encode(&h, &hdr)))
-    rc = shard_file_io(fd, hdr, h.header_bytes, 0, 1, st.shard_rank, tmp);
+    rc = ckpt_write_section(img->be, fd, tmp, h->shard_rank, &h->sec[i], img->src[i], stage);
+  if (!rc && !(rc = ckpt_header_encode(h, &hdr)))
+    rc = shard_file_io(fd, hdr, h->header_bytes, 0, 1, h->shard_rank, tmp);
   if (!rc && fsync(fd)) rc = err_set_errno(err_from_errno(errno), errno, "checkpoint: fsync %s", tmp);
   if (close(fd) && !rc) rc = err_set_errno(err_from_errno(errno), errno, "checkpoint: close %s", tmp);
   fd = -1;
@@ -107,7 +154,7 @@ int ckpt_rank_save(fsdp_t *f, const ckpt_rank_meta_t *meta, const char *root,
     rc = err_set_errno(err_from_errno(errno), errno, "checkpoint: rename %s", tmp);
   if (!rc) rc = ckpt_fsync_dir(dir);
   if (!rc) {
-    *rep = (ckpt_shard_report_t){st.shard_rank, "", ckpt_file_bytes(&h), h.sum};
+    *rep = (ckpt_shard_report_t){h->shard_rank, "", ckpt_file_bytes(h), h->sum};
     snprintf(rep->name, sizeof rep->name, "%s", name);
   }
 out:
@@ -115,7 +162,15 @@ out:
   if (rc) unlink(tmp); /* nothing half-written stays, under any name */
   free(hdr);
   free(stage);
-  ckpt_header_free(&h);
+  return rc;
+}
+
+int ckpt_rank_save(fsdp_t *f, const ckpt_rank_meta_t *meta, const char *root,
+                   ckpt_shard_report_t *rep, char *dir, size_t len) {
+  ckpt_rank_image_t img;
+  int rc = ckpt_rank_prepare(f, meta, &img);
+  if (!rc) rc = ckpt_rank_write(&img, root, rep, dir, len);
+  ckpt_rank_image_free(&img);
   return rc;
 }
 

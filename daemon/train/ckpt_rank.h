@@ -33,10 +33,32 @@ typedef struct ckpt_rank_meta {
 } ckpt_rank_meta_t;
 
 /* Writes this rank's shard of the checkpoint of meta->step under root (the
- * step directory is made when missing). *rep gets what to report; dir (len
- * bytes) the step directory. */
+ * step directory is made when missing), from its buffers: the caller waits.
+ * *rep gets what to report; dir (len bytes) the step directory. */
 int ckpt_rank_save(fsdp_t *f, const ckpt_rank_meta_t *meta, const char *root,
                    ckpt_shard_report_t *rep, char *dir, size_t len);
+
+/* A shard ready to be written: its header and where each section's bytes
+ * are (a device's buffers, or a host snapshot). */
+typedef struct ckpt_rank_image {
+  ckpt_header_t h;
+  const void *src[CKPT_SECTIONS];
+  const kern_backend_t *be; /* the device the sections are on; NULL: host memory */
+} ckpt_rank_image_t;
+/* Host bytes a snapshot of this rank's shard takes (parameters, m and v). */
+size_t ckpt_rank_snapshot_bytes(fsdp_t *f);
+/* Asynchronous checkpoints: copies this rank's state into snap (of
+ * ckpt_rank_snapshot_bytes) and prepares img to be written from it; the
+ * runtime may train on at once. */
+int ckpt_rank_snapshot(fsdp_t *f, const ckpt_rank_meta_t *meta, void *snap, ckpt_rank_image_t *img);
+/* Writes img under root as ckpt_rank_save does; it touches nothing of the
+ * runtime, so a thread of its own may run it. */
+int ckpt_rank_write(ckpt_rank_image_t *img, const char *root, ckpt_shard_report_t *rep, char *dir,
+                    size_t len);
+void ckpt_rank_image_free(ckpt_rank_image_t *img);
+/* Called first on a writer thread: it runs only on CPU time training leaves
+ * (SCHED_IDLE), so the write never slows the steps by taking a core. */
+void ckpt_rank_writer_priority(void);
 /* Loads the committed checkpoint in dir into f's shards and optimizer; meta
  * gets its step, data position and seed. */
 int ckpt_rank_load(fsdp_t *f, const char *dir, ckpt_rank_meta_t *meta);

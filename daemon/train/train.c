@@ -5,6 +5,8 @@
 #include "train.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <fcntl.h>
 #include <math.h>
 #include <stdlib.h>
@@ -23,6 +25,20 @@
 #include "sample.h"
 #include "daemon/job/shard.h"
 
+/* The thread writing an asynchronous checkpoint from the snapshot. */
+typedef struct train_writer {
+  pthread_t thread;
+  int busy;                 /* started, not joined */
+  atomic_int done;          /* the thread finished */
+  ckpt_rank_image_t img;
+  char root[CONFIG_PATH_MAX];
+  int step, rc;
+  char err[1024];
+  char dir[CONFIG_PATH_MAX + 32];
+  ckpt_shard_report_t rep;
+  double write_ms;
+} train_writer_t;
+
 struct train {
   config_t cfg;       /* finished (config_finish) */
   train_opts_t opts;  /* opts.out is NULL on every rank but 0: one voice per job */
@@ -40,6 +56,9 @@ struct train {
   int first_step;     /* steps done when this run began: 0, or a resumed checkpoint's */
   int stop_agreed;    /* the ranks agreed to stop after this step (opts.stop) */
   int ckpt_step;      /* the step of the last checkpoint written (-1: none) */
+  void *snapshot;     /* host copy an asynchronous checkpoint is written from (MEM_SNAPSHOT) */
+  train_writer_t writer;
+  double ckpt_lost_s; /* training time the checkpoints cost (the step waited) */
   double t_start, t_after_first;
   train_result_t res;
 };
@@ -132,6 +151,69 @@ static int train_resume(train_t *t) {
  * them all. Nobody waits for anybody. A shard that cannot be written (a full
  * disk) is said and left out, and training goes on: a checkpoint missing a
  * shard never commits. */
+/* A shard written: the owner commits it (the coordinator, through fsdpd,
+ * when it gave a hook), else this rank tries (the last to finish succeeds). */
+static void train_ckpt_written(train_t *t, int step, const char *dir, const ckpt_shard_report_t *rep,
+                               double ms, const char *how) {
+  const config_t *c = &t->cfg;
+  int rc;
+  if (t->opts.checkpoint) {
+    train_ckpt_t k = {t->boot.rank, step, dir, rep};
+    rc = t->opts.checkpoint(t->opts.ctx, &k);
+  } else {
+    rc = ckpt_commit(dir, t->mesh.shards, NULL);
+    if (rc && rc != FSDP_ENOENT) /* a shard still missing is the others' to commit */
+      LOG_WARN("train", "step %d: checkpoint %s not committed: %s", step, dir, err_msg());
+    if (!rc) ckpt_retain(c->checkpoint_dir, c->keep_checkpoints);
+  }
+  if (t->opts.out)
+    fprintf(t->opts.out, "train: checkpoint step %d: %s (%s, %.1f MiB %s %.0f ms)%s\n", step,
+            dir, rep->name, (double)rep->bytes / (1 << 20), how, ms,
+            t->opts.checkpoint ? ", reported" : rc ? "" : ", committed");
+}
+
+/* A shard that could not be written: nothing of it is left under a shard's
+ * name, so it never commits (its committer times it out); training goes
+ * on, and the last committed checkpoint stays the one a restart takes. */
+static void train_ckpt_failed(train_t *t, int step, const char *why) {
+  LOG_WARN("train", "rank %d: checkpoint of step %d not written: %s; training goes on",
+           t->boot.rank, step, why);
+  if (t->opts.out)
+    fprintf(t->opts.out, "train: checkpoint step %d NOT written (%s); training goes on\n", step, why);
+}
+
+static void *train_writer_main(void *arg) {
+  train_writer_t *w = arg;
+  ckpt_rank_writer_priority();
+  const double t0 = train_now();
+  w->rc = ckpt_rank_write(&w->img, w->root, &w->rep, w->dir, sizeof w->dir);
+  if (w->rc) snprintf(w->err, sizeof w->err, "%s", err_msg()); /* err_msg is per thread */
+  w->write_ms = 1e3 * (train_now() - t0);
+  atomic_store(&w->done, 1);
+  return NULL;
+}
+
+/* Waits for the shard being written (wait 0: only if it is done), then
+ * reports or commits it. */
+static void train_writer_finish(train_t *t, int wait) {
+  train_writer_t *w = &t->writer;
+  if (!w->busy || (!wait && !atomic_load(&w->done))) return;
+  pthread_join(w->thread, NULL);
+  w->busy = 0;
+  ckpt_rank_image_free(&w->img);
+  if (w->rc && t->ckpt_step == w->step) t->ckpt_step = -1;
+  if (w->rc) train_ckpt_failed(t, w->step, w->err);
+  else train_ckpt_written(t, w->step, w->dir, &w->rep, w->write_ms, "written in the background in");
+}
+
+/* Writes this rank's shard of the checkpoint of the step just done (the
+ * first replica's ranks; the others hold the same shards), then commits the
+ * checkpoint when every shard is there: whichever rank finishes last sees
+ * them all. Nobody waits for anybody. A shard that cannot be written (a full
+ * disk) is said and left out, and training goes on: a checkpoint missing a
+ * shard never commits. With checkpoint_async the step waits only for a copy
+ * of the shard into the snapshot (and for the previous write, if it is still
+ * going); a thread writes it while training goes on. */
 static int train_checkpoint(train_t *t) {
   const config_t *c = &t->cfg;
   if (shard_place(&t->mesh, t->boot.rank).replica != 0) { /* the first replica writes */
@@ -142,36 +224,43 @@ static int train_checkpoint(train_t *t) {
   precision_parse(c->precision, &prec);
   ckpt_rank_meta_t m = {t->step, t->pos.epoch, t->pos.index, c->seed, t->mesh, prec,
                         (uint64_t)c->min_params};
+  const double t0 = train_now();
+  int rc;
+  if (t->snapshot) {
+    train_writer_finish(t, 1); /* the snapshot is one buffer: the last write must be done */
+    train_writer_t *w = &t->writer;
+    if ((rc = ckpt_rank_snapshot(t->runtime, &m, t->snapshot, &w->img))) {
+      train_ckpt_failed(t, t->step, err_msg());
+      return FSDP_OK;
+    }
+    snprintf(w->root, sizeof w->root, "%s", c->checkpoint_dir);
+    w->step = t->step;
+    atomic_store(&w->done, 0);
+    if (pthread_create(&w->thread, NULL, train_writer_main, w)) {
+      ckpt_rank_image_free(&w->img);
+      train_ckpt_failed(t, t->step, "cannot start the checkpoint writer thread");
+      return FSDP_OK;
+    }
+    w->busy = 1;
+    t->ckpt_step = t->step;
+    const double lost = train_now() - t0;
+    t->ckpt_lost_s += lost;
+    if (t->opts.out)
+      fprintf(t->opts.out, "train: checkpoint step %d: snapshot of %.1f MiB in %.0f ms; writing it "
+              "in the background\n", t->step,
+              (double)ckpt_rank_snapshot_bytes(t->runtime) / (1 << 20), 1e3 * lost);
+    return FSDP_OK;
+  }
   ckpt_shard_report_t rep;
   char dir[CONFIG_PATH_MAX + 32];
-  const double t0 = train_now();
-  int rc = ckpt_rank_save(t->runtime, &m, c->checkpoint_dir, &rep, dir, sizeof dir);
+  rc = ckpt_rank_save(t->runtime, &m, c->checkpoint_dir, &rep, dir, sizeof dir);
+  t->ckpt_lost_s += train_now() - t0;
   if (rc) {
-    /* nothing of it is left under a shard's name, so it never commits (its
-     * committer times it out); training goes on, and the last committed
-     * checkpoint stays the one a restart takes */
-    LOG_WARN("train", "rank %d: checkpoint of step %d not written: %s; training goes on",
-             t->boot.rank, t->step, err_msg());
-    if (t->opts.out)
-      fprintf(t->opts.out, "train: checkpoint step %d NOT written (%s); training goes on\n",
-              t->step, err_msg());
+    train_ckpt_failed(t, t->step, err_msg());
     return FSDP_OK;
   }
   t->ckpt_step = t->step;
-  const double t1 = train_now();
-  if (t->opts.checkpoint) { /* the owner commits (the coordinator, through fsdpd) */
-    train_ckpt_t k = {t->boot.rank, t->step, dir, &rep};
-    rc = t->opts.checkpoint(t->opts.ctx, &k);
-  } else {
-    rc = ckpt_commit(dir, t->mesh.shards, NULL);
-    if (rc && rc != FSDP_ENOENT) /* a shard still missing is the others' to commit */
-      LOG_WARN("train", "step %d: checkpoint %s not committed: %s", t->step, dir, err_msg());
-    if (!rc) ckpt_retain(c->checkpoint_dir, c->keep_checkpoints);
-  }
-  if (t->opts.out)
-    fprintf(t->opts.out, "train: checkpoint step %d: %s (%s, %.1f MiB in %.0f ms)%s\n", t->step,
-            dir, rep.name, (double)rep.bytes / (1 << 20), 1e3 * (t1 - t0),
-            t->opts.checkpoint ? ", reported" : rc ? "" : ", committed");
+  train_ckpt_written(t, t->step, dir, &rep, 1e3 * (train_now() - t0), "in");
   return FSDP_OK;
 }
 
@@ -201,6 +290,10 @@ int train_open(train_t **out, const config_t *c, const train_opts_t *o) {
   if ((rc = plan_job(c, t->boot.world, &t->plan))) goto fail;
   size_t limit = c->memory_limit_mib ? (size_t)c->memory_limit_mib << 20
                                      : plan_host_available() / (size_t)t->boot.world;
+  if (plan_fit_snapshot(&t->cfg, t->boot.world, &t->plan, limit) && t->opts.out)
+    fprintf(t->opts.out, "train: note: no room for a checkpoint snapshot beside the job "
+            "(%.0f MiB); checkpoints are written in place (checkpoint_async = 0)\n",
+            (double)limit / (1 << 20));
   if ((rc = plan_check(&t->plan, c, limit))) goto fail;
   if (t->opts.out) plan_print(&t->plan, c, t->opts.out);
   if (c->save[0] && (rc = train_check_writable("save", c->save))) goto fail;
@@ -208,6 +301,15 @@ int train_open(train_t **out, const config_t *c, const train_opts_t *o) {
   if ((rc = data_open(&t->data, c->data, c->gpt.vocab, c->eval_fraction, c->seq_len))) goto fail;
   if ((c->resume_from[0] || (c->auto_resume && c->checkpoint_dir[0])) && (rc = train_resume(t)))
     goto fail;
+  if (c->checkpoint_dir[0] && c->checkpoint_every && c->checkpoint_async &&
+      shard_place(&t->mesh, t->boot.rank).replica == 0 &&
+      !(t->snapshot = mem_alloc(MEM_SNAPSHOT, ckpt_rank_snapshot_bytes(t->runtime),
+                                "checkpoint snapshot"))) {
+    rc = FSDP_ENOMEM;
+    goto fail;
+  }
+  /* touched now: the first checkpoint does not pay its page faults mid-run */
+  if (t->snapshot) memset(t->snapshot, 0, ckpt_rank_snapshot_bytes(t->runtime));
   gpt_set_checkpointing(t->model, c->activation_checkpointing);
   /* every rank draws the same global batch and trains on its own rows of it */
   const size_t NG = (size_t)c->batch * (size_t)t->boot.world * (size_t)c->seq_len;
@@ -276,6 +378,7 @@ int train_step(train_t *t) {
                        .tokens = N * (size_t)t->boot.world * (size_t)c->grad_accum};
   double t0 = train_now(), loss_sum = 0;
   int rc;
+  train_writer_finish(t, 0); /* a background write that is done: report it */
   mem_step_begin();
   fsdp_zero_grad(t->runtime);
   for (int k = 0; k < c->grad_accum; k++) {
@@ -309,6 +412,7 @@ int train_step(train_t *t) {
   t->res.last_loss = m.loss;
   t->res.steps_done = t->step;
   t->res.seconds = t1 - t->t_start;
+  t->res.ckpt_lost_s = t->ckpt_lost_s;
   if (t->step > t->first_step + 1)
     t->res.tokens_per_s =
         (double)m.tokens * (t->step - t->first_step - 1) / (t1 - t->t_after_first);
@@ -412,6 +516,7 @@ static int train_sample(train_t *t) {
 int train_finish(train_t *t) {
   const config_t *c = &t->cfg;
   int rc;
+  train_writer_finish(t, 1);
   if (c->save[0] && (rc = train_save(t, c->save))) return rc;
   if (c->sample_tokens > 0 && (rc = train_sample(t))) return rc;
   t->res.mem_peak = mem_total_peak();
@@ -432,11 +537,14 @@ void train_state(train_t *t, train_state_t *st) {
 
 void train_result(const train_t *t, train_result_t *res) {
   *res = t->res;
+  res->ckpt_lost_s = t->ckpt_lost_s;
   if (!res->mem_peak) res->mem_peak = mem_total_peak();
 }
 
 void train_close(train_t *t) {
   if (!t) return;
+  train_writer_finish(t, 1);
+  mem_free(t->snapshot);
   mem_free(t->in);
   mem_free(t->tg);
   data_close(t->data);
@@ -495,6 +603,7 @@ int train_run_with(const config_t *c, FILE *progress, const train_hooks_t *h,
   if (rc) return rc;
   k.progress = t->opts.out; /* rank 0 speaks for the job */
   while (!rc && !train_done(t)) rc = train_step(t);
+  train_writer_finish(t, 1); /* the last checkpoint is written and reported before the end */
   if (!rc && train_stopped(t))
     rc = err_set(FSDP_EPREEMPTED, "stopped after step %d of %d (asked to stop)%s", t->step,
                  c->steps, t->ckpt_step == t->step ? "; its checkpoint is written" :

@@ -83,6 +83,7 @@ typedef struct train_result {
   double seconds;
   size_t mem_peak;       /* accounting allocator peak, bytes */
   size_t mem_planned;    /* what the plan predicted, bytes */
+  double ckpt_lost_s;    /* training time the checkpoints cost this rank (the steps waited) */
 } train_result_t;
 
 /* The full training state a checkpoint needs: the steps done (the schedule
