@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "daemon/common/err.h"
@@ -291,4 +292,31 @@ Test(plan, a_sharded_job_that_does_not_fit_gets_the_strategy_that_does) {
   cr_assert(strstr(err_msg(), "strategy = FULL_SHARD") && strstr(err_msg(), "per rank"), "%s",
             err_msg());
   free(data);
+}
+
+/* A job that checkpoints asynchronously plans its snapshot (parameters, m
+ * and v of the shard), and a run measures exactly that; when only the
+ * snapshot does not fit, plan_fit_snapshot turns it off and the plan fits. */
+Test(plan, the_checkpoint_snapshot_is_planned_and_falls_back_when_short) {
+  char *data = tu_token_file("tokens.bin", 20000, 3, 256), *dir = tu_path("ck");
+  cr_assert_eq(mkdir(dir, 0755), 0);
+  config_t c = job(data, 0);
+  snprintf(c.checkpoint_dir, sizeof c.checkpoint_dir, "%s", dir);
+  c.checkpoint_every = 1;
+  plan_t p;
+  cr_assert_eq(plan_job(&c, 1, &p), 0);
+  cr_assert_eq(p.bytes[MEM_SNAPSHOT], p.bytes[MEM_PARAMS] + p.bytes[MEM_OPTIM],
+               "fp32: parameters and m and v");
+  train_result_t r;
+  cr_assert_eq(train_run(&c, NULL, &r), 0, "%s", err_msg());
+  cr_assert_eq(mem_peak(MEM_SNAPSHOT), p.bytes[MEM_SNAPSHOT]);
+  config_t d = c;
+  const size_t without = p.total - p.bytes[MEM_SNAPSHOT];
+  cr_assert_eq(plan_fit_snapshot(&d, 1, &p, without), 1);
+  cr_assert(!d.checkpoint_async && p.total == without && !p.bytes[MEM_SNAPSHOT]);
+  d = c;
+  cr_assert_eq(plan_job(&d, 1, &p), 0);
+  cr_assert_eq(plan_fit_snapshot(&d, 1, &p, without - 1), 0, "no fallback when it would not fit");
+  cr_assert(d.checkpoint_async);
+  free(data), free(dir);
 }
