@@ -285,6 +285,29 @@ static void shards_identical(const char *a, const char *b, int step, int S) {
   }
 }
 
+/* A checkpoint root the ranks' user writes (name) and one for the
+ * reference run (name-ref), in the test's directory. */
+static void ckpt_roots(const char *name, char **ck, char **ref) {
+  char r[128];
+  snprintf(r, sizeof r, "%s-ref", name);
+  *ck = tu_path(name), *ref = tu_path(r);
+  cr_assert_eq(mkdir(*ck, 0777), 0);
+  chmod(*ck, 0777); /* the ranks' user writes there */
+  cr_assert_eq(mkdir(*ref, 0755), 0);
+}
+
+/* The job file run uninterrupted by fsdp-launch (2 ranks) into ref: its
+ * step's shards must be those the service wrote into ck, byte for byte. */
+static void matches_uninterrupted(const char *conf, const char *ck, const char *ref, int step) {
+  static char out[1 << 16];
+  char a[2048];
+  setenv("FSDP_PROGRESS_EVERY", "500", 1); /* a progress line per 500 steps: the output fits */
+  snprintf(a, sizeof a, "-n 2 -- %s/bin/fsdp-train --config %s --checkpoint_dir %s", tu_root(),
+           conf, ref);
+  cr_assert_eq(tu_run_bin("fsdp-launch", a, out, sizeof out), 0, "%s", out);
+  shards_identical(ck, ref, step, 2);
+}
+
 /* A rank killed (SIGKILL) after a committed checkpoint: the attempt fails,
  * the job restarts (max_restarts 1), its ranks resume from the latest
  * committed checkpoint (auto_resume), and the job ends with the bytes of the
@@ -292,11 +315,9 @@ static void shards_identical(const char *a, const char *b, int step, int S) {
  * files (parameters, AdamW state, step, data position) are identical. */
 Test(cluster, a_killed_rank_resumes_from_the_last_checkpoint_exactly) {
   cluster_fsdpd_start(&node[0], coord.addr, "solo", 2, NULL);
-  char *ck = tu_path("ck-service"), *ref = tu_path("ck-ref"), text[1024], a[2048];
+  char *ck, *ref, text[1024], a[2048];
   static char out[1 << 16];
-  cr_assert_eq(mkdir(ck, 0777), 0);
-  chmod(ck, 0777); /* the ranks' user writes there */
-  cr_assert_eq(mkdir(ref, 0755), 0);
+  ckpt_roots("ck-service", &ck, &ref);
   snprintf(text, sizeof text, "steps = 3000\n[output]\ncheckpoint_dir = %s\ncheckpoint_every = 300\n",
            ck);
   char *conf = job_file("resume.conf", text);
@@ -347,12 +368,7 @@ Test(cluster, a_killed_rank_resumes_from_the_last_checkpoint_exactly) {
     snprintf(man, sizeof man, "%s/step-%08d/manifest.json", ck, step);
     cr_assert_eq(access(man, F_OK), 0, "%s missing", man);
   }
-  /* the uninterrupted run (a progress line per 500 steps: the output fits) */
-  setenv("FSDP_PROGRESS_EVERY", "500", 1);
-  snprintf(a, sizeof a, "-n 2 -- %s/bin/fsdp-train --config %s --checkpoint_dir %s", tu_root(),
-           conf, ref);
-  cr_assert_eq(tu_run_bin("fsdp-launch", a, out, sizeof out), 0, "%s", out);
-  shards_identical(ck, ref, 3000, 2);
+  matches_uninterrupted(conf, ck, ref, 3000);
   free(ck), free(ref), free(conf);
 }
 
@@ -383,11 +399,9 @@ static pid_t shard_writer(const char *root, int *step) {
  * bytes of an uninterrupted run. */
 Test(cluster, a_rank_killed_while_writing_its_shard_resumes_from_the_previous_checkpoint) {
   cluster_fsdpd_start(&node[0], coord.addr, "solo", 2, NULL);
-  char *ck = tu_path("ck-midwrite"), *ref = tu_path("ck-midwrite-ref"), text[1024], a[2048];
+  char *ck, *ref, text[1024], a[2048];
   static char out[1 << 16];
-  cr_assert_eq(mkdir(ck, 0777), 0);
-  chmod(ck, 0777);
-  cr_assert_eq(mkdir(ref, 0755), 0);
+  ckpt_roots("ck-midwrite", &ck, &ref);
   /* the small preset: a shard of ~19 MB takes long enough to be caught writing */
   snprintf(text, sizeof text, "steps = 300\neval_batches = 2\n[model]\nmodel = small\n[output]\n"
            "checkpoint_dir = %s\ncheckpoint_every = 30\n", ck);
@@ -421,11 +435,7 @@ Test(cluster, a_rank_killed_while_writing_its_shard_resumes_from_the_previous_ch
   cr_assert(at && sscanf(at, " at step %d", &from) == 1, "%s", r);
   cr_assert(from >= 30 && from < killed_step, "resumed at step %d; the shard of step %d was being "
             "written when its rank was killed", from, killed_step);
-  setenv("FSDP_PROGRESS_EVERY", "500", 1);
-  snprintf(a, sizeof a, "-n 2 -- %s/bin/fsdp-train --config %s --checkpoint_dir %s", tu_root(),
-           conf, ref);
-  cr_assert_eq(tu_run_bin("fsdp-launch", a, out, sizeof out), 0, "%s", out);
-  shards_identical(ck, ref, 300, 2);
+  matches_uninterrupted(conf, ck, ref, 300);
   free(ck), free(ref), free(conf);
 }
 
@@ -435,11 +445,9 @@ Test(cluster, a_rank_killed_while_writing_its_shard_resumes_from_the_previous_ch
  * from that checkpoint, and ends with the bytes of an uninterrupted run. */
 Test(cluster, a_preempted_job_checkpoints_requeues_and_resumes_exactly) {
   cluster_fsdpd_start(&node[0], coord.addr, "first", 2, NULL);
-  char *ck = tu_path("ck-preempt"), *ref = tu_path("ck-preempt-ref"), text[1024], a[2048];
+  char *ck, *ref, text[1024], a[2048];
   static char out[1 << 16];
-  cr_assert_eq(mkdir(ck, 0777), 0);
-  chmod(ck, 0777);
-  cr_assert_eq(mkdir(ref, 0755), 0);
+  ckpt_roots("ck-preempt", &ck, &ref);
   snprintf(text, sizeof text, "steps = 3000\n[output]\ncheckpoint_dir = %s\ncheckpoint_every = 1000\n",
            ck);
   char *conf = job_file("preempt.conf", text);
@@ -465,11 +473,7 @@ Test(cluster, a_preempted_job_checkpoints_requeues_and_resumes_exactly) {
   snprintf(want, sizeof want, "at step %d ", odd);
   cr_assert(strstr(out, "resumed from") && strstr(out, want), "not resumed at step %d:\n%.2000s",
             odd, out);
-  setenv("FSDP_PROGRESS_EVERY", "500", 1);
-  snprintf(a, sizeof a, "-n 2 -- %s/bin/fsdp-train --config %s --checkpoint_dir %s", tu_root(),
-           conf, ref);
-  cr_assert_eq(tu_run_bin("fsdp-launch", a, out, sizeof out), 0, "%s", out);
-  shards_identical(ck, ref, 3000, 2);
+  matches_uninterrupted(conf, ck, ref, 3000);
   free(ck), free(ref), free(conf);
 }
 
