@@ -60,8 +60,10 @@ static void coord_ckpt_retain(coord_t *c, int64_t job, int keep) {
   free(v);
 }
 
-/* Every shard of k is in: the manifest, then COMMITTED; or ABORTED, saying why. */
-static store_ckpt_state_t coord_ckpt_commit(coord_t *c, const store_ckpt_t *k, int keep) {
+/* Every shard of k is in: the manifest, then COMMITTED; or ABORTED, saying
+ * why. t0: uv_hrtime() when the last shard's report came in (0: unknown). */
+static store_ckpt_state_t coord_ckpt_commit(coord_t *c, const store_ckpt_t *k, int keep,
+                                            uint64_t t0) {
   store_ckpt_shard_t *sh = NULL;
   int n = 0;
   ckpt_shard_report_t *rep = NULL;
@@ -88,8 +90,13 @@ static store_ckpt_state_t coord_ckpt_commit(coord_t *c, const store_ckpt_t *k, i
              (long long)k->step, reason);
     return STORE_CKPT_ABORTED;
   }
-  LOG_INFO("coord", "job j-%lld: checkpoint of step %lld committed (%d shards, %.1f MiB)",
-           (long long)k->job_id, (long long)k->step, k->shards, (double)k->bytes / (1 << 20));
+  if (t0)
+    LOG_INFO("coord", "job j-%lld: checkpoint of step %lld committed (%d shards, %.1f MiB) "
+             "%.2f ms after its last shard's report", (long long)k->job_id, (long long)k->step,
+             k->shards, (double)k->bytes / (1 << 20), (double)(uv_hrtime() - t0) / 1e6);
+  else
+    LOG_INFO("coord", "job j-%lld: checkpoint of step %lld committed (%d shards, %.1f MiB)",
+             (long long)k->job_id, (long long)k->step, k->shards, (double)k->bytes / (1 << 20));
   coord_ckpt_retain(c, k->job_id, keep);
   return STORE_CKPT_COMMITTED;
 }
@@ -105,6 +112,7 @@ static Fsdp__V1__CheckpointState coord_ckpt_state(store_ckpt_state_t s) {
 void coord_ckpt_report_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
   coord_t *c = arg;
   const Fsdp__V1__ReportCheckpointShardRequest *q = (const void *)req;
+  const uint64_t t0 = uv_hrtime();
   const int64_t job = coord_id_parse(q->job_id, 'j');
   coord_job_t *x = job ? coord_job_info(c, job) : NULL;
   uint64_t sum = 0;
@@ -145,7 +153,7 @@ void coord_ckpt_report_cb(rpc_call_t *call, const ProtobufCMessage *req, void *a
     return;
   }
   store_ckpt_state_t st = k.state;
-  if (st == STORE_CKPT_OPEN && k.reported == k.shards) st = coord_ckpt_commit(c, &k, x->keep);
+  if (st == STORE_CKPT_OPEN && k.reported == k.shards) st = coord_ckpt_commit(c, &k, x->keep, t0);
   Fsdp__V1__ReportCheckpointShardReply rep = FSDP__V1__REPORT_CHECKPOINT_SHARD_REPLY__INIT;
   rep.state = coord_ckpt_state(st);
   rpc_call_reply(call, &rep.base);
@@ -208,7 +216,7 @@ void coord_ckpt_janitor(coord_t *c) {
       if (k->reported == k->shards && !access(man, F_OK)) {
         /* the manifest went out, the store did not hear: finish the commit */
         coord_job_t *x = coord_job_info(c, k->job_id);
-        coord_ckpt_commit(c, k, x ? x->keep : 0);
+        coord_ckpt_commit(c, k, x ? x->keep : 0, 0);
       } else if (now - k->opened_ms > c->o.checkpoint_timeout_ms) {
         char why[256];
         snprintf(why, sizeof why, "%d of %d shards reported within %.0f s (--checkpoint-timeout-ms)",

@@ -187,10 +187,7 @@ static char *coord_spec_text(const Fsdp__V1__JobSpec *s, const config_t *cfg) {
   for (size_t i = 0; i < s->n_options; i++) {
     const Fsdp__V1__Option *o = s->options[i];
     const char *osec = o->section[0] ? o->section : config_section_of(o->key);
-    const char *v = o->value;
-    if (!strcmp(o->key, "data")) v = cfg->data;
-    else if (!strcmp(o->key, "init_from")) v = cfg->init_from;
-    else if (!strcmp(o->key, "save")) v = cfg->save;
+    const char *path = job_path_value(cfg, o->key), *v = path ? path : o->value;
     if (strcmp(sec, osec)) fprintf(f, "[%s]\n", sec = osec);
     fprintf(f, "%s = %s\n", o->key, v);
   }

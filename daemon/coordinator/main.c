@@ -22,7 +22,8 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: fsdp-coordinator --db FILE --root DIR [--root DIR ...] [options]\n"
           "  --db FILE                  the cluster's state (SQLite; created if absent)\n"
-          "  --root DIR                 a directory job paths (data, init_from, save) may lie in;\n"
+          "  --root DIR                 a directory job paths (data, init_from, save,\n"
+          "                             checkpoint_dir, resume_from) may lie in;\n"
           "                             relative job paths resolve against the first\n"
           "  --listen ADDR              where to serve (default 127.0.0.1:7070; port 0: any)\n"
           "  --user-token-file FILE     bearer token of users (fsdpctl); with --node-token-file,\n"

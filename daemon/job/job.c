@@ -96,6 +96,12 @@ static const struct {
 };
 #undef JOB_FIELD
 
+const char *job_path_value(const config_t *c, const char *key) {
+  for (size_t k = 0; k < sizeof job_paths / sizeof *job_paths; k++)
+    if (!strcmp(key, job_paths[k].key)) return (const char *)c + job_paths[k].offset;
+  return NULL;
+}
+
 /* The roots, resolved, for messages: "/a, /b". */
 static void job_roots_list(char (*roots)[PATH_MAX], int n, char *buf, size_t len) {
   size_t k = 0;

@@ -60,6 +60,10 @@ int job_validate(const job_opt_t *opts, int n, int world, size_t device_bytes, c
  * (openat2 with RESOLVE_BENEATH from a descriptor of the root, or
  * O_NOFOLLOW on each component); the ranks do not do that yet. */
 int job_paths_check(config_t *c, const char *const *roots, int nroots);
+/* The value in c of the path option key (data, init_from, save,
+ * checkpoint_dir, resume_from: what job_paths_check resolved), NULL for a
+ * key that is no path: one list of a job's paths. */
+const char *job_path_value(const config_t *c, const char *key);
 
 /* fsdp-train's exit status when it stopped on SIGTERM at a step boundary
  * (after writing its checkpoint when the job has a checkpoint_dir): the
