@@ -1342,7 +1342,13 @@ int store_ckpt_report(store_t *st, int64_t job_id, int64_t epoch, int64_t step, 
   int have = ckpt_get(st, job_id, step, &c);
   if (have < 0) return store_end(st, have);
   const int64_t now = store_now_ms();
-  if (have && (c.state == STORE_CKPT_ABORTED || (c.state == STORE_CKPT_OPEN && c.epoch < epoch))) {
+  if (have && c.state == STORE_CKPT_ABORTED && c.epoch >= epoch) {
+    /* a late shard of its own attempt: the checkpoint stays aborted */
+    return store_end(st, err_set(FSDP_ESTATE, "job %lld: the checkpoint of step %lld was aborted "
+                                 "(%s); this shard comes too late", (long long)job_id,
+                                 (long long)step, c.reason));
+  }
+  if (have && c.epoch < epoch && c.state != STORE_CKPT_COMMITTED) {
     /* written again by a later attempt: the new one replaces it */
     st_exec(st, "DELETE FROM checkpoint_shards WHERE job_id = ? AND step = ?", A_I(job_id), A_I(step));
     st_exec(st, "DELETE FROM checkpoints WHERE job_id = ? AND step = ?", A_I(job_id), A_I(step));

@@ -290,6 +290,34 @@ void ckpt_shard_name(char *buf, size_t len, int shard_rank, int shards) {
   snprintf(buf, len, "shard-%05d-of-%05d.fsdp", shard_rank, shards);
 }
 
+/* ---- opening files others write -------------------------------------------------- */
+
+int ckpt_open_file(const char *path, int *out) {
+  /* no link is followed and a FIFO cannot hold the open: the directory is
+   * writable by the job's user, and the coordinator opens these too */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) return err_set_errno(err_from_errno(errno), errno, "%s cannot be opened", path);
+  struct stat st;
+  if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return err_set(FSDP_EFORMAT, "%s is not a regular file (a link, a FIFO or a directory); a "
+                   "checkpoint holds only the files its ranks wrote", path);
+  }
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  *out = fd;
+  return FSDP_OK;
+}
+
+/* 0 when path is a directory itself (not a link to one). */
+static int ckpt_real_dir(const char *path) {
+  struct stat st;
+  if (lstat(path, &st)) return err_set_errno(err_from_errno(errno), errno, "checkpoint %s", path);
+  if (!S_ISDIR(st.st_mode))
+    return err_set(FSDP_EFORMAT, "checkpoint %s is not a directory (a link?); it is left alone",
+                   path);
+  return FSDP_OK;
+}
+
 /* ---- the manifest ----------------------------------------------------------- */
 
 int ckpt_fsync_dir(const char *dir) {
@@ -300,7 +328,7 @@ int ckpt_fsync_dir(const char *dir) {
   return rc;
 }
 
-static int ckpt_same_layout(const ckpt_header_t *a, const ckpt_header_t *b) {
+int ckpt_header_same_layout(const ckpt_header_t *a, const ckpt_header_t *b) {
   if (a->step != b->step || a->shards != b->shards || a->shard_total != b->shard_total ||
       a->num_units != b->num_units || memcmp(&a->model, &b->model, sizeof a->model) ||
       a->precision != b->precision || a->data_epoch != b->data_epoch ||
@@ -343,15 +371,16 @@ int ckpt_commit(const char *dir, int shards, const ckpt_shard_report_t *reports)
   if (shards < 1) return err_set(FSDP_EINVAL, "checkpoint %s: %d shards", dir, shards);
   ckpt_shard_report_t *r = calloc((size_t)shards, sizeof *r);
   ckpt_header_t first = {0};
-  int rc = r ? FSDP_OK : err_set(FSDP_ENOMEM, "checkpoint: out of memory");
+  int rc = r ? ckpt_real_dir(dir) : err_set(FSDP_ENOMEM, "checkpoint: out of memory");
   for (int j = 0; !rc && j < shards; j++) {
     char name[CKPT_NAME_MAX], path[4096];
     ckpt_shard_name(name, sizeof name, j, shards);
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      rc = err_set_errno(err_from_errno(errno), errno, "checkpoint %s: shard %d of %d (%s) is "
-                         "missing; it cannot be committed", dir, j, shards, name);
+    int fd;
+    if ((rc = ckpt_open_file(path, &fd))) {
+      if (rc == FSDP_ENOENT)
+        rc = err_set(FSDP_ENOENT, "checkpoint %s: shard %d of %d (%s) is missing; it cannot be "
+                     "committed", dir, j, shards, name);
       break;
     }
     ckpt_header_t h;
@@ -364,7 +393,7 @@ int ckpt_commit(const char *dir, int shards, const ckpt_shard_report_t *reports)
       rc = err_set(FSDP_EFORMAT, "checkpoint %s: %s holds shard %d of %d in %lld bytes (its "
                    "header implies %" PRIu64 "); expected shard %d of %d, whole", dir, name,
                    h.shard_rank, h.shards, (long long)st.st_size, ckpt_file_bytes(&h), j, shards);
-    else if (j && !ckpt_same_layout(&first, &h))
+    else if (j && !ckpt_header_same_layout(&first, &h))
       rc = err_set(FSDP_EFORMAT, "checkpoint %s: %s is of another step, model or layout than "
                    "shard 0; it cannot be committed", dir, name);
     else if (reports && (reports[j].sum != h.sum || reports[j].bytes != (uint64_t)st.st_size))
@@ -383,7 +412,8 @@ int ckpt_commit(const char *dir, int shards, const ckpt_shard_report_t *reports)
   json_t *m = rc ? NULL : ckpt_manifest_json(&first, r);
   if (!rc && !m) rc = err_set(FSDP_ENOMEM, "checkpoint %s: out of memory for its manifest", dir);
   if (!rc) {
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    unlink(tmp); /* a stale one (or a link planted there) goes; the new one is ours alone */
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0 || json_dumpfd(m, fd, JSON_INDENT(1) | JSON_SORT_KEYS) || write(fd, "\n", 1) != 1 ||
         fsync(fd))
       rc = err_set_errno(err_from_errno(errno), errno, "checkpoint %s: writing %s", dir, tmp);
@@ -391,7 +421,8 @@ int ckpt_commit(const char *dir, int shards, const ckpt_shard_report_t *reports)
     if (!rc && rename(tmp, path))
       rc = err_set_errno(err_from_errno(errno), errno, "checkpoint %s: rename %s", dir, tmp);
     if (rc) unlink(tmp);
-    if (!rc) rc = ckpt_fsync_dir(dir);
+    if (!rc && (rc = ckpt_fsync_dir(dir)))
+      unlink(path); /* not durable: not committed (a loader trusts a manifest) */
   }
   json_decref(m);
   ckpt_header_free(&first);
@@ -415,16 +446,13 @@ int ckpt_manifest_read(const char *dir, ckpt_manifest_t *m) {
   memset(m, 0, sizeof *m);
   char path[4096];
   snprintf(path, sizeof path, "%s/%s", dir, CKPT_MANIFEST);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT)
-      return err_set(FSDP_ENOENT, "%s: not a committed checkpoint (no %s); only committed "
-                     "checkpoints load", dir, CKPT_MANIFEST);
-    return err_set_errno(err_from_errno(errno), errno, "%s: cannot be read", path);
-  }
+  int fd, rc = ckpt_open_file(path, &fd);
+  if (rc == FSDP_ENOENT)
+    return err_set(FSDP_ENOENT, "%s: not a committed checkpoint (no %s); only committed "
+                   "checkpoints load", dir, CKPT_MANIFEST);
+  if (rc) return rc;
   struct stat st;
   char *text = NULL;
-  int rc = FSDP_OK;
   if (fstat(fd, &st) || st.st_size > (off_t)CKPT_HEADER_MAX)
     rc = err_set(FSDP_EFORMAT, "%s: larger than %u bytes or unreadable; the manifest is damaged",
                  path, CKPT_HEADER_MAX);
@@ -573,6 +601,9 @@ static int ckpt_own_name(const char *n) {
 
 int ckpt_remove(const char *dir) {
   char path[4096];
+  int rc = ckpt_real_dir(dir); /* a link to elsewhere is not followed */
+  if (rc == FSDP_ENOENT) return FSDP_OK;
+  if (rc) return rc;
   snprintf(path, sizeof path, "%s/%s", dir, CKPT_MANIFEST);
   /* uncommitted first: a reader never finds a manifest over missing shards */
   if (unlink(path) && errno != ENOENT)
@@ -582,7 +613,6 @@ int ckpt_remove(const char *dir) {
     if (errno == ENOENT) return FSDP_OK;
     return err_set_errno(err_from_errno(errno), errno, "checkpoint: cannot list %s", dir);
   }
-  int rc = FSDP_OK;
   for (struct dirent *e; (e = readdir(d));) {
     if (!ckpt_own_name(e->d_name)) continue;
     snprintf(path, sizeof path, "%s/%s", dir, e->d_name);

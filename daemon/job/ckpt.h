@@ -95,6 +95,13 @@ uint64_t ckpt_file_bytes(const ckpt_header_t *h);
 /* fsync of a directory: a rename in it made durable. */
 int ckpt_fsync_dir(const char *dir);
 
+/* Opens a file of a checkpoint for reading: a regular file only (no link
+ * followed, no FIFO waited on); the error names path. */
+int ckpt_open_file(const char *path, int *fd);
+/* 1 when two shards' headers belong to one checkpoint: step, shards, model,
+ * precision, data position, AdamW steps, units and section dtypes. */
+int ckpt_header_same_layout(const ckpt_header_t *a, const ckpt_header_t *b);
+
 /* Names inside a checkpoint root. */
 void ckpt_step_dir(char *buf, size_t len, const char *root, int64_t step);
 void ckpt_shard_name(char *buf, size_t len, int shard_rank, int shards);

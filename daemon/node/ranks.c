@@ -30,6 +30,7 @@
 #define RANKS_MESSAGE_MAX 512  /* of the last log line sent with an exit */
 #define RANKS_PAYLOAD_MAX 256  /* a ring address */
 #define RANKS_SHARD_TRIES 6    /* a checkpoint shard's report: tries before it is given up */
+#define RANKS_SHARDS_QUEUED 16 /* reports waiting per rank: more is a rank misbehaving */
 
 typedef enum { RK_WAITING, RK_RENDEZVOUS, RK_RUNNING, RK_EXITED } rk_state_t;
 
@@ -112,6 +113,8 @@ static void rk_close_report(rank_t *rk) {
   uv_close((uv_handle_t *)&rk->report, rk_handle_closed);
 }
 
+static void rk_report_drain(rank_t *rk);
+
 /* Unlinks and frees a rank once nothing refers to it: no call in flight and
  * its handles closed. */
 static void rk_maybe_free(rank_t *rk) {
@@ -172,7 +175,10 @@ static void rk_work_cb(uv_work_t *req) {
     if (i) nanosleep(&(struct timespec){ms / 1000, (ms % 1000) * 1000000L}, NULL);
     w->rc = rpc_client_call(R->o.client, calls[w->kind].method, w->request, calls[w->kind].reply,
                             &w->reply, calls[w->kind].deadline_s);
-    if (!w->rc || w->rc == FSDP_ESTALE || w->rc == FSDP_ENOTFOUND || w->rc == FSDP_EINVAL) break;
+    /* final answers: done, stale, unknown, refused, already committed or aborted, a conflict */
+    if (!w->rc || w->rc == FSDP_ESTALE || w->rc == FSDP_ENOTFOUND || w->rc == FSDP_EINVAL ||
+        w->rc == FSDP_ESTATE || w->rc == FSDP_EEXIST)
+      break;
   }
   if (w->rc) snprintf(w->err, sizeof w->err, "%s", err_msg()); /* err_msg is per thread */
 }
@@ -186,8 +192,7 @@ static void rk_after_shard(rank_t *rk, rk_work_t *w) {
   const Fsdp__V1__ReportCheckpointShardRequest *q = (const void *)w->request;
   if (w->rc)
     LOG_WARN("fsdpd", "job %s attempt %" PRIu32 " rank %" PRIu32 ": checkpoint step %" PRId64
-             " not reported (%s); the coordinator will abort it", rk_job(rk), rk->a->attempt,
-             rk->a->rank, q->step, w->err);
+             " shard report: %s", rk_job(rk), rk->a->attempt, rk->a->rank, q->step, w->err);
   rk_pump(rk);
 }
 
@@ -396,6 +401,7 @@ static void rk_exit_cb(supervise_t *s, void *arg, int64_t status, int term_signa
   supervise_destroy(rk->set); /* allowed in the exit callback: it runs last */
   rk->set = NULL;
   if (rk->log) fclose(rk->log), rk->log = NULL;
+  rk_report_drain(rk); /* a shard report written just before the exit is not lost */
   rk_close_report(rk); /* what it reported last stays its status */
   /* the supervisor SIGKILLed its group; the device is free once the group is empty */
   rk_group_poll_cb(&rk->timer);
@@ -407,6 +413,11 @@ static void rk_exit_cb(supervise_t *s, void *arg, int64_t status, int term_signa
  * only what it wrote (step, path, bytes, checksum); who it is (node, job,
  * attempt, rank) is fsdpd's to say, and the coordinator checks the path. */
 static int rk_shard_queue(rank_t *rk, const Fsdp__V1__ReportCheckpointShardRequest *in) {
+  int queued = 0;
+  for (const rk_shard_t *x = rk->shards; x; x = x->next) queued++;
+  if (queued >= RANKS_SHARDS_QUEUED)
+    return err_set(FSDP_ELIMIT, "%d checkpoint shard reports are waiting already (a rank "
+                   "reports one per checkpoint)", queued);
   const char *path = in->path ? in->path : "", *sum = in->checksum ? in->checksum : "";
   const size_t nid = strlen(rk->R->node_id) + 1, njob = strlen(rk_job(rk)) + 1;
   const size_t npath = strlen(path) + 1, nsum = strlen(sum) + 1;
@@ -457,6 +468,19 @@ static void rk_report_alloc_cb(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
   static char b[16384]; /* the loop's thread only; consumed before the next read */
   (void)h, (void)hint;
   *buf = uv_buf_init(b, sizeof b);
+}
+
+/* Reads what the rank wrote that the loop has not read yet (its process
+ * is gone: the socket holds all of it, and nothing more comes). */
+static void rk_report_drain(rank_t *rk) {
+  uv_os_fd_t fd;
+  if (!rk->report_open || uv_fileno((uv_handle_t *)&rk->report, &fd)) return;
+  char b[16384];
+  for (int i = 0; i < 64; i++) { /* bounded: 1 MiB, far above what a rank writes between reads */
+    ssize_t n = recv(fd, b, sizeof b, MSG_DONTWAIT);
+    if (n <= 0) return;
+    if (frame_reader_feed(&rk->fr, b, (size_t)n, rk_frame_cb, rk)) return;
+  }
 }
 
 static void rk_report_read_cb(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {

@@ -126,10 +126,18 @@ int ckpt_rank_write(ckpt_rank_image_t *img, const char *root, ckpt_shard_report_
                     size_t len) {
   ckpt_header_t *h = &img->h;
   ckpt_step_dir(dir, len, root, h->step);
-  if (mkdir(dir, 0755) && errno != EEXIST)
+  if (!mkdir(dir, 0755)) {
+    int rc = ckpt_fsync_dir(root); /* the new directory survives a crash with what goes in it */
+    if (rc) return rc;
+  } else if (errno != EEXIST) {
     return err_set_errno(err_from_errno(errno), errno, "checkpoint_dir: cannot create %s; the "
                          "checkpoint directory must exist and be writable", dir);
+  }
   char name[CKPT_NAME_MAX], path[4096], tmp[4096];
+  snprintf(path, sizeof path, "%s/%s", dir, CKPT_MANIFEST);
+  if (!access(path, F_OK)) /* never a file under a manifest that vouches for another */
+    return err_set(FSDP_EEXIST, "step %lld is committed already in %s; not written again",
+                   (long long)h->step, dir);
   ckpt_shard_name(name, sizeof name, h->shard_rank, h->shards);
   snprintf(path, sizeof path, "%s/%s", dir, name);
   snprintf(tmp, sizeof tmp, "%s/.%s.tmp.%d", dir, name, (int)getpid());
@@ -192,13 +200,12 @@ static int ckpt_reader_open(ckpt_reader_t *rd, int j) {
   if (rd->fd[j] >= 0) return FSDP_OK;
   char path[4096];
   snprintf(path, sizeof path, "%s/%s", rd->dir, rd->m.shard[j].name);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return err_set_errno(err_from_errno(errno), errno, "checkpoint %s: shard %d (%s) cannot be "
-                         "opened; the checkpoint is damaged", rd->dir, j, path);
+  int fd, rc = ckpt_open_file(path, &fd);
+  if (rc)
+    return err_wrap(rc, "checkpoint %s: shard %d; the checkpoint is damaged", rd->dir, j);
   ckpt_header_t *h = &rd->h[j];
   struct stat st;
-  int rc = ckpt_header_read(fd, path, h);
+  rc = ckpt_header_read(fd, path, h);
   if (!rc && fstat(fd, &st)) rc = err_set_errno(FSDP_EIO, errno, "checkpoint: stat %s", path);
   if (!rc && (h->sum != rd->m.shard[j].sum || h->shard_rank != j ||
               (uint64_t)st.st_size != rd->m.shard[j].bytes ||
@@ -207,6 +214,13 @@ static int ckpt_reader_open(ckpt_reader_t *rd, int j) {
                  " for %016" PRIx64 ", %lld bytes for %" PRIu64 "); the file was replaced, "
                  "truncated or damaged", path, h->sum, rd->m.shard[j].sum, (long long)st.st_size,
                  rd->m.shard[j].bytes);
+  /* every index the loader computes comes from these: they must agree with
+   * the manifest and with shard 0, whatever the files say */
+  if (!rc && (h->shards != rd->m.shards || h->shard_total != rd->m.shard_total ||
+              memcmp(&h->model, &rd->m.model, sizeof h->model) || h->step != rd->m.step ||
+              (j > 0 && !ckpt_header_same_layout(&rd->h[0], h))))
+    rc = err_set(FSDP_EFORMAT, "%s: header: its shards, model, step or layout differ from the "
+                 "manifest's or shard 0's; the checkpoint is damaged", path);
   if (rc) {
     ckpt_header_free(h);
     close(fd);

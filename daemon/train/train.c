@@ -126,6 +126,19 @@ static int train_resume(train_t *t) {
   ckpt_rank_meta_t m;
   int rc = ckpt_latest(c->resume_from[0] ? c->resume_from : c->checkpoint_dir, dir, sizeof dir);
   if (rc == FSDP_ENOENT && !c->resume_from[0]) return FSDP_OK;
+  if (!rc && c->resume_from[0] && c->auto_resume && c->checkpoint_dir[0]) {
+    /* a job started from resume_from that checkpointed since (a restart, a
+     * requeue) goes on from its own latest, not back to where it began */
+    char own[CONFIG_PATH_MAX + 32];
+    ckpt_manifest_t a, b;
+    if (!ckpt_latest(c->checkpoint_dir, own, sizeof own) && !ckpt_manifest_read(dir, &a)) {
+      if (!ckpt_manifest_read(own, &b)) {
+        if (b.step > a.step) snprintf(dir, sizeof dir, "%s", own), key = "checkpoint_dir (auto_resume)";
+        ckpt_manifest_free(&b);
+      }
+      ckpt_manifest_free(&a);
+    }
+  }
   if (rc || (rc = ckpt_rank_load(t->runtime, dir, &m))) return err_wrap(rc, "%s", key);
   if (m.seed != c->seed)
     return err_set(FSDP_EINVAL, "%s: %s was trained with seed %llu, this job has %llu; "
@@ -159,7 +172,8 @@ static void train_ckpt_written(train_t *t, int step, const char *dir, const ckpt
   int rc;
   if (t->opts.checkpoint) {
     train_ckpt_t k = {t->boot.rank, step, dir, rep};
-    rc = t->opts.checkpoint(t->opts.ctx, &k);
+    if ((rc = t->opts.checkpoint(t->opts.ctx, &k)))
+      LOG_WARN("train", "step %d: checkpoint shard written but not reported: %s", step, err_msg());
   } else {
     rc = ckpt_commit(dir, t->mesh.shards, NULL);
     if (rc && rc != FSDP_ENOENT) /* a shard still missing is the others' to commit */
@@ -169,7 +183,7 @@ static void train_ckpt_written(train_t *t, int step, const char *dir, const ckpt
   if (t->opts.out)
     fprintf(t->opts.out, "train: checkpoint step %d: %s (%s, %.1f MiB %s %.0f ms)%s\n", step,
             dir, rep->name, (double)rep->bytes / (1 << 20), how, ms,
-            t->opts.checkpoint ? ", reported" : rc ? "" : ", committed");
+            t->opts.checkpoint ? (rc ? ", NOT reported" : ", reported") : rc ? "" : ", committed");
 }
 
 /* A shard that could not be written: nothing of it is left under a shard's

@@ -419,7 +419,10 @@ Test(ckpt, options_are_checked) {
 /* ---- a full disk --------------------------------------------------------------- */
 
 /* A checkpoint_dir on a 2 MiB tmpfs (in a mount namespace of its own, so
- * nothing outlives the test): step 4's checkpoint fits, step 8's does not.
+ * nothing outlives the test): step 4's checkpoint fits, step 8's does not
+ * (written in place, so both ranks finish step 4's before either starts
+ * step 8's; in the background a fast rank's step 8 could take the space a
+ * slow rank's step 4 still needs, which fails step 4 as cleanly).
  * Training goes on to the end; step 8 has no manifest and no temporary file
  * left, step 4 stays committed and whole, and it is the latest. */
 Test(ckpt, a_full_disk_leaves_no_partial_checkpoint_and_training_goes_on, .timeout = 120) {
@@ -429,7 +432,8 @@ Test(ckpt, a_full_disk_leaves_no_partial_checkpoint_and_training_goes_on, .timeo
            "unshare -m --propagation private sh -c '"
            "mount -t tmpfs -o size=2m tmpfs %s || { echo mount-failed; exit 0; }; "
            "FSDP_PROGRESS_EVERY=100 %s/bin/fsdp-launch -n 2 -- %s/bin/fsdp-train " COMMON
-           " --data %s --steps 12 --batch 2 --checkpoint_dir %s --checkpoint_every 4; "
+           " --data %s --steps 12 --batch 2 --checkpoint_dir %s --checkpoint_every 4 "
+           "--checkpoint_async 0; "
            "echo launch=$?; for d in %s/step-*; do echo \"== $d\"; ls -a $d; done' 2>&1",
            mnt, tu_root(), tu_root(), data_file(), mnt, mnt);
   FILE *p = popen(cmd, "r");
