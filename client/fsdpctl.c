@@ -659,6 +659,22 @@ static int cmd_cancel(ctl_t *c, int argc, char **argv) {
   return rc;
 }
 
+static int cmd_resume(ctl_t *c, int argc, char **argv) {
+  const char *job;
+  int rc = ctl_job_arg(c, argc, argv, &job);
+  if (rc) return rc;
+  Fsdp__V1__ResumeJobRequest req = FSDP__V1__RESUME_JOB_REQUEST__INIT;
+  req.job_id = (char *)job;
+  Fsdp__V1__ResumeJobReply *rep = NULL;
+  if ((rc = ctl_call(c, "ResumeJob", &req.base, &fsdp__v1__resume_job_reply__descriptor, &rep)))
+    return ctl_fail(c, rc, "resuming job %s", job);
+  if (c->json) rc = ctl_json(c, pbjson_message(rep->job ? &rep->job->base : NULL), 2);
+  else if (rep->job) printf("%s %s\n", rep->job->job_id, JOB_STATE(rep->job->state));
+  else printf("%s resumed\n", job);
+  ctl_free(rep);
+  return rc;
+}
+
 /* ---- memory, checkpoints ------------------------------------------------------------ */
 
 static int cmd_memory(ctl_t *c, int argc, char **argv) {
@@ -873,6 +889,9 @@ static const ctl_cmd_t ctl_cmds[] = {
      "  --follow, -f   keep printing as the log grows (until interrupted)\n"},
     {"cancel", cmd_cancel, "cancel JOB [--reason TEXT]",
      "Cancels a job: its ranks are stopped and its devices freed.\n"},
+    {"resume", cmd_resume, "resume JOB",
+     "Puts a FAILED or CANCELLED job back in the queue with its restarts counted from zero;\n"
+     "its next attempt continues from its latest committed checkpoint.\n"},
     {"checkpoints", cmd_checkpoints, "checkpoints JOB",
      "A job's checkpoints: step, attempt, state (OPEN, COMMITTED, ABORTED), shards reported,\n"
      "size, when opened, directory (and why an aborted one was).\n"},

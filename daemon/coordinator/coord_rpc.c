@@ -460,6 +460,33 @@ static void coord_cancel_cb(rpc_call_t *call, const ProtobufCMessage *req, void 
   coord_reply(call, &a, &rep.base);
 }
 
+static void coord_resume_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
+  coord_t *c = arg;
+  const Fsdp__V1__ResumeJobRequest *q = (const void *)req;
+  store_job_t j;
+  if (coord_job_arg(c, call, q->job_id, &j)) return;
+  const int64_t id = j.id;
+  store_job_free(&j);
+  int rc = store_job_resume(c->st, id);
+  if (!rc) {
+    LOG_INFO("coord", "job j-%lld resumed by a user", (long long)id);
+    coord_job_t *x = coord_job_info(c, id);
+    if (x) x->failure[0] = 0, x->preempted = 0;
+    c->dirty = 1;
+    coord_job_changed(c, id);
+    rc = store_job_get(c->st, id, &j);
+  }
+  if (rc) {
+    rpc_call_finish(call, rc);
+    return;
+  }
+  coord_arena_t a = {0};
+  Fsdp__V1__ResumeJobReply rep = FSDP__V1__RESUME_JOB_REPLY__INIT;
+  rep.job = coord_job_msg(c, &a, &j, 0);
+  store_job_free(&j);
+  coord_reply(call, &a, &rep.base);
+}
+
 static void coord_watch_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
   coord_t *c = arg;
   const Fsdp__V1__WatchJobRequest *q = (const void *)req;
@@ -754,6 +781,7 @@ int coord_rpc_register(coord_t *c) {
       M("GetJob", get_job_request, get_job_reply, 0, RPC_ROLE_USER, coord_get_job_cb),
       M("ListJobs", list_jobs_request, list_jobs_reply, 0, RPC_ROLE_USER, coord_list_jobs_cb),
       M("CancelJob", cancel_job_request, cancel_job_reply, 0, RPC_ROLE_USER, coord_cancel_cb),
+      M("ResumeJob", resume_job_request, resume_job_reply, 0, RPC_ROLE_USER, coord_resume_cb),
       M("WatchJob", watch_job_request, job_progress, 1, RPC_ROLE_USER, coord_watch_cb),
       M("GetMemoryStats", get_memory_stats_request, get_memory_stats_reply, 0, RPC_ROLE_USER,
         coord_memory_cb),

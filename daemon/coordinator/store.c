@@ -1056,6 +1056,21 @@ int store_job_cancel(store_t *st, int64_t job_id, const char *reason, store_job_
   return rc;
 }
 
+int store_job_resume(store_t *st, int64_t job_id) {
+  int rc = store_begin(st, 1);
+  if (rc) return rc;
+  job_brief_t b;
+  if ((rc = job_brief(st, job_id, &b))) return store_end(st, rc);
+  if (b.state != STORE_JOB_FAILED && b.state != STORE_JOB_CANCELLED)
+    return store_end(st, err_set(FSDP_ESTATE, "job %lld is %s: only a FAILED or CANCELLED job "
+                                 "can be resumed", (long long)job_id,
+                                 store_job_state_name(b.state)));
+  st_exec(st, "UPDATE jobs SET state = 'PENDING', restarts = 0, ended_ms = NULL, reason = ? "
+          "WHERE id = ?", A_T("resumed: waiting for its devices"), A_I(job_id));
+  st_event(st, job_id, 0, "job.resumed", "resumed after it was %s", store_job_state_name(b.state));
+  return store_end(st, 0);
+}
+
 /* ---- rendezvous ---- */
 
 int store_rendezvous_put(store_t *st, int64_t job_id, int64_t epoch, const char *group, int rank,

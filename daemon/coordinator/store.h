@@ -292,6 +292,10 @@ int store_rank_exit(store_t *st, int64_t job_id, int64_t epoch, int rank, int ex
 int store_attempt_requeue(store_t *st, int64_t job_id, int64_t epoch, const char *reason);
 int store_attempt_end(store_t *st, int64_t job_id, int64_t epoch, int succeeded,
                       const char *reason, store_job_state_t *state);
+/* A FAILED or CANCELLED job back to PENDING with its restarts reset (its
+ * next attempt resumes from its latest committed checkpoint); FSDP_ESTATE
+ * for a job still pending, running or succeeded. */
+int store_job_resume(store_t *st, int64_t job_id);
 /* Cancels a PENDING or RUNNING job (a running attempt ends CANCELLED as
  * above). The state it had in *was (may be NULL): RUNNING means its ranks
  * must be stopped. An ended job: ESTATE. */

@@ -477,6 +477,41 @@ Test(cluster, a_preempted_job_checkpoints_requeues_and_resumes_exactly) {
   free(ck), free(ref), free(conf);
 }
 
+/* `fsdpctl resume` of a cancelled job: back to PENDING with its restarts
+ * from zero, it continues from its latest committed checkpoint and ends
+ * with the bytes of an uninterrupted run; a running job cannot be resumed. */
+Test(cluster, a_cancelled_job_resumes_from_its_last_checkpoint) {
+  cluster_fsdpd_start(&node[0], coord.addr, "solo", 2, NULL);
+  char *ck, *ref, text[1024], a[2048];
+  static char out[1 << 16];
+  ckpt_roots("ck-resume", &ck, &ref);
+  snprintf(text, sizeof text, "steps = 3000\n[output]\ncheckpoint_dir = %s\ncheckpoint_every = 300\n",
+           ck);
+  char *conf = job_file("resume-cancel.conf", text);
+  char job[32], man[800];
+  snprintf(job, sizeof job, "%s", submit(conf, "--ranks 2"));
+  cr_assert(wait_state(job, "RUNNING", 10));
+  snprintf(a, sizeof a, "resume %s", job);
+  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 2, "a running job was resumed:\n%s", out);
+  cr_assert(strstr(out, "only a FAILED or CANCELLED job"), "%s", out);
+  snprintf(man, sizeof man, "%s/step-00000300/manifest.json", ck);
+  const double t0 = tu_now_s();
+  while (access(man, F_OK) && tu_now_s() - t0 < 30) nanosleep(&(struct timespec){0, 5000000}, NULL);
+  cr_assert_eq(access(man, F_OK), 0, "no committed checkpoint within 30 s");
+  snprintf(a, sizeof a, "cancel %s", job);
+  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
+  cr_assert(wait_state(job, "CANCELLED", 5));
+  snprintf(a, sizeof a, "resume %s", job);
+  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
+  snprintf(a, sizeof a, "watch %s", job);
+  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
+  snprintf(a, sizeof a, "logs %s --rank 0", job);
+  cluster_ctl(coord.addr, a, out, sizeof out);
+  cr_assert(strstr(out, "resumed from"), "the resumed attempt began again:\n%.2000s", out);
+  matches_uninterrupted(conf, ck, ref, 3000);
+  free(ck), free(ref), free(conf);
+}
+
 /* With tokens configured, fsdpd registers with the node token and a user
  * reaches the coordinator only with the user token. */
 Test(cluster, tokens_let_the_node_register_and_the_user_in) {

@@ -844,3 +844,28 @@ Test(store, a_preempted_attempt_is_requeued_without_a_restart) {
   cr_assert_eq(v, STORE_ATTEMPT_FAILED);
   store_close(st);
 }
+
+/* Only a FAILED or CANCELLED job resumes: PENDING again, restarts from zero. */
+Test(store, a_failed_or_cancelled_job_resumes_with_its_restarts_reset) {
+  store_t *st = open_db("state.db");
+  int64_t node = add_node(st, "n0", 2);
+  int64_t job = submit(st, "again", 2, 0), epoch;
+  cr_assert_eq(store_job_resume(st, job), FSDP_ESTATE, "a pending job");
+  cr_assert_eq(start_on(st, job, node, 2, &epoch), 0);
+  cr_assert_eq(store_job_resume(st, job), FSDP_ESTATE, "a running job");
+  store_job_state_t next;
+  cr_assert_eq(store_attempt_end(st, job, 1, 0, "rank 0 died", &next), 0);
+  cr_assert_eq(next, STORE_JOB_FAILED);
+  cr_assert_eq(store_job_resume(st, job), 0, "%s", err_msg());
+  store_job_t j = get_job(st, job);
+  cr_assert(j.state == STORE_JOB_PENDING && j.restarts == 0, "state %d restarts %d", j.state, j.restarts);
+  store_job_free(&j);
+  cr_assert_eq(start_on(st, job, node, 2, &epoch), 0);
+  cr_assert_eq(epoch, 2, "a new attempt");
+  store_attempt_verdict_t v;
+  cr_assert_eq(store_rank_exit(st, job, 2, 0, 0, &v), 0);
+  cr_assert_eq(store_rank_exit(st, job, 2, 1, 0, &v), 0);
+  cr_assert_eq(store_attempt_end(st, job, 2, 1, "", &next), 0);
+  cr_assert_eq(store_job_resume(st, job), FSDP_ESTATE, "a succeeded job");
+  store_close(st);
+}
