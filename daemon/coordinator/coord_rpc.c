@@ -430,6 +430,22 @@ static void coord_list_jobs_cb(rpc_call_t *call, const ProtobufCMessage *req, vo
   coord_reply(call, &a, &rep.base);
 }
 
+/* Answers a call that changed job id (rc: how the change went) with the
+ * job as it is now, in *field of reply (a message whose field is the job). */
+static void coord_reply_job(coord_t *c, rpc_call_t *call, int64_t id, int rc,
+                            ProtobufCMessage *reply, Fsdp__V1__Job **field) {
+  store_job_t j;
+  if (!rc) rc = store_job_get(c->st, id, &j);
+  if (rc) {
+    rpc_call_finish(call, rc);
+    return;
+  }
+  coord_arena_t a = {0};
+  *field = coord_job_msg(c, &a, &j, 0);
+  store_job_free(&j);
+  coord_reply(call, &a, reply);
+}
+
 static void coord_cancel_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
   coord_t *c = arg;
   const Fsdp__V1__CancelJobRequest *q = (const void *)req;
@@ -447,17 +463,9 @@ static void coord_cancel_cb(rpc_call_t *call, const ProtobufCMessage *req, void 
     if (was == STORE_JOB_RUNNING) coord_kill_attempt(c, id, epoch, 0, why);
     c->dirty = 1;
     coord_job_changed(c, id);
-    rc = store_job_get(c->st, id, &j);
   }
-  if (rc) {
-    rpc_call_finish(call, rc);
-    return;
-  }
-  coord_arena_t a = {0};
   Fsdp__V1__CancelJobReply rep = FSDP__V1__CANCEL_JOB_REPLY__INIT;
-  rep.job = coord_job_msg(c, &a, &j, 0);
-  store_job_free(&j);
-  coord_reply(call, &a, &rep.base);
+  coord_reply_job(c, call, id, rc, &rep.base, &rep.job);
 }
 
 static void coord_resume_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
@@ -474,17 +482,9 @@ static void coord_resume_cb(rpc_call_t *call, const ProtobufCMessage *req, void 
     if (x) x->failure[0] = 0, x->preempted = 0;
     c->dirty = 1;
     coord_job_changed(c, id);
-    rc = store_job_get(c->st, id, &j);
   }
-  if (rc) {
-    rpc_call_finish(call, rc);
-    return;
-  }
-  coord_arena_t a = {0};
   Fsdp__V1__ResumeJobReply rep = FSDP__V1__RESUME_JOB_REPLY__INIT;
-  rep.job = coord_job_msg(c, &a, &j, 0);
-  store_job_free(&j);
-  coord_reply(call, &a, &rep.base);
+  coord_reply_job(c, call, id, rc, &rep.base, &rep.job);
 }
 
 static void coord_watch_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
