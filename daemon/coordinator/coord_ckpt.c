@@ -200,6 +200,27 @@ void coord_ckpt_list_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg
   free(m), free(pm), free(v);
 }
 
+int coord_ckpt_dir_free(coord_t *c, const char *dir, int64_t self) {
+  for (int i = 0; i < c->n_sub; i++)
+    if (c->sub[i].call && !strcmp(c->sub[i].facts.ckpt_dir, dir))
+      return err_set(FSDP_EINVAL, "checkpoint_dir: %s is also that of a job submitted at the same "
+                     "moment; give each job its own", dir);
+  store_job_t *v = NULL;
+  int n = 0, rc = store_job_list(c->st, &v, &n);
+  for (int i = 0; !rc && i < n; i++) {
+    if (v[i].id == self || (v[i].state != STORE_JOB_PENDING && v[i].state != STORE_JOB_RUNNING))
+      continue;
+    const coord_job_t *x = coord_job_info(c, v[i].id);
+    if (x && !strcmp(x->ckpt_dir, dir))
+      rc = err_set(FSDP_EINVAL, "checkpoint_dir: %s is the checkpoint directory of job j-%lld "
+                   "(%s); give each job its own (two jobs in one would remove and resume from "
+                   "each other's checkpoints)", dir, (long long)v[i].id,
+                   store_job_state_name(v[i].state));
+  }
+  store_jobs_free(v, n);
+  return rc;
+}
+
 void coord_ckpt_janitor(coord_t *c) {
   store_ckpt_t *v = NULL;
   int n = 0;

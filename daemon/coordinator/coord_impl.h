@@ -189,6 +189,9 @@ Fsdp__V1__JobState coord_job_state(store_job_state_t s);
 void coord_ckpt_report_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg);
 void coord_ckpt_list_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg);
 void coord_ckpt_janitor(coord_t *c);
+/* 0 when no job still to run but self (stored, or in this turn's submits)
+ * has checkpoint_dir dir; else an error naming it. */
+int coord_ckpt_dir_free(coord_t *c, const char *dir, int64_t self);
 
 /* coord_rpc.c */
 int coord_rpc_register(coord_t *c);

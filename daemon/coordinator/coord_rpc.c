@@ -302,6 +302,7 @@ static void coord_submit_cb(rpc_call_t *call, const ProtobufCMessage *req, void 
   if (!rc) rc = job_paths_check(&cfg, (const char *const *)c->o.roots, c->o.nroots);
   if (rc == FSDP_ENOENT) rc = FSDP_EINVAL;
   if (!rc) rc = shard_mesh_resolve(cfg.strategy, cfg.mesh, sub.world, &m, desc, sizeof desc);
+  if (!rc && cfg.checkpoint_dir[0]) rc = coord_ckpt_dir_free(c, cfg.checkpoint_dir, 0);
   if (rc) goto fail;
   coord_job_facts(&sub.facts, &cfg, &plan, &m);
   snprintf(sub.mesh, sizeof sub.mesh, "%dx%d", m.replicas, m.shards);
@@ -475,7 +476,9 @@ static void coord_resume_cb(rpc_call_t *call, const ProtobufCMessage *req, void 
   if (coord_job_arg(c, call, q->job_id, &j)) return;
   const int64_t id = j.id;
   store_job_free(&j);
-  int rc = store_job_resume(c->st, id);
+  const coord_job_t *x = coord_job_info(c, id);
+  int rc = x && x->ckpt_dir[0] ? coord_ckpt_dir_free(c, x->ckpt_dir, id) : FSDP_OK;
+  if (!rc) rc = store_job_resume(c->st, id);
   if (!rc) {
     LOG_INFO("coord", "job j-%lld resumed by a user", (long long)id);
     coord_job_t *x = coord_job_info(c, id);

@@ -204,12 +204,13 @@ int main(void) {
   if (!f) goto out;
   /* a checkpoint after each step: the coordinator logs how long after the
    * last shard's report each commit came */
-  char ck[640];
-  snprintf(ck, sizeof ck, "%s/ck", dir);
-  if (mkdir(ck, 0777) || chmod(ck, 0777)) goto out;
+  for (int r = 0; r < reps; r++) { /* a directory per job: one job per checkpoint_dir */
+    char ck[640];
+    snprintf(ck, sizeof ck, "%s/ck%d", dir, r);
+    if (mkdir(ck, 0777) || chmod(ck, 0777)) goto out;
+  }
   fprintf(f, "[model]\nmodel = tiny\n\n[data]\ndata = tok.bin\n\n[train]\nsteps = 2\nbatch = 2\n"
-             "seq_len = 64\n\n[output]\ncheckpoint_dir = ck\ncheckpoint_every = 1\n"
-             "keep_checkpoints = 0\nauto_resume = 0\n");
+             "seq_len = 64\n\n[output]\ncheckpoint_every = 1\nkeep_checkpoints = 0\n");
   if (fclose(f)) goto out;
   setenv("FSDP_LOG_JSON", "1", 1); /* the daemons' lines carry their times */
 
@@ -244,7 +245,10 @@ int main(void) {
   double total[SUB_REPS_MAX];
   int done = 0;
   for (int r = 0; r < reps; r++) {
-    char *sargv[] = {"bin/fsdpctl", "submit", conf, "--ranks", "2", "--name", "bench", NULL};
+    char ckset[64];
+    snprintf(ckset, sizeof ckset, "output.checkpoint_dir=ck%d", r);
+    char *sargv[] = {"bin/fsdpctl", "submit", conf, "--ranks", "2", "--name", "bench",
+                     "--set", ckset, NULL};
     const double t0 = wall_s();
     if (run(sargv, out, sizeof out, 10)) {
       fprintf(stderr, "bench_submit: fsdpctl submit failed: %s\n", out);

@@ -653,17 +653,24 @@ Test(coordinator, checkpoints_commit_abort_retain_and_survive_a_restart, .timeou
   char id[32];
   cr_assert_eq(submit(2, kv, id, sizeof id), 0, "%s", err_msg());
   cr_assert_eq(collect(&n, id, 2, NULL), 2);
+  /* another job in the same directory is refused, naming the field and the job */
+  char other[32];
+  cr_assert_eq(submit(2, kv, other, sizeof other), FSDP_EINVAL, "a second job took %s", ck);
+  cr_assert(strstr(err_msg(), "checkpoint_dir") && strstr(err_msg(), id), "%s", err_msg());
   /* a relative checkpoint_dir is stored resolved (the ranks run elsewhere) */
-  const char *rel[] = {"model=tiny", d, "checkpoint_dir=ck", "checkpoint_every=10", NULL};
+  char ck2[700];
+  snprintf(ck2, sizeof ck2, "%s/ck2", tu_tmpdir());
+  cr_assert_eq(mkdir(ck2, 0755), 0);
+  const char *rel[] = {"model=tiny", d, "checkpoint_dir=ck2", "checkpoint_every=10", NULL};
   char rid[32];
   cr_assert_eq(submit(2, rel, rid, sizeof rid), 0, "%s", err_msg());
   Fsdp__V1__GetJobReply *g = get_job(rid);
   int resolved = 0;
   for (size_t i = 0; i < g->job->spec->n_options; i++)
     if (!strcmp(g->job->spec->options[i]->key, "checkpoint_dir"))
-      resolved = !strcmp(g->job->spec->options[i]->value, ck);
+      resolved = !strcmp(g->job->spec->options[i]->value, ck2);
   reply_free(g);
-  cr_assert(resolved, "checkpoint_dir=ck was not stored as %s", ck);
+  cr_assert(resolved, "checkpoint_dir=ck2 was not stored as %s", ck2);
   uint64_t bytes;
   Fsdp__V1__CheckpointState st = 0;
   /* step 10: shard 0, then refusals, then shard 1 commits */
