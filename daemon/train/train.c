@@ -119,27 +119,56 @@ static int train_open_runtime(train_t *t) {
 /* Continues from the latest committed checkpoint resume_from names (or,
  * with auto_resume, checkpoint_dir holds: none there is a fresh start): the
  * shards, AdamW, the step and the data position (under any mesh). */
-static int train_resume(train_t *t) {
+/* Which checkpoint to resume from, as rank 0 found it: every rank takes
+ * the same one (each looking on its own, a commit landing between two
+ * looks would split them). */
+enum { RESUME_NONE, RESUME_GIVEN, RESUME_UNDER_GIVEN, RESUME_UNDER_OWN, RESUME_FAILED };
+
+static int train_resume_choose(train_t *t, int *src, int64_t *step) {
   const config_t *c = &t->cfg;
-  const char *key = c->resume_from[0] ? "resume_from" : "checkpoint_dir (auto_resume)";
   char dir[CONFIG_PATH_MAX + 32];
-  ckpt_rank_meta_t m;
+  ckpt_manifest_t a, b;
   int rc = ckpt_latest(c->resume_from[0] ? c->resume_from : c->checkpoint_dir, dir, sizeof dir);
+  *src = RESUME_NONE, *step = 0;
   if (rc == FSDP_ENOENT && !c->resume_from[0]) return FSDP_OK;
-  if (!rc && c->resume_from[0] && c->auto_resume && c->checkpoint_dir[0]) {
+  if (rc || (rc = ckpt_manifest_read(dir, &a))) return rc;
+  *step = a.step;
+  ckpt_manifest_free(&a);
+  *src = !c->resume_from[0] ? RESUME_UNDER_OWN : strcmp(dir, c->resume_from) ? RESUME_UNDER_GIVEN
+                                                                               : RESUME_GIVEN;
+  if (c->resume_from[0] && c->auto_resume && c->checkpoint_dir[0] &&
+      !ckpt_latest(c->checkpoint_dir, dir, sizeof dir) && !ckpt_manifest_read(dir, &b)) {
     /* a job started from resume_from that checkpointed since (a restart, a
      * requeue) goes on from its own latest, not back to where it began */
-    char own[CONFIG_PATH_MAX + 32];
-    ckpt_manifest_t a, b;
-    if (!ckpt_latest(c->checkpoint_dir, own, sizeof own) && !ckpt_manifest_read(dir, &a)) {
-      if (!ckpt_manifest_read(own, &b)) {
-        if (b.step > a.step) snprintf(dir, sizeof dir, "%s", own), key = "checkpoint_dir (auto_resume)";
-        ckpt_manifest_free(&b);
-      }
-      ckpt_manifest_free(&a);
-    }
+    if (b.step > *step) *src = RESUME_UNDER_OWN, *step = b.step;
+    ckpt_manifest_free(&b);
   }
-  if (rc || (rc = ckpt_rank_load(t->runtime, dir, &m))) return err_wrap(rc, "%s", key);
+  return FSDP_OK;
+}
+
+static int train_resume(train_t *t) {
+  const config_t *c = &t->cfg;
+  int src = RESUME_NONE, rc = FSDP_OK;
+  int64_t step = 0;
+  if (t->boot.rank == 0 && (rc = train_resume_choose(t, &src, &step))) src = RESUME_FAILED;
+  /* rank 0's choice to all (one sum; the step in two exact halves) */
+  float v[3] = {(float)src, (float)(step >> 12), (float)(step & 4095)};
+  if (t->boot.rank != 0) v[0] = v[1] = v[2] = 0;
+  int crc = t->groups.world ? comm_all_reduce(t->groups.world, v, v, 3, COMM_F32, COMM_SUM) : 0;
+  if (crc) return err_wrap(crc, "resume: agreeing on the checkpoint");
+  src = (int)v[0], step = ((int64_t)v[1] << 12) | (int64_t)v[2];
+  const char *key = src == RESUME_UNDER_OWN ? "checkpoint_dir (auto_resume)" : "resume_from";
+  if (src == RESUME_FAILED)
+    return rc ? err_wrap(rc, "%s", c->resume_from[0] ? "resume_from" : "checkpoint_dir")
+              : err_set(FSDP_EPEER, "resume: rank 0 could not read the checkpoint (its log says "
+                        "why)");
+  if (src == RESUME_NONE) return FSDP_OK;
+  char dir[CONFIG_PATH_MAX + 32];
+  if (src == RESUME_GIVEN) snprintf(dir, sizeof dir, "%s", c->resume_from);
+  else ckpt_step_dir(dir, sizeof dir, src == RESUME_UNDER_OWN ? c->checkpoint_dir : c->resume_from,
+                     step);
+  ckpt_rank_meta_t m;
+  if ((rc = ckpt_rank_load(t->runtime, dir, &m))) return err_wrap(rc, "%s", key);
   if (m.seed != c->seed)
     return err_set(FSDP_EINVAL, "%s: %s was trained with seed %llu, this job has %llu; "
                    "the data order would differ: set seed = %llu", key, dir,
