@@ -16,6 +16,7 @@
 #include "daemon/common/err.h"
 #include "daemon/common/log.h"
 #include "daemon/job/precision.h"
+#include "kernels/kern_math.h"
 
 #define CKPT_FIXED 136u   /* bytes of the header before its unit table */
 #define CKPT_UNIT_BYTES 32u
@@ -663,4 +664,160 @@ int ckpt_retain(const char *root, int keep) {
   }
   free(steps);
   return rc;
+}
+
+/* ---- reading by flat index ---------------------------------------------------- */
+
+#define CKPT_READ_STAGE 65536u /* elements converted at a time */
+
+static int ckpt_reader_shard(ckpt_reader_t *rd, int j) {
+  if (rd->fd[j] >= 0) return FSDP_OK;
+  char path[4096];
+  snprintf(path, sizeof path, "%s/%s", rd->dir, rd->m.shard[j].name);
+  int fd, rc = ckpt_open_file(path, &fd);
+  if (rc)
+    return err_wrap(rc, "checkpoint %s: shard %d; the checkpoint is damaged", rd->dir, j);
+  ckpt_header_t *h = &rd->h[j];
+  struct stat st;
+  rc = ckpt_header_read(fd, path, h);
+  if (!rc && fstat(fd, &st)) rc = err_set_errno(FSDP_EIO, errno, "checkpoint: stat %s", path);
+  if (!rc && (h->sum != rd->m.shard[j].sum || h->shard_rank != j ||
+              (uint64_t)st.st_size != rd->m.shard[j].bytes ||
+              (uint64_t)st.st_size != ckpt_file_bytes(h)))
+    rc = err_set(FSDP_EFORMAT, "%s: not the shard the manifest committed (checksum %016" PRIx64
+                 " for %016" PRIx64 ", %lld bytes for %" PRIu64 "); the file was replaced, "
+                 "truncated or damaged", path, h->sum, rd->m.shard[j].sum, (long long)st.st_size,
+                 rd->m.shard[j].bytes);
+  /* every index the reader computes comes from these: they must agree with
+   * the manifest and with shard 0, whatever the files say */
+  if (!rc && (h->shards != rd->m.shards || h->shard_total != rd->m.shard_total ||
+              memcmp(&h->model, &rd->m.model, sizeof h->model) || h->step != rd->m.step ||
+              (j > 0 && !ckpt_header_same_layout(&rd->h[0], h))))
+    rc = err_set(FSDP_EFORMAT, "%s: header: its shards, model, step or layout differ from the "
+                 "manifest's or shard 0's; the checkpoint is damaged", path);
+  if (rc) {
+    ckpt_header_free(h);
+    close(fd);
+    return rc;
+  }
+  rd->fd[j] = fd;
+  return FSDP_OK;
+}
+
+int ckpt_reader_open(ckpt_reader_t *rd, const char *dir) {
+  memset(rd, 0, sizeof *rd);
+  rd->dir = dir, rd->b_shard = -1;
+  int rc = ckpt_manifest_read(dir, &rd->m);
+  if (rc) return rc;
+  rd->fd = malloc((size_t)rd->m.shards * sizeof *rd->fd);
+  rd->h = calloc((size_t)rd->m.shards, sizeof *rd->h);
+  rd->block = malloc(CKPT_BLOCK);
+  rd->stage = malloc(CKPT_READ_STAGE * sizeof(float));
+  if (!rd->fd || !rd->h || !rd->block || !rd->stage) {
+    ckpt_reader_close(rd);
+    return err_set(FSDP_ENOMEM, "checkpoint: out of memory");
+  }
+  for (int j = 0; j < rd->m.shards; j++) rd->fd[j] = -1;
+  return FSDP_OK;
+}
+
+/* Shard 0's header, which holds the layout, and each unit's place in a shard. */
+static int ckpt_reader_layout(ckpt_reader_t *rd) {
+  int rc = ckpt_reader_shard(rd, 0);
+  if (rc) return rc;
+  const ckpt_header_t *h0 = &rd->h[0];
+  if (!(rd->start = calloc(h0->num_units + 1, sizeof *rd->start)))
+    return err_set(FSDP_ENOMEM, "checkpoint: out of memory");
+  for (uint32_t k = 0; k < h0->num_units; k++)
+    rd->start[k + 1] = rd->start[k] + h0->units[k].shard_numel;
+  return FSDP_OK;
+}
+
+void ckpt_reader_close(ckpt_reader_t *rd) {
+  for (int j = 0; rd->fd && rd->h && j < rd->m.shards; j++)
+    if (rd->fd[j] >= 0) close(rd->fd[j]), ckpt_header_free(&rd->h[j]);
+  free(rd->fd), free(rd->h), free(rd->block), free(rd->stage), free(rd->start);
+  ckpt_manifest_free(&rd->m);
+  memset(rd, 0, sizeof *rd);
+}
+
+/* n bytes of section sec of shard j from byte off of the section, each block
+ * they touch read whole and checked. */
+static int ckpt_reader_bytes(ckpt_reader_t *rd, int j, int sec, uint64_t off, size_t n,
+                             uint8_t *out) {
+  const ckpt_section_t *s = &rd->h[j].sec[sec];
+  char path[4096];
+  while (n) {
+    const uint64_t bi = off / CKPT_BLOCK, bo = off % CKPT_BLOCK;
+    if (rd->b_shard != j || rd->b_sec != sec || rd->b_index != bi) {
+      const uint64_t at = bi * CKPT_BLOCK;
+      const uint64_t len = s->bytes - at < CKPT_BLOCK ? s->bytes - at : CKPT_BLOCK;
+      snprintf(path, sizeof path, "%s/%s", rd->dir, rd->m.shard[j].name);
+      rd->b_shard = -1;
+      int rc = shard_file_io(rd->fd[j], rd->block, len, (off_t)(s->offset + at), 0, j, path);
+      if (rc) return err_wrap(rc, "checkpoint: section %s", ckpt_section_name(s->kind));
+      if (XXH64(rd->block, len, 0) != s->sums[bi])
+        return err_set(FSDP_EFORMAT, "%s: section %s, block %" PRIu64 " (bytes %" PRIu64 "..%"
+                       PRIu64 " of the file): checksum mismatch; the shard is damaged and will "
+                       "not load", path, ckpt_section_name(s->kind), bi, s->offset + at,
+                       s->offset + at + len);
+      rd->b_shard = j, rd->b_sec = sec, rd->b_index = bi, rd->b_len = len;
+    }
+    const size_t c = rd->b_len - bo < n ? (size_t)(rd->b_len - bo) : n;
+    memcpy(out, rd->block + bo, c);
+    out += c, off += c, n -= c;
+  }
+  return FSDP_OK;
+}
+
+/* n elements of dtype from into dtype to (fp32 <-> bf16 nearest-even). */
+static void ckpt_convert(void *dst, uint32_t to, const void *src, uint32_t from, size_t n) {
+  if (to == from) {
+    memcpy(dst, src, n * ckpt_dtype_bytes(to));
+  } else if (to == CKPT_DTYPE_F32) {
+    const uint16_t *s = src;
+    float *d = dst;
+    for (size_t i = 0; i < n; i++) d[i] = kern_bf16_to_f32(s[i]);
+  } else {
+    const float *s = src;
+    uint16_t *d = dst;
+    for (size_t i = 0; i < n; i++) d[i] = kern_f32_to_bf16(s[i]);
+  }
+}
+
+int ckpt_reader_read(ckpt_reader_t *rd, uint32_t kind, uint64_t g, size_t n, void *dst,
+                     uint32_t to) {
+  int rc = rd->start ? FSDP_OK : ckpt_reader_layout(rd);
+  if (rc) return rc;
+  const ckpt_header_t *o = &rd->h[0];
+  const shard_unit_t *last = &o->units[o->num_units - 1];
+  if (g + n > last->offset + last->numel)
+    return err_set(FSDP_EINVAL, "checkpoint %s: elements %" PRIu64 "..%" PRIu64 " lie beyond "
+                   "its model's %zu", rd->dir, g, g + n, (size_t)(last->offset + last->numel));
+  const size_t te = ckpt_dtype_bytes(to);
+  if (rd->unit >= o->num_units || o->units[rd->unit].offset > g) rd->unit = 0;
+  for (uint64_t end = g + n; g < end;) {
+    while (o->units[rd->unit].offset + o->units[rd->unit].numel <= g) rd->unit++; /* they tile */
+    const shard_unit_t *u = &o->units[rd->unit];
+    const uint64_t within = g - u->offset, e = within % u->shard_numel;
+    const int j = (int)(within / u->shard_numel);
+    uint64_t c = end - g;
+    if (c > u->shard_numel - e) c = u->shard_numel - e;
+    if (c > u->offset + u->numel - g) c = u->offset + u->numel - g;
+    if (c > CKPT_READ_STAGE) c = CKPT_READ_STAGE;
+    if ((rc = ckpt_reader_shard(rd, j))) return rc;
+    int sec = 0;
+    while (sec < (int)rd->h[j].num_sections && rd->h[j].sec[sec].kind != kind) sec++;
+    if (sec == (int)rd->h[j].num_sections)
+      return err_set(FSDP_EFORMAT, "checkpoint %s: shard %d has no %s section", rd->dir, j,
+                     ckpt_section_name(kind));
+    const uint32_t from = rd->h[j].sec[sec].dtype;
+    const size_t fe = ckpt_dtype_bytes(from);
+    if ((rc = ckpt_reader_bytes(rd, j, sec, (rd->start[rd->unit] + e) * fe, c * fe, rd->stage)))
+      return rc;
+    ckpt_convert(dst, to, rd->stage, from, c);
+    dst = (uint8_t *)dst + c * te;
+    g += c;
+  }
+  return FSDP_OK;
 }

@@ -139,6 +139,34 @@ void ckpt_manifest_free(ckpt_manifest_t *m);
  * checkpoint, that is it. */
 int ckpt_latest(const char *root, char *buf, size_t len);
 
+/* Reading a committed checkpoint by the model's flat indices, whatever mesh
+ * wrote it: the shard files are opened as they are needed, each checked
+ * against the manifest and shard 0 (checksum, size, model, step, layout), and
+ * every byte comes from a block read whole and checked against its XXH64, so
+ * a damaged byte is refused naming the file, the section and the block. Any
+ * range can be read: a loading rank reads only its own elements, an export
+ * reads a whole unit. Pure (no engine): the coordinator exports with it. */
+typedef struct ckpt_reader {
+  const char *dir;          /* the caller's: kept while the reader is open */
+  ckpt_manifest_t m;
+  int *fd;                  /* per shard; -1 until opened */
+  ckpt_header_t *h;         /* per shard, once opened */
+  uint64_t *start;          /* unit k's first element within a shard */
+  uint32_t unit;            /* the unit the last read ended in (a cursor) */
+  uint8_t *block;           /* the block read last ... */
+  int b_shard, b_sec;       /* ... of this shard and section ... */
+  uint64_t b_index, b_len;  /* ... and its index and length */
+  uint8_t *stage;           /* stored bytes being converted */
+} ckpt_reader_t;
+/* Opens the committed checkpoint in dir: reads its manifest (rd->m), and
+ * nothing else until the first read. */
+int ckpt_reader_open(ckpt_reader_t *rd, const char *dir);
+/* n elements of section kind (CKPT_SEC_*), from the model's flat index g on,
+ * into dst as dtype to (fp32 <-> bf16 round to nearest even). */
+int ckpt_reader_read(ckpt_reader_t *rd, uint32_t kind, uint64_t g, size_t n, void *dst,
+                     uint32_t to);
+void ckpt_reader_close(ckpt_reader_t *rd);
+
 /* Removes the checkpoint in dir: its manifest first (so it is no longer
  * committed), then its shard files and temporary ones, then dir. Only the
  * format's own names are deleted; a directory holding anything else is left

@@ -1,6 +1,7 @@
 /* gpt_config: presets, checks and sizes of a model's shape (see gpt_config.h). */
 #include "daemon/job/gpt_config.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -89,4 +90,48 @@ static size_t gpt_config_act_floats(const gpt_config_t *c, size_t B, size_t T, i
 size_t gpt_config_act_bytes(const gpt_config_t *cfg, int B, int T, int ckpt) {
   return gpt_config_act_floats(cfg, (size_t)B, (size_t)T, ckpt) * sizeof(float) +
          2 * (size_t)B * (size_t)T * sizeof(int32_t);
+}
+
+int gpt_config_tensors(const gpt_config_t *cfg, gpt_tensor_t *t, int max) {
+  const int C = cfg->channels, L = cfg->layers;
+  const float std = 0.02f, proj_std = 0.02f / sqrtf(2.0f * (float)L);
+  int n = 0;
+  size_t off = 0;
+#define GPT_T(unit_, rows_, cols_, decay_, std_, val_, ...)                           \
+  do {                                                                               \
+    if (t && n < max) {                                                              \
+      gpt_tensor_t *x = &t[n];                                                       \
+      snprintf(x->name, sizeof x->name, __VA_ARGS__);                                \
+      x->offset = off;                                                               \
+      x->rows = (rows_);                                                             \
+      x->cols = (cols_);                                                             \
+      x->numel = (size_t)(rows_) * (size_t)(cols_);                                  \
+      x->decay = (decay_);                                                           \
+      x->unit = (unit_);                                                             \
+      x->init_std = (std_);                                                          \
+      x->init_value = (val_);                                                        \
+    }                                                                                \
+    off += (size_t)(rows_) * (size_t)(cols_);                                        \
+    n++;                                                                             \
+  } while (0)
+  GPT_T(0, cfg->vocab, C, 1, std, 0.f, "wte");
+  GPT_T(0, cfg->context, C, 1, 0.01f, 0.f, "wpe");
+  GPT_T(0, 1, C, 0, 0.f, 1.f, "lnf.w");
+  GPT_T(0, 1, C, 0, 0.f, 0.f, "lnf.b");
+  for (int l = 0; l < L; l++) {
+    GPT_T(1 + l, 1, C, 0, 0.f, 1.f, "h.%d.ln1.w", l);
+    GPT_T(1 + l, 1, C, 0, 0.f, 0.f, "h.%d.ln1.b", l);
+    GPT_T(1 + l, 3 * C, C, 1, std, 0.f, "h.%d.attn.qkv.w", l);
+    GPT_T(1 + l, 1, 3 * C, 0, 0.f, 0.f, "h.%d.attn.qkv.b", l);
+    GPT_T(1 + l, C, C, 1, proj_std, 0.f, "h.%d.attn.proj.w", l);
+    GPT_T(1 + l, 1, C, 0, 0.f, 0.f, "h.%d.attn.proj.b", l);
+    GPT_T(1 + l, 1, C, 0, 0.f, 1.f, "h.%d.ln2.w", l);
+    GPT_T(1 + l, 1, C, 0, 0.f, 0.f, "h.%d.ln2.b", l);
+    GPT_T(1 + l, 4 * C, C, 1, std, 0.f, "h.%d.mlp.fc.w", l);
+    GPT_T(1 + l, 1, 4 * C, 0, 0.f, 0.f, "h.%d.mlp.fc.b", l);
+    GPT_T(1 + l, C, 4 * C, 1, proj_std, 0.f, "h.%d.mlp.proj.w", l);
+    GPT_T(1 + l, 1, C, 0, 0.f, 0.f, "h.%d.mlp.proj.b", l);
+  }
+#undef GPT_T
+  return n;
 }

@@ -4,7 +4,11 @@
  * takes. The model (daemon/train/gpt.c) is built from these; the memory plan
  * and the coordinator's admission use them without linking the model, so the
  * numbers they predict are the model's own, not a copy. docs/MODEL.md has
- * the math. */
+ * the math.
+ *
+ * Named tensors: the table of every parameter tensor (name, place, shape,
+ * decay, initialisation) is here too, so a checkpoint can be exported
+ * tensor by tensor by the coordinator, which links no model. */
 #ifndef FSDP_GPT_CONFIG_H
 #define FSDP_GPT_CONFIG_H
 
@@ -32,6 +36,23 @@ size_t gpt_config_num_params(const gpt_config_t *cfg);
 typedef struct gpt_unit {
   size_t offset, numel; /* range in the flat buffer */
 } gpt_unit_t;
+
+/* One named parameter tensor inside the flat buffer. */
+typedef struct gpt_tensor {
+  char name[32];    /* "wte", "h.3.attn.qkv.w", ... */
+  size_t offset;    /* in elements, into the flat buffer */
+  size_t numel;
+  int rows, cols;   /* shape: (rows, cols) for matrices, (1, n) for vectors */
+  int decay;        /* 1: weight decay applies (matrices and embeddings) */
+  int unit;         /* which unit holds it */
+  float init_std;   /* 0: constant init (init_value) */
+  float init_value;
+} gpt_tensor_t;
+
+/* The tensor table of a config, in flat-buffer (unit) order: returns the
+ * count and writes up to max entries into t (t NULL: only counts). The names
+ * are the layout's own ("wte", "h.3.attn.qkv.w"); docs/MODEL.md lists them. */
+int gpt_config_tensors(const gpt_config_t *cfg, gpt_tensor_t *t, int max);
 
 /* Unit u (0: embeddings and final norm; 1+l: block l) of a config, without a model. */
 gpt_unit_t gpt_config_unit(const gpt_config_t *cfg, int u);

@@ -1,10 +1,12 @@
 /* shard: strategies, meshes, groups and the padded shard layout (see shard.h). */
 #include "daemon/job/shard.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "daemon/common/err.h"
 
@@ -187,4 +189,20 @@ size_t shard_unit_real(const shard_layout_t *l, int r, int k, size_t *begin) {
   *begin = x->offset + lo;
   size_t real = lo < x->numel ? x->numel - lo : 0;
   return real < x->shard_numel ? real : x->shard_numel;
+}
+
+int shard_file_io(int fd, void *buf, size_t len, off_t at, int writing, int r, const char *path) {
+  char *p = buf;
+  for (size_t done = 0; done < len;) {
+    ssize_t n = writing ? pwrite(fd, p + done, len - done, at + (off_t)done)
+                        : pread(fd, p + done, len - done, at + (off_t)done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      int e = n < 0 ? errno : (writing ? ENOSPC : EIO);
+      return err_set_errno(err_from_errno(e), e, "%s shard %d of %s", writing ? "writing" :
+                           "reading", r, path);
+    }
+    done += (size_t)n;
+  }
+  return FSDP_OK;
 }

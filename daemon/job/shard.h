@@ -7,13 +7,15 @@
  * the rank), so a checkpoint written under one S can be re-sharded to another.
  * Rank r of a shard group owns shard r of every unit.
  *
- * Pure geometry (daemon/job): what a rank does with its shards' bytes
+ * Pure geometry (daemon/job), and moving a shard's bytes to and from a file
+ * (shard_file_io): what a rank does with its shards' bytes
  * (initial values, weights files, AdamW segments) is daemon/train/shard_rank.h. */
 #ifndef FSDP_SHARD_H
 #define FSDP_SHARD_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "daemon/job/gpt_config.h"
 
@@ -96,4 +98,9 @@ void shard_layout_destroy(shard_layout_t *l);
  * (the rest is padding), and in *begin the global index (in the model's flat
  * order) of its first element. */
 size_t shard_unit_real(const shard_layout_t *l, int r, int k, size_t *begin);
+
+/* Moves len bytes between buf and fd at offset at, whole (pread when writing
+ * is 0, pwrite otherwise; short transfers are continued); the error names
+ * rank r's shard and path. */
+int shard_file_io(int fd, void *buf, size_t len, off_t at, int writing, int r, const char *path);
 #endif

@@ -184,148 +184,34 @@ int ckpt_rank_save(fsdp_t *f, const ckpt_rank_meta_t *meta, const char *root,
 
 /* ---- load ------------------------------------------------------------------- */
 
-/* The old shard files, opened as they are needed, and one block of them
- * read and checked at a time. */
-typedef struct ckpt_reader {
-  const char *dir;
-  ckpt_manifest_t m;
-  int *fd;                 /* per old shard; -1 until opened */
-  ckpt_header_t *h;        /* per old shard, once opened */
-  uint8_t *block;          /* the block read last ... */
-  int b_shard, b_sec;      /* ... of this shard and section ... */
-  uint64_t b_index, b_len; /* ... and its index and length */
-} ckpt_reader_t;
-
-static int ckpt_reader_open(ckpt_reader_t *rd, int j) {
-  if (rd->fd[j] >= 0) return FSDP_OK;
-  char path[4096];
-  snprintf(path, sizeof path, "%s/%s", rd->dir, rd->m.shard[j].name);
-  int fd, rc = ckpt_open_file(path, &fd);
-  if (rc)
-    return err_wrap(rc, "checkpoint %s: shard %d; the checkpoint is damaged", rd->dir, j);
-  ckpt_header_t *h = &rd->h[j];
-  struct stat st;
-  rc = ckpt_header_read(fd, path, h);
-  if (!rc && fstat(fd, &st)) rc = err_set_errno(FSDP_EIO, errno, "checkpoint: stat %s", path);
-  if (!rc && (h->sum != rd->m.shard[j].sum || h->shard_rank != j ||
-              (uint64_t)st.st_size != rd->m.shard[j].bytes ||
-              (uint64_t)st.st_size != ckpt_file_bytes(h)))
-    rc = err_set(FSDP_EFORMAT, "%s: not the shard the manifest committed (checksum %016" PRIx64
-                 " for %016" PRIx64 ", %lld bytes for %" PRIu64 "); the file was replaced, "
-                 "truncated or damaged", path, h->sum, rd->m.shard[j].sum, (long long)st.st_size,
-                 rd->m.shard[j].bytes);
-  /* every index the loader computes comes from these: they must agree with
-   * the manifest and with shard 0, whatever the files say */
-  if (!rc && (h->shards != rd->m.shards || h->shard_total != rd->m.shard_total ||
-              memcmp(&h->model, &rd->m.model, sizeof h->model) || h->step != rd->m.step ||
-              (j > 0 && !ckpt_header_same_layout(&rd->h[0], h))))
-    rc = err_set(FSDP_EFORMAT, "%s: header: its shards, model, step or layout differ from the "
-                 "manifest's or shard 0's; the checkpoint is damaged", path);
-  if (rc) {
-    ckpt_header_free(h);
-    close(fd);
-    return rc;
-  }
-  rd->fd[j] = fd;
-  return FSDP_OK;
-}
-
-/* n bytes of section sec of old shard j from byte off of the section, each
- * block they touch read whole and checked. */
-static int ckpt_reader_bytes(ckpt_reader_t *rd, int j, int sec, uint64_t off, size_t n,
-                             uint8_t *out) {
-  const ckpt_section_t *s = &rd->h[j].sec[sec];
-  char path[4096];
-  while (n) {
-    const uint64_t bi = off / CKPT_BLOCK, bo = off % CKPT_BLOCK;
-    if (rd->b_shard != j || rd->b_sec != sec || rd->b_index != bi) {
-      const uint64_t at = bi * CKPT_BLOCK;
-      const uint64_t len = s->bytes - at < CKPT_BLOCK ? s->bytes - at : CKPT_BLOCK;
-      snprintf(path, sizeof path, "%s/%s", rd->dir, rd->m.shard[j].name);
-      rd->b_shard = -1;
-      int rc = shard_file_io(rd->fd[j], rd->block, len, (off_t)(s->offset + at), 0, j, path);
-      if (rc) return err_wrap(rc, "checkpoint: section %s", ckpt_section_name(s->kind));
-      if (XXH64(rd->block, len, 0) != s->sums[bi])
-        return err_set(FSDP_EFORMAT, "%s: section %s, block %" PRIu64 " (bytes %" PRIu64 "..%"
-                       PRIu64 " of the file): checksum mismatch; the shard is damaged and will "
-                       "not load", path, ckpt_section_name(s->kind), bi, s->offset + at,
-                       s->offset + at + len);
-      rd->b_shard = j, rd->b_sec = sec, rd->b_index = bi, rd->b_len = len;
-    }
-    const size_t c = rd->b_len - bo < n ? (size_t)(rd->b_len - bo) : n;
-    memcpy(out, rd->block + bo, c);
-    out += c, off += c, n -= c;
-  }
-  return FSDP_OK;
-}
-
-/* n elements of dtype from into dtype to (fp32 <-> bf16 nearest-even). */
-static void ckpt_convert(void *dst, uint32_t to, const void *src, uint32_t from, size_t n) {
-  if (to == from) {
-    memcpy(dst, src, n * ckpt_dtype_bytes(to));
-  } else if (to == CKPT_DTYPE_F32) {
-    const uint16_t *s = src;
-    float *d = dst;
-    for (size_t i = 0; i < n; i++) d[i] = kern_bf16_to_f32(s[i]);
-  } else {
-    const float *s = src;
-    uint16_t *d = dst;
-    for (size_t i = 0; i < n; i++) d[i] = kern_f32_to_bf16(s[i]);
-  }
-}
-
-/* Fills section kind of this rank's shards (dst, of dtype to) from the old
- * shards: every real element it owns under the new layout, by its place in
- * the model's flat buffer. */
-static int ckpt_load_section(ckpt_reader_t *rd, const fsdp_state_t *st, int kind, void *dst,
-                             uint32_t to, uint8_t *sbuf, uint8_t *dbuf) {
+/* Fills section kind of this rank's shards (dst, of dtype to) from the
+ * checkpoint: every real element it owns under the new layout, by its place
+ * in the model's flat buffer, through one host stage of CKPT_STAGE elements. */
+static int ckpt_load_section(ckpt_reader_t *rd, const fsdp_state_t *st, uint32_t kind, void *dst,
+                             uint32_t to, uint8_t *stage) {
   const shard_layout_t *l = st->layout;
-  const ckpt_header_t *o = &rd->h[0];
   const size_t te = ckpt_dtype_bytes(to);
-  uint64_t *old_start = calloc(o->num_units + 1, sizeof *old_start); /* unit's place in a shard */
-  if (!old_start) return err_set(FSDP_ENOMEM, "checkpoint: out of memory");
-  for (uint32_t k = 0; k < o->num_units; k++)
-    old_start[k + 1] = old_start[k] + o->units[k].shard_numel;
   int rc = FSDP_OK;
-  uint32_t ko = 0;
   size_t new_off = 0;
   for (int k = 0; !rc && k < l->num_units; new_off += l->units[k].shard_numel, k++) {
     size_t begin, real = shard_unit_real(l, st->shard_rank, k, &begin);
-    for (uint64_t g = begin, end = begin + real; !rc && g < end;) {
-      while (o->units[ko].offset + o->units[ko].numel <= g) ko++; /* the units tile the model */
-      const shard_unit_t *u = &o->units[ko];
-      const uint64_t within = g - u->offset, e = within % u->shard_numel;
-      const int j = (int)(within / u->shard_numel);
-      uint64_t n = end - g;
-      if (n > u->shard_numel - e) n = u->shard_numel - e;
-      if (n > u->offset + u->numel - g) n = u->offset + u->numel - g;
-      if (n > CKPT_STAGE) n = CKPT_STAGE;
-      int sec = 0;
-      if (!(rc = ckpt_reader_open(rd, j))) {
-        while (rd->h[j].sec[sec].kind != (uint32_t)kind) sec++;
-        const uint32_t from = rd->h[j].sec[sec].dtype;
-        const size_t fe = ckpt_dtype_bytes(from);
-        rc = ckpt_reader_bytes(rd, j, sec, (old_start[ko] + e) * fe, n * fe, sbuf);
-        if (!rc) {
-          ckpt_convert(dbuf, to, sbuf, from, n);
-          st->be->copy_h2d((uint8_t *)dst + (new_off + (g - begin)) * te, dbuf, n * te);
-        }
-      }
-      g += n;
+    for (size_t i = 0, n; !rc && i < real; i += n) {
+      n = real - i < CKPT_STAGE ? real - i : CKPT_STAGE;
+      rc = ckpt_reader_read(rd, kind, begin + i, n, stage, to);
+      if (!rc) st->be->copy_h2d((uint8_t *)dst + (new_off + i) * te, stage, n * te);
     }
   }
-  free(old_start);
   return rc;
 }
 
 int ckpt_rank_load(fsdp_t *f, const char *dir, ckpt_rank_meta_t *meta) {
-  ckpt_reader_t rd = {.dir = dir, .b_shard = -1};
-  int rc = ckpt_manifest_read(dir, &rd.m);
+  ckpt_reader_t rd;
+  int rc = ckpt_reader_open(&rd, dir);
   if (rc) return rc;
   fsdp_state_t st;
   fsdp_state(f, &st);
   const gpt_config_t *cfg = gpt_get_config(fsdp_model(f));
-  uint8_t *sbuf = NULL, *dbuf = NULL;
+  uint8_t *stage = NULL;
   if (memcmp(&rd.m.model, cfg, sizeof *cfg)) {
     rc = err_set(FSDP_EINVAL, "resume_from: %s holds a model of layers %d, channels %d, heads %d, "
                  "vocab %d, context %d; this job's has %d, %d, %d, %d, %d: resume with the model "
@@ -334,25 +220,14 @@ int ckpt_rank_load(fsdp_t *f, const char *dir, ckpt_rank_meta_t *meta) {
                  cfg->channels, cfg->heads, cfg->vocab, cfg->context);
     goto out;
   }
-  rd.fd = malloc((size_t)rd.m.shards * sizeof *rd.fd);
-  rd.h = calloc((size_t)rd.m.shards, sizeof *rd.h);
-  rd.block = malloc(CKPT_BLOCK);
-  sbuf = malloc(CKPT_STAGE * 4), dbuf = malloc(CKPT_STAGE * 4);
-  if (!rd.fd || !rd.h || !rd.block || !sbuf || !dbuf) {
+  if (!(stage = malloc(CKPT_STAGE * sizeof(float)))) {
     rc = err_set(FSDP_ENOMEM, "checkpoint: out of memory");
-    goto out;
-  }
-  for (int j = 0; j < rd.m.shards; j++) rd.fd[j] = -1;
-  if ((rc = ckpt_reader_open(&rd, 0))) goto out; /* its header holds the old layout */
-  if (rd.h[0].step != rd.m.step || rd.h[0].shard_total != rd.m.shard_total) {
-    rc = err_set(FSDP_EFORMAT, "checkpoint %s: shard 0 is of step %" PRId64 ", the manifest of %"
-                 PRId64 "; the checkpoint is damaged", dir, rd.h[0].step, rd.m.step);
     goto out;
   }
   ckpt_bufs_t b;
   ckpt_rank_bufs(&st, &b);
   for (int i = 0; !rc && i < CKPT_SECTIONS; i++)
-    rc = ckpt_load_section(&rd, &st, (int)b.kind[i], b.ptr[i], b.dtype[i], sbuf, dbuf);
+    rc = ckpt_load_section(&rd, &st, b.kind[i], b.ptr[i], b.dtype[i], stage);
   st.be->sync();
   if (rc) goto out;
   const ckpt_header_t *h = &rd.h[0];
@@ -361,9 +236,7 @@ int ckpt_rank_load(fsdp_t *f, const char *dir, ckpt_rank_meta_t *meta) {
   meta->seed = h->seed, meta->min_params = h->min_params, meta->precision = (precision_t)h->precision;
   meta->mesh = (shard_mesh_t){h->replicas, h->shards, (shard_strategy_t)h->strategy};
 out:
-  for (int j = 0; rd.fd && rd.h && j < rd.m.shards; j++)
-    if (rd.fd[j] >= 0) close(rd.fd[j]), ckpt_header_free(&rd.h[j]);
-  free(rd.fd), free(rd.h), free(rd.block), free(sbuf), free(dbuf);
-  ckpt_manifest_free(&rd.m);
+  free(stage);
+  ckpt_reader_close(&rd);
   return rc;
 }

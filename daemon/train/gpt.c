@@ -29,7 +29,7 @@
 /* A block's parameters (or gradients) inside its unit buffer, by name (after
  * llm.c's ParameterTensors); shapes as (rows, cols). gpt_create finds each
  * one's unit-local offset by the tensor's name in the layout, so nothing here
- * depends on the order gpt_layout lists them in. */
+ * depends on the order gpt_config_tensors lists them in. */
 typedef struct gpt_block {
   float *ln1w, *ln1b;         /* (C) */
   float *qkvw;                /* (3C, C) */
@@ -128,52 +128,6 @@ struct gpt {
   int have_targets;
 };
 
-/* The tensor table of a config, in flat-buffer order. Returns the count; writes
- * up to max entries into t (t may be NULL to count). */
-static int gpt_layout(const gpt_config_t *cfg, gpt_tensor_t *t, int max) {
-  const int C = cfg->channels, L = cfg->layers;
-  const float std = 0.02f, proj_std = 0.02f / sqrtf(2.0f * (float)L);
-  int n = 0;
-  size_t off = 0;
-#define GPT_T(unit_, rows_, cols_, decay_, std_, val_, ...)                           \
-  do {                                                                               \
-    if (t && n < max) {                                                              \
-      gpt_tensor_t *x = &t[n];                                                       \
-      snprintf(x->name, sizeof x->name, __VA_ARGS__);                                \
-      x->offset = off;                                                               \
-      x->rows = (rows_);                                                             \
-      x->cols = (cols_);                                                             \
-      x->numel = (size_t)(rows_) * (size_t)(cols_);                                  \
-      x->decay = (decay_);                                                           \
-      x->unit = (unit_);                                                             \
-      x->init_std = (std_);                                                          \
-      x->init_value = (val_);                                                        \
-    }                                                                                \
-    off += (size_t)(rows_) * (size_t)(cols_);                                        \
-    n++;                                                                             \
-  } while (0)
-  GPT_T(0, cfg->vocab, C, 1, std, 0.f, "wte");
-  GPT_T(0, cfg->context, C, 1, 0.01f, 0.f, "wpe");
-  GPT_T(0, 1, C, 0, 0.f, 1.f, "lnf.w");
-  GPT_T(0, 1, C, 0, 0.f, 0.f, "lnf.b");
-  for (int l = 0; l < L; l++) {
-    GPT_T(1 + l, 1, C, 0, 0.f, 1.f, "h.%d.ln1.w", l);
-    GPT_T(1 + l, 1, C, 0, 0.f, 0.f, "h.%d.ln1.b", l);
-    GPT_T(1 + l, 3 * C, C, 1, std, 0.f, "h.%d.attn.qkv.w", l);
-    GPT_T(1 + l, 1, 3 * C, 0, 0.f, 0.f, "h.%d.attn.qkv.b", l);
-    GPT_T(1 + l, C, C, 1, proj_std, 0.f, "h.%d.attn.proj.w", l);
-    GPT_T(1 + l, 1, C, 0, 0.f, 0.f, "h.%d.attn.proj.b", l);
-    GPT_T(1 + l, 1, C, 0, 0.f, 1.f, "h.%d.ln2.w", l);
-    GPT_T(1 + l, 1, C, 0, 0.f, 0.f, "h.%d.ln2.b", l);
-    GPT_T(1 + l, 4 * C, C, 1, std, 0.f, "h.%d.mlp.fc.w", l);
-    GPT_T(1 + l, 1, 4 * C, 0, 0.f, 0.f, "h.%d.mlp.fc.b", l);
-    GPT_T(1 + l, C, 4 * C, 1, proj_std, 0.f, "h.%d.mlp.proj.w", l);
-    GPT_T(1 + l, 1, C, 0, 0.f, 0.f, "h.%d.mlp.proj.b", l);
-  }
-#undef GPT_T
-  return n;
-}
-
 /* ---- initialisation ---------------------------------------------------- */
 
 /* A standard normal that depends only on (seed, i): Box-Muller on two
@@ -188,10 +142,10 @@ static double gpt_normal(uint64_t seed, uint64_t i) {
 
 void gpt_init_range(const gpt_config_t *cfg, uint64_t seed, size_t begin, size_t end,
                     float *dst) {
-  int n = gpt_layout(cfg, NULL, 0);
+  int n = gpt_config_tensors(cfg, NULL, 0);
   gpt_tensor_t *t = malloc((size_t)n * sizeof *t);
   FSDP_ASSERT(t);
-  gpt_layout(cfg, t, n);
+  gpt_config_tensors(cfg, t, n);
   for (int k = 0; k < n; k++) {
     size_t lo = t[k].offset > begin ? t[k].offset : begin;
     size_t hi = t[k].offset + t[k].numel < end ? t[k].offset + t[k].numel : end;
@@ -238,7 +192,7 @@ static int gpt_create_common(gpt_t **out, const gpt_config_t *cfg, const kern_ba
   if (!g) return err_set(FSDP_ENOMEM, "gpt: out of memory");
   g->cfg = *cfg;
   g->be = be;
-  g->num_tensors = gpt_layout(cfg, NULL, 0);
+  g->num_tensors = gpt_config_tensors(cfg, NULL, 0);
   g->tensors = calloc((size_t)g->num_tensors, sizeof *g->tensors);
   g->num_units = cfg->layers + 1;
   g->units = calloc((size_t)g->num_units, sizeof *g->units);
@@ -247,7 +201,7 @@ static int gpt_create_common(gpt_t **out, const gpt_config_t *cfg, const kern_ba
     gpt_destroy(g);
     return err_set(FSDP_ENOMEM, "gpt: out of memory");
   }
-  gpt_layout(cfg, g->tensors, g->num_tensors);
+  gpt_config_tensors(cfg, g->tensors, g->num_tensors);
   gpt_set_hooks(g, NULL);
   for (int k = 0; k < g->num_tensors; k++) {
     gpt_unit_t *u = &g->units[g->tensors[k].unit];

@@ -23,18 +23,6 @@
 #include "daemon/job/gpt_config.h"
 #include "kernels/kern.h"
 
-/* One named parameter tensor inside the flat buffer. */
-typedef struct gpt_tensor {
-  char name[32];    /* "wte", "h.3.attn.qkv.w", ... */
-  size_t offset;    /* in elements, into the flat buffer */
-  size_t numel;
-  int rows, cols;   /* shape: (rows, cols) for matrices, (1, n) for vectors */
-  int decay;        /* 1: weight decay applies (matrices and embeddings) */
-  int unit;         /* which unit holds it */
-  float init_std;   /* 0: constant init (init_value) */
-  float init_value;
-} gpt_tensor_t;
-
 typedef struct gpt gpt_t;
 
 int gpt_create(gpt_t **out, const gpt_config_t *cfg, const kern_backend_t *be);

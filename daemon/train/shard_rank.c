@@ -49,18 +49,3 @@ int shard_segments(const shard_layout_t *l, const gpt_t *g, int r, adamw_segment
   return FSDP_OK;
 }
 
-int shard_file_io(int fd, void *buf, size_t len, off_t at, int writing, int r, const char *path) {
-  char *p = buf;
-  for (size_t done = 0; done < len;) {
-    ssize_t n = writing ? pwrite(fd, p + done, len - done, at + (off_t)done)
-                        : pread(fd, p + done, len - done, at + (off_t)done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      int e = n < 0 ? errno : (writing ? ENOSPC : EIO);
-      return err_set_errno(err_from_errno(e), e, "%s shard %d of %s", writing ? "writing" :
-                           "reading", r, path);
-    }
-    done += (size_t)n;
-  }
-  return FSDP_OK;
-}

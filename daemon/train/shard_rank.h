@@ -22,10 +22,6 @@ void shard_init_weights(const shard_layout_t *l, const gpt_config_t *cfg, uint64
 void shard_init_unit(const shard_layout_t *l, const gpt_config_t *cfg, uint64_t seed, int r, int k,
                      float *buf);
 
-/* Moves len bytes between buf and fd at offset at, whole (pread when writing
- * is 0, pwrite otherwise; short transfers are continued); the error names
- * rank r's shard and path. */
-int shard_file_io(int fd, void *buf, size_t len, off_t at, int writing, int r, const char *path);
 /* The AdamW segments of rank r's shards (offsets into its shard_total
  * buffer): the pieces of each tensor that fall in them, with the tensor's decay
  * rule; padding belongs to no segment. *segs is malloc'd (free it). */
