@@ -68,7 +68,8 @@ KERN_OBJS   = $(B)/kernels/cpu/backend.o \
 # coordinator, which links nothing else of the engine (only common). Purity is
 # proved by linking: test_job links only these and the common objects.
 JOB_SRCS    = daemon/job/config.c daemon/job/gpt_config.c daemon/job/precision.c \
-              daemon/job/shard.c daemon/job/plan.c daemon/job/job.c daemon/job/ckpt.c
+              daemon/job/shard.c daemon/job/plan.c daemon/job/job.c daemon/job/ckpt.c \
+              daemon/job/safetensors.c
 JOB_OBJS    = $(JOB_SRCS:%.c=$(B)/%.o) $(COMMON_SRCS:%.c=$(B)/%.o)
 # what the job library needs: job files (inih), checkpoints' checksums and manifests
 JOB_LDLIBS  = -linih -lxxhash -ljansson
@@ -99,7 +100,7 @@ BINS  = bin/fsdp-train bin/fsdp-tokenize bin/fsdp-launch bin/fsdp-coordinator bi
 # (tests/e2e: the programs run as processes); test_bins names their binaries
 # under a build directory.
 UNIT_TESTS = err frame param kernels isa device boot data gpt adamw config train ckpt sample shard plan comm \
-             fsdp reference supervise sched inventory job rpc store store_txn
+             fsdp reference supervise sched inventory job rpc store store_txn safetensors
 E2E_TESTS  = launch fault coordinator fsdpd cluster
 test_bins  = $(UNIT_TESTS:%=$(1)/tests/test_%) $(E2E_TESTS:%=$(1)/e2e/test_%)
 TEST_BINS  = $(call test_bins,$(B))

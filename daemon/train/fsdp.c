@@ -39,6 +39,7 @@
 
 #include "daemon/comm/reg.h"
 #include "daemon/common/err.h"
+#include "daemon/job/safetensors.h"
 #include "daemon/common/log.h"
 #include "daemon/common/mem.h"
 
@@ -386,7 +387,34 @@ static off_t fsdp_file_at(size_t begin) {
   return GPT_WEIGHTS_HEADER_BYTES + (off_t)(begin * sizeof(float));
 }
 
+/* Loads this rank's shards from a safetensors file (safetensors.h). */
+static int fsdp_load_safetensors(fsdp_t *f, const char *path) {
+  safetensors_t st;
+  int fd, rc = safetensors_open(path, gpt_get_config(f->model), &fd, &st);
+  if (rc) return err_wrap(rc, "init_from");
+  for (int k = 0; !rc && k < f->layout->num_units; k++) {
+    size_t begin, real = shard_unit_real(f->layout, f->shard_rank, k, &begin);
+    for (size_t i = 0, c; !rc && i < real; i += c) {
+      c = fsdp_chunk(i, real);
+      if ((rc = safetensors_read(&st, fd, path, begin + i, c, f->stage)))
+        rc = err_wrap(rc, "init_from");
+      else
+        fsdp_stage_store(f, f->shard_off[k] + i, c);
+    }
+    fsdp_zero_padding(f, k, real);
+  }
+  f->be->sync();
+  safetensors_free(&st);
+  close(fd);
+  return rc;
+}
+
 int fsdp_load_weights(fsdp_t *f, const char *path) {
+  uint8_t first[9] = {0};
+  FILE *probe = fopen(path, "rb");
+  const size_t got = probe ? fread(first, 1, sizeof first, probe) : 0;
+  if (probe) fclose(probe);
+  if (safetensors_sniff(first, got)) return fsdp_load_safetensors(f, path);
   gpt_config_t fc;
   FILE *file;
   int rc = gpt_weights_open(path, &fc, &file);

@@ -83,8 +83,10 @@ int fsdp_reshard(fsdp_t *f);
 /* Most units that were gathered (or being gathered) at the same time. */
 int fsdp_max_gathered(const fsdp_t *f);
 const shard_layout_t *fsdp_layout(const fsdp_t *f);
-/* Loads this rank's shards from an fp32 weights file (gpt.h's format; only
- * its byte ranges), rounded to bf16 (nearest-even) under bf16-true. */
+/* Loads this rank's shards from an fp32 weights file (gpt.h's format) or a
+ * safetensors file in GPT-2's layout (daemon/job/safetensors.h), told apart
+ * by their first bytes; only this rank's byte ranges are read, rounded to
+ * bf16 (nearest-even) under bf16-true. */
 int fsdp_load_weights(fsdp_t *f, const char *path);
 /* Writes this rank's real elements into their byte ranges of fd, an open
  * fp32 weights file already sized; bf16 storage is widened exactly. Weights
