@@ -233,12 +233,12 @@ $(CUDA_CHECKS): %: %.o $(KMG_CPU_OBJS)
 	$(CC) $(LDFLAGS) $^ -o $@ -L$(CUDA_LIB) -lcudart_static -ldl -lrt -lpthread -lstdc++ -lm
 
 # libFuzzer targets for every decoder of outside input (token, weights and job
-# files, checkpoint headers and manifests, RPC requests), built with clang,
+# files, checkpoint headers and manifests, safetensors headers, RPC requests), built with clang,
 # ASan and UBSan in build-fuzz/. `make test` runs each
 # for a fixed number of inputs from a fixed seed (a bounded regression run);
 # `make fuzz` searches for FUZZ_SECONDS each, keeping what it finds in
 # build-fuzz/corpus/.
-FUZZ         = tokens weights jobfile rpc_requests ckpt_header ckpt_manifest
+FUZZ         = tokens weights jobfile rpc_requests ckpt_header ckpt_manifest safetensors_header
 FUZZ_SECONDS ?= 60
 FUZZ_RUNS    ?= 20000
 FUZZ_SAN     = -fsanitize=fuzzer-no-link,address,undefined -Wno-pass-failed
