@@ -293,6 +293,7 @@ $(B)/fuzz_rpc_requests: $(B)/tests/fuzz/fuzz_rpc_requests.o $(B)/tests/fuzz/fuzz
 # ---- fsdp-coordinator: the store, the scheduler and admission (the job
 # library) behind the RPC layer; nothing of the engine (COORD_BIN_OBJS).
 COORD_SVC_SRCS = daemon/coordinator/coord.c daemon/coordinator/coord_rpc.c daemon/coordinator/coord_ckpt.c \
+                 daemon/coordinator/coord_export.c \
                  daemon/coordinator/main.c
 COORD_SVC_OBJS = $(COORD_SVC_SRCS:%.c=$(B)/%.o)
 COORD_BIN_OBJS = $(COORD_SVC_OBJS) $(sort $(COORD_OBJS) $(JOB_OBJS)) $(RPC_LIB)

@@ -10,6 +10,8 @@
  * stderr: "fsdpctl: <what failed>: <the server's or our message>", with the
  * fix where the client knows it. */
 #include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -747,6 +749,121 @@ static int cmd_checkpoints(ctl_t *c, int argc, char **argv) {
   return ctl_table_out(c, t);
 }
 
+/* ---- export ---------------------------------------------------------------------------- */
+
+/* Writes n bytes at off of fd, whole; errno's message on failure. */
+static int ctl_pwrite_all(int fd, const uint8_t *p, size_t n, off_t off) {
+  while (n) {
+    ssize_t w = pwrite(fd, p, n, off);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return err_set_errno(err_from_errno(w < 0 ? errno : ENOSPC), w < 0 ? errno : ENOSPC,
+                                     "writing");
+    p += w, n -= (size_t)w, off += w;
+  }
+  return 0;
+}
+
+/* The stream of ExportChunks into fd; the file's size in *total, the
+ * checkpoint's step in *step. Every piece must land where the last ended
+ * and the stream must end at the size it announced. */
+static int ctl_export_stream(ctl_t *c, const Fsdp__V1__ExportCheckpointRequest *req, int fd,
+                             uint64_t *total, int64_t *step) {
+  rpc_stream_t *st = NULL;
+  int rc = ctl_connect(c);
+  if (!rc) rc = rpc_stream_open(c->client, &st, CTL_SVC "ExportCheckpoint", &req->base, CTL_FOREVER_S);
+  uint64_t got = 0;
+  *total = 0;
+  Fsdp__V1__ExportChunk *m;
+  while (!rc && (rc = rpc_stream_next(st, &fsdp__v1__export_chunk__descriptor, (ProtobufCMessage **)&m)) == 1) {
+    rc = 0;
+    if (m->offset != got || (got && m->total_bytes != *total) || got + m->data.len > m->total_bytes)
+      rc = err_set(FSDP_EFORMAT, "the coordinator sent bytes %llu..%llu of %llu after %llu: a broken "
+                   "stream", (unsigned long long)m->offset,
+                   (unsigned long long)(m->offset + m->data.len), (unsigned long long)m->total_bytes,
+                   (unsigned long long)got);
+    *total = m->total_bytes, *step = m->step;
+    if (!rc) rc = ctl_pwrite_all(fd, m->data.data, m->data.len, (off_t)got);
+    got += m->data.len;
+    ctl_free(m);
+  }
+  if (!rc && (!*total || got != *total))
+    rc = err_set(FSDP_EFORMAT, "the stream ended after %llu bytes of %llu",
+                 (unsigned long long)got, (unsigned long long)*total);
+  rpc_stream_close(st);
+  return rc;
+}
+
+static int cmd_export(ctl_t *c, int argc, char **argv) {
+  const char *job = NULL, *out = NULL, *v;
+  Fsdp__V1__ExportCheckpointRequest req = FSDP__V1__EXPORT_CHECKPOINT_REQUEST__INIT;
+  unsigned long step = 0;
+  int force = 0;
+  for (int i = 0; i < argc; i++) {
+    int r;
+    /* -o is the file here (fsdpctl's -o json is --output json) */
+    if ((r = ctl_opt(c, argc, argv, &i, "-o", &v))) {
+      if (r < 0) return CTL_EXIT_INVALID;
+      out = v;
+      continue;
+    }
+    if ((r = ctl_global_opt(c, argc, argv, &i)) < 0) return CTL_EXIT_INVALID;
+    if (r) continue;
+    if ((r = ctl_opt(c, argc, argv, &i, "--step", &v))) {
+      if (r < 0 || ctl_uint(c, "--step", v, INT64_MAX, &step)) return CTL_EXIT_INVALID;
+    } else if ((r = ctl_opt(c, argc, argv, &i, "--format", &v))) {
+      if (r < 0) return CTL_EXIT_INVALID;
+      req.format = (char *)v;
+    } else if ((r = ctl_opt(c, argc, argv, &i, "--dtype", &v))) {
+      if (r < 0) return CTL_EXIT_INVALID;
+      req.dtype = (char *)v;
+    } else if (!strcmp(argv[i], "--force")) {
+      force = 1;
+    } else if (argv[i][0] == '-' || job) {
+      return ctl_unknown(c, argv[i]);
+    } else {
+      job = argv[i];
+    }
+  }
+  if (!job) return ctl_usage(c, "which job? give its id (fsdpctl jobs lists them)");
+  if (!out || !*out) return ctl_usage(c, "-o FILE: where to write the exported weights");
+  if (!force && access(out, F_OK) == 0)
+    return ctl_usage(c, "-o %s: the file exists; remove it, choose another name or pass --force", out);
+  req.job_id = (char *)job;
+  req.step = (int64_t)step;
+  /* a temporary name beside the file, renamed once whole: an interrupted
+   * export never leaves a file under the name that looks complete */
+  char tmp[4096];
+  snprintf(tmp, sizeof tmp, "%s.partial-%d", out, (int)getpid());
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    int rc = err_set_errno(err_from_errno(errno), errno, "cannot create %s", tmp);
+    return ctl_fail(c, rc, "export of job %s", job);
+  }
+  uint64_t total = 0;
+  int64_t got_step = 0;
+  int rc = ctl_export_stream(c, &req, fd, &total, &got_step);
+  if (!rc && fsync(fd)) rc = err_set_errno(FSDP_EIO, errno, "fsync %s", tmp);
+  if (close(fd) && !rc) rc = err_set_errno(FSDP_EIO, errno, "close %s", tmp);
+  if (!rc && rename(tmp, out)) rc = err_set_errno(err_from_errno(errno), errno, "rename to %s", out);
+  if (rc) {
+    unlink(tmp);
+    return ctl_fail(c, rc, "export of job %s", job);
+  }
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s", out);
+  int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) fsync(dfd), close(dfd); /* the rename, durable */
+  if (c->json) {
+    json_t *j = json_pack("{s:s, s:I, s:s, s:s, s:I}", "job_id", job, "step", (json_int_t)got_step,
+                          "dtype", req.dtype[0] ? req.dtype : "fp32", "file", out, "bytes",
+                          (json_int_t)total);
+    return ctl_json(c, j, 2);
+  }
+  printf("%s: step %lld of job %s, %.1f MiB (%s)\n", out, (long long)got_step, job,
+         (double)total / (1 << 20), req.dtype[0] ? req.dtype : "fp32");
+  return CTL_EXIT_OK;
+}
+
 /* ---- logs ------------------------------------------------------------------------------ */
 
 /* The address of the node that runs (or ran) rank of job: GetJob's ranks
@@ -895,6 +1012,17 @@ static const ctl_cmd_t ctl_cmds[] = {
     {"checkpoints", cmd_checkpoints, "checkpoints JOB",
      "A job's checkpoints: step, attempt, state (OPEN, COMMITTED, ABORTED), shards reported,\n"
      "size, when opened, directory (and why an aborted one was).\n"},
+    {"export", cmd_export,
+     "export JOB [--step N] [--format safetensors] [--dtype fp32|bf16] -o FILE [--force]",
+     "Writes a committed checkpoint's weights as one file, streamed from the coordinator:\n"
+     "safetensors with the tensor names of Hugging Face's GPT-2 (transformers loads it\n"
+     "into GPT2LMHeadModel; a job starts from it with init_from).\n"
+     "  --step N     which committed step (default: the latest; fsdpctl checkpoints)\n"
+     "  --dtype D    fp32 (default) or bf16 (rounded to nearest even)\n"
+     "  -o FILE      where to write it; written under a temporary name and renamed once\n"
+     "               whole, so FILE is never a partial file (--output json still picks\n"
+     "               the output format)\n"
+     "  --force      replace FILE when it exists\n"},
 };
 #define CTL_NCMDS (sizeof ctl_cmds / sizeof ctl_cmds[0])
 

@@ -132,6 +132,7 @@ struct coord {
   int nodes_changed;        /* a node registered or died since least_device was read */
   uint64_t least_device;    /* the smallest device memory of the alive nodes */
   uint64_t janitor_ms;      /* when coord_ckpt_janitor last ran */
+  int n_export;             /* ExportCheckpoint calls running */
 };
 
 /* coord.c, for the handlers */
@@ -192,6 +193,9 @@ void coord_ckpt_janitor(coord_t *c);
 /* 0 when no job still to run but self (stored, or in this turn's submits)
  * has checkpoint_dir dir; else an error naming it. */
 int coord_ckpt_dir_free(coord_t *c, const char *dir, int64_t self);
+
+/* coord_export.c: ExportCheckpoint */
+void coord_export_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg);
 
 /* coord_rpc.c */
 int coord_rpc_register(coord_t *c);

@@ -790,6 +790,8 @@ int coord_rpc_register(coord_t *c) {
         coord_memory_cb),
       M("ListCheckpoints", list_checkpoints_request, list_checkpoints_reply, 0, RPC_ROLE_USER,
         coord_ckpt_list_cb),
+      M("ExportCheckpoint", export_checkpoint_request, export_chunk, 1, RPC_ROLE_USER,
+        coord_export_cb),
       M("ListNodes", list_nodes_request, list_nodes_reply, 0, RPC_ROLE_USER, coord_nodes_cb),
       M("RegisterNode", register_node_request, register_node_reply, 0, RPC_ROLE_NODE,
         coord_register_cb),

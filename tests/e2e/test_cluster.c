@@ -24,6 +24,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "daemon/common/err.h"
+#include "daemon/job/ckpt.h"
+#include "daemon/job/safetensors.h"
+#include "daemon/train/gpt.h"
+#include "kernels/kern.h"
 #include "tests/e2e/cluster.h"
 #include "tests/unit/testutil.h"
 
@@ -510,6 +515,94 @@ Test(cluster, a_cancelled_job_resumes_from_its_last_checkpoint) {
   cr_assert(strstr(out, "resumed from"), "the resumed attempt began again:\n%.2000s", out);
   matches_uninterrupted(conf, ck, ref, 3000);
   free(ck), free(ref), free(conf);
+}
+
+/* 1 when two files hold the same bytes. */
+static int same_file(const char *a, const char *b) {
+  FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+  int same = fa && fb, ca, cb;
+  while (same && ((ca = fgetc(fa)) != EOF) | ((cb = fgetc(fb)) != EOF)) same = ca == cb;
+  if (fa) fclose(fa);
+  if (fb) fclose(fb);
+  return same;
+}
+
+/* fsdpctl export streams a committed checkpoint through the coordinator:
+ * the file is, byte for byte, what the library exports from the checkpoint
+ * (latest in fp32, a chosen step in bf16); an uncommitted step, an existing
+ * file, a bad dtype and an unknown job are refused with their exit codes and
+ * leave no file behind. A job submitted with init_from the exported file
+ * starts from exactly the checkpoint's parameters (lr 0: the steps change
+ * nothing; its saved weights are compared with the checkpoint read by
+ * ckpt_reader). */
+Test(cluster, fsdpctl_exports_a_committed_checkpoint_and_a_job_starts_from_it) {
+  cluster_fsdpd_start(&node[0], coord.addr, "solo", 2, NULL);
+  char *ck, *ref, text[1024], a[4096];
+  static char out[1 << 16];
+  ckpt_roots("ck-export", &ck, &ref);
+  snprintf(text, sizeof text, "steps = 12\n[output]\ncheckpoint_dir = %s\ncheckpoint_every = 4\n", ck);
+  char *conf = job_file("export.conf", text);
+  char job[32];
+  snprintf(job, sizeof job, "%s", submit(conf, "--ranks 2 --watch"));
+  char *f1 = tu_path("export.safetensors"), *f2 = tu_path("export-bf16.safetensors");
+  char *lib = tu_path("lib.safetensors"), *bad = tu_path("never.safetensors");
+  char d12[900], d8[900];
+  snprintf(d12, sizeof d12, "%s/step-00000012", ck);
+  snprintf(d8, sizeof d8, "%s/step-00000008", ck);
+  snprintf(a, sizeof a, "export %s -o '%s'", job, f1);
+  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
+  cr_assert(strstr(out, "step 12"), "%s", out);
+  cr_assert_eq(safetensors_export_file(d12, SAFETENSORS_F32, lib), 0, "%s", err_msg());
+  cr_assert(same_file(f1, lib), "fsdpctl's export of step 12 differs from the library's");
+  snprintf(a, sizeof a, "export %s --step 8 --dtype bf16 -o '%s'", job, f2);
+  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
+  cr_assert_eq(safetensors_export_file(d8, SAFETENSORS_BF16, lib), 0, "%s", err_msg());
+  cr_assert(same_file(f2, lib), "fsdpctl's bf16 export of step 8 differs from the library's");
+  /* refusals */
+  struct { const char *args; int code; const char *says; } no[] = {
+      {"--step 5", 3, "committed: 12, 8, 4"},
+      {"--dtype fp16", 2, "dtype"},
+      {"--format gguf", 2, "safetensors"},
+  };
+  for (size_t i = 0; i < sizeof no / sizeof *no; i++) {
+    snprintf(a, sizeof a, "export %s %s -o '%s'", job, no[i].args, bad);
+    cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), no[i].code, "%s: %s", no[i].args, out);
+    cr_assert(strstr(out, no[i].says), "%s: %s", no[i].args, out);
+  }
+  snprintf(a, sizeof a, "export j-999 -o '%s'", bad);
+  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 3, "%s", out);
+  snprintf(a, sizeof a, "export %s -o '%s'", job, f1);
+  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 2, "%s", out);
+  cr_assert(strstr(out, "exists"), "%s", out);
+  snprintf(a, sizeof a, "export %s --force -o '%s'", job, f1);
+  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
+  cr_assert_neq(access(bad, F_OK), 0, "a refused export left %s", bad);
+  DIR *dir = opendir(tu_tmpdir());
+  for (struct dirent *de; dir && (de = readdir(dir));)
+    cr_assert_null(strstr(de->d_name, ".partial"), "%s left behind", de->d_name);
+  if (dir) closedir(dir);
+  /* a job starts from the export */
+  char *wdir = tu_path("export-w"), w[900];
+  cr_assert_eq(mkdir(wdir, 0777), 0);
+  chmod(wdir, 0777);
+  snprintf(w, sizeof w, "%s/w.bin", wdir);
+  snprintf(text, sizeof text, "steps = 2\n[model]\ninit_from = %s\n[optim]\nwarmup_steps = 1\nlr = 0\n"
+           "weight_decay = 0\n[output]\nsave = %s\n", f1, w);
+  char *conf2 = job_file("import.conf", text);
+  submit(conf2, "--ranks 2 --watch");
+  gpt_t *g;
+  cr_assert_eq(gpt_load(&g, w, kern_cpu()), 0, "%s", err_msg());
+  ckpt_reader_t rd;
+  cr_assert_eq(ckpt_reader_open(&rd, d12), 0, "%s", err_msg());
+  const size_t n = gpt_num_params(g);
+  float *want = malloc(n * sizeof *want);
+  cr_assert_eq(ckpt_reader_read(&rd, CKPT_SEC_PARAMS, 0, n, want, CKPT_DTYPE_F32), 0, "%s", err_msg());
+  cr_assert(!memcmp(gpt_params(g), want, n * sizeof *want),
+            "the job started from the export does not hold the checkpoint's parameters");
+  ckpt_reader_close(&rd);
+  gpt_destroy(g);
+  free(want), free(f1), free(f2), free(lib), free(bad), free(wdir), free(conf), free(conf2);
+  free(ck), free(ref);
 }
 
 /* With tokens configured, fsdpd registers with the node token and a user

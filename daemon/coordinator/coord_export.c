@@ -1,0 +1,208 @@
+/* coord_export: ExportCheckpoint, a job's committed checkpoint streamed to
+ * the client as one safetensors file (daemon/job/safetensors.h), so fsdpctl,
+ * which links only the wire, can write it wherever its user runs it.
+ *
+ * The checkpoint is one the store says is COMMITTED (the request names a
+ * job and a step, never a path: the directory is the one the coordinator
+ * recorded). Reading and converting run on libuv's thread pool, one model
+ * unit at a time, never on the loop: the loop only hands pieces to gRPC, up
+ * to COORD_EXPORT_BACKLOG messages ahead of the client, waiting on a timer
+ * when the client is slower. Memory per export: one unit in fp32 and as
+ * stored, plus that backlog. At most COORD_EXPORT_MAX exports run at once;
+ * another is refused (ELIMIT), saying so. A client that goes away ends its
+ * export at the next piece. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/common/err.h"
+#include "daemon/common/log.h"
+#include "daemon/coordinator/coord_impl.h"
+#include "daemon/job/safetensors.h"
+
+#define COORD_EXPORT_CHUNK (1u << 20) /* bytes per message: under gRPC's 4 MiB receive limit */
+#define COORD_EXPORT_BACKLOG 8        /* messages queued ahead of the client */
+#define COORD_EXPORT_MAX 2            /* exports at once */
+#define COORD_EXPORT_WAIT_MS 2        /* a full backlog is looked at again after this */
+
+typedef struct coord_export {
+  coord_t *c;
+  rpc_call_t *call;         /* NULL once the call ended */
+  int64_t job, step;
+  uint32_t dtype;
+  char dir[STORE_PATH_MAX];
+  safetensors_export_t *x;  /* opened on the pool ... */
+  int opened;               /* ... once this is set */
+  uv_work_t work;
+  int working;              /* a pool task is in flight */
+  int rc;                   /* its result, and its message: */
+  char err[512];
+  const uint8_t *piece;     /* what the last task produced ... */
+  size_t len, off;          /* ... its length, and how much of it went out */
+  uint64_t sent;
+  uv_timer_t wait;
+} coord_export_t;
+
+static void coord_export_next(coord_export_t *e);
+
+static void coord_export_free_cb(uv_handle_t *h) {
+  coord_export_t *e = h->data;
+  safetensors_export_close(e->x);
+  free(e);
+}
+
+/* Ends the export: the call (when still there) with rc, then the export
+ * once no pool task holds it. */
+static void coord_export_end(coord_export_t *e, int rc) {
+  if (e->call) {
+    if (rc) LOG_WARN("coord", "export of job j-%" PRId64 " step %" PRId64 ": %s", e->job, e->step, err_msg());
+    else LOG_INFO("coord", "export of job j-%" PRId64 " step %" PRId64 ": %" PRIu64 " bytes sent", e->job,
+                  e->step, e->sent);
+    rpc_call_finish(e->call, rc);
+    e->call = NULL;
+    e->c->n_export--;
+  }
+  if (e->working || uv_is_closing((uv_handle_t *)&e->wait)) return;
+  uv_timer_stop(&e->wait);
+  uv_close((uv_handle_t *)&e->wait, coord_export_free_cb);
+}
+
+static void coord_export_cancel_cb(rpc_call_t *call, void *arg) {
+  (void)call;
+  coord_export_t *e = arg;
+  e->call = NULL; /* freed as this returns */
+  e->c->n_export--;
+  coord_export_end(e, FSDP_OK);
+}
+
+/* On the pool: open the checkpoint, or produce the next piece. */
+static void coord_export_work_cb(uv_work_t *w) {
+  coord_export_t *e = w->data;
+  e->rc = e->opened ? safetensors_export_next(e->x, &e->piece, &e->len)
+                    : safetensors_export_open(&e->x, e->dir, e->dtype);
+  if (e->rc) snprintf(e->err, sizeof e->err, "%s", err_msg());
+}
+
+static void coord_export_wait_cb(uv_timer_t *t);
+
+/* Hands the piece to gRPC, as far as the backlog allows. */
+static void coord_export_pump(coord_export_t *e) {
+  if (!e->call) return coord_export_end(e, FSDP_OK);
+  while (e->off < e->len) {
+    if (rpc_call_backlog(e->call) >= COORD_EXPORT_BACKLOG) {
+      uv_timer_start(&e->wait, coord_export_wait_cb, COORD_EXPORT_WAIT_MS, 0);
+      return;
+    }
+    const size_t n = e->len - e->off < COORD_EXPORT_CHUNK ? e->len - e->off : COORD_EXPORT_CHUNK;
+    Fsdp__V1__ExportChunk m = FSDP__V1__EXPORT_CHUNK__INIT;
+    m.offset = e->sent;
+    m.data.data = (uint8_t *)e->piece + e->off;
+    m.data.len = n;
+    m.total_bytes = safetensors_export_bytes(e->x);
+    m.step = e->step;
+    int rc = rpc_call_send(e->call, &m.base);
+    if (rc) return coord_export_end(e, rc);
+    e->off += n, e->sent += n;
+  }
+  coord_export_next(e);
+}
+
+static void coord_export_wait_cb(uv_timer_t *t) { coord_export_pump(t->data); }
+
+static void coord_export_after_cb(uv_work_t *w, int status) {
+  coord_export_t *e = w->data;
+  e->working = 0;
+  if (!e->call) return coord_export_end(e, FSDP_OK);
+  if (status) return coord_export_end(e, err_set(FSDP_ECANCELED, "export: canceled"));
+  if (e->rc) return coord_export_end(e, err_set(e->rc, "%s", e->err));
+  if (!e->opened) {
+    e->opened = 1;
+    e->step = safetensors_export_step(e->x);
+    return coord_export_next(e);
+  }
+  if (!e->len) {
+    const uint64_t total = safetensors_export_bytes(e->x);
+    return coord_export_end(e, e->sent == total ? FSDP_OK
+                                                : err_set(FSDP_EINTERNAL, "export: %" PRIu64
+                                                          " bytes of %" PRIu64, e->sent, total));
+  }
+  e->off = 0;
+  coord_export_pump(e);
+}
+
+static void coord_export_next(coord_export_t *e) {
+  e->working = 1;
+  e->work.data = e;
+  int rc = uv_queue_work(e->c->loop, &e->work, coord_export_work_cb, coord_export_after_cb);
+  if (rc) {
+    e->working = 0;
+    coord_export_end(e, err_set(FSDP_EINTERNAL, "export: uv_queue_work: %s", uv_strerror(rc)));
+  }
+}
+
+/* The committed checkpoint of job at step (0: the latest): its directory in
+ * dir. The error lists the committed steps. */
+static int coord_export_find(coord_t *c, int64_t job, const char *job_id, int64_t step, char *dir,
+                             size_t len) {
+  store_ckpt_t *v = NULL;
+  int n = 0, rc = store_ckpt_list(c->st, job, &v, &n), found = -1;
+  char steps[256] = "";
+  size_t sl = 0;
+  for (int i = 0; !rc && i < n; i++) {
+    if (v[i].state != STORE_CKPT_COMMITTED) continue;
+    if (sl < sizeof steps)
+      sl += (size_t)snprintf(steps + sl, sizeof steps - sl, "%s%" PRId64, sl ? ", " : "", v[i].step);
+    if (step ? v[i].step == step : found < 0 || v[i].step > v[found].step) found = i;
+  }
+  if (!rc && found < 0)
+    rc = step ? err_set(FSDP_ENOTFOUND, "step: job %s has no committed checkpoint of step %" PRId64
+                        "%s%s%s", job_id, step, sl ? " (committed: " : "; it has none", steps,
+                        sl ? ")" : "")
+              : err_set(FSDP_ENOTFOUND, "job %s has no committed checkpoint yet (fsdpctl "
+                        "checkpoints %s lists them)", job_id, job_id);
+  if (!rc) snprintf(dir, len, "%s", v[found].dir);
+  free(v);
+  return rc;
+}
+
+void coord_export_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
+  coord_t *c = arg;
+  const Fsdp__V1__ExportCheckpointRequest *q = (const void *)req;
+  const int64_t job = coord_id_parse(q->job_id, 'j');
+  store_job_t j;
+  if (!job || store_job_get(c->st, job, &j)) {
+    rpc_call_finish(call, err_set(FSDP_ENOTFOUND, "job_id: '%.64s': no such job", q->job_id));
+    return;
+  }
+  store_job_free(&j);
+  uint32_t dtype;
+  if (!q->dtype[0] || !strcmp(q->dtype, "fp32")) dtype = SAFETENSORS_F32;
+  else if (!strcmp(q->dtype, "bf16")) dtype = SAFETENSORS_BF16;
+  else return (void)rpc_call_finish(call, err_set(FSDP_EINVAL, "dtype: '%.32s': give fp32 or bf16",
+                                                  q->dtype));
+  if (q->format[0] && strcmp(q->format, "safetensors"))
+    return (void)rpc_call_finish(call, err_set(FSDP_EINVAL, "format: '%.32s': the one format is "
+                                               "safetensors", q->format));
+  if (q->step < 0)
+    return (void)rpc_call_finish(call, err_set(FSDP_EINVAL, "step: %" PRId64 ": give a committed "
+                                               "step, or 0 for the latest", q->step));
+  if (c->n_export >= COORD_EXPORT_MAX)
+    return (void)rpc_call_finish(call, err_set(FSDP_ELIMIT, "export: %d exports are running, the "
+                                               "most at once; try again when one ends",
+                                               c->n_export));
+  coord_export_t *e = calloc(1, sizeof *e);
+  if (!e) return (void)rpc_call_finish(call, err_set(FSDP_ENOMEM, "export: out of memory"));
+  e->c = c, e->job = job, e->step = q->step, e->dtype = dtype;
+  int rc = coord_export_find(c, job, q->job_id, q->step, e->dir, sizeof e->dir);
+  if (rc) {
+    free(e);
+    return (void)rpc_call_finish(call, rc);
+  }
+  uv_timer_init(c->loop, &e->wait);
+  e->wait.data = e;
+  e->call = call;
+  c->n_export++;
+  rpc_call_on_cancel(call, coord_export_cancel_cb, e);
+  coord_export_next(e);
+}
