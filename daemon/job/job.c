@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "daemon/common/err.h"
+#include "daemon/job/safetensors.h"
 
 /* ---- validation ------------------------------------------------------------ */
 
@@ -229,4 +230,20 @@ int job_paths_check(config_t *c, const char *const *roots, int nroots) {
   }
   free(rr);
   return rc;
+}
+
+int job_init_from_check(const config_t *c) {
+  if (!c->init_from[0]) return FSDP_OK;
+  uint8_t first[9];
+  int fd = open(c->init_from, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return FSDP_OK; /* job_paths_check says why */
+  const ssize_t got = read(fd, first, sizeof first);
+  close(fd);
+  if (got <= 0 || !safetensors_sniff(first, (size_t)got)) return FSDP_OK;
+  safetensors_t st;
+  int rc = safetensors_open(c->init_from, &c->gpt, &fd, &st);
+  if (rc) return err_wrap(rc, "init_from");
+  safetensors_free(&st);
+  close(fd);
+  return FSDP_OK;
 }

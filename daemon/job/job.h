@@ -60,6 +60,12 @@ int job_validate(const job_opt_t *opts, int n, int world, size_t device_bytes, c
  * (openat2 with RESOLVE_BENEATH from a descriptor of the root, or
  * O_NOFOLLOW on each component); the ranks do not do that yet. */
 int job_paths_check(config_t *c, const char *const *roots, int nroots);
+/* A safetensors init_from (after job_paths_check and the model's
+ * resolution): its header checked against the job's model, so a file of
+ * another model, or one whose header lies, is refused at submit naming the
+ * tensor, never at launch. Any other file passes (the ranks check a weights
+ * file's header). */
+int job_init_from_check(const config_t *c);
 /* The value in c of the path option key (data, init_from, save,
  * checkpoint_dir, resume_from: what job_paths_check resolved), NULL for a
  * key that is no path: one list of a job's paths. */

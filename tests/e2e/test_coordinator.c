@@ -215,6 +215,18 @@ Test(coordinator, every_invalid_spec_is_refused_naming_its_field) {
   snprintf(link_opt, sizeof link_opt, "data=%s", link);
   static char ok_data[600];
   data_opt(ok_data, sizeof ok_data);
+  /* a safetensors file of another GPT-2 (the fuzz corpus's: layers 1, channels 4) */
+  char st_opt[700], st_src[600];
+  snprintf(st_src, sizeof st_src, "%s/tests/fuzz/corpus/safetensors_header/f32", tu_root());
+  FILE *sf = fopen(st_src, "rb");
+  cr_assert_not_null(sf, "%s", st_src);
+  static char st_bytes[1 << 14];
+  size_t st_len = fread(st_bytes, 1, sizeof st_bytes, sf);
+  fclose(sf);
+  char *stp = tu_path("other.safetensors");
+  tu_write_file(stp, st_bytes, st_len);
+  snprintf(st_opt, sizeof st_opt, "init_from=%s", stp);
+  free(stp);
   struct {
     int world;
     const char *kv[6];
@@ -233,6 +245,7 @@ Test(coordinator, every_invalid_spec_is_refused_naming_its_field) {
       {2, {"model=tiny", link_opt, NULL}, "data"},
       {2, {"model=tiny", "data=missing.bin", NULL}, "data"},
       {2, {"model=tiny", ok_data, "sample_prompt=a\nb", NULL}, "options[2]"},
+      {2, {"model=tiny", ok_data, st_opt, NULL}, "transformer.wte.weight\" has shape [4, 4]"},
       {0, {"model=tiny", ok_data, NULL}, "world_size"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
