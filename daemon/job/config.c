@@ -38,7 +38,7 @@ static const config_opt_t config_opts[] = {
     {"heads", "model", CFG_INT, OFF(dims.heads), 0, 0, 65536, "attention heads (0: the preset's)"},
     {"vocab", "model", CFG_INT, OFF(dims.vocab), 0, 0, 65536, "vocabulary size (0: the preset's)"},
     {"context", "model", CFG_INT, OFF(dims.context), 0, 0, 1 << 20, "maximum sequence length (0: the preset's)"},
-    {"init_from", "model", STR(init_from), "weights file to start from instead of a random init"},
+    {"init_from", "model", STR(init_from), "weights to start from instead of a random init: an fsdpd weights file (save) or a safetensors file in Hugging Face's GPT-2 layout (fsdpctl export)"},
     {"resume_from", "model", STR(resume_from), "committed checkpoint to continue from (a step-N directory, or a checkpoint_dir: its latest): weights, AdamW state, step and data position, under any mesh and precision"},
     {"data", "data", STR(data), "token file (make one with fsdp-tokenize)"},
     {"eval_fraction", "data", CFG_DOUBLE, OFF(eval_fraction), 0, 0, 0.5, "share of tokens held out for evaluation, from the end of the file"},
