@@ -199,11 +199,12 @@ $(B)/tests/test_sched: $(B)/tests/unit/test_sched.o $(TESTUTIL) $(B)/daemon/coor
 # else (no libfsdp, no testutil, no OpenMP, no oneDNN): if it links, the
 # library is as pure as the coordinator needs (an explicit rule, so it wins
 # over the pattern above). The grep keeps its includes so too: nothing of
-# daemon/train, daemon/node or the backends but their header-only sizes.
+# daemon/train, daemon/node or the backends but their header-only sizes and
+# element-wise math (kern_math.h: the one fp32 <-> bf16 rounding).
 $(B)/tests/test_job: $(B)/tests/unit/test_job.o $(JOB_OBJS)
 	@mkdir -p $(dir $@)
 	@! grep -En '#include "(daemon/(train|node|comm)|kernels)/' daemon/job/*.[ch] \
-	  | grep -Ev '"(daemon/comm/ring_size|kernels/cpu/size)\.h"' \
+	  | grep -Ev '"(daemon/comm/ring_size|kernels/cpu/size|kernels/kern_math)\.h"' \
 	  || { echo "daemon/job includes engine headers (above)"; exit 1; }
 	$(CC) $(EXTRA_LDFLAGS) $^ -o $@ $(JOB_LDLIBS) -lm -lpthread -lcriterion
 

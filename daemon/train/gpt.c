@@ -640,8 +640,8 @@ int gpt_weights_open(const char *path, gpt_config_t *cfg, FILE **out) {
     err_set(rc, "init_from: %s is shorter than the %zu-byte header of a weights file; it is "
             "truncated or not a weights file", path, sizeof hdr);
   } else if (hdr[0] != GPT_WEIGHTS_MAGIC || hdr[1] != GPT_WEIGHTS_VERSION) {
-    err_set(rc, "init_from: %s is neither an fsdpd weights file (magic %d version %d, expected "
-            "%d version %d) nor a safetensors file", path, hdr[0], hdr[1], GPT_WEIGHTS_MAGIC,
+    err_set(rc, "init_from: %s is not an fsdpd weights file (magic %d version %d, expected %d "
+            "version %d), nor a safetensors file", path, hdr[0], hdr[1], GPT_WEIGHTS_MAGIC,
             GPT_WEIGHTS_VERSION);
   } else if ((*cfg = (gpt_config_t){hdr[2], hdr[3], hdr[4], hdr[5], hdr[6]},
               gpt_config_validate(cfg))) {
