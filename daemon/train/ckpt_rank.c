@@ -112,10 +112,25 @@ int ckpt_rank_snapshot(fsdp_t *f, const ckpt_rank_meta_t *meta, void *snap, ckpt
     return rc;
   }
   uint8_t *p = snap;
+  const kern_backend_t *be = img->be;
   for (int i = 0; i < CKPT_SECTIONS; i++) { /* one copy per section, device to host */
-    img->be->copy_d2h(p, img->src[i], img->h.sec[i].bytes);
+    const size_t n = img->h.sec[i].bytes;
+    if (be->host_memory) {
+      /* the step waits for this copy: the rank's threads make it, with
+       * non-temporal stores (the writer reads the snapshot later, from memory) */
+      const int th = be->get_threads() > 0 ? be->get_threads() : 1;
+      const size_t part = (n / (size_t)th + 63) / 64 * 64;
+#pragma omp parallel for num_threads(th) schedule(static, 1)
+      for (int t = 0; t < th; t++) {
+        const size_t at = (size_t)t * part;
+        if (at < n)
+          be->copy_stream(p + at, (const uint8_t *)img->src[i] + at, n - at < part ? n - at : part);
+      }
+    } else {
+      be->copy_d2h(p, img->src[i], n);
+    }
     img->src[i] = p;
-    p += img->h.sec[i].bytes;
+    p += n;
   }
   img->be->sync();
   img->be = NULL; /* the sections are host memory now */

@@ -31,7 +31,7 @@
 #define GOAL_RATIO 0.80
 #define GOAL_LOST 1.2   /* training time lost per checkpoint, against a copy (async) or a write (sync) */
 #define STEPS 4         /* training steps timed with and without a checkpoint written meanwhile */
-#define PAIRS 3         /* of those, interleaved; the median difference counts */
+#define PAIRS 5         /* of those, interleaved; the median difference counts */
 #define B 2
 #define T 64
 #define CHUNK (8u << 20)
