@@ -162,12 +162,9 @@ void coord_ckpt_report_cb(rpc_call_t *call, const ProtobufCMessage *req, void *a
 void coord_ckpt_list_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
   coord_t *c = arg;
   const Fsdp__V1__ListCheckpointsRequest *q = (const void *)req;
-  const int64_t job = coord_id_parse(q->job_id, 'j');
   store_job_t j;
-  if (!job || store_job_get(c->st, job, &j)) {
-    rpc_call_finish(call, err_set(FSDP_ENOTFOUND, "job_id: '%.64s': no such job", q->job_id));
-    return;
-  }
+  if (coord_job_arg(c, call, q->job_id, &j)) return;
+  const int64_t job = j.id;
   store_job_free(&j);
   store_ckpt_t *v = NULL;
   int n = 0;

@@ -169,12 +169,9 @@ static int coord_export_find(coord_t *c, int64_t job, const char *job_id, int64_
 void coord_export_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
   coord_t *c = arg;
   const Fsdp__V1__ExportCheckpointRequest *q = (const void *)req;
-  const int64_t job = coord_id_parse(q->job_id, 'j');
   store_job_t j;
-  if (!job || store_job_get(c->st, job, &j)) {
-    rpc_call_finish(call, err_set(FSDP_ENOTFOUND, "job_id: '%.64s': no such job", q->job_id));
-    return;
-  }
+  if (coord_job_arg(c, call, q->job_id, &j)) return;
+  const int64_t job = j.id;
   store_job_free(&j);
   uint32_t dtype;
   if (!q->dtype[0] || !strcmp(q->dtype, "fp32")) dtype = SAFETENSORS_F32;

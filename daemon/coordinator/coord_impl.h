@@ -199,6 +199,9 @@ void coord_export_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg);
 
 /* coord_rpc.c */
 int coord_rpc_register(coord_t *c);
+/* The job a request names (*j: store_job_free it), or the call finished
+ * with NOT_FOUND and its error returned. */
+int coord_job_arg(coord_t *c, rpc_call_t *call, const char *id, store_job_t *j);
 void coord_submit_flush(coord_t *c);
 
 #endif

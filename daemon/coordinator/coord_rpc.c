@@ -163,8 +163,7 @@ static Fsdp__V1__Job *coord_job_msg(coord_t *c, coord_arena_t *a, const store_jo
   return m;
 }
 
-/* The job a request names, or the call failed with NOT_FOUND. */
-static int coord_job_arg(coord_t *c, rpc_call_t *call, const char *id, store_job_t *j) {
+int coord_job_arg(coord_t *c, rpc_call_t *call, const char *id, store_job_t *j) {
   int64_t job = coord_id_parse(id, 'j');
   int rc = job ? store_job_get(c->st, job, j)
                : err_set(FSDP_ENOTFOUND, "job_id: '%.64s' is not a job id (they read j-42)", id);

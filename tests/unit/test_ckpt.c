@@ -26,8 +26,6 @@
 /* paths here are short temporary ones in buffers of PATH_MAX */
 #pragma GCC diagnostic ignored "-Wformat-truncation"
 
-#define COMMON "--model tiny --warmup_steps 2 --seq_len 32 --lr 3e-3 --eval_batches 2 " \
-               "--sample_tokens 0 --eval_every 0"
 
 static char *g_data;
 
@@ -36,14 +34,9 @@ static const char *data_file(void) {
   return g_data;
 }
 
-/* fsdp-launch -n N fsdp-train COMMON ARGS; the output in out; fails the test
- * unless it exits with want. */
+/* fsdp-launch -n N fsdp-train (tiny, this test's data) ARGS. */
 static void launch(int n, const char *args, int want, char *out, size_t len) {
-  char cmd[8192];
-  snprintf(cmd, sizeof cmd, "-n %d -- %s/bin/fsdp-train " COMMON " --data %s %s", n, tu_root(),
-           data_file(), args);
-  int rc = tu_run_bin("fsdp-launch", cmd, out, len);
-  cr_assert_eq(rc, want, "fsdp-launch %s: exit %d, expected %d:\n%s", cmd, rc, want, out);
+  tu_launch_tiny(n, data_file(), args, want, out, len);
 }
 
 static char *mkdir_tmp(const char *name) {
@@ -431,7 +424,7 @@ Test(ckpt, a_full_disk_leaves_no_partial_checkpoint_and_training_goes_on, .timeo
   snprintf(cmd, sizeof cmd,
            "unshare -m --propagation private sh -c '"
            "mount -t tmpfs -o size=2m tmpfs %s || { echo mount-failed; exit 0; }; "
-           "FSDP_PROGRESS_EVERY=100 %s/bin/fsdp-launch -n 2 -- %s/bin/fsdp-train " COMMON
+           "FSDP_PROGRESS_EVERY=100 %s/bin/fsdp-launch -n 2 -- %s/bin/fsdp-train " TU_TINY_TRAIN
            " --data %s --steps 12 --batch 2 --checkpoint_dir %s --checkpoint_every 4 "
            "--checkpoint_async 0; "
            "echo launch=$?; for d in %s/step-*; do echo \"== $d\"; ls -a $d; done' 2>&1",

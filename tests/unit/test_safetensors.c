@@ -27,8 +27,6 @@
 
 #pragma GCC diagnostic ignored "-Wformat-truncation"
 
-#define COMMON "--model tiny --warmup_steps 2 --seq_len 32 --lr 3e-3 --eval_batches 2 " \
-               "--sample_tokens 0 --eval_every 0"
 
 static char *g_data;
 static const char *data_file(void) {
@@ -36,13 +34,9 @@ static const char *data_file(void) {
   return g_data;
 }
 
-/* fsdp-launch -n N fsdp-train COMMON ARGS; fails the test unless it exits with want. */
+/* fsdp-launch -n N fsdp-train (tiny, this test's data) ARGS. */
 static void launch(int n, const char *args, int want, char *out, size_t len) {
-  char cmd[8192];
-  snprintf(cmd, sizeof cmd, "-n %d -- %s/bin/fsdp-train " COMMON " --data %s %s", n, tu_root(),
-           data_file(), args);
-  int rc = tu_run_bin("fsdp-launch", cmd, out, len);
-  cr_assert_eq(rc, want, "fsdp-launch %s: exit %d, expected %d:\n%s", cmd, rc, want, out);
+  tu_launch_tiny(n, data_file(), args, want, out, len);
 }
 
 /* A 2-rank run of 6 steps that checkpoints at step 6 (its directory in dir)

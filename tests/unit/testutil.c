@@ -278,3 +278,11 @@ void tu_world_kill(tu_world_t *w) {
     w->pid[r] = 0;
   }
 }
+
+void tu_launch_tiny(int n, const char *data, const char *args, int want, char *out, size_t len) {
+  char cmd[8192];
+  snprintf(cmd, sizeof cmd, "-n %d -- %s/bin/fsdp-train " TU_TINY_TRAIN " --data %s %s", n,
+           tu_root(), data, args);
+  int rc = tu_run_bin("fsdp-launch", cmd, out, len);
+  cr_assert_eq(rc, want, "fsdp-launch %s: exit %d, expected %d:\n%s", cmd, rc, want, out);
+}

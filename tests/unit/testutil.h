@@ -67,6 +67,13 @@ int tu_world_wait_exits(tu_world_t *w, int except, double timeout_s);
  * name in the test's directory; returns its path (free it). In
  * testutil_train.c, which links the engine. */
 char *tu_token_file(const char *name, size_t n, uint64_t seed, int vocab);
+/* The tiny model's options the checkpoint tests train with (a few steps of
+ * 32 tokens, no eval, no sample). */
+#define TU_TINY_TRAIN "--model tiny --warmup_steps 2 --seq_len 32 --lr 3e-3 --eval_batches 2 " \
+                      "--sample_tokens 0 --eval_every 0"
+/* fsdp-launch -n N -- bin/fsdp-train TU_TINY_TRAIN --data DATA ARGS, its
+ * output in out; fails the test unless it exits with want (testutil.c). */
+void tu_launch_tiny(int n, const char *data, const char *args, int want, char *out, size_t len);
 
 /* SIGKILLs and reaps every rank not reaped yet (stopped ones included). */
 void tu_world_kill(tu_world_t *w);
