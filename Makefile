@@ -41,7 +41,8 @@ BUILD_PKGS = build-essential pkg-config libdnnl-dev libinih-dev libuv1-dev libxx
 # corpus (test_train learns it); pgrep (test_launch looks for survivors);
 # gRPC for Python, the independent client test_fsdpctl runs.
 TEST_PKGS  = libcriterion-dev clang libclang-rt-14-dev libomp-14-dev python3 python3-numpy python3-torch \
-             fortunes procps openssl python3-grpcio python3-grpc-tools python3-protobuf
+             fortunes procps openssl python3-grpcio python3-grpc-tools python3-protobuf \
+             systemd util-linux
 # The benchmarks: PyTorch for the peer runs, OpenBLAS and BLIS for the GEMM ceilings.
 BENCH_PKGS = python3 python3-numpy python3-torch libopenblas-dev libblis-dev
 # The demo's corpus.
@@ -101,7 +102,7 @@ BINS  = bin/fsdp-train bin/fsdp-tokenize bin/fsdp-launch bin/fsdp-coordinator bi
 # under a build directory.
 UNIT_TESTS = err frame param kernels isa device boot data gpt adamw config train ckpt sample shard plan comm \
              fsdp reference supervise sched inventory job rpc store store_txn safetensors
-E2E_TESTS  = launch fault coordinator fsdpd cluster
+E2E_TESTS  = launch fault coordinator fsdpd cluster systemd
 test_bins  = $(UNIT_TESTS:%=$(1)/tests/test_%) $(E2E_TESTS:%=$(1)/e2e/test_%)
 TEST_BINS  = $(call test_bins,$(B))
 BENCH_BINS = $(B)/bench/bench_gemm $(B)/bench/bench_train $(B)/bench/bench_comm $(B)/bench/bench_fsdp \
@@ -112,7 +113,7 @@ TESTUTIL_TRAIN = $(B)/tests/unit/testutil_train.o $(B)/tests/unit/refrun.o
 # Test sources include Criterion's header: their objects wait for the test packages.
 TEST_OBJS  = $(patsubst %.c,$(B)/%.o,$(wildcard tests/unit/*.c tests/e2e/*.c tests/fuzz/*.c))
 
-.PHONY: all deps deps-test deps-bench deps-demo test test-san test-cuda fuzz fuzz-build bench demo clean
+.PHONY: all deps deps-test deps-bench deps-demo test test-san test-cuda fuzz fuzz-build bench demo clean install
 # keep objects that pattern rules chain through (tests, bench) between runs
 .SECONDARY:
 all: $(BINS)
@@ -379,6 +380,12 @@ $(B)/e2e/test_cluster: $(B)/tests/e2e/test_cluster.o $(B)/tests/e2e/cluster.o $(
                        $(TESTUTIL_TRAIN) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -lsqlite3 -lcriterion
+# deploy/systemd's units checked by systemd-analyze (offline) and their
+# command lines run as systemd would (tests/e2e/test_systemd.c).
+$(B)/e2e/test_systemd: $(B)/tests/e2e/test_systemd.o $(B)/tests/e2e/cluster.o $(TESTUTIL) \
+                       $(TESTUTIL_TRAIN) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -lsqlite3 -lcriterion
 # ---- end of the fsdpd block --------------------------------------------------
 
 fuzz: fuzz-build
@@ -418,6 +425,23 @@ bench: deps-bench $(BINS) $(BENCH_BINS)
 
 demo: deps-demo $(BINS)
 	@sh mk/demo.sh
+
+# `make install` (PREFIX, DESTDIR as packagers expect): the programs, the
+# systemd units (deploy/systemd, ExecStart pointing at BINDIR), the sysusers
+# file for the user fsdpd runs as, and the documentation.
+PREFIX      ?= /usr/local
+BINDIR      ?= $(PREFIX)/bin
+UNITDIR     ?= $(PREFIX)/lib/systemd/system
+SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
+DOCDIR      ?= $(PREFIX)/share/doc/fsdpd
+install: $(BINS)
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(DOCDIR)
+	install -m 0755 $(BINS) $(DESTDIR)$(BINDIR)/
+	for u in fsdp-coordinator fsdpd; do \
+	  sed 's|@BINDIR@|$(BINDIR)|g' deploy/systemd/$$u.service >$(DESTDIR)$(UNITDIR)/$$u.service && \
+	  chmod 0644 $(DESTDIR)$(UNITDIR)/$$u.service || exit 1; done
+	install -m 0644 deploy/systemd/fsdpd.sysusers.conf $(DESTDIR)$(SYSUSERSDIR)/fsdpd.conf
+	install -m 0644 README.md docs/*.md $(DESTDIR)$(DOCDIR)/
 
 clean:
 	rm -rf $(B) bin

@@ -38,9 +38,14 @@ static pid_t cluster_spawn(const char *cmd, int *out_fd) {
 void cluster_coord_start(cluster_proc_t *p, const char *db, const char *listen, const char *extra) {
   snprintf(p->log, sizeof p->log, "%s.log", db);
   char cmd[2048];
-  snprintf(cmd, sizeof cmd,
-           "exec '%s/bin/fsdp-coordinator' --db '%s' --root '%s' --listen %s %s 2>>'%s'",
-           tu_root(), db, tu_tmpdir(), listen, extra ? extra : "", p->log);
+  snprintf(cmd, sizeof cmd, "'%s/bin/fsdp-coordinator' --db '%s' --root '%s' --listen %s %s",
+           tu_root(), db, tu_tmpdir(), listen, extra ? extra : "");
+  cluster_coord_run(p, cmd);
+}
+
+void cluster_coord_run(cluster_proc_t *p, const char *command) {
+  char cmd[4096];
+  snprintf(cmd, sizeof cmd, "exec %s 2>>'%s'", command, p->log);
   int fd;
   p->pid = cluster_spawn(cmd, &fd);
   char buf[512];
@@ -74,6 +79,12 @@ void cluster_fsdpd_start(cluster_proc_t *p, const char *coord, const char *name,
            extra ? extra : "", p->log);
   free(work);
   p->pid = cluster_spawn(cmd, NULL);
+  cluster_wait_alive(coord, name);
+}
+
+pid_t cluster_run(const char *cmd) { return cluster_spawn(cmd, NULL); }
+
+void cluster_wait_alive(const char *coord, const char *name) {
   char args[128], out[8192];
   snprintf(args, sizeof args, "nodes");
   const double deadline = tu_now_s() + 10;
@@ -82,7 +93,7 @@ void cluster_fsdpd_start(cluster_proc_t *p, const char *coord, const char *name,
     char *line = strstr(out, name);
     char *eol = line ? strchr(line, '\n') : NULL;
     if (line && strstr(line, "ALIVE") && (!eol || strstr(line, "ALIVE") < eol)) break;
-    cr_assert_lt(tu_now_s(), deadline, "fsdpd %s did not register (%s):\n%s", name, p->log, out);
+    cr_assert_lt(tu_now_s(), deadline, "fsdpd %s did not register:\n%s", name, out);
     nanosleep(&(struct timespec){0, 50000000}, NULL);
   }
 }

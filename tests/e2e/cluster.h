@@ -17,6 +17,13 @@ typedef struct cluster_proc {
  * on listen ("127.0.0.1:0": any port), options extra (shell words); waits
  * for it to serve. */
 void cluster_coord_start(cluster_proc_t *p, const char *db, const char *listen, const char *extra);
+/* The same for a whole command line (shell words), p->log set: its stderr
+ * goes there; waits for it to serve and sets p->addr. */
+void cluster_coord_run(cluster_proc_t *p, const char *command);
+/* `sh -c cmd`, dying with the test; its pid. */
+pid_t cluster_run(const char *cmd);
+/* Waits (bounded) until the coordinator at coord lists node name ALIVE. */
+void cluster_wait_alive(const char *coord, const char *name);
 /* bin/fsdpd named name with `--devices cpu:ndev` for the coordinator at
  * coord, its work directory beside the database (ranks as nobody when the
  * test runs as root); waits until the coordinator lists it ALIVE. */

@@ -1,0 +1,287 @@
+/* Tests of deploy/systemd: the units as systemd reads them, without systemd
+ * running (systemd-analyze works offline), and their command lines run the
+ * way systemd would run them.
+ *   - `systemd-analyze verify` accepts both units with no output at all: it
+ *     only warns about a misspelled key and still exits 0, so the output is
+ *     what is checked (a broken copy shows the check failing);
+ *   - `systemd-analyze security --offline=yes` scores the coordinator's unit
+ *     below 4.0 and fsdpd's, which must reach GPUs, at most 2.0;
+ *   - each unit's ExecStart, expanded with its own Environment= lines (the
+ *     paths and ports moved into the test's directory), starts the
+ *     coordinator and an fsdpd (as an unprivileged user, as User= does), a
+ *     job runs, and SIGTERM stops each within its TimeoutStopSec, fsdpd's
+ *     ranks checkpointing first, each exiting 0. */
+#include <criterion/criterion.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tests/e2e/cluster.h"
+#include "tests/unit/testutil.h"
+
+#pragma GCC diagnostic ignored "-Wformat-truncation"
+
+/* deploy/systemd/NAME with @BINDIR@ set to this tree's bin/, written into
+ * the test's directory; its path (free it), its text in *text (free it). */
+static char *unit(const char *name, char **text) {
+  char src[1024];
+  snprintf(src, sizeof src, "%s/deploy/systemd/%s", tu_root(), name);
+  FILE *f = fopen(src, "r");
+  cr_assert_not_null(f, "%s", src);
+  static char buf[1 << 16];
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  buf[n] = 0;
+  fclose(f);
+  char bindir[PATH_MAX + 8], rootdir[PATH_MAX], *out = malloc(2 * n + 4096), *o = out;
+  cr_assert_not_null(realpath(tu_root(), rootdir)); /* ExecStart needs an absolute path */
+  snprintf(bindir, sizeof bindir, "%s/bin", rootdir);
+  for (const char *p = buf; *p;) {
+    if (!strncmp(p, "@BINDIR@", 8)) o += sprintf(o, "%s", bindir), p += 8;
+    else *o++ = *p++;
+  }
+  *o = 0;
+  char *path = tu_path(name);
+  tu_write_file(path, out, strlen(out));
+  *text = out;
+  return path;
+}
+
+/* Runs a shell command, stderr joined; its exit status, output in out. */
+static int sh(const char *cmd, char *out, size_t len) {
+  char c[4096];
+  snprintf(c, sizeof c, "%s 2>&1", cmd);
+  FILE *p = popen(c, "r");
+  cr_assert_not_null(p);
+  size_t n = fread(out, 1, len - 1, p);
+  out[n] = 0;
+  int st = pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+Test(systemd, units_verify_with_no_warning_and_a_misspelling_is_caught) {
+  char *tc, *tf, cmd[4096], out[8192];
+  char *c = unit("fsdp-coordinator.service", &tc), *f = unit("fsdpd.service", &tf);
+  snprintf(cmd, sizeof cmd, "systemd-analyze verify '%s' '%s'", c, f);
+  int rc = sh(cmd, out, sizeof out);
+  cr_assert_eq(rc, 0, "%s: exit %d:\n%s", cmd, rc, out);
+  cr_assert_eq(out[0], 0, "systemd-analyze verify warned:\n%s", out);
+  /* the check fails when it should: a misspelled key only warns */
+  char *bad = tu_path("fsdpd-bad.service"), *p = strstr(tf, "NoNewPrivileges");
+  cr_assert_not_null(p);
+  memmove(p + 1, p, strlen(p) + 1);
+  p[0] = 'X';
+  tu_write_file(bad, tf, strlen(tf));
+  snprintf(cmd, sizeof cmd, "systemd-analyze verify '%s'", bad);
+  sh(cmd, out, sizeof out);
+  cr_assert(strstr(out, "Unknown key"), "a misspelled key went unnoticed:\n%s", out);
+  free(c), free(f), free(tc), free(tf), free(bad);
+}
+
+/* The overall exposure systemd-analyze gives a unit. */
+static double exposure(const char *path) {
+  char cmd[2048], out[1 << 15];
+  snprintf(cmd, sizeof cmd, "systemd-analyze security --offline=yes --no-pager '%s'", path);
+  sh(cmd, out, sizeof out);
+  const char *at = strstr(out, "Overall exposure level for ");
+  cr_assert_not_null(at, "%s:\n%s", cmd, out);
+  at = strchr(at, ':');
+  double v = -1;
+  cr_assert(at && sscanf(at + 1, "%lf", &v) == 1, "%s", out);
+  return v;
+}
+
+Test(systemd, units_are_hardened) {
+  char *tc, *tf;
+  char *c = unit("fsdp-coordinator.service", &tc), *f = unit("fsdpd.service", &tf);
+  const double ec = exposure(c), ef = exposure(f);
+  cr_assert_lt(ec, 4.0, "the coordinator's unit scores %.1f", ec);
+  cr_assert_leq(ef, 2.0, "fsdpd's unit scores %.1f (docs/OPERATIONS.md: 1.8, GPUs and the "
+                "network being what it must keep)", ef);
+  free(c), free(f), free(tc), free(tf);
+}
+
+/* ---- the command lines, as systemd runs them ------------------------------- */
+
+typedef struct {
+  char key[64], value[512];
+} env_t;
+
+/* The unit's Environment= settings, then the overrides (key=value). */
+static int unit_env(const char *text, env_t *env, int max, const char *const *over) {
+  int n = 0;
+  for (const char *p = text; (p = strstr(p, "\nEnvironment=")); p++) {
+    const char *kv = p + 13, *eq = strchr(kv, '='), *eol = strchr(kv, '\n');
+    cr_assert(eq && eol && eq < eol && n < max);
+    snprintf(env[n].key, sizeof env[n].key, "%.*s", (int)(eq - kv), kv);
+    snprintf(env[n].value, sizeof env[n].value, "%.*s", (int)(eol - eq - 1), eq + 1);
+    n++;
+  }
+  for (; *over; over++) {
+    const char *eq = strchr(*over, '=');
+    int i = 0;
+    while (i < n && strncmp(env[i].key, *over, (size_t)(eq - *over))) i++;
+    cr_assert_lt(i, n, "the unit sets no %s", *over);
+    snprintf(env[i].value, sizeof env[i].value, "%s", eq + 1);
+  }
+  return n;
+}
+
+/* The unit's ExecStart with ${KEY} and $KEY replaced from env (as systemd
+ * does: an unset one is empty); key=value's int setting in *timeout_s. */
+static void unit_exec(const char *text, const env_t *env, int n, char *cmd, size_t len,
+                      int *timeout_s) {
+  const char *p = strstr(text, "\nExecStart="), *stop = strstr(text, "\nTimeoutStopSec=");
+  cr_assert(p && stop);
+  *timeout_s = atoi(stop + 16);
+  p += 11;
+  size_t o = 0;
+  while (*p && *p != '\n' && o + 1 < len) {
+    if (*p != '$') {
+      cmd[o++] = *p++;
+      continue;
+    }
+    const int brace = p[1] == '{';
+    const char *k = p + 1 + brace, *e = k;
+    while ((*e >= 'A' && *e <= 'Z') || *e == '_' || (*e >= '0' && *e <= '9')) e++;
+    for (int i = 0; i < n; i++)
+      if (strlen(env[i].key) == (size_t)(e - k) && !strncmp(env[i].key, k, (size_t)(e - k)))
+        o += (size_t)snprintf(cmd + o, len - o, "%s", env[i].value);
+    p = e + brace;
+  }
+  cmd[o] = 0;
+}
+
+/* Waits up to timeout_s for pid to exit; its status, or -1. Seconds in *took. */
+static int wait_exit(pid_t pid, double timeout_s, double *took) {
+  const double t0 = tu_now_s();
+  int st;
+  while (waitpid(pid, &st, WNOHANG) == 0) {
+    if (tu_now_s() - t0 > timeout_s) return -1;
+    nanosleep(&(struct timespec){0, 10000000}, NULL);
+  }
+  *took = tu_now_s() - t0;
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+Test(systemd, the_units_command_lines_run_a_job_and_stop_on_sigterm_in_time, .timeout = 150) {
+  chmod(tu_tmpdir(), 0755);
+  char *tc, *tf;
+  free(unit("fsdp-coordinator.service", &tc));
+  free(unit("fsdpd.service", &tf));
+  env_t env[32];
+  char db[700], work[700], root[700], cmd[4096], out[1 << 14], o1[800], o2[800], o3[800];
+  snprintf(db, sizeof db, "%s/unit-state.db", tu_tmpdir());
+  snprintf(root, sizeof root, "FSDP_ROOT=%s", tu_tmpdir());
+  snprintf(o1, sizeof o1, "FSDP_DB=%s", db);
+  int n = unit_env(tc, env, 32, (const char *[]){o1, root, "FSDP_LISTEN=127.0.0.1:0", NULL});
+  int stop_c, stop_f;
+  unit_exec(tc, env, n, cmd, sizeof cmd, &stop_c);
+  cluster_proc_t coord = {0};
+  snprintf(coord.log, sizeof coord.log, "%s.log", db);
+  cluster_coord_run(&coord, cmd);
+  /* fsdpd as the unit's User= does: not root, its work directory its own */
+  snprintf(work, sizeof work, "%s/unit-work", tu_tmpdir());
+  cr_assert_eq(mkdir(work, 0755), 0);
+  if (geteuid() == 0) cr_assert_eq(chown(work, 65534, 65534), 0);
+  snprintf(o1, sizeof o1, "FSDP_COORDINATOR=%s", coord.addr);
+  snprintf(o2, sizeof o2, "FSDP_WORK_DIR=%s", work);
+  n = unit_env(tf, env, 32, (const char *[]){o1, o2, "FSDP_DEVICES=cpu:2",
+                                            "FSDP_LISTEN=127.0.0.1:0", NULL});
+  char exec[4096];
+  unit_exec(tf, env, n, exec, sizeof exec, &stop_f);
+  cr_assert(strstr(exec, "--grace 30"), "%s", exec);
+  cr_assert_gt(stop_f, 30, "fsdpd's TimeoutStopSec (%d s) leaves its ranks no time to "
+               "checkpoint within --grace 30", stop_f);
+  snprintf(o3, sizeof o3, "%s/unit-fsdpd.log", tu_tmpdir());
+  snprintf(cmd, sizeof cmd, "exec %s %s >>'%s' 2>&1",
+           geteuid() == 0 ? "setpriv --reuid=65534 --regid=65534 --clear-groups" : "", exec, o3);
+  pid_t fsdpd = cluster_run(cmd);
+  char host[256];
+  gethostname(host, sizeof host);
+  cluster_wait_alive(coord.addr, host);
+  /* a job that runs until stopped, checkpointing */
+  char *data = tu_token_file("unit-tok.bin", 40000, 3, 256), ck[800], conf[900], a[2048];
+  chmod(data, 0644);
+  snprintf(ck, sizeof ck, "%s/unit-ck", tu_tmpdir());
+  cr_assert_eq(mkdir(ck, 0777), 0);
+  chmod(ck, 0777);
+  snprintf(conf, sizeof conf, "%s/unit.conf", tu_tmpdir());
+  snprintf(a, sizeof a, "[model]\nmodel = tiny\n[data]\ndata = %s\n[train]\nbatch = 2\nseq_len = 32\n"
+           "steps = 100000\neval_every = 0\n[output]\ncheckpoint_dir = %s\ncheckpoint_every = 100000\n",
+           data, ck);
+  tu_write_file(conf, a, strlen(a));
+  snprintf(a, sizeof a, "submit '%s' --ranks 2", conf);
+  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
+  char job[32];
+  snprintf(job, sizeof job, "%.*s", (int)strcspn(out, "\n"), out);
+  const double t0 = tu_now_s();
+  for (;;) { /* running */
+    snprintf(a, sizeof a, "status %s", job);
+    cluster_ctl(coord.addr, a, out, sizeof out);
+    if (strstr(out, "RUNNING")) break;
+    cr_assert_lt(tu_now_s() - t0, 30, "the job did not start:\n%s", out);
+    nanosleep(&(struct timespec){0, 50000000}, NULL);
+  }
+  nanosleep(&(struct timespec){1, 0}, NULL); /* some steps done */
+  /* systemctl stop: SIGTERM to fsdpd (KillMode=mixed), then the coordinator */
+  double took;
+  kill(fsdpd, SIGTERM);
+  int st = wait_exit(fsdpd, stop_f, &took);
+  cr_assert_eq(st, 0, "fsdpd: exit %d within its TimeoutStopSec of %d s (log %s)", st, stop_f, o3);
+  snprintf(a, sizeof a, "checkpoints %s", job);
+  const double t1 = tu_now_s();
+  while (cluster_ctl(coord.addr, a, out, sizeof out), !strstr(out, "COMMITTED") && tu_now_s() - t1 < 5)
+    nanosleep(&(struct timespec){0, 50000000}, NULL);
+  cr_assert(strstr(out, "COMMITTED"), "the ranks did not checkpoint on SIGTERM:\n%s", out);
+  kill(coord.pid, SIGTERM);
+  double took_c;
+  st = wait_exit(coord.pid, stop_c, &took_c);
+  cr_assert_eq(st, 0, "the coordinator: exit %d within its TimeoutStopSec of %d s", st, stop_c);
+  cr_log_info("fsdpd stopped in %.2f s (ranks checkpointed), the coordinator in %.2f s", took,
+              took_c);
+  free(tc), free(tf), free(data);
+}
+
+/* `make install DESTDIR= PREFIX=`: the programs executable under BINDIR, the
+ * units there with ExecStart naming the installed program (the rest of each
+ * unit as checked above), the sysusers file, the documentation. */
+Test(systemd, make_install_puts_programs_units_and_docs_where_packagers_expect, .timeout = 120) {
+  char dest[800], cmd[4096], out[1 << 14], path[1200];
+  snprintf(dest, sizeof dest, "%s/destdir", tu_tmpdir());
+  snprintf(cmd, sizeof cmd, "make -s -C '%s' install DESTDIR='%s' PREFIX=/opt/fsdp", tu_root(), dest);
+  cr_assert_eq(sh(cmd, out, sizeof out), 0, "%s:\n%s", cmd, out);
+  const char *progs[] = {"fsdp-coordinator", "fsdpd", "fsdpctl", "fsdp-train", "fsdp-launch",
+                         "fsdp-tokenize"};
+  for (size_t i = 0; i < sizeof progs / sizeof *progs; i++) {
+    snprintf(path, sizeof path, "%s/opt/fsdp/bin/%s", dest, progs[i]);
+    cr_assert_eq(access(path, X_OK), 0, "%s is not installed", path);
+  }
+  const char *units[][2] = {{"fsdp-coordinator.service", "fsdp-coordinator"}, {"fsdpd.service", "fsdpd"}};
+  for (int i = 0; i < 2; i++) {
+    snprintf(path, sizeof path, "%s/opt/fsdp/lib/systemd/system/%s", dest, units[i][0]);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "%s is not installed", path);
+    size_t n = fread(out, 1, sizeof out - 1, f);
+    out[n] = 0;
+    fclose(f);
+    char want[200], *src;
+    snprintf(want, sizeof want, "\nExecStart=/opt/fsdp/bin/%s ", units[i][1]);
+    cr_assert(strstr(out, want), "%s: no \"%s\"", path, want + 1);
+    cr_assert_null(strstr(out, "@BINDIR@"), "%s: the placeholder is left", path);
+    free(unit(units[i][0], &src)); /* the same unit but for the path */
+    char *p = strstr(src, "\nExecStart=") + 11, *q = strstr(out, "\nExecStart=") + 11;
+    cr_assert(!strncmp(src, out, (size_t)(p - src)) && !strcmp(strchr(p, ' '), strchr(q, ' ')),
+              "%s differs from deploy/systemd/%s beyond ExecStart's path", path, units[i][0]);
+    free(src);
+  }
+  snprintf(path, sizeof path, "%s/opt/fsdp/lib/sysusers.d/fsdpd.conf", dest);
+  cr_assert_eq(access(path, R_OK), 0, "%s", path);
+  snprintf(path, sizeof path, "%s/opt/fsdp/share/doc/fsdpd/OPERATIONS.md", dest);
+  cr_assert_eq(access(path, R_OK), 0, "%s", path);
+}
