@@ -15,12 +15,14 @@
 #include "daemon/common/err.h"
 #include "daemon/common/log.h"
 #include "daemon/coordinator/coord.h"
+#include "daemon/coordinator/store.h"
 
 #define ROOTS_MAX 32
 
 static void usage(FILE *f) {
   fprintf(f,
           "usage: fsdp-coordinator --db FILE --root DIR [--root DIR ...] [options]\n"
+          "       fsdp-coordinator --db FILE --backup FILE\n"
           "  --db FILE                  the cluster's state (SQLite; created if absent)\n"
           "  --root DIR                 a directory job paths (data, init_from, save,\n"
           "                             checkpoint_dir, resume_from) may lie in;\n"
@@ -35,6 +37,9 @@ static void usage(FILE *f) {
           "                             first is aborted (default 300000)\n"
           "  --sync normal|full         SQLite synchronous mode (default full: what was\n"
           "                             answered survives a power loss)\n"
+          "  --backup FILE              with --db only: copy the database into the new FILE\n"
+          "                             and exit; safe while a coordinator runs on it (SQLite's\n"
+          "                             online backup); start a coordinator on FILE to restore\n"
           "exit status: 0 stopped by a signal, 1 failed, 2 bad option\n");
 }
 
@@ -69,10 +74,11 @@ int main(int argc, char **argv) {
       {"node-token-file", required_argument, 0, 'n'}, {"tls-cert", required_argument, 0, 'c'},
       {"tls-key", required_argument, 0, 'k'},     {"heartbeat-interval-ms", required_argument, 0, 'i'},
       {"heartbeat-timeout-ms", required_argument, 0, 't'}, {"sync", required_argument, 0, 's'},
-      {"checkpoint-timeout-ms", required_argument, 0, 'C'},
+      {"checkpoint-timeout-ms", required_argument, 0, 'C'}, {"backup", required_argument, 0, 'b'},
       {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
   const char *roots[ROOTS_MAX];
   coord_opts_t o = {.listen = "127.0.0.1:7070", .roots = roots};
+  const char *backup = NULL;
   int ch;
   while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
     switch (ch) {
@@ -99,9 +105,20 @@ int main(int argc, char **argv) {
       }
       o.sync_normal = !strcmp(optarg, "normal");
       break;
+    case 'b': backup = optarg; break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
     }
+  }
+  if (backup && o.db && optind == argc) {
+    int version, rc = store_backup(o.db, backup, &version);
+    if (rc) {
+      fprintf(stderr, "fsdp-coordinator: %s\n", err_msg());
+      return 1;
+    }
+    printf("fsdp-coordinator: backup of %s (schema version %d) written to %s\n", o.db, version,
+           backup);
+    return 0;
   }
   if (optind < argc || !o.db || !o.nroots) {
     fprintf(stderr, "fsdp-coordinator: %s\n",

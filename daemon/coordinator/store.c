@@ -10,12 +10,16 @@
  * helpers after it do nothing, and store_end rolls back and returns it. */
 #include "daemon/coordinator/store.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
 #include <sqlite3.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "daemon/common/err.h"
 #include "daemon/common/log.h"
@@ -480,8 +484,8 @@ static int store_check_file(store_t *st, int *version) {
 
 /* One transaction per step, each re-reading the version under the write
  * lock, so two processes opening one new file cannot both migrate it. */
-static int store_migrate(store_t *st, int from) {
-  for (int v = from; v < STORE_SCHEMA_VERSION; v++) {
+static int store_migrate(store_t *st, int from, int to) {
+  for (int v = from; v < to; v++) {
     int rc = store_begin(st, 1);
     if (rc) return rc;
     int64_t now = st_int(st, -1, "PRAGMA user_version");
@@ -533,7 +537,9 @@ int store_open(const char *path, const store_opts_t *opts, store_t **out) {
     goto fail;
   }
   sqlite3_commit_hook(st->db, store_commit_hook, st);
-  rc = store_migrate(st, st->from_version);
+  const int to = opts && opts->version > 0 && opts->version < STORE_SCHEMA_VERSION
+                     ? opts->version : STORE_SCHEMA_VERSION;
+  rc = store_migrate(st, st->from_version, to);
   if (rc) goto fail;
   *out = st;
   return 0;
@@ -555,6 +561,72 @@ void store_close(store_t *st) {
 }
 
 int store_schema_from(const store_t *st) { return st->from_version; }
+
+int store_backup(const char *path, const char *out, int *version) {
+  if (!access(out, F_OK))
+    return err_set(FSDP_EEXIST, "backup: %s exists; name a new file (a backup never replaces one)",
+                   out);
+  store_t src = {0}; /* only what store_check_file and the errors use */
+  snprintf(src.path, sizeof src.path, "%s", path);
+  int rc = FSDP_OK, s = sqlite3_open_v2(path, &src.db, SQLITE_OPEN_READONLY, NULL);
+  if (s != SQLITE_OK) rc = store_sqlite_err(&src, s, NULL);
+  if (!rc) {
+    sqlite3_busy_timeout(src.db, STORE_BUSY_MS);
+    rc = store_check_file(&src, version);
+  }
+  if (!rc && *version == 0)
+    rc = err_set(FSDP_ENOENT, "backup: %s holds no fsdp-coordinator state (no schema)", path);
+  char tmp[sizeof src.path + 32];
+  snprintf(tmp, sizeof tmp, "%s.tmp-%d", out, (int)getpid());
+  sqlite3 *dst = NULL;
+  if (!rc && (s = sqlite3_open_v2(tmp, &dst, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL)))
+    rc = err_set(FSDP_EIO, "backup: cannot create %s: %s", tmp, sqlite3_errstr(s));
+  if (!rc) {
+    sqlite3_backup *b = sqlite3_backup_init(dst, "main", src.db, "main");
+    if (!b) {
+      rc = err_set(FSDP_EIO, "backup of %s: %s", path, sqlite3_errmsg(dst));
+    } else {
+      /* all pages in one step: one read transaction, so one snapshot */
+      for (int tries = 0; (s = sqlite3_backup_step(b, -1)) == SQLITE_BUSY || s == SQLITE_LOCKED;
+           tries++) {
+        if (tries * 10 > STORE_BUSY_MS) break;
+        sqlite3_sleep(10);
+      }
+      const int f = sqlite3_backup_finish(b);
+      if (s != SQLITE_DONE || f != SQLITE_OK)
+        rc = err_set(FSDP_EIO, "backup of %s into %s: %s", path, tmp,
+                     sqlite3_errstr(s != SQLITE_DONE ? s : f));
+    }
+  }
+  if (!rc) {
+    sqlite3_stmt *q = NULL;
+    s = sqlite3_prepare_v2(dst, "PRAGMA quick_check", -1, &q, NULL);
+    const char *ok = s == SQLITE_OK && sqlite3_step(q) == SQLITE_ROW
+                         ? (const char *)sqlite3_column_text(q, 0) : NULL;
+    if (!ok || strcmp(ok, "ok"))
+      rc = err_set(FSDP_EIO, "backup: the copy %s does not check: %s", tmp, ok ? ok : "no answer");
+    sqlite3_finalize(q);
+  }
+  if (dst && sqlite3_close(dst) != SQLITE_OK && !rc)
+    rc = err_set(FSDP_EIO, "backup: closing %s", tmp);
+  sqlite3_close(src.db);
+  if (!rc) { /* durable, then under its name */
+    int fd = open(tmp, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || fsync(fd)) rc = err_set_errno(FSDP_EIO, errno, "backup: fsync %s", tmp);
+    if (fd >= 0) close(fd);
+  }
+  if (!rc && rename(tmp, out))
+    rc = err_set_errno(err_from_errno(errno), errno, "backup: rename %s to %s", tmp, out);
+  if (!rc) {
+    char dir[sizeof src.path];
+    snprintf(dir, sizeof dir, "%s", out);
+    int fd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0 || fsync(fd)) rc = err_set_errno(FSDP_EIO, errno, "backup: fsync of %s's directory", out);
+    if (fd >= 0) close(fd);
+  }
+  if (rc) unlink(tmp);
+  return rc;
+}
 
 /* ---- rows ---- */
 static void device_row(sqlite3_stmt *s, void *item) {

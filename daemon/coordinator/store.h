@@ -232,6 +232,8 @@ int store_ckpt_removed(store_t *st, int64_t job_id, int64_t step, int forget);
 typedef struct store_opts {
   int busy_timeout_ms;          /* a second writer waits this long; 0: 5000 */
   int sync_normal;              /* 1: synchronous=NORMAL (see store.c); 0: FULL */
+  int version;                  /* migrate up to this version only (0: the latest);
+                                   tests make an older release's database with it */
 } store_opts_t;
 
 /* Opens or creates the database at path and migrates it to
@@ -243,6 +245,13 @@ int store_open(const char *path, const store_opts_t *opts, store_t **out);
 void store_close(store_t *st);
 /* The schema version the file had when opened (0: created by this open). */
 int store_schema_from(const store_t *st);
+/* An online backup of the database at path into a new file out, while a
+ * coordinator may be writing it: SQLite's backup API copies one consistent
+ * snapshot (one read transaction; WAL lets the writer go on). The copy is
+ * written under a temporary name, checked (PRAGMA quick_check), fsynced and
+ * renamed, so out is whole or absent; an existing out is refused, and so is
+ * a path that is not an fsdp-coordinator database. *version: its schema. */
+int store_backup(const char *path, const char *out, int *version);
 
 /* ---- nodes ---- */
 /* Registers a node by name (a known name is updated: address, devices, ALIVE

@@ -517,6 +517,38 @@ Test(cluster, a_cancelled_job_resumes_from_its_last_checkpoint) {
   free(ck), free(ref), free(conf);
 }
 
+/* A backup taken with `fsdp-coordinator --backup` while a job runs, then
+ * the coordinator lost (SIGKILL) and a new one started on the backup at the
+ * same address: the node registers again and the job runs to its end in its
+ * first attempt; the restored database passes integrity_check. */
+Test(cluster, a_backup_taken_during_a_job_restores_into_a_coordinator_that_carries_on) {
+  cluster_fsdpd_start(&node[0], coord.addr, "solo", 2, NULL);
+  char *conf = job_file("backup.conf", "steps = 1500\n");
+  char job[32], out[16384], a[2048];
+  snprintf(job, sizeof job, "%s", submit(conf, "--ranks 2"));
+  cr_assert(wait_state(job, "RUNNING", 10));
+  char addr[64], db[600], *bk = tu_path("backup.db");
+  snprintf(addr, sizeof addr, "%s", coord.addr);
+  snprintf(db, sizeof db, "%.*s", (int)(strlen(coord.log) - 4), coord.log);
+  snprintf(a, sizeof a, "--db '%s' --backup '%s'", db, bk);
+  cr_assert_eq(tu_run_bin("fsdp-coordinator", a, out, sizeof out), 0, "%s", out);
+  cr_assert(strstr(out, "written to"), "%s", out);
+  cr_assert_eq(tu_run_bin("fsdp-coordinator", a, out, sizeof out), 1, "a backup replaced a file");
+  cr_assert(strstr(out, "exists"), "%s", out);
+  cluster_stop(&coord, SIGKILL);
+  char extra[64];
+  snprintf(extra, sizeof extra, "--heartbeat-timeout-ms %d", TIMEOUT_MS);
+  cluster_coord_start(&coord, bk, addr, extra);
+  snprintf(a, sizeof a, "watch %s", job);
+  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
+  snprintf(a, sizeof a, "--output json status %s", job);
+  cluster_ctl(coord.addr, a, out, sizeof out);
+  cr_expect(strstr(out, "\"attempt\": 1"), "the job carried on in its first attempt:\n%s", out);
+  cluster_stop(&coord, SIGTERM);
+  cluster_db_check(bk);
+  free(conf), free(bk);
+}
+
 /* 1 when two files hold the same bytes. */
 static int same_file(const char *a, const char *b) {
   FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");

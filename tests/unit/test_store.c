@@ -869,3 +869,75 @@ Test(store, a_failed_or_cancelled_job_resumes_with_its_restarts_reset) {
   cr_assert_eq(store_job_resume(st, job), FSDP_ESTATE, "a succeeded job");
   store_close(st);
 }
+
+/* A database the previous release made (schema version STORE_SCHEMA_VERSION
+ * - 1, by its own migration steps, which are never edited) opens migrated to
+ * the current version, every row kept, and the new tables usable. */
+Test(store, a_database_of_the_previous_schema_is_migrated_and_its_data_kept) {
+  store_t *st = NULL;
+  store_opts_t old = {.version = STORE_SCHEMA_VERSION - 1};
+  cr_assert_eq(store_open(tpath("old.db"), &old, &st), 0, "%s", err_msg());
+  int64_t node = add_node(st, "n0", 2);
+  int64_t job = submit(st, "from-before", 2, 1);
+  store_close(st);
+  sqlite3 *db = raw_open("old.db");
+  cr_assert_eq(raw_int(db, "PRAGMA user_version"), STORE_SCHEMA_VERSION - 1);
+  sqlite3_close(db);
+  st = open_db("old.db");
+  cr_assert_eq(store_schema_from(st), STORE_SCHEMA_VERSION - 1);
+  store_job_t j = get_job(st, job);
+  cr_assert_str_eq(j.name, "from-before");
+  cr_assert_eq(j.max_restarts, 1);
+  store_job_free(&j);
+  store_node_t *nodes;
+  int n;
+  cr_assert_eq(store_node_list(st, &nodes, &n), 0);
+  cr_assert(n == 1 && nodes[0].id == node && nodes[0].n_devices == 2);
+  store_nodes_free(nodes, n);
+  store_ckpt_t *k;
+  cr_assert_eq(store_ckpt_list(st, job, &k, &n), 0, "%s", err_msg());
+  cr_assert_eq(n, 0);
+  free(k);
+  store_close(st);
+  db = raw_open("old.db");
+  cr_assert_eq(raw_int(db, "PRAGMA user_version"), STORE_SCHEMA_VERSION);
+  sqlite3_close(db);
+}
+
+/* A backup taken while another connection holds a write transaction open
+ * (a coordinator mid-change) is the database as last committed, whole and
+ * checked; it never replaces a file, and a file of another program is not
+ * backed up. */
+Test(store, a_backup_is_the_last_committed_state_and_never_replaces_a_file) {
+  store_t *st = open_db("state.db");
+  int64_t node = add_node(st, "n0", 2);
+  int64_t job = submit(st, "backed-up", 2, 0);
+  sqlite3 *w = raw_open("state.db");
+  cr_assert_eq(sqlite3_exec(w, "BEGIN IMMEDIATE; UPDATE jobs SET name = 'uncommitted'", NULL, NULL,
+                            NULL), SQLITE_OK);
+  int version;
+  cr_assert_eq(store_backup(tpath("state.db"), tpath("backup.db"), &version), 0, "%s", err_msg());
+  cr_assert_eq(version, STORE_SCHEMA_VERSION);
+  sqlite3_exec(w, "ROLLBACK", NULL, NULL, NULL);
+  sqlite3_close(w);
+  cr_assert_eq(store_backup(tpath("state.db"), tpath("backup.db"), &version), FSDP_EEXIST);
+  cr_assert(strstr(err_msg(), "backup.db"), "%s", err_msg());
+  store_close(st);
+  st = open_db("backup.db");
+  cr_assert_eq(store_schema_from(st), STORE_SCHEMA_VERSION);
+  store_job_t j = get_job(st, job);
+  cr_assert_str_eq(j.name, "backed-up");
+  store_job_free(&j);
+  store_node_t *nodes;
+  int n;
+  cr_assert_eq(store_node_list(st, &nodes, &n), 0);
+  cr_assert(n == 1 && nodes[0].id == node);
+  store_nodes_free(nodes, n);
+  store_close(st);
+  /* nothing of ours: refused, and no file made */
+  sqlite3 *other = raw_open("other.db");
+  sqlite3_exec(other, "CREATE TABLE t (x)", NULL, NULL, NULL);
+  sqlite3_close(other);
+  cr_assert_eq(store_backup(tpath("other.db"), tpath("other-backup.db"), &version), FSDP_EFORMAT);
+  cr_assert_neq(access(tpath("other-backup.db"), F_OK), 0);
+}
