@@ -42,15 +42,16 @@ BUILD_PKGS = build-essential pkg-config libdnnl-dev libinih-dev libuv1-dev libxx
 # gRPC for Python, the independent client test_fsdpctl runs.
 TEST_PKGS  = libcriterion-dev clang libclang-rt-14-dev libomp-14-dev python3 python3-numpy python3-torch \
              fortunes procps openssl python3-grpcio python3-grpc-tools python3-protobuf \
-             systemd util-linux
+             systemd util-linux prometheus curl
 # The benchmarks: PyTorch for the peer runs, OpenBLAS and BLIS for the GEMM ceilings.
 BENCH_PKGS = python3 python3-numpy python3-torch libopenblas-dev libblis-dev
 # The demo's corpus.
 DEMO_PKGS  = fortunes
 # The control plane (coordinator, fsdpd, fsdpctl): gRPC's C core, protobuf-c
 # and its compiler for the wire, SQLite for the coordinator's state, jansson
-# for fsdpctl's --output json.
-CONTROL_PKGS = libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libsqlite3-dev libjansson-dev
+# for fsdpctl's --output json, libmicrohttpd for /metrics.
+CONTROL_PKGS = libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libsqlite3-dev libjansson-dev \
+               libmicrohttpd-dev
 
 COMMON_SRCS = daemon/common/err.c daemon/common/log.c daemon/common/param.c daemon/common/mem.c \
               daemon/common/frame.c
@@ -264,6 +265,9 @@ RPC_SRCS    = daemon/common/rpc.c daemon/common/rpc_server.c daemon/common/rpc_c
 RPC_OBJS    = $(RPC_SRCS:%.c=$(B)/%.o)
 RPC_LIB     = $(B)/libfsdp_rpc.a
 RPC_LDLIBS  = -lgrpc -lgpr -lprotobuf-c -luv
+# /metrics (the coordinator and fsdpd only): libmicrohttpd serves it
+METRICS_OBJS   = $(B)/daemon/common/metrics.o
+METRICS_LDLIBS = -lmicrohttpd
 CFLAGS     += -I$(B)
 
 # one protoc-c run makes both files; the .c is the grouped rule's other target
@@ -295,10 +299,10 @@ $(B)/fuzz_rpc_requests: $(B)/tests/fuzz/fuzz_rpc_requests.o $(B)/tests/fuzz/fuzz
 # ---- fsdp-coordinator: the store, the scheduler and admission (the job
 # library) behind the RPC layer; nothing of the engine (COORD_BIN_OBJS).
 COORD_SVC_SRCS = daemon/coordinator/coord.c daemon/coordinator/coord_rpc.c daemon/coordinator/coord_ckpt.c \
-                 daemon/coordinator/coord_export.c \
+                 daemon/coordinator/coord_export.c daemon/coordinator/coord_metrics.c \
                  daemon/coordinator/main.c
 COORD_SVC_OBJS = $(COORD_SVC_SRCS:%.c=$(B)/%.o)
-COORD_BIN_OBJS = $(COORD_SVC_OBJS) $(sort $(COORD_OBJS) $(JOB_OBJS)) $(RPC_LIB)
+COORD_BIN_OBJS = $(COORD_SVC_OBJS) $(sort $(COORD_OBJS) $(JOB_OBJS)) $(METRICS_OBJS) $(RPC_LIB)
 $(COORD_SVC_OBJS) $(B)/tests/e2e/test_coordinator.o: | $(PROTO_HDRS)
 # the control plane's rates: the coordinator driven by concurrent RPC clients
 $(B)/tests/bench/bench_coord.o: | $(PROTO_HDRS)
@@ -321,7 +325,7 @@ $(B)/e2e/test_coordinator: $(B)/tests/e2e/test_coordinator.o $(B)/tests/e2e/clus
 	$(CC) $(LDFLAGS) $(filter %.o %.a,$^) -o $@ $(LDLIBS) $(RPC_LDLIBS) -lsqlite3 -lcriterion
 bin/fsdp-coordinator: $(COORD_BIN_OBJS)
 	@mkdir -p bin
-	$(CC) $(EXTRA_LDFLAGS) $^ -o $@ $(RPC_LDLIBS) $(COORD_LDLIBS) $(JOB_LDLIBS) -lm
+	$(CC) $(EXTRA_LDFLAGS) $^ -o $@ $(RPC_LDLIBS) $(METRICS_LDLIBS) $(COORD_LDLIBS) $(JOB_LDLIBS) -lm
 
 # ---- fsdpctl (client/) ------------------------------------------------------
 # The client links only the wire: its own objects, RPC_LIB and three objects
@@ -361,9 +365,9 @@ FSDPD_SRCS = daemon/node/fsdpd.c daemon/node/agent.c daemon/node/ranks.c daemon/
              daemon/node/workdir.c daemon/node/supervise.c daemon/node/inventory.c
 FSDPD_OBJS = $(FSDPD_SRCS:%.c=$(B)/%.o)
 $(FSDPD_OBJS) $(B)/tests/e2e/test_fsdpd.o: | $(PROTO_HDRS)
-bin/fsdpd: $(FSDPD_OBJS) $(RPC_LIB) $(COMMON_SRCS:%.c=$(B)/%.o)
+bin/fsdpd: $(FSDPD_OBJS) $(METRICS_OBJS) $(RPC_LIB) $(COMMON_SRCS:%.c=$(B)/%.o)
 	@mkdir -p bin
-	$(CC) $(EXTRA_LDFLAGS) $^ -o $@ $(RPC_LDLIBS) -ldl -lm -lpthread
+	$(CC) $(EXTRA_LDFLAGS) $^ -o $@ $(RPC_LDLIBS) $(METRICS_LDLIBS) -ldl -lm -lpthread
 	@! nm $@ | grep -E ' [TtDdBb] (kern_|fsdp_[a-z]|gpt_|train_|comm_)' \
 	  || { echo "bin/fsdpd links engine code (above)"; rm -f $@; exit 1; }
 

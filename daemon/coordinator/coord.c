@@ -322,7 +322,10 @@ void coord_node_deliver(coord_t *c, coord_node_t *n) {
 static void coord_beat_cb(uv_timer_t *t) {
   coord_t *c = t->data;
   const uint64_t now = coord_mono_ms(c);
-  while (c->held_head && c->held_head->poll_until <= now) coord_node_answer(c, c->held_head);
+  while (c->held_head && c->held_head->poll_until <= now) {
+    metrics_hist_observe(&c->hb_late, (double)(now - c->held_head->poll_until) / 1e3);
+    coord_node_answer(c, c->held_head);
+  }
   if (c->held_head) uv_timer_start(&c->beat, coord_beat_cb, c->held_head->poll_until - now, 0);
 }
 
@@ -654,6 +657,16 @@ void coord_start(coord_t *c, const coord_pic_t *p, int64_t job, const coord_job_
     return;
   }
   if (note[0]) store_event_add(c->st, job, 0, "job.placement", "%s", note);
+  if (epoch > 1) {
+    c->restarts++;
+  } else {
+    store_job_t j;
+    if (!store_job_get(c->st, job, &j)) {
+      const int64_t waited = coord_unix_ms() - j.submitted_ms;
+      metrics_hist_observe(&c->sched, waited > 0 ? (double)waited / 1e3 : 0);
+      store_job_free(&j);
+    }
+  }
   LOG_INFO("coord", "job j-%lld attempt %lld: %d ranks placed%s%s", (long long)job,
            (long long)epoch, W, note[0] ? "; " : "", note);
   for (int r = 0; r < W; r++) {
@@ -768,6 +781,10 @@ int coord_create(coord_t **out, uv_loop_t *loop, const coord_opts_t *o) {
   if (!rc) rc = rpc_server_create(&c->srv, loop, &ro);
   if (!rc) rc = coord_rpc_register(c);
   if (!rc) rc = rpc_server_start(c->srv);
+  metrics_hist_init(&c->hb_late);
+  metrics_hist_init(&c->sched);
+  if (!rc && o->metrics_listen)
+    rc = metrics_server_start(&c->metrics, loop, o->metrics_listen, coord_metrics_render, c);
   if (rc) {
     if (c->srv) rpc_server_destroy(c->srv);
     store_close(c->st);
@@ -789,6 +806,7 @@ int coord_create(coord_t **out, uv_loop_t *loop, const coord_opts_t *o) {
 }
 
 int coord_port(const coord_t *c) { return rpc_server_port(c->srv); }
+int coord_metrics_port(const coord_t *c) { return c->metrics ? metrics_server_port(c->metrics) : 0; }
 
 /* The handles close one after another (tick, beat, flush); the last frees. */
 static void coord_free_cb(uv_handle_t *h) {
@@ -812,6 +830,7 @@ void coord_destroy(coord_t *c) {
   uv_timer_stop(&c->tick);
   uv_timer_stop(&c->beat);
   uv_check_stop(&c->flush);
+  metrics_server_stop(c->metrics); /* before the state it reads goes */
   rpc_server_destroy(c->srv); /* cancel callbacks forget the held calls */
   for (int i = 0; i < c->n_sub; i++) free(c->sub[i].text); /* their calls were cancelled */
   free(c->sub);

@@ -37,11 +37,14 @@ typedef struct coord_opts {
   int heartbeat_timeout_ms;      /* 0: 5000 */
   int checkpoint_timeout_ms;     /* an open checkpoint missing a shard this long aborts; 0: 300000 */
   int sync_normal;               /* the store's synchronous=NORMAL (store.h) */
+  const char *metrics_listen;    /* "0.0.0.0:9101": /metrics there (NULL: none) */
 } coord_opts_t;
 
 /* Opens the store, reads back what was running, starts serving. */
 int coord_create(coord_t **c, uv_loop_t *loop, const coord_opts_t *o);
 int coord_port(const coord_t *c);
+/* The /metrics port (0: not serving them). */
+int coord_metrics_port(const coord_t *c);
 /* Stops serving (calls in flight are cancelled) and closes the store. Run
  * the loop once more before uv_loop_close. */
 void coord_destroy(coord_t *c);

@@ -88,8 +88,10 @@ static store_ckpt_state_t coord_ckpt_commit(coord_t *c, const store_ckpt_t *k, i
   if (why) {
     LOG_WARN("coord", "job j-%lld: checkpoint of step %lld aborted: %s", (long long)k->job_id,
              (long long)k->step, reason);
+    c->ckpt_aborts++;
     return STORE_CKPT_ABORTED;
   }
+  c->ckpt_commits++;
   if (t0)
     LOG_INFO("coord", "job j-%lld: checkpoint of step %lld committed (%d shards, %.1f MiB) "
              "%.2f ms after its last shard's report", (long long)k->job_id, (long long)k->step,
@@ -239,9 +241,11 @@ void coord_ckpt_janitor(coord_t *c) {
         char why[256];
         snprintf(why, sizeof why, "%d of %d shards reported within %.0f s (--checkpoint-timeout-ms)",
                  k->reported, k->shards, c->o.checkpoint_timeout_ms / 1000.0);
-        if (!store_ckpt_close(c->st, k->job_id, k->step, why))
+        if (!store_ckpt_close(c->st, k->job_id, k->step, why)) {
           LOG_WARN("coord", "job j-%lld: checkpoint of step %lld aborted: %s",
                    (long long)k->job_id, (long long)k->step, why);
+          c->ckpt_aborts++;
+        }
       }
       continue;
     }

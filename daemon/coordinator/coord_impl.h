@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "daemon/common/mem.h"
+#include "daemon/common/metrics.h"
 #include "daemon/common/rpc.h"
 #include "daemon/coordinator/coord.h"
 #include "daemon/coordinator/sched.h"
@@ -133,6 +134,11 @@ struct coord {
   uint64_t least_device;    /* the smallest device memory of the alive nodes */
   uint64_t janitor_ms;      /* when coord_ckpt_janitor last ran */
   int n_export;             /* ExportCheckpoint calls running */
+  /* for /metrics (coord_metrics.c), counted since this coordinator started */
+  metrics_server_t *metrics;
+  metrics_hist_t hb_late;   /* a held heartbeat's answer after its interval ended */
+  metrics_hist_t sched;     /* a job's submit to its first attempt's placement */
+  uint64_t ckpt_commits, ckpt_aborts, restarts;
 };
 
 /* coord.c, for the handlers */
@@ -193,6 +199,9 @@ void coord_ckpt_janitor(coord_t *c);
 /* 0 when no job still to run but self (stored, or in this turn's submits)
  * has checkpoint_dir dir; else an error naming it. */
 int coord_ckpt_dir_free(coord_t *c, const char *dir, int64_t self);
+
+/* coord_metrics.c: what /metrics shows (rendered on the loop) */
+void coord_metrics_render(metrics_buf_t *b, void *arg);
 
 /* coord_export.c: ExportCheckpoint */
 void coord_export_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg);

@@ -37,6 +37,8 @@ static void usage(FILE *f) {
           "                             first is aborted (default 300000)\n"
           "  --sync normal|full         SQLite synchronous mode (default full: what was\n"
           "                             answered survives a power loss)\n"
+          "  --metrics-listen ADDR      serve Prometheus metrics at http://ADDR/metrics\n"
+          "                             (IPV4:PORT, e.g. 0.0.0.0:9101; default: none)\n"
           "  --backup FILE              with --db only: copy the database into the new FILE\n"
           "                             and exit; safe while a coordinator runs on it (SQLite's\n"
           "                             online backup); start a coordinator on FILE to restore\n"
@@ -75,6 +77,7 @@ int main(int argc, char **argv) {
       {"tls-key", required_argument, 0, 'k'},     {"heartbeat-interval-ms", required_argument, 0, 'i'},
       {"heartbeat-timeout-ms", required_argument, 0, 't'}, {"sync", required_argument, 0, 's'},
       {"checkpoint-timeout-ms", required_argument, 0, 'C'}, {"backup", required_argument, 0, 'b'},
+      {"metrics-listen", required_argument, 0, 'm'},
       {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
   const char *roots[ROOTS_MAX];
   coord_opts_t o = {.listen = "127.0.0.1:7070", .roots = roots};
@@ -106,6 +109,7 @@ int main(int argc, char **argv) {
       o.sync_normal = !strcmp(optarg, "normal");
       break;
     case 'b': backup = optarg; break;
+    case 'm': o.metrics_listen = optarg; break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
     }
@@ -146,6 +150,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   printf("fsdp-coordinator: serving on port %d (database %s)\n", coord_port(coord), o.db);
+  if (o.metrics_listen) printf("fsdp-coordinator: metrics on port %d\n", coord_metrics_port(coord));
   fflush(stdout);
   uv_signal_init(&loop, &sig_term);
   uv_signal_init(&loop, &sig_int);

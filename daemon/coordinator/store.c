@@ -1279,6 +1279,31 @@ int store_job_list(store_t *st, store_job_t **jobs, int *n) {
   return store_end(st, rc);
 }
 
+typedef struct {
+  int state;
+  int64_t n;
+} store_count_t;
+
+static void count_row(sqlite3_stmt *s, void *item) {
+  store_count_t *c = item;
+  c->state = ST_ENUM(store_job_state_name, sqlite3_column_text(s, 0));
+  c->n = sqlite3_column_int64(s, 1);
+}
+
+int store_job_counts(store_t *st, int64_t counts[STORE_JOB_CANCELLED + 1]) {
+  memset(counts, 0, sizeof(int64_t) * (STORE_JOB_CANCELLED + 1));
+  store_count_t *v = NULL;
+  int n = 0, rc = store_begin(st, 0);
+  if (rc) return rc;
+  rc = st_collect(st, store_count_t, count_row, &v, &n,
+                  "SELECT state, count(*) FROM jobs GROUP BY state");
+  rc = store_end(st, rc);
+  for (int i = 0; !rc && i < n; i++)
+    if (v[i].state >= 0 && v[i].state <= STORE_JOB_CANCELLED) counts[v[i].state] += v[i].n;
+  free(v);
+  return rc;
+}
+
 void store_jobs_free(store_job_t *jobs, int n) {
   for (int i = 0; jobs && i < n; i++) store_job_free(&jobs[i]);
   free(jobs);

@@ -341,6 +341,8 @@ int store_job_get(store_t *st, int64_t job_id, store_job_t *job);
 void store_job_free(store_job_t *job);
 /* Every job by id (spec left NULL); free with store_jobs_free. */
 int store_job_list(store_t *st, store_job_t **jobs, int *n);
+/* How many jobs are in each state (indexed by store_job_state_t). */
+int store_job_counts(store_t *st, int64_t counts[STORE_JOB_CANCELLED + 1]);
 void store_jobs_free(store_job_t *jobs, int n);
 /* Every node by id with its devices; free with store_nodes_free. */
 int store_node_list(store_t *st, store_node_t **nodes, int *n);
