@@ -103,7 +103,7 @@ BINS  = bin/fsdp-train bin/fsdp-tokenize bin/fsdp-launch bin/fsdp-coordinator bi
 # under a build directory.
 UNIT_TESTS = err frame param kernels isa device boot data gpt adamw config train ckpt sample shard plan comm \
              fsdp reference supervise sched inventory job rpc store store_txn safetensors
-E2E_TESTS  = launch fault coordinator fsdpd cluster systemd
+E2E_TESTS  = launch fault coordinator fsdpd cluster systemd metrics
 test_bins  = $(UNIT_TESTS:%=$(1)/tests/test_%) $(E2E_TESTS:%=$(1)/e2e/test_%)
 TEST_BINS  = $(call test_bins,$(B))
 BENCH_BINS = $(B)/bench/bench_gemm $(B)/bench/bench_train $(B)/bench/bench_comm $(B)/bench/bench_fsdp \
@@ -381,6 +381,12 @@ $(B)/e2e/test_fsdpd: $(B)/tests/e2e/test_fsdpd.o $(TESTUTIL) $(TESTUTIL_TRAIN) $
 # bin/fsdp-coordinator, bin/fsdpd, bin/fsdpctl and bin/fsdp-train, which
 # `make test` builds with $(BINS).
 $(B)/e2e/test_cluster: $(B)/tests/e2e/test_cluster.o $(B)/tests/e2e/cluster.o $(TESTUTIL) \
+                       $(TESTUTIL_TRAIN) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -lsqlite3 -lcriterion
+# /metrics of a coordinator and an fsdpd running a job, checked by promtool
+# and scraped by a prometheus server on loopback (tests/e2e/test_metrics.c).
+$(B)/e2e/test_metrics: $(B)/tests/e2e/test_metrics.o $(B)/tests/e2e/cluster.o $(TESTUTIL) \
                        $(TESTUTIL_TRAIN) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -lsqlite3 -lcriterion

@@ -91,6 +91,34 @@ void metrics_hist_write(metrics_buf_t *b, const char *name, const char *help,
   metrics_sample(b, n, NULL, (double)h->total);
 }
 
+void metrics_ranks_write(metrics_buf_t *b, const metrics_rank_t *r, int n) {
+  static const struct {
+    const char *name, *help;
+  } fam[] = {
+      {"fsdp_rank_step", "Optimizer steps a rank has done, from its latest report."},
+      {"fsdp_rank_loss", "A rank's training loss at its latest step."},
+      {"fsdp_rank_tokens_per_second", "A rank's training throughput, tokens per second."},
+      {"fsdp_rank_memory_bytes", "A rank's memory by category, now."},
+      {"fsdp_rank_memory_peak_bytes", "A rank's memory by category, at its peak."},
+  };
+  for (int f = 0; f < 5; f++) {
+    metrics_family(b, fam[f].name, "gauge", fam[f].help);
+    for (int i = 0; i < n; i++) {
+      char rank[16];
+      snprintf(rank, sizeof rank, "%d", r[i].rank);
+      if (f < 3) {
+        const double v = f == 0 ? r[i].step : f == 1 ? r[i].loss : r[i].tokens_per_s;
+        metrics_sample(b, fam[f].name, (const char *[]){"job", r[i].job, "rank", rank, NULL}, v);
+        continue;
+      }
+      for (int k = 0; k < r[i].ncat; k++)
+        metrics_sample(b, fam[f].name, (const char *[]){"job", r[i].job, "rank", rank, "category",
+                                                        r[i].cat[k], NULL},
+                       (double)(f == 3 ? r[i].cur[k] : r[i].peak[k]));
+    }
+  }
+}
+
 /* ---- the endpoint ---------------------------------------------------------------- */
 
 struct metrics_server {

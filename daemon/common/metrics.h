@@ -45,6 +45,19 @@ void metrics_hist_observe(metrics_hist_t *h, double seconds);
 void metrics_hist_write(metrics_buf_t *b, const char *name, const char *help,
                         const metrics_hist_t *h);
 
+/* A rank's latest report, as the coordinator and fsdpd both show it. */
+typedef struct metrics_rank {
+  char job[32];
+  int rank;
+  double step, loss, tokens_per_s;
+  int ncat;
+  const char *const *cat;           /* memory categories ... */
+  const uint64_t *cur, *peak;       /* ... and their bytes now and at peak */
+} metrics_rank_t;
+/* fsdp_rank_step, _loss, _tokens_per_second, _memory_bytes and
+ * _memory_peak_bytes (by category), labelled job and rank. */
+void metrics_ranks_write(metrics_buf_t *b, const metrics_rank_t *r, int n);
+
 typedef void (*metrics_render_cb)(metrics_buf_t *b, void *arg);
 typedef struct metrics_server metrics_server_t;
 /* Serves GET /metrics on addr ("127.0.0.1:9100", "0.0.0.0:0": any port),

@@ -11,6 +11,7 @@
  *     histograms; checkpoint commits and aborts and restarts as counters. */
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "daemon/coordinator/coord_impl.h"
 
@@ -35,40 +36,22 @@ void coord_metrics_render(metrics_buf_t *b, void *arg) {
   metrics_sample(b, "fsdp_nodes", (const char *[]){"state", "alive", NULL}, alive);
   metrics_sample(b, "fsdp_nodes", (const char *[]){"state", "dead", NULL}, dead);
 
-  static const struct {
-    const char *name, *help;
-  } per_rank[] = {
-      {"fsdp_rank_step", "Optimizer steps a rank has done, from its latest report."},
-      {"fsdp_rank_loss", "A rank's training loss at its latest step."},
-      {"fsdp_rank_tokens_per_second", "A rank's training throughput, tokens per second."},
-  };
-  for (int f = 0; f < 3; f++) {
-    metrics_family(b, per_rank[f].name, "gauge", per_rank[f].help);
+  metrics_rank_t *r = calloc((size_t)c->n_rank + 1, sizeof *r);
+  const char **cats = calloc((size_t)c->n_rank * COORD_CATS + 1, sizeof *cats);
+  if (!r || !cats) {
+    b->failed = 1;
+  } else {
     for (int i = 0; i < c->n_rank; i++) {
-      const coord_rank_t *r = &c->rank[i];
-      char job[32], rank[16];
-      coord_id_str(job, sizeof job, 'j', r->job);
-      snprintf(rank, sizeof rank, "%d", r->rank);
-      const double v = f == 0 ? (double)r->step : f == 1 ? r->loss : r->tokens_per_s;
-      metrics_sample(b, per_rank[f].name, (const char *[]){"job", job, "rank", rank, NULL}, v);
+      const coord_rank_t *x = &c->rank[i];
+      coord_id_str(r[i].job, sizeof r[i].job, 'j', x->job);
+      r[i].rank = x->rank, r[i].step = (double)x->step, r[i].loss = x->loss;
+      r[i].tokens_per_s = x->tokens_per_s, r[i].ncat = x->ncat;
+      for (int k = 0; k < x->ncat; k++) cats[i * COORD_CATS + k] = x->cat[k];
+      r[i].cat = &cats[i * COORD_CATS], r[i].cur = x->cur, r[i].peak = x->peak;
     }
+    metrics_ranks_write(b, r, c->n_rank);
   }
-  static const char *const mem[2][2] = {
-      {"fsdp_rank_memory_bytes", "A rank's memory by category, now."},
-      {"fsdp_rank_memory_peak_bytes", "A rank's memory by category, at its peak."}};
-  for (int f = 0; f < 2; f++) {
-    metrics_family(b, mem[f][0], "gauge", mem[f][1]);
-    for (int i = 0; i < c->n_rank; i++) {
-      const coord_rank_t *r = &c->rank[i];
-      char job[32], rank[16];
-      coord_id_str(job, sizeof job, 'j', r->job);
-      snprintf(rank, sizeof rank, "%d", r->rank);
-      for (int k = 0; k < r->ncat; k++)
-        metrics_sample(b, mem[f][0],
-                       (const char *[]){"job", job, "rank", rank, "category", r->cat[k], NULL},
-                       (double)(f ? r->peak[k] : r->cur[k]));
-    }
-  }
+  free(r), free(cats);
   metrics_hist_write(b, "fsdp_heartbeat_lateness_seconds",
                      "How late held heartbeats were answered after their interval.", &c->hb_late);
   metrics_hist_write(b, "fsdp_scheduling_latency_seconds",

@@ -53,6 +53,8 @@ typedef struct fsdpd {
   const char *token_file, *user_token_file, *node_token_file, *tls_ca, *tls_cert, *tls_key;
   const char *rank_program;
   double grace_s;
+  const char *metrics_listen;
+  metrics_server_t *metrics;
   /* state */
   uv_loop_t loop;
   inventory_t inv;
@@ -89,6 +91,8 @@ static void usage(FILE *f) {
     "  --tls-cert FILE, --tls-key FILE\n"
     "                        serve the Node service over TLS\n"
     "  --rank-program PATH   what a rank runs (default: fsdp-train beside fsdpd)\n"
+    "  --metrics-listen ADDR serve Prometheus metrics at http://ADDR/metrics (IPV4:PORT,\n"
+    "                        e.g. 0.0.0.0:9102; default: none)\n"
     "  --grace SECONDS       SIGTERM -> SIGKILL for ranks: on SIGTERM a rank stops at its\n"
     "                        next step boundary and checkpoints, within this (default 30)\n");
 }
@@ -123,11 +127,18 @@ static void fsdpd_reply_cb(void *arg, const Fsdp__V1__HeartbeatReply *rep) {
   fsdpd_publish(D); /* the coordinator sees the new ranks in the very next heartbeat */
 }
 
+static void fsdpd_metrics_cb(metrics_buf_t *b, void *arg) {
+  const fsdpd_t *D = arg;
+  if (D->ranks) ranks_metrics(D->ranks, b);
+}
+
 static void fsdpd_close_all(fsdpd_t *D) {
   uv_close((uv_handle_t *)&D->sigint, NULL);
   uv_close((uv_handle_t *)&D->sigterm, NULL);
   uv_close((uv_handle_t *)&D->publish, NULL);
   uv_close((uv_handle_t *)&D->shutdown, NULL);
+  metrics_server_stop(D->metrics); /* before the ranks it reads go */
+  D->metrics = NULL;
   if (D->server) rpc_server_destroy(D->server), D->server = NULL; /* ends the log streams */
   ranks_destroy(D->ranks);
   D->ranks = NULL;
@@ -193,7 +204,7 @@ static int fsdpd_default_program(fsdpd_t *D) {
 
 static int fsdpd_options(fsdpd_t *D, int argc, char **argv, int *as_user, unsigned *uid, unsigned *gid) {
   enum { O_COORD = 256, O_DEVICES, O_NAME, O_LISTEN, O_RANKHOST, O_WORKDIR, O_RUNAS, O_TOKEN,
-         O_UTOKEN, O_NTOKEN, O_CA, O_CERT, O_KEY, O_PROGRAM, O_GRACE, O_HELP };
+         O_UTOKEN, O_NTOKEN, O_CA, O_CERT, O_KEY, O_PROGRAM, O_GRACE, O_METRICS, O_HELP };
   static const struct option opts[] = {
       {"coordinator", required_argument, NULL, O_COORD}, {"devices", required_argument, NULL, O_DEVICES},
       {"name", required_argument, NULL, O_NAME}, {"listen", required_argument, NULL, O_LISTEN},
@@ -203,6 +214,7 @@ static int fsdpd_options(fsdpd_t *D, int argc, char **argv, int *as_user, unsign
       {"node-token-file", required_argument, NULL, O_NTOKEN}, {"tls-ca", required_argument, NULL, O_CA},
       {"tls-cert", required_argument, NULL, O_CERT}, {"tls-key", required_argument, NULL, O_KEY},
       {"rank-program", required_argument, NULL, O_PROGRAM}, {"grace", required_argument, NULL, O_GRACE},
+      {"metrics-listen", required_argument, NULL, O_METRICS},
       {"help", no_argument, NULL, O_HELP}, {NULL, 0, NULL, 0}};
   int ch;
   char *end;
@@ -222,6 +234,7 @@ static int fsdpd_options(fsdpd_t *D, int argc, char **argv, int *as_user, unsign
     case O_CERT: D->tls_cert = optarg; break;
     case O_KEY: D->tls_key = optarg; break;
     case O_PROGRAM: D->rank_program = optarg; break;
+    case O_METRICS: D->metrics_listen = optarg; break;
     case O_GRACE:
       D->grace_s = strtod(optarg, &end);
       if (*end || !(D->grace_s >= 0 && D->grace_s <= 3600))
@@ -318,6 +331,12 @@ int main(int argc, char **argv) {
   if (!strncmp(D.listen, "unix:", 5)) snprintf(D.address, sizeof D.address, "%s", D.listen);
   else snprintf(D.address, sizeof D.address, "%.*s:%d", any ? (int)strlen(D.name) : hl,
                 any ? D.name : D.listen, rpc_server_port(D.server));
+  if (D.metrics_listen &&
+      metrics_server_start(&D.metrics, &D.loop, D.metrics_listen, fsdpd_metrics_cb, &D)) {
+    fprintf(stderr, "fsdpd: --metrics-listen: %s\n", err_msg());
+    return 1;
+  }
+  if (D.metrics) LOG_INFO("fsdpd", "metrics on port %d", metrics_server_port(D.metrics));
   LOG_INFO("fsdpd", "node %s: %d device(s) (%s), Node service on %s, coordinator %s, work dir %s, ranks run "
            "%s%s", D.name, D.inv.count, D.devices, D.address, D.coordinator, D.work_dir,
            as_user ? "as " : "as fsdpd's user", as_user ? D.run_as : "");

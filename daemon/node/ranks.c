@@ -1,6 +1,7 @@
 /* ranks: assignment -> rendezvous -> spawn -> exit report (see ranks.h). */
 #include "daemon/node/ranks.h"
 
+
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
@@ -17,6 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "daemon/job/job.h" /* JOB_EXIT_PREEMPTED */
 #include "daemon/common/err.h"
 #include "daemon/common/frame.h"
 #include "daemon/common/log.h"
@@ -95,6 +97,7 @@ struct ranks {
   int dirty, stopping, destroying;
   uint64_t report_deadline; /* after it, exit reports are given up (stopping) */
   int ncpu_threads;
+  uint64_t exits[4];        /* rank exits since fsdpd started: ok, failed, preempted, signal */
 };
 
 /* ---- bookkeeping --------------------------------------------------------------- */
@@ -395,6 +398,7 @@ static void rk_exit_cb(supervise_t *s, void *arg, int64_t status, int term_signa
   (void)s;
   rk->exit_status = status;
   rk->term_signal = term_signal;
+  rk->R->exits[term_signal ? 3 : status == 0 ? 0 : status == JOB_EXIT_PREEMPTED ? 2 : 1]++;
   LOG_INFO("fsdpd", "job %s attempt %" PRIu32 " rank %" PRIu32 " (pid %d): %s %d", rk_job(rk),
            rk->a->attempt, rk->a->rank, rk->pid, term_signal ? "killed by signal" : "exited with status",
            term_signal ? term_signal : (int)status);
@@ -977,4 +981,48 @@ void ranks_destroy(ranks_t *R) {
     }
     rk_forget(rk);
   }
+}
+
+void ranks_metrics(const ranks_t *R, metrics_buf_t *b) {
+  static const char *const states[] = {"waiting", "rendezvous", "running", "exited"};
+  int count[4] = {0}, n = 0;
+  for (const rank_t *rk = R->list; rk; rk = rk->next) count[rk->state]++, n++;
+  metrics_family(b, "fsdp_node_ranks", "gauge", "Ranks this fsdpd holds, by state.");
+  for (int s = 0; s < 4; s++)
+    metrics_sample(b, "fsdp_node_ranks", (const char *[]){"state", states[s], NULL}, count[s]);
+  static const char *const outcomes[] = {"succeeded", "failed", "preempted", "signal"};
+  metrics_family(b, "fsdp_node_rank_exits_total", "counter",
+                 "Rank processes that ended since fsdpd started, by how.");
+  for (int o = 0; o < 4; o++)
+    metrics_sample(b, "fsdp_node_rank_exits_total", (const char *[]){"outcome", outcomes[o], NULL},
+                   (double)R->exits[o]);
+  metrics_rank_t *m = calloc((size_t)n + 1, sizeof *m);
+  const char **cats = NULL;
+  uint64_t *bytes = NULL;
+  size_t ncat = 0;
+  for (const rank_t *rk = R->list; rk; rk = rk->next) ncat += rk->status ? rk->status->n_memory : 0;
+  cats = calloc(ncat + 1, sizeof *cats), bytes = calloc(2 * ncat + 1, sizeof *bytes);
+  if (!m || !cats || !bytes) {
+    b->failed = 1;
+  } else {
+    int k = 0;
+    size_t at = 0;
+    for (const rank_t *rk = R->list; rk; rk = rk->next) {
+      if (!rk->status || rk->state != RK_RUNNING) continue; /* a report of a running rank */
+      const Fsdp__V1__RankStatus *st = rk->status;
+      metrics_rank_t *x = &m[k++];
+      snprintf(x->job, sizeof x->job, "%s", rk_job(rk));
+      x->rank = (int)rk->a->rank, x->step = (double)st->step, x->loss = st->loss;
+      x->tokens_per_s = st->tokens_per_s, x->ncat = (int)st->n_memory;
+      x->cat = &cats[at], x->cur = &bytes[2 * at], x->peak = &bytes[2 * at + st->n_memory];
+      for (size_t i = 0; i < st->n_memory; i++) {
+        cats[at + i] = st->memory[i]->name;
+        bytes[2 * at + i] = st->memory[i]->current_bytes;
+        bytes[2 * at + st->n_memory + i] = st->memory[i]->peak_bytes;
+      }
+      at += st->n_memory;
+    }
+    metrics_ranks_write(b, m, k);
+  }
+  free(m), free(cats), free(bytes);
 }

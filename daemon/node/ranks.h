@@ -31,6 +31,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "daemon/common/metrics.h"
 #include "daemon/common/rpc.h"
 #include "daemon/node/inventory.h"
 #include "proto/fsdp.pb-c.h"
@@ -70,5 +71,8 @@ int ranks_idle(const ranks_t *R);
 /* After ranks_idle, or after the deadline: frees what is left (work in
  * flight finishes on the loop first: run it until it returns). */
 void ranks_destroy(ranks_t *R);
+/* fsdpd's /metrics: its ranks by state, their exits by outcome, and each
+ * running rank's latest report (metrics.h's rank families). */
+void ranks_metrics(const ranks_t *R, metrics_buf_t *b);
 
 #endif

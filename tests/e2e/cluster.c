@@ -62,6 +62,9 @@ void cluster_coord_run(cluster_proc_t *p, const char *command) {
     char *at = strstr(buf, "serving on port ");
     if (at) port = atoi(at + 16);
   }
+  /* the metrics line follows in the same write (one fflush) */
+  char *m = strstr(buf, "metrics on port ");
+  p->metrics_port = m ? atoi(m + 16) : 0;
   close(fd);
   cr_assert_gt(port, 0, "the coordinator did not start (%s): %.400s", p->log, buf);
   snprintf(p->addr, sizeof p->addr, "127.0.0.1:%d", port);

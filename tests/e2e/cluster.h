@@ -10,6 +10,7 @@
 typedef struct cluster_proc {
   pid_t pid;
   char addr[64]; /* the coordinator's "127.0.0.1:PORT" */
+  int metrics_port; /* its /metrics port, when it serves them (--metrics-listen) */
   char log[600]; /* its stderr (and stdout, for fsdpd) */
 } cluster_proc_t;
 

@@ -179,12 +179,14 @@ Test(systemd, the_units_command_lines_run_a_job_and_stop_on_sigterm_in_time, .ti
   snprintf(db, sizeof db, "%s/unit-state.db", tu_tmpdir());
   snprintf(root, sizeof root, "FSDP_ROOT=%s", tu_tmpdir());
   snprintf(o1, sizeof o1, "FSDP_DB=%s", db);
-  int n = unit_env(tc, env, 32, (const char *[]){o1, root, "FSDP_LISTEN=127.0.0.1:0", NULL});
+  int n = unit_env(tc, env, 32, (const char *[]){o1, root, "FSDP_LISTEN=127.0.0.1:0",
+                                                 "FSDP_METRICS_LISTEN=127.0.0.1:0", NULL});
   int stop_c, stop_f;
   unit_exec(tc, env, n, cmd, sizeof cmd, &stop_c);
   cluster_proc_t coord = {0};
   snprintf(coord.log, sizeof coord.log, "%s.log", db);
   cluster_coord_run(&coord, cmd);
+  cr_assert_gt(coord.metrics_port, 0, "the unit's coordinator serves no /metrics");
   /* fsdpd as the unit's User= does: not root, its work directory its own */
   snprintf(work, sizeof work, "%s/unit-work", tu_tmpdir());
   cr_assert_eq(mkdir(work, 0755), 0);
@@ -192,7 +194,8 @@ Test(systemd, the_units_command_lines_run_a_job_and_stop_on_sigterm_in_time, .ti
   snprintf(o1, sizeof o1, "FSDP_COORDINATOR=%s", coord.addr);
   snprintf(o2, sizeof o2, "FSDP_WORK_DIR=%s", work);
   n = unit_env(tf, env, 32, (const char *[]){o1, o2, "FSDP_DEVICES=cpu:2",
-                                            "FSDP_LISTEN=127.0.0.1:0", NULL});
+                                            "FSDP_LISTEN=127.0.0.1:0",
+                                            "FSDP_METRICS_LISTEN=127.0.0.1:0", NULL});
   char exec[4096];
   unit_exec(tf, env, n, exec, sizeof exec, &stop_f);
   cr_assert(strstr(exec, "--grace 30"), "%s", exec);

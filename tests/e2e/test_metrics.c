@@ -1,0 +1,177 @@
+/* Tests of /metrics (daemon/common/metrics.h) on a real coordinator and a
+ * real fsdpd running a 2-rank job on 127.0.0.1:
+ *   - Debian's `promtool check metrics` accepts both endpoints' output with
+ *     no finding at all, and the values are the cluster's: one job running,
+ *     one node alive, two running ranks with their steps, tokens/s and
+ *     memory by category;
+ *   - Debian's prometheus server, started on loopback, scrapes both and a
+ *     rank's tokens/s comes back through its query API;
+ *   - anything but GET /metrics gets its HTTP error. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tests/e2e/cluster.h"
+#include "tests/unit/testutil.h"
+
+#pragma GCC diagnostic ignored "-Wformat-truncation"
+
+static cluster_proc_t coord, node;
+
+static void teardown(void) {
+  cluster_stop(&node, SIGTERM);
+  cluster_stop(&coord, SIGTERM);
+}
+
+TestSuite(metrics, .fini = teardown, .timeout = 120);
+
+/* Runs a shell command, stderr joined; its exit status, output in out. */
+static int sh(const char *cmd, char *out, size_t len) {
+  char c[4096];
+  snprintf(c, sizeof c, "%s 2>&1", cmd);
+  FILE *p = popen(c, "r");
+  cr_assert_not_null(p);
+  size_t n = fread(out, 1, len - 1, p);
+  out[n] = 0;
+  int st = pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* GET http://127.0.0.1:port/path into out; the HTTP status. */
+static int http_get(int port, const char *path, char *out, size_t len) {
+  char cmd[512], buf[1 << 16];
+  snprintf(cmd, sizeof cmd, "curl -s -m 5 -w '\\n%%{http_code}' http://127.0.0.1:%d%s", port, path);
+  cr_assert_eq(sh(cmd, buf, sizeof buf), 0, "%s: %s", cmd, buf);
+  char *nl = strrchr(buf, '\n');
+  cr_assert_not_null(nl);
+  *nl = 0;
+  snprintf(out, len, "%s", buf);
+  return atoi(nl + 1);
+}
+
+/* The value of the sample whose line starts with prefix (name{labels}), or NAN. */
+static double sample(const char *text, const char *prefix) {
+  for (const char *p = text; (p = strstr(p, prefix)); p++)
+    if (p == text || p[-1] == '\n') return strtod(p + strlen(prefix), NULL);
+  return NAN;
+}
+
+/* The port in "metrics on port N" of a log file (fsdpd's), waiting for it. */
+static int log_port(const char *path) {
+  char buf[1 << 14];
+  const double t0 = tu_now_s();
+  while (tu_now_s() - t0 < 10) {
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f) fclose(f);
+    buf[n] = 0;
+    char *m = strstr(buf, "metrics on port ");
+    if (m) return atoi(m + 16);
+    nanosleep(&(struct timespec){0, 20000000}, NULL);
+  }
+  cr_assert_fail("no \"metrics on port\" in %s", path);
+  return 0;
+}
+
+Test(metrics, both_endpoints_pass_promtool_and_prometheus_scrapes_a_running_job) {
+  chmod(tu_tmpdir(), 0755);
+  char *db = tu_path("state.db");
+  cluster_coord_start(&coord, db, "127.0.0.1:0", "--metrics-listen 127.0.0.1:0");
+  cr_assert_gt(coord.metrics_port, 0, "the coordinator did not say its metrics port");
+  cluster_fsdpd_start(&node, coord.addr, "solo", 2, "--metrics-listen 127.0.0.1:0");
+  const int node_port = log_port(node.log);
+  char *data = tu_token_file("tok.bin", 40000, 5, 256), conf[800], text[1024], out[1 << 16];
+  chmod(data, 0644);
+  snprintf(conf, sizeof conf, "%s/job.conf", tu_tmpdir());
+  snprintf(text, sizeof text, "[model]\nmodel = tiny\n[data]\ndata = %s\n[train]\nbatch = 2\n"
+           "seq_len = 32\nsteps = 1000000\neval_every = 0\n", data);
+  tu_write_file(conf, text, strlen(text));
+  char a[1024];
+  snprintf(a, sizeof a, "submit '%s' --ranks 2", conf);
+  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
+  char job[32], step0[96], tok0[96];
+  snprintf(job, sizeof job, "%.*s", (int)strcspn(out, "\n"), out);
+  snprintf(step0, sizeof step0, "fsdp_rank_step{job=\"%s\",rank=\"0\"}", job);
+  snprintf(tok0, sizeof tok0, "fsdp_rank_tokens_per_second{job=\"%s\",rank=\"0\"}", job);
+  /* both see the ranks' reports */
+  const int ports[2] = {coord.metrics_port, node_port};
+  static char got[2][1 << 16];
+  const double t0 = tu_now_s();
+  for (int i = 0; i < 2; i++)
+    for (;;) {
+      cr_assert_eq(http_get(ports[i], "/metrics", got[i], sizeof got[i]), 200);
+      if (sample(got[i], step0) > 0 && sample(got[i], tok0) > 0) break;
+      cr_assert_lt(tu_now_s() - t0, 30, "no report of rank 0 on port %d:\n%s", ports[i], got[i]);
+      nanosleep(&(struct timespec){0, 100000000}, NULL);
+    }
+  /* promtool: no finding at all */
+  for (int i = 0; i < 2; i++) {
+    char *f = tu_path(i ? "node.prom" : "coord.prom"), cmd[1024];
+    tu_write_file(f, got[i], strlen(got[i]));
+    snprintf(cmd, sizeof cmd, "promtool check metrics < '%s'", f);
+    int rc = sh(cmd, out, sizeof out);
+    cr_assert(rc == 0 && !out[0], "%s: exit %d:\n%s", cmd, rc, out);
+    free(f);
+  }
+  cr_assert_eq(sample(got[0], "fsdp_jobs{state=\"RUNNING\"}"), 1, "%s", got[0]);
+  cr_assert_eq(sample(got[0], "fsdp_nodes{state=\"alive\"}"), 1, "%s", got[0]);
+  cr_assert_eq(sample(got[1], "fsdp_node_ranks{state=\"running\"}"), 2, "%s", got[1]);
+  char mem[160];
+  snprintf(mem, sizeof mem, "fsdp_rank_memory_bytes{job=\"%s\",rank=\"1\",category=\"params\"}", job);
+  for (int i = 0; i < 2; i++) cr_assert_gt(sample(got[i], mem), 0, "%s", got[i]);
+  cr_assert_geq(sample(got[0], "fsdp_scheduling_latency_seconds_count"), 1, "%s", got[0]);
+  /* errors */
+  cr_assert_eq(http_get(coord.metrics_port, "/", out, sizeof out), 404);
+  /* Prometheus scrapes both, every second; rank 0's tokens/s comes back */
+  char addr[64], prom_cfg[800], prom_dir[800], q[512];
+  int fd = tu_listen_loopback(addr, sizeof addr);
+  close(fd); /* its port, free again for prometheus */
+  snprintf(prom_cfg, sizeof prom_cfg, "%s/prometheus.yml", tu_tmpdir());
+  snprintf(prom_dir, sizeof prom_dir, "%s/prometheus-data", tu_tmpdir());
+  snprintf(text, sizeof text, "global:\n  scrape_interval: 1s\nscrape_configs:\n"
+           "  - job_name: fsdp\n    honor_labels: true\n    static_configs:\n      - targets: ['127.0.0.1:%d', "
+           "'127.0.0.1:%d']\n", coord.metrics_port, node_port);
+  tu_write_file(prom_cfg, text, strlen(text));
+  snprintf(a, sizeof a, "exec prometheus --config.file='%s' --storage.tsdb.path='%s' "
+           "--web.listen-address=%s >'%s/prometheus.log' 2>&1", prom_cfg, prom_dir, addr,
+           tu_tmpdir());
+  pid_t prom = cluster_run(a);
+  double value = 0;
+  int series = 0;
+  snprintf(q, sizeof q, "/api/v1/query?query=fsdp_rank_tokens_per_second%%7Bjob%%3D%%22%s%%22%%2Crank%%3D%%220%%22%%7D", job);
+  const double t1 = tu_now_s();
+  while (tu_now_s() - t1 < 40) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "curl -s -m 2 'http://%s%s'", addr, q);
+    if (sh(cmd, out, sizeof out) == 0) {
+      json_t *j = json_loads(out, 0, NULL);
+      json_t *res = json_object_get(json_object_get(j, "data"), "result");
+      series = (int)json_array_size(res);
+      if (series > 0) {
+        json_t *v = json_array_get(json_object_get(json_array_get(res, 0), "value"), 1);
+        value = v ? atof(json_string_value(v)) : 0;
+      }
+      json_decref(j);
+      if (value > 0) break;
+    }
+    nanosleep(&(struct timespec){0, 250000000}, NULL);
+  }
+  kill(prom, SIGTERM);
+  int st;
+  for (int i = 0; i < 500 && waitpid(prom, &st, WNOHANG) == 0; i++)
+    nanosleep(&(struct timespec){0, 10000000}, NULL);
+  if (waitpid(prom, &st, WNOHANG) == 0) kill(prom, SIGKILL), waitpid(prom, &st, 0);
+  cr_assert_gt(value, 0, "Prometheus has no tokens/s of %s rank 0 (%d series):\n%s", job, series, out);
+  cr_log_info("Prometheus read %s rank 0 at %.0f tokens/s", job, value);
+  snprintf(a, sizeof a, "cancel %s", job);
+  cluster_ctl(coord.addr, a, out, sizeof out);
+  free(db), free(data);
+}
