@@ -33,23 +33,11 @@ static void teardown(void) {
 
 TestSuite(metrics, .fini = teardown, .timeout = 120);
 
-/* Runs a shell command, stderr joined; its exit status, output in out. */
-static int sh(const char *cmd, char *out, size_t len) {
-  char c[4096];
-  snprintf(c, sizeof c, "%s 2>&1", cmd);
-  FILE *p = popen(c, "r");
-  cr_assert_not_null(p);
-  size_t n = fread(out, 1, len - 1, p);
-  out[n] = 0;
-  int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 /* GET http://127.0.0.1:port/path into out; the HTTP status. */
 static int http_get(int port, const char *path, char *out, size_t len) {
   char cmd[512], buf[1 << 16];
   snprintf(cmd, sizeof cmd, "curl -s -m 5 -w '\\n%%{http_code}' http://127.0.0.1:%d%s", port, path);
-  cr_assert_eq(sh(cmd, buf, sizeof buf), 0, "%s: %s", cmd, buf);
+  cr_assert_eq(tu_sh(cmd, buf, sizeof buf), 0, "%s: %s", cmd, buf);
   char *nl = strrchr(buf, '\n');
   cr_assert_not_null(nl);
   *nl = 0;
@@ -117,7 +105,7 @@ Test(metrics, both_endpoints_pass_promtool_and_prometheus_scrapes_a_running_job)
     char *f = tu_path(i ? "node.prom" : "coord.prom"), cmd[1024];
     tu_write_file(f, got[i], strlen(got[i]));
     snprintf(cmd, sizeof cmd, "promtool check metrics < '%s'", f);
-    int rc = sh(cmd, out, sizeof out);
+    int rc = tu_sh(cmd, out, sizeof out);
     cr_assert(rc == 0 && !out[0], "%s: exit %d:\n%s", cmd, rc, out);
     free(f);
   }
@@ -151,7 +139,7 @@ Test(metrics, both_endpoints_pass_promtool_and_prometheus_scrapes_a_running_job)
   while (tu_now_s() - t1 < 40) {
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "curl -s -m 2 'http://%s%s'", addr, q);
-    if (sh(cmd, out, sizeof out) == 0) {
+    if (tu_sh(cmd, out, sizeof out) == 0) {
       json_t *j = json_loads(out, 0, NULL);
       json_t *res = json_object_get(json_object_get(j, "data"), "result");
       series = (int)json_array_size(res);

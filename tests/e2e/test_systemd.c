@@ -52,23 +52,11 @@ static char *unit(const char *name, char **text) {
   return path;
 }
 
-/* Runs a shell command, stderr joined; its exit status, output in out. */
-static int sh(const char *cmd, char *out, size_t len) {
-  char c[4096];
-  snprintf(c, sizeof c, "%s 2>&1", cmd);
-  FILE *p = popen(c, "r");
-  cr_assert_not_null(p);
-  size_t n = fread(out, 1, len - 1, p);
-  out[n] = 0;
-  int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 Test(systemd, units_verify_with_no_warning_and_a_misspelling_is_caught) {
   char *tc, *tf, cmd[4096], out[8192];
   char *c = unit("fsdp-coordinator.service", &tc), *f = unit("fsdpd.service", &tf);
   snprintf(cmd, sizeof cmd, "systemd-analyze verify '%s' '%s'", c, f);
-  int rc = sh(cmd, out, sizeof out);
+  int rc = tu_sh(cmd, out, sizeof out);
   cr_assert_eq(rc, 0, "%s: exit %d:\n%s", cmd, rc, out);
   cr_assert_eq(out[0], 0, "systemd-analyze verify warned:\n%s", out);
   /* the check fails when it should: a misspelled key only warns */
@@ -78,7 +66,7 @@ Test(systemd, units_verify_with_no_warning_and_a_misspelling_is_caught) {
   p[0] = 'X';
   tu_write_file(bad, tf, strlen(tf));
   snprintf(cmd, sizeof cmd, "systemd-analyze verify '%s'", bad);
-  sh(cmd, out, sizeof out);
+  tu_sh(cmd, out, sizeof out);
   cr_assert(strstr(out, "Unknown key"), "a misspelled key went unnoticed:\n%s", out);
   free(c), free(f), free(tc), free(tf), free(bad);
 }
@@ -87,7 +75,7 @@ Test(systemd, units_verify_with_no_warning_and_a_misspelling_is_caught) {
 static double exposure(const char *path) {
   char cmd[2048], out[1 << 15];
   snprintf(cmd, sizeof cmd, "systemd-analyze security --offline=yes --no-pager '%s'", path);
-  sh(cmd, out, sizeof out);
+  tu_sh(cmd, out, sizeof out);
   const char *at = strstr(out, "Overall exposure level for ");
   cr_assert_not_null(at, "%s:\n%s", cmd, out);
   at = strchr(at, ':');
@@ -258,7 +246,7 @@ Test(systemd, make_install_puts_programs_units_and_docs_where_packagers_expect, 
   char dest[800], cmd[4096], out[1 << 14], path[1200];
   snprintf(dest, sizeof dest, "%s/destdir", tu_tmpdir());
   snprintf(cmd, sizeof cmd, "make -s -C '%s' install DESTDIR='%s' PREFIX=/opt/fsdp", tu_root(), dest);
-  cr_assert_eq(sh(cmd, out, sizeof out), 0, "%s:\n%s", cmd, out);
+  cr_assert_eq(tu_sh(cmd, out, sizeof out), 0, "%s:\n%s", cmd, out);
   const char *progs[] = {"fsdp-coordinator", "fsdpd", "fsdpctl", "fsdp-train", "fsdp-launch",
                          "fsdp-tokenize"};
   for (size_t i = 0; i < sizeof progs / sizeof *progs; i++) {

@@ -286,3 +286,14 @@ void tu_launch_tiny(int n, const char *data, const char *args, int want, char *o
   int rc = tu_run_bin("fsdp-launch", cmd, out, len);
   cr_assert_eq(rc, want, "fsdp-launch %s: exit %d, expected %d:\n%s", cmd, rc, want, out);
 }
+
+int tu_sh(const char *cmd, char *out, size_t len) {
+  char c[8192];
+  snprintf(c, sizeof c, "%s 2>&1", cmd);
+  FILE *p = popen(c, "r");
+  cr_assert_not_null(p, "popen %s", cmd);
+  size_t n = fread(out, 1, len - 1, p);
+  out[n] = 0;
+  int st = pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}

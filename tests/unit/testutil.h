@@ -30,6 +30,9 @@ int tu_listen_loopback(char *addr, size_t n);
  * to stdout, which lands in out (len bytes, NUL-terminated); returns the exit
  * status (-1 if killed by a signal). */
 int tu_run_bin(const char *program, const char *args, char *out, size_t len);
+/* Runs `sh -c CMD` with stderr joined to stdout, which lands in out (len
+ * bytes, NUL-terminated); its exit status (-1 if killed by a signal). */
+int tu_sh(const char *cmd, char *out, size_t len);
 /* Project root (where the Makefile is): FSDP_ROOT, else the current directory. */
 const char *tu_root(void);
 /* Monotonic clock, in seconds. */
