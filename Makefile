@@ -42,7 +42,7 @@ BUILD_PKGS = build-essential pkg-config libdnnl-dev libinih-dev libuv1-dev libxx
 # gRPC for Python, the independent client test_fsdpctl runs.
 TEST_PKGS  = libcriterion-dev clang libclang-rt-14-dev libomp-14-dev python3 python3-numpy python3-torch \
              fortunes procps openssl python3-grpcio python3-grpc-tools python3-protobuf \
-             systemd util-linux prometheus curl
+             systemd util-linux prometheus curl nodejs
 # The benchmarks: PyTorch for the peer runs, OpenBLAS and BLIS for the GEMM ceilings.
 BENCH_PKGS = python3 python3-numpy python3-torch libopenblas-dev libblis-dev
 # The demo's corpus.
@@ -103,7 +103,7 @@ BINS  = bin/fsdp-train bin/fsdp-tokenize bin/fsdp-launch bin/fsdp-coordinator bi
 # under a build directory.
 UNIT_TESTS = err frame param kernels isa device boot data gpt adamw config train ckpt sample shard plan comm \
              fsdp reference supervise sched inventory job rpc store store_txn safetensors
-E2E_TESTS  = launch fault coordinator fsdpd cluster systemd metrics
+E2E_TESTS  = launch fault coordinator fsdpd cluster systemd metrics k8s
 test_bins  = $(UNIT_TESTS:%=$(1)/tests/test_%) $(E2E_TESTS:%=$(1)/e2e/test_%)
 TEST_BINS  = $(call test_bins,$(B))
 BENCH_BINS = $(B)/bench/bench_gemm $(B)/bench/bench_train $(B)/bench/bench_comm $(B)/bench/bench_fsdp \
@@ -384,6 +384,15 @@ $(B)/e2e/test_cluster: $(B)/tests/e2e/test_cluster.o $(B)/tests/e2e/cluster.o $(
                        $(TESTUTIL_TRAIN) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -lsqlite3 -lcriterion
+# deploy/k8s checked offline and strictly against the Kubernetes API schemas
+# (tests/k8s/check.mjs over npm's kubernetes-models, installed from its lock).
+K8S_MODULES = tests/k8s/node_modules/.package-lock.json
+$(K8S_MODULES): tests/k8s/package.json tests/k8s/package-lock.json | deps-test
+	@command -v npm >/dev/null || sh mk/deps.sh npm
+	cd tests/k8s && npm ci --no-audit --no-fund --loglevel=error
+$(B)/e2e/test_k8s: $(B)/tests/e2e/test_k8s.o $(TESTUTIL) | $(K8S_MODULES)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ -lm -lcriterion
 # /metrics of a coordinator and an fsdpd running a job, checked by promtool
 # and scraped by a prometheus server on loopback (tests/e2e/test_metrics.c).
 $(B)/e2e/test_metrics: $(B)/tests/e2e/test_metrics.o $(B)/tests/e2e/cluster.o $(TESTUTIL) \

@@ -1,0 +1,81 @@
+/* Tests of deploy/k8s, offline: tests/k8s/check.mjs checks every manifest
+ * against the Kubernetes API's schemas (npm's kubernetes-models) strictly,
+ * unknown fields included, and against the project's rules (native gRPC
+ * probes, no privilege, Secrets never inlined). The manifests pass; a broken
+ * copy of one, for each kind of fault, is refused naming the fault. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/unit/testutil.h"
+
+#pragma GCC diagnostic ignored "-Wformat-truncation"
+
+/* node tests/k8s/check.mjs FILES; its exit status, output in out. */
+static int check(const char *files, char *out, size_t len) {
+  char cmd[4096];
+  snprintf(cmd, sizeof cmd, "cd '%s' && node tests/k8s/check.mjs %s", tu_root(), files);
+  return tu_sh(cmd, out, len);
+}
+
+static char *slurp(const char *path) {
+  FILE *f = fopen(path, "r");
+  cr_assert_not_null(f, "%s", path);
+  static char buf[1 << 16];
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  buf[n] = 0;
+  fclose(f);
+  return strdup(buf);
+}
+
+Test(k8s, the_manifests_pass_the_schemas_and_the_rules) {
+  char out[1 << 14];
+  int rc = check("deploy/k8s/*.yaml", out, sizeof out);
+  cr_assert_eq(rc, 0, "deploy/k8s: exit %d:\n%s", rc, out);
+  cr_assert(strstr(out, "ok: 5 documents"), "%s", out);
+}
+
+/* A copy of deploy/k8s/NAME with the first `from` replaced by `to` (to
+ * appended when from is NULL) is refused, the output naming want. */
+static void refused(const char *name, const char *from, const char *to, const char *want) {
+  char src[1024], out[1 << 14];
+  snprintf(src, sizeof src, "%s/deploy/k8s/%s", tu_root(), name);
+  char *text = slurp(src), *p = from ? strstr(text, from) : NULL;
+  cr_assert(!from || p, "%s has no \"%s\"", name, from);
+  size_t n = strlen(text) + strlen(to) + 2;
+  char *broken = malloc(n);
+  if (from)
+    snprintf(broken, n, "%.*s%s%s", (int)(p - text), text, to, p + strlen(from));
+  else
+    snprintf(broken, n, "%s%s", text, to);
+  char *path = tu_path("broken.yaml");
+  tu_write_file(path, broken, strlen(broken));
+  int rc = check(path, out, sizeof out);
+  cr_assert_eq(rc, 1, "a copy with \"%s\" -> \"%s\" passed:\n%s", from ? from : "", to, out);
+  cr_assert(strstr(out, want), "the refusal does not name \"%s\":\n%s", want, out);
+  free(text), free(broken), free(path);
+}
+
+Test(k8s, a_wrong_type_is_refused) {
+  refused("coordinator.yaml", "replicas: 1", "replicas: one", "/spec/replicas");
+  refused("fsdpd.yaml", "containerPort: 7071", "containerPort: \"seven\"", "containerPort");
+}
+
+Test(k8s, an_unknown_field_is_refused) {
+  refused("fsdpd.yaml", "livenessProbe:", "livenessProbee:", "unknown field \"livenessProbee\"");
+  refused("coordinator.yaml", "serviceName:", "servicename:", "unknown field \"servicename\"");
+}
+
+Test(k8s, the_projects_rules_are_kept) {
+  refused("fsdpd.yaml", "allowPrivilegeEscalation: false", "privileged: true", "privileged");
+  refused("coordinator.yaml", "grpc: {port: 7070}\n            periodSeconds: 10",
+          "tcpSocket: {port: 7070}\n            periodSeconds: 10", "native gRPC");
+  refused("submit-job.yaml", NULL,
+          "---\napiVersion: v1\nkind: Secret\nmetadata: {name: fsdp-tokens}\n"
+          "stringData: {user.token: hunter2}\n", "a Secret is inlined");
+  refused("submit-job.yaml", "- {name: FSDP_TOKEN_FILE, value: /etc/fsdpd/tokens/user.token}",
+          "- {name: FSDP_TOKEN, value: hunter2}", "literal value");
+  refused("coordinator.yaml", "readOnlyRootFilesystem: true", "readOnlyRootFilesystem: false",
+          "readOnlyRootFilesystem");
+}

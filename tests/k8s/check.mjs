@@ -1,0 +1,125 @@
+// check.mjs: deploy/k8s checked offline against the Kubernetes API's schemas,
+// strictly, plus the project's own rules. Run by tests/e2e/test_k8s.c.
+//
+//   node tests/k8s/check.mjs FILE.yaml...
+//
+// Schemas: npm's kubernetes-models (its validators are compiled from the
+// Kubernetes OpenAPI schemas). They check types, enums and required fields,
+// but, like the API server's non-strict decoding, ignore unknown fields. So
+// each field is also probed: its value replaced by one no schema type
+// accepts, a known field makes the validator complain at its path and an
+// unknown one (a misspelling such as livenessProbee) does not.
+//
+// The project's rules: every container of a long-running workload
+// (Deployment, StatefulSet, DaemonSet) has native gRPC liveness and readiness
+// probes; no container is privileged or may escalate, each runs as non-root
+// with a read-only root file system and no capability; no Secret is inlined
+// (no Secret objects here, no literal env value for a token, key or password).
+//
+// Exit 0 with "ok: N documents" on stdout, else 1 with one line per finding.
+import { readFileSync } from "node:fs";
+import { parseAllDocuments } from "yaml";
+
+const findings = [];
+let documents = 0;
+
+// apps/v1 StatefulSet -> IoK8sApiAppsV1StatefulSet; v1 Service -> IoK8sApiCoreV1Service
+function schemaName(apiVersion, kind) {
+  const [group, version] = apiVersion.includes("/") ? apiVersion.split("/") : ["core", apiVersion];
+  const cap = (s) => s.charAt(0).toUpperCase() + s.slice(1);
+  if (group.includes(".")) return null; // only the built-in groups are known here
+  return `IoK8sApi${cap(group)}${cap(version)}${kind}`;
+}
+
+const pointer = (path) => path.map((k) => "/" + String(k).replace(/~/g, "~0").replace(/\//g, "~1")).join("");
+
+function errorsOf(validate, doc) {
+  validate(doc);
+  return validate.errors || [];
+}
+
+// Every object key under obj, by path, probed one at a time.
+function unknownFields(validate, doc, obj, path, where) {
+  if (Array.isArray(obj)) {
+    obj.forEach((v, i) => unknownFields(validate, doc, v, [...path, i], where));
+    return;
+  }
+  if (!obj || typeof obj !== "object") return;
+  for (const key of Object.keys(obj)) {
+    const p = [...path, key];
+    const saved = obj[key];
+    obj[key] = Symbol("probe");
+    const at = pointer(p);
+    const known = errorsOf(validate, doc).some((e) => e.instancePath === at || e.instancePath.startsWith(at + "/"));
+    obj[key] = saved;
+    if (!known) findings.push(`${where}: ${at}: unknown field "${key}" (not in the ${doc.kind} schema)`);
+    else unknownFields(validate, doc, saved, p, where);
+  }
+}
+
+function podSpecOf(doc) {
+  if (["Deployment", "StatefulSet", "DaemonSet", "Job"].includes(doc.kind)) return doc.spec?.template?.spec;
+  if (doc.kind === "Pod") return doc.spec;
+  return null;
+}
+
+function projectRules(doc, where) {
+  if (doc.kind === "Secret")
+    findings.push(`${where}: a Secret is inlined; create it out of band (kubectl create secret) and reference it`);
+  const pod = podSpecOf(doc);
+  if (!pod) return;
+  const longRunning = ["Deployment", "StatefulSet", "DaemonSet"].includes(doc.kind);
+  if (pod.securityContext?.runAsNonRoot !== true)
+    findings.push(`${where}: spec.template.spec.securityContext.runAsNonRoot must be true`);
+  for (const c of [...(pod.initContainers || []), ...(pod.containers || [])]) {
+    const w = `${where}: container ${c.name}`;
+    const sc = c.securityContext || {};
+    if (sc.privileged) findings.push(`${w}: privileged`);
+    if (sc.allowPrivilegeEscalation !== false) findings.push(`${w}: allowPrivilegeEscalation must be false`);
+    if (sc.readOnlyRootFilesystem !== true) findings.push(`${w}: readOnlyRootFilesystem must be true`);
+    if (!(sc.capabilities?.drop || []).includes("ALL")) findings.push(`${w}: capabilities must drop ALL`);
+    if (longRunning && !(c.livenessProbe?.grpc && c.readinessProbe?.grpc))
+      findings.push(`${w}: needs native gRPC liveness and readiness probes (livenessProbe.grpc, readinessProbe.grpc)`);
+    for (const e of c.env || [])
+      if (/TOKEN|PASSWORD|SECRET|KEY/i.test(e.name) && !/_(FILE|PATH|DIR)$/i.test(e.name) &&
+          e.value !== undefined)
+        findings.push(`${w}: env ${e.name} holds a literal value; take it from a Secret (valueFrom.secretKeyRef)`);
+  }
+}
+
+for (const file of process.argv.slice(2)) {
+  let docs;
+  try {
+    docs = parseAllDocuments(readFileSync(file, "utf8"));
+  } catch (e) {
+    findings.push(`${file}: ${e.message}`);
+    continue;
+  }
+  for (const d of docs) {
+    if (d.errors.length) {
+      findings.push(`${file}: YAML: ${d.errors[0].message}`);
+      continue;
+    }
+    const doc = d.toJS();
+    if (!doc) continue;
+    documents++;
+    const where = `${file}: ${doc.kind}/${doc.metadata?.name}`;
+    const name = doc.apiVersion && doc.kind ? schemaName(doc.apiVersion, doc.kind) : null;
+    let validate;
+    try {
+      ({ validate } = await import(`kubernetes-models/_schemas/${name}`));
+    } catch {
+      findings.push(`${where}: no schema for apiVersion ${doc.apiVersion} kind ${doc.kind}`);
+      continue;
+    }
+    for (const e of errorsOf(validate, doc))
+      findings.push(`${where}: ${e.instancePath || "/"}: ${e.message || e.keyword + " " + JSON.stringify(e.params)}`);
+    unknownFields(validate, doc, doc, [], where);
+    projectRules(doc, where);
+  }
+}
+if (findings.length) {
+  for (const f of findings) console.log(f);
+  process.exit(1);
+}
+console.log(`ok: ${documents} documents`);
