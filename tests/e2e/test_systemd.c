@@ -219,7 +219,19 @@ Test(systemd, the_units_command_lines_run_a_job_and_stop_on_sigterm_in_time, .ti
     cr_assert_lt(tu_now_s() - t0, 30, "the job did not start:\n%s", out);
     nanosleep(&(struct timespec){0, 50000000}, NULL);
   }
-  nanosleep(&(struct timespec){1, 0}, NULL); /* some steps done */
+  /* both ranks have done steps (the coordinator's /metrics shows their reports):
+   * a rank stopped before its first step has nothing to checkpoint */
+  for (int r = 0; r < 2; r++)
+    for (;;) {
+      char q[512], want[96];
+      snprintf(q, sizeof q, "curl -s -m 5 http://127.0.0.1:%d/metrics", coord.metrics_port);
+      snprintf(want, sizeof want, "\nfsdp_rank_step{job=\"%s\",rank=\"%d\"} ", job, r);
+      tu_sh(q, out, sizeof out);
+      const char *at = strstr(out, want);
+      if (at && atof(at + strlen(want)) > 0) break;
+      cr_assert_lt(tu_now_s() - t0, 60, "rank %d did no step:\n%.2000s", r, out);
+      nanosleep(&(struct timespec){0, 100000000}, NULL);
+    }
   /* systemctl stop: SIGTERM to fsdpd (KillMode=mixed), then the coordinator */
   double took;
   kill(fsdpd, SIGTERM);
