@@ -609,6 +609,7 @@ int store_backup(const char *path, const char *out, int *version) {
   }
   if (dst && sqlite3_close(dst) != SQLITE_OK && !rc)
     rc = err_set(FSDP_EIO, "backup: closing %s", tmp);
+  for (int i = 0; i < src.n_cache; i++) sqlite3_finalize(src.cache[i].stmt);
   sqlite3_close(src.db);
   if (!rc) { /* durable, then under its name */
     int fd = open(tmp, O_RDONLY | O_CLOEXEC);
