@@ -42,7 +42,7 @@ BUILD_PKGS = build-essential pkg-config libdnnl-dev libinih-dev libuv1-dev libxx
 # gRPC for Python, the independent client test_fsdpctl runs.
 TEST_PKGS  = libcriterion-dev clang libclang-rt-14-dev libomp-14-dev python3 python3-numpy python3-torch \
              fortunes procps openssl python3-grpcio python3-grpc-tools python3-protobuf \
-             systemd util-linux prometheus curl nodejs
+             systemd util-linux prometheus curl nodejs slurm-wlm munge
 # The benchmarks: PyTorch for the peer runs, OpenBLAS and BLIS for the GEMM ceilings.
 BENCH_PKGS = python3 python3-numpy python3-torch libopenblas-dev libblis-dev
 # The demo's corpus.
@@ -103,7 +103,7 @@ BINS  = bin/fsdp-train bin/fsdp-tokenize bin/fsdp-launch bin/fsdp-coordinator bi
 # under a build directory.
 UNIT_TESTS = err frame param kernels isa device boot data gpt adamw config train ckpt sample shard plan comm \
              fsdp reference supervise sched inventory job rpc store store_txn safetensors
-E2E_TESTS  = launch fault coordinator fsdpd cluster systemd metrics k8s
+E2E_TESTS  = launch fault coordinator fsdpd cluster systemd metrics k8s slurm
 test_bins  = $(UNIT_TESTS:%=$(1)/tests/test_%) $(E2E_TESTS:%=$(1)/e2e/test_%)
 TEST_BINS  = $(call test_bins,$(B))
 BENCH_BINS = $(B)/bench/bench_gemm $(B)/bench/bench_train $(B)/bench/bench_comm $(B)/bench/bench_fsdp \
@@ -382,6 +382,12 @@ $(B)/e2e/test_fsdpd: $(B)/tests/e2e/test_fsdpd.o $(TESTUTIL) $(TESTUTIL_TRAIN) $
 # `make test` builds with $(BINS).
 $(B)/e2e/test_cluster: $(B)/tests/e2e/test_cluster.o $(B)/tests/e2e/cluster.o $(TESTUTIL) \
                        $(TESTUTIL_TRAIN) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -lsqlite3 -lcriterion
+# deploy/slurm's batch script under a real Slurm (munged, slurmctld, slurmd
+# started by tests/e2e/test_slurm.c).
+$(B)/e2e/test_slurm: $(B)/tests/e2e/test_slurm.o $(B)/tests/e2e/cluster.o $(TESTUTIL) \
+                     $(TESTUTIL_TRAIN) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -lsqlite3 -lcriterion
 # deploy/k8s checked offline and strictly against the Kubernetes API schemas

@@ -806,6 +806,11 @@ int coord_create(coord_t **out, uv_loop_t *loop, const coord_opts_t *o) {
 }
 
 int coord_port(const coord_t *c) { return rpc_server_port(c->srv); }
+int coord_running_jobs(coord_t *c) {
+  int64_t n[STORE_JOB_CANCELLED + 1];
+  return store_job_counts(c->st, n) ? -1 : (int)n[STORE_JOB_RUNNING];
+}
+
 int coord_metrics_port(const coord_t *c) { return c->metrics ? metrics_server_port(c->metrics) : 0; }
 
 /* The handles close one after another (tick, beat, flush); the last frees. */

@@ -43,6 +43,8 @@ typedef struct coord_opts {
 /* Opens the store, reads back what was running, starts serving. */
 int coord_create(coord_t **c, uv_loop_t *loop, const coord_opts_t *o);
 int coord_port(const coord_t *c);
+/* Jobs in state RUNNING (-1 when the store cannot say). */
+int coord_running_jobs(coord_t *c);
 /* The /metrics port (0: not serving them). */
 int coord_metrics_port(const coord_t *c);
 /* Stops serving (calls in flight are cancelled) and closes the store. Run

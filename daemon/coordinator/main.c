@@ -39,6 +39,10 @@ static void usage(FILE *f) {
           "                             answered survives a power loss)\n"
           "  --metrics-listen ADDR      serve Prometheus metrics at http://ADDR/metrics\n"
           "                             (IPV4:PORT, e.g. 0.0.0.0:9101; default: none)\n"
+          "  --stop-grace SECONDS       on SIGTERM, keep serving while jobs still run, up to\n"
+          "                             this long, so that nodes stopped by the same signal\n"
+          "                             (a batch allocation ending) report their ranks'\n"
+          "                             checkpoints and exits first (default 0: stop at once)\n"
           "  --backup FILE              with --db only: copy the database into the new FILE\n"
           "                             and exit; safe while a coordinator runs on it (SQLite's\n"
           "                             online backup); start a coordinator on FILE to restore\n"
@@ -46,15 +50,45 @@ static void usage(FILE *f) {
 }
 
 static uv_signal_t sig_term, sig_int;
+static uv_timer_t stop_wait;
 static coord_t *coord;
+static int stop_grace_s;     /* --stop-grace */
+static uint64_t stop_by_ms;  /* when the grace ends (0: not stopping) */
 
-static void on_signal(uv_signal_t *s, int signum) {
-  (void)s;
-  LOG_INFO("coord", "signal %d: stopping", signum);
+static void stop_now(void) {
   coord_destroy(coord);
   coord = NULL;
   uv_close((uv_handle_t *)&sig_term, NULL);
   uv_close((uv_handle_t *)&sig_int, NULL);
+  uv_close((uv_handle_t *)&stop_wait, NULL);
+}
+
+/* During the grace: stops once no job runs (its ranks have exited and
+ * reported, a preempted one requeued) or the grace is over. */
+static void stop_wait_cb(uv_timer_t *t) {
+  const int running = coord_running_jobs(coord);
+  if (running > 0 && uv_now(t->loop) < stop_by_ms) return;
+  if (running > 0)
+    LOG_WARN("coord", "--stop-grace of %d s over with %d job(s) still running: stopping",
+             stop_grace_s, running);
+  else
+    LOG_INFO("coord", "no job runs any more: stopping");
+  stop_now();
+}
+
+static void on_signal(uv_signal_t *s, int signum) {
+  const int running = coord_running_jobs(coord);
+  if (stop_by_ms || !stop_grace_s || running <= 0) {
+    LOG_INFO("coord", "signal %d: stopping", signum);
+    stop_now();
+    return;
+  }
+  /* the nodes got the same signal (a batch system stopping its allocation):
+   * their ranks checkpoint and report through this coordinator first */
+  LOG_INFO("coord", "signal %d: stopping once the %d running job(s) have stopped (at most %d s; "
+           "a second signal stops now)", signum, running, stop_grace_s);
+  stop_by_ms = uv_now(s->loop) + (uint64_t)stop_grace_s * 1000;
+  uv_timer_start(&stop_wait, stop_wait_cb, 100, 100);
 }
 
 static int positive(const char *opt, const char *v, int *out) {
@@ -77,7 +111,7 @@ int main(int argc, char **argv) {
       {"tls-key", required_argument, 0, 'k'},     {"heartbeat-interval-ms", required_argument, 0, 'i'},
       {"heartbeat-timeout-ms", required_argument, 0, 't'}, {"sync", required_argument, 0, 's'},
       {"checkpoint-timeout-ms", required_argument, 0, 'C'}, {"backup", required_argument, 0, 'b'},
-      {"metrics-listen", required_argument, 0, 'm'},
+      {"metrics-listen", required_argument, 0, 'm'}, {"stop-grace", required_argument, 0, 'g'},
       {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
   const char *roots[ROOTS_MAX];
   coord_opts_t o = {.listen = "127.0.0.1:7070", .roots = roots};
@@ -110,6 +144,17 @@ int main(int argc, char **argv) {
       break;
     case 'b': backup = optarg; break;
     case 'm': o.metrics_listen = optarg; break;
+    case 'g': {
+      char *end;
+      long g = strtol(optarg, &end, 10);
+      if (!*optarg || *end || g < 0 || g > 3600) {
+        fprintf(stderr, "fsdp-coordinator: --stop-grace: '%s' is not a number of seconds (0 to "
+                "3600)\n", optarg);
+        return 2;
+      }
+      stop_grace_s = (int)g;
+      break;
+    }
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
     }
@@ -152,6 +197,7 @@ int main(int argc, char **argv) {
   printf("fsdp-coordinator: serving on port %d (database %s)\n", coord_port(coord), o.db);
   if (o.metrics_listen) printf("fsdp-coordinator: metrics on port %d\n", coord_metrics_port(coord));
   fflush(stdout);
+  uv_timer_init(&loop, &stop_wait);
   uv_signal_init(&loop, &sig_term);
   uv_signal_init(&loop, &sig_int);
   uv_signal_start(&sig_term, on_signal, SIGTERM);

@@ -1,0 +1,242 @@
+/* Tests of deploy/slurm/fsdp.sbatch under a real Slurm on this machine:
+ * munged, slurmctld and slurmd started by the test (one node, its own ports
+ * and directories, ../shared/TOOLCHAIN.md's recipe), the batch script run
+ * with sbatch as a user runs it.
+ *   - the batch job's exit code is the training job's outcome: 0 when it
+ *     succeeds, 1 when it fails (ranks that cannot load init_from), 2 when
+ *     the coordinator refuses it;
+ *   - `scontrol requeue` of a running job: its ranks checkpoint at the next
+ *     step boundary, the allocation is requeued and runs again (Restarts=1),
+ *     resumes from that checkpoint, and ends with the final step's shard
+ *     files byte-identical to an uninterrupted run's;
+ *   - nothing is left running afterwards.
+ * Slurm's daemons run as root here: as another user the tests skip, saying so. */
+#include <criterion/criterion.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tests/e2e/cluster.h"
+#include "tests/unit/testutil.h"
+
+#pragma GCC diagnostic ignored "-Wformat-truncation"
+
+static char dir[600], conf[700], env[2048], root[4096];
+static pid_t daemons[3]; /* slurmctld, slurmd, munged */
+
+static pid_t pid_of(const char *file) {
+  FILE *f = fopen(file, "r");
+  int pid = 0;
+  if (f && fscanf(f, "%d", &pid) != 1) pid = 0;
+  if (f) fclose(f);
+  return pid;
+}
+
+/* A port free now on 127.0.0.1. */
+static int free_port(void) {
+  char addr[64];
+  int fd = tu_listen_loopback(addr, sizeof addr);
+  close(fd);
+  return atoi(strrchr(addr, ':') + 1);
+}
+
+static void run_ok(const char *cmd) {
+  char out[8192];
+  int rc = tu_sh(cmd, out, sizeof out);
+  cr_assert_eq(rc, 0, "%s: exit %d:\n%s", cmd, rc, out);
+}
+
+static void setup(void) {
+  if (geteuid() != 0) return;
+  cr_assert_not_null(realpath(tu_root(), root)); /* the batch job runs elsewhere */
+  snprintf(dir, sizeof dir, "%s/slurm", tu_tmpdir());
+  chmod(tu_tmpdir(), 0755);
+  char cmd[4096], host[256];
+  gethostname(host, sizeof host);
+  snprintf(cmd, sizeof cmd,
+           "set -e; d='%s'; mkdir -p $d/munge $d/spool $d/state $d/log; chmod 755 $d $d/munge; "
+           "chown munge:munge $d/munge; dd if=/dev/urandom of=$d/munge.key bs=1024 count=1 2>/dev/null; "
+           "chown munge:munge $d/munge.key; chmod 400 $d/munge.key; "
+           "runuser -u munge -- munged --key-file=$d/munge.key --socket=$d/munge/munge.socket "
+           "--pid-file=$d/munge/munged.pid --log-file=$d/munge/munged.log --seed-file=$d/munge/seed",
+           dir);
+  run_ok(cmd);
+  snprintf(conf, sizeof conf, "%s/slurm.conf", dir);
+  char text[4096];
+  snprintf(text, sizeof text,
+           "ClusterName=fsdptest\nSlurmctldHost=%s(127.0.0.1)\nSlurmctldPort=%d\nSlurmdPort=%d\n"
+           "SlurmUser=root\nAuthType=auth/munge\nCredType=cred/munge\n"
+           "AuthInfo=socket=%s/munge/munge.socket,cred_expire=10\nProctrackType=proctrack/linuxproc\n"
+           "TaskPlugin=task/none\nSelectType=select/cons_tres\nSelectTypeParameters=CR_Core\n"
+           "StateSaveLocation=%s/state\nSlurmdSpoolDir=%s/spool\nSlurmctldPidFile=%s/slurmctld.pid\n"
+           "SlurmdPidFile=%s/slurmd.pid\nSlurmctldLogFile=%s/log/slurmctld.log\n"
+           "SlurmdLogFile=%s/log/slurmd.log\nAccountingStorageType=accounting_storage/none\n"
+           "JobAcctGatherType=jobacct_gather/none\nKillWait=30\nReturnToService=2\n"
+           "NodeName=%s NodeAddr=127.0.0.1 CPUs=%ld State=UNKNOWN\n"
+           "PartitionName=main Nodes=%s Default=YES MaxTime=INFINITE State=UP\n",
+           host, free_port(), free_port(), dir, dir, dir, dir, dir, dir, dir, host,
+           sysconf(_SC_NPROCESSORS_ONLN), host);
+  tu_write_file(conf, text, strlen(text));
+  setenv("SLURM_CONF", conf, 1);
+  snprintf(cmd, sizeof cmd, "slurmctld -f '%s' && slurmd -f '%s'", conf, conf);
+  run_ok(cmd);
+  char out[4096];
+  const double t0 = tu_now_s();
+  while (tu_sh("sinfo -h -o %t", out, sizeof out), !strstr(out, "idle")) {
+    cr_assert_lt(tu_now_s() - t0, 30, "the Slurm node is not idle: %s", out);
+    nanosleep(&(struct timespec){0, 200000000}, NULL);
+  }
+  const char *pidfiles[3] = {"slurmctld.pid", "slurmd.pid", "munge/munged.pid"};
+  for (int i = 0; i < 3; i++) {
+    char p[800];
+    snprintf(p, sizeof p, "%s/%s", dir, pidfiles[i]);
+    daemons[i] = pid_of(p);
+    cr_assert_gt(daemons[i], 0, "no pid in %s", p);
+  }
+  /* what the batch script needs, as a user would export it */
+  snprintf(env, sizeof env, "FSDP_BIN='%s/bin' FSDP_ROOT='%s' FSDP_PORT=%d FSDP_COORD_HOST=127.0.0.1 "
+           "FSDP_DEVICES=cpu:2 FSDP_GRACE=20 FSDPD_ARGS='--run-as nobody'", root, tu_tmpdir(),
+           free_port());
+}
+
+static void teardown(void) {
+  if (geteuid() != 0 || !conf[0]) return;
+  char out[4096];
+  tu_sh("scancel --full -s KILL --user=root; scontrol shutdown", out, sizeof out);
+  /* nothing of the jobs is left: no process runs in the test's directory */
+  cr_expect_geq(cluster_wait_gone(tu_tmpdir(), 10), 0, "processes of the jobs outlived the test");
+  /* the daemons end: slurmctld and slurmd by the shutdown, munged by SIGTERM */
+  const double t0 = tu_now_s();
+  while ((kill(daemons[0], 0) == 0 || kill(daemons[1], 0) == 0) && tu_now_s() - t0 < 15)
+    nanosleep(&(struct timespec){0, 100000000}, NULL);
+  kill(daemons[2], SIGTERM);
+  while (kill(daemons[2], 0) == 0 && tu_now_s() - t0 < 20)
+    nanosleep(&(struct timespec){0, 100000000}, NULL);
+  for (int i = 0; i < 3; i++) {
+    cr_expect_neq(kill(daemons[i], 0), 0, "daemon %d (pid %d) outlived the test", i, daemons[i]);
+    if (kill(daemons[i], 0) == 0) kill(daemons[i], SIGKILL);
+  }
+}
+
+TestSuite(slurm, .init = setup, .fini = teardown, .timeout = 240);
+
+#define SKIP_UNLESS_ROOT()                                                               \
+  if (geteuid() != 0) cr_skip_test("Slurm's daemons need root on this machine; skipped")
+
+/* A job file of the tiny model; more lines in extra. */
+static char *job_file(const char *name, const char *extra) {
+  char *data = tu_path("tok.bin");
+  if (access(data, F_OK)) free(tu_token_file("tok.bin", 40000, 9, 256));
+  chmod(data, 0644);
+  char text[2048];
+  snprintf(text, sizeof text, "[model]\nmodel = tiny\n[data]\ndata = %s\n[train]\nbatch = 2\n"
+           "seq_len = 32\neval_every = 0\n%s", data, extra);
+  free(data);
+  char *p = tu_path(name);
+  tu_write_file(p, text, strlen(text));
+  return p;
+}
+
+/* sbatch --wait of the script on conf with state in its own directory; the
+ * batch job's exit code. */
+static int sbatch_wait(const char *jobconf, const char *state, char *out, size_t len) {
+  char cmd[4096];
+  snprintf(cmd, sizeof cmd, "cd '%s' && env %s FSDP_STATE='%s/%s' timeout 200 sbatch --wait -o "
+           "'%s/%s.out' '%s/deploy/slurm/fsdp.sbatch' '%s' --ranks 2", tu_tmpdir(), env,
+           tu_tmpdir(), state, tu_tmpdir(), state, root, jobconf);
+  return tu_sh(cmd, out, len);
+}
+
+Test(slurm, the_batch_jobs_exit_code_is_the_training_jobs_outcome) {
+  SKIP_UNLESS_ROOT();
+  char out[1 << 14];
+  char *ok = job_file("ok.conf", "steps = 50\n");
+  cr_assert_eq(sbatch_wait(ok, "ok", out, sizeof out), 0, "a succeeding job:\n%s", out);
+  /* ranks that fail: init_from is no weights file */
+  char *junk = tu_path("junk.bin"), extra[1024];
+  static char zeros[4096];
+  tu_write_file(junk, zeros, sizeof zeros);
+  chmod(junk, 0644);
+  snprintf(extra, sizeof extra, "steps = 50\n[model]\ninit_from = %s\n", junk);
+  char *bad = job_file("bad.conf", extra);
+  cr_assert_eq(sbatch_wait(bad, "bad", out, sizeof out), 1, "a failing job:\n%s", out);
+  char *refused = job_file("refused.conf", "steps = 0\n");
+  cr_assert_eq(sbatch_wait(refused, "refused", out, sizeof out), 2, "a refused job:\n%s", out);
+  free(ok), free(junk), free(bad), free(refused);
+}
+
+/* A running batch job stopped by cmd (%d: its id): its ranks checkpoint, the
+ * allocation is requeued and runs again, resumes from that checkpoint, and
+ * ends with the uninterrupted run's bytes. */
+static void preempted_resumes_exactly(const char *how) {
+  char ck[700], ref[700], extra[1024], cmd[4096], out[1 << 14];
+  snprintf(ck, sizeof ck, "%s/ck", tu_tmpdir());
+  snprintf(ref, sizeof ref, "%s/ck-ref", tu_tmpdir());
+  cr_assert_eq(mkdir(ck, 0777), 0);
+  chmod(ck, 0777);
+  cr_assert_eq(mkdir(ref, 0755), 0);
+  snprintf(extra, sizeof extra, "steps = 3000\n[output]\ncheckpoint_dir = %s\ncheckpoint_every = 300\n", ck);
+  char *jc = job_file("long.conf", extra);
+  snprintf(cmd, sizeof cmd, "cd '%s' && env %s FSDP_STATE='%s/long' sbatch --parsable -o '%s/long.out' "
+           "'%s/deploy/slurm/fsdp.sbatch' '%s' --ranks 2", tu_tmpdir(), env, tu_tmpdir(), tu_tmpdir(),
+           root, jc);
+  cr_assert_eq(tu_sh(cmd, out, sizeof out), 0, "%s", out);
+  const int id = atoi(out);
+  cr_assert_gt(id, 0, "%s", out);
+  char man[800];
+  snprintf(man, sizeof man, "%s/step-00000300/manifest.json", ck);
+  const double t0 = tu_now_s();
+  while (access(man, F_OK)) {
+    cr_assert_lt(tu_now_s() - t0, 60, "no committed checkpoint within 60 s");
+    nanosleep(&(struct timespec){0, 20000000}, NULL);
+  }
+  snprintf(cmd, sizeof cmd, how, id);
+  run_ok(cmd);
+  /* requeued (held cred_expire + 1 s), run again, to its end */
+  snprintf(cmd, sizeof cmd, "squeue -h -j %d", id);
+  const double t1 = tu_now_s();
+  while (tu_sh(cmd, out, sizeof out), out[0]) {
+    cr_assert_lt(tu_now_s() - t1, 180, "the job is still queued or running:\n%s", out);
+    nanosleep(&(struct timespec){0, 500000000}, NULL);
+  }
+  snprintf(cmd, sizeof cmd, "scontrol show job %d", id);
+  run_ok(cmd);
+  tu_sh(cmd, out, sizeof out);
+  cr_assert(strstr(out, "JobState=COMPLETED") && strstr(out, "ExitCode=0:0") &&
+                strstr(out, "Restarts=1"), "%s", out);
+  /* the second attempt resumed from the checkpoint the SIGTERM wrote */
+  snprintf(cmd, sizeof cmd, "grep -h 'resumed from' '%s'/long/node-*/jobs/j-1/2/rank-0.log", tu_tmpdir());
+  cr_assert_eq(tu_sh(cmd, out, sizeof out), 0, "the requeued attempt did not resume:\n%s", out);
+  cr_assert_null(strstr(out, "step-00000300 "), "it resumed from the periodic checkpoint, not the "
+                 "preemption's: %s", out);
+  /* and ends where the uninterrupted run ends */
+  setenv("FSDP_PROGRESS_EVERY", "1000", 1);
+  snprintf(cmd, sizeof cmd, "-n 2 -- %s/bin/fsdp-train --config %s --checkpoint_dir %s", tu_root(),
+           jc, ref);
+  static char lo[1 << 16];
+  cr_assert_eq(tu_run_bin("fsdp-launch", cmd, lo, sizeof lo), 0, "%s", lo);
+  for (int j = 0; j < 2; j++) {
+    snprintf(cmd, sizeof cmd, "cmp '%s/step-00003000/shard-%05d-of-00002.fsdp' "
+             "'%s/step-00003000/shard-%05d-of-00002.fsdp'", ck, j, ref, j);
+    cr_assert_eq(tu_sh(cmd, out, sizeof out), 0, "shard %d differs from the uninterrupted run's: %s",
+                 j, out);
+  }
+  free(jc);
+}
+
+Test(slurm, a_requeued_job_checkpoints_and_its_next_allocation_resumes_exactly) {
+  SKIP_UNLESS_ROOT();
+  preempted_resumes_exactly("scontrol requeue %d");
+}
+
+/* What --signal=B:TERM@N does before the time limit: SIGTERM to the batch
+ * script alone, which stops fsdpd (its ranks checkpoint) and requeues the
+ * allocation itself. */
+Test(slurm, a_signal_to_the_batch_script_checkpoints_requeues_and_resumes_exactly) {
+  SKIP_UNLESS_ROOT();
+  preempted_resumes_exactly("scancel --batch --signal=TERM %d");
+}
