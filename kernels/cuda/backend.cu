@@ -1,0 +1,265 @@
+/* backend: the CUDA backend's entry points (kernels/cuda/cuda.h), its table,
+ * the state made at init (one non-blocking stream, the cuBLASLt handle and
+ * workspace, the reduction scratch), and the table's memory section: device
+ * memory from cudaMalloc, sets and copies queued on the stream, and the
+ * element-wise vector ops. The ops live one per file. */
+#include <string.h>
+
+#include "kernels/cuda/cuda_impl.h"
+
+kern_cuda_state_t kern_cuda_st;
+
+[[noreturn]] void kern_cuda_fail(const char *op, const char *call, long code, const char *what,
+                                 const char *file, int line) {
+  fprintf(stderr, "fsdp: cuda backend: %s: %s failed: %s (error %ld) (%s:%d)\n", op, call,
+          what ? what : "unknown error", code, file, line);
+  abort();
+}
+
+/* Every op of the table is implemented here. */
+static int kern_cuda_supports_op(kern_op_t op) { return op >= 0 && op < KERN_OP__COUNT; }
+
+/* The GPU does the work: there are no host threads to set. */
+static void kern_cuda_set_threads(int n) { (void)n; }
+static int kern_cuda_get_threads(void) { return 1; }
+
+/* ---- memory ------------------------------------------------------------------ */
+
+/* NULL when the device is full (the error is cleared: it is not sticky, and a
+ * later check must not report it). cudaMalloc aligns to 256 bytes. */
+static void *kern_cuda_dev_alloc(size_t bytes) {
+  void *p = NULL;
+  if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return NULL;
+  }
+  return p;
+}
+
+/* cudaFree waits for the device, so a buffer queued ops still use may go. */
+static void kern_cuda_dev_free(void *p) {
+  if (p) KERN_CUDA_CHECK(cudaFree(p));
+}
+
+static void kern_cuda_dev_set(void *dst, int v, size_t bytes) {
+  if (bytes) KERN_CUDA_CHECK(cudaMemsetAsync(dst, v, bytes, kern_cuda_st.stream));
+}
+
+/* From pageable memory, cudaMemcpyAsync stages src before it returns, so the
+ * caller may reuse src at once; from page-locked memory the copy is truly
+ * asynchronous, so we wait for it to keep that promise. */
+static void kern_cuda_copy_h2d(void *dst, const void *src, size_t bytes) {
+  if (!bytes) return;
+  cudaPointerAttributes a;
+  int pinned = 0;
+  if (cudaPointerGetAttributes(&a, src) == cudaSuccess)
+    pinned = a.type == cudaMemoryTypeHost;
+  else
+    (void)cudaGetLastError();
+  KERN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, kern_cuda_st.stream));
+  if (pinned) KERN_CUDA_CHECK(cudaStreamSynchronize(kern_cuda_st.stream));
+}
+
+/* In stream order (after every op queued before it), and complete on return. */
+static void kern_cuda_copy_d2h(void *dst, const void *src, size_t bytes) {
+  if (!bytes) return;
+  KERN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, kern_cuda_st.stream));
+  KERN_CUDA_CHECK(cudaStreamSynchronize(kern_cuda_st.stream));
+}
+
+static void kern_cuda_copy_d2d(void *dst, const void *src, size_t bytes) {
+  if (bytes)
+    KERN_CUDA_CHECK(
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, kern_cuda_st.stream));
+}
+
+static void kern_cuda_sync(void) { KERN_CUDA_CHECK(cudaStreamSynchronize(kern_cuda_st.stream)); }
+
+__global__ static void vec_add_kernel(float *y, const float *x, size_t n) {
+  KERN_CUDA_FOR(i, n) y[i] += x[i];
+}
+
+__global__ static void vec_scale_kernel(float *y, float s, size_t n) {
+  KERN_CUDA_FOR(i, n) y[i] *= s;
+}
+
+static void kern_cuda_vec_add(float *y, const float *x, size_t n) {
+  if (!n) return;
+  vec_add_kernel<<<kern_cuda_blocks(n, KERN_CUDA_THREADS), KERN_CUDA_THREADS, 0,
+                   kern_cuda_st.stream>>>(y, x, n);
+  KERN_CUDA_LAUNCHED();
+}
+
+static void kern_cuda_vec_scale(float *y, float s, size_t n) {
+  if (!n) return;
+  vec_scale_kernel<<<kern_cuda_blocks(n, KERN_CUDA_THREADS), KERN_CUDA_THREADS, 0,
+                     kern_cuda_st.stream>>>(y, s, n);
+  KERN_CUDA_LAUNCHED();
+}
+
+/* In double, in sumsq.cu's fixed order (not index order: kern.h asks for a
+ * fixed order, the same bytes from run to run). */
+static double kern_cuda_vec_sum(const float *x, size_t n) { return kern_cuda_sum_f64(x, n, 0); }
+
+static size_t kern_cuda_attention_scratch_fn(int B, int T, int C, int NH) {
+  return kern_cuda_attention_scratch(B, T, C, NH);
+}
+
+/* In kern_backend_t's order (C++ wants designators in declaration order). */
+static const kern_backend_t kern_cuda_table = {
+    .name = "cuda",
+    .supports_op = kern_cuda_supports_op,
+    .set_threads = kern_cuda_set_threads,
+    .get_threads = kern_cuda_get_threads,
+    .host_memory = 0,
+    .dev_alloc = kern_cuda_dev_alloc,
+    .dev_free = kern_cuda_dev_free,
+    .dev_set = kern_cuda_dev_set,
+    .copy_h2d = kern_cuda_copy_h2d,
+    .copy_d2h = kern_cuda_copy_d2h,
+    .copy_d2d = kern_cuda_copy_d2d,
+    .sync = kern_cuda_sync,
+    .vec_add = kern_cuda_vec_add,
+    .vec_scale = kern_cuda_vec_scale,
+    .vec_sum = kern_cuda_vec_sum,
+    .reduce_f32 = NULL,
+    .reduce_bf16 = NULL,
+    .copy_stream = NULL,
+    .encoder_fwd = kern_cuda_encoder_fwd,
+    .encoder_bwd = kern_cuda_encoder_bwd,
+    .layernorm_fwd = kern_cuda_layernorm_fwd,
+    .layernorm_bwd = kern_cuda_layernorm_bwd,
+    .matmul_fwd = kern_cuda_matmul_fwd,
+    .matmul_bwd = kern_cuda_matmul_bwd,
+    .attention_fwd = kern_cuda_attention_fwd,
+    .attention_bwd = kern_cuda_attention_bwd,
+    .attention_scratch = kern_cuda_attention_scratch_fn,
+    .gelu_fwd = kern_cuda_gelu_fwd,
+    .gelu_bwd = kern_cuda_gelu_bwd,
+    .residual_fwd = kern_cuda_residual_fwd,
+    .residual_bwd = kern_cuda_residual_bwd,
+    .crossentropy_fwd = kern_cuda_crossentropy_fwd,
+    .crossentropy_bwd = kern_cuda_crossentropy_bwd,
+    .adamw = kern_cuda_adamw,
+    .f32_to_bf16 = kern_cuda_f32_to_bf16,
+    .bf16_to_f32 = kern_cuda_bf16_to_f32,
+    .sumsq = kern_cuda_sumsq,
+};
+
+/* ---- entry points ---------------------------------------------------------- */
+
+/* Why cudaGetDeviceCount found no GPU, in words an operator can act on. */
+static const char *no_gpu_reason(cudaError_t e) {
+  switch (e) {
+  case cudaErrorStubLibrary:
+    return "the CUDA driver found is the toolkit's stub library, not a real driver";
+  case cudaErrorInsufficientDriver:
+    return "no NVIDIA driver is loaded, or it is older than this build's CUDA runtime";
+  case cudaErrorNoDevice: return "the driver sees no CUDA device (check CUDA_VISIBLE_DEVICES)";
+  default: return cudaGetErrorString(e);
+  }
+}
+
+/* msg: the reason alone (callers say "no GPU: " themselves). */
+extern "C" int kern_cuda_device_count(char *msg, size_t n) {
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    if (msg && n) snprintf(msg, n, "%s (CUDA error %d)", no_gpu_reason(e), (int)e);
+    return 0;
+  }
+  if (count <= 0) {
+    if (msg && n) snprintf(msg, n, "the CUDA driver reports 0 devices");
+    return 0;
+  }
+  if (msg && n) msg[0] = '\0';
+  return count;
+}
+
+/* Init's one cleanup path: what was made is unmade, in reverse. */
+static void kern_cuda_teardown(void) {
+  if (kern_cuda_st.reduce) (void)cudaFree(kern_cuda_st.reduce);
+  if (kern_cuda_st.workspace) (void)cudaFree(kern_cuda_st.workspace);
+  if (kern_cuda_st.lt) (void)cublasLtDestroy(kern_cuda_st.lt);
+  if (kern_cuda_st.stream) (void)cudaStreamDestroy(kern_cuda_st.stream);
+  (void)cudaGetLastError();
+  memset(&kern_cuda_st, 0, sizeof kern_cuda_st);
+}
+
+extern "C" const kern_backend_t *kern_cuda_init(const kern_cuda_opts_t *o, char *msg, size_t n) {
+  if (kern_cuda_st.ready) return &kern_cuda_table;
+  const kern_cuda_opts_t d = {0, 0};
+  if (!o) o = &d;
+  char tmp[256];
+  if (!msg || !n) msg = tmp, n = sizeof tmp;
+  char why[256];
+  int count = kern_cuda_device_count(why, sizeof why);
+  if (!count) {
+    snprintf(msg, n, "no GPU: %s", why);
+    return NULL;
+  }
+  if (o->device < 0 || o->device >= count) {
+    snprintf(msg, n, "CUDA device %d is out of range: this process sees %d device%s (0..%d)",
+             o->device, count, count == 1 ? "" : "s", count - 1);
+    return NULL;
+  }
+  cudaDeviceProp prop;
+  cudaFuncAttributes fa;
+  cudaError_t e;
+  cublasStatus_t s;
+  if ((e = cudaSetDevice(o->device)) != cudaSuccess ||
+      (e = cudaGetDeviceProperties(&prop, o->device)) != cudaSuccess) {
+    snprintf(msg, n, "CUDA device %d: cannot select it: %s (CUDA error %d)", o->device,
+             cudaGetErrorString(e), (int)e);
+    goto fail;
+  }
+  /* the build carries sm_80 and sm_90 code and compute_90 PTX (Makefile's
+   * NVFLAGS); a kernel's attributes say whether one of them loads here */
+  if (prop.major < 8 || (e = cudaFuncGetAttributes(&fa, vec_add_kernel)) != cudaSuccess) {
+    snprintf(msg, n,
+             "CUDA device %d (%s, compute capability %d.%d): this build's kernels do not "
+             "run on it (they need 8.0 or newer)%s%s",
+             o->device, prop.name, prop.major, prop.minor, prop.major < 8 ? "" : ": ",
+             prop.major < 8 ? "" : cudaGetErrorString(e));
+    goto fail;
+  }
+  kern_cuda_st.device = o->device;
+  kern_cuda_st.tf32 = o->tf32 != 0;
+  snprintf(kern_cuda_st.name, sizeof kern_cuda_st.name, "%s", prop.name);
+  kern_cuda_st.memory = prop.totalGlobalMem;
+  if ((e = cudaStreamCreateWithFlags(&kern_cuda_st.stream, cudaStreamNonBlocking)) != cudaSuccess) {
+    snprintf(msg, n, "CUDA device %d: cannot create a stream: %s (CUDA error %d)", o->device,
+             cudaGetErrorString(e), (int)e);
+    goto fail;
+  }
+  if ((s = cublasLtCreate(&kern_cuda_st.lt)) != CUBLAS_STATUS_SUCCESS) {
+    snprintf(msg, n, "CUDA device %d: cublasLtCreate failed: %s", o->device,
+             cublasLtGetStatusString(s));
+    goto fail;
+  }
+  if ((e = cudaMalloc(&kern_cuda_st.workspace, KERN_CUDA_SIZE_WORKSPACE)) != cudaSuccess ||
+      (e = cudaMalloc((void **)&kern_cuda_st.reduce,
+                      (KERN_CUDA_SIZE_REDUCE_BLOCKS + 1) * sizeof(double))) != cudaSuccess) {
+    snprintf(msg, n, "CUDA device %d: no memory for the backend's %zu reserved bytes: %s",
+             o->device, kern_cuda_size_reserved(), cudaGetErrorString(e));
+    goto fail;
+  }
+  kern_cuda_st.ready = 1;
+  msg[0] = '\0';
+  return &kern_cuda_table;
+
+fail:
+  kern_cuda_teardown();
+  return NULL;
+}
+
+extern "C" void *kern_cuda_stream(void) { return (void *)kern_cuda_st.stream; }
+
+extern "C" size_t kern_cuda_reserved_bytes(void) {
+  return kern_cuda_st.ready ? kern_cuda_size_reserved() : 0;
+}
+
+extern "C" const char *kern_cuda_device_name(void) { return kern_cuda_st.name; }
+
+extern "C" size_t kern_cuda_device_memory(void) { return kern_cuda_st.memory; }

@@ -1,0 +1,71 @@
+/* crossentropy: softmax cross-entropy over rows of V logits, the formulas of
+ * kernels/cpu/crossentropy.c. Forward: one block per row turns the logits
+ * into probabilities in place (max by compare, e^(x - max) by kern_expf,
+ * their fp32 sum in a fixed tree over the block, times 1/sum) and writes
+ * losses = log(sum) - (x[target] - max). Backward: element-wise,
+ * dlogits = (p - onehot(target)) * dloss in place (the CPU's bits). */
+#include "kernels/cuda/cuda_impl.h"
+#include "kernels/kern_math.h"
+
+#define CE_THREADS 512 /* a multiple of 32, at most 1024 */
+
+/* The block's max (op 0) or sum (op 1) of v, in a fixed tree; every thread
+ * gets it. sh holds one value per warp. */
+__device__ static float ce_block_reduce(float v, int op, float *sh) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+  v = op ? kern_cuda_warp_sum(v) : kern_cuda_warp_max(v);
+  __syncthreads(); /* sh may still be read from a previous call */
+  if (lane == 0) sh[warp] = v;
+  __syncthreads();
+  float r = lane < nw ? sh[lane] : (op ? 0.0f : -INFINITY);
+  return op ? kern_cuda_warp_sum(r) : kern_cuda_warp_max(r);
+}
+
+__global__ static void crossentropy_fwd_kernel(float *losses, float *logits, const int32_t *targets,
+                                               int V) {
+  __shared__ float sh[32];
+  float *x = logits + (int64_t)blockIdx.x * V;
+  /* x[target] is read by every thread now, before any thread overwrites it
+   * (the reductions below hold a barrier before the first write) */
+  const float xt = x[targets[blockIdx.x]];
+  float mx = -INFINITY;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) mx = x[j] > mx ? x[j] : mx;
+  mx = ce_block_reduce(mx, 0, sh);
+  float s = 0.0f;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) {
+    float e = kern_expf(x[j] - mx);
+    x[j] = e;
+    s += e;
+  }
+  s = ce_block_reduce(s, 1, sh);
+  const float inv = 1.0f / s;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) x[j] *= inv;
+  /* -log p[target], taken from the sum: finite even where p[target] is 0 */
+  if (threadIdx.x == 0) losses[blockIdx.x] = logf(s) - (xt - mx);
+}
+
+__global__ static void crossentropy_bwd_kernel(float *probs, const int32_t *targets, float dloss,
+                                               int V, size_t n) {
+  KERN_CUDA_FOR(i, n) {
+    const size_t row = i / (size_t)V;
+    const int j = (int)(i % (size_t)V);
+    const float p = probs[i];
+    probs[i] = j == targets[row] ? (p - 1.0f) * dloss : p * dloss;
+  }
+}
+
+extern "C" void kern_cuda_crossentropy_fwd(float *losses, float *logits, const int32_t *targets,
+                                           int N, int V) {
+  if (N <= 0 || V <= 0) return;
+  crossentropy_fwd_kernel<<<N, CE_THREADS, 0, kern_cuda_st.stream>>>(losses, logits, targets, V);
+  KERN_CUDA_LAUNCHED();
+}
+
+extern "C" void kern_cuda_crossentropy_bwd(float *probs, const int32_t *targets, float dloss, int N,
+                                           int V) {
+  if (N <= 0 || V <= 0) return;
+  const size_t n = (size_t)N * V;
+  crossentropy_bwd_kernel<<<kern_cuda_blocks(n, KERN_CUDA_THREADS), KERN_CUDA_THREADS, 0,
+                            kern_cuda_st.stream>>>(probs, targets, dloss, V, n);
+  KERN_CUDA_LAUNCHED();
+}

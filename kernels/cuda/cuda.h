@@ -1,0 +1,64 @@
+/* kernels/cuda: the CUDA backend of the op set (kernels/kern.h), on one GPU.
+ *
+ * Built with nvcc into the CUDA plugin (libfsdp-cuda.so, see
+ * daemon/train/device_cuda.h) and never linked into the main binaries, which
+ * load it with dlopen only when a job asks for a GPU: a machine without CUDA
+ * libraries or GPU still runs every program on CPU devices.
+ *
+ * The backend owns one CUDA stream; every op and every memory operation of the
+ * table is queued on it, in call order, and returns without waiting for the
+ * GPU, except copy_d2h, vec_sum and sumsq, which return results the host reads
+ * and so wait for the stream. The collectives (NCCL, daemon/comm/nccl.h) order
+ * themselves after it through kern_cuda_stream().
+ *
+ * Numerics follow the CPU backend: every element-wise formula comes from
+ * kernels/kern_math.h (compiled -fmad=false, so the same bits where the CPU's
+ * loops run the same formula); matrix products go through cuBLASLt in fp32
+ * (TF32 tensor cores only when kern_cuda_opts_t.tf32 asks); reductions sum in
+ * fixed orders (the same bytes from run to run, not the CPU's order).
+ *
+ * kernels/ is a leaf: no daemon code here. A CUDA error inside an op is not
+ * recoverable (the context is lost): the backend prints the op, the CUDA
+ * error and its place on stderr and aborts the rank, whose supervisor reports
+ * it. Init errors return. */
+#ifndef FSDP_KERN_CUDA_H
+#define FSDP_KERN_CUDA_H
+
+#include <stddef.h>
+
+#include "kernels/kern.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kern_cuda_opts {
+  int device; /* CUDA device ordinal (the rank's GPU on its node) */
+  int tf32;   /* 1: fp32 matrix products may use TF32 tensor cores */
+} kern_cuda_opts_t;
+
+/* The number of CUDA devices this process sees; 0 with a reason in msg
+ * (no driver, no GPU, the toolkit's stub driver) when none. */
+int kern_cuda_device_count(char *msg, size_t n);
+
+/* Selects o->device, makes the backend's stream, cuBLASLt handle and
+ * workspace. NULL with the reason in msg (device out of range, no GPU, out
+ * of memory). Call once per process; later calls return the same table. */
+const kern_backend_t *kern_cuda_init(const kern_cuda_opts_t *o, char *msg, size_t n);
+
+/* The backend's stream (a cudaStream_t), for the collectives to order on. */
+void *kern_cuda_stream(void);
+
+/* Device bytes the backend holds of its own (the cuBLASLt workspace and
+ * reduction scratch), allocated at init: the memory plan's MEM_WORKSPACE. */
+size_t kern_cuda_reserved_bytes(void);
+
+/* Device name and total memory of the selected device ("" / 0 before init). */
+const char *kern_cuda_device_name(void);
+size_t kern_cuda_device_memory(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,176 @@
+/* cuda_impl: private header of the CUDA backend (the .cu files of kernels/cuda).
+ *
+ * Declares the kern_cuda_* functions that backend.cu gathers into the table
+ * (one op per .cu file; semantics in kernels/kern.h), the state made at
+ * kern_cuda_init (stream, cuBLASLt handle and workspace, reduction scratch),
+ * the check macros and the launch helpers the files share. Nothing outside
+ * kernels/cuda includes this.
+ *
+ * Every file here is compiled by nvcc with -fmad=false (the Makefile's rule
+ * for kernels/cuda): no fused multiply-adds, so kern_math.h's formulas give
+ * the bits gcc gives the CPU kernels (gcc in ISO C mode contracts nothing).
+ * Division and sqrtf stay IEEE-rounded (nvcc's defaults, no --use_fast_math). */
+#ifndef FSDP_KERN_CUDA_IMPL_H
+#define FSDP_KERN_CUDA_IMPL_H
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "kernels/cuda/cuda.h"
+#include "kernels/cuda/size.h"
+
+/* ---- errors -----------------------------------------------------------------
+ * A failed CUDA or cuBLAS call inside an op is not recoverable (cuda.h): it
+ * prints the op (the enclosing function), the call, the library's error
+ * string and the place, then aborts. One generator for both status types
+ * (ggml's CUDA_CHECK_GEN): the success value and the function that names an
+ * error are its arguments. Kernels run asynchronously, so an error raised
+ * while a kernel runs is reported by the next checked call, which may belong
+ * to a later op; build with -DKERN_CUDA_SYNC_CHECK to synchronize after every
+ * launch and name the kernel that failed. */
+[[noreturn]] void kern_cuda_fail(const char *op, const char *call, long code, const char *what,
+                                 const char *file, int line);
+
+#define KERN_CUDA_CHECK_GEN(call, ok, name_fn)                                                     \
+  do {                                                                                             \
+    const auto kc_err_ = (call);                                                                   \
+    if (kc_err_ != (ok))                                                                           \
+      kern_cuda_fail(__func__, #call, (long)kc_err_, name_fn(kc_err_), __FILE__, __LINE__);        \
+  } while (0)
+
+#define KERN_CUDA_CHECK(call) KERN_CUDA_CHECK_GEN(call, cudaSuccess, cudaGetErrorString)
+#define KERN_CUBLAS_CHECK(call)                                                                    \
+  KERN_CUDA_CHECK_GEN(call, CUBLAS_STATUS_SUCCESS, cublasLtGetStatusString)
+
+/* After every kernel launch: a bad configuration fails here, at its op. */
+#ifdef KERN_CUDA_SYNC_CHECK
+#define KERN_CUDA_LAUNCHED()                                                                       \
+  do {                                                                                             \
+    KERN_CUDA_CHECK(cudaGetLastError());                                                           \
+    KERN_CUDA_CHECK(cudaStreamSynchronize(kern_cuda_st.stream));                                   \
+  } while (0)
+#else
+#define KERN_CUDA_LAUNCHED() KERN_CUDA_CHECK(cudaGetLastError())
+#endif
+
+/* A broken invariant (a programmer error) stops with file and line. */
+#define KERN_CUDA_ASSERT(cond)                                                                     \
+  do {                                                                                             \
+    if (!(cond)) {                                                                                 \
+      fprintf(stderr, "fsdp: cuda kernel assertion failed in %s: %s (%s:%d)\n", __func__, #cond,   \
+              __FILE__, __LINE__);                                                                 \
+      abort();                                                                                     \
+    }                                                                                              \
+  } while (0)
+
+/* ---- the backend's state (backend.cu), set once by kern_cuda_init --------- */
+typedef struct kern_cuda_state {
+  int ready;           /* 1 after a successful kern_cuda_init */
+  int device;          /* the selected ordinal */
+  int tf32;            /* matrix products may use TF32 tensor cores */
+  cudaStream_t stream; /* every op and memory operation, in call order */
+  cublasLtHandle_t lt; /* cuBLASLt */
+  void *workspace;     /* KERN_CUDA_SIZE_WORKSPACE bytes, cuBLASLt's */
+  double *reduce;      /* KERN_CUDA_SIZE_REDUCE_BLOCKS partials + the final sum */
+  char name[256];      /* cudaDeviceProp.name */
+  size_t memory;       /* cudaDeviceProp.totalGlobalMem */
+} kern_cuda_state_t;
+
+extern kern_cuda_state_t kern_cuda_st;
+
+/* ---- launch helpers ---------------------------------------------------------
+ * Element-wise kernels walk [0, n) in grid-stride loops, so any n fits in a
+ * grid capped at KERN_CUDA_MAX_BLOCKS; callers return before launching when
+ * there is nothing to do (a grid of 0 blocks is an error). */
+#define KERN_CUDA_THREADS 256
+#define KERN_CUDA_MAX_BLOCKS 65535u
+
+static inline unsigned kern_cuda_blocks(size_t n, unsigned threads) {
+  size_t b = (n + threads - 1) / threads;
+  return b > KERN_CUDA_MAX_BLOCKS ? KERN_CUDA_MAX_BLOCKS : (unsigned)(b ? b : 1);
+}
+
+#define KERN_CUDA_FOR(i, n)                                                                        \
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (size_t)(n);                  \
+       i += (size_t)gridDim.x * blockDim.x)
+
+/* Sums and maxima over a warp by butterfly (xor) exchanges: every lane ends
+ * with the same value, formed in the same fixed tree whatever the data (a + b
+ * and b + a round alike), so results do not vary from run to run. */
+__device__ __forceinline__ float kern_cuda_warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ double kern_cuda_warp_sum_f64(double v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+/* max as the CPU kernels take it (a compare, not fmaxf) */
+__device__ __forceinline__ float kern_cuda_warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) {
+    float w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = w > v ? w : v;
+  }
+  return v;
+}
+
+/* ---- matrix products (matmul.cu) --------------------------------------------
+ * Row-major, as kern_cpu_sgemm: C (M, N) = alpha op(A) op(B) + beta C with
+ * op(A) (M, K), op(B) (K, N), ta/tb 'N' or 'T'; batch > 1 repeats it on
+ * A + i*sA, B + i*sB, C + i*sC (strides in floats). Through cublasLtMatmul
+ * on the backend's stream; op names the caller in error messages. */
+void kern_cuda_gemm(const char *op, char ta, char tb, int M, int N, int K, float alpha,
+                    const float *A, int64_t lda, int64_t sA, const float *B, int64_t ldb,
+                    int64_t sB, float beta, float *C, int64_t ldc, int64_t sC, int batch);
+
+/* ---- double sums in a fixed order (sumsq.cu) --------------------------------
+ * sum of x[i] (square 0) or x[i]^2 (square 1), in double; waits for the
+ * stream and returns it. The order depends on n only. */
+double kern_cuda_sum_f64(const float *x, size_t n, int square);
+
+/* ---- the ops, one file each ------------------------------------------------ */
+extern "C" {
+void kern_cuda_encoder_fwd(float *out, const int32_t *tok, const float *wte, const float *wpe,
+                           int B, int T, int C);
+void kern_cuda_encoder_bwd(float *dwte, float *dwpe, const float *dout, const int32_t *tok, int B,
+                           int T, int C);
+
+void kern_cuda_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp, const float *w,
+                             const float *b, int N, int C);
+void kern_cuda_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                             const float *w, const float *mean, const float *rstd, int N, int C);
+
+void kern_cuda_matmul_fwd(float *out, const float *inp, const float *w, const float *bias, int N,
+                          int IC, int OC);
+void kern_cuda_matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
+                          const float *w, int N, int IC, int OC);
+
+void kern_cuda_attention_fwd(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
+void kern_cuda_attention_bwd(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                             const float *att, int B, int T, int C, int NH);
+size_t kern_cuda_attention_scratch(int B, int T, int C, int NH);
+
+void kern_cuda_gelu_fwd(float *out, const float *inp, size_t n);
+void kern_cuda_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n);
+
+void kern_cuda_residual_fwd(float *out, const float *a, const float *b, size_t n);
+void kern_cuda_residual_bwd(float *da, float *db, const float *dout, size_t n);
+
+void kern_cuda_crossentropy_fwd(float *losses, float *logits, const int32_t *targets, int N, int V);
+void kern_cuda_crossentropy_bwd(float *probs, const int32_t *targets, float dloss, int N, int V);
+
+void kern_cuda_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
+                     float beta2, float eps, float wd, int t);
+
+void kern_cuda_f32_to_bf16(uint16_t *out, const float *inp, size_t n);
+void kern_cuda_bf16_to_f32(float *out, const uint16_t *inp, size_t n);
+
+double kern_cuda_sumsq(const float *x, size_t n);
+}
+
+#endif

@@ -1,0 +1,875 @@
+/* test_cuda_kernels: every op of the CUDA backend (kernels/cuda) against the
+ * CPU backend (kernels/cpu, the reference implementation) on the same fresh
+ * random inputs, forward and backward, on small odd shapes and on GPT-2's
+ * (C=768, T=1024 for attention, V=50257 for cross-entropy); backward ops start
+ * from non-zero gradients (kern.h: they accumulate). The forward of matmul,
+ * layernorm, attention and cross-entropy is also held against a float64
+ * reference written here (selected rows where the shape is large), both
+ * backends' results, so a bound that passes is seen to be one both meet.
+ *
+ * One line per check: op, what, shape, max abs and max rel error, the bound,
+ * the worst error as a fraction of its bound, PASS/FAIL. The bounds, per op
+ * (run with the CPU backend's levels and attention blocks standing in for
+ * the GPU, the worst fractions were 0.01 to 0.08: real rounding noise sits
+ * well inside them, while a wrong index or a missed term lands far outside):
+ *  - bits: element-wise ops on kern_math.h's formulas (gelu, adamw, casts,
+ *    residual, encoder, crossentropy backward, vec_add/scale) and the sums
+ *    the CUDA backend takes in the CPU's own order (encoder backward,
+ *    layernorm's dw and db, matmul's dbias): the same bits, since
+ *    kernels/cuda is built with -fmad=false and gcc contracts nothing.
+ *  - |diff| <= TOL_GEMM * mag for matmul and attention: mag is the sum of
+ *    |a*b| over each product (matmul: the CPU's product of |inputs|, plus
+ *    |bias| or |initial gradient|; attention: upper bounds of it carried
+ *    through the softmax, see attn_fwd_mags and attn_bwd_mags). cuBLAS sums in
+ *    another order than oneDNN; each is within a few fp32 ulps of mag.
+ *  - |diff| <= TOL_RED * mag for fp32 sums over rows (layernorm, softmax,
+ *    cross-entropy): the CPU sums in 16 lanes, the GPU in a tree, so each is
+ *    off by ~sqrt(n) * 2^-24 relative (about 1e-6 at V = 50257); mag as
+ *    written at each check.
+ *  - |diff| <= TOL_F64 * sum|terms| for the double sums (vec_sum, sumsq).
+ *
+ * Seed: FSDP_TEST_SEED, else the clock; printed, so a failure can be re-run.
+ * Exit status: 0 all passed (or no GPU: skipped), 1 a check failed, 2 a
+ * CUDA error: the backend could not start or allocate, or an op hit an error
+ * (the backend prints it on stderr and aborts; SIGABRT becomes exit 2).
+ * Built by `make test` (compile and link only here), run by `make test-cuda`
+ * on a GPU machine. */
+#include <math.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon/common/rng.h"
+#include "kernels/cuda/cuda.h"
+#include "kernels/kern.h"
+
+#define TOL_GEMM 1e-5
+#define TOL_RED 1e-5
+#define TOL_F64 1e-12
+
+static const kern_backend_t *cpu, *gpu;
+static uint64_t rng_state;
+static int n_checks, n_fails;
+
+/* ---- buffers -------------------------------------------------------------- */
+
+static void *xmalloc(size_t bytes) {
+  void *p = malloc(bytes ? bytes : 1);
+  if (!p) {
+    fprintf(stderr, "test_cuda_kernels: out of host memory (%zu bytes)\n", bytes);
+    exit(2);
+  }
+  return p;
+}
+
+static float unif(float lo, float hi) {
+  return lo + (hi - lo) * (float)rng_unit(rng_next(&rng_state));
+}
+
+static uint32_t rand_below(uint32_t n) { return (uint32_t)(rng_next(&rng_state) % n); }
+
+static float *frand(size_t n, float lo, float hi) {
+  float *x = xmalloc(n * sizeof(float));
+  for (size_t i = 0; i < n; i++) x[i] = unif(lo, hi);
+  return x;
+}
+
+static float *fdup(const float *x, size_t n) {
+  float *y = xmalloc(n * sizeof(float));
+  if (n) memcpy(y, x, n * sizeof(float));
+  return y;
+}
+
+static float *fabs_dup(const float *x, size_t n) {
+  float *y = xmalloc(n * sizeof(float));
+  for (size_t i = 0; i < n; i++) y[i] = fabsf(x[i]);
+  return y;
+}
+
+/* A device buffer of bytes, filled with NaN (0xff bytes): an op that should
+ * write every element and misses one shows. */
+static void *dnew(size_t bytes) {
+  void *d = gpu->dev_alloc(bytes);
+  if (!d) {
+    fprintf(stderr, "test_cuda_kernels: dev_alloc(%zu) failed: the GPU is full\n", bytes);
+    exit(2);
+  }
+  gpu->dev_set(d, 0xff, bytes);
+  return d;
+}
+
+static void *dput(const void *h, size_t bytes) {
+  void *d = dnew(bytes);
+  gpu->copy_h2d(d, h, bytes);
+  return d;
+}
+
+static float *dget(const void *d, size_t n) {
+  float *h = xmalloc(n * sizeof(float));
+  gpu->copy_d2h(h, d, n * sizeof(float));
+  return h;
+}
+
+/* ---- checks --------------------------------------------------------------- */
+
+/* worst: the largest error as a fraction of its bound (< 1 passes; -1: not
+ * applicable, bits) */
+static void report(const char *op, const char *what, const char *shape, double max_abs,
+                   double max_rel, const char *bound, double worst, int ok) {
+  n_checks++;
+  if (!ok) n_fails++;
+  char w[32] = "-";
+  if (worst >= 0) snprintf(w, sizeof w, "%.2g", worst);
+  printf(
+      "test_cuda_kernels: %-16s %-13s %-28s max_abs=%-9.3g max_rel=%-9.3g bound=%-13s "
+      "worst/bound=%-7s %s\n",
+      op, what, shape, max_abs, max_rel, bound, w, ok ? "PASS" : "FAIL");
+  fflush(stdout);
+}
+
+/* got and ref (n floats) have the same bits (NaN payloads included). */
+static void check_bits(const char *op, const char *what, const char *shape, const float *got,
+                       const float *ref, size_t n) {
+  double max_abs = 0, max_rel = 0;
+  size_t differ = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (!memcmp(&got[i], &ref[i], sizeof(float))) continue;
+    differ++;
+    double d = fabs((double)got[i] - ref[i]);
+    if (isnan(d)) d = INFINITY;
+    if (d > max_abs) max_abs = d;
+    if (ref[i] != 0 && d / fabs(ref[i]) > max_rel) max_rel = d / fabs(ref[i]);
+  }
+  report(op, what, shape, max_abs, max_rel, "bits", -1, differ == 0);
+  if (differ) printf("test_cuda_kernels:   %zu of %zu elements differ\n", differ, n);
+}
+
+static void check_bits_u16(const char *op, const char *what, const char *shape, const uint16_t *got,
+                           const uint16_t *ref, size_t n) {
+  size_t differ = 0, first = 0;
+  for (size_t i = 0; i < n; i++)
+    if (got[i] != ref[i] && !differ++) first = i;
+  report(op, what, shape, differ ? INFINITY : 0, differ ? INFINITY : 0, "bits", -1, differ == 0);
+  if (differ)
+    printf("test_cuda_kernels:   %zu of %zu differ, first at %zu: 0x%04x vs 0x%04x\n", differ, n,
+           first, got[first], ref[first]);
+}
+
+/* |got - ref| <= tol * mag for every element, ref and mag given as floats
+ * (reff, magf) or doubles (refd, magd); mag NULL: |ref|. A NaN fails. */
+static void check_tol(const char *op, const char *what, const char *shape, const float *got,
+                      const float *reff, const double *refd, const float *magf, const double *magd,
+                      size_t n, double tol) {
+  double max_abs = 0, max_rel = 0, worst = 0;
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < n; i++) {
+    const double ref = reff ? (double)reff[i] : refd[i];
+    const double mag = magf ? (double)magf[i] : magd ? magd[i] : fabs(ref);
+    double d = fabs((double)got[i] - ref);
+    if (isnan(d)) d = INFINITY;
+    if (d > max_abs) max_abs = d;
+    if (ref != 0 && d / fabs(ref) > max_rel) max_rel = d / fabs(ref);
+    if (!(d <= tol * mag) && !bad++) first = i;
+    if (d > 0) worst = fmax(worst, d / (tol * mag)); /* inf where mag is 0 */
+  }
+  char bound[32];
+  snprintf(bound, sizeof bound, "%.0e*mag", tol);
+  report(op, what, shape, max_abs, max_rel, bound, worst, bad == 0);
+  if (bad) {
+    const double ref = reff ? (double)reff[first] : refd[first];
+    const double mag = magf ? (double)magf[first] : magd ? magd[first] : fabs(ref);
+    printf(
+        "test_cuda_kernels:   %zu of %zu out of bound, first at %zu: got %.9g ref %.9g mag %.3g\n",
+        bad, n, first, got[first], ref, mag);
+  }
+}
+
+/* Rows to hold against the float64 reference: all of n when few, else the
+ * edges, the middle, a block boundary and a few at random (sorted, distinct
+ * enough for a check; duplicates are harmless). */
+static int pick_rows(int n, int *rows) {
+  if (n <= 48) {
+    for (int i = 0; i < n; i++) rows[i] = i;
+    return n;
+  }
+  int k = 0;
+  const int fixed[] = {0, 1, 2, 31, 32, 63, 64, n / 2 - 1, n / 2, n - 2, n - 1};
+  for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
+    if (fixed[i] < n) rows[k++] = fixed[i];
+  for (int i = 0; i < 5; i++) rows[k++] = (int)rand_below((uint32_t)n);
+  return k;
+}
+#define MAX_PICK 48
+
+/* ---- memory section and vector ops ---------------------------------------- */
+
+static void test_memory(size_t n) {
+  char shape[64];
+  snprintf(shape, sizeof shape, "n=%zu", n);
+  float *x = frand(n, -2, 2), *y = frand(n, -2, 2);
+  float *dx = dput(x, n * 4), *dy = dput(y, n * 4), *dz = dnew(n * 4);
+  /* round trip through d2d */
+  gpu->copy_d2d(dz, dx, n * 4);
+  float *z = dget(dz, n);
+  check_bits("copy", "h2d-d2d-d2h", shape, z, x, n);
+  free(z);
+  /* dev_set: every byte */
+  gpu->dev_set(dz, 0x3c, n * 4);
+  z = dget(dz, n);
+  float *pat = xmalloc(n * 4);
+  if (n) memset(pat, 0x3c, n * 4);
+  check_bits("dev_set", "bytes", shape, z, pat, n);
+  free(z);
+  free(pat);
+  /* vec_add, vec_scale: element-wise */
+  float *yc = fdup(y, n);
+  cpu->vec_add(yc, x, n);
+  gpu->vec_add(dy, dx, n);
+  z = dget(dy, n);
+  check_bits("vec_add", "y", shape, z, yc, n);
+  free(z);
+  cpu->vec_scale(yc, 0.37f, n);
+  gpu->vec_scale(dy, 0.37f, n);
+  z = dget(dy, n);
+  check_bits("vec_scale", "y", shape, z, yc, n);
+  free(z);
+  /* vec_sum: double, another fixed order */
+  double sc = cpu->vec_sum(x, n), sg = gpu->vec_sum(dx, n), mag = 0;
+  for (size_t i = 0; i < n; i++) mag += fabs(x[i]);
+  double d = fabs(sg - sc);
+  char bound[32];
+  snprintf(bound, sizeof bound, "%.0e*sum|x|", TOL_F64);
+  report("vec_sum", "sum", shape, d, sc != 0 ? d / fabs(sc) : d, bound,
+         d > 0 ? d / (TOL_F64 * mag) : 0, d <= TOL_F64 * mag);
+  gpu->dev_free(dx), gpu->dev_free(dy), gpu->dev_free(dz);
+  free(x), free(y), free(yc);
+}
+
+/* ---- encoder -------------------------------------------------------------- */
+
+static void test_encoder(int B, int T, int C, int V) {
+  char shape[64];
+  snprintf(shape, sizeof shape, "B=%d T=%d C=%d V=%d", B, T, C, V);
+  const size_t nbt = (size_t)B * T, n = nbt * C;
+  int32_t *tok = xmalloc(nbt * sizeof(int32_t));
+  /* half the positions from a few ids, so ids repeat (dwte's accumulation) */
+  for (size_t i = 0; i < nbt; i++)
+    tok[i] = (int32_t)rand_below(i % 2 ? (uint32_t)V : (uint32_t)(V < 7 ? V : 7));
+  tok[nbt - 1] = V - 1;
+  float *wte = frand((size_t)V * C, -1, 1), *wpe = frand((size_t)T * C, -1, 1);
+  float *out = xmalloc(n * 4);
+  cpu->encoder_fwd(out, tok, wte, wpe, B, T, C);
+  int32_t *dtok = dput(tok, nbt * sizeof(int32_t));
+  float *dwte_w = dput(wte, (size_t)V * C * 4), *dwpe_w = dput(wpe, (size_t)T * C * 4);
+  float *dout_o = dnew(n * 4);
+  gpu->encoder_fwd(dout_o, dtok, dwte_w, dwpe_w, B, T, C);
+  float *g = dget(dout_o, n);
+  check_bits("encoder_fwd", "out", shape, g, out, n);
+  free(g);
+  /* backward: from non-zero gradients */
+  float *dout = frand(n, -1, 1), *dwte = frand((size_t)V * C, -1, 1),
+        *dwpe = frand((size_t)T * C, -1, 1);
+  float *ddout = dput(dout, n * 4), *ddwte = dput(dwte, (size_t)V * C * 4),
+        *ddwpe = dput(dwpe, (size_t)T * C * 4);
+  cpu->encoder_bwd(dwte, dwpe, dout, tok, B, T, C);
+  gpu->encoder_bwd(ddwte, ddwpe, ddout, dtok, B, T, C);
+  g = dget(ddwte, (size_t)V * C);
+  check_bits("encoder_bwd", "dwte", shape, g, dwte, (size_t)V * C);
+  free(g);
+  g = dget(ddwpe, (size_t)T * C);
+  check_bits("encoder_bwd", "dwpe", shape, g, dwpe, (size_t)T * C);
+  free(g);
+  gpu->dev_free(dtok), gpu->dev_free(dwte_w), gpu->dev_free(dwpe_w), gpu->dev_free(dout_o);
+  gpu->dev_free(ddout), gpu->dev_free(ddwte), gpu->dev_free(ddwpe);
+  free(tok), free(wte), free(wpe), free(out), free(dout), free(dwte), free(dwpe);
+}
+
+/* ---- layernorm ------------------------------------------------------------ */
+
+static void test_layernorm(int N, int C) {
+  char shape[64];
+  snprintf(shape, sizeof shape, "N=%d C=%d", N, C);
+  const size_t n = (size_t)N * C;
+  float *x = frand(n, -2, 3), *w = frand(C, 0.5f, 1.5f), *b = frand(C, -0.5f, 0.5f);
+  float *out = xmalloc(n * 4), *mean = xmalloc(N * 4), *rstd = xmalloc(N * 4);
+  cpu->layernorm_fwd(out, mean, rstd, x, w, b, N, C);
+  float *dx = dput(x, n * 4), *dw_ = dput(w, C * 4), *db_ = dput(b, C * 4);
+  float *dout_o = dnew(n * 4), *dmean = dnew(N * 4), *drstd = dnew(N * 4);
+  gpu->layernorm_fwd(dout_o, dmean, drstd, dx, dw_, db_, N, C);
+  float *go = dget(dout_o, n), *gm = dget(dmean, N), *gr = dget(drstd, N);
+
+  /* mags: mean ~ mean|x| (a sum of C terms); rstd relative; out from both
+   * errors: (|xhat| + r mean|x|) |w| + |b| + |out| */
+  double *magm = xmalloc(N * 8), *magr = xmalloc(N * 8), *mago = xmalloc(n * 8);
+  double *refm = xmalloc(N * 8), *refr = xmalloc(N * 8), *refo = xmalloc(n * 8);
+  for (int i = 0; i < N; i++) {
+    const float *xi = x + (size_t)i * C;
+    double s = 0, a = 0, v = 0;
+    for (int c = 0; c < C; c++) s += xi[c], a += fabs(xi[c]);
+    const double m = s / C;
+    for (int c = 0; c < C; c++) v += (xi[c] - m) * (xi[c] - m);
+    const double r = 1.0 / sqrt(v / C + (double)1e-5f);
+    refm[i] = m, refr[i] = r;
+    magm[i] = a / C;
+    magr[i] = r;
+    for (int c = 0; c < C; c++) {
+      const size_t k = (size_t)i * C + c;
+      const double xh = (xi[c] - m) * r;
+      refo[k] = xh * w[c] + b[c];
+      mago[k] = (fabs(xh) + r * a / C) * fabs(w[c]) + fabs(b[c]) + fabs(refo[k]);
+    }
+  }
+  check_tol("layernorm_fwd", "out", shape, go, out, NULL, NULL, mago, n, TOL_RED);
+  check_tol("layernorm_fwd", "mean", shape, gm, mean, NULL, NULL, magm, N, TOL_RED);
+  check_tol("layernorm_fwd", "rstd", shape, gr, rstd, NULL, NULL, magr, N, TOL_RED);
+  check_tol("layernorm_fwd", "out-f64", shape, go, NULL, refo, NULL, mago, n, TOL_RED);
+  check_tol("layernorm_fwd", "mean-f64", shape, gm, NULL, refm, NULL, magm, N, TOL_RED);
+  check_tol("layernorm_fwd", "rstd-f64", shape, gr, NULL, refr, NULL, magr, N, TOL_RED);
+  check_tol("layernorm_fwd", "cpu-out-f64", shape, out, NULL, refo, NULL, mago, n, TOL_RED);
+
+  /* backward on the CPU's mean and rstd, from non-zero gradients */
+  float *dout = frand(n, -1, 1), *dinp = frand(n, -1, 1), *dw = frand(C, -1, 1),
+        *db = frand(C, -1, 1);
+  double *magd = xmalloc(n * 8);
+  for (int i = 0; i < N; i++) {
+    const float *xi = x + (size_t)i * C, *di = dout + (size_t)i * C;
+    const double m = mean[i], r = rstd[i];
+    double ag = 0, agx = 0;
+    for (int c = 0; c < C; c++) {
+      ag += fabs((double)w[c] * di[c]);
+      agx += fabs((double)w[c] * di[c] * (xi[c] - m) * r);
+    }
+    for (int c = 0; c < C; c++) {
+      const size_t k = (size_t)i * C + c;
+      const double xh = fabs((xi[c] - m) * r);
+      /* dinp += r (w d - mean(w d) - xhat mean(w d xhat)): each sum off by
+       * TOL_RED of its |terms|, plus the initial value */
+      magd[k] = fabs(dinp[k]) + r * (fabs((double)w[c] * di[c]) + ag / C + xh * agx / C);
+    }
+  }
+  float *ddout = dput(dout, n * 4), *ddinp = dput(dinp, n * 4), *ddw = dput(dw, C * 4),
+        *ddb = dput(db, C * 4), *dm = dput(mean, N * 4), *dr = dput(rstd, N * 4);
+  cpu->layernorm_bwd(dinp, dw, db, dout, x, w, mean, rstd, N, C);
+  gpu->layernorm_bwd(ddinp, ddw, ddb, ddout, dx, dw_, dm, dr, N, C);
+  float *g = dget(ddinp, n);
+  check_tol("layernorm_bwd", "dinp", shape, g, dinp, NULL, NULL, magd, n, TOL_RED);
+  free(g);
+  g = dget(ddw, C);
+  check_bits("layernorm_bwd", "dw", shape, g, dw, C);
+  free(g);
+  g = dget(ddb, C);
+  check_bits("layernorm_bwd", "db", shape, g, db, C);
+  free(g);
+
+  gpu->dev_free(dx), gpu->dev_free(dw_), gpu->dev_free(db_), gpu->dev_free(dout_o);
+  gpu->dev_free(dmean), gpu->dev_free(drstd), gpu->dev_free(ddout), gpu->dev_free(ddinp);
+  gpu->dev_free(ddw), gpu->dev_free(ddb), gpu->dev_free(dm), gpu->dev_free(dr);
+  free(x), free(w), free(b), free(out), free(mean), free(rstd), free(go), free(gm), free(gr);
+  free(magm), free(magr), free(mago), free(refm), free(refr), free(refo);
+  free(dout), free(dinp), free(dw), free(db), free(magd);
+}
+
+/* ---- matmul --------------------------------------------------------------- */
+
+static void test_matmul(int N, int IC, int OC, int with_bias) {
+  char shape[64];
+  snprintf(shape, sizeof shape, "N=%d IC=%d OC=%d%s", N, IC, OC, with_bias ? " bias" : "");
+  const size_t ni = (size_t)N * IC, nw = (size_t)OC * IC, no = (size_t)N * OC;
+  float *inp = frand(ni, -1, 1), *w = frand(nw, -0.5f, 0.5f);
+  float *bias = with_bias ? frand(OC, -1, 1) : NULL;
+  float *out = xmalloc(no * 4), *mag = xmalloc(no * 4);
+  cpu->matmul_fwd(out, inp, w, bias, N, IC, OC);
+  /* mag: sum |inp| |w| + |bias|, by the CPU on the absolute values */
+  float *ainp = fabs_dup(inp, ni), *aw = fabs_dup(w, nw), *abias = bias ? fabs_dup(bias, OC) : NULL;
+  cpu->matmul_fwd(mag, ainp, aw, abias, N, IC, OC);
+  float *dinp_ = dput(inp, ni * 4), *dw_ = dput(w, nw * 4),
+        *dbias_ = bias ? dput(bias, OC * 4) : NULL;
+  float *dout_o = dnew(no * 4);
+  gpu->matmul_fwd(dout_o, dinp_, dw_, dbias_, N, IC, OC);
+  float *g = dget(dout_o, no);
+  check_tol("matmul_fwd", "out", shape, g, out, NULL, mag, NULL, no, TOL_GEMM);
+
+  /* float64 on selected rows, both backends */
+  int rows[MAX_PICK];
+  const int nr = pick_rows(N, rows);
+  double *ref = xmalloc((size_t)nr * OC * 8);
+  float *gsel = xmalloc((size_t)nr * OC * 4), *csel = xmalloc((size_t)nr * OC * 4),
+        *msel = xmalloc((size_t)nr * OC * 4);
+  for (int r = 0; r < nr; r++)
+    for (int o = 0; o < OC; o++) {
+      const float *a = inp + (size_t)rows[r] * IC, *bw = w + (size_t)o * IC;
+      double s = bias ? bias[o] : 0.0;
+      for (int k = 0; k < IC; k++) s += (double)a[k] * bw[k];
+      const size_t src = (size_t)rows[r] * OC + o, dst = (size_t)r * OC + o;
+      ref[dst] = s, gsel[dst] = g[src], csel[dst] = out[src], msel[dst] = mag[src];
+    }
+  check_tol("matmul_fwd", "out-f64", shape, gsel, NULL, ref, msel, NULL, (size_t)nr * OC, TOL_GEMM);
+  check_tol("matmul_fwd", "cpu-out-f64", shape, csel, NULL, ref, msel, NULL, (size_t)nr * OC,
+            TOL_GEMM);
+  free(g), free(ref), free(gsel), free(csel), free(msel);
+
+  /* backward from non-zero gradients; mags by the CPU's backward on the
+   * absolute values, into the absolute initial gradients */
+  float *dout = frand(no, -1, 1), *dinp = frand(ni, -1, 1), *dw = frand(nw, -1, 1);
+  float *dbias = bias ? frand(OC, -1, 1) : NULL;
+  float *mdinp = fabs_dup(dinp, ni), *mdw = fabs_dup(dw, nw), *adout = fabs_dup(dout, no);
+  cpu->matmul_bwd(mdinp, mdw, NULL, adout, ainp, aw, N, IC, OC);
+  float *ddout = dput(dout, no * 4), *dd_inp = dput(dinp, ni * 4), *dd_w = dput(dw, nw * 4);
+  float *dd_bias = bias ? dput(dbias, OC * 4) : NULL;
+  cpu->matmul_bwd(dinp, dw, dbias, dout, inp, w, N, IC, OC);
+  gpu->matmul_bwd(dd_inp, dd_w, dd_bias, ddout, dinp_, dw_, N, IC, OC);
+  g = dget(dd_inp, ni);
+  check_tol("matmul_bwd", "dinp", shape, g, dinp, NULL, mdinp, NULL, ni, TOL_GEMM);
+  free(g);
+  g = dget(dd_w, nw);
+  check_tol("matmul_bwd", "dw", shape, g, dw, NULL, mdw, NULL, nw, TOL_GEMM);
+  free(g);
+  if (bias) {
+    g = dget(dd_bias, OC);
+    check_bits("matmul_bwd", "dbias", shape, g, dbias, OC);
+    free(g);
+  }
+  gpu->dev_free(dinp_), gpu->dev_free(dw_), gpu->dev_free(dbias_), gpu->dev_free(dout_o);
+  gpu->dev_free(ddout), gpu->dev_free(dd_inp), gpu->dev_free(dd_w), gpu->dev_free(dd_bias);
+  free(inp), free(w), free(bias), free(out), free(mag), free(ainp), free(aw), free(abias);
+  free(dout), free(dinp), free(dw), free(dbias), free(mdinp), free(mdw), free(adout);
+}
+
+/* ---- attention ------------------------------------------------------------ */
+
+static double norm2(const float *x, int n) {
+  double s = 0;
+  for (int i = 0; i < n; i++) s += (double)x[i] * x[i];
+  return sqrt(s);
+}
+
+/* Bounds on sum |terms| for attention forward, per (b, h): the scores of
+ * query i are off by at most tol * S_i, S_i = scale |q_i| max_l |k_l|
+ * (Cauchy-Schwarz on scale * sum |q k|), which moves a probability by at
+ * most att_ij * 2 tol S_i (itself and the normaliser), so att_ij's mag is
+ * att_ij (1 + 2 S_i); out_i = sum_j att_ij v_j then has mag (1 + 2 S_i)
+ * max_j |v_jd| (the probabilities sum to 1). Entries above the diagonal get
+ * mag 0: they must be exact zeros. */
+static void attn_fwd_mags(float *mag_att, float *mag_out, const float *qkv, const float *att, int B,
+                          int T, int C, int NH) {
+  const int hs = C / NH;
+  const size_t C3 = 3 * (size_t)C;
+  const double scale = 1.0 / sqrt((double)hs);
+  double *vmax = xmalloc(hs * 8);
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < NH; h++) {
+      const float *base = qkv + (size_t)b * T * C3 + (size_t)h * hs;
+      double kn = 0;
+      for (int d = 0; d < hs; d++) vmax[d] = 0;
+      for (int l = 0; l < T; l++) {
+        const double n = norm2(base + l * C3 + C, hs);
+        if (n > kn) kn = n;
+        for (int d = 0; d < hs; d++)
+          if (fabs(base[l * C3 + 2 * C + d]) > vmax[d]) vmax[d] = fabs(base[l * C3 + 2 * C + d]);
+      }
+      for (int i = 0; i < T; i++) {
+        const double f = 1 + 2 * scale * norm2(base + i * C3, hs) * kn;
+        const size_t row = (((size_t)b * NH + h) * T + i) * T;
+        for (int j = 0; j < T; j++) mag_att[row + j] = (float)(att[row + j] * f);
+        for (int d = 0; d < hs; d++)
+          mag_out[((size_t)b * T + i) * C + (size_t)h * hs + d] = (float)(f * vmax[d]);
+      }
+    }
+  free(vmax);
+}
+
+/* Backward's bounds, per (b, h), with D_i = |dout_i| max_j |v_j| bounding
+ * every |datt_ij| and |sum_j att_ij datt_ij|: dpre_ij = att_ij (datt_ij - s_i)
+ * has mag 2 att_ij D_i, so dq_i (scale sum_j dpre_ij k_j) has mag scale 2 D_i
+ * max_j |k_jd|, dk_j has scale 2 max_i |q_id| sum_i att_ij D_i, and dv_j
+ * (sum_i att_ij dout_i) has sum_i att_ij max_i |dout_id|; each plus the
+ * initial gradient's magnitude. */
+static void attn_bwd_mags(float *mag, const float *dqkv0, const float *qkv, const float *att,
+                          const float *dout, int B, int T, int C, int NH) {
+  const int hs = C / NH;
+  const size_t C3 = 3 * (size_t)C;
+  const double scale = 1.0 / sqrt((double)hs);
+  double *qmax = xmalloc(hs * 8), *kmax = xmalloc(hs * 8), *omax = xmalloc(hs * 8);
+  double *D = xmalloc(T * 8), *colsum = xmalloc(T * 8), *wsum = xmalloc(T * 8);
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < NH; h++) {
+      const float *base = qkv + (size_t)b * T * C3 + (size_t)h * hs;
+      const float *db = dout + (size_t)b * T * C + (size_t)h * hs;
+      const float *a = att + ((size_t)b * NH + h) * T * T;
+      double vn = 0;
+      for (int d = 0; d < hs; d++) qmax[d] = kmax[d] = omax[d] = 0;
+      for (int l = 0; l < T; l++) {
+        const double n = norm2(base + l * C3 + 2 * C, hs);
+        if (n > vn) vn = n;
+        for (int d = 0; d < hs; d++) {
+          qmax[d] = fmax(qmax[d], fabs(base[l * C3 + d]));
+          kmax[d] = fmax(kmax[d], fabs(base[l * C3 + C + d]));
+          omax[d] = fmax(omax[d], fabs(db[l * (size_t)C + d]));
+        }
+      }
+      for (int i = 0; i < T; i++) D[i] = norm2(db + i * (size_t)C, hs) * vn;
+      for (int j = 0; j < T; j++) colsum[j] = wsum[j] = 0;
+      for (int i = 0; i < T; i++)
+        for (int j = 0; j <= i; j++) {
+          colsum[j] += a[(size_t)i * T + j];
+          wsum[j] += a[(size_t)i * T + j] * D[i];
+        }
+      for (int i = 0; i < T; i++)
+        for (int d = 0; d < hs; d++) {
+          const size_t k = ((size_t)b * T + i) * C3 + (size_t)h * hs + d;
+          mag[k] = (float)(fabs(dqkv0[k]) + scale * 2 * D[i] * kmax[d]);
+          mag[k + C] = (float)(fabs(dqkv0[k + C]) + scale * 2 * qmax[d] * wsum[i]);
+          mag[k + 2 * C] = (float)(fabs(dqkv0[k + 2 * C]) + colsum[i] * omax[d]);
+        }
+    }
+  free(qmax), free(kmax), free(omax), free(D), free(colsum), free(wsum);
+}
+
+/* float64 attention forward for query i of (b, h): att_row (T), out_row (hs) */
+static void attn_ref_row(double *att_row, double *out_row, const float *qkv, int b, int h, int i,
+                         int T, int C, int NH) {
+  const int hs = C / NH;
+  const size_t C3 = 3 * (size_t)C;
+  const double scale = 1.0 / sqrt((double)hs);
+  const float *base = qkv + (size_t)b * T * C3 + (size_t)h * hs, *q = base + i * C3;
+  double mx = -INFINITY, s = 0;
+  for (int j = 0; j < T; j++) {
+    att_row[j] = 0;
+    if (j > i) continue;
+    double dot = 0;
+    for (int d = 0; d < hs; d++) dot += (double)q[d] * base[j * C3 + C + d];
+    att_row[j] = dot * scale;
+    if (att_row[j] > mx) mx = att_row[j];
+  }
+  for (int j = 0; j <= i; j++) s += att_row[j] = exp(att_row[j] - mx);
+  for (int j = 0; j <= i; j++) att_row[j] /= s;
+  for (int d = 0; d < hs; d++) {
+    double o = 0;
+    for (int j = 0; j <= i; j++) o += att_row[j] * base[j * C3 + 2 * C + d];
+    out_row[d] = o;
+  }
+}
+
+static void test_attention(int B, int T, int C, int NH) {
+  char shape[64];
+  snprintf(shape, sizeof shape, "B=%d T=%d C=%d NH=%d", B, T, C, NH);
+  const int hs = C / NH;
+  const size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, na = (size_t)B * NH * T * T;
+  float *qkv = frand(nq, -1, 1), *out = xmalloc(no * 4), *att = xmalloc(na * 4);
+  cpu->attention_fwd(out, att, qkv, B, T, C, NH);
+  float *d_qkv = dput(qkv, nq * 4), *dout_o = dnew(no * 4), *datt = dnew(na * 4);
+  gpu->attention_fwd(dout_o, datt, d_qkv, B, T, C, NH);
+  float *go = dget(dout_o, no), *ga = dget(datt, na);
+  float *mag_att = xmalloc(na * 4), *mag_out = xmalloc(no * 4);
+  attn_fwd_mags(mag_att, mag_out, qkv, att, B, T, C, NH);
+  check_tol("attention_fwd", "att", shape, ga, att, NULL, mag_att, NULL, na, TOL_GEMM);
+  check_tol("attention_fwd", "out", shape, go, out, NULL, mag_out, NULL, no, TOL_GEMM);
+
+  /* float64 on selected query rows of every (b, h) */
+  int rows[MAX_PICK];
+  const int nr = pick_rows(T, rows);
+  const size_t nsa = (size_t)B * NH * nr * T, nso = (size_t)B * NH * nr * hs;
+  double *ra = xmalloc(nsa * 8), *ro = xmalloc(nso * 8);
+  float *gsa = xmalloc(nsa * 4), *csa = xmalloc(nsa * 4), *msa = xmalloc(nsa * 4);
+  float *gso = xmalloc(nso * 4), *cso = xmalloc(nso * 4), *mso = xmalloc(nso * 4);
+  size_t ka = 0, ko = 0;
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < NH; h++)
+      for (int r = 0; r < nr; r++) {
+        const int i = rows[r];
+        attn_ref_row(ra + ka, ro + ko, qkv, b, h, i, T, C, NH);
+        const size_t arow = (((size_t)b * NH + h) * T + i) * T;
+        for (int j = 0; j < T; j++, ka++)
+          gsa[ka] = ga[arow + j], csa[ka] = att[arow + j], msa[ka] = mag_att[arow + j];
+        const size_t orow = ((size_t)b * T + i) * C + (size_t)h * hs;
+        for (int d = 0; d < hs; d++, ko++)
+          gso[ko] = go[orow + d], cso[ko] = out[orow + d], mso[ko] = mag_out[orow + d];
+      }
+  check_tol("attention_fwd", "att-f64", shape, gsa, NULL, ra, msa, NULL, nsa, TOL_GEMM);
+  check_tol("attention_fwd", "out-f64", shape, gso, NULL, ro, mso, NULL, nso, TOL_GEMM);
+  check_tol("attention_fwd", "cpu-att-f64", shape, csa, NULL, ra, msa, NULL, nsa, TOL_GEMM);
+  check_tol("attention_fwd", "cpu-out-f64", shape, cso, NULL, ro, mso, NULL, nso, TOL_GEMM);
+  free(ra), free(ro), free(gsa), free(csa), free(msa), free(gso), free(cso), free(mso);
+
+  /* backward on the CPU's att, from a non-zero dqkv */
+  float *dout = frand(no, -1, 1), *dqkv = frand(nq, -1, 1), *mag = xmalloc(nq * 4);
+  attn_bwd_mags(mag, dqkv, qkv, att, dout, B, T, C, NH);
+  const size_t ns = cpu->attention_scratch(B, T, C, NH), nsg = gpu->attention_scratch(B, T, C, NH);
+  float *scratch = xmalloc(ns * 4);
+  float *d_att = dput(att, na * 4), *d_dout = dput(dout, no * 4), *d_dqkv = dput(dqkv, nq * 4);
+  float *d_scratch = dnew((nsg ? nsg : 1) * 4);
+  cpu->attention_bwd(dqkv, scratch, dout, qkv, att, B, T, C, NH);
+  gpu->attention_bwd(d_dqkv, d_scratch, d_dout, d_qkv, d_att, B, T, C, NH);
+  float *g = dget(d_dqkv, nq);
+  check_tol("attention_bwd", "dqkv", shape, g, dqkv, NULL, mag, NULL, nq, TOL_GEMM);
+  free(g);
+  gpu->dev_free(d_qkv), gpu->dev_free(dout_o), gpu->dev_free(datt), gpu->dev_free(d_att);
+  gpu->dev_free(d_dout), gpu->dev_free(d_dqkv), gpu->dev_free(d_scratch);
+  free(qkv), free(out), free(att), free(go), free(ga), free(mag_att), free(mag_out);
+  free(dout), free(dqkv), free(mag), free(scratch);
+}
+
+/* ---- gelu, residual ------------------------------------------------------- */
+
+static void test_gelu(size_t n) {
+  char shape[64];
+  snprintf(shape, sizeof shape, "n=%zu", n);
+  float *x = frand(n, -6, 6);
+  const float special[] = {0.0f, -0.0f, 1e-30f, -10.5f, 10.5f, 3e38f, -3e38f, INFINITY, -INFINITY};
+  for (size_t i = 0; i < n && i < sizeof special / sizeof special[0]; i++) x[i] = special[i];
+  float *y = xmalloc(n * 4);
+  cpu->gelu_fwd(y, x, n);
+  float *dx = dput(x, n * 4), *dy = dnew(n * 4);
+  gpu->gelu_fwd(dy, dx, n);
+  float *g = dget(dy, n);
+  check_bits("gelu_fwd", "out", shape, g, y, n);
+  free(g);
+  float *dout = frand(n, -1, 1), *dinp = frand(n, -1, 1);
+  float *ddout = dput(dout, n * 4), *ddinp = dput(dinp, n * 4);
+  cpu->gelu_bwd(dinp, x, dout, n);
+  gpu->gelu_bwd(ddinp, dx, ddout, n);
+  g = dget(ddinp, n);
+  check_bits("gelu_bwd", "dinp", shape, g, dinp, n);
+  free(g);
+  gpu->dev_free(dx), gpu->dev_free(dy), gpu->dev_free(ddout), gpu->dev_free(ddinp);
+  free(x), free(y), free(dout), free(dinp);
+}
+
+static void test_residual(size_t n) {
+  char shape[64];
+  snprintf(shape, sizeof shape, "n=%zu", n);
+  float *a = frand(n, -2, 2), *b = frand(n, -2, 2), *out = xmalloc(n * 4);
+  cpu->residual_fwd(out, a, b, n);
+  float *da_ = dput(a, n * 4), *db_ = dput(b, n * 4), *dout_o = dnew(n * 4);
+  gpu->residual_fwd(dout_o, da_, db_, n);
+  float *g = dget(dout_o, n);
+  check_bits("residual_fwd", "out", shape, g, out, n);
+  free(g);
+  float *dout = frand(n, -1, 1), *ga_ = frand(n, -1, 1), *gb_ = frand(n, -1, 1);
+  float *ddout = dput(dout, n * 4), *dga = dput(ga_, n * 4), *dgb = dput(gb_, n * 4);
+  cpu->residual_bwd(ga_, gb_, dout, n);
+  gpu->residual_bwd(dga, dgb, ddout, n);
+  g = dget(dga, n);
+  check_bits("residual_bwd", "da", shape, g, ga_, n);
+  free(g);
+  g = dget(dgb, n);
+  check_bits("residual_bwd", "db", shape, g, gb_, n);
+  free(g);
+  gpu->dev_free(da_), gpu->dev_free(db_), gpu->dev_free(dout_o), gpu->dev_free(ddout);
+  gpu->dev_free(dga), gpu->dev_free(dgb);
+  free(a), free(b), free(out), free(dout), free(ga_), free(gb_);
+}
+
+/* ---- crossentropy --------------------------------------------------------- */
+
+static void test_crossentropy(int N, int V) {
+  char shape[64];
+  snprintf(shape, sizeof shape, "N=%d V=%d", N, V);
+  const size_t n = (size_t)N * V;
+  float *logits = frand(n, -5, 5);
+  int32_t *tgt = xmalloc(N * sizeof(int32_t));
+  for (int i = 0; i < N; i++) tgt[i] = (int32_t)rand_below((uint32_t)V);
+  tgt[0] = V - 1;
+  logits[(size_t)N * V - 1] = -60.0f; /* last row: a target far below the max (p ~ 1e-28) */
+  tgt[N - 1] = V - 1;
+  /* float64 reference before the CPU overwrites the logits */
+  /* mp: e^(x - max) is off by |x - max| times the rounding of x - max in fp32
+   * (the argument's own error), so a probability's mag is p (1 + |x - max|) */
+  double *rp = xmalloc(n * 8), *mp = xmalloc(n * 8), *rl = xmalloc(N * 8), *ml = xmalloc(N * 8);
+  for (int i = 0; i < N; i++) {
+    const float *x = logits + (size_t)i * V;
+    double mx = -INFINITY, s = 0;
+    for (int j = 0; j < V; j++) mx = x[j] > mx ? x[j] : mx;
+    for (int j = 0; j < V; j++) s += rp[(size_t)i * V + j] = exp((double)x[j] - mx);
+    for (int j = 0; j < V; j++) {
+      rp[(size_t)i * V + j] /= s;
+      mp[(size_t)i * V + j] = rp[(size_t)i * V + j] * (1 + fabs((double)x[j] - mx));
+    }
+    rl[i] = log(s) - ((double)x[tgt[i]] - mx);
+    ml[i] = 1 + fabs(rl[i]); /* log(sum) is off by ~TOL_RED absolute */
+  }
+  float *dlog = dput(logits, n * 4), *dloss = dnew(N * 4);
+  int32_t *dtgt = dput(tgt, N * sizeof(int32_t));
+  float *loss = xmalloc(N * 4);
+  cpu->crossentropy_fwd(loss, logits, tgt, N, V);
+  gpu->crossentropy_fwd(dloss, dlog, dtgt, N, V);
+  float *gp = dget(dlog, n), *gl = dget(dloss, N);
+  float *mlf = xmalloc(N * 4);
+  for (int i = 0; i < N; i++) mlf[i] = (float)ml[i];
+  check_tol("crossentropy_fwd", "probs", shape, gp, logits, NULL, NULL, NULL, n, TOL_RED);
+  check_tol("crossentropy_fwd", "losses", shape, gl, loss, NULL, mlf, NULL, N, TOL_RED);
+  check_tol("crossentropy_fwd", "probs-f64", shape, gp, NULL, rp, NULL, mp, n, TOL_RED);
+  check_tol("crossentropy_fwd", "losses-f64", shape, gl, NULL, rl, NULL, ml, N, TOL_RED);
+  check_tol("crossentropy_fwd", "cpu-probs-f64", shape, logits, NULL, rp, NULL, mp, n, TOL_RED);
+  /* backward on the CPU's probabilities */
+  const float dl = 1.0f / (float)N;
+  gpu->copy_h2d(dlog, logits, n * 4);
+  cpu->crossentropy_bwd(logits, tgt, dl, N, V);
+  gpu->crossentropy_bwd(dlog, dtgt, dl, N, V);
+  free(gp);
+  gp = dget(dlog, n);
+  check_bits("crossentropy_bwd", "dlogits", shape, gp, logits, n);
+  gpu->dev_free(dlog), gpu->dev_free(dloss), gpu->dev_free(dtgt);
+  free(logits), free(tgt), free(rp), free(mp), free(rl), free(ml), free(loss), free(gp), free(gl),
+      free(mlf);
+}
+
+/* ---- adamw, casts, sumsq -------------------------------------------------- */
+
+static void test_adamw(size_t n, int t) {
+  char shape[64];
+  snprintf(shape, sizeof shape, "n=%zu t=%d", n, t);
+  float *p = frand(n, -0.1f, 0.1f), *g = frand(n, -1e-2f, 1e-2f), *m = frand(n, -1e-3f, 1e-3f),
+        *v = frand(n, 0, 1e-5f);
+  float *dp = dput(p, n * 4), *dg = dput(g, n * 4), *dm = dput(m, n * 4), *dv = dput(v, n * 4);
+  cpu->adamw(p, g, m, v, n, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+  gpu->adamw(dp, dg, dm, dv, n, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+  float *r = dget(dp, n);
+  check_bits("adamw", "p", shape, r, p, n);
+  free(r);
+  r = dget(dm, n);
+  check_bits("adamw", "m", shape, r, m, n);
+  free(r);
+  r = dget(dv, n);
+  check_bits("adamw", "v", shape, r, v, n);
+  free(r);
+  gpu->dev_free(dp), gpu->dev_free(dg), gpu->dev_free(dm), gpu->dev_free(dv);
+  free(p), free(g), free(m), free(v);
+}
+
+static void test_cast(size_t n) {
+  char shape[64];
+  snprintf(shape, sizeof shape, "n=%zu", n);
+  float *x = frand(n, -100, 100);
+  const uint32_t special[] = {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00001u,
+                              0xffa00000u, 0x00000001u, 0x807fffffu, 0x7f7fffffu, 0x3f808000u,
+                              0x3f818000u, 0x3f80ffffu, 0x7f7f8000u};
+  for (size_t i = 0; i < n && i < sizeof special / sizeof special[0]; i++)
+    memcpy(&x[i], &special[i], 4);
+  uint16_t *h = xmalloc(n * 2 + 2), *hg = xmalloc(n * 2 + 2);
+  cpu->f32_to_bf16(h, x, n);
+  float *dx = dput(x, n * 4);
+  uint16_t *dh = dnew(n * 2 + 2);
+  gpu->f32_to_bf16(dh, dx, n);
+  gpu->copy_d2h(hg, dh, n * 2);
+  check_bits_u16("f32_to_bf16", "out", shape, hg, h, n);
+  /* bf16 -> fp32 on every bf16 pattern */
+  const size_t nb = 65536;
+  uint16_t *all = xmalloc(nb * 2);
+  for (size_t i = 0; i < nb; i++) all[i] = (uint16_t)i;
+  float *f = xmalloc(nb * 4);
+  cpu->bf16_to_f32(f, all, nb);
+  uint16_t *dall = dput(all, nb * 2);
+  float *df = dnew(nb * 4);
+  gpu->bf16_to_f32(df, dall, nb);
+  float *fg = dget(df, nb);
+  check_bits("bf16_to_f32", "out", "all 65536", fg, f, nb);
+  gpu->dev_free(dx), gpu->dev_free(dh), gpu->dev_free(dall), gpu->dev_free(df);
+  free(x), free(h), free(hg), free(all), free(f), free(fg);
+}
+
+static void test_sumsq(size_t n) {
+  char shape[64];
+  snprintf(shape, sizeof shape, "n=%zu", n);
+  float *x = frand(n, -3, 3);
+  float *dx = dput(x, n * 4);
+  const double sc = cpu->sumsq(x, n), sg = gpu->sumsq(dx, n), d = fabs(sg - sc);
+  char bound[32];
+  snprintf(bound, sizeof bound, "%.0e*sum", TOL_F64);
+  report("sumsq", "sum", shape, d, sc != 0 ? d / sc : d, bound, d > 0 ? d / (TOL_F64 * sc) : 0,
+         d <= TOL_F64 * sc);
+  gpu->dev_free(dx);
+  free(x);
+}
+
+/* ---- main ------------------------------------------------------------------ */
+
+/* The backend aborts on a CUDA error after printing it: report exit 2. */
+static void on_abort(int sig) {
+  (void)sig;
+  static const char m[] = "test_cuda_kernels: aborted by a CUDA error (message above): exit 2\n";
+  ssize_t w = write(2, m, sizeof m - 1);
+  (void)w;
+  _exit(2);
+}
+
+int main(void) {
+  char msg[512];
+  if (kern_cuda_device_count(msg, sizeof msg) == 0) {
+    printf("test_cuda_kernels: no GPU (%s): skipped\n", msg);
+    return 0;
+  }
+  const kern_cuda_opts_t o = {.device = 0, .tf32 = 0};
+  gpu = kern_cuda_init(&o, msg, sizeof msg);
+  if (!gpu) {
+    fprintf(stderr, "test_cuda_kernels: kern_cuda_init: %s\n", msg);
+    return 2;
+  }
+  signal(SIGABRT, on_abort);
+  cpu = kern_cpu();
+  const char *env = getenv("FSDP_TEST_SEED");
+  const uint64_t seed = env && *env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL);
+  rng_state = seed;
+  printf(
+      "test_cuda_kernels: device %s, %.1f GiB; cpu backend %s, %d threads; seed %llu "
+      "(FSDP_TEST_SEED)\n",
+      kern_cuda_device_name(), (double)kern_cuda_device_memory() / (1 << 30),
+      kern_cpu_isa_name(kern_cpu_isa()), cpu->get_threads(), (unsigned long long)seed);
+
+  /* the table itself */
+  int table_ok = gpu == kern_cuda_init(&o, msg, sizeof msg) && !gpu->host_memory &&
+                 gpu->dev_alloc && gpu->dev_free && !gpu->reduce_f32 && !gpu->reduce_bf16 &&
+                 !gpu->copy_stream && kern_cuda_reserved_bytes() > 0 && kern_cuda_stream();
+  for (int op = 0; op < KERN_OP__COUNT; op++) table_ok &= gpu->supports_op((kern_op_t)op);
+  report("table", "entries", "-", 0, 0, "-", -1, table_ok);
+
+  test_memory(0);
+  test_memory(1);
+  test_memory(1000003);
+
+  test_encoder(3, 5, 7, 11);
+  test_encoder(4, 1024, 768, 50257);
+
+  test_layernorm(7, 33);
+  test_layernorm(1, 1);
+  test_layernorm(1024, 768);
+
+  test_matmul(5, 7, 3, 1);
+  test_matmul(33, 17, 65, 0);
+  test_matmul(1024, 768, 3072, 1);
+  test_matmul(64, 768, 50257, 0);
+
+  test_attention(1, 1, 8, 2);
+  test_attention(3, 5, 12, 4);
+  test_attention(2, 37, 48, 3);
+  test_attention(1, 1024, 768, 12);
+
+  test_gelu(0);
+  test_gelu(13);
+  test_gelu((size_t)1024 * 3072 + 5);
+  test_residual(1);
+  test_residual((size_t)1024 * 768 + 3);
+
+  test_crossentropy(5, 97);
+  test_crossentropy(64, 50257);
+
+  test_adamw(13, 1);
+  test_adamw(((size_t)1 << 20) + 3, 7);
+
+  test_cast(13);
+  test_cast(1000003);
+
+  test_sumsq(0);
+  test_sumsq(1);
+  test_sumsq(1000);
+  test_sumsq(((size_t)1 << 24) + 3);
+
+  gpu->sync();
+  printf("test_cuda_kernels: %d checks, %d failed (seed %llu)\n", n_checks, n_fails,
+         (unsigned long long)seed);
+  return n_fails ? 1 : 0;
+}
