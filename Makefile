@@ -28,9 +28,24 @@ NVCC   ?= /usr/local/cuda/bin/nvcc
 NVFLAGS = -std=c++17 -I. -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
           -gencode arch=compute_90,code=compute_90
 CUDA_LIB ?= $(dir $(NVCC))../lib64
-# kern_math.h's functions run on a GPU against the CPU kernels, built as
-# nvcc compiles by default (fused multiply-adds) and with -fmad=false.
-CUDA_CHECKS = $(if $(wildcard $(NVCC)),$(B)/tests/cuda/kern_math_gpu $(B)/tests/cuda/kern_math_gpu_nofmad)
+CUDA_INC ?= $(dir $(NVCC))../include
+HAVE_CUDA = $(wildcard $(NVCC))
+# The CUDA plugin (daemon/train/device_cuda.h): the CUDA kernels (kernels/cuda,
+# nvcc, -fmad=false: kern_math.h's formulas give the CPU's bits) and the NCCL
+# collectives in one shared object that fsdp-train loads with dlopen for
+# device = cuda; no program links it or any CUDA library. Built whenever nvcc
+# is found (CI compiles and links it; only a GPU runs it).
+CUDA_PLUGIN     = lib/fsdpd/libfsdp-cuda.so
+CUDA_KERN_OBJS  = $(patsubst %.cu,$(B)/%.o,$(wildcard kernels/cuda/*.cu))
+CUDA_PIC_OBJS   = $(B)/daemon/comm/nccl.pic.o $(B)/daemon/train/device_cuda.pic.o
+CUDA_LDLIBS     = -L$(CUDA_LIB) -Wl,-rpath,/usr/local/cuda/lib64 -lcublasLt -lnccl -lcudart_static \
+                  -ldl -lrt -lpthread -lstdc++ -lm
+# The GPU tests (make test-cuda; here they build, a GPU runs them):
+# kern_math.h's functions against the CPU kernels, built as nvcc compiles by
+# default (fused multiply-adds) and with -fmad=false; every CUDA op against
+# the CPU backend and float64; the NCCL backend's conformance at one rank.
+CUDA_CHECKS = $(if $(HAVE_CUDA),$(B)/tests/cuda/kern_math_gpu $(B)/tests/cuda/kern_math_gpu_nofmad \
+                $(B)/tests/cuda/test_cuda_kernels $(B)/tests/cuda/test_nccl $(B)/tests/cuda/test_cuda_train)
 
 # Debian packages, by what needs them; mk/deps.sh installs those missing.
 # Compiling and linking the programs:
@@ -103,7 +118,7 @@ BINS  = bin/fsdp-train bin/fsdp-tokenize bin/fsdp-launch bin/fsdp-coordinator bi
 # under a build directory.
 UNIT_TESTS = err frame param kernels isa device boot data gpt adamw config train ckpt sample shard plan comm \
              fsdp reference supervise sched inventory job rpc store store_txn safetensors
-E2E_TESTS  = launch fault coordinator fsdpd cluster systemd metrics k8s slurm
+E2E_TESTS  = launch fault coordinator fsdpd cluster systemd metrics k8s slurm nogpu
 test_bins  = $(UNIT_TESTS:%=$(1)/tests/test_%) $(E2E_TESTS:%=$(1)/e2e/test_%)
 TEST_BINS  = $(call test_bins,$(B))
 BENCH_BINS = $(B)/bench/bench_gemm $(B)/bench/bench_train $(B)/bench/bench_comm $(B)/bench/bench_fsdp \
@@ -117,7 +132,7 @@ TEST_OBJS  = $(patsubst %.c,$(B)/%.o,$(wildcard tests/unit/*.c tests/e2e/*.c tes
 .PHONY: all deps deps-test deps-bench deps-demo test test-san test-cuda fuzz fuzz-build bench demo clean install
 # keep objects that pattern rules chain through (tests, bench) between runs
 .SECONDARY:
-all: $(BINS)
+all: $(BINS) $(if $(HAVE_CUDA),$(CUDA_PLUGIN))
 
 # One step per package set; mk/deps.sh runs one apt-get at a time when make -j
 # (or a sub-make) reaches several at once.
@@ -156,9 +171,11 @@ $(LIB): $(LIB_SRCS:%.c=$(B)/%.o) $(KERN_OBJS)
 
 # report.o is the rank's report channel to fsdpd: the wire's messages and
 # protobuf-c, never gRPC (the RPC block below).
+# -rdynamic: the CUDA plugin it may load calls back into its error and log
+# functions (device_cuda.h).
 bin/fsdp-train: $(B)/daemon/train/main.o $(B)/daemon/train/report.o $(B)/proto/fsdp.pb-c.o $(LIB)
 	@mkdir -p bin
-	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -lprotobuf-c
+	$(CC) $(LDFLAGS) -rdynamic $^ -o $@ $(LDLIBS) -lprotobuf-c
 
 bin/fsdp-tokenize: $(B)/daemon/train/tokenize.o $(LIB)
 	@mkdir -p bin
@@ -175,6 +192,10 @@ $(B)/tests/test_%: $(B)/tests/unit/test_%.o $(TESTUTIL) $(TESTUTIL_TRAIN) $(LIB)
 $(B)/e2e/test_%: $(B)/tests/e2e/test_%.o $(TESTUTIL) $(TESTUTIL_TRAIN) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -lcriterion
+
+# the programs with CUDA hidden: every program, the plugin (when nvcc is
+# here) and a library that is not the plugin (the fake driver)
+$(B)/e2e/test_nogpu: | $(BINS) bin/fsdpctl $(B)/tests/fake-cuda/libcuda.so.1
 
 # the supervisor runs on libuv
 $(B)/tests/test_supervise: LDLIBS += -luv
@@ -206,7 +227,7 @@ $(B)/tests/test_sched: $(B)/tests/unit/test_sched.o $(TESTUTIL) $(B)/daemon/coor
 $(B)/tests/test_job: $(B)/tests/unit/test_job.o $(JOB_OBJS)
 	@mkdir -p $(dir $@)
 	@! grep -En '#include "(daemon/(train|node|comm)|kernels)/' daemon/job/*.[ch] \
-	  | grep -Ev '"(daemon/comm/ring_size|kernels/cpu/size|kernels/kern_math)\.h"' \
+	  | grep -Ev '"(daemon/comm/(ring|nccl)_size|kernels/(cpu|cuda)/size|kernels/kern_math)\.h"' \
 	  || { echo "daemon/job includes engine headers (above)"; exit 1; }
 	$(CC) $(EXTRA_LDFLAGS) $^ -o $@ $(JOB_LDLIBS) -lm -lpthread -lcriterion
 
@@ -224,6 +245,34 @@ $(B)/%.o: %.cu | deps
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
+# kernels/cuda: position-independent (they go into the plugin) and without
+# contraction, as the CPU kernels are built.
+$(B)/kernels/cuda/%.o: kernels/cuda/%.cu kernels/cuda/cuda_impl.h kernels/cuda/cuda.h kernels/kern.h \
+                       kernels/kern_math.h | deps
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -O3 -fmad=false -Xcompiler -fPIC,-Wall,-Wextra -c $< -o $@
+
+# The plugin's C: the NCCL backend and the plugin's table, against CUDA's headers.
+$(B)/%.pic.o: %.c | deps
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -fPIC -isystem $(CUDA_INC) -c $< -o $@
+
+# Its host's symbols (err_set, log_*, param_*, comm_*) stay undefined here and
+# resolve against the program that loads it.
+$(CUDA_PLUGIN): $(CUDA_KERN_OBJS) $(CUDA_PIC_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) -shared -Wl,-soname,libfsdp-cuda.so $^ -o $@ $(CUDA_LDLIBS)
+
+$(B)/tests/cuda/test_cuda_kernels.o $(B)/tests/cuda/test_nccl.o: EXTRA_CFLAGS += -isystem $(CUDA_INC)
+$(B)/tests/cuda/test_cuda_kernels: $(B)/tests/cuda/test_cuda_kernels.o $(CUDA_KERN_OBJS) $(LIB)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) $(CUDA_LDLIBS)
+# through the plugin, as fsdp-train (-rdynamic: the plugin calls back)
+$(B)/tests/cuda/test_cuda_train: $(B)/tests/cuda/test_cuda_train.o $(LIB) | $(CUDA_PLUGIN)
+	$(CC) $(LDFLAGS) -rdynamic $^ -o $@ $(LDLIBS)
+$(B)/tests/cuda/test_nccl: $(B)/tests/cuda/test_nccl.o $(B)/daemon/comm/nccl.pic.o \
+                           $(patsubst %.cu,$(B)/%.o,$(wildcard tests/cuda/nccl_*.cu)) $(LIB)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) $(CUDA_LDLIBS)
+
 $(B)/tests/cuda/kern_math_gpu_nofmad.o: tests/cuda/kern_math_gpu.cu | deps
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -fmad=false -DKMG_NO_FMAD -c $< -o $@
@@ -232,7 +281,7 @@ $(B)/tests/cuda/kern_math_gpu_nofmad.o: tests/cuda/kern_math_gpu.cu | deps
 # The generic level's kernels: every level gives the same bits (test_kernels).
 KMG_CPU_OBJS = $(B)/kernels/cpu/generic/gelu.o $(B)/kernels/cpu/generic/adamw.o \
                $(B)/kernels/cpu/generic/cast.o
-$(CUDA_CHECKS): %: %.o $(KMG_CPU_OBJS)
+$(B)/tests/cuda/kern_math_gpu $(B)/tests/cuda/kern_math_gpu_nofmad: %: %.o $(KMG_CPU_OBJS)
 	$(CC) $(LDFLAGS) $^ -o $@ -L$(CUDA_LIB) -lcudart_static -ldl -lrt -lpthread -lstdc++ -lm
 
 # libFuzzer targets for every decoder of outside input (token, weights and job
@@ -424,7 +473,7 @@ $(B)/bench/%: $(B)/tests/bench/%.o $(B)/tests/bench/benchutil.o $(LIB)
 
 # The fuzz targets' bounded runs go side by side (independent processes, one
 # thread each), then the test binaries one after another.
-test: deps-test $(BINS) $(TEST_BINS) $(CUDA_CHECKS) fuzz-build
+test: deps-test $(BINS) $(if $(HAVE_CUDA),$(CUDA_PLUGIN)) $(TEST_BINS) $(CUDA_CHECKS) fuzz-build
 	@for t in $(FUZZ); do rm -rf build-fuzz/run/$$t build-fuzz/fuzz_$$t.rc; mkdir -p build-fuzz/run/$$t; \
 	  { build-fuzz/fuzz_$$t -seed=1 -runs=$(FUZZ_RUNS) build-fuzz/run/$$t tests/fuzz/corpus/$$t \
 	    >build-fuzz/fuzz_$$t.log 2>&1; echo $$? >build-fuzz/fuzz_$$t.rc; } & done; wait; \
@@ -435,7 +484,9 @@ test: deps-test $(BINS) $(TEST_BINS) $(CUDA_CHECKS) fuzz-build
 
 # The shared element-wise math on a GPU against the CPU kernels (passes, saying
 # so, where there is no GPU).
-test-cuda: $(CUDA_CHECKS)
+# On a GPU machine without this project's build packages: tests/cuda/gpu-pack.sh
+# here, then .gpu/gpu-run.sh there.
+test-cuda: $(CUDA_CHECKS) $(if $(HAVE_CUDA),$(CUDA_PLUGIN))
 	@[ -n "$(CUDA_CHECKS)" ] || { echo "test-cuda: $(NVCC) not found"; exit 1; }
 	@for t in $(CUDA_CHECKS); do $$t || exit 1; done
 
@@ -456,12 +507,15 @@ demo: deps-demo $(BINS)
 # file for the user fsdpd runs as, and the documentation.
 PREFIX      ?= /usr/local
 BINDIR      ?= $(PREFIX)/bin
+# the CUDA plugin, where the programs look for it: ../lib/fsdpd beside BINDIR
+PLUGINDIR   ?= $(PREFIX)/lib/fsdpd
 UNITDIR     ?= $(PREFIX)/lib/systemd/system
 SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
 DOCDIR      ?= $(PREFIX)/share/doc/fsdpd
-install: $(BINS)
+install: $(BINS) $(if $(HAVE_CUDA),$(CUDA_PLUGIN))
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(DOCDIR)
 	install -m 0755 $(BINS) $(DESTDIR)$(BINDIR)/
+	$(if $(HAVE_CUDA),install -d $(DESTDIR)$(PLUGINDIR) && install -m 0755 $(CUDA_PLUGIN) $(DESTDIR)$(PLUGINDIR)/)
 	for u in fsdp-coordinator fsdpd; do \
 	  sed 's|@BINDIR@|$(BINDIR)|g' deploy/systemd/$$u.service >$(DESTDIR)$(UNITDIR)/$$u.service && \
 	  chmod 0644 $(DESTDIR)$(UNITDIR)/$$u.service || exit 1; done
@@ -469,6 +523,6 @@ install: $(BINS)
 	install -m 0644 README.md docs/*.md $(DESTDIR)$(DOCDIR)/
 
 clean:
-	rm -rf $(B) bin
+	rm -rf $(B) bin lib
 
 -include $(shell find $(B) -name '*.d' 2>/dev/null)

@@ -1,6 +1,7 @@
 /* boot: a rank's peers and its communicators (see boot.h). */
 #include "daemon/comm/boot.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -89,6 +90,34 @@ void comm_boot_free(comm_boot_t *b) {
   b->listen_fd = -1;
 }
 
+/* Replaces the ring world *world by the world b->ids makes, from the id rank
+ * 0 draws and broadcasts over the ring (a status word first: the others
+ * learn that rank 0 failed instead of waiting for a world it never joins). */
+static int comm_boot_world_by_id(comm_boot_t *b, comm_t **world) {
+  const comm_boot_ids_t *x = b->ids;
+  if (x->id_bytes > COMM_BOOT_ID_MAX)
+    return err_set(FSDP_EINVAL, "boot: an id of %zu bytes (at most %d)", x->id_bytes,
+                   COMM_BOOT_ID_MAX);
+  /* float storage: a broadcast moves the bytes, it never computes on them */
+  float msg[1 + COMM_BOOT_ID_MAX / sizeof(float)];
+  memset(msg, 0, sizeof msg);
+  int32_t status = 0;
+  int rc = FSDP_OK;
+  if (b->rank == 0 && (rc = x->make_id((uint8_t *)(msg + 1)))) status = rc;
+  memcpy(msg, &status, sizeof status);
+  const size_t count = 1 + (x->id_bytes + sizeof(float) - 1) / sizeof(float);
+  int brc = comm_broadcast(*world, msg, count, COMM_F32, 0);
+  comm_destroy(*world); /* the ring has carried the id: its work is done */
+  *world = NULL;
+  if (rc) return rc; /* rank 0's own error, as make_id set it */
+  if (brc) return brc;
+  memcpy(&status, msg, sizeof status);
+  if (status)
+    return err_set(status, "boot: rank 0 could not make the world's id (%s); see rank 0's log",
+                   err_name(status));
+  return x->create(x->arg, b->rank, b->world, (const uint8_t *)(msg + 1), "world", world);
+}
+
 int comm_boot_connect(comm_boot_t *b, int replicas, int shards, comm_groups_t *g) {
   memset(g, 0, sizeof *g);
   if (replicas < 1 || shards < 1 || replicas * shards != b->world)
@@ -100,6 +129,7 @@ int comm_boot_connect(comm_boot_t *b, int replicas, int shards, comm_groups_t *g
                         .listen_fd = b->listen_fd};
   b->listen_fd = -1; /* the ring owns it, whatever happens */
   int rc = comm_ring_create(&o, &g->world);
+  if (!rc && b->ids) rc = comm_boot_world_by_id(b, &g->world);
   const int shard = b->rank % shards, replica = b->rank / shards;
   if (!rc && shards > 1) rc = comm_split(g->world, replica, shard, "shard", 0, &g->shard);
   if (!rc && replicas > 1) rc = comm_split(g->world, shard, replica, "replica", 0, &g->replica);

@@ -4,13 +4,28 @@
  * What a rank is told (comm_boot_t) depends on who started it and on the
  * backend: today an address list and a bound listening socket for the ring
  * (fsdp-launch sets FSDP_RANK, FSDP_WORLD_SIZE, FSDP_ADDRS and FSDP_LISTEN_FD;
- * the node daemon will set the same); an NCCL unique id from the
- * coordinator's rendezvous next. comm_boot_connect turns it into the world
+ * the node daemon sets the same); for NCCL, a unique id rank 0 draws, which
+ * the ring's bootstrap carries to the others (comm_boot_ids_t). comm_boot_connect turns it into the world
  * communicator and splits the mesh's shard and replica groups from it. */
 #ifndef FSDP_COMM_BOOT_H
 #define FSDP_COMM_BOOT_H
 
 #include "daemon/comm/comm.h"
+
+/* Collectives whose world is made from an id drawn by rank 0 (NCCL's unique
+ * id) instead of from addresses. The ring's bootstrap carries the id: the
+ * ranks connect a ring world from the same addresses and sockets, rank 0
+ * broadcasts the id (or that it could not draw one) over it, the ring
+ * closes, and every rank makes the world with create. */
+#define COMM_BOOT_ID_MAX 256
+typedef struct comm_boot_ids {
+  size_t id_bytes;                /* at most COMM_BOOT_ID_MAX */
+  int (*make_id)(uint8_t *id);    /* rank 0: a fresh id; 0 or a negative code */
+  /* joins the world the ranks with this id make; 0 and *out, or a negative code */
+  int (*create)(void *arg, int rank, int world, const uint8_t *id, const char *name,
+                comm_t **out);
+  void *arg;
+} comm_boot_ids_t;
 
 typedef struct comm_boot {
   int rank, world; /* this rank and the job's size; world 1: a one-rank job, no peers */
@@ -18,6 +33,9 @@ typedef struct comm_boot {
    * socket, already bound to addrs[rank] (-1: none; comm_boot_connect binds) */
   char **addrs; /* world entries, or NULL for one rank */
   int listen_fd;
+  /* NULL: the ring is the world's backend. Else the world is made by ids
+   * (above); the caller sets it before comm_boot_connect. */
+  const comm_boot_ids_t *ids;
 } comm_boot_t;
 
 /* The communicators of one rank in a mesh of replicas x shards ranks, rank =

@@ -20,6 +20,8 @@
   XX(cpu_isa, "FSDP_CPU_ISA", 0,                                                     \
      "CPU kernels' x86-64 level: 0 auto (the best this CPU has), 1 generic, 3 avx2, 4 avx512") \
   XX(progress_every, "FSDP_PROGRESS_EVERY", 1, "print a progress line every N steps")     \
+  XX(cuda_device, "FSDP_CUDA_DEVICE", -1,                                            \
+     "device cuda: this rank's GPU ordinal (-1: its rank modulo the GPUs it sees; fsdpd sets it)") \
   XX(comm_timeout_ms, "FSDP_COMM_TIMEOUT_MS", 5000, "collective timeout, and ring bootstrap") \
   XX(comm_chunk_bytes, "FSDP_COMM_CHUNK_BYTES", 1048576, "ring: bytes per socket call")       \
   XX(comm_staging_bytes, "FSDP_COMM_STAGING_BYTES", 4194304, "ring: reduce staging per comm") \

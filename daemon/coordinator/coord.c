@@ -197,6 +197,7 @@ void coord_job_facts(coord_job_t *x, const config_t *cfg, const plan_t *plan, co
   memset(x, 0, sizeof *x);
   x->R = m->replicas, x->S = m->shards, x->steps = cfg->steps;
   x->mesh = *m;
+  snprintf(x->kind, sizeof x->kind, "%s", cfg->device);
   snprintf(x->ckpt_dir, sizeof x->ckpt_dir, "%s", cfg->checkpoint_dir);
   x->keep = cfg->keep_checkpoints;
   x->need = plan->total;
@@ -628,7 +629,7 @@ int coord_pic_load(coord_t *c, coord_pic_t *p) {
  * devices then held in the picture), or SCHED_WAIT with the reason in note. */
 int coord_fit(coord_pic_t *p, const coord_job_t *x, sched_slot_t *slot, char *note,
                      size_t len) {
-  sched_job_t sj = {x->R, x->S, "cpu", x->need};
+  sched_job_t sj = {x->R, x->S, x->kind, x->need};
   int rc = sched_place(p->sn, p->nn, p->sd, p->nd, &sj, slot, note, len);
   for (int r = 0; rc == SCHED_PLACED && r < x->R * x->S; r++) p->sd[slot[r].device].held = 1;
   return rc;

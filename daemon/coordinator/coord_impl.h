@@ -63,6 +63,7 @@ typedef struct coord_rank {
 typedef struct coord_job {
   int64_t id;
   int R, S, steps;
+  char kind[8];                   /* the device kind every rank needs (config device) */
   uint64_t need;                  /* plan total per rank */
   uint64_t planned[COORD_CATS];   /* per category */
   int64_t rate_epoch, rate_step0; /* for the ETA: the first step seen this attempt... */

@@ -50,6 +50,8 @@ static const config_opt_t config_opts[] = {
     {"eval_every", "train", CFG_INT, OFF(eval_every), 0, 0, 1e9, "steps between evaluations (0: only at the end)"},
     {"eval_batches", "train", CFG_INT, OFF(eval_batches), 0, 0, 1e9, "batches per evaluation (0: all held-out data)"},
     {"threads", "train", CFG_INT, OFF(threads), 0, 0, 4096, "CPU threads (0: FSDP_THREADS, else all cores)"},
+    {"device", "train", STR(device), "cpu (CPU devices: the ring and the CPU kernels) or cuda (one GPU per rank: the CUDA kernels and NCCL, from the CUDA plugin)"},
+    {"tf32", "train", CFG_INT, OFF(tf32), 0, 0, 1, "device cuda: 1 lets fp32 matrix products use TF32 tensor cores (faster, 10-bit mantissa products); 0 keeps them fp32"},
     {"memory_limit_mib", "train", CFG_INT, OFF(memory_limit_mib), 0, 0, 1 << 30, "refuse a job planned above this many MiB per rank (0: the host's available memory shared by its ranks)"},
     {"activation_checkpointing", "train", CFG_INT, OFF(activation_checkpointing), 0, 0, 1, "1: keep only block inputs, recompute each block in backward"},
     {"strategy", "shard", STR(strategy), "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or HYBRID_SHARD_ZERO2 (ranks from fsdp-launch)"},
@@ -106,6 +108,7 @@ void config_default(config_t *c) {
   snprintf(c->sample_prompt, sizeof c->sample_prompt, "The ");
   snprintf(c->strategy, sizeof c->strategy, "FULL_SHARD");
   snprintf(c->precision, sizeof c->precision, "fp32");
+  snprintf(c->device, sizeof c->device, "cpu");
   c->sample_temperature = 0.8f;
 }
 
@@ -323,6 +326,12 @@ int config_check(config_t *c, int world, config_report_cb report, void *ctx) {
   else if (!strategy && c->mesh[0]) CONFIG_CHECK(shard_mesh_parse(c->mesh, st, &m));
   precision_t prec;
   CONFIG_CHECK(precision_parse(c->precision, &prec));
+  if (strcmp(c->device, "cpu") && strcmp(c->device, "cuda"))
+    CONFIG_CHECK(err_set(FSDP_EINVAL, "device: \"%s\" is not a kind of device; use cpu or cuda",
+                         c->device));
+  if (c->tf32 && strcmp(c->device, "cuda"))
+    CONFIG_CHECK(err_set(FSDP_EINVAL, "tf32: 1 asks for GPU tensor cores, but device is %s; set "
+                         "device = cuda or drop tf32", c->device));
   if (!resolved && c->warmup_steps > c->steps)
     CONFIG_CHECK(err_set(FSDP_EINVAL, "warmup_steps: %d is more than steps %d; warmup must end "
                          "before training does: lower warmup_steps or raise steps",

@@ -44,6 +44,8 @@ typedef struct config {
   int eval_every;             /* steps between evaluations (0: only at the end) */
   int eval_batches;           /* batches per evaluation (0: the whole held-out split) */
   int threads;                /* 0: FSDP_THREADS or all cores */
+  char device[8];             /* "cpu" or "cuda": what every rank computes on */
+  int tf32;                   /* cuda: 1 lets fp32 matrix products use TF32 tensor cores */
   int activation_checkpointing; /* 1: keep block inputs only, recompute in backward */
   char strategy[32];          /* FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, ... */
   char mesh[32];              /* "RxS" ("" : 1xWORLD, or WORLDx1 for NO_SHARD) */

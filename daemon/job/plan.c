@@ -14,7 +14,9 @@
 #include "daemon/common/param.h"
 #include "daemon/job/precision.h"
 #include "daemon/job/shard.h"
+#include "daemon/comm/nccl_size.h"
 #include "kernels/cpu/size.h"
+#include "kernels/cuda/size.h"
 
 #define MIB(x) ((double)(x) / 1048576.0)
 
@@ -29,6 +31,7 @@
 typedef struct plan_device {
   size_t (*attention_scratch)(int B, int T, int C, int NH); /* floats */
   size_t (*comm_bytes)(int size);                           /* one communicator of size ranks */
+  size_t (*reserved)(void); /* what the kernels hold from their init on (workspace) */
 } plan_device_t;
 
 static size_t plan_cpu_attention_scratch(int B, int T, int C, int NH) {
@@ -36,11 +39,17 @@ static size_t plan_cpu_attention_scratch(int B, int T, int C, int NH) {
   return kern_cpu_size_attention_scratch(B, T, NH, (int)param_attn_block());
 }
 
-static const plan_device_t plan_cpu = {plan_cpu_attention_scratch, comm_ring_size_bytes};
+static size_t plan_cpu_reserved(void) { return 0; }
+
+static const plan_device_t plan_cpu = {plan_cpu_attention_scratch, comm_ring_size_bytes,
+                                       plan_cpu_reserved};
+/* GPU ranks: the CUDA kernels' scratch and cuBLASLt workspace
+ * (kernels/cuda/size.h), NCCL's buffers (an estimate: nccl_size.h). */
+static const plan_device_t plan_cuda = {kern_cuda_size_attention_scratch, comm_nccl_size_bytes,
+                                        kern_cuda_size_reserved};
 
 static const plan_device_t *plan_device(const config_t *c) {
-  (void)c; /* one kind of device so far (daemon/train/device.c) */
-  return &plan_cpu;
+  return !strcmp(c->device, "cuda") ? &plan_cuda : &plan_cpu; /* as device_open picks */
 }
 
 /* ---- the training loop ------------------------------------------------------ */
@@ -74,7 +83,7 @@ static void plan_loop(const config_t *c, int world, plan_t *p) {
              (size_t)g->vocab * f;
   }
   p->bytes[MEM_ACTS] = acts;
-  p->bytes[MEM_WORKSPACE] = scratch + batches + sample;
+  p->bytes[MEM_WORKSPACE] = dev->reserved() + scratch + batches + sample;
 }
 
 /* ---- the sharded runtime ---------------------------------------------------- */

@@ -625,8 +625,11 @@ static int rk_spawn(rank_t *rk, const Fsdp__V1__RendezvousReply *rep) {
   snprintf(vworld, sizeof vworld, "FSDP_WORLD_SIZE=%" PRIu32, a->world_size);
   snprintf(vthreads, sizeof vthreads, "FSDP_THREADS=%d", R->ncpu_threads);
   const int is_cpu = !strcmp(R->o.inv->dev[a->device].kind, "cpu");
+  /* a CPU rank gets its share of the cores, a GPU rank its GPU (device.h) */
+  char vgpu[40];
+  snprintf(vgpu, sizeof vgpu, "FSDP_CUDA_DEVICE=%d", R->o.inv->dev[a->device].index);
   char *env[] = {vrank, vworld, addrs, "FSDP_LISTEN_FD=3", "FSDP_REPORT_FD=4", vnode,
-                 is_cpu ? vthreads : NULL, NULL};
+                 is_cpu ? vthreads : vgpu, NULL};
   char *argv[] = {(char *)R->o.rank_program, "--config", confname, NULL};
   const int fds[2] = {rk->listen_fd, sv[1]};
   const supervise_child_opts_t co = {.argv = argv, .env = env, .fds = fds, .nfds = 2,

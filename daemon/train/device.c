@@ -1,19 +1,23 @@
 /* device: the device of a job and its backends (see device.h). */
 #include "device.h"
 
+#include <dlfcn.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "daemon/comm/ring.h"
+#include "daemon/common/err.h"
 #include "daemon/common/log.h"
+#include "daemon/common/mem.h"
 #include "daemon/common/param.h"
+#include "daemon/train/device_cuda.h"
 
-static device_t device_cpu = {"cpu", NULL, &comm_ring_backend};
+/* ---- cpu ------------------------------------------------------------------- */
 
-const device_t *device_for(const config_t *c) {
-  (void)c; /* one kind of device so far */
-  if (!device_cpu.kern) device_cpu.kern = kern_cpu();
-  return &device_cpu;
-}
+static device_t device_cpu = {.name = "cpu", .comm = &comm_ring_backend};
 
 /* FSDP_CPU_ISA as a level of the CPU kernels: the value is the x86-64
  * psABI level number (x86-64-v3 is 3), 0 for the best the processor has.
@@ -38,7 +42,7 @@ static kern_cpu_isa_t device_cpu_isa(void) {
   return (kern_cpu_isa_t)v;
 }
 
-const device_t *device_open(const config_t *c, int ranks_on_host) {
+static const device_t *device_cpu_open(const config_t *c, int ranks_on_host) {
   int threads = c->threads ? c->threads : (int)param_threads();
   if (!threads && ranks_on_host > 1) { /* the host's ranks share its cores */
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -46,7 +50,118 @@ const device_t *device_open(const config_t *c, int ranks_on_host) {
   }
   const kern_cpu_opts_t ko = {threads, (int)param_attn_block(), device_cpu_isa()};
   device_cpu.kern = kern_cpu_init(&ko);
-  LOG_INFO("device", "cpu kernels at %s (the processor's best: %s)",
+  snprintf(device_cpu.desc, sizeof device_cpu.desc, "cpu kernels at %s (the processor's best: %s)",
            kern_cpu_isa_name(kern_cpu_isa()), kern_cpu_isa_name(kern_cpu_isa_best()));
+  LOG_INFO("device", "%s", device_cpu.desc);
   return &device_cpu;
+}
+
+/* ---- cuda ------------------------------------------------------------------ */
+
+#define DEVICE_CUDA_FIX "; or run on CPU devices (device = cpu)"
+
+static const device_cuda_plugin_t *device_cuda_pl;
+static int device_cuda_rc = 1; /* 1: not tried yet */
+static char device_cuda_msg[768];
+
+/* Where the plugin is: FSDP_CUDA_PLUGIN, else ../lib/fsdpd/ beside the program. */
+static int device_cuda_path(char *out, size_t n) {
+  const char *env = getenv("FSDP_CUDA_PLUGIN");
+  if (env && *env) return snprintf(out, n, "%s", env) < (int)n ? FSDP_OK : FSDP_EINVAL;
+  char exe[PATH_MAX];
+  ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (len <= 0) return err_set(FSDP_EIO, "device cuda: cannot find this program's directory "
+                               "(/proc/self/exe); set FSDP_CUDA_PLUGIN to the plugin's path");
+  exe[len] = 0;
+  char *slash = strrchr(exe, '/');
+  if (slash) *slash = 0;
+  return snprintf(out, n, "%s/../lib/fsdpd/" DEVICE_CUDA_FILE, exe) < (int)n ? FSDP_OK : FSDP_EINVAL;
+}
+
+static int device_cuda_try_load(void) {
+  char path[PATH_MAX + 64];
+  if (device_cuda_path(path, sizeof path))
+    return err_set(FSDP_EINVAL, "device cuda: the plugin's path is too long; set FSDP_CUDA_PLUGIN");
+  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!h)
+    return err_set(FSDP_EUNSUPPORTED, "device cuda: cannot load the CUDA plugin: %s (it is "
+                   "built when nvcc is found, and needs cuBLASLt and NCCL on the library path)"
+                   DEVICE_CUDA_FIX, dlerror());
+  const device_cuda_plugin_t *(*get)(void) =
+      (const device_cuda_plugin_t *(*)(void))dlsym(h, DEVICE_CUDA_SYMBOL);
+  const device_cuda_plugin_t *p = get ? get() : NULL;
+  if (!p || p->abi != DEVICE_CUDA_ABI) {
+    int abi = p ? p->abi : -1;
+    dlclose(h);
+    return err_set(FSDP_EUNSUPPORTED, "device cuda: %s is not this build's CUDA plugin (%s %d, "
+                   "this program wants %d); rebuild it with the programs" DEVICE_CUDA_FIX,
+                   path, p ? "ABI" : "no " DEVICE_CUDA_SYMBOL ", ABI", abi, DEVICE_CUDA_ABI);
+  }
+  device_cuda_pl = p; /* never closed: its kernels and threads live as long as the process */
+  return FSDP_OK;
+}
+
+int device_cuda_load(const device_cuda_plugin_t **out) {
+  if (device_cuda_rc == 1) {
+    device_cuda_rc = device_cuda_try_load();
+    if (device_cuda_rc) snprintf(device_cuda_msg, sizeof device_cuda_msg, "%s", err_msg());
+  }
+  *out = device_cuda_pl;
+  return device_cuda_rc ? err_set(device_cuda_rc, "%s", device_cuda_msg) : FSDP_OK;
+}
+
+static device_t device_cuda = {.name = "cuda"};
+
+static int device_cuda_make_id(uint8_t *id) { return device_cuda_pl->nccl_unique_id(id); }
+
+static int device_cuda_create(void *arg, int rank, int world, const uint8_t *id, const char *name,
+                              comm_t **out) {
+  (void)arg;
+  const comm_nccl_opts_t o = {.rank = rank, .size = world, .id = id, .name = name,
+                              .stream = device_cuda_pl->kern_stream()};
+  return device_cuda_pl->nccl_create(&o, out);
+}
+
+static const comm_boot_ids_t device_cuda_ids = {
+    .id_bytes = COMM_NCCL_ID_BYTES, .make_id = device_cuda_make_id, .create = device_cuda_create};
+
+static int device_cuda_open(const config_t *c, int rank, const device_t **out) {
+  const device_cuda_plugin_t *p;
+  int rc = device_cuda_load(&p);
+  if (rc) return rc;
+  char msg[512] = "";
+  int n = p->device_count(msg, sizeof msg);
+  if (n <= 0)
+    return err_set(FSDP_EUNSUPPORTED, "device cuda: no GPU: %s" DEVICE_CUDA_FIX,
+                   msg[0] ? msg : "none found");
+  int64_t ord = param_cuda_device();
+  if (ord < 0) ord = rank % n;
+  if (ord >= n)
+    return err_set(FSDP_EINVAL, "FSDP_CUDA_DEVICE: %lld, but this process sees %d GPU%s (0 to "
+                   "%d); fix the variable or CUDA_VISIBLE_DEVICES", (long long)ord, n,
+                   n == 1 ? "" : "s", n - 1);
+  const kern_cuda_opts_t ko = {.device = (int)ord, .tf32 = c->tf32};
+  const kern_backend_t *k = p->kern_init(&ko, msg, sizeof msg);
+  if (!k) return err_set(FSDP_EIO, "device cuda: GPU %lld: %s", (long long)ord, msg);
+  static int reserved_counted; /* the kernels keep it for the process's life */
+  if (!reserved_counted++) mem_account(MEM_WORKSPACE, p->reserved_bytes(), 1);
+  device_cuda.kern = k;
+  device_cuda.comm = p->comm;
+  device_cuda.ids = &device_cuda_ids;
+  snprintf(device_cuda.desc, sizeof device_cuda.desc, "cuda device %lld: %s, %.1f GiB%s",
+           (long long)ord, p->device_name(), (double)p->device_memory() / (1 << 30),
+           c->tf32 ? ", TF32 matrix products" : "");
+  LOG_INFO("device", "%s", device_cuda.desc);
+  *out = &device_cuda;
+  return FSDP_OK;
+}
+
+int device_open(const config_t *c, int rank, int ranks_on_host, const device_t **out) {
+  *out = NULL;
+  if (!strcmp(c->device, "cuda")) return device_cuda_open(c, rank, out);
+  if (c->device[0] && strcmp(c->device, "cpu"))
+    return err_set(FSDP_EINVAL, "device: \"%s\" is not a kind of device; use cpu or cuda",
+                   c->device);
+  *out = device_cpu_open(c, ranks_on_host);
+  return FSDP_OK;
 }

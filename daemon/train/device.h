@@ -1,31 +1,44 @@
 /* device: what a job's ranks compute and communicate with: a kind of device
  * and the two backends that serve it, the kernels (kernels/kern.h) and the
  * collectives (daemon/comm/comm.h). The training loop and the runtime ask
- * here and nowhere else, so a second kind of device (GPU ranks: CUDA kernels
- * and NCCL) is one more entry, not a change to them. The memory plan
- * (daemon/job/plan.c) links no backend: its device profile reads the
- * backends' header-only size formulas with the tunables device_open hands
- * them, and needs the same new entry.
+ * here and nowhere else. The memory plan (daemon/job/plan.c) links no
+ * backend: its device profile reads the backends' header-only size formulas,
+ * picked by the same config.device.
  *
- * Today every job runs on CPU devices: the CPU kernels and the ring. */
+ * Two kinds (config.device):
+ *  - cpu: the CPU kernels and the ring, linked into every program;
+ *  - cuda: one GPU per rank, the CUDA kernels and NCCL, from the CUDA plugin
+ *    (device_cuda.h), loaded here on first use. The rank's GPU is
+ *    FSDP_CUDA_DEVICE (fsdpd sets it), else its rank modulo the GPUs it
+ *    sees. NCCL's world is made from an id the ring's bootstrap carries
+ *    (comm_boot_ids_t). */
 #ifndef FSDP_DEVICE_H
 #define FSDP_DEVICE_H
 
-#include "daemon/job/config.h"
+#include "daemon/comm/boot.h"
 #include "daemon/comm/comm.h"
+#include "daemon/job/config.h"
 #include "kernels/kern.h"
 
 typedef struct device {
-  const char *name;           /* "cpu" */
-  const kern_backend_t *kern; /* as configured by device_open (defaults before) */
+  const char *name;           /* "cpu" or "cuda" */
+  const kern_backend_t *kern; /* as configured by device_open */
   const comm_backend_t *comm;
+  const comm_boot_ids_t *ids; /* how comm_boot_connect makes the world (NULL: the ring) */
+  char desc[160];             /* "cpu kernels at avx512", "cuda device 0: NVIDIA H100 ..." */
 } device_t;
 
-/* The device a job of c runs on. */
-const device_t *device_for(const config_t *c);
-/* Configures the process's device for a rank of c that shares its host with
- * ranks_on_host ranks (its CPU threads: c->threads, else FSDP_THREADS, else
- * the host's cores shared among its ranks; the kernels' tunables). */
-const device_t *device_open(const config_t *c, int ranks_on_host);
+/* Configures the process's device for rank of c, which shares its host with
+ * ranks_on_host ranks (CPU: its threads are c->threads, else FSDP_THREADS,
+ * else the host's cores shared among its ranks). Call once per process.
+ * 0 and *out, or a negative code with a message that says what is missing
+ * (the plugin, a CUDA library, a GPU) and how to run instead. */
+int device_open(const config_t *c, int rank, int ranks_on_host, const device_t **out);
+
+/* The CUDA plugin, loaded (once; later calls return the first answer):
+ * 0 and *out, or a negative code with a message naming the file and what
+ * dlopen said. For tests and tools; device_open calls it for cuda jobs. */
+struct device_cuda_plugin;
+int device_cuda_load(const struct device_cuda_plugin **out);
 
 #endif

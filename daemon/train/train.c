@@ -328,7 +328,8 @@ int train_open(train_t **out, const config_t *c, const train_opts_t *o) {
     fprintf(t->opts.out, "train: note: %s; set an option explicitly to choose its value\n",
             adjusted);
   mem_run_begin(); /* the run's report counts this run, whatever the process held before */
-  t->dev = device_open(c, t->boot.world);
+  if ((rc = device_open(c, t->boot.rank, t->boot.world, &t->dev))) goto fail;
+  t->boot.ids = t->dev->ids;
   /* every rank plans the same job and refuses it alike, before connecting */
   if ((rc = plan_job(c, t->boot.world, &t->plan))) goto fail;
   size_t limit = c->memory_limit_mib ? (size_t)c->memory_limit_mib << 20

@@ -142,14 +142,15 @@ typedef struct node {
   uint64_t session;
 } node_t;
 
-static void node_register(node_t *n, const char *name, int ndev, uint64_t mem,
-                          Fsdp__V1__RankStatus **ranks, size_t nranks) {
+/* Registers a node of ndev devices of kind ("cpu", "cuda"). */
+static void node_register_kind(node_t *n, const char *name, int ndev, uint64_t mem,
+                               const char *kind, Fsdp__V1__RankStatus **ranks, size_t nranks) {
   Fsdp__V1__Device d[8], *dp[8];
   char dn[8][16];
   for (int i = 0; i < ndev; i++) {
     fsdp__v1__device__init(&d[i]);
-    snprintf(dn[i], sizeof dn[i], "cpu:%d", i);
-    d[i].index = (uint32_t)i, d[i].kind = "cpu", d[i].name = dn[i], d[i].total_bytes = mem;
+    snprintf(dn[i], sizeof dn[i], "%s:%d", kind, i);
+    d[i].index = (uint32_t)i, d[i].kind = (char *)kind, d[i].name = dn[i], d[i].total_bytes = mem;
     dp[i] = &d[i];
   }
   Fsdp__V1__RegisterNodeRequest q = FSDP__V1__REGISTER_NODE_REQUEST__INIT;
@@ -161,6 +162,11 @@ static void node_register(node_t *n, const char *name, int ndev, uint64_t mem,
   snprintf(n->id, sizeof n->id, "%s", r->node_id);
   n->session = r->session;
   protobuf_c_message_free_unpacked(&r->base, NULL);
+}
+
+static void node_register(node_t *n, const char *name, int ndev, uint64_t mem,
+                          Fsdp__V1__RankStatus **ranks, size_t nranks) {
+  node_register_kind(n, name, ndev, mem, "cpu", ranks, nranks);
 }
 
 /* One heartbeat (held by the coordinator up to its interval); the reply. */
@@ -400,6 +406,32 @@ Test(coordinator, three_jobs_on_four_devices_two_run_the_third_waits_then_runs) 
   cr_expect_eq(r->n_kills, 1);
   if (r->n_kills) cr_expect_str_eq(r->kills[0]->job_id, b);
   protobuf_c_message_free_unpacked(&r->base, NULL);
+}
+
+/* A job's device kind (config device) picks its devices: a cuda job never
+ * lands on CPU devices, waits saying why, and runs once GPUs register; a
+ * CPU job beside it is not held up. */
+Test(coordinator, a_cuda_job_waits_for_gpus_and_never_lands_on_cpu_devices) {
+  char d[600];
+  data_opt(d, sizeof d);
+  node_t cpus = {{0}, 0}, gpus = {{0}, 0};
+  node_register(&cpus, "cpus", 4, 8ull << 30, NULL, 0);
+  const char *gpu_kv[] = {"model=tiny", d, "steps=3", "device=cuda", NULL};
+  const char *cpu_kv[] = {"model=tiny", d, "steps=3", NULL};
+  char g[32], c[32], reason[512];
+  cr_assert_eq(submit(2, gpu_kv, g, sizeof g), 0, "%s", err_msg());
+  cr_assert_eq(submit(2, cpu_kv, c, sizeof c), 0, "%s", err_msg());
+  cr_expect_eq(job_state(g, reason, sizeof reason), FSDP__V1__JOB_STATE__JOB_STATE_PENDING);
+  cr_expect(strstr(reason, "waiting for 2 free cuda devices") && strstr(reason, "4 of another kind"),
+            "%s", reason);
+  cr_expect_eq(job_state(c, NULL, 0), FSDP__V1__JOB_STATE__JOB_STATE_RUNNING);
+  Fsdp__V1__HeartbeatReply *r = heartbeat(&cpus, NULL, 0);
+  cr_expect_eq(r->n_assignments, 2, "only the CPU job's ranks reach the CPU node");
+  for (size_t i = 0; i < r->n_assignments; i++) cr_expect_str_eq(r->assignments[i]->job_id, c);
+  protobuf_c_message_free_unpacked(&r->base, NULL);
+  node_register_kind(&gpus, "gpus", 2, 80ull << 30, "cuda", NULL, 0);
+  cr_expect_eq(collect(&gpus, g, 2, NULL), 2);
+  cr_expect_eq(job_state(g, NULL, 0), FSDP__V1__JOB_STATE__JOB_STATE_RUNNING);
 }
 
 Test(coordinator, hybrid_2x2_keeps_each_shard_group_on_one_node_and_a_dead_node_is_named) {

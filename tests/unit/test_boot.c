@@ -1,14 +1,18 @@
 /* Tests of a rank's bootstrap (daemon/comm/boot.c): what it reads from the
- * launcher's environment, the errors that name the variable at fault, and the
- * groups of a mesh it connects (forked ranks on 127.0.0.1). */
+ * launcher's environment, the errors that name the variable at fault, the
+ * groups of a mesh it connects (forked ranks on 127.0.0.1), and a world made
+ * from an id rank 0 draws and the ring carries (NCCL's way, with a stand-in
+ * backend: a second ring whose create checks the id it was handed). */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "daemon/comm/boot.h"
+#include "daemon/comm/ring.h"
 #include "daemon/common/err.h"
 #include "tests/unit/testutil.h"
 
@@ -83,15 +87,53 @@ Test(boot, the_launcher_environment_is_read_whole) {
 /* Four ranks connect a 2x2 mesh: each rank's shard group holds the ranks of
  * its replica, in shard order, and its replica group the ranks holding the
  * same shard; an all-reduce on each group sums exactly its members. */
-static void mesh_rank(char addrs[4][32], int fds[4], int rank) {
-  for (int r = 0; r < 4; r++)
+/* The stand-in for an id-made backend: rank 0 draws ID_BYTES of noise (or
+ * fails to, when ids_fail), and create makes a ring world on a second set of
+ * addresses after recording the id it was handed in the shared page, for
+ * the parent to compare across ranks. */
+#define ID_BYTES 128
+static struct {
+  char addrs[4][32];
+  int fds[4];
+  int fail;
+  uint8_t *seen; /* shared: ID_BYTES per rank, then rank 0's drawn id */
+} ids_env;
+
+static int ids_make(uint8_t *id) {
+  if (ids_env.fail) return err_set(FSDP_EIO, "the stand-in could not draw an id");
+  srand((unsigned)getpid());
+  for (int i = 0; i < ID_BYTES; i++) id[i] = (uint8_t)rand();
+  memcpy(ids_env.seen + 4 * ID_BYTES, id, ID_BYTES);
+  return FSDP_OK;
+}
+
+static int ids_create(void *arg, int rank, int world, const uint8_t *id, const char *name,
+                      comm_t **out) {
+  (void)arg;
+  memcpy(ids_env.seen + rank * ID_BYTES, id, ID_BYTES);
+  const char *a[4] = {ids_env.addrs[0], ids_env.addrs[1], ids_env.addrs[2], ids_env.addrs[3]};
+  comm_ring_opts_t o = {.rank = rank, .size = world, .addrs = a, .name = name,
+                        .listen_fd = ids_env.fds[rank]};
+  ids_env.fds[rank] = -1;
+  return comm_ring_create(&o, out);
+}
+
+static const comm_boot_ids_t ids_backend = {ID_BYTES, ids_make, ids_create, NULL};
+
+static void mesh_rank(char addrs[4][32], int fds[4], int rank, int by_id) {
+  for (int r = 0; r < 4; r++) {
     if (r != rank) close(fds[r]);
+    if (by_id && r != rank) close(ids_env.fds[r]);
+  }
   const char *a[4] = {addrs[0], addrs[1], addrs[2], addrs[3]};
   comm_boot_t b;
   comm_groups_t g;
   if (comm_boot_from_addrs(&b, rank, 4, a)) _exit(2);
   b.listen_fd = fds[rank];
+  if (by_id) b.ids = &ids_backend;
   if (comm_boot_connect(&b, 2, 2, &g)) {
+    if (ids_env.fail && rank && strstr(err_msg(), "rank 0 could not make the world's id")) _exit(4);
+    if (ids_env.fail && !rank && strstr(err_msg(), "could not draw an id")) _exit(4);
     fprintf(stderr, "rank %d: %s\n", rank, err_msg());
     _exit(3);
   }
@@ -111,22 +153,52 @@ static void mesh_rank(char addrs[4][32], int fds[4], int rank) {
   _exit(ok ? 0 : 1);
 }
 
-Test(boot, a_mesh_connects_its_groups, .timeout = 30) {
+/* Runs the 2x2 mesh in four forked ranks; each must exit with want. */
+static void mesh_run(int by_id, int want) {
   char addrs[4][32];
   int fds[4];
-  for (int r = 0; r < 4; r++) fds[r] = tu_listen_loopback(addrs[r], sizeof addrs[r]);
+  for (int r = 0; r < 4; r++) {
+    fds[r] = tu_listen_loopback(addrs[r], sizeof addrs[r]);
+    if (by_id) ids_env.fds[r] = tu_listen_loopback(ids_env.addrs[r], sizeof ids_env.addrs[r]);
+  }
+  ids_env.seen = mmap(NULL, 5 * ID_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  cr_assert_neq(ids_env.seen, MAP_FAILED);
   pid_t pid[4];
   for (int r = 0; r < 4; r++) {
     pid[r] = fork();
     cr_assert_neq(pid[r], -1);
-    if (pid[r] == 0) mesh_rank(addrs, fds, r);
+    if (pid[r] == 0) mesh_rank(addrs, fds, r, by_id);
   }
-  for (int r = 0; r < 4; r++) close(fds[r]);
+  for (int r = 0; r < 4; r++) {
+    close(fds[r]);
+    if (by_id) close(ids_env.fds[r]);
+  }
   for (int r = 0; r < 4; r++) {
     int status;
     cr_assert_eq(waitpid(pid[r], &status, 0), pid[r]);
-    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "rank %d (%d)", r, status);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == want, "rank %d (%d)", r, status);
   }
+}
+
+Test(boot, a_mesh_connects_its_groups, .timeout = 30) { mesh_run(0, 0); }
+
+/* Every rank is handed the id rank 0 drew, and the world made from it (not
+ * the ring that carried it) splits into the mesh's groups. */
+Test(boot, a_world_made_from_rank_0s_id_connects_its_groups, .timeout = 30) {
+  mesh_run(1, 0);
+  static const uint8_t zero[ID_BYTES];
+  const uint8_t *drawn = ids_env.seen + 4 * ID_BYTES;
+  cr_assert_neq(memcmp(drawn, zero, ID_BYTES), 0, "rank 0 drew no id");
+  for (int r = 0; r < 4; r++)
+    cr_assert_eq(memcmp(ids_env.seen + r * ID_BYTES, drawn, ID_BYTES), 0,
+                 "rank %d was handed another id than rank 0 drew", r);
+}
+
+/* Rank 0 cannot draw the id: it fails with its own error and every other
+ * rank learns it from the ring at once (no wait for a world never made). */
+Test(boot, rank_0_failing_to_draw_the_id_fails_every_rank_by_name, .timeout = 30) {
+  ids_env.fail = 1;
+  mesh_run(1, 4);
 }
 
 Test(boot, a_mesh_that_is_not_the_world_is_refused) {

@@ -1,0 +1,50 @@
+/* device_cuda: the CUDA plugin, the one door between the engine and CUDA.
+ *
+ * The CUDA kernels (kernels/cuda) and the NCCL collectives (daemon/comm/nccl.h)
+ * are built into one shared object, libfsdp-cuda.so, linked against cudart
+ * (statically), cuBLASLt and NCCL. No main binary links it: device.c loads it
+ * with dlopen when a job asks for device = cuda, and looks up the one symbol
+ * below. So every program starts, and trains on CPU devices, on a machine
+ * without the CUDA libraries or a GPU; only a cuda job needs them, and a
+ * missing plugin, library or GPU is an error that says which.
+ *
+ * The plugin calls back into its host program for the project's error state
+ * and log (err_set, log_*): programs that load it export their symbols
+ * (-rdynamic), so the error a collective sets is the one the caller reads.
+ *
+ * Where it is looked for: FSDP_CUDA_PLUGIN (a path, set by the operator), else
+ * ../lib/fsdpd/libfsdp-cuda.so next to the running program (the build tree's
+ * bin/ and an install's PREFIX/bin alike). */
+#ifndef FSDP_DEVICE_CUDA_H
+#define FSDP_DEVICE_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon/comm/nccl.h"
+#include "kernels/cuda/cuda.h"
+
+/* Raised when the table below changes: a plugin of another version is refused. */
+#define DEVICE_CUDA_ABI 1
+#define DEVICE_CUDA_SYMBOL "device_cuda_plugin"
+#define DEVICE_CUDA_FILE "libfsdp-cuda.so"
+
+typedef struct device_cuda_plugin {
+  int abi; /* DEVICE_CUDA_ABI of the plugin's build */
+  /* kernels/cuda/cuda.h */
+  int (*device_count)(char *msg, size_t n);
+  const kern_backend_t *(*kern_init)(const kern_cuda_opts_t *o, char *msg, size_t n);
+  void *(*kern_stream)(void);
+  size_t (*reserved_bytes)(void);
+  const char *(*device_name)(void);
+  size_t (*device_memory)(void);
+  /* daemon/comm/nccl.h */
+  const comm_backend_t *comm;
+  int (*nccl_unique_id)(uint8_t id[COMM_NCCL_ID_BYTES]);
+  int (*nccl_create)(const comm_nccl_opts_t *o, comm_t **out);
+} device_cuda_plugin_t;
+
+/* The plugin's one exported function (DEVICE_CUDA_SYMBOL). */
+const device_cuda_plugin_t *device_cuda_plugin(void);
+
+#endif

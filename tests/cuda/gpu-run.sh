@@ -1,0 +1,28 @@
+#!/bin/sh
+# Runs the GPU checks packed by tests/cuda/gpu-pack.sh, on the GPU machine,
+# from the project's root: each one's output goes to stdout and, when OUT is
+# set (the device tool), to $OUT/<check>.log. Exit status: the first failure's.
+#
+# CUDA's libraries are found where that machine has them: its toolkit
+# (/usr/local/cuda*/lib64) or the Python wheels PyTorch brings (nvidia/*/lib).
+set -u
+cd "$(dirname "$0")/.."
+libdirs=$(find /usr/local /opt /usr/lib -name 'libnccl.so.2' -o -name 'libcublasLt.so.13' 2>/dev/null \
+  | xargs -r -n1 dirname | sort -u | tr '\n' ':')
+export LD_LIBRARY_PATH="$PWD/.gpu/libs:${libdirs}${LD_LIBRARY_PATH:-}"
+export FSDP_CUDA_PLUGIN="$PWD/.gpu/lib/fsdpd/libfsdp-cuda.so"
+echo "gpu-run: LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+ldd "$FSDP_CUDA_PLUGIN" | grep -E 'not found|nccl|cublas' || true
+status=0
+for t in ${GPU_CHECKS:-kern_math_gpu kern_math_gpu_nofmad test_cuda_kernels test_nccl test_cuda_train}; do
+  echo "== $t"
+  if [ -n "${OUT:-}" ]; then
+    timeout 300 .gpu/tests/$t >"$OUT/$t.log" 2>&1; rc=$?; tail -n 60 "$OUT/$t.log"
+  else
+    timeout 300 .gpu/tests/$t; rc=$?
+  fi
+  echo "== $t: exit $rc"
+  [ $rc -eq 0 ] || [ $status -ne 0 ] || status=$rc
+done
+exit $status
