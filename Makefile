@@ -129,7 +129,7 @@ TESTUTIL_TRAIN = $(B)/tests/unit/testutil_train.o $(B)/tests/unit/refrun.o
 # Test sources include Criterion's header: their objects wait for the test packages.
 TEST_OBJS  = $(patsubst %.c,$(B)/%.o,$(wildcard tests/unit/*.c tests/e2e/*.c tests/fuzz/*.c))
 
-.PHONY: all deps deps-test deps-bench deps-demo test test-san test-cuda fuzz fuzz-build bench demo clean install
+.PHONY: all deps deps-test deps-bench deps-demo test test-san test-cuda fuzz fuzz-build bench bench-cuda demo clean install
 # keep objects that pattern rules chain through (tests, bench) between runs
 .SECONDARY:
 all: $(BINS) $(if $(HAVE_CUDA),$(CUDA_PLUGIN))
@@ -467,13 +467,19 @@ fuzz: fuzz-build
 	  build-fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) build-fuzz/corpus/$$t \
 	    tests/fuzz/corpus/$$t || exit 1; done
 
+# through the plugin, as fsdp-train (-rdynamic: the plugin calls back)
+$(B)/bench/bench_cuda: $(B)/tests/bench/bench_cuda.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -rdynamic $^ -o $@ $(LDLIBS)
+
 $(B)/bench/%: $(B)/tests/bench/%.o $(B)/tests/bench/benchutil.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -ldl
 
 # The fuzz targets' bounded runs go side by side (independent processes, one
 # thread each), then the test binaries one after another.
-test: deps-test $(BINS) $(if $(HAVE_CUDA),$(CUDA_PLUGIN)) $(TEST_BINS) $(CUDA_CHECKS) fuzz-build
+test: deps-test $(BINS) $(if $(HAVE_CUDA),$(CUDA_PLUGIN)) $(TEST_BINS) $(CUDA_CHECKS) \
+      $(B)/bench/bench_cuda fuzz-build
 	@for t in $(FUZZ); do rm -rf build-fuzz/run/$$t build-fuzz/fuzz_$$t.rc; mkdir -p build-fuzz/run/$$t; \
 	  { build-fuzz/fuzz_$$t -seed=1 -runs=$(FUZZ_RUNS) build-fuzz/run/$$t tests/fuzz/corpus/$$t \
 	    >build-fuzz/fuzz_$$t.log 2>&1; echo $$? >build-fuzz/fuzz_$$t.rc; } & done; wait; \
@@ -498,6 +504,17 @@ test-san: deps-test $(BINS)
 
 bench: deps-bench $(BINS) $(BENCH_BINS)
 	@BENCH_BUILD=$(B) sh tests/bench/run.sh
+
+# GPU training against PyTorch on the same GPU (tests/bench/bench_cuda.c), for
+# gpt2-124m and gpt2-774m at T = 1024; BENCH_CUDA_B* choose B for the device.
+# On a lent GPU machine: tests/cuda/gpu-pack.sh here, then
+# GPU_CHECKS= GPU_BENCH=1 .gpu/gpu-run.sh there.
+BENCH_CUDA_B124 ?= 16
+BENCH_CUDA_B774 ?= 8
+BENCH_CUDA_STEPS ?= 20
+bench-cuda: $(B)/bench/bench_cuda $(if $(HAVE_CUDA),$(CUDA_PLUGIN))
+	$(B)/bench/bench_cuda gpt2-124m $(BENCH_CUDA_B124) 1024 $(BENCH_CUDA_STEPS)
+	$(B)/bench/bench_cuda gpt2-774m $(BENCH_CUDA_B774) 1024 $(BENCH_CUDA_STEPS)
 
 demo: deps-demo $(BINS)
 	@sh mk/demo.sh

@@ -140,7 +140,9 @@ static int device_cuda_open(const config_t *c, int rank, const device_t **out) {
     return err_set(FSDP_EINVAL, "FSDP_CUDA_DEVICE: %lld, but this process sees %d GPU%s (0 to "
                    "%d); fix the variable or CUDA_VISIBLE_DEVICES", (long long)ord, n,
                    n == 1 ? "" : "s", n - 1);
-  const kern_cuda_opts_t ko = {.device = (int)ord, .tf32 = c->tf32};
+  /* bf16-mixed and bf16-true compute their products on bf16 tensor cores */
+  const kern_cuda_opts_t ko = {.device = (int)ord, .tf32 = c->tf32,
+                               .bf16 = strcmp(c->precision, "fp32") != 0};
   const kern_backend_t *k = p->kern_init(&ko, msg, sizeof msg);
   if (!k) return err_set(FSDP_EIO, "device cuda: GPU %lld: %s", (long long)ord, msg);
   static int reserved_counted; /* the kernels keep it for the process's life */
@@ -148,9 +150,9 @@ static int device_cuda_open(const config_t *c, int rank, const device_t **out) {
   device_cuda.kern = k;
   device_cuda.comm = p->comm;
   device_cuda.ids = &device_cuda_ids;
-  snprintf(device_cuda.desc, sizeof device_cuda.desc, "cuda device %lld: %s, %.1f GiB%s",
-           (long long)ord, p->device_name(), (double)p->device_memory() / (1 << 30),
-           c->tf32 ? ", TF32 matrix products" : "");
+  snprintf(device_cuda.desc, sizeof device_cuda.desc, "cuda device %lld: %s, %.1f GiB, %s matrix "
+           "products", (long long)ord, p->device_name(), (double)p->device_memory() / (1 << 30),
+           ko.bf16 ? "bf16" : c->tf32 ? "TF32" : "fp32");
   LOG_INFO("device", "%s", device_cuda.desc);
   *out = &device_cuda;
   return FSDP_OK;

@@ -188,9 +188,14 @@ static void kern_cuda_teardown(void) {
 }
 
 extern "C" const kern_backend_t *kern_cuda_init(const kern_cuda_opts_t *o, char *msg, size_t n) {
-  if (kern_cuda_st.ready) return &kern_cuda_table;
-  const kern_cuda_opts_t d = {0, 0};
+  const kern_cuda_opts_t d = {0, 0, 0};
   if (!o) o = &d;
+  if (kern_cuda_st.ready) { /* the device stays; the job's matrix-product mode is taken */
+    kern_cuda_st.tf32 = o->tf32 != 0;
+  kern_cuda_st.bf16 = o->bf16 != 0;
+    kern_cuda_st.bf16 = o->bf16 != 0;
+    return &kern_cuda_table;
+  }
   char tmp[256];
   if (!msg || !n) msg = tmp, n = sizeof tmp;
   char why[256];

@@ -14,7 +14,9 @@
  * Numerics follow the CPU backend: every element-wise formula comes from
  * kernels/kern_math.h (compiled -fmad=false, so the same bits where the CPU's
  * loops run the same formula); matrix products go through cuBLASLt in fp32
- * (TF32 tensor cores only when kern_cuda_opts_t.tf32 asks); reductions sum in
+ * (TF32 tensor cores only when kern_cuda_opts_t.tf32 asks, bf16 tensor cores
+ * when .bf16 does: CUBLAS_COMPUTE_32F_FAST_16BF, fp32 in memory, the
+ * operands rounded to bf16 inside the product); reductions sum in
  * fixed orders (the same bytes from run to run, not the CPU's order).
  *
  * kernels/ is a leaf: no daemon code here. A CUDA error inside an op is not
@@ -35,6 +37,8 @@ extern "C" {
 typedef struct kern_cuda_opts {
   int device; /* CUDA device ordinal (the rank's GPU on its node) */
   int tf32;   /* 1: fp32 matrix products may use TF32 tensor cores */
+  int bf16;   /* 1: matrix products run on bf16 tensor cores (operands rounded to
+               * bf16 inside cuBLASLt, fp32 accumulation and output); wins over tf32 */
 } kern_cuda_opts_t;
 
 /* The number of CUDA devices this process sees; 0 with a reason in msg
@@ -43,7 +47,9 @@ int kern_cuda_device_count(char *msg, size_t n);
 
 /* Selects o->device, makes the backend's stream, cuBLASLt handle and
  * workspace. NULL with the reason in msg (device out of range, no GPU, out
- * of memory). Call once per process; later calls return the same table. */
+ * of memory). Later calls return the same table on the same device and
+ * only take o's matrix-product mode (tf32, bf16): a process runs one job at
+ * a time, and each job sets its precision's mode. */
 const kern_backend_t *kern_cuda_init(const kern_cuda_opts_t *o, char *msg, size_t n);
 
 /* The backend's stream (a cudaStream_t), for the collectives to order on. */

@@ -71,6 +71,7 @@ typedef struct kern_cuda_state {
   int ready;           /* 1 after a successful kern_cuda_init */
   int device;          /* the selected ordinal */
   int tf32;            /* matrix products may use TF32 tensor cores */
+  int bf16;            /* matrix products on bf16 tensor cores (wins over tf32) */
   cudaStream_t stream; /* every op and memory operation, in call order */
   cublasLtHandle_t lt; /* cuBLASLt */
   void *workspace;     /* KERN_CUDA_SIZE_WORKSPACE bytes, cuBLASLt's */

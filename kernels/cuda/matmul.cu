@@ -1,5 +1,6 @@
 /* matmul: the linear layer, out = inp @ w^T + bias, and its backward, with
- * the products done by cuBLASLt in fp32 (TF32 when kern_cuda_opts_t.tf32).
+ * the products done by cuBLASLt in fp32 (TF32 when kern_cuda_opts_t.tf32,
+ * bf16 tensor cores with fp32 accumulation when .bf16: bf16-mixed jobs).
  * Also owns kern_cuda_gemm, the one place that calls cublasLtMatmul.
  *
  * cuBLASLt is column-major; a row-major matrix is the column-major view of
@@ -75,8 +76,9 @@ void kern_cuda_gemm(const char *op, char ta, char tb, int M, int N, int K, float
   cublasLtMatrixLayout_t lc = gemm_layout(N, M, ldc, sC, batch);
 
   cublasLtMatmulDesc_t desc;
-  const cublasComputeType_t ct =
-      kern_cuda_st.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  const cublasComputeType_t ct = kern_cuda_st.bf16   ? CUBLAS_COMPUTE_32F_FAST_16BF
+                                 : kern_cuda_st.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                     : CUBLAS_COMPUTE_32F;
   KERN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, ct, CUDA_R_32F));
   KERN_CUBLAS_CHECK(
       cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opb, sizeof opb));

@@ -10,7 +10,8 @@
 set -eu
 cd "$(dirname "$0")/../.."
 make -j2 all build/tests/cuda/kern_math_gpu build/tests/cuda/kern_math_gpu_nofmad \
-  build/tests/cuda/test_cuda_kernels build/tests/cuda/test_nccl build/tests/cuda/test_cuda_train
+  build/tests/cuda/test_cuda_kernels build/tests/cuda/test_nccl build/tests/cuda/test_cuda_train \
+  build/bench/bench_cuda
 rm -rf .gpu
 mkdir -p .gpu/bin .gpu/lib/fsdpd .gpu/tests .gpu/libs
 cp bin/fsdp-train bin/fsdp-tokenize bin/fsdp-launch .gpu/bin/
@@ -18,6 +19,7 @@ cp lib/fsdpd/libfsdp-cuda.so .gpu/lib/fsdpd/
 for t in kern_math_gpu kern_math_gpu_nofmad test_cuda_kernels test_nccl test_cuda_train; do
   cp build/tests/cuda/$t .gpu/tests/
 done
+cp build/bench/bench_cuda .gpu/tests/
 # every library a packed file needs, but glibc's, the compiler's runtime and CUDA's
 for f in .gpu/bin/* .gpu/tests/* .gpu/lib/fsdpd/*; do
   ldd "$f" | awk '$3 ~ /^\// {print $3}'

@@ -2,6 +2,9 @@
 # Runs the GPU checks packed by tests/cuda/gpu-pack.sh, on the GPU machine,
 # from the project's root: each one's output goes to stdout and, when OUT is
 # set (the device tool), to $OUT/<check>.log. Exit status: the first failure's.
+# GPU_CHECKS names the checks (default: all); GPU_BENCH=1 then runs
+# bench_cuda (make bench-cuda's runs; BENCH_CUDA_B124, BENCH_CUDA_B774,
+# BENCH_CUDA_STEPS as there).
 #
 # CUDA's libraries are found where that machine has them: its toolkit
 # (/usr/local/cuda*/lib64) or the Python wheels PyTorch brings (nvidia/*/lib).
@@ -15,7 +18,7 @@ echo "gpu-run: LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 ldd "$FSDP_CUDA_PLUGIN" | grep -E 'not found|nccl|cublas' || true
 status=0
-for t in ${GPU_CHECKS:-kern_math_gpu kern_math_gpu_nofmad test_cuda_kernels test_nccl test_cuda_train}; do
+for t in ${GPU_CHECKS-kern_math_gpu kern_math_gpu_nofmad test_cuda_kernels test_nccl test_cuda_train}; do
   echo "== $t"
   if [ -n "${OUT:-}" ]; then
     timeout 300 .gpu/tests/$t >"$OUT/$t.log" 2>&1; rc=$?; tail -n 60 "$OUT/$t.log"
@@ -25,4 +28,12 @@ for t in ${GPU_CHECKS:-kern_math_gpu kern_math_gpu_nofmad test_cuda_kernels test
   echo "== $t: exit $rc"
   [ $rc -eq 0 ] || [ $status -ne 0 ] || status=$rc
 done
+if [ "${GPU_BENCH:-0}" = 1 ]; then
+  for m in "gpt2-124m ${BENCH_CUDA_B124:-16}" "gpt2-774m ${BENCH_CUDA_B774:-8}"; do
+    set -- $m
+    echo "== bench_cuda $1 B=$2"
+    timeout 500 .gpu/tests/bench_cuda "$1" "$2" 1024 "${BENCH_CUDA_STEPS:-20}" 2>&1 \
+      | tee -a "${OUT:-/tmp}/bench_cuda.log"
+  done
+fi
 exit $status

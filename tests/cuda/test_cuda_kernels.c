@@ -17,7 +17,8 @@
  *    the CUDA backend takes in the CPU's own order (encoder backward,
  *    layernorm's dw and db, matmul's dbias): the same bits, since
  *    kernels/cuda is built with -fmad=false and gcc contracts nothing.
- *  - |diff| <= TOL_GEMM * mag for matmul and attention: mag is the sum of
+ *  - |diff| <= TOL_GEMM * mag for matmul and attention (TOL_GEMM_BF16 and
+ *    TOL_GEMM_TF32 in those modes, checked at the end): mag is the sum of
  *    |a*b| over each product (matmul: the CPU's product of |inputs|, plus
  *    |bias| or |initial gradient|; attention: upper bounds of it carried
  *    through the softmax, see attn_fwd_mags and attn_bwd_mags). cuBLAS sums in
@@ -48,6 +49,13 @@
 #include "kernels/kern.h"
 
 #define TOL_GEMM 1e-5
+/* The products' modes (kern_cuda_opts_t): operands rounded to bf16 (8
+ * significant bits) or TF32 (11) inside the product, each within 2^-9 or
+ * 2^-12 relative, so a product within twice that of mag; doubled again
+ * for the sums and the softmax after. */
+#define TOL_GEMM_BF16 8e-3
+#define TOL_GEMM_TF32 1e-3
+static double tol_gemm = TOL_GEMM; /* the bound of the GPU's products in the mode under test */
 #define TOL_RED 1e-5
 #define TOL_F64 1e-12
 
@@ -391,7 +399,7 @@ static void test_matmul(int N, int IC, int OC, int with_bias) {
   float *dout_o = dnew(no * 4);
   gpu->matmul_fwd(dout_o, dinp_, dw_, dbias_, N, IC, OC);
   float *g = dget(dout_o, no);
-  check_tol("matmul_fwd", "out", shape, g, out, NULL, mag, NULL, no, TOL_GEMM);
+  check_tol("matmul_fwd", "out", shape, g, out, NULL, mag, NULL, no, tol_gemm);
 
   /* float64 on selected rows, both backends */
   int rows[MAX_PICK];
@@ -407,7 +415,7 @@ static void test_matmul(int N, int IC, int OC, int with_bias) {
       const size_t src = (size_t)rows[r] * OC + o, dst = (size_t)r * OC + o;
       ref[dst] = s, gsel[dst] = g[src], csel[dst] = out[src], msel[dst] = mag[src];
     }
-  check_tol("matmul_fwd", "out-f64", shape, gsel, NULL, ref, msel, NULL, (size_t)nr * OC, TOL_GEMM);
+  check_tol("matmul_fwd", "out-f64", shape, gsel, NULL, ref, msel, NULL, (size_t)nr * OC, tol_gemm);
   check_tol("matmul_fwd", "cpu-out-f64", shape, csel, NULL, ref, msel, NULL, (size_t)nr * OC,
             TOL_GEMM);
   free(g), free(ref), free(gsel), free(csel), free(msel);
@@ -423,10 +431,10 @@ static void test_matmul(int N, int IC, int OC, int with_bias) {
   cpu->matmul_bwd(dinp, dw, dbias, dout, inp, w, N, IC, OC);
   gpu->matmul_bwd(dd_inp, dd_w, dd_bias, ddout, dinp_, dw_, N, IC, OC);
   g = dget(dd_inp, ni);
-  check_tol("matmul_bwd", "dinp", shape, g, dinp, NULL, mdinp, NULL, ni, TOL_GEMM);
+  check_tol("matmul_bwd", "dinp", shape, g, dinp, NULL, mdinp, NULL, ni, tol_gemm);
   free(g);
   g = dget(dd_w, nw);
-  check_tol("matmul_bwd", "dw", shape, g, dw, NULL, mdw, NULL, nw, TOL_GEMM);
+  check_tol("matmul_bwd", "dw", shape, g, dw, NULL, mdw, NULL, nw, tol_gemm);
   free(g);
   if (bias) {
     g = dget(dd_bias, OC);
@@ -566,8 +574,8 @@ static void test_attention(int B, int T, int C, int NH) {
   float *go = dget(dout_o, no), *ga = dget(datt, na);
   float *mag_att = xmalloc(na * 4), *mag_out = xmalloc(no * 4);
   attn_fwd_mags(mag_att, mag_out, qkv, att, B, T, C, NH);
-  check_tol("attention_fwd", "att", shape, ga, att, NULL, mag_att, NULL, na, TOL_GEMM);
-  check_tol("attention_fwd", "out", shape, go, out, NULL, mag_out, NULL, no, TOL_GEMM);
+  check_tol("attention_fwd", "att", shape, ga, att, NULL, mag_att, NULL, na, tol_gemm);
+  check_tol("attention_fwd", "out", shape, go, out, NULL, mag_out, NULL, no, tol_gemm);
 
   /* float64 on selected query rows of every (b, h) */
   int rows[MAX_PICK];
@@ -589,8 +597,8 @@ static void test_attention(int B, int T, int C, int NH) {
         for (int d = 0; d < hs; d++, ko++)
           gso[ko] = go[orow + d], cso[ko] = out[orow + d], mso[ko] = mag_out[orow + d];
       }
-  check_tol("attention_fwd", "att-f64", shape, gsa, NULL, ra, msa, NULL, nsa, TOL_GEMM);
-  check_tol("attention_fwd", "out-f64", shape, gso, NULL, ro, mso, NULL, nso, TOL_GEMM);
+  check_tol("attention_fwd", "att-f64", shape, gsa, NULL, ra, msa, NULL, nsa, tol_gemm);
+  check_tol("attention_fwd", "out-f64", shape, gso, NULL, ro, mso, NULL, nso, tol_gemm);
   check_tol("attention_fwd", "cpu-att-f64", shape, csa, NULL, ra, msa, NULL, nsa, TOL_GEMM);
   check_tol("attention_fwd", "cpu-out-f64", shape, cso, NULL, ro, mso, NULL, nso, TOL_GEMM);
   free(ra), free(ro), free(gsa), free(csa), free(msa), free(gso), free(cso), free(mso);
@@ -605,7 +613,7 @@ static void test_attention(int B, int T, int C, int NH) {
   cpu->attention_bwd(dqkv, scratch, dout, qkv, att, B, T, C, NH);
   gpu->attention_bwd(d_dqkv, d_scratch, d_dout, d_qkv, d_att, B, T, C, NH);
   float *g = dget(d_dqkv, nq);
-  check_tol("attention_bwd", "dqkv", shape, g, dqkv, NULL, mag, NULL, nq, TOL_GEMM);
+  check_tol("attention_bwd", "dqkv", shape, g, dqkv, NULL, mag, NULL, nq, tol_gemm);
   free(g);
   gpu->dev_free(d_qkv), gpu->dev_free(dout_o), gpu->dev_free(datt), gpu->dev_free(d_att);
   gpu->dev_free(d_dout), gpu->dev_free(d_dqkv), gpu->dev_free(d_scratch);
@@ -867,6 +875,22 @@ int main(void) {
   test_sumsq(1);
   test_sumsq(1000);
   test_sumsq(((size_t)1 << 24) + 3);
+
+  /* the products' other modes: a second init keeps the device and takes the
+   * mode; printed lines carry the mode in their check names' bounds */
+  const kern_cuda_opts_t modes[] = {{.device = 0, .bf16 = 1}, {.device = 0, .tf32 = 1}};
+  const double tols[] = {TOL_GEMM_BF16, TOL_GEMM_TF32};
+  for (int m = 0; m < 2; m++) {
+    printf("test_cuda_kernels: matrix products in %s\n", m ? "tf32" : "bf16");
+    report("table", m ? "tf32 mode" : "bf16 mode", "-", 0, 0, "-", -1,
+           kern_cuda_init(&modes[m], msg, sizeof msg) == gpu);
+    tol_gemm = tols[m];
+    test_matmul(1024, 768, 3072, 1);
+    test_matmul(64, 768, 50257, 0);
+    test_attention(1, 1024, 768, 12);
+  }
+  kern_cuda_init(&o, msg, sizeof msg);
+  tol_gemm = TOL_GEMM;
 
   gpu->sync();
   printf("test_cuda_kernels: %d checks, %d failed (seed %llu)\n", n_checks, n_fails,

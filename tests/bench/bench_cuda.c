@@ -1,0 +1,177 @@
+/* bench_cuda: GPU training throughput, MFU and memory, against PyTorch on the
+ * same GPU in the same run (issue 12, "what must be shown" 4).
+ *
+ *   bench_cuda MODEL B T STEPS [PRECISION]      (PRECISION: bf16-mixed, the default, or fp32)
+ *
+ * Our side is what fsdp-train runs on device = cuda (train.h: the sharded
+ * runtime on one rank, AdamW, clipping), on a fixed pseudo-random token
+ * stream: 2 untimed warm-up steps, then STEPS timed ones; the median step
+ * is reported (each step reads its loss back, so a step's wall time is the
+ * GPU's). The peer is tests/bench/torch_gpt2_cuda.py with the same model and
+ * shapes, eager and torch.compile, bf16 autocast, fused AdamW; it also times
+ * a bf16 GEMM of 8192^3, the ceiling MFU is read against besides the
+ * datasheet's peak (FSDP_BENCH_PEAK_TFLOPS, default 989.4: H100 SXM dense
+ * bf16).
+ *
+ * Lines (stdout):
+ *   bench: cuda_train model= B= T= precision= step_ms= tokens_per_s= mfu_peak= mfu_gemm= ...
+ *   bench: cuda_flops formula="6*params + 12*L*C*T per token" flops_per_token=
+ *   bench: cuda_memory cat= planned_mib= peak_mib= equal=
+ *   bench: cuda_torch mode= tokens_per_s= ...         (the peer's own lines, relabelled)
+ *   bench: cuda_vs_torch ours= torch_eager= torch_compile= vs_compile= goal_vs_compile=1 met=
+ *   bench: cuda_mfu model= mfu_peak= goal= met=
+ * Without a GPU it prints why and exits 0. Exit 1: a step failed. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "daemon/common/err.h"
+#include "daemon/job/plan.h"
+#include "daemon/train/data.h"
+#include "daemon/train/device.h"
+#include "daemon/train/device_cuda.h"
+#include "daemon/train/train.h"
+
+#define MIB (1024.0 * 1024.0)
+#define MAX_STEPS 1000
+
+static double step_s[MAX_STEPS + 2];
+static int steps_seen;
+static mem_snapshot_t last_mem;
+static float last_loss;
+
+static void on_metrics(void *ctx, const train_metrics_t *m) {
+  (void)ctx;
+  if (steps_seen < MAX_STEPS + 2) step_s[steps_seen++] = m->step_s;
+  last_mem = m->mem;
+  last_loss = m->loss;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* The peer's value of key in its line for mode (0 when absent). */
+static double peer_value(const char *out, const char *mode, const char *key) {
+  char tag[64], k[64];
+  snprintf(tag, sizeof tag, "torch: mode=%s ", mode);
+  const char *line = strstr(out, tag);
+  if (!line) return 0;
+  const char *end = strchr(line, '\n');
+  snprintf(k, sizeof k, " %s=", key);
+  const char *v = strstr(line, k);
+  return v && (!end || v < end) ? atof(v + strlen(k)) : 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 5) {
+    fprintf(stderr, "usage: bench_cuda MODEL B T STEPS [bf16-mixed|fp32]\n");
+    return 2;
+  }
+  const char *model = argv[1], *prec = argc > 5 ? argv[5] : "bf16-mixed";
+  const int B = atoi(argv[2]), T = atoi(argv[3]), steps = atoi(argv[4]);
+  if (B < 1 || T < 1 || steps < 1 || steps > MAX_STEPS) {
+    fprintf(stderr, "bench_cuda: B, T and STEPS (at most %d) must be positive\n", MAX_STEPS);
+    return 2;
+  }
+  setenv("FSDP_CUDA_PLUGIN", "lib/fsdpd/libfsdp-cuda.so", 0);
+  const device_cuda_plugin_t *p;
+  char msg[512] = "";
+  if (device_cuda_load(&p) || p->device_count(msg, sizeof msg) <= 0) {
+    printf("bench: cuda skipped=\"%s\"\n", msg[0] ? msg : err_msg());
+    return 0;
+  }
+  config_t c;
+  config_default(&c);
+  snprintf(c.model, sizeof c.model, "%s", model);
+  snprintf(c.device, sizeof c.device, "cuda");
+  snprintf(c.precision, sizeof c.precision, "%s", prec);
+  c.batch = B, c.seq_len = T, c.steps = steps + 2, c.warmup_steps = 2;
+  c.eval_every = 0, c.eval_batches = 1, c.eval_fraction = 0.01, c.sample_tokens = 0;
+  if (config_resolve(&c)) {
+    fprintf(stderr, "bench_cuda: %s\n", err_msg());
+    return 2;
+  }
+  /* a fixed pseudo-random token stream, enough for every step */
+  const size_t ntok = (size_t)B * T * (size_t)(steps + 3) * 11 / 10 + (size_t)T + 1;
+  uint16_t *tok = malloc(ntok * sizeof *tok);
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  for (size_t i = 0; tok && i < ntok; i++) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    tok[i] = (uint16_t)(x % (uint64_t)c.gpt.vocab);
+  }
+  char data[] = "/tmp/bench_cuda.XXXXXX";
+  int fd = mkstemp(data);
+  if (!tok || fd < 0 || data_write(data, tok, ntok)) {
+    fprintf(stderr, "bench_cuda: cannot write the token file: %s\n", err_msg());
+    return 1;
+  }
+  close(fd);
+  free(tok);
+  snprintf(c.data, sizeof c.data, "%s", data);
+  plan_t plan;
+  int rc = plan_job(&c, 1, &plan);
+  train_opts_t o = {.metrics = on_metrics};
+  train_t *t = NULL;
+  if (!rc) rc = train_open(&t, &c, &o);
+  while (!rc && !train_done(t)) rc = train_step(t);
+  size_t nparams = 0;
+  if (!rc) {
+    train_state_t st;
+    train_state(t, &st);
+    nparams = gpt_num_params(fsdp_model(st.runtime));
+  }
+  train_close(t);
+  unlink(data);
+  if (rc || steps_seen < 3 || !isfinite(last_loss)) {
+    fprintf(stderr, "bench_cuda: the run failed: %s\n", rc ? err_msg() : "loss not finite");
+    return 1;
+  }
+  qsort(step_s + 2, (size_t)steps_seen - 2, sizeof step_s[0], cmp_double);
+  const double med = step_s[2 + (steps_seen - 2) / 2];
+  const double tps = (double)B * T / med;
+  const gpt_config_t *g = &c.gpt;
+  const double fpt = 6.0 * (double)nparams + 12.0 * g->layers * g->channels * (double)T;
+  const char *pk = getenv("FSDP_BENCH_PEAK_TFLOPS");
+  const double peak = (pk && atof(pk) > 0 ? atof(pk) : 989.4) * 1e12;
+  /* the peer, on the same GPU now that ours is done */
+  char cmd[512], peer[16384] = "";
+  snprintf(cmd, sizeof cmd, "python3 tests/bench/torch_gpt2_cuda.py --device cuda --model %s "
+           "--batch %d --seq %d --steps %d --warmup 3 --modes eager,compile --gemm 8192 "
+           "--peak-tflops %g 2>&1", model, B, T, steps, peak / 1e12);
+  FILE *pp = popen(cmd, "r");
+  size_t n = pp ? fread(peer, 1, sizeof peer - 1, pp) : 0;
+  peer[n] = 0;
+  if (pp) pclose(pp);
+  const char *gl = strstr(peer, "torch: gemm ");
+  const char *gt = gl ? strstr(gl, "tflops=") : NULL;
+  const double gemm = gt ? atof(gt + 7) * 1e12 : 0;
+  printf("bench: cuda_train model=%s B=%d T=%d precision=%s device=\"%s\" step_ms=%.2f "
+         "tokens_per_s=%.0f mfu_peak=%.3f mfu_gemm=%.3f loss=%.4f\n", model, B, T, prec,
+         p->device_name(), med * 1e3, tps, tps * fpt / peak, gemm > 0 ? tps * fpt / gemm : 0.0,
+         last_loss);
+  printf("bench: cuda_flops formula=\"6*params + 12*layers*channels*T per token\" params=%zu "
+         "flops_per_token=%.4g peak_tflops=%.1f gemm8192_tflops=%.1f\n", nparams, fpt,
+         peak / 1e12, gemm / 1e12);
+  for (int k = 0; k < MEM__COUNT; k++) {
+    const double pl = plan.bytes[k] / MIB, pm = last_mem.peak[k] / MIB;
+    printf("bench: cuda_memory cat=%s planned_mib=%.1f peak_mib=%.1f equal=%s\n",
+           mem_cat_name((mem_cat_t)k), pl, pm, plan.bytes[k] == last_mem.peak[k] ? "yes" : "no");
+  }
+  for (const char *l = peer; (l = strstr(l, "torch: ")); l++) {
+    const char *e = strchr(l, '\n');
+    printf("bench: cuda_%.*s\n", e ? (int)(e - l) : (int)strlen(l), l);
+  }
+  const double eager = peer_value(peer, "eager", "tokens_per_s");
+  const double comp = peer_value(peer, "compile", "tokens_per_s");
+  printf("bench: cuda_vs_torch model=%s ours=%.0f torch_eager=%.0f torch_compile=%.0f "
+         "vs_compile=%.2f goal_vs_compile=1 met=%s\n", model, tps, eager, comp,
+         comp > 0 ? tps / comp : 0.0, comp > 0 && tps >= comp ? "yes" : "no");
+  const double goal = strstr(model, "774m") ? 0.55 : 0.45;
+  printf("bench: cuda_mfu model=%s mfu_peak=%.3f goal=%.2f met=%s\n", model, tps * fpt / peak,
+         goal, tps * fpt / peak >= goal ? "yes" : "no");
+  return 0;
+}
