@@ -156,6 +156,14 @@ static void check_bits(const char *op, const char *what, const char *shape, cons
   if (differ) printf("test_cuda_kernels:   %zu of %zu elements differ\n", differ, n);
 }
 
+/* check_bits of n floats of device buffer d against the CPU's ref. */
+static void check_dev_bits(const char *op, const char *what, const char *shape, const float *d,
+                           const float *ref, size_t n) {
+  float *g = dget(d, n);
+  check_bits(op, what, shape, g, ref, n);
+  free(g);
+}
+
 static void check_bits_u16(const char *op, const char *what, const char *shape, const uint16_t *got,
                            const uint16_t *ref, size_t n) {
   size_t differ = 0, first = 0;
@@ -237,14 +245,10 @@ static void test_memory(size_t n) {
   float *yc = fdup(y, n);
   cpu->vec_add(yc, x, n);
   gpu->vec_add(dy, dx, n);
-  z = dget(dy, n);
-  check_bits("vec_add", "y", shape, z, yc, n);
-  free(z);
+  check_dev_bits("vec_add", "y", shape, dy, yc, n);
   cpu->vec_scale(yc, 0.37f, n);
   gpu->vec_scale(dy, 0.37f, n);
-  z = dget(dy, n);
-  check_bits("vec_scale", "y", shape, z, yc, n);
-  free(z);
+  check_dev_bits("vec_scale", "y", shape, dy, yc, n);
   /* vec_sum: double, another fixed order */
   double sc = cpu->vec_sum(x, n), sg = gpu->vec_sum(dx, n), mag = 0;
   for (size_t i = 0; i < n; i++) mag += fabs(x[i]);
@@ -285,12 +289,8 @@ static void test_encoder(int B, int T, int C, int V) {
         *ddwpe = dput(dwpe, (size_t)T * C * 4);
   cpu->encoder_bwd(dwte, dwpe, dout, tok, B, T, C);
   gpu->encoder_bwd(ddwte, ddwpe, ddout, dtok, B, T, C);
-  g = dget(ddwte, (size_t)V * C);
-  check_bits("encoder_bwd", "dwte", shape, g, dwte, (size_t)V * C);
-  free(g);
-  g = dget(ddwpe, (size_t)T * C);
-  check_bits("encoder_bwd", "dwpe", shape, g, dwpe, (size_t)T * C);
-  free(g);
+  check_dev_bits("encoder_bwd", "dwte", shape, ddwte, dwte, (size_t)V * C);
+  check_dev_bits("encoder_bwd", "dwpe", shape, ddwpe, dwpe, (size_t)T * C);
   gpu->dev_free(dtok), gpu->dev_free(dwte_w), gpu->dev_free(dwpe_w), gpu->dev_free(dout_o);
   gpu->dev_free(ddout), gpu->dev_free(ddwte), gpu->dev_free(ddwpe);
   free(tok), free(wte), free(wpe), free(out), free(dout), free(dwte), free(dwpe);
@@ -366,12 +366,8 @@ static void test_layernorm(int N, int C) {
   float *g = dget(ddinp, n);
   check_tol("layernorm_bwd", "dinp", shape, g, dinp, NULL, NULL, magd, n, TOL_RED);
   free(g);
-  g = dget(ddw, C);
-  check_bits("layernorm_bwd", "dw", shape, g, dw, C);
-  free(g);
-  g = dget(ddb, C);
-  check_bits("layernorm_bwd", "db", shape, g, db, C);
-  free(g);
+  check_dev_bits("layernorm_bwd", "dw", shape, ddw, dw, C);
+  check_dev_bits("layernorm_bwd", "db", shape, ddb, db, C);
 
   gpu->dev_free(dx), gpu->dev_free(dw_), gpu->dev_free(db_), gpu->dev_free(dout_o);
   gpu->dev_free(dmean), gpu->dev_free(drstd), gpu->dev_free(ddout), gpu->dev_free(ddinp);
@@ -640,9 +636,7 @@ static void test_gelu(size_t n) {
   float *ddout = dput(dout, n * 4), *ddinp = dput(dinp, n * 4);
   cpu->gelu_bwd(dinp, x, dout, n);
   gpu->gelu_bwd(ddinp, dx, ddout, n);
-  g = dget(ddinp, n);
-  check_bits("gelu_bwd", "dinp", shape, g, dinp, n);
-  free(g);
+  check_dev_bits("gelu_bwd", "dinp", shape, ddinp, dinp, n);
   gpu->dev_free(dx), gpu->dev_free(dy), gpu->dev_free(ddout), gpu->dev_free(ddinp);
   free(x), free(y), free(dout), free(dinp);
 }
@@ -661,12 +655,8 @@ static void test_residual(size_t n) {
   float *ddout = dput(dout, n * 4), *dga = dput(ga_, n * 4), *dgb = dput(gb_, n * 4);
   cpu->residual_bwd(ga_, gb_, dout, n);
   gpu->residual_bwd(dga, dgb, ddout, n);
-  g = dget(dga, n);
-  check_bits("residual_bwd", "da", shape, g, ga_, n);
-  free(g);
-  g = dget(dgb, n);
-  check_bits("residual_bwd", "db", shape, g, gb_, n);
-  free(g);
+  check_dev_bits("residual_bwd", "da", shape, dga, ga_, n);
+  check_dev_bits("residual_bwd", "db", shape, dgb, gb_, n);
   gpu->dev_free(da_), gpu->dev_free(db_), gpu->dev_free(dout_o), gpu->dev_free(ddout);
   gpu->dev_free(dga), gpu->dev_free(dgb);
   free(a), free(b), free(out), free(dout), free(ga_), free(gb_);
@@ -739,12 +729,8 @@ static void test_adamw(size_t n, int t) {
   float *r = dget(dp, n);
   check_bits("adamw", "p", shape, r, p, n);
   free(r);
-  r = dget(dm, n);
-  check_bits("adamw", "m", shape, r, m, n);
-  free(r);
-  r = dget(dv, n);
-  check_bits("adamw", "v", shape, r, v, n);
-  free(r);
+  check_dev_bits("adamw", "m", shape, dm, m, n);
+  check_dev_bits("adamw", "v", shape, dv, v, n);
   gpu->dev_free(dp), gpu->dev_free(dg), gpu->dev_free(dm), gpu->dev_free(dv);
   free(p), free(g), free(m), free(v);
 }
