@@ -49,6 +49,7 @@
 #include "daemon/comm/nccl_size.h"
 #include "daemon/common/err.h"
 #include "daemon/common/log.h"
+#include "daemon/common/mem.h"
 #include "daemon/common/param.h"
 
 static_assert(sizeof(ncclUniqueId) == COMM_NCCL_ID_BYTES,
@@ -95,6 +96,7 @@ struct nccl_comm {
   nccl_req_t *busy; /* issued and not yet waited */
   nccl_req_t *pool; /* free requests, events made */
   int refs;         /* the owner, plus each reaper at work */
+  size_t counted;   /* MEM_COMM bytes counted for NCCL's buffers (nccl_size.h) */
 };
 
 /* Aborts running on reaper threads (comm_nccl_quiesce). */
@@ -235,6 +237,7 @@ static void nccl_free(nccl_t *c) {
   if (c->ready) (void)cudaEventDestroy(c->ready);
   if (c->stream && CUDA_CHECK(c, cudaStreamDestroy(c->stream)) < 0) LOG_WARN("comm", "%s", err_msg());
   nccl_dev_leave(c, old);
+  if (c->counted) mem_account(MEM_COMM, c->counted, 0);
   pthread_mutex_destroy(&c->mu);
   pthread_mutex_destroy(&c->issue_mu);
   free(c);
@@ -276,6 +279,11 @@ static int nccl_alloc(const char *name, int rank, int size, cudaStream_t compute
     nccl_free(c);
     return err_set(rc, "%s", msg);
   }
+  /* NCCL allocates its buffers out of the accounting allocator's sight: the
+   * estimate the plan uses is counted for it, so plan and count agree and
+   * the GPU checks measure the estimate against cudaMemGetInfo */
+  c->counted = comm_nccl_size_bytes(size);
+  if (c->counted) mem_account(MEM_COMM, c->counted, 1);
   *out = c;
   return 0;
 }
