@@ -486,6 +486,7 @@ test: deps-test $(BINS) $(if $(HAVE_CUDA),$(CUDA_PLUGIN)) $(TEST_BINS) $(CUDA_CH
 	for t in $(FUZZ); do [ "$$(cat build-fuzz/fuzz_$$t.rc)" = 0 ] || { tail -n 40 build-fuzz/fuzz_$$t.log; exit 1; }; \
 	  echo "fuzz_$$t: $(FUZZ_RUNS) inputs, no crash"; done
 	@[ -n "$(CUDA_CHECKS)" ] || echo "note: $(NVCC) not found: the CUDA checks were not built"
+	@[ -z "$(CUDA_CHECKS)" ] || $(B)/tests/cuda/test_cuda_train --selfcheck-cpu
 	@sh tests/run.sh $(TEST_BINS)
 
 # The shared element-wise math on a GPU against the CPU kernels (passes, saying

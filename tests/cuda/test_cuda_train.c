@@ -8,7 +8,14 @@
  *    parameter tensor after the last step within 1e-4 (relative L2 norm of
  *    the difference) of the CPU's;
  *  - bf16-mixed on the GPU: every step's loss within 2e-2 relative of the
- *    fp32 GPU run's.
+ *    fp32 GPU run's;
+ *  - the sharded runtime (FULL_SHARD on one rank: fsdp.h, the path every
+ *    run takes) against the unsharded model (gpt_create + adamw, the
+ *    reference), both on the GPU, same init and batches, no clipping: the
+ *    same losses and weights within 1e-6 (they compute the same ops; only
+ *    the grouping of AdamW's launches differs). `test_cuda_train
+ *    --selfcheck-cpu` runs this comparison on the CPU backend instead, so
+ *    the check itself is proven on a machine without a GPU.
  *
  * Built by `make test` (a compile and link check without a GPU); run by
  * `make test-cuda` or tests/cuda/gpu-run.sh on a GPU machine. Without a GPU
@@ -20,6 +27,8 @@
 #include <unistd.h>
 
 #include "daemon/common/err.h"
+#include "daemon/common/rng.h"
+#include "daemon/train/adamw.h"
 #include "daemon/train/data.h"
 #include "daemon/train/device.h"
 #include "daemon/train/device_cuda.h"
@@ -29,6 +38,7 @@
 #define LOSS_TOL 1e-4
 #define WEIGHT_TOL 1e-4
 #define BF16_TOL 2e-2
+#define SHARDED_TOL 1e-6
 
 typedef struct run {
   float loss[STEPS];
@@ -106,7 +116,99 @@ static void check_losses(const run_t *a, const run_t *ref, double tol, const cha
   check(!bad, what, worst, tol);
 }
 
-int main(void) {
+/* ---- the sharded runtime against the flat model, on one backend ------------ */
+
+enum { FV_STEPS = 5, FV_B = 4, FV_T = 64 };
+
+static void fv_batch(int step, int32_t *in, int32_t *tg) {
+  uint64_t s = 1234 + (uint64_t)step;
+  for (int i = 0; i < FV_B * FV_T; i++) in[i] = (int32_t)(rng_next(&s) % 256);
+  for (int i = 0; i < FV_B * FV_T; i++) tg[i] = (int32_t)(rng_next(&s) % 256);
+}
+
+/* FV_STEPS steps of the runtime (sharded) or the flat model on be; the
+ * losses and the final weights (host, malloc'd). 0, or a code. */
+static int fv_run(const kern_backend_t *be, int sharded, float *losses, float **w) {
+  const gpt_config_t c = {.layers = 2, .channels = 64, .heads = 4, .vocab = 256, .context = 64};
+  const adamw_hparams_t hp = {0.9f, 0.95f, 1e-8f, 0.1f};
+  const uint64_t seed = 5;
+  const float lr = 1e-3f;
+  int32_t in[FV_B * FV_T], tg[FV_B * FV_T];
+  fsdp_t *f = NULL;
+  gpt_t *g = NULL;
+  adamw_t *o = NULL;
+  int rc;
+  if (sharded) {
+    fsdp_opts_t fo = {.be = be, .mesh = {1, 1, SHARD_FULL_SHARD}, .seed = seed, .hp = hp,
+                      .precision = PRECISION_FP32};
+    if ((rc = fsdp_create(&f, &c, &fo))) return rc;
+    g = fsdp_model(f);
+  } else if ((rc = gpt_create(&g, &c, be)) || (rc = gpt_init_weights(g, seed)) ||
+             (rc = adamw_create(&o, g, hp))) {
+    goto out;
+  }
+  for (int s = 0; s < FV_STEPS && !rc; s++) {
+    fv_batch(s, in, tg);
+    float norm;
+    if (f) fsdp_zero_grad(f);
+    else gpt_zero_grad(g);
+    if ((rc = gpt_forward(g, in, tg, FV_B, FV_T, &losses[s])) || (rc = gpt_backward(g, 1.0f))) break;
+    if (f) rc = fsdp_step(f, lr, 0.0f, &norm);
+    else adamw_step(o, g, lr);
+  }
+  const size_t n = gpt_config_num_params(&c);
+  if (!rc && !(*w = malloc(n * sizeof **w))) rc = FSDP_ENOMEM;
+  if (!rc && f) rc = fsdp_gather_params(f, *w);
+  if (!rc && !f) {
+    be->copy_d2h(*w, gpt_params(g), n * sizeof **w);
+    be->sync();
+  }
+out:
+  if (f) fsdp_destroy(f);
+  else {
+    adamw_destroy(o);
+    gpt_destroy(g);
+  }
+  return rc;
+}
+
+/* The runtime against the flat model on be: the worst relative difference
+ * of the losses and of the weights (L2, whole model), or -1 on a failure. */
+static int fv_compare(const kern_backend_t *be, double *dloss, double *dw) {
+  float la[FV_STEPS], lb[FV_STEPS], *wa = NULL, *wb = NULL;
+  int rc = fv_run(be, 1, la, &wa);
+  if (!rc) rc = fv_run(be, 0, lb, &wb);
+  if (rc) {
+    fprintf(stderr, "test_cuda_train: sharded vs flat on %s: %s\n", be->name, err_msg());
+    free(wa), free(wb);
+    return rc;
+  }
+  *dloss = 0;
+  for (int s = 0; s < FV_STEPS; s++) {
+    double e = fabs((double)la[s] - lb[s]) / fabs((double)lb[s]);
+    *dloss = e > *dloss || isnan(e) ? e : *dloss;
+  }
+  const gpt_config_t c = {.layers = 2, .channels = 64, .heads = 4, .vocab = 256, .context = 64};
+  double d = 0, s = 0;
+  for (size_t i = 0; i < gpt_config_num_params(&c); i++) {
+    d += ((double)wa[i] - wb[i]) * ((double)wa[i] - wb[i]);
+    s += (double)wb[i] * wb[i];
+  }
+  *dw = sqrt(d / s);
+  printf("sharded vs flat on %s: losses %.6f -> %.6f (flat %.6f -> %.6f)\n", be->name, la[0],
+         la[FV_STEPS - 1], lb[0], lb[FV_STEPS - 1]);
+  free(wa), free(wb);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1 && !strcmp(argv[1], "--selfcheck-cpu")) { /* the check itself, without a GPU */
+    double dl, dw;
+    if (fv_compare(kern_cpu(), &dl, &dw)) return 2;
+    check(dl <= SHARDED_TOL, "cpu: sharded vs flat, losses (relative)", dl, SHARDED_TOL);
+    check(dw <= SHARDED_TOL, "cpu: sharded vs flat, weights (relative L2)", dw, SHARDED_TOL);
+    return fails ? 1 : 0;
+  }
   const device_cuda_plugin_t *p;
   char msg[512] = "";
   /* run from the project's root, as make runs it: its build of the plugin */
@@ -165,6 +267,14 @@ int main(void) {
   check(!bad, what, worst, WEIGHT_TOL);
   free(tt);
   free(cpu.params), free(gpu.params), free(gpu16.params);
+  /* the runtime against the flat model, on the GPU: the device the runs
+   * opened stays (a later init only sets the products' mode: fp32 here) */
+  const kern_cuda_opts_t fp32 = {0};
+  const kern_backend_t *k = p->kern_init(&fp32, msg, sizeof msg);
+  double dl, dw;
+  if (!k || fv_compare(k, &dl, &dw)) return 2;
+  check(dl <= SHARDED_TOL, "cuda: sharded vs flat, losses (relative)", dl, SHARDED_TOL);
+  check(dw <= SHARDED_TOL, "cuda: sharded vs flat, weights (relative L2)", dw, SHARDED_TOL);
   printf("test_cuda_train: %s\n", fails ? "FAILED" : "passed");
   return fails ? 1 : 0;
 }
