@@ -329,6 +329,10 @@ int config_check(config_t *c, int world, config_report_cb report, void *ctx) {
   if (strcmp(c->device, "cpu") && strcmp(c->device, "cuda"))
     CONFIG_CHECK(err_set(FSDP_EINVAL, "device: \"%s\" is not a kind of device; use cpu or cuda",
                          c->device));
+  if (c->offload && !strcmp(c->device, "cuda"))
+    CONFIG_CHECK(err_set(FSDP_EINVAL, "offload: 1 is not supported on device cuda yet (the GPU "
+                         "runtime keeps the shard in GPU memory and steps there); drop offload, "
+                         "or use more GPUs (a larger mesh) to fit"));
   if (c->tf32 && strcmp(c->device, "cuda"))
     CONFIG_CHECK(err_set(FSDP_EINVAL, "tf32: 1 asks for GPU tensor cores, but device is %s; set "
                          "device = cuda or drop tf32", c->device));

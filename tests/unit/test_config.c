@@ -67,6 +67,20 @@ Test(config, cross_field_checks) {
   cr_assert_eq(config_set(&c, "warmup_steps", "500"), 0);
   cr_assert_eq(config_finish(&c), FSDP_EINVAL);
   cr_assert(strstr(err_msg(), "warmup_steps"), "%s", err_msg());
+  /* the device and what only a GPU has */
+  c = base();
+  cr_assert_eq(config_set(&c, "device", "gpu"), 0);
+  cr_assert_eq(config_finish(&c), FSDP_EINVAL);
+  cr_assert(strstr(err_msg(), "device") && strstr(err_msg(), "cpu or cuda"), "%s", err_msg());
+  c = base();
+  cr_assert_eq(config_set(&c, "tf32", "1"), 0);
+  cr_assert_eq(config_finish(&c), FSDP_EINVAL);
+  cr_assert(strstr(err_msg(), "tf32") && strstr(err_msg(), "device = cuda"), "%s", err_msg());
+  cr_assert_eq(config_set(&c, "device", "cuda"), 0);
+  cr_assert_eq(config_finish(&c), 0, "%s", err_msg());
+  cr_assert_eq(config_set(&c, "offload", "1"), 0);
+  cr_assert_eq(config_finish(&c), FSDP_EINVAL);
+  cr_assert(strstr(err_msg(), "offload") && strstr(err_msg(), "cuda"), "%s", err_msg());
 }
 
 /* The first runs a new user tries: `--model tiny` (the default seq_len 256 is
