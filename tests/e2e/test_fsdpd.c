@@ -839,9 +839,15 @@ Test(fsdpd, sigterm_stops_the_ranks_reports_them_and_exits_0, .timeout = 40) {
   for (int i = 0; i < F.nexits; i++) {
     /* each rank stopped at its step boundary and said so (exit 75), and the
      * report says the node is stopping: its job is requeued, not failed */
-    cr_expect(!F.exits[i].term_signal && F.exits[i].exit_status == JOB_EXIT_PREEMPTED,
-              "rank %u: signal %d, status %d", F.exits[i].rank, F.exits[i].term_signal,
-              F.exits[i].exit_status);
+    if (F.exits[i].term_signal || F.exits[i].exit_status != JOB_EXIT_PREEMPTED) {
+      /* the rank's own log says why (a rare SIGABRT here once, not reproduced) */
+      char lp[1200];
+      snprintf(lp, sizeof lp, "%s/jobs/j-2/1/rank-%u.log", workdir, F.exits[i].rank);
+      char *log = slurp(lp);
+      cr_expect(0, "rank %u: signal %d, status %d; its log:\n%s", F.exits[i].rank,
+                F.exits[i].term_signal, F.exits[i].exit_status, log);
+      free(log);
+    }
     cr_expect(F.exits[i].node_stopping, "rank %u's exit does not say the node is stopping",
               F.exits[i].rank);
   }
