@@ -20,10 +20,11 @@ for t in kern_math_gpu kern_math_gpu_nofmad test_cuda_kernels test_nccl test_cud
   cp build/tests/cuda/$t .gpu/tests/
 done
 cp build/bench/bench_cuda .gpu/tests/
-# every library a packed file needs, but glibc's, the compiler's runtime and CUDA's
+# every library a packed file needs but glibc's, libgcc's, libstdc++'s and CUDA's (libgomp
+# travels: an image may have no OpenMP runtime of its own)
 for f in .gpu/bin/* .gpu/tests/* .gpu/lib/fsdpd/*; do
   ldd "$f" | awk '$3 ~ /^\// {print $3}'
-done | sort -u | grep -Ev '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libgcc_s|libstdc\+\+|libgomp)\.so' \
+done | sort -u | grep -Ev '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libgcc_s|libstdc\+\+)\.so' \
   | grep -Ev 'cuda|cublas|nccl|cudnn' | while read -r l; do cp -L "$l" .gpu/libs/; done
 strip --strip-unneeded .gpu/bin/* .gpu/tests/* .gpu/libs/* 2>/dev/null || true
 cp tests/cuda/gpu-run.sh .gpu/

@@ -10,7 +10,7 @@
 # (/usr/local/cuda*/lib64) or the Python wheels PyTorch brings (nvidia/*/lib).
 set -u
 cd "$(dirname "$0")/.."
-libdirs=$(find /usr/local /opt /usr/lib -name 'libnccl.so.2' -o -name 'libcublasLt.so.13' 2>/dev/null \
+libdirs=$(find /usr/local /opt /usr/lib \( -name 'libnccl.so.2' -o -name 'libcublasLt.so.13' -o -name 'libcudart.so.13' \) 2>/dev/null \
   | xargs -r -n1 dirname | sort -u | tr '\n' ':')
 export LD_LIBRARY_PATH="$PWD/.gpu/libs:${libdirs}${LD_LIBRARY_PATH:-}"
 export FSDP_CUDA_PLUGIN="$PWD/.gpu/lib/fsdpd/libfsdp-cuda.so"
