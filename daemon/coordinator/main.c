@@ -12,6 +12,7 @@
 
 #include <grpc/grpc.h>
 
+#include "daemon/common/crash.h"
 #include "daemon/common/err.h"
 #include "daemon/common/log.h"
 #include "daemon/coordinator/coord.h"
@@ -104,6 +105,7 @@ static int positive(const char *opt, const char *v, int *out) {
 }
 
 int main(int argc, char **argv) {
+  crash_install("fsdp-coordinator");
   static const struct option longopts[] = {
       {"db", required_argument, 0, 'd'},          {"root", required_argument, 0, 'r'},
       {"listen", required_argument, 0, 'l'},      {"user-token-file", required_argument, 0, 'u'},

@@ -33,6 +33,7 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "daemon/common/crash.h"
 #include "daemon/common/err.h"
 #include "daemon/common/log.h"
 #include "daemon/common/rpc.h"
@@ -280,6 +281,7 @@ static int fsdpd_options(fsdpd_t *D, int argc, char **argv, int *as_user, unsign
 /* ---- main ------------------------------------------------------------------------ */
 
 int main(int argc, char **argv) {
+  crash_install("fsdpd");
   fsdpd_t D = {.devices = "auto", .listen = "127.0.0.1:0", .rank_host = "127.0.0.1", .grace_s = 30.0};
   int as_user = 0;
   unsigned uid = 0, gid = 0;

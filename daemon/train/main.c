@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/common/crash.h"
 #include "daemon/common/err.h"
 #include "daemon/common/param.h"
 #include "daemon/job/config.h"
@@ -59,6 +60,7 @@ static void usage(FILE *out) {
 }
 
 int main(int argc, char **argv) {
+  crash_install("fsdp-train");
   int n = config_num_opts();
   struct option *opts = calloc((size_t)n + 5, sizeof *opts);
   if (!opts) return 1;
