@@ -106,12 +106,18 @@ typedef struct kern_backend {
                      const float *w, int N, int IC, int OC);
 
   /* Causal multi-head attention. qkv (B,T,3C) holds q, k, v side by side, each
-   * (NH heads of C/NH). out (B,T,C); att (B,NH,T,T) keeps the softmax
-   * probabilities for backward (entries above the diagonal are 0). */
+   * (NH heads of C/NH). out (B,T,C). att (attention_saved() floats) is what
+   * forward keeps for backward, the backend's own: the softmax probabilities
+   * (B,NH,T,T; entries above the diagonal 0) where the scores are
+   * materialised (the CPU backend, the GPU's strided-product path), each
+   * query row's log-sum-exp of its scaled scores (B,NH,T) in a fused kernel
+   * that recomputes the probabilities in backward. */
   void (*attention_fwd)(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
-  /* dqkv (B,T,3C) += gradient; scratch holds attention_scratch() floats. */
+  /* dqkv (B,T,3C) += gradient; out is forward's output, att what it kept;
+   * scratch holds attention_scratch() floats. */
   void (*attention_bwd)(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                        const float *att, int B, int T, int C, int NH);
+                        const float *out, const float *att, int B, int T, int C, int NH);
+  size_t (*attention_saved)(int B, int T, int C, int NH);
   size_t (*attention_scratch)(int B, int T, int C, int NH);
 
   /* GELU (tanh form), element-wise over n. */

@@ -22,6 +22,8 @@
   XX(progress_every, "FSDP_PROGRESS_EVERY", 1, "print a progress line every N steps")     \
   XX(cuda_device, "FSDP_CUDA_DEVICE", -1,                                            \
      "device cuda: this rank's GPU ordinal (-1: its rank modulo the GPUs it sees; fsdpd sets it)") \
+  XX(cuda_attn_gemm, "FSDP_CUDA_ATTN_GEMM", 0,                                       \
+     "device cuda: 1: attention by strided products keeping the probabilities (0: the fused kernel where one is built)") \
   XX(comm_timeout_ms, "FSDP_COMM_TIMEOUT_MS", 5000, "collective timeout, and ring bootstrap") \
   XX(comm_chunk_bytes, "FSDP_COMM_CHUNK_BYTES", 1048576, "ring: bytes per socket call")       \
   XX(comm_staging_bytes, "FSDP_COMM_STAGING_BYTES", 4194304, "ring: reduce staging per comm") \

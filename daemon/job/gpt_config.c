@@ -74,12 +74,15 @@ gpt_unit_t gpt_config_unit(const gpt_config_t *c, int u) {
 }
 
 /* Floats of activations + backward scratch for (B, T), excluding the int32
- * token arrays and the attention scratch (counted by the caller). With
+ * token arrays and the attention scratch (counted by the caller); att: the
+ * floats a layer's attention keeps for backward (the kernel backend's
+ * attention_saved). With
  * checkpointing, each block keeps only its output; the rest of a block's
  * activations live in one slot that backward refills by recomputing. */
-static size_t gpt_config_act_floats(const gpt_config_t *c, size_t B, size_t T, int ckpt) {
+static size_t gpt_config_act_floats(const gpt_config_t *c, size_t B, size_t T, int ckpt,
+                                    size_t att) {
   const size_t N = B * T, C = (size_t)c->channels, L = (size_t)c->layers;
-  size_t inner = 15 * N * C + 4 * N + B * (size_t)c->heads * T * T; /* all but res3 */
+  size_t inner = 15 * N * C + 4 * N + att; /* all but res3 */
   size_t layers = ckpt ? L * N * C + inner : L * (inner + N * C);
   size_t fwd = N * C /* encoded */ + layers + N * C + 2 * N /* lnf */ +
                N * (size_t)c->vocab /* logits */ + N /* losses */;
@@ -87,8 +90,8 @@ static size_t gpt_config_act_floats(const gpt_config_t *c, size_t B, size_t T, i
   return fwd + bwd;
 }
 
-size_t gpt_config_act_bytes(const gpt_config_t *cfg, int B, int T, int ckpt) {
-  return gpt_config_act_floats(cfg, (size_t)B, (size_t)T, ckpt) * sizeof(float) +
+size_t gpt_config_act_bytes(const gpt_config_t *cfg, int B, int T, int ckpt, size_t att) {
+  return gpt_config_act_floats(cfg, (size_t)B, (size_t)T, ckpt, att) * sizeof(float) +
          2 * (size_t)B * (size_t)T * sizeof(int32_t);
 }
 

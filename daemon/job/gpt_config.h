@@ -58,9 +58,11 @@ int gpt_config_tensors(const gpt_config_t *cfg, gpt_tensor_t *t, int max);
 gpt_unit_t gpt_config_unit(const gpt_config_t *cfg, int u);
 
 /* Bytes of activations (and their gradients) the model holds for (B, T), with
- * or without activation checkpointing: what gpt.c allocates for them. The
- * attention scratch is the kernel backend's own (kern_backend_t's
- * attention_scratch) and not counted here. */
-size_t gpt_config_act_bytes(const gpt_config_t *cfg, int B, int T, int ckpt);
+ * or without activation checkpointing: what gpt.c allocates for them. att is
+ * the floats one layer's attention keeps for backward, the kernel backend's
+ * to say (kern_backend_t's attention_saved: B*NH*T*T probabilities on the
+ * CPU, B*NH*T in the GPU's fused kernel). The attention scratch is the
+ * backend's own (attention_scratch) and not counted here. */
+size_t gpt_config_act_bytes(const gpt_config_t *cfg, int B, int T, int ckpt, size_t att);
 
 #endif

@@ -29,6 +29,7 @@
  * links no backend and still counts their bytes. A second kind of device
  * (CUDA kernels, NCCL) is one more profile, picked as device_for picks. */
 typedef struct plan_device {
+  size_t (*attention_saved)(int B, int T, int C, int NH);   /* floats a layer keeps */
   size_t (*attention_scratch)(int B, int T, int C, int NH); /* floats */
   size_t (*comm_bytes)(int size);                           /* one communicator of size ranks */
   size_t (*reserved)(void); /* what the kernels hold from their init on (workspace) */
@@ -39,14 +40,29 @@ static size_t plan_cpu_attention_scratch(int B, int T, int C, int NH) {
   return kern_cpu_size_attention_scratch(B, T, NH, (int)param_attn_block());
 }
 
+static size_t plan_cpu_attention_saved(int B, int T, int C, int NH) {
+  (void)C;
+  return kern_cpu_size_attention_saved(B, T, NH);
+}
+
 static size_t plan_cpu_reserved(void) { return 0; }
 
-static const plan_device_t plan_cpu = {plan_cpu_attention_scratch, comm_ring_size_bytes,
-                                       plan_cpu_reserved};
-/* GPU ranks: the CUDA kernels' scratch and cuBLASLt workspace
+static const plan_device_t plan_cpu = {plan_cpu_attention_saved, plan_cpu_attention_scratch,
+                                       comm_ring_size_bytes, plan_cpu_reserved};
+
+/* GPU ranks: the CUDA kernels' attention (fused or not, as the device picks
+ * with FSDP_CUDA_ATTN_GEMM), scratch and cuBLASLt workspace
  * (kernels/cuda/size.h), NCCL's buffers (an estimate: nccl_size.h). */
-static const plan_device_t plan_cuda = {kern_cuda_size_attention_scratch, comm_nccl_size_bytes,
-                                        kern_cuda_size_reserved};
+static size_t plan_cuda_attention_saved(int B, int T, int C, int NH) {
+  return kern_cuda_size_attention_saved(B, T, C, NH, param_cuda_attn_gemm() != 0);
+}
+
+static size_t plan_cuda_attention_scratch(int B, int T, int C, int NH) {
+  return kern_cuda_size_attention_scratch(B, T, C, NH, param_cuda_attn_gemm() != 0);
+}
+
+static const plan_device_t plan_cuda = {plan_cuda_attention_saved, plan_cuda_attention_scratch,
+                                        comm_nccl_size_bytes, kern_cuda_size_reserved};
 
 static const plan_device_t *plan_device(const config_t *c) {
   return !strcmp(c->device, "cuda") ? &plan_cuda : &plan_cpu; /* as device_open picks */
@@ -67,7 +83,8 @@ static void plan_loop(const config_t *c, int world, plan_t *p) {
   const int ck = c->activation_checkpointing;
   const size_t f = sizeof(float);
   size_t scratch = dev->attention_scratch(c->batch, c->seq_len, g->channels, g->heads) * f;
-  size_t acts = gpt_config_act_bytes(g, c->batch, c->seq_len, ck);
+  size_t acts = gpt_config_act_bytes(g, c->batch, c->seq_len, ck,
+                                     dev->attention_saved(c->batch, c->seq_len, g->channels, g->heads));
   const size_t NG = (size_t)c->batch * (size_t)world * (size_t)c->seq_len;
   const size_t batches = 2 * NG * sizeof(int32_t);
   size_t sample = 0;
@@ -76,7 +93,7 @@ static void plan_loop(const config_t *c, int world, plan_t *p) {
     const size_t n = np + (size_t)c->sample_tokens;
     const int T = n - 1 < (size_t)g->context ? (int)(n - 1) : g->context;
     size_t s_scratch = dev->attention_scratch(1, T, g->channels, g->heads) * f;
-    size_t s_acts = gpt_config_act_bytes(g, 1, T, ck);
+    size_t s_acts = gpt_config_act_bytes(g, 1, T, ck, dev->attention_saved(1, T, g->channels, g->heads));
     if (s_acts > acts) acts = s_acts;
     if (s_scratch > scratch) scratch = s_scratch;
     sample = (size_t)c->sample_tokens * sizeof(int32_t) + n * sizeof(int32_t) +

@@ -82,7 +82,7 @@ typedef struct gpt_layer_acts {
   float *ln1_rstd;  /* (N) */
   float *qkv;       /* (N,3C) */
   float *atty;      /* (N,C) attention output before its projection */
-  float *att;       /* (B,NH,T,T) softmax probabilities */
+  float *att;       /* what attention keeps for backward (attention_saved floats) */
   float *res2;      /* (N,C) residual after attention */
   float *ln2;       /* (N,C) */
   float *ln2_mean;  /* (N) */
@@ -319,7 +319,8 @@ static int gpt_alloc_acts(gpt_t *g, int B, int T) {
   if (g->acts_mem && g->B == B && g->T == T) return FSDP_OK;
   const gpt_config_t *c = &g->cfg;
   const size_t N = (size_t)B * T, C = (size_t)c->channels, L = (size_t)c->layers;
-  size_t bytes = gpt_config_act_bytes(c, B, T, g->ckpt); /* the plan's number */
+  const size_t natt = g->be->attention_saved(B, T, c->channels, c->heads);
+  size_t bytes = gpt_config_act_bytes(c, B, T, g->ckpt, natt); /* the plan's number */
   size_t sbytes = g->be->attention_scratch(B, T, c->channels, c->heads) * sizeof(float);
   if (bytes > g->acts_cap || sbytes > g->scratch_cap) {
     gpt_free_acts(g);
@@ -346,7 +347,7 @@ static int gpt_alloc_acts(gpt_t *g, int B, int T) {
       a->ln1_rstd = TAKE(N);
       a->qkv = TAKE(3 * N * C);
       a->atty = TAKE(N * C);
-      a->att = TAKE((size_t)B * c->heads * T * T);
+      a->att = TAKE(natt);
       a->res2 = TAKE(N * C);
       a->ln2 = TAKE(N * C);
       a->ln2_mean = TAKE(N);
@@ -482,7 +483,7 @@ static void gpt_layer_bwd(gpt_t *g, int l, float *P, float *G, const float *res_
   be->dev_set(datty, 0, NC * f);
   be->matmul_bwd(datty, d.attprojw, d.attprojb, g->dres, a->atty, p.attprojw, (int)N, C, C);
   be->dev_set(dqkv, 0, 3 * NC * f);
-  be->attention_bwd(dqkv, g->att_scratch, datty, a->qkv, a->att, B, T, C, NH);
+  be->attention_bwd(dqkv, g->att_scratch, datty, a->qkv, a->atty, a->att, B, T, C, NH);
   be->dev_set(g->dln, 0, NC * f);
   be->matmul_bwd(g->dln, d.qkvw, d.qkvb, dqkv, a->ln1, p.qkvw, (int)N, C, 3 * C);
   be->layernorm_bwd(g->dres, d.ln1w, d.ln1b, g->dln, res_in, p.ln1w, a->ln1_mean, a->ln1_rstd,

@@ -24,6 +24,11 @@ size_t kern_cpu_attention_scratch(int B, int T, int C, int NH) {
   return kern_cpu_size_attention_scratch(B, T, NH, kern_cpu_attn_rows);
 }
 
+size_t kern_cpu_attention_saved(int B, int T, int C, int NH) {
+  (void)C;
+  return kern_cpu_size_attention_saved(B, T, NH);
+}
+
 /* Softmax of row i of a block of scores (keys 0..i), in place, and exact zeros
  * for the masked keys i+1..T-1. */
 static void softmax_causal_row(float *p, int i, int T) {
@@ -62,7 +67,8 @@ void kern_cpu_attention_fwd(float *out, float *att, const float *qkv, int B, int
 }
 
 void kern_cpu_attention_bwd(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                            const float *att, int B, int T, int C, int NH) {
+                            const float *out, const float *att, int B, int T, int C, int NH) {
+  (void)out; /* the probabilities are kept: backward needs no more */
   const int hs = C / NH, R = attn_block(T);
   const int64_t C3 = 3 * (int64_t)C;
   const float scale = 1.0f / sqrtf((float)hs);

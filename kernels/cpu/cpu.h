@@ -41,6 +41,7 @@
 #define kern_cpu_matmul_bwd KERN_CPU_FN(kern_cpu_matmul_bwd)
 #define kern_cpu_attention_fwd KERN_CPU_FN(kern_cpu_attention_fwd)
 #define kern_cpu_attention_bwd KERN_CPU_FN(kern_cpu_attention_bwd)
+#define kern_cpu_attention_saved KERN_CPU_FN(kern_cpu_attention_saved)
 #define kern_cpu_attention_scratch KERN_CPU_FN(kern_cpu_attention_scratch)
 #define kern_cpu_gelu_fwd KERN_CPU_FN(kern_cpu_gelu_fwd)
 #define kern_cpu_gelu_bwd KERN_CPU_FN(kern_cpu_gelu_bwd)
@@ -144,7 +145,8 @@ void kern_cpu_matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout
 
 void kern_cpu_attention_fwd(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
 void kern_cpu_attention_bwd(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                            const float *att, int B, int T, int C, int NH);
+                            const float *out, const float *att, int B, int T, int C, int NH);
+size_t kern_cpu_attention_saved(int B, int T, int C, int NH);
 size_t kern_cpu_attention_scratch(int B, int T, int C, int NH);
 
 void kern_cpu_gelu_fwd(float *out, const float *inp, size_t n);

@@ -16,6 +16,11 @@ static inline int kern_cpu_size_block(int attn_block, int T) {
   return r > T ? T : r;
 }
 
+/* Floats forward keeps for backward: the softmax probabilities, (B,NH,T,T). */
+static inline size_t kern_cpu_size_attention_saved(int B, int T, int NH) {
+  return (size_t)B * (size_t)NH * (size_t)T * (size_t)T;
+}
+
 /* Floats of attention backward's scratch: per (batch, head) pair, the
  * gradient of one block of scores (rows x T). One slice per pair rather than
  * per thread: the size then does not depend on the thread count, which may

@@ -30,6 +30,7 @@ const kern_backend_t kern_cpu_table = {
     .matmul_bwd = kern_cpu_matmul_bwd,
     .attention_fwd = kern_cpu_attention_fwd,
     .attention_bwd = kern_cpu_attention_bwd,
+    .attention_saved = kern_cpu_attention_saved,
     .attention_scratch = kern_cpu_attention_scratch,
     .gelu_fwd = kern_cpu_gelu_fwd,
     .gelu_bwd = kern_cpu_gelu_bwd,

@@ -101,9 +101,6 @@ static void kern_cuda_vec_scale(float *y, float s, size_t n) {
  * fixed order, the same bytes from run to run). */
 static double kern_cuda_vec_sum(const float *x, size_t n) { return kern_cuda_sum_f64(x, n, 0); }
 
-static size_t kern_cuda_attention_scratch_fn(int B, int T, int C, int NH) {
-  return kern_cuda_attention_scratch(B, T, C, NH);
-}
 
 /* In kern_backend_t's order (C++ wants designators in declaration order). */
 static const kern_backend_t kern_cuda_table = {
@@ -133,7 +130,8 @@ static const kern_backend_t kern_cuda_table = {
     .matmul_bwd = kern_cuda_matmul_bwd,
     .attention_fwd = kern_cuda_attention_fwd,
     .attention_bwd = kern_cuda_attention_bwd,
-    .attention_scratch = kern_cuda_attention_scratch_fn,
+    .attention_saved = kern_cuda_attention_saved,
+    .attention_scratch = kern_cuda_attention_scratch,
     .gelu_fwd = kern_cuda_gelu_fwd,
     .gelu_bwd = kern_cuda_gelu_bwd,
     .residual_fwd = kern_cuda_residual_fwd,
@@ -187,13 +185,18 @@ static void kern_cuda_teardown(void) {
   memset(&kern_cuda_st, 0, sizeof kern_cuda_st);
 }
 
-extern "C" const kern_backend_t *kern_cuda_init(const kern_cuda_opts_t *o, char *msg, size_t n) {
-  const kern_cuda_opts_t d = {0, 0, 0};
-  if (!o) o = &d;
-  if (kern_cuda_st.ready) { /* the device stays; the job's matrix-product mode is taken */
-    kern_cuda_st.tf32 = o->tf32 != 0;
+/* The job's modes: its matrix products' and its attention's. */
+static void kern_cuda_take_modes(const kern_cuda_opts_t *o) {
+  kern_cuda_st.tf32 = o->tf32 != 0;
   kern_cuda_st.bf16 = o->bf16 != 0;
-    kern_cuda_st.bf16 = o->bf16 != 0;
+  kern_cuda_st.attn_gemm = o->attn_gemm != 0;
+}
+
+extern "C" const kern_backend_t *kern_cuda_init(const kern_cuda_opts_t *o, char *msg, size_t n) {
+  const kern_cuda_opts_t d = {0, 0, 0, 0};
+  if (!o) o = &d;
+  if (kern_cuda_st.ready) { /* the device stays; the job's modes are taken */
+    kern_cuda_take_modes(o);
     return &kern_cuda_table;
   }
   char tmp[256];
@@ -230,7 +233,7 @@ extern "C" const kern_backend_t *kern_cuda_init(const kern_cuda_opts_t *o, char 
     goto fail;
   }
   kern_cuda_st.device = o->device;
-  kern_cuda_st.tf32 = o->tf32 != 0;
+  kern_cuda_take_modes(o);
   snprintf(kern_cuda_st.name, sizeof kern_cuda_st.name, "%s", prop.name);
   kern_cuda_st.memory = prop.totalGlobalMem;
   if ((e = cudaStreamCreateWithFlags(&kern_cuda_st.stream, cudaStreamNonBlocking)) != cudaSuccess) {

@@ -39,6 +39,8 @@ typedef struct kern_cuda_opts {
   int tf32;   /* 1: fp32 matrix products may use TF32 tensor cores */
   int bf16;   /* 1: matrix products run on bf16 tensor cores (operands rounded to
                * bf16 inside cuBLASLt, fp32 accumulation and output); wins over tf32 */
+  int attn_gemm; /* 1: attention by strided products keeping the probabilities,
+                  * even where a fused kernel exists (size.h says where) */
 } kern_cuda_opts_t;
 
 /* The number of CUDA devices this process sees; 0 with a reason in msg
@@ -48,8 +50,8 @@ int kern_cuda_device_count(char *msg, size_t n);
 /* Selects o->device, makes the backend's stream, cuBLASLt handle and
  * workspace. NULL with the reason in msg (device out of range, no GPU, out
  * of memory). Later calls return the same table on the same device and
- * only take o's matrix-product mode (tf32, bf16): a process runs one job at
- * a time, and each job sets its precision's mode. */
+ * only take o's modes (tf32, bf16, attn_gemm): a process runs one job at a
+ * time, and each job sets its own before it allocates. */
 const kern_backend_t *kern_cuda_init(const kern_cuda_opts_t *o, char *msg, size_t n);
 
 /* The backend's stream (a cudaStream_t), for the collectives to order on. */

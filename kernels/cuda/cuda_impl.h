@@ -72,6 +72,7 @@ typedef struct kern_cuda_state {
   int device;          /* the selected ordinal */
   int tf32;            /* matrix products may use TF32 tensor cores */
   int bf16;            /* matrix products on bf16 tensor cores (wins over tf32) */
+  int attn_gemm;       /* attention by strided products even where a fused kernel is built */
   cudaStream_t stream; /* every op and memory operation, in call order */
   cublasLtHandle_t lt; /* cuBLASLt */
   void *workspace;     /* KERN_CUDA_SIZE_WORKSPACE bytes, cuBLASLt's */
@@ -153,7 +154,8 @@ void kern_cuda_matmul_bwd(float *dinp, float *dw, float *dbias, const float *dou
 
 void kern_cuda_attention_fwd(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
 void kern_cuda_attention_bwd(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                             const float *att, int B, int T, int C, int NH);
+                             const float *out, const float *att, int B, int T, int C, int NH);
+size_t kern_cuda_attention_saved(int B, int T, int C, int NH);
 size_t kern_cuda_attention_scratch(int B, int T, int C, int NH);
 
 void kern_cuda_gelu_fwd(float *out, const float *inp, size_t n);

@@ -23,12 +23,32 @@ static inline size_t kern_cuda_size_reserved(void) {
   return KERN_CUDA_SIZE_WORKSPACE + (size_t)(KERN_CUDA_SIZE_REDUCE_BLOCKS + 1) * sizeof(double);
 }
 
-/* Floats of attention backward's scratch: the score gradients of one batch
- * row, (NH, T, T). Backward walks the batch one row at a time on the one
- * stream, so the rows reuse it; B and C do not enter. */
-static inline size_t kern_cuda_size_attention_scratch(int B, int T, int C, int NH) {
-  (void)B;
-  (void)C;
+/* Attention runs as a fused kernel (attention.cu: the scores never leave
+ * the chip; forward keeps each query row's log-sum-exp and backward
+ * recomputes the probabilities) when a kernel is built for the head size and
+ * the operator did not ask for the strided products (gemm 1:
+ * kern_cuda_opts_t.attn_gemm, FSDP_CUDA_ATTN_GEMM). The products keep the
+ * (B, NH, T, T) probabilities: the fallback for other head sizes. */
+#define KERN_CUDA_ATTN_FUSED_HS(hs) ((hs) == 16 || (hs) == 32 || (hs) == 64 || (hs) == 128)
+
+static inline int kern_cuda_size_attn_fused(int C, int NH, int gemm) {
+  return !gemm && NH > 0 && C % NH == 0 && KERN_CUDA_ATTN_FUSED_HS(C / NH);
+}
+
+/* Floats forward keeps for backward (kern_backend_t.attention_saved): the
+ * log-sum-exp of every query row (B, NH, T) fused, the probabilities
+ * (B, NH, T, T) with the products. */
+static inline size_t kern_cuda_size_attention_saved(int B, int T, int C, int NH, int gemm) {
+  const size_t rows = (size_t)B * (size_t)NH * (size_t)T;
+  return kern_cuda_size_attn_fused(C, NH, gemm) ? rows : rows * (size_t)T;
+}
+
+/* Floats of attention backward's scratch. Fused: every query row's
+ * dout . out (B, NH, T), which the key pass reads. Products: the score
+ * gradients of one batch row, (NH, T, T); backward walks the batch one row at
+ * a time on the one stream, so the rows reuse it. */
+static inline size_t kern_cuda_size_attention_scratch(int B, int T, int C, int NH, int gemm) {
+  if (kern_cuda_size_attn_fused(C, NH, gemm)) return (size_t)B * (size_t)NH * (size_t)T;
   return (size_t)NH * (size_t)T * (size_t)T;
 }
 

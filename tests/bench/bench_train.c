@@ -154,9 +154,9 @@ static void w_attention_fwd(float *out, float *att, const float *qkv, int B, int
   prof_add(P_ATTENTION_FWD, t0, 2.0 * B * (double)T * T * C);
 }
 static void w_attention_bwd(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                            const float *att, int B, int T, int C, int NH) {
+                            const float *out, const float *att, int B, int T, int C, int NH) {
   double t0 = bench_now_s();
-  prof_base->attention_bwd(dqkv, scratch, dout, qkv, att, B, T, C, NH);
+  prof_base->attention_bwd(dqkv, scratch, dout, qkv, out, att, B, T, C, NH);
   prof_add(P_ATTENTION_BWD, t0, 4.0 * B * (double)T * T * C);
 }
 static void w_gelu_fwd(float *out, const float *inp, size_t n) {
@@ -440,7 +440,9 @@ int main(int argc, char **argv) {
   /* The sum of the tensors the step needs: params and grads (4 bytes each), Adam
    * m and v (8), and the activations with their gradients and the attention
    * scratch. */
-  double tensors = 16.0 * (double)P + (double)gpt_config_act_bytes(&cfg, B, T, 0) +
+  double tensors = 16.0 * (double)P +
+                   (double)gpt_config_act_bytes(&cfg, B, T, 0,
+                                                be->attention_saved(B, T, cfg.channels, cfg.heads)) +
                    (double)be->attention_scratch(B, T, cfg.channels, cfg.heads) * sizeof(float);
   /* Peak memory: the process's anonymous resident memory (its own data: every
    * buffer, oneDNN's packing buffers and JIT code, thread stacks, the heap),

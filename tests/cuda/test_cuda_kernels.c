@@ -56,6 +56,7 @@
 #define TOL_GEMM_BF16 8e-3
 #define TOL_GEMM_TF32 1e-3
 static double tol_gemm = TOL_GEMM; /* the bound of the GPU's products in the mode under test */
+static int attn_gemm; /* the mode under test: attention by products even where fused is built */
 #define TOL_RED 1e-5
 #define TOL_F64 1e-12
 
@@ -558,19 +559,52 @@ static void attn_ref_row(double *att_row, double *out_row, const float *qkv, int
   }
 }
 
+/* The fused kernel's log-sum-exp of query i of (b, h) (the scaled scores of
+ * keys 0..i) in float64, and its mag: 1 + 2 S_i as attn_fwd_mags (a score
+ * off by tol S_i moves the log-sum-exp by at most that) plus |lse|. */
+static double attn_ref_lse(double *mag, const float *qkv, int b, int h, int i, int T, int C, int NH) {
+  const int hs = C / NH;
+  const size_t C3 = 3 * (size_t)C;
+  const double scale = 1.0 / sqrt((double)hs);
+  const float *base = qkv + (size_t)b * T * C3 + (size_t)h * hs, *q = base + i * C3;
+  double mx = -INFINITY, s = 0, kn = 0;
+  for (int j = 0; j < T; j++) kn = fmax(kn, norm2(base + j * C3 + C, hs));
+  double *sc = xmalloc((size_t)(i + 1) * 8);
+  for (int j = 0; j <= i; j++) {
+    double dot = 0;
+    for (int d = 0; d < hs; d++) dot += (double)q[d] * base[j * C3 + C + d];
+    sc[j] = dot * scale;
+    mx = fmax(mx, sc[j]);
+  }
+  for (int j = 0; j <= i; j++) s += exp(sc[j] - mx);
+  free(sc);
+  const double lse = mx + log(s);
+  *mag = 1 + 2 * scale * norm2(q, hs) * kn + fabs(lse);
+  return lse;
+}
+
 static void test_attention(int B, int T, int C, int NH) {
   char shape[64];
   snprintf(shape, sizeof shape, "B=%d T=%d C=%d NH=%d", B, T, C, NH);
   const int hs = C / NH;
   const size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, na = (size_t)B * NH * T * T;
+  const size_t nrows = (size_t)B * NH * T;
+  /* what the GPU keeps: a log-sum-exp per row where a fused kernel is built
+   * for the head size (unless the mode asks for the products), else the
+   * probabilities */
+  const int fused = !attn_gemm && (hs == 16 || hs == 32 || hs == 64 || hs == 128);
+  const size_t nga = gpu->attention_saved(B, T, C, NH);
+  report("attention", fused ? "fused sizes" : "gemm sizes", shape, 0, 0, "-", -1,
+         nga == (fused ? nrows : na) &&
+             gpu->attention_scratch(B, T, C, NH) == (fused ? nrows : (size_t)NH * T * T));
   float *qkv = frand(nq, -1, 1), *out = xmalloc(no * 4), *att = xmalloc(na * 4);
   cpu->attention_fwd(out, att, qkv, B, T, C, NH);
-  float *d_qkv = dput(qkv, nq * 4), *dout_o = dnew(no * 4), *datt = dnew(na * 4);
+  float *d_qkv = dput(qkv, nq * 4), *dout_o = dnew(no * 4), *datt = dnew(nga * 4);
   gpu->attention_fwd(dout_o, datt, d_qkv, B, T, C, NH);
-  float *go = dget(dout_o, no), *ga = dget(datt, na);
+  float *go = dget(dout_o, no), *ga = dget(datt, nga);
   float *mag_att = xmalloc(na * 4), *mag_out = xmalloc(no * 4);
   attn_fwd_mags(mag_att, mag_out, qkv, att, B, T, C, NH);
-  check_tol("attention_fwd", "att", shape, ga, att, NULL, mag_att, NULL, na, tol_gemm);
+  if (!fused) check_tol("attention_fwd", "att", shape, ga, att, NULL, mag_att, NULL, na, tol_gemm);
   check_tol("attention_fwd", "out", shape, go, out, NULL, mag_out, NULL, no, tol_gemm);
 
   /* float64 on selected query rows of every (b, h) */
@@ -588,30 +622,48 @@ static void test_attention(int B, int T, int C, int NH) {
         attn_ref_row(ra + ka, ro + ko, qkv, b, h, i, T, C, NH);
         const size_t arow = (((size_t)b * NH + h) * T + i) * T;
         for (int j = 0; j < T; j++, ka++)
-          gsa[ka] = ga[arow + j], csa[ka] = att[arow + j], msa[ka] = mag_att[arow + j];
+          gsa[ka] = fused ? att[arow + j] : ga[arow + j], csa[ka] = att[arow + j],
+          msa[ka] = mag_att[arow + j];
         const size_t orow = ((size_t)b * T + i) * C + (size_t)h * hs;
         for (int d = 0; d < hs; d++, ko++)
           gso[ko] = go[orow + d], cso[ko] = out[orow + d], mso[ko] = mag_out[orow + d];
       }
-  check_tol("attention_fwd", "att-f64", shape, gsa, NULL, ra, msa, NULL, nsa, tol_gemm);
+  if (!fused) check_tol("attention_fwd", "att-f64", shape, gsa, NULL, ra, msa, NULL, nsa, tol_gemm);
   check_tol("attention_fwd", "out-f64", shape, gso, NULL, ro, mso, NULL, nso, tol_gemm);
   check_tol("attention_fwd", "cpu-att-f64", shape, csa, NULL, ra, msa, NULL, nsa, TOL_GEMM);
   check_tol("attention_fwd", "cpu-out-f64", shape, cso, NULL, ro, mso, NULL, nso, TOL_GEMM);
   free(ra), free(ro), free(gsa), free(csa), free(msa), free(gso), free(cso), free(mso);
+  if (fused) { /* the log-sum-exp of the selected rows against float64 */
+    const size_t nl = (size_t)B * NH * nr;
+    double *rl = xmalloc(nl * 8), *ml = xmalloc(nl * 8);
+    float *gl = xmalloc(nl * 4);
+    size_t kl = 0;
+    for (int b = 0; b < B; b++)
+      for (int h = 0; h < NH; h++)
+        for (int r = 0; r < nr; r++, kl++) {
+          rl[kl] = attn_ref_lse(&ml[kl], qkv, b, h, rows[r], T, C, NH);
+          gl[kl] = ga[((size_t)b * NH + h) * T + rows[r]];
+        }
+    check_tol("attention_fwd", "lse-f64", shape, gl, NULL, rl, NULL, ml, nl, tol_gemm);
+    free(rl), free(ml), free(gl);
+  }
 
-  /* backward on the CPU's att, from a non-zero dqkv */
+  /* backward from a non-zero dqkv: the CPU on its own att, the GPU on what
+   * its forward kept (the products' path reads the CPU's probabilities, so
+   * its check is of backward alone) */
   float *dout = frand(no, -1, 1), *dqkv = frand(nq, -1, 1), *mag = xmalloc(nq * 4);
   attn_bwd_mags(mag, dqkv, qkv, att, dout, B, T, C, NH);
   const size_t ns = cpu->attention_scratch(B, T, C, NH), nsg = gpu->attention_scratch(B, T, C, NH);
   float *scratch = xmalloc(ns * 4);
-  float *d_att = dput(att, na * 4), *d_dout = dput(dout, no * 4), *d_dqkv = dput(dqkv, nq * 4);
-  float *d_scratch = dnew((nsg ? nsg : 1) * 4);
-  cpu->attention_bwd(dqkv, scratch, dout, qkv, att, B, T, C, NH);
-  gpu->attention_bwd(d_dqkv, d_scratch, d_dout, d_qkv, d_att, B, T, C, NH);
+  float *d_att = fused ? datt : dput(att, na * 4), *d_dout = dput(dout, no * 4);
+  float *d_dqkv = dput(dqkv, nq * 4), *d_scratch = dnew((nsg ? nsg : 1) * 4);
+  cpu->attention_bwd(dqkv, scratch, dout, qkv, out, att, B, T, C, NH);
+  gpu->attention_bwd(d_dqkv, d_scratch, d_dout, d_qkv, dout_o, d_att, B, T, C, NH);
   float *g = dget(d_dqkv, nq);
   check_tol("attention_bwd", "dqkv", shape, g, dqkv, NULL, mag, NULL, nq, tol_gemm);
   free(g);
-  gpu->dev_free(d_qkv), gpu->dev_free(dout_o), gpu->dev_free(datt), gpu->dev_free(d_att);
+  gpu->dev_free(d_qkv), gpu->dev_free(dout_o), gpu->dev_free(datt);
+  if (!fused) gpu->dev_free(d_att);
   gpu->dev_free(d_dout), gpu->dev_free(d_dqkv), gpu->dev_free(d_scratch);
   free(qkv), free(out), free(att), free(go), free(ga), free(mag_att), free(mag_out);
   free(dout), free(dqkv), free(mag), free(scratch);
@@ -837,10 +889,25 @@ int main(void) {
   test_matmul(1024, 768, 3072, 1);
   test_matmul(64, 768, 50257, 0);
 
+  /* head sizes 4 and 3: the products; 16, 32, 64, 128: the fused kernel,
+   * with T across tile edges (16 and 32 rows) and one head */
   test_attention(1, 1, 8, 2);
   test_attention(3, 5, 12, 4);
   test_attention(2, 37, 48, 3);
+  test_attention(1, 1, 32, 2);
+  test_attention(3, 33, 64, 2);
+  test_attention(2, 70, 128, 4);
+  test_attention(1, 100, 256, 2);
+  test_attention(2, 65, 64, 1);
   test_attention(1, 1024, 768, 12);
+  /* the products where a fused kernel exists (FSDP_CUDA_ATTN_GEMM) */
+  const kern_cuda_opts_t og = {.device = 0, .attn_gemm = 1};
+  report("table", "attn_gemm mode", "-", 0, 0, "-", -1, kern_cuda_init(&og, msg, sizeof msg) == gpu);
+  attn_gemm = 1;
+  test_attention(2, 37, 48, 3);
+  test_attention(1, 1024, 768, 12);
+  kern_cuda_init(&o, msg, sizeof msg);
+  attn_gemm = 0;
 
   test_gelu(0);
   test_gelu(13);
@@ -864,19 +931,22 @@ int main(void) {
 
   /* the products' other modes: a second init keeps the device and takes the
    * mode; printed lines carry the mode in their check names' bounds */
-  const kern_cuda_opts_t modes[] = {{.device = 0, .bf16 = 1}, {.device = 0, .tf32 = 1}};
+  const kern_cuda_opts_t modes[] = {{.device = 0, .bf16 = 1, .attn_gemm = 1},
+                                    {.device = 0, .tf32 = 1, .attn_gemm = 1}};
   const double tols[] = {TOL_GEMM_BF16, TOL_GEMM_TF32};
   for (int m = 0; m < 2; m++) {
     printf("test_cuda_kernels: matrix products in %s\n", m ? "tf32" : "bf16");
     report("table", m ? "tf32 mode" : "bf16 mode", "-", 0, 0, "-", -1,
            kern_cuda_init(&modes[m], msg, sizeof msg) == gpu);
     tol_gemm = tols[m];
+    attn_gemm = 1; /* the fused kernel computes in fp32 whatever the mode */
     test_matmul(1024, 768, 3072, 1);
     test_matmul(64, 768, 50257, 0);
     test_attention(1, 1024, 768, 12);
   }
   kern_cuda_init(&o, msg, sizeof msg);
   tol_gemm = TOL_GEMM;
+  attn_gemm = 0;
 
   gpu->sync();
   printf("test_cuda_kernels: %d checks, %d failed (seed %llu)\n", n_checks, n_fails,

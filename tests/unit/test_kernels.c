@@ -369,6 +369,7 @@ static void check_attention(const char *block) {
   cr_assert_eq(setenv("FSDP_ATTN_BLOCK", block, 1), 0);
   const int B = 2, T = 7, C = 12, NH = 3;
   const size_t nqkv = (size_t)B * T * 3 * C, no = (size_t)B * T * C, na = (size_t)B * NH * T * T;
+  cr_assert_eq(K->attention_saved(B, T, C, NH), na, "the CPU keeps the probabilities");
   float *qkv = frand(nqkv, -2, 2), *out = fnew(no), *att = fnew(na);
   K->attention_fwd(out, att, qkv, B, T, C, NH);
   at_ctx_t c = {B, T, C, NH, to_f64(qkv, nqkv), dnew(no), dnew(no), dnew(na)};
@@ -393,14 +394,14 @@ static void check_attention(const char *block) {
   size_t ns = K->attention_scratch(B, T, C, NH);
   float *scratch = fnew(ns); /* NaN: the op must not read scratch it did not write */
   float *dqkv = fzero(nqkv);
-  K->attention_bwd(dqkv, scratch, r, qkv, att, B, T, C, NH);
+  K->attention_bwd(dqkv, scratch, r, qkv, out, att, B, T, C, NH);
   double *g = dnew(nqkv);
   fd_grad(g, c.qkv, nqkv, at_loss, &c);
   EXPECT_REL(dqkv, g, nqkv, BWD_TOL, "attention dqkv");
 
   float *g0 = frand(nqkv, -1, 1), *acc = fcopy(g0, nqkv);
   for (size_t i = 0; i < ns; i++) scratch[i] = NAN;
-  K->attention_bwd(acc, scratch, r, qkv, att, B, T, C, NH);
+  K->attention_bwd(acc, scratch, r, qkv, out, att, B, T, C, NH);
   expect_accumulated(acc, g0, dqkv, nqkv, "attention dqkv +=");
 }
 
@@ -428,7 +429,7 @@ Test(kernels, threads_1_vs_2) {
     K->matmul_bwd(dx[k], dw[k], db[k], dout, x, w, N, IC, OC);
     ao[k] = fnew(no), aa[k] = fnew(na), ag[k] = fzero(nqkv);
     K->attention_fwd(ao[k], aa[k], qkv, B, T, C, NH);
-    K->attention_bwd(ag[k], scratch, adout, qkv, aa[k], B, T, C, NH);
+    K->attention_bwd(ag[k], scratch, adout, qkv, ao[k], aa[k], B, T, C, NH);
   }
   struct {
     const char *what;
@@ -866,7 +867,7 @@ static void isa_run_ops(const kern_backend_t *k, isa_run_t *r, const isa_inputs_
     k->attention_fwd(o, att, in->qkv, IB, IT, IAC, INH);
     float *scratch = isa_unaligned(k->attention_scratch(IB, IT, IAC, INH) * sizeof(float));
     float *dq = isa_out(r, "attention dqkv", nq * sizeof(float), in->qkv);
-    k->attention_bwd(dq, scratch, in->qkv, in->qkv, att, IB, IT, IAC, INH);
+    k->attention_bwd(dq, scratch, in->qkv, in->qkv, o, att, IB, IT, IAC, INH);
   }
   o = isa_out(r, "gelu out", in->nwide * sizeof(float), NULL);
   k->gelu_fwd(o, in->wide, in->nwide);
