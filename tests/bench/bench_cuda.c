@@ -11,10 +11,11 @@
  * shapes, eager and torch.compile, bf16 autocast, fused AdamW; it also times
  * a bf16 GEMM of 8192^3, the ceiling MFU is read against besides the
  * datasheet's peak (FSDP_BENCH_PEAK_TFLOPS, default 989.4: H100 SXM dense
- * bf16).
+ * bf16). FSDP_BENCH_NO_PEER=1 skips the peer (ours alone: to compare our
+ * own settings, e.g. FSDP_CUDA_ATTN_GEMM=1 against the fused attention).
  *
  * Lines (stdout):
- *   bench: cuda_train model= B= T= precision= step_ms= tokens_per_s= mfu_peak= mfu_gemm= ...
+ *   bench: cuda_train model= B= T= precision= attention= step_ms= tokens_per_s= mfu_peak= ...
  *   bench: cuda_flops formula="6*params + 12*L*C*T per token" flops_per_token=
  *   bench: cuda_memory cat= planned_mib= peak_mib= equal=
  *   bench: cuda_torch mode= tokens_per_s= ...         (the peer's own lines, relabelled)
@@ -28,11 +29,13 @@
 #include <unistd.h>
 
 #include "daemon/common/err.h"
+#include "daemon/common/param.h"
 #include "daemon/job/plan.h"
 #include "daemon/train/data.h"
 #include "daemon/train/device.h"
 #include "daemon/train/device_cuda.h"
 #include "daemon/train/train.h"
+#include "kernels/cuda/size.h"
 
 #define MIB (1024.0 * 1024.0)
 #define MAX_STEPS 1000
@@ -139,19 +142,22 @@ int main(int argc, char **argv) {
   const double peak = (pk && atof(pk) > 0 ? atof(pk) : 989.4) * 1e12;
   /* the peer, on the same GPU now that ours is done */
   char cmd[512], peer[16384] = "";
+  const char *np = getenv("FSDP_BENCH_NO_PEER");
+  const int no_peer = np && !strcmp(np, "1");
   snprintf(cmd, sizeof cmd, "python3 tests/bench/torch_gpt2_cuda.py --device cuda --model %s "
            "--batch %d --seq %d --steps %d --warmup 3 --modes eager,compile --gemm 8192 "
            "--peak-tflops %g 2>&1", model, B, T, steps, peak / 1e12);
-  FILE *pp = popen(cmd, "r");
+  FILE *pp = no_peer ? NULL : popen(cmd, "r");
   size_t n = pp ? fread(peer, 1, sizeof peer - 1, pp) : 0;
   peer[n] = 0;
   if (pp) pclose(pp);
   const char *gl = strstr(peer, "torch: gemm ");
   const char *gt = gl ? strstr(gl, "tflops=") : NULL;
   const double gemm = gt ? atof(gt + 7) * 1e12 : 0;
-  printf("bench: cuda_train model=%s B=%d T=%d precision=%s device=\"%s\" step_ms=%.2f "
-         "tokens_per_s=%.0f mfu_peak=%.3f mfu_gemm=%.3f loss=%.4f\n", model, B, T, prec,
-         p->device_name(), med * 1e3, tps, tps * fpt / peak, gemm > 0 ? tps * fpt / gemm : 0.0,
+  const int fused = kern_cuda_size_attn_fused(g->channels, g->heads, param_cuda_attn_gemm() != 0);
+  printf("bench: cuda_train model=%s B=%d T=%d precision=%s attention=%s device=\"%s\" "
+         "step_ms=%.2f tokens_per_s=%.0f mfu_peak=%.3f mfu_gemm=%.3f loss=%.4f\n", model, B, T,
+         prec, fused ? "fused" : "gemm", p->device_name(), med * 1e3, tps, tps * fpt / peak, gemm > 0 ? tps * fpt / gemm : 0.0,
          last_loss);
   printf("bench: cuda_flops formula=\"6*params + 12*layers*channels*T per token\" params=%zu "
          "flops_per_token=%.4g peak_tflops=%.1f gemm8192_tflops=%.1f\n", nparams, fpt,
@@ -161,6 +167,7 @@ int main(int argc, char **argv) {
     printf("bench: cuda_memory cat=%s planned_mib=%.1f peak_mib=%.1f equal=%s\n",
            mem_cat_name((mem_cat_t)k), pl, pm, plan.bytes[k] == last_mem.peak[k] ? "yes" : "no");
   }
+  if (no_peer) return 0;
   for (const char *l = peer; (l = strstr(l, "torch: ")); l++) {
     const char *e = strchr(l, '\n');
     printf("bench: cuda_%.*s\n", e ? (int)(e - l) : (int)strlen(l), l);

@@ -4,7 +4,8 @@
 # set (the device tool), to $OUT/<check>.log. Exit status: the first failure's.
 # GPU_CHECKS names the checks (default: all); GPU_BENCH=1 then runs
 # bench_cuda (make bench-cuda's runs; BENCH_CUDA_B124, BENCH_CUDA_B774,
-# BENCH_CUDA_STEPS as there).
+# BENCH_CUDA_STEPS as there, and gpt2-124m again with attention by products,
+# FSDP_CUDA_ATTN_GEMM=1, to compare with the fused kernel).
 #
 # CUDA's libraries are found where that machine has them: its toolkit
 # (/usr/local/cuda*/lib64) or the Python wheels PyTorch brings (nvidia/*/lib).
@@ -35,5 +36,8 @@ if [ "${GPU_BENCH:-0}" = 1 ]; then
     timeout 500 .gpu/tests/bench_cuda "$1" "$2" 1024 "${BENCH_CUDA_STEPS:-20}" 2>&1 \
       | tee -a "${OUT:-/tmp}/bench_cuda.log"
   done
+  echo "== bench_cuda gpt2-124m, attention by products (FSDP_CUDA_ATTN_GEMM=1), no peer"
+  FSDP_CUDA_ATTN_GEMM=1 FSDP_BENCH_NO_PEER=1 timeout 300 .gpu/tests/bench_cuda gpt2-124m \
+    "${BENCH_CUDA_B124:-16}" 1024 "${BENCH_CUDA_STEPS:-20}" 2>&1 | tee -a "${OUT:-/tmp}/bench_cuda.log"
 fi
 exit $status
