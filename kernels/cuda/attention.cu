@@ -286,9 +286,15 @@ __global__ static void __launch_bounds__(FA_WARPS * 32)
   }
 }
 
-template <int HS> static void fa_fwd(float *out, float *lse, const float *qkv, int B, int T, int C, int NH) {
+/* The fused kernels' grid: blocks of query rows, heads (y), batch rows (z). */
+template <int HS> static dim3 fa_grid(int B, int T, int NH) {
+  KERN_CUDA_ASSERT(NH <= 65535 && B <= 65535); /* grid y and z */
   const int rows = FA_WARPS * fa_rows<HS>();
-  const dim3 grid((unsigned)((T + rows - 1) / rows), (unsigned)NH, (unsigned)B);
+  return dim3((unsigned)((T + rows - 1) / rows), (unsigned)NH, (unsigned)B);
+}
+
+template <int HS> static void fa_fwd(float *out, float *lse, const float *qkv, int B, int T, int C, int NH) {
+  const dim3 grid = fa_grid<HS>(B, T, NH);
   fa_fwd_kernel<HS><<<grid, FA_WARPS * 32, 0, kern_cuda_st.stream>>>(out, lse, qkv, T, C,
                                                                       1.0f / sqrtf((float)HS));
   KERN_CUDA_LAUNCHED();
@@ -297,8 +303,7 @@ template <int HS> static void fa_fwd(float *out, float *lse, const float *qkv, i
 template <int HS>
 static void fa_bwd(float *dqkv, float *D, const float *dout, const float *qkv, const float *out,
                    const float *lse, int B, int T, int C, int NH) {
-  const int rows = FA_WARPS * fa_rows<HS>();
-  const dim3 grid((unsigned)((T + rows - 1) / rows), (unsigned)NH, (unsigned)B);
+  const dim3 grid = fa_grid<HS>(B, T, NH);
   const float scale = 1.0f / sqrtf((float)HS);
   fa_bwd_dq_kernel<HS><<<grid, FA_WARPS * 32, 0, kern_cuda_st.stream>>>(dqkv, D, dout, qkv, out,
                                                                          lse, T, C, scale);
@@ -377,7 +382,6 @@ extern "C" void kern_cuda_attention_fwd(float *out, float *att, const float *qkv
   if (B <= 0 || T <= 0) return;
   KERN_CUDA_ASSERT(NH > 0 && C % NH == 0);
   const int hs = C / NH;
-  KERN_CUDA_ASSERT(NH <= 65535 && B <= 65535); /* grid y and z */
   if (attn_fused(C, NH)) { /* size.h's list is fa_fwd_hs's */
     const int launched = fa_fwd_hs(hs, out, att, qkv, B, T, C, NH);
     KERN_CUDA_ASSERT(launched);

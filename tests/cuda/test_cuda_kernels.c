@@ -22,7 +22,12 @@
  *    |a*b| over each product (matmul: the CPU's product of |inputs|, plus
  *    |bias| or |initial gradient|; attention: upper bounds of it carried
  *    through the softmax, see attn_fwd_mags and attn_bwd_mags). cuBLAS sums in
- *    another order than oneDNN; each is within a few fp32 ulps of mag.
+ *    another order than oneDNN; each is within a few fp32 ulps of mag. The
+ *    fused attention (head sizes 16, 32, 64, 128) is held to the same bound:
+ *    its online softmax rescales by exp of max differences, exact to an ulp
+ *    per rescale, and its log-sum-exp (what it keeps instead of att) is
+ *    checked against float64 with mag = 1 + the bound on its scores + |lse|
+ *    (attn_ref_lse).
  *  - |diff| <= TOL_RED * mag for fp32 sums over rows (layernorm, softmax,
  *    cross-entropy): the CPU sums in 16 lanes, the GPU in a tree, so each is
  *    off by ~sqrt(n) * 2^-24 relative (about 1e-6 at V = 50257); mag as
