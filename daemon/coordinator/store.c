@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <sys/file.h>
 #include <sqlite3.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -156,6 +157,7 @@ _Static_assert(sizeof store_migrations / sizeof store_migrations[0] == STORE_SCH
 struct store {
   sqlite3 *db;
   char path[1024];
+  int lock_fd;          /* PATH-lock, flock'ed while open (-1: an in-memory store) */
   int busy_ms;
   int from_version;
   const char *txn_file; /* where the open transaction began; NULL: none open */
@@ -505,6 +507,42 @@ static int store_migrate(store_t *st, int from, int to) {
   return 0;
 }
 
+/* One writer per database: PATH-lock, flock'ed for as long as the store is
+ * open, holding the owner's pid for the message. Two coordinators on one
+ * database would both schedule (SQLite would serialise their transactions,
+ * not their decisions). The kernel drops the lock with its process, so a
+ * coordinator killed with -9 never leaves it behind; the file stays, empty
+ * of meaning. A readonly copy (store_backup, the sqlite3 shell) takes no lock. */
+static int store_lock(store_t *st) {
+  st->lock_fd = -1;
+  if (!strcmp(st->path, ":memory:")) return 0;
+  char lp[sizeof st->path + 8];
+  snprintf(lp, sizeof lp, "%s-lock", st->path);
+  int fd = open(lp, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0)
+    return err_set_errno(errno == EACCES ? FSDP_EPERM : FSDP_EIO, errno,
+                         "state database %s: cannot open its lock file %s", st->path, lp);
+  if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+    const int e = errno;
+    char pid[32] = "";
+    ssize_t n = pread(fd, pid, sizeof pid - 1, 0);
+    pid[n > 0 ? n : 0] = 0;
+    pid[strcspn(pid, "\n")] = 0;
+    close(fd);
+    if (e == EWOULDBLOCK)
+      return err_set(FSDP_ESTATE, "state database %s is in use by another coordinator (pid %s, "
+                     "holding %s): stop that one first, or give this one a database of its own",
+                     st->path, pid[0] ? pid : "unknown", lp);
+    return err_set_errno(FSDP_EIO, e, "state database %s: locking %s", st->path, lp);
+  }
+  char pid[32];
+  int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+  if (ftruncate(fd, 0) || pwrite(fd, pid, (size_t)n, 0) != n)
+    LOG_WARN("store", "%s: cannot write this pid into it: %s", lp, strerror(errno));
+  st->lock_fd = fd;
+  return 0;
+}
+
 int store_open(const char *path, const store_opts_t *opts, store_t **out) {
   *out = NULL;
   int rc = check_text("state database path", path, sizeof ((store_t *)0)->path, 0);
@@ -513,6 +551,10 @@ int store_open(const char *path, const store_opts_t *opts, store_t **out) {
   if (!st) return err_set(FSDP_ENOMEM, "opening state database %s: out of memory", path);
   snprintf(st->path, sizeof st->path, "%s", path);
   st->busy_ms = opts && opts->busy_timeout_ms > 0 ? opts->busy_timeout_ms : STORE_BUSY_MS;
+  if ((rc = store_lock(st))) {
+    free(st);
+    return rc;
+  }
   int src = sqlite3_open_v2(path, &st->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL);
   if (src != SQLITE_OK) {
     rc = store_sqlite_err(st, src, NULL);
@@ -557,6 +599,7 @@ void store_close(store_t *st) {
   }
   for (int i = 0; i < st->n_cache; i++) sqlite3_finalize(st->cache[i].stmt);
   sqlite3_close(st->db);
+  if (st->lock_fd >= 0) close(st->lock_fd); /* the lock goes with its descriptor */
   free(st);
 }
 

@@ -239,7 +239,11 @@ typedef struct store_opts {
 /* Opens or creates the database at path and migrates it to
  * STORE_SCHEMA_VERSION, one transaction per step. Refuses (EFORMAT, naming the
  * file) a file that is not a SQLite database, a database of another program,
- * and one from a newer schema, leaving the file as it was. opts may be NULL. */
+ * and one from a newer schema, leaving the file as it was. One store per
+ * database: the open holds an exclusive flock on PATH-lock (the holder's pid
+ * inside) until store_close or the process's end, and a second open while it
+ * is held is refused (ESTATE, naming the pid and the lock file). ":memory:"
+ * takes none. opts may be NULL. */
 int store_open(const char *path, const store_opts_t *opts, store_t **out);
 /* Closes; a transaction left open is a bug and aborts naming where it began. */
 void store_close(store_t *st);

@@ -502,9 +502,17 @@ Test(coordinator, a_restarted_coordinator_keeps_the_running_job_and_fences_old_e
   Fsdp__V1__GetJobReply *g = get_job(id);
   cr_expect_eq(g->job->step, 3);
   reply_free(g);
-  /* SIGKILL, and back on the same database */
-  char db[600];
+  /* a second coordinator on the same database is refused at once: two would
+   * both schedule; the running one is untouched */
+  char db[600], args[1400], out[2048];
   snprintf(db, sizeof db, "%s", co_db);
+  snprintf(args, sizeof args, "--db '%s' --root '%s' --listen 127.0.0.1:0", db, tu_tmpdir());
+  cr_expect_eq(tu_run_bin("fsdp-coordinator", args, out, sizeof out), 1, "%s", out);
+  char holder[32];
+  snprintf(holder, sizeof holder, "pid %d,", (int)co.pid);
+  cr_expect(strstr(out, "in use by another coordinator") && strstr(out, holder), "%s", out);
+  cr_expect_eq(job_state(id, NULL, 0), FSDP__V1__JOB_STATE__JOB_STATE_RUNNING);
+  /* SIGKILL (which takes the lock with the process), and back on the same database */
   cluster_stop(&co, SIGKILL);
   co_start(db, "127.0.0.1:0", NULL);
   client_for(&co, NULL);

@@ -645,6 +645,45 @@ Test(store, a_second_writer_waits_then_times_out_with_a_message) {
   store_close(st);
 }
 
+/* One coordinator per database: a second store on the same file is refused
+ * while the first is open, naming the holder, in this process or another;
+ * a holder killed with -9 leaves nothing that stops the next. */
+Test(store, a_second_store_on_one_database_is_refused_until_the_first_is_gone) {
+  store_t *st = NULL, *st2 = NULL;
+  cr_assert_eq(store_open(tpath("state.db"), NULL, &st), 0, "%s", err_msg());
+  cr_assert_eq(store_open(tpath("state.db"), NULL, &st2), FSDP_ESTATE);
+  cr_assert_null(st2);
+  char pid[32];
+  snprintf(pid, sizeof pid, "pid %ld,", (long)getpid());
+  cr_expect(strstr(err_msg(), "in use by another coordinator") && strstr(err_msg(), pid) &&
+                strstr(err_msg(), "state.db-lock"), "%s", err_msg());
+  store_close(st);
+  cr_assert_eq(store_open(tpath("state.db"), NULL, &st), 0, "free once closed: %s", err_msg());
+  store_close(st);
+
+  int go[2];
+  cr_assert_eq(pipe(go), 0);
+  pid_t child = fork();
+  cr_assert_geq(child, 0);
+  if (child == 0) {
+    if (store_open(tpath("state.db"), NULL, &st)) _exit(2);
+    (void)!write(go[1], "x", 1);
+    pause(); /* killed */
+    _exit(0);
+  }
+  char b;
+  cr_assert_eq(read(go[0], &b, 1), 1, "the child opened the store");
+  cr_assert_eq(store_open(tpath("state.db"), NULL, &st), FSDP_ESTATE);
+  snprintf(pid, sizeof pid, "pid %ld,", (long)child);
+  cr_expect(strstr(err_msg(), pid), "names the other process: %s", err_msg());
+  kill(child, SIGKILL);
+  int status;
+  cr_assert_eq(waitpid(child, &status, 0), child);
+  cr_assert_eq(store_open(tpath("state.db"), NULL, &st), 0, "after kill -9: %s", err_msg());
+  store_close(st);
+  close(go[0]), close(go[1]);
+}
+
 /* ---- crash safety ----
  * A child runs a fixed sequence of transactions (step i below), reporting
  * each commit on a pipe, and is killed with SIGKILL mid-way. The file must
