@@ -47,22 +47,28 @@ void kern_cpu_attention_fwd(float *out, float *att, const float *qkv, int B, int
   const int hs = C / NH, R = attn_block(T);
   const int64_t C3 = 3 * (int64_t)C;
   const float scale = 1.0f / sqrtf((float)hs);
-#pragma omp parallel for schedule(static)
-  for (int bh = 0; bh < B * NH; bh++) {
-    const int b = bh / NH, h = bh % NH;
-    const float *q = qkv + (int64_t)b * T * C3 + (int64_t)h * hs;
-    const float *k = q + C, *v = q + 2 * C;
-    float *a = att + (int64_t)bh * T * T;
-    float *o = out + (int64_t)b * T * C + (int64_t)h * hs;
-    for (int r0 = 0; r0 < T; r0 += R) {
-      const int r1 = r0 + R < T ? r0 + R : T, m = r1 - r0;
-      float *ab = a + (int64_t)r0 * T;
-      /* scores of the block: (m, r1) = scale * q[r0:r1] @ k[0:r1]^T */
-      kern_cpu_sgemm('N', 'T', m, r1, hs, scale, q + r0 * C3, C3, k, C3, 0.0f, ab, T);
-      for (int i = 0; i < m; i++) softmax_causal_row(ab + (int64_t)i * T, r0 + i, T);
-      /* out[r0:r1] = att[r0:r1, 0:r1] @ v[0:r1] */
-      kern_cpu_sgemm('N', 'N', m, hs, r1, 1.0f, ab, T, v, C3, 0.0f, o + (int64_t)r0 * C, C);
+#pragma omp parallel
+  {
+    sigset_t was; /* one hold of signals for the thread's many products */
+    kern_cpu_sgemm_hold(&was);
+#pragma omp for schedule(static)
+    for (int bh = 0; bh < B * NH; bh++) {
+      const int b = bh / NH, h = bh % NH;
+      const float *q = qkv + (int64_t)b * T * C3 + (int64_t)h * hs;
+      const float *k = q + C, *v = q + 2 * C;
+      float *a = att + (int64_t)bh * T * T;
+      float *o = out + (int64_t)b * T * C + (int64_t)h * hs;
+      for (int r0 = 0; r0 < T; r0 += R) {
+        const int r1 = r0 + R < T ? r0 + R : T, m = r1 - r0;
+        float *ab = a + (int64_t)r0 * T;
+        /* scores of the block: (m, r1) = scale * q[r0:r1] @ k[0:r1]^T */
+        kern_cpu_sgemm('N', 'T', m, r1, hs, scale, q + r0 * C3, C3, k, C3, 0.0f, ab, T);
+        for (int i = 0; i < m; i++) softmax_causal_row(ab + (int64_t)i * T, r0 + i, T);
+        /* out[r0:r1] = att[r0:r1, 0:r1] @ v[0:r1] */
+        kern_cpu_sgemm('N', 'N', m, hs, r1, 1.0f, ab, T, v, C3, 0.0f, o + (int64_t)r0 * C, C);
+      }
     }
+    kern_cpu_sgemm_release(&was);
   }
 }
 
@@ -72,35 +78,41 @@ void kern_cpu_attention_bwd(float *dqkv, float *scratch, const float *dout, cons
   const int hs = C / NH, R = attn_block(T);
   const int64_t C3 = 3 * (int64_t)C;
   const float scale = 1.0f / sqrtf((float)hs);
-#pragma omp parallel for schedule(static)
-  for (int bh = 0; bh < B * NH; bh++) {
-    const int b = bh / NH, h = bh % NH;
-    const int64_t off = (int64_t)b * T * C3 + (int64_t)h * hs;
-    const float *q = qkv + off, *k = q + C, *v = q + 2 * C;
-    float *dq = dqkv + off, *dk = dq + C, *dv = dq + 2 * C;
-    const float *a = att + (int64_t)bh * T * T;
-    const float *d = dout + (int64_t)b * T * C + (int64_t)h * hs;
-    float *dp = scratch + (int64_t)bh * R * T; /* (m, r1) block, leading dim T */
-    for (int r0 = 0; r0 < T; r0 += R) {
-      const int r1 = r0 + R < T ? r0 + R : T, m = r1 - r0;
-      const float *ab = a + (int64_t)r0 * T, *db = d + (int64_t)r0 * C;
-      /* datt = dout[r0:r1] @ v[0:r1]^T */
-      kern_cpu_sgemm('N', 'T', m, r1, hs, 1.0f, db, C, v, C3, 0.0f, dp, T);
-      /* dv[0:r1] += att[r0:r1, 0:r1]^T @ dout[r0:r1] */
-      kern_cpu_sgemm('T', 'N', r1, hs, m, 1.0f, ab, T, db, C, 1.0f, dv, C3);
-      /* softmax backward, in place: dpre = att * (datt - sum(att * datt)) */
-      for (int i = 0; i < m; i++) {
-        const int n = r0 + i + 1; /* keys 0..r0+i are visible */
-        const float *ar = ab + (int64_t)i * T;
-        float *pr = dp + (int64_t)i * T;
-        float s;
-        KERN_CPU_SUM(float, s, n, j, ar[j] * pr[j]);
-        for (int j = 0; j < n; j++) pr[j] = ar[j] * (pr[j] - s);
-        for (int j = n; j < r1; j++) pr[j] = 0.0f;
+#pragma omp parallel
+  {
+    sigset_t was;
+    kern_cpu_sgemm_hold(&was);
+#pragma omp for schedule(static)
+    for (int bh = 0; bh < B * NH; bh++) {
+      const int b = bh / NH, h = bh % NH;
+      const int64_t off = (int64_t)b * T * C3 + (int64_t)h * hs;
+      const float *q = qkv + off, *k = q + C, *v = q + 2 * C;
+      float *dq = dqkv + off, *dk = dq + C, *dv = dq + 2 * C;
+      const float *a = att + (int64_t)bh * T * T;
+      const float *d = dout + (int64_t)b * T * C + (int64_t)h * hs;
+      float *dp = scratch + (int64_t)bh * R * T; /* (m, r1) block, leading dim T */
+      for (int r0 = 0; r0 < T; r0 += R) {
+        const int r1 = r0 + R < T ? r0 + R : T, m = r1 - r0;
+        const float *ab = a + (int64_t)r0 * T, *db = d + (int64_t)r0 * C;
+        /* datt = dout[r0:r1] @ v[0:r1]^T */
+        kern_cpu_sgemm('N', 'T', m, r1, hs, 1.0f, db, C, v, C3, 0.0f, dp, T);
+        /* dv[0:r1] += att[r0:r1, 0:r1]^T @ dout[r0:r1] */
+        kern_cpu_sgemm('T', 'N', r1, hs, m, 1.0f, ab, T, db, C, 1.0f, dv, C3);
+        /* softmax backward, in place: dpre = att * (datt - sum(att * datt)) */
+        for (int i = 0; i < m; i++) {
+          const int n = r0 + i + 1; /* keys 0..r0+i are visible */
+          const float *ar = ab + (int64_t)i * T;
+          float *pr = dp + (int64_t)i * T;
+          float s;
+          KERN_CPU_SUM(float, s, n, j, ar[j] * pr[j]);
+          for (int j = 0; j < n; j++) pr[j] = ar[j] * (pr[j] - s);
+          for (int j = n; j < r1; j++) pr[j] = 0.0f;
+        }
+        /* dq[r0:r1] += scale * dpre @ k[0:r1]; dk[0:r1] += scale * dpre^T @ q[r0:r1] */
+        kern_cpu_sgemm('N', 'N', m, hs, r1, scale, dp, T, k, C3, 1.0f, dq + r0 * C3, C3);
+        kern_cpu_sgemm('T', 'N', r1, hs, m, scale, dp, T, q + r0 * C3, C3, 1.0f, dk, C3);
       }
-      /* dq[r0:r1] += scale * dpre @ k[0:r1]; dk[0:r1] += scale * dpre^T @ q[r0:r1] */
-      kern_cpu_sgemm('N', 'N', m, hs, r1, scale, dp, T, k, C3, 1.0f, dq + r0 * C3, C3);
-      kern_cpu_sgemm('T', 'N', r1, hs, m, scale, dp, T, q + r0 * C3, C3, 1.0f, dk, C3);
     }
+    kern_cpu_sgemm_release(&was);
   }
 }

@@ -8,6 +8,7 @@
 #define FSDP_KERN_CPU_H
 
 #include <math.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -33,6 +34,8 @@
 #define KERN_CPU_FN(f) KERN_CPU_CAT(f, KERN_CPU_ISA)
 #define kern_cpu_table KERN_CPU_FN(kern_cpu_table)
 #define kern_cpu_sgemm KERN_CPU_FN(kern_cpu_sgemm)
+#define kern_cpu_sgemm_hold KERN_CPU_FN(kern_cpu_sgemm_hold)
+#define kern_cpu_sgemm_release KERN_CPU_FN(kern_cpu_sgemm_release)
 #define kern_cpu_encoder_fwd KERN_CPU_FN(kern_cpu_encoder_fwd)
 #define kern_cpu_encoder_bwd KERN_CPU_FN(kern_cpu_encoder_bwd)
 #define kern_cpu_layernorm_fwd KERN_CPU_FN(kern_cpu_layernorm_fwd)
@@ -116,10 +119,16 @@ int kern_cpu_get_threads(void);
 extern int kern_cpu_attn_rows;
 
 /* Every call of dnnl_sgemm goes through here: row-major, C = alpha op(A) op(B) + beta C.
- * A failure is a programmer error (bad leading dimension), so it aborts. */
+ * A failure is a programmer error (bad leading dimension), so it aborts.
+ * Asynchronous signals are held off the calling thread for the call (matmul.c
+ * says why); a thread that makes many small products holds them once around
+ * all of them with kern_cpu_sgemm_hold / _release (nested: the outermost
+ * pair acts), which costs two system calls instead of two per product. */
 void kern_cpu_sgemm(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha,
                     const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
                     int64_t ldc);
+void kern_cpu_sgemm_hold(sigset_t *was);
+void kern_cpu_sgemm_release(const sigset_t *was);
 
 /* Channels [*c0, *c1) this thread owns when a team splits C channels in blocks
  * of KERN_CPU_CBLOCK: lets reductions over rows (dw, db, dwte) run without races

@@ -10,14 +10,49 @@
  * cache, and the three gradients of backward run in one parallel region. */
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
+#include <pthread.h>
+#include <signal.h>
 
 #include "kernels/cpu/cpu.h"
+
+/* Signals are held off the thread while oneDNN's sgemm runs. Its JIT kernels
+ * (Debian's oneDNN 2.6; fixed upstream in 3.11, oneDNN issue #4845) point
+ * rsp at their heap workspace while they run, so a signal handled on that
+ * thread writes its frame (some 3 KiB of saved registers with AVX-512) into
+ * the heap below the workspace: glibc then aborts at a later free, or data
+ * is silently overwritten. A rank met it as a rare abort when SIGTERM (a
+ * preemption) came mid-step. A signal sent to the process goes to a thread
+ * that takes it, or waits for the call's end; the synchronous ones a fault
+ * raises stay open (the crash handler runs on its own stack). */
+static sigset_t sgemm_held;
+static pthread_once_t sgemm_once = PTHREAD_ONCE_INIT;
+static _Thread_local int sgemm_depth; /* holds open on this thread */
+
+static void sgemm_held_init(void) {
+  sigfillset(&sgemm_held);
+  const int faults[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTRAP, SIGSYS};
+  for (size_t i = 0; i < sizeof faults / sizeof faults[0]; i++) sigdelset(&sgemm_held, faults[i]);
+}
+
+void kern_cpu_sgemm_hold(sigset_t *was) {
+  if (sgemm_depth++) return;
+  pthread_once(&sgemm_once, sgemm_held_init);
+  pthread_sigmask(SIG_BLOCK, &sgemm_held, was);
+}
+
+void kern_cpu_sgemm_release(const sigset_t *was) {
+  if (--sgemm_depth) return;
+  pthread_sigmask(SIG_SETMASK, was, NULL);
+}
 
 void kern_cpu_sgemm(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha,
                     const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
                     int64_t ldc) {
   if (M <= 0 || N <= 0) return;
+  sigset_t was;
+  kern_cpu_sgemm_hold(&was);
   dnnl_status_t st = dnnl_sgemm(transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  kern_cpu_sgemm_release(&was);
   KERN_CPU_ASSERT(st == dnnl_success);
 }
 

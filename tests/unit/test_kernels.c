@@ -10,6 +10,10 @@
  * Shapes are small and odd (not multiples of the vector width). */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -443,6 +447,86 @@ Test(kernels, threads_1_vs_2) {
     double e = tu_rel_err_f32f32(cmp[i].v[1], cmp[i].v[0], cmp[i].n);
     cr_expect(e < 1e-6, "%s: 1 vs 2 threads differ by %.3g [seed %llu]", cmp[i].what, e, SEED);
   }
+}
+
+/* ---- signals during the products ---------------------------------------------
+ * oneDNN's JIT sgemm points rsp into its heap workspace while it runs (oneDNN
+ * issue #4845): a signal handled there writes its frame into the heap. A
+ * thread sends signals to the computing thread as fast as it can while it
+ * runs the products of the tiny model's shapes; the handler checks that its
+ * own frame lies on that thread's stack, and the results must be those of a
+ * run without signals, bit for bit. Without the fix (kern_cpu_sgemm holds
+ * signals off) glibc aborted on a corrupted heap in each of 5 runs. */
+static volatile sig_atomic_t sig_hits, sig_off_stack;
+static uintptr_t sig_lo, sig_hi;
+static atomic_int sig_stop;
+static pthread_t sig_target;
+
+static void sig_count(int s) {
+  (void)s;
+  volatile char here;
+  sig_hits++;
+  if ((uintptr_t)&here < sig_lo || (uintptr_t)&here >= sig_hi) sig_off_stack++;
+}
+
+static void *sig_bomber(void *arg) {
+  (void)arg;
+  while (!atomic_load(&sig_stop)) {
+    pthread_kill(sig_target, SIGUSR1);
+    struct timespec ts = {0, 2000};
+    nanosleep(&ts, NULL);
+  }
+  return NULL;
+}
+
+/* The products: the tiny model's matmuls forward and backward, and attention. */
+static void sig_products(float *const out[4], const float *x, const float *w, const float *dout,
+                         const float *qkv) {
+  const int shapes[][2] = {{64, 192}, {64, 64}, {64, 256}, {256, 64}}; /* IC, OC */
+  for (int s = 0; s < 4; s++) {
+    const int IC = shapes[s][0], OC = shapes[s][1];
+    K->matmul_fwd(out[0], x, w, NULL, 64, IC, OC);
+    memset(out[1], 0, 64 * 256 * sizeof(float));
+    memset(out[2], 0, 256 * 256 * sizeof(float));
+    K->matmul_bwd(out[1], out[2], NULL, dout, x, w, 64, IC, OC);
+  }
+  K->attention_fwd(out[3], out[3] + 2 * 32 * 64, qkv, 2, 32, 64, 4);
+}
+
+Test(kernels, products_take_no_signal_on_a_heap_stack, .timeout = 60) {
+  K->set_threads(1); /* every product on this thread, the one signalled */
+  float *x = frand(64 * 256, -1, 1), *w = frand(256 * 256, -1, 1), *dout = frand(64 * 256, -1, 1);
+  float *qkv = frand(2 * 32 * 3 * 64, -1, 1);
+  const size_t nout[4] = {64 * 256, 64 * 256, 256 * 256, 2 * 32 * 64 + 2 * 4 * 32 * 32};
+  float *ref[4], *got[4];
+  for (int i = 0; i < 4; i++) ref[i] = fzero(nout[i]), got[i] = fzero(nout[i]);
+  sig_products(ref, x, w, dout, qkv);
+
+  pthread_attr_t at;
+  void *base;
+  size_t size;
+  cr_assert_eq(pthread_getattr_np(pthread_self(), &at), 0);
+  cr_assert_eq(pthread_attr_getstack(&at, &base, &size), 0);
+  pthread_attr_destroy(&at);
+  sig_lo = (uintptr_t)base, sig_hi = sig_lo + size;
+  struct sigaction sa = {.sa_handler = sig_count};
+  sigemptyset(&sa.sa_mask);
+  cr_assert_eq(sigaction(SIGUSR1, &sa, NULL), 0);
+  sig_target = pthread_self();
+  pthread_t bomber;
+  cr_assert_eq(pthread_create(&bomber, NULL, sig_bomber, NULL), 0);
+  int same = 1;
+  for (int it = 0; it < 600 && same; it++) {
+    sig_products(got, x, w, dout, qkv);
+    for (int i = 0; i < 4; i++) same &= !memcmp(got[i], ref[i], nout[i] * sizeof(float));
+  }
+  atomic_store(&sig_stop, 1);
+  pthread_join(bomber, NULL);
+  signal(SIGUSR1, SIG_IGN);
+  cr_expect(same, "a product under signals differs from the same product without them");
+  cr_expect_gt(sig_hits, 100, "the signals came (%d)", (int)sig_hits);
+  cr_expect_eq(sig_off_stack, 0, "%d of %d signal frames were off the thread's stack",
+               (int)sig_off_stack, (int)sig_hits);
 }
 
 /* ---- gelu ------------------------------------------------------------------- */
