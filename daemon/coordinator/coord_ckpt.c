@@ -40,13 +40,17 @@ static int coord_ckpt_sum(const char *s, uint64_t *out) {
   return FSDP_OK;
 }
 
-/* Keeps the newest keep committed checkpoints of the job (keep <= 0: all). */
-static void coord_ckpt_retain(coord_t *c, int64_t job, int keep) {
+void coord_ckpt_retain(coord_t *c, int64_t job, int keep) {
   store_ckpt_t *v = NULL;
   int n = 0, kept = 0;
   if (keep <= 0 || store_ckpt_list(c->st, job, &v, &n)) return;
   for (int i = 0; i < n; i++) { /* newest first */
     if (v[i].state != STORE_CKPT_COMMITTED || ++kept <= keep) continue;
+    if (coord_export_reads(c, v[i].dir)) { /* removed when the export ends */
+      LOG_INFO("coord", "job j-%lld: checkpoint of step %lld kept while it is being exported",
+               (long long)job, (long long)v[i].step);
+      continue;
+    }
     if (ckpt_remove(v[i].dir)) {
       LOG_WARN("coord", "job j-%lld: retention: %s", (long long)job, err_msg());
       continue;

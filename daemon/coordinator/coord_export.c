@@ -10,7 +10,9 @@
  * when the client is slower. Memory per export: one unit in fp32 and as
  * stored, plus that backlog. At most COORD_EXPORT_MAX exports run at once;
  * another is refused (ELIMIT), saying so. A client that goes away ends its
- * export at the next piece. */
+ * export at the next piece. While an export reads a checkpoint, retention
+ * keeps it (coord_export_reads), and runs again for the job when the export
+ * ends: a job that goes on committing never pulls files from under one. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,7 +25,6 @@
 
 #define COORD_EXPORT_CHUNK (1u << 20) /* bytes per message: under gRPC's 4 MiB receive limit */
 #define COORD_EXPORT_BACKLOG 8        /* messages queued ahead of the client */
-#define COORD_EXPORT_MAX 2            /* exports at once */
 #define COORD_EXPORT_WAIT_MS 2        /* a full backlog is looked at again after this */
 
 typedef struct coord_export {
@@ -46,9 +47,22 @@ typedef struct coord_export {
 
 static void coord_export_next(coord_export_t *e);
 
+int coord_export_reads(const coord_t *c, const char *dir) {
+  for (int i = 0; i < COORD_EXPORT_MAX; i++)
+    if (c->exports[i] && !strcmp(c->exports[i]->dir, dir)) return 1;
+  return 0;
+}
+
+/* The export is over and no pool task holds it: its slot is free, and what
+ * retention kept for it may go now. */
 static void coord_export_free_cb(uv_handle_t *h) {
   coord_export_t *e = h->data;
+  coord_t *c = e->c;
   safetensors_export_close(e->x);
+  for (int i = 0; i < COORD_EXPORT_MAX; i++)
+    if (c->exports[i] == e) c->exports[i] = NULL;
+  const coord_job_t *x = coord_job_info(c, e->job);
+  if (x) coord_ckpt_retain(c, e->job, x->keep);
   free(e);
 }
 
@@ -61,7 +75,6 @@ static void coord_export_end(coord_export_t *e, int rc) {
                   e->step, e->sent);
     rpc_call_finish(e->call, rc);
     e->call = NULL;
-    e->c->n_export--;
   }
   if (e->working || uv_is_closing((uv_handle_t *)&e->wait)) return;
   uv_timer_stop(&e->wait);
@@ -72,7 +85,6 @@ static void coord_export_cancel_cb(rpc_call_t *call, void *arg) {
   (void)call;
   coord_export_t *e = arg;
   e->call = NULL; /* freed as this returns */
-  e->c->n_export--;
   coord_export_end(e, FSDP_OK);
 }
 
@@ -184,10 +196,12 @@ void coord_export_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
   if (q->step < 0)
     return (void)rpc_call_finish(call, err_set(FSDP_EINVAL, "step: %" PRId64 ": give a committed "
                                                "step, or 0 for the latest", q->step));
-  if (c->n_export >= COORD_EXPORT_MAX)
+  int slot = 0;
+  while (slot < COORD_EXPORT_MAX && c->exports[slot]) slot++;
+  if (slot == COORD_EXPORT_MAX)
     return (void)rpc_call_finish(call, err_set(FSDP_ELIMIT, "export: %d exports are running, the "
                                                "most at once; try again when one ends",
-                                               c->n_export));
+                                               COORD_EXPORT_MAX));
   coord_export_t *e = calloc(1, sizeof *e);
   if (!e) return (void)rpc_call_finish(call, err_set(FSDP_ENOMEM, "export: out of memory"));
   e->c = c, e->job = job, e->step = q->step, e->dtype = dtype;
@@ -199,7 +213,7 @@ void coord_export_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
   uv_timer_init(c->loop, &e->wait);
   e->wait.data = e;
   e->call = call;
-  c->n_export++;
+  c->exports[slot] = e;
   rpc_call_on_cancel(call, coord_export_cancel_cb, e);
   coord_export_next(e);
 }

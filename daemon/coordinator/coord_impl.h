@@ -60,6 +60,8 @@ typedef struct coord_rank {
 } coord_rank_t;
 
 /* What the coordinator derives from a job's spec, once. */
+#define COORD_EXPORT_MAX 2 /* exports at once (coord_export.c) */
+
 typedef struct coord_job {
   int64_t id;
   int R, S, steps;
@@ -134,7 +136,9 @@ struct coord {
   int nodes_changed;        /* a node registered or died since least_device was read */
   uint64_t least_device;    /* the smallest device memory of the alive nodes */
   uint64_t janitor_ms;      /* when coord_ckpt_janitor last ran */
-  int n_export;             /* ExportCheckpoint calls running */
+  /* ExportCheckpoint: each running export, from its start until no pool task
+   * reads its files any more; what it reads is kept from retention */
+  struct coord_export *exports[COORD_EXPORT_MAX];
   /* for /metrics (coord_metrics.c), counted since this coordinator started */
   metrics_server_t *metrics;
   metrics_hist_t hb_late;   /* a held heartbeat's answer after its interval ended */
@@ -197,9 +201,16 @@ Fsdp__V1__JobState coord_job_state(store_job_state_t s);
 void coord_ckpt_report_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg);
 void coord_ckpt_list_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg);
 void coord_ckpt_janitor(coord_t *c);
+/* Keeps the newest keep committed checkpoints of job (keep <= 0: all),
+ * removing older ones that no export is reading. */
+void coord_ckpt_retain(coord_t *c, int64_t job, int keep);
 /* 0 when no job still to run but self (stored, or in this turn's submits)
  * has checkpoint_dir dir; else an error naming it. */
 int coord_ckpt_dir_free(coord_t *c, const char *dir, int64_t self);
+
+/* coord_export.c: whether a running export reads the checkpoint in dir
+ * (retention keeps it, and runs again when the export ends) */
+int coord_export_reads(const coord_t *c, const char *dir);
 
 /* coord_metrics.c: what /metrics shows (rendered on the loop) */
 void coord_metrics_render(metrics_buf_t *b, void *arg);

@@ -610,10 +610,10 @@ Test(coordinator, a_retried_submit_finds_its_job_across_a_restart) {
 
 /* A valid shard file of the tiny model (zeros) for shard j of S at step
  * under root, as a rank would write it; its path, size and checksum. */
-static void write_shard(const char *root, int64_t step, int j, int S, char *path, size_t len,
-                        uint64_t *bytes, char *sum, size_t sumlen) {
+static void write_shard_of(const char *preset, const char *root, int64_t step, int j, int S,
+                           char *path, size_t len, uint64_t *bytes, char *sum, size_t sumlen) {
   gpt_config_t cfg;
-  cr_assert_eq(gpt_config_preset(&cfg, "tiny"), 0);
+  cr_assert_eq(gpt_config_preset(&cfg, preset), 0);
   shard_layout_t *l;
   cr_assert_eq(shard_layout_create(&l, &cfg, S, 0), 0);
   ckpt_header_t h = {0};
@@ -647,6 +647,11 @@ static void write_shard(const char *root, int64_t step, int j, int S, char *path
   free(zero), free(hdr);
   ckpt_header_free(&h);
   shard_layout_destroy(l);
+}
+
+static void write_shard(const char *root, int64_t step, int j, int S, char *path, size_t len,
+                        uint64_t *bytes, char *sum, size_t sumlen) {
+  write_shard_of("tiny", root, step, j, S, path, len, bytes, sum, sumlen);
 }
 
 static int report_shard(const node_t *n, const char *job, uint32_t rank, int64_t step,
@@ -794,4 +799,71 @@ Test(coordinator, checkpoints_commit_abort_retain_and_survive_a_restart, .timeou
   cr_expect_neq(access(d30, F_OK), 0, "the aborted checkpoint's files are still there");
   cluster_stop(&co, SIGTERM);
   cluster_db_check(db);
+}
+
+/* An export reads a checkpoint that retention would remove (keep 1, and a
+ * newer one commits meanwhile): the checkpoint stays while the export reads
+ * it, the export is whole, and retention removes it once the export ends.
+ * The small model's export is more pieces than the coordinator queues ahead
+ * of a client, so one that reads a piece and waits holds the export open. */
+Test(coordinator, an_export_keeps_its_checkpoint_from_retention_until_it_ends, .timeout = 60) {
+  char d[600], ck[600], ckopt[700], path[800], sum[64];
+  data_opt(d, sizeof d);
+  snprintf(ck, sizeof ck, "%s/ck", tu_tmpdir());
+  cr_assert_eq(mkdir(ck, 0755), 0);
+  snprintf(ckopt, sizeof ckopt, "checkpoint_dir=%s", ck);
+  node_t n = {{0}, 0};
+  node_register(&n, "solo", 2, 8ull << 30, NULL, 0);
+  const char *kv[] = {"model=small", d, ckopt, "checkpoint_every=10", "keep_checkpoints=1", NULL};
+  char id[32];
+  cr_assert_eq(submit(2, kv, id, sizeof id), 0, "%s", err_msg());
+  cr_assert_eq(collect(&n, id, 2, NULL), 2);
+  uint64_t bytes;
+  Fsdp__V1__CheckpointState st = 0;
+  for (int j = 0; j < 2; j++) {
+    write_shard_of("small", ck, 10, j, 2, path, sizeof path, &bytes, sum, sizeof sum);
+    cr_assert_eq(report_shard(&n, id, (uint32_t)j, 10, path, bytes, sum, &st), 0, "%s", err_msg());
+  }
+  cr_assert_eq(st, CK_COMMITTED);
+
+  Fsdp__V1__ExportCheckpointRequest q = FSDP__V1__EXPORT_CHECKPOINT_REQUEST__INIT;
+  q.job_id = id, q.step = 10;
+  rpc_stream_t *xs;
+  ProtobufCMessage *m;
+  cr_assert_eq(rpc_stream_open(cl, &xs, "/fsdp.v1.Coordinator/ExportCheckpoint", &q.base, 30), 0,
+               "%s", err_msg());
+  cr_assert_eq(rpc_stream_next(xs, &fsdp__v1__export_chunk__descriptor, &m), 1, "%s", err_msg());
+  Fsdp__V1__ExportChunk *c = (void *)m;
+  const uint64_t total = c->total_bytes;
+  uint64_t got = c->data.len;
+  cr_assert_eq(c->offset, 0);
+  protobuf_c_message_free_unpacked(m, NULL);
+
+  /* step 20 commits while the export of step 10 is under way */
+  for (int j = 0; j < 2; j++) {
+    write_shard_of("small", ck, 20, j, 2, path, sizeof path, &bytes, sum, sizeof sum);
+    cr_assert_eq(report_shard(&n, id, (uint32_t)j, 20, path, bytes, sum, &st), 0, "%s", err_msg());
+  }
+  cr_assert_eq(st, CK_COMMITTED);
+  char d10[700];
+  snprintf(d10, sizeof d10, "%s/step-00000010", ck);
+  cr_expect_eq(access(d10, F_OK), 0, "retention removed step 10 while it was being exported");
+  cr_expect_eq(ckpt_state(id, 10, NULL, 0), CK_COMMITTED);
+
+  int rc;
+  while ((rc = rpc_stream_next(xs, &fsdp__v1__export_chunk__descriptor, &m)) == 1) {
+    c = (void *)m;
+    cr_assert_eq(c->offset, got, "pieces arrive in order");
+    got += c->data.len;
+    protobuf_c_message_free_unpacked(m, NULL);
+  }
+  rpc_stream_close(xs);
+  cr_expect_eq(rc, 0, "the export ended with an error: %s", err_msg());
+  cr_expect_eq(got, total, "%llu of %llu bytes", (unsigned long long)got, (unsigned long long)total);
+  /* the export is over: what retention kept for it goes */
+  const double t0 = tu_now_s();
+  while (!access(d10, F_OK) && tu_now_s() - t0 < 5) nanosleep(&(struct timespec){0, 20000000}, NULL);
+  cr_expect_neq(access(d10, F_OK), 0, "step 10 outlived its export");
+  cr_expect_eq(ckpt_state(id, 10, NULL, 0), FSDP__V1__CHECKPOINT_STATE__CHECKPOINT_STATE_UNSPECIFIED);
+  cr_expect_eq(ckpt_state(id, 20, NULL, 0), CK_COMMITTED);
 }
