@@ -771,6 +771,7 @@ static int ctl_export_stream(ctl_t *c, const Fsdp__V1__ExportCheckpointRequest *
   rpc_stream_t *st = NULL;
   int rc = ctl_connect(c);
   if (!rc) rc = rpc_stream_open(c->client, &st, CTL_SVC "ExportCheckpoint", &req->base, CTL_FOREVER_S);
+  if (!rc) rpc_stream_set_idle(st, c->timeout_s); /* however long the file, no piece takes longer */
   uint64_t got = 0;
   *total = 0;
   Fsdp__V1__ExportChunk *m;
@@ -1034,7 +1035,8 @@ static const char ctl_globals_help[] =
     "                      are never given on the command line, where ps shows them\n"
     "  --tls-ca FILE       speak TLS, checking the coordinator against this CA (PEM)\n"
     "  --timeout SECONDS   bound on each call (default 10); watch and logs --follow\n"
-    "                      last until the job ends or you stop them\n"
+    "                      last until the job ends or you stop them; export takes\n"
+    "                      as long as the file needs, but at most this between pieces\n"
     "  --output table|json human tables (default) or one JSON document (-o json)\n";
 
 static const char ctl_exit_help[] =

@@ -163,6 +163,11 @@ int rpc_stream_open(rpc_client_t *c, rpc_stream_t **st, const char *method,
  * ended otherwise. After 0 or an error, every later call returns the same. */
 int rpc_stream_next(rpc_stream_t *st, const ProtobufCMessageDescriptor *desc,
                     ProtobufCMessage **msg);
+/* At most idle_s seconds between messages (0: none, the default): a next
+ * that waits longer cancels the call and ends the stream with ETIMEDOUT
+ * ("no message for N s"), whatever deadline is left. For a stream that
+ * should never stall (a download), not one that idles by design (a watch). */
+void rpc_stream_set_idle(rpc_stream_t *st, double idle_s);
 /* Cancels the call if it is still open, and frees it. */
 void rpc_stream_close(rpc_stream_t *st);
 

@@ -42,6 +42,8 @@ struct rpc_stream {
   int ended;   /* the status batch was plucked */
   int rc;      /* after the end: 0 or the error */
   char *err;   /* the error's message, replayed on every later next */
+  double idle_s; /* the most a next waits for its message (0: up to the deadline) */
+  int idled;     /* a next waited that long: the call was cancelled for it */
 };
 
 int rpc_client_create(rpc_client_t **out, const rpc_client_opts_t *o) {
@@ -314,8 +316,11 @@ static int rpc_stream_end(rpc_stream_t *st) {
   if (!st->ended) {
     rpc_pluck(st->cq, st->call, RPC_TAG_STATUS, st->deadline);
     st->ended = 1;
-    st->rc = rpc_status_err(st->c, st->method, st->status, st->details, st->error_string,
-                            st->timeout_s);
+    st->rc = st->idled ? err_set(FSDP_ETIMEDOUT, "%s at %s: no message for %g s%s", st->method,
+                                 st->c->target, st->idle_s,
+                                 rpc_advice(GRPC_STATUS_DEADLINE_EXCEEDED))
+                       : rpc_status_err(st->c, st->method, st->status, st->details,
+                                        st->error_string, st->timeout_s);
     if (st->rc) st->err = strdup(err_msg());
   }
   if (st->rc) err_set(st->rc, "%s", st->err ? st->err : err_str(st->rc));
@@ -339,7 +344,22 @@ int rpc_stream_next(rpc_stream_t *st, const ProtobufCMessageDescriptor *desc,
   st->msg = NULL;
   if (grpc_call_start_batch(st->call, ops, n, RPC_TAG_MSG, NULL) != GRPC_CALL_OK)
     return rpc_stream_end(st);
-  rpc_pluck(st->cq, st->call, RPC_TAG_MSG, st->deadline);
+  int plucked = 0;
+  if (st->idle_s > 0) { /* the message within idle_s, or the call is given up */
+    gpr_timespec until = rpc__deadline(st->idle_s);
+    if (gpr_time_cmp(until, st->deadline) < 0) {
+      plucked = grpc_completion_queue_pluck(st->cq, RPC_TAG_MSG, until, NULL).type != GRPC_QUEUE_TIMEOUT;
+      if (!plucked) {
+        st->idled = 1;
+        grpc_call_cancel(st->call, NULL); /* completes the batch */
+      }
+    }
+  }
+  if (!plucked) rpc_pluck(st->cq, st->call, RPC_TAG_MSG, st->deadline);
+  if (st->idled && st->msg) { /* came as it was given up: the stream is over all the same */
+    grpc_byte_buffer_destroy(st->msg);
+    st->msg = NULL;
+  }
   if (!st->msg) return rpc_stream_end(st); /* no more messages: the status says why */
   grpc_slice flat = rpc__flatten(st->msg);
   grpc_byte_buffer_destroy(st->msg);
@@ -358,6 +378,8 @@ int rpc_stream_next(rpc_stream_t *st, const ProtobufCMessageDescriptor *desc,
   }
   return 1;
 }
+
+void rpc_stream_set_idle(rpc_stream_t *st, double idle_s) { st->idle_s = idle_s > 0 ? idle_s : 0; }
 
 void rpc_stream_close(rpc_stream_t *st) {
   if (!st) return;

@@ -54,17 +54,24 @@ static void h_cancel_job(rpc_call_t *call, const ProtobufCMessage *m, void *arg)
                                 req->job_id));
 }
 
-/* WatchJob sends WATCH_N progress messages, one per millisecond, then OK. */
+/* WatchJob sends WATCH_N progress messages, one per millisecond, then OK;
+ * for job "stall", 2 and then nothing until the call is cancelled. */
 typedef struct watch {
   uv_timer_t timer;
   rpc_call_t *call;
   int sent;
+  int stall;
 } watch_t;
+static int watch_cancels;
 
 static void watch_closed(uv_handle_t *h) { free(h->data); }
 
 static void watch_tick(uv_timer_t *t) {
   watch_t *w = t->data;
+  if (w->stall && w->sent == 2) {
+    uv_timer_stop(&w->timer);
+    return;
+  }
   if (w->sent == WATCH_N) {
     rpc_call_finish(w->call, 0);
     uv_close((uv_handle_t *)&w->timer, watch_closed);
@@ -80,14 +87,15 @@ static void watch_tick(uv_timer_t *t) {
 static void watch_cancel(rpc_call_t *call, void *arg) {
   (void)call;
   watch_t *w = arg;
+  watch_cancels++;
   uv_close((uv_handle_t *)&w->timer, watch_closed);
 }
 
 static void h_watch_job(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
-  (void)m;
   uv_loop_t *loop = arg;
   watch_t *w = calloc(1, sizeof *w);
   w->call = call;
+  w->stall = !strcmp(((const Fsdp__V1__WatchJobRequest *)m)->job_id, "stall");
   uv_timer_init(loop, &w->timer);
   w->timer.data = w;
   uv_timer_start(&w->timer, watch_tick, 1, 1);
@@ -542,6 +550,50 @@ Test(rpc, health_check, .timeout = 20) {
   cr_assert_eq(health(c, "fsdp.v1.Coordinator", &status), 0, "%s", err_msg());
   cr_assert_eq(status, GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING);
   cr_assert_eq(health(c, "fsdp.v1.Coord", &status), FSDP_ENOTFOUND, "%s", err_msg());
+  close_checked(c);
+}
+
+static void query_watch_cancels(void) { q_cancels = watch_cancels; }
+
+/* A stream with an idle limit: a server that stops sending ends it with
+ * ETIMEDOUT after that long (long before its deadline), and is told; one
+ * that keeps sending is not cut short however long it lasts. */
+Test(rpc, a_stalled_stream_ends_after_its_idle_limit, .timeout = 20) {
+  rpc_client_t *c = open_default();
+  Fsdp__V1__WatchJobRequest req = FSDP__V1__WATCH_JOB_REQUEST__INIT;
+  req.job_id = "stall";
+  rpc_stream_t *st;
+  ProtobufCMessage *p;
+  cr_assert_eq(rpc_stream_open(c, &st, WATCH_JOB, &req.base, 10), 0, "%s", err_msg());
+  rpc_stream_set_idle(st, 0.3);
+  for (int i = 0; i < 2; i++) {
+    cr_assert_eq(rpc_stream_next(st, &fsdp__v1__job_progress__descriptor, &p), 1, "%s", err_msg());
+    protobuf_c_message_free_unpacked(p, NULL);
+  }
+  const double t0 = tu_now_s();
+  cr_assert_eq(rpc_stream_next(st, &fsdp__v1__job_progress__descriptor, &p), FSDP_ETIMEDOUT);
+  const double dt = tu_now_s() - t0;
+  cr_expect(dt >= 0.25 && dt < 2, "gave up after %.3f s with a 0.3 s idle limit", dt);
+  cr_expect(strstr(err_msg(), "no message for 0.3 s") && strstr(err_msg(), "WatchJob"), "%s",
+            err_msg());
+  cr_assert_eq(rpc_stream_next(st, &fsdp__v1__job_progress__descriptor, &p), FSDP_ETIMEDOUT,
+               "the end repeats");
+  rpc_stream_close(st);
+  expect_idle(); /* the server saw the cancel and freed the call */
+  on_loop(query_watch_cancels);
+  cr_expect_eq(q_cancels, 1, "the handler was told");
+
+  req.job_id = "j-1"; /* 40 messages, 1 ms apart: about 40 ms, far over nothing */
+  cr_assert_eq(rpc_stream_open(c, &st, WATCH_JOB, &req.base, 10), 0, "%s", err_msg());
+  rpc_stream_set_idle(st, 0.5);
+  int got = 0, rc;
+  while ((rc = rpc_stream_next(st, &fsdp__v1__job_progress__descriptor, &p)) == 1) {
+    got++;
+    protobuf_c_message_free_unpacked(p, NULL);
+  }
+  cr_expect_eq(rc, 0, "%s", err_msg());
+  cr_expect_eq(got, WATCH_N);
+  rpc_stream_close(st);
   close_checked(c);
 }
 
