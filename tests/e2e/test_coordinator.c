@@ -685,6 +685,36 @@ static Fsdp__V1__CheckpointState ckpt_state(const char *job, int64_t step, char 
   return s;
 }
 
+/* Node "solo" (2 devices) registered, and a 2-rank job of model (an option)
+ * checkpointing every 10 steps into ck (made in the test's directory) with
+ * keep (an option), placed on it: its data option in d (600 bytes), ck (600),
+ * its checkpoint_dir option in ckopt (700), its id in id (32). */
+static void ckpt_job_start(node_t *n, const char *model, const char *keep, char *d, char *ck,
+                           char *ckopt, char *id) {
+  data_opt(d, 600);
+  snprintf(ck, 600, "%s/ck", tu_tmpdir());
+  cr_assert_eq(mkdir(ck, 0755), 0);
+  snprintf(ckopt, 700, "checkpoint_dir=%s", ck);
+  node_register(n, "solo", 2, 8ull << 30, NULL, 0);
+  const char *kv[] = {model, d, ckopt, "checkpoint_every=10", keep, NULL};
+  cr_assert_eq(submit(2, kv, id, 32), 0, "%s", err_msg());
+  cr_assert_eq(collect(n, id, 2, NULL), 2);
+}
+
+/* Both shards of step (preset's model) written under ck and reported: the
+ * state the last report answered. */
+static Fsdp__V1__CheckpointState ckpt_report_both(const node_t *n, const char *id,
+                                                  const char *preset, const char *ck, int64_t step) {
+  char path[800], sum[64];
+  uint64_t bytes;
+  Fsdp__V1__CheckpointState st = 0;
+  for (int j = 0; j < 2; j++) {
+    write_shard_of(preset, ck, step, j, 2, path, sizeof path, &bytes, sum, sizeof sum);
+    cr_assert_eq(report_shard(n, id, (uint32_t)j, step, path, bytes, sum, &st), 0, "%s", err_msg());
+  }
+  return st;
+}
+
 #define CK_OPEN FSDP__V1__CHECKPOINT_STATE__CHECKPOINT_STATE_OPEN
 #define CK_COMMITTED FSDP__V1__CHECKPOINT_STATE__CHECKPOINT_STATE_COMMITTED
 #define CK_ABORTED FSDP__V1__CHECKPOINT_STATE__CHECKPOINT_STATE_ABORTED
@@ -700,17 +730,10 @@ Test(coordinator, checkpoints_commit_abort_retain_and_survive_a_restart, .timeou
   teardown();
   co_start(db, "127.0.0.1:0", "--checkpoint-timeout-ms 1500");
   client_for(&co, NULL);
-  char d[600], ck[600], ckopt[700], path[800], sum[64], bad[900], why[512];
-  data_opt(d, sizeof d);
-  snprintf(ck, sizeof ck, "%s/ck", tu_tmpdir());
-  cr_assert_eq(mkdir(ck, 0755), 0);
-  snprintf(ckopt, sizeof ckopt, "checkpoint_dir=%s", ck);
+  char d[600], ck[600], ckopt[700], path[800], sum[64], bad[900], why[512], id[32];
   node_t n = {{0}, 0};
-  node_register(&n, "solo", 2, 8ull << 30, NULL, 0);
+  ckpt_job_start(&n, "model=tiny", "keep_checkpoints=2", d, ck, ckopt, id);
   const char *kv[] = {"model=tiny", d, ckopt, "checkpoint_every=10", "keep_checkpoints=2", NULL};
-  char id[32];
-  cr_assert_eq(submit(2, kv, id, sizeof id), 0, "%s", err_msg());
-  cr_assert_eq(collect(&n, id, 2, NULL), 2);
   /* another job in the same directory is refused, naming the field and the job */
   char other[32];
   cr_assert_eq(submit(2, kv, other, sizeof other), FSDP_EINVAL, "a second job took %s", ck);
@@ -779,11 +802,7 @@ Test(coordinator, checkpoints_commit_abort_retain_and_survive_a_restart, .timeou
   snprintf(d30, sizeof d30, "%s/step-00000030", ck);
   cr_expect_eq(access(d30, F_OK), 0, "an aborted checkpoint's files went while its job runs");
   /* step 40 commits: retention (keep 2) removes step 10, directory and row */
-  for (int j = 0; j < 2; j++) {
-    write_shard(ck, 40, j, 2, path, sizeof path, &bytes, sum, sizeof sum);
-    cr_assert_eq(report_shard(&n, id, (uint32_t)j, 40, path, bytes, sum, &st), 0, "%s", err_msg());
-  }
-  cr_expect_eq(st, CK_COMMITTED);
+  cr_expect_eq(ckpt_report_both(&n, id, "tiny", ck, 40), CK_COMMITTED);
   char d10[700];
   snprintf(d10, sizeof d10, "%s/step-00000010", ck);
   cr_expect_neq(access(d10, F_OK), 0, "step 10 outlived keep_checkpoints=2");
@@ -807,24 +826,10 @@ Test(coordinator, checkpoints_commit_abort_retain_and_survive_a_restart, .timeou
  * The small model's export is more pieces than the coordinator queues ahead
  * of a client, so one that reads a piece and waits holds the export open. */
 Test(coordinator, an_export_keeps_its_checkpoint_from_retention_until_it_ends, .timeout = 60) {
-  char d[600], ck[600], ckopt[700], path[800], sum[64];
-  data_opt(d, sizeof d);
-  snprintf(ck, sizeof ck, "%s/ck", tu_tmpdir());
-  cr_assert_eq(mkdir(ck, 0755), 0);
-  snprintf(ckopt, sizeof ckopt, "checkpoint_dir=%s", ck);
+  char d[600], ck[600], ckopt[700], id[32];
   node_t n = {{0}, 0};
-  node_register(&n, "solo", 2, 8ull << 30, NULL, 0);
-  const char *kv[] = {"model=small", d, ckopt, "checkpoint_every=10", "keep_checkpoints=1", NULL};
-  char id[32];
-  cr_assert_eq(submit(2, kv, id, sizeof id), 0, "%s", err_msg());
-  cr_assert_eq(collect(&n, id, 2, NULL), 2);
-  uint64_t bytes;
-  Fsdp__V1__CheckpointState st = 0;
-  for (int j = 0; j < 2; j++) {
-    write_shard_of("small", ck, 10, j, 2, path, sizeof path, &bytes, sum, sizeof sum);
-    cr_assert_eq(report_shard(&n, id, (uint32_t)j, 10, path, bytes, sum, &st), 0, "%s", err_msg());
-  }
-  cr_assert_eq(st, CK_COMMITTED);
+  ckpt_job_start(&n, "model=small", "keep_checkpoints=1", d, ck, ckopt, id);
+  cr_assert_eq(ckpt_report_both(&n, id, "small", ck, 10), CK_COMMITTED);
 
   Fsdp__V1__ExportCheckpointRequest q = FSDP__V1__EXPORT_CHECKPOINT_REQUEST__INIT;
   q.job_id = id, q.step = 10;
@@ -840,11 +845,7 @@ Test(coordinator, an_export_keeps_its_checkpoint_from_retention_until_it_ends, .
   protobuf_c_message_free_unpacked(m, NULL);
 
   /* step 20 commits while the export of step 10 is under way */
-  for (int j = 0; j < 2; j++) {
-    write_shard_of("small", ck, 20, j, 2, path, sizeof path, &bytes, sum, sizeof sum);
-    cr_assert_eq(report_shard(&n, id, (uint32_t)j, 20, path, bytes, sum, &st), 0, "%s", err_msg());
-  }
-  cr_assert_eq(st, CK_COMMITTED);
+  cr_assert_eq(ckpt_report_both(&n, id, "small", ck, 20), CK_COMMITTED);
   char d10[700];
   snprintf(d10, sizeof d10, "%s/step-00000010", ck);
   cr_expect_eq(access(d10, F_OK), 0, "retention removed step 10 while it was being exported");
