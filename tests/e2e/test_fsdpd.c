@@ -429,17 +429,6 @@ static int fsdpd_spawn(const char *const *extra) {
   return pid;
 }
 
-static char *slurp(const char *path) {
-  FILE *f = fopen(path, "rb");
-  char *s = calloc(1, 1 << 20);
-  if (f) {
-    size_t n = fread(s, 1, (1 << 20) - 1, f);
-    s[n] = 0;
-    fclose(f);
-  }
-  return s;
-}
-
 /* The usual daemon: 2 CPU devices, ranks as nobody when we are root. */
 static void fsdpd_start(void) {
   const char *args[] = {"--devices", "cpu:2", "--work-dir", workdir, "--grace", "2",
@@ -597,10 +586,10 @@ static unsigned proc_uid(int pid) {
  * its ranks' pids (fsdpd's children) in pids. */
 static void start_long_job(int pids[2]) {
   fsdpd_start();
-  cr_assert(wait_for(registered, 10), "fsdpd did not register within 10 s:\n%s", slurp(fsdpd_log));
+  cr_assert(wait_for(registered, 10), "fsdpd did not register within 10 s:\n%s", tu_slurp(fsdpd_log, NULL));
   queue_job("j-2", 2, 1000000);
   cr_assert(wait_for(training_j2, 20), "the ranks did not report 3 steps within 20 s:\n%s",
-            slurp(fsdpd_log));
+            tu_slurp(fsdpd_log, NULL));
   pids_t p = {.ppid = fsdpd_pid};
   proc_each(note_child, &p);
   cr_assert_eq(p.n, 2, "fsdpd should have two rank children");
@@ -615,7 +604,7 @@ static int j1_complete(void) { return F.njobs >= 1 && F.jobs[0].have == 3; }
 
 Test(fsdpd, registers_runs_a_job_to_the_end_and_serves_its_logs, .timeout = 40) {
   fsdpd_start();
-  cr_assert(wait_for(registered, 10), "fsdpd did not register within 10 s:\n%s", slurp(fsdpd_log));
+  cr_assert(wait_for(registered, 10), "fsdpd did not register within 10 s:\n%s", tu_slurp(fsdpd_log, NULL));
   pthread_mutex_lock(&F.mu);
   cr_expect_eq(F.reg_ndev, 2);
   cr_expect_eq(F.reg_ncpu, 2, "two cpu devices, indexed 0 and 1, with memory");
@@ -628,7 +617,7 @@ Test(fsdpd, registers_runs_a_job_to_the_end_and_serves_its_logs, .timeout = 40) 
 
   queue_job("j-1", 2, 400); /* long enough for a few heartbeats */
   cr_assert(wait_for(two_exits, 30), "both ranks' exits were not reported within 30 s:\n%s",
-            slurp(fsdpd_log));
+            tu_slurp(fsdpd_log, NULL));
   pthread_mutex_lock(&F.mu);
   for (int i = 0; i < 2; i++) {
     exit_rec_t *e = &F.exits[i];
@@ -664,7 +653,7 @@ Test(fsdpd, registers_runs_a_job_to_the_end_and_serves_its_logs, .timeout = 40) 
   /* the log on disk, and the same bytes through GetRankLogs */
   char path[1200];
   snprintf(path, sizeof path, "%s/jobs/j-1/1/rank-0.log", workdir);
-  char *log = slurp(path);
+  char *log = tu_slurp(path, NULL);
   cr_expect(strstr(log, "step   400/400 | loss"), "rank 0's log lacks its progress lines:\n%s", log);
   snprintf(path, sizeof path, "%s/jobs/j-1/1/rank-1.log", workdir);
   struct stat sb;
@@ -738,7 +727,7 @@ Test(fsdpd, a_kill_stops_both_ranks_within_the_grace_and_leaves_nothing, .timeou
   const double t0 = tu_now_s();
   queue_kill("j-2", 1000);
   cr_assert(wait_for(two_exits, 1.0 + 1.0 + 1.0), "the exits were not reported within grace + 2 s:\n%s",
-            slurp(fsdpd_log));
+            tu_slurp(fsdpd_log, NULL));
   int rc, chunks = 0;
   while ((rc = rpc_stream_next(st, &fsdp__v1__log_chunk__descriptor, &m)) == 1) {
     chunks++;
@@ -774,7 +763,7 @@ Test(fsdpd, survives_the_coordinator_going_away_and_reregisters_with_its_ranks, 
   int64_t before = max_step("j-2", 0);
   pthread_mutex_unlock(&F.mu);
   fake_start(); /* the same port; sessions of the old one are unknown */
-  cr_assert(wait_for(reregistered, 10), "fsdpd did not register again within 10 s:\n%s", slurp(fsdpd_log));
+  cr_assert(wait_for(reregistered, 10), "fsdpd did not register again within 10 s:\n%s", tu_slurp(fsdpd_log, NULL));
   pthread_mutex_lock(&F.mu);
   cr_expect_geq(F.reregisters_sent, 1, "told to re-register");
   cr_expect_str_eq(F.reg_node_id, "n-1", "it comes back with the id it had");
@@ -798,9 +787,9 @@ static int one_exit(void) { return F.nexits >= 1; }
 
 Test(fsdpd, a_job_id_with_a_path_in_it_is_refused_before_any_file, .timeout = 20) {
   fsdpd_start();
-  cr_assert(wait_for(registered, 10), "%s", slurp(fsdpd_log));
+  cr_assert(wait_for(registered, 10), "%s", tu_slurp(fsdpd_log, NULL));
   queue_job("../../escape", 1, 5);
-  cr_assert(wait_for(one_exit, 5), "the refusal was not reported:\n%s", slurp(fsdpd_log));
+  cr_assert(wait_for(one_exit, 5), "the refusal was not reported:\n%s", tu_slurp(fsdpd_log, NULL));
   pthread_mutex_lock(&F.mu);
   cr_expect_eq(F.exits[0].exit_status, 127);
   cr_expect(strstr(F.exits[0].message, "not an id"), "%s", F.exits[0].message);
@@ -830,9 +819,9 @@ Test(fsdpd, sigterm_stops_the_ranks_reports_them_and_exits_0, .timeout = 40) {
     done = waitpid(fsdpd_pid, &status, WNOHANG) == fsdpd_pid;
     if (!done) usleep(10000);
   }
-  cr_assert(done, "fsdpd still runs %d s after SIGTERM:\n%s", GRACE_S + 5, slurp(fsdpd_log));
+  cr_assert(done, "fsdpd still runs %d s after SIGTERM:\n%s", GRACE_S + 5, tu_slurp(fsdpd_log, NULL));
   fsdpd_pid = 0;
-  cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status 0x%x\n%s", status, slurp(fsdpd_log));
+  cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status 0x%x\n%s", status, tu_slurp(fsdpd_log, NULL));
   cr_expect_lt(tu_now_s() - t0, GRACE_S + 3.0);
   pthread_mutex_lock(&F.mu);
   cr_expect_eq(F.nexits, 2, "both exits reported before fsdpd exited");
@@ -843,7 +832,7 @@ Test(fsdpd, sigterm_stops_the_ranks_reports_them_and_exits_0, .timeout = 40) {
       /* the rank's own log says why (a rare SIGABRT here once, not reproduced) */
       char lp[1200];
       snprintf(lp, sizeof lp, "%s/jobs/j-2/1/rank-%u.log", workdir, F.exits[i].rank);
-      char *log = slurp(lp);
+      char *log = tu_slurp(lp, NULL);
       cr_expect(0, "rank %u: signal %d, status %d; its log:\n%s", F.exits[i].rank,
                 F.exits[i].term_signal, F.exits[i].exit_status, log);
       free(log);
@@ -860,7 +849,7 @@ Test(fsdpd, refuses_to_run_ranks_as_root, .timeout = 10) {
   const char *args[] = {"--devices", "cpu:1", "--work-dir", workdir, NULL};
   int pid = fsdpd_spawn(args), status;
   cr_assert_eq(waitpid(pid, &status, 0), pid);
-  char *out = slurp(fsdpd_log);
+  char *out = tu_slurp(fsdpd_log, NULL);
   cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 2, "status 0x%x", status);
   cr_expect(strstr(out, "--run-as") && strstr(out, "root"), "%s", out);
   const char *root_args[] = {"--devices", "cpu:1", "--work-dir", workdir, "--run-as", "root", NULL};
@@ -876,20 +865,20 @@ static int j3_done(void) { return F.nexits >= 1 && !strcmp(F.exits[F.nexits - 1]
  * and its device is free for the next job at once. */
 Test(fsdpd, a_stale_rendezvous_is_given_up_and_frees_the_device, .timeout = 20) {
   fsdpd_start();
-  cr_assert(wait_for(registered, 10), "%s", slurp(fsdpd_log));
+  cr_assert(wait_for(registered, 10), "%s", tu_slurp(fsdpd_log, NULL));
   queue_job("stale-1", 1, 5);
   double until = tu_now_s() + 5;
   char *out = NULL;
   while (tu_now_s() < until) {
     free(out);
-    out = slurp(fsdpd_log);
+    out = tu_slurp(fsdpd_log, NULL);
     if (strstr(out, "rendezvous refused")) break;
     usleep(20000);
   }
   cr_assert(strstr(out, "rendezvous refused") && strstr(out, "given up"), "%s", out);
   free(out);
   queue_job("j-3", 1, 5);
-  cr_assert(wait_for(j3_done, 10), "j-3 did not run after the stale rank:\n%s", slurp(fsdpd_log));
+  cr_assert(wait_for(j3_done, 10), "j-3 did not run after the stale rank:\n%s", tu_slurp(fsdpd_log, NULL));
   pthread_mutex_lock(&F.mu);
   cr_expect_eq(F.nexits, 1, "no exit is reported for the stale attempt's rank");
   cr_expect_eq(F.exits[0].exit_status, 0, "%s", F.exits[0].message);

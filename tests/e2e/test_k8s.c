@@ -19,16 +19,6 @@ static int check(const char *files, char *out, size_t len) {
   return tu_sh(cmd, out, len);
 }
 
-static char *slurp(const char *path) {
-  FILE *f = fopen(path, "r");
-  cr_assert_not_null(f, "%s", path);
-  static char buf[1 << 16];
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  buf[n] = 0;
-  fclose(f);
-  return strdup(buf);
-}
-
 Test(k8s, the_manifests_pass_the_schemas_and_the_rules) {
   char out[1 << 14];
   int rc = check("deploy/k8s/*.yaml", out, sizeof out);
@@ -41,7 +31,7 @@ Test(k8s, the_manifests_pass_the_schemas_and_the_rules) {
 static void refused(const char *name, const char *from, const char *to, const char *want) {
   char src[1024], out[1 << 14];
   snprintf(src, sizeof src, "%s/deploy/k8s/%s", tu_root(), name);
-  char *text = slurp(src), *p = from ? strstr(text, from) : NULL;
+  char *text = tu_slurp(src, NULL), *p = from ? strstr(text, from) : NULL;
   cr_assert(!from || p, "%s has no \"%s\"", name, from);
   size_t n = strlen(text) + strlen(to) + 2;
   char *broken = malloc(n);

@@ -100,19 +100,6 @@ static float *weights(const char *path, size_t *numel) {
   return w;
 }
 
-static char *slurp(const char *path, size_t *n) {
-  FILE *f = fopen(path, "rb");
-  cr_assert_not_null(f, "%s", path);
-  fseek(f, 0, SEEK_END);
-  *n = (size_t)ftell(f);
-  rewind(f);
-  char *p = malloc(*n + 1);
-  cr_assert_eq(fread(p, 1, *n, f), *n);
-  p[*n] = 0;
-  fclose(f);
-  return p;
-}
-
 /* ---- the header ------------------------------------------------------------ */
 
 static void header_of(ckpt_header_t *h, shard_layout_t **lay) {
@@ -214,7 +201,7 @@ Test(ckpt, resume_is_exact, .timeout = 120) {
     snprintf(pa, sizeof pa, "%s/step-00000012/%s", a, name);
     snprintf(pb, sizeof pb, "%s/step-00000012/%s", b, name);
     size_t na, nb;
-    char *fa = slurp(pa, &na), *fb = slurp(pb, &nb);
+    char *fa = tu_slurp(pa, &na), *fb = tu_slurp(pb, &nb);
     cr_assert(na == nb && !memcmp(fa, fb, na), "%s and %s differ", pa, pb);
     free(fa), free(fb);
   }
@@ -291,7 +278,7 @@ Test(ckpt, reshards_to_any_mesh_and_back, .timeout = 240) {
 
 static void copy_file(const char *from, const char *to) {
   size_t n;
-  char *p = slurp(from, &n);
+  char *p = tu_slurp(from, &n);
   tu_write_file(to, p, n);
   free(p);
 }
@@ -370,7 +357,7 @@ Test(ckpt, damaged_checkpoints_never_load, .timeout = 120) {
   char man[4096];
   snprintf(man, sizeof man, "%s/%s", bad, CKPT_MANIFEST);
   size_t n;
-  char *text = slurp(man, &n), *p = strstr(text, "\"layers\": 2");
+  char *text = tu_slurp(man, &n), *p = strstr(text, "\"layers\": 2");
   cr_assert_not_null(p, "%s", text);
   p[10] = '3';
   tu_write_file(man, text, n);

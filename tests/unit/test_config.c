@@ -166,16 +166,6 @@ Test(config, a_job_file_counts_as_explicit) {
 }
 
 /* Reads a whole file (the tests' small job files) into a malloc'd string. */
-static char *slurp(const char *path) {
-  FILE *f = fopen(path, "rb");
-  cr_assert_not_null(f, "%s", path);
-  static char buf[16384];
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[n] = 0;
-  return strdup(buf);
-}
-
 /* --print-config prints the job as it would run: the preset's dimensions
  * (not the 0 that means "the preset's") and the fitted defaults; read back,
  * it describes the same run, with nothing left to adjust. */
@@ -188,7 +178,7 @@ Test(config, the_printed_job_is_the_effective_one) {
   FILE *f = fopen(path, "w");
   config_write(&c, f);
   fclose(f);
-  char *text = slurp(path);
+  char *text = tu_slurp(path, NULL);
   const char *want[] = {"model = tiny\n", "layers = 2\n", "channels = 64\n", "heads = 4\n",
                         "vocab = 256\n", "context = 64\n", "seq_len = 64\n",
                         "warmup_steps = 5\n", "sample_prompt = \"The \"\n"};
@@ -210,7 +200,7 @@ Test(config, the_printed_job_is_the_effective_one) {
   config_write(&c, f);
   fclose(f);
   free(text);
-  text = slurp(path);
+  text = tu_slurp(path, NULL);
   cr_assert(strstr(text, "layers = 0\n"), "%s", text);
   free(text);
   free(path);

@@ -116,6 +116,24 @@ const char *tu_root(void) {
   return r && *r ? r : ".";
 }
 
+char *tu_slurp(const char *path, size_t *n) {
+  size_t len = 0, cap = 4096;
+  char *s = malloc(cap);
+  cr_assert_not_null(s);
+  FILE *f = fopen(path, "rb");
+  for (size_t k; f && (k = fread(s + len, 1, cap - 1 - len, f)) > 0;) {
+    len += k;
+    if (cap - 1 - len == 0) {
+      s = realloc(s, cap *= 2);
+      cr_assert_not_null(s);
+    }
+  }
+  if (f) fclose(f);
+  s[len] = 0;
+  if (n) *n = len;
+  return s;
+}
+
 int tu_listen_loopback(char *addr, size_t n) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
