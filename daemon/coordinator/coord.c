@@ -838,6 +838,7 @@ void coord_destroy(coord_t *c) {
   uv_check_stop(&c->flush);
   metrics_server_stop(c->metrics); /* before the state it reads goes */
   rpc_server_destroy(c->srv); /* cancel callbacks forget the held calls */
+  coord_export_detach(c);     /* before the store goes: they close later */
   for (int i = 0; i < c->n_sub; i++) free(c->sub[i].text); /* their calls were cancelled */
   free(c->sub);
   store_close(c->st);

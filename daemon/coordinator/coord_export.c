@@ -57,13 +57,18 @@ int coord_export_reads(const coord_t *c, const char *dir) {
  * retention kept for it may go now. */
 static void coord_export_free_cb(uv_handle_t *h) {
   coord_export_t *e = h->data;
-  coord_t *c = e->c;
+  coord_t *c = e->c; /* NULL: the coordinator is being destroyed */
   safetensors_export_close(e->x);
-  for (int i = 0; i < COORD_EXPORT_MAX; i++)
+  for (int i = 0; c && i < COORD_EXPORT_MAX; i++)
     if (c->exports[i] == e) c->exports[i] = NULL;
-  const coord_job_t *x = coord_job_info(c, e->job);
+  const coord_job_t *x = c ? coord_job_info(c, e->job) : NULL;
   if (x) coord_ckpt_retain(c, e->job, x->keep);
   free(e);
+}
+
+void coord_export_detach(coord_t *c) {
+  for (int i = 0; i < COORD_EXPORT_MAX; i++)
+    if (c->exports[i]) c->exports[i]->c = NULL, c->exports[i] = NULL;
 }
 
 /* Ends the export: the call (when still there) with rc, then the export

@@ -211,6 +211,9 @@ int coord_ckpt_dir_free(coord_t *c, const char *dir, int64_t self);
 /* coord_export.c: whether a running export reads the checkpoint in dir
  * (retention keeps it, and runs again when the export ends) */
 int coord_export_reads(const coord_t *c, const char *dir);
+/* The coordinator goes: the exports still closing (their calls are
+ * cancelled) forget it, and touch neither its store nor its retention. */
+void coord_export_detach(coord_t *c);
 
 /* coord_metrics.c: what /metrics shows (rendered on the loop) */
 void coord_metrics_render(metrics_buf_t *b, void *arg);

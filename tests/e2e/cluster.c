@@ -101,11 +101,11 @@ void cluster_wait_alive(const char *coord, const char *name) {
   }
 }
 
-void cluster_stop(cluster_proc_t *p, int sig) {
-  if (p->pid <= 0) return;
+int cluster_stop(cluster_proc_t *p, int sig) {
+  if (p->pid <= 0) return -1;
   kill(p->pid, sig);
   const double deadline = tu_now_s() + 15;
-  int st;
+  int st = -1;
   while (waitpid(p->pid, &st, WNOHANG) == 0) {
     if (tu_now_s() > deadline) {
       kill(p->pid, SIGKILL);
@@ -115,6 +115,7 @@ void cluster_stop(cluster_proc_t *p, int sig) {
     nanosleep(&(struct timespec){0, 10000000}, NULL);
   }
   p->pid = 0;
+  return st;
 }
 
 int cluster_ctl(const char *coord, const char *args, char *out, size_t len) {

@@ -30,8 +30,9 @@ void cluster_wait_alive(const char *coord, const char *name);
  * test runs as root); waits until the coordinator lists it ALIVE. */
 void cluster_fsdpd_start(cluster_proc_t *p, const char *coord, const char *name, int ndev,
                          const char *extra);
-/* Sends sig and reaps it (bounded: SIGKILL after 15 s). */
-void cluster_stop(cluster_proc_t *p, int sig);
+/* Sends sig and reaps it (bounded: SIGKILL after 15 s): its wait status
+ * (-1: there was no process). */
+int cluster_stop(cluster_proc_t *p, int sig);
 /* Runs bin/fsdpctl ARGS (shell words) against coord, output (stderr joined)
  * into out; its exit status. */
 int cluster_ctl(const char *coord, const char *args, char *out, size_t len);

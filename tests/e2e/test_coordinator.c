@@ -867,4 +867,16 @@ Test(coordinator, an_export_keeps_its_checkpoint_from_retention_until_it_ends, .
   cr_expect_neq(access(d10, F_OK), 0, "step 10 outlived its export");
   cr_expect_eq(ckpt_state(id, 10, NULL, 0), FSDP__V1__CHECKPOINT_STATE__CHECKPOINT_STATE_UNSPECIFIED);
   cr_expect_eq(ckpt_state(id, 20, NULL, 0), CK_COMMITTED);
+
+  /* a coordinator stopped with an export under way exits cleanly */
+  q.step = 20;
+  cr_assert_eq(rpc_stream_open(cl, &xs, "/fsdp.v1.Coordinator/ExportCheckpoint", &q.base, 30), 0,
+               "%s", err_msg());
+  cr_assert_eq(rpc_stream_next(xs, &fsdp__v1__export_chunk__descriptor, &m), 1, "%s", err_msg());
+  protobuf_c_message_free_unpacked(m, NULL);
+  const int status = cluster_stop(&co, SIGTERM);
+  rpc_stream_close(xs);
+  char *log = tu_slurp(co.log, NULL);
+  cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status 0x%x:\n%s", status, log);
+  free(log);
 }
