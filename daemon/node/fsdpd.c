@@ -41,6 +41,7 @@
 #include "daemon/node/inventory.h"
 #include "daemon/node/logs.h"
 #include "daemon/node/ranks.h"
+#include "daemon/node/supervise.h"
 #include "daemon/node/workdir.h"
 
 #define FSDPD_VERSION "0.1.0"
@@ -278,6 +279,71 @@ static int fsdpd_options(fsdpd_t *D, int argc, char **argv, int *as_user, unsign
   return 0;
 }
 
+/* ---- the GPUs a rank can use ---------------------------------------------------- */
+
+#define FSDPD_PROBE_S 60 /* loading CUDA and NCCL can take seconds on a cold node */
+
+typedef struct fsdpd_probe {
+  int done;
+  int64_t status;
+  int term_signal;
+  uv_timer_t timer;
+} fsdpd_probe_t;
+
+static void fsdpd_probe_exit(supervise_t *s, void *arg, int64_t status, int term_signal) {
+  (void)s;
+  fsdpd_probe_t *p = arg;
+  p->done = 1, p->status = status, p->term_signal = term_signal;
+  uv_timer_stop(&p->timer);
+}
+
+static void fsdpd_probe_late(uv_timer_t *t) { supervise_stop(t->data, 0); }
+
+/* Whether the ranks this fsdpd starts can use the node's GPUs: the rank
+ * program's --probe-device cuda, run as the ranks run (their user, fsdpd's
+ * environment) with the same supervision, within FSDPD_PROBE_S. A driver
+ * that lists GPUs says nothing of the CUDA plugin, cuBLASLt or NCCL a rank
+ * needs: without this, a node would offer GPUs on which every job fails.
+ * 0, or an error with the probe's own last words. */
+static int fsdpd_probe_gpus(const fsdpd_t *D, int as_user, unsigned uid, unsigned gid) {
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  FILE *out = tmpfile();
+  supervise_t *s = NULL;
+  const supervise_opts_t so = {.out = out, .err = out};
+  fsdpd_probe_t p = {0};
+  char *argv[] = {(char *)D->rank_program, "--probe-device", "cuda", NULL};
+  const supervise_child_opts_t co = {.argv = argv, .cwd = "/", .as_user = as_user, .uid = uid,
+                                     .gid = gid, .exit_cb = fsdpd_probe_exit, .arg = &p};
+  int rc = out ? supervise_create(&s, &loop, &so)
+               : err_set_errno(FSDP_EIO, errno, "probing the GPUs: a temporary file");
+  uv_timer_init(&loop, &p.timer);
+  p.timer.data = s;
+  if (!rc && !(rc = supervise_spawn(s, &co, NULL))) {
+    uv_timer_start(&p.timer, fsdpd_probe_late, FSDPD_PROBE_S * 1000, 0);
+    uv_run(&loop, UV_RUN_DEFAULT); /* until it exits (killed when late) */
+  }
+  uv_close((uv_handle_t *)&p.timer, NULL);
+  if (s) supervise_destroy(s);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  uv_loop_close(&loop);
+  if (!rc && !(p.done && !p.term_signal && p.status == 0)) {
+    char text[2048] = "";
+    size_t n = 0;
+    if (out && !fseek(out, 0, SEEK_SET)) n = fread(text, 1, sizeof text - 1, out);
+    text[n] = 0;
+    while (n && text[n - 1] == '\n') text[--n] = 0;
+    const char *nl = strrchr(text, '\n'), *last = nl ? nl + 1 : text;
+    rc = p.term_signal == SIGTERM || p.term_signal == SIGKILL
+             ? err_set(FSDP_ETIMEDOUT, "%s --probe-device cuda did not answer within %d s",
+                       D->rank_program, FSDPD_PROBE_S)
+             : err_set(FSDP_EUNSUPPORTED, "the GPUs the driver lists cannot be used by ranks "
+                       "here: %s", last[0] ? last : "the probe said nothing");
+  }
+  if (out) fclose(out);
+  return rc;
+}
+
 /* ---- main ------------------------------------------------------------------------ */
 
 int main(int argc, char **argv) {
@@ -294,6 +360,17 @@ int main(int argc, char **argv) {
   if (inventory_find(D.devices, &D.inv)) {
     fprintf(stderr, "fsdpd: --devices: %s\n", err_msg());
     return 2;
+  }
+  if (D.inv.count && !strcmp(D.inv.dev[0].kind, "cuda") && fsdpd_probe_gpus(&D, as_user, uid, gid)) {
+    if (D.devices[0] && strcmp(D.devices, "auto")) {
+      fprintf(stderr, "fsdpd: --devices %s: %s\n", D.devices, err_msg());
+      return 2;
+    }
+    LOG_WARN("fsdpd", "--devices auto: %s; offering one CPU device instead", err_msg());
+    if (inventory_find("cpu:1", &D.inv)) {
+      fprintf(stderr, "fsdpd: --devices: %s\n", err_msg());
+      return 2;
+    }
   }
   if (workdir_mkdirs(D.work_dir, 0755)) {
     fprintf(stderr, "fsdpd: --work-dir: %s\n", err_msg());

@@ -125,15 +125,39 @@ static int device_cuda_create(void *arg, int rank, int world, const uint8_t *id,
 static const comm_boot_ids_t device_cuda_ids = {
     .id_bytes = COMM_NCCL_ID_BYTES, .make_id = device_cuda_make_id, .create = device_cuda_create};
 
-static int device_cuda_open(const config_t *c, int rank, const device_t **out) {
-  const device_cuda_plugin_t *p;
-  int rc = device_cuda_load(&p);
+/* The plugin and the GPUs it sees (how many), or an error saying what is missing. */
+static int device_cuda_count(const device_cuda_plugin_t **p) {
+  int rc = device_cuda_load(p);
   if (rc) return rc;
   char msg[512] = "";
-  int n = p->device_count(msg, sizeof msg);
+  int n = (*p)->device_count(msg, sizeof msg);
   if (n <= 0)
     return err_set(FSDP_EUNSUPPORTED, "device cuda: no GPU: %s" DEVICE_CUDA_FIX,
                    msg[0] ? msg : "none found");
+  return n;
+}
+
+int device_probe(const char *kind, char *what, size_t len) {
+  if (!strcmp(kind, "cpu")) {
+    const kern_cpu_isa_t isa = device_cpu_isa();
+    snprintf(what, len, "cpu: kernels at %s",
+             kern_cpu_isa_name(isa == KERN_CPU_ISA_AUTO ? kern_cpu_isa_best() : isa));
+    return FSDP_OK;
+  }
+  if (strcmp(kind, "cuda"))
+    return err_set(FSDP_EINVAL, "probe: '%s' is not a device kind: give cpu or cuda", kind);
+  const device_cuda_plugin_t *p;
+  int n = device_cuda_count(&p);
+  if (n < 0) return n;
+  snprintf(what, len, "cuda: %d GPU%s", n, n == 1 ? "" : "s");
+  return FSDP_OK;
+}
+
+static int device_cuda_open(const config_t *c, int rank, const device_t **out) {
+  const device_cuda_plugin_t *p;
+  int n = device_cuda_count(&p);
+  if (n < 0) return n;
+  char msg[512] = "";
   int64_t ord = param_cuda_device();
   if (ord < 0) ord = rank % n;
   if (ord >= n)

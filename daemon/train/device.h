@@ -41,4 +41,10 @@ int device_open(const config_t *c, int rank, int ranks_on_host, const device_t *
 struct device_cuda_plugin;
 int device_cuda_load(const struct device_cuda_plugin **out);
 
+/* Whether a rank of this process's build and environment can use devices of
+ * kind ("cpu", "cuda") here, without opening one: for cuda, the plugin loads
+ * and sees a GPU. 0 and what was found in what ("cuda: 2 GPUs"), or a
+ * negative code with device_open's message. fsdp-train --probe-device. */
+int device_probe(const char *kind, char *what, size_t n);
+
 #endif

@@ -25,10 +25,11 @@
 #include "daemon/common/param.h"
 #include "daemon/job/config.h"
 #include "daemon/job/job.h"
+#include "device.h"
 #include "report.h"
 #include "train.h"
 
-enum { OPT_HELP = 1, OPT_CONFIG, OPT_PRINT, OPT_PARAMS, OPT_KEY0 = 1000 };
+enum { OPT_HELP = 1, OPT_CONFIG, OPT_PRINT, OPT_PARAMS, OPT_PROBE, OPT_KEY0 = 1000 };
 
 static volatile sig_atomic_t stop_asked;
 
@@ -56,19 +57,22 @@ static void usage(FILE *out) {
                "    --print-config    print the effective job file (the model's dimensions and\n"
                "                      the defaults as this run would use them) and exit\n"
                "    --help-params     list the FSDP_* environment tunables\n"
+               "    --probe-device K  whether a rank can use devices of kind K (cpu, cuda) here:\n"
+               "                      for cuda, the plugin loads and sees a GPU; exit 0 or 1\n"
                "    --help            this text\n");
 }
 
 int main(int argc, char **argv) {
   crash_install("fsdp-train");
   int n = config_num_opts();
-  struct option *opts = calloc((size_t)n + 5, sizeof *opts);
+  struct option *opts = calloc((size_t)n + 6, sizeof *opts);
   if (!opts) return 1;
   for (int i = 0; i < n; i++) opts[i] = (struct option){config_opt_key(i), required_argument, NULL, OPT_KEY0 + i};
   opts[n] = (struct option){"help", no_argument, NULL, OPT_HELP};
   opts[n + 1] = (struct option){"config", required_argument, NULL, OPT_CONFIG};
   opts[n + 2] = (struct option){"print-config", no_argument, NULL, OPT_PRINT};
   opts[n + 3] = (struct option){"help-params", no_argument, NULL, OPT_PARAMS};
+  opts[n + 4] = (struct option){"probe-device", required_argument, NULL, OPT_PROBE};
 
   config_t c;
   config_default(&c);
@@ -96,6 +100,14 @@ int main(int argc, char **argv) {
       return 0;
     } else if (ch == OPT_PARAMS) {
       param_dump(stdout);
+      return 0;
+    } else if (ch == OPT_PROBE) { /* fsdpd asks before it offers a node's GPUs */
+      char what[128];
+      if (device_probe(optarg, what, sizeof what)) {
+        fprintf(stderr, "fsdp-train: --probe-device %s: %s\n", optarg, err_msg());
+        return 1;
+      }
+      printf("fsdp-train: --probe-device %s: %s\n", optarg, what);
       return 0;
     } else if (ch == OPT_PRINT) {
       print = 1;

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tests/unit/testutil.h"
 
@@ -120,4 +121,26 @@ Test(nogpu, a_plugin_path_that_is_not_the_plugin_is_refused, .timeout = 60) {
               "%s:\n%s", files[i], out);
   }
   free(data);
+}
+
+/* A node whose driver lists GPUs its ranks cannot use (the fake driver lists
+ * two; the plugin is missing) does not offer them: fsdpd asks the rank
+ * program first (--probe-device cuda, as the ranks' user). With --devices
+ * cuda it refuses to start, saying why; with auto it offers a CPU device. */
+Test(nogpu, a_node_does_not_offer_gpus_its_ranks_cannot_use, .timeout = 60) {
+  char cmd[2048];
+  const char *env = "LD_LIBRARY_PATH=build/tests/fake-cuda FSDP_CUDA_PLUGIN=/nonexistent/libfsdp-cuda.so";
+  const char *as = geteuid() == 0 ? "--run-as nobody" : "";
+  snprintf(cmd, sizeof cmd, "cd '%s' && %s bin/fsdpd --devices cuda --coordinator 127.0.0.1:1 "
+           "--work-dir '%s/node' %s", tu_root(), env, tu_tmpdir(), as);
+  int rc = tu_sh(cmd, out, sizeof out);
+  cr_expect_eq(rc, 2, "--devices cuda: exit %d:\n%s", rc, out);
+  cr_expect(strstr(out, "--devices cuda") && strstr(out, "cannot be used by ranks") &&
+            strstr(out, "cannot load the CUDA plugin"), "%s", out);
+  /* auto: a CPU device instead; it then runs (no coordinator): stopped after 3 s */
+  snprintf(cmd, sizeof cmd, "cd '%s' && %s timeout 3 bin/fsdpd --coordinator 127.0.0.1:1 "
+           "--work-dir '%s/node' %s", tu_root(), env, tu_tmpdir(), as);
+  tu_sh(cmd, out, sizeof out);
+  cr_expect(strstr(out, "--devices auto") && strstr(out, "offering one CPU device instead") &&
+            strstr(out, "1 device(s) (auto)"), "%s", out);
 }
