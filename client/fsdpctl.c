@@ -29,6 +29,7 @@
 #define FSDPCTL_VERSION "0.1.0"
 #define CTL_DEFAULT_COORDINATOR "127.0.0.1:7070"
 #define CTL_DEFAULT_TIMEOUT_S 10.0
+#define CTL_EXPORT_IDLE_S 300.0 /* export: the least wait for its next piece */
 #define CTL_FOREVER_S 2e9 /* a stream that lasts as long as the job (rpc.h: no deadline) */
 #define CTL_SVC "/fsdp.v1.Coordinator/"
 
@@ -771,7 +772,10 @@ static int ctl_export_stream(ctl_t *c, const Fsdp__V1__ExportCheckpointRequest *
   rpc_stream_t *st = NULL;
   int rc = ctl_connect(c);
   if (!rc) rc = rpc_stream_open(c->client, &st, CTL_SVC "ExportCheckpoint", &req->base, CTL_FOREVER_S);
-  if (!rc) rpc_stream_set_idle(st, c->timeout_s); /* however long the file, no piece takes longer */
+  /* however long the file, no piece takes longer; a piece is a whole model
+   * unit read, checked and converted (gpt2-1558m's embedding: 322 MB from
+   * its shards), so never less than CTL_EXPORT_IDLE_S on slow storage */
+  if (!rc) rpc_stream_set_idle(st, c->timeout_s > CTL_EXPORT_IDLE_S ? c->timeout_s : CTL_EXPORT_IDLE_S);
   uint64_t got = 0;
   *total = 0;
   Fsdp__V1__ExportChunk *m;
@@ -1036,7 +1040,8 @@ static const char ctl_globals_help[] =
     "  --tls-ca FILE       speak TLS, checking the coordinator against this CA (PEM)\n"
     "  --timeout SECONDS   bound on each call (default 10); watch and logs --follow\n"
     "                      last until the job ends or you stop them; export takes\n"
-    "                      as long as the file needs, but at most this between pieces\n"
+    "                      as long as the file needs, but gives up when no piece\n"
+    "                      comes for this long (at least 300 s)\n"
     "  --output table|json human tables (default) or one JSON document (-o json)\n";
 
 static const char ctl_exit_help[] =

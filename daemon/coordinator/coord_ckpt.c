@@ -224,9 +224,32 @@ int coord_ckpt_dir_free(coord_t *c, const char *dir, int64_t self) {
   return rc;
 }
 
+/* Once per coordinator: retention for every job with committed checkpoints.
+ * What an export kept from it when the last coordinator stopped (or died)
+ * mid-export would otherwise stay until the job's next commit, or forever
+ * once the job has ended. */
+static void coord_ckpt_retain_all(coord_t *c) {
+  store_ckpt_t *v = NULL;
+  int n = 0;
+  if (store_ckpt_list(c->st, 0, &v, &n)) {
+    LOG_WARN("coord", "checkpoints: %s", err_msg());
+    return;
+  }
+  for (int i = 0; i < n; i++) { /* by job, newest first: each job once */
+    if (i && v[i].job_id == v[i - 1].job_id) continue;
+    const coord_job_t *x = coord_job_info(c, v[i].job_id);
+    if (x) coord_ckpt_retain(c, v[i].job_id, x->keep);
+  }
+  free(v);
+}
+
 void coord_ckpt_janitor(coord_t *c) {
   store_ckpt_t *v = NULL;
   int n = 0;
+  if (!c->retained) {
+    c->retained = 1;
+    coord_ckpt_retain_all(c);
+  }
   if (store_ckpt_pending(c->st, &v, &n)) {
     LOG_WARN("coord", "checkpoints: %s", err_msg());
     return;

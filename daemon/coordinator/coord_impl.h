@@ -136,6 +136,7 @@ struct coord {
   int nodes_changed;        /* a node registered or died since least_device was read */
   uint64_t least_device;    /* the smallest device memory of the alive nodes */
   uint64_t janitor_ms;      /* when coord_ckpt_janitor last ran */
+  int retained;             /* its first run applied every job's retention */
   /* ExportCheckpoint: each running export, from its start until no pool task
    * reads its files any more; what it reads is kept from retention */
   struct coord_export *exports[COORD_EXPORT_MAX];

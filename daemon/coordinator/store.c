@@ -13,7 +13,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <limits.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <sqlite3.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -516,9 +518,20 @@ static int store_migrate(store_t *st, int from, int to) {
 static int store_lock(store_t *st) {
   st->lock_fd = -1;
   if (!strcmp(st->path, ":memory:")) return 0;
-  char lp[sizeof st->path + 8];
-  snprintf(lp, sizeof lp, "%s-lock", st->path);
-  int fd = open(lp, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  /* one name per database, however it is reached (SQLite follows links) */
+  char real[PATH_MAX], lp[PATH_MAX + 8];
+  if (!realpath(st->path, real)) {
+    char dir[sizeof st->path], base[sizeof st->path];
+    snprintf(dir, sizeof dir, "%s", st->path);
+    snprintf(base, sizeof base, "%s", st->path);
+    if (!realpath(dirname(dir), real)) snprintf(real, sizeof real, "%s", st->path);
+    else if (strlen(real) + strlen(basename(base)) + 2 <= sizeof real)
+      strcat(strcat(real, "/"), basename(base));
+  }
+  snprintf(lp, sizeof lp, "%s-lock", real);
+  int rw = 1, fd = open(lp, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0 && errno == EACCES) /* another user's: a read-only descriptor locks as well */
+    rw = 0, fd = open(lp, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0)
     return err_set_errno(errno == EACCES ? FSDP_EPERM : FSDP_EIO, errno,
                          "state database %s: cannot open its lock file %s", st->path, lp);
@@ -533,11 +546,19 @@ static int store_lock(store_t *st) {
       return err_set(FSDP_ESTATE, "state database %s is in use by another coordinator (pid %s, "
                      "holding %s): stop that one first, or give this one a database of its own",
                      st->path, pid[0] ? pid : "unknown", lp);
+    if (e == ENOLCK || e == EOPNOTSUPP) { /* a file system without locks: as before */
+      LOG_WARN("store", "%s: this file system takes no lock (%s): nothing stops a second "
+               "coordinator on this database", lp, strerror(e));
+      return 0;
+    }
     return err_set_errno(FSDP_EIO, e, "state database %s: locking %s", st->path, lp);
   }
+  struct stat sb;
   char pid[32];
   int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
-  if (ftruncate(fd, 0) || pwrite(fd, pid, (size_t)n, 0) != n)
+  /* the pid, for the next one's message: only into a file of ours alone */
+  if (rw && !fstat(fd, &sb) && S_ISREG(sb.st_mode) && sb.st_nlink == 1 &&
+      (ftruncate(fd, 0) || pwrite(fd, pid, (size_t)n, 0) != n))
     LOG_WARN("store", "%s: cannot write this pid into it: %s", lp, strerror(errno));
   st->lock_fd = fd;
   return 0;

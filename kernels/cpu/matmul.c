@@ -22,8 +22,9 @@
  * the heap below the workspace: glibc then aborts at a later free, or data
  * is silently overwritten. A rank met it as a rare abort when SIGTERM (a
  * preemption) came mid-step. A signal sent to the process goes to a thread
- * that takes it, or waits for the call's end; the synchronous ones a fault
- * raises stay open (the crash handler runs on its own stack). */
+ * that takes it, or waits for the call's end. The synchronous ones a fault
+ * raises stay open: blocked, the kernel would kill the process without the
+ * crash handler's report, and the process is ending either way. */
 static sigset_t sgemm_held;
 static pthread_once_t sgemm_once = PTHREAD_ONCE_INIT;
 static _Thread_local int sgemm_depth; /* holds open on this thread */

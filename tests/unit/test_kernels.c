@@ -453,8 +453,9 @@ Test(kernels, threads_1_vs_2) {
  * oneDNN's JIT sgemm points rsp into its heap workspace while it runs (oneDNN
  * issue #4845): a signal handled there writes its frame into the heap. A
  * thread sends signals to the computing thread as fast as it can while it
- * runs the products of the tiny model's shapes; the handler checks that its
- * own frame lies on that thread's stack, and the results must be those of a
+ * runs the products of the tiny model's shapes (one thread computing: the
+ * handler checks that its own frame lies on that thread's stack), then to
+ * the process while two threads compute; the results must be those of a
  * run without signals, bit for bit. Without the fix (kern_cpu_sgemm holds
  * signals off) glibc aborted on a corrupted heap in each of 5 runs. */
 static volatile sig_atomic_t sig_hits, sig_off_stack;
@@ -462,17 +463,26 @@ static uintptr_t sig_lo, sig_hi;
 static atomic_int sig_stop;
 static pthread_t sig_target;
 
+static int sig_process; /* 1: signals to the process (any thread takes them) */
+
 static void sig_count(int s) {
   (void)s;
   volatile char here;
   sig_hits++;
-  if ((uintptr_t)&here < sig_lo || (uintptr_t)&here >= sig_hi) sig_off_stack++;
+  if (pthread_equal(pthread_self(), sig_target) && /* the bounds known: this thread's */
+      ((uintptr_t)&here < sig_lo || (uintptr_t)&here >= sig_hi))
+    sig_off_stack++;
 }
 
 static void *sig_bomber(void *arg) {
   (void)arg;
+  sigset_t mine; /* never this thread's to take */
+  sigemptyset(&mine);
+  sigaddset(&mine, SIGUSR1);
+  pthread_sigmask(SIG_BLOCK, &mine, NULL);
   while (!atomic_load(&sig_stop)) {
-    pthread_kill(sig_target, SIGUSR1);
+    if (sig_process) kill(getpid(), SIGUSR1);
+    else pthread_kill(sig_target, SIGUSR1);
     struct timespec ts = {0, 2000};
     nanosleep(&ts, NULL);
   }
@@ -480,8 +490,8 @@ static void *sig_bomber(void *arg) {
 }
 
 /* The products: the tiny model's matmuls forward and backward, and attention. */
-static void sig_products(float *const out[4], const float *x, const float *w, const float *dout,
-                         const float *qkv) {
+static void sig_products(float *const out[5], const float *x, const float *w, const float *dout,
+                         const float *qkv, float *scratch) {
   const int shapes[][2] = {{64, 192}, {64, 64}, {64, 256}, {256, 64}}; /* IC, OC */
   for (int s = 0; s < 4; s++) {
     const int IC = shapes[s][0], OC = shapes[s][1];
@@ -491,16 +501,17 @@ static void sig_products(float *const out[4], const float *x, const float *w, co
     K->matmul_bwd(out[1], out[2], NULL, dout, x, w, 64, IC, OC);
   }
   K->attention_fwd(out[3], out[3] + 2 * 32 * 64, qkv, 2, 32, 64, 4);
+  memset(out[4], 0, 2 * 32 * 3 * 64 * sizeof(float));
+  K->attention_bwd(out[4], scratch, dout, qkv, out[3], out[3] + 2 * 32 * 64, 2, 32, 64, 4);
 }
 
 Test(kernels, products_take_no_signal_on_a_heap_stack, .timeout = 60) {
-  K->set_threads(1); /* every product on this thread, the one signalled */
   float *x = frand(64 * 256, -1, 1), *w = frand(256 * 256, -1, 1), *dout = frand(64 * 256, -1, 1);
-  float *qkv = frand(2 * 32 * 3 * 64, -1, 1);
-  const size_t nout[4] = {64 * 256, 64 * 256, 256 * 256, 2 * 32 * 64 + 2 * 4 * 32 * 32};
-  float *ref[4], *got[4];
-  for (int i = 0; i < 4; i++) ref[i] = fzero(nout[i]), got[i] = fzero(nout[i]);
-  sig_products(ref, x, w, dout, qkv);
+  float *qkv = frand(2 * 32 * 3 * 64, -1, 1), *scratch = fzero(K->attention_scratch(2, 32, 64, 4));
+  const size_t nout[5] = {64 * 256, 64 * 256, 256 * 256, 2 * 32 * 64 + 2 * 4 * 32 * 32,
+                          2 * 32 * 3 * 64};
+  float *ref[5], *got[5];
+  for (int i = 0; i < 5; i++) ref[i] = fzero(nout[i]), got[i] = fzero(nout[i]);
 
   pthread_attr_t at;
   void *base;
@@ -513,17 +524,26 @@ Test(kernels, products_take_no_signal_on_a_heap_stack, .timeout = 60) {
   sigemptyset(&sa.sa_mask);
   cr_assert_eq(sigaction(SIGUSR1, &sa, NULL), 0);
   sig_target = pthread_self();
-  pthread_t bomber;
-  cr_assert_eq(pthread_create(&bomber, NULL, sig_bomber, NULL), 0);
+  /* this thread signalled (its frames' place checked), then the process
+   * with two threads computing (either may take them) */
   int same = 1;
-  for (int it = 0; it < 600 && same; it++) {
-    sig_products(got, x, w, dout, qkv);
-    for (int i = 0; i < 4; i++) same &= !memcmp(got[i], ref[i], nout[i] * sizeof(float));
+  for (int phase = 0; phase < 2 && same; phase++) {
+    sig_process = phase;
+    K->set_threads(phase + 1);
+    sig_products(ref, x, w, dout, qkv, scratch); /* without signals, at this thread count */
+    atomic_store(&sig_stop, 0);
+    pthread_t bomber;
+    cr_assert_eq(pthread_create(&bomber, NULL, sig_bomber, NULL), 0);
+    for (int it = 0; it < 400 && same; it++) {
+      sig_products(got, x, w, dout, qkv, scratch);
+      for (int i = 0; i < 5; i++) same &= !memcmp(got[i], ref[i], nout[i] * sizeof(float));
+    }
+    atomic_store(&sig_stop, 1);
+    pthread_join(bomber, NULL);
+    cr_expect(same, "phase %d: a product under signals differs from the same product without "
+              "them", phase);
   }
-  atomic_store(&sig_stop, 1);
-  pthread_join(bomber, NULL);
   signal(SIGUSR1, SIG_IGN);
-  cr_expect(same, "a product under signals differs from the same product without them");
   cr_expect_gt(sig_hits, 100, "the signals came (%d)", (int)sig_hits);
   cr_expect_eq(sig_off_stack, 0, "%d of %d signal frames were off the thread's stack",
                (int)sig_off_stack, (int)sig_hits);

@@ -657,6 +657,10 @@ Test(store, a_second_store_on_one_database_is_refused_until_the_first_is_gone) {
   snprintf(pid, sizeof pid, "pid %ld,", (long)getpid());
   cr_expect(strstr(err_msg(), "in use by another coordinator") && strstr(err_msg(), pid) &&
                 strstr(err_msg(), "state.db-lock"), "%s", err_msg());
+  /* the same database by another name (SQLite follows the link) */
+  cr_assert_eq(symlink(tpath("state.db"), tpath("alias.db")), 0);
+  cr_assert_eq(store_open(tpath("alias.db"), NULL, &st2), FSDP_ESTATE, "through a link: %s",
+               err_msg());
   store_close(st);
   cr_assert_eq(store_open(tpath("state.db"), NULL, &st), 0, "free once closed: %s", err_msg());
   store_close(st);
