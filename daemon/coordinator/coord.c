@@ -714,9 +714,9 @@ void coord_schedule(coord_t *c) {
     LOG_WARN("coord", "placement: %s", err_msg());
     return;
   }
-  if (store_job_list(c->st, &jobs, &nj)) LOG_WARN("coord", "placement: %s", err_msg());
-  for (int i = 0; i < nj; i++)
-    if (jobs[i].state == STORE_JOB_PENDING) coord_place(c, &p, jobs[i].id);
+  if (store_job_list(c->st, STORE_JOB_BIT(STORE_JOB_PENDING), 0, &jobs, &nj))
+    LOG_WARN("coord", "placement: %s", err_msg());
+  for (int i = 0; i < nj; i++) coord_place(c, &p, jobs[i].id);
   store_jobs_free(jobs, nj);
   coord_pic_free(&p);
 }

@@ -209,10 +209,10 @@ int coord_ckpt_dir_free(coord_t *c, const char *dir, int64_t self) {
       return err_set(FSDP_EINVAL, "checkpoint_dir: %s is also that of a job submitted at the same "
                      "moment; give each job its own", dir);
   store_job_t *v = NULL;
-  int n = 0, rc = store_job_list(c->st, &v, &n);
+  int n = 0, rc = store_job_list(
+                   c->st, STORE_JOB_BIT(STORE_JOB_PENDING) | STORE_JOB_BIT(STORE_JOB_RUNNING), 0, &v, &n);
   for (int i = 0; !rc && i < n; i++) {
-    if (v[i].id == self || (v[i].state != STORE_JOB_PENDING && v[i].state != STORE_JOB_RUNNING))
-      continue;
+    if (v[i].id == self) continue;
     const coord_job_t *x = coord_job_info(c, v[i].id);
     if (x && !strcmp(x->ckpt_dir, dir))
       rc = err_set(FSDP_EINVAL, "checkpoint_dir: %s is the checkpoint directory of job j-%lld "

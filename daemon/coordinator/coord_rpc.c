@@ -404,9 +404,16 @@ static void coord_get_job_cb(rpc_call_t *call, const ProtobufCMessage *req, void
 static void coord_list_jobs_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
   coord_t *c = arg;
   const Fsdp__V1__ListJobsRequest *q = (const void *)req;
+  unsigned states = 0;
+  for (size_t k = 0; k < q->n_states; k++)
+    for (int s = 0; s <= STORE_JOB_CANCELLED; s++)
+      if (q->states[k] == coord_job_state((store_job_state_t)s)) states |= STORE_JOB_BIT(s);
+  const uint32_t limit = !q->limit ? COORD_LIST_DEFAULT : q->limit < INT32_MAX ? q->limit : INT32_MAX;
   store_job_t *jobs = NULL;
   int n = 0;
-  int rc = store_job_list(c->st, &jobs, &n);
+  /* newest last; of the matching ones, the newest `limit`; states asked for
+   * that no job can be in (UNSPECIFIED, unknown numbers) match nothing */
+  int rc = q->n_states && !states ? FSDP_OK : store_job_list(c->st, states, (int)limit, &jobs, &n);
   if (rc) {
     rpc_call_finish(call, rc);
     return;
@@ -414,19 +421,7 @@ static void coord_list_jobs_cb(rpc_call_t *call, const ProtobufCMessage *req, vo
   coord_arena_t a = {0};
   Fsdp__V1__ListJobsReply rep = FSDP__V1__LIST_JOBS_REPLY__INIT;
   rep.jobs = coord_alloc(&a, (size_t)n * sizeof *rep.jobs);
-  const size_t limit = q->limit ? q->limit : COORD_LIST_DEFAULT;
-  /* newest last; of the matching ones, the newest `limit` */
-  int first = n;
-  for (size_t kept = 0; first > 0 && kept < limit;) {
-    first--;
-    int match = !q->n_states;
-    for (size_t k = 0; k < q->n_states && !match; k++)
-      match = q->states[k] == coord_job_state(jobs[first].state);
-    kept += (size_t)match;
-    if (!match) jobs[first].id = -jobs[first].id; /* skipped below */
-  }
-  for (int i = first; rep.jobs && i < n; i++)
-    if (jobs[i].id > 0) rep.jobs[rep.n_jobs++] = coord_job_msg(c, &a, &jobs[i], 0);
+  for (int i = 0; rep.jobs && i < n; i++) rep.jobs[rep.n_jobs++] = coord_job_msg(c, &a, &jobs[i], 0);
   store_jobs_free(jobs, n);
   coord_reply(call, &a, &rep.base);
 }

@@ -343,8 +343,12 @@ int store_job_by_request(store_t *st, const char *request_id, int64_t *job_id);
 /* ENOTFOUND for an unknown id; free with store_job_free. */
 int store_job_get(store_t *st, int64_t job_id, store_job_t *job);
 void store_job_free(store_job_t *job);
-/* Every job by id (spec left NULL); free with store_jobs_free. */
-int store_job_list(store_t *st, store_job_t **jobs, int *n);
+/* The jobs whose state is in states (a mask of 1 << store_job_state_t; 0:
+ * any), the newest limit of them (0: all), by id (spec left NULL); free with
+ * store_jobs_free. Through the state index: what the scheduler asks for
+ * (the pending ones) costs what is pending, not the whole history. */
+#define STORE_JOB_BIT(s) (1u << (s))
+int store_job_list(store_t *st, unsigned states, int limit, store_job_t **jobs, int *n);
 /* How many jobs are in each state (indexed by store_job_state_t). */
 int store_job_counts(store_t *st, int64_t counts[STORE_JOB_CANCELLED + 1]);
 void store_jobs_free(store_job_t *jobs, int n);
