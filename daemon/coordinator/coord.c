@@ -839,6 +839,7 @@ void coord_destroy(coord_t *c) {
   metrics_server_stop(c->metrics); /* before the state it reads goes */
   rpc_server_destroy(c->srv); /* cancel callbacks forget the held calls */
   coord_export_detach(c);     /* before the store goes: they close later */
+  coord_ckpt_detach(c);       /* so do removals still on the pool */
   for (int i = 0; i < c->n_sub; i++) free(c->sub[i].text); /* their calls were cancelled */
   free(c->sub);
   store_close(c->st);

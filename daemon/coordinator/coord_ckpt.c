@@ -18,7 +18,12 @@
  *
  * Aborted checkpoints (a shard missing after --checkpoint-timeout-ms, a bad
  * shard, or the attempt's end) have their files removed once no attempt of
- * the job runs (a new attempt could be writing the same step's directory). */
+ * the job runs (a new attempt could be writing the same step's directory).
+ *
+ * Removing is file system work that can take long (a shard per rank, on a
+ * network file system): it runs on libuv's thread pool, never the loop,
+ * one task per directory (coord_ckpt_remove), and the store hears of it when
+ * it is done. A directory being removed is not exported. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +45,74 @@ static int coord_ckpt_sum(const char *s, uint64_t *out) {
   return FSDP_OK;
 }
 
+/* A checkpoint directory on its way out, on the pool. */
+typedef struct coord_rm {
+  uv_work_t work;
+  coord_t *c; /* NULL once the coordinator went (coord_ckpt_detach) */
+  int64_t job, step;
+  int forget; /* the store forgets the checkpoint (retention), else marks it removed */
+  int rc;
+  char err[512];
+  char dir[STORE_PATH_MAX];
+  struct coord_rm *next;
+} coord_rm_t;
+
+int coord_ckpt_removing(const coord_t *c, const char *dir) {
+  for (const coord_rm_t *r = c->removing; r; r = r->next)
+    if (!strcmp(r->dir, dir)) return 1;
+  return 0;
+}
+
+static void coord_ckpt_rm_work(uv_work_t *w) {
+  coord_rm_t *r = w->data;
+  r->rc = ckpt_remove(r->dir);
+  if (r->rc) snprintf(r->err, sizeof r->err, "%s", err_msg()); /* err_msg is per thread */
+}
+
+static void coord_ckpt_rm_done(uv_work_t *w, int status) {
+  coord_rm_t *r = w->data;
+  coord_t *c = r->c;
+  if (c) {
+    for (coord_rm_t **pp = &c->removing; *pp; pp = &(*pp)->next)
+      if (*pp == r) {
+        *pp = r->next;
+        break;
+      }
+    if (status || r->rc)
+      LOG_WARN("coord", "job j-%lld: checkpoint of step %lld not removed: %s", (long long)r->job,
+               (long long)r->step, status ? uv_strerror(status) : r->err);
+    else if (store_ckpt_removed(c->st, r->job, r->step, r->forget))
+      LOG_WARN("coord", "job j-%lld: checkpoint of step %lld: %s", (long long)r->job,
+               (long long)r->step, err_msg());
+    else if (r->forget)
+      LOG_INFO("coord", "job j-%lld: checkpoint of step %lld removed (keep_checkpoints)",
+               (long long)r->job, (long long)r->step);
+  }
+  free(r);
+}
+
+/* Removes k's directory on the pool, then tells the store (forget: the row
+ * goes too). Once per directory at a time. */
+static void coord_ckpt_remove(coord_t *c, const store_ckpt_t *k, int forget) {
+  if (coord_ckpt_removing(c, k->dir)) return;
+  coord_rm_t *r = calloc(1, sizeof *r);
+  if (!r) return; /* the next pass tries again */
+  r->c = c, r->job = k->job_id, r->step = k->step, r->forget = forget;
+  snprintf(r->dir, sizeof r->dir, "%s", k->dir);
+  r->work.data = r;
+  if (uv_queue_work(c->loop, &r->work, coord_ckpt_rm_work, coord_ckpt_rm_done)) {
+    free(r);
+    return;
+  }
+  r->next = c->removing;
+  c->removing = r;
+}
+
+void coord_ckpt_detach(coord_t *c) {
+  for (coord_rm_t *r = c->removing; r; r = r->next) r->c = NULL;
+  c->removing = NULL;
+}
+
 void coord_ckpt_retain(coord_t *c, int64_t job, int keep) {
   store_ckpt_t *v = NULL;
   int n = 0, kept = 0;
@@ -51,15 +124,7 @@ void coord_ckpt_retain(coord_t *c, int64_t job, int keep) {
                (long long)job, (long long)v[i].step);
       continue;
     }
-    if (ckpt_remove(v[i].dir)) {
-      LOG_WARN("coord", "job j-%lld: retention: %s", (long long)job, err_msg());
-      continue;
-    }
-    if (store_ckpt_removed(c->st, job, v[i].step, 1))
-      LOG_WARN("coord", "job j-%lld: retention: %s", (long long)job, err_msg());
-    else
-      LOG_INFO("coord", "job j-%lld: checkpoint of step %lld removed (keep_checkpoints %d)",
-               (long long)job, (long long)v[i].step, keep);
+    coord_ckpt_remove(c, &v[i], 1);
   }
   free(v);
 }
@@ -282,8 +347,7 @@ void coord_ckpt_janitor(coord_t *c) {
     const int running = j.state == STORE_JOB_RUNNING;
     store_job_free(&j);
     if (running) continue;
-    if (ckpt_remove(k->dir)) LOG_WARN("coord", "job j-%lld: %s", (long long)k->job_id, err_msg());
-    else store_ckpt_removed(c->st, k->job_id, k->step, 0);
+    coord_ckpt_remove(c, k, 0);
   }
   free(v);
 }

@@ -167,7 +167,7 @@ static int coord_export_find(coord_t *c, int64_t job, const char *job_id, int64_
   char steps[256] = "";
   size_t sl = 0;
   for (int i = 0; !rc && i < n; i++) {
-    if (v[i].state != STORE_CKPT_COMMITTED) continue;
+    if (v[i].state != STORE_CKPT_COMMITTED || coord_ckpt_removing(c, v[i].dir)) continue;
     if (sl < sizeof steps)
       sl += (size_t)snprintf(steps + sl, sizeof steps - sl, "%s%" PRId64, sl ? ", " : "", v[i].step);
     if (step ? v[i].step == step : found < 0 || v[i].step > v[found].step) found = i;

@@ -137,6 +137,7 @@ struct coord {
   uint64_t least_device;    /* the smallest device memory of the alive nodes */
   uint64_t janitor_ms;      /* when coord_ckpt_janitor last ran */
   int retained;             /* its first run applied every job's retention */
+  struct coord_rm *removing; /* checkpoint directories being removed on the pool */
   /* ExportCheckpoint: each running export, from its start until no pool task
    * reads its files any more; what it reads is kept from retention */
   struct coord_export *exports[COORD_EXPORT_MAX];
@@ -205,6 +206,10 @@ void coord_ckpt_janitor(coord_t *c);
 /* Keeps the newest keep committed checkpoints of job (keep <= 0: all),
  * removing older ones that no export is reading. */
 void coord_ckpt_retain(coord_t *c, int64_t job, int keep);
+/* Whether dir is being removed (on the pool). */
+int coord_ckpt_removing(const coord_t *c, const char *dir);
+/* The coordinator goes: removals still running forget it. */
+void coord_ckpt_detach(coord_t *c);
 /* 0 when no job still to run but self (stored, or in this turn's submits)
  * has checkpoint_dir dir; else an error naming it. */
 int coord_ckpt_dir_free(coord_t *c, const char *dir, int64_t self);
