@@ -13,17 +13,19 @@
  *
  * The manifest is written before the store says COMMITTED: it is what a
  * loader trusts. A coordinator that dies between the two finds, once back,
- * an OPEN checkpoint with a manifest and finishes the commit; one with no
- * manifest stays open until its timeout aborts it. Never half.
+ * an OPEN checkpoint with every shard reported and commits it again (every
+ * shard checked again, the manifest rewritten); one missing a shard stays
+ * open until its timeout aborts it. Never half.
  *
  * Aborted checkpoints (a shard missing after --checkpoint-timeout-ms, a bad
  * shard, or the attempt's end) have their files removed once no attempt of
  * the job runs (a new attempt could be writing the same step's directory).
  *
- * Removing is file system work that can take long (a shard per rank, on a
- * network file system): it runs on libuv's thread pool, never the loop,
- * one task per directory (coord_ckpt_remove), and the store hears of it when
- * it is done. A directory being removed is not exported. */
+ * Committing and removing are file system work that can take long (a
+ * shard per rank, on a network file system): they run on libuv's thread
+ * pool, never the loop, one task per checkpoint (coord_ckpt_commit,
+ * coord_ckpt_remove), and the store hears of each when it is done. A
+ * directory being removed is not exported. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -108,11 +110,6 @@ static void coord_ckpt_remove(coord_t *c, const store_ckpt_t *k, int forget) {
   c->removing = r;
 }
 
-void coord_ckpt_detach(coord_t *c) {
-  for (coord_rm_t *r = c->removing; r; r = r->next) r->c = NULL;
-  c->removing = NULL;
-}
-
 void coord_ckpt_retain(coord_t *c, int64_t job, int keep) {
   store_ckpt_t *v = NULL;
   int n = 0, kept = 0;
@@ -129,47 +126,131 @@ void coord_ckpt_retain(coord_t *c, int64_t job, int keep) {
   free(v);
 }
 
-/* Every shard of k is in: the manifest, then COMMITTED; or ABORTED, saying
- * why. t0: uv_hrtime() when the last shard's report came in (0: unknown). */
-static store_ckpt_state_t coord_ckpt_commit(coord_t *c, const store_ckpt_t *k, int keep,
-                                            uint64_t t0) {
+static Fsdp__V1__CheckpointState coord_ckpt_state(store_ckpt_state_t s);
+
+/* A commit on the pool: every shard of k is in. */
+typedef struct coord_commit {
+  uv_work_t work;
+  coord_t *c;          /* NULL once the coordinator went (coord_ckpt_detach) */
+  rpc_call_t *call;    /* the last shard's report, answered with the outcome (NULL: none) */
+  store_ckpt_t k;
+  int keep;
+  uint64_t t0;         /* uv_hrtime() of the last shard's report (0: unknown) */
+  ckpt_shard_report_t *rep;
+  int rc;
+  char err[STORE_REASON_MAX];
+  struct coord_commit *next;
+} coord_commit_t;
+
+static void coord_ckpt_commit_work(uv_work_t *w) {
+  coord_commit_t *m = w->data;
+  m->rc = m->rep ? ckpt_commit(m->k.dir, m->k.shards, m->rep) : m->rc;
+  if (m->rc) snprintf(m->err, sizeof m->err, "%s", err_msg()); /* err_msg is per thread */
+}
+
+/* The manifest is written (or not): COMMITTED, or ABORTED saying why. */
+static void coord_ckpt_commit_done(uv_work_t *w, int status) {
+  coord_commit_t *m = w->data;
+  coord_t *c = m->c;
+  const store_ckpt_t *k = &m->k;
+  store_ckpt_state_t st = STORE_CKPT_OPEN;
+  if (c) {
+    for (coord_commit_t **pp = &c->committing; *pp; pp = &(*pp)->next)
+      if (*pp == m) {
+        *pp = m->next;
+        break;
+      }
+    if (status && !m->rc) m->rc = FSDP_ECANCELED, snprintf(m->err, sizeof m->err, "%s", uv_strerror(status));
+    const char *why = m->rc ? m->err : NULL;
+    if (store_ckpt_close(c->st, k->job_id, k->step, why)) {
+      LOG_WARN("coord", "job j-%lld: checkpoint of step %lld: %s", (long long)k->job_id,
+               (long long)k->step, err_msg());
+    } else if (why) {
+      LOG_WARN("coord", "job j-%lld: checkpoint of step %lld aborted: %s", (long long)k->job_id,
+               (long long)k->step, why);
+      c->ckpt_aborts++;
+      st = STORE_CKPT_ABORTED;
+    } else {
+      c->ckpt_commits++;
+      st = STORE_CKPT_COMMITTED;
+      if (m->t0)
+        LOG_INFO("coord", "job j-%lld: checkpoint of step %lld committed (%d shards, %.1f MiB) "
+                 "%.2f ms after its last shard's report", (long long)k->job_id, (long long)k->step,
+                 k->shards, (double)k->bytes / (1 << 20), (double)(uv_hrtime() - m->t0) / 1e6);
+      else
+        LOG_INFO("coord", "job j-%lld: checkpoint of step %lld committed (%d shards, %.1f MiB)",
+                 (long long)k->job_id, (long long)k->step, k->shards, (double)k->bytes / (1 << 20));
+      coord_ckpt_retain(c, k->job_id, m->keep);
+    }
+  }
+  if (m->call) {
+    Fsdp__V1__ReportCheckpointShardReply rep = FSDP__V1__REPORT_CHECKPOINT_SHARD_REPLY__INIT;
+    rep.state = coord_ckpt_state(st);
+    rpc_call_reply(m->call, &rep.base);
+  }
+  free(m->rep);
+  free(m);
+}
+
+static void coord_ckpt_commit_cancel(rpc_call_t *call, void *arg) {
+  (void)call;
+  ((coord_commit_t *)arg)->call = NULL; /* freed as this returns */
+}
+
+static int coord_ckpt_committing(const coord_t *c, int64_t job, int64_t step) {
+  for (const coord_commit_t *m = c->committing; m; m = m->next)
+    if (m->k.job_id == job && m->k.step == step) return 1;
+  return 0;
+}
+
+/* Every shard of k is in: ckpt_commit (each shard's header read and checked
+ * against its report, the manifest written and fsynced) runs on the pool,
+ * then the store closes the checkpoint and call (the last report, or NULL)
+ * gets the outcome. t0: uv_hrtime() when that report came in (0: unknown).
+ * Once per checkpoint at a time; 0, or an error for call to be failed with. */
+static int coord_ckpt_commit(coord_t *c, const store_ckpt_t *k, int keep, uint64_t t0,
+                             rpc_call_t *call) {
+  if (coord_ckpt_committing(c, k->job_id, k->step)) return FSDP_OK;
+  coord_commit_t *m = calloc(1, sizeof *m);
+  if (!m) return err_set(FSDP_ENOMEM, "coordinator: out of memory");
+  m->c = c, m->k = *k, m->keep = keep, m->t0 = t0, m->work.data = m;
   store_ckpt_shard_t *sh = NULL;
   int n = 0;
-  ckpt_shard_report_t *rep = NULL;
   int rc = store_ckpt_shards(c->st, k->job_id, k->step, &sh, &n);
   if (!rc && n != k->shards)
     rc = err_set(FSDP_EINTERNAL, "%d of %d shards recorded", n, k->shards);
-  if (!rc && !(rep = calloc((size_t)n, sizeof *rep))) rc = err_set(FSDP_ENOMEM, "out of memory");
+  if (!rc && !(m->rep = calloc((size_t)n, sizeof *m->rep)))
+    rc = err_set(FSDP_ENOMEM, "out of memory");
   for (int j = 0; !rc && j < n; j++) {
-    rep[j] = (ckpt_shard_report_t){sh[j].shard, "", sh[j].bytes, sh[j].sum};
-    ckpt_shard_name(rep[j].name, sizeof rep[j].name, sh[j].shard, k->shards);
+    m->rep[j] = (ckpt_shard_report_t){sh[j].shard, "", sh[j].bytes, sh[j].sum};
+    ckpt_shard_name(m->rep[j].name, sizeof m->rep[j].name, sh[j].shard, k->shards);
   }
-  if (!rc) rc = ckpt_commit(k->dir, k->shards, rep);
-  free(rep), free(sh);
-  const char *why = rc ? err_msg() : NULL;
-  char reason[STORE_REASON_MAX];
-  if (why) snprintf(reason, sizeof reason, "%s", why);
-  if (store_ckpt_close(c->st, k->job_id, k->step, why ? reason : NULL)) {
-    LOG_WARN("coord", "job j-%lld: checkpoint of step %lld: %s", (long long)k->job_id,
-             (long long)k->step, err_msg());
-    return STORE_CKPT_OPEN;
+  free(sh);
+  if (rc) { /* recorded wrong: the commit aborts, saying so (on the pool's way, for one path) */
+    m->rc = rc;
+    snprintf(m->err, sizeof m->err, "%s", err_msg());
+    free(m->rep);
+    m->rep = NULL;
   }
-  if (why) {
-    LOG_WARN("coord", "job j-%lld: checkpoint of step %lld aborted: %s", (long long)k->job_id,
-             (long long)k->step, reason);
-    c->ckpt_aborts++;
-    return STORE_CKPT_ABORTED;
+  if (uv_queue_work(c->loop, &m->work, coord_ckpt_commit_work, coord_ckpt_commit_done)) {
+    free(m->rep), free(m);
+    return err_set(FSDP_EINTERNAL, "coordinator: cannot queue the commit of step %lld",
+                   (long long)k->step);
   }
-  c->ckpt_commits++;
-  if (t0)
-    LOG_INFO("coord", "job j-%lld: checkpoint of step %lld committed (%d shards, %.1f MiB) "
-             "%.2f ms after its last shard's report", (long long)k->job_id, (long long)k->step,
-             k->shards, (double)k->bytes / (1 << 20), (double)(uv_hrtime() - t0) / 1e6);
-  else
-    LOG_INFO("coord", "job j-%lld: checkpoint of step %lld committed (%d shards, %.1f MiB)",
-             (long long)k->job_id, (long long)k->step, k->shards, (double)k->bytes / (1 << 20));
-  coord_ckpt_retain(c, k->job_id, keep);
-  return STORE_CKPT_COMMITTED;
+  m->next = c->committing;
+  c->committing = m;
+  if (call) {
+    m->call = call;
+    rpc_call_on_cancel(call, coord_ckpt_commit_cancel, m);
+  }
+  return FSDP_OK;
+}
+
+void coord_ckpt_detach(coord_t *c) {
+  for (coord_rm_t *r = c->removing; r; r = r->next) r->c = NULL;
+  c->removing = NULL;
+  for (coord_commit_t *m = c->committing; m; m = m->next) m->c = NULL;
+  c->committing = NULL;
 }
 
 static Fsdp__V1__CheckpointState coord_ckpt_state(store_ckpt_state_t s) {
@@ -223,10 +304,13 @@ void coord_ckpt_report_cb(rpc_call_t *call, const ProtobufCMessage *req, void *a
     rpc_call_finish(call, rc);
     return;
   }
-  store_ckpt_state_t st = k.state;
-  if (st == STORE_CKPT_OPEN && k.reported == k.shards) st = coord_ckpt_commit(c, &k, x->keep, t0);
+  if (k.state == STORE_CKPT_OPEN && k.reported == k.shards &&
+      !coord_ckpt_committing(c, k.job_id, k.step)) { /* answered when the commit is done */
+    if ((rc = coord_ckpt_commit(c, &k, x->keep, t0, call))) rpc_call_finish(call, rc);
+    return;
+  }
   Fsdp__V1__ReportCheckpointShardReply rep = FSDP__V1__REPORT_CHECKPOINT_SHARD_REPLY__INIT;
-  rep.state = coord_ckpt_state(st);
+  rep.state = coord_ckpt_state(k.state);
   rpc_call_reply(call, &rep.base);
 }
 
@@ -323,12 +407,14 @@ void coord_ckpt_janitor(coord_t *c) {
   for (int i = 0; i < n; i++) {
     store_ckpt_t *k = &v[i];
     if (k->state == STORE_CKPT_OPEN) {
-      char man[STORE_PATH_MAX + 32];
-      snprintf(man, sizeof man, "%s/%s", k->dir, CKPT_MANIFEST);
-      if (k->reported == k->shards && !access(man, F_OK)) {
-        /* the manifest went out, the store did not hear: finish the commit */
+      if (k->reported == k->shards) {
+        /* every shard in, and no commit running: a coordinator stopped
+         * before the store heard how its commit went (the manifest may be
+         * out or not): commit again, checking every shard again */
         coord_job_t *x = coord_job_info(c, k->job_id);
-        coord_ckpt_commit(c, k, x ? x->keep : 0, 0);
+        if (!coord_ckpt_committing(c, k->job_id, k->step) &&
+            coord_ckpt_commit(c, k, x ? x->keep : 0, 0, NULL))
+          LOG_WARN("coord", "job j-%lld: %s", (long long)k->job_id, err_msg());
       } else if (now - k->opened_ms > c->o.checkpoint_timeout_ms) {
         char why[256];
         snprintf(why, sizeof why, "%d of %d shards reported within %.0f s (--checkpoint-timeout-ms)",

@@ -138,6 +138,7 @@ struct coord {
   uint64_t janitor_ms;      /* when coord_ckpt_janitor last ran */
   int retained;             /* its first run applied every job's retention */
   struct coord_rm *removing; /* checkpoint directories being removed on the pool */
+  struct coord_commit *committing; /* checkpoints being committed on the pool */
   /* ExportCheckpoint: each running export, from its start until no pool task
    * reads its files any more; what it reads is kept from retention */
   struct coord_export *exports[COORD_EXPORT_MAX];
@@ -208,7 +209,7 @@ void coord_ckpt_janitor(coord_t *c);
 void coord_ckpt_retain(coord_t *c, int64_t job, int keep);
 /* Whether dir is being removed (on the pool). */
 int coord_ckpt_removing(const coord_t *c, const char *dir);
-/* The coordinator goes: removals still running forget it. */
+/* The coordinator goes: removals and commits still running forget it. */
 void coord_ckpt_detach(coord_t *c);
 /* 0 when no job still to run but self (stored, or in this turn's submits)
  * has checkpoint_dir dir; else an error naming it. */

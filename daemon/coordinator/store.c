@@ -1112,10 +1112,13 @@ static void attempt_close(store_t *st, int64_t job_id, int64_t epoch, const char
           A_I(job_id), A_I(epoch));
   st_exec(st, "UPDATE devices SET job_id = NULL WHERE job_id = ?", A_I(job_id));
   st_exec(st, "DELETE FROM rendezvous WHERE job_id = ? AND epoch = ?", A_I(job_id), A_I(epoch));
-  /* its open checkpoints cannot complete: no rank of it will report again */
+  /* its open checkpoints still missing a shard cannot complete: no rank of
+   * it will report again; one with every shard in is the committer's */
   if (st_exec(st,
               "UPDATE checkpoints SET state = 'ABORTED', closed_ms = ?, reason = ? "
-              "WHERE job_id = ? AND epoch = ? AND state = 'OPEN'",
+              "WHERE job_id = ? AND epoch = ? AND state = 'OPEN' AND shards > "
+              "(SELECT count(*) FROM checkpoint_shards s WHERE s.job_id = checkpoints.job_id "
+              "AND s.step = checkpoints.step)",
               A_I(now), A_T("its attempt ended before every shard was reported"), A_I(job_id),
               A_I(epoch)) > 0)
     st_event(st, job_id, 0, "checkpoint.aborted", "attempt %lld ended with a checkpoint open",

@@ -295,9 +295,10 @@ int store_rank_exit(store_t *st, int64_t job_id, int64_t epoch, int rank, int ex
 /* Ends the running attempt `epoch` of a job. succeeded: the job SUCCEEDED.
  * Otherwise it FAILED for reason, and goes back to PENDING with restarts + 1
  * when restarts < max_restarts. Either way ranks still alive become STOPPED,
- * the job's devices are freed and the attempt's rendezvous data dropped. The
- * job's new state in *state (may be NULL). FSDP_ESTALE for an older epoch
- * or an attempt already ended. */
+ * the job's devices are freed, the attempt's rendezvous data dropped and its
+ * open checkpoints still missing a shard ABORTED (one with every shard in is
+ * left to its committer). The job's new state in *state (may be NULL).
+ * FSDP_ESTALE for an older epoch or an attempt already ended. */
 /* Ends a running attempt whose ranks were stopped from outside (a node
  * shutting down: preemption) as CANCELLED with reason, and puts the job back
  * to PENDING without spending a restart: it resumes from its latest

@@ -868,15 +868,21 @@ Test(store, checkpoints_open_commit_abort_and_are_fenced) {
   cr_assert_eq(store_ckpt_close(st, job, 10, NULL), 0);
   cr_assert_eq(store_ckpt_close(st, job, 10, NULL), FSDP_ESTATE, "committed once");
   cr_assert_eq(store_ckpt_report(st, job, 1, 10, 2, "/ck/step-00000010", &s0, &k), FSDP_ESTATE);
-  /* step 20 open when the attempt fails: aborted with it, pending removal */
+  /* step 20 open when the attempt fails: aborted with it, pending removal;
+   * step 15, every shard in and its commit still running, stays open for it */
   cr_assert_eq(store_ckpt_report(st, job, 1, 20, 2, "/ck/step-00000020", &s0, &k), 0);
+  cr_assert_eq(store_ckpt_report(st, job, 1, 15, 2, "/ck/step-00000015", &s0, &k), 0);
+  cr_assert_eq(store_ckpt_report(st, job, 1, 15, 2, "/ck/step-00000015", &s1, &k), 0);
   store_job_state_t next;
   cr_assert_eq(store_attempt_end(st, job, 1, 0, "rank 1 died", &next), 0);
   cr_assert_eq(store_ckpt_report(st, job, 1, 20, 2, "/ck/step-00000020", &s1, &k), FSDP_ESTALE);
   store_ckpt_t *v;
   cr_assert_eq(store_ckpt_pending(st, &v, &n), 0);
-  cr_assert(n == 1 && v[0].step == 20 && v[0].state == STORE_CKPT_ABORTED, "%d", n);
+  cr_assert(n == 2 && v[0].step == 15 && v[0].state == STORE_CKPT_OPEN && v[1].step == 20 &&
+            v[1].state == STORE_CKPT_ABORTED, "%d", n);
   store_array_free(v);
+  cr_assert_eq(store_ckpt_close(st, job, 15, NULL), 0, "the commit lands after the attempt's end");
+  cr_assert_eq(store_ckpt_removed(st, job, 15, 1), 0);
   /* attempt 2 writes step 20 again: the aborted one is replaced */
   cr_assert_eq(start_on(st, job, node, 2, &epoch), 0);
   cr_assert_eq(epoch, 2);
