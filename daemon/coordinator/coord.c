@@ -716,7 +716,8 @@ void coord_schedule(coord_t *c) {
   }
   if (store_job_list(c->st, STORE_JOB_BIT(STORE_JOB_PENDING), 0, &jobs, &nj))
     LOG_WARN("coord", "placement: %s", err_msg());
-  for (int i = 0; i < nj; i++) coord_place(c, &p, jobs[i].id);
+  for (int i = 0; i < nj; i++) /* a job whose old files are being removed waits for that */
+    if (!coord_ckpt_removing_job(c, jobs[i].id)) coord_place(c, &p, jobs[i].id);
   store_jobs_free(jobs, nj);
   coord_pic_free(&p);
 }

@@ -51,7 +51,7 @@ static int coord_ckpt_sum(const char *s, uint64_t *out) {
 typedef struct coord_rm {
   uv_work_t work;
   coord_t *c; /* NULL once the coordinator went (coord_ckpt_detach) */
-  int64_t job, step;
+  int64_t job, step, epoch;
   int forget; /* the store forgets the checkpoint (retention), else marks it removed */
   int rc;
   char err[512];
@@ -62,6 +62,12 @@ typedef struct coord_rm {
 int coord_ckpt_removing(const coord_t *c, const char *dir) {
   for (const coord_rm_t *r = c->removing; r; r = r->next)
     if (!strcmp(r->dir, dir)) return 1;
+  return 0;
+}
+
+int coord_ckpt_removing_job(const coord_t *c, int64_t job) {
+  for (const coord_rm_t *r = c->removing; r; r = r->next)
+    if (r->job == job) return 1;
   return 0;
 }
 
@@ -80,10 +86,11 @@ static void coord_ckpt_rm_done(uv_work_t *w, int status) {
         *pp = r->next;
         break;
       }
+    c->dirty = 1; /* its job may wait for it to be placed again */
     if (status || r->rc)
       LOG_WARN("coord", "job j-%lld: checkpoint of step %lld not removed: %s", (long long)r->job,
                (long long)r->step, status ? uv_strerror(status) : r->err);
-    else if (store_ckpt_removed(c->st, r->job, r->step, r->forget))
+    else if (store_ckpt_removed(c->st, r->job, r->step, r->epoch, r->forget))
       LOG_WARN("coord", "job j-%lld: checkpoint of step %lld: %s", (long long)r->job,
                (long long)r->step, err_msg());
     else if (r->forget)
@@ -99,7 +106,7 @@ static void coord_ckpt_remove(coord_t *c, const store_ckpt_t *k, int forget) {
   if (coord_ckpt_removing(c, k->dir)) return;
   coord_rm_t *r = calloc(1, sizeof *r);
   if (!r) return; /* the next pass tries again */
-  r->c = c, r->job = k->job_id, r->step = k->step, r->forget = forget;
+  r->c = c, r->job = k->job_id, r->step = k->step, r->epoch = k->epoch, r->forget = forget;
   snprintf(r->dir, sizeof r->dir, "%s", k->dir);
   r->work.data = r;
   if (uv_queue_work(c->loop, &r->work, coord_ckpt_rm_work, coord_ckpt_rm_done)) {
@@ -144,7 +151,7 @@ typedef struct coord_commit {
 
 static void coord_ckpt_commit_work(uv_work_t *w) {
   coord_commit_t *m = w->data;
-  m->rc = m->rep ? ckpt_commit(m->k.dir, m->k.shards, m->rep) : m->rc;
+  m->rc = ckpt_commit(m->k.dir, m->k.shards, m->rep);
   if (m->rc) snprintf(m->err, sizeof m->err, "%s", err_msg()); /* err_msg is per thread */
 }
 
@@ -162,7 +169,7 @@ static void coord_ckpt_commit_done(uv_work_t *w, int status) {
       }
     if (status && !m->rc) m->rc = FSDP_ECANCELED, snprintf(m->err, sizeof m->err, "%s", uv_strerror(status));
     const char *why = m->rc ? m->err : NULL;
-    if (store_ckpt_close(c->st, k->job_id, k->step, why)) {
+    if (store_ckpt_close(c->st, k->job_id, k->step, k->epoch, why)) {
       LOG_WARN("coord", "job j-%lld: checkpoint of step %lld: %s", (long long)k->job_id,
                (long long)k->step, err_msg());
     } else if (why) {
@@ -226,11 +233,9 @@ static int coord_ckpt_commit(coord_t *c, const store_ckpt_t *k, int keep, uint64
     ckpt_shard_name(m->rep[j].name, sizeof m->rep[j].name, sh[j].shard, k->shards);
   }
   free(sh);
-  if (rc) { /* recorded wrong: the commit aborts, saying so (on the pool's way, for one path) */
-    m->rc = rc;
-    snprintf(m->err, sizeof m->err, "%s", err_msg());
-    free(m->rep);
-    m->rep = NULL;
+  if (rc) { /* left open: the janitor tries again */
+    free(m->rep), free(m);
+    return rc;
   }
   if (uv_queue_work(c->loop, &m->work, coord_ckpt_commit_work, coord_ckpt_commit_done)) {
     free(m->rep), free(m);
@@ -295,6 +300,11 @@ void coord_ckpt_report_cb(rpc_call_t *call, const ProtobufCMessage *req, void *a
       rc = err_set(FSDP_EINVAL, "path: '%.200s' is not where rank %u's shard of step %" PRId64
                    " goes (%s)", q->path ? q->path : "", q->rank, q->step, want);
   }
+  for (const coord_commit_t *m = c->committing; !rc && m; m = m->next)
+    if (m->k.job_id == job && m->k.step == q->step && m->k.epoch != (int64_t)q->attempt)
+      rc = err_set(FSDP_EUNAVAILABLE, "the checkpoint of step %" PRId64 " written by attempt "
+                   "%lld is being committed; this attempt's shard of it cannot be taken now",
+                   q->step, (long long)m->k.epoch);
   store_ckpt_t k;
   if (!rc) {
     store_ckpt_shard_t sh = {pl.shard_rank, (int)q->rank, q->bytes, sum};
@@ -419,7 +429,7 @@ void coord_ckpt_janitor(coord_t *c) {
         char why[256];
         snprintf(why, sizeof why, "%d of %d shards reported within %.0f s (--checkpoint-timeout-ms)",
                  k->reported, k->shards, c->o.checkpoint_timeout_ms / 1000.0);
-        if (!store_ckpt_close(c->st, k->job_id, k->step, why)) {
+        if (!store_ckpt_close(c->st, k->job_id, k->step, k->epoch, why)) {
           LOG_WARN("coord", "job j-%lld: checkpoint of step %lld aborted: %s",
                    (long long)k->job_id, (long long)k->step, why);
           c->ckpt_aborts++;

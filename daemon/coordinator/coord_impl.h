@@ -207,8 +207,10 @@ void coord_ckpt_janitor(coord_t *c);
 /* Keeps the newest keep committed checkpoints of job (keep <= 0: all),
  * removing older ones that no export is reading. */
 void coord_ckpt_retain(coord_t *c, int64_t job, int keep);
-/* Whether dir is being removed (on the pool). */
+/* Whether dir is being removed (on the pool); whether any of job's is
+ * (the job is not placed meanwhile: a new attempt could write there). */
 int coord_ckpt_removing(const coord_t *c, const char *dir);
+int coord_ckpt_removing_job(const coord_t *c, int64_t job);
 /* The coordinator goes: removals and commits still running forget it. */
 void coord_ckpt_detach(coord_t *c);
 /* 0 when no job still to run but self (stored, or in this turn's submits)

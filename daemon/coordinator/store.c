@@ -1584,19 +1584,20 @@ int store_ckpt_shards(store_t *st, int64_t job_id, int64_t step, store_ckpt_shar
   return store_end(st, rc);
 }
 
-int store_ckpt_close(store_t *st, int64_t job_id, int64_t step, const char *abort_reason) {
+int store_ckpt_close(store_t *st, int64_t job_id, int64_t step, int64_t epoch,
+                     const char *abort_reason) {
   int rc = store_begin(st, 1);
   if (rc) return rc;
   const int64_t now = store_now_ms();
   const int commit = abort_reason == NULL;
   if (st_exec(st,
               "UPDATE checkpoints SET state = ?, closed_ms = ?, reason = ? WHERE job_id = ? AND "
-              "step = ? AND state = 'OPEN'",
+              "step = ? AND epoch = ? AND state = 'OPEN'",
               A_T(commit ? "COMMITTED" : "ABORTED"), A_I(now), A_T(commit ? "" : abort_reason),
-              A_I(job_id), A_I(step)) <= 0) {
+              A_I(job_id), A_I(step), A_I(epoch)) <= 0) {
     if (!st->rc)
-      rc = err_set(FSDP_ESTATE, "job %lld: no open checkpoint of step %lld", (long long)job_id,
-                   (long long)step);
+      rc = err_set(FSDP_ESTATE, "job %lld: no open checkpoint of step %lld from attempt %lld",
+                   (long long)job_id, (long long)step, (long long)epoch);
     return store_end(st, rc);
   }
   if (commit) st_event(st, job_id, 0, "checkpoint.committed", "step %lld", (long long)step);
@@ -1622,9 +1623,12 @@ int store_ckpt_pending(store_t *st, store_ckpt_t **ckpts, int *n) {
   return store_end(st, rc);
 }
 
-int store_ckpt_removed(store_t *st, int64_t job_id, int64_t step, int forget) {
+int store_ckpt_removed(store_t *st, int64_t job_id, int64_t step, int64_t epoch, int forget) {
   int rc = store_begin(st, 1);
   if (rc) return rc;
+  if (!st_int(st, 0, "SELECT 1 FROM checkpoints WHERE job_id = ? AND step = ? AND epoch = ?",
+              A_I(job_id), A_I(step), A_I(epoch)))
+    return store_end(st, 0); /* a later attempt's row: not the one removed */
   if (forget) {
     st_exec(st, "DELETE FROM checkpoint_shards WHERE job_id = ? AND step = ?", A_I(job_id), A_I(step));
     st_exec(st, "DELETE FROM checkpoints WHERE job_id = ? AND step = ?", A_I(job_id), A_I(step));

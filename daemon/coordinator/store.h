@@ -216,17 +216,20 @@ int store_ckpt_report(store_t *st, int64_t job_id, int64_t epoch, int64_t step, 
 /* The shards reported for a checkpoint, by shard. */
 int store_ckpt_shards(store_t *st, int64_t job_id, int64_t step, store_ckpt_shard_t **shards,
                       int *n);
-/* OPEN -> COMMITTED (reason NULL) or ABORTED (with reason), with an event.
- * FSDP_ESTATE when it is not open. */
-int store_ckpt_close(store_t *st, int64_t job_id, int64_t step, const char *abort_reason);
+/* OPEN -> COMMITTED (reason NULL) or ABORTED (with reason), with an event:
+ * the checkpoint of step written by attempt epoch. FSDP_ESTATE when it is
+ * not open (or a later attempt's row replaced it). */
+int store_ckpt_close(store_t *st, int64_t job_id, int64_t step, int64_t epoch,
+                     const char *abort_reason);
 /* A job's checkpoints by step (job_id 0: every job's), newest first. */
 int store_ckpt_list(store_t *st, int64_t job_id, store_ckpt_t **ckpts, int *n);
 /* Checkpoints the coordinator still has work on: OPEN ones (to commit or
  * time out) and ABORTED ones whose files are not removed yet. */
 int store_ckpt_pending(store_t *st, store_ckpt_t **ckpts, int *n);
 /* An aborted checkpoint's files are gone (removed = 1); or, forget: a
- * committed one retention removed, whose row goes too. */
-int store_ckpt_removed(store_t *st, int64_t job_id, int64_t step, int forget);
+ * committed one retention removed, whose row goes too. Attempt epoch's row
+ * only: one a later attempt put there is left alone. */
+int store_ckpt_removed(store_t *st, int64_t job_id, int64_t step, int64_t epoch, int forget);
 
 /* ---- opening ---- */
 typedef struct store_opts {

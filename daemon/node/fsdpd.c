@@ -284,10 +284,11 @@ static int fsdpd_options(fsdpd_t *D, int argc, char **argv, int *as_user, unsign
 #define FSDPD_PROBE_S 60 /* loading CUDA and NCCL can take seconds on a cold node */
 
 typedef struct fsdpd_probe {
-  int done;
+  int done, late;
   int64_t status;
   int term_signal;
   uv_timer_t timer;
+  supervise_t *set;
 } fsdpd_probe_t;
 
 static void fsdpd_probe_exit(supervise_t *s, void *arg, int64_t status, int term_signal) {
@@ -297,7 +298,11 @@ static void fsdpd_probe_exit(supervise_t *s, void *arg, int64_t status, int term
   uv_timer_stop(&p->timer);
 }
 
-static void fsdpd_probe_late(uv_timer_t *t) { supervise_stop(t->data, 0); }
+static void fsdpd_probe_late(uv_timer_t *t) {
+  fsdpd_probe_t *p = t->data;
+  p->late = 1;
+  supervise_stop(p->set, 0);
+}
 
 /* Whether the ranks this fsdpd starts can use the node's GPUs: the rank
  * program's --probe-device cuda, run as the ranks run (their user, fsdpd's
@@ -318,7 +323,8 @@ static int fsdpd_probe_gpus(const fsdpd_t *D, int as_user, unsigned uid, unsigne
   int rc = out ? supervise_create(&s, &loop, &so)
                : err_set_errno(FSDP_EIO, errno, "probing the GPUs: a temporary file");
   uv_timer_init(&loop, &p.timer);
-  p.timer.data = s;
+  p.timer.data = &p;
+  p.set = s;
   if (!rc && !(rc = supervise_spawn(s, &co, NULL))) {
     uv_timer_start(&p.timer, fsdpd_probe_late, FSDPD_PROBE_S * 1000, 0);
     uv_run(&loop, UV_RUN_DEFAULT); /* until it exits (killed when late) */
@@ -328,17 +334,25 @@ static int fsdpd_probe_gpus(const fsdpd_t *D, int as_user, unsigned uid, unsigne
   uv_run(&loop, UV_RUN_DEFAULT);
   uv_loop_close(&loop);
   if (!rc && !(p.done && !p.term_signal && p.status == 0)) {
-    char text[2048] = "";
+    char text[2048] = ""; /* the end of what it said: its last line is the verdict */
     size_t n = 0;
-    if (out && !fseek(out, 0, SEEK_SET)) n = fread(text, 1, sizeof text - 1, out);
+    if (out && !fseek(out, 0, SEEK_END)) {
+      const long size = ftell(out);
+      if (size > 0 && !fseek(out, size > (long)sizeof text - 1 ? size - (long)sizeof text + 1 : 0,
+                             SEEK_SET))
+        n = fread(text, 1, sizeof text - 1, out);
+    }
     text[n] = 0;
     while (n && text[n - 1] == '\n') text[--n] = 0;
     const char *nl = strrchr(text, '\n'), *last = nl ? nl + 1 : text;
-    rc = p.term_signal == SIGTERM || p.term_signal == SIGKILL
-             ? err_set(FSDP_ETIMEDOUT, "%s --probe-device cuda did not answer within %d s",
-                       D->rank_program, FSDPD_PROBE_S)
-             : err_set(FSDP_EUNSUPPORTED, "the GPUs the driver lists cannot be used by ranks "
-                       "here: %s", last[0] ? last : "the probe said nothing");
+    char how[64];
+    if (p.term_signal) snprintf(how, sizeof how, "killed by signal %d", p.term_signal);
+    else snprintf(how, sizeof how, "exit %lld", (long long)p.status);
+    rc = p.late ? err_set(FSDP_ETIMEDOUT, "%s --probe-device cuda did not answer within %d s",
+                          D->rank_program, FSDPD_PROBE_S)
+                : err_set(FSDP_EUNSUPPORTED, "the GPUs the driver lists cannot be used by ranks "
+                          "here: %s --probe-device cuda: %s (%s)", D->rank_program,
+                          last[0] ? last : "it said nothing", how);
   }
   if (out) fclose(out);
   return rc;

@@ -865,8 +865,8 @@ Test(store, checkpoints_open_commit_abort_and_are_fenced) {
   cr_assert_eq(store_ckpt_shards(st, job, 10, &sh, &n), 0);
   cr_assert(n == 2 && sh[0].sum == 0xabcdef0123456789ull && sh[1].rank == 1, "64-bit sums kept");
   store_array_free(sh);
-  cr_assert_eq(store_ckpt_close(st, job, 10, NULL), 0);
-  cr_assert_eq(store_ckpt_close(st, job, 10, NULL), FSDP_ESTATE, "committed once");
+  cr_assert_eq(store_ckpt_close(st, job, 10, 1, NULL), 0);
+  cr_assert_eq(store_ckpt_close(st, job, 10, 1, NULL), FSDP_ESTATE, "committed once");
   cr_assert_eq(store_ckpt_report(st, job, 1, 10, 2, "/ck/step-00000010", &s0, &k), FSDP_ESTATE);
   /* step 20 open when the attempt fails: aborted with it, pending removal;
    * step 15, every shard in and its commit still running, stays open for it */
@@ -881,17 +881,24 @@ Test(store, checkpoints_open_commit_abort_and_are_fenced) {
   cr_assert(n == 2 && v[0].step == 15 && v[0].state == STORE_CKPT_OPEN && v[1].step == 20 &&
             v[1].state == STORE_CKPT_ABORTED, "%d", n);
   store_array_free(v);
-  cr_assert_eq(store_ckpt_close(st, job, 15, NULL), 0, "the commit lands after the attempt's end");
-  cr_assert_eq(store_ckpt_removed(st, job, 15, 1), 0);
+  cr_assert_eq(store_ckpt_close(st, job, 15, 1, NULL), 0, "the commit lands after the attempt's end");
+  cr_assert_eq(store_ckpt_removed(st, job, 15, 1, 1), 0);
   /* attempt 2 writes step 20 again: the aborted one is replaced */
   cr_assert_eq(start_on(st, job, node, 2, &epoch), 0);
   cr_assert_eq(epoch, 2);
   cr_assert_eq(store_ckpt_report(st, job, 2, 20, 2, "/ck/step-00000020", &s1, &k), 0, "%s", err_msg());
   cr_assert(k.state == STORE_CKPT_OPEN && k.epoch == 2 && k.reported == 1);
+  /* attempt 1's late word on step 20 touches attempt 2's row in nothing */
+  cr_assert_eq(store_ckpt_close(st, job, 20, 1, NULL), FSDP_ESTATE, "attempt 1 cannot commit it");
+  cr_assert_eq(store_ckpt_removed(st, job, 20, 1, 0), 0);
+  cr_assert_eq(store_ckpt_pending(st, &v, &n), 0);
+  cr_assert(n == 1 && v[0].step == 20 && v[0].epoch == 2 && v[0].state == STORE_CKPT_OPEN &&
+            !v[0].removed, "attempt 2's step 20 is as it was");
+  store_array_free(v);
   cr_assert_eq(store_ckpt_list(st, job, &v, &n), 0);
   cr_assert(n == 2 && v[0].step == 20 && v[1].step == 10 && v[1].state == STORE_CKPT_COMMITTED);
   store_array_free(v);
-  cr_assert_eq(store_ckpt_removed(st, job, 10, 1), 0);
+  cr_assert_eq(store_ckpt_removed(st, job, 10, 1, 1), 0);
   cr_assert_eq(store_ckpt_list(st, job, &v, &n), 0);
   cr_assert_eq(n, 1, "retention forgets the row");
   store_array_free(v);
