@@ -28,6 +28,9 @@
 #define COORD_TICK_MS 50
 #define COORD_BEAT_SLACK_MS 250
 #define COORD_JANITOR_MS 1000 /* checkpoints' timeouts and removals are looked at this often */
+#define COORD_PURGE_MS 60000  /* the audit log's retention, this often (and at start) */
+#define COORD_PURGE_BATCH 10000
+#define COORD_PURGE_PASSES 10
 
 int64_t coord_unix_ms(void) {
   struct timespec ts;
@@ -724,6 +727,24 @@ void coord_schedule(coord_t *c) {
 
 /* ---- the timer ------------------------------------------------------------ */
 
+/* The audit log's retention: events older than --event-retention-days go,
+ * COORD_PURGE_BATCH at a time (each its own short transaction), at most
+ * COORD_PURGE_PASSES batches a pass; the rest next pass. */
+static void coord_events_purge(coord_t *c) {
+  const int days = c->o.event_retention_days;
+  if (days < 0) return;
+  const int64_t before = coord_unix_ms() - (int64_t)days * 86400000;
+  int removed = COORD_PURGE_BATCH, total = 0;
+  for (int i = 0; i < COORD_PURGE_PASSES && removed == COORD_PURGE_BATCH; i++) {
+    if (store_event_purge(c->st, before, COORD_PURGE_BATCH, &removed)) {
+      LOG_WARN("coord", "events: %s", err_msg());
+      return;
+    }
+    total += removed;
+  }
+  if (total) LOG_INFO("coord", "events: %d older than %d days removed", total, days);
+}
+
 static void coord_tick_cb(uv_timer_t *t) {
   coord_t *c = t->data;
   const uint64_t now = coord_mono_ms(c);
@@ -745,6 +766,10 @@ static void coord_tick_cb(uv_timer_t *t) {
     c->janitor_ms = now;
     coord_ckpt_janitor(c);
   }
+  if (!c->purged_ms || now - c->purged_ms >= COORD_PURGE_MS) {
+    c->purged_ms = now ? now : 1;
+    coord_events_purge(c);
+  }
 }
 
 /* After each turn of the loop's callbacks: that turn's submits, stored together. */
@@ -763,6 +788,7 @@ int coord_create(coord_t **out, uv_loop_t *loop, const coord_opts_t *o) {
   if (!c->o.heartbeat_interval_ms) c->o.heartbeat_interval_ms = 1000;
   if (!c->o.heartbeat_timeout_ms) c->o.heartbeat_timeout_ms = 5000;
   if (!c->o.checkpoint_timeout_ms) c->o.checkpoint_timeout_ms = 300000;
+  if (!c->o.event_retention_days) c->o.event_retention_days = 90;
   store_opts_t so = {.sync_normal = o->sync_normal};
   int rc = store_open(o->db, &so, &c->st);
   if (rc) {

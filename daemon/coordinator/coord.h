@@ -38,6 +38,7 @@ typedef struct coord_opts {
   int checkpoint_timeout_ms;     /* an open checkpoint missing a shard this long aborts; 0: 300000 */
   int sync_normal;               /* the store's synchronous=NORMAL (store.h) */
   const char *metrics_listen;    /* "0.0.0.0:9101": /metrics there (NULL: none) */
+  int event_retention_days;      /* audit events older than this go; 0: 90; < 0: kept forever */
 } coord_opts_t;
 
 /* Opens the store, reads back what was running, starts serving. */

@@ -136,6 +136,7 @@ struct coord {
   int nodes_changed;        /* a node registered or died since least_device was read */
   uint64_t least_device;    /* the smallest device memory of the alive nodes */
   uint64_t janitor_ms;      /* when coord_ckpt_janitor last ran */
+  uint64_t purged_ms;       /* when the audit log's retention last ran (0: not yet) */
   int retained;             /* its first run applied every job's retention */
   struct coord_rm *removing; /* checkpoint directories being removed on the pool */
   struct coord_commit *committing; /* checkpoints being committed on the pool */

@@ -44,6 +44,8 @@ static void usage(FILE *f) {
           "                             this long, so that nodes stopped by the same signal\n"
           "                             (a batch allocation ending) report their ranks'\n"
           "                             checkpoints and exits first (default 0: stop at once)\n"
+          "  --event-retention-days N   audit events (the database's events table) older\n"
+          "                             than this are removed (default 90; 0: kept forever)\n"
           "  --backup FILE              with --db only: copy the database into the new FILE\n"
           "                             and exit; safe while a coordinator runs on it (SQLite's\n"
           "                             online backup); start a coordinator on FILE to restore\n"
@@ -114,6 +116,7 @@ int main(int argc, char **argv) {
       {"heartbeat-timeout-ms", required_argument, 0, 't'}, {"sync", required_argument, 0, 's'},
       {"checkpoint-timeout-ms", required_argument, 0, 'C'}, {"backup", required_argument, 0, 'b'},
       {"metrics-listen", required_argument, 0, 'm'}, {"stop-grace", required_argument, 0, 'g'},
+      {"event-retention-days", required_argument, 0, 'e'},
       {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
   const char *roots[ROOTS_MAX];
   coord_opts_t o = {.listen = "127.0.0.1:7070", .roots = roots};
@@ -155,6 +158,17 @@ int main(int argc, char **argv) {
         return 2;
       }
       stop_grace_s = (int)g;
+      break;
+    }
+    case 'e': {
+      char *end;
+      long d = strtol(optarg, &end, 10);
+      if (!*optarg || *end || d < 0 || d > 36500) {
+        fprintf(stderr, "fsdp-coordinator: --event-retention-days: '%s' is not a number of days "
+                "(0 to 36500; 0 keeps them forever)\n", optarg);
+        return 2;
+      }
+      o.event_retention_days = d ? (int)d : -1;
       break;
     }
     case 'h': usage(stdout); return 0;

@@ -1295,14 +1295,32 @@ int store_event_add(store_t *st, int64_t job_id, int64_t node_id, const char *ki
   return store_end(st, 0);
 }
 
+int store_event_purge(store_t *st, int64_t before_ms, int max, int *removed) {
+  if (removed) *removed = 0;
+  int rc = store_begin(st, 1);
+  if (rc) return rc;
+  /* ids grow with time: the oldest max rows, of which those before the cut */
+  const int64_t n = st_exec(st,
+                            "DELETE FROM events WHERE id IN (SELECT id FROM events ORDER BY id "
+                            "LIMIT ?) AND time_ms < ?",
+                            A_I(max > 0 ? max : 1), A_I(before_ms));
+  if (removed && n > 0) *removed = (int)n;
+  return store_end(st, 0);
+}
+
 int store_event_list(store_t *st, int64_t job_id, int64_t after_id, store_event_t **events,
                      int *n) {
   int rc = store_begin(st, 0);
   if (rc) return rc;
-  rc = st_collect(st, store_event_t, event_row, events, n,
-                  "SELECT id, time_ms, job_id, node_id, kind, text FROM events "
-                  "WHERE id > ? AND (? = 0 OR job_id = ?) ORDER BY id",
-                  A_I(after_id), A_I(job_id), A_I(job_id));
+  /* one statement each, so a job's events come through events_job */
+  if (job_id > 0)
+    rc = st_collect(st, store_event_t, event_row, events, n,
+                    "SELECT id, time_ms, job_id, node_id, kind, text FROM events "
+                    "WHERE job_id = ? AND id > ? ORDER BY id", A_I(job_id), A_I(after_id));
+  else
+    rc = st_collect(st, store_event_t, event_row, events, n,
+                    "SELECT id, time_ms, job_id, node_id, kind, text FROM events "
+                    "WHERE id > ? ORDER BY id", A_I(after_id));
   return store_end(st, rc);
 }
 

@@ -336,6 +336,10 @@ void store_rendezvous_free(store_rendezvous_t *r);
  * their own; this is for what the coordinator sees besides. */
 int store_event_add(store_t *st, int64_t job_id, int64_t node_id, const char *kind,
                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* Removes events older than before_ms (Unix ms), the oldest first, at most
+ * max of them in this one transaction (a pass stays short; call again while
+ * *removed == max). *removed may be NULL. */
+int store_event_purge(store_t *st, int64_t before_ms, int max, int *removed);
 /* Events with id > after_id, of one job (job_id > 0) or all, oldest first. */
 int store_event_list(store_t *st, int64_t job_id, int64_t after_id, store_event_t **events,
                      int *n);

@@ -10,6 +10,7 @@
  * The coordinator runs with a 200 ms heartbeat interval and a 1 s timeout.
  * Every wait is bounded. */
 #include <criterion/criterion.h>
+#include <sqlite3.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -901,4 +902,42 @@ Test(coordinator, an_export_keeps_its_checkpoint_from_retention_until_it_ends, .
   cr_expect(ckpt_wait_removed(id, 20, d20),
             "the restarted coordinator kept step 20 beyond keep_checkpoints=1");
   cr_expect_eq(ckpt_state(id, 30, NULL, 0), CK_COMMITTED);
+}
+
+/* The count of events of kind in the database at path. */
+static int64_t events_of(const char *path, const char *kind) {
+  sqlite3 *h = NULL;
+  cr_assert_eq(sqlite3_open_v2(path, &h, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+  sqlite3_busy_timeout(h, 2000);
+  sqlite3_stmt *s = NULL;
+  cr_assert_eq(sqlite3_prepare_v2(h, "SELECT count(*) FROM events WHERE kind = ?", -1, &s, NULL),
+               SQLITE_OK, "%s", sqlite3_errmsg(h));
+  sqlite3_bind_text(s, 1, kind, -1, SQLITE_STATIC);
+  const int64_t n = sqlite3_step(s) == SQLITE_ROW ? sqlite3_column_int64(s, 0) : -1;
+  sqlite3_finalize(s);
+  sqlite3_close(h);
+  return n;
+}
+
+/* The audit log's retention: at start (then every minute) events older
+ * than --event-retention-days go; newer ones stay. */
+Test(coordinator, audit_events_older_than_the_retention_are_removed) {
+  char db[600];
+  snprintf(db, sizeof db, "%s", co_db);
+  cluster_stop(&co, SIGTERM);
+  sqlite3 *h = NULL;
+  cr_assert_eq(sqlite3_open(db, &h), SQLITE_OK);
+  cr_assert_eq(sqlite3_exec(h,
+                            "INSERT INTO events(time_ms, kind, text) VALUES "
+                            "(1000, 'test.old', 'from 1970'), "
+                            "(CAST(strftime('%s', 'now') AS INTEGER) * 1000, 'test.recent', 'now')",
+                            NULL, NULL, NULL), SQLITE_OK, "%s", sqlite3_errmsg(h));
+  sqlite3_close(h);
+  co_start(db, "127.0.0.1:0", "--event-retention-days 1");
+  client_for(&co, NULL);
+  const double t0 = tu_now_s();
+  while (events_of(db, "test.old") != 0 && tu_now_s() - t0 < 5)
+    nanosleep(&(struct timespec){0, 20000000}, NULL);
+  cr_expect_eq(events_of(db, "test.old"), 0, "an event from 1970 outlived a 1-day retention");
+  cr_expect_eq(events_of(db, "test.recent"), 1, "today's event went");
 }

@@ -596,6 +596,32 @@ Test(store, state_changes_leave_events_in_order) {
   store_close(st);
 }
 
+/* Retention: events before a time go, oldest first, a bounded batch at a
+ * time; newer ones stay. (The rows are aged by hand: the store's clock is
+ * the wall clock.) */
+Test(store, old_events_are_purged_in_bounded_batches) {
+  store_t *st = open_db("state.db");
+  for (int i = 0; i < 5; i++) cr_assert_eq(store_event_add(st, 0, 0, "test.old", "old %d", i), 0);
+  cr_assert_eq(store_event_add(st, 0, 0, "test.new", "new"), 0);
+  sqlite3 *db = raw_open("state.db");
+  cr_assert_eq(sqlite3_exec(db, "UPDATE events SET time_ms = 1000 WHERE kind = 'test.old'", NULL,
+                            NULL, NULL), SQLITE_OK);
+  sqlite3_close(db);
+  int removed = -1;
+  cr_assert_eq(store_event_purge(st, 2000, 3, &removed), 0, "%s", err_msg());
+  cr_assert_eq(removed, 3, "a batch of 3");
+  cr_assert_eq(store_event_purge(st, 2000, 3, &removed), 0);
+  cr_assert_eq(removed, 2, "the rest");
+  cr_assert_eq(store_event_purge(st, 2000, 3, &removed), 0);
+  cr_assert_eq(removed, 0);
+  store_event_t *e;
+  int n;
+  cr_assert_eq(store_event_list(st, 0, 0, &e, &n), 0);
+  cr_assert(n == 1 && !strcmp(e[0].kind, "test.new"), "%d left", n);
+  store_array_free(e);
+  store_close(st);
+}
+
 Test(store, a_dead_node_loses_its_ranks_and_re_registers) {
   store_t *st = open_db("state.db");
   int64_t a = add_node(st, "a", 1), b = add_node(st, "b", 1);
