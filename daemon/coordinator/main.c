@@ -94,16 +94,21 @@ static void on_signal(uv_signal_t *s, int signum) {
   uv_timer_start(&stop_wait, stop_wait_cb, 100, 100);
 }
 
-static int positive(const char *opt, const char *v, int *out) {
+/* A whole number of unit in [lo, hi] (the message names the option and the range). */
+static int whole(const char *opt, const char *v, long lo, long hi, const char *unit, int *out) {
   char *end;
   long x = strtol(v, &end, 10);
-  if (*v == '\0' || *end || x < 1 || x > 3600000) {
-    fprintf(stderr, "fsdp-coordinator: %s: '%s' is not a number of milliseconds (1 to 3600000)\n",
-            opt, v);
+  if (*v == '\0' || *end || x < lo || x > hi) {
+    fprintf(stderr, "fsdp-coordinator: %s: '%s' is not a number of %s (%ld to %ld)\n", opt, v,
+            unit, lo, hi);
     return -1;
   }
   *out = (int)x;
   return 0;
+}
+
+static int positive(const char *opt, const char *v, int *out) {
+  return whole(opt, v, 1, 3600000, "milliseconds", out);
 }
 
 int main(int argc, char **argv) {
@@ -149,28 +154,11 @@ int main(int argc, char **argv) {
       break;
     case 'b': backup = optarg; break;
     case 'm': o.metrics_listen = optarg; break;
-    case 'g': {
-      char *end;
-      long g = strtol(optarg, &end, 10);
-      if (!*optarg || *end || g < 0 || g > 3600) {
-        fprintf(stderr, "fsdp-coordinator: --stop-grace: '%s' is not a number of seconds (0 to "
-                "3600)\n", optarg);
-        return 2;
-      }
-      stop_grace_s = (int)g;
+    case 'g': if (whole("--stop-grace", optarg, 0, 3600, "seconds", &stop_grace_s)) return 2; break;
+    case 'e': /* 0: forever */
+      if (whole("--event-retention-days", optarg, 0, 36500, "days", &o.event_retention_days)) return 2;
+      if (!o.event_retention_days) o.event_retention_days = -1;
       break;
-    }
-    case 'e': {
-      char *end;
-      long d = strtol(optarg, &end, 10);
-      if (!*optarg || *end || d < 0 || d > 36500) {
-        fprintf(stderr, "fsdp-coordinator: --event-retention-days: '%s' is not a number of days "
-                "(0 to 36500; 0 keeps them forever)\n", optarg);
-        return 2;
-      }
-      o.event_retention_days = d ? (int)d : -1;
-      break;
-    }
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
     }
