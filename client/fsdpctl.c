@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "client/pbjson.h"
@@ -750,6 +751,113 @@ static int cmd_checkpoints(ctl_t *c, int argc, char **argv) {
   return ctl_table_out(c, t);
 }
 
+/* ---- events ---------------------------------------------------------------------------- */
+
+#define CTL_EVENTS_POLL_MS 1000 /* events --follow: how often it asks for new ones */
+
+/* One page of events after after_id (0: the newest limit); *rep on success. */
+static int ctl_events_page(ctl_t *c, const char *job, int64_t after_id, uint32_t limit,
+                           Fsdp__V1__ListEventsReply **rep) {
+  Fsdp__V1__ListEventsRequest req = FSDP__V1__LIST_EVENTS_REQUEST__INIT;
+  req.job_id = (char *)(job ? job : "");
+  req.after_id = after_id;
+  req.limit = limit;
+  *rep = NULL;
+  return ctl_call(c, "ListEvents", &req.base, &fsdp__v1__list_events_reply__descriptor, rep);
+}
+
+/* Prints a page (a table; header: with its header line) and moves *last to
+ * its last id. JSON: one object per line when following, else one array. */
+static int ctl_events_print(ctl_t *c, const Fsdp__V1__ListEventsReply *rep, int header,
+                            int follow, int64_t *last) {
+  if (rep->n_events) *last = rep->events[rep->n_events - 1]->id;
+  if (c->json && !follow) return ctl_json_list(c, (void *const *)rep->events, rep->n_events);
+  if (c->json) {
+    for (size_t i = 0; i < rep->n_events; i++) ctl_json(c, pbjson_message(&rep->events[i]->base), 0);
+    return CTL_EXIT_OK;
+  }
+  if (!rep->n_events && !header) return CTL_EXIT_OK;
+  static const char *const h[] = {"TIME", "JOB", "NODE", "KIND", "EVENT", NULL};
+  static const char *const none[] = {"", "", "", "", "", NULL};
+  table_t *t = table_create(0, header ? h : none);
+  for (size_t i = 0; t && i < rep->n_events; i++) {
+    const Fsdp__V1__Event *e = rep->events[i];
+    char when[32] = "-";
+    const time_t secs = (time_t)(e->unix_ms / 1000);
+    struct tm tm;
+    if (localtime_r(&secs, &tm)) strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
+    table_cell(t, "%s", when);
+    table_cell(t, "%s", *e->job_id ? e->job_id : "-");
+    table_cell(t, "%s", *e->node_id ? e->node_id : "-");
+    table_cell(t, "%s", e->kind);
+    table_cell(t, "%s", e->text);
+  }
+  return ctl_table_out(c, t);
+}
+
+/* *ended: whether job has ended, in the coordinator's word. Returns an exit
+ * code (the failure printed). */
+static int ctl_job_has_ended(ctl_t *c, const char *job, int *ended) {
+  Fsdp__V1__GetJobRequest req = FSDP__V1__GET_JOB_REQUEST__INIT;
+  req.job_id = (char *)job;
+  Fsdp__V1__GetJobReply *rep = NULL;
+  int rc = ctl_call(c, "GetJob", &req.base, &fsdp__v1__get_job_reply__descriptor, &rep);
+  if (rc) return ctl_fail(c, rc, "events of job %s", job);
+  *ended = rep->job && ctl_job_ended(rep->job->state);
+  ctl_free(rep);
+  return CTL_EXIT_OK;
+}
+
+static int cmd_events(ctl_t *c, int argc, char **argv) {
+  const char *job = NULL, *v;
+  unsigned long limit = 0;
+  int follow = 0;
+  for (int i = 0; i < argc; i++) {
+    int r = ctl_global_opt(c, argc, argv, &i);
+    if (r < 0) return CTL_EXIT_INVALID;
+    if (r) continue;
+    if ((r = ctl_opt(c, argc, argv, &i, "--limit", &v))) {
+      if (r < 0 || ctl_uint(c, "--limit", v, 10000, &limit)) return CTL_EXIT_INVALID;
+      if (!limit) return ctl_usage(c, "--limit 0: give 1 to 10000");
+    } else if (!strcmp(argv[i], "--follow") || !strcmp(argv[i], "-f")) {
+      follow = 1;
+    } else if (argv[i][0] == '-' || job) {
+      return ctl_unknown(c, argv[i]);
+    } else {
+      job = argv[i];
+    }
+  }
+  const char *what = job ? job : "the cluster";
+  Fsdp__V1__ListEventsReply *rep = NULL;
+  int64_t last = 0;
+  int rc = ctl_events_page(c, job, 0, (uint32_t)(limit ? limit : 20 + 80 * !follow), &rep);
+  if (rc) return ctl_fail(c, rc, "events of %s", what);
+  int code = ctl_events_print(c, rep, 1, follow, &last);
+  ctl_free(rep);
+  /* --follow: new events as they come, a page at a time, until the job has
+   * ended and nothing came after (without JOB: until interrupted) */
+  for (int quiet = 0; follow && code == CTL_EXIT_OK;) {
+    if ((rc = ctl_events_page(c, job, last, 1000, &rep)))
+      return ctl_fail(c, rc, "events of %s", what);
+    const size_t got = rep->n_events;
+    code = ctl_events_print(c, rep, 0, 1, &last);
+    ctl_free(rep);
+    if (got == 1000) continue; /* more are waiting */
+    if (quiet) break;          /* the job had ended, and the last ask found nothing more */
+    int ended = 0;
+    if (!got && job) {
+      if ((code = ctl_job_has_ended(c, job, &ended))) break;
+      if (ended) {
+        quiet = 1; /* once more: its last events were committed with its end */
+        continue;
+      }
+    }
+    nanosleep(&(struct timespec){CTL_EVENTS_POLL_MS / 1000, CTL_EVENTS_POLL_MS % 1000 * 1000000L},
+              NULL);
+  }
+  return code;
+}
+
 /* ---- export ---------------------------------------------------------------------------- */
 
 /* Writes n bytes at off of fd, whole; errno's message on failure. */
@@ -1017,6 +1125,15 @@ static const ctl_cmd_t ctl_cmds[] = {
     {"checkpoints", cmd_checkpoints, "checkpoints JOB",
      "A job's checkpoints: step, attempt, state (OPEN, COMMITTED, ABORTED), shards reported,\n"
      "size, when opened, directory (and why an aborted one was).\n"},
+    {"events", cmd_events, "events [JOB] [--limit N] [--follow]",
+     "The coordinator's audit log, oldest first: what happened to a job (submitted,\n"
+     "placed, pending and why, attempts started and ended, ranks' exits, restarts,\n"
+     "checkpoints opened, committed, aborted and removed), or without JOB to every job\n"
+     "and node (registered, dead). Kept --event-retention-days (default 90).\n"
+     "  --limit N      the newest N events (default 100; with --follow 20), at most 10000\n"
+     "  --follow, -f   then keep printing new events as they come (every second) until\n"
+     "                 the job has ended (without JOB: until interrupted); --output\n"
+     "                 json prints one JSON object per line\n"},
     {"export", cmd_export,
      "export JOB [--step N] [--format safetensors] [--dtype fp32|bf16] -o FILE [--force]",
      "Writes a committed checkpoint's weights as one file, streamed from the coordinator:\n"

@@ -21,6 +21,8 @@
 
 #define COORD_LIST_DEFAULT 1000 /* ListJobs without a limit: the newest this many */
 #define COORD_VALUE_MAX 4096    /* longest option value accepted */
+#define COORD_EVENTS_DEFAULT 100  /* ListEvents without a limit */
+#define COORD_EVENTS_MAX 10000    /* the most one ListEvents answers */
 
 /* ---- replies' memory: everything a reply points to, freed after sending ---- */
 
@@ -550,6 +552,55 @@ static void coord_nodes_cb(rpc_call_t *call, const ProtobufCMessage *req, void *
   coord_reply(call, &a, &rep.base);
 }
 
+static void coord_events_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
+  coord_t *c = arg;
+  const Fsdp__V1__ListEventsRequest *q = (const void *)req;
+  int64_t job = 0;
+  if (q->job_id[0]) {
+    store_job_t j;
+    if (coord_job_arg(c, call, q->job_id, &j)) return;
+    job = j.id;
+    store_job_free(&j);
+  }
+  int rc = FSDP_OK;
+  if (q->after_id < 0)
+    rc = err_set(FSDP_EINVAL, "after_id: %lld; give 0 for the newest events, or the id of the last "
+                 "one seen", (long long)q->after_id);
+  else if (q->limit > COORD_EVENTS_MAX)
+    rc = err_set(FSDP_EINVAL, "limit: %u; at most %d a call (ask again after the last id for "
+                 "more)", q->limit, COORD_EVENTS_MAX);
+  if (rc) {
+    rpc_call_finish(call, rc);
+    return;
+  }
+  const int limit = q->limit ? (int)q->limit : COORD_EVENTS_DEFAULT;
+  store_event_t *ev = NULL;
+  int n = 0;
+  rc = store_event_list(c->st, job, q->after_id ? q->after_id : STORE_EVENTS_NEWEST, limit,
+                            &ev, &n);
+  if (rc) {
+    rpc_call_finish(call, rc);
+    return;
+  }
+  coord_arena_t a = {0};
+  Fsdp__V1__ListEventsReply rep = FSDP__V1__LIST_EVENTS_REPLY__INIT;
+  rep.events = coord_alloc(&a, (size_t)n * sizeof *rep.events);
+  for (int i = 0; rep.events && i < n; i++) {
+    Fsdp__V1__Event *m = coord_alloc(&a, sizeof *m);
+    if (!m) break;
+    fsdp__v1__event__init(m);
+    m->id = ev[i].id;
+    m->unix_ms = ev[i].time_ms;
+    m->job_id = ev[i].job_id ? coord_idstr(&a, 'j', ev[i].job_id) : "";
+    m->node_id = ev[i].node_id ? coord_idstr(&a, 'n', ev[i].node_id) : "";
+    m->kind = coord_str(&a, ev[i].kind);
+    m->text = coord_str(&a, ev[i].text);
+    rep.events[rep.n_events++] = m;
+  }
+  store_array_free(ev);
+  coord_reply(call, &a, &rep.base);
+}
+
 /* ---- node ------------------------------------------------------------------- */
 
 static int coord_kind(const char *s, store_dev_kind_t *k) {
@@ -788,6 +839,7 @@ int coord_rpc_register(coord_t *c) {
       M("ExportCheckpoint", export_checkpoint_request, export_chunk, 1, RPC_ROLE_USER,
         coord_export_cb),
       M("ListNodes", list_nodes_request, list_nodes_reply, 0, RPC_ROLE_USER, coord_nodes_cb),
+      M("ListEvents", list_events_request, list_events_reply, 0, RPC_ROLE_USER, coord_events_cb),
       M("RegisterNode", register_node_request, register_node_reply, 0, RPC_ROLE_NODE,
         coord_register_cb),
       M("Heartbeat", heartbeat_request, heartbeat_reply, 0, RPC_ROLE_NODE, coord_heartbeat_cb),

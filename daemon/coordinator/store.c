@@ -1075,7 +1075,10 @@ int store_rank_exit(store_t *st, int64_t job_id, int64_t epoch, int rank, int ex
               "AND exit_status IS NULL",
               A_I(exit_status), A_I(exit_status), A_I(exit_status), A_I(JOB_EXIT_PREEMPTED),
               A_I(job_id), A_I(epoch), A_I(rank)) > 0)
-    st_event(st, job_id, 0, "rank.exited", "rank %d of attempt %lld exited with status %d", rank,
+    st_event(st, job_id,
+             st_int(st, 0, "SELECT node_id FROM ranks WHERE job_id = ? AND epoch = ? AND rank = ?",
+                    A_I(job_id), A_I(epoch), A_I(rank)),
+             "rank.exited", "rank %d of attempt %lld exited with status %d", rank,
              (long long)epoch, exit_status);
   store_attempt_verdict_t v = STORE_ATTEMPT_ENDED;
   if (b.state == STORE_JOB_RUNNING) {
@@ -1308,19 +1311,29 @@ int store_event_purge(store_t *st, int64_t before_ms, int max, int *removed) {
   return store_end(st, 0);
 }
 
-int store_event_list(store_t *st, int64_t job_id, int64_t after_id, store_event_t **events,
-                     int *n) {
+int store_event_list(store_t *st, int64_t job_id, int64_t after_id, int limit,
+                     store_event_t **events, int *n) {
   int rc = store_begin(st, 0);
   if (rc) return rc;
-  /* one statement each, so a job's events come through events_job */
-  if (job_id > 0)
+  const int64_t lim = limit > 0 ? limit : -1; /* SQLite: a negative LIMIT is none */
+  /* one statement each, so a job's events come through events_job; the
+   * newest are read backwards from the end of the index, then turned */
+#define EVENT_SELECT "SELECT id, time_ms, job_id, node_id, kind, text FROM events "
+  if (after_id == STORE_EVENTS_NEWEST && job_id > 0)
     rc = st_collect(st, store_event_t, event_row, events, n,
-                    "SELECT id, time_ms, job_id, node_id, kind, text FROM events "
-                    "WHERE job_id = ? AND id > ? ORDER BY id", A_I(job_id), A_I(after_id));
+                    "SELECT * FROM (" EVENT_SELECT "WHERE job_id = ? ORDER BY id DESC LIMIT ?) "
+                    "ORDER BY id", A_I(job_id), A_I(lim));
+  else if (after_id == STORE_EVENTS_NEWEST)
+    rc = st_collect(st, store_event_t, event_row, events, n,
+                    "SELECT * FROM (" EVENT_SELECT "ORDER BY id DESC LIMIT ?) ORDER BY id", A_I(lim));
+  else if (job_id > 0)
+    rc = st_collect(st, store_event_t, event_row, events, n,
+                    EVENT_SELECT "WHERE job_id = ? AND id > ? ORDER BY id LIMIT ?", A_I(job_id),
+                    A_I(after_id), A_I(lim));
   else
     rc = st_collect(st, store_event_t, event_row, events, n,
-                    "SELECT id, time_ms, job_id, node_id, kind, text FROM events "
-                    "WHERE id > ? ORDER BY id", A_I(after_id));
+                    EVENT_SELECT "WHERE id > ? ORDER BY id LIMIT ?", A_I(after_id), A_I(lim));
+#undef EVENT_SELECT
   return store_end(st, rc);
 }
 

@@ -340,9 +340,12 @@ int store_event_add(store_t *st, int64_t job_id, int64_t node_id, const char *ki
  * max of them in this one transaction (a pass stays short; call again while
  * *removed == max). *removed may be NULL. */
 int store_event_purge(store_t *st, int64_t before_ms, int max, int *removed);
-/* Events with id > after_id, of one job (job_id > 0) or all, oldest first. */
-int store_event_list(store_t *st, int64_t job_id, int64_t after_id, store_event_t **events,
-                     int *n);
+/* Events of one job (job_id > 0) or all, oldest first, at most limit of
+ * them (limit <= 0: no bound): those with id > after_id, or with after_id
+ * STORE_EVENTS_NEWEST the newest limit. */
+#define STORE_EVENTS_NEWEST (-1)
+int store_event_list(store_t *st, int64_t job_id, int64_t after_id, int limit,
+                     store_event_t **events, int *n);
 
 /* ---- readers ---- */
 /* The job submitted with request_id (a client's idempotency key), or

@@ -941,3 +941,68 @@ Test(coordinator, audit_events_older_than_the_retention_are_removed) {
   cr_expect_eq(events_of(db, "test.old"), 0, "an event from 1970 outlived a 1-day retention");
   cr_expect_eq(events_of(db, "test.recent"), 1, "today's event went");
 }
+
+/* ListEvents: a job's story as the coordinator committed it, oldest first,
+ * paged by id; without a job, the nodes' events too. */
+Test(coordinator, list_events_tells_a_jobs_story_in_order) {
+  char d[600], a[32], b[32];
+  data_opt(d, sizeof d);
+  node_t n = {{0}, 0};
+  node_register(&n, "evhost", 2, 8ull << 30, NULL, 0);
+  const char *kv[] = {"model=tiny", d, "steps=3", NULL};
+  cr_assert_eq(submit(2, kv, a, sizeof a), 0, "%s", err_msg());
+  cr_assert_eq(submit(2, kv, b, sizeof b), 0, "%s", err_msg()); /* waits: another job's events */
+  cr_assert_eq(report_exit(&n, a, 1, 0, 0), 0, "%s", err_msg());
+  cr_assert_eq(report_exit(&n, a, 1, 1, 0), 0, "%s", err_msg());
+  Fsdp__V1__ListEventsRequest q = FSDP__V1__LIST_EVENTS_REQUEST__INIT;
+  q.job_id = a;
+  Fsdp__V1__ListEventsReply *r = NULL;
+  cr_assert_eq(CALL("ListEvents", q, list_events_reply, &r), 0, "%s", err_msg());
+  static const char *const story[] = {"job.submitted", "attempt.started", "rank.exited",
+                                      "rank.exited", "attempt.ended"};
+  size_t k = 0;
+  for (size_t i = 0; i < r->n_events; i++) {
+    const Fsdp__V1__Event *e = r->events[i];
+    cr_expect_str_eq(e->job_id, a, "event %s is another job's", e->kind);
+    cr_expect(i == 0 || e->id > r->events[i - 1]->id, "not oldest first");
+    cr_expect_gt(e->unix_ms, (int64_t)(tu_now_s() - 60) * 1000);
+    if (!strcmp(e->kind, "rank.exited"))
+      cr_expect_str_eq(e->node_id, n.id, "a rank's exit names its node");
+    if (k < 5 && !strcmp(e->kind, story[k])) k++;
+  }
+  cr_expect_eq(k, 5, "the story of %s stops at %s (%zu events)", a, k < 5 ? story[k] : "", r->n_events);
+  const int64_t second = r->n_events > 1 ? r->events[1]->id : 0, all = (int64_t)r->n_events;
+  reply_free(r);
+  /* after an id, a page of 2 */
+  q.after_id = second, q.limit = 2;
+  cr_assert_eq(CALL("ListEvents", q, list_events_reply, &r), 0, "%s", err_msg());
+  cr_expect(r->n_events == 2 && r->events[0]->id > second, "%zu events after id %lld", r->n_events,
+            (long long)second);
+  reply_free(r);
+  /* the newest 1: the attempt's end */
+  q.after_id = 0, q.limit = 1;
+  cr_assert_eq(CALL("ListEvents", q, list_events_reply, &r), 0, "%s", err_msg());
+  cr_expect(r->n_events == 1 && !strcmp(r->events[0]->kind, "attempt.ended") &&
+            strstr(r->events[0]->text, "SUCCEEDED"), "of %lld", (long long)all);
+  reply_free(r);
+  /* the cluster's: the node's registration, named, and both jobs */
+  q.job_id = "", q.limit = 0;
+  cr_assert_eq(CALL("ListEvents", q, list_events_reply, &r), 0, "%s", err_msg());
+  int node_seen = 0, b_seen = 0;
+  for (size_t i = 0; i < r->n_events; i++) {
+    node_seen |= !strcmp(r->events[i]->kind, "node.registered") && !strcmp(r->events[i]->node_id, n.id) &&
+                 !*r->events[i]->job_id && strstr(r->events[i]->text, "evhost");
+    b_seen |= !strcmp(r->events[i]->job_id, b);
+  }
+  cr_expect(node_seen && b_seen, "node %s registered: %d; job %s: %d", n.id, node_seen, b, b_seen);
+  reply_free(r);
+  /* refusals name the field */
+  q.job_id = "j-999";
+  cr_expect_eq(CALL("ListEvents", q, list_events_reply, &r), FSDP_ENOTFOUND);
+  q.job_id = a, q.limit = 10001;
+  cr_expect_eq(CALL("ListEvents", q, list_events_reply, &r), FSDP_EINVAL);
+  cr_expect(strstr(err_msg(), "limit"), "%s", err_msg());
+  q.limit = 0, q.after_id = -5;
+  cr_expect_eq(CALL("ListEvents", q, list_events_reply, &r), FSDP_EINVAL);
+  cr_expect(strstr(err_msg(), "after_id"), "%s", err_msg());
+}

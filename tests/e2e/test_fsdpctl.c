@@ -136,7 +136,7 @@ static void h_get_job(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   (void)arg;
   const Fsdp__V1__GetJobRequest *req = (const void *)m;
   rec_put(rpc_call_method(call), m);
-  if (strcmp(req->job_id, "j-42")) {
+  if (strcmp(req->job_id, "j-42") && strcmp(req->job_id, "j-ok")) {
     rpc_call_finish(call, err_set(FSDP_ENOTFOUND, "job %s: no such job; fsdpctl jobs lists them",
                                   req->job_id));
     return;
@@ -145,6 +145,7 @@ static void h_get_job(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   Fsdp__V1__JobSpec spec;
   Fsdp__V1__RankStatus rs[2], *rp[2];
   fill_job(&job, &spec, rs, rp, req->job_id);
+  if (!strcmp(req->job_id, "j-ok")) job.state = FSDP__V1__JOB_STATE__JOB_STATE_SUCCEEDED;
   Fsdp__V1__GetJobReply rep = FSDP__V1__GET_JOB_REPLY__INIT;
   rep.job = &job;
   rpc_call_reply(call, &rep.base);
@@ -275,6 +276,50 @@ static void h_nodes(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   rpc_call_reply(call, &rep.base);
 }
 
+/* ListEvents, as the coordinator pages them. "" and j-42: five events, one
+ * a node's. j-ok (SUCCEEDED in GetJob): EV_OK events, of which the first
+ * call sees 2 and later calls all (they arrive while fsdpctl follows). */
+#define EV_OK 1003
+static void h_events(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
+  (void)arg;
+  const Fsdp__V1__ListEventsRequest *req = (const void *)m;
+  rec_put(rpc_call_method(call), m);
+  static int calls;
+  const int ok = !strcmp(req->job_id, "j-ok");
+  if (!ok && *req->job_id && strcmp(req->job_id, "j-42")) {
+    rpc_call_finish(call, err_set(FSDP_ENOTFOUND, "job %s: no such job", req->job_id));
+    return;
+  }
+  const int64_t visible = ok ? (calls++ ? EV_OK : 2) : 5;
+  const int64_t limit = req->limit ? req->limit : 100;
+  int64_t first = req->after_id + 1, last = req->after_id + limit;
+  if (!req->after_id) first = visible - limit + 1, last = visible; /* the newest */
+  if (first < 1) first = 1;
+  if (last > visible) last = visible;
+  static Fsdp__V1__Event ev[EV_OK];
+  static Fsdp__V1__Event *ep[EV_OK];
+  static char text[EV_OK][16];
+  static const char *const kinds[5] = {"node.registered", "job.submitted", "attempt.started",
+                                       "rank.exited", "attempt.ended"};
+  size_t n = 0;
+  for (int64_t id = first; id <= last; id++, n++) {
+    Fsdp__V1__Event *e = &ev[n];
+    fsdp__v1__event__init(e);
+    e->id = id;
+    e->unix_ms = 1700000000000 + id * 1000;
+    e->job_id = ok ? "j-ok" : id == 1 ? "" : "j-42";
+    e->node_id = !ok && id == 1 ? "n-1" : "";
+    e->kind = ok ? "test.tick" : (char *)kinds[id - 1];
+    snprintf(text[n], sizeof text[n], "e%lld", (long long)id);
+    e->text = text[n];
+    ep[n] = e;
+  }
+  Fsdp__V1__ListEventsReply rep = FSDP__V1__LIST_EVENTS_REPLY__INIT;
+  rep.events = ep;
+  rep.n_events = n;
+  rpc_call_reply(call, &rep.base);
+}
+
 /* The Node service: three chunks of the log, in order. */
 static void h_logs(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   (void)arg;
@@ -332,6 +377,8 @@ static int add_coordinator(rpc_server_t *s) {
        &fsdp__v1__list_checkpoints_reply__descriptor, 0, U, h_checkpoints, NULL},
       {SVC "ListNodes", &fsdp__v1__list_nodes_request__descriptor,
        &fsdp__v1__list_nodes_reply__descriptor, 0, U, h_nodes, NULL},
+      {SVC "ListEvents", &fsdp__v1__list_events_request__descriptor,
+       &fsdp__v1__list_events_reply__descriptor, 0, U, h_events, NULL},
   };
   return rpc_server_add_all(s, m, sizeof m / sizeof m[0]);
 }
@@ -404,7 +451,7 @@ static void fake_stop(void) {
 
 /* ---- running fsdpctl ---------------------------------------------------------------- */
 
-#define OUT_MAX (64 * 1024)
+#define OUT_MAX (256 * 1024)
 static char out[OUT_MAX], err[OUT_MAX];
 static double ctl_seconds;
 
@@ -657,6 +704,73 @@ Test(fsdpctl, nodes_memory_checkpoints_cancel) {
   cr_assert_str_eq(req->job_id, "j-42");
   cr_assert_str_eq(req->reason, "wrong data");
   protobuf_c_message_free_unpacked(&req->base, NULL);
+}
+
+/* ---- events ----------------------------------------------------------------------------- */
+
+Test(fsdpctl, events_list_a_job_or_the_cluster_newest_last) {
+  fake_start(NULL, NULL);
+  cr_assert_eq(CTL("events", "j-42", "--limit", "3"), 0, "%s", err);
+  Fsdp__V1__ListEventsRequest *req = rec_get("ListEvents", &fsdp__v1__list_events_request__descriptor, NULL);
+  cr_assert(!strcmp(req->job_id, "j-42") && req->limit == 3 && req->after_id == 0,
+            "job %s limit %u after %lld", req->job_id, req->limit, (long long)req->after_id);
+  protobuf_c_message_free_unpacked(&req->base, NULL);
+  expect_in(out, "KIND");
+  /* the newest three, oldest first, with their local times */
+  const char *a = strstr(out, "attempt.started"), *b = strstr(out, "rank.exited"),
+             *c = strstr(out, "attempt.ended");
+  cr_assert(a && b && c && a < b && b < c && !strstr(out, "job.submitted"), "%s", out);
+  char when[32];
+  const time_t t = 1700000005;
+  strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", localtime(&t));
+  expect_in(out, when);
+  cr_assert_eq(CTL("events", "-o", "json"), 0, "%s", err);
+  req = rec_get("ListEvents", &fsdp__v1__list_events_request__descriptor, NULL);
+  cr_assert(!*req->job_id && req->limit == 100, "the cluster's, 100 by default: %u", req->limit);
+  protobuf_c_message_free_unpacked(&req->base, NULL);
+  json_t *j = parse_json(out), *e0 = json_array_get(j, 0);
+  cr_assert_eq(json_array_size(j), 5);
+  cr_assert_str_eq(json_string_value(json_object_get(e0, "node_id")), "n-1");
+  cr_assert_str_eq(json_string_value(json_object_get(e0, "kind")), "node.registered");
+  json_decref(j);
+  cr_assert_eq(CTL("events", "j-9"), 3, "%s", err);
+  expect_in(err, "no such job");
+  cr_assert_eq(CTL("events", "j-42", "--limit", "0"), 2);
+  expect_in(err, "--limit 0");
+  cr_assert_eq(CTL("events", "j-42", "--limit", "10001"), 2);
+  expect_in(err, "--limit 10001");
+}
+
+/* --follow pages through what arrives (a full page is asked again at once)
+ * and stops once the job has ended and nothing more came: every event
+ * printed once, in order. */
+Test(fsdpctl, events_follow_pages_until_the_job_has_ended) {
+  fake_start(NULL, NULL);
+  cr_assert_eq(CTL("events", "j-ok", "--follow", "-o", "json"), 0, "%s", err);
+  int64_t want = 1;
+  for (char *line = out, *nl; *line; line = nl + 1) {
+    nl = strchr(line, '\n');
+    cr_assert_not_null(nl, "an unended line: %s", line);
+    *nl = 0;
+    json_t *e = parse_json(line);
+    cr_assert_eq(json_integer_value(json_object_get(e, "id")), want, "event %lld out of order",
+                 (long long)want);
+    json_decref(e);
+    want++;
+  }
+  cr_assert_eq(want, EV_OK + 1, "%lld events printed of %d", (long long)want - 1, EV_OK);
+  int calls, gets;
+  Fsdp__V1__ListEventsRequest *req = rec_get("ListEvents", &fsdp__v1__list_events_request__descriptor, &calls);
+  cr_assert_eq(req->after_id, EV_OK, "the last ask is after the last event");
+  protobuf_c_message_free_unpacked(&req->base, NULL);
+  /* newest 2; 3..1002 (a full page); 1003; nothing, then the job's end, then nothing */
+  cr_assert_eq(calls, 5, "%d ListEvents calls", calls);
+  Fsdp__V1__GetJobRequest *g = rec_get("GetJob", &fsdp__v1__get_job_request__descriptor, &gets);
+  cr_assert_eq(gets, 1, "the job's state is asked only when a page is empty");
+  protobuf_c_message_free_unpacked(&g->base, NULL);
+  cr_assert_eq(CTL("events", "j-ok", "--follow", "--limit", "1"), 0, "%s", err);
+  /* all had come by then: the newest one, then nothing new */
+  cr_assert(strstr(out, "EVENT") && strstr(out, "e1003\n") && !strstr(out, "e1002"), "%.300s", out);
 }
 
 /* ---- watch ------------------------------------------------------------------------------ */

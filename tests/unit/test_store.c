@@ -572,7 +572,7 @@ Test(store, state_changes_leave_events_in_order) {
   cr_assert_eq(store_attempt_end(st, job, ep, 1, NULL, NULL), 0);
   store_event_t *e;
   int n;
-  cr_assert_eq(store_event_list(st, job, 0, &e, &n), 0);
+  cr_assert_eq(store_event_list(st, job, 0, 0, &e, &n), 0);
   const char *kinds[] = {"job.submitted", "job.pending",  "attempt.started",
                          "rank.progress", "rank.exited", "attempt.ended"};
   cr_assert_eq(n, 6, "the unchanged reason is not written twice: %d events", n);
@@ -586,12 +586,25 @@ Test(store, state_changes_leave_events_in_order) {
   cr_assert_eq(e[3].node_id, node);
   int64_t third = e[2].id;
   store_array_free(e);
-  cr_assert_eq(store_event_list(st, job, third, &e, &n), 0);
+  cr_assert_eq(store_event_list(st, job, third, 0, &e, &n), 0);
   cr_assert_eq(n, 3, "resumes after an id");
   store_array_free(e);
-  cr_assert_eq(store_event_list(st, 0, 0, &e, &n), 0);
+  cr_assert_eq(store_event_list(st, job, third, 2, &e, &n), 0);
+  cr_assert(n == 2 && !strcmp(e[0].kind, "rank.progress") && !strcmp(e[1].kind, "rank.exited"),
+            "a page of 2 after an id: %d", n);
+  store_array_free(e);
+  cr_assert_eq(store_event_list(st, job, STORE_EVENTS_NEWEST, 2, &e, &n), 0);
+  cr_assert(n == 2 && !strcmp(e[0].kind, "rank.exited") && !strcmp(e[1].kind, "attempt.ended"),
+            "the newest 2, oldest first: %d", n);
+  store_array_free(e);
+  cr_assert_eq(store_event_list(st, 0, 0, 0, &e, &n), 0);
   cr_assert_str_eq(e[0].kind, "node.registered");
   cr_assert_eq(e[0].job_id, 0);
+  const int all = n;
+  store_array_free(e);
+  cr_assert_eq(store_event_list(st, 0, STORE_EVENTS_NEWEST, 3, &e, &n), 0);
+  cr_assert(n == 3 && !strcmp(e[2].kind, "attempt.ended") && e[0].id < e[1].id,
+            "the cluster's newest 3 of %d: %d", all, n);
   store_array_free(e);
   store_close(st);
 }
@@ -616,7 +629,7 @@ Test(store, old_events_are_purged_in_bounded_batches) {
   cr_assert_eq(removed, 0);
   store_event_t *e;
   int n;
-  cr_assert_eq(store_event_list(st, 0, 0, &e, &n), 0);
+  cr_assert_eq(store_event_list(st, 0, 0, 0, &e, &n), 0);
   cr_assert(n == 1 && !strcmp(e[0].kind, "test.new"), "%d left", n);
   store_array_free(e);
   store_close(st);
