@@ -369,9 +369,13 @@ $(B)/bench/bench_nodesim: $(B)/tests/bench/bench_nodesim.o $(B)/tests/bench/benc
 # client; it runs bin/fsdp-coordinator, which `make test` builds with $(BINS)
 # (not a prerequisite: test-san's sub-make would rebuild it with sanitizers)
 $(B)/e2e/test_coordinator: $(B)/tests/e2e/test_coordinator.o $(B)/tests/e2e/cluster.o $(TESTUTIL) \
-                           $(TESTUTIL_TRAIN) $(LIB) $(RPC_LIB)
+                           $(TESTUTIL_TRAIN) $(LIB) $(RPC_LIB) $(B)/tests/slow_fsync.so
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $(filter %.o %.a,$^) -o $@ $(LDLIBS) $(RPC_LDLIBS) -lsqlite3 -lcriterion
+# an LD_PRELOAD shim: fsync of chosen files takes a known time (a commit on the pool at a stop)
+$(B)/tests/slow_fsync.so: tests/e2e/slow_fsync.c | deps
+	@mkdir -p $(dir $@)
+	$(CC) -shared -fPIC -O1 -Wall -Wextra -Werror $< -o $@ -ldl
 bin/fsdp-coordinator: $(COORD_BIN_OBJS)
 	@mkdir -p bin
 	$(CC) $(EXTRA_LDFLAGS) $^ -o $@ $(RPC_LDLIBS) $(METRICS_LDLIBS) $(COORD_LDLIBS) $(JOB_LDLIBS) -lm

@@ -46,6 +46,9 @@ int coord_create(coord_t **c, uv_loop_t *loop, const coord_opts_t *o);
 int coord_port(const coord_t *c);
 /* Jobs in state RUNNING (-1 when the store cannot say). */
 int coord_running_jobs(coord_t *c);
+/* Checkpoint commits still on the thread pool: a stop waits for them (their
+ * last shard's report is answered with the outcome). */
+int coord_commits_in_flight(const coord_t *c);
 /* The /metrics port (0: not serving them). */
 int coord_metrics_port(const coord_t *c);
 /* Stops serving (calls in flight are cancelled) and closes the store. Run

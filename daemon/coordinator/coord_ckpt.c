@@ -251,6 +251,12 @@ static int coord_ckpt_commit(coord_t *c, const store_ckpt_t *k, int keep, uint64
   return FSDP_OK;
 }
 
+int coord_commits_in_flight(const coord_t *c) {
+  int n = 0;
+  for (const coord_commit_t *m = c->committing; m; m = m->next) n++;
+  return n;
+}
+
 void coord_ckpt_detach(coord_t *c) {
   for (coord_rm_t *r = c->removing; r; r = r->next) r->c = NULL;
   c->removing = NULL;

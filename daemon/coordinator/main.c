@@ -52,11 +52,14 @@ static void usage(FILE *f) {
           "exit status: 0 stopped by a signal, 1 failed, 2 bad option\n");
 }
 
+#define COMMIT_WAIT_S 20 /* a stop waits this long at most for commits on the pool (under
+                          * the 30 s systemd and Kubernetes give before SIGKILL) */
+
 static uv_signal_t sig_term, sig_int;
 static uv_timer_t stop_wait;
 static coord_t *coord;
 static int stop_grace_s;     /* --stop-grace */
-static uint64_t stop_by_ms;  /* when the grace ends (0: not stopping) */
+static uint64_t stop_by_ms;  /* when the wait to stop ends (0: not stopping) */
 
 static void stop_now(void) {
   coord_destroy(coord);
@@ -66,32 +69,42 @@ static void stop_now(void) {
   uv_close((uv_handle_t *)&stop_wait, NULL);
 }
 
-/* During the grace: stops once no job runs (its ranks have exited and
- * reported, a preempted one requeued) or the grace is over. */
+/* What a stop waits for: running jobs (only with --stop-grace) and
+ * checkpoint commits on the pool (always: a checkpoint whose every shard
+ * is in is committed and its last report answered before the store closes). */
+static int stop_jobs(void) { return stop_grace_s ? coord_running_jobs(coord) : 0; }
+
+/* While stopping: stops once nothing is waited for, or the wait is over. */
 static void stop_wait_cb(uv_timer_t *t) {
-  const int running = coord_running_jobs(coord);
-  if (running > 0 && uv_now(t->loop) < stop_by_ms) return;
+  const int running = stop_jobs(), commits = coord_commits_in_flight(coord);
+  if ((running > 0 || commits > 0) && uv_now(t->loop) < stop_by_ms) return;
   if (running > 0)
     LOG_WARN("coord", "--stop-grace of %d s over with %d job(s) still running: stopping",
              stop_grace_s, running);
+  else if (commits > 0)
+    LOG_WARN("coord", "%d checkpoint commit(s) still running after %d s: stopping (the next "
+             "start commits them)", commits, COMMIT_WAIT_S);
   else
-    LOG_INFO("coord", "no job runs any more: stopping");
+    LOG_INFO("coord", "nothing left to wait for: stopping");
   stop_now();
 }
 
 static void on_signal(uv_signal_t *s, int signum) {
-  const int running = coord_running_jobs(coord);
-  if (stop_by_ms || !stop_grace_s || running <= 0) {
+  const int running = stop_jobs(), commits = coord_commits_in_flight(coord);
+  if (stop_by_ms || (running <= 0 && commits == 0)) {
     LOG_INFO("coord", "signal %d: stopping", signum);
     stop_now();
     return;
   }
   /* the nodes got the same signal (a batch system stopping its allocation):
    * their ranks checkpoint and report through this coordinator first */
-  LOG_INFO("coord", "signal %d: stopping once the %d running job(s) have stopped (at most %d s; "
-           "a second signal stops now)", signum, running, stop_grace_s);
-  stop_by_ms = uv_now(s->loop) + (uint64_t)stop_grace_s * 1000;
-  uv_timer_start(&stop_wait, stop_wait_cb, 100, 100);
+  int wait_s = running > 0 ? stop_grace_s : 0;
+  if (commits > 0 && wait_s < COMMIT_WAIT_S) wait_s = COMMIT_WAIT_S;
+  LOG_INFO("coord", "signal %d: stopping once %d running job(s) have stopped and %d checkpoint "
+           "commit(s) are done (at most %d s; a second signal stops now)", signum,
+           running > 0 ? running : 0, commits, wait_s);
+  stop_by_ms = uv_now(s->loop) + (uint64_t)wait_s * 1000;
+  uv_timer_start(&stop_wait, stop_wait_cb, 50, 50);
 }
 
 /* A whole number of unit in [lo, hi] (the message names the option and the range). */

@@ -13,7 +13,10 @@
 #include <sqlite3.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <libgen.h>
+#include <pthread.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1005,4 +1008,71 @@ Test(coordinator, list_events_tells_a_jobs_story_in_order) {
   q.limit = 0, q.after_id = -5;
   cr_expect_eq(CALL("ListEvents", q, list_events_reply, &r), FSDP_EINVAL);
   cr_expect(strstr(err_msg(), "after_id"), "%s", err_msg());
+}
+
+/* A shard report sent from a thread (the last one is held until its commit
+ * is done). */
+typedef struct bg_report {
+  const node_t *n;
+  const char *job, *path, *sum;
+  uint64_t bytes;
+  int rc;
+  Fsdp__V1__CheckpointState state;
+} bg_report_t;
+
+static void *bg_report_main(void *arg) {
+  bg_report_t *b = arg;
+  b->rc = report_shard(b->n, b->job, 1, 10, b->path, b->bytes, b->sum, &b->state);
+  return NULL;
+}
+
+/* SIGTERM while a checkpoint's commit is on the pool (its manifest's fsync
+ * made to take 1.5 s by tests/e2e/slow_fsync.c): the coordinator finishes
+ * the commit, answers the last report COMMITTED, and only then exits 0;
+ * the store says COMMITTED, not OPEN. */
+Test(coordinator, a_stop_waits_for_the_commit_on_the_pool, .timeout = 60) {
+  char db[600], shim[1200];
+  snprintf(db, sizeof db, "%s", co_db);
+  teardown();
+  snprintf(shim, sizeof shim, "%s/build/tests/slow_fsync.so", tu_root());
+  cr_assert_eq(access(shim, R_OK), 0, "%s: build it first (make)", shim);
+  setenv("LD_PRELOAD", shim, 1);
+  setenv("SLOW_FSYNC_MATCH", CKPT_MANIFEST ".tmp", 1);
+  setenv("SLOW_FSYNC_MS", "1500", 1);
+  co_start(db, "127.0.0.1:0", NULL);
+  unsetenv("LD_PRELOAD"), unsetenv("SLOW_FSYNC_MATCH"), unsetenv("SLOW_FSYNC_MS");
+  client_for(&co, NULL);
+  char d[600], ck[600], ckopt[700], id[32], p0[800], p1[800], s0[64], s1[64];
+  uint64_t b0, b1;
+  node_t n = {{0}, 0};
+  ckpt_job_start(&n, "model=tiny", "keep_checkpoints=2", d, ck, ckopt, id);
+  write_shard(ck, 10, 0, 2, p0, sizeof p0, &b0, s0, sizeof s0);
+  write_shard(ck, 10, 1, 2, p1, sizeof p1, &b1, s1, sizeof s1);
+  Fsdp__V1__CheckpointState st0 = 0;
+  cr_assert_eq(report_shard(&n, id, 0, 10, p0, b0, s0, &st0), 0, "%s", err_msg());
+  cr_assert_eq(st0, CK_OPEN);
+  bg_report_t b = {&n, id, p1, s1, b1, -1, 0};
+  pthread_t th;
+  cr_assert_eq(pthread_create(&th, NULL, bg_report_main, &b), 0);
+  nanosleep(&(struct timespec){0, 300000000}, NULL); /* the commit is on the pool, in its fsync */
+  const double t0 = tu_now_s();
+  const int ws = cluster_stop(&co, SIGTERM);
+  const double took = tu_now_s() - t0;
+  pthread_join(th, NULL);
+  cr_expect(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "the coordinator ended with status %#x", ws);
+  cr_expect_eq(b.rc, 0, "the last report was not answered: %d", b.rc);
+  cr_expect_eq(b.state, CK_COMMITTED, "the last report was answered %d", (int)b.state);
+  cr_expect(took > 0.8 && took < 10, "stopped %.2f s after SIGTERM", took);
+  sqlite3 *h = NULL;
+  cr_assert_eq(sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+  sqlite3_stmt *q = NULL;
+  cr_assert_eq(sqlite3_prepare_v2(h, "SELECT state FROM checkpoints WHERE step = 10", -1, &q, NULL),
+               SQLITE_OK);
+  cr_assert_eq(sqlite3_step(q), SQLITE_ROW);
+  cr_expect_str_eq((const char *)sqlite3_column_text(q, 0), "COMMITTED");
+  sqlite3_finalize(q);
+  sqlite3_close(h);
+  char manifest[900];
+  snprintf(manifest, sizeof manifest, "%s/%s", dirname(p1), CKPT_MANIFEST);
+  cr_expect_eq(access(manifest, F_OK), 0, "%s", manifest);
 }
