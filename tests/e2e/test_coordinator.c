@@ -1034,7 +1034,11 @@ Test(coordinator, a_stop_waits_for_the_commit_on_the_pool, .timeout = 60) {
   char db[600], shim[1200];
   snprintf(db, sizeof db, "%s", co_db);
   teardown();
-  snprintf(shim, sizeof shim, "%s/build/tests/slow_fsync.so", tu_root());
+  char exe[1024]; /* $(B)/e2e/test_coordinator: the shim is $(B)/tests/slow_fsync.so */
+  const ssize_t en = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  cr_assert_gt(en, 0);
+  exe[en] = 0;
+  snprintf(shim, sizeof shim, "%s/../tests/slow_fsync.so", dirname(exe));
   cr_assert_eq(access(shim, R_OK), 0, "%s: build it first (make)", shim);
   setenv("LD_PRELOAD", shim, 1);
   setenv("SLOW_FSYNC_MATCH", CKPT_MANIFEST ".tmp", 1);
