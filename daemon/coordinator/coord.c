@@ -31,6 +31,7 @@
 #define COORD_PURGE_MS 60000  /* the audit log's retention, this often (and at start) */
 #define COORD_PURGE_BATCH 10000
 #define COORD_PURGE_PASSES 10
+#define COORD_JOB_PURGE_BATCH 200 /* ended jobs removed a transaction (each with its rows) */
 
 int64_t coord_unix_ms(void) {
   struct timespec ts;
@@ -745,6 +746,44 @@ static void coord_events_purge(coord_t *c) {
   if (total) LOG_INFO("coord", "events: %d older than %d days removed", total, days);
 }
 
+/* Forgets what the coordinator keeps in memory of a job removed from the store. */
+static void coord_job_forget(coord_t *c, int64_t id) {
+  for (int i = 0; i < c->n_job; i++)
+    if (c->job[i].id == id) {
+      c->job[i] = c->job[--c->n_job];
+      break;
+    }
+}
+
+/* Ended jobs' retention: jobs that ended more than --job-retention-days ago
+ * go from the store with their rows (never their files), but not while an
+ * export reads one of their checkpoints or a commit or removal of theirs is
+ * on the pool (the next pass takes them). COORD_JOB_PURGE_BATCH a
+ * transaction, at most COORD_PURGE_PASSES a pass. */
+static void coord_jobs_purge(coord_t *c) {
+  const int days = c->o.job_retention_days;
+  if (days <= 0) return;
+  const int64_t before = coord_unix_ms() - (int64_t)days * 86400000;
+  int total = 0;
+  for (int pass = 0; pass < COORD_PURGE_PASSES; pass++) {
+    int64_t *ids = NULL;
+    int n = 0, k = 0;
+    int rc = store_job_purgeable(c->st, before, COORD_JOB_PURGE_BATCH, &ids, &n);
+    for (int i = 0; !rc && i < n; i++)
+      if (!coord_export_of_job(c, ids[i]) && !coord_ckpt_busy(c, ids[i])) ids[k++] = ids[i];
+    if (!rc && k) rc = store_job_purge(c->st, ids, k);
+    for (int i = 0; !rc && i < k; i++) coord_job_forget(c, ids[i]);
+    free(ids);
+    if (rc) {
+      LOG_WARN("coord", "jobs' retention: %s", err_msg());
+      return;
+    }
+    total += k;
+    if (n < COORD_JOB_PURGE_BATCH || !k) break;
+  }
+  if (total) LOG_INFO("coord", "jobs: %d that ended more than %d days ago removed", total, days);
+}
+
 static void coord_tick_cb(uv_timer_t *t) {
   coord_t *c = t->data;
   const uint64_t now = coord_mono_ms(c);
@@ -769,6 +808,7 @@ static void coord_tick_cb(uv_timer_t *t) {
   if (!c->purged_ms || now - c->purged_ms >= COORD_PURGE_MS) {
     c->purged_ms = now ? now : 1;
     coord_events_purge(c);
+    coord_jobs_purge(c);
   }
 }
 

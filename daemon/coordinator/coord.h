@@ -39,6 +39,7 @@ typedef struct coord_opts {
   int sync_normal;               /* the store's synchronous=NORMAL (store.h) */
   const char *metrics_listen;    /* "0.0.0.0:9101": /metrics there (NULL: none) */
   int event_retention_days;      /* audit events older than this go; 0: 90; < 0: kept forever */
+  int job_retention_days;        /* jobs ended longer ago go, with their rows; 0: kept forever */
 } coord_opts_t;
 
 /* Opens the store, reads back what was running, starts serving. */

@@ -251,6 +251,12 @@ static int coord_ckpt_commit(coord_t *c, const store_ckpt_t *k, int keep, uint64
   return FSDP_OK;
 }
 
+int coord_ckpt_busy(const coord_t *c, int64_t job) {
+  for (const coord_commit_t *m = c->committing; m; m = m->next)
+    if (m->k.job_id == job) return 1;
+  return coord_ckpt_removing_job(c, job);
+}
+
 int coord_commits_in_flight(const coord_t *c) {
   int n = 0;
   for (const coord_commit_t *m = c->committing; m; m = m->next) n++;

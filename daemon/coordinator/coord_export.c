@@ -53,6 +53,12 @@ int coord_export_reads(const coord_t *c, const char *dir) {
   return 0;
 }
 
+int coord_export_of_job(const coord_t *c, int64_t job) {
+  for (int i = 0; i < COORD_EXPORT_MAX; i++)
+    if (c->exports[i] && c->exports[i]->job == job) return 1;
+  return 0;
+}
+
 /* The export is over and no pool task holds it: its slot is free, and what
  * retention kept for it may go now. */
 static void coord_export_free_cb(uv_handle_t *h) {

@@ -212,6 +212,8 @@ void coord_ckpt_retain(coord_t *c, int64_t job, int keep);
  * (the job is not placed meanwhile: a new attempt could write there). */
 int coord_ckpt_removing(const coord_t *c, const char *dir);
 int coord_ckpt_removing_job(const coord_t *c, int64_t job);
+/* Whether a commit or a removal of job's checkpoints is on the pool. */
+int coord_ckpt_busy(const coord_t *c, int64_t job);
 /* The coordinator goes: removals and commits still running forget it. */
 void coord_ckpt_detach(coord_t *c);
 /* 0 when no job still to run but self (stored, or in this turn's submits)
@@ -221,6 +223,8 @@ int coord_ckpt_dir_free(coord_t *c, const char *dir, int64_t self);
 /* coord_export.c: whether a running export reads the checkpoint in dir
  * (retention keeps it, and runs again when the export ends) */
 int coord_export_reads(const coord_t *c, const char *dir);
+/* Whether an export of job's checkpoints is running. */
+int coord_export_of_job(const coord_t *c, int64_t job);
 /* The coordinator goes: the exports still closing (their calls are
  * cancelled) forget it, and touch neither its store nor its retention. */
 void coord_export_detach(coord_t *c);

@@ -46,6 +46,10 @@ static void usage(FILE *f) {
           "                             checkpoints and exits first (default 0: stop at once)\n"
           "  --event-retention-days N   audit events (the database's events table) older\n"
           "                             than this are removed (default 90; 0: kept forever)\n"
+          "  --job-retention-days N     jobs that ended more than N days ago are removed from\n"
+          "                             the database with their attempts, ranks, events and\n"
+          "                             checkpoint records (never their files; default 0:\n"
+          "                             kept forever)\n"
           "  --backup FILE              with --db only: copy the database into the new FILE\n"
           "                             and exit; safe while a coordinator runs on it (SQLite's\n"
           "                             online backup); start a coordinator on FILE to restore\n"
@@ -135,6 +139,7 @@ int main(int argc, char **argv) {
       {"checkpoint-timeout-ms", required_argument, 0, 'C'}, {"backup", required_argument, 0, 'b'},
       {"metrics-listen", required_argument, 0, 'm'}, {"stop-grace", required_argument, 0, 'g'},
       {"event-retention-days", required_argument, 0, 'e'},
+      {"job-retention-days", required_argument, 0, 'J'},
       {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
   const char *roots[ROOTS_MAX];
   coord_opts_t o = {.listen = "127.0.0.1:7070", .roots = roots};
@@ -171,6 +176,9 @@ int main(int argc, char **argv) {
     case 'e': /* 0: forever */
       if (whole("--event-retention-days", optarg, 0, 36500, "days", &o.event_retention_days)) return 2;
       if (!o.event_retention_days) o.event_retention_days = -1;
+      break;
+    case 'J':
+      if (whole("--job-retention-days", optarg, 0, 36500, "days", &o.job_retention_days)) return 2;
       break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;

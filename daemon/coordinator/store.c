@@ -152,7 +152,12 @@ static const char store_schema_v3[] =
     "  FOREIGN KEY(job_id, step) REFERENCES checkpoints(job_id, step)\n"
     ") WITHOUT ROWID;\n";
 
-static const char *const store_migrations[] = {store_schema_v1, store_schema_v2, store_schema_v3};
+/* Version 4: ended jobs by end time, for their retention (store_job_purge). */
+static const char store_schema_v4[] =
+    "CREATE INDEX jobs_ended ON jobs(ended_ms) WHERE ended_ms IS NOT NULL;\n";
+
+static const char *const store_migrations[] = {store_schema_v1, store_schema_v2, store_schema_v3,
+                                               store_schema_v4};
 _Static_assert(sizeof store_migrations / sizeof store_migrations[0] == STORE_SCHEMA_VERSION,
                "one migration per schema version");
 
@@ -761,6 +766,8 @@ static void event_row(sqlite3_stmt *s, void *item) {
   st_col_text(s, 5, e->text, sizeof e->text);
 }
 
+static void id_row(sqlite3_stmt *s, void *item) { *(int64_t *)item = sqlite3_column_int64(s, 0); }
+
 /* ---- nodes ---- */
 
 int store_node_register(store_t *st, const char *name, const char *address,
@@ -1302,13 +1309,50 @@ int store_event_purge(store_t *st, int64_t before_ms, int max, int *removed) {
   if (removed) *removed = 0;
   int rc = store_begin(st, 1);
   if (rc) return rc;
-  /* ids grow with time: the oldest max rows, of which those before the cut */
+  /* ids grow with time: the oldest max rows, of which those before the cut;
+   * never the newest, whose id SQLite would hand out again (a follower
+   * paging after it would miss the next ones) */
   const int64_t n = st_exec(st,
                             "DELETE FROM events WHERE id IN (SELECT id FROM events ORDER BY id "
-                            "LIMIT ?) AND time_ms < ?",
+                            "LIMIT ?) AND time_ms < ? AND id < (SELECT max(id) FROM events)",
                             A_I(max > 0 ? max : 1), A_I(before_ms));
   if (removed && n > 0) *removed = (int)n;
   return store_end(st, 0);
+}
+
+int store_job_purgeable(store_t *st, int64_t before_ms, int max, int64_t **ids, int *n) {
+  *ids = NULL, *n = 0;
+  int rc = store_begin(st, 0);
+  if (rc) return rc;
+  rc = st_collect(st, int64_t, id_row, ids, n,
+                  "SELECT id FROM jobs WHERE ended_ms < ? AND state IN ('SUCCEEDED', 'FAILED', "
+                  "'CANCELLED') ORDER BY ended_ms LIMIT ?",
+                  A_I(before_ms), A_I(max > 0 ? max : 1));
+  return store_end(st, rc);
+}
+
+int store_job_purge(store_t *st, const int64_t *ids, int n) {
+  int rc = store_begin(st, 1);
+  if (rc) return rc;
+  for (int i = 0; i < n && !st->rc; i++) {
+    const int64_t id = ids[i];
+    /* only an ended job (what held its devices went with its end) */
+    if (!st_int(st, 0, "SELECT 1 FROM jobs WHERE id = ? AND state IN ('SUCCEEDED', 'FAILED', "
+                "'CANCELLED') AND NOT EXISTS (SELECT 1 FROM devices WHERE job_id = ?)",
+                A_I(id), A_I(id))) {
+      if (!st->rc) rc = err_set(FSDP_ESTATE, "job %lld: not an ended job; not removed", (long long)id);
+      break;
+    }
+    /* children first: the foreign keys */
+    st_exec(st, "DELETE FROM rendezvous WHERE job_id = ?", A_I(id));
+    st_exec(st, "DELETE FROM ranks WHERE job_id = ?", A_I(id));
+    st_exec(st, "DELETE FROM attempts WHERE job_id = ?", A_I(id));
+    st_exec(st, "DELETE FROM checkpoint_shards WHERE job_id = ?", A_I(id));
+    st_exec(st, "DELETE FROM checkpoints WHERE job_id = ?", A_I(id));
+    st_exec(st, "DELETE FROM events WHERE job_id = ?", A_I(id));
+    st_exec(st, "DELETE FROM jobs WHERE id = ?", A_I(id));
+  }
+  return store_end(st, rc);
 }
 
 int store_event_list(store_t *st, int64_t job_id, int64_t after_id, int limit,

@@ -26,7 +26,7 @@
 #include <stdint.h>
 
 /* The schema version this build writes and reads (PRAGMA user_version). */
-#define STORE_SCHEMA_VERSION 3
+#define STORE_SCHEMA_VERSION 4
 
 /* Text bounds: longer input is refused (EINVAL) so what is stored reads back
  * whole; reasons and event text are free text and are cut to fit on read. */
@@ -360,6 +360,15 @@ void store_job_free(store_job_t *job);
  * (the pending ones) costs what is pending, not the whole history. */
 #define STORE_JOB_BIT(s) (1u << (s))
 int store_job_list(store_t *st, unsigned states, int limit, store_job_t **jobs, int *n);
+/* Retention of ended jobs. store_job_purgeable: the ids (malloc'd; free
+ * them) of at most max jobs that ended (SUCCEEDED, FAILED, CANCELLED)
+ * before before_ms, the earliest ended first (ids are AUTOINCREMENT: a
+ * removed one is never handed out again). store_job_purge: removes those jobs with
+ * everything of theirs (attempts, ranks, rendezvous, checkpoints' rows,
+ * events) in one transaction; no file is touched. A job not ended is
+ * refused (ESTATE) and nothing is removed. */
+int store_job_purgeable(store_t *st, int64_t before_ms, int max, int64_t **ids, int *n);
+int store_job_purge(store_t *st, const int64_t *ids, int n);
 /* How many jobs are in each state (indexed by store_job_state_t). */
 int store_job_counts(store_t *st, int64_t counts[STORE_JOB_CANCELLED + 1]);
 void store_jobs_free(store_job_t *jobs, int n);

@@ -1080,3 +1080,51 @@ Test(coordinator, a_stop_waits_for_the_commit_on_the_pool, .timeout = 60) {
   snprintf(manifest, sizeof manifest, "%s/%s", dirname(p1), CKPT_MANIFEST);
   cr_expect_eq(access(manifest, F_OK), 0, "%s", manifest);
 }
+
+/* Jobs' retention (--job-retention-days): at start (then every minute) a
+ * job that ended longer ago goes from the store with its records, never its
+ * files; a recent one and the newest stay. */
+Test(coordinator, ended_jobs_older_than_the_retention_are_removed_but_not_their_files) {
+  char db[600], d[600], ck[600], ckopt[700], id[32], recent[32], newest[32];
+  snprintf(db, sizeof db, "%s", co_db);
+  node_t n = {{0}, 0};
+  ckpt_job_start(&n, "model=tiny", "keep_checkpoints=2", d, ck, ckopt, id);
+  cr_assert_eq(ckpt_report_both(&n, id, "tiny", ck, 10), CK_COMMITTED);
+  cr_assert_eq(report_exit(&n, id, 1, 0, 0), 0, "%s", err_msg());
+  cr_assert_eq(report_exit(&n, id, 1, 1, 0), 0, "%s", err_msg());
+  const char *kv[] = {"model=tiny", d, "steps=3", NULL};
+  cr_assert_eq(submit(2, kv, recent, sizeof recent), 0, "%s", err_msg());
+  cr_assert_eq(submit(2, kv, newest, sizeof newest), 0, "%s", err_msg());
+  cluster_stop(&co, SIGTERM);
+  sqlite3 *h = NULL;
+  cr_assert_eq(sqlite3_open(db, &h), SQLITE_OK);
+  char sql[200];
+  snprintf(sql, sizeof sql, "UPDATE jobs SET ended_ms = 1000 WHERE id = %s", id + 2);
+  cr_assert_eq(sqlite3_exec(h, sql, NULL, NULL, NULL), SQLITE_OK, "%s", sqlite3_errmsg(h));
+  sqlite3_close(h);
+  co_start(db, "127.0.0.1:0", "--job-retention-days 1");
+  client_for(&co, NULL);
+  Fsdp__V1__GetJobRequest q = FSDP__V1__GET_JOB_REQUEST__INIT;
+  q.job_id = id;
+  Fsdp__V1__GetJobReply *r = NULL;
+  int rc = 0;
+  for (const double t0 = tu_now_s(); tu_now_s() - t0 < 5; nanosleep(&(struct timespec){0, 20000000}, NULL)) {
+    if ((rc = CALL("GetJob", q, get_job_reply, &r)) == FSDP_ENOTFOUND) break;
+    if (!rc) reply_free(r), r = NULL;
+  }
+  cr_expect_eq(rc, FSDP_ENOTFOUND, "job %s, ended in 1970, outlived a 1-day retention", id);
+  reply_free(get_job(recent)); /* still there (whatever its node's silence made of it) */
+  reply_free(get_job(newest));
+  char manifest[800];
+  snprintf(manifest, sizeof manifest, "%s/step-00000010/%s", ck, CKPT_MANIFEST);
+  cr_expect_eq(access(manifest, F_OK), 0, "the removed job's checkpoint files went: %s", manifest);
+  /* its events went with it; other jobs' stayed */
+  Fsdp__V1__ListEventsRequest eq = FSDP__V1__LIST_EVENTS_REQUEST__INIT;
+  Fsdp__V1__ListEventsReply *er = NULL;
+  cr_assert_eq(CALL("ListEvents", eq, list_events_reply, &er), 0, "%s", err_msg());
+  int mine = 0, others = 0;
+  for (size_t i = 0; i < er->n_events; i++)
+    mine += !strcmp(er->events[i]->job_id, id), others += !strcmp(er->events[i]->job_id, recent);
+  cr_expect(!mine && others, "%d events of the removed job, %d of another", mine, others);
+  reply_free(er);
+}

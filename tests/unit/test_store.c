@@ -632,6 +632,69 @@ Test(store, old_events_are_purged_in_bounded_batches) {
   cr_assert_eq(store_event_list(st, 0, 0, 0, &e, &n), 0);
   cr_assert(n == 1 && !strcmp(e[0].kind, "test.new"), "%d left", n);
   store_array_free(e);
+  cr_assert_eq(store_event_purge(st, INT64_MAX, 3, &removed), 0);
+  cr_assert_eq(removed, 0, "the newest event stays (SQLite would hand its id out again)");
+  store_close(st);
+}
+
+/* Jobs' retention: ended jobs older than the cut go with every row of their
+ * own, the earliest ended first; a running job and a recent one stay; a job
+ * not ended is refused, nothing removed; a removed id is never reused. */
+Test(store, ended_jobs_are_purged_with_their_rows) {
+  store_t *st = open_db("state.db");
+  int64_t node = add_node(st, "n0", 2), ep;
+  int64_t old = submit(st, "old", 1, 0);
+  cr_assert_eq(start_on(st, old, node, 1, &ep), 0);
+  store_ckpt_t k;
+  store_ckpt_shard_t s0 = {0, 0, 100, 5};
+  cr_assert_eq(store_ckpt_report(st, old, ep, 10, 1, "/ck/step-00000010", &s0, &k), 0, "%s", err_msg());
+  cr_assert_eq(store_ckpt_close(st, old, 10, ep, NULL), 0, "%s", err_msg());
+  store_attempt_verdict_t v;
+  cr_assert_eq(store_rank_exit(st, old, ep, 0, 0, &v), 0);
+  cr_assert_eq(store_attempt_end(st, old, ep, 1, NULL, NULL), 0);
+  int64_t recent = submit(st, "recent", 1, 0);
+  cr_assert_eq(store_job_cancel(st, recent, "test", NULL), 0);
+  int64_t running = submit(st, "running", 1, 0);
+  cr_assert_eq(start_on(st, running, node, 1, &ep), 0);
+  int64_t newest = submit(st, "newest", 1, 0);
+  cr_assert_eq(store_job_cancel(st, newest, "test", NULL), 0);
+  sqlite3 *db = raw_open("state.db");
+  char sql[200];
+  snprintf(sql, sizeof sql, "UPDATE jobs SET ended_ms = CASE id WHEN %lld THEN 1000 ELSE 900 END "
+           "WHERE id IN (%lld, %lld)", (long long)old, (long long)old, (long long)newest);
+  cr_assert_eq(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
+  int64_t *ids;
+  int n;
+  cr_assert_eq(store_job_purgeable(st, 2000, 1, &ids, &n), 0, "%s", err_msg());
+  cr_assert(n == 1 && ids[0] == newest, "the earliest ended first: %d, %lld", n, n ? (long long)ids[0] : 0ll);
+  free(ids);
+  cr_assert_eq(store_job_purge(st, &newest, 1), 0, "%s", err_msg());
+  cr_assert_gt(submit(st, "after", 1, 0), newest, "a removed job's id came back");
+  cr_assert_eq(store_job_purgeable(st, 2000, 10, &ids, &n), 0, "%s", err_msg());
+  cr_assert(n == 1 && ids[0] == old, "%d purgeable, the first %lld", n, n ? (long long)ids[0] : 0ll);
+  free(ids);
+  const int64_t not_ended[] = {old, running};
+  cr_assert_eq(store_job_purge(st, not_ended, 2), FSDP_ESTATE, "a running job is never removed");
+  cr_assert(strstr(err_msg(), "not an ended job"), "%s", err_msg());
+  store_job_t j = get_job(st, old);
+  store_job_free(&j); /* the whole transaction rolled back: the first is still there */
+  cr_assert_eq(store_job_purge(st, &old, 1), 0, "%s", err_msg());
+  static const char *const tables[] = {"jobs", "attempts", "ranks", "rendezvous", "checkpoints",
+                                       "checkpoint_shards", "events"};
+  for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++) {
+    snprintf(sql, sizeof sql, "SELECT count(*) FROM %s WHERE %s = %lld", tables[i],
+             i ? "job_id" : "id", (long long)old);
+    cr_assert_eq(raw_int(db, sql), 0, "%s keeps rows of the removed job", tables[i]);
+  }
+  snprintf(sql, sizeof sql, "SELECT count(*) FROM events WHERE job_id = %lld", (long long)recent);
+  cr_assert_gt(raw_int(db, sql), 0, "another job's events went");
+  cr_assert_eq(raw_int(db, "SELECT count(*) FROM jobs"), 3, "recent, running, after");
+  sqlite3_close(db);
+  store_job_t g;
+  cr_assert_eq(store_job_get(st, old, &g), FSDP_ENOTFOUND);
+  cr_assert_eq(store_job_purgeable(st, 2000, 10, &ids, &n), 0);
+  cr_assert_eq(n, 0, "nothing else ended before the cut");
+  free(ids);
   store_close(st);
 }
 
@@ -1028,6 +1091,8 @@ Test(store, a_database_of_the_previous_schema_is_migrated_and_its_data_kept) {
   store_close(st);
   db = raw_open("old.db");
   cr_assert_eq(raw_int(db, "PRAGMA user_version"), STORE_SCHEMA_VERSION);
+  cr_assert_eq(raw_int(db, "SELECT count(*) FROM sqlite_schema WHERE name = 'jobs_ended'"), 1,
+               "version 4's index of ended jobs");
   sqlite3_close(db);
 }
 
