@@ -69,7 +69,7 @@ CONTROL_PKGS = libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libsqlite3-dev 
                libmicrohttpd-dev
 
 COMMON_SRCS = daemon/common/err.c daemon/common/log.c daemon/common/param.c daemon/common/mem.c \
-              daemon/common/frame.c daemon/common/crash.c
+              daemon/common/frame.c daemon/common/crash.c daemon/common/netaddr.c
 # kernels/cpu: backend.c once (it picks the level), the rest once per level,
 # in $(B)/kernels/cpu/<level>/ (kernels/cpu/cpu.h names their symbols apart).
 KERN_ISAS     = generic avx2 avx512
@@ -117,7 +117,7 @@ BINS  = bin/fsdp-train bin/fsdp-tokenize bin/fsdp-launch bin/fsdp-coordinator bi
 # (tests/e2e: the programs run as processes); test_bins names their binaries
 # under a build directory.
 UNIT_TESTS = err frame param kernels isa device boot data gpt adamw config train ckpt sample shard plan comm \
-             fsdp reference supervise sched inventory job rpc store store_txn safetensors
+             fsdp reference supervise sched inventory job rpc store store_txn safetensors netaddr
 E2E_TESTS  = launch fault coordinator fsdpd cluster systemd metrics k8s slurm nogpu
 test_bins  = $(UNIT_TESTS:%=$(1)/tests/test_%) $(E2E_TESTS:%=$(1)/e2e/test_%)
 TEST_BINS  = $(call test_bins,$(B))

@@ -15,6 +15,7 @@
 
 #include "daemon/common/err.h"
 #include "daemon/common/log.h"
+#include "daemon/common/netaddr.h"
 
 /* ---- text ---------------------------------------------------------------------- */
 
@@ -202,19 +203,12 @@ static enum MHD_Result metrics_handler(void *cls, struct MHD_Connection *conn, c
 int metrics_server_start(metrics_server_t **out, uv_loop_t *loop, const char *addr,
                          metrics_render_cb cb, void *arg) {
   *out = NULL;
-  char host[64];
-  const char *colon = strrchr(addr, ':');
-  struct sockaddr_in sa = {.sin_family = AF_INET};
-  char *end;
-  long port = colon ? strtol(colon + 1, &end, 10) : -1;
-  if (!colon || (size_t)(colon - addr) >= sizeof host || !colon[1] || *end || port < 0 ||
-      port > 65535)
-    return err_set(FSDP_EINVAL, "metrics address '%s': give IPV4:PORT, e.g. 0.0.0.0:9100 "
-                   "(port 0: any)", addr);
-  snprintf(host, sizeof host, "%.*s", (int)(colon - addr), addr);
-  if (inet_pton(AF_INET, host, &sa.sin_addr) != 1)
-    return err_set(FSDP_EINVAL, "metrics address '%s': '%s' is not an IPv4 address", addr, host);
-  sa.sin_port = htons((uint16_t)port);
+  struct sockaddr_storage sa;
+  socklen_t sl;
+  int rc = netaddr_parse("metrics address", addr, 1, &sa, &sl);
+  if (rc) return rc;
+  const int port = ntohs(sa.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&sa)->sin6_port
+                                                  : ((struct sockaddr_in *)&sa)->sin_port);
   metrics_server_t *m = calloc(1, sizeof *m);
   if (!m) return err_set(FSDP_ENOMEM, "metrics: out of memory");
   m->cb = cb, m->arg = arg;
@@ -226,7 +220,9 @@ int metrics_server_start(metrics_server_t **out, uv_loop_t *loop, const char *ad
   pthread_condattr_destroy(&ca);
   uv_async_init(loop, &m->async, metrics_async_cb);
   m->async.data = m;
-  m->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, 0, NULL, NULL, metrics_handler, m,
+  m->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD |
+                              (sa.ss_family == AF_INET6 ? MHD_USE_IPv6 : 0),
+                          0, NULL, NULL, metrics_handler, m,
                           MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
                           MHD_OPTION_CONNECTION_LIMIT, (unsigned)16,
                           MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_END);
@@ -236,7 +232,7 @@ int metrics_server_start(metrics_server_t **out, uv_loop_t *loop, const char *ad
     return err_set_errno(FSDP_EUNAVAILABLE, e, "metrics: cannot serve on %s", addr);
   }
   const union MHD_DaemonInfo *i = MHD_get_daemon_info(m->d, MHD_DAEMON_INFO_BIND_PORT);
-  m->port = i ? i->port : (int)port;
+  m->port = i ? i->port : port;
   *out = m;
   return FSDP_OK;
 }

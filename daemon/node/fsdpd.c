@@ -36,6 +36,7 @@
 #include "daemon/common/crash.h"
 #include "daemon/common/err.h"
 #include "daemon/common/log.h"
+#include "daemon/common/netaddr.h"
 #include "daemon/common/rpc.h"
 #include "daemon/node/agent.h"
 #include "daemon/node/inventory.h"
@@ -82,7 +83,8 @@ static void usage(FILE *f) {
     "  --name NAME           the node's host name as registered (default: hostname)\n"
     "  --listen ADDR         the Node service (rank logs; default 127.0.0.1:0, the bound\n"
     "                        address is registered)\n"
-    "  --rank-host HOST      IPv4 address ranks listen on for their ring (default 127.0.0.1)\n"
+    "  --rank-host HOST      IPv4 or IPv6 address ranks listen on for their ring\n"
+    "                        (default 127.0.0.1)\n"
     "  --work-dir DIR        job files and rank logs (default /var/lib/fsdpd as root, else\n"
     "                        $XDG_STATE_HOME/fsdpd or ~/.local/state/fsdpd)\n"
     "  --run-as USER         the user ranks run as; required when fsdpd runs as root\n"
@@ -93,8 +95,8 @@ static void usage(FILE *f) {
     "  --tls-cert FILE, --tls-key FILE\n"
     "                        serve the Node service over TLS\n"
     "  --rank-program PATH   what a rank runs (default: fsdp-train beside fsdpd)\n"
-    "  --metrics-listen ADDR serve Prometheus metrics at http://ADDR/metrics (IPV4:PORT,\n"
-    "                        e.g. 0.0.0.0:9102; default: none)\n"
+    "  --metrics-listen ADDR serve Prometheus metrics at http://ADDR/metrics (IPV4:PORT\n"
+    "                        or [IPV6]:PORT, e.g. 0.0.0.0:9102 or [::]:9102; default: none)\n"
     "  --grace SECONDS       SIGTERM -> SIGKILL for ranks: on SIGTERM a rank stops at its\n"
     "                        next step boundary and checkpoints, within this (default 30)\n");
 }
@@ -370,6 +372,12 @@ int main(int argc, char **argv) {
   if (!D.name) {
     if (gethostname(D.hostname, sizeof D.hostname - 1)) snprintf(D.hostname, sizeof D.hostname, "localhost");
     D.name = D.hostname;
+  }
+  struct sockaddr_storage rank_addr;
+  socklen_t rank_addr_len;
+  if (netaddr_parse("--rank-host", D.rank_host, 0, &rank_addr, &rank_addr_len)) {
+    fprintf(stderr, "fsdpd: %s\n", err_msg());
+    return 2;
   }
   if (inventory_find(D.devices, &D.inv)) {
     fprintf(stderr, "fsdpd: --devices: %s\n", err_msg());

@@ -22,6 +22,7 @@
 #include "daemon/common/err.h"
 #include "daemon/common/frame.h"
 #include "daemon/common/log.h"
+#include "daemon/common/netaddr.h"
 #include "daemon/node/supervise.h"
 #include "daemon/node/workdir.h"
 
@@ -743,19 +744,19 @@ static rank_t *rk_device_holder(ranks_t *R, uint32_t d, const rank_t *except) {
 
 static int rk_bind(rank_t *rk) {
   ranks_t *R = rk->R;
-  struct sockaddr_in sa = {.sin_family = AF_INET};
-  if (inet_pton(AF_INET, R->o.rank_host, &sa.sin_addr) != 1)
-    return err_set(FSDP_EINVAL, "--rank-host %s is not an IPv4 address", R->o.rank_host);
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  socklen_t al = sizeof sa;
-  if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) || listen(fd, 64) ||
+  struct sockaddr_storage sa;
+  socklen_t al;
+  int rc = netaddr_parse("--rank-host", R->o.rank_host, 0, &sa, &al);
+  if (rc) return rc;
+  int fd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0 || bind(fd, (struct sockaddr *)&sa, al) || listen(fd, 64) ||
       getsockname(fd, (struct sockaddr *)&sa, &al)) {
     int e = errno;
     if (fd >= 0) close(fd);
     return err_set_errno(FSDP_EIO, e, "cannot listen on %s for the rank's ring", R->o.rank_host);
   }
   rk->listen_fd = fd;
-  snprintf(rk->payload, sizeof rk->payload, "%s:%d", R->o.rank_host, ntohs(sa.sin_port));
+  netaddr_format((struct sockaddr *)&sa, rk->payload, sizeof rk->payload);
   return FSDP_OK;
 }
 

@@ -10,6 +10,7 @@
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <math.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,16 +34,20 @@ static void teardown(void) {
 
 TestSuite(metrics, .fini = teardown, .timeout = 120);
 
-/* GET http://127.0.0.1:port/path into out; the HTTP status. */
-static int http_get(int port, const char *path, char *out, size_t len) {
+/* GET http://HOST:port/path into out (host: "127.0.0.1" or "[::1]"); the HTTP status. */
+static int http_get_at(const char *host, int port, const char *path, char *out, size_t len) {
   char cmd[512], buf[1 << 16];
-  snprintf(cmd, sizeof cmd, "curl -s -m 5 -w '\\n%%{http_code}' http://127.0.0.1:%d%s", port, path);
+  snprintf(cmd, sizeof cmd, "curl -g -s -m 5 -w '\\n%%{http_code}' 'http://%s:%d%s'", host, port,
+           path);
   cr_assert_eq(tu_sh(cmd, buf, sizeof buf), 0, "%s: %s", cmd, buf);
   char *nl = strrchr(buf, '\n');
   cr_assert_not_null(nl);
   *nl = 0;
   snprintf(out, len, "%s", buf);
   return atoi(nl + 1);
+}
+static int http_get(int port, const char *path, char *out, size_t len) {
+  return http_get_at("127.0.0.1", port, path, out, len);
 }
 
 /* The value of the sample whose line starts with prefix (name{labels}), or NAN. */
@@ -162,4 +167,42 @@ Test(metrics, both_endpoints_pass_promtool_and_prometheus_scrapes_a_running_job)
   snprintf(a, sizeof a, "cancel %s", job);
   cluster_ctl(coord.addr, a, out, sizeof out);
   free(db), free(data);
+}
+
+/* IPv6: fsdpd serves its Node service and /metrics on [::1], its ranks
+ * listen there for their ring ("[::1]:PORT" in the rendezvous), and a job
+ * trains to the end; its log is read from the node's IPv6 address. Skipped
+ * where this machine has no IPv6 loopback. */
+Test(metrics, a_node_on_ipv6_trains_a_job_and_serves_its_metrics) {
+  int s6 = socket(AF_INET6, SOCK_STREAM, 0);
+  struct sockaddr_in6 lo = {.sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT};
+  const int v6 = s6 >= 0 && !bind(s6, (struct sockaddr *)&lo, sizeof lo);
+  if (s6 >= 0) close(s6);
+  if (!v6) cr_skip_test("no IPv6 loopback here (::1 cannot be bound)");
+  chmod(tu_tmpdir(), 0755);
+  char *db = tu_path("state.db");
+  cluster_coord_start(&coord, db, "127.0.0.1:0", NULL);
+  free(db);
+  cluster_fsdpd_start(&node, coord.addr, "six", 2,
+                      "--listen [::1]:0 --rank-host ::1 --metrics-listen [::1]:0");
+  const int port = log_port(node.log);
+  char *data = tu_token_file("tok.bin", 40000, 5, 256), conf[800], text[1024], out[1 << 16], a[1024];
+  chmod(data, 0644);
+  snprintf(conf, sizeof conf, "%s/job.conf", tu_tmpdir());
+  snprintf(text, sizeof text, "[model]\nmodel = tiny\n[data]\ndata = %s\n[train]\nbatch = 2\n"
+           "seq_len = 32\nsteps = 4\neval_every = 0\n", data);
+  tu_write_file(conf, text, strlen(text));
+  free(data);
+  snprintf(a, sizeof a, "submit '%s' --ranks 2 --watch", conf);
+  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "the job over an IPv6 ring: %s", out);
+  char job[32];
+  snprintf(job, sizeof job, "%.*s", (int)strcspn(out, "\n"), out);
+  cr_assert_eq(cluster_ctl(coord.addr, "nodes", out, sizeof out), 0, "%s", out);
+  cr_assert(strstr(out, "[::1]:"), "the node registered its IPv6 address: %s", out);
+  snprintf(a, sizeof a, "logs %s --rank 1", job);
+  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
+  cr_assert(strstr(out, "done: 4 steps"), "rank 1's log, from [::1]: %s", out);
+  static char got[1 << 16];
+  cr_assert_eq(http_get_at("[::1]", port, "/metrics", got, sizeof got), 200);
+  cr_assert(strstr(got, "fsdp_node_ranks"), "%s", got);
 }
