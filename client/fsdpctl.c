@@ -265,6 +265,15 @@ static int ctl_job_arg(ctl_t *c, int argc, char **argv, const char **job) {
   return CTL_EXIT_OK;
 }
 
+/* The words of a command that takes one JOB and --follow (logs, events):
+ * sets *job or *follow; a usage error's exit code for anything else. */
+static int ctl_job_or_follow(ctl_t *c, const char *arg, const char **job, int *follow) {
+  if (!strcmp(arg, "--follow") || !strcmp(arg, "-f")) *follow = 1;
+  else if (arg[0] == '-' || *job) return ctl_unknown(c, arg);
+  else *job = arg;
+  return CTL_EXIT_OK;
+}
+
 /* ---- nodes ------------------------------------------------------------------------ */
 
 /* "2x cpu (1 free)", one group per kind, in the order they come. */
@@ -819,12 +828,8 @@ static int cmd_events(ctl_t *c, int argc, char **argv) {
     if ((r = ctl_opt(c, argc, argv, &i, "--limit", &v))) {
       if (r < 0 || ctl_uint(c, "--limit", v, 10000, &limit)) return CTL_EXIT_INVALID;
       if (!limit) return ctl_usage(c, "--limit 0: give 1 to 10000");
-    } else if (!strcmp(argv[i], "--follow") || !strcmp(argv[i], "-f")) {
-      follow = 1;
-    } else if (argv[i][0] == '-' || job) {
-      return ctl_unknown(c, argv[i]);
-    } else {
-      job = argv[i];
+    } else if ((r = ctl_job_or_follow(c, argv[i], &job, &follow))) {
+      return r;
     }
   }
   const char *what = job ? job : "the cluster";
@@ -1026,12 +1031,8 @@ static int cmd_logs(ctl_t *c, int argc, char **argv) {
     } else if ((r = ctl_opt(c, argc, argv, &i, "--tail", &v))) {
       if (r < 0 || ctl_uint(c, "--tail", v, 1ul << 40, &tail)) return CTL_EXIT_INVALID;
       has_tail = 1;
-    } else if (!strcmp(argv[i], "--follow") || !strcmp(argv[i], "-f")) {
-      follow = 1;
-    } else if (argv[i][0] == '-' || job) {
-      return ctl_unknown(c, argv[i]);
-    } else {
-      job = argv[i];
+    } else if ((r = ctl_job_or_follow(c, argv[i], &job, &follow))) {
+      return r;
     }
   }
   if (!job) return ctl_usage(c, "which job? give its id (fsdpctl jobs lists them)");
