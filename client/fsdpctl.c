@@ -518,6 +518,64 @@ out:
   return code;
 }
 
+/* ---- events: what status and events print ---------------------------------------------- */
+
+#define CTL_EVENTS_POLL_MS 1000 /* events --follow: how often it asks for new ones */
+#define CTL_STATUS_EVENTS 5     /* status: the job's latest events shown */
+
+/* One page of events after after_id (0: the newest limit); *rep on success. */
+static int ctl_events_page(ctl_t *c, const char *job, int64_t after_id, uint32_t limit,
+                           Fsdp__V1__ListEventsReply **rep) {
+  Fsdp__V1__ListEventsRequest req = FSDP__V1__LIST_EVENTS_REQUEST__INIT;
+  req.job_id = (char *)(job ? job : "");
+  req.after_id = after_id;
+  req.limit = limit;
+  *rep = NULL;
+  return ctl_call(c, "ListEvents", &req.base, &fsdp__v1__list_events_reply__descriptor, rep);
+}
+
+/* Prints a page (a table; header: with its header line) and moves *last to
+ * its last id. JSON: one object per line when following, else one array. */
+static int ctl_events_print(ctl_t *c, const Fsdp__V1__ListEventsReply *rep, int header,
+                            int follow, int64_t *last) {
+  if (rep->n_events) *last = rep->events[rep->n_events - 1]->id;
+  if (c->json && !follow) return ctl_json_list(c, (void *const *)rep->events, rep->n_events);
+  if (c->json) {
+    for (size_t i = 0; i < rep->n_events; i++) ctl_json(c, pbjson_message(&rep->events[i]->base), 0);
+    return CTL_EXIT_OK;
+  }
+  if (!rep->n_events && !header) return CTL_EXIT_OK;
+  static const char *const h[] = {"TIME", "JOB", "NODE", "KIND", "EVENT", NULL};
+  static const char *const none[] = {"", "", "", "", "", NULL};
+  table_t *t = table_create(0, header ? h : none);
+  for (size_t i = 0; t && i < rep->n_events; i++) {
+    const Fsdp__V1__Event *e = rep->events[i];
+    char when[32] = "-";
+    const time_t secs = (time_t)(e->unix_ms / 1000);
+    struct tm tm;
+    if (localtime_r(&secs, &tm)) strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
+    table_cell(t, "%s", when);
+    table_cell(t, "%s", *e->job_id ? e->job_id : "-");
+    table_cell(t, "%s", *e->node_id ? e->node_id : "-");
+    table_cell(t, "%s", e->kind);
+    table_cell(t, "%s", e->text);
+  }
+  return ctl_table_out(c, t);
+}
+
+/* *ended: whether job has ended, in the coordinator's word. Returns an exit
+ * code (the failure printed). */
+static int ctl_job_has_ended(ctl_t *c, const char *job, int *ended) {
+  Fsdp__V1__GetJobRequest req = FSDP__V1__GET_JOB_REQUEST__INIT;
+  req.job_id = (char *)job;
+  Fsdp__V1__GetJobReply *rep = NULL;
+  int rc = ctl_call(c, "GetJob", &req.base, &fsdp__v1__get_job_reply__descriptor, &rep);
+  if (rc) return ctl_fail(c, rc, "events of job %s", job);
+  *ended = rep->job && ctl_job_ended(rep->job->state);
+  ctl_free(rep);
+  return CTL_EXIT_OK;
+}
+
 /* ---- jobs, status, cancel ----------------------------------------------------------- */
 
 static int cmd_jobs(ctl_t *c, int argc, char **argv) {
@@ -640,6 +698,15 @@ static int cmd_status(ctl_t *c, int argc, char **argv) {
     rc = ctl_table_out(c, t);
   }
   ctl_free(rep);
+  /* its latest events, as `kubectl describe` ends (a coordinator without
+   * ListEvents: none, and status is still whole) */
+  Fsdp__V1__ListEventsReply *ev = NULL;
+  int64_t last = 0;
+  if (!rc && !ctl_events_page(c, job, 0, CTL_STATUS_EVENTS, &ev) && ev->n_events) {
+    putchar('\n');
+    rc = ctl_events_print(c, ev, 1, 0, &last);
+  }
+  ctl_free(ev);
   return rc;
 }
 
@@ -761,61 +828,6 @@ static int cmd_checkpoints(ctl_t *c, int argc, char **argv) {
 }
 
 /* ---- events ---------------------------------------------------------------------------- */
-
-#define CTL_EVENTS_POLL_MS 1000 /* events --follow: how often it asks for new ones */
-
-/* One page of events after after_id (0: the newest limit); *rep on success. */
-static int ctl_events_page(ctl_t *c, const char *job, int64_t after_id, uint32_t limit,
-                           Fsdp__V1__ListEventsReply **rep) {
-  Fsdp__V1__ListEventsRequest req = FSDP__V1__LIST_EVENTS_REQUEST__INIT;
-  req.job_id = (char *)(job ? job : "");
-  req.after_id = after_id;
-  req.limit = limit;
-  *rep = NULL;
-  return ctl_call(c, "ListEvents", &req.base, &fsdp__v1__list_events_reply__descriptor, rep);
-}
-
-/* Prints a page (a table; header: with its header line) and moves *last to
- * its last id. JSON: one object per line when following, else one array. */
-static int ctl_events_print(ctl_t *c, const Fsdp__V1__ListEventsReply *rep, int header,
-                            int follow, int64_t *last) {
-  if (rep->n_events) *last = rep->events[rep->n_events - 1]->id;
-  if (c->json && !follow) return ctl_json_list(c, (void *const *)rep->events, rep->n_events);
-  if (c->json) {
-    for (size_t i = 0; i < rep->n_events; i++) ctl_json(c, pbjson_message(&rep->events[i]->base), 0);
-    return CTL_EXIT_OK;
-  }
-  if (!rep->n_events && !header) return CTL_EXIT_OK;
-  static const char *const h[] = {"TIME", "JOB", "NODE", "KIND", "EVENT", NULL};
-  static const char *const none[] = {"", "", "", "", "", NULL};
-  table_t *t = table_create(0, header ? h : none);
-  for (size_t i = 0; t && i < rep->n_events; i++) {
-    const Fsdp__V1__Event *e = rep->events[i];
-    char when[32] = "-";
-    const time_t secs = (time_t)(e->unix_ms / 1000);
-    struct tm tm;
-    if (localtime_r(&secs, &tm)) strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
-    table_cell(t, "%s", when);
-    table_cell(t, "%s", *e->job_id ? e->job_id : "-");
-    table_cell(t, "%s", *e->node_id ? e->node_id : "-");
-    table_cell(t, "%s", e->kind);
-    table_cell(t, "%s", e->text);
-  }
-  return ctl_table_out(c, t);
-}
-
-/* *ended: whether job has ended, in the coordinator's word. Returns an exit
- * code (the failure printed). */
-static int ctl_job_has_ended(ctl_t *c, const char *job, int *ended) {
-  Fsdp__V1__GetJobRequest req = FSDP__V1__GET_JOB_REQUEST__INIT;
-  req.job_id = (char *)job;
-  Fsdp__V1__GetJobReply *rep = NULL;
-  int rc = ctl_call(c, "GetJob", &req.base, &fsdp__v1__get_job_reply__descriptor, &rep);
-  if (rc) return ctl_fail(c, rc, "events of job %s", job);
-  *ended = rep->job && ctl_job_ended(rep->job->state);
-  ctl_free(rep);
-  return CTL_EXIT_OK;
-}
 
 static int cmd_events(ctl_t *c, int argc, char **argv) {
   const char *job = NULL, *v;
@@ -1103,7 +1115,8 @@ static const ctl_cmd_t ctl_cmds[] = {
      "  --limit N   at most N jobs (0: the coordinator's default)\n"},
     {"status", cmd_status, "status JOB",
      "One job: its state and why, steps, attempts and times, then its ranks (node,\n"
-     "device, state, step, loss, tokens/s).\n"},
+     "device, state, step, loss, tokens/s), then its latest 5 events (fsdpctl events\n"
+     "JOB for more).\n"},
     {"watch", cmd_watch, "watch JOB",
      "Follows a job to its end: on a terminal a progress bar redrawn in place (step of\n"
      "total, loss, tokens/s, ETA), otherwise a line per progress message (--output\n"

@@ -103,8 +103,6 @@ bin/fsdpctl status "$job"
 echo
 bin/fsdpctl memory "$job"
 echo
-bin/fsdpctl events "$job"
-echo
 echo "demo: what rank 0 wrote at the end:"
 bin/fsdpctl logs "$job" --rank 0 | sed -n '/^eval /,$p'
 [ "$rc" = 0 ] || { echo "demo: the job did not succeed (fsdpctl watch exit $rc); fsdpd's log:" >&2; tail -n 40 "$tmp/fsdpd.log" >&2; }

@@ -646,6 +646,11 @@ Test(fsdpctl, status_shows_the_job_and_its_ranks) {
   expect_in(out, "n-1");
   expect_in(out, "3.2500");
   expect_in(out, "1234");
+  /* then the job's latest events, after its ranks */
+  Fsdp__V1__ListEventsRequest *ev = rec_get("ListEvents", &fsdp__v1__list_events_request__descriptor, NULL);
+  cr_assert(!strcmp(ev->job_id, "j-42") && ev->limit == 5 && !ev->after_id, "%s %u", ev->job_id, ev->limit);
+  protobuf_c_message_free_unpacked(&ev->base, NULL);
+  cr_assert(strstr(out, "attempt.ended") > strstr(out, "TOKENS/S"), "%s", out);
   cr_assert_eq(CTL("status", "j-42", "--output=json"), 0, "%s", err);
   json_t *j = parse_json(out);
   cr_assert_str_eq(json_string_value(json_object_get(j, "state")), "RUNNING");
