@@ -838,8 +838,8 @@ static int cmd_events(ctl_t *c, int argc, char **argv) {
     if (r < 0) return CTL_EXIT_INVALID;
     if (r) continue;
     if ((r = ctl_opt(c, argc, argv, &i, "--limit", &v))) {
-      if (r < 0 || ctl_uint(c, "--limit", v, 10000, &limit)) return CTL_EXIT_INVALID;
-      if (!limit) return ctl_usage(c, "--limit 0: give 1 to 10000");
+      if (r < 0 || ctl_uint(c, "--limit", v, 5000, &limit)) return CTL_EXIT_INVALID;
+      if (!limit) return ctl_usage(c, "--limit 0: give 1 to 5000");
     } else if ((r = ctl_job_or_follow(c, argv[i], &job, &follow))) {
       return r;
     }
@@ -1144,7 +1144,7 @@ static const ctl_cmd_t ctl_cmds[] = {
      "placed, pending and why, attempts started and ended, ranks' exits, restarts,\n"
      "checkpoints opened, committed, aborted and removed), or without JOB to every job\n"
      "and node (registered, dead). Kept --event-retention-days (default 90).\n"
-     "  --limit N      the newest N events (default 100; with --follow 20), at most 10000\n"
+     "  --limit N      the newest N events (default 100; with --follow 20), at most 5000\n"
      "  --follow, -f   then keep printing new events as they come (every second) until\n"
      "                 the job has ended (without JOB: until interrupted); --output\n"
      "                 json prints one JSON object per line\n"},

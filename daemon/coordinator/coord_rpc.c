@@ -22,7 +22,8 @@
 #define COORD_LIST_DEFAULT 1000 /* ListJobs without a limit: the newest this many */
 #define COORD_VALUE_MAX 4096    /* longest option value accepted */
 #define COORD_EVENTS_DEFAULT 100  /* ListEvents without a limit */
-#define COORD_EVENTS_MAX 10000    /* the most one ListEvents answers */
+#define COORD_EVENTS_MAX 5000     /* the most one ListEvents answers: 5000 of the longest
+                                   * events (~590 bytes each) stay under gRPC's 4 MiB */
 
 /* ---- replies' memory: everything a reply points to, freed after sending ---- */
 

@@ -1326,14 +1326,25 @@ int store_job_purgeable(store_t *st, int64_t before_ms, int max, int64_t **ids, 
   if (rc) return rc;
   rc = st_collect(st, int64_t, id_row, ids, n,
                   "SELECT id FROM jobs WHERE ended_ms < ? AND state IN ('SUCCEEDED', 'FAILED', "
-                  "'CANCELLED') ORDER BY ended_ms LIMIT ?",
+                  "'CANCELLED') AND NOT EXISTS (SELECT 1 FROM devices WHERE job_id = jobs.id) "
+                  "ORDER BY ended_ms LIMIT ?",
                   A_I(before_ms), A_I(max > 0 ? max : 1));
   return store_end(st, rc);
 }
 
 int store_job_purge(store_t *st, const int64_t *ids, int n) {
+  if (n <= 0) return FSDP_OK;
   int rc = store_begin(st, 1);
   if (rc) return rc;
+  /* the audit line first: it is then the newest event, so the removed jobs'
+   * events never include the newest, whose id SQLite would hand out again */
+  char list[STORE_REASON_MAX - 64];
+  size_t k = 0;
+  for (int i = 0; i < n && k < sizeof list; i++)
+    k += (size_t)snprintf(list + k, sizeof list - k, "%sj-%lld", i ? ", " : "", (long long)ids[i]);
+  if (k >= sizeof list) snprintf(list + sizeof list - 5, 5, "...");
+  st_event(st, 0, 0, "jobs.removed", "%d ended job(s) removed from the store (retention): %s", n,
+           list);
   for (int i = 0; i < n && !st->rc; i++) {
     const int64_t id = ids[i];
     /* only an ended job (what held its devices went with its end) */

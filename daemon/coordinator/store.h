@@ -365,8 +365,9 @@ int store_job_list(store_t *st, unsigned states, int limit, store_job_t **jobs, 
  * before before_ms, the earliest ended first (ids are AUTOINCREMENT: a
  * removed one is never handed out again). store_job_purge: removes those jobs with
  * everything of theirs (attempts, ranks, rendezvous, checkpoints' rows,
- * events) in one transaction; no file is touched. A job not ended is
- * refused (ESTATE) and nothing is removed. */
+ * events) in one transaction, with one event of no job (jobs.removed)
+ * naming them; no file is touched. A job not ended (or still holding a
+ * device) is refused (ESTATE) and nothing is removed. */
 int store_job_purgeable(store_t *st, int64_t before_ms, int max, int64_t **ids, int *n);
 int store_job_purge(store_t *st, const int64_t *ids, int n);
 /* How many jobs are in each state (indexed by store_job_state_t). */

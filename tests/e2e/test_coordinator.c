@@ -24,6 +24,7 @@
 
 #include "daemon/common/err.h"
 #include "daemon/common/rpc.h"
+#include "daemon/coordinator/store.h"
 #include "proto/fsdp.pb-c.h"
 #include "tests/e2e/cluster.h"
 #include "tests/unit/testutil.h"
@@ -1002,7 +1003,7 @@ Test(coordinator, list_events_tells_a_jobs_story_in_order) {
   /* refusals name the field */
   q.job_id = "j-999";
   cr_expect_eq(CALL("ListEvents", q, list_events_reply, &r), FSDP_ENOTFOUND);
-  q.job_id = a, q.limit = 10001;
+  q.job_id = a, q.limit = 5001;
   cr_expect_eq(CALL("ListEvents", q, list_events_reply, &r), FSDP_EINVAL);
   cr_expect(strstr(err_msg(), "limit"), "%s", err_msg());
   q.limit = 0, q.after_id = -5;
@@ -1127,4 +1128,40 @@ Test(coordinator, ended_jobs_older_than_the_retention_are_removed_but_not_their_
     mine += !strcmp(er->events[i]->job_id, id), others += !strcmp(er->events[i]->job_id, recent);
   cr_expect(!mine && others, "%d events of the removed job, %d of another", mine, others);
   reply_free(er);
+}
+
+/* The largest ListEvents answer fits gRPC's 4 MiB default: 5000 events of
+ * the longest text the store keeps. */
+Test(coordinator, the_largest_events_page_fits_a_grpc_message, .timeout = 60) {
+  sqlite3 *h = NULL;
+  cr_assert_eq(sqlite3_open(co_db, &h), SQLITE_OK);
+  sqlite3_busy_timeout(h, 5000);
+  char text[STORE_REASON_MAX];
+  memset(text, 'x', sizeof text - 1);
+  text[sizeof text - 1] = 0;
+  char kind[STORE_KIND_MAX];
+  memset(kind, 'k', sizeof kind - 1);
+  kind[sizeof kind - 1] = 0;
+  sqlite3_stmt *s = NULL;
+  cr_assert_eq(sqlite3_exec(h, "BEGIN", NULL, NULL, NULL), SQLITE_OK);
+  /* today's: the retention (at the first tick) leaves them */
+  cr_assert_eq(sqlite3_prepare_v2(h, "INSERT INTO events(time_ms, kind, text) VALUES("
+                                  "CAST(strftime('%s', 'now') AS INTEGER) * 1000, ?, ?)", -1, &s,
+                                  NULL), SQLITE_OK, "%s", sqlite3_errmsg(h));
+  for (int i = 0; i < 5000; i++) {
+    sqlite3_bind_text(s, 1, kind, -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 2, text, -1, SQLITE_STATIC);
+    cr_assert_eq(sqlite3_step(s), SQLITE_DONE);
+    sqlite3_reset(s);
+  }
+  sqlite3_finalize(s);
+  cr_assert_eq(sqlite3_exec(h, "COMMIT", NULL, NULL, NULL), SQLITE_OK, "%s", sqlite3_errmsg(h));
+  sqlite3_close(h);
+  Fsdp__V1__ListEventsRequest q = FSDP__V1__LIST_EVENTS_REQUEST__INIT;
+  q.limit = 5000;
+  Fsdp__V1__ListEventsReply *r = NULL;
+  cr_assert_eq(CALL("ListEvents", q, list_events_reply, &r), 0, "%s", err_msg());
+  cr_assert_eq(r->n_events, 5000, "%zu events", r->n_events);
+  cr_expect_eq(strlen(r->events[4999]->text), sizeof text - 1);
+  reply_free(r);
 }

@@ -742,8 +742,8 @@ Test(fsdpctl, events_list_a_job_or_the_cluster_newest_last) {
   expect_in(err, "no such job");
   cr_assert_eq(CTL("events", "j-42", "--limit", "0"), 2);
   expect_in(err, "--limit 0");
-  cr_assert_eq(CTL("events", "j-42", "--limit", "10001"), 2);
-  expect_in(err, "--limit 10001");
+  cr_assert_eq(CTL("events", "j-42", "--limit", "5001"), 2);
+  expect_in(err, "--limit 5001");
 }
 
 /* --follow pages through what arrives (a full page is asked again at once)

@@ -668,8 +668,17 @@ Test(store, ended_jobs_are_purged_with_their_rows) {
   cr_assert_eq(store_job_purgeable(st, 2000, 1, &ids, &n), 0, "%s", err_msg());
   cr_assert(n == 1 && ids[0] == newest, "the earliest ended first: %d, %lld", n, n ? (long long)ids[0] : 0ll);
   free(ids);
+  const int64_t top = raw_int(db, "SELECT max(id) FROM events");
+  snprintf(sql, sizeof sql, "SELECT max(id) FROM events WHERE job_id = %lld", (long long)newest);
+  cr_assert_eq(raw_int(db, sql), top, "the newest event is the removed job's");
   cr_assert_eq(store_job_purge(st, &newest, 1), 0, "%s", err_msg());
-  cr_assert_gt(submit(st, "after", 1, 0), newest, "a removed job's id came back");
+  const int64_t after = submit(st, "after", 1, 0);
+  cr_assert_gt(after, newest, "a removed job's id came back");
+  snprintf(sql, sizeof sql, "SELECT min(id) FROM events WHERE job_id = %lld", (long long)after);
+  cr_assert_gt(raw_int(db, sql), top, "an event id came back: a follower after %lld misses it",
+               (long long)top);
+  raw_text_eq(db, "SELECT kind FROM events WHERE job_id IS NULL ORDER BY id DESC LIMIT 1",
+              "jobs.removed");
   cr_assert_eq(store_job_purgeable(st, 2000, 10, &ids, &n), 0, "%s", err_msg());
   cr_assert(n == 1 && ids[0] == old, "%d purgeable, the first %lld", n, n ? (long long)ids[0] : 0ll);
   free(ids);
@@ -694,6 +703,16 @@ Test(store, ended_jobs_are_purged_with_their_rows) {
   cr_assert_eq(store_job_get(st, old, &g), FSDP_ENOTFOUND);
   cr_assert_eq(store_job_purgeable(st, 2000, 10, &ids, &n), 0);
   cr_assert_eq(n, 0, "nothing else ended before the cut");
+  free(ids);
+  /* an ended job still holding a device (a database edited by hand) is left
+   * out, so it never rolls back the batch of the others */
+  db = raw_open("state.db");
+  snprintf(sql, sizeof sql, "UPDATE jobs SET ended_ms = 1000 WHERE id = %lld; UPDATE devices SET "
+           "job_id = %lld WHERE job_id IS NULL", (long long)recent, (long long)recent);
+  cr_assert_eq(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK, "%s", sqlite3_errmsg(db));
+  sqlite3_close(db);
+  cr_assert_eq(store_job_purgeable(st, 2000, 10, &ids, &n), 0);
+  cr_assert_eq(n, 0, "a job holding a device is purgeable");
   free(ids);
   store_close(st);
 }
