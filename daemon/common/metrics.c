@@ -205,7 +205,7 @@ int metrics_server_start(metrics_server_t **out, uv_loop_t *loop, const char *ad
   *out = NULL;
   struct sockaddr_storage sa;
   socklen_t sl;
-  int rc = netaddr_parse("metrics address", addr, 1, &sa, &sl);
+  int rc = netaddr_parse("--metrics-listen", addr, 1, &sa, &sl);
   if (rc) return rc;
   const int port = ntohs(sa.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&sa)->sin6_port
                                                   : ((struct sockaddr_in *)&sa)->sin_port);
@@ -220,8 +220,11 @@ int metrics_server_start(metrics_server_t **out, uv_loop_t *loop, const char *ad
   pthread_condattr_destroy(&ca);
   uv_async_init(loop, &m->async, metrics_async_cb);
   m->async.data = m;
+  /* [::] takes IPv4 too, as Linux users expect of it; another IPv6 address only itself */
+  const int v6 = sa.ss_family == AF_INET6,
+            any6 = v6 && IN6_IS_ADDR_UNSPECIFIED(&((struct sockaddr_in6 *)&sa)->sin6_addr);
   m->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD |
-                              (sa.ss_family == AF_INET6 ? MHD_USE_IPv6 : 0),
+                              (any6 ? MHD_USE_DUAL_STACK : v6 ? MHD_USE_IPv6 : 0),
                           0, NULL, NULL, metrics_handler, m,
                           MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
                           MHD_OPTION_CONNECTION_LIMIT, (unsigned)16,

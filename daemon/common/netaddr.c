@@ -18,7 +18,7 @@ int netaddr_parse(const char *what, const char *text, int with_port, struct sock
   if (with_port) {
     const char *colon = strrchr(text, ':');
     char *end = NULL;
-    if (!colon || !colon[1]) goto bad;
+    if (!colon || colon[1] < '0' || colon[1] > '9') goto bad; /* no sign, no space */
     port = strtol(colon + 1, &end, 10);
     if (*end || port < 0 || port > 65535) goto bad;
     hl = (size_t)(colon - text);

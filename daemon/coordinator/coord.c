@@ -31,7 +31,8 @@
 #define COORD_PURGE_MS 60000  /* the audit log's retention, this often (and at start) */
 #define COORD_PURGE_BATCH 10000
 #define COORD_PURGE_PASSES 10
-#define COORD_JOB_PURGE_BATCH 200 /* ended jobs removed a transaction (each with its rows) */
+#define COORD_JOB_PURGE_BATCH 50  /* ended jobs removed a transaction (each with its rows) */
+#define COORD_PURGE_BUDGET_MS 50  /* a retention pass stops after this long (the loop answers heartbeats) */
 
 int64_t coord_unix_ms(void) {
   struct timespec ts;
@@ -748,6 +749,7 @@ static void coord_events_purge(coord_t *c) {
 
 /* Forgets what the coordinator keeps in memory of a job removed from the store. */
 static void coord_job_forget(coord_t *c, int64_t id) {
+  coord_ranks_forget(c, id);
   for (int i = 0; i < c->n_job; i++)
     if (c->job[i].id == id) {
       c->job[i] = c->job[--c->n_job];
@@ -759,13 +761,16 @@ static void coord_job_forget(coord_t *c, int64_t id) {
  * go from the store with their rows (never their files), but not while an
  * export reads one of their checkpoints or a commit or removal of theirs is
  * on the pool (the next pass takes them). COORD_JOB_PURGE_BATCH a
- * transaction, at most COORD_PURGE_PASSES a pass. */
+ * transaction, at most COORD_PURGE_PASSES of them and COORD_PURGE_BUDGET_MS
+ * a pass (a long history goes over many minutes, heartbeats answered). */
 static void coord_jobs_purge(coord_t *c) {
   const int days = c->o.job_retention_days;
   if (days <= 0) return;
   const int64_t before = coord_unix_ms() - (int64_t)days * 86400000;
+  const uint64_t t0 = uv_hrtime();
   int total = 0;
-  for (int pass = 0; pass < COORD_PURGE_PASSES; pass++) {
+  for (int pass = 0; pass < COORD_PURGE_PASSES &&
+                     uv_hrtime() - t0 < (uint64_t)COORD_PURGE_BUDGET_MS * 1000000; pass++) {
     int64_t *ids = NULL;
     int n = 0, k = 0;
     int rc = store_job_purgeable(c->st, before, COORD_JOB_PURGE_BATCH, &ids, &n);

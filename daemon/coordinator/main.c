@@ -63,8 +63,9 @@ static void usage(FILE *f) {
 static uv_signal_t sig_term, sig_int;
 static uv_timer_t stop_wait;
 static coord_t *coord;
-static int stop_grace_s;     /* --stop-grace */
-static uint64_t stop_by_ms;  /* when the wait to stop ends (0: not stopping) */
+static int stop_grace_s;         /* --stop-grace */
+static uint64_t stop_signal_ms;  /* when the signal came (0: not stopping) */
+static uint64_t stop_jobs_until; /* the wait for running jobs ends (the grace) */
 
 static void stop_now(void) {
   coord_destroy(coord);
@@ -74,41 +75,45 @@ static void stop_now(void) {
   uv_close((uv_handle_t *)&stop_wait, NULL);
 }
 
-/* What a stop waits for: running jobs (only with --stop-grace) and
- * checkpoint commits on the pool (always: a checkpoint whose every shard
- * is in is committed and its last report answered before the store closes). */
+/* What a stop waits for: running jobs (only with --stop-grace, for as long
+ * as it says) and checkpoint commits on the pool (always, up to
+ * COMMIT_WAIT_S past the grace: a checkpoint whose every shard is in is
+ * committed and its last report answered before the store closes, also one
+ * whose last shard came near the grace's end). */
 static int stop_jobs(void) { return stop_grace_s ? coord_running_jobs(coord) : 0; }
 
-/* While stopping: stops once nothing is waited for, or the wait is over. */
 static void stop_wait_cb(uv_timer_t *t) {
+  const uint64_t now = uv_now(t->loop);
   const int running = stop_jobs(), commits = coord_commits_in_flight(coord);
-  if ((running > 0 || commits > 0) && uv_now(t->loop) < stop_by_ms) return;
+  if (running > 0 && now < stop_jobs_until) return;
+  if (commits > 0 && now < stop_jobs_until + COMMIT_WAIT_S * 1000ull) return;
+  const double after = (double)(now - stop_signal_ms) / 1e3;
   if (running > 0)
-    LOG_WARN("coord", "--stop-grace of %d s over with %d job(s) still running: stopping",
-             stop_grace_s, running);
-  else if (commits > 0)
-    LOG_WARN("coord", "%d checkpoint commit(s) still running after %d s: stopping (the next "
-             "start commits them)", commits, COMMIT_WAIT_S);
-  else
-    LOG_INFO("coord", "nothing left to wait for: stopping");
+    LOG_WARN("coord", "--stop-grace of %d s over with %d job(s) still running: stopping %.1f s "
+             "after the signal", stop_grace_s, running, after);
+  if (commits > 0)
+    LOG_WARN("coord", "%d checkpoint commit(s) still running %.1f s after the signal: stopping "
+             "(the next start commits them)", commits, after);
+  if (running <= 0 && !commits)
+    LOG_INFO("coord", "nothing left to wait for: stopping %.1f s after the signal", after);
   stop_now();
 }
 
 static void on_signal(uv_signal_t *s, int signum) {
   const int running = stop_jobs(), commits = coord_commits_in_flight(coord);
-  if (stop_by_ms || (running <= 0 && commits == 0)) {
+  if (stop_signal_ms || (running <= 0 && commits == 0)) {
     LOG_INFO("coord", "signal %d: stopping", signum);
     stop_now();
     return;
   }
   /* the nodes got the same signal (a batch system stopping its allocation):
    * their ranks checkpoint and report through this coordinator first */
-  int wait_s = running > 0 ? stop_grace_s : 0;
-  if (commits > 0 && wait_s < COMMIT_WAIT_S) wait_s = COMMIT_WAIT_S;
-  LOG_INFO("coord", "signal %d: stopping once %d running job(s) have stopped and %d checkpoint "
-           "commit(s) are done (at most %d s; a second signal stops now)", signum,
-           running > 0 ? running : 0, commits, wait_s);
-  stop_by_ms = uv_now(s->loop) + (uint64_t)wait_s * 1000;
+  stop_signal_ms = uv_now(s->loop);
+  stop_jobs_until = stop_signal_ms + (running > 0 ? (uint64_t)stop_grace_s * 1000 : 0);
+  LOG_INFO("coord", "signal %d: stopping once %d running job(s) have stopped (at most %d s) and "
+           "no checkpoint commit runs (%d now; at most %d s more); a second signal stops now",
+           signum, running > 0 ? running : 0, running > 0 ? stop_grace_s : 0, commits,
+           COMMIT_WAIT_S);
   uv_timer_start(&stop_wait, stop_wait_cb, 50, 50);
 }
 

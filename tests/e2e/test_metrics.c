@@ -169,7 +169,8 @@ Test(metrics, both_endpoints_pass_promtool_and_prometheus_scrapes_a_running_job)
   free(db), free(data);
 }
 
-/* IPv6: fsdpd serves its Node service and /metrics on [::1], its ranks
+/* IPv6: fsdpd serves its Node service on [::1] and /metrics on [::] (IPv6
+ * and IPv4), its ranks
  * listen there for their ring ("[::1]:PORT" in the rendezvous), and a job
  * trains to the end; its log is read from the node's IPv6 address. Skipped
  * where this machine has no IPv6 loopback. */
@@ -184,7 +185,7 @@ Test(metrics, a_node_on_ipv6_trains_a_job_and_serves_its_metrics) {
   cluster_coord_start(&coord, db, "127.0.0.1:0", NULL);
   free(db);
   cluster_fsdpd_start(&node, coord.addr, "six", 2,
-                      "--listen [::1]:0 --rank-host ::1 --metrics-listen [::1]:0");
+                      "--listen [::1]:0 --rank-host ::1 --metrics-listen [::]:0");
   const int port = log_port(node.log);
   char *data = tu_token_file("tok.bin", 40000, 5, 256), conf[800], text[1024], out[1 << 16], a[1024];
   chmod(data, 0644);
@@ -204,5 +205,8 @@ Test(metrics, a_node_on_ipv6_trains_a_job_and_serves_its_metrics) {
   cr_assert(strstr(out, "done: 4 steps"), "rank 1's log, from [::1]: %s", out);
   static char got[1 << 16];
   cr_assert_eq(http_get_at("[::1]", port, "/metrics", got, sizeof got), 200);
+  cr_assert(strstr(got, "fsdp_node_ranks"), "%s", got);
+  /* [::] takes IPv4 as well (a Prometheus on IPv4 still scrapes it) */
+  cr_assert_eq(http_get_at("127.0.0.1", port, "/metrics", got, sizeof got), 200);
   cr_assert(strstr(got, "fsdp_node_ranks"), "%s", got);
 }
