@@ -1034,11 +1034,25 @@ static void *bg_report_main(void *arg) {
  * the --stop-grace the nodes report within (signal_first 1). Either way the
  * coordinator finishes the commit, answers the last report COMMITTED, and
  * only then exits 0; the store says COMMITTED, not OPEN. */
-static void stop_around_a_commit(const char *extra, int signal_first) {
-  char db[600], shim[1200];
-  snprintf(db, sizeof db, "%s", co_db);
-  teardown();
-  char exe[1024]; /* $(B)/e2e/test_coordinator: the shim is $(B)/tests/slow_fsync.so */
+/* The state column of the checkpoint of step, read from the database file
+ * itself (while no coordinator runs, or beside one). */
+static void ckpt_state_in_db(const char *db, int64_t step, char *out, size_t n) {
+  sqlite3 *h = NULL;
+  cr_assert_eq(sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+  sqlite3_busy_timeout(h, 2000);
+  sqlite3_stmt *q = NULL;
+  cr_assert_eq(sqlite3_prepare_v2(h, "SELECT state FROM checkpoints WHERE step = ?", -1, &q, NULL),
+               SQLITE_OK);
+  sqlite3_bind_int64(q, 1, step);
+  cr_assert_eq(sqlite3_step(q), SQLITE_ROW, "no checkpoint of step %lld", (long long)step);
+  snprintf(out, n, "%s", (const char *)sqlite3_column_text(q, 0));
+  sqlite3_finalize(q);
+  sqlite3_close(h);
+}
+
+/* The coordinator (again) on db, with extra, its manifests' fsync taking 1.5 s. */
+static void co_start_slow_commits(const char *db, const char *extra) {
+  char exe[1024], shim[1200]; /* $(B)/e2e/test_coordinator: the shim is $(B)/tests/slow_fsync.so */
   const ssize_t en = readlink("/proc/self/exe", exe, sizeof exe - 1);
   cr_assert_gt(en, 0);
   exe[en] = 0;
@@ -1050,6 +1064,13 @@ static void stop_around_a_commit(const char *extra, int signal_first) {
   co_start(db, "127.0.0.1:0", extra);
   unsetenv("LD_PRELOAD"), unsetenv("SLOW_FSYNC_MATCH"), unsetenv("SLOW_FSYNC_MS");
   client_for(&co, NULL);
+}
+
+static void stop_around_a_commit(const char *extra, int signal_first) {
+  char db[600];
+  snprintf(db, sizeof db, "%s", co_db);
+  teardown();
+  co_start_slow_commits(db, extra);
   char d[600], ck[600], ckopt[700], id[32], p0[800], p1[800], s0[64], s1[64];
   uint64_t b0, b1;
   node_t n = {{0}, 0};
@@ -1078,15 +1099,9 @@ static void stop_around_a_commit(const char *extra, int signal_first) {
   cr_expect_eq(b.rc, 0, "the last report was not answered: %d", b.rc);
   cr_expect_eq(b.state, CK_COMMITTED, "the last report was answered %d", (int)b.state);
   cr_expect(took > 1.5 && took < 12, "stopped %.2f s after the first of report and signal", took);
-  sqlite3 *h = NULL;
-  cr_assert_eq(sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
-  sqlite3_stmt *q = NULL;
-  cr_assert_eq(sqlite3_prepare_v2(h, "SELECT state FROM checkpoints WHERE step = 10", -1, &q, NULL),
-               SQLITE_OK);
-  cr_assert_eq(sqlite3_step(q), SQLITE_ROW);
-  cr_expect_str_eq((const char *)sqlite3_column_text(q, 0), "COMMITTED");
-  sqlite3_finalize(q);
-  sqlite3_close(h);
+  char state[32];
+  ckpt_state_in_db(db, 10, state, sizeof state);
+  cr_expect_str_eq(state, "COMMITTED");
   char manifest[900];
   snprintf(manifest, sizeof manifest, "%s/%s", dirname(p1), CKPT_MANIFEST);
   cr_expect_eq(access(manifest, F_OK), 0, "%s", manifest);
@@ -1184,4 +1199,94 @@ Test(coordinator, the_largest_events_page_fits_a_grpc_message, .timeout = 60) {
   cr_assert_eq(r->n_events, 5000, "%zu events", r->n_events);
   cr_expect_eq(strlen(r->events[4999]->text), sizeof text - 1);
   reply_free(r);
+}
+
+/* Retention leaves a job whose checkpoint commit is on the pool: a job that
+ * ended in 1970 with a checkpoint whose every shard is in but which the
+ * coordinator (SIGKILLed mid-commit) never committed. The restarted one
+ * commits it at its first pass and, in the same pass, does not remove the
+ * job under the commit; the checkpoint ends COMMITTED, the job still there. */
+Test(coordinator, retention_leaves_a_job_whose_commit_is_on_the_pool, .timeout = 60) {
+  char db[600], d[600], ck[600], ckopt[700], id[32], p0[800], p1[800], s0[64], s1[64];
+  snprintf(db, sizeof db, "%s", co_db);
+  teardown();
+  co_start_slow_commits(db, NULL);
+  uint64_t b0, b1;
+  node_t n = {{0}, 0};
+  ckpt_job_start(&n, "model=tiny", "keep_checkpoints=2", d, ck, ckopt, id);
+  write_shard(ck, 10, 0, 2, p0, sizeof p0, &b0, s0, sizeof s0);
+  write_shard(ck, 10, 1, 2, p1, sizeof p1, &b1, s1, sizeof s1);
+  Fsdp__V1__CheckpointState st0 = 0;
+  cr_assert_eq(report_shard(&n, id, 0, 10, p0, b0, s0, &st0), 0, "%s", err_msg());
+  bg_report_t b = {&n, id, p1, s1, b1, -1, 0};
+  pthread_t th;
+  cr_assert_eq(pthread_create(&th, NULL, bg_report_main, &b), 0);
+  nanosleep(&(struct timespec){0, 300000000}, NULL); /* the commit is in its fsync */
+  cluster_stop(&co, SIGKILL);
+  pthread_join(th, NULL);
+  /* the job ended long ago, its devices free (by hand: its ranks never reported) */
+  sqlite3 *h = NULL;
+  cr_assert_eq(sqlite3_open(db, &h), SQLITE_OK);
+  char sql[300];
+  snprintf(sql, sizeof sql, "UPDATE devices SET job_id = NULL; UPDATE jobs SET state = 'SUCCEEDED', "
+           "ended_ms = 1000 WHERE id = %s", id + 2);
+  cr_assert_eq(sqlite3_exec(h, sql, NULL, NULL, NULL), SQLITE_OK, "%s", sqlite3_errmsg(h));
+  sqlite3_close(h);
+  char state[32];
+  ckpt_state_in_db(db, 10, state, sizeof state);
+  cr_assert_str_eq(state, "OPEN", "the kill left the commit undone");
+  co_start_slow_commits(db, "--job-retention-days 1");
+  /* the first pass runs within a second: the commit takes 1.5 s of it */
+  nanosleep(&(struct timespec){1, 200000000}, NULL);
+  reply_free(get_job(id));
+  const double t0 = tu_now_s();
+  while (ckpt_state(id, 10, NULL, 0) != CK_COMMITTED && tu_now_s() - t0 < 10)
+    nanosleep(&(struct timespec){0, 50000000}, NULL);
+  cr_expect_eq(ckpt_state(id, 10, NULL, 0), CK_COMMITTED);
+  reply_free(get_job(id)); /* the next pass is a minute away */
+}
+
+/* Retention leaves a job an export is reading: a job ended in 1970 whose
+ * checkpoint an export has begun to stream when the restarted coordinator's
+ * first pass comes is still there after it, and the export ends whole. */
+Test(coordinator, retention_leaves_a_job_an_export_is_reading, .timeout = 60) {
+  char db[600], d[600], ck[600], ckopt[700], id[32];
+  snprintf(db, sizeof db, "%s", co_db);
+  node_t n = {{0}, 0};
+  ckpt_job_start(&n, "model=small", "keep_checkpoints=1", d, ck, ckopt, id);
+  cr_assert_eq(ckpt_report_both(&n, id, "small", ck, 10), CK_COMMITTED);
+  cr_assert_eq(report_exit(&n, id, 1, 0, 0), 0, "%s", err_msg());
+  cr_assert_eq(report_exit(&n, id, 1, 1, 0), 0, "%s", err_msg());
+  cluster_stop(&co, SIGTERM);
+  sqlite3 *h = NULL;
+  cr_assert_eq(sqlite3_open(db, &h), SQLITE_OK);
+  char sql[200];
+  snprintf(sql, sizeof sql, "UPDATE jobs SET ended_ms = 1000 WHERE id = %s", id + 2);
+  cr_assert_eq(sqlite3_exec(h, sql, NULL, NULL, NULL), SQLITE_OK, "%s", sqlite3_errmsg(h));
+  sqlite3_close(h);
+  co_start(db, "127.0.0.1:0", "--job-retention-days 1");
+  client_for(&co, NULL);
+  /* at once, before the first pass (a second after the start): the export
+   * begins, and stalls on this client's flow control until it reads on */
+  Fsdp__V1__ExportCheckpointRequest q = FSDP__V1__EXPORT_CHECKPOINT_REQUEST__INIT;
+  q.job_id = id, q.step = 10;
+  rpc_stream_t *xs;
+  ProtobufCMessage *m;
+  cr_assert_eq(rpc_stream_open(cl, &xs, "/fsdp.v1.Coordinator/ExportCheckpoint", &q.base, 30), 0,
+               "%s", err_msg());
+  cr_assert_eq(rpc_stream_next(xs, &fsdp__v1__export_chunk__descriptor, &m), 1, "%s", err_msg());
+  Fsdp__V1__ExportChunk *c = (void *)m;
+  const uint64_t total = c->total_bytes;
+  uint64_t got = c->data.len;
+  protobuf_c_message_free_unpacked(m, NULL);
+  nanosleep(&(struct timespec){1, 500000000}, NULL); /* the first pass has run */
+  reply_free(get_job(id));
+  int rc;
+  while ((rc = rpc_stream_next(xs, &fsdp__v1__export_chunk__descriptor, &m)) == 1) {
+    got += ((Fsdp__V1__ExportChunk *)m)->data.len;
+    protobuf_c_message_free_unpacked(m, NULL);
+  }
+  rpc_stream_close(xs);
+  cr_expect_eq(rc, 0, "the export ended with an error: %s", err_msg());
+  cr_expect_eq(got, total, "%llu of %llu bytes", (unsigned long long)got, (unsigned long long)total);
 }
