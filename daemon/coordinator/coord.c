@@ -323,30 +323,44 @@ void coord_node_deliver(coord_t *c, coord_node_t *n) {
   if (n->poll && n->n_order) coord_node_answer(c, n);
 }
 
-/* Answers every held heartbeat whose interval has ended, then sleeps until
- * the next one's does. */
+/* Answers every held heartbeat whose slot has come, then sleeps until the
+ * next one's. A node answered at its slot has its next slot one interval
+ * after this one, not after the answer: late answers (a busy loop) do not
+ * move the node's phase, so nodes that one stall made late do not beat
+ * together from then on. */
 static void coord_beat_cb(uv_timer_t *t) {
   coord_t *c = t->data;
   const uint64_t now = coord_mono_ms(c);
   while (c->held_head && c->held_head->poll_until <= now) {
-    metrics_hist_observe(&c->hb_late, (double)(now - c->held_head->poll_until) / 1e3);
-    coord_node_answer(c, c->held_head);
+    coord_node_t *n = c->held_head;
+    metrics_hist_observe(&c->hb_late, (double)(now - n->poll_until) / 1e3);
+    n->slot = n->poll_until + (uint64_t)c->o.heartbeat_interval_ms;
+    coord_node_answer(c, n);
   }
   if (c->held_head) uv_timer_start(&c->beat, coord_beat_cb, c->held_head->poll_until - now, 0);
 }
 
-/* Holds a node's heartbeat until there is news or the interval passes. */
+/* Holds a node's heartbeat until there is news or its slot comes: the one
+ * its last answer at a slot set, or one interval from now for its first
+ * heartbeat and for a node that fell a whole interval behind. (A heartbeat
+ * answered early, with news, leaves the slot where it was.) */
 void coord_node_hold(coord_t *c, coord_node_t *n, rpc_call_t *call) {
   if (n->poll) coord_node_answer(c, n); /* a node has one in flight; answer an older one */
   n->poll = call;
-  n->poll_until = coord_mono_ms(c) + (uint64_t)c->o.heartbeat_interval_ms;
-  /* at the tail: no held heartbeat falls due after this one */
-  n->held_prev = c->held_tail, n->held_next = NULL;
-  if (c->held_tail) c->held_tail->held_next = n;
+  const uint64_t now = coord_mono_ms(c), iv = (uint64_t)c->o.heartbeat_interval_ms;
+  if (n->slot <= now || n->slot > now + iv) n->slot = now + iv;
+  n->poll_until = n->slot;
+  /* in slot order, from the tail: a node's slot is mostly the latest */
+  coord_node_t *after = c->held_tail;
+  while (after && after->poll_until > n->poll_until) after = after->held_prev;
+  n->held_prev = after;
+  n->held_next = after ? after->held_next : c->held_head;
+  if (n->held_next) n->held_next->held_prev = n;
+  else c->held_tail = n;
+  if (after) after->held_next = n;
   else c->held_head = n;
-  c->held_tail = n;
-  if (c->held_head == n) /* the list was empty: the timer sleeps */
-    uv_timer_start(&c->beat, coord_beat_cb, (uint64_t)c->o.heartbeat_interval_ms, 0);
+  if (c->held_head == n) /* a new first: the timer sleeps until its slot */
+    uv_timer_start(&c->beat, coord_beat_cb, n->poll_until - now, 0);
   rpc_call_on_cancel(call, coord_poll_cancel_cb, n);
   coord_node_deliver(c, n);
 }

@@ -37,7 +37,8 @@ typedef struct coord_node {
   int dead;
   int stopping;             /* its fsdpd said it is shutting down: no new ranks (until it registers) */
   rpc_call_t *poll;         /* its held heartbeat */
-  uint64_t poll_until;
+  uint64_t poll_until;      /* when it is answered: its slot */
+  uint64_t slot;            /* loop time its next heartbeat is answered (0: none yet) */
   struct coord_node *held_prev, *held_next; /* in coord.held while poll is set */
   struct coord *coord;      /* for its poll's cancel callback */
   coord_order_t *order;

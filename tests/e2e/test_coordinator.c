@@ -1290,3 +1290,27 @@ Test(coordinator, retention_leaves_a_job_an_export_is_reading, .timeout = 60) {
   cr_expect_eq(rc, 0, "the export ended with an error: %s", err_msg());
   cr_expect_eq(got, total, "%llu of %llu bytes", (unsigned long long)got, (unsigned long long)total);
 }
+
+/* Heartbeats are answered at fixed slots, one interval (200 ms here) apart:
+ * a node that sends its next heartbeat late (a stall, here 120 ms) is
+ * answered at its next slot, not a whole interval after it sent, so late
+ * nodes keep their phase instead of beating together from then on; a node
+ * later than a whole interval starts a new phase, held a full interval.
+ * Never answered before its slot. */
+Test(coordinator, heartbeats_are_answered_at_fixed_slots) {
+  node_t n = {{0}, 0};
+  node_register(&n, "slots", 1, 8ull << 30, NULL, 0);
+  reply_free(heartbeat(&n, NULL, 0)); /* the first: held an interval, sets the phase */
+  const double r1 = tu_now_s();
+  nanosleep(&(struct timespec){0, 120000000}, NULL);
+  const double s2 = tu_now_s();
+  reply_free(heartbeat(&n, NULL, 0));
+  const double r2 = tu_now_s();
+  cr_expect(r2 - r1 > 0.19 && r2 - r1 < 0.29, "answers %.0f ms apart (sent %.0f ms after the "
+            "last answer): not its slot", (r2 - r1) * 1e3, (s2 - r1) * 1e3);
+  nanosleep(&(struct timespec){0, 250000000}, NULL); /* later than an interval */
+  const double s3 = tu_now_s();
+  reply_free(heartbeat(&n, NULL, 0));
+  const double held = tu_now_s() - s3;
+  cr_expect(held > 0.19, "a new phase is held a whole interval: %.0f ms", held * 1e3);
+}
