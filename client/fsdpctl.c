@@ -310,7 +310,7 @@ static int cmd_nodes(ctl_t *c, int argc, char **argv) {
     return rc;
   }
   static const char *const h[] = {"NODE", "HOST", "STATE", "ADDRESS", "HEARTBEAT", "DEVICES",
-                                  "MEMORY (USED / TOTAL)", NULL};
+                                  "MEMORY (USED / TOTAL)", "DRAINED", NULL};
   table_t *t = table_create(0, h);
   int64_t now = table_now_ms();
   for (size_t i = 0; t && i < rep->n_nodes; i++) {
@@ -324,15 +324,60 @@ static int cmd_nodes(ctl_t *c, int argc, char **argv) {
     table_bytes(total, sizeof total, tot);
     table_cell(t, "%s", n->node_id);
     table_cell(t, "%s", n->hostname);
-    table_cell(t, "%s", ENUM_NAME(fsdp__v1__node_state__descriptor, n->state));
+    table_cell(t, "%s%s", ENUM_NAME(fsdp__v1__node_state__descriptor, n->state),
+               *n->drain_reason ? ", drained" : "");
     table_cell(t, "%s", n->address);
     table_cell(t, "%s%s", age, n->last_heartbeat_unix_ms ? " ago" : "");
     table_cell(t, "%s", dev);
     table_cell(t, "%s / %s", used, total);
+    table_cell(t, "%s", *n->drain_reason ? n->drain_reason : "-");
   }
   ctl_free(rep);
   return ctl_table_out(c, t);
 }
+
+/* drain NODE --reason TEXT, undrain NODE: one call, the node as it is now. */
+static int ctl_drain(ctl_t *c, int argc, char **argv, int undrain) {
+  const char *node = NULL, *reason = "", *v;
+  for (int i = 0; i < argc; i++) {
+    int r = ctl_global_opt(c, argc, argv, &i);
+    if (r < 0) return CTL_EXIT_INVALID;
+    if (r) continue;
+    if (!undrain && (r = ctl_opt(c, argc, argv, &i, "--reason", &v))) {
+      if (r < 0) return CTL_EXIT_INVALID;
+      reason = v;
+    } else if (argv[i][0] == '-' || node) {
+      return ctl_unknown(c, argv[i]);
+    } else {
+      node = argv[i];
+    }
+  }
+  if (!node) return ctl_usage(c, "which node? give its id (fsdpctl nodes lists them)");
+  if (!undrain && !*reason)
+    return ctl_usage(c, "--reason TEXT is required: say why (it shows in fsdpctl nodes and events)");
+  Fsdp__V1__DrainNodeRequest req = FSDP__V1__DRAIN_NODE_REQUEST__INIT;
+  req.node_id = (char *)node;
+  req.reason = (char *)reason;
+  req.undrain = undrain;
+  Fsdp__V1__DrainNodeReply *rep = NULL;
+  int rc = ctl_call(c, "DrainNode", &req.base, &fsdp__v1__drain_node_reply__descriptor, &rep);
+  if (rc) return ctl_fail(c, rc, "%s node %s", undrain ? "undraining" : "draining", node);
+  if (c->json) {
+    rc = rep->node ? ctl_json(c, pbjson_message(&rep->node->base), 2) : CTL_EXIT_OK;
+  } else if (rep->node && *rep->node->drain_reason) {
+    int jobs = 0;
+    for (size_t i = 0; i < rep->node->n_devices; i++) jobs += *rep->node->devices[i]->job_id != 0;
+    printf("node %s drained: %s (%d device(s) still running a job)\n", rep->node->node_id,
+           rep->node->drain_reason, jobs);
+  } else if (rep->node) {
+    printf("node %s takes ranks again\n", rep->node->node_id);
+  }
+  ctl_free(rep);
+  return rc;
+}
+
+static int cmd_drain(ctl_t *c, int argc, char **argv) { return ctl_drain(c, argc, argv, 0); }
+static int cmd_undrain(ctl_t *c, int argc, char **argv) { return ctl_drain(c, argc, argv, 1); }
 
 /* ---- watch ------------------------------------------------------------------------- */
 
@@ -1093,7 +1138,14 @@ typedef struct ctl_cmd {
 static const ctl_cmd_t ctl_cmds[] = {
     {"nodes", cmd_nodes, "nodes",
      "The cluster's nodes: state, address, age of the last heartbeat, devices by kind\n"
-     "(how many, how many free), device memory used and total.\n"},
+     "(how many, how many free), device memory used and total, why it is drained.\n"},
+    {"drain", cmd_drain, "drain NODE --reason TEXT",
+     "Drains a node for maintenance: no new ranks go there; jobs running there run on\n"
+     "(cancel them, or wait). It stays drained, across restarts of its fsdpd and of the\n"
+     "coordinator, until `fsdpctl undrain NODE`. Pending jobs say when drained nodes\n"
+     "are what keeps them waiting.\n"
+     "  --reason TEXT   why (required; shown by fsdpctl nodes and in the events)\n"},
+    {"undrain", cmd_undrain, "undrain NODE", "Lets a drained node take ranks again.\n"},
     {"submit", cmd_submit,
      "submit [JOB.conf] [--ranks N] [--name NAME] [--max-restarts N]\n"
      "              [--set section.key=value]... [--KEY VALUE]... [--watch]",

@@ -634,7 +634,8 @@ int coord_pic_load(coord_t *c, coord_pic_t *p) {
     const int beating = ln && (ln->poll || now - ln->heard_ms <= COORD_BEAT_SLACK_MS);
     p->sn[i] = (sched_node_t){n->id, n->name,
                               n->state == STORE_NODE_ALIVE && ln && ln->session && !ln->dead &&
-                                  !ln->stopping && beating};
+                                  !ln->stopping && beating,
+                              n->drain_reason[0] != 0};
     for (int k = 0; k < n->n_devices; k++) {
       const store_device_t *d = &n->devices[k];
       p->sd[p->nd++] = (sched_device_t){0, i, d->index, store_dev_kind_name(d->kind),

@@ -510,6 +510,34 @@ static void coord_memory_cb(rpc_call_t *call, const ProtobufCMessage *req, void 
   coord_reply(call, &a, &rep.base);
 }
 
+/* A node as the wire shows it. */
+static Fsdp__V1__NodeInfo *coord_node_msg(coord_t *c, coord_arena_t *a, const store_node_t *sn) {
+  Fsdp__V1__NodeInfo *m = coord_alloc(a, sizeof *m);
+  if (!m) return NULL;
+  fsdp__v1__node_info__init(m);
+  m->node_id = coord_idstr(a, 'n', sn->id);
+  m->hostname = coord_str(a, sn->name);
+  m->address = coord_str(a, sn->address);
+  m->drain_reason = coord_str(a, sn->drain_reason);
+  m->state = sn->state == STORE_NODE_ALIVE ? FSDP__V1__NODE_STATE__NODE_STATE_ALIVE
+                                           : FSDP__V1__NODE_STATE__NODE_STATE_DEAD;
+  const coord_node_t *ln = coord_node_get(c, sn->id, 0);
+  m->last_heartbeat_unix_ms = ln ? ln->heard_unix_ms : sn->last_seen_ms;
+  m->devices = coord_alloc(a, (size_t)sn->n_devices * sizeof *m->devices);
+  for (int k = 0; m->devices && k < sn->n_devices; k++) {
+    Fsdp__V1__Device *d = m->devices[k] = coord_alloc(a, sizeof *d);
+    if (!d) break;
+    fsdp__v1__device__init(d);
+    d->index = (uint32_t)sn->devices[k].index;
+    d->kind = (char *)store_dev_kind_name(sn->devices[k].kind);
+    d->name = coord_str(a, sn->devices[k].name);
+    d->total_bytes = sn->devices[k].memory_bytes;
+    d->job_id = sn->devices[k].job_id ? coord_idstr(a, 'j', sn->devices[k].job_id) : "";
+    m->n_devices++;
+  }
+  return m;
+}
+
 static void coord_nodes_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
   coord_t *c = arg;
   (void)req;
@@ -524,32 +552,44 @@ static void coord_nodes_cb(rpc_call_t *call, const ProtobufCMessage *req, void *
   Fsdp__V1__ListNodesReply rep = FSDP__V1__LIST_NODES_REPLY__INIT;
   rep.nodes = coord_alloc(&a, (size_t)nn * sizeof *rep.nodes);
   for (int i = 0; rep.nodes && i < nn; i++) {
-    const store_node_t *sn = &nodes[i];
-    Fsdp__V1__NodeInfo *m = coord_alloc(&a, sizeof *m);
+    Fsdp__V1__NodeInfo *m = coord_node_msg(c, &a, &nodes[i]);
     if (!m) break;
-    fsdp__v1__node_info__init(m);
-    m->node_id = coord_idstr(&a, 'n', sn->id);
-    m->hostname = coord_str(&a, sn->name);
-    m->address = coord_str(&a, sn->address);
-    m->state = sn->state == STORE_NODE_ALIVE ? FSDP__V1__NODE_STATE__NODE_STATE_ALIVE
-                                             : FSDP__V1__NODE_STATE__NODE_STATE_DEAD;
-    const coord_node_t *ln = coord_node_get(c, sn->id, 0);
-    m->last_heartbeat_unix_ms = ln ? ln->heard_unix_ms : sn->last_seen_ms;
-    m->devices = coord_alloc(&a, (size_t)sn->n_devices * sizeof *m->devices);
-    for (int k = 0; m->devices && k < sn->n_devices; k++) {
-      Fsdp__V1__Device *d = m->devices[k] = coord_alloc(&a, sizeof *d);
-      if (!d) break;
-      fsdp__v1__device__init(d);
-      d->index = (uint32_t)sn->devices[k].index;
-      d->kind = (char *)store_dev_kind_name(sn->devices[k].kind);
-      d->name = coord_str(&a, sn->devices[k].name);
-      d->total_bytes = sn->devices[k].memory_bytes;
-      d->job_id = sn->devices[k].job_id ? coord_idstr(&a, 'j', sn->devices[k].job_id) : "";
-      m->n_devices++;
-    }
     rep.nodes[rep.n_nodes++] = m;
   }
   store_nodes_free(nodes, nn);
+  coord_reply(call, &a, &rep.base);
+}
+
+static void coord_drain_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
+  coord_t *c = arg;
+  const Fsdp__V1__DrainNodeRequest *q = (const void *)req;
+  const int64_t id = coord_id_parse(q->node_id, 'n');
+  int rc = FSDP_OK;
+  if (!id)
+    rc = err_set(FSDP_ENOTFOUND, "node_id: '%.64s' is not a node id (they read n-3; fsdpctl nodes "
+                 "lists them)", q->node_id);
+  else if (!q->undrain && !q->reason[0])
+    rc = err_set(FSDP_EINVAL, "reason: say why node %s is drained (fsdpctl drain %s --reason "
+                 "\"disk swap\")", q->node_id, q->node_id);
+  else if ((rc = coord_text_ok("reason", q->reason, 256)) == FSDP_OK)
+    rc = store_node_drain(c->st, id, q->undrain ? NULL : q->reason);
+  store_node_t *nodes = NULL;
+  int nn = 0;
+  if (!rc) rc = store_node_list(c->st, &nodes, &nn);
+  if (rc) {
+    rpc_call_finish(call, rc);
+    return;
+  }
+  LOG_INFO("coord", "node %s %s%s%s", q->node_id, q->undrain ? "undrained" : "drained",
+           q->undrain ? "" : ": ", q->undrain ? "" : q->reason);
+  c->dirty = 1; /* undrained: pending jobs may fit now */
+  c->nodes_changed = 1;
+  coord_arena_t a = {0};
+  Fsdp__V1__DrainNodeReply rep = FSDP__V1__DRAIN_NODE_REPLY__INIT;
+  for (int i = 0; i < nn; i++)
+    if (nodes[i].id == id) rep.node = coord_node_msg(c, &a, &nodes[i]);
+  store_nodes_free(nodes, nn);
+  if (!rep.node && !a.failed) a.failed = 1;
   coord_reply(call, &a, &rep.base);
 }
 
@@ -841,6 +881,7 @@ int coord_rpc_register(coord_t *c) {
         coord_export_cb),
       M("ListNodes", list_nodes_request, list_nodes_reply, 0, RPC_ROLE_USER, coord_nodes_cb),
       M("ListEvents", list_events_request, list_events_reply, 0, RPC_ROLE_USER, coord_events_cb),
+      M("DrainNode", drain_node_request, drain_node_reply, 0, RPC_ROLE_USER, coord_drain_cb),
       M("RegisterNode", register_node_request, register_node_reply, 0, RPC_ROLE_NODE,
         coord_register_cb),
       M("Heartbeat", heartbeat_request, heartbeat_reply, 0, RPC_ROLE_NODE, coord_heartbeat_cb),

@@ -26,7 +26,8 @@ static void sched_say(char *s, size_t len, const char *fmt, ...) {
 }
 
 static int sched_usable(const sched_node_t *nodes, const sched_device_t *d, const sched_job_t *job) {
-  return !d->held && nodes[d->node].alive && strcmp(d->kind, job->kind) == 0 &&
+  return !d->held && nodes[d->node].alive && !nodes[d->node].drained &&
+         strcmp(d->kind, job->kind) == 0 &&
          d->memory >= job->need;
 }
 
@@ -34,11 +35,12 @@ static int sched_usable(const sched_node_t *nodes, const sched_device_t *d, cons
 static void sched_why(const sched_node_t *nodes, int num_nodes, const sched_device_t *devices,
                       int num_devices, const sched_job_t *job, const int *avail, int total,
                       char *note, size_t len) {
-  int held = 0, small = 0, dead = 0, other = 0;
+  int held = 0, small = 0, dead = 0, drained = 0, other = 0;
   for (int i = 0; i < num_devices; i++) {
     const sched_device_t *d = &devices[i];
     if (strcmp(d->kind, job->kind) != 0) other++;
     else if (!nodes[d->node].alive) dead++;
+    else if (nodes[d->node].drained) drained++;
     else if (d->memory < job->need) small++;
     else if (d->held) held++;
   }
@@ -54,6 +56,7 @@ static void sched_why(const sched_node_t *nodes, int num_nodes, const sched_devi
   if (held) sched_say(note, len, "; %d held by running jobs", held);
   if (small) sched_say(note, len, "; %d with too little memory", small);
   if (dead) sched_say(note, len, "; %d on dead nodes", dead);
+  if (drained) sched_say(note, len, "; %d on drained nodes", drained);
   if (other) sched_say(note, len, "; %d of another kind", other);
 }
 

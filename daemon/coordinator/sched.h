@@ -17,6 +17,7 @@ typedef struct sched_node {
   int64_t id;
   const char *name; /* for the reasons and notes */
   int alive;        /* a dead node's devices are never used */
+  int drained;      /* nor a drained one's (an operator's word; fsdpctl drain) */
 } sched_node_t;
 
 typedef struct sched_device {

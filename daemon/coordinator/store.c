@@ -156,8 +156,12 @@ static const char store_schema_v3[] =
 static const char store_schema_v4[] =
     "CREATE INDEX jobs_ended ON jobs(ended_ms) WHERE ended_ms IS NOT NULL;\n";
 
+/* Version 5: a node drained by an operator gets no new ranks (its reason). */
+static const char store_schema_v5[] =
+    "ALTER TABLE nodes ADD COLUMN drain_reason TEXT NOT NULL DEFAULT '';\n";
+
 static const char *const store_migrations[] = {store_schema_v1, store_schema_v2, store_schema_v3,
-                                               store_schema_v4};
+                                               store_schema_v4, store_schema_v5};
 _Static_assert(sizeof store_migrations / sizeof store_migrations[0] == STORE_SCHEMA_VERSION,
                "one migration per schema version");
 
@@ -718,6 +722,7 @@ static void node_row(sqlite3_stmt *s, void *item) {
   n->state = ST_ENUM(store_node_state_name, sqlite3_column_text(s, 3));
   n->registered_ms = sqlite3_column_int64(s, 4);
   n->last_seen_ms = sqlite3_column_int64(s, 5);
+  st_col_text(s, 6, n->drain_reason, sizeof n->drain_reason);
 }
 
 static void job_row(sqlite3_stmt *s, void *item) {
@@ -827,6 +832,30 @@ int store_node_register(store_t *st, const char *name, const char *address,
   rc = store_end(st, 0);
   if (!rc && node_id) *node_id = id;
   return rc;
+}
+
+int store_node_drain(store_t *st, int64_t node_id, const char *reason) {
+  int rc = check_text("reason", reason ? reason : "", STORE_REASON_MAX, 1);
+  if (rc) return rc;
+  if ((rc = store_begin(st, 1))) return rc;
+  char name[STORE_NAME_MAX] = "", was[STORE_REASON_MAX] = "";
+  sqlite3_stmt *s = st_query(st, "SELECT name, drain_reason FROM nodes WHERE id = ?", A_I(node_id));
+  if (st_step(st, s) == 1) {
+    st_col_text(s, 0, name, sizeof name);
+    st_col_text(s, 1, was, sizeof was);
+    sqlite3_reset(s);
+  } else if (!st->rc) {
+    return store_end(st, err_set(FSDP_ENOTFOUND, "node n-%lld: no such node (fsdpctl nodes lists "
+                                 "them)", (long long)node_id));
+  }
+  const int drain = reason && reason[0];
+  if (drain ? strcmp(was, reason) != 0 : was[0] != 0) { /* a change: one event */
+    st_exec(st, "UPDATE nodes SET drain_reason = ? WHERE id = ?", A_T(drain ? reason : ""),
+            A_I(node_id));
+    if (drain) st_event(st, 0, node_id, "node.drained", "node %s drained: %s", name, reason);
+    else st_event(st, 0, node_id, "node.undrained", "node %s takes ranks again", name);
+  }
+  return store_end(st, 0);
 }
 
 int store_node_mark_dead(store_t *st, int64_t node_id, int64_t last_seen_ms, int64_t *jobs,
@@ -1479,8 +1508,8 @@ int store_node_list(store_t *st, store_node_t **nodes, int *n) {
   store_device_t *devs = NULL;
   int nd = 0;
   rc = st_collect(st, store_node_t, node_row, nodes, n,
-                  "SELECT id, name, address, state, registered_ms, last_seen_ms FROM nodes "
-                  "ORDER BY id");
+                  "SELECT id, name, address, state, registered_ms, last_seen_ms, drain_reason "
+                  "FROM nodes ORDER BY id");
   if (!rc)
     rc = st_collect(st, store_device_t, device_row, &devs, &nd,
                     "SELECT " DEVICE_COLS " FROM devices ORDER BY node_id, idx");

@@ -26,7 +26,7 @@
 #include <stdint.h>
 
 /* The schema version this build writes and reads (PRAGMA user_version). */
-#define STORE_SCHEMA_VERSION 4
+#define STORE_SCHEMA_VERSION 5
 
 /* Text bounds: longer input is refused (EINVAL) so what is stored reads back
  * whole; reasons and event text are free text and are cut to fit on read. */
@@ -92,6 +92,7 @@ typedef struct store_node {
   store_node_state_t state;
   int64_t registered_ms;        /* first registration */
   int64_t last_seen_ms;         /* at its last state change (not every heartbeat) */
+  char drain_reason[STORE_REASON_MAX]; /* drained by an operator: why ("": takes ranks) */
   int n_devices;
   store_device_t *devices;      /* by index; freed by store_nodes_free */
 } store_node_t;
@@ -269,6 +270,11 @@ int store_node_register(store_t *st, const char *name, const char *address,
 /* Marks a node DEAD, heard last at last_seen_ms; its ranks still assigned or
  * running become LOST. The distinct jobs they belonged to go in jobs[] (at
  * most cap), their number in *n_jobs (may exceed cap). */
+/* Drains a node (reason: why, non-empty): it gets no new ranks, what runs
+ * there runs on, and it stays drained across its re-registrations and the
+ * coordinator's restarts; reason NULL or "" undrains it. An event when it
+ * changes. ENOTFOUND for an unknown node. */
+int store_node_drain(store_t *st, int64_t node_id, const char *reason);
 int store_node_mark_dead(store_t *st, int64_t node_id, int64_t last_seen_ms, int64_t *jobs,
                          int cap, int *n_jobs);
 

@@ -1314,3 +1314,65 @@ Test(coordinator, heartbeats_are_answered_at_fixed_slots) {
   const double held = tu_now_s() - s3;
   cr_expect(held > 0.19, "a new phase is held a whole interval: %.0f ms", held * 1e3);
 }
+
+/* DrainNode: a drained node gets no new ranks (a pending job says drained
+ * nodes keep it waiting), the job running there is left alone, the drain
+ * outlives a coordinator restart, and undrained the node takes ranks. */
+Test(coordinator, a_drained_node_gets_no_new_ranks_until_undrained, .timeout = 60) {
+  char d[600], x[32], y[32], z[32];
+  data_opt(d, sizeof d);
+  node_t a = {{0}, 0}, b = {{0}, 0};
+  node_register(&a, "maint", 2, 8ull << 30, NULL, 0);
+  const char *kv[] = {"model=tiny", d, "steps=3", NULL};
+  cr_assert_eq(submit(2, kv, x, sizeof x), 0, "%s", err_msg()); /* on "maint", its only node */
+  Fsdp__V1__DrainNodeRequest q = FSDP__V1__DRAIN_NODE_REQUEST__INIT;
+  q.node_id = a.id;
+  Fsdp__V1__DrainNodeReply *r = NULL;
+  cr_expect_eq(CALL("DrainNode", q, drain_node_reply, &r), FSDP_EINVAL, "a drain without a reason");
+  cr_expect(strstr(err_msg(), "reason"), "%s", err_msg());
+  q.reason = "disk swap";
+  cr_assert_eq(CALL("DrainNode", q, drain_node_reply, &r), 0, "%s", err_msg());
+  cr_expect_str_eq(r->node->drain_reason, "disk swap");
+  reply_free(r);
+  node_register(&b, "spare", 2, 8ull << 30, NULL, 0);
+  cr_assert_eq(submit(2, kv, y, sizeof y), 0, "%s", err_msg());
+  cr_assert_eq(submit(2, kv, z, sizeof z), 0, "%s", err_msg());
+  char reason[512];
+  cr_expect_eq(job_state(x, NULL, 0), FSDP__V1__JOB_STATE__JOB_STATE_RUNNING, "the drain stopped x");
+  cr_expect_eq(job_state(y, NULL, 0), FSDP__V1__JOB_STATE__JOB_STATE_RUNNING);
+  Fsdp__V1__GetJobReply *g = get_job(y);
+  for (size_t i = 0; i < g->job->n_ranks; i++)
+    cr_expect_str_eq(g->job->ranks[i]->node_id, b.id, "a rank of %s on the drained node", y);
+  reply_free(g);
+  cr_expect_eq(job_state(z, reason, sizeof reason), FSDP__V1__JOB_STATE__JOB_STATE_PENDING);
+  cr_expect(strstr(reason, "2 on drained nodes"), "%s", reason);
+  Fsdp__V1__HeartbeatReply *h = heartbeat(&a, NULL, 0);
+  cr_expect_eq(h->n_kills, 0, "the drained node was told to kill");
+  reply_free(h);
+  /* a restart keeps the drain */
+  char db[600];
+  snprintf(db, sizeof db, "%s", co_db);
+  cluster_stop(&co, SIGTERM);
+  co_start(db, "127.0.0.1:0", NULL);
+  client_for(&co, NULL);
+  Fsdp__V1__ListNodesRequest lq = FSDP__V1__LIST_NODES_REQUEST__INIT;
+  Fsdp__V1__ListNodesReply *lr = NULL;
+  cr_assert_eq(CALL("ListNodes", lq, list_nodes_reply, &lr), 0, "%s", err_msg());
+  for (size_t i = 0; i < lr->n_nodes; i++)
+    cr_expect_str_eq(lr->nodes[i]->drain_reason, strcmp(lr->nodes[i]->node_id, a.id) ? "" : "disk swap",
+                     "%s", lr->nodes[i]->node_id);
+  reply_free(lr);
+  /* undrained, and x done: z goes there */
+  q.undrain = 1, q.reason = "";
+  cr_assert_eq(CALL("DrainNode", q, drain_node_reply, &r), 0, "%s", err_msg());
+  cr_expect_str_eq(r->node->drain_reason, "");
+  reply_free(r);
+  a.session = 0, b.session = 0;
+  node_register(&a, "maint", 2, 8ull << 30, NULL, 0); /* the new coordinator's sessions */
+  node_register(&b, "spare", 2, 8ull << 30, NULL, 0);
+  cr_assert_eq(report_exit(&a, x, 1, 0, 0), 0, "%s", err_msg());
+  cr_assert_eq(report_exit(&a, x, 1, 1, 0), 0, "%s", err_msg());
+  cr_expect_eq(collect(&a, z, 2, NULL), 2, "z's ranks went to the undrained node");
+  q.node_id = "n-999";
+  cr_expect_eq(CALL("DrainNode", q, drain_node_reply, &r), FSDP_ENOTFOUND);
+}

@@ -276,6 +276,26 @@ static void h_nodes(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   rpc_call_reply(call, &rep.base);
 }
 
+/* DrainNode: n-1 drained (or undrained) as asked; another id NOT_FOUND. */
+static void h_drain(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
+  (void)arg;
+  const Fsdp__V1__DrainNodeRequest *req = (const void *)m;
+  rec_put(rpc_call_method(call), m);
+  if (strcmp(req->node_id, "n-1")) {
+    rpc_call_finish(call, err_set(FSDP_ENOTFOUND, "node %s: no such node", req->node_id));
+    return;
+  }
+  Fsdp__V1__Device dev = FSDP__V1__DEVICE__INIT, *dp = &dev;
+  dev.kind = "cpu", dev.job_id = "j-42";
+  Fsdp__V1__NodeInfo node = FSDP__V1__NODE_INFO__INIT;
+  node.node_id = "n-1", node.hostname = "host-a";
+  node.drain_reason = req->undrain ? "" : req->reason;
+  node.devices = &dp, node.n_devices = 1;
+  Fsdp__V1__DrainNodeReply rep = FSDP__V1__DRAIN_NODE_REPLY__INIT;
+  rep.node = &node;
+  rpc_call_reply(call, &rep.base);
+}
+
 /* ListEvents, as the coordinator pages them. "" and j-42: five events, one
  * a node's. j-ok (SUCCEEDED in GetJob): EV_OK events, of which the first
  * call sees 2 and later calls all (they arrive while fsdpctl follows). */
@@ -379,6 +399,8 @@ static int add_coordinator(rpc_server_t *s) {
        &fsdp__v1__list_nodes_reply__descriptor, 0, U, h_nodes, NULL},
       {SVC "ListEvents", &fsdp__v1__list_events_request__descriptor,
        &fsdp__v1__list_events_reply__descriptor, 0, U, h_events, NULL},
+      {SVC "DrainNode", &fsdp__v1__drain_node_request__descriptor,
+       &fsdp__v1__drain_node_reply__descriptor, 0, U, h_drain, NULL},
   };
   return rpc_server_add_all(s, m, sizeof m / sizeof m[0]);
 }
@@ -776,6 +798,27 @@ Test(fsdpctl, events_follow_pages_until_the_job_has_ended) {
   cr_assert_eq(CTL("events", "j-ok", "--follow", "--limit", "1"), 0, "%s", err);
   /* all had come by then: the newest one, then nothing new */
   cr_assert(strstr(out, "EVENT") && strstr(out, "e1003\n") && !strstr(out, "e1002"), "%.300s", out);
+}
+
+Test(fsdpctl, drain_and_undrain_a_node) {
+  fake_start(NULL, NULL);
+  cr_assert_eq(CTL("drain", "n-1"), 2, "a drain without --reason");
+  expect_in(err, "--reason");
+  cr_assert_eq(CTL("drain", "n-1", "--reason", "disk swap"), 0, "%s", err);
+  expect_in(out, "node n-1 drained: disk swap (1 device(s) still running a job)");
+  Fsdp__V1__DrainNodeRequest *q = rec_get("DrainNode", &fsdp__v1__drain_node_request__descriptor, NULL);
+  cr_assert(!strcmp(q->node_id, "n-1") && !strcmp(q->reason, "disk swap") && !q->undrain);
+  protobuf_c_message_free_unpacked(&q->base, NULL);
+  cr_assert_eq(CTL("undrain", "n-1"), 0, "%s", err);
+  expect_in(out, "node n-1 takes ranks again");
+  q = rec_get("DrainNode", &fsdp__v1__drain_node_request__descriptor, NULL);
+  cr_assert(q->undrain, "undrain sent a drain");
+  protobuf_c_message_free_unpacked(&q->base, NULL);
+  cr_assert_eq(CTL("undrain", "n-1", "--reason", "x"), 2, "undrain takes no reason");
+  cr_assert_eq(CTL("drain", "n-7", "--reason", "x"), 3, "%s", err);
+  expect_in(err, "no such node");
+  cr_assert_eq(CTL("nodes"), 0, "%s", err);
+  expect_in(out, "DRAINED");
 }
 
 /* ---- watch ------------------------------------------------------------------------------ */

@@ -26,7 +26,7 @@ typedef struct {
 static void add_node(cluster_t *c, int k, const char *kind, uint64_t mib) {
   int n = c->nn++;
   snprintf(c->name[n], sizeof c->name[n], "node%d", n);
-  c->node[n] = (sched_node_t){100 + n, c->name[n], 1};
+  c->node[n] = (sched_node_t){100 + n, c->name[n], 1, 0};
   for (int i = 0; i < k; i++)
     c->dev[c->nd] = (sched_device_t){1000 + c->nd, n, i, kind, mib * MIB, 0}, c->nd++;
 }
@@ -59,6 +59,23 @@ Test(sched, hybrid_2x2_on_two_nodes_keeps_each_shard_group_on_one_node) {
   cr_assert_neq(node_of(&c, s, 0), node_of(&c, s, 2));
   /* within a node, ranks take the devices in index order */
   cr_assert_lt(c.dev[s[0].device].index, c.dev[s[1].device].index);
+}
+
+/* A drained node's devices are never given, and the reason says they are
+ * what the job waits for; undrained, they are used again. */
+Test(sched, a_drained_node_gets_no_ranks_and_the_reason_says_so) {
+  cluster_t c = {0};
+  add_node(&c, 2, "cpu", 1024);
+  add_node(&c, 2, "cpu", 1024);
+  c.node[0].drained = 1;
+  sched_slot_t s[4];
+  char note[256];
+  cr_assert_eq(place(&c, 1, 2, "cpu", 100, s, note, sizeof note), SCHED_PLACED);
+  cr_assert(node_of(&c, s, 0) == 1 && node_of(&c, s, 1) == 1, "a rank on the drained node");
+  cr_assert_eq(place(&c, 2, 2, "cpu", 100, s, note, sizeof note), SCHED_WAIT);
+  cr_assert(strstr(note, "2 on drained nodes") && !strstr(note, "dead"), "%s", note);
+  c.node[0].drained = 0;
+  cr_assert_eq(place(&c, 2, 2, "cpu", 100, s, note, sizeof note), SCHED_PLACED, "%s", note);
 }
 
 Test(sched, third_job_waits_with_the_reason_then_runs_when_devices_free) {

@@ -750,6 +750,33 @@ Test(store, a_dead_node_loses_its_ranks_and_re_registers) {
   store_close(st);
 }
 
+/* A drain is kept with its reason across the node's re-registration and
+ * the store's reopening; each change is one event; undrain clears it. */
+Test(store, a_drained_node_stays_drained_until_undrained) {
+  store_t *st = open_db("state.db");
+  int64_t a = add_node(st, "a", 2);
+  cr_assert_eq(store_node_drain(st, a, "disk swap"), 0, "%s", err_msg());
+  cr_assert_eq(store_node_drain(st, a, "disk swap"), 0, "the same drain again: no change");
+  cr_assert_eq(add_node(st, "a", 2), a);
+  store_close(st);
+  st = open_db("state.db");
+  store_node_t *nodes;
+  int n;
+  cr_assert_eq(store_node_list(st, &nodes, &n), 0);
+  cr_assert_str_eq(nodes[0].drain_reason, "disk swap", "re-registered and reopened");
+  store_nodes_free(nodes, n);
+  cr_assert_eq(store_node_drain(st, a, NULL), 0, "%s", err_msg());
+  cr_assert_eq(store_node_list(st, &nodes, &n), 0);
+  cr_assert_str_empty(nodes[0].drain_reason);
+  store_nodes_free(nodes, n);
+  sqlite3 *db = raw_open("state.db");
+  cr_assert_eq(raw_int(db, "SELECT count(*) FROM events WHERE kind = 'node.drained'"), 1);
+  cr_assert_eq(raw_int(db, "SELECT count(*) FROM events WHERE kind = 'node.undrained'"), 1);
+  sqlite3_close(db);
+  cr_assert_eq(store_node_drain(st, a + 100, "x"), FSDP_ENOTFOUND);
+  store_close(st);
+}
+
 Test(store, re_registering_keeps_held_devices_and_drops_free_ones_it_lost) {
   store_t *st = open_db("state.db");
   int64_t a = add_node(st, "a", 3);
