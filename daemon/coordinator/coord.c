@@ -28,7 +28,7 @@
 #define COORD_TICK_MS 50
 #define COORD_BEAT_SLACK_MS 250
 #define COORD_JANITOR_MS 1000 /* checkpoints' timeouts and removals are looked at this often */
-#define COORD_PURGE_MS 60000  /* the audit log's retention, this often (and at start) */
+#define COORD_PURGE_MS 10000  /* retention (events, ended jobs), this often (and at start) */
 #define COORD_PURGE_BATCH 10000
 #define COORD_PURGE_PASSES 10
 #define COORD_JOB_PURGE_BATCH 50  /* ended jobs removed a transaction (each with its rows) */

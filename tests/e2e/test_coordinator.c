@@ -16,6 +16,7 @@
 #include <libgen.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <sys/wait.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -836,6 +837,39 @@ Test(coordinator, checkpoints_commit_abort_retain_and_survive_a_restart, .timeou
   cluster_db_check(db);
 }
 
+/* An export of job's step begun: its stream after the first piece, the
+ * file's size in *total; returns the bytes of that piece. */
+static uint64_t export_begin(const char *job, int64_t step, rpc_stream_t **xs, uint64_t *total) {
+  Fsdp__V1__ExportCheckpointRequest q = FSDP__V1__EXPORT_CHECKPOINT_REQUEST__INIT;
+  q.job_id = (char *)job, q.step = step;
+  ProtobufCMessage *m;
+  cr_assert_eq(rpc_stream_open(cl, xs, "/fsdp.v1.Coordinator/ExportCheckpoint", &q.base, 30), 0,
+               "%s", err_msg());
+  cr_assert_eq(rpc_stream_next(*xs, &fsdp__v1__export_chunk__descriptor, &m), 1, "%s", err_msg());
+  const Fsdp__V1__ExportChunk *c = (const void *)m;
+  cr_assert_eq(c->offset, 0);
+  const uint64_t got = c->data.len;
+  *total = c->total_bytes;
+  protobuf_c_message_free_unpacked(m, NULL);
+  return got;
+}
+
+/* Reads the rest of an export (got bytes so far), each piece where the
+ * last ended, and closes it: the whole file came, without an error. */
+static void export_finish(rpc_stream_t *xs, uint64_t got, uint64_t total) {
+  int rc;
+  ProtobufCMessage *m;
+  while ((rc = rpc_stream_next(xs, &fsdp__v1__export_chunk__descriptor, &m)) == 1) {
+    const Fsdp__V1__ExportChunk *c = (const void *)m;
+    cr_assert_eq(c->offset, got, "pieces arrive in order");
+    got += c->data.len;
+    protobuf_c_message_free_unpacked(m, NULL);
+  }
+  rpc_stream_close(xs);
+  cr_expect_eq(rc, 0, "the export ended with an error: %s", err_msg());
+  cr_expect_eq(got, total, "%llu of %llu bytes", (unsigned long long)got, (unsigned long long)total);
+}
+
 /* An export reads a checkpoint that retention would remove (keep 1, and a
  * newer one commits meanwhile): the checkpoint stays while the export reads
  * it, the export is whole, and retention removes it once the export ends.
@@ -848,18 +882,8 @@ Test(coordinator, an_export_keeps_its_checkpoint_from_retention_until_it_ends, .
   ckpt_job_start(&n, "model=small", "keep_checkpoints=1", d, ck, ckopt, id);
   cr_assert_eq(ckpt_report_both(&n, id, "small", ck, 10), CK_COMMITTED);
 
-  Fsdp__V1__ExportCheckpointRequest q = FSDP__V1__EXPORT_CHECKPOINT_REQUEST__INIT;
-  q.job_id = id, q.step = 10;
   rpc_stream_t *xs;
-  ProtobufCMessage *m;
-  cr_assert_eq(rpc_stream_open(cl, &xs, "/fsdp.v1.Coordinator/ExportCheckpoint", &q.base, 30), 0,
-               "%s", err_msg());
-  cr_assert_eq(rpc_stream_next(xs, &fsdp__v1__export_chunk__descriptor, &m), 1, "%s", err_msg());
-  Fsdp__V1__ExportChunk *c = (void *)m;
-  const uint64_t total = c->total_bytes;
-  uint64_t got = c->data.len;
-  cr_assert_eq(c->offset, 0);
-  protobuf_c_message_free_unpacked(m, NULL);
+  uint64_t total, got = export_begin(id, 10, &xs, &total);
 
   /* step 20 commits while the export of step 10 is under way */
   cr_assert_eq(ckpt_report_both(&n, id, "small", ck, 20), CK_COMMITTED);
@@ -868,16 +892,7 @@ Test(coordinator, an_export_keeps_its_checkpoint_from_retention_until_it_ends, .
   cr_expect_eq(access(d10, F_OK), 0, "retention removed step 10 while it was being exported");
   cr_expect_eq(ckpt_state(id, 10, NULL, 0), CK_COMMITTED);
 
-  int rc;
-  while ((rc = rpc_stream_next(xs, &fsdp__v1__export_chunk__descriptor, &m)) == 1) {
-    c = (void *)m;
-    cr_assert_eq(c->offset, got, "pieces arrive in order");
-    got += c->data.len;
-    protobuf_c_message_free_unpacked(m, NULL);
-  }
-  rpc_stream_close(xs);
-  cr_expect_eq(rc, 0, "the export ended with an error: %s", err_msg());
-  cr_expect_eq(got, total, "%llu of %llu bytes", (unsigned long long)got, (unsigned long long)total);
+  export_finish(xs, got, total);
   /* the export is over: what retention kept for it goes */
   cr_expect(ckpt_wait_removed(id, 10, d10), "step 10 outlived its export");
   cr_expect_eq(ckpt_state(id, 20, NULL, 0), CK_COMMITTED);
@@ -885,11 +900,7 @@ Test(coordinator, an_export_keeps_its_checkpoint_from_retention_until_it_ends, .
   /* a coordinator stopped with an export under way (step 20, kept from
    * retention when step 30 commits) exits cleanly, and the next one on the
    * same database removes what the export kept */
-  q.step = 20;
-  cr_assert_eq(rpc_stream_open(cl, &xs, "/fsdp.v1.Coordinator/ExportCheckpoint", &q.base, 30), 0,
-               "%s", err_msg());
-  cr_assert_eq(rpc_stream_next(xs, &fsdp__v1__export_chunk__descriptor, &m), 1, "%s", err_msg());
-  protobuf_c_message_free_unpacked(m, NULL);
+  export_begin(id, 20, &xs, &total);
   cr_assert_eq(ckpt_report_both(&n, id, "small", ck, 30), CK_COMMITTED);
   char d20[700], db[600];
   snprintf(d20, sizeof d20, "%s/step-00000020", ck);
@@ -923,20 +934,30 @@ static int64_t events_of(const char *path, const char *kind) {
   return n;
 }
 
-/* The audit log's retention: at start (then every minute) events older
+/* Runs the SQL (printf-formatted) on the database file at path, beside or
+ * instead of the coordinator (the way an operator's sqlite3 shell would). */
+static void db_exec(const char *path, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void db_exec(const char *path, const char *fmt, ...) {
+  char sql[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(sql, sizeof sql, fmt, ap);
+  va_end(ap);
+  sqlite3 *h = NULL;
+  cr_assert_eq(sqlite3_open(path, &h), SQLITE_OK);
+  sqlite3_busy_timeout(h, 5000);
+  cr_assert_eq(sqlite3_exec(h, sql, NULL, NULL, NULL), SQLITE_OK, "%s: %s", sql, sqlite3_errmsg(h));
+  sqlite3_close(h);
+}
+
+/* The audit log's retention: at start (then every 10 s) events older
  * than --event-retention-days go; newer ones stay. */
 Test(coordinator, audit_events_older_than_the_retention_are_removed) {
   char db[600];
   snprintf(db, sizeof db, "%s", co_db);
   cluster_stop(&co, SIGTERM);
-  sqlite3 *h = NULL;
-  cr_assert_eq(sqlite3_open(db, &h), SQLITE_OK);
-  cr_assert_eq(sqlite3_exec(h,
-                            "INSERT INTO events(time_ms, kind, text) VALUES "
-                            "(1000, 'test.old', 'from 1970'), "
-                            "(CAST(strftime('%s', 'now') AS INTEGER) * 1000, 'test.recent', 'now')",
-                            NULL, NULL, NULL), SQLITE_OK, "%s", sqlite3_errmsg(h));
-  sqlite3_close(h);
+  db_exec(db, "INSERT INTO events(time_ms, kind, text) VALUES (1000, 'test.old', 'from 1970'), "
+          "(CAST(strftime('%%s', 'now') AS INTEGER) * 1000, 'test.recent', 'now')");
   co_start(db, "127.0.0.1:0", "--event-retention-days 1");
   client_for(&co, NULL);
   const double t0 = tu_now_s();
@@ -1066,28 +1087,43 @@ static void co_start_slow_commits(const char *db, const char *extra) {
   client_for(&co, NULL);
 }
 
+/* A coordinator on db (extra: its options) whose commits take 1.5 s, a
+ * 2-rank tiny job checkpointing into its own directory, shard 0 of step 10
+ * reported (the checkpoint OPEN) and shard 1 written: k->b reports it when
+ * given to bg_report_main. */
+typedef struct slow_ckpt {
+  node_t n;
+  char d[600], ck[600], ckopt[700], id[32], p0[800], p1[800], s0[64], s1[64];
+  uint64_t b0, b1;
+  bg_report_t b;
+} slow_ckpt_t;
+
+static void slow_ckpt_start(slow_ckpt_t *k, const char *db, const char *extra) {
+  memset(k, 0, sizeof *k);
+  co_start_slow_commits(db, extra);
+  ckpt_job_start(&k->n, "model=tiny", "keep_checkpoints=2", k->d, k->ck, k->ckopt, k->id);
+  write_shard(k->ck, 10, 0, 2, k->p0, sizeof k->p0, &k->b0, k->s0, sizeof k->s0);
+  write_shard(k->ck, 10, 1, 2, k->p1, sizeof k->p1, &k->b1, k->s1, sizeof k->s1);
+  Fsdp__V1__CheckpointState st0 = 0;
+  cr_assert_eq(report_shard(&k->n, k->id, 0, 10, k->p0, k->b0, k->s0, &st0), 0, "%s", err_msg());
+  cr_assert_eq(st0, CK_OPEN);
+  k->b = (bg_report_t){&k->n, k->id, k->p1, k->s1, k->b1, -1, 0};
+}
+
 static void stop_around_a_commit(const char *extra, int signal_first) {
   char db[600];
   snprintf(db, sizeof db, "%s", co_db);
   teardown();
-  co_start_slow_commits(db, extra);
-  char d[600], ck[600], ckopt[700], id[32], p0[800], p1[800], s0[64], s1[64];
-  uint64_t b0, b1;
-  node_t n = {{0}, 0};
-  ckpt_job_start(&n, "model=tiny", "keep_checkpoints=2", d, ck, ckopt, id);
-  write_shard(ck, 10, 0, 2, p0, sizeof p0, &b0, s0, sizeof s0);
-  write_shard(ck, 10, 1, 2, p1, sizeof p1, &b1, s1, sizeof s1);
-  Fsdp__V1__CheckpointState st0 = 0;
-  cr_assert_eq(report_shard(&n, id, 0, 10, p0, b0, s0, &st0), 0, "%s", err_msg());
-  cr_assert_eq(st0, CK_OPEN);
-  bg_report_t b = {&n, id, p1, s1, b1, -1, 0};
+  static slow_ckpt_t k;
+  slow_ckpt_start(&k, db, extra);
+  bg_report_t *b = &k.b;
   pthread_t th;
   const double t0 = tu_now_s();
   if (signal_first) {
     kill(co.pid, SIGTERM);
     nanosleep(&(struct timespec){0, 500000000}, NULL); /* the grace goes on */
   }
-  cr_assert_eq(pthread_create(&th, NULL, bg_report_main, &b), 0);
+  cr_assert_eq(pthread_create(&th, NULL, bg_report_main, b), 0);
   if (!signal_first) {
     nanosleep(&(struct timespec){0, 300000000}, NULL); /* the commit is on the pool, in its fsync */
     kill(co.pid, SIGTERM);
@@ -1096,14 +1132,14 @@ static void stop_around_a_commit(const char *extra, int signal_first) {
   const double took = tu_now_s() - t0;
   pthread_join(th, NULL);
   cr_expect(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "the coordinator ended with status %#x", ws);
-  cr_expect_eq(b.rc, 0, "the last report was not answered: %d", b.rc);
-  cr_expect_eq(b.state, CK_COMMITTED, "the last report was answered %d", (int)b.state);
+  cr_expect_eq(b->rc, 0, "the last report was not answered: %d", b->rc);
+  cr_expect_eq(b->state, CK_COMMITTED, "the last report was answered %d", (int)b->state);
   cr_expect(took > 1.5 && took < 12, "stopped %.2f s after the first of report and signal", took);
   char state[32];
   ckpt_state_in_db(db, 10, state, sizeof state);
   cr_expect_str_eq(state, "COMMITTED");
   char manifest[900];
-  snprintf(manifest, sizeof manifest, "%s/%s", dirname(p1), CKPT_MANIFEST);
+  snprintf(manifest, sizeof manifest, "%s/%s", dirname(k.p1), CKPT_MANIFEST);
   cr_expect_eq(access(manifest, F_OK), 0, "%s", manifest);
 }
 
@@ -1117,7 +1153,7 @@ Test(coordinator, a_commit_begun_in_the_stop_grace_is_waited_for_past_it, .timeo
   stop_around_a_commit("--stop-grace 1", 1);
 }
 
-/* Jobs' retention (--job-retention-days): at start (then every minute) a
+/* Jobs' retention (--job-retention-days): at start (then every 10 s) a
  * job that ended longer ago goes from the store with its records, never its
  * files; a recent one and the newest stay. */
 Test(coordinator, ended_jobs_older_than_the_retention_are_removed_but_not_their_files) {
@@ -1132,12 +1168,7 @@ Test(coordinator, ended_jobs_older_than_the_retention_are_removed_but_not_their_
   cr_assert_eq(submit(2, kv, recent, sizeof recent), 0, "%s", err_msg());
   cr_assert_eq(submit(2, kv, newest, sizeof newest), 0, "%s", err_msg());
   cluster_stop(&co, SIGTERM);
-  sqlite3 *h = NULL;
-  cr_assert_eq(sqlite3_open(db, &h), SQLITE_OK);
-  char sql[200];
-  snprintf(sql, sizeof sql, "UPDATE jobs SET ended_ms = 1000 WHERE id = %s", id + 2);
-  cr_assert_eq(sqlite3_exec(h, sql, NULL, NULL, NULL), SQLITE_OK, "%s", sqlite3_errmsg(h));
-  sqlite3_close(h);
+  db_exec(db, "UPDATE jobs SET ended_ms = 1000 WHERE id = %s", id + 2); /* ended in 1970 */
   co_start(db, "127.0.0.1:0", "--job-retention-days 1");
   client_for(&co, NULL);
   Fsdp__V1__GetJobRequest q = FSDP__V1__GET_JOB_REQUEST__INIT;
@@ -1207,31 +1238,20 @@ Test(coordinator, the_largest_events_page_fits_a_grpc_message, .timeout = 60) {
  * commits it at its first pass and, in the same pass, does not remove the
  * job under the commit; the checkpoint ends COMMITTED, the job still there. */
 Test(coordinator, retention_leaves_a_job_whose_commit_is_on_the_pool, .timeout = 60) {
-  char db[600], d[600], ck[600], ckopt[700], id[32], p0[800], p1[800], s0[64], s1[64];
+  char db[600];
   snprintf(db, sizeof db, "%s", co_db);
   teardown();
-  co_start_slow_commits(db, NULL);
-  uint64_t b0, b1;
-  node_t n = {{0}, 0};
-  ckpt_job_start(&n, "model=tiny", "keep_checkpoints=2", d, ck, ckopt, id);
-  write_shard(ck, 10, 0, 2, p0, sizeof p0, &b0, s0, sizeof s0);
-  write_shard(ck, 10, 1, 2, p1, sizeof p1, &b1, s1, sizeof s1);
-  Fsdp__V1__CheckpointState st0 = 0;
-  cr_assert_eq(report_shard(&n, id, 0, 10, p0, b0, s0, &st0), 0, "%s", err_msg());
-  bg_report_t b = {&n, id, p1, s1, b1, -1, 0};
+  static slow_ckpt_t k;
+  slow_ckpt_start(&k, db, NULL);
+  const char *id = k.id;
   pthread_t th;
-  cr_assert_eq(pthread_create(&th, NULL, bg_report_main, &b), 0);
+  cr_assert_eq(pthread_create(&th, NULL, bg_report_main, &k.b), 0);
   nanosleep(&(struct timespec){0, 300000000}, NULL); /* the commit is in its fsync */
   cluster_stop(&co, SIGKILL);
   pthread_join(th, NULL);
   /* the job ended long ago, its devices free (by hand: its ranks never reported) */
-  sqlite3 *h = NULL;
-  cr_assert_eq(sqlite3_open(db, &h), SQLITE_OK);
-  char sql[300];
-  snprintf(sql, sizeof sql, "UPDATE devices SET job_id = NULL; UPDATE jobs SET state = 'SUCCEEDED', "
-           "ended_ms = 1000 WHERE id = %s", id + 2);
-  cr_assert_eq(sqlite3_exec(h, sql, NULL, NULL, NULL), SQLITE_OK, "%s", sqlite3_errmsg(h));
-  sqlite3_close(h);
+  db_exec(db, "UPDATE devices SET job_id = NULL; UPDATE jobs SET state = 'SUCCEEDED', "
+          "ended_ms = 1000 WHERE id = %s", id + 2);
   char state[32];
   ckpt_state_in_db(db, 10, state, sizeof state);
   cr_assert_str_eq(state, "OPEN", "the kill left the commit undone");
@@ -1243,52 +1263,30 @@ Test(coordinator, retention_leaves_a_job_whose_commit_is_on_the_pool, .timeout =
   while (ckpt_state(id, 10, NULL, 0) != CK_COMMITTED && tu_now_s() - t0 < 10)
     nanosleep(&(struct timespec){0, 50000000}, NULL);
   cr_expect_eq(ckpt_state(id, 10, NULL, 0), CK_COMMITTED);
-  reply_free(get_job(id)); /* the next pass is a minute away */
+  reply_free(get_job(id)); /* the next pass is 10 s away */
 }
 
-/* Retention leaves a job an export is reading: a job ended in 1970 whose
- * checkpoint an export has begun to stream when the restarted coordinator's
- * first pass comes is still there after it, and the export ends whole. */
+/* Retention leaves a job an export is reading: a job whose checkpoint an
+ * export streams (stalled on this client's flow control until it reads on)
+ * and which, meanwhile, ended long ago (by hand) outlives the periodic pass
+ * (every 10 s), and the export ends whole. */
 Test(coordinator, retention_leaves_a_job_an_export_is_reading, .timeout = 60) {
   char db[600], d[600], ck[600], ckopt[700], id[32];
   snprintf(db, sizeof db, "%s", co_db);
+  teardown();
+  co_start(db, "127.0.0.1:0", "--job-retention-days 1");
+  client_for(&co, NULL);
   node_t n = {{0}, 0};
   ckpt_job_start(&n, "model=small", "keep_checkpoints=1", d, ck, ckopt, id);
   cr_assert_eq(ckpt_report_both(&n, id, "small", ck, 10), CK_COMMITTED);
   cr_assert_eq(report_exit(&n, id, 1, 0, 0), 0, "%s", err_msg());
   cr_assert_eq(report_exit(&n, id, 1, 1, 0), 0, "%s", err_msg());
-  cluster_stop(&co, SIGTERM);
-  sqlite3 *h = NULL;
-  cr_assert_eq(sqlite3_open(db, &h), SQLITE_OK);
-  char sql[200];
-  snprintf(sql, sizeof sql, "UPDATE jobs SET ended_ms = 1000 WHERE id = %s", id + 2);
-  cr_assert_eq(sqlite3_exec(h, sql, NULL, NULL, NULL), SQLITE_OK, "%s", sqlite3_errmsg(h));
-  sqlite3_close(h);
-  co_start(db, "127.0.0.1:0", "--job-retention-days 1");
-  client_for(&co, NULL);
-  /* at once, before the first pass (a second after the start): the export
-   * begins, and stalls on this client's flow control until it reads on */
-  Fsdp__V1__ExportCheckpointRequest q = FSDP__V1__EXPORT_CHECKPOINT_REQUEST__INIT;
-  q.job_id = id, q.step = 10;
   rpc_stream_t *xs;
-  ProtobufCMessage *m;
-  cr_assert_eq(rpc_stream_open(cl, &xs, "/fsdp.v1.Coordinator/ExportCheckpoint", &q.base, 30), 0,
-               "%s", err_msg());
-  cr_assert_eq(rpc_stream_next(xs, &fsdp__v1__export_chunk__descriptor, &m), 1, "%s", err_msg());
-  Fsdp__V1__ExportChunk *c = (void *)m;
-  const uint64_t total = c->total_bytes;
-  uint64_t got = c->data.len;
-  protobuf_c_message_free_unpacked(m, NULL);
-  nanosleep(&(struct timespec){1, 500000000}, NULL); /* the first pass has run */
+  uint64_t total, got = export_begin(id, 10, &xs, &total);
+  db_exec(db, "UPDATE jobs SET ended_ms = 1000 WHERE id = %s", id + 2); /* ended in 1970 */
+  nanosleep(&(struct timespec){11, 0}, NULL); /* a pass has run */
   reply_free(get_job(id));
-  int rc;
-  while ((rc = rpc_stream_next(xs, &fsdp__v1__export_chunk__descriptor, &m)) == 1) {
-    got += ((Fsdp__V1__ExportChunk *)m)->data.len;
-    protobuf_c_message_free_unpacked(m, NULL);
-  }
-  rpc_stream_close(xs);
-  cr_expect_eq(rc, 0, "the export ended with an error: %s", err_msg());
-  cr_expect_eq(got, total, "%llu of %llu bytes", (unsigned long long)got, (unsigned long long)total);
+  export_finish(xs, got, total);
 }
 
 /* Heartbeats are answered at fixed slots, one interval (200 ms here) apart:
