@@ -324,8 +324,7 @@ static int cmd_nodes(ctl_t *c, int argc, char **argv) {
     table_bytes(total, sizeof total, tot);
     table_cell(t, "%s", n->node_id);
     table_cell(t, "%s", n->hostname);
-    table_cell(t, "%s%s", ENUM_NAME(fsdp__v1__node_state__descriptor, n->state),
-               *n->drain_reason ? ", drained" : "");
+    table_cell(t, "%s", ENUM_NAME(fsdp__v1__node_state__descriptor, n->state));
     table_cell(t, "%s", n->address);
     table_cell(t, "%s%s", age, n->last_heartbeat_unix_ms ? " ago" : "");
     table_cell(t, "%s", dev);

@@ -29,7 +29,7 @@
 #define COORD_BEAT_SLACK_MS 250
 #define COORD_JANITOR_MS 1000 /* checkpoints' timeouts and removals are looked at this often */
 #define COORD_PURGE_MS 10000  /* retention (events, ended jobs), this often (and at start) */
-#define COORD_PURGE_BATCH 10000
+#define COORD_PURGE_BATCH 2000
 #define COORD_PURGE_PASSES 10
 #define COORD_JOB_PURGE_BATCH 50  /* ended jobs removed a transaction (each with its rows) */
 #define COORD_PURGE_BUDGET_MS 50  /* a retention pass stops after this long (the loop answers heartbeats) */
@@ -238,13 +238,63 @@ void coord_order_push(coord_t *c, int64_t node, const coord_order_t *o) {
   coord_node_deliver(c, n);
 }
 
-/* Takes n off the list of held heartbeats (its poll is being answered or ended). */
+/* ---- the held heartbeats' heap ---- */
+
+static int coord_held_less(const coord_node_t *a, const coord_node_t *b) {
+  return a->poll_until != b->poll_until ? a->poll_until < b->poll_until : a->held_seq < b->held_seq;
+}
+
+static void coord_held_put(coord_t *c, int i, coord_node_t *n) {
+  c->held[i] = n;
+  n->held_pos = i + 1;
+}
+
+static void coord_held_up(coord_t *c, int i) {
+  coord_node_t *n = c->held[i];
+  while (i > 0 && coord_held_less(n, c->held[(i - 1) / 2])) {
+    coord_held_put(c, i, c->held[(i - 1) / 2]);
+    i = (i - 1) / 2;
+  }
+  coord_held_put(c, i, n);
+}
+
+static void coord_held_down(coord_t *c, int i) {
+  coord_node_t *n = c->held[i];
+  for (;;) {
+    int m = 2 * i + 1;
+    if (m >= c->n_held) break;
+    if (m + 1 < c->n_held && coord_held_less(c->held[m + 1], c->held[m])) m++;
+    if (!coord_held_less(c->held[m], n)) break;
+    coord_held_put(c, i, c->held[m]);
+    i = m;
+  }
+  coord_held_put(c, i, n);
+}
+
+/* Adds n (its poll_until set); FSDP_ENOMEM when the heap cannot grow. */
+static int coord_held_push(coord_t *c, coord_node_t *n) {
+  if (c->n_held == c->cap_held) {
+    const int cap = c->cap_held ? 2 * c->cap_held : 1024;
+    coord_node_t **p = realloc(c->held, (size_t)cap * sizeof *p);
+    if (!p) return err_set(FSDP_ENOMEM, "coordinator: out of memory holding a heartbeat");
+    c->held = p, c->cap_held = cap;
+  }
+  n->held_seq = ++c->held_seq;
+  coord_held_put(c, c->n_held++, n);
+  coord_held_up(c, c->n_held - 1);
+  return FSDP_OK;
+}
+
+/* Takes n out of the held heartbeats (its poll is being answered or ended). */
 static void coord_held_unlink(coord_t *c, coord_node_t *n) {
-  if (n->held_prev) n->held_prev->held_next = n->held_next;
-  else c->held_head = n->held_next;
-  if (n->held_next) n->held_next->held_prev = n->held_prev;
-  else c->held_tail = n->held_prev;
-  n->held_prev = n->held_next = NULL;
+  const int i = n->held_pos - 1;
+  if (i < 0) return;
+  n->held_pos = 0;
+  coord_node_t *last = c->held[--c->n_held];
+  if (i == c->n_held) return;
+  coord_held_put(c, i, last);
+  coord_held_down(c, i);
+  coord_held_up(c, last->held_pos - 1);
 }
 
 static void coord_poll_cancel_cb(rpc_call_t *call, void *arg) {
@@ -252,6 +302,15 @@ static void coord_poll_cancel_cb(rpc_call_t *call, void *arg) {
   if (n->poll != call) return;
   n->poll = NULL;
   coord_held_unlink(n->coord, n);
+}
+
+void coord_node_drop_poll(coord_t *c, coord_node_t *n, const char *why) {
+  rpc_call_t *call = n->poll;
+  if (!call) return;
+  n->poll = NULL;
+  coord_held_unlink(c, n);
+  rpc_call_on_cancel(call, NULL, NULL);
+  rpc_call_finish(call, err_set(FSDP_ESTALE, "%s", why));
 }
 
 /* Answers n's held heartbeat with whatever is queued for it (possibly
@@ -331,35 +390,33 @@ void coord_node_deliver(coord_t *c, coord_node_t *n) {
 static void coord_beat_cb(uv_timer_t *t) {
   coord_t *c = t->data;
   const uint64_t now = coord_mono_ms(c);
-  while (c->held_head && c->held_head->poll_until <= now) {
-    coord_node_t *n = c->held_head;
+  while (c->n_held && c->held[0]->poll_until <= now) {
+    coord_node_t *n = c->held[0];
     metrics_hist_observe(&c->hb_late, (double)(now - n->poll_until) / 1e3);
     n->slot = n->poll_until + (uint64_t)c->o.heartbeat_interval_ms;
     coord_node_answer(c, n);
   }
-  if (c->held_head) uv_timer_start(&c->beat, coord_beat_cb, c->held_head->poll_until - now, 0);
+  if (c->n_held) uv_timer_start(&c->beat, coord_beat_cb, c->held[0]->poll_until - now, 0);
 }
 
 /* Holds a node's heartbeat until there is news or its slot comes: the one
- * its last answer at a slot set, or one interval from now for its first
- * heartbeat and for a node that fell a whole interval behind. (A heartbeat
- * answered early, with news, leaves the slot where it was.) */
+ * its last answer at a slot set (moved on by whole intervals when the node
+ * comes later than that: a stall longer than an interval keeps phases too),
+ * or one interval from now for its first heartbeat. A heartbeat answered
+ * early, with news, leaves the slot where it was. */
 void coord_node_hold(coord_t *c, coord_node_t *n, rpc_call_t *call) {
   if (n->poll) coord_node_answer(c, n); /* a node has one in flight; answer an older one */
-  n->poll = call;
   const uint64_t now = coord_mono_ms(c), iv = (uint64_t)c->o.heartbeat_interval_ms;
-  if (n->slot <= now || n->slot > now + iv) n->slot = now + iv;
+  if (!n->slot || n->slot > now + iv) n->slot = now + iv;
+  else if (n->slot <= now) n->slot += ((now - n->slot) / iv + 1) * iv;
   n->poll_until = n->slot;
-  /* in slot order, from the tail: a node's slot is mostly the latest */
-  coord_node_t *after = c->held_tail;
-  while (after && after->poll_until > n->poll_until) after = after->held_prev;
-  n->held_prev = after;
-  n->held_next = after ? after->held_next : c->held_head;
-  if (n->held_next) n->held_next->held_prev = n;
-  else c->held_tail = n;
-  if (after) after->held_next = n;
-  else c->held_head = n;
-  if (c->held_head == n) /* a new first: the timer sleeps until its slot */
+  int rc = coord_held_push(c, n);
+  if (rc) {
+    rpc_call_finish(call, rc);
+    return;
+  }
+  n->poll = call;
+  if (c->held[0] == n) /* a new first: the timer sleeps until its slot */
     uv_timer_start(&c->beat, coord_beat_cb, n->poll_until - now, 0);
   rpc_call_on_cancel(call, coord_poll_cancel_cb, n);
   coord_node_deliver(c, n);
@@ -746,13 +803,16 @@ void coord_schedule(coord_t *c) {
 
 /* The audit log's retention: events older than --event-retention-days go,
  * COORD_PURGE_BATCH at a time (each its own short transaction), at most
- * COORD_PURGE_PASSES batches a pass; the rest next pass. */
+ * COORD_PURGE_PASSES batches and COORD_PURGE_BUDGET_MS a pass; the rest next
+ * pass. */
 static void coord_events_purge(coord_t *c) {
   const int days = c->o.event_retention_days;
   if (days < 0) return;
   const int64_t before = coord_unix_ms() - (int64_t)days * 86400000;
   int removed = COORD_PURGE_BATCH, total = 0;
-  for (int i = 0; i < COORD_PURGE_PASSES && removed == COORD_PURGE_BATCH; i++) {
+  const uint64_t t0 = uv_hrtime();
+  for (int i = 0; i < COORD_PURGE_PASSES && removed == COORD_PURGE_BATCH &&
+                  uv_hrtime() - t0 < (uint64_t)COORD_PURGE_BUDGET_MS * 1000000; i++) {
     if (store_event_purge(c->st, before, COORD_PURGE_BATCH, &removed)) {
       LOG_WARN("coord", "events: %s", err_msg());
       return;
@@ -914,7 +974,7 @@ static void coord_free_cb(uv_handle_t *h) {
   }
   for (int64_t i = 0; i < c->cap_node; i++)
     if (c->node[i]) free(c->node[i]->order), free(c->node[i]);
-  free(c->node), free(c->rank), free(c->job);
+  free(c->node), free(c->rank), free(c->job), free(c->held);
   free(c);
 }
 

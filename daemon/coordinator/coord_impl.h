@@ -39,7 +39,8 @@ typedef struct coord_node {
   rpc_call_t *poll;         /* its held heartbeat */
   uint64_t poll_until;      /* when it is answered: its slot */
   uint64_t slot;            /* loop time its next heartbeat is answered (0: none yet) */
-  struct coord_node *held_prev, *held_next; /* in coord.held while poll is set */
+  int held_pos;             /* 1 + its place in coord.held while poll is set; 0: not there */
+  uint64_t held_seq;        /* arrival order among equal slots */
   struct coord *coord;      /* for its poll's cancel callback */
   coord_order_t *order;
   int n_order, cap_order;
@@ -116,11 +117,14 @@ struct coord {
   store_t *st;
   rpc_server_t *srv;
   uv_timer_t tick;
-  /* Held heartbeats, oldest first. All are held for the same interval, so
-   * this is also the order they fall due in: `beat` fires when the first
-   * does, to the millisecond, instead of on the next tick (up to
-   * COORD_TICK_MS late, which alone broke the 10 ms heartbeat goal). */
-  struct coord_node *held_head, *held_tail;
+  /* Held heartbeats: a binary min-heap by slot (then arrival), so holding,
+   * answering and cancelling one are O(log n) wherever its slot lies (a
+   * node answered early with news keeps a slot in the middle). `beat` fires
+   * when the first falls due, to the millisecond, instead of on the next
+   * tick (up to COORD_TICK_MS late, which alone broke the 10 ms goal). */
+  struct coord_node **held;
+  int n_held, cap_held;
+  uint64_t held_seq;
   uv_timer_t beat;
   coord_node_t **node;      /* by id (ids are dense, from 1) */
   int64_t cap_node;
@@ -158,6 +162,10 @@ coord_node_t *coord_node_get(coord_t *c, int64_t id, int create);
 coord_rank_t *coord_rank_get(coord_t *c, int64_t job, int rank, int create);
 coord_job_t *coord_job_info(coord_t *c, int64_t job);
 void coord_order_push(coord_t *c, int64_t node, const coord_order_t *o);
+/* Ends n's held heartbeat without its orders (they stay queued), failing
+ * it with ESTALE and why: a node that registers again has given it up (its
+ * fsdpd keeps one call in flight), so orders sent on it would be lost. */
+void coord_node_drop_poll(coord_t *c, coord_node_t *n, const char *why);
 void coord_node_deliver(coord_t *c, coord_node_t *n);
 void coord_kill_attempt(coord_t *c, int64_t job, int64_t epoch, int64_t except_node, const char *why);
 void coord_attempt_fail(coord_t *c, int64_t job, int64_t epoch, int64_t except_node, const char *why);

@@ -571,7 +571,7 @@ static void coord_drain_cb(rpc_call_t *call, const ProtobufCMessage *req, void *
   else if (!q->undrain && !q->reason[0])
     rc = err_set(FSDP_EINVAL, "reason: say why node %s is drained (fsdpctl drain %s --reason "
                  "\"disk swap\")", q->node_id, q->node_id);
-  else if ((rc = coord_text_ok("reason", q->reason, 256)) == FSDP_OK)
+  else if (q->undrain || (rc = coord_text_ok("reason", q->reason, STORE_DRAIN_MAX - 1)) == FSDP_OK)
     rc = store_node_drain(c->st, id, q->undrain ? NULL : q->reason);
   store_node_t *nodes = NULL;
   int nn = 0;
@@ -680,6 +680,7 @@ static void coord_register_cb(rpc_call_t *call, const ProtobufCMessage *req, voi
   uint64_t session = 0;
   while (!session)
     if (getrandom(&session, sizeof session, 0) != sizeof session) session = (uint64_t)coord_unix_ms();
+  coord_node_drop_poll(c, n, "superseded: the node registered again");
   n->session = session, n->dead = 0, n->stopping = 0;
   n->heard_ms = coord_mono_ms(c), n->heard_unix_ms = coord_unix_ms();
   /* Reconcile: ranks it runs that are not of a running attempt are killed;

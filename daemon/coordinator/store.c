@@ -835,10 +835,10 @@ int store_node_register(store_t *st, const char *name, const char *address,
 }
 
 int store_node_drain(store_t *st, int64_t node_id, const char *reason) {
-  int rc = check_text("reason", reason ? reason : "", STORE_REASON_MAX, 1);
+  int rc = check_text("reason", reason ? reason : "", STORE_DRAIN_MAX, 1);
   if (rc) return rc;
   if ((rc = store_begin(st, 1))) return rc;
-  char name[STORE_NAME_MAX] = "", was[STORE_REASON_MAX] = "";
+  char name[STORE_NAME_MAX] = "", was[STORE_DRAIN_MAX] = "";
   sqlite3_stmt *s = st_query(st, "SELECT name, drain_reason FROM nodes WHERE id = ?", A_I(node_id));
   if (st_step(st, s) == 1) {
     st_col_text(s, 0, name, sizeof name);

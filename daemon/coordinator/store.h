@@ -35,6 +35,7 @@
 #define STORE_MESH_MAX 32     /* "2x2" */
 #define STORE_REASON_MAX 512  /* reasons and event text */
 #define STORE_KIND_MAX 32     /* event kinds ("job.submitted") */
+#define STORE_DRAIN_MAX 257   /* a node's drain reason */
 #define STORE_PAYLOAD_MAX 65536 /* one rendezvous payload, bytes */
 #define STORE_PATH_MAX 1100   /* a checkpoint's directory */
 
@@ -92,7 +93,7 @@ typedef struct store_node {
   store_node_state_t state;
   int64_t registered_ms;        /* first registration */
   int64_t last_seen_ms;         /* at its last state change (not every heartbeat) */
-  char drain_reason[STORE_REASON_MAX]; /* drained by an operator: why ("": takes ranks) */
+  char drain_reason[STORE_DRAIN_MAX]; /* drained by an operator: why ("": takes ranks) */
   int n_devices;
   store_device_t *devices;      /* by index; freed by store_nodes_free */
 } store_node_t;
@@ -267,14 +268,14 @@ int store_backup(const char *path, const char *out, int *version);
  * job holds it. Returns its id in *node_id. */
 int store_node_register(store_t *st, const char *name, const char *address,
                         const store_device_t *devices, int n_devices, int64_t *node_id);
+/* Drains a node (reason: why, non-empty, under STORE_DRAIN_MAX): it gets no
+ * new ranks, what runs there runs on, and it stays drained across its
+ * re-registrations and the coordinator's restarts; reason NULL or ""
+ * undrains it. An event when it changes. ENOTFOUND for an unknown node. */
+int store_node_drain(store_t *st, int64_t node_id, const char *reason);
 /* Marks a node DEAD, heard last at last_seen_ms; its ranks still assigned or
  * running become LOST. The distinct jobs they belonged to go in jobs[] (at
  * most cap), their number in *n_jobs (may exceed cap). */
-/* Drains a node (reason: why, non-empty): it gets no new ranks, what runs
- * there runs on, and it stays drained across its re-registrations and the
- * coordinator's restarts; reason NULL or "" undrains it. An event when it
- * changes. ENOTFOUND for an unknown node. */
-int store_node_drain(store_t *st, int64_t node_id, const char *reason);
 int store_node_mark_dead(store_t *st, int64_t node_id, int64_t last_seen_ms, int64_t *jobs,
                          int cap, int *n_jobs);
 

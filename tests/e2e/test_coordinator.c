@@ -1260,7 +1260,8 @@ Test(coordinator, retention_leaves_a_job_whose_commit_is_on_the_pool, .timeout =
   nanosleep(&(struct timespec){1, 200000000}, NULL);
   reply_free(get_job(id));
   const double t0 = tu_now_s();
-  while (ckpt_state(id, 10, NULL, 0) != CK_COMMITTED && tu_now_s() - t0 < 10)
+  /* within the 10 s to the next pass, which may remove the job as it should */
+  while (ckpt_state(id, 10, NULL, 0) != CK_COMMITTED && tu_now_s() - t0 < 6)
     nanosleep(&(struct timespec){0, 50000000}, NULL);
   cr_expect_eq(ckpt_state(id, 10, NULL, 0), CK_COMMITTED);
   reply_free(get_job(id)); /* the next pass is 10 s away */
@@ -1292,9 +1293,9 @@ Test(coordinator, retention_leaves_a_job_an_export_is_reading, .timeout = 60) {
 /* Heartbeats are answered at fixed slots, one interval (200 ms here) apart:
  * a node that sends its next heartbeat late (a stall, here 120 ms) is
  * answered at its next slot, not a whole interval after it sent, so late
- * nodes keep their phase instead of beating together from then on; a node
- * later than a whole interval starts a new phase, held a full interval.
- * Never answered before its slot. */
+ * nodes keep their phase instead of beating together from then on; so does
+ * a node later than a whole interval (answered two slots on). Never
+ * answered before its slot. */
 Test(coordinator, heartbeats_are_answered_at_fixed_slots) {
   node_t n = {{0}, 0};
   node_register(&n, "slots", 1, 8ull << 30, NULL, 0);
@@ -1304,13 +1305,13 @@ Test(coordinator, heartbeats_are_answered_at_fixed_slots) {
   const double s2 = tu_now_s();
   reply_free(heartbeat(&n, NULL, 0));
   const double r2 = tu_now_s();
-  cr_expect(r2 - r1 > 0.19 && r2 - r1 < 0.29, "answers %.0f ms apart (sent %.0f ms after the "
+  cr_expect(r2 - r1 > 0.15 && r2 - r1 < 0.29, "answers %.0f ms apart (sent %.0f ms after the "
             "last answer): not its slot", (r2 - r1) * 1e3, (s2 - r1) * 1e3);
   nanosleep(&(struct timespec){0, 250000000}, NULL); /* later than an interval */
-  const double s3 = tu_now_s();
   reply_free(heartbeat(&n, NULL, 0));
-  const double held = tu_now_s() - s3;
-  cr_expect(held > 0.19, "a new phase is held a whole interval: %.0f ms", held * 1e3);
+  const double r3 = tu_now_s();
+  cr_expect(r3 - r2 > 0.35 && r3 - r2 < 0.49, "answers %.0f ms apart: not two slots on",
+            (r3 - r2) * 1e3);
 }
 
 /* DrainNode: a drained node gets no new ranks (a pending job says drained
@@ -1373,4 +1374,43 @@ Test(coordinator, a_drained_node_gets_no_new_ranks_until_undrained, .timeout = 6
   cr_expect_eq(collect(&a, z, 2, NULL), 2, "z's ranks went to the undrained node");
   q.node_id = "n-999";
   cr_expect_eq(CALL("DrainNode", q, drain_node_reply, &r), FSDP_ENOTFOUND);
+}
+
+/* A heartbeat held for a node that then registers again (its fsdpd
+ * restarted before the coordinator saw the old call go) is ended with
+ * ABORTED, and the assignments the registration sends again reach the new
+ * session's heartbeat, not the abandoned call. */
+typedef struct bg_beat {
+  node_t n;
+  int rc;
+  size_t assignments;
+} bg_beat_t;
+
+static void *bg_beat_main(void *arg) {
+  bg_beat_t *b = arg;
+  Fsdp__V1__HeartbeatRequest q = FSDP__V1__HEARTBEAT_REQUEST__INIT;
+  q.node_id = b->n.id, q.session = b->n.session;
+  Fsdp__V1__HeartbeatReply *r = NULL;
+  b->rc = CALL("Heartbeat", q, heartbeat_reply, &r);
+  if (r) b->assignments = r->n_assignments, reply_free(r);
+  return NULL;
+}
+
+Test(coordinator, a_node_registering_again_gets_its_assignments_on_its_new_session) {
+  char d[600], id[32];
+  data_opt(d, sizeof d);
+  node_t n = {{0}, 0};
+  node_register(&n, "again", 2, 8ull << 30, NULL, 0);
+  const char *kv[] = {"model=tiny", d, "steps=3", NULL};
+  cr_assert_eq(submit(2, kv, id, sizeof id), 0, "%s", err_msg());
+  cr_assert_eq(collect(&n, id, 2, NULL), 2); /* told once; the node never starts them */
+  bg_beat_t b = {n, -1, 0};
+  pthread_t th;
+  cr_assert_eq(pthread_create(&th, NULL, bg_beat_main, &b), 0);
+  nanosleep(&(struct timespec){0, 50000000}, NULL); /* held */
+  node_register(&n, "again", 2, 8ull << 30, NULL, 0); /* a new session, no ranks running */
+  pthread_join(th, NULL);
+  cr_expect_eq(b.rc, FSDP_ESTALE, "the abandoned heartbeat was answered (%zu assignments)",
+               b.assignments);
+  cr_expect_eq(collect(&n, id, 2, NULL), 2, "the new session did not get its assignments again");
 }
