@@ -787,16 +787,19 @@ void coord_schedule(coord_t *c) {
   store_job_t *jobs = NULL;
   int nj = 0;
   coord_pic_t p;
-  if (coord_pic_load(c, &p)) {
+  if (store_job_list(c->st, STORE_JOB_BIT(STORE_JOB_PENDING), 0, &jobs, &nj)) {
     LOG_WARN("coord", "placement: %s", err_msg());
     return;
   }
-  if (store_job_list(c->st, STORE_JOB_BIT(STORE_JOB_PENDING), 0, &jobs, &nj))
+  /* nothing waits: the cluster's picture (every node and device) is not read */
+  if (nj && coord_pic_load(c, &p)) {
     LOG_WARN("coord", "placement: %s", err_msg());
-  for (int i = 0; i < nj; i++) /* a job whose old files are being removed waits for that */
-    if (!coord_ckpt_removing_job(c, jobs[i].id)) coord_place(c, &p, jobs[i].id);
+  } else if (nj) {
+    for (int i = 0; i < nj; i++) /* a job whose old files are being removed waits for that */
+      if (!coord_ckpt_removing_job(c, jobs[i].id)) coord_place(c, &p, jobs[i].id);
+    coord_pic_free(&p);
+  }
   store_jobs_free(jobs, nj);
-  coord_pic_free(&p);
 }
 
 /* ---- the timer ------------------------------------------------------------ */
