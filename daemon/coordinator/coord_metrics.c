@@ -3,7 +3,8 @@
  * units (seconds, bytes), counters ending in _total; docs/OPERATIONS.md
  * lists them.
  *   - jobs by state (the store), nodes alive and dead (this coordinator's
- *     view: a node not heard since it started is neither);
+ *     view: a node not heard since it started is neither), nodes drained
+ *     (the store);
  *   - per rank of a running attempt, its latest report: step, loss,
  *     tokens/s, memory by category (current and peak bytes);
  *   - heartbeat lateness (a held heartbeat answered after its interval) and
@@ -35,6 +36,12 @@ void coord_metrics_render(metrics_buf_t *b, void *arg) {
                  "by state.");
   metrics_sample(b, "fsdp_nodes", (const char *[]){"state", "alive", NULL}, alive);
   metrics_sample(b, "fsdp_nodes", (const char *[]){"state", "dead", NULL}, dead);
+  const int64_t drained = store_nodes_drained(c->st);
+  if (drained >= 0) {
+    metrics_family(b, "fsdp_nodes_drained", "gauge", "Nodes drained by an operator (fsdpctl "
+                   "drain): no new ranks go there.");
+    metrics_sample(b, "fsdp_nodes_drained", NULL, (double)drained);
+  }
 
   metrics_rank_t *r = calloc((size_t)c->n_rank + 1, sizeof *r);
   const char **cats = calloc((size_t)c->n_rank * COORD_CATS + 1, sizeof *cats);

@@ -858,6 +858,12 @@ int store_node_drain(store_t *st, int64_t node_id, const char *reason) {
   return store_end(st, 0);
 }
 
+int64_t store_nodes_drained(store_t *st) {
+  if (store_begin(st, 0)) return -1;
+  const int64_t n = st_int(st, -1, "SELECT count(*) FROM nodes WHERE drain_reason != ''");
+  return store_end(st, 0) ? -1 : n;
+}
+
 int store_node_mark_dead(store_t *st, int64_t node_id, int64_t last_seen_ms, int64_t *jobs,
                          int cap, int *n_jobs) {
   int rc = store_begin(st, 1);

@@ -273,6 +273,8 @@ int store_node_register(store_t *st, const char *name, const char *address,
  * re-registrations and the coordinator's restarts; reason NULL or ""
  * undrains it. An event when it changes. ENOTFOUND for an unknown node. */
 int store_node_drain(store_t *st, int64_t node_id, const char *reason);
+/* How many nodes are drained (-1 when the store cannot say). */
+int64_t store_nodes_drained(store_t *st);
 /* Marks a node DEAD, heard last at last_seen_ms; its ranks still assigned or
  * running become LOST. The distinct jobs they belonged to go in jobs[] (at
  * most cap), their number in *n_jobs (may exceed cap). */

@@ -121,6 +121,11 @@ Test(metrics, both_endpoints_pass_promtool_and_prometheus_scrapes_a_running_job)
   snprintf(mem, sizeof mem, "fsdp_rank_memory_bytes{job=\"%s\",rank=\"1\",category=\"params\"}", job);
   for (int i = 0; i < 2; i++) cr_assert_gt(sample(got[i], mem), 0, "%s", got[i]);
   cr_assert_geq(sample(got[0], "fsdp_scheduling_latency_seconds_count"), 1, "%s", got[0]);
+  /* a drained node counts as drained */
+  cr_assert_eq(sample(got[0], "fsdp_nodes_drained"), 0, "%s", got[0]);
+  cr_assert_eq(cluster_ctl(coord.addr, "drain n-1 --reason maintenance", out, sizeof out), 0, "%s", out);
+  cr_assert_eq(http_get(coord.metrics_port, "/metrics", got[0], sizeof got[0]), 200);
+  cr_assert_eq(sample(got[0], "fsdp_nodes_drained"), 1, "%s", got[0]);
   /* errors */
   cr_assert_eq(http_get(coord.metrics_port, "/", out, sizeof out), 404);
   /* Prometheus scrapes both, every second; rank 0's tokens/s comes back */
