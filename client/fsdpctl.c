@@ -1142,7 +1142,8 @@ static const ctl_cmd_t ctl_cmds[] = {
      "Drains a node for maintenance: no new ranks go there; jobs running there run on\n"
      "(cancel them, or wait). It stays drained, across restarts of its fsdpd and of the\n"
      "coordinator, until `fsdpctl undrain NODE`. Pending jobs say when drained nodes\n"
-     "are what keeps them waiting.\n"
+     "are what keeps them waiting. A coordinator given an operator token takes a drain\n"
+     "only with that token (--token-file).\n"
      "  --reason TEXT   why (required; shown by fsdpctl nodes and in the events)\n"},
     {"undrain", cmd_undrain, "undrain NODE", "Lets a drained node take ranks again.\n"},
     {"submit", cmd_submit,
@@ -1217,8 +1218,10 @@ static const char ctl_globals_help[] =
     "Options of every command (before or after its name):\n"
     "  --coordinator ADDR  the coordinator (host:port or unix:PATH); default\n"
     "                      FSDP_COORDINATOR, else " CTL_DEFAULT_COORDINATOR "\n"
-    "  --token-file FILE   the cluster's user token (default FSDP_TOKEN_FILE); tokens\n"
-    "                      are never given on the command line, where ps shows them\n"
+    "  --token-file FILE   the cluster's user token, or the operator's (drain needs\n"
+    "                      it when the cluster has one; default FSDP_TOKEN_FILE);\n"
+    "                      tokens are never given on the command line, where ps\n"
+    "                      shows them\n"
     "  --tls-ca FILE       speak TLS, checking the coordinator against this CA (PEM)\n"
     "  --timeout SECONDS   bound on each call (default 10); watch and logs --follow\n"
     "                      last until the job ends or you stop them; export takes\n"

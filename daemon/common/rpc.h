@@ -26,13 +26,15 @@
  *
  * Auth: bearer tokens in the `authorization` metadata ("Bearer <token>"),
  * read from files (never from flags: a flag shows in ps). A server is given
- * the files of two roles' tokens, user and node, or neither. With neither,
- * every call is open (loopback tests, a single trusted host). With both,
- * every call but Health/Check must carry exactly one authorization header
- * holding one of the two tokens (else UNAUTHENTICATED), and a method allows
- * only the roles it was registered with (else PERMISSION_DENIED: the caller
- * is known, the call is not its to make). Tokens are compared in constant
- * time. TLS (server certificate and key; clients check it against a CA
+ * the files of two roles' tokens, user and node, or neither, and optionally
+ * a third, the operator's. With none, every call is open (loopback tests, a
+ * single trusted host). With them, every call but Health/Check must carry
+ * exactly one authorization header holding one of the tokens (else
+ * UNAUTHENTICATED), and a method allows only the roles it was registered
+ * with (else PERMISSION_DENIED: the caller is known, the call is not its to
+ * make). The operator may call what a user may, and the methods registered
+ * for the operator (cluster maintenance); a server given no operator token
+ * lets users call those. Tokens are compared in constant time. TLS (server certificate and key; clients check it against a CA
  * file) when the paths are given; tokens over plaintext are for loopback. */
 #ifndef FSDP_RPC_H
 #define FSDP_RPC_H
@@ -46,7 +48,7 @@
 /* ---- shared ----------------------------------------------------------------- */
 
 /* Roles a method allows (a bit set). 0: open to anyone (only Health/Check is). */
-enum { RPC_ROLE_USER = 1u << 0, RPC_ROLE_NODE = 1u << 1 };
+enum { RPC_ROLE_USER = 1u << 0, RPC_ROLE_NODE = 1u << 1, RPC_ROLE_OPERATOR = 1u << 2 };
 
 #define RPC_MAX_MESSAGE_DEFAULT (4u << 20) /* gRPC's own default receive limit */
 #define RPC_TOKEN_MAX 4096                 /* longest token file accepted */
@@ -66,6 +68,7 @@ typedef struct rpc_server_opts {
   const char *addr;            /* "127.0.0.1:0", "0.0.0.0:7070", "unix:/path" */
   const char *user_token_file; /* both or neither (see above) */
   const char *node_token_file;
+  const char *operator_token_file; /* optional, only with the two above */
   const char *tls_cert_file;   /* PEM certificate chain and key: both or neither */
   const char *tls_key_file;
   size_t max_request_bytes;    /* larger requests get RESOURCE_EXHAUSTED (0: the default) */

@@ -114,7 +114,8 @@ struct rpc_server {
   rpc_server_opts_t o;
   char *addr;
   char *user_token, *node_token; /* NULL: auth off */
-  size_t user_len, node_len;
+  char *operator_token;           /* NULL: users may call the operator's methods */
+  size_t user_len, node_len, operator_len;
   char *cert_pem, *key_pem;       /* NULL: plaintext */
   rpc_reg_t regs[RPC_METHODS_MAX];
   int nregs;
@@ -345,15 +346,23 @@ static int rpc_token_eq(const char *tok, size_t tlen, const uint8_t *p, size_t n
   return d == 0;
 }
 
-static int rpc_role_names(unsigned roles, char *buf, size_t n) {
-  return snprintf(buf, n, "%s%s%s", roles & RPC_ROLE_USER ? "user" : "",
-                  (roles & RPC_ROLE_USER) && (roles & RPC_ROLE_NODE) ? " or " : "",
-                  roles & RPC_ROLE_NODE ? "node" : "");
+static const char *rpc_role_name(unsigned role) {
+  return role == RPC_ROLE_USER ? "user" : role == RPC_ROLE_NODE ? "node" : "operator";
+}
+
+/* "user or node": the roles of a set, in RPC_ROLE_* order. */
+static void rpc_role_names(unsigned roles, char *buf, size_t n) {
+  size_t at = 0;
+  buf[0] = 0;
+  for (unsigned r = RPC_ROLE_USER; r <= RPC_ROLE_OPERATOR && at < n; r <<= 1)
+    if (roles & r) at += (size_t)snprintf(buf + at, n - at, "%s%s", at ? " or " : "", rpc_role_name(r));
 }
 
 /* Checks the caller's token against the roles allowed; sets c->role. */
 static int rpc_auth(rpc_server_t *s, rpc_call_t *c, unsigned roles) {
   if (!s->user_token || !roles) return 0;
+  if (roles & RPC_ROLE_USER) roles |= RPC_ROLE_OPERATOR; /* the operator may do what users may */
+  if (!s->operator_token && (roles & RPC_ROLE_OPERATOR)) roles |= RPC_ROLE_USER;
   const grpc_slice *val = NULL;
   int count = 0;
   for (size_t i = 0; i < c->md.count; i++)
@@ -371,17 +380,20 @@ static int rpc_auth(rpc_server_t *s, rpc_call_t *c, unsigned roles) {
   if (n < 7 || strncasecmp((const char *)p, "bearer ", 7))
     return err_set(FSDP_EAUTH, "%s: the authorization header is not \"Bearer <token>\"", c->method);
   p += 7, n -= 7;
+  /* every comparison is made, whichever matches */
   int is_user = rpc_token_eq(s->user_token, s->user_len, p, n);
   int is_node = rpc_token_eq(s->node_token, s->node_len, p, n);
-  if (!is_user && !is_node)
+  int is_op = s->operator_token && rpc_token_eq(s->operator_token, s->operator_len, p, n);
+  if (!is_user && !is_node && !is_op)
     return err_set(FSDP_EAUTH, "%s: the token is not valid on this server; check the token "
                    "file the client reads", c->method);
-  c->role = is_user ? RPC_ROLE_USER : RPC_ROLE_NODE;
+  c->role = is_user ? RPC_ROLE_USER : is_node ? RPC_ROLE_NODE : RPC_ROLE_OPERATOR;
   if (!(c->role & roles)) {
-    char need[32];
-    rpc_role_names(roles, need, sizeof need);
-    return err_set(FSDP_EPERM, "%s: a %s token may not call this method; it needs the %s token",
-                   c->method, c->role == RPC_ROLE_USER ? "user" : "node", need);
+    char need[48];
+    rpc_role_names(s->operator_token ? roles : roles & ~(unsigned)RPC_ROLE_OPERATOR, need, sizeof need);
+    return err_set(FSDP_EPERM, "%s: %s %s token may not call this method; it needs the %s token",
+                   c->method, c->role == RPC_ROLE_OPERATOR ? "an" : "a", rpc_role_name(c->role),
+                   need);
   }
   return 0;
 }
@@ -578,6 +590,7 @@ static void rpc_server_free(rpc_server_t *s) {
   free(s->addr);
   rpc__free_secret(s->user_token);
   rpc__free_secret(s->node_token);
+  rpc__free_secret(s->operator_token);
   free(s->cert_pem);
   rpc__free_secret(s->key_pem);
   free(s->q);
@@ -596,6 +609,9 @@ int rpc_server_create(rpc_server_t **out, uv_loop_t *loop, const rpc_server_opts
     return err_set(FSDP_EINVAL, "rpc server: a %s token file without a %s one: give both (users "
                    "and nodes hold different tokens) or neither (open to anyone who can connect)",
                    o->user_token_file ? "user" : "node", o->user_token_file ? "node" : "user");
+  if (o->operator_token_file && !o->user_token_file)
+    return err_set(FSDP_EINVAL, "rpc server: an operator token file without the user and node "
+                   "ones: give all three (an operator token alone would leave every call open)");
   if (!o->tls_cert_file != !o->tls_key_file)
     return err_set(FSDP_EINVAL, "rpc server: TLS needs both a certificate and a key file");
   rpc_server_t *s = calloc(1, sizeof *s);
@@ -621,6 +637,16 @@ int rpc_server_create(rpc_server_t **out, uv_loop_t *loop, const rpc_server_opts
     if (!strcmp(s->user_token, s->node_token)) {
       rc = err_set(FSDP_EINVAL, "rpc server: the user and node token files hold the same token; "
                    "a user could then act as a node: give each role its own");
+      goto fail;
+    }
+  }
+  if (o->operator_token_file) {
+    if ((rc = rpc__read_token(o->operator_token_file, &s->operator_token))) goto fail;
+    s->operator_len = strlen(s->operator_token);
+    if (!strcmp(s->operator_token, s->user_token) || !strcmp(s->operator_token, s->node_token)) {
+      rc = err_set(FSDP_EINVAL, "rpc server: the operator token file %s holds the %s token; give "
+                   "the operator a token of its own", o->operator_token_file,
+                   !strcmp(s->operator_token, s->user_token) ? "user" : "node");
       goto fail;
     }
   }

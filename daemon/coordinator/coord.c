@@ -927,8 +927,9 @@ int coord_create(coord_t **out, uv_loop_t *loop, const coord_opts_t *o) {
         rc = err_set(FSDP_ENOMEM, "coordinator: out of memory");
   store_nodes_free(nodes, nn);
   rpc_server_opts_t ro = {.addr = o->listen, .user_token_file = o->user_token_file,
-                          .node_token_file = o->node_token_file, .tls_cert_file = o->tls_cert_file,
-                          .tls_key_file = o->tls_key_file};
+                          .node_token_file = o->node_token_file,
+                          .operator_token_file = o->operator_token_file,
+                          .tls_cert_file = o->tls_cert_file, .tls_key_file = o->tls_key_file};
   if (!rc) rc = rpc_server_create(&c->srv, loop, &ro);
   if (!rc) rc = coord_rpc_register(c);
   if (!rc) rc = rpc_server_start(c->srv);

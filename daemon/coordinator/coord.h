@@ -32,6 +32,7 @@ typedef struct coord_opts {
   int nroots;
   const char *user_token_file;   /* both or neither (rpc.h) */
   const char *node_token_file;
+  const char *operator_token_file; /* optional: DrainNode needs it (else the user's) */
   const char *tls_cert_file, *tls_key_file;
   int heartbeat_interval_ms;     /* 0: 1000 */
   int heartbeat_timeout_ms;      /* 0: 5000 */

@@ -1,7 +1,7 @@
 /* coord_rpc: the Coordinator service's handlers (proto/fsdp.proto): requests
  * checked and turned into store changes and coord.c's state, replies built
  * from both. Client-facing calls need the user role, node-facing calls the
- * node role (rpc.h). Every handler answers at once except Heartbeat (held as
+ * node role, DrainNode the operator's (rpc.h). Every handler answers at once except Heartbeat (held as
  * a long poll), Rendezvous (held until its group is complete, or 1 s) and
  * WatchJob (a stream until the job ends).
  *
@@ -882,7 +882,7 @@ int coord_rpc_register(coord_t *c) {
         coord_export_cb),
       M("ListNodes", list_nodes_request, list_nodes_reply, 0, RPC_ROLE_USER, coord_nodes_cb),
       M("ListEvents", list_events_request, list_events_reply, 0, RPC_ROLE_USER, coord_events_cb),
-      M("DrainNode", drain_node_request, drain_node_reply, 0, RPC_ROLE_USER, coord_drain_cb),
+      M("DrainNode", drain_node_request, drain_node_reply, 0, RPC_ROLE_OPERATOR, coord_drain_cb),
       M("RegisterNode", register_node_request, register_node_reply, 0, RPC_ROLE_NODE,
         coord_register_cb),
       M("Heartbeat", heartbeat_request, heartbeat_reply, 0, RPC_ROLE_NODE, coord_heartbeat_cb),

@@ -31,6 +31,8 @@ static void usage(FILE *f) {
           "  --listen ADDR              where to serve (default 127.0.0.1:7070; port 0: any)\n"
           "  --user-token-file FILE     bearer token of users (fsdpctl); with --node-token-file,\n"
           "  --node-token-file FILE     every call needs one of the two (default: open)\n"
+          "  --operator-token-file FILE with the two above: the token of operators, who may\n"
+          "                             also drain nodes (without it, users may)\n"
           "  --tls-cert FILE --tls-key FILE   serve TLS\n"
           "  --heartbeat-interval-ms N  how long a node's heartbeat is held (default 1000)\n"
           "  --heartbeat-timeout-ms N   a node silent this long is dead (default 5000)\n"
@@ -146,6 +148,7 @@ int main(int argc, char **argv) {
       {"metrics-listen", required_argument, 0, 'm'}, {"stop-grace", required_argument, 0, 'g'},
       {"event-retention-days", required_argument, 0, 'e'},
       {"job-retention-days", required_argument, 0, 'J'},
+      {"operator-token-file", required_argument, 0, 'O'},
       {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
   const char *roots[ROOTS_MAX];
   coord_opts_t o = {.listen = "127.0.0.1:7070", .roots = roots};
@@ -164,6 +167,7 @@ int main(int argc, char **argv) {
     case 'l': o.listen = optarg; break;
     case 'u': o.user_token_file = optarg; break;
     case 'n': o.node_token_file = optarg; break;
+    case 'O': o.operator_token_file = optarg; break;
     case 'c': o.tls_cert_file = optarg; break;
     case 'k': o.tls_key_file = optarg; break;
     case 'i': if (positive("--heartbeat-interval-ms", optarg, &o.heartbeat_interval_ms)) return 2; break;

@@ -37,15 +37,17 @@ static pid_t cluster_spawn(const char *cmd, int *out_fd) {
 
 void cluster_coord_start(cluster_proc_t *p, const char *db, const char *listen, const char *extra) {
   snprintf(p->log, sizeof p->log, "%s.log", db);
-  char cmd[2048];
-  snprintf(cmd, sizeof cmd, "'%s/bin/fsdp-coordinator' --db '%s' --root '%s' --listen %s %s",
-           tu_root(), db, tu_tmpdir(), listen, extra ? extra : "");
+  char cmd[6144];
+  int n = snprintf(cmd, sizeof cmd, "'%s/bin/fsdp-coordinator' --db '%s' --root '%s' --listen %s %s",
+                   tu_root(), db, tu_tmpdir(), listen, extra ? extra : "");
+  cr_assert_lt((size_t)n, sizeof cmd, "the coordinator's command line is too long");
   cluster_coord_run(p, cmd);
 }
 
 void cluster_coord_run(cluster_proc_t *p, const char *command) {
-  char cmd[4096];
-  snprintf(cmd, sizeof cmd, "exec %s 2>>'%s'", command, p->log);
+  char cmd[8192];
+  int len = snprintf(cmd, sizeof cmd, "exec %s 2>>'%s'", command, p->log);
+  cr_assert_lt((size_t)len, sizeof cmd, "the coordinator's command line is too long");
   int fd;
   p->pid = cluster_spawn(cmd, &fd);
   char buf[512];

@@ -41,7 +41,7 @@ static rpc_client_t *cl;
  * interval, 1 s timeout, more options in extra; listen: "127.0.0.1:0" or
  * the address it had before a restart. */
 static void co_start(const char *db, const char *listen, const char *extra) {
-  char opts[1400];
+  char opts[2200];
   snprintf(opts, sizeof opts, "--heartbeat-interval-ms %d --heartbeat-timeout-ms %d %s", HB_MS,
            TIMEOUT_MS, extra ? extra : "");
   snprintf(co_db, sizeof co_db, "%s", db);
@@ -49,8 +49,9 @@ static void co_start(const char *db, const char *listen, const char *extra) {
 }
 
 /* A fresh coordinator (database name in the test's directory) requiring a
- * user token and a node token, whose files' paths land in ut and nt. */
-static void co_start_with_tokens(const char *name, char *ut, char *nt);
+ * user token and a node token, whose files' paths land in ut and nt, and
+ * with an operator token, whose file's path lands in ot. */
+static void co_start_with_tokens(const char *name, char *ut, char *nt, char *ot);
 
 static void client_for(const cluster_proc_t *c, const char *token_file) {
   if (cl) rpc_client_destroy(cl);
@@ -71,16 +72,19 @@ static void teardown(void) {
   cluster_stop(&co, SIGKILL);
 }
 
-static void co_start_with_tokens(const char *name, char *ut, char *nt) {
+static void co_start_with_tokens(const char *name, char *ut, char *nt, char *ot) {
   teardown();
-  char *u = tu_path("user.token"), *n = tu_path("node.token"), *db = tu_path(name);
+  char *u = tu_path("user.token"), *n = tu_path("node.token"), *o = tu_path("operator.token");
+  char *db = tu_path(name);
   tu_write_file(u, "user-secret-1234567890\n", 23);
   tu_write_file(n, "node-secret-0987654321\n", 23);
-  char extra[1300];
-  snprintf(extra, sizeof extra, "--user-token-file '%s' --node-token-file '%s'", u, n);
+  tu_write_file(o, "oper-secret-5555566666\n", 23);
+  char extra[2000];
+  snprintf(extra, sizeof extra, "--user-token-file '%s' --node-token-file '%s' "
+           "--operator-token-file '%s'", u, n, o);
   co_start(db, "127.0.0.1:0", extra);
-  snprintf(ut, 600, "%s", u), snprintf(nt, 600, "%s", n);
-  free(u), free(n), free(db);
+  snprintf(ut, 600, "%s", u), snprintf(nt, 600, "%s", n), snprintf(ot, 600, "%s", o);
+  free(u), free(n), free(o), free(db);
 }
 
 TestSuite(coordinator, .init = setup, .fini = teardown, .timeout = 60);
@@ -319,8 +323,8 @@ Test(coordinator, malformed_and_unauthorised_calls_get_their_status_at_once) {
 }
 
 Test(coordinator, tokens_are_required_and_roles_kept) {
-  char ut[600], nt[600];
-  co_start_with_tokens("auth.db", ut, nt);
+  char ut[600], nt[600], ot[600];
+  co_start_with_tokens("auth.db", ut, nt, ot);
   Fsdp__V1__ListNodesRequest q = FSDP__V1__LIST_NODES_REQUEST__INIT;
   Fsdp__V1__ListNodesReply *r = NULL;
   client_for(&co, NULL);
@@ -334,13 +338,25 @@ Test(coordinator, tokens_are_required_and_roles_kept) {
   cr_expect_eq(CALL("RegisterNode", rq, register_node_reply, &rr), FSDP_EPERM);
   client_for(&co, nt);
   cr_expect_eq(CALL("ListNodes", q, list_nodes_reply, &r), FSDP_EPERM);
+  /* a drain is the operator's: past the check, the node is looked up (and is not there) */
+  Fsdp__V1__DrainNodeRequest dq = FSDP__V1__DRAIN_NODE_REQUEST__INIT;
+  dq.node_id = "1", dq.reason = "disk swap";
+  Fsdp__V1__DrainNodeReply *dr = NULL;
+  cr_expect_eq(CALL("DrainNode", dq, drain_node_reply, &dr), FSDP_EPERM, "a node drained");
+  client_for(&co, ut);
+  cr_expect_eq(CALL("DrainNode", dq, drain_node_reply, &dr), FSDP_EPERM, "a user drained");
+  cr_expect(strstr(err_msg(), "needs the operator token"), "%s", err_msg());
+  client_for(&co, ot);
+  cr_expect_eq(CALL("DrainNode", dq, drain_node_reply, &dr), FSDP_ENOTFOUND, "%s", err_msg());
+  cr_expect_eq(CALL("ListNodes", q, list_nodes_reply, &r), 0, "the operator lists: %s", err_msg());
+  if (r) protobuf_c_message_free_unpacked(&r->base, NULL);
 }
 
 /* An independent client (Python's grpcio, stubs generated from the proto
  * at test time) against the real coordinator, with a user token. */
 Test(coordinator, an_independent_python_client_submits_and_reads_a_job) {
-  char ut[600], nt[600];
-  co_start_with_tokens("py.db", ut, nt);
+  char ut[600], nt[600], ot[600];
+  co_start_with_tokens("py.db", ut, nt, ot);
   char *data = tu_token_file("tok.bin", 20000, 1, 256);
   char cmd[2400], out[4096];
   snprintf(cmd, sizeof cmd, "/usr/bin/python3 '%s/tests/e2e/python_client.py' '%s' %s '%s' '%s' 2>&1",

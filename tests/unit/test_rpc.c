@@ -28,6 +28,7 @@
 #define WATCH_JOB "/fsdp.v1.Coordinator/WatchJob"
 #define LIST_NODES "/fsdp.v1.Coordinator/ListNodes"
 #define HEARTBEAT "/fsdp.v1.Coordinator/Heartbeat"
+#define DRAIN_NODE "/fsdp.v1.Coordinator/DrainNode"
 #define HEALTH "/grpc.health.v1.Health/Check"
 #define WATCH_N 40
 
@@ -127,6 +128,18 @@ static void h_heartbeat(rpc_call_t *call, const ProtobufCMessage *m, void *arg) 
   rpc_call_reply(call, &rep.base);
 }
 
+/* DrainNode: an operator method; the reply names the role the call came with. */
+static void h_drain_node(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
+  (void)m, (void)arg;
+  Fsdp__V1__NodeInfo node = FSDP__V1__NODE_INFO__INIT;
+  node.node_id = rpc_call_role(call) == RPC_ROLE_OPERATOR ? "operator"
+                 : rpc_call_role(call) == RPC_ROLE_USER   ? "user"
+                                                           : "open";
+  Fsdp__V1__DrainNodeReply rep = FSDP__V1__DRAIN_NODE_REPLY__INIT;
+  rep.node = &node;
+  rpc_call_reply(call, &rep.base);
+}
+
 /* ---- the server, on a loop in its own thread ----------------------------------- */
 
 static struct {
@@ -176,6 +189,8 @@ static int add_methods(rpc_server_t *s) {
        &fsdp__v1__list_nodes_reply__descriptor, 0, RPC_ROLE_USER, h_list_nodes, NULL},
       {HEARTBEAT, &fsdp__v1__heartbeat_request__descriptor, &fsdp__v1__heartbeat_reply__descriptor,
        0, RPC_ROLE_NODE, h_heartbeat, NULL},
+      {DRAIN_NODE, &fsdp__v1__drain_node_request__descriptor,
+       &fsdp__v1__drain_node_reply__descriptor, 0, RPC_ROLE_OPERATOR, h_drain_node, NULL},
   };
   return rpc_server_add_all(s, m, sizeof m / sizeof m[0]);
 }
@@ -458,10 +473,26 @@ Test(rpc, oversized_request_is_resource_exhausted, .timeout = 20) {
   close_checked(c);
 }
 
+/* DrainNode; *who: the role the server saw ("operator", "user", "open"). */
+static int drain(rpc_client_t *c, char *who, size_t n) {
+  Fsdp__V1__DrainNodeRequest req = FSDP__V1__DRAIN_NODE_REQUEST__INIT;
+  req.node_id = "n-1";
+  req.reason = "test";
+  Fsdp__V1__DrainNodeReply *rep;
+  int rc = rpc_client_call(c, DRAIN_NODE, &req.base, &fsdp__v1__drain_node_reply__descriptor,
+                           (ProtobufCMessage **)&rep, 10);
+  if (!rc) {
+    snprintf(who, n, "%s", rep->node ? rep->node->node_id : "");
+    protobuf_c_message_free_unpacked(&rep->base, NULL);
+  }
+  return rc;
+}
+
 static rpc_server_opts_t token_opts(void) {
   write_token("user.token", "user-secret-1234\n");
   write_token("node.token", "node-secret-5678\n");
   write_token("wrong.token", "user-secret-1235\n");
+  write_token("operator.token", "operator-secret-9012\n");
   static char u[512], nd[512];
   char *p = tu_path("user.token");
   snprintf(u, sizeof u, "%s", p);
@@ -514,6 +545,65 @@ Test(rpc, tokens_and_roles, .timeout = 30) {
   rpc_client_destroy(user);
   rpc_client_destroy(node);
   srv_stop();
+}
+
+Test(rpc, operator_role, .timeout = 30) {
+  rpc_server_opts_t o = token_opts();
+  char who[32];
+  uint32_t iv = 0;
+  /* no operator token: a user may call the operator's methods, a node may not */
+  srv_start(&o);
+  rpc_client_t *user = client(o.user_token_file, NULL, NULL), *node = client(o.node_token_file, NULL, NULL);
+  cr_assert_eq(drain(user, who, sizeof who), 0, "%s", err_msg());
+  cr_assert_str_eq(who, "user");
+  cr_assert_eq(drain(node, who, sizeof who), FSDP_EPERM, "%s", err_msg());
+  cr_assert(strstr(err_msg(), "a node token may not") && strstr(err_msg(), "needs the user token"),
+            "no operator token here, so none is asked for: %s", err_msg());
+  rpc_client_destroy(user);
+  rpc_client_destroy(node);
+  srv_stop();
+
+  /* with one: the operator's methods need it; the operator may do what a user may, not a node */
+  char *opf = tu_path("operator.token");
+  o.operator_token_file = opf;
+  srv_start(&o);
+  user = client(o.user_token_file, NULL, NULL), node = client(o.node_token_file, NULL, NULL);
+  rpc_client_t *op = client(opf, NULL, NULL);
+  cr_assert_eq(drain(user, who, sizeof who), FSDP_EPERM, "%s", err_msg());
+  cr_assert(strstr(err_msg(), "PERMISSION_DENIED") && strstr(err_msg(), "a user token may not") &&
+            strstr(err_msg(), "needs the operator token"), "%s", err_msg());
+  cr_assert_eq(drain(node, who, sizeof who), FSDP_EPERM, "%s", err_msg());
+  cr_assert_eq(drain(op, who, sizeof who), 0, "%s", err_msg());
+  cr_assert_str_eq(who, "operator");
+  expect_get_job_ok(op);
+  expect_get_job_ok(user);
+  cr_assert_eq(heartbeat(op, &iv), FSDP_EPERM, "%s", err_msg());
+  cr_assert(strstr(err_msg(), "an operator token may not"), "%s", err_msg());
+  cr_assert_eq(heartbeat(node, &iv), 0, "%s", err_msg());
+  Fsdp__V1__GetJobReply *rep;
+  cr_assert_eq(get_job(node, "j-7", &rep), FSDP_EPERM, "%s", err_msg());
+  cr_assert(strstr(err_msg(), "needs the user or operator token"), "%s", err_msg());
+  expect_idle();
+  rpc_client_destroy(user);
+  rpc_client_destroy(node);
+  rpc_client_destroy(op);
+  srv_stop();
+
+  /* the operator's token must be its own, and comes only with the other two */
+  rpc_server_opts_t alone = {.operator_token_file = opf};
+  cr_assert_eq(srv_try(&alone), FSDP_EINVAL);
+  cr_assert(strstr(F.err, "without the user and node"), "%s", F.err);
+  rpc_server_opts_t same = o;
+  same.operator_token_file = o.user_token_file;
+  cr_assert_eq(srv_try(&same), FSDP_EINVAL);
+  cr_assert(strstr(F.err, "holds the user token"), "%s", F.err);
+  same.operator_token_file = o.node_token_file;
+  cr_assert_eq(srv_try(&same), FSDP_EINVAL);
+  cr_assert(strstr(F.err, "holds the node token"), "%s", F.err);
+  same.operator_token_file = "/nonexistent/op.token";
+  cr_assert_eq(srv_try(&same), FSDP_ENOENT);
+  cr_assert(strstr(F.err, "/nonexistent/op.token"), "%s", F.err);
+  free(opf);
 }
 
 Test(rpc, token_and_tls_files_are_checked_at_create, .timeout = 20) {
