@@ -567,21 +567,24 @@ out:
 #define CTL_EVENTS_POLL_MS 1000 /* events --follow: how often it asks for new ones */
 #define CTL_STATUS_EVENTS 5     /* status: the job's latest events shown */
 
-/* One page of events after after_id (0: the newest limit); *rep on success. */
+/* One page of events: the newest limit (after_id < 0), or those after
+ * after_id (0: from the first); *rep on success. */
 static int ctl_events_page(ctl_t *c, const char *job, int64_t after_id, uint32_t limit,
                            Fsdp__V1__ListEventsReply **rep) {
   Fsdp__V1__ListEventsRequest req = FSDP__V1__LIST_EVENTS_REQUEST__INIT;
   req.job_id = (char *)(job ? job : "");
-  req.after_id = after_id;
+  req.after_id = after_id < 0 ? 0 : after_id;
+  req.follow = after_id >= 0;
   req.limit = limit;
   *rep = NULL;
   return ctl_call(c, "ListEvents", &req.base, &fsdp__v1__list_events_reply__descriptor, rep);
 }
 
 /* Prints a page (a table; header: with its header line) and moves *last to
- * its last id. JSON: one object per line when following, else one array. */
+ * its last id. JSON: one object per line when following, else one array.
+ * widths: NULL, or the columns' widths kept from page to page. */
 static int ctl_events_print(ctl_t *c, const Fsdp__V1__ListEventsReply *rep, int header,
-                            int follow, int64_t *last) {
+                            int follow, int64_t *last, size_t *widths) {
   if (rep->n_events) *last = rep->events[rep->n_events - 1]->id;
   if (c->json && !follow) return ctl_json_list(c, (void *const *)rep->events, rep->n_events);
   if (c->json) {
@@ -592,6 +595,7 @@ static int ctl_events_print(ctl_t *c, const Fsdp__V1__ListEventsReply *rep, int 
   static const char *const h[] = {"TIME", "JOB", "NODE", "KIND", "EVENT", NULL};
   static const char *const none[] = {"", "", "", "", "", NULL};
   table_t *t = table_create(0, header ? h : none);
+  if (t && widths) table_keep_widths(t, widths);
   for (size_t i = 0; t && i < rep->n_events; i++) {
     const Fsdp__V1__Event *e = rep->events[i];
     char when[32] = "-";
@@ -746,9 +750,9 @@ static int cmd_status(ctl_t *c, int argc, char **argv) {
    * ListEvents: none, and status is still whole) */
   Fsdp__V1__ListEventsReply *ev = NULL;
   int64_t last = 0;
-  if (!rc && !ctl_events_page(c, job, 0, CTL_STATUS_EVENTS, &ev) && ev->n_events) {
+  if (!rc && !ctl_events_page(c, job, -1, CTL_STATUS_EVENTS, &ev) && ev->n_events) {
     putchar('\n');
-    rc = ctl_events_print(c, ev, 1, 0, &last);
+    rc = ctl_events_print(c, ev, 1, 0, &last, NULL);
   }
   ctl_free(ev);
   return rc;
@@ -891,9 +895,10 @@ static int cmd_events(ctl_t *c, int argc, char **argv) {
   const char *what = job ? job : "the cluster";
   Fsdp__V1__ListEventsReply *rep = NULL;
   int64_t last = 0;
-  int rc = ctl_events_page(c, job, 0, (uint32_t)(limit ? limit : 20 + 80 * !follow), &rep);
+  int rc = ctl_events_page(c, job, -1, (uint32_t)(limit ? limit : 20 + 80 * !follow), &rep);
   if (rc) return ctl_fail(c, rc, "events of %s", what);
-  int code = ctl_events_print(c, rep, 1, follow, &last);
+  size_t widths[TABLE_MAX_COLS] = {0};
+  int code = ctl_events_print(c, rep, 1, follow, &last, widths);
   ctl_free(rep);
   /* --follow: new events as they come, a page at a time, until the job has
    * ended and nothing came after (without JOB: until interrupted) */
@@ -901,7 +906,7 @@ static int cmd_events(ctl_t *c, int argc, char **argv) {
     if ((rc = ctl_events_page(c, job, last, 1000, &rep)))
       return ctl_fail(c, rc, "events of %s", what);
     const size_t got = rep->n_events;
-    code = ctl_events_print(c, rep, 0, 1, &last);
+    code = ctl_events_print(c, rep, 0, 1, &last, widths);
     ctl_free(rep);
     if (got == 1000) continue; /* more are waiting */
     if (quiet) break;          /* the job had ended, and the last ask found nothing more */

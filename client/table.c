@@ -16,6 +16,7 @@ struct table {
   const char *headers[TABLE_MAX_COLS];
   char **cells; /* row-major, ncols per row */
   size_t n, cap;
+  size_t *keep; /* NULL, or the widths kept from page to page (table_keep_widths) */
 };
 
 table_t *table_create(unsigned right, const char *const *headers) {
@@ -57,12 +58,18 @@ int table_cell(table_t *t, const char *fmt, ...) {
   return 0;
 }
 
+void table_keep_widths(table_t *t, size_t *widths) { t->keep = widths; }
+
 void table_print(const table_t *t, FILE *out, int width) {
   size_t w[TABLE_MAX_COLS];
   for (int c = 0; c < t->ncols; c++) w[c] = strlen(t->headers[c]);
   for (size_t i = 0; i < t->n; i++) {
     size_t l = strlen(t->cells[i]);
     if (l > w[i % t->ncols]) w[i % t->ncols] = l;
+  }
+  for (int c = 0; t->keep && c < t->ncols; c++) {
+    if (t->keep[c] > w[c]) w[c] = t->keep[c];
+    t->keep[c] = w[c];
   }
   size_t rows = (t->n + (size_t)t->ncols - 1) / (size_t)t->ncols;
   int headers = 0;

@@ -24,6 +24,11 @@ void table_destroy(table_t *t);
 /* Appends a cell to the current row (a new row after the last column).
  * Returns 0 or FSDP_ENOMEM. */
 int table_cell(table_t *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Columns at least widths[i] wide; table_print writes back the widths it
+ * used, so a table printed a page at a time (events --follow) keeps its
+ * columns where they were. widths: TABLE_MAX_COLS of them, zeros at first;
+ * it must outlive t. */
+void table_keep_widths(table_t *t, size_t *widths);
 /* Prints the headers and the rows. width: the terminal's columns (0: no cut). */
 void table_print(const table_t *t, FILE *out, int width);
 

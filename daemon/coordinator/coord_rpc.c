@@ -617,8 +617,8 @@ static void coord_events_cb(rpc_call_t *call, const ProtobufCMessage *req, void 
   const int limit = q->limit ? (int)q->limit : COORD_EVENTS_DEFAULT;
   store_event_t *ev = NULL;
   int n = 0;
-  rc = store_event_list(c->st, job, q->after_id ? q->after_id : STORE_EVENTS_NEWEST, limit, &ev,
-                        &n);
+  rc = store_event_list(c->st, job, q->after_id || q->follow ? q->after_id : STORE_EVENTS_NEWEST,
+                        limit, &ev, &n);
   if (rc) {
     rpc_call_finish(call, rc);
     return;

@@ -1026,6 +1026,13 @@ Test(coordinator, list_events_tells_a_jobs_story_in_order) {
   cr_expect(r->n_events == 1 && !strcmp(r->events[0]->kind, "attempt.ended") &&
             strstr(r->events[0]->text, "SUCCEEDED"), "of %lld", (long long)all);
   reply_free(r);
+  /* a follower that has seen none: from the first, the submission */
+  q.follow = 1;
+  cr_assert_eq(CALL("ListEvents", q, list_events_reply, &r), 0, "%s", err_msg());
+  cr_expect(r->n_events == 1 && !strcmp(r->events[0]->kind, "job.submitted"), "%s",
+            r->n_events ? r->events[0]->kind : "no event");
+  reply_free(r);
+  q.follow = 0;
   /* the cluster's: the node's registration, named, and both jobs */
   q.job_id = "", q.limit = 0;
   cr_assert_eq(CALL("ListEvents", q, list_events_reply, &r), 0, "%s", err_msg());

@@ -298,8 +298,10 @@ static void h_drain(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
 
 /* ListEvents, as the coordinator pages them. "" and j-42: five events, one
  * a node's. j-ok (SUCCEEDED in GetJob): EV_OK events, of which the first
- * call sees 2 and later calls all (they arrive while fsdpctl follows). */
+ * call sees ev_first (2 unless a test sets it) and later calls all (they
+ * arrive while fsdpctl follows); the first 1000 name a node, the rest none. */
 #define EV_OK 1003
+static int64_t ev_first = 2;
 static void h_events(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   (void)arg;
   const Fsdp__V1__ListEventsRequest *req = (const void *)m;
@@ -310,15 +312,15 @@ static void h_events(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
     rpc_call_finish(call, err_set(FSDP_ENOTFOUND, "job %s: no such job", req->job_id));
     return;
   }
-  const int64_t visible = ok ? (calls++ ? EV_OK : 2) : 5;
+  const int64_t visible = ok ? (calls++ ? EV_OK : ev_first) : 5;
   const int64_t limit = req->limit ? req->limit : 100;
   int64_t first = req->after_id + 1, last = req->after_id + limit;
-  if (!req->after_id) first = visible - limit + 1, last = visible; /* the newest */
+  if (!req->after_id && !req->follow) first = visible - limit + 1, last = visible; /* the newest */
   if (first < 1) first = 1;
   if (last > visible) last = visible;
   static Fsdp__V1__Event ev[EV_OK];
   static Fsdp__V1__Event *ep[EV_OK];
-  static char text[EV_OK][16];
+  static char text[EV_OK][24];
   static const char *const kinds[5] = {"node.registered", "job.submitted", "attempt.started",
                                        "rank.exited", "attempt.ended"};
   size_t n = 0;
@@ -328,7 +330,7 @@ static void h_events(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
     e->id = id;
     e->unix_ms = 1700000000000 + id * 1000;
     e->job_id = ok ? "j-ok" : id == 1 ? "" : "j-42";
-    e->node_id = !ok && id == 1 ? "n-1" : "";
+    e->node_id = !ok && id == 1 ? "n-1" : ok && id <= 1000 ? "n-12345" : "";
     e->kind = ok ? "test.tick" : (char *)kinds[id - 1];
     snprintf(text[n], sizeof text[n], "e%lld", (long long)id);
     e->text = text[n];
@@ -798,6 +800,35 @@ Test(fsdpctl, events_follow_pages_until_the_job_has_ended) {
   cr_assert_eq(CTL("events", "j-ok", "--follow", "--limit", "1"), 0, "%s", err);
   /* all had come by then: the newest one, then nothing new */
   cr_assert(strstr(out, "EVENT") && strstr(out, "e1003\n") && !strstr(out, "e1002"), "%.300s", out);
+}
+
+/* A job with no events yet when --follow starts: every event that comes
+ * after is printed, from the first (not the newest page of them), and the
+ * pages keep the first one's columns. */
+Test(fsdpctl, events_follow_from_an_empty_start) {
+  ev_first = 0;
+  fake_start(NULL, NULL);
+  cr_assert_eq(CTL("events", "j-ok", "--follow"), 0, "%s", err);
+  int rows = 0;
+  long at = -1;
+  for (char *line = out, *nl; (nl = strchr(line, '\n')); line = nl + 1) {
+    *nl = 0;
+    if (strstr(line, "TIME") == line) continue;
+    char want[16];
+    snprintf(want, sizeof want, " e%d", ++rows);
+    const size_t l = strlen(line), k = strlen(want);
+    cr_assert(l >= k && !strcmp(line + l - k, want), "row %d is \"%s\", not event %d", rows, line,
+              rows);
+    const char *kind = strstr(line, "test.tick");
+    cr_assert_not_null(kind, "%s", line);
+    if (at < 0) at = kind - line;
+    cr_assert_eq(kind - line, at, "row %d's columns moved: \"%s\"", rows, line);
+  }
+  cr_assert_eq(rows, EV_OK, "%d events printed of %d", rows, EV_OK);
+  Fsdp__V1__ListEventsRequest *req = rec_get("ListEvents", &fsdp__v1__list_events_request__descriptor, NULL);
+  cr_assert(req->follow && req->after_id == EV_OK, "the last ask: after %lld, follow %d",
+            (long long)req->after_id, req->follow);
+  protobuf_c_message_free_unpacked(&req->base, NULL);
 }
 
 Test(fsdpctl, drain_and_undrain_a_node) {
