@@ -64,9 +64,10 @@ BENCH_PKGS = python3 python3-numpy python3-torch libopenblas-dev libblis-dev
 DEMO_PKGS  = fortunes
 # The control plane (coordinator, fsdpd, fsdpctl): gRPC's C core, protobuf-c
 # and its compiler for the wire, SQLite for the coordinator's state, jansson
-# for fsdpctl's --output json, libmicrohttpd for /metrics.
+# for fsdpctl's --output json, libmicrohttpd for /metrics, uthash (header
+# only) for the coordinator's jobs by id.
 CONTROL_PKGS = libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libsqlite3-dev libjansson-dev \
-               libmicrohttpd-dev
+               libmicrohttpd-dev uthash-dev
 
 COMMON_SRCS = daemon/common/err.c daemon/common/log.c daemon/common/param.c daemon/common/mem.c \
               daemon/common/frame.c daemon/common/crash.c daemon/common/netaddr.c

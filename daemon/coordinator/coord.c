@@ -11,6 +11,10 @@
  * device was freed). Held heartbeats have a timer of their own
  * (coord_beat_cb), armed for the first one due, so each is answered when
  * its interval ends rather than on the tick after. */
+/* uthash: an allocation that fails is reported, not fatal (coord_job_cache) */
+#define HASH_NONFATAL_OOM 1
+#define uthash_nonfatal_oom(elt) (coord_hash_oom = 1)
+static int coord_hash_oom;
 #include "daemon/coordinator/coord_impl.h"
 
 #include <ini.h>
@@ -18,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <xxhash.h>
 
 #include "daemon/common/err.h"
 #include "daemon/common/log.h"
@@ -26,6 +31,7 @@
 #include "daemon/job/shard.h"
 
 #define COORD_TICK_MS 50
+#define COORD_SLOW_PASS_MS 100 /* a placement pass this long is logged */
 #define COORD_BEAT_SLACK_MS 250
 #define COORD_JANITOR_MS 1000 /* checkpoints' timeouts and removals are looked at this often */
 #define COORD_PURGE_MS 10000  /* retention (events, ended jobs), this often (and at start) */
@@ -169,8 +175,9 @@ void coord_ranks_forget(coord_t *c, int64_t job) {
 }
 
 coord_job_t *coord_job_info(coord_t *c, int64_t id) {
-  for (int i = 0; i < c->n_job; i++)
-    if (c->job[i].id == id) return &c->job[i];
+  coord_job_t *hit;
+  HASH_FIND(hh, c->jobs, &id, sizeof id, hit);
+  if (hit) return hit;
   store_job_t j;
   if (store_job_get(c->st, id, &j)) return NULL;
   Fsdp__V1__JobSpec spec;
@@ -210,14 +217,16 @@ void coord_job_facts(coord_job_t *x, const config_t *cfg, const plan_t *plan, co
 }
 
 coord_job_t *coord_job_cache(coord_t *c, const coord_job_t *x) {
-  if (c->n_job == c->cap_job) {
-    int cap = c->cap_job ? 2 * c->cap_job : 32;
-    coord_job_t *p = realloc(c->job, (size_t)cap * sizeof *p);
-    if (!p) return NULL;
-    c->job = p, c->cap_job = cap;
+  coord_job_t *e = malloc(sizeof *e);
+  if (!e) return NULL;
+  *e = *x;
+  coord_hash_oom = 0;
+  HASH_ADD(hh, c->jobs, id, sizeof e->id, e);
+  if (coord_hash_oom) { /* not added: uthash could not grow its table */
+    free(e);
+    return NULL;
   }
-  c->job[c->n_job] = *x;
-  return &c->job[c->n_job++];
+  return e;
 }
 
 /* ---- telling nodes -------------------------------------------------------- */
@@ -588,6 +597,9 @@ static void coord_progress(coord_t *c, const store_job_t *j, Fsdp__V1__JobProgre
 
 /* Sends each watcher of job what changed; ends the streams of an ended job. */
 void coord_job_changed(coord_t *c, int64_t job) {
+  coord_job_t *x;
+  HASH_FIND(hh, c->jobs, &job, sizeof job, x);
+  if (x) x->reason_sum = 0; /* whatever the store's reason is now, the next pass writes its own */
   store_job_t j;
   int got = 0;
   for (coord_watch_t *w = c->watch, *next; w; w = next) {
@@ -757,8 +769,74 @@ void coord_start(coord_t *c, const coord_pic_t *p, int64_t job, const coord_job_
   coord_job_changed(c, job);
 }
 
-/* Places one PENDING job on the picture, or records why it waits. */
-static void coord_place(coord_t *c, coord_pic_t *p, int64_t job) {
+/* One placement pass over the pending jobs: the picture, the shapes found
+ * not to fit it (a job of the same shape waits for the same reason, and
+ * sched_place is not run again until a placement changes the picture), and
+ * the reasons that changed, written in one transaction at the end. */
+#define COORD_MEMO 16
+typedef struct coord_pass {
+  coord_pic_t pic;
+  struct {
+    int R, S;
+    char kind[8];
+    uint64_t need;
+    char note[512];
+  } memo[COORD_MEMO];
+  int n_memo;
+  int64_t *ids;      /* jobs whose reason changed... */
+  char **why;        /* ...to what */
+  coord_job_t **job; /* ...whose reason_sum is set once it is written */
+  uint64_t *sum;
+  int n, cap;
+} coord_pass_t;
+
+/* Fits x on the pass's picture, reusing the verdict on a shape that did not fit. */
+static int coord_pass_fit(coord_pass_t *ps, const coord_job_t *x, sched_slot_t *slot, char *note,
+                          size_t len) {
+  for (int i = 0; i < ps->n_memo; i++)
+    if (ps->memo[i].R == x->R && ps->memo[i].S == x->S && ps->memo[i].need == x->need &&
+        !strcmp(ps->memo[i].kind, x->kind)) {
+      snprintf(note, len, "%s", ps->memo[i].note);
+      return SCHED_WAIT;
+    }
+  int rc = coord_fit(&ps->pic, x, slot, note, len);
+  if (rc == SCHED_PLACED) {
+    ps->n_memo = 0; /* the picture changed */
+  } else if (rc == SCHED_WAIT) {
+    const int k = ps->n_memo < COORD_MEMO ? ps->n_memo++ : COORD_MEMO - 1;
+    ps->memo[k].R = x->R, ps->memo[k].S = x->S, ps->memo[k].need = x->need;
+    snprintf(ps->memo[k].kind, sizeof ps->memo[k].kind, "%s", x->kind);
+    snprintf(ps->memo[k].note, sizeof ps->memo[k].note, "%s", note);
+  }
+  return rc;
+}
+
+uint64_t coord_reason_sum(const char *why) { return XXH64(why, strlen(why), 0) | 1; }
+
+/* Queues why x waits, unless that is what was written last. */
+static void coord_pass_wait(coord_pass_t *ps, coord_job_t *x, const char *why) {
+  const uint64_t sum = coord_reason_sum(why);
+  if (x->reason_sum == sum) return;
+  if (ps->n == ps->cap) {
+    const int cap = ps->cap ? 2 * ps->cap : 64;
+    int64_t *ids = realloc(ps->ids, (size_t)cap * sizeof *ids);
+    if (ids) ps->ids = ids;
+    char **w = realloc(ps->why, (size_t)cap * sizeof *w);
+    if (w) ps->why = w;
+    coord_job_t **j = realloc(ps->job, (size_t)cap * sizeof *j);
+    if (j) ps->job = j;
+    uint64_t *u = realloc(ps->sum, (size_t)cap * sizeof *u);
+    if (u) ps->sum = u;
+    if (!ids || !w || !j || !u) return; /* written by a later pass */
+    ps->cap = cap;
+  }
+  if (!(ps->why[ps->n] = strdup(why))) return;
+  ps->ids[ps->n] = x->id, ps->job[ps->n] = x, ps->sum[ps->n] = sum;
+  ps->n++;
+}
+
+/* Places one PENDING job on the pass's picture, or notes why it waits. */
+static void coord_place(coord_t *c, coord_pass_t *ps, int64_t job) {
   coord_job_t *x = coord_job_info(c, job);
   if (!x) {
     LOG_WARN("coord", "job j-%lld: its stored spec no longer resolves: %s", (long long)job,
@@ -767,16 +845,16 @@ static void coord_place(coord_t *c, coord_pic_t *p, int64_t job) {
   }
   sched_slot_t *slot = calloc((size_t)(x->R * x->S) + 1, sizeof *slot);
   char note[512];
-  int rc = slot ? coord_fit(p, x, slot, note, sizeof note) : FSDP_ENOMEM;
+  int rc = slot ? coord_pass_fit(ps, x, slot, note, sizeof note) : FSDP_ENOMEM;
   if (rc == SCHED_WAIT && x->failure[0]) { /* waiting to restart: say after what */
     char why[STORE_REASON_MAX];
     snprintf(why, sizeof why, "%s (%.200s); %.250s", x->preempted ? "requeued after preemption"
              : "restarting after attempt failed", x->failure, note);
-    store_job_set_pending_reason(c->st, job, why);
+    coord_pass_wait(ps, x, why);
   } else if (rc == SCHED_WAIT) {
-    store_job_set_pending_reason(c->st, job, note);
+    coord_pass_wait(ps, x, note);
   }
-  if (rc == SCHED_PLACED) coord_start(c, p, job, x, slot, note);
+  if (rc == SCHED_PLACED) coord_start(c, &ps->pic, job, x, slot, note);
   free(slot);
 }
 
@@ -784,22 +862,38 @@ static void coord_place(coord_t *c, coord_pic_t *p, int64_t job) {
  * start does not hold back a smaller one behind it). */
 void coord_schedule(coord_t *c) {
   c->dirty = 0;
-  store_job_t *jobs = NULL;
+  const uint64_t t0 = uv_hrtime();
+  int64_t *jobs = NULL;
   int nj = 0;
-  coord_pic_t p;
-  if (store_job_list(c->st, STORE_JOB_BIT(STORE_JOB_PENDING), 0, &jobs, &nj)) {
+  if (store_job_ids(c->st, STORE_JOB_PENDING, &jobs, &nj)) {
     LOG_WARN("coord", "placement: %s", err_msg());
     return;
   }
+  coord_pass_t *ps = nj ? calloc(1, sizeof *ps) : NULL;
   /* nothing waits: the cluster's picture (every node and device) is not read */
-  if (nj && coord_pic_load(c, &p)) {
-    LOG_WARN("coord", "placement: %s", err_msg());
+  if (nj && (!ps || coord_pic_load(c, &ps->pic))) {
+    LOG_WARN("coord", "placement: %s", ps ? err_msg() : "out of memory");
+    free(ps);
+    ps = NULL;
   } else if (nj) {
     for (int i = 0; i < nj; i++) /* a job whose old files are being removed waits for that */
-      if (!coord_ckpt_removing_job(c, jobs[i].id)) coord_place(c, &p, jobs[i].id);
-    coord_pic_free(&p);
+      if (!coord_ckpt_removing_job(c, jobs[i])) coord_place(c, ps, jobs[i]);
+    coord_pic_free(&ps->pic);
   }
-  store_jobs_free(jobs, nj);
+  if (ps && ps->n) {
+    if (store_jobs_set_pending_reasons(c->st, ps->ids, (const char *const *)ps->why, ps->n))
+      LOG_WARN("coord", "placement: the pending jobs' reasons: %s", err_msg());
+    else
+      for (int i = 0; i < ps->n; i++) ps->job[i]->reason_sum = ps->sum[i];
+  }
+  for (int i = 0; ps && i < ps->n; i++) free(ps->why[i]);
+  if (ps) free(ps->ids), free(ps->why), free(ps->job), free(ps->sum);
+  const double ms = (double)(uv_hrtime() - t0) / 1e6;
+  if (ms >= COORD_SLOW_PASS_MS) /* the loop answered nothing meanwhile: say so */
+    LOG_INFO("coord", "placement: a pass over %d pending jobs took %.0f ms (%d reasons written)",
+             nj, ms, ps ? ps->n : 0);
+  free(ps);
+  free(jobs);
 }
 
 /* ---- the timer ------------------------------------------------------------ */
@@ -828,11 +922,12 @@ static void coord_events_purge(coord_t *c) {
 /* Forgets what the coordinator keeps in memory of a job removed from the store. */
 static void coord_job_forget(coord_t *c, int64_t id) {
   coord_ranks_forget(c, id);
-  for (int i = 0; i < c->n_job; i++)
-    if (c->job[i].id == id) {
-      c->job[i] = c->job[--c->n_job];
-      break;
-    }
+  coord_job_t *x;
+  HASH_FIND(hh, c->jobs, &id, sizeof id, x);
+  if (x) {
+    HASH_DEL(c->jobs, x);
+    free(x);
+  }
 }
 
 /* Ended jobs' retention: jobs that ended more than --job-retention-days ago
@@ -978,7 +1073,12 @@ static void coord_free_cb(uv_handle_t *h) {
   }
   for (int64_t i = 0; i < c->cap_node; i++)
     if (c->node[i]) free(c->node[i]->order), free(c->node[i]);
-  free(c->node), free(c->rank), free(c->job), free(c->held);
+  coord_job_t *x, *tmp;
+  HASH_ITER(hh, c->jobs, x, tmp) {
+    HASH_DEL(c->jobs, x);
+    free(x);
+  }
+  free(c->node), free(c->rank), free(c->held);
   free(c);
 }
 

@@ -379,19 +379,18 @@ int coord_ckpt_dir_free(coord_t *c, const char *dir, int64_t self) {
     if (c->sub[i].call && !strcmp(c->sub[i].facts.ckpt_dir, dir))
       return err_set(FSDP_EINVAL, "checkpoint_dir: %s is also that of a job submitted at the same "
                      "moment; give each job its own", dir);
-  store_job_t *v = NULL;
-  int n = 0, rc = store_job_list(
-                   c->st, STORE_JOB_BIT(STORE_JOB_PENDING) | STORE_JOB_BIT(STORE_JOB_RUNNING), 0, &v, &n);
+  store_job_dir_t *v = NULL;
+  int n = 0, rc = store_jobs_by_checkpoint_dir(c->st, dir, &v, &n);
   for (int i = 0; !rc && i < n; i++) {
     if (v[i].id == self) continue;
-    const coord_job_t *x = coord_job_info(c, v[i].id);
-    if (x && !strcmp(x->ckpt_dir, dir))
+    const coord_job_t *x = v[i].dir_unknown ? coord_job_info(c, v[i].id) : NULL;
+    if (!v[i].dir_unknown || (x && !strcmp(x->ckpt_dir, dir)))
       rc = err_set(FSDP_EINVAL, "checkpoint_dir: %s is the checkpoint directory of job j-%lld "
                    "(%s); give each job its own (two jobs in one would remove and resume from "
                    "each other's checkpoints)", dir, (long long)v[i].id,
                    store_job_state_name(v[i].state));
   }
-  store_jobs_free(v, n);
+  free(v);
   return rc;
 }
 

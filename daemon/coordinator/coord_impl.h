@@ -4,6 +4,7 @@
 #define FSDP_COORD_IMPL_H
 
 #include <stdint.h>
+#include <uthash.h>
 
 #include "daemon/common/mem.h"
 #include "daemon/common/metrics.h"
@@ -78,6 +79,8 @@ typedef struct coord_job {
   shard_mesh_t mesh;
   char ckpt_dir[CONFIG_PATH_MAX]; /* checkpoint_dir ("": none) */
   int keep;                       /* keep_checkpoints */
+  uint64_t reason_sum;            /* XXH64 | 1 of the pending reason last written; 0: none */
+  UT_hash_handle hh;              /* in coord_t.jobs, by id */
 } coord_job_t;
 
 typedef struct coord_watch {
@@ -130,8 +133,7 @@ struct coord {
   int64_t cap_node;
   coord_rank_t *rank;
   int n_rank, cap_rank;
-  coord_job_t *job;
-  int n_job, cap_job;
+  coord_job_t *jobs;        /* what is known of each job, by id (uthash; coord_job_info) */
   coord_watch_t *watch;
   coord_rdv_t *rdv;
   int dirty;                /* something changed that placement depends on */
@@ -160,6 +162,9 @@ int64_t coord_unix_ms(void);
 uint64_t coord_mono_ms(coord_t *c);
 coord_node_t *coord_node_get(coord_t *c, int64_t id, int create);
 coord_rank_t *coord_rank_get(coord_t *c, int64_t job, int rank, int create);
+/* What is known of a job: from coord_t.jobs (one lookup), else resolved from
+ * its stored spec and kept there. NULL when that fails. The entry stays
+ * where it is until the job leaves the store (retention). */
 coord_job_t *coord_job_info(coord_t *c, int64_t job);
 void coord_order_push(coord_t *c, int64_t node, const coord_order_t *o);
 /* Ends n's held heartbeat without its orders (they stay queued), failing
@@ -190,6 +195,8 @@ void coord_start(coord_t *c, const coord_pic_t *p, int64_t job, const coord_job_
 /* A job's facts from its resolved config, plan and mesh; kept by id. */
 void coord_job_facts(coord_job_t *x, const config_t *cfg, const plan_t *plan, const shard_mesh_t *m);
 coord_job_t *coord_job_cache(coord_t *c, const coord_job_t *x);
+/* coord_job_t.reason_sum of a pending reason (never 0). */
+uint64_t coord_reason_sum(const char *why);
 void coord_job_changed(coord_t *c, int64_t job);
 /* The slowest rank's last step of j's current attempt (0 while a rank has
  * not reported), with rank 0's loss and tokens/s when loss is not NULL. */

@@ -364,7 +364,8 @@ void coord_submit_flush(coord_t *c) {
     if (pic && slot[i] && sub[i].call)
       placed[i] = coord_fit(&p, x, slot[i], why[i], sizeof why[i]) == SCHED_PLACED;
     js[m++] = (store_job_spec_t){sub[i].name, sub[i].text, sub[i].world, sub[i].mesh,
-                                 sub[i].max_restarts, placed[i] ? NULL : why[i], sub[i].request_id};
+                                 sub[i].max_restarts, placed[i] ? NULL : why[i], sub[i].request_id,
+                                 x->ckpt_dir};
   }
   if (!rc) rc = store_job_submit_batch(c->st, js, m, ids);
   /* ids[] in stored order back to the submits */
@@ -375,6 +376,7 @@ void coord_submit_flush(coord_t *c) {
   for (int i = 0; i < n; i++) {
     if (!rc && !dup[i]) {
       sub[i].facts.id = ids[i];
+      if (!placed[i]) sub[i].facts.reason_sum = coord_reason_sum(why[i]); /* as stored */
       coord_job_cache(c, &sub[i].facts);
       LOG_INFO("coord", "job j-%lld submitted: %s, %d ranks, mesh %s", (long long)ids[i],
                sub[i].name[0] ? sub[i].name : "(no name)", sub[i].world, sub[i].mesh);
@@ -476,7 +478,7 @@ static void coord_resume_cb(rpc_call_t *call, const ProtobufCMessage *req, void 
   store_job_free(&j);
   const coord_job_t *x = coord_job_info(c, id);
   int rc = x && x->ckpt_dir[0] ? coord_ckpt_dir_free(c, x->ckpt_dir, id) : FSDP_OK;
-  if (!rc) rc = store_job_resume(c->st, id);
+  if (!rc) rc = store_job_resume(c->st, id, x ? x->ckpt_dir : NULL);
   if (!rc) {
     LOG_INFO("coord", "job j-%lld resumed by a user", (long long)id);
     coord_job_t *x = coord_job_info(c, id);

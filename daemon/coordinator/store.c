@@ -160,8 +160,17 @@ static const char store_schema_v4[] =
 static const char store_schema_v5[] =
     "ALTER TABLE nodes ADD COLUMN drain_reason TEXT NOT NULL DEFAULT '';\n";
 
+/* Version 6: each job's checkpoint directory, indexed, so that a submit finds
+ * the live job that already uses one without reading every live job
+ * (store_jobs_by_checkpoint_dir). Jobs stored before it: '' once ended (no
+ * longer in the way), NULL while live (the coordinator reads their spec). */
+static const char store_schema_v6[] =
+    "ALTER TABLE jobs ADD COLUMN checkpoint_dir TEXT;\n"
+    "UPDATE jobs SET checkpoint_dir = '' WHERE state NOT IN ('PENDING', 'RUNNING');\n"
+    "CREATE INDEX jobs_checkpoint_dir ON jobs(checkpoint_dir);\n";
+
 static const char *const store_migrations[] = {store_schema_v1, store_schema_v2, store_schema_v3,
-                                               store_schema_v4, store_schema_v5};
+                                               store_schema_v4, store_schema_v5, store_schema_v6};
 _Static_assert(sizeof store_migrations / sizeof store_migrations[0] == STORE_SCHEMA_VERSION,
                "one migration per schema version");
 
@@ -922,10 +931,11 @@ int store_job_submit_batch(store_t *st, const store_job_spec_t *specs, int n, in
     const store_job_spec_t *js = &specs[i];
     st_exec(st,
             "INSERT INTO jobs(name, spec, world_size, mesh, state, reason, max_restarts, "
-            "submitted_ms, request_id) VALUES(?, ?, ?, ?, 'PENDING', ?, ?, ?, ?)",
+            "submitted_ms, request_id, checkpoint_dir) VALUES(?, ?, ?, ?, 'PENDING', ?, ?, ?, ?, ?)",
             A_T(js->name), A_T(js->spec), A_I(js->world_size), A_T(js->mesh),
             A_T(js->reason ? js->reason : ""), A_I(js->max_restarts), A_I(now),
-            A_T(js->request_id && js->request_id[0] ? js->request_id : NULL));
+            A_T(js->request_id && js->request_id[0] ? js->request_id : NULL),
+            A_T(js->checkpoint_dir ? js->checkpoint_dir : ""));
     int64_t id = sqlite3_last_insert_rowid(st->db);
     st_event(st, id, 0, "job.submitted", "job %s submitted: %d ranks, mesh %s, max_restarts %d",
              js->name, js->world_size, js->mesh, js->max_restarts);
@@ -983,18 +993,18 @@ static int job_fence(store_t *st, int64_t job_id, int64_t epoch, const char *wha
   return 0;
 }
 
-int store_job_set_pending_reason(store_t *st, int64_t job_id, const char *reason) {
+int store_jobs_set_pending_reasons(store_t *st, const int64_t *ids, const char *const *reasons,
+                                   int n) {
+  if (n <= 0) return 0;
   int rc = store_begin(st, 1);
   if (rc) return rc;
-  job_brief_t b;
-  if ((rc = job_brief(st, job_id, &b))) return store_end(st, rc);
-  if (b.state != STORE_JOB_PENDING)
-    return store_end(st, err_set(FSDP_ESTATE, "job %lld is %s, not PENDING: no pending reason",
-                                 (long long)job_id, store_job_state_name(b.state)));
-  reason = reason ? reason : "";
-  if (st_exec(st, "UPDATE jobs SET reason = ? WHERE id = ? AND reason IS NOT ?", A_T(reason),
-              A_I(job_id), A_T(reason)) > 0)
-    st_event(st, job_id, 0, "job.pending", "%s", reason);
+  for (int i = 0; i < n; i++) {
+    const char *r = reasons[i] ? reasons[i] : "";
+    int changed = st_exec(st, "UPDATE jobs SET reason = ? WHERE id = ? AND state = 'PENDING' AND "
+                          "reason IS NOT ?", A_T(r), A_I(ids[i]), A_T(r));
+    if (changed < 0) return store_end(st, changed);
+    if (changed) st_event(st, ids[i], 0, "job.pending", "%s", r);
+  }
   return store_end(st, 0);
 }
 
@@ -1241,7 +1251,7 @@ int store_job_cancel(store_t *st, int64_t job_id, const char *reason, store_job_
   return rc;
 }
 
-int store_job_resume(store_t *st, int64_t job_id) {
+int store_job_resume(store_t *st, int64_t job_id, const char *checkpoint_dir) {
   int rc = store_begin(st, 1);
   if (rc) return rc;
   job_brief_t b;
@@ -1250,8 +1260,9 @@ int store_job_resume(store_t *st, int64_t job_id) {
     return store_end(st, err_set(FSDP_ESTATE, "job %lld is %s: only a FAILED or CANCELLED job "
                                  "can be resumed", (long long)job_id,
                                  store_job_state_name(b.state)));
-  st_exec(st, "UPDATE jobs SET state = 'PENDING', restarts = 0, ended_ms = NULL, reason = ? "
-          "WHERE id = ?", A_T("resumed: waiting for its devices"), A_I(job_id));
+  st_exec(st, "UPDATE jobs SET state = 'PENDING', restarts = 0, ended_ms = NULL, reason = ?, "
+          "checkpoint_dir = coalesce(?, checkpoint_dir) WHERE id = ?",
+          A_T("resumed: waiting for its devices"), A_T(checkpoint_dir), A_I(job_id));
   st_event(st, job_id, 0, "job.resumed", "resumed after it was %s", store_job_state_name(b.state));
   return store_end(st, 0);
 }
@@ -1476,6 +1487,36 @@ int store_job_list(store_t *st, unsigned states, int limit, store_job_t **jobs, 
                   "ORDER BY id DESC LIMIT ?) ORDER BY id",
                   A_T(name[0]), A_T(name[1]), A_T(name[2]), A_T(name[3]), A_T(name[4]),
                   A_I(limit > 0 ? limit : -1));
+  return store_end(st, rc);
+}
+
+static void job_dir_row(sqlite3_stmt *s, void *item) {
+  store_job_dir_t *j = item;
+  j->id = sqlite3_column_int64(s, 0);
+  j->state = ST_ENUM(store_job_state_name, sqlite3_column_text(s, 1));
+  j->dir_unknown = sqlite3_column_type(s, 2) == SQLITE_NULL;
+}
+
+int store_jobs_by_checkpoint_dir(store_t *st, const char *dir, store_job_dir_t **jobs, int *n) {
+  *jobs = NULL, *n = 0;
+  int rc = store_begin(st, 0);
+  if (rc) return rc;
+  rc = st_collect(st, store_job_dir_t, job_dir_row, jobs, n,
+                  /* +state: the planner would walk every live job through
+                   * jobs_state instead of the few rows of this directory */
+                  "SELECT id, state, checkpoint_dir FROM jobs WHERE (checkpoint_dir = ? OR "
+                  "checkpoint_dir IS NULL) AND +state IN ('PENDING', 'RUNNING') ORDER BY id",
+                  A_T(dir));
+  return store_end(st, rc);
+}
+
+int store_job_ids(store_t *st, store_job_state_t state, int64_t **ids, int *n) {
+  *ids = NULL, *n = 0;
+  int rc = store_begin(st, 0);
+  if (rc) return rc;
+  /* the state index holds the ids in order: no table row is read, nothing sorted */
+  rc = st_collect(st, int64_t, id_row, ids, n, "SELECT id FROM jobs WHERE state = ? ORDER BY id",
+                  A_T(store_job_state_name(state)));
   return store_end(st, rc);
 }
 

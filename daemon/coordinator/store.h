@@ -26,7 +26,7 @@
 #include <stdint.h>
 
 /* The schema version this build writes and reads (PRAGMA user_version). */
-#define STORE_SCHEMA_VERSION 5
+#define STORE_SCHEMA_VERSION 6
 
 /* Text bounds: longer input is refused (EINVAL) so what is stored reads back
  * whole; reasons and event text are free text and are cut to fit on read. */
@@ -107,6 +107,7 @@ typedef struct store_job_spec {
   int max_restarts;
   const char *reason;           /* why it waits, known at submit (NULL: none yet) */
   const char *request_id;       /* the client's idempotency key (NULL or "": none); unique */
+  const char *checkpoint_dir;   /* its resolved checkpoint_dir (NULL or "": none) */
 } store_job_spec_t;
 
 typedef struct store_job {
@@ -289,8 +290,11 @@ int store_job_submit(store_t *st, const store_job_spec_t *spec, int64_t *job_id)
  * loop, each answered after it (under synchronous=FULL every commit is an
  * fsync; docs/ARCHITECTURE.md has the rates). */
 int store_job_submit_batch(store_t *st, const store_job_spec_t *specs, int n, int64_t *job_ids);
-/* Records why a PENDING job waits (written only when it changed). */
-int store_job_set_pending_reason(store_t *st, int64_t job_id, const char *reason);
+/* Records why each of n jobs waits, in one transaction: reasons[i] for
+ * ids[i], written (with a job.pending event) only where it changed and the
+ * job is still PENDING (any other is left alone). */
+int store_jobs_set_pending_reasons(store_t *st, const int64_t *ids, const char *const *reasons,
+                                   int n);
 /* Starts the next attempt of a PENDING job: epoch + 1, RUNNING, its
  * world_size ranks ASSIGNED to the given devices, which become held by the
  * job. All or nothing: a device unknown (ENOTFOUND), held, or on a dead node
@@ -320,8 +324,10 @@ int store_attempt_end(store_t *st, int64_t job_id, int64_t epoch, int succeeded,
                       const char *reason, store_job_state_t *state);
 /* A FAILED or CANCELLED job back to PENDING with its restarts reset (its
  * next attempt resumes from its latest committed checkpoint); FSDP_ESTATE
- * for a job still pending, running or succeeded. */
-int store_job_resume(store_t *st, int64_t job_id);
+ * for a job still pending, running or succeeded. checkpoint_dir: its
+ * resolved one, recorded for store_jobs_by_checkpoint_dir (a job that
+ * ended before schema 6 has none recorded); NULL: left as it is. */
+int store_job_resume(store_t *st, int64_t job_id, const char *checkpoint_dir);
 /* Cancels a PENDING or RUNNING job (a running attempt ends CANCELLED as
  * above). The state it had in *was (may be NULL): RUNNING means its ranks
  * must be stopped. An ended job: ESTATE. */
@@ -382,6 +388,19 @@ int store_job_purge(store_t *st, const int64_t *ids, int n);
 /* How many jobs are in each state (indexed by store_job_state_t). */
 int store_job_counts(store_t *st, int64_t counts[STORE_JOB_CANCELLED + 1]);
 void store_jobs_free(store_job_t *jobs, int n);
+/* A live job that may use a checkpoint directory. */
+typedef struct store_job_dir {
+  int64_t id;
+  store_job_state_t state;
+  int dir_unknown; /* stored before schema 6: its spec says (the caller resolves it) */
+} store_job_dir_t;
+/* The PENDING and RUNNING jobs whose checkpoint_dir is dir, and those whose
+ * directory the store does not know, by id, through the jobs_checkpoint_dir
+ * index; free(*jobs). */
+int store_jobs_by_checkpoint_dir(store_t *st, const char *dir, store_job_dir_t **jobs, int *n);
+/* The ids of the jobs in state, ascending (placement's walk over the
+ * pending ones); free(*ids). */
+int store_job_ids(store_t *st, store_job_state_t state, int64_t **ids, int *n);
 /* Every node by id with its devices; free with store_nodes_free. */
 int store_node_list(store_t *st, store_node_t **nodes, int *n);
 void store_nodes_free(store_node_t *nodes, int n);

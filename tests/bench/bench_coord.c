@@ -6,6 +6,12 @@
  *     inside the root, stored; no node, so it stays PENDING), per-call
  *     latency p50/p99 and calls per second over BENCH_COORD_SECONDS;
  *   - GetJob of those jobs, the same figures.
+ *   - placement over that queue (every job still PENDING): a node of one
+ *     device registers (too small for the 2-rank jobs: each pending reason
+ *     changes, and all are written), then a job is cancelled (a pass where
+ *     no reason changes); the coordinator's loop is busy with each pass, so
+ *     the longest GetJob of a client probing every 5 ms meanwhile shows
+ *     what a pass over the queue stalls every other call (heartbeats too).
  * Prints `bench:` lines and a `bench: target` line per goal (issue 10: at
  * least 2,000 submits/s on the 2-core machine). */
 #include <pthread.h>
@@ -120,6 +126,134 @@ static double run(const char *addr, const char *data_opt, int op, int nthreads, 
   return failed ? -1 : rate;
 }
 
+/* ---- placement over a long queue ---- */
+
+#define PROBES_MAX 100000
+typedef struct probe {
+  pthread_t th;
+  const char *addr;
+  volatile int stop;
+  double t0[PROBES_MAX], dt[PROBES_MAX]; /* each GetJob: when it began, how long it took */
+  volatile int calls;
+  int failed;
+} probe_t;
+
+/* The longest GetJob that began in [from, to). */
+static double probe_worst(const probe_t *p, double from, double to) {
+  double w = 0;
+  for (int i = 0; i < p->calls; i++)
+    if (p->t0[i] >= from && p->t0[i] < to && p->dt[i] > w) w = p->dt[i];
+  return w;
+}
+
+/* Waits until two more probes have come back: the loop answers again. */
+static void probe_wait_answered(const probe_t *p) {
+  const int n = p->calls;
+  while (p->calls < n + 2 && !p->failed) nanosleep(&(struct timespec){0, 1000000}, NULL);
+}
+
+static void *probe_main(void *arg) {
+  probe_t *p = arg;
+  rpc_client_t *cl;
+  rpc_client_opts_t o = {.target = p->addr};
+  if (rpc_client_create(&cl, &o)) return p->failed = 1, NULL;
+  while (!p->stop && p->calls < PROBES_MAX) {
+    Fsdp__V1__GetJobRequest q = FSDP__V1__GET_JOB_REQUEST__INIT;
+    q.job_id = "j-1";
+    ProtobufCMessage *rep = NULL;
+    const double t0 = bench_now_s();
+    if (rpc_client_call(cl, "/fsdp.v1.Coordinator/GetJob", &q.base,
+                        &fsdp__v1__get_job_reply__descriptor, &rep, 30.0)) {
+      p->failed = 1;
+      break;
+    }
+    protobuf_c_message_free_unpacked(rep, NULL);
+    p->t0[p->calls] = t0, p->dt[p->calls] = bench_now_s() - t0;
+    p->calls++;
+    nanosleep(&(struct timespec){0, 5000000}, NULL);
+  }
+  rpc_client_destroy(cl);
+  return NULL;
+}
+
+typedef struct beater {
+  pthread_t th;
+  const char *addr;
+  char node[32];
+  uint64_t session;
+  volatile int stop;
+} beater_t;
+
+/* Keeps the node's heartbeat in flight, so placement counts it alive. */
+static void *beater_main(void *arg) {
+  beater_t *b = arg;
+  rpc_client_t *cl;
+  rpc_client_opts_t o = {.target = b->addr};
+  if (rpc_client_create(&cl, &o)) return NULL;
+  while (!b->stop) {
+    Fsdp__V1__HeartbeatRequest q = FSDP__V1__HEARTBEAT_REQUEST__INIT;
+    q.node_id = b->node, q.session = b->session;
+    ProtobufCMessage *rep = NULL;
+    if (rpc_client_call(cl, "/fsdp.v1.Coordinator/Heartbeat", &q.base,
+                        &fsdp__v1__heartbeat_reply__descriptor, &rep, 30.0))
+      break;
+    protobuf_c_message_free_unpacked(rep, NULL);
+  }
+  rpc_client_destroy(cl);
+  return NULL;
+}
+
+/* One node of one CPU device registers (each pending job's reason changes),
+ * then job j-2 is cancelled (a pass in which none does). */
+static int placement(const char *addr, int64_t pending) {
+  rpc_client_t *cl;
+  rpc_client_opts_t o = {.target = addr};
+  if (rpc_client_create(&cl, &o)) return -1;
+  probe_t *pr = calloc(1, sizeof *pr);
+  beater_t bt = {.addr = addr};
+  if (!pr) return -1;
+  pr->addr = addr;
+  pthread_create(&pr->th, NULL, probe_main, pr);
+  nanosleep(&(struct timespec){0, 300000000}, NULL);
+  Fsdp__V1__Device d = FSDP__V1__DEVICE__INIT, *dp = &d;
+  d.kind = "cpu", d.name = "cpu:0", d.total_bytes = 64ull << 30;
+  Fsdp__V1__RegisterNodeRequest rq = FSDP__V1__REGISTER_NODE_REQUEST__INIT;
+  rq.hostname = "bench", rq.address = "127.0.0.1:9", rq.devices = &dp, rq.n_devices = 1;
+  Fsdp__V1__RegisterNodeReply *rr = NULL;
+  const double t_reg = bench_now_s();
+  int rc = rpc_client_call(cl, "/fsdp.v1.Coordinator/RegisterNode", &rq.base,
+                           &fsdp__v1__register_node_reply__descriptor, (ProtobufCMessage **)&rr, 30.0);
+  if (!rc) {
+    snprintf(bt.node, sizeof bt.node, "%s", rr->node_id);
+    bt.session = rr->session;
+    protobuf_c_message_free_unpacked(&rr->base, NULL);
+    pthread_create(&bt.th, NULL, beater_main, &bt);
+  }
+  nanosleep(&(struct timespec){1, 500000000}, NULL);
+  probe_wait_answered(pr);
+  const double t_cancel = bench_now_s();
+  Fsdp__V1__CancelJobRequest cq = FSDP__V1__CANCEL_JOB_REQUEST__INIT;
+  cq.job_id = "j-2", cq.reason = "bench";
+  ProtobufCMessage *crep = NULL;
+  if (!rc && !(rc = rpc_client_call(cl, "/fsdp.v1.Coordinator/CancelJob", &cq.base,
+                                    &fsdp__v1__cancel_job_reply__descriptor, &crep, 30.0)))
+    protobuf_c_message_free_unpacked(crep, NULL);
+  nanosleep(&(struct timespec){1, 0}, NULL);
+  probe_wait_answered(pr);
+  pr->stop = bt.stop = 1;
+  pthread_join(pr->th, NULL);
+  if (bt.session) pthread_join(bt.th, NULL);
+  rpc_client_destroy(cl);
+  if (rc) fprintf(stderr, "bench_coord: placement: %s\n", err_msg());
+  printf("bench: coord_placement pending=%lld getjob_max_ms_every_reason_changed=%.1f "
+         "getjob_max_ms_none_changed=%.1f probes=%d%s\n", (long long)pending,
+         probe_worst(pr, t_reg, t_cancel) * 1e3, probe_worst(pr, t_cancel, 1e30) * 1e3, pr->calls,
+         pr->failed ? " errors=yes" : "");
+  rc = rc || pr->failed ? -1 : 0;
+  free(pr);
+  return rc;
+}
+
 int main(void) {
   const char *secs_env = getenv("BENCH_COORD_SECONDS");
   const double secs = secs_env ? atof(secs_env) : 3.0;
@@ -169,6 +303,7 @@ int main(void) {
          best >= 2000 ? "yes" : "no");
   for (int t = 1; t <= 16; t *= 4)
     if (run(addr, data_opt, 1, t, secs, submitted, NULL) < 0) rc = 1;
+  if (placement(addr, submitted)) rc = 1;
   kill(pid, SIGTERM);
   waitpid(pid, NULL, 0);
   char cmd[700];

@@ -966,6 +966,56 @@ static void db_exec(const char *path, const char *fmt, ...) {
   sqlite3_close(h);
 }
 
+static int cancel(const char *id) {
+  Fsdp__V1__CancelJobRequest q = FSDP__V1__CANCEL_JOB_REQUEST__INIT;
+  q.job_id = (char *)id, q.reason = "test";
+  Fsdp__V1__CancelJobReply *r = NULL;
+  int rc = CALL("CancelJob", q, cancel_job_reply, &r);
+  if (r) reply_free(r);
+  return rc;
+}
+
+static int resume(const char *id) {
+  Fsdp__V1__ResumeJobRequest q = FSDP__V1__RESUME_JOB_REQUEST__INIT;
+  q.job_id = (char *)id;
+  Fsdp__V1__ResumeJobReply *r = NULL;
+  int rc = CALL("ResumeJob", q, resume_job_reply, &r);
+  if (r) reply_free(r);
+  return rc;
+}
+
+/* One live job per checkpoint directory, pending ones too: a second is
+ * refused naming the first, until the first has ended; a resume is checked
+ * the same way; and a job whose directory the database does not record (as
+ * one stored before schema 6) is still found, through its spec. */
+Test(coordinator, one_live_job_per_checkpoint_directory) {
+  char d[600], ck[600], ckopt[700], a[32], b[32], c2[32];
+  data_opt(d, sizeof d);
+  snprintf(ck, sizeof ck, "%s/ck", tu_tmpdir());
+  cr_assert_eq(mkdir(ck, 0755), 0);
+  snprintf(ckopt, sizeof ckopt, "checkpoint_dir=%s", ck);
+  const char *kv[] = {"model=tiny", d, ckopt, "checkpoint_every=10", NULL};
+  cr_assert_eq(submit(2, kv, a, sizeof a), 0, "%s", err_msg()); /* no node: it pends */
+  cr_assert_eq(submit(2, kv, b, sizeof b), FSDP_EINVAL, "a second pending job took %s", ck);
+  cr_assert(strstr(err_msg(), "checkpoint_dir") && strstr(err_msg(), a) && strstr(err_msg(), "PENDING"),
+            "%s", err_msg());
+  cr_assert_eq(cancel(a), 0, "%s", err_msg());
+  cr_assert_eq(submit(2, kv, b, sizeof b), 0, "the first ended: %s", err_msg());
+  cr_assert_eq(resume(a), FSDP_EINVAL, "resumed into %s, which %s has", ck, b);
+  cr_assert(strstr(err_msg(), b), "%s", err_msg());
+  cr_assert_eq(cancel(b), 0, "%s", err_msg());
+  cr_assert_eq(resume(a), 0, "%s", err_msg());
+  /* a live job whose directory is not recorded: the coordinator reads its spec */
+  char db[600];
+  snprintf(db, sizeof db, "%s", co_db);
+  teardown();
+  db_exec(db, "UPDATE jobs SET checkpoint_dir = NULL WHERE id = %s", a + 2);
+  co_start(db, "127.0.0.1:0", NULL);
+  client_for(&co, NULL);
+  cr_assert_eq(submit(2, kv, c2, sizeof c2), FSDP_EINVAL, "a job took %s from one of before", ck);
+  cr_assert(strstr(err_msg(), a), "%s", err_msg());
+}
+
 /* The audit log's retention: at start (then every 10 s) events older
  * than --event-retention-days go; newer ones stay. */
 Test(coordinator, audit_events_older_than_the_retention_are_removed) {

@@ -562,8 +562,9 @@ Test(store, state_changes_leave_events_in_order) {
   store_t *st = open_db("state.db");
   int64_t node = add_node(st, "n0", 1);
   int64_t job = submit(st, "audited", 1, 0);
-  cr_assert_eq(store_job_set_pending_reason(st, job, "waiting for 1 device"), 0);
-  cr_assert_eq(store_job_set_pending_reason(st, job, "waiting for 1 device"), 0);
+  const char *why = "waiting for 1 device";
+  cr_assert_eq(store_jobs_set_pending_reasons(st, &job, &why, 1), 0);
+  cr_assert_eq(store_jobs_set_pending_reasons(st, &job, &why, 1), 0);
   int64_t ep;
   cr_assert_eq(start_on(st, job, node, 1, &ep), 0);
   cr_assert_eq(store_event_add(st, job, node, "rank.progress", "step %d of %d", 5, 10), 0);
@@ -1086,13 +1087,13 @@ Test(store, a_failed_or_cancelled_job_resumes_with_its_restarts_reset) {
   store_t *st = open_db("state.db");
   int64_t node = add_node(st, "n0", 2);
   int64_t job = submit(st, "again", 2, 0), epoch;
-  cr_assert_eq(store_job_resume(st, job), FSDP_ESTATE, "a pending job");
+  cr_assert_eq(store_job_resume(st, job, NULL), FSDP_ESTATE, "a pending job");
   cr_assert_eq(start_on(st, job, node, 2, &epoch), 0);
-  cr_assert_eq(store_job_resume(st, job), FSDP_ESTATE, "a running job");
+  cr_assert_eq(store_job_resume(st, job, NULL), FSDP_ESTATE, "a running job");
   store_job_state_t next;
   cr_assert_eq(store_attempt_end(st, job, 1, 0, "rank 0 died", &next), 0);
   cr_assert_eq(next, STORE_JOB_FAILED);
-  cr_assert_eq(store_job_resume(st, job), 0, "%s", err_msg());
+  cr_assert_eq(store_job_resume(st, job, NULL), 0, "%s", err_msg());
   store_job_t j = get_job(st, job);
   cr_assert(j.state == STORE_JOB_PENDING && j.restarts == 0, "state %d restarts %d", j.state, j.restarts);
   store_job_free(&j);
@@ -1102,7 +1103,7 @@ Test(store, a_failed_or_cancelled_job_resumes_with_its_restarts_reset) {
   cr_assert_eq(store_rank_exit(st, job, 2, 0, 0, &v), 0);
   cr_assert_eq(store_rank_exit(st, job, 2, 1, 0, &v), 0);
   cr_assert_eq(store_attempt_end(st, job, 2, 1, "", &next), 0);
-  cr_assert_eq(store_job_resume(st, job), FSDP_ESTATE, "a succeeded job");
+  cr_assert_eq(store_job_resume(st, job, NULL), FSDP_ESTATE, "a succeeded job");
   store_close(st);
 }
 
@@ -1114,10 +1115,15 @@ Test(store, a_database_of_the_previous_schema_is_migrated_and_its_data_kept) {
   store_opts_t old = {.version = STORE_SCHEMA_VERSION - 1};
   cr_assert_eq(store_open(tpath("old.db"), &old, &st), 0, "%s", err_msg());
   int64_t node = add_node(st, "n0", 2);
-  int64_t job = submit(st, "from-before", 2, 1);
   store_close(st);
+  /* jobs as the previous release wrote them: one pending, one ended */
   sqlite3 *db = raw_open("old.db");
   cr_assert_eq(raw_int(db, "PRAGMA user_version"), STORE_SCHEMA_VERSION - 1);
+  cr_assert_eq(sqlite3_exec(db, "INSERT INTO jobs(name, spec, world_size, mesh, state, max_restarts, "
+                            "submitted_ms) VALUES('from-before', 'steps = 10', 2, '1x2', 'PENDING', "
+                            "1, 1), ('ended-before', 'steps = 10', 1, '1x1', 'FAILED', 0, 1)",
+                            NULL, NULL, NULL), SQLITE_OK, "%s", sqlite3_errmsg(db));
+  const int64_t job = 1, ended = 2;
   sqlite3_close(db);
   st = open_db("old.db");
   cr_assert_eq(store_schema_from(st), STORE_SCHEMA_VERSION - 1);
@@ -1139,7 +1145,84 @@ Test(store, a_database_of_the_previous_schema_is_migrated_and_its_data_kept) {
   cr_assert_eq(raw_int(db, "PRAGMA user_version"), STORE_SCHEMA_VERSION);
   cr_assert_eq(raw_int(db, "SELECT count(*) FROM sqlite_schema WHERE name = 'jobs_ended'"), 1,
                "version 4's index of ended jobs");
+  /* version 6: the live job's directory is unknown (its spec says), the ended one's is none */
+  cr_assert_eq(raw_int(db, "SELECT count(*) FROM jobs WHERE checkpoint_dir IS NULL AND id = 1"), 1);
+  cr_assert_eq(raw_int(db, "SELECT count(*) FROM jobs WHERE checkpoint_dir = '' AND id = 2"), 1);
   sqlite3_close(db);
+  st = open_db("old.db");
+  store_job_dir_t *v;
+  cr_assert_eq(store_jobs_by_checkpoint_dir(st, "/ck/a", &v, &n), 0, "%s", err_msg());
+  cr_assert(n == 1 && v[0].id == job && v[0].dir_unknown, "the live job of before is asked about");
+  free(v);
+  /* resumed, the ended one records the directory its spec resolved to */
+  cr_assert_eq(store_job_resume(st, ended, "/ck/b"), 0, "%s", err_msg());
+  cr_assert_eq(store_jobs_by_checkpoint_dir(st, "/ck/b", &v, &n), 0, "%s", err_msg());
+  cr_assert(n == 2 && v[1].id == ended && !v[1].dir_unknown && v[1].state == STORE_JOB_PENDING,
+            "%d rows", n);
+  free(v);
+  store_close(st);
+}
+
+/* A submit finds the live jobs of a checkpoint directory through its index:
+ * only PENDING and RUNNING ones, only of that directory. */
+Test(store, live_jobs_are_found_by_checkpoint_directory) {
+  store_t *st = open_db("state.db");
+  int64_t node = add_node(st, "n0", 1);
+  store_job_spec_t js[4] = {
+      {.name = "a", .spec = "s", .world_size = 1, .mesh = "1x1", .checkpoint_dir = "/ck/a"},
+      {.name = "b", .spec = "s", .world_size = 1, .mesh = "1x1", .checkpoint_dir = "/ck/b"},
+      {.name = "c", .spec = "s", .world_size = 1, .mesh = "1x1", .checkpoint_dir = "/ck/a"},
+      {.name = "d", .spec = "s", .world_size = 1, .mesh = "1x1"},
+  };
+  int64_t id[4];
+  cr_assert_eq(store_job_submit_batch(st, js, 4, id), 0, "%s", err_msg());
+  store_job_dir_t *v;
+  int n;
+  cr_assert_eq(store_jobs_by_checkpoint_dir(st, "/ck/a", &v, &n), 0, "%s", err_msg());
+  cr_assert(n == 2 && v[0].id == id[0] && v[1].id == id[2] && !v[0].dir_unknown, "%d rows", n);
+  free(v);
+  int64_t ep;
+  cr_assert_eq(start_on(st, id[0], node, 1, &ep), 0);
+  cr_assert_eq(store_job_cancel(st, id[2], "gone", NULL), 0, "%s", err_msg());
+  cr_assert_eq(store_jobs_by_checkpoint_dir(st, "/ck/a", &v, &n), 0, "%s", err_msg());
+  cr_assert(n == 1 && v[0].id == id[0] && v[0].state == STORE_JOB_RUNNING,
+            "the running one only, not the cancelled one: %d rows", n);
+  free(v);
+  cr_assert_eq(store_jobs_by_checkpoint_dir(st, "/ck/none", &v, &n), 0, "%s", err_msg());
+  cr_assert_eq(n, 0);
+  free(v);
+  /* the pending ones' ids, in order, through the state index */
+  int64_t *ids;
+  cr_assert_eq(store_job_ids(st, STORE_JOB_PENDING, &ids, &n), 0, "%s", err_msg());
+  cr_assert(n == 2 && ids[0] == id[1] && ids[1] == id[3], "%d pending", n);
+  free(ids);
+  store_close(st);
+}
+
+/* Pending reasons of many jobs in one transaction: each written (with its
+ * event) only where it changed, and never on a job that is no longer pending. */
+Test(store, pending_reasons_are_written_together_where_they_changed) {
+  store_t *st = open_db("state.db");
+  int64_t node = add_node(st, "n0", 1);
+  int64_t a = submit(st, "a", 1, 0), b = submit(st, "b", 1, 0), ep;
+  cr_assert_eq(start_on(st, b, node, 1, &ep), 0);
+  const int64_t ids[3] = {a, b, a};
+  const char *why[3] = {"first", "not pending", "second"};
+  cr_assert_eq(store_jobs_set_pending_reasons(st, ids, why, 3), 0, "%s", err_msg());
+  store_job_t j = get_job(st, a);
+  cr_assert_str_eq(j.reason, "second");
+  store_job_free(&j);
+  j = get_job(st, b);
+  cr_assert(strcmp(j.reason, "not pending"), "a running job's reason was overwritten");
+  store_job_free(&j);
+  cr_assert_eq(store_jobs_set_pending_reasons(st, &a, &why[2], 1), 0);
+  store_event_t *e;
+  int n, pend = 0;
+  cr_assert_eq(store_event_list(st, a, 0, 0, &e, &n), 0);
+  for (int i = 0; i < n; i++) pend += !strcmp(e[i].kind, "job.pending");
+  store_array_free(e);
+  cr_assert_eq(pend, 2, "two changes, two events (the repeat wrote none)");
+  store_close(st);
 }
 
 /* A backup taken while another connection holds a write transaction open
