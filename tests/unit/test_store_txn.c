@@ -118,7 +118,7 @@ Test(store_txn, a_version_1_database_is_migrated_keeping_its_jobs) {
   cr_expect_str_eq(j.name, "old");
   cr_expect_str_eq(j.spec, "[train]\nsteps = 5\n");
   store_job_free(&j);
-  store_job_spec_t js = {"new", "[train]\nsteps = 1\n", 2, "1x2", 0, NULL, "req-42"};
+  store_job_spec_t js = {"new", "[train]\nsteps = 1\n", 2, "1x2", 0, NULL, "req-42", NULL};
   int64_t id = 0, found = 0;
   cr_assert_eq(store_job_submit(st, &js, &id), 0, "%s", err_msg());
   cr_expect_eq(store_job_by_request(st, "req-42", &found), 0, "%s", err_msg());
