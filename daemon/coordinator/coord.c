@@ -675,15 +675,73 @@ static int coord_node_busy(const coord_node_t *n, int index) {
  * heard since this coordinator started) and their devices, a device held
  * while the store says a job holds it or while its node still reports
  * processes of an earlier job on it. */
-void coord_pic_free(coord_pic_t *p) {
-  store_nodes_free(p->nodes, p->nn);
-  free(p->sn), free(p->sd);
+void coord_pic_free(coord_pic_t *p) { free(p->sn), free(p->sd); }
+
+static int coord_node_id_cmp(const void *a, const void *b) {
+  const int64_t x = ((const store_node_t *)a)->id, y = ((const store_node_t *)b)->id;
+  return x < y ? -1 : x > y;
+}
+
+static int coord_id_cmp(const void *a, const void *b) {
+  const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Brings c->pic (every node and its devices as the store has them) up to
+ * date: the nodes the store says changed are read again, or all of them
+ * the first time, after a failure, or when too many changed. */
+static int coord_pic_refresh(coord_t *c) {
+  int64_t *ids = NULL;
+  int n = 0, all = 0, rc;
+  store_nodes_touched(c->st, &ids, &n, &all);
+  if (all || !c->pic_ok) {
+    free(ids);
+    store_node_t *nodes;
+    int nn;
+    if ((rc = store_node_list(c->st, &nodes, &nn))) return c->pic_ok = 0, rc;
+    store_nodes_free(c->pic, c->pic_n);
+    c->pic = nodes, c->pic_n = nn, c->pic_ok = 1;
+    return FSDP_OK;
+  }
+  qsort(ids, (size_t)n, sizeof *ids, coord_id_cmp);
+  int k = 0;
+  for (int i = 0; i < n; i++)
+    if (!k || ids[i] != ids[k - 1]) ids[k++] = ids[i];
+  store_node_t *got = NULL;
+  int ng = 0;
+  rc = k ? store_nodes_get(c->st, ids, k, &got, &ng) : FSDP_OK;
+  free(ids);
+  if (rc) return c->pic_ok = 0, rc; /* the ids are spent: read everything next time */
+  store_node_t *grown = ng ? realloc(c->pic, (size_t)(c->pic_n + ng) * sizeof *grown) : c->pic;
+  if (!grown) {
+    store_nodes_free(got, ng);
+    return c->pic_ok = 0, err_set(FSDP_ENOMEM, "coordinator: out of memory placing jobs");
+  }
+  c->pic = grown;
+  int added = 0;
+  for (int i = 0; i < ng; i++) {
+    store_node_t *old = bsearch(&got[i], c->pic, (size_t)c->pic_n, sizeof *c->pic,
+                                coord_node_id_cmp);
+    if (old) {
+      free(old->devices);
+      *old = got[i];
+    } else {
+      c->pic[c->pic_n + added++] = got[i]; /* a new node: ids only grow, but sort to be sure */
+    }
+  }
+  free(got); /* its rows' devices now belong to c->pic */
+  if (added) {
+    c->pic_n += added;
+    qsort(c->pic, (size_t)c->pic_n, sizeof *c->pic, coord_node_id_cmp);
+  }
+  return FSDP_OK;
 }
 
 int coord_pic_load(coord_t *c, coord_pic_t *p) {
   memset(p, 0, sizeof *p);
-  int rc = store_node_list(c->st, &p->nodes, &p->nn);
+  int rc = coord_pic_refresh(c);
   if (rc) return rc;
+  p->nodes = c->pic, p->nn = c->pic_n;
   int nd = 0;
   for (int i = 0; i < p->nn; i++) nd += p->nodes[i].n_devices;
   p->sn = calloc((size_t)p->nn + 1, sizeof *p->sn);
@@ -742,7 +800,8 @@ void coord_start(coord_t *c, const coord_pic_t *p, int64_t job, const coord_job_
   }
   if (store_attempt_start(c->st, job, pl, W, &epoch)) {
     LOG_WARN("coord", "job j-%lld: placing it: %s", (long long)job, err_msg());
-    c->dirty = 1; /* tried again by the timer */
+    c->dirty = 1;   /* tried again by the timer... */
+    c->pic_ok = 0;  /* ...on the cluster read whole (the picture was wrong about a device) */
     free(pl);
     return;
   }
@@ -1078,6 +1137,7 @@ static void coord_free_cb(uv_handle_t *h) {
     HASH_DEL(c->jobs, x);
     free(x);
   }
+  store_nodes_free(c->pic, c->pic_n);
   free(c->node), free(c->rank), free(c->held);
   free(c);
 }

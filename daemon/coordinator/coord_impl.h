@@ -134,6 +134,8 @@ struct coord {
   coord_rank_t *rank;
   int n_rank, cap_rank;
   coord_job_t *jobs;        /* what is known of each job, by id (uthash; coord_job_info) */
+  store_node_t *pic;        /* every node and its devices as the store has them, by id: */
+  int pic_n, pic_ok;        /* placement's picture, read again only where it changed */
   coord_watch_t *watch;
   coord_rdv_t *rdv;
   int dirty;                /* something changed that placement depends on */
@@ -182,7 +184,7 @@ void coord_schedule(coord_t *c);
  * while the store says a job holds it or while its node still reports
  * processes of an earlier job on it. */
 typedef struct coord_pic {
-  store_node_t *nodes;
+  const store_node_t *nodes; /* coord_t.pic's: valid until the next coord_pic_load */
   int nn, nd;
   sched_node_t *sn;
   sched_device_t *sd;

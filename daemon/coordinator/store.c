@@ -184,6 +184,9 @@ struct store {
   int txn_line;
   int committing;       /* store_end is committing (the commit hook's permission) */
   int rc;               /* the first failure inside the open transaction */
+  int64_t *touched;     /* nodes whose row or devices changed since store_nodes_touched */
+  int n_touched, cap_touched;
+  int touched_all;      /* more than STORE_TOUCHED_MAX (or no memory): every node counts */
   struct {
     const char *sql;    /* the statement's text, by address: SQL here is literals */
     sqlite3_stmt *stmt;
@@ -401,6 +404,23 @@ static int64_t st_int_(store_t *st, int64_t dflt, const char *sql, const st_arg_
 static void st_col_text(sqlite3_stmt *s, int col, char *buf, size_t cap) {
   const unsigned char *t = sqlite3_column_text(s, col);
   snprintf(buf, cap, "%s", t ? (const char *)t : "");
+}
+
+/* Node id's row or devices changed (store_nodes_touched hands the ids over).
+ * A transaction rolled back leaves its ids: a node read again for nothing. */
+#define STORE_TOUCHED_MAX 65536
+static void st_touch(store_t *st, int64_t id) {
+  if (st->touched_all) return;
+  if (st->n_touched == st->cap_touched) {
+    const int cap = st->cap_touched ? 2 * st->cap_touched : 64;
+    int64_t *p = cap <= STORE_TOUCHED_MAX ? realloc(st->touched, (size_t)cap * sizeof *p) : NULL;
+    if (!p) {
+      st->touched_all = 1, st->n_touched = 0;
+      return;
+    }
+    st->touched = p, st->cap_touched = cap;
+  }
+  st->touched[st->n_touched++] = id;
 }
 
 /* Rows of a query into a growing array of elem-sized items, each filled by
@@ -637,6 +657,7 @@ void store_close(store_t *st) {
     FSDP_ASSERT(st->txn_file == NULL);
   }
   for (int i = 0; i < st->n_cache; i++) sqlite3_finalize(st->cache[i].stmt);
+  free(st->touched);
   sqlite3_close(st->db);
   if (st->lock_fd >= 0) close(st->lock_fd); /* the lock goes with its descriptor */
   free(st);
@@ -836,6 +857,7 @@ int store_node_register(store_t *st, const char *name, const char *address,
             A_I(id), A_I(d->index), A_T(store_dev_kind_name(d->kind)), A_T(d->name),
             A_I(d->memory_bytes));
   }
+  st_touch(st, id);
   st_event(st, 0, id, "node.registered", "node %s at %s registered with %d devices", name,
            address, n_devices);
   rc = store_end(st, 0);
@@ -861,6 +883,7 @@ int store_node_drain(store_t *st, int64_t node_id, const char *reason) {
   if (drain ? strcmp(was, reason) != 0 : was[0] != 0) { /* a change: one event */
     st_exec(st, "UPDATE nodes SET drain_reason = ? WHERE id = ?", A_T(drain ? reason : ""),
             A_I(node_id));
+    st_touch(st, node_id);
     if (drain) st_event(st, 0, node_id, "node.drained", "node %s drained: %s", name, reason);
     else st_event(st, 0, node_id, "node.undrained", "node %s takes ranks again", name);
   }
@@ -887,6 +910,7 @@ int store_node_mark_dead(store_t *st, int64_t node_id, int64_t last_seen_ms, int
   }
   st_exec(st, "UPDATE nodes SET state = 'DEAD', last_seen_ms = ? WHERE id = ?",
           A_I(last_seen_ms), A_I(node_id));
+  st_touch(st, node_id);
   int n = 0;
   s = st_query(st,
                "SELECT DISTINCT job_id FROM ranks WHERE node_id = ? "
@@ -1074,6 +1098,7 @@ int store_attempt_start(store_t *st, int64_t job_id, const store_placement_t *ra
       rc = placement_err(st, job_id, p);
       break;
     }
+    st_touch(st, p->node_id);
     st_exec(st,
             "INSERT INTO ranks(job_id, epoch, rank, node_id, device_idx, shard_group, "
             "replica_group, state) VALUES(?, ?, ?, ?, ?, ?, ?, 'ASSIGNED')",
@@ -1165,6 +1190,9 @@ static void attempt_close(store_t *st, int64_t job_id, int64_t epoch, const char
           "UPDATE ranks SET state = 'STOPPED' WHERE job_id = ? AND epoch = ? "
           "AND state IN ('ASSIGNED', 'RUNNING')",
           A_I(job_id), A_I(epoch));
+  sqlite3_stmt *held = st_query(st, "SELECT DISTINCT node_id FROM devices WHERE job_id = ?",
+                                A_I(job_id));
+  while (st_step(st, held) == 1) st_touch(st, sqlite3_column_int64(held, 0));
   st_exec(st, "UPDATE devices SET job_id = NULL WHERE job_id = ?", A_I(job_id));
   st_exec(st, "DELETE FROM rendezvous WHERE job_id = ? AND epoch = ?", A_I(job_id), A_I(epoch));
   /* its open checkpoints still missing a shard cannot complete: no rank of
@@ -1550,21 +1578,9 @@ void store_jobs_free(store_job_t *jobs, int n) {
   free(jobs);
 }
 
-int store_node_list(store_t *st, store_node_t **nodes, int *n) {
-  *nodes = NULL;
-  *n = 0;
-  int rc = store_begin(st, 0);
-  if (rc) return rc;
-  store_device_t *devs = NULL;
-  int nd = 0;
-  rc = st_collect(st, store_node_t, node_row, nodes, n,
-                  "SELECT id, name, address, state, registered_ms, last_seen_ms, drain_reason "
-                  "FROM nodes ORDER BY id");
-  if (!rc)
-    rc = st_collect(st, store_device_t, device_row, &devs, &nd,
-                    "SELECT " DEVICE_COLS " FROM devices ORDER BY node_id, idx");
-  rc = store_end(st, rc);
-  /* both are in id order: hand each node its run of devices */
+/* Hands each of nodes (by id) its run of devs (by node, index); frees devs.
+ * On failure frees the nodes too. */
+static int nodes_attach(int rc, store_node_t **nodes, int *n, store_device_t *devs, int nd) {
   for (int i = 0, d = 0; !rc && i < *n; i++) {
     store_node_t *node = &(*nodes)[i];
     while (d < nd && devs[d].node_id < node->id) d++;
@@ -1586,6 +1602,56 @@ int store_node_list(store_t *st, store_node_t **nodes, int *n) {
     *n = 0;
   }
   return rc;
+}
+
+int store_node_list(store_t *st, store_node_t **nodes, int *n) {
+  *nodes = NULL;
+  *n = 0;
+  int rc = store_begin(st, 0);
+  if (rc) return rc;
+  store_device_t *devs = NULL;
+  int nd = 0;
+  rc = st_collect(st, store_node_t, node_row, nodes, n,
+                  "SELECT id, name, address, state, registered_ms, last_seen_ms, drain_reason "
+                  "FROM nodes ORDER BY id");
+  if (!rc)
+    rc = st_collect(st, store_device_t, device_row, &devs, &nd,
+                    "SELECT " DEVICE_COLS " FROM devices ORDER BY node_id, idx");
+  return nodes_attach(store_end(st, rc), nodes, n, devs, nd);
+}
+
+int store_nodes_get(store_t *st, const int64_t *ids, int n_ids, store_node_t **nodes, int *n) {
+  *nodes = NULL;
+  *n = 0;
+  if (n_ids <= 0) return 0;
+  /* the ids as a JSON array, read back by json_each: one statement for any number */
+  char *list = malloc((size_t)n_ids * 21 + 3);
+  if (!list) return err_set(FSDP_ENOMEM, "reading nodes: out of memory");
+  size_t at = 0;
+  list[at++] = '[';
+  for (int i = 0; i < n_ids; i++) at += (size_t)sprintf(list + at, "%s%lld", i ? "," : "", (long long)ids[i]);
+  list[at++] = ']', list[at] = 0;
+  int rc = store_begin(st, 0);
+  if (rc) return free(list), rc;
+  store_device_t *devs = NULL;
+  int nd = 0;
+  rc = st_collect(st, store_node_t, node_row, nodes, n,
+                  "SELECT id, name, address, state, registered_ms, last_seen_ms, drain_reason "
+                  "FROM nodes WHERE id IN (SELECT value FROM json_each(?)) ORDER BY id", A_T(list));
+  if (!rc)
+    rc = st_collect(st, store_device_t, device_row, &devs, &nd,
+                    "SELECT " DEVICE_COLS " FROM devices WHERE node_id IN (SELECT value FROM "
+                    "json_each(?)) ORDER BY node_id, idx", A_T(list));
+  free(list);
+  return nodes_attach(store_end(st, rc), nodes, n, devs, nd);
+}
+
+void store_nodes_touched(store_t *st, int64_t **ids, int *n, int *all) {
+  *all = st->touched_all;
+  *ids = st->touched_all ? NULL : st->touched;
+  *n = st->touched_all ? 0 : st->n_touched;
+  if (st->touched_all) free(st->touched);
+  st->touched = NULL, st->n_touched = st->cap_touched = 0, st->touched_all = 0;
 }
 
 void store_nodes_free(store_node_t *nodes, int n) {

@@ -403,6 +403,15 @@ int store_jobs_by_checkpoint_dir(store_t *st, const char *dir, store_job_dir_t *
 int store_job_ids(store_t *st, store_job_state_t state, int64_t **ids, int *n);
 /* Every node by id with its devices; free with store_nodes_free. */
 int store_node_list(store_t *st, store_node_t **nodes, int *n);
+/* The nodes of ids that exist, with their devices, by id (as store_node_list
+ * gives them); free with store_nodes_free. */
+int store_nodes_get(store_t *st, const int64_t *ids, int n_ids, store_node_t **nodes, int *n);
+/* The nodes whose row or devices changed since the last call (a node
+ * registered, drained, declared dead; a device taken or freed), in *ids
+ * (free(); repeats possible), or *all = 1 when too many changed to list:
+ * then read every node. What lets the coordinator keep the cluster's
+ * picture in memory and read only what changed. */
+void store_nodes_touched(store_t *st, int64_t **ids, int *n, int *all);
 void store_nodes_free(store_node_t *nodes, int n);
 /* Devices no job holds, on ALIVE nodes, by (node, index). */
 int store_free_devices(store_t *st, store_device_t **devices, int *n);

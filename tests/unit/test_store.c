@@ -1199,6 +1199,72 @@ Test(store, live_jobs_are_found_by_checkpoint_directory) {
   store_close(st);
 }
 
+/* The ids store_nodes_touched hands over, sorted, repeats dropped. */
+static int touched(store_t *st, int64_t *out, int cap, int *all) {
+  int64_t *ids;
+  int n;
+  store_nodes_touched(st, &ids, &n, all);
+  int k = 0;
+  for (int i = 0; i < n; i++) {
+    int seen = 0;
+    for (int j = 0; j < k; j++) seen |= out[j] == ids[i];
+    if (!seen && k < cap) out[k++] = ids[i];
+  }
+  free(ids);
+  for (int i = 1; i < k; i++)
+    for (int j = i; j > 0 && out[j - 1] > out[j]; j--) {
+      int64_t t = out[j];
+      out[j] = out[j - 1], out[j - 1] = t;
+    }
+  return k;
+}
+
+/* Every change of a node's row or of who holds its devices names the node
+ * to store_nodes_touched (the coordinator's picture is read again only
+ * there), and store_nodes_get reads those nodes as store_node_list does. */
+Test(store, every_change_of_a_node_or_its_devices_is_told) {
+  store_t *st = open_db("state.db");
+  int64_t t[8];
+  int all;
+  const int64_t a = add_node(st, "a", 2), b = add_node(st, "b", 2);
+  cr_assert(touched(st, t, 8, &all) == 2 && t[0] == a && t[1] == b && !all, "registrations");
+  cr_assert_eq(touched(st, t, 8, &all), 0, "the list starts again empty");
+  int64_t job = submit(st, "j", 2, 0), ep;
+  cr_assert_eq(touched(st, t, 8, &all), 0, "a submit changes no node");
+  cr_assert_eq(start_on(st, job, b, 2, &ep), 0);
+  cr_assert(touched(st, t, 8, &all) == 1 && t[0] == b, "the devices taken");
+  cr_assert_eq(store_job_cancel(st, job, "test", NULL), 0, "%s", err_msg());
+  cr_assert(touched(st, t, 8, &all) == 1 && t[0] == b, "the devices freed");
+  cr_assert_eq(store_node_drain(st, a, "disk"), 0, "%s", err_msg());
+  cr_assert(touched(st, t, 8, &all) == 1 && t[0] == a, "drained");
+  cr_assert_eq(store_node_drain(st, a, "disk"), 0, "%s", err_msg());
+  cr_assert_eq(touched(st, t, 8, &all), 0, "the same drain again changes nothing");
+  int64_t jobs[4];
+  int nj;
+  cr_assert_eq(store_node_mark_dead(st, a, 1, jobs, 4, &nj), 0, "%s", err_msg());
+  cr_assert(touched(st, t, 8, &all) == 1 && t[0] == a, "dead");
+  /* read again, they are what the whole list says */
+  store_node_t *got, *list;
+  int ng, nl;
+  const int64_t ids[3] = {b, a, 999};
+  cr_assert_eq(store_nodes_get(st, ids, 3, &got, &ng), 0, "%s", err_msg());
+  cr_assert_eq(store_node_list(st, &list, &nl), 0, "%s", err_msg());
+  cr_assert(ng == 2 && nl == 2, "%d nodes read, %d listed (999 does not exist)", ng, nl);
+  for (int i = 0; i < 2; i++) {
+    cr_assert(got[i].id == list[i].id && got[i].state == list[i].state &&
+              !strcmp(got[i].drain_reason, list[i].drain_reason) &&
+              got[i].n_devices == list[i].n_devices, "node %lld differs", (long long)list[i].id);
+    for (int k = 0; k < got[i].n_devices; k++)
+      cr_assert(got[i].devices[k].index == list[i].devices[k].index &&
+                got[i].devices[k].job_id == list[i].devices[k].job_id);
+  }
+  cr_assert(got[0].id == a && got[0].state == STORE_NODE_DEAD, "by id: a first, dead");
+  cr_assert(got[1].id == b && got[1].state == STORE_NODE_ALIVE);
+  store_nodes_free(got, ng);
+  store_nodes_free(list, nl);
+  store_close(st);
+}
+
 /* Pending reasons of many jobs in one transaction: each written (with its
  * event) only where it changed, and never on a job that is no longer pending. */
 Test(store, pending_reasons_are_written_together_where_they_changed) {
