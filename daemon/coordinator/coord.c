@@ -599,7 +599,11 @@ static void coord_progress(coord_t *c, const store_job_t *j, Fsdp__V1__JobProgre
 void coord_job_changed(coord_t *c, int64_t job) {
   coord_job_t *x;
   HASH_FIND(hh, c->jobs, &job, sizeof job, x);
-  if (x) x->reason_sum = 0; /* whatever the store's reason is now, the next pass writes its own */
+  if (x) { /* whatever the store's reason is now, the next wait's first is written */
+    x->reason_sum = 0, x->reason_stored = 0;
+    free(x->waiting);
+    x->waiting = NULL;
+  }
   store_job_t j;
   int got = 0;
   for (coord_watch_t *w = c->watch, *next; w; w = next) {
@@ -612,7 +616,7 @@ void coord_job_changed(coord_t *c, int64_t job) {
     Fsdp__V1__JobProgress p = FSDP__V1__JOB_PROGRESS__INIT;
     p.job_id = id;
     coord_progress(c, &j, &p);
-    p.message = j.reason;
+    p.message = (char *)coord_job_reason(c, &j);
     if ((int)p.state == w->last_state && p.step == w->last_step) continue;
     w->last_state = (int)p.state, w->last_step = p.step;
     rpc_call_send(w->call, &p.base);
@@ -872,10 +876,24 @@ static int coord_pass_fit(coord_pass_t *ps, const coord_job_t *x, sched_slot_t *
 
 uint64_t coord_reason_sum(const char *why) { return XXH64(why, strlen(why), 0) | 1; }
 
-/* Queues why x waits, unless that is what was written last. */
+const char *coord_job_reason(coord_t *c, const store_job_t *j) {
+  coord_job_t *x = NULL;
+  if (j->state == STORE_JOB_PENDING) HASH_FIND(hh, c->jobs, &j->id, sizeof j->id, x);
+  return x && x->waiting ? x->waiting : j->reason;
+}
+
+/* Records why x waits: the first reason of a wait is queued for the store,
+ * a later one is kept in memory (coord_job_t.reason_sum). */
 static void coord_pass_wait(coord_pass_t *ps, coord_job_t *x, const char *why) {
   const uint64_t sum = coord_reason_sum(why);
   if (x->reason_sum == sum) return;
+  if (x->reason_stored) {
+    char *w = strdup(why);
+    if (!w) return; /* the store's older reason shows meanwhile */
+    free(x->waiting);
+    x->waiting = w, x->reason_sum = sum;
+    return;
+  }
   if (ps->n == ps->cap) {
     const int cap = ps->cap ? 2 * ps->cap : 64;
     int64_t *ids = realloc(ps->ids, (size_t)cap * sizeof *ids);
@@ -943,7 +961,12 @@ void coord_schedule(coord_t *c) {
     if (store_jobs_set_pending_reasons(c->st, ps->ids, (const char *const *)ps->why, ps->n))
       LOG_WARN("coord", "placement: the pending jobs' reasons: %s", err_msg());
     else
-      for (int i = 0; i < ps->n; i++) ps->job[i]->reason_sum = ps->sum[i];
+      for (int i = 0; i < ps->n; i++) {
+        coord_job_t *x = ps->job[i];
+        x->reason_sum = ps->sum[i], x->reason_stored = 1;
+        free(x->waiting);
+        x->waiting = NULL;
+      }
   }
   for (int i = 0; ps && i < ps->n; i++) free(ps->why[i]);
   if (ps) free(ps->ids), free(ps->why), free(ps->job), free(ps->sum);
@@ -985,6 +1008,7 @@ static void coord_job_forget(coord_t *c, int64_t id) {
   HASH_FIND(hh, c->jobs, &id, sizeof id, x);
   if (x) {
     HASH_DEL(c->jobs, x);
+    free(x->waiting);
     free(x);
   }
 }
@@ -1135,6 +1159,7 @@ static void coord_free_cb(uv_handle_t *h) {
   coord_job_t *x, *tmp;
   HASH_ITER(hh, c->jobs, x, tmp) {
     HASH_DEL(c->jobs, x);
+    free(x->waiting);
     free(x);
   }
   store_nodes_free(c->pic, c->pic_n);

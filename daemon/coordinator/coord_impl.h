@@ -79,7 +79,14 @@ typedef struct coord_job {
   shard_mesh_t mesh;
   char ckpt_dir[CONFIG_PATH_MAX]; /* checkpoint_dir ("": none) */
   int keep;                       /* keep_checkpoints */
-  uint64_t reason_sum;            /* XXH64 | 1 of the pending reason last written; 0: none */
+  /* Why it waits (placement's note, with counts that change with every
+   * device taken or freed): the store gets the first reason of each wait,
+   * with its job.pending event; later ones stay here, where replies read
+   * them, so a long queue does not rewrite every row and log an event per
+   * job at each change of the cluster. All three reset by coord_job_changed. */
+  uint64_t reason_sum;            /* XXH64 | 1 of the latest reason; 0: none yet */
+  int reason_stored;              /* this wait's first reason is in the store */
+  char *waiting;                  /* the latest, when the store's is older (heap); NULL */
   UT_hash_handle hh;              /* in coord_t.jobs, by id */
 } coord_job_t;
 
@@ -199,6 +206,9 @@ void coord_job_facts(coord_job_t *x, const config_t *cfg, const plan_t *plan, co
 coord_job_t *coord_job_cache(coord_t *c, const coord_job_t *x);
 /* coord_job_t.reason_sum of a pending reason (never 0). */
 uint64_t coord_reason_sum(const char *why);
+/* The reason a job in the store row j waits: the latest one placement gave
+ * (coord_job_t.waiting) while it is PENDING, else the store's. */
+const char *coord_job_reason(coord_t *c, const store_job_t *j);
 void coord_job_changed(coord_t *c, int64_t job);
 /* The slowest rank's last step of j's current attempt (0 while a rank has
  * not reported), with rank 0's loss and tokens/s when loss is not NULL. */

@@ -155,7 +155,7 @@ static Fsdp__V1__Job *coord_job_msg(coord_t *c, coord_arena_t *a, const store_jo
     m->spec->max_restarts = (uint32_t)j->max_restarts;
   }
   m->state = coord_job_state(j->state);
-  m->reason = coord_str(a, j->reason);
+  m->reason = coord_str(a, coord_job_reason(c, j));
   m->attempt = (uint32_t)j->epoch, m->restarts = (uint32_t)j->restarts;
   m->submitted_unix_ms = j->submitted_ms, m->started_unix_ms = j->started_ms;
   m->ended_unix_ms = j->ended_ms;
@@ -376,7 +376,8 @@ void coord_submit_flush(coord_t *c) {
   for (int i = 0; i < n; i++) {
     if (!rc && !dup[i]) {
       sub[i].facts.id = ids[i];
-      if (!placed[i]) sub[i].facts.reason_sum = coord_reason_sum(why[i]); /* as stored */
+      if (!placed[i]) /* its first reason is stored with it */
+        sub[i].facts.reason_sum = coord_reason_sum(why[i]), sub[i].facts.reason_stored = 1;
       coord_job_cache(c, &sub[i].facts);
       LOG_INFO("coord", "job j-%lld submitted: %s, %d ranks, mesh %s", (long long)ids[i],
                sub[i].name[0] ? sub[i].name : "(no name)", sub[i].world, sub[i].mesh);

@@ -1469,6 +1469,47 @@ static void *bg_beat_main(void *arg) {
   return NULL;
 }
 
+/* Drains (or undrains) node n while its heartbeat is held (so placement
+ * counts it alive), then reads job id's reason once placement has run. */
+static void drain_and_read(const node_t *n, int undrain, const char *id, char *reason, size_t len) {
+  bg_beat_t b = {*n, -1, 0};
+  pthread_t th;
+  cr_assert_eq(pthread_create(&th, NULL, bg_beat_main, &b), 0);
+  nanosleep(&(struct timespec){0, 50000000}, NULL); /* held */
+  Fsdp__V1__DrainNodeRequest q = FSDP__V1__DRAIN_NODE_REQUEST__INIT;
+  q.node_id = (char *)n->id, q.reason = undrain ? "" : "test", q.undrain = undrain;
+  Fsdp__V1__DrainNodeReply *r = NULL;
+  cr_assert_eq(CALL("DrainNode", q, drain_node_reply, &r), 0, "%s", err_msg());
+  reply_free(r);
+  nanosleep(&(struct timespec){0, 100000000}, NULL); /* a tick: placement runs */
+  cr_assert_eq(job_state(id, reason, len), FSDP__V1__JOB_STATE__JOB_STATE_PENDING);
+  pthread_join(th, NULL);
+}
+
+/* A waiting job's reason follows the cluster (GetJob shows the latest), but
+ * only the first reason of its wait goes to the store: a long queue does
+ * not rewrite every row and log an event per job at each change. */
+Test(coordinator, a_waiting_jobs_reason_follows_the_cluster_without_an_event_each_time) {
+  char d[600], id[32], reason[512];
+  data_opt(d, sizeof d);
+  node_t n = {{0}, 0};
+  node_register(&n, "two", 2, 8ull << 30, NULL, 0);
+  const char *kv[] = {"model=tiny", d, "steps=3", NULL};
+  cr_assert_eq(submit(4, kv, id, sizeof id), 0, "%s", err_msg()); /* 4 ranks: never fits */
+  drain_and_read(&n, 0, id, reason, sizeof reason);
+  cr_expect(strstr(reason, "2 on drained nodes"), "%s", reason);
+  drain_and_read(&n, 1, id, reason, sizeof reason);
+  cr_expect(!strstr(reason, "drained") && strstr(reason, ": 2 free"), "%s", reason);
+  Fsdp__V1__ListEventsRequest q = FSDP__V1__LIST_EVENTS_REQUEST__INIT;
+  q.job_id = id;
+  Fsdp__V1__ListEventsReply *r = NULL;
+  cr_assert_eq(CALL("ListEvents", q, list_events_reply, &r), 0, "%s", err_msg());
+  int pending = 0;
+  for (size_t i = 0; i < r->n_events; i++) pending += !strcmp(r->events[i]->kind, "job.pending");
+  reply_free(r);
+  cr_expect_eq(pending, 0, "%d job.pending events: the submit stored its first reason", pending);
+}
+
 Test(coordinator, a_node_registering_again_gets_its_assignments_on_its_new_session) {
   char d[600], id[32];
   data_opt(d, sizeof d);
