@@ -691,10 +691,7 @@ static int coord_id_cmp(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* Brings c->pic (every node and its devices as the store has them) up to
- * date: the nodes the store says changed are read again, or all of them
- * the first time, after a failure, or when too many changed. */
-static int coord_pic_refresh(coord_t *c) {
+int coord_pic_refresh(coord_t *c) {
   int64_t *ids = NULL;
   int n = 0, all = 0, rc;
   store_nodes_touched(c->st, &ids, &n, &all);

@@ -196,6 +196,10 @@ typedef struct coord_pic {
   sched_node_t *sn;
   sched_device_t *sd;
 } coord_pic_t;
+/* Brings coord_t.pic (every node and its devices as the store has them) up
+ * to date: the nodes the store says changed are read again, or all of them
+ * the first time, after a failure, or when too many changed. */
+int coord_pic_refresh(coord_t *c);
 int coord_pic_load(coord_t *c, coord_pic_t *p);
 void coord_pic_free(coord_pic_t *p);
 int coord_fit(coord_pic_t *p, const coord_job_t *x, sched_slot_t *slot, char *note, size_t len);

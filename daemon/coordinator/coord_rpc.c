@@ -209,16 +209,14 @@ static int coord_text_ok(const char *what, const char *s, size_t max) {
 
 /* The least memory of any device a job could land on (0: no device known). */
 static uint64_t coord_smallest_device(coord_t *c) {
-  if (!c->nodes_changed) return c->least_device; /* read again after a node came or went */
-  store_node_t *nodes = NULL;
-  int nn = 0;
-  uint64_t least = 0;
-  if (store_node_list(c->st, &nodes, &nn)) return 0;
+  if (!c->nodes_changed) return c->least_device; /* looked at again after a node came or went */
+  if (coord_pic_refresh(c)) return 0;
   c->nodes_changed = 0;
-  for (int i = 0; i < nn; i++)
-    for (int k = 0; nodes[i].state == STORE_NODE_ALIVE && k < nodes[i].n_devices; k++)
-      if (!least || nodes[i].devices[k].memory_bytes < least) least = nodes[i].devices[k].memory_bytes;
-  store_nodes_free(nodes, nn);
+  uint64_t least = 0;
+  for (int i = 0; i < c->pic_n; i++)
+    for (int k = 0; c->pic[i].state == STORE_NODE_ALIVE && k < c->pic[i].n_devices; k++)
+      if (!least || c->pic[i].devices[k].memory_bytes < least)
+        least = c->pic[i].devices[k].memory_bytes;
   return c->least_device = least;
 }
 
@@ -578,7 +576,7 @@ static void coord_drain_cb(rpc_call_t *call, const ProtobufCMessage *req, void *
     rc = store_node_drain(c->st, id, q->undrain ? NULL : q->reason);
   store_node_t *nodes = NULL;
   int nn = 0;
-  if (!rc) rc = store_node_list(c->st, &nodes, &nn);
+  if (!rc) rc = store_nodes_get(c->st, &id, 1, &nodes, &nn);
   if (rc) {
     rpc_call_finish(call, rc);
     return;
