@@ -565,6 +565,8 @@ out:
 /* ---- events: what status and events print ---------------------------------------------- */
 
 #define CTL_EVENTS_POLL_MS 1000 /* events --follow: how often it asks for new ones */
+#define CTL_JOBS_DEFAULT 1000   /* jobs: the newest this many unless --limit says */
+#define CTL_JOBS_PAGES 4096     /* jobs: pages asked for at most (each under 4 MiB) */
 #define CTL_STATUS_EVENTS 5     /* status: the job's latest events shown */
 
 /* One page of events: the newest limit (after_id < 0), or those after
@@ -649,36 +651,59 @@ static int cmd_jobs(ctl_t *c, int argc, char **argv) {
       return ctl_unknown(c, argv[i]);
     }
   }
-  Fsdp__V1__ListJobsRequest req = FSDP__V1__LIST_JOBS_REQUEST__INIT;
-  req.states = states;
-  req.n_states = ns;
-  req.limit = (uint32_t)limit;
-  Fsdp__V1__ListJobsReply *rep = NULL;
-  int rc = ctl_call(c, "ListJobs", &req.base, &fsdp__v1__list_jobs_reply__descriptor, &rep);
-  if (rc) return ctl_fail(c, rc, "listing jobs");
-  if (c->json) {
-    rc = ctl_json_list(c, (void *const *)rep->jobs, rep->n_jobs);
-    ctl_free(rep);
-    return rc;
+  /* pages, newest first, until the limit is reached or none is left: a
+   * reply holds what fits in one message */
+  if (!limit) limit = CTL_JOBS_DEFAULT;
+  Fsdp__V1__ListJobsReply *page[CTL_JOBS_PAGES];
+  int np = 0, rc = 0;
+  size_t got = 0;
+  for (int64_t before = 0; np < CTL_JOBS_PAGES && got < limit;) {
+    Fsdp__V1__ListJobsRequest req = FSDP__V1__LIST_JOBS_REQUEST__INIT;
+    req.states = states;
+    req.n_states = ns;
+    req.limit = (uint32_t)(limit - got);
+    req.before_id = before;
+    Fsdp__V1__ListJobsReply *rep = NULL;
+    if ((rc = ctl_call(c, "ListJobs", &req.base, &fsdp__v1__list_jobs_reply__descriptor, &rep))) break;
+    page[np++] = rep;
+    got += rep->n_jobs;
+    if (!rep->next_before_id || !rep->n_jobs) break;
+    before = rep->next_before_id;
   }
-  static const char *const h[] = {"JOB", "NAME", "STATE", "STEP", "RESTARTS", "AGE", "REASON", NULL};
-  table_t *t = table_create(1u << 4, h);
-  int64_t now = table_now_ms();
-  for (size_t i = 0; t && i < rep->n_jobs; i++) {
-    const Fsdp__V1__Job *j = rep->jobs[i];
-    char steps[48], age[32];
-    ctl_steps(steps, sizeof steps, j->step, j->total_steps);
-    table_age(age, sizeof age, now, j->submitted_unix_ms);
-    table_cell(t, "%s", j->job_id);
-    table_cell(t, "%s", j->spec && *j->spec->name ? j->spec->name : "-");
-    table_cell(t, "%s", JOB_STATE(j->state));
-    table_cell(t, "%s", steps);
-    table_cell(t, "%u", j->restarts);
-    table_cell(t, "%s", age);
-    table_cell(t, "%s", *j->reason ? j->reason : "-");
+  /* oldest first: the last page's jobs, then the one before's, ... */
+  const Fsdp__V1__Job **jobs = rc ? NULL : calloc(got + 1, sizeof *jobs);
+  size_t n = 0;
+  for (int p = np - 1; jobs && p >= 0; p--)
+    for (size_t i = 0; i < page[p]->n_jobs; i++) jobs[n++] = page[p]->jobs[i];
+  int code = CTL_EXIT_OK;
+  if (rc) {
+    code = ctl_fail(c, rc, "listing jobs");
+  } else if (!jobs) {
+    code = ctl_fail(c, FSDP_ENOMEM, "listing jobs");
+  } else if (c->json) {
+    code = ctl_json_list(c, (void *const *)jobs, n);
+  } else {
+    static const char *const h[] = {"JOB", "NAME", "STATE", "STEP", "RESTARTS", "AGE", "REASON", NULL};
+    table_t *t = table_create(1u << 4, h);
+    int64_t now = table_now_ms();
+    for (size_t i = 0; t && i < n; i++) {
+      const Fsdp__V1__Job *j = jobs[i];
+      char steps[48], age[32];
+      ctl_steps(steps, sizeof steps, j->step, j->total_steps);
+      table_age(age, sizeof age, now, j->submitted_unix_ms);
+      table_cell(t, "%s", j->job_id);
+      table_cell(t, "%s", j->spec && *j->spec->name ? j->spec->name : "-");
+      table_cell(t, "%s", JOB_STATE(j->state));
+      table_cell(t, "%s", steps);
+      table_cell(t, "%u", j->restarts);
+      table_cell(t, "%s", age);
+      table_cell(t, "%s", *j->reason ? j->reason : "-");
+    }
+    code = ctl_table_out(c, t);
   }
-  ctl_free(rep);
-  return ctl_table_out(c, t);
+  free(jobs);
+  for (int p = 0; p < np; p++) ctl_free(page[p]);
+  return code;
 }
 
 /* A job's own fields as a two-column table without headers. */
@@ -1169,7 +1194,8 @@ static const ctl_cmd_t ctl_cmds[] = {
      "Jobs: id, name, state, step of total, restarts, age, reason (cut to the terminal).\n"
      "  --state S   only jobs in state S (PENDING, RUNNING, RESTARTING, SUCCEEDED,\n"
      "              FAILED, CANCELLED); repeat for several\n"
-     "  --limit N   at most N jobs (0: the coordinator's default)\n"},
+     "  --limit N   the newest N jobs (default 1000); more than one reply holds\n"
+     "              are asked for a page at a time\n"},
     {"status", cmd_status, "status JOB",
      "One job: its state and why, steps, attempts and times, then its ranks (node,\n"
      "device, state, step, loss, tokens/s), then its latest 5 events (fsdpctl events\n"

@@ -20,6 +20,7 @@
 #include "daemon/job/shard.h"
 
 #define COORD_LIST_DEFAULT 1000 /* ListJobs without a limit: the newest this many */
+#define COORD_REPLY_BYTES (3u << 20) /* a ListJobs page stays under this (gRPC's 4 MiB limit) */
 #define COORD_VALUE_MAX 4096    /* longest option value accepted */
 #define COORD_EVENTS_DEFAULT 100  /* ListEvents without a limit */
 #define COORD_EVENTS_MAX 5000     /* the most one ListEvents answers: 5000 of the longest
@@ -417,7 +418,11 @@ static void coord_list_jobs_cb(rpc_call_t *call, const ProtobufCMessage *req, vo
   int n = 0;
   /* newest last; of the matching ones, the newest `limit`; states asked for
    * that no job can be in (UNSPECIFIED, unknown numbers) match nothing */
-  int rc = q->n_states && !states ? FSDP_OK : store_job_list(c->st, states, (int)limit, &jobs, &n);
+  int rc = q->before_id < 0 ? err_set(FSDP_EINVAL, "before_id: %lld; give 0 for the newest, or "
+                                      "the next_before_id of the last reply", (long long)q->before_id)
+           : q->n_states && !states
+               ? FSDP_OK
+               : store_job_list(c->st, states, q->before_id, (int)limit, &jobs, &n);
   if (rc) {
     rpc_call_finish(call, rc);
     return;
@@ -425,7 +430,21 @@ static void coord_list_jobs_cb(rpc_call_t *call, const ProtobufCMessage *req, vo
   coord_arena_t a = {0};
   Fsdp__V1__ListJobsReply rep = FSDP__V1__LIST_JOBS_REPLY__INIT;
   rep.jobs = coord_alloc(&a, (size_t)n * sizeof *rep.jobs);
-  for (int i = 0; rep.jobs && i < n; i++) rep.jobs[rep.n_jobs++] = coord_job_msg(c, &a, &jobs[i], 0);
+  /* newest first until the reply would pass COORD_REPLY_BYTES: the rest is the next page */
+  size_t bytes = 0;
+  int first = n;
+  while (rep.jobs && first > 0) {
+    Fsdp__V1__Job *m = coord_job_msg(c, &a, &jobs[first - 1], 0);
+    const size_t b = m ? protobuf_c_message_get_packed_size(&m->base) + 8 : 0;
+    if (!m || (bytes + b > COORD_REPLY_BYTES && first < n)) break;
+    bytes += b;
+    rep.jobs[--first] = m;
+  }
+  if (rep.jobs) {
+    rep.n_jobs = (size_t)(n - first);
+    memmove(rep.jobs, rep.jobs + first, rep.n_jobs * sizeof *rep.jobs);
+    if (first > 0) rep.next_before_id = jobs[first].id;
+  }
   store_jobs_free(jobs, n);
   coord_reply(call, &a, &rep.base);
 }

@@ -1503,7 +1503,8 @@ void store_job_free(store_job_t *job) {
   job->spec = NULL;
 }
 
-int store_job_list(store_t *st, unsigned states, int limit, store_job_t **jobs, int *n) {
+int store_job_list(store_t *st, unsigned states, int64_t before_id, int limit, store_job_t **jobs,
+                   int *n) {
   const char *name[STORE_JOB_CANCELLED + 1]; /* the states asked for; NULL matches none */
   for (int i = 0; i <= STORE_JOB_CANCELLED; i++)
     name[i] = !states || (states & STORE_JOB_BIT(i)) ? store_job_state_name((store_job_state_t)i) : NULL;
@@ -1512,9 +1513,9 @@ int store_job_list(store_t *st, unsigned states, int limit, store_job_t **jobs, 
   if (rc) return rc;
   rc = st_collect(st, store_job_t, job_row, jobs, n,
                   "SELECT * FROM (SELECT " JOB_COLS " FROM jobs WHERE state IN (?, ?, ?, ?, ?) "
-                  "ORDER BY id DESC LIMIT ?) ORDER BY id",
+                  "AND id < ? ORDER BY id DESC LIMIT ?) ORDER BY id",
                   A_T(name[0]), A_T(name[1]), A_T(name[2]), A_T(name[3]), A_T(name[4]),
-                  A_I(limit > 0 ? limit : -1));
+                  A_I(before_id > 0 ? before_id : INT64_MAX), A_I(limit > 0 ? limit : -1));
   return store_end(st, rc);
 }
 

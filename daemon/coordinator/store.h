@@ -370,11 +370,11 @@ int store_job_by_request(store_t *st, const char *request_id, int64_t *job_id);
 int store_job_get(store_t *st, int64_t job_id, store_job_t *job);
 void store_job_free(store_job_t *job);
 /* The jobs whose state is in states (a mask of 1 << store_job_state_t; 0:
- * any), the newest limit of them (0: all), by id (spec left NULL); free with
- * store_jobs_free. Through the state index: what the scheduler asks for
- * (the pending ones) costs what is pending, not the whole history. */
+ * any) and whose id is below before_id (<= 0: any), the newest limit of
+ * them (0: all), by id (spec left NULL); free with store_jobs_free. */
 #define STORE_JOB_BIT(s) (1u << (s))
-int store_job_list(store_t *st, unsigned states, int limit, store_job_t **jobs, int *n);
+int store_job_list(store_t *st, unsigned states, int64_t before_id, int limit, store_job_t **jobs,
+                   int *n);
 /* Retention of ended jobs. store_job_purgeable: the ids (malloc'd; free
  * them) of at most max jobs that ended (SUCCEEDED, FAILED, CANCELLED)
  * before before_ms, the earliest ended first (ids are AUTOINCREMENT: a

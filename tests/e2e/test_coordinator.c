@@ -966,6 +966,52 @@ static void db_exec(const char *path, const char *fmt, ...) {
   sqlite3_close(h);
 }
 
+/* A listing bigger than one reply comes in pages: each under gRPC's 4 MiB,
+ * the newest first, next_before_id where the next starts, every job once. */
+Test(coordinator, a_long_job_listing_comes_in_pages, .timeout = 60) {
+  char db[600];
+  snprintf(db, sizeof db, "%s", co_db);
+  teardown();
+  /* 6,000 failed jobs with 600-byte reasons: about 4 MiB of listing */
+  db_exec(db, "WITH RECURSIVE k(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM k WHERE i < 6000) "
+              "INSERT INTO jobs(name, spec, world_size, mesh, state, reason, max_restarts, "
+              "submitted_ms, ended_ms, checkpoint_dir) SELECT 'old-' || i, '', 1, '1x1', 'FAILED', "
+              "printf('%%.600c', 'x'), 0, 1, 2, '' FROM k");
+  co_start(db, "127.0.0.1:0", NULL);
+  client_for(&co, NULL);
+  Fsdp__V1__ListJobsRequest q = FSDP__V1__LIST_JOBS_REQUEST__INIT;
+  q.limit = 6000;
+  int64_t seen = 0, last_min = INT64_MAX;
+  int pages = 0;
+  do {
+    Fsdp__V1__ListJobsReply *r = NULL;
+    cr_assert_eq(CALL("ListJobs", q, list_jobs_reply, &r), 0, "page %d: %s", pages, err_msg());
+    cr_assert_gt(r->n_jobs, 0);
+    const size_t bytes = protobuf_c_message_get_packed_size(&r->base);
+    cr_assert_lt(bytes, 4u << 20, "a page of %zu bytes", bytes);
+    for (size_t i = 0; i < r->n_jobs; i++) {
+      const int64_t id = strtoll(r->jobs[i]->job_id + 2, NULL, 10);
+      cr_assert_lt(id, last_min, "j-%lld twice or out of order", (long long)id);
+      if (i) cr_assert_gt(id, strtoll(r->jobs[i - 1]->job_id + 2, NULL, 10), "oldest first");
+    }
+    last_min = strtoll(r->jobs[0]->job_id + 2, NULL, 10);
+    seen += (int64_t)r->n_jobs;
+    q.limit = 6000 - (uint32_t)seen;
+    q.before_id = r->next_before_id;
+    cr_assert(!r->next_before_id || r->next_before_id == last_min, "next page below j-%lld: %lld",
+              (long long)last_min, (long long)r->next_before_id);
+    reply_free(r);
+    pages++;
+  } while (q.before_id && pages < 10);
+  cr_assert_eq(seen, 6000, "%lld jobs in %d pages", (long long)seen, pages);
+  cr_assert_geq(pages, 2, "4 MiB of jobs in one reply");
+  cr_assert_eq(last_min, 1);
+  q.before_id = -1;
+  Fsdp__V1__ListJobsReply *r = NULL;
+  cr_expect_eq(CALL("ListJobs", q, list_jobs_reply, &r), FSDP_EINVAL);
+  cr_expect(strstr(err_msg(), "before_id"), "%s", err_msg());
+}
+
 static int cancel(const char *id) {
   Fsdp__V1__CancelJobRequest q = FSDP__V1__CANCEL_JOB_REQUEST__INIT;
   q.job_id = (char *)id, q.reason = "test";

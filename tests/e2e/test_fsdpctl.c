@@ -154,6 +154,28 @@ static void h_get_job(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
 static void h_list_jobs(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   (void)arg;
   rec_put(rpc_call_method(call), m);
+  const Fsdp__V1__ListJobsRequest *req = (const void *)m;
+  if (req->limit == 5 || (req->before_id && req->limit < 5)) {
+    /* a coordinator with j-1..j-9 whose replies hold 2 jobs each: the
+     * newest 2 below before_id, oldest first, and where to go on */
+    static Fsdp__V1__Job pj[2];
+    static Fsdp__V1__JobSpec ps[2];
+    static char pid[2][16];
+    Fsdp__V1__Job *jobs[2];
+    const int top = req->before_id ? (int)req->before_id - 1 : 9;
+    int k = 0;
+    for (int id = top - ((int)req->limit < 2 ? (int)req->limit : 2) + 1; id <= top; id++, k++) {
+      snprintf(pid[k], sizeof pid[k], "j-%d", id);
+      fill_job(&pj[k], &ps[k], NULL, NULL, pid[k]);
+      jobs[k] = &pj[k];
+    }
+    Fsdp__V1__ListJobsReply rep = FSDP__V1__LIST_JOBS_REPLY__INIT;
+    rep.jobs = jobs;
+    rep.n_jobs = (size_t)k;
+    rep.next_before_id = top - k + 1 > 1 ? top - k + 1 : 0;
+    rpc_call_reply(call, &rep.base);
+    return;
+  }
   Fsdp__V1__Job a, b, *jobs[2] = {&a, &b};
   Fsdp__V1__JobSpec sa, sb;
   fill_job(&a, &sa, NULL, NULL, "j-42");
@@ -657,6 +679,28 @@ Test(fsdpctl, jobs_table_json_and_state_filter) {
   cr_assert_eq(json_integer_value(json_object_get(b, "restarts")), 2);
   cr_assert_eq(json_integer_value(json_object_get(b, "total_steps")), 300);
   json_decref(j);
+}
+
+/* More jobs than one reply holds: fsdpctl asks page after page (below the
+ * oldest id it has) until it has --limit of them, and prints them oldest
+ * first. */
+Test(fsdpctl, jobs_are_listed_a_page_at_a_time) {
+  fake_start(NULL, NULL);
+  cr_assert_eq(CTL("jobs", "--limit", "5", "-o", "json"), 0, "%s", err);
+  json_t *j = parse_json(out);
+  cr_assert(json_is_array(j) && json_array_size(j) == 5, "%s", out);
+  for (int i = 0; i < 5; i++) {
+    char want[16];
+    snprintf(want, sizeof want, "j-%d", 5 + i);
+    cr_assert_str_eq(json_string_value(json_object_get(json_array_get(j, (size_t)i), "job_id")), want);
+  }
+  json_decref(j);
+  int calls;
+  Fsdp__V1__ListJobsRequest *req = rec_get("ListJobs", &fsdp__v1__list_jobs_request__descriptor, &calls);
+  cr_assert_eq(calls, 3, "5 jobs in pages of 2: %d calls", calls);
+  cr_assert(req->limit == 1 && req->before_id == 6, "the last page: limit %u below %lld", req->limit,
+            (long long)req->before_id);
+  protobuf_c_message_free_unpacked(&req->base, NULL);
 }
 
 Test(fsdpctl, status_shows_the_job_and_its_ranks) {

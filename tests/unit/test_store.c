@@ -282,7 +282,7 @@ Test(store, a_batch_of_submits_is_stored_all_or_none) {
   cr_assert(strstr(err_msg(), "b2"), "names the job: %s", err_msg());
   store_job_t *all;
   int n;
-  cr_assert_eq(store_job_list(st, 0, 0, &all, &n), 0);
+  cr_assert_eq(store_job_list(st, 0, 0, 0, &all, &n), 0);
   cr_assert_eq(n, 3, "none of the refused batch was stored");
   cr_assert(all[2].spec == NULL && all[2].world_size == 4);
   store_jobs_free(all, n);
@@ -299,20 +299,25 @@ Test(store, jobs_are_listed_by_state_newest_limit_first) {
   cr_assert_eq(store_job_cancel(st, id[4], "test", &was), 0, "%s", err_msg());
   struct {
     unsigned states;
+    int64_t before;
     int limit, n;
     int64_t want[6];
   } cases[] = {
-      {0, 0, 6, {id[0], id[1], id[2], id[3], id[4], id[5]}},
-      {STORE_JOB_BIT(STORE_JOB_PENDING), 0, 4, {id[0], id[2], id[3], id[5]}},
-      {STORE_JOB_BIT(STORE_JOB_PENDING), 2, 2, {id[3], id[5]}},
-      {STORE_JOB_BIT(STORE_JOB_CANCELLED), 0, 2, {id[1], id[4]}},
-      {STORE_JOB_BIT(STORE_JOB_CANCELLED) | STORE_JOB_BIT(STORE_JOB_PENDING), 3, 3, {id[3], id[4], id[5]}},
-      {STORE_JOB_BIT(STORE_JOB_RUNNING), 0, 0, {0}},
+      {0, 0, 0, 6, {id[0], id[1], id[2], id[3], id[4], id[5]}},
+      {STORE_JOB_BIT(STORE_JOB_PENDING), 0, 0, 4, {id[0], id[2], id[3], id[5]}},
+      {STORE_JOB_BIT(STORE_JOB_PENDING), 0, 2, 2, {id[3], id[5]}},
+      {STORE_JOB_BIT(STORE_JOB_CANCELLED), 0, 0, 2, {id[1], id[4]}},
+      {STORE_JOB_BIT(STORE_JOB_CANCELLED) | STORE_JOB_BIT(STORE_JOB_PENDING), 0, 3, 3, {id[3], id[4], id[5]}},
+      {STORE_JOB_BIT(STORE_JOB_RUNNING), 0, 0, 0, {0}},
+      /* the next page: below an id */
+      {STORE_JOB_BIT(STORE_JOB_PENDING), id[3], 2, 2, {id[0], id[2]}},
+      {0, id[2], 0, 2, {id[0], id[1]}},
   };
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
     store_job_t *v;
     int n;
-    cr_assert_eq(store_job_list(st, cases[c].states, cases[c].limit, &v, &n), 0, "%s", err_msg());
+    cr_assert_eq(store_job_list(st, cases[c].states, cases[c].before, cases[c].limit, &v, &n), 0,
+                 "%s", err_msg());
     cr_expect_eq(n, cases[c].n, "case %zu: %d jobs", c, n);
     for (int i = 0; i < n && i < cases[c].n; i++)
       cr_expect_eq(v[i].id, cases[c].want[i], "case %zu, job %d: j-%lld", c, i, (long long)v[i].id);
@@ -818,7 +823,7 @@ Test(store, a_second_writer_waits_then_times_out_with_a_message) {
   /* readers are not blocked by the writer (WAL) */
   store_job_t *jobs;
   int n;
-  cr_assert_eq(store_job_list(st, 0, 0, &jobs, &n), 0, "%s", err_msg());
+  cr_assert_eq(store_job_list(st, 0, 0, 0, &jobs, &n), 0, "%s", err_msg());
   store_jobs_free(jobs, n);
   sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
   sqlite3_close(db);
