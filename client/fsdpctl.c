@@ -294,27 +294,53 @@ static void ctl_devices(char *buf, size_t n, const Fsdp__V1__NodeInfo *node) {
   if (!node->n_devices) snprintf(buf, n, "none");
 }
 
+#define CTL_NODES_PAGES 4096 /* nodes: pages asked for at most (each under 4 MiB) */
+static int ctl_nodes_table(ctl_t *c, const Fsdp__V1__NodeInfo *const *nodes, size_t nn);
+
 static int cmd_nodes(ctl_t *c, int argc, char **argv) {
   for (int i = 0; i < argc; i++) {
     int r = ctl_global_opt(c, argc, argv, &i);
     if (r < 0) return CTL_EXIT_INVALID;
     if (!r) return ctl_unknown(c, argv[i]);
   }
-  Fsdp__V1__ListNodesRequest req = FSDP__V1__LIST_NODES_REQUEST__INIT;
-  Fsdp__V1__ListNodesReply *rep = NULL;
-  int rc = ctl_call(c, "ListNodes", &req.base, &fsdp__v1__list_nodes_reply__descriptor, &rep);
-  if (rc) return ctl_fail(c, rc, "listing nodes");
-  if (c->json) {
-    rc = ctl_json_list(c, (void *const *)rep->nodes, rep->n_nodes);
-    ctl_free(rep);
-    return rc;
+  /* a page at a time: a reply holds what fits in one message */
+  Fsdp__V1__ListNodesReply *page[CTL_NODES_PAGES];
+  int np = 0, rc = 0;
+  size_t total = 0;
+  for (int64_t after = 0; np < CTL_NODES_PAGES;) {
+    Fsdp__V1__ListNodesRequest req = FSDP__V1__LIST_NODES_REQUEST__INIT;
+    req.after_id = after;
+    Fsdp__V1__ListNodesReply *rep = NULL;
+    if ((rc = ctl_call(c, "ListNodes", &req.base, &fsdp__v1__list_nodes_reply__descriptor, &rep))) break;
+    page[np++] = rep;
+    total += rep->n_nodes;
+    if (!rep->next_after_id || !rep->n_nodes) break;
+    after = rep->next_after_id;
   }
+  const Fsdp__V1__NodeInfo **nodes = rc ? NULL : calloc(total + 1, sizeof *nodes);
+  size_t nn = 0;
+  for (int p = 0; nodes && p < np; p++)
+    for (size_t i = 0; i < page[p]->n_nodes; i++) nodes[nn++] = page[p]->nodes[i];
+  if (rc || !nodes) {
+    rc = ctl_fail(c, rc ? rc : FSDP_ENOMEM, "listing nodes");
+  } else if (c->json) {
+    rc = ctl_json_list(c, (void *const *)nodes, nn);
+  } else {
+    rc = ctl_nodes_table(c, nodes, nn);
+  }
+  free(nodes);
+  for (int p = 0; p < np; p++) ctl_free(page[p]);
+  return rc;
+}
+
+/* fsdpctl nodes' table. */
+static int ctl_nodes_table(ctl_t *c, const Fsdp__V1__NodeInfo *const *nodes, size_t nn) {
   static const char *const h[] = {"NODE", "HOST", "STATE", "ADDRESS", "HEARTBEAT", "DEVICES",
                                   "MEMORY (USED / TOTAL)", "DRAINED", NULL};
   table_t *t = table_create(0, h);
   int64_t now = table_now_ms();
-  for (size_t i = 0; t && i < rep->n_nodes; i++) {
-    const Fsdp__V1__NodeInfo *n = rep->nodes[i];
+  for (size_t i = 0; t && i < nn; i++) {
+    const Fsdp__V1__NodeInfo *n = nodes[i];
     char age[32], dev[256], used[32], total[32];
     uint64_t u = 0, tot = 0;
     for (size_t j = 0; j < n->n_devices; j++) u += n->devices[j]->used_bytes, tot += n->devices[j]->total_bytes;
@@ -331,7 +357,6 @@ static int cmd_nodes(ctl_t *c, int argc, char **argv) {
     table_cell(t, "%s / %s", used, total);
     table_cell(t, "%s", *n->drain_reason ? n->drain_reason : "-");
   }
-  ctl_free(rep);
   return ctl_table_out(c, t);
 }
 
@@ -1090,6 +1115,7 @@ static int ctl_rank_node(ctl_t *c, const char *job, unsigned rank, char **addr, 
   }
   ctl_free(gr);
   Fsdp__V1__ListNodesRequest nq = FSDP__V1__LIST_NODES_REQUEST__INIT;
+  nq.node_id = node; /* that node only */
   Fsdp__V1__ListNodesReply *nr = NULL;
   if ((rc = ctl_call(c, "ListNodes", &nq.base, &fsdp__v1__list_nodes_reply__descriptor, &nr))) return rc;
   for (size_t i = 0; i < nr->n_nodes && !*addr; i++)

@@ -713,7 +713,8 @@ int coord_pic_refresh(coord_t *c) {
   rc = k ? store_nodes_get(c->st, ids, k, &got, &ng) : FSDP_OK;
   free(ids);
   if (rc) return c->pic_ok = 0, rc; /* the ids are spent: read everything next time */
-  store_node_t *grown = ng ? realloc(c->pic, (size_t)(c->pic_n + ng) * sizeof *grown) : c->pic;
+  if (!ng) return FSDP_OK;
+  store_node_t *grown = realloc(c->pic, (size_t)(c->pic_n + ng) * sizeof *grown);
   if (!grown) {
     store_nodes_free(got, ng);
     return c->pic_ok = 0, err_set(FSDP_ENOMEM, "coordinator: out of memory placing jobs");

@@ -20,7 +20,7 @@
 #include "daemon/job/shard.h"
 
 #define COORD_LIST_DEFAULT 1000 /* ListJobs without a limit: the newest this many */
-#define COORD_REPLY_BYTES (3u << 20) /* a ListJobs page stays under this (gRPC's 4 MiB limit) */
+#define COORD_REPLY_BYTES (3u << 20) /* a ListJobs or ListNodes page stays under this (gRPC's 4 MiB) */
 #define COORD_VALUE_MAX 4096    /* longest option value accepted */
 #define COORD_EVENTS_DEFAULT 100  /* ListEvents without a limit */
 #define COORD_EVENTS_MAX 5000     /* the most one ListEvents answers: 5000 of the longest
@@ -347,7 +347,10 @@ void coord_submit_flush(coord_t *c) {
   coord_pic_t p;
   int pic = 0, rc = js && ids && slot && why && placed ? FSDP_OK
                                                      : err_set(FSDP_ENOMEM, "coordinator: out of memory");
-  if (!rc) pic = !coord_pic_load(c, &p);
+  if (!rc && !(pic = !coord_pic_load(c, &p))) { /* stored unplaced: the next pass places them */
+    LOG_WARN("coord", "placement of this turn's submits: %s", err_msg());
+    c->dirty = 1;
+  }
   /* fitted before they are stored, so a job that waits is stored with its
    * reason; a second submit of the turn with the same request id is the
    * first's job (dup[i]: its index + 1) */
@@ -558,25 +561,43 @@ static Fsdp__V1__NodeInfo *coord_node_msg(coord_t *c, coord_arena_t *a, const st
   return m;
 }
 
+/* ListNodes from the in-memory picture (coord_pic_refresh): one node, or a
+ * page after an id that stops short of COORD_REPLY_BYTES. */
 static void coord_nodes_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
   coord_t *c = arg;
-  (void)req;
-  store_node_t *nodes = NULL;
-  int nn = 0;
-  int rc = store_node_list(c->st, &nodes, &nn);
+  const Fsdp__V1__ListNodesRequest *q = (const void *)req;
+  const int64_t one = q->node_id[0] ? coord_id_parse(q->node_id, 'n') : 0;
+  int rc = q->node_id[0] && !one
+               ? err_set(FSDP_ENOTFOUND, "node_id: '%.64s' is not a node id (they read n-3)",
+                         q->node_id)
+           : q->after_id < 0 ? err_set(FSDP_EINVAL, "after_id: %lld; give 0 for the first page, "
+                                       "or the next_after_id of the last reply",
+                                       (long long)q->after_id)
+                             : coord_pic_refresh(c);
+  int lo = 0, hi = c->pic_n; /* c->pic[lo..hi) by id: those after after_id, or the one asked for */
+  while (!rc && lo < hi && c->pic[lo].id <= (one ? one - 1 : q->after_id)) lo++;
+  if (!rc && one && (lo == hi || c->pic[lo].id != one))
+    rc = err_set(FSDP_ENOTFOUND, "node %s: no such node (fsdpctl nodes lists them)", q->node_id);
+  if (one) hi = lo + 1;
   if (rc) {
     rpc_call_finish(call, rc);
     return;
   }
   coord_arena_t a = {0};
   Fsdp__V1__ListNodesReply rep = FSDP__V1__LIST_NODES_REPLY__INIT;
-  rep.nodes = coord_alloc(&a, (size_t)nn * sizeof *rep.nodes);
-  for (int i = 0; rep.nodes && i < nn; i++) {
-    Fsdp__V1__NodeInfo *m = coord_node_msg(c, &a, &nodes[i]);
+  rep.nodes = coord_alloc(&a, (size_t)(hi - lo) * sizeof *rep.nodes);
+  size_t bytes = 0;
+  for (int i = lo; rep.nodes && i < hi; i++) {
+    Fsdp__V1__NodeInfo *m = coord_node_msg(c, &a, &c->pic[i]);
     if (!m) break;
+    const size_t b = protobuf_c_message_get_packed_size(&m->base) + 8;
+    if (rep.n_nodes && bytes + b > COORD_REPLY_BYTES) {
+      rep.next_after_id = c->pic[i - 1].id;
+      break;
+    }
+    bytes += b;
     rep.nodes[rep.n_nodes++] = m;
   }
-  store_nodes_free(nodes, nn);
   coord_reply(call, &a, &rep.base);
 }
 

@@ -1012,6 +1012,72 @@ Test(coordinator, a_long_job_listing_comes_in_pages, .timeout = 60) {
   cr_expect(strstr(err_msg(), "before_id"), "%s", err_msg());
 }
 
+/* ListNodes: a page stops short of 4 MiB and says where the next starts
+ * (12,000 nodes of 8 devices with long names: several pages, every node
+ * once, by id); node_id asks for one node only. */
+Test(coordinator, a_long_node_listing_comes_in_pages, .timeout = 60) {
+  char db[600];
+  snprintf(db, sizeof db, "%s", co_db);
+  teardown();
+  db_exec(db, "WITH RECURSIVE k(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM k WHERE i < 12000) "
+              "INSERT INTO nodes(id, name, address, state, registered_ms, last_seen_ms) "
+              "SELECT i, printf('node-%%06d.%%.90c', i, 'x'), '10.0.0.1:7071', 'DEAD', 1, 1 FROM k");
+  db_exec(db, "WITH RECURSIVE k(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM k WHERE i < 7) "
+              "INSERT INTO devices(node_id, idx, kind, name, memory_bytes) "
+              "SELECT n.id, k.i, 'cuda', printf('%%.100c', 'g'), 85899345920 FROM nodes n, k");
+  co_start(db, "127.0.0.1:0", NULL);
+  client_for(&co, NULL);
+  Fsdp__V1__ListNodesRequest q = FSDP__V1__LIST_NODES_REQUEST__INIT;
+  int64_t seen = 0, last = 0;
+  int pages = 0;
+  do {
+    Fsdp__V1__ListNodesReply *r = NULL;
+    cr_assert_eq(CALL("ListNodes", q, list_nodes_reply, &r), 0, "page %d: %s", pages, err_msg());
+    const size_t bytes = protobuf_c_message_get_packed_size(&r->base);
+    cr_assert_lt(bytes, 4u << 20, "a page of %zu bytes", bytes);
+    for (size_t i = 0; i < r->n_nodes; i++) {
+      const int64_t id = strtoll(r->nodes[i]->node_id + 2, NULL, 10);
+      cr_assert_eq(id, last + 1, "n-%lld after n-%lld", (long long)id, (long long)last);
+      cr_assert_eq(r->nodes[i]->n_devices, 8);
+      last = id;
+    }
+    seen += (int64_t)r->n_nodes;
+    cr_assert(!r->next_after_id || r->next_after_id == last, "next after %lld, not %lld",
+              (long long)r->next_after_id, (long long)last);
+    q.after_id = r->next_after_id;
+    reply_free(r);
+    pages++;
+  } while (q.after_id && pages < 20);
+  cr_assert_eq(seen, 12000, "%lld nodes in %d pages", (long long)seen, pages);
+  cr_assert_geq(pages, 3, "%d pages", pages);
+  /* one node */
+  q.after_id = 0, q.node_id = "n-5";
+  Fsdp__V1__ListNodesReply *r = NULL;
+  cr_assert_eq(CALL("ListNodes", q, list_nodes_reply, &r), 0, "%s", err_msg());
+  cr_assert(r->n_nodes == 1 && !strcmp(r->nodes[0]->node_id, "n-5") && !r->next_after_id);
+  reply_free(r);
+  q.node_id = "n-12001";
+  cr_expect_eq(CALL("ListNodes", q, list_nodes_reply, &r), FSDP_ENOTFOUND);
+  q.node_id = "five";
+  cr_expect_eq(CALL("ListNodes", q, list_nodes_reply, &r), FSDP_ENOTFOUND);
+  cr_expect(strstr(err_msg(), "node_id"), "%s", err_msg());
+}
+
+/* With no node at all, every job that waits says what for, the second
+ * submit's as well as the first's. */
+Test(coordinator, jobs_on_an_empty_cluster_say_what_they_wait_for) {
+  char d[600], a[32], b[32], reason[512];
+  data_opt(d, sizeof d);
+  const char *kv[] = {"model=tiny", d, "steps=3", NULL};
+  cr_assert_eq(submit(2, kv, a, sizeof a), 0, "%s", err_msg());
+  cr_assert_eq(submit(2, kv, b, sizeof b), 0, "%s", err_msg());
+  for (int k = 0; k < 2; k++) {
+    cr_assert_eq(job_state(k ? b : a, reason, sizeof reason), FSDP__V1__JOB_STATE__JOB_STATE_PENDING);
+    cr_expect(strstr(reason, "waiting for 2 free cpu devices") && strstr(reason, ": 0 free"),
+              "%s: \"%s\"", k ? b : a, reason);
+  }
+}
+
 static int cancel(const char *id) {
   Fsdp__V1__CancelJobRequest q = FSDP__V1__CANCEL_JOB_REQUEST__INIT;
   q.job_id = (char *)id, q.reason = "test";

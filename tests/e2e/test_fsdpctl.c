@@ -269,9 +269,12 @@ static void h_checkpoints(rpc_call_t *call, const ProtobufCMessage *m, void *arg
   rpc_call_reply(call, &rep.base);
 }
 
+/* nodes_paged: the listing comes in two pages, n-1 then n-2 (host-b). */
+static int nodes_paged;
 static void h_nodes(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   (void)arg;
   rec_put(rpc_call_method(call), m);
+  const Fsdp__V1__ListNodesRequest *req = (const void *)m;
   Fsdp__V1__Device dev[2], *dp[2];
   for (int i = 0; i < 2; i++) {
     fsdp__v1__device__init(&dev[i]);
@@ -295,6 +298,8 @@ static void h_nodes(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   Fsdp__V1__ListNodesReply rep = FSDP__V1__LIST_NODES_REPLY__INIT;
   rep.nodes = &np;
   rep.n_nodes = 1;
+  if (nodes_paged && req->after_id == 0) rep.next_after_id = 1;
+  if (nodes_paged && req->after_id == 1) node.node_id = "n-2", node.hostname = "host-b";
   rpc_call_reply(call, &rep.base);
 }
 
@@ -679,6 +684,23 @@ Test(fsdpctl, jobs_table_json_and_state_filter) {
   cr_assert_eq(json_integer_value(json_object_get(b, "restarts")), 2);
   cr_assert_eq(json_integer_value(json_object_get(b, "total_steps")), 300);
   json_decref(j);
+}
+
+/* More nodes than one reply holds: fsdpctl asks after the last id until no
+ * next page is given, and lists them all. */
+Test(fsdpctl, nodes_are_listed_a_page_at_a_time) {
+  nodes_paged = 1;
+  fake_start(NULL, NULL);
+  cr_assert_eq(CTL("nodes", "-o", "json"), 0, "%s", err);
+  json_t *j = parse_json(out);
+  cr_assert(json_is_array(j) && json_array_size(j) == 2, "%s", out);
+  cr_assert_str_eq(json_string_value(json_object_get(json_array_get(j, 1), "hostname")), "host-b");
+  json_decref(j);
+  int calls;
+  Fsdp__V1__ListNodesRequest *req = rec_get("ListNodes", &fsdp__v1__list_nodes_request__descriptor, &calls);
+  cr_assert(calls == 2 && req->after_id == 1, "%d calls, the last after %lld", calls,
+            (long long)req->after_id);
+  protobuf_c_message_free_unpacked(&req->base, NULL);
 }
 
 /* More jobs than one reply holds: fsdpctl asks page after page (below the
@@ -1072,6 +1094,9 @@ Test(fsdpctl, logs_stream_the_nodes_chunks_in_order) {
   cr_assert_eq(req->offset, -100);
   cr_assert(!req->follow);
   protobuf_c_message_free_unpacked(&req->base, NULL);
+  Fsdp__V1__ListNodesRequest *nq = rec_get("ListNodes", &fsdp__v1__list_nodes_request__descriptor, NULL);
+  cr_assert_str_eq(nq->node_id, "n-1", "the rank's node only, not the whole cluster");
+  protobuf_c_message_free_unpacked(&nq->base, NULL);
   /* a rank the job does not have: not found */
   rc = CTL("logs", "j-42", "--rank", "7");
   cr_assert_eq(rc, 3, "exit %d: %s", rc, err);
