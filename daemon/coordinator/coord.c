@@ -704,7 +704,7 @@ int coord_pic_refresh(coord_t *c) {
     c->pic = nodes, c->pic_n = nn, c->pic_ok = 1;
     return FSDP_OK;
   }
-  qsort(ids, (size_t)n, sizeof *ids, coord_id_cmp);
+  if (n > 1) qsort(ids, (size_t)n, sizeof *ids, coord_id_cmp);
   int k = 0;
   for (int i = 0; i < n; i++)
     if (!k || ids[i] != ids[k - 1]) ids[k++] = ids[i];
