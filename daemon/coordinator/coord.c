@@ -969,6 +969,7 @@ void coord_schedule(coord_t *c) {
   for (int i = 0; ps && i < ps->n; i++) free(ps->why[i]);
   if (ps) free(ps->ids), free(ps->why), free(ps->job), free(ps->sum);
   const double ms = (double)(uv_hrtime() - t0) / 1e6;
+  metrics_hist_observe(&c->pass, ms / 1e3);
   if (ms >= COORD_SLOW_PASS_MS) /* the loop answered nothing meanwhile: say so */
     LOG_INFO("coord", "placement: a pass over %d pending jobs took %.0f ms (%d reasons written)",
              nj, ms, ps ? ps->n : 0);
@@ -1111,6 +1112,7 @@ int coord_create(coord_t **out, uv_loop_t *loop, const coord_opts_t *o) {
   if (!rc) rc = rpc_server_start(c->srv);
   metrics_hist_init(&c->hb_late);
   metrics_hist_init(&c->sched);
+  metrics_hist_init(&c->pass);
   if (!rc && o->metrics_listen)
     rc = metrics_server_start(&c->metrics, loop, o->metrics_listen, coord_metrics_render, c);
   if (rc) {

@@ -163,6 +163,7 @@ struct coord {
   metrics_server_t *metrics;
   metrics_hist_t hb_late;   /* a held heartbeat's answer after its interval ended */
   metrics_hist_t sched;     /* a job's submit to its first attempt's placement */
+  metrics_hist_t pass;      /* a placement pass (the loop answers nothing meanwhile) */
   uint64_t ckpt_commits, ckpt_aborts, restarts;
 };
 

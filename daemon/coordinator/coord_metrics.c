@@ -63,6 +63,9 @@ void coord_metrics_render(metrics_buf_t *b, void *arg) {
                      "How late held heartbeats were answered after their interval.", &c->hb_late);
   metrics_hist_write(b, "fsdp_scheduling_latency_seconds",
                      "From a job's submit to its first attempt's placement.", &c->sched);
+  metrics_hist_write(b, "fsdp_placement_pass_seconds",
+                     "A placement pass over the pending jobs (the coordinator answers nothing "
+                     "meanwhile).", &c->pass);
   static const struct {
     const char *name, *help;
   } counters[] = {

@@ -121,6 +121,8 @@ Test(metrics, both_endpoints_pass_promtool_and_prometheus_scrapes_a_running_job)
   snprintf(mem, sizeof mem, "fsdp_rank_memory_bytes{job=\"%s\",rank=\"1\",category=\"params\"}", job);
   for (int i = 0; i < 2; i++) cr_assert_gt(sample(got[i], mem), 0, "%s", got[i]);
   cr_assert_geq(sample(got[0], "fsdp_scheduling_latency_seconds_count"), 1, "%s", got[0]);
+  cr_assert_geq(sample(got[0], "fsdp_placement_pass_seconds_count"), 1, "%s", got[0]);
+  cr_assert_lt(sample(got[0], "fsdp_placement_pass_seconds_sum"), 60, "%s", got[0]);
   /* a drained node counts as drained */
   cr_assert_eq(sample(got[0], "fsdp_nodes_drained"), 0, "%s", got[0]);
   cr_assert_eq(cluster_ctl(coord.addr, "drain n-1 --reason maintenance", out, sizeof out), 0, "%s", out);
