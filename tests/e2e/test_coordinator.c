@@ -966,19 +966,31 @@ static void db_exec(const char *path, const char *fmt, ...) {
   sqlite3_close(h);
 }
 
+/* Stops the coordinator, runs the SQL on its database (a state no RPC makes
+ * quickly: a long history, a row of an older schema), and starts it again
+ * on the same file, the client connected. */
+static void co_restart_after(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void co_restart_after(const char *fmt, ...) {
+  char db[600], sql[1024];
+  snprintf(db, sizeof db, "%s", co_db);
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(sql, sizeof sql, fmt, ap);
+  va_end(ap);
+  teardown();
+  db_exec(db, "%s", sql);
+  co_start(db, "127.0.0.1:0", NULL);
+  client_for(&co, NULL);
+}
+
 /* A listing bigger than one reply comes in pages: each under gRPC's 4 MiB,
  * the newest first, next_before_id where the next starts, every job once. */
 Test(coordinator, a_long_job_listing_comes_in_pages, .timeout = 60) {
-  char db[600];
-  snprintf(db, sizeof db, "%s", co_db);
-  teardown();
   /* 6,000 failed jobs with 600-byte reasons: about 4 MiB of listing */
-  db_exec(db, "WITH RECURSIVE k(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM k WHERE i < 6000) "
-              "INSERT INTO jobs(name, spec, world_size, mesh, state, reason, max_restarts, "
-              "submitted_ms, ended_ms, checkpoint_dir) SELECT 'old-' || i, '', 1, '1x1', 'FAILED', "
-              "printf('%%.600c', 'x'), 0, 1, 2, '' FROM k");
-  co_start(db, "127.0.0.1:0", NULL);
-  client_for(&co, NULL);
+  co_restart_after("WITH RECURSIVE k(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM k WHERE i < 6000) "
+                   "INSERT INTO jobs(name, spec, world_size, mesh, state, reason, max_restarts, "
+                   "submitted_ms, ended_ms, checkpoint_dir) SELECT 'old-' || i, '', 1, '1x1', "
+                   "'FAILED', printf('%%.600c', 'x'), 0, 1, 2, '' FROM k");
   Fsdp__V1__ListJobsRequest q = FSDP__V1__LIST_JOBS_REQUEST__INIT;
   q.limit = 6000;
   int64_t seen = 0, last_min = INT64_MAX;
@@ -1016,17 +1028,12 @@ Test(coordinator, a_long_job_listing_comes_in_pages, .timeout = 60) {
  * (12,000 nodes of 8 devices with long names: several pages, every node
  * once, by id); node_id asks for one node only. */
 Test(coordinator, a_long_node_listing_comes_in_pages, .timeout = 60) {
-  char db[600];
-  snprintf(db, sizeof db, "%s", co_db);
-  teardown();
-  db_exec(db, "WITH RECURSIVE k(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM k WHERE i < 12000) "
-              "INSERT INTO nodes(id, name, address, state, registered_ms, last_seen_ms) "
-              "SELECT i, printf('node-%%06d.%%.90c', i, 'x'), '10.0.0.1:7071', 'DEAD', 1, 1 FROM k");
-  db_exec(db, "WITH RECURSIVE k(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM k WHERE i < 7) "
-              "INSERT INTO devices(node_id, idx, kind, name, memory_bytes) "
-              "SELECT n.id, k.i, 'cuda', printf('%%.100c', 'g'), 85899345920 FROM nodes n, k");
-  co_start(db, "127.0.0.1:0", NULL);
-  client_for(&co, NULL);
+  co_restart_after("WITH RECURSIVE k(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM k WHERE i < 12000) "
+                   "INSERT INTO nodes(id, name, address, state, registered_ms, last_seen_ms) "
+                   "SELECT i, printf('node-%%06d.%%.90c', i, 'x'), '10.0.0.1:7071', 'DEAD', 1, 1 "
+                   "FROM k; WITH RECURSIVE k(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM k "
+                   "WHERE i < 7) INSERT INTO devices(node_id, idx, kind, name, memory_bytes) "
+                   "SELECT n.id, k.i, 'cuda', printf('%%.100c', 'g'), 85899345920 FROM nodes n, k");
   Fsdp__V1__ListNodesRequest q = FSDP__V1__LIST_NODES_REQUEST__INIT;
   int64_t seen = 0, last = 0;
   int pages = 0;
@@ -1118,12 +1125,7 @@ Test(coordinator, one_live_job_per_checkpoint_directory) {
   cr_assert_eq(cancel(b), 0, "%s", err_msg());
   cr_assert_eq(resume(a), 0, "%s", err_msg());
   /* a live job whose directory is not recorded: the coordinator reads its spec */
-  char db[600];
-  snprintf(db, sizeof db, "%s", co_db);
-  teardown();
-  db_exec(db, "UPDATE jobs SET checkpoint_dir = NULL WHERE id = %s", a + 2);
-  co_start(db, "127.0.0.1:0", NULL);
-  client_for(&co, NULL);
+  co_restart_after("UPDATE jobs SET checkpoint_dir = NULL WHERE id = %s", a + 2);
   cr_assert_eq(submit(2, kv, c2, sizeof c2), FSDP_EINVAL, "a job took %s from one of before", ck);
   cr_assert(strstr(err_msg(), a), "%s", err_msg());
 }
