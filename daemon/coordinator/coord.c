@@ -1000,15 +1000,51 @@ static void coord_events_purge(coord_t *c) {
   if (total) LOG_INFO("coord", "events: %d older than %d days removed", total, days);
 }
 
+static void coord_job_drop(coord_t *c, coord_job_t *x) {
+  HASH_DEL(c->jobs, x);
+  free(x->waiting);
+  free(x);
+}
+
 /* Forgets what the coordinator keeps in memory of a job removed from the store. */
 static void coord_job_forget(coord_t *c, int64_t id) {
   coord_ranks_forget(c, id);
   coord_job_t *x;
   HASH_FIND(hh, c->jobs, &id, sizeof id, x);
-  if (x) {
-    HASH_DEL(c->jobs, x);
-    free(x->waiting);
-    free(x);
+  if (x) coord_job_drop(c, x);
+}
+
+/* Bounds the facts kept of jobs that are not live: a listing of a long
+ * history derives each ended job's facts once (its spec validated, its plan
+ * made), and without a bound they would stay for the coordinator's life
+ * (about 1.6 KB each). Every pending and running job stays (placement, the
+ * ETA and a restart's reason live there); of the others, those first looked
+ * up longest ago go beyond COORD_JOBS_KEPT, to be derived again if asked
+ * for. Runs on the tick, never inside a call that holds an entry. */
+static void coord_jobs_trim(coord_t *c) {
+  const unsigned n = HASH_COUNT(c->jobs);
+  if (n <= COORD_JOBS_KEPT + (unsigned)c->jobs_live) return;
+  unsigned live = 0;
+  for (int s = STORE_JOB_PENDING; s <= STORE_JOB_RUNNING; s++) {
+    int64_t *ids = NULL;
+    int k = 0;
+    if (store_job_ids(c->st, (store_job_state_t)s, &ids, &k)) {
+      LOG_WARN("coord", "jobs: the live ones not read to trim the memory of others: %s", err_msg());
+      return;
+    }
+    for (int i = 0; i < k; i++) {
+      coord_job_t *x;
+      HASH_FIND(hh, c->jobs, &ids[i], sizeof ids[i], x);
+      if (x) x->live = 1, live++;
+    }
+    free(ids);
+  }
+  c->jobs_live = (int)live;
+  unsigned drop = n - live > COORD_JOBS_KEPT ? n - live - COORD_JOBS_KEPT : 0;
+  coord_job_t *x, *tmp;
+  HASH_ITER(hh, c->jobs, x, tmp) {
+    if (!x->live && drop) coord_job_drop(c, x), drop--;
+    else x->live = 0;
   }
 }
 
@@ -1064,6 +1100,7 @@ static void coord_tick_cb(uv_timer_t *t) {
   if (now - c->janitor_ms >= COORD_JANITOR_MS) {
     c->janitor_ms = now;
     coord_ckpt_janitor(c);
+    coord_jobs_trim(c);
   }
   if (!c->purged_ms || now - c->purged_ms >= COORD_PURGE_MS) {
     c->purged_ms = now ? now : 1;
@@ -1157,11 +1194,7 @@ static void coord_free_cb(uv_handle_t *h) {
   for (int64_t i = 0; i < c->cap_node; i++)
     if (c->node[i]) free(c->node[i]->order), free(c->node[i]);
   coord_job_t *x, *tmp;
-  HASH_ITER(hh, c->jobs, x, tmp) {
-    HASH_DEL(c->jobs, x);
-    free(x->waiting);
-    free(x);
-  }
+  HASH_ITER(hh, c->jobs, x, tmp) coord_job_drop(c, x);
   store_nodes_free(c->pic, c->pic_n);
   free(c->node), free(c->rank), free(c->held);
   free(c);

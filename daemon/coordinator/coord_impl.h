@@ -62,6 +62,10 @@ typedef struct coord_rank {
   char collective_op[64];
 } coord_rank_t;
 
+#define COORD_JOBS_KEPT 4096 /* facts of jobs not live kept in memory (coord_jobs_trim) */
+#define COORD_STR_(x) #x
+#define COORD_STR(x) COORD_STR_(x)
+
 /* What the coordinator derives from a job's spec, once. */
 #define COORD_EXPORT_MAX 2 /* exports at once (coord_export.c) */
 
@@ -87,6 +91,7 @@ typedef struct coord_job {
   uint64_t reason_sum;            /* XXH64 | 1 of the latest reason; 0: none yet */
   int reason_stored;              /* this wait's first reason is in the store */
   char *waiting;                  /* the latest, when the store's is older (heap); NULL */
+  int live;                       /* scratch of coord_jobs_trim: pending or running */
   UT_hash_handle hh;              /* in coord_t.jobs, by id */
 } coord_job_t;
 
@@ -141,6 +146,7 @@ struct coord {
   coord_rank_t *rank;
   int n_rank, cap_rank;
   coord_job_t *jobs;        /* what is known of each job, by id (uthash; coord_job_info) */
+  int jobs_live;            /* live jobs among them at the last trim (coord_jobs_trim) */
   store_node_t *pic;        /* every node and its devices as the store has them, by id: */
   int pic_n, pic_ok;        /* placement's picture, read again only where it changed */
   coord_watch_t *watch;

@@ -4,7 +4,7 @@
  * lists them.
  *   - jobs by state (the store), nodes alive and dead (this coordinator's
  *     view: a node not heard since it started is neither), nodes drained
- *     (the store);
+ *     (the store); jobs whose facts are kept in memory;
  *   - per rank of a running attempt, its latest report: step, loss,
  *     tokens/s, memory by category (current and peak bytes);
  *   - heartbeat lateness (a held heartbeat answered after its interval) and
@@ -25,6 +25,9 @@ void coord_metrics_render(metrics_buf_t *b, void *arg) {
       metrics_sample(b, "fsdp_jobs", (const char *[]){"state", store_job_state_name(s), NULL},
                      (double)jobs[s]);
   }
+  metrics_family(b, "fsdp_jobs_in_memory", "gauge", "Jobs whose facts the coordinator keeps in "
+                 "memory: every pending and running one, and at most " COORD_STR(COORD_JOBS_KEPT) " others.");
+  metrics_sample(b, "fsdp_jobs_in_memory", NULL, (double)HASH_COUNT(c->jobs));
   int alive = 0, dead = 0;
   for (int64_t i = 0; i < c->cap_node; i++) {
     const coord_node_t *n = c->node[i];

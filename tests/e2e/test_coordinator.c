@@ -40,10 +40,12 @@ static rpc_client_t *cl;
 /* The coordinator on db (root: the test's directory), 200 ms heartbeat
  * interval, 1 s timeout, more options in extra; listen: "127.0.0.1:0" or
  * the address it had before a restart. */
+static char co_extra[2000]; /* the last start's extra options (co_restart_after keeps them) */
 static void co_start(const char *db, const char *listen, const char *extra) {
   char opts[2200];
+  snprintf(co_extra, sizeof co_extra, "%s", extra ? extra : "");
   snprintf(opts, sizeof opts, "--heartbeat-interval-ms %d --heartbeat-timeout-ms %d %s", HB_MS,
-           TIMEOUT_MS, extra ? extra : "");
+           TIMEOUT_MS, co_extra);
   snprintf(co_db, sizeof co_db, "%s", db);
   cluster_coord_start(&co, db, listen, opts);
 }
@@ -212,6 +214,24 @@ static void data_opt(char *d, size_t len) {
   char *data = tu_token_file("tok.bin", 20000, 1, 256);
   snprintf(d, len, "data=%s", data);
   free(data);
+}
+
+static int cancel(const char *id) {
+  Fsdp__V1__CancelJobRequest q = FSDP__V1__CANCEL_JOB_REQUEST__INIT;
+  q.job_id = (char *)id, q.reason = "test";
+  Fsdp__V1__CancelJobReply *r = NULL;
+  int rc = CALL("CancelJob", q, cancel_job_reply, &r);
+  if (r) reply_free(r);
+  return rc;
+}
+
+static int resume(const char *id) {
+  Fsdp__V1__ResumeJobRequest q = FSDP__V1__RESUME_JOB_REQUEST__INIT;
+  q.job_id = (char *)id;
+  Fsdp__V1__ResumeJobReply *r = NULL;
+  int rc = CALL("ResumeJob", q, resume_job_reply, &r);
+  if (r) reply_free(r);
+  return rc;
 }
 
 /* ---- admission ---------------------------------------------------------------- */
@@ -968,18 +988,19 @@ static void db_exec(const char *path, const char *fmt, ...) {
 
 /* Stops the coordinator, runs the SQL on its database (a state no RPC makes
  * quickly: a long history, a row of an older schema), and starts it again
- * on the same file, the client connected. */
+ * on the same file with the same options, the client connected. */
 static void co_restart_after(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void co_restart_after(const char *fmt, ...) {
-  char db[600], sql[1024];
+  char db[600], sql[1024], extra[sizeof co_extra];
   snprintf(db, sizeof db, "%s", co_db);
+  snprintf(extra, sizeof extra, "%s", co_extra);
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(sql, sizeof sql, fmt, ap);
   va_end(ap);
   teardown();
   db_exec(db, "%s", sql);
-  co_start(db, "127.0.0.1:0", NULL);
+  co_start(db, "127.0.0.1:0", extra);
   client_for(&co, NULL);
 }
 
@@ -1022,6 +1043,70 @@ Test(coordinator, a_long_job_listing_comes_in_pages, .timeout = 60) {
   Fsdp__V1__ListJobsReply *r = NULL;
   cr_expect_eq(CALL("ListJobs", q, list_jobs_reply, &r), FSDP_EINVAL);
   cr_expect(strstr(err_msg(), "before_id"), "%s", err_msg());
+}
+
+/* The value of metric name (no labels) on the coordinator's /metrics, or -1. */
+static double co_metric(const char *name) {
+  char cmd[256], out[1 << 16];
+  snprintf(cmd, sizeof cmd, "curl -s -m 5 http://127.0.0.1:%d/metrics", co.metrics_port);
+  cr_assert_eq(tu_sh(cmd, out, sizeof out), 0, "%s: %s", cmd, out);
+  const size_t n = strlen(name);
+  for (const char *p = out; (p = strstr(p, name)); p++)
+    if ((p == out || p[-1] == '\n') && p[n] == ' ') return strtod(p + n, NULL);
+  return -1;
+}
+
+/* A listing of a long history derives each ended job's facts (steps, plan)
+ * once; the coordinator keeps at most COORD_JOBS_KEPT (4,096) of those in
+ * memory, never a live job's, and derives a dropped one again when asked. */
+Test(coordinator, a_long_history_listed_is_not_kept_in_memory, .timeout = 60) {
+  enum { OLD = 6000, KEPT = 4096 };
+  teardown();
+  char *db = tu_path("state.db");
+  co_start(db, "127.0.0.1:0", "--metrics-listen 127.0.0.1:0");
+  free(db);
+  client_for(&co, NULL);
+  char d[600], a[32], live[32];
+  data_opt(d, sizeof d);
+  const char *kv[] = {"model=tiny", d, "steps=7", NULL};
+  cr_assert_eq(submit(2, kv, a, sizeof a), 0, "%s", err_msg());
+  cr_assert_eq(cancel(a), 0, "%s", err_msg());
+  cr_assert_eq(submit(2, kv, live, sizeof live), 0, "%s", err_msg()); /* no node: it pends */
+  co_restart_after("WITH RECURSIVE k(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM k WHERE i < %d) "
+                   "INSERT INTO jobs(name, spec, world_size, mesh, state, reason, max_restarts, "
+                   "submitted_ms, ended_ms, checkpoint_dir) SELECT 'old-' || i, j.spec, 2, '1x2', "
+                   "'SUCCEEDED', '', 0, 1, 2, '' FROM k, jobs j WHERE j.id = %s", OLD, a + 2);
+  cr_assert_gt(co.metrics_port, 0);
+  Fsdp__V1__ListJobsRequest q = FSDP__V1__LIST_JOBS_REQUEST__INIT;
+  q.limit = OLD + 2;
+  int64_t seen = 0;
+  for (int pages = 0; pages < 10; pages++) {
+    Fsdp__V1__ListJobsReply *r = NULL;
+    cr_assert_eq(CALL("ListJobs", q, list_jobs_reply, &r), 0, "%s", err_msg());
+    for (size_t i = 0; i < r->n_jobs; i++)
+      cr_assert_eq(r->jobs[i]->total_steps, 7, "%s", r->jobs[i]->job_id);
+    seen += (int64_t)r->n_jobs;
+    q.before_id = r->next_before_id;
+    reply_free(r);
+    if (!q.before_id) break;
+  }
+  cr_assert_eq(seen, OLD + 2);
+  double kept = -1;
+  for (int k = 0; k < 100; k++) { /* trimmed on the coordinator's next second */
+    if ((kept = co_metric("fsdp_jobs_in_memory")) <= KEPT + 1) break;
+    nanosleep(&(struct timespec){0, 50000000}, NULL);
+  }
+  cr_assert_eq(kept, KEPT + 1, "jobs in memory after listing %d: %g", OLD + 2, kept);
+  /* the live job kept its facts; every old one is still told in full */
+  char reason[512], newest[32];
+  cr_assert_eq(job_state(live, reason, sizeof reason), FSDP__V1__JOB_STATE__JOB_STATE_PENDING);
+  cr_assert(strstr(reason, "waiting for 2 free cpu devices"), "%s", reason);
+  snprintf(newest, sizeof newest, "j-%d", OLD + 2);
+  for (int k = 0; k < 2; k++) {
+    Fsdp__V1__GetJobReply *g = get_job(k ? newest : "j-3");
+    cr_assert_eq(g->job->total_steps, 7, "%s", g->job->job_id);
+    reply_free(g);
+  }
 }
 
 /* ListNodes: a page stops short of 4 MiB and says where the next starts
@@ -1083,24 +1168,6 @@ Test(coordinator, jobs_on_an_empty_cluster_say_what_they_wait_for) {
     cr_expect(strstr(reason, "waiting for 2 free cpu devices") && strstr(reason, ": 0 free"),
               "%s: \"%s\"", k ? b : a, reason);
   }
-}
-
-static int cancel(const char *id) {
-  Fsdp__V1__CancelJobRequest q = FSDP__V1__CANCEL_JOB_REQUEST__INIT;
-  q.job_id = (char *)id, q.reason = "test";
-  Fsdp__V1__CancelJobReply *r = NULL;
-  int rc = CALL("CancelJob", q, cancel_job_reply, &r);
-  if (r) reply_free(r);
-  return rc;
-}
-
-static int resume(const char *id) {
-  Fsdp__V1__ResumeJobRequest q = FSDP__V1__RESUME_JOB_REQUEST__INIT;
-  q.job_id = (char *)id;
-  Fsdp__V1__ResumeJobReply *r = NULL;
-  int rc = CALL("ResumeJob", q, resume_job_reply, &r);
-  if (r) reply_free(r);
-  return rc;
 }
 
 /* One live job per checkpoint directory, pending ones too: a second is
