@@ -1,11 +1,18 @@
 /* data: reads and checks token files, cuts them into windows, and hands out
  * training and evaluation batches (see data.h); writes token files atomically.
  *
- * It owns the tokens of one file (read into memory at open: a corpus is small
- * next to a model, and a private copy cannot change or vanish under a run the
- * way a mapping of a file being rewritten can, which would be a SIGBUS) and the
- * shuffled window order of the current epoch. It does not own tokenization
- * (client/tokenize.c) or where a run's position is saved (the training loop).
+ * It holds one file open and reads each window of a batch from it when the
+ * batch is made (pread of 2 (T + 1) bytes): a corpus may be far larger than
+ * memory, and the ranks of a node share one copy of it, the page cache's,
+ * instead of each holding its own (a private copy per rank made 8 ranks of a
+ * 10 GB corpus take 80 GB the memory plan never saw). Open reads the whole
+ * file once, in 1 MiB pieces, to check every id. The descriptor keeps the
+ * file the run opened: one replaced by a rename (how data_write and
+ * fsdp-tokenize write) leaves it unchanged; one cut short or rewritten in
+ * place is an error at the batch that sees it (a short read, or an id no
+ * longer below the vocabulary), never a crash. It does not own
+ * tokenization (client/tokenize.c) or where a run's position is saved (the
+ * training loop).
  *
  * Layout of the tokens, for a sequence length T:
  *   training part  [0, eval_start)   windows w = 0.. cover tokens [w*T, w*T+T]
@@ -40,9 +47,16 @@
 
 #define DATA_HEADER_BYTES ((size_t)DATA_HEADER_INTS * 4)
 
+#define DATA_ENDED_AT_OPEN                                                                      \
+  "the file changed while being opened; wait for whatever writes it to finish and retry"
+#define DATA_CHECK_BYTES ((size_t)1 << 20) /* open checks the ids this many bytes at a time */
+
 struct data {
   char *path;          /* for messages */
-  uint16_t *tokens;    /* (n) */
+  int fd;              /* the file, open for the run (-1: none) */
+  int vocab;           /* ids must be below it */
+  unsigned char *win;  /* one window's bytes, 2 (win_cap) */
+  size_t win_cap;      /* tokens win holds */
   size_t n;            /* tokens in the file */
   size_t eval_start;   /* first token of the held-out part (n when there is none) */
   /* permutation of the training windows for (perm_seed, perm_epoch, perm_n) */
@@ -70,8 +84,10 @@ static size_t data__windows(size_t len, int T) {
   return len >= (size_t)T + 1 ? (len - 1) / (size_t)T : 0;
 }
 
-/* Reads exactly n bytes at offset off (pread: no shared file position). */
-static int data__read_all(int fd, void *buf, size_t n, off_t off, const char *path) {
+/* Reads exactly n bytes at offset off (pread: no shared file position);
+ * ended: what an early end of the file means, and its fix. */
+static int data__read_all(int fd, void *buf, size_t n, off_t off, const char *path,
+                          const char *ended) {
   unsigned char *p = buf;
   while (n > 0) {
     ssize_t r = pread(fd, p, n, off);
@@ -83,9 +99,8 @@ static int data__read_all(int fd, void *buf, size_t n, off_t off, const char *pa
     }
     if (r == 0)
       return err_set(FSDP_EIO,
-                     "token file %s: ended at byte %lld while reading: the file changed while "
-                     "being opened; wait for whatever writes it to finish and retry",
-                     path, (long long)off);
+                     "token file %s: ended at byte %lld while reading: %s", path, (long long)off,
+                     ended);
     p += r;
     n -= (size_t)r;
     off += r;
@@ -148,6 +163,7 @@ int data_open(data_t **out, const char *path, int vocab, double eval_fraction, i
   unsigned char *raw = NULL;
   data_t *d = calloc(1, sizeof *d);
   if (!d) return err_set(FSDP_ENOMEM, "token file %s: out of memory", path);
+  d->fd = -1;
   d->path = strdup(path);
   if (!d->path) {
     rc = err_set(FSDP_ENOMEM, "token file %s: out of memory", path);
@@ -185,7 +201,7 @@ int data_open(data_t **out, const char *path, int vocab, double eval_fraction, i
   }
 
   unsigned char hdr[DATA_HEADER_BYTES];
-  if ((rc = data__read_all(fd, hdr, sizeof hdr, 0, path)) != FSDP_OK) goto out;
+  if ((rc = data__read_all(fd, hdr, sizeof hdr, 0, path, DATA_ENDED_AT_OPEN)) != FSDP_OK) goto out;
   int32_t magic = (int32_t)data__le32(hdr), version = (int32_t)data__le32(hdr + 4);
   int32_t count = (int32_t)data__le32(hdr + 8);
   /* header[3..255] are reserved: not checked, as llm.c does not check them */
@@ -229,24 +245,26 @@ int data_open(data_t **out, const char *path, int vocab, double eval_fraction, i
   }
 
   d->n = (size_t)count;
-  /* +1 so that an empty file still gets a non-NULL buffer */
-  raw = malloc(2 * d->n + 1);
-  d->tokens = malloc(sizeof *d->tokens * d->n + 1);
-  if (!raw || !d->tokens) {
-    rc = err_set(FSDP_ENOMEM, "token file %s: out of memory for %zu tokens", path, d->n);
+  d->vocab = vocab;
+  raw = malloc(DATA_CHECK_BYTES);
+  if (!raw) {
+    rc = err_set(FSDP_ENOMEM, "token file %s: out of memory", path);
     goto out;
   }
-  if ((rc = data__read_all(fd, raw, 2 * d->n, (off_t)DATA_HEADER_BYTES, path)) != FSDP_OK)
-    goto out;
-
-  /* decode and check every id: a bad one is found now, not at step 40000 */
+  /* check every id now: a bad one is found at start, not at step 40000 */
   size_t bad = SIZE_MAX;
-  unsigned maxid = 0;
-  for (size_t i = 0; i < d->n; i++) {
-    unsigned id = (unsigned)raw[2 * i] | (unsigned)raw[2 * i + 1] << 8;
-    d->tokens[i] = (uint16_t)id;
-    if (id > maxid) maxid = id;
-    if (id >= (unsigned)vocab && bad == SIZE_MAX) bad = i;
+  unsigned maxid = 0, badid = 0;
+  for (size_t at = 0; at < d->n;) {
+    const size_t k = d->n - at < DATA_CHECK_BYTES / 2 ? d->n - at : DATA_CHECK_BYTES / 2;
+    if ((rc = data__read_all(fd, raw, 2 * k, (off_t)(DATA_HEADER_BYTES + 2 * at), path,
+                              DATA_ENDED_AT_OPEN)))
+      goto out;
+    for (size_t i = 0; i < k; i++) {
+      const unsigned id = (unsigned)raw[2 * i] | (unsigned)raw[2 * i + 1] << 8;
+      if (id > maxid) maxid = id;
+      if (id >= (unsigned)vocab && bad == SIZE_MAX) bad = at + i, badid = id;
+    }
+    at += k;
   }
   if (bad != SIZE_MAX) {
     rc = err_set(FSDP_ERANGE,
@@ -254,8 +272,7 @@ int data_open(data_t **out, const char *path, int vocab, double eval_fraction, i
                  "vocab %d (largest id in the file: %u); the file was made for a larger "
                  "vocabulary: set the model's vocab to at least %u, or re-tokenize the text "
                  "for this model",
-                 path, (unsigned)d->tokens[bad], bad, DATA_HEADER_BYTES + 2 * bad, vocab, maxid,
-                 maxid + 1);
+                 path, badid, bad, DATA_HEADER_BYTES + 2 * bad, vocab, maxid, maxid + 1);
     goto out;
   }
 
@@ -264,6 +281,7 @@ int data_open(data_t **out, const char *path, int vocab, double eval_fraction, i
   LOG_INFO("data", "%s: %zu tokens; train %zu tokens, eval %zu tokens; windows of %d tokens: "
            "train %zu, eval %zu", path, d->n, d->eval_start, d->n - d->eval_start, T + 1,
            data__windows(d->eval_start, T), data__windows(d->n - d->eval_start, T));
+  d->fd = fd, fd = -1;
   *out = d;
   d = NULL;
 out:
@@ -275,8 +293,9 @@ out:
 
 void data_close(data_t *d) {
   if (!d) return;
+  if (d->fd >= 0) close(d->fd);
   free(d->perm);
-  free(d->tokens);
+  free(d->win);
   free(d->path);
   free(d);
 }
@@ -314,12 +333,35 @@ static int data__permute(data_t *d, uint64_t seed, uint64_t epoch, size_t nw) {
   return FSDP_OK;
 }
 
-static void data__fill(const uint16_t *tok, size_t start, int T, int32_t *in, int32_t *tg) {
-  const uint16_t *w = tok + start;
-  for (int t = 0; t < T; t++) {
-    in[t] = w[t];
-    tg[t] = w[t + 1];
+/* One window: tokens [start, start + T] of the file into in (the first T)
+ * and tg (the last T). The file was checked at open; what it holds now is
+ * checked again, for a file changed in place since (cut short: a short read;
+ * rewritten: an id past the vocabulary, which would index past the
+ * embedding table). */
+static int data__fill(data_t *d, size_t start, int T, int32_t *in, int32_t *tg) {
+  const size_t len = (size_t)T + 1;
+  if (d->win_cap < len) {
+    unsigned char *p = realloc(d->win, 2 * len);
+    if (!p) return err_set(FSDP_ENOMEM, "token file %s: out of memory for a window of %zu tokens",
+                           d->path, len);
+    d->win = p, d->win_cap = len;
   }
+  int rc = data__read_all(d->fd, d->win, 2 * len, (off_t)(DATA_HEADER_BYTES + 2 * start), d->path,
+                          "the file was cut short since the run opened it; replace a token file "
+                          "by a rename (as fsdp-tokenize does), never in place, and resume the job");
+  if (rc) return rc;
+  for (int t = 0; t <= T; t++) {
+    const unsigned id = (unsigned)d->win[2 * t] | (unsigned)d->win[2 * t + 1] << 8;
+    if (id >= (unsigned)d->vocab)
+      return err_set(FSDP_EFORMAT,
+                     "token file %s: token id %u at position %zu is not below the vocab %d, "
+                     "though every id was when the run opened it: the file was rewritten in "
+                     "place; replace a token file by a rename (as fsdp-tokenize does) and "
+                     "resume the job", d->path, id, start + (size_t)t, d->vocab);
+    if (t < T) in[t] = (int32_t)id;
+    if (t) tg[t - 1] = (int32_t)id;
+  }
+  return FSDP_OK;
 }
 
 static int data__check_bt(const data_t *d, int B, int T) {
@@ -350,8 +392,9 @@ int data_next_batch(data_t *d, data_pos_t *pos, uint64_t seed, int B, int T, int
   if ((rc = data__permute(d, seed, pos->epoch, nw)) != FSDP_OK) return rc;
   const uint32_t *win = d->perm + pos->index * (size_t)B;
   for (int b = 0; b < B; b++)
-    data__fill(d->tokens, (size_t)win[b] * (size_t)T, T, inputs + (size_t)b * T,
-               targets + (size_t)b * T);
+    if ((rc = data__fill(d, (size_t)win[b] * (size_t)T, T, inputs + (size_t)b * T,
+                         targets + (size_t)b * T)))
+      return rc;
   if (++pos->index >= per_epoch) {
     pos->epoch++;
     pos->index = 0;
@@ -364,7 +407,7 @@ size_t data_eval_num_batches(const data_t *d, int B, int T) {
   return data__windows(d->n - d->eval_start, T) / (size_t)B;
 }
 
-int data_eval_batch(const data_t *d, size_t k, int B, int T, int32_t *inputs, int32_t *targets) {
+int data_eval_batch(data_t *d, size_t k, int B, int T, int32_t *inputs, int32_t *targets) {
   FSDP_ASSERT(d && inputs && targets);
   int rc = data__check_bt(d, B, T);
   if (rc) return rc;
@@ -376,8 +419,9 @@ int data_eval_batch(const data_t *d, size_t k, int B, int T, int32_t *inputs, in
                    d->path, k, d->n - d->eval_start, nb, B, T);
   for (int b = 0; b < B; b++) {
     size_t w = k * (size_t)B + (size_t)b;
-    data__fill(d->tokens, d->eval_start + w * (size_t)T, T, inputs + (size_t)b * T,
-               targets + (size_t)b * T);
+    if ((rc = data__fill(d, d->eval_start + w * (size_t)T, T, inputs + (size_t)b * T,
+                         targets + (size_t)b * T)))
+      return rc;
   }
   return FSDP_OK;
 }

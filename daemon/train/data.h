@@ -4,7 +4,10 @@
  * token count, 0... }, then that many little-endian uint16 token ids. Opening one
  * checks the header, the size and every token id against the model's vocabulary,
  * so a bad file is refused at start with a message that names the file, the
- * position and the fix, never mid-run.
+ * position and the fix, never mid-run. The tokens stay in the file (read a
+ * window at a time, through the page cache the node's ranks share), so a
+ * corpus may be larger than memory; a file changed in place under a run is
+ * an error at the batch that reads it, never a crash.
  *
  * The file is split into a training part and a held-out evaluation part (the
  * last eval_fraction of the tokens). Training batches are windows of T+1
@@ -46,7 +49,7 @@ int data_next_batch(data_t *d, data_pos_t *pos, uint64_t seed, int B, int T, int
 /* Number of whole evaluation batches of (B,T), and the k-th of them (sequential
  * windows of the held-out split, the same every time). */
 size_t data_eval_num_batches(const data_t *d, int B, int T);
-int data_eval_batch(const data_t *d, size_t k, int B, int T, int32_t *inputs, int32_t *targets);
+int data_eval_batch(data_t *d, size_t k, int B, int T, int32_t *inputs, int32_t *targets);
 
 /* Writes a token file: temporary name, fsync, rename. Ids must fit in uint16. */
 int data_write(const char *path, const uint16_t *tokens, size_t n);

@@ -3,6 +3,7 @@
  * and the atomic write under a missing directory and a full disk. */
 #include <criterion/criterion.h>
 #include <dirent.h>
+#include <malloc.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -175,6 +176,93 @@ Test(data, token_id_at_or_above_vocab) {
   assert_msg_has("at least 1000");
   /* the same file is fine for a model with a large enough vocabulary */
   cr_assert_eq(data_open(&d, p, 1000, 0, 8), FSDP_OK, "%s", err_msg());
+  data_close(d);
+  free(p);
+}
+
+/* Ids are checked in 1 MiB pieces at open: a bad one far into a file is
+ * found at its exact position, and one in the file's last token too. */
+Test(data, a_bad_id_past_the_first_piece_is_found_where_it_is) {
+  const size_t n = 1300000; /* 2.6 MB of ids: three pieces */
+  uint16_t *t = calloc(n, sizeof *t);
+  cr_assert_not_null(t);
+  for (size_t i = 0; i < n; i++) t[i] = (uint16_t)(i % 251);
+  const size_t at[2] = {1048577 / 2 + 3, n - 1}; /* in the second piece; the last token */
+  for (int k = 0; k < 2; k++) {
+    t[at[k]] = 4000;
+    char *p = tu_path(k ? "last.bin" : "far.bin");
+    cr_assert_eq(data_write(p, t, n), FSDP_OK, "%s", err_msg());
+    data_t *d = NULL;
+    cr_assert_eq(data_open(&d, p, 256, 0, 8), FSDP_ERANGE, "token %zu = 4000 passed", at[k]);
+    char want[64];
+    snprintf(want, sizeof want, "token id 4000 at position %zu ", at[k]);
+    assert_msg_has(want);
+    t[at[k]] = 7;
+    free(p);
+  }
+  free(t);
+}
+
+/* The tokens stay in the file: opening a 16 MB corpus takes a bounded
+ * amount of memory (the 1 MiB checking buffer, then one window), not a
+ * copy of it. */
+Test(data, a_corpus_is_read_from_its_file_not_copied_into_memory) {
+  char *p = make_seq_file("big.bin", 8u << 20);
+  struct mallinfo2 m0 = mallinfo2();
+  data_t *d = NULL;
+  cr_assert_eq(data_open(&d, p, 65536, 0.1, 64), FSDP_OK, "%s", err_msg());
+  int32_t in[4 * 64], tg[4 * 64];
+  data_pos_t pos = {0, 0};
+  cr_assert_eq(data_next_batch(d, &pos, 5, 4, 64, in, tg), FSDP_OK, "%s", err_msg());
+  cr_assert_eq(data_eval_batch(d, 0, 4, 64, in, tg), FSDP_OK, "%s", err_msg());
+  struct mallinfo2 m1 = mallinfo2();
+  const size_t held = (m1.uordblks + m1.hblkhd) - (m0.uordblks + m0.hblkhd);
+  /* the permutation of 117,964 training windows is 4 bytes each */
+  cr_assert_lt(held, 1u << 20, "open and two batches hold %zu bytes of heap", held);
+  data_close(d);
+  free(p);
+}
+
+/* A run keeps the file it opened: one replaced by a rename (as data_write
+ * and fsdp-tokenize do) changes nothing; one cut short or rewritten in
+ * place is an error at the next batch, naming the file, never a crash. */
+Test(data, a_file_changed_under_a_run_never_crashes_it) {
+  const int B = 2, T = 16;
+  char *p = make_seq_file("live.bin", 4000); /* id == position */
+  data_t *d = NULL;
+  cr_assert_eq(data_open(&d, p, 4000, 0.1, T), FSDP_OK, "%s", err_msg());
+  int32_t in[2 * 16], tg[2 * 16];
+  data_pos_t pos = {0, 0};
+  /* replaced by a rename: the batches still come from the old file */
+  uint16_t *z = calloc(4000, sizeof *z);
+  cr_assert_not_null(z);
+  cr_assert_eq(data_write(p, z, 4000), FSDP_OK, "%s", err_msg());
+  free(z);
+  for (int k = 0; k < 3; k++) {
+    cr_assert_eq(data_next_batch(d, &pos, 9, B, T, in, tg), FSDP_OK, "%s", err_msg());
+    for (int i = 0; i < B * T; i++) cr_assert_eq(tg[i], in[i] + 1, "the renamed-over file was read");
+  }
+  data_close(d);
+  /* rewritten in place with an id past the vocabulary */
+  cr_assert_eq(data_open(&d, p, 4000, 0.1, T), FSDP_OK, "%s", err_msg());
+  FILE *f = fopen(p, "r+b");
+  cr_assert_not_null(f);
+  uint16_t big[4000];
+  for (int i = 0; i < 4000; i++) big[i] = 65000;
+  cr_assert_eq(fseek(f, HDR_BYTES, SEEK_SET), 0);
+  cr_assert_eq(fwrite(big, 2, 4000, f), 4000);
+  fclose(f);
+  pos = (data_pos_t){0, 0};
+  cr_assert_eq(data_next_batch(d, &pos, 9, B, T, in, tg), FSDP_EFORMAT);
+  assert_msg_has(p);
+  assert_msg_has("token id 65000");
+  assert_msg_has("rewritten in place");
+  cr_assert_eq(data_eval_batch(d, 0, B, T, in, tg), FSDP_EFORMAT);
+  /* cut short in place */
+  cr_assert_eq(truncate(p, HDR_BYTES + 2 * 100), 0);
+  cr_assert_eq(data_eval_batch(d, 0, B, T, in, tg), FSDP_EIO);
+  assert_msg_has(p);
+  assert_msg_has("cut short since the run opened it");
   data_close(d);
   free(p);
 }
