@@ -187,6 +187,7 @@ struct store {
   int64_t *touched;     /* nodes whose row or devices changed since store_nodes_touched */
   int n_touched, cap_touched;
   int touched_all;      /* more than STORE_TOUCHED_MAX (or no memory): every node counts */
+  int64_t event_sane_id; /* store_event_purge: the first event dated sensibly after future-dated ones */
   struct {
     const char *sql;    /* the statement's text, by address: SQL here is literals */
     sqlite3_stmt *stmt;
@@ -1383,9 +1384,30 @@ int store_event_purge(store_t *st, int64_t before_ms, int max, int *removed) {
   if (removed) *removed = 0;
   int rc = store_begin(st, 1);
   if (rc) return rc;
-  /* the oldest is recent enough: nothing to read through (the usual pass) */
-  if (st_int(st, INT64_MAX, "SELECT time_ms FROM events ORDER BY id LIMIT 1") >= before_ms)
+  const int64_t oldest = st_int(st, INT64_MAX, "SELECT time_ms FROM events ORDER BY id LIMIT 1");
+  const int64_t ahead = store_now_ms() + STORE_CLOCK_AHEAD_MS;
+  if (oldest != INT64_MAX && oldest > ahead) {
+    /* The oldest rows are dated in the future: the clock was set ahead when
+     * they were written and then back. Waiting for their date would keep
+     * every row after them, for years if the clock was years ahead. But ids
+     * follow the order of writing: rows before one that is older than the
+     * cut were written before it, so they are older too, whatever they say.
+     * The first row dated sensibly is found from where the last pass found
+     * it (the rows before it are skipped once, not at every pass). */
+    const int64_t id = st_int(st, 0, "SELECT id FROM events WHERE id >= ? AND time_ms <= ? ORDER "
+                              "BY id LIMIT 1", A_I(st->event_sane_id), A_I(ahead));
+    if (!id || st_int(st, 0, "SELECT time_ms FROM events WHERE id = ?", A_I(id)) >= before_ms) {
+      /* none yet, or it is recent enough: they wait */
+      if (id) st->event_sane_id = id;
+      return store_end(st, 0);
+    }
+    const int64_t n = st_exec(st, "DELETE FROM events WHERE id IN (SELECT id FROM events WHERE "
+                              "id < ? ORDER BY id LIMIT ?)", A_I(id), A_I(max > 0 ? max : 1));
+    if (removed && n > 0) *removed = (int)n;
     return store_end(st, 0);
+  }
+  /* the oldest is recent enough: nothing to read through (the usual pass) */
+  if (oldest >= before_ms) return store_end(st, 0);
   /* ids grow with time: the oldest max rows, of which those before the cut;
    * never the newest, whose id SQLite would hand out again (a follower
    * paging after it would miss the next ones) */

@@ -353,7 +353,10 @@ int store_event_add(store_t *st, int64_t job_id, int64_t node_id, const char *ki
                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 /* Removes events older than before_ms (Unix ms), the oldest first, at most
  * max of them in this one transaction (a pass stays short; call again while
- * *removed == max). *removed may be NULL. */
+ * *removed == max). *removed may be NULL. Events dated more than
+ * STORE_CLOCK_AHEAD_MS after now (written while the clock was set ahead)
+ * that were written before an event older than the cut go with it. */
+#define STORE_CLOCK_AHEAD_MS (24 * 3600 * 1000LL)
 int store_event_purge(store_t *st, int64_t before_ms, int max, int *removed);
 /* Events of one job (job_id > 0) or all, oldest first, at most limit of
  * them (limit <= 0: no bound): those with id > after_id, or with after_id

@@ -643,6 +643,40 @@ Test(store, old_events_are_purged_in_bounded_batches) {
   store_close(st);
 }
 
+/* Events written while the clock was set years ahead (then set back) do not
+ * hold up retention for years: those written before an event older than
+ * the cut go with it; while the first event after them is recent, they
+ * stay. */
+Test(store, events_dated_in_the_future_do_not_block_retention) {
+  store_t *st = open_db("state.db");
+  for (int i = 0; i < 4; i++) cr_assert_eq(store_event_add(st, 0, 0, "test.ahead", "ahead %d", i), 0);
+  for (int i = 0; i < 3; i++) cr_assert_eq(store_event_add(st, 0, 0, "test.recent", "recent %d", i), 0);
+  sqlite3 *db = raw_open("state.db");
+  /* ten years ahead of now */
+  cr_assert_eq(sqlite3_exec(db, "UPDATE events SET time_ms = time_ms + 315360000000 WHERE kind = "
+                            "'test.ahead'", NULL, NULL, NULL), SQLITE_OK);
+  const int64_t cut = raw_int(db, "SELECT min(time_ms) FROM events WHERE kind = 'test.recent'");
+  int removed = -1;
+  cr_assert_eq(store_event_purge(st, cut, 100, &removed), 0, "%s", err_msg());
+  cr_assert_eq(removed, 0, "the first event after them is not older than the cut");
+  cr_assert_eq(raw_int(db, "SELECT count(*) FROM events"), 7);
+  /* that event ages past the cut: they go first, then it (in batches of 3) */
+  cr_assert_eq(sqlite3_exec(db, "UPDATE events SET time_ms = 1000 WHERE text = 'recent 0'", NULL,
+                            NULL, NULL), SQLITE_OK);
+  cr_assert_eq(store_event_purge(st, cut, 3, &removed), 0, "%s", err_msg());
+  cr_assert_eq(removed, 3);
+  cr_assert_eq(store_event_purge(st, cut, 3, &removed), 0, "%s", err_msg());
+  cr_assert_eq(removed, 1, "the last one dated ahead");
+  cr_assert_eq(store_event_purge(st, cut, 3, &removed), 0, "%s", err_msg());
+  cr_assert_eq(removed, 1, "the one older than the cut");
+  cr_assert_eq(store_event_purge(st, cut, 3, &removed), 0, "%s", err_msg());
+  cr_assert_eq(removed, 0);
+  cr_assert_eq(raw_int(db, "SELECT count(*) FROM events WHERE kind = 'test.recent'"), 2);
+  cr_assert_eq(raw_int(db, "SELECT count(*) FROM events"), 2);
+  sqlite3_close(db);
+  store_close(st);
+}
+
 /* Jobs' retention: ended jobs older than the cut go with every row of their
  * own, the earliest ended first; a running job and a recent one stay; a job
  * not ended is refused, nothing removed; a removed id is never reused. */
