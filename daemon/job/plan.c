@@ -72,12 +72,12 @@ static const plan_device_t *plan_device(const config_t *c) {
 
 /* Activations and the workspace of the training loop and the sample: the
  * model's activations for (B, T), its attention scratch, the loop's input and
- * target batches (every rank holds the global batch's rows: batch x world),
+ * target batches (a rank's own rows of the global batch: batch x seq_len),
  * and after training the sample's forward passes (B = 1, T growing to the
  * context) with its token buffers and one row of logits on the host. gpt.c
  * reallocates activations only when a shape needs more, so each is the larger
  * of training and sampling. */
-static void plan_loop(const config_t *c, int world, plan_t *p) {
+static void plan_loop(const config_t *c, plan_t *p) {
   const plan_device_t *dev = plan_device(c);
   const gpt_config_t *g = &c->gpt;
   const int ck = c->activation_checkpointing;
@@ -85,8 +85,7 @@ static void plan_loop(const config_t *c, int world, plan_t *p) {
   size_t scratch = dev->attention_scratch(c->batch, c->seq_len, g->channels, g->heads) * f;
   size_t acts = gpt_config_act_bytes(g, c->batch, c->seq_len, ck,
                                      dev->attention_saved(c->batch, c->seq_len, g->channels, g->heads));
-  const size_t NG = (size_t)c->batch * (size_t)world * (size_t)c->seq_len;
-  const size_t batches = 2 * NG * sizeof(int32_t);
+  const size_t batches = 2 * (size_t)c->batch * (size_t)c->seq_len * sizeof(int32_t); /* a rank's rows */
   size_t sample = 0;
   if (c->sample_tokens > 0) {
     const size_t np = g->vocab == 256 && c->sample_prompt[0] ? strlen(c->sample_prompt) : 1;
@@ -226,7 +225,7 @@ static int plan_runtime(const config_t *c, int world, plan_t *p) {
   if (m.shards > 1) comm += dev->comm_bytes(m.shards);
   if (m.replicas > 1) comm += dev->comm_bytes(m.replicas);
   p->bytes[MEM_COMM] = comm;
-  plan_loop(c, world, p);
+  plan_loop(c, p);
   /* held for the runtime's life, so on top of the loop's: the host stage
    * weights pass through (fsdp.c), and under bf16-true the fp32 chunks of
    * the gradient shard (fsdp.c) and of AdamW's state (adamw.c) */

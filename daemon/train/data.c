@@ -364,17 +364,29 @@ static int data__fill(data_t *d, size_t start, int T, int32_t *in, int32_t *tg) 
   return FSDP_OK;
 }
 
-static int data__check_bt(const data_t *d, int B, int T) {
+static int data__check_rows(const data_t *d, int B, int T, int first, int count) {
   if (B <= 0 || T <= 0)
     return err_set(FSDP_EINVAL, "token file %s: batch %d and seq_len %d must be positive", d->path,
                    B, T);
+  if (first < 0 || count < 0 || count > B - first)
+    return err_set(FSDP_EINVAL, "token file %s: rows %d..%d are not rows of a batch of %d",
+                   d->path, first, first + count - 1, B);
   return FSDP_OK;
 }
 
 int data_next_batch(data_t *d, data_pos_t *pos, uint64_t seed, int B, int T, int32_t *inputs,
                     int32_t *targets) {
+  return data_next_rows(d, pos, seed, B, T, 0, B, inputs, targets);
+}
+
+int data_eval_batch(data_t *d, size_t k, int B, int T, int32_t *inputs, int32_t *targets) {
+  return data_eval_rows(d, k, B, T, 0, B, inputs, targets);
+}
+
+int data_next_rows(data_t *d, data_pos_t *pos, uint64_t seed, int B, int T, int first, int count,
+                   int32_t *inputs, int32_t *targets) {
   FSDP_ASSERT(d && pos && inputs && targets);
-  int rc = data__check_bt(d, B, T);
+  int rc = data__check_rows(d, B, T, first, count);
   if (rc) return rc;
   size_t nw = data__windows(d->eval_start, T);
   if (nw < (size_t)B)
@@ -390,8 +402,8 @@ int data_next_batch(data_t *d, data_pos_t *pos, uint64_t seed, int B, int T, int
     pos->index = 0;
   }
   if ((rc = data__permute(d, seed, pos->epoch, nw)) != FSDP_OK) return rc;
-  const uint32_t *win = d->perm + pos->index * (size_t)B;
-  for (int b = 0; b < B; b++)
+  const uint32_t *win = d->perm + pos->index * (size_t)B + first;
+  for (int b = 0; b < count; b++)
     if ((rc = data__fill(d, (size_t)win[b] * (size_t)T, T, inputs + (size_t)b * T,
                          targets + (size_t)b * T)))
       return rc;
@@ -407,9 +419,10 @@ size_t data_eval_num_batches(const data_t *d, int B, int T) {
   return data__windows(d->n - d->eval_start, T) / (size_t)B;
 }
 
-int data_eval_batch(data_t *d, size_t k, int B, int T, int32_t *inputs, int32_t *targets) {
+int data_eval_rows(data_t *d, size_t k, int B, int T, int first, int count, int32_t *inputs,
+                   int32_t *targets) {
   FSDP_ASSERT(d && inputs && targets);
-  int rc = data__check_bt(d, B, T);
+  int rc = data__check_rows(d, B, T, first, count);
   if (rc) return rc;
   size_t nb = data_eval_num_batches(d, B, T);
   if (k >= nb)
@@ -417,8 +430,8 @@ int data_eval_batch(data_t *d, size_t k, int B, int T, int32_t *inputs, int32_t 
                    "token file %s: evaluation batch %zu does not exist: the held-out split "
                    "(%zu tokens) holds %zu batches of %d x %d",
                    d->path, k, d->n - d->eval_start, nb, B, T);
-  for (int b = 0; b < B; b++) {
-    size_t w = k * (size_t)B + (size_t)b;
+  for (int b = 0; b < count; b++) {
+    size_t w = k * (size_t)B + (size_t)(first + b);
     if ((rc = data__fill(d, d->eval_start + w * (size_t)T, T, inputs + (size_t)b * T,
                          targets + (size_t)b * T)))
       return rc;

@@ -46,10 +46,17 @@ size_t data_num_eval_tokens(const data_t *d);
  * advances *pos (to the next epoch when this one is used up). */
 int data_next_batch(data_t *d, data_pos_t *pos, uint64_t seed, int B, int T, int32_t *inputs,
                     int32_t *targets);
+/* The same for rows [first, first + count) of that batch only (count,T
+ * each): a rank reads its own rows of the global batch, not all of them. */
+int data_next_rows(data_t *d, data_pos_t *pos, uint64_t seed, int B, int T, int first, int count,
+                   int32_t *inputs, int32_t *targets);
 /* Number of whole evaluation batches of (B,T), and the k-th of them (sequential
- * windows of the held-out split, the same every time). */
+ * windows of the held-out split, the same every time), or its rows
+ * [first, first + count). */
 size_t data_eval_num_batches(const data_t *d, int B, int T);
 int data_eval_batch(data_t *d, size_t k, int B, int T, int32_t *inputs, int32_t *targets);
+int data_eval_rows(data_t *d, size_t k, int B, int T, int first, int count, int32_t *inputs,
+                   int32_t *targets);
 
 /* Writes a token file: temporary name, fsync, rename. Ids must fit in uint16. */
 int data_write(const char *path, const uint16_t *tokens, size_t n);

@@ -355,10 +355,10 @@ int train_open(train_t **out, const config_t *c, const train_opts_t *o) {
   /* touched now: the first checkpoint does not pay its page faults mid-run */
   if (t->snapshot) memset(t->snapshot, 0, ckpt_rank_snapshot_bytes(t->runtime));
   gpt_set_checkpointing(t->model, c->activation_checkpointing);
-  /* every rank draws the same global batch and trains on its own rows of it */
-  const size_t NG = (size_t)c->batch * (size_t)t->boot.world * (size_t)c->seq_len;
-  t->in = mem_alloc(MEM_WORKSPACE, NG * sizeof *t->in, "input batch");
-  t->tg = mem_alloc(MEM_WORKSPACE, NG * sizeof *t->tg, "target batch");
+  /* every rank draws the same global batch and reads its own rows of it */
+  const size_t N = (size_t)c->batch * (size_t)c->seq_len;
+  t->in = mem_alloc(MEM_WORKSPACE, N * sizeof *t->in, "input batch");
+  t->tg = mem_alloc(MEM_WORKSPACE, N * sizeof *t->tg, "target batch");
   if (!t->in || !t->tg) {
     rc = FSDP_ENOMEM;
     goto fail;
@@ -372,7 +372,7 @@ int train_open(train_t **out, const config_t *c, const train_opts_t *o) {
             t->boot.world, t->boot.world == 1 ? "" : "s", t->dev->kern->get_threads(),
             t->dev->name, c->activation_checkpointing ? "on" : "off",
             data_num_train_tokens(t->data), data_num_eval_tokens(t->data),
-            NG * (size_t)c->grad_accum);
+            N * (size_t)t->boot.world * (size_t)c->grad_accum);
   t->res.mem_planned = t->plan.total;
   t->t_start = train_now();
   *out = t;
@@ -391,12 +391,12 @@ static int train_eval(train_t *t, float *out) {
   const int BG = c->batch * t->boot.world;
   size_t nb = data_eval_num_batches(t->data, BG, c->seq_len);
   if (c->eval_batches && (size_t)c->eval_batches < nb) nb = (size_t)c->eval_batches;
-  const size_t mine = (size_t)t->boot.rank * (size_t)c->batch * (size_t)c->seq_len;
+  const int first = t->boot.rank * c->batch;
   double sum = 0;
   for (size_t k = 0; k < nb; k++) {
     float loss;
-    int rc = data_eval_batch(t->data, k, BG, c->seq_len, t->in, t->tg);
-    if (!rc) rc = gpt_forward(t->model, t->in + mine, t->tg + mine, c->batch, c->seq_len, &loss);
+    int rc = data_eval_rows(t->data, k, BG, c->seq_len, first, c->batch, t->in, t->tg);
+    if (!rc) rc = gpt_forward(t->model, t->in, t->tg, c->batch, c->seq_len, &loss);
     if (rc) return err_wrap(rc, "evaluation batch %zu", k);
     sum += loss;
   }
@@ -416,7 +416,6 @@ int train_step(train_t *t) {
     return err_set(FSDP_EINVAL, "train_step: all %d steps are done", c->steps);
   const int BG = c->batch * t->boot.world;
   const size_t N = (size_t)c->batch * (size_t)c->seq_len;
-  const size_t mine = (size_t)t->boot.rank * N;
   train_metrics_t m = {.rank = t->boot.rank, .world = t->boot.world, .step = t->step + 1,
                        .steps = c->steps, .lr = train_lr(c, t->step),
                        .tokens = N * (size_t)t->boot.world * (size_t)c->grad_accum};
@@ -428,8 +427,9 @@ int train_step(train_t *t) {
   for (int k = 0; k < c->grad_accum; k++) {
     float loss;
     fsdp_defer_reduce(t->runtime, c->keep_unsharded_grads && k < c->grad_accum - 1);
-    if ((rc = data_next_batch(t->data, &t->pos, c->seed, BG, c->seq_len, t->in, t->tg)) ||
-        (rc = gpt_forward(t->model, t->in + mine, t->tg + mine, c->batch, c->seq_len, &loss)) ||
+    if ((rc = data_next_rows(t->data, &t->pos, c->seed, BG, c->seq_len, t->boot.rank * c->batch,
+                             c->batch, t->in, t->tg)) ||
+        (rc = gpt_forward(t->model, t->in, t->tg, c->batch, c->seq_len, &loss)) ||
         (rc = gpt_backward(t->model, 1.0f / (float)c->grad_accum)))
       return err_wrap(rc, "step %d", m.step);
     loss_sum += loss;

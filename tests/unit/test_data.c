@@ -432,6 +432,35 @@ static void run_batches(data_t *d, data_pos_t *pos, uint64_t seed, int B, int T,
                  FSDP_OK, "%s", err_msg());
 }
 
+/* A rank's rows of the global batch are those rows of the whole batch, for
+ * training (the position advancing the same) and evaluation; rows outside
+ * the batch are refused. */
+Test(data, a_ranks_rows_are_its_rows_of_the_global_batch) {
+  enum { B = 6, T = 8 };
+  char *p = make_seq_file("rows.bin", 2000);
+  data_t *d = NULL;
+  cr_assert_eq(data_open(&d, p, 65536, 0.2, T), FSDP_OK, "%s", err_msg());
+  int32_t in[B * T], tg[B * T], rin[2 * T], rtg[2 * T];
+  data_pos_t whole = {0, 0}, rows = {0, 0};
+  for (int k = 0; k < 40; k++) { /* past an epoch's end (24 batches) */
+    cr_assert_eq(data_next_batch(d, &whole, 3, B, T, in, tg), FSDP_OK, "%s", err_msg());
+    const int first = k % 5;
+    cr_assert_eq(data_next_rows(d, &rows, 3, B, T, first, 2, rin, rtg), FSDP_OK, "%s", err_msg());
+    cr_assert(whole.epoch == rows.epoch && whole.index == rows.index, "batch %d", k);
+    cr_assert_eq(memcmp(rin, in + first * T, sizeof rin), 0, "batch %d rows %d..", k, first);
+    cr_assert_eq(memcmp(rtg, tg + first * T, sizeof rtg), 0, "batch %d rows %d..", k, first);
+  }
+  cr_assert_eq(data_eval_batch(d, 1, B, T, in, tg), FSDP_OK, "%s", err_msg());
+  cr_assert_eq(data_eval_rows(d, 1, B, T, 4, 2, rin, rtg), FSDP_OK, "%s", err_msg());
+  cr_assert_eq(memcmp(rin, in + 4 * T, sizeof rin), 0);
+  cr_assert_eq(memcmp(rtg, tg + 4 * T, sizeof rtg), 0);
+  cr_assert_eq(data_next_rows(d, &rows, 3, B, T, 5, 2, rin, rtg), FSDP_EINVAL);
+  assert_msg_has("rows 5..6 are not rows of a batch of 6");
+  cr_assert_eq(data_eval_rows(d, 1, B, T, -1, 1, rin, rtg), FSDP_EINVAL);
+  data_close(d);
+  free(p);
+}
+
 Test(data, batches_deterministic_per_seed) {
   int B = 2, T = 8, nb = 20;
   char *p = make_seq_file("det.bin", 801); /* 100 windows, 50 batches an epoch */
