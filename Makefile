@@ -85,9 +85,11 @@ KERN_OBJS   = $(B)/kernels/cpu/backend.o \
 # geometry, memory plan and admission checks, linked by the ranks and by the
 # coordinator, which links nothing else of the engine (only common). Purity is
 # proved by linking: test_job links only these and the common objects.
+# daemon/common/ini_line.c (job file lines, over inih) is listed here, where
+# inih is linked; fsdpctl links it too.
 JOB_SRCS    = daemon/job/config.c daemon/job/gpt_config.c daemon/job/precision.c \
               daemon/job/shard.c daemon/job/plan.c daemon/job/job.c daemon/job/ckpt.c \
-              daemon/job/safetensors.c
+              daemon/job/safetensors.c daemon/common/ini_line.c
 JOB_OBJS    = $(JOB_SRCS:%.c=$(B)/%.o) $(COMMON_SRCS:%.c=$(B)/%.o)
 # what the job library needs: job files (inih), checkpoints' checksums and manifests
 JOB_LDLIBS  = -linih -lxxhash -ljansson
@@ -118,7 +120,7 @@ BINS  = bin/fsdp-train bin/fsdp-tokenize bin/fsdp-launch bin/fsdp-coordinator bi
 # (tests/e2e: the programs run as processes); test_bins names their binaries
 # under a build directory.
 UNIT_TESTS = err frame param kernels isa device boot data gpt adamw config train ckpt sample shard plan comm \
-             fsdp reference supervise sched inventory job rpc store store_txn safetensors netaddr
+             fsdp reference supervise sched inventory job rpc store store_txn safetensors netaddr ini_line
 E2E_TESTS  = launch fault coordinator fsdpd cluster systemd metrics k8s slurm nogpu
 test_bins  = $(UNIT_TESTS:%=$(1)/tests/test_%) $(E2E_TESTS:%=$(1)/e2e/test_%)
 TEST_BINS  = $(call test_bins,$(B))
@@ -382,14 +384,16 @@ bin/fsdp-coordinator: $(COORD_BIN_OBJS)
 	$(CC) $(EXTRA_LDFLAGS) $^ -o $@ $(RPC_LDLIBS) $(METRICS_LDLIBS) $(COORD_LDLIBS) $(JOB_LDLIBS) -lm
 
 # ---- fsdpctl (client/) ------------------------------------------------------
-# The client links only the wire: its own objects, RPC_LIB and three objects
-# of daemon/common (errors, log lines, the tunables the log reads), plus inih
+# The client links only the wire: its own objects, RPC_LIB and four objects
+# of daemon/common (errors, log lines, the tunables the log reads, job file
+# lines), plus inih
 # for job files and jansson for --output json. No libfsdp, no OpenMP: the nm
 # check below fails the build if an engine symbol ever gets in.
 # (`all:` was read before this block, so it is told of the program here.)
 CLIENT_SRCS        = client/fsdpctl.c client/spec.c client/table.c client/pbjson.c
 CLIENT_OBJS        = $(CLIENT_SRCS:%.c=$(B)/%.o)
-CLIENT_COMMON_OBJS = $(B)/daemon/common/err.o $(B)/daemon/common/log.o $(B)/daemon/common/param.o
+CLIENT_COMMON_OBJS = $(B)/daemon/common/err.o $(B)/daemon/common/log.o $(B)/daemon/common/param.o \
+                     $(B)/daemon/common/ini_line.o
 BINS      += bin/fsdpctl
 E2E_TESTS += fsdpctl
 all: bin/fsdpctl
@@ -408,7 +412,7 @@ bin/fsdpctl: $(CLIENT_OBJS) $(RPC_LIB) $(CLIENT_COMMON_OBJS)
 # with the sanitizers); jansson parses its --output json.
 $(B)/e2e/test_fsdpctl: $(B)/tests/e2e/test_fsdpctl.o $(TESTUTIL) $(RPC_LIB) $(CLIENT_COMMON_OBJS)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $^ -o $@ $(RPC_LDLIBS) -ljansson -lm -lpthread -lcriterion
+	$(CC) $(LDFLAGS) $^ -o $@ $(RPC_LDLIBS) -linih -ljansson -lm -lpthread -lcriterion
 # ---- end of the fsdpctl block -----------------------------------------------
 
 # ---- fsdpd, the node daemon (daemon/node) ------------------------------------
@@ -419,9 +423,10 @@ FSDPD_SRCS = daemon/node/fsdpd.c daemon/node/agent.c daemon/node/ranks.c daemon/
              daemon/node/workdir.c daemon/node/supervise.c daemon/node/inventory.c
 FSDPD_OBJS = $(FSDPD_SRCS:%.c=$(B)/%.o)
 $(FSDPD_OBJS) $(B)/tests/e2e/test_fsdpd.o: | $(PROTO_HDRS)
-bin/fsdpd: $(FSDPD_OBJS) $(METRICS_OBJS) $(RPC_LIB) $(COMMON_SRCS:%.c=$(B)/%.o)
+bin/fsdpd: $(FSDPD_OBJS) $(METRICS_OBJS) $(RPC_LIB) $(COMMON_SRCS:%.c=$(B)/%.o) \
+           $(B)/daemon/common/ini_line.o
 	@mkdir -p bin
-	$(CC) $(EXTRA_LDFLAGS) $^ -o $@ $(RPC_LDLIBS) $(METRICS_LDLIBS) -ldl -lm -lpthread
+	$(CC) $(EXTRA_LDFLAGS) $^ -o $@ $(RPC_LDLIBS) $(METRICS_LDLIBS) -linih -ldl -lm -lpthread
 	@! nm $@ | grep -E ' [TtDdBb] (kern_|fsdp_[a-z]|gpt_|train_|comm_)' \
 	  || { echo "bin/fsdpd links engine code (above)"; rm -f $@; exit 1; }
 

@@ -2,12 +2,12 @@
 #include "client/spec.h"
 
 #include <errno.h>
-#include <ini.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "daemon/common/err.h"
+#include "daemon/common/ini_line.h"
 
 static int spec_append(spec_t *s, const char *section, const char *key, const char *value) {
   if (s->n == s->cap) {
@@ -39,14 +39,9 @@ static int spec_ini_cb(void *user, const char *section, const char *key, const c
   if (x->rc) return 0;
   /* inih trims the spaces around a value; a quoted one keeps them, and the
    * quotes are not part of it (daemon/job/config.c reads files so too) */
-  size_t n = strlen(value);
-  char *unq = NULL;
-  if (n >= 2 && value[0] == '"' && value[n - 1] == '"') {
-    if (!(unq = strndup(value + 1, n - 2))) return x->rc = err_set(FSDP_ENOMEM, "out of memory"), 0;
-    value = unq;
-  }
-  x->rc = spec_append(x->s, section, key, value);
-  free(unq);
+  char unq[1024]; /* a line holds less (ini_line_max) */
+  const char *v = ini_line_unquote(value, unq, sizeof unq);
+  x->rc = spec_append(x->s, section, key, v ? v : value);
   return !x->rc;
 }
 
@@ -54,9 +49,13 @@ int spec_load_file(spec_t *s, const char *path) {
   FILE *f = fopen(path, "r");
   if (!f) return err_set_errno(err_from_errno(errno), errno, "job file %s", path);
   spec_ini_t x = {s, 0};
-  int line = ini_parse_file(f, spec_ini_cb, &x);
+  int too_long;
+  int line = ini_line_parse(f, NULL, spec_ini_cb, &x, &too_long);
   fclose(f);
   if (x.rc) return err_wrap(x.rc, "job file %s", path);
+  if (too_long)
+    return err_set(FSDP_EINVAL, "job file %s:%d: longer than %d characters, the most a job file "
+                   "line may hold (Debian's libinih): shorten the value", path, line, ini_line_max());
   if (line > 0)
     return err_set(FSDP_EINVAL, "job file %s:%d: not a `key = value` line or a [section] header",
                    path, line);

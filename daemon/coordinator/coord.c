@@ -17,7 +17,6 @@
 static int coord_hash_oom;
 #include "daemon/coordinator/coord_impl.h"
 
-#include <ini.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +24,7 @@ static int coord_hash_oom;
 #include <xxhash.h>
 
 #include "daemon/common/err.h"
+#include "daemon/common/ini_line.h"
 #include "daemon/common/log.h"
 #include "daemon/coordinator/sched.h"
 #include "daemon/job/job.h"
@@ -96,7 +96,9 @@ static int coord_spec_ini_cb(void *user, const char *section, const char *key, c
   Fsdp__V1__Option *o = malloc(sizeof *o);
   if (!o) return x->failed = 1, 0;
   fsdp__v1__option__init(o);
-  o->section = strdup(section), o->key = strdup(key), o->value = strdup(value);
+  char unq[1024]; /* a line holds less (ini_line_max) */
+  const char *v = ini_line_unquote(value, unq, sizeof unq);
+  o->section = strdup(section), o->key = strdup(key), o->value = strdup(v ? v : value);
   s->options[s->n_options++] = o;
   if (!o->section || !o->key || !o->value) return x->failed = 1, 0;
   return 1;
@@ -105,12 +107,14 @@ static int coord_spec_ini_cb(void *user, const char *section, const char *key, c
 int coord_spec_from_text(const char *text, Fsdp__V1__JobSpec *spec) {
   fsdp__v1__job_spec__init(spec);
   coord_spec_ctx_t x = {spec, 0, 0};
-  int line = ini_parse_string(text, coord_spec_ini_cb, &x);
+  int too_long;
+  int line = ini_line_parse(NULL, text, coord_spec_ini_cb, &x, &too_long);
   if (line || x.failed) {
     coord_spec_free(spec);
     return x.failed ? err_set(FSDP_ENOMEM, "coordinator: out of memory reading a job's spec")
                     : err_set(FSDP_EFORMAT, "coordinator: a stored job spec does not parse "
-                              "(line %d); the database was changed by hand?", line);
+                              "(line %d%s); the database was changed by hand?", line,
+                              too_long ? ", too long" : "");
   }
   return FSDP_OK;
 }

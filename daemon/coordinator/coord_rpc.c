@@ -14,6 +14,7 @@
 #include <sys/random.h>
 
 #include "daemon/common/err.h"
+#include "daemon/common/ini_line.h"
 #include "daemon/common/log.h"
 #include "daemon/coordinator/coord_impl.h"
 #include "daemon/job/job.h"
@@ -179,23 +180,31 @@ int coord_job_arg(coord_t *c, rpc_call_t *call, const char *id, store_job_t *j) 
 
 /* ---- user: jobs ------------------------------------------------------------- */
 
-/* The spec as the store keeps it: INI text, every option under its own
- * section, the paths replaced by what job_paths_check resolved. */
-static char *coord_spec_text(const Fsdp__V1__JobSpec *s, const config_t *cfg) {
+/* The spec as the store keeps it, in *out: INI text, every option under its
+ * own section, the paths replaced by what job_paths_check resolved. Each
+ * line reads back as the option it was made from (ini_line_write), or the
+ * spec is refused naming it: a line libinih would cut in two must never
+ * become two options, the second one unchecked. */
+static int coord_spec_text(const Fsdp__V1__JobSpec *s, const config_t *cfg, char **out) {
   char *text = NULL;
   size_t len = 0;
+  *out = NULL;
   FILE *f = open_memstream(&text, &len);
-  if (!f) return NULL;
+  if (!f) return err_set(FSDP_ENOMEM, "coordinator: out of memory");
   const char *sec = "";
-  for (size_t i = 0; i < s->n_options; i++) {
+  int rc = FSDP_OK;
+  for (size_t i = 0; i < s->n_options && !rc; i++) {
     const Fsdp__V1__Option *o = s->options[i];
     const char *osec = o->section[0] ? o->section : config_section_of(o->key);
     const char *path = job_path_value(cfg, o->key), *v = path ? path : o->value;
     if (strcmp(sec, osec)) fprintf(f, "[%s]\n", sec = osec);
-    fprintf(f, "%s = %s\n", o->key, v);
+    if ((rc = ini_line_write(f, osec, o->key, v)))
+      rc = err_wrap(rc, "options[%zu]%s", i, path ? " (the path as resolved under its root)" : "");
   }
-  if (fclose(f)) return free(text), NULL;
-  return text;
+  if (fclose(f) && !rc) rc = err_set(FSDP_ENOMEM, "coordinator: out of memory");
+  if (rc) free(text);
+  else *out = text;
+  return rc;
 }
 
 /* Text that could break the stored INI or a log line: refused, naming it. */
@@ -311,10 +320,7 @@ static void coord_submit_cb(rpc_call_t *call, const ProtobufCMessage *req, void 
   snprintf(sub.name, sizeof sub.name, "%s", s->name[0] ? s->name : "job"); /* a name is optional */
   snprintf(sub.request_id, sizeof sub.request_id, "%s", q->request_id);
   snprintf(sub.note, sizeof sub.note, "%s", config_adjusted(&cfg));
-  if (!(sub.text = coord_spec_text(s, &cfg))) {
-    rc = err_set(FSDP_ENOMEM, "coordinator: out of memory");
-    goto fail;
-  }
+  if ((rc = coord_spec_text(s, &cfg, &sub.text))) goto fail;
   if (c->n_sub == c->cap_sub) {
     int cap = c->cap_sub ? 2 * c->cap_sub : 32;
     coord_submit_t *p = realloc(c->sub, (size_t)cap * sizeof *p);

@@ -6,7 +6,6 @@
 
 #include <ctype.h>
 #include <errno.h>
-#include <ini.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,6 +13,7 @@
 #include <string.h>
 
 #include "daemon/common/err.h"
+#include "daemon/common/ini_line.h"
 #include "daemon/job/precision.h"
 #include "daemon/job/shard.h"
 
@@ -223,13 +223,8 @@ static int config_ini_cb(void *user, const char *section, const char *name, cons
   /* inih trims the spaces around a value: a quoted value keeps them (config_write
    * quotes a string that starts or ends with a space, like the default prompt) */
   char unq[CONFIG_PATH_MAX];
-  size_t n = strlen(value);
-  if (n >= 2 && value[0] == '"' && value[n - 1] == '"' && n - 2 < sizeof unq) {
-    memcpy(unq, value + 1, n - 2);
-    unq[n - 2] = 0;
-    value = unq;
-  }
-  int rc = config_set_in(x->c, section, name, value);
+  const char *v = ini_line_unquote(value, unq, sizeof unq);
+  int rc = config_set_in(x->c, section, name, v ? v : value);
   if (rc) {
     x->rc = err_wrap(rc, "job file %s", x->path);
     return 0;
@@ -241,9 +236,13 @@ int config_load_file(config_t *c, const char *path) {
   FILE *f = fopen(path, "r");
   if (!f) return err_set_errno(err_from_errno(errno), errno, "job file %s", path);
   config_ini_ctx_t x = {c, path, FSDP_OK};
-  int line = ini_parse_file(f, config_ini_cb, &x);
+  int too_long;
+  int line = ini_line_parse(f, NULL, config_ini_cb, &x, &too_long);
   fclose(f);
   if (x.rc) return x.rc;
+  if (too_long)
+    return err_set(FSDP_EINVAL, "%s:%d: longer than %d characters, the most a job file line may "
+                   "hold (Debian's libinih): shorten the value", path, line, ini_line_max());
   if (line > 0)
     return err_set(FSDP_EINVAL, "%s:%d: not a `key = value` line or a [section] header", path,
                    line);

@@ -20,6 +20,7 @@
 
 #include "daemon/job/job.h" /* JOB_EXIT_PREEMPTED */
 #include "daemon/common/err.h"
+#include "daemon/common/ini_line.h"
 #include "daemon/common/frame.h"
 #include "daemon/common/log.h"
 #include "daemon/common/netaddr.h"
@@ -517,8 +518,9 @@ static int rk_word_ok(const char *s, int empty_ok) {
   return 1;
 }
 
-/* Checks the spec's options: a newline in a value, or a bracket in a key,
- * would let a request add lines of its own to the job file. */
+/* Checks the spec's options: a newline in a value, a bracket in a key, or
+ * a line libinih would cut in two would let a request add lines of its own
+ * to the job file. */
 static int rk_options_check(const Fsdp__V1__RankAssignment *a) {
   const Fsdp__V1__JobSpec *sp = a->spec;
   for (size_t i = 0; sp && i < sp->n_options; i++) {
@@ -526,6 +528,8 @@ static int rk_options_check(const Fsdp__V1__RankAssignment *a) {
     if (!rk_word_ok(o->section, 1) || !rk_word_ok(o->key, 0) || strpbrk(o->value, "\r\n"))
       return err_set(FSDP_EINVAL, "option %zu ([%.32s] %.32s) is not a job file line (sections and "
                      "keys are words, values one line)", i, o->section, o->key);
+    int rc = ini_line_check(o->section, o->key, o->value);
+    if (rc) return err_wrap(rc, "option %zu", i);
   }
   return FSDP_OK;
 }
@@ -550,7 +554,7 @@ static int rk_write_job(rank_t *rk, const char *path) {
       const Fsdp__V1__Option *o = sp->options[i];
       if ((pass == 0) != (o->section[0] == 0)) continue;
       if (pass == 1 && strcmp(cur, o->section)) fprintf(f, "[%s]\n", cur = o->section);
-      fprintf(f, "%s = %s\n", o->key, o->value);
+      (void)ini_line_write(f, o->section, o->key, o->value); /* checked: rk_options_check */
     }
   }
   int bad = ferror(f);

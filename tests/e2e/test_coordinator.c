@@ -216,6 +216,17 @@ static void data_opt(char *d, size_t len) {
   free(data);
 }
 
+/* The value of option key in job id's spec as GetJob shows it (asserted present). */
+static void job_option(const char *id, const char *key, char *out, size_t len) {
+  Fsdp__V1__GetJobReply *g = get_job(id);
+  int found = 0;
+  for (size_t i = 0; i < g->job->spec->n_options; i++)
+    if (!strcmp(g->job->spec->options[i]->key, key))
+      found = 1, snprintf(out, len, "%s", g->job->spec->options[i]->value);
+  reply_free(g);
+  cr_assert(found, "%s has no option %s", id, key);
+}
+
 static int cancel(const char *id) {
   Fsdp__V1__CancelJobRequest q = FSDP__V1__CANCEL_JOB_REQUEST__INIT;
   q.job_id = (char *)id, q.reason = "test";
@@ -1168,6 +1179,32 @@ Test(coordinator, jobs_on_an_empty_cluster_say_what_they_wait_for) {
     cr_expect(strstr(reason, "waiting for 2 free cpu devices") && strstr(reason, ": 0 free"),
               "%s: \"%s\"", k ? b : a, reason);
   }
+}
+
+/* A job's options go to the store, and later to each rank's job file, as
+ * `key = value` lines that Debian's libinih reads in 200-byte pieces: a
+ * value whose line would be cut in two is refused naming the option (it
+ * could carry an option of its own past the cut, never validated: here a
+ * save path outside every root), and every value accepted reads back as
+ * itself, spaces and quotes included, across a restart. */
+Test(coordinator, an_option_that_would_not_survive_the_job_file_is_refused) {
+  char d[600], inj[400], a[32];
+  data_opt(d, sizeof d);
+  snprintf(inj, sizeof inj, "sample_prompt=%0183d%s", 0, "save = /tmp/outside/pwned.bin");
+  const char *kv[] = {"model=tiny", d, "steps=3", inj, NULL};
+  cr_assert_eq(submit(1, kv, a, sizeof a), FSDP_EINVAL, "a 212-character line was taken");
+  cr_assert(strstr(err_msg(), "sample_prompt") && strstr(err_msg(), "at most 199"), "%s", err_msg());
+  const char *kv2[] = {"model=tiny", d, "steps=3", "sample_prompt=a ; b", NULL};
+  cr_assert_eq(submit(1, kv2, a, sizeof a), FSDP_EINVAL, "' ;' would start a comment");
+  cr_assert(strstr(err_msg(), "comment"), "%s", err_msg());
+  const char *kv3[] = {"model=tiny", d, "steps=3", "sample_prompt=  \"two\" sides ", NULL};
+  cr_assert_eq(submit(1, kv3, a, sizeof a), 0, "%s", err_msg());
+  char v[256];
+  job_option(a, "sample_prompt", v, sizeof v);
+  cr_assert_str_eq(v, "  \"two\" sides ");
+  co_restart_after("SELECT 1");
+  job_option(a, "sample_prompt", v, sizeof v);
+  cr_assert_str_eq(v, "  \"two\" sides ", "after a restart");
 }
 
 /* One live job per checkpoint directory, pending ones too: a second is

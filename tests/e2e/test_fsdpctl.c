@@ -634,6 +634,16 @@ Test(fsdpctl, submit_sends_the_job_file_with_the_flags_on_top) {
   req = rec_get("SubmitJob", &fsdp__v1__submit_job_request__descriptor, NULL);
   cr_assert_eq(req->spec->world_size, 6);
   protobuf_c_message_free_unpacked(&req->base, NULL);
+
+  /* a line too long for libinih is refused, not cut into two options */
+  char longline[400];
+  snprintf(longline, sizeof longline, "[output]\nsample_prompt = %0183d%s\n", 0,
+           "save = /elsewhere/x.bin");
+  char *bad = write_tmp("long.conf", longline);
+  rc = CTL("submit", bad);
+  cr_assert_eq(rc, 2, "exit %d: %s", rc, err);
+  expect_in(err, "long.conf:2: longer than 199 characters");
+  free(bad);
 }
 
 Test(fsdpctl, submit_json_and_a_refusal) {

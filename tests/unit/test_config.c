@@ -272,6 +272,15 @@ Test(config, job_file_errors_name_file_and_key) {
   tu_write_file(path, garbage, strlen(garbage));
   cr_assert_eq(config_load_file(&c, path), FSDP_EINVAL);
   cr_assert(strstr(err_msg(), ":2:"), "the line is named: %s", err_msg());
+  /* a line libinih would cut in two: the part past the cut is not an option */
+  char longline[400];
+  snprintf(longline, sizeof longline, "steps = 10\n[output]\nsample_prompt = %0183d%s\n", 0,
+           "save = /elsewhere/x.bin");
+  tu_write_file(path, longline, strlen(longline));
+  config_default(&c);
+  cr_assert_eq(config_load_file(&c, path), FSDP_EINVAL);
+  cr_assert(strstr(err_msg(), ":3:") && strstr(err_msg(), "199"), "%s", err_msg());
+  cr_assert_str_eq(c.save, "", "the option past the cut was taken: %s", c.save);
   cr_assert_eq(config_load_file(&c, "/nonexistent/job.conf"), FSDP_ENOENT);
   cr_assert(strstr(err_msg(), "/nonexistent/job.conf"), "%s", err_msg());
   free(path);
