@@ -155,27 +155,27 @@ coord_node_t *coord_node_get(coord_t *c, int64_t id, int create) {
 }
 
 coord_rank_t *coord_rank_get(coord_t *c, int64_t job, int rank, int create) {
-  for (int i = 0; i < c->n_rank; i++)
-    if (c->rank[i].job == job && c->rank[i].rank == rank) return &c->rank[i];
-  if (!create) return NULL;
-  if (c->n_rank == c->cap_rank) {
-    int cap = c->cap_rank ? 2 * c->cap_rank : 64;
-    coord_rank_t *p = realloc(c->rank, (size_t)cap * sizeof *p);
-    if (!p) return NULL;
-    c->rank = p, c->cap_rank = cap;
-  }
-  coord_rank_t *r = &c->rank[c->n_rank++];
-  memset(r, 0, sizeof *r);
+  const int64_t key[2] = {job, rank};
+  coord_rank_t *r;
+  HASH_FIND(hh, c->ranks, key, sizeof key, r);
+  if (r || !create) return r;
+  if (!(r = calloc(1, sizeof *r))) return NULL;
+  memcpy(r->key, key, sizeof key);
   r->job = job, r->rank = rank;
+  coord_hash_oom = 0;
+  HASH_ADD(hh, c->ranks, key, sizeof r->key, r);
+  if (coord_hash_oom) return free(r), NULL;
   return r;
 }
 
 /* Forgets the ranks' reports of a job (its attempt ended). */
 void coord_ranks_forget(coord_t *c, int64_t job) {
-  int k = 0;
-  for (int i = 0; i < c->n_rank; i++)
-    if (c->rank[i].job != job) c->rank[k++] = c->rank[i];
-  c->n_rank = k;
+  coord_rank_t *r, *tmp;
+  HASH_ITER(hh, c->ranks, r, tmp) {
+    if (r->job != job) continue;
+    HASH_DEL(c->ranks, r);
+    free(r);
+  }
 }
 
 coord_job_t *coord_job_info(coord_t *c, int64_t id) {
@@ -570,9 +570,9 @@ static void coord_watch_remove(coord_t *c, coord_watch_t *w) {
 int64_t coord_job_step(coord_t *c, const store_job_t *j, double *loss, double *tokens_per_s) {
   int64_t step = -1;
   int heard = 0;
-  for (int i = 0; i < c->n_rank; i++) {
-    const coord_rank_t *r = &c->rank[i];
-    if (r->job != j->id || r->epoch != j->epoch) continue;
+  for (int i = 0; i < j->world_size; i++) {
+    const coord_rank_t *r = coord_rank_get(c, j->id, i, 0);
+    if (!r || r->epoch != j->epoch) continue;
     heard++;
     if (step < 0 || r->step < step) step = r->step;
     /* rank 0's figures (they are the job's: the loss is averaged over ranks) */
@@ -1200,7 +1200,12 @@ static void coord_free_cb(uv_handle_t *h) {
   coord_job_t *x, *tmp;
   HASH_ITER(hh, c->jobs, x, tmp) coord_job_drop(c, x);
   store_nodes_free(c->pic, c->pic_n);
-  free(c->node), free(c->rank), free(c->held);
+  coord_rank_t *r, *rtmp;
+  HASH_ITER(hh, c->ranks, r, rtmp) {
+    HASH_DEL(c->ranks, r);
+    free(r);
+  }
+  free(c->node), free(c->held);
   free(c);
 }
 

@@ -45,12 +45,14 @@ typedef struct coord_node {
   struct coord *coord;      /* for its poll's cancel callback */
   coord_order_t *order;
   int n_order, cap_order;
+  int ndev;                 /* devices it registered with */
   int nbusy;                /* devices it reports still running a job's processes */
   int busy[64];
 } coord_node_t;
 
-/* A rank's latest report. */
+/* A rank's latest report, in coord_t.ranks by (job, rank). */
 typedef struct coord_rank {
+  int64_t key[2];           /* job, rank: the hash key */
   int64_t job, epoch, node;
   int rank, device, state;  /* state: Fsdp__V1__RankState */
   int64_t step;
@@ -60,11 +62,14 @@ typedef struct coord_rank {
   uint64_t cur[COORD_CATS], peak[COORD_CATS];
   uint64_t collective_seq;
   char collective_op[64];
+  UT_hash_handle hh;
 } coord_rank_t;
 
 #define COORD_JOBS_KEPT 4096 /* facts of jobs not live kept in memory (coord_jobs_trim) */
 #define COORD_STR_(x) #x
 #define COORD_STR(x) COORD_STR_(x)
+
+#define COORD_NODE_DEVICES_MAX 4096 /* devices a node may register */
 
 /* What the coordinator derives from a job's spec, once. */
 #define COORD_EXPORT_MAX 2 /* exports at once (coord_export.c) */
@@ -143,8 +148,7 @@ struct coord {
   uv_timer_t beat;
   coord_node_t **node;      /* by id (ids are dense, from 1) */
   int64_t cap_node;
-  coord_rank_t *rank;
-  int n_rank, cap_rank;
+  coord_rank_t *ranks;      /* the ranks of live attempts heard from, by (job, rank) (uthash) */
   coord_job_t *jobs;        /* what is known of each job, by id (uthash; coord_job_info) */
   int jobs_live;            /* live jobs among them at the last trim (coord_jobs_trim) */
   store_node_t *pic;        /* every node and its devices as the store has them, by id: */

@@ -46,20 +46,21 @@ void coord_metrics_render(metrics_buf_t *b, void *arg) {
     metrics_sample(b, "fsdp_nodes_drained", NULL, (double)drained);
   }
 
-  metrics_rank_t *r = calloc((size_t)c->n_rank + 1, sizeof *r);
-  const char **cats = calloc((size_t)c->n_rank * COORD_CATS + 1, sizeof *cats);
+  const int nr = (int)HASH_COUNT(c->ranks);
+  metrics_rank_t *r = calloc((size_t)nr + 1, sizeof *r);
+  const char **cats = calloc((size_t)nr * COORD_CATS + 1, sizeof *cats);
   if (!r || !cats) {
     b->failed = 1;
   } else {
-    for (int i = 0; i < c->n_rank; i++) {
-      const coord_rank_t *x = &c->rank[i];
+    int i = 0;
+    for (const coord_rank_t *x = c->ranks; x; x = x->hh.next, i++) {
       coord_id_str(r[i].job, sizeof r[i].job, 'j', x->job);
       r[i].rank = x->rank, r[i].step = (double)x->step, r[i].loss = x->loss;
       r[i].tokens_per_s = x->tokens_per_s, r[i].ncat = x->ncat;
       for (int k = 0; k < x->ncat; k++) cats[i * COORD_CATS + k] = x->cat[k];
       r[i].cat = &cats[i * COORD_CATS], r[i].cur = x->cur, r[i].peak = x->peak;
     }
-    metrics_ranks_write(b, r, c->n_rank);
+    metrics_ranks_write(b, r, nr);
   }
   free(r), free(cats);
   metrics_hist_write(b, "fsdp_heartbeat_lateness_seconds",

@@ -705,7 +705,10 @@ static void coord_register_cb(rpc_call_t *call, const ProtobufCMessage *req, voi
   int rc = coord_text_ok("hostname", q->hostname, STORE_NAME_MAX - 1);
   if (!rc && !q->hostname[0]) rc = err_set(FSDP_EINVAL, "hostname: empty; fsdpd sends its --name");
   if (!rc) rc = coord_text_ok("address", q->address, STORE_ADDR_MAX - 1);
-  store_device_t *dev = calloc(q->n_devices + 1, sizeof *dev);
+  if (!rc && q->n_devices > COORD_NODE_DEVICES_MAX)
+    rc = err_set(FSDP_EINVAL, "devices: %zu; a node has at most %d (fsdpd --devices)",
+                 q->n_devices, COORD_NODE_DEVICES_MAX);
+  store_device_t *dev = rc ? NULL : calloc(q->n_devices + 1, sizeof *dev);
   if (!rc && !dev) rc = err_set(FSDP_ENOMEM, "coordinator: out of memory");
   for (size_t i = 0; !rc && i < q->n_devices; i++) {
     const Fsdp__V1__Device *d = q->devices[i];
@@ -728,7 +731,7 @@ static void coord_register_cb(rpc_call_t *call, const ProtobufCMessage *req, voi
   while (!session)
     if (getrandom(&session, sizeof session, 0) != sizeof session) session = (uint64_t)coord_unix_ms();
   coord_node_drop_poll(c, n, "superseded: the node registered again");
-  n->session = session, n->dead = 0, n->stopping = 0;
+  n->session = session, n->dead = 0, n->stopping = 0, n->ndev = (int)q->n_devices;
   n->heard_ms = coord_mono_ms(c), n->heard_unix_ms = coord_unix_ms();
   /* Reconcile: ranks it runs that are not of a running attempt are killed;
    * ranks the store has there but it does not run were never started
@@ -781,19 +784,22 @@ static void coord_register_cb(rpc_call_t *call, const ProtobufCMessage *req, voi
   rpc_call_reply(call, &rep.base);
 }
 
-/* A rank's report from its node's heartbeat. */
+/* A rank's report from its node's heartbeat. The first of a rank in an
+ * attempt is checked with the store (an attempt still live, a rank of it
+ * placed on this node) before the coordinator keeps anything of it: a node
+ * reporting ranks of old attempts, of other nodes or of no job at all
+ * leaves nothing behind. */
 static void coord_rank_report(coord_t *c, int64_t node, const Fsdp__V1__RankStatus *s) {
   int64_t job = coord_id_parse(s->job_id, 'j');
-  coord_rank_t *r = job ? coord_rank_get(c, job, (int)s->rank, 1) : NULL;
-  if (!r) return;
-  if (r->epoch != (int64_t)s->attempt) {
-    memset(r, 0, sizeof *r);
-    r->job = job, r->rank = (int)s->rank, r->epoch = s->attempt;
+  if (!job || s->rank > INT32_MAX || !s->attempt) return;
+  coord_rank_t *r = coord_rank_get(c, job, (int)s->rank, 0);
+  if (!r || r->epoch != (int64_t)s->attempt) {
     /* first news of this rank in this attempt: its process runs */
-    if (store_rank_running(c->st, job, r->epoch, r->rank, 0) == FSDP_ESTALE) {
-      r->epoch = -1; /* an old attempt's rank: not shown */
-      return;
-    }
+    if (store_rank_running(c->st, job, s->attempt, (int)s->rank, node, 0)) return;
+    if (!r && !(r = coord_rank_get(c, job, (int)s->rank, 1))) return;
+    /* what an earlier attempt reported goes (the key and the hash handle stay) */
+    memset(&r->epoch, 0, offsetof(coord_rank_t, hh) - offsetof(coord_rank_t, epoch));
+    r->epoch = s->attempt, r->rank = (int)s->rank;
   }
   const int64_t before = r->step;
   r->node = node, r->device = (int)s->device, r->state = s->state;
@@ -827,7 +833,13 @@ static void coord_heartbeat_cb(rpc_call_t *call, const ProtobufCMessage *req, vo
     if (q->devices[i]->job_id[0]) n->busy[nbusy++] = (int)q->devices[i]->index;
   if (nbusy < n->nbusy) c->dirty = 1; /* a device came free */
   n->nbusy = nbusy;
-  for (size_t i = 0; i < q->n_ranks; i++) coord_rank_report(c, n->id, q->ranks[i]);
+  /* a node runs a rank per device, and an earlier attempt's for a while:
+   * more is not a node of ours (each unknown one costs the store a look) */
+  const size_t most = 2 * (size_t)n->ndev + 16;
+  if (q->n_ranks > most)
+    LOG_WARN("coord", "node %s reports %zu ranks, more than %zu for its %d devices: the first "
+             "%zu are read", q->node_id, q->n_ranks, most, n->ndev, most);
+  for (size_t i = 0; i < q->n_ranks && i < most; i++) coord_rank_report(c, n->id, q->ranks[i]);
   coord_node_hold(c, n, call);
 }
 

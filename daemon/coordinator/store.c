@@ -1119,18 +1119,19 @@ out:
   return store_end(st, rc);
 }
 
-int store_rank_running(store_t *st, int64_t job_id, int64_t epoch, int rank, int64_t pid) {
+int store_rank_running(store_t *st, int64_t job_id, int64_t epoch, int rank, int64_t node_id,
+                       int64_t pid) {
   int rc = store_begin(st, 1);
   if (rc) return rc;
   job_brief_t b;
   if ((rc = job_fence(st, job_id, epoch, "rank start", 1, &b))) return store_end(st, rc);
   if (st_exec(st,
               "UPDATE ranks SET state = CASE state WHEN 'ASSIGNED' THEN 'RUNNING' ELSE state END, "
-              "pid = ? WHERE job_id = ? AND epoch = ? AND rank = ?",
-              A_I(pid), A_I(job_id), A_I(epoch), A_I(rank)) == 0 &&
+              "pid = ? WHERE job_id = ? AND epoch = ? AND rank = ? AND node_id = ?",
+              A_I(pid), A_I(job_id), A_I(epoch), A_I(rank), A_I(node_id)) == 0 &&
       !st->rc)
-    rc = err_set(FSDP_ENOTFOUND, "job %lld epoch %lld: no rank %d", (long long)job_id,
-                 (long long)epoch, rank);
+    rc = err_set(FSDP_ENOTFOUND, "job %lld epoch %lld: no rank %d on node %lld", (long long)job_id,
+                 (long long)epoch, rank, (long long)node_id);
   return store_end(st, rc);
 }
 

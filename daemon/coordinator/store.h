@@ -301,8 +301,11 @@ int store_jobs_set_pending_reasons(store_t *st, const int64_t *ids, const char *
  * (ESTATE) changes nothing. The new epoch in *epoch. */
 int store_attempt_start(store_t *st, int64_t job_id, const store_placement_t *ranks, int n,
                         int64_t *epoch);
-/* A rank's process runs with this pid (ASSIGNED -> RUNNING). */
-int store_rank_running(store_t *st, int64_t job_id, int64_t epoch, int rank, int64_t pid);
+/* A rank's process runs with this pid (ASSIGNED -> RUNNING): ESTALE for an
+ * attempt not live, ENOTFOUND for a rank the attempt does not have on
+ * node_id. */
+int store_rank_running(store_t *st, int64_t job_id, int64_t epoch, int rank, int64_t node_id,
+                       int64_t pid);
 /* A rank's process ended with exit_status (0: success; a code; -signal).
  * *verdict says whether the attempt is over and how. A report for an older
  * epoch is refused with FSDP_ESTALE. */

@@ -590,6 +590,65 @@ Test(coordinator, a_restarted_coordinator_keeps_the_running_job_and_fences_old_e
   cluster_db_check(db);
 }
 
+/* A node's heartbeat counts only for ranks the store placed on it in a live
+ * attempt: another node's rank, or thousands of ranks of no job (one node
+ * token is all a node needs), leave nothing behind and cost the loop
+ * little: only the first 2 x devices + 16 are read. A node of more devices
+ * than any is refused at registration. */
+Test(coordinator, a_node_reports_only_its_own_ranks) {
+  char d[600], id[32];
+  data_opt(d, sizeof d);
+  node_t a = {{0}, 0}, b = {{0}, 0};
+  node_register(&a, "alpha", 2, 8ull << 30, NULL, 0);
+  const char *kv[] = {"model=tiny", d, NULL};
+  cr_assert_eq(submit(2, kv, id, sizeof id), 0, "%s", err_msg());
+  cr_assert_eq(collect(&a, id, 2, NULL), 2);
+  node_register(&b, "beta", 2, 8ull << 30, NULL, 0);
+  enum { FAKE = 20000 };
+  Fsdp__V1__RankStatus *rs = calloc(FAKE + 2, sizeof *rs), **rp = calloc(FAKE + 2, sizeof *rp);
+  char(*ids)[32] = calloc(FAKE + 2, sizeof *ids);
+  cr_assert(rs && rp && ids);
+  for (int k = 0; k < FAKE + 2; k++) {
+    fsdp__v1__rank_status__init(&rs[k]);
+    if (k < 2) snprintf(ids[k], sizeof ids[k], "%s", id);
+    else snprintf(ids[k], sizeof ids[k], "j-%d", 100000 + k);
+    rs[k].job_id = ids[k], rs[k].attempt = 1, rs[k].rank = (uint32_t)(k < 2 ? k : 0);
+    rs[k].step = 99, rs[k].state = FSDP__V1__RANK_STATE__RANK_STATE_RUNNING;
+    rp[k] = &rs[k];
+  }
+  const double t0 = tu_now_s();
+  protobuf_c_message_free_unpacked(&heartbeat(&b, rp, FAKE + 2)->base, NULL);
+  const double took = tu_now_s() - t0;
+  Fsdp__V1__GetJobReply *g = get_job(id);
+  cr_expect_eq(g->job->step, 0, "beta's report of alpha's ranks was taken");
+  for (size_t i = 0; i < g->job->n_ranks; i++)
+    cr_expect_eq(g->job->ranks[i]->step, 0, "rank %zu", i);
+  reply_free(g);
+  cr_expect_lt(took, 2.0, "a heartbeat of %d ranks held the coordinator %.2f s", FAKE + 2, took);
+  /* alpha's own report counts */
+  for (int k = 0; k < 2; k++) rs[k].step = 3;
+  protobuf_c_message_free_unpacked(&heartbeat(&a, rp, 2)->base, NULL);
+  g = get_job(id);
+  cr_expect_eq(g->job->step, 3);
+  for (size_t i = 0; i < g->job->n_ranks; i++) {
+    cr_expect_eq(g->job->ranks[i]->rank, i);
+    cr_expect_eq(g->job->ranks[i]->step, 3, "rank %zu", i);
+  }
+  reply_free(g);
+  free(rs), free(rp), free(ids);
+  /* a node of 5,000 devices is not a node */
+  Fsdp__V1__Device dev = FSDP__V1__DEVICE__INIT, **dp = calloc(5000, sizeof *dp);
+  cr_assert_not_null(dp);
+  dev.kind = "cpu", dev.name = "cpu", dev.total_bytes = 1ull << 30;
+  for (int i = 0; i < 5000; i++) dp[i] = &dev;
+  Fsdp__V1__RegisterNodeRequest q = FSDP__V1__REGISTER_NODE_REQUEST__INIT;
+  q.hostname = "huge", q.address = "127.0.0.1:9", q.devices = dp, q.n_devices = 5000, q.node_id = "";
+  Fsdp__V1__RegisterNodeReply *r = NULL;
+  cr_expect_eq(CALL("RegisterNode", q, register_node_reply, &r), FSDP_EINVAL);
+  cr_expect(strstr(err_msg(), "at most 4096"), "%s", err_msg());
+  free(dp);
+}
+
 Test(coordinator, rendezvous_answers_when_the_group_is_complete) {
   /* a node that does not beat while the test waits: a longer timeout */
   teardown();

@@ -351,7 +351,11 @@ Test(store, a_job_runs_to_success_and_frees_its_devices) {
   cr_assert_eq(r[1].replica_group, 1);
   store_array_free(r);
 
-  cr_assert_eq(store_rank_running(st, job, 1, 0, 4242), 0, "%s", err_msg());
+  cr_assert_eq(store_rank_running(st, job, 1, 0, node + 1, 4242), FSDP_ENOTFOUND,
+               "another node's rank");
+  cr_assert_eq(store_rank_running(st, job, 1, 5, node, 4242), FSDP_ENOTFOUND, "no rank 5");
+  cr_assert_eq(store_rank_running(st, job + 100, 1, 0, node, 4242), FSDP_ENOTFOUND, "no such job");
+  cr_assert_eq(store_rank_running(st, job, 1, 0, node, 4242), 0, "%s", err_msg());
   store_attempt_verdict_t v;
   cr_assert_eq(store_rank_exit(st, job, 1, 0, 0, &v), 0, "%s", err_msg());
   cr_assert_eq(v, STORE_ATTEMPT_GOING);
