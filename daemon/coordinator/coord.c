@@ -955,8 +955,12 @@ void coord_schedule(coord_t *c) {
     free(ps);
     ps = NULL;
   } else if (nj) {
-    for (int i = 0; i < nj; i++) /* a job whose old files are being removed waits for that */
-      if (!coord_ckpt_removing_job(c, jobs[i])) coord_place(c, ps, jobs[i]);
+    /* A job whose checkpoint is being committed or whose old files are
+     * being removed waits for that: its next attempt loads the newest
+     * committed checkpoint, which the commit's retention could otherwise
+     * remove under it. */
+    for (int i = 0; i < nj; i++)
+      if (!coord_ckpt_busy(c, jobs[i])) coord_place(c, ps, jobs[i]);
     coord_pic_free(&ps->pic);
   }
   if (ps && ps->n) {

@@ -65,7 +65,7 @@ int coord_ckpt_removing(const coord_t *c, const char *dir) {
   return 0;
 }
 
-int coord_ckpt_removing_job(const coord_t *c, int64_t job) {
+static int coord_ckpt_removing_job(const coord_t *c, int64_t job) {
   for (const coord_rm_t *r = c->removing; r; r = r->next)
     if (r->job == job) return 1;
   return 0;
@@ -167,6 +167,7 @@ static void coord_ckpt_commit_done(uv_work_t *w, int status) {
         *pp = m->next;
         break;
       }
+    c->dirty = 1; /* its job may wait for it to be placed again (coord_schedule) */
     if (status && !m->rc) m->rc = FSDP_ECANCELED, snprintf(m->err, sizeof m->err, "%s", uv_strerror(status));
     const char *why = m->rc ? m->err : NULL;
     if (store_ckpt_close(c->st, k->job_id, k->step, k->epoch, why)) {

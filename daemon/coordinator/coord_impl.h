@@ -251,11 +251,11 @@ void coord_ckpt_janitor(coord_t *c);
 /* Keeps the newest keep committed checkpoints of job (keep <= 0: all),
  * removing older ones that no export is reading. */
 void coord_ckpt_retain(coord_t *c, int64_t job, int keep);
-/* Whether dir is being removed (on the pool); whether any of job's is
- * (the job is not placed meanwhile: a new attempt could write there). */
+/* Whether dir is being removed (on the pool). */
 int coord_ckpt_removing(const coord_t *c, const char *dir);
-int coord_ckpt_removing_job(const coord_t *c, int64_t job);
-/* Whether a commit or a removal of job's checkpoints is on the pool. */
+/* Whether a commit or a removal of job's checkpoints is on the pool (the
+ * job is not placed meanwhile: a new attempt could write where a removal
+ * works, or load what a commit's retention removes). */
 int coord_ckpt_busy(const coord_t *c, int64_t job);
 /* The coordinator goes: removals and commits still running forget it. */
 void coord_ckpt_detach(coord_t *c);

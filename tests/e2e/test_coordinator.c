@@ -1503,6 +1503,30 @@ Test(coordinator, a_commit_begun_in_the_stop_grace_is_waited_for_past_it, .timeo
   stop_around_a_commit("--stop-grace 1", 1);
 }
 
+/* A job whose checkpoint's commit is on the pool is not placed again until
+ * the commit is done: the new attempt loads the newest committed checkpoint,
+ * and the commit's retention may remove the one before it under the new
+ * attempt's ranks (found by review). */
+Test(coordinator, a_job_is_not_placed_while_its_commit_is_on_the_pool, .timeout = 60) {
+  char db[600];
+  snprintf(db, sizeof db, "%s", co_db);
+  teardown();
+  static slow_ckpt_t k;
+  slow_ckpt_start(&k, db, NULL);
+  pthread_t th;
+  cr_assert_eq(pthread_create(&th, NULL, bg_report_main, &k.b), 0);
+  nanosleep(&(struct timespec){0, 300000000}, NULL); /* the commit is in its 1.5 s fsync */
+  cr_assert_eq(cancel(k.id), 0, "%s", err_msg());
+  cr_assert_eq(resume(k.id), 0, "%s", err_msg());
+  const double t0 = tu_now_s();
+  const int got = collect(&k.n, k.id, 2, NULL);
+  const double took = tu_now_s() - t0;
+  pthread_join(th, NULL);
+  cr_expect_eq(k.b.state, CK_COMMITTED);
+  cr_expect_eq(got, 2, "the resumed job was not placed");
+  cr_expect_gt(took, 0.8, "placed %.2f s after the resume, its commit still on the pool", took);
+}
+
 /* Jobs' retention (--job-retention-days): at start (then every 10 s) a
  * job that ended longer ago goes from the store with its records, never its
  * files; a recent one and the newest stay. */
