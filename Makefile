@@ -65,9 +65,9 @@ DEMO_PKGS  = fortunes
 # The control plane (coordinator, fsdpd, fsdpctl): gRPC's C core, protobuf-c
 # and its compiler for the wire, SQLite for the coordinator's state, jansson
 # for fsdpctl's --output json, libmicrohttpd for /metrics, uthash (header
-# only) for the coordinator's jobs by id.
+# only) for the coordinator's jobs by id, libunistring for its UTF-8 checks.
 CONTROL_PKGS = libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libsqlite3-dev libjansson-dev \
-               libmicrohttpd-dev uthash-dev
+               libmicrohttpd-dev uthash-dev libunistring-dev
 
 COMMON_SRCS = daemon/common/err.c daemon/common/log.c daemon/common/param.c daemon/common/mem.c \
               daemon/common/frame.c daemon/common/crash.c daemon/common/netaddr.c
@@ -113,7 +113,7 @@ LIB         = $(B)/libfsdp.a
 # coordinator and its tests link.
 COORD_SRCS   = daemon/coordinator/store.c daemon/coordinator/sched.c
 COORD_OBJS   = $(COORD_SRCS:%.c=$(B)/%.o) $(COMMON_SRCS:%.c=$(B)/%.o)
-COORD_LDLIBS = -lsqlite3 -lpthread
+COORD_LDLIBS = -lsqlite3 -lunistring -lpthread
 
 BINS  = bin/fsdp-train bin/fsdp-tokenize bin/fsdp-launch bin/fsdp-coordinator bin/fsdpd
 # Unit tests (tests/unit: a module through its API) and end-to-end tests

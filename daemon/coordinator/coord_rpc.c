@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistr.h>
 #include <sys/random.h>
 
 #include "daemon/common/err.h"
@@ -207,14 +208,29 @@ static int coord_spec_text(const Fsdp__V1__JobSpec *s, const config_t *cfg, char
   return rc;
 }
 
-/* Text that could break the stored INI or a log line: refused, naming it. */
+/* Text that could break the stored INI, a log line or a client: refused,
+ * naming it. Strings on the wire are UTF-8: protobuf's Python and Go
+ * runtimes refuse a message holding anything else, so one job named in
+ * Latin-1 would break every such client's job listing. */
 static int coord_text_ok(const char *what, const char *s, size_t max) {
   size_t n = strlen(s);
   if (n > max) return err_set(FSDP_EINVAL, "%s: %zu bytes; at most %zu", what, n, max);
   for (size_t i = 0; i < n; i++)
     if ((unsigned char)s[i] < 0x20 && s[i] != '\t')
       return err_set(FSDP_EINVAL, "%s: a control character at byte %zu; use plain text", what, i);
+  const uint8_t *bad = u8_check((const uint8_t *)s, n);
+  if (bad)
+    return err_set(FSDP_EINVAL, "%s: not UTF-8 at byte %zu; send text in UTF-8", what,
+                   (size_t)(bad - (const uint8_t *)s));
   return FSDP_OK;
+}
+
+/* Text a node reports (a rank's last log line, a collective's name), cut
+ * to fit by a byte count: every byte that is not part of valid UTF-8
+ * becomes '?', so what the coordinator repeats to clients decodes. */
+static void coord_text_mend(char *s) {
+  const size_t n = strlen(s);
+  for (uint8_t *bad; (bad = (uint8_t *)u8_check((const uint8_t *)s, n));) *bad = '?';
 }
 
 /* The least memory of any device a job could land on (0: no device known). */
@@ -806,9 +822,11 @@ static void coord_rank_report(coord_t *c, int64_t node, const Fsdp__V1__RankStat
   r->step = s->step, r->loss = s->loss, r->tokens_per_s = s->tokens_per_s;
   r->collective_seq = s->collective_seq;
   snprintf(r->collective_op, sizeof r->collective_op, "%s", s->collective_op);
+  coord_text_mend(r->collective_op);
   r->ncat = 0;
   for (size_t k = 0; k < s->n_memory && r->ncat < COORD_CATS; k++, r->ncat++) {
     snprintf(r->cat[r->ncat], sizeof r->cat[0], "%s", s->memory[k]->name);
+    coord_text_mend(r->cat[r->ncat]);
     r->cur[r->ncat] = s->memory[k]->current_bytes, r->peak[r->ncat] = s->memory[k]->peak_bytes;
   }
   if (r->step != before) coord_job_changed(c, job);
@@ -895,6 +913,7 @@ static void coord_rank_exit_cb(rpc_call_t *call, const ProtobufCMessage *req, vo
   else
     snprintf(why, sizeof why, "rank %u on node %.32s exited with status %d%s%.300s", q->rank,
              q->node_id, q->exit_status, q->message[0] ? ": " : "", q->message);
+  coord_text_mend(why); /* a log line of any bytes, cut at 300 */
   if (verdict == STORE_ATTEMPT_SUCCEEDED) {
     store_job_state_t state;
     if (store_attempt_end(c->st, job, q->attempt, 1, "", &state))

@@ -590,6 +590,50 @@ Test(coordinator, a_restarted_coordinator_keeps_the_running_job_and_fences_old_e
   cluster_db_check(db);
 }
 
+/* Text on the wire is UTF-8 (protobuf's Python and Go runtimes refuse a
+ * message holding anything else): a name in Latin-1 is refused; a rank's
+ * last log line of any bytes (a byte-level model's sample), cut at 300
+ * bytes, reaches the job's reason with every stray byte made '?'. */
+Test(coordinator, text_clients_read_is_utf8) {
+  char d[600], id[32];
+  data_opt(d, sizeof d);
+  spec_buf_t b;
+  const char *kv[] = {"model=tiny", d, NULL};
+  spec_make(&b, 1, kv);
+  b.spec.name = "r\xe9sum\xe9";
+  Fsdp__V1__SubmitJobRequest q = FSDP__V1__SUBMIT_JOB_REQUEST__INIT;
+  q.spec = &b.spec;
+  Fsdp__V1__SubmitJobReply *sr = NULL;
+  cr_assert_eq(CALL("SubmitJob", q, submit_job_reply, &sr), FSDP_EINVAL);
+  cr_assert(strstr(err_msg(), "spec.name: not UTF-8 at byte 1"), "%s", err_msg());
+  b.spec.name = "r\xc3\xa9sum\xc3\xa9";
+  cr_assert_eq(CALL("SubmitJob", q, submit_job_reply, &sr), 0, "%s", err_msg());
+  snprintf(id, sizeof id, "%s", sr->job_id);
+  reply_free(sr);
+  node_t n = {{0}, 0};
+  node_register(&n, "solo", 1, 8ull << 30, NULL, 0);
+  cr_assert_eq(collect(&n, id, 1, NULL), 1);
+  char msg[400];
+  memset(msg, 'x', sizeof msg);
+  memcpy(msg, "sample: \xff\xfe", 10);
+  for (int i = 291; i < 321; i += 2) memcpy(msg + i, "\xc3\xa9", 2); /* cut inside one */
+  msg[399] = 0;
+  Fsdp__V1__ReportRankExitRequest e = FSDP__V1__REPORT_RANK_EXIT_REQUEST__INIT;
+  e.node_id = n.id, e.job_id = id, e.attempt = 1, e.rank = 0, e.exit_status = 1, e.message = msg;
+  Fsdp__V1__ReportRankExitReply *er = NULL;
+  cr_assert_eq(CALL("ReportRankExit", e, report_rank_exit_reply, &er), 0, "%s", err_msg());
+  reply_free(er);
+  char reason[600];
+  cr_assert_eq(job_state(id, reason, sizeof reason), FSDP__V1__JOB_STATE__JOB_STATE_FAILED);
+  cr_assert(strstr(reason, "sample: ??x"), "%s", reason);
+  for (const unsigned char *p = (const unsigned char *)reason; *p; p++) {
+    if (*p < 0x80) continue;
+    cr_assert(p[0] == 0xc3 && p[1] == 0xa9, "a stray byte 0x%02x at %td: %s", *p,
+              (const char *)p - reason);
+    p++;
+  }
+}
+
 /* A node's heartbeat counts only for ranks the store placed on it in a live
  * attempt: another node's rank, or thousands of ranks of no job (one node
  * token is all a node needs), leave nothing behind and cost the loop
