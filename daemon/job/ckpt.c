@@ -14,6 +14,7 @@
 #include <xxhash.h>
 
 #include "daemon/common/err.h"
+#include "daemon/common/file.h"
 #include "daemon/common/log.h"
 #include "daemon/job/precision.h"
 #include "kernels/kern_math.h"
@@ -296,17 +297,11 @@ void ckpt_shard_name(char *buf, size_t len, int shard_rank, int shards) {
 int ckpt_open_file(const char *path, int *out) {
   /* no link is followed and a FIFO cannot hold the open: the directory is
    * writable by the job's user, and the coordinator opens these too */
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-  if (fd < 0) return err_set_errno(err_from_errno(errno), errno, "%s cannot be opened", path);
-  struct stat st;
-  if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
-    close(fd);
+  int rc = file_open_regular(path, O_RDONLY, 0, out);
+  if (rc == FSDP_EFORMAT)
     return err_set(FSDP_EFORMAT, "%s is not a regular file (a link, a FIFO or a directory); a "
                    "checkpoint holds only the files its ranks wrote", path);
-  }
-  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-  *out = fd;
-  return FSDP_OK;
+  return rc;
 }
 
 /* 0 when path is a directory itself (not a link to one). */

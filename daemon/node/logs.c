@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "daemon/common/err.h"
+#include "daemon/common/file.h"
 #include "daemon/common/log.h"
 #include "daemon/node/workdir.h"
 
@@ -92,12 +93,17 @@ static void logs_get_rank_logs(rpc_call_t *call, const ProtobufCMessage *m, void
   int fd = -1;
   if (!rc) {
     snprintf(path, sizeof path, "%s/rank-%" PRIu32 ".log", dir, req->rank);
-    fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0)
-      rc = err_set(errno == ENOENT ? FSDP_ENOTFOUND : err_from_errno(errno),
-                   "job %s attempt %" PRIu32 " rank %" PRIu32 " has no log on this node (%s); "
-                   "fsdpctl status names the node of each rank", req->job_id, attempt, req->rank,
-                   strerror(errno));
+    /* the attempt directory is the ranks' user's: the log may have been
+     * replaced by a FIFO, which must not hold the loop in open() */
+    rc = file_open_regular(path, O_RDONLY, 0, &fd);
+    if (rc == FSDP_EFORMAT)
+      rc = err_set(FSDP_ESTATE, "job %s attempt %" PRIu32 " rank %" PRIu32 ": its log %s is not a "
+                   "regular file (a FIFO, a directory or a device put there by the rank's user); "
+                   "it is not read: remove it", req->job_id, attempt, req->rank, path);
+    else if (rc)
+      rc = err_wrap(rc == FSDP_ENOENT ? FSDP_ENOTFOUND : rc,
+                    "job %s attempt %" PRIu32 " rank %" PRIu32 " has no log on this node (fsdpctl "
+                    "status names the node of each rank)", req->job_id, attempt, req->rank);
   }
   logs_stream_t *st = rc ? NULL : calloc(1, sizeof *st);
   if (!rc && !st) rc = err_set(FSDP_ENOMEM, "fsdpd: out of memory for a log stream");

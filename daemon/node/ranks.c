@@ -20,6 +20,7 @@
 
 #include "daemon/job/job.h" /* JOB_EXIT_PREEMPTED */
 #include "daemon/common/err.h"
+#include "daemon/common/file.h"
 #include "daemon/common/ini_line.h"
 #include "daemon/common/frame.h"
 #include "daemon/common/log.h"
@@ -271,8 +272,15 @@ static void rk_last_line(rank_t *rk, char *out, size_t n) {
   if (!rk->dir[0]) return;
   char path[PATH_MAX + 32];
   snprintf(path, sizeof path, "%s/rank-%" PRIu32 ".log", rk->dir, rk->a->rank);
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) return;
+  int fd, rc = file_open_regular(path, O_RDONLY, 0, &fd); /* never a FIFO's wait on the loop */
+  if (rc) {
+    if (rc != FSDP_ENOENT) {
+      LOG_WARN("fsdpd", "job %s attempt %" PRIu32 " rank %" PRIu32 ": its last line is not read: %s",
+               rk_job(rk), rk->a->attempt, rk->a->rank, err_msg());
+      snprintf(out, n, "(its log cannot be read: %.400s)", err_msg());
+    }
+    return;
+  }
   char buf[4096];
   off_t end = lseek(fd, 0, SEEK_END), from = end > (off_t)sizeof buf - 1 ? end - (off_t)sizeof buf + 1 : 0;
   ssize_t got = pread(fd, buf, sizeof buf - 1, from);

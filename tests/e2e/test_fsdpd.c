@@ -22,6 +22,7 @@
  * its to kill and reap in .fini, so no process outlives a test. */
 #include <criterion/criterion.h>
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <pwd.h>
@@ -915,4 +916,103 @@ Test(fsdpd, its_node_service_requires_the_user_token_when_configured, .timeout =
     rpc_client_destroy(c);
   }
   free(ut), free(nt);
+}
+
+/* ---- rank logs that are not what fsdpd wrote -------------------------------------- */
+
+/* A client of fsdpd's Node service, at the address it registered. */
+static rpc_client_t *node_client(void) {
+  char addr[128];
+  pthread_mutex_lock(&F.mu);
+  snprintf(addr, sizeof addr, "%s", F.reg_address);
+  pthread_mutex_unlock(&F.mu);
+  rpc_client_t *c;
+  const rpc_client_opts_t co = {.target = addr};
+  cr_assert_eq(rpc_client_create(&c, &co), 0, "%s", err_msg());
+  return c;
+}
+
+/* The attempt directory <work-dir>/jobs/<job>/1, made by the test as fsdpd
+ * would, with rank-0.log and rank-1.log holding bytes each (0: none). */
+static void fake_attempt(const char *job, size_t bytes) {
+  char p[1200];
+  const char *fmt[] = {"%s", "%s/jobs", "%s/jobs/%s", "%s/jobs/%s/1"};
+  for (int i = 0; i < 4; i++) {
+    snprintf(p, sizeof p, fmt[i], workdir, job);
+    cr_assert(!mkdir(p, 0755) || errno == EEXIST, "mkdir %s: %s", p, strerror(errno));
+  }
+  char *buf = malloc(bytes + 1);
+  for (size_t i = 0; i < bytes; i++) buf[i] = i % 64 == 63 ? '\n' : 'a' + (char)(i % 26);
+  for (int r = 0; r < 2; r++) {
+    snprintf(p, sizeof p, "%s/jobs/%s/1/rank-%d.log", workdir, job, r);
+    tu_write_file(p, buf, bytes);
+  }
+  free(buf);
+}
+
+/* The first message or end of GetRankLogs(job, attempt 1, rank): 1 with the
+ * chunk's length in *len, or the stream's end (0, or a code with err_msg()). */
+static int logs_first(rpc_client_t *c, const char *job, uint32_t rank, double timeout_s, size_t *len) {
+  Fsdp__V1__GetRankLogsRequest req = FSDP__V1__GET_RANK_LOGS_REQUEST__INIT;
+  req.job_id = (char *)job;
+  req.attempt = 1;
+  req.rank = rank;
+  rpc_stream_t *st;
+  int rc = rpc_stream_open(c, &st, "/fsdp.v1.Node/GetRankLogs", &req.base, timeout_s);
+  if (rc) return rc;
+  ProtobufCMessage *m = NULL;
+  rc = rpc_stream_next(st, &fsdp__v1__log_chunk__descriptor, &m);
+  if (rc == 1) *len = ((Fsdp__V1__LogChunk *)m)->data.len, protobuf_c_message_free_unpacked(m, NULL);
+  rpc_stream_close(st);
+  return rc;
+}
+
+/* The rank's user can replace its log by a FIFO (the attempt directory is
+ * theirs): GetRankLogs refuses it at once, instead of fsdpd's loop waiting
+ * in open() for a writer that never comes, and the Node service goes on. */
+Test(fsdpd, a_log_replaced_by_a_fifo_is_refused_and_fsdpd_keeps_answering, .timeout = 30) {
+  fsdpd_start();
+  cr_assert(wait_for(registered, 10), "%s", tu_slurp(fsdpd_log, NULL));
+  fake_attempt("j-fifo", 100);
+  char p[1200];
+  snprintf(p, sizeof p, "%s/jobs/j-fifo/1/rank-0.log", workdir);
+  cr_assert_eq(unlink(p), 0);
+  cr_assert_eq(mkfifo(p, 0644), 0, "mkfifo %s", p);
+  rpc_client_t *c = node_client();
+  size_t len = 0;
+  const double t0 = tu_now_s();
+  int rc = logs_first(c, "j-fifo", 0, 5, &len);
+  cr_expect_eq(rc, FSDP_ESTATE, "a FIFO for a log: %d %s", rc, err_msg());
+  cr_expect(strstr(err_msg(), "not a regular file") && strstr(err_msg(), "rank-0.log"), "%s", err_msg());
+  cr_expect_lt(tu_now_s() - t0, 2.0, "answered at once");
+  /* the loop was not held: the next call is answered, with the file's bytes */
+  rc = logs_first(c, "j-fifo", 1, 5, &len);
+  cr_expect_eq(rc, 1, "rank 1's log after the FIFO: %d %s", rc, err_msg());
+  cr_expect_eq(len, 100);
+  rpc_client_destroy(c);
+}
+
+/* The exit report's last line comes from the rank's log: a log replaced by
+ * a FIFO while the rank ran delays neither its report nor the other rank's,
+ * and the report says why it has no line. */
+Test(fsdpd, a_rank_whose_log_became_a_fifo_is_still_reported, .timeout = 40) {
+  int pids[2];
+  start_long_job(pids);
+  char p[1200];
+  snprintf(p, sizeof p, "%s/jobs/j-2/1/rank-0.log", workdir);
+  cr_assert_eq(unlink(p), 0);
+  cr_assert_eq(mkfifo(p, 0644), 0, "mkfifo %s", p);
+  queue_kill("j-2", 1000);
+  cr_assert(wait_for(two_exits, 5), "the exits were not reported within 5 s of the kill:\n%s",
+            tu_slurp(fsdpd_log, NULL));
+  pthread_mutex_lock(&F.mu);
+  int found = 0;
+  for (int i = 0; i < F.nexits; i++)
+    if (F.exits[i].rank == 0) {
+      found = 1;
+      cr_expect(strstr(F.exits[i].message, "cannot be read") &&
+                strstr(F.exits[i].message, "not a regular file"), "%s", F.exits[i].message);
+    }
+  cr_expect(found, "rank 0's exit was reported");
+  pthread_mutex_unlock(&F.mu);
 }
