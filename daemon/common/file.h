@@ -13,11 +13,10 @@
 
 /* open(path, flags | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, mode) as above:
  * 0 and *fd (blocking, close-on-exec) for a regular file. Else no
- * descriptor is left open and the code is the open's errno mapped
- * (FSDP_ENOENT for a missing file; a FIFO opened for writing with no reader
- * fails at once, ENXIO), or FSDP_EFORMAT for something that is not a
- * regular file (the file was opened, so flags such as O_CREAT took effect);
- * the message names path. */
+ * descriptor is left open and the code is FSDP_EFORMAT for something that
+ * is not a regular file (a FIFO opened for writing with no reader fails at
+ * once, ENXIO, and is one), else the open's errno mapped (FSDP_ENOENT for a
+ * missing file); the message names path. */
 int file_open_regular(const char *path, int flags, mode_t mode, int *fd);
 
 #endif

@@ -547,12 +547,14 @@ static int rk_options_check(const Fsdp__V1__RankAssignment *a) {
 static int rk_write_job(rank_t *rk, const char *path) {
   const Fsdp__V1__JobSpec *sp = rk->a->spec;
   ranks_t *R = rk->R;
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
-  FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+  /* the attempt directory is the ranks' user's: another rank of the
+   * attempt may have put a FIFO here, which must not hold the loop */
+  int fd, rc = file_open_regular(path, O_WRONLY | O_CREAT | O_TRUNC, 0600, &fd);
+  if (rc) return err_wrap(rc, "cannot write the rank's job file");
+  FILE *f = fdopen(fd, "w");
   if (!f) {
-    int e = errno;
-    if (fd >= 0) close(fd);
-    return err_set_errno(err_from_errno(e), e, "cannot write %s", path);
+    close(fd);
+    return err_set(FSDP_ENOMEM, "cannot write %s: out of memory", path);
   }
   fprintf(f, "# job %s attempt %" PRIu32 " rank %" PRIu32 " of %" PRIu32 ", written by fsdpd\n",
           rk_job(rk), rk->a->attempt, rk->a->rank, rk->a->world_size);
@@ -573,9 +575,9 @@ static int rk_write_job(rank_t *rk, const char *path) {
 
 static FILE *rk_open_log(rank_t *rk, char *path) {
   ranks_t *R = rk->R;
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0640);
-  if (fd < 0) {
-    err_set_errno(err_from_errno(errno), errno, "cannot create the rank's log %s", path);
+  int fd; /* as rk_write_job: never a FIFO's wait */
+  if (file_open_regular(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0640, &fd)) {
+    err_wrap(FSDP_EIO, "cannot create the rank's log");
     return NULL;
   }
   if (R->o.as_user && fchown(fd, R->o.uid, R->o.gid)) { /* its owner may read it */

@@ -1016,3 +1016,33 @@ Test(fsdpd, a_rank_whose_log_became_a_fifo_is_still_reported, .timeout = 40) {
   cr_expect(found, "rank 0's exit was reported");
   pthread_mutex_unlock(&F.mu);
 }
+
+
+/* Ranks of an attempt share its directory, their user's: one could put a
+ * FIFO where fsdpd is about to create another's log or job file. fsdpd
+ * refuses to start that rank, at once, instead of waiting in open() for a
+ * reader, and says so in the rank's exit report. */
+Test(fsdpd, a_fifo_planted_for_a_ranks_log_or_job_file_fails_that_rank_at_once, .timeout = 30) {
+  fsdpd_start();
+  cr_assert(wait_for(registered, 10), "%s", tu_slurp(fsdpd_log, NULL));
+  const char *names[] = {"rank-0.conf", "rank-0.log"};
+  for (int i = 0; i < 2; i++) {
+    const char *job = i ? "j-6" : "j-5";
+    fake_attempt(job, 0);
+    char p[1200];
+    snprintf(p, sizeof p, "%s/jobs/%s/1/%s", workdir, job, names[i]);
+    unlink(p);
+    cr_assert_eq(mkfifo(p, 0644), 0, "mkfifo %s", p);
+    pthread_mutex_lock(&F.mu);
+    F.nexits = 0;
+    pthread_mutex_unlock(&F.mu);
+    queue_job(job, 1, 5);
+    cr_assert(wait_for(one_exit, 10), "%s: the rank's exit was not reported within 10 s:\n%s",
+              names[i], tu_slurp(fsdpd_log, NULL));
+    pthread_mutex_lock(&F.mu);
+    cr_expect_str_eq(F.exits[0].job, job);
+    cr_expect_eq(F.exits[0].exit_status, 127, "%s: never started", names[i]);
+    cr_expect(strstr(F.exits[0].message, names[i]), "%s: %s", names[i], F.exits[0].message);
+    pthread_mutex_unlock(&F.mu);
+  }
+}
