@@ -30,7 +30,11 @@
   XX(comm_shm, "FSDP_COMM_SHM", 1, "ring: shared memory to a rank on this host (0: TCP only)")  \
   XX(comm_shm_bytes, "FSDP_COMM_SHM_BYTES", 2097152, "ring: shared-memory link buffer per link") \
   XX(comm_cma, "FSDP_COMM_CMA", 0, "ring: 1: same-host links read the peer by process_vm_readv") \
-  XX(comm_reg, "FSDP_COMM_REG", 1, "registered buffers: peers on this host read them in place (0: off)")
+  XX(comm_reg, "FSDP_COMM_REG", 1, "registered buffers: peers on this host read them in place (0: off)") \
+  XX(log_streams_max, "FSDP_LOG_STREAMS_MAX", 64,                                    \
+     "fsdpd: GetRankLogs streams open at once (each holds a file descriptor); more are refused") \
+  XX(log_stall_s, "FSDP_LOG_STALL_S", 60,                                            \
+     "fsdpd: a GetRankLogs stream whose client accepts nothing for this many seconds is ended")
 
 #define XX(name, env, def, help) int64_t param_##name(void);
 FSDP_PARAM_LIST(XX)

@@ -120,6 +120,12 @@ int rpc_call_send(rpc_call_t *call, const ProtobufCMessage *msg);
 /* Ends the call: OK when rc is 0, else rc's status with err_msg() as the
  * details. After queued messages. The call is done. */
 int rpc_call_finish(rpc_call_t *call, int rc);
+/* Ends the call now, whatever is queued or in flight: the client gets rc's
+ * status with err_msg() as the details, without waiting for it to read
+ * what was sent (a stream whose client stopped reading would otherwise
+ * stay open, its messages and the status queued behind them, until its
+ * deadline). The call is done, as after rpc_call_finish. */
+int rpc_call_abort(rpc_call_t *call, int rc);
 /* Streaming: messages queued and not yet handed to gRPC (the one in flight
  * included). A streamer that produces faster than its client reads (a log
  * file) waits for this to fall before sending more, so memory stays bounded. */

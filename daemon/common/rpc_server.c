@@ -533,6 +533,24 @@ int rpc_call_finish(rpc_call_t *c, int rc) {
   return 0;
 }
 
+int rpc_call_abort(rpc_call_t *c, int rc) {
+  int crc = rpc_call_check(c, "an abort");
+  if (crc) return crc;
+  c->answered = 1;
+  c->held = 0;
+  while (c->out) { /* never sent: the batch in flight fails once the call is cancelled */
+    rpc_out_t *o = c->out;
+    c->out = o->next;
+    rpc_out_free(o);
+  }
+  c->out_tail = NULL;
+  grpc_call_error e = grpc_call_cancel_with_status(c->call, rpc_status_from_err(rc),
+                                                   rc ? err_msg() : "", NULL);
+  FSDP_ASSERT(e == GRPC_CALL_OK);
+  rpc_call_maybe_free(c); /* now, or when the pending batches come back */
+  return 0;
+}
+
 /* The message is queued without a pump, so that rpc_call_finish's pump
  * finds it with the status behind it and sends both in one batch: one write
  * and one completion per unary call instead of two (bench_nodesim's

@@ -14,6 +14,7 @@
 #include "daemon/common/err.h"
 #include "daemon/common/file.h"
 #include "daemon/common/log.h"
+#include "daemon/common/param.h"
 #include "daemon/node/workdir.h"
 
 #define LOGS_BACKLOG 4 /* chunks queued ahead of a client before the stream waits */
@@ -22,6 +23,9 @@ struct logs {
   uv_loop_t *loop;
   const char *work_dir;
   const ranks_t *ranks;
+  int streams;        /* open now: each holds its log's descriptor until closed */
+  int streams_max;    /* FSDP_LOG_STREAMS_MAX */
+  uint64_t stall_ms;  /* FSDP_LOG_STALL_S */
 };
 
 typedef struct logs_stream {
@@ -30,6 +34,7 @@ typedef struct logs_stream {
   uv_timer_t timer;
   int fd;
   int64_t off;
+  uint64_t stalled_since; /* uv_now when its backlog last became full; 0: not full */
   int follow;
   char job[WORKDIR_ID_MAX + 1];
   uint32_t attempt, rank;
@@ -38,11 +43,26 @@ typedef struct logs_stream {
 static void logs_stream_closed(uv_handle_t *h) {
   logs_stream_t *st = h->data;
   if (st->fd >= 0) close(st->fd);
+  st->L->streams--;
   free(st);
 }
 
 static void logs_stream_end(logs_stream_t *st, int rc) {
   if (st->call) rpc_call_finish(st->call, rc);
+  st->call = NULL;
+  uv_close((uv_handle_t *)&st->timer, logs_stream_closed);
+}
+
+/* A client that accepts nothing for stall_ms: ended now, not after what it
+ * was sent (which it may never read), so its descriptor and slot are freed. */
+static void logs_stream_stalled(logs_stream_t *st) {
+  const logs_t *L = st->L;
+  LOG_INFO("fsdpd", "job %s rank %" PRIu32 ": a log stream's client accepted nothing for %" PRIu64
+           " s; ended", st->job, st->rank, L->stall_ms / 1000);
+  rpc_call_abort(st->call, err_set(FSDP_ECANCELED, "fsdpd ended this log stream of job %s rank %"
+                                   PRIu32 ": its client accepted nothing for %" PRIu64 " s "
+                                   "(FSDP_LOG_STALL_S); read it as it comes, or ask again",
+                                   st->job, st->rank, L->stall_ms / 1000));
   st->call = NULL;
   uv_close((uv_handle_t *)&st->timer, logs_stream_closed);
 }
@@ -61,7 +81,13 @@ static void logs_tick_cb(uv_timer_t *t) {
   int active = st->follow && ranks_log_active(st->L->ranks, st->job, st->attempt, st->rank);
   static uint8_t buf[LOGS_CHUNK]; /* the loop's thread only */
   for (;;) {
-    if (rpc_call_backlog(st->call) >= LOGS_BACKLOG) return; /* the next tick goes on */
+    if (rpc_call_backlog(st->call) >= LOGS_BACKLOG) { /* the next tick goes on */
+      const uint64_t now = uv_now(st->L->loop);
+      if (!st->stalled_since) st->stalled_since = now;
+      else if (now - st->stalled_since >= st->L->stall_ms) logs_stream_stalled(st);
+      return;
+    }
+    st->stalled_since = 0;
     ssize_t n = pread(st->fd, buf, sizeof buf, st->off);
     if (n < 0) {
       logs_stream_end(st, err_set_errno(FSDP_EIO, errno, "job %s rank %" PRIu32 ": reading its log",
@@ -85,7 +111,14 @@ static void logs_tick_cb(uv_timer_t *t) {
 static void logs_get_rank_logs(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   logs_t *L = arg;
   const Fsdp__V1__GetRankLogsRequest *req = (const void *)m;
-  int rc = workdir_id_check("job_id", req->job_id);
+  /* each stream holds a descriptor: without a cap, clients could take
+   * every one fsdpd may open, and its next rank could not listen */
+  int rc = L->streams >= L->streams_max
+               ? err_set(FSDP_ELIMIT, "fsdpd serves at most %d log streams at once and %d are "
+                         "open; end one (a `fsdpctl logs --follow` left running?) or try again "
+                         "later (the node's operator sets FSDP_LOG_STREAMS_MAX)", L->streams_max,
+                         L->streams)
+               : workdir_id_check("job_id", req->job_id);
   uint32_t attempt = req->attempt;
   if (!rc && !attempt) rc = workdir_latest_attempt(L->work_dir, req->job_id, &attempt);
   char dir[PATH_MAX], path[PATH_MAX + 32];
@@ -121,6 +154,7 @@ static void logs_get_rank_logs(rpc_call_t *call, const ProtobufCMessage *m, void
                              : (size + req->offset > 0 ? size + req->offset : 0);
   uv_timer_init(L->loop, &st->timer);
   st->timer.data = st;
+  L->streams++;
   uv_timer_start(&st->timer, logs_tick_cb, 0, LOGS_TICK_MS);
   rpc_call_on_cancel(call, logs_cancel_cb, st);
 }
@@ -128,7 +162,10 @@ static void logs_get_rank_logs(rpc_call_t *call, const ProtobufCMessage *m, void
 int logs_create(logs_t **out, uv_loop_t *loop, const char *work_dir, const ranks_t *ranks) {
   logs_t *L = calloc(1, sizeof *L);
   if (!L) return err_set(FSDP_ENOMEM, "fsdpd: out of memory for the Node service");
-  *L = (logs_t){loop, work_dir, ranks};
+  const int64_t max = param_log_streams_max(), stall = param_log_stall_s();
+  *L = (logs_t){.loop = loop, .work_dir = work_dir, .ranks = ranks,
+                .streams_max = max < 1 ? 1 : max > 1 << 20 ? 1 << 20 : (int)max,
+                .stall_ms = (uint64_t)(stall < 1 ? 1 : stall > 86400 ? 86400 : stall) * 1000};
   *out = L;
   return FSDP_OK;
 }
@@ -144,4 +181,7 @@ int logs_register(logs_t *L, rpc_server_t *srv) {
   return rpc_server_add(srv, &m);
 }
 
-void logs_destroy(logs_t *L) { free(L); }
+void logs_destroy(logs_t *L) {
+  if (L) FSDP_ASSERT(L->streams == 0); /* rpc_server_destroy ended them, the loop closed them */
+  free(L);
+}

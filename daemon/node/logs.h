@@ -8,7 +8,15 @@
  * the call's backlog is small (a slow client is never sent more than a few
  * chunks ahead). Without follow the stream ends at the end of the file;
  * with follow it ends once the rank has exited and everything is sent, or
- * when the client goes away. */
+ * when the client goes away.
+ *
+ * Each stream holds its log's descriptor, so at most FSDP_LOG_STREAMS_MAX
+ * (param.h, 64) are open at once: one more is refused at once with
+ * RESOURCE_EXHAUSTED, saying how many are open. A stream whose client has
+ * accepted nothing (its backlog full) for FSDP_LOG_STALL_S (60 s) is ended
+ * with CANCELLED (rpc_call_abort), freeing its slot. The log is opened with
+ * file_open_regular: the attempt directory is the ranks' user's, and a FIFO
+ * put in the log's place must not hold the loop. */
 #ifndef FSDP_LOGS_H
 #define FSDP_LOGS_H
 

@@ -479,6 +479,8 @@ static void setup(void) {
 
 /* Every process left (fsdpd, and ranks reparented to us) is killed and reaped. */
 static void teardown(void) {
+  unsetenv("FSDP_LOG_STREAMS_MAX"); /* set by some tests for their fsdpd */
+  unsetenv("FSDP_LOG_STALL_S");
   if (fsdpd_pid > 0) {
     kill(fsdpd_pid, SIGKILL);
     waitpid(fsdpd_pid, NULL, 0);
@@ -1046,3 +1048,87 @@ Test(fsdpd, a_fifo_planted_for_a_ranks_log_or_job_file_fails_that_rank_at_once, 
     pthread_mutex_unlock(&F.mu);
   }
 }
+
+/* ---- how many log streams, and for how long ------------------------------------------ */
+
+#define STREAMS_CAP 4
+
+/* A stream of rank 0's log of job (attempt 1) whose first chunk has come:
+ * fsdpd has it open. Its client then reads nothing more. */
+static rpc_stream_t *logs_held(rpc_client_t *c, const char *job) {
+  Fsdp__V1__GetRankLogsRequest req = FSDP__V1__GET_RANK_LOGS_REQUEST__INIT;
+  req.job_id = (char *)job;
+  req.attempt = 1;
+  rpc_stream_t *st;
+  cr_assert_eq(rpc_stream_open(c, &st, "/fsdp.v1.Node/GetRankLogs", &req.base, 60), 0, "%s", err_msg());
+  ProtobufCMessage *m = NULL;
+  cr_assert_eq(rpc_stream_next(st, &fsdp__v1__log_chunk__descriptor, &m), 1, "%s", err_msg());
+  protobuf_c_message_free_unpacked(m, NULL);
+  return st;
+}
+
+/* Each stream holds a descriptor of fsdpd's: past FSDP_LOG_STREAMS_MAX one
+ * more is refused at once, with how many are open and what to do, and once
+ * one ends a new one is served. The logs are large and their clients read
+ * one chunk, so the streams stay open until closed. */
+Test(fsdpd, log_streams_past_the_cap_are_refused_until_one_ends, .timeout = 40) {
+  char cap[16];
+  snprintf(cap, sizeof cap, "%d", STREAMS_CAP);
+  setenv("FSDP_LOG_STREAMS_MAX", cap, 1); /* this test's process only, and fsdpd's */
+  fsdpd_start();
+  cr_assert(wait_for(registered, 10), "%s", tu_slurp(fsdpd_log, NULL));
+  fake_attempt("j-many", 16u << 20);
+  rpc_client_t *c = node_client();
+  rpc_stream_t *held[STREAMS_CAP];
+  for (int i = 0; i < STREAMS_CAP; i++) held[i] = logs_held(c, "j-many");
+  size_t len = 0;
+  const double t0 = tu_now_s();
+  int rc = logs_first(c, "j-many", 1, 10, &len);
+  cr_expect_eq(rc, FSDP_ELIMIT, "stream %d: %d %s", STREAMS_CAP + 1, rc, err_msg());
+  cr_expect(strstr(err_msg(), "RESOURCE_EXHAUSTED") && strstr(err_msg(), "at most 4 log streams") &&
+            strstr(err_msg(), "4 are open") && strstr(err_msg(), "FSDP_LOG_STREAMS_MAX"), "%s", err_msg());
+  cr_expect_lt(tu_now_s() - t0, 2.0, "refused at once");
+  /* one ends (its client goes): a new one is served soon after */
+  rpc_stream_close(held[0]);
+  rc = FSDP_ELIMIT;
+  for (double until = tu_now_s() + 5; rc == FSDP_ELIMIT && tu_now_s() < until;) {
+    rc = logs_first(c, "j-many", 1, 10, &len);
+    if (rc == FSDP_ELIMIT) usleep(50 * 1000);
+  }
+  cr_expect_eq(rc, 1, "a stream after one ended: %d %s", rc, err_msg());
+  for (int i = 1; i < STREAMS_CAP; i++) rpc_stream_close(held[i]);
+  rpc_client_destroy(c);
+}
+
+/* A client that stops reading does not keep its stream (and descriptor)
+ * for good: after FSDP_LOG_STALL_S with nothing accepted fsdpd ends it,
+ * with a message saying why, and its slot serves the next stream. */
+Test(fsdpd, a_log_stream_whose_client_stopped_reading_is_ended, .timeout = 40) {
+  setenv("FSDP_LOG_STREAMS_MAX", "1", 1);
+  setenv("FSDP_LOG_STALL_S", "1", 1);
+  fsdpd_start();
+  cr_assert(wait_for(registered, 10), "%s", tu_slurp(fsdpd_log, NULL));
+  fake_attempt("j-stall", 16u << 20);
+  rpc_client_t *c = node_client();
+  const double t0 = tu_now_s();
+  rpc_stream_t *st = logs_held(c, "j-stall");
+  size_t len = 0;
+  int rc = logs_first(c, "j-stall", 1, 10, &len);
+  cr_expect_eq(rc, FSDP_ELIMIT, "the one slot is taken: %d %s", rc, err_msg());
+  for (double until = tu_now_s() + 10; rc == FSDP_ELIMIT && tu_now_s() < until;) {
+    usleep(100 * 1000);
+    rc = logs_first(c, "j-stall", 1, 10, &len);
+  }
+  cr_expect_eq(rc, 1, "the stalled stream's slot was not freed within 10 s: %d %s", rc, err_msg());
+  cr_expect_gt(tu_now_s() - t0, 0.9, "not before FSDP_LOG_STALL_S");
+  /* the stalled client, reading at last: what had reached it, then the reason */
+  ProtobufCMessage *m = NULL;
+  int n = 0;
+  while (n < 10000 && (rc = rpc_stream_next(st, &fsdp__v1__log_chunk__descriptor, &m)) == 1)
+    n++, protobuf_c_message_free_unpacked(m, NULL);
+  cr_expect_eq(rc, FSDP_ECANCELED, "after %d chunks: %d %s", n, rc, err_msg());
+  cr_expect(strstr(err_msg(), "accepted nothing for 1 s"), "%s", err_msg());
+  rpc_stream_close(st);
+  rpc_client_destroy(c);
+}
+
