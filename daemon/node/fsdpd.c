@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <uv.h>
@@ -360,6 +361,40 @@ static int fsdpd_probe_gpus(const fsdpd_t *D, int as_user, unsigned uid, unsigne
   return rc;
 }
 
+/* ---- descriptors ----------------------------------------------------------------- */
+
+#define FSDPD_NOFILE_WANT 4096 /* below this a busy node may run out: said at start */
+
+/* Raises the soft limit on open files to the hard one, as many daemons do:
+ * every rank's listener, report channel and log, every gRPC connection and
+ * log stream takes one, and the usual soft default (1024) is soon reached.
+ * Ranks inherit it (they use epoll and poll, never select). Logs what it got. */
+static void fsdpd_raise_nofile(void) {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl)) {
+    LOG_WARN("fsdpd", "cannot read the limit on open files: %s", strerror(errno));
+    return;
+  }
+  const unsigned long long was = (unsigned long long)rl.rlim_cur;
+  if (rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl)) {
+      LOG_WARN("fsdpd", "cannot raise the limit on open files from %llu to its hard limit %llu: %s",
+               was, (unsigned long long)rl.rlim_max, strerror(errno));
+      rl.rlim_cur = (rlim_t)was;
+    }
+  }
+  const unsigned long long now = (unsigned long long)rl.rlim_cur;
+  if (now < FSDPD_NOFILE_WANT)
+    LOG_WARN("fsdpd", "at most %llu open files (hard limit %llu): too few for a busy node; raise "
+             "it (systemd: LimitNOFILE=65536, as in deploy/systemd/fsdpd.service; else ulimit -n or prlimit --nofile)",
+             now, (unsigned long long)rl.rlim_max);
+  else if (now != was)
+    LOG_INFO("fsdpd", "open files: at most %llu (soft limit raised from %llu to the hard limit)", now, was);
+  else
+    LOG_INFO("fsdpd", "open files: at most %llu", now);
+}
+
 /* ---- main ------------------------------------------------------------------------ */
 
 int main(int argc, char **argv) {
@@ -406,6 +441,7 @@ int main(int argc, char **argv) {
     setenv("UV_THREADPOOL_SIZE", n, 1);
   }
   signal(SIGPIPE, SIG_IGN); /* a closed socket is an error, not our death */
+  fsdpd_raise_nofile();
 
   const rpc_client_opts_t co = {.target = D.coordinator, .token_file = D.token_file, .tls_ca_file = D.tls_ca};
   if (rpc_client_create(&D.client, &co)) {

@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -1132,3 +1133,26 @@ Test(fsdpd, a_log_stream_whose_client_stopped_reading_is_ended, .timeout = 40) {
   rpc_client_destroy(c);
 }
 
+/* The soft limit on open files is raised to the hard one at start, and said. */
+Test(fsdpd, raises_its_soft_limit_on_open_files_to_the_hard_one, .timeout = 20) {
+  struct rlimit rl;
+  cr_assert_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
+  if (rl.rlim_max < 8192) cr_skip_test("the hard limit on open files is %llu", (unsigned long long)rl.rlim_max);
+  rl.rlim_cur = 1024, rl.rlim_max = 8192; /* this test's process only, and fsdpd's */
+  cr_assert_eq(setrlimit(RLIMIT_NOFILE, &rl), 0, "%s", strerror(errno));
+  fsdpd_start();
+  cr_assert(wait_for(registered, 10), "%s", tu_slurp(fsdpd_log, NULL));
+  char p[64], line[256];
+  snprintf(p, sizeof p, "/proc/%d/limits", fsdpd_pid);
+  FILE *f = fopen(p, "r");
+  cr_assert(f, "%s", p);
+  unsigned long long soft = 0, hard = 0;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "Max open files %llu %llu", &soft, &hard) == 2) break;
+  fclose(f);
+  cr_expect_eq(soft, 8192, "soft limit %llu", soft);
+  cr_expect_eq(hard, 8192, "hard limit %llu", hard);
+  char *out = tu_slurp(fsdpd_log, NULL);
+  cr_expect(strstr(out, "open files: at most 8192 (soft limit raised from 1024"), "%s", out);
+  free(out);
+}
