@@ -17,8 +17,10 @@
  * going away and coming back (fsdpd re-registers with its ranks, which kept
  * running), a "../" job id refused before it reaches a path, an ended
  * attempt's rendezvous (ESTALE) given up without a report, SIGTERM to
- * fsdpd, and the root checks (no --run-as refused with exit 2; ranks run as
- * nobody). The test process is a child subreaper: whatever fsdpd leaves is
+ * fsdpd, the root checks (no --run-as refused with exit 2; ranks run as
+ * nobody), FIFOs in a rank's log's place (refused, never waited on), the
+ * cap on log streams and the end of a stalled one, and the limit on open
+ * files. The test process is a child subreaper: whatever fsdpd leaves is
  * its to kill and reap in .fini, so no process outlives a test. */
 #include <criterion/criterion.h>
 #include <dirent.h>
