@@ -602,6 +602,18 @@ static void start_long_job(int pids[2]) {
   pids[0] = p.pid[0], pids[1] = p.pid[1];
 }
 
+/* A client of fsdpd's Node service, at the address it registered. */
+static rpc_client_t *node_client(void) {
+  char addr[128];
+  pthread_mutex_lock(&F.mu);
+  snprintf(addr, sizeof addr, "%s", F.reg_address);
+  pthread_mutex_unlock(&F.mu);
+  rpc_client_t *c;
+  const rpc_client_opts_t co = {.target = addr};
+  cr_assert_eq(rpc_client_create(&c, &co), 0, "%s", err_msg());
+  return c;
+}
+
 /* ---- tests --------------------------------------------------------------------------- */
 
 TestSuite(fsdpd, .init = setup, .fini = teardown);
@@ -712,13 +724,7 @@ Test(fsdpd, a_kill_stops_both_ranks_within_the_grace_and_leaves_nothing, .timeou
     for (int i = 0; i < 2; i++) cr_expect_eq(proc_uid(pids[i]), NOBODY, "ranks run as nobody");
   /* a follower of rank 0's log, from its last 100 bytes: it gets them now,
    * and its stream ends by itself once the rank is gone */
-  char node_addr[128];
-  pthread_mutex_lock(&F.mu);
-  snprintf(node_addr, sizeof node_addr, "%s", F.reg_address);
-  pthread_mutex_unlock(&F.mu);
-  rpc_client_t *c;
-  const rpc_client_opts_t co = {.target = node_addr};
-  cr_assert_eq(rpc_client_create(&c, &co), 0, "%s", err_msg());
+  rpc_client_t *c = node_client();
   Fsdp__V1__GetRankLogsRequest req = FSDP__V1__GET_RANK_LOGS_REQUEST__INIT;
   req.job_id = "j-2";
   req.attempt = 1;
@@ -924,18 +930,6 @@ Test(fsdpd, its_node_service_requires_the_user_token_when_configured, .timeout =
 }
 
 /* ---- rank logs that are not what fsdpd wrote -------------------------------------- */
-
-/* A client of fsdpd's Node service, at the address it registered. */
-static rpc_client_t *node_client(void) {
-  char addr[128];
-  pthread_mutex_lock(&F.mu);
-  snprintf(addr, sizeof addr, "%s", F.reg_address);
-  pthread_mutex_unlock(&F.mu);
-  rpc_client_t *c;
-  const rpc_client_opts_t co = {.target = addr};
-  cr_assert_eq(rpc_client_create(&c, &co), 0, "%s", err_msg());
-  return c;
-}
 
 /* The attempt directory <work-dir>/jobs/<job>/1, made by the test as fsdpd
  * would, with rank-0.log and rank-1.log holding bytes each (0: none). */
