@@ -33,8 +33,8 @@
   XX(comm_reg, "FSDP_COMM_REG", 1, "registered buffers: peers on this host read them in place (0: off)") \
   XX(log_streams_max, "FSDP_LOG_STREAMS_MAX", 64,                                    \
      "fsdpd: GetRankLogs streams open at once (each holds a file descriptor); more are refused") \
-  XX(log_stall_s, "FSDP_LOG_STALL_S", 60,                                            \
-     "fsdpd: a GetRankLogs stream whose client accepts nothing for this many seconds is ended")
+  XX(stream_stall_s, "FSDP_STREAM_STALL_S", 60,                                     \
+     "a stream whose client accepts nothing for this many seconds is ended (fsdpd's GetRankLogs, the coordinator's ExportCheckpoint)")
 
 #define XX(name, env, def, help) int64_t param_##name(void);
 FSDP_PARAM_LIST(XX)

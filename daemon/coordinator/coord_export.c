@@ -12,7 +12,8 @@
  * another is refused (ELIMIT), saying so. A client that goes away ends its
  * export at the next piece. While an export reads a checkpoint, retention
  * keeps it (coord_export_reads), and runs again for the job when the export
- * ends: a job that goes on committing never pulls files from under one. */
+ * ends: a job that goes on committing never pulls files from under one. A
+ * client that accepts nothing for FSDP_STREAM_STALL_S (60 s) is ended. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +21,7 @@
 
 #include "daemon/common/err.h"
 #include "daemon/common/log.h"
+#include "daemon/common/param.h"
 #include "daemon/coordinator/coord_impl.h"
 #include "daemon/job/safetensors.h"
 
@@ -42,6 +44,7 @@ typedef struct coord_export {
   const uint8_t *piece;     /* what the last task produced ... */
   size_t len, off;          /* ... its length, and how much of it went out */
   uint64_t sent;
+  uint64_t stalled_since;   /* loop ms when the backlog was found full and still is; 0: not */
   uv_timer_t wait;
 } coord_export_t;
 
@@ -109,14 +112,30 @@ static void coord_export_work_cb(uv_work_t *w) {
 
 static void coord_export_wait_cb(uv_timer_t *t);
 
-/* Hands the piece to gRPC, as far as the backlog allows. */
+/* Hands the piece to gRPC, as far as the backlog allows. A client that
+ * accepts nothing for FSDP_STREAM_STALL_S has its export ended: it would
+ * hold one of the COORD_EXPORT_MAX slots, and its checkpoint from
+ * retention, for as long as it stays connected. */
 static void coord_export_pump(coord_export_t *e) {
   if (!e->call) return coord_export_end(e, FSDP_OK);
   while (e->off < e->len) {
     if (rpc_call_backlog(e->call) >= COORD_EXPORT_BACKLOG) {
-      uv_timer_start(&e->wait, coord_export_wait_cb, COORD_EXPORT_WAIT_MS, 0);
-      return;
+      const uint64_t now = coord_mono_ms(e->c);
+      const int64_t stall_s = param_stream_stall_s() < 1 ? 1 : param_stream_stall_s();
+      if (!e->stalled_since) e->stalled_since = now;
+      if (now - e->stalled_since < (uint64_t)stall_s * 1000) {
+        uv_timer_start(&e->wait, coord_export_wait_cb, COORD_EXPORT_WAIT_MS, 0);
+        return;
+      }
+      LOG_WARN("coord", "export of job j-%" PRId64 " step %" PRId64 ": its client accepted "
+               "nothing for %" PRId64 " s; ended", e->job, e->step, stall_s);
+      rpc_call_abort(e->call, err_set(FSDP_ECANCELED, "the coordinator ended this export: its "
+                                      "client accepted nothing for %" PRId64 " s "
+                                      "(FSDP_STREAM_STALL_S); read it as it comes", stall_s));
+      e->call = NULL;
+      return coord_export_end(e, FSDP_OK);
     }
+    e->stalled_since = 0;
     const size_t n = e->len - e->off < COORD_EXPORT_CHUNK ? e->len - e->off : COORD_EXPORT_CHUNK;
     Fsdp__V1__ExportChunk m = FSDP__V1__EXPORT_CHUNK__INIT;
     m.offset = e->sent;

@@ -25,7 +25,7 @@ struct logs {
   const ranks_t *ranks;
   int streams;        /* open now: each holds its log's descriptor until closed */
   int streams_max;    /* FSDP_LOG_STREAMS_MAX */
-  uint64_t stall_ms;  /* FSDP_LOG_STALL_S */
+  uint64_t stall_ms;  /* FSDP_STREAM_STALL_S */
 };
 
 typedef struct logs_stream {
@@ -61,7 +61,7 @@ static void logs_stream_stalled(logs_stream_t *st) {
            " s; ended", st->job, st->rank, L->stall_ms / 1000);
   rpc_call_abort(st->call, err_set(FSDP_ECANCELED, "fsdpd ended this log stream of job %s rank %"
                                    PRIu32 ": its client accepted nothing for %" PRIu64 " s "
-                                   "(FSDP_LOG_STALL_S); read it as it comes, or ask again",
+                                   "(FSDP_STREAM_STALL_S); read it as it comes, or ask again",
                                    st->job, st->rank, L->stall_ms / 1000));
   st->call = NULL;
   uv_close((uv_handle_t *)&st->timer, logs_stream_closed);
@@ -162,7 +162,7 @@ static void logs_get_rank_logs(rpc_call_t *call, const ProtobufCMessage *m, void
 int logs_create(logs_t **out, uv_loop_t *loop, const char *work_dir, const ranks_t *ranks) {
   logs_t *L = calloc(1, sizeof *L);
   if (!L) return err_set(FSDP_ENOMEM, "fsdpd: out of memory for the Node service");
-  const int64_t max = param_log_streams_max(), stall = param_log_stall_s();
+  const int64_t max = param_log_streams_max(), stall = param_stream_stall_s();
   *L = (logs_t){.loop = loop, .work_dir = work_dir, .ranks = ranks,
                 .streams_max = max < 1 ? 1 : max > 1 << 20 ? 1 << 20 : (int)max,
                 .stall_ms = (uint64_t)(stall < 1 ? 1 : stall > 86400 ? 86400 : stall) * 1000};

@@ -13,7 +13,7 @@
  * Each stream holds its log's descriptor, so at most FSDP_LOG_STREAMS_MAX
  * (param.h, 64) are open at once: one more is refused at once with
  * RESOURCE_EXHAUSTED, saying how many are open. A stream whose client has
- * accepted nothing (its backlog full) for FSDP_LOG_STALL_S (60 s) is ended
+ * accepted nothing (its backlog full) for FSDP_STREAM_STALL_S (60 s) is ended
  * with CANCELLED (rpc_call_abort), freeing its slot. The log is opened with
  * file_open_regular: the attempt directory is the ranks' user's, and a FIFO
  * put in the log's place must not hold the loop. */

@@ -1708,6 +1708,39 @@ Test(coordinator, retention_leaves_a_job_an_export_is_reading, .timeout = 60) {
   export_finish(xs, got, total);
 }
 
+/* An export whose client accepts nothing for FSDP_STREAM_STALL_S (1 s
+ * here) is ended, saying why: it no longer holds one of the two export
+ * slots (nor its checkpoint from retention) for as long as it stays
+ * connected. */
+Test(coordinator, an_export_whose_client_reads_nothing_is_ended, .timeout = 60) {
+  char db[600], d[600], ck[600], ckopt[700], id[32];
+  snprintf(db, sizeof db, "%s", co_db);
+  teardown();
+  setenv("FSDP_STREAM_STALL_S", "1", 1);
+  co_start(db, "127.0.0.1:0", NULL);
+  unsetenv("FSDP_STREAM_STALL_S");
+  client_for(&co, NULL);
+  node_t n = {{0}, 0};
+  ckpt_job_start(&n, "model=small", "keep_checkpoints=1", d, ck, ckopt, id);
+  cr_assert_eq(ckpt_report_both(&n, id, "small", ck, 10), CK_COMMITTED);
+  rpc_stream_t *xs, *a, *b;
+  uint64_t total, ta, tb;
+  export_begin(id, 10, &xs, &total);
+  nanosleep(&(struct timespec){3, 0}, NULL);
+  /* two exports at once fit again: the stalled one's slot is free */
+  const uint64_t ga = export_begin(id, 10, &a, &ta), gb = export_begin(id, 10, &b, &tb);
+  export_finish(a, ga, ta);
+  export_finish(b, gb, tb);
+  /* the stalled client, reading at last: what had reached it, then why */
+  ProtobufCMessage *m = NULL;
+  int rc, k = 0;
+  while (k < 100000 && (rc = rpc_stream_next(xs, &fsdp__v1__export_chunk__descriptor, &m)) == 1)
+    k++, protobuf_c_message_free_unpacked(m, NULL);
+  cr_expect_eq(rc, FSDP_ECANCELED, "after %d pieces: %d %s", k, rc, err_msg());
+  cr_expect(strstr(err_msg(), "accepted nothing for 1 s"), "%s", err_msg());
+  rpc_stream_close(xs);
+}
+
 /* Heartbeats are answered at fixed slots, one interval (200 ms here) apart:
  * a node that sends its next heartbeat late (a stall, here 120 ms) is
  * answered at its next slot, not a whole interval after it sent, so late

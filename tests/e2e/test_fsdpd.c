@@ -483,7 +483,7 @@ static void setup(void) {
 /* Every process left (fsdpd, and ranks reparented to us) is killed and reaped. */
 static void teardown(void) {
   unsetenv("FSDP_LOG_STREAMS_MAX"); /* set by some tests for their fsdpd */
-  unsetenv("FSDP_LOG_STALL_S");
+  unsetenv("FSDP_STREAM_STALL_S");
   if (fsdpd_pid > 0) {
     kill(fsdpd_pid, SIGKILL);
     waitpid(fsdpd_pid, NULL, 0);
@@ -1098,11 +1098,11 @@ Test(fsdpd, log_streams_past_the_cap_are_refused_until_one_ends, .timeout = 40) 
 }
 
 /* A client that stops reading does not keep its stream (and descriptor)
- * for good: after FSDP_LOG_STALL_S with nothing accepted fsdpd ends it,
+ * for good: after FSDP_STREAM_STALL_S with nothing accepted fsdpd ends it,
  * with a message saying why, and its slot serves the next stream. */
 Test(fsdpd, a_log_stream_whose_client_stopped_reading_is_ended, .timeout = 40) {
   setenv("FSDP_LOG_STREAMS_MAX", "1", 1);
-  setenv("FSDP_LOG_STALL_S", "1", 1);
+  setenv("FSDP_STREAM_STALL_S", "1", 1);
   fsdpd_start();
   cr_assert(wait_for(registered, 10), "%s", tu_slurp(fsdpd_log, NULL));
   fake_attempt("j-stall", 16u << 20);
@@ -1117,7 +1117,7 @@ Test(fsdpd, a_log_stream_whose_client_stopped_reading_is_ended, .timeout = 40) {
     rc = logs_first(c, "j-stall", 1, 10, &len);
   }
   cr_expect_eq(rc, 1, "the stalled stream's slot was not freed within 10 s: %d %s", rc, err_msg());
-  cr_expect_gt(tu_now_s() - t0, 0.9, "not before FSDP_LOG_STALL_S");
+  cr_expect_gt(tu_now_s() - t0, 0.9, "not before FSDP_STREAM_STALL_S");
   /* the stalled client, reading at last: what had reached it, then the reason */
   ProtobufCMessage *m = NULL;
   int n = 0;
