@@ -514,16 +514,19 @@ static void queue_reply(const Fsdp__V1__HeartbeatReply *rep) {
 }
 
 /* Queues a heartbeat reply with one assignment per rank (rank r on device r). */
-static void queue_job(const char *job, int world, int steps) {
+/* A job of world ranks and steps steps, plus the option [output]
+ * sample_prompt = prompt when prompt is not NULL. */
+static void queue_job_prompt(const char *job, int world, int steps, const char *prompt) {
   char vsteps[32];
   snprintf(vsteps, sizeof vsteps, "%d", steps);
-  Fsdp__V1__Option o[7];
-  Fsdp__V1__Option *po[7];
-  const char *kv[7][3] = {{"model", "model", "tiny"}, {"train", "steps", vsteps},
+  Fsdp__V1__Option o[8];
+  Fsdp__V1__Option *po[8];
+  const char *kv[8][3] = {{"model", "model", "tiny"}, {"train", "steps", vsteps},
                           {"train", "batch", "2"},     {"train", "seq_len", "32"},
                           {"optim", "warmup_steps", "1"}, {"data", "data", tokens},
-                          {"", "eval_fraction", "0.1"}};
-  for (int i = 0; i < 7; i++) {
+                          {"", "eval_fraction", "0.1"}, {"output", "sample_prompt", prompt}};
+  const int nopt = prompt ? 8 : 7;
+  for (int i = 0; i < nopt; i++) {
     fsdp__v1__option__init(&o[i]);
     o[i].section = (char *)kv[i][0];
     o[i].key = (char *)kv[i][1];
@@ -533,7 +536,7 @@ static void queue_job(const char *job, int world, int steps) {
   Fsdp__V1__JobSpec spec = FSDP__V1__JOB_SPEC__INIT;
   spec.name = "test";
   spec.world_size = (uint32_t)world;
-  spec.n_options = 7;
+  spec.n_options = (size_t)nopt;
   spec.options = po;
   Fsdp__V1__RankAssignment a[2], *pa[2];
   for (int r = 0; r < world; r++) {
@@ -550,6 +553,10 @@ static void queue_job(const char *job, int world, int steps) {
   rep.n_assignments = (size_t)world;
   rep.assignments = pa;
   queue_reply(&rep);
+}
+
+static void queue_job(const char *job, int world, int steps) {
+  queue_job_prompt(job, world, steps, NULL);
 }
 
 static void queue_kill(const char *job, uint32_t grace_ms) {
@@ -819,6 +826,24 @@ Test(fsdpd, a_job_id_with_a_path_in_it_is_refused_before_any_file, .timeout = 20
   for (struct dirent *e; d && (e = readdir(d));) entries += e->d_name[0] != '.';
   if (d) closedir(d);
   cr_expect_eq(entries, 0, "nothing under %s", p);
+}
+
+/* An option whose `key = value` line libinih would cut in two (the rest
+ * read as an option of its own, here a save path) is refused before the
+ * rank's job file is written: the coordinator refuses such a spec at
+ * submit, and fsdpd does not take its word for it. */
+Test(fsdpd, an_option_libinih_would_cut_in_two_is_refused, .timeout = 20) {
+  fsdpd_start();
+  cr_assert(wait_for(registered, 10), "%s", tu_slurp(fsdpd_log, NULL));
+  char prompt[300];
+  snprintf(prompt, sizeof prompt, "%0183d%s", 0, "save = /tmp/outside.bin");
+  queue_job_prompt("j-long", 1, 5, prompt);
+  cr_assert(wait_for(one_exit, 5), "the refusal was not reported:\n%s", tu_slurp(fsdpd_log, NULL));
+  pthread_mutex_lock(&F.mu);
+  cr_expect_eq(F.exits[0].exit_status, 127);
+  cr_expect(strstr(F.exits[0].message, "sample_prompt") && strstr(F.exits[0].message, "at most 199"),
+            "%s", F.exits[0].message);
+  pthread_mutex_unlock(&F.mu);
 }
 
 Test(fsdpd, sigterm_stops_the_ranks_reports_them_and_exits_0, .timeout = 40) {
