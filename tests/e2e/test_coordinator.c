@@ -1504,6 +1504,17 @@ static void slow_ckpt_start(slow_ckpt_t *k, const char *db, const char *extra) {
   k->b = (bg_report_t){&k->n, k->id, k->p1, k->s1, k->b1, -1, 0};
 }
 
+/* A fresh coordinator on the test's database (its path into db) with
+ * slow_ckpt_start's job, whose last shard a thread (*th) has reported: the
+ * commit is on the pool, 0.3 s into its 1.5 s fsync. */
+static void slow_commit_on_pool(slow_ckpt_t *k, char *db, pthread_t *th) {
+  snprintf(db, 600, "%s", co_db);
+  teardown();
+  slow_ckpt_start(k, db, NULL);
+  cr_assert_eq(pthread_create(th, NULL, bg_report_main, &k->b), 0);
+  nanosleep(&(struct timespec){0, 300000000}, NULL);
+}
+
 static void stop_around_a_commit(const char *extra, int signal_first) {
   char db[600];
   snprintf(db, sizeof db, "%s", co_db);
@@ -1553,13 +1564,9 @@ Test(coordinator, a_commit_begun_in_the_stop_grace_is_waited_for_past_it, .timeo
  * attempt's ranks (found by review). */
 Test(coordinator, a_job_is_not_placed_while_its_commit_is_on_the_pool, .timeout = 60) {
   char db[600];
-  snprintf(db, sizeof db, "%s", co_db);
-  teardown();
   static slow_ckpt_t k;
-  slow_ckpt_start(&k, db, NULL);
   pthread_t th;
-  cr_assert_eq(pthread_create(&th, NULL, bg_report_main, &k.b), 0);
-  nanosleep(&(struct timespec){0, 300000000}, NULL); /* the commit is in its 1.5 s fsync */
+  slow_commit_on_pool(&k, db, &th);
   cr_assert_eq(cancel(k.id), 0, "%s", err_msg());
   cr_assert_eq(resume(k.id), 0, "%s", err_msg());
   const double t0 = tu_now_s();
@@ -1657,14 +1664,10 @@ Test(coordinator, the_largest_events_page_fits_a_grpc_message, .timeout = 60) {
  * job under the commit; the checkpoint ends COMMITTED, the job still there. */
 Test(coordinator, retention_leaves_a_job_whose_commit_is_on_the_pool, .timeout = 60) {
   char db[600];
-  snprintf(db, sizeof db, "%s", co_db);
-  teardown();
   static slow_ckpt_t k;
-  slow_ckpt_start(&k, db, NULL);
-  const char *id = k.id;
   pthread_t th;
-  cr_assert_eq(pthread_create(&th, NULL, bg_report_main, &k.b), 0);
-  nanosleep(&(struct timespec){0, 300000000}, NULL); /* the commit is in its fsync */
+  slow_commit_on_pool(&k, db, &th);
+  const char *id = k.id;
   cluster_stop(&co, SIGKILL);
   pthread_join(th, NULL);
   /* the job ended long ago, its devices free (by hand: its ranks never reported) */
