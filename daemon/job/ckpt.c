@@ -507,6 +507,22 @@ int ckpt_manifest_parse(const char *text, size_t len, const char *path, ckpt_man
   m->step = v[1], m->shards = (int)v[2], m->replicas = (int)v[3], m->strategy = (int)st;
   m->precision = (int)pr, m->min_params = (uint64_t)v[4], m->shard_total = (uint64_t)v[5];
   m->model = (gpt_config_t){(int)v[6], (int)v[7], (int)v[8], (int)v[9], (int)v[10]};
+  /* the model sizes what its readers allocate (tensor tables by layers) and
+   * every byte count an export writes: it must be one a job could have
+   * (gpt_config_validate: heads dividing channels, each dimension within
+   * bounds that keep a model under 2^48 elements, so no size overflows), and
+   * one its shards can hold (shard_total x shards <= 2^60 elements) */
+  if ((rc = gpt_config_validate(&m->model))) {
+    rc = err_wrap(FSDP_EFORMAT, "%s: model (the manifest is damaged)", path);
+    goto out;
+  }
+  const uint64_t params = gpt_config_num_params(&m->model);
+  if (params > m->shard_total * (uint64_t)m->shards) {
+    rc = err_set(FSDP_EFORMAT, "%s: model: %" PRIu64 " parameters do not fit in %d shards of "
+                 "%" PRIu64 " (shard_total); the manifest is damaged", path, params, m->shards,
+                 m->shard_total);
+    goto out;
+  }
   if (json_array_size(files) != (size_t)m->shards) {
     rc = err_set(FSDP_EFORMAT, "%s: %zu files for %d shards; the manifest is damaged", path,
                  json_array_size(files), m->shards);

@@ -439,11 +439,15 @@ static int st_export_header(safetensors_export_t *x) {
   memcpy(x->header + 8, text, tl);
   memset(x->header + 8 + tl, ' ', len - tl);
   free(text);
-  /* the header this side writes is one it reads back */
+  /* the header this side writes is one it reads back; the model comes from a
+   * manifest in a directory the job's user writes, so a failure here is an
+   * error for this export, never an abort of the process running it */
   safetensors_t check;
   int rc = safetensors_parse(x->header, x->header_bytes, x->file_bytes, "export", &x->st.model,
                              &check);
-  FSDP_ASSERT(rc == FSDP_OK);
+  if (rc)
+    return err_wrap(FSDP_EFORMAT, "export of %s: the header made from its manifest's model "
+                    "does not read back; the checkpoint cannot be exported", x->rd.dir);
   safetensors_free(&check);
   return FSDP_OK;
 }

@@ -1,6 +1,8 @@
 /* fuzz_ckpt_manifest: checkpoint manifests (ckpt_manifest_parse). Any input
  * must give a manifest whose shard names are the format's own (so a manifest
- * can never point a load outside its directory) or an error with a message. */
+ * can never point a load outside its directory) and whose model is one a job
+ * could have and its shards can hold (an export sizes its header and buffers
+ * from it), or an error with a message. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +17,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     return 0;
   }
   if (m.shards < 1 || !m.shard) abort();
+  if (gpt_config_validate(&m.model) ||
+      gpt_config_num_params(&m.model) > m.shard_total * (uint64_t)m.shards)
+    abort();
   for (int j = 0; j < m.shards; j++) {
     char want[CKPT_NAME_MAX];
     ckpt_shard_name(want, sizeof want, j, m.shards);

@@ -379,6 +379,74 @@ Test(ckpt, damaged_checkpoints_never_load, .timeout = 120) {
   free(root);
 }
 
+/* ---- manifests ------------------------------------------------------------------ */
+
+/* A manifest of one step in dir (made there) with this model and shards x
+ * shard_total; the files' names are the format's, their sums made up. */
+static void write_manifest(const char *dir, gpt_config_t c, int shards, long long shard_total) {
+  char files[4096] = "", man[4096];
+  size_t at = 0;
+  for (int j = 0; j < shards; j++) {
+    char name[CKPT_NAME_MAX];
+    ckpt_shard_name(name, sizeof name, j, shards);
+    at += (size_t)snprintf(files + at, sizeof files - at, "%s{\"shard\": %d, \"name\": \"%s\", "
+                           "\"bytes\": 4096, \"xxh64\": \"0123456789abcdef\"}", j ? ", " : "",
+                           j, name);
+  }
+  char text[8192];
+  const int n = snprintf(text, sizeof text,
+      "{\"format\": \"fsdpd-checkpoint\", \"version\": 1, \"step\": 4, \"shards\": %d, "
+      "\"replicas\": 1, \"strategy\": \"FULL_SHARD\", \"precision\": \"fp32\", "
+      "\"min_params\": 0, \"shard_total\": %lld, \"model\": {\"layers\": %d, "
+      "\"channels\": %d, \"heads\": %d, \"vocab\": %d, \"context\": %d}, \"units\": [], "
+      "\"files\": [%s]}\n", shards, shard_total, c.layers, c.channels, c.heads, c.vocab,
+      c.context, files);
+  mkdir(dir, 0755);
+  snprintf(man, sizeof man, "%s/%s", dir, CKPT_MANIFEST);
+  tu_write_file(man, text, (size_t)n);
+}
+
+/* A manifest's model is checked as a job's is, and must fit its shards:
+ * sizes no job can have (the one that overflowed an export's byte counts and
+ * aborted the coordinator), heads that do not divide channels and a model
+ * larger than its shards are refused naming manifest.json and the field, and
+ * such a directory is not a committed checkpoint. */
+Test(ckpt, manifests_with_impossible_models_are_refused) {
+  char *root = mkdir_tmp("manifests"), dir[4096], latest[4096];
+  gpt_config_t tiny;
+  cr_assert_eq(gpt_config_preset(&tiny, "tiny"), 0);
+  snprintf(dir, sizeof dir, "%s/step-00000004", root);
+  write_manifest(dir, tiny, 2, 60288); /* the good one: tiny over 2 shards */
+  ckpt_manifest_t m;
+  cr_assert_eq(ckpt_manifest_read(dir, &m), 0, "%s", err_msg());
+  cr_assert_eq(memcmp(&m.model, &tiny, sizeof tiny), 0);
+  ckpt_manifest_free(&m);
+  const struct {
+    gpt_config_t model;
+    int shards;
+    long long shard_total;
+    const char *field;
+  } cases[] = {
+      {{1, 536870911, 1, 2147483647, 2147483647}, 1, 1LL << 40, "channels"},
+      {{2, 64, 3, 256, 64}, 2, 60288, "heads"},
+      {{5000, 64, 4, 256, 64}, 1, 1LL << 40, "layers"},
+      {{2, 64, 4, 2147483647, 64}, 1, 1LL << 40, "vocab"},
+      {{2, 64, 4, 256, 2000000}, 1, 1LL << 40, "context"},
+      {{2, 64, 4, 256, 64}, 2, 1000, "shard_total"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    write_manifest(dir, cases[i].model, cases[i].shards, cases[i].shard_total);
+    cr_assert_eq(ckpt_manifest_read(dir, &m), FSDP_EFORMAT, "case %zu (%s) was read", i,
+                 cases[i].field);
+    cr_assert_not_null(strstr(err_msg(), dir), "%s", err_msg());
+    cr_assert_not_null(strstr(err_msg(), CKPT_MANIFEST), "%s", err_msg());
+    cr_assert_not_null(strstr(err_msg(), cases[i].field), "case %zu: no \"%s\" in: %s", i,
+                       cases[i].field, err_msg());
+    cr_assert_eq(ckpt_latest(root, latest, sizeof latest), FSDP_ENOENT, "case %zu", i);
+  }
+  free(root);
+}
+
 /* ---- options ------------------------------------------------------------------- */
 
 Test(ckpt, options_are_checked) {

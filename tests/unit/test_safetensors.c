@@ -305,3 +305,32 @@ Test(safetensors, damaged_headers_are_refused_naming_the_tensor, .timeout = 120)
   json_decref(s.header);
   free(s.data), free(good), free(bad), free(w);
 }
+
+/* An export builds its header from the manifest before it reads a shard; a
+ * manifest whose model's byte counts overflow (the user writes the checkpoint
+ * directory, the coordinator exports on its pool) is an error naming
+ * manifest.json and the field, never an abort, and no file is left. */
+Test(safetensors, an_export_of_an_impossible_model_is_refused) {
+  char *dir = tu_path("huge"), man[4096], shard[4096];
+  char *out = tu_path("huge.safetensors"), tmp[4096];
+  mkdir(dir, 0755);
+  static const char text[] =
+      "{\"format\": \"fsdpd-checkpoint\", \"version\": 1, \"step\": 1, \"shards\": 1, "
+      "\"replicas\": 1, \"strategy\": \"FULL_SHARD\", \"precision\": \"fp32\", "
+      "\"min_params\": 0, \"shard_total\": 1099511627776, \"model\": {\"layers\": 1, "
+      "\"channels\": 536870911, \"heads\": 1, \"vocab\": 2147483647, \"context\": "
+      "2147483647}, \"units\": [], \"files\": [{\"shard\": 0, \"name\": "
+      "\"shard-00000-of-00001.fsdp\", \"bytes\": 4096, \"xxh64\": \"0123456789abcdef\"}]}\n";
+  snprintf(man, sizeof man, "%s/%s", dir, CKPT_MANIFEST);
+  tu_write_file(man, text, sizeof text - 1);
+  snprintf(shard, sizeof shard, "%s/shard-00000-of-00001.fsdp", dir);
+  tu_write_file(shard, "x", 1);
+  for (uint32_t dt = SAFETENSORS_F32; dt <= SAFETENSORS_BF16; dt++) {
+    cr_assert_eq(safetensors_export_file(dir, dt, out), FSDP_EFORMAT, "%s", err_msg());
+    cr_assert_not_null(strstr(err_msg(), man), "%s", err_msg());
+    cr_assert_not_null(strstr(err_msg(), "channels"), "%s", err_msg());
+  }
+  snprintf(tmp, sizeof tmp, "%s.tmp", out);
+  cr_assert(access(out, F_OK) && access(tmp, F_OK), "an export file was left");
+  free(dir), free(out);
+}
