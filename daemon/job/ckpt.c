@@ -617,9 +617,15 @@ int ckpt_remove(const char *dir) {
   if (rc == FSDP_ENOENT) return FSDP_OK;
   if (rc) return rc;
   snprintf(path, sizeof path, "%s/%s", dir, CKPT_MANIFEST);
-  /* uncommitted first: a reader never finds a manifest over missing shards */
+  /* uncommitted first, and durably so before a shard goes: a reader never
+   * finds a manifest over missing shards, not even after a power loss (the
+   * unlinks are not ordered on disk without the fsync between). A failed
+   * fsync leaves the shards: a manifest that comes back still has them */
   if (unlink(path) && errno != ENOENT)
     return err_set_errno(err_from_errno(errno), errno, "checkpoint: cannot remove %s", path);
+  if ((rc = ckpt_fsync_dir(dir)))
+    return err_wrap(rc, "checkpoint %s: its manifest's removal is not durable, so its shards "
+                    "are kept; removing it again retries", dir);
   DIR *d = opendir(dir);
   if (!d) {
     if (errno == ENOENT) return FSDP_OK;

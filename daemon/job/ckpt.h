@@ -168,7 +168,9 @@ int ckpt_reader_read(ckpt_reader_t *rd, uint32_t kind, uint64_t g, size_t n, voi
 void ckpt_reader_close(ckpt_reader_t *rd);
 
 /* Removes the checkpoint in dir: its manifest first (so it is no longer
- * committed), then its shard files and temporary ones, then dir. Only the
+ * committed), an fsync of dir (so that stays true after a power loss; when
+ * it fails the shards are kept and the error says so), then its shard
+ * files and temporary ones, then dir. Only the
  * format's own names are deleted; a directory holding anything else is left
  * with that, and said. */
 int ckpt_remove(const char *dir);

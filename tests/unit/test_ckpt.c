@@ -8,6 +8,8 @@
  * layout's own arithmetic (unit k's shard j holds elements offset + j *
  * shard_numel onward) into the model's flat buffer. */
 #include <criterion/criterion.h>
+#include <dlfcn.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -444,6 +446,131 @@ Test(ckpt, manifests_with_impossible_models_are_refused) {
                        cases[i].field, err_msg());
     cr_assert_eq(ckpt_latest(root, latest, sizeof latest), FSDP_ENOENT, "case %zu", i);
   }
+  free(root);
+}
+
+/* ---- the file system calls of removal and commit ---------------------------------- */
+
+/* This binary's unlink, rmdir and fsync stand in front of libc's (the
+ * library is linked in statically, so ckpt.c calls these), in the manner of
+ * tests/e2e/slow_fsync.c: while fs_trace is set each call is appended to
+ * fs_log as "unlink NAME", "rmdir NAME" or "fsync NAME" (NAME the path's
+ * last component), and while fs_fail_dir is set an fsync of a directory
+ * fails with EIO, as a disk's transient error would. */
+static int fs_trace, fs_fail_dir;
+static char fs_log[8192];
+
+static void fs_note(const char *op, const char *path) {
+  if (!fs_trace) return;
+  const char *slash = strrchr(path, '/');
+  const size_t at = strlen(fs_log);
+  snprintf(fs_log + at, sizeof fs_log - at, "%s %s\n", op, slash ? slash + 1 : path);
+}
+
+int unlink(const char *path) {
+  static int (*real)(const char *);
+  if (!real) real = (int (*)(const char *))dlsym(RTLD_NEXT, "unlink");
+  fs_note("unlink", path);
+  return real(path);
+}
+
+int rmdir(const char *path) {
+  static int (*real)(const char *);
+  if (!real) real = (int (*)(const char *))dlsym(RTLD_NEXT, "rmdir");
+  fs_note("rmdir", path);
+  return real(path);
+}
+
+int fsync(int fd) {
+  static int (*real)(int);
+  if (!real) real = (int (*)(int))dlsym(RTLD_NEXT, "fsync");
+  char link[64], path[4096];
+  snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+  const ssize_t n = readlink(link, path, sizeof path - 1);
+  path[n > 0 ? n : 0] = 0;
+  fs_note("fsync", path);
+  struct stat st;
+  if (fs_fail_dir && !fstat(fd, &st) && S_ISDIR(st.st_mode)) {
+    errno = EIO;
+    return -1;
+  }
+  return real(fd);
+}
+
+/* Where op NAME first comes in fs_log (-1: never). */
+static long fs_at(const char *op_name) {
+  const char *p = strstr(fs_log, op_name);
+  return p ? p - fs_log : -1;
+}
+
+/* dir made (when it is not there) holding a shard file of step for each of
+ * the 3 shards of header_of's layout: a whole header and zeros after it
+ * (what a commit reads: headers and sizes). */
+static void make_shards(const char *dir, int64_t step) {
+  mkdir(dir, 0755);
+  for (int j = 0; j < 3; j++) {
+    ckpt_header_t h;
+    shard_layout_t *lay;
+    header_of(&h, &lay);
+    h.shard_rank = j, h.step = step;
+    uint8_t *p;
+    cr_assert_eq(ckpt_header_encode(&h, &p), 0, "%s", err_msg());
+    char name[CKPT_NAME_MAX], path[4096];
+    ckpt_shard_name(name, sizeof name, j, 3);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    tu_write_file(path, p, h.header_bytes);
+    cr_assert_eq(truncate(path, (off_t)ckpt_file_bytes(&h)), 0);
+    free(p);
+    ckpt_header_free(&h);
+    shard_layout_destroy(lay);
+  }
+}
+
+/* Removal makes the manifest's removal durable (an fsync of the directory)
+ * before any shard goes, so a power loss cannot leave a manifest over
+ * missing shards; when that fsync fails the shards stay and the error says
+ * so. A checkpoint whose manifest is gone is never the latest, and removing
+ * it again finishes the job. */
+Test(ckpt, removal_makes_the_manifest_gone_durable_before_a_shard_goes) {
+  char *root = mkdir_tmp("remove"), s4[4096], s8[4096], latest[4096], path[4096];
+  snprintf(s4, sizeof s4, "%s/step-00000004", root);
+  snprintf(s8, sizeof s8, "%s/step-00000008", root);
+  make_shards(s4, 4), make_shards(s8, 8);
+  cr_assert_eq(ckpt_commit(s4, 3, NULL), 0, "%s", err_msg());
+  cr_assert_eq(ckpt_commit(s8, 3, NULL), 0, "%s", err_msg());
+  cr_assert_eq(ckpt_latest(root, latest, sizeof latest), 0, "%s", err_msg());
+  cr_assert_str_eq(latest, s8);
+  fs_log[0] = 0, fs_trace = 1;
+  cr_assert_eq(ckpt_remove(s8), 0, "%s", err_msg());
+  fs_trace = 0;
+  const long man = fs_at("unlink " CKPT_MANIFEST "\n"), sync = fs_at("fsync step-00000008\n");
+  const long shard = fs_at("unlink shard-"), dir = fs_at("rmdir step-00000008\n");
+  cr_assert(man >= 0 && sync > man && shard > sync && dir > shard,
+            "not manifest, fsync of the directory, shards, directory:\n%s", fs_log);
+  cr_assert_eq(access(s8, F_OK), -1, "%s is still there", s8);
+  /* the fsync fails: the manifest is gone, the shards are kept */
+  make_shards(s8, 8);
+  cr_assert_eq(ckpt_commit(s8, 3, NULL), 0, "%s", err_msg());
+  fs_fail_dir = 1;
+  cr_assert_neq(ckpt_remove(s8), 0, "removed without a durable fsync");
+  fs_fail_dir = 0;
+  cr_assert_not_null(strstr(err_msg(), s8), "%s", err_msg());
+  cr_assert_not_null(strstr(err_msg(), "shards are kept"), "%s", err_msg());
+  snprintf(path, sizeof path, "%s/%s", s8, CKPT_MANIFEST);
+  cr_assert_eq(access(path, F_OK), -1, "the manifest is still there");
+  for (int j = 0; j < 3; j++) {
+    char name[CKPT_NAME_MAX];
+    ckpt_shard_name(name, sizeof name, j, 3);
+    snprintf(path, sizeof path, "%s/%s", s8, name);
+    cr_assert_eq(access(path, F_OK), 0, "%s went after a failed fsync", path);
+  }
+  /* a directory without its manifest is never chosen */
+  cr_assert_eq(ckpt_latest(root, latest, sizeof latest), 0, "%s", err_msg());
+  cr_assert_str_eq(latest, s4);
+  cr_assert_eq(ckpt_remove(s8), 0, "%s", err_msg());
+  cr_assert_eq(access(s8, F_OK), -1, "%s is still there", s8);
+  cr_assert_eq(ckpt_latest(root, latest, sizeof latest), 0, "%s", err_msg());
+  cr_assert_str_eq(latest, s4);
   free(root);
 }
 
