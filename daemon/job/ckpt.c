@@ -363,6 +363,22 @@ static json_t *ckpt_manifest_json(const ckpt_header_t *h, const ckpt_shard_repor
                    "shard_total", (json_int_t)h->shard_total, "units", units, "files", files);
 }
 
+/* 1 when path is a regular file holding exactly text and a newline (how a
+ * manifest is written). */
+static int ckpt_file_holds(const char *path, const char *text) {
+  int fd;
+  if (ckpt_open_file(path, &fd)) return 0;
+  const size_t n = strlen(text);
+  struct stat st;
+  char *buf = NULL;
+  int same = !fstat(fd, &st) && (uint64_t)st.st_size == n + 1 && (buf = malloc(n + 1)) &&
+             pread(fd, buf, n + 1, 0) == (ssize_t)(n + 1) && !memcmp(buf, text, n) &&
+             buf[n] == '\n';
+  free(buf);
+  close(fd);
+  return same;
+}
+
 int ckpt_commit(const char *dir, int shards, const ckpt_shard_report_t *reports) {
   if (shards < 1) return err_set(FSDP_EINVAL, "checkpoint %s: %d shards", dir, shards);
   ckpt_shard_report_t *r = calloc((size_t)shards, sizeof *r);
@@ -406,20 +422,32 @@ int ckpt_commit(const char *dir, int shards, const ckpt_shard_report_t *reports)
   snprintf(path, sizeof path, "%s/%s", dir, CKPT_MANIFEST);
   snprintf(tmp, sizeof tmp, "%s/.%s.tmp.%d", dir, CKPT_MANIFEST, (int)getpid());
   json_t *m = rc ? NULL : ckpt_manifest_json(&first, r);
-  if (!rc && !m) rc = err_set(FSDP_ENOMEM, "checkpoint %s: out of memory for its manifest", dir);
-  if (!rc) {
+  char *text = m ? json_dumps(m, JSON_INDENT(1) | JSON_SORT_KEYS) : NULL;
+  if (!rc && !text) rc = err_set(FSDP_ENOMEM, "checkpoint %s: out of memory for its manifest", dir);
+  /* committed already with this very manifest (a re-commit: the janitor's
+   * after a crash, or a second rank finishing with the first): nothing is
+   * written, and a failure below leaves that manifest, which this call did
+   * not write, where it is */
+  const int had = !rc && ckpt_file_holds(path, text);
+  if (!rc && !had) {
     unlink(tmp); /* a stale one (or a link planted there) goes; the new one is ours alone */
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-    if (fd < 0 || json_dumpfd(m, fd, JSON_INDENT(1) | JSON_SORT_KEYS) || write(fd, "\n", 1) != 1 ||
-        fsync(fd))
+    const size_t n = strlen(text);
+    if (fd < 0 || write(fd, text, n) != (ssize_t)n || write(fd, "\n", 1) != 1 || fsync(fd))
       rc = err_set_errno(err_from_errno(errno), errno, "checkpoint %s: writing %s", dir, tmp);
     if (fd >= 0) close(fd);
     if (!rc && rename(tmp, path))
       rc = err_set_errno(err_from_errno(errno), errno, "checkpoint %s: rename %s", dir, tmp);
     if (rc) unlink(tmp);
-    if (!rc && (rc = ckpt_fsync_dir(dir)))
-      unlink(path); /* not durable: not committed (a loader trusts a manifest) */
   }
+  if (!rc && (rc = ckpt_fsync_dir(dir))) {
+    if (!had)
+      unlink(path); /* not durable: not committed (a loader trusts a manifest) */
+    else
+      rc = err_wrap(rc, "checkpoint %s: its %s was there already and is left as it was", dir,
+                    CKPT_MANIFEST);
+  }
+  free(text);
   json_decref(m);
   ckpt_header_free(&first);
   free(r);

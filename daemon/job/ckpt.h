@@ -127,7 +127,9 @@ typedef struct ckpt_manifest {
  * each with the header its report gives (when reports is NULL, the headers
  * read are taken as the reports), all of one step and layout, then writes
  * the manifest (temporary name, fsync, rename, fsync of dir). Idempotent:
- * committing a committed directory again writes the same manifest. */
+ * committing a committed directory again finds the same manifest there and
+ * writes nothing. A failure removes only a manifest this call wrote: one
+ * that was there already (an earlier commit's) is left as it was. */
 int ckpt_commit(const char *dir, int shards, const ckpt_shard_report_t *reports);
 /* Reads and checks dir's manifest (absent: FSDP_ENOENT, "not committed"). */
 int ckpt_manifest_read(const char *dir, ckpt_manifest_t *m);

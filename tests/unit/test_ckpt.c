@@ -574,6 +574,49 @@ Test(ckpt, removal_makes_the_manifest_gone_durable_before_a_shard_goes) {
   free(root);
 }
 
+/* Committing a committed checkpoint again (the janitor after a crash, or a
+ * second rank finishing with the first) writes nothing, and when its
+ * directory fsync fails the manifest an earlier commit made durable stays,
+ * byte for byte, and loads. A first commit whose fsync fails leaves no
+ * manifest and no temporary file. */
+Test(ckpt, a_failed_recommit_leaves_the_committed_manifest) {
+  char *root = mkdir_tmp("recommit"), dir[4096], man[4096], latest[4096];
+  snprintf(dir, sizeof dir, "%s/step-00000004", root);
+  snprintf(man, sizeof man, "%s/%s", dir, CKPT_MANIFEST);
+  make_shards(dir, 4);
+  cr_assert_eq(ckpt_commit(dir, 3, NULL), 0, "%s", err_msg());
+  size_t n0, n1;
+  char *before = tu_slurp(man, &n0);
+  fs_fail_dir = 1;
+  cr_assert_neq(ckpt_commit(dir, 3, NULL), 0, "committed without a durable fsync");
+  fs_fail_dir = 0;
+  cr_assert_eq(access(man, F_OK), 0, "a transient error removed a committed checkpoint's manifest");
+  cr_assert_not_null(strstr(err_msg(), dir), "%s", err_msg());
+  cr_assert_not_null(strstr(err_msg(), "left as it was"), "%s", err_msg());
+  char *after = tu_slurp(man, &n1);
+  cr_assert(n0 == n1 && !memcmp(before, after, n0), "the manifest changed");
+  cr_assert_eq(ckpt_latest(root, latest, sizeof latest), 0, "%s", err_msg());
+  cr_assert_str_eq(latest, dir);
+  fs_log[0] = 0, fs_trace = 1;
+  cr_assert_eq(ckpt_commit(dir, 3, NULL), 0, "%s", err_msg()); /* idempotent */
+  fs_trace = 0;
+  cr_assert_eq(fs_at("unlink"), -1, "a re-commit removed a file:\n%s", fs_log);
+  /* a first commit: what it wrote goes */
+  snprintf(dir, sizeof dir, "%s/step-00000008", root);
+  snprintf(man, sizeof man, "%s/%s", dir, CKPT_MANIFEST);
+  make_shards(dir, 8);
+  fs_fail_dir = 1;
+  cr_assert_neq(ckpt_commit(dir, 3, NULL), 0, "committed without a durable fsync");
+  fs_fail_dir = 0;
+  cr_assert_eq(access(man, F_OK), -1, "a manifest that is not durable was left");
+  char cmd[4096], out[4096];
+  snprintf(cmd, sizeof cmd, "ls -a %s | grep tmp", dir);
+  cr_assert_neq(tu_sh(cmd, out, sizeof out), 0, "a temporary file was left: %s", out);
+  cr_assert_eq(ckpt_latest(root, latest, sizeof latest), 0, "%s", err_msg());
+  cr_assert_not_null(strstr(latest, "step-00000004"), "%s", latest);
+  free(before), free(after), free(root);
+}
+
 /* ---- options ------------------------------------------------------------------- */
 
 Test(ckpt, options_are_checked) {
