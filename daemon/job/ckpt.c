@@ -19,7 +19,8 @@
 #include "daemon/job/precision.h"
 #include "kernels/kern_math.h"
 
-#define CKPT_FIXED 136u   /* bytes of the header before its unit table */
+#define CKPT_FIXED 144u   /* bytes of the header before its unit table */
+#define CKPT_FIXED_V1 136u /* the same in version 1 (no run) */
 #define CKPT_UNIT_BYTES 32u
 #define CKPT_SEC_BYTES 24u
 #define CKPT_UNITS_MAX (1u << 20)
@@ -42,9 +43,14 @@ uint64_t ckpt_blocks(uint64_t bytes) { return (bytes + CKPT_BLOCK - 1) / CKPT_BL
 
 static uint64_t ckpt_align(uint64_t x) { return (x + CKPT_ALIGN - 1) / CKPT_ALIGN * CKPT_ALIGN; }
 
-/* Encoded length of a header with these tables. */
-static uint64_t ckpt_header_len(uint32_t units, const ckpt_section_t *sec, uint32_t nsec) {
-  uint64_t n = CKPT_FIXED + (uint64_t)units * CKPT_UNIT_BYTES + (uint64_t)nsec * CKPT_SEC_BYTES;
+/* Bytes of a header of that version before its unit table. */
+static uint64_t ckpt_fixed(uint32_t version) { return version == 1 ? CKPT_FIXED_V1 : CKPT_FIXED; }
+
+/* Encoded length of a header of that version with these tables. */
+static uint64_t ckpt_header_len(uint32_t version, uint32_t units, const ckpt_section_t *sec,
+                                uint32_t nsec) {
+  uint64_t n = ckpt_fixed(version) + (uint64_t)units * CKPT_UNIT_BYTES +
+               (uint64_t)nsec * CKPT_SEC_BYTES;
   for (uint32_t i = 0; i < nsec; i++) n += 8 * ckpt_blocks(sec[i].bytes);
   return n + 8;
 }
@@ -56,7 +62,7 @@ uint64_t ckpt_file_bytes(const ckpt_header_t *h) {
 
 int ckpt_header_layout(ckpt_header_t *h) {
   h->version = CKPT_VERSION;
-  h->header_bytes = ckpt_header_len(h->num_units, h->sec, h->num_sections);
+  h->header_bytes = ckpt_header_len(h->version, h->num_units, h->sec, h->num_sections);
   uint64_t at = ckpt_align(h->header_bytes);
   for (uint32_t i = 0; i < h->num_sections; i++) {
     ckpt_section_t *s = &h->sec[i];
@@ -107,7 +113,8 @@ int ckpt_header_encode(ckpt_header_t *h, uint8_t **out) {
   put(&b, h->min_params, 8), put(&b, h->shard_total, 8), put(&b, (uint64_t)h->step, 8);
   put(&b, h->data_epoch, 8), put(&b, h->data_index, 8), put(&b, (uint64_t)h->adam_steps, 8);
   put(&b, h->seed, 8);
-  FSDP_ASSERT(b.at == CKPT_FIXED);
+  if (h->version >= 2) put(&b, h->run, 8);
+  FSDP_ASSERT(b.at == ckpt_fixed(h->version));
   for (uint32_t k = 0; k < h->num_units; k++) {
     const shard_unit_t *u = &h->units[k];
     put(&b, (uint32_t)u->first, 4), put(&b, (uint32_t)u->last, 4);
@@ -176,7 +183,7 @@ static int ckpt_check_sections(const ckpt_header_t *h, const char *what) {
 
 int ckpt_header_decode(const uint8_t *p, size_t n, const char *what, ckpt_header_t *h) {
   memset(h, 0, sizeof *h);
-  if (n < CKPT_FIXED + 8 || memcmp(p, CKPT_MAGIC, 8))
+  if (n < CKPT_FIXED_V1 + 8 || memcmp(p, CKPT_MAGIC, 8))
     return err_set(FSDP_EFORMAT, "%s: not a checkpoint shard (no %s header); name a shard file "
                    "of a committed checkpoint", what, CKPT_MAGIC);
   ckpt_buf_t b = {(uint8_t *)p, 8, n};
@@ -185,10 +192,12 @@ int ckpt_header_decode(const uint8_t *p, size_t n, const char *what, ckpt_header
   h->num_sections = (uint32_t)get(&b, 4);
   get(&b, 4);
   h->header_bytes = get(&b, 8);
-  if (h->version != CKPT_VERSION)
-    return err_set(FSDP_EFORMAT, "%s: header: version %u; this build reads version %d (a newer "
-                   "fsdpd wrote it?)", what, h->version, CKPT_VERSION);
-  if (h->header_bytes > n || h->header_bytes > CKPT_HEADER_MAX || h->header_bytes < CKPT_FIXED + 8)
+  if (h->version < 1 || h->version > CKPT_VERSION)
+    return err_set(FSDP_EFORMAT, "%s: header: version %u; this build reads versions 1 to %d (a "
+                   "newer fsdpd wrote it?)", what, h->version, CKPT_VERSION);
+  const uint64_t fixed = ckpt_fixed(h->version);
+  if (h->header_bytes > n || h->header_bytes > CKPT_HEADER_MAX || h->header_bytes < fixed + 8 ||
+      n < fixed + 8)
     return err_set(FSDP_EFORMAT, "%s: header: length %" PRIu64 " but the file has %zu bytes "
                    "there; the file is truncated or damaged", what, h->header_bytes, n);
   if (h->num_units < 1 || h->num_units > CKPT_UNITS_MAX || h->num_sections != CKPT_SECTIONS)
@@ -203,6 +212,7 @@ int ckpt_header_decode(const uint8_t *p, size_t n, const char *what, ckpt_header
   h->min_params = get(&b, 8), h->shard_total = get(&b, 8), h->step = (int64_t)get(&b, 8);
   h->data_epoch = get(&b, 8), h->data_index = get(&b, 8), h->adam_steps = (int64_t)get(&b, 8);
   h->seed = get(&b, 8);
+  h->run = h->version >= 2 ? get(&b, 8) : 0;
   int rc;
   if (h->shards < 1 || h->shard_rank < 0 || h->shard_rank >= h->shards || h->replicas < 1 ||
       h->strategy < 0 || h->strategy >= SHARD__COUNT || h->precision < PRECISION_FP32 ||
@@ -215,7 +225,7 @@ int ckpt_header_decode(const uint8_t *p, size_t n, const char *what, ckpt_header
     return err_wrap(FSDP_EFORMAT, "%s: header: model", what);
   /* the tables must fit in the header before anything is allocated for them */
   const uint64_t tables = (uint64_t)h->num_units * CKPT_UNIT_BYTES + CKPT_SECTIONS * CKPT_SEC_BYTES;
-  if (CKPT_FIXED + tables + 8 > h->header_bytes)
+  if (fixed + tables + 8 > h->header_bytes)
     return err_set(FSDP_EFORMAT, "%s: header: %u units do not fit in its %" PRIu64 " bytes",
                    what, h->num_units, h->header_bytes);
   h->units = calloc(h->num_units, sizeof *h->units);
@@ -231,7 +241,7 @@ int ckpt_header_decode(const uint8_t *p, size_t n, const char *what, ckpt_header
     s->offset = get(&b, 8), s->bytes = get(&b, 8);
   }
   if ((rc = ckpt_check_units(h, what)) || (rc = ckpt_check_sections(h, what))) goto fail;
-  if (ckpt_header_len(h->num_units, h->sec, h->num_sections) != h->header_bytes) {
+  if (ckpt_header_len(h->version, h->num_units, h->sec, h->num_sections) != h->header_bytes) {
     rc = err_set(FSDP_EFORMAT, "%s: header: its length %" PRIu64 " does not match its tables; "
                  "the file is damaged", what, h->header_bytes);
     goto fail;
@@ -354,7 +364,7 @@ static json_t *ckpt_manifest_json(const ckpt_header_t *h, const ckpt_shard_repor
   }
   precision_t p = (precision_t)h->precision;
   return json_pack("{s:s,s:i,s:I,s:i,s:i,s:s,s:s,s:{s:i,s:i,s:i,s:i,s:i},s:I,s:I,s:o,s:o}",
-                   "format", "fsdpd-checkpoint", "version", CKPT_VERSION, "step",
+                   "format", "fsdpd-checkpoint", "version", CKPT_MANIFEST_VERSION, "step",
                    (json_int_t)h->step, "shards", h->shards, "replicas", h->replicas,
                    "strategy", shard_strategy_name((shard_strategy_t)h->strategy), "precision",
                    precision_name(p), "model", "layers", h->model.layers, "channels",
@@ -379,7 +389,7 @@ static int ckpt_file_holds(const char *path, const char *text) {
   return same;
 }
 
-int ckpt_commit(const char *dir, int shards, const ckpt_shard_report_t *reports) {
+int ckpt_commit(const char *dir, int shards, const ckpt_shard_report_t *reports, uint64_t run) {
   if (shards < 1) return err_set(FSDP_EINVAL, "checkpoint %s: %d shards", dir, shards);
   ckpt_shard_report_t *r = calloc((size_t)shards, sizeof *r);
   ckpt_header_t first = {0};
@@ -405,6 +415,13 @@ int ckpt_commit(const char *dir, int shards, const ckpt_shard_report_t *reports)
       rc = err_set(FSDP_EFORMAT, "checkpoint %s: %s holds shard %d of %d in %lld bytes (its "
                    "header implies %" PRIu64 "); expected shard %d of %d, whole", dir, name,
                    h.shard_rank, h.shards, (long long)st.st_size, ckpt_file_bytes(&h), j, shards);
+    else if (!reports && h.run != run)
+      /* no report vouches for it: only this run's own shards commit. One of
+       * another run (a run that stopped mid-save, or an older build's) is
+       * as good as missing: its rank replaces it when it writes this run's */
+      rc = err_set(FSDP_ENOENT, "checkpoint %s: %s was written by another run (%016" PRIx64
+                   ", not this run's %016" PRIx64 "); it is not committed until its rank writes "
+                   "it in this run", dir, name, h.run, run);
     else if (j && !ckpt_header_same_layout(&first, &h))
       rc = err_set(FSDP_EFORMAT, "checkpoint %s: %s is of another step, model or layout than "
                    "shard 0; it cannot be committed", dir, name);
@@ -514,7 +531,8 @@ int ckpt_manifest_parse(const char *text, size_t len, const char *path, ckpt_man
                  "strategy, precision)", path);
     goto out;
   }
-  if ((rc = ckpt_json_int(root, "version", path, CKPT_VERSION, CKPT_VERSION, &v[0])) ||
+  if ((rc = ckpt_json_int(root, "version", path, CKPT_MANIFEST_VERSION, CKPT_MANIFEST_VERSION,
+                                &v[0])) ||
       (rc = ckpt_json_int(root, "step", path, 0, INT64_MAX, &v[1])) ||
       (rc = ckpt_json_int(root, "shards", path, 1, 1 << 20, &v[2])) ||
       (rc = ckpt_json_int(root, "replicas", path, 1, 1 << 20, &v[3])) ||

@@ -30,7 +30,8 @@
 #include "daemon/job/shard.h"
 
 #define CKPT_MAGIC "FSDPSHRD"
-#define CKPT_VERSION 1
+#define CKPT_VERSION 2          /* of the shard header (version 1, without run, is read too) */
+#define CKPT_MANIFEST_VERSION 1
 #define CKPT_ALIGN 4096u             /* sections start on this boundary */
 #define CKPT_BLOCK (1u << 20)        /* bytes per block checksum */
 #define CKPT_HEADER_MAX (64u << 20)  /* a larger header is refused as damaged */
@@ -65,6 +66,8 @@ typedef struct ckpt_header {
   uint64_t data_epoch, data_index;      /* where the next batch starts (data.h) */
   int64_t adam_steps;                   /* AdamW's step count (its bias correction) */
   uint64_t seed;
+  uint64_t run;                         /* the run (launch, attempt) whose ranks wrote it, all
+                                           alike; 0: unknown (version 1) */
   uint32_t num_units;
   shard_unit_t *units;                  /* the layout (shard.h), in order */
   uint32_t num_sections;
@@ -125,12 +128,14 @@ typedef struct ckpt_manifest {
 
 /* Commits the checkpoint in dir: checks that shards shard files are there,
  * each with the header its report gives (when reports is NULL, the headers
- * read are taken as the reports), all of one step and layout, then writes
+ * read are taken as the reports, and each must be of run, the committing
+ * rank's own: a shard of another run is FSDP_ENOENT, as if missing), all of
+ * one step and layout, then writes
  * the manifest (temporary name, fsync, rename, fsync of dir). Idempotent:
  * committing a committed directory again finds the same manifest there and
  * writes nothing. A failure removes only a manifest this call wrote: one
  * that was there already (an earlier commit's) is left as it was. */
-int ckpt_commit(const char *dir, int shards, const ckpt_shard_report_t *reports);
+int ckpt_commit(const char *dir, int shards, const ckpt_shard_report_t *reports, uint64_t run);
 /* Reads and checks dir's manifest (absent: FSDP_ENOENT, "not committed"). */
 int ckpt_manifest_read(const char *dir, ckpt_manifest_t *m);
 /* The same from a manifest's text (len bytes; path for messages). */

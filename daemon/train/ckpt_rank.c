@@ -71,7 +71,7 @@ static int ckpt_rank_prepare(fsdp_t *f, const ckpt_rank_meta_t *meta, ckpt_rank_
   h->model = *gpt_get_config(fsdp_model(f));
   h->min_params = meta->min_params, h->shard_total = l->shard_total, h->step = meta->step;
   h->data_epoch = meta->data_epoch, h->data_index = meta->data_index;
-  h->adam_steps = adamw_step_count(st.opt), h->seed = meta->seed;
+  h->adam_steps = adamw_step_count(st.opt), h->seed = meta->seed, h->run = meta->run;
   h->num_units = (uint32_t)l->num_units;
   h->num_sections = CKPT_SECTIONS;
   ckpt_bufs_t b;

@@ -30,6 +30,7 @@ typedef struct ckpt_rank_meta {
   shard_mesh_t mesh;
   precision_t precision;
   uint64_t min_params;
+  uint64_t run;      /* the run whose ranks write (train.c: drawn by rank 0 at open) */
 } ckpt_rank_meta_t;
 
 /* Writes this rank's shard of the checkpoint of meta->step under root (the

@@ -11,6 +11,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -56,6 +57,7 @@ struct train {
   int first_step;     /* steps done when this run began: 0, or a resumed checkpoint's */
   int stop_agreed;    /* the ranks agreed to stop after this step (opts.stop) */
   int ckpt_step;      /* the step of the last checkpoint written (-1: none) */
+  uint64_t run;       /* this run's id, every rank's alike (train_run_id) */
   void *snapshot;     /* host copy an asynchronous checkpoint is written from (MEM_SNAPSHOT) */
   train_writer_t writer;
   double ckpt_lost_s; /* training time the checkpoints cost (the step waited) */
@@ -146,6 +148,29 @@ static int train_resume_choose(train_t *t, int *src, int64_t *step) {
   return FSDP_OK;
 }
 
+/* The run's id, which every shard this run writes carries: rank 0 draws 64
+ * random bits and every rank takes them (one all-reduce of four 16-bit
+ * parts, exact in floats), so the ranks make it themselves whoever started
+ * them. A report-less commit (fsdp-launch) takes only this run's shards: a
+ * shard an earlier run left in a step directory when it stopped mid-save is
+ * never committed beside this run's. */
+static int train_run_id(train_t *t) {
+  uint64_t id = 0;
+  if (t->boot.rank == 0 && getrandom(&id, sizeof id, 0) != (ssize_t)sizeof id) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    id = ((uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec) ^ (uint64_t)getpid() << 40;
+  }
+  if (t->boot.rank == 0 && !id) id = 1; /* 0: no run (a version 1 shard) */
+  float v[4];
+  for (int i = 0; i < 4; i++) v[i] = (float)((id >> (16 * i)) & 0xffff);
+  int rc = t->groups.world ? comm_all_reduce(t->groups.world, v, v, 4, COMM_F32, COMM_SUM) : 0;
+  if (rc) return err_wrap(rc, "checkpoint: agreeing on the run's id");
+  t->run = 0;
+  for (int i = 0; i < 4; i++) t->run |= (uint64_t)v[i] << (16 * i);
+  return FSDP_OK;
+}
+
 static int train_resume(train_t *t) {
   const config_t *c = &t->cfg;
   int src = RESUME_NONE, rc = FSDP_OK;
@@ -204,7 +229,7 @@ static void train_ckpt_written(train_t *t, int step, const char *dir, const ckpt
     if ((rc = t->opts.checkpoint(t->opts.ctx, &k)))
       LOG_WARN("train", "step %d: checkpoint shard written but not reported: %s", step, err_msg());
   } else {
-    rc = ckpt_commit(dir, t->mesh.shards, NULL);
+    rc = ckpt_commit(dir, t->mesh.shards, NULL, t->run); /* only this run's shards */
     if (rc && rc != FSDP_ENOENT) /* a shard still missing is the others' to commit */
       LOG_WARN("train", "step %d: checkpoint %s not committed: %s", step, dir, err_msg());
     if (!rc) ckpt_retain(c->checkpoint_dir, c->keep_checkpoints);
@@ -266,7 +291,7 @@ static int train_checkpoint(train_t *t) {
   precision_t prec;
   precision_parse(c->precision, &prec);
   ckpt_rank_meta_t m = {t->step, t->pos.epoch, t->pos.index, c->seed, t->mesh, prec,
-                        (uint64_t)c->min_params};
+                        (uint64_t)c->min_params, t->run};
   const double t0 = train_now();
   int rc;
   if (t->snapshot) {
@@ -343,6 +368,7 @@ int train_open(train_t **out, const config_t *c, const train_opts_t *o) {
   if (c->save[0] && (rc = train_check_writable("save", c->save))) goto fail;
   if ((rc = train_open_runtime(t))) goto fail;
   if ((rc = data_open(&t->data, c->data, c->gpt.vocab, c->eval_fraction, c->seq_len))) goto fail;
+  if (c->checkpoint_dir[0] && (rc = train_run_id(t))) goto fail;
   if ((c->resume_from[0] || (c->auto_resume && c->checkpoint_dir[0])) && (rc = train_resume(t)))
     goto fail;
   if (c->checkpoint_dir[0] && c->checkpoint_every && c->checkpoint_async &&

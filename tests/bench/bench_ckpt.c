@@ -156,7 +156,7 @@ static int export_bench(fsdp_t *f, const char *dir, ckpt_rank_meta_t *meta) {
   char step_dir[4200], path[4300], cmd[8700];
   meta->step = 100;
   if (ckpt_rank_save(f, meta, dir, &rep, step_dir, sizeof step_dir) ||
-      ckpt_commit(step_dir, 1, NULL)) {
+      ckpt_commit(step_dir, 1, NULL, meta->run)) {
     fprintf(stderr, "bench_ckpt: %s\n", err_msg());
     return -1;
   }

@@ -112,6 +112,7 @@ static void header_of(ckpt_header_t *h, shard_layout_t **lay) {
   h->shard_rank = 2, h->shards = 3, h->replicas = 2, h->strategy = SHARD_HYBRID_SHARD;
   h->precision = 1, h->model = cfg, h->shard_total = (*lay)->shard_total, h->step = 77;
   h->data_epoch = 3, h->data_index = 12345, h->adam_steps = 77, h->seed = 0xfeedULL;
+  h->run = 0x5eed5eedULL;
   h->num_units = (uint32_t)(*lay)->num_units;
   h->units = malloc(h->num_units * sizeof *h->units);
   memcpy(h->units, (*lay)->units, h->num_units * sizeof *h->units);
@@ -136,7 +137,8 @@ Test(ckpt, header_round_trip_and_every_changed_byte_is_refused) {
   cr_assert_eq(ckpt_header_decode(p, h.header_bytes, "t", &d), 0, "%s", err_msg());
   cr_assert(d.shard_rank == 2 && d.shards == 3 && d.replicas == 2 && d.step == 77 &&
             d.data_epoch == 3 && d.data_index == 12345 && d.adam_steps == 77 &&
-            d.seed == 0xfeedULL && d.num_units == h.num_units && d.sum == h.sum &&
+            d.seed == 0xfeedULL && d.run == 0x5eed5eedULL && d.num_units == h.num_units &&
+            d.sum == h.sum &&
             !memcmp(&d.model, &h.model, sizeof d.model));
   for (uint32_t k = 0; k < d.num_units; k++)
     cr_assert(!memcmp(&d.units[k], &h.units[k], sizeof d.units[k]), "unit %u", k);
@@ -179,7 +181,8 @@ static void step_line(const char *out, int s, int steps, char *buf, size_t len) 
 
 /* A job resumed from its step-8 checkpoint ends with the same bytes as the
  * run that went on: every shard file of step 12 (parameters, AdamW m and v,
- * step, data position) is identical, and so are steps 9-12's losses. */
+ * step, data position) is identical but for the run's id in its header
+ * (and so the header's checksum), and so are steps 9-12's losses. */
 Test(ckpt, resume_is_exact, .timeout = 120) {
   char *a = mkdir_tmp("resume-a"), *b = mkdir_tmp("resume-b"), args[4096];
   static char out_a[1 << 17], out_b[1 << 17];
@@ -204,7 +207,15 @@ Test(ckpt, resume_is_exact, .timeout = 120) {
     snprintf(pb, sizeof pb, "%s/step-00000012/%s", b, name);
     size_t na, nb;
     char *fa = tu_slurp(pa, &na), *fb = tu_slurp(pb, &nb);
-    cr_assert(na == nb && !memcmp(fa, fb, na), "%s and %s differ", pa, pb);
+    cr_assert(na == nb && na > 152, "%s and %s differ in size", pa, pb);
+    /* all but the run's id (bytes 136..143) and so the header's checksum
+     * (its last 8 bytes, at the length given at byte 24) */
+    uint64_t hl = 0;
+    for (int i = 0; i < 8; i++) hl |= (uint64_t)(uint8_t)fa[24 + i] << (8 * i);
+    cr_assert(hl <= na && hl > 152);
+    memset(fa + 136, 0, 8), memset(fb + 136, 0, 8);
+    memset(fa + hl - 8, 0, 8), memset(fb + hl - 8, 0, 8);
+    cr_assert(!memcmp(fa, fb, na), "%s and %s differ", pa, pb);
     free(fa), free(fb);
   }
   free(a), free(b);
@@ -503,27 +514,32 @@ static long fs_at(const char *op_name) {
   return p ? p - fs_log : -1;
 }
 
-/* dir made (when it is not there) holding a shard file of step for each of
- * the 3 shards of header_of's layout: a whole header and zeros after it
- * (what a commit reads: headers and sizes). */
-static void make_shards(const char *dir, int64_t step) {
+#define RUN_A UINT64_C(0x0123456789abcdef)
+#define RUN_B UINT64_C(0xfedcba9876543210)
+
+/* Shard j of the 3 of header_of's layout, of step and run, in dir (made when
+ * it is not there): a whole header and zeros after it (what a commit reads:
+ * headers and sizes); fill, the byte its sections hold. */
+static void make_shard(const char *dir, int j, int64_t step, uint64_t run) {
   mkdir(dir, 0755);
-  for (int j = 0; j < 3; j++) {
-    ckpt_header_t h;
-    shard_layout_t *lay;
-    header_of(&h, &lay);
-    h.shard_rank = j, h.step = step;
-    uint8_t *p;
-    cr_assert_eq(ckpt_header_encode(&h, &p), 0, "%s", err_msg());
-    char name[CKPT_NAME_MAX], path[4096];
-    ckpt_shard_name(name, sizeof name, j, 3);
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    tu_write_file(path, p, h.header_bytes);
-    cr_assert_eq(truncate(path, (off_t)ckpt_file_bytes(&h)), 0);
-    free(p);
-    ckpt_header_free(&h);
-    shard_layout_destroy(lay);
-  }
+  ckpt_header_t h;
+  shard_layout_t *lay;
+  header_of(&h, &lay);
+  h.shard_rank = j, h.step = step, h.run = run;
+  uint8_t *p;
+  cr_assert_eq(ckpt_header_encode(&h, &p), 0, "%s", err_msg());
+  char name[CKPT_NAME_MAX], path[4096];
+  ckpt_shard_name(name, sizeof name, j, 3);
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  tu_write_file(path, p, h.header_bytes);
+  cr_assert_eq(truncate(path, (off_t)ckpt_file_bytes(&h)), 0);
+  free(p);
+  ckpt_header_free(&h);
+  shard_layout_destroy(lay);
+}
+
+static void make_shards(const char *dir, int64_t step) {
+  for (int j = 0; j < 3; j++) make_shard(dir, j, step, RUN_A);
 }
 
 /* Removal makes the manifest's removal durable (an fsync of the directory)
@@ -536,8 +552,8 @@ Test(ckpt, removal_makes_the_manifest_gone_durable_before_a_shard_goes) {
   snprintf(s4, sizeof s4, "%s/step-00000004", root);
   snprintf(s8, sizeof s8, "%s/step-00000008", root);
   make_shards(s4, 4), make_shards(s8, 8);
-  cr_assert_eq(ckpt_commit(s4, 3, NULL), 0, "%s", err_msg());
-  cr_assert_eq(ckpt_commit(s8, 3, NULL), 0, "%s", err_msg());
+  cr_assert_eq(ckpt_commit(s4, 3, NULL, RUN_A), 0, "%s", err_msg());
+  cr_assert_eq(ckpt_commit(s8, 3, NULL, RUN_A), 0, "%s", err_msg());
   cr_assert_eq(ckpt_latest(root, latest, sizeof latest), 0, "%s", err_msg());
   cr_assert_str_eq(latest, s8);
   fs_log[0] = 0, fs_trace = 1;
@@ -550,7 +566,7 @@ Test(ckpt, removal_makes_the_manifest_gone_durable_before_a_shard_goes) {
   cr_assert_eq(access(s8, F_OK), -1, "%s is still there", s8);
   /* the fsync fails: the manifest is gone, the shards are kept */
   make_shards(s8, 8);
-  cr_assert_eq(ckpt_commit(s8, 3, NULL), 0, "%s", err_msg());
+  cr_assert_eq(ckpt_commit(s8, 3, NULL, RUN_A), 0, "%s", err_msg());
   fs_fail_dir = 1;
   cr_assert_neq(ckpt_remove(s8), 0, "removed without a durable fsync");
   fs_fail_dir = 0;
@@ -584,11 +600,11 @@ Test(ckpt, a_failed_recommit_leaves_the_committed_manifest) {
   snprintf(dir, sizeof dir, "%s/step-00000004", root);
   snprintf(man, sizeof man, "%s/%s", dir, CKPT_MANIFEST);
   make_shards(dir, 4);
-  cr_assert_eq(ckpt_commit(dir, 3, NULL), 0, "%s", err_msg());
+  cr_assert_eq(ckpt_commit(dir, 3, NULL, RUN_A), 0, "%s", err_msg());
   size_t n0, n1;
   char *before = tu_slurp(man, &n0);
   fs_fail_dir = 1;
-  cr_assert_neq(ckpt_commit(dir, 3, NULL), 0, "committed without a durable fsync");
+  cr_assert_neq(ckpt_commit(dir, 3, NULL, RUN_A), 0, "committed without a durable fsync");
   fs_fail_dir = 0;
   cr_assert_eq(access(man, F_OK), 0, "a transient error removed a committed checkpoint's manifest");
   cr_assert_not_null(strstr(err_msg(), dir), "%s", err_msg());
@@ -598,7 +614,7 @@ Test(ckpt, a_failed_recommit_leaves_the_committed_manifest) {
   cr_assert_eq(ckpt_latest(root, latest, sizeof latest), 0, "%s", err_msg());
   cr_assert_str_eq(latest, dir);
   fs_log[0] = 0, fs_trace = 1;
-  cr_assert_eq(ckpt_commit(dir, 3, NULL), 0, "%s", err_msg()); /* idempotent */
+  cr_assert_eq(ckpt_commit(dir, 3, NULL, RUN_A), 0, "%s", err_msg()); /* idempotent */
   fs_trace = 0;
   cr_assert_eq(fs_at("unlink"), -1, "a re-commit removed a file:\n%s", fs_log);
   /* a first commit: what it wrote goes */
@@ -606,7 +622,7 @@ Test(ckpt, a_failed_recommit_leaves_the_committed_manifest) {
   snprintf(man, sizeof man, "%s/%s", dir, CKPT_MANIFEST);
   make_shards(dir, 8);
   fs_fail_dir = 1;
-  cr_assert_neq(ckpt_commit(dir, 3, NULL), 0, "committed without a durable fsync");
+  cr_assert_neq(ckpt_commit(dir, 3, NULL, RUN_A), 0, "committed without a durable fsync");
   fs_fail_dir = 0;
   cr_assert_eq(access(man, F_OK), -1, "a manifest that is not durable was left");
   char cmd[4096], out[4096];
@@ -615,6 +631,78 @@ Test(ckpt, a_failed_recommit_leaves_the_committed_manifest) {
   cr_assert_eq(ckpt_latest(root, latest, sizeof latest), 0, "%s", err_msg());
   cr_assert_not_null(strstr(latest, "step-00000004"), "%s", latest);
   free(before), free(after), free(root);
+}
+
+/* A run that stopped mid-save left shard 1 of step 8; a later run (resumed
+ * from an earlier step) writes shards 0 and 2 of step 8 and its ranks commit
+ * without reports (fsdp-launch). The mixed checkpoint is never committed:
+ * the stale shard is as good as missing, naming the file and the run, and
+ * once its rank writes this run's shard 1 over it the checkpoint commits. A
+ * committer with reports (the coordinator) goes by them, not by runs. */
+Test(ckpt, a_shard_of_another_run_is_never_committed_without_reports) {
+  char *root = mkdir_tmp("stale"), dir[4096], man[4096], latest[4096];
+  snprintf(dir, sizeof dir, "%s/step-00000008", root);
+  snprintf(man, sizeof man, "%s/%s", dir, CKPT_MANIFEST);
+  make_shard(dir, 1, 8, RUN_A); /* the run that stopped */
+  make_shard(dir, 0, 8, RUN_B);
+  make_shard(dir, 2, 8, RUN_B);
+  for (int i = 0; i < 2; i++) { /* ranks 0 and 2 of run B, as each finishes */
+    cr_assert_eq(ckpt_commit(dir, 3, NULL, RUN_B), FSDP_ENOENT, "a mixed checkpoint committed");
+    cr_assert_not_null(strstr(err_msg(), "shard-00001-of-00003.fsdp"), "%s", err_msg());
+    cr_assert_not_null(strstr(err_msg(), "another run"), "%s", err_msg());
+    cr_assert_eq(access(man, F_OK), -1, "a manifest over a mixed checkpoint");
+  }
+  cr_assert_eq(ckpt_latest(root, latest, sizeof latest), FSDP_ENOENT);
+  make_shard(dir, 1, 8, RUN_B); /* rank 1 of run B writes its own over the stale one */
+  cr_assert_eq(ckpt_commit(dir, 3, NULL, RUN_B), 0, "%s", err_msg());
+  cr_assert_eq(ckpt_latest(root, latest, sizeof latest), 0, "%s", err_msg());
+  cr_assert_str_eq(latest, dir);
+  /* reports vouch for shards whatever their run */
+  char dir2[4096];
+  snprintf(dir2, sizeof dir2, "%s/step-00000012", root);
+  make_shard(dir2, 0, 12, RUN_A), make_shard(dir2, 1, 12, RUN_B), make_shard(dir2, 2, 12, 0);
+  ckpt_shard_report_t rep[3];
+  for (int j = 0; j < 3; j++) {
+    char path[4096];
+    ckpt_shard_name(rep[j].name, sizeof rep[j].name, j, 3);
+    snprintf(path, sizeof path, "%s/%s", dir2, rep[j].name);
+    int fd = open(path, O_RDONLY);
+    ckpt_header_t h;
+    cr_assert_eq(ckpt_header_read(fd, path, &h), 0, "%s", err_msg());
+    close(fd);
+    rep[j].shard_rank = j, rep[j].bytes = ckpt_file_bytes(&h), rep[j].sum = h.sum;
+    ckpt_header_free(&h);
+  }
+  cr_assert_eq(ckpt_commit(dir2, 3, rep, 0), 0, "%s", err_msg());
+  free(root);
+}
+
+/* Every shard of a run's checkpoint carries one run id, which all its ranks
+ * drew together; another run has another. */
+Test(ckpt, a_runs_shards_carry_its_run_id, .timeout = 120) {
+  static char out[1 << 16];
+  uint64_t run[2] = {0, 0};
+  for (int r = 0; r < 2; r++) {
+    char root[4096], args[4096];
+    snprintf(root, sizeof root, "%s/runid-%d", tu_tmpdir(), r);
+    cr_assert_eq(mkdir(root, 0755), 0);
+    snprintf(args, sizeof args, "--steps 4 --batch 2 --checkpoint_dir %s --checkpoint_every 4", root);
+    launch(2, args, 0, out, sizeof out);
+    for (int j = 0; j < 2; j++) {
+      char path[4200];
+      snprintf(path, sizeof path, "%s/step-00000004/shard-%05d-of-00002.fsdp", root, j);
+      int fd = open(path, O_RDONLY);
+      ckpt_header_t h;
+      cr_assert_eq(ckpt_header_read(fd, path, &h), 0, "%s", err_msg());
+      close(fd);
+      cr_assert_eq(h.version, CKPT_VERSION);
+      cr_assert_neq(h.run, 0, "%s carries no run", path);
+      if (j == 0) run[r] = h.run;
+      else cr_assert_eq(h.run, run[r], "the ranks of one run disagree on its id");
+      ckpt_header_free(&h);
+    }
+  }
+  cr_assert_neq(run[0], run[1], "two runs drew one id");
 }
 
 /* ---- options ------------------------------------------------------------------- */
