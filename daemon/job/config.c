@@ -73,7 +73,7 @@ static const config_opt_t config_opts[] = {
     {"checkpoint_every", "output", CFG_INT, OFF(checkpoint_every), 0, 0, 1e9, "steps between checkpoints (0: none); needs checkpoint_dir"},
     {"keep_checkpoints", "output", CFG_INT, OFF(keep_checkpoints), 0, 0, 1e6, "committed checkpoints kept, the newest (0: all); the latest is never removed"},
     {"checkpoint_async", "output", CFG_INT, OFF(checkpoint_async), 0, 0, 1, "1: copy the shard into a host snapshot (planned memory: ckpt_snapshot) and write it on a thread while training goes on; 0, or when the snapshot does not fit: write in place, the step waits"},
-    {"auto_resume", "output", CFG_INT, OFF(auto_resume), 0, 0, 1, "1: without resume_from, start from the latest committed checkpoint in checkpoint_dir when there is one (a restarted job goes on where it was)"},
+    {"auto_resume", "output", CFG_INT, OFF(auto_resume), 0, 0, 1, "1: start from the latest committed checkpoint in checkpoint_dir when there is one, and with resume_from when it is later than resume_from's (a restarted or requeued job goes on where it was)"},
     {"sample_tokens", "output", CFG_INT, OFF(sample_tokens), 0, 0, 1 << 20, "tokens to generate after training, to look at"},
     {"sample_prompt", "output", STR(sample_prompt), "prompt for the sample (byte-level models; in a job file, quote it to keep spaces at either end)"},
     {"sample_temperature", "output", CFG_FLOAT, OFF(sample_temperature), 0, 1e-3, 100, "sampling temperature"},
@@ -351,7 +351,10 @@ int config_check(config_t *c, int world, config_report_cb report, void *ctx) {
 
 int config_finish(config_t *c) { return config_check(c, 0, NULL, NULL); }
 
-static void config_print_value(const config_t *c, const config_opt_t *o, FILE *out) {
+/* An option's value as text; quote: a string quoted where spaces at its
+ * ends would not show (--help), else as it is (config_write quotes for the
+ * job file, through ini_line_write). */
+static void config_print_value(const config_t *c, const config_opt_t *o, FILE *out, int quote) {
   const char *field = (const char *)c + o->offset;
   /* once resolved, the model's dimensions are the ones the run uses */
   if (config_opt_is_dim(o) && c->gpt.layers)
@@ -362,10 +365,8 @@ static void config_print_value(const config_t *c, const config_opt_t *o, FILE *o
   case CFG_FLOAT: fprintf(out, "%g", *(const float *)field); break;
   case CFG_DOUBLE: fprintf(out, "%g", *(const double *)field); break;
   case CFG_STR: {
-    /* quoted where a job file would lose spaces at either end (config_ini_cb) */
     size_t n = strlen(field);
-    int quote = n && (isspace((unsigned char)field[0]) || isspace((unsigned char)field[n - 1]) ||
-                      field[0] == '"');
+    quote = quote && n && (isspace((unsigned char)field[0]) || isspace((unsigned char)field[n - 1]));
     fprintf(out, quote ? "\"%s\"" : "%s", field);
     break;
   }
@@ -380,18 +381,29 @@ void config_print_help(FILE *out) {
     const config_opt_t *o = &config_opts[i];
     if (strcmp(sec, o->section)) fprintf(out, "  [%s]\n", sec = o->section);
     fprintf(out, "    --%-14s %s (default: ", o->key, o->help);
-    config_print_value(&d, o, out);
+    config_print_value(&d, o, out, 1);
     fprintf(out, ")\n");
   }
 }
 
-void config_write(const config_t *c, FILE *out) {
+int config_write(const config_t *c, FILE *out) {
+  /* each line one that reads back as written (ini_line_write), checked all
+   * before any is written: a job file is whole or not written */
+  char val[CONFIG_NUM_OPTS][CONFIG_PATH_MAX + 64];
+  for (int i = 0; i < CONFIG_NUM_OPTS; i++) {
+    val[i][0] = 0; /* fmemopen leaves an empty buffer as it found it */
+    FILE *f = fmemopen(val[i], sizeof val[i], "w");
+    if (!f) return err_set(FSDP_ENOMEM, "out of memory");
+    config_print_value(c, &config_opts[i], f, 0);
+    fclose(f);
+    int rc = ini_line_check(config_opts[i].section, config_opts[i].key, val[i]);
+    if (rc) return rc;
+  }
   const char *sec = "";
   for (int i = 0; i < CONFIG_NUM_OPTS; i++) {
     const config_opt_t *o = &config_opts[i];
     if (strcmp(sec, o->section)) fprintf(out, "%s[%s]\n", i ? "\n" : "", sec = o->section);
-    fprintf(out, "%s = ", o->key);
-    config_print_value(c, o, out);
-    fprintf(out, "\n");
+    ini_line_write(out, o->section, o->key, val[i]);
   }
+  return FSDP_OK;
 }

@@ -117,7 +117,9 @@ const char *config_section_of(const char *key);
 void config_print_help(FILE *out);
 /* Prints the effective options, one `key = value` line each (a job file).
  * After config_resolve the model's dimensions are the resolved ones, so the
- * file read back with config_load_file describes the same run. */
-void config_write(const config_t *c, FILE *out);
+ * file read back with config_load_file describes the same run. A value no
+ * job file line can hold (ini_line_check: too long, a ';' that would start
+ * a comment) is an error naming it, and nothing is written. */
+int config_write(const config_t *c, FILE *out);
 
 #endif

@@ -75,5 +75,9 @@ const char *job_path_value(const config_t *c, const char *key);
  * (after writing its checkpoint when the job has a checkpoint_dir): the
  * coordinator requeues the job instead of counting a failure (EX_TEMPFAIL). */
 #define JOB_EXIT_PREEMPTED 75
+/* The environment variable a rank's supervisor (fsdp-launch, fsdpd: their
+ * daemon/node/supervise.c) sets to its pid; fsdp-train then ends with it
+ * (PR_SET_PDEATHSIG). */
+#define JOB_SUPERVISOR_PID_ENV "FSDP_SUPERVISOR_PID"
 
 #endif

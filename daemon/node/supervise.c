@@ -16,6 +16,7 @@
 
 #include "daemon/common/err.h"
 #include "daemon/common/log.h"
+#include "daemon/job/job.h" /* JOB_SUPERVISOR_PID_ENV */
 
 extern char **environ;
 
@@ -201,8 +202,21 @@ int supervise_spawn(supervise_t *s, const supervise_child_opts_t *o, int *pid) {
                    o->argv[0]);
   supervise_child_t *c = calloc(1, sizeof *c);
   char *prefix = strdup(o->prefix ? o->prefix : "");
-  char **env = o->env ? supervise_env(o->env) : NULL;
-  if (!c || !prefix || (o->env && !env)) {
+  /* the child learns who supervises it: fsdp-train dies with it (its
+   * PR_SET_PDEATHSIG), so a launcher or fsdpd killed outright leaves no
+   * rank training on, holding its device */
+  char me[48];
+  snprintf(me, sizeof me, JOB_SUPERVISOR_PID_ENV "=%d", (int)getpid());
+  size_t nx = 0;
+  while (o->env && o->env[nx]) nx++;
+  char **extra = calloc(nx + 2, sizeof *extra);
+  if (extra) {
+    for (size_t i = 0; i < nx; i++) extra[i] = o->env[i];
+    extra[nx] = me;
+  }
+  char **env = extra ? supervise_env(extra) : NULL;
+  free(extra);
+  if (!c || !prefix || !env) {
     free(c), free(prefix), free(env);
     return err_set(FSDP_ENOMEM, "not starting %s: out of memory for its environment and relay",
                    o->argv[0]);

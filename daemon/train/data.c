@@ -374,6 +374,25 @@ static int data__check_rows(const data_t *d, int B, int T, int first, int count)
   return FSDP_OK;
 }
 
+int data_check_batch(const data_t *d, int B, int T, int eval) {
+  int rc = data__check_rows(d, B, T, 0, B);
+  if (rc) return rc;
+  const size_t nw = data__windows(d->eval_start, T);
+  if (nw < (size_t)B)
+    return err_set(FSDP_EINVAL,
+                   "token file %s: batch %d needs %d windows of seq_len+1 = %d tokens, but the "
+                   "training split (%zu tokens) holds %zu; lower batch or seq_len, or use more "
+                   "data",
+                   d->path, B, B, T + 1, d->eval_start, nw);
+  if (eval && d->eval_start < d->n && data_eval_num_batches(d, B, T) == 0)
+    return err_set(FSDP_EINVAL,
+                   "token file %s: the held-out split (%zu tokens) holds %zu windows of "
+                   "seq_len+1 = %d tokens, fewer than one evaluation batch of %d (batch x ranks); "
+                   "raise eval_fraction, lower batch or seq_len, or set eval_fraction 0",
+                   d->path, d->n - d->eval_start, data__windows(d->n - d->eval_start, T), T + 1, B);
+  return FSDP_OK;
+}
+
 int data_next_batch(data_t *d, data_pos_t *pos, uint64_t seed, int B, int T, int32_t *inputs,
                     int32_t *targets) {
   return data_next_rows(d, pos, seed, B, T, 0, B, inputs, targets);
@@ -387,14 +406,9 @@ int data_next_rows(data_t *d, data_pos_t *pos, uint64_t seed, int B, int T, int 
                    int32_t *inputs, int32_t *targets) {
   FSDP_ASSERT(d && pos && inputs && targets);
   int rc = data__check_rows(d, B, T, first, count);
+  if (!rc) rc = data_check_batch(d, B, T, 0);
   if (rc) return rc;
-  size_t nw = data__windows(d->eval_start, T);
-  if (nw < (size_t)B)
-    return err_set(FSDP_EINVAL,
-                   "token file %s: batch %d needs %d windows of seq_len+1 = %d tokens, but the "
-                   "training split (%zu tokens) holds %zu; lower batch or seq_len, or use more "
-                   "data",
-                   d->path, B, B, T + 1, d->eval_start, nw);
+  const size_t nw = data__windows(d->eval_start, T);
   size_t per_epoch = nw / (size_t)B;
   /* a position past the end of its epoch (e.g. saved with a smaller batch) starts the next */
   if (pos->index >= per_epoch) {

@@ -42,6 +42,11 @@ size_t data_num_tokens(const data_t *d);
 size_t data_num_train_tokens(const data_t *d);
 size_t data_num_eval_tokens(const data_t *d);
 
+/* Whether batches of B windows of T tokens can be drawn: the training
+ * split holds B windows, and (eval set) the held-out split one evaluation
+ * batch; else an error naming the file and the fix. Open checks one
+ * window; the run checks its global batch this way before its first step. */
+int data_check_batch(const data_t *d, int B, int T, int eval);
 /* Fills inputs and targets (B,T each) with the training batch at *pos and
  * advances *pos (to the next epoch when this one is used up). */
 int data_next_batch(data_t *d, data_pos_t *pos, uint64_t seed, int B, int T, int32_t *inputs,

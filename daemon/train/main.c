@@ -14,7 +14,9 @@
  * 2 bad usage or a bad option (the message names it), 75 stopped by SIGTERM
  * (JOB_EXIT_PREEMPTED: the coordinator requeues the job). */
 #include <getopt.h>
+#include <errno.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,6 +62,32 @@ static void usage(FILE *out) {
                "    --probe-device K  whether a rank can use devices of kind K (cpu, cuda) here:\n"
                "                      for cuda, the plugin loads and sees a GPU; exit 0 or 1\n"
                "    --help            this text\n");
+}
+
+/* Started by fsdp-launch or fsdpd (their pid in FSDP_SUPERVISOR_PID): the
+ * rank gets SIGTERM when its parent dies, killed outright or crashed, and
+ * stops at the next step boundary (its peers, which get it too, agree to
+ * stop with it) instead of training on with no one to report to. Started
+ * through a wrapper that did not exec (a shell script), the parent is the
+ * wrapper: it ends with that. A supervisor already gone before the request
+ * took effect (the parent is no longer the one named): nothing starts. */
+static int die_with_supervisor(void) {
+  const char *v = getenv(JOB_SUPERVISOR_PID_ENV);
+  if (!v || !*v) return 0;
+  char *end;
+  const long pid = strtol(v, &end, 10);
+  if (*end || pid <= 1) return 0; /* not one we set */
+  const long parent = (long)getppid();
+  if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0) {
+    fprintf(stderr, "fsdp-train: cannot ask to end with its supervisor (pid %ld): %s\n", pid,
+            strerror(errno));
+    return 1;
+  }
+  if (parent == pid && (long)getppid() != pid) {
+    fprintf(stderr, "fsdp-train: its supervisor (pid %ld) is gone; not starting\n", pid);
+    return 1;
+  }
+  return 0;
 }
 
 int main(int argc, char **argv) {
@@ -132,7 +160,10 @@ int main(int argc, char **argv) {
     if (config_adjusted(&c)[0])
       fprintf(stderr, "fsdp-train: note: %s; set an option explicitly to choose its value\n",
               config_adjusted(&c));
-    config_write(&c, stdout);
+    if (config_write(&c, stdout)) {
+      fprintf(stderr, "fsdp-train: --print-config: %s\n", err_msg());
+      return 2;
+    }
     return 0;
   }
   report_t *rep; /* the node daemon's report channel, when it started us */
@@ -143,6 +174,10 @@ int main(int argc, char **argv) {
   struct sigaction sa = {.sa_handler = on_sigterm};
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, NULL);
+  if (die_with_supervisor()) {
+    report_close(rep);
+    return 1;
+  }
   train_hooks_t hooks = {rep ? report_metrics : NULL, rep ? report_checkpoint : NULL, rep,
                          &stop_asked};
   train_result_t res;
@@ -155,6 +190,11 @@ int main(int argc, char **argv) {
   if (rc) {
     fprintf(stderr, "fsdp-train: %s (%s)\n", err_msg(), err_name(rc));
     return 1;
+  }
+  if (!res.steps_run) { /* resumed at the last step: nothing was trained or evaluated */
+    printf("train: done: nothing to train: the checkpoint resumed is at step %d of %d\n",
+           res.steps_done, c.steps);
+    return 0;
   }
   char eval[32] = "none (eval_fraction 0)";
   if (!isnan(res.eval_loss)) snprintf(eval, sizeof eval, "%.4f", res.eval_loss);

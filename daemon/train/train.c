@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -83,8 +84,13 @@ static double train_now(void) {
 /* ---- open ------------------------------------------------------------------ */
 
 /* A file can be created next to path (its directory exists and takes
- * writes): found before the first step, not after the last. */
+ * writes) and path is not a directory: found before the first step, not
+ * after the last. */
 static int train_check_writable(const char *key, const char *path) {
+  struct stat st;
+  if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+    return err_set(FSDP_EINVAL, "%s: %s is a directory; give the path of the file to write "
+                   "(e.g. %s/model.weights)", key, path, path);
   char probe[CONFIG_PATH_MAX + 48];
   snprintf(probe, sizeof probe, "%s.tmp.check.%d", path, (int)getpid());
   int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL, 0600);
@@ -94,6 +100,21 @@ static int train_check_writable(const char *key, const char *path) {
                          key, path);
   close(fd);
   unlink(probe);
+  return FSDP_OK;
+}
+
+/* A directory the run writes into exists and is one: a missing
+ * checkpoint_dir would otherwise skip every checkpoint ("not written",
+ * training goes on) and, with auto_resume, start a requeued job over from
+ * step 0. */
+static int train_check_dir(const char *key, const char *path) {
+  struct stat st;
+  if (stat(path, &st) != 0)
+    return err_set_errno(err_from_errno(errno), errno, "%s: %s (it must be an existing "
+                         "directory: create it, or fix the path)", key, path);
+  if (!S_ISDIR(st.st_mode))
+    return err_set(FSDP_EINVAL, "%s: %s is not a directory; give the directory checkpoints go "
+                   "in", key, path);
   return FSDP_OK;
 }
 
@@ -209,6 +230,10 @@ static int train_resume(train_t *t) {
     fprintf(t->opts.out, "train: resumed from %s at step %d (saved as %s %dx%d, %s)\n", dir,
             t->step, shard_strategy_name(m.mesh.strategy), m.mesh.replicas, m.mesh.shards,
             precision_name(m.precision));
+  if (t->opts.out && c->resume_from[0] && src == RESUME_UNDER_OWN)
+    fprintf(t->opts.out, "train: note: not resume_from %s: checkpoint_dir holds a later step, "
+            "this job's own (a restarted or requeued job goes on from there); to start from "
+            "resume_from, give a checkpoint_dir of its own or auto_resume = 0\n", c->resume_from);
   return FSDP_OK;
 }
 
@@ -366,8 +391,11 @@ int train_open(train_t **out, const config_t *c, const train_opts_t *o) {
   if ((rc = plan_check(&t->plan, c, limit))) goto fail;
   if (t->opts.out) plan_print(&t->plan, c, t->opts.out);
   if (c->save[0] && (rc = train_check_writable("save", c->save))) goto fail;
+  if (c->checkpoint_dir[0] && (rc = train_check_dir("checkpoint_dir", c->checkpoint_dir))) goto fail;
   if ((rc = train_open_runtime(t))) goto fail;
-  if ((rc = data_open(&t->data, c->data, c->gpt.vocab, c->eval_fraction, c->seq_len))) goto fail;
+  if ((rc = data_open(&t->data, c->data, c->gpt.vocab, c->eval_fraction, c->seq_len)) ||
+      (rc = data_check_batch(t->data, c->batch * t->boot.world, c->seq_len, c->eval_fraction > 0)))
+    goto fail;
   if (c->checkpoint_dir[0] && (rc = train_run_id(t))) goto fail;
   if ((c->resume_from[0] || (c->auto_resume && c->checkpoint_dir[0])) && (rc = train_resume(t)))
     goto fail;
@@ -481,6 +509,7 @@ int train_step(train_t *t) {
   }
   t->res.last_loss = m.loss;
   t->res.steps_done = t->step;
+  t->res.steps_run = t->step - t->first_step;
   t->res.seconds = t1 - t->t_start;
   t->res.ckpt_lost_s = t->ckpt_lost_s;
   if (t->step > t->first_step + 1)

@@ -76,6 +76,7 @@ typedef struct train_hooks {
 
 typedef struct train_result {
   int steps_done;
+  int steps_run;         /* of them, taken by this run (0: a resumed checkpoint was at the last) */
   float first_loss;      /* training loss of the first step this run took (step 1, or the one after a resumed checkpoint) */
   float last_loss;       /* training loss of the last step */
   float eval_loss;       /* last evaluation (NAN if none) */

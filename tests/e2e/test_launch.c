@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include <sys/wait.h>
+#include <time.h>
 
 #include "tests/unit/testutil.h"
 
@@ -111,4 +112,34 @@ Test(launch, a_signal_to_the_launcher_stops_every_rank, .timeout = 30, .fini = k
   cr_expect_lt(W.exit_s[0] - t0, 5.0, "SIGTERM ends the ranks at once, not after the grace");
   cr_expect(!survivors("16", "1803"), "a rank's child survived the launcher");
   free(out);
+}
+
+/* A launcher killed outright (SIGKILL: no chance to stop its ranks) leaves
+ * no rank training on, holding its cores: each fsdp-train asked the kernel
+ * for SIGTERM when its parent dies (FSDP_SUPERVISOR_PID, set by the
+ * launcher) and stops at its next step boundary. */
+Test(launch, a_launcher_killed_outright_leaves_no_rank_training, .timeout = 60,
+     .fini = kill_world) {
+  char *data = tu_token_file("tok.bin", 20000, 1, 256), args[2048];
+  snprintf(args, sizeof args, "-n 2 -- %s/bin/fsdp-train --model tiny --steps 1000000 "
+           "--warmup_steps 1 --batch 2 --seq_len 32 --eval_fraction 0 --data %s --seed 7531598",
+           tu_root(), data);
+  /* no progress lines: a rank writing to its dead launcher's pipe would die
+   * of SIGPIPE anyway; a quiet one would train on */
+  const char *env[] = {"FSDP_PROGRESS_EVERY=100000000", NULL};
+  tu_world_start(&W, 1, "fsdp-launch", args, env, NULL);
+  cr_assert_eq(tu_world_wait_lines(&W, 0, "[rank 0] train: model", 1, 20), 0, "no start:\n%s",
+               tu_world_output(&W, 0));
+  nanosleep(&(struct timespec){1, 0}, NULL); /* training */
+  cr_assert_eq(system("pgrep -f 'seed 753159[8]' >/dev/null"), 0, "the ranks are not running");
+  cr_assert_eq(kill(W.pid[0], SIGKILL), 0);
+  tu_world_wait_exits(&W, -1, 5);
+  int alive = 1;
+  for (double until = tu_now_s() + 10; alive && tu_now_s() < until;) {
+    alive = system("pgrep -f 'seed 753159[8]' >/dev/null") == 0;
+    if (alive) nanosleep(&(struct timespec){0, 100000000}, NULL);
+  }
+  if (alive) (void)system("pkill -9 -f 'seed 753159[8]'");
+  cr_expect(!alive, "ranks still trained 10 s after their launcher was killed");
+  free(data);
 }

@@ -193,6 +193,15 @@ Test(config, the_printed_job_is_the_effective_one) {
   cr_assert_eq(d.seq_len, c.seq_len);
   cr_assert_eq(d.warmup_steps, c.warmup_steps);
   cr_assert_str_eq(d.sample_prompt, "The ", "the prompt's trailing space survives the file");
+  /* a value no job file line can hold is refused, naming it, and nothing written */
+  config_t q = c;
+  cr_assert_eq(config_set(&q, "sample_prompt", "Hi ; there"), 0);
+  char buf[64] = "";
+  FILE *mf = fmemopen(buf, sizeof buf, "w");
+  cr_assert_eq(config_write(&q, mf), FSDP_EINVAL, "a ' ;' was written");
+  fclose(mf);
+  cr_assert(strstr(err_msg(), "sample_prompt") && strstr(err_msg(), "comment"), "%s", err_msg());
+  cr_assert_str_eq(buf, "", "part of a job file was written");
   /* another model set after resolving: the dimensions printed are its own
    * again (the set ones), not the stale preset's */
   cr_assert_eq(config_set(&c, "model", "small"), 0);

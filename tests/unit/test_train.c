@@ -2,6 +2,7 @@
  * learns (a stated bound), bad jobs refused with a clear message, and the
  * fsdp-train command's exit codes. */
 #include <criterion/criterion.h>
+#include <sys/stat.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -191,6 +192,51 @@ Test(train, an_unwritable_save_path_is_refused_before_training) {
   cr_assert_eq(log.n, 0, "not a step ran");
   cr_assert_eq(mem_total_current(), 0, "nothing is left allocated");
   free(data);
+}
+
+/* What the run would find wrong only later is refused at open, naming the
+ * option and with nothing trained or left allocated: a save path that is a
+ * directory (found at the end, after training, before); a checkpoint_dir
+ * that does not exist or is a file (every checkpoint skipped, a requeued
+ * job started over); a held-out split too small for one evaluation batch
+ * (a NaN evaluation); a batch larger than the training split (found at
+ * step 1, after allocating for it). */
+Test(train, what_the_run_would_find_wrong_later_is_refused_at_open) {
+  char *data = demo_tokens(), *dir = tu_path("adir"), *file = tu_path("afile");
+  cr_assert_eq(mkdir(dir, 0755), 0);
+  tu_write_file(file, "x", 1);
+  char missing[700];
+  snprintf(missing, sizeof missing, "%s/none", dir);
+  const struct {
+    const char *key, *value, *eval, *batch, *want;
+    int rc;
+  } cases[] = {
+      {"save", dir, "0.1", "2", "is a directory", FSDP_EINVAL},
+      {"checkpoint_dir", missing, "0.1", "2", "existing directory", FSDP_ENOENT},
+      {"checkpoint_dir", file, "0.1", "2", "is not a directory", FSDP_EINVAL},
+      {"seed", "1", "0.0003", "2", "fewer than one evaluation batch", FSDP_EINVAL},
+      {"seed", "1", "0", "8000", "lower batch", FSDP_EINVAL},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    config_t c;
+    config_default(&c);
+    cr_assert_eq(config_set(&c, "data", data), 0);
+    cr_assert_eq(config_set(&c, "model", "tiny"), 0);
+    cr_assert_eq(config_set(&c, cases[i].key, cases[i].value), 0, "%s", err_msg());
+    cr_assert_eq(config_set(&c, "eval_fraction", cases[i].eval), 0);
+    cr_assert_eq(config_set(&c, "batch", cases[i].batch), 0);
+    c.steps = 1000000, c.warmup_steps = 1, c.seq_len = 32;
+    metrics_log_t log = {0};
+    train_opts_t o = {.metrics = log_metrics, .ctx = &log};
+    train_t *t;
+    cr_assert_eq(train_open(&t, &c, &o), cases[i].rc, "case %zu (%s = %s): %s", i, cases[i].key,
+                 cases[i].value, err_msg());
+    cr_assert(strstr(err_msg(), cases[i].want), "case %zu: %s", i, err_msg());
+    if (i < 3) cr_assert(strstr(err_msg(), cases[i].key), "case %zu: %s", i, err_msg());
+    cr_assert_eq(log.n, 0, "not a step ran");
+    cr_assert_eq(mem_total_current(), 0, "nothing is left allocated");
+  }
+  free(data), free(dir), free(file);
 }
 
 static int run_cmd(const char *args, char *out, size_t len) {
