@@ -194,7 +194,7 @@ static int ctl_unknown(const ctl_t *c, const char *arg) {
 
 static int ctl_connect(ctl_t *c) {
   if (c->client) return 0;
-  rpc_client_opts_t o = {c->coordinator, c->token_file, c->tls_ca};
+  rpc_client_opts_t o = {.target = c->coordinator, .token_file = c->token_file, .tls_ca_file = c->tls_ca};
   return rpc_client_create(&c->client, &o);
 }
 
@@ -1151,7 +1151,7 @@ static int cmd_logs(ctl_t *c, int argc, char **argv) {
   char *addr, node[128];
   int rc = ctl_rank_node(c, job, (unsigned)rank, &addr, node, sizeof node);
   if (rc) return ctl_fail(c, rc, "logs of job %s rank %lu", job, rank);
-  rpc_client_opts_t o = {addr, c->token_file, c->tls_ca};
+  rpc_client_opts_t o = {.target = addr, .token_file = c->token_file, .tls_ca_file = c->tls_ca};
   rpc_client_t *nc = NULL;
   rpc_stream_t *st = NULL;
   Fsdp__V1__GetRankLogsRequest req = FSDP__V1__GET_RANK_LOGS_REQUEST__INIT;

@@ -146,6 +146,8 @@ typedef struct rpc_client_opts {
   const char *target;          /* "127.0.0.1:7070", "localhost:7070", "unix:/path" */
   const char *token_file;      /* NULL: no token sent */
   const char *tls_ca_file;     /* NULL: plaintext; else TLS, the server checked against this CA */
+  int keepalive_s;             /* while a call is open, ping this often and give up on a server
+                                  that leaves one unanswered as long (0: FSDP_RPC_KEEPALIVE_S) */
 } rpc_client_opts_t;
 
 /* A channel to target (no connection is made until the first call). Reads

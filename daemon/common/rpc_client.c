@@ -13,6 +13,7 @@
 #include <grpc/support/alloc.h>
 
 #include "daemon/common/err.h"
+#include "daemon/common/param.h"
 #include "rpc_impl.h"
 
 #define RPC_PLUCK_SLACK_S 5.0 /* past the deadline before a pluck gives up on gRPC */
@@ -78,7 +79,24 @@ int rpc_client_create(rpc_client_t **out, const rpc_client_opts_t *o) {
   grpc_channel_credentials *creds =
       ca ? grpc_ssl_credentials_create(ca, NULL, NULL, NULL) : grpc_insecure_credentials_create();
   c->tls = ca != NULL;
-  c->ch = creds ? grpc_channel_create(c->target, creds, NULL) : NULL;
+  /* While a call is open the client pings the server every
+   * FSDP_RPC_KEEPALIVE_S (30 s) and gives up on it when a ping goes
+   * unanswered as long: a coordinator that stopped answering (frozen, its
+   * host gone, the network cut) ends a watch or a log stream with
+   * UNAVAILABLE instead of leaving it waiting forever. Pings go on while no
+   * data flows (a quiet watch): gRPC's default stops after two. The ack is
+   * read while the caller waits in a call (this gRPC's transport is driven
+   * by polling), so a caller that does not come back to its stream for
+   * that long (a `fsdpctl logs -f | less` paused) loses it too. */
+  const int64_t want = o->keepalive_s > 0 ? o->keepalive_s : param_rpc_keepalive_s();
+  const int64_t ka = want < 1 ? 1 : want > 3600 ? 3600 : want;
+  grpc_arg ka_args[3] = {
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_TIME_MS, .value.integer = (int)ka * 1000},
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_TIMEOUT_MS, .value.integer = (int)ka * 1000},
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, .value.integer = 0},
+  };
+  grpc_channel_args ch_args = {3, ka_args};
+  c->ch = creds ? grpc_channel_create(c->target, creds, &ch_args) : NULL;
   if (creds) grpc_channel_credentials_release(creds);
   if (!c->ch) {
     grpc_shutdown();

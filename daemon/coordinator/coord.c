@@ -32,6 +32,7 @@ static int coord_hash_oom;
 
 #define COORD_TICK_MS 50
 #define COORD_SLOW_PASS_MS 100 /* a placement pass this long is logged */
+#define COORD_WATCH_BACKLOG 1024 /* progress messages a watcher may leave unread */
 #define COORD_BEAT_SLACK_MS 250
 #define COORD_JANITOR_MS 1000 /* checkpoints' timeouts and removals are looked at this often */
 #define COORD_PURGE_MS 10000  /* retention (events, ended jobs), this often (and at start) */
@@ -623,6 +624,16 @@ void coord_job_changed(coord_t *c, int64_t job) {
     p.message = (char *)coord_job_reason(c, &j);
     if ((int)p.state == w->last_state && p.step == w->last_step) continue;
     w->last_state = (int)p.state, w->last_step = p.step;
+    if (rpc_call_backlog(w->call) >= COORD_WATCH_BACKLOG && !coord_state_ended(p.state)) {
+      /* a watcher that reads nothing would queue a message a step for ever */
+      LOG_WARN("coord", "watch of job %s: %d messages unread; ended", id, COORD_WATCH_BACKLOG);
+      rpc_call_on_cancel(w->call, NULL, NULL);
+      rpc_call_abort(w->call, err_set(FSDP_ECANCELED, "the coordinator ended this watch: %d "
+                                      "progress messages went unread; read them as they come",
+                                      COORD_WATCH_BACKLOG));
+      coord_watch_remove(c, w);
+      continue;
+    }
     rpc_call_send(w->call, &p.base);
     if (coord_state_ended(p.state)) {
       rpc_call_on_cancel(w->call, NULL, NULL);

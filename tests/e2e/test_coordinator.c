@@ -1744,6 +1744,59 @@ Test(coordinator, an_export_whose_client_reads_nothing_is_ended, .timeout = 60) 
   rpc_stream_close(xs);
 }
 
+/* A node that registers 3.5 s from now and takes job arg's one rank. */
+static void *late_node_main(void *arg) {
+  nanosleep(&(struct timespec){3, 500000000}, NULL);
+  node_t n = {{0}, 0};
+  node_register(&n, "late", 1, 8ull << 30, NULL, 0);
+  collect(&n, arg, 1, NULL);
+  return NULL;
+}
+
+/* A coordinator that stops answering without closing its connections (a
+ * frozen process, a host gone, a cut network) ends a client's open watch
+ * within about twice the client's keepalive (1 s here; FSDP_RPC_KEEPALIVE_S,
+ * 30 s, by default): the client pings
+ * while the call is open and gives up on an unanswered ping. Before, a
+ * watch with no deadline waited for ever. */
+Test(coordinator, a_watch_ends_when_the_coordinator_stops_answering, .timeout = 30) {
+  rpc_client_destroy(cl);
+  rpc_client_opts_t o = {.target = co.addr, .keepalive_s = 1};
+  cr_assert_eq(rpc_client_create(&cl, &o), 0, "%s", err_msg());
+  char d[600], id[32];
+  data_opt(d, sizeof d);
+  const char *kv[] = {"model=tiny", d, NULL};
+  cr_assert_eq(submit(1, kv, id, sizeof id), 0, "%s", err_msg()); /* no node: it waits */
+  Fsdp__V1__WatchJobRequest q = FSDP__V1__WATCH_JOB_REQUEST__INIT;
+  q.job_id = id;
+  rpc_stream_t *ws;
+  cr_assert_eq(rpc_stream_open(cl, &ws, "/fsdp.v1.Coordinator/WatchJob", &q.base, 600), 0, "%s",
+               err_msg());
+  ProtobufCMessage *m = NULL;
+  cr_assert_eq(rpc_stream_next(ws, &fsdp__v1__job_progress__descriptor, &m), 1, "%s", err_msg());
+  protobuf_c_message_free_unpacked(m, NULL);
+  /* quiet for 3.5 s (a node comes then, from a thread): the pings go on
+   * without data and are welcome, so the stream is there to tell of the
+   * placement */
+  pthread_t th;
+  static char job[32];
+  snprintf(job, sizeof job, "%s", id);
+  cr_assert_eq(pthread_create(&th, NULL, late_node_main, job), 0);
+  const int got = rpc_stream_next(ws, &fsdp__v1__job_progress__descriptor, &m);
+  pthread_join(th, NULL);
+  cr_assert_eq(got, 1, "%s", err_msg());
+  cr_assert_eq(((Fsdp__V1__JobProgress *)m)->state, FSDP__V1__JOB_STATE__JOB_STATE_RUNNING);
+  protobuf_c_message_free_unpacked(m, NULL);
+  cr_assert_eq(kill(co.pid, SIGSTOP), 0);
+  const double t0 = tu_now_s();
+  const int rc = rpc_stream_next(ws, &fsdp__v1__job_progress__descriptor, &m);
+  const double took = tu_now_s() - t0;
+  kill(co.pid, SIGCONT);
+  rpc_stream_close(ws);
+  cr_expect_eq(rc, FSDP_EUNAVAILABLE, "%d: %s", rc, err_msg());
+  cr_expect_lt(took, 8.0, "the watch ended %.1f s after the coordinator froze", took);
+}
+
 /* Heartbeats are answered at fixed slots, one interval (200 ms here) apart:
  * a node that sends its next heartbeat late (a stall, here 120 ms) is
  * answered at its next slot, not a whole interval after it sent, so late

@@ -288,7 +288,7 @@ static char target[64];
 
 static rpc_client_t *client(const char *token_file, const char *ca_file, const char *host) {
   snprintf(target, sizeof target, "%s:%d", host ? host : "127.0.0.1", F.port);
-  rpc_client_opts_t o = {target, token_file, ca_file};
+  rpc_client_opts_t o = {.target = target, .token_file = token_file, .tls_ca_file = ca_file};
   rpc_client_t *c;
   int rc = rpc_client_create(&c, &o);
   cr_assert_eq(rc, 0, "client: %s", err_msg());
@@ -625,7 +625,7 @@ Test(rpc, token_and_tls_files_are_checked_at_create, .timeout = 20) {
   cr_assert(strstr(F.err, "/nonexistent/u.token"), "%s", F.err);
   rpc_server_opts_t tls = {.tls_cert_file = "/nonexistent/c.pem"};
   cr_assert_eq(srv_try(&tls), FSDP_EINVAL);
-  rpc_client_opts_t co = {"127.0.0.1:1", "/nonexistent/t", NULL};
+  rpc_client_opts_t co = {.target = "127.0.0.1:1", .token_file = "/nonexistent/t"};
   rpc_client_t *c;
   cr_assert_eq(rpc_client_create(&c, &co), FSDP_ENOENT);
   cr_assert(strstr(err_msg(), "/nonexistent/t"), "%s", err_msg());
@@ -795,7 +795,7 @@ Test(rpc, dead_address_is_unavailable_with_advice, .timeout = 20) {
   char addr[64];
   int fd = tu_listen_loopback(addr, sizeof addr); /* a port nobody serves gRPC on: closed now */
   close(fd);
-  rpc_client_opts_t o = {addr, NULL, NULL};
+  rpc_client_opts_t o = {.target = addr};
   rpc_client_t *c;
   cr_assert_eq(rpc_client_create(&c, &o), 0, "%s", err_msg());
   Fsdp__V1__GetJobReply *rep;
