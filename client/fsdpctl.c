@@ -435,14 +435,15 @@ static int ctl_watch(ctl_t *c, const char *job) {
    * goes away ends it with UNAVAILABLE */
   rc = rpc_stream_open(c->client, &st, CTL_SVC "WatchJob", &req.base, CTL_FOREVER_S);
   if (rc) return ctl_fail(c, rc, "watching job %s", job);
-  int tty = !c->json && isatty(STDOUT_FILENO), drawn = 0, last = 0, got = 0;
+  int tty = !c->json && isatty(STDOUT_FILENO), drawn = 0, last = 0, got = 0, code = CTL_EXIT_OK;
   char line[512];
   Fsdp__V1__JobProgress *p;
-  while ((rc = rpc_stream_next(st, &fsdp__v1__job_progress__descriptor, (ProtobufCMessage **)&p)) == 1) {
+  while (!code &&
+         (rc = rpc_stream_next(st, &fsdp__v1__job_progress__descriptor, (ProtobufCMessage **)&p)) == 1) {
     last = p->state;
     got++;
     if (c->json) {
-      ctl_json(c, pbjson_message(&p->base), 0);
+      code = ctl_json(c, pbjson_message(&p->base), 0); /* printed its failure: stop there */
     } else if (tty) {
       if (*p->message) printf("\r\033[K%s\n", p->message);
       ctl_bar(p, line, sizeof line);
@@ -457,6 +458,7 @@ static int ctl_watch(ctl_t *c, const char *job) {
   }
   if (drawn) putchar('\n');
   rpc_stream_close(st);
+  if (code) return code;
   if (rc == FSDP_EUNAVAILABLE && got)
     return ctl_fail(c, rc, "watching job %s: the stream from the coordinator broke after %d "
                     "messages", job, got);
@@ -572,14 +574,14 @@ static int cmd_submit(ctl_t *c, int argc, char **argv) {
     goto out;
   }
   if (c->json) {
-    ctl_json(c, pbjson_message(&rep->base), 2);
+    code = ctl_json(c, pbjson_message(&rep->base), 2);
   } else {
     /* the id alone on stdout (id=$(fsdpctl submit job.conf)); the notes are for people */
     printf("%s\n", rep->job_id);
     fflush(stdout);
     for (size_t i = 0; i < rep->n_notes; i++) fprintf(stderr, "note: %s\n", rep->notes[i]);
   }
-  if (watch) code = ctl_watch(c, rep->job_id);
+  if (watch && !code) code = ctl_watch(c, rep->job_id);
   ctl_free(rep);
 out:
   spec_free(&spec);
@@ -615,8 +617,10 @@ static int ctl_events_print(ctl_t *c, const Fsdp__V1__ListEventsReply *rep, int 
   if (rep->n_events) *last = rep->events[rep->n_events - 1]->id;
   if (c->json && !follow) return ctl_json_list(c, (void *const *)rep->events, rep->n_events);
   if (c->json) {
-    for (size_t i = 0; i < rep->n_events; i++) ctl_json(c, pbjson_message(&rep->events[i]->base), 0);
-    return CTL_EXIT_OK;
+    int code = CTL_EXIT_OK;
+    for (size_t i = 0; i < rep->n_events && !code; i++)
+      code = ctl_json(c, pbjson_message(&rep->events[i]->base), 0);
+    return code;
   }
   if (!rep->n_events && !header) return CTL_EXIT_OK;
   static const char *const h[] = {"TIME", "JOB", "NODE", "KIND", "EVENT", NULL};

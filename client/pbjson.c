@@ -1,6 +1,7 @@
 /* pbjson: protobuf-c messages as JSON through their descriptors (see pbjson.h). */
 #include "client/pbjson.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,6 +73,8 @@ static size_t pbjson_size(ProtobufCType t) {
   return 0;
 }
 
+static json_t *pbjson_real(double x) { return isfinite(x) ? json_real(x) : json_null(); }
+
 /* One value of field f stored at p. */
 static json_t *pbjson_value(const ProtobufCFieldDescriptor *f, const void *p) {
   switch (f->type) {
@@ -83,8 +86,10 @@ static json_t *pbjson_value(const ProtobufCFieldDescriptor *f, const void *p) {
     return json_integer(*(const int64_t *)p);
   case PROTOBUF_C_TYPE_UINT64: case PROTOBUF_C_TYPE_FIXED64: /* bytes and counts: far below 2^63 */
     return json_integer((json_int_t)*(const uint64_t *)p);
-  case PROTOBUF_C_TYPE_FLOAT: return json_real(*(const float *)p);
-  case PROTOBUF_C_TYPE_DOUBLE: return json_real(*(const double *)p);
+  /* JSON has no NaN or infinity (jansson refuses them): null, so that a
+   * diverged run's loss still prints with the rest of its job */
+  case PROTOBUF_C_TYPE_FLOAT: return pbjson_real(*(const float *)p);
+  case PROTOBUF_C_TYPE_DOUBLE: return pbjson_real(*(const double *)p);
   case PROTOBUF_C_TYPE_BOOL: return json_boolean(*(const protobuf_c_boolean *)p);
   case PROTOBUF_C_TYPE_ENUM: {
     int v = *(const int *)p;

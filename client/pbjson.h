@@ -7,7 +7,9 @@
  * not know proto3's defaults), enums as their value's name without the
  * enum's prefix ("RUNNING", not "JOB_STATE_RUNNING"; a number the client
  * does not know stays a number), 64-bit integers as JSON numbers, bytes as
- * base64, repeated fields as arrays, an absent message as null. */
+ * base64, repeated fields as arrays, an absent message as null, a float or
+ * double that is NaN or infinite (a diverged run's loss) as null: JSON has no
+ * such numbers. */
 #ifndef FSDP_CLIENT_PBJSON_H
 #define FSDP_CLIENT_PBJSON_H
 

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <math.h>
 #include <poll.h>
 #include <pty.h>
 #include <pthread.h>
@@ -136,7 +137,7 @@ static void h_get_job(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   (void)arg;
   const Fsdp__V1__GetJobRequest *req = (const void *)m;
   rec_put(rpc_call_method(call), m);
-  if (strcmp(req->job_id, "j-42") && strcmp(req->job_id, "j-ok")) {
+  if (strcmp(req->job_id, "j-42") && strcmp(req->job_id, "j-ok") && strcmp(req->job_id, "j-nan")) {
     rpc_call_finish(call, err_set(FSDP_ENOTFOUND, "job %s: no such job; fsdpctl jobs lists them",
                                   req->job_id));
     return;
@@ -146,6 +147,8 @@ static void h_get_job(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   Fsdp__V1__RankStatus rs[2], *rp[2];
   fill_job(&job, &spec, rs, rp, req->job_id);
   if (!strcmp(req->job_id, "j-ok")) job.state = FSDP__V1__JOB_STATE__JOB_STATE_SUCCEEDED;
+  if (!strcmp(req->job_id, "j-nan")) /* a diverged run: rank 0's loss NaN, rank 1's speed inf */
+    rs[0].loss = NAN, rs[1].tokens_per_s = INFINITY;
   Fsdp__V1__GetJobReply rep = FSDP__V1__GET_JOB_REPLY__INIT;
   rep.job = &job;
   rpc_call_reply(call, &rep.base);
@@ -204,12 +207,14 @@ static void h_cancel(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   rpc_call_reply(call, &rep.base);
 }
 
-/* j-ok: two RUNNING steps then SUCCEEDED; j-bad: one step then FAILED; else NOT_FOUND. */
+/* j-ok: two RUNNING steps then SUCCEEDED; j-nan: the same with a NaN loss;
+ * j-bad: one step then FAILED; else NOT_FOUND. */
 static void h_watch(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   (void)arg;
   const Fsdp__V1__WatchJobRequest *req = (const void *)m;
   rec_put(rpc_call_method(call), m);
-  int ok = !strcmp(req->job_id, "j-ok");
+  const int nan = !strcmp(req->job_id, "j-nan");
+  int ok = !strcmp(req->job_id, "j-ok") || nan;
   if (!ok && strcmp(req->job_id, "j-bad")) {
     rpc_call_finish(call, err_set(FSDP_ENOTFOUND, "job %s: no such job", req->job_id));
     return;
@@ -224,7 +229,7 @@ static void h_watch(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
     p.attempt = 1;
     p.step = i;
     p.total_steps = 3;
-    p.loss = 5.0 - i;
+    p.loss = nan ? NAN : 5.0 - i;
     p.tokens_per_s = 1000.0 * i;
     p.eta_s = i < n ? 3.0 - i : 0;
     p.message = i == n && !ok ? "rank 0 exited with status 1" : "";
@@ -966,6 +971,37 @@ Test(fsdpctl, watch_exits_with_the_jobs_outcome) {
   cr_assert_eq(json_integer_value(json_object_get(j, "step")), 1);
   cr_assert_str_eq(json_string_value(json_object_get(j, "state")), "RUNNING");
   json_decref(j);
+}
+
+/* A diverged run reports a NaN loss (and a speed can be infinite): JSON has
+ * no such numbers, so they print as null, and the rest of the document with
+ * them. */
+Test(fsdpctl, json_prints_nan_and_infinity_as_null) {
+  fake_start(NULL, NULL);
+  int rc = CTL("status", "j-nan", "-o", "json");
+  cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
+  json_t *j = parse_json(out), *ranks = json_object_get(j, "ranks");
+  json_t *r0 = json_array_get(ranks, 0), *r1 = json_array_get(ranks, 1);
+  cr_assert(json_is_null(json_object_get(r0, "loss")), "%s", out);
+  cr_assert_float_eq(json_real_value(json_object_get(r0, "tokens_per_s")), 1234.0, 1e-9);
+  cr_assert(json_is_null(json_object_get(r1, "tokens_per_s")), "%s", out);
+  cr_assert_float_eq(json_real_value(json_object_get(r1, "loss")), 3.25, 1e-12);
+  json_decref(j);
+  cr_assert_eq(CTL("status", "j-nan"), 0, "%s", err); /* the table says nan as printf does */
+  expect_in(out, "nan");
+
+  /* watch: a line per message, each with "loss": null, and the job's outcome */
+  rc = CTL("watch", "j-nan", "-o", "json");
+  cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
+  int lines = 0;
+  for (char *line = out, *nl; lines < 10 && (nl = strchr(line, '\n')); line = nl + 1, lines++) {
+    *nl = 0;
+    j = parse_json(line);
+    cr_assert(json_is_null(json_object_get(j, "loss")), "%s", line);
+    cr_assert_eq(json_integer_value(json_object_get(j, "step")), lines + 1);
+    json_decref(j);
+  }
+  cr_assert_eq(lines, 3, "%d lines of 3", lines);
 }
 
 /* On a terminal (a pseudo-terminal here) watch redraws one line in place. */
