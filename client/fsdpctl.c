@@ -212,14 +212,29 @@ static void ctl_free(void *m) {
   if (m) protobuf_c_message_free_unpacked(m, NULL);
 }
 
+/* Whether everything written to stdout so far got there: a full disk or a
+ * broken pipe must not pass for a whole listing (exit 0). The first failure
+ * is printed, once; later checks only return its exit code. */
+static int ctl_stdout_failed;
+static int ctl_stdout_check(const ctl_t *c) {
+  if (ctl_stdout_failed) return CTL_EXIT_SERVER;
+  errno = 0;
+  if (!fflush(stdout) && !ferror(stdout)) return CTL_EXIT_OK;
+  ctl_stdout_failed = 1;
+  const int e = errno ? errno : EIO; /* ferror without a failing flush: errno is gone */
+  fprintf(stderr, "fsdpctl%s%s: writing to stdout: %s; the output is incomplete: check where "
+          "stdout goes (a full disk, a closed pipe)\n", c->cmd ? " " : "", c->cmd ? c->cmd : "",
+          strerror(e));
+  return CTL_EXIT_SERVER;
+}
+
 /* One JSON document on stdout (indent: 0 for one line). Returns an exit code. */
 static int ctl_json(const ctl_t *c, json_t *j, int indent) {
   if (!j) return ctl_fail(c, FSDP_ENOMEM, "%s: JSON output", c->cmd);
   json_dumpf(j, stdout, JSON_INDENT(indent) | JSON_REAL_PRECISION(10) | JSON_COMPACT * !indent);
   fputc('\n', stdout);
-  fflush(stdout);
   json_decref(j);
-  return CTL_EXIT_OK;
+  return ctl_stdout_check(c);
 }
 
 /* A repeated message field as one JSON array. */
@@ -234,7 +249,7 @@ static int ctl_table_out(const ctl_t *c, table_t *t) {
   if (!t) return ctl_fail(c, FSDP_ENOMEM, "%s: table", c->cmd);
   table_print(t, stdout, table_term_width());
   table_destroy(t);
-  return CTL_EXIT_OK;
+  return ctl_stdout_check(c);
 }
 
 #define ENUM_NAME(d, v) (pbjson_enum_name(&(d), (v)) ? pbjson_enum_name(&(d), (v)) : "?")
@@ -453,7 +468,7 @@ static int ctl_watch(ctl_t *c, const char *job) {
       ctl_bar(p, line, sizeof line);
       printf("%s%s%s\n", line, *p->message ? " | " : "", p->message);
     }
-    fflush(stdout);
+    if (!c->json) code = ctl_stdout_check(c);
     ctl_free(p);
   }
   if (drawn) putchar('\n');
@@ -578,7 +593,8 @@ static int cmd_submit(ctl_t *c, int argc, char **argv) {
   } else {
     /* the id alone on stdout (id=$(fsdpctl submit job.conf)); the notes are for people */
     printf("%s\n", rep->job_id);
-    fflush(stdout);
+    /* the job exists all the same: its id must not be lost with stdout */
+    if ((code = ctl_stdout_check(c))) fprintf(stderr, "fsdpctl submit: the job is %s\n", rep->job_id);
     for (size_t i = 0; i < rep->n_notes; i++) fprintf(stderr, "note: %s\n", rep->notes[i]);
   }
   if (watch && !code) code = ctl_watch(c, rep->job_id);
@@ -1174,10 +1190,11 @@ static int cmd_logs(ctl_t *c, int argc, char **argv) {
     Fsdp__V1__LogChunk *ch;
     while ((rc = rpc_stream_next(st, &fsdp__v1__log_chunk__descriptor, (ProtobufCMessage **)&ch)) == 1) {
       fwrite(ch->data.data, 1, ch->data.len, stdout);
-      fflush(stdout);
       ctl_free(ch);
+      if ((code = ctl_stdout_check(c))) break;
     }
-    if (rc) code = ctl_fail_at(c, rc, addr, "logs of job %s rank %lu from node %s", job, rank, node);
+    if (code) rc = 0; /* the failure is stdout's, printed */
+    else if (rc) code = ctl_fail_at(c, rc, addr, "logs of job %s rank %lu from node %s", job, rank, node);
   }
   rpc_stream_close(st);
   rpc_client_destroy(nc);
@@ -1299,7 +1316,8 @@ static const char ctl_exit_help[] =
     "  3  not found (no such job, rank or node)\n"
     "  4  unreachable: UNAVAILABLE or DEADLINE_EXCEEDED (check --coordinator)\n"
     "  5  unauthenticated or permission denied (check --token-file)\n"
-    "  6  any other failure of the server or the client\n";
+    "  6  any other failure of the server or the client (stdout that cannot be\n"
+    "     written, such as a full disk: the output is not whole)\n";
 
 static void ctl_help(FILE *out) {
   fprintf(out, "usage: fsdpctl [OPTIONS] COMMAND [ARGS]\n\n"
@@ -1312,15 +1330,13 @@ static void ctl_help(FILE *out) {
                "FSDP_LOG_LEVEL (gRPC's own log lines; fsdpctl prints only errors by default).\n");
 }
 
-int main(int argc, char **argv) {
-  /* gRPC's warnings repeat what the failed call's one error line says */
-  setenv("FSDP_LOG_LEVEL", "0", 0);
-  ctl_t c = {0};
-  c.coordinator = getenv("FSDP_COORDINATOR");
-  if (!c.coordinator || !*c.coordinator) c.coordinator = CTL_DEFAULT_COORDINATOR;
-  c.token_file = getenv("FSDP_TOKEN_FILE");
-  if (c.token_file && !*c.token_file) c.token_file = NULL;
-  c.timeout_s = CTL_DEFAULT_TIMEOUT_S;
+/* The command line's exit code, before stdout is closed. */
+static int ctl_main(ctl_t *c, int argc, char **argv) {
+  c->coordinator = getenv("FSDP_COORDINATOR");
+  if (!c->coordinator || !*c->coordinator) c->coordinator = CTL_DEFAULT_COORDINATOR;
+  c->token_file = getenv("FSDP_TOKEN_FILE");
+  if (c->token_file && !*c->token_file) c->token_file = NULL;
+  c->timeout_s = CTL_DEFAULT_TIMEOUT_S;
   int i = 1;
   for (; i < argc && argv[i][0] == '-'; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -1331,9 +1347,9 @@ int main(int argc, char **argv) {
       printf("fsdpctl %s (API fsdp.v1)\n", FSDPCTL_VERSION);
       return CTL_EXIT_OK;
     }
-    int r = ctl_global_opt(&c, argc, argv, &i);
+    int r = ctl_global_opt(c, argc, argv, &i);
     if (r < 0) return CTL_EXIT_INVALID;
-    if (!r) return ctl_unknown(&c, argv[i]);
+    if (!r) return ctl_unknown(c, argv[i]);
   }
   if (i == argc) {
     ctl_help(stderr);
@@ -1346,14 +1362,30 @@ int main(int argc, char **argv) {
   const ctl_cmd_t *cmd = NULL;
   for (size_t k = 0; k < CTL_NCMDS; k++)
     if (!strcmp(argv[i], ctl_cmds[k].name)) cmd = &ctl_cmds[k];
-  if (!cmd) return ctl_usage(&c, "unknown command \"%s\"", argv[i]);
-  c.cmd = cmd->name;
+  if (!cmd) return ctl_usage(c, "unknown command \"%s\"", argv[i]);
+  c->cmd = cmd->name;
   for (int k = i + 1; k < argc; k++)
     if (!strcmp(argv[k], "--help") || !strcmp(argv[k], "-h")) {
       printf("usage: fsdpctl [OPTIONS] %s\n\n%s\n%s", cmd->usage, cmd->help, ctl_globals_help);
       return CTL_EXIT_OK;
     }
-  int code = cmd->run(&c, argc - i - 1, argv + i + 1);
-  rpc_client_destroy(c.client);
+  int code = cmd->run(c, argc - i - 1, argv + i + 1);
+  rpc_client_destroy(c->client);
   return code;
+}
+
+int main(int argc, char **argv) {
+  /* gRPC's warnings repeat what the failed call's one error line says */
+  setenv("FSDP_LOG_LEVEL", "0", 0);
+  ctl_t c = {0};
+  int code = ctl_main(&c, argc, argv);
+  /* what is still buffered, and the close itself (NFS reports there), can
+   * fail: then the output is not whole, whatever the command did */
+  int out = ctl_stdout_check(&c);
+  if (fclose(stdout) && !out) {
+    fprintf(stderr, "fsdpctl%s%s: closing stdout: %s; the output may be incomplete\n",
+            c.cmd ? " " : "", c.cmd ? c.cmd : "", strerror(errno));
+    out = CTL_EXIT_SERVER;
+  }
+  return code ? code : out;
 }

@@ -510,6 +510,7 @@ static void fake_stop(void) {
 #define OUT_MAX (256 * 1024)
 static char out[OUT_MAX], err[OUT_MAX];
 static double ctl_seconds;
+static const char *ctl_stdout_file; /* non-NULL: fsdpctl's stdout is this file, not out */
 
 /* Runs bin/fsdpctl with args (NULL-terminated), stdout and stderr into
  * out and err (pipes: not a terminal); returns its exit status. Killed after
@@ -532,6 +533,10 @@ static int ctl(const char *const *args) {
     dup2(po[1], 1);
     dup2(pe[1], 2);
     close(po[0]), close(pe[0]), close(po[1]), close(pe[1]);
+    if (ctl_stdout_file) {
+      int fd = open(ctl_stdout_file, O_WRONLY | O_CLOEXEC);
+      if (fd < 0 || dup2(fd, 1) < 0) _exit(127);
+    }
     execv(bin, (char *const *)argv);
     _exit(127);
   }
@@ -1123,6 +1128,31 @@ Test(fsdpctl, usage_errors_are_2_and_name_the_option) {
   expect_in(out, "--max-restarts");
   cr_assert_eq(CTL("--version"), 0);
   expect_in(out, "fsdpctl ");
+}
+
+/* stdout on a full disk (/dev/full: every write fails with ENOSPC): the
+ * output is lost, so no command may exit 0; the error names stdout. */
+Test(fsdpctl, a_stdout_that_cannot_be_written_is_a_failure) {
+  fake_start(NULL, NULL);
+  cr_assert_eq(access("/dev/full", W_OK), 0, "this test needs /dev/full");
+  static const char *const cases[][5] = {
+      {"jobs", "-o", "json"}, {"jobs"},          {"events"},        {"events", "j-ok", "--follow"},
+      {"status", "j-42"},     {"nodes"},         {"--version"},     {"watch", "j-ok", "-o", "json"},
+      {"watch", "j-ok"},      {"logs", "j-42"},  {"submit", "--ranks", "1"}, {"cancel", "j-42"},
+  };
+  ctl_stdout_file = "/dev/full";
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    int rc = ctl(cases[i]);
+    cr_assert_eq(rc, 6, "%s %s > /dev/full: exit %d: %s", cases[i][0], cases[i][1] ? cases[i][1] : "",
+                 rc, err);
+    expect_in(err, "writing to stdout: No space left on device");
+    if (!strcmp(cases[i][0], "submit")) /* the job was made: its id on stderr, not lost */
+      expect_in(err, "the job is j-42\n");
+    else
+      cr_assert_eq(strchr(err, '\n'), err + strlen(err) - 1, "more than one line: %s", err);
+  }
+  ctl_stdout_file = NULL;
+  cr_assert_eq(CTL("jobs"), 0, "%s", err); /* the same commands to a pipe are fine */
 }
 
 /* ---- logs -------------------------------------------------------------------------------------- */
