@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1042,6 +1043,57 @@ static int ctl_export_stream(ctl_t *c, const Fsdp__V1__ExportCheckpointRequest *
   return rc;
 }
 
+/* export's temporary file, removed by ctl_export_signal when SIGINT, SIGTERM
+ * or SIGHUP ends fsdpctl mid-export (a static buffer and a flag: all a
+ * signal handler may read). */
+static char ctl_export_tmp[4096];
+static volatile sig_atomic_t ctl_export_armed;
+
+static void ctl_export_signal(int sig) {
+  if (ctl_export_armed) unlink(ctl_export_tmp); /* async-signal-safe */
+  raise(sig); /* SA_RESETHAND put the default back: dies of sig when this returns */
+}
+
+/* Removes the temporary on the signals that end a process (those not
+ * ignored: a background job's SIGINT stays ignored). */
+static void ctl_export_catch(void) {
+  static const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+  for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
+    struct sigaction old, sa = {0};
+    if (sigaction(sigs[i], NULL, &old) || old.sa_handler == SIG_IGN) continue;
+    sa.sa_handler = ctl_export_signal;
+    sa.sa_flags = SA_RESETHAND;
+    sigemptyset(&sa.sa_mask);
+    sigaction(sigs[i], &sa, NULL);
+  }
+}
+
+/* Puts the whole temporary tmp at out. With force, rename (a file there is
+ * replaced). Without, a file that appeared at out while the export ran
+ * (the check before it is only advice) stays as it is, and the check is
+ * atomic: renameat2's RENAME_NOREPLACE, or where the file system lacks it a
+ * hard link (which never replaces) and then tmp's removal. */
+static int ctl_export_place(const char *tmp, const char *out, int force) {
+  if (force)
+    return rename(tmp, out) ? err_set_errno(err_from_errno(errno), errno, "rename %s to %s", tmp, out)
+                            : 0;
+  if (!renameat2(AT_FDCWD, tmp, AT_FDCWD, out, RENAME_NOREPLACE)) return 0;
+  int e = errno;
+  if (e == EINVAL || e == ENOSYS || e == ENOTSUP) { /* no RENAME_NOREPLACE here */
+    if (!link(tmp, out)) {
+      unlink(tmp);
+      return 0;
+    }
+    e = errno;
+  }
+  if (e == EEXIST)
+    return err_set(FSDP_ESTATE, "-o %s: the file was created while the export ran and is left as it "
+                   "was; remove it or choose another name and export again, or pass --force to "
+                   "replace it", out);
+  return err_set_errno(err_from_errno(e), e, "cannot put the export at %s (--force replaces by rename)",
+                       out);
+}
+
 static int cmd_export(ctl_t *c, int argc, char **argv) {
   const char *job = NULL, *out = NULL, *v;
   Fsdp__V1__ExportCheckpointRequest req = FSDP__V1__EXPORT_CHECKPOINT_REQUEST__INIT;
@@ -1081,10 +1133,15 @@ static int cmd_export(ctl_t *c, int argc, char **argv) {
   req.step = (int64_t)step;
   /* a temporary name beside the file, renamed once whole: an interrupted
    * export never leaves a file under the name that looks complete */
-  char tmp[4096];
-  snprintf(tmp, sizeof tmp, "%s.partial-%d", out, (int)getpid());
+  char *tmp = ctl_export_tmp;
+  if ((size_t)snprintf(tmp, sizeof ctl_export_tmp, "%s.partial-%d", out, (int)getpid()) >=
+      sizeof ctl_export_tmp)
+    return ctl_usage(c, "-o %s: the path is too long", out);
+  ctl_export_catch();
+  ctl_export_armed = 1; /* before the file exists: a signal in between unlinks nothing */
   int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) {
+    ctl_export_armed = 0; /* a file of that name is not ours */
     int rc = err_set_errno(err_from_errno(errno), errno, "cannot create %s", tmp);
     return ctl_fail(c, rc, "export of job %s", job);
   }
@@ -1093,11 +1150,10 @@ static int cmd_export(ctl_t *c, int argc, char **argv) {
   int rc = ctl_export_stream(c, &req, fd, &total, &got_step);
   if (!rc && fsync(fd)) rc = err_set_errno(FSDP_EIO, errno, "fsync %s", tmp);
   if (close(fd) && !rc) rc = err_set_errno(FSDP_EIO, errno, "close %s", tmp);
-  if (!rc && rename(tmp, out)) rc = err_set_errno(err_from_errno(errno), errno, "rename to %s", out);
-  if (rc) {
-    unlink(tmp);
-    return ctl_fail(c, rc, "export of job %s", job);
-  }
+  if (!rc) rc = ctl_export_place(tmp, out, force);
+  if (rc) unlink(tmp); /* every failure: no partial file stays behind */
+  ctl_export_armed = 0;
+  if (rc) return ctl_fail(c, rc, "export of job %s", job);
   char dir[4096];
   snprintf(dir, sizeof dir, "%s", out);
   int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -1285,10 +1341,12 @@ static const ctl_cmd_t ctl_cmds[] = {
      "into GPT2LMHeadModel; a job starts from it with init_from).\n"
      "  --step N     which committed step (default: the latest; fsdpctl checkpoints)\n"
      "  --dtype D    fp32 (default) or bf16 (rounded to nearest even)\n"
-     "  -o FILE      where to write it; written under a temporary name and renamed once\n"
-     "               whole, so FILE is never a partial file (--output json still picks\n"
-     "               the output format)\n"
-     "  --force      replace FILE when it exists\n"},
+     "  -o FILE      where to write it; written under a temporary name (FILE.partial-PID,\n"
+     "               removed on a failure, SIGINT or SIGTERM) and renamed once whole, so\n"
+     "               FILE is never a partial file (--output json still picks the output\n"
+     "               format)\n"
+     "  --force      replace FILE when it exists; without it an existing FILE, even one\n"
+     "               made while the export ran, is left as it is (exit 2)\n"},
 };
 #define CTL_NCMDS (sizeof ctl_cmds / sizeof ctl_cmds[0])
 

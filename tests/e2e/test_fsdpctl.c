@@ -8,6 +8,7 @@
  * Python gRPC client (tests/e2e/python_client.py) can use the same API.
  * Every wait is bounded: fsdpctl is killed after CTL_LIMIT_S. */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -19,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -374,6 +376,38 @@ static void h_events(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   rpc_call_reply(call, &rep.base);
 }
 
+/* ExportCheckpoint. j-42: "hello world\n" of step 7 in two pieces, and when
+ * export_race names a file, that file is created ("theirs\n") between them,
+ * as by someone else while fsdpctl exports. j-short: 6 bytes of the 10 it
+ * announces. j-stall: one piece, then nothing (the call stays open). */
+static char export_race[1100];
+static void h_export_cancel(rpc_call_t *call, void *arg) { (void)call, (void)arg; }
+static void h_export(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
+  (void)arg;
+  const Fsdp__V1__ExportCheckpointRequest *req = (const void *)m;
+  rec_put(rpc_call_method(call), m);
+  static const char *const pieces[] = {"hello ", "world\n"};
+  const int stall = !strcmp(req->job_id, "j-stall"), short_ = !strcmp(req->job_id, "j-short");
+  uint64_t off = 0;
+  for (int i = 0; i < 2; i++) {
+    Fsdp__V1__ExportChunk ch = FSDP__V1__EXPORT_CHUNK__INIT;
+    ch.offset = off;
+    ch.data.data = (uint8_t *)pieces[i];
+    ch.data.len = strlen(pieces[i]);
+    ch.total_bytes = stall ? 100 : short_ ? 10 : 12;
+    ch.step = 7;
+    off += ch.data.len;
+    rpc_call_send(call, &ch.base);
+    if (stall) {
+      rpc_call_on_cancel(call, h_export_cancel, NULL);
+      return;
+    }
+    if (short_) break;
+    if (!i && export_race[0]) tu_write_file(export_race, "theirs\n", 7);
+  }
+  rpc_call_finish(call, 0);
+}
+
 /* The Node service: three chunks of the log, in order. */
 static void h_logs(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   (void)arg;
@@ -435,6 +469,8 @@ static int add_coordinator(rpc_server_t *s) {
        &fsdp__v1__list_events_reply__descriptor, 0, U, h_events, NULL},
       {SVC "DrainNode", &fsdp__v1__drain_node_request__descriptor,
        &fsdp__v1__drain_node_reply__descriptor, 0, U, h_drain, NULL},
+      {SVC "ExportCheckpoint", &fsdp__v1__export_checkpoint_request__descriptor,
+       &fsdp__v1__export_chunk__descriptor, 1, U, h_export, NULL},
   };
   return rpc_server_add_all(s, m, sizeof m / sizeof m[0]);
 }
@@ -1153,6 +1189,113 @@ Test(fsdpctl, a_stdout_that_cannot_be_written_is_a_failure) {
   }
   ctl_stdout_file = NULL;
   cr_assert_eq(CTL("jobs"), 0, "%s", err); /* the same commands to a pipe are fine */
+}
+
+/* ---- export ------------------------------------------------------------------------------------ */
+
+/* Files in dir whose name holds ".partial-" (export's temporaries). */
+static int partial_files(const char *dir) {
+  DIR *d = opendir(dir);
+  cr_assert_not_null(d, "%s: %s", dir, strerror(errno));
+  int n = 0;
+  struct dirent *e;
+  for (int k = 0; k < 1000 && (e = readdir(d)); k++) n += strstr(e->d_name, ".partial-") != NULL;
+  closedir(d);
+  return n;
+}
+
+static void expect_file(const char *path, const char *text) {
+  size_t n = 0;
+  char *got = tu_slurp(path, &n);
+  cr_assert_not_null(got, "%s is not there", path);
+  cr_assert(n == strlen(text) && !memcmp(got, text, n), "%s holds \"%.*s\", not \"%s\"", path,
+            (int)n, got, text);
+  free(got);
+}
+
+/* Without --force a file at -o FILE is never replaced, even one made after
+ * the check at the start (while the pieces come): the end is atomic. */
+Test(fsdpctl, export_never_replaces_a_file_made_while_it_ran) {
+  fake_start(NULL, NULL);
+  char *dir = tu_path("export");
+  cr_assert(!mkdir(dir, 0755) || errno == EEXIST);
+  char model[1100];
+  snprintf(model, sizeof model, "%s/model.safetensors", dir);
+  unlink(model);
+  cr_assert_eq(CTL("export", "j-42", "-o", model), 0, "%s", err);
+  expect_file(model, "hello world\n");
+  expect_in(out, "step 7 of job j-42");
+  cr_assert_eq(CTL("export", "j-42", "-o", model), 2, "%s", err); /* there before: refused at once */
+  expect_in(err, "the file exists");
+  cr_assert_eq(CTL("export", "j-42", "-o", model, "--force"), 0, "%s", err);
+
+  /* made while it ran: left as it was, the export's temporary removed */
+  unlink(model);
+  snprintf(export_race, sizeof export_race, "%s", model);
+  int rc = CTL("export", "j-42", "-o", model);
+  cr_assert_eq(rc, 2, "exit %d: %s", rc, err);
+  expect_in(err, "created while the export ran");
+  expect_in(err, "--force");
+  expect_file(model, "theirs\n");
+  cr_assert_eq(partial_files(dir), 0, "a temporary was left in %s", dir);
+  /* with --force it is replaced */
+  unlink(model);
+  cr_assert_eq(CTL("export", "j-42", "-o", model, "--force"), 0, "%s", err);
+  expect_file(model, "hello world\n");
+  export_race[0] = 0;
+
+  /* a stream that ends short: a failure, and nothing left behind */
+  unlink(model);
+  rc = CTL("export", "j-short", "-o", model);
+  cr_assert_eq(rc, 2, "exit %d: %s", rc, err);
+  expect_in(err, "the stream ended after 6 bytes of 10");
+  cr_assert_neq(access(model, F_OK), 0, "a short export made %s", model);
+  cr_assert_eq(partial_files(dir), 0, "a temporary was left in %s", dir);
+  free(dir);
+}
+
+/* SIGINT (^C) or SIGTERM mid-export: fsdpctl dies of the signal as a
+ * program should, and its temporary FILE.partial-PID goes with it. */
+Test(fsdpctl, export_interrupted_leaves_no_temporary) {
+  fake_start(NULL, NULL);
+  char *dir = tu_path("export-sig");
+  cr_assert(!mkdir(dir, 0755) || errno == EEXIST);
+  char model[1100], bin[1024], partial[1200];
+  snprintf(model, sizeof model, "%s/model.safetensors", dir);
+  snprintf(bin, sizeof bin, "%s/bin/fsdpctl", tu_root());
+  static const int sigs[] = {SIGINT, SIGTERM};
+  for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (!pid) {
+      int null = open("/dev/null", O_WRONLY);
+      dup2(null, 1), dup2(null, 2);
+      execl(bin, "fsdpctl", "export", "j-stall", "-o", model, (char *)NULL);
+      _exit(127);
+    }
+    snprintf(partial, sizeof partial, "%s.partial-%d", model, (int)pid);
+    /* until the first piece is in the temporary */
+    struct stat st = {0};
+    double t0 = tu_now_s();
+    while (tu_now_s() - t0 < CTL_LIMIT_S && (stat(partial, &st) || st.st_size < 6))
+      nanosleep(&(struct timespec){0, 20000000}, NULL);
+    int status = 0;
+    if (st.st_size < 6) kill(pid, SIGKILL), waitpid(pid, &status, 0);
+    cr_assert_geq(st.st_size, 6, "no piece reached %s within %.0f s", partial, CTL_LIMIT_S);
+    kill(pid, sigs[i]);
+    pid_t w = 0;
+    for (t0 = tu_now_s(); !w && tu_now_s() - t0 < CTL_LIMIT_S;) {
+      w = waitpid(pid, &status, WNOHANG);
+      if (!w) nanosleep(&(struct timespec){0, 20000000}, NULL);
+    }
+    if (!w) kill(pid, SIGKILL), waitpid(pid, &status, 0);
+    cr_assert_eq(w, pid, "fsdpctl outlived signal %d by %.0f s", sigs[i], CTL_LIMIT_S);
+    cr_assert(WIFSIGNALED(status) && WTERMSIG(status) == sigs[i], "signal %d: status 0x%x",
+              sigs[i], status);
+    cr_assert_neq(access(partial, F_OK), 0, "signal %d left %s", sigs[i], partial);
+    cr_assert_neq(access(model, F_OK), 0, "signal %d made %s", sigs[i], model);
+  }
+  free(dir);
 }
 
 /* ---- logs -------------------------------------------------------------------------------------- */
