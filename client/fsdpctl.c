@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -193,8 +194,57 @@ static int ctl_unknown(const ctl_t *c, const char *arg) {
 
 /* ---- calls ---------------------------------------------------------------------- */
 
+#define CTL_CA_MAX (1u << 20) /* the longest CA file the RPC layer reads */
+
+/* --tls-ca, checked before connecting: gRPC takes a file that holds no CA
+ * certificate (empty, DER, a key) without a word, then fails every
+ * handshake, which reads as UNAVAILABLE ("check --coordinator"). The check
+ * is a sanity check, not a parse: readable, not empty, a PEM certificate
+ * block in it. FSDP_EINVAL (a usage error, exit 2) naming the file. */
+static int ctl_check_ca(const char *path) {
+  static const char fix[] = "give the PEM file of the CA that signed the coordinator's certificate";
+  static const char begin[] = "-----BEGIN CERTIFICATE-----", end[] = "-----END CERTIFICATE-----";
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return err_set(FSDP_EINVAL, "--tls-ca %s: cannot open it (%s); %s", path, strerror(errno), fix);
+  struct stat st = {0};
+  if (fstat(fd, &st)) st.st_mode = S_IFIFO; /* never so: then refused as below */
+  if (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode) || S_ISDIR(st.st_mode)) {
+    close(fd); /* a pipe read here would be empty when gRPC reads it again */
+    return err_set(FSDP_EINVAL, "--tls-ca %s: not a regular file (%s); %s", path,
+                   S_ISDIR(st.st_mode) ? "a directory" : "a pipe or socket", fix);
+  }
+  char *buf = malloc(CTL_CA_MAX + 1);
+  size_t n = 0;
+  ssize_t r = 1;
+  while (buf && n <= CTL_CA_MAX && (r = read(fd, buf + n, CTL_CA_MAX + 1 - n)) != 0) {
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) break;
+    n += (size_t)r;
+  }
+  const int e = errno;
+  close(fd);
+  int rc = 0;
+  const char *b;
+  if (!buf) rc = err_set(FSDP_ENOMEM, "--tls-ca %s: out of memory", path);
+  else if (r < 0) rc = err_set(FSDP_EINVAL, "--tls-ca %s: cannot read it (%s); %s", path, strerror(e), fix);
+  else if (n > CTL_CA_MAX)
+    rc = err_set(FSDP_EINVAL, "--tls-ca %s: longer than %u bytes, too long for a CA file; %s", path,
+                 CTL_CA_MAX, fix);
+  else if (!n) rc = err_set(FSDP_EINVAL, "--tls-ca %s: the file is empty; %s", path, fix);
+  else if (!(b = memmem(buf, n, begin, sizeof begin - 1)))
+    rc = err_set(FSDP_EINVAL, "--tls-ca %s: no PEM certificate in it (no \"%s\" line: a key, a DER "
+                 "file or another file?); %s", path, begin, fix);
+  else if (!memmem(b, n - (size_t)(b - buf), end, sizeof end - 1))
+    rc = err_set(FSDP_EINVAL, "--tls-ca %s: a certificate without its \"%s\" line (cut short?); %s",
+                 path, end, fix);
+  free(buf);
+  return rc;
+}
+
 static int ctl_connect(ctl_t *c) {
   if (c->client) return 0;
+  int rc = c->tls_ca ? ctl_check_ca(c->tls_ca) : 0;
+  if (rc) return rc;
   rpc_client_opts_t o = {.target = c->coordinator, .token_file = c->token_file, .tls_ca_file = c->tls_ca};
   return rpc_client_create(&c->client, &o);
 }
@@ -1358,7 +1408,8 @@ static const char ctl_globals_help[] =
     "                      it when the cluster has one; default FSDP_TOKEN_FILE);\n"
     "                      tokens are never given on the command line, where ps\n"
     "                      shows them\n"
-    "  --tls-ca FILE       speak TLS, checking the coordinator against this CA (PEM)\n"
+    "  --tls-ca FILE       speak TLS, checking the coordinator against this CA (PEM;\n"
+    "                      a file with no certificate in it is refused: exit 2)\n"
     "  --timeout SECONDS   bound on each call (default 10); watch and logs --follow\n"
     "                      last until the job ends or you stop them; export takes\n"
     "                      as long as the file needs, but gives up when no piece\n"

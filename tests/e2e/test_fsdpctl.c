@@ -1107,6 +1107,47 @@ Test(fsdpctl, unreachable_is_4_within_the_timeout) {
   cr_assert_lt(ctl_seconds, 3.5, "took %.2f s", ctl_seconds);
 }
 
+/* A --tls-ca file that cannot be a CA is the user's to fix (exit 2, the
+ * file and what is wrong named), found before connecting: not an
+ * UNAVAILABLE that points at --coordinator. */
+Test(fsdpctl, a_tls_ca_that_is_no_pem_certificate_is_a_usage_error) {
+  fake_start(NULL, NULL);
+  char *empty = write_tmp("empty.pem", "");
+  char *text = write_tmp("text.pem", "not a certificate\n");
+  char *key = write_tmp("key.pem", "-----BEGIN PRIVATE KEY-----\nMIIB\n-----END PRIVATE KEY-----\n");
+  char *cut = write_tmp("cut.pem", "-----BEGIN CERTIFICATE-----\nMIIB\n");
+  const struct {
+    const char *file, *why;
+  } cases[] = {
+      {empty, "the file is empty"}, {"/dev/null", "the file is empty"},
+      {text, "no PEM certificate in it"}, {key, "no PEM certificate in it"},
+      {cut, "a certificate without its \"-----END CERTIFICATE-----\" line"},
+      {"/no/such/ca.pem", "cannot open it (No such file or directory)"},
+      {tu_tmpdir(), "not a regular file (a directory)"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    int rc = CTL("--tls-ca", cases[i].file, "jobs");
+    cr_assert_eq(rc, 2, "--tls-ca %s: exit %d: %s", cases[i].file, rc, err);
+    char want[1200];
+    snprintf(want, sizeof want, "--tls-ca %s: %s", cases[i].file, cases[i].why);
+    expect_in(err, want);
+    expect_in(err, "PEM file of the CA");
+    cr_assert_null(strstr(err, "UNAVAILABLE"), "%s", err);
+    cr_assert_lt(ctl_seconds, 2.0, "the check took %.2f s", ctl_seconds);
+  }
+  /* the watch and a node's logs are checked the same way */
+  cr_assert_eq(CTL("watch", "j-ok", "--tls-ca", empty), 2, "%s", err);
+  cr_assert_eq(CTL("logs", "j-42", "--tls-ca", empty), 2, "%s", err);
+  /* a real bundle passes the check: the fake's plaintext port then fails the handshake */
+  const char *bundle = "/etc/ssl/certs/ca-certificates.crt";
+  if (!access(bundle, R_OK)) {
+    int rc = CTL("--timeout", "3", "--tls-ca", bundle, "jobs");
+    cr_assert_eq(rc, 4, "exit %d: %s", rc, err);
+    cr_assert_null(strstr(err, "--tls-ca"), "%s", err);
+  }
+  free(empty), free(text), free(key), free(cut);
+}
+
 Test(fsdpctl, tokens_come_from_files_only) {
   char *user = write_tmp("user.token", "user-secret-1\n");
   char *node = write_tmp("node.token", "node-secret-2\n");
