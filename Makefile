@@ -389,7 +389,8 @@ bin/fsdp-coordinator: $(COORD_BIN_OBJS)
 # The client links only the wire: its own objects, RPC_LIB and four objects
 # of daemon/common (errors, log lines, the tunables the log reads, job file
 # lines), plus inih
-# for job files and jansson for --output json. No libfsdp, no OpenMP: the nm
+# for job files, jansson for --output json and libunistring for the display
+# width of table cells in UTF-8. No libfsdp, no OpenMP: the nm
 # check below fails the build if an engine symbol ever gets in.
 # (`all:` was read before this block, so it is told of the program here.)
 CLIENT_SRCS        = client/fsdpctl.c client/spec.c client/table.c client/pbjson.c
@@ -404,7 +405,7 @@ $(CLIENT_OBJS) $(B)/tests/e2e/test_fsdpctl.o: | $(PROTO_HDRS)
 
 bin/fsdpctl: $(CLIENT_OBJS) $(RPC_LIB) $(CLIENT_COMMON_OBJS)
 	@mkdir -p bin
-	$(CC) $(EXTRA_LDFLAGS) $^ -o $@ $(RPC_LDLIBS) -linih -ljansson -lpthread
+	$(CC) $(EXTRA_LDFLAGS) $^ -o $@ $(RPC_LDLIBS) -linih -ljansson -lunistring -lpthread
 	@! nm $@ | grep -E ' [TtDdBb] (kern|gpt|fsdp|comm|train|config|job|plan|shard|mem|sched|supervise)_[a-z]' \
 	  || { rm -f $@; echo "bin/fsdpctl links engine code (above): it must link only the wire"; exit 1; }
 

@@ -7,6 +7,8 @@
 #include <sys/ioctl.h>
 #include <time.h>
 #include <unistd.h>
+#include <unistr.h>
+#include <uniwidth.h>
 
 #include "daemon/common/err.h"
 
@@ -60,11 +62,41 @@ int table_cell(table_t *t, const char *fmt, ...) {
 
 void table_keep_widths(table_t *t, size_t *widths) { t->keep = widths; }
 
+/* Widths are columns of a terminal, not bytes: a name in UTF-8 ("café",
+ * "日本語") takes fewer columns than bytes, a wide (CJK) character two, a
+ * combining accent none; a byte that is not UTF-8 counts one (libunistring
+ * reads it as U+FFFD). The server's strings are UTF-8 (proto3 strings). */
+static size_t table_width(const char *s) {
+  int w = u8_strwidth((const uint8_t *)s, "UTF-8");
+  return w > 0 ? (size_t)w : 0;
+}
+
+/* How many bytes of s fit in cols columns, ending at a character's end, so
+ * that a cut never splits a character's bytes (invalid UTF-8 on screen). */
+static size_t table_fit(const char *s, size_t cols) {
+  const uint8_t *p = (const uint8_t *)s;
+  const size_t n = strlen(s);
+  size_t i = 0, w = 0;
+  while (i < n) {
+    ucs4_t uc;
+    const int len = u8_mbtouc(&uc, p + i, n - i); /* >= 1: an invalid byte is one */
+    const int cw = uc_width(uc, "UTF-8");
+    if (cw > 0 && w + (size_t)cw > cols) break;
+    if (cw > 0) w += (size_t)cw;
+    i += (size_t)len;
+  }
+  return i;
+}
+
+static void table_spaces(FILE *out, size_t n) {
+  for (size_t k = 0; k < n; k++) fputc(' ', out);
+}
+
 void table_print(const table_t *t, FILE *out, int width) {
   size_t w[TABLE_MAX_COLS];
-  for (int c = 0; c < t->ncols; c++) w[c] = strlen(t->headers[c]);
+  for (int c = 0; c < t->ncols; c++) w[c] = table_width(t->headers[c]);
   for (size_t i = 0; i < t->n; i++) {
-    size_t l = strlen(t->cells[i]);
+    size_t l = table_width(t->cells[i]);
     if (l > w[i % t->ncols]) w[i % t->ncols] = l;
   }
   for (int c = 0; t->keep && c < t->ncols; c++) {
@@ -75,25 +107,27 @@ void table_print(const table_t *t, FILE *out, int width) {
   int headers = 0;
   for (int c = 0; c < t->ncols; c++) headers |= t->headers[c][0] != 0;
   for (size_t r = !headers; r <= rows; r++) { /* row 0: the headers */
-    size_t col = 0; /* characters printed on this line */
+    size_t col = 0; /* columns printed on this line */
     for (int c = 0; c < t->ncols; c++) {
       size_t i = (r - 1) * (size_t)t->ncols + (size_t)c;
       const char *s = !r ? t->headers[c] : i < t->n ? t->cells[i] : "";
       int last = c == t->ncols - 1;
-      size_t l = strlen(s);
+      size_t l = table_width(s);
       if (c) fputs("  ", out), col += 2;
       if (last && !(t->right >> c & 1)) {
         /* the last column is cut to the terminal (a reason can run on) */
         if (width > 0 && col + l > (size_t)width) {
           size_t keep = (size_t)width > col + 3 ? (size_t)width - col - 3 : 0;
-          fprintf(out, "%.*s...", (int)keep, s);
+          fprintf(out, "%.*s...", (int)table_fit(s, keep), s);
         } else {
           fputs(s, out);
         }
       } else if (t->right >> c & 1) {
-        fprintf(out, "%*s", (int)w[c], s);
+        table_spaces(out, w[c] - l);
+        fputs(s, out);
       } else {
-        fprintf(out, "%-*s", (int)w[c], s);
+        fputs(s, out);
+        table_spaces(out, w[c] - l);
       }
       col += w[c];
     }

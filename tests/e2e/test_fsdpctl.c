@@ -156,6 +156,12 @@ static void h_get_job(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   rpc_call_reply(call, &rep.base);
 }
 
+/* utf8_jobs: the two jobs' names and j-43's reason in UTF-8 (CJK, accents). */
+static int utf8_jobs;
+#define CJK_NAME "\u65e5\u672c\u8a9e\u30e2\u30c7\u30eb" /* 6 wide characters: 12 columns, 18 bytes */
+#define CJK_REASON "x\u30e1\u30e2\u30ea\u4e0d\u8db3\u3067\u30e9\u30f3\u30af" "1" "\u304c\u7d42" \
+                   "\u4e86\u3057\u307e\u3057\u305f\u3001\u518d\u958b\u306f\u624b\u52d5\u3067"
+
 static void h_list_jobs(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   (void)arg;
   rec_put(rpc_call_method(call), m);
@@ -189,6 +195,7 @@ static void h_list_jobs(rpc_call_t *call, const ProtobufCMessage *m, void *arg) 
   b.state = FSDP__V1__JOB_STATE__JOB_STATE_FAILED;
   b.reason = "rank 1 on node n-2 exited with status 1: out of memory";
   b.restarts = 2;
+  if (utf8_jobs) sa.name = CJK_NAME, sb.name = "caf\u00e9", b.reason = CJK_REASON;
   Fsdp__V1__ListJobsReply rep = FSDP__V1__LIST_JOBS_REPLY__INIT;
   rep.jobs = jobs;
   rep.n_jobs = 2;
@@ -740,6 +747,102 @@ Test(fsdpctl, jobs_table_json_and_state_filter) {
   cr_assert_eq(json_integer_value(json_object_get(b, "restarts")), 2);
   cr_assert_eq(json_integer_value(json_object_get(b, "total_steps")), 300);
   json_decref(j);
+}
+
+/* Columns line up by what a terminal shows, not by bytes: a CJK name takes
+ * two columns a character, an accented one one. */
+Test(fsdpctl, tables_align_utf8_by_display_width) {
+  utf8_jobs = 1;
+  fake_start(NULL, NULL);
+  cr_assert_eq(CTL("jobs"), 0, "%s", err);
+  /* NAME is 12 columns wide (the CJK name's): "café" (5 bytes) gets 8 blanks */
+  expect_in(out, "JOB   NAME          STATE");
+  expect_in(out, "j-42  " CJK_NAME "  RUNNING");
+  expect_in(out, "j-43  caf\u00e9          FAILED");
+  expect_in(out, CJK_REASON "\n"); /* a pipe: never cut */
+}
+
+/* UTF-8 text of a terminal line: its columns (wide characters 2, combining
+ * accents 0), or -1 when it is not valid UTF-8. Independent of the client's
+ * libunistring, for the few scripts the tests print. */
+static int utf8_columns(const char *s) {
+  int cols = 0;
+  for (const unsigned char *p = (const unsigned char *)s; *p;) {
+    unsigned cp, n = *p < 0x80 ? 1 : (*p >> 5) == 6 ? 2 : (*p >> 4) == 14 ? 3 : (*p >> 3) == 30 ? 4 : 0;
+    if (!n) return -1;
+    cp = n == 1 ? *p : *p & (0x7f >> n);
+    for (unsigned k = 1; k < n; k++) {
+      if ((p[k] & 0xc0) != 0x80) return -1; /* also a string that ends mid-character */
+      cp = cp << 6 | (p[k] & 0x3f);
+    }
+    p += n;
+    if (cp >= 0x300 && cp <= 0x36f) continue;
+    cols += (cp >= 0x1100 && cp <= 0x115f) || (cp >= 0x2e80 && cp <= 0xa4cf) ||
+                    (cp >= 0xac00 && cp <= 0xd7a3) || (cp >= 0xf900 && cp <= 0xfaff) ||
+                    (cp >= 0xff00 && cp <= 0xff60) || (cp >= 0xffe0 && cp <= 0xffe6)
+                ? 2
+                : 1;
+  }
+  return cols;
+}
+
+/* Runs bin/fsdpctl on a pseudo-terminal cols wide; its output (less the
+ * terminal's \r) into out; returns its exit status. Bounded by CTL_LIMIT_S. */
+static int ctl_pty(unsigned short cols, const char *const *args) {
+  char bin[1024];
+  snprintf(bin, sizeof bin, "%s/bin/fsdpctl", tu_root());
+  const char *argv[16] = {"fsdpctl"};
+  for (int k = 0; k < 14 && args[k]; k++) argv[k + 1] = args[k];
+  struct winsize ws = {.ws_row = 40, .ws_col = cols};
+  int master;
+  pid_t pid = forkpty(&master, NULL, NULL, &ws);
+  cr_assert_geq(pid, 0);
+  if (!pid) {
+    execv(bin, (char *const *)argv);
+    _exit(127);
+  }
+  size_t n = 0;
+  for (double t0 = tu_now_s(); n < OUT_MAX - 1 && tu_now_s() - t0 < CTL_LIMIT_S;) {
+    struct pollfd p = {master, POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    ssize_t r = read(master, out + n, OUT_MAX - 1 - n);
+    if (r <= 0) break; /* EIO: the child closed the terminal */
+    n += (size_t)r;
+  }
+  close(master);
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++)
+    if (out[i] != '\r') out[k++] = out[i];
+  out[k] = 0;
+  int st;
+  if (waitpid(pid, &st, WNOHANG) == 0) kill(pid, SIGKILL), waitpid(pid, &st, 0);
+  cr_assert(WIFEXITED(st), "fsdpctl on a terminal died: %s", out);
+  return WEXITSTATUS(st);
+}
+
+/* On a terminal the last column is cut to its width: at a character's
+ * boundary (a wide character that does not fit whole is left out), so the
+ * line stays valid UTF-8 and within the terminal. Three widths, so the cut
+ * falls in every place of a 3-byte character. */
+Test(fsdpctl, tables_cut_utf8_at_character_boundaries) {
+  utf8_jobs = 1;
+  fake_start(NULL, NULL);
+  for (unsigned short cols = 70; cols < 73; cols++) {
+    cr_assert_eq(ctl_pty(cols, (const char *const[]){"jobs", NULL}), 0, "%s", out);
+    int lines = 0, cut = 0;
+    for (char *line = out, *nl; lines < 10 && (nl = strchr(line, '\n')); line = nl + 1, lines++) {
+      *nl = 0;
+      const int w = utf8_columns(line);
+      cr_assert_geq(w, 0, "%u columns: not valid UTF-8: \"%s\"", cols, line);
+      cr_assert_leq(w, cols, "%u columns: a line of %d: \"%s\"", cols, w, line);
+      if (strstr(line, "j-43")) {
+        const size_t l = strlen(line);
+        cut = l > 3 && !strcmp(line + l - 3, "...");
+        cr_assert_geq(w, cols - 1, "%u columns: cut short at %d: \"%s\"", cols, w, line);
+      }
+    }
+    cr_assert(lines == 3 && cut, "%u columns, %d lines, j-43 cut %d:\n%s", cols, lines, cut, out);
+  }
 }
 
 /* More nodes than one reply holds: fsdpctl asks after the last id until no
