@@ -669,16 +669,27 @@ Test(coordinator, a_node_reports_only_its_own_ranks) {
     cr_expect_eq(g->job->ranks[i]->step, 0, "rank %zu", i);
   reply_free(g);
   cr_expect_lt(took, 2.0, "a heartbeat of %d ranks held the coordinator %.2f s", FAKE + 2, took);
-  /* alpha's own report counts */
-  for (int k = 0; k < 2; k++) rs[k].step = 3;
+  /* alpha's own report counts; the job's loss is rank 0's */
+  for (int k = 0; k < 2; k++) rs[k].step = 3, rs[k].loss = k ? 9.5f : 1.5f;
   protobuf_c_message_free_unpacked(&heartbeat(&a, rp, 2)->base, NULL);
   g = get_job(id);
   cr_expect_eq(g->job->step, 3);
   for (size_t i = 0; i < g->job->n_ranks; i++) {
     cr_expect_eq(g->job->ranks[i]->rank, i);
     cr_expect_eq(g->job->ranks[i]->step, 3, "rank %zu", i);
+    cr_expect_eq(g->job->ranks[i]->loss, i ? 9.5f : 1.5f, "rank %zu", i);
   }
   reply_free(g);
+  Fsdp__V1__WatchJobRequest wq = FSDP__V1__WATCH_JOB_REQUEST__INIT;
+  wq.job_id = id;
+  rpc_stream_t *ws;
+  cr_assert_eq(rpc_stream_open(cl, &ws, "/fsdp.v1.Coordinator/WatchJob", &wq.base, 10), 0, "%s",
+               err_msg());
+  ProtobufCMessage *pm = NULL;
+  cr_assert_eq(rpc_stream_next(ws, &fsdp__v1__job_progress__descriptor, &pm), 1, "%s", err_msg());
+  cr_expect_eq(((Fsdp__V1__JobProgress *)pm)->loss, 1.5, "the job's loss is rank 0's");
+  protobuf_c_message_free_unpacked(pm, NULL);
+  rpc_stream_close(ws);
   free(rs), free(rp), free(ids);
   /* a node of 5,000 devices is not a node */
   Fsdp__V1__Device dev = FSDP__V1__DEVICE__INIT, **dp = calloc(5000, sizeof *dp);
