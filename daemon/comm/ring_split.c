@@ -15,12 +15,15 @@
 #include "daemon/comm/ring.h"
 #include "daemon/common/err.h"
 
-/* What each rank tells the world: 64 bytes, moved as 16 opaque fp32 words
+#define RING_SPLIT_ADDR 128 /* "host:port": as long as a world ring's (RING_ADDR) */
+
+/* What each rank tells the world: 136 bytes, moved as 34 opaque fp32 words
  * (all_gather copies bytes; no arithmetic touches them). */
 typedef struct ring_split_rec {
   int32_t color, key;
-  char addr[56];
+  char addr[RING_SPLIT_ADDR];
 } ring_split_rec_t;
+_Static_assert(sizeof(ring_split_rec_t) % sizeof(float) == 0, "moved as whole fp32 words");
 
 /* Binds a listening socket on host (any port); writes "host:port" to addr. */
 static int ring_split_listen(const char *host, char *addr, size_t n) {
@@ -42,7 +45,11 @@ static int ring_split_listen(const char *host, char *addr, size_t n) {
   }
   int v6 = ai->ai_family == AF_INET6;
   freeaddrinfo(ai);
-  snprintf(addr, n, v6 ? "[%s]:%s" : "%s:%s", host, port);
+  if ((size_t)snprintf(addr, n, v6 ? "[%s]:%s" : "%s:%s", host, port) >= n) {
+    close(fd);
+    return err_set(FSDP_EINVAL, "split: the address \"%s:%s\" is longer than %zu bytes; give "
+                   "the rank a shorter host (a numeric address)", host, port, n - 1);
+  }
   return fd;
 }
 
@@ -50,7 +57,7 @@ int comm_ring_split(comm_t *world, int color, int key, const char *name, int64_t
                     comm_t **out) {
   *out = NULL;
   const char *self_addr = comm_ring_self_addr(world);
-  char host[64];
+  char host[RING_SPLIT_ADDR];
   const char *colon = strrchr(self_addr, ':');
   size_t hl = colon ? (size_t)(colon - self_addr) : 0;
   if (!colon || hl == 0 || hl >= sizeof host)

@@ -564,6 +564,27 @@ Test(comm, split_makes_the_groups_of_a_mesh, .timeout = 60) {
   assert_children(sh, pids, 4, 40);
 }
 
+/* The same split when the ranks' addresses are long (a 54-character host,
+ * here 127.0.0.1 written in hex with leading zeros): each sub-group's
+ * address came out cut at 55 characters, its port lost, so every job of
+ * more than one rank on a long host name failed at its first split. */
+Test(comm, split_works_with_long_host_names, .timeout = 60) {
+  shared_t *sh = shared_new();
+  static group_t g;
+  group_bind(&g, 4);
+  const char *host = "0x00000000000000000000000000000000000000000007f000001";
+  for (int i = 0; i < 4; i++) {
+    const char *port = strrchr(g.addr[i], ':');
+    char a[sizeof g.addr[i]];
+    cr_assert_lt(snprintf(a, sizeof a, "%s%s", host, port), (int)sizeof a);
+    snprintf(g.addr[i], sizeof g.addr[i], "%s", a);
+  }
+  group_t *gs[] = {&g};
+  pid_t pids[MAXR];
+  spawn(pids, 4, child_split, &g, sh, gs, 1);
+  assert_children(sh, pids, 4, 40);
+}
+
 /* ---- faults ---- */
 
 typedef struct {
