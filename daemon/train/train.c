@@ -702,6 +702,10 @@ int train_run_with(const config_t *c, FILE *progress, const train_hooks_t *h,
   if (rc) return rc;
   k.progress = t->opts.out; /* rank 0 speaks for the job */
   while (!rc && !train_done(t)) rc = train_step(t);
+  /* a failed step's message outlives what finishing the last checkpoint
+   * says (a commit that finds a shard missing, because a peer died) */
+  char why[1024] = "";
+  if (rc) snprintf(why, sizeof why, "%s", err_msg());
   train_writer_finish(t, 1); /* the last checkpoint is written and reported before the end */
   if (!rc && train_stopped(t))
     rc = err_set(FSDP_EPREEMPTED, "stopped after step %d of %d (asked to stop)%s", t->step,
@@ -711,6 +715,7 @@ int train_run_with(const config_t *c, FILE *progress, const train_hooks_t *h,
   else if (!rc) rc = train_finish(t);
   train_result(t, res);
   train_close(t);
+  if (why[0]) err_set(rc, "%s", why);
   return rc;
 }
 

@@ -312,6 +312,29 @@ Test(train, sharded_jobs_train_like_one_device, .timeout = 120) {
 
 /* A rank killed mid-run: the job stops at once, saying which rank died, and
  * leaves no process behind. */
+/* A rank killed while its peers checkpoint every step: the survivor's last
+ * words are the step's failure, not what finishing its last checkpoint
+ * found (a shard missing, a manifest not there: the dead rank's). */
+Test(train, a_killed_ranks_failure_is_what_its_peer_reports, .timeout = 60) {
+  char *data = demo_tokens(), *ck = tu_path("ck"), args[4096], out[1 << 17];
+  cr_assert_eq(mkdir(ck, 0755), 0);
+  snprintf(args, sizeof args, "-n 2 --grace 2 -- env FSDP_PROGRESS_EVERY=1000000 sh -c 'if [ "
+           "\"$FSDP_RANK\" = 1 ]; then (sleep 1.5; kill -9 $$) & fi; exec %s/bin/fsdp-train "
+           "--model tiny --steps 1000000 --warmup_steps 1 --batch 2 --seq_len 32 --data %s "
+           "--checkpoint_dir %s --checkpoint_every 1 --keep_checkpoints 2 --seed 8642098'",
+           tu_root(), data, ck);
+  cr_assert_eq(launch_cmd(args, out, sizeof out), 1, "%s", out);
+  const char *last = strstr(out, "[rank 0] fsdp-train: ");
+  cr_assert_not_null(last, "rank 0 said nothing:\n%s", out);
+  char line[512];
+  snprintf(line, sizeof line, "%.*s", (int)strcspn(last, "\n"), last);
+  cr_assert(!strstr(line, "manifest") && !strstr(line, "cannot be committed"),
+            "rank 0's last words are its last checkpoint's, not the step's failure: %s", line);
+  cr_assert(strstr(line, "rank 1"), "the dead rank is not named: %s", line);
+  cr_assert_neq(system("pgrep -f 'seed 864209[8]' >/dev/null"), 0, "no rank survived");
+  free(data), free(ck);
+}
+
 Test(train, a_killed_rank_stops_the_job, .timeout = 60) {
   char *data = demo_tokens(), args[4096], out[65536];
   /* a progress line (and its memory line) every 20 steps: the output fits in out */
