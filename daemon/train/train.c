@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "ckpt_rank.h"
 #include "daemon/comm/boot.h"
@@ -118,6 +119,39 @@ static int train_check_dir(const char *key, const char *path) {
   return FSDP_OK;
 }
 
+/* Every rank runs the same job: a rank given another batch, seq_len or
+ * seed would train on with a loss that looks fine (only a change of a
+ * collective's size is caught, as diverged collectives). The ranks compare
+ * a hash of their effective options (config_write's text) in two sums over
+ * the world: 8-bit pieces, exact in floats for up to 65,000 ranks. */
+static int train_same_job(train_t *t) {
+  if (!t->groups.world || t->boot.world < 2) return FSDP_OK;
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  if (!f) return err_set(FSDP_ENOMEM, "train: out of memory");
+  int rc = config_write(&t->cfg, f);
+  if (fclose(f) && !rc) rc = err_set(FSDP_ENOMEM, "train: out of memory");
+  const uint64_t h = rc ? 0 : XXH64(text, len, 0);
+  free(text);
+  if (rc) return rc;
+  float v[8], mine[8];
+  for (int i = 0; i < 8; i++) v[i] = mine[i] = (float)((h >> (8 * i)) & 0xff);
+  if ((rc = comm_all_reduce(t->groups.world, v, v, 8, COMM_F32, COMM_SUM)))
+    return err_wrap(rc, "comparing the ranks' options");
+  float differ = 0;
+  for (int i = 0; i < 8; i++) differ += v[i] != mine[i] * (float)t->boot.world;
+  differ = differ > 0;
+  if ((rc = comm_all_reduce(t->groups.world, &differ, &differ, 1, COMM_F32, COMM_SUM)))
+    return err_wrap(rc, "comparing the ranks' options");
+  if (differ > 0)
+    return err_set(FSDP_EINVAL, "the ranks were not given the same job: %.0f of %d see options "
+                   "that differ from the others' (this is rank %d); give every rank the same job "
+                   "file and flags (compare their --print-config)", differ, t->boot.world,
+                   t->boot.rank);
+  return FSDP_OK;
+}
+
 /* The mesh, the rank's groups and the runtime (initialised, or loaded from
  * init_from). */
 static int train_open_runtime(train_t *t) {
@@ -131,7 +165,9 @@ static int train_open_runtime(train_t *t) {
     return rc;
   if (t->opts.out)
     fprintf(t->opts.out, "train: %s\ntrain: precision %s\n", desc, precision_describe(prec));
-  if ((rc = comm_boot_connect(&t->boot, t->mesh.replicas, t->mesh.shards, &t->groups))) return rc;
+  if ((rc = comm_boot_connect(&t->boot, t->mesh.replicas, t->mesh.shards, &t->groups)) ||
+      (rc = train_same_job(t)))
+    return rc;
   fsdp_opts_t o = {t->dev->kern, t->mesh, t->groups.shard, t->groups.replica, c->seed, hp, prec,
                    c->offload, (size_t)c->min_params};
   if ((rc = fsdp_create(&t->runtime, &c->gpt, &o))) return rc;

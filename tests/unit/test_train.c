@@ -312,6 +312,31 @@ Test(train, sharded_jobs_train_like_one_device, .timeout = 120) {
 
 /* A rank killed mid-run: the job stops at once, saying which rank died, and
  * leaves no process behind. */
+/* Ranks given different options (here rank 1 another batch, which changes
+ * no collective's size) stop at open, every rank saying why, instead of
+ * training on with a loss that looks fine. */
+Test(train, ranks_given_different_jobs_stop_at_open, .timeout = 60) {
+  char *data = demo_tokens(), args[4096], out[65536];
+  const char *diff[] = {"--batch 3", "--seed 7", "--lr 0.01"};
+  for (int k = 0; k < 3; k++) {
+    snprintf(args, sizeof args, "-n 2 -- sh -c 'X=; if [ \"$FSDP_RANK\" = 1 ]; then X=\"%s\"; fi; "
+             "exec %s/bin/fsdp-train --model tiny --steps 3 --warmup_steps 1 --batch 2 "
+             "--seq_len 32 --data %s $X'", diff[k], tu_root(), data);
+    cr_assert_eq(launch_cmd(args, out, sizeof out), 1, "%s: %s", diff[k], out);
+    for (int r = 0; r < 2; r++) {
+      char want[64];
+      snprintf(want, sizeof want, "[rank %d] fsdp-train: the ranks were not given the same job", r);
+      cr_assert(strstr(out, want), "%s: missing \"%s\":\n%s", diff[k], want, out);
+    }
+    cr_assert_null(strstr(out, "step 1"), "%s: a step ran:\n%s", diff[k], out);
+  }
+  /* the same job on every rank runs */
+  snprintf(args, sizeof args, "-n 2 -- %s/bin/fsdp-train --model tiny --steps 2 --warmup_steps 1 "
+           "--batch 2 --seq_len 32 --data %s", tu_root(), data);
+  cr_assert_eq(launch_cmd(args, out, sizeof out), 0, "%s", out);
+  free(data);
+}
+
 /* A rank killed while its peers checkpoint every step: the survivor's last
  * words are the step's failure, not what finishing its last checkpoint
  * found (a shard missing, a manifest not there: the dead rank's). */
