@@ -5,7 +5,9 @@
  * and what the neighbours can map of each other's memory). Everything here
  * is bounded by the communicator's timeout and runs before the thread
  * starts. A rank that cannot connect, or a neighbour that is not the rank
- * the address list says, is an error naming both sides. */
+ * the address list says, is an error naming both sides; a connection
+ * accepted that is not the previous rank's is logged and closed, and the
+ * wait for that rank goes on. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -23,6 +25,7 @@
 #include "daemon/comm/ring_impl.h"
 #include "daemon/common/err.h"
 #include "daemon/common/log.h"
+#include "daemon/common/netaddr.h"
 #include "daemon/common/param.h"
 
 /* The first message on each connection, both ways: who sends, whom it
@@ -282,6 +285,91 @@ static int ring_boot_choose_links(ring_t *r, int64_t deadline) {
   return 0;
 }
 
+/* How long an accepted connection has to send its hello before it is taken
+ * for a stray (a port scanner, a health check, a stale rank) and closed: a
+ * rank sends its hello as soon as its connect completes. */
+#define RING_BOOT_HELLO_MS 1000
+
+/* Reads and checks the hello on fd, a connection just accepted from peer:
+ * 0, or -1 with why (n bytes) saying what was wrong with it. */
+static int ring_boot_hello_check(ring_t *r, int fd, const char *peer, int64_t deadline, char *why,
+                                 size_t n) {
+  const int me = r->base.rank, N = r->base.size;
+  int64_t until = ring_now_ns() + (int64_t)RING_BOOT_HELLO_MS * 1000000;
+  if (until > deadline) until = deadline;
+  ring_boot_hello_t ph;
+  int e = ring_boot_io_all(fd, &ph, sizeof ph, 0, until);
+  if (e < 0) {
+    if (e == -ETIMEDOUT)
+      snprintf(why, n, "a connection from %s sent no hello within %d ms", peer,
+               RING_BOOT_HELLO_MS);
+    else
+      snprintf(why, n, "a connection from %s ended before its hello (%s)", peer, strerror(-e));
+    return -1;
+  }
+  ph.name[sizeof ph.name - 1] = 0;
+  if (ph.magic != RING_HELLO_MAGIC || ph.version != RING_VERSION) {
+    snprintf(why, n,
+             "a connection from %s is not an fsdpd ring of this version (magic %08x version %u)",
+             peer, ph.magic, ph.version);
+    return -1;
+  }
+  if (ph.size != N || ph.from != r->rank_prev || ph.to != me || strcmp(ph.name, r->base.name)) {
+    snprintf(why, n,
+             "rank %d of group '%s' (size %d) dialling rank %d connected from %s where rank %d "
+             "(%s) of group '%s' (size %d) was expected: the address lists handed to the ranks "
+             "disagree",
+             (int)ph.from, ph.name, (int)ph.size, (int)ph.to, peer, r->rank_prev, r->addr_prev,
+             r->base.name, N);
+    return -1;
+  }
+  return 0;
+}
+
+/* Accepts the previous rank into r->fd_prev. A connection whose hello is not
+ * that rank's (garbage, another group, or nothing within RING_BOOT_HELLO_MS)
+ * is logged once and closed, and the wait goes on until the deadline; a
+ * timeout then names the last one turned away. */
+static int ring_boot_accept_prev(ring_t *r, int lfd, int64_t deadline) {
+  const int me = r->base.rank;
+  char why[512] = "";
+  int strays = 0;
+  for (;;) {
+    struct pollfd pf = {.fd = lfd, .events = POLLIN};
+    int ms = ring_ms_left(deadline);
+    if (ms == 0 || poll(&pf, 1, ms) == 0) {
+      char more[600] = "";
+      if (strays)
+        snprintf(more, sizeof more, " (%d connection%s turned away, the last: %s)", strays,
+                 strays == 1 ? "" : "s", why);
+      return err_set(FSDP_ETIMEDOUT,
+                     "rank %d of group '%s' (%s): rank %d (%s) did not connect within %lld ms: is "
+                     "it running, with the same address list?%s",
+                     me, r->base.name, r->addr_self, r->rank_prev, r->addr_prev,
+                     (long long)r->timeout_ms, more);
+    }
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    int fd = accept4(lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) continue;
+      return err_set_errno(FSDP_EIO, errno, "rank %d of group '%s': accept on %s", me,
+                           r->base.name, r->addr_self);
+    }
+    char peer[80];
+    netaddr_format((const struct sockaddr *)&ss, peer, sizeof peer);
+    ring_boot_tune(fd);
+    if (ring_boot_hello_check(r, fd, peer, deadline, why, sizeof why) == 0) {
+      r->fd_prev = fd;
+      return 0;
+    }
+    close(fd);
+    strays++;
+    LOG_WARN("comm", "rank %d of group '%s' (%s): %s; closed it, still waiting for rank %d (%s)",
+             me, r->base.name, r->addr_self, why, r->rank_prev, r->addr_prev);
+  }
+}
+
 static int ring_boot_handshake(ring_t *r, int lfd) {
   const int me = r->base.rank, N = r->base.size;
   int64_t deadline = ring_now_ns() + r->timeout_ms * 1000000;
@@ -296,46 +384,8 @@ static int ring_boot_handshake(ring_t *r, int lfd) {
   int e = ring_boot_io_all(r->fd_next, &hi, sizeof hi, 1, deadline);
   if (e < 0) goto io_next;
 
-  /* accept the previous rank */
-  for (;;) {
-    struct pollfd pf = {.fd = lfd, .events = POLLIN};
-    int ms = ring_ms_left(deadline);
-    if (ms == 0 || poll(&pf, 1, ms) == 0)
-      return err_set(FSDP_ETIMEDOUT,
-                     "rank %d of group '%s' (%s): rank %d (%s) did not connect within %lld ms: is "
-                     "it running, with the same address list?",
-                     me, r->base.name, r->addr_self, r->rank_prev, r->addr_prev,
-                     (long long)r->timeout_ms);
-    int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd >= 0) {
-      r->fd_prev = fd;
-      break;
-    }
-    if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
-      return err_set_errno(FSDP_EIO, errno, "rank %d of group '%s': accept on %s", me,
-                           r->base.name, r->addr_self);
-  }
-  ring_boot_tune(r->fd_prev);
-  ring_boot_hello_t ph;
-  e = ring_boot_io_all(r->fd_prev, &ph, sizeof ph, 0, deadline);
-  if (e < 0)
-    return err_set(e == -ETIMEDOUT ? FSDP_ETIMEDOUT : FSDP_EPEER,
-                   "rank %d of group '%s' (%s): reading the hello of the connecting rank: %s", me,
-                   r->base.name, r->addr_self, strerror(-e));
-  ph.name[sizeof ph.name - 1] = 0;
-  if (ph.magic != RING_HELLO_MAGIC || ph.version != RING_VERSION)
-    return err_set(FSDP_EPEER,
-                   "rank %d of group '%s' (%s): a connection that is not an fsdpd ring of this "
-                   "version (magic %08x version %u) arrived where rank %d (%s) was expected",
-                   me, r->base.name, r->addr_self, ph.magic, ph.version, r->rank_prev,
-                   r->addr_prev);
-  if (ph.size != N || ph.from != r->rank_prev || ph.to != me || strcmp(ph.name, r->base.name))
-    return err_set(FSDP_EPEER,
-                   "rank %d of group '%s' (size %d, at %s) expected its previous rank %d (%s) "
-                   "but was reached by rank %d of group '%s' (size %d) dialling rank %d: the "
-                   "address lists handed to the ranks disagree",
-                   me, r->base.name, N, r->addr_self, r->rank_prev, r->addr_prev, (int)ph.from,
-                   ph.name, (int)ph.size, (int)ph.to);
+  rc = ring_boot_accept_prev(r, lfd, deadline);
+  if (rc < 0) return rc;
   ring_boot_hello_t reply = hi;
   reply.to = r->rank_prev;
   e = ring_boot_io_all(r->fd_prev, &reply, sizeof reply, 1, deadline);

@@ -9,6 +9,9 @@
  * for them with a bound, kills them past it, and asserts. */
 #include <criterion/criterion.h>
 #include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -17,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -841,6 +845,62 @@ Test(comm, miswired_groups_are_an_error_naming_both_sides, .timeout = 20) {
   for (int r = 0; r < 2; r++)
     named |= strstr(sh->s[r].msg, "'alpha'") && strstr(sh->s[r].msg, "'beta'");
   cr_expect(named, "neither error names both groups: [%s] [%s]", sh->s[0].msg, sh->s[1].msg);
+}
+
+/* A blocking connection to "127.0.0.1:PORT" (one of group_bind's). */
+static int connect_loopback(const char *addr) {
+  const char *colon = strrchr(addr, ':');
+  cr_assert_not_null(colon, "%s", addr);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1)),
+                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  cr_assert(fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0, "connect to %s: %s",
+            addr, strerror(errno));
+  return fd;
+}
+
+static int child_strays(int rank, void *argp, shared_t *sh) {
+  fault_arg_t *a = argp;
+  comm_t *c = NULL;
+  if (group_create(&a->g, rank, "world", a->timeout_ms, &c) < 0)
+    return child_fail(sh, rank, "create: %s", err_msg());
+  float x[4] = {1.0f + (float)rank, 2, 3, 4};
+  int rc = comm_all_reduce(c, x, x, 4, COMM_F32, COMM_SUM);
+  comm_destroy(c);
+  if (rc < 0) return child_fail(sh, rank, "all_reduce: %s", err_msg());
+  if (x[0] != 3.0f || x[3] != 8.0f) return child_fail(sh, rank, "sum %g %g", x[0], x[3]);
+  return 0;
+}
+
+/* A port scanner's garbage and a connection that says nothing, both queued
+ * at rank 0's listener before rank 1 dials it, are turned away: the ring
+ * still forms, well within the timeout. */
+Test(comm, stray_connections_before_the_peer_do_not_stop_the_bootstrap, .timeout = 30) {
+  shared_t *sh = shared_new();
+  fault_arg_t a = {.timeout_ms = 8000};
+  group_bind(&a.g, 2);
+  int garbage = connect_loopback(a.g.addr[0]);
+  char junk[200];
+  memset(junk, 'G', sizeof junk); /* more than a hello, none of it a magic */
+  cr_assert_eq(send(garbage, junk, sizeof junk, MSG_NOSIGNAL), (ssize_t)sizeof junk);
+  int hold = connect_loopback(a.g.addr[0]); /* connects, then holds without a word */
+  group_t *gs[] = {&a.g};
+  pid_t pids[MAXR];
+  int64_t t0 = now_ns();
+  spawn(pids, 2, child_strays, &a, sh, gs, 1);
+  assert_children(sh, pids, 2, 20);
+  double dt = (now_ns() - t0) / 1e9;
+  cr_expect(dt < 6.0, "the ring took %.2f s to form (the timeout is 8 s)", dt);
+  /* rank 0 closed both strays */
+  for (int i = 0; i < 2; i++) {
+    int fd = i ? hold : garbage;
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    cr_expect_eq(poll(&pf, 1, 2000), 1, "stray %d still open", i);
+    char b[8];
+    ssize_t k = recv(fd, b, sizeof b, MSG_DONTWAIT);
+    cr_expect(k <= 0, "stray %d got %zd bytes", i, k);
+    close(fd);
+  }
 }
 
 Test(comm, bad_arguments_are_refused_with_a_message) {
