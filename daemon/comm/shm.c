@@ -36,6 +36,7 @@
 #include "daemon/comm/shm.h"
 #include "daemon/common/err.h"
 #include "daemon/common/mem.h"
+#include "daemon/common/shm_name.h"
 #include "kernels/kern.h"
 
 #define SHM_MAGIC 0x4d535346u /* "FSSM" */
@@ -105,7 +106,7 @@ int comm_shm_create(size_t cap, comm_shm_link_t **out, char name[COMM_SHM_NAME],
   if (getrandom(&tok, sizeof tok, GRND_NONBLOCK) != (ssize_t)sizeof tok)
     tok = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid() << 32;
   tok |= 1; /* never 0 */
-  snprintf(name, COMM_SHM_NAME, "/fsdpd-ring-%d-%u-%08x", (int)getpid(),
+  snprintf(name, COMM_SHM_NAME, "/" SHM_NAME_RING_PREFIX "%d-%u-%08x", (int)getpid(),
            atomic_fetch_add(&serial, 1), (unsigned)(tok >> 32));
   int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) return err_set_errno(FSDP_EIO, errno, "shm: cannot create %s", name);

@@ -7,6 +7,7 @@
  * freed only in their close callbacks, as libuv requires. */
 #include "supervise.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -16,6 +17,7 @@
 
 #include "daemon/common/err.h"
 #include "daemon/common/log.h"
+#include "daemon/common/shm_name.h"
 #include "daemon/job/job.h" /* JOB_SUPERVISOR_PID_ENV */
 
 extern char **environ;
@@ -153,6 +155,27 @@ static void supervise_signal_all(supervise_t *s, int sig) {
   for (supervise_child_t *c = s->children; c; c = c->next) uv_kill(-c->proc.pid, sig);
 }
 
+/* Removes the ring links (shm_name.h) that the exited child pid created and
+ * no consumer mapped: a rank killed or failing mid-bootstrap would leave them
+ * in /dev/shm for good. Only names of that exact pid; one short directory
+ * read of a tmpfs, so the loop is not held. */
+static void supervise_sweep_shm(int pid) {
+  char prefix[48];
+  int len = snprintf(prefix, sizeof prefix, SHM_NAME_RING_PREFIX "%d-", pid);
+  DIR *d = opendir(SHM_NAME_DIR);
+  if (!d) return; /* no /dev/shm: no links either */
+  for (struct dirent *e; (e = readdir(d));) {
+    if (strncmp(e->d_name, prefix, (size_t)len) != 0) continue;
+    if (unlinkat(dirfd(d), e->d_name, 0) == 0)
+      LOG_INFO("supervise", "removed " SHM_NAME_DIR "/%s, a ring link process %d left", e->d_name,
+               pid);
+    else if (errno != ENOENT)
+      LOG_WARN("supervise", "cannot remove " SHM_NAME_DIR "/%s, a ring link process %d left (%s): "
+               "remove it by hand", e->d_name, pid, strerror(errno));
+  }
+  closedir(d);
+}
+
 static void supervise_proc_exit_cb(uv_process_t *p, int64_t status, int term_signal) {
   supervise_child_t *c = p->data;
   supervise_t *s = c->set;
@@ -161,6 +184,7 @@ static void supervise_proc_exit_cb(uv_process_t *p, int64_t status, int term_sig
   uv_kill(-p->pid, SIGKILL);
   supervise_drain(&c->out);
   supervise_drain(&c->err);
+  supervise_sweep_shm(p->pid);
   for (supervise_child_t **pp = &s->children; *pp; pp = &(*pp)->next)
     if (*pp == c) {
       *pp = c->next;

@@ -11,8 +11,10 @@
  * fd 3, 4, ...
  *
  * When a child exits, its process group is SIGKILLed (what it started goes
- * with it), the output still in its pipes is relayed, and only then does its
- * exit callback run: by then its last line is out and nothing of it runs.
+ * with it), the output still in its pipes is relayed, the ring links it
+ * created and no peer mapped (/dev/shm/fsdpd-ring-<its pid>-*, shm_name.h:
+ * a rank killed mid-bootstrap leaves them) are removed, and only then does
+ * its exit callback run: by then its last line is out and nothing of it runs.
  * supervise_stop sends SIGTERM to the group of every running child and
  * SIGKILL to the groups still running when the grace period ends; after it,
  * the set starts nothing more. What to do when a child fails (stop the rest,

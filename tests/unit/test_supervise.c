@@ -369,3 +369,34 @@ Test(supervise, a_child_runs_as_the_user_it_is_given) {
   cr_expect_str_eq(s, "65534 65534 65534\n");
   free(s);
 }
+
+/* A rank killed mid-bootstrap leaves its ring link's name in /dev/shm
+ * (shm_name.h): by the child's exit callback the supervisor has removed the
+ * names of that pid, and only those (a name of another pid that begins with
+ * the same digits stays). */
+Test(supervise, a_killed_childs_ring_links_are_removed_before_its_exit_callback) {
+  if (access("/dev/shm", W_OK) != 0) cr_skip_test("no writable /dev/shm here");
+  exit_rec_t r = {0};
+  int pid = 0;
+  cr_assert_eq(spawn_sh(": > /dev/shm/fsdpd-ring-$$-0-0badc0de; : > /dev/shm/fsdpd-ring-$$-1-1;"
+                        " : > /dev/shm/fsdpd-ring-${$}7-0-0badc0de; echo made; kill -9 $$",
+                        "", &r, &pid),
+                0);
+  cr_assert(run_until(all_exited, NULL, 10));
+  cr_assert_eq(r.sig, SIGKILL);
+  char mine[2][96], other[96];
+  snprintf(mine[0], sizeof mine[0], "/dev/shm/fsdpd-ring-%d-0-0badc0de", pid);
+  snprintf(mine[1], sizeof mine[1], "/dev/shm/fsdpd-ring-%d-1-1", pid);
+  snprintf(other, sizeof other, "/dev/shm/fsdpd-ring-%d7-0-0badc0de", pid);
+  int other_left = access(other, F_OK) == 0;
+  unlink(other);
+  char *o = relayed(out);
+  cr_assert(strstr(o, "made"), "the child did not create its names: %s", o);
+  free(o);
+  for (int i = 0; i < 2; i++) {
+    int left = access(mine[i], F_OK) == 0;
+    unlink(mine[i]);
+    cr_expect(!left, "%s is left after the child's exit", mine[i]);
+  }
+  cr_expect(other_left, "%s (another pid's) was removed", other);
+}
