@@ -541,7 +541,7 @@ demo: deps-demo $(BINS)
 PREFIX      ?= /usr/local
 BINDIR      ?= $(PREFIX)/bin
 # the CUDA plugin, where the programs look for it: ../lib/fsdpd beside BINDIR
-PLUGINDIR   ?= $(PREFIX)/lib/fsdpd
+PLUGINDIR   ?= $(dir $(BINDIR))lib/fsdpd
 UNITDIR     ?= $(PREFIX)/lib/systemd/system
 SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
 DOCDIR      ?= $(PREFIX)/share/doc/fsdpd

@@ -68,6 +68,12 @@ Test(systemd, units_verify_with_no_warning_and_a_misspelling_is_caught) {
   snprintf(cmd, sizeof cmd, "systemd-analyze verify '%s'", bad);
   tu_sh(cmd, out, sizeof out);
   cr_assert(strstr(out, "Unknown key"), "a misspelled key went unnoticed:\n%s", out);
+  /* one user for both: the ranks (fsdpd's user) make each checkpoint's step
+   * directory, 0750 under fsdpd's UMask, and the coordinator reads their
+   * shards and writes the manifest there (a user of its own could not:
+   * every checkpoint aborted, found by review) */
+  cr_assert(strstr(tc, "\nUser=fsdp\n") && strstr(tf, "\nUser=fsdp\n") && !strstr(tc, "DynamicUser"),
+            "the coordinator and fsdpd must run as the same user (fsdp)");
   free(c), free(f), free(tc), free(tf), free(bad);
 }
 
