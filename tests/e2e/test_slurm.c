@@ -99,7 +99,9 @@ static void setup(void) {
   }
   /* what the batch script needs, as a user would export it */
   snprintf(env, sizeof env, "FSDP_BIN='%s/bin' FSDP_ROOT='%s' FSDP_PORT=%d FSDP_COORD_HOST=127.0.0.1 "
-           "FSDP_DEVICES=cpu:2 FSDP_GRACE=20 FSDPD_ARGS='--run-as nobody'", root, tu_tmpdir(),
+           "FSDP_DEVICES=cpu:2 FSDP_GRACE=20 "
+           /* expanded on the node, as a per-node --rank-host would be */
+           "FSDPD_ARGS='--run-as nobody --rank-host $(echo 127.0.0.1)'", root, tu_tmpdir(),
            free_port());
 }
 
