@@ -1166,12 +1166,18 @@ int coord_create(coord_t **out, uv_loop_t *loop, const coord_opts_t *o) {
   if (!rc) rc = rpc_server_create(&c->srv, loop, &ro);
   if (!rc) rc = coord_rpc_register(c);
   if (!rc) rc = rpc_server_start(c->srv);
+  /* health alone, in plaintext, for a probe that cannot do TLS or tokens:
+   * it says the process serves, nothing of the cluster */
+  rpc_server_opts_t ho = {.addr = o->health_listen};
+  if (!rc && o->health_listen && !(rc = rpc_server_create(&c->health, loop, &ho)))
+    rc = rpc_server_start(c->health);
   metrics_hist_init(&c->hb_late);
   metrics_hist_init(&c->sched);
   metrics_hist_init(&c->pass);
   if (!rc && o->metrics_listen)
     rc = metrics_server_start(&c->metrics, loop, o->metrics_listen, coord_metrics_render, c);
   if (rc) {
+    if (c->health) rpc_server_destroy(c->health);
     if (c->srv) rpc_server_destroy(c->srv);
     store_close(c->st);
     for (int64_t i = 0; i < c->cap_node; i++) free(c->node ? c->node[i] : NULL);
@@ -1231,6 +1237,7 @@ void coord_destroy(coord_t *c) {
   uv_check_stop(&c->flush);
   metrics_server_stop(c->metrics); /* before the state it reads goes */
   rpc_server_destroy(c->srv); /* cancel callbacks forget the held calls */
+  if (c->health) rpc_server_destroy(c->health);
   coord_export_detach(c);     /* before the store goes: they close later */
   coord_ckpt_detach(c);       /* so do removals still on the pool */
   for (int i = 0; i < c->n_sub; i++) free(c->sub[i].text); /* their calls were cancelled */

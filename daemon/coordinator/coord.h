@@ -39,6 +39,8 @@ typedef struct coord_opts {
   int checkpoint_timeout_ms;     /* an open checkpoint missing a shard this long aborts; 0: 300000 */
   int sync_normal;               /* the store's synchronous=NORMAL (store.h) */
   const char *metrics_listen;    /* "0.0.0.0:9101": /metrics there (NULL: none) */
+  const char *health_listen;     /* "0.0.0.0:7079": gRPC health alone, plaintext, no token, for
+                                    probes that cannot speak TLS (kubelet's grpc:) (NULL: none) */
   int event_retention_days;      /* audit events older than this go; 0: 90; < 0: kept forever */
   int job_retention_days;        /* jobs ended longer ago go, with their rows; 0: kept forever */
 } coord_opts_t;

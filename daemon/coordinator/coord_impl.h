@@ -136,6 +136,7 @@ struct coord {
   coord_opts_t o;
   store_t *st;
   rpc_server_t *srv;
+  rpc_server_t *health;     /* --health-listen: grpc.health.v1 alone, plaintext (NULL: none) */
   uv_timer_t tick;
   /* Held heartbeats: a binary min-heap by slot (then arrival), so holding,
    * answering and cancelling one are O(log n) wherever its slot lies (a

@@ -43,6 +43,9 @@ static void usage(FILE *f) {
           "  --metrics-listen ADDR      serve Prometheus metrics at http://ADDR/metrics\n"
           "                             (IPV4:PORT or [IPV6]:PORT, e.g. 0.0.0.0:9101 or\n"
           "                             [::]:9101; default: none)\n"
+          "  --health-listen ADDR       serve gRPC health alone there, plaintext and without a\n"
+          "                             token, for probes that cannot do TLS (kubelet's grpc:\n"
+          "                             probe with --tls-cert on; default: none)\n"
           "  --stop-grace SECONDS       on SIGTERM, keep serving while jobs still run, up to\n"
           "                             this long, so that nodes stopped by the same signal\n"
           "                             (a batch allocation ending) report their ranks'\n"
@@ -149,6 +152,7 @@ int main(int argc, char **argv) {
       {"event-retention-days", required_argument, 0, 'e'},
       {"job-retention-days", required_argument, 0, 'J'},
       {"operator-token-file", required_argument, 0, 'O'},
+      {"health-listen", required_argument, 0, 'H'},
       {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
   const char *roots[ROOTS_MAX];
   coord_opts_t o = {.listen = "127.0.0.1:7070", .roots = roots};
@@ -168,6 +172,7 @@ int main(int argc, char **argv) {
     case 'u': o.user_token_file = optarg; break;
     case 'n': o.node_token_file = optarg; break;
     case 'O': o.operator_token_file = optarg; break;
+    case 'H': o.health_listen = optarg; break;
     case 'c': o.tls_cert_file = optarg; break;
     case 'k': o.tls_key_file = optarg; break;
     case 'i': if (positive("--heartbeat-interval-ms", optarg, &o.heartbeat_interval_ms)) return 2; break;

@@ -27,6 +27,7 @@
 #include "daemon/common/rpc.h"
 #include "daemon/coordinator/store.h"
 #include "proto/fsdp.pb-c.h"
+#include "proto/health.pb-c.h"
 #include "tests/e2e/cluster.h"
 #include "tests/unit/testutil.h"
 
@@ -243,6 +244,38 @@ static int resume(const char *id) {
   int rc = CALL("ResumeJob", q, resume_job_reply, &r);
   if (r) reply_free(r);
   return rc;
+}
+
+/* --health-listen: gRPC health alone, in plaintext and without a token (the
+ * kubelet's grpc probe can do neither TLS nor tokens), while the service
+ * itself requires tokens; nothing else is served there. */
+Test(coordinator, the_health_port_answers_probes_and_nothing_else) {
+  char addr[64], extra[1900];
+  close(tu_listen_loopback(addr, sizeof addr)); /* a free port */
+  teardown();
+  char *u = tu_path("user.token"), *n = tu_path("node.token");
+  tu_write_file(u, "user-secret-1234567890\n", 23);
+  tu_write_file(n, "node-secret-0987654321\n", 23);
+  snprintf(extra, sizeof extra, "--user-token-file '%s' --node-token-file '%s' --health-listen %s",
+           u, n, addr);
+  char *db = tu_path("health.db");
+  co_start(db, "127.0.0.1:0", extra);
+  rpc_client_opts_t o = {.target = addr};
+  cr_assert_eq(rpc_client_create(&cl, &o), 0, "%s", err_msg());
+  Grpc__Health__V1__HealthCheckRequest hq = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+  Grpc__Health__V1__HealthCheckResponse *hr = NULL;
+  cr_assert_eq(rpc_client_call(cl, "/grpc.health.v1.Health/Check", &hq.base,
+                               &grpc__health__v1__health_check_response__descriptor,
+                               (ProtobufCMessage **)&hr, 5.0), 0, "%s", err_msg());
+  cr_assert_eq(hr->status, GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING);
+  reply_free(hr);
+  Fsdp__V1__ListJobsRequest q = FSDP__V1__LIST_JOBS_REQUEST__INIT;
+  Fsdp__V1__ListJobsReply *r = NULL;
+  cr_assert_eq(CALL("ListJobs", q, list_jobs_reply, &r), FSDP_EUNSUPPORTED, "%s", err_msg());
+  /* the service's own port still wants its token */
+  client_for(&co, NULL);
+  cr_assert_eq(CALL("ListJobs", q, list_jobs_reply, &r), FSDP_EAUTH, "%s", err_msg());
+  free(u), free(n), free(db);
 }
 
 /* ---- admission ---------------------------------------------------------------- */

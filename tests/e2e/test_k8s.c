@@ -59,8 +59,11 @@ Test(k8s, an_unknown_field_is_refused) {
 
 Test(k8s, the_projects_rules_are_kept) {
   refused("fsdpd.yaml", "allowPrivilegeEscalation: false", "privileged: true", "privileged");
-  refused("coordinator.yaml", "grpc: {port: 7070}\n            periodSeconds: 10",
-          "tcpSocket: {port: 7070}\n            periodSeconds: 10", "native gRPC");
+  refused("coordinator.yaml", "grpc: {port: 7079}\n            periodSeconds: 10",
+          "tcpSocket: {port: 7079}\n            periodSeconds: 10", "native gRPC");
+  /* a TLS port probed by the kubelet's grpc probe, which speaks no TLS */
+  refused("coordinator.yaml", "grpc: {port: 7079}\n            periodSeconds: 5",
+          "grpc: {port: 7070}\n            periodSeconds: 5", "--health-listen");
   refused("submit-job.yaml", NULL,
           "---\napiVersion: v1\nkind: Secret\nmetadata: {name: fsdp-tokens}\n"
           "stringData: {user.token: hunter2}\n", "a Secret is inlined");

@@ -80,6 +80,16 @@ function projectRules(doc, where) {
     if (!(sc.capabilities?.drop || []).includes("ALL")) findings.push(`${w}: capabilities must drop ALL`);
     if (longRunning && !(c.livenessProbe?.grpc && c.readinessProbe?.grpc))
       findings.push(`${w}: needs native gRPC liveness and readiness probes (livenessProbe.grpc, readinessProbe.grpc)`);
+    // the kubelet's grpc: probe speaks no TLS: with --tls-cert the probes go
+    // to the plaintext --health-listen port
+    const args = c.args || [];
+    if (args.some((a) => a.startsWith("--tls-cert"))) {
+      const h = args.find((a) => a.startsWith("--health-listen="));
+      const port = h ? Number(h.split(":").pop()) : NaN;
+      for (const p of [c.livenessProbe, c.readinessProbe])
+        if (p?.grpc && p.grpc.port !== port)
+          findings.push(`${w}: serves TLS (--tls-cert), which the kubelet's grpc probe cannot speak: probe the plaintext --health-listen port (${h || "none given"})`);
+    }
     for (const e of c.env || [])
       if (/TOKEN|PASSWORD|SECRET|KEY/i.test(e.name) && !/_(FILE|PATH|DIR)$/i.test(e.name) &&
           e.value !== undefined)
