@@ -579,6 +579,10 @@ int64_t coord_job_step(coord_t *c, const store_job_t *j, double *loss, double *t
     /* rank 0's figures (they are the job's: the loss is averaged over ranks) */
     if (loss && (r->rank == 0 || heard == 1)) *loss = r->loss, *tokens_per_s = r->tokens_per_s;
   }
+  if (j->state == STORE_JOB_SUCCEEDED) { /* its ranks are forgotten: it did every step */
+    const coord_job_t *x = coord_job_info(c, j->id);
+    if (x) return x->steps;
+  }
   return heard < j->world_size || step < 0 ? 0 : step; /* a rank not heard from is at 0 */
 }
 

@@ -614,6 +614,11 @@ Test(coordinator, a_restarted_coordinator_keeps_the_running_job_and_fences_old_e
   cr_assert_eq(report_exit(&n, id, 1, 0, 0), 0, "%s", err_msg());
   cr_assert_eq(report_exit(&n, id, 1, 1, 0), 0, "%s", err_msg());
   cr_expect_eq(job_state(id, NULL, 0), FSDP__V1__JOB_STATE__JOB_STATE_SUCCEEDED);
+  /* a job that succeeded did every step, though its ranks' reports are gone */
+  Fsdp__V1__GetJobReply *gj = get_job(id);
+  cr_expect(gj->job->total_steps > 0 && gj->job->step == gj->job->total_steps, "step %lld of %u",
+            (long long)gj->job->step, gj->job->total_steps);
+  reply_free(gj);
   /* an older epoch is refused: a rendezvous of attempt 1 after the job ended */
   Fsdp__V1__RendezvousRequest q = FSDP__V1__RENDEZVOUS_REQUEST__INIT;
   q.job_id = id, q.attempt = 1, q.group = "world", q.group_size = 2, q.node_id = n.id;
