@@ -119,15 +119,14 @@ Test(fault, a_stalled_rank_is_named_by_every_other_rank) {
   strike_during_a_step("SIGSTOP", SIGSTOP);
 }
 
-/* One rank with a model of 3 layers instead of 2: after the units both
- * models have, it gathers a unit the others do not have. Nothing compares
- * the ranks' configs first, so the ring's header check must catch it, in
- * the first step: the bound is the usual one plus 10 s for starting up
- * (rank 0's own lines reach its log only at its first step's flush, so
- * there is no earlier event to time from). */
-Test(fault, divergent_collectives_stop_every_rank) {
+/* One rank with a model of 3 layers instead of 2: the ranks compare their
+ * options at open (train_same_job) and every rank stops there, saying so,
+ * before a collective could diverge (the ring's own check of diverged
+ * collectives, behind it, is test_comm's); the bound is the usual one plus
+ * 10 s for starting up. */
+Test(fault, a_rank_given_another_model_stops_every_rank_at_open) {
   const char *rank_args[3] = {[VICTIM] = "--layers 3"};
   double t0 = tu_now_s();
   start_world(rank_args);
-  expect_failed_ranks("divergent", -1, t0, 10.0 + BOUND_S, "collectives diverged");
+  expect_failed_ranks("divergent", -1, t0, 10.0 + BOUND_S, "not given the same job");
 }
