@@ -672,6 +672,19 @@ Test(coordinator, text_clients_read_is_utf8) {
   }
 }
 
+/* A WatchJob stream on job id (deadline_s) and its first message (free it). */
+static rpc_stream_t *watch_first(const char *id, double deadline_s, Fsdp__V1__JobProgress **first) {
+  Fsdp__V1__WatchJobRequest q = FSDP__V1__WATCH_JOB_REQUEST__INIT;
+  q.job_id = (char *)id;
+  rpc_stream_t *ws;
+  cr_assert_eq(rpc_stream_open(cl, &ws, "/fsdp.v1.Coordinator/WatchJob", &q.base, deadline_s), 0,
+               "%s", err_msg());
+  ProtobufCMessage *m = NULL;
+  cr_assert_eq(rpc_stream_next(ws, &fsdp__v1__job_progress__descriptor, &m), 1, "%s", err_msg());
+  *first = (Fsdp__V1__JobProgress *)m;
+  return ws;
+}
+
 /* A node's heartbeat counts only for ranks the store placed on it in a live
  * attempt: another node's rank, or thousands of ranks of no job (one node
  * token is all a node needs), leave nothing behind and cost the loop
@@ -718,15 +731,10 @@ Test(coordinator, a_node_reports_only_its_own_ranks) {
     cr_expect_eq(g->job->ranks[i]->loss, i ? 9.5f : 1.5f, "rank %zu", i);
   }
   reply_free(g);
-  Fsdp__V1__WatchJobRequest wq = FSDP__V1__WATCH_JOB_REQUEST__INIT;
-  wq.job_id = id;
-  rpc_stream_t *ws;
-  cr_assert_eq(rpc_stream_open(cl, &ws, "/fsdp.v1.Coordinator/WatchJob", &wq.base, 10), 0, "%s",
-               err_msg());
-  ProtobufCMessage *pm = NULL;
-  cr_assert_eq(rpc_stream_next(ws, &fsdp__v1__job_progress__descriptor, &pm), 1, "%s", err_msg());
-  cr_expect_eq(((Fsdp__V1__JobProgress *)pm)->loss, 1.5, "the job's loss is rank 0's");
-  protobuf_c_message_free_unpacked(pm, NULL);
+  Fsdp__V1__JobProgress *pm;
+  rpc_stream_t *ws = watch_first(id, 10, &pm);
+  cr_expect_eq(pm->loss, 1.5, "the job's loss is rank 0's");
+  reply_free(pm);
   rpc_stream_close(ws);
   free(rs), free(rp), free(ids);
   /* a node of 5,000 devices is not a node */
@@ -1816,14 +1824,10 @@ Test(coordinator, a_watch_ends_when_the_coordinator_stops_answering, .timeout = 
   data_opt(d, sizeof d);
   const char *kv[] = {"model=tiny", d, NULL};
   cr_assert_eq(submit(1, kv, id, sizeof id), 0, "%s", err_msg()); /* no node: it waits */
-  Fsdp__V1__WatchJobRequest q = FSDP__V1__WATCH_JOB_REQUEST__INIT;
-  q.job_id = id;
-  rpc_stream_t *ws;
-  cr_assert_eq(rpc_stream_open(cl, &ws, "/fsdp.v1.Coordinator/WatchJob", &q.base, 600), 0, "%s",
-               err_msg());
+  Fsdp__V1__JobProgress *first;
+  rpc_stream_t *ws = watch_first(id, 600, &first);
+  reply_free(first);
   ProtobufCMessage *m = NULL;
-  cr_assert_eq(rpc_stream_next(ws, &fsdp__v1__job_progress__descriptor, &m), 1, "%s", err_msg());
-  protobuf_c_message_free_unpacked(m, NULL);
   /* quiet for 3.5 s (a node comes then, from a thread): the pings go on
    * without data and are welcome, so the stream is there to tell of the
    * placement */
