@@ -33,9 +33,19 @@ static int comm_boot_split_list(comm_boot_t *b, const char *list, const char *wh
   }
   memcpy(copy, list, len + 1);
   int n = 0;
-  char *save = NULL;
-  for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save), n++)
+  /* every field counts, an empty one too (strtok would skip it and take
+   * "a,,b" for two addresses) */
+  for (char *t = copy, *next; t; t = next, n++) {
+    next = strchr(t, ',');
+    if (next) *next++ = 0;
+    if (!*t) {
+      free(a);
+      free(copy);
+      return err_set(FSDP_EINVAL, "%s: address %d is empty (\"%.200s\"); give one host:port "
+                     "per rank, separated by single commas", what, n, list);
+    }
     if (n < b->world) a[n] = t;
+  }
   if (n != b->world) {
     free(a);
     free(copy);

@@ -50,6 +50,8 @@ Test(boot, a_bad_environment_names_the_variable) {
       {"2", "1", "a:1,b:2", NULL, "FSDP_LISTEN_FD"},
       {"3", "1", "a:1,b:2", "3", "FSDP_ADDRS: 2 addresses for a world of 3"},
       {"2", "1", "a:1,b:2,c:3", "3", "FSDP_ADDRS: 3 addresses for a world of 2"},
+      {"2", "1", "a:1,,b:2", "3", "FSDP_ADDRS: address 1 is empty"},
+      {"2", "1", "a:1,", "3", "FSDP_ADDRS: address 1 is empty"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     env_clear();
