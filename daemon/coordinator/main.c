@@ -223,6 +223,11 @@ int main(int argc, char **argv) {
   }
   if (geteuid() == 0)
     LOG_WARN("coord", "running as root: the coordinator needs no privilege; run it as its own user");
+  /* open access is fine on loopback (one machine, the demo), not beyond it */
+  if (!o.user_token_file && strncmp(o.listen, "127.", 4) && strncmp(o.listen, "[::1]", 5) &&
+      strncmp(o.listen, "localhost:", 10) && strncmp(o.listen, "unix:", 5))
+    LOG_WARN("coord", "no tokens: anyone who can reach %s may submit and cancel jobs and register "
+             "nodes; give --user-token-file and --node-token-file (docs/OPERATIONS.md)", o.listen);
   signal(SIGPIPE, SIG_IGN);
   grpc_init();
   uv_loop_t loop;

@@ -246,6 +246,20 @@ static int resume(const char *id) {
   return rc;
 }
 
+/* A coordinator open to the network without tokens says so at start; on
+ * loopback (one machine, the demo) it does not. */
+Test(coordinator, open_access_beyond_loopback_is_warned_of) {
+  char cmd[2400], out[8192];
+  for (int k = 0; k < 2; k++) {
+    snprintf(cmd, sizeof cmd, "timeout 1 %s/bin/fsdp-coordinator --db '%s/open%d.db' --root '%s' "
+             "--listen %s 2>&1; true", tu_root(), tu_tmpdir(), k, tu_tmpdir(),
+             k ? "127.0.0.1:0" : "0.0.0.0:0");
+    tu_sh(cmd, out, sizeof out);
+    cr_assert(strstr(out, "serving on port"), "%s", out);
+    cr_assert_eq(strstr(out, "no tokens: anyone who can reach 0.0.0.0:0") != NULL, !k, "%s", out);
+  }
+}
+
 /* --health-listen: gRPC health alone, in plaintext and without a token (the
  * kubelet's grpc probe can do neither TLS nor tokens), while the service
  * itself requires tokens; nothing else is served there. */
