@@ -92,6 +92,13 @@ int rpc__read_file(const char *path, const char *what, size_t max, char **out, s
   return 0;
 }
 
+const char *rpc__token_flaw(const char *t, size_t n) {
+  if (!n) return "is empty";
+  for (size_t i = 0; i < n; i++) /* it travels in an HTTP/2 header value */
+    if (t[i] < 0x21 || t[i] > 0x7e) return "holds a space or a byte that is not printable ASCII";
+  return NULL;
+}
+
 int rpc__read_token(const char *path, char **token) {
   size_t n;
   int rc = rpc__read_file(path, "token file", RPC_TOKEN_MAX, token, &n);
@@ -99,10 +106,7 @@ int rpc__read_token(const char *path, char **token) {
   char *t = *token;
   while (n && (t[n - 1] == '\n' || t[n - 1] == '\r' || t[n - 1] == ' ' || t[n - 1] == '\t'))
     t[--n] = 0;
-  const char *why = NULL;
-  if (!n) why = "is empty";
-  for (size_t i = 0; i < n && !why; i++) /* it travels in an HTTP/2 header value */
-    if (t[i] < 0x21 || t[i] > 0x7e) why = "holds a space or a byte that is not printable ASCII";
+  const char *why = rpc__token_flaw(t, n);
   if (why) {
     free(t);
     *token = NULL;

@@ -34,8 +34,16 @@
  * with (else PERMISSION_DENIED: the caller is known, the call is not its to
  * make). The operator may call what a user may, and the methods registered
  * for the operator (cluster maintenance); a server given no operator token
- * lets users call those. Tokens are compared in constant time. TLS (server certificate and key; clients check it against a CA
- * file) when the paths are given; tokens over plaintext are for loopback. */
+ * lets users call those. Tokens are compared in constant time.
+ *
+ * Node tokens: the node token file holds one token every node sends, or
+ * lines "NAME TOKEN", a token per node. Then a node's token is its
+ * identity: rpc_call_node gives the name its token was listed with, and the
+ * handler checks the node acts only as itself (the coordinator does). With
+ * a shared token, a node's name is only what it says.
+ *
+ * TLS (server certificate and key; clients check it against a CA file) when
+ * the paths are given; tokens over plaintext are for loopback. */
 #ifndef FSDP_RPC_H
 #define FSDP_RPC_H
 
@@ -67,7 +75,7 @@ typedef struct rpc_call rpc_call_t;
 typedef struct rpc_server_opts {
   const char *addr;            /* "127.0.0.1:0", "0.0.0.0:7070", "unix:/path" */
   const char *user_token_file; /* both or neither (see above) */
-  const char *node_token_file;
+  const char *node_token_file; /* one token, or "NAME TOKEN" lines (see above) */
   const char *operator_token_file; /* optional, only with the two above */
   const char *tls_cert_file;   /* PEM certificate chain and key: both or neither */
   const char *tls_key_file;
@@ -136,6 +144,9 @@ void rpc_call_on_cancel(rpc_call_t *call, rpc_cancel_cb cb, void *arg);
 const char *rpc_call_method(const rpc_call_t *call);
 /* The role the caller's token gave (RPC_ROLE_*; 0 when auth is off). */
 unsigned rpc_call_role(const rpc_call_t *call);
+/* The node the caller's token belongs to, from a per-node token file; NULL
+ * when the node token is shared, auth is off, or the caller is no node. */
+const char *rpc_call_node(const rpc_call_t *call);
 
 /* ---- client ----------------------------------------------------------------- */
 

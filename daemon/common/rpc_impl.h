@@ -19,6 +19,8 @@ int rpc__read_file(const char *path, const char *what, size_t max, char **out, s
 /* Reads a token file: trailing whitespace dropped; empty, over RPC_TOKEN_MAX
  * or holding bytes that cannot go in a header: refused. */
 int rpc__read_token(const char *path, char **token);
+/* Why n bytes at t cannot be a token ("is empty", ...), or NULL when they can. */
+const char *rpc__token_flaw(const char *t, size_t n);
 /* Frees a buffer that held a secret, after overwriting it. */
 void rpc__free_secret(char *p);
 /* A message packed into a new byte buffer (NULL when out of memory). */

@@ -295,6 +295,7 @@ void coord_ckpt_report_cb(rpc_call_t *call, const ProtobufCMessage *req, void *a
   else if (q->rank >= (uint32_t)(x->mesh.replicas * x->mesh.shards) || q->step < 0)
     rc = err_set(FSDP_EINVAL, "rank %u, step %" PRId64 ": out of range for job j-%lld", q->rank,
                  q->step, (long long)job);
+  if (!rc) rc = coord_rank_is_callers(c, call, q->node_id, job, q->attempt, (int)q->rank);
   if (!rc) rc = coord_ckpt_sum(q->checksum, &sum);
   shard_place_t pl = {0};
   char dir[STORE_PATH_MAX], want[STORE_PATH_MAX + CKPT_NAME_MAX + 1], name[CKPT_NAME_MAX];

@@ -247,6 +247,14 @@ Fsdp__V1__JobState coord_job_state(store_job_state_t s);
 /* coord_ckpt.c: ReportCheckpointShard and ListCheckpoints, and the
  * periodic work (commits a restart left, timeouts, removing aborted files) */
 void coord_ckpt_report_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg);
+
+/* coord_rpc.c, for coord_ckpt.c: a node's call about world rank `rank` of
+ * job's attempt epoch is the node's to make. The rank must be placed on the
+ * node the request names (node_id; else ENOTFOUND: the node gives up on
+ * it), and with per-node tokens that node must be the caller's (else
+ * EPERM). */
+int coord_rank_is_callers(coord_t *c, rpc_call_t *call, const char *node_id, int64_t job,
+                          int64_t epoch, int rank);
 void coord_ckpt_list_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg);
 void coord_ckpt_janitor(coord_t *c);
 /* Keeps the newest keep committed checkpoints of job (keep <= 0: all),

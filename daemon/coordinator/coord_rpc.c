@@ -715,11 +715,34 @@ static int coord_kind(const char *s, store_dev_kind_t *k) {
   return err_set(FSDP_EINVAL, "devices: kind '%.32s'; cpu or cuda", s);
 }
 
+int coord_rank_is_callers(coord_t *c, rpc_call_t *call, const char *node_id, int64_t job,
+                          int64_t epoch, int rank) {
+  int64_t on = 0;
+  char name[STORE_NAME_MAX];
+  int rc = store_rank_node(c->st, job, epoch, rank, &on, name, sizeof name);
+  if (rc) return rc;
+  const char *me = rpc_call_node(call);
+  if (me && strcmp(me, name))
+    return err_set(FSDP_EPERM, "rank %d of job j-%lld attempt %lld runs on node %s, and this "
+                   "caller's token is node %.127s's: a node speaks only for its own ranks", rank,
+                   (long long)job, (long long)epoch, name, me);
+  if (coord_id_parse(node_id, 'n') != on)
+    return err_set(FSDP_ENOTFOUND, "node_id: '%.64s': rank %d of job j-%lld attempt %lld runs on "
+                   "node n-%lld (%s), not there", node_id, rank, (long long)job, (long long)epoch,
+                   (long long)on, name);
+  return 0;
+}
+
 static void coord_register_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
   coord_t *c = arg;
   const Fsdp__V1__RegisterNodeRequest *q = (const void *)req;
   int rc = coord_text_ok("hostname", q->hostname, STORE_NAME_MAX - 1);
   if (!rc && !q->hostname[0]) rc = err_set(FSDP_EINVAL, "hostname: empty; fsdpd sends its --name");
+  const char *me = rpc_call_node(call);
+  if (!rc && me && strcmp(me, q->hostname))
+    rc = err_set(FSDP_EPERM, "hostname: '%s', but this node's token is node %.127s's: a node "
+                 "registers only under its own name (fsdpd --name %.127s), or it needs its own "
+                 "line in the coordinator's node token file", q->hostname, me, me);
   if (!rc) rc = coord_text_ok("address", q->address, STORE_ADDR_MAX - 1);
   if (!rc && q->n_devices > COORD_NODE_DEVICES_MAX)
     rc = err_set(FSDP_EINVAL, "devices: %zu; a node has at most %d (fsdpd --devices)",
@@ -861,15 +884,40 @@ static void coord_heartbeat_cb(rpc_call_t *call, const ProtobufCMessage *req, vo
   coord_node_hold(c, n, call);
 }
 
+/* The world rank of a rendezvous request's group rank, its group ("world",
+ * "shard/<i>": replica i's ranks, "replica/<j>": the ranks holding shard j)
+ * and size checked against the job's mesh. */
+static int coord_group_rank(coord_t *c, int64_t job, const Fsdp__V1__RendezvousRequest *q, int *w) {
+  const coord_job_t *x = coord_job_info(c, job);
+  if (!x) return err_set(FSDP_ENOTFOUND, "job j-%lld: not a job of this coordinator", (long long)job);
+  const int R = x->mesh.replicas, S = x->mesh.shards;
+  int i = -1, end = 0, size;
+  char kind = 0;
+  if (!strcmp(q->group, "world")) kind = 'w', size = R * S;
+  else if (sscanf(q->group, "shard/%d%n", &i, &end) == 1 && !q->group[end] && i >= 0 && i < R)
+    kind = 's', size = S;
+  else if (sscanf(q->group, "replica/%d%n", &i, &end) == 1 && !q->group[end] && i >= 0 && i < S)
+    kind = 'r', size = R;
+  else
+    return err_set(FSDP_EINVAL, "group: '%s': not a group of job j-%lld's %dx%d mesh (world, "
+                   "shard/<0..%d>, replica/<0..%d>)", q->group, (long long)job, R, S, R - 1, S - 1);
+  if (q->group_size != (uint32_t)size || q->rank >= q->group_size)
+    return err_set(FSDP_EINVAL, "rank %u of group_size %u: group %s of job j-%lld has %d ranks",
+                   q->rank, q->group_size, q->group, (long long)job, size);
+  const int r = (int)q->rank;
+  *w = kind == 'w' ? r : kind == 's' ? i * S + r : r * S + i;
+  return 0;
+}
+
 static void coord_rendezvous_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
   coord_t *c = arg;
   const Fsdp__V1__RendezvousRequest *q = (const void *)req;
   int64_t job = coord_id_parse(q->job_id, 'j');
   int rc = job ? FSDP_OK : err_set(FSDP_ENOTFOUND, "job_id: '%.64s' is not a job id", q->job_id);
   if (!rc) rc = coord_text_ok("group", q->group, 63);
-  if (!rc && (q->group_size < 1 || q->group_size > 4096 || q->rank >= q->group_size))
-    rc = err_set(FSDP_EINVAL, "rank %u of group_size %u: a group has 1 to 4096 ranks", q->rank,
-                 q->group_size);
+  int world_rank = 0;
+  if (!rc) rc = coord_group_rank(c, job, q, &world_rank);
+  if (!rc) rc = coord_rank_is_callers(c, call, q->node_id, job, q->attempt, world_rank);
   if (!rc) rc = store_rendezvous_put(c->st, job, q->attempt, q->group, (int)q->rank,
                                      q->payload.data, q->payload.len);
   store_rendezvous_t r = {0};
@@ -893,13 +941,15 @@ static void coord_rank_exit_cb(rpc_call_t *call, const ProtobufCMessage *req, vo
   const Fsdp__V1__ReportRankExitRequest *q = (const void *)req;
   int64_t job = coord_id_parse(q->job_id, 'j');
   int status = q->term_signal ? -q->term_signal : q->exit_status;
-  if (q->node_stopping) { /* before the verdict: a requeued job must not land there again */
+  int rc = !job ? err_set(FSDP_ENOTFOUND, "job_id: '%.64s' is not a job id", q->job_id)
+           : q->rank > INT32_MAX ? err_set(FSDP_ENOTFOUND, "rank %u: no such rank", q->rank)
+                                 : coord_rank_is_callers(c, call, q->node_id, job, q->attempt, (int)q->rank);
+  if (!rc && q->node_stopping) { /* before the verdict: a requeued job must not land there again */
     coord_node_t *n = coord_node_get(c, coord_id_parse(q->node_id, 'n'), 0);
     if (n) n->stopping = 1;
   }
   store_attempt_verdict_t verdict = STORE_ATTEMPT_GOING;
-  int rc = job ? store_rank_exit(c->st, job, q->attempt, (int)q->rank, status, &verdict)
-               : err_set(FSDP_ENOTFOUND, "job_id: '%.64s' is not a job id", q->job_id);
+  if (!rc) rc = store_rank_exit(c->st, job, q->attempt, (int)q->rank, status, &verdict);
   if (rc) {
     rpc_call_finish(call, rc);
     return;

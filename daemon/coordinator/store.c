@@ -1693,6 +1693,28 @@ int store_free_devices(store_t *st, store_device_t **devices, int *n) {
   return store_end(st, rc);
 }
 
+int store_rank_node(store_t *st, int64_t job_id, int64_t epoch, int rank, int64_t *node_id,
+                    char *name, size_t name_cap) {
+  *node_id = 0;
+  if (name_cap) name[0] = 0;
+  int rc = store_begin(st, 0);
+  if (rc) return rc;
+  sqlite3_stmt *s = st_query(st,
+                             "SELECT nodes.id, nodes.name FROM ranks JOIN nodes ON nodes.id = "
+                             "ranks.node_id WHERE ranks.job_id = ? AND ranks.epoch = ? AND "
+                             "ranks.rank = ?",
+                             A_I(job_id), A_I(epoch), A_I(rank));
+  if (st_step(st, s) == 1) {
+    *node_id = sqlite3_column_int64(s, 0);
+    st_col_text(s, 1, name, name_cap);
+    sqlite3_reset(s);
+  } else if (!st->rc) {
+    rc = err_set(FSDP_ENOTFOUND, "job j-%lld attempt %lld has no rank %d", (long long)job_id,
+                 (long long)epoch, rank);
+  }
+  return store_end(st, rc);
+}
+
 int store_ranks_of_node(store_t *st, int64_t node_id, store_rank_t **ranks, int *n) {
   int rc = store_begin(st, 0);
   if (rc) return rc;

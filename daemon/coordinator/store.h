@@ -421,6 +421,10 @@ void store_nodes_touched(store_t *st, int64_t **ids, int *n, int *all);
 void store_nodes_free(store_node_t *nodes, int n);
 /* Devices no job holds, on ALIVE nodes, by (node, index). */
 int store_free_devices(store_t *st, store_device_t **devices, int *n);
+/* The node rank `rank` of job's attempt epoch was placed on: its id and
+ * name (name_cap bytes at most). ENOTFOUND when the attempt has no such rank. */
+int store_rank_node(store_t *st, int64_t job_id, int64_t epoch, int rank, int64_t *node_id,
+                    char *name, size_t name_cap);
 /* The ranks placed on a node by running jobs' current attempts, still
  * ASSIGNED or RUNNING: what it should be running (reconciling after a
  * coordinator restart, or when the node re-registers). */

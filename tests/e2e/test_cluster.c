@@ -668,3 +668,28 @@ Test(cluster, tokens_let_the_node_register_and_the_user_in) {
   unsetenv("FSDP_TOKEN_FILE");
   free(ut), free(nt), free(db);
 }
+
+/* With a token per node, fsdpd "own" registers with its own token and a
+ * 2-rank job on it runs to the end: its rendezvous, exits and the rank
+ * reports all pass as its own. */
+Test(cluster, with_a_token_per_node_a_job_runs_to_the_end) {
+  cluster_stop(&coord, SIGTERM);
+  char *ut = tu_path("user.token"), *nt = tu_path("nodes.tokens"), *mine = tu_path("own.token");
+  char *db = tu_path("pernode.db");
+  tu_write_file(ut, "user-secret-1234567890\n", 23);
+  const char *table = "other other-secret-1\nown own-secret-2\n";
+  tu_write_file(nt, table, strlen(table));
+  tu_write_file(mine, "own-secret-2\n", 13);
+  char extra[1400], out[8192], opt[700];
+  snprintf(extra, sizeof extra, "--heartbeat-timeout-ms %d --user-token-file '%s' --node-token-file '%s'",
+           TIMEOUT_MS, ut, nt);
+  cluster_coord_start(&coord, db, "127.0.0.1:0", extra);
+  setenv("FSDP_TOKEN_FILE", ut, 1);
+  snprintf(opt, sizeof opt, "--token-file '%s'", mine);
+  cluster_fsdpd_start(&node[0], coord.addr, "own", 2, opt);
+  char *conf = job_file("pernode.conf", "steps = 3\n");
+  const char *id = submit(conf, "--ranks 2");
+  cr_expect(wait_state(id, "SUCCEEDED", 60), "%s", state_of(id, out, sizeof out));
+  unsetenv("FSDP_TOKEN_FILE");
+  free(ut), free(nt), free(mine), free(db), free(conf);
+}

@@ -751,6 +751,20 @@ Test(coordinator, a_node_reports_only_its_own_ranks) {
   reply_free(pm);
   rpc_stream_close(ws);
   free(rs), free(rp), free(ids);
+  /* nor may beta end alpha's ranks, or publish their ring addresses */
+  cr_expect_eq(report_exit(&b, id, 1, 0, 1), FSDP_ENOTFOUND, "%s", err_msg());
+  cr_expect(strstr(err_msg(), "runs on node") && strstr(err_msg(), "alpha"), "%s", err_msg());
+  Fsdp__V1__RendezvousRequest rq = FSDP__V1__RENDEZVOUS_REQUEST__INIT;
+  rq.job_id = id, rq.attempt = 1, rq.group = "world", rq.group_size = 2, rq.node_id = b.id;
+  rq.rank = 0, rq.payload.data = (uint8_t *)"10.0.0.66:1", rq.payload.len = 11;
+  Fsdp__V1__RendezvousReply *rr = NULL;
+  cr_expect_eq(CALL("Rendezvous", rq, rendezvous_reply, &rr), FSDP_ENOTFOUND, "%s", err_msg());
+  rq.node_id = a.id, rq.group = "shard/1"; /* a 1x2 mesh has shard group 0 only */
+  cr_expect_eq(CALL("Rendezvous", rq, rendezvous_reply, &rr), FSDP_EINVAL, "%s", err_msg());
+  cr_expect(strstr(err_msg(), "shard/<0..0>"), "%s", err_msg());
+  rq.group = "world", rq.group_size = 1; /* a group smaller than it is would complete early */
+  cr_expect_eq(CALL("Rendezvous", rq, rendezvous_reply, &rr), FSDP_EINVAL, "%s", err_msg());
+  cr_expect_eq(job_state(id, NULL, 0), FSDP__V1__JOB_STATE__JOB_STATE_RUNNING);
   /* a node of 5,000 devices is not a node */
   Fsdp__V1__Device dev = FSDP__V1__DEVICE__INIT, **dp = calloc(5000, sizeof *dp);
   cr_assert_not_null(dp);
@@ -762,6 +776,66 @@ Test(coordinator, a_node_reports_only_its_own_ranks) {
   cr_expect_eq(CALL("RegisterNode", q, register_node_reply, &r), FSDP_EINVAL);
   cr_expect(strstr(err_msg(), "at most 4096"), "%s", err_msg());
   free(dp);
+}
+
+/* Per-node tokens: a node's token is its identity. It registers only
+ * under its own name, and speaks (exits, rendezvous) only for its ranks. */
+Test(coordinator, with_a_token_per_node_a_node_acts_only_as_itself) {
+  teardown();
+  char *u = tu_path("user.token"), *nt = tu_path("nodes.tokens"), *db = tu_path("pernode.db");
+  char *ta = tu_path("alpha.token"), *tb = tu_path("beta.token");
+  tu_write_file(u, "user-secret-1234567890\n", 23);
+  const char *table = "# name token\nalpha  alpha-secret-111\n\nbeta\tbeta-secret-222\n";
+  tu_write_file(nt, table, strlen(table));
+  tu_write_file(ta, "alpha-secret-111\n", 17);
+  tu_write_file(tb, "beta-secret-222\n", 16);
+  char extra[1400];
+  snprintf(extra, sizeof extra, "--user-token-file '%s' --node-token-file '%s'", u, nt);
+  co_start(db, "127.0.0.1:0", extra);
+  node_t a = {{0}, 0}, b = {{0}, 0};
+  client_for(&co, ta);
+  Fsdp__V1__RegisterNodeRequest q = FSDP__V1__REGISTER_NODE_REQUEST__INIT;
+  q.hostname = "beta", q.address = "127.0.0.1:9", q.node_id = "";
+  Fsdp__V1__RegisterNodeReply *r = NULL;
+  cr_expect_eq(CALL("RegisterNode", q, register_node_reply, &r), FSDP_EPERM, "alpha became beta");
+  cr_expect(strstr(err_msg(), "registers only under its own name"), "%s", err_msg());
+  node_register(&a, "alpha", 2, 8ull << 30, NULL, 0);
+  client_for(&co, tb);
+  node_register(&b, "beta", 2, 8ull << 30, NULL, 0);
+  char d[600], id[32];
+  data_opt(d, sizeof d);
+  const char *kv[] = {"model=tiny", d, NULL};
+  client_for(&co, u);
+  cr_assert_eq(submit(2, kv, id, sizeof id), 0, "%s", err_msg());
+  client_for(&co, ta);
+  int got = collect(&a, id, 2, NULL);
+  client_for(&co, tb);
+  got += collect(&b, id, 2 - got, NULL); /* whichever node it landed on */
+  cr_assert_eq(got, 2);
+  node_t *on = NULL, *off = NULL;
+  Fsdp__V1__GetJobReply *g = NULL;
+  client_for(&co, u);
+  g = get_job(id);
+  on = !strcmp(g->job->ranks[0]->node_id, a.id) ? &a : &b, off = on == &a ? &b : &a;
+  reply_free(g);
+  /* the other node, even naming the right node, is refused: its token says who it is */
+  client_for(&co, off == &a ? ta : tb);
+  cr_expect_eq(report_exit(on, id, 1, 0, 1), FSDP_EPERM, "%s", err_msg());
+  cr_expect(strstr(err_msg(), "speaks only for its own ranks"), "%s", err_msg());
+  Fsdp__V1__RendezvousRequest rq = FSDP__V1__RENDEZVOUS_REQUEST__INIT;
+  rq.job_id = id, rq.attempt = 1, rq.group = "world", rq.group_size = 2, rq.node_id = on->id;
+  rq.rank = 1, rq.payload.data = (uint8_t *)"10.0.0.66:1", rq.payload.len = 11;
+  Fsdp__V1__RendezvousReply *rr = NULL;
+  cr_expect_eq(CALL("Rendezvous", rq, rendezvous_reply, &rr), FSDP_EPERM, "%s", err_msg());
+  client_for(&co, u);
+  cr_expect_eq(job_state(id, NULL, 0), FSDP__V1__JOB_STATE__JOB_STATE_RUNNING);
+  /* its own node's report counts */
+  client_for(&co, on == &a ? ta : tb);
+  cr_expect_eq(report_exit(on, id, 1, 0, 1), 0, "%s", err_msg());
+  client_for(&co, u);
+  cr_expect_eq(job_state(id, NULL, 0), FSDP__V1__JOB_STATE__JOB_STATE_FAILED,
+               "rank 0 failed, and max_restarts is 0");
+  free(u), free(nt), free(db), free(ta), free(tb);
 }
 
 Test(coordinator, rendezvous_answers_when_the_group_is_complete) {
@@ -957,6 +1031,23 @@ static int ckpt_wait_removed(const char *job, int64_t step, const char *dir) {
 #define CK_OPEN FSDP__V1__CHECKPOINT_STATE__CHECKPOINT_STATE_OPEN
 #define CK_COMMITTED FSDP__V1__CHECKPOINT_STATE__CHECKPOINT_STATE_COMMITTED
 #define CK_ABORTED FSDP__V1__CHECKPOINT_STATE__CHECKPOINT_STATE_ABORTED
+
+/* A checkpoint shard is reported by the node its rank runs on, and no other. */
+Test(coordinator, a_shard_is_reported_only_by_its_ranks_node) {
+  node_t n = {{0}, 0}, other = {{0}, 0};
+  char d[600], ck[600], ckopt[700], id[32], path[800], sum[64];
+  ckpt_job_start(&n, "model=tiny", "keep_checkpoints=2", d, ck, ckopt, id);
+  node_register(&other, "other", 2, 8ull << 30, NULL, 0);
+  uint64_t bytes;
+  write_shard_of("tiny", ck, 10, 0, 2, path, sizeof path, &bytes, sum, sizeof sum);
+  cr_expect_eq(report_shard(&other, id, 0, 10, path, bytes, sum, NULL), FSDP_ENOTFOUND, "%s",
+               err_msg());
+  cr_expect(strstr(err_msg(), "runs on node") && strstr(err_msg(), "solo"), "%s", err_msg());
+  cr_expect_eq(ckpt_state(id, 10, NULL, 0), FSDP__V1__CHECKPOINT_STATE__CHECKPOINT_STATE_UNSPECIFIED,
+               "the other node's report opened a checkpoint");
+  cr_expect_eq(report_shard(&n, id, 0, 10, path, bytes, sum, NULL), 0, "%s", err_msg());
+  cr_expect_eq(ckpt_state(id, 10, NULL, 0), FSDP__V1__CHECKPOINT_STATE__CHECKPOINT_STATE_OPEN);
+}
 
 /* Shard reports: the path is the coordinator's to know; the last shard
  * commits (the manifest is there); a coordinator SIGKILLed between two

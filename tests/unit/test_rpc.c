@@ -29,6 +29,7 @@
 #define LIST_NODES "/fsdp.v1.Coordinator/ListNodes"
 #define HEARTBEAT "/fsdp.v1.Coordinator/Heartbeat"
 #define DRAIN_NODE "/fsdp.v1.Coordinator/DrainNode"
+#define REGISTER_NODE "/fsdp.v1.Coordinator/RegisterNode"
 #define HEALTH "/grpc.health.v1.Health/Check"
 #define WATCH_N 40
 
@@ -140,6 +141,14 @@ static void h_drain_node(rpc_call_t *call, const ProtobufCMessage *m, void *arg)
   rpc_call_reply(call, &rep.base);
 }
 
+/* RegisterNode: a node method; the reply's node_id is the node the token named. */
+static void h_register_node(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
+  (void)m, (void)arg;
+  Fsdp__V1__RegisterNodeReply rep = FSDP__V1__REGISTER_NODE_REPLY__INIT;
+  rep.node_id = rpc_call_node(call) ? (char *)rpc_call_node(call) : "(none)";
+  rpc_call_reply(call, &rep.base);
+}
+
 /* ---- the server, on a loop in its own thread ----------------------------------- */
 
 static struct {
@@ -191,6 +200,8 @@ static int add_methods(rpc_server_t *s) {
        0, RPC_ROLE_NODE, h_heartbeat, NULL},
       {DRAIN_NODE, &fsdp__v1__drain_node_request__descriptor,
        &fsdp__v1__drain_node_reply__descriptor, 0, RPC_ROLE_OPERATOR, h_drain_node, NULL},
+      {REGISTER_NODE, &fsdp__v1__register_node_request__descriptor,
+       &fsdp__v1__register_node_reply__descriptor, 0, RPC_ROLE_NODE, h_register_node, NULL},
   };
   return rpc_server_add_all(s, m, sizeof m / sizeof m[0]);
 }
@@ -604,6 +615,88 @@ Test(rpc, operator_role, .timeout = 30) {
   cr_assert_eq(srv_try(&same), FSDP_ENOENT);
   cr_assert(strstr(F.err, "/nonexistent/op.token"), "%s", F.err);
   free(opf);
+}
+
+/* The node RegisterNode's handler was told the caller is ("(none)": no
+ * name), or "" when the call failed (its code in *rc). */
+static void registered_as(rpc_client_t *c, char *who, size_t n, int *rc) {
+  Fsdp__V1__RegisterNodeRequest req = FSDP__V1__REGISTER_NODE_REQUEST__INIT;
+  Fsdp__V1__RegisterNodeReply *rep;
+  who[0] = 0;
+  *rc = rpc_client_call(c, REGISTER_NODE, &req.base, &fsdp__v1__register_node_reply__descriptor,
+                        (ProtobufCMessage **)&rep, 10);
+  if (!*rc) {
+    snprintf(who, n, "%s", rep->node_id);
+    protobuf_c_message_free_unpacked(&rep->base, NULL);
+  }
+}
+
+/* A node token file of "NAME TOKEN" lines: each token names its node to the
+ * handler; one shared token names none. Bad tables are refused by line. */
+Test(rpc, a_token_per_node_names_the_node, .timeout = 30) {
+  rpc_server_opts_t o = token_opts();
+  write_token("nodes.tokens", "# fsdpd --name, token\n\nalpha alpha-secret-1\n  beta\tbeta-secret-2  \r\n");
+  write_token("alpha.token", "alpha-secret-1\n");
+  write_token("beta.token", "beta-secret-2\n");
+  char *table = tu_path("nodes.tokens"), *ta = tu_path("alpha.token"), *tb = tu_path("beta.token");
+  char who[64];
+  int rc;
+  /* shared: a node, not a name */
+  srv_start(&o);
+  rpc_client_t *shared = client(o.node_token_file, NULL, NULL);
+  registered_as(shared, who, sizeof who, &rc);
+  cr_expect_eq(rc, 0, "%s", err_msg());
+  cr_expect_str_eq(who, "(none)");
+  rpc_client_destroy(shared);
+  srv_stop();
+
+  rpc_server_opts_t per = {.user_token_file = o.user_token_file, .node_token_file = table};
+  srv_start(&per);
+  rpc_client_t *a = client(ta, NULL, NULL), *b = client(tb, NULL, NULL);
+  rpc_client_t *user = client(o.user_token_file, NULL, NULL), *old = client(o.node_token_file, NULL, NULL);
+  registered_as(a, who, sizeof who, &rc);
+  cr_expect_str_eq(who, "alpha", "%s", err_msg());
+  registered_as(b, who, sizeof who, &rc);
+  cr_expect_str_eq(who, "beta", "%s", err_msg());
+  registered_as(user, who, sizeof who, &rc);
+  cr_expect_eq(rc, FSDP_EPERM, "a user registered a node");
+  registered_as(old, who, sizeof who, &rc);
+  cr_expect_eq(rc, FSDP_EAUTH, "the shared token is not in the table");
+  uint32_t iv = 0;
+  cr_expect_eq(heartbeat(b, &iv), 0, "%s", err_msg());
+  cr_expect_eq(iv, 1000, "beta's token is a node's");
+  expect_get_job_ok(user);
+  expect_idle();
+  rpc_client_destroy(a), rpc_client_destroy(b), rpc_client_destroy(user), rpc_client_destroy(old);
+  srv_stop();
+
+  static const struct {
+    const char *text, *says;
+  } bad[] = {
+      {"alpha alpha-secret-1\ngamma\n", "line 2 is not NAME TOKEN"},
+      {"alpha a-1 extra\n", "line 1 is not NAME TOKEN"},
+      {"alpha a-1\nalpha a-2\n", "line 2 gives node alpha the name of an earlier line"},
+      {"alpha a-1\nbeta a-1\n", "line 2 gives node beta the token of an earlier line"},
+      {"alpha user-secret-1234\n", "same token"},
+      {"# nobody yet\n\n", "no node in it"},
+      {"alpha a-\x01\n", "not printable ASCII"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    write_token("bad.tokens", bad[i].text);
+    char *p = tu_path("bad.tokens");
+    rpc_server_opts_t x = {.user_token_file = o.user_token_file, .node_token_file = p};
+    cr_expect_eq(srv_try(&x), FSDP_EINVAL, "case %zu", i);
+    cr_expect(strstr(F.err, bad[i].says) && strstr(F.err, p), "case %zu: %s", i, F.err);
+    free(p);
+  }
+  /* the operator's token is its own, not a node's */
+  write_token("op-is-beta.token", "beta-secret-2\n");
+  char *opb = tu_path("op-is-beta.token");
+  rpc_server_opts_t x = {.user_token_file = o.user_token_file, .node_token_file = table,
+                         .operator_token_file = opb};
+  cr_expect_eq(srv_try(&x), FSDP_EINVAL);
+  cr_expect(strstr(F.err, "holds the node token"), "%s", F.err);
+  free(opb), free(table), free(ta), free(tb);
 }
 
 Test(rpc, token_and_tls_files_are_checked_at_create, .timeout = 20) {
