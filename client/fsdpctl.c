@@ -659,6 +659,7 @@ out:
 /* ---- events: what status and events print ---------------------------------------------- */
 
 #define CTL_EVENTS_POLL_MS 1000 /* events --follow: how often it asks for new ones */
+#define CTL_LOGS_RESUMES 5      /* logs --follow: reopenings in a row with nothing read */
 #define CTL_JOBS_DEFAULT 1000   /* jobs: the newest this many unless --limit says */
 #define CTL_JOBS_PAGES 4096     /* jobs: pages asked for at most (each under 4 MiB) */
 #define CTL_STATUS_EVENTS 5     /* status: the job's latest events shown */
@@ -1287,22 +1288,37 @@ static int cmd_logs(ctl_t *c, int argc, char **argv) {
   req.follow = follow;
   req.offset = has_tail ? -(int64_t)tail : 0;
   int code = CTL_EXIT_OK;
-  /* --follow lasts until the user stops it; a plain read is bounded by --timeout */
-  if ((rc = rpc_client_create(&nc, &o)) ||
-      (rc = rpc_stream_open(nc, &st, "/fsdp.v1.Node/GetRankLogs", &req.base,
-                            follow ? CTL_FOREVER_S : c->timeout_s))) {
+  /* --follow lasts until the user stops it; a plain read is bounded by
+   * --timeout. A followed stream that breaks (fsdpd restarted, or the
+   * connection dropped while stdout was not read: a paused pager) is opened
+   * again where it stopped, a few times in a row at most. */
+  if ((rc = rpc_client_create(&nc, &o))) {
     code = ctl_fail_at(c, rc, addr, "logs of job %s rank %lu from node %s", job, rank, node);
   } else {
-    Fsdp__V1__LogChunk *ch;
-    while ((rc = rpc_stream_next(st, &fsdp__v1__log_chunk__descriptor, (ProtobufCMessage **)&ch)) == 1) {
-      fwrite(ch->data.data, 1, ch->data.len, stdout);
-      ctl_free(ch);
-      if ((code = ctl_stdout_check(c))) break;
+    for (int again = 0;; again++) {
+      int got = 0;
+      if (!(rc = rpc_stream_open(nc, &st, "/fsdp.v1.Node/GetRankLogs", &req.base,
+                                 follow ? CTL_FOREVER_S : c->timeout_s))) {
+        Fsdp__V1__LogChunk *ch;
+        while ((rc = rpc_stream_next(st, &fsdp__v1__log_chunk__descriptor, (ProtobufCMessage **)&ch)) == 1) {
+          fwrite(ch->data.data, 1, ch->data.len, stdout);
+          req.offset = ch->offset + (int64_t)ch->data.len, got = 1;
+          ctl_free(ch);
+          if ((code = ctl_stdout_check(c))) break;
+        }
+        rpc_stream_close(st);
+        st = NULL;
+      }
+      if (got) again = 0; /* it moved on: a fresh allowance */
+      if (code || !follow || rc != FSDP_EUNAVAILABLE || again >= CTL_LOGS_RESUMES) break;
+      fprintf(stderr, "fsdpctl: the log stream from node %s broke (%s); resuming at byte %lld\n",
+              node, err_msg(), (long long)(req.offset < 0 ? 0 : req.offset));
+      const long ms = 200L << (again < 3 ? again : 3); /* 0.2 s, doubling to 1.6 s */
+      nanosleep(&(struct timespec){ms / 1000, ms % 1000 * 1000000L}, NULL);
     }
     if (code) rc = 0; /* the failure is stdout's, printed */
     else if (rc) code = ctl_fail_at(c, rc, addr, "logs of job %s rank %lu from node %s", job, rank, node);
   }
-  rpc_stream_close(st);
   rpc_client_destroy(nc);
   free(addr);
   return code;
@@ -1366,7 +1382,8 @@ static const ctl_cmd_t ctl_cmds[] = {
      "  --rank R       which rank (default 0)\n"
      "  --attempt N    which attempt (default: the latest on that node)\n"
      "  --tail BYTES   only the last BYTES bytes\n"
-     "  --follow, -f   keep printing as the log grows (until interrupted)\n"},
+     "  --follow, -f   keep printing as the log grows (until interrupted); a stream\n"
+     "                 that breaks is opened again where it stopped\n"},
     {"cancel", cmd_cancel, "cancel JOB [--reason TEXT]",
      "Cancels a job: its ranks are stopped and its devices freed.\n"},
     {"resume", cmd_resume, "resume JOB",

@@ -415,11 +415,15 @@ static void h_export(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   rpc_call_finish(call, 0);
 }
 
-/* The Node service: three chunks of the log, in order. */
+/* The Node service: three chunks of the log, in order. Followed from the
+ * start, the stream breaks (UNAVAILABLE) after two; followed from an
+ * offset, it goes on from the line there and ends. */
 static void h_logs(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   (void)arg;
+  const Fsdp__V1__GetRankLogsRequest *req = (const void *)m;
   rec_put(rpc_call_method(call), m);
   static const char *const lines[] = {"step 1 loss 5.0\n", "step 2 loss 4.0\n", "step 3 loss 3.0\n"};
+  const int breaks = req->follow && req->offset <= 0;
   int64_t off = 0;
   for (int i = 0; i < 3; i++) {
     Fsdp__V1__LogChunk c = FSDP__V1__LOG_CHUNK__INIT;
@@ -427,6 +431,11 @@ static void h_logs(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
     c.data.data = (uint8_t *)lines[i];
     c.data.len = strlen(lines[i]);
     off += (int64_t)c.data.len;
+    if (req->follow && c.offset < req->offset) continue;
+    if (breaks && i == 2) {
+      rpc_call_finish(call, err_set(FSDP_EUNAVAILABLE, "the connection was lost"));
+      return;
+    }
     rpc_call_send(call, &c.base);
   }
   rpc_call_finish(call, 0);
@@ -1464,6 +1473,24 @@ Test(fsdpctl, logs_stream_the_nodes_chunks_in_order) {
   rc = CTL("logs", "j-42", "--rank", "7");
   cr_assert_eq(rc, 3, "exit %d: %s", rc, err);
   expect_in(err, "no rank 7");
+}
+
+/* A followed log whose stream breaks is opened again where it stopped:
+ * every line once, in order. */
+Test(fsdpctl, a_followed_log_whose_stream_breaks_goes_on_where_it_stopped) {
+  fake_start(NULL, NULL);
+  int rc = CTL("logs", "j-42", "--follow");
+  cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
+  cr_assert_str_eq(out, "step 1 loss 5.0\nstep 2 loss 4.0\nstep 3 loss 3.0\n");
+  expect_in(err, "the log stream from node n-1 broke");
+  expect_in(err, "resuming at byte 32");
+  int calls = 0;
+  Fsdp__V1__GetRankLogsRequest *req =
+      rec_get("GetRankLogs", &fsdp__v1__get_rank_logs_request__descriptor, &calls);
+  cr_expect_eq(calls, 2);
+  cr_expect_eq(req->offset, 32, "the second stream starts after what was printed");
+  cr_expect(req->follow);
+  protobuf_c_message_free_unpacked(&req->base, NULL);
 }
 
 /* ---- an independent client ---------------------------------------------------------------------- */
