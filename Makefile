@@ -65,9 +65,10 @@ DEMO_PKGS  = fortunes
 # The control plane (coordinator, fsdpd, fsdpctl): gRPC's C core, protobuf-c
 # and its compiler for the wire, SQLite for the coordinator's state, jansson
 # for fsdpctl's --output json, libmicrohttpd for /metrics, uthash (header
-# only) for the coordinator's jobs by id, libunistring for its UTF-8 checks.
+# only) for the coordinator's jobs by id, libunistring for its UTF-8 checks,
+# OpenSSL's libcrypto for the SHA-256 digests servers keep of tokens.
 CONTROL_PKGS = libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libsqlite3-dev libjansson-dev \
-               libmicrohttpd-dev uthash-dev libunistring-dev
+               libmicrohttpd-dev uthash-dev libunistring-dev libssl-dev
 
 COMMON_SRCS = daemon/common/err.c daemon/common/log.c daemon/common/param.c daemon/common/mem.c \
               daemon/common/frame.c daemon/common/crash.c daemon/common/netaddr.c \
@@ -315,10 +316,11 @@ $(B)/fuzz_%: $(B)/tests/fuzz/fuzz_%.o $(B)/tests/fuzz/fuzz.o $(LIB)
 PROTOS      = proto/fsdp.proto proto/health.proto
 PROTO_HDRS  = $(PROTOS:%.proto=$(B)/%.pb-c.h)
 PROTO_OBJS  = $(PROTOS:%.proto=$(B)/%.pb-c.o)
-RPC_SRCS    = daemon/common/rpc.c daemon/common/rpc_server.c daemon/common/rpc_client.c
+RPC_SRCS    = daemon/common/rpc.c daemon/common/rpc_server.c daemon/common/rpc_client.c \
+              daemon/common/rpc_keys.c
 RPC_OBJS    = $(RPC_SRCS:%.c=$(B)/%.o)
 RPC_LIB     = $(B)/libfsdp_rpc.a
-RPC_LDLIBS  = -lgrpc -lgpr -lprotobuf-c -luv
+RPC_LDLIBS  = -lgrpc -lgpr -lprotobuf-c -luv -lcrypto
 # /metrics (the coordinator and fsdpd only): libmicrohttpd serves it
 METRICS_OBJS   = $(B)/daemon/common/metrics.o
 METRICS_LDLIBS = -lmicrohttpd

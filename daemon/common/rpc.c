@@ -107,6 +107,9 @@ int rpc__read_token(const char *path, char **token) {
   while (n && (t[n - 1] == '\n' || t[n - 1] == '\r' || t[n - 1] == ' ' || t[n - 1] == '\t'))
     t[--n] = 0;
   const char *why = rpc__token_flaw(t, n);
+  if (!why && n >= 7 && !strncmp(t, "sha256:", 7))
+    why = "holds a token's digest (sha256:...), which only a server that checks tokens takes; a "
+          "client sends the token itself";
   if (why) {
     free(t);
     *token = NULL;

@@ -21,6 +21,28 @@ int rpc__read_file(const char *path, const char *what, size_t max, char **out, s
 int rpc__read_token(const char *path, char **token);
 /* Why n bytes at t cannot be a token ("is empty", ...), or NULL when they can. */
 const char *rpc__token_flaw(const char *t, size_t n);
+/* The tokens a server accepts, as SHA-256 digests (rpc_keys.c). */
+#define RPC_DIGEST_LEN 32
+typedef struct rpc_key {
+  unsigned role;                /* RPC_ROLE_* */
+  char *name;                   /* a node's, from a per-node token file; else NULL */
+  uint8_t sha[RPC_DIGEST_LEN];
+} rpc_key_t;
+typedef struct rpc_keys {
+  rpc_key_t *k;
+  int n, cap;
+  int has_operator;             /* an operator token was given */
+} rpc_keys_t;
+/* Reads the user, node and (optional) operator token files into ks: each
+ * holds a token or its digest ("sha256:<hex>"); the node file may hold
+ * "NAME TOKEN" lines instead. user NULL: no keys (auth off). Two roles, or
+ * two nodes, with one token are refused. */
+int rpc__keys_load(rpc_keys_t *ks, const char *user, const char *node, const char *op);
+/* The key the n bytes of tok are the token of, or NULL. */
+const rpc_key_t *rpc__keys_match(const rpc_keys_t *ks, const uint8_t *tok, size_t n);
+void rpc__keys_free(rpc_keys_t *ks);
+/* SHA-256 of n bytes at p. */
+int rpc__digest(const void *p, size_t n, uint8_t out[RPC_DIGEST_LEN]);
 /* Frees a buffer that held a secret, after overwriting it. */
 void rpc__free_secret(char *p);
 /* A message packed into a new byte buffer (NULL when out of memory). */

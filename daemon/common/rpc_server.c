@@ -102,16 +102,6 @@ struct rpc_call {
   rpc_call_t *prev, *next;       /* the server's started calls */
 };
 
-/* A node token: the one all nodes share (name NULL), or one node's. */
-typedef struct rpc_node_key {
-  char *name, *token;
-  size_t len;
-} rpc_node_key_t;
-
-#define RPC_NODE_NAME_MAX 128                /* a node's name in a token file, with the NUL */
-#define RPC_NODE_TOKENS_MAX 65536            /* nodes in one token file */
-#define RPC_NODE_TOKENS_FILE_MAX (16u << 20) /* the longest node token file accepted */
-
 typedef struct rpc_ev {
   void *tag;
   int ok;
@@ -124,11 +114,7 @@ struct rpc_server {
   grpc_completion_queue *cq;
   rpc_server_opts_t o;
   char *addr;
-  char *user_token;               /* NULL: auth off */
-  rpc_node_key_t *nodes;          /* the node tokens: one shared (name NULL), or one per node */
-  int nnodes;
-  char *operator_token;           /* NULL: users may call the operator's methods */
-  size_t user_len, operator_len;
+  rpc_keys_t keys;                /* none: auth off */
   char *cert_pem, *key_pem;       /* NULL: plaintext */
   rpc_reg_t regs[RPC_METHODS_MAX];
   int nregs;
@@ -352,13 +338,6 @@ static void rpc_on_send(rpc_call_t *c, int ok) {
 
 /* ---- auth --------------------------------------------------------------------- */
 
-/* Equal in time that depends on the lengths only, never on where the bytes differ. */
-static int rpc_token_eq(const char *tok, size_t tlen, const uint8_t *p, size_t n) {
-  volatile unsigned char d = (unsigned char)(tlen != n);
-  for (size_t i = 0; i < tlen; i++) d |= (unsigned char)tok[i] ^ (i < n ? p[i] : 0);
-  return d == 0;
-}
-
 static const char *rpc_role_name(unsigned role) {
   return role == RPC_ROLE_USER ? "user" : role == RPC_ROLE_NODE ? "node" : "operator";
 }
@@ -373,9 +352,9 @@ static void rpc_role_names(unsigned roles, char *buf, size_t n) {
 
 /* Checks the caller's token against the roles allowed; sets c->role. */
 static int rpc_auth(rpc_server_t *s, rpc_call_t *c, unsigned roles) {
-  if (!s->user_token || !roles) return 0;
+  if (!s->keys.n || !roles) return 0;
   if (roles & RPC_ROLE_USER) roles |= RPC_ROLE_OPERATOR; /* the operator may do what users may */
-  if (!s->operator_token && (roles & RPC_ROLE_OPERATOR)) roles |= RPC_ROLE_USER;
+  if (!s->keys.has_operator && (roles & RPC_ROLE_OPERATOR)) roles |= RPC_ROLE_USER;
   const grpc_slice *val = NULL;
   int count = 0;
   for (size_t i = 0; i < c->md.count; i++)
@@ -393,19 +372,14 @@ static int rpc_auth(rpc_server_t *s, rpc_call_t *c, unsigned roles) {
   if (n < 7 || strncasecmp((const char *)p, "bearer ", 7))
     return err_set(FSDP_EAUTH, "%s: the authorization header is not \"Bearer <token>\"", c->method);
   p += 7, n -= 7;
-  /* every comparison is made, whichever matches */
-  int is_user = rpc_token_eq(s->user_token, s->user_len, p, n);
-  int is_node = 0;
-  for (int i = 0; i < s->nnodes; i++) /* each compared: the time says nothing of which matched */
-    if (rpc_token_eq(s->nodes[i].token, s->nodes[i].len, p, n)) is_node = 1, c->node = s->nodes[i].name;
-  int is_op = s->operator_token && rpc_token_eq(s->operator_token, s->operator_len, p, n);
-  if (!is_user && !is_node && !is_op)
+  const rpc_key_t *k = rpc__keys_match(&s->keys, p, n);
+  if (!k)
     return err_set(FSDP_EAUTH, "%s: the token is not valid on this server; check the token "
                    "file the client reads", c->method);
-  c->role = is_user ? RPC_ROLE_USER : is_node ? RPC_ROLE_NODE : RPC_ROLE_OPERATOR;
+  c->role = k->role, c->node = k->name;
   if (!(c->role & roles)) {
     char need[48];
-    rpc_role_names(s->operator_token ? roles : roles & ~(unsigned)RPC_ROLE_OPERATOR, need, sizeof need);
+    rpc_role_names(s->keys.has_operator ? roles : roles & ~(unsigned)RPC_ROLE_OPERATOR, need, sizeof need);
     return err_set(FSDP_EPERM, "%s: %s %s token may not call this method; it needs the %s token",
                    c->method, c->role == RPC_ROLE_OPERATOR ? "an" : "a", rpc_role_name(c->role),
                    need);
@@ -620,105 +594,9 @@ static void rpc_health_check(rpc_call_t *c, const ProtobufCMessage *m, void *arg
 
 /* ---- the server ------------------------------------------------------------------------ */
 
-/* The node whose token t is (an index into s->nodes), or -1. Set-up only: not constant time. */
-static int rpc_node_token_of(const rpc_server_t *s, const char *t) {
-  for (int i = 0; i < s->nnodes; i++)
-    if (!strcmp(s->nodes[i].token, t)) return i;
-  return -1;
-}
-
-/* One line of a per-node token file, "NAME TOKEN", into k (lineno for messages). */
-static int rpc_node_line(const char *path, int lineno, char *line, rpc_node_key_t *k) {
-  char *name = line, *end = name + strcspn(name, " \t");
-  char *tok = end + strspn(end, " \t");
-  char *tend = tok + strcspn(tok, " \t");
-  const char *why = NULL;
-  if (!*tok || *(tend + strspn(tend, " \t")))
-    why = "is not NAME TOKEN (a node's name as fsdpd --name gives it, its token)";
-  else if (end - name >= RPC_NODE_NAME_MAX)
-    why = "names a node with a name over 127 bytes";
-  else if (rpc__token_flaw(tok, (size_t)(tend - tok)) || (size_t)(tend - tok) > RPC_TOKEN_MAX)
-    why = "holds a token that is not printable ASCII of at most 4096 bytes";
-  for (const char *p = name; !why && p < end; p++)
-    if (*p < 0x21 || *p > 0x7e) why = "names a node with a byte that is not printable ASCII";
-  if (why) return err_set(FSDP_EINVAL, "node token file %s: line %d %s", path, lineno, why);
-  *end = 0, *tend = 0;
-  k->name = strdup(name), k->token = strdup(tok), k->len = strlen(tok);
-  if (!k->name || !k->token) return err_set(FSDP_ENOMEM, "node token file %s: out of memory", path);
-  return 0;
-}
-
-/* A node token file: one token every node sends, or lines "NAME TOKEN", one
- * per node, each node's token naming it (blank lines and '#' comments
- * skipped). The file holds a table when it has more than one word. */
-static int rpc_read_node_tokens(const char *path, rpc_node_key_t **keys, int *n) {
-  *keys = NULL, *n = 0;
-  char *buf;
-  size_t len;
-  int rc = rpc__read_file(path, "node token file", RPC_NODE_TOKENS_FILE_MAX, &buf, &len);
-  if (rc) return rc;
-  const char *ws = " \t\r\n";
-  char *word = buf + strspn(buf, ws);
-  const size_t wlen = strcspn(word, ws);
-  if (*word != '#' && !word[wlen + strspn(word + wlen, ws)]) { /* one word: the shared token */
-    rpc_node_key_t *k = calloc(1, sizeof *k);
-    const char *why = wlen > RPC_TOKEN_MAX ? "is longer than 4096 bytes" : rpc__token_flaw(word, wlen);
-    if (!why && k && (k->token = strndup(word, wlen))) k->len = wlen, *keys = k, *n = 1;
-    rpc__free_secret(buf);
-    if (why) rc = err_set(FSDP_EINVAL, "token file %s %s: put one token (printable ASCII, no spaces) "
-                          "in it, or lines NAME TOKEN, one per node", path, why);
-    else if (!*n) rc = err_set(FSDP_ENOMEM, "node token file %s: out of memory", path);
-    if (rc) free(k);
-    return rc;
-  }
-  int cap = 0, lineno = 0;
-  for (char *line = buf, *next; !rc && line && *line; line = next) {
-    next = strchr(line, '\n');
-    if (next) *next++ = 0;
-    lineno++;
-    size_t l = strlen(line);
-    while (l && (line[l - 1] == '\r' || line[l - 1] == ' ' || line[l - 1] == '\t')) line[--l] = 0;
-    line += strspn(line, " \t");
-    if (!*line || *line == '#') continue;
-    if (*n == RPC_NODE_TOKENS_MAX) {
-      rc = err_set(FSDP_ELIMIT, "node token file %s: more than %d nodes", path, RPC_NODE_TOKENS_MAX);
-      break;
-    }
-    if (*n == cap) {
-      cap = cap ? 2 * cap : 16;
-      rpc_node_key_t *grown = realloc(*keys, (size_t)cap * sizeof *grown);
-      if (!grown) {
-        rc = err_set(FSDP_ENOMEM, "node token file %s: out of memory", path);
-        break;
-      }
-      *keys = grown;
-    }
-    rpc_node_key_t *k = &(*keys)[*n];
-    memset(k, 0, sizeof *k);
-    (*n)++;
-    if ((rc = rpc_node_line(path, lineno, line, k))) break;
-    for (int i = 0; i < *n - 1 && !rc; i++)
-      if (!strcmp((*keys)[i].name, k->name) || !strcmp((*keys)[i].token, k->token))
-        rc = err_set(FSDP_EINVAL, "node token file %s: line %d gives node %s the %s of an earlier "
-                     "line: give each node one line and a token of its own", path, lineno, k->name,
-                     !strcmp((*keys)[i].name, k->name) ? "name" : "token");
-  }
-  rpc__free_secret(buf);
-  if (!rc && !*n) rc = err_set(FSDP_EINVAL, "node token file %s: no node in it", path);
-  if (rc) {
-    for (int i = 0; i < *n; i++) free((*keys)[i].name), rpc__free_secret((*keys)[i].token);
-    free(*keys);
-    *keys = NULL, *n = 0;
-  }
-  return rc;
-}
-
 static void rpc_server_free(rpc_server_t *s) {
   free(s->addr);
-  rpc__free_secret(s->user_token);
-  for (int i = 0; i < s->nnodes; i++) free(s->nodes[i].name), rpc__free_secret(s->nodes[i].token);
-  free(s->nodes);
-  rpc__free_secret(s->operator_token);
+  rpc__keys_free(&s->keys);
   free(s->cert_pem);
   rpc__free_secret(s->key_pem);
   free(s->q);
@@ -756,28 +634,8 @@ int rpc_server_create(rpc_server_t **out, uv_loop_t *loop, const rpc_server_opts
     rc = err_set(FSDP_ENOMEM, "rpc server: out of memory");
     goto fail;
   }
-  if (o->user_token_file) {
-    if ((rc = rpc__read_token(o->user_token_file, &s->user_token)) ||
-        (rc = rpc_read_node_tokens(o->node_token_file, &s->nodes, &s->nnodes)))
-      goto fail;
-    s->user_len = strlen(s->user_token);
-    if (rpc_node_token_of(s, s->user_token) >= 0) {
-      rc = err_set(FSDP_EINVAL, "rpc server: the user and node token files (%s, %s) hold the "
-                   "same token; a user could then act as a node: give each role its own",
-                   o->user_token_file, o->node_token_file);
-      goto fail;
-    }
-  }
-  if (o->operator_token_file) {
-    if ((rc = rpc__read_token(o->operator_token_file, &s->operator_token))) goto fail;
-    s->operator_len = strlen(s->operator_token);
-    if (!strcmp(s->operator_token, s->user_token) || rpc_node_token_of(s, s->operator_token) >= 0) {
-      rc = err_set(FSDP_EINVAL, "rpc server: the operator token file %s holds the %s token; give "
-                   "the operator a token of its own", o->operator_token_file,
-                   !strcmp(s->operator_token, s->user_token) ? "user" : "node");
-      goto fail;
-    }
-  }
+  if ((rc = rpc__keys_load(&s->keys, o->user_token_file, o->node_token_file, o->operator_token_file)))
+    goto fail;
   if (o->tls_cert_file &&
       ((rc = rpc__read_file(o->tls_cert_file, "TLS certificate", RPC_PEM_MAX, &s->cert_pem, NULL)) ||
        (rc = rpc__read_file(o->tls_key_file, "TLS key", RPC_PEM_MAX, &s->key_pem, NULL))))

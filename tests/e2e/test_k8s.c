@@ -71,4 +71,9 @@ Test(k8s, the_projects_rules_are_kept) {
           "- {name: FSDP_TOKEN, value: hunter2}", "literal value");
   refused("coordinator.yaml", "readOnlyRootFilesystem: true", "readOnlyRootFilesystem: false",
           "readOnlyRootFilesystem");
+  /* a node that held the user token could submit as a user */
+  refused("fsdpd.yaml", "{key: user.token.sha256, path: user.token.sha256}",
+          "{key: user.token, path: user.token}", "a node holds no user or operator token");
+  refused("fsdpd.yaml", "            defaultMode: 0400\n            items: [{key: node.token",
+          "            defaultMode: 0400\n            x: [{key: node.token", "no user or operator token");
 }

@@ -69,6 +69,15 @@ function projectRules(doc, where) {
   const pod = podSpecOf(doc);
   if (!pod) return;
   const longRunning = ["Deployment", "StatefulSet", "DaemonSet"].includes(doc.kind);
+  // a DaemonSet runs on every node: a node holds the node token and, to
+  // check users, the user token's digest, never a token that acts as a user
+  if (doc.kind === "DaemonSet")
+    for (const v of pod.volumes || []) {
+      if (!v.secret) continue;
+      const keys = (v.secret.items || []).map((i) => i.key);
+      if (!v.secret.items || keys.some((k) => /^(user|operator)\.token$/.test(k)))
+        findings.push(`${where}: volume ${v.name}: a node holds no user or operator token: list the Secret's items (node.token, and user.token.sha256, the digest fsdpd checks users with)`);
+    }
   if (pod.securityContext?.runAsNonRoot !== true)
     findings.push(`${where}: spec.template.spec.securityContext.runAsNonRoot must be true`);
   for (const c of [...(pod.initContainers || []), ...(pod.containers || [])]) {

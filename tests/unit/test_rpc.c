@@ -699,6 +699,61 @@ Test(rpc, a_token_per_node_names_the_node, .timeout = 30) {
   free(opb), free(table), free(ta), free(tb);
 }
 
+/* "sha256:<hex>" of token, by coreutils' sha256sum (not our code), into out. */
+static void digest_of(const char *token, char *out, size_t n) {
+  char cmd[256], hex[65] = "";
+  snprintf(cmd, sizeof cmd, "printf %%s '%s' | sha256sum", token);
+  FILE *p = popen(cmd, "r");
+  cr_assert_not_null(p);
+  cr_assert_eq(fscanf(p, "%64s", hex), 1);
+  pclose(p);
+  cr_assert_eq(strlen(hex), 64);
+  snprintf(out, n, "sha256:%s\n", hex);
+}
+
+/* A server may hold only a token's digest: the token still gets in, the
+ * digest itself does not (nor can a client send it), and a digest of
+ * another role's token is caught like the token. */
+Test(rpc, a_server_may_hold_only_the_digest_of_a_token, .timeout = 30) {
+  rpc_server_opts_t o = token_opts(); /* user-secret-1234, node-secret-5678 */
+  char dig[128], line[256];
+  digest_of("user-secret-1234", dig, sizeof dig);
+  write_token("user.sha256", dig);
+  digest_of("beta-secret-2", dig, sizeof dig);
+  snprintf(line, sizeof line, "alpha alpha-secret-1\nbeta %s", dig);
+  write_token("nodes.tokens", line);
+  write_token("beta.token", "beta-secret-2\n");
+  char *ud = tu_path("user.sha256"), *table = tu_path("nodes.tokens"), *tb = tu_path("beta.token");
+  rpc_server_opts_t d = {.user_token_file = ud, .node_token_file = table};
+  srv_start(&d);
+  rpc_client_t *user = client(o.user_token_file, NULL, NULL), *b = client(tb, NULL, NULL);
+  expect_get_job_ok(user);
+  char who[64];
+  int rc;
+  registered_as(b, who, sizeof who, &rc);
+  cr_expect_str_eq(who, "beta", "a node's digest names it too: %s", err_msg());
+  /* the digest is no token */
+  rpc_client_t *c;
+  rpc_client_opts_t co = {.target = "127.0.0.1:1", .token_file = ud};
+  cr_expect_eq(rpc_client_create(&c, &co), FSDP_EINVAL, "a client sent a digest");
+  cr_expect(strstr(err_msg(), "a client sends the token itself") && strstr(err_msg(), ud), "%s", err_msg());
+  rpc_client_destroy(user), rpc_client_destroy(b);
+  srv_stop();
+  /* a digest of the user's token in the node file is the user's token */
+  digest_of("user-secret-1234", dig, sizeof dig);
+  write_token("node-is-user.sha256", dig);
+  char *nu = tu_path("node-is-user.sha256");
+  rpc_server_opts_t same = {.user_token_file = o.user_token_file, .node_token_file = nu};
+  cr_expect_eq(srv_try(&same), FSDP_EINVAL);
+  cr_expect(strstr(F.err, "same token"), "%s", F.err);
+  write_token("short.sha256", "sha256:0123abcd\n");
+  char *sh = tu_path("short.sha256");
+  rpc_server_opts_t bad = {.user_token_file = sh, .node_token_file = o.node_token_file};
+  cr_expect_eq(srv_try(&bad), FSDP_EINVAL);
+  cr_expect(strstr(F.err, "64 hex digits") && strstr(F.err, sh), "%s", F.err);
+  free(ud), free(table), free(tb), free(nu), free(sh);
+}
+
 Test(rpc, token_and_tls_files_are_checked_at_create, .timeout = 20) {
   rpc_server_opts_t o = token_opts();
   rpc_server_opts_t half = {.user_token_file = o.user_token_file};
