@@ -10,8 +10,13 @@
  *     paths and ports moved into the test's directory), starts the
  *     coordinator and an fsdpd (as an unprivileged user, as User= does), a
  *     job runs, and SIGTERM stops each within its TimeoutStopSec, fsdpd's
- *     ranks checkpointing first, each exiting 0. */
+ *     ranks checkpointing first, each exiting 0;
+ *   - what the units' comments and docs/OPERATIONS.md tell operators to put
+ *     in FSDP_COORD_ARGS and FSDPD_ARGS reaches the programs as file paths
+ *     once systemd has substituted it: credentials by /run/credentials/UNIT/,
+ *     never by $CREDENTIALS_DIRECTORY, which systemd does not expand there. */
 #include <criterion/criterion.h>
+#include <ctype.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -149,6 +154,101 @@ static void unit_exec(const char *text, const env_t *env, int n, char *cmd, size
     p = e + brace;
   }
   cmd[o] = 0;
+}
+
+/* Where "CREDENTIALS_DIRECTORY" at p (in text) would reach a program unexpanded:
+ * systemd substitutes $VAR and ${VAR} on Exec*= lines only, never inside an
+ * Environment= value nor inside the value of a variable an Exec line
+ * substitutes (the environment files' *_ARGS), so an option given it anywhere
+ * but an Exec line gets the text as written. NULL when it is fine: on an Exec
+ * line of a unit, or in prose that gives it to no option. */
+static const char *credentials_misuse(const char *text, const char *p, int is_unit) {
+  const char *line = p;
+  while (line > text && line[-1] != '\n') line--;
+  if (is_unit) return strncmp(line, "Exec", 4) ? line : NULL;
+  const char *q = p;
+  while (q > text && strchr("${` \t\n", q[-1])) q--; /* back over `${` and the space */
+  const char *w = q;
+  while (w > text && (isalnum((unsigned char)w[-1]) || w[-1] == '-')) w--;
+  return q - w > 2 && !strncmp(w, "--", 2) ? w : NULL;
+}
+
+/* The paths the operator is told to give the units' file options: each
+ * VAR=value example line of docs/OPERATIONS.md for a unit's *_ARGS variable,
+ * substituted into the unit's ExecStart the way systemd does (one pass: a
+ * value is not expanded again), names absolute files, and a credential by the
+ * path systemd gives it, /run/credentials/UNIT/NAME, NAME loaded by a
+ * LoadCredential=NAME: line shown there. The units' comments and the guide
+ * never give an option $CREDENTIALS_DIRECTORY outside an Exec line (both
+ * advised `--user-token-file ${CREDENTIALS_DIRECTORY}/user.token` in
+ * FSDP_COORD_ARGS, which the coordinator would get as written; found by
+ * review). */
+Test(systemd, credential_paths_shown_to_operators_reach_the_programs_as_paths) {
+  char src[1024], *ops;
+  snprintf(src, sizeof src, "%s/docs/OPERATIONS.md", tu_root());
+  ops = tu_slurp(src, NULL);
+  cr_assert(ops[0], "%s is empty or missing", src);
+  const char *units[2][2] = {{"fsdp-coordinator.service", "FSDP_COORD_ARGS"},
+                             {"fsdpd.service", "FSDPD_ARGS"}};
+  for (const char *p = ops; (p = strstr(p, "CREDENTIALS_DIRECTORY")); p++) {
+    const char *w = credentials_misuse(ops, p, 0);
+    cr_assert_null(w, "docs/OPERATIONS.md gives an option $CREDENTIALS_DIRECTORY, which systemd "
+                   "does not expand there: \"%.80s\"", w);
+  }
+  for (int u = 0; u < 2; u++) {
+    char *text, key[64], *unused = unit(units[u][0], &text);
+    free(unused);
+    for (const char *p = text; (p = strstr(p, "CREDENTIALS_DIRECTORY")); p++) {
+      const char *line = credentials_misuse(text, p, 1);
+      cr_assert_null(line, "%s: $CREDENTIALS_DIRECTORY outside an Exec line reaches nothing "
+                     "expanded: \"%.*s\"", units[u][0], line ? (int)strcspn(line, "\n") : 0, line);
+    }
+    for (const char *p = text; (p = strstr(p, "\nEnvironment=")); p++)
+      cr_assert_null(memchr(p + 1, '$', strcspn(p + 1, "\n")),
+                     "%s: systemd expands no variable in \"%.*s\"", units[u][0],
+                     (int)strcspn(p + 1, "\n"), p + 1);
+    /* the comments name this unit's own credentials */
+    for (const char *p = text; (p = strstr(p, "/run/credentials/")); p++)
+      cr_assert(!strncmp(p + 17, units[u][0], strlen(units[u][0])) && p[17 + strlen(units[u][0])] == '/',
+                "%s: \"%.60s\" is another unit's credential", units[u][0], p);
+    /* each example line of the guide for this unit's *_ARGS, as systemd passes it */
+    snprintf(key, sizeof key, "%s=", units[u][1]);
+    int examples = 0, credentials = 0;
+    for (const char *p = ops; (p = strstr(p, key)); p++) {
+      const char *line = p;
+      while (line > ops && line[-1] == ' ') line--;
+      if (p - line < 4 || (line > ops && line[-1] != '\n')) continue; /* not a code line */
+      char over[1024], cmd[4096];
+      snprintf(over, sizeof over, "%.*s", (int)strcspn(p, "\n"), p);
+      env_t env[32];
+      int n = unit_env(text, env, 32, (const char *[]){over, NULL}), stop;
+      unit_exec(text, env, n, cmd, sizeof cmd, &stop);
+      examples++;
+      char *save, *arg = strtok_r(cmd, " ", &save), *prev = NULL;
+      for (; arg; prev = arg, arg = strtok_r(NULL, " ", &save)) {
+        const size_t pl = prev ? strlen(prev) : 0;
+        const int file_opt = prev && (!strncmp(prev, "--tls-", 6) ||
+                                      (pl > 7 && !strncmp(prev, "--", 2) && !strcmp(prev + pl - 5, "-file")));
+        if (!file_opt) continue;
+        cr_assert(arg[0] == '/' && !strpbrk(arg, "$%"), "%s as docs/OPERATIONS.md shows it: "
+                  "%s gets \"%s\", not a file's path\n(%s)", units[u][0], prev, arg, over);
+        if (strncmp(arg, "/run/credentials/", 17)) continue;
+        char want[300], load[300];
+        snprintf(want, sizeof want, "/run/credentials/%s/", units[u][0]);
+        cr_assert(!strncmp(arg, want, strlen(want)), "%s: %s %s names another unit's credential "
+                  "(systemd gives this one's in %s)", units[u][0], prev, arg, want);
+        snprintf(load, sizeof load, "LoadCredential=%s:", arg + strlen(want));
+        cr_assert_not_null(strstr(ops, load), "docs/OPERATIONS.md shows %s %s but no %s line that "
+                           "loads it", prev, arg, load);
+        credentials++;
+      }
+    }
+    cr_assert_gt(examples, 0, "docs/OPERATIONS.md shows no %s line for %s", key, units[u][0]);
+    cr_assert_gt(credentials, 0, "docs/OPERATIONS.md shows %s no token by its credential path",
+                 units[u][0]);
+    free(text);
+  }
+  free(ops);
 }
 
 /* Waits up to timeout_s for pid to exit; its status, or -1. Seconds in *took. */
