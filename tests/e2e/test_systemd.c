@@ -6,6 +6,9 @@
  *     what is checked (a broken copy shows the check failing);
  *   - `systemd-analyze security --offline=yes` scores the coordinator's unit
  *     below 4.0 and fsdpd's, which must reach GPUs, at most 2.0;
+ *   - fsdpd's device ACL, read as systemd reads it against the /proc/devices
+ *     of GPU nodes (NVIDIA's current and older driver, InfiniBand), opens
+ *     the GPUs, the driver's devices and the verbs devices, not a disk;
  *   - each unit's ExecStart, expanded with its own Environment= lines (the
  *     paths and ports moved into the test's directory), starts the
  *     coordinator and an fsdpd (as an unprivileged user, as User= does), a
@@ -17,6 +20,7 @@
  *     never by $CREDENTIALS_DIRECTORY, which systemd does not expand there. */
 #include <criterion/criterion.h>
 #include <ctype.h>
+#include <fnmatch.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -103,6 +107,74 @@ Test(systemd, units_are_hardened) {
   cr_assert_leq(ef, 2.0, "fsdpd's unit scores %.1f (docs/OPERATIONS.md: 1.8, GPUs and the "
                 "network being what it must keep)", ef);
   free(c), free(f), free(tc), free(tf);
+}
+
+/* Whether the unit's device ACL (DevicePolicy=closed and its DeviceAllow=
+ * lines) lets a process open the character device at path, major maj, with
+ * access acc, on a node whose /proc/devices is proc: what systemd does at
+ * start, where "char-NAME" allows every major whose name in /proc/devices
+ * matches NAME (fnmatch) and a /dev path that node alone. */
+static int device_allowed(const char *text, const char *proc, const char *path, int maj,
+                          const char *acc) {
+  for (const char *p = text; (p = strstr(p, "\nDeviceAllow=")); p++) {
+    char spec[256], a[8] = "";
+    if (sscanf(p + 13, "%255s %7s", spec, a) < 1) continue;
+    if (strspn(acc, a) != strlen(acc)) continue; /* a grants less than acc */
+    if (!strncmp(spec, "/dev/", 5) && !strcmp(spec, path)) return 1;
+    if (strncmp(spec, "char-", 5)) continue;
+    const char *c = strstr(proc, "Character devices:\n"), *end = strstr(proc, "\n\n");
+    for (const char *l = c ? strchr(c, '\n') + 1 : NULL; l && *l && (!end || l < end);
+         l = strchr(l, '\n') + 1) {
+      int m;
+      char name[128];
+      if (sscanf(l, "%d %127s", &m, name) == 2 && m == maj && !fnmatch(spec + 5, name, 0)) return 1;
+      if (!strchr(l, '\n')) break;
+    }
+  }
+  return 0;
+}
+
+/* What a GPU rank needs of /dev, under fsdpd's unit: the GPUs and the
+ * driver's control and unified-memory devices (CUDA) and, for NCCL across
+ * nodes, the InfiniBand/RoCE verbs devices (libibverbs opens
+ * /dev/infiniband/uverbsN per adapter; NCCL's own transport needs no
+ * rdma_cm). Checked against the /proc/devices of two nodes: NVIDIA's
+ * current driver registers major 195 as "nvidia" and "nvidiactl", its older
+ * one as "nvidia-frontend" (the unit allowed only that one, and no verbs
+ * device: found by review). The rest of /dev stays closed. */
+Test(systemd, fsdpds_device_acl_lets_gpu_ranks_reach_gpus_and_infiniband) {
+  static const char *nodes[][2] = {
+      {"current NVIDIA driver",
+       "Character devices:\n  1 mem\n  5 /dev/tty\n 10 misc\n195 nvidia\n195 nvidiactl\n"
+       "231 infiniband_mad\n231 infiniband_verbs\n234 infiniband_verbs\n509 nvidia-nvswitch\n"
+       "510 nvidia-uvm\n511 nvidia-caps\n\nBlock devices:\n  8 sd\n"},
+      {"older NVIDIA driver",
+       "Character devices:\n  1 mem\n 10 misc\n195 nvidia-frontend\n231 infiniband_mad\n"
+       "231 infiniband_verbs\n510 nvidia-uvm\n511 nvidia-caps\n\nBlock devices:\n  8 sd\n"}};
+  static const struct {
+    const char *path;
+    int maj;
+    const char *acc;
+  } need[] = {{"/dev/nvidia0", 195, "rw"},           {"/dev/nvidiactl", 195, "rw"},
+              {"/dev/nvidia-uvm", 510, "rw"},        {"/dev/nvidia-caps/nvidia-cap1", 511, "r"},
+              {"/dev/infiniband/uverbs0", 231, "rw"}},
+    denied[] = {{"/dev/sda", 8, "r"}, {"/dev/mem", 1, "r"}, {"/dev/fuse", 10, "rw"}};
+  char *text;
+  free(unit("fsdpd.service", &text));
+  cr_assert(strstr(text, "\nDevicePolicy=closed\n"), "fsdpd's unit: DevicePolicy=closed is gone");
+  for (size_t n = 0; n < sizeof nodes / sizeof *nodes; n++) {
+    for (size_t i = 0; i < sizeof need / sizeof *need; i++)
+      cr_assert(device_allowed(text, nodes[n][1], need[i].path, need[i].maj, need[i].acc),
+                "fsdpd's unit (%s): a rank cannot open %s (%s)", nodes[n][0], need[i].path,
+                need[i].acc);
+    for (size_t i = 0; i < sizeof denied / sizeof *denied; i++)
+      cr_assert(!device_allowed(text, nodes[n][1], denied[i].path, denied[i].maj, denied[i].acc),
+                "fsdpd's unit (%s) opens %s to the ranks", nodes[n][0], denied[i].path);
+  }
+  /* a dynamically numbered verbs device (the fixed range holds 32) */
+  cr_assert(device_allowed(text, nodes[0][1], "/dev/infiniband/uverbs40", 234, "rw"),
+            "fsdpd's unit: a 33rd adapter's verbs device is closed");
+  free(text);
 }
 
 /* ---- the command lines, as systemd runs them ------------------------------- */
