@@ -8,7 +8,8 @@
  *     below 4.0 and fsdpd's, which must reach GPUs, at most 2.0;
  *   - fsdpd's device ACL, read as systemd reads it against the /proc/devices
  *     of GPU nodes (NVIDIA's current and older driver, InfiniBand), opens
- *     the GPUs, the driver's devices and the verbs devices, not a disk;
+ *     the GPUs, the driver's devices and the verbs devices, not a disk, and
+ *     its ranks may pin memory (LimitMEMLOCK=infinity) as NCCL's RDMA does;
  *   - each unit's ExecStart, expanded with its own Environment= lines (the
  *     paths and ports moved into the test's directory), starts the
  *     coordinator and an fsdpd (as an unprivileged user, as User= does), a
@@ -174,6 +175,19 @@ Test(systemd, fsdpds_device_acl_lets_gpu_ranks_reach_gpus_and_infiniband) {
   /* a dynamically numbered verbs device (the fixed range holds 32) */
   cr_assert(device_allowed(text, nodes[0][1], "/dev/infiniband/uverbs40", 234, "rw"),
             "fsdpd's unit: a 33rd adapter's verbs device is closed");
+  free(text);
+}
+
+/* NCCL over InfiniBand registers (pins) its buffers with the adapter, which
+ * the kernel charges to RLIMIT_MEMLOCK: systemd's default of 8M fails a
+ * multi-node GPU job at init; NCCL asks containers for memlock=-1. */
+Test(systemd, fsdpds_ranks_may_pin_memory_for_rdma) {
+  char *text;
+  free(unit("fsdpd.service", &text));
+  const char *p = strstr(text, "\nLimitMEMLOCK=");
+  cr_assert_not_null(p, "fsdpd's unit leaves RLIMIT_MEMLOCK at systemd's default (8M)");
+  cr_assert(!strncmp(p + 14, "infinity\n", 9), "fsdpd's unit: %.*s (NCCL over InfiniBand wants "
+            "no limit)", (int)strcspn(p + 1, "\n"), p + 1);
   free(text);
 }
 
