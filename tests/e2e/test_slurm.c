@@ -9,6 +9,8 @@
  *     step boundary, the allocation is requeued and runs again (Restarts=1),
  *     resumes from that checkpoint, and ends with the final step's shard
  *     files byte-identical to an uninterrupted run's;
+ *   - the script takes whole nodes, one fsdpd each, and asks for no GPU: its
+ *     job waits for a node another job holds a CPU of, rather than share it;
  *   - nothing is left running afterwards.
  * Slurm's daemons run as root here: as another user the tests skip, saying so. */
 #include <criterion/criterion.h>
@@ -169,6 +171,81 @@ Test(slurm, the_batch_jobs_exit_code_is_the_training_jobs_outcome) {
   char *refused = job_file("refused.conf", "steps = 0\n");
   cr_assert_eq(sbatch_wait(refused, "refused", out, sizeof out), 2, "a refused job:\n%s", out);
   free(ok), free(junk), free(bad), free(refused);
+}
+
+/* The #SBATCH options of the script as sbatch reads them: those before its
+ * first line that is neither a comment nor blank, one per line in out. */
+static void sbatch_options(char *out, size_t len) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/deploy/slurm/fsdp.sbatch", root);
+  char *text = tu_slurp(path, NULL), *save;
+  size_t o = 0;
+  out[0] = 0;
+  for (char *l = strtok_r(text, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+    if (l[strspn(l, " \t")] && l[0] != '#') break;
+    if (!strncmp(l, "#SBATCH ", 8)) o += (size_t)snprintf(out + o, len - o, "%s\n", l + 8);
+  }
+  free(text);
+}
+
+/* fsdpd serves every device of its node (FSDP_DEVICES=auto): the script
+ * takes whole nodes, one fsdpd on each, and forces no GPU request (the demo
+ * runs on CPU devices; a GPU run adds --gres at submit, as its comment
+ * shows). Without --exclusive a second job was placed on the same node and
+ * its processes shared fsdpd's GPUs (found by review): here a job of one CPU
+ * holds one of the node's CPUs, and the script's job waits for it instead of
+ * starting beside it. */
+Test(slurm, the_batch_job_takes_whole_nodes_one_fsdpd_each) {
+  SKIP_UNLESS_ROOT();
+  char opts[4096], out[1 << 14], cmd[4096];
+  sbatch_options(opts, sizeof opts);
+  cr_assert(strstr(opts, "--exclusive\n"), "fsdp.sbatch shares its nodes; #SBATCH options:\n%s", opts);
+  cr_assert(strstr(opts, "--ntasks-per-node=1\n"), "#SBATCH options:\n%s", opts);
+  cr_assert(!strstr(opts, "--gres") && !strstr(opts, "--gpus"),
+            "fsdp.sbatch asks for GPUs, which CPU-only nodes do not have:\n%s", opts);
+  snprintf(cmd, sizeof cmd, "grep -c -- '--gres=gpu:' '%s/deploy/slurm/fsdp.sbatch'", root);
+  cr_assert_eq(tu_sh(cmd, out, sizeof out), 0, "fsdp.sbatch does not show how a GPU run asks for GPUs");
+  if (sysconf(_SC_NPROCESSORS_ONLN) < 2) {
+    cr_log_warn("one CPU: any job fills the node, so sharing cannot be told apart; checked the "
+                "options only");
+    return;
+  }
+  cr_assert_eq(tu_sh("sbatch --parsable -o /dev/null --wrap 'exec sleep 300'", out, sizeof out), 0,
+               "%s", out);
+  const int other = atoi(out);
+  char *jc = job_file("whole.conf", "steps = 50\n");
+  snprintf(cmd, sizeof cmd, "cd '%s' && env %s FSDP_STATE='%s/whole' sbatch --parsable -o "
+           "'%s/whole.out' '%s/deploy/slurm/fsdp.sbatch' '%s' --ranks 2", tu_tmpdir(), env,
+           tu_tmpdir(), tu_tmpdir(), root, jc);
+  /* the other job first runs (the node idle until then), then the script's is submitted */
+  const double t0 = tu_now_s();
+  char q[256];
+  snprintf(q, sizeof q, "squeue -h -j %d -o %%T", other);
+  while (tu_sh(q, out, sizeof out), !strstr(out, "RUNNING")) {
+    cr_assert_lt(tu_now_s() - t0, 30, "a job of one CPU did not start: %s", out);
+    nanosleep(&(struct timespec){0, 100000000}, NULL);
+  }
+  cr_assert_eq(tu_sh(cmd, out, sizeof out), 0, "%s", out);
+  const int id = atoi(out);
+  snprintf(q, sizeof q, "squeue -h -j %d -o '%%T %%r'", id);
+  char state[256] = "";
+  const double t1 = tu_now_s();
+  while (tu_now_s() - t1 < 5) { /* it would start at once on the CPU left */
+    tu_sh(q, state, sizeof state);
+    if (!strstr(state, "PENDING")) break;
+    nanosleep(&(struct timespec){0, 200000000}, NULL);
+  }
+  /* both gone before any verdict: a job left running outlives the test */
+  snprintf(cmd, sizeof cmd, "scancel --full -s KILL %d %d; scancel %d %d", id, other, id, other);
+  tu_sh(cmd, out, sizeof out);
+  snprintf(q, sizeof q, "squeue -h -j %d,%d", id, other);
+  const double t2 = tu_now_s();
+  while (tu_sh(q, out, sizeof out), out[0]) {
+    cr_assert_lt(tu_now_s() - t2, 30, "the jobs outlived scancel:\n%s", out);
+    nanosleep(&(struct timespec){0, 100000000}, NULL);
+  }
+  cr_assert(strstr(state, "PENDING"), "the script's job ran beside another job on its node: %s", state);
+  free(jc);
 }
 
 /* A running batch job stopped by cmd (%d: its id): its ranks checkpoint, the
