@@ -55,6 +55,22 @@ static int comm_boot_split_list(comm_boot_t *b, const char *list, const char *wh
   return FSDP_OK;
 }
 
+/* FSDP_JOB_ID (optional): printable, no spaces or commas, up to
+ * COMM_RING_JOB_MAX bytes (an fsdpd job id always is). */
+static int comm_boot_env_job(comm_boot_t *b) {
+  const char *v = getenv("FSDP_JOB_ID");
+  if (!v) return FSDP_OK;
+  size_t n = strlen(v);
+  int ok = n > 0 && n <= COMM_RING_JOB_MAX;
+  for (size_t i = 0; ok && i < n; i++) ok = v[i] > ' ' && v[i] < 127 && v[i] != ',';
+  if (!ok)
+    return err_set(FSDP_EINVAL, "FSDP_JOB_ID: \"%.64s%s\" is not a job id (1 to %d printable "
+                   "characters, no spaces or commas); it is set by the node daemon for each rank",
+                   v, n > 64 ? "..." : "", COMM_RING_JOB_MAX);
+  memcpy(b->job, v, n + 1);
+  return FSDP_OK;
+}
+
 int comm_boot_from_env(comm_boot_t *b) {
   memset(b, 0, sizeof *b);
   b->world = 1;
@@ -65,6 +81,12 @@ int comm_boot_from_env(comm_boot_t *b) {
       (rc = comm_boot_env_int("FSDP_RANK", 0, b->world - 1, &b->rank)))
     return rc;
   if (b->world == 1) return FSDP_OK;
+  int attempt = 0;
+  if ((rc = comm_boot_env_job(b)) ||
+      (getenv("FSDP_ATTEMPT") &&
+       (rc = comm_boot_env_int("FSDP_ATTEMPT", 0, INT32_MAX, &attempt))))
+    return rc;
+  b->attempt = (uint32_t)attempt;
   const char *env = getenv("FSDP_ADDRS");
   if (!env) return err_set(FSDP_EINVAL, "FSDP_ADDRS: unset; it is set by fsdp-launch");
   if ((rc = comm_boot_env_int("FSDP_LISTEN_FD", 0, 1 << 20, &fd))) return rc;
@@ -136,7 +158,7 @@ int comm_boot_connect(comm_boot_t *b, int replicas, int shards, comm_groups_t *g
   if (b->world == 1) return FSDP_OK;
   comm_ring_opts_t o = {.rank = b->rank, .size = b->world,
                         .addrs = (const char *const *)b->addrs, .name = "world",
-                        .listen_fd = b->listen_fd};
+                        .listen_fd = b->listen_fd, .job = b->job, .attempt = b->attempt};
   b->listen_fd = -1; /* the ring owns it, whatever happens */
   int rc = comm_ring_create(&o, &g->world);
   if (!rc && b->ids) rc = comm_boot_world_by_id(b, &g->world);

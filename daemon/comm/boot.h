@@ -4,13 +4,16 @@
  * What a rank is told (comm_boot_t) depends on who started it and on the
  * backend: today an address list and a bound listening socket for the ring
  * (fsdp-launch sets FSDP_RANK, FSDP_WORLD_SIZE, FSDP_ADDRS and FSDP_LISTEN_FD;
- * the node daemon sets the same); for NCCL, a unique id rank 0 draws, which
+ * the node daemon sets the same; FSDP_JOB_ID and FSDP_ATTEMPT, optional, name
+ * the run, which the ring's hello carries so that ranks of two runs never
+ * take each other for peers); for NCCL, a unique id rank 0 draws, which
  * the ring's bootstrap carries to the others (comm_boot_ids_t). comm_boot_connect turns it into the world
  * communicator and splits the mesh's shard and replica groups from it. */
 #ifndef FSDP_COMM_BOOT_H
 #define FSDP_COMM_BOOT_H
 
 #include "daemon/comm/comm.h"
+#include "daemon/comm/ring.h"
 
 /* Collectives whose world is made from an id drawn by rank 0 (NCCL's unique
  * id) instead of from addresses. The ring's bootstrap carries the id: the
@@ -33,6 +36,9 @@ typedef struct comm_boot {
    * socket, already bound to addrs[rank] (-1: none; comm_boot_connect binds) */
   char **addrs; /* world entries, or NULL for one rank */
   int listen_fd;
+  /* whose run: the job's id ("": none given) and attempt (0: none given) */
+  char job[COMM_RING_JOB_MAX + 1];
+  uint32_t attempt;
   /* NULL: the ring is the world's backend. Else the world is made by ids
    * (above); the caller sets it before comm_boot_connect. */
   const comm_boot_ids_t *ids;
@@ -46,8 +52,9 @@ typedef struct comm_groups {
 } comm_groups_t;
 
 /* This process's place in its job, from the environment its launcher set
- * (FSDP_WORLD_SIZE unset: a one-rank job). A value that is missing or out of
- * range is an error naming the variable. Free with comm_boot_free. */
+ * (FSDP_WORLD_SIZE unset: a one-rank job; FSDP_JOB_ID and FSDP_ATTEMPT are
+ * optional). A value that is missing or out of range is an error naming the
+ * variable. Free with comm_boot_free. */
 int comm_boot_from_env(comm_boot_t *b);
 /* A boot for tests and tools: world addresses given, no bound socket. */
 int comm_boot_from_addrs(comm_boot_t *b, int rank, int world, const char *const *addrs);

@@ -291,12 +291,18 @@ int comm_ring_create(const comm_ring_opts_t *o, comm_t **out) {
   const char *name = o->name ? o->name : "";
   if (strlen(name) > 63)
     return err_set(FSDP_EINVAL, "comm_ring_create: group name \"%s\" is over 63 bytes", name);
+  const char *job = o->job ? o->job : "";
+  if (strlen(job) > COMM_RING_JOB_MAX)
+    return err_set(FSDP_EINVAL, "comm_ring_create: job id \"%.40s...\" is over %d bytes", job,
+                   COMM_RING_JOB_MAX);
   ring_t *r = calloc(1, sizeof *r);
   if (!r) return err_set(FSDP_ENOMEM, "comm_ring_create: no memory");
   r->base.be = &comm_ring_backend;
   r->base.rank = o->rank;
   r->base.size = o->size;
   snprintf(r->base.name, sizeof r->base.name, "%s", name);
+  snprintf(r->job, sizeof r->job, "%s", job);
+  r->attempt = o->attempt;
   r->fd_next = r->fd_prev = r->wake[0] = r->wake[1] = -1;
   r->out = r->in = &ring_tcp_link; /* until the bootstrap finds better */
   pthread_mutex_init(&r->mu, NULL);
@@ -356,6 +362,11 @@ fail:
 }
 
 const char *comm_ring_self_addr(const comm_t *c) { return ((const ring_t *)c)->addr_self; }
+
+const char *comm_ring_job(const comm_t *c, uint32_t *attempt) {
+  *attempt = ((const ring_t *)c)->attempt;
+  return ((const ring_t *)c)->job;
+}
 
 int comm_ring_cma_links(const comm_t *c) {
   const ring_t *r = (const ring_t *)c;

@@ -15,13 +15,20 @@
 
 #include "daemon/comm/comm.h"
 
+#define COMM_RING_JOB_MAX 128 /* bytes of a job id in the hello (fsdpd's ids fit) */
+
 /* Rank r listens at addrs[r], connects to rank r+1 and accepts rank r-1; a
- * handshake checks the group's name and size and both ranks, so mis-wired
- * address lists are an error naming both sides. */
+ * handshake checks whose ring each side is of (job id and attempt, group
+ * name and size) and both ranks, so mis-wired address lists are an error
+ * naming both sides and what differs. */
 typedef struct {
   int rank, size;
   const char *const *addrs; /* size entries, "host:port" ("[v6]:port" too) */
   const char *name;         /* group name, up to 63 bytes; both sides must agree */
+  /* The run this rank is of: the job's id (up to COMM_RING_JOB_MAX bytes;
+   * NULL or "": none) and attempt; both sides must agree. */
+  const char *job;
+  uint32_t attempt;
   int listen_fd;            /* -1: bind addrs[rank]; else a bound socket, owned from now on */
   int64_t timeout_ms;       /* bootstrap deadline and default op timeout; 0: FSDP_COMM_TIMEOUT_MS */
   size_t chunk_bytes;       /* 0: FSDP_COMM_CHUNK_BYTES */
@@ -48,6 +55,8 @@ extern int64_t comm_ring_test_stall_ns;
  * in c (its host is where a split group listens), and the comm_split of the
  * table. */
 const char *comm_ring_self_addr(const comm_t *c);
+/* The job id (never NULL) and attempt of c, which its split groups share. */
+const char *comm_ring_job(const comm_t *c, uint32_t *attempt);
 int comm_ring_split(comm_t *c, int color, int key, const char *name, int64_t timeout_ms,
                     comm_t **out);
 

@@ -15,6 +15,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -29,12 +30,15 @@
 #include "daemon/common/param.h"
 
 /* The first message on each connection, both ways: who sends, whom it
- * meant, and the group. */
+ * meant, and whose ring it is (the group and its size, the job and its
+ * attempt). */
 typedef struct {
   uint32_t magic, version;
   int32_t size, from, to;
+  uint32_t attempt;
   char name[64];
-  char pad[12];
+  char job[COMM_RING_JOB_MAX]; /* zero-padded; all of it may be the id */
+  char pad[8];
 } ring_boot_hello_t;
 
 /* The bootstrap's last step, on each link: the producer (rank r) offers a
@@ -56,7 +60,7 @@ typedef struct {
   uint64_t reg_id, reg_token;
 } ring_boot_offer_t;
 
-_Static_assert(sizeof(ring_boot_hello_t) == 96, "hello is 96 bytes");
+_Static_assert(sizeof(ring_boot_hello_t) == 224, "hello is 224 bytes");
 _Static_assert(sizeof(ring_boot_offer_t) == 112, "offer is 112 bytes");
 
 static int ring_boot_parse_addr(const char *addr, char *host, size_t hn, char *port, size_t pn) {
@@ -290,15 +294,71 @@ static int ring_boot_choose_links(ring_t *r, int64_t deadline) {
  * rank sends its hello as soon as its connect completes. */
 #define RING_BOOT_HELLO_MS 1000
 
+/* r's hello to rank `to`. */
+static ring_boot_hello_t ring_boot_hello(const ring_t *r, int to) {
+  ring_boot_hello_t h = {.magic = RING_HELLO_MAGIC, .version = RING_VERSION, .size = r->base.size,
+                         .from = r->base.rank, .to = to, .attempt = r->attempt};
+  snprintf(h.name, sizeof h.name, "%s", r->base.name);
+  memcpy(h.job, r->job, strnlen(r->job, sizeof h.job)); /* ring.c: at most that long */
+  return h;
+}
+
+/* "rank 1 of group 'world' (size 3, job '7' attempt 2)": whom h says it is
+ * from (its name terminated by the reader). */
+static void ring_boot_who(char *buf, size_t n, const ring_boot_hello_t *h) {
+  int jl = (int)strnlen(h->job, sizeof h->job);
+  char job[COMM_RING_JOB_MAX + 32] = "";
+  if (jl) snprintf(job, sizeof job, ", job '%.*s' attempt %u", jl, h->job, h->attempt);
+  else if (h->attempt) snprintf(job, sizeof job, ", attempt %u", h->attempt);
+  snprintf(buf, n, "rank %d of group '%s' (size %d%s)", (int)h->from, h->name, (int)h->size, job);
+}
+
+/* Whether h's job id is r's (both may be none). */
+static int ring_boot_same_job(const ring_t *r, const ring_boot_hello_t *h) {
+  size_t jl = strnlen(h->job, sizeof h->job);
+  return jl == strlen(r->job) && !memcmp(h->job, r->job, jl);
+}
+
+/* Appends "; " and a difference to buf (n bytes, a string). */
+__attribute__((format(printf, 3, 4))) static void ring_boot_differs(char *buf, size_t n,
+                                                                     const char *fmt, ...) {
+  size_t k = strlen(buf);
+  if (k && k + 2 < n) memcpy(buf + k, "; ", 3), k += 2;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf + k, n - k, fmt, ap);
+  va_end(ap);
+}
+
+/* Whether h is of r's run (job, attempt, group and size): 1, or 0 with what
+ * differs in buf ("job '7' there, '8' here; size 2 there, 3 here"). */
+static int ring_boot_same_run(const ring_t *r, const ring_boot_hello_t *h, char *buf, size_t n) {
+  buf[0] = 0;
+  if (!ring_boot_same_job(r, h))
+    ring_boot_differs(buf, n, "job '%.*s' there, '%s' here", (int)strnlen(h->job, sizeof h->job),
+                      h->job, r->job);
+  if (h->attempt != r->attempt)
+    ring_boot_differs(buf, n, "attempt %u there, %u here", h->attempt, r->attempt);
+  if (h->size != r->base.size)
+    ring_boot_differs(buf, n, "size %d there, %d here", (int)h->size, r->base.size);
+  if (strcmp(h->name, r->base.name))
+    ring_boot_differs(buf, n, "group '%s' there, '%s' here", h->name, r->base.name);
+  return buf[0] == 0;
+}
+
 /* Reads and checks the hello on fd, a connection just accepted from peer:
  * 0, or -1 with why (n bytes) saying what was wrong with it. */
 static int ring_boot_hello_check(ring_t *r, int fd, const char *peer, int64_t deadline, char *why,
                                  size_t n) {
-  const int me = r->base.rank, N = r->base.size;
+  const int me = r->base.rank;
   int64_t until = ring_now_ns() + (int64_t)RING_BOOT_HELLO_MS * 1000000;
   if (until > deadline) until = deadline;
   ring_boot_hello_t ph;
-  int e = ring_boot_io_all(fd, &ph, sizeof ph, 0, until);
+  /* the magic and version first: a stray's garbage, or another version's
+   * hello of another size, is known without waiting for more */
+  int e = ring_boot_io_all(fd, &ph, 8, 0, until);
+  if (e == 0 && ph.magic == RING_HELLO_MAGIC && ph.version == RING_VERSION)
+    e = ring_boot_io_all(fd, (char *)&ph + 8, sizeof ph - 8, 0, until);
   if (e < 0) {
     if (e == -ETIMEDOUT)
       snprintf(why, n, "a connection from %s sent no hello within %d ms", peer,
@@ -314,16 +374,16 @@ static int ring_boot_hello_check(ring_t *r, int fd, const char *peer, int64_t de
              peer, ph.magic, ph.version);
     return -1;
   }
-  if (ph.size != N || ph.from != r->rank_prev || ph.to != me || strcmp(ph.name, r->base.name)) {
-    snprintf(why, n,
-             "rank %d of group '%s' (size %d) dialling rank %d connected from %s where rank %d "
-             "(%s) of group '%s' (size %d) was expected: the address lists handed to the ranks "
-             "disagree",
-             (int)ph.from, ph.name, (int)ph.size, (int)ph.to, peer, r->rank_prev, r->addr_prev,
-             r->base.name, N);
-    return -1;
-  }
-  return 0;
+  char diff[400], who[300];
+  int same = ring_boot_same_run(r, &ph, diff, sizeof diff);
+  if (same && ph.from == r->rank_prev && ph.to == me) return 0;
+  ring_boot_who(who, sizeof who, &ph);
+  snprintf(why, n,
+           "%s dialling rank %d connected from %s where rank %d (%s) was expected%s%s: the "
+           "address lists handed to the ranks disagree",
+           who, (int)ph.to, peer, r->rank_prev, r->addr_prev, same ? "" : ", of another run: ",
+           same ? "" : diff);
+  return -1;
 }
 
 /* Accepts the previous rank into r->fd_prev. A connection whose hello is not
@@ -332,13 +392,13 @@ static int ring_boot_hello_check(ring_t *r, int fd, const char *peer, int64_t de
  * timeout then names the last one turned away. */
 static int ring_boot_accept_prev(ring_t *r, int lfd, int64_t deadline) {
   const int me = r->base.rank;
-  char why[512] = "";
+  char why[1280] = "";
   int strays = 0;
   for (;;) {
     struct pollfd pf = {.fd = lfd, .events = POLLIN};
     int ms = ring_ms_left(deadline);
     if (ms == 0 || poll(&pf, 1, ms) == 0) {
-      char more[600] = "";
+      char more[1400] = "";
       if (strays)
         snprintf(more, sizeof more, " (%d connection%s turned away, the last: %s)", strays,
                  strays == 1 ? "" : "s", why);
@@ -371,23 +431,20 @@ static int ring_boot_accept_prev(ring_t *r, int lfd, int64_t deadline) {
 }
 
 static int ring_boot_handshake(ring_t *r, int lfd) {
-  const int me = r->base.rank, N = r->base.size;
+  const int me = r->base.rank;
   int64_t deadline = ring_now_ns() + r->timeout_ms * 1000000;
   if (listen(lfd, 64) < 0)
     return err_set_errno(FSDP_EINVAL, errno, "rank %d of group '%s': listen on %s", me,
                          r->base.name, r->addr_self);
   int rc = ring_boot_connect_next(r, deadline);
   if (rc < 0) return rc;
-  ring_boot_hello_t hi = {.magic = RING_HELLO_MAGIC, .version = RING_VERSION, .size = N, .from = me,
-                     .to = r->rank_next};
-  snprintf(hi.name, sizeof hi.name, "%s", r->base.name);
+  ring_boot_hello_t hi = ring_boot_hello(r, r->rank_next);
   int e = ring_boot_io_all(r->fd_next, &hi, sizeof hi, 1, deadline);
   if (e < 0) goto io_next;
 
   rc = ring_boot_accept_prev(r, lfd, deadline);
   if (rc < 0) return rc;
-  ring_boot_hello_t reply = hi;
-  reply.to = r->rank_prev;
+  ring_boot_hello_t reply = ring_boot_hello(r, r->rank_prev);
   e = ring_boot_io_all(r->fd_prev, &reply, sizeof reply, 1, deadline);
   if (e < 0)
     return err_set(FSDP_EPEER, "rank %d of group '%s': answering rank %d (%s): %s", me,
@@ -397,13 +454,18 @@ static int ring_boot_handshake(ring_t *r, int lfd) {
   e = ring_boot_io_all(r->fd_next, &nh, sizeof nh, 0, deadline);
   if (e < 0) goto io_next;
   nh.name[sizeof nh.name - 1] = 0;
-  if (nh.magic != RING_HELLO_MAGIC || nh.size != N || nh.from != r->rank_next || nh.to != me ||
-      strcmp(nh.name, r->base.name))
+  char mine[300], who[300], diff[400];
+  int same = nh.version == RING_VERSION && ring_boot_same_run(r, &nh, diff, sizeof diff);
+  if (nh.magic != RING_HELLO_MAGIC || nh.version != RING_VERSION || !same ||
+      nh.from != r->rank_next || nh.to != me) {
+    ring_boot_who(mine, sizeof mine, &hi);
+    ring_boot_who(who, sizeof who, &nh);
     return err_set(FSDP_EPEER,
-                   "rank %d of group '%s' (size %d) dialled rank %d at %s but rank %d of group "
-                   "'%s' (size %d) answered: the address lists handed to the ranks disagree",
-                   me, r->base.name, N, r->rank_next, r->addr_next, (int)nh.from, nh.name,
-                   (int)nh.size);
+                   "%s dialled rank %d at %s but %s answered%s%s (magic %08x version %u): the "
+                   "address lists handed to the ranks disagree",
+                   mine, r->rank_next, r->addr_next, who, same ? "" : ": ", same ? "" : diff,
+                   nh.magic, nh.version);
+  }
   return ring_boot_choose_links(r, deadline);
 io_next:
   return err_set(e == -ETIMEDOUT ? FSDP_ETIMEDOUT : FSDP_EPEER,

@@ -39,7 +39,7 @@
 #define RING_NOTICE_MAGIC 0x41525346u /* "FSRA" */
 #define RING_BEAT_MAGIC 0x42525346u   /* "FSRB" */
 #define RING_BYE_MAGIC 0x59525346u    /* "FSRY" */
-#define RING_VERSION 5u
+#define RING_VERSION 6u
 #define RING_MSG 512  /* a notice, and every message buffer */
 #define RING_ADDR 128 /* "host:port" */
 #define RING_BEAT_MS 100  /* beat period, at most (timeout / 10 when shorter) */
@@ -138,6 +138,8 @@ struct ring {
   int wake[2];          /* comm_abort -> the thread */
   char addr_self[RING_ADDR], addr_next[RING_ADDR], addr_prev[RING_ADDR];
   int rank_next, rank_prev;
+  char job[COMM_RING_JOB_MAX + 1]; /* whose ring: "" (none) or the job's id, */
+  uint32_t attempt;                /* and its attempt (comm_ring_opts_t) */
   int64_t timeout_ms;
   size_t chunk, staging_bytes;
   uint8_t *staging;

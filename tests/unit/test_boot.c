@@ -21,6 +21,8 @@ static void env_clear(void) {
   unsetenv("FSDP_RANK");
   unsetenv("FSDP_ADDRS");
   unsetenv("FSDP_LISTEN_FD");
+  unsetenv("FSDP_JOB_ID");
+  unsetenv("FSDP_ATTEMPT");
 }
 
 Test(boot, no_launcher_is_a_one_rank_job) {
@@ -81,8 +83,46 @@ Test(boot, the_launcher_environment_is_read_whole) {
   cr_assert_str_eq(b.addrs[1], "[::1]:5002");
   cr_assert_str_eq(b.addrs[2], "host-c:5003");
   cr_assert_eq(b.listen_fd, 7);
+  cr_assert_str_eq(b.job, "", "no FSDP_JOB_ID: no job");
+  cr_assert_eq(b.attempt, 0);
   b.listen_fd = -1; /* not ours to close */
   comm_boot_free(&b);
+  /* fsdpd's: whose run the ring's hello says it is */
+  setenv("FSDP_JOB_ID", "job-42_x", 1);
+  setenv("FSDP_ATTEMPT", "3", 1);
+  cr_assert_eq(comm_boot_from_env(&b), 0, "%s", err_msg());
+  cr_assert_str_eq(b.job, "job-42_x");
+  cr_assert_eq(b.attempt, 3);
+  b.listen_fd = -1;
+  comm_boot_free(&b);
+  env_clear();
+}
+
+/* A job id the hello cannot carry, or an attempt that is not a number, is
+ * refused naming the variable. */
+Test(boot, a_bad_job_id_or_attempt_names_the_variable) {
+  char longid[COMM_RING_JOB_MAX + 2];
+  memset(longid, 'j', sizeof longid - 1);
+  longid[sizeof longid - 1] = 0;
+  static const struct {
+    const char *job, *attempt;
+  } cases[] = {{"", NULL}, {"a b", NULL}, {"a,b", NULL}, {NULL, "x"}, {NULL, "-1"}, {"j", ""}};
+  for (size_t i = 0; i <= sizeof cases / sizeof *cases; i++) {
+    env_clear();
+    setenv("FSDP_WORLD_SIZE", "2", 1);
+    setenv("FSDP_RANK", "0", 1);
+    setenv("FSDP_ADDRS", "a:1,b:2", 1);
+    setenv("FSDP_LISTEN_FD", "3", 1);
+    const char *job = i < sizeof cases / sizeof *cases ? cases[i].job : longid;
+    const char *attempt = i < sizeof cases / sizeof *cases ? cases[i].attempt : NULL;
+    if (job) setenv("FSDP_JOB_ID", job, 1);
+    if (attempt) setenv("FSDP_ATTEMPT", attempt, 1);
+    comm_boot_t b;
+    cr_assert_eq(comm_boot_from_env(&b), FSDP_EINVAL, "case %zu was accepted", i);
+    cr_assert(strstr(err_msg(), attempt ? "FSDP_ATTEMPT" : "FSDP_JOB_ID"), "case %zu: %s", i,
+              err_msg());
+    comm_boot_free(&b);
+  }
   env_clear();
 }
 
@@ -131,6 +171,8 @@ static void mesh_rank(char addrs[4][32], int fds[4], int rank, int by_id) {
   comm_boot_t b;
   comm_groups_t g;
   if (comm_boot_from_addrs(&b, rank, 4, a)) _exit(2);
+  snprintf(b.job, sizeof b.job, "mesh-job"); /* as fsdpd's FSDP_JOB_ID, FSDP_ATTEMPT */
+  b.attempt = 2;
   b.listen_fd = fds[rank];
   if (by_id) b.ids = &ids_backend;
   if (comm_boot_connect(&b, 2, 2, &g)) {
@@ -144,6 +186,10 @@ static void mesh_rank(char addrs[4][32], int fds[4], int rank, int by_id) {
            comm_rank(g.shard) == shard && comm_size(g.replica) == 2 &&
            comm_rank(g.replica) == replica && !strcmp(comm_name(g.shard), "shard") &&
            !strcmp(comm_name(g.replica), "replica");
+  /* the ring's groups are of the world's run: their hellos say so */
+  uint32_t att = 0;
+  ok = ok && (by_id || (!strcmp(comm_ring_job(g.shard, &att), "mesh-job") && att == 2 &&
+                        !strcmp(comm_ring_job(g.replica, &att), "mesh-job") && att == 2));
   float s = (float)(1 << rank), r = s;
   ok = ok && !comm_all_reduce(g.shard, &s, &s, 1, COMM_F32, COMM_SUM) &&
        !comm_all_reduce(g.replica, &r, &r, 1, COMM_F32, COMM_SUM);
