@@ -634,8 +634,13 @@ static int rk_spawn(rank_t *rk, const Fsdp__V1__RendezvousReply *rep) {
     rc = err_set_errno(FSDP_EIO, errno, "cannot make the report channel");
     goto out;
   }
-  char vrank[32], vworld[40], vthreads[40], vnode[40];
+  char vrank[32], vworld[40], vthreads[40], vnode[40], vattempt[40];
+  char vjob[WORKDIR_ID_MAX + 16]; /* the id passed workdir_id_check at assignment */
   snprintf(vnode, sizeof vnode, "FSDP_NODE_PID=%ld", (long)getpid()); /* the rank dies with us */
+  /* whose run the ring's hello says it is: a rank of another job or attempt
+   * that reaches this one's port is told apart (daemon/comm/ring_boot.c) */
+  snprintf(vjob, sizeof vjob, "FSDP_JOB_ID=%s", rk_job(rk));
+  snprintf(vattempt, sizeof vattempt, "FSDP_ATTEMPT=%" PRIu32, a->attempt);
   snprintf(vrank, sizeof vrank, "FSDP_RANK=%" PRIu32, a->rank);
   snprintf(vworld, sizeof vworld, "FSDP_WORLD_SIZE=%" PRIu32, a->world_size);
   snprintf(vthreads, sizeof vthreads, "FSDP_THREADS=%d", R->ncpu_threads);
@@ -644,7 +649,7 @@ static int rk_spawn(rank_t *rk, const Fsdp__V1__RendezvousReply *rep) {
   char vgpu[40];
   snprintf(vgpu, sizeof vgpu, "FSDP_CUDA_DEVICE=%d", R->o.inv->dev[a->device].index);
   char *env[] = {vrank, vworld, addrs, "FSDP_LISTEN_FD=3", "FSDP_REPORT_FD=4", vnode,
-                 is_cpu ? vthreads : vgpu, NULL};
+                 vjob, vattempt, is_cpu ? vthreads : vgpu, NULL};
   char *argv[] = {(char *)R->o.rank_program, "--config", confname, NULL};
   const int fds[2] = {rk->listen_fd, sv[1]};
   const supervise_child_opts_t co = {.argv = argv, .env = env, .fds = fds, .nfds = 2,
