@@ -20,13 +20,16 @@
 /* Rank r listens at addrs[r], connects to rank r+1 and accepts rank r-1; a
  * handshake checks whose ring each side is of (job id and attempt, group
  * name and size) and both ranks, so mis-wired address lists are an error
- * naming both sides and what differs. */
+ * naming both sides and what differs, on both sides at once (docs/RING.md,
+ * "Bootstrap"). */
 typedef struct {
   int rank, size;
   const char *const *addrs; /* size entries, "host:port" ("[v6]:port" too) */
   const char *name;         /* group name, up to 63 bytes; both sides must agree */
   /* The run this rank is of: the job's id (up to COMM_RING_JOB_MAX bytes;
-   * NULL or "": none) and attempt; both sides must agree. */
+   * NULL or "": none) and attempt; both sides must agree. A connection from
+   * a rank of an earlier attempt of the same job is turned away, never
+   * fatal: a stale rank, not a mis-wired one. */
   const char *job;
   uint32_t attempt;
   int listen_fd;            /* -1: bind addrs[rank]; else a bound socket, owned from now on */

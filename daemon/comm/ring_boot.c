@@ -5,9 +5,12 @@
  * and what the neighbours can map of each other's memory). Everything here
  * is bounded by the communicator's timeout and runs before the thread
  * starts. A rank that cannot connect, or a neighbour that is not the rank
- * the address list says, is an error naming both sides; a connection
- * accepted that is not the previous rank's is logged and closed, and the
- * wait for that rank goes on. */
+ * the address list says, is an error naming both sides. A connection
+ * accepted that is not the previous rank's is answered with a refusal (when
+ * it is a ring's hello), logged and closed, and the wait for that rank goes
+ * on, unless it claims to be that very rank, of another run: then both
+ * sides fail at once. The rank that dialled fails as soon as it reads a
+ * refusal, or the end of the connection, from the rank it dialled. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -31,7 +34,8 @@
 
 /* The first message on each connection, both ways: who sends, whom it
  * meant, and whose ring it is (the group and its size, the job and its
- * attempt). */
+ * attempt). With RING_REFUSE_MAGIC, the answer of a rank that turns a hello
+ * away: its own identity, and in `to` the rank it waits for. */
 typedef struct {
   uint32_t magic, version;
   int32_t size, from, to;
@@ -294,9 +298,16 @@ static int ring_boot_choose_links(ring_t *r, int64_t deadline) {
  * rank sends its hello as soon as its connect completes. */
 #define RING_BOOT_HELLO_MS 1000
 
-/* r's hello to rank `to`. */
-static ring_boot_hello_t ring_boot_hello(const ring_t *r, int to) {
-  ring_boot_hello_t h = {.magic = RING_HELLO_MAGIC, .version = RING_VERSION, .size = r->base.size,
+/* What a rank told about a mismatch can do about it (both sides say it). */
+#define RING_BOOT_MISWIRED                                                                 \
+  "start every rank of one attempt with the same job, world size and address list "     \
+  "(fsdp-launch and fsdpd do), and look for a rank of another job or attempt still "     \
+  "running, or a launcher given another run's addresses"
+
+/* r's hello (magic RING_HELLO_MAGIC) or refusal (RING_REFUSE_MAGIC) to
+ * rank `to`. */
+static ring_boot_hello_t ring_boot_hello(const ring_t *r, uint32_t magic, int to) {
+  ring_boot_hello_t h = {.magic = magic, .version = RING_VERSION, .size = r->base.size,
                          .from = r->base.rank, .to = to, .attempt = r->attempt};
   snprintf(h.name, sizeof h.name, "%s", r->base.name);
   memcpy(h.job, r->job, strnlen(r->job, sizeof h.job)); /* ring.c: at most that long */
@@ -346,8 +357,11 @@ static int ring_boot_same_run(const ring_t *r, const ring_boot_hello_t *h, char 
   return buf[0] == 0;
 }
 
-/* Reads and checks the hello on fd, a connection just accepted from peer:
- * 0, or -1 with why (n bytes) saying what was wrong with it. */
+/* Reads and checks the hello on fd, a connection just accepted from peer: 0
+ * (the previous rank: take it), 1 (turned away, why in why[n]: go on
+ * waiting) or a code with a message (the previous rank, by its own account,
+ * of another run: fail). A ring's hello that is not the previous rank's is
+ * answered with this rank's refusal, so its sender fails at once. */
 static int ring_boot_hello_check(ring_t *r, int fd, const char *peer, int64_t deadline, char *why,
                                  size_t n) {
   const int me = r->base.rank;
@@ -365,39 +379,118 @@ static int ring_boot_hello_check(ring_t *r, int fd, const char *peer, int64_t de
                RING_BOOT_HELLO_MS);
     else
       snprintf(why, n, "a connection from %s ended before its hello (%s)", peer, strerror(-e));
-    return -1;
+    return 1;
   }
-  ph.name[sizeof ph.name - 1] = 0;
   if (ph.magic != RING_HELLO_MAGIC || ph.version != RING_VERSION) {
     snprintf(why, n,
              "a connection from %s is not an fsdpd ring of this version (magic %08x version %u)",
              peer, ph.magic, ph.version);
-    return -1;
+    return 1;
   }
+  ph.name[sizeof ph.name - 1] = 0;
   char diff[400], who[300];
   int same = ring_boot_same_run(r, &ph, diff, sizeof diff);
   if (same && ph.from == r->rank_prev && ph.to == me) return 0;
+  /* refused: tell it (best effort: it may be gone), then judge */
+  ring_boot_hello_t no = ring_boot_hello(r, RING_REFUSE_MAGIC, r->rank_prev);
+  (void)ring_boot_io_all(fd, &no, sizeof no, 1, until);
   ring_boot_who(who, sizeof who, &ph);
+  if (!same && ph.from == r->rank_prev && ph.to == me) {
+    /* It claims to be the rank this one waits for. Of an earlier attempt of
+     * the same job it is a stale rank connecting late: turned away, the
+     * real one may still come. Of any other run, the ranks were mis-wired. */
+    if (!(ring_boot_same_job(r, &ph) && ph.attempt < r->attempt)) {
+      char mine[300];
+      ring_boot_hello_t self = ring_boot_hello(r, RING_HELLO_MAGIC, r->rank_next);
+      ring_boot_who(mine, sizeof mine, &self);
+      return err_set(FSDP_EPEER,
+                     "%s at %s: the rank it waits for (rank %d, %s) connected from %s as %s, of "
+                     "another run (%s): %s",
+                     mine, r->addr_self, r->rank_prev, r->addr_prev, peer, who, diff,
+                     RING_BOOT_MISWIRED);
+    }
+    snprintf(why, n, "%s connected from %s: a rank of an earlier attempt (%s), turned away", who,
+             peer, diff);
+    return 1;
+  }
   snprintf(why, n,
            "%s dialling rank %d connected from %s where rank %d (%s) was expected%s%s: the "
-           "address lists handed to the ranks disagree",
+           "address lists handed to the ranks disagree; turned away",
            who, (int)ph.to, peer, r->rank_prev, r->addr_prev, same ? "" : ", of another run: ",
            same ? "" : diff);
-  return -1;
+  return 1;
+}
+
+/* Reads the next rank's answer to this rank's hello on r->fd_next: its hello
+ * (0, when it is the next rank of this run), or a refusal, or the end of the
+ * connection (a code with a message naming both sides: nothing the
+ * bootstrap can wait out). */
+static int ring_boot_answer(ring_t *r, int64_t deadline) {
+  const int me = r->base.rank;
+  ring_boot_hello_t nh, self = ring_boot_hello(r, RING_HELLO_MAGIC, r->rank_next);
+  char mine[300], who[300], diff[400];
+  ring_boot_who(mine, sizeof mine, &self);
+  int e = ring_boot_io_all(r->fd_next, &nh, sizeof nh, 0, deadline);
+  if (e == -ECONNRESET || e == -EPIPE)
+    return err_set(FSDP_EPEER,
+                   "%s at %s: rank %d at %s closed the connection without answering its hello: "
+                   "that rank failed (see its log: a mis-wired rank names what differs there), "
+                   "or what listens there is not a rank of this run",
+                   mine, r->addr_self, r->rank_next, r->addr_next);
+  if (e < 0)
+    return err_set(e == -ETIMEDOUT ? FSDP_ETIMEDOUT : FSDP_EPEER,
+                   "rank %d of group '%s': handshake with rank %d at %s: %s (was the rank started "
+                   "with the same address list? did it fail? see its log)",
+                   me, r->base.name, r->rank_next, r->addr_next, strerror(-e));
+  nh.name[sizeof nh.name - 1] = 0;
+  ring_boot_who(who, sizeof who, &nh);
+  int same = nh.version == RING_VERSION && ring_boot_same_run(r, &nh, diff, sizeof diff);
+  if (nh.magic == RING_REFUSE_MAGIC && nh.version == RING_VERSION) {
+    if (ring_boot_same_job(r, &nh) && nh.attempt > r->attempt)
+      return err_set(FSDP_EPEER,
+                     "%s at %s dialled rank %d at %s and was turned away by %s: a later attempt "
+                     "of this job holds that address, so this rank's attempt is over; it is to "
+                     "be stopped, not restarted",
+                     mine, r->addr_self, r->rank_next, r->addr_next, who);
+    if (!same)
+      return err_set(FSDP_EPEER,
+                     "%s at %s dialled rank %d at %s and was turned away by %s, of another run "
+                     "(%s): %s",
+                     mine, r->addr_self, r->rank_next, r->addr_next, who, diff,
+                     RING_BOOT_MISWIRED);
+    return err_set(FSDP_EPEER,
+                   "%s at %s dialled rank %d at %s and was turned away by %s, which waits for "
+                   "rank %d: the address lists handed to the ranks disagree; %s",
+                   mine, r->addr_self, r->rank_next, r->addr_next, who, (int)nh.to,
+                   RING_BOOT_MISWIRED);
+  }
+  if (nh.magic != RING_HELLO_MAGIC || nh.version != RING_VERSION || !same ||
+      nh.from != r->rank_next || nh.to != me)
+    return err_set(FSDP_EPEER,
+                   "%s dialled rank %d at %s but %s answered%s%s (magic %08x version %u): the "
+                   "address lists handed to the ranks disagree",
+                   mine, r->rank_next, r->addr_next, who, same ? "" : ": ", same ? "" : diff,
+                   nh.magic, nh.version);
+  return 0;
 }
 
 /* Accepts the previous rank into r->fd_prev. A connection whose hello is not
  * that rank's (garbage, another group, or nothing within RING_BOOT_HELLO_MS)
  * is logged once and closed, and the wait goes on until the deadline; a
- * timeout then names the last one turned away. */
-static int ring_boot_accept_prev(ring_t *r, int lfd, int64_t deadline) {
+ * timeout then names the last one turned away. Meanwhile the next rank's
+ * answer is read as soon as it comes (*answered): a refusal or a closed
+ * connection fails the bootstrap at once. */
+static int ring_boot_accept_prev(ring_t *r, int lfd, int64_t deadline, int *answered) {
   const int me = r->base.rank;
   char why[1280] = "";
   int strays = 0;
   for (;;) {
-    struct pollfd pf = {.fd = lfd, .events = POLLIN};
+    struct pollfd pf[2] = {{.fd = lfd, .events = POLLIN},
+                           {.fd = *answered ? -1 : r->fd_next, .events = POLLIN}};
     int ms = ring_ms_left(deadline);
-    if (ms == 0 || poll(&pf, 1, ms) == 0) {
+    int k = ms == 0 ? 0 : poll(pf, 2, ms);
+    if (k < 0 && errno == EINTR) continue;
+    if (k == 0) {
       char more[1400] = "";
       if (strays)
         snprintf(more, sizeof more, " (%d connection%s turned away, the last: %s)", strays,
@@ -408,6 +501,12 @@ static int ring_boot_accept_prev(ring_t *r, int lfd, int64_t deadline) {
                      me, r->base.name, r->addr_self, r->rank_prev, r->addr_prev,
                      (long long)r->timeout_ms, more);
     }
+    if (pf[1].revents) {
+      int rc = ring_boot_answer(r, deadline);
+      if (rc < 0) return rc;
+      *answered = 1;
+    }
+    if (!pf[0].revents) continue;
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
     int fd = accept4(lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -419,11 +518,13 @@ static int ring_boot_accept_prev(ring_t *r, int lfd, int64_t deadline) {
     char peer[80];
     netaddr_format((const struct sockaddr *)&ss, peer, sizeof peer);
     ring_boot_tune(fd);
-    if (ring_boot_hello_check(r, fd, peer, deadline, why, sizeof why) == 0) {
+    int rc = ring_boot_hello_check(r, fd, peer, deadline, why, sizeof why);
+    if (rc == 0) {
       r->fd_prev = fd;
       return 0;
     }
     close(fd);
+    if (rc < 0) return rc;
     strays++;
     LOG_WARN("comm", "rank %d of group '%s' (%s): %s; closed it, still waiting for rank %d (%s)",
              me, r->base.name, r->addr_self, why, r->rank_prev, r->addr_prev);
@@ -438,40 +539,23 @@ static int ring_boot_handshake(ring_t *r, int lfd) {
                          r->base.name, r->addr_self);
   int rc = ring_boot_connect_next(r, deadline);
   if (rc < 0) return rc;
-  ring_boot_hello_t hi = ring_boot_hello(r, r->rank_next);
+  ring_boot_hello_t hi = ring_boot_hello(r, RING_HELLO_MAGIC, r->rank_next);
   int e = ring_boot_io_all(r->fd_next, &hi, sizeof hi, 1, deadline);
-  if (e < 0) goto io_next;
-
-  rc = ring_boot_accept_prev(r, lfd, deadline);
+  if (e < 0)
+    return err_set(e == -ETIMEDOUT ? FSDP_ETIMEDOUT : FSDP_EPEER,
+                   "rank %d of group '%s': sending the hello to rank %d at %s: %s (did it fail? "
+                   "see its log)",
+                   me, r->base.name, r->rank_next, r->addr_next, strerror(-e));
+  int answered = 0;
+  rc = ring_boot_accept_prev(r, lfd, deadline, &answered);
   if (rc < 0) return rc;
-  ring_boot_hello_t reply = ring_boot_hello(r, r->rank_prev);
+  ring_boot_hello_t reply = ring_boot_hello(r, RING_HELLO_MAGIC, r->rank_prev);
   e = ring_boot_io_all(r->fd_prev, &reply, sizeof reply, 1, deadline);
   if (e < 0)
     return err_set(FSDP_EPEER, "rank %d of group '%s': answering rank %d (%s): %s", me,
                    r->base.name, r->rank_prev, r->addr_prev, strerror(-e));
-
-  ring_boot_hello_t nh;
-  e = ring_boot_io_all(r->fd_next, &nh, sizeof nh, 0, deadline);
-  if (e < 0) goto io_next;
-  nh.name[sizeof nh.name - 1] = 0;
-  char mine[300], who[300], diff[400];
-  int same = nh.version == RING_VERSION && ring_boot_same_run(r, &nh, diff, sizeof diff);
-  if (nh.magic != RING_HELLO_MAGIC || nh.version != RING_VERSION || !same ||
-      nh.from != r->rank_next || nh.to != me) {
-    ring_boot_who(mine, sizeof mine, &hi);
-    ring_boot_who(who, sizeof who, &nh);
-    return err_set(FSDP_EPEER,
-                   "%s dialled rank %d at %s but %s answered%s%s (magic %08x version %u): the "
-                   "address lists handed to the ranks disagree",
-                   mine, r->rank_next, r->addr_next, who, same ? "" : ": ", same ? "" : diff,
-                   nh.magic, nh.version);
-  }
+  if (!answered && (rc = ring_boot_answer(r, deadline)) < 0) return rc;
   return ring_boot_choose_links(r, deadline);
-io_next:
-  return err_set(e == -ETIMEDOUT ? FSDP_ETIMEDOUT : FSDP_EPEER,
-                 "rank %d of group '%s': handshake with rank %d at %s: %s (was the rank started "
-                 "with the same address list? did it fail? see its log)",
-                 me, r->base.name, r->rank_next, r->addr_next, strerror(-e));
 }
 
 int ring_boot_connect(ring_t *r, int lfd) {

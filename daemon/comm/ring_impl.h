@@ -34,6 +34,7 @@
 /* The wire (docs/RING.md), one magic per message; RING_VERSION, in the
  * hello, changes with any of them. */
 #define RING_HELLO_MAGIC 0x48525346u  /* "FSRH" */
+#define RING_REFUSE_MAGIC 0x4e525346u /* "FSRN": a hello turned away, and by whom */
 #define RING_OFFER_MAGIC 0x53525346u  /* "FSRS" */
 #define RING_HDR_MAGIC 0x4f525346u    /* "FSRO" */
 #define RING_NOTICE_MAGIC 0x41525346u /* "FSRA" */

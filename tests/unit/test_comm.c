@@ -817,34 +817,163 @@ Test(comm, bootstrap_to_a_dead_address_fails_within_the_timeout, .timeout = 20) 
   cr_assert(strstr(err_msg(), dead) && strstr(err_msg(), "rank 1"), "%s", err_msg());
 }
 
+/* Ranks [from, to) of a mis-wired bootstrap must fail by themselves, well
+ * before its timeout (20 s here: failing within 5 s of t0 is failing at
+ * once, not waiting it out), with EPEER and a message naming each of want. */
+static void assert_fast_mismatch(shared_t *sh, int from, int to, int64_t t0,
+                                 const char *const *want, int nwant) {
+  for (int r = from; r < to; r++) {
+    const char *m = sh->s[r].msg;
+    double dt = (sh->s[r].t_err_ns - t0) / 1e9;
+    cr_log_info("rank %d after %.3f s: %s", r, dt, m);
+    cr_expect_eq(sh->s[r].code, FSDP_EPEER, "rank %d: code %d after %.2f s: %s", r,
+                 sh->s[r].code, dt, m);
+    cr_expect(dt < 5.0, "rank %d took %.2f s to fail (the bootstrap timeout is 20 s)", r, dt);
+    for (int i = 0; i < nwant; i++)
+      cr_expect(strstr(m, want[i]), "rank %d's error does not name %s: %s", r, want[i], m);
+  }
+}
+
+/* Two ranks given each other's addresses, each of another run: of another
+ * group (variant 0) or another job (1). */
 static int child_miswired(int rank, void *argp, shared_t *sh) {
   fault_arg_t *a = argp;
+  comm_ring_opts_t o = {.rank = rank, .size = 2, .addrs = a->g.ptr, .name = "world",
+                        .listen_fd = a->g.lfd[rank], .timeout_ms = a->timeout_ms};
+  if (a->variant == 0) o.name = rank == 0 ? "alpha" : "beta";
+  else o.job = rank == 0 ? "job-a" : "job-b", o.attempt = 1;
+  a->g.lfd[rank] = -1;
   comm_t *c = NULL;
-  int rc = group_create(&a->g, rank, rank == 0 ? "alpha" : "beta", a->timeout_ms, &c);
+  int rc = comm_ring_create(&o, &c);
   record(sh, rank, rc);
   comm_destroy(c);
   return 0;
 }
 
-Test(comm, miswired_groups_are_an_error_naming_both_sides, .timeout = 20) {
+/* Each rank dials the other and meets a rank of another run: each side
+ * refuses the other's hello, and each, refused by the rank it dialled (and
+ * met by a hello of another run from the very rank it waits for), fails at
+ * once naming both (not at the timeout, as when both took the other for a
+ * stray and went on waiting). */
+static void run_miswired(int variant, const char *want0, const char *want1) {
   shared_t *sh = shared_new();
-  fault_arg_t a = {.timeout_ms = 3000};
+  fault_arg_t a = {.timeout_ms = 20000, .variant = variant};
   group_bind(&a.g, 2);
   group_t *gs[] = {&a.g};
   pid_t pids[MAXR];
+  int64_t t0 = now_ns();
   spawn(pids, 2, child_miswired, &a, sh, gs, 1);
-  assert_children(sh, pids, 2, 10);
-  for (int r = 0; r < 2; r++) {
-    cr_expect(sh->s[r].code == FSDP_EPEER || sh->s[r].code == FSDP_ETIMEDOUT, "rank %d: %s", r,
-              sh->s[r].msg);
+  assert_children(sh, pids, 2, 25);
+  const char *want[] = {want0, want1};
+  assert_fast_mismatch(sh, 0, 2, t0, want, 2);
+}
+
+Test(comm, miswired_groups_fail_at_once_naming_both_sides, .timeout = 40) {
+  run_miswired(0, "'alpha'", "'beta'");
+}
+
+Test(comm, ranks_of_two_jobs_fail_at_once_naming_both_jobs, .timeout = 40) {
+  run_miswired(1, "'job-a'", "'job-b'");
+}
+
+/* x: a rank of a 2-rank world whose rank 1 address is y's rank 1 (of a
+ * 3-rank world); y's rank 2 is a listener the parent holds, so y's rank 1
+ * gets past its own connect and waits for its rank 0, which x claims to
+ * be. */
+typedef struct {
+  group_t x, y;
+} worlds_arg_t;
+
+static int child_worlds(int rank, void *argp, shared_t *sh) {
+  worlds_arg_t *a = argp;
+  comm_t *c = NULL;
+  group_t *g = rank == 0 ? &a->x : &a->y;
+  comm_ring_opts_t o = {.rank = rank, .size = g->n, .addrs = g->ptr, .name = "world",
+                        .listen_fd = g->lfd[rank], .timeout_ms = 20000};
+  g->lfd[rank] = -1;
+  int rc = comm_ring_create(&o, &c);
+  record(sh, rank, rc);
+  comm_destroy(c);
+  return 0;
+}
+
+/* A rank's next address is a rank of a world of another size, waiting for
+ * the rank this one claims to be: both fail at once, naming both sizes. */
+Test(comm, a_rank_of_another_world_size_fails_both_sides_at_once, .timeout = 40) {
+  shared_t *sh = shared_new();
+  worlds_arg_t a;
+  group_bind(&a.x, 2);
+  group_bind(&a.y, 3);
+  close(a.x.lfd[1]), a.x.lfd[1] = -1;
+  snprintf(a.x.addr[1], sizeof a.x.addr[1], "%s", a.y.addr[1]);
+  close(a.y.lfd[0]), a.y.lfd[0] = -1; /* nobody: y's rank 1 never dials its rank 0 */
+  int y2 = a.y.lfd[2];                /* held here: y's rank 1 connects, nobody answers */
+  a.y.lfd[2] = -1;
+  group_t *gs[] = {&a.x, &a.y};
+  pid_t pids[MAXR];
+  int64_t t0 = now_ns();
+  spawn(pids, 2, child_worlds, &a, sh, gs, 2);
+  assert_children(sh, pids, 2, 25);
+  close(y2);
+  const char *want[] = {"size 2", "size 3"};
+  assert_fast_mismatch(sh, 0, 2, t0, want, 2);
+}
+
+/* h: a healthy 2-rank ring of job "j" attempt 2, whose rank 0 starts late;
+ * s: a stale rank 0 of attempt 1 whose rank 1 address is h's rank 1. */
+typedef struct {
+  group_t h, s;
+} stale_arg_t;
+
+static int child_stale(int rank, void *argp, shared_t *sh) {
+  stale_arg_t *a = argp;
+  comm_t *c = NULL;
+  if (rank == 2) { /* the stale one */
+    const char *addrs[2] = {a->s.addr[2], a->h.addr[1]};
+    comm_ring_opts_t o = {.rank = 0, .size = 2, .addrs = addrs, .name = "world",
+                          .listen_fd = a->s.lfd[2], .timeout_ms = 20000, .job = "j",
+                          .attempt = 1};
+    int rc = comm_ring_create(&o, &c);
+    record(sh, rank, rc);
+    comm_destroy(c);
+    return 0;
   }
-  cr_log_info("rank 0: %s", sh->s[0].msg);
-  cr_log_info("rank 1: %s", sh->s[1].msg);
-  /* at least one side saw the other's hello and names both groups */
-  int named = 0;
-  for (int r = 0; r < 2; r++)
-    named |= strstr(sh->s[r].msg, "'alpha'") && strstr(sh->s[r].msg, "'beta'");
-  cr_expect(named, "neither error names both groups: [%s] [%s]", sh->s[0].msg, sh->s[1].msg);
+  if (rank == 0) usleep(300000); /* the stale rank reaches rank 1 first */
+  comm_ring_opts_t o = {.rank = rank, .size = 2, .addrs = a->h.ptr, .name = "world",
+                        .listen_fd = a->h.lfd[rank], .timeout_ms = 20000, .job = "j",
+                        .attempt = 2};
+  if (comm_ring_create(&o, &c) < 0) return child_fail(sh, rank, "create: %s", err_msg());
+  sh->s[rank].t_err_ns = now_ns(); /* formed */
+  float x = 1.0f + (float)rank;
+  int rc = comm_all_reduce(c, &x, &x, 1, COMM_F32, COMM_SUM);
+  comm_destroy(c);
+  if (rc < 0) return child_fail(sh, rank, "all_reduce: %s", err_msg());
+  if (x != 3.0f) return child_fail(sh, rank, "sum %g", x);
+  return 0;
+}
+
+/* A rank of an earlier attempt of the same job, connecting to a rank of
+ * this attempt as the very rank it waits for, is a stale rank, not a
+ * mis-wired one: turned away (and told so, so it fails at once) while the
+ * healthy ring forms. */
+Test(comm, a_stale_rank_of_an_earlier_attempt_is_turned_away, .timeout = 40) {
+  shared_t *sh = shared_new();
+  stale_arg_t a;
+  group_bind(&a.h, 2);
+  group_bind(&a.s, 3);
+  close(a.s.lfd[0]), a.s.lfd[0] = -1;
+  close(a.s.lfd[1]), a.s.lfd[1] = -1;
+  group_t *gs[] = {&a.h, &a.s};
+  pid_t pids[MAXR];
+  int64_t t0 = now_ns();
+  spawn(pids, 3, child_stale, &a, sh, gs, 2);
+  assert_children(sh, pids, 3, 25);
+  for (int r = 0; r < 2; r++) {
+    double dt = (sh->s[r].t_err_ns - t0) / 1e9;
+    cr_expect(dt < 5.0, "the healthy ring took %.2f s to form (rank %d)", dt, r);
+  }
+  const char *want[] = {"attempt 1", "attempt 2"}; /* the stale rank's, told by rank 1 */
+  assert_fast_mismatch(sh, 2, 3, t0, want, 2);
 }
 
 /* A blocking connection to "127.0.0.1:PORT" (one of group_bind's). */
