@@ -11,6 +11,7 @@
  *     files byte-identical to an uninterrupted run's;
  *   - the script takes whole nodes, one fsdpd each, and asks for no GPU: its
  *     job waits for a node another job holds a CPU of, rather than share it;
+ *   - the coordinator needs tokens the script made for the allocation;
  *   - nothing is left running afterwards.
  * Slurm's daemons run as root here: as another user the tests skip, saying so. */
 #include <criterion/criterion.h>
@@ -160,6 +161,26 @@ Test(slurm, the_batch_jobs_exit_code_is_the_training_jobs_outcome) {
   char out[1 << 14];
   char *ok = job_file("ok.conf", "steps = 50\n");
   cr_assert_eq(sbatch_wait(ok, "ok", out, sizeof out), 0, "a succeeding job:\n%s", out);
+  /* the coordinator listened beyond loopback with tokens of the allocation's
+   * own, in a directory only the job's user reads */
+  char path[1200];
+  struct stat sb;
+  snprintf(path, sizeof path, "%s/ok/tokens", tu_tmpdir());
+  cr_assert_eq(stat(path, &sb), 0, "%s: no tokens were made", path);
+  cr_expect_eq(sb.st_mode & 0777, 0700, "%s: mode %o", path, sb.st_mode & 0777);
+  for (int i = 0; i < 2; i++) {
+    snprintf(path, sizeof path, "%s/ok/tokens/%s.token", tu_tmpdir(), i ? "node" : "user");
+    char *t = tu_slurp(path, NULL);
+    cr_assert_not_null(t, "%s", path);
+    cr_expect_eq(strlen(t), 64, "%s: %s", path, t);
+    cr_expect_eq(strspn(t, "0123456789abcdef"), 64, "%s: %s", path, t);
+    free(t);
+  }
+  snprintf(path, sizeof path, "%s/ok/coordinator.log", tu_tmpdir());
+  char *log = tu_slurp(path, NULL);
+  cr_assert_not_null(log, "%s", path);
+  cr_expect(!strstr(log, "no tokens"), "the coordinator ran open to anyone:\n%s", log);
+  free(log);
   /* ranks that fail: init_from is no weights file */
   char *junk = tu_path("junk.bin"), extra[1024];
   static char zeros[4096];
