@@ -106,6 +106,11 @@ int rpc_server_create(rpc_server_t **s, uv_loop_t *loop, const rpc_server_opts_t
 int rpc_server_add(rpc_server_t *s, const rpc_method_t *m);
 /* rpc_server_add of n methods, stopping at the first failure. */
 int rpc_server_add_all(rpc_server_t *s, const rpc_method_t *m, size_t n);
+/* Reads the token files given at create again (an operator added a node's
+ * line, or rotated a token): calls from now on are checked against what
+ * they hold. On an error (named) the tokens in use stay. A server without
+ * tokens has none to read (EINVAL). On the loop's thread. */
+int rpc_server_reload_tokens(rpc_server_t *s);
 /* Binds o->addr and starts serving. */
 int rpc_server_start(rpc_server_t *s);
 /* The bound port (after start; 0 for unix sockets). */

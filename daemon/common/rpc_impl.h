@@ -23,6 +23,7 @@ int rpc__read_token(const char *path, char **token);
 const char *rpc__token_flaw(const char *t, size_t n);
 /* The tokens a server accepts, as SHA-256 digests (rpc_keys.c). */
 #define RPC_DIGEST_LEN 32
+#define RPC_NODE_NAME_MAX 128 /* a node's name in a token file, with the NUL */
 typedef struct rpc_key {
   unsigned role;                /* RPC_ROLE_* */
   char *name;                   /* a node's, from a per-node token file; else NULL */

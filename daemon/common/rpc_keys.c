@@ -15,7 +15,6 @@
 #include "daemon/common/err.h"
 #include "rpc_impl.h"
 
-#define RPC_NODE_NAME_MAX 128                /* a node's name in a token file, with the NUL */
 #define RPC_NODE_TOKENS_MAX 65536            /* nodes in one token file */
 #define RPC_NODE_TOKENS_FILE_MAX (16u << 20) /* the longest node token file accepted */
 #define RPC_DIGEST_PREFIX "sha256:"

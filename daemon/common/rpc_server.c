@@ -87,7 +87,7 @@ struct rpc_call {
   int cancelled;                 /* written by RECV_CLOSE_ON_SERVER */
   ProtobufCMessage *req;
   unsigned role;
-  const char *node;              /* the node its token names (per-node tokens), else NULL */
+  char node[RPC_NODE_NAME_MAX];  /* the node its token names (per-node tokens), else "" */
   char method[256];              /* for messages */
   int close_pending, send_pending;
   int close_in_send;             /* RECV_CLOSE_ON_SERVER rides in the send batch pending */
@@ -376,7 +376,8 @@ static int rpc_auth(rpc_server_t *s, rpc_call_t *c, unsigned roles) {
   if (!k)
     return err_set(FSDP_EAUTH, "%s: the token is not valid on this server; check the token "
                    "file the client reads", c->method);
-  c->role = k->role, c->node = k->name;
+  c->role = k->role;
+  snprintf(c->node, sizeof c->node, "%s", k->name ? k->name : "");
   if (!(c->role & roles)) {
     char need[48];
     rpc_role_names(s->keys.has_operator ? roles : roles & ~(unsigned)RPC_ROLE_OPERATOR, need, sizeof need);
@@ -567,7 +568,7 @@ void rpc_call_on_cancel(rpc_call_t *c, rpc_cancel_cb cb, void *arg) {
 
 const char *rpc_call_method(const rpc_call_t *c) { return c->method; }
 unsigned rpc_call_role(const rpc_call_t *c) { return c->role; }
-const char *rpc_call_node(const rpc_call_t *c) { return c->node; }
+const char *rpc_call_node(const rpc_call_t *c) { return c->node[0] ? c->node : NULL; }
 
 /* ---- health -------------------------------------------------------------------------- */
 
@@ -701,6 +702,17 @@ int rpc_server_add_all(rpc_server_t *s, const rpc_method_t *m, size_t n) {
   int rc = FSDP_OK;
   for (size_t i = 0; i < n && !rc; i++) rc = rpc_server_add(s, &m[i]);
   return rc;
+}
+
+int rpc_server_reload_tokens(rpc_server_t *s) {
+  if (!s->keys.n)
+    return err_set(FSDP_EINVAL, "rpc server: it was started without token files: none to read again");
+  rpc_keys_t fresh;
+  int rc = rpc__keys_load(&fresh, s->o.user_token_file, s->o.node_token_file, s->o.operator_token_file);
+  if (rc) return rc;
+  rpc__keys_free(&s->keys); /* calls in flight keep the role and name they came with */
+  s->keys = fresh;
+  return 0;
 }
 
 int rpc_server_start(rpc_server_t *s) {

@@ -1202,6 +1202,7 @@ int coord_create(coord_t **out, uv_loop_t *loop, const coord_opts_t *o) {
 }
 
 int coord_port(const coord_t *c) { return rpc_server_port(c->srv); }
+int coord_reload_tokens(coord_t *c) { return rpc_server_reload_tokens(c->srv); }
 int coord_running_jobs(coord_t *c) {
   int64_t n[STORE_JOB_CANCELLED + 1];
   return store_job_counts(c->st, n) ? -1 : (int)n[STORE_JOB_RUNNING];

@@ -47,6 +47,8 @@ typedef struct coord_opts {
 
 /* Opens the store, reads back what was running, starts serving. */
 int coord_create(coord_t **c, uv_loop_t *loop, const coord_opts_t *o);
+/* Reads its token files again (SIGHUP): see rpc_server_reload_tokens. */
+int coord_reload_tokens(coord_t *c);
 int coord_port(const coord_t *c);
 /* Jobs in state RUNNING (-1 when the store cannot say). */
 int coord_running_jobs(coord_t *c);

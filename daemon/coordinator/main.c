@@ -63,13 +63,14 @@ static void usage(FILE *f) {
           "  --backup FILE              with --db only: copy the database into the new FILE\n"
           "                             and exit; safe while a coordinator runs on it (SQLite's\n"
           "                             online backup); start a coordinator on FILE to restore\n"
+          "SIGHUP reads the token files again (a node's line added, a token rotated).\n"
           "exit status: 0 stopped by a signal, 1 failed, 2 bad option\n");
 }
 
 #define COMMIT_WAIT_S 20 /* a stop waits this long at most for commits on the pool (under
                           * the 30 s systemd and Kubernetes give before SIGKILL) */
 
-static uv_signal_t sig_term, sig_int;
+static uv_signal_t sig_term, sig_int, sig_hup;
 static uv_timer_t stop_wait;
 static coord_t *coord;
 static int stop_grace_s;         /* --stop-grace */
@@ -81,6 +82,7 @@ static void stop_now(void) {
   coord = NULL;
   uv_close((uv_handle_t *)&sig_term, NULL);
   uv_close((uv_handle_t *)&sig_int, NULL);
+  uv_close((uv_handle_t *)&sig_hup, NULL);
   uv_close((uv_handle_t *)&stop_wait, NULL);
 }
 
@@ -124,6 +126,16 @@ static void on_signal(uv_signal_t *s, int signum) {
            signum, running > 0 ? running : 0, running > 0 ? stop_grace_s : 0, commits,
            COMMIT_WAIT_S);
   uv_timer_start(&stop_wait, stop_wait_cb, 50, 50);
+}
+
+/* SIGHUP: the token files again (a node's line added, a token rotated). */
+static void on_hup(uv_signal_t *s, int signum) {
+  (void)s, (void)signum;
+  if (!coord) return;
+  if (coord_reload_tokens(coord))
+    LOG_WARN("coord", "SIGHUP: the tokens in use stay: %s", err_msg());
+  else
+    LOG_INFO("coord", "SIGHUP: token files read again; calls from now on are checked against them");
 }
 
 /* A whole number of unit in [lo, hi] (the message names the option and the range). */
@@ -251,6 +263,8 @@ int main(int argc, char **argv) {
   uv_signal_init(&loop, &sig_int);
   uv_signal_start(&sig_term, on_signal, SIGTERM);
   uv_signal_start(&sig_int, on_signal, SIGINT);
+  uv_signal_init(&loop, &sig_hup);
+  uv_signal_start(&sig_hup, on_hup, SIGHUP);
   uv_run(&loop, UV_RUN_DEFAULT);
   uv_loop_close(&loop);
   grpc_shutdown();

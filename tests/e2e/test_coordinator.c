@@ -1032,6 +1032,56 @@ static int ckpt_wait_removed(const char *job, int64_t step, const char *dir) {
 #define CK_COMMITTED FSDP__V1__CHECKPOINT_STATE__CHECKPOINT_STATE_COMMITTED
 #define CK_ABORTED FSDP__V1__CHECKPOINT_STATE__CHECKPOINT_STATE_ABORTED
 
+/* RegisterNode of node name with the current client: its code. */
+static int register_as(const char *name) {
+  Fsdp__V1__RegisterNodeRequest q = FSDP__V1__REGISTER_NODE_REQUEST__INIT;
+  q.hostname = (char *)name, q.address = "127.0.0.1:9", q.node_id = "";
+  Fsdp__V1__RegisterNodeReply *r = NULL;
+  int rc = CALL("RegisterNode", q, register_node_reply, &r);
+  if (r) protobuf_c_message_free_unpacked(&r->base, NULL);
+  return rc;
+}
+
+/* SIGHUP reads the token files again: a node's new line lets it in without
+ * a restart; a broken file leaves the tokens in use, and says why. */
+Test(coordinator, sighup_reads_the_token_files_again) {
+  teardown();
+  char *u = tu_path("user.token"), *nt = tu_path("nodes.tokens"), *db = tu_path("hup.db");
+  char *ta = tu_path("alpha.token"), *tb = tu_path("beta.token");
+  tu_write_file(u, "user-secret-1234567890\n", 23);
+  tu_write_file(nt, "alpha alpha-secret-111\n", 23);
+  tu_write_file(ta, "alpha-secret-111\n", 17);
+  tu_write_file(tb, "beta-secret-222\n", 16);
+  char extra[1400];
+  snprintf(extra, sizeof extra, "--user-token-file '%s' --node-token-file '%s'", u, nt);
+  co_start(db, "127.0.0.1:0", extra);
+  client_for(&co, tb);
+  cr_expect_eq(register_as("beta"), FSDP_EAUTH, "beta has no line yet: %s", err_msg());
+  const char *both = "alpha alpha-secret-111\nbeta beta-secret-222\n";
+  tu_write_file(nt, both, strlen(both));
+  cr_assert_eq(kill(co.pid, SIGHUP), 0);
+  int rc = FSDP_EAUTH;
+  for (const double t0 = tu_now_s(); rc == FSDP_EAUTH && tu_now_s() - t0 < 5;
+       nanosleep(&(struct timespec){0, 20000000}, NULL))
+    rc = register_as("beta");
+  cr_expect_eq(rc, 0, "beta after SIGHUP: %s", err_msg());
+  /* a broken file: the tokens in use stay */
+  tu_write_file(nt, "alpha\nbeta\n", 11);
+  cr_assert_eq(kill(co.pid, SIGHUP), 0);
+  char *log = NULL;
+  for (const double t0 = tu_now_s(); tu_now_s() - t0 < 5; nanosleep(&(struct timespec){0, 20000000}, NULL)) {
+    free(log);
+    log = tu_slurp(co.log, NULL);
+    if (log && strstr(log, "the tokens in use stay")) break;
+  }
+  cr_assert(log && strstr(log, "SIGHUP: the tokens in use stay") && strstr(log, "line 1 is not NAME TOKEN"),
+            "%s", log ? log : "(no log)");
+  cr_expect_eq(register_as("beta"), 0, "%s", err_msg());
+  client_for(&co, ta);
+  cr_expect_eq(register_as("alpha"), 0, "%s", err_msg());
+  free(log), free(u), free(nt), free(db), free(ta), free(tb);
+}
+
 /* A checkpoint shard is reported by the node its rank runs on, and no other. */
 Test(coordinator, a_shard_is_reported_only_by_its_ranks_node) {
   node_t n = {{0}, 0}, other = {{0}, 0};
