@@ -478,6 +478,79 @@ void coord_attempt_fail(coord_t *c, int64_t job, int64_t epoch, int64_t except_n
   coord_job_changed(c, job);
 }
 
+/* Ends an attempt as its ranks' verdict says (store_rank_exit's, or
+ * store_attempt_verdict's at start): why is the failure for FAILED, what the
+ * preemption for PREEMPTED; GOING and ENDED leave it. */
+void coord_attempt_settle(coord_t *c, int64_t job, int64_t epoch, store_attempt_verdict_t v,
+                          const char *why, const char *what) {
+  if (v == STORE_ATTEMPT_SUCCEEDED) {
+    store_job_state_t state;
+    if (store_attempt_end(c->st, job, epoch, 1, "", &state))
+      LOG_WARN("coord", "job j-%lld: ending its attempt: %s", (long long)job, err_msg());
+    else
+      LOG_INFO("coord", "job j-%lld attempt %lld succeeded", (long long)job, (long long)epoch);
+    c->dirty = 1;
+    coord_job_changed(c, job);
+  } else if (v == STORE_ATTEMPT_FAILED) {
+    coord_attempt_fail(c, job, epoch, 0, why);
+  } else if (v == STORE_ATTEMPT_PREEMPTED) {
+    if (store_attempt_requeue(c->st, job, epoch, what))
+      LOG_WARN("coord", "job j-%lld: requeueing: %s", (long long)job, err_msg());
+    else
+      LOG_INFO("coord", "job j-%lld attempt %lld preempted: requeued", (long long)job,
+               (long long)epoch);
+    coord_job_t *x = coord_job_info(c, job);
+    if (x) x->preempted = 1, snprintf(x->failure, sizeof x->failure, "%s", what);
+    coord_ranks_forget(c, job);
+    c->dirty = 1;
+    coord_job_changed(c, job);
+  }
+}
+
+/* At start: a running job whose ranks had all exited, or one of which had
+ * failed, when the previous coordinator stopped between the rank's exit and
+ * the attempt's end (two transactions; the exit report was answered first,
+ * so no node tells it again) is ended now. Left, it would run forever: no
+ * rank of it is left to report, and a node's registration reconciles only
+ * live ranks. */
+static void coord_attempts_settle(coord_t *c) {
+  int64_t *jobs = NULL;
+  int nj = 0;
+  if (store_job_ids(c->st, STORE_JOB_RUNNING, &jobs, &nj)) {
+    LOG_WARN("coord", "running jobs at start: %s", err_msg());
+    return;
+  }
+  for (int i = 0; i < nj; i++) {
+    int64_t epoch = 0;
+    store_attempt_verdict_t v;
+    if (store_attempt_verdict(c->st, jobs[i], &epoch, &v)) {
+      LOG_WARN("coord", "job j-%lld at start: %s", (long long)jobs[i], err_msg());
+      continue;
+    }
+    if (v == STORE_ATTEMPT_GOING || v == STORE_ATTEMPT_ENDED) continue;
+    char why[512] = "", what[160];
+    store_rank_t *r = NULL;
+    int n = 0;
+    if (v == STORE_ATTEMPT_FAILED && !store_ranks_of_job(c->st, jobs[i], epoch, &r, &n))
+      for (int k = 0; k < n && !why[0]; k++) {
+        if (r[k].state == STORE_RANK_LOST)
+          snprintf(why, sizeof why, "rank %d on node n-%lld was lost before the coordinator "
+                   "restarted", r[k].rank, (long long)r[k].node_id);
+        else if (r[k].state == STORE_RANK_FAILED)
+          snprintf(why, sizeof why, "rank %d on node n-%lld exited with status %d before the "
+                   "coordinator restarted", r[k].rank, (long long)r[k].node_id, r[k].exit_status);
+      }
+    store_array_free(r);
+    if (!why[0]) snprintf(why, sizeof why, "a rank failed before the coordinator restarted");
+    snprintf(what, sizeof what, "its ranks were stopped (preempted) before the coordinator "
+             "restarted");
+    LOG_INFO("coord", "job j-%lld: its attempt %lld was over when the coordinator stopped: "
+             "ending it", (long long)jobs[i], (long long)epoch);
+    coord_attempt_settle(c, jobs[i], epoch, v, why, what);
+  }
+  free(jobs);
+}
+
 /* ---- liveness ------------------------------------------------------------- */
 
 static void coord_node_died(coord_t *c, coord_node_t *n, uint64_t now) {
@@ -1197,6 +1270,7 @@ int coord_create(coord_t **out, uv_loop_t *loop, const coord_opts_t *o) {
   c->flush.data = c;
   uv_check_start(&c->flush, coord_flush_cb);
   c->dirty = c->nodes_changed = 1;
+  coord_attempts_settle(c);
   *out = c;
   return FSDP_OK;
 }

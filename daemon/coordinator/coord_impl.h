@@ -195,6 +195,8 @@ void coord_node_drop_poll(coord_t *c, coord_node_t *n, const char *why);
 void coord_node_deliver(coord_t *c, coord_node_t *n);
 void coord_kill_attempt(coord_t *c, int64_t job, int64_t epoch, int64_t except_node, const char *why);
 void coord_attempt_fail(coord_t *c, int64_t job, int64_t epoch, int64_t except_node, const char *why);
+void coord_attempt_settle(coord_t *c, int64_t job, int64_t epoch, store_attempt_verdict_t v,
+                          const char *why, const char *what);
 /* Drops what the job's ranks reported (its attempt ended). */
 void coord_ranks_forget(coord_t *c, int64_t job);
 void coord_schedule(coord_t *c);

@@ -964,29 +964,9 @@ static void coord_rank_exit_cb(rpc_call_t *call, const ProtobufCMessage *req, vo
     snprintf(why, sizeof why, "rank %u on node %.32s exited with status %d%s%.300s", q->rank,
              q->node_id, q->exit_status, q->message[0] ? ": " : "", q->message);
   coord_text_mend(why); /* a log line of any bytes, cut at 300 */
-  if (verdict == STORE_ATTEMPT_SUCCEEDED) {
-    store_job_state_t state;
-    if (store_attempt_end(c->st, job, q->attempt, 1, "", &state))
-      LOG_WARN("coord", "job j-%lld: ending its attempt: %s", (long long)job, err_msg());
-    else
-      LOG_INFO("coord", "job j-%lld attempt %u succeeded", (long long)job, q->attempt);
-    c->dirty = 1;
-    coord_job_changed(c, job);
-  } else if (verdict == STORE_ATTEMPT_FAILED) {
-    coord_attempt_fail(c, job, q->attempt, 0, why);
-  } else if (verdict == STORE_ATTEMPT_PREEMPTED) {
-    char what[160];
-    snprintf(what, sizeof what, "its ranks were stopped on node %.32s (preempted)", q->node_id);
-    if (store_attempt_requeue(c->st, job, q->attempt, what))
-      LOG_WARN("coord", "job j-%lld: requeueing: %s", (long long)job, err_msg());
-    else
-      LOG_INFO("coord", "job j-%lld attempt %u preempted: requeued", (long long)job, q->attempt);
-    coord_job_t *x = coord_job_info(c, job);
-    if (x) x->preempted = 1, snprintf(x->failure, sizeof x->failure, "%s", what);
-    coord_ranks_forget(c, job);
-    c->dirty = 1;
-    coord_job_changed(c, job);
-  }
+  char what[160];
+  snprintf(what, sizeof what, "its ranks were stopped on node %.32s (preempted)", q->node_id);
+  coord_attempt_settle(c, job, q->attempt, verdict, why, what);
 }
 
 /* ---- registration ------------------------------------------------------------- */

@@ -1135,6 +1135,24 @@ int store_rank_running(store_t *st, int64_t job_id, int64_t epoch, int rank, int
   return store_end(st, rc);
 }
 
+/* What a running attempt's ranks say of it (in the caller's transaction). */
+static store_attempt_verdict_t attempt_verdict(store_t *st, int64_t job_id, int64_t epoch) {
+  int64_t bad = st_int(st, 0,
+                       "SELECT count(*) FROM ranks WHERE job_id = ? AND epoch = ? "
+                       "AND state IN ('FAILED', 'LOST')",
+                       A_I(job_id), A_I(epoch));
+  int64_t live = st_int(st, 0,
+                        "SELECT count(*) FROM ranks WHERE job_id = ? AND epoch = ? "
+                        "AND state IN ('ASSIGNED', 'RUNNING')",
+                        A_I(job_id), A_I(epoch));
+  int64_t stopped = st_int(st, 0,
+                           "SELECT count(*) FROM ranks WHERE job_id = ? AND epoch = ? "
+                           "AND state = 'STOPPED' AND exit_status = ?",
+                           A_I(job_id), A_I(epoch), A_I(JOB_EXIT_PREEMPTED));
+  return bad ? STORE_ATTEMPT_FAILED : live ? STORE_ATTEMPT_GOING
+         : stopped ? STORE_ATTEMPT_PREEMPTED : STORE_ATTEMPT_SUCCEEDED;
+}
+
 int store_rank_exit(store_t *st, int64_t job_id, int64_t epoch, int rank, int exit_status,
                     store_attempt_verdict_t *verdict) {
   int rc = store_begin(st, 1);
@@ -1159,25 +1177,23 @@ int store_rank_exit(store_t *st, int64_t job_id, int64_t epoch, int rank, int ex
                     A_I(job_id), A_I(epoch), A_I(rank)),
              "rank.exited", "rank %d of attempt %lld exited with status %d", rank,
              (long long)epoch, exit_status);
-  store_attempt_verdict_t v = STORE_ATTEMPT_ENDED;
-  if (b.state == STORE_JOB_RUNNING) {
-    int64_t bad = st_int(st, 0,
-                         "SELECT count(*) FROM ranks WHERE job_id = ? AND epoch = ? "
-                         "AND state IN ('FAILED', 'LOST')",
-                         A_I(job_id), A_I(epoch));
-    int64_t live = st_int(st, 0,
-                          "SELECT count(*) FROM ranks WHERE job_id = ? AND epoch = ? "
-                          "AND state IN ('ASSIGNED', 'RUNNING')",
-                          A_I(job_id), A_I(epoch));
-    int64_t stopped = st_int(st, 0,
-                             "SELECT count(*) FROM ranks WHERE job_id = ? AND epoch = ? "
-                             "AND state = 'STOPPED' AND exit_status = ?",
-                             A_I(job_id), A_I(epoch), A_I(JOB_EXIT_PREEMPTED));
-    v = bad ? STORE_ATTEMPT_FAILED : live ? STORE_ATTEMPT_GOING
-        : stopped ? STORE_ATTEMPT_PREEMPTED : STORE_ATTEMPT_SUCCEEDED;
-  }
+  store_attempt_verdict_t v =
+      b.state == STORE_JOB_RUNNING ? attempt_verdict(st, job_id, epoch) : STORE_ATTEMPT_ENDED;
   rc = store_end(st, 0);
   if (!rc && verdict) *verdict = v;
+  return rc;
+}
+
+int store_attempt_verdict(store_t *st, int64_t job_id, int64_t *epoch,
+                          store_attempt_verdict_t *verdict) {
+  int rc = store_begin(st, 0);
+  if (rc) return rc;
+  job_brief_t b;
+  if ((rc = job_brief(st, job_id, &b))) return store_end(st, rc);
+  store_attempt_verdict_t v =
+      b.state == STORE_JOB_RUNNING ? attempt_verdict(st, job_id, b.epoch) : STORE_ATTEMPT_ENDED;
+  rc = store_end(st, 0);
+  if (!rc) *epoch = b.epoch, *verdict = v;
   return rc;
 }
 

@@ -311,6 +311,11 @@ int store_rank_running(store_t *st, int64_t job_id, int64_t epoch, int rank, int
  * epoch is refused with FSDP_ESTALE. */
 int store_rank_exit(store_t *st, int64_t job_id, int64_t epoch, int rank, int exit_status,
                     store_attempt_verdict_t *verdict);
+/* The verdict store_rank_exit gave on the job's current attempt, read again
+ * (ENDED when the job does not run), its epoch in *epoch: a coordinator
+ * stopped between a rank's exit and the attempt's end finishes it at start. */
+int store_attempt_verdict(store_t *st, int64_t job_id, int64_t *epoch,
+                          store_attempt_verdict_t *verdict);
 /* Ends the running attempt `epoch` of a job. succeeded: the job SUCCEEDED.
  * Otherwise it FAILED for reason, and goes back to PENDING with restarts + 1
  * when restarts < max_restarts. Either way ranks still alive become STOPPED,

@@ -2170,3 +2170,52 @@ Test(coordinator, a_node_registering_again_gets_its_assignments_on_its_new_sessi
                b.assignments);
   cr_expect_eq(collect(&n, id, 2, NULL), 2, "the new session did not get its assignments again");
 }
+
+/* A coordinator stopped between a rank's exit (answered, stored) and the
+ * end of its attempt (the next transaction) leaves a RUNNING job whose ranks
+ * have all exited, or one failed: no node will report them again, and a
+ * registration reconciles only live ranks. The next coordinator ends each at
+ * start as its ranks say: succeeded, failed (the other rank killed), or
+ * preempted (requeued, placed again), and frees their devices. */
+Test(coordinator, an_attempt_over_when_the_coordinator_stopped_is_ended_at_start) {
+  char d[600], a[32], b[32], p[32], reason[512];
+  data_opt(d, sizeof d);
+  node_t n = {{0}, 0};
+  node_register(&n, "settle", 6, 8ull << 30, NULL, 0);
+  const char *kv[] = {"model=tiny", d, "steps=3", NULL};
+  cr_assert_eq(submit(2, kv, a, sizeof a), 0, "%s", err_msg());
+  cr_assert_eq(submit(2, kv, b, sizeof b), 0, "%s", err_msg());
+  cr_assert_eq(submit(2, kv, p, sizeof p), 0, "%s", err_msg());
+  cr_assert_eq(collect(&n, p, 2, NULL), 2);
+  /* the store as a SIGKILL after store_rank_exit's commit leaves it */
+  co_restart_after("UPDATE ranks SET state = 'SUCCEEDED', exit_status = 0 WHERE job_id = %s; "
+                   "UPDATE ranks SET state = 'FAILED', exit_status = 3 WHERE job_id = %s AND "
+                   "rank = 0; UPDATE ranks SET state = 'STOPPED', exit_status = 75 WHERE "
+                   "job_id = %s", a + 2, b + 2, p + 2);
+  cr_expect_eq(job_state(a, NULL, 0), FSDP__V1__JOB_STATE__JOB_STATE_SUCCEEDED);
+  cr_expect_eq(job_state(b, reason, sizeof reason), FSDP__V1__JOB_STATE__JOB_STATE_FAILED);
+  cr_expect(strstr(reason, "rank 0") && strstr(reason, "status 3"), "%s", reason);
+  cr_expect_eq(job_state(p, reason, sizeof reason), FSDP__V1__JOB_STATE__JOB_STATE_PENDING);
+  cr_expect(strstr(reason, "preempted"), "%s", reason);
+  Fsdp__V1__GetJobReply *g = get_job(p);
+  cr_expect_eq(g->job->restarts, 0, "a preemption spends no restart");
+  reply_free(g);
+  /* the node comes back running b's rank 1: it is told to kill it; p is placed again */
+  Fsdp__V1__RankStatus rs, *rp = &rs;
+  fsdp__v1__rank_status__init(&rs);
+  rs.job_id = b, rs.attempt = 1, rs.rank = 1, rs.state = FSDP__V1__RANK_STATE__RANK_STATE_RUNNING;
+  node_register(&n, "settle", 6, 8ull << 30, &rp, 1);
+  int killed = 0, placed = 0;
+  for (const double t0 = tu_now_s(); (!killed || placed < 2) && tu_now_s() - t0 < 5;) {
+    Fsdp__V1__HeartbeatReply *r = heartbeat(&n, NULL, 0);
+    for (size_t i = 0; i < r->n_kills; i++) killed |= !strcmp(r->kills[i]->job_id, b);
+    for (size_t i = 0; i < r->n_assignments; i++) placed += !strcmp(r->assignments[i]->job_id, p);
+    reply_free(r);
+  }
+  cr_expect(killed, "the node was not told to kill the failed job's other rank");
+  cr_expect_eq(placed, 2, "the preempted job was not placed again");
+  cr_expect_eq(job_state(p, NULL, 0), FSDP__V1__JOB_STATE__JOB_STATE_RUNNING);
+  g = get_job(p);
+  cr_expect_eq(g->job->attempt, 2);
+  reply_free(g);
+}
