@@ -554,7 +554,7 @@ static void coord_attempts_settle(coord_t *c) {
 /* ---- liveness ------------------------------------------------------------- */
 
 static void coord_node_died(coord_t *c, coord_node_t *n, uint64_t now) {
-  int64_t jobs[64];
+  int64_t *jobs = NULL;
   int nj = 0;
   n->dead = 1;
   n->session = 0;
@@ -562,13 +562,13 @@ static void coord_node_died(coord_t *c, coord_node_t *n, uint64_t now) {
   snprintf(why, sizeof why, "node n-%lld was not heard from for %.1f s (heartbeat timeout %.1f s): "
            "declared dead", (long long)n->id, (double)(now - n->heard_ms) / 1000,
            c->o.heartbeat_timeout_ms / 1000.0);
-  int rc = store_node_mark_dead(c->st, n->id, n->heard_unix_ms, jobs, 64, &nj);
+  int rc = store_node_mark_dead(c->st, n->id, n->heard_unix_ms, &jobs, &nj);
   if (rc) {
     LOG_WARN("coord", "node n-%lld: %s", (long long)n->id, err_msg());
     return;
   }
   LOG_WARN("coord", "%s; %d job(s) affected", why, nj);
-  for (int i = 0; i < nj && i < 64; i++) {
+  for (int i = 0; i < nj; i++) {
     store_job_t j;
     if (store_job_get(c->st, jobs[i], &j)) continue;
     int64_t epoch = j.epoch;
@@ -576,6 +576,7 @@ static void coord_node_died(coord_t *c, coord_node_t *n, uint64_t now) {
     store_job_free(&j);
     if (running) coord_attempt_fail(c, jobs[i], epoch, n->id, why);
   }
+  store_array_free(jobs);
   n->n_order = 0; /* a dead node is told nothing more; it re-registers */
   c->dirty = c->nodes_changed = 1;
 }

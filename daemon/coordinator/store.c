@@ -897,8 +897,9 @@ int64_t store_nodes_drained(store_t *st) {
   return store_end(st, 0) ? -1 : n;
 }
 
-int store_node_mark_dead(store_t *st, int64_t node_id, int64_t last_seen_ms, int64_t *jobs,
-                         int cap, int *n_jobs) {
+int store_node_mark_dead(store_t *st, int64_t node_id, int64_t last_seen_ms, int64_t **jobs,
+                         int *n_jobs) {
+  *jobs = NULL, *n_jobs = 0;
   int rc = store_begin(st, 1);
   if (rc) return rc;
   char name[STORE_NAME_MAX] = "";
@@ -912,15 +913,12 @@ int store_node_mark_dead(store_t *st, int64_t node_id, int64_t last_seen_ms, int
   st_exec(st, "UPDATE nodes SET state = 'DEAD', last_seen_ms = ? WHERE id = ?",
           A_I(last_seen_ms), A_I(node_id));
   st_touch(st, node_id);
+  int64_t *ids = NULL;
   int n = 0;
-  s = st_query(st,
-               "SELECT DISTINCT job_id FROM ranks WHERE node_id = ? "
-               "AND state IN ('ASSIGNED', 'RUNNING') ORDER BY job_id",
-               A_I(node_id));
-  while (st_step(st, s) == 1) {
-    if (n < cap) jobs[n] = sqlite3_column_int64(s, 0);
-    n++;
-  }
+  st_collect(st, int64_t, id_row, &ids, &n,
+             "SELECT DISTINCT job_id FROM ranks WHERE node_id = ? "
+             "AND state IN ('ASSIGNED', 'RUNNING') ORDER BY job_id",
+             A_I(node_id));
   int lost = st_exec(st,
                      "UPDATE ranks SET state = 'LOST' WHERE node_id = ? "
                      "AND state IN ('ASSIGNED', 'RUNNING')",
@@ -928,7 +926,8 @@ int store_node_mark_dead(store_t *st, int64_t node_id, int64_t last_seen_ms, int
   st_event(st, 0, node_id, "node.dead", "node %s is dead (last heard %lld ms ago): %d ranks of %d jobs lost",
            name, (long long)(store_now_ms() - last_seen_ms), lost, n);
   rc = store_end(st, 0);
-  if (!rc && n_jobs) *n_jobs = n;
+  if (rc) free(ids);
+  else *jobs = ids, *n_jobs = n;
   return rc;
 }
 

@@ -277,10 +277,10 @@ int store_node_drain(store_t *st, int64_t node_id, const char *reason);
 /* How many nodes are drained (-1 when the store cannot say). */
 int64_t store_nodes_drained(store_t *st);
 /* Marks a node DEAD, heard last at last_seen_ms; its ranks still assigned or
- * running become LOST. The distinct jobs they belonged to go in jobs[] (at
- * most cap), their number in *n_jobs (may exceed cap). */
-int store_node_mark_dead(store_t *st, int64_t node_id, int64_t last_seen_ms, int64_t *jobs,
-                         int cap, int *n_jobs);
+ * running become LOST. The distinct jobs they belonged to, every one, in
+ * *jobs (store_array_free), their number in *n_jobs. */
+int store_node_mark_dead(store_t *st, int64_t node_id, int64_t last_seen_ms, int64_t **jobs,
+                         int *n_jobs);
 
 /* ---- jobs and attempts ---- */
 /* Stores a new job as PENDING; its id in *job_id. */

@@ -2219,3 +2219,49 @@ Test(coordinator, an_attempt_over_when_the_coordinator_stopped_is_ended_at_start
   cr_expect_eq(g->job->attempt, 2);
   reply_free(g);
 }
+
+/* A node that dies with ranks of more jobs than the coordinator once kept
+ * room for (64) fails every one of their attempts: before, the 65th job
+ * stayed RUNNING on a dead node, forever, since none of its ranks was left
+ * to report. */
+Test(coordinator, a_dead_node_fails_every_job_it_ran, .timeout = 60) {
+  enum { NJ = 70 };
+  char d[600], ids[NJ][32], dn[NJ][16];
+  data_opt(d, sizeof d);
+  Fsdp__V1__Device dev[NJ], *dp[NJ];
+  for (int i = 0; i < NJ; i++) {
+    fsdp__v1__device__init(&dev[i]);
+    snprintf(dn[i], sizeof dn[i], "cpu:%d", i);
+    dev[i].index = (uint32_t)i, dev[i].kind = "cpu", dev[i].name = dn[i];
+    dev[i].total_bytes = 8ull << 30;
+    dp[i] = &dev[i];
+  }
+  Fsdp__V1__RegisterNodeRequest q = FSDP__V1__REGISTER_NODE_REQUEST__INIT;
+  q.hostname = "wide", q.address = "127.0.0.1:9", q.devices = dp, q.n_devices = NJ, q.node_id = "";
+  Fsdp__V1__RegisterNodeReply *rr = NULL;
+  cr_assert_eq(CALL("RegisterNode", q, register_node_reply, &rr), 0, "%s", err_msg());
+  node_t n;
+  snprintf(n.id, sizeof n.id, "%s", rr->node_id);
+  n.session = rr->session;
+  reply_free(rr);
+  const char *kv[] = {"model=tiny", d, "steps=3", NULL};
+  for (int i = 0; i < NJ; i++) cr_assert_eq(submit(1, kv, ids[i], sizeof ids[i]), 0, "%s", err_msg());
+  size_t got = 0;
+  for (const double t0 = tu_now_s(); got < NJ && tu_now_s() - t0 < 10;) {
+    Fsdp__V1__HeartbeatReply *r = heartbeat(&n, NULL, 0);
+    got += r->n_assignments;
+    reply_free(r);
+  }
+  cr_assert_eq(got, NJ, "%zu of %d jobs placed", got, NJ);
+  /* the node goes silent: past the timeout every job's attempt has failed */
+  int running = NJ;
+  for (const double t0 = tu_now_s(); running && tu_now_s() - t0 < TIMEOUT_MS / 1000.0 + 3;) {
+    nanosleep(&(struct timespec){0, 200000000}, NULL);
+    running = 0;
+    for (int i = 0; i < NJ; i++)
+      running += job_state(ids[i], NULL, 0) == FSDP__V1__JOB_STATE__JOB_STATE_RUNNING;
+  }
+  cr_expect_eq(running, 0, "%d jobs still RUNNING on a dead node", running);
+  for (int i = 0; i < NJ; i++)
+    cr_expect_eq(job_state(ids[i], NULL, 0), FSDP__V1__JOB_STATE__JOB_STATE_FAILED, "%s", ids[i]);
+}

@@ -489,8 +489,9 @@ Test(store, a_failed_placement_changes_nothing) {
                               {.rank = 2, .node_id = a, .device_index = 2}};
   cr_assert_eq(store_attempt_start(st, j2, dup, 3, &epoch), FSDP_EINVAL);
   int n_jobs;
-  int64_t jobs[4];
-  cr_assert_eq(store_node_mark_dead(st, a, 0, jobs, 4, &n_jobs), 0);
+  int64_t *jobs;
+  cr_assert_eq(store_node_mark_dead(st, a, 0, &jobs, &n_jobs), 0);
+  store_array_free(jobs);
   cr_assert_eq(start(st, j2, 3, (int64_t[]){a, a, a}, (int[]){0, 1, 1}, &epoch), FSDP_ESTATE);
   cr_assert(strstr(err_msg(), "dead"), "%s", err_msg());
   cr_assert_eq(n_free(st), 0, "a dead node's devices are not free");
@@ -767,10 +768,11 @@ Test(store, a_dead_node_loses_its_ranks_and_re_registers) {
   int64_t job = submit(st, "spread", 2, 1);
   int64_t ep;
   cr_assert_eq(start(st, job, 2, (int64_t[]){a, b}, (int[]){0, 0}, &ep), 0);
-  int64_t jobs[1];
+  int64_t *jobs;
   int n_jobs = 0;
-  cr_assert_eq(store_node_mark_dead(st, b, 1000, jobs, 1, &n_jobs), 0, "%s", err_msg());
+  cr_assert_eq(store_node_mark_dead(st, b, 1000, &jobs, &n_jobs), 0, "%s", err_msg());
   cr_assert(n_jobs == 1 && jobs[0] == job);
+  store_array_free(jobs);
   store_rank_t *r;
   int n;
   cr_assert_eq(store_ranks_of_job(st, job, ep, &r, &n), 0);
@@ -790,7 +792,7 @@ Test(store, a_dead_node_loses_its_ranks_and_re_registers) {
   /* b comes back with two devices; the same name keeps its id */
   cr_assert_eq(add_node(st, "b", 2), b);
   cr_assert_eq(n_free(st), 3);
-  cr_assert_eq(store_node_mark_dead(st, 12345, 0, jobs, 1, &n_jobs), FSDP_ENOTFOUND);
+  cr_assert_eq(store_node_mark_dead(st, 12345, 0, &jobs, &n_jobs), FSDP_ENOTFOUND);
   store_close(st);
 }
 
@@ -1282,9 +1284,10 @@ Test(store, every_change_of_a_node_or_its_devices_is_told) {
   cr_assert(touched(st, t, 8, &all) == 1 && t[0] == a, "drained");
   cr_assert_eq(store_node_drain(st, a, "disk"), 0, "%s", err_msg());
   cr_assert_eq(touched(st, t, 8, &all), 0, "the same drain again changes nothing");
-  int64_t jobs[4];
+  int64_t *jobs;
   int nj;
-  cr_assert_eq(store_node_mark_dead(st, a, 1, jobs, 4, &nj), 0, "%s", err_msg());
+  cr_assert_eq(store_node_mark_dead(st, a, 1, &jobs, &nj), 0, "%s", err_msg());
+  store_array_free(jobs);
   cr_assert(touched(st, t, 8, &all) == 1 && t[0] == a, "dead");
   /* read again, they are what the whole list says */
   store_node_t *got, *list;
