@@ -133,6 +133,8 @@ static int coord_ranks_msg(coord_t *c, coord_arena_t *a, const store_job_t *j,
       fsdp__v1__memory_category__init(mc);
       mc->name = (char *)mem_cat_name((mem_cat_t)k);
       mc->planned_bytes = x ? x->planned[k] : 0;
+      if (x && k == MEM_SNAPSHOT && !plan_rank_snapshots(&x->mesh, r[i].rank))
+        mc->planned_bytes = 0; /* this rank writes no checkpoint */
       for (int q = 0; m && q < m->ncat; q++)
         if (!strcmp(m->cat[q], mc->name)) mc->current_bytes = m->cur[q], mc->peak_bytes = m->peak[q];
       s->n_memory++;

@@ -243,6 +243,16 @@ int plan_job(const config_t *c, int world, plan_t *p) {
   return rc;
 }
 
+int plan_rank_snapshots(const shard_mesh_t *m, int rank) {
+  return shard_place(m, rank).replica == 0;
+}
+
+void plan_for_rank(plan_t *p, const shard_mesh_t *m, int rank) {
+  if (plan_rank_snapshots(m, rank)) return;
+  p->total -= p->bytes[MEM_SNAPSHOT];
+  p->bytes[MEM_SNAPSHOT] = 0;
+}
+
 size_t plan_host_available(void) {
   FILE *f = fopen("/proc/meminfo", "r");
   if (!f) return 0;

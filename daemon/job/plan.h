@@ -19,6 +19,7 @@
 
 #include "daemon/common/mem.h"
 #include "daemon/job/config.h"
+#include "daemon/job/shard.h"
 
 /* Fixed buffers of the runtime that the plan counts, defined here so the plan
  * (which links no runtime) and the runtime use one number: fsdp.c's host
@@ -40,6 +41,14 @@ typedef struct plan {
 /* Predicts one rank of a job of c (after config_finish) on world ranks.
  * Errors: a strategy, mesh or precision that does not parse or fit. */
 int plan_job(const config_t *c, int world, plan_t *p);
+/* Whether rank holds an asynchronous checkpoint's snapshot when its job has
+ * one: the first replica's ranks write checkpoints, a rank of another
+ * replica holds the same shards and writes none. train.c allocates by it. */
+int plan_rank_snapshots(const shard_mesh_t *m, int rank);
+/* p, a job's plan (plan_job: the figures of a rank of the first replica,
+ * the most any rank holds, which the fit check takes), as rank holds it:
+ * without the snapshot where that rank has none. */
+void plan_for_rank(plan_t *p, const shard_mesh_t *m, int rank);
 /* Memory the host can give now (MemAvailable), in bytes; 0 if unknown. */
 size_t plan_host_available(void);
 /* FSDP_OK when p fits in limit bytes per rank (0: nothing to check);

@@ -436,7 +436,7 @@ int train_open(train_t **out, const config_t *c, const train_opts_t *o) {
   if ((c->resume_from[0] || (c->auto_resume && c->checkpoint_dir[0])) && (rc = train_resume(t)))
     goto fail;
   if (c->checkpoint_dir[0] && c->checkpoint_every && c->checkpoint_async &&
-      shard_place(&t->mesh, t->boot.rank).replica == 0 &&
+      plan_rank_snapshots(&t->mesh, t->boot.rank) &&
       !(t->snapshot = mem_alloc(MEM_SNAPSHOT, ckpt_rank_snapshot_bytes(t->runtime),
                                 "checkpoint snapshot"))) {
     rc = FSDP_ENOMEM;
@@ -463,7 +463,9 @@ int train_open(train_t **out, const config_t *c, const train_opts_t *o) {
             t->dev->name, c->activation_checkpointing ? "on" : "off",
             data_num_train_tokens(t->data), data_num_eval_tokens(t->data),
             N * (size_t)t->boot.world * (size_t)c->grad_accum);
-  t->res.mem_planned = t->plan.total;
+  plan_t mine = t->plan; /* the job's plan is its largest rank's; this is this rank's */
+  plan_for_rank(&mine, &t->mesh, t->boot.rank);
+  t->res.mem_planned = mine.total;
   t->t_start = train_now();
   *out = t;
   return FSDP_OK;

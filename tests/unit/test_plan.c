@@ -122,8 +122,9 @@ Test(plan, model_state_dominated_job_points_at_the_model) {
 /* ---- the sharded runtime: ranks forked in this test, each running train_run */
 
 /* One rank: trains c, then holds each category's measured peak against the
- * plan for its world; exits 0 when they agree, 1 naming the first that does
- * not. The total peak is at most the plan's total (the sum of the peaks). */
+ * plan for its world, as this rank holds it (plan_for_rank); exits 0 when
+ * they agree, 1 naming the first that does not. The total peak is at most
+ * the plan's total (the sum of the peaks). */
 static void plan_rank(const config_t *c, int rank, int world, const char *addrs, int lfd) {
   char v[32];
   snprintf(v, sizeof v, "%d", rank);
@@ -134,11 +135,14 @@ static void plan_rank(const config_t *c, int rank, int world, const char *addrs,
   setenv("FSDP_LISTEN_FD", v, 1);
   setenv("FSDP_ADDRS", addrs, 1);
   plan_t p;
+  shard_mesh_t m;
   train_result_t r;
-  if (plan_job(c, world, &p) || train_run(c, NULL, &r)) {
+  if (plan_job(c, world, &p) || shard_mesh_resolve(c->strategy, c->mesh, world, &m, NULL, 0) ||
+      train_run(c, NULL, &r)) {
     fprintf(stderr, "rank %d: %s\n", rank, err_msg());
     _exit(2);
   }
+  plan_for_rank(&p, &m, rank);
   int bad = mem_total_peak() > p.total || r.mem_planned != p.total;
   for (int k = 0; k < MEM__COUNT; k++)
     if (mem_peak((mem_cat_t)k) != p.bytes[k]) {
@@ -318,6 +322,30 @@ Test(plan, the_checkpoint_snapshot_is_planned_and_falls_back_when_short) {
   cr_assert_eq(plan_job(&d, 1, &p), 0);
   cr_assert_eq(plan_fit_snapshot(&d, 1, &p, without - 1), 0, "no fallback when it would not fit");
   cr_assert(d.checkpoint_async);
+  free(data), free(dir);
+}
+
+/* Only the first replica writes checkpoints, so only its ranks hold a
+ * snapshot: a hybrid job's plan (its largest rank's) counts it, and each
+ * rank's share of it (plan_for_rank) is what that rank measures. */
+Test(plan, the_checkpoint_snapshot_is_planned_where_ranks_write_checkpoints, .timeout = 120) {
+  char *data = tu_token_file("tokens.bin", 20000, 3, 256), *dir = tu_path("ck");
+  cr_assert_eq(mkdir(dir, 0755), 0);
+  config_t c = sharded(data, "HYBRID_SHARD", "2x2");
+  snprintf(c.checkpoint_dir, sizeof c.checkpoint_dir, "%s", dir);
+  c.checkpoint_every = 1;
+  plan_t p, q;
+  shard_mesh_t m;
+  cr_assert_eq(plan_job(&c, 4, &p), 0);
+  cr_assert_eq(shard_mesh_resolve(c.strategy, c.mesh, 4, &m, NULL, 0), 0);
+  cr_assert_gt(p.bytes[MEM_SNAPSHOT], 0);
+  q = p;
+  plan_for_rank(&q, &m, 1);
+  cr_assert(!memcmp(&p, &q, sizeof p), "rank 1 (first replica) holds the job's plan");
+  plan_for_rank(&q, &m, 2);
+  cr_assert_eq(q.bytes[MEM_SNAPSHOT], 0, "rank 2 (second replica) writes no checkpoint");
+  cr_assert_eq(q.total, p.total - p.bytes[MEM_SNAPSHOT]);
+  plan_world(&c, 4);
   free(data), free(dir);
 }
 
