@@ -936,7 +936,8 @@ int ranks_pack(ranks_t *R, uint8_t **buf, size_t *len) {
         for (size_t m = 0; m < rk->status->n_memory; m++)
           devs[d].used_bytes += rk->status->memory[m]->current_bytes;
     }
-    if (rk->state == RK_EXITED) continue; /* its exit goes in ReportRankExit */
+    /* a rank whose exit is not reported yet stays listed, EXITED: a
+     * registration meanwhile must not read it as a rank gone missing */
     Fsdp__V1__RankStatus *st = &sts[k];
     if (rk->status) *st = *rk->status; /* a shallow copy: only read while packing */
     else fsdp__v1__rank_status__init(st);
@@ -945,8 +946,9 @@ int ranks_pack(ranks_t *R, uint8_t **buf, size_t *len) {
     st->rank = rk->a->rank;
     st->device = rk->a->device;
     st->node_id = R->node_id;
-    st->state = rk->status && rk->state == RK_RUNNING ? FSDP__V1__RANK_STATE__RANK_STATE_RUNNING
-                                                      : FSDP__V1__RANK_STATE__RANK_STATE_STARTING;
+    st->state = rk->state == RK_EXITED                  ? FSDP__V1__RANK_STATE__RANK_STATE_EXITED
+                : rk->status && rk->state == RK_RUNNING ? FSDP__V1__RANK_STATE__RANK_STATE_RUNNING
+                                                        : FSDP__V1__RANK_STATE__RANK_STATE_STARTING;
     psts[k] = st;
     k++;
   }
