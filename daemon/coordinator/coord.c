@@ -236,20 +236,59 @@ coord_job_t *coord_job_cache(coord_t *c, const coord_job_t *x) {
 
 /* ---- telling nodes -------------------------------------------------------- */
 
+/* Appends o to a node's array of orders; FSDP_ENOMEM when it cannot grow. */
+static int coord_orders_add(coord_order_t **v, int *n, int *cap, const coord_order_t *o) {
+  if (*n == *cap) {
+    int grown = *cap ? 2 * *cap : 8;
+    coord_order_t *p = realloc(*v, (size_t)grown * sizeof *p);
+    if (!p) return FSDP_ENOMEM;
+    *v = p, *cap = grown;
+  }
+  (*v)[(*n)++] = *o;
+  return FSDP_OK;
+}
+
 void coord_order_push(coord_t *c, int64_t node, const coord_order_t *o) {
   coord_node_t *n = coord_node_get(c, node, 1);
   if (!n) return;
-  if (n->n_order == n->cap_order) {
-    int cap = n->cap_order ? 2 * n->cap_order : 8;
-    coord_order_t *p = realloc(n->order, (size_t)cap * sizeof *p);
-    if (!p) {
-      LOG_WARN("coord", "out of memory queueing an order for node n-%lld", (long long)node);
-      return;
-    }
-    n->order = p, n->cap_order = cap;
+  if (coord_orders_add(&n->order, &n->n_order, &n->cap_order, o)) {
+    LOG_WARN("coord", "out of memory queueing an order for node n-%lld", (long long)node);
+    return;
   }
-  n->order[n->n_order++] = *o;
   coord_node_deliver(c, n);
+}
+
+void coord_node_confirm(coord_t *c, coord_node_t *n, Fsdp__V1__RankStatus *const *ranks, size_t nr) {
+  if (!n->n_sent) return;
+  const uint64_t now = coord_mono_ms(c), wait = 2 * (uint64_t)c->o.heartbeat_interval_ms;
+  /* pushing an order may answer the node's held heartbeat, which adds to
+   * n->sent: the ones to send again are taken out first */
+  coord_order_t *again = malloc((size_t)n->n_sent * sizeof *again);
+  int kept = 0, nagain = 0;
+  for (int i = 0; i < n->n_sent; i++) {
+    coord_order_t *o = &n->sent[i];
+    int seen = 0;
+    for (size_t k = 0; k < nr && !seen; k++)
+      seen = ranks[k]->attempt == (uint64_t)o->epoch && ranks[k]->rank == (uint32_t)o->rank &&
+             coord_id_parse(ranks[k]->job_id, 'j') == o->job;
+    if (seen) continue;
+    if ((++o->unseen < COORD_ASSIGN_UNSEEN || now - o->sent_ms < wait) || !again) n->sent[kept++] = *o;
+    else again[nagain++] = *o;
+  }
+  n->n_sent = kept;
+  for (int i = 0; i < nagain; i++) {
+    coord_order_t *o = &again[i];
+    store_job_t j;
+    int live = !store_job_get(c->st, o->job, &j);
+    if (live) live = j.state == STORE_JOB_RUNNING && j.epoch == o->epoch, store_job_free(&j);
+    if (!live) continue;
+    LOG_WARN("coord", "node n-%lld has not listed rank %d of job j-%lld attempt %lld in %d "
+             "heartbeats since it was assigned: sending the assignment again", (long long)n->id,
+             o->rank, (long long)o->job, (long long)o->epoch, o->unseen);
+    o->unseen = 0;
+    coord_order_push(c, n->id, o);
+  }
+  free(again);
 }
 
 /* ---- the held heartbeats' heap ---- */
@@ -386,6 +425,14 @@ static void coord_node_answer(coord_t *c, coord_node_t *n) {
   }
   rep.assignments = ap, rep.kills = kp;
   rpc_call_reply(call, &rep.base);
+  /* assignments wait in n->sent until the node's heartbeats list them */
+  for (int i = 0; i < n->n_order; i++) {
+    coord_order_t o = n->order[i];
+    o.sent_ms = coord_mono_ms(c), o.unseen = 0;
+    if (!o.kill && coord_orders_add(&n->sent, &n->n_sent, &n->cap_sent, &o))
+      LOG_WARN("coord", "out of memory: node n-%lld's assignment of job j-%lld rank %d is not "
+               "followed up", (long long)n->id, (long long)o.job, o.rank);
+  }
   n->n_order = 0;
   for (size_t i = 0; i < rep.n_assignments; i++) free(specs[i].name), coord_spec_free(&specs[i]);
 out:
@@ -577,7 +624,7 @@ static void coord_node_died(coord_t *c, coord_node_t *n, uint64_t now) {
     if (running) coord_attempt_fail(c, jobs[i], epoch, n->id, why);
   }
   store_array_free(jobs);
-  n->n_order = 0; /* a dead node is told nothing more; it re-registers */
+  n->n_order = n->n_sent = 0; /* a dead node is told nothing more; it re-registers */
   c->dirty = c->nodes_changed = 1;
 }
 
@@ -1297,7 +1344,7 @@ static void coord_free_cb(uv_handle_t *h) {
     return;
   }
   for (int64_t i = 0; i < c->cap_node; i++)
-    if (c->node[i]) free(c->node[i]->order), free(c->node[i]);
+    if (c->node[i]) free(c->node[i]->order), free(c->node[i]->sent), free(c->node[i]);
   coord_job_t *x, *tmp;
   HASH_ITER(hh, c->jobs, x, tmp) coord_job_drop(c, x);
   store_nodes_free(c->pic, c->pic_n);

@@ -28,6 +28,8 @@ typedef struct coord_order {
   int world, device, shard_group, replica_group;
   int grace_ms;
   char reason[256];
+  uint64_t sent_ms;         /* an assignment sent: when (loop time) */
+  int unseen;               /* heartbeats since, without the rank in them */
 } coord_order_t;
 
 typedef struct coord_node {
@@ -45,6 +47,8 @@ typedef struct coord_node {
   struct coord *coord;      /* for its poll's cancel callback */
   coord_order_t *order;
   int n_order, cap_order;
+  coord_order_t *sent;      /* assignments sent and not yet seen in its heartbeats */
+  int n_sent, cap_sent;
   int ndev;                 /* devices it registered with */
   int nbusy;                /* devices it reports still running a job's processes */
   int busy[64];
@@ -66,6 +70,7 @@ typedef struct coord_rank {
 } coord_rank_t;
 
 #define COORD_JOBS_KEPT 4096 /* facts of jobs not live kept in memory (coord_jobs_trim) */
+#define COORD_ASSIGN_UNSEEN 3 /* heartbeats without a rank assigned before it is sent again */
 #define COORD_STR_(x) #x
 #define COORD_STR(x) COORD_STR_(x)
 
@@ -193,6 +198,11 @@ void coord_order_push(coord_t *c, int64_t node, const coord_order_t *o);
  * fsdpd keeps one call in flight), so orders sent on it would be lost. */
 void coord_node_drop_poll(coord_t *c, coord_node_t *n, const char *why);
 void coord_node_deliver(coord_t *c, coord_node_t *n);
+/* A heartbeat of n listed these ranks: assignments sent to it that it
+ * lists are confirmed; one it has not listed for COORD_ASSIGN_UNSEEN
+ * heartbeats and 2 intervals (its answer was lost: a heartbeat answered
+ * as fsdpd gave up on it) is sent again while its attempt runs. */
+void coord_node_confirm(coord_t *c, coord_node_t *n, Fsdp__V1__RankStatus *const *ranks, size_t nr);
 void coord_kill_attempt(coord_t *c, int64_t job, int64_t epoch, int64_t except_node, const char *why);
 void coord_attempt_fail(coord_t *c, int64_t job, int64_t epoch, int64_t except_node, const char *why);
 void coord_attempt_settle(coord_t *c, int64_t job, int64_t epoch, store_attempt_verdict_t v,

@@ -798,6 +798,7 @@ static void coord_register_cb(rpc_call_t *call, const ProtobufCMessage *req, voi
   while (!session)
     if (getrandom(&session, sizeof session, 0) != sizeof session) session = (uint64_t)coord_unix_ms();
   coord_node_drop_poll(c, n, "superseded: the node registered again");
+  n->n_sent = 0; /* what it runs is in this registration; what it lacks is sent below */
   n->session = session, n->dead = 0, n->stopping = 0, n->ndev = (int)q->n_devices;
   n->heard_ms = coord_mono_ms(c), n->heard_unix_ms = coord_unix_ms();
   /* Reconcile: ranks it runs that are not of a running attempt are killed;
@@ -909,6 +910,7 @@ static void coord_heartbeat_cb(rpc_call_t *call, const ProtobufCMessage *req, vo
     LOG_WARN("coord", "node %s reports %zu ranks, more than %zu for its %d devices: the first "
              "%zu are read", q->node_id, q->n_ranks, most, n->ndev, most);
   for (size_t i = 0; i < q->n_ranks && i < most; i++) coord_rank_report(c, n->id, q->ranks[i]);
+  coord_node_confirm(c, n, q->ranks, q->n_ranks < most ? q->n_ranks : most);
   coord_node_hold(c, n, call);
 }
 
