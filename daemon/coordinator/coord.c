@@ -510,13 +510,15 @@ void coord_kill_attempt(coord_t *c, int64_t job, int64_t epoch, int64_t except_n
 void coord_attempt_fail(coord_t *c, int64_t job, int64_t epoch, int64_t except_node,
                         const char *why) {
   coord_kill_attempt(c, job, epoch, except_node, why);
-  coord_job_t *x = coord_job_info(c, job);
-  if (x) x->failures++, x->preempted = 0, snprintf(x->failure, sizeof x->failure, "%s", why);
   store_job_state_t state;
   int rc = store_attempt_end(c->st, job, epoch, 0, why, &state);
   if (rc && rc != FSDP_ESTALE)
     LOG_WARN("coord", "job j-%lld: ending attempt %lld: %s", (long long)job, (long long)epoch,
              err_msg());
+  /* the first failure of an attempt is its story; a second (ESTALE: already
+   * ended, e.g. a registration missing several of its ranks) changes nothing */
+  coord_job_t *x = rc ? NULL : coord_job_info(c, job);
+  if (x) x->preempted = 0, snprintf(x->failure, sizeof x->failure, "%s", why);
   if (!rc)
     LOG_INFO("coord", "job j-%lld attempt %lld failed (%s): now %s", (long long)job,
              (long long)epoch, why, store_job_state_name(state));

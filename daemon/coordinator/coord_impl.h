@@ -87,7 +87,6 @@ typedef struct coord_job {
   uint64_t planned[COORD_CATS];   /* per category */
   int64_t rate_epoch, rate_step0; /* for the ETA: the first step seen this attempt... */
   uint64_t rate_t0;               /* ...and when */
-  int failures;                   /* attempts that failed while this coordinator ran */
   char failure[320];              /* the last one's reason, shown while it waits to restart */
   int preempted;                  /* ... which was a preemption, not a failure */
   shard_mesh_t mesh;

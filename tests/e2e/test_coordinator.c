@@ -880,6 +880,42 @@ Test(coordinator, with_a_token_per_node_a_node_acts_only_as_itself) {
   free(u), free(nt), free(db), free(ta), free(tb);
 }
 
+/* A node that registers again without both ranks of a running attempt
+ * fails it once: the job waits to restart after its first failure, not
+ * after the second, which found the attempt already ended. */
+Test(coordinator, an_attempt_failed_twice_keeps_its_first_failure) {
+  char d[600], id[32];
+  data_opt(d, sizeof d);
+  node_t n = {{0}, 0};
+  node_register(&n, "solo", 2, 8ull << 30, NULL, 0);
+  const char *kv[] = {"model=tiny", d, NULL};
+  spec_buf_t b;
+  spec_make(&b, 2, kv);
+  b.spec.max_restarts = 1;
+  Fsdp__V1__SubmitJobRequest q = FSDP__V1__SUBMIT_JOB_REQUEST__INIT;
+  q.spec = &b.spec;
+  Fsdp__V1__SubmitJobReply *r = NULL;
+  cr_assert_eq(CALL("SubmitJob", q, submit_job_reply, &r), 0, "%s", err_msg());
+  snprintf(id, sizeof id, "%s", r->job_id);
+  reply_free(r);
+  cr_assert_eq(collect(&n, id, 2, NULL), 2);
+  Fsdp__V1__RankStatus st[2], *sp[2];
+  for (int k = 0; k < 2; k++) {
+    fsdp__v1__rank_status__init(&st[k]);
+    st[k].job_id = id, st[k].attempt = 1, st[k].rank = (uint32_t)k, st[k].step = 1;
+    st[k].state = FSDP__V1__RANK_STATE__RANK_STATE_RUNNING;
+    sp[k] = &st[k];
+  }
+  reply_free(heartbeat(&n, sp, 2));
+  node_register(&n, "solo", 2, 8ull << 30, NULL, 0); /* both ranks gone */
+  char reason[512];
+  Fsdp__V1__GetJobReply *g = get_job(id);
+  snprintf(reason, sizeof reason, "%s", g->job->reason);
+  cr_expect_eq(g->job->restarts, 1, "one failure, one restart: %s", reason);
+  reply_free(g);
+  cr_expect(strstr(reason, "rank 0 is gone") && !strstr(reason, "rank 1"), "%s", reason);
+}
+
 /* An assignment whose heartbeat answer never reached the node (fsdpd gave
  * up on the call as the coordinator answered it) is sent again once the
  * node's heartbeats go on without the rank; once listed, it is not. */
