@@ -336,7 +336,14 @@ $(B)/proto/%.pb-c.o: $(B)/proto/%.pb-c.c
 
 # generated headers first (after that, -MMD's dependency files track them)
 $(RPC_OBJS) $(PROTO_OBJS) $(B)/tests/unit/test_rpc.o $(B)/tests/fuzz/fuzz_rpc_requests.o \
-  $(B)/daemon/train/report.o: | $(PROTO_HDRS)
+  $(B)/daemon/train/report.o $(B)/tests/unit/test_train.o: | $(PROTO_HDRS)
+
+# test_train also reads what a rank writes on its report channel (report.o:
+# the wire's messages and protobuf-c, as bin/fsdp-train links them)
+$(B)/tests/test_train: $(B)/tests/unit/test_train.o $(B)/daemon/train/report.o \
+                       $(B)/proto/fsdp.pb-c.o $(TESTUTIL) $(TESTUTIL_TRAIN) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -lprotobuf-c -lcriterion
 
 $(RPC_LIB): $(RPC_OBJS) $(PROTO_OBJS)
 	@rm -f $@

@@ -71,8 +71,8 @@ void report_metrics(void *ctx, const train_metrics_t *m) {
   for (int i = 0; i < MEM__COUNT; i++) {
     fsdp__v1__memory_category__init(&cats[i]);
     cats[i].name = (char *)mem_cat_name((mem_cat_t)i);
-    cats[i].current_bytes = m->mem.cur[i];
-    cats[i].peak_bytes = m->mem.peak[i];
+    cats[i].current_bytes = m->mem_run.cur[i];
+    cats[i].peak_bytes = m->mem_run.peak[i]; /* over the run, as RankStatus says */
     pcats[i] = &cats[i];
   }
   Fsdp__V1__RankStatus st = FSDP__V1__RANK_STATUS__INIT;

@@ -1,7 +1,8 @@
 /* report: a rank's report channel to its node daemon. When fsdpd starts a
  * rank it hands it one end of a socket as FSDP_REPORT_FD; after every step
  * the rank writes there one fsdp.v1.RankStatus (proto/fsdp.proto: rank,
- * state RUNNING, step, loss, tokens/s, memory by mem.h's categories),
+ * state RUNNING, step, loss, tokens/s, memory by mem.h's categories: what
+ * is held now and the run's peaks),
  * framed by daemon/common/frame.h. fsdpd relays the latest in its
  * heartbeats. The job fields (job id, attempt, device, node) are fsdpd's to
  * fill: the rank does not know them.

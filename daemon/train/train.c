@@ -540,6 +540,7 @@ int train_step(train_t *t) {
   m.step_s = t1 - t0;
   m.tokens_per_s = (double)m.tokens / m.step_s;
   mem_snapshot(&m.mem, 1);
+  mem_snapshot(&m.mem_run, 0);
   t->step++;
   if (t->step == t->first_step + 1) {
     t->res.first_loss = m.loss;

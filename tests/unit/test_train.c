@@ -173,6 +173,95 @@ Test(train, step_api_reports_every_step) {
   free(data);
 }
 
+/* ---- the report channel to fsdpd (report.c) ------------------------------ */
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "daemon/common/frame.h"
+#include "daemon/train/report.h"
+#include "proto/fsdp.pb-c.h"
+
+/* The statuses a rank wrote on its report channel: step and peak by category. */
+typedef struct {
+  int n;
+  int64_t step[16];
+  uint64_t peak[16][MEM__COUNT];
+} reports_t;
+
+static int reports_add(void *arg, const uint8_t *data, size_t n) {
+  reports_t *f = arg;
+  Fsdp__V1__RankReport *rep = fsdp__v1__rank_report__unpack(NULL, n, data);
+  cr_assert(rep && rep->kind_case == FSDP__V1__RANK_REPORT__KIND_STATUS, "not a status frame");
+  cr_assert_lt(f->n, 16);
+  const Fsdp__V1__RankStatus *st = rep->status;
+  f->step[f->n] = st->step;
+  for (size_t k = 0; k < st->n_memory; k++)
+    for (int c = 0; c < MEM__COUNT; c++)
+      if (!strcmp(st->memory[k]->name, mem_cat_name((mem_cat_t)c)))
+        f->peak[f->n][c] = st->memory[k]->peak_bytes;
+  f->n++;
+  fsdp__v1__rank_report__free_unpacked(rep, NULL);
+  return 0;
+}
+
+/* Runs c with its reports on a socket (FSDP_REPORT_FD, as fsdpd starts a
+ * rank) through metrics (the per-step hook, ctx the channel) and reads
+ * back every frame. */
+static void run_reporting(const config_t *c, train_metrics_cb metrics, reports_t *f) {
+  int sv[2];
+  cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  char fd[16];
+  snprintf(fd, sizeof fd, "%d", sv[1]);
+  cr_assert_eq(setenv("FSDP_REPORT_FD", fd, 1), 0);
+  report_t *rep;
+  cr_assert_eq(report_open_from_env(&rep), 0, "%s", err_msg());
+  cr_assert_not_null(rep);
+  train_hooks_t h = {.metrics = metrics, .ctx = rep};
+  train_result_t r;
+  cr_assert_eq(train_run_with(c, NULL, &h, &r), 0, "%s", err_msg());
+  report_close(rep); /* the reader sees the end */
+  frame_reader_t fr;
+  frame_reader_init(&fr, 1 << 16);
+  char b[4096];
+  ssize_t n;
+  while ((n = read(sv[0], b, sizeof b)) > 0)
+    cr_assert_eq(frame_reader_feed(&fr, b, (size_t)n, reports_add, f), 0, "%s", err_msg());
+  frame_reader_free(&fr);
+  close(sv[0]);
+}
+
+/* After step 1, 8 MiB of host_offload is taken and given back (between steps). */
+static void report_after_a_spike(void *ctx, const train_metrics_t *m) {
+  if (m->step == 1) mem_free(mem_alloc(MEM_OFFLOAD, 8 << 20, "a spike between steps"));
+  report_metrics(ctx, m);
+}
+
+/* RankStatus.peak_bytes is over the run (proto/fsdp.proto): a peak between
+ * steps 1 and 2 is in every later report, not only in step 1's, and no
+ * category's reported peak ever goes down (fsdpctl memory showed the last
+ * step's peaks). */
+Test(train, the_report_channel_carries_the_runs_peaks) {
+  config_t c;
+  config_default(&c);
+  char *data = demo_tokens();
+  cr_assert_eq(config_set(&c, "data", data), 0);
+  cr_assert_eq(config_set(&c, "model", "tiny"), 0);
+  c.steps = 4, c.warmup_steps = 1, c.batch = 2, c.seq_len = 16, c.sample_tokens = 0;
+  reports_t f = {0};
+  run_reporting(&c, report_after_a_spike, &f);
+  cr_assert_geq(f.n, 4, "one status a step at least (%d)", f.n);
+  for (int s = 0; s < 4; s++) cr_assert_eq(f.step[s], s + 1);
+  for (int s = 1; s < f.n; s++) {
+    cr_assert_geq(f.peak[s][MEM_OFFLOAD], 8u << 20, "report %d: host_offload peak %llu, not the "
+                  "run's (8 MiB after step 1)", s, (unsigned long long)f.peak[s][MEM_OFFLOAD]);
+    for (int k = 0; k < MEM__COUNT; k++)
+      cr_assert_geq(f.peak[s][k], f.peak[s - 1][k], "report %d: the %s peak went down", s,
+                    mem_cat_name((mem_cat_t)k));
+  }
+  free(data);
+}
+
 /* A save path that cannot be written is found before the first step, with
  * the option named, and nothing is trained. */
 Test(train, an_unwritable_save_path_is_refused_before_training) {
