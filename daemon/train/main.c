@@ -178,8 +178,9 @@ int main(int argc, char **argv) {
     report_close(rep);
     return 1;
   }
+  /* every step's status, each shard, and the final status after the run */
   train_hooks_t hooks = {rep ? report_metrics : NULL, rep ? report_checkpoint : NULL, rep,
-                         &stop_asked};
+                         &stop_asked, rep ? report_metrics : NULL};
   train_result_t res;
   rc = train_run_with(&c, stdout, &hooks, &res);
   report_close(rep);

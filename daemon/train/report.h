@@ -21,7 +21,8 @@ typedef struct report report_t;
 /* The channel FSDP_REPORT_FD names, or *out = NULL when it is unset. A value
  * that is not an open descriptor is an error naming the variable. */
 int report_open_from_env(report_t **out);
-/* train_metrics_cb: one frame per step (ctx is the report_t). */
+/* train_metrics_cb: one frame per step, and the final one after the run
+ * (train_hooks_t.finished) (ctx is the report_t). */
 void report_metrics(void *ctx, const train_metrics_t *m);
 /* train_ckpt_cb: a frame saying which shard was written (path, bytes, its
  * header checksum as "xxh64:<hex>"), for fsdpd to relay to the coordinator,

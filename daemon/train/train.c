@@ -727,6 +727,18 @@ static void train_consume(void *ctx, const train_metrics_t *m) {
   if (k->metrics) k->metrics(k->ctx, m);
 }
 
+/* The run's last figures, for hooks->finished: what train_finish added to
+ * the peaks (the sample's activations, the save) is in them. */
+static void train_report_final(train_t *t, const train_hooks_t *h) {
+  const config_t *c = &t->cfg;
+  train_metrics_t m = {.rank = t->boot.rank, .world = t->boot.world, .step = t->step,
+                       .steps = c->steps, .loss = t->res.last_loss,
+                       .tokens_per_s = t->res.tokens_per_s};
+  mem_snapshot(&m.mem_run, 0);
+  m.mem = m.mem_run;
+  h->finished(h->ctx, &m);
+}
+
 int train_run_with(const config_t *c, FILE *progress, const train_hooks_t *h,
                    train_result_t *res) {
   train_t *t;
@@ -753,6 +765,7 @@ int train_run_with(const config_t *c, FILE *progress, const train_hooks_t *h,
                                       : "; no checkpoint_dir: a restart begins again");
   else if (!rc) rc = train_finish(t);
   train_result(t, res);
+  if (h->finished) train_report_final(t, h);
   train_close(t);
   if (why[0]) err_set(rc, "%s", why);
   return rc;

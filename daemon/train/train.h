@@ -73,6 +73,11 @@ typedef struct train_hooks {
   train_ckpt_cb checkpoint;   /* each shard this rank writes (the owner commits) */
   void *ctx;
   volatile sig_atomic_t *stop;
+  /* once, after the last step and train_finish (saving, sampling), or after
+   * the step a run failed or stopped at: its last step, loss and memory,
+   * with the run's peaks (mem and mem_run alike); never after a failed
+   * train_open. A rank's final figures (fsdpd relays them in its exit report). */
+  train_metrics_cb finished;
 } train_hooks_t;
 
 typedef struct train_result {

@@ -206,9 +206,10 @@ static int reports_add(void *arg, const uint8_t *data, size_t n) {
 }
 
 /* Runs c with its reports on a socket (FSDP_REPORT_FD, as fsdpd starts a
- * rank) through metrics (the per-step hook, ctx the channel) and reads
- * back every frame. */
-static void run_reporting(const config_t *c, train_metrics_cb metrics, reports_t *f) {
+ * rank) through metrics (the per-step hook, ctx the channel) and finished
+ * (the final one), and reads back every frame. */
+static void run_reporting(const config_t *c, train_metrics_cb metrics, train_metrics_cb finished,
+                          reports_t *f) {
   int sv[2];
   cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
   char fd[16];
@@ -217,7 +218,7 @@ static void run_reporting(const config_t *c, train_metrics_cb metrics, reports_t
   report_t *rep;
   cr_assert_eq(report_open_from_env(&rep), 0, "%s", err_msg());
   cr_assert_not_null(rep);
-  train_hooks_t h = {.metrics = metrics, .ctx = rep};
+  train_hooks_t h = {.metrics = metrics, .ctx = rep, .finished = finished};
   train_result_t r;
   cr_assert_eq(train_run_with(c, NULL, &h, &r), 0, "%s", err_msg());
   report_close(rep); /* the reader sees the end */
@@ -249,7 +250,7 @@ Test(train, the_report_channel_carries_the_runs_peaks) {
   cr_assert_eq(config_set(&c, "model", "tiny"), 0);
   c.steps = 4, c.warmup_steps = 1, c.batch = 2, c.seq_len = 16, c.sample_tokens = 0;
   reports_t f = {0};
-  run_reporting(&c, report_after_a_spike, &f);
+  run_reporting(&c, report_after_a_spike, NULL, &f);
   cr_assert_geq(f.n, 4, "one status a step at least (%d)", f.n);
   for (int s = 0; s < 4; s++) cr_assert_eq(f.step[s], s + 1);
   for (int s = 1; s < f.n; s++) {
@@ -259,6 +260,29 @@ Test(train, the_report_channel_carries_the_runs_peaks) {
       cr_assert_geq(f.peak[s][k], f.peak[s - 1][k], "report %d: the %s peak went down", s,
                     mem_cat_name((mem_cat_t)k));
   }
+  free(data);
+}
+
+/* After the last step's report, one more: the final figures after
+ * train_finish, whose sampling (a context-long window where steps had
+ * seq_len) raised the activation peak above every step's; fsdpd relays it
+ * with the rank's exit (a short job showed nothing, a long one the last
+ * step's peak). */
+Test(train, a_final_status_follows_train_finish) {
+  config_t c;
+  config_default(&c);
+  char *data = demo_tokens();
+  cr_assert_eq(config_set(&c, "data", data), 0);
+  cr_assert_eq(config_set(&c, "model", "tiny"), 0);
+  c.steps = 3, c.warmup_steps = 1, c.batch = 1, c.seq_len = 16, c.sample_tokens = 100;
+  reports_t f = {0};
+  run_reporting(&c, report_metrics, report_metrics, &f);
+  cr_assert_eq(f.n, 4, "3 step reports and the final one (%d)", f.n);
+  cr_assert_eq(f.step[3], 3, "the final report is at the last step");
+  cr_assert_eq(f.peak[3][MEM_ACTS], mem_peak(MEM_ACTS), "the final report has the run's "
+               "activation peak (%llu of %zu)", (unsigned long long)f.peak[3][MEM_ACTS],
+               mem_peak(MEM_ACTS));
+  cr_assert_gt(f.peak[3][MEM_ACTS], f.peak[2][MEM_ACTS], "sampling raised the activation peak");
   free(data);
 }
 
