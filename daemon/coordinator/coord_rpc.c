@@ -8,6 +8,7 @@
  * Nothing from a request reaches the file system unchecked: a job's paths go
  * through job_paths_check (inside the operator's roots) before they are
  * stored, and ids are parsed as numbers. */
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -98,6 +99,50 @@ static Fsdp__V1__RankState coord_rank_state(store_rank_state_t s) {
   }
 }
 
+/* ---- a rank's memory as the store keeps it ------------------------------------
+ * "name=cur/peak ..." (bytes), for each of mem.h's categories a rank
+ * reported: the figures of its exit report (the run's peaks), kept with its
+ * row so that fsdpctl memory shows them once the attempt's reports in
+ * memory are gone (and after a restart). */
+
+static void coord_memory_add(char *out, size_t cap, size_t *at, const char *name, uint64_t cur,
+                             uint64_t peak) {
+  int known = 0;
+  for (int k = 0; k < COORD_CATS && !known; k++) known = !strcmp(name, mem_cat_name((mem_cat_t)k));
+  if (!known) return; /* a name of ours only: no space or '=' a reader would trip on */
+  int w = snprintf(out + *at, cap - *at, "%s%s=%" PRIu64 "/%" PRIu64, *at ? " " : "", name, cur,
+                   peak);
+  if (w > 0 && (size_t)w < cap - *at) *at += (size_t)w;
+  else out[*at] = 0;
+}
+
+/* The memory an exit report gives: its status's, else the rank's last
+ * heartbeat report in this attempt (an fsdpd that sends no status). */
+static void coord_memory_of_exit(coord_t *c, int64_t job, const Fsdp__V1__ReportRankExitRequest *q,
+                                 char *out, size_t cap) {
+  size_t at = 0;
+  out[0] = 0;
+  if (q->status && q->status->n_memory) {
+    for (size_t k = 0; k < q->status->n_memory; k++)
+      coord_memory_add(out, cap, &at, q->status->memory[k]->name, q->status->memory[k]->current_bytes,
+                       q->status->memory[k]->peak_bytes);
+    return;
+  }
+  const coord_rank_t *r = coord_rank_get(c, job, (int)q->rank, 0);
+  if (r && r->epoch == (int64_t)q->attempt)
+    for (int k = 0; k < r->ncat; k++) coord_memory_add(out, cap, &at, r->cat[k], r->cur[k], r->peak[k]);
+}
+
+/* name's figures in a stored memory text; 0 when it has none. */
+static int coord_memory_find(const char *text, const char *name, uint64_t *cur, uint64_t *peak) {
+  const size_t len = strlen(name);
+  for (const char *p = text; p && *p; p = strchr(p, ' '), p = p ? p + 1 : NULL)
+    if (!strncmp(p, name, len) && p[len] == '=' &&
+        sscanf(p + len + 1, "%" SCNu64 "/%" SCNu64, cur, peak) == 2)
+      return 1;
+  return 0;
+}
+
 /* The ranks of j's current attempt, with what they last reported. */
 static int coord_ranks_msg(coord_t *c, coord_arena_t *a, const store_job_t *j,
                            Fsdp__V1__RankStatus ***out, size_t *n_out) {
@@ -137,6 +182,10 @@ static int coord_ranks_msg(coord_t *c, coord_arena_t *a, const store_job_t *j,
         mc->planned_bytes = 0; /* this rank writes no checkpoint */
       for (int q = 0; m && q < m->ncat; q++)
         if (!strcmp(m->cat[q], mc->name)) mc->current_bytes = m->cur[q], mc->peak_bytes = m->peak[q];
+      /* an exited rank: its exit report's figures, the last it sent */
+      uint64_t cur, peak;
+      if (coord_memory_find(r[i].memory, mc->name, &cur, &peak))
+        mc->current_bytes = cur, mc->peak_bytes = peak;
       s->n_memory++;
     }
   }
@@ -979,7 +1028,9 @@ static void coord_rank_exit_cb(rpc_call_t *call, const ProtobufCMessage *req, vo
     if (n) n->stopping = 1;
   }
   store_attempt_verdict_t verdict = STORE_ATTEMPT_GOING;
-  if (!rc) rc = store_rank_exit(c->st, job, q->attempt, (int)q->rank, status, &verdict);
+  char memory[STORE_RANK_MEMORY_MAX] = "";
+  if (!rc) coord_memory_of_exit(c, job, q, memory, sizeof memory);
+  if (!rc) rc = store_rank_exit(c->st, job, q->attempt, (int)q->rank, status, memory, &verdict);
   if (rc) {
     rpc_call_finish(call, rc);
     return;

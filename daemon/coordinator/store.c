@@ -169,8 +169,14 @@ static const char store_schema_v6[] =
     "UPDATE jobs SET checkpoint_dir = '' WHERE state NOT IN ('PENDING', 'RUNNING');\n"
     "CREATE INDEX jobs_checkpoint_dir ON jobs(checkpoint_dir);\n";
 
+/* Version 7: a rank's memory as its exit report gave it (the run's peaks),
+ * for fsdpctl memory once its attempt has ended. */
+static const char store_schema_v7[] =
+    "ALTER TABLE ranks ADD COLUMN memory TEXT NOT NULL DEFAULT '';\n";
+
 static const char *const store_migrations[] = {store_schema_v1, store_schema_v2, store_schema_v3,
-                                               store_schema_v4, store_schema_v5, store_schema_v6};
+                                               store_schema_v4, store_schema_v5, store_schema_v6,
+                                               store_schema_v7};
 _Static_assert(sizeof store_migrations / sizeof store_migrations[0] == STORE_SCHEMA_VERSION,
                "one migration per schema version");
 
@@ -788,9 +794,11 @@ static void rank_row(sqlite3_stmt *s, void *item) {
   r->has_exit = sqlite3_column_type(s, 8) != SQLITE_NULL;
   r->exit_status = sqlite3_column_int(s, 8);
   r->pid = sqlite3_column_int64(s, 9);
+  st_col_text(s, 10, r->memory, sizeof r->memory);
 }
-#define RANK_COLS \
-  "job_id, epoch, rank, node_id, device_idx, shard_group, replica_group, state, exit_status, pid"
+#define RANK_COLS                                                                             \
+  "job_id, epoch, rank, node_id, device_idx, shard_group, replica_group, state, exit_status, " \
+  "pid, memory"
 
 static void event_row(sqlite3_stmt *s, void *item) {
   store_event_t *e = item;
@@ -1153,7 +1161,7 @@ static store_attempt_verdict_t attempt_verdict(store_t *st, int64_t job_id, int6
 }
 
 int store_rank_exit(store_t *st, int64_t job_id, int64_t epoch, int rank, int exit_status,
-                    store_attempt_verdict_t *verdict) {
+                    const char *memory, store_attempt_verdict_t *verdict) {
   int rc = store_begin(st, 1);
   if (rc) return rc;
   job_brief_t b;
@@ -1176,6 +1184,9 @@ int store_rank_exit(store_t *st, int64_t job_id, int64_t epoch, int rank, int ex
                     A_I(job_id), A_I(epoch), A_I(rank)),
              "rank.exited", "rank %d of attempt %lld exited with status %d", rank,
              (long long)epoch, exit_status);
+  if (memory && *memory)
+    st_exec(st, "UPDATE ranks SET memory = ? WHERE job_id = ? AND epoch = ? AND rank = ?",
+            A_T(memory), A_I(job_id), A_I(epoch), A_I(rank));
   store_attempt_verdict_t v =
       b.state == STORE_JOB_RUNNING ? attempt_verdict(st, job_id, epoch) : STORE_ATTEMPT_ENDED;
   rc = store_end(st, 0);

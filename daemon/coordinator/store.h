@@ -26,7 +26,7 @@
 #include <stdint.h>
 
 /* The schema version this build writes and reads (PRAGMA user_version). */
-#define STORE_SCHEMA_VERSION 6
+#define STORE_SCHEMA_VERSION 7
 
 /* Text bounds: longer input is refused (EINVAL) so what is stored reads back
  * whole; reasons and event text are free text and are cut to fit on read. */
@@ -133,6 +133,8 @@ typedef struct store_placement {
   int replica_group;            /* which replica group (0 .. S-1) */
 } store_placement_t;
 
+#define STORE_RANK_MEMORY_MAX 640 /* "name=cur/peak" for each of mem.h's categories */
+
 typedef struct store_rank {
   int64_t job_id;
   int64_t epoch;
@@ -144,6 +146,9 @@ typedef struct store_rank {
   int has_exit;                 /* exit_status is known */
   int exit_status;              /* exit code, or -signal */
   int64_t pid;                  /* 0 until its fsdpd reports the process */
+  /* its memory as its exit report gave it ("" : none yet): the coordinator's
+   * text (coord_rpc.c), opaque here */
+  char memory[STORE_RANK_MEMORY_MAX];
 } store_rank_t;
 
 typedef struct store_event {
@@ -306,11 +311,12 @@ int store_attempt_start(store_t *st, int64_t job_id, const store_placement_t *ra
  * node_id. */
 int store_rank_running(store_t *st, int64_t job_id, int64_t epoch, int rank, int64_t node_id,
                        int64_t pid);
-/* A rank's process ended with exit_status (0: success; a code; -signal).
+/* A rank's process ended with exit_status (0: success; a code; -signal),
+ * with its memory (store_rank_t.memory; NULL or "": leaves what is stored).
  * *verdict says whether the attempt is over and how. A report for an older
  * epoch is refused with FSDP_ESTALE. */
 int store_rank_exit(store_t *st, int64_t job_id, int64_t epoch, int rank, int exit_status,
-                    store_attempt_verdict_t *verdict);
+                    const char *memory, store_attempt_verdict_t *verdict);
 /* The verdict store_rank_exit gave on the job's current attempt, read again
  * (ENDED when the job does not run), its epoch in *epoch: a coordinator
  * stopped between a rank's exit and the attempt's end finishes it at start. */

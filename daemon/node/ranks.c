@@ -320,6 +320,10 @@ static void rk_report_start(rank_t *rk) {
   req->exit_status = (int32_t)rk->exit_status;
   req->term_signal = rk->term_signal;
   req->node_stopping = R->stopping; /* before the verdict requeues its job */
+  /* its final figures (the status it sent after the run): read by the pool
+   * thread, never changed now that its channel is closed, and rk outlives
+   * the call */
+  req->status = rk->status;
   rk_call(rk, RK_CALL_EXIT, &req->base);
 }
 

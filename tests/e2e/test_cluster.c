@@ -156,6 +156,60 @@ Test(cluster, hybrid_2x2_on_two_nodes_trains_as_under_fsdp_launch) {
   free(conf);
 }
 
+/* The PEAK MiB of category cat for rank r in `fsdpctl memory` output ("" : no row). */
+static void memory_peak(const char *table, int r, const char *cat, char *out, size_t len) {
+  out[0] = 0;
+  for (const char *p = table; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
+    int rank;
+    char node[32], name[32], planned[32], cur[32], peak[32];
+    if (sscanf(p, "%d %31s %31s %31s %31s %31s", &rank, node, name, planned, cur, peak) == 6 &&
+        rank == r && !strcmp(name, cat))
+      snprintf(out, len, "%s", peak);
+  }
+}
+
+/* A job of 3 steps whose sampling after training raises the activation
+ * peak (a context-long window where the steps had seq_len 16): once it has
+ * ended, `fsdpctl memory` shows each rank's run peaks with the final
+ * figures, as rank 0's own closing line says them, also after the
+ * coordinator restarted (before, every category showed 0.0: no status had
+ * reached the coordinator, and a longer job showed the last step's peak). */
+Test(cluster, fsdpctl_memory_shows_the_ranks_final_peaks_after_the_job) {
+  cluster_fsdpd_start(&node[0], coord.addr, "solo", 2, NULL);
+  char *conf = job_file("short.conf", "steps = 3\nbatch = 1\nseq_len = 16\n[output]\n"
+                                      "sample_tokens = 100\n");
+  char job[32], out[65536], a[256], want[32], got[32];
+  snprintf(job, sizeof job, "%s", submit(conf, "--ranks 2"));
+  snprintf(a, sizeof a, "watch %s", job);
+  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
+  cr_assert(wait_state(job, "SUCCEEDED", 10), "%s", out);
+  snprintf(a, sizeof a, "logs %s --rank 0", job);
+  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
+  const char *line = strstr(out, "mem (MiB):"), *acts = line ? strstr(line, " activations=") : NULL;
+  cr_assert_not_null(acts, "rank 0's closing memory line:\n%s", out);
+  snprintf(want, sizeof want, "%.*s", (int)strcspn(acts + 13, " \n"), acts + 13);
+  const char *slash = strchr(want, '/');
+  cr_assert_not_null(slash, "%s", want);
+  memmove(want, slash + 1, strlen(slash)); /* its peak */
+  for (int restarted = 0; restarted < 2; restarted++) {
+    snprintf(a, sizeof a, "memory %s", job);
+    cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
+    memory_peak(out, 0, "activations", got, sizeof got);
+    cr_expect_str_eq(got, want, "rank 0's activation peak%s: fsdpctl memory %s, its log %s:\n%s",
+                     restarted ? " after a restart" : "", got, want, out);
+    memory_peak(out, 1, "activations", got, sizeof got);
+    cr_expect_str_eq(got, want, "rank 1's activation peak (the same job): %s:\n%s", got, out);
+    if (restarted) break;
+    char addr[64], db[600], extra[64];
+    snprintf(addr, sizeof addr, "%s", coord.addr);
+    snprintf(db, sizeof db, "%.*s", (int)(strlen(coord.log) - 4), coord.log);
+    cluster_stop(&coord, SIGTERM);
+    snprintf(extra, sizeof extra, "--heartbeat-timeout-ms %d", TIMEOUT_MS);
+    cluster_coord_start(&coord, db, addr, extra);
+  }
+  free(conf);
+}
+
 Test(cluster, three_jobs_on_four_devices_the_third_waits_and_cancel_frees_devices) {
   cluster_fsdpd_start(&node[0], coord.addr, "quad", 4, NULL);
   char *conf = job_file("long.conf", "steps = 100000\n");

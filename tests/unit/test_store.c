@@ -185,7 +185,7 @@ Test(store, reopening_keeps_the_data_and_does_not_migrate_again) {
 Test(store, a_database_from_a_newer_schema_is_refused_naming_both_versions) {
   sqlite3 *db = raw_open("new.db");
   cr_assert_eq(sqlite3_exec(db,
-                            "PRAGMA application_id = 1179862096; /* 0x46534450 */ PRAGMA user_version = 7; "
+                            "PRAGMA application_id = 1179862096; /* 0x46534450 */ PRAGMA user_version = 8; "
                             "CREATE TABLE future(x)",
                             NULL, NULL, NULL),
                SQLITE_OK);
@@ -197,10 +197,10 @@ Test(store, a_database_from_a_newer_schema_is_refused_naming_both_versions) {
   const char *m = err_msg();
   char ours[16];
   snprintf(ours, sizeof ours, "'s %d", STORE_SCHEMA_VERSION);
-  cr_assert(strstr(m, tpath("new.db")) && strstr(m, "version 7") && strstr(m, ours),
+  cr_assert(strstr(m, tpath("new.db")) && strstr(m, "version 8") && strstr(m, ours),
             "message: %s", m);
   db = raw_open("new.db");
-  cr_assert_eq(raw_int(db, "PRAGMA user_version"), 7, "left at its version");
+  cr_assert_eq(raw_int(db, "PRAGMA user_version"), 8, "left at its version");
   cr_assert_eq(raw_int(db, "SELECT count(*) FROM sqlite_schema"), 1, "and its tables");
   sqlite3_close(db);
 }
@@ -357,9 +357,9 @@ Test(store, a_job_runs_to_success_and_frees_its_devices) {
   cr_assert_eq(store_rank_running(st, job + 100, 1, 0, node, 4242), FSDP_ENOTFOUND, "no such job");
   cr_assert_eq(store_rank_running(st, job, 1, 0, node, 4242), 0, "%s", err_msg());
   store_attempt_verdict_t v;
-  cr_assert_eq(store_rank_exit(st, job, 1, 0, 0, &v), 0, "%s", err_msg());
+  cr_assert_eq(store_rank_exit(st, job, 1, 0, 0, NULL, &v), 0, "%s", err_msg());
   cr_assert_eq(v, STORE_ATTEMPT_GOING);
-  cr_assert_eq(store_rank_exit(st, job, 1, 1, 0, &v), 0);
+  cr_assert_eq(store_rank_exit(st, job, 1, 1, 0, NULL, &v), 0);
   cr_assert_eq(v, STORE_ATTEMPT_SUCCEEDED);
   store_job_state_t next;
   cr_assert_eq(store_attempt_end(st, job, 1, 1, "", &next), 0, "%s", err_msg());
@@ -389,7 +389,7 @@ Test(store, a_failed_rank_restarts_the_job_at_a_new_epoch_and_the_old_one_is_fen
   cr_assert_eq(start_on(st, job, node, 2, &epoch), 0);
   cr_assert_eq(store_rendezvous_put(st, job, 1, "world", 0, "addr-a", 6), 0, "%s", err_msg());
   store_attempt_verdict_t v;
-  cr_assert_eq(store_rank_exit(st, job, 1, 0, 1, &v), 0);
+  cr_assert_eq(store_rank_exit(st, job, 1, 0, 1, NULL, &v), 0);
   cr_assert_eq(v, STORE_ATTEMPT_FAILED, "one failed rank fails the attempt");
   store_job_state_t next;
   cr_assert_eq(store_attempt_end(st, job, 1, 0, "rank 0 exited with 1", &next), 0, "%s",
@@ -416,7 +416,7 @@ Test(store, a_failed_rank_restarts_the_job_at_a_new_epoch_and_the_old_one_is_fen
   cr_assert(strstr(err_msg(), "epoch 1") && strstr(err_msg(), "epoch 2"), "%s", err_msg());
   store_rendezvous_t rv;
   cr_assert_eq(store_rendezvous_get(st, job, 1, "world", 2, &rv), FSDP_ESTALE);
-  cr_assert_eq(store_rank_exit(st, job, 1, 1, 0, &v), FSDP_ESTALE);
+  cr_assert_eq(store_rank_exit(st, job, 1, 1, 0, NULL, &v), FSDP_ESTALE);
   cr_assert_eq(store_attempt_end(st, job, 1, 1, "", NULL), FSDP_ESTALE);
   cr_assert_eq(store_rendezvous_get(st, job, 2, "world", 2, &rv), 0);
   cr_assert(!rv.complete && rv.n == 0, "nothing of epoch 1 reaches epoch 2");
@@ -424,7 +424,7 @@ Test(store, a_failed_rank_restarts_the_job_at_a_new_epoch_and_the_old_one_is_fen
   cr_assert_eq(store_rendezvous_put(st, job, 3, "world", 0, "x", 1), FSDP_ENOTFOUND,
                "an epoch that never started");
 
-  cr_assert_eq(store_rank_exit(st, job, 2, 1, -9, &v), 0);
+  cr_assert_eq(store_rank_exit(st, job, 2, 1, -9, NULL, &v), 0);
   cr_assert_eq(v, STORE_ATTEMPT_FAILED);
   cr_assert_eq(store_attempt_end(st, job, 2, 0, "rank 1 killed by signal 9", &next), 0);
   cr_assert_eq(next, STORE_JOB_FAILED, "no restarts left");
@@ -523,7 +523,7 @@ Test(store, cancel_ends_a_pending_or_running_job_once) {
   store_array_free(r);
   cr_assert_eq(store_rendezvous_put(st, running, epoch, "world", 1, "y", 1), FSDP_ESTALE);
   store_attempt_verdict_t v;
-  cr_assert_eq(store_rank_exit(st, running, epoch, 0, -15, &v), 0, "a late exit is recorded");
+  cr_assert_eq(store_rank_exit(st, running, epoch, 0, -15, NULL, &v), 0, "a late exit is recorded");
   cr_assert_eq(v, STORE_ATTEMPT_ENDED);
   cr_assert_eq(store_job_cancel(st, running, "again", &was), FSDP_ESTATE);
   cr_assert_eq(start_on(st, waiting, node, 2, &epoch), FSDP_ESTATE);
@@ -579,7 +579,7 @@ Test(store, state_changes_leave_events_in_order) {
   cr_assert_eq(start_on(st, job, node, 1, &ep), 0);
   cr_assert_eq(store_event_add(st, job, node, "rank.progress", "step %d of %d", 5, 10), 0);
   store_attempt_verdict_t v;
-  cr_assert_eq(store_rank_exit(st, job, ep, 0, 0, &v), 0);
+  cr_assert_eq(store_rank_exit(st, job, ep, 0, 0, NULL, &v), 0);
   cr_assert_eq(store_attempt_end(st, job, ep, 1, NULL, NULL), 0);
   store_event_t *e;
   int n;
@@ -695,7 +695,7 @@ Test(store, ended_jobs_are_purged_with_their_rows) {
   cr_assert_eq(store_ckpt_report(st, old, ep, 10, 1, "/ck/step-00000010", &s0, &k), 0, "%s", err_msg());
   cr_assert_eq(store_ckpt_close(st, old, 10, ep, NULL), 0, "%s", err_msg());
   store_attempt_verdict_t v;
-  cr_assert_eq(store_rank_exit(st, old, ep, 0, 0, &v), 0);
+  cr_assert_eq(store_rank_exit(st, old, ep, 0, 0, NULL, &v), 0);
   cr_assert_eq(store_attempt_end(st, old, ep, 1, NULL, NULL), 0);
   int64_t recent = submit(st, "recent", 1, 0);
   cr_assert_eq(store_job_cancel(st, recent, "test", NULL), 0);
@@ -779,7 +779,7 @@ Test(store, a_dead_node_loses_its_ranks_and_re_registers) {
   cr_assert(r[0].state == STORE_RANK_ASSIGNED && r[1].state == STORE_RANK_LOST);
   store_array_free(r);
   store_attempt_verdict_t v;
-  cr_assert_eq(store_rank_exit(st, job, ep, 0, -15, &v), 0);
+  cr_assert_eq(store_rank_exit(st, job, ep, 0, -15, NULL, &v), 0);
   cr_assert_eq(v, STORE_ATTEMPT_FAILED, "a lost rank fails the attempt");
   cr_assert_eq(store_attempt_end(st, job, ep, 0, "node b died", NULL), 0);
   store_node_t *nodes;
@@ -1108,9 +1108,9 @@ Test(store, a_preempted_attempt_is_requeued_without_a_restart) {
   int64_t job = submit(st, "pre", 2, 0), epoch;
   cr_assert_eq(start_on(st, job, node, 2, &epoch), 0);
   store_attempt_verdict_t v;
-  cr_assert_eq(store_rank_exit(st, job, 1, 0, JOB_EXIT_PREEMPTED, &v), 0);
+  cr_assert_eq(store_rank_exit(st, job, 1, 0, JOB_EXIT_PREEMPTED, NULL, &v), 0);
   cr_assert_eq(v, STORE_ATTEMPT_GOING, "the other rank still writes its checkpoint");
-  cr_assert_eq(store_rank_exit(st, job, 1, 1, JOB_EXIT_PREEMPTED, &v), 0);
+  cr_assert_eq(store_rank_exit(st, job, 1, 1, JOB_EXIT_PREEMPTED, NULL, &v), 0);
   cr_assert_eq(v, STORE_ATTEMPT_PREEMPTED);
   cr_assert_eq(store_attempt_requeue(st, job, 1, "node n-1 stopping"), 0, "%s", err_msg());
   store_job_t j = get_job(st, job);
@@ -1121,8 +1121,8 @@ Test(store, a_preempted_attempt_is_requeued_without_a_restart) {
   cr_assert_eq(n_free(st), 2, "its devices are free");
   /* attempt 2: one preempted, one failed: that fails it */
   cr_assert_eq(start_on(st, job, node, 2, &epoch), 0);
-  cr_assert_eq(store_rank_exit(st, job, 2, 0, JOB_EXIT_PREEMPTED, &v), 0);
-  cr_assert_eq(store_rank_exit(st, job, 2, 1, 1, &v), 0);
+  cr_assert_eq(store_rank_exit(st, job, 2, 0, JOB_EXIT_PREEMPTED, NULL, &v), 0);
+  cr_assert_eq(store_rank_exit(st, job, 2, 1, 1, NULL, &v), 0);
   cr_assert_eq(v, STORE_ATTEMPT_FAILED);
   store_close(st);
 }
@@ -1145,8 +1145,8 @@ Test(store, a_failed_or_cancelled_job_resumes_with_its_restarts_reset) {
   cr_assert_eq(start_on(st, job, node, 2, &epoch), 0);
   cr_assert_eq(epoch, 2, "a new attempt");
   store_attempt_verdict_t v;
-  cr_assert_eq(store_rank_exit(st, job, 2, 0, 0, &v), 0);
-  cr_assert_eq(store_rank_exit(st, job, 2, 1, 0, &v), 0);
+  cr_assert_eq(store_rank_exit(st, job, 2, 0, 0, NULL, &v), 0);
+  cr_assert_eq(store_rank_exit(st, job, 2, 1, 0, NULL, &v), 0);
   cr_assert_eq(store_attempt_end(st, job, 2, 1, "", &next), 0);
   cr_assert_eq(store_job_resume(st, job, NULL), FSDP_ESTATE, "a succeeded job");
   store_close(st);
@@ -1161,12 +1161,14 @@ Test(store, a_database_of_the_previous_schema_is_migrated_and_its_data_kept) {
   cr_assert_eq(store_open(tpath("old.db"), &old, &st), 0, "%s", err_msg());
   int64_t node = add_node(st, "n0", 2);
   store_close(st);
-  /* jobs as the previous release wrote them: one pending, one ended */
+  /* jobs as the previous release wrote them: one pending (its checkpoint
+   * directory unknown, as version 6 left a live job), one ended */
   sqlite3 *db = raw_open("old.db");
   cr_assert_eq(raw_int(db, "PRAGMA user_version"), STORE_SCHEMA_VERSION - 1);
   cr_assert_eq(sqlite3_exec(db, "INSERT INTO jobs(name, spec, world_size, mesh, state, max_restarts, "
-                            "submitted_ms) VALUES('from-before', 'steps = 10', 2, '1x2', 'PENDING', "
-                            "1, 1), ('ended-before', 'steps = 10', 1, '1x1', 'FAILED', 0, 1)",
+                            "submitted_ms, checkpoint_dir) VALUES('from-before', 'steps = 10', 2, "
+                            "'1x2', 'PENDING', 1, 1, NULL), ('ended-before', 'steps = 10', 1, '1x1', "
+                            "'FAILED', 0, 1, '')",
                             NULL, NULL, NULL), SQLITE_OK, "%s", sqlite3_errmsg(db));
   const int64_t job = 1, ended = 2;
   sqlite3_close(db);
@@ -1190,9 +1192,10 @@ Test(store, a_database_of_the_previous_schema_is_migrated_and_its_data_kept) {
   cr_assert_eq(raw_int(db, "PRAGMA user_version"), STORE_SCHEMA_VERSION);
   cr_assert_eq(raw_int(db, "SELECT count(*) FROM sqlite_schema WHERE name = 'jobs_ended'"), 1,
                "version 4's index of ended jobs");
-  /* version 6: the live job's directory is unknown (its spec says), the ended one's is none */
   cr_assert_eq(raw_int(db, "SELECT count(*) FROM jobs WHERE checkpoint_dir IS NULL AND id = 1"), 1);
-  cr_assert_eq(raw_int(db, "SELECT count(*) FROM jobs WHERE checkpoint_dir = '' AND id = 2"), 1);
+  /* version 7: a rank's memory from its exit report, none for rows of before */
+  cr_assert_eq(raw_int(db, "SELECT count(*) FROM pragma_table_info('ranks') WHERE name = 'memory' "
+                       "AND dflt_value IS NOT NULL"), 1);
   sqlite3_close(db);
   st = open_db("old.db");
   store_job_dir_t *v;
