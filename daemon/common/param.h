@@ -22,6 +22,8 @@
   XX(progress_every, "FSDP_PROGRESS_EVERY", 1, "print a progress line every N steps")     \
   XX(cuda_device, "FSDP_CUDA_DEVICE", -1,                                            \
      "device cuda: this rank's GPU ordinal (-1: its rank modulo the GPUs it sees; fsdpd sets it)") \
+  XX(device_memory_bytes, "FSDP_DEVICE_MEMORY_BYTES", 0,                             \
+     "a rank's memory limit when its job sets no memory_limit_mib: its device's bytes (fsdpd sets it from its inventory; 0: the host's available memory divided among the world's ranks, as under fsdp-launch, where they share one host)") \
   XX(cuda_attn_gemm, "FSDP_CUDA_ATTN_GEMM", 0,                                       \
      "device cuda: 1: attention by strided products keeping the probabilities (0: the fused kernel where one is built)") \
   XX(comm_timeout_ms, "FSDP_COMM_TIMEOUT_MS", 5000, "collective timeout, and ring bootstrap") \

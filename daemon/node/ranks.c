@@ -652,8 +652,12 @@ static int rk_spawn(rank_t *rk, const Fsdp__V1__RendezvousReply *rep) {
   /* a CPU rank gets its share of the cores, a GPU rank its GPU (device.h) */
   char vgpu[40];
   snprintf(vgpu, sizeof vgpu, "FSDP_CUDA_DEVICE=%d", R->o.inv->dev[a->device].index);
+  /* its memory limit: the device's, as registered (not the host's divided
+   * among the job's ranks, most of which run elsewhere) */
+  char vmem[64];
+  snprintf(vmem, sizeof vmem, "FSDP_DEVICE_MEMORY_BYTES=%" PRIu64, R->o.inv->dev[a->device].memory);
   char *env[] = {vrank, vworld, addrs, "FSDP_LISTEN_FD=3", "FSDP_REPORT_FD=4", vnode,
-                 vjob, vattempt, is_cpu ? vthreads : vgpu, NULL};
+                 vjob, vattempt, vmem, is_cpu ? vthreads : vgpu, NULL};
   char *argv[] = {(char *)R->o.rank_program, "--config", confname, NULL};
   const int fds[2] = {rk->listen_fd, sv[1]};
   const supervise_child_opts_t co = {.argv = argv, .env = env, .fds = fds, .nfds = 2,

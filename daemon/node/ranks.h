@@ -14,7 +14,8 @@
  *               user, cwd its attempt directory) with FSDP_RANK,
  *               FSDP_WORLD_SIZE, FSDP_ADDRS (the payloads, in rank order),
  *               FSDP_LISTEN_FD=3, FSDP_REPORT_FD=4, FSDP_JOB_ID and
- *               FSDP_ATTEMPT (whose ring it is) and, on CPU devices,
+ *               FSDP_ATTEMPT (whose ring it is), FSDP_DEVICE_MEMORY_BYTES
+ *               (its device's, its memory limit) and, on CPU devices,
  *               FSDP_THREADS; its report frames read into its latest status
  *   EXITED      its process is reaped and its process group empty (polled
  *               in /proc, SIGKILLed again while not); ReportRankExit is

@@ -418,7 +418,11 @@ int train_open(train_t **out, const config_t *c, const train_opts_t *o) {
   t->boot.ids = t->dev->ids;
   /* every rank plans the same job and refuses it alike, before connecting */
   if ((rc = plan_job(c, t->boot.world, &t->plan))) goto fail;
+  /* not a job option: ranks hash the options to check they run one job,
+   * and devices differ; fsdpd says what this rank's device has */
+  const int64_t device = param_device_memory_bytes();
   size_t limit = c->memory_limit_mib ? (size_t)c->memory_limit_mib << 20
+                 : device > 0        ? (size_t)device
                                      : plan_host_available() / (size_t)t->boot.world;
   if (plan_fit_snapshot(&t->cfg, t->boot.world, &t->plan, limit) && t->opts.out)
     fprintf(t->opts.out, "train: note: no room for a checkpoint snapshot beside the job "

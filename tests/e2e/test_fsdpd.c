@@ -739,6 +739,20 @@ Test(fsdpd, a_kill_stops_both_ranks_within_the_grace_and_leaves_nothing, .timeou
   start_long_job(pids);
   if (geteuid() == 0)
     for (int i = 0; i < 2; i++) cr_expect_eq(proc_uid(pids[i]), NOBODY, "ranks run as nobody");
+  /* each rank's memory limit is its device's, as fsdpd registered it */
+  for (int i = 0; i < 2; i++) {
+    char path[64], env[16384];
+    snprintf(path, sizeof path, "/proc/%d/environ", pids[i]);
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(env, 1, sizeof env - 1, f) : 0;
+    if (f) fclose(f);
+    env[n] = 0;
+    const char *v = NULL;
+    for (size_t at = 0; at < n && !v; at += strlen(env + at) + 1)
+      if (!strncmp(env + at, "FSDP_DEVICE_MEMORY_BYTES=", 25)) v = env + at + 25;
+    cr_expect(v && strtoull(v, NULL, 10) > 0, "rank pid %d: FSDP_DEVICE_MEMORY_BYTES %s", pids[i],
+              v ? v : "unset");
+  }
   /* a follower of rank 0's log, from its last 100 bytes: it gets them now,
    * and its stream ends by itself once the rank is gone */
   rpc_client_t *c = node_client();

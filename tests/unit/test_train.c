@@ -286,6 +286,24 @@ Test(train, a_final_status_follows_train_finish) {
   free(data);
 }
 
+/* Without memory_limit_mib a rank's limit is its device's memory as fsdpd
+ * gives it (FSDP_DEVICE_MEMORY_BYTES), not the host's available memory
+ * divided by the world (a quarter of the host for a rank of 2 hosts x 2):
+ * 1 MiB refuses the tiny model, saying the limit. */
+Test(train, a_ranks_memory_limit_is_its_devices_as_fsdpd_says) {
+  config_t c;
+  config_default(&c);
+  char *data = demo_tokens();
+  cr_assert_eq(config_set(&c, "data", data), 0);
+  cr_assert_eq(config_set(&c, "model", "tiny"), 0);
+  c.steps = 1, c.warmup_steps = 1, c.batch = 1, c.seq_len = 16;
+  cr_assert_eq(setenv("FSDP_DEVICE_MEMORY_BYTES", "1048576", 1), 0);
+  train_t *t;
+  cr_assert_eq(train_open(&t, &c, NULL), FSDP_ENOMEM, "a 1 MiB device: %s", err_msg());
+  cr_assert(strstr(err_msg(), "1 MiB is available"), "%s", err_msg());
+  free(data);
+}
+
 /* A save path that cannot be written is found before the first step, with
  * the option named, and nothing is trained. */
 Test(train, an_unwritable_save_path_is_refused_before_training) {
