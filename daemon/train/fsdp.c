@@ -638,13 +638,22 @@ int fsdp_step(fsdp_t *f, float lr, float clip, float *norm) {
    * (replicas hold equal shards), and padding is zero */
   double sq = fsdp_grad_sumsq(f);
   if (f->opts.shard_comm) {
-    float sq32 = (float)sq;
-    if ((rc = comm_all_reduce(f->opts.shard_comm, &sq32, &sq32, 1, COMM_F32, COMM_SUM)))
+    /* floats on the wire: the sum as it is, and scaled by 2^-100 for a sum
+     * past FLT_MAX (a norm above 1.8e19), which one rank's double holds: the
+     * ranks clip such a gradient as one device does, not call it infinite */
+    float v[2] = {(float)sq, (float)(sq * 0x1p-100)};
+    if ((rc = comm_all_reduce(f->opts.shard_comm, v, v, 2, COMM_F32, COMM_SUM)))
       return err_wrap(rc, "gradient norm");
-    sq = sq32;
+    sq = isinf(v[0]) && isfinite(v[1]) ? (double)v[1] * 0x1p100 : (double)v[0];
   }
   double n = sqrt(sq);
   if (norm) *norm = (float)n;
+  /* a NaN or infinite gradient is never applied: the shard group agrees on
+   * n (the replicas hold equal shards), so every rank stops at this step
+   * with its weights and AdamW state as the last step left them */
+  if (!isfinite(n))
+    return err_set(FSDP_ERANGE, "the gradient norm is %s (a NaN or infinite gradient); "
+                   "it was not applied", isnan(n) ? "NaN" : "infinite");
   if (clip > 0 && n > clip) fsdp_grad_scale(f, (float)(clip / (n + 1e-6)));
   if (f->bf16_storage) adamw_step_bf16(f->opt, f->params16, f->grads16, lr); /* rounds: p, m, v */
   else adamw_step_buffers(f->opt, f->params, f->grads, lr);

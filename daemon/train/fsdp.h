@@ -65,7 +65,8 @@ void fsdp_defer_reduce(fsdp_t *f, int defer);
 /* Starts a step: zeroes the gradient shard. */
 void fsdp_zero_grad(fsdp_t *f);
 /* Ends a step: global gradient norm (over every shard), clipping to clip (0:
- * off), AdamW on the shard. *norm gets the norm before clipping. */
+ * off), AdamW on the shard. *norm gets the norm before clipping. A NaN or
+ * infinite norm is FSDP_ERANGE on every rank, and nothing is updated. */
 int fsdp_step(fsdp_t *f, float lr, float clip, float *norm);
 /* Averages x over every rank (shard group, then replica group). */
 int fsdp_mean(fsdp_t *f, float *x);

@@ -535,11 +535,18 @@ int train_step(train_t *t) {
   if ((rc = fsdp_mean_n(t->runtime, v, 2))) return err_wrap(rc, "step %d: averaging the loss", m.step);
   m.loss = v[0];
   if (v[1] > 0) t->stop_agreed = 1;
+  char fix[128]; /* what to change when training diverged */
+  if (c->grad_clip > 0) snprintf(fix, sizeof fix, "lower lr (now %g) or grad_clip (now %g)", c->lr, c->grad_clip);
+  else snprintf(fix, sizeof fix, "lower lr (now %g) or set grad_clip (now 0: off)", c->lr);
   if (!isfinite(m.loss))
-    return err_set(FSDP_ERANGE, "step %d: the training loss is %f; training diverged: lower lr "
-                   "(now %g) or set grad_clip", m.step, m.loss, c->lr);
-  if ((rc = fsdp_step(t->runtime, m.lr, c->grad_clip, &m.grad_norm)))
-    return err_wrap(rc, "step %d", m.step);
+    return err_set(FSDP_ERANGE, "step %d: the training loss is %s; training diverged: %s",
+                   m.step, isnan(m.loss) ? "NaN" : "infinite", fix);
+  if ((rc = fsdp_step(t->runtime, m.lr, c->grad_clip, &m.grad_norm)) == FSDP_ERANGE) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", err_msg());
+    return err_set(rc, "step %d (loss %.4f): %s; training diverged: %s", m.step, m.loss, why, fix);
+  }
+  if (rc) return err_wrap(rc, "step %d", m.step);
   double t1 = train_now();
   m.step_s = t1 - t0;
   m.tokens_per_s = (double)m.tokens / m.step_s;

@@ -508,3 +508,57 @@ Test(train, a_killed_rank_stops_the_job, .timeout = 60) {
   cr_assert_neq(system("pgrep -f 'seed 864209[7]' >/dev/null"), 0, "no rank survived");
   free(data);
 }
+
+/* ---- divergence ------------------------------------------------------------ */
+
+#include "daemon/train/fsdp.h"
+
+/* The latest committed checkpoint under dir, opened on one rank: its step,
+ * and whether every parameter is finite. */
+static void latest_checkpoint(const char *data, const char *dir, int *step, int *finite) {
+  config_t c;
+  config_default(&c);
+  cr_assert_eq(config_set(&c, "data", data), 0);
+  cr_assert_eq(config_set(&c, "model", "tiny"), 0);
+  cr_assert_eq(config_set(&c, "resume_from", dir), 0);
+  c.steps = 1000, c.warmup_steps = 1, c.batch = 2, c.seq_len = 32, c.seed = 8642099;
+  train_t *t;
+  cr_assert_eq(train_open(&t, &c, NULL), 0, "%s", err_msg());
+  train_state_t st;
+  train_state(t, &st);
+  *step = st.step;
+  const size_t n = gpt_config_num_params(gpt_get_config(fsdp_model(st.runtime)));
+  float *p = malloc(n * sizeof *p);
+  cr_assert_not_null(p);
+  cr_assert_eq(fsdp_gather_params(st.runtime, p), 0, "%s", err_msg());
+  *finite = 1;
+  for (size_t i = 0; i < n; i++) *finite &= isfinite(p[i]) != 0;
+  free(p);
+  train_close(t);
+}
+
+/* lr 10 with weight decay 10 (each step multiplies the matrices by -99)
+ * diverges on 2 ranks: at step 8 the loss is still finite but the gradient
+ * is NaN. That step stops the run, naming it, before the update: every
+ * committed checkpoint holds finite weights (before, step 8's NaN update was
+ * checkpointed and committed, and the run stopped at step 9). */
+Test(train, a_nan_gradient_stops_the_run_before_its_update, .timeout = 60) {
+  char *data = demo_tokens(), *ck = tu_path("ck"), args[4096], out[1 << 17];
+  cr_assert_eq(mkdir(ck, 0755), 0);
+  snprintf(args, sizeof args, "-n 2 -- %s/bin/fsdp-train --model tiny --steps 30 "
+           "--warmup_steps 1 --batch 2 --seq_len 32 --data %s --lr 10 --weight_decay 10 "
+           "--checkpoint_dir %s --checkpoint_every 1 --keep_checkpoints 2 --seed 8642099",
+           tu_root(), data, ck);
+  cr_assert_eq(launch_cmd(args, out, sizeof out), 1, "%s", out);
+  const char *said = strstr(out, "[rank 0] fsdp-train: step ");
+  cr_assert_not_null(said, "rank 0 said nothing:\n%s", out);
+  int failed = 0;
+  cr_assert_eq(sscanf(said, "[rank 0] fsdp-train: step %d", &failed), 1, "%s", said);
+  cr_assert(strstr(said, "gradient norm is NaN") && strstr(said, "lr (now 10)"), "%.300s", said);
+  int step, finite;
+  latest_checkpoint(data, ck, &step, &finite);
+  cr_assert_eq(step, failed - 1, "the latest checkpoint is the step before the failed one (%d, "
+               "failed at %d)", step, failed);
+  cr_assert(finite, "the committed checkpoint of step %d holds NaN or Inf", step);
+  free(data), free(ck);
+}
