@@ -568,6 +568,10 @@ int train_step(train_t *t) {
   if (data_num_eval_tokens(t->data) &&
       (t->step >= c->steps || (c->eval_every && t->step % c->eval_every == 0))) {
     if ((rc = train_eval(t, &t->res.eval_loss))) return err_wrap(rc, "step %d", m.step);
+    if (!isfinite(t->res.eval_loss)) /* before this step's checkpoint and the save */
+      return err_set(FSDP_ERANGE, "step %d: the evaluation loss after its update is %s "
+                     "(training loss %.4f, gradient norm %g); training diverged: %s", m.step,
+                     isnan(t->res.eval_loss) ? "NaN" : "infinite", m.loss, m.grad_norm, fix);
     m.evaluated = 1;
     m.eval_loss = t->res.eval_loss;
   }

@@ -562,3 +562,26 @@ Test(train, a_nan_gradient_stops_the_run_before_its_update, .timeout = 60) {
   cr_assert(finite, "the committed checkpoint of step %d holds NaN or Inf", step);
   free(data), free(ck);
 }
+
+/* An update that leaves the model computing NaN (lr 10, beta2 0 and eps
+ * 1e-30: step 2 divides by a gradient's square root near 0) while the
+ * step's own loss and gradient were finite: the evaluation after it says so
+ * and stops the run there, before the save (before, the run ended "done"
+ * with eval "none (eval_fraction 0)" and saved the model). */
+Test(train, a_nan_evaluation_stops_the_run_before_the_save) {
+  config_t c;
+  config_default(&c);
+  char *data = demo_tokens(), *w = tu_path("w.bin");
+  cr_assert_eq(config_set(&c, "data", data), 0);
+  cr_assert_eq(config_set(&c, "model", "tiny"), 0);
+  cr_assert_eq(config_set(&c, "save", w), 0);
+  c.steps = 2, c.warmup_steps = 1, c.batch = 4, c.seq_len = 32, c.lr = 10;
+  c.beta1 = 0.999999f, c.beta2 = 0, c.eps = 1e-30f, c.grad_clip = 0;
+  train_result_t r;
+  cr_assert_eq(train_run(&c, NULL, &r), FSDP_ERANGE, "%s", err_msg());
+  cr_assert(strstr(err_msg(), "step 2: the evaluation loss") && strstr(err_msg(), "NaN"), "%s",
+            err_msg());
+  struct stat st;
+  cr_assert_neq(stat(w, &st), 0, "a diverged model was saved to %s", w);
+  free(data), free(w);
+}
