@@ -601,18 +601,29 @@ void fsdp_zero_grad(fsdp_t *f) {
   else f->be->dev_set(f->grads, 0, n * sizeof *f->grads);
 }
 
-/* Sum of squares of this rank's gradient shard (the kernel sums in double; a
- * bf16 shard is widened chunk by chunk). */
-static double fsdp_grad_sumsq(fsdp_t *f) {
+/* Sum of squares of one of this rank's shard buffers, x32 (fp32) or x16
+ * (bf16, widened chunk by chunk) (the kernel sums in double). */
+static double fsdp_sumsq(fsdp_t *f, const float *x32, const uint16_t *x16) {
   const size_t n = f->layout->shard_total;
-  if (!f->grads16) return f->be->sumsq(f->grads, n);
+  if (!x16) return f->be->sumsq(x32, n);
   double s = 0;
   for (size_t i = 0, c; i < n; i += c) {
     c = fsdp_chunk(i, n);
-    f->be->bf16_to_f32(f->chunk32, f->grads16 + i, c);
+    f->be->bf16_to_f32(f->chunk32, x16 + i, c);
     s += f->be->sumsq(f->chunk32, c);
   }
   return s;
+}
+
+static double fsdp_grad_sumsq(fsdp_t *f) { return fsdp_sumsq(f, f->grads, f->grads16); }
+
+int fsdp_finite(fsdp_t *f, int optimizer) {
+  /* a sum of squares of floats is finite in double exactly when they all are */
+  if (!isfinite(fsdp_sumsq(f, f->params, f->params16))) return 0;
+  if (!optimizer) return 1;
+  const int bf16 = adamw_m(f->opt) == NULL;
+  return isfinite(fsdp_sumsq(f, bf16 ? NULL : adamw_m(f->opt), bf16 ? adamw_m_bf16(f->opt) : NULL)) &&
+         isfinite(fsdp_sumsq(f, bf16 ? NULL : adamw_v(f->opt), bf16 ? adamw_v_bf16(f->opt) : NULL));
 }
 
 /* Multiplies the gradient shard by s (clipping). */

@@ -68,6 +68,9 @@ void fsdp_zero_grad(fsdp_t *f);
  * off), AdamW on the shard. *norm gets the norm before clipping. A NaN or
  * infinite norm is FSDP_ERANGE on every rank, and nothing is updated. */
 int fsdp_step(fsdp_t *f, float lr, float clip, float *norm);
+/* Whether this rank's parameter shard (and, with optimizer, its AdamW m and
+ * v) holds only finite numbers: a diverged run's state is never saved. */
+int fsdp_finite(fsdp_t *f, int optimizer);
 /* Averages x over every rank (shard group, then replica group). */
 int fsdp_mean(fsdp_t *f, float *x);
 /* The same for n values at once (one collective per group). */

@@ -152,6 +152,15 @@ static int train_same_job(train_t *t) {
   return FSDP_OK;
 }
 
+static int train_agree(train_t *t, int bad, int *total);
+
+/* How many ranks hold a NaN or Inf in their shard of the parameters (and,
+ * with optimizer, of AdamW's m and v): every rank learns the same count, so
+ * all refuse a diverged model together. */
+static int train_nonfinite(train_t *t, int optimizer, int *bad) {
+  return train_agree(t, !fsdp_finite(t->runtime, optimizer), bad);
+}
+
 /* The mesh, the rank's groups and the runtime (initialised, or loaded from
  * init_from). */
 static int train_open_runtime(train_t *t) {
@@ -172,7 +181,14 @@ static int train_open_runtime(train_t *t) {
                    c->offload, (size_t)c->min_params};
   if ((rc = fsdp_create(&t->runtime, &c->gpt, &o))) return rc;
   t->model = fsdp_model(t->runtime);
-  return c->init_from[0] ? fsdp_load_weights(t->runtime, c->init_from) : FSDP_OK;
+  if (!c->init_from[0]) return FSDP_OK;
+  if ((rc = fsdp_load_weights(t->runtime, c->init_from))) return rc;
+  int bad; /* trained on, it would stop at a NaN loss, or be saved */
+  if ((rc = train_nonfinite(t, 0, &bad))) return rc;
+  if (bad)
+    return err_set(FSDP_EINVAL, "init_from: %s holds NaN or Inf parameters (in %d rank(s)' "
+                   "shards): it is a diverged model; start from other weights", c->init_from, bad);
+  return FSDP_OK;
 }
 
 /* Continues from the latest committed checkpoint resume_from names (or,
@@ -251,6 +267,12 @@ static int train_resume(train_t *t) {
                      step);
   ckpt_rank_meta_t m;
   if ((rc = ckpt_rank_load(t->runtime, dir, &m))) return err_wrap(rc, "%s", key);
+  int bad; /* a diverged run's (written before they were refused) */
+  if ((rc = train_nonfinite(t, 1, &bad))) return rc;
+  if (bad)
+    return err_set(FSDP_EINVAL, "%s: %s holds NaN or Inf parameters or AdamW state (in %d "
+                   "rank(s)' parts): it is a diverged run's; resume from an earlier checkpoint",
+                   key, dir, bad);
   if (m.seed != c->seed)
     return err_set(FSDP_EINVAL, "%s: %s was trained with seed %llu, this job has %llu; "
                    "the data order would differ: set seed = %llu", key, dir,
@@ -355,6 +377,11 @@ static int train_checkpoint(train_t *t) {
                         (uint64_t)c->min_params, t->run};
   const double t0 = train_now();
   int rc;
+  if (!fsdp_finite(t->runtime, 1)) { /* a resume would load a diverged model */
+    train_ckpt_failed(t, t->step, "this rank's parameters or AdamW state hold NaN or Inf: "
+                      "training diverged at this step; the last committed checkpoint is before it");
+    return FSDP_OK;
+  }
   if (t->snapshot) {
     train_writer_finish(t, 1); /* the snapshot is one buffer: the last write must be done */
     train_writer_t *w = &t->writer;
@@ -623,6 +650,11 @@ static int train_save(train_t *t, const char *path) {
     if (fd < 0) {
       bad = 1;
       err_set_errno(err_from_errno(errno), errno, "save: open %s", tmp);
+    } else if (!fsdp_finite(t->runtime, 0)) {
+      bad = 1;
+      err_set(FSDP_ERANGE, "rank %d's parameters hold NaN or Inf (training diverged); a "
+              "diverged model is not saved", rank);
+      close(fd);
     } else {
       bad = fsdp_write_weights(t->runtime, fd, tmp) != FSDP_OK;
       if (!bad && fsync(fd)) bad = 1, err_set_errno(err_from_errno(errno), errno, "save: fsync %s", tmp);

@@ -512,6 +512,7 @@ Test(train, a_killed_rank_stops_the_job, .timeout = 60) {
 /* ---- divergence ------------------------------------------------------------ */
 
 #include "daemon/train/fsdp.h"
+#include "daemon/job/ckpt.h"
 
 /* The latest committed checkpoint under dir, opened on one rank: its step,
  * and whether every parameter is finite. */
@@ -584,4 +585,58 @@ Test(train, a_nan_evaluation_stops_the_run_before_the_save) {
   struct stat st;
   cr_assert_neq(stat(w, &st), 0, "a diverged model was saved to %s", w);
   free(data), free(w);
+}
+
+/* A NaN in the parameters the loss never reads (a position row past
+ * seq_len) trains on with finite losses: such a model is neither
+ * checkpointed nor saved, and a weights file holding one is refused as
+ * init_from, on every rank. */
+Test(train, a_model_holding_nan_is_never_written_nor_loaded, .timeout = 60) {
+  config_t c;
+  config_default(&c);
+  char *data = demo_tokens(), *w = tu_path("w.bin"), *ck = tu_path("ck");
+  cr_assert_eq(mkdir(ck, 0755), 0);
+  cr_assert_eq(config_set(&c, "data", data), 0);
+  cr_assert_eq(config_set(&c, "model", "tiny"), 0);
+  cr_assert_eq(config_set(&c, "save", w), 0);
+  cr_assert_eq(config_set(&c, "checkpoint_dir", ck), 0);
+  c.steps = 1, c.warmup_steps = 1, c.batch = 2, c.seq_len = 32, c.checkpoint_every = 1;
+  c.checkpoint_async = 0;
+  train_t *t;
+  cr_assert_eq(train_open(&t, &c, NULL), 0, "%s", err_msg());
+  train_state_t st;
+  train_state(t, &st);
+  fsdp_state_t fs;
+  fsdp_state(st.runtime, &fs);
+  const gpt_config_t *g = gpt_get_config(fsdp_model(st.runtime));
+  const size_t wpe_last = (size_t)g->vocab * g->channels + (size_t)(g->context - 1) * g->channels;
+  ((float *)fs.params)[wpe_last + 5] = NAN; /* one device: the shard is the flat model, on the host */
+  cr_assert_eq(train_step(t), 0, "%s", err_msg());
+  char dir[4096];
+  cr_assert_eq(ckpt_latest(ck, dir, sizeof dir), FSDP_ENOENT, "a checkpoint was committed: %s", dir);
+  cr_assert_eq(train_finish(t), FSDP_EIO);
+  cr_assert(strstr(err_msg(), "NaN"), "%s", err_msg());
+  train_close(t);
+  struct stat sb;
+  cr_assert_neq(stat(w, &sb), 0, "a model holding NaN was saved to %s", w);
+  /* the same file written without the check, loaded on 2 ranks */
+  c.checkpoint_every = 0, c.checkpoint_dir[0] = 0;
+  cr_assert_eq(train_run(&c, NULL, &(train_result_t){0}), 0, "%s", err_msg());
+  FILE *f = fopen(w, "r+b");
+  cr_assert_not_null(f);
+  const float nan = NAN;
+  cr_assert_eq(fseek(f, 1024 + (long)(wpe_last + 5) * 4, SEEK_SET), 0);
+  cr_assert_eq(fwrite(&nan, 4, 1, f), 1);
+  cr_assert_eq(fclose(f), 0);
+  char args[4096], out[65536];
+  snprintf(args, sizeof args, "-n 2 -- %s/bin/fsdp-train --model tiny --steps 2 --warmup_steps 1 "
+           "--batch 2 --seq_len 32 --data %s --init_from %s", tu_root(), data, w);
+  cr_assert_eq(launch_cmd(args, out, sizeof out), 1, "%s", out);
+  for (int r = 0; r < 2; r++) {
+    char want[64];
+    snprintf(want, sizeof want, "[rank %d] fsdp-train: init_from: ", r);
+    cr_assert(strstr(out, want) && strstr(out, "NaN or Inf"), "missing \"%s\":\n%s", want, out);
+  }
+  cr_assert_null(strstr(out, "step 1"), "a step ran:\n%s", out);
+  free(data), free(w), free(ck);
 }
