@@ -40,6 +40,28 @@ static void ckpt_rank_bufs(const fsdp_state_t *st, ckpt_bufs_t *b) {
 /* ---- save ------------------------------------------------------------------ */
 
 /* Writes section s from the device buffer src, block checksums on the way. */
+/* The first of n bytes of dtype at p that is NaN or Inf (its exponent all
+ * ones), as an element index, or -1. One pass over what is being hashed
+ * anyway, on the writer's thread: a diverged model is never written. */
+static int64_t ckpt_first_nonfinite(uint32_t dtype, const uint8_t *p, size_t n) {
+  if (dtype == CKPT_DTYPE_F32) {
+    const size_t k = n / 4;
+    uint32_t w;
+    for (size_t i = 0; i < k; i++) {
+      memcpy(&w, p + 4 * i, 4);
+      if ((w & 0x7f800000u) == 0x7f800000u) return (int64_t)i;
+    }
+  } else if (dtype == CKPT_DTYPE_BF16) {
+    const size_t k = n / 2;
+    uint16_t w;
+    for (size_t i = 0; i < k; i++) {
+      memcpy(&w, p + 2 * i, 2);
+      if ((w & 0x7f80u) == 0x7f80u) return (int64_t)i;
+    }
+  }
+  return -1;
+}
+
 static int ckpt_write_section(const kern_backend_t *be, int fd, const char *path, int r,
                               ckpt_section_t *s, const uint8_t *src, uint8_t *stage) {
   for (uint64_t off = 0; off < s->bytes; off += CKPT_WRITE) {
@@ -50,6 +72,12 @@ static int ckpt_write_section(const kern_backend_t *be, int fd, const char *path
       be->sync();
       p = stage;
     }
+    const int64_t bad = ckpt_first_nonfinite(s->dtype, p, n);
+    if (bad >= 0)
+      return err_set(FSDP_ERANGE, "checkpoint: section %s holds NaN or Inf (element %lld of this "
+                     "rank's shard): training diverged; a diverged model is not written",
+                     ckpt_section_name(s->kind),
+                     (long long)(off / ckpt_dtype_bytes(s->dtype)) + (long long)bad);
     for (size_t b = 0; b < n; b += CKPT_BLOCK)
       s->sums[(off + b) / CKPT_BLOCK] = XXH64(p + b, n - b < CKPT_BLOCK ? n - b : CKPT_BLOCK, 0);
     int rc = shard_file_io(fd, (void *)p, n, (off_t)(s->offset + off), 1, r, path);

@@ -377,11 +377,8 @@ static int train_checkpoint(train_t *t) {
                         (uint64_t)c->min_params, t->run};
   const double t0 = train_now();
   int rc;
-  if (!fsdp_finite(t->runtime, 1)) { /* a resume would load a diverged model */
-    train_ckpt_failed(t, t->step, "this rank's parameters or AdamW state hold NaN or Inf: "
-                      "training diverged at this step; the last committed checkpoint is before it");
-    return FSDP_OK;
-  }
+  /* a shard holding NaN or Inf is not written (ckpt_rank_write checks it on
+   * the writer's thread, off the step): a resume never loads a diverged model */
   if (t->snapshot) {
     train_writer_finish(t, 1); /* the snapshot is one buffer: the last write must be done */
     train_writer_t *w = &t->writer;

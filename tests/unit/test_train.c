@@ -601,24 +601,28 @@ Test(train, a_model_holding_nan_is_never_written_nor_loaded, .timeout = 60) {
   cr_assert_eq(config_set(&c, "save", w), 0);
   cr_assert_eq(config_set(&c, "checkpoint_dir", ck), 0);
   c.steps = 1, c.warmup_steps = 1, c.batch = 2, c.seq_len = 32, c.checkpoint_every = 1;
-  c.checkpoint_async = 0;
-  train_t *t;
-  cr_assert_eq(train_open(&t, &c, NULL), 0, "%s", err_msg());
-  train_state_t st;
-  train_state(t, &st);
-  fsdp_state_t fs;
-  fsdp_state(st.runtime, &fs);
-  const gpt_config_t *g = gpt_get_config(fsdp_model(st.runtime));
-  const size_t wpe_last = (size_t)g->vocab * g->channels + (size_t)(g->context - 1) * g->channels;
-  ((float *)fs.params)[wpe_last + 5] = NAN; /* one device: the shard is the flat model, on the host */
-  cr_assert_eq(train_step(t), 0, "%s", err_msg());
-  char dir[4096];
-  cr_assert_eq(ckpt_latest(ck, dir, sizeof dir), FSDP_ENOENT, "a checkpoint was committed: %s", dir);
-  cr_assert_eq(train_finish(t), FSDP_EIO);
-  cr_assert(strstr(err_msg(), "NaN"), "%s", err_msg());
-  train_close(t);
-  struct stat sb;
-  cr_assert_neq(stat(w, &sb), 0, "a model holding NaN was saved to %s", w);
+  size_t wpe_last = 0;
+  for (int async = 0; async < 2; async++) { /* written in place, and by the writer thread */
+    c.checkpoint_async = async;
+    train_t *t;
+    cr_assert_eq(train_open(&t, &c, NULL), 0, "%s", err_msg());
+    train_state_t st;
+    train_state(t, &st);
+    fsdp_state_t fs;
+    fsdp_state(st.runtime, &fs);
+    const gpt_config_t *g = gpt_get_config(fsdp_model(st.runtime));
+    wpe_last = (size_t)g->vocab * g->channels + (size_t)(g->context - 1) * g->channels;
+    ((float *)fs.params)[wpe_last + 5] = NAN; /* one device: the shard is the flat model, on the host */
+    cr_assert_eq(train_step(t), 0, "%s", err_msg());
+    cr_assert_eq(train_finish(t), FSDP_EIO);
+    cr_assert(strstr(err_msg(), "NaN"), "%s", err_msg());
+    train_close(t);
+    char dir[4096];
+    cr_assert_eq(ckpt_latest(ck, dir, sizeof dir), FSDP_ENOENT, "async %d: a checkpoint was committed: %s",
+                 async, dir);
+    struct stat sb;
+    cr_assert_neq(stat(w, &sb), 0, "a model holding NaN was saved to %s", w);
+  }
   /* the same file written without the check, loaded on 2 ranks */
   c.checkpoint_every = 0, c.checkpoint_dir[0] = 0;
   cr_assert_eq(train_run(&c, NULL, &(train_result_t){0}), 0, "%s", err_msg());
