@@ -907,12 +907,24 @@ Test(coordinator, an_attempt_failed_twice_keeps_its_first_failure) {
     sp[k] = &st[k];
   }
   reply_free(heartbeat(&n, sp, 2));
+  /* drained, so the job waits to restart (and says after what) instead of
+   * being placed again at once */
+  Fsdp__V1__DrainNodeRequest dq = FSDP__V1__DRAIN_NODE_REQUEST__INIT;
+  dq.node_id = n.id, dq.reason = "test";
+  Fsdp__V1__DrainNodeReply *dr = NULL;
+  cr_assert_eq(CALL("DrainNode", dq, drain_node_reply, &dr), 0, "%s", err_msg());
+  reply_free(dr);
   node_register(&n, "solo", 2, 8ull << 30, NULL, 0); /* both ranks gone */
-  char reason[512];
-  Fsdp__V1__GetJobReply *g = get_job(id);
-  snprintf(reason, sizeof reason, "%s", g->job->reason);
-  cr_expect_eq(g->job->restarts, 1, "one failure, one restart: %s", reason);
-  reply_free(g);
+  char reason[512] = "";
+  int restarts = -1;
+  for (const double t0 = tu_now_s(); !strstr(reason, "restarting after") && tu_now_s() - t0 < 3;
+       nanosleep(&(struct timespec){0, 20000000}, NULL)) { /* placement has said why it waits */
+    Fsdp__V1__GetJobReply *g = get_job(id);
+    snprintf(reason, sizeof reason, "%s", g->job->reason);
+    restarts = (int)g->job->restarts;
+    reply_free(g);
+  }
+  cr_expect_eq(restarts, 1, "one failure, one restart: %s", reason);
   cr_expect(strstr(reason, "rank 0 is gone") && !strstr(reason, "rank 1"), "%s", reason);
 }
 
