@@ -31,9 +31,9 @@ void coord_metrics_render(metrics_buf_t *b, void *arg) {
   int alive = 0, dead = 0;
   for (int64_t i = 0; i < c->cap_node; i++) {
     const coord_node_t *n = c->node[i];
-    if (!n || !n->session) continue;
-    if (n->dead) dead++;
-    else alive++;
+    if (!n) continue;
+    if (n->dead) dead++; /* declaring it dead cleared its session */
+    else if (n->session) alive++;
   }
   metrics_family(b, "fsdp_nodes", "gauge", "Nodes registered since this coordinator started, "
                  "by state.");

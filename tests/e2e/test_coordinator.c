@@ -2390,3 +2390,35 @@ Test(coordinator, a_dead_node_fails_every_job_it_ran, .timeout = 60) {
   for (int i = 0; i < NJ; i++)
     cr_expect_eq(job_state(ids[i], NULL, 0), FSDP__V1__JOB_STATE__JOB_STATE_FAILED, "%s", ids[i]);
 }
+
+/* ---- what /metrics says of nodes and ranks ----------------------------------- */
+
+/* A fresh coordinator (database state.db) serving /metrics. */
+static void co_start_metrics(const char *extra) {
+  teardown();
+  char *db = tu_path("state.db"), opts[1200];
+  snprintf(opts, sizeof opts, "--metrics-listen 127.0.0.1:0 %s", extra ? extra : "");
+  co_start(db, "127.0.0.1:0", opts);
+  free(db);
+  client_for(&co, NULL);
+  cr_assert_gt(co.metrics_port, 0);
+}
+
+/* A node that stops heartbeating is declared dead, and /metrics counts it
+ * so (fsdpctl nodes says DEAD); one that registers again is alive again. */
+Test(coordinator, a_dead_node_counts_as_dead_in_the_metrics) {
+  co_start_metrics(NULL);
+  node_t n = {{0}, 0};
+  node_register(&n, "gone", 2, 8ull << 30, NULL, 0);
+  cr_expect_eq(co_metric("fsdp_nodes{state=\"alive\"}"), 1);
+  cr_expect_eq(co_metric("fsdp_nodes{state=\"dead\"}"), 0);
+  const double t0 = tu_now_s();
+  while (co_metric("fsdp_nodes{state=\"dead\"}") != 1 && tu_now_s() - t0 < 5)
+    nanosleep(&(struct timespec){0, 100000000}, NULL);
+  cr_expect_eq(co_metric("fsdp_nodes{state=\"dead\"}"), 1, "a node silent %.1f s is not counted "
+               "dead", tu_now_s() - t0);
+  cr_expect_eq(co_metric("fsdp_nodes{state=\"alive\"}"), 0);
+  node_register(&n, "gone", 2, 8ull << 30, NULL, 0);
+  cr_expect_eq(co_metric("fsdp_nodes{state=\"alive\"}"), 1);
+  cr_expect_eq(co_metric("fsdp_nodes{state=\"dead\"}"), 0);
+}
