@@ -5,7 +5,7 @@
  *   - jobs by state (the store), nodes alive and dead (this coordinator's
  *     view: a node not heard since it started is neither), nodes drained
  *     (the store); jobs whose facts are kept in memory;
- *   - per rank of a running attempt, its latest report: step, loss,
+ *   - per rank of a running attempt (the store's), its latest report: step, loss,
  *     tokens/s, memory by category (current and peak bytes);
  *   - heartbeat lateness (a held heartbeat answered after its interval) and
  *     scheduling latency (submit to the first attempt's placement) as
@@ -15,6 +15,17 @@
 #include <stdlib.h>
 
 #include "daemon/coordinator/coord_impl.h"
+
+/* Whether attempt epoch of job runs: run holds the running jobs, by id. */
+static int coord_metrics_running(const store_job_t *run, int n, int64_t job, int64_t epoch) {
+  for (int lo = 0, hi = n; lo < hi;) {
+    const int mid = lo + (hi - lo) / 2;
+    if (run[mid].id == job) return run[mid].epoch == epoch;
+    if (run[mid].id < job) lo = mid + 1;
+    else hi = mid;
+  }
+  return 0;
+}
 
 void coord_metrics_render(metrics_buf_t *b, void *arg) {
   coord_t *c = arg;
@@ -46,6 +57,13 @@ void coord_metrics_render(metrics_buf_t *b, void *arg) {
     metrics_sample(b, "fsdp_nodes_drained", NULL, (double)drained);
   }
 
+  /* the ranks of running attempts only: a report stays in memory after its
+   * job ended (fsdpctl status shows it), but a series of an ended job would
+   * repeat its last value for ever, one more set with every job (a store
+   * that cannot say which run shows none: the rest of the page still helps) */
+  store_job_t *run = NULL;
+  int nrun = 0;
+  if (store_job_list(c->st, STORE_JOB_BIT(STORE_JOB_RUNNING), 0, 0, &run, &nrun)) run = NULL, nrun = 0;
   const int nr = (int)HASH_COUNT(c->ranks);
   metrics_rank_t *r = calloc((size_t)nr + 1, sizeof *r);
   const char **cats = calloc((size_t)nr * COORD_CATS + 1, sizeof *cats);
@@ -53,16 +71,19 @@ void coord_metrics_render(metrics_buf_t *b, void *arg) {
     b->failed = 1;
   } else {
     int i = 0;
-    for (const coord_rank_t *x = c->ranks; x; x = x->hh.next, i++) {
+    for (const coord_rank_t *x = c->ranks; x; x = x->hh.next) {
+      if (!coord_metrics_running(run, nrun, x->job, x->epoch)) continue;
       coord_id_str(r[i].job, sizeof r[i].job, 'j', x->job);
       r[i].rank = x->rank, r[i].step = (double)x->step, r[i].loss = x->loss;
       r[i].tokens_per_s = x->tokens_per_s, r[i].ncat = x->ncat;
       for (int k = 0; k < x->ncat; k++) cats[i * COORD_CATS + k] = x->cat[k];
       r[i].cat = &cats[i * COORD_CATS], r[i].cur = x->cur, r[i].peak = x->peak;
+      i++;
     }
-    metrics_ranks_write(b, r, nr);
+    metrics_ranks_write(b, r, i);
   }
   free(r), free(cats);
+  store_jobs_free(run, nrun);
   metrics_hist_write(b, "fsdp_heartbeat_lateness_seconds",
                      "How late held heartbeats were answered after their interval.", &c->hb_late);
   metrics_hist_write(b, "fsdp_scheduling_latency_seconds",

@@ -2404,6 +2404,17 @@ static void co_start_metrics(const char *extra) {
   cr_assert_gt(co.metrics_port, 0);
 }
 
+/* Rank statuses of job's attempt 1, ranks 0 and 1, at step (RUNNING). */
+static void running_ranks(Fsdp__V1__RankStatus rs[2], Fsdp__V1__RankStatus *rp[2], const char *job,
+                          int64_t step) {
+  for (int k = 0; k < 2; k++) {
+    fsdp__v1__rank_status__init(&rs[k]);
+    rs[k].job_id = (char *)job, rs[k].attempt = 1, rs[k].rank = (uint32_t)k, rs[k].step = step;
+    rs[k].state = FSDP__V1__RANK_STATE__RANK_STATE_RUNNING;
+    rp[k] = &rs[k];
+  }
+}
+
 /* A node that stops heartbeating is declared dead, and /metrics counts it
  * so (fsdpctl nodes says DEAD); one that registers again is alive again. */
 Test(coordinator, a_dead_node_counts_as_dead_in_the_metrics) {
@@ -2421,4 +2432,30 @@ Test(coordinator, a_dead_node_counts_as_dead_in_the_metrics) {
   node_register(&n, "gone", 2, 8ull << 30, NULL, 0);
   cr_expect_eq(co_metric("fsdp_nodes{state=\"alive\"}"), 1);
   cr_expect_eq(co_metric("fsdp_nodes{state=\"dead\"}"), 0);
+}
+
+/* /metrics shows the ranks of running attempts: once a job has ended, its
+ * ranks' series go (they would repeat their last report for ever, a set
+ * more with every job), though fsdpctl status still shows the reports. */
+Test(coordinator, an_ended_jobs_ranks_leave_the_metrics) {
+  co_start_metrics(NULL);
+  char d[600], id[32], series[96];
+  data_opt(d, sizeof d);
+  node_t n = {{0}, 0};
+  node_register(&n, "solo", 2, 8ull << 30, NULL, 0);
+  const char *kv[] = {"model=tiny", d, "steps=30", NULL};
+  cr_assert_eq(submit(2, kv, id, sizeof id), 0, "%s", err_msg());
+  cr_assert_eq(collect(&n, id, 2, NULL), 2);
+  Fsdp__V1__RankStatus rs[2], *rp[2];
+  running_ranks(rs, rp, id, 30);
+  protobuf_c_message_free_unpacked(&heartbeat(&n, rp, 2)->base, NULL);
+  snprintf(series, sizeof series, "fsdp_rank_step{job=\"%s\",rank=\"1\"}", id);
+  cr_expect_eq(co_metric(series), 30, "a running rank's step");
+  cr_assert_eq(report_exit(&n, id, 1, 0, 0), 0, "%s", err_msg());
+  cr_assert_eq(report_exit(&n, id, 1, 1, 0), 0, "%s", err_msg());
+  cr_assert_eq(job_state(id, NULL, 0), FSDP__V1__JOB_STATE__JOB_STATE_SUCCEEDED);
+  cr_expect_eq(co_metric(series), -1, "a rank of a job that succeeded is still in /metrics");
+  Fsdp__V1__GetJobReply *g = get_job(id);
+  cr_expect(g->job->n_ranks == 2 && g->job->ranks[1]->step == 30, "GetJob lost the ranks' reports");
+  reply_free(g);
 }
