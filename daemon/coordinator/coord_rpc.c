@@ -216,6 +216,8 @@ static Fsdp__V1__Job *coord_job_msg(coord_t *c, coord_arena_t *a, const store_jo
   coord_job_t *x = coord_job_info(c, j->id);
   m->total_steps = x ? x->steps : 0;
   m->step = coord_job_step(c, j, NULL, NULL);
+  const int64_t ck = store_ckpt_last_committed(c->st, j->id);
+  m->last_checkpoint_step = ck > 0 ? ck : 0;
   if (with_ranks && coord_ranks_msg(c, a, j, &m->ranks, &m->n_ranks)) a->failed = 1;
   return m;
 }

@@ -1908,6 +1908,13 @@ int store_ckpt_close(store_t *st, int64_t job_id, int64_t step, int64_t epoch,
   return store_end(st, 0);
 }
 
+int64_t store_ckpt_last_committed(store_t *st, int64_t job_id) {
+  if (store_begin(st, 0)) return -1;
+  const int64_t step = st_int(st, -1, "SELECT coalesce(max(step), 0) FROM checkpoints "
+                              "WHERE job_id = ? AND state = 'COMMITTED'", A_I(job_id));
+  return store_end(st, 0) ? -1 : step;
+}
+
 int store_ckpt_list(store_t *st, int64_t job_id, store_ckpt_t **ckpts, int *n) {
   int rc = store_begin(st, 0);
   if (rc) return rc;

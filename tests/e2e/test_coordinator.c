@@ -2459,3 +2459,25 @@ Test(coordinator, an_ended_jobs_ranks_leave_the_metrics) {
   cr_expect(g->job->n_ranks == 2 && g->job->ranks[1]->step == 30, "GetJob lost the ranks' reports");
   reply_free(g);
 }
+
+/* GetJob names the job's latest committed checkpoint (fsdpctl status:
+ * "checkpoint  step N"); an open or aborted one is not it. */
+Test(coordinator, a_job_names_its_last_committed_checkpoint) {
+  char d[600], ck[600], ckopt[700], id[32], path[800], sum[64], out[8192], a[64];
+  node_t n = {{0}, 0};
+  ckpt_job_start(&n, "model=tiny", "keep_checkpoints=3", d, ck, ckopt, id);
+  Fsdp__V1__GetJobReply *g = get_job(id);
+  cr_expect_eq(g->job->last_checkpoint_step, 0);
+  reply_free(g);
+  cr_assert_eq(ckpt_report_both(&n, id, "tiny", ck, 10), CK_COMMITTED);
+  uint64_t bytes;
+  write_shard(ck, 20, 0, 2, path, sizeof path, &bytes, sum, sizeof sum);
+  cr_assert_eq(report_shard(&n, id, 0, 20, path, bytes, sum, NULL), 0, "%s", err_msg());
+  g = get_job(id);
+  cr_expect_eq(g->job->last_checkpoint_step, 10, "GetJob: last checkpoint %lld",
+               (long long)g->job->last_checkpoint_step);
+  reply_free(g);
+  snprintf(a, sizeof a, "status %s", id);
+  cr_assert_eq(cluster_ctl(co.addr, a, out, sizeof out), 0, "%s", out);
+  cr_expect(strstr(out, "checkpoint  step 10"), "%s", out);
+}
