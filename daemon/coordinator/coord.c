@@ -729,6 +729,16 @@ static void coord_progress(coord_t *c, const store_job_t *j, Fsdp__V1__JobProgre
 
 /* Sends each watcher of job what changed; ends the streams of an ended job. */
 void coord_job_changed(coord_t *c, int64_t job) {
+  /* checkpoints the store aborted as this job's attempt ended (every end of
+   * an attempt tells this function after it): logged and counted here */
+  const uint64_t at_end = store_ckpt_aborted_at_end(c->st);
+  if (at_end > c->ckpt_aborts_at_end) {
+    LOG_WARN("coord", "job j-%lld: %llu checkpoint(s) aborted: its attempt ended before every "
+             "shard was reported (fsdpctl checkpoints j-%lld)", (long long)job,
+             (unsigned long long)(at_end - c->ckpt_aborts_at_end), (long long)job);
+    c->ckpt_aborts += at_end - c->ckpt_aborts_at_end;
+    c->ckpt_aborts_at_end = at_end;
+  }
   coord_job_t *x;
   HASH_FIND(hh, c->jobs, &job, sizeof job, x);
   if (x) { /* whatever the store's reason is now, the next wait's first is written */

@@ -180,6 +180,7 @@ struct coord {
   metrics_hist_t sched;     /* a job's submit to its first attempt's placement */
   metrics_hist_t pass;      /* a placement pass (the loop answers nothing meanwhile) */
   uint64_t ckpt_commits, ckpt_aborts, restarts;
+  uint64_t ckpt_aborts_at_end; /* store_ckpt_aborted_at_end when coord_job_changed last looked */
 };
 
 /* coord.c, for the handlers */

@@ -95,7 +95,7 @@ void coord_metrics_render(metrics_buf_t *b, void *arg) {
     const char *name, *help;
   } counters[] = {
       {"fsdp_checkpoint_commits_total", "Checkpoints committed."},
-      {"fsdp_checkpoint_aborts_total", "Checkpoints aborted (a shard missing or bad)."},
+      {"fsdp_checkpoint_aborts_total", "Checkpoints aborted (a shard bad, or missing at the timeout or at its attempt's end)."},
       {"fsdp_job_restarts_total", "Attempts started after a job's first."},
   };
   const uint64_t v[] = {c->ckpt_commits, c->ckpt_aborts, c->restarts};

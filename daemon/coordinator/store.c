@@ -190,6 +190,8 @@ struct store {
   int txn_line;
   int committing;       /* store_end is committing (the commit hook's permission) */
   int rc;               /* the first failure inside the open transaction */
+  int txn_ckpt_aborts;  /* checkpoints the open transaction aborted as their attempt ended */
+  uint64_t ckpt_aborts_at_end; /* ... and those committed, since the store was opened */
   int64_t *touched;     /* nodes whose row or devices changed since store_nodes_touched */
   int n_touched, cap_touched;
   int touched_all;      /* more than STORE_TOUCHED_MAX (or no memory): every node counts */
@@ -320,6 +322,8 @@ static int store_end(store_t *st, int rc) {
     st->committing = 0;
     if (src != SQLITE_OK) rc = store_sqlite_err(st, src, "COMMIT");
   }
+  if (rc == 0) st->ckpt_aborts_at_end += (uint64_t)st->txn_ckpt_aborts;
+  st->txn_ckpt_aborts = 0;
   if (rc != 0 && !sqlite3_get_autocommit(st->db))
     sqlite3_exec(st->db, "ROLLBACK", NULL, NULL, NULL); /* keeps err_msg(): no err_set here */
   st->txn_file = NULL;
@@ -1225,16 +1229,22 @@ static void attempt_close(store_t *st, int64_t job_id, int64_t epoch, const char
   st_exec(st, "DELETE FROM rendezvous WHERE job_id = ? AND epoch = ?", A_I(job_id), A_I(epoch));
   /* its open checkpoints still missing a shard cannot complete: no rank of
    * it will report again; one with every shard in is the committer's */
-  if (st_exec(st,
+  const int aborted =
+      st_exec(st,
               "UPDATE checkpoints SET state = 'ABORTED', closed_ms = ?, reason = ? "
               "WHERE job_id = ? AND epoch = ? AND state = 'OPEN' AND shards > "
               "(SELECT count(*) FROM checkpoint_shards s WHERE s.job_id = checkpoints.job_id "
               "AND s.step = checkpoints.step)",
               A_I(now), A_T("its attempt ended before every shard was reported"), A_I(job_id),
-              A_I(epoch)) > 0)
+              A_I(epoch));
+  if (aborted > 0) {
+    st->txn_ckpt_aborts += aborted;
     st_event(st, job_id, 0, "checkpoint.aborted", "attempt %lld ended with a checkpoint open",
              (long long)epoch);
+  }
 }
+
+uint64_t store_ckpt_aborted_at_end(const store_t *st) { return st->ckpt_aborts_at_end; }
 
 int store_attempt_requeue(store_t *st, int64_t job_id, int64_t epoch, const char *reason) {
   int rc = store_begin(st, 1);

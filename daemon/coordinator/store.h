@@ -231,6 +231,10 @@ int store_ckpt_close(store_t *st, int64_t job_id, int64_t step, int64_t epoch,
                      const char *abort_reason);
 /* A job's checkpoints by step (job_id 0: every job's), newest first. */
 int store_ckpt_list(store_t *st, int64_t job_id, store_ckpt_t **ckpts, int *n);
+/* Checkpoints aborted because their attempt ended first (store_attempt_end,
+ * store_attempt_requeue, store_job_cancel: each with a checkpoint.aborted
+ * event), since the store was opened. */
+uint64_t store_ckpt_aborted_at_end(const store_t *st);
 /* The step of a job's latest committed checkpoint; 0: none; -1: the store failed. */
 int64_t store_ckpt_last_committed(store_t *st, int64_t job_id);
 /* Checkpoints the coordinator still has work on: OPEN ones (to commit or

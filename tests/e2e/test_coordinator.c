@@ -2481,3 +2481,30 @@ Test(coordinator, a_job_names_its_last_committed_checkpoint) {
   cr_assert_eq(cluster_ctl(co.addr, a, out, sizeof out), 0, "%s", out);
   cr_expect(strstr(out, "checkpoint  step 10"), "%s", out);
 }
+
+/* A checkpoint still missing a shard when its attempt ends (here: the job
+ * cancelled) is aborted, and that is said as every other abort is: an
+ * event, a line in the coordinator's log, fsdp_checkpoint_aborts_total. */
+Test(coordinator, a_checkpoint_aborted_as_its_attempt_ends_is_logged_and_counted) {
+  co_start_metrics(NULL);
+  char d[600], ck[600], ckopt[700], id[32], path[800], sum[64], why[512];
+  node_t n = {{0}, 0};
+  ckpt_job_start(&n, "model=tiny", "keep_checkpoints=3", d, ck, ckopt, id);
+  uint64_t bytes;
+  write_shard(ck, 10, 0, 2, path, sizeof path, &bytes, sum, sizeof sum);
+  cr_assert_eq(report_shard(&n, id, 0, 10, path, bytes, sum, NULL), 0, "%s", err_msg());
+  cr_expect_eq(co_metric("fsdp_checkpoint_aborts_total"), 0);
+  cr_assert_eq(cancel(id), 0, "%s", err_msg());
+  cr_assert_eq(ckpt_state(id, 10, why, sizeof why), CK_ABORTED);
+  cr_expect(strstr(why, "attempt ended"), "%s", why);
+  cr_expect_eq(co_metric("fsdp_checkpoint_aborts_total"), 1, "an abort at the attempt's end is "
+               "not counted");
+  char log[1 << 16];
+  size_t len = 0;
+  FILE *f = fopen(co.log, "r");
+  if (f) len = fread(log, 1, sizeof log - 1, f), fclose(f);
+  log[len] = 0;
+  char line[128];
+  snprintf(line, sizeof line, "job %s: 1 checkpoint(s) aborted", id);
+  cr_expect(strstr(log, line), "no \"%s\" in the coordinator's log:\n%s", line, log);
+}
