@@ -9,7 +9,8 @@
  *     tokens/s, memory by category (current and peak bytes);
  *   - heartbeat lateness (a held heartbeat answered after its interval) and
  *     scheduling latency (submit to the first attempt's placement) as
- *     histograms; checkpoint commits and aborts and restarts as counters. */
+ *     histograms; checkpoint commits and aborts, restarts and failures of
+ *     the database as counters. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -97,9 +98,11 @@ void coord_metrics_render(metrics_buf_t *b, void *arg) {
       {"fsdp_checkpoint_commits_total", "Checkpoints committed."},
       {"fsdp_checkpoint_aborts_total", "Checkpoints aborted (a shard bad, or missing at the timeout or at its attempt's end)."},
       {"fsdp_job_restarts_total", "Attempts started after a job's first."},
+      {"fsdp_store_errors_total", "Operations on the state database that failed (a full disk, "
+       "an I/O error, a damaged file, a lock held elsewhere); the log says which."},
   };
-  const uint64_t v[] = {c->ckpt_commits, c->ckpt_aborts, c->restarts};
-  for (int f = 0; f < 3; f++) {
+  const uint64_t v[] = {c->ckpt_commits, c->ckpt_aborts, c->restarts, store_errors(c->st)};
+  for (int f = 0; f < 4; f++) {
     metrics_family(b, counters[f].name, "counter", counters[f].help);
     metrics_sample(b, counters[f].name, NULL, (double)v[f]);
   }

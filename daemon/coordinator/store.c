@@ -192,6 +192,9 @@ struct store {
   int rc;               /* the first failure inside the open transaction */
   int txn_ckpt_aborts;  /* checkpoints the open transaction aborted as their attempt ended */
   uint64_t ckpt_aborts_at_end; /* ... and those committed, since the store was opened */
+  uint64_t errors;      /* failures of the database (store_sqlite_err), since it was opened */
+  int64_t err_logged_ms; /* when the last of them was logged */
+  int open;             /* store_open returned it: its failures are logged (opening's are the caller's) */
   int64_t *touched;     /* nodes whose row or devices changed since store_nodes_touched */
   int n_touched, cap_touched;
   int touched_all;      /* more than STORE_TOUCHED_MAX (or no memory): every node counts */
@@ -230,6 +233,7 @@ static int64_t store_now_ms(void) {
 }
 
 /* ---- SQLite's codes, mapped at the boundary ---- */
+#define STORE_ERR_LOG_MS 10000 /* a failing database is logged at most this often */
 static int store_sqlite_err(store_t *st, int rc, const char *sql) {
   const char *msg = st->db ? sqlite3_errmsg(st->db) : sqlite3_errstr(rc);
   int code;
@@ -268,8 +272,20 @@ static int store_sqlite_err(store_t *st, int rc, const char *sql) {
                    sql ? sql : "?");
     break;
   }
+  /* a full disk or a damaged file is the operator's to fix: said in the
+   * coordinator's own log, not only to the caller (a node, a user), at most
+   * every STORE_ERR_LOG_MS, and counted (fsdp_store_errors_total) */
+  st->errors++;
+  const int64_t now = store_now_ms();
+  if (st->open && now - st->err_logged_ms >= STORE_ERR_LOG_MS) {
+    LOG_ERROR("store", "%s (%llu failure(s) of the database since it was opened)", err_msg(),
+              (unsigned long long)st->errors);
+    st->err_logged_ms = now;
+  }
   return code;
 }
+
+uint64_t store_errors(const store_t *st) { return st->errors; }
 
 /* Records the first failure of the open transaction; returns it. */
 static int st_fail(store_t *st, int code) {
@@ -653,6 +669,7 @@ int store_open(const char *path, const store_opts_t *opts, store_t **out) {
                      ? opts->version : STORE_SCHEMA_VERSION;
   rc = store_migrate(st, st->from_version, to);
   if (rc) goto fail;
+  st->open = 1;
   *out = st;
   return 0;
 fail:

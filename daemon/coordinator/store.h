@@ -253,6 +253,11 @@ typedef struct store_opts {
                                    tests make an older release's database with it */
 } store_opts_t;
 
+/* Operations on the database that failed (a full disk, an I/O error, a
+ * damaged file, a lock held by another program), since it was opened; each
+ * is logged (at most one line every 10 s). */
+uint64_t store_errors(const store_t *st);
+
 /* Opens or creates the database at path and migrates it to
  * STORE_SCHEMA_VERSION, one transaction per step. Refuses (EFORMAT, naming the
  * file) a file that is not a SQLite database, a database of another program,

@@ -2508,3 +2508,35 @@ Test(coordinator, a_checkpoint_aborted_as_its_attempt_ends_is_logged_and_counted
   snprintf(line, sizeof line, "job %s: 1 checkpoint(s) aborted", id);
   cr_expect(strstr(log, line), "no \"%s\" in the coordinator's log:\n%s", line, log);
 }
+
+/* A database that fails the coordinator (here: another program holds its
+ * write lock past the busy timeout, as a full disk or an I/O error would
+ * fail it) is said in the coordinator's own log and counted in
+ * fsdp_store_errors_total, not only answered to the caller. */
+Test(coordinator, a_failing_database_is_logged_and_counted, .timeout = 60) {
+  co_start_metrics(NULL);
+  cr_expect_eq(co_metric("fsdp_store_errors_total"), 0);
+  char d[600], out[8192], conf[800], args[1024];
+  data_opt(d, sizeof d);
+  snprintf(conf, sizeof conf, "%s/job.conf", tu_tmpdir());
+  char text[900];
+  snprintf(text, sizeof text, "[model]\nmodel = tiny\n[data]\n%s\n", d);
+  tu_write_file(conf, text, strlen(text));
+  sqlite3 *h = NULL;
+  cr_assert_eq(sqlite3_open(co_db, &h), SQLITE_OK);
+  cr_assert_eq(sqlite3_exec(h, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK, "%s",
+               sqlite3_errmsg(h));
+  snprintf(args, sizeof args, "--timeout 20 submit '%s' --ranks 2", conf);
+  const int rc = cluster_ctl(co.addr, args, out, sizeof out);
+  sqlite3_exec(h, "ROLLBACK", NULL, NULL, NULL);
+  sqlite3_close(h);
+  cr_expect_neq(rc, 0, "a submit went through a locked database: %s", out);
+  cr_expect_geq(co_metric("fsdp_store_errors_total"), 1);
+  char log[1 << 16];
+  size_t len = 0;
+  FILE *f = fopen(co.log, "r");
+  if (f) len = fread(log, 1, sizeof log - 1, f), fclose(f);
+  log[len] = 0;
+  cr_expect(strstr(log, "ERROR store: state database") && strstr(log, "locked by another"),
+            "the coordinator's log does not say its database failed:\n%s", log);
+}
