@@ -1039,13 +1039,27 @@ static void coord_rank_exit_cb(rpc_call_t *call, const ProtobufCMessage *req, vo
   }
   Fsdp__V1__ReportRankExitReply rep = FSDP__V1__REPORT_RANK_EXIT_REPLY__INIT;
   rpc_call_reply(call, &rep.base);
+  /* its last status is the step and loss it ended at (its last heartbeat
+   * report may be many steps older) */
+  coord_rank_t *last = q->status ? coord_rank_get(c, job, (int)q->rank, 0) : NULL;
+  if (last && last->epoch == (int64_t)q->attempt && q->status->step >= last->step) {
+    const int64_t before = last->step;
+    last->step = q->status->step, last->loss = q->status->loss;
+    if (q->status->tokens_per_s > 0) last->tokens_per_s = q->status->tokens_per_s;
+    if (last->step != before) coord_job_changed(c, job);
+  }
   char why[512];
-  if (q->term_signal)
-    snprintf(why, sizeof why, "rank %u on node %.32s was killed by signal %d%s%.300s", q->rank,
-             q->node_id, q->term_signal, q->message[0] ? ": " : "", q->message);
-  else
+  /* a killed rank's last log line is whatever it printed last (often a
+   * line of its start), not a reason: it is named as what it is */
+  if (q->term_signal) {
+    const char *sig = q->term_signal > 0 && q->term_signal < 65 ? sigabbrev_np(q->term_signal) : NULL;
+    snprintf(why, sizeof why, "rank %u on node %.32s was killed by signal %d%s%s%s%s%.300s",
+             q->rank, q->node_id, q->term_signal, sig ? " (SIG" : "", sig ? sig : "", sig ? ")" : "",
+             q->message[0] ? "; the last line of its log: " : "", q->message);
+  } else {
     snprintf(why, sizeof why, "rank %u on node %.32s exited with status %d%s%.300s", q->rank,
              q->node_id, q->exit_status, q->message[0] ? ": " : "", q->message);
+  }
   coord_text_mend(why); /* a log line of any bytes, cut at 300 */
   char what[160];
   snprintf(what, sizeof what, "its ranks were stopped on node %.32s (preempted)", q->node_id);

@@ -928,6 +928,61 @@ Test(coordinator, an_attempt_failed_twice_keeps_its_first_failure) {
   cr_expect(strstr(reason, "rank 0 is gone") && !strstr(reason, "rank 1"), "%s", reason);
 }
 
+/* A rank killed by a signal: the reason names the signal, and calls its
+ * last log line what it is, not a cause (it is often a line of its start). */
+Test(coordinator, a_killed_ranks_failure_names_the_signal_and_its_last_log_line_as_such) {
+  char d[600], id[32], reason[512];
+  data_opt(d, sizeof d);
+  node_t n = {{0}, 0};
+  node_register(&n, "solo", 1, 8ull << 30, NULL, 0);
+  const char *kv[] = {"model=tiny", d, NULL};
+  cr_assert_eq(submit(1, kv, id, sizeof id), 0, "%s", err_msg());
+  cr_assert_eq(collect(&n, id, 1, NULL), 1);
+  Fsdp__V1__ReportRankExitRequest q = FSDP__V1__REPORT_RANK_EXIT_REQUEST__INIT;
+  q.node_id = n.id, q.job_id = id, q.attempt = 1, q.rank = 0, q.term_signal = 9;
+  q.message = "fsdp INFO data: 98399 tokens";
+  Fsdp__V1__ReportRankExitReply *r = NULL;
+  cr_assert_eq(CALL("ReportRankExit", q, report_rank_exit_reply, &r), 0, "%s", err_msg());
+  reply_free(r);
+  cr_assert_eq(job_state(id, reason, sizeof reason), FSDP__V1__JOB_STATE__JOB_STATE_FAILED);
+  cr_expect(strstr(reason, "killed by signal 9 (SIGKILL); the last line of its log: fsdp INFO data"),
+            "%s", reason);
+}
+
+/* A rank's exit report carries its last status: the step and loss it
+ * ended at replace its last heartbeat's (a job at 400/400 showed its ranks
+ * at step 344). */
+Test(coordinator, an_exited_ranks_step_is_the_one_its_exit_report_gives) {
+  char d[600], id[32];
+  data_opt(d, sizeof d);
+  node_t n = {{0}, 0};
+  node_register(&n, "solo", 2, 8ull << 30, NULL, 0);
+  const char *kv[] = {"model=tiny", d, NULL};
+  cr_assert_eq(submit(2, kv, id, sizeof id), 0, "%s", err_msg());
+  cr_assert_eq(collect(&n, id, 2, NULL), 2);
+  Fsdp__V1__RankStatus st[2], *sp[2];
+  for (int k = 0; k < 2; k++) {
+    fsdp__v1__rank_status__init(&st[k]);
+    st[k].job_id = id, st[k].attempt = 1, st[k].rank = (uint32_t)k, st[k].step = 3, st[k].loss = 4.5f;
+    st[k].state = FSDP__V1__RANK_STATE__RANK_STATE_RUNNING;
+    sp[k] = &st[k];
+  }
+  reply_free(heartbeat(&n, sp, 2));
+  Fsdp__V1__RankStatus last = FSDP__V1__RANK_STATUS__INIT;
+  last.job_id = id, last.attempt = 1, last.rank = 0, last.step = 5, last.loss = 2.5f;
+  Fsdp__V1__ReportRankExitRequest q = FSDP__V1__REPORT_RANK_EXIT_REQUEST__INIT;
+  q.node_id = n.id, q.job_id = id, q.attempt = 1, q.rank = 0, q.status = &last;
+  Fsdp__V1__ReportRankExitReply *r = NULL;
+  cr_assert_eq(CALL("ReportRankExit", q, report_rank_exit_reply, &r), 0, "%s", err_msg());
+  reply_free(r);
+  Fsdp__V1__GetJobReply *g = get_job(id);
+  cr_assert_eq(g->job->n_ranks, 2);
+  cr_expect_eq(g->job->ranks[0]->step, 5, "rank 0 ended at step 5");
+  cr_expect_eq(g->job->ranks[0]->loss, 2.5f);
+  cr_expect_eq(g->job->ranks[1]->step, 3, "rank 1 still runs");
+  reply_free(g);
+}
+
 /* An assignment whose heartbeat answer never reached the node (fsdpd gave
  * up on the call as the coordinator answered it) is sent again once the
  * node's heartbeats go on without the rank; once listed, it is not. */
