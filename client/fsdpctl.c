@@ -737,9 +737,11 @@ static int cmd_jobs(ctl_t *c, int argc, char **argv) {
     if ((r = ctl_opt(c, argc, argv, &i, "--state", &v))) {
       if (r < 0) return CTL_EXIT_INVALID;
       int s = pbjson_enum_value(&fsdp__v1__job_state__descriptor, v);
+      if (s == FSDP__V1__JOB_STATE__JOB_STATE_RESTARTING)
+        return ctl_usage(c, "--state %s: no job is ever in it: a job waiting to restart is PENDING, "
+                         "its reason \"restarting after attempt failed (...)\"", v);
       if (s <= 0)
-        return ctl_usage(c, "--state %s: give PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED or "
-                         "CANCELLED", v);
+        return ctl_usage(c, "--state %s: give PENDING, RUNNING, SUCCEEDED, FAILED or CANCELLED", v);
       if (ns == sizeof states / sizeof states[0]) return ctl_usage(c, "--state: too many");
       states[ns++] = (Fsdp__V1__JobState)s;
     } else if ((r = ctl_opt(c, argc, argv, &i, "--limit", &v))) {
@@ -1361,8 +1363,8 @@ static const ctl_cmd_t ctl_cmds[] = {
      "never makes two jobs of one submit.\n"},
     {"jobs", cmd_jobs, "jobs [--state S]... [--limit N]",
      "Jobs: id, name, state, step of total, restarts, age, reason (cut to the terminal).\n"
-     "  --state S   only jobs in state S (PENDING, RUNNING, RESTARTING, SUCCEEDED,\n"
-     "              FAILED, CANCELLED); repeat for several\n"
+     "  --state S   only jobs in state S (PENDING, RUNNING, SUCCEEDED, FAILED,\n"
+     "              CANCELLED); repeat for several. A job waiting to restart is PENDING\n"
      "  --limit N   the newest N jobs (default 1000); more than one reply holds\n"
      "              are asked for a page at a time\n"},
     {"status", cmd_status, "status JOB",

@@ -1291,6 +1291,7 @@ Test(fsdpctl, usage_errors_are_2_and_name_the_option) {
   } cases[] = {
       {{"jobs", "--bogus"}, "--bogus"},
       {{"jobs", "--state", "SLEEPING"}, "--state SLEEPING"},
+      {{"jobs", "--state", "RESTARTING"}, "a job waiting to restart is PENDING"},
       {{"submit", "--steps", "5"}, "--ranks"},
       {{"submit", "--ranks", "two"}, "--ranks two"},
       {{"submit", "--ranks"}, "--ranks needs a value"},
