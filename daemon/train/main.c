@@ -197,8 +197,9 @@ int main(int argc, char **argv) {
            res.steps_done, c.steps);
     return 0;
   }
-  char eval[32] = "none (eval_fraction 0)";
+  char eval[32] = "none";
   if (!isnan(res.eval_loss)) snprintf(eval, sizeof eval, "%.4f", res.eval_loss);
+  else if (c.eval_fraction == 0) snprintf(eval, sizeof eval, "none (eval_fraction 0)");
   printf("train: done: %d steps, loss %.4f -> %.4f, eval %s, %.0f tokens/s, %.1f s\n",
          res.steps_done, res.first_loss, res.last_loss, eval, res.tokens_per_s, res.seconds);
   return 0;

@@ -589,6 +589,8 @@ int train_step(train_t *t) {
   if (t->step > t->first_step + 1)
     t->res.tokens_per_s =
         (double)m.tokens * (t->step - t->first_step - 1) / (t1 - t->t_after_first);
+  else /* one step so far: its own rate (warm-up included), not 0 */
+    t->res.tokens_per_s = m.tokens_per_s;
   if (data_num_eval_tokens(t->data) &&
       (t->step >= c->steps || (c->eval_every && t->step % c->eval_every == 0))) {
     if ((rc = train_eval(t, &t->res.eval_loss))) return err_wrap(rc, "step %d", m.step);

@@ -86,7 +86,7 @@ typedef struct train_result {
   float first_loss;      /* training loss of the first step this run took (step 1, or the one after a resumed checkpoint) */
   float last_loss;       /* training loss of the last step */
   float eval_loss;       /* last evaluation (NAN if none) */
-  double tokens_per_s;   /* over steps after the first */
+  double tokens_per_s;   /* over steps after the first (a run of one step: that step's) */
   double seconds;
   size_t mem_peak;       /* accounting allocator peak, bytes */
   size_t mem_planned;    /* what the plan predicted, bytes */

@@ -587,6 +587,24 @@ Test(train, a_nan_evaluation_stops_the_run_before_the_save) {
   free(data), free(w);
 }
 
+/* A run of one step reports that step's rate, not 0 (the rate is measured
+ * over the steps after the first, and there were none). */
+Test(train, a_one_step_run_reports_its_rate) {
+  config_t c;
+  config_default(&c);
+  char *data = demo_tokens();
+  cr_assert_eq(config_set(&c, "data", data), 0);
+  cr_assert_eq(config_set(&c, "model", "tiny"), 0);
+  c.steps = 1, c.warmup_steps = 1, c.batch = 2, c.seq_len = 32;
+  train_result_t r;
+  cr_assert_eq(train_run(&c, NULL, &r), 0, "%s", err_msg());
+  cr_assert_eq(r.steps_run, 1);
+  cr_expect_gt(r.tokens_per_s, 0, "one step, %g tokens/s", r.tokens_per_s);
+  cr_expect_lt(r.tokens_per_s, 2.0 * 32 / 1e-6, "a rate of %g tokens/s is not of this step",
+               r.tokens_per_s);
+  free(data);
+}
+
 /* A NaN in the parameters the loss never reads (a position row past
  * seq_len) trains on with finite losses: such a model is neither
  * checkpointed nor saved, and a weights file holding one is refused as
