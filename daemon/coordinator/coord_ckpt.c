@@ -9,7 +9,9 @@
  * against its report and writes the manifest (fsynced, renamed); then the
  * store marks it COMMITTED in one transaction, and retention removes the
  * committed ones beyond the job's keep_checkpoints (never the latest). A
- * shard that does not check aborts the checkpoint.
+ * shard that does not check aborts the checkpoint, and so, at once, does a
+ * report that a rank could not write its shard (`failed`: a full disk, a
+ * shard holding NaN), opening it aborted when it is the first word of it.
  *
  * The manifest is written before the store says COMMITTED: it is what a
  * loader trusts. A coordinator that dies between the two finds, once back,
@@ -18,7 +20,7 @@
  * open until its timeout aborts it. Never half.
  *
  * Aborted checkpoints (a shard missing after --checkpoint-timeout-ms, a bad
- * shard, or the attempt's end) have their files removed once no attempt of
+ * shard, one not written, or the attempt's end) have their files removed once no attempt of
  * the job runs (a new attempt could be writing the same step's directory).
  *
  * Committing and removing are file system work that can take long (a
@@ -45,6 +47,15 @@ static int coord_ckpt_sum(const char *s, uint64_t *out) {
   *out = strtoull(s + 6, &end, 16);
   if (*end) return err_set(FSDP_EINVAL, "checksum: \"%.40s\" is not hex", s);
   return FSDP_OK;
+}
+
+/* The checkpoint of step was aborted (by this coordinator: the store said
+ * so to the caller): one line and the count (fsdp_checkpoint_aborts_total);
+ * the store added the event. */
+static void coord_ckpt_aborted(coord_t *c, int64_t job, int64_t step, const char *why) {
+  LOG_WARN("coord", "job j-%lld: checkpoint of step %lld aborted: %s", (long long)job,
+           (long long)step, why);
+  c->ckpt_aborts++;
 }
 
 /* A checkpoint directory on its way out, on the pool. */
@@ -174,9 +185,7 @@ static void coord_ckpt_commit_done(uv_work_t *w, int status) {
       LOG_WARN("coord", "job j-%lld: checkpoint of step %lld: %s", (long long)k->job_id,
                (long long)k->step, err_msg());
     } else if (why) {
-      LOG_WARN("coord", "job j-%lld: checkpoint of step %lld aborted: %s", (long long)k->job_id,
-               (long long)k->step, why);
-      c->ckpt_aborts++;
+      coord_ckpt_aborted(c, k->job_id, k->step, why);
       st = STORE_CKPT_ABORTED;
     } else {
       c->ckpt_commits++;
@@ -279,12 +288,35 @@ static Fsdp__V1__CheckpointState coord_ckpt_state(store_ckpt_state_t s) {
   }
 }
 
+/* A rank could not write its shard (q->failed says why, checked like any
+ * report but for the path and checksum): its checkpoint of q->step is
+ * aborted now, not at --checkpoint-timeout-ms, logged and counted once. */
+static void coord_ckpt_failed(coord_t *c, rpc_call_t *call, int64_t job,
+                              const Fsdp__V1__ReportCheckpointShardRequest *q, int shards,
+                              const char *dir) {
+  char why[STORE_REASON_MAX];
+  snprintf(why, sizeof why, "rank %u could not write its shard: %.400s", q->rank, q->failed);
+  coord_text_mend(why); /* the rank's error, of any bytes, cut at 400 */
+  store_ckpt_t k;
+  int aborted = 0;
+  int rc = store_ckpt_fail(c->st, job, q->attempt, q->step, shards, dir, why, &k, &aborted);
+  if (rc) {
+    rpc_call_finish(call, rc);
+    return;
+  }
+  if (aborted) coord_ckpt_aborted(c, job, q->step, why);
+  Fsdp__V1__ReportCheckpointShardReply rep = FSDP__V1__REPORT_CHECKPOINT_SHARD_REPLY__INIT;
+  rep.state = coord_ckpt_state(k.state);
+  rpc_call_reply(call, &rep.base);
+}
+
 void coord_ckpt_report_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
   coord_t *c = arg;
   const Fsdp__V1__ReportCheckpointShardRequest *q = (const void *)req;
   const uint64_t t0 = uv_hrtime();
   const int64_t job = coord_id_parse(q->job_id, 'j');
   coord_job_t *x = job ? coord_job_info(c, job) : NULL;
+  const int failed = q->failed && q->failed[0]; /* not written: no path or checksum to check */
   uint64_t sum = 0;
   int rc = FSDP_OK;
   if (!x)
@@ -296,7 +328,7 @@ void coord_ckpt_report_cb(rpc_call_t *call, const ProtobufCMessage *req, void *a
     rc = err_set(FSDP_EINVAL, "rank %u, step %" PRId64 ": out of range for job j-%lld", q->rank,
                  q->step, (long long)job);
   if (!rc) rc = coord_rank_is_callers(c, call, q->node_id, job, q->attempt, (int)q->rank);
-  if (!rc) rc = coord_ckpt_sum(q->checksum, &sum);
+  if (!rc && !failed) rc = coord_ckpt_sum(q->checksum, &sum);
   shard_place_t pl = {0};
   char dir[STORE_PATH_MAX], want[STORE_PATH_MAX + CKPT_NAME_MAX + 1], name[CKPT_NAME_MAX];
   if (!rc) {
@@ -310,7 +342,7 @@ void coord_ckpt_report_cb(rpc_call_t *call, const ProtobufCMessage *req, void *a
     ckpt_step_dir(dir, sizeof dir, x->ckpt_dir, q->step);
     ckpt_shard_name(name, sizeof name, pl.shard_rank, x->mesh.shards);
     snprintf(want, sizeof want, "%s/%s", dir, name);
-    if (!q->path || strcmp(q->path, want))
+    if (!failed && (!q->path || strcmp(q->path, want)))
       rc = err_set(FSDP_EINVAL, "path: '%.200s' is not where rank %u's shard of step %" PRId64
                    " goes (%s)", q->path ? q->path : "", q->rank, q->step, want);
   }
@@ -319,6 +351,14 @@ void coord_ckpt_report_cb(rpc_call_t *call, const ProtobufCMessage *req, void *a
       rc = err_set(FSDP_EUNAVAILABLE, "the checkpoint of step %" PRId64 " written by attempt "
                    "%lld is being committed; this attempt's shard of it cannot be taken now",
                    q->step, (long long)m->k.epoch);
+    else if (m->k.job_id == job && m->k.step == q->step && failed)
+      rc = err_set(FSDP_ESTATE, "every shard of the checkpoint of step %" PRId64 " was reported "
+                   "written, and it is being committed; rank %u's report that its shard was not "
+                   "written comes too late", q->step, q->rank);
+  if (!rc && failed) {
+    coord_ckpt_failed(c, call, job, q, x->mesh.shards, dir);
+    return;
+  }
   store_ckpt_t k;
   if (!rc) {
     store_ckpt_shard_t sh = {pl.shard_rank, (int)q->rank, q->bytes, sum};
@@ -442,11 +482,8 @@ void coord_ckpt_janitor(coord_t *c) {
         char why[256];
         snprintf(why, sizeof why, "%d of %d shards reported within %.0f s (--checkpoint-timeout-ms)",
                  k->reported, k->shards, c->o.checkpoint_timeout_ms / 1000.0);
-        if (!store_ckpt_close(c->st, k->job_id, k->step, k->epoch, why)) {
-          LOG_WARN("coord", "job j-%lld: checkpoint of step %lld aborted: %s",
-                   (long long)k->job_id, (long long)k->step, why);
-          c->ckpt_aborts++;
-        }
+        if (!store_ckpt_close(c->st, k->job_id, k->step, k->epoch, why))
+          coord_ckpt_aborted(c, k->job_id, k->step, why);
       }
       continue;
     }

@@ -267,6 +267,8 @@ void coord_ckpt_report_cb(rpc_call_t *call, const ProtobufCMessage *req, void *a
  * EPERM). */
 int coord_rank_is_callers(coord_t *c, rpc_call_t *call, const char *node_id, int64_t job,
                           int64_t epoch, int rank);
+/* coord_rpc.c: text a node reports, made fit to repeat (see there). */
+void coord_text_mend(char *s);
 void coord_ckpt_list_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg);
 void coord_ckpt_janitor(coord_t *c);
 /* Keeps the newest keep committed checkpoints of job (keep <= 0: all),

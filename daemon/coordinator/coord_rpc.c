@@ -296,12 +296,16 @@ static int coord_text_ok(const char *what, const char *s, size_t max) {
   return FSDP_OK;
 }
 
-/* Text a node reports (a rank's last log line, a collective's name), cut
- * to fit by a byte count: every byte that is not part of valid UTF-8
- * becomes '?', so what the coordinator repeats to clients decodes. */
-static void coord_text_mend(char *s) {
+/* Text a node reports (a rank's last log line, a collective's name, why a
+ * shard was not written), cut to fit by a byte count: every byte that is
+ * not part of valid UTF-8 becomes '?', so what the coordinator repeats to
+ * clients decodes, and a control character a space, so it stays one line
+ * in a log. */
+void coord_text_mend(char *s) {
   const size_t n = strlen(s);
   for (uint8_t *bad; (bad = (uint8_t *)u8_check((const uint8_t *)s, n));) *bad = '?';
+  for (char *p = s; *p; p++)
+    if ((unsigned char)*p < 0x20 && *p != '\t') *p = ' ';
 }
 
 /* The least memory of any device a job could land on (0: no device known). */

@@ -1847,6 +1847,27 @@ static int ckpt_get(store_t *st, int64_t job_id, int64_t step, store_ckpt_t *out
   return rc < 0 ? rc : n;
 }
 
+/* The checkpoint (job, step) as attempt epoch finds it, in *c: 1, or 0
+ * when there is none for it; in a write transaction. The attempt is fenced
+ * (job_fence: an older or ended one is FSDP_ESTALE). An older attempt's
+ * checkpoint that did not commit is forgotten (its row and shards: the one
+ * this attempt writes replaces it); a committed one is FSDP_ESTATE. */
+static int ckpt_for_epoch(store_t *st, int64_t job_id, int64_t step, int64_t epoch,
+                          store_ckpt_t *c) {
+  job_brief_t b;
+  int have = job_fence(st, job_id, epoch, "checkpoint report", 1, &b);
+  if (have) return have;
+  have = ckpt_get(st, job_id, step, c);
+  if (have <= 0) return have;
+  if (c->state == STORE_CKPT_COMMITTED)
+    return err_set(FSDP_ESTATE, "job %lld: the checkpoint of step %lld is already committed",
+                   (long long)job_id, (long long)step);
+  if (c->epoch >= epoch) return 1;
+  st_exec(st, "DELETE FROM checkpoint_shards WHERE job_id = ? AND step = ?", A_I(job_id), A_I(step));
+  st_exec(st, "DELETE FROM checkpoints WHERE job_id = ? AND step = ?", A_I(job_id), A_I(step));
+  return st->rc ? st->rc : 0;
+}
+
 int store_ckpt_report(store_t *st, int64_t job_id, int64_t epoch, int64_t step, int shards,
                       const char *dir, const store_ckpt_shard_t *sh, store_ckpt_t *out) {
   int rc = check_text("checkpoint directory", dir, STORE_PATH_MAX, 0);
@@ -1854,26 +1875,15 @@ int store_ckpt_report(store_t *st, int64_t job_id, int64_t epoch, int64_t step, 
     rc = err_set(FSDP_EINVAL, "checkpoint: step %lld, shard %d of %d: out of range",
                  (long long)step, sh->shard, shards);
   if (rc || (rc = store_begin(st, 1))) return rc;
-  job_brief_t b;
-  if ((rc = job_fence(st, job_id, epoch, "checkpoint report", 1, &b))) return store_end(st, rc);
   store_ckpt_t c;
-  int have = ckpt_get(st, job_id, step, &c);
+  int have = ckpt_for_epoch(st, job_id, step, epoch, &c);
   if (have < 0) return store_end(st, have);
   const int64_t now = store_now_ms();
-  if (have && c.state == STORE_CKPT_ABORTED && c.epoch >= epoch) {
+  if (have && c.state == STORE_CKPT_ABORTED) {
     /* a late shard of its own attempt: the checkpoint stays aborted */
     return store_end(st, err_set(FSDP_ESTATE, "job %lld: the checkpoint of step %lld was aborted "
                                  "(%s); this shard comes too late", (long long)job_id,
                                  (long long)step, c.reason));
-  }
-  if (have && c.epoch < epoch && c.state != STORE_CKPT_COMMITTED) {
-    /* written again by a later attempt: the new one replaces it */
-    st_exec(st, "DELETE FROM checkpoint_shards WHERE job_id = ? AND step = ?", A_I(job_id), A_I(step));
-    st_exec(st, "DELETE FROM checkpoints WHERE job_id = ? AND step = ?", A_I(job_id), A_I(step));
-    have = 0;
-  } else if (have && c.state == STORE_CKPT_COMMITTED) {
-    return store_end(st, err_set(FSDP_ESTATE, "job %lld: the checkpoint of step %lld is already "
-                                 "committed", (long long)job_id, (long long)step));
   }
   if (!have) {
     st_exec(st,
@@ -1902,6 +1912,39 @@ int store_ckpt_report(store_t *st, int64_t job_id, int64_t epoch, int64_t step, 
   }
   if ((rc = ckpt_get(st, job_id, step, out)) < 0) return store_end(st, rc);
   return store_end(st, 0);
+}
+
+int store_ckpt_fail(store_t *st, int64_t job_id, int64_t epoch, int64_t step, int shards,
+                    const char *dir, const char *reason, store_ckpt_t *out, int *aborted) {
+  *aborted = 0;
+  int rc = check_text("checkpoint directory", dir, STORE_PATH_MAX, 0);
+  if (!rc) rc = check_text("abort reason", reason, STORE_REASON_MAX, 0);
+  if (!rc && (step < 0 || shards < 1))
+    rc = err_set(FSDP_EINVAL, "checkpoint: step %lld of %d shards: out of range", (long long)step,
+                 shards);
+  if (rc || (rc = store_begin(st, 1))) return rc;
+  store_ckpt_t c;
+  int have = ckpt_for_epoch(st, job_id, step, epoch, &c);
+  if (have < 0) return store_end(st, have);
+  const int64_t now = store_now_ms();
+  if (!have) {
+    st_exec(st,
+            "INSERT INTO checkpoints(job_id, step, epoch, state, shards, dir, opened_ms, closed_ms, "
+            "reason) VALUES(?, ?, ?, 'ABORTED', ?, ?, ?, ?, ?)",
+            A_I(job_id), A_I(step), A_I(epoch), A_I(shards), A_T(dir), A_I(now), A_I(now),
+            A_T(reason));
+    *aborted = 1;
+  } else if (c.state == STORE_CKPT_OPEN) {
+    *aborted = st_exec(st, "UPDATE checkpoints SET state = 'ABORTED', closed_ms = ?, reason = ? "
+                       "WHERE job_id = ? AND step = ? AND state = 'OPEN'",
+                       A_I(now), A_T(reason), A_I(job_id), A_I(step)) > 0;
+  } /* aborted already (another shard, or a timeout): it stays as it is */
+  if (*aborted)
+    st_event(st, job_id, 0, "checkpoint.aborted", "step %lld: %s", (long long)step, reason);
+  if (!st->rc && (rc = ckpt_get(st, job_id, step, out)) < 0) return store_end(st, rc);
+  rc = store_end(st, 0);
+  if (rc) *aborted = 0;
+  return rc;
 }
 
 int store_ckpt_shards(store_t *st, int64_t job_id, int64_t step, store_ckpt_shard_t **shards,

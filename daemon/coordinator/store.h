@@ -185,9 +185,10 @@ typedef enum {
 /* ---- checkpoints ----
  * A job's checkpoint of one step: OPEN from its first shard's report,
  * COMMITTED once every shard is in and the committer wrote its manifest,
- * ABORTED on a timeout, a bad shard or the end of its attempt. The files of
- * an aborted one are removed by the coordinator when no attempt of the job
- * runs (removed = 1 then). */
+ * ABORTED on a timeout, a bad shard, a shard its rank could not write (at
+ * once, opened ABORTED when that is the first word of it) or the end of
+ * its attempt. The files of an aborted one are removed by the coordinator
+ * when no attempt of the job runs (removed = 1 then). */
 #define STORE_CKPT_STATES(XX) XX(OPEN) XX(COMMITTED) XX(ABORTED)
 typedef enum {
 #define XX(s) STORE_CKPT_##s,
@@ -221,6 +222,16 @@ typedef struct store_ckpt_shard {
  * checkpoint after it. */
 int store_ckpt_report(store_t *st, int64_t job_id, int64_t epoch, int64_t step, int shards,
                       const char *dir, const store_ckpt_shard_t *sh, store_ckpt_t *out);
+/* A shard of job's checkpoint of step (under dir, of shards shards) that
+ * its rank could not write, reported by attempt epoch (fenced as
+ * store_ckpt_report): the checkpoint is ABORTED at once with reason and a
+ * checkpoint.aborted event, as store_ckpt_close aborts. One this attempt
+ * has not opened is opened ABORTED (replacing, as a shard does, what an
+ * older attempt left open or aborted); one this attempt aborted already
+ * stays as it is, and *aborted is 0 (1: this call aborted it). A committed
+ * checkpoint is FSDP_ESTATE. *out: the checkpoint after it. */
+int store_ckpt_fail(store_t *st, int64_t job_id, int64_t epoch, int64_t step, int shards,
+                    const char *dir, const char *reason, store_ckpt_t *out, int *aborted);
 /* The shards reported for a checkpoint, by shard. */
 int store_ckpt_shards(store_t *st, int64_t job_id, int64_t step, store_ckpt_shard_t **shards,
                       int *n);

@@ -1132,12 +1132,15 @@ static void write_shard(const char *root, int64_t step, int j, int S, char *path
   write_shard_of("tiny", root, step, j, S, path, len, bytes, sum, sumlen);
 }
 
-static int report_shard(const node_t *n, const char *job, uint32_t rank, int64_t step,
-                        const char *path, uint64_t bytes, const char *sum,
-                        Fsdp__V1__CheckpointState *state) {
+/* ReportCheckpointShard of attempt 1's rank on node n, the shard written
+ * (path, bytes, sum) or, with failed, not: its code, and the state the
+ * reply says in *state (when not NULL). */
+static int report_shard_as(const node_t *n, const char *job, uint32_t rank, int64_t step,
+                           const char *path, uint64_t bytes, const char *sum, const char *failed,
+                           Fsdp__V1__CheckpointState *state) {
   Fsdp__V1__ReportCheckpointShardRequest q = FSDP__V1__REPORT_CHECKPOINT_SHARD_REQUEST__INIT;
   q.node_id = (char *)n->id, q.job_id = (char *)job, q.attempt = 1, q.rank = rank, q.step = step;
-  q.path = (char *)path, q.bytes = bytes, q.checksum = (char *)sum;
+  q.path = (char *)path, q.bytes = bytes, q.checksum = (char *)sum, q.failed = (char *)failed;
   Fsdp__V1__ReportCheckpointShardReply *r = NULL;
   int rc = CALL("ReportCheckpointShard", q, report_checkpoint_shard_reply, &r);
   if (r) {
@@ -1145,6 +1148,18 @@ static int report_shard(const node_t *n, const char *job, uint32_t rank, int64_t
     protobuf_c_message_free_unpacked(&r->base, NULL);
   }
   return rc;
+}
+
+static int report_shard(const node_t *n, const char *job, uint32_t rank, int64_t step,
+                        const char *path, uint64_t bytes, const char *sum,
+                        Fsdp__V1__CheckpointState *state) {
+  return report_shard_as(n, job, rank, step, path, bytes, sum, "", state);
+}
+
+/* The rank could not write its shard of step, for the reason why. */
+static int report_failed(const node_t *n, const char *job, uint32_t rank, int64_t step,
+                         const char *why, Fsdp__V1__CheckpointState *state) {
+  return report_shard_as(n, job, rank, step, "", 0, "", why, state);
 }
 
 /* The state of the job's checkpoint of step (UNSPECIFIED: not listed), and its reason. */
@@ -2562,6 +2577,88 @@ Test(coordinator, a_checkpoint_aborted_as_its_attempt_ends_is_logged_and_counted
   char line[128];
   snprintf(line, sizeof line, "job %s: 1 checkpoint(s) aborted", id);
   cr_expect(strstr(log, line), "no \"%s\" in the coordinator's log:\n%s", line, log);
+}
+
+/* The job's events of kind whose text holds every one of want (NULL-ended). */
+static int events_with(const char *job, const char *kind, const char *const *want) {
+  Fsdp__V1__ListEventsRequest q = FSDP__V1__LIST_EVENTS_REQUEST__INIT;
+  q.job_id = (char *)job;
+  Fsdp__V1__ListEventsReply *r = NULL;
+  cr_assert_eq(CALL("ListEvents", q, list_events_reply, &r), 0, "%s", err_msg());
+  int n = 0;
+  for (size_t i = 0; i < r->n_events; i++) {
+    int all = !strcmp(r->events[i]->kind, kind);
+    for (int k = 0; all && want[k]; k++) all = strstr(r->events[i]->text, want[k]) != NULL;
+    n += all;
+  }
+  reply_free(r);
+  return n;
+}
+
+/* A rank that could not write its shard says so (ReportCheckpointShard
+ * with `failed`): the checkpoint is aborted at once, not after
+ * --checkpoint-timeout-ms (5 minutes here), with the rank and its error in
+ * the reason, one line in the log, one count in
+ * fsdp_checkpoint_aborts_total and a checkpoint.aborted event; the same
+ * word again changes nothing. A failure that is the first word of a
+ * checkpoint opens it aborted (its text mended to one line of UTF-8), and
+ * a shard of it coming after is too late. The checks of any report still
+ * hold: the rank's node only, ranks in range, and the attempt running. */
+Test(coordinator, a_shard_not_written_aborts_its_checkpoint_at_once) {
+  co_start_metrics(NULL);
+  char d[600], ck[600], ckopt[700], id[32], path[800], sum[64], why[512];
+  node_t n = {{0}, 0}, other = {{0}, 0};
+  ckpt_job_start(&n, "model=tiny", "keep_checkpoints=3", d, ck, ckopt, id);
+  node_register(&other, "other", 2, 8ull << 30, NULL, 0);
+  uint64_t bytes;
+  Fsdp__V1__CheckpointState st = 0;
+  const char *full = "checkpoint: section params: No space left on device";
+  /* step 10: shard 0 written, shard 1 not */
+  write_shard(ck, 10, 0, 2, path, sizeof path, &bytes, sum, sizeof sum);
+  cr_assert_eq(report_shard(&n, id, 0, 10, path, bytes, sum, &st), 0, "%s", err_msg());
+  cr_expect_eq(st, CK_OPEN);
+  cr_expect_eq(report_failed(&other, id, 1, 10, full, NULL), FSDP_ENOTFOUND,
+               "another node spoke for rank 1: %s", err_msg());
+  cr_expect_eq(report_failed(&n, id, 2, 10, full, NULL), FSDP_EINVAL, "rank 2 of 2: %s",
+               err_msg());
+  cr_expect_eq(ckpt_state(id, 10, NULL, 0), CK_OPEN, "a refused report aborted it");
+  const double t0 = tu_now_s();
+  cr_assert_eq(report_failed(&n, id, 1, 10, full, &st), 0, "%s", err_msg());
+  cr_expect_eq(st, CK_ABORTED);
+  cr_expect_eq(ckpt_state(id, 10, why, sizeof why), CK_ABORTED, "still open %.1f s after the "
+               "report that its shard 1 was not written", tu_now_s() - t0);
+  cr_expect(strstr(why, "rank 1") && strstr(why, full), "%s", why);
+  cr_expect_eq(co_metric("fsdp_checkpoint_aborts_total"), 1);
+  cr_expect_eq(events_with(id, "checkpoint.aborted", (const char *[]){"step 10", full, NULL}), 1);
+  /* the same report again (fsdpd retries): answered, counted once */
+  cr_assert_eq(report_failed(&n, id, 1, 10, full, &st), 0, "%s", err_msg());
+  cr_expect_eq(st, CK_ABORTED);
+  cr_expect_eq(co_metric("fsdp_checkpoint_aborts_total"), 1, "one abort counted twice");
+  /* step 20: the first word is rank 0's failure, in bytes that are no text */
+  cr_assert_eq(report_failed(&n, id, 0, 20, "cannot create\n\xff/step-00000020", &st), 0, "%s",
+               err_msg());
+  cr_expect_eq(st, CK_ABORTED);
+  cr_expect_eq(ckpt_state(id, 20, why, sizeof why), CK_ABORTED, "not listed aborted");
+  cr_expect(strstr(why, "rank 0 could not write its shard: cannot create ?/step-00000020"), "%s",
+            why);
+  write_shard(ck, 20, 1, 2, path, sizeof path, &bytes, sum, sizeof sum);
+  cr_expect_eq(report_shard(&n, id, 1, 20, path, bytes, sum, NULL), FSDP_ESTATE, "%s", err_msg());
+  cr_expect_eq(co_metric("fsdp_checkpoint_aborts_total"), 2);
+  char log[1 << 16], line[160];
+  size_t len = 0;
+  FILE *f = fopen(co.log, "r");
+  if (f) len = fread(log, 1, sizeof log - 1, f), fclose(f);
+  log[len] = 0;
+  snprintf(line, sizeof line, "job %s: checkpoint of step 10 aborted: rank 1 could not write its "
+           "shard: %s\n", id, full);
+  cr_expect(strstr(log, line), "no \"%s\" in the coordinator's log:\n%s", line, log);
+  snprintf(line, sizeof line, "job %s: checkpoint of step 20 aborted: rank 0", id);
+  cr_expect(strstr(log, line), "no \"%s\" in the coordinator's log:\n%s", line, log);
+  /* the attempt over, its rank's word is stale */
+  cr_assert_eq(report_exit(&n, id, 1, 0, 0), 0, "%s", err_msg());
+  cr_assert_eq(report_exit(&n, id, 1, 1, 0), 0, "%s", err_msg());
+  cr_expect_eq(report_failed(&n, id, 0, 30, full, NULL), FSDP_ESTALE, "%s", err_msg());
+  cr_expect_eq(ckpt_state(id, 30, NULL, 0), FSDP__V1__CHECKPOINT_STATE__CHECKPOINT_STATE_UNSPECIFIED);
 }
 
 /* A database that fails the coordinator (here: another program holds its

@@ -1099,6 +1099,64 @@ Test(store, checkpoints_open_commit_abort_and_are_fenced) {
   store_close(st);
 }
 
+/* A shard its rank could not write aborts its checkpoint at once, once
+ * (the same word again changes nothing); a failure that is the first word
+ * of a checkpoint opens it aborted, pending the removal of its files; a
+ * committed one is left alone; an older attempt's word is stale, and a
+ * later attempt's failure replaces what an older one left. */
+Test(store, a_shard_not_written_aborts_its_checkpoint_and_is_fenced) {
+  store_t *st = open_db("state.db");
+  int64_t node = add_node(st, "n0", 2);
+  int64_t job = submit(st, "ck", 2, 1), epoch;
+  cr_assert_eq(start_on(st, job, node, 2, &epoch), 0);
+  store_ckpt_t k;
+  store_ckpt_shard_t s0 = {0, 0, 100, 5}, s1 = {1, 1, 100, 7};
+  int aborted = -1;
+  const char *d10 = "/ck/step-00000010", *d20 = "/ck/step-00000020";
+  cr_assert_eq(store_ckpt_report(st, job, 1, 10, 2, d10, &s0, &k), 0, "%s", err_msg());
+  cr_assert_eq(store_ckpt_fail(st, job, 1, 10, 2, d10, "rank 1: disk full", &k, &aborted), 0, "%s",
+               err_msg());
+  cr_assert(aborted == 1 && k.state == STORE_CKPT_ABORTED && k.reported == 1 && k.closed_ms > 0 &&
+            !strcmp(k.reason, "rank 1: disk full"), "%d %s", aborted, k.reason);
+  cr_assert_eq(store_ckpt_fail(st, job, 1, 10, 2, d10, "rank 1: again", &k, &aborted), 0);
+  cr_assert(aborted == 0 && !strcmp(k.reason, "rank 1: disk full"), "aborted twice: %s", k.reason);
+  cr_assert_eq(store_ckpt_report(st, job, 1, 10, 2, d10, &s1, &k), FSDP_ESTATE, "a late shard");
+  /* the first word of step 20: opened aborted */
+  cr_assert_eq(store_ckpt_fail(st, job, 1, 20, 2, d20, "rank 0: NaN", &k, &aborted), 0, "%s",
+               err_msg());
+  cr_assert(aborted == 1 && k.state == STORE_CKPT_ABORTED && k.epoch == 1 && k.reported == 0 &&
+            k.shards == 2 && !strcmp(k.dir, d20) && k.opened_ms > 0 && k.closed_ms > 0);
+  store_ckpt_t *v;
+  int n;
+  cr_assert_eq(store_ckpt_pending(st, &v, &n), 0);
+  cr_assert(n == 2 && v[1].step == 20 && v[1].state == STORE_CKPT_ABORTED && !v[1].removed, "%d", n);
+  store_array_free(v);
+  /* committed: left alone */
+  cr_assert_eq(store_ckpt_report(st, job, 1, 30, 2, "/ck/step-00000030", &s0, &k), 0);
+  cr_assert_eq(store_ckpt_report(st, job, 1, 30, 2, "/ck/step-00000030", &s1, &k), 0);
+  cr_assert_eq(store_ckpt_close(st, job, 30, 1, NULL), 0);
+  cr_assert_eq(store_ckpt_fail(st, job, 1, 30, 2, "/ck/step-00000030", "late", &k, &aborted),
+               FSDP_ESTATE);
+  cr_assert_eq(aborted, 0);
+  /* attempt 2: attempt 1's word is stale; attempt 2's failure of step 20
+   * replaces attempt 1's row */
+  store_job_state_t next;
+  cr_assert_eq(store_attempt_end(st, job, 1, 0, "rank 1 died", &next), 0);
+  cr_assert_eq(start_on(st, job, node, 2, &epoch), 0);
+  cr_assert_eq(epoch, 2);
+  cr_assert_eq(store_ckpt_report(st, job, 2, 40, 2, "/ck/step-00000040", &s0, &k), 0);
+  cr_assert_eq(store_ckpt_fail(st, job, 1, 40, 2, "/ck/step-00000040", "old", &k, &aborted),
+               FSDP_ESTALE, "%s", err_msg());
+  cr_assert_eq(aborted, 0);
+  cr_assert_eq(store_ckpt_list(st, job, &v, &n), 0);
+  cr_assert(n >= 1 && v[0].step == 40 && v[0].state == STORE_CKPT_OPEN, "attempt 1 aborted it");
+  store_array_free(v);
+  cr_assert_eq(store_ckpt_fail(st, job, 2, 20, 2, d20, "rank 0: NaN again", &k, &aborted), 0, "%s",
+               err_msg());
+  cr_assert(aborted == 1 && k.epoch == 2 && !strcmp(k.reason, "rank 0: NaN again"), "%s", k.reason);
+  store_close(st);
+}
+
 /* Ranks that stopped on SIGTERM (JOB_EXIT_PREEMPTED) end their attempt as
  * preempted once every rank is gone: the job goes back to PENDING without
  * spending a restart; a failed rank among them still fails it. */
