@@ -65,7 +65,8 @@ DEMO_PKGS  = fortunes
 # The control plane (coordinator, fsdpd, fsdpctl): gRPC's C core, protobuf-c
 # and its compiler for the wire, SQLite for the coordinator's state, jansson
 # for fsdpctl's --output json, libmicrohttpd for /metrics, uthash (header
-# only) for the coordinator's jobs by id, libunistring for its UTF-8 checks,
+# only) for the coordinator's jobs by id, libunistring for UTF-8 checks (the
+# coordinator's, fsdpctl's, the text a rank reports),
 # OpenSSL's libcrypto for the SHA-256 digests servers keep of tokens.
 CONTROL_PKGS = libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libsqlite3-dev libjansson-dev \
                libmicrohttpd-dev uthash-dev libunistring-dev libssl-dev
@@ -176,12 +177,13 @@ $(LIB): $(LIB_SRCS:%.c=$(B)/%.o) $(KERN_OBJS)
 	ar rcs $@ $^
 
 # report.o is the rank's report channel to fsdpd: the wire's messages and
-# protobuf-c, never gRPC (the RPC block below).
+# protobuf-c, never gRPC (the RPC block below); libunistring keeps the text
+# it sends UTF-8.
 # -rdynamic: the CUDA plugin it may load calls back into its error and log
 # functions (device_cuda.h).
 bin/fsdp-train: $(B)/daemon/train/main.o $(B)/daemon/train/report.o $(B)/proto/fsdp.pb-c.o $(LIB)
 	@mkdir -p bin
-	$(CC) $(LDFLAGS) -rdynamic $^ -o $@ $(LDLIBS) -lprotobuf-c
+	$(CC) $(LDFLAGS) -rdynamic $^ -o $@ $(LDLIBS) -lprotobuf-c -lunistring
 
 bin/fsdp-tokenize: $(B)/daemon/train/tokenize.o $(LIB)
 	@mkdir -p bin
@@ -343,7 +345,7 @@ $(RPC_OBJS) $(PROTO_OBJS) $(B)/tests/unit/test_rpc.o $(B)/tests/fuzz/fuzz_rpc_re
 $(B)/tests/test_train: $(B)/tests/unit/test_train.o $(B)/daemon/train/report.o \
                        $(B)/proto/fsdp.pb-c.o $(TESTUTIL) $(TESTUTIL_TRAIN) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -lprotobuf-c -lcriterion
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -lprotobuf-c -lunistring -lcriterion
 
 $(RPC_LIB): $(RPC_OBJS) $(PROTO_OBJS)
 	@rm -f $@

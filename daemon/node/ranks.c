@@ -428,8 +428,9 @@ static void rk_exit_cb(supervise_t *s, void *arg, int64_t status, int term_signa
 /* ---- the report channel -------------------------------------------------------- */
 
 /* Queues the relay of a checkpoint shard the rank reported. The rank says
- * only what it wrote (step, path, bytes, checksum); who it is (node, job,
- * attempt, rank) is fsdpd's to say, and the coordinator checks the path. */
+ * only what it wrote (step, path, bytes, checksum), or that it could not
+ * write it and why (failed); who it is (node, job, attempt, rank) is
+ * fsdpd's to say, and the coordinator checks the path and the text. */
 static int rk_shard_queue(rank_t *rk, const Fsdp__V1__ReportCheckpointShardRequest *in) {
   int queued = 0;
   for (const rk_shard_t *x = rk->shards; x; x = x->next) queued++;
@@ -437,10 +438,12 @@ static int rk_shard_queue(rank_t *rk, const Fsdp__V1__ReportCheckpointShardReque
     return err_set(FSDP_ELIMIT, "%d checkpoint shard reports are waiting already (a rank "
                    "reports one per checkpoint)", queued);
   const char *path = in->path ? in->path : "", *sum = in->checksum ? in->checksum : "";
+  const char *failed = in->failed ? in->failed : "";
   const size_t nid = strlen(rk->R->node_id) + 1, njob = strlen(rk_job(rk)) + 1;
-  const size_t npath = strlen(path) + 1, nsum = strlen(sum) + 1;
+  const size_t npath = strlen(path) + 1, nsum = strlen(sum) + 1, nfailed = strlen(failed) + 1;
   rk_shard_t *x = calloc(1, sizeof *x);
-  Fsdp__V1__ReportCheckpointShardRequest *q = malloc(sizeof *q + nid + njob + npath + nsum);
+  Fsdp__V1__ReportCheckpointShardRequest *q =
+      malloc(sizeof *q + nid + njob + npath + nsum + nfailed);
   if (!x || !q) {
     free(x), free(q);
     return err_set(FSDP_ENOMEM, "out of memory for a checkpoint report");
@@ -448,9 +451,10 @@ static int rk_shard_queue(rank_t *rk, const Fsdp__V1__ReportCheckpointShardReque
   fsdp__v1__report_checkpoint_shard_request__init(q);
   char *p = (char *)(q + 1);
   q->node_id = memcpy(p, rk->R->node_id, nid);
-  q->job_id = memcpy(p + nid, rk_job(rk), njob);
-  q->path = memcpy(p + nid + njob, path, npath);
-  q->checksum = memcpy(p + nid + njob + npath, sum, nsum);
+  q->job_id = memcpy(p += nid, rk_job(rk), njob);
+  q->path = memcpy(p += njob, path, npath);
+  q->checksum = memcpy(p += npath, sum, nsum);
+  q->failed = memcpy(p += nsum, failed, nfailed);
   q->attempt = rk->a->attempt;
   q->rank = rk->a->rank;
   q->step = in->step;

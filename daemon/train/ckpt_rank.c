@@ -168,15 +168,18 @@ int ckpt_rank_snapshot(fsdp_t *f, const ckpt_rank_meta_t *meta, void *snap, ckpt
 int ckpt_rank_write(ckpt_rank_image_t *img, const char *root, ckpt_shard_report_t *rep, char *dir,
                     size_t len) {
   ckpt_header_t *h = &img->h;
+  char name[CKPT_NAME_MAX], path[4096], tmp[4096] = "";
+  uint8_t *stage = NULL, *hdr = NULL;
+  int fd = -1, rc = FSDP_OK, made = 0;
   ckpt_step_dir(dir, len, root, h->step);
   if (!mkdir(dir, 0755)) {
-    int rc = ckpt_fsync_dir(root); /* the new directory survives a crash with what goes in it */
-    if (rc) return rc;
+    made = 1;
+    if ((rc = ckpt_fsync_dir(root))) /* the new directory survives a crash with what goes in it */
+      goto out;
   } else if (errno != EEXIST) {
     return err_set_errno(err_from_errno(errno), errno, "checkpoint_dir: cannot create %s; the "
                          "checkpoint directory must exist and be writable", dir);
   }
-  char name[CKPT_NAME_MAX], path[4096], tmp[4096];
   snprintf(path, sizeof path, "%s/%s", dir, CKPT_MANIFEST);
   if (!access(path, F_OK)) /* never a file under a manifest that vouches for another */
     return err_set(FSDP_EEXIST, "step %lld is committed already in %s; not written again",
@@ -184,8 +187,6 @@ int ckpt_rank_write(ckpt_rank_image_t *img, const char *root, ckpt_shard_report_
   ckpt_shard_name(name, sizeof name, h->shard_rank, h->shards);
   snprintf(path, sizeof path, "%s/%s", dir, name);
   snprintf(tmp, sizeof tmp, "%s/.%s.tmp.%d", dir, name, (int)getpid());
-  uint8_t *stage = NULL, *hdr = NULL;
-  int fd = -1, rc = FSDP_OK;
   if (img->be && !img->be->host_memory && !(stage = malloc(CKPT_WRITE))) {
     rc = err_set(FSDP_ENOMEM, "checkpoint: out of memory");
     goto out;
@@ -210,7 +211,10 @@ int ckpt_rank_write(ckpt_rank_image_t *img, const char *root, ckpt_shard_report_
   }
 out:
   if (rc && fd >= 0) close(fd);
-  if (rc) unlink(tmp); /* nothing half-written stays, under any name */
+  if (rc && tmp[0]) unlink(tmp); /* nothing half-written stays, under any name */
+  /* nor the step directory this rank made, when nothing else is in it (a
+   * peer's shard keeps it: rmdir removes only an empty one) */
+  if (rc && made) rmdir(dir);
   free(hdr);
   free(stage);
   return rc;

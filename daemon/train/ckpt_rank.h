@@ -35,7 +35,9 @@ typedef struct ckpt_rank_meta {
 
 /* Writes this rank's shard of the checkpoint of meta->step under root (the
  * step directory is made when missing), from its buffers: the caller waits.
- * *rep gets what to report; dir (len bytes) the step directory. */
+ * *rep gets what to report; dir (len bytes) the step directory. A shard not
+ * written leaves nothing: no file under any name, nor the step directory
+ * when this call made it and nothing else is in it (rmdir). */
 int ckpt_rank_save(fsdp_t *f, const ckpt_rank_meta_t *meta, const char *root,
                    ckpt_shard_report_t *rep, char *dir, size_t len);
 

@@ -6,13 +6,19 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <unistr.h>
 
 #include "daemon/common/err.h"
 #include "daemon/common/frame.h"
 #include "proto/fsdp.pb-c.h"
+
+/* Why a shard was not written, as the rank reports it: at most this many
+ * bytes (proto/fsdp.proto: ReportCheckpointShardRequest.failed). */
+#define REPORT_FAILED_MAX 400
 
 struct report {
   int fd; /* -1 once the reports stopped */
@@ -89,20 +95,37 @@ void report_metrics(void *ctx, const train_metrics_t *m) {
   report_send(r, m->rank, &rep);
 }
 
+/* s cut to at most cap - 1 bytes and made one line of UTF-8: a byte that is
+ * not part of valid UTF-8 (a sequence the cut split, a path's Latin-1)
+ * becomes '?', a control character a space. protobuf's other runtimes
+ * refuse a message whose strings are not UTF-8. */
+static void report_text(char *dst, size_t cap, const char *s) {
+  snprintf(dst, cap, "%s", s);
+  const size_t n = strlen(dst);
+  for (uint8_t *bad; (bad = (uint8_t *)u8_check((const uint8_t *)dst, n));) *bad = '?';
+  for (char *p = dst; *p; p++)
+    if ((unsigned char)*p < 0x20) *p = ' ';
+}
+
 int report_checkpoint(void *ctx, const train_ckpt_t *k) {
   report_t *r = ctx;
+  char path[4200], sum[32], failed[REPORT_FAILED_MAX + 1] = "";
+  if (k->failed) report_text(failed, sizeof failed, k->failed); /* it may be err_msg()'s text */
   if (r->fd < 0)
     return err_set(FSDP_EPEER, "checkpoint step %d: the report channel to fsdpd is closed; the "
                    "shard cannot be reported, so the checkpoint cannot be committed", k->step);
-  char path[4200], sum[32];
-  snprintf(path, sizeof path, "%s/%s", k->dir, k->shard->name);
-  snprintf(sum, sizeof sum, "xxh64:%016" PRIx64, k->shard->sum);
   Fsdp__V1__ReportCheckpointShardRequest sh = FSDP__V1__REPORT_CHECKPOINT_SHARD_REQUEST__INIT;
   sh.step = k->step;
   sh.rank = (uint32_t)k->rank;
-  sh.path = path;
-  sh.bytes = k->shard->bytes;
-  sh.checksum = sum;
+  if (k->failed) { /* not written: why, and no path, size or checksum */
+    sh.failed = failed[0] ? failed : "not written";
+  } else {
+    snprintf(path, sizeof path, "%s/%s", k->dir, k->shard->name);
+    snprintf(sum, sizeof sum, "xxh64:%016" PRIx64, k->shard->sum);
+    sh.path = path;
+    sh.bytes = k->shard->bytes;
+    sh.checksum = sum;
+  }
   Fsdp__V1__RankReport rep = FSDP__V1__RANK_REPORT__INIT;
   rep.kind_case = FSDP__V1__RANK_REPORT__KIND_SHARD;
   rep.shard = &sh;

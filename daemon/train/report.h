@@ -25,8 +25,9 @@ int report_open_from_env(report_t **out);
  * (train_hooks_t.finished) (ctx is the report_t). */
 void report_metrics(void *ctx, const train_metrics_t *m);
 /* train_ckpt_cb: a frame saying which shard was written (path, bytes, its
- * header checksum as "xxh64:<hex>"), for fsdpd to relay to the coordinator,
- * which commits. */
+ * header checksum as "xxh64:<hex>"), or that it was not and why (`failed`,
+ * at most 400 bytes of UTF-8), for fsdpd to relay to the coordinator, which
+ * commits, or aborts the checkpoint of a shard not written. */
 int report_checkpoint(void *ctx, const train_ckpt_t *k);
 /* Closes the descriptor; NULL is a no-op. */
 void report_close(report_t *r);

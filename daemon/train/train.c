@@ -308,7 +308,7 @@ static void train_ckpt_written(train_t *t, int step, const char *dir, const ckpt
   const config_t *c = &t->cfg;
   int rc;
   if (t->opts.checkpoint) {
-    train_ckpt_t k = {t->boot.rank, step, dir, rep};
+    train_ckpt_t k = {t->boot.rank, step, dir, rep, NULL};
     if ((rc = t->opts.checkpoint(t->opts.ctx, &k)))
       LOG_WARN("train", "step %d: checkpoint shard written but not reported: %s", step, err_msg());
   } else {
@@ -324,13 +324,21 @@ static void train_ckpt_written(train_t *t, int step, const char *dir, const ckpt
 }
 
 /* A shard that could not be written: nothing of it is left under a shard's
- * name, so it never commits (its committer times it out); training goes
- * on, and the last committed checkpoint stays the one a restart takes. */
+ * name (nor the step directory this rank made, when it is empty), so it
+ * never commits; the owner of commits, when there is one, is told at once
+ * (the coordinator, through fsdpd, aborts the checkpoint instead of timing
+ * it out). Training goes on, and the last committed checkpoint stays the
+ * one a restart takes. */
 static void train_ckpt_failed(train_t *t, int step, const char *why) {
   LOG_WARN("train", "rank %d: checkpoint of step %d not written: %s; training goes on",
            t->boot.rank, step, why);
   if (t->opts.out)
     fprintf(t->opts.out, "train: checkpoint step %d NOT written (%s); training goes on\n", step, why);
+  if (t->opts.checkpoint) {
+    train_ckpt_t k = {t->boot.rank, step, NULL, NULL, why};
+    if (t->opts.checkpoint(t->opts.ctx, &k))
+      LOG_WARN("train", "step %d: checkpoint shard not written, nor reported: %s", step, err_msg());
+  }
 }
 
 static void *train_writer_main(void *arg) {
@@ -361,8 +369,8 @@ static void train_writer_finish(train_t *t, int wait) {
  * first replica's ranks; the others hold the same shards), then commits the
  * checkpoint when every shard is there: whichever rank finishes last sees
  * them all. Nobody waits for anybody. A shard that cannot be written (a full
- * disk) is said and left out, and training goes on: a checkpoint missing a
- * shard never commits. With checkpoint_async the step waits only for a copy
+ * disk) is said (to the owner of commits too) and left out, and training
+ * goes on: a checkpoint missing a shard never commits. With checkpoint_async the step waits only for a copy
  * of the shard into the snapshot (and for the previous write, if it is still
  * going); a thread writes it while training goes on. */
 static int train_checkpoint(train_t *t) {

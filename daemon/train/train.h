@@ -43,15 +43,18 @@ typedef struct train_metrics {
 
 typedef void (*train_metrics_cb)(void *ctx, const train_metrics_t *m);
 
-/* A shard of a checkpoint this rank wrote (step directory and report). */
+/* A shard of a checkpoint this rank wrote (step directory and report), or
+ * could not write (failed: why; dir and shard NULL). */
 typedef struct train_ckpt {
   int rank, step;
   const char *dir;
   const ckpt_shard_report_t *shard;
+  const char *failed;
 } train_ckpt_t;
 
-/* Takes the report of a shard written; when set, the rank does not commit
- * (its owner does: fsdpd relays the report to the coordinator). */
+/* Takes the report of a shard written or not; when set, the rank does not
+ * commit (its owner does: fsdpd relays the report to the coordinator, which
+ * aborts at once a checkpoint with a shard not written). */
 typedef int (*train_ckpt_cb)(void *ctx, const train_ckpt_t *k);
 
 typedef struct train_opts {
@@ -60,7 +63,7 @@ typedef struct train_opts {
   FILE *out;
   train_metrics_cb metrics; /* called on every rank after every step; NULL: none */
   void *ctx;
-  train_ckpt_cb checkpoint; /* called with ctx after each shard written; NULL: commit here */
+  train_ckpt_cb checkpoint; /* called with ctx after each shard written or not; NULL: commit here */
   /* set (by a signal handler) to stop: the ranks agree on it within the
    * step (it rides with the loss's all-reduce), so all stop after the same
    * step; NULL: never */
@@ -70,7 +73,7 @@ typedef struct train_opts {
 /* What train_run_with hands the loop besides the progress lines. */
 typedef struct train_hooks {
   train_metrics_cb metrics;   /* every rank, every step, after the progress line */
-  train_ckpt_cb checkpoint;   /* each shard this rank writes (the owner commits) */
+  train_ckpt_cb checkpoint;   /* each shard this rank writes, or fails to (the owner commits) */
   void *ctx;
   volatile sig_atomic_t *stop;
   /* once, after the last step and train_finish (saving, sampling), or after

@@ -3,8 +3,9 @@
 # build dependencies (the device machines lent to some sessions): the programs,
 # the CUDA plugin, the GPU tests and every shared library they need that is
 # neither the C runtime nor CUDA's (oneDNN, inih, xxhash, jansson,
-# protobuf-c), stripped, into .gpu/ (git-ignored). The GPU side finds CUDA's
-# own libraries (cuBLASLt, NCCL) where it has them: tests/cuda/gpu-run.sh.
+# protobuf-c, libunistring), stripped, into .gpu/ (git-ignored). The GPU
+# side finds CUDA's own libraries (cuBLASLt, NCCL) where it has them:
+# tests/cuda/gpu-run.sh.
 #
 #   sh tests/cuda/gpu-pack.sh      then carry .gpu and run `sh .gpu/gpu-run.sh` there
 set -eu

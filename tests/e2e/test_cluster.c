@@ -437,6 +437,73 @@ Test(cluster, a_killed_rank_resumes_from_the_last_checkpoint_exactly) {
   free(ck), free(ref), free(conf);
 }
 
+/* The line of `fsdpctl checkpoints` output out that lists step's directory
+ * (static; "" when none). */
+static const char *ckpt_line(const char *out, int step) {
+  static char line[1024];
+  char dir[32];
+  snprintf(dir, sizeof dir, "/step-%08d", step);
+  const char *p = strstr(out, dir), *b = p;
+  line[0] = 0;
+  if (!p) return line;
+  while (b > out && b[-1] != '\n') b--;
+  snprintf(line, sizeof line, "%.*s", (int)strcspn(b, "\n"), b);
+  return line;
+}
+
+/* A checkpoint_dir the ranks can no longer write (made read-only once the
+ * first checkpoint committed): each rank says, through its fsdpd, that its
+ * shard was not written, and the coordinator aborts each later checkpoint
+ * with the rank and the error as the reason, logged, while the job trains
+ * on to the end. Without those reports the coordinator never heard of
+ * them: no row, no event, no log line, and a job that succeeded with its
+ * last checkpoints missing said nothing (--checkpoint-timeout-ms is 5
+ * minutes here; the end of the attempt aborts only checkpoints it has
+ * heard of). */
+Test(cluster, a_checkpoint_the_ranks_cannot_write_is_aborted_with_their_error) {
+  cluster_fsdpd_start(&node[0], coord.addr, "solo", 2, NULL);
+  char *ck, *ref, text[1024], a[256];
+  static char out[1 << 16];
+  ckpt_roots("ck-ro", &ck, &ref);
+  snprintf(text, sizeof text, "steps = 1200\n[output]\ncheckpoint_dir = %s\ncheckpoint_every = 300\n",
+           ck);
+  char *conf = job_file("ro.conf", text);
+  char job[32];
+  snprintf(job, sizeof job, "%s", submit(conf, "--ranks 2"));
+  cr_assert(wait_state(job, "RUNNING", 10));
+  char man[800];
+  snprintf(man, sizeof man, "%s/step-00000300/manifest.json", ck);
+  const double t0 = tu_now_s();
+  while (access(man, F_OK) && tu_now_s() - t0 < 30) nanosleep(&(struct timespec){0, 2000000}, NULL);
+  cr_assert_eq(access(man, F_OK), 0, "no committed checkpoint within 30 s");
+  cr_assert_eq(chmod(ck, 0555), 0); /* no new step directory (the ranks are not root) */
+  snprintf(a, sizeof a, "watch %s", job);
+  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
+  cr_assert_str_eq(state_of(job, out, sizeof out), "SUCCEEDED", "%s", out);
+  snprintf(a, sizeof a, "checkpoints %s", job);
+  cluster_ctl(coord.addr, a, out, sizeof out);
+  cr_expect(strstr(ckpt_line(out, 300), "COMMITTED"), "%s", out);
+  for (int step = 600; step <= 1200; step += 300) {
+    const char *l = ckpt_line(out, step);
+    cr_expect(strstr(l, "ABORTED") && strstr(l, "could not write its shard") &&
+              strstr(l, "cannot create") && strstr(l, "rank "), "step %d:\n%s", step, out);
+    char dir[800];
+    snprintf(dir, sizeof dir, "%s/step-%08d", ck, step);
+    cr_expect_neq(access(dir, F_OK), 0, "%s was made", dir);
+  }
+  FILE *lf = fopen(coord.log, "r");
+  cr_assert_not_null(lf, "%s", coord.log);
+  int said = 0;
+  char line[1024];
+  while (fgets(line, sizeof line, lf))
+    said += strstr(line, "WARN") && strstr(line, "aborted: rank ") &&
+            strstr(line, "could not write its shard");
+  fclose(lf);
+  cr_expect_eq(said, 3, "the coordinator's log (%s) says %d of 3 aborts", coord.log, said);
+  chmod(ck, 0777);
+  free(ck), free(ref), free(conf);
+}
+
 /* The pid in a rank's temporary shard name under root (".shard-J-of-S.fsdp.tmp.PID"),
  * and its step, while one is being written; 0 when none is. */
 static pid_t shard_writer(const char *root, int *step) {

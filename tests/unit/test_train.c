@@ -2,6 +2,7 @@
  * learns (a stated bound), bad jobs refused with a clear message, and the
  * fsdp-train command's exit codes. */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <sys/stat.h>
 #include <math.h>
 #include <stdio.h>
@@ -205,11 +206,9 @@ static int reports_add(void *arg, const uint8_t *data, size_t n) {
   return 0;
 }
 
-/* Runs c with its reports on a socket (FSDP_REPORT_FD, as fsdpd starts a
- * rank) through metrics (the per-step hook, ctx the channel) and finished
- * (the final one), and reads back every frame. */
-static void run_reporting(const config_t *c, train_metrics_cb metrics, train_metrics_cb finished,
-                          reports_t *f) {
+/* A report channel on a socket, as fsdpd gives a rank one (FSDP_REPORT_FD);
+ * its reading end in *rd. */
+static report_t *report_socket(int *rd) {
   int sv[2];
   cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
   char fd[16];
@@ -218,18 +217,34 @@ static void run_reporting(const config_t *c, train_metrics_cb metrics, train_met
   report_t *rep;
   cr_assert_eq(report_open_from_env(&rep), 0, "%s", err_msg());
   cr_assert_not_null(rep);
-  train_hooks_t h = {.metrics = metrics, .ctx = rep, .finished = finished};
-  train_result_t r;
-  cr_assert_eq(train_run_with(c, NULL, &h, &r), 0, "%s", err_msg());
-  report_close(rep); /* the reader sees the end */
+  *rd = sv[0];
+  return rep;
+}
+
+/* Feeds every frame on fd, to its end, to add(arg), and closes fd. */
+static void reports_read(int fd, frame_cb add, void *arg) {
   frame_reader_t fr;
   frame_reader_init(&fr, 1 << 16);
   char b[4096];
   ssize_t n;
-  while ((n = read(sv[0], b, sizeof b)) > 0)
-    cr_assert_eq(frame_reader_feed(&fr, b, (size_t)n, reports_add, f), 0, "%s", err_msg());
+  while ((n = read(fd, b, sizeof b)) > 0)
+    cr_assert_eq(frame_reader_feed(&fr, b, (size_t)n, add, arg), 0, "%s", err_msg());
   frame_reader_free(&fr);
-  close(sv[0]);
+  close(fd);
+}
+
+/* Runs c with its reports on a socket (FSDP_REPORT_FD, as fsdpd starts a
+ * rank) through metrics (the per-step hook, ctx the channel) and finished
+ * (the final one), and reads back every frame. */
+static void run_reporting(const config_t *c, train_metrics_cb metrics, train_metrics_cb finished,
+                          reports_t *f) {
+  int rd;
+  report_t *rep = report_socket(&rd);
+  train_hooks_t h = {.metrics = metrics, .ctx = rep, .finished = finished};
+  train_result_t r;
+  cr_assert_eq(train_run_with(c, NULL, &h, &r), 0, "%s", err_msg());
+  report_close(rep); /* the reader sees the end */
+  reports_read(rd, reports_add, f);
 }
 
 /* After step 1, 8 MiB of host_offload is taken and given back (between steps). */
@@ -661,4 +676,78 @@ Test(train, a_model_holding_nan_is_never_written_nor_loaded, .timeout = 60) {
   }
   cr_assert_null(strstr(out, "step 1"), "a step ran:\n%s", out);
   free(data), free(w), free(ck);
+}
+
+/* The checkpoint shard frames a rank wrote: step, rank, path and failed. */
+typedef struct {
+  int n;
+  int64_t step[4];
+  uint32_t rank[4];
+  char path[4][256], failed[4][512];
+} shard_frames_t;
+
+static int shard_frames_add(void *arg, const uint8_t *data, size_t n) {
+  shard_frames_t *f = arg;
+  Fsdp__V1__RankReport *rep = fsdp__v1__rank_report__unpack(NULL, n, data);
+  cr_assert_not_null(rep);
+  if (rep->kind_case == FSDP__V1__RANK_REPORT__KIND_SHARD) {
+    cr_assert_lt(f->n, 4);
+    f->step[f->n] = rep->shard->step, f->rank[f->n] = rep->shard->rank;
+    snprintf(f->path[f->n], sizeof f->path[0], "%s", rep->shard->path);
+    snprintf(f->failed[f->n], sizeof f->failed[0], "%s", rep->shard->failed);
+    f->n++;
+  }
+  fsdp__v1__rank_report__free_unpacked(rep, NULL);
+  return 0;
+}
+
+/* A rank whose shard cannot be written (here: NaN in its weights, which no
+ * checkpoint takes) says so on its report channel, for fsdpd to relay: one
+ * shard frame with its step and rank, no path, and the error in `failed`,
+ * so the coordinator aborts that checkpoint at once instead of after
+ * --checkpoint-timeout-ms; and the step directory it made is gone (no
+ * empty step-N/ left under checkpoint_dir). In place and by the writer
+ * thread alike. */
+Test(train, a_shard_not_written_is_reported_and_leaves_no_directory, .timeout = 60) {
+  config_t c;
+  config_default(&c);
+  char *data = demo_tokens(), *ck = tu_path("ck");
+  cr_assert_eq(mkdir(ck, 0755), 0);
+  cr_assert_eq(config_set(&c, "data", data), 0);
+  cr_assert_eq(config_set(&c, "model", "tiny"), 0);
+  cr_assert_eq(config_set(&c, "checkpoint_dir", ck), 0);
+  c.steps = 1, c.warmup_steps = 1, c.batch = 2, c.seq_len = 32, c.checkpoint_every = 1;
+  c.sample_tokens = 0;
+  for (int async = 0; async < 2; async++) {
+    c.checkpoint_async = async;
+    int rd;
+    report_t *rep = report_socket(&rd);
+    train_opts_t o = {.checkpoint = report_checkpoint, .ctx = rep};
+    train_t *t;
+    cr_assert_eq(train_open(&t, &c, &o), 0, "%s", err_msg());
+    train_state_t st;
+    train_state(t, &st);
+    fsdp_state_t fs;
+    fsdp_state(st.runtime, &fs);
+    const gpt_config_t *g = gpt_get_config(fsdp_model(st.runtime));
+    /* the last position's embedding: a 32-token step never reads it */
+    ((float *)fs.params)[(size_t)g->vocab * g->channels + (size_t)(g->context - 1) * g->channels] = NAN;
+    cr_assert_eq(train_step(t), 0, "%s", err_msg());
+    train_finish(t); /* the writer thread's shard is reported by the end of the run */
+    train_close(t);
+    report_close(rep);
+    shard_frames_t f = {0};
+    reports_read(rd, shard_frames_add, &f);
+    cr_assert_eq(f.n, 1, "async %d: %d shard frames", async, f.n);
+    cr_expect(f.step[0] == 1 && f.rank[0] == 0 && !f.path[0][0], "async %d: step %lld rank %u "
+              "path '%s'", async, (long long)f.step[0], f.rank[0], f.path[0]);
+    cr_expect(strstr(f.failed[0], "NaN"), "async %d: failed '%s'", async, f.failed[0]);
+    DIR *d = opendir(ck);
+    cr_assert_not_null(d);
+    for (struct dirent *e; (e = readdir(d));)
+      cr_expect(e->d_name[0] == '.', "async %d: %s/%s left behind", async, ck, e->d_name);
+    closedir(d);
+  }
+  unsetenv("FSDP_REPORT_FD");
+  free(data), free(ck);
 }
