@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,8 +20,9 @@
 #include "daemon/job/precision.h"
 #include "kernels/kern_math.h"
 
-#define CKPT_FIXED 144u   /* bytes of the header before its unit table */
-#define CKPT_FIXED_V1 136u /* the same in version 1 (no run) */
+#define CKPT_FIXED 168u    /* bytes of the header before its unit table */
+#define CKPT_FIXED_V2 144u /* the same in version 2 (no schedule) */
+#define CKPT_FIXED_V1 136u /* and in version 1 (no run) */
 #define CKPT_UNIT_BYTES 32u
 #define CKPT_SEC_BYTES 24u
 #define CKPT_UNITS_MAX (1u << 20)
@@ -44,7 +46,21 @@ uint64_t ckpt_blocks(uint64_t bytes) { return (bytes + CKPT_BLOCK - 1) / CKPT_BL
 static uint64_t ckpt_align(uint64_t x) { return (x + CKPT_ALIGN - 1) / CKPT_ALIGN * CKPT_ALIGN; }
 
 /* Bytes of a header of that version before its unit table. */
-static uint64_t ckpt_fixed(uint32_t version) { return version == 1 ? CKPT_FIXED_V1 : CKPT_FIXED; }
+static uint64_t ckpt_fixed(uint32_t version) {
+  return version == 1 ? CKPT_FIXED_V1 : version == 2 ? CKPT_FIXED_V2 : CKPT_FIXED;
+}
+
+static uint32_t ckpt_f32_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+static float ckpt_bits_f32(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
 
 /* Encoded length of a header of that version with these tables. */
 static uint64_t ckpt_header_len(uint32_t version, uint32_t units, const ckpt_section_t *sec,
@@ -111,9 +127,15 @@ int ckpt_header_encode(ckpt_header_t *h, uint8_t **out) {
   put(&b, (uint32_t)h->model.heads, 4), put(&b, (uint32_t)h->model.vocab, 4);
   put(&b, (uint32_t)h->model.context, 4), put(&b, 0, 4);
   put(&b, h->min_params, 8), put(&b, h->shard_total, 8), put(&b, (uint64_t)h->step, 8);
-  put(&b, h->data_epoch, 8), put(&b, h->data_index, 8), put(&b, (uint64_t)h->adam_steps, 8);
+  put(&b, h->data_epoch, 8), put(&b, h->data_window, 8), put(&b, (uint64_t)h->adam_steps, 8);
   put(&b, h->seed, 8);
   if (h->version >= 2) put(&b, h->run, 8);
+  if (h->version >= 3) {
+    const ckpt_sched_t *s = &h->sched;
+    put(&b, (uint32_t)s->batch, 4), put(&b, (uint32_t)s->seq_len, 4);
+    put(&b, (uint32_t)s->steps, 4), put(&b, (uint32_t)s->warmup_steps, 4);
+    put(&b, ckpt_f32_bits(s->lr), 4), put(&b, ckpt_f32_bits(s->min_lr_frac), 4);
+  }
   FSDP_ASSERT(b.at == ckpt_fixed(h->version));
   for (uint32_t k = 0; k < h->num_units; k++) {
     const shard_unit_t *u = &h->units[k];
@@ -210,9 +232,21 @@ int ckpt_header_decode(const uint8_t *p, size_t n, const char *what, ckpt_header
   h->model.heads = (int)get(&b, 4), h->model.vocab = (int)get(&b, 4);
   h->model.context = (int)get(&b, 4), get(&b, 4);
   h->min_params = get(&b, 8), h->shard_total = get(&b, 8), h->step = (int64_t)get(&b, 8);
-  h->data_epoch = get(&b, 8), h->data_index = get(&b, 8), h->adam_steps = (int64_t)get(&b, 8);
+  h->data_epoch = get(&b, 8), h->data_window = get(&b, 8), h->adam_steps = (int64_t)get(&b, 8);
   h->seed = get(&b, 8);
   h->run = h->version >= 2 ? get(&b, 8) : 0;
+  if (h->version >= 3) {
+    ckpt_sched_t *s = &h->sched;
+    s->batch = (int32_t)get(&b, 4), s->seq_len = (int32_t)get(&b, 4);
+    s->steps = (int32_t)get(&b, 4), s->warmup_steps = (int32_t)get(&b, 4);
+    s->lr = ckpt_bits_f32((uint32_t)get(&b, 4)), s->min_lr_frac = ckpt_bits_f32((uint32_t)get(&b, 4));
+    if (s->batch < 1 || s->seq_len < 1 || s->steps < 0 || s->warmup_steps < 0 ||
+        !isfinite(s->lr) || !isfinite(s->min_lr_frac))
+      return err_set(FSDP_EFORMAT, "%s: header: global batch %d, seq_len %d, steps %d, "
+                     "warmup_steps %d, lr %g, min_lr_frac %g: out of range; the file is damaged",
+                     what, s->batch, s->seq_len, s->steps, s->warmup_steps, (double)s->lr,
+                     (double)s->min_lr_frac);
+  }
   int rc;
   if (h->shards < 1 || h->shard_rank < 0 || h->shard_rank >= h->shards || h->replicas < 1 ||
       h->strategy < 0 || h->strategy >= SHARD__COUNT || h->precision < PRECISION_FP32 ||
@@ -338,7 +372,8 @@ int ckpt_header_same_layout(const ckpt_header_t *a, const ckpt_header_t *b) {
   if (a->step != b->step || a->shards != b->shards || a->shard_total != b->shard_total ||
       a->num_units != b->num_units || memcmp(&a->model, &b->model, sizeof a->model) ||
       a->precision != b->precision || a->data_epoch != b->data_epoch ||
-      a->data_index != b->data_index || a->adam_steps != b->adam_steps)
+      a->data_window != b->data_window || a->adam_steps != b->adam_steps ||
+      memcmp(&a->sched, &b->sched, sizeof a->sched))
     return 0;
   for (uint32_t k = 0; k < a->num_units; k++)
     if (memcmp(&a->units[k], &b->units[k], sizeof a->units[k])) return 0;

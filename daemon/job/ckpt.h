@@ -30,7 +30,8 @@
 #include "daemon/job/shard.h"
 
 #define CKPT_MAGIC "FSDPSHRD"
-#define CKPT_VERSION 2          /* of the shard header (version 1, without run, is read too) */
+#define CKPT_VERSION 3 /* of the shard header (versions 1, without run, and 2, without the
+                          schedule, whose data position counts batches, are read too) */
 #define CKPT_MANIFEST_VERSION 1
 #define CKPT_ALIGN 4096u             /* sections start on this boundary */
 #define CKPT_BLOCK (1u << 20)        /* bytes per block checksum */
@@ -54,6 +55,16 @@ typedef struct ckpt_section {
   uint64_t *sums;   /* XXH64 of each CKPT_BLOCK of the section (ckpt_blocks(bytes) of them) */
 } ckpt_section_t;
 
+/* What the data position and the learning rate depend on besides the step:
+ * the run's options that wrote the checkpoint (version 3; all 0 in a version
+ * 1 or 2 shard: unknown). A resume under other values says what changed. */
+typedef struct ckpt_sched {
+  int32_t batch;                /* global batch B: windows a data batch takes (batch x ranks) */
+  int32_t seq_len;              /* T: tokens a window's order is over */
+  int32_t steps, warmup_steps;  /* the LR schedule (train_lr) */
+  float lr, min_lr_frac;
+} ckpt_sched_t;
+
 /* What a shard file says about itself. */
 typedef struct ckpt_header {
   uint32_t version;
@@ -63,11 +74,14 @@ typedef struct ckpt_header {
   uint64_t min_params;                  /* the wrap policy */
   uint64_t shard_total;                 /* elements per section */
   int64_t step;                         /* optimizer steps done */
-  uint64_t data_epoch, data_index;      /* where the next batch starts (data.h) */
+  uint64_t data_epoch;                  /* where the next batch starts (data.h's data_pos_t): */
+  uint64_t data_window;                 /* windows of the epoch's order read (version 3);
+                                           batches of an unknown global batch (versions 1, 2) */
   int64_t adam_steps;                   /* AdamW's step count (its bias correction) */
   uint64_t seed;
   uint64_t run;                         /* the run (launch, attempt) whose ranks wrote it, all
                                            alike; 0: unknown (version 1) */
+  ckpt_sched_t sched;                   /* version 3; 0s before */
   uint32_t num_units;
   shard_unit_t *units;                  /* the layout (shard.h), in order */
   uint32_t num_sections;
@@ -102,7 +116,7 @@ int ckpt_fsync_dir(const char *dir);
  * followed, no FIFO waited on); the error names path. */
 int ckpt_open_file(const char *path, int *fd);
 /* 1 when two shards' headers belong to one checkpoint: step, shards, model,
- * precision, data position, AdamW steps, units and section dtypes. */
+ * precision, data position, schedule, AdamW steps, units and section dtypes. */
 int ckpt_header_same_layout(const ckpt_header_t *a, const ckpt_header_t *b);
 
 /* Names inside a checkpoint root. */

@@ -98,7 +98,8 @@ static int ckpt_rank_prepare(fsdp_t *f, const ckpt_rank_meta_t *meta, ckpt_rank_
   h->strategy = (int32_t)meta->mesh.strategy, h->precision = (int32_t)meta->precision;
   h->model = *gpt_get_config(fsdp_model(f));
   h->min_params = meta->min_params, h->shard_total = l->shard_total, h->step = meta->step;
-  h->data_epoch = meta->data_epoch, h->data_index = meta->data_index;
+  FSDP_ASSERT(meta->sched.batch >= 1 && meta->sched.seq_len >= 1); /* a reader refuses less */
+  h->data_epoch = meta->data_epoch, h->data_window = meta->data_window, h->sched = meta->sched;
   h->adam_steps = adamw_step_count(st.opt), h->seed = meta->seed, h->run = meta->run;
   h->num_units = (uint32_t)l->num_units;
   h->num_sections = CKPT_SECTIONS;
@@ -279,7 +280,8 @@ int ckpt_rank_load(fsdp_t *f, const char *dir, ckpt_rank_meta_t *meta) {
   if (rc) goto out;
   const ckpt_header_t *h = &rd.h[0];
   adamw_set_step_count(st.opt, (int)h->adam_steps);
-  meta->step = h->step, meta->data_epoch = h->data_epoch, meta->data_index = h->data_index;
+  meta->step = h->step, meta->data_epoch = h->data_epoch, meta->data_window = h->data_window;
+  meta->sched = h->sched;
   meta->seed = h->seed, meta->min_params = h->min_params, meta->precision = (precision_t)h->precision;
   meta->mesh = (shard_mesh_t){h->replicas, h->shards, (shard_strategy_t)h->strategy};
 out:

@@ -26,7 +26,8 @@
 /* The run's state that goes with the shards. */
 typedef struct ckpt_rank_meta {
   int64_t step;
-  uint64_t data_epoch, data_index, seed;
+  uint64_t data_epoch, data_window, seed; /* data_window as ckpt_header_t's */
+  ckpt_sched_t sched;                      /* load: 0s from a version 1 or 2 checkpoint */
   shard_mesh_t mesh;
   precision_t precision;
   uint64_t min_params;

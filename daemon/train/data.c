@@ -26,8 +26,15 @@
  * Epoch order: the training windows are shuffled with Fisher-Yates, whose step i
  * draws from splitmix64 applied to a counter (key(seed, epoch) + i), so the
  * order of any epoch is computed from (seed, epoch) alone, without replaying
- * earlier epochs: a run resumed at (epoch, index) sees the batches it would
- * have seen. The permutation of the current epoch is kept (4 bytes a window)
+ * earlier epochs: a run resumed at (epoch, window) sees the windows it would
+ * have seen. A batch of B takes the next B windows of the order; the order
+ * does not depend on B, so the position (windows read) means the same under
+ * any batch size, and a batch of B after B' windows reads exactly the
+ * windows a run of batches of B' would read next. An epoch ends when fewer
+ * than B windows are left (nw mod B of them under one B all along): they
+ * are not read that epoch. Under the same B this is the batch-counting rule
+ * it replaced (batch k of an epoch at window k B, nw / B batches an epoch),
+ * window for window. The permutation of the current epoch is kept (4 bytes a window)
  * and rebuilt only when the epoch, seed or window count changes. */
 #include "data.h"
 
@@ -409,21 +416,22 @@ int data_next_rows(data_t *d, data_pos_t *pos, uint64_t seed, int B, int T, int 
   if (!rc) rc = data_check_batch(d, B, T, 0);
   if (rc) return rc;
   const size_t nw = data__windows(d->eval_start, T);
-  size_t per_epoch = nw / (size_t)B;
-  /* a position past the end of its epoch (e.g. saved with a smaller batch) starts the next */
-  if (pos->index >= per_epoch) {
+  /* fewer than B windows left (a position saved under a larger batch, or
+   * under another seq_len): they are not read this epoch, the next starts */
+  if (pos->window > nw - (size_t)B) {
     pos->epoch++;
-    pos->index = 0;
+    pos->window = 0;
   }
   if ((rc = data__permute(d, seed, pos->epoch, nw)) != FSDP_OK) return rc;
-  const uint32_t *win = d->perm + pos->index * (size_t)B + first;
+  const uint32_t *win = d->perm + pos->window + (size_t)first;
   for (int b = 0; b < count; b++)
     if ((rc = data__fill(d, (size_t)win[b] * (size_t)T, T, inputs + (size_t)b * T,
                          targets + (size_t)b * T)))
       return rc;
-  if (++pos->index >= per_epoch) {
+  pos->window += (uint64_t)B;
+  if (pos->window > nw - (size_t)B) { /* the same rule, so a saved position is never past it */
     pos->epoch++;
-    pos->index = 0;
+    pos->window = 0;
   }
   return FSDP_OK;
 }

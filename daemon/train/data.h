@@ -11,9 +11,13 @@
  *
  * The file is split into a training part and a held-out evaluation part (the
  * last eval_fraction of the tokens). Training batches are windows of T+1
- * tokens, taken in an order shuffled per epoch from a seed: the batch at a
- * position (epoch, index) is a pure function of (file, seed, B, T, position), so
- * a run resumes exactly where it stopped. */
+ * tokens, taken in an order shuffled per epoch from a seed (the order depends
+ * on (file, seed, T, epoch), never on the batch size B): a batch of B windows
+ * at a position (epoch, window) is the B windows of that order from window on,
+ * so a run resumes exactly where it stopped, under any B. An epoch ends when
+ * fewer than B windows of its order are left unread: those few are not read
+ * in that epoch (the next epoch's order is a new one, in which they may come
+ * anywhere). */
 #ifndef FSDP_DATA_H
 #define FSDP_DATA_H
 
@@ -26,10 +30,12 @@
 
 typedef struct data data_t;
 
-/* Where the next training batch starts: resumable. */
+/* Where the next training batch starts: resumable. It counts windows, not
+ * batches, so a run resumed with another batch size B goes on at the first
+ * window it has not read. */
 typedef struct data_pos {
-  uint64_t epoch; /* passes over the training split so far */
-  uint64_t index; /* next batch within the epoch */
+  uint64_t epoch;  /* passes over the training split so far */
+  uint64_t window; /* windows of the epoch's order read so far: the next batch starts there */
 } data_pos_t;
 
 /* Opens and validates path. vocab: token ids must be below it. eval_fraction in
@@ -47,8 +53,10 @@ size_t data_num_eval_tokens(const data_t *d);
  * batch; else an error naming the file and the fix. Open checks one
  * window; the run checks its global batch this way before its first step. */
 int data_check_batch(const data_t *d, int B, int T, int eval);
-/* Fills inputs and targets (B,T each) with the training batch at *pos and
- * advances *pos (to the next epoch when this one is used up). */
+/* Fills inputs and targets (B,T each) with the training batch at *pos (the
+ * B windows of the epoch's order from pos->window on; a position with fewer
+ * than B windows left starts the next epoch) and advances *pos by B windows
+ * (to the next epoch when fewer than B are left). */
 int data_next_batch(data_t *d, data_pos_t *pos, uint64_t seed, int B, int T, int32_t *inputs,
                     int32_t *targets);
 /* The same for rows [first, first + count) of that batch only (count,T

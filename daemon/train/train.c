@@ -244,6 +244,33 @@ static int train_run_id(train_t *t) {
   return FSDP_OK;
 }
 
+/* What the data position and the learning rate depend on besides the step,
+ * as this job has them: what a checkpoint records (ckpt_sched_t). */
+static ckpt_sched_t train_sched(const train_t *t) {
+  const config_t *c = &t->cfg;
+  return (ckpt_sched_t){c->batch * t->boot.world, c->seq_len, c->steps, c->warmup_steps, c->lr,
+                        c->min_lr_frac};
+}
+
+/* The data position to go on from, in this job's windows, from a
+ * checkpoint's (m). A version 1 or 2 checkpoint counts batches of a global
+ * batch it does not record: taken as this job's, and said. */
+static data_pos_t train_resume_pos(const train_t *t, const ckpt_rank_meta_t *m, const char *dir) {
+  const ckpt_sched_t now = train_sched(t), *was = &m->sched;
+  FILE *out = t->opts.out;
+  data_pos_t pos = {m->data_epoch, m->data_window};
+  if (!was->batch) {
+    pos.window = m->data_window * (uint64_t)now.batch;
+    if (out)
+      fprintf(out, "train: note: %s is an older checkpoint (shard version 1 or 2): its data "
+              "position counts batches and does not record their size; it is taken as this "
+              "job's global batch %d (batch x ranks), so if the run that wrote it had another, "
+              "windows of epoch %llu are repeated or skipped\n", dir, now.batch,
+              (unsigned long long)pos.epoch);
+  }
+  return pos;
+}
+
 static int train_resume(train_t *t) {
   const config_t *c = &t->cfg;
   int src = RESUME_NONE, rc = FSDP_OK;
@@ -282,12 +309,12 @@ static int train_resume(train_t *t) {
     return err_set(FSDP_EINVAL, "%s: %s is at step %lld, past this job's steps %d; "
                    "raise steps", key, dir, (long long)m.step, c->steps);
   t->step = t->first_step = (int)m.step;
-  t->pos = (data_pos_t){m.data_epoch, m.data_index};
   t->res.steps_done = t->step;
   if (t->opts.out)
     fprintf(t->opts.out, "train: resumed from %s at step %d (saved as %s %dx%d, %s)\n", dir,
             t->step, shard_strategy_name(m.mesh.strategy), m.mesh.replicas, m.mesh.shards,
             precision_name(m.precision));
+  t->pos = train_resume_pos(t, &m, dir);
   if (t->opts.out && c->resume_from[0] && src == RESUME_UNDER_OWN)
     fprintf(t->opts.out, "train: note: not resume_from %s: checkpoint_dir holds a later step, "
             "this job's own (a restarted or requeued job goes on from there); to start from "
@@ -381,8 +408,8 @@ static int train_checkpoint(train_t *t) {
   }
   precision_t prec;
   precision_parse(c->precision, &prec);
-  ckpt_rank_meta_t m = {t->step, t->pos.epoch, t->pos.index, c->seed, t->mesh, prec,
-                        (uint64_t)c->min_params, t->run};
+  ckpt_rank_meta_t m = {t->step, t->pos.epoch, t->pos.window, c->seed, train_sched(t), t->mesh,
+                        prec, (uint64_t)c->min_params, t->run};
   const double t0 = train_now();
   int rc;
   /* a shard holding NaN or Inf is not written (ckpt_rank_write checks it on

@@ -119,7 +119,8 @@ static int async_lost(fsdp_t *f, const char *dir, void *snap, size_t bytes, int 
   if (steps_s(f, in, tg) < 0) return -1; /* warm */
   for (int p = 0; p < PAIRS; p++) {
     const double alone = steps_s(f, in, tg);
-    ckpt_rank_meta_t meta = {.step = 1000 + p, .mesh = {1, 1, SHARD_FULL_SHARD}};
+    ckpt_rank_meta_t meta = {.step = 1000 + p, .mesh = {1, 1, SHARD_FULL_SHARD},
+                             .sched = {.batch = 1, .seq_len = 64, .steps = 2000, .lr = 3e-4f}};
     writer_t w = {.root = dir};
     const double t0 = bench_now_s();
     if (ckpt_rank_snapshot(f, &meta, snap, &w.img)) return -1;
@@ -222,7 +223,8 @@ int main(void) {
   char *buf = malloc(bytes);
   if (!buf) return 1;
   memset(buf, 0x5a, bytes); /* touched: the page cache is what is measured, not faults */
-  ckpt_rank_meta_t meta = {.mesh = o.mesh, .precision = PRECISION_FP32};
+  ckpt_rank_meta_t meta = {.mesh = o.mesh, .precision = PRECISION_FP32,
+                           .sched = {.batch = 1, .seq_len = 64, .steps = 1000, .lr = 3e-4f}};
   double best_disk = 1e30, best_ckpt = 1e30;
   uint64_t ckpt_bytes = 0;
   int rc = 0;

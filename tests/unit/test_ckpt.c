@@ -11,6 +11,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,7 @@
 #include "daemon/common/err.h"
 #include "daemon/job/ckpt.h"
 #include "daemon/job/config.h"
+#include "daemon/train/data.h"
 #include "daemon/train/gpt.h"
 #include "kernels/kern_math.h"
 #include "kernels/kern.h"
@@ -111,8 +113,10 @@ static void header_of(ckpt_header_t *h, shard_layout_t **lay) {
   memset(h, 0, sizeof *h);
   h->shard_rank = 2, h->shards = 3, h->replicas = 2, h->strategy = SHARD_HYBRID_SHARD;
   h->precision = 1, h->model = cfg, h->shard_total = (*lay)->shard_total, h->step = 77;
-  h->data_epoch = 3, h->data_index = 12345, h->adam_steps = 77, h->seed = 0xfeedULL;
+  h->data_epoch = 3, h->data_window = 12345, h->adam_steps = 77, h->seed = 0xfeedULL;
   h->run = 0x5eed5eedULL;
+  h->sched = (ckpt_sched_t){.batch = 8, .seq_len = 64, .steps = 300, .warmup_steps = 20,
+                            .lr = 3e-3f, .min_lr_frac = 0.1f};
   h->num_units = (uint32_t)(*lay)->num_units;
   h->units = malloc(h->num_units * sizeof *h->units);
   memcpy(h->units, (*lay)->units, h->num_units * sizeof *h->units);
@@ -136,7 +140,8 @@ Test(ckpt, header_round_trip_and_every_changed_byte_is_refused) {
   cr_assert_eq(ckpt_header_encode(&h, &p), 0);
   cr_assert_eq(ckpt_header_decode(p, h.header_bytes, "t", &d), 0, "%s", err_msg());
   cr_assert(d.shard_rank == 2 && d.shards == 3 && d.replicas == 2 && d.step == 77 &&
-            d.data_epoch == 3 && d.data_index == 12345 && d.adam_steps == 77 &&
+            d.data_epoch == 3 && d.data_window == 12345 && d.adam_steps == 77 &&
+            !memcmp(&d.sched, &h.sched, sizeof d.sched) &&
             d.seed == 0xfeedULL && d.run == 0x5eed5eedULL && d.num_units == h.num_units &&
             d.sum == h.sum &&
             !memcmp(&d.model, &h.model, sizeof d.model));
@@ -219,6 +224,94 @@ Test(ckpt, resume_is_exact, .timeout = 120) {
     free(fa), free(fb);
   }
   free(a), free(b);
+}
+
+/* The data position and global batch a checkpoint's shard 0 records. */
+static data_pos_t ckpt_pos(const char *root, int step, int shards, int *batch) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/step-%08d/shard-00000-of-%05d.fsdp", root, step, shards);
+  int fd = open(path, O_RDONLY);
+  cr_assert_geq(fd, 0, "%s", path);
+  ckpt_header_t h;
+  cr_assert_eq(ckpt_header_read(fd, path, &h), 0, "%s", err_msg());
+  close(fd);
+  data_pos_t pos = {h.data_epoch, h.data_window};
+  *batch = h.sched.batch;
+  ckpt_header_free(&h);
+  return pos;
+}
+
+/* A run of 4 ranks x batch 2 (global batch 8) checkpointed at step 2 goes
+ * on under 2 ranks x batch 4 (the same global batch) and under 2 ranks x
+ * batch 2 (4) at the first window it has not read. Each checkpoint after
+ * the resume records the position a walk of the data API from a fresh
+ * position gives (2 batches of 8, then batches of the new size), and the
+ * windows that walk reads are the uninterrupted order's next ones (read one
+ * window at a time from a fresh position): no window repeated or skipped.
+ * Under the same global batch the losses are the uninterrupted run's. */
+Test(ckpt, a_resume_under_another_global_batch_reads_the_next_unread_windows, .timeout = 180) {
+  enum { T = 32, K = 2, STEPS = 4 };
+  static char out_a[1 << 17], out[1 << 17];
+  char *a = mkdir_tmp("regrid-a"), args[4096], from[4200];
+  snprintf(args, sizeof args, "--steps %d --batch 2 --checkpoint_dir %s --checkpoint_every 1 "
+           "--keep_checkpoints 0", STEPS, a);
+  launch(4, args, 0, out_a, sizeof out_a);
+  snprintf(from, sizeof from, "%s/step-%08d", a, K);
+  config_t c;
+  config_default(&c);
+  data_t *d;
+  cr_assert_eq(data_open(&d, data_file(), 256, c.eval_fraction, T), FSDP_OK, "%s", err_msg());
+  enum { MAXW = K * 8 + (STEPS - K) * 8 };
+  static int32_t order[MAXW * T], in[8 * T], tg[8 * T];
+  data_pos_t one = {0, 0};
+  for (int w = 0; w < MAXW; w++)
+    cr_assert_eq(data_next_batch(d, &one, c.seed, 1, T, order + (size_t)w * T, tg), FSDP_OK);
+  int batch;
+  data_pos_t saved = {0, 0};
+  for (int k = 0; k < K; k++)
+    cr_assert_eq(data_next_batch(d, &saved, c.seed, 8, T, in, tg), FSDP_OK, "%s", err_msg());
+  data_pos_t at = ckpt_pos(a, K, 4, &batch);
+  cr_assert(at.epoch == saved.epoch && at.window == saved.window && batch == 8,
+            "step %d of 4 x 2 records (%llu, %llu), batch %d", K,
+            (unsigned long long)at.epoch, (unsigned long long)at.window, batch);
+  const struct { int ranks, batch; } then[] = {{2, 4}, {2, 2}};
+  for (size_t i = 0; i < sizeof then / sizeof *then; i++) {
+    const int B = then[i].ranks * then[i].batch;
+    char *dir = tu_path(i ? "regrid-c" : "regrid-b");
+    cr_assert_eq(mkdir(dir, 0755), 0);
+    snprintf(args, sizeof args, "--steps %d --batch %d --checkpoint_dir %s --checkpoint_every 1 "
+             "--keep_checkpoints 0 --resume_from %s", STEPS, then[i].batch, dir, from);
+    launch(then[i].ranks, args, 0, out, sizeof out);
+    cr_assert_not_null(strstr(out, "resumed from"), "%s", out);
+    data_pos_t pos = saved;
+    size_t read = (size_t)K * 8;
+    for (int s = K + 1; s <= STEPS; s++) {
+      cr_assert_eq(data_next_batch(d, &pos, c.seed, B, T, in, tg), FSDP_OK, "%s", err_msg());
+      cr_assert_eq(memcmp(in, order + read * T, (size_t)B * T * sizeof *in), 0,
+                   "%d ranks x batch %d, step %d: not the next unread windows", then[i].ranks,
+                   then[i].batch, s);
+      read += (size_t)B;
+      at = ckpt_pos(dir, s, then[i].ranks, &batch);
+      cr_assert(at.epoch == pos.epoch && at.window == pos.window && batch == B,
+                "%d ranks x batch %d, step %d records (%llu, %llu), batch %d; the data API "
+                "says (%llu, %llu)", then[i].ranks, then[i].batch, s,
+                (unsigned long long)at.epoch, (unsigned long long)at.window, batch,
+                (unsigned long long)pos.epoch, (unsigned long long)pos.window);
+      if (B == 8) { /* the same batches: the same losses, within the sums' order */
+        float la, lb;
+        char key[64];
+        snprintf(key, sizeof key, "[rank 0] step %5d/%d | loss", s, STEPS);
+        const char *pa = strstr(out_a, key), *pb = strstr(out, key);
+        cr_assert(pa && pb, "no line for step %d", s);
+        cr_assert_eq(sscanf(pa + strlen(key), "%f", &la), 1);
+        cr_assert_eq(sscanf(pb + strlen(key), "%f", &lb), 1);
+        cr_assert_leq(fabsf(la - lb), 1e-4f, "step %d: loss %f, uninterrupted %f", s, lb, la);
+      }
+    }
+    free(dir);
+  }
+  data_close(d);
+  free(a);
 }
 
 /* ---- reshard ---------------------------------------------------------------- */

@@ -446,7 +446,7 @@ Test(data, a_ranks_rows_are_its_rows_of_the_global_batch) {
     cr_assert_eq(data_next_batch(d, &whole, 3, B, T, in, tg), FSDP_OK, "%s", err_msg());
     const int first = k % 5;
     cr_assert_eq(data_next_rows(d, &rows, 3, B, T, first, 2, rin, rtg), FSDP_OK, "%s", err_msg());
-    cr_assert(whole.epoch == rows.epoch && whole.index == rows.index, "batch %d", k);
+    cr_assert(whole.epoch == rows.epoch && whole.window == rows.window, "batch %d", k);
     cr_assert_eq(memcmp(rin, in + first * T, sizeof rin), 0, "batch %d rows %d..", k, first);
     cr_assert_eq(memcmp(rtg, tg + first * T, sizeof rtg), 0, "batch %d rows %d..", k, first);
   }
@@ -475,7 +475,7 @@ Test(data, batches_deterministic_per_seed) {
   cr_assert_eq(memcmp(a, b, sz * 4), 0, "same seed and position, different batches");
   cr_assert_eq(memcmp(at, bt, sz * 4), 0);
   cr_assert_eq(pa.epoch, pb.epoch);
-  cr_assert_eq(pa.index, pb.index);
+  cr_assert_eq(pa.window, pb.window);
   /* another seed gives another order */
   data_pos_t pc = {3, 7};
   run_batches(d2, &pc, 1235, B, T, nb, b, bt);
@@ -504,14 +504,14 @@ Test(data, resume_equals_continuous_run) {
   }
   data_close(d);
   cr_assert_eq(saved.epoch, 1); /* 17 = 10 + 7: the resume lands mid-epoch and */
-  cr_assert_eq(saved.index, 7); /* the run after it crosses two epoch boundaries */
+  cr_assert_eq(saved.window, 7 * 3); /* the run after it crosses two epoch boundaries */
   /* a new process: fresh handle, only the saved position */
   cr_assert_eq(data_open(&d, p, 65536, 0, T), FSDP_OK, "%s", err_msg());
   run_batches(d, &saved, 99, B, T, nb - k, b, bt);
   cr_assert_eq(memcmp(a + k * bsz, b, (size_t)(nb - k) * bsz * 4), 0);
   cr_assert_eq(memcmp(at + k * bsz, bt, (size_t)(nb - k) * bsz * 4), 0);
   cr_assert_eq(saved.epoch, pos.epoch);
-  cr_assert_eq(saved.index, pos.index);
+  cr_assert_eq(saved.window, pos.window);
   free(a), free(at), free(b), free(bt);
   data_close(d);
   free(p);
@@ -535,7 +535,7 @@ static void check_epochs(int B, int nwin) {
     memset(count, 0, (size_t)nwin * sizeof *count);
     for (int k = 0; k < per_epoch; k++) {
       cr_assert_eq(pos.epoch, e);
-      cr_assert_eq(pos.index, (uint64_t)k);
+      cr_assert_eq(pos.window, (uint64_t)k * B, "the position counts windows");
       cr_assert_eq(data_next_batch(d, &pos, 5, B, T, in, tg), FSDP_OK, "%s", err_msg());
       for (int b = 0; b < B; b++) {
         int w = in[b * T] / T;
@@ -547,7 +547,7 @@ static void check_epochs(int B, int nwin) {
     }
     /* the epoch is used up: the position moved to the next one */
     cr_assert_eq(pos.epoch, e + 1);
-    cr_assert_eq(pos.index, 0);
+    cr_assert_eq(pos.window, 0);
     int used = 0;
     for (int w = 0; w < nwin; w++) {
       cr_assert_leq(count[w], 1, "window %d used %d times in epoch %llu", w, count[w],
@@ -566,6 +566,95 @@ Test(data, epoch_covers_every_window_once) { check_epochs(1, 37); }
 Test(data, epoch_covers_whole_batches_once) { check_epochs(4, 37); }
 Test(data, epoch_batch_divides_windows) { check_epochs(5, 40); }
 
+/* The windows (their first token / T) of nb batches of B from *pos, rows
+ * [first, first + count) of each, appended to w at *n. */
+static void batch_windows(data_t *d, data_pos_t *pos, int B, int first, int count, int nb,
+                          int *w, int *n) {
+  enum { T = 8 };
+  int32_t in[8 * T], tg[8 * T];
+  cr_assert_leq(count, 8);
+  for (int k = 0; k < nb; k++) {
+    cr_assert_eq(data_next_rows(d, pos, 21, B, T, first, count, in, tg), FSDP_OK, "%s", err_msg());
+    for (int b = 0; b < count; b++) w[(*n)++] = in[b * T] / T;
+  }
+}
+
+/* A run of 4 ranks x batch 2 (global batch 8) that stops after 3 batches
+ * goes on under 2 ranks x batch 4 (8), 3 x 2 (6) and 2 x 2 (4), each rank
+ * reading its rows: the windows read from the saved position on are the
+ * next unread windows of the order, the ones reading one window at a time
+ * from a fresh position gives, with no repeat and no gap, through the
+ * epoch's end and on into the next epoch (48 windows: every batch size
+ * here divides it, so no epoch leaves windows unread). */
+Test(data, a_resume_under_another_global_batch_reads_the_next_unread_windows) {
+  enum { T = 8, NW = 48, K = 3, AFTER = 2 * NW - K * 8 };
+  char *p = make_seq_file("regrid.bin", (size_t)NW * T + 1);
+  data_t *d = NULL;
+  cr_assert_eq(data_open(&d, p, 65536, 0, T), FSDP_OK, "%s", err_msg());
+  int order[2 * NW], n = 0;
+  data_pos_t one = {0, 0};
+  batch_windows(d, &one, 1, 0, 1, 2 * NW, order, &n); /* two epochs, a window at a time */
+  data_pos_t saved = {0, 0};
+  int before[K * 8];
+  n = 0;
+  for (int k = 0; k < K; k++) { /* the first run: rank r reads rows 2r, 2r + 1 */
+    data_pos_t at = saved;
+    for (int r = 0; r < 4; r++) {
+      at = saved;
+      batch_windows(d, &at, 8, 2 * r, 2, 1, before, &n);
+    }
+    saved = at;
+  }
+  cr_assert_eq(memcmp(before, order, sizeof before), 0, "the first run reads the order");
+  const struct { int ranks, batch; } then[] = {{2, 4}, {3, 2}, {2, 2}};
+  for (size_t i = 0; i < sizeof then / sizeof *then; i++) {
+    const int B = then[i].ranks * then[i].batch;
+    int after[AFTER];
+    data_pos_t pos = saved;
+    n = 0;
+    for (int k = 0; k < AFTER / B; k++) {
+      data_pos_t at = pos;
+      for (int r = 0; r < then[i].ranks; r++) {
+        at = pos;
+        batch_windows(d, &at, B, r * then[i].batch, then[i].batch, 1, after, &n);
+      }
+      pos = at;
+    }
+    cr_assert_eq(n, AFTER);
+    for (int w = 0; w < AFTER; w++)
+      cr_assert_eq(after[w], order[K * 8 + w], "%d ranks x batch %d: window %d read after the "
+                   "resume is %d, the order's next unread one is %d", then[i].ranks,
+                   then[i].batch, w, after[w], order[K * 8 + w]);
+    cr_assert(pos.epoch == 2 && pos.window == 0, "%d ranks x batch %d: ends at (%llu, %llu)",
+              then[i].ranks, then[i].batch, (unsigned long long)pos.epoch,
+              (unsigned long long)pos.window);
+  }
+  data_close(d);
+  free(p);
+}
+
+/* An epoch ends when fewer windows than a batch are left: a position saved
+ * under a smaller batch, with fewer left than the new batch takes, starts
+ * the next epoch, the same way as a run of that batch all along would. */
+Test(data, an_epochs_last_windows_short_of_a_batch_are_not_read) {
+  enum { T = 4, NW = 10 };
+  char *p = make_seq_file("short.bin", (size_t)NW * T + 1);
+  data_t *d = NULL;
+  cr_assert_eq(data_open(&d, p, 65536, 0, T), FSDP_OK, "%s", err_msg());
+  int32_t a[4 * T], at[4 * T], b[4 * T], bt[4 * T];
+  data_pos_t pos = {0, 0};
+  for (int k = 0; k < 2; k++) /* 8 of 10 windows read by batches of 4: 2 left */
+    cr_assert_eq(data_next_batch(d, &pos, 8, 4, T, a, at), FSDP_OK, "%s", err_msg());
+  cr_assert(pos.epoch == 1 && pos.window == 0, "2 windows left, fewer than a batch of 4");
+  data_pos_t mid = {0, 7}, next = {1, 0}; /* 3 left under batches of 1; a batch of 4 needs 4 */
+  cr_assert_eq(data_next_batch(d, &mid, 8, 4, T, a, at), FSDP_OK, "%s", err_msg());
+  cr_assert_eq(data_next_batch(d, &next, 8, 4, T, b, bt), FSDP_OK, "%s", err_msg());
+  cr_assert_eq(memcmp(a, b, sizeof a), 0);
+  cr_assert(mid.epoch == 1 && mid.window == 4);
+  data_close(d);
+  free(p);
+}
+
 Test(data, position_past_epoch_end_starts_next_epoch) {
   int B = 2, T = 4;
   char *p = make_seq_file("past.bin", 41); /* 10 windows, 5 batches an epoch */
@@ -577,7 +666,7 @@ Test(data, position_past_epoch_end_starts_next_epoch) {
   cr_assert_eq(data_next_batch(d, &next, 8, B, T, b, bt), FSDP_OK, "%s", err_msg());
   cr_assert_eq(memcmp(a, b, sizeof a), 0);
   cr_assert_eq(late.epoch, 3);
-  cr_assert_eq(late.index, 1);
+  cr_assert_eq(late.window, 2);
   data_close(d);
   free(p);
 }

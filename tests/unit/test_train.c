@@ -156,7 +156,7 @@ Test(train, step_api_reports_every_step) {
     cr_assert_geq(m->mem.total_peak, m->mem.total_cur);
     train_state(t, &st);
     cr_assert_eq(st.step, s);
-    cr_assert(st.data.epoch == 0 && st.data.index == (uint64_t)(2 * s), "two micro-batches a step (%d)", s);
+    cr_assert(st.data.epoch == 0 && st.data.window == (uint64_t)(2 * 2 * s), "two micro-batches of 2 windows a step (%d)", s);
   }
   cr_assert_eq(train_step(t), FSDP_EINVAL, "no step after the last");
   cr_assert_eq(train_finish(t), 0, "%s", err_msg());
