@@ -253,8 +253,9 @@ static ckpt_sched_t train_sched(const train_t *t) {
 }
 
 /* The data position to go on from, in this job's windows, from a
- * checkpoint's (m). A version 1 or 2 checkpoint counts batches of a global
- * batch it does not record: taken as this job's, and said. */
+ * checkpoint's (m); rank 0 says what a changed global batch, seq_len or
+ * schedule means for the run. A version 1 or 2 checkpoint counts batches of
+ * a global batch it does not record: taken as this job's. */
 static data_pos_t train_resume_pos(const train_t *t, const ckpt_rank_meta_t *m, const char *dir) {
   const ckpt_sched_t now = train_sched(t), *was = &m->sched;
   FILE *out = t->opts.out;
@@ -267,6 +268,50 @@ static data_pos_t train_resume_pos(const train_t *t, const ckpt_rank_meta_t *m, 
               "job's global batch %d (batch x ranks), so if the run that wrote it had another, "
               "windows of epoch %llu are repeated or skipped\n", dir, now.batch,
               (unsigned long long)pos.epoch);
+    return pos;
+  }
+  if (was->seq_len != now.seq_len) {
+    /* windows of another length are other windows, in another order: go on
+     * at the same token offset into the epoch, rounded down */
+    pos.window = m->data_window * (uint64_t)was->seq_len / (uint64_t)now.seq_len;
+    if (out)
+      fprintf(out, "train: note: seq_len %d -> %d: the epoch's order is over windows of %d "
+              "tokens now, a new order of other windows; the data continues at the same share "
+              "of epoch %llu (%llu windows of %d tokens read: window %llu of %d tokens), not at "
+              "the windows the checkpoint's run would have read next\n", was->seq_len,
+              now.seq_len, now.seq_len, (unsigned long long)pos.epoch,
+              (unsigned long long)m->data_window, was->seq_len,
+              (unsigned long long)pos.window, now.seq_len);
+  } else if (was->batch != now.batch && out) {
+    fprintf(out, "train: note: global batch %d -> %d (batch x ranks): the data continues at the "
+            "next unread window of epoch %llu's order (window %llu), the windows the "
+            "checkpoint's run would have read next, %d a batch; the epoch ends when fewer than "
+            "%d are left\n", was->batch, now.batch, (unsigned long long)pos.epoch,
+            (unsigned long long)pos.window, now.batch, now.batch);
+  }
+  if (out && (was->lr != now.lr || was->min_lr_frac != now.min_lr_frac ||
+              was->steps != now.steps || was->warmup_steps != now.warmup_steps)) {
+    char what[256] = "";
+    size_t n = 0;
+    if (was->lr != now.lr)
+      n += (size_t)snprintf(what + n, sizeof what - n, ", lr %g -> %g", (double)was->lr,
+                            (double)now.lr);
+    if (was->min_lr_frac != now.min_lr_frac && n < sizeof what)
+      n += (size_t)snprintf(what + n, sizeof what - n, ", min_lr_frac %g -> %g",
+                            (double)was->min_lr_frac, (double)now.min_lr_frac);
+    if (was->steps != now.steps && n < sizeof what)
+      n += (size_t)snprintf(what + n, sizeof what - n, ", steps %d -> %d", was->steps, now.steps);
+    if (was->warmup_steps != now.warmup_steps && n < sizeof what)
+      snprintf(what + n, sizeof what - n, ", warmup_steps %d -> %d", was->warmup_steps,
+               now.warmup_steps);
+    config_t old = t->cfg;
+    old.lr = was->lr, old.min_lr_frac = was->min_lr_frac, old.steps = was->steps;
+    old.warmup_steps = was->warmup_steps;
+    const int s = (int)m->step;
+    fprintf(out, "train: note: the learning-rate schedule changed (%s): step %d goes on at this "
+            "job's rate for it, %g (the checkpoint's run would have used %g), and the curve "
+            "is this job's from there on\n", what + 2, s + 1, (double)train_lr(&t->cfg, s),
+            (double)train_lr(&old, s));
   }
   return pos;
 }

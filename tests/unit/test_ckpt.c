@@ -283,6 +283,11 @@ Test(ckpt, a_resume_under_another_global_batch_reads_the_next_unread_windows, .t
              "--keep_checkpoints 0 --resume_from %s", STEPS, then[i].batch, dir, from);
     launch(then[i].ranks, args, 0, out, sizeof out);
     cr_assert_not_null(strstr(out, "resumed from"), "%s", out);
+    if (B != 8) {
+      char note[128];
+      snprintf(note, sizeof note, "global batch 8 -> %d (batch x ranks)", B);
+      cr_assert_not_null(strstr(out, note), "no note on the changed batch:\n%s", out);
+    }
     data_pos_t pos = saved;
     size_t read = (size_t)K * 8;
     for (int s = K + 1; s <= STEPS; s++) {
@@ -312,6 +317,38 @@ Test(ckpt, a_resume_under_another_global_batch_reads_the_next_unread_windows, .t
   }
   data_close(d);
   free(a);
+}
+
+/* A resume under another seq_len cannot keep the order (its windows are
+ * others): it goes on at the same token offset into the epoch, in the order
+ * of the new windows, and says so; another steps or lr is said as a changed
+ * learning-rate curve. Nothing is said when nothing changed. */
+Test(ckpt, a_resume_under_another_seq_len_or_schedule_says_what_it_means, .timeout = 120) {
+  static char out[1 << 17];
+  char *a = mkdir_tmp("reseq-a"), *b = mkdir_tmp("reseq-b"), args[4096];
+  snprintf(args, sizeof args, "--steps 4 --batch 2 --checkpoint_dir %s --checkpoint_every 2", a);
+  launch(2, args, 0, out, sizeof out);
+  snprintf(args, sizeof args, "--steps 6 --batch 2 --seq_len 16 --lr 1e-3 --checkpoint_dir %s "
+           "--checkpoint_every 3 --resume_from %s/step-00000002", b, a);
+  launch(2, args, 0, out, sizeof out);
+  cr_assert_not_null(strstr(out, "train: note: seq_len 32 -> 16: "), "%s", out);
+  cr_assert_not_null(strstr(out, "the data continues at the same share of epoch 0 (8 windows "
+                            "of 32 tokens read: window 16 of 16 tokens)"), "%s", out);
+  cr_assert_not_null(strstr(out, "the learning-rate schedule changed (lr 0.003 -> 0.001, "
+                            "steps 4 -> 6): step 3 goes on at this job's rate"), "%s", out);
+  cr_assert_null(strstr(out, "global batch"), "the global batch did not change:\n%s", out);
+  int batch;
+  data_pos_t at = ckpt_pos(b, 3, 2, &batch); /* step 3: one batch of 4 after window 16 */
+  cr_assert(at.epoch == 0 && at.window == 20 && batch == 4, "(%llu, %llu), batch %d",
+            (unsigned long long)at.epoch, (unsigned long long)at.window, batch);
+  /* and unchanged, nothing is said */
+  snprintf(args, sizeof args, "--steps 4 --batch 2 --resume_from %s/step-00000002", a);
+  launch(2, args, 0, out, sizeof out);
+  cr_assert_not_null(strstr(out, "resumed from"), "%s", out);
+  cr_assert_null(strstr(out, "train: note: seq_len"), "%s", out);
+  cr_assert_null(strstr(out, "learning-rate schedule changed"), "%s", out);
+  cr_assert_null(strstr(out, "global batch"), "%s", out);
+  free(a), free(b);
 }
 
 /* ---- reshard ---------------------------------------------------------------- */
