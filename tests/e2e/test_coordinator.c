@@ -510,6 +510,17 @@ static int collect(const node_t *n, const char *job, int want, Fsdp__V1__Heartbe
   return got;
 }
 
+/* Rank statuses of job's attempt 1, ranks 0 and 1, at step (RUNNING). */
+static void running_ranks(Fsdp__V1__RankStatus rs[2], Fsdp__V1__RankStatus *rp[2], const char *job,
+                          int64_t step) {
+  for (int k = 0; k < 2; k++) {
+    fsdp__v1__rank_status__init(&rs[k]);
+    rs[k].job_id = (char *)job, rs[k].attempt = 1, rs[k].rank = (uint32_t)k, rs[k].step = step;
+    rs[k].state = FSDP__V1__RANK_STATE__RANK_STATE_RUNNING;
+    rp[k] = &rs[k];
+  }
+}
+
 Test(coordinator, three_jobs_on_four_devices_two_run_the_third_waits_then_runs) {
   char d[600];
   data_opt(d, sizeof d);
@@ -634,12 +645,7 @@ Test(coordinator, a_restarted_coordinator_keeps_the_running_job_and_fences_old_e
   cr_assert_eq(collect(&n, id, 2, NULL), 2);
   /* the ranks run: the node reports them */
   Fsdp__V1__RankStatus rs[2], *rp[2];
-  for (int k = 0; k < 2; k++) {
-    fsdp__v1__rank_status__init(&rs[k]);
-    rs[k].job_id = id, rs[k].attempt = 1, rs[k].rank = (uint32_t)k, rs[k].step = 3;
-    rs[k].state = FSDP__V1__RANK_STATE__RANK_STATE_RUNNING;
-    rp[k] = &rs[k];
-  }
+  running_ranks(rs, rp, id, 3);
   protobuf_c_message_free_unpacked(&heartbeat(&n, rp, 2)->base, NULL);
   Fsdp__V1__GetJobReply *g = get_job(id);
   cr_expect_eq(g->job->step, 3);
@@ -900,12 +906,7 @@ Test(coordinator, an_attempt_failed_twice_keeps_its_first_failure) {
   reply_free(r);
   cr_assert_eq(collect(&n, id, 2, NULL), 2);
   Fsdp__V1__RankStatus st[2], *sp[2];
-  for (int k = 0; k < 2; k++) {
-    fsdp__v1__rank_status__init(&st[k]);
-    st[k].job_id = id, st[k].attempt = 1, st[k].rank = (uint32_t)k, st[k].step = 1;
-    st[k].state = FSDP__V1__RANK_STATE__RANK_STATE_RUNNING;
-    sp[k] = &st[k];
-  }
+  running_ranks(st, sp, id, 1);
   reply_free(heartbeat(&n, sp, 2));
   /* drained, so the job waits to restart (and says after what) instead of
    * being placed again at once */
@@ -961,12 +962,7 @@ Test(coordinator, an_exited_ranks_step_is_the_one_its_exit_report_gives) {
   cr_assert_eq(submit(2, kv, id, sizeof id), 0, "%s", err_msg());
   cr_assert_eq(collect(&n, id, 2, NULL), 2);
   Fsdp__V1__RankStatus st[2], *sp[2];
-  for (int k = 0; k < 2; k++) {
-    fsdp__v1__rank_status__init(&st[k]);
-    st[k].job_id = id, st[k].attempt = 1, st[k].rank = (uint32_t)k, st[k].step = 3, st[k].loss = 4.5f;
-    st[k].state = FSDP__V1__RANK_STATE__RANK_STATE_RUNNING;
-    sp[k] = &st[k];
-  }
+  running_ranks(st, sp, id, 3);
   reply_free(heartbeat(&n, sp, 2));
   Fsdp__V1__RankStatus last = FSDP__V1__RANK_STATUS__INIT;
   last.job_id = id, last.attempt = 1, last.rank = 0, last.step = 5, last.loss = 2.5f;
@@ -1349,12 +1345,7 @@ Test(coordinator, checkpoints_commit_abort_retain_and_survive_a_restart, .timeou
   co_start(db, "127.0.0.1:0", "--checkpoint-timeout-ms 1500");
   client_for(&co, NULL);
   Fsdp__V1__RankStatus rs[2], *rp[2];
-  for (int k = 0; k < 2; k++) {
-    fsdp__v1__rank_status__init(&rs[k]);
-    rs[k].job_id = id, rs[k].attempt = 1, rs[k].rank = (uint32_t)k, rs[k].step = 20;
-    rs[k].state = FSDP__V1__RANK_STATE__RANK_STATE_RUNNING;
-    rp[k] = &rs[k];
-  }
+  running_ranks(rs, rp, id, 20);
   node_register(&n, "solo", 2, 8ull << 30, rp, 2);
   cr_expect_eq(ckpt_state(id, 20, NULL, 0), CK_OPEN, "the open checkpoint survived the restart");
   write_shard(ck, 20, 1, 2, path, sizeof path, &bytes, sum, sizeof sum);
@@ -2475,16 +2466,6 @@ static void co_start_metrics(const char *extra) {
   cr_assert_gt(co.metrics_port, 0);
 }
 
-/* Rank statuses of job's attempt 1, ranks 0 and 1, at step (RUNNING). */
-static void running_ranks(Fsdp__V1__RankStatus rs[2], Fsdp__V1__RankStatus *rp[2], const char *job,
-                          int64_t step) {
-  for (int k = 0; k < 2; k++) {
-    fsdp__v1__rank_status__init(&rs[k]);
-    rs[k].job_id = (char *)job, rs[k].attempt = 1, rs[k].rank = (uint32_t)k, rs[k].step = step;
-    rs[k].state = FSDP__V1__RANK_STATE__RANK_STATE_RUNNING;
-    rp[k] = &rs[k];
-  }
-}
 
 /* A node that stops heartbeating is declared dead, and /metrics counts it
  * so (fsdpctl nodes says DEAD); one that registers again is alive again. */
