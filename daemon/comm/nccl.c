@@ -196,7 +196,15 @@ static ncclDataType_t nccl_dtype(comm_dtype_t dt) {
   return dt == COMM_BF16 ? ncclBfloat16 : ncclFloat32;
 }
 
-static ncclRedOp_t nccl_redop(comm_redop_t r) { return r == COMM_AVG ? ncclAvg : ncclSum; }
+/* The NCCL operation of redop r on c. On a communicator of one rank an
+ * average is the sum (a copy), and it is asked for as one: NCCL 2.28's
+ * one-rank kernel for ncclAvg (oneRankReduce, a pre-multiplied sum) splits
+ * the count into equal 16-byte-aligned block segments rounded down, and leaves
+ * the last count % blocks elements unwritten (seen on an H200: of 2^24 + 3
+ * floats, the last 3 kept the receive buffer's old bytes; test_nccl's BIG). */
+static ncclRedOp_t nccl_redop(const nccl_t *c, comm_redop_t r) {
+  return r == COMM_AVG && c->base.size > 1 ? ncclAvg : ncclSum;
+}
 
 /* "all_reduce #3 (bf16 count=1025 avg)", for messages. */
 static void nccl_sig(char *buf, size_t n, const nccl_req_t *q) {
@@ -477,10 +485,10 @@ static ncclResult_t nccl_enqueue_locked(nccl_t *c, const comm_args_t *a) {
     case COMM_OP_ALL_GATHER:
       return ncclAllGather(a->send, a->recv, a->count, dt, c->nc, c->stream);
     case COMM_OP_REDUCE_SCATTER:
-      return ncclReduceScatter(a->send, a->recv, a->count, dt, nccl_redop(a->redop), c->nc,
+      return ncclReduceScatter(a->send, a->recv, a->count, dt, nccl_redop(c, a->redop), c->nc,
                                c->stream);
     case COMM_OP_ALL_REDUCE:
-      return ncclAllReduce(a->send, a->recv, a->count, dt, nccl_redop(a->redop), c->nc,
+      return ncclAllReduce(a->send, a->recv, a->count, dt, nccl_redop(c, a->redop), c->nc,
                            c->stream);
     case COMM_OP_BROADCAST:
       return ncclBroadcast(a->recv, a->recv, a->count, dt, a->root, c->nc, c->stream);

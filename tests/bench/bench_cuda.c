@@ -93,7 +93,7 @@ int main(int argc, char **argv) {
   snprintf(c.device, sizeof c.device, "cuda");
   snprintf(c.precision, sizeof c.precision, "%s", prec);
   c.batch = B, c.seq_len = T, c.steps = steps + 2, c.warmup_steps = 2;
-  c.eval_every = 0, c.eval_batches = 1, c.eval_fraction = 0.01, c.sample_tokens = 0;
+  c.eval_every = 0, c.eval_fraction = 0, c.sample_tokens = 0; /* no evaluation */
   if (config_resolve(&c)) {
     fprintf(stderr, "bench_cuda: %s\n", err_msg());
     return 2;

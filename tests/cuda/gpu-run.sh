@@ -2,7 +2,8 @@
 # Runs the GPU checks packed by tests/cuda/gpu-pack.sh, on the GPU machine,
 # from the project's root: each one's output goes to stdout and, when OUT is
 # set (the device tool), to $OUT/<check>.log. Exit status: the first failure's.
-# GPU_CHECKS names the checks (default: all); GPU_BENCH=1 then runs
+# GPU_CHECKS names the checks (default: all), GPU_TIMEOUT bounds each
+# (seconds, default 300) and GPU_BENCH_TIMEOUT each bench run; GPU_BENCH=1 then runs
 # bench_cuda (make bench-cuda's runs; BENCH_CUDA_B124, BENCH_CUDA_B774,
 # BENCH_CUDA_STEPS as there, and gpt2-124m again with attention by products,
 # FSDP_CUDA_ATTN_GEMM=1, to compare with the fused kernel).
@@ -22,9 +23,9 @@ status=0
 for t in ${GPU_CHECKS-kern_math_gpu kern_math_gpu_nofmad test_cuda_kernels test_nccl test_cuda_train}; do
   echo "== $t"
   if [ -n "${OUT:-}" ]; then
-    timeout 300 .gpu/tests/$t >"$OUT/$t.log" 2>&1; rc=$?; tail -n 60 "$OUT/$t.log"
+    timeout ${GPU_TIMEOUT:-300} .gpu/tests/$t >"$OUT/$t.log" 2>&1; rc=$?; tail -n 60 "$OUT/$t.log"
   else
-    timeout 300 .gpu/tests/$t; rc=$?
+    timeout ${GPU_TIMEOUT:-300} .gpu/tests/$t; rc=$?
   fi
   echo "== $t: exit $rc"
   [ $rc -eq 0 ] || [ $status -ne 0 ] || status=$rc
@@ -33,11 +34,11 @@ if [ "${GPU_BENCH:-0}" = 1 ]; then
   for m in "gpt2-124m ${BENCH_CUDA_B124:-16}" "gpt2-774m ${BENCH_CUDA_B774:-8}"; do
     set -- $m
     echo "== bench_cuda $1 B=$2"
-    timeout 500 .gpu/tests/bench_cuda "$1" "$2" 1024 "${BENCH_CUDA_STEPS:-20}" 2>&1 \
+    timeout ${GPU_BENCH_TIMEOUT:-500} .gpu/tests/bench_cuda "$1" "$2" 1024 "${BENCH_CUDA_STEPS:-20}" 2>&1 \
       | tee -a "${OUT:-/tmp}/bench_cuda.log"
   done
   echo "== bench_cuda gpt2-124m, attention by products (FSDP_CUDA_ATTN_GEMM=1), no peer"
-  FSDP_CUDA_ATTN_GEMM=1 FSDP_BENCH_NO_PEER=1 timeout 300 .gpu/tests/bench_cuda gpt2-124m \
+  FSDP_CUDA_ATTN_GEMM=1 FSDP_BENCH_NO_PEER=1 timeout ${GPU_BENCH_TIMEOUT:-300} .gpu/tests/bench_cuda gpt2-124m \
     "${BENCH_CUDA_B124:-16}" 1024 "${BENCH_CUDA_STEPS:-20}" 2>&1 | tee -a "${OUT:-/tmp}/bench_cuda.log"
 fi
 exit $status
