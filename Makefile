@@ -542,6 +542,7 @@ bench-cuda: $(B)/bench/bench_cuda $(if $(HAVE_CUDA),$(CUDA_PLUGIN))
 	$(B)/bench/bench_cuda gpt2-774m $(BENCH_CUDA_B774) 1024 $(BENCH_CUDA_STEPS)
 	FSDP_CUDA_ATTN_GEMM=1 FSDP_BENCH_NO_PEER=1 \
 	  $(B)/bench/bench_cuda gpt2-124m $(BENCH_CUDA_B124) 1024 $(BENCH_CUDA_STEPS)
+	$(B)/bench/bench_cuda --ops gpt2-124m $(BENCH_CUDA_B124) 1024
 
 demo: deps-demo $(BINS)
 	@sh mk/demo.sh

@@ -23,6 +23,13 @@
 #define KERN_GELU_C 0.044715f
 #define KERN_LN_EPS 1e-5f
 
+/* Column sums over rows (matmul's dbias, layernorm's dw and db) go in one
+ * order on every backend: each run of KERN_COLSUM_ROWS rows is summed on its
+ * own from zero, row by row, and the runs' sums are added to the column in
+ * row order. A GPU sums many runs at once and still gets the CPU's bits
+ * (kern_cpu_colsum, kern_cuda_colsum). */
+#define KERN_COLSUM_ROWS 32
+
 /* Bit casts (memcpy: defined behaviour in C, and free once compiled). */
 KERN_HD float kern_asfloat(uint32_t u) {
   float f;

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 
 #include "kernels/kern.h"
+#include "kernels/kern_math.h"
 
 /* ---- one build per ISA level ---------------------------------------------
  * Every file here but backend.c is compiled three times (Makefile): for
@@ -136,6 +137,36 @@ void kern_cpu_sgemm_release(const sigset_t *was);
  * a parallel region. */
 #define KERN_CPU_CBLOCK 16
 void kern_cpu_channel_range(int C, int *c0, int *c1);
+
+/* Columns [c0, c1) of the sums over the N rows of dout (N, C), in
+ * kern_math.h's order (KERN_COLSUM_ROWS): sd[c] += sum of dout[n][c], and,
+ * where sdx is not NULL, sdx[c] += sum of dout[n][c] (inp[n][c] - mean[n])
+ * rstd[n] (layernorm's dw). */
+static inline void kern_cpu_colsum(float *sd, float *sdx, const float *dout, const float *inp,
+                                   const float *mean, const float *rstd, int N, int C, int c0,
+                                   int c1) {
+  enum { W = 256 }; /* columns a pass keeps in its partial sums */
+  float pd[W], px[W];
+  for (int b0 = c0; b0 < c1; b0 += W) {
+    const int bn = c1 - b0 < W ? c1 - b0 : W;
+    for (int n0 = 0; n0 < N; n0 += KERN_COLSUM_ROWS) {
+      const int n1 = N - n0 < KERN_COLSUM_ROWS ? N : n0 + KERN_COLSUM_ROWS;
+      for (int i = 0; i < bn; i++) pd[i] = 0.0f, px[i] = 0.0f;
+      for (int n = n0; n < n1; n++) {
+        const float *d = dout + (int64_t)n * C + b0;
+        for (int i = 0; i < bn; i++) pd[i] += d[i];
+        if (sdx) {
+          const float *x = inp + (int64_t)n * C + b0;
+          const float m = mean[n], r = rstd[n];
+          for (int i = 0; i < bn; i++) px[i] += d[i] * (x[i] - m) * r;
+        }
+      }
+      for (int i = 0; i < bn; i++) sd[b0 + i] += pd[i];
+      if (sdx)
+        for (int i = 0; i < bn; i++) sdx[b0 + i] += px[i];
+    }
+  }
+}
 
 void kern_cpu_encoder_fwd(float *out, const int32_t *tok, const float *wte, const float *wpe, int B,
                           int T, int C);

@@ -26,7 +26,8 @@ void kern_cpu_layernorm_fwd(float *out, float *mean, float *rstd, const float *i
 }
 
 /* dinp is per row (parallel over rows); dw and db sum over rows, so a second
- * pass gives each thread a range of channels (race-free, order fixed). */
+ * pass gives each thread a range of channels (race-free), summed in
+ * kern_math.h's order (kern_cpu_colsum). */
 void kern_cpu_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout, const float *inp,
                             const float *w, const float *mean, const float *rstd, int N, int C) {
 #pragma omp parallel
@@ -50,14 +51,6 @@ void kern_cpu_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout
     /* dw, db do not depend on dinp: no barrier between the passes. */
     int c0, c1;
     kern_cpu_channel_range(C, &c0, &c1);
-    for (int n = 0; n < N; n++) {
-      const float *x = inp + (int64_t)n * C;
-      const float *d = dout + (int64_t)n * C;
-      float m = mean[n], r = rstd[n];
-      for (int c = c0; c < c1; c++) {
-        dw[c] += d[c] * (x[c] - m) * r;
-        db[c] += d[c];
-      }
-    }
+    kern_cpu_colsum(db, dw, dout, inp, mean, rstd, N, C, c0, c1);
   }
 }

@@ -121,14 +121,12 @@ void kern_cpu_matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout
     t = my_tile(OC, IC);
     kern_cpu_sgemm('T', 'N', t.m1 - t.m0, t.n1 - t.n0, N, 1.0f, dout + t.m0, OC, inp + t.n0, IC,
                    1.0f, dw + t.m0 * IC + t.n0, IC);
-    /* dbias: column sums, each thread over its own channels */
+    /* dbias: column sums, each thread over its own channels, in
+     * kern_math.h's order */
     if (dbias) {
       int c0, c1;
       kern_cpu_channel_range(OC, &c0, &c1);
-      for (int n = 0; n < N; n++) {
-        const float *d = dout + (int64_t)n * OC;
-        for (int c = c0; c < c1; c++) dbias[c] += d[c];
-      }
+      kern_cpu_colsum(dbias, NULL, dout, NULL, NULL, NULL, N, OC, c0, c1);
     }
   }
 }

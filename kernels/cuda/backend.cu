@@ -177,6 +177,7 @@ extern "C" int kern_cuda_device_count(char *msg, size_t n) {
 
 /* Init's one cleanup path: what was made is unmade, in reverse. */
 static void kern_cuda_teardown(void) {
+  if (kern_cuda_st.pack) (void)cudaFree(kern_cuda_st.pack);
   if (kern_cuda_st.reduce) (void)cudaFree(kern_cuda_st.reduce);
   if (kern_cuda_st.workspace) (void)cudaFree(kern_cuda_st.workspace);
   if (kern_cuda_st.lt) (void)cublasLtDestroy(kern_cuda_st.lt);
@@ -190,10 +191,11 @@ static void kern_cuda_take_modes(const kern_cuda_opts_t *o) {
   kern_cuda_st.tf32 = o->tf32 != 0;
   kern_cuda_st.bf16 = o->bf16 != 0;
   kern_cuda_st.attn_gemm = o->attn_gemm != 0;
+  kern_cuda_st.fast16bf = o->gemm_fast16bf != 0;
 }
 
 extern "C" const kern_backend_t *kern_cuda_init(const kern_cuda_opts_t *o, char *msg, size_t n) {
-  const kern_cuda_opts_t d = {0, 0, 0, 0};
+  const kern_cuda_opts_t d = {0, 0, 0, 0, 0};
   if (!o) o = &d;
   if (kern_cuda_st.ready) { /* the device stays; the job's modes are taken */
     kern_cuda_take_modes(o);
@@ -248,7 +250,9 @@ extern "C" const kern_backend_t *kern_cuda_init(const kern_cuda_opts_t *o, char 
   }
   if ((e = cudaMalloc(&kern_cuda_st.workspace, KERN_CUDA_SIZE_WORKSPACE)) != cudaSuccess ||
       (e = cudaMalloc((void **)&kern_cuda_st.reduce,
-                      (KERN_CUDA_SIZE_REDUCE_BLOCKS + 1) * sizeof(double))) != cudaSuccess) {
+                      (KERN_CUDA_SIZE_REDUCE_BLOCKS + 1) * sizeof(double))) != cudaSuccess ||
+      (e = cudaMalloc((void **)&kern_cuda_st.pack,
+                      2 * KERN_CUDA_SIZE_PACK_ELEMS * sizeof(uint16_t))) != cudaSuccess) {
     snprintf(msg, n, "CUDA device %d: no memory for the backend's %zu reserved bytes: %s",
              o->device, kern_cuda_size_reserved(), cudaGetErrorString(e));
     goto fail;

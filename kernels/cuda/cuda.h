@@ -15,8 +15,8 @@
  * kernels/kern_math.h (compiled -fmad=false, so the same bits where the CPU's
  * loops run the same formula); matrix products go through cuBLASLt in fp32
  * (TF32 tensor cores only when kern_cuda_opts_t.tf32 asks, bf16 tensor cores
- * when .bf16 does: CUBLAS_COMPUTE_32F_FAST_16BF, fp32 in memory, the
- * operands rounded to bf16 inside the product); reductions sum in
+ * when .bf16 does: fp32 in memory, the operands rounded to bf16 into packing
+ * buffers a block at a time, fp32 accumulation); reductions sum in
  * fixed orders (the same bytes from run to run, not the CPU's order).
  *
  * kernels/ is a leaf: no daemon code here. A CUDA error inside an op is not
@@ -38,9 +38,12 @@ typedef struct kern_cuda_opts {
   int device; /* CUDA device ordinal (the rank's GPU on its node) */
   int tf32;   /* 1: fp32 matrix products may use TF32 tensor cores */
   int bf16;   /* 1: matrix products run on bf16 tensor cores (operands rounded to
-               * bf16 inside cuBLASLt, fp32 accumulation and output); wins over tf32 */
+               * bf16, fp32 accumulation and output); wins over tf32 */
   int attn_gemm; /* 1: attention by strided products keeping the probabilities,
                   * even where a fused kernel exists (size.h says where) */
+  int gemm_fast16bf; /* 1 (with bf16): cuBLASLt rounds the fp32 operands itself
+                      * (CUBLAS_COMPUTE_32F_FAST_16BF) instead of the products taking
+                      * them packed to bf16; for comparison (FSDP_CUDA_GEMM_FAST16BF) */
 } kern_cuda_opts_t;
 
 /* The number of CUDA devices this process sees; 0 with a reason in msg

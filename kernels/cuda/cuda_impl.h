@@ -77,6 +77,8 @@ typedef struct kern_cuda_state {
   cublasLtHandle_t lt; /* cuBLASLt */
   void *workspace;     /* KERN_CUDA_SIZE_WORKSPACE bytes, cuBLASLt's */
   double *reduce;      /* KERN_CUDA_SIZE_REDUCE_BLOCKS partials + the final sum */
+  uint16_t *pack;      /* 2 x KERN_CUDA_SIZE_PACK_ELEMS bf16: the products' packed operands */
+  int fast16bf;        /* bf16 products on the fp32 operands (CUBLAS_COMPUTE_32F_FAST_16BF) */
   char name[256];      /* cudaDeviceProp.name */
   size_t memory;       /* cudaDeviceProp.totalGlobalMem */
 } kern_cuda_state_t;
@@ -129,6 +131,13 @@ __device__ __forceinline__ float kern_cuda_warp_max(float v) {
 void kern_cuda_gemm(const char *op, char ta, char tb, int M, int N, int K, float alpha,
                     const float *A, int64_t lda, int64_t sA, const float *B, int64_t ldb,
                     int64_t sB, float beta, float *C, int64_t ldc, int64_t sC, int batch);
+
+/* ---- column sums (colsum.cu) --------------------------------------------------
+ * sd[c] += the sum over the N rows of dout (N, C), and, where sdx is not
+ * NULL, sdx[c] += the sum of dout (inp - mean[n]) rstd[n]; in kern_math.h's
+ * order (KERN_COLSUM_ROWS), the CPU's bits. */
+void kern_cuda_colsum(float *sd, float *sdx, const float *dout, const float *inp,
+                      const float *mean, const float *rstd, int N, int C);
 
 /* ---- double sums in a fixed order (sumsq.cu) --------------------------------
  * sum of x[i] (square 0) or x[i]^2 (square 1), in double; waits for the

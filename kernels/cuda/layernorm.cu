@@ -4,9 +4,8 @@
  *
  * Forward and backward's dinp: one warp per row, fp32 sums as butterflies
  * over the warp (the CPU's formulas in another, fixed order), two passes in
- * forward (mean, then the variance of x - mean). dw and db sum over rows:
- * one thread per column walks the rows in order, the CPU's own order, so
- * they come out with the CPU's bits (no atomics, no scratch). */
+ * forward (mean, then the variance of x - mean). dw and db are column sums
+ * in the CPU's order (kern_cuda_colsum: the CPU's bits). */
 #include "kernels/cuda/cuda_impl.h"
 #include "kernels/kern_math.h"
 
@@ -57,23 +56,6 @@ __global__ static void layernorm_bwd_dinp_kernel(float *dinp, const float *dout,
   }
 }
 
-/* dw[c] += dout * xhat and db[c] += dout over rows 0..N-1 in order */
-__global__ static void layernorm_bwd_dwdb_kernel(float *dw, float *db, const float *dout,
-                                                 const float *inp, const float *mean,
-                                                 const float *rstd, int N, int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  float aw = dw[c], ab = db[c];
-  for (int n = 0; n < N; n++) {
-    const int64_t i = (int64_t)n * C + c;
-    const float d = dout[i];
-    aw += d * (inp[i] - mean[n]) * rstd[n];
-    ab += d;
-  }
-  dw[c] = aw;
-  db[c] = ab;
-}
-
 extern "C" void kern_cuda_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp,
                                         const float *w, const float *b, int N, int C) {
   if (N <= 0 || C <= 0) return;
@@ -89,7 +71,5 @@ extern "C" void kern_cuda_layernorm_bwd(float *dinp, float *dw, float *db, const
   layernorm_bwd_dinp_kernel<<<(N + LN_WARPS - 1) / LN_WARPS, LN_WARPS * 32, 0,
                               kern_cuda_st.stream>>>(dinp, dout, inp, w, mean, rstd, N, C);
   KERN_CUDA_LAUNCHED();
-  layernorm_bwd_dwdb_kernel<<<(C + KERN_CUDA_THREADS - 1) / KERN_CUDA_THREADS, KERN_CUDA_THREADS, 0,
-                              kern_cuda_st.stream>>>(dw, db, dout, inp, mean, rstd, N, C);
-  KERN_CUDA_LAUNCHED();
+  kern_cuda_colsum(db, dw, dout, inp, mean, rstd, N, C);
 }

@@ -1,6 +1,7 @@
 /* matmul: the linear layer, out = inp @ w^T + bias, and its backward, with
  * the products done by cuBLASLt in fp32 (TF32 when kern_cuda_opts_t.tf32,
- * bf16 tensor cores with fp32 accumulation when .bf16: bf16-mixed jobs).
+ * bf16 tensor cores with fp32 accumulation when .bf16: bf16-mixed jobs, the
+ * operands packed to bf16 first, see gemm_bf16_packed).
  * Also owns kern_cuda_gemm, the one place that calls cublasLtMatmul.
  *
  * cuBLASLt is column-major; a row-major matrix is the column-major view of
@@ -15,26 +16,28 @@
  * that out when debugging.
  *
  * The bias (forward) is a separate element-wise pass after the product, as
- * the CPU adds it; dbias sums each column over the rows in row order, one
- * thread per column, the CPU's order (so the same bits). */
+ * the CPU adds it; dbias is a column sum in the CPU's order
+ * (kern_cuda_colsum: the same bits). */
 #include "kernels/cuda/cuda_impl.h"
+#include "kernels/kern_math.h"
 
 /* The largest power of two, up to 256, dividing the pointer, the leading
- * dimension and the batch stride in bytes: what every matrix of the call is
- * aligned to. */
-static uint32_t gemm_align(const void *p, int64_t ld, int64_t stride, int batch) {
-  uint64_t x = (uint64_t)(uintptr_t)p | (uint64_t)ld * sizeof(float);
-  if (batch > 1) x |= (uint64_t)stride * sizeof(float);
+ * dimension and the batch stride in bytes (elements of esize bytes): what
+ * every matrix of the call is aligned to. */
+static uint32_t gemm_align(const void *p, int64_t ld, int64_t stride, int batch, size_t esize) {
+  uint64_t x = (uint64_t)(uintptr_t)p | (uint64_t)ld * esize;
+  if (batch > 1) x |= (uint64_t)stride * esize;
   uint32_t a = 256;
-  while (a > 4 && (x & (a - 1))) a >>= 1;
+  while (a > (uint32_t)esize && (x & (a - 1))) a >>= 1;
   return a;
 }
 
-/* A column-major layout of rows x cols with leading dimension ld, batched. */
-static cublasLtMatrixLayout_t gemm_layout(uint64_t rows, uint64_t cols, int64_t ld, int64_t stride,
-                                          int batch) {
+/* A column-major layout of rows x cols of type t with leading dimension ld,
+ * batched. */
+static cublasLtMatrixLayout_t gemm_layout(cudaDataType_t t, uint64_t rows, uint64_t cols,
+                                          int64_t ld, int64_t stride, int batch) {
   cublasLtMatrixLayout_t l;
-  KERN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, CUDA_R_32F, rows, cols, ld));
+  KERN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, t, rows, cols, ld));
   if (batch > 1) {
     int32_t b = batch;
     KERN_CUBLAS_CHECK(
@@ -43,6 +46,190 @@ static cublasLtMatrixLayout_t gemm_layout(uint64_t rows, uint64_t cols, int64_t 
         l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
   }
   return l;
+}
+
+/* One cublasLtMatmul, row-major C = alpha op(A) op(B) + beta C, A and B of
+ * type ab (fp32, or bf16 packed), C fp32, computed as ct. 0, or -1 (nothing
+ * queued) when cuBLASLt has no algorithm for it; *why then says so. */
+static int gemm_lt(cudaDataType_t ab, cublasComputeType_t ct, char ta, char tb, int M, int N,
+                   int K, float alpha, const void *A, int64_t lda, int64_t sA, const void *B,
+                   int64_t ldb, int64_t sB, float beta, float *C, int64_t ldc, int64_t sC,
+                   int batch, cublasStatus_t *why) {
+  const size_t es = ab == CUDA_R_16BF ? 2 : 4;
+  /* column-major: D' (N x M) = op(B') (N x K) op(A') (K x M), B' = B, A' = A */
+  const cublasOperation_t opb = tb == 'T' ? CUBLAS_OP_T : CUBLAS_OP_N; /* first operand */
+  const cublasOperation_t opa = ta == 'T' ? CUBLAS_OP_T : CUBLAS_OP_N; /* second operand */
+  /* stored shapes (column-major rows x cols) of the views: B is (K, N) row-major
+   * when 'N', so (N, K) column-major; A is (M, K) row-major when 'N', so (K, M) */
+  cublasLtMatrixLayout_t lb = tb == 'N' ? gemm_layout(ab, N, K, ldb, sB, batch)
+                                        : gemm_layout(ab, K, N, ldb, sB, batch);
+  cublasLtMatrixLayout_t la = ta == 'N' ? gemm_layout(ab, K, M, lda, sA, batch)
+                                        : gemm_layout(ab, M, K, lda, sA, batch);
+  cublasLtMatrixLayout_t lc = gemm_layout(CUDA_R_32F, N, M, ldc, sC, batch);
+
+  cublasLtMatmulDesc_t desc;
+  KERN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, ct, CUDA_R_32F));
+  KERN_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opb, sizeof opb));
+  KERN_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opa, sizeof opa));
+
+  cublasLtMatmulPreference_t pref;
+  KERN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const uint64_t ws = KERN_CUDA_SIZE_WORKSPACE;
+  const uint32_t al_first = gemm_align(B, ldb, sB, batch, es),
+                 al_second = gemm_align(A, lda, sA, batch, es),
+                 al_c = gemm_align(C, ldc, sC, batch, sizeof(float));
+  KERN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+  KERN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_first, sizeof al_first));
+  KERN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_second, sizeof al_second));
+  KERN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c));
+  KERN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c));
+
+  cublasLtMatmulHeuristicResult_t res;
+  int found = 0;
+  const cublasStatus_t hs =
+      cublasLtMatmulAlgoGetHeuristic(kern_cuda_st.lt, desc, lb, la, lc, lc, pref, 1, &res, &found);
+  const int ok = hs == CUBLAS_STATUS_SUCCESS && found >= 1;
+  /* C is both the input (beta) and the output: the same layout, in place */
+  if (ok)
+    KERN_CUBLAS_CHECK(cublasLtMatmul(kern_cuda_st.lt, desc, &alpha, B, lb, A, la, &beta, C, lc, C,
+                                     lc, &res.algo, kern_cuda_st.workspace,
+                                     KERN_CUDA_SIZE_WORKSPACE, kern_cuda_st.stream));
+  else
+    *why = hs == CUBLAS_STATUS_SUCCESS ? CUBLAS_STATUS_NOT_SUPPORTED : hs;
+
+  KERN_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+  KERN_CUBLAS_CHECK(cublasLtMatmulDescDestroy(desc));
+  KERN_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lc));
+  KERN_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(la));
+  KERN_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lb));
+  return ok ? 0 : -1;
+}
+
+/* A product with no algorithm is a programmer error: it names itself. */
+[[noreturn]] static void gemm_none(const char *op, char ta, char tb, int M, int N, int K,
+                                   int64_t lda, int64_t ldb, int64_t ldc, int64_t sA, int64_t sB,
+                                   int64_t sC, int batch, cublasStatus_t why) {
+  fprintf(stderr,
+          "fsdp: cuda backend: %s: cuBLASLt has no algorithm for %c%c M=%d N=%d K=%d lda=%lld "
+          "ldb=%lld ldc=%lld strides %lld %lld %lld batch=%d: %s (%s:%d)\n",
+          op, ta, tb, M, N, K, (long long)lda, (long long)ldb, (long long)ldc, (long long)sA,
+          (long long)sB, (long long)sC, batch, cublasLtGetStatusString(why), __FILE__, __LINE__);
+  abort();
+}
+
+/* ---- bf16 products on packed operands -----------------------------------------
+ * PyTorch's autocast hands cuBLAS bf16 tensors; ours are fp32 in memory. A
+ * bf16 product rounds (kern_f32_to_bf16, as the casts) the block of each
+ * operand it needs into one of the two packing buffers, rows padded to 8
+ * elements (16 bytes, what the tensor-core kernels want), and multiplies the
+ * packed blocks with fp32 accumulation into C in place. A product too large
+ * for the buffers is cut into blocks of C's rows (mc), of the sum (kc) and of
+ * C's columns (nc), looped m, k, n: A's block is packed once, B's once per
+ * block of rows, and C's block (m, n) sees its k blocks in order, beta on the
+ * first and 1 after. Strided batches (attention's heads) pack g matrices at
+ * a time. cuBLASLt's own CUBLAS_COMPUTE_32F_FAST_16BF on the fp32 operands
+ * (kern_cuda_opts_t.gemm_fast16bf) stays for comparison, and serves a block
+ * for which cuBLASLt has no bf16 algorithm. */
+
+static inline int64_t pad8(int64_t x) { return (x + 7) & ~(int64_t)7; }
+
+/* dst[b][i][j] = bf16(src[b * sstride + i * sld + j]) for b < g, i < rows,
+ * j < cols; dst rows dld apart, matrices dstride apart. A block row (y) per
+ * matrix row, its threads (x) along the row. */
+__global__ static void gemm_pack_kernel(uint16_t *dst, const float *src, int64_t sld,
+                                        int64_t sstride, int64_t dld, int64_t dstride, int rows,
+                                        int cols, int g) {
+  for (int64_t rr = blockIdx.y; rr < (int64_t)g * rows; rr += gridDim.y) {
+    const int64_t b = rr / rows, r = rr % rows;
+    const float *s = src + b * sstride + r * sld;
+    uint16_t *d = dst + b * dstride + r * dld;
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < cols; j += gridDim.x * blockDim.x)
+      d[j] = kern_f32_to_bf16(s[j]);
+  }
+}
+
+/* Packs op(X)[r0 .. r0+R, c0 .. c0+Cn] of g matrices (stored row-major with
+ * ld and stride; t 'T': op(X) is the stored matrix transposed) into dst, in
+ * X's stored orientation; returns the packed leading dimension. */
+static int64_t gemm_pack(uint16_t *dst, const float *X, char t, int64_t ld, int64_t stride,
+                         int r0, int c0, int R, int Cn, int g, int64_t dstride) {
+  const int rows = t == 'N' ? R : Cn, cols = t == 'N' ? Cn : R;
+  const float *src = t == 'N' ? X + (int64_t)r0 * ld + c0 : X + (int64_t)c0 * ld + r0;
+  const int64_t dld = pad8(cols);
+  const int64_t nrows = (int64_t)g * rows;
+  if (nrows > 0 && cols > 0) {
+    const dim3 grid((unsigned)((cols + KERN_CUDA_THREADS - 1) / KERN_CUDA_THREADS > 8
+                                   ? 8 : (cols + KERN_CUDA_THREADS - 1) / KERN_CUDA_THREADS),
+                    (unsigned)(nrows > KERN_CUDA_MAX_BLOCKS ? KERN_CUDA_MAX_BLOCKS : nrows));
+    gemm_pack_kernel<<<grid, KERN_CUDA_THREADS, 0, kern_cuda_st.stream>>>(dst, src, ld, stride, dld,
+                                                                         dstride, rows, cols, g);
+    KERN_CUDA_LAUNCHED();
+  }
+  return dld;
+}
+
+/* Elements a packed block of op(X) (R x Cn) takes. */
+static size_t gemm_packed(char t, int64_t R, int64_t Cn) {
+  return (size_t)(t == 'N' ? R * pad8(Cn) : Cn * pad8(R));
+}
+
+/* Half of x, rounded up to a multiple of 64 (x > 128: it shrinks). */
+static int gemm_half(int x) { return ((x + 1) / 2 + 63) & ~63; }
+
+static void gemm_bf16_packed(const char *op, char ta, char tb, int M, int N, int K, float alpha,
+                             const float *A, int64_t lda, int64_t sA, const float *B, int64_t ldb,
+                             int64_t sB, float beta, float *C, int64_t ldc, int64_t sC,
+                             int batch) {
+  const size_t cap = KERN_CUDA_SIZE_PACK_ELEMS;
+  uint16_t *pa = kern_cuda_st.pack, *pb = kern_cuda_st.pack + cap;
+  int mc = M, nc = N, kc = K, g = batch;
+  for (;;) {
+    const size_t na = gemm_packed(ta, mc, kc), nb = gemm_packed(tb, kc, nc);
+    if ((size_t)g * na <= cap && (size_t)g * nb <= cap) break;
+    if (g > 1) g = (g + 1) / 2;
+    else if (na > cap && mc > 2048) mc = gemm_half(mc);
+    else if (nb > cap && nc > 2048) nc = gemm_half(nc);
+    else if (kc > 256) kc = gemm_half(kc);
+    else if (mc > 256) mc = gemm_half(mc);
+    else nc = gemm_half(nc); /* 256 x 256 blocks fit: the loop ends */
+  }
+  for (int b0 = 0; b0 < batch; b0 += g) {
+    const int gb = batch - b0 < g ? batch - b0 : g;
+    const float *Ab = A + (int64_t)b0 * sA, *Bb = B + (int64_t)b0 * sB;
+    float *Cb = C + (int64_t)b0 * sC;
+    for (int m0 = 0; m0 < M; m0 += mc) {
+      const int mm = M - m0 < mc ? M - m0 : mc;
+      for (int k0 = 0; k0 < K; k0 += kc) {
+        const int kk = K - k0 < kc ? K - k0 : kc;
+        const int64_t psa = (int64_t)gemm_packed(ta, mm, kk);
+        const int64_t plda = gemm_pack(pa, Ab, ta, lda, sA, m0, k0, mm, kk, gb, psa);
+        for (int n0 = 0; n0 < N; n0 += nc) {
+          const int nn = N - n0 < nc ? N - n0 : nc;
+          const int64_t psb = (int64_t)gemm_packed(tb, kk, nn);
+          const int64_t pldb = gemm_pack(pb, Bb, tb, ldb, sB, k0, n0, kk, nn, gb, psb);
+          const float bk = k0 ? 1.0f : beta;
+          float *Cmn = Cb + (int64_t)m0 * ldc + n0;
+          cublasStatus_t why;
+          if (!gemm_lt(CUDA_R_16BF, CUBLAS_COMPUTE_32F, ta, tb, mm, nn, kk, alpha, pa, plda, psa,
+                       pb, pldb, psb, bk, Cmn, ldc, sC, gb, &why))
+            continue;
+          /* no bf16 algorithm for this block: cuBLASLt rounds the fp32 block */
+          const float *Ak = ta == 'N' ? Ab + (int64_t)m0 * lda + k0 : Ab + (int64_t)k0 * lda + m0;
+          const float *Bk = tb == 'N' ? Bb + (int64_t)k0 * ldb + n0 : Bb + (int64_t)n0 * ldb + k0;
+          if (gemm_lt(CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_16BF, ta, tb, mm, nn, kk, alpha, Ak, lda,
+                      sA, Bk, ldb, sB, bk, Cmn, ldc, sC, gb, &why))
+            gemm_none(op, ta, tb, mm, nn, kk, lda, ldb, ldc, sA, sB, sC, gb, why);
+        }
+      }
+    }
+  }
 }
 
 void kern_cuda_gemm(const char *op, char ta, char tb, int M, int N, int K, float alpha,
@@ -64,81 +251,22 @@ void kern_cuda_gemm(const char *op, char ta, char tb, int M, int N, int K, float
     KERN_CUDA_ASSERT(beta == 1.0f);
     return;
   }
-  /* column-major: D' (N x M) = op(B') (N x K) op(A') (K x M), B' = B, A' = A */
-  const cublasOperation_t opb = tb == 'T' ? CUBLAS_OP_T : CUBLAS_OP_N; /* first operand */
-  const cublasOperation_t opa = ta == 'T' ? CUBLAS_OP_T : CUBLAS_OP_N; /* second operand */
-  /* stored shapes (column-major rows x cols) of the views: B is (K, N) row-major
-   * when 'N', so (N, K) column-major; A is (M, K) row-major when 'N', so (K, M) */
-  cublasLtMatrixLayout_t lb =
-      tb == 'N' ? gemm_layout(N, K, ldb, sB, batch) : gemm_layout(K, N, ldb, sB, batch);
-  cublasLtMatrixLayout_t la =
-      ta == 'N' ? gemm_layout(K, M, lda, sA, batch) : gemm_layout(M, K, lda, sA, batch);
-  cublasLtMatrixLayout_t lc = gemm_layout(N, M, ldc, sC, batch);
-
-  cublasLtMatmulDesc_t desc;
+  if (kern_cuda_st.bf16 && !kern_cuda_st.fast16bf) {
+    gemm_bf16_packed(op, ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch);
+    return;
+  }
   const cublasComputeType_t ct = kern_cuda_st.bf16   ? CUBLAS_COMPUTE_32F_FAST_16BF
                                  : kern_cuda_st.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32
                                                      : CUBLAS_COMPUTE_32F;
-  KERN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, ct, CUDA_R_32F));
-  KERN_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opb, sizeof opb));
-  KERN_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opa, sizeof opa));
-
-  cublasLtMatmulPreference_t pref;
-  KERN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  const uint64_t ws = KERN_CUDA_SIZE_WORKSPACE;
-  const uint32_t al_first = gemm_align(B, ldb, sB, batch),
-                 al_second = gemm_align(A, lda, sA, batch), al_c = gemm_align(C, ldc, sC, batch);
-  KERN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-  KERN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_first, sizeof al_first));
-  KERN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_second, sizeof al_second));
-  KERN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c));
-  KERN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c));
-
-  /* no algorithm (or a status saying so) names the product that has none */
-  cublasLtMatmulHeuristicResult_t res;
-  int found = 0;
-  const cublasStatus_t hs =
-      cublasLtMatmulAlgoGetHeuristic(kern_cuda_st.lt, desc, lb, la, lc, lc, pref, 1, &res, &found);
-  if (hs != CUBLAS_STATUS_SUCCESS || found < 1) {
-    fprintf(stderr,
-            "fsdp: cuda backend: %s: cuBLASLt has no algorithm for %c%c M=%d N=%d K=%d lda=%lld "
-            "ldb=%lld ldc=%lld strides %lld %lld %lld batch=%d alignments %u %u %u: %s (%s:%d)\n",
-            op, ta, tb, M, N, K, (long long)lda, (long long)ldb, (long long)ldc, (long long)sA,
-            (long long)sB, (long long)sC, batch, al_second, al_first, al_c,
-            cublasLtGetStatusString(hs), __FILE__, __LINE__);
-    abort();
-  }
-  /* C is both the input (beta) and the output: the same layout, in place */
-  KERN_CUBLAS_CHECK(cublasLtMatmul(kern_cuda_st.lt, desc, &alpha, B, lb, A, la, &beta, C, lc, C, lc,
-                                   &res.algo, kern_cuda_st.workspace, KERN_CUDA_SIZE_WORKSPACE,
-                                   kern_cuda_st.stream));
-
-  KERN_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
-  KERN_CUBLAS_CHECK(cublasLtMatmulDescDestroy(desc));
-  KERN_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lc));
-  KERN_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(la));
-  KERN_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lb));
+  cublasStatus_t why;
+  if (gemm_lt(CUDA_R_32F, ct, ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC,
+              batch, &why))
+    gemm_none(op, ta, tb, M, N, K, lda, ldb, ldc, sA, sB, sC, batch, why);
 }
 
 /* out (N, OC) += bias (OC) on every row */
 __global__ static void bias_add_kernel(float *out, const float *bias, size_t n, int OC) {
   KERN_CUDA_FOR(i, n) out[i] += bias[i % (size_t)OC];
-}
-
-/* dbias[c] += dout[n][c] for n = 0..N-1 in order: one thread per column */
-__global__ static void bias_grad_kernel(float *dbias, const float *dout, int N, int OC) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= OC) return;
-  float acc = dbias[c];
-  for (int n = 0; n < N; n++) acc += dout[(int64_t)n * OC + c];
-  dbias[c] = acc;
 }
 
 extern "C" void kern_cuda_matmul_fwd(float *out, const float *inp, const float *w,
@@ -163,9 +291,5 @@ extern "C" void kern_cuda_matmul_bwd(float *dinp, float *dw, float *dbias, const
   if (dw)
     kern_cuda_gemm(__func__, 'T', 'N', OC, IC, N, 1.0f, dout, OC, 0, inp, IC, 0, 1.0f, dw, IC, 0,
                    1);
-  if (dbias && OC > 0) {
-    bias_grad_kernel<<<(OC + KERN_CUDA_THREADS - 1) / KERN_CUDA_THREADS, KERN_CUDA_THREADS, 0,
-                       kern_cuda_st.stream>>>(dbias, dout, N, OC);
-    KERN_CUDA_LAUNCHED();
-  }
+  if (dbias) kern_cuda_colsum(dbias, NULL, dout, NULL, NULL, NULL, N, OC);
 }

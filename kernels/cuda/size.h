@@ -17,10 +17,18 @@
  * scratch holds the partials and the final sum. */
 #define KERN_CUDA_SIZE_REDUCE_BLOCKS 1024
 
+/* bf16 elements of each of the two packing buffers of the bf16 matrix
+ * products (matmul.cu): a product's operands are rounded to bf16 into them,
+ * a block of rows and columns at a time, before cuBLASLt multiplies them on
+ * bf16 tensor cores. */
+#define KERN_CUDA_SIZE_PACK_ELEMS ((size_t)16 << 20)
+
 /* Device bytes the backend holds of its own from init on
- * (kern_cuda_reserved_bytes). */
+ * (kern_cuda_reserved_bytes): the cuBLASLt workspace, the reduction scratch
+ * and the two packing buffers. */
 static inline size_t kern_cuda_size_reserved(void) {
-  return KERN_CUDA_SIZE_WORKSPACE + (size_t)(KERN_CUDA_SIZE_REDUCE_BLOCKS + 1) * sizeof(double);
+  return KERN_CUDA_SIZE_WORKSPACE + (size_t)(KERN_CUDA_SIZE_REDUCE_BLOCKS + 1) * sizeof(double) +
+         2 * KERN_CUDA_SIZE_PACK_ELEMS * sizeof(unsigned short);
 }
 
 /* Attention runs as a fused kernel (attention.cu: the scores never leave

@@ -21,11 +21,14 @@
  *   bench: cuda_torch mode= tokens_per_s= ...         (the peer's own lines, relabelled)
  *   bench: cuda_vs_torch ours= torch_eager= torch_compile= vs_compile= goal_vs_compile=1 met=
  *   bench: cuda_mfu model= mfu_peak= goal= met=
+ * `bench_cuda --ops MODEL B T [PRECISION]` times each op of a step alone
+ * instead (ops_main, below).
  * Without a GPU it prints why and exits 0. Exit 1: a step failed. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "daemon/common/err.h"
@@ -69,7 +72,177 @@ static double peer_value(const char *out, const char *mode, const char *key) {
   return v && (!end || v < end) ? atof(v + strlen(k)) : 0;
 }
 
+
+/* ---- --ops: each op of a training step alone, at the model's shapes ---------
+ * `bench_cuda --ops MODEL B T [PRECISION]`: every table op a step of MODEL
+ * makes, timed alone on device buffers of its shapes (2 untimed calls, then
+ * the mean of OPS_REPS, the stream drained around them), times how often a
+ * step calls it; their sum against the step's measured time shows what the
+ * step spends outside the ops (waits, launches, the collectives). Then the
+ * products of the LM head and the MLP in each mode (bf16 packed, bf16 by
+ * cuBLASLt's FAST_16BF, TF32, fp32), in TFLOP/s. */
+#define OPS_REPS 5
+static const kern_backend_t *K;
+static double ops_sum_ms;
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+#define OPS_TIME(name, shape, count, stmt)                                                         \
+  do {                                                                                             \
+    for (int w_ = 0; w_ < 2; w_++) { stmt; }                                                       \
+    K->sync();                                                                                     \
+    const double t0_ = now_s();                                                                    \
+    for (int r_ = 0; r_ < OPS_REPS; r_++) { stmt; }                                                \
+    K->sync();                                                                                     \
+    const double ms_ = (now_s() - t0_) * 1e3 / OPS_REPS;                                           \
+    ops_sum_ms += ms_ * (count);                                                                   \
+    printf("bench: cuda_op op=%s shape=%s ms=%.3f per_step=%d step_ms=%.2f\n", name, shape, ms_,  \
+           (int)(count), ms_ * (count));                                                           \
+    fflush(stdout);                                                                                \
+  } while (0)
+
+/* A device buffer of n floats, filled from a repeated pseudo-random block. */
+static float *ops_buf(size_t n) {
+  static float blk[1 << 20];
+  static int made;
+  if (!made++) {
+    uint64_t x = 0x2545F4914F6CDD1Dull;
+    for (size_t i = 0; i < sizeof blk / sizeof blk[0]; i++) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      blk[i] = (float)((x >> 40) / (double)(1 << 24)) * 2.0f - 1.0f;
+    }
+  }
+  float *d = K->dev_alloc(n * sizeof(float));
+  if (!d) {
+    fprintf(stderr, "bench_cuda: --ops: no device memory for %zu floats\n", n);
+    exit(1);
+  }
+  for (size_t o = 0; o < n; o += sizeof blk / sizeof blk[0]) {
+    const size_t c = n - o < sizeof blk / sizeof blk[0] ? n - o : sizeof blk / sizeof blk[0];
+    K->copy_h2d(d + o, blk, c * sizeof(float));
+  }
+  return d;
+}
+
+static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int T,
+                    const char *prec) {
+  config_t c;
+  config_default(&c);
+  snprintf(c.model, sizeof c.model, "%s", model);
+  snprintf(c.device, sizeof c.device, "cuda");
+  snprintf(c.precision, sizeof c.precision, "%s", prec);
+  c.batch = B, c.seq_len = T, c.eval_every = 0, c.eval_fraction = 0;
+  if (config_resolve(&c)) {
+    fprintf(stderr, "bench_cuda: %s\n", err_msg());
+    return 2;
+  }
+  const gpt_config_t *g = &c.gpt;
+  const int C = g->channels, NH = g->heads, V = g->vocab, L = g->layers;
+  const size_t N = (size_t)B * T, P = gpt_config_num_params(g);
+  char msg[512];
+  const int bf16 = strcmp(prec, "fp32") != 0;
+  const kern_cuda_opts_t ko = {.bf16 = bf16, .tf32 = c.tf32,
+                               .attn_gemm = param_cuda_attn_gemm() != 0,
+                               .gemm_fast16bf = param_cuda_gemm_fast16bf() != 0};
+  if (!(K = p->kern_init(&ko, msg, sizeof msg))) {
+    fprintf(stderr, "bench_cuda: %s\n", msg);
+    return 1;
+  }
+  printf("bench: cuda_ops model=%s B=%d T=%d precision=%s params=%zu reps=%d\n", model, B, T, prec,
+         P, OPS_REPS);
+  float *x = ops_buf(N * 4 * C), *y = ops_buf(N * 4 * C), *z = ops_buf(N * 4 * C);
+  float *w = ops_buf((size_t)4 * C * C), *dw = ops_buf((size_t)4 * C * C);
+  float *bias = ops_buf((size_t)4 * C), *dbias = ops_buf((size_t)4 * C);
+  float *mean = ops_buf(N), *rstd = ops_buf(N), *losses = ops_buf(N);
+  float *wte = ops_buf((size_t)V * C), *dwte = ops_buf((size_t)V * C);
+  float *wpe = ops_buf((size_t)T * C), *dwpe = ops_buf((size_t)T * C);
+  float *logits = ops_buf(N * V);
+  float *att = ops_buf(K->attention_saved(B, T, C, NH) + 1);
+  float *scratch = ops_buf(K->attention_scratch(B, T, C, NH) + 1);
+  float *pp = ops_buf(P), *pg = ops_buf(P), *pm = ops_buf(P), *pv = ops_buf(P);
+  int32_t *tok = K->dev_alloc(N * sizeof(int32_t));
+  int32_t *htok = malloc(N * sizeof(int32_t));
+  for (size_t i = 0; i < N && htok; i++) htok[i] = (int32_t)((i * 2654435761u) % (uint32_t)V);
+  if (!tok || !htok) return 1;
+  K->copy_h2d(tok, htok, N * sizeof(int32_t));
+  char sh[64];
+  snprintf(sh, sizeof sh, "N=%zu,C=%d", N, C);
+  OPS_TIME("encoder_fwd", sh, 1, K->encoder_fwd(x, tok, wte, wpe, B, T, C));
+  OPS_TIME("encoder_bwd", sh, 1, K->encoder_bwd(dwte, dwpe, x, tok, B, T, C));
+  OPS_TIME("layernorm_fwd", sh, 2 * L + 1, K->layernorm_fwd(y, mean, rstd, x, w, bias, (int)N, C));
+  OPS_TIME("layernorm_bwd", sh, 2 * L + 1,
+           K->layernorm_bwd(z, dw, dbias, x, y, w, mean, rstd, (int)N, C));
+  const struct { const char *name; int ic, oc; } mm[] = {
+      {"qkv", C, 3 * C}, {"attproj", C, C}, {"fc", C, 4 * C}, {"fcproj", 4 * C, C}};
+  for (int i = 0; i < 4; i++) {
+    snprintf(sh, sizeof sh, "%s:N=%zu,IC=%d,OC=%d", mm[i].name, N, mm[i].ic, mm[i].oc);
+    OPS_TIME("matmul_fwd", sh, L, K->matmul_fwd(y, x, w, bias, (int)N, mm[i].ic, mm[i].oc));
+    OPS_TIME("matmul_bwd", sh, L,
+             K->matmul_bwd(z, dw, dbias, y, x, w, (int)N, mm[i].ic, mm[i].oc));
+  }
+  snprintf(sh, sizeof sh, "lm_head:N=%zu,IC=%d,OC=%d", N, C, V);
+  OPS_TIME("matmul_fwd", sh, 1, K->matmul_fwd(logits, x, wte, NULL, (int)N, C, V));
+  OPS_TIME("matmul_bwd", sh, 1, K->matmul_bwd(z, dwte, NULL, logits, x, wte, (int)N, C, V));
+  snprintf(sh, sizeof sh, "B=%d,T=%d,C=%d,NH=%d,%s", B, T, C, NH,
+           kern_cuda_size_attn_fused(C, NH, ko.attn_gemm) ? "fused" : "gemm");
+  OPS_TIME("attention_fwd", sh, L, K->attention_fwd(y, att, x, B, T, C, NH));
+  OPS_TIME("attention_bwd", sh, L, K->attention_bwd(z, scratch, y, x, y, att, B, T, C, NH));
+  snprintf(sh, sizeof sh, "n=%zu", N * 4 * C);
+  OPS_TIME("gelu_fwd", sh, L, K->gelu_fwd(y, x, N * 4 * C));
+  OPS_TIME("gelu_bwd", sh, L, K->gelu_bwd(z, x, y, N * 4 * C));
+  OPS_TIME("dev_set", sh, 2 * L, K->dev_set(z, 0, N * 4 * C * sizeof(float)));
+  snprintf(sh, sizeof sh, "n=%zu", N * C);
+  OPS_TIME("residual_fwd", sh, 2 * L, K->residual_fwd(y, y, x, N * C));
+  OPS_TIME("dev_set", sh, 3 * L + 2, K->dev_set(z, 0, N * C * sizeof(float)));
+  snprintf(sh, sizeof sh, "N=%zu,V=%d", N, V);
+  /* the forward makes probabilities in place, the backward gradients: each
+   * timed call starts from its own output, which costs the same */
+  OPS_TIME("crossentropy_fwd", sh, 1, K->crossentropy_fwd(losses, logits, tok, (int)N, V));
+  OPS_TIME("crossentropy_bwd", sh, 1, K->crossentropy_bwd(logits, tok, 1.0f / (float)N, (int)N, V));
+  OPS_TIME("vec_sum", sh, 1, (void)K->vec_sum(losses, N));
+  snprintf(sh, sizeof sh, "n=%zu", P);
+  OPS_TIME("adamw", sh, 1, K->adamw(pp, pg, pm, pv, P, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1));
+  OPS_TIME("sumsq", sh, 1, (void)K->sumsq(pg, P));
+  printf("bench: cuda_ops model=%s sum_step_ms=%.2f (the ops of one step, each alone)\n", model,
+         ops_sum_ms);
+  /* the products in every mode */
+  const kern_cuda_opts_t modes[] = {{.bf16 = 1}, {.bf16 = 1, .gemm_fast16bf = 1}, {.tf32 = 1}, {0}};
+  const char *mname[] = {"bf16-packed", "bf16-fast16bf", "tf32", "fp32"};
+  for (int m = 0; m < 4; m++) {
+    K = p->kern_init(&modes[m], msg, sizeof msg);
+    const struct { const char *name; int ic, oc; float *out, *wt; } pr[] = {
+        {"lm_head", C, V, logits, wte}, {"fc", C, 4 * C, y, w}};
+    for (int i = 0; i < 2; i++) {
+      const double fl = 2.0 * (double)N * pr[i].ic * pr[i].oc;
+      double t = 0;
+      for (int r = 0; r < 3 + OPS_REPS; r++) {
+        if (r == 3) K->sync(), t = now_s();
+        K->matmul_fwd(pr[i].out, x, pr[i].wt, NULL, (int)N, pr[i].ic, pr[i].oc);
+      }
+      K->sync();
+      t = (now_s() - t) / OPS_REPS;
+      printf("bench: cuda_gemm mode=%s product=%s M=%zu N=%d K=%d ms=%.3f tflops=%.1f\n", mname[m],
+             pr[i].name, N, pr[i].oc, pr[i].ic, t * 1e3, fl / t / 1e12);
+    }
+  }
+  return 0;
+}
+
 int main(int argc, char **argv) {
+  if (argc >= 5 && !strcmp(argv[1], "--ops")) {
+    setenv("FSDP_CUDA_PLUGIN", "lib/fsdpd/libfsdp-cuda.so", 0);
+    const device_cuda_plugin_t *p;
+    char msg[512] = "";
+    if (device_cuda_load(&p) || p->device_count(msg, sizeof msg) <= 0) {
+      printf("bench: cuda skipped=\"%s\"\n", msg[0] ? msg : err_msg());
+      return 0;
+    }
+    return ops_main(p, argv[2], atoi(argv[3]), atoi(argv[4]), argc > 5 ? argv[5] : "bf16-mixed");
+  }
   if (argc < 5) {
     fprintf(stderr, "usage: bench_cuda MODEL B T STEPS [bf16-mixed|fp32]\n");
     return 2;

@@ -939,16 +939,21 @@ int main(void) {
   /* the products' other modes: a second init keeps the device and takes the
    * mode; printed lines carry the mode in their check names' bounds */
   const kern_cuda_opts_t modes[] = {{.device = 0, .bf16 = 1, .attn_gemm = 1},
+                                    {.device = 0, .bf16 = 1, .attn_gemm = 1, .gemm_fast16bf = 1},
                                     {.device = 0, .tf32 = 1, .attn_gemm = 1}};
-  const double tols[] = {TOL_GEMM_BF16, TOL_GEMM_TF32};
-  for (int m = 0; m < 2; m++) {
-    printf("test_cuda_kernels: matrix products in %s\n", m ? "tf32" : "bf16");
-    report("table", m ? "tf32 mode" : "bf16 mode", "-", 0, 0, "-", -1,
+  const char *mode_names[] = {"bf16 mode", "bf16 mode (cuBLASLt rounds: fast16bf)", "tf32 mode"};
+  const double tols[] = {TOL_GEMM_BF16, TOL_GEMM_BF16, TOL_GEMM_TF32};
+  for (int m = 0; m < 3; m++) {
+    printf("test_cuda_kernels: matrix products in %s\n", mode_names[m]);
+    report("table", mode_names[m], "-", 0, 0, "-", -1,
            kern_cuda_init(&modes[m], msg, sizeof msg) == gpu);
     tol_gemm = tols[m];
     attn_gemm = 1; /* the fused kernel computes in fp32 whatever the mode */
     test_matmul(1024, 768, 3072, 1);
     test_matmul(64, 768, 50257, 0);
+    /* bf16 products packed in blocks (matmul.cu): forward cut in rows and
+     * in the sum (beta 0 on the first block of the sum only), dw in columns */
+    if (m == 0) test_matmul(2304, 16384, 64, 1);
     test_attention(1, 1024, 768, 12);
   }
   kern_cuda_init(&o, msg, sizeof msg);
