@@ -2,59 +2,73 @@
  * matmul's dbias and layernorm's dw and db, the CPU's bits
  * (kern_cpu_colsum).
  *
- * A block owns 32 columns, a lane each; its COLSUM_WARPS warps each sum one
- * run of KERN_COLSUM_ROWS rows at a time (a row's 32 columns are one
- * coalesced read), and the first warp adds the runs' sums to its columns in
- * row order through shared memory, COLSUM_WARPS runs a round. No atomics and
- * no scratch: one writer per column. */
+ * Two stages: a warp sums one run of KERN_COLSUM_ROWS rows for 32 columns, a
+ * lane each (a row's 32 columns are one coalesced read), all runs at once,
+ * into scratch; then a thread per column adds the runs' sums to it in row
+ * order. No atomics; one writer per column. */
 #include "kernels/cuda/cuda_impl.h"
 #include "kernels/kern_math.h"
 
 #define COLSUM_WARPS 16
 
+/* Stage 1: the sum of every run alone for columns [c0, c0 + cs) of dout (N,
+ * C): partial[j][c - c0], and the dw terms' at partial + runs * cs; a warp a
+ * run of 32 columns, every run at once, so every SM reads. */
 __global__ static void __launch_bounds__(COLSUM_WARPS * 32)
-    colsum_kernel(float *sd, float *sdx, const float *dout, const float *inp, const float *mean,
-                  const float *rstd, int N, int C) {
-  __shared__ float shd[COLSUM_WARPS][32], shx[COLSUM_WARPS][32];
+    colsum_runs_kernel(float *partial, const float *dout, const float *inp, const float *mean,
+                       const float *rstd, int N, int C, int c0, int cs, int with_x) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int c = blockIdx.x * 32 + lane;
-  const bool on = c < C;
-  float ad = on ? sd[c] : 0.0f, ax = on && sdx ? sdx[c] : 0.0f;
+  const int k = blockIdx.x * 32 + lane; /* the slice's column */
   const int runs = (N + KERN_COLSUM_ROWS - 1) / KERN_COLSUM_ROWS;
-  for (int j0 = 0; j0 < runs; j0 += COLSUM_WARPS) {
-    const int j = j0 + warp;
-    float pd = 0.0f, px = 0.0f;
-    if (on && j < runs) {
-      const int n1 = N - j * KERN_COLSUM_ROWS < KERN_COLSUM_ROWS ? N : (j + 1) * KERN_COLSUM_ROWS;
-      for (int n = j * KERN_COLSUM_ROWS; n < n1; n++) {
-        const int64_t i = (int64_t)n * C + c;
-        const float d = dout[i];
-        pd += d;
-        if (sdx) px += d * (inp[i] - mean[n]) * rstd[n];
-      }
-    }
-    shd[warp][lane] = pd;
-    shx[warp][lane] = px;
-    __syncthreads();
-    if (warp == 0) {
-      const int nw = runs - j0 < COLSUM_WARPS ? runs - j0 : COLSUM_WARPS;
-      for (int w = 0; w < nw; w++) {
-        ad += shd[w][lane];
-        ax += shx[w][lane];
-      }
-    }
-    __syncthreads();
+  const int j = blockIdx.y * COLSUM_WARPS + warp;
+  if (k >= cs || j >= runs) return;
+  float pd = 0.0f, px = 0.0f;
+  const int n1 = N - j * KERN_COLSUM_ROWS < KERN_COLSUM_ROWS ? N : (j + 1) * KERN_COLSUM_ROWS;
+  for (int n = j * KERN_COLSUM_ROWS; n < n1; n++) {
+    const int64_t i = (int64_t)n * C + c0 + k;
+    const float d = dout[i];
+    pd += d;
+    if (with_x) px += d * (inp[i] - mean[n]) * rstd[n];
   }
-  if (warp == 0 && on) {
-    sd[c] = ad;
-    if (sdx) sdx[c] = ax;
-  }
+  partial[(int64_t)j * cs + k] = pd;
+  if (with_x) partial[((int64_t)runs + j) * cs + k] = px;
 }
 
+/* Stage 2: a thread a column adds the runs' sums in row order. */
+__global__ static void colsum_add_kernel(float *sd, float *sdx, const float *partial, int runs,
+                                         int cs) {
+  const int k = blockIdx.x * blockDim.x + threadIdx.x;
+  if (k >= cs) return;
+  float ad = sd[k];
+#pragma unroll 8
+  for (int j = 0; j < runs; j++) ad += partial[(int64_t)j * cs + k];
+  sd[k] = ad;
+  if (!sdx) return;
+  float ax = sdx[k];
+#pragma unroll 8
+  for (int j = 0; j < runs; j++) ax += partial[((int64_t)runs + j) * cs + k];
+  sdx[k] = ax;
+}
+
+/* The runs' sums live in the packing buffers (matmul.cu's, idle between
+ * products: one stream), as many columns at a time as fit there. */
 void kern_cuda_colsum(float *sd, float *sdx, const float *dout, const float *inp,
                       const float *mean, const float *rstd, int N, int C) {
   if (N <= 0 || C <= 0) return;
-  colsum_kernel<<<(C + 31) / 32, COLSUM_WARPS * 32, 0, kern_cuda_st.stream>>>(sd, sdx, dout, inp,
-                                                                            mean, rstd, N, C);
-  KERN_CUDA_LAUNCHED();
+  const int runs = (N + KERN_COLSUM_ROWS - 1) / KERN_COLSUM_ROWS;
+  const size_t room = 2 * KERN_CUDA_SIZE_PACK_ELEMS * sizeof(uint16_t) / sizeof(float);
+  const size_t per_col = (size_t)runs * (sdx ? 2 : 1);
+  int cs = room / per_col >= (size_t)C ? C : (int)(room / per_col) & ~31;
+  KERN_CUDA_ASSERT(cs >= 32 || cs == C); /* N below 2^23 rows */
+  float *partial = (float *)kern_cuda_st.pack;
+  for (int c0 = 0; c0 < C; c0 += cs) {
+    const int n = C - c0 < cs ? C - c0 : cs;
+    const dim3 grid((unsigned)((n + 31) / 32), (unsigned)((runs + COLSUM_WARPS - 1) / COLSUM_WARPS));
+    colsum_runs_kernel<<<grid, COLSUM_WARPS * 32, 0, kern_cuda_st.stream>>>(
+        partial, dout, inp, mean, rstd, N, C, c0, n, sdx != NULL);
+    KERN_CUDA_LAUNCHED();
+    colsum_add_kernel<<<(n + KERN_CUDA_THREADS - 1) / KERN_CUDA_THREADS, KERN_CUDA_THREADS, 0,
+                        kern_cuda_st.stream>>>(sd + c0, sdx ? sdx + c0 : NULL, partial, runs, n);
+    KERN_CUDA_LAUNCHED();
+  }
 }

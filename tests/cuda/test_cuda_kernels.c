@@ -895,6 +895,10 @@ int main(void) {
   test_matmul(33, 17, 65, 0);
   test_matmul(1024, 768, 3072, 1);
   test_matmul(64, 768, 50257, 0);
+  /* dbias's 4224 runs of 32 rows for more columns than the scratch holds at
+   * once (16M floats: 3968 columns): colsum.cu sums them a slice of columns
+   * at a time, the last slice 160 columns wide */
+  test_matmul(135168, 8, 4128, 1);
 
   /* head sizes 4 and 3: the products; 16, 32, 64, 128: the fused kernel,
    * with T across tile edges (16 and 32 rows) and one head */
