@@ -233,24 +233,10 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
 }
 
 int main(int argc, char **argv) {
-  if (argc >= 5 && !strcmp(argv[1], "--ops")) {
-    setenv("FSDP_CUDA_PLUGIN", "lib/fsdpd/libfsdp-cuda.so", 0);
-    const device_cuda_plugin_t *p;
-    char msg[512] = "";
-    if (device_cuda_load(&p) || p->device_count(msg, sizeof msg) <= 0) {
-      printf("bench: cuda skipped=\"%s\"\n", msg[0] ? msg : err_msg());
-      return 0;
-    }
-    return ops_main(p, argv[2], atoi(argv[3]), atoi(argv[4]), argc > 5 ? argv[5] : "bf16-mixed");
-  }
+  const int ops = argc >= 5 && !strcmp(argv[1], "--ops");
   if (argc < 5) {
-    fprintf(stderr, "usage: bench_cuda MODEL B T STEPS [bf16-mixed|fp32]\n");
-    return 2;
-  }
-  const char *model = argv[1], *prec = argc > 5 ? argv[5] : "bf16-mixed";
-  const int B = atoi(argv[2]), T = atoi(argv[3]), steps = atoi(argv[4]);
-  if (B < 1 || T < 1 || steps < 1 || steps > MAX_STEPS) {
-    fprintf(stderr, "bench_cuda: B, T and STEPS (at most %d) must be positive\n", MAX_STEPS);
+    fprintf(stderr, "usage: bench_cuda MODEL B T STEPS [bf16-mixed|fp32]\n"
+                    "       bench_cuda --ops MODEL B T [bf16-mixed|fp32]\n");
     return 2;
   }
   setenv("FSDP_CUDA_PLUGIN", "lib/fsdpd/libfsdp-cuda.so", 0);
@@ -259,6 +245,14 @@ int main(int argc, char **argv) {
   if (device_cuda_load(&p) || p->device_count(msg, sizeof msg) <= 0) {
     printf("bench: cuda skipped=\"%s\"\n", msg[0] ? msg : err_msg());
     return 0;
+  }
+  if (ops)
+    return ops_main(p, argv[2], atoi(argv[3]), atoi(argv[4]), argc > 5 ? argv[5] : "bf16-mixed");
+  const char *model = argv[1], *prec = argc > 5 ? argv[5] : "bf16-mixed";
+  const int B = atoi(argv[2]), T = atoi(argv[3]), steps = atoi(argv[4]);
+  if (B < 1 || T < 1 || steps < 1 || steps > MAX_STEPS) {
+    fprintf(stderr, "bench_cuda: B, T and STEPS (at most %d) must be positive\n", MAX_STEPS);
+    return 2;
   }
   config_t c;
   config_default(&c);
