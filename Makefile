@@ -256,7 +256,7 @@ $(B)/%.o: %.cu | deps
 # kernels/cuda: position-independent (they go into the plugin) and without
 # contraction, as the CPU kernels are built.
 $(B)/kernels/cuda/%.o: kernels/cuda/%.cu kernels/cuda/cuda_impl.h kernels/cuda/cuda.h kernels/kern.h \
-                       kernels/kern_math.h | deps
+                       kernels/kern_math.h kernels/cuda/size.h | deps
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -O3 -fmad=false -Xcompiler -fPIC,-Wall,-Wextra -c $< -o $@
 

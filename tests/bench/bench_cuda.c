@@ -213,7 +213,10 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
   const kern_cuda_opts_t modes[] = {{.bf16 = 1}, {.bf16 = 1, .gemm_fast16bf = 1}, {.tf32 = 1}, {0}};
   const char *mname[] = {"bf16-packed", "bf16-fast16bf", "tf32", "fp32"};
   for (int m = 0; m < 4; m++) {
-    K = p->kern_init(&modes[m], msg, sizeof msg);
+    if (!(K = p->kern_init(&modes[m], msg, sizeof msg))) {
+      fprintf(stderr, "bench_cuda: %s: %s\n", mname[m], msg);
+      return 1;
+    }
     const struct { const char *name; int ic, oc; float *out, *wt; } pr[] = {
         {"lm_head", C, V, logits, wte}, {"fc", C, 4 * C, y, w}};
     for (int i = 0; i < 2; i++) {
@@ -246,8 +249,13 @@ int main(int argc, char **argv) {
     printf("bench: cuda skipped=\"%s\"\n", msg[0] ? msg : err_msg());
     return 0;
   }
-  if (ops)
+  if (ops) {
+    if (atoi(argv[3]) < 1 || atoi(argv[4]) < 1) {
+      fprintf(stderr, "bench_cuda: --ops: B and T must be positive\n");
+      return 2;
+    }
     return ops_main(p, argv[2], atoi(argv[3]), atoi(argv[4]), argc > 5 ? argv[5] : "bf16-mixed");
+  }
   const char *model = argv[1], *prec = argc > 5 ? argv[5] : "bf16-mixed";
   const int B = atoi(argv[2]), T = atoi(argv[3]), steps = atoi(argv[4]);
   if (B < 1 || T < 1 || steps < 1 || steps > MAX_STEPS) {

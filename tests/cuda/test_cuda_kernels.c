@@ -27,7 +27,11 @@
  *    its online softmax rescales by exp of max differences, exact to an ulp
  *    per rescale, and its log-sum-exp (what it keeps instead of att) is
  *    checked against float64 with mag = 1 + the bound on its scores + |lse|
- *    (attn_ref_lse).
+ *    (attn_ref_lse). In bf16 mode the products on packed operands are also
+ *    held to TOL_GEMM against the CPU's products of the bf16-rounded
+ *    operands (the *-bf16ops lines: bf16 x bf16 is exact in fp32), which a
+ *    dropped term or block of the blocked products (matmul.cu) would miss
+ *    by far.
  *  - |diff| <= TOL_RED * mag for fp32 sums over rows (layernorm, softmax,
  *    cross-entropy): the CPU sums in 16 lanes, the GPU in a tree, so each is
  *    off by ~sqrt(n) * 2^-24 relative (about 1e-6 at V = 50257); mag as
@@ -52,6 +56,7 @@
 #include "daemon/common/rng.h"
 #include "kernels/cuda/cuda.h"
 #include "kernels/kern.h"
+#include "kernels/kern_math.h"
 
 #define TOL_GEMM 1e-5
 /* The products' modes (kern_cuda_opts_t): operands rounded to bf16 (8
@@ -62,6 +67,11 @@
 #define TOL_GEMM_TF32 1e-3
 static double tol_gemm = TOL_GEMM; /* the bound of the GPU's products in the mode under test */
 static int attn_gemm; /* the mode under test: attention by products even where fused is built */
+/* The mode under test packs the operands to bf16 (matmul.cu): its products
+ * equal the CPU's products of the bf16-rounded operands to fp32 accuracy
+ * (products of bf16 are exact in fp32; only the order of the sums differs),
+ * which shows a dropped or doubled term that TOL_GEMM_BF16 would not. */
+static int bf16_exact;
 #define TOL_RED 1e-5
 #define TOL_F64 1e-12
 
@@ -101,6 +111,13 @@ static float *fdup(const float *x, size_t n) {
 static float *fabs_dup(const float *x, size_t n) {
   float *y = xmalloc(n * sizeof(float));
   for (size_t i = 0; i < n; i++) y[i] = fabsf(x[i]);
+  return y;
+}
+
+/* x rounded to bf16 (the casts' rounding), as fp32; or copied (round 0). */
+static float *round_dup(const float *x, size_t n, int round) {
+  float *y = xmalloc(n * sizeof(float));
+  for (size_t i = 0; i < n; i++) y[i] = round ? kern_bf16_to_f32(kern_f32_to_bf16(x[i])) : x[i];
   return y;
 }
 
@@ -145,15 +162,21 @@ static void report(const char *op, const char *what, const char *shape, double m
   fflush(stdout);
 }
 
-/* got and ref (n floats) have the same bits, or are both NaN. */
+/* got and ref (n floats) have the same bits, or are both NaN (got not the
+ * fill of dnew). */
 static void check_bits(const char *op, const char *what, const char *shape, const float *got,
                        const float *ref, size_t n) {
   double max_abs = 0, max_rel = 0;
   size_t differ = 0;
   for (size_t i = 0; i < n; i++) {
     /* a NaN is a NaN: x86 makes the negative default NaN (0xffc00000) and
-     * CUDA the positive canonical one (0x7fffffff); the payload is no result */
-    if (!memcmp(&got[i], &ref[i], sizeof(float)) || (isnan(got[i]) && isnan(ref[i]))) continue;
+     * CUDA the positive canonical one (0x7fffffff); the payload is no result.
+     * But dnew's fill (0xffffffff) is an element the op never wrote. */
+    uint32_t gb;
+    memcpy(&gb, &got[i], sizeof gb);
+    if (!memcmp(&got[i], &ref[i], sizeof(float)) ||
+        (isnan(got[i]) && isnan(ref[i]) && gb != 0xffffffffu))
+      continue;
     differ++;
     double d = fabs((double)got[i] - ref[i]);
     if (isnan(d)) d = INFINITY;
@@ -404,6 +427,12 @@ static void test_matmul(int N, int IC, int OC, int with_bias) {
   gpu->matmul_fwd(dout_o, dinp_, dw_, dbias_, N, IC, OC);
   float *g = dget(dout_o, no);
   check_tol("matmul_fwd", "out", shape, g, out, NULL, mag, NULL, no, tol_gemm);
+  if (bf16_exact) {
+    float *ri = round_dup(inp, ni, 1), *rw = round_dup(w, nw, 1), *ro = xmalloc(no * 4);
+    cpu->matmul_fwd(ro, ri, rw, bias, N, IC, OC);
+    check_tol("matmul_fwd", "out-bf16ops", shape, g, ro, NULL, mag, NULL, no, TOL_GEMM);
+    free(ri), free(rw), free(ro);
+  }
 
   /* float64 on selected rows, both backends */
   int rows[MAX_PICK];
@@ -432,14 +461,24 @@ static void test_matmul(int N, int IC, int OC, int with_bias) {
   cpu->matmul_bwd(mdinp, mdw, NULL, adout, ainp, aw, N, IC, OC);
   float *ddout = dput(dout, no * 4), *dd_inp = dput(dinp, ni * 4), *dd_w = dput(dw, nw * 4);
   float *dd_bias = bias ? dput(dbias, OC * 4) : NULL;
+  /* the bf16 operands' products, from the same initial gradients */
+  float *xdinp = NULL, *xdw = NULL;
+  if (bf16_exact) {
+    float *rd = round_dup(dout, no, 1), *ri = round_dup(inp, ni, 1), *rw = round_dup(w, nw, 1);
+    xdinp = round_dup(dinp, ni, 0), xdw = round_dup(dw, nw, 0);
+    cpu->matmul_bwd(xdinp, xdw, NULL, rd, ri, rw, N, IC, OC);
+    free(rd), free(ri), free(rw);
+  }
   cpu->matmul_bwd(dinp, dw, dbias, dout, inp, w, N, IC, OC);
   gpu->matmul_bwd(dd_inp, dd_w, dd_bias, ddout, dinp_, dw_, N, IC, OC);
   g = dget(dd_inp, ni);
   check_tol("matmul_bwd", "dinp", shape, g, dinp, NULL, mdinp, NULL, ni, tol_gemm);
+  if (xdinp) check_tol("matmul_bwd", "dinp-bf16ops", shape, g, xdinp, NULL, mdinp, NULL, ni, TOL_GEMM);
   free(g);
   g = dget(dd_w, nw);
   check_tol("matmul_bwd", "dw", shape, g, dw, NULL, mdw, NULL, nw, tol_gemm);
-  free(g);
+  if (xdw) check_tol("matmul_bwd", "dw-bf16ops", shape, g, xdw, NULL, mdw, NULL, nw, TOL_GEMM);
+  free(g), free(xdinp), free(xdw);
   if (bias) {
     g = dget(dd_bias, OC);
     check_bits("matmul_bwd", "dbias", shape, g, dbias, OC);
@@ -890,9 +929,14 @@ int main(void) {
   test_layernorm(7, 33);
   test_layernorm(1, 1);
   test_layernorm(1024, 768);
+  /* column sums over several runs of 32 rows, the last one partial; then
+   * dw's and db's runs for more columns than the scratch holds at once (4097
+   * runs: 2016 columns a slice) */
+  test_layernorm(1000, 768);
+  test_layernorm(131100, 2048);
 
   test_matmul(5, 7, 3, 1);
-  test_matmul(33, 17, 65, 0);
+  test_matmul(33, 17, 65, 1); /* dbias: two runs, the second of one row */
   test_matmul(1024, 768, 3072, 1);
   test_matmul(64, 768, 50257, 0);
   /* dbias's 4224 runs of 32 rows for more columns than the scratch holds at
@@ -948,6 +992,7 @@ int main(void) {
   const char *mode_names[] = {"bf16 mode", "bf16 mode (cuBLASLt rounds: fast16bf)", "tf32 mode"};
   const double tols[] = {TOL_GEMM_BF16, TOL_GEMM_BF16, TOL_GEMM_TF32};
   for (int m = 0; m < 3; m++) {
+    bf16_exact = m == 0;
     printf("test_cuda_kernels: matrix products in %s\n", mode_names[m]);
     report("table", mode_names[m], "-", 0, 0, "-", -1,
            kern_cuda_init(&modes[m], msg, sizeof msg) == gpu);
@@ -959,6 +1004,10 @@ int main(void) {
      * in the sum (beta 0 on the first block of the sum only), dw in columns */
     if (m == 0) test_matmul(2304, 16384, 64, 1);
     test_attention(1, 1024, 768, 12);
+    /* 25 heads: the products' batches (per batch row, over the heads) are
+     * packed 13 and then 12 at a time */
+    if (m == 0) test_attention(1, 1024, 1600, 25);
+    bf16_exact = 0;
   }
   kern_cuda_init(&o, msg, sizeof msg);
   tol_gemm = TOL_GEMM;
