@@ -21,7 +21,7 @@ ARCH   ?= -march=x86-64 -mtune=generic
 CFLAGS  = -std=c11 -D_GNU_SOURCE $(OPT) $(ARCH) -g -fopenmp -fno-math-errno -ffp-contract=off \
           -Wall -Wextra -Werror -MMD -MP -I. $(EXTRA_CFLAGS)
 LDFLAGS = -fopenmp $(EXTRA_LDFLAGS)
-LDLIBS  = -ldnnl $(JOB_LDLIBS) -lm -lpthread
+LDLIBS  = -ldnnl $(JOB_LDLIBS) -lcrypto -lm -lpthread
 B       = build
 # CUDA 13 lives in /usr/local/cuda on these machines (no GPU needed to compile).
 NVCC   ?= /usr/local/cuda/bin/nvcc

@@ -1,7 +1,9 @@
 /* boot: a rank's peers and its communicators (see boot.h). */
 #include "daemon/comm/boot.h"
 
+#include <ctype.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -71,6 +73,25 @@ static int comm_boot_env_job(comm_boot_t *b) {
   return FSDP_OK;
 }
 
+int comm_boot_set_secret(comm_boot_t *b, const char *hex, const char *what) {
+  size_t n = strlen(hex);
+  int ok = n == 2 * COMM_RING_SECRET_BYTES;
+  for (size_t i = 0; ok && i < COMM_RING_SECRET_BYTES; i++) {
+    unsigned v = 0;
+    ok = isxdigit((unsigned char)hex[2 * i]) && isxdigit((unsigned char)hex[2 * i + 1]) &&
+         sscanf(hex + 2 * i, "%2x", &v) == 1;
+    b->secret[i] = (uint8_t)v;
+  }
+  if (!ok) {
+    explicit_bzero(b->secret, sizeof b->secret);
+    return err_set(FSDP_EINVAL, "%s: not %d hex digits (%zu characters); it is the run's ring "
+                   "secret, which fsdp-launch and fsdpd draw for each attempt and give every rank",
+                   what, 2 * COMM_RING_SECRET_BYTES, n);
+  }
+  b->has_secret = 1;
+  return FSDP_OK;
+}
+
 int comm_boot_from_env(comm_boot_t *b) {
   memset(b, 0, sizeof *b);
   b->world = 1;
@@ -87,6 +108,8 @@ int comm_boot_from_env(comm_boot_t *b) {
        (rc = comm_boot_env_int("FSDP_ATTEMPT", 0, INT32_MAX, &attempt))))
     return rc;
   b->attempt = (uint32_t)attempt;
+  const char *sec = getenv(RING_SECRET_VAR);
+  if (sec && (rc = comm_boot_set_secret(b, sec, RING_SECRET_VAR))) return rc;
   const char *env = getenv("FSDP_ADDRS");
   if (!env) return err_set(FSDP_EINVAL, "FSDP_ADDRS: unset; it is set by fsdp-launch");
   if ((rc = comm_boot_env_int("FSDP_LISTEN_FD", 0, 1 << 20, &fd))) return rc;
@@ -120,6 +143,8 @@ void comm_boot_free(comm_boot_t *b) {
   b->addrs = NULL;
   if (b->listen_fd >= 0) close(b->listen_fd);
   b->listen_fd = -1;
+  explicit_bzero(b->secret, sizeof b->secret);
+  b->has_secret = 0;
 }
 
 /* Replaces the ring world *world by the world b->ids makes, from the id rank
@@ -158,7 +183,8 @@ int comm_boot_connect(comm_boot_t *b, int replicas, int shards, comm_groups_t *g
   if (b->world == 1) return FSDP_OK;
   comm_ring_opts_t o = {.rank = b->rank, .size = b->world,
                         .addrs = (const char *const *)b->addrs, .name = "world",
-                        .listen_fd = b->listen_fd, .job = b->job, .attempt = b->attempt};
+                        .listen_fd = b->listen_fd, .job = b->job, .attempt = b->attempt,
+                        .secret = b->has_secret ? b->secret : NULL};
   b->listen_fd = -1; /* the ring owns it, whatever happens */
   int rc = comm_ring_create(&o, &g->world);
   if (!rc && b->ids) rc = comm_boot_world_by_id(b, &g->world);

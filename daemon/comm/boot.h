@@ -6,7 +6,8 @@
  * (fsdp-launch sets FSDP_RANK, FSDP_WORLD_SIZE, FSDP_ADDRS and FSDP_LISTEN_FD;
  * the node daemon sets the same; FSDP_JOB_ID and FSDP_ATTEMPT, optional, name
  * the run, which the ring's hello carries so that ranks of two runs never
- * take each other for peers); for NCCL, a unique id rank 0 draws, which
+ * take each other for peers, and FSDP_RING_SECRET, the secret both launchers
+ * draw for each attempt, which every rank proves to its neighbours); for NCCL, a unique id rank 0 draws, which
  * the ring's bootstrap carries to the others (comm_boot_ids_t). comm_boot_connect turns it into the world
  * communicator and splits the mesh's shard and replica groups from it. */
 #ifndef FSDP_COMM_BOOT_H
@@ -39,6 +40,10 @@ typedef struct comm_boot {
   /* whose run: the job's id ("": none given) and attempt (0: none given) */
   char job[COMM_RING_JOB_MAX + 1];
   uint32_t attempt;
+  /* the run's secret, which every rank proves to its neighbours
+   * (FSDP_RING_SECRET, 64 hex digits; has_secret 0: none given) */
+  int has_secret;
+  uint8_t secret[COMM_RING_SECRET_BYTES];
   /* NULL: the ring is the world's backend. Else the world is made by ids
    * (above); the caller sets it before comm_boot_connect. */
   const comm_boot_ids_t *ids;
@@ -52,12 +57,14 @@ typedef struct comm_groups {
 } comm_groups_t;
 
 /* This process's place in its job, from the environment its launcher set
- * (FSDP_WORLD_SIZE unset: a one-rank job; FSDP_JOB_ID and FSDP_ATTEMPT are
- * optional). A value that is missing or out of range is an error naming the
+ * (FSDP_WORLD_SIZE unset: a one-rank job; FSDP_JOB_ID, FSDP_ATTEMPT and
+ * FSDP_RING_SECRET are optional). A value that is missing or out of range is an error naming the
  * variable. Free with comm_boot_free. */
 int comm_boot_from_env(comm_boot_t *b);
 /* A boot for tests and tools: world addresses given, no bound socket. */
 int comm_boot_from_addrs(comm_boot_t *b, int rank, int world, const char *const *addrs);
+/* Sets b's secret from 64 hex digits (what names the value: "FSDP_RING_SECRET"). */
+int comm_boot_set_secret(comm_boot_t *b, const char *hex, const char *what);
 void comm_boot_free(comm_boot_t *b);
 
 /* Connects the world (every rank of the job calls it) and splits the mesh's

@@ -243,6 +243,7 @@ static void ring_free(ring_t *r) {
   comm_shm_close(r->shm_out);
   pthread_mutex_destroy(&r->mu);
   pthread_cond_destroy(&r->cv);
+  explicit_bzero(r->secret, sizeof r->secret);
   free(r);
 }
 
@@ -303,6 +304,7 @@ int comm_ring_create(const comm_ring_opts_t *o, comm_t **out) {
   snprintf(r->base.name, sizeof r->base.name, "%s", name);
   snprintf(r->job, sizeof r->job, "%s", job);
   r->attempt = o->attempt;
+  if (o->secret) memcpy(r->secret, o->secret, sizeof r->secret), r->has_secret = 1;
   r->fd_next = r->fd_prev = r->wake[0] = r->wake[1] = -1;
   r->out = r->in = &ring_tcp_link; /* until the bootstrap finds better */
   pthread_mutex_init(&r->mu, NULL);
@@ -363,9 +365,11 @@ fail:
 
 const char *comm_ring_self_addr(const comm_t *c) { return ((const ring_t *)c)->addr_self; }
 
-const char *comm_ring_job(const comm_t *c, uint32_t *attempt) {
-  *attempt = ((const ring_t *)c)->attempt;
-  return ((const ring_t *)c)->job;
+void comm_ring_run(const comm_t *c, comm_ring_opts_t *o) {
+  const ring_t *r = (const ring_t *)c;
+  o->job = r->job;
+  o->attempt = r->attempt;
+  o->secret = r->has_secret ? r->secret : NULL;
 }
 
 int comm_ring_cma_links(const comm_t *c) {

@@ -14,8 +14,10 @@
 #include <stdint.h>
 
 #include "daemon/comm/comm.h"
+#include "daemon/common/ring_secret.h"
 
 #define COMM_RING_JOB_MAX 128 /* bytes of a job id in the hello (fsdpd's ids fit) */
+#define COMM_RING_SECRET_BYTES RING_SECRET_BYTES /* the run's secret (ring_secret.h) */
 
 /* Rank r listens at addrs[r], connects to rank r+1 and accepts rank r-1; a
  * handshake checks whose ring each side is of (job id and attempt, group
@@ -32,6 +34,12 @@ typedef struct {
    * fatal: a stale rank, not a mis-wired one. */
   const char *job;
   uint32_t attempt;
+  /* The secret every rank of the run was given (COMM_RING_SECRET_BYTES), or
+   * NULL: none. Each side proves it holds it, bound to the other's fresh
+   * nonce (docs/RING.md, "Authentication"): a connection that cannot, or a
+   * replayed hello, is turned away whatever it claims to be. Without one the
+   * ring is open to whoever reaches its ports, as before. */
+  const uint8_t *secret;
   int listen_fd;            /* -1: bind addrs[rank]; else a bound socket, owned from now on */
   int64_t timeout_ms;       /* bootstrap deadline and default op timeout; 0: FSDP_COMM_TIMEOUT_MS */
   size_t chunk_bytes;       /* 0: FSDP_COMM_CHUNK_BYTES */
@@ -58,8 +66,9 @@ extern int64_t comm_ring_test_stall_ns;
  * in c (its host is where a split group listens), and the comm_split of the
  * table. */
 const char *comm_ring_self_addr(const comm_t *c);
-/* The job id (never NULL) and attempt of c, which its split groups share. */
-const char *comm_ring_job(const comm_t *c, uint32_t *attempt);
+/* The run c is of (o's job, never NULL, attempt and secret, pointing into
+ * c), which its split groups share. */
+void comm_ring_run(const comm_t *c, comm_ring_opts_t *o);
 int comm_ring_split(comm_t *c, int color, int key, const char *name, int64_t timeout_ms,
                     comm_t **out);
 

@@ -17,10 +17,14 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -42,8 +46,18 @@ typedef struct {
   uint32_t attempt;
   char name[64];
   char job[COMM_RING_JOB_MAX]; /* zero-padded; all of it may be the id */
+  uint8_t nonce[16];           /* fresh for every hello (none in a refusal) */
+  uint8_t mac[RING_MAC_BYTES]; /* HMAC-SHA-256 under the run's secret (ring_boot_hello) */
   char pad[8];
 } ring_boot_hello_t;
+
+/* The dialler's last word of the handshake: the mac, under the run's secret,
+ * of its hello and the acceptor's answer, so a hello recorded and replayed,
+ * which cannot make it for the answer's fresh nonce, is turned away. */
+typedef struct {
+  uint32_t magic, pad;
+  uint8_t mac[RING_MAC_BYTES];
+} ring_boot_proof_t;
 
 /* The bootstrap's last step, on each link: the producer (rank r) offers a
  * shared-memory link to rank r+1 (name empty: no offer), with its pid, the
@@ -64,7 +78,8 @@ typedef struct {
   uint64_t reg_id, reg_token;
 } ring_boot_offer_t;
 
-_Static_assert(sizeof(ring_boot_hello_t) == 224, "hello is 224 bytes");
+_Static_assert(sizeof(ring_boot_hello_t) == 272, "hello is 272 bytes");
+_Static_assert(sizeof(ring_boot_proof_t) == 40, "proof is 40 bytes");
 _Static_assert(sizeof(ring_boot_offer_t) == 112, "offer is 112 bytes");
 
 static int ring_boot_parse_addr(const char *addr, char *host, size_t hn, char *port, size_t pn) {
@@ -295,8 +310,12 @@ static int ring_boot_choose_links(ring_t *r, int64_t deadline) {
 
 /* How long an accepted connection has to send its hello before it is taken
  * for a stray (a port scanner, a health check, a stale rank) and closed: a
- * rank sends its hello as soon as its connect completes. */
+ * rank sends its hello as soon as its connect completes. Connections are
+ * heard side by side, so a silent one delays nobody. */
 #define RING_BOOT_HELLO_MS 1000
+/* Connections heard at once while a rank waits for its previous one; more
+ * wait in the listener's backlog. */
+#define RING_BOOT_CANDS 16
 
 /* What a rank told about a mismatch can do about it (both sides say it). */
 #define RING_BOOT_MISWIRED                                                                 \
@@ -304,14 +323,70 @@ static int ring_boot_choose_links(ring_t *r, int64_t deadline) {
   "(fsdp-launch and fsdpd do), and look for a rank of another job or attempt still "     \
   "running, or a launcher given another run's addresses"
 
+/* Why a hello whose proof of the secret fails may come (both sides say it). */
+#define RING_BOOT_NO_SECRET                                                                \
+  "a rank started with another FSDP_RING_SECRET (of another attempt or job, or none), "  \
+  "or not a rank at all"
+
+/* One rank's bootstrap on its two connections: the hello it sent its next
+ * rank (whose answer is bound to its nonce) and whether that answer came. */
+typedef struct {
+  ring_t *r;
+  int64_t deadline;
+  ring_boot_hello_t hi;
+  int answered;
+} ring_boot_t;
+
+/* HMAC-SHA-256 under r's secret (all zero when it has none: the same code,
+ * proving nothing) of label, a and b (b may be NULL); 0, or -1 when OpenSSL
+ * fails (nothing is then taken as proved). */
+static int ring_boot_mac(const ring_t *r, const char *label, const void *a, const void *b,
+                         uint8_t out[RING_MAC_BYTES]) {
+  uint8_t buf[32 + 2 * sizeof(ring_boot_hello_t)];
+  size_t nl = strlen(label), n = nl;
+  memcpy(buf, label, nl);
+  memcpy(buf + n, a, sizeof(ring_boot_hello_t)), n += sizeof(ring_boot_hello_t);
+  if (b) memcpy(buf + n, b, sizeof(ring_boot_hello_t)), n += sizeof(ring_boot_hello_t);
+  unsigned len = 0;
+  if (!HMAC(EVP_sha256(), r->secret, (int)sizeof r->secret, buf, n, out, &len) ||
+      len != RING_MAC_BYTES)
+    return -1;
+  return 0;
+}
+
+/* The mac of hello h (its own mac field taken as zero): of a hello, or,
+ * with to (the hello it answers), of an answer. */
+static int ring_boot_hello_mac(const ring_t *r, const ring_boot_hello_t *h,
+                               const ring_boot_hello_t *to, uint8_t out[RING_MAC_BYTES]) {
+  ring_boot_hello_t z = *h;
+  memset(z.mac, 0, sizeof z.mac);
+  return ring_boot_mac(r, to ? "fsdpd ring answer" : "fsdpd ring hello", &z, to, out);
+}
+
+/* Whether h carries the mac of r's secret (to: as above), in constant time. */
+static int ring_boot_hello_proved(const ring_t *r, const ring_boot_hello_t *h,
+                                  const ring_boot_hello_t *to) {
+  uint8_t m[RING_MAC_BYTES];
+  return ring_boot_hello_mac(r, h, to, m) == 0 && CRYPTO_memcmp(m, h->mac, sizeof m) == 0;
+}
+
 /* r's hello (magic RING_HELLO_MAGIC) or refusal (RING_REFUSE_MAGIC) to
- * rank `to`. */
-static ring_boot_hello_t ring_boot_hello(const ring_t *r, uint32_t magic, int to) {
-  ring_boot_hello_t h = {.magic = magic, .version = RING_VERSION, .size = r->base.size,
-                         .from = r->base.rank, .to = to, .attempt = r->attempt};
-  snprintf(h.name, sizeof h.name, "%s", r->base.name);
-  memcpy(h.job, r->job, strnlen(r->job, sizeof h.job)); /* ring.c: at most that long */
-  return h;
+ * rank `to`. A hello gets a fresh nonce and its mac (an answer's binds the
+ * hello it answers, answering); a refusal has neither. */
+static int ring_boot_hello(const ring_t *r, uint32_t magic, int to,
+                           const ring_boot_hello_t *answering, ring_boot_hello_t *h) {
+  *h = (ring_boot_hello_t){.magic = magic, .version = RING_VERSION, .size = r->base.size,
+                           .from = r->base.rank, .to = to, .attempt = r->attempt};
+  snprintf(h->name, sizeof h->name, "%s", r->base.name);
+  memcpy(h->job, r->job, strnlen(r->job, sizeof h->job)); /* ring.c: at most that long */
+  if (magic != RING_HELLO_MAGIC) return 0;
+  if (getrandom(h->nonce, sizeof h->nonce, 0) != (ssize_t)sizeof h->nonce)
+    return err_set_errno(FSDP_EIO, errno, "rank %d of group '%s': getrandom (the hello's nonce)",
+                         r->base.rank, r->base.name);
+  if (ring_boot_hello_mac(r, h, answering, h->mac))
+    return err_set(FSDP_EINTERNAL, "rank %d of group '%s': HMAC-SHA-256 failed (OpenSSL)",
+                   r->base.rank, r->base.name);
+  return 0;
 }
 
 /* "rank 1 of group 'world' (size 3, job '7' attempt 2)": whom h says it is
@@ -357,80 +432,126 @@ static int ring_boot_same_run(const ring_t *r, const ring_boot_hello_t *h, char 
   return buf[0] == 0;
 }
 
-/* Reads and checks the hello on fd, a connection just accepted from peer: 0
- * (the previous rank: take it), 1 (turned away, why in why[n]: go on
- * waiting) or a code with a message (the previous rank, by its own account,
- * of another run: fail). A ring's hello that is not the previous rank's is
- * answered with this rank's refusal, so its sender fails at once. */
-static int ring_boot_hello_check(ring_t *r, int fd, const char *peer, int64_t deadline, char *why,
-                                 size_t n) {
+/* A connection accepted while waiting for the previous rank, heard side by
+ * side with the others: its hello, then (answered) its proof. */
+typedef struct {
+  int fd;
+  char peer[80];
+  int64_t until; /* its hello by then; answered: its proof by the deadline */
+  int answered;
+  size_t got; /* bytes of the message being read */
+  ring_boot_hello_t hello, answer;
+  ring_boot_proof_t proof;
+} ring_boot_cand_t;
+
+/* Judges c's whole hello: 0 (the previous rank by its account: answered, its
+ * proof is next), 1 (turned away, why in why[n]) or a code with a message
+ * (the previous rank, by its own account, of another run: fail). A ring's
+ * hello that is not the previous rank's, or that does not prove the run's
+ * secret, is answered with this rank's refusal, so its sender fails at once. */
+static int ring_boot_judge(ring_boot_t *b, ring_boot_cand_t *c, char *why, size_t n) {
+  ring_t *r = b->r;
   const int me = r->base.rank;
-  int64_t until = ring_now_ns() + (int64_t)RING_BOOT_HELLO_MS * 1000000;
-  if (until > deadline) until = deadline;
-  ring_boot_hello_t ph;
-  /* the magic and version first: a stray's garbage, or another version's
-   * hello of another size, is known without waiting for more */
-  int e = ring_boot_io_all(fd, &ph, 8, 0, until);
-  if (e == 0 && ph.magic == RING_HELLO_MAGIC && ph.version == RING_VERSION)
-    e = ring_boot_io_all(fd, (char *)&ph + 8, sizeof ph - 8, 0, until);
-  if (e < 0) {
-    if (e == -ETIMEDOUT)
-      snprintf(why, n, "a connection from %s sent no hello within %d ms", peer,
-               RING_BOOT_HELLO_MS);
-    else
-      snprintf(why, n, "a connection from %s ended before its hello (%s)", peer, strerror(-e));
-    return 1;
-  }
-  if (ph.magic != RING_HELLO_MAGIC || ph.version != RING_VERSION) {
-    snprintf(why, n,
-             "a connection from %s is not an fsdpd ring of this version (magic %08x version %u)",
-             peer, ph.magic, ph.version);
-    return 1;
-  }
-  ph.name[sizeof ph.name - 1] = 0;
+  ring_boot_hello_t *ph = &c->hello, no;
+  const int proved = ring_boot_hello_proved(r, ph, NULL); /* on the bytes as they came */
+  ph->name[sizeof ph->name - 1] = 0;
   char diff[400], who[300];
-  int same = ring_boot_same_run(r, &ph, diff, sizeof diff);
-  if (same && ph.from == r->rank_prev && ph.to == me) return 0;
+  int same = ring_boot_same_run(r, ph, diff, sizeof diff);
+  if (proved && same && ph->from == r->rank_prev && ph->to == me) {
+    int rc = ring_boot_hello(r, RING_HELLO_MAGIC, r->rank_prev, ph, &c->answer);
+    if (rc < 0) return rc;
+    int e = ring_boot_io_all(c->fd, &c->answer, sizeof c->answer, 1, b->deadline);
+    if (e < 0) {
+      snprintf(why, n, "a connection from %s ended before its answer (%s)", c->peer, strerror(-e));
+      return 1;
+    }
+    c->answered = 1, c->got = 0, c->until = b->deadline;
+    return 0;
+  }
   /* refused: tell it (best effort: it may be gone), then judge */
-  ring_boot_hello_t no = ring_boot_hello(r, RING_REFUSE_MAGIC, r->rank_prev);
-  (void)ring_boot_io_all(fd, &no, sizeof no, 1, until);
-  ring_boot_who(who, sizeof who, &ph);
-  if (!same && ph.from == r->rank_prev && ph.to == me) {
+  (void)ring_boot_hello(r, RING_REFUSE_MAGIC, r->rank_prev, NULL, &no);
+  (void)ring_boot_io_all(c->fd, &no, sizeof no, 1, c->until);
+  ring_boot_who(who, sizeof who, ph);
+  if (!proved) {
+    snprintf(why, n, "%s connected from %s without proving this run's secret (%s); turned away",
+             who, c->peer, RING_BOOT_NO_SECRET);
+    return 1;
+  }
+  if (!same && ph->from == r->rank_prev && ph->to == me) {
     /* It claims to be the rank this one waits for. Of an earlier attempt of
      * the same job it is a stale rank connecting late: turned away, the
      * real one may still come. Of any other run, the ranks were mis-wired. */
-    if (!(ring_boot_same_job(r, &ph) && ph.attempt < r->attempt)) {
+    if (!(ring_boot_same_job(r, ph) && ph->attempt < r->attempt)) {
       char mine[300];
-      ring_boot_hello_t self = ring_boot_hello(r, RING_HELLO_MAGIC, r->rank_next);
-      ring_boot_who(mine, sizeof mine, &self);
+      ring_boot_who(mine, sizeof mine, &b->hi);
       return err_set(FSDP_EPEER,
                      "%s at %s: the rank it waits for (rank %d, %s) connected from %s as %s, of "
                      "another run (%s): %s",
-                     mine, r->addr_self, r->rank_prev, r->addr_prev, peer, who, diff,
+                     mine, r->addr_self, r->rank_prev, r->addr_prev, c->peer, who, diff,
                      RING_BOOT_MISWIRED);
     }
     snprintf(why, n, "%s connected from %s: a rank of an earlier attempt (%s), turned away", who,
-             peer, diff);
+             c->peer, diff);
     return 1;
   }
   snprintf(why, n,
            "%s dialling rank %d connected from %s where rank %d (%s) was expected%s%s: the "
            "address lists handed to the ranks disagree; turned away",
-           who, (int)ph.to, peer, r->rank_prev, r->addr_prev, same ? "" : ", of another run: ",
+           who, (int)ph->to, c->peer, r->rank_prev, r->addr_prev, same ? "" : ", of another run: ",
            same ? "" : diff);
   return 1;
 }
 
-/* Reads the next rank's answer to this rank's hello on r->fd_next: its hello
- * (0, when it is the next rank of this run), or a refusal, or the end of the
- * connection (a code with a message naming both sides: nothing the
- * bootstrap can wait out). */
-static int ring_boot_answer(ring_t *r, int64_t deadline) {
+/* Reads what c has sent: 0 (more to come), 1 (turned away, why in why[n]),
+ * 2 (the previous rank, proved) or a code with a message (fail). */
+static int ring_boot_cand_read(ring_boot_t *b, ring_boot_cand_t *c, char *why, size_t n) {
+  for (;;) {
+    uint8_t *buf = c->answered ? (uint8_t *)&c->proof : (uint8_t *)&c->hello;
+    /* the hello's magic and version first: a stray's garbage, or another
+     * version's hello of another size, is known without waiting for more */
+    size_t want = c->answered ? sizeof c->proof : c->got < 8 ? 8 : sizeof c->hello;
+    ssize_t k = recv(c->fd, buf + c->got, want - c->got, MSG_DONTWAIT);
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+    if (k <= 0) {
+      snprintf(why, n, "a connection from %s ended before its %s (%s)", c->peer,
+               c->answered ? "proof" : "hello", k == 0 ? "closed" : strerror(errno));
+      return 1;
+    }
+    if ((c->got += (size_t)k) < want) continue;
+    if (c->answered) {
+      uint8_t m[RING_MAC_BYTES];
+      if (c->proof.magic == RING_PROOF_MAGIC &&
+          ring_boot_mac(b->r, "fsdpd ring proof", &c->hello, &c->answer, m) == 0 &&
+          CRYPTO_memcmp(m, c->proof.mac, sizeof m) == 0)
+        return 2;
+      snprintf(why, n,
+               "a connection from %s sent the hello of rank %d but not its proof of this run's "
+               "secret (a hello recorded and replayed?); turned away",
+               c->peer, b->r->rank_prev);
+      return 1;
+    }
+    if (want == 8) {
+      if (c->hello.magic == RING_HELLO_MAGIC && c->hello.version == RING_VERSION) continue;
+      snprintf(why, n,
+               "a connection from %s is not an fsdpd ring of this version (magic %08x version %u)",
+               c->peer, c->hello.magic, c->hello.version);
+      return 1;
+    }
+    return ring_boot_judge(b, c, why, n);
+  }
+}
+
+/* Reads the next rank's answer to this rank's hello on r->fd_next: its hello,
+ * proved (then this rank's proof goes back, and b->answered), or a refusal,
+ * or the end of the connection (a code with a message naming both sides:
+ * nothing the bootstrap can wait out). */
+static int ring_boot_answer(ring_boot_t *b) {
+  ring_t *r = b->r;
   const int me = r->base.rank;
-  ring_boot_hello_t nh, self = ring_boot_hello(r, RING_HELLO_MAGIC, r->rank_next);
+  ring_boot_hello_t nh;
   char mine[300], who[300], diff[400];
-  ring_boot_who(mine, sizeof mine, &self);
-  int e = ring_boot_io_all(r->fd_next, &nh, sizeof nh, 0, deadline);
+  ring_boot_who(mine, sizeof mine, &b->hi);
+  int e = ring_boot_io_all(r->fd_next, &nh, sizeof nh, 0, b->deadline);
   if (e == -ECONNRESET || e == -EPIPE)
     return err_set(FSDP_EPEER,
                    "%s at %s: rank %d at %s closed the connection without answering its hello: "
@@ -442,6 +563,7 @@ static int ring_boot_answer(ring_t *r, int64_t deadline) {
                    "rank %d of group '%s': handshake with rank %d at %s: %s (was the rank started "
                    "with the same address list? did it fail? see its log)",
                    me, r->base.name, r->rank_next, r->addr_next, strerror(-e));
+  const int proved = nh.magic == RING_HELLO_MAGIC && ring_boot_hello_proved(r, &nh, &b->hi);
   nh.name[sizeof nh.name - 1] = 0;
   ring_boot_who(who, sizeof who, &nh);
   int same = nh.version == RING_VERSION && ring_boot_same_run(r, &nh, diff, sizeof diff);
@@ -458,6 +580,13 @@ static int ring_boot_answer(ring_t *r, int64_t deadline) {
                      "(%s): %s",
                      mine, r->addr_self, r->rank_next, r->addr_next, who, diff,
                      RING_BOOT_MISWIRED);
+    if (nh.to == me)
+      return err_set(FSDP_EPEER,
+                     "%s at %s dialled rank %d at %s and was turned away by %s, which waits for "
+                     "this very rank but could not check its proof of the run's secret: the "
+                     "ranks were given different FSDP_RING_SECRETs (fsdp-launch and fsdpd give "
+                     "every rank of an attempt the same one)",
+                     mine, r->addr_self, r->rank_next, r->addr_next, who);
     return err_set(FSDP_EPEER,
                    "%s at %s dialled rank %d at %s and was turned away by %s, which waits for "
                    "rank %d: the address lists handed to the ranks disagree; %s",
@@ -471,40 +600,103 @@ static int ring_boot_answer(ring_t *r, int64_t deadline) {
                    "address lists handed to the ranks disagree",
                    mine, r->rank_next, r->addr_next, who, same ? "" : ": ", same ? "" : diff,
                    nh.magic, nh.version);
+  if (!proved)
+    return err_set(FSDP_EPEER,
+                   "%s dialled rank %d at %s and %s answered without proving this run's secret: "
+                   "%s",
+                   mine, r->rank_next, r->addr_next, who, RING_BOOT_NO_SECRET);
+  ring_boot_proof_t pf = {.magic = RING_PROOF_MAGIC};
+  if (ring_boot_mac(r, "fsdpd ring proof", &b->hi, &nh, pf.mac))
+    return err_set(FSDP_EINTERNAL, "rank %d of group '%s': HMAC-SHA-256 failed (OpenSSL)", me,
+                   r->base.name);
+  e = ring_boot_io_all(r->fd_next, &pf, sizeof pf, 1, b->deadline);
+  if (e < 0)
+    return err_set(e == -ETIMEDOUT ? FSDP_ETIMEDOUT : FSDP_EPEER,
+                   "rank %d of group '%s': sending the proof to rank %d at %s: %s (did it fail? "
+                   "see its log)",
+                   me, r->base.name, r->rank_next, r->addr_next, strerror(-e));
+  b->answered = 1;
   return 0;
 }
 
-/* Accepts the previous rank into r->fd_prev. A connection whose hello is not
- * that rank's (garbage, another group, or nothing within RING_BOOT_HELLO_MS)
- * is logged once and closed, and the wait goes on until the deadline; a
- * timeout then names the last one turned away. Meanwhile the next rank's
- * answer is read as soon as it comes (*answered): a refusal or a closed
- * connection fails the bootstrap at once. */
-static int ring_boot_accept_prev(ring_t *r, int lfd, int64_t deadline, int *answered) {
+/* Drops candidate i of *n (closing it unless keep). */
+static void ring_boot_cand_drop(ring_boot_cand_t *c, int *n, int i, int keep) {
+  if (!keep) close(c[i].fd);
+  c[i] = c[--*n];
+}
+
+/* Accepts the previous rank into r->fd_prev. Connections are heard side by
+ * side (up to RING_BOOT_CANDS): one whose hello is not that rank's (garbage,
+ * another group, nothing within RING_BOOT_HELLO_MS), or that does not prove
+ * the run's secret, is logged once and closed, and the wait goes on until
+ * the deadline; a timeout then names the last one turned away. Meanwhile the
+ * next rank's answer is read as soon as it comes (b->answered): a refusal or
+ * a closed connection fails the bootstrap at once. */
+static int ring_boot_accept_prev(ring_boot_t *b, int lfd) {
+  ring_t *r = b->r;
   const int me = r->base.rank;
   char why[1280] = "";
-  int strays = 0;
+  int strays = 0, nc = 0, rc = 0;
+  ring_boot_cand_t c[RING_BOOT_CANDS];
   for (;;) {
-    struct pollfd pf[2] = {{.fd = lfd, .events = POLLIN},
-                           {.fd = *answered ? -1 : r->fd_next, .events = POLLIN}};
-    int ms = ring_ms_left(deadline);
-    int k = ms == 0 ? 0 : poll(pf, 2, ms);
-    if (k < 0 && errno == EINTR) continue;
-    if (k == 0) {
+    struct pollfd pf[2 + RING_BOOT_CANDS] = {
+        {.fd = nc < RING_BOOT_CANDS ? lfd : -1, .events = POLLIN},
+        {.fd = b->answered ? -1 : r->fd_next, .events = POLLIN}};
+    int64_t wake = b->deadline;
+    for (int i = 0; i < nc; i++) {
+      pf[2 + i] = (struct pollfd){.fd = c[i].fd, .events = POLLIN};
+      if (c[i].until < wake) wake = c[i].until;
+    }
+    if (ring_ms_left(b->deadline) == 0) {
       char more[1400] = "";
       if (strays)
         snprintf(more, sizeof more, " (%d connection%s turned away, the last: %s)", strays,
                  strays == 1 ? "" : "s", why);
-      return err_set(FSDP_ETIMEDOUT,
-                     "rank %d of group '%s' (%s): rank %d (%s) did not connect within %lld ms: is "
-                     "it running, with the same address list?%s",
-                     me, r->base.name, r->addr_self, r->rank_prev, r->addr_prev,
-                     (long long)r->timeout_ms, more);
+      rc = err_set(FSDP_ETIMEDOUT,
+                   "rank %d of group '%s' (%s): rank %d (%s) did not connect within %lld ms: is "
+                   "it running, with the same address list and secret?%s",
+                   me, r->base.name, r->addr_self, r->rank_prev, r->addr_prev,
+                   (long long)r->timeout_ms, more);
+      break;
     }
-    if (pf[1].revents) {
-      int rc = ring_boot_answer(r, deadline);
-      if (rc < 0) return rc;
-      *answered = 1;
+    int k = poll(pf, (nfds_t)(2 + nc), ring_ms_left(wake));
+    if (k < 0 && errno != EINTR) {
+      rc = err_set_errno(FSDP_EIO, errno, "rank %d of group '%s': poll", me, r->base.name);
+      break;
+    }
+    if (k <= 0) memset(pf, 0, sizeof pf);
+    if (pf[1].revents && (rc = ring_boot_answer(b)) < 0) break;
+    /* candidates last to first: dropping one moves the last into its place */
+    const int64_t now = ring_now_ns();
+    int took = -1;
+    for (int i = nc - 1; i >= 0 && took < 0 && rc >= 0; i--) {
+      int v = 0;
+      if (pf[2 + i].revents) v = ring_boot_cand_read(b, &c[i], why, sizeof why);
+      else if (c[i].until <= now) {
+        if (c[i].answered)
+          snprintf(why, sizeof why,
+                   "a connection from %s sent the hello of rank %d but never its proof of this "
+                   "run's secret; turned away",
+                   c[i].peer, r->rank_prev);
+        else
+          snprintf(why, sizeof why, "a connection from %s sent no hello within %d ms",
+                   c[i].peer, RING_BOOT_HELLO_MS);
+        v = 1;
+      }
+      if (v < 0) rc = v;
+      else if (v == 2) took = i;
+      else if (v == 1) {
+        ring_boot_cand_drop(c, &nc, i, 0);
+        strays++;
+        LOG_WARN("comm", "rank %d of group '%s' (%s): %s; closed it, still waiting for rank %d (%s)",
+                 me, r->base.name, r->addr_self, why, r->rank_prev, r->addr_prev);
+      }
+    }
+    if (rc < 0) break;
+    if (took >= 0) {
+      r->fd_prev = c[took].fd;
+      ring_boot_cand_drop(c, &nc, took, 1);
+      break;
     }
     if (!pf[0].revents) continue;
     struct sockaddr_storage ss;
@@ -512,50 +704,38 @@ static int ring_boot_accept_prev(ring_t *r, int lfd, int64_t deadline, int *answ
     int fd = accept4(lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) continue;
-      return err_set_errno(FSDP_EIO, errno, "rank %d of group '%s': accept on %s", me,
-                           r->base.name, r->addr_self);
+      rc = err_set_errno(FSDP_EIO, errno, "rank %d of group '%s': accept on %s", me,
+                         r->base.name, r->addr_self);
+      break;
     }
-    char peer[80];
-    netaddr_format((const struct sockaddr *)&ss, peer, sizeof peer);
     ring_boot_tune(fd);
-    int rc = ring_boot_hello_check(r, fd, peer, deadline, why, sizeof why);
-    if (rc == 0) {
-      r->fd_prev = fd;
-      return 0;
-    }
-    close(fd);
-    if (rc < 0) return rc;
-    strays++;
-    LOG_WARN("comm", "rank %d of group '%s' (%s): %s; closed it, still waiting for rank %d (%s)",
-             me, r->base.name, r->addr_self, why, r->rank_prev, r->addr_prev);
+    c[nc] = (ring_boot_cand_t){.fd = fd, .until = ring_now_ns() + (int64_t)RING_BOOT_HELLO_MS * 1000000};
+    if (c[nc].until > b->deadline) c[nc].until = b->deadline;
+    netaddr_format((const struct sockaddr *)&ss, c[nc].peer, sizeof c[nc].peer);
+    nc++;
   }
+  while (nc > 0) ring_boot_cand_drop(c, &nc, nc - 1, 0);
+  return rc < 0 ? rc : 0;
 }
 
 static int ring_boot_handshake(ring_t *r, int lfd) {
   const int me = r->base.rank;
-  int64_t deadline = ring_now_ns() + r->timeout_ms * 1000000;
+  ring_boot_t b = {.r = r, .deadline = ring_now_ns() + r->timeout_ms * 1000000};
   if (listen(lfd, 64) < 0)
     return err_set_errno(FSDP_EINVAL, errno, "rank %d of group '%s': listen on %s", me,
                          r->base.name, r->addr_self);
-  int rc = ring_boot_connect_next(r, deadline);
+  int rc = ring_boot_hello(r, RING_HELLO_MAGIC, r->rank_next, NULL, &b.hi);
+  if (!rc) rc = ring_boot_connect_next(r, b.deadline);
   if (rc < 0) return rc;
-  ring_boot_hello_t hi = ring_boot_hello(r, RING_HELLO_MAGIC, r->rank_next);
-  int e = ring_boot_io_all(r->fd_next, &hi, sizeof hi, 1, deadline);
+  int e = ring_boot_io_all(r->fd_next, &b.hi, sizeof b.hi, 1, b.deadline);
   if (e < 0)
     return err_set(e == -ETIMEDOUT ? FSDP_ETIMEDOUT : FSDP_EPEER,
                    "rank %d of group '%s': sending the hello to rank %d at %s: %s (did it fail? "
                    "see its log)",
                    me, r->base.name, r->rank_next, r->addr_next, strerror(-e));
-  int answered = 0;
-  rc = ring_boot_accept_prev(r, lfd, deadline, &answered);
-  if (rc < 0) return rc;
-  ring_boot_hello_t reply = ring_boot_hello(r, RING_HELLO_MAGIC, r->rank_prev);
-  e = ring_boot_io_all(r->fd_prev, &reply, sizeof reply, 1, deadline);
-  if (e < 0)
-    return err_set(FSDP_EPEER, "rank %d of group '%s': answering rank %d (%s): %s", me,
-                   r->base.name, r->rank_prev, r->addr_prev, strerror(-e));
-  if (!answered && (rc = ring_boot_answer(r, deadline)) < 0) return rc;
-  return ring_boot_choose_links(r, deadline);
+  if ((rc = ring_boot_accept_prev(&b, lfd)) < 0) return rc;
+  if (!b.answered && (rc = ring_boot_answer(&b)) < 0) return rc;
+  return ring_boot_choose_links(r, b.deadline);
 }
 
 int ring_boot_connect(ring_t *r, int lfd) {

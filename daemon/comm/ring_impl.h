@@ -40,7 +40,9 @@
 #define RING_NOTICE_MAGIC 0x41525346u /* "FSRA" */
 #define RING_BEAT_MAGIC 0x42525346u   /* "FSRB" */
 #define RING_BYE_MAGIC 0x59525346u    /* "FSRY" */
-#define RING_VERSION 6u
+#define RING_PROOF_MAGIC 0x50525346u  /* "FSRP": the dialler's proof of the secret */
+#define RING_VERSION 7u
+#define RING_MAC_BYTES 32 /* HMAC-SHA-256 */
 #define RING_MSG 512  /* a notice, and every message buffer */
 #define RING_ADDR 128 /* "host:port" */
 #define RING_BEAT_MS 100  /* beat period, at most (timeout / 10 when shorter) */
@@ -141,6 +143,8 @@ struct ring {
   int rank_next, rank_prev;
   char job[COMM_RING_JOB_MAX + 1]; /* whose ring: "" (none) or the job's id, */
   uint32_t attempt;                /* and its attempt (comm_ring_opts_t) */
+  int has_secret;                  /* the run's secret (all zero when none) */
+  uint8_t secret[COMM_RING_SECRET_BYTES];
   int64_t timeout_ms;
   size_t chunk, staging_bytes;
   uint8_t *staging;

@@ -106,7 +106,7 @@ int comm_ring_split(comm_t *world, int color, int key, const char *name, int64_t
   }
   comm_ring_opts_t o = {.rank = mine, .size = n, .addrs = addrs, .name = name,
                         .listen_fd = lfd, .timeout_ms = timeout_ms};
-  o.job = comm_ring_job(world, &o.attempt); /* the world's run, checked by each hello */
+  comm_ring_run(world, &o); /* the world's run, proved and checked by each hello */
   lfd = -1; /* the ring owns it now, whatever happens */
   rc = comm_ring_create(&o, out);
   free(addrs);

@@ -383,8 +383,9 @@ static void coord_node_answer(coord_t *c, coord_node_t *n) {
   Fsdp__V1__Kill *ks = calloc((size_t)nk + 1, sizeof *ks);
   Fsdp__V1__Kill **kp = calloc((size_t)nk + 1, sizeof *kp);
   char (*ids)[32] = calloc((size_t)n->n_order + 1, sizeof *ids);
+  uint8_t (*secrets)[RING_SECRET_BYTES] = calloc((size_t)na + 1, sizeof *secrets);
   uint32_t *kranks = calloc((size_t)nk + 1, sizeof *kranks);
-  if (!as || !ap || !specs || !ks || !kp || !ids || !kranks) {
+  if (!as || !ap || !specs || !ks || !kp || !ids || !kranks || !secrets) {
     rpc_call_finish(call, err_set(FSDP_ENOMEM, "coordinator: out of memory answering a heartbeat"));
     goto out; /* the orders stay queued for the next heartbeat */
   }
@@ -421,6 +422,9 @@ static void coord_node_answer(coord_t *c, coord_node_t *n) {
     a->world_size = (uint32_t)o->world, a->device = (uint32_t)o->device;
     a->shard_group = (uint32_t)o->shard_group, a->replica_group = (uint32_t)o->replica_group;
     a->spec = sp;
+    /* the attempt's ring secret; none for one started before there were */
+    if (!store_attempt_secret(c->st, o->job, o->epoch, secrets[rep.n_assignments]))
+      a->ring_secret = (ProtobufCBinaryData){RING_SECRET_BYTES, secrets[rep.n_assignments]};
     ap[rep.n_assignments++] = a;
   }
   rep.assignments = ap, rep.kills = kp;
@@ -436,7 +440,8 @@ static void coord_node_answer(coord_t *c, coord_node_t *n) {
   n->n_order = 0;
   for (size_t i = 0; i < rep.n_assignments; i++) free(specs[i].name), coord_spec_free(&specs[i]);
 out:
-  free(as), free(ap), free(specs), free(ks), free(kp), free(ids), free(kranks);
+  if (secrets) explicit_bzero(secrets, ((size_t)na + 1) * sizeof *secrets);
+  free(as), free(ap), free(specs), free(ks), free(kp), free(ids), free(kranks), free(secrets);
 }
 
 void coord_node_deliver(coord_t *c, coord_node_t *n) {

@@ -15,6 +15,7 @@
 #include <libgen.h>
 #include <limits.h>
 #include <sys/file.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <sqlite3.h>
 #include <stdarg.h>
@@ -174,9 +175,13 @@ static const char store_schema_v6[] =
 static const char store_schema_v7[] =
     "ALTER TABLE ranks ADD COLUMN memory TEXT NOT NULL DEFAULT '';\n";
 
+/* Version 8: each attempt's ring secret (RING_SECRET_BYTES drawn at its
+ * start; NULL for one started before), which its ranks prove to each other. */
+static const char store_schema_v8[] = "ALTER TABLE attempts ADD COLUMN ring_secret BLOB;\n";
+
 static const char *const store_migrations[] = {store_schema_v1, store_schema_v2, store_schema_v3,
                                                store_schema_v4, store_schema_v5, store_schema_v6,
-                                               store_schema_v7};
+                                               store_schema_v7, store_schema_v8};
 _Static_assert(sizeof store_migrations / sizeof store_migrations[0] == STORE_SCHEMA_VERSION,
                "one migration per schema version");
 
@@ -629,6 +634,28 @@ static int store_lock(store_t *st) {
   return 0;
 }
 
+/* Makes path a file only its owner reads (it holds each running attempt's
+ * ring secret; SQLite gives its -wal and -shm files the same mode): created
+ * 0600 when absent, tightened (with a warning) when it is ours and group or
+ * others may read it. 0, or a code and a message. */
+static int store_private_file(const char *path) {
+  int fd = open(path, O_RDONLY | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) return 0; /* SQLite says why it cannot open it either */
+  struct stat sb;
+  int rc = 0;
+  if (!fstat(fd, &sb) && S_ISREG(sb.st_mode) && (sb.st_mode & 077) && sb.st_uid == geteuid()) {
+    if (fchmod(fd, sb.st_mode & 0700))
+      rc = err_set_errno(FSDP_EIO, errno, "state database %s: cannot make it private (chmod "
+                         "0600): it holds the running attempts' ring secrets", path);
+    else
+      LOG_WARN("store", "%s: was readable by group or others (mode %03o); now %03o: it holds the "
+               "running attempts' ring secrets", path, (unsigned)(sb.st_mode & 0777),
+               (unsigned)(sb.st_mode & 0700));
+  }
+  close(fd);
+  return rc;
+}
+
 int store_open(const char *path, const store_opts_t *opts, store_t **out) {
   *out = NULL;
   int rc = check_text("state database path", path, sizeof ((store_t *)0)->path, 0);
@@ -641,6 +668,7 @@ int store_open(const char *path, const store_opts_t *opts, store_t **out) {
     free(st);
     return rc;
   }
+  if (strcmp(path, ":memory:") && (rc = store_private_file(path))) goto fail;
   int src = sqlite3_open_v2(path, &st->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL);
   if (src != SQLITE_OK) {
     rc = store_sqlite_err(st, src, NULL);
@@ -710,6 +738,7 @@ int store_backup(const char *path, const char *out, int *version) {
   char tmp[sizeof src.path + 32];
   snprintf(tmp, sizeof tmp, "%s.tmp-%d", out, (int)getpid());
   sqlite3 *dst = NULL;
+  if (!rc) rc = store_private_file(tmp);
   if (!rc && (s = sqlite3_open_v2(tmp, &dst, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL)))
     rc = err_set(FSDP_EIO, "backup: cannot create %s: %s", tmp, sqlite3_errstr(s));
   if (!rc) {
@@ -1109,8 +1138,15 @@ int store_attempt_start(store_t *st, int64_t job_id, const store_placement_t *ra
     goto out;
   }
   int64_t ep = b.epoch + 1, now = store_now_ms();
-  st_exec(st, "INSERT INTO attempts(job_id, epoch, started_ms) VALUES(?, ?, ?)", A_I(job_id),
-          A_I(ep), A_I(now));
+  uint8_t secret[RING_SECRET_BYTES];
+  if (getrandom(secret, sizeof secret, 0) != (ssize_t)sizeof secret) {
+    rc = err_set_errno(FSDP_EIO, errno, "job %lld: getrandom (the attempt's ring secret)",
+                       (long long)job_id);
+    goto out;
+  }
+  st_exec(st, "INSERT INTO attempts(job_id, epoch, started_ms, ring_secret) VALUES(?, ?, ?, ?)",
+          A_I(job_id), A_I(ep), A_I(now), A_B(secret, sizeof secret));
+  explicit_bzero(secret, sizeof secret);
   for (int i = 0; i < n && !rc && !st->rc; i++) {
     const store_placement_t *p = &ranks[i];
     if (p->rank < 0 || p->rank >= n || seen[p->rank]) {
@@ -1144,6 +1180,27 @@ int store_attempt_start(store_t *st, int64_t job_id, const store_placement_t *ra
   if (epoch) *epoch = ep;
 out:
   free(seen);
+  return store_end(st, rc);
+}
+
+int store_attempt_secret(store_t *st, int64_t job_id, int64_t epoch,
+                         uint8_t secret[RING_SECRET_BYTES]) {
+  int rc = store_begin(st, 0);
+  if (rc) return rc;
+  sqlite3_stmt *s = st_query(st, "SELECT ring_secret FROM attempts WHERE job_id = ? AND epoch = ?",
+                             A_I(job_id), A_I(epoch));
+  rc = st_step(st, s);
+  if (rc == 1) {
+    int ok = sqlite3_column_bytes(s, 0) == RING_SECRET_BYTES;
+    if (ok) memcpy(secret, sqlite3_column_blob(s, 0), RING_SECRET_BYTES);
+    sqlite3_reset(s);
+    rc = ok ? 0 : FSDP_ENOTFOUND;
+  } else if (rc == 0) {
+    rc = FSDP_ENOTFOUND;
+  }
+  if (rc == FSDP_ENOTFOUND)
+    err_set(rc, "job %lld attempt %lld has no ring secret (started before schema version 8, "
+            "or no such attempt)", (long long)job_id, (long long)epoch);
   return store_end(st, rc);
 }
 

@@ -25,8 +25,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "daemon/common/ring_secret.h"
+
 /* The schema version this build writes and reads (PRAGMA user_version). */
-#define STORE_SCHEMA_VERSION 7
+#define STORE_SCHEMA_VERSION 8
 
 /* Text bounds: longer input is refused (EINVAL) so what is stored reads back
  * whole; reasons and event text are free text and are cut to fit on read. */
@@ -326,6 +328,11 @@ int store_jobs_set_pending_reasons(store_t *st, const int64_t *ids, const char *
  * world_size ranks ASSIGNED to the given devices, which become held by the
  * job. All or nothing: a device unknown (ENOTFOUND), held, or on a dead node
  * (ESTATE) changes nothing. The new epoch in *epoch. */
+/* The ring secret drawn for attempt epoch of a job when it started (also
+ * drawn there), for its ranks' assignments; ENOTFOUND when the attempt has
+ * none (started before schema version 8) or does not exist. */
+int store_attempt_secret(store_t *st, int64_t job_id, int64_t epoch,
+                         uint8_t secret[RING_SECRET_BYTES]);
 int store_attempt_start(store_t *st, int64_t job_id, const store_placement_t *ranks, int n,
                         int64_t *epoch);
 /* A rank's process runs with this pid (ASSIGNED -> RUNNING): ESTALE for an

@@ -6,7 +6,10 @@
  * Each rank gets, in its environment, FSDP_RANK, FSDP_WORLD_SIZE and FSDP_ADDRS
  * (one host:port per rank, comma-separated: where each rank listens), and its
  * own listening socket, already bound, as file descriptor 3 (FSDP_LISTEN_FD=3),
- * so no port can be taken between choosing it and using it.
+ * so no port can be taken between choosing it and using it. FSDP_RING_SECRET,
+ * drawn for the run, is what each rank proves to its neighbours
+ * (daemon/common/ring_secret.h): a process that reaches the ranks' ports
+ * cannot join the ring.
  *
  * Supervision is supervise.h's (each rank in its own session, output lines
  * prefixed "[rank R] ", a rank's group killed when it exits); the policy is
@@ -21,11 +24,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include <uv.h>
 
 #include "daemon/common/err.h"
+#include "daemon/common/ring_secret.h"
 #include "daemon/node/supervise.h"
 
 typedef struct launch launch_t;
@@ -46,6 +51,7 @@ struct launch {
   int failed; /* first rank that failed, n for a signal, -1 if none */
   double grace_s;
   uv_signal_t sigint, sigterm;
+  char secret_env[RING_SECRET_ENV_LEN]; /* the run's ring secret, for every rank */
 };
 
 static void launch_usage(FILE *f) {
@@ -122,7 +128,7 @@ static int launch_spawn(launch_t *L, launch_rank_t *R, char **argv, const char *
   snprintf(vworld, sizeof vworld, "FSDP_WORLD_SIZE=%d", L->n);
   sprintf(vaddrs, "FSDP_ADDRS=%s", addrs);
   snprintf(prefix, sizeof prefix, "[rank %d] ", R->rank);
-  char *env[] = {vrank, vworld, vaddrs, "FSDP_LISTEN_FD=3", NULL};
+  char *env[] = {vrank, vworld, vaddrs, "FSDP_LISTEN_FD=3", L->secret_env, NULL};
   const supervise_child_opts_t o = {.argv = argv, .env = env, .fds = &R->listen_fd, .nfds = 1,
                                     .prefix = prefix, .exit_cb = launch_exit_cb, .arg = R};
   int rc = supervise_spawn(L->set, &o, NULL);
@@ -176,6 +182,13 @@ int main(int argc, char **argv) {
     fprintf(stderr, "fsdp-launch: out of memory for %d ranks\n", L.n);
     return 1;
   }
+  uint8_t secret[RING_SECRET_BYTES];
+  if (getrandom(secret, sizeof secret, 0) != (ssize_t)sizeof secret) {
+    fprintf(stderr, "fsdp-launch: getrandom (the run's ring secret): %s\n", strerror(errno));
+    return 1;
+  }
+  ring_secret_env(L.secret_env, secret);
+  explicit_bzero(secret, sizeof secret);
   for (int r = 0; r < L.n; r++) {
     int port = 0;
     L.ranks[r] = (launch_rank_t){.L = &L, .rank = r, .listen_fd = launch_listen(&port)};

@@ -25,6 +25,7 @@
 #include "daemon/common/frame.h"
 #include "daemon/common/log.h"
 #include "daemon/common/netaddr.h"
+#include "daemon/common/ring_secret.h"
 #include "daemon/node/supervise.h"
 #include "daemon/node/workdir.h"
 
@@ -623,6 +624,7 @@ static int rk_spawn(rank_t *rk, const Fsdp__V1__RendezvousReply *rep) {
   *q = 0;
 
   char conf[PATH_MAX + 64], logp[PATH_MAX + 32];
+  char vsecret[RING_SECRET_ENV_LEN] = "";
   int sv[2] = {-1, -1};
   if ((rc = workdir_make_attempt(R->o.work_dir, rk_job(rk), a->attempt, R->o.as_user, R->o.uid,
                                  R->o.gid, rk->dir, sizeof rk->dir)))
@@ -660,8 +662,11 @@ static int rk_spawn(rank_t *rk, const Fsdp__V1__RendezvousReply *rep) {
    * among the job's ranks, most of which run elsewhere) */
   char vmem[64];
   snprintf(vmem, sizeof vmem, "FSDP_DEVICE_MEMORY_BYTES=%" PRIu64, R->o.inv->dev[a->device].memory);
+  /* the attempt's ring secret, which each rank proves to its neighbours */
+  if (a->ring_secret.len == RING_SECRET_BYTES) ring_secret_env(vsecret, a->ring_secret.data);
   char *env[] = {vrank, vworld, addrs, "FSDP_LISTEN_FD=3", "FSDP_REPORT_FD=4", vnode,
-                 vjob, vattempt, vmem, is_cpu ? vthreads : vgpu, NULL};
+                 vjob, vattempt, vmem, is_cpu ? vthreads : vgpu,
+                 vsecret[0] ? vsecret : NULL, NULL};
   char *argv[] = {(char *)R->o.rank_program, "--config", confname, NULL};
   const int fds[2] = {rk->listen_fd, sv[1]};
   const supervise_child_opts_t co = {.argv = argv, .env = env, .fds = fds, .nfds = 2,
@@ -694,6 +699,7 @@ static int rk_spawn(rank_t *rk, const Fsdp__V1__RendezvousReply *rep) {
            " (pid %d, log %s)", rk_job(rk), a->attempt, a->rank, a->world_size, a->device, rk->pid, logp);
   if (rk->killed) supervise_stop(rk->set, rk->grace_s);
 out:
+  explicit_bzero(vsecret, sizeof vsecret);
   if (sv[0] >= 0) close(sv[0]);
   if (sv[1] >= 0) close(sv[1]);
   free(addrs);
@@ -868,6 +874,9 @@ void ranks_assign(ranks_t *R, const Fsdp__V1__RankAssignment *a) {
   if (!rc && a->attempt == 0) rc = err_set(FSDP_EINVAL, "attempt 0 (attempts count from 1)");
   if (!rc && (a->world_size == 0 || a->world_size > 4096 || a->rank >= a->world_size))
     rc = err_set(FSDP_EINVAL, "rank %" PRIu32 " of a world of %" PRIu32, a->rank, a->world_size);
+  if (!rc && a->ring_secret.len && a->ring_secret.len != RING_SECRET_BYTES)
+    rc = err_set(FSDP_EINVAL, "ring_secret of %zu bytes (%d, or none)", a->ring_secret.len,
+                 RING_SECRET_BYTES);
   if (!rc && a->device >= (uint32_t)R->o.inv->count)
     rc = err_set(FSDP_EINVAL, "device %" PRIu32 ": this node has %d", a->device, R->o.inv->count);
   if (!rc) rc = rk_options_check(a);

@@ -2674,3 +2674,63 @@ Test(coordinator, a_failing_database_is_logged_and_counted, .timeout = 60) {
   cr_expect(strstr(log, "ERROR store: state database") && strstr(log, "locked by another"),
             "the coordinator's log does not say its database failed:\n%s", log);
 }
+
+/* The ring secrets of job's attempt in the node's assignments, rank by rank,
+ * until want ranks came (or 5 s); how many came. */
+static int collect_secrets(const node_t *n, const char *job, uint32_t attempt, int want,
+                           uint8_t sec[][RING_SECRET_BYTES], size_t *len) {
+  int got = 0;
+  for (const double t0 = tu_now_s(); got < want && tu_now_s() - t0 < 5;) {
+    Fsdp__V1__HeartbeatReply *r = heartbeat(n, NULL, 0);
+    for (size_t i = 0; i < r->n_assignments; i++) {
+      const Fsdp__V1__RankAssignment *a = r->assignments[i];
+      if (strcmp(a->job_id, job) || a->attempt != attempt || (int)a->rank >= want) continue;
+      len[a->rank] = a->ring_secret.len;
+      if (a->ring_secret.len == RING_SECRET_BYTES) memcpy(sec[a->rank], a->ring_secret.data, RING_SECRET_BYTES);
+      got++;
+    }
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+  }
+  return got;
+}
+
+/* Each attempt's ranks are given one ring secret (32 bytes, the same for
+ * every rank of the attempt, another for the next attempt), which they
+ * prove to each other (daemon/comm/ring_boot.c); the database that keeps
+ * them is readable by its owner alone. */
+Test(coordinator, each_attempt_gets_its_own_ring_secret) {
+  char d[600], id[32];
+  data_opt(d, sizeof d);
+  node_t n = {{0}, 0};
+  node_register(&n, "solo", 2, 8ull << 30, NULL, 0);
+  const char *kv[] = {"model=tiny", d, NULL};
+  spec_buf_t b;
+  spec_make(&b, 2, kv);
+  b.spec.max_restarts = 1;
+  Fsdp__V1__SubmitJobRequest q = FSDP__V1__SUBMIT_JOB_REQUEST__INIT;
+  q.spec = &b.spec;
+  Fsdp__V1__SubmitJobReply *r = NULL;
+  cr_assert_eq(CALL("SubmitJob", q, submit_job_reply, &r), 0, "%s", err_msg());
+  snprintf(id, sizeof id, "%s", r->job_id);
+  reply_free(r);
+  uint8_t s1[2][RING_SECRET_BYTES], s2[2][RING_SECRET_BYTES];
+  size_t l1[2] = {0, 0}, l2[2] = {0, 0};
+  cr_assert_eq(collect_secrets(&n, id, 1, 2, s1, l1), 2);
+  cr_assert(l1[0] == RING_SECRET_BYTES && l1[1] == RING_SECRET_BYTES, "%zu, %zu bytes", l1[0], l1[1]);
+  cr_expect_arr_eq(s1[0], s1[1], RING_SECRET_BYTES, "the ranks of one attempt share its secret");
+  static const uint8_t zero[RING_SECRET_BYTES];
+  cr_expect(memcmp(s1[0], zero, sizeof zero), "a secret of zeros");
+  /* rank 0 fails: attempt 2, with a secret of its own */
+  Fsdp__V1__RankStatus st[2], *sp[2];
+  running_ranks(st, sp, id, 1);
+  reply_free(heartbeat(&n, sp, 2));
+  cr_assert_eq(report_exit(&n, id, 1, 0, 3), 0, "%s", err_msg());
+  cr_assert_eq(report_exit(&n, id, 1, 1, 0), 0, "%s", err_msg());
+  cr_assert_eq(collect_secrets(&n, id, 2, 2, s2, l2), 2, "attempt 2 was not assigned");
+  cr_assert(l2[0] == RING_SECRET_BYTES && l2[1] == RING_SECRET_BYTES);
+  cr_expect_arr_eq(s2[0], s2[1], RING_SECRET_BYTES);
+  cr_expect(memcmp(s1[0], s2[0], RING_SECRET_BYTES), "attempt 2 got attempt 1's secret");
+  struct stat sb;
+  cr_assert_eq(stat(co_db, &sb), 0, "%s", co_db);
+  cr_expect_eq(sb.st_mode & 077, 0, "the database is mode %03o", (unsigned)(sb.st_mode & 0777));
+}

@@ -523,6 +523,12 @@ static void queue_reply(const Fsdp__V1__HeartbeatReply *rep) {
   pthread_mutex_unlock(&F.mu);
 }
 
+/* The ring secret of every job queued here, and its FSDP_RING_SECRET. */
+static const uint8_t JOB_SECRET[32] = {0xfe, 0xed, 0xfa, 0xce, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
+                                       13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 0xff};
+#define JOB_SECRET_HEX "feedface0102030405060708090a0b0c0d0e0f101112131415161718191a1bff"
+static size_t job_secret_len = sizeof JOB_SECRET; /* what the assignments give of it */
+
 /* Queues a heartbeat reply with one assignment per rank (rank r on device r). */
 /* A job of world ranks and steps steps, plus the option [output]
  * sample_prompt = prompt when prompt is not NULL. */
@@ -551,6 +557,8 @@ static void queue_job_prompt(const char *job, int world, int steps, const char *
   Fsdp__V1__RankAssignment a[2], *pa[2];
   for (int r = 0; r < world; r++) {
     fsdp__v1__rank_assignment__init(&a[r]);
+    /* the attempt's ring secret, as the coordinator draws one */
+    a[r].ring_secret = (ProtobufCBinaryData){job_secret_len, (uint8_t *)JOB_SECRET};
     a[r].job_id = (char *)job;
     a[r].attempt = 1;
     a[r].rank = (uint32_t)r;
@@ -747,11 +755,16 @@ Test(fsdpd, a_kill_stops_both_ranks_within_the_grace_and_leaves_nothing, .timeou
     size_t n = f ? fread(env, 1, sizeof env - 1, f) : 0;
     if (f) fclose(f);
     env[n] = 0;
-    const char *v = NULL;
-    for (size_t at = 0; at < n && !v; at += strlen(env + at) + 1)
+    const char *v = NULL, *sec = NULL;
+    for (size_t at = 0; at < n; at += strlen(env + at) + 1) {
       if (!strncmp(env + at, "FSDP_DEVICE_MEMORY_BYTES=", 25)) v = env + at + 25;
+      if (!strncmp(env + at, "FSDP_RING_SECRET=", 17)) sec = env + at + 17;
+    }
     cr_expect(v && strtoull(v, NULL, 10) > 0, "rank pid %d: FSDP_DEVICE_MEMORY_BYTES %s", pids[i],
               v ? v : "unset");
+    /* and the attempt's ring secret, which the two ranks proved to each other */
+    cr_expect(sec && !strcmp(sec, JOB_SECRET_HEX), "rank pid %d: FSDP_RING_SECRET %s", pids[i],
+              sec ? sec : "unset");
   }
   /* a follower of rank 0's log, from its last 100 bytes: it gets them now,
    * and its stream ends by itself once the rank is gone */
@@ -892,6 +905,21 @@ Test(fsdpd, a_job_id_with_a_path_in_it_is_refused_before_any_file, .timeout = 20
  * read as an option of its own, here a save path) is refused before the
  * rank's job file is written: the coordinator refuses such a spec at
  * submit, and fsdpd does not take its word for it. */
+/* A ring secret that is not 32 bytes (a coordinator's bug, or a forged
+ * reply) is refused with the assignment, before any process starts. */
+Test(fsdpd, a_ring_secret_of_another_length_is_refused, .timeout = 20) {
+  fsdpd_start();
+  cr_assert(wait_for(registered, 10), "%s", tu_slurp(fsdpd_log, NULL));
+  job_secret_len = 5;
+  queue_job("j-5", 1, 5);
+  cr_assert(wait_for(one_exit, 5), "the refusal was not reported:\n%s", tu_slurp(fsdpd_log, NULL));
+  pthread_mutex_lock(&F.mu);
+  cr_expect_eq(F.exits[0].exit_status, 127);
+  cr_expect(strstr(F.exits[0].message, "ring_secret of 5 bytes"), "%s", F.exits[0].message);
+  cr_expect_eq(F.njobs, 0, "no rendezvous for a refused rank");
+  pthread_mutex_unlock(&F.mu);
+}
+
 Test(fsdpd, an_option_libinih_would_cut_in_two_is_refused, .timeout = 20) {
   fsdpd_start();
   cr_assert(wait_for(registered, 10), "%s", tu_slurp(fsdpd_log, NULL));

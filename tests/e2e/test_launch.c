@@ -49,6 +49,37 @@ Test(launch, ranks_get_their_place_and_a_listening_socket, .timeout = 30) {
   }
 }
 
+/* The secret rank r was given, from its "[rank r] secret=..." line, in s (65). */
+static int secret_of(const char *out, int r, char s[65]) {
+  char key[48];
+  snprintf(key, sizeof key, "[rank %d] secret=", r);
+  const char *p = strstr(out, key);
+  if (!p) return 0;
+  p += strlen(key);
+  size_t n = strspn(p, "0123456789abcdef");
+  if (n != 64 || (p[n] != '\n' && p[n] != 0)) return 0;
+  memcpy(s, p, 64);
+  s[64] = 0;
+  return 1;
+}
+
+/* Every rank of a run gets its ring secret (64 hex digits, the same for
+ * all, which they prove to each other); the next run gets another. */
+Test(launch, each_run_draws_one_ring_secret_for_its_ranks, .timeout = 30) {
+  char out[2][4096], s[2][3][65];
+  for (int run = 0; run < 2; run++) {
+    int rc = launch("-n 3 -- sh -c 'echo \"secret=$FSDP_RING_SECRET\"'", out[run], sizeof out[run],
+                    NULL);
+    cr_assert_eq(rc, 0, "%s", out[run]);
+    for (int r = 0; r < 3; r++)
+      cr_assert(secret_of(out[run], r, s[run][r]), "rank %d has no secret of 64 hex digits:\n%s", r,
+                out[run]);
+    cr_expect_str_eq(s[run][1], s[run][0]);
+    cr_expect_str_eq(s[run][2], s[run][0]);
+  }
+  cr_expect_str_neq(s[0][0], s[1][0], "two runs drew the same secret");
+}
+
 Test(launch, a_failing_rank_stops_the_others, .timeout = 30) {
   char out[16384];
   double secs;

@@ -23,6 +23,7 @@ static void env_clear(void) {
   unsetenv("FSDP_LISTEN_FD");
   unsetenv("FSDP_JOB_ID");
   unsetenv("FSDP_ATTEMPT");
+  unsetenv("FSDP_RING_SECRET");
 }
 
 Test(boot, no_launcher_is_a_one_rank_job) {
@@ -93,8 +94,46 @@ Test(boot, the_launcher_environment_is_read_whole) {
   cr_assert_eq(comm_boot_from_env(&b), 0, "%s", err_msg());
   cr_assert_str_eq(b.job, "job-42_x");
   cr_assert_eq(b.attempt, 3);
+  cr_assert(!b.has_secret, "no FSDP_RING_SECRET: no secret");
   b.listen_fd = -1;
   comm_boot_free(&b);
+  /* the attempt's ring secret, byte by byte (either case of hex digits) */
+  setenv("FSDP_RING_SECRET", "00ff10A0b0c0d0e0f00102030405060708090a0b0c0d0e0f10111213141516FE", 1);
+  cr_assert_eq(comm_boot_from_env(&b), 0, "%s", err_msg());
+  static const uint8_t want[COMM_RING_SECRET_BYTES] = {
+      0x00, 0xff, 0x10, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xf0, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07,
+      0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e, 0x0f, 0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0xfe};
+  cr_assert(b.has_secret);
+  cr_assert_arr_eq(b.secret, want, sizeof want);
+  b.listen_fd = -1;
+  comm_boot_free(&b);
+  cr_assert(!b.has_secret, "freed: the secret is wiped");
+  env_clear();
+}
+
+/* A ring secret that is not 64 hex digits is refused naming the variable
+ * (and never taken in part). */
+Test(boot, a_bad_ring_secret_names_the_variable) {
+  static const char *const bad[] = {
+      "", "00", "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcde",
+      "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef0",
+      "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdeg",
+      " 123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+      "0x23456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    env_clear();
+    setenv("FSDP_WORLD_SIZE", "2", 1);
+    setenv("FSDP_RANK", "0", 1);
+    setenv("FSDP_ADDRS", "a:1,b:2", 1);
+    setenv("FSDP_LISTEN_FD", "3", 1);
+    setenv("FSDP_RING_SECRET", bad[i], 1);
+    comm_boot_t b;
+    cr_assert_eq(comm_boot_from_env(&b), FSDP_EINVAL, "case %zu (\"%s\") was accepted", i, bad[i]);
+    cr_assert(strstr(err_msg(), "FSDP_RING_SECRET") && strstr(err_msg(), "64 hex digits"),
+              "case %zu: %s", i, err_msg());
+    cr_assert(!b.has_secret, "case %zu", i);
+    comm_boot_free(&b);
+  }
   env_clear();
 }
 
@@ -162,6 +201,8 @@ static int ids_create(void *arg, int rank, int world, const uint8_t *id, const c
 
 static const comm_boot_ids_t ids_backend = {ID_BYTES, ids_make, ids_create, NULL};
 
+#define MESH_SECRET "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+
 static void mesh_rank(char addrs[4][32], int fds[4], int rank, int by_id) {
   for (int r = 0; r < 4; r++) {
     if (r != rank) close(fds[r]);
@@ -173,6 +214,7 @@ static void mesh_rank(char addrs[4][32], int fds[4], int rank, int by_id) {
   if (comm_boot_from_addrs(&b, rank, 4, a)) _exit(2);
   snprintf(b.job, sizeof b.job, "mesh-job"); /* as fsdpd's FSDP_JOB_ID, FSDP_ATTEMPT */
   b.attempt = 2;
+  if (comm_boot_set_secret(&b, MESH_SECRET, "test")) _exit(2); /* and FSDP_RING_SECRET */
   b.listen_fd = fds[rank];
   if (by_id) b.ids = &ids_backend;
   if (comm_boot_connect(&b, 2, 2, &g)) {
@@ -186,10 +228,15 @@ static void mesh_rank(char addrs[4][32], int fds[4], int rank, int by_id) {
            comm_rank(g.shard) == shard && comm_size(g.replica) == 2 &&
            comm_rank(g.replica) == replica && !strcmp(comm_name(g.shard), "shard") &&
            !strcmp(comm_name(g.replica), "replica");
-  /* the ring's groups are of the world's run: their hellos say so */
-  uint32_t att = 0;
-  ok = ok && (by_id || (!strcmp(comm_ring_job(g.shard, &att), "mesh-job") && att == 2 &&
-                        !strcmp(comm_ring_job(g.replica, &att), "mesh-job") && att == 2));
+  /* the ring's groups are of the world's run: their hellos say so, and
+   * prove the world's secret */
+  for (int i = 0; ok && !by_id && i < 2; i++) {
+    comm_ring_opts_t o = {0};
+    comm_ring_run(i ? g.replica : g.shard, &o);
+    ok = !strcmp(o.job, "mesh-job") && o.attempt == 2 && o.secret &&
+         !memcmp(o.secret, b.secret, COMM_RING_SECRET_BYTES) && o.secret[0] == 0x01 &&
+         o.secret[31] == 0xef;
+  }
   float s = (float)(1 << rank), r = s;
   ok = ok && !comm_all_reduce(g.shard, &s, &s, 1, COMM_F32, COMM_SUM) &&
        !comm_all_reduce(g.replica, &r, &r, 1, COMM_F32, COMM_SUM);

@@ -988,6 +988,158 @@ static int connect_loopback(const char *addr) {
   return fd;
 }
 
+/* ---- authentication: the run's secret ---- */
+
+static const uint8_t SECRET_A[COMM_RING_SECRET_BYTES] = {
+    0x5a, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e, 0x0f,
+    0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18, 0x19, 0x1a, 0x1b, 0x1c, 0x1d, 0x1e, 0x1f};
+static const uint8_t SECRET_B[COMM_RING_SECRET_BYTES] = {0xb0}; /* another attempt's */
+
+/* h: a 2-rank ring of job "j" attempt 1 with SECRET_A, whose rank 0 starts
+ * only when the parent (or the impostor) says so (sh->s[0].ready). Index 2:
+ * a rank 0 of the same job and attempt whose rank 1 address is arranged by
+ * the test (x.addr[2] its own), with `secret`. */
+typedef struct {
+  group_t h, x;
+  const char *next2; /* index 2's next address */
+  const uint8_t *secret2;
+  int gate2; /* index 2 opens the gate when it is done */
+} secret_arg_t;
+
+static int child_secret(int rank, void *argp, shared_t *sh) {
+  secret_arg_t *a = argp;
+  comm_t *c = NULL;
+  if (rank == 2) {
+    const char *addrs[2] = {a->x.addr[2], a->next2};
+    comm_ring_opts_t o = {.rank = 0, .size = 2, .addrs = addrs, .name = "world",
+                          .listen_fd = a->x.lfd[2], .timeout_ms = 5000, .job = "j",
+                          .attempt = 1, .secret = a->secret2};
+    int rc = comm_ring_create(&o, &c);
+    record(sh, rank, rc);
+    comm_destroy(c);
+    if (a->gate2) sh->s[0].ready = 1;
+    return 0;
+  }
+  for (int i = 0; rank == 0 && !sh->s[0].ready && i < 1500; i++) usleep(10000);
+  comm_ring_opts_t o = {.rank = rank, .size = 2, .addrs = a->h.ptr, .name = "world",
+                        .listen_fd = a->h.lfd[rank], .timeout_ms = 20000, .job = "j",
+                        .attempt = 1, .secret = SECRET_A};
+  if (comm_ring_create(&o, &c) < 0) return child_fail(sh, rank, "create: %s", err_msg());
+  sh->s[rank].t_err_ns = now_ns(); /* formed */
+  float x = 1.0f + (float)rank;
+  int rc = comm_all_reduce(c, &x, &x, 1, COMM_F32, COMM_SUM);
+  comm_destroy(c);
+  if (rc < 0) return child_fail(sh, rank, "all_reduce: %s", err_msg());
+  if (x != 3.0f) return child_fail(sh, rank, "sum %g", x);
+  return 0;
+}
+
+/* A rank that claims to be the very rank 0 that rank 1 waits for (same job,
+ * attempt, group and size) but holds another secret is turned away, and
+ * told so (it fails at once, naming FSDP_RING_SECRET); the real rank 0,
+ * coming later, forms the ring. Without the secret it would have been taken
+ * for rank 0. */
+Test(comm, a_rank_without_the_runs_secret_is_turned_away, .timeout = 40) {
+  shared_t *sh = shared_new();
+  secret_arg_t a = {.secret2 = SECRET_B, .gate2 = 1};
+  group_bind(&a.h, 2);
+  group_bind(&a.x, 3);
+  close(a.x.lfd[0]), a.x.lfd[0] = -1;
+  close(a.x.lfd[1]), a.x.lfd[1] = -1;
+  a.next2 = a.h.addr[1];
+  group_t *gs[] = {&a.h, &a.x};
+  pid_t pids[MAXR];
+  int64_t t0 = now_ns();
+  spawn(pids, 3, child_secret, &a, sh, gs, 2);
+  assert_children(sh, pids, 3, 30);
+  for (int r = 0; r < 2; r++) {
+    double dt = (sh->s[r].t_err_ns - t0) / 1e9;
+    cr_expect(dt < 5.0, "the healthy ring took %.2f s to form (rank %d)", dt, r);
+  }
+  const char *want[] = {"FSDP_RING_SECRET", "turned away"};
+  assert_fast_mismatch(sh, 2, 3, t0, want, 2);
+}
+
+/* Reads n bytes from fd within ms (1, or 0 on a short read or timeout). */
+static int read_within(int fd, void *p, size_t n, int ms) {
+  size_t got = 0;
+  while (got < n) {
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    if (poll(&pf, 1, ms) != 1) return 0;
+    ssize_t k = recv(fd, (char *)p + got, n - got, 0);
+    if (k <= 0) return 0;
+    got += (size_t)k;
+  }
+  return 1;
+}
+
+/* Whether rank 1 closed fd within ms (its end read, nothing more sent). */
+static int closed_within(int fd, int ms) {
+  struct pollfd pf = {.fd = fd, .events = POLLIN};
+  char b[8];
+  return poll(&pf, 1, ms) == 1 && recv(fd, b, sizeof b, MSG_DONTWAIT) == 0;
+}
+
+/* The hello of a real rank 0 (index 2, with the run's secret), recorded by
+ * the parent standing where it dials, then replayed to rank 1: rank 1 takes
+ * it for rank 0's and answers, but the replayer cannot prove the secret for
+ * the answer's fresh nonce. A forged proof is turned away at once; a silent
+ * replayer delays nobody: the real rank 0, started meanwhile, forms the ring
+ * well within the timeout. */
+Test(comm, a_replayed_hello_is_turned_away, .timeout = 40) {
+  shared_t *sh = shared_new();
+  char rec_addr[64];
+  int rec = tu_listen_loopback(rec_addr, sizeof rec_addr);
+  secret_arg_t a = {.secret2 = SECRET_A, .next2 = rec_addr};
+  group_bind(&a.h, 2);
+  group_bind(&a.x, 3);
+  close(a.x.lfd[0]), a.x.lfd[0] = -1;
+  close(a.x.lfd[1]), a.x.lfd[1] = -1;
+  char rank1[64];
+  snprintf(rank1, sizeof rank1, "%s", a.h.addr[1]);
+  group_t *gs[] = {&a.h, &a.x};
+  pid_t pids[MAXR];
+  spawn(pids, 3, child_secret, &a, sh, gs, 2);
+  cr_assert_eq(listen(rec, 4), 0);
+  struct pollfd pf = {.fd = rec, .events = POLLIN};
+  cr_assert_eq(poll(&pf, 1, 10000), 1, "index 2 never dialled the recorder");
+  int fd = accept(rec, NULL, NULL);
+  cr_assert(fd >= 0);
+  uint8_t hello[272], answer[272];
+  cr_assert(read_within(fd, hello, sizeof hello, 5000), "no hello recorded");
+  close(fd);
+  close(rec);
+  uint32_t magic;
+  memcpy(&magic, hello, 4);
+  cr_assert_eq(magic, 0x48525346u, "what was recorded is not a hello");
+  /* replay 1, with a forged proof: answered, then closed */
+  int r1 = connect_loopback(rank1);
+  cr_assert_eq(send(r1, hello, sizeof hello, MSG_NOSIGNAL), (ssize_t)sizeof hello);
+  cr_assert(read_within(r1, answer, sizeof answer, 5000), "rank 1 did not answer the replay");
+  memcpy(&magic, answer, 4);
+  cr_assert_eq(magic, 0x48525346u, "rank 1 answered the replayed hello with %08x", magic);
+  uint8_t proof[40] = {0x46, 0x53, 0x52, 0x50}; /* "FSRP", and a mac of zeros */
+  cr_assert_eq(send(r1, proof, sizeof proof, MSG_NOSIGNAL), (ssize_t)sizeof proof);
+  cr_expect(closed_within(r1, 3000), "rank 1 kept the replay with a forged proof");
+  close(r1);
+  /* replay 2, silent after the answer: the real rank 0 goes meanwhile */
+  int r2 = connect_loopback(rank1);
+  cr_assert_eq(send(r2, hello, sizeof hello, MSG_NOSIGNAL), (ssize_t)sizeof hello);
+  cr_assert(read_within(r2, answer, sizeof answer, 5000), "rank 1 did not answer replay 2");
+  int64_t t0 = now_ns();
+  sh->s[0].ready = 1;
+  cr_expect(closed_within(r2, 10000), "rank 1 kept the silent replay after forming its ring");
+  close(r2);
+  int hung;
+  reap(pids, 3, 30, &hung);
+  cr_assert(!hung);
+  for (int r = 0; r < 2; r++) {
+    cr_expect(!sh->s[r].fail, "rank %d: %s", r, sh->s[r].msg);
+    double dt = (sh->s[r].t_err_ns - t0) / 1e9;
+    cr_expect(dt < 5.0, "the ring took %.2f s to form after rank 0 started (rank %d)", dt, r);
+  }
+}
+
 static int child_strays(int rank, void *argp, shared_t *sh) {
   fault_arg_t *a = argp;
   comm_t *c = NULL;

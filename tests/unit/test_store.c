@@ -184,11 +184,12 @@ Test(store, reopening_keeps_the_data_and_does_not_migrate_again) {
 
 Test(store, a_database_from_a_newer_schema_is_refused_naming_both_versions) {
   sqlite3 *db = raw_open("new.db");
-  cr_assert_eq(sqlite3_exec(db,
-                            "PRAGMA application_id = 1179862096; /* 0x46534450 */ PRAGMA user_version = 8; "
-                            "CREATE TABLE future(x)",
-                            NULL, NULL, NULL),
-               SQLITE_OK);
+  char sql[200], newer[32];
+  const int v = STORE_SCHEMA_VERSION + 1;
+  snprintf(sql, sizeof sql, "PRAGMA application_id = 1179862096; /* 0x46534450 */ "
+           "PRAGMA user_version = %d; CREATE TABLE future(x)", v);
+  snprintf(newer, sizeof newer, "version %d", v);
+  cr_assert_eq(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
   sqlite3_close(db);
   store_t *st = NULL;
   int rc = store_open(tpath("new.db"), NULL, &st);
@@ -197,10 +198,9 @@ Test(store, a_database_from_a_newer_schema_is_refused_naming_both_versions) {
   const char *m = err_msg();
   char ours[16];
   snprintf(ours, sizeof ours, "'s %d", STORE_SCHEMA_VERSION);
-  cr_assert(strstr(m, tpath("new.db")) && strstr(m, "version 8") && strstr(m, ours),
-            "message: %s", m);
+  cr_assert(strstr(m, tpath("new.db")) && strstr(m, newer) && strstr(m, ours), "message: %s", m);
   db = raw_open("new.db");
-  cr_assert_eq(raw_int(db, "PRAGMA user_version"), 8, "left at its version");
+  cr_assert_eq(raw_int(db, "PRAGMA user_version"), v, "left at its version");
   cr_assert_eq(raw_int(db, "SELECT count(*) FROM sqlite_schema"), 1, "and its tables");
   sqlite3_close(db);
 }
@@ -1254,6 +1254,8 @@ Test(store, a_database_of_the_previous_schema_is_migrated_and_its_data_kept) {
   /* version 7: a rank's memory from its exit report, none for rows of before */
   cr_assert_eq(raw_int(db, "SELECT count(*) FROM pragma_table_info('ranks') WHERE name = 'memory' "
                        "AND dflt_value IS NOT NULL"), 1);
+  cr_assert_eq(raw_int(db, "SELECT count(*) FROM pragma_table_info('attempts') WHERE name = "
+                       "'ring_secret'"), 1, "version 8's ring secrets");
   sqlite3_close(db);
   st = open_db("old.db");
   store_job_dir_t *v;
@@ -1267,6 +1269,46 @@ Test(store, a_database_of_the_previous_schema_is_migrated_and_its_data_kept) {
             "%d rows", n);
   free(v);
   store_close(st);
+}
+
+/* Each attempt draws its own ring secret, kept with it (a reopened store
+ * gives the same bytes); an attempt that does not exist has none; the
+ * database file is its owner's alone. */
+Test(store, each_attempt_draws_its_own_ring_secret) {
+  store_t *st = open_db("state.db");
+  int64_t node = add_node(st, "n0", 4);
+  int64_t a = submit(st, "a", 2, 0), b = submit(st, "b", 2, 0), ea, eb;
+  cr_assert_eq(start_on(st, a, node, 2, &ea), 0, "%s", err_msg());
+  int64_t nodes[2] = {node, node};
+  int dev[2] = {2, 3};
+  cr_assert_eq(start(st, b, 2, nodes, dev, &eb), 0, "%s", err_msg());
+  uint8_t sa[RING_SECRET_BYTES], sb[RING_SECRET_BYTES], again[RING_SECRET_BYTES];
+  cr_assert_eq(store_attempt_secret(st, a, ea, sa), 0, "%s", err_msg());
+  cr_assert_eq(store_attempt_secret(st, b, eb, sb), 0, "%s", err_msg());
+  cr_expect(memcmp(sa, sb, sizeof sa), "two attempts drew the same secret");
+  cr_assert_eq(store_attempt_secret(st, a, ea + 1, again), FSDP_ENOTFOUND);
+  cr_assert(strstr(err_msg(), "no ring secret"), "%s", err_msg());
+  store_close(st);
+  st = open_db("state.db");
+  cr_assert_eq(store_attempt_secret(st, a, ea, again), 0, "%s", err_msg());
+  cr_expect_arr_eq(again, sa, sizeof sa, "the secret changed across a reopen");
+  store_close(st);
+  struct stat f;
+  cr_assert_eq(stat(tpath("state.db"), &f), 0);
+  cr_expect_eq(f.st_mode & 077, 0, "state.db is mode %03o", (unsigned)(f.st_mode & 0777));
+}
+
+/* A database readable by others (made before version 8, or by hand) is made
+ * its owner's alone when opened. */
+Test(store, a_database_readable_by_others_is_made_private) {
+  store_t *st = open_db("open.db");
+  store_close(st);
+  cr_assert_eq(chmod(tpath("open.db"), 0644), 0);
+  st = open_db("open.db");
+  store_close(st);
+  struct stat f;
+  cr_assert_eq(stat(tpath("open.db"), &f), 0);
+  cr_expect_eq(f.st_mode & 0777, 0600, "open.db is mode %03o", (unsigned)(f.st_mode & 0777));
 }
 
 /* A submit finds the live jobs of a checkpoint directory through its index:
