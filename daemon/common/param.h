@@ -28,6 +28,8 @@
      "device cuda: 1: attention by strided products keeping the probabilities (0: the fused kernel where one is built)") \
   XX(cuda_gemm_fast16bf, "FSDP_CUDA_GEMM_FAST16BF", 0,                               \
      "device cuda, bf16 products: 1: cuBLASLt rounds the fp32 operands itself (CUBLAS_COMPUTE_32F_FAST_16BF; 0: they are packed to bf16 first), for comparison") \
+  XX(cuda_attn_fp32, "FSDP_CUDA_ATTN_FP32", 0,                                       \
+     "device cuda, bf16 jobs: 1: the fused attention computes in fp32 on CUDA cores (0: on bf16 tensor cores)") \
   XX(comm_timeout_ms, "FSDP_COMM_TIMEOUT_MS", 5000, "collective timeout, and ring bootstrap") \
   XX(comm_chunk_bytes, "FSDP_COMM_CHUNK_BYTES", 1048576, "ring: bytes per socket call")       \
   XX(comm_staging_bytes, "FSDP_COMM_STAGING_BYTES", 4194304, "ring: reduce staging per comm") \

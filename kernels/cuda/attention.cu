@@ -18,6 +18,9 @@
  * the sums (and the online rescaling) is not the CPU's, so results agree
  * within the products' tolerance, not bit for bit.
  *
+ * In bf16 mode the fused op runs on tensor cores instead (attention_tc.cu:
+ * the same saved rows and scratch), unless kern_cuda_opts_t.attn_fp32.
+ *
  * Strided products (other head sizes, or kern_cuda_opts_t.attn_gemm): for
  * each batch row b, one strided-batched cuBLASLt product over the NH heads.
  * Head h of q, k, v sits at column h*hs of qkv's rows (3C wide, q, k, v at
@@ -38,6 +41,9 @@
 /* ---- sizes: size.h's formulas in the mode the job set --------------------- */
 
 static int attn_fused(int C, int NH) { return kern_cuda_size_attn_fused(C, NH, kern_cuda_st.attn_gemm); }
+
+/* The fused op on bf16 tensor cores (attention_tc.cu): bf16 jobs, unless asked not to. */
+static int attn_tc(void) { return kern_cuda_st.bf16 && !kern_cuda_st.attn_fp32; }
 
 size_t kern_cuda_attention_saved(int B, int T, int C, int NH) {
   return kern_cuda_size_attention_saved(B, T, C, NH, kern_cuda_st.attn_gemm);
@@ -382,8 +388,9 @@ extern "C" void kern_cuda_attention_fwd(float *out, float *att, const float *qkv
   if (B <= 0 || T <= 0) return;
   KERN_CUDA_ASSERT(NH > 0 && C % NH == 0);
   const int hs = C / NH;
-  if (attn_fused(C, NH)) { /* size.h's list is fa_fwd_hs's */
-    const int launched = fa_fwd_hs(hs, out, att, qkv, B, T, C, NH);
+  if (attn_fused(C, NH)) { /* size.h's list is fa_fwd_hs's, and attention_tc.cu's */
+    const int launched = attn_tc() ? kern_cuda_attention_tc_fwd(out, att, qkv, B, T, C, NH)
+                                   : fa_fwd_hs(hs, out, att, qkv, B, T, C, NH);
     KERN_CUDA_ASSERT(launched);
     return;
   }
@@ -414,7 +421,9 @@ extern "C" void kern_cuda_attention_bwd(float *dqkv, float *scratch, const float
   KERN_CUDA_ASSERT(NH > 0 && C % NH == 0);
   const int hs = C / NH;
   if (attn_fused(C, NH)) {
-    const int launched = fa_bwd_hs(hs, dqkv, scratch, dout, qkv, out, att, B, T, C, NH);
+    const int launched =
+        attn_tc() ? kern_cuda_attention_tc_bwd(dqkv, scratch, dout, qkv, out, att, B, T, C, NH)
+                  : fa_bwd_hs(hs, dqkv, scratch, dout, qkv, out, att, B, T, C, NH);
     KERN_CUDA_ASSERT(launched);
     return;
   }

@@ -192,10 +192,11 @@ static void kern_cuda_take_modes(const kern_cuda_opts_t *o) {
   kern_cuda_st.bf16 = o->bf16 != 0;
   kern_cuda_st.attn_gemm = o->attn_gemm != 0;
   kern_cuda_st.fast16bf = o->gemm_fast16bf != 0;
+  kern_cuda_st.attn_fp32 = o->attn_fp32 != 0;
 }
 
 extern "C" const kern_backend_t *kern_cuda_init(const kern_cuda_opts_t *o, char *msg, size_t n) {
-  const kern_cuda_opts_t d = {0, 0, 0, 0, 0};
+  const kern_cuda_opts_t d = {0, 0, 0, 0, 0, 0};
   if (!o) o = &d;
   if (kern_cuda_st.ready) { /* the device stays; the job's modes are taken */
     kern_cuda_take_modes(o);

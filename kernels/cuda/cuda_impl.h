@@ -73,6 +73,7 @@ typedef struct kern_cuda_state {
   int tf32;            /* matrix products may use TF32 tensor cores */
   int bf16;            /* matrix products on bf16 tensor cores (wins over tf32) */
   int attn_gemm;       /* attention by strided products even where a fused kernel is built */
+  int attn_fp32;       /* with bf16: the fused attention stays fp32 (not attention_tc.cu) */
   cudaStream_t stream; /* every op and memory operation, in call order */
   cublasLtHandle_t lt; /* cuBLASLt */
   void *workspace;     /* KERN_CUDA_SIZE_WORKSPACE bytes, cuBLASLt's */
@@ -138,6 +139,14 @@ void kern_cuda_gemm(const char *op, char ta, char tb, int M, int N, int K, float
  * order (KERN_COLSUM_ROWS), the CPU's bits. */
 void kern_cuda_colsum(float *sd, float *sdx, const float *dout, const float *inp,
                       const float *mean, const float *rstd, int N, int C);
+
+/* ---- attention on bf16 tensor cores (attention_tc.cu) -------------------------
+ * The fused op of attention.cu (same saved log-sum-exp, same scratch) with
+ * its products in bf16; 1 when launched, 0 when no kernel is built for the
+ * head size C / NH (attention.cu's fused list). */
+int kern_cuda_attention_tc_fwd(float *out, float *lse, const float *qkv, int B, int T, int C, int NH);
+int kern_cuda_attention_tc_bwd(float *dqkv, float *D, const float *dout, const float *qkv,
+                               const float *out, const float *lse, int B, int T, int C, int NH);
 
 /* ---- double sums in a fixed order (sumsq.cu) --------------------------------
  * sum of x[i] (square 0) or x[i]^2 (square 1), in double; waits for the

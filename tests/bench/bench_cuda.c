@@ -128,6 +128,13 @@ static float *ops_buf(size_t n) {
   return d;
 }
 
+/* Which attention the job's settings run: "gemm" (strided products),
+ * "fused-bf16-tc" (attention_tc.cu, bf16 jobs) or "fused-fp32". */
+static const char *bench_attn_name(int C, int NH, int bf16) {
+  if (!kern_cuda_size_attn_fused(C, NH, param_cuda_attn_gemm() != 0)) return "gemm";
+  return bf16 && param_cuda_attn_fp32() == 0 ? "fused-bf16-tc" : "fused-fp32";
+}
+
 static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int T,
                     const char *prec) {
   config_t c;
@@ -147,7 +154,8 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
   const int bf16 = strcmp(prec, "fp32") != 0;
   const kern_cuda_opts_t ko = {.bf16 = bf16, .tf32 = c.tf32,
                                .attn_gemm = param_cuda_attn_gemm() != 0,
-                               .gemm_fast16bf = param_cuda_gemm_fast16bf() != 0};
+                               .gemm_fast16bf = param_cuda_gemm_fast16bf() != 0,
+                               .attn_fp32 = param_cuda_attn_fp32() != 0};
   if (!(K = p->kern_init(&ko, msg, sizeof msg))) {
     fprintf(stderr, "bench_cuda: %s\n", msg);
     return 1;
@@ -187,8 +195,7 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
   snprintf(sh, sizeof sh, "lm_head:N=%zu,IC=%d,OC=%d", N, C, V);
   OPS_TIME("matmul_fwd", sh, 1, K->matmul_fwd(logits, x, wte, NULL, (int)N, C, V));
   OPS_TIME("matmul_bwd", sh, 1, K->matmul_bwd(z, dwte, NULL, logits, x, wte, (int)N, C, V));
-  snprintf(sh, sizeof sh, "B=%d,T=%d,C=%d,NH=%d,%s", B, T, C, NH,
-           kern_cuda_size_attn_fused(C, NH, ko.attn_gemm) ? "fused" : "gemm");
+  snprintf(sh, sizeof sh, "B=%d,T=%d,C=%d,NH=%d,%s", B, T, C, NH, bench_attn_name(C, NH, bf16));
   OPS_TIME("attention_fwd", sh, L, K->attention_fwd(y, att, x, B, T, C, NH));
   OPS_TIME("attention_bwd", sh, L, K->attention_bwd(z, scratch, y, x, y, att, B, T, C, NH));
   snprintf(sh, sizeof sh, "n=%zu", N * 4 * C);
@@ -329,10 +336,9 @@ int main(int argc, char **argv) {
   const char *gl = strstr(peer, "torch: gemm ");
   const char *gt = gl ? strstr(gl, "tflops=") : NULL;
   const double gemm = gt ? atof(gt + 7) * 1e12 : 0;
-  const int fused = kern_cuda_size_attn_fused(g->channels, g->heads, param_cuda_attn_gemm() != 0);
   printf("bench: cuda_train model=%s B=%d T=%d precision=%s attention=%s device=\"%s\" "
          "step_ms=%.2f tokens_per_s=%.0f mfu_peak=%.3f mfu_gemm=%.3f loss=%.4f\n", model, B, T,
-         prec, fused ? "fused" : "gemm", p->device_name(), med * 1e3, tps, tps * fpt / peak, gemm > 0 ? tps * fpt / gemm : 0.0,
+         prec, bench_attn_name(g->channels, g->heads, strcmp(prec, "fp32") != 0), p->device_name(), med * 1e3, tps, tps * fpt / peak, gemm > 0 ? tps * fpt / gemm : 0.0,
          last_loss);
   printf("bench: cuda_flops formula=\"6*params + 12*layers*channels*T per token\" params=%zu "
          "flops_per_token=%.4g peak_tflops=%.1f gemm8192_tflops=%.1f\n", nparams, fpt,

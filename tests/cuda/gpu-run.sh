@@ -6,8 +6,9 @@
 # (seconds, default 300) and GPU_BENCH_TIMEOUT each bench run; GPU_BENCH=1 then runs
 # bench_cuda (make bench-cuda's runs; BENCH_CUDA_B124, BENCH_CUDA_B774,
 # BENCH_CUDA_STEPS as there, and gpt2-124m again with attention by products,
-# FSDP_CUDA_ATTN_GEMM=1, to compare with the fused kernel, and bench_cuda
-# --ops: each op of a step alone).
+# FSDP_CUDA_ATTN_GEMM=1, and with the fp32 fused attention, FSDP_CUDA_ATTN_FP32=1,
+# to compare with the tensor-core one, and bench_cuda --ops: each op of a
+# step alone).
 #
 # CUDA's libraries are found where that machine has them: its toolkit
 # (/usr/local/cuda*/lib64) or the Python wheels PyTorch brings (nvidia/*/lib).
@@ -40,6 +41,9 @@ if [ "${GPU_BENCH:-0}" = 1 ]; then
   done
   echo "== bench_cuda gpt2-124m, attention by products (FSDP_CUDA_ATTN_GEMM=1), no peer"
   FSDP_CUDA_ATTN_GEMM=1 FSDP_BENCH_NO_PEER=1 timeout ${GPU_BENCH_TIMEOUT:-300} .gpu/tests/bench_cuda gpt2-124m \
+    "${BENCH_CUDA_B124:-16}" 1024 "${BENCH_CUDA_STEPS:-20}" 2>&1 | tee -a "${OUT:-/tmp}/bench_cuda.log"
+  echo "== bench_cuda gpt2-124m, fp32 fused attention (FSDP_CUDA_ATTN_FP32=1), no peer"
+  FSDP_CUDA_ATTN_FP32=1 FSDP_BENCH_NO_PEER=1 timeout ${GPU_BENCH_TIMEOUT:-300} .gpu/tests/bench_cuda gpt2-124m \
     "${BENCH_CUDA_B124:-16}" 1024 "${BENCH_CUDA_STEPS:-20}" 2>&1 | tee -a "${OUT:-/tmp}/bench_cuda.log"
   echo "== bench_cuda --ops gpt2-124m: each op of a step alone, and the products in every mode"
   timeout ${GPU_BENCH_TIMEOUT:-300} .gpu/tests/bench_cuda --ops gpt2-124m "${BENCH_CUDA_B124:-16}" 1024 2>&1 \

@@ -27,7 +27,9 @@
  *    its online softmax rescales by exp of max differences, exact to an ulp
  *    per rescale, and its log-sum-exp (what it keeps instead of att) is
  *    checked against float64 with mag = 1 + the bound on its scores + |lse|
- *    (attn_ref_lse). In bf16 mode the products on packed operands are also
+ *    (attn_ref_lse). In bf16 mode the fused attention runs on tensor cores
+ *    (attention_tc.cu: bf16 operands in all four products) and is held to
+ *    TOL_GEMM_BF16 instead. In bf16 mode the products on packed operands are also
  *    held to TOL_GEMM against the CPU's products of the bf16-rounded
  *    operands (the *-bf16ops lines: bf16 x bf16 is exact in fp32), which a
  *    dropped term or block of the blocked products (matmul.cu) would miss
@@ -997,7 +999,7 @@ int main(void) {
     report("table", mode_names[m], "-", 0, 0, "-", -1,
            kern_cuda_init(&modes[m], msg, sizeof msg) == gpu);
     tol_gemm = tols[m];
-    attn_gemm = 1; /* the fused kernel computes in fp32 whatever the mode */
+    attn_gemm = 1; /* the products' path here; the fused attention's modes are below */
     test_matmul(1024, 768, 3072, 1);
     test_matmul(64, 768, 50257, 0);
     /* bf16 products packed in blocks (matmul.cu): forward cut in rows and
@@ -1009,6 +1011,27 @@ int main(void) {
     if (m == 0) test_attention(1, 1024, 1600, 25);
     bf16_exact = 0;
   }
+  /* bf16 mode's fused attention runs on tensor cores (attention_tc.cu):
+   * the fused kernels' sizes (log-sum-exp rows, D rows), the bf16 products'
+   * bound; every head size it is built for, T inside one 64-row tile,
+   * across tile edges (65, 130: a last tile of 1 and 2 rows) and gpt2's */
+  const kern_cuda_opts_t otc = {.device = 0, .bf16 = 1};
+  printf("test_cuda_kernels: fused attention on bf16 tensor cores\n");
+  report("table", "bf16 mode, tensor-core attention", "-", 0, 0, "-", -1,
+         kern_cuda_init(&otc, msg, sizeof msg) == gpu);
+  tol_gemm = TOL_GEMM_BF16;
+  attn_gemm = 0;
+  test_attention(3, 5, 64, 4);
+  test_attention(3, 33, 64, 2);
+  test_attention(2, 65, 64, 1);
+  test_attention(2, 130, 256, 2);
+  test_attention(1, 1024, 768, 12);
+  /* FSDP_CUDA_ATTN_FP32: bf16 products, the fp32 fused attention, at fp32's bound */
+  const kern_cuda_opts_t ofp = {.device = 0, .bf16 = 1, .attn_fp32 = 1};
+  report("table", "bf16 mode, fp32 attention", "-", 0, 0, "-", -1,
+         kern_cuda_init(&ofp, msg, sizeof msg) == gpu);
+  tol_gemm = TOL_GEMM;
+  test_attention(2, 65, 64, 1);
   kern_cuda_init(&o, msg, sizeof msg);
   tol_gemm = TOL_GEMM;
   attn_gemm = 0;
