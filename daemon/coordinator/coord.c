@@ -524,6 +524,7 @@ void coord_attempt_fail(coord_t *c, int64_t job, int64_t epoch, int64_t except_n
    * ended, e.g. a registration missing several of its ranks) changes nothing */
   coord_job_t *x = rc ? NULL : coord_job_info(c, job);
   if (x) x->preempted = 0, snprintf(x->failure, sizeof x->failure, "%s", why);
+  if (!rc) c->ended[COORD_ENDED_FAILED]++;
   if (!rc)
     LOG_INFO("coord", "job j-%lld attempt %lld failed (%s): now %s", (long long)job,
              (long long)epoch, why, store_job_state_name(state));
@@ -539,20 +540,24 @@ void coord_attempt_settle(coord_t *c, int64_t job, int64_t epoch, store_attempt_
                           const char *why, const char *what) {
   if (v == STORE_ATTEMPT_SUCCEEDED) {
     store_job_state_t state;
-    if (store_attempt_end(c->st, job, epoch, 1, "", &state))
+    if (store_attempt_end(c->st, job, epoch, 1, "", &state)) {
       LOG_WARN("coord", "job j-%lld: ending its attempt: %s", (long long)job, err_msg());
-    else
+    } else {
+      c->ended[COORD_ENDED_SUCCEEDED]++;
       LOG_INFO("coord", "job j-%lld attempt %lld succeeded", (long long)job, (long long)epoch);
+    }
     c->dirty = 1;
     coord_job_changed(c, job);
   } else if (v == STORE_ATTEMPT_FAILED) {
     coord_attempt_fail(c, job, epoch, 0, why);
   } else if (v == STORE_ATTEMPT_PREEMPTED) {
-    if (store_attempt_requeue(c->st, job, epoch, what))
+    if (store_attempt_requeue(c->st, job, epoch, what)) {
       LOG_WARN("coord", "job j-%lld: requeueing: %s", (long long)job, err_msg());
-    else
+    } else {
+      c->ended[COORD_ENDED_PREEMPTED]++;
       LOG_INFO("coord", "job j-%lld attempt %lld preempted: requeued", (long long)job,
                (long long)epoch);
+    }
     coord_job_t *x = coord_job_info(c, job);
     if (x) x->preempted = 1, snprintf(x->failure, sizeof x->failure, "%s", what);
     coord_ranks_forget(c, job);
@@ -1316,6 +1321,7 @@ int coord_create(coord_t **out, uv_loop_t *loop, const coord_opts_t *o) {
   metrics_hist_init(&c->hb_late);
   metrics_hist_init(&c->sched);
   metrics_hist_init(&c->pass);
+  metrics_hist_init(&c->commit);
   if (!rc && o->metrics_listen)
     rc = metrics_server_start(&c->metrics, loop, o->metrics_listen, coord_metrics_render, c);
   if (rc) {

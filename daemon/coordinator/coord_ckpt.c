@@ -190,6 +190,7 @@ static void coord_ckpt_commit_done(uv_work_t *w, int status) {
     } else {
       c->ckpt_commits++;
       st = STORE_CKPT_COMMITTED;
+      if (m->t0) metrics_hist_observe(&c->commit, (double)(uv_hrtime() - m->t0) / 1e9);
       if (m->t0)
         LOG_INFO("coord", "job j-%lld: checkpoint of step %lld committed (%d shards, %.1f MiB) "
                  "%.2f ms after its last shard's report", (long long)k->job_id, (long long)k->step,

@@ -135,6 +135,15 @@ typedef struct coord_rdv {
   struct coord *c;
 } coord_rdv_t;
 
+/* How an attempt ended, for fsdp_attempts_ended_total{outcome}. */
+typedef enum {
+  COORD_ENDED_SUCCEEDED,
+  COORD_ENDED_FAILED,
+  COORD_ENDED_PREEMPTED,
+  COORD_ENDED_CANCELLED,
+  COORD_ENDED_N
+} coord_ended_t;
+
 struct coord {
   uv_loop_t *loop;
   coord_opts_t o;
@@ -179,7 +188,9 @@ struct coord {
   metrics_hist_t hb_late;   /* a held heartbeat's answer after its interval ended */
   metrics_hist_t sched;     /* a job's submit to its first attempt's placement */
   metrics_hist_t pass;      /* a placement pass (the loop answers nothing meanwhile) */
+  metrics_hist_t commit;    /* a checkpoint's last shard report to its commit */
   uint64_t ckpt_commits, ckpt_aborts, restarts;
+  uint64_t ended[COORD_ENDED_N]; /* attempts ended, by coord_ended_t */
   uint64_t ckpt_aborts_at_end; /* store_ckpt_aborted_at_end when coord_job_changed last looked */
 };
 

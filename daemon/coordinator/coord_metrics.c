@@ -7,10 +7,11 @@
  *     (the store); jobs whose facts are kept in memory;
  *   - per rank of a running attempt (the store's), its latest report: step, loss,
  *     tokens/s, memory by category (current and peak bytes);
- *   - heartbeat lateness (a held heartbeat answered after its interval) and
- *     scheduling latency (submit to the first attempt's placement) as
- *     histograms; checkpoint commits and aborts, restarts and failures of
- *     the database as counters. */
+ *   - heartbeat lateness (a held heartbeat answered after its interval),
+ *     scheduling latency (submit to the first attempt's placement) and
+ *     checkpoint commit latency (last shard report to commit) as histograms;
+ *     attempts ended by outcome, checkpoint commits and aborts, restarts and
+ *     failures of the database as counters. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,6 +93,17 @@ void coord_metrics_render(metrics_buf_t *b, void *arg) {
   metrics_hist_write(b, "fsdp_placement_pass_seconds",
                      "A placement pass over the pending jobs (the coordinator answers nothing "
                      "meanwhile).", &c->pass);
+  metrics_hist_write(b, "fsdp_checkpoint_commit_seconds",
+                     "From a checkpoint's last shard report to its commit (shard headers "
+                     "checked, manifest written and synced, the database's transaction).",
+                     &c->commit);
+  static const char *const ended[COORD_ENDED_N] = {"succeeded", "failed", "preempted", "cancelled"};
+  metrics_family(b, "fsdp_attempts_ended_total", "counter",
+                 "Attempts ended, by outcome: succeeded, failed (a rank failed or was lost; the "
+                 "job restarts or fails by its max_restarts), preempted (requeued), cancelled.");
+  for (int k = 0; k < COORD_ENDED_N; k++)
+    metrics_sample(b, "fsdp_attempts_ended_total", (const char *[]){"outcome", ended[k], NULL},
+                   (double)c->ended[k]);
   static const struct {
     const char *name, *help;
   } counters[] = {

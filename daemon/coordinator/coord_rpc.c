@@ -587,7 +587,10 @@ static void coord_cancel_cb(rpc_call_t *call, const ProtobufCMessage *req, void 
   if (!rc) rc = store_job_cancel(c->st, id, why, &was);
   if (!rc) {
     LOG_INFO("coord", "job j-%lld %s", (long long)id, why);
-    if (was == STORE_JOB_RUNNING) coord_kill_attempt(c, id, epoch, 0, why);
+    if (was == STORE_JOB_RUNNING) {
+      coord_kill_attempt(c, id, epoch, 0, why);
+      c->ended[COORD_ENDED_CANCELLED]++;
+    }
     c->dirty = 1;
     coord_job_changed(c, id);
   }

@@ -84,8 +84,12 @@ Test(metrics, both_endpoints_pass_promtool_and_prometheus_scrapes_a_running_job)
   char *data = tu_token_file("tok.bin", 40000, 5, 256), conf[800], text[1024], out[1 << 16];
   chmod(data, 0644);
   snprintf(conf, sizeof conf, "%s/job.conf", tu_tmpdir());
+  char *ck = tu_path("ck");
+  cr_assert_eq(mkdir(ck, 0777), 0);
+  chmod(ck, 0777); /* the ranks' user writes there */
   snprintf(text, sizeof text, "[model]\nmodel = tiny\n[data]\ndata = %s\n[train]\nbatch = 2\n"
-           "seq_len = 32\nsteps = 1000000\neval_every = 0\n", data);
+           "seq_len = 32\nsteps = 1000000\neval_every = 0\n[output]\ncheckpoint_dir = %s\n"
+           "checkpoint_every = 200\n", data, ck);
   tu_write_file(conf, text, strlen(text));
   char a[1024];
   snprintf(a, sizeof a, "submit '%s' --ranks 2", conf);
@@ -121,6 +125,17 @@ Test(metrics, both_endpoints_pass_promtool_and_prometheus_scrapes_a_running_job)
   snprintf(mem, sizeof mem, "fsdp_rank_memory_bytes{job=\"%s\",rank=\"1\",category=\"params\"}", job);
   for (int i = 0; i < 2; i++) cr_assert_gt(sample(got[i], mem), 0, "%s", got[i]);
   cr_assert_geq(sample(got[0], "fsdp_scheduling_latency_seconds_count"), 1, "%s", got[0]);
+  /* every commit's latency, from its last shard's report, is in the histogram */
+  for (const double t2 = tu_now_s(); sample(got[0], "fsdp_checkpoint_commits_total") < 1;) {
+    cr_assert_lt(tu_now_s() - t2, 30, "no checkpoint committed within 30 s:\n%s", got[0]);
+    nanosleep(&(struct timespec){0, 200000000}, NULL);
+    cr_assert_eq(http_get(coord.metrics_port, "/metrics", got[0], sizeof got[0]), 200);
+  }
+  const double commits = sample(got[0], "fsdp_checkpoint_commits_total");
+  cr_assert_eq(sample(got[0], "fsdp_checkpoint_commit_seconds_count"), commits, "%s", got[0]);
+  const double csum = sample(got[0], "fsdp_checkpoint_commit_seconds_sum");
+  cr_assert(csum > 0 && csum < 10 * commits, "%g s for %g commits", csum, commits);
+  cr_assert_eq(sample(got[0], "fsdp_attempts_ended_total{outcome=\"failed\"}"), 0, "%s", got[0]);
   cr_assert_geq(sample(got[0], "fsdp_placement_pass_seconds_count"), 1, "%s", got[0]);
   cr_assert_lt(sample(got[0], "fsdp_placement_pass_seconds_sum"), 60, "%s", got[0]);
   /* a drained node counts as drained */
@@ -172,8 +187,14 @@ Test(metrics, both_endpoints_pass_promtool_and_prometheus_scrapes_a_running_job)
   cr_assert_gt(value, 0, "Prometheus has no tokens/s of %s rank 0 (%d series):\n%s", job, series, out);
   cr_log_info("Prometheus read %s rank 0 at %.0f tokens/s", job, value);
   snprintf(a, sizeof a, "cancel %s", job);
-  cluster_ctl(coord.addr, a, out, sizeof out);
-  free(db), free(data);
+  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
+  /* the attempt ended cancelled, and nothing else ended */
+  cr_assert_eq(http_get(coord.metrics_port, "/metrics", got[0], sizeof got[0]), 200);
+  cr_assert_eq(sample(got[0], "fsdp_attempts_ended_total{outcome=\"cancelled\"}"), 1, "%s", got[0]);
+  cr_assert_eq(sample(got[0], "fsdp_attempts_ended_total{outcome=\"succeeded\"}"), 0, "%s", got[0]);
+  cr_assert_eq(sample(got[0], "fsdp_attempts_ended_total{outcome=\"failed\"}"), 0, "%s", got[0]);
+  cr_assert_eq(sample(got[0], "fsdp_attempts_ended_total{outcome=\"preempted\"}"), 0, "%s", got[0]);
+  free(db), free(data), free(ck);
 }
 
 /* IPv6: fsdpd serves its Node service on [::1] and /metrics on [::] (IPv6
