@@ -35,6 +35,7 @@ static int coord_hash_oom;
 #define COORD_WATCH_BACKLOG 1024 /* progress messages a watcher may leave unread */
 #define COORD_BEAT_SLACK_MS 250
 #define COORD_JANITOR_MS 1000 /* checkpoints' timeouts and removals are looked at this often */
+#define COORD_SETTLE_RETRY_MS 1000 /* an attempt's end the store failed to take, tried again */
 #define COORD_PURGE_MS 10000  /* retention (events, ended jobs), this often (and at start) */
 #define COORD_PURGE_BATCH 2000
 #define COORD_PURGE_PASSES 10
@@ -512,14 +513,17 @@ void coord_kill_attempt(coord_t *c, int64_t job, int64_t epoch, int64_t except_n
 
 /* Ends a running attempt as failed: its other ranks are killed, the job
  * restarts or fails by its policy (store_attempt_end). */
-void coord_attempt_fail(coord_t *c, int64_t job, int64_t epoch, int64_t except_node,
-                        const char *why) {
+int coord_attempt_fail(coord_t *c, int64_t job, int64_t epoch, int64_t except_node,
+                       const char *why) {
   coord_kill_attempt(c, job, epoch, except_node, why);
   store_job_state_t state;
   int rc = store_attempt_end(c->st, job, epoch, 0, why, &state);
-  if (rc && rc != FSDP_ESTALE)
-    LOG_WARN("coord", "job j-%lld: ending attempt %lld: %s", (long long)job, (long long)epoch,
-             err_msg());
+  const int failed = rc && rc != FSDP_ESTALE ? rc : 0;
+  if (failed) {
+    LOG_WARN("coord", "job j-%lld: ending attempt %lld: %s (tried again in %d ms)", (long long)job,
+             (long long)epoch, err_msg(), COORD_SETTLE_RETRY_MS);
+    c->unsettled = 1;
+  }
   /* the first failure of an attempt is its story; a second (ESTALE: already
    * ended, e.g. a registration missing several of its ranks) changes nothing */
   coord_job_t *x = rc ? NULL : coord_job_info(c, job);
@@ -531,17 +535,22 @@ void coord_attempt_fail(coord_t *c, int64_t job, int64_t epoch, int64_t except_n
   coord_ranks_forget(c, job);
   c->dirty = 1;
   coord_job_changed(c, job);
+  return failed;
 }
 
 /* Ends an attempt as its ranks' verdict says (store_rank_exit's, or
  * store_attempt_verdict's at start): why is the failure for FAILED, what the
  * preemption for PREEMPTED; GOING and ENDED leave it. */
-void coord_attempt_settle(coord_t *c, int64_t job, int64_t epoch, store_attempt_verdict_t v,
-                          const char *why, const char *what) {
+int coord_attempt_settle(coord_t *c, int64_t job, int64_t epoch, store_attempt_verdict_t v,
+                         const char *why, const char *what) {
+  int rc = 0;
   if (v == STORE_ATTEMPT_SUCCEEDED) {
     store_job_state_t state;
-    if (store_attempt_end(c->st, job, epoch, 1, "", &state)) {
-      LOG_WARN("coord", "job j-%lld: ending its attempt: %s", (long long)job, err_msg());
+    if ((rc = store_attempt_end(c->st, job, epoch, 1, "", &state)) == FSDP_ESTALE) rc = 0;
+    if (rc) {
+      LOG_WARN("coord", "job j-%lld: ending its attempt: %s (tried again in %d ms)", (long long)job,
+               err_msg(), COORD_SETTLE_RETRY_MS);
+      c->unsettled = 1;
     } else {
       c->ended[COORD_ENDED_SUCCEEDED]++;
       LOG_INFO("coord", "job j-%lld attempt %lld succeeded", (long long)job, (long long)epoch);
@@ -549,10 +558,13 @@ void coord_attempt_settle(coord_t *c, int64_t job, int64_t epoch, store_attempt_
     c->dirty = 1;
     coord_job_changed(c, job);
   } else if (v == STORE_ATTEMPT_FAILED) {
-    coord_attempt_fail(c, job, epoch, 0, why);
+    rc = coord_attempt_fail(c, job, epoch, 0, why);
   } else if (v == STORE_ATTEMPT_PREEMPTED) {
-    if (store_attempt_requeue(c->st, job, epoch, what)) {
-      LOG_WARN("coord", "job j-%lld: requeueing: %s", (long long)job, err_msg());
+    if ((rc = store_attempt_requeue(c->st, job, epoch, what)) == FSDP_ESTALE) rc = 0;
+    if (rc) {
+      LOG_WARN("coord", "job j-%lld: requeueing: %s (tried again in %d ms)", (long long)job,
+               err_msg(), COORD_SETTLE_RETRY_MS);
+      c->unsettled = 1;
     } else {
       c->ended[COORD_ENDED_PREEMPTED]++;
       LOG_INFO("coord", "job j-%lld attempt %lld preempted: requeued", (long long)job,
@@ -564,6 +576,7 @@ void coord_attempt_settle(coord_t *c, int64_t job, int64_t epoch, store_attempt_
     c->dirty = 1;
     coord_job_changed(c, job);
   }
+  return rc;
 }
 
 /* At start: a running job whose ranks had all exited, or one of which had
@@ -572,18 +585,20 @@ void coord_attempt_settle(coord_t *c, int64_t job, int64_t epoch, store_attempt_
  * so no node tells it again) is ended now. Left, it would run forever: no
  * rank of it is left to report, and a node's registration reconciles only
  * live ranks. */
-static void coord_attempts_settle(coord_t *c) {
+static void coord_attempts_settle(coord_t *c, const char *when) {
   int64_t *jobs = NULL;
   int nj = 0;
   if (store_job_ids(c->st, STORE_JOB_RUNNING, &jobs, &nj)) {
-    LOG_WARN("coord", "running jobs at start: %s", err_msg());
+    LOG_WARN("coord", "running jobs, to settle those whose ranks are done: %s", err_msg());
+    c->unsettled = 1;
     return;
   }
   for (int i = 0; i < nj; i++) {
     int64_t epoch = 0;
     store_attempt_verdict_t v;
     if (store_attempt_verdict(c->st, jobs[i], &epoch, &v)) {
-      LOG_WARN("coord", "job j-%lld at start: %s", (long long)jobs[i], err_msg());
+      LOG_WARN("coord", "job j-%lld, to settle it: %s", (long long)jobs[i], err_msg());
+      c->unsettled = 1;
       continue;
     }
     if (v == STORE_ATTEMPT_GOING || v == STORE_ATTEMPT_ENDED) continue;
@@ -593,18 +608,17 @@ static void coord_attempts_settle(coord_t *c) {
     if (v == STORE_ATTEMPT_FAILED && !store_ranks_of_job(c->st, jobs[i], epoch, &r, &n))
       for (int k = 0; k < n && !why[0]; k++) {
         if (r[k].state == STORE_RANK_LOST)
-          snprintf(why, sizeof why, "rank %d on node n-%lld was lost before the coordinator "
-                   "restarted", r[k].rank, (long long)r[k].node_id);
+          snprintf(why, sizeof why, "rank %d on node n-%lld was lost %s", r[k].rank,
+                   (long long)r[k].node_id, when);
         else if (r[k].state == STORE_RANK_FAILED)
-          snprintf(why, sizeof why, "rank %d on node n-%lld exited with status %d before the "
-                   "coordinator restarted", r[k].rank, (long long)r[k].node_id, r[k].exit_status);
+          snprintf(why, sizeof why, "rank %d on node n-%lld exited with status %d %s", r[k].rank,
+                   (long long)r[k].node_id, r[k].exit_status, when);
       }
     store_array_free(r);
-    if (!why[0]) snprintf(why, sizeof why, "a rank failed before the coordinator restarted");
-    snprintf(what, sizeof what, "its ranks were stopped (preempted) before the coordinator "
-             "restarted");
-    LOG_INFO("coord", "job j-%lld: its attempt %lld was over when the coordinator stopped: "
-             "ending it", (long long)jobs[i], (long long)epoch);
+    if (!why[0]) snprintf(why, sizeof why, "a rank failed %s", when);
+    snprintf(what, sizeof what, "its ranks were stopped (preempted) %s", when);
+    LOG_INFO("coord", "job j-%lld: its attempt %lld was over %s: ending it", (long long)jobs[i],
+             (long long)epoch, when);
     coord_attempt_settle(c, jobs[i], epoch, v, why, what);
   }
   free(jobs);
@@ -1262,6 +1276,13 @@ static void coord_tick_cb(uv_timer_t *t) {
     coord_rdv_reply(w, NULL); /* not yet: ask again */
     coord_rdv_remove(c, w);
   }
+  /* an attempt whose end the store failed to take (a full disk, a lock
+   * held elsewhere) is ended once it takes it: its ranks may all be gone */
+  if (c->unsettled && now - c->settled_ms >= COORD_SETTLE_RETRY_MS) {
+    c->unsettled = 0;
+    c->settled_ms = now;
+    coord_attempts_settle(c, "before its end could be stored");
+  }
   if (c->dirty) coord_schedule(c);
   if (now - c->janitor_ms >= COORD_JANITOR_MS) {
     c->janitor_ms = now;
@@ -1341,7 +1362,7 @@ int coord_create(coord_t **out, uv_loop_t *loop, const coord_opts_t *o) {
   c->flush.data = c;
   uv_check_start(&c->flush, coord_flush_cb);
   c->dirty = c->nodes_changed = 1;
-  coord_attempts_settle(c);
+  coord_attempts_settle(c, "before the coordinator restarted");
   *out = c;
   return FSDP_OK;
 }

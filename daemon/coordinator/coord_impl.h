@@ -176,6 +176,8 @@ struct coord {
   int nodes_changed;        /* a node registered or died since least_device was read */
   uint64_t least_device;    /* the smallest device memory of the alive nodes */
   uint64_t janitor_ms;      /* when coord_ckpt_janitor last ran */
+  int unsettled;            /* an attempt's end failed to be stored: the tick settles again */
+  uint64_t settled_ms;      /* when it last tried */
   uint64_t purged_ms;       /* when the audit log's retention last ran (0: not yet) */
   int retained;             /* its first run applied every job's retention */
   struct coord_rm *removing; /* checkpoint directories being removed on the pool */
@@ -215,9 +217,13 @@ void coord_node_deliver(coord_t *c, coord_node_t *n);
  * as fsdpd gave up on it) is sent again while its attempt runs. */
 void coord_node_confirm(coord_t *c, coord_node_t *n, Fsdp__V1__RankStatus *const *ranks, size_t nr);
 void coord_kill_attempt(coord_t *c, int64_t job, int64_t epoch, int64_t except_node, const char *why);
-void coord_attempt_fail(coord_t *c, int64_t job, int64_t epoch, int64_t except_node, const char *why);
-void coord_attempt_settle(coord_t *c, int64_t job, int64_t epoch, store_attempt_verdict_t v,
-                          const char *why, const char *what);
+/* Both return 0, or the store's error when the attempt's end could not be
+ * stored: then c->unsettled, and the tick settles every running attempt
+ * whose ranks are done, by their verdict, every COORD_SETTLE_RETRY_MS until
+ * the store takes it. */
+int coord_attempt_fail(coord_t *c, int64_t job, int64_t epoch, int64_t except_node, const char *why);
+int coord_attempt_settle(coord_t *c, int64_t job, int64_t epoch, store_attempt_verdict_t v,
+                         const char *why, const char *what);
 /* Drops what the job's ranks reported (its attempt ended). */
 void coord_ranks_forget(coord_t *c, int64_t job);
 void coord_schedule(coord_t *c);

@@ -1044,8 +1044,6 @@ static void coord_rank_exit_cb(rpc_call_t *call, const ProtobufCMessage *req, vo
     rpc_call_finish(call, rc);
     return;
   }
-  Fsdp__V1__ReportRankExitReply rep = FSDP__V1__REPORT_RANK_EXIT_REPLY__INIT;
-  rpc_call_reply(call, &rep.base);
   /* its last status is the step and loss it ended at (its last heartbeat
    * report may be many steps older) */
   coord_rank_t *last = q->status ? coord_rank_get(c, job, (int)q->rank, 0) : NULL;
@@ -1070,7 +1068,14 @@ static void coord_rank_exit_cb(rpc_call_t *call, const ProtobufCMessage *req, vo
   coord_text_mend(why); /* a log line of any bytes, cut at 300 */
   char what[160];
   snprintf(what, sizeof what, "its ranks were stopped on node %.32s (preempted)", q->node_id);
-  coord_attempt_settle(c, job, q->attempt, verdict, why, what);
+  /* answered once the attempt's end is stored: an error makes fsdpd report
+   * again (the tick also settles it when the store takes it) */
+  if ((rc = coord_attempt_settle(c, job, q->attempt, verdict, why, what))) {
+    rpc_call_finish(call, rc);
+    return;
+  }
+  Fsdp__V1__ReportRankExitReply rep = FSDP__V1__REPORT_RANK_EXIT_REPLY__INIT;
+  rpc_call_reply(call, &rep.base);
 }
 
 /* ---- registration ------------------------------------------------------------- */

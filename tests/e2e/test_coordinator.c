@@ -2734,3 +2734,42 @@ Test(coordinator, each_attempt_gets_its_own_ring_secret) {
   cr_assert_eq(stat(co_db, &sb), 0, "%s", co_db);
   cr_expect_eq(sb.st_mode & 077, 0, "the database is mode %03o", (unsigned)(sb.st_mode & 0777));
 }
+
+/* An attempt whose end the database refuses (injected here by a trigger,
+ * as a full disk or a lock held elsewhere would fail it), after its last
+ * rank's exit was stored: the exit report is answered with the error, so
+ * the node reports again, and the coordinator ends the attempt by itself
+ * once the database takes it, without a restart and without that report. */
+Test(coordinator, an_attempt_end_the_database_refused_is_settled_when_it_takes_it, .timeout = 60) {
+  char d[600], id[32];
+  data_opt(d, sizeof d);
+  node_t n = {{0}, 0};
+  node_register(&n, "solo", 1, 8ull << 30, NULL, 0);
+  const char *kv[] = {"model=tiny", d, NULL};
+  cr_assert_eq(submit(1, kv, id, sizeof id), 0, "%s", err_msg());
+  cr_assert_eq(collect(&n, id, 1, NULL), 1);
+  sqlite3 *h = NULL;
+  cr_assert_eq(sqlite3_open(co_db, &h), SQLITE_OK);
+  cr_assert_eq(sqlite3_exec(h,
+                            "CREATE TABLE t_fail(x); INSERT INTO t_fail VALUES(1); "
+                            "CREATE TRIGGER t_fail_end BEFORE UPDATE OF ended_ms ON attempts "
+                            "WHEN EXISTS (SELECT 1 FROM t_fail) BEGIN "
+                            "SELECT RAISE(ABORT, 'injected: the disk is full'); END;",
+                            NULL, NULL, NULL),
+               SQLITE_OK, "%s", sqlite3_errmsg(h));
+  const int rc = report_exit(&n, id, 1, 0, 0);
+  cr_expect_neq(rc, 0, "the exit report was answered OK though the attempt's end was not stored");
+  cr_expect_eq(job_state(id, NULL, 0), FSDP__V1__JOB_STATE__JOB_STATE_RUNNING);
+  /* the database takes writes again: the job ends, nobody reporting */
+  cr_assert_eq(sqlite3_exec(h, "DELETE FROM t_fail", NULL, NULL, NULL), SQLITE_OK);
+  Fsdp__V1__JobState s = FSDP__V1__JOB_STATE__JOB_STATE_RUNNING;
+  for (const double t0 = tu_now_s(); s == FSDP__V1__JOB_STATE__JOB_STATE_RUNNING && tu_now_s() - t0 < 10;
+       nanosleep(&(struct timespec){0, 50000000}, NULL))
+    s = job_state(id, NULL, 0);
+  cr_expect_eq(s, FSDP__V1__JOB_STATE__JOB_STATE_SUCCEEDED, "the job is %d", (int)s);
+  /* the node's report again: nothing more to do */
+  cr_expect_eq(report_exit(&n, id, 1, 0, 0), 0, "%s", err_msg());
+  cr_assert_eq(sqlite3_exec(h, "DROP TRIGGER t_fail_end; DROP TABLE t_fail", NULL, NULL, NULL),
+               SQLITE_OK, "%s", sqlite3_errmsg(h));
+  sqlite3_close(h);
+}
