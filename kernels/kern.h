@@ -62,6 +62,13 @@ typedef struct kern_backend {
   void (*copy_h2d)(void *dst, const void *src, size_t bytes);
   void (*copy_d2h)(void *dst, const void *src, size_t bytes);
   void (*copy_d2d)(void *dst, const void *src, size_t bytes);
+  /* Page-locks host memory that copy_d2h and copy_h2d will move often (a
+   * checkpoint's snapshot), so a GPU's DMA moves it at the bus's speed
+   * instead of through a staging copy: 0, or a negative code when it cannot
+   * (copies still work, slower). host_unpin undoes it before the memory is
+   * freed. NULL in a backend whose device memory is host memory. */
+  int (*host_pin)(void *p, size_t bytes);
+  void (*host_unpin)(void *p);
   /* Waits until every op queued so far has finished (a GPU's stream): after
    * it the host may read what copy_d2h wrote. The CPU runs ops synchronously. */
   void (*sync)(void);

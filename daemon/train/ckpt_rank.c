@@ -134,6 +134,28 @@ size_t ckpt_rank_snapshot_bytes(fsdp_t *f) {
   return n;
 }
 
+void *ckpt_rank_snapshot_alloc(fsdp_t *f) {
+  const size_t n = ckpt_rank_snapshot_bytes(f);
+  void *snap = mem_alloc(MEM_SNAPSHOT, n, "checkpoint snapshot");
+  if (!snap) return NULL;
+  memset(snap, 0, n);
+  fsdp_state_t st;
+  fsdp_state(f, &st);
+  if (st.be->host_pin && st.be->host_pin(snap, n))
+    LOG_WARN("ckpt", "the checkpoint snapshot (%.1f MiB) could not be page-locked: its copy from "
+             "the device goes through a staging buffer, slower (the driver refused: is much of "
+             "this host's memory locked already?)", (double)n / (1 << 20));
+  return snap;
+}
+
+void ckpt_rank_snapshot_free(fsdp_t *f, void *snap) {
+  if (!snap) return;
+  fsdp_state_t st;
+  fsdp_state(f, &st);
+  if (st.be->host_unpin) st.be->host_unpin(snap);
+  mem_free(snap);
+}
+
 int ckpt_rank_snapshot(fsdp_t *f, const ckpt_rank_meta_t *meta, void *snap, ckpt_rank_image_t *img) {
   int rc = ckpt_rank_prepare(f, meta, img);
   if (rc) {

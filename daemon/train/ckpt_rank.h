@@ -51,6 +51,14 @@ typedef struct ckpt_rank_image {
 } ckpt_rank_image_t;
 /* Host bytes a snapshot of this rank's shard takes (parameters, m and v). */
 size_t ckpt_rank_snapshot_bytes(fsdp_t *f);
+/* The host memory (MEM_SNAPSHOT) an asynchronous checkpoint is written
+ * from, of ckpt_rank_snapshot_bytes: touched now (the first checkpoint does
+ * not pay its page faults mid-run) and, on a device that copies to the host
+ * by DMA, page-locked (kern_backend_t.host_pin), so the step's copy runs at
+ * the bus's speed. NULL when memory is short. Free with
+ * ckpt_rank_snapshot_free, on the same runtime. */
+void *ckpt_rank_snapshot_alloc(fsdp_t *f);
+void ckpt_rank_snapshot_free(fsdp_t *f, void *snap);
 /* Asynchronous checkpoints: copies this rank's state into snap (of
  * ckpt_rank_snapshot_bytes) and prepares img to be written from it; the
  * runtime may train on at once. */

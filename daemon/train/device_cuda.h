@@ -25,7 +25,7 @@
 #include "kernels/cuda/cuda.h"
 
 /* Raised when the table below changes: a plugin of another version is refused. */
-#define DEVICE_CUDA_ABI 3 /* 2: kern_cuda_opts_t.gemm_fast16bf; 3: .attn_fp32 */
+#define DEVICE_CUDA_ABI 3 /* 2: kern_cuda_opts_t.gemm_fast16bf; 3: .attn_fp32, host_pin */
 #define DEVICE_CUDA_SYMBOL "device_cuda_plugin"
 #define DEVICE_CUDA_FILE "libfsdp-cuda.so"
 

@@ -545,13 +545,10 @@ int train_open(train_t **out, const config_t *c, const train_opts_t *o) {
     goto fail;
   if (c->checkpoint_dir[0] && c->checkpoint_every && c->checkpoint_async &&
       plan_rank_snapshots(&t->mesh, t->boot.rank) &&
-      !(t->snapshot = mem_alloc(MEM_SNAPSHOT, ckpt_rank_snapshot_bytes(t->runtime),
-                                "checkpoint snapshot"))) {
+      !(t->snapshot = ckpt_rank_snapshot_alloc(t->runtime))) {
     rc = FSDP_ENOMEM;
     goto fail;
   }
-  /* touched now: the first checkpoint does not pay its page faults mid-run */
-  if (t->snapshot) memset(t->snapshot, 0, ckpt_rank_snapshot_bytes(t->runtime));
   gpt_set_checkpointing(t->model, c->activation_checkpointing);
   /* every rank draws the same global batch and reads its own rows of it */
   const size_t N = (size_t)c->batch * (size_t)c->seq_len;
@@ -808,7 +805,7 @@ void train_result(const train_t *t, train_result_t *res) {
 void train_close(train_t *t) {
   if (!t) return;
   train_writer_finish(t, 1);
-  mem_free(t->snapshot);
+  if (t->snapshot) ckpt_rank_snapshot_free(t->runtime, t->snapshot);
   mem_free(t->in);
   mem_free(t->tg);
   data_close(t->data);

@@ -73,6 +73,19 @@ static void kern_cuda_copy_d2d(void *dst, const void *src, size_t bytes) {
         cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, kern_cuda_st.stream));
 }
 
+/* cudaHostRegister: not an op (a failure is the caller's to handle, and
+ * leaves no error behind for the next checked call). */
+static int kern_cuda_host_pin(void *p, size_t bytes) {
+  if (!p || !bytes) return 0;
+  if (cudaHostRegister(p, bytes, cudaHostRegisterDefault) == cudaSuccess) return 0;
+  (void)cudaGetLastError();
+  return -1;
+}
+
+static void kern_cuda_host_unpin(void *p) {
+  if (p && cudaHostUnregister(p) != cudaSuccess) (void)cudaGetLastError();
+}
+
 static void kern_cuda_sync(void) { KERN_CUDA_CHECK(cudaStreamSynchronize(kern_cuda_st.stream)); }
 
 __global__ static void vec_add_kernel(float *y, const float *x, size_t n) {
@@ -115,6 +128,8 @@ static const kern_backend_t kern_cuda_table = {
     .copy_h2d = kern_cuda_copy_h2d,
     .copy_d2h = kern_cuda_copy_d2h,
     .copy_d2d = kern_cuda_copy_d2d,
+    .host_pin = kern_cuda_host_pin,
+    .host_unpin = kern_cuda_host_unpin,
     .sync = kern_cuda_sync,
     .vec_add = kern_cuda_vec_add,
     .vec_scale = kern_cuda_vec_scale,

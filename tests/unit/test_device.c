@@ -22,6 +22,7 @@
 #include "daemon/common/mem.h"
 #include "daemon/common/rng.h"
 #include "daemon/train/adamw.h"
+#include "daemon/train/ckpt_rank.h"
 #include "daemon/train/fsdp.h"
 #include "daemon/train/gpt.h"
 #include "daemon/train/sample.h"
@@ -106,6 +107,19 @@ GUARD_VOID(vec_add, (float *y, const float *x, size_t n), (y, x, n))
 GUARD_VOID(vec_scale, (float *y, float s, size_t n), (y, s, n))
 GUARD_RET(double, vec_sum, (const float *x, size_t n), (x, n))
 
+/* What host_pin and host_unpin were asked (the guarded device copies by
+ * "DMA" too: it pins). */
+static struct {
+  void *p, *unpinned;
+  size_t bytes;
+  int pins, unpins, fail;
+} pinrec;
+static int g_host_pin(void *p, size_t bytes) {
+  pinrec.pins++, pinrec.p = p, pinrec.bytes = bytes;
+  return pinrec.fail ? -1 : 0;
+}
+static void g_host_unpin(void *p) { pinrec.unpins++, pinrec.unpinned = p; }
+
 static kern_backend_t guarded;
 
 static const kern_backend_t *guarded_backend(void) {
@@ -123,6 +137,8 @@ static const kern_backend_t *guarded_backend(void) {
   G(f32_to_bf16), G(bf16_to_f32), G(sumsq), G(dev_set), G(copy_h2d), G(copy_d2h);
   G(copy_d2d), G(vec_add), G(vec_scale), G(vec_sum);
 #undef G
+  guarded.host_pin = g_host_pin;
+  guarded.host_unpin = g_host_unpin;
   guarded.reduce_f32 = NULL; /* the collectives of a device reduce on the device */
   guarded.reduce_bf16 = NULL;
   guarded.copy_stream = NULL;
@@ -304,6 +320,37 @@ static void runtime_matches(precision_t prec, int defer) {
                  mem_cat_name((mem_cat_t)k), mc.peak[k], mg.peak[k]);
   free(pc);
   free(pg);
+}
+
+/* An asynchronous checkpoint's snapshot is host memory the device copies
+ * into often: on a device (not the CPU) it is page-locked whole when made
+ * and unlocked before it is freed; a lock refused leaves it usable. */
+Test(device, a_checkpoint_snapshot_is_page_locked_on_a_device) {
+  const gpt_config_t c = cfg();
+  for (int dev = 0; dev < 3; dev++) {
+    memset(&pinrec, 0, sizeof pinrec);
+    pinrec.fail = dev == 2;
+    const kern_backend_t *be = dev ? guarded_backend() : kern_cpu();
+    fsdp_opts_t o = {.be = be, .mesh = {1, 1, SHARD_FULL_SHARD}, .seed = 3,
+                     .hp = {0.9f, 0.95f, 1e-8f, 0.1f}, .precision = PRECISION_BF16_MIXED};
+    fsdp_t *f;
+    cr_assert_eq(fsdp_create(&f, &c, &o), 0, "%s", err_msg());
+    const size_t n = ckpt_rank_snapshot_bytes(f);
+    const size_t before = mem_current(MEM_SNAPSHOT);
+    uint8_t *snap = ckpt_rank_snapshot_alloc(f);
+    cr_assert_not_null(snap, "case %d", dev);
+    cr_expect_eq(mem_current(MEM_SNAPSHOT) - before, n, "case %d: counted as the snapshot", dev);
+    cr_expect_eq(snap[0] | snap[n - 1], 0, "case %d: touched (zeroed) when made", dev);
+    cr_expect_eq(pinrec.pins, dev ? 1 : 0, "case %d: %d pins", dev, pinrec.pins);
+    if (dev) cr_expect(pinrec.p == snap && pinrec.bytes == n, "case %d: pinned %p %zu", dev, pinrec.p, pinrec.bytes);
+    cr_expect_eq(pinrec.unpins, 0);
+    ckpt_rank_snapshot_free(f, snap);
+    cr_expect_eq(pinrec.unpins, dev ? 1 : 0, "case %d: %d unpins", dev, pinrec.unpins);
+    if (dev) cr_expect(pinrec.unpinned == snap, "case %d", dev);
+    cr_expect_eq(mem_current(MEM_SNAPSHOT), before, "case %d: freed", dev);
+    fsdp_destroy(f);
+  }
+  cr_assert_eq(guard_n, 0, "every device buffer went back");
 }
 
 Test(device, runtime_fp32_runs_on_a_device_the_host_cannot_touch) { runtime_matches(PRECISION_FP32, 0); }
