@@ -226,6 +226,53 @@ Test(ckpt, resume_is_exact, .timeout = 120) {
   free(a), free(b);
 }
 
+/* Checkpoints written by earlier builds (shard versions 1 and 2: no run id;
+ * a data position in batches, not windows), kept in tests/fixtures (its
+ * README says how they were made), still resume: resumed from their step 4,
+ * a run of this build reaches step 8 with the parameters the run that wrote
+ * them had there (within 1e-5 of each value's size: the kernels' sums have
+ * changed order since, by ulps), so their sections, schedule and data
+ * position were read as meant (a position read wrong trains on other
+ * batches, off by about the learning rate). */
+Test(ckpt, checkpoints_of_earlier_versions_resume, .timeout = 60) {
+  char *data = tu_token_file("fixture_tokens.bin", 200000, 11, 64);
+  static char out[1 << 16];
+  for (int v = 1; v <= 2; v++) {
+    char fx[4096], shard[4200], args[8192], name[32];
+    snprintf(fx, sizeof fx, "%s/tests/fixtures/ckpt-v%d", tu_root(), v);
+    snprintf(shard, sizeof shard, "%s/step-00000004/shard-00000-of-00001.fsdp", fx);
+    int fd = open(shard, O_RDONLY);
+    cr_assert_geq(fd, 0, "%s", shard);
+    ckpt_header_t h;
+    cr_assert_eq(ckpt_header_read(fd, shard, &h), 0, "%s", err_msg());
+    cr_assert_eq(h.version, (uint32_t)v, "the fixture %s is of version %u", shard, h.version);
+    ckpt_header_free(&h);
+    close(fd);
+    snprintf(name, sizeof name, "old-v%d", v);
+    char *ck = mkdir_tmp(name);
+    snprintf(args, sizeof args, "--layers 1 --channels 8 --heads 2 --vocab 64 --context 32 "
+             "--steps 8 --batch 2 --checkpoint_every 4 --checkpoint_dir %s "
+             "--resume_from %s/step-00000004", ck, fx);
+    tu_launch_tiny(1, data, args, 0, out, sizeof out);
+    cr_assert(strstr(out, "resumed from") && strstr(out, "older checkpoint"), "%s", out);
+    char want_dir[4200], got_dir[4200];
+    snprintf(want_dir, sizeof want_dir, "%s/step-00000008", fx);
+    snprintf(got_dir, sizeof got_dir, "%s/step-00000008", ck);
+    size_t nw, ng;
+    float *want = ckpt_params(want_dir, &nw), *got = ckpt_params(got_dir, &ng);
+    cr_assert_eq(nw, ng);
+    double worst = 0;
+    for (size_t i = 0; i < nw; i++) {
+      const double d = fabs((double)got[i] - want[i]) / fmax(1.0, fabs(want[i]));
+      if (d > worst) worst = d;
+    }
+    cr_log_info("version %d: step 8 parameters within %.2e of the writer's", v, worst);
+    cr_expect_leq(worst, 1e-5, "version %d: a parameter is %.3e off the writer's", v, worst);
+    free(want), free(got), free(ck);
+  }
+  free(data);
+}
+
 /* The data position and global batch a checkpoint's shard 0 records. */
 static data_pos_t ckpt_pos(const char *root, int step, int shards, int *batch) {
   char path[4200];
