@@ -1,9 +1,14 @@
 /* crossentropy: softmax cross-entropy over rows of V logits, the formulas of
  * kernels/cpu/crossentropy.c. Forward: one block per row turns the logits
- * into probabilities in place (max by compare, e^(x - max) by kern_expf,
- * their fp32 sum in a fixed tree over the block, times 1/sum) and writes
- * losses = log(sum) - (x[target] - max). Backward: element-wise,
- * dlogits = (p - onehot(target)) * dloss in place (the CPU's bits). */
+ * into probabilities in place in two passes over the row (the logits are
+ * B*T*V floats, the largest thing a step streams): the first reads it once
+ * for its maximum and sum together (each thread keeps a running maximum and
+ * its sum of e^(x - max), rescaled by e^(old - new) when the maximum grows;
+ * the threads' pairs are then combined in a fixed tree), the second writes
+ * e^(x - max) * (1/sum) by kern_expf; losses = log(sum) - (x[target] - max).
+ * The sum's rounding is not the CPU's (TOL_RED apart). Backward:
+ * element-wise, dlogits = (p - onehot(target)) * dloss in place (the CPU's
+ * bits). */
 #include "kernels/cuda/cuda_impl.h"
 #include "kernels/kern_math.h"
 
@@ -28,18 +33,22 @@ __global__ static void crossentropy_fwd_kernel(float *losses, float *logits, con
   /* x[target] is read by every thread now, before any thread overwrites it
    * (the reductions below hold a barrier before the first write) */
   const float xt = x[targets[blockIdx.x]];
-  float mx = -INFINITY;
-  for (int j = threadIdx.x; j < V; j += blockDim.x) mx = x[j] > mx ? x[j] : mx;
-  mx = ce_block_reduce(mx, 0, sh);
-  float s = 0.0f;
+  /* pass 1: this thread's running maximum and sum of e^(x - max) */
+  float m = -INFINITY, s = 0.0f;
   for (int j = threadIdx.x; j < V; j += blockDim.x) {
-    float e = kern_expf(x[j] - mx);
-    x[j] = e;
-    s += e;
+    const float v = x[j];
+    if (v > m) {
+      s = m == -INFINITY ? 0.0f : s * kern_expf(m - v);
+      m = v;
+    }
+    if (m != -INFINITY) s += kern_expf(v - m); /* m is -inf only while every x was */
   }
+  const float mx = ce_block_reduce(m, 0, sh);
+  s = m == -INFINITY ? 0.0f : s * kern_expf(m - mx); /* this thread's sum, at the row's max */
   s = ce_block_reduce(s, 1, sh);
+  /* pass 2: the probabilities */
   const float inv = 1.0f / s;
-  for (int j = threadIdx.x; j < V; j += blockDim.x) x[j] *= inv;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) x[j] = kern_expf(x[j] - mx) * inv;
   /* -log p[target], taken from the sum: finite even where p[target] is 0 */
   if (threadIdx.x == 0) losses[blockIdx.x] = logf(s) - (xt - mx);
 }
