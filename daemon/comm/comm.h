@@ -23,6 +23,12 @@
  *    once with the same code. Destroy it and rebuild the group (NCCL's model).
  *  - comm_abort() from any thread fails the running and queued ops and every
  *    later one with FSDP_ECANCELED, promptly; comm_destroy() always returns.
+ *  - Buffers are the device's memory (the CPU's: any host memory). Every
+ *    backend also takes host buffers of up to COMM_HOST_BYTES in all
+ *    (send and receive together) for the control values a rank agrees on
+ *    with its peers (a loss, a gradient norm, a checkpoint's choice): the
+ *    NCCL backend stages them through device memory of its own, one such
+ *    op in flight per communicator; a larger host buffer there is refused.
  *  - Counts are in elements. all_gather and reduce_scatter take the per-rank
  *    count (send count elements, receive count*size; and the reverse);
  *    all_reduce and broadcast take the whole count, any value.
@@ -50,6 +56,9 @@ typedef enum {
 } comm_op_t;
 
 typedef enum { COMM_F32, COMM_BF16, COMM_DTYPE__COUNT } comm_dtype_t;
+
+/* Host buffers every backend takes, in bytes (the contract above). */
+#define COMM_HOST_BYTES 4096
 typedef enum { COMM_SUM, COMM_AVG, COMM_REDOP__COUNT } comm_redop_t;
 
 /* One collective. Unused fields are ignored (redop outside reductions, root

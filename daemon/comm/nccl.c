@@ -75,6 +75,11 @@ typedef struct nccl_req {
   nccl_req_state_t state;
   int rc;               /* REQ_FAILED: the code, and msg */
   char msg[NCCL_MSG];
+  /* an op on host buffers, run on c->host_buf: its result goes to host_out
+   * (host_bytes of it, from host_buf + host_off) when waited */
+  int staged;
+  void *host_out;
+  size_t host_off, host_bytes;
 } nccl_req_t;
 
 struct nccl_comm {
@@ -88,6 +93,9 @@ struct nccl_comm {
   cudaStream_t stream;      /* own, non-blocking: every op runs here */
   cudaEvent_t ready;        /* recorded on compute at each issue */
   float *barrier_buf;       /* 1 float on the device (stream-ordered allocation) */
+  uint8_t *host_buf;        /* COMM_HOST_BYTES on the device: host buffers' ops run here */
+  cudaStream_t host_stream; /* own, non-blocking: a staged op's result copied back */
+  int host_busy;            /* a staged op is in flight (one at a time) */
   int64_t timeout_ms;       /* default per op */
   atomic_int aborted;
   int broken_rc; /* the first failure's code, 0 while healthy */
@@ -233,6 +241,10 @@ static void nccl_free(nccl_t *c) {
   if (c->barrier_buf && c->stream &&
       CUDA_CHECK(c, cudaFreeAsync(c->barrier_buf, c->stream)) < 0)
     LOG_WARN("comm", "%s", err_msg());
+  if (c->host_buf && c->stream && CUDA_CHECK(c, cudaFreeAsync(c->host_buf, c->stream)) < 0)
+    LOG_WARN("comm", "%s", err_msg());
+  if (c->host_stream && CUDA_CHECK(c, cudaStreamDestroy(c->host_stream)) < 0)
+    LOG_WARN("comm", "%s", err_msg());
   for (int list = 0; list < 2; list++) {
     nccl_req_t *q = list ? c->pool : c->busy;
     while (q) {
@@ -281,7 +293,9 @@ static int nccl_alloc(const char *name, int rank, int size, cudaStream_t compute
       (rc = CUDA_CHECK(c, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking))) < 0 ||
       (rc = CUDA_CHECK(c, cudaEventCreateWithFlags(&c->ready, cudaEventDisableTiming))) < 0 ||
       (rc = CUDA_CHECK(c, cudaMallocAsync((void **)&c->barrier_buf, sizeof(float), c->stream))) < 0 ||
-      (rc = CUDA_CHECK(c, cudaMemsetAsync(c->barrier_buf, 0, sizeof(float), c->stream))) < 0) {
+      (rc = CUDA_CHECK(c, cudaMemsetAsync(c->barrier_buf, 0, sizeof(float), c->stream))) < 0 ||
+      (rc = CUDA_CHECK(c, cudaStreamCreateWithFlags(&c->host_stream, cudaStreamNonBlocking))) < 0 ||
+      (rc = CUDA_CHECK(c, cudaMallocAsync((void **)&c->host_buf, COMM_HOST_BYTES, c->stream))) < 0) {
     char msg[NCCL_MSG];
     snprintf(msg, sizeof msg, "%s", err_msg());
     nccl_free(c);
@@ -469,6 +483,7 @@ static nccl_req_t *nccl_req_get_locked(nccl_t *c) {
 
 /* Under mu: q back to the pool (off the busy list if it is there). */
 static void nccl_req_put_locked(nccl_t *c, nccl_req_t *q) {
+  if (q->staged) c->host_busy = 0, q->staged = 0;
   for (nccl_req_t **pp = &c->busy; *pp; pp = &(*pp)->next)
     if (*pp == q) {
       *pp = q->next;
@@ -499,6 +514,71 @@ static ncclResult_t nccl_enqueue_locked(nccl_t *c, const comm_args_t *a) {
   }
 }
 
+/* Whether p is host memory (pageable or page-locked): such buffers are
+ * staged through c->host_buf (comm.h's COMM_HOST_BYTES). */
+static int nccl_is_host(const void *p) {
+  if (!p) return 0;
+  struct cudaPointerAttributes at;
+  if (cudaPointerGetAttributes(&at, p) != cudaSuccess) {
+    (void)cudaGetLastError(); /* an older runtime's answer for pageable memory */
+    return 1;
+  }
+  return at.type == cudaMemoryTypeUnregistered || at.type == cudaMemoryTypeHost;
+}
+
+/* The bytes an op reads (*sb, from send; broadcast: recv) and writes (*rb,
+ * into recv). */
+static void nccl_op_bytes(const nccl_t *c, const comm_args_t *a, size_t *sb, size_t *rb) {
+  const size_t e = a->dtype == COMM_BF16 ? 2 : 4, n = a->count * e, all = n * (size_t)c->base.size;
+  switch (a->op) {
+    case COMM_OP_ALL_GATHER: *sb = n, *rb = all; break;
+    case COMM_OP_REDUCE_SCATTER: *sb = all, *rb = n; break;
+    default: *sb = n, *rb = n; break; /* all_reduce; broadcast reads and writes recv */
+  }
+}
+
+/* Under mu: an op on host buffers moved onto c->host_buf (its inputs copied
+ * there in stream order; the result copied back when waited): 0 and *sa, the
+ * op on the device, or a code with a message (too large, or another such op
+ * still in flight). */
+static int nccl_stage_locked(nccl_t *c, nccl_req_t *q, const comm_args_t *a, comm_args_t *sa,
+                             const char *sig) {
+  size_t sb, rb;
+  nccl_op_bytes(c, a, &sb, &rb);
+  const size_t off = (sb + 255) / 256 * 256;
+  if (off + rb > COMM_HOST_BYTES)
+    return err_set(FSDP_EINVAL, "%s on rank %d of group '%s': %zu bytes of host buffers (%zu "
+                   "sent, %zu received); NCCL takes host buffers of up to %d bytes in all: pass "
+                   "device memory", sig, c->base.rank, c->base.name, sb + rb, sb, rb,
+                   COMM_HOST_BYTES);
+  if (c->host_busy)
+    return err_set(FSDP_EINVAL, "%s on rank %d of group '%s': another op on host buffers is "
+                   "still in flight (wait for it first: NCCL stages one at a time)", sig,
+                   c->base.rank, c->base.name);
+  *sa = *a;
+  sa->send = c->host_buf;
+  sa->recv = c->host_buf + off;
+  const void *in = a->op == COMM_OP_BROADCAST ? a->recv : a->send;
+  uint8_t *to = a->op == COMM_OP_BROADCAST ? c->host_buf + off : c->host_buf;
+  int rc = sb ? CUDA_CHECK(c, cudaMemcpyAsync(to, in, sb, cudaMemcpyDefault, c->stream)) : 0;
+  if (rc) return rc;
+  q->staged = 1, q->host_out = a->recv, q->host_off = off, q->host_bytes = rb;
+  c->host_busy = 1;
+  return 0;
+}
+
+/* A staged op's result, after it completed (q->done has fired), into the
+ * caller's host buffer: a copy on a stream of its own, so nothing queued
+ * behind the op is waited for. */
+static int nccl_unstage(nccl_t *c, nccl_req_t *q) {
+  int rc = q->host_bytes ? CUDA_CHECK(c, cudaStreamWaitEvent(c->host_stream, q->done, 0)) : 0;
+  if (!rc && q->host_bytes)
+    rc = CUDA_CHECK(c, cudaMemcpyAsync(q->host_out, c->host_buf + q->host_off, q->host_bytes,
+                                       cudaMemcpyDefault, c->host_stream));
+  if (!rc && q->host_bytes) rc = CUDA_CHECK(c, cudaStreamSynchronize(c->host_stream));
+  return rc;
+}
+
 static int nccl_issue(comm_t *base, const comm_args_t *a, comm_req_t **out) {
   nccl_t *c = (nccl_t *)base;
   *out = NULL;
@@ -523,10 +603,14 @@ static int nccl_issue(comm_t *base, const comm_args_t *a, comm_req_t **out) {
   nccl_sig(sig, sizeof sig, q);
   /* after everything queued on the compute stream so far */
   ncclResult_t r = ncclSuccess;
+  comm_args_t sa = *a; /* a, or the op moved onto host_buf */
+  const int host = a->count > 0 && a->op != COMM_OP_BARRIER &&
+                   (nccl_is_host(a->recv) || (a->op != COMM_OP_BROADCAST && nccl_is_host(a->send)));
   if ((rc = CUDA_CHECK(c, cudaEventRecord(c->ready, c->compute))) == 0 &&
       (rc = CUDA_CHECK(c, cudaStreamWaitEvent(c->stream, c->ready, 0))) == 0 &&
+      (!host || (rc = nccl_stage_locked(c, q, a, &sa, sig)) == 0) &&
       (a->count > 0 || a->op == COMM_OP_BARRIER)) { /* nothing to move: only the ordering */
-    r = nccl_enqueue_locked(c, a);
+    r = nccl_enqueue_locked(c, &sa);
     if (r != ncclSuccess && r != ncclInProgress) rc = nccl_check_nccl(r, c, sig);
   }
   pthread_mutex_unlock(&c->mu);
@@ -609,6 +693,13 @@ static int nccl_wait(comm_req_t *req, int64_t wait_ms) {
         rc = CUDA_CHECK(c, cudaStreamWaitEvent(c->compute, q->done, 0));
       } else {
         rc = err_set(q->rc, "%s", q->msg);
+      }
+      if (q->state == REQ_OK && !rc && q->staged) {
+        /* the host's copy, out of mu (it waits for the GPU); host_buf stays
+         * this op's until the request goes back */
+        pthread_mutex_unlock(&c->mu);
+        rc = nccl_unstage(c, q);
+        pthread_mutex_lock(&c->mu);
       }
       nccl_req_put_locked(c, q);
       pthread_mutex_unlock(&c->mu);

@@ -286,6 +286,45 @@ static void conformance(bufs_t *b) {
   check(rc == 0, "ibarrier + wait(10 s): %s", rc ? err_msg() : "ok");
 }
 
+/* ---- host buffers (comm.h: up to COMM_HOST_BYTES, staged) ------------------------ */
+
+/* The runtime's control values (a loss, a gradient norm, a checkpoint's
+ * choice) are host floats: every op takes them, in and out of place; one too
+ * large for the staging buffer is refused with a message that says so (on a
+ * group of its own: the refusal breaks it). */
+static void host_buffers(bufs_t *b) {
+  static const comm_op_t ops[] = {COMM_OP_ALL_REDUCE, COMM_OP_ALL_GATHER, COMM_OP_REDUCE_SCATTER,
+                                  COMM_OP_BROADCAST};
+  for (int d = 0; d < 2; d++)
+    for (size_t k = 0; k < sizeof ops / sizeof *ops; k++)
+      for (int inplace = 0; inplace < 2; inplace++) {
+        const comm_dtype_t dt = d ? COMM_BF16 : COMM_F32;
+        const comm_op_t op = ops[k];
+        if (inplace && op == COMM_OP_BROADCAST) continue; /* it is */
+        uint8_t in[64], out[64 + 16];
+        const size_t n = 13;
+        fill(in, n, dt);
+        memset(out, 0xa5, sizeof out);
+        if (inplace || op == COMM_OP_BROADCAST) memcpy(out, in, n * comm_dtype_size(dt));
+        comm_args_t a = {.op = op, .dtype = dt, .redop = COMM_SUM,
+                         .send = inplace ? (void *)out : (void *)in, .recv = out, .count = n};
+        int rc = comm_run(b->c, &a);
+        char why[256] = "";
+        int ok = rc == 0 && same(out, in, n, dt, why, sizeof why);
+        for (size_t i = n * comm_dtype_size(dt); ok && i < sizeof out; i++) ok = out[i] == 0xa5;
+        check(ok, "%s %s n=%zu on host buffers%s: %s", comm_op_name(op), comm_dtype_name(dt), n,
+              inplace ? " in place" : "", rc ? err_msg() : ok ? "exact" : why[0] ? why : "wrote past its end");
+      }
+  comm_t *g = NULL;
+  int rc = comm_split(b->c, 0, 0, "big-host", 0, &g);
+  if (!check(rc == 0 && g, "split for the refusal: %s", rc ? err_msg() : "ok")) return;
+  static float big[COMM_HOST_BYTES / sizeof(float)];
+  rc = comm_all_reduce(g, big, big, COMM_HOST_BYTES / sizeof(float), COMM_F32, COMM_SUM);
+  check(rc == FSDP_EINVAL && strstr(err_msg(), "pass device memory"),
+        "all_reduce of %d host bytes each way: %s: %s", COMM_HOST_BYTES, err_name(rc), err_msg());
+  comm_destroy(g);
+}
+
 /* ---- the table, create's checks, split ---------------------------------------- */
 
 static void table(comm_t *w, const uint8_t *id) {
@@ -576,6 +615,8 @@ int main(void) {
   table(w, id);
   phase_set("conformance", 240000);
   conformance(&b);
+  phase_set("host buffers", 60000);
+  host_buffers(&b);
   phase_set("split", 60000);
   split(&b);
   phase_set("create of a world that one rank never joins", 30000);
