@@ -513,25 +513,32 @@ void coord_kill_attempt(coord_t *c, int64_t job, int64_t epoch, int64_t except_n
 
 /* Ends a running attempt as failed: its other ranks are killed, the job
  * restarts or fails by its policy (store_attempt_end). */
+/* rc, the store's answer to ending a job's attempt (doing what): ESTALE (it
+ * had ended already) is none; another failure is logged and left to the
+ * tick (c->unsettled). */
+static int coord_attempt_stored(coord_t *c, int rc, int64_t job, const char *doing) {
+  if (rc == FSDP_ESTALE || !rc) return 0;
+  LOG_WARN("coord", "job j-%lld: %s: %s (tried again in %d ms)", (long long)job, doing, err_msg(),
+           COORD_SETTLE_RETRY_MS);
+  c->unsettled = 1;
+  return rc;
+}
+
 int coord_attempt_fail(coord_t *c, int64_t job, int64_t epoch, int64_t except_node,
                        const char *why) {
   coord_kill_attempt(c, job, epoch, except_node, why);
   store_job_state_t state;
   int rc = store_attempt_end(c->st, job, epoch, 0, why, &state);
-  const int failed = rc && rc != FSDP_ESTALE ? rc : 0;
-  if (failed) {
-    LOG_WARN("coord", "job j-%lld: ending attempt %lld: %s (tried again in %d ms)", (long long)job,
-             (long long)epoch, err_msg(), COORD_SETTLE_RETRY_MS);
-    c->unsettled = 1;
-  }
+  const int failed = coord_attempt_stored(c, rc, job, "ending its attempt");
   /* the first failure of an attempt is its story; a second (ESTALE: already
    * ended, e.g. a registration missing several of its ranks) changes nothing */
   coord_job_t *x = rc ? NULL : coord_job_info(c, job);
   if (x) x->preempted = 0, snprintf(x->failure, sizeof x->failure, "%s", why);
-  if (!rc) c->ended[COORD_ENDED_FAILED]++;
-  if (!rc)
+  if (!rc) {
+    c->ended[COORD_ENDED_FAILED]++;
     LOG_INFO("coord", "job j-%lld attempt %lld failed (%s): now %s", (long long)job,
              (long long)epoch, why, store_job_state_name(state));
+  }
   coord_ranks_forget(c, job);
   c->dirty = 1;
   coord_job_changed(c, job);
@@ -546,12 +553,8 @@ int coord_attempt_settle(coord_t *c, int64_t job, int64_t epoch, store_attempt_v
   int rc = 0;
   if (v == STORE_ATTEMPT_SUCCEEDED) {
     store_job_state_t state;
-    if ((rc = store_attempt_end(c->st, job, epoch, 1, "", &state)) == FSDP_ESTALE) rc = 0;
-    if (rc) {
-      LOG_WARN("coord", "job j-%lld: ending its attempt: %s (tried again in %d ms)", (long long)job,
-               err_msg(), COORD_SETTLE_RETRY_MS);
-      c->unsettled = 1;
-    } else {
+    rc = store_attempt_end(c->st, job, epoch, 1, "", &state);
+    if (!(rc = coord_attempt_stored(c, rc, job, "ending its attempt"))) {
       c->ended[COORD_ENDED_SUCCEEDED]++;
       LOG_INFO("coord", "job j-%lld attempt %lld succeeded", (long long)job, (long long)epoch);
     }
@@ -560,12 +563,8 @@ int coord_attempt_settle(coord_t *c, int64_t job, int64_t epoch, store_attempt_v
   } else if (v == STORE_ATTEMPT_FAILED) {
     rc = coord_attempt_fail(c, job, epoch, 0, why);
   } else if (v == STORE_ATTEMPT_PREEMPTED) {
-    if ((rc = store_attempt_requeue(c->st, job, epoch, what)) == FSDP_ESTALE) rc = 0;
-    if (rc) {
-      LOG_WARN("coord", "job j-%lld: requeueing: %s (tried again in %d ms)", (long long)job,
-               err_msg(), COORD_SETTLE_RETRY_MS);
-      c->unsettled = 1;
-    } else {
+    rc = store_attempt_requeue(c->st, job, epoch, what);
+    if (!(rc = coord_attempt_stored(c, rc, job, "requeueing"))) {
       c->ended[COORD_ENDED_PREEMPTED]++;
       LOG_INFO("coord", "job j-%lld attempt %lld preempted: requeued", (long long)job,
                (long long)epoch);

@@ -125,9 +125,11 @@ static void spec_make(spec_buf_t *b, int world, const char *const *kv) {
 }
 
 /* Submits; the job id in id (when it succeeds); returns the call's code. */
-static int submit(int world, const char *const *kv, char *id, size_t len) {
+/* A job of world ranks with options kv (and max_restarts), its id in id. */
+static int submit_with(int world, const char *const *kv, int max_restarts, char *id, size_t len) {
   spec_buf_t b;
   spec_make(&b, world, kv);
+  b.spec.max_restarts = (uint32_t)max_restarts;
   Fsdp__V1__SubmitJobRequest q = FSDP__V1__SUBMIT_JOB_REQUEST__INIT;
   q.spec = &b.spec;
   Fsdp__V1__SubmitJobReply *r = NULL;
@@ -137,6 +139,10 @@ static int submit(int world, const char *const *kv, char *id, size_t len) {
     protobuf_c_message_free_unpacked(&r->base, NULL);
   }
   return rc;
+}
+
+static int submit(int world, const char *const *kv, char *id, size_t len) {
+  return submit_with(world, kv, 0, id, len);
 }
 
 static Fsdp__V1__GetJobReply *get_job(const char *id) {
@@ -895,15 +901,7 @@ Test(coordinator, an_attempt_failed_twice_keeps_its_first_failure) {
   node_t n = {{0}, 0};
   node_register(&n, "solo", 2, 8ull << 30, NULL, 0);
   const char *kv[] = {"model=tiny", d, NULL};
-  spec_buf_t b;
-  spec_make(&b, 2, kv);
-  b.spec.max_restarts = 1;
-  Fsdp__V1__SubmitJobRequest q = FSDP__V1__SUBMIT_JOB_REQUEST__INIT;
-  q.spec = &b.spec;
-  Fsdp__V1__SubmitJobReply *r = NULL;
-  cr_assert_eq(CALL("SubmitJob", q, submit_job_reply, &r), 0, "%s", err_msg());
-  snprintf(id, sizeof id, "%s", r->job_id);
-  reply_free(r);
+  cr_assert_eq(submit_with(2, kv, 1, id, sizeof id), 0, "%s", err_msg());
   cr_assert_eq(collect(&n, id, 2, NULL), 2);
   Fsdp__V1__RankStatus st[2], *sp[2];
   running_ranks(st, sp, id, 1);
@@ -2704,15 +2702,7 @@ Test(coordinator, each_attempt_gets_its_own_ring_secret) {
   node_t n = {{0}, 0};
   node_register(&n, "solo", 2, 8ull << 30, NULL, 0);
   const char *kv[] = {"model=tiny", d, NULL};
-  spec_buf_t b;
-  spec_make(&b, 2, kv);
-  b.spec.max_restarts = 1;
-  Fsdp__V1__SubmitJobRequest q = FSDP__V1__SUBMIT_JOB_REQUEST__INIT;
-  q.spec = &b.spec;
-  Fsdp__V1__SubmitJobReply *r = NULL;
-  cr_assert_eq(CALL("SubmitJob", q, submit_job_reply, &r), 0, "%s", err_msg());
-  snprintf(id, sizeof id, "%s", r->job_id);
-  reply_free(r);
+  cr_assert_eq(submit_with(2, kv, 1, id, sizeof id), 0, "%s", err_msg());
   uint8_t s1[2][RING_SECRET_BYTES], s2[2][RING_SECRET_BYTES];
   size_t l1[2] = {0, 0}, l2[2] = {0, 0};
   cr_assert_eq(collect_secrets(&n, id, 1, 2, s1, l1), 2);

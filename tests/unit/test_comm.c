@@ -919,6 +919,24 @@ Test(comm, a_rank_of_another_world_size_fails_both_sides_at_once, .timeout = 40)
   assert_fast_mismatch(sh, 0, 2, t0, want, 2);
 }
 
+/* Rank `rank` of g, a healthy 2-rank ring of job "j" (attempt, secret):
+ * forms it (when, in t_err_ns) and checks a sum over it. */
+static int healthy_pair(shared_t *sh, group_t *g, int rank, uint32_t attempt,
+                        const uint8_t *secret) {
+  comm_t *c = NULL;
+  comm_ring_opts_t o = {.rank = rank, .size = 2, .addrs = g->ptr, .name = "world",
+                        .listen_fd = g->lfd[rank], .timeout_ms = 20000, .job = "j",
+                        .attempt = attempt, .secret = secret};
+  if (comm_ring_create(&o, &c) < 0) return child_fail(sh, rank, "create: %s", err_msg());
+  sh->s[rank].t_err_ns = now_ns(); /* formed */
+  float x = 1.0f + (float)rank;
+  int rc = comm_all_reduce(c, &x, &x, 1, COMM_F32, COMM_SUM);
+  comm_destroy(c);
+  if (rc < 0) return child_fail(sh, rank, "all_reduce: %s", err_msg());
+  if (x != 3.0f) return child_fail(sh, rank, "sum %g", x);
+  return 0;
+}
+
 /* h: a healthy 2-rank ring of job "j" attempt 2, whose rank 0 starts late;
  * s: a stale rank 0 of attempt 1 whose rank 1 address is h's rank 1. */
 typedef struct {
@@ -939,17 +957,7 @@ static int child_stale(int rank, void *argp, shared_t *sh) {
     return 0;
   }
   if (rank == 0) usleep(300000); /* the stale rank reaches rank 1 first */
-  comm_ring_opts_t o = {.rank = rank, .size = 2, .addrs = a->h.ptr, .name = "world",
-                        .listen_fd = a->h.lfd[rank], .timeout_ms = 20000, .job = "j",
-                        .attempt = 2};
-  if (comm_ring_create(&o, &c) < 0) return child_fail(sh, rank, "create: %s", err_msg());
-  sh->s[rank].t_err_ns = now_ns(); /* formed */
-  float x = 1.0f + (float)rank;
-  int rc = comm_all_reduce(c, &x, &x, 1, COMM_F32, COMM_SUM);
-  comm_destroy(c);
-  if (rc < 0) return child_fail(sh, rank, "all_reduce: %s", err_msg());
-  if (x != 3.0f) return child_fail(sh, rank, "sum %g", x);
-  return 0;
+  return healthy_pair(sh, &a->h, rank, 2, NULL);
 }
 
 /* A rank of an earlier attempt of the same job, connecting to a rank of
@@ -1021,17 +1029,7 @@ static int child_secret(int rank, void *argp, shared_t *sh) {
     return 0;
   }
   for (int i = 0; rank == 0 && !sh->s[0].ready && i < 1500; i++) usleep(10000);
-  comm_ring_opts_t o = {.rank = rank, .size = 2, .addrs = a->h.ptr, .name = "world",
-                        .listen_fd = a->h.lfd[rank], .timeout_ms = 20000, .job = "j",
-                        .attempt = 1, .secret = SECRET_A};
-  if (comm_ring_create(&o, &c) < 0) return child_fail(sh, rank, "create: %s", err_msg());
-  sh->s[rank].t_err_ns = now_ns(); /* formed */
-  float x = 1.0f + (float)rank;
-  int rc = comm_all_reduce(c, &x, &x, 1, COMM_F32, COMM_SUM);
-  comm_destroy(c);
-  if (rc < 0) return child_fail(sh, rank, "all_reduce: %s", err_msg());
-  if (x != 3.0f) return child_fail(sh, rank, "sum %g", x);
-  return 0;
+  return healthy_pair(sh, &a->h, rank, 1, SECRET_A);
 }
 
 /* A rank that claims to be the very rank 0 that rank 1 waits for (same job,
