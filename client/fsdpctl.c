@@ -490,44 +490,63 @@ static void ctl_bar(const Fsdp__V1__JobProgress *p, char *buf, size_t n) {
 
 /* Watches job to its end: 0 SUCCEEDED, 1 FAILED or CANCELLED, else the
  * failure's code. On a terminal one line redrawn in place; otherwise (or
- * with --output json) a line per message. */
+ * with --output json) a line per message. A stream that breaks after it
+ * gave a message (the coordinator restarting) is opened again, its first
+ * message the job's state then, until the coordinator has stayed
+ * unreachable for --timeout; one never reached fails at once. */
 static int ctl_watch(ctl_t *c, const char *job) {
   int rc = ctl_connect(c);
   if (rc) return ctl_fail(c, rc, "watching job %s", job);
   Fsdp__V1__WatchJobRequest req = FSDP__V1__WATCH_JOB_REQUEST__INIT;
   req.job_id = (char *)job;
-  rpc_stream_t *st;
-  /* the stream lasts as long as the job: no deadline; a coordinator that
-   * goes away ends it with UNAVAILABLE */
-  rc = rpc_stream_open(c->client, &st, CTL_SVC "WatchJob", &req.base, CTL_FOREVER_S);
-  if (rc) return ctl_fail(c, rc, "watching job %s", job);
   int tty = !c->json && isatty(STDOUT_FILENO), drawn = 0, last = 0, got = 0, code = CTL_EXIT_OK;
   char line[512];
-  Fsdp__V1__JobProgress *p;
-  while (!code &&
-         (rc = rpc_stream_next(st, &fsdp__v1__job_progress__descriptor, (ProtobufCMessage **)&p)) == 1) {
-    last = p->state;
-    got++;
-    if (c->json) {
-      code = ctl_json(c, pbjson_message(&p->base), 0); /* printed its failure: stop there */
-    } else if (tty) {
-      if (*p->message) printf("\r\033[K%s\n", p->message);
-      ctl_bar(p, line, sizeof line);
-      printf("\r\033[K%s", line);
-      drawn = 1;
-    } else {
-      ctl_bar(p, line, sizeof line);
-      printf("%s%s%s\n", line, *p->message ? " | " : "", p->message);
+  double lost_at = 0; /* when the stream last broke with nothing read since (0: it did not) */
+  for (int again = 0;; again++) {
+    rpc_stream_t *st = NULL;
+    /* the stream lasts as long as the job: no deadline; a coordinator that
+     * goes away ends it with UNAVAILABLE */
+    rc = rpc_stream_open(c->client, &st, CTL_SVC "WatchJob", &req.base, CTL_FOREVER_S);
+    const int opened = rc == 0;
+    Fsdp__V1__JobProgress *p;
+    while (opened && !code &&
+           (rc = rpc_stream_next(st, &fsdp__v1__job_progress__descriptor, (ProtobufCMessage **)&p)) == 1) {
+      rc = 0;
+      last = p->state;
+      got++, lost_at = 0;
+      if (c->json) {
+        code = ctl_json(c, pbjson_message(&p->base), 0); /* printed its failure: stop there */
+      } else if (tty) {
+        if (*p->message) printf("\r\033[K%s\n", p->message);
+        ctl_bar(p, line, sizeof line);
+        printf("\r\033[K%s", line);
+        drawn = 1;
+      } else {
+        ctl_bar(p, line, sizeof line);
+        printf("%s%s%s\n", line, *p->message ? " | " : "", p->message);
+      }
+      if (!c->json) code = ctl_stdout_check(c);
+      ctl_free(p);
     }
-    if (!c->json) code = ctl_stdout_check(c);
-    ctl_free(p);
+    if (opened) rpc_stream_close(st);
+    /* a coordinator never reached is the user's to fix at once (--coordinator) */
+    if (code || rc != FSDP_EUNAVAILABLE || !got || ctl_job_ended(last)) break;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    const double now = (double)ts.tv_sec + ts.tv_nsec / 1e9;
+    if (!lost_at) lost_at = now, again = 0;
+    if (now - lost_at >= c->timeout_s) {
+      rc = err_set(FSDP_EUNAVAILABLE, "the coordinator stayed unreachable for %.0f s (%s)",
+                   c->timeout_s, err_msg());
+      break;
+    }
+    if (drawn) putchar('\n'), drawn = 0;
+    fprintf(stderr, "fsdpctl: the watch of job %s broke (%s); watching again\n", job, err_msg());
+    const long ms = 200L << (again < 3 ? again : 3); /* 0.2 s, doubling to 1.6 s */
+    nanosleep(&(struct timespec){ms / 1000, ms % 1000 * 1000000L}, NULL);
   }
   if (drawn) putchar('\n');
-  rpc_stream_close(st);
   if (code) return code;
-  if (rc == FSDP_EUNAVAILABLE && got)
-    return ctl_fail(c, rc, "watching job %s: the stream from the coordinator broke after %d "
-                    "messages", job, got);
   if (rc) return ctl_fail(c, rc, "watching job %s", job);
   if (!ctl_job_ended(last))
     return ctl_fail(c, err_set(FSDP_EINTERNAL, "the stream ended with the job %s, not ended; "
@@ -1374,8 +1393,10 @@ static const ctl_cmd_t ctl_cmds[] = {
     {"watch", cmd_watch, "watch JOB",
      "Follows a job to its end: on a terminal a progress bar redrawn in place (step of\n"
      "total, loss, tokens/s, ETA), otherwise a line per progress message (--output\n"
-     "json: one JSON object per line). Exits 0 when the job SUCCEEDED, 1 when it FAILED\n"
-     "or was CANCELLED, 4 when the coordinator cannot be reached or the stream breaks.\n"},
+     "json: one JSON object per line). A stream that breaks (the coordinator restarting)\n"
+     "is watched again until the coordinator has been unreachable for --timeout.\n"
+     "Exits 0 when the job SUCCEEDED, 1 when it FAILED or was CANCELLED, 4 when the\n"
+     "coordinator cannot be reached.\n"},
     {"memory", cmd_memory, "memory JOB",
      "Memory of each rank by category (params, grads, optimizer, activations, ...):\n"
      "the memory plan's figure, the current and the peak bytes side by side, in MiB.\n"},

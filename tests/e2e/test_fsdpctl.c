@@ -216,12 +216,36 @@ static void h_cancel(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   rpc_call_reply(call, &rep.base);
 }
 
+/* j-flaky: a RUNNING step, then the stream breaks (UNAVAILABLE, as when the
+ * coordinator restarts); asked again, the next step and SUCCEEDED. j-down:
+ * a RUNNING step, then every stream breaks at once. */
+static int watch_flaky_calls, watch_down_calls;
+static int h_watch_broken(rpc_call_t *call, const char *job) {
+  const int flaky = !strcmp(job, "j-flaky");
+  if (!flaky && strcmp(job, "j-down")) return 0;
+  const int first = (flaky ? watch_flaky_calls++ : watch_down_calls++) == 0;
+  /* each one's first stream: step 1; j-flaky's second: steps 2 and 3 (SUCCEEDED) */
+  const int from = first ? 1 : 2, to = first ? 1 : flaky ? 3 : 0;
+  for (int step = from; step <= to; step++) {
+    Fsdp__V1__JobProgress p = FSDP__V1__JOB_PROGRESS__INIT;
+    p.job_id = (char *)job;
+    p.step = step;
+    p.total_steps = 3;
+    p.state = step == 3 ? FSDP__V1__JOB_STATE__JOB_STATE_SUCCEEDED
+                        : FSDP__V1__JOB_STATE__JOB_STATE_RUNNING;
+    rpc_call_send(call, &p.base);
+  }
+  rpc_call_finish(call, flaky && !first ? 0 : err_set(FSDP_EUNAVAILABLE, "the coordinator is going away"));
+  return 1;
+}
+
 /* j-ok: two RUNNING steps then SUCCEEDED; j-nan: the same with a NaN loss;
- * j-bad: one step then FAILED; else NOT_FOUND. */
+ * j-bad: one step then FAILED; j-flaky, j-down: above; else NOT_FOUND. */
 static void h_watch(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   (void)arg;
   const Fsdp__V1__WatchJobRequest *req = (const void *)m;
   rec_put(rpc_call_method(call), m);
+  if (h_watch_broken(call, req->job_id)) return;
   const int nan = !strcmp(req->job_id, "j-nan");
   int ok = !strcmp(req->job_id, "j-ok") || nan;
   if (!ok && strcmp(req->job_id, "j-bad")) {
@@ -1124,6 +1148,28 @@ Test(fsdpctl, watch_exits_with_the_jobs_outcome) {
   cr_assert_eq(json_integer_value(json_object_get(j, "step")), 1);
   cr_assert_str_eq(json_string_value(json_object_get(j, "state")), "RUNNING");
   json_decref(j);
+}
+
+/* A watch whose stream breaks (the coordinator restarting) watches again
+ * and ends with the job's outcome; one that stays unreachable gives up after
+ * --timeout with exit 4. */
+Test(fsdpctl, a_broken_watch_watches_again_until_the_timeout) {
+  fake_start(NULL, NULL);
+  watch_flaky_calls = watch_down_calls = 0;
+  int rc = CTL("watch", "j-flaky");
+  cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
+  expect_in(out, "step 1/3");
+  expect_in(out, "step 2/3");
+  expect_in(out, "SUCCEEDED");
+  expect_in(err, "the watch of job j-flaky broke");
+  cr_assert_eq(watch_flaky_calls, 2, "%d streams", watch_flaky_calls);
+  const double t0 = tu_now_s();
+  rc = CTL("watch", "j-down", "--timeout", "1");
+  const double dt = tu_now_s() - t0;
+  cr_assert_eq(rc, 4, "exit %d: %s", rc, err);
+  expect_in(err, "stayed unreachable for 1 s");
+  cr_assert(dt >= 1.0 && dt < 5.0, "gave up after %.2f s (--timeout 1)", dt);
+  cr_assert_gt(watch_down_calls, 2, "it watched again (%d streams)", watch_down_calls);
 }
 
 /* A diverged run reports a NaN loss (and a speed can be infinite): JSON has
