@@ -19,7 +19,9 @@
  * within the products' tolerance, not bit for bit.
  *
  * In bf16 mode the fused op runs on tensor cores instead (attention_tc.cu:
- * the same saved rows and scratch), unless kern_cuda_opts_t.attn_fp32.
+ * the same saved rows and scratch), unless kern_cuda_opts_t.attn_fp32 or the
+ * GPU gives a block too little shared memory for it (then here: a pass of
+ * either kind reads what the other's forward kept).
  *
  * Strided products (other head sizes, or kern_cuda_opts_t.attn_gemm): for
  * each batch row b, one strided-batched cuBLASLt product over the NH heads.
@@ -389,8 +391,8 @@ extern "C" void kern_cuda_attention_fwd(float *out, float *att, const float *qkv
   KERN_CUDA_ASSERT(NH > 0 && C % NH == 0);
   const int hs = C / NH;
   if (attn_fused(C, NH)) { /* size.h's list is fa_fwd_hs's, and attention_tc.cu's */
-    const int launched = attn_tc() ? kern_cuda_attention_tc_fwd(out, att, qkv, B, T, C, NH)
-                                   : fa_fwd_hs(hs, out, att, qkv, B, T, C, NH);
+    const int launched = (attn_tc() && kern_cuda_attention_tc_fwd(out, att, qkv, B, T, C, NH)) ||
+                         fa_fwd_hs(hs, out, att, qkv, B, T, C, NH);
     KERN_CUDA_ASSERT(launched);
     return;
   }
@@ -422,8 +424,8 @@ extern "C" void kern_cuda_attention_bwd(float *dqkv, float *scratch, const float
   const int hs = C / NH;
   if (attn_fused(C, NH)) {
     const int launched =
-        attn_tc() ? kern_cuda_attention_tc_bwd(dqkv, scratch, dout, qkv, out, att, B, T, C, NH)
-                  : fa_bwd_hs(hs, dqkv, scratch, dout, qkv, out, att, B, T, C, NH);
+        (attn_tc() && kern_cuda_attention_tc_bwd(dqkv, scratch, dout, qkv, out, att, B, T, C, NH)) ||
+        fa_bwd_hs(hs, dqkv, scratch, dout, qkv, out, att, B, T, C, NH);
     KERN_CUDA_ASSERT(launched);
     return;
   }

@@ -30,8 +30,11 @@
  * bf16 rows of HS + 8 elements and fp32 score rows of 64 + 4, so WMMA's
  * leading dimensions are multiples of 8 (bf16) and 4 (fp32) and every
  * fragment starts 32-byte aligned. Rows past T are staged as zeros and
- * masked. Shared memory is dynamic (up to 153 KiB for head size 128, which
- * sm_80 and later allow once asked: tc_smem_allow). */
+ * masked. Shared memory is dynamic (tc_*_smem: up to 144 KiB, for head
+ * size 128's query pass; the passes' output staging reuses their score
+ * tiles), asked for once (tc_smem_allow); a GPU that gives a block less
+ * (99 KiB on compute capability 8.6 and 8.9: head size 128 there) runs the
+ * fp32 kernels instead, which keep the same rows. */
 #include <cuda_bf16.h>
 #include <mma.h>
 
@@ -58,12 +61,15 @@ template <int HS> constexpr size_t tc_out_bytes() { return (size_t)TC_ROWS * tc_
 template <int HS> constexpr size_t tc_fwd_smem() {
   return 3 * tc_head_bytes<HS>() + tc_score_bytes() + tc_prob_bytes() + tc_out_bytes<HS>();
 }
+/* The backward passes stage their output (64 rows of HS + 4 floats) in their
+ * two score tiles once the tile loop is over: they hold it for HS <= 128. */
 template <int HS> constexpr size_t tc_dq_smem() {
-  return 4 * tc_head_bytes<HS>() + 2 * tc_score_bytes() + tc_prob_bytes() + tc_out_bytes<HS>();
+  static_assert(tc_out_bytes<HS>() <= 2 * tc_score_bytes(), "the staging fits the score tiles");
+  return 4 * tc_head_bytes<HS>() + 2 * tc_score_bytes() + tc_prob_bytes();
 }
 template <int HS> constexpr size_t tc_dkv_smem() {
   return 4 * tc_head_bytes<HS>() + 2 * tc_score_bytes() + 2 * tc_prob_bytes() +
-         tc_out_bytes<HS>() + 2 * TC_ROWS * sizeof(float);
+         2 * TC_ROWS * sizeof(float);
 }
 
 /* Stages rows [r0, r0 + 64) of one head's HS columns of a (T, ld) fp32
@@ -142,8 +148,7 @@ __global__ static void __launch_bounds__(TC_WARPS * 32)
     __syncthreads(); /* the previous tile is read (and Qs, Os staged) */
     tc_stage<HS>(Ks, base + C, C3, j0, T);
     tc_stage<HS>(Vs, base + 2 * C, C3, j0, T);
-    __syncthreads();
-    if (j0 > q0 + w0 + 15) continue; /* warp-uniform: the whole tile is after the strip */
+    __syncthreads(); /* (j0 <= q0: every tile reaches each strip's first row) */
     tc_scores<HS>(Ss + w0 * TC_SP, Qs + w0 * HP, Ks);
     __syncwarp();
 #pragma unroll 1
@@ -211,7 +216,7 @@ __global__ static void __launch_bounds__(TC_WARPS * 32)
           *Vs = Ks + TC_ROWS * HP;
   float *Ss = (float *)(Vs + TC_ROWS * HP), *dPs = Ss + TC_ROWS * TC_SP;
   tc_bf16 *dSs = (tc_bf16 *)(dPs + TC_ROWS * TC_SP);
-  float *stage = (float *)(dSs + TC_ROWS * TC_PP);
+  float *stage = Ss; /* after the tile loop: the score tiles are free */
   const int b = blockIdx.z, h = blockIdx.y, NH = gridDim.y, q0 = blockIdx.x * TC_ROWS;
   const int w0 = threadIdx.x / 32 * 16, lane = threadIdx.x % 32;
   const int64_t C3 = 3 * (int64_t)C;
@@ -242,7 +247,6 @@ __global__ static void __launch_bounds__(TC_WARPS * 32)
     tc_stage<HS>(Ks, base + C, C3, j0, T);
     tc_stage<HS>(Vs, base + 2 * C, C3, j0, T);
     __syncthreads();
-    if (j0 > q0 + w0 + 15) continue;
     tc_scores<HS>(Ss + w0 * TC_SP, Qs + w0 * HP, Ks);
     tc_scores<HS>(dPs + w0 * TC_SP, dOs + w0 * HP, Vs);
     __syncwarp();
@@ -260,6 +264,7 @@ __global__ static void __launch_bounds__(TC_WARPS * 32)
 #pragma unroll
     for (int t = 0; t < HS / 16; t++) tc_ab<TC_ROWS>(dq[t], dSs + w0 * TC_PP, TC_PP, Ks + 16 * t, HP);
   }
+  __syncthreads(); /* every warp is done with the score tiles the staging reuses */
 #pragma unroll
   for (int t = 0; t < HS / 16; t++)
     wm::store_matrix_sync(stage + w0 * OP + 16 * t, dq[t], OP, wm::mem_row_major);
@@ -286,7 +291,8 @@ __global__ static void __launch_bounds__(TC_WARPS * 32)
           *dOs = Qs + TC_ROWS * HP;
   float *St = (float *)(dOs + TC_ROWS * HP), *dPt = St + TC_ROWS * TC_SP;
   tc_bf16 *Pt = (tc_bf16 *)(dPt + TC_ROWS * TC_SP), *dSt = Pt + TC_ROWS * TC_PP;
-  float *stage = (float *)(dSt + TC_ROWS * TC_PP), *Lq = stage + TC_ROWS * OP, *Dq = Lq + TC_ROWS;
+  float *Lq = (float *)(dSt + TC_ROWS * TC_PP), *Dq = Lq + TC_ROWS;
+  float *stage = St; /* after the tile loop: the score tiles are free */
   const int b = blockIdx.z, h = blockIdx.y, NH = gridDim.y, k0 = blockIdx.x * TC_ROWS;
   const int w0 = threadIdx.x / 32 * 16, lane = threadIdx.x % 32;
   const int64_t C3 = 3 * (int64_t)C, rows = ((int64_t)b * NH + h) * T;
@@ -329,6 +335,7 @@ __global__ static void __launch_bounds__(TC_WARPS * 32)
       tc_ab<TC_ROWS>(dk[t], dSt + w0 * TC_PP, TC_PP, Qs + 16 * t, HP);
     }
   }
+  __syncthreads(); /* every warp is done with the score tiles the staging reuses */
   /* dk, then dv, through the warp's strip of the staging tile */
   for (int pass = 0; pass < 2; pass++) {
 #pragma unroll
@@ -361,17 +368,21 @@ static dim3 tc_grid(int B, int T, int NH) {
   return dim3((unsigned)((T + TC_ROWS - 1) / TC_ROWS), (unsigned)NH, (unsigned)B);
 }
 
-template <int HS> static void tc_fwd(float *out, float *lse, const float *qkv, int B, int T, int C, int NH) {
+template <int HS> static int tc_fwd(float *out, float *lse, const float *qkv, int B, int T, int C, int NH) {
+  if (tc_fwd_smem<HS>() > kern_cuda_st.smem_optin) return 0;
   static int allowed;
   tc_smem_allow(tc_fwd_kernel<HS>, tc_fwd_smem<HS>(), &allowed);
   tc_fwd_kernel<HS><<<tc_grid(B, T, NH), TC_WARPS * 32, tc_fwd_smem<HS>(), kern_cuda_st.stream>>>(
       out, lse, qkv, T, C, 1.0f / sqrtf((float)HS));
   KERN_CUDA_LAUNCHED();
+  return 1;
 }
 
 template <int HS>
-static void tc_bwd(float *dqkv, float *D, const float *dout, const float *qkv, const float *out,
-                   const float *lse, int B, int T, int C, int NH) {
+static int tc_bwd(float *dqkv, float *D, const float *dout, const float *qkv, const float *out,
+                  const float *lse, int B, int T, int C, int NH) {
+  if (tc_dq_smem<HS>() > kern_cuda_st.smem_optin || tc_dkv_smem<HS>() > kern_cuda_st.smem_optin)
+    return 0;
   static int allowed_dq, allowed_dkv;
   tc_smem_allow(tc_bwd_dq_kernel<HS>, tc_dq_smem<HS>(), &allowed_dq);
   tc_smem_allow(tc_bwd_dkv_kernel<HS>, tc_dkv_smem<HS>(), &allowed_dkv);
@@ -383,14 +394,15 @@ static void tc_bwd(float *dqkv, float *D, const float *dout, const float *qkv, c
   tc_bwd_dkv_kernel<HS><<<grid, TC_WARPS * 32, tc_dkv_smem<HS>(), kern_cuda_st.stream>>>(
       dqkv, D, dout, qkv, lse, T, C, scale);
   KERN_CUDA_LAUNCHED();
+  return 1;
 }
 
 int kern_cuda_attention_tc_fwd(float *out, float *lse, const float *qkv, int B, int T, int C, int NH) {
   switch (C / NH) {
-  case 16: tc_fwd<16>(out, lse, qkv, B, T, C, NH); return 1;
-  case 32: tc_fwd<32>(out, lse, qkv, B, T, C, NH); return 1;
-  case 64: tc_fwd<64>(out, lse, qkv, B, T, C, NH); return 1;
-  case 128: tc_fwd<128>(out, lse, qkv, B, T, C, NH); return 1;
+  case 16: return tc_fwd<16>(out, lse, qkv, B, T, C, NH);
+  case 32: return tc_fwd<32>(out, lse, qkv, B, T, C, NH);
+  case 64: return tc_fwd<64>(out, lse, qkv, B, T, C, NH);
+  case 128: return tc_fwd<128>(out, lse, qkv, B, T, C, NH);
   default: return 0;
   }
 }
@@ -398,10 +410,10 @@ int kern_cuda_attention_tc_fwd(float *out, float *lse, const float *qkv, int B, 
 int kern_cuda_attention_tc_bwd(float *dqkv, float *D, const float *dout, const float *qkv,
                                const float *out, const float *lse, int B, int T, int C, int NH) {
   switch (C / NH) {
-  case 16: tc_bwd<16>(dqkv, D, dout, qkv, out, lse, B, T, C, NH); return 1;
-  case 32: tc_bwd<32>(dqkv, D, dout, qkv, out, lse, B, T, C, NH); return 1;
-  case 64: tc_bwd<64>(dqkv, D, dout, qkv, out, lse, B, T, C, NH); return 1;
-  case 128: tc_bwd<128>(dqkv, D, dout, qkv, out, lse, B, T, C, NH); return 1;
+  case 16: return tc_bwd<16>(dqkv, D, dout, qkv, out, lse, B, T, C, NH);
+  case 32: return tc_bwd<32>(dqkv, D, dout, qkv, out, lse, B, T, C, NH);
+  case 64: return tc_bwd<64>(dqkv, D, dout, qkv, out, lse, B, T, C, NH);
+  case 128: return tc_bwd<128>(dqkv, D, dout, qkv, out, lse, B, T, C, NH);
   default: return 0;
   }
 }

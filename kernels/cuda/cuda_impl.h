@@ -82,6 +82,7 @@ typedef struct kern_cuda_state {
   int fast16bf;        /* bf16 products on the fp32 operands (CUBLAS_COMPUTE_32F_FAST_16BF) */
   char name[256];      /* cudaDeviceProp.name */
   size_t memory;       /* cudaDeviceProp.totalGlobalMem */
+  size_t smem_optin;   /* cudaDeviceProp.sharedMemPerBlockOptin: a block's shared memory, asked for */
 } kern_cuda_state_t;
 
 extern kern_cuda_state_t kern_cuda_st;
@@ -143,7 +144,8 @@ void kern_cuda_colsum(float *sd, float *sdx, const float *dout, const float *inp
 /* ---- attention on bf16 tensor cores (attention_tc.cu) -------------------------
  * The fused op of attention.cu (same saved log-sum-exp, same scratch) with
  * its products in bf16; 1 when launched, 0 when no kernel is built for the
- * head size C / NH (attention.cu's fused list). */
+ * head size C / NH (attention.cu's fused list) or its shared memory is more
+ * than this GPU gives a block (then the fp32 kernels serve). */
 int kern_cuda_attention_tc_fwd(float *out, float *lse, const float *qkv, int B, int T, int C, int NH);
 int kern_cuda_attention_tc_bwd(float *dqkv, float *D, const float *dout, const float *qkv,
                                const float *out, const float *lse, int B, int T, int C, int NH);
