@@ -110,6 +110,7 @@ int comm_boot_from_env(comm_boot_t *b) {
   b->attempt = (uint32_t)attempt;
   const char *sec = getenv(RING_SECRET_VAR);
   if (sec && (rc = comm_boot_set_secret(b, sec, RING_SECRET_VAR))) return rc;
+  if (sec) unsetenv(RING_SECRET_VAR); /* held here now: nothing this rank starts inherits it */
   const char *env = getenv("FSDP_ADDRS");
   if (!env) return err_set(FSDP_EINVAL, "FSDP_ADDRS: unset; it is set by fsdp-launch");
   if ((rc = comm_boot_env_int("FSDP_LISTEN_FD", 0, 1 << 20, &fd))) return rc;

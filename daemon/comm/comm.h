@@ -28,7 +28,8 @@
  *    (send and receive together) for the control values a rank agrees on
  *    with its peers (a loss, a gradient norm, a checkpoint's choice): the
  *    NCCL backend stages them through device memory of its own, one such
- *    op in flight per communicator; a larger host buffer there is refused.
+ *    op in flight per communicator (the send part rounded up to 16 bytes);
+ *    a larger host buffer there is refused, the communicator left whole.
  *  - Counts are in elements. all_gather and reduce_scatter take the per-rank
  *    count (send count elements, receive count*size; and the reverse);
  *    all_reduce and broadcast take the whole count, any value.

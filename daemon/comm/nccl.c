@@ -94,6 +94,8 @@ struct nccl_comm {
   cudaEvent_t ready;        /* recorded on compute at each issue */
   float *barrier_buf;       /* 1 float on the device (stream-ordered allocation) */
   uint8_t *host_buf;        /* COMM_HOST_BYTES on the device: host buffers' ops run here */
+  uint8_t *host_bounce;     /* COMM_HOST_BYTES page-locked: their bytes on the way (a copy
+                             * from pageable memory may wait for the stream; this never) */
   cudaStream_t host_stream; /* own, non-blocking: a staged op's result copied back */
   int host_busy;            /* a staged op is in flight (one at a time) */
   int64_t timeout_ms;       /* default per op */
@@ -245,6 +247,7 @@ static void nccl_free(nccl_t *c) {
     LOG_WARN("comm", "%s", err_msg());
   if (c->host_stream && CUDA_CHECK(c, cudaStreamDestroy(c->host_stream)) < 0)
     LOG_WARN("comm", "%s", err_msg());
+  if (c->host_bounce && CUDA_CHECK(c, cudaFreeHost(c->host_bounce)) < 0) LOG_WARN("comm", "%s", err_msg());
   for (int list = 0; list < 2; list++) {
     nccl_req_t *q = list ? c->pool : c->busy;
     while (q) {
@@ -295,7 +298,9 @@ static int nccl_alloc(const char *name, int rank, int size, cudaStream_t compute
       (rc = CUDA_CHECK(c, cudaMallocAsync((void **)&c->barrier_buf, sizeof(float), c->stream))) < 0 ||
       (rc = CUDA_CHECK(c, cudaMemsetAsync(c->barrier_buf, 0, sizeof(float), c->stream))) < 0 ||
       (rc = CUDA_CHECK(c, cudaStreamCreateWithFlags(&c->host_stream, cudaStreamNonBlocking))) < 0 ||
-      (rc = CUDA_CHECK(c, cudaMallocAsync((void **)&c->host_buf, COMM_HOST_BYTES, c->stream))) < 0) {
+      (rc = CUDA_CHECK(c, cudaMallocAsync((void **)&c->host_buf, COMM_HOST_BYTES, c->stream))) < 0 ||
+      (rc = CUDA_CHECK(c, cudaHostAlloc((void **)&c->host_bounce, COMM_HOST_BYTES,
+                                        cudaHostAllocDefault))) < 0) {
     char msg[NCCL_MSG];
     snprintf(msg, sizeof msg, "%s", err_msg());
     nccl_free(c);
@@ -537,30 +542,37 @@ static void nccl_op_bytes(const nccl_t *c, const comm_args_t *a, size_t *sb, siz
   }
 }
 
-/* Under mu: an op on host buffers moved onto c->host_buf (its inputs copied
- * there in stream order; the result copied back when waited): 0 and *sa, the
- * op on the device, or a code with a message (too large, or another such op
- * still in flight). */
-static int nccl_stage_locked(nccl_t *c, nccl_req_t *q, const comm_args_t *a, comm_args_t *sa,
-                             const char *sig) {
-  size_t sb, rb;
-  nccl_op_bytes(c, a, &sb, &rb);
-  const size_t off = (sb + 255) / 256 * 256;
-  if (off + rb > COMM_HOST_BYTES)
-    return err_set(FSDP_EINVAL, "%s on rank %d of group '%s': %zu bytes of host buffers (%zu "
-                   "sent, %zu received); NCCL takes host buffers of up to %d bytes in all: pass "
-                   "device memory", sig, c->base.rank, c->base.name, sb + rb, sb, rb,
-                   COMM_HOST_BYTES);
-  if (c->host_busy)
-    return err_set(FSDP_EINVAL, "%s on rank %d of group '%s': another op on host buffers is "
-                   "still in flight (wait for it first: NCCL stages one at a time)", sig,
-                   c->base.rank, c->base.name);
+/* The staging layout of an op on host buffers: its input at host_buf[0,
+ * *sb), its output at host_buf[*off, *off + *rb); 0, or EINVAL (with a
+ * message; nothing is touched, the communicator stays whole) when it does
+ * not fit COMM_HOST_BYTES. */
+static int nccl_stage_fits(const nccl_t *c, const comm_args_t *a, size_t *sb, size_t *rb,
+                           size_t *off, const char *sig) {
+  nccl_op_bytes(c, a, sb, rb);
+  *off = (*sb + 15) / 16 * 16;
+  if (*off + *rb <= COMM_HOST_BYTES) return 0;
+  return err_set(FSDP_EINVAL, "%s on rank %d of group '%s': %zu bytes of host buffers (%zu sent, "
+                 "%zu received); NCCL takes host buffers of up to %d bytes in all: pass device "
+                 "memory", sig, c->base.rank, c->base.name, *sb + *rb, *sb, *rb, COMM_HOST_BYTES);
+}
+
+/* Under mu: an op on host buffers moved onto c->host_buf (nccl_stage_fits
+ * said it fits, and no other is in flight): its input copied there through
+ * the page-locked bounce buffer (so the copy is truly in stream order and
+ * the call never waits for the GPU), the result copied back when waited.
+ * 0 and *sa, the op on the device, or a code with a message. */
+static int nccl_stage_locked(nccl_t *c, nccl_req_t *q, const comm_args_t *a, comm_args_t *sa) {
+  size_t sb, rb, off;
+  (void)nccl_stage_fits(c, a, &sb, &rb, &off, "");
   *sa = *a;
   sa->send = c->host_buf;
   sa->recv = c->host_buf + off;
   const void *in = a->op == COMM_OP_BROADCAST ? a->recv : a->send;
   uint8_t *to = a->op == COMM_OP_BROADCAST ? c->host_buf + off : c->host_buf;
-  int rc = sb ? CUDA_CHECK(c, cudaMemcpyAsync(to, in, sb, cudaMemcpyDefault, c->stream)) : 0;
+  memcpy(c->host_bounce, in, sb);
+  int rc = sb ? CUDA_CHECK(c, cudaMemcpyAsync(to, c->host_bounce, sb, cudaMemcpyHostToDevice,
+                                              c->stream))
+              : 0;
   if (rc) return rc;
   q->staged = 1, q->host_out = a->recv, q->host_off = off, q->host_bytes = rb;
   c->host_busy = 1;
@@ -568,14 +580,16 @@ static int nccl_stage_locked(nccl_t *c, nccl_req_t *q, const comm_args_t *a, com
 }
 
 /* A staged op's result, after it completed (q->done has fired), into the
- * caller's host buffer: a copy on a stream of its own, so nothing queued
- * behind the op is waited for. */
+ * caller's host buffer through the bounce buffer: a copy on a stream of its
+ * own, so nothing queued behind the op is waited for. */
 static int nccl_unstage(nccl_t *c, nccl_req_t *q) {
-  int rc = q->host_bytes ? CUDA_CHECK(c, cudaStreamWaitEvent(c->host_stream, q->done, 0)) : 0;
-  if (!rc && q->host_bytes)
-    rc = CUDA_CHECK(c, cudaMemcpyAsync(q->host_out, c->host_buf + q->host_off, q->host_bytes,
-                                       cudaMemcpyDefault, c->host_stream));
-  if (!rc && q->host_bytes) rc = CUDA_CHECK(c, cudaStreamSynchronize(c->host_stream));
+  if (!q->host_bytes) return 0;
+  int rc = CUDA_CHECK(c, cudaStreamWaitEvent(c->host_stream, q->done, 0));
+  if (!rc)
+    rc = CUDA_CHECK(c, cudaMemcpyAsync(c->host_bounce, c->host_buf + q->host_off, q->host_bytes,
+                                       cudaMemcpyDeviceToHost, c->host_stream));
+  if (!rc) rc = CUDA_CHECK(c, cudaStreamSynchronize(c->host_stream));
+  if (!rc) memcpy(q->host_out, c->host_bounce, q->host_bytes);
   return rc;
 }
 
@@ -586,7 +600,23 @@ static int nccl_issue(comm_t *base, const comm_args_t *a, comm_req_t **out) {
   pthread_mutex_lock(&c->issue_mu);
   pthread_mutex_lock(&c->mu);
   nccl_req_t *q = NULL;
-  int rc = nccl_usable_locked(c, comm_op_name(a->op));
+  /* host buffers: refused (the caller's mistake, not the group's: it stays
+   * whole) when too large or while another such op is in flight */
+  const int host = a->count > 0 && a->op != COMM_OP_BARRIER &&
+                   (nccl_is_host(a->recv) || (a->op != COMM_OP_BROADCAST && nccl_is_host(a->send)));
+  size_t sb, rb, off;
+  int rc = host ? nccl_stage_fits(c, a, &sb, &rb, &off, comm_op_name(a->op)) : 0;
+  if (rc == 0 && host && c->host_busy)
+    rc = err_set(FSDP_EINVAL, "%s on rank %d of group '%s': another op on host buffers is still "
+                 "in flight (wait for it first: NCCL stages one at a time)", comm_op_name(a->op),
+                 c->base.rank, c->base.name);
+  if (rc < 0) {
+    pthread_mutex_unlock(&c->mu);
+    pthread_mutex_unlock(&c->issue_mu);
+    nccl_dev_leave(c, old);
+    return rc;
+  }
+  rc = nccl_usable_locked(c, comm_op_name(a->op));
   if (rc == 0 && !(q = nccl_req_get_locked(c))) rc = FSDP_ENOMEM;
   if (rc < 0) {
     pthread_mutex_unlock(&c->mu);
@@ -604,11 +634,9 @@ static int nccl_issue(comm_t *base, const comm_args_t *a, comm_req_t **out) {
   /* after everything queued on the compute stream so far */
   ncclResult_t r = ncclSuccess;
   comm_args_t sa = *a; /* a, or the op moved onto host_buf */
-  const int host = a->count > 0 && a->op != COMM_OP_BARRIER &&
-                   (nccl_is_host(a->recv) || (a->op != COMM_OP_BROADCAST && nccl_is_host(a->send)));
   if ((rc = CUDA_CHECK(c, cudaEventRecord(c->ready, c->compute))) == 0 &&
       (rc = CUDA_CHECK(c, cudaStreamWaitEvent(c->stream, c->ready, 0))) == 0 &&
-      (!host || (rc = nccl_stage_locked(c, q, a, &sa, sig)) == 0) &&
+      (!host || (rc = nccl_stage_locked(c, q, a, &sa)) == 0) &&
       (a->count > 0 || a->op == COMM_OP_BARRIER)) { /* nothing to move: only the ordering */
     r = nccl_enqueue_locked(c, &sa);
     if (r != ncclSuccess && r != ncclInProgress) rc = nccl_check_nccl(r, c, sig);

@@ -24,6 +24,9 @@
 #include <unistd.h>
 
 #include "daemon/comm/ring_impl.h"
+
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include "daemon/common/err.h"
 #include "daemon/common/log.h"
 #include "daemon/common/mem.h"
@@ -244,6 +247,7 @@ static void ring_free(ring_t *r) {
   pthread_mutex_destroy(&r->mu);
   pthread_cond_destroy(&r->cv);
   explicit_bzero(r->secret, sizeof r->secret);
+  explicit_bzero(r->run_secret, sizeof r->run_secret);
   free(r);
 }
 
@@ -304,7 +308,23 @@ int comm_ring_create(const comm_ring_opts_t *o, comm_t **out) {
   snprintf(r->base.name, sizeof r->base.name, "%s", name);
   snprintf(r->job, sizeof r->job, "%s", job);
   r->attempt = o->attempt;
-  if (o->secret) memcpy(r->secret, o->secret, sizeof r->secret), r->has_secret = 1;
+  if (o->secret) {
+    /* a key of the group's own: a hello recorded in one group (the world)
+     * proves nothing in another (a shard group), where it would otherwise
+     * pass for a rank of another run and fail the acceptor */
+    char label[96];
+    const int n = snprintf(label, sizeof label, "fsdpd ring group %s", name);
+    unsigned len = 0;
+    memcpy(r->run_secret, o->secret, sizeof r->run_secret);
+    r->has_secret = 1;
+    if (!HMAC(EVP_sha256(), o->secret, COMM_RING_SECRET_BYTES, (const uint8_t *)label, (size_t)n,
+              r->secret, &len) ||
+        len != sizeof r->secret) {
+      explicit_bzero(r, sizeof *r); /* nothing else is made yet */
+      free(r);
+      return err_set(FSDP_EINTERNAL, "comm_ring_create: HMAC-SHA-256 failed (OpenSSL)");
+    }
+  }
   r->fd_next = r->fd_prev = r->wake[0] = r->wake[1] = -1;
   r->out = r->in = &ring_tcp_link; /* until the bootstrap finds better */
   pthread_mutex_init(&r->mu, NULL);
@@ -369,7 +389,7 @@ void comm_ring_run(const comm_t *c, comm_ring_opts_t *o) {
   const ring_t *r = (const ring_t *)c;
   o->job = r->job;
   o->attempt = r->attempt;
-  o->secret = r->has_secret ? r->secret : NULL;
+  o->secret = r->has_secret ? r->run_secret : NULL;
 }
 
 int comm_ring_cma_links(const comm_t *c) {

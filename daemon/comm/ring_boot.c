@@ -8,9 +8,13 @@
  * the address list says, is an error naming both sides. A connection
  * accepted that is not the previous rank's is answered with a refusal (when
  * it is a ring's hello), logged and closed, and the wait for that rank goes
- * on, unless it claims to be that very rank, of another run: then both
- * sides fail at once. The rank that dialled fails as soon as it reads a
- * refusal, or the end of the connection, from the rank it dialled. */
+ * on, unless it claims to be that very rank, of another run proving the
+ * same secret (rings run without one): then both sides fail at once. The
+ * rank that dialled fails as soon as it reads a refusal, or the end of the
+ * connection, from the rank it dialled. With a secret (docs/RING.md,
+ * "Authentication"), a hello that does not prove it (another run's rank,
+ * a replay into another group, a stranger) is refused and turned away: the
+ * dialler fails at once, the acceptor goes on waiting. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -313,8 +317,13 @@ static int ring_boot_choose_links(ring_t *r, int64_t deadline) {
  * rank sends its hello as soon as its connect completes. Connections are
  * heard side by side, so a silent one delays nobody. */
 #define RING_BOOT_HELLO_MS 1000
-/* Connections heard at once while a rank waits for its previous one; more
- * wait in the listener's backlog. */
+/* How long an answered connection has to send its proof: the dialler sends
+ * it as soon as it reads the answer, which it watches for all along. */
+#define RING_BOOT_PROOF_MS 5000
+/* Connections heard at once while a rank waits for its previous one; a new
+ * one takes the place of the one heard longest (so a flood of replayed
+ * hellos, each answered and waiting for a proof, cannot shut the real rank
+ * out). */
 #define RING_BOOT_CANDS 16
 
 /* What a rank told about a mismatch can do about it (both sides say it). */
@@ -437,7 +446,8 @@ static int ring_boot_same_run(const ring_t *r, const ring_boot_hello_t *h, char 
 typedef struct {
   int fd;
   char peer[80];
-  int64_t until; /* its hello by then; answered: its proof by the deadline */
+  int64_t since; /* accepted then */
+  int64_t until; /* its hello by then (RING_BOOT_HELLO_MS); answered: its proof (RING_BOOT_PROOF_MS) */
   int answered;
   size_t got; /* bytes of the message being read */
   ring_boot_hello_t hello, answer;
@@ -465,7 +475,9 @@ static int ring_boot_judge(ring_boot_t *b, ring_boot_cand_t *c, char *why, size_
       snprintf(why, n, "a connection from %s ended before its answer (%s)", c->peer, strerror(-e));
       return 1;
     }
-    c->answered = 1, c->got = 0, c->until = b->deadline;
+    c->answered = 1, c->got = 0;
+    c->until = ring_now_ns() + (int64_t)RING_BOOT_PROOF_MS * 1000000;
+    if (c->until > b->deadline) c->until = b->deadline;
     return 0;
   }
   /* refused: tell it (best effort: it may be gone), then judge */
@@ -640,7 +652,7 @@ static int ring_boot_accept_prev(ring_boot_t *b, int lfd) {
   ring_boot_cand_t c[RING_BOOT_CANDS];
   for (;;) {
     struct pollfd pf[2 + RING_BOOT_CANDS] = {
-        {.fd = nc < RING_BOOT_CANDS ? lfd : -1, .events = POLLIN},
+        {.fd = lfd, .events = POLLIN},
         {.fd = b->answered ? -1 : r->fd_next, .events = POLLIN}};
     int64_t wake = b->deadline;
     for (int i = 0; i < nc; i++) {
@@ -675,9 +687,9 @@ static int ring_boot_accept_prev(ring_boot_t *b, int lfd) {
       else if (c[i].until <= now) {
         if (c[i].answered)
           snprintf(why, sizeof why,
-                   "a connection from %s sent the hello of rank %d but never its proof of this "
-                   "run's secret; turned away",
-                   c[i].peer, r->rank_prev);
+                   "a connection from %s sent the hello of rank %d but not its proof of this "
+                   "run's secret within %d ms (a hello recorded and replayed?); turned away",
+                   c[i].peer, r->rank_prev, RING_BOOT_PROOF_MS);
         else
           snprintf(why, sizeof why, "a connection from %s sent no hello within %d ms",
                    c[i].peer, RING_BOOT_HELLO_MS);
@@ -709,7 +721,19 @@ static int ring_boot_accept_prev(ring_boot_t *b, int lfd) {
       break;
     }
     ring_boot_tune(fd);
-    c[nc] = (ring_boot_cand_t){.fd = fd, .until = ring_now_ns() + (int64_t)RING_BOOT_HELLO_MS * 1000000};
+    if (nc == RING_BOOT_CANDS) { /* the one heard longest makes room */
+      int old = 0;
+      for (int i = 1; i < nc; i++)
+        if (c[i].since < c[old].since) old = i;
+      snprintf(why, sizeof why, "a connection from %s, heard the longest of %d at once, made room "
+               "for a new one%s", c[old].peer, RING_BOOT_CANDS,
+               c[old].answered ? " (it had not sent its proof of this run's secret)" : "");
+      ring_boot_cand_drop(c, &nc, old, 0);
+      strays++;
+      LOG_WARN("comm", "rank %d of group '%s' (%s): %s; closed it, still waiting for rank %d (%s)",
+               me, r->base.name, r->addr_self, why, r->rank_prev, r->addr_prev);
+    }
+    c[nc] = (ring_boot_cand_t){.since = ring_now_ns(), .fd = fd, .until = ring_now_ns() + (int64_t)RING_BOOT_HELLO_MS * 1000000};
     if (c[nc].until > b->deadline) c[nc].until = b->deadline;
     netaddr_format((const struct sockaddr *)&ss, c[nc].peer, sizeof c[nc].peer);
     nc++;

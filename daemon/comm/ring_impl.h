@@ -143,8 +143,10 @@ struct ring {
   int rank_next, rank_prev;
   char job[COMM_RING_JOB_MAX + 1]; /* whose ring: "" (none) or the job's id, */
   uint32_t attempt;                /* and its attempt (comm_ring_opts_t) */
-  int has_secret;                  /* the run's secret (all zero when none) */
-  uint8_t secret[COMM_RING_SECRET_BYTES];
+  int has_secret;                           /* the run's secret given (comm_ring_opts_t) */
+  uint8_t run_secret[COMM_RING_SECRET_BYTES]; /* as given: what split groups are given */
+  uint8_t secret[COMM_RING_SECRET_BYTES];     /* this group's key, HMAC(run's, its name);
+                                               * all zero when none */
   int64_t timeout_ms;
   size_t chunk, staging_bytes;
   uint8_t *staging;

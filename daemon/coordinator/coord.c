@@ -423,9 +423,18 @@ static void coord_node_answer(coord_t *c, coord_node_t *n) {
     a->world_size = (uint32_t)o->world, a->device = (uint32_t)o->device;
     a->shard_group = (uint32_t)o->shard_group, a->replica_group = (uint32_t)o->replica_group;
     a->spec = sp;
-    /* the attempt's ring secret; none for one started before there were */
-    if (!store_attempt_secret(c->st, o->job, o->epoch, secrets[rep.n_assignments]))
-      a->ring_secret = (ProtobufCBinaryData){RING_SECRET_BYTES, secrets[rep.n_assignments]};
+    /* the attempt's ring secret; none for one started before there were.
+     * One the store cannot read now is not sent without it (its ranks would
+     * not agree): the assignment goes with a later heartbeat (the orders
+     * sent are followed up: coord_node_confirm) */
+    const int src = store_attempt_secret(c->st, o->job, o->epoch, secrets[rep.n_assignments]);
+    if (src && src != FSDP_ENOTFOUND) {
+      LOG_WARN("coord", "job j-%lld rank %d: its attempt's ring secret: %s; assigned later",
+               (long long)o->job, o->rank, err_msg());
+      coord_spec_free(sp), free(sp->name), fsdp__v1__job_spec__init(sp);
+      continue;
+    }
+    if (!src) a->ring_secret = (ProtobufCBinaryData){RING_SECRET_BYTES, secrets[rep.n_assignments]};
     ap[rep.n_assignments++] = a;
   }
   rep.assignments = ap, rep.kills = kp;

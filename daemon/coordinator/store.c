@@ -1199,8 +1199,8 @@ int store_attempt_secret(store_t *st, int64_t job_id, int64_t epoch,
     rc = FSDP_ENOTFOUND;
   }
   if (rc == FSDP_ENOTFOUND)
-    err_set(rc, "job %lld attempt %lld has no ring secret (started before schema version 8, "
-            "or no such attempt)", (long long)job_id, (long long)epoch);
+    err_set(rc, "job %lld attempt %lld has no ring secret (it ended, or started before schema "
+            "version 8, or there is no such attempt)", (long long)job_id, (long long)epoch);
   return store_end(st, rc);
 }
 
@@ -1290,7 +1290,10 @@ int store_attempt_verdict(store_t *st, int64_t job_id, int64_t *epoch,
  * epoch from now on anyway; this keeps the table small). */
 static void attempt_close(store_t *st, int64_t job_id, int64_t epoch, const char *outcome,
                           const char *reason, int64_t now) {
-  st_exec(st, "UPDATE attempts SET ended_ms = ?, outcome = ?, reason = ? WHERE job_id = ? AND epoch = ?",
+  /* its ring secret goes with it: the database (and its backups) keep only
+   * the running attempts' */
+  st_exec(st, "UPDATE attempts SET ended_ms = ?, outcome = ?, reason = ?, ring_secret = NULL "
+          "WHERE job_id = ? AND epoch = ?",
           A_I(now), A_T(outcome), A_T(reason), A_I(job_id), A_I(epoch));
   st_exec(st,
           "UPDATE ranks SET state = 'STOPPED' WHERE job_id = ? AND epoch = ? "

@@ -328,13 +328,14 @@ int store_jobs_set_pending_reasons(store_t *st, const int64_t *ids, const char *
  * world_size ranks ASSIGNED to the given devices, which become held by the
  * job. All or nothing: a device unknown (ENOTFOUND), held, or on a dead node
  * (ESTATE) changes nothing. The new epoch in *epoch. */
-/* The ring secret drawn for attempt epoch of a job when it started (also
- * drawn there), for its ranks' assignments; ENOTFOUND when the attempt has
- * none (started before schema version 8) or does not exist. */
-int store_attempt_secret(store_t *st, int64_t job_id, int64_t epoch,
-                         uint8_t secret[RING_SECRET_BYTES]);
 int store_attempt_start(store_t *st, int64_t job_id, const store_placement_t *ranks, int n,
                         int64_t *epoch);
+/* The ring secret store_attempt_start drew for attempt epoch of a job, for
+ * its ranks' assignments; ENOTFOUND when the attempt has none (ended: its
+ * secret is cleared then; started before schema version 8) or does not
+ * exist. */
+int store_attempt_secret(store_t *st, int64_t job_id, int64_t epoch,
+                         uint8_t secret[RING_SECRET_BYTES]);
 /* A rank's process runs with this pid (ASSIGNED -> RUNNING): ESTALE for an
  * attempt not live, ENOTFOUND for a rank the attempt does not have on
  * node_id. */

@@ -36,6 +36,7 @@
 
 #include "daemon/common/crash.h"
 #include "daemon/common/err.h"
+#include "daemon/common/ring_secret.h"
 #include "daemon/common/log.h"
 #include "daemon/common/netaddr.h"
 #include "daemon/common/rpc.h"
@@ -401,6 +402,9 @@ static void fsdpd_raise_nofile(void) {
 
 int main(int argc, char **argv) {
   crash_install("fsdpd");
+  /* a rank's ring secret is its attempt's, from its assignment, or none:
+   * never one this daemon was started with */
+  unsetenv(RING_SECRET_VAR);
   fsdpd_t D = {.devices = "auto", .listen = "127.0.0.1:0", .rank_host = "127.0.0.1", .grace_s = 30.0};
   int as_user = 0;
   unsigned uid = 0, gid = 0;

@@ -30,8 +30,8 @@
  * bf16 rows of HS + 8 elements and fp32 score rows of 64 + 4, so WMMA's
  * leading dimensions are multiples of 8 (bf16) and 4 (fp32) and every
  * fragment starts 32-byte aligned. Rows past T are staged as zeros and
- * masked. Shared memory is dynamic (tc_*_smem: up to 144 KiB, for head
- * size 128's query pass; the passes' output staging reuses their score
+ * masked. Shared memory is dynamic (tc_*_smem: up to 120.5 KiB, for head
+ * size 128's key pass; the passes' output staging reuses their score
  * tiles), asked for once (tc_smem_allow); a GPU that gives a block less
  * (99 KiB on compute capability 8.6 and 8.9: head size 128 there) runs the
  * fp32 kernels instead, which keep the same rows. */

@@ -290,8 +290,8 @@ static void conformance(bufs_t *b) {
 
 /* The runtime's control values (a loss, a gradient norm, a checkpoint's
  * choice) are host floats: every op takes them, in and out of place; one too
- * large for the staging buffer is refused with a message that says so (on a
- * group of its own: the refusal breaks it). */
+ * large for the staging buffer is refused with a message that says so, and
+ * the group stays whole (a group of its own, all the same). */
 static void host_buffers(bufs_t *b) {
   static const comm_op_t ops[] = {COMM_OP_ALL_REDUCE, COMM_OP_ALL_GATHER, COMM_OP_REDUCE_SCATTER,
                                   COMM_OP_BROADCAST};
@@ -322,6 +322,10 @@ static void host_buffers(bufs_t *b) {
   rc = comm_all_reduce(g, big, big, COMM_HOST_BYTES / sizeof(float), COMM_F32, COMM_SUM);
   check(rc == FSDP_EINVAL && strstr(err_msg(), "pass device memory"),
         "all_reduce of %d host bytes each way: %s: %s", COMM_HOST_BYTES, err_name(rc), err_msg());
+  float one = 2.5f;
+  rc = comm_all_reduce(g, &one, &one, 1, COMM_F32, COMM_SUM);
+  check(rc == 0 && one == 2.5f, "after the refusal the group still works: %s",
+        rc ? err_msg() : "ok");
   comm_destroy(g);
 }
 

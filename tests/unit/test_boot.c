@@ -105,6 +105,7 @@ Test(boot, the_launcher_environment_is_read_whole) {
       0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e, 0x0f, 0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0xfe};
   cr_assert(b.has_secret);
   cr_assert_arr_eq(b.secret, want, sizeof want);
+  cr_assert_null(getenv("FSDP_RING_SECRET"), "read, it leaves the environment");
   b.listen_fd = -1;
   comm_boot_free(&b);
   cr_assert(!b.has_secret, "freed: the secret is wiped");

@@ -1010,6 +1010,7 @@ static const uint8_t SECRET_B[COMM_RING_SECRET_BYTES] = {0xb0}; /* another attem
 typedef struct {
   group_t h, x;
   const char *next2; /* index 2's next address */
+  const char *name2; /* index 2's group (NULL: "world") */
   const uint8_t *secret2;
   int gate2; /* index 2 opens the gate when it is done */
 } secret_arg_t;
@@ -1019,9 +1020,9 @@ static int child_secret(int rank, void *argp, shared_t *sh) {
   comm_t *c = NULL;
   if (rank == 2) {
     const char *addrs[2] = {a->x.addr[2], a->next2};
-    comm_ring_opts_t o = {.rank = 0, .size = 2, .addrs = addrs, .name = "world",
-                          .listen_fd = a->x.lfd[2], .timeout_ms = 5000, .job = "j",
-                          .attempt = 1, .secret = a->secret2};
+    comm_ring_opts_t o = {.rank = 0, .size = 2, .addrs = addrs,
+                          .name = a->name2 ? a->name2 : "world", .listen_fd = a->x.lfd[2],
+                          .timeout_ms = 5000, .job = "j", .attempt = 1, .secret = a->secret2};
     int rc = comm_ring_create(&o, &c);
     record(sh, rank, rc);
     comm_destroy(c);
@@ -1078,64 +1079,108 @@ static int closed_within(int fd, int ms) {
   return poll(&pf, 1, ms) == 1 && recv(fd, b, sizeof b, MSG_DONTWAIT) == 0;
 }
 
-/* The hello of a real rank 0 (index 2, with the run's secret), recorded by
- * the parent standing where it dials, then replayed to rank 1: rank 1 takes
- * it for rank 0's and answers, but the replayer cannot prove the secret for
- * the answer's fresh nonce. A forged proof is turned away at once; a silent
- * replayer delays nobody: the real rank 0, started meanwhile, forms the ring
- * well within the timeout. */
-Test(comm, a_replayed_hello_is_turned_away, .timeout = 40) {
-  shared_t *sh = shared_new();
+/* Starts the ring h of child_secret (its rank 0 held back) and index 2 (a
+ * rank 0 of group a->name2 with the run's secret, dialling a recorder the
+ * parent holds); the hello it sent, recorded, in hello. */
+static void record_hello(secret_arg_t *a, shared_t *sh, pid_t *pids, uint8_t hello[272]) {
   char rec_addr[64];
   int rec = tu_listen_loopback(rec_addr, sizeof rec_addr);
-  secret_arg_t a = {.secret2 = SECRET_A, .next2 = rec_addr};
-  group_bind(&a.h, 2);
-  group_bind(&a.x, 3);
-  close(a.x.lfd[0]), a.x.lfd[0] = -1;
-  close(a.x.lfd[1]), a.x.lfd[1] = -1;
-  char rank1[64];
-  snprintf(rank1, sizeof rank1, "%s", a.h.addr[1]);
-  group_t *gs[] = {&a.h, &a.x};
-  pid_t pids[MAXR];
-  spawn(pids, 3, child_secret, &a, sh, gs, 2);
+  a->next2 = rec_addr; /* read by the children, forked below */
+  group_bind(&a->h, 2);
+  group_bind(&a->x, 3);
+  close(a->x.lfd[0]), a->x.lfd[0] = -1;
+  close(a->x.lfd[1]), a->x.lfd[1] = -1;
+  group_t *gs[] = {&a->h, &a->x};
+  spawn(pids, 3, child_secret, a, sh, gs, 2);
+  a->next2 = NULL;
   cr_assert_eq(listen(rec, 4), 0);
   struct pollfd pf = {.fd = rec, .events = POLLIN};
   cr_assert_eq(poll(&pf, 1, 10000), 1, "index 2 never dialled the recorder");
   int fd = accept(rec, NULL, NULL);
   cr_assert(fd >= 0);
-  uint8_t hello[272], answer[272];
-  cr_assert(read_within(fd, hello, sizeof hello, 5000), "no hello recorded");
+  cr_assert(read_within(fd, hello, 272, 5000), "no hello recorded");
   close(fd);
   close(rec);
   uint32_t magic;
   memcpy(&magic, hello, 4);
   cr_assert_eq(magic, 0x48525346u, "what was recorded is not a hello");
-  /* replay 1, with a forged proof: answered, then closed */
-  int r1 = connect_loopback(rank1);
-  cr_assert_eq(send(r1, hello, sizeof hello, MSG_NOSIGNAL), (ssize_t)sizeof hello);
-  cr_assert(read_within(r1, answer, sizeof answer, 5000), "rank 1 did not answer the replay");
-  memcpy(&magic, answer, 4);
-  cr_assert_eq(magic, 0x48525346u, "rank 1 answered the replayed hello with %08x", magic);
-  uint8_t proof[40] = {0x46, 0x53, 0x52, 0x50}; /* "FSRP", and a mac of zeros */
-  cr_assert_eq(send(r1, proof, sizeof proof, MSG_NOSIGNAL), (ssize_t)sizeof proof);
-  cr_expect(closed_within(r1, 3000), "rank 1 kept the replay with a forged proof");
-  close(r1);
-  /* replay 2, silent after the answer: the real rank 0 goes meanwhile */
-  int r2 = connect_loopback(rank1);
-  cr_assert_eq(send(r2, hello, sizeof hello, MSG_NOSIGNAL), (ssize_t)sizeof hello);
-  cr_assert(read_within(r2, answer, sizeof answer, 5000), "rank 1 did not answer replay 2");
-  int64_t t0 = now_ns();
-  sh->s[0].ready = 1;
-  cr_expect(closed_within(r2, 10000), "rank 1 kept the silent replay after forming its ring");
-  close(r2);
+}
+
+/* After rank 0 was let go at t0, ranks 0 and 1 formed the ring within
+ * max_s (it takes milliseconds; a replay that held rank 1's attention would
+ * hold it for RING_BOOT_PROOF_MS, 5 s). */
+static void assert_formed(shared_t *sh, pid_t *pids, int64_t t0, double max_s) {
   int hung;
   reap(pids, 3, 30, &hung);
   cr_assert(!hung);
   for (int r = 0; r < 2; r++) {
     cr_expect(!sh->s[r].fail, "rank %d: %s", r, sh->s[r].msg);
     double dt = (sh->s[r].t_err_ns - t0) / 1e9;
-    cr_expect(dt < 5.0, "the ring took %.2f s to form after rank 0 started (rank %d)", dt, r);
+    cr_expect(dt < max_s, "the ring took %.2f s to form after rank 0 started (rank %d)", dt, r);
   }
+}
+
+/* The hello of a real rank 0 (index 2, with the run's secret), recorded by
+ * the parent standing where it dials, then replayed to rank 1: rank 1 takes
+ * it for rank 0's and answers, but the replayer cannot prove the secret for
+ * the answer's fresh nonce. A forged proof is turned away at once; replays
+ * that stay silent, more of them than rank 1 hears at once, shut nobody
+ * out: the real rank 0, started meanwhile, forms the ring well within the
+ * timeout. */
+Test(comm, a_replayed_hello_is_turned_away, .timeout = 40) {
+  shared_t *sh = shared_new();
+  secret_arg_t a = {.secret2 = SECRET_A};
+  pid_t pids[MAXR];
+  uint8_t hello[272], answer[272];
+  record_hello(&a, sh, pids, hello);
+  /* replay 1, with a forged proof: answered, then closed */
+  int r1 = connect_loopback(a.h.addr[1]);
+  cr_assert_eq(send(r1, hello, sizeof hello, MSG_NOSIGNAL), (ssize_t)sizeof hello);
+  cr_assert(read_within(r1, answer, sizeof answer, 5000), "rank 1 did not answer the replay");
+  uint32_t magic;
+  memcpy(&magic, answer, 4);
+  cr_assert_eq(magic, 0x48525346u, "rank 1 answered the replayed hello with %08x", magic);
+  uint8_t proof[40] = {0x46, 0x53, 0x52, 0x50}; /* "FSRP", and a mac of zeros */
+  cr_assert_eq(send(r1, proof, sizeof proof, MSG_NOSIGNAL), (ssize_t)sizeof proof);
+  cr_expect(closed_within(r1, 3000), "rank 1 kept the replay with a forged proof");
+  close(r1);
+  /* 20 more, each answered and then silent: more than the 16 heard at once */
+  enum { SILENT = 20 };
+  int quiet[SILENT];
+  for (int i = 0; i < SILENT; i++) {
+    quiet[i] = connect_loopback(a.h.addr[1]);
+    cr_assert_eq(send(quiet[i], hello, sizeof hello, MSG_NOSIGNAL), (ssize_t)sizeof hello);
+    /* heard at once, though 16 answered ones wait for their proofs */
+    cr_assert(read_within(quiet[i], answer, sizeof answer, 2000), "no answer to replay %d", i);
+  }
+  const int64_t t0 = now_ns();
+  sh->s[0].ready = 1;
+  assert_formed(sh, pids, t0, 2.5);
+  for (int i = 0; i < SILENT; i++) close(quiet[i]);
+}
+
+/* A hello of another group of the same attempt (a shard group: the same
+ * run's secret), recorded and replayed to a world rank as the very rank it
+ * waits for, proves nothing there (each group macs with a key of its own):
+ * turned away, not taken for a mis-wired rank of another run that fails the
+ * acceptor; the real rank 0 forms the ring. */
+Test(comm, a_replayed_hello_of_another_group_does_not_fail_the_acceptor, .timeout = 40) {
+  shared_t *sh = shared_new();
+  secret_arg_t a = {.secret2 = SECRET_A, .name2 = "shard"};
+  pid_t pids[MAXR];
+  uint8_t hello[272], answer[272];
+  record_hello(&a, sh, pids, hello);
+  int r1 = connect_loopback(a.h.addr[1]);
+  cr_assert_eq(send(r1, hello, sizeof hello, MSG_NOSIGNAL), (ssize_t)sizeof hello);
+  cr_assert(read_within(r1, answer, sizeof answer, 5000), "rank 1 said nothing to the replay");
+  uint32_t magic;
+  memcpy(&magic, answer, 4);
+  cr_expect_eq(magic, 0x4e525346u, "rank 1 answered %08x, not a refusal", magic);
+  close(r1);
+  usleep(200000);
+  const int64_t t0 = now_ns();
+  sh->s[0].ready = 1;
+  assert_formed(sh, pids, t0, 5.0);
 }
 
 static int child_strays(int rank, void *argp, shared_t *sh) {

@@ -1271,9 +1271,9 @@ Test(store, a_database_of_the_previous_schema_is_migrated_and_its_data_kept) {
   store_close(st);
 }
 
-/* Each attempt draws its own ring secret, kept with it (a reopened store
- * gives the same bytes); an attempt that does not exist has none; the
- * database file is its owner's alone. */
+/* Each attempt draws its own ring secret, kept with it while it runs (a
+ * reopened store gives the same bytes) and cleared when it ends; an attempt
+ * that does not exist has none; the database file is its owner's alone. */
 Test(store, each_attempt_draws_its_own_ring_secret) {
   store_t *st = open_db("state.db");
   int64_t node = add_node(st, "n0", 4);
@@ -1292,7 +1292,16 @@ Test(store, each_attempt_draws_its_own_ring_secret) {
   st = open_db("state.db");
   cr_assert_eq(store_attempt_secret(st, a, ea, again), 0, "%s", err_msg());
   cr_expect_arr_eq(again, sa, sizeof sa, "the secret changed across a reopen");
+  /* an attempt that ended keeps no secret */
+  store_job_state_t js;
+  cr_assert_eq(store_attempt_end(st, a, ea, 1, "", &js), 0, "%s", err_msg());
+  cr_expect_eq(store_attempt_secret(st, a, ea, again), FSDP_ENOTFOUND, "an ended attempt's secret");
+  cr_expect_eq(store_attempt_secret(st, b, eb, again), 0, "%s", err_msg());
   store_close(st);
+  sqlite3 *db = raw_open("state.db");
+  cr_expect_eq(raw_int(db, "SELECT count(*) FROM attempts WHERE ring_secret IS NOT NULL"), 1,
+               "only the running attempt's secret is stored");
+  sqlite3_close(db);
   struct stat f;
   cr_assert_eq(stat(tpath("state.db"), &f), 0);
   cr_expect_eq(f.st_mode & 077, 0, "state.db is mode %03o", (unsigned)(f.st_mode & 0777));
