@@ -729,9 +729,11 @@ static int nccl_wait(comm_req_t *req, int64_t wait_ms) {
         rc = nccl_unstage(c, q);
         pthread_mutex_lock(&c->mu);
       }
+      const int unstaged = q->staged; /* a CUDA error copying back breaks c, as any would */
       nccl_req_put_locked(c, q);
       pthread_mutex_unlock(&c->mu);
       nccl_reap(c, dead);
+      if (rc < 0 && unstaged && !dead) rc = nccl_fail(c, rc);
       break;
     }
     pthread_mutex_unlock(&c->mu);

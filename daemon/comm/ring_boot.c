@@ -715,7 +715,12 @@ static int ring_boot_accept_prev(ring_boot_t *b, int lfd) {
     socklen_t sl = sizeof ss;
     int fd = accept4(lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
-      if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) continue;
+      /* Linux hands a connection's pending network error to accept: retried
+       * (accept(2)), as are a reset before it was taken and no connection */
+      if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED || errno == EPROTO ||
+          errno == ENETDOWN || errno == ENOPROTOOPT || errno == EHOSTDOWN || errno == ENONET ||
+          errno == EHOSTUNREACH || errno == EOPNOTSUPP || errno == ENETUNREACH)
+        continue;
       rc = err_set_errno(FSDP_EIO, errno, "rank %d of group '%s': accept on %s", me,
                          r->base.name, r->addr_self);
       break;
