@@ -854,9 +854,8 @@ void coord_rdv_hold(coord_t *c, rpc_call_t *call, int64_t job, int64_t epoch, co
 /* ---- placement ------------------------------------------------------------ */
 
 static int coord_node_busy(const coord_node_t *n, int index) {
-  for (int i = 0; n && i < n->nbusy; i++)
-    if (n->busy[i] == index) return 1;
-  return 0;
+  return n && index >= 0 && index < COORD_NODE_DEVICES_MAX &&
+         (n->busy[index / 64] >> (index % 64) & 1);
 }
 
 /* The cluster as placement sees it: alive nodes (known to the store and

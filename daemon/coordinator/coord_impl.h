@@ -32,6 +32,8 @@ typedef struct coord_order {
   int unseen;               /* heartbeats since, without the rank in them */
 } coord_order_t;
 
+#define COORD_NODE_DEVICES_MAX 4096 /* devices a node may register */
+
 typedef struct coord_node {
   int64_t id;
   uint64_t session;         /* 0: not registered since this coordinator started */
@@ -50,8 +52,8 @@ typedef struct coord_node {
   coord_order_t *sent;      /* assignments sent and not yet seen in its heartbeats */
   int n_sent, cap_sent;
   int ndev;                 /* devices it registered with */
-  int nbusy;                /* devices it reports still running a job's processes */
-  int busy[64];
+  /* devices it reports still running a job's processes, a bit each */
+  uint64_t busy[COORD_NODE_DEVICES_MAX / 64];
 } coord_node_t;
 
 /* A rank's latest report, in coord_t.ranks by (job, rank). */
@@ -74,7 +76,6 @@ typedef struct coord_rank {
 #define COORD_STR_(x) #x
 #define COORD_STR(x) COORD_STR_(x)
 
-#define COORD_NODE_DEVICES_MAX 4096 /* devices a node may register */
 
 /* What the coordinator derives from a job's spec, once. */
 #define COORD_EXPORT_MAX 2 /* exports at once (coord_export.c) */

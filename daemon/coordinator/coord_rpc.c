@@ -956,11 +956,14 @@ static void coord_heartbeat_cb(rpc_call_t *call, const ProtobufCMessage *req, vo
   n->heard_ms = coord_mono_ms(c), n->heard_unix_ms = coord_unix_ms();
   if (q->stopping && !n->stopping) LOG_INFO("coord", "node %s is stopping: no new ranks there", q->node_id);
   n->stopping |= q->stopping;
-  int nbusy = 0;
-  for (size_t i = 0; i < q->n_devices && nbusy < 64; i++)
-    if (q->devices[i]->job_id[0]) n->busy[nbusy++] = (int)q->devices[i]->index;
-  if (nbusy < n->nbusy) c->dirty = 1; /* a device came free */
-  n->nbusy = nbusy;
+  uint64_t busy[COORD_NODE_DEVICES_MAX / 64] = {0};
+  for (size_t i = 0; i < q->n_devices; i++)
+    if (q->devices[i]->job_id[0] && q->devices[i]->index < COORD_NODE_DEVICES_MAX)
+      busy[q->devices[i]->index / 64] |= 1ull << (q->devices[i]->index % 64);
+  for (size_t w = 0; w < COORD_NODE_DEVICES_MAX / 64; w++) {
+    if (n->busy[w] & ~busy[w]) c->dirty = 1; /* a device came free */
+    n->busy[w] = busy[w];
+  }
   /* a node runs a rank per device, and an earlier attempt's for a while:
    * more is not a node of ours (each unknown one costs the store a look) */
   const size_t most = 2 * (size_t)n->ndev + 16;

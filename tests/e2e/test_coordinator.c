@@ -2763,3 +2763,63 @@ Test(coordinator, an_attempt_end_the_database_refused_is_settled_when_it_takes_i
                SQLITE_OK, "%s", sqlite3_errmsg(h));
   sqlite3_close(h);
 }
+
+/* A heartbeat of n (registered with ndev cpu devices) saying which still
+ * run a job's processes: the first busy of them; the reply. */
+static Fsdp__V1__HeartbeatReply *heartbeat_busy(const node_t *n, int ndev, int busy) {
+  Fsdp__V1__Device *d = calloc((size_t)ndev, sizeof *d), **dp = calloc((size_t)ndev, sizeof *dp);
+  cr_assert(d && dp);
+  for (int i = 0; i < ndev; i++) {
+    fsdp__v1__device__init(&d[i]);
+    d[i].index = (uint32_t)i, d[i].kind = "cpu", d[i].name = "cpu", d[i].total_bytes = 8ull << 30;
+    d[i].job_id = i < busy ? "j-old" : "";
+    dp[i] = &d[i];
+  }
+  Fsdp__V1__HeartbeatRequest q = FSDP__V1__HEARTBEAT_REQUEST__INIT;
+  q.node_id = (char *)n->id, q.session = n->session, q.devices = dp, q.n_devices = (size_t)ndev;
+  Fsdp__V1__HeartbeatReply *r = NULL;
+  cr_assert_eq(CALL("Heartbeat", q, heartbeat_reply, &r), 0, "%s", err_msg());
+  free(d), free(dp);
+  return r;
+}
+
+/* A node of 70 devices whose every device still runs an earlier job's
+ * processes gets no rank on any of them (a list of 64 left the last six
+ * free), until its heartbeats say they are free. */
+Test(coordinator, every_device_a_node_reports_busy_is_held) {
+  enum { NDEV = 70 };
+  Fsdp__V1__Device d[NDEV], *dp[NDEV];
+  for (int i = 0; i < NDEV; i++) {
+    fsdp__v1__device__init(&d[i]);
+    d[i].index = (uint32_t)i, d[i].kind = "cpu", d[i].name = "cpu", d[i].total_bytes = 8ull << 30;
+    dp[i] = &d[i];
+  }
+  node_t n = {{0}, 0};
+  Fsdp__V1__RegisterNodeRequest rq = FSDP__V1__REGISTER_NODE_REQUEST__INIT;
+  rq.hostname = "wide", rq.address = "127.0.0.1:9", rq.devices = dp, rq.n_devices = NDEV;
+  rq.node_id = "";
+  Fsdp__V1__RegisterNodeReply *rr = NULL;
+  cr_assert_eq(CALL("RegisterNode", rq, register_node_reply, &rr), 0, "%s", err_msg());
+  snprintf(n.id, sizeof n.id, "%s", rr->node_id);
+  n.session = rr->session;
+  reply_free(rr);
+  reply_free(heartbeat_busy(&n, NDEV, NDEV)); /* all busy, before the job comes */
+  char d0[600], id[32];
+  data_opt(d0, sizeof d0);
+  const char *kv[] = {"model=tiny", d0, NULL};
+  cr_assert_eq(submit(1, kv, id, sizeof id), 0, "%s", err_msg());
+  int got = 0;
+  for (int k = 0; k < 4; k++) {
+    Fsdp__V1__HeartbeatReply *r = heartbeat_busy(&n, NDEV, NDEV);
+    got += (int)r->n_assignments;
+    reply_free(r);
+  }
+  cr_expect_eq(got, 0, "a rank was placed on a device still busy");
+  cr_expect_eq(job_state(id, NULL, 0), FSDP__V1__JOB_STATE__JOB_STATE_PENDING);
+  for (const double t0 = tu_now_s(); !got && tu_now_s() - t0 < 5;) {
+    Fsdp__V1__HeartbeatReply *r = heartbeat_busy(&n, NDEV, 0);
+    got += (int)r->n_assignments;
+    reply_free(r);
+  }
+  cr_expect_eq(got, 1, "the job was not placed once the devices came free");
+}
