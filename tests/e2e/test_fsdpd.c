@@ -613,6 +613,24 @@ static unsigned proc_uid(int pid) {
   return uid;
 }
 
+/* The value of name in the environment rank pid started with, copied to
+ * buf; NULL when it had none. */
+static const char *rank_env(int pid, const char *name, char *buf, size_t len) {
+  char path[64], env[16384];
+  snprintf(path, sizeof path, "/proc/%d/environ", pid);
+  FILE *f = fopen(path, "r");
+  size_t n = f ? fread(env, 1, sizeof env - 1, f) : 0;
+  if (f) fclose(f);
+  env[n] = 0;
+  const size_t nl = strlen(name);
+  for (size_t at = 0; at < n; at += strlen(env + at) + 1)
+    if (!strncmp(env + at, name, nl) && env[at + nl] == '=') {
+      snprintf(buf, len, "%s", env + at + nl + 1);
+      return buf;
+    }
+  return NULL;
+}
+
 /* Starts the long job j-2 and waits until both ranks have reported 3 steps;
  * its ranks' pids (fsdpd's children) in pids. */
 static void start_long_job(int pids[2]) {
@@ -749,17 +767,9 @@ Test(fsdpd, a_kill_stops_both_ranks_within_the_grace_and_leaves_nothing, .timeou
     for (int i = 0; i < 2; i++) cr_expect_eq(proc_uid(pids[i]), NOBODY, "ranks run as nobody");
   /* each rank's memory limit is its device's, as fsdpd registered it */
   for (int i = 0; i < 2; i++) {
-    char path[64], env[16384];
-    snprintf(path, sizeof path, "/proc/%d/environ", pids[i]);
-    FILE *f = fopen(path, "r");
-    size_t n = f ? fread(env, 1, sizeof env - 1, f) : 0;
-    if (f) fclose(f);
-    env[n] = 0;
-    const char *v = NULL, *sec = NULL;
-    for (size_t at = 0; at < n; at += strlen(env + at) + 1) {
-      if (!strncmp(env + at, "FSDP_DEVICE_MEMORY_BYTES=", 25)) v = env + at + 25;
-      if (!strncmp(env + at, "FSDP_RING_SECRET=", 17)) sec = env + at + 17;
-    }
+    char vb[64], sb[128];
+    const char *v = rank_env(pids[i], "FSDP_DEVICE_MEMORY_BYTES", vb, sizeof vb);
+    const char *sec = rank_env(pids[i], "FSDP_RING_SECRET", sb, sizeof sb);
     cr_expect(v && strtoull(v, NULL, 10) > 0, "rank pid %d: FSDP_DEVICE_MEMORY_BYTES %s", pids[i],
               v ? v : "unset");
     /* and the attempt's ring secret, which the two ranks proved to each other */
@@ -918,6 +928,21 @@ Test(fsdpd, a_ring_secret_of_another_length_is_refused, .timeout = 20) {
   cr_expect(strstr(F.exits[0].message, "ring_secret of 5 bytes"), "%s", F.exits[0].message);
   cr_expect_eq(F.njobs, 0, "no rendezvous for a refused rank");
   pthread_mutex_unlock(&F.mu);
+}
+
+/* A rank whose assignment carries no ring secret (a coordinator of before)
+ * runs without one: never with one fsdpd itself was started with. */
+Test(fsdpd, a_rank_never_inherits_fsdpds_own_ring_secret, .timeout = 40) {
+  setenv("FSDP_RING_SECRET", JOB_SECRET_HEX, 1); /* fsdpd's environment */
+  job_secret_len = 0;
+  int pids[2];
+  start_long_job(pids);
+  unsetenv("FSDP_RING_SECRET");
+  for (int i = 0; i < 2; i++) {
+    char sb[128];
+    const char *sec = rank_env(pids[i], "FSDP_RING_SECRET", sb, sizeof sb);
+    cr_expect_null(sec, "rank pid %d started with FSDP_RING_SECRET=%s", pids[i], sec);
+  }
 }
 
 Test(fsdpd, an_option_libinih_would_cut_in_two_is_refused, .timeout = 20) {
