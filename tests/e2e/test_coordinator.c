@@ -2764,17 +2764,23 @@ Test(coordinator, an_attempt_end_the_database_refused_is_settled_when_it_takes_i
   sqlite3_close(h);
 }
 
-/* A heartbeat of n (registered with ndev cpu devices) saying which still
- * run a job's processes: the first busy of them; the reply. */
-static Fsdp__V1__HeartbeatReply *heartbeat_busy(const node_t *n, int ndev, int busy) {
-  Fsdp__V1__Device *d = calloc((size_t)ndev, sizeof *d), **dp = calloc((size_t)ndev, sizeof *dp);
-  cr_assert(d && dp);
+/* ndev cpu devices of 8 GiB in d (dp: pointers to them), the first busy of
+ * them running a job's processes. */
+static void cpu_devices(Fsdp__V1__Device *d, Fsdp__V1__Device **dp, int ndev, int busy) {
   for (int i = 0; i < ndev; i++) {
     fsdp__v1__device__init(&d[i]);
     d[i].index = (uint32_t)i, d[i].kind = "cpu", d[i].name = "cpu", d[i].total_bytes = 8ull << 30;
     d[i].job_id = i < busy ? "j-old" : "";
     dp[i] = &d[i];
   }
+}
+
+/* A heartbeat of n (registered with ndev cpu devices) saying which still
+ * run a job's processes: the first busy of them; the reply. */
+static Fsdp__V1__HeartbeatReply *heartbeat_busy(const node_t *n, int ndev, int busy) {
+  Fsdp__V1__Device *d = calloc((size_t)ndev, sizeof *d), **dp = calloc((size_t)ndev, sizeof *dp);
+  cr_assert(d && dp);
+  cpu_devices(d, dp, ndev, busy);
   Fsdp__V1__HeartbeatRequest q = FSDP__V1__HEARTBEAT_REQUEST__INIT;
   q.node_id = (char *)n->id, q.session = n->session, q.devices = dp, q.n_devices = (size_t)ndev;
   Fsdp__V1__HeartbeatReply *r = NULL;
@@ -2789,11 +2795,7 @@ static Fsdp__V1__HeartbeatReply *heartbeat_busy(const node_t *n, int ndev, int b
 Test(coordinator, every_device_a_node_reports_busy_is_held) {
   enum { NDEV = 70 };
   Fsdp__V1__Device d[NDEV], *dp[NDEV];
-  for (int i = 0; i < NDEV; i++) {
-    fsdp__v1__device__init(&d[i]);
-    d[i].index = (uint32_t)i, d[i].kind = "cpu", d[i].name = "cpu", d[i].total_bytes = 8ull << 30;
-    dp[i] = &d[i];
-  }
+  cpu_devices(d, dp, NDEV, 0);
   node_t n = {{0}, 0};
   Fsdp__V1__RegisterNodeRequest rq = FSDP__V1__REGISTER_NODE_REQUEST__INIT;
   rq.hostname = "wide", rq.address = "127.0.0.1:9", rq.devices = dp, rq.n_devices = NDEV;

@@ -1106,6 +1106,17 @@ static void record_hello(secret_arg_t *a, shared_t *sh, pid_t *pids, uint8_t hel
   cr_assert_eq(magic, 0x48525346u, "what was recorded is not a hello");
 }
 
+/* Sends hello to addr on a new connection and reads what is answered within
+ * ms: the connection, and the answer's magic in *magic. */
+static int replay(const char *addr, const uint8_t hello[272], int ms, uint32_t *magic) {
+  uint8_t answer[272];
+  int fd = connect_loopback(addr);
+  cr_assert_eq(send(fd, hello, 272, MSG_NOSIGNAL), (ssize_t)272);
+  cr_assert(read_within(fd, answer, sizeof answer, ms), "no answer to a replayed hello");
+  memcpy(magic, answer, 4);
+  return fd;
+}
+
 /* After rank 0 was let go at t0, ranks 0 and 1 formed the ring within
  * max_s (it takes milliseconds; a replay that held rank 1's attention would
  * hold it for RING_BOOT_PROOF_MS, 5 s). */
@@ -1131,14 +1142,11 @@ Test(comm, a_replayed_hello_is_turned_away, .timeout = 40) {
   shared_t *sh = shared_new();
   secret_arg_t a = {.secret2 = SECRET_A};
   pid_t pids[MAXR];
-  uint8_t hello[272], answer[272];
+  uint8_t hello[272];
   record_hello(&a, sh, pids, hello);
   /* replay 1, with a forged proof: answered, then closed */
-  int r1 = connect_loopback(a.h.addr[1]);
-  cr_assert_eq(send(r1, hello, sizeof hello, MSG_NOSIGNAL), (ssize_t)sizeof hello);
-  cr_assert(read_within(r1, answer, sizeof answer, 5000), "rank 1 did not answer the replay");
   uint32_t magic;
-  memcpy(&magic, answer, 4);
+  int r1 = replay(a.h.addr[1], hello, 5000, &magic);
   cr_assert_eq(magic, 0x48525346u, "rank 1 answered the replayed hello with %08x", magic);
   uint8_t proof[40] = {0x46, 0x53, 0x52, 0x50}; /* "FSRP", and a mac of zeros */
   cr_assert_eq(send(r1, proof, sizeof proof, MSG_NOSIGNAL), (ssize_t)sizeof proof);
@@ -1147,12 +1155,8 @@ Test(comm, a_replayed_hello_is_turned_away, .timeout = 40) {
   /* 20 more, each answered and then silent: more than the 16 heard at once */
   enum { SILENT = 20 };
   int quiet[SILENT];
-  for (int i = 0; i < SILENT; i++) {
-    quiet[i] = connect_loopback(a.h.addr[1]);
-    cr_assert_eq(send(quiet[i], hello, sizeof hello, MSG_NOSIGNAL), (ssize_t)sizeof hello);
-    /* heard at once, though 16 answered ones wait for their proofs */
-    cr_assert(read_within(quiet[i], answer, sizeof answer, 2000), "no answer to replay %d", i);
-  }
+  for (int i = 0; i < SILENT; i++) /* heard at once, though 16 answered ones wait for proofs */
+    quiet[i] = replay(a.h.addr[1], hello, 2000, &magic);
   const int64_t t0 = now_ns();
   sh->s[0].ready = 1;
   assert_formed(sh, pids, t0, 2.5);
@@ -1168,13 +1172,10 @@ Test(comm, a_replayed_hello_of_another_group_does_not_fail_the_acceptor, .timeou
   shared_t *sh = shared_new();
   secret_arg_t a = {.secret2 = SECRET_A, .name2 = "shard"};
   pid_t pids[MAXR];
-  uint8_t hello[272], answer[272];
+  uint8_t hello[272];
   record_hello(&a, sh, pids, hello);
-  int r1 = connect_loopback(a.h.addr[1]);
-  cr_assert_eq(send(r1, hello, sizeof hello, MSG_NOSIGNAL), (ssize_t)sizeof hello);
-  cr_assert(read_within(r1, answer, sizeof answer, 5000), "rank 1 said nothing to the replay");
   uint32_t magic;
-  memcpy(&magic, answer, 4);
+  int r1 = replay(a.h.addr[1], hello, 5000, &magic);
   cr_expect_eq(magic, 0x4e525346u, "rank 1 answered %08x, not a refusal", magic);
   close(r1);
   usleep(200000);
