@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
 
 static int64_t param_read(const char *env, int64_t def) {
@@ -38,4 +39,30 @@ void param_dump(FILE *out) {
           (long long)param_##name(), help);
   FSDP_PARAM_LIST(XX)
 #undef XX
+}
+
+static const struct {
+  const char *env;
+  int64_t (*get)(void);
+} param_plan[PARAM_PLAN_ENV_N] = {
+    {"FSDP_COMM_STAGING_BYTES", param_comm_staging_bytes},
+    {"FSDP_COMM_SHM", param_comm_shm},
+    {"FSDP_COMM_SHM_BYTES", param_comm_shm_bytes},
+    {"FSDP_ATTN_BLOCK", param_attn_block},
+    {"FSDP_CUDA_ATTN_GEMM", param_cuda_attn_gemm},
+};
+
+void param_plan_env(int i, char out[PARAM_PLAN_ENV_LEN]) {
+  snprintf(out, PARAM_PLAN_ENV_LEN, "%s=%lld", param_plan[i].env, (long long)param_plan[i].get());
+}
+
+int param_plan_env_ok(const char *e) {
+  for (int i = 0; i < PARAM_PLAN_ENV_N; i++) {
+    const size_t n = strlen(param_plan[i].env);
+    if (strncmp(e, param_plan[i].env, n) || e[n] != '=') continue;
+    const char *v = e + n + 1;
+    size_t k = *v == '-' ? 1 : 0, digits = strspn(v + k, "0123456789");
+    return digits > 0 && digits <= 19 && !v[k + digits];
+  }
+  return 0;
 }

@@ -51,4 +51,16 @@ FSDP_PARAM_LIST(XX)
 /* Prints every tunable, its variable, default and current value. */
 void param_dump(FILE *out);
 
+/* The tunables the memory plan reads (daemon/job/plan.c and the size
+ * formulas it calls): a job is admitted with the coordinator's values, so
+ * the coordinator hands them to each rank with its assignment and fsdpd
+ * sets them for the rank over its own (RankAssignment.plan_env). */
+#define PARAM_PLAN_ENV_N 5
+#define PARAM_PLAN_ENV_LEN 64 /* "NAME=VALUE", terminated */
+/* Entry i (0 <= i < PARAM_PLAN_ENV_N) as this process has it:
+ * "NAME=VALUE" into out. */
+void param_plan_env(int i, char out[PARAM_PLAN_ENV_LEN]);
+/* Whether e is "NAME=VALUE" for one of them with a decimal integer value. */
+int param_plan_env_ok(const char *e);
+
 #endif

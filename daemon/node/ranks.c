@@ -25,6 +25,7 @@
 #include "daemon/common/frame.h"
 #include "daemon/common/log.h"
 #include "daemon/common/netaddr.h"
+#include "daemon/common/param.h"
 #include "daemon/common/ring_secret.h"
 #include "daemon/node/supervise.h"
 #include "daemon/node/workdir.h"
@@ -664,9 +665,14 @@ static int rk_spawn(rank_t *rk, const Fsdp__V1__RendezvousReply *rep) {
   snprintf(vmem, sizeof vmem, "FSDP_DEVICE_MEMORY_BYTES=%" PRIu64, R->o.inv->dev[a->device].memory);
   /* the attempt's ring secret, which each rank proves to its neighbours */
   if (a->ring_secret.len == RING_SECRET_BYTES) ring_secret_env(vsecret, a->ring_secret.data);
-  char *env[] = {vrank, vworld, addrs, "FSDP_LISTEN_FD=3", "FSDP_REPORT_FD=4", vnode,
-                 vjob, vattempt, vmem, is_cpu ? vthreads : vgpu,
-                 vsecret[0] ? vsecret : NULL, NULL};
+  /* the plan's tunables as the coordinator admitted the job with them (over
+   * this daemon's own), then the secret; checked at assignment */
+  char *env[16 + PARAM_PLAN_ENV_N] = {vrank, vworld, addrs, "FSDP_LISTEN_FD=3", "FSDP_REPORT_FD=4",
+                                      vnode, vjob, vattempt, vmem, is_cpu ? vthreads : vgpu};
+  int ne = 10;
+  for (size_t i = 0; i < a->n_plan_env && i < PARAM_PLAN_ENV_N; i++) env[ne++] = a->plan_env[i];
+  if (vsecret[0]) env[ne++] = vsecret;
+  env[ne] = NULL;
   char *argv[] = {(char *)R->o.rank_program, "--config", confname, NULL};
   const int fds[2] = {rk->listen_fd, sv[1]};
   const supervise_child_opts_t co = {.argv = argv, .env = env, .fds = fds, .nfds = 2,
@@ -877,6 +883,10 @@ void ranks_assign(ranks_t *R, const Fsdp__V1__RankAssignment *a) {
   if (!rc && a->ring_secret.len && a->ring_secret.len != RING_SECRET_BYTES)
     rc = err_set(FSDP_EINVAL, "ring_secret of %zu bytes (%d, or none)", a->ring_secret.len,
                  RING_SECRET_BYTES);
+  for (size_t i = 0; !rc && i < a->n_plan_env; i++)
+    if (!param_plan_env_ok(a->plan_env[i]) || i >= PARAM_PLAN_ENV_N)
+      rc = err_set(FSDP_EINVAL, "plan_env: \"%.80s\" is not one of the plan's tunables with an "
+                   "integer value (or there are more than %d)", a->plan_env[i], PARAM_PLAN_ENV_N);
   if (!rc && a->device >= (uint32_t)R->o.inv->count)
     rc = err_set(FSDP_EINVAL, "device %" PRIu32 ": this node has %d", a->device, R->o.inv->count);
   if (!rc) rc = rk_options_check(a);

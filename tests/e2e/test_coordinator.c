@@ -2673,6 +2673,8 @@ Test(coordinator, a_failing_database_is_logged_and_counted, .timeout = 60) {
             "the coordinator's log does not say its database failed:\n%s", log);
 }
 
+static int saw_plan_env; /* assignments collect_secrets saw carry the 5 plan tunables */
+
 /* The ring secrets of job's attempt in the node's assignments, rank by rank,
  * until want ranks came (or 5 s); how many came. */
 static int collect_secrets(const node_t *n, const char *job, uint32_t attempt, int want,
@@ -2684,6 +2686,12 @@ static int collect_secrets(const node_t *n, const char *job, uint32_t attempt, i
       const Fsdp__V1__RankAssignment *a = r->assignments[i];
       if (strcmp(a->job_id, job) || a->attempt != attempt || (int)a->rank >= want) continue;
       len[a->rank] = a->ring_secret.len;
+      int staging = 0, gemm = 0;
+      for (size_t k = 0; k < a->n_plan_env; k++) {
+        staging += !strcmp(a->plan_env[k], "FSDP_COMM_STAGING_BYTES=4194304");
+        gemm += !strcmp(a->plan_env[k], "FSDP_CUDA_ATTN_GEMM=0");
+      }
+      saw_plan_env += a->n_plan_env == 5 && staging == 1 && gemm == 1;
       if (a->ring_secret.len == RING_SECRET_BYTES) memcpy(sec[a->rank], a->ring_secret.data, RING_SECRET_BYTES);
       got++;
     }
@@ -2706,6 +2714,8 @@ Test(coordinator, each_attempt_gets_its_own_ring_secret) {
   uint8_t s1[2][RING_SECRET_BYTES], s2[2][RING_SECRET_BYTES];
   size_t l1[2] = {0, 0}, l2[2] = {0, 0};
   cr_assert_eq(collect_secrets(&n, id, 1, 2, s1, l1), 2);
+  /* and the plan's tunables as this coordinator planned with them (its defaults here) */
+  cr_expect(saw_plan_env, "no assignment carried the plan's tunables");
   cr_assert(l1[0] == RING_SECRET_BYTES && l1[1] == RING_SECRET_BYTES, "%zu, %zu bytes", l1[0], l1[1]);
   cr_expect_arr_eq(s1[0], s1[1], RING_SECRET_BYTES, "the ranks of one attempt share its secret");
   static const uint8_t zero[RING_SECRET_BYTES];

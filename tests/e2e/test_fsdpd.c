@@ -528,6 +528,8 @@ static const uint8_t JOB_SECRET[32] = {0xfe, 0xed, 0xfa, 0xce, 1, 2, 3, 4, 5, 6,
                                        13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 0xff};
 #define JOB_SECRET_HEX "feedface0102030405060708090a0b0c0d0e0f101112131415161718191a1bff"
 static size_t job_secret_len = sizeof JOB_SECRET; /* what the assignments give of it */
+/* the plan's tunables the assignments carry (NULL-ended; none by default) */
+static char *job_plan_env[4];
 
 /* Queues a heartbeat reply with one assignment per rank (rank r on device r). */
 /* A job of world ranks and steps steps, plus the option [output]
@@ -559,6 +561,8 @@ static void queue_job_prompt(const char *job, int world, int steps, const char *
     fsdp__v1__rank_assignment__init(&a[r]);
     /* the attempt's ring secret, as the coordinator draws one */
     a[r].ring_secret = (ProtobufCBinaryData){job_secret_len, (uint8_t *)JOB_SECRET};
+    for (a[r].n_plan_env = 0; job_plan_env[a[r].n_plan_env];) a[r].n_plan_env++;
+    a[r].plan_env = job_plan_env;
     a[r].job_id = (char *)job;
     a[r].attempt = 1;
     a[r].rank = (uint32_t)r;
@@ -926,6 +930,40 @@ Test(fsdpd, a_ring_secret_of_another_length_is_refused, .timeout = 20) {
   pthread_mutex_lock(&F.mu);
   cr_expect_eq(F.exits[0].exit_status, 127);
   cr_expect(strstr(F.exits[0].message, "ring_secret of 5 bytes"), "%s", F.exits[0].message);
+  cr_expect_eq(F.njobs, 0, "no rendezvous for a refused rank");
+  pthread_mutex_unlock(&F.mu);
+}
+
+/* The memory plan's tunables come with the assignment, as the coordinator
+ * admitted the job with them, over fsdpd's own; one that is not a plan
+ * tunable (or not an integer) refuses the assignment. */
+Test(fsdpd, a_rank_runs_with_the_plans_tunables_from_its_assignment, .timeout = 40) {
+  setenv("FSDP_COMM_STAGING_BYTES", "999999", 1); /* fsdpd's own: not the plan's */
+  job_plan_env[0] = "FSDP_COMM_STAGING_BYTES=1048576";
+  job_plan_env[1] = "FSDP_ATTN_BLOCK=32";
+  int pids[2];
+  start_long_job(pids);
+  unsetenv("FSDP_COMM_STAGING_BYTES");
+  for (int i = 0; i < 2; i++) {
+    char b[64];
+    const char *v = rank_env(pids[i], "FSDP_COMM_STAGING_BYTES", b, sizeof b);
+    cr_expect(v && !strcmp(v, "1048576"), "rank pid %d: FSDP_COMM_STAGING_BYTES %s", pids[i],
+              v ? v : "unset");
+    v = rank_env(pids[i], "FSDP_ATTN_BLOCK", b, sizeof b);
+    cr_expect(v && !strcmp(v, "32"), "rank pid %d: FSDP_ATTN_BLOCK %s", pids[i], v ? v : "unset");
+  }
+}
+
+Test(fsdpd, a_plan_env_that_is_not_a_plan_tunable_is_refused, .timeout = 20) {
+  fsdpd_start();
+  cr_assert(wait_for(registered, 10), "%s", tu_slurp(fsdpd_log, NULL));
+  job_plan_env[0] = "LD_PRELOAD=/tmp/evil.so";
+  queue_job("j-6", 1, 5);
+  cr_assert(wait_for(one_exit, 5), "the refusal was not reported:\n%s", tu_slurp(fsdpd_log, NULL));
+  pthread_mutex_lock(&F.mu);
+  cr_expect_eq(F.exits[0].exit_status, 127);
+  cr_expect(strstr(F.exits[0].message, "plan_env") && strstr(F.exits[0].message, "LD_PRELOAD"),
+            "%s", F.exits[0].message);
   cr_expect_eq(F.njobs, 0, "no rendezvous for a refused rank");
   pthread_mutex_unlock(&F.mu);
 }
