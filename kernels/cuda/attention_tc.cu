@@ -151,7 +151,7 @@ __global__ static void __launch_bounds__(TC_WARPS * 32)
     __syncthreads(); /* (j0 <= q0: every tile reaches each strip's first row) */
     tc_scores<HS>(Ss + w0 * TC_SP, Qs + w0 * HP, Ks);
     __syncwarp();
-#pragma unroll 1
+#pragma unroll
     for (int r = 0; r < 16; r++) {
       const int i = q0 + w0 + r;
       const float *srow = Ss + (w0 + r) * TC_SP;
@@ -193,7 +193,7 @@ __global__ static void __launch_bounds__(TC_WARPS * 32)
     __syncwarp();
   }
   __syncwarp();
-#pragma unroll 1
+#pragma unroll
   for (int r = 0; r < 16; r++) {
     const int i = q0 + w0 + r;
     if (i >= T) break;
@@ -225,7 +225,7 @@ __global__ static void __launch_bounds__(TC_WARPS * 32)
   tc_stage<HS>(Qs, base, C3, q0, T);
   tc_stage<HS>(dOs, dbase, C, q0, T);
   float Lr[16], Dr[16];
-#pragma unroll 1
+#pragma unroll
   for (int r = 0; r < 16; r++) {
     const int i = q0 + w0 + r;
     Lr[r] = Dr[r] = 0.0f;
@@ -250,7 +250,7 @@ __global__ static void __launch_bounds__(TC_WARPS * 32)
     tc_scores<HS>(Ss + w0 * TC_SP, Qs + w0 * HP, Ks);
     tc_scores<HS>(dPs + w0 * TC_SP, dOs + w0 * HP, Vs);
     __syncwarp();
-#pragma unroll 1
+#pragma unroll
     for (int r = 0; r < 16; r++) {
       const int i = q0 + w0 + r, row = w0 + r;
 #pragma unroll
