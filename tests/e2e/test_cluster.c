@@ -477,13 +477,22 @@ Test(cluster, a_checkpoint_the_ranks_cannot_write_is_aborted_with_their_error) {
   while (access(man, F_OK) && tu_now_s() - t0 < 30) nanosleep(&(struct timespec){0, 2000000}, NULL);
   cr_assert_eq(access(man, F_OK), 0, "no committed checkpoint within 30 s");
   cr_assert_eq(chmod(ck, 0555), 0); /* no new step directory (the ranks are not root) */
+  /* a step whose directory a rank made before that (a loaded machine lets
+   * the ranks run ahead of the commit) may still commit: only later ones
+   * are held to the abort */
+  int first = 600;
+  for (char d[800];; first += 300) {
+    snprintf(d, sizeof d, "%s/step-%08d", ck, first);
+    if (access(d, F_OK)) break;
+  }
+  cr_assert_leq(first, 900, "the job outran the test: steps up to %d made before the chmod", first - 300);
   snprintf(a, sizeof a, "watch %s", job);
   cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
   cr_assert_str_eq(state_of(job, out, sizeof out), "SUCCEEDED", "%s", out);
   snprintf(a, sizeof a, "checkpoints %s", job);
   cluster_ctl(coord.addr, a, out, sizeof out);
   cr_expect(strstr(ckpt_line(out, 300), "COMMITTED"), "%s", out);
-  for (int step = 600; step <= 1200; step += 300) {
+  for (int step = first; step <= 1200; step += 300) {
     const char *l = ckpt_line(out, step);
     cr_expect(strstr(l, "ABORTED") && strstr(l, "could not write its shard") &&
               strstr(l, "cannot create") && strstr(l, "rank "), "step %d:\n%s", step, out);
@@ -499,7 +508,9 @@ Test(cluster, a_checkpoint_the_ranks_cannot_write_is_aborted_with_their_error) {
     said += strstr(line, "WARN") && strstr(line, "aborted: rank ") &&
             strstr(line, "could not write its shard");
   fclose(lf);
-  cr_expect_eq(said, 3, "the coordinator's log (%s) says %d of 3 aborts", coord.log, said);
+  const int aborts = (1200 - first) / 300 + 1;
+  cr_expect_eq(said, aborts, "the coordinator's log (%s) says %d of %d aborts", coord.log, said,
+               aborts);
   chmod(ck, 0777);
   free(ck), free(ref), free(conf);
 }
