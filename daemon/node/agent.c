@@ -13,10 +13,12 @@
 #define AGENT_BACKOFF_MIN_MS 50
 #define AGENT_BACKOFF_MAX_MS 1000 /* the contract: a restarted coordinator is seen within 1 s */
 #define AGENT_CALL_S 5.0          /* RegisterNode's deadline, and the heartbeat's beyond its hold */
+#define AGENT_REFUSED_MS 5000     /* a refusal is asked again this often: only the coordinator can change it */
+#define AGENT_REFUSED_LOG_S 60.0  /* a refusal that stays is logged again this often */
 
 /* A message for the loop. */
 typedef struct agent_msg {
-  int kind; /* 0: registered (text = node id), 1: a heartbeat reply (packed) */
+  int kind; /* 0: registered (text = node id), 1: a heartbeat reply (packed), 2: refused (text) */
   uint8_t *data;
   size_t len;
   struct agent_msg *next;
@@ -102,6 +104,8 @@ static void agent_async_cb(uv_async_t *h) {
     agent_msg_t *next = m->next;
     if (m->kind == 0) {
       if (a->o.registered_cb) a->o.registered_cb(a->o.arg, (const char *)m->data);
+    } else if (m->kind == 2) {
+      if (a->o.refused_cb) a->o.refused_cb(a->o.arg, (const char *)m->data);
     } else {
       Fsdp__V1__HeartbeatReply *rep = fsdp__v1__heartbeat_reply__unpack(NULL, m->len, m->data);
       if (rep && a->o.reply_cb) a->o.reply_cb(a->o.arg, rep);
@@ -113,13 +117,22 @@ static void agent_async_cb(uv_async_t *h) {
   }
 }
 
+/* A refusal: the coordinator answered, and no retry changes its answer
+ * until it or this node is configured again (a token it does not take, a
+ * name that is not the token's, a value out of its range, a method it does
+ * not have). Everything else (unreachable, late, failing) is transient. */
+int agent_refusal(int rc) {
+  return rc == FSDP_EAUTH || rc == FSDP_EPERM || rc == FSDP_EINVAL || rc == FSDP_EUNSUPPORTED;
+}
+
 /* The session: register, then one heartbeat in flight at a time. */
 static void *agent_main(void *arg) {
   agent_t *a = arg;
-  char node_id[256] = "";
+  char node_id[256] = "", refusal[512] = "";
   uint64_t session = 0;
   uint32_t interval_ms = 1000;
-  int registered = 0, backoff = AGENT_BACKOFF_MIN_MS, lost = 0;
+  int registered = 0, ever = 0, backoff = AGENT_BACKOFF_MIN_MS, lost = 0;
+  double refusal_logged = 0;
   while (!agent_stopping(a)) {
     Fsdp__V1__HeartbeatRequest *st = agent_state(a);
     int rc;
@@ -145,7 +158,7 @@ static void *agent_main(void *arg) {
         snprintf(node_id, sizeof node_id, "%s", rep->node_id);
         session = rep->session;
         if (rep->heartbeat_interval_ms) interval_ms = rep->heartbeat_interval_ms;
-        registered = 1;
+        registered = ever = 1;
         LOG_INFO("fsdpd", "registered as node %s (session %llu, heartbeat every %u ms, %zu rank(s) "
                  "running)", node_id, (unsigned long long)session, interval_ms,
                  st ? st->n_ranks : 0);
@@ -180,6 +193,25 @@ static void *agent_main(void *arg) {
       }
     }
     if (st) fsdp__v1__heartbeat_request__free_unpacked(st, NULL);
+    if (rc && agent_refusal(rc)) {
+      /* a refusal is an operator's to fix: logged as an error, again each
+       * minute while it stays (a transient failure's line comes once) */
+      if (!ever && a->o.refused_cb) { /* the loop ends fsdpd, saying why */
+        agent_post(a, 2, NULL, err_msg());
+        if (agent_sleep(a, AGENT_REFUSED_MS)) break;
+        continue;
+      }
+      double now = agent_now();
+      if (strncmp(refusal, err_msg(), sizeof refusal - 1) || now - refusal_logged >= AGENT_REFUSED_LOG_S) {
+        snprintf(refusal, sizeof refusal, "%s", err_msg());
+        refusal_logged = now;
+        LOG_ERROR("fsdpd", "the coordinator refused %s: %s; asking again every %d s, ranks keep "
+                  "running", what, refusal, AGENT_REFUSED_MS / 1000);
+      }
+      lost = 1;
+      if (agent_sleep(a, AGENT_REFUSED_MS)) break;
+      continue;
+    }
     if (rc) {
       /* one line when the coordinator goes, one when it is back: not one per retry */
       if (!lost) LOG_WARN("fsdpd", "%s: %s; retrying every %d ms at most, ranks keep running", what,
@@ -191,6 +223,7 @@ static void *agent_main(void *arg) {
     }
     if (lost) LOG_INFO("fsdpd", "the coordinator answers again (%s)", what);
     lost = 0;
+    refusal[0] = 0;
     backoff = AGENT_BACKOFF_MIN_MS;
     /* a coordinator should hold an empty heartbeat for its interval; one that
      * answers at once must not make this a busy loop */

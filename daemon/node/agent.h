@@ -8,7 +8,11 @@
  * again, with the node id it had and the ranks it still runs. A coordinator
  * that is down or slow (UNAVAILABLE, DEADLINE_EXCEEDED, anything else) is
  * retried with a backoff of at most 1 s, and nothing is stopped meanwhile:
- * ranks outlive a coordinator restart.
+ * ranks outlive a coordinator restart. A refusal (agent_refusal: a token,
+ * name or value the coordinator does not take) of the first registration
+ * is handed to the loop (refused_cb): no rank can run before it, and fsdpd
+ * ends. Once registered, a refusal is asked again every 5 s (the
+ * coordinator's operator may fix it) and logged as an error each minute.
  *
  * Threading: the thread owns nothing of the loop's. What it sends (devices
  * and rank statuses) is a packed HeartbeatRequest the loop publishes with
@@ -36,12 +40,17 @@ typedef struct agent_opts {
   size_t state_len;
   /* on the loop: the node is registered as node_id (again, after a lost session) */
   void (*registered_cb)(void *arg, const char *node_id);
+  /* on the loop: the first RegisterNode was refused (agent_refusal) for the reason given */
+  void (*refused_cb)(void *arg, const char *why);
   /* on the loop: a heartbeat's reply with assignments or kills (owned by the agent) */
   void (*reply_cb)(void *arg, const Fsdp__V1__HeartbeatReply *rep);
   void *arg;
 } agent_opts_t;
 
 int agent_start(agent_t **out, const agent_opts_t *o);
+/* 1 when a call's error code is the coordinator's refusal, not a failure
+ * that passes: FSDP_EAUTH, FSDP_EPERM, FSDP_EINVAL, FSDP_EUNSUPPORTED. */
+int agent_refusal(int rc);
 /* The node's state for the next RegisterNode or Heartbeat: a packed
  * HeartbeatRequest with devices and ranks (the agent adds node id and
  * session). Copied. */

@@ -20,7 +20,12 @@
  * coordinator requeues the job, which resumes from that checkpoint
  * wherever it is placed next (preemption: how Slurm and Kubernetes stop a
  * node's work).
- * Exit status: 0 after a signal, 1 when it cannot start, 2 on bad usage. */
+ * Exit status: 0 after a signal, 1 when it cannot start, 2 on bad usage,
+ * FSDPD_EXIT_REFUSED (78, sysexits' EX_CONFIG) when the coordinator refused
+ * its first registration (a token or name it does not take) before any
+ * rank ran: a retry cannot help, and the unit's RestartPreventExitStatus
+ * keeps systemd from trying. Refused once registered, or with ranks
+ * running, fsdpd keeps asking and its ranks keep running. */
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
@@ -51,6 +56,7 @@
 #define PUBLISH_MS 100         /* the heartbeat's data is at most this old */
 #define SHUTDOWN_POLL_MS 50
 #define SHUTDOWN_REPORTS_S 3.0 /* beyond the grace: time left to report the exits */
+#define FSDPD_EXIT_REFUSED 78  /* EX_CONFIG */
 
 typedef struct fsdpd {
   /* options */
@@ -71,7 +77,7 @@ typedef struct fsdpd {
   uv_signal_t sigint, sigterm;
   uv_timer_t publish, shutdown;
   uint64_t shutdown_deadline;
-  int stopping;
+  int stopping, exit_status;
   char address[300], hostname[256], workdir_buf[PATH_MAX], program_buf[PATH_MAX];
 } fsdpd_t;
 
@@ -102,7 +108,9 @@ static void usage(FILE *f) {
     "  --metrics-listen ADDR serve Prometheus metrics at http://ADDR/metrics (IPV4:PORT\n"
     "                        or [IPV6]:PORT, e.g. 0.0.0.0:9102 or [::]:9102; default: none)\n"
     "  --grace SECONDS       SIGTERM -> SIGKILL for ranks: on SIGTERM a rank stops at its\n"
-    "                        next step boundary and checkpoints, within this (default 30)\n");
+    "                        next step boundary and checkpoints, within this (default 30)\n"
+    "Exit status: 0 after SIGTERM or SIGINT, 1 when it cannot start, 2 on bad usage, 78 when\n"
+    "the coordinator refuses its first registration (a token or name it does not take).\n");
 }
 
 /* ---- the loop's callbacks --------------------------------------------------------- */
@@ -126,6 +134,21 @@ static void fsdpd_publish_cb(uv_timer_t *t) {
 static void fsdpd_registered_cb(void *arg, const char *node_id) {
   fsdpd_t *D = arg;
   ranks_set_node_id(D->ranks, node_id);
+}
+
+static void fsdpd_stop(fsdpd_t *D);
+
+/* The first registration was refused: nothing can have run (ranks come
+ * only from a registered session), and the operator should see fsdpd fail
+ * (systemctl status, a pod's restarts) rather than a node that never
+ * appears. Once registered, the agent keeps asking instead. */
+static void fsdpd_refused_cb(void *arg, const char *why) {
+  fsdpd_t *D = arg;
+  if (D->stopping) return;
+  LOG_ERROR("fsdpd", "the coordinator at %s refuses node %s: %s; fix that and start fsdpd again "
+            "(exit status %d)", D->coordinator, D->name, why, FSDPD_EXIT_REFUSED);
+  D->exit_status = FSDPD_EXIT_REFUSED;
+  fsdpd_stop(D);
 }
 
 static void fsdpd_reply_cb(void *arg, const Fsdp__V1__HeartbeatReply *rep) {
@@ -165,9 +188,15 @@ static void fsdpd_signal_cb(uv_signal_t *h, int sig) {
     LOG_WARN("fsdpd", "got %s again: already stopping", strsignal(sig));
     return;
   }
-  D->stopping = 1;
   LOG_INFO("fsdpd", "got %s: stopping every rank (SIGTERM, SIGKILL after %.1f s), then exiting",
            strsignal(sig), D->grace_s);
+  fsdpd_stop(D);
+}
+
+/* Every rank stopped (SIGTERM, SIGKILL after the grace), their exits
+ * reported, then the loop ends. */
+static void fsdpd_stop(fsdpd_t *D) {
+  D->stopping = 1;
   uint64_t now = uv_now(&D->loop);
   D->shutdown_deadline = now + (uint64_t)((D->grace_s + SHUTDOWN_REPORTS_S) * 1000.0);
   ranks_stop_all(D->ranks, D->grace_s, D->shutdown_deadline);
@@ -500,7 +529,7 @@ int main(int argc, char **argv) {
   size_t state_len = 0;
   const agent_opts_t ao = {.loop = &D.loop, .client = D.client, .hostname = D.name, .address = D.address,
                            .version = FSDPD_VERSION, .registered_cb = fsdpd_registered_cb,
-                           .reply_cb = fsdpd_reply_cb, .arg = &D};
+                           .refused_cb = fsdpd_refused_cb, .reply_cb = fsdpd_reply_cb, .arg = &D};
   agent_opts_t aos = ao;
   if (ranks_pack(D.ranks, &state, &state_len) ||
       (aos.state = state, aos.state_len = state_len, agent_start(&D.agent, &aos))) {
@@ -520,9 +549,9 @@ int main(int argc, char **argv) {
   LOG_INFO("fsdpd", "stopped");
   if (!joined) {
     fflush(NULL);
-    _exit(0);
+    _exit(D.exit_status);
   }
   uv_loop_close(&D.loop);
   rpc_client_destroy(D.client);
-  return 0;
+  return D.exit_status;
 }

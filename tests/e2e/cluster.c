@@ -74,6 +74,12 @@ void cluster_coord_run(cluster_proc_t *p, const char *command) {
 
 void cluster_fsdpd_start(cluster_proc_t *p, const char *coord, const char *name, int ndev,
                          const char *extra) {
+  cluster_fsdpd_spawn(p, coord, name, ndev, extra);
+  cluster_wait_alive(coord, name);
+}
+
+void cluster_fsdpd_spawn(cluster_proc_t *p, const char *coord, const char *name, int ndev,
+                         const char *extra) {
   char *work = tu_path(name);
   snprintf(p->log, sizeof p->log, "%s.log", work);
   char cmd[2048];
@@ -84,7 +90,6 @@ void cluster_fsdpd_start(cluster_proc_t *p, const char *coord, const char *name,
            extra ? extra : "", p->log);
   free(work);
   p->pid = cluster_spawn(cmd, NULL);
-  cluster_wait_alive(coord, name);
 }
 
 pid_t cluster_run(const char *cmd) { return cluster_spawn(cmd, NULL); }
@@ -106,14 +111,21 @@ void cluster_wait_alive(const char *coord, const char *name) {
 int cluster_stop(cluster_proc_t *p, int sig) {
   if (p->pid <= 0) return -1;
   kill(p->pid, sig);
-  const double deadline = tu_now_s() + 15;
+  int st = cluster_wait_exit(p, 15);
+  if (p->pid > 0) {
+    kill(p->pid, SIGKILL);
+    waitpid(p->pid, &st, 0);
+    p->pid = 0;
+  }
+  return st;
+}
+
+int cluster_wait_exit(cluster_proc_t *p, double timeout_s) {
+  if (p->pid <= 0) return -1;
+  const double deadline = tu_now_s() + timeout_s;
   int st = -1;
   while (waitpid(p->pid, &st, WNOHANG) == 0) {
-    if (tu_now_s() > deadline) {
-      kill(p->pid, SIGKILL);
-      waitpid(p->pid, &st, 0);
-      break;
-    }
+    if (tu_now_s() > deadline) return -1;
     nanosleep(&(struct timespec){0, 10000000}, NULL);
   }
   p->pid = 0;

@@ -30,6 +30,12 @@ void cluster_wait_alive(const char *coord, const char *name);
  * test runs as root); waits until the coordinator lists it ALIVE. */
 void cluster_fsdpd_start(cluster_proc_t *p, const char *coord, const char *name, int ndev,
                          const char *extra);
+/* cluster_fsdpd_start without the wait. */
+void cluster_fsdpd_spawn(cluster_proc_t *p, const char *coord, const char *name, int ndev,
+                         const char *extra);
+/* Waits up to timeout_s for it to exit and reaps it: its wait status, or -1
+ * (it still runs, or there was no process). */
+int cluster_wait_exit(cluster_proc_t *p, double timeout_s);
 /* Sends sig and reaps it (bounded: SIGKILL after 15 s): its wait status
  * (-1: there was no process). */
 int cluster_stop(cluster_proc_t *p, int sig);

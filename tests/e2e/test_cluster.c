@@ -801,6 +801,54 @@ Test(cluster, tokens_let_the_node_register_and_the_user_in) {
   free(ut), free(nt), free(db);
 }
 
+/* A node the coordinator refuses at its first registration exits 78
+ * (EX_CONFIG, which the systemd unit does not restart) within seconds,
+ * naming the refusal, instead of asking for ever as a node that never
+ * appears: a name that is not its token's, then a token it does not take.
+ * The same node with the right name and token then registers. */
+Test(cluster, a_node_refused_at_its_first_registration_exits_saying_why) {
+  cluster_stop(&coord, SIGTERM);
+  char *ut = tu_path("user.token"), *nt = tu_path("refusing.tokens"), *mine = tu_path("mine.token");
+  char *wrong = tu_path("wrong.token"), *db = tu_path("refusing.db");
+  tu_write_file(ut, "user-secret-1234567890\n", 23);
+  const char *table = "other other-secret-1\nown own-secret-2\n";
+  tu_write_file(nt, table, strlen(table));
+  tu_write_file(mine, "own-secret-2\n", 13);
+  tu_write_file(wrong, "not-a-node-secret-3\n", 20);
+  char extra[1400], out[8192], opt[700];
+  snprintf(extra, sizeof extra, "--heartbeat-timeout-ms %d --user-token-file '%s' --node-token-file '%s'",
+           TIMEOUT_MS, ut, nt);
+  cluster_coord_start(&coord, db, "127.0.0.1:0", extra);
+  setenv("FSDP_TOKEN_FILE", ut, 1);
+  const struct {
+    const char *name, *token, *status, *words;
+  } refused[] = {{"other", mine, "PERMISSION_DENIED", "fsdpd --name own"},
+                 {"own", wrong, "UNAUTHENTICATED", "token is not valid"}};
+  for (int i = 0; i < 2; i++) {
+    snprintf(opt, sizeof opt, "--token-file '%s'", refused[i].token);
+    double t0 = tu_now_s();
+    cluster_fsdpd_spawn(&node[0], coord.addr, refused[i].name, 1, opt);
+    int st = cluster_wait_exit(&node[0], 15);
+    double took = tu_now_s() - t0;
+    size_t n = 0;
+    char *log = tu_slurp(node[0].log, &n);
+    cr_assert_neq(st, -1, "fsdpd %s, refused, still runs after 15 s:\n%s", refused[i].name, log);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 78, "fsdpd %s: wait status %#x, not exit 78:\n%s",
+              refused[i].name, st, log);
+    cr_expect_lt(took, 5.0, "fsdpd %s took %.1f s to give up", refused[i].name, took);
+    cr_expect(strstr(log, refused[i].status) && strstr(log, refused[i].words) &&
+                  strstr(log, "start fsdpd again"),
+              "fsdpd %s's log does not say why it stopped:\n%s", refused[i].name, log);
+    free(log);
+  }
+  cr_expect_eq(cluster_ctl(coord.addr, "nodes", out, sizeof out), 0, "%s", out);
+  cr_expect(!strstr(out, "own") && !strstr(out, "other"), "a refused node is listed:\n%s", out);
+  snprintf(opt, sizeof opt, "--token-file '%s'", mine);
+  cluster_fsdpd_start(&node[0], coord.addr, "own", 1, opt);
+  unsetenv("FSDP_TOKEN_FILE");
+  free(ut), free(nt), free(mine), free(wrong), free(db);
+}
+
 /* With a token per node, fsdpd "own" registers with its own token and a
  * 2-rank job on it runs to the end: its rendezvous, exits and the rank
  * reports all pass as its own. */

@@ -92,6 +92,7 @@ static struct {
   char reg_node_id[64], reg_address[128], reg_host[128];
   int reg_ndev, reg_ncpu, reg_nranks, reg_exited;
   int refuse_exits, exit_refusals; /* ReportRankExit answered UNAVAILABLE while set */
+  int refuse_regs, reg_refusals;   /* RegisterNode answered UNAUTHENTICATED while set */
   uint64_t session, generation;
   int heartbeats, reregisters_sent, dev_busy_seen;
   hb_rec_t recs[MAX_RECS];
@@ -115,6 +116,12 @@ static void h_register(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   (void)arg;
   const Fsdp__V1__RegisterNodeRequest *req = (const void *)m;
   pthread_mutex_lock(&F.mu);
+  if (F.refuse_regs) {
+    F.reg_refusals++;
+    pthread_mutex_unlock(&F.mu);
+    rpc_call_finish(call, err_set(FSDP_EAUTH, "the test's coordinator takes no node now"));
+    return;
+  }
   F.regs++;
   snprintf(F.reg_node_id, sizeof F.reg_node_id, "%s", req->node_id);
   snprintf(F.reg_address, sizeof F.reg_address, "%s", req->address);
@@ -471,6 +478,7 @@ static void setup(void) {
   pthread_mutex_lock(&F.mu);
   free(F.queued);
   F.queued = NULL;
+  F.refuse_regs = F.reg_refusals = 0;
   F.regs = F.heartbeats = F.reregisters_sent = F.dev_busy_seen = F.nrecs = F.nexits = F.njobs = 0;
   memset(F.jobs, 0, sizeof F.jobs);
   F.port = 0;
@@ -849,6 +857,56 @@ Test(fsdpd, survives_the_coordinator_going_away_and_reregisters_with_its_ranks, 
   }
   cr_expect_gt(after, before + 5, "the ranks kept training and reporting (%lld -> %lld)",
                (long long)before, (long long)after);
+  queue_kill("j-2", 1000);
+  cr_expect(wait_for(two_exits, 5), "killed ranks reported");
+}
+
+static int refused_twice(void) { return F.reg_refusals >= 2; }
+
+/* Lines of fsdpd's log that hold what. */
+static int log_count(const char *what) {
+  char *log = tu_slurp(fsdpd_log, NULL);
+  int n = 0;
+  for (const char *p = log; p && (p = strstr(p, what)); p += strlen(what)) n++;
+  free(log);
+  return n;
+}
+
+/* Refused once it has run (a coordinator restarted with other tokens, say),
+ * fsdpd neither exits nor stops its ranks: it asks again every 5 s, logs
+ * the refusal as an error once (not once per try), and registers with its
+ * ranks when the coordinator takes it. (Refused at its first registration
+ * it exits 78: test_cluster.) */
+Test(fsdpd, a_refusal_once_registered_keeps_the_ranks_and_is_asked_again, .timeout = 40) {
+  int pids[2];
+  start_long_job(pids);
+  pthread_mutex_lock(&F.mu);
+  F.refuse_regs = 1;
+  const int regs = F.regs;
+  F.session = 0; /* its next heartbeat is told to register again */
+  pthread_mutex_unlock(&F.mu);
+  cr_assert(wait_for(refused_twice, 15), "fsdpd did not ask again after a refusal:\n%s",
+            tu_slurp(fsdpd_log, NULL));
+  cr_expect_eq(waitpid(fsdpd_pid, NULL, WNOHANG), 0, "fsdpd exited on a refusal with ranks running");
+  for (int i = 0; i < 2; i++) cr_expect_eq(kill(pids[i], 0), 0, "rank %d died with the refusal", i);
+  cr_expect_eq(log_count("the coordinator refused RegisterNode"), 1,
+               "the refusal is logged once a minute, not once a try:\n%s", tu_slurp(fsdpd_log, NULL));
+  cr_expect_eq(log_count("start fsdpd again"), 0, "a registered fsdpd is not told to restart");
+  pthread_mutex_lock(&F.mu);
+  F.refuse_regs = 0;
+  pthread_mutex_unlock(&F.mu);
+  double until = tu_now_s() + 10;
+  int now = regs;
+  while (now == regs && tu_now_s() < until) {
+    usleep(20000);
+    pthread_mutex_lock(&F.mu);
+    now = F.regs;
+    pthread_mutex_unlock(&F.mu);
+  }
+  cr_assert_gt(now, regs, "fsdpd did not register once taken");
+  pthread_mutex_lock(&F.mu);
+  cr_expect_eq(F.reg_nranks, 2, "with the ranks it kept running");
+  pthread_mutex_unlock(&F.mu);
   queue_kill("j-2", 1000);
   cr_expect(wait_for(two_exits, 5), "killed ranks reported");
 }
