@@ -1,7 +1,8 @@
 /* Tests of deploy/slurm/fsdp.sbatch under a real Slurm on this machine:
- * munged, slurmctld and slurmd started by the test (one node, its own ports
- * and directories, ../shared/TOOLCHAIN.md's recipe), the batch script run
- * with sbatch as a user runs it.
+ * munged, slurmctld and two slurmd started by the test (nodes n1 and n2 on
+ * this host, each slurmd with -N, its own port and spool; their own
+ * directories, ../shared/TOOLCHAIN.md's recipe), the batch script run with
+ * sbatch as a user runs it.
  *   - the batch job's exit code is the training job's outcome: 0 when it
  *     succeeds, 1 when it fails (ranks that cannot load init_from), 2 when
  *     the coordinator refuses it;
@@ -12,6 +13,8 @@
  *   - the script takes whole nodes, one fsdpd each, and asks for no GPU: its
  *     job waits for a node another job holds a CPU of, rather than share it;
  *   - the coordinator needs tokens the script made for the allocation;
+ *   - on two nodes, a 2-rank job runs a rank on each (each fsdpd registered
+ *     under its Slurm node name) and ends with a one-machine run's shards;
  *   - nothing is left running afterwards.
  * Slurm's daemons run as root here: as another user the tests skip, saying so. */
 #include <criterion/criterion.h>
@@ -29,7 +32,7 @@
 #pragma GCC diagnostic ignored "-Wformat-truncation"
 
 static char dir[600], conf[700], env[2048], root[4096];
-static pid_t daemons[3]; /* slurmctld, slurmd, munged */
+static pid_t daemons[4]; /* slurmctld, slurmd of n1 and of n2, munged */
 
 static pid_t pid_of(const char *file) {
   FILE *f = fopen(file, "r");
@@ -71,30 +74,33 @@ static void setup(void) {
   snprintf(conf, sizeof conf, "%s/slurm.conf", dir);
   char text[4096];
   snprintf(text, sizeof text,
-           "ClusterName=fsdptest\nSlurmctldHost=%s(127.0.0.1)\nSlurmctldPort=%d\nSlurmdPort=%d\n"
+           "ClusterName=fsdptest\nSlurmctldHost=%s(127.0.0.1)\nSlurmctldPort=%d\n"
            "SlurmUser=root\nAuthType=auth/munge\nCredType=cred/munge\n"
            "AuthInfo=socket=%s/munge/munge.socket,cred_expire=10\nProctrackType=proctrack/linuxproc\n"
            "TaskPlugin=task/none\nSelectType=select/cons_tres\nSelectTypeParameters=CR_Core\n"
-           "StateSaveLocation=%s/state\nSlurmdSpoolDir=%s/spool\nSlurmctldPidFile=%s/slurmctld.pid\n"
-           "SlurmdPidFile=%s/slurmd.pid\nSlurmctldLogFile=%s/log/slurmctld.log\n"
-           "SlurmdLogFile=%s/log/slurmd.log\nAccountingStorageType=accounting_storage/none\n"
+           "StateSaveLocation=%s/state\nSlurmdSpoolDir=%s/spool-%%n\nSlurmctldPidFile=%s/slurmctld.pid\n"
+           "SlurmdPidFile=%s/slurmd-%%n.pid\nSlurmctldLogFile=%s/log/slurmctld.log\n"
+           "SlurmdLogFile=%s/log/slurmd-%%n.log\nAccountingStorageType=accounting_storage/none\n"
            "JobAcctGatherType=jobacct_gather/none\nKillWait=30\nReturnToService=2\n"
-           "NodeName=%s NodeAddr=127.0.0.1 CPUs=%ld State=UNKNOWN\n"
-           "PartitionName=main Nodes=%s Default=YES MaxTime=INFINITE State=UP\n",
-           host, free_port(), free_port(), dir, dir, dir, dir, dir, dir, dir, host,
-           sysconf(_SC_NPROCESSORS_ONLN), host);
+           "NodeName=n1 NodeAddr=127.0.0.1 NodeHostname=%s Port=%d CPUs=%ld State=UNKNOWN\n"
+           "NodeName=n2 NodeAddr=127.0.0.1 NodeHostname=%s Port=%d CPUs=%ld State=UNKNOWN\n"
+           "PartitionName=main Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP\n",
+           host, free_port(), dir, dir, dir, dir, dir, dir, dir, host, free_port(),
+           sysconf(_SC_NPROCESSORS_ONLN), host, free_port(), sysconf(_SC_NPROCESSORS_ONLN));
   tu_write_file(conf, text, strlen(text));
   setenv("SLURM_CONF", conf, 1);
-  snprintf(cmd, sizeof cmd, "slurmctld -f '%s' && slurmd -f '%s'", conf, conf);
+  /* two Slurm nodes on this one host, each its own slurmd (-N), port and spool */
+  snprintf(cmd, sizeof cmd, "slurmctld -f '%s' && slurmd -N n1 -f '%s' && slurmd -N n2 -f '%s'",
+           conf, conf, conf);
   run_ok(cmd);
   char out[4096];
   const double t0 = tu_now_s();
-  while (tu_sh("sinfo -h -o %t", out, sizeof out), !strstr(out, "idle")) {
-    cr_assert_lt(tu_now_s() - t0, 30, "the Slurm node is not idle: %s", out);
+  while (tu_sh("sinfo -h -N -o %t", out, sizeof out), strcmp(out, "idle\nidle\n")) {
+    cr_assert_lt(tu_now_s() - t0, 30, "the Slurm nodes are not idle: %s", out);
     nanosleep(&(struct timespec){0, 200000000}, NULL);
   }
-  const char *pidfiles[3] = {"slurmctld.pid", "slurmd.pid", "munge/munged.pid"};
-  for (int i = 0; i < 3; i++) {
+  const char *pidfiles[4] = {"slurmctld.pid", "slurmd-n1.pid", "slurmd-n2.pid", "munge/munged.pid"};
+  for (int i = 0; i < 4; i++) {
     char p[800];
     snprintf(p, sizeof p, "%s/%s", dir, pidfiles[i]);
     daemons[i] = pid_of(p);
@@ -114,14 +120,15 @@ static void teardown(void) {
   tu_sh("scancel --full -s KILL --user=root; scontrol shutdown", out, sizeof out);
   /* nothing of the jobs is left: no process runs in the test's directory */
   cr_expect_geq(cluster_wait_gone(tu_tmpdir(), 10), 0, "processes of the jobs outlived the test");
-  /* the daemons end: slurmctld and slurmd by the shutdown, munged by SIGTERM */
+  /* the daemons end: slurmctld and the slurmds by the shutdown, munged by SIGTERM */
   const double t0 = tu_now_s();
-  while ((kill(daemons[0], 0) == 0 || kill(daemons[1], 0) == 0) && tu_now_s() - t0 < 15)
+  while ((kill(daemons[0], 0) == 0 || kill(daemons[1], 0) == 0 || kill(daemons[2], 0) == 0) &&
+         tu_now_s() - t0 < 15)
     nanosleep(&(struct timespec){0, 100000000}, NULL);
-  kill(daemons[2], SIGTERM);
-  while (kill(daemons[2], 0) == 0 && tu_now_s() - t0 < 20)
+  kill(daemons[3], SIGTERM);
+  while (kill(daemons[3], 0) == 0 && tu_now_s() - t0 < 20)
     nanosleep(&(struct timespec){0, 100000000}, NULL);
-  for (int i = 0; i < 3; i++) {
+  for (int i = 0; i < 4; i++) {
     cr_expect_neq(kill(daemons[i], 0), 0, "daemon %d (pid %d) outlived the test", i, daemons[i]);
     if (kill(daemons[i], 0) == 0) kill(daemons[i], SIGKILL);
   }
@@ -231,11 +238,12 @@ Test(slurm, the_batch_job_takes_whole_nodes_one_fsdpd_each) {
                 "options only");
     return;
   }
-  cr_assert_eq(tu_sh("sbatch --parsable -o /dev/null --wrap 'exec sleep 300'", out, sizeof out), 0,
-               "%s", out);
+  /* both on n1: on two nodes the script's job could otherwise take n2 */
+  cr_assert_eq(tu_sh("sbatch --parsable -w n1 -o /dev/null --wrap 'exec sleep 300'", out, sizeof out),
+               0, "%s", out);
   const int other = atoi(out);
   char *jc = job_file("whole.conf", "steps = 50\n");
-  snprintf(cmd, sizeof cmd, "cd '%s' && env %s FSDP_STATE='%s/whole' sbatch --parsable -o "
+  snprintf(cmd, sizeof cmd, "cd '%s' && env %s FSDP_STATE='%s/whole' sbatch --parsable -w n1 -o "
            "'%s/whole.out' '%s/deploy/slurm/fsdp.sbatch' '%s' --ranks 2", tu_tmpdir(), env,
            tu_tmpdir(), tu_tmpdir(), root, jc);
   /* the other job first runs (the node idle until then), then the script's is submitted */
@@ -267,6 +275,29 @@ Test(slurm, the_batch_job_takes_whole_nodes_one_fsdpd_each) {
   }
   cr_assert(strstr(state, "PENDING"), "the script's job ran beside another job on its node: %s", state);
   free(jc);
+}
+
+/* The 2-rank job jc, run by fsdp-launch on this machine with its checkpoints
+ * in ref, ends with step's shards equal to those in ck. */
+static void same_shards_as_one_machine(const char *jc, const char *ck, const char *ref, int step) {
+  char cmd[4096], out[1 << 14];
+  setenv("FSDP_PROGRESS_EVERY", "1000", 1);
+  snprintf(cmd, sizeof cmd, "-n 2 -- %s/bin/fsdp-train --config %s --checkpoint_dir %s", tu_root(),
+           jc, ref);
+  static char lo[1 << 16];
+  cr_assert_eq(tu_run_bin("fsdp-launch", cmd, lo, sizeof lo), 0, "%s", lo);
+  for (int j = 0; j < 2; j++) {
+    /* byte for byte but for the run's id (bytes 137..144, cmp counts from 1)
+     * and so the header's checksum (its last 8 bytes; its length at byte 24) */
+    snprintf(cmd, sizeof cmd, "a='%s/step-%08d/shard-%05d-of-00002.fsdp'; "
+             "b='%s/step-%08d/shard-%05d-of-00002.fsdp'; "
+             "[ \"$(stat -c %%s \"$a\")\" = \"$(stat -c %%s \"$b\")\" ] || { echo sizes; exit 1; }; "
+             "hl=$(od -An -t u8 -j 24 -N 8 \"$a\" | tr -d ' '); cmp -l \"$a\" \"$b\" | "
+             "awk -v hl=\"$hl\" '($1 < 137 || $1 > 144) && ($1 <= hl - 8 || $1 > hl) "
+             "{ print; bad = 1 } END { exit bad }'", ck, step, j, ref, step, j);
+    cr_assert_eq(tu_sh(cmd, out, sizeof out), 0, "shard %d differs from the one-machine run's: %s",
+                 j, out);
+  }
 }
 
 /* A running batch job stopped by cmd (%d: its id): its ranks checkpoint, the
@@ -314,25 +345,10 @@ static void preempted_resumes_exactly(const char *how) {
   cr_assert_null(strstr(out, "step-00000300 "), "it resumed from the periodic checkpoint, not the "
                  "preemption's: %s", out);
   /* and ends where the uninterrupted run ends */
-  setenv("FSDP_PROGRESS_EVERY", "1000", 1);
-  snprintf(cmd, sizeof cmd, "-n 2 -- %s/bin/fsdp-train --config %s --checkpoint_dir %s", tu_root(),
-           jc, ref);
-  static char lo[1 << 16];
-  cr_assert_eq(tu_run_bin("fsdp-launch", cmd, lo, sizeof lo), 0, "%s", lo);
-  for (int j = 0; j < 2; j++) {
-    /* byte for byte but for the run's id (bytes 137..144, cmp counts from 1)
-     * and so the header's checksum (its last 8 bytes; its length at byte 24) */
-    snprintf(cmd, sizeof cmd, "a='%s/step-00003000/shard-%05d-of-00002.fsdp'; "
-             "b='%s/step-00003000/shard-%05d-of-00002.fsdp'; "
-             "[ \"$(stat -c %%s \"$a\")\" = \"$(stat -c %%s \"$b\")\" ] || { echo sizes; exit 1; }; "
-             "hl=$(od -An -t u8 -j 24 -N 8 \"$a\" | tr -d ' '); cmp -l \"$a\" \"$b\" | "
-             "awk -v hl=\"$hl\" '($1 < 137 || $1 > 144) && ($1 <= hl - 8 || $1 > hl) "
-             "{ print; bad = 1 } END { exit bad }'", ck, j, ref, j);
-    cr_assert_eq(tu_sh(cmd, out, sizeof out), 0, "shard %d differs from the uninterrupted run's: %s",
-                 j, out);
-  }
+  same_shards_as_one_machine(jc, ck, ref, 3000);
   free(jc);
 }
+
 
 Test(slurm, a_requeued_job_checkpoints_and_its_next_allocation_resumes_exactly) {
   SKIP_UNLESS_ROOT();
@@ -345,4 +361,40 @@ Test(slurm, a_requeued_job_checkpoints_and_its_next_allocation_resumes_exactly) 
 Test(slurm, a_signal_to_the_batch_script_checkpoints_requeues_and_resumes_exactly) {
   SKIP_UNLESS_ROOT();
   preempted_resumes_exactly("scancel --batch --signal=TERM %d");
+}
+
+/* Two Slurm nodes: the script starts an fsdpd on each, registered under its
+ * Slurm node name (the nodes share this host and its host name), and a
+ * 2-rank job places a rank on each and ends with the same shards, byte for
+ * byte, as a one-machine run of the same job. */
+Test(slurm, a_two_node_allocation_runs_a_rank_on_each_node) {
+  SKIP_UNLESS_ROOT();
+  char ck[700], ref[700], extra[1024], cmd[4096], out[1 << 14];
+  snprintf(ck, sizeof ck, "%s/ck2", tu_tmpdir());
+  snprintf(ref, sizeof ref, "%s/ck2-ref", tu_tmpdir());
+  cr_assert_eq(mkdir(ck, 0777), 0);
+  chmod(ck, 0777);
+  cr_assert_eq(mkdir(ref, 0755), 0);
+  snprintf(extra, sizeof extra, "steps = 300\n[output]\ncheckpoint_dir = %s\ncheckpoint_every = 300\n",
+           ck);
+  char *jc = job_file("two.conf", extra);
+  snprintf(cmd, sizeof cmd, "cd '%s' && env %s FSDP_DEVICES=cpu:1 FSDP_STATE='%s/two' timeout 200 "
+           "sbatch --wait --nodes=2 -o '%s/two.out' '%s/deploy/slurm/fsdp.sbatch' '%s' --ranks 2",
+           tu_tmpdir(), env, tu_tmpdir(), tu_tmpdir(), root, jc);
+  int rc = tu_sh(cmd, out, sizeof out);
+  snprintf(cmd, sizeof cmd, "cat '%s/two.out' '%s/two/coordinator.log'", tu_tmpdir(), tu_tmpdir());
+  static char log[1 << 16];
+  tu_sh(cmd, log, sizeof log);
+  cr_assert_eq(rc, 0, "the two-node job: %s\n%s", out, log);
+  /* each node's fsdpd ran one rank, in its own work directory */
+  for (int n = 1; n <= 2; n++) {
+    snprintf(cmd, sizeof cmd, "ls '%s'/two/node-n%d/jobs/j-1/1/ | grep -c '^rank-[01].log$'",
+             tu_tmpdir(), n);
+    tu_sh(cmd, out, sizeof out);
+    cr_expect_eq(atoi(out), 1, "node n%d ran %s rank(s), not one:\n%s", n, out, log);
+  }
+  cr_expect(strstr(log, "(n1, 1 devices) registered") && strstr(log, "(n2, 1 devices) registered"),
+            "the nodes did not register under their Slurm names:\n%s", log);
+  same_shards_as_one_machine(jc, ck, ref, 300);
+  free(jc);
 }
