@@ -37,6 +37,7 @@ typedef struct coord_order {
 typedef struct coord_node {
   int64_t id;
   uint64_t session;         /* 0: not registered since this coordinator started */
+  uint64_t instance;        /* the registered fsdpd process's (proto: instance; 0: unknown) */
   uint64_t heard_ms;        /* loop time of its last call */
   int64_t heard_unix_ms;
   int dead;

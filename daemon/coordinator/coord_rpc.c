@@ -819,6 +819,23 @@ int coord_rank_is_callers(coord_t *c, rpc_call_t *call, const char *node_id, int
   return 0;
 }
 
+/* One live fsdpd per node name: while the node's session has its heartbeat
+ * held (its fsdpd is there: a dead one's call is cancelled with its
+ * connection), another fsdpd process registering under that name is
+ * refused, rather than each taking the node from the other at every
+ * registration. A restarted fsdpd gets in at once: its predecessor's call
+ * ended with it. */
+static int coord_register_unique(coord_t *c, const Fsdp__V1__RegisterNodeRequest *q) {
+  int64_t id;
+  char addr[STORE_ADDR_MAX];
+  int rc = store_node_find(c->st, q->hostname, &id, addr, sizeof addr);
+  const coord_node_t *n = rc ? NULL : coord_node_get(c, id, 0);
+  if (rc || !n || !n->poll || !n->instance || !q->instance || n->instance == q->instance) return rc;
+  return err_set(FSDP_EEXIST, "hostname: node %s is another fsdpd's, which runs (its Node service "
+                 "at %s; this one's at %s); give each fsdpd its own name (fsdpd --name, the host "
+                 "name by default), or stop the other first", q->hostname, addr, q->address);
+}
+
 static void coord_register_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
   coord_t *c = arg;
   const Fsdp__V1__RegisterNodeRequest *q = (const void *)req;
@@ -844,6 +861,7 @@ static void coord_register_cb(rpc_call_t *call, const ProtobufCMessage *req, voi
       rc = coord_text_ok("devices.name", d->name, STORE_NAME_MAX - 1);
   }
   int64_t id = 0;
+  if (!rc) rc = coord_register_unique(c, q);
   if (!rc) rc = store_node_register(c->st, q->hostname, q->address, dev, (int)q->n_devices, &id);
   free(dev);
   coord_node_t *n = rc ? NULL : coord_node_get(c, id, 1);
@@ -858,6 +876,7 @@ static void coord_register_cb(rpc_call_t *call, const ProtobufCMessage *req, voi
   coord_node_drop_poll(c, n, "superseded: the node registered again");
   n->n_sent = 0; /* what it runs is in this registration; what it lacks is sent below */
   n->session = session, n->dead = 0, n->stopping = 0, n->ndev = (int)q->n_devices;
+  n->instance = q->instance;
   n->heard_ms = coord_mono_ms(c), n->heard_unix_ms = coord_unix_ms();
   /* Reconcile: ranks it runs that are not of a running attempt are killed;
    * ranks the store has there but it does not run were never started

@@ -949,6 +949,20 @@ int store_node_drain(store_t *st, int64_t node_id, const char *reason) {
   return store_end(st, 0);
 }
 
+int store_node_find(store_t *st, const char *name, int64_t *node_id, char *address, size_t cap) {
+  *node_id = 0;
+  if (cap) address[0] = 0;
+  int rc = store_begin(st, 0);
+  if (rc) return rc;
+  sqlite3_stmt *s = st_query(st, "SELECT id, address FROM nodes WHERE name = ?", A_T(name));
+  if (st_step(st, s) == 1) {
+    *node_id = sqlite3_column_int64(s, 0);
+    if (cap) st_col_text(s, 1, address, cap);
+    sqlite3_reset(s);
+  }
+  return store_end(st, 0);
+}
+
 int64_t store_nodes_drained(store_t *st) {
   if (store_begin(st, 0)) return -1;
   const int64_t n = st_int(st, -1, "SELECT count(*) FROM nodes WHERE drain_reason != ''");

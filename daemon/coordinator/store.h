@@ -298,6 +298,9 @@ int store_backup(const char *path, const char *out, int *version);
  * job holds it. Returns its id in *node_id. */
 int store_node_register(store_t *st, const char *name, const char *address,
                         const store_device_t *devices, int n_devices, int64_t *node_id);
+/* The id of the node named name in *node_id (0 when none is), its address
+ * in address (cap bytes, cut to fit). */
+int store_node_find(store_t *st, const char *name, int64_t *node_id, char *address, size_t cap);
 /* Drains a node (reason: why, non-empty, under STORE_DRAIN_MAX): it gets no
  * new ranks, what runs there runs on, and it stays drained across its
  * re-registrations and the coordinator's restarts; reason NULL or ""

@@ -5,7 +5,9 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "daemon/common/err.h"
 #include "daemon/common/log.h"
@@ -119,10 +121,11 @@ static void agent_async_cb(uv_async_t *h) {
 
 /* A refusal: the coordinator answered, and no retry changes its answer
  * until it or this node is configured again (a token it does not take, a
- * name that is not the token's, a value out of its range, a method it does
- * not have). Everything else (unreachable, late, failing) is transient. */
+ * name that is not the token's, a name another live fsdpd holds, a value
+ * out of its range, a method it does not have). Everything else (unreachable, late, failing) is transient. */
 int agent_refusal(int rc) {
-  return rc == FSDP_EAUTH || rc == FSDP_EPERM || rc == FSDP_EINVAL || rc == FSDP_EUNSUPPORTED;
+  return rc == FSDP_EAUTH || rc == FSDP_EPERM || rc == FSDP_EINVAL || rc == FSDP_EUNSUPPORTED ||
+         rc == FSDP_EEXIST;
 }
 
 /* The session: register, then one heartbeat in flight at a time. */
@@ -132,6 +135,9 @@ static void *agent_main(void *arg) {
   uint64_t session = 0;
   uint32_t interval_ms = 1000;
   int registered = 0, ever = 0, backoff = AGENT_BACKOFF_MIN_MS, lost = 0;
+  uint64_t instance = 0; /* this process's, for every registration (proto: instance) */
+  while (!instance && getrandom(&instance, sizeof instance, 0) != sizeof instance)
+    instance = (uint64_t)(agent_now() * 1e9) ^ (uint64_t)getpid() << 32;
   double refusal_logged = 0;
   while (!agent_stopping(a)) {
     Fsdp__V1__HeartbeatRequest *st = agent_state(a);
@@ -146,6 +152,7 @@ static void *agent_main(void *arg) {
       req.address = (char *)a->o.address;
       req.version = (char *)a->o.version;
       req.node_id = node_id;
+      req.instance = instance;
       if (st) {
         req.n_devices = st->n_devices, req.devices = st->devices;
         req.n_ranks = st->n_ranks, req.ranks = st->ranks;

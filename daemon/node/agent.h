@@ -49,7 +49,8 @@ typedef struct agent_opts {
 
 int agent_start(agent_t **out, const agent_opts_t *o);
 /* 1 when a call's error code is the coordinator's refusal, not a failure
- * that passes: FSDP_EAUTH, FSDP_EPERM, FSDP_EINVAL, FSDP_EUNSUPPORTED. */
+ * that passes: FSDP_EAUTH, FSDP_EPERM, FSDP_EINVAL, FSDP_EUNSUPPORTED,
+ * FSDP_EEXIST (its name is another live fsdpd's). */
 int agent_refusal(int rc);
 /* The node's state for the next RegisterNode or Heartbeat: a packed
  * HeartbeatRequest with devices and ranks (the agent adds node id and

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -847,6 +848,64 @@ Test(cluster, a_node_refused_at_its_first_registration_exits_saying_why) {
   cluster_fsdpd_start(&node[0], coord.addr, "own", 1, opt);
   unsetenv("FSDP_TOKEN_FILE");
   free(ut), free(nt), free(mine), free(wrong), free(db);
+}
+
+static size_t log_size(const char *path) {
+  struct stat sb;
+  return stat(path, &sb) ? 0 : (size_t)sb.st_size;
+}
+
+/* What the log at path holds from byte from on ("" when nothing). */
+static char *log_since(const char *path, size_t from) {
+  size_t n = 0;
+  char *all = tu_slurp(path, &n);
+  char *tail = strdup(all && from < n ? all + from : "");
+  free(all);
+  return tail;
+}
+
+/* Two fsdpd under one name (a cloned host name, --name given twice): the
+ * second is refused while the first runs, and exits 78 saying so, where
+ * before each took the node from the other at every registration. The
+ * first keeps its session. Once the first is killed, a new fsdpd under the
+ * name registers at once: its predecessor's held heartbeat ended with it. */
+Test(cluster, a_second_fsdpd_under_a_nodes_name_is_refused_while_the_first_runs) {
+  char out[8192];
+  cluster_fsdpd_start(&node[0], coord.addr, "twin", 1, NULL);
+  /* the daemons under one name share a log: each one's lines are those after its start */
+  size_t first_end = log_size(node[0].log);
+  double t0 = tu_now_s();
+  cluster_fsdpd_spawn(&node[1], coord.addr, "twin", 1, NULL);
+  int st = cluster_wait_exit(&node[1], 15);
+  char *log = log_since(node[1].log, first_end);
+  cr_assert_neq(st, -1, "the second fsdpd still runs after 15 s:\n%s", log);
+  cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 78, "wait status %#x, not exit 78:\n%s", st, log);
+  cr_expect_lt(tu_now_s() - t0, 5.0, "the second fsdpd took %.1f s to give up", tu_now_s() - t0);
+  cr_expect(strstr(log, "ALREADY_EXISTS") && strstr(log, "another fsdpd") && strstr(log, "--name"),
+            "the second fsdpd's log does not say why:\n%s", log);
+  free(log);
+  log = log_since(node[0].log, 0);
+  cr_expect(!strstr(log, "superseded") && !strstr(log, "registering again"),
+            "the first fsdpd lost its session to the second:\n%s", log);
+  free(log);
+  cr_expect_eq(cluster_ctl(coord.addr, "nodes", out, sizeof out), 0, "%s", out);
+  cr_expect(strstr(out, "twin") && strstr(out, "ALIVE"), "the first is no longer alive:\n%s", out);
+  /* a crashed fsdpd's successor is not kept out */
+  cluster_stop(&node[0], SIGKILL);
+  const size_t killed_end = log_size(node[1].log);
+  t0 = tu_now_s();
+  cluster_fsdpd_spawn(&node[1], coord.addr, "twin", 1, NULL);
+  for (;;) {
+    log = log_since(node[1].log, killed_end);
+    int in = strstr(log, "registered as node") != NULL;
+    cr_assert(in || tu_now_s() - t0 < 10, "a new fsdpd after the first was killed did not "
+              "register within 10 s:\n%s", log);
+    free(log);
+    if (in) break;
+    nanosleep(&(struct timespec){0, 20000000}, NULL);
+  }
+  cr_expect_lt(tu_now_s() - t0, 3.0, "the successor took %.1f s to register", tu_now_s() - t0);
+  cr_expect_eq(cluster_wait_exit(&node[1], 0), -1, "the successor exited");
 }
 
 /* With a token per node, fsdpd "own" registers with its own token and a
