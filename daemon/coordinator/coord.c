@@ -436,7 +436,9 @@ static void coord_node_answer(coord_t *c, coord_node_t *n) {
     if (src && src != FSDP_ENOTFOUND) {
       LOG_WARN("coord", "job j-%lld rank %d: its attempt's ring secret: %s; assigned later",
                (long long)o->job, o->rank, err_msg());
-      coord_spec_free(sp), free(sp->name), fsdp__v1__job_spec__init(sp);
+      /* the name first: coord_spec_free sets it to protobuf-c's static "",
+       * which freed after it killed the coordinator */
+      free(sp->name), coord_spec_free(sp);
       continue;
     }
     if (!src) a->ring_secret = (ProtobufCBinaryData){RING_SECRET_BYTES, secrets[rep.n_assignments]};

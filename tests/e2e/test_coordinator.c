@@ -2737,6 +2737,54 @@ Test(coordinator, each_attempt_gets_its_own_ring_secret) {
   cr_expect_eq(sb.st_mode & 077, 0, "the database is mode %03o", (unsigned)(sb.st_mode & 0777));
 }
 
+/* An attempt's secret the database cannot read when its assignment is due
+ * (injected by renaming the column from another connection, so that the
+ * coordinator's SELECT fails as a broken disk would make it) holds the
+ * assignment back rather than send it without the secret, which would let
+ * its ranks never agree: heartbeats meanwhile carry none of the job's
+ * ranks, and once the database reads again both arrive, with one secret. */
+Test(coordinator, an_assignment_whose_secret_cannot_be_read_waits_for_it) {
+  char d[600], id[32];
+  data_opt(d, sizeof d);
+  node_t n = {{0}, 0};
+  node_register(&n, "solo", 2, 8ull << 30, NULL, 0);
+  const char *kv[] = {"model=tiny", d, NULL};
+  cr_assert_eq(submit_with(2, kv, 1, id, sizeof id), 0, "%s", err_msg());
+  /* placed (its attempt and secret stored), and not yet sent: the node has not asked */
+  for (const double t0 = tu_now_s();
+       job_state(id, NULL, 0) != FSDP__V1__JOB_STATE__JOB_STATE_RUNNING;) {
+    cr_assert_lt(tu_now_s() - t0, 5, "the job was not placed");
+    nanosleep(&(struct timespec){0, 10000000}, NULL);
+  }
+  sqlite3 *h = NULL;
+  cr_assert_eq(sqlite3_open(co_db, &h), SQLITE_OK);
+  sqlite3_busy_timeout(h, 5000);
+  cr_assert_eq(sqlite3_exec(h, "ALTER TABLE attempts RENAME COLUMN ring_secret TO ring_secret_hidden",
+                            NULL, NULL, NULL), SQLITE_OK, "%s", sqlite3_errmsg(h));
+  int sent = 0;
+  for (int i = 0; i < 3; i++) {
+    Fsdp__V1__HeartbeatReply *r = heartbeat(&n, NULL, 0);
+    for (size_t k = 0; k < r->n_assignments; k++) {
+      sent += !strcmp(r->assignments[k]->job_id, id);
+      cr_expect_eq(r->assignments[k]->ring_secret.len, RING_SECRET_BYTES,
+                   "rank %u was sent with a %zu-byte secret", r->assignments[k]->rank,
+                   r->assignments[k]->ring_secret.len);
+    }
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+  }
+  cr_expect_eq(sent, 0, "%d assignments went out while their secret could not be read", sent);
+  cr_assert_eq(sqlite3_exec(h, "ALTER TABLE attempts RENAME COLUMN ring_secret_hidden TO ring_secret",
+                            NULL, NULL, NULL), SQLITE_OK, "%s", sqlite3_errmsg(h));
+  sqlite3_close(h);
+  uint8_t sec[2][RING_SECRET_BYTES];
+  size_t len[2] = {0, 0};
+  cr_assert_eq(collect_secrets(&n, id, 1, 2, sec, len), 2, "the held assignments never came");
+  cr_assert(len[0] == RING_SECRET_BYTES && len[1] == RING_SECRET_BYTES, "%zu, %zu bytes", len[0],
+            len[1]);
+  cr_expect_arr_eq(sec[0], sec[1], RING_SECRET_BYTES, "the ranks of one attempt share its secret");
+  cr_expect_eq(job_state(id, NULL, 0), FSDP__V1__JOB_STATE__JOB_STATE_RUNNING);
+}
+
 /* An attempt whose end the database refuses (injected here by a trigger,
  * as a full disk or a lock held elsewhere would fail it), after its last
  * rank's exit was stored: the exit report is answered with the error, so
