@@ -2785,6 +2785,138 @@ Test(coordinator, an_assignment_whose_secret_cannot_be_read_waits_for_it) {
   cr_expect_eq(job_state(id, NULL, 0), FSDP__V1__JOB_STATE__JOB_STATE_RUNNING);
 }
 
+/* One round of every call a node and a user make, none of them asserted:
+ * with a table of the database hidden, each may fail, and must fail
+ * cleanly. Node n runs job id (2 ranks, checkpoints in ck, both shards of
+ * step reported); node spare has job x's assignment due and reports its
+ * rank's exit. */
+static void chaos_round(node_t *n, const char *id, const char *ck, int64_t step, node_t *spare,
+                        const char *x) {
+  Fsdp__V1__HeartbeatRequest sq = FSDP__V1__HEARTBEAT_REQUEST__INIT;
+  sq.node_id = spare->id, sq.session = spare->session;
+  Fsdp__V1__HeartbeatReply *sr = NULL;
+  if (!CALL("Heartbeat", sq, heartbeat_reply, &sr) && sr) reply_free(sr);
+  (void)report_exit(spare, x, 1, 0, 0);
+  Fsdp__V1__RankStatus rs[2], *rp[2];
+  running_ranks(rs, rp, id, step);
+  Fsdp__V1__HeartbeatRequest hq = FSDP__V1__HEARTBEAT_REQUEST__INIT;
+  hq.node_id = n->id, hq.session = n->session, hq.ranks = rp, hq.n_ranks = 2;
+  Fsdp__V1__HeartbeatReply *hr = NULL;
+  if (!CALL("Heartbeat", hq, heartbeat_reply, &hr) && hr) reply_free(hr);
+  for (uint32_t j = 0; j < 2; j++) {
+    char path[800], sum[64];
+    uint64_t bytes;
+    write_shard(ck, step, (int)j, 2, path, sizeof path, &bytes, sum, sizeof sum);
+    (void)report_shard(n, id, j, step, path, bytes, sum, NULL);
+  }
+  Fsdp__V1__RendezvousRequest vq = FSDP__V1__RENDEZVOUS_REQUEST__INIT;
+  vq.node_id = n->id, vq.job_id = (char *)id, vq.attempt = 1, vq.rank = 0, vq.group = "world";
+  vq.group_size = 2, vq.payload = (ProtobufCBinaryData){4, (uint8_t *)"addr"};
+  Fsdp__V1__RendezvousReply *vr = NULL;
+  if (!CALL("Rendezvous", vq, rendezvous_reply, &vr) && vr) reply_free(vr);
+  Fsdp__V1__GetJobRequest gq = FSDP__V1__GET_JOB_REQUEST__INIT;
+  gq.job_id = (char *)id;
+  Fsdp__V1__GetJobReply *gr = NULL;
+  if (!CALL("GetJob", gq, get_job_reply, &gr) && gr) reply_free(gr);
+  Fsdp__V1__ListJobsRequest jq = FSDP__V1__LIST_JOBS_REQUEST__INIT;
+  Fsdp__V1__ListJobsReply *jr = NULL;
+  if (!CALL("ListJobs", jq, list_jobs_reply, &jr) && jr) reply_free(jr);
+  Fsdp__V1__ListNodesRequest nq = FSDP__V1__LIST_NODES_REQUEST__INIT;
+  Fsdp__V1__ListNodesReply *nr = NULL;
+  if (!CALL("ListNodes", nq, list_nodes_reply, &nr) && nr) reply_free(nr);
+  Fsdp__V1__ListEventsRequest eq = FSDP__V1__LIST_EVENTS_REQUEST__INIT;
+  Fsdp__V1__ListEventsReply *er = NULL;
+  if (!CALL("ListEvents", eq, list_events_reply, &er) && er) reply_free(er);
+  Fsdp__V1__ListCheckpointsRequest cq = FSDP__V1__LIST_CHECKPOINTS_REQUEST__INIT;
+  cq.job_id = (char *)id;
+  Fsdp__V1__ListCheckpointsReply *cr = NULL;
+  if (!CALL("ListCheckpoints", cq, list_checkpoints_reply, &cr) && cr) reply_free(cr);
+  char d[600], other[32];
+  data_opt(d, sizeof d);
+  const char *kv[] = {"model=tiny", d, NULL};
+  if (!submit(4, kv, other, sizeof other)) (void)cancel(other); /* 4 ranks: never placed */
+  Fsdp__V1__RegisterNodeRequest rq = FSDP__V1__REGISTER_NODE_REQUEST__INIT;
+  rq.hostname = "late", rq.address = "127.0.0.1:9";
+  Fsdp__V1__RegisterNodeReply *rr = NULL;
+  if (!CALL("RegisterNode", rq, register_node_reply, &rr) && rr) reply_free(rr);
+  /* and the coordinator's own turns over the store: placement, the janitor, settling */
+  nanosleep(&(struct timespec){0, 300000000}, NULL);
+}
+
+/* Drives job x (1 rank, on node spare) to its end as fsdpd would: its
+ * assignment taken when it comes, its exit reported until the coordinator
+ * takes it. Its final state. */
+static Fsdp__V1__JobState chaos_finish(node_t *spare, const char *x) {
+  Fsdp__V1__JobState st = 0;
+  for (const double t0 = tu_now_s(); tu_now_s() - t0 < 10;) {
+    st = job_state(x, NULL, 0);
+    if (st == FSDP__V1__JOB_STATE__JOB_STATE_SUCCEEDED || st == FSDP__V1__JOB_STATE__JOB_STATE_FAILED ||
+        st == FSDP__V1__JOB_STATE__JOB_STATE_CANCELLED)
+      break;
+    Fsdp__V1__HeartbeatRequest q = FSDP__V1__HEARTBEAT_REQUEST__INIT;
+    q.node_id = spare->id, q.session = spare->session;
+    Fsdp__V1__HeartbeatReply *r = NULL;
+    if (!CALL("Heartbeat", q, heartbeat_reply, &r) && r) {
+      if (r->reregister) node_register(spare, "spare", 1, 8ull << 30, NULL, 0);
+      reply_free(r);
+    }
+    (void)report_exit(spare, x, 1, 0, 0);
+  }
+  return st;
+}
+
+/* Every table of the database hidden in turn (renamed from another
+ * connection, so that each statement on it fails as a damaged or locked
+ * database would fail it) while nodes and a user call everything: an
+ * assignment due, a rank's exit, a checkpoint's shards, a rendezvous, the
+ * listings, a submit and a cancel, a registration. The coordinator never
+ * dies, and once the table is back nothing is lost: the job whose
+ * assignment and exit came while the table was hidden succeeds, the
+ * database is whole, and the long job ends when cancelled. (An assignment
+ * held back this way used to abort the coordinator.) */
+Test(coordinator, a_database_that_fails_any_statement_never_kills_the_coordinator, .timeout = 120) {
+  char d[600], ck[600], ckopt[700], id[32];
+  node_t n = {{0}, 0}, spare = {{0}, 0};
+  ckpt_job_start(&n, "model=tiny", "keep_checkpoints=2", d, ck, ckopt, id);
+  node_register(&spare, "spare", 1, 8ull << 30, NULL, 0);
+  static const char *const tables[] = {"attempts", "checkpoint_shards", "checkpoints", "devices",
+                                       "events", "jobs", "nodes", "ranks", "rendezvous"};
+  for (int t = 0; t < 9; t++) {
+    /* job x placed on spare, its assignment not yet fetched */
+    const char *kv[] = {"model=tiny", d, NULL};
+    char x[32];
+    cr_assert_eq(submit_with(1, kv, 3, x, sizeof x), 0, "%s", err_msg());
+    for (const double t0 = tu_now_s(); job_state(x, NULL, 0) != FSDP__V1__JOB_STATE__JOB_STATE_RUNNING;) {
+      cr_assert_lt(tu_now_s() - t0, 5, "job %s was not placed", x);
+      nanosleep(&(struct timespec){0, 10000000}, NULL);
+    }
+    db_exec(co_db, "ALTER TABLE %s RENAME TO %s_hidden", tables[t], tables[t]);
+    chaos_round(&n, id, ck, 10 * (t + 1), &spare, x);
+    db_exec(co_db, "ALTER TABLE %s_hidden RENAME TO %s", tables[t], tables[t]);
+    cr_assert_eq(waitpid(co.pid, NULL, WNOHANG), 0, "the coordinator died with table %s hidden; "
+                 "its log:\n%s", tables[t], tu_slurp(co.log, NULL));
+    const Fsdp__V1__JobState st = chaos_finish(&spare, x);
+    cr_expect_eq(st, FSDP__V1__JOB_STATE__JOB_STATE_SUCCEEDED, "with table %s hidden, job %s ended "
+                 "in state %d, not SUCCEEDED", tables[t], x, st);
+  }
+  cluster_db_check(co_db);
+  /* the long job still answers to a cancel */
+  cr_assert_eq(cancel(id), 0, "%s", err_msg());
+  for (const double t0 = tu_now_s();;) {
+    const Fsdp__V1__JobState st = job_state(id, NULL, 0);
+    if (st == FSDP__V1__JOB_STATE__JOB_STATE_CANCELLED) break;
+    cr_assert_lt(tu_now_s() - t0, 10, "job %s did not end after its cancel: state %d", id, st);
+    Fsdp__V1__HeartbeatRequest hq = FSDP__V1__HEARTBEAT_REQUEST__INIT;
+    hq.node_id = n.id, hq.session = n.session;
+    Fsdp__V1__HeartbeatReply *hr = NULL;
+    if (!CALL("Heartbeat", hq, heartbeat_reply, &hr) && hr) {
+      if (hr->reregister) node_register(&n, "solo", 2, 8ull << 30, NULL, 0);
+      reply_free(hr);
+    }
+    for (uint32_t r = 0; r < 2; r++) (void)report_exit(&n, id, 1, r, 143);
+  }
+}
+
 /* An attempt whose end the database refuses (injected here by a trigger,
  * as a full disk or a lock held elsewhere would fail it), after its last
  * rank's exit was stored: the exit report is answered with the error, so
