@@ -67,9 +67,10 @@ DEMO_PKGS  = fortunes
 # for fsdpctl's --output json, libmicrohttpd for /metrics, uthash (header
 # only) for the coordinator's jobs by id, libunistring for UTF-8 checks (the
 # coordinator's, fsdpctl's, the text a rank reports),
-# OpenSSL's libcrypto for the SHA-256 digests servers keep of tokens.
+# OpenSSL's libcrypto for the SHA-256 digests servers keep of tokens, libjwt
+# for the Kubernetes service account tokens nodes may show instead.
 CONTROL_PKGS = libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libsqlite3-dev libjansson-dev \
-               libmicrohttpd-dev uthash-dev libunistring-dev libssl-dev
+               libmicrohttpd-dev uthash-dev libunistring-dev libssl-dev libjwt-dev
 
 COMMON_SRCS = daemon/common/err.c daemon/common/log.c daemon/common/param.c daemon/common/mem.c \
               daemon/common/frame.c daemon/common/crash.c daemon/common/netaddr.c \
@@ -319,10 +320,10 @@ PROTOS      = proto/fsdp.proto proto/health.proto
 PROTO_HDRS  = $(PROTOS:%.proto=$(B)/%.pb-c.h)
 PROTO_OBJS  = $(PROTOS:%.proto=$(B)/%.pb-c.o)
 RPC_SRCS    = daemon/common/rpc.c daemon/common/rpc_server.c daemon/common/rpc_client.c \
-              daemon/common/rpc_keys.c
+              daemon/common/rpc_keys.c daemon/common/rpc_jwt.c
 RPC_OBJS    = $(RPC_SRCS:%.c=$(B)/%.o)
 RPC_LIB     = $(B)/libfsdp_rpc.a
-RPC_LDLIBS  = -lgrpc -lgpr -lprotobuf-c -luv -lcrypto
+RPC_LDLIBS  = -lgrpc -lgpr -lprotobuf-c -luv -ljwt -ljansson -lcrypto
 # /metrics (the coordinator and fsdpd only): libmicrohttpd serves it
 METRICS_OBJS   = $(B)/daemon/common/metrics.o
 METRICS_LDLIBS = -lmicrohttpd

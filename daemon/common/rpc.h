@@ -42,6 +42,16 @@
  * handler checks the node acts only as itself (the coordinator does). With
  * a shared token, a node's name is only what it says.
  *
+ * Kubernetes nodes: where one Secret would hand every node the same token,
+ * a server given the cluster's service account keys (node_jwks_file, a
+ * JWKS) also takes, as a node's token, the projected service account token
+ * the kubelet writes for fsdpd's pod (a JWT, RS256): signed by one of those
+ * keys, unexpired, for the audience node_jwt_audience, of the service
+ * account node_jwt_subject (and issuer node_jwt_issuer when given). Its
+ * kubernetes.io.node.name claim is the node's identity, as a per-node
+ * token file's name would be (rpc_jwt.c). Clients read their token file
+ * again when it changes, as the kubelet renews it.
+ *
  * TLS (server certificate and key; clients check it against a CA file) when
  * the paths are given; tokens over plaintext are for loopback. */
 #ifndef FSDP_RPC_H
@@ -77,6 +87,13 @@ typedef struct rpc_server_opts {
   const char *user_token_file; /* both or neither (see above) */
   const char *node_token_file; /* one token, or "NAME TOKEN" lines (see above) */
   const char *operator_token_file; /* optional, only with the two above */
+  int user_only;               /* every method is a user's: the user token file alone serves */
+  /* Kubernetes nodes (optional, with the user token file; the node token
+   * file may then be left out): see "Kubernetes nodes" above */
+  const char *node_jwks_file;  /* the cluster's service account keys, a JWKS */
+  const char *node_jwt_audience; /* the aud a token must hold (NULL: "fsdp-coordinator") */
+  const char *node_jwt_subject;  /* its sub, "system:serviceaccount:NS:NAME" (required) */
+  const char *node_jwt_issuer;   /* its iss, when not NULL */
   const char *tls_cert_file;   /* PEM certificate chain and key: both or neither */
   const char *tls_key_file;
   size_t max_request_bytes;    /* larger requests get RESOURCE_EXHAUSTED (0: the default) */

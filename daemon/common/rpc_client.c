@@ -5,14 +5,17 @@
  * the background. A call's deadline bounds every wait: a batch holding
  * RECV_STATUS_ON_CLIENT completes by then at the latest (gRPC's promise);
  * the pluck waits a little longer and cancels the call if even that passes. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <grpc/grpc_security.h>
 #include <grpc/support/alloc.h>
 
 #include "daemon/common/err.h"
+#include "daemon/common/log.h"
 #include "daemon/common/param.h"
 #include "rpc_impl.h"
 
@@ -21,9 +24,18 @@
 struct rpc_client {
   grpc_channel *ch;
   char *target;
-  grpc_metadata auth; /* authorization: Bearer <token> */
   int has_auth;
   int tls;
+  /* The token, read again when its file changes (a kubelet renews a
+   * projected service account token): mu guards auth, the file's identity
+   * when read, and the retired values, which calls in flight on other
+   * threads may still send and which live until the client goes. */
+  pthread_mutex_t mu;
+  char *token_file;
+  grpc_metadata auth; /* authorization: Bearer <token> */
+  struct stat token_st;
+  grpc_slice *retired;
+  int n_retired, warned;
 };
 
 struct rpc_stream {
@@ -47,6 +59,57 @@ struct rpc_stream {
   int idled;     /* a next waited that long: the call was cancelled for it */
 };
 
+static void rpc_client_free(rpc_client_t *c);
+
+/* The token file as "Bearer <token>" in *value, its identity in c->token_st. */
+static int rpc_client_token_read(rpc_client_t *c, grpc_slice *value) {
+  struct stat st;
+  if (stat(c->token_file, &st)) memset(&st, 0, sizeof st);
+  char *token = NULL;
+  int rc = rpc__read_token(c->token_file, &token);
+  if (rc) return rc;
+  size_t n = strlen(token);
+  char *v = malloc(n + 8);
+  if (v) {
+    memcpy(v, "Bearer ", 7);
+    memcpy(v + 7, token, n + 1);
+    *value = grpc_slice_from_copied_buffer(v, n + 7);
+    c->token_st = st;
+  }
+  rpc__free_secret(v);
+  rpc__free_secret(token);
+  return v ? 0 : err_set(FSDP_ENOMEM, "rpc client: out of memory");
+}
+
+/* The token to send now: read again when its file is another (renamed over,
+ * as the kubelet's atomic writer does) or was written since. A file that no
+ * longer reads keeps the token in use, with one warning. */
+static grpc_metadata rpc_client_auth(rpc_client_t *c) {
+  pthread_mutex_lock(&c->mu);
+  struct stat st;
+  if (!stat(c->token_file, &st) &&
+      (st.st_ino != c->token_st.st_ino || st.st_dev != c->token_st.st_dev ||
+       st.st_size != c->token_st.st_size || st.st_mtim.tv_sec != c->token_st.st_mtim.tv_sec ||
+       st.st_mtim.tv_nsec != c->token_st.st_mtim.tv_nsec)) {
+    grpc_slice fresh;
+    grpc_slice *grown = realloc(c->retired, (size_t)(c->n_retired + 1) * sizeof *grown);
+    if (grown) c->retired = grown;
+    if (!grown || rpc_client_token_read(c, &fresh)) {
+      if (!c->warned) LOG_WARN("rpc", "token file %s changed but %s; sending the token read "
+                               "before", c->token_file, grown ? err_msg() : "out of memory");
+      c->warned = 1;
+      c->token_st = st; /* not again until it changes again */
+    } else {
+      c->retired[c->n_retired++] = c->auth.value;
+      c->auth.value = fresh;
+      c->warned = 0;
+    }
+  }
+  grpc_metadata md = c->auth;
+  pthread_mutex_unlock(&c->mu);
+  return md;
+}
+
 int rpc_client_create(rpc_client_t **out, const rpc_client_opts_t *o) {
   *out = NULL;
   if (!o->target || !*o->target) return err_set(FSDP_EINVAL, "rpc client: no server address");
@@ -57,19 +120,14 @@ int rpc_client_create(rpc_client_t **out, const rpc_client_opts_t *o) {
   }
   char *token = NULL, *ca = NULL;
   int rc = 0;
+  pthread_mutex_init(&c->mu, NULL);
   if (o->token_file) {
-    if ((rc = rpc__read_token(o->token_file, &token))) goto fail;
-    size_t n = strlen(token);
-    char *v = malloc(n + 8);
-    if (!v) {
+    if (!(c->token_file = strdup(o->token_file))) {
       rc = err_set(FSDP_ENOMEM, "rpc client: out of memory");
       goto fail;
     }
-    memcpy(v, "Bearer ", 7);
-    memcpy(v + 7, token, n + 1);
+    if ((rc = rpc_client_token_read(c, &c->auth.value))) goto fail;
     c->auth.key = grpc_slice_from_static_string("authorization");
-    c->auth.value = grpc_slice_from_copied_buffer(v, n + 7);
-    rpc__free_secret(v);
     c->has_auth = 1;
   }
   if (o->tls_ca_file &&
@@ -111,18 +169,25 @@ int rpc_client_create(rpc_client_t **out, const rpc_client_opts_t *o) {
 fail:
   rpc__free_secret(token);
   free(ca);
+  rpc_client_free(c);
+  return rc;
+}
+
+/* What create made, but the channel. */
+static void rpc_client_free(rpc_client_t *c) {
   if (c->has_auth) grpc_slice_unref(c->auth.value);
+  for (int i = 0; i < c->n_retired; i++) grpc_slice_unref(c->retired[i]);
+  free(c->retired);
+  free(c->token_file);
+  pthread_mutex_destroy(&c->mu);
   free(c->target);
   free(c);
-  return rc;
 }
 
 void rpc_client_destroy(rpc_client_t *c) {
   if (!c) return;
   grpc_channel_destroy(c->ch);
-  if (c->has_auth) grpc_slice_unref(c->auth.value);
-  free(c->target);
-  free(c);
+  rpc_client_free(c);
   grpc_shutdown();
 }
 
@@ -181,12 +246,14 @@ static grpc_call *rpc_new_call(rpc_client_t *c, grpc_completion_queue *cq, const
   return call;
 }
 
-/* The ops that open a call: the token, the request, the half-close. */
-static size_t rpc_send_ops(rpc_client_t *c, grpc_op *ops, grpc_byte_buffer *bb) {
+/* The ops that open a call: the token (into *md, which must outlive the
+ * batch's start), the request, the half-close. */
+static size_t rpc_send_ops(rpc_client_t *c, grpc_op *ops, grpc_byte_buffer *bb, grpc_metadata *md) {
   memset(ops, 0, 3 * sizeof *ops);
+  if (c->has_auth) *md = rpc_client_auth(c);
   ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
   ops[0].data.send_initial_metadata.count = c->has_auth;
-  ops[0].data.send_initial_metadata.metadata = c->has_auth ? &c->auth : NULL;
+  ops[0].data.send_initial_metadata.metadata = c->has_auth ? md : NULL;
   ops[1].op = GRPC_OP_SEND_MESSAGE;
   ops[1].data.send_message.send_message = bb;
   ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -211,7 +278,8 @@ int rpc_client_call_raw(rpc_client_t *c, const char *method, const void *req, si
   grpc_slice details = grpc_empty_slice();
   const char *error_string = NULL;
   grpc_op ops[6];
-  size_t n = rpc_send_ops(c, ops, bb);
+  grpc_metadata auth;
+  size_t n = rpc_send_ops(c, ops, bb, &auth);
   memset(ops + n, 0, 3 * sizeof *ops);
   ops[n++].op = GRPC_OP_RECV_INITIAL_METADATA;
   ops[n - 1].data.recv_initial_metadata.recv_initial_metadata = &md_in;
@@ -302,7 +370,8 @@ int rpc_stream_open(rpc_client_t *c, rpc_stream_t **out, const char *method,
   st->details = grpc_empty_slice();
   grpc_byte_buffer *bb = rpc__pack(req);
   grpc_op ops[3];
-  size_t n = rpc_send_ops(c, ops, bb);
+  grpc_metadata auth;
+  size_t n = rpc_send_ops(c, ops, bb, &auth);
   grpc_call_error e1 = grpc_call_start_batch(st->call, ops, n, RPC_TAG_SENT, NULL);
   /* the status in a batch of its own: it completes last, after every message */
   grpc_op sop;

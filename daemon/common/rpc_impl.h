@@ -29,18 +29,41 @@ typedef struct rpc_key {
   char *name;                   /* a node's, from a per-node token file; else NULL */
   uint8_t sha[RPC_DIGEST_LEN];
 } rpc_key_t;
+/* Nodes' Kubernetes service account tokens (rpc_jwt.c). */
+#define RPC_JWT_AUDIENCE "fsdp-coordinator" /* the audience when none is given */
+#define RPC_JWT_SEEN 4096                   /* verified tokens remembered */
+typedef struct rpc_jwt_opts {
+  const char *jwks_file, *audience, *subject, *issuer; /* rpc_server_opts_t's node_jwt_* */
+} rpc_jwt_opts_t;
+typedef struct rpc_jwks rpc_jwks_t;
+/* Reads the JWKS file's RSA keys and the claims a token must hold. */
+int rpc__jwks_load(rpc_jwks_t **j, const rpc_jwt_opts_t *o);
+void rpc__jwks_free(rpc_jwks_t *j);
+/* 1 when the n bytes at tok have a JWT's form (three base64url parts). */
+int rpc__jwt_like(const uint8_t *tok, size_t n);
+/* Checks a JWT (its SHA-256 in sha) at time now (Unix seconds): 0 and the
+ * name of the node it is bound to in node, or FSDP_EAUTH saying why not.
+ * On the server's loop only (it remembers tokens it verified). */
+int rpc__jwt_node(rpc_jwks_t *j, const uint8_t *tok, size_t n, const uint8_t sha[RPC_DIGEST_LEN],
+                  int64_t now, char *node, size_t cap);
 typedef struct rpc_keys {
   rpc_key_t *k;
   int n, cap;
   int has_operator;             /* an operator token was given */
+  rpc_jwks_t *jwks;             /* nodes may show a service account token (NULL: no) */
 } rpc_keys_t;
 /* Reads the user, node and (optional) operator token files into ks: each
  * holds a token or its digest ("sha256:<hex>"); the node file may hold
  * "NAME TOKEN" lines instead. user NULL: no keys (auth off). Two roles, or
- * two nodes, with one token are refused. */
-int rpc__keys_load(rpc_keys_t *ks, const char *user, const char *node, const char *op);
-/* The key the n bytes of tok are the token of, or NULL. */
-const rpc_key_t *rpc__keys_match(const rpc_keys_t *ks, const uint8_t *tok, size_t n);
+ * two nodes, with one token are refused. With jwt->jwks_file, nodes may
+ * also show Kubernetes service account tokens. node NULL: no node file
+ * (rpc_server_create has checked that this server may go without). */
+int rpc__keys_load(rpc_keys_t *ks, const char *user, const char *node, const char *op,
+                   const rpc_jwt_opts_t *jwt);
+/* The key the n bytes of tok are the token of, or NULL; the token's
+ * SHA-256 in sha. */
+const rpc_key_t *rpc__keys_match(const rpc_keys_t *ks, const uint8_t *tok, size_t n,
+                                 uint8_t sha[RPC_DIGEST_LEN]);
 void rpc__keys_free(rpc_keys_t *ks);
 /* SHA-256 of n bytes at p. */
 int rpc__digest(const void *p, size_t n, uint8_t out[RPC_DIGEST_LEN]);

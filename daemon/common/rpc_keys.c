@@ -156,26 +156,34 @@ static int rpc_keys_nodes(rpc_keys_t *ks, const char *path) {
   return rc;
 }
 
-int rpc__keys_load(rpc_keys_t *ks, const char *user, const char *node, const char *op) {
+int rpc__keys_load(rpc_keys_t *ks, const char *user, const char *node, const char *op,
+                   const rpc_jwt_opts_t *jwt) {
   memset(ks, 0, sizeof *ks);
   int rc = 0;
-  if (user && !(rc = rpc_keys_one(ks, RPC_ROLE_USER, user)) && !(rc = rpc_keys_nodes(ks, node)) && op)
-    rc = rpc_keys_one(ks, RPC_ROLE_OPERATOR, op), ks->has_operator = 1;
+  if (!user && jwt && jwt->jwks_file)
+    return err_set(FSDP_EINVAL, "rpc server: a node JWKS file needs the user token file too");
+  if (user) {
+    rc = rpc_keys_one(ks, RPC_ROLE_USER, user);
+    /* no node file: nodes show JWTs only, or the server has no node method (rpc.h) */
+    if (!rc && node) rc = rpc_keys_nodes(ks, node);
+    if (!rc && op) rc = rpc_keys_one(ks, RPC_ROLE_OPERATOR, op), ks->has_operator = 1;
+  }
+  if (!rc && jwt && jwt->jwks_file) rc = rpc__jwks_load(&ks->jwks, jwt);
   if (rc) rpc__keys_free(ks);
   return rc;
 }
 
-const rpc_key_t *rpc__keys_match(const rpc_keys_t *ks, const uint8_t *tok, size_t n) {
-  uint8_t sha[RPC_DIGEST_LEN];
+const rpc_key_t *rpc__keys_match(const rpc_keys_t *ks, const uint8_t *tok, size_t n,
+                                 uint8_t sha[RPC_DIGEST_LEN]) {
   if (rpc__digest(tok, n, sha)) return NULL;
   const rpc_key_t *hit = NULL;
   for (int i = 0; i < ks->n; i++) /* every key, whichever matches */
     if (!CRYPTO_memcmp(ks->k[i].sha, sha, RPC_DIGEST_LEN)) hit = &ks->k[i];
-  OPENSSL_cleanse(sha, sizeof sha);
   return hit;
 }
 
 void rpc__keys_free(rpc_keys_t *ks) {
+  rpc__jwks_free(ks->jwks);
   for (int i = 0; i < ks->n; i++) free(ks->k[i].name);
   if (ks->k) OPENSSL_cleanse(ks->k, (size_t)ks->cap * sizeof *ks->k);
   free(ks->k);

@@ -26,9 +26,11 @@
 #include <strings.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <grpc/grpc_security.h>
 #include <grpc/support/alloc.h>
+#include <openssl/crypto.h>
 
 #include "daemon/common/err.h"
 #include "daemon/common/log.h"
@@ -352,7 +354,7 @@ static void rpc_role_names(unsigned roles, char *buf, size_t n) {
 
 /* Checks the caller's token against the roles allowed; sets c->role. */
 static int rpc_auth(rpc_server_t *s, rpc_call_t *c, unsigned roles) {
-  if (!s->keys.n || !roles) return 0;
+  if ((!s->keys.n && !s->keys.jwks) || !roles) return 0;
   if (roles & RPC_ROLE_USER) roles |= RPC_ROLE_OPERATOR; /* the operator may do what users may */
   if (!s->keys.has_operator && (roles & RPC_ROLE_OPERATOR)) roles |= RPC_ROLE_USER;
   const grpc_slice *val = NULL;
@@ -372,12 +374,27 @@ static int rpc_auth(rpc_server_t *s, rpc_call_t *c, unsigned roles) {
   if (n < 7 || strncasecmp((const char *)p, "bearer ", 7))
     return err_set(FSDP_EAUTH, "%s: the authorization header is not \"Bearer <token>\"", c->method);
   p += 7, n -= 7;
-  const rpc_key_t *k = rpc__keys_match(&s->keys, p, n);
-  if (!k)
+  uint8_t sha[RPC_DIGEST_LEN];
+  const rpc_key_t *k = rpc__keys_match(&s->keys, p, n, sha);
+  if (k) {
+    c->role = k->role;
+    snprintf(c->node, sizeof c->node, "%s", k->name ? k->name : "");
+  } else if (s->keys.jwks && rpc__jwt_like(p, n)) { /* a Kubernetes node's service account token */
+    const int rc = rpc__jwt_node(s->keys.jwks, p, n, sha, (int64_t)time(NULL), c->node,
+                                 sizeof c->node);
+    OPENSSL_cleanse(sha, sizeof sha);
+    if (rc) {
+      char why[512];
+      snprintf(why, sizeof why, "%s", err_msg());
+      return err_set(rc, "%s: %s", c->method, why);
+    }
+    c->role = RPC_ROLE_NODE;
+  } else {
+    OPENSSL_cleanse(sha, sizeof sha);
     return err_set(FSDP_EAUTH, "%s: the token is not valid on this server; check the token "
                    "file the client reads", c->method);
-  c->role = k->role;
-  snprintf(c->node, sizeof c->node, "%s", k->name ? k->name : "");
+  }
+  OPENSSL_cleanse(sha, sizeof sha);
   if (!(c->role & roles)) {
     char need[48];
     rpc_role_names(s->keys.has_operator ? roles : roles & ~(unsigned)RPC_ROLE_OPERATOR, need, sizeof need);
@@ -612,10 +629,12 @@ static void rpc_async_closed(uv_handle_t *h) { rpc_server_free(h->data); }
 int rpc_server_create(rpc_server_t **out, uv_loop_t *loop, const rpc_server_opts_t *o) {
   *out = NULL;
   if (!o->addr || !*o->addr) return err_set(FSDP_EINVAL, "rpc server: no address to listen on");
-  if (!o->user_token_file != !o->node_token_file)
+  if (!o->user_only && !o->user_token_file != !(o->node_token_file || o->node_jwks_file))
     return err_set(FSDP_EINVAL, "rpc server: a %s token file without a %s one: give both (users "
-                   "and nodes hold different tokens) or neither (open to anyone who can connect)",
-                   o->user_token_file ? "user" : "node", o->user_token_file ? "node" : "user");
+                   "and nodes hold different tokens) or neither (open to anyone who can connect)%s",
+                   o->user_token_file ? "user" : "node", o->user_token_file ? "node" : "user",
+                   o->user_token_file ? "; nodes may also show Kubernetes service account tokens "
+                   "(a node JWKS file)" : "");
   if (o->operator_token_file && !o->user_token_file)
     return err_set(FSDP_EINVAL, "rpc server: an operator token file without the user and node "
                    "ones: give all three (an operator token alone would leave every call open)");
@@ -635,7 +654,9 @@ int rpc_server_create(rpc_server_t **out, uv_loop_t *loop, const rpc_server_opts
     rc = err_set(FSDP_ENOMEM, "rpc server: out of memory");
     goto fail;
   }
-  if ((rc = rpc__keys_load(&s->keys, o->user_token_file, o->node_token_file, o->operator_token_file)))
+  if ((rc = rpc__keys_load(&s->keys, o->user_token_file, o->node_token_file, o->operator_token_file,
+                           &(rpc_jwt_opts_t){o->node_jwks_file, o->node_jwt_audience,
+                                             o->node_jwt_subject, o->node_jwt_issuer})))
     goto fail;
   if (o->tls_cert_file &&
       ((rc = rpc__read_file(o->tls_cert_file, "TLS certificate", RPC_PEM_MAX, &s->cert_pem, NULL)) ||
@@ -708,7 +729,9 @@ int rpc_server_reload_tokens(rpc_server_t *s) {
   if (!s->keys.n)
     return err_set(FSDP_EINVAL, "rpc server: it was started without token files: none to read again");
   rpc_keys_t fresh;
-  int rc = rpc__keys_load(&fresh, s->o.user_token_file, s->o.node_token_file, s->o.operator_token_file);
+  int rc = rpc__keys_load(&fresh, s->o.user_token_file, s->o.node_token_file, s->o.operator_token_file,
+                          &(rpc_jwt_opts_t){s->o.node_jwks_file, s->o.node_jwt_audience,
+                                            s->o.node_jwt_subject, s->o.node_jwt_issuer});
   if (rc) return rc;
   rpc__keys_free(&s->keys); /* calls in flight keep the role and name they came with */
   s->keys = fresh;

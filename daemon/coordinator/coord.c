@@ -1345,6 +1345,10 @@ int coord_create(coord_t **out, uv_loop_t *loop, const coord_opts_t *o) {
   rpc_server_opts_t ro = {.addr = o->listen, .user_token_file = o->user_token_file,
                           .node_token_file = o->node_token_file,
                           .operator_token_file = o->operator_token_file,
+                          .node_jwks_file = o->node_jwks_file,
+                          .node_jwt_audience = o->node_jwt_audience,
+                          .node_jwt_subject = o->node_jwt_subject,
+                          .node_jwt_issuer = o->node_jwt_issuer,
                           .tls_cert_file = o->tls_cert_file, .tls_key_file = o->tls_key_file};
   if (!rc) rc = rpc_server_create(&c->srv, loop, &ro);
   if (!rc) rc = coord_rpc_register(c);

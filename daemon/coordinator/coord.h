@@ -33,6 +33,8 @@ typedef struct coord_opts {
   const char *user_token_file;   /* both or neither (rpc.h) */
   const char *node_token_file;
   const char *operator_token_file; /* optional: DrainNode needs it (else the user's) */
+  /* nodes' Kubernetes service account tokens (rpc.h, "Kubernetes nodes") */
+  const char *node_jwks_file, *node_jwt_audience, *node_jwt_subject, *node_jwt_issuer;
   const char *tls_cert_file, *tls_key_file;
   int heartbeat_interval_ms;     /* 0: 1000 */
   int heartbeat_timeout_ms;      /* 0: 5000 */

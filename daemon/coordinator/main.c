@@ -37,6 +37,15 @@ static void usage(FILE *f) {
           "                             may be given as its digest, sha256:<64 hex>\n"
           "  --operator-token-file FILE with the two above: the token of operators, who may\n"
           "                             also drain nodes (without it, users may)\n"
+          "  --node-jwks-file FILE      Kubernetes: nodes may also show the projected service\n"
+          "                             account token of fsdpd's pod, checked against these\n"
+          "                             keys (kubectl get --raw /openid/v1/jwks); its\n"
+          "                             kubernetes.io.node.name claim is the node's name.\n"
+          "                             With --user-token-file; --node-token-file optional\n"
+          "  --node-jwt-subject SUB     with it, required: fsdpd's service account,\n"
+          "                             system:serviceaccount:NAMESPACE:NAME\n"
+          "  --node-jwt-audience AUD    the audience the token must hold (fsdp-coordinator)\n"
+          "  --node-jwt-issuer ISS      the issuer it must name (default: not checked)\n"
           "  --tls-cert FILE --tls-key FILE   serve TLS\n"
           "  --heartbeat-interval-ms N  how long a node's heartbeat is held (default 1000)\n"
           "  --heartbeat-timeout-ms N   a node silent this long is dead (default 5000)\n"
@@ -169,6 +178,8 @@ int main(int argc, char **argv) {
       {"job-retention-days", required_argument, 0, 'J'},
       {"operator-token-file", required_argument, 0, 'O'},
       {"health-listen", required_argument, 0, 'H'},
+      {"node-jwks-file", required_argument, 0, 'W'}, {"node-jwt-subject", required_argument, 0, 'S'},
+      {"node-jwt-audience", required_argument, 0, 'A'}, {"node-jwt-issuer", required_argument, 0, 'I'},
       {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
   const char *roots[ROOTS_MAX];
   coord_opts_t o = {.listen = "127.0.0.1:7070", .roots = roots};
@@ -189,6 +200,10 @@ int main(int argc, char **argv) {
     case 'n': o.node_token_file = optarg; break;
     case 'O': o.operator_token_file = optarg; break;
     case 'H': o.health_listen = optarg; break;
+    case 'W': o.node_jwks_file = optarg; break;
+    case 'S': o.node_jwt_subject = optarg; break;
+    case 'A': o.node_jwt_audience = optarg; break;
+    case 'I': o.node_jwt_issuer = optarg; break;
     case 'c': o.tls_cert_file = optarg; break;
     case 'k': o.tls_key_file = optarg; break;
     case 'i': if (positive("--heartbeat-interval-ms", optarg, &o.heartbeat_interval_ms)) return 2; break;
@@ -235,6 +250,11 @@ int main(int argc, char **argv) {
   if (o.heartbeat_timeout_ms && o.heartbeat_interval_ms &&
       o.heartbeat_timeout_ms <= o.heartbeat_interval_ms) {
     fprintf(stderr, "fsdp-coordinator: --heartbeat-timeout-ms must exceed the interval\n");
+    return 2;
+  }
+  if (!o.node_jwks_file && (o.node_jwt_subject || o.node_jwt_audience || o.node_jwt_issuer)) {
+    fprintf(stderr, "fsdp-coordinator: --node-jwt-subject, --node-jwt-audience and "
+            "--node-jwt-issuer go with --node-jwks-file\n");
     return 2;
   }
   if (geteuid() == 0)

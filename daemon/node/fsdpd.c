@@ -97,10 +97,11 @@ static void usage(FILE *f) {
     "                        $XDG_STATE_HOME/fsdpd or ~/.local/state/fsdpd)\n"
     "  --run-as USER         the user ranks run as; required when fsdpd runs as root\n"
     "  --token-file FILE     the node token sent to the coordinator\n"
-    "  --user-token-file FILE, --node-token-file FILE\n"
-    "                        tokens the Node service accepts (both or neither); each\n"
-    "                        file may hold the token's digest, sha256:<64 hex>, instead,\n"
-    "                        so the node holds no user token it could act with\n"
+    "  --user-token-file FILE\n"
+    "                        the token the Node service (rank logs) requires of users;\n"
+    "                        the file may hold its digest, sha256:<64 hex>, instead, so\n"
+    "                        the node holds no user token it could act with\n"
+    "  --node-token-file FILE  also accepted there (no Node method is a node's)\n"
     "  --tls-ca FILE         check the coordinator's certificate against this CA\n"
     "  --tls-cert FILE, --tls-key FILE\n"
     "                        serve the Node service over TLS\n"
@@ -285,9 +286,9 @@ static int fsdpd_options(fsdpd_t *D, int argc, char **argv, int *as_user, unsign
   if (!D->coordinator) D->coordinator = getenv("FSDP_COORDINATOR");
   if (!D->coordinator || !*D->coordinator)
     return bad("--coordinator", "%s", "required (or FSDP_COORDINATOR): the coordinator's host:port");
-  if (!D->user_token_file != !D->node_token_file)
-    return bad(D->user_token_file ? "--node-token-file" : "--user-token-file", "%s",
-               "the Node service takes both token files or neither");
+  if (D->node_token_file && !D->user_token_file)
+    return bad("--node-token-file", "%s", "goes with --user-token-file, which the Node service "
+               "requires of its callers");
   if (!D->tls_cert != !D->tls_key)
     return bad(D->tls_cert ? "--tls-key" : "--tls-cert", "%s", "TLS needs both --tls-cert and --tls-key");
   /* who the ranks run as: never root */
@@ -487,9 +488,10 @@ int main(int argc, char **argv) {
   const ranks_opts_t ro = {.loop = &D.loop, .client = D.client, .inv = &D.inv, .work_dir = D.work_dir,
                            .rank_program = D.rank_program, .rank_host = D.rank_host, .as_user = as_user,
                            .uid = uid, .gid = gid, .grace_s = D.grace_s};
+  /* the Node service has user methods alone: a user token file serves by itself */
   const rpc_server_opts_t so = {.addr = D.listen, .user_token_file = D.user_token_file,
-                                .node_token_file = D.node_token_file, .tls_cert_file = D.tls_cert,
-                                .tls_key_file = D.tls_key};
+                                .node_token_file = D.node_token_file, .user_only = 1,
+                                .tls_cert_file = D.tls_cert, .tls_key_file = D.tls_key};
   if (ranks_create(&D.ranks, &ro) || logs_create(&D.logs, &D.loop, D.work_dir, D.ranks) ||
       rpc_server_create(&D.server, &D.loop, &so) || logs_register(D.logs, D.server) ||
       rpc_server_start(D.server)) {

@@ -1160,7 +1160,38 @@ Test(fsdpd, its_node_service_requires_the_user_token_when_configured, .timeout =
     cr_expect_eq(rc, want[i], "token %d: %d %s", i, rc, err_msg());
     rpc_client_destroy(c);
   }
-  free(ut), free(nt);
+  /* the user token's digest alone, as on Kubernetes, where a node's own
+   * identity is its service account token and it holds no node token */
+  kill(fsdpd_pid, SIGKILL);
+  waitpid(fsdpd_pid, NULL, 0);
+  char *dg = tu_path("user.token.sha256"), cmd[1400], out[512];
+  snprintf(cmd, sizeof cmd, "echo \"sha256:$(tr -d '\\n' < '%s' | sha256sum | cut -c1-64)\" > '%s'", ut, dg);
+  cr_assert_eq(tu_sh(cmd, out, sizeof out), 0, "%s", out);
+  pthread_mutex_lock(&F.mu);
+  F.regs = 0;
+  pthread_mutex_unlock(&F.mu);
+  const char *alone[] = {"--devices", "cpu:1", "--work-dir", workdir, "--user-token-file", dg,
+                         geteuid() == 0 ? "--run-as" : NULL, "nobody", NULL};
+  fsdpd_pid = fsdpd_spawn(alone);
+  cr_assert(wait_for(registered, 10), "fsdpd with the user token's digest alone did not start:\n%s",
+            tu_slurp(fsdpd_log, NULL));
+  pthread_mutex_lock(&F.mu);
+  snprintf(addr, sizeof addr, "%s", F.reg_address);
+  pthread_mutex_unlock(&F.mu);
+  for (int i = 0; i < 3; i += 2) {
+    rpc_client_t *c;
+    const rpc_client_opts_t co = {.target = addr, .token_file = token[i]};
+    cr_assert_eq(rpc_client_create(&c, &co), 0, "%s", err_msg());
+    Fsdp__V1__GetRankLogsRequest req = FSDP__V1__GET_RANK_LOGS_REQUEST__INIT;
+    req.job_id = "j-9";
+    rpc_stream_t *st;
+    int rc = rpc_stream_open(c, &st, "/fsdp.v1.Node/GetRankLogs", &req.base, 10);
+    ProtobufCMessage *m = NULL;
+    if (!rc) rc = rpc_stream_next(st, &fsdp__v1__log_chunk__descriptor, &m), rpc_stream_close(st);
+    cr_expect_eq(rc, want[i], "user token alone, token %d: %d %s", i, rc, err_msg());
+    rpc_client_destroy(c);
+  }
+  free(ut), free(nt), free(dg);
 }
 
 /* ---- rank logs that are not what fsdpd wrote -------------------------------------- */

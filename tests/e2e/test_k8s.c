@@ -1,8 +1,9 @@
 /* Tests of deploy/k8s, offline: tests/k8s/check.mjs checks every manifest
  * against the Kubernetes API's schemas (npm's kubernetes-models) strictly,
  * unknown fields included, and against the project's rules (native gRPC
- * probes, no privilege, Secrets never inlined). The manifests pass; a broken
- * copy of one, for each kind of fault, is refused naming the fault. */
+ * probes, no privilege, Secrets never inlined, nodes known by their service
+ * account tokens, every flag one the program has). The manifests pass; a
+ * broken copy of one, for each kind of fault, is refused naming the fault. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,10 +13,12 @@
 
 #pragma GCC diagnostic ignored "-Wformat-truncation"
 
-/* node tests/k8s/check.mjs FILES; its exit status, output in out. */
+/* node tests/k8s/check.mjs FILES, with this tree's programs to check
+ * flags against; its exit status, output in out. */
 static int check(const char *files, char *out, size_t len) {
   char cmd[4096];
-  snprintf(cmd, sizeof cmd, "cd '%s' && node tests/k8s/check.mjs %s", tu_root(), files);
+  snprintf(cmd, sizeof cmd, "cd '%s' && FSDP_BIN='%s/bin' node tests/k8s/check.mjs %s", tu_root(),
+           tu_root(), files);
   return tu_sh(cmd, out, len);
 }
 
@@ -23,11 +26,12 @@ Test(k8s, the_manifests_pass_the_schemas_and_the_rules) {
   char out[1 << 14];
   int rc = check("deploy/k8s/*.yaml", out, sizeof out);
   cr_assert_eq(rc, 0, "deploy/k8s: exit %d:\n%s", rc, out);
-  cr_assert(strstr(out, "ok: 5 documents"), "%s", out);
+  cr_assert(strstr(out, "ok: 6 documents"), "%s", out);
 }
 
 /* A copy of deploy/k8s/NAME with the first `from` replaced by `to` (to
- * appended when from is NULL) is refused, the output naming want. */
+ * appended when from is NULL), checked with the other manifests, is
+ * refused, the output naming want. */
 static void refused(const char *name, const char *from, const char *to, const char *want) {
   char src[1024], out[1 << 14];
   snprintf(src, sizeof src, "%s/deploy/k8s/%s", tu_root(), name);
@@ -41,7 +45,12 @@ static void refused(const char *name, const char *from, const char *to, const ch
     snprintf(broken, n, "%s%s", text, to);
   char *path = tu_path("broken.yaml");
   tu_write_file(path, broken, strlen(broken));
-  int rc = check(path, out, sizeof out);
+  static const char *const all[] = {"coordinator.yaml", "fsdpd.yaml", "submit-job.yaml"};
+  char files[4096];
+  size_t at = (size_t)snprintf(files, sizeof files, "'%s'", path);
+  for (int i = 0; i < 3; i++)
+    if (strcmp(all[i], name)) at += (size_t)snprintf(files + at, sizeof files - at, " deploy/k8s/%s", all[i]);
+  int rc = check(files, out, sizeof out);
   cr_assert_eq(rc, 1, "a copy with \"%s\" -> \"%s\" passed:\n%s", from ? from : "", to, out);
   cr_assert(strstr(out, want), "the refusal does not name \"%s\":\n%s", want, out);
   free(text), free(broken), free(path);
@@ -71,9 +80,31 @@ Test(k8s, the_projects_rules_are_kept) {
           "- {name: FSDP_TOKEN, value: hunter2}", "literal value");
   refused("coordinator.yaml", "readOnlyRootFilesystem: true", "readOnlyRootFilesystem: false",
           "readOnlyRootFilesystem");
-  /* a node that held the user token could submit as a user */
+  /* a node that held the user token could submit as a user; one that held
+   * a token every node holds could act as any */
   refused("fsdpd.yaml", "{key: user.token.sha256, path: user.token.sha256}",
-          "{key: user.token, path: user.token}", "a node holds no user or operator token");
-  refused("fsdpd.yaml", "            defaultMode: 0400\n            items: [{key: node.token",
-          "            defaultMode: 0400\n            x: [{key: node.token", "no user or operator token");
+          "{key: user.token, path: user.token}", "a node holds no user, operator or shared node token");
+  refused("fsdpd.yaml", "{key: user.token.sha256, path: user.token.sha256}",
+          "{key: node.token, path: node.token}", "shared node token");
+  refused("fsdpd.yaml", "            defaultMode: 0400\n            items: [{key: user.token",
+          "            defaultMode: 0400\n            x: [{key: user.token", "shared node token");
+}
+
+/* A node's identity is its projected service account token: for the
+ * coordinator's audience (never the API server's), of the account the
+ * coordinator expects; and every flag a manifest passes is one its program
+ * has. */
+Test(k8s, the_nodes_identity_and_every_flag_agree_with_the_programs) {
+  refused("fsdpd.yaml", "{audience: fsdp-coordinator, expirationSeconds", "{expirationSeconds",
+          "without an audience is the API server's");
+  refused("fsdpd.yaml", "{audience: fsdp-coordinator,", "{audience: vault,",
+          "which no coordinator here takes");
+  refused("fsdpd.yaml", "serviceAccountName: fsdpd", "serviceAccountName: builder",
+          "service account builder");
+  refused("coordinator.yaml", "--node-jwt-subject=system:serviceaccount:$(POD_NAMESPACE):fsdpd",
+          "--node-jwt-subject=system:serviceaccount:$(POD_NAMESPACE):default",
+          "which no coordinator here takes");
+  refused("coordinator.yaml", "--node-jwks-file=", "--node-jwks-fille=",
+          "fsdp-coordinator has no option --node-jwks-fille");
+  refused("fsdpd.yaml", "--rank-host=", "--rankhost=", "fsdpd has no option --rankhost");
 }

@@ -14,14 +14,29 @@
 // (Deployment, StatefulSet, DaemonSet) has native gRPC liveness and readiness
 // probes; no container is privileged or may escalate, each runs as non-root
 // with a read-only root file system and no capability; no Secret is inlined
-// (no Secret objects here, no literal env value for a token, key or password).
+// (no Secret objects here, no literal env value for a token, key or password);
+// a DaemonSet (every node) holds no user, operator or shared node token; a
+// projected service account token has an audience, and the one fsdpd sends
+// is for an audience and of an account a coordinator here checks
+// (--node-jwt-audience, --node-jwt-subject). With FSDP_BIN set (a bin/ of
+// this tree), every --flag a container passes must be in its program's
+// --help.
 //
 // Exit 0 with "ok: N documents" on stdout, else 1 with one line per finding.
+import { execFileSync } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { parseAllDocuments } from "yaml";
 
 const findings = [];
 let documents = 0;
+// nodes' identities (projected service account tokens fsdpd sends) and the
+// coordinators that check them, matched once every document is read
+const identities = [];
+const checkers = [];
+// with FSDP_BIN (this tree's bin/): every --flag a container passes must be
+// one its program's --help lists
+const bin = process.env.FSDP_BIN;
+const helpOf = {};
 
 // apps/v1 StatefulSet -> IoK8sApiAppsV1StatefulSet; v1 Service -> IoK8sApiCoreV1Service
 function schemaName(apiVersion, kind) {
@@ -75,9 +90,19 @@ function projectRules(doc, where) {
     for (const v of pod.volumes || []) {
       if (!v.secret) continue;
       const keys = (v.secret.items || []).map((i) => i.key);
-      if (!v.secret.items || keys.some((k) => /^(user|operator)\.token$/.test(k)))
-        findings.push(`${where}: volume ${v.name}: a node holds no user or operator token: list the Secret's items (node.token, and user.token.sha256, the digest fsdpd checks users with)`);
+      if (!v.secret.items || keys.some((k) => /^(user|operator|node)\.token$/.test(k)))
+        findings.push(`${where}: volume ${v.name}: a node holds no user, operator or shared node token: list the Secret's items (user.token.sha256, the digest fsdpd checks users with; a node's identity is its service account token)`);
     }
+  // a projected service account token is for one audience, never the API
+  // server's (one without an audience would let its holder call the API)
+  const projected = {};
+  for (const v of pod.volumes || [])
+    for (const src of v.projected?.sources || [])
+      if (src.serviceAccountToken) {
+        if (!src.serviceAccountToken.audience)
+          findings.push(`${where}: volume ${v.name}: a projected service account token without an audience is the API server's; give the coordinator's (fsdp-coordinator)`);
+        projected[v.name] = src.serviceAccountToken;
+      }
   if (pod.securityContext?.runAsNonRoot !== true)
     findings.push(`${where}: spec.template.spec.securityContext.runAsNonRoot must be true`);
   for (const c of [...(pod.initContainers || []), ...(pod.containers || [])]) {
@@ -103,6 +128,36 @@ function projectRules(doc, where) {
       if (/TOKEN|PASSWORD|SECRET|KEY/i.test(e.name) && !/_(FILE|PATH|DIR)$/i.test(e.name) &&
           e.value !== undefined)
         findings.push(`${w}: env ${e.name} holds a literal value; take it from a Secret (valueFrom.secretKeyRef)`);
+    const flag = (name) => args.find((a) => a.startsWith(`--${name}=`))?.slice(name.length + 3);
+    // the token fsdpd sends: a projected service account token?
+    const tokenFile = flag("token-file");
+    for (const m of c.volumeMounts || [])
+      if (tokenFile && projected[m.name] && tokenFile.startsWith(m.mountPath + "/"))
+        identities.push({ where: w, audience: projected[m.name].audience, account: pod.serviceAccountName || "default" });
+    if (flag("node-jwks-file"))
+      checkers.push({ where: w, audience: flag("node-jwt-audience") || "fsdp-coordinator", subject: flag("node-jwt-subject") || "" });
+    if (bin && args.length) {
+      const prog = args[0];
+      try {
+        helpOf[prog] ??= execFileSync(`${bin}/${prog}`, ["--help"], { encoding: "utf8" });
+      } catch (e) {
+        helpOf[prog] = (e.stdout || "") + (e.stderr || "");
+      }
+      for (const a of args.slice(1)) {
+        const m = /^(--[a-z0-9-]+)/.exec(a);
+        if (m && !new RegExp(`${m[1]}(?![a-z0-9-])`).test(helpOf[prog]))
+          findings.push(`${w}: ${prog} has no option ${m[1]} (${prog} --help)`);
+      }
+    }
+  }
+}
+
+// every node identity is one a coordinator takes: its audience, its account
+function identityRules() {
+  for (const id of identities) {
+    const ok = checkers.some((k) => k.audience === id.audience && k.subject.endsWith(`:${id.account}`));
+    if (!ok)
+      findings.push(`${id.where}: sends the token of service account ${id.account} for audience ${id.audience}, which no coordinator here takes (--node-jwt-audience, --node-jwt-subject=system:serviceaccount:NAMESPACE:${id.account})`);
   }
 }
 
@@ -137,6 +192,7 @@ for (const file of process.argv.slice(2)) {
     projectRules(doc, where);
   }
 }
+identityRules();
 if (findings.length) {
   for (const f of findings) console.log(f);
   process.exit(1);

@@ -699,6 +699,199 @@ Test(rpc, a_token_per_node_names_the_node, .timeout = 30) {
   free(opb), free(table), free(ta), free(tb);
 }
 
+/* ---- Kubernetes service account tokens (rpc_jwt.c) ---------------------------- */
+
+#define SA_SUB "system:serviceaccount:fsdp:fsdpd"
+
+/* `sh -c cmd` must succeed; its output in out. */
+static void sh_ok(const char *cmd, char *out, size_t n) {
+  int rc = tu_sh(cmd, out, n);
+  cr_assert_eq(rc, 0, "%s: %d\n%s", cmd, rc, out);
+}
+
+/* A JWT minted by tests/unit/jwt_mint.py (openssl signs it) with the given
+ * header and claims (JSON; @NOW+N is now plus N seconds) into the token
+ * file name; its path (malloc'd). key: the PEM file that signs. */
+static char *mint(const char *name, const char *key, const char *header, const char *claims) {
+  char *h = tu_path("jwt-header.json"), *c = tu_path("jwt-claims.json"), *out = tu_path(name);
+  tu_write_file(h, header, strlen(header));
+  tu_write_file(c, claims, strlen(claims));
+  char cmd[4096], res[8192];
+  snprintf(cmd, sizeof cmd, "python3 '%s/tests/unit/jwt_mint.py' token '%s' '%s' '%s' > '%s'",
+           tu_root(), key, h, c, out);
+  sh_ok(cmd, res, sizeof res);
+  free(h), free(c);
+  return out;
+}
+
+/* Claims as the API server writes them for fsdpd's pod on node, with
+ * changes: sub, aud, exp and nbf as given (NULL: the usual). */
+static const char *claims_for(const char *node, const char *sub, const char *aud, const char *exp,
+                              const char *nbf) {
+  static char buf[2048];
+  char nodepart[256] = "";
+  if (node) snprintf(nodepart, sizeof nodepart, "\"node\": {\"name\": \"%s\", \"uid\": \"u3\"}, ", node);
+  snprintf(buf, sizeof buf,
+           "{\"iss\": \"https://kubernetes.default.svc\", \"sub\": \"%s\", \"aud\": %s, "
+           "\"exp\": \"%s\", \"nbf\": \"%s\", \"iat\": \"@NOW-5\", \"kubernetes.io\": "
+           "{\"namespace\": \"fsdp\", %s\"pod\": {\"name\": \"fsdpd-x\", \"uid\": \"u1\"}, "
+           "\"serviceaccount\": {\"name\": \"fsdpd\", \"uid\": \"u2\"}}}",
+           sub ? sub : SA_SUB, aud ? aud : "[\"fsdp-coordinator\"]", exp ? exp : "@NOW+3600",
+           nbf ? nbf : "@NOW-5", nodepart);
+  return buf;
+}
+
+/* A node may show the projected service account token of fsdpd's pod: one
+ * signed by a key of the cluster's JWKS, for this audience and fsdpd's
+ * service account, unexpired, names its node, as a per-node token would.
+ * Every other token is turned away, saying why: expired, not yet valid,
+ * another audience, another service account (any pod can mint one for its
+ * own), no node, another issuer, another key, a key id not in the set, and
+ * the two classic forgeries, alg none and HS256 keyed with the public key.
+ * Such a token is a node's: no user method. A user token still works. */
+Test(rpc, a_kubernetes_service_account_token_names_its_node, .timeout = 60) {
+  rpc_server_opts_t base = token_opts();
+  char out[8192], cmd[4096];
+  char *k1 = tu_path("sa1.pem"), *k2 = tu_path("sa2.pem"), *jwks = tu_path("jwks.json");
+  snprintf(cmd, sizeof cmd, "openssl genrsa -out '%s' 2048 && openssl genrsa -out '%s' 2048 && "
+           "python3 '%s/tests/unit/jwt_mint.py' jwks '%s' kid-1 > '%s'", k1, k2, tu_root(), k1, jwks);
+  sh_ok(cmd, out, sizeof out);
+  rpc_server_opts_t o = {.user_token_file = base.user_token_file, .node_jwks_file = jwks,
+                         .node_jwt_subject = SA_SUB};
+  srv_start(&o);
+  const char *rs256 = "{\"alg\": \"RS256\", \"kid\": \"kid-1\"}";
+  char who[64];
+  int rc;
+  char *good = mint("good.jwt", k1, rs256, claims_for("gpu-7", NULL, NULL, NULL, NULL));
+  rpc_client_t *c = client(good, NULL, NULL);
+  for (int i = 0; i < 2; i++) { /* the second from what the server remembers */
+    registered_as(c, who, sizeof who, &rc);
+    cr_expect_eq(rc, 0, "%s", err_msg());
+    cr_expect_str_eq(who, "gpu-7");
+  }
+  Fsdp__V1__GetJobReply *gr = NULL;
+  cr_expect_eq(get_job(c, "j-1", &gr), FSDP_EPERM, "a node's token called a user method");
+  if (gr) protobuf_c_message_free_unpacked(&gr->base, NULL);
+  rpc_client_destroy(c);
+  rpc_client_t *user = client(base.user_token_file, NULL, NULL);
+  expect_get_job_ok(user);
+  rpc_client_destroy(user);
+  /* aud may also be one string */
+  char *one = mint("one-aud.jwt", k1, rs256,
+                   claims_for("gpu-8", NULL, "\"fsdp-coordinator\"", NULL, NULL));
+  c = client(one, NULL, NULL);
+  registered_as(c, who, sizeof who, &rc);
+  cr_expect(rc == 0 && !strcmp(who, "gpu-8"), "%d %s: %s", rc, who, err_msg());
+  rpc_client_destroy(c);
+  static const struct {
+    const char *name, *key_is, *header, *sub, *aud, *exp, *nbf, *node, *says;
+  } bad[] = {
+      {"expired", "k1", NULL, NULL, NULL, "@NOW-120", NULL, "gpu-7", "expired"},
+      {"early", "k1", NULL, NULL, NULL, NULL, "@NOW+600", "gpu-7", "not valid yet"},
+      {"aud", "k1", NULL, NULL, "[\"kubernetes\", \"vault\"]", NULL, NULL, "gpu-7", "audience"},
+      {"sub", "k1", NULL, "system:serviceaccount:default:builder", NULL, NULL, NULL, "gpu-7",
+       "service account"},
+      {"nonode", "k1", NULL, NULL, NULL, NULL, NULL, NULL, "names no node"},
+      {"otherkey", "k2", NULL, NULL, NULL, NULL, NULL, "gpu-7", "no key"},
+      {"kid", "k1", "{\"alg\": \"RS256\", \"kid\": \"kid-9\"}", NULL, NULL, NULL, NULL, "gpu-7",
+       "no key"},
+      {"none", "k1", "{\"alg\": \"none\"}", NULL, NULL, NULL, NULL, "gpu-7", "not"},
+      {"hs256", "pub", "{\"alg\": \"HS256\", \"kid\": \"kid-1\"}", NULL, NULL, NULL, NULL, "gpu-7",
+       "RS256"},
+  };
+  char *pub = tu_path("sa1.pub.pem");
+  snprintf(cmd, sizeof cmd, "openssl rsa -in '%s' -pubout -out '%s'", k1, pub);
+  sh_ok(cmd, out, sizeof out);
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    char name[64];
+    snprintf(name, sizeof name, "%s.jwt", bad[i].name);
+    const char *key = !strcmp(bad[i].key_is, "k1") ? k1 : !strcmp(bad[i].key_is, "k2") ? k2 : pub;
+    char *t = mint(name, key, bad[i].header ? bad[i].header : rs256,
+                   claims_for(bad[i].node, bad[i].sub, bad[i].aud, bad[i].exp, bad[i].nbf));
+    c = client(t, NULL, NULL);
+    registered_as(c, who, sizeof who, &rc);
+    cr_expect_eq(rc, FSDP_EAUTH, "%s: %d, as %s", bad[i].name, rc, who);
+    cr_expect(strstr(err_msg(), bad[i].says), "%s: %s", bad[i].name, err_msg());
+    rpc_client_destroy(c);
+    free(t);
+  }
+  srv_stop();
+  /* an issuer, when given, must be the token's */
+  rpc_server_opts_t oi = o;
+  oi.node_jwt_issuer = "https://other.cluster";
+  srv_start(&oi);
+  c = client(good, NULL, NULL);
+  registered_as(c, who, sizeof who, &rc);
+  cr_expect(rc == FSDP_EAUTH && strstr(err_msg(), "issuer"), "%d: %s", rc, err_msg());
+  rpc_client_destroy(c);
+  srv_stop();
+  free(k1), free(k2), free(jwks), free(good), free(one), free(pub);
+}
+
+/* A JWKS file the server cannot use is refused at create, naming the file
+ * and what is wrong; so is one without the service account to expect. */
+Test(rpc, a_bad_node_jwks_file_is_refused_naming_it, .timeout = 30) {
+  rpc_server_opts_t base = token_opts();
+  char out[8192], cmd[4096];
+  char *weak = tu_path("weak.pem"), *ec = tu_path("ec.pem"), *j = tu_path("bad-jwks.json");
+  snprintf(cmd, sizeof cmd, "openssl genrsa -out '%s' 1024 && openssl ecparam -name prime256v1 "
+           "-genkey -noout -out '%s'", weak, ec);
+  sh_ok(cmd, out, sizeof out);
+  char weak_jwks[4096];
+  snprintf(cmd, sizeof cmd, "python3 '%s/tests/unit/jwt_mint.py' jwks '%s' w", tu_root(), weak);
+  sh_ok(cmd, weak_jwks, sizeof weak_jwks);
+  static const struct {
+    const char *text, *says;
+  } bad[] = {
+      {"{\"keys\": [", "not JSON"},
+      {"{\"key\": []}", "no \"keys\" array"},
+      {"{\"keys\": [{\"kty\": \"EC\", \"crv\": \"P-256\", \"x\": \"AA\", \"y\": \"AA\"}]}",
+       "no RSA signing key"},
+      {"{\"keys\": [{\"kty\": \"RSA\", \"n\": \"!!\", \"e\": \"AQAB\"}]}", "not an RSA public key"},
+      {NULL, "2048 bits"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    const char *text = bad[i].text ? bad[i].text : weak_jwks;
+    tu_write_file(j, text, strlen(text));
+    rpc_server_opts_t o = {.user_token_file = base.user_token_file, .node_jwks_file = j,
+                           .node_jwt_subject = SA_SUB};
+    cr_expect_eq(srv_try(&o), FSDP_EINVAL, "case %zu", i);
+    cr_expect(strstr(F.err, bad[i].says) && strstr(F.err, j), "case %zu: %s", i, F.err);
+  }
+  rpc_server_opts_t nosub = {.user_token_file = base.user_token_file, .node_jwks_file = j};
+  cr_expect_eq(srv_try(&nosub), FSDP_EINVAL);
+  cr_expect(strstr(F.err, "system:serviceaccount"), "%s", F.err);
+  free(weak), free(ec), free(j);
+}
+
+/* A client reads its token file again when it changes (the kubelet renews a
+ * projected token by renaming a new file over it): the next call sends the
+ * new token. A file that no longer reads keeps the token it had. */
+Test(rpc, a_client_sends_the_token_its_file_holds_now, .timeout = 30) {
+  rpc_server_opts_t o = token_opts();
+  write_token("renew.tokens", "alpha alpha-secret-1\nbeta beta-secret-2\n");
+  char *table = tu_path("renew.tokens"), *mine = tu_path("mine.token"), *next = tu_path("next.token");
+  rpc_server_opts_t per = {.user_token_file = o.user_token_file, .node_token_file = table};
+  srv_start(&per);
+  tu_write_file(mine, "alpha-secret-1\n", 15);
+  rpc_client_t *c = client(mine, NULL, NULL);
+  char who[64];
+  int rc;
+  registered_as(c, who, sizeof who, &rc);
+  cr_expect_str_eq(who, "alpha", "%s", err_msg());
+  tu_write_file(next, "beta-secret-2\n", 14);
+  cr_assert_eq(rename(next, mine), 0);
+  registered_as(c, who, sizeof who, &rc);
+  cr_expect_str_eq(who, "beta", "the renewed token was not sent: %s", err_msg());
+  tu_write_file(next, "two words\n", 10);
+  cr_assert_eq(rename(next, mine), 0);
+  registered_as(c, who, sizeof who, &rc);
+  cr_expect_str_eq(who, "beta", "a token file that does not read replaced the token: %s", err_msg());
+  rpc_client_destroy(c);
+  srv_stop();
+  free(table), free(mine), free(next);
+}
+
 /* "sha256:<hex>" of token, by coreutils' sha256sum (not our code), into out. */
 static void digest_of(const char *token, char *out, size_t n) {
   char cmd[256], hex[65] = "";

@@ -1,0 +1,267 @@
+/* rpc_jwt: nodes that prove who they are with a Kubernetes projected
+ * service account token (rpc.h, "Kubernetes nodes").
+ *
+ * The token is a JWT (RFC 7519) the API server signed with RS256; the
+ * server holds the cluster's public keys as a JWKS file (RFC 7517, what
+ * `kubectl get --raw /openid/v1/jwks` prints). libjwt decodes and checks
+ * the signature against the key the header's kid names, turned into PEM
+ * here with OpenSSL; the header must say RS256 before any key is tried and
+ * after (a token saying HS256 would have libjwt take the public key for an
+ * HMAC secret, which anyone holds). Then the claims: exp and nbf (60 s of
+ * leeway for clocks), iss when the operator gave one, sub (the service
+ * account fsdpd runs as: any pod may get a token for any audience from its
+ * own account, so the audience alone proves nothing), aud, and the node the
+ * kubelet bound the token to, kubernetes.io.node.name (Kubernetes 1.30 and
+ * later). That name is the caller's, as a per-node token file's would be.
+ *
+ * A token verified once is remembered by its SHA-256 until it expires (a
+ * heartbeat a second per node must not cost an RSA verification each). */
+#include <errno.h>
+#include <jansson.h>
+#include <jwt.h>
+#include <openssl/bio.h>
+#include <openssl/bn.h>
+#include <openssl/core_names.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/param_build.h>
+#include <openssl/pem.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/common/err.h"
+#include "rpc_impl.h"
+
+#define RPC_JWKS_FILE_MAX (1u << 20)
+#define RPC_JWKS_KEYS_MAX 64
+#define RPC_JWT_LEEWAY_S 60
+
+struct rpc_jwks {
+  struct rpc_jwk {
+    char *kid; /* NULL: none given */
+    char *pem; /* the public key */
+  } *k;
+  int n;
+  char *audience, *subject, *issuer;
+  /* verified tokens by digest (slot: the digest's first bytes) */
+  struct rpc_jwt_seen {
+    uint8_t sha[RPC_DIGEST_LEN];
+    int64_t until; /* 0: empty */
+    char node[RPC_NODE_NAME_MAX];
+  } seen[RPC_JWT_SEEN];
+};
+
+/* base64url (no padding) of s as a big-endian number. */
+static BIGNUM *rpc_jwk_bn(const char *s) {
+  size_t n = strlen(s);
+  if (!n || n > 2048) return NULL;
+  char *b = malloc(n + 4);
+  unsigned char *raw = malloc(n + 4);
+  BIGNUM *bn = NULL;
+  if (b && raw) {
+    for (size_t i = 0; i < n; i++) b[i] = s[i] == '-' ? '+' : s[i] == '_' ? '/' : s[i];
+    size_t m = n;
+    while (m % 4) b[m++] = '=';
+    b[m] = 0;
+    const int got = EVP_DecodeBlock(raw, (const unsigned char *)b, (int)m);
+    const int pad = (int)(m - n);
+    if (got > pad) bn = BN_bin2bn(raw, got - pad, NULL);
+  }
+  free(b), free(raw);
+  return bn;
+}
+
+/* An RSA JWK's n and e as a PEM public key (malloc'd), or NULL. */
+static char *rpc_jwk_pem(const char *n64, const char *e64) {
+  BIGNUM *n = rpc_jwk_bn(n64), *e = rpc_jwk_bn(e64);
+  OSSL_PARAM_BLD *bld = OSSL_PARAM_BLD_new();
+  OSSL_PARAM *params = NULL;
+  EVP_PKEY_CTX *ctx = NULL;
+  EVP_PKEY *key = NULL;
+  BIO *bio = NULL;
+  char *pem = NULL;
+  if (n && e && bld && OSSL_PARAM_BLD_push_BN(bld, OSSL_PKEY_PARAM_RSA_N, n) &&
+      OSSL_PARAM_BLD_push_BN(bld, OSSL_PKEY_PARAM_RSA_E, e) &&
+      (params = OSSL_PARAM_BLD_to_param(bld)) &&
+      (ctx = EVP_PKEY_CTX_new_from_name(NULL, "RSA", NULL)) && EVP_PKEY_fromdata_init(ctx) > 0 &&
+      EVP_PKEY_fromdata(ctx, &key, EVP_PKEY_PUBLIC_KEY, params) > 0 &&
+      EVP_PKEY_get_bits(key) >= 2048 && (bio = BIO_new(BIO_s_mem())) &&
+      PEM_write_bio_PUBKEY(bio, key)) {
+    char *p;
+    const long len = BIO_get_mem_data(bio, &p);
+    if (len > 0 && (pem = malloc((size_t)len + 1))) memcpy(pem, p, (size_t)len), pem[len] = 0;
+  }
+  BIO_free(bio);
+  EVP_PKEY_free(key);
+  EVP_PKEY_CTX_free(ctx);
+  OSSL_PARAM_free(params);
+  OSSL_PARAM_BLD_free(bld);
+  BN_free(n), BN_free(e);
+  return pem;
+}
+
+void rpc__jwks_free(rpc_jwks_t *j) {
+  if (!j) return;
+  for (int i = 0; i < j->n; i++) free(j->k[i].kid), free(j->k[i].pem);
+  free(j->k), free(j->audience), free(j->subject), free(j->issuer);
+  OPENSSL_cleanse(j->seen, sizeof j->seen);
+  free(j);
+}
+
+int rpc__jwks_load(rpc_jwks_t **out, const rpc_jwt_opts_t *o) {
+  *out = NULL;
+  if (!o->subject || !*o->subject)
+    return err_set(FSDP_EINVAL, "node JWKS file %s: give the service account fsdpd runs as, "
+                   "system:serviceaccount:NAMESPACE:NAME (--node-jwt-subject): any pod can get a "
+                   "token for any audience from its own account", o->jwks_file);
+  char *text;
+  size_t len;
+  int rc = rpc__read_file(o->jwks_file, "node JWKS file", RPC_JWKS_FILE_MAX, &text, &len);
+  if (rc) return rc;
+  json_error_t jerr;
+  json_t *doc = json_loadb(text, len, 0, &jerr);
+  free(text);
+  json_t *keys = doc ? json_object_get(doc, "keys") : NULL;
+  if (!json_is_array(keys)) {
+    rc = err_set(FSDP_EINVAL, "node JWKS file %s: %s%s; it should hold what `kubectl get --raw "
+                 "/openid/v1/jwks` prints, {\"keys\": [...]}", o->jwks_file,
+                 doc ? "no \"keys\" array" : "not JSON: ", doc ? "" : jerr.text);
+    json_decref(doc);
+    return rc;
+  }
+  rpc_jwks_t *j = calloc(1, sizeof *j);
+  const size_t nk = json_array_size(keys);
+  if (!j || !(j->k = calloc(nk + 1, sizeof *j->k)) ||
+      !(j->audience = strdup(o->audience && *o->audience ? o->audience : RPC_JWT_AUDIENCE)) ||
+      !(j->subject = strdup(o->subject)) || (o->issuer && *o->issuer && !(j->issuer = strdup(o->issuer)))) {
+    rc = err_set(FSDP_ENOMEM, "rpc server: out of memory for the node JWKS");
+    goto out;
+  }
+  for (size_t i = 0; i < nk && !rc; i++) {
+    json_t *k = json_array_get(keys, i);
+    const char *kty = json_string_value(json_object_get(k, "kty"));
+    const char *kid = json_string_value(json_object_get(k, "kid"));
+    const char *use = json_string_value(json_object_get(k, "use"));
+    const char *alg = json_string_value(json_object_get(k, "alg"));
+    /* a cluster signing with EC keys lists them too: only RS256 keys serve */
+    if (!kty || strcmp(kty, "RSA") || (use && strcmp(use, "sig")) || (alg && strcmp(alg, "RS256")))
+      continue;
+    if (j->n == RPC_JWKS_KEYS_MAX) {
+      rc = err_set(FSDP_ELIMIT, "node JWKS file %s: more than %d RSA keys", o->jwks_file,
+                   RPC_JWKS_KEYS_MAX);
+      break;
+    }
+    const char *n64 = json_string_value(json_object_get(k, "n"));
+    const char *e64 = json_string_value(json_object_get(k, "e"));
+    char *pem = n64 && e64 ? rpc_jwk_pem(n64, e64) : NULL;
+    if (!pem) {
+      rc = err_set(FSDP_EINVAL, "node JWKS file %s: key %zu (kid %s) is not an RSA public key of "
+                   "2048 bits or more (its n and e, base64url)", o->jwks_file, i, kid ? kid : "none");
+      break;
+    }
+    j->k[j->n].pem = pem;
+    if (kid && !(j->k[j->n].kid = strdup(kid))) rc = err_set(FSDP_ENOMEM, "out of memory");
+    j->n++;
+  }
+  if (!rc && !j->n)
+    rc = err_set(FSDP_EINVAL, "node JWKS file %s: no RSA signing key (kty RSA, RS256) in it; "
+                 "fsdpd's tokens are checked with RS256 only", o->jwks_file);
+out:
+  json_decref(doc);
+  if (rc) rpc__jwks_free(j);
+  else *out = j;
+  return rc;
+}
+
+int rpc__jwt_like(const uint8_t *tok, size_t n) {
+  int dots = 0;
+  for (size_t i = 0; i < n; i++) {
+    const uint8_t c = tok[i];
+    if (c == '.') dots++;
+    else if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+               c == '-' || c == '_'))
+      return 0;
+  }
+  return dots == 2;
+}
+
+/* Whether the JSON text of a grant, a string or an array of them, holds s. */
+static int rpc_jwt_aud_has(jwt_t *v, const char *s) {
+  const char *one = jwt_get_grant(v, "aud");
+  if (one) return !strcmp(one, s);
+  char *txt = jwt_get_grants_json(v, "aud");
+  json_t *a = txt ? json_loads(txt, JSON_DECODE_ANY, NULL) : NULL;
+  free(txt);
+  int has = 0;
+  for (size_t i = 0; json_is_array(a) && i < json_array_size(a) && !has; i++) {
+    const char *e = json_string_value(json_array_get(a, i));
+    has = e && !strcmp(e, s);
+  }
+  json_decref(a);
+  return has;
+}
+
+/* The claims of a verified token: NULL and the node's name in node, or why not. */
+static const char *rpc_jwt_claims(const rpc_jwks_t *j, jwt_t *v, int64_t now, char *node,
+                                  size_t cap, int64_t *exp_out) {
+  errno = 0;
+  const long exp = jwt_get_grant_int(v, "exp");
+  if (errno == ENOENT) return "it has no expiry (exp): a projected token has one";
+  if (now > exp + RPC_JWT_LEEWAY_S) return "it has expired (the kubelet renews the file: is fsdpd reading an old copy?)";
+  errno = 0;
+  const long nbf = jwt_get_grant_int(v, "nbf");
+  if (errno != ENOENT && now + RPC_JWT_LEEWAY_S < nbf) return "it is not valid yet (nbf): are the clocks apart?";
+  const char *iss = jwt_get_grant(v, "iss");
+  if (j->issuer && (!iss || strcmp(iss, j->issuer))) return "its issuer (iss) is not this cluster's";
+  const char *sub = jwt_get_grant(v, "sub");
+  if (!sub || strcmp(sub, j->subject)) return "its service account (sub) is not fsdpd's";
+  if (!rpc_jwt_aud_has(v, j->audience)) return "its audience (aud) is not this coordinator's";
+  char *txt = jwt_get_grants_json(v, "kubernetes.io");
+  json_t *k8s = txt ? json_loads(txt, 0, NULL) : NULL;
+  free(txt);
+  const char *name = json_string_value(json_object_get(json_object_get(k8s, "node"), "name"));
+  const char *why = NULL;
+  if (!name) why = "it names no node (kubernetes.io.node.name: Kubernetes 1.30 or later binds it to the pod's node)";
+  else if (!*name || strlen(name) >= cap) why = "its node name is empty or too long";
+  for (const char *p = name; !why && *p; p++)
+    if (*p < 0x21 || *p > 0x7e) why = "its node name is not printable ASCII";
+  if (!why) snprintf(node, cap, "%s", name), *exp_out = exp;
+  json_decref(k8s);
+  return why;
+}
+
+int rpc__jwt_node(rpc_jwks_t *j, const uint8_t *tok, size_t n, const uint8_t sha[RPC_DIGEST_LEN],
+                  int64_t now, char *node, size_t cap) {
+  struct rpc_jwt_seen *seen = &j->seen[(sha[0] | (unsigned)sha[1] << 8) % RPC_JWT_SEEN];
+  if (seen->until && now <= seen->until && !CRYPTO_memcmp(seen->sha, sha, RPC_DIGEST_LEN)) {
+    snprintf(node, cap, "%s", seen->node);
+    return 0;
+  }
+  char *buf = malloc(n + 1);
+  if (!buf) return err_set(FSDP_ENOMEM, "rpc server: out of memory checking a token");
+  memcpy(buf, tok, n), buf[n] = 0;
+  const char *why = NULL;
+  jwt_t *h = NULL, *v = NULL;
+  /* the header, unverified: its alg and kid choose the check */
+  const char *alg = NULL;
+  if (jwt_decode(&h, buf, NULL, 0) || !h) why = "it does not decode as a JWT";
+  else if (!(alg = jwt_get_header(h, "alg")) || strcmp(alg, "RS256")) /* decoded keyless: the header's word */
+    why = "it is not signed with RS256";
+  const char *kid = h && !why ? jwt_get_header(h, "kid") : NULL;
+  for (int i = 0; !why && !v && i < j->n; i++)
+    if (!kid || !j->k[i].kid || !strcmp(kid, j->k[i].kid))
+      if (jwt_decode(&v, buf, (const unsigned char *)j->k[i].pem, (int)strlen(j->k[i].pem))) v = NULL;
+  if (!why && !v) why = "no key of the JWKS file verifies its signature (was the cluster's key rotated?)";
+  if (!why && jwt_get_alg(v) != JWT_ALG_RS256) why = "it is not signed with RS256";
+  int64_t exp = 0;
+  if (!why) why = rpc_jwt_claims(j, v, now, node, cap, &exp);
+  jwt_free(h), jwt_free(v);
+  rpc__free_secret(buf);
+  if (why) return err_set(FSDP_EAUTH, "the token is a service account token this server does not "
+                          "take: %s", why);
+  memcpy(seen->sha, sha, RPC_DIGEST_LEN);
+  seen->until = exp + RPC_JWT_LEEWAY_S;
+  snprintf(seen->node, sizeof seen->node, "%s", node);
+  return 0;
+}
