@@ -861,6 +861,20 @@ Test(fsdpd, survives_the_coordinator_going_away_and_reregisters_with_its_ranks, 
   cr_expect(wait_for(two_exits, 5), "killed ranks reported");
 }
 
+/* Waits up to secs for fsdpd to register beyond its regs-th registration;
+ * how many the fake has taken then. */
+static int regs_after(int regs, double secs) {
+  const double until = tu_now_s() + secs;
+  int now = regs;
+  while (now == regs && tu_now_s() < until) {
+    usleep(20000);
+    pthread_mutex_lock(&F.mu);
+    now = F.regs;
+    pthread_mutex_unlock(&F.mu);
+  }
+  return now;
+}
+
 static int refused_twice(void) { return F.reg_refusals >= 2; }
 
 /* Lines of fsdpd's log that hold what. */
@@ -895,14 +909,7 @@ Test(fsdpd, a_refusal_once_registered_keeps_the_ranks_and_is_asked_again, .timeo
   pthread_mutex_lock(&F.mu);
   F.refuse_regs = 0;
   pthread_mutex_unlock(&F.mu);
-  double until = tu_now_s() + 10;
-  int now = regs;
-  while (now == regs && tu_now_s() < until) {
-    usleep(20000);
-    pthread_mutex_lock(&F.mu);
-    now = F.regs;
-    pthread_mutex_unlock(&F.mu);
-  }
+  const int now = regs_after(regs, 10);
   cr_assert_gt(now, regs, "fsdpd did not register once taken");
   pthread_mutex_lock(&F.mu);
   cr_expect_eq(F.reg_nranks, 2, "with the ranks it kept running");
@@ -932,14 +939,7 @@ Test(fsdpd, a_rank_whose_exit_is_not_reported_yet_is_listed_when_fsdpd_registers
   const int regs = F.regs;
   F.session = 0; /* its next heartbeat is told to register again */
   pthread_mutex_unlock(&F.mu);
-  double until = tu_now_s() + 10;
-  int now = regs;
-  while (now == regs && tu_now_s() < until) {
-    usleep(20000);
-    pthread_mutex_lock(&F.mu);
-    now = F.regs;
-    pthread_mutex_unlock(&F.mu);
-  }
+  const int now = regs_after(regs, 10);
   cr_assert_gt(now, regs, "fsdpd did not register again");
   pthread_mutex_lock(&F.mu);
   cr_expect_eq(F.reg_nranks, 2, "the registration lists the ranks whose exits are not reported yet");
