@@ -90,7 +90,9 @@ static grpc_metadata rpc_client_auth(rpc_client_t *c) {
   if (!stat(c->token_file, &st) &&
       (st.st_ino != c->token_st.st_ino || st.st_dev != c->token_st.st_dev ||
        st.st_size != c->token_st.st_size || st.st_mtim.tv_sec != c->token_st.st_mtim.tv_sec ||
-       st.st_mtim.tv_nsec != c->token_st.st_mtim.tv_nsec)) {
+       st.st_mtim.tv_nsec != c->token_st.st_mtim.tv_nsec ||
+       st.st_ctim.tv_sec != c->token_st.st_ctim.tv_sec ||
+       st.st_ctim.tv_nsec != c->token_st.st_ctim.tv_nsec)) { /* ctime: a chmod made it readable */
     grpc_slice fresh;
     grpc_slice *grown = realloc(c->retired, (size_t)(c->n_retired + 1) * sizeof *grown);
     if (grown) c->retired = grown;
@@ -99,6 +101,9 @@ static grpc_metadata rpc_client_auth(rpc_client_t *c) {
                                "before", c->token_file, grown ? err_msg() : "out of memory");
       c->warned = 1;
       c->token_st = st; /* not again until it changes again */
+    } else if (grpc_slice_eq(fresh, c->auth.value)) { /* touched, not renewed */
+      grpc_slice_unref(fresh);
+      c->warned = 0;
     } else {
       c->retired[c->n_retired++] = c->auth.value;
       c->auth.value = fresh;

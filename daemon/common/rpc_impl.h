@@ -42,7 +42,8 @@ void rpc__jwks_free(rpc_jwks_t *j);
 /* 1 when the n bytes at tok have a JWT's form (three base64url parts). */
 int rpc__jwt_like(const uint8_t *tok, size_t n);
 /* Checks a JWT (its SHA-256 in sha) at time now (Unix seconds): 0 and the
- * name of the node it is bound to in node, or FSDP_EAUTH saying why not.
+ * name of the node it is bound to in node, or FSDP_EAUTH saying why not
+ * (FSDP_ENOTFOUND: no key of the set verifies it, which a newer set might).
  * On the server's loop only (it remembers tokens it verified). */
 int rpc__jwt_node(rpc_jwks_t *j, const uint8_t *tok, size_t n, const uint8_t sha[RPC_DIGEST_LEN],
                   int64_t now, char *node, size_t cap);

@@ -36,6 +36,7 @@
 #define RPC_JWKS_FILE_MAX (1u << 20)
 #define RPC_JWKS_KEYS_MAX 64
 #define RPC_JWT_LEEWAY_S 60
+#define RPC_JWT_TRIES 2 /* keys a token's signature is checked against, at most */
 
 struct rpc_jwks {
   struct rpc_jwk {
@@ -55,6 +56,7 @@ struct rpc_jwks {
 /* base64url (no padding) of s as a big-endian number. */
 static BIGNUM *rpc_jwk_bn(const char *s) {
   size_t n = strlen(s);
+  while (n && s[n - 1] == '=') n--; /* padding is not base64url's, but some writers add it */
   if (!n || n > 2048) return NULL;
   char *b = malloc(n + 4);
   unsigned char *raw = malloc(n + 4);
@@ -208,10 +210,10 @@ static const char *rpc_jwt_claims(const rpc_jwks_t *j, jwt_t *v, int64_t now, ch
   errno = 0;
   const long exp = jwt_get_grant_int(v, "exp");
   if (errno == ENOENT) return "it has no expiry (exp): a projected token has one";
-  if (now > exp + RPC_JWT_LEEWAY_S) return "it has expired (the kubelet renews the file: is fsdpd reading an old copy?)";
+  if (now - RPC_JWT_LEEWAY_S > exp) return "it has expired (the kubelet renews the file: is fsdpd reading an old copy?)";
   errno = 0;
   const long nbf = jwt_get_grant_int(v, "nbf");
-  if (errno != ENOENT && now + RPC_JWT_LEEWAY_S < nbf) return "it is not valid yet (nbf): are the clocks apart?";
+  if (errno != ENOENT && nbf - RPC_JWT_LEEWAY_S > now) return "it is not valid yet (nbf): are the clocks apart?";
   const char *iss = jwt_get_grant(v, "iss");
   if (j->issuer && (!iss || strcmp(iss, j->issuer))) return "its issuer (iss) is not this cluster's";
   const char *sub = jwt_get_grant(v, "sub");
@@ -248,17 +250,26 @@ int rpc__jwt_node(rpc_jwks_t *j, const uint8_t *tok, size_t n, const uint8_t sha
   if (jwt_decode(&h, buf, NULL, 0) || !h) why = "it does not decode as a JWT";
   else if (!(alg = jwt_get_header(h, "alg")) || strcmp(alg, "RS256")) /* decoded keyless: the header's word */
     why = "it is not signed with RS256";
+  /* the key its kid names (Kubernetes always gives one); keys without a kid
+   * too; at most RPC_JWT_TRIES of them, so that a forged token costs a
+   * caller no more than that many RSA checks of the server's one loop */
   const char *kid = h && !why ? jwt_get_header(h, "kid") : NULL;
-  for (int i = 0; !why && !v && i < j->n; i++)
-    if (!kid || !j->k[i].kid || !strcmp(kid, j->k[i].kid))
+  int tries = 0;
+  for (int i = 0; !why && !v && i < j->n && tries < RPC_JWT_TRIES; i++)
+    if (!j->k[i].kid || (kid && !strcmp(kid, j->k[i].kid))) {
+      tries++;
       if (jwt_decode(&v, buf, (const unsigned char *)j->k[i].pem, (int)strlen(j->k[i].pem))) v = NULL;
-  if (!why && !v) why = "no key of the JWKS file verifies its signature (was the cluster's key rotated?)";
+    }
+  int rc = FSDP_EAUTH;
+  if (!why && !v)
+    why = "no key of the JWKS file verifies its signature (was the cluster's key rotated?)",
+    rc = FSDP_ENOTFOUND;
   if (!why && jwt_get_alg(v) != JWT_ALG_RS256) why = "it is not signed with RS256";
   int64_t exp = 0;
   if (!why) why = rpc_jwt_claims(j, v, now, node, cap, &exp);
   jwt_free(h), jwt_free(v);
   rpc__free_secret(buf);
-  if (why) return err_set(FSDP_EAUTH, "the token is a service account token this server does not "
+  if (why) return err_set(rc, "the token is a service account token this server does not "
                           "take: %s", why);
   memcpy(seen->sha, sha, RPC_DIGEST_LEN);
   seen->until = exp + RPC_JWT_LEEWAY_S;

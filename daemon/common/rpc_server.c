@@ -26,6 +26,7 @@
 #include <strings.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include <grpc/grpc_security.h>
@@ -36,6 +37,8 @@
 #include "daemon/common/log.h"
 #include "proto/health.pb-c.h"
 #include "rpc_impl.h"
+
+#define RPC_JWKS_CHECK_S 1 /* a token no key verifies looks at the JWKS file this often, at most */
 
 #define RPC_METHODS_MAX 64
 /* Requests kept armed per registered method. A call that arrives while none
@@ -117,6 +120,8 @@ struct rpc_server {
   rpc_server_opts_t o;
   char *addr;
   rpc_keys_t keys;                /* none: auth off */
+  struct stat jwks_st;            /* the node JWKS file when read */
+  time_t jwks_checked;            /* when a token no key verified last looked at it */
   char *cert_pem, *key_pem;       /* NULL: plaintext */
   rpc_reg_t regs[RPC_METHODS_MAX];
   int nregs;
@@ -352,6 +357,34 @@ static void rpc_role_names(unsigned roles, char *buf, size_t n) {
     if (roles & r) at += (size_t)snprintf(buf + at, n - at, "%s%s", at ? " or " : "", rpc_role_name(r));
 }
 
+/* The node JWKS file's identity as its keys were read. */
+static void rpc_jwks_stat(rpc_server_t *s) {
+  if (!s->o.node_jwks_file || stat(s->o.node_jwks_file, &s->jwks_st)) memset(&s->jwks_st, 0, sizeof s->jwks_st);
+}
+
+/* A token no key of the node JWKS verified: at most every
+ * RPC_JWKS_CHECK_S, the file is looked at, and read again (with every token
+ * file) when it was replaced, as a ConfigMap updated after the cluster's
+ * signing key rotated is. 1 when the keys were read again. */
+static int rpc_jwks_changed(rpc_server_t *s, time_t now) {
+  struct stat st;
+  if (now - s->jwks_checked < RPC_JWKS_CHECK_S || stat(s->o.node_jwks_file, &st)) return 0;
+  s->jwks_checked = now;
+  if (st.st_ino == s->jwks_st.st_ino && st.st_dev == s->jwks_st.st_dev &&
+      st.st_size == s->jwks_st.st_size && st.st_mtim.tv_sec == s->jwks_st.st_mtim.tv_sec &&
+      st.st_mtim.tv_nsec == s->jwks_st.st_mtim.tv_nsec && st.st_ctim.tv_sec == s->jwks_st.st_ctim.tv_sec &&
+      st.st_ctim.tv_nsec == s->jwks_st.st_ctim.tv_nsec)
+    return 0;
+  if (rpc_server_reload_tokens(s)) {
+    LOG_WARN("rpc", "node JWKS file %s changed but cannot be used: %s; the keys read before stay",
+             s->o.node_jwks_file, err_msg());
+    s->jwks_st = st; /* not again until it changes again */
+    return 0;
+  }
+  LOG_INFO("rpc", "node JWKS file %s changed: its keys read again", s->o.node_jwks_file);
+  return 1;
+}
+
 /* Checks the caller's token against the roles allowed; sets c->role. */
 static int rpc_auth(rpc_server_t *s, rpc_call_t *c, unsigned roles) {
   if ((!s->keys.n && !s->keys.jwks) || !roles) return 0;
@@ -379,9 +412,13 @@ static int rpc_auth(rpc_server_t *s, rpc_call_t *c, unsigned roles) {
   if (k) {
     c->role = k->role;
     snprintf(c->node, sizeof c->node, "%s", k->name ? k->name : "");
-  } else if (s->keys.jwks && rpc__jwt_like(p, n)) { /* a Kubernetes node's service account token */
-    const int rc = rpc__jwt_node(s->keys.jwks, p, n, sha, (int64_t)time(NULL), c->node,
-                                 sizeof c->node);
+  } else if (s->keys.jwks && (roles & RPC_ROLE_NODE) && rpc__jwt_like(p, n)) {
+    /* a Kubernetes node's service account token (only where a node may call) */
+    const time_t now = time(NULL);
+    int rc = rpc__jwt_node(s->keys.jwks, p, n, sha, (int64_t)now, c->node, sizeof c->node);
+    if (rc == FSDP_ENOTFOUND && rpc_jwks_changed(s, now)) /* the cluster's keys rotated? */
+      rc = rpc__jwt_node(s->keys.jwks, p, n, sha, (int64_t)now, c->node, sizeof c->node);
+    if (rc == FSDP_ENOTFOUND) rc = FSDP_EAUTH;
     OPENSSL_cleanse(sha, sizeof sha);
     if (rc) {
       char why[512];
@@ -629,6 +666,10 @@ static void rpc_async_closed(uv_handle_t *h) { rpc_server_free(h->data); }
 int rpc_server_create(rpc_server_t **out, uv_loop_t *loop, const rpc_server_opts_t *o) {
   *out = NULL;
   if (!o->addr || !*o->addr) return err_set(FSDP_EINVAL, "rpc server: no address to listen on");
+  if (!o->user_token_file && (o->node_token_file || o->node_jwks_file))
+    return err_set(FSDP_EINVAL, "rpc server: a %s without the user token file: give both (users "
+                   "and nodes hold different tokens) or neither (open to anyone who can connect)",
+                   o->node_token_file ? "node token file" : "node JWKS file");
   if (!o->user_only && !o->user_token_file != !(o->node_token_file || o->node_jwks_file))
     return err_set(FSDP_EINVAL, "rpc server: a %s token file without a %s one: give both (users "
                    "and nodes hold different tokens) or neither (open to anyone who can connect)%s",
@@ -658,6 +699,7 @@ int rpc_server_create(rpc_server_t **out, uv_loop_t *loop, const rpc_server_opts
                            &(rpc_jwt_opts_t){o->node_jwks_file, o->node_jwt_audience,
                                              o->node_jwt_subject, o->node_jwt_issuer})))
     goto fail;
+  rpc_jwks_stat(s);
   if (o->tls_cert_file &&
       ((rc = rpc__read_file(o->tls_cert_file, "TLS certificate", RPC_PEM_MAX, &s->cert_pem, NULL)) ||
        (rc = rpc__read_file(o->tls_key_file, "TLS key", RPC_PEM_MAX, &s->key_pem, NULL))))
@@ -735,6 +777,7 @@ int rpc_server_reload_tokens(rpc_server_t *s) {
   if (rc) return rc;
   rpc__keys_free(&s->keys); /* calls in flight keep the role and name they came with */
   s->keys = fresh;
+  rpc_jwks_stat(s);
   return 0;
 }
 

@@ -119,14 +119,12 @@ static void agent_async_cb(uv_async_t *h) {
   }
 }
 
-/* A refusal: the coordinator answered, and no retry changes its answer
- * until it or this node is configured again (a token it does not take, a
- * name that is not the token's, a name another live fsdpd holds, a value
- * out of its range, a method it does not have). Everything else (unreachable, late, failing) is transient. */
-int agent_refusal(int rc) {
-  return rc == FSDP_EAUTH || rc == FSDP_EPERM || rc == FSDP_EINVAL || rc == FSDP_EUNSUPPORTED ||
-         rc == FSDP_EEXIST;
-}
+/* A refusal: the coordinator (or what stands before it) knows the caller
+ * and will not take it: a token it does not take, a name that is not the
+ * token's, a name another live fsdpd holds. Only a change of configuration
+ * ends one. Everything else (unreachable, late, failing, a store error,
+ * which may come back as INVALID_ARGUMENT) passes by itself. */
+int agent_refusal(int rc) { return rc == FSDP_EAUTH || rc == FSDP_EPERM || rc == FSDP_EEXIST; }
 
 /* The session: register, then one heartbeat in flight at a time. */
 static void *agent_main(void *arg) {
@@ -138,7 +136,7 @@ static void *agent_main(void *arg) {
   uint64_t instance = 0; /* this process's, for every registration (proto: instance) */
   while (!instance && getrandom(&instance, sizeof instance, 0) != sizeof instance)
     instance = (uint64_t)(agent_now() * 1e9) ^ (uint64_t)getpid() << 32;
-  double refusal_logged = 0;
+  double refusal_logged = 0, refused_since = 0;
   while (!agent_stopping(a)) {
     Fsdp__V1__HeartbeatRequest *st = agent_state(a);
     int rc;
@@ -202,21 +200,30 @@ static void *agent_main(void *arg) {
     if (st) fsdp__v1__heartbeat_request__free_unpacked(st, NULL);
     if (rc && agent_refusal(rc)) {
       /* a refusal is an operator's to fix: logged as an error, again each
-       * minute while it stays (a transient failure's line comes once) */
-      if (!ever && a->o.refused_cb) { /* the loop ends fsdpd, saying why */
+       * minute while it stays (a transient failure's line comes once). The
+       * first registration refused for refused_exit_s ends fsdpd (the loop
+       * says why): no rank can run before it. A refusal may also pass (the
+       * coordinator's token files read again, a clock set right), so it is
+       * asked again meanwhile, each second until registered, then every 5 s. */
+      const double now = agent_now();
+      if (!refused_since) refused_since = now;
+      if (!ever && a->o.refused_cb && now - refused_since >= a->o.refused_exit_s) {
         agent_post(a, 2, NULL, err_msg());
         if (agent_sleep(a, AGENT_REFUSED_MS)) break;
         continue;
       }
-      double now = agent_now();
       if (strncmp(refusal, err_msg(), sizeof refusal - 1) || now - refusal_logged >= AGENT_REFUSED_LOG_S) {
         snprintf(refusal, sizeof refusal, "%s", err_msg());
         refusal_logged = now;
-        LOG_ERROR("fsdpd", "the coordinator refused %s: %s; asking again every %d s, ranks keep "
-                  "running", what, refusal, AGENT_REFUSED_MS / 1000);
+        if (ever)
+          LOG_ERROR("fsdpd", "the coordinator refused %s: %s; asking again every %d s, ranks keep "
+                    "running", what, refusal, AGENT_REFUSED_MS / 1000);
+        else
+          LOG_ERROR("fsdpd", "the coordinator refused %s: %s; asking again each second, and "
+                    "stopping if it still refuses after %g s", what, refusal, a->o.refused_exit_s);
       }
       lost = 1;
-      if (agent_sleep(a, AGENT_REFUSED_MS)) break;
+      if (agent_sleep(a, ever ? AGENT_REFUSED_MS : AGENT_BACKOFF_MAX_MS)) break;
       continue;
     }
     if (rc) {
@@ -230,7 +237,7 @@ static void *agent_main(void *arg) {
     }
     if (lost) LOG_INFO("fsdpd", "the coordinator answers again (%s)", what);
     lost = 0;
-    refusal[0] = 0;
+    refusal[0] = 0, refused_since = 0;
     backoff = AGENT_BACKOFF_MIN_MS;
     /* a coordinator should hold an empty heartbeat for its interval; one that
      * answers at once must not make this a busy loop */

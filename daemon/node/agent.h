@@ -8,11 +8,12 @@
  * again, with the node id it had and the ranks it still runs. A coordinator
  * that is down or slow (UNAVAILABLE, DEADLINE_EXCEEDED, anything else) is
  * retried with a backoff of at most 1 s, and nothing is stopped meanwhile:
- * ranks outlive a coordinator restart. A refusal (agent_refusal: a token,
- * name or value the coordinator does not take) of the first registration
- * is handed to the loop (refused_cb): no rank can run before it, and fsdpd
- * ends. Once registered, a refusal is asked again every 5 s (the
- * coordinator's operator may fix it) and logged as an error each minute.
+ * ranks outlive a coordinator restart. A refusal (agent_refusal: a token
+ * or name the coordinator does not take) is logged as an error each minute
+ * and asked again: each second before the node is first registered, and a
+ * first registration still refused after refused_exit_s is handed to the
+ * loop (refused_cb), which ends fsdpd (no rank can run before it); every
+ * 5 s once registered, ranks running on.
  *
  * Threading: the thread owns nothing of the loop's. What it sends (devices
  * and rank statuses) is a packed HeartbeatRequest the loop publishes with
@@ -40,8 +41,10 @@ typedef struct agent_opts {
   size_t state_len;
   /* on the loop: the node is registered as node_id (again, after a lost session) */
   void (*registered_cb)(void *arg, const char *node_id);
-  /* on the loop: the first RegisterNode was refused (agent_refusal) for the reason given */
+  /* on the loop: the first RegisterNode was refused (agent_refusal) for
+   * refused_exit_s (0: at once), the last time for the reason given */
   void (*refused_cb)(void *arg, const char *why);
+  double refused_exit_s;
   /* on the loop: a heartbeat's reply with assignments or kills (owned by the agent) */
   void (*reply_cb)(void *arg, const Fsdp__V1__HeartbeatReply *rep);
   void *arg;
@@ -49,8 +52,8 @@ typedef struct agent_opts {
 
 int agent_start(agent_t **out, const agent_opts_t *o);
 /* 1 when a call's error code is the coordinator's refusal, not a failure
- * that passes: FSDP_EAUTH, FSDP_EPERM, FSDP_EINVAL, FSDP_EUNSUPPORTED,
- * FSDP_EEXIST (its name is another live fsdpd's). */
+ * that passes: FSDP_EAUTH, FSDP_EPERM, FSDP_EEXIST (its name is another
+ * live fsdpd's). */
 int agent_refusal(int rc);
 /* The node's state for the next RegisterNode or Heartbeat: a packed
  * HeartbeatRequest with devices and ranks (the agent adds node id and

@@ -21,11 +21,11 @@
  * wherever it is placed next (preemption: how Slurm and Kubernetes stop a
  * node's work).
  * Exit status: 0 after a signal, 1 when it cannot start, 2 on bad usage,
- * FSDPD_EXIT_REFUSED (78, sysexits' EX_CONFIG) when the coordinator refused
- * its first registration (a token or name it does not take) before any
- * rank ran: a retry cannot help, and the unit's RestartPreventExitStatus
- * keeps systemd from trying. Refused once registered, or with ranks
- * running, fsdpd keeps asking and its ranks keep running. */
+ * FSDPD_EXIT_REFUSED (78, sysexits' EX_CONFIG) when the coordinator kept
+ * refusing its first registration (a token or name it does not take) for
+ * --refused-timeout, before any rank ran: the configuration must change,
+ * and the unit's RestartPreventExitStatus keeps systemd from retrying.
+ * Refused once registered, fsdpd keeps asking and its ranks keep running. */
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
@@ -64,6 +64,7 @@ typedef struct fsdpd {
   const char *token_file, *user_token_file, *node_token_file, *tls_ca, *tls_cert, *tls_key;
   const char *rank_program;
   double grace_s;
+  double refused_s; /* a first registration refused this long ends fsdpd */
   const char *metrics_listen;
   metrics_server_t *metrics;
   /* state */
@@ -110,8 +111,13 @@ static void usage(FILE *f) {
     "                        or [IPV6]:PORT, e.g. 0.0.0.0:9102 or [::]:9102; default: none)\n"
     "  --grace SECONDS       SIGTERM -> SIGKILL for ranks: on SIGTERM a rank stops at its\n"
     "                        next step boundary and checkpoints, within this (default 30)\n"
+    "  --refused-timeout SECONDS\n"
+    "                        a first registration the coordinator keeps refusing (a token\n"
+    "                        or name it does not take) ends fsdpd, exit 78, after this\n"
+    "                        long, asked again each second till then (default 60; 0: at\n"
+    "                        the first refusal)\n"
     "Exit status: 0 after SIGTERM or SIGINT, 1 when it cannot start, 2 on bad usage, 78 when\n"
-    "the coordinator refuses its first registration (a token or name it does not take).\n");
+    "the coordinator refused its first registration for --refused-timeout.\n");
 }
 
 /* ---- the loop's callbacks --------------------------------------------------------- */
@@ -242,7 +248,7 @@ static int fsdpd_default_program(fsdpd_t *D) {
 
 static int fsdpd_options(fsdpd_t *D, int argc, char **argv, int *as_user, unsigned *uid, unsigned *gid) {
   enum { O_COORD = 256, O_DEVICES, O_NAME, O_LISTEN, O_RANKHOST, O_WORKDIR, O_RUNAS, O_TOKEN,
-         O_UTOKEN, O_NTOKEN, O_CA, O_CERT, O_KEY, O_PROGRAM, O_GRACE, O_METRICS, O_HELP };
+         O_UTOKEN, O_NTOKEN, O_CA, O_CERT, O_KEY, O_PROGRAM, O_GRACE, O_METRICS, O_REFUSED, O_HELP };
   static const struct option opts[] = {
       {"coordinator", required_argument, NULL, O_COORD}, {"devices", required_argument, NULL, O_DEVICES},
       {"name", required_argument, NULL, O_NAME}, {"listen", required_argument, NULL, O_LISTEN},
@@ -253,6 +259,7 @@ static int fsdpd_options(fsdpd_t *D, int argc, char **argv, int *as_user, unsign
       {"tls-cert", required_argument, NULL, O_CERT}, {"tls-key", required_argument, NULL, O_KEY},
       {"rank-program", required_argument, NULL, O_PROGRAM}, {"grace", required_argument, NULL, O_GRACE},
       {"metrics-listen", required_argument, NULL, O_METRICS},
+      {"refused-timeout", required_argument, NULL, O_REFUSED},
       {"help", no_argument, NULL, O_HELP}, {NULL, 0, NULL, 0}};
   int ch;
   char *end;
@@ -277,6 +284,11 @@ static int fsdpd_options(fsdpd_t *D, int argc, char **argv, int *as_user, unsign
       D->grace_s = strtod(optarg, &end);
       if (*end || !(D->grace_s >= 0 && D->grace_s <= 3600))
         return bad("--grace", "\"%s\" is not a number of seconds from 0 to 3600", optarg);
+      break;
+    case O_REFUSED:
+      D->refused_s = strtod(optarg, &end);
+      if (*end || !(D->refused_s >= 0 && D->refused_s <= 86400))
+        return bad("--refused-timeout", "\"%s\" is not a number of seconds from 0 to 86400", optarg);
       break;
     case O_HELP: usage(stdout); exit(0);
     default: usage(stderr); return 2;
@@ -435,7 +447,8 @@ int main(int argc, char **argv) {
   /* a rank's ring secret is its attempt's, from its assignment, or none:
    * never one this daemon was started with */
   unsetenv(RING_SECRET_VAR);
-  fsdpd_t D = {.devices = "auto", .listen = "127.0.0.1:0", .rank_host = "127.0.0.1", .grace_s = 30.0};
+  fsdpd_t D = {.devices = "auto", .listen = "127.0.0.1:0", .rank_host = "127.0.0.1", .grace_s = 30.0,
+              .refused_s = 60.0};
   int as_user = 0;
   unsigned uid = 0, gid = 0;
   int rc = fsdpd_options(&D, argc, argv, &as_user, &uid, &gid);
@@ -531,7 +544,8 @@ int main(int argc, char **argv) {
   size_t state_len = 0;
   const agent_opts_t ao = {.loop = &D.loop, .client = D.client, .hostname = D.name, .address = D.address,
                            .version = FSDPD_VERSION, .registered_cb = fsdpd_registered_cb,
-                           .refused_cb = fsdpd_refused_cb, .reply_cb = fsdpd_reply_cb, .arg = &D};
+                           .refused_cb = fsdpd_refused_cb, .refused_exit_s = D.refused_s,
+                           .reply_cb = fsdpd_reply_cb, .arg = &D};
   agent_opts_t aos = ao;
   if (ranks_pack(D.ranks, &state, &state_len) ||
       (aos.state = state, aos.state_len = state_len, agent_start(&D.agent, &aos))) {

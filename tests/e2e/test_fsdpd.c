@@ -886,6 +886,32 @@ static int log_count(const char *what) {
   return n;
 }
 
+static int reg_refused(void) { return F.reg_refusals >= 1; }
+
+/* A refusal that passes within --refused-timeout (the coordinator's token
+ * files read again, say) does not end fsdpd: it asks each second and
+ * registers once taken. */
+Test(fsdpd, a_first_registration_refused_for_less_than_the_timeout_goes_on, .timeout = 30) {
+  pthread_mutex_lock(&F.mu);
+  F.refuse_regs = 1;
+  pthread_mutex_unlock(&F.mu);
+  const char *args[] = {"--devices", "cpu:1", "--work-dir", workdir, "--refused-timeout", "10",
+                        geteuid() == 0 ? "--run-as" : NULL, "nobody", NULL};
+  fsdpd_pid = fsdpd_spawn(args);
+  cr_assert(wait_for(reg_refused, 10), "fsdpd did not register");
+  usleep(2500 * 1000); /* refused each second meanwhile */
+  pthread_mutex_lock(&F.mu);
+  const int refusals = F.reg_refusals;
+  F.refuse_regs = 0;
+  pthread_mutex_unlock(&F.mu);
+  cr_expect_geq(refusals, 2, "asked %d times in 2.5 s: not each second", refusals);
+  cr_assert(wait_for(registered, 5), "fsdpd did not register once taken:\n%s", tu_slurp(fsdpd_log, NULL));
+  cr_expect_eq(waitpid(fsdpd_pid, NULL, WNOHANG), 0, "fsdpd exited");
+  cr_expect_eq(log_count("start fsdpd again"), 0, "fsdpd gave up:\n%s", tu_slurp(fsdpd_log, NULL));
+  cr_expect_geq(log_count("stopping if it still refuses after 10 s"), 1, "the refusal was not "
+                "logged as an error saying what comes:\n%s", tu_slurp(fsdpd_log, NULL));
+}
+
 /* Refused once it has run (a coordinator restarted with other tokens, say),
  * fsdpd neither exits nor stops its ranks: it asks again every 5 s, logs
  * the refusal as an error once (not once per try), and registers with its
