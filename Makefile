@@ -294,12 +294,13 @@ $(B)/tests/cuda/kern_math_gpu $(B)/tests/cuda/kern_math_gpu_nofmad: %: %.o $(KMG
 	$(CC) $(LDFLAGS) $^ -o $@ -L$(CUDA_LIB) -lcudart_static -ldl -lrt -lpthread -lstdc++ -lm
 
 # libFuzzer targets for every decoder of outside input (token, weights and job
-# files, checkpoint headers and manifests, safetensors headers, RPC requests), built with clang,
+# files, checkpoint headers and manifests, safetensors headers, RPC requests,
+# the service account tokens and key sets of Kubernetes nodes), built with clang,
 # ASan and UBSan in build-fuzz/. `make test` runs each
 # for a fixed number of inputs from a fixed seed (a bounded regression run);
 # `make fuzz` searches for FUZZ_SECONDS each, keeping what it finds in
 # build-fuzz/corpus/.
-FUZZ         = tokens weights jobfile rpc_requests ckpt_header ckpt_manifest safetensors_header
+FUZZ         = tokens weights jobfile rpc_requests ckpt_header ckpt_manifest safetensors_header node_jwt
 FUZZ_SECONDS ?= 60
 FUZZ_RUNS    ?= 20000
 FUZZ_SAN     = -fsanitize=fuzzer-no-link,address,undefined -Wno-pass-failed
@@ -339,6 +340,7 @@ $(B)/proto/%.pb-c.o: $(B)/proto/%.pb-c.c
 
 # generated headers first (after that, -MMD's dependency files track them)
 $(RPC_OBJS) $(PROTO_OBJS) $(B)/tests/unit/test_rpc.o $(B)/tests/fuzz/fuzz_rpc_requests.o \
+  $(B)/tests/fuzz/fuzz_node_jwt.o \
   $(B)/daemon/train/report.o $(B)/tests/unit/test_train.o: | $(PROTO_HDRS)
 
 # test_train also reads what a rank writes on its report channel (report.o:
@@ -360,6 +362,10 @@ $(B)/tests/test_rpc: $(B)/tests/unit/test_rpc.o $(TESTUTIL) $(RPC_LIB) $(COMMON_
 # the fuzz target needs the generated messages and protobuf-c, nothing of gRPC
 $(B)/fuzz_rpc_requests: $(B)/tests/fuzz/fuzz_rpc_requests.o $(B)/tests/fuzz/fuzz.o $(PROTO_OBJS) $(LIB)
 	$(CC) -fsanitize=fuzzer,address,undefined -fopenmp $^ -o $@ $(LDLIBS) -lprotobuf-c
+# the nodes' service account tokens: rpc_jwt.c and what it reads files with
+$(B)/fuzz_node_jwt: $(B)/tests/fuzz/fuzz_node_jwt.o $(B)/tests/fuzz/fuzz.o $(B)/daemon/common/rpc_jwt.o \
+                    $(B)/daemon/common/rpc.o $(LIB)
+	$(CC) -fsanitize=fuzzer,address,undefined -fopenmp $^ -o $@ $(LDLIBS) $(RPC_LDLIBS)
 # ---- end of the RPC block ----------------------------------------------------
 
 # ---- fsdp-coordinator: the store, the scheduler and admission (the job
