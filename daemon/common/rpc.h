@@ -132,6 +132,10 @@ int rpc_server_reload_tokens(rpc_server_t *s);
 int rpc_server_start(rpc_server_t *s);
 /* The bound port (after start; 0 for unix sockets). */
 int rpc_server_port(const rpc_server_t *s);
+/* Calls refused since start: UNAUTHENTICATED (no token, or one this server
+ * does not take) and PERMISSION_DENIED (a token whose role may not call the
+ * method). On the loop's thread. */
+void rpc_server_refusals(const rpc_server_t *s, uint64_t *unauthenticated, uint64_t *denied);
 /* Calls accepted and not yet freed: 0 when the server is idle. */
 int rpc_server_calls(const rpc_server_t *s);
 /* Stops accepting, cancels every call in flight (their cancel callbacks run

@@ -122,6 +122,7 @@ struct rpc_server {
   rpc_keys_t keys;                /* none: auth off */
   struct stat jwks_st;            /* the node JWKS file when read */
   time_t jwks_checked;            /* when a token no key verified last looked at it */
+  uint64_t refused[2];            /* calls refused: no or an unknown token, a role's method not its */
   char *cert_pem, *key_pem;       /* NULL: plaintext */
   rpc_reg_t regs[RPC_METHODS_MAX];
   int nregs;
@@ -463,7 +464,10 @@ static void rpc_start(rpc_server_t *s, rpc_call_t *c) {
   }
   rpc_reg_t *reg = c->reg;
   int rc = rpc_auth(s, c, reg ? reg->m.roles : RPC_ROLE_USER | RPC_ROLE_NODE);
-  if (rc) goto fail;
+  if (rc) {
+    s->refused[rc == FSDP_EPERM]++;
+    goto fail;
+  }
   if (!reg) {
     rc = err_set(FSDP_EUNSUPPORTED, "%s: no such method on this server (a client newer than "
                  "the server, or a wrong address?)", c->method);
@@ -808,6 +812,10 @@ int rpc_server_start(rpc_server_t *s) {
 }
 
 int rpc_server_port(const rpc_server_t *s) { return s->port; }
+
+void rpc_server_refusals(const rpc_server_t *s, uint64_t *unauthenticated, uint64_t *denied) {
+  *unauthenticated = s->refused[0], *denied = s->refused[1];
+}
 int rpc_server_calls(const rpc_server_t *s) { return s->live; }
 
 void rpc_server_destroy(rpc_server_t *s) {

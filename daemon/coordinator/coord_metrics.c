@@ -10,8 +10,9 @@
  *   - heartbeat lateness (a held heartbeat answered after its interval),
  *     scheduling latency (submit to the first attempt's placement) and
  *     checkpoint commit latency (last shard report to commit) as histograms;
- *     attempts ended by outcome, checkpoint commits and aborts, restarts and
- *     failures of the database as counters. */
+ *     attempts ended by outcome, checkpoint commits and aborts, restarts,
+ *     failures of the database and calls refused for their token as
+ *     counters. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -98,6 +99,16 @@ void coord_metrics_render(metrics_buf_t *b, void *arg) {
                      "checked, manifest written and synced, the database's transaction).",
                      &c->commit);
   static const char *const ended[COORD_ENDED_N] = {"succeeded", "failed", "preempted", "cancelled"};
+  uint64_t unauth, denied;
+  rpc_server_refusals(c->srv, &unauth, &denied);
+  metrics_family(b, "fsdp_rpc_refused_total", "counter",
+                 "Calls refused for their token: unauthenticated (none, or one this coordinator "
+                 "does not take, an expired service account token among them) and "
+                 "permission_denied (a role's token on a method not its own).");
+  metrics_sample(b, "fsdp_rpc_refused_total", (const char *[]){"reason", "unauthenticated", NULL},
+                 (double)unauth);
+  metrics_sample(b, "fsdp_rpc_refused_total", (const char *[]){"reason", "permission_denied", NULL},
+                 (double)denied);
   metrics_family(b, "fsdp_attempts_ended_total", "counter",
                  "Attempts ended, by outcome: succeeded, failed (a rank failed or was lost; the "
                  "job restarts or fails by its max_restarts), preempted (requeued), cancelled.");

@@ -33,6 +33,8 @@ struct agent {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   int stop, ended;
+  int up;           /* the last call to the coordinator was answered */
+  uint64_t refusals; /* calls it refused (agent_refusal) */
   uint8_t *state; /* the latest published HeartbeatRequest */
   size_t state_len;
   agent_msg_t *head, *tail;
@@ -198,6 +200,10 @@ static void *agent_main(void *arg) {
       }
     }
     if (st) fsdp__v1__heartbeat_request__free_unpacked(st, NULL);
+    pthread_mutex_lock(&a->mu);
+    a->up = !rc;
+    a->refusals += rc && agent_refusal(rc);
+    pthread_mutex_unlock(&a->mu);
     if (rc && agent_refusal(rc)) {
       /* a refusal is an operator's to fix: logged as an error, again each
        * minute while it stays (a transient failure's line comes once). The
@@ -275,6 +281,12 @@ int agent_start(agent_t **out, const agent_opts_t *o) {
   }
   *out = a;
   return FSDP_OK;
+}
+
+void agent_health(agent_t *a, int *up, uint64_t *refusals) {
+  pthread_mutex_lock(&a->mu);
+  *up = a->up, *refusals = a->refusals;
+  pthread_mutex_unlock(&a->mu);
 }
 
 int agent_publish(agent_t *a, const uint8_t *state, size_t len) {

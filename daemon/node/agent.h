@@ -59,6 +59,9 @@ int agent_refusal(int rc);
  * HeartbeatRequest with devices and ranks (the agent adds node id and
  * session). Copied. */
 int agent_publish(agent_t *a, const uint8_t *state, size_t len);
+/* Whether the coordinator answered the session's last call, and how many
+ * calls it refused (agent_refusal) since start. Any thread. */
+void agent_health(agent_t *a, int *up, uint64_t *refusals);
 /* Asks the thread to end and waits up to wait_s for it: 1 when it ended (then
  * agent_destroy frees everything), 0 when it is still inside a call (the
  * caller then leaves it to process exit; see fsdpd.c). */

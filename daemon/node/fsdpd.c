@@ -168,6 +168,18 @@ static void fsdpd_reply_cb(void *arg, const Fsdp__V1__HeartbeatReply *rep) {
 static void fsdpd_metrics_cb(metrics_buf_t *b, void *arg) {
   const fsdpd_t *D = arg;
   if (D->ranks) ranks_metrics(D->ranks, b);
+  if (!D->agent) return;
+  int up;
+  uint64_t refusals;
+  agent_health(D->agent, &up, &refusals);
+  metrics_family(b, "fsdp_node_coordinator_up", "gauge",
+                 "1 when the coordinator answered this node's last call (registration or "
+                 "heartbeat), else 0.");
+  metrics_sample(b, "fsdp_node_coordinator_up", NULL, up);
+  metrics_family(b, "fsdp_node_coordinator_refusals_total", "counter",
+                 "Calls the coordinator refused for this node's token or name (an expired or "
+                 "rotated token, another fsdpd under its name).");
+  metrics_sample(b, "fsdp_node_coordinator_refusals_total", NULL, (double)refusals);
 }
 
 static void fsdpd_close_all(fsdpd_t *D) {

@@ -6,7 +6,9 @@
  *     memory by category;
  *   - Debian's prometheus server, started on loopback, scrapes both and a
  *     rank's tokens/s comes back through its query API;
- *   - anything but GET /metrics gets its HTTP error. */
+ *   - anything but GET /metrics gets its HTTP error;
+ *   - with tokens, the coordinator counts the calls it refused, and fsdpd
+ *     whether the coordinator answers it and the refusals of its token. */
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <math.h>
@@ -237,4 +239,80 @@ Test(metrics, a_node_on_ipv6_trains_a_job_and_serves_its_metrics) {
   /* [::] takes IPv4 as well (a Prometheus on IPv4 still scrapes it) */
   cr_assert_eq(http_get_at("127.0.0.1", port, "/metrics", got, sizeof got), 200);
   cr_assert(strstr(got, "fsdp_node_ranks"), "%s", got);
+}
+
+/* Scrapes port's /metrics until the sample of prefix equals want (at most
+ * secs); the last text in out. */
+static int wait_sample(int port, const char *prefix, double want, double secs, char *out, size_t len) {
+  for (const double t0 = tu_now_s();;) {
+    cr_assert_eq(http_get(port, "/metrics", out, len), 200);
+    if (sample(out, prefix) == want) return 1;
+    if (tu_now_s() - t0 > secs) return 0;
+    nanosleep(&(struct timespec){0, 100000000}, NULL);
+  }
+}
+
+/* Authentication shows: the coordinator counts the calls it refused for
+ * their token (none or unknown: unauthenticated; a node's on a user method:
+ * permission_denied), and fsdpd says whether the coordinator answers it
+ * and counts the refusals of its own token. Its token taken out of the
+ * coordinator's node token file (SIGHUP) makes the node go down and count,
+ * and put back, come up again; promtool takes both endpoints throughout. */
+Test(metrics, refused_calls_and_a_nodes_standing_with_the_coordinator_are_counted) {
+  chmod(tu_tmpdir(), 0755);
+  char *db = tu_path("auth.db"), *ut = tu_path("user.token"), *nt = tu_path("nodes.tokens");
+  char *mine = tu_path("solo.token");
+  tu_write_file(ut, "user-secret-1234567890\n", 23);
+  const char *table = "solo solo-secret-1\n", *other = "solo solo-secret-2\n";
+  tu_write_file(nt, table, strlen(table));
+  tu_write_file(mine, "solo-secret-1\n", 14);
+  char extra[2000], out[1 << 16], opt[800];
+  snprintf(extra, sizeof extra, "--metrics-listen 127.0.0.1:0 --user-token-file '%s' "
+           "--node-token-file '%s'", ut, nt);
+  cluster_coord_start(&coord, db, "127.0.0.1:0", extra);
+  setenv("FSDP_TOKEN_FILE", ut, 1);
+  snprintf(opt, sizeof opt, "--metrics-listen 127.0.0.1:0 --token-file '%s'", mine);
+  cluster_fsdpd_start(&node, coord.addr, "solo", 1, opt);
+  const int node_port = log_port(node.log);
+  static char got[2][1 << 16];
+  cr_assert(wait_sample(node_port, "fsdp_node_coordinator_up", 1, 10, got[1], sizeof got[1]),
+            "%s", got[1]);
+  cr_expect_eq(sample(got[1], "fsdp_node_coordinator_refusals_total"), 0, "%s", got[1]);
+  cr_assert_eq(http_get(coord.metrics_port, "/metrics", got[0], sizeof got[0]), 200);
+  const char *unauth = "fsdp_rpc_refused_total{reason=\"unauthenticated\"}";
+  const char *denied = "fsdp_rpc_refused_total{reason=\"permission_denied\"}";
+  const double u0 = sample(got[0], unauth), d0 = sample(got[0], denied);
+  cr_assert(u0 == 0 && d0 == 0, "%s", got[0]);
+  /* fsdpctl with no token, then with the node's */
+  unsetenv("FSDP_TOKEN_FILE");
+  cr_expect_neq(cluster_ctl(coord.addr, "jobs", out, sizeof out), 0, "%s", out);
+  setenv("FSDP_TOKEN_FILE", mine, 1);
+  cr_expect_neq(cluster_ctl(coord.addr, "jobs", out, sizeof out), 0, "%s", out);
+  setenv("FSDP_TOKEN_FILE", ut, 1);
+  cr_assert_eq(http_get(coord.metrics_port, "/metrics", got[0], sizeof got[0]), 200);
+  cr_expect_eq(sample(got[0], unauth), 1, "%s", got[0]);
+  cr_expect_eq(sample(got[0], denied), 1, "%s", got[0]);
+  /* the node's token taken out: it goes down, counting refusals */
+  tu_write_file(nt, other, strlen(other));
+  kill(coord.pid, SIGHUP);
+  cr_assert(wait_sample(node_port, "fsdp_node_coordinator_up", 0, 15, got[1], sizeof got[1]),
+            "%s", got[1]);
+  cr_expect_geq(sample(got[1], "fsdp_node_coordinator_refusals_total"), 1, "%s", got[1]);
+  cr_assert_eq(http_get(coord.metrics_port, "/metrics", got[0], sizeof got[0]), 200);
+  cr_expect_geq(sample(got[0], unauth), 2, "%s", got[0]);
+  for (int i = 0; i < 2; i++) {
+    char *f = tu_path(i ? "node-auth.prom" : "coord-auth.prom"), cmd[1024];
+    tu_write_file(f, got[i], strlen(got[i]));
+    snprintf(cmd, sizeof cmd, "promtool check metrics < '%s'", f);
+    int rc = tu_sh(cmd, out, sizeof out);
+    cr_expect(rc == 0 && !out[0], "%s: exit %d:\n%s", cmd, rc, out);
+    free(f);
+  }
+  /* and put back: up again (a refused node asks every 5 s) */
+  tu_write_file(nt, table, strlen(table));
+  kill(coord.pid, SIGHUP);
+  cr_expect(wait_sample(node_port, "fsdp_node_coordinator_up", 1, 15, got[1], sizeof got[1]),
+            "%s", got[1]);
+  unsetenv("FSDP_TOKEN_FILE");
+  free(db), free(ut), free(nt), free(mine);
 }
