@@ -26,6 +26,7 @@
 #include <openssl/evp.h>
 #include <openssl/param_build.h>
 #include <openssl/pem.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -136,7 +137,8 @@ int rpc__jwks_load(rpc_jwks_t **out, const rpc_jwt_opts_t *o) {
   const size_t nk = json_array_size(keys);
   if (!j || !(j->k = calloc(nk + 1, sizeof *j->k)) ||
       !(j->audience = strdup(o->audience && *o->audience ? o->audience : RPC_JWT_AUDIENCE)) ||
-      !(j->subject = strdup(o->subject)) || (o->issuer && *o->issuer && !(j->issuer = strdup(o->issuer)))) {
+      !(j->subject = strdup(o->subject)) ||
+      (o->issuer && *o->issuer && !(j->issuer = strdup(o->issuer)))) {
     rc = err_set(FSDP_ENOMEM, "rpc server: out of memory for the node JWKS");
     goto out;
   }
@@ -147,7 +149,8 @@ int rpc__jwks_load(rpc_jwks_t **out, const rpc_jwt_opts_t *o) {
     const char *use = json_string_value(json_object_get(k, "use"));
     const char *alg = json_string_value(json_object_get(k, "alg"));
     /* a cluster signing with EC keys lists them too: only RS256 keys serve */
-    if (!kty || strcmp(kty, "RSA") || (use && strcmp(use, "sig")) || (alg && strcmp(alg, "RS256")))
+    if (!kty || strcmp(kty, "RSA") || (use && strcmp(use, "sig")) ||
+        (alg && strcmp(alg, "RS256")))
       continue;
     if (j->n == RPC_JWKS_KEYS_MAX) {
       rc = err_set(FSDP_ELIMIT, "node JWKS file %s: more than %d RSA keys", o->jwks_file,
@@ -159,7 +162,8 @@ int rpc__jwks_load(rpc_jwks_t **out, const rpc_jwt_opts_t *o) {
     char *pem = n64 && e64 ? rpc_jwk_pem(n64, e64) : NULL;
     if (!pem) {
       rc = err_set(FSDP_EINVAL, "node JWKS file %s: key %zu (kid %s) is not an RSA public key of "
-                   "2048 bits or more (its n and e, base64url)", o->jwks_file, i, kid ? kid : "none");
+                   "2048 bits or more (its n and e, base64url)", o->jwks_file, i,
+                   kid ? kid : "none");
       break;
     }
     j->k[j->n].pem = pem;
@@ -210,12 +214,15 @@ static const char *rpc_jwt_claims(const rpc_jwks_t *j, jwt_t *v, int64_t now, ch
   errno = 0;
   const long exp = jwt_get_grant_int(v, "exp");
   if (errno == ENOENT) return "it has no expiry (exp): a projected token has one";
-  if (now - RPC_JWT_LEEWAY_S > exp) return "it has expired (the kubelet renews the file: is fsdpd reading an old copy?)";
+  if (now - RPC_JWT_LEEWAY_S > exp)
+    return "it has expired (the kubelet renews the file: is fsdpd reading an old copy?)";
   errno = 0;
   const long nbf = jwt_get_grant_int(v, "nbf");
-  if (errno != ENOENT && nbf - RPC_JWT_LEEWAY_S > now) return "it is not valid yet (nbf): are the clocks apart?";
+  if (errno != ENOENT && nbf - RPC_JWT_LEEWAY_S > now)
+    return "it is not valid yet (nbf): are the clocks apart?";
   const char *iss = jwt_get_grant(v, "iss");
-  if (j->issuer && (!iss || strcmp(iss, j->issuer))) return "its issuer (iss) is not this cluster's";
+  if (j->issuer && (!iss || strcmp(iss, j->issuer)))
+    return "its issuer (iss) is not this cluster's";
   const char *sub = jwt_get_grant(v, "sub");
   if (!sub || strcmp(sub, j->subject)) return "its service account (sub) is not fsdpd's";
   if (!rpc_jwt_aud_has(v, j->audience)) return "its audience (aud) is not this coordinator's";
@@ -224,7 +231,9 @@ static const char *rpc_jwt_claims(const rpc_jwks_t *j, jwt_t *v, int64_t now, ch
   free(txt);
   const char *name = json_string_value(json_object_get(json_object_get(k8s, "node"), "name"));
   const char *why = NULL;
-  if (!name) why = "it names no node (kubernetes.io.node.name: Kubernetes 1.30 or later binds it to the pod's node)";
+  if (!name)
+    why = "it names no node (kubernetes.io.node.name: Kubernetes 1.30 or later binds it to the "
+          "pod's node)";
   else if (!*name || strlen(name) >= cap) why = "its node name is empty or too long";
   for (const char *p = name; !why && *p; p++)
     if (*p < 0x21 || *p > 0x7e) why = "its node name is not printable ASCII";
@@ -248,8 +257,8 @@ int rpc__jwt_node(rpc_jwks_t *j, const uint8_t *tok, size_t n, const uint8_t sha
   /* the header, unverified: its alg and kid choose the check */
   const char *alg = NULL;
   if (jwt_decode(&h, buf, NULL, 0) || !h) why = "it does not decode as a JWT";
-  else if (!(alg = jwt_get_header(h, "alg")) || strcmp(alg, "RS256")) /* decoded keyless: the header's word */
-    why = "it is not signed with RS256";
+  else if (!(alg = jwt_get_header(h, "alg")) || strcmp(alg, "RS256"))
+    why = "it is not signed with RS256"; /* keyless, jwt_get_alg says none: the header's word */
   /* the key its kid names (Kubernetes always gives one); keys without a kid
    * too; at most RPC_JWT_TRIES of them, so that a forged token costs a
    * caller no more than that many RSA checks of the server's one loop */
@@ -258,7 +267,8 @@ int rpc__jwt_node(rpc_jwks_t *j, const uint8_t *tok, size_t n, const uint8_t sha
   for (int i = 0; !why && !v && i < j->n && tries < RPC_JWT_TRIES; i++)
     if (!j->k[i].kid || (kid && !strcmp(kid, j->k[i].kid))) {
       tries++;
-      if (jwt_decode(&v, buf, (const unsigned char *)j->k[i].pem, (int)strlen(j->k[i].pem))) v = NULL;
+      const char *pem = j->k[i].pem;
+      if (jwt_decode(&v, buf, (const unsigned char *)pem, (int)strlen(pem))) v = NULL;
     }
   int rc = FSDP_EAUTH;
   if (!why && !v)
@@ -272,7 +282,7 @@ int rpc__jwt_node(rpc_jwks_t *j, const uint8_t *tok, size_t n, const uint8_t sha
   if (why) return err_set(rc, "the token is a service account token this server does not "
                           "take: %s", why);
   memcpy(seen->sha, sha, RPC_DIGEST_LEN);
-  seen->until = exp + RPC_JWT_LEEWAY_S;
+  seen->until = exp > INT64_MAX - RPC_JWT_LEEWAY_S ? INT64_MAX : exp + RPC_JWT_LEEWAY_S;
   snprintf(seen->node, sizeof seen->node, "%s", node);
   return 0;
 }
