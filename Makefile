@@ -282,6 +282,33 @@ $(B)/tests/cuda/test_nccl: $(B)/tests/cuda/test_nccl.o $(B)/daemon/comm/nccl.pic
                            $(patsubst %.cu,$(B)/%.o,$(wildcard tests/cuda/nccl_*.cu)) $(LIB)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) $(CUDA_LDLIBS)
 
+# cuda_emu (tests/cuda/emu/cuda_emu.h): kernels/cuda compiled by g++ for the
+# CPU against CUDA's host headers, each .cu rewritten first (emu-cu.pl: the
+# launches and dynamic shared arrays), with the emulator's runtime (fibers,
+# the runtime calls, cuBLASLt's matmul over oneDNN). test_cuda_kernels built
+# on it runs in `make test`: the kernels' logic checked where there is no
+# GPU. -ffp-contract=off as -fmad=false on the GPU: kern_math.h's bits.
+EMU_CXXFLAGS   = -std=c++17 -O2 -g -ffp-contract=off -fno-math-errno -Wall -Wextra -Werror \
+                 -Wno-unused-parameter -Wno-unknown-pragmas -I. -Itests/cuda/emu -isystem $(CUDA_INC)
+EMU_HDRS       = tests/cuda/emu/cuda_emu.h tests/cuda/emu/mma.h kernels/cuda/cuda_impl.h \
+                 kernels/cuda/cuda.h kernels/kern.h kernels/kern_math.h kernels/cuda/size.h
+EMU_KERN_OBJS  = $(patsubst kernels/cuda/%.cu,$(B)/emu/kernels/cuda/%.o,$(wildcard kernels/cuda/*.cu))
+CUDA_EMU_CHECK = $(if $(HAVE_CUDA),$(B)/tests/cuda/test_cuda_kernels_emu)
+$(B)/emu/kernels/cuda/%.cc: kernels/cuda/%.cu tests/cuda/emu/emu-cu.pl | deps
+	@mkdir -p $(dir $@)
+	perl tests/cuda/emu/emu-cu.pl $< $@
+$(B)/emu/kernels/cuda/%.o: $(B)/emu/kernels/cuda/%.cc $(EMU_HDRS)
+	$(CXX) $(EMU_CXXFLAGS) -include tests/cuda/emu/cuda_emu.h -c $< -o $@
+$(B)/emu/cuda_emu.o: tests/cuda/emu/cuda_emu.cc tests/cuda/emu/cuda_emu.h | deps
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
+$(B)/emu/test_cuda_kernels.o: tests/cuda/test_cuda_kernels.c | deps-test
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DKERN_CUDA_EMU -isystem $(CUDA_INC) -c $< -o $@
+$(B)/tests/cuda/test_cuda_kernels_emu: $(B)/emu/test_cuda_kernels.o $(EMU_KERN_OBJS) $(B)/emu/cuda_emu.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CXX) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
 $(B)/tests/cuda/kern_math_gpu_nofmad.o: tests/cuda/kern_math_gpu.cu | deps
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -fmad=false -DKMG_NO_FMAD -c $< -o $@
@@ -509,7 +536,7 @@ $(B)/bench/%: $(B)/tests/bench/%.o $(B)/tests/bench/benchutil.o $(LIB)
 
 # The fuzz targets' bounded runs go side by side (independent processes, one
 # thread each), then the test binaries one after another.
-test: deps-test $(BINS) $(if $(HAVE_CUDA),$(CUDA_PLUGIN)) $(TEST_BINS) $(CUDA_CHECKS) \
+test: deps-test $(BINS) $(if $(HAVE_CUDA),$(CUDA_PLUGIN)) $(TEST_BINS) $(CUDA_CHECKS) $(CUDA_EMU_CHECK) \
       $(B)/bench/bench_cuda fuzz-build
 	@for t in $(FUZZ); do rm -rf build-fuzz/run/$$t build-fuzz/fuzz_$$t.rc; mkdir -p build-fuzz/run/$$t; \
 	  { build-fuzz/fuzz_$$t -seed=1 -runs=$(FUZZ_RUNS) build-fuzz/run/$$t tests/fuzz/corpus/$$t \
@@ -518,6 +545,7 @@ test: deps-test $(BINS) $(if $(HAVE_CUDA),$(CUDA_PLUGIN)) $(TEST_BINS) $(CUDA_CH
 	  echo "fuzz_$$t: $(FUZZ_RUNS) inputs, no crash"; done
 	@[ -n "$(CUDA_CHECKS)" ] || echo "note: $(NVCC) not found: the CUDA checks were not built"
 	@[ -z "$(CUDA_CHECKS)" ] || $(B)/tests/cuda/test_cuda_train --selfcheck-cpu
+	@[ -z "$(CUDA_EMU_CHECK)" ] || sh tests/cuda/emu/run.sh $(CUDA_EMU_CHECK)
 	@sh tests/run.sh $(TEST_BINS)
 
 # The shared element-wise math on a GPU against the CPU kernels (passes, saying

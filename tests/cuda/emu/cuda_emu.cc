@@ -1,0 +1,734 @@
+/* cuda_emu.cc: the runtime of cuda_emu (cuda_emu.h says what it is and what
+ * it checks): fibers and the block scheduler, the CUDA runtime calls
+ * kernels/cuda makes, and cuBLASLt's matmul over oneDNN's sgemm.
+ *
+ * Scheduling: each pass over a block runs every runnable thread until it
+ * reaches a barrier or ends; then a barrier every live thread of its scope
+ * has reached is released. By default (CUDA_EMU_ORDER=forward) threads run
+ * first to last and every releasable warp barrier is released, so the warps
+ * move in step. CUDA_EMU_ORDER=random (CUDA_EMU_SEED, default 1) runs each
+ * pass's threads in a random order and releases one releasable warp at a
+ * time, so warps drift apart between __syncthreads as they may on a GPU: a
+ * missing __syncthreads (a warp overwriting shared memory another still
+ * reads) or __syncwarp (a lane reading what another has not written) that
+ * the fixed order happens to satisfy shows there.
+ *
+ * Environment: CUDA_EMU_SMEM_OPTIN sets the shared memory a block
+ * may ask for (default 232448, an H100's; 101376 is compute capability
+ * 8.6's); CUDA_EMU_MEMORY caps device memory in bytes (default 8 GiB);
+ * CUDA_EMU_DEVICES=0 makes it a machine with no GPU. */
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+#include <oneapi/dnnl/dnnl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <map>
+#include <vector>
+
+#include "cuda_emu.h"
+
+/* ---- fibers --------------------------------------------------------------
+ * x86-64 System V: emu_ctx_switch saves the callee-saved registers, MXCSR
+ * and the x87 control word on the current stack, stores the stack pointer in
+ * *save and continues on `to`'s stack. A new fiber's stack holds such a
+ * frame whose return address is emu_ctx_start, which calls
+ * emu_fiber_main(r12). */
+#if !defined(__x86_64__)
+#error "cuda_emu's fibers are written for x86-64"
+#endif
+extern "C" void emu_ctx_switch(void **save, void *to);
+extern "C" void emu_ctx_start(void);
+__asm__(".text\n"
+        ".globl emu_ctx_switch\n"
+        ".type emu_ctx_switch,@function\n"
+        "emu_ctx_switch:\n"
+        "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+        "  subq $8, %rsp\n  stmxcsr (%rsp)\n  fnstcw 4(%rsp)\n"
+        "  movq %rsp, (%rdi)\n  movq %rsi, %rsp\n"
+        "  ldmxcsr (%rsp)\n  fldcw 4(%rsp)\n  addq $8, %rsp\n"
+        "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
+        "  ret\n"
+        ".size emu_ctx_switch, .-emu_ctx_switch\n"
+        ".globl emu_ctx_start\n"
+        ".type emu_ctx_start,@function\n"
+        "emu_ctx_start:\n"
+        "  movq %r12, %rdi\n  call emu_fiber_main\n  ud2\n"
+        ".size emu_ctx_start, .-emu_ctx_start\n");
+
+namespace emu {
+
+enum { RUN, BLOCK_BAR, WARP_BAR, DONE };
+
+thread *cur;
+uint3 block_idx;
+dim3 block_dim, grid_dim;
+
+static const size_t STACK = 256 << 10; /* each fiber's, its lowest page a guard */
+static void *sched_sp;
+static thread *threads;
+static int nthreads, cap;
+static char *stacks;
+static body_fn body;
+static void *body_ctx;
+static const char *kernel_name;         /* the running kernel's, for messages */
+static unsigned char slots[32][32][32]; /* [warp][lane][bytes]: the shuffles' values */
+static unsigned char *smem_map, *smem_ptr;
+static size_t smem_map_bytes, smem_bytes;
+static int random_order = -1; /* CUDA_EMU_ORDER=random */
+static uint64_t rng = 1;      /* CUDA_EMU_SEED */
+static int *order;            /* a pass's thread order */
+
+static uint32_t rand_below(uint32_t n) { /* splitmix64 */
+  uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return (uint32_t)((z ^ (z >> 31)) % n);
+}
+
+void fail(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "cuda_emu: ");
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  if (cur)
+    fprintf(stderr, " (kernel %s, block (%u, %u, %u), thread (%u, %u, %u))", kernel_name,
+            block_idx.x, block_idx.y, block_idx.z, cur->tid.x, cur->tid.y, cur->tid.z);
+  fprintf(stderr, "\n");
+  abort();
+}
+
+static void yield(int state) {
+  cur->state = state;
+  emu_ctx_switch(&cur->sp, sched_sp);
+}
+
+void sync_block(void) { yield(BLOCK_BAR); }
+void sync_warp(void) { yield(WARP_BAR); }
+
+void warp_gather(const void *v, void *all, size_t bytes) {
+  if (bytes > sizeof slots[0][0]) fail("a warp exchange of %zu bytes", bytes);
+  const int w = cur->lin / 32, l = cur->lin % 32;
+  memcpy(slots[w][l], v, bytes);
+  sync_warp();
+  for (int i = 0; i < 32; i++)
+    memcpy((char *)all + (size_t)i * bytes, slots[w][i], bytes);
+  sync_warp();
+}
+
+void warp_exchange(const void *v, void *out, size_t bytes, int src) {
+  if (bytes > sizeof slots[0][0]) fail("a warp exchange of %zu bytes", bytes);
+  const int w = cur->lin / 32, l = cur->lin % 32;
+  if (w * 32 + src >= nthreads) fail("a shuffle reads lane %d, past the block's last thread", src);
+  memcpy(slots[w][l], v, bytes);
+  sync_warp();
+  memcpy(out, slots[w][src], bytes);
+  sync_warp();
+}
+
+void *dyn_smem(void) { return smem_ptr; }
+
+} /* namespace emu */
+
+extern "C" [[noreturn]] void emu_fiber_main(emu::thread *t) {
+  emu::body(emu::body_ctx);
+  t->state = emu::DONE;
+  emu_ctx_switch(&t->sp, emu::sched_sp);
+  __builtin_unreachable();
+}
+
+namespace emu {
+
+static void *fiber_frame(char *top, thread *t) {
+  uint64_t *f = (uint64_t *)(((uintptr_t)top & ~(uintptr_t)15) - 64);
+  uint32_t mx;
+  uint16_t cw;
+  __asm__ volatile("stmxcsr %0" : "=m"(mx));
+  __asm__ volatile("fnstcw %0" : "=m"(cw));
+  f[0] = mx | (uint64_t)cw << 32;            /* MXCSR, x87 control word */
+  f[1] = f[2] = f[3] = 0;                    /* r15, r14, r13 */
+  f[4] = (uint64_t)(uintptr_t)t;             /* r12: emu_fiber_main's argument */
+  f[5] = f[6] = 0;                           /* rbx, rbp */
+  f[7] = (uint64_t)(uintptr_t)emu_ctx_start; /* the return address */
+  return f;
+}
+
+static void fibers_reserve(int n) {
+  if (n <= cap) return;
+  if (stacks) munmap(stacks, (size_t)cap * STACK);
+  free(threads);
+  stacks = (char *)mmap(NULL, (size_t)n * STACK, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  threads = (thread *)calloc((size_t)n, sizeof *threads);
+  free(order);
+  order = (int *)calloc((size_t)n, sizeof *order);
+  if (stacks == MAP_FAILED || !threads || !order) fail("no memory for %d fibers", n);
+  for (int i = 0; i < n; i++) {
+    threads[i].stack = stacks + (size_t)i * STACK;
+    mprotect(threads[i].stack, (size_t)getpagesize(), PROT_NONE);
+  }
+  cap = n;
+}
+
+/* Dynamic shared memory: `bytes` ending at a guard page, 0xff (NaN) at each
+ * block's start. */
+static void smem_prepare(size_t bytes) {
+  const size_t page = (size_t)getpagesize(), round = (bytes + 127) / 128 * 128;
+  const size_t need = (round + page - 1) / page * page + page;
+  if (need > smem_map_bytes) {
+    if (smem_map) munmap(smem_map, smem_map_bytes);
+    smem_map = (unsigned char *)mmap(NULL, need, PROT_READ | PROT_WRITE,
+                                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (smem_map == MAP_FAILED) fail("no memory for %zu bytes of shared memory", bytes);
+    smem_map_bytes = need;
+    mprotect(smem_map + need - page, page, PROT_NONE);
+  }
+  smem_ptr = smem_map + smem_map_bytes - page - round;
+  smem_bytes = bytes;
+}
+
+/* Runs the threads of one block until all are done. */
+static void run_block(int n) {
+  for (int i = 0; i < n; i++) {
+    thread *t = &threads[i];
+    t->lin = i;
+    t->tid.x = (unsigned)i % block_dim.x;
+    t->tid.y = (unsigned)i / block_dim.x % block_dim.y;
+    t->tid.z = (unsigned)i / (block_dim.x * block_dim.y);
+    t->state = RUN;
+    t->sp = fiber_frame(t->stack + STACK, t);
+  }
+  if (smem_bytes) memset(smem_ptr, 0xff, smem_bytes);
+  int done = 0;
+  for (int i = 0; i < n; i++)
+    order[i] = i;
+  for (;;) {
+    if (random_order)
+      for (int i = n - 1; i > 0; i--) {
+        const int j = (int)rand_below((uint32_t)i + 1), x = order[i];
+        order[i] = order[j], order[j] = x;
+      }
+    for (int k = 0; k < n; k++) {
+      thread *t = &threads[order[k]];
+      if (t->state != RUN) continue;
+      cur = t;
+      emu_ctx_switch(&sched_sp, t->sp);
+      if (t->state == DONE) done++;
+    }
+    cur = NULL;
+    if (done == n) return;
+    /* every thread now waits or is done: release a barrier every live
+     * thread of its scope has reached (exited threads count as arrived) */
+    int at_block = 0, released = 0;
+    for (int i = 0; i < n; i++)
+      at_block += threads[i].state == BLOCK_BAR;
+    if (at_block && at_block + done == n) {
+      for (int i = 0; i < n; i++)
+        if (threads[i].state == BLOCK_BAR) threads[i].state = RUN;
+      released = 1;
+    } else {
+      int ready[32], nready = 0; /* warps whose barrier every live lane reached */
+      for (int w0 = 0; w0 < n; w0 += 32) {
+        const int w1 = w0 + 32 < n ? w0 + 32 : n;
+        int waiting = 0, live = 0;
+        for (int i = w0; i < w1; i++) {
+          waiting += threads[i].state == WARP_BAR;
+          live += threads[i].state != DONE;
+        }
+        if (waiting && waiting == live) ready[nready++] = w0;
+      }
+      if (random_order && nready > 1) ready[0] = ready[rand_below((uint32_t)nready)], nready = 1;
+      for (int r = 0; r < nready; r++)
+        for (int i = ready[r]; i < ready[r] + 32 && i < n; i++)
+          if (threads[i].state == WARP_BAR) threads[i].state = RUN;
+      released = nready > 0;
+    }
+    if (!released) {
+      int bb = 0, wb = 0;
+      for (int i = 0; i < n; i++)
+        bb += threads[i].state == BLOCK_BAR, wb += threads[i].state == WARP_BAR;
+      fail("deadlock: %d threads at __syncthreads, %d at a warp barrier, %d done, of %d", bb, wb,
+           done, n);
+    }
+  }
+}
+
+} /* namespace emu */
+
+/* ---- the runtime's state ------------------------------------------------- */
+
+static cudaError_t emu_last = cudaSuccess;
+static std::map<uintptr_t, size_t> emu_allocs;     /* device memory: start -> bytes */
+static std::map<uintptr_t, size_t> emu_registered; /* cudaHostRegister'ed ranges */
+static std::map<const void *, int> emu_smem_allowed;
+static size_t emu_allocated;
+
+static cudaError_t emu_err(cudaError_t e) {
+  if (e != cudaSuccess) emu_last = e;
+  return e;
+}
+
+static size_t emu_env_size(const char *name, size_t dflt) {
+  const char *v = getenv(name);
+  return v && *v ? (size_t)strtoull(v, NULL, 0) : dflt;
+}
+
+static size_t emu_smem_optin(void) { return emu_env_size("CUDA_EMU_SMEM_OPTIN", 232448); }
+
+/* Is [p, p + n) inside one range of m? */
+static bool emu_within(const std::map<uintptr_t, size_t> &m, const void *p, size_t n) {
+  auto it = m.upper_bound((uintptr_t)p);
+  if (it == m.begin()) return false;
+  --it;
+  return (uintptr_t)p + n <= it->first + it->second;
+}
+
+static bool emu_is_device(const void *p, size_t n) { return emu_within(emu_allocs, p, n ? n : 1); }
+
+void emu::cfg::run(const void *kernel, const char *name, body_fn b, void *ctx) const {
+  const unsigned long long nt = (unsigned long long)block.x * block.y * block.z;
+  if (!nt || nt > 1024 || block.z > 64 || !grid.x || !grid.y || !grid.z || grid.y > 65535 ||
+      grid.z > 65535 || grid.x > 2147483647u) {
+    fprintf(stderr,
+            "cuda_emu: launch of %s with grid (%u, %u, %u), block (%u, %u, %u): "
+            "invalid configuration\n",
+            name, grid.x, grid.y, grid.z, block.x, block.y, block.z);
+    emu_err(cudaErrorInvalidConfiguration);
+    return;
+  }
+  auto a = emu_smem_allowed.find(kernel);
+  const size_t allowed = a == emu_smem_allowed.end() ? 48 << 10 : (size_t)a->second;
+  if (smem > allowed) {
+    fprintf(stderr,
+            "cuda_emu: launch of %s asks for %zu bytes of dynamic shared memory, "
+            "%zu allowed (cudaFuncSetAttribute)\n",
+            name, smem, allowed);
+    emu_err(cudaErrorInvalidValue);
+    return;
+  }
+  if (emu::random_order < 0) {
+    const char *o = getenv("CUDA_EMU_ORDER");
+    if (o && *o && strcmp(o, "forward") && strcmp(o, "random")) {
+      fprintf(stderr, "cuda_emu: CUDA_EMU_ORDER=%s: use forward or random\n", o);
+      exit(2);
+    }
+    emu::random_order = o && !strcmp(o, "random");
+    emu::rng = emu_env_size("CUDA_EMU_SEED", 1);
+  }
+  emu::fibers_reserve((int)nt);
+  emu::smem_prepare(smem);
+  emu::body = b;
+  emu::body_ctx = ctx;
+  emu::kernel_name = name;
+  emu::nthreads = (int)nt;
+  emu::grid_dim = grid;
+  emu::block_dim = block;
+  for (unsigned z = 0; z < grid.z; z++)
+    for (unsigned y = 0; y < grid.y; y++)
+      for (unsigned x = 0; x < grid.x; x++) {
+        emu::block_idx = make_uint3(x, y, z);
+        emu::run_block((int)nt);
+      }
+  emu::smem_bytes = 0;
+}
+
+/* ---- the CUDA runtime ---------------------------------------------------- */
+
+extern "C" {
+
+cudaError_t cudaGetLastError(void) {
+  cudaError_t e = emu_last;
+  emu_last = cudaSuccess;
+  return e;
+}
+
+cudaError_t cudaPeekAtLastError(void) { return emu_last; }
+
+const char *cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+  case cudaSuccess: return "no error";
+  case cudaErrorInvalidValue: return "invalid argument";
+  case cudaErrorMemoryAllocation: return "out of memory";
+  case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+  case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+  case cudaErrorInvalidDevice: return "invalid device ordinal";
+  case cudaErrorHostMemoryAlreadyRegistered:
+    return "part or all of the requested memory range is already mapped";
+  case cudaErrorHostMemoryNotRegistered:
+    return "pointer does not correspond to a registered memory region";
+  default: return "unknown error (cuda_emu)";
+  }
+}
+
+const char *cudaGetErrorName(cudaError_t e) { return cudaGetErrorString(e); }
+
+cudaError_t cudaGetDeviceCount(int *n) {
+  *n = (int)emu_env_size("CUDA_EMU_DEVICES", 1);
+  return *n ? cudaSuccess : emu_err(cudaErrorNoDevice);
+}
+
+cudaError_t cudaSetDevice(int d) {
+  int n;
+  cudaGetDeviceCount(&n);
+  return d >= 0 && d < n ? cudaSuccess : emu_err(cudaErrorInvalidDevice);
+}
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d) {
+  int n;
+  cudaGetDeviceCount(&n);
+  if (d < 0 || d >= n) return emu_err(cudaErrorInvalidDevice);
+  memset(p, 0, sizeof *p);
+  snprintf(p->name, sizeof p->name, "cuda_emu (CPU)");
+  p->totalGlobalMem = emu_env_size("CUDA_EMU_MEMORY", (size_t)8 << 30);
+  p->sharedMemPerBlock = 48 << 10;
+  p->sharedMemPerBlockOptin = emu_smem_optin();
+  p->warpSize = 32;
+  p->maxThreadsPerBlock = 1024;
+  p->multiProcessorCount = 132;
+  p->major = 9;
+  p->minor = 0;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes *a, const void *f) {
+  memset(a, 0, sizeof *a);
+  auto it = emu_smem_allowed.find(f);
+  a->maxDynamicSharedSizeBytes = it == emu_smem_allowed.end() ? 48 << 10 : it->second;
+  a->maxThreadsPerBlock = 1024;
+  a->ptxVersion = a->binaryVersion = 90;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFuncSetAttribute(const void *f, cudaFuncAttribute attr, int v) {
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaSuccess;
+  if (v < 0 || (size_t)v > emu_smem_optin()) {
+    fprintf(stderr,
+            "cuda_emu: cudaFuncSetAttribute(%p, MaxDynamicSharedMemorySize, %d): more "
+            "than the device's %zu\n",
+            f, v, emu_smem_optin());
+    return emu_err(cudaErrorInvalidValue);
+  }
+  emu_smem_allowed[f] = v;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void **p, size_t n) {
+  const size_t round = (n + 255) / 256 * 256;
+  if (emu_allocated + round > emu_env_size("CUDA_EMU_MEMORY", (size_t)8 << 30))
+    return *p = NULL, emu_err(cudaErrorMemoryAllocation);
+  *p = aligned_alloc(256, round ? round : 256);
+  if (!*p) return emu_err(cudaErrorMemoryAllocation);
+  emu_allocs[(uintptr_t)*p] = n;
+  emu_allocated += round;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFree(void *p) {
+  if (!p) return cudaSuccess;
+  auto it = emu_allocs.find((uintptr_t)p);
+  if (it == emu_allocs.end()) return emu_err(cudaErrorInvalidValue);
+  emu_allocated -= (it->second + 255) / 256 * 256;
+  emu_allocs.erase(it);
+  free(p);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t) {
+  if (!emu_is_device(p, n)) {
+    fprintf(stderr, "cuda_emu: cudaMemsetAsync(%p, %zu bytes): not device memory\n", p, n);
+    return emu_err(cudaErrorInvalidValue);
+  }
+  memset(p, v, n);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind,
+                            cudaStream_t) {
+  const bool dd = emu_is_device(dst, n), sd = emu_is_device(src, n);
+  const bool ok = kind == cudaMemcpyDefault || (kind == cudaMemcpyHostToDevice && dd && !sd) ||
+                  (kind == cudaMemcpyDeviceToHost && !dd && sd) ||
+                  (kind == cudaMemcpyDeviceToDevice && dd && sd) ||
+                  (kind == cudaMemcpyHostToHost && !dd && !sd);
+  if (!ok) {
+    fprintf(stderr,
+            "cuda_emu: cudaMemcpyAsync(%p <- %p, %zu bytes, kind %d): the pointers are "
+            "not of that kind\n",
+            dst, src, n, (int)kind);
+    return emu_err(cudaErrorInvalidValue);
+  }
+  if (n) memmove(dst, src, n);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind) {
+  return cudaMemcpyAsync(dst, src, n, kind, 0);
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned) {
+  *s = (cudaStream_t)malloc(1);
+  return *s ? cudaSuccess : emu_err(cudaErrorMemoryAllocation);
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  free(s);
+  return cudaSuccess;
+}
+
+cudaError_t cudaHostRegister(void *p, size_t n, unsigned) {
+  if (emu_within(emu_registered, p, 1)) return emu_err(cudaErrorHostMemoryAlreadyRegistered);
+  emu_registered[(uintptr_t)p] = n;
+  return cudaSuccess;
+}
+
+cudaError_t cudaHostUnregister(void *p) {
+  if (!emu_registered.erase((uintptr_t)p)) return emu_err(cudaErrorHostMemoryNotRegistered);
+  return cudaSuccess;
+}
+
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes *a, const void *p) {
+  memset(a, 0, sizeof *a);
+  a->type = emu_is_device(p, 1)                ? cudaMemoryTypeDevice
+            : emu_within(emu_registered, p, 1) ? cudaMemoryTypeHost
+                                               : cudaMemoryTypeUnregistered;
+  a->devicePointer = a->type == cudaMemoryTypeDevice ? (void *)p : NULL;
+  a->hostPointer = a->type == cudaMemoryTypeHost ? (void *)p : NULL;
+  return cudaSuccess;
+}
+
+} /* extern "C" */
+
+/* ---- cuBLASLt: cublasLtMatmul on fp32 and bf16 operands ------------------
+ * Layouts are column-major (the default order), batches strided; alpha and
+ * beta are host floats. The product goes to oneDNN's row-major sgemm (C^T =
+ * op(B)^T op(A)^T) on fp32 copies of the operands, rounded to bf16 for
+ * COMPUTE_32F_FAST_16BF and to TF32 for COMPUTE_32F_FAST_TF32, as the
+ * tensor cores take them. A pointer less aligned than the preference said
+ * (256 bytes when unset) fails the call, as an algorithm chosen for it
+ * would fail on the GPU. */
+
+struct emu_layout {
+  cudaDataType_t type;
+  uint64_t rows, cols;
+  int64_t ld;
+  int32_t batch;
+  int64_t stride;
+};
+struct emu_desc {
+  cublasComputeType_t compute;
+  cudaDataType_t scale;
+  int32_t transa, transb;
+};
+struct emu_pref {
+  uint64_t workspace;
+  uint32_t align[4]; /* A, B, C, D */
+};
+
+extern "C" {
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) {
+  *h = (cublasLtHandle_t)malloc(1);
+  return *h ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_ALLOC_FAILED;
+}
+
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t h) {
+  free(h);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+const char *cublasLtGetStatusString(cublasStatus_t s) {
+  switch (s) {
+  case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+  case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+  case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+  case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+  default: return "CUBLAS_STATUS_(other, cuda_emu)";
+  }
+}
+
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType type,
+                                          uint64_t rows, uint64_t cols, int64_t ld) {
+  emu_layout *x = new emu_layout{type, rows, cols, ld, 1, 0};
+  *l = (cublasLtMatrixLayout_t)x;
+  return ld < (int64_t)rows ? CUBLAS_STATUS_INVALID_VALUE : CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) {
+  delete (emu_layout *)l;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l,
+                                                cublasLtMatrixLayoutAttribute_t a, const void *buf,
+                                                size_t n) {
+  emu_layout *x = (emu_layout *)l;
+  if (a == CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT && n == sizeof(int32_t))
+    memcpy(&x->batch, buf, n);
+  else if (a == CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET && n == sizeof(int64_t))
+    memcpy(&x->stride, buf, n);
+  else
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t c,
+                                        cudaDataType_t s) {
+  *d = (cublasLtMatmulDesc_t) new emu_desc{c, s, CUBLAS_OP_N, CUBLAS_OP_N};
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) {
+  delete (emu_desc *)d;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d,
+                                              cublasLtMatmulDescAttributes_t a, const void *buf,
+                                              size_t n) {
+  emu_desc *x = (emu_desc *)d;
+  if (n != sizeof(int32_t)) return CUBLAS_STATUS_INVALID_VALUE;
+  if (a == CUBLASLT_MATMUL_DESC_TRANSA)
+    memcpy(&x->transa, buf, n);
+  else if (a == CUBLASLT_MATMUL_DESC_TRANSB)
+    memcpy(&x->transb, buf, n);
+  else
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p) {
+  *p = (cublasLtMatmulPreference_t) new emu_pref{0, {256, 256, 256, 256}};
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) {
+  delete (emu_pref *)p;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
+                                                    cublasLtMatmulPreferenceAttributes_t a,
+                                                    const void *buf, size_t n) {
+  emu_pref *x = (emu_pref *)p;
+  if (a == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES && n == sizeof(uint64_t)) {
+    memcpy(&x->workspace, buf, n);
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  const int i = a == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES   ? 0
+                : a == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES ? 1
+                : a == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES ? 2
+                : a == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES ? 3
+                                                                  : -1;
+  if (i < 0 || n != sizeof(uint32_t)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  memcpy(&x->align[i], buf, n);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+/* The shapes and types of one product, or why there is none. */
+static cublasStatus_t emu_lt_check(const emu_desc *d, const emu_layout *a, const emu_layout *b,
+                                   const emu_layout *c, const emu_layout *dd) {
+  const uint64_t am = d->transa == CUBLAS_OP_N ? a->rows : a->cols;
+  const uint64_t ak = d->transa == CUBLAS_OP_N ? a->cols : a->rows;
+  const uint64_t bk = d->transb == CUBLAS_OP_N ? b->rows : b->cols;
+  const uint64_t bn = d->transb == CUBLAS_OP_N ? b->cols : b->rows;
+  if (am != c->rows || bn != c->cols || ak != bk || c->rows != dd->rows || c->cols != dd->cols ||
+      a->batch != c->batch || b->batch != c->batch || dd->batch != c->batch)
+    return CUBLAS_STATUS_INVALID_VALUE;
+  if (c->type != CUDA_R_32F || dd->type != CUDA_R_32F || d->scale != CUDA_R_32F ||
+      a->type != b->type)
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (a->type == CUDA_R_16BF)
+    return d->compute == CUBLAS_COMPUTE_32F ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_SUPPORTED;
+  if (a->type != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+  return d->compute == CUBLAS_COMPUTE_32F || d->compute == CUBLAS_COMPUTE_32F_FAST_TF32 ||
+                 d->compute == CUBLAS_COMPUTE_32F_FAST_16BF
+             ? CUBLAS_STATUS_SUCCESS
+             : CUBLAS_STATUS_NOT_SUPPORTED;
+}
+
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t desc,
+                                              cublasLtMatrixLayout_t A, cublasLtMatrixLayout_t B,
+                                              cublasLtMatrixLayout_t C, cublasLtMatrixLayout_t D,
+                                              cublasLtMatmulPreference_t pref, int requested,
+                                              cublasLtMatmulHeuristicResult_t *res, int *found) {
+  *found = 0;
+  if (requested < 1) return CUBLAS_STATUS_INVALID_VALUE;
+  const cublasStatus_t s = emu_lt_check((emu_desc *)desc, (emu_layout *)A, (emu_layout *)B,
+                                        (emu_layout *)C, (emu_layout *)D);
+  if (s != CUBLAS_STATUS_SUCCESS) return s;
+  memset(&res[0], 0, sizeof res[0]);
+  memcpy(res[0].algo.data, ((emu_pref *)pref)->align, sizeof((emu_pref *)pref)->align);
+  res[0].state = CUBLAS_STATUS_SUCCESS;
+  res[0].wavesCount = 1.0f;
+  *found = 1;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+/* An fp32 copy of a stored operand's batch, rounded as the compute type
+ * takes it. */
+static void emu_lt_operand(std::vector<float> &out, const void *p, const emu_layout *l,
+                           cublasComputeType_t ct) {
+  const size_t n = l->cols ? (size_t)l->ld * (l->cols - 1) + l->rows : 0;
+  out.resize(n ? n : 1);
+  for (size_t i = 0; i < n; i++) {
+    float v = l->type == CUDA_R_16BF ? __bfloat162float(((const __nv_bfloat16 *)p)[i])
+                                     : ((const float *)p)[i];
+    if (ct == CUBLAS_COMPUTE_32F_FAST_16BF) {
+      v = __bfloat162float(__float2bfloat16_rn(v));
+    } else if (ct == CUBLAS_COMPUTE_32F_FAST_TF32) {
+      uint32_t u;
+      memcpy(&u, &v, 4);
+      if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & 0xffffe000u;
+      memcpy(&v, &u, 4);
+    }
+    out[i] = v;
+  }
+}
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const void *alpha,
+                              const void *A, cublasLtMatrixLayout_t Al, const void *B,
+                              cublasLtMatrixLayout_t Bl, const void *beta, const void *C,
+                              cublasLtMatrixLayout_t Cl, void *D, cublasLtMatrixLayout_t Dl,
+                              const cublasLtMatmulAlgo_t *algo, void *, size_t, cudaStream_t) {
+  const emu_desc *d = (const emu_desc *)desc;
+  const emu_layout *a = (const emu_layout *)Al, *b = (const emu_layout *)Bl,
+                   *c = (const emu_layout *)Cl, *dl = (const emu_layout *)Dl;
+  cublasStatus_t s = emu_lt_check(d, a, b, c, dl);
+  if (s != CUBLAS_STATUS_SUCCESS) return s;
+  uint32_t align[4] = {256, 256, 256, 256};
+  if (algo) memcpy(align, algo->data, sizeof align);
+  const void *ptrs[4] = {A, B, C, D};
+  for (int i = 0; i < 4; i++)
+    if ((uintptr_t)ptrs[i] % align[i]) {
+      fprintf(stderr,
+              "cuda_emu: cublasLtMatmul: matrix %c at %p is less aligned than the %u "
+              "bytes its algorithm was chosen for\n",
+              "ABCD"[i], ptrs[i], align[i]);
+      return CUBLAS_STATUS_INVALID_VALUE;
+    }
+  if (C != D && beta && *(const float *)beta != 0.0f) return CUBLAS_STATUS_NOT_SUPPORTED;
+  const size_t ea = a->type == CUDA_R_16BF ? 2 : 4;
+  const uint64_t M = c->rows, N = c->cols, K = d->transa == CUBLAS_OP_N ? a->cols : a->rows;
+  std::vector<float> ta, tb;
+  for (int32_t i = 0; i < c->batch; i++) {
+    emu_lt_operand(ta, (const char *)A + (size_t)i * a->stride * ea, a, d->compute);
+    emu_lt_operand(tb, (const char *)B + (size_t)i * b->stride * ea, b, d->compute);
+    float *out = (float *)D + (size_t)i * dl->stride;
+    /* column-major D (M x N, ld) is row-major D^T (N x M): D^T = op(B)^T op(A)^T */
+    if (dnnl_sgemm(d->transb == CUBLAS_OP_N ? 'N' : 'T', d->transa == CUBLAS_OP_N ? 'N' : 'T',
+                   (dnnl_dim_t)N, (dnnl_dim_t)M, (dnnl_dim_t)K, *(const float *)alpha, tb.data(),
+                   b->ld, ta.data(), a->ld, *(const float *)beta, out, dl->ld) != dnnl_success)
+      return CUBLAS_STATUS_EXECUTION_FAILED;
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+} /* extern "C" */

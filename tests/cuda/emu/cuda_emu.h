@@ -1,0 +1,162 @@
+/* cuda_emu: runs kernels/cuda's kernels on the CPU, so their logic (every
+ * index, tile edge, barrier and warp exchange) is tested where there is no
+ * GPU: in `make test`, in CI.
+ *
+ * What it is: the .cu files compiled by g++ as C++ against CUDA's own host
+ * headers (the types, enums and prototypes of the runtime, cuBLASLt and
+ * bf16), with this header force-included (-include) and two rewrites done by
+ * tests/cuda/emu/emu-cu.pl before compiling: `k<<<grid, block, smem,
+ * stream>>>(args)` becomes `emu::cfg(grid, block, smem, stream).k(k)(args)`,
+ * and `extern __shared__ T name[];` a pointer to the launch's dynamic shared
+ * memory. cuda_emu.cc holds the runtime: device memory is host memory, a
+ * stream runs each call as it is made, and a launch runs each block in turn,
+ * each of its threads on its own small stack (a fiber), switching at
+ * __syncthreads, __syncwarp, the warp shuffles and WMMA's mma_sync (the
+ * order in which threads run between barriers: cuda_emu.cc). cuBLASLt's
+ * matmul is oneDNN's sgemm on the operands rounded as the compute type
+ * rounds them.
+ *
+ * What it checks that a GPU would too: launch limits (1024 threads a block,
+ * 48 KiB of dynamic shared memory unless cudaFuncSetAttribute allowed more,
+ * never more than the device's opt-in limit), WMMA's alignment rules (256-bit
+ * aligned pointers, leading dimensions of 16 bytes), a barrier some threads
+ * never reach (a deadlock, reported with the kernel and block), dynamic shared
+ * memory read before it is written (it starts as 0xff bytes: NaN) or past its
+ * end (a guard page). What it cannot check: speed, a race that needs one
+ * warp to run far ahead of another between two barriers (the orders it
+ * tries seldom produce one), and the GPU's own rounding of expf and friends
+ * (glibc's here; kern_math.h's formulas are the same bits on both).
+ *
+ * WMMA fragments are split across the warp's 32 lanes (8 elements each, as on
+ * the hardware, though the mapping is this emulator's own): code that assumed
+ * a mapping would compute garbage here too. */
+#ifndef FSDP_CUDA_EMU_H
+#define FSDP_CUDA_EMU_H
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <tuple>
+#include <utility>
+
+/* ---- the device qualifiers become plain C++ ---- */
+#undef __global__
+#define __global__
+#undef __device__
+#define __device__
+#undef __host__
+#define __host__
+#undef __shared__
+#define __shared__ static /* one copy: blocks run one at a time */
+#undef __launch_bounds__
+#define __launch_bounds__(...)
+#undef __forceinline__
+#define __forceinline__ inline
+
+namespace emu {
+
+/* One emulated thread (a fiber). */
+struct thread {
+  void *sp;    /* saved stack pointer while switched out */
+  uint3 tid;   /* threadIdx */
+  int lin;     /* linear index in the block */
+  int state;   /* EMU_RUN, EMU_BLOCK_BAR, EMU_WARP_BAR, EMU_DONE */
+  char *stack; /* its stack (reused from launch to launch) */
+};
+
+extern thread *cur; /* the thread running now */
+extern uint3 block_idx;
+extern dim3 block_dim, grid_dim;
+
+/* Barriers and exchanges (cuda_emu.cc). */
+void sync_block(void);
+void sync_warp(void);
+/* Every lane puts `bytes` of `v` in its warp's slot, waits for the warp, and
+ * gets lane `src`'s (the caller computes src); then waits again, so no slot
+ * is overwritten before all have read. */
+void warp_exchange(const void *v, void *out, size_t bytes, int src);
+/* Every lane gets every lane's `bytes` of `v`, in lane order, into all[32]. */
+void warp_gather(const void *v, void *all, size_t bytes);
+void *dyn_smem(void);
+[[noreturn]] void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* A launch's configuration; .k(kernel) binds the kernel, (args) runs it. */
+typedef void (*body_fn)(void *);
+struct cfg {
+  dim3 grid, block;
+  size_t smem;
+  cudaStream_t stream;
+  cfg(dim3 g, dim3 b, size_t s = 0, cudaStream_t st = 0) : grid(g), block(b), smem(s), stream(st) {}
+  void run(const void *kernel, const char *name, body_fn body, void *ctx) const; /* cuda_emu.cc */
+  template <class... P> struct bound {
+    const cfg *c;
+    void (*f)(P...);
+    const char *name;
+    template <class... A> void operator()(A &&...a) const {
+      std::tuple<P...> args(static_cast<P>(a)...);
+      struct ctx_t {
+        void (*f)(P...);
+        std::tuple<P...> *args;
+      } ctx = {f, &args};
+      c->run((const void *)f, name,
+             [](void *p) {
+               ctx_t *x = (ctx_t *)p;
+               std::apply(x->f, *x->args); /* each thread gets its own copies */
+             },
+             &ctx);
+    }
+  };
+  template <class... P> bound<P...> k(void (*f)(P...), const char *name) const {
+    return bound<P...>{this, f, name};
+  }
+};
+
+} /* namespace emu */
+
+#define threadIdx (emu::cur->tid)
+#define blockIdx (emu::block_idx)
+#define blockDim (emu::block_dim)
+#define gridDim (emu::grid_dim)
+
+static inline void __syncthreads(void) { emu::sync_block(); }
+static inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  if (mask != 0xffffffffu) emu::fail("__syncwarp with a partial mask (%#x) is not emulated", mask);
+  emu::sync_warp();
+}
+
+template <class T> static inline T emu_shfl(unsigned mask, T v, int src) {
+  if (mask != 0xffffffffu)
+    emu::fail("a warp shuffle with a partial mask (%#x) is not emulated", mask);
+  T r;
+  emu::warp_exchange(&v, &r, sizeof v, src);
+  return r;
+}
+template <class T> static inline T __shfl_sync(unsigned mask, T v, int src, int width = 32) {
+  if (width != 32) emu::fail("__shfl_sync of width %d is not emulated", width);
+  return emu_shfl(mask, v, src & 31);
+}
+template <class T>
+static inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
+  if (width != 32) emu::fail("__shfl_xor_sync of width %d is not emulated", width);
+  return emu_shfl(mask, v, (emu::cur->lin & 31) ^ lane_mask);
+}
+
+/* nvcc's C++ overloads (cuda_runtime.h declares them for nvcc only) */
+template <class T> static inline cudaError_t cudaFuncGetAttributes(cudaFuncAttributes *a, T *f) {
+  return ::cudaFuncGetAttributes(a, (const void *)f);
+}
+template <class T>
+static inline cudaError_t cudaFuncSetAttribute(T *f, cudaFuncAttribute attr, int v) {
+  return ::cudaFuncSetAttribute((const void *)f, attr, v);
+}
+
+/* The device's integer min and max, and a rounded fused multiply-add. */
+static inline int min(int a, int b) { return a < b ? a : b; }
+static inline int max(int a, int b) { return a > b ? a : b; }
+static inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
+
+#endif
