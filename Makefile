@@ -288,20 +288,26 @@ $(B)/tests/cuda/test_nccl: $(B)/tests/cuda/test_nccl.o $(B)/daemon/comm/nccl.pic
 # the runtime calls, cuBLASLt's matmul over oneDNN). test_cuda_kernels built
 # on it runs in `make test`: the kernels' logic checked where there is no
 # GPU. -ffp-contract=off as -fmad=false on the GPU: kern_math.h's bits.
-EMU_CXXFLAGS   = -std=c++17 -O2 -g -ffp-contract=off -fno-math-errno -Wall -Wextra -Werror \
+EMU_CXXFLAGS   = -std=c++17 -O2 -g -fPIC -ffp-contract=off -fno-math-errno -Wall -Wextra -Werror \
                  -Wno-unused-parameter -Wno-unknown-pragmas -I. -Itests/cuda/emu -isystem $(CUDA_INC)
 EMU_HDRS       = tests/cuda/emu/cuda_emu.h tests/cuda/emu/mma.h kernels/cuda/cuda_impl.h \
                  kernels/cuda/cuda.h kernels/kern.h kernels/kern_math.h kernels/cuda/size.h
 EMU_KERN_OBJS  = $(patsubst kernels/cuda/%.cu,$(B)/emu/kernels/cuda/%.o,$(wildcard kernels/cuda/*.cu))
-CUDA_EMU_CHECK = $(if $(HAVE_CUDA),$(B)/tests/cuda/test_cuda_kernels_emu)
+CUDA_EMU_CHECK = $(if $(HAVE_CUDA),$(B)/tests/cuda/test_cuda_kernels_emu $(B)/emu/libfsdp-cuda.so)
 $(B)/emu/kernels/cuda/%.cc: kernels/cuda/%.cu tests/cuda/emu/emu-cu.pl | deps
 	@mkdir -p $(dir $@)
 	perl tests/cuda/emu/emu-cu.pl $< $@
 $(B)/emu/kernels/cuda/%.o: $(B)/emu/kernels/cuda/%.cc $(EMU_HDRS)
 	$(CXX) $(EMU_CXXFLAGS) -include tests/cuda/emu/cuda_emu.h -c $< -o $@
-$(B)/emu/cuda_emu.o: tests/cuda/emu/cuda_emu.cc tests/cuda/emu/cuda_emu.h | deps
+$(B)/emu/%.o: tests/cuda/emu/%.cc tests/cuda/emu/cuda_emu.h | deps
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
+# The CUDA plugin on the emulator: the same plugin objects (the NCCL backend
+# and the plugin's table, compiled against CUDA's headers) over the emulated
+# kernels, runtime and one-rank NCCL (nccl_emu.cc). FSDP_CUDA_PLUGIN pointing
+# at it runs test_cuda_train, or any program's cuda device, on the CPU.
+$(B)/emu/libfsdp-cuda.so: $(EMU_KERN_OBJS) $(B)/emu/cuda_emu.o $(B)/emu/nccl_emu.o $(CUDA_PIC_OBJS)
+	$(CXX) -shared -Wl,-soname,libfsdp-cuda.so $^ -o $@ -ldnnl -lpthread -lm
 $(B)/emu/test_cuda_kernels.o: tests/cuda/test_cuda_kernels.c | deps-test
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DKERN_CUDA_EMU -isystem $(CUDA_INC) -c $< -o $@
@@ -545,7 +551,9 @@ test: deps-test $(BINS) $(if $(HAVE_CUDA),$(CUDA_PLUGIN)) $(TEST_BINS) $(CUDA_CH
 	  echo "fuzz_$$t: $(FUZZ_RUNS) inputs, no crash"; done
 	@[ -n "$(CUDA_CHECKS)" ] || echo "note: $(NVCC) not found: the CUDA checks were not built"
 	@[ -z "$(CUDA_CHECKS)" ] || $(B)/tests/cuda/test_cuda_train --selfcheck-cpu
-	@[ -z "$(CUDA_EMU_CHECK)" ] || sh tests/cuda/emu/run.sh $(CUDA_EMU_CHECK)
+	@[ -z "$(CUDA_EMU_CHECK)" ] || FSDP_CUDA_PLUGIN=$(CURDIR)/$(B)/emu/libfsdp-cuda.so sh tests/cuda/emu/run.sh \
+	  forward:$(B)/tests/cuda/test_cuda_kernels_emu random:$(B)/tests/cuda/test_cuda_kernels_emu \
+	  forward:$(B)/tests/cuda/test_cuda_train
 	@sh tests/run.sh $(TEST_BINS)
 
 # The shared element-wise math on a GPU against the CPU kernels (passes, saying

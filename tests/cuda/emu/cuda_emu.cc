@@ -29,14 +29,16 @@
 #include <unistd.h>
 
 #include <map>
+#include <mutex>
 #include <vector>
 
 #include "cuda_emu.h"
 
 /* ---- fibers --------------------------------------------------------------
- * x86-64 System V: emu_ctx_switch saves the callee-saved registers, MXCSR
- * and the x87 control word on the current stack, stores the stack pointer in
- * *save and continues on `to`'s stack. A new fiber's stack holds such a
+ * x86-64 System V: emu_ctx_switch saves the callee-saved registers on the
+ * current stack, stores the stack pointer in *save and continues on `to`'s
+ * stack (MXCSR and the x87 control word are not switched: no kernel changes
+ * them). A new fiber's stack holds such a
  * frame whose return address is emu_ctx_start, which calls
  * emu_fiber_main(r12). */
 #if !defined(__x86_64__)
@@ -49,9 +51,7 @@ __asm__(".text\n"
         ".type emu_ctx_switch,@function\n"
         "emu_ctx_switch:\n"
         "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
-        "  subq $8, %rsp\n  stmxcsr (%rsp)\n  fnstcw 4(%rsp)\n"
         "  movq %rsp, (%rdi)\n  movq %rsi, %rsp\n"
-        "  ldmxcsr (%rsp)\n  fldcw 4(%rsp)\n  addq $8, %rsp\n"
         "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
         "  ret\n"
         ".size emu_ctx_switch, .-emu_ctx_switch\n"
@@ -76,13 +76,19 @@ static int nthreads, cap;
 static char *stacks;
 static body_fn body;
 static void *body_ctx;
-static const char *kernel_name;         /* the running kernel's, for messages */
-static unsigned char slots[32][32][32]; /* [warp][lane][bytes]: the shuffles' values */
+static const char *kernel_name; /* the running kernel's, for messages */
+/* The exchanges' values, [parity][warp][lane][bytes]: exchange k of a warp
+ * uses parity k % 2, so one barrier an exchange suffices (a lane writes the
+ * slots of k + 1 only after every lane passed k's barrier, which each
+ * reached after reading k - 1's). */
+static unsigned char slots[2][32][32][32];
+/* The block's barrier counts: threads at __syncthreads, done, and per warp
+ * at a warp barrier and done; runq holds the threads the next pass runs. */
+static int at_block, done, warp_wait[32], warp_done[32], *runq, nrun;
 static unsigned char *smem_map, *smem_ptr;
 static size_t smem_map_bytes, smem_bytes;
 static int random_order = -1; /* CUDA_EMU_ORDER=random */
 static uint64_t rng = 1;      /* CUDA_EMU_SEED */
-static int *order;            /* a pass's thread order */
 
 static uint32_t rand_below(uint32_t n) { /* splitmix64 */
   uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
@@ -106,30 +112,37 @@ void fail(const char *fmt, ...) {
 
 static void yield(int state) {
   cur->state = state;
+  if (state == BLOCK_BAR)
+    at_block++;
+  else
+    warp_wait[cur->lin / 32]++;
   emu_ctx_switch(&cur->sp, sched_sp);
 }
 
 void sync_block(void) { yield(BLOCK_BAR); }
 void sync_warp(void) { yield(WARP_BAR); }
 
-void warp_gather(const void *v, void *all, size_t bytes) {
-  if (bytes > sizeof slots[0][0]) fail("a warp exchange of %zu bytes", bytes);
+/* Puts v in the lane's slot of its next exchange and waits for the warp;
+ * the slots of that exchange, [lane][bytes]. */
+static unsigned char (*exchange_slots(const void *v, size_t bytes))[32] {
+  if (bytes > sizeof slots[0][0][0]) fail("a warp exchange of %zu bytes", bytes);
   const int w = cur->lin / 32, l = cur->lin % 32;
-  memcpy(slots[w][l], v, bytes);
+  unsigned char(*s)[32] = slots[cur->exchanges++ & 1][w];
+  memcpy(s[l], v, bytes);
   sync_warp();
+  return s;
+}
+
+void warp_gather(const void *v, void *all, size_t bytes) {
+  unsigned char(*s)[32] = exchange_slots(v, bytes);
   for (int i = 0; i < 32; i++)
-    memcpy((char *)all + (size_t)i * bytes, slots[w][i], bytes);
-  sync_warp();
+    memcpy((char *)all + (size_t)i * bytes, s[i], bytes);
 }
 
 void warp_exchange(const void *v, void *out, size_t bytes, int src) {
-  if (bytes > sizeof slots[0][0]) fail("a warp exchange of %zu bytes", bytes);
-  const int w = cur->lin / 32, l = cur->lin % 32;
-  if (w * 32 + src >= nthreads) fail("a shuffle reads lane %d, past the block's last thread", src);
-  memcpy(slots[w][l], v, bytes);
-  sync_warp();
-  memcpy(out, slots[w][src], bytes);
-  sync_warp();
+  if (cur->lin / 32 * 32 + src >= nthreads)
+    fail("a shuffle reads lane %d, past the block's last thread", src);
+  memcpy(out, exchange_slots(v, bytes)[src], bytes);
 }
 
 void *dyn_smem(void) { return smem_ptr; }
@@ -139,23 +152,22 @@ void *dyn_smem(void) { return smem_ptr; }
 extern "C" [[noreturn]] void emu_fiber_main(emu::thread *t) {
   emu::body(emu::body_ctx);
   t->state = emu::DONE;
+  emu::done++;
+  emu::warp_done[t->lin / 32]++;
   emu_ctx_switch(&t->sp, emu::sched_sp);
   __builtin_unreachable();
 }
 
 namespace emu {
 
+/* The frame emu_ctx_switch pops: after its `ret` the stack pointer is top,
+ * 16-byte aligned, as emu_ctx_start's call needs. */
 static void *fiber_frame(char *top, thread *t) {
-  uint64_t *f = (uint64_t *)(((uintptr_t)top & ~(uintptr_t)15) - 64);
-  uint32_t mx;
-  uint16_t cw;
-  __asm__ volatile("stmxcsr %0" : "=m"(mx));
-  __asm__ volatile("fnstcw %0" : "=m"(cw));
-  f[0] = mx | (uint64_t)cw << 32;            /* MXCSR, x87 control word */
-  f[1] = f[2] = f[3] = 0;                    /* r15, r14, r13 */
-  f[4] = (uint64_t)(uintptr_t)t;             /* r12: emu_fiber_main's argument */
-  f[5] = f[6] = 0;                           /* rbx, rbp */
-  f[7] = (uint64_t)(uintptr_t)emu_ctx_start; /* the return address */
+  uint64_t *f = (uint64_t *)(((uintptr_t)top & ~(uintptr_t)15) - 56);
+  f[0] = f[1] = f[2] = 0;                    /* r15, r14, r13 */
+  f[3] = (uint64_t)(uintptr_t)t;             /* r12: emu_fiber_main's argument */
+  f[4] = f[5] = 0;                           /* rbx, rbp */
+  f[6] = (uint64_t)(uintptr_t)emu_ctx_start; /* the return address */
   return f;
 }
 
@@ -166,9 +178,9 @@ static void fibers_reserve(int n) {
   stacks = (char *)mmap(NULL, (size_t)n * STACK, PROT_READ | PROT_WRITE,
                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   threads = (thread *)calloc((size_t)n, sizeof *threads);
-  free(order);
-  order = (int *)calloc((size_t)n, sizeof *order);
-  if (stacks == MAP_FAILED || !threads || !order) fail("no memory for %d fibers", n);
+  free(runq);
+  runq = (int *)calloc((size_t)n, sizeof *runq);
+  if (stacks == MAP_FAILED || !threads || !runq) fail("no memory for %d fibers", n);
   for (int i = 0; i < n; i++) {
     threads[i].stack = stacks + (size_t)i * STACK;
     mprotect(threads[i].stack, (size_t)getpagesize(), PROT_NONE);
@@ -193,7 +205,10 @@ static void smem_prepare(size_t bytes) {
   smem_bytes = bytes;
 }
 
-/* Runs the threads of one block until all are done. */
+/* Runs the threads of one block until all are done: a pass runs the
+ * threads of runq, each until it waits at a barrier or ends; then the
+ * barriers every live thread of their scope reached are released (exited
+ * threads count as arrived), their threads making the next runq. */
 static void run_block(int n) {
   for (int i = 0; i < n; i++) {
     thread *t = &threads[i];
@@ -202,59 +217,52 @@ static void run_block(int n) {
     t->tid.y = (unsigned)i / block_dim.x % block_dim.y;
     t->tid.z = (unsigned)i / (block_dim.x * block_dim.y);
     t->state = RUN;
+    t->exchanges = 0;
     t->sp = fiber_frame(t->stack + STACK, t);
+    runq[i] = i;
   }
+  nrun = n;
+  at_block = done = 0;
+  memset(warp_wait, 0, sizeof warp_wait);
+  memset(warp_done, 0, sizeof warp_done);
   if (smem_bytes) memset(smem_ptr, 0xff, smem_bytes);
-  int done = 0;
-  for (int i = 0; i < n; i++)
-    order[i] = i;
   for (;;) {
     if (random_order)
-      for (int i = n - 1; i > 0; i--) {
-        const int j = (int)rand_below((uint32_t)i + 1), x = order[i];
-        order[i] = order[j], order[j] = x;
+      for (int i = nrun - 1; i > 0; i--) {
+        const int j = (int)rand_below((uint32_t)i + 1), x = runq[i];
+        runq[i] = runq[j], runq[j] = x;
       }
-    for (int k = 0; k < n; k++) {
-      thread *t = &threads[order[k]];
-      if (t->state != RUN) continue;
-      cur = t;
-      emu_ctx_switch(&sched_sp, t->sp);
-      if (t->state == DONE) done++;
+    for (int k = 0; k < nrun; k++) {
+      cur = &threads[runq[k]];
+      emu_ctx_switch(&sched_sp, cur->sp);
     }
     cur = NULL;
+    nrun = 0;
     if (done == n) return;
-    /* every thread now waits or is done: release a barrier every live
-     * thread of its scope has reached (exited threads count as arrived) */
-    int at_block = 0, released = 0;
-    for (int i = 0; i < n; i++)
-      at_block += threads[i].state == BLOCK_BAR;
     if (at_block && at_block + done == n) {
       for (int i = 0; i < n; i++)
-        if (threads[i].state == BLOCK_BAR) threads[i].state = RUN;
-      released = 1;
-    } else {
-      int ready[32], nready = 0; /* warps whose barrier every live lane reached */
-      for (int w0 = 0; w0 < n; w0 += 32) {
-        const int w1 = w0 + 32 < n ? w0 + 32 : n;
-        int waiting = 0, live = 0;
-        for (int i = w0; i < w1; i++) {
-          waiting += threads[i].state == WARP_BAR;
-          live += threads[i].state != DONE;
-        }
-        if (waiting && waiting == live) ready[nready++] = w0;
-      }
-      if (random_order && nready > 1) ready[0] = ready[rand_below((uint32_t)nready)], nready = 1;
-      for (int r = 0; r < nready; r++)
-        for (int i = ready[r]; i < ready[r] + 32 && i < n; i++)
-          if (threads[i].state == WARP_BAR) threads[i].state = RUN;
-      released = nready > 0;
+        if (threads[i].state == BLOCK_BAR) threads[i].state = RUN, runq[nrun++] = i;
+      at_block = 0;
+      continue;
     }
-    if (!released) {
-      int bb = 0, wb = 0;
-      for (int i = 0; i < n; i++)
-        bb += threads[i].state == BLOCK_BAR, wb += threads[i].state == WARP_BAR;
-      fail("deadlock: %d threads at __syncthreads, %d at a warp barrier, %d done, of %d", bb, wb,
-           done, n);
+    int ready[32], nready = 0;
+    for (int w = 0; w * 32 < n; w++) {
+      const int size = n - w * 32 < 32 ? n - w * 32 : 32;
+      if (warp_wait[w] && warp_wait[w] + warp_done[w] == size) ready[nready++] = w;
+    }
+    if (random_order && nready > 1) ready[0] = ready[rand_below((uint32_t)nready)], nready = 1;
+    for (int r = 0; r < nready; r++) {
+      const int w = ready[r];
+      for (int i = w * 32; i < w * 32 + 32 && i < n; i++)
+        if (threads[i].state == WARP_BAR) threads[i].state = RUN, runq[nrun++] = i;
+      warp_wait[w] = 0;
+    }
+    if (!nrun) {
+      int wb = 0;
+      for (int w = 0; w * 32 < n; w++)
+        wb += warp_wait[w];
+      fail("deadlock: %d threads at __syncthreads, %d at a warp barrier, %d done, of %d", at_block,
+           wb, done, n);
     }
   }
 }
@@ -263,7 +271,11 @@ static void run_block(int n) {
 
 /* ---- the runtime's state ------------------------------------------------- */
 
-static cudaError_t emu_last = cudaSuccess;
+/* Kernels run on the thread that launches them; the other calls may come
+ * from any thread (NCCL's watchdog, a checkpoint writer): the maps are
+ * under emu_mu, and the last error is per thread, as CUDA's. */
+static thread_local cudaError_t emu_last = cudaSuccess;
+static std::mutex emu_mu;
 static std::map<uintptr_t, size_t> emu_allocs;     /* device memory: start -> bytes */
 static std::map<uintptr_t, size_t> emu_registered; /* cudaHostRegister'ed ranges */
 static std::map<const void *, int> emu_smem_allowed;
@@ -289,7 +301,12 @@ static bool emu_within(const std::map<uintptr_t, size_t> &m, const void *p, size
   return (uintptr_t)p + n <= it->first + it->second;
 }
 
-static bool emu_is_device(const void *p, size_t n) { return emu_within(emu_allocs, p, n ? n : 1); }
+static bool emu_is_device(const void *p, size_t n) {
+  std::lock_guard<std::mutex> g(emu_mu);
+  return emu_within(emu_allocs, p, n ? n : 1);
+}
+
+bool emu::device_range(const void *p, size_t n) { return emu_is_device(p, n); }
 
 void emu::cfg::run(const void *kernel, const char *name, body_fn b, void *ctx) const {
   const unsigned long long nt = (unsigned long long)block.x * block.y * block.z;
@@ -302,8 +319,12 @@ void emu::cfg::run(const void *kernel, const char *name, body_fn b, void *ctx) c
     emu_err(cudaErrorInvalidConfiguration);
     return;
   }
-  auto a = emu_smem_allowed.find(kernel);
-  const size_t allowed = a == emu_smem_allowed.end() ? 48 << 10 : (size_t)a->second;
+  size_t allowed = 48 << 10;
+  {
+    std::lock_guard<std::mutex> g(emu_mu);
+    auto a = emu_smem_allowed.find(kernel);
+    if (a != emu_smem_allowed.end()) allowed = (size_t)a->second;
+  }
   if (smem > allowed) {
     fprintf(stderr,
             "cuda_emu: launch of %s asks for %zu bytes of dynamic shared memory, "
@@ -398,6 +419,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d) {
 
 cudaError_t cudaFuncGetAttributes(cudaFuncAttributes *a, const void *f) {
   memset(a, 0, sizeof *a);
+  std::lock_guard<std::mutex> g(emu_mu);
   auto it = emu_smem_allowed.find(f);
   a->maxDynamicSharedSizeBytes = it == emu_smem_allowed.end() ? 48 << 10 : it->second;
   a->maxThreadsPerBlock = 1024;
@@ -406,6 +428,7 @@ cudaError_t cudaFuncGetAttributes(cudaFuncAttributes *a, const void *f) {
 }
 
 cudaError_t cudaFuncSetAttribute(const void *f, cudaFuncAttribute attr, int v) {
+  std::lock_guard<std::mutex> g(emu_mu);
   if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaSuccess;
   if (v < 0 || (size_t)v > emu_smem_optin()) {
     fprintf(stderr,
@@ -419,6 +442,7 @@ cudaError_t cudaFuncSetAttribute(const void *f, cudaFuncAttribute attr, int v) {
 }
 
 cudaError_t cudaMalloc(void **p, size_t n) {
+  std::lock_guard<std::mutex> g(emu_mu);
   const size_t round = (n + 255) / 256 * 256;
   if (emu_allocated + round > emu_env_size("CUDA_EMU_MEMORY", (size_t)8 << 30))
     return *p = NULL, emu_err(cudaErrorMemoryAllocation);
@@ -431,6 +455,7 @@ cudaError_t cudaMalloc(void **p, size_t n) {
 
 cudaError_t cudaFree(void *p) {
   if (!p) return cudaSuccess;
+  std::lock_guard<std::mutex> g(emu_mu);
   auto it = emu_allocs.find((uintptr_t)p);
   if (it == emu_allocs.end()) return emu_err(cudaErrorInvalidValue);
   emu_allocated -= (it->second + 255) / 256 * 256;
@@ -470,6 +495,55 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind
   return cudaMemcpyAsync(dst, src, n, kind, 0);
 }
 
+cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t) { return cudaMalloc(p, n); }
+cudaError_t cudaFreeAsync(void *p, cudaStream_t) { return cudaFree(p); }
+
+cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags) {
+  *p = aligned_alloc(4096, n ? (n + 4095) / 4096 * 4096 : 4096);
+  if (!*p) return emu_err(cudaErrorMemoryAllocation);
+  return cudaHostRegister(*p, n, flags);
+}
+
+cudaError_t cudaFreeHost(void *p) {
+  if (!p) return cudaSuccess;
+  const cudaError_t e = cudaHostUnregister(p);
+  if (e == cudaSuccess) free(p);
+  return e;
+}
+
+cudaError_t cudaGetDevice(int *d) {
+  *d = 0;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total) {
+  std::lock_guard<std::mutex> g(emu_mu);
+  *total = emu_env_size("CUDA_EMU_MEMORY", (size_t)8 << 30);
+  *free_bytes = *total - emu_allocated;
+  return cudaSuccess;
+}
+
+/* Events: a stream's work is done when it is queued, so is every event. */
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) {
+  *e = (cudaEvent_t)malloc(1);
+  return *e ? cudaSuccess : emu_err(cudaErrorMemoryAllocation);
+}
+cudaError_t cudaEventCreate(cudaEvent_t *e) { return cudaEventCreateWithFlags(e, 0); }
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  free(e);
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+  return e ? cudaSuccess : emu_err(cudaErrorInvalidResourceHandle);
+}
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  return e ? cudaSuccess : emu_err(cudaErrorInvalidResourceHandle);
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) { return cudaEventQuery(e); }
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t e, unsigned) {
+  return e ? cudaSuccess : emu_err(cudaErrorInvalidResourceHandle);
+}
+
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
 
@@ -484,19 +558,23 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 }
 
 cudaError_t cudaHostRegister(void *p, size_t n, unsigned) {
+  std::lock_guard<std::mutex> g(emu_mu);
   if (emu_within(emu_registered, p, 1)) return emu_err(cudaErrorHostMemoryAlreadyRegistered);
   emu_registered[(uintptr_t)p] = n;
   return cudaSuccess;
 }
 
 cudaError_t cudaHostUnregister(void *p) {
+  std::lock_guard<std::mutex> g(emu_mu);
   if (!emu_registered.erase((uintptr_t)p)) return emu_err(cudaErrorHostMemoryNotRegistered);
   return cudaSuccess;
 }
 
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes *a, const void *p) {
   memset(a, 0, sizeof *a);
-  a->type = emu_is_device(p, 1)                ? cudaMemoryTypeDevice
+  const bool dev = emu_is_device(p, 1);
+  std::lock_guard<std::mutex> g(emu_mu);
+  a->type = dev                                ? cudaMemoryTypeDevice
             : emu_within(emu_registered, p, 1) ? cudaMemoryTypeHost
                                                : cudaMemoryTypeUnregistered;
   a->devicePointer = a->type == cudaMemoryTypeDevice ? (void *)p : NULL;

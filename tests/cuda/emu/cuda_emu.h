@@ -61,11 +61,12 @@ namespace emu {
 
 /* One emulated thread (a fiber). */
 struct thread {
-  void *sp;    /* saved stack pointer while switched out */
-  uint3 tid;   /* threadIdx */
-  int lin;     /* linear index in the block */
-  int state;   /* EMU_RUN, EMU_BLOCK_BAR, EMU_WARP_BAR, EMU_DONE */
-  char *stack; /* its stack (reused from launch to launch) */
+  void *sp;           /* saved stack pointer while switched out */
+  uint3 tid;          /* threadIdx */
+  int lin;            /* linear index in the block */
+  int state;          /* RUN, BLOCK_BAR, WARP_BAR, DONE (cuda_emu.cc) */
+  unsigned exchanges; /* warp exchanges made so far (their slots: parity) */
+  char *stack;        /* its stack (reused from launch to launch) */
 };
 
 extern thread *cur; /* the thread running now */
@@ -82,6 +83,8 @@ void warp_exchange(const void *v, void *out, size_t bytes, int src);
 /* Every lane gets every lane's `bytes` of `v`, in lane order, into all[32]. */
 void warp_gather(const void *v, void *all, size_t bytes);
 void *dyn_smem(void);
+/* Is [p, p + n) inside one cudaMalloc'ed buffer? */
+bool device_range(const void *p, size_t n);
 [[noreturn]] void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* A launch's configuration; .k(kernel) binds the kernel, (args) runs it. */
