@@ -20,7 +20,8 @@
 
 /* A message for the loop. */
 typedef struct agent_msg {
-  int kind; /* 0: registered (text = node id), 1: a heartbeat reply (packed), 2: refused (text) */
+  int kind; /* 0: registered (text = node id), 1: a heartbeat reply (packed), 2: refused (text),
+               3: superseded (text) */
   uint8_t *data;
   size_t len;
   struct agent_msg *next;
@@ -110,6 +111,8 @@ static void agent_async_cb(uv_async_t *h) {
       if (a->o.registered_cb) a->o.registered_cb(a->o.arg, (const char *)m->data);
     } else if (m->kind == 2) {
       if (a->o.refused_cb) a->o.refused_cb(a->o.arg, (const char *)m->data);
+    } else if (m->kind == 3) {
+      if (a->o.superseded_cb) a->o.superseded_cb(a->o.arg, (const char *)m->data);
     } else {
       Fsdp__V1__HeartbeatReply *rep = fsdp__v1__heartbeat_reply__unpack(NULL, m->len, m->data);
       if (rep && a->o.reply_cb) a->o.reply_cb(a->o.arg, rep);
@@ -134,7 +137,7 @@ static void *agent_main(void *arg) {
   char node_id[256] = "", refusal[512] = "";
   uint64_t session = 0;
   uint32_t interval_ms = 1000;
-  int registered = 0, ever = 0, backoff = AGENT_BACKOFF_MIN_MS, lost = 0;
+  int registered = 0, ever = 0, backoff = AGENT_BACKOFF_MIN_MS, lost = 0, superseded = 0;
   uint64_t instance = 0; /* this process's, for every registration (proto: instance) */
   while (!instance && getrandom(&instance, sizeof instance, 0) != sizeof instance)
     instance = (uint64_t)(agent_now() * 1e9) ^ (uint64_t)getpid() << 32;
@@ -166,6 +169,7 @@ static void *agent_main(void *arg) {
         session = rep->session;
         if (rep->heartbeat_interval_ms) interval_ms = rep->heartbeat_interval_ms;
         registered = ever = 1;
+        superseded = 0;
         LOG_INFO("fsdpd", "registered as node %s (session %llu, heartbeat every %u ms, %zu rank(s) "
                  "running)", node_id, (unsigned long long)session, interval_ms,
                  st ? st->n_ranks : 0);
@@ -213,6 +217,12 @@ static void *agent_main(void *arg) {
        * asked again meanwhile, each second until registered, then every 5 s. */
       const double now = agent_now();
       if (!refused_since) refused_since = now;
+      if (ever && rc == FSDP_EEXIST && !superseded) {
+        /* the name is another live fsdpd's now: the coordinator counted this
+         * one's ranks as gone when it registered, so they run for no job */
+        agent_post(a, 3, NULL, err_msg());
+        superseded = 1;
+      }
       if (!ever && a->o.refused_cb && now - refused_since >= a->o.refused_exit_s) {
         agent_post(a, 2, NULL, err_msg());
         if (agent_sleep(a, AGENT_REFUSED_MS)) break;

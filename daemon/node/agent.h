@@ -13,7 +13,10 @@
  * and asked again: each second before the node is first registered, and a
  * first registration still refused after refused_exit_s is handed to the
  * loop (refused_cb), which ends fsdpd (no rank can run before it); every
- * 5 s once registered, ranks running on.
+ * 5 s once registered, ranks running on, but for ALREADY_EXISTS: another
+ * live fsdpd registered under this node's name meanwhile, so the
+ * coordinator took the node's ranks for gone (their jobs fail over), and
+ * the loop is told once (superseded_cb) to stop them.
  *
  * Threading: the thread owns nothing of the loop's. What it sends (devices
  * and rank statuses) is a packed HeartbeatRequest the loop publishes with
@@ -45,6 +48,9 @@ typedef struct agent_opts {
    * refused_exit_s (0: at once), the last time for the reason given */
   void (*refused_cb)(void *arg, const char *why);
   double refused_exit_s;
+  /* on the loop: once registered, RegisterNode was refused ALREADY_EXISTS
+   * (another live fsdpd holds the name); once per such refusal */
+  void (*superseded_cb)(void *arg, const char *why);
   /* on the loop: a heartbeat's reply with assignments or kills (owned by the agent) */
   void (*reply_cb)(void *arg, const Fsdp__V1__HeartbeatReply *rep);
   void *arg;

@@ -158,6 +158,22 @@ static void fsdpd_refused_cb(void *arg, const char *why) {
   fsdpd_stop(D);
 }
 
+/* Refused ALREADY_EXISTS once registered: another fsdpd (a cloned host
+ * name, a second daemon started by hand) registered as this node while this
+ * one's heartbeat was between calls. The coordinator took this node's ranks
+ * for gone then and failed their jobs over; left running they would hold
+ * their devices and write for attempts no one will commit. They are
+ * stopped; fsdpd keeps asking, and registers again if the other goes. */
+static void fsdpd_superseded_cb(void *arg, const char *why) {
+  fsdpd_t *D = arg;
+  if (D->stopping) return;
+  LOG_ERROR("fsdpd", "another fsdpd registered as node %s at %s (%s): this one's ranks are no "
+            "longer the coordinator's and are stopped; give each node's fsdpd its own --name",
+            D->name, D->coordinator, why);
+  ranks_kill_all(D->ranks, "another fsdpd registered under this node's name");
+  fsdpd_publish(D);
+}
+
 static void fsdpd_reply_cb(void *arg, const Fsdp__V1__HeartbeatReply *rep) {
   fsdpd_t *D = arg;
   for (size_t i = 0; i < rep->n_kills; i++) ranks_kill(D->ranks, rep->kills[i]);
@@ -557,6 +573,7 @@ int main(int argc, char **argv) {
   const agent_opts_t ao = {.loop = &D.loop, .client = D.client, .hostname = D.name, .address = D.address,
                            .version = FSDPD_VERSION, .registered_cb = fsdpd_registered_cb,
                            .refused_cb = fsdpd_refused_cb, .refused_exit_s = D.refused_s,
+                           .superseded_cb = fsdpd_superseded_cb,
                            .reply_cb = fsdpd_reply_cb, .arg = &D};
   agent_opts_t aos = ao;
   if (ranks_pack(D.ranks, &state, &state_len) ||

@@ -934,6 +934,10 @@ void ranks_kill(ranks_t *R, const Fsdp__V1__Kill *k) {
   }
 }
 
+void ranks_kill_all(ranks_t *R, const char *reason) {
+  for (rank_t *rk = R->list; rk; rk = rk->next) rk_kill(rk, reason, 0);
+}
+
 int ranks_dirty(const ranks_t *R) { return R->dirty; }
 
 int ranks_pack(ranks_t *R, uint8_t **buf, size_t *len) {

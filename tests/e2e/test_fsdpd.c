@@ -92,7 +92,7 @@ static struct {
   char reg_node_id[64], reg_address[128], reg_host[128];
   int reg_ndev, reg_ncpu, reg_nranks, reg_exited;
   int refuse_exits, exit_refusals; /* ReportRankExit answered UNAVAILABLE while set */
-  int refuse_regs, reg_refusals;   /* RegisterNode answered UNAUTHENTICATED while set */
+  int refuse_regs, reg_refusals;   /* RegisterNode refused while set: 1 UNAUTHENTICATED, 2 ALREADY_EXISTS */
   uint64_t session, generation;
   int heartbeats, reregisters_sent, dev_busy_seen;
   hb_rec_t recs[MAX_RECS];
@@ -118,8 +118,11 @@ static void h_register(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   pthread_mutex_lock(&F.mu);
   if (F.refuse_regs) {
     F.reg_refusals++;
+    const int twin = F.refuse_regs == 2;
     pthread_mutex_unlock(&F.mu);
-    rpc_call_finish(call, err_set(FSDP_EAUTH, "the test's coordinator takes no node now"));
+    rpc_call_finish(call, twin ? err_set(FSDP_EEXIST, "another live fsdpd holds node %s (the test's "
+                                         "twin)", req->hostname)
+                               : err_set(FSDP_EAUTH, "the test's coordinator takes no node now"));
     return;
   }
   F.regs++;
@@ -942,6 +945,43 @@ Test(fsdpd, a_refusal_once_registered_keeps_the_ranks_and_is_asked_again, .timeo
   pthread_mutex_unlock(&F.mu);
   queue_kill("j-2", 1000);
   cr_expect(wait_for(two_exits, 5), "killed ranks reported");
+}
+
+/* Refused ALREADY_EXISTS once registered: another fsdpd registered under
+ * this node's name while this one's heartbeat was between calls, and the
+ * coordinator took this one's ranks for gone (their jobs fail over). The
+ * ranks are stopped (left, they would hold their devices for attempts no
+ * one commits), with one error naming the fix; fsdpd itself stays, reports
+ * the exits, and registers again, without ranks, once the name is free. */
+static int pids_gone(const int *pids) { return kill(pids[0], 0) && kill(pids[1], 0); }
+static const int *gone_pids;
+static int ranks_gone(void) { return pids_gone(gone_pids); }
+
+Test(fsdpd, a_name_another_fsdpd_took_stops_the_ranks, .timeout = 40) {
+  int pids[2];
+  start_long_job(pids);
+  pthread_mutex_lock(&F.mu);
+  F.refuse_regs = 2;
+  const int regs = F.regs;
+  F.session = 0; /* its next heartbeat is told to register again */
+  pthread_mutex_unlock(&F.mu);
+  gone_pids = pids;
+  cr_assert(wait_for(ranks_gone, 20), "the ranks still run after ALREADY_EXISTS:\n%s",
+            tu_slurp(fsdpd_log, NULL));
+  cr_expect_eq(waitpid(fsdpd_pid, NULL, WNOHANG), 0, "fsdpd exited on ALREADY_EXISTS");
+  cr_expect_eq(log_count("another fsdpd registered as node"), 1,
+               "one error says why the ranks stopped:\n%s", tu_slurp(fsdpd_log, NULL));
+  cr_expect_eq(log_count("give each node's fsdpd its own --name"), 1, "and names the fix");
+  cr_expect(wait_for(two_exits, 10), "the stopped ranks' exits were not reported");
+  cr_assert(wait_for(refused_twice, 15), "fsdpd did not ask again");
+  cr_expect_eq(log_count("another fsdpd registered as node"), 1, "the ranks are stopped once");
+  pthread_mutex_lock(&F.mu);
+  F.refuse_regs = 0;
+  pthread_mutex_unlock(&F.mu);
+  cr_assert_gt(regs_after(regs, 10), regs, "fsdpd did not register once the name was free");
+  pthread_mutex_lock(&F.mu);
+  cr_expect_eq(F.reg_nranks, 0, "it registered with ranks it had stopped");
+  pthread_mutex_unlock(&F.mu);
 }
 
 static int one_exit(void) { return F.nexits >= 1; }
