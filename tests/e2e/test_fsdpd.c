@@ -880,6 +880,17 @@ static int regs_after(int regs, double secs) {
 
 static int refused_twice(void) { return F.reg_refusals >= 2; }
 
+/* From now on RegisterNode is refused (F.refuse_regs: how), and fsdpd's next
+ * heartbeat is told to register again; the registrations so far. */
+static int refuse_registrations(int how) {
+  pthread_mutex_lock(&F.mu);
+  F.refuse_regs = how;
+  const int regs = F.regs;
+  F.session = 0;
+  pthread_mutex_unlock(&F.mu);
+  return regs;
+}
+
 /* Lines of fsdpd's log that hold what. */
 static int log_count(const char *what) {
   char *log = tu_slurp(fsdpd_log, NULL);
@@ -923,11 +934,7 @@ Test(fsdpd, a_first_registration_refused_for_less_than_the_timeout_goes_on, .tim
 Test(fsdpd, a_refusal_once_registered_keeps_the_ranks_and_is_asked_again, .timeout = 40) {
   int pids[2];
   start_long_job(pids);
-  pthread_mutex_lock(&F.mu);
-  F.refuse_regs = 1;
-  const int regs = F.regs;
-  F.session = 0; /* its next heartbeat is told to register again */
-  pthread_mutex_unlock(&F.mu);
+  const int regs = refuse_registrations(1);
   cr_assert(wait_for(refused_twice, 15), "fsdpd did not ask again after a refusal:\n%s",
             tu_slurp(fsdpd_log, NULL));
   cr_expect_eq(waitpid(fsdpd_pid, NULL, WNOHANG), 0, "fsdpd exited on a refusal with ranks running");
@@ -960,11 +967,7 @@ static int ranks_gone(void) { return pids_gone(gone_pids); }
 Test(fsdpd, a_name_another_fsdpd_took_stops_the_ranks, .timeout = 40) {
   int pids[2];
   start_long_job(pids);
-  pthread_mutex_lock(&F.mu);
-  F.refuse_regs = 2;
-  const int regs = F.regs;
-  F.session = 0; /* its next heartbeat is told to register again */
-  pthread_mutex_unlock(&F.mu);
+  const int regs = refuse_registrations(2);
   gone_pids = pids;
   cr_assert(wait_for(ranks_gone, 20), "the ranks still run after ALREADY_EXISTS:\n%s",
             tu_slurp(fsdpd_log, NULL));
