@@ -91,6 +91,10 @@ static int bf16_exact;
 #define GPT_T 1024
 #endif
 
+#ifdef KERN_CUDA_EMU
+unsigned long cuda_emu_launches(const char *name); /* tests/cuda/emu/cuda_emu.cc */
+#endif
+
 static const kern_backend_t *cpu, *gpu;
 static uint64_t rng_state;
 static int n_checks, n_fails;
@@ -1051,6 +1055,13 @@ int main(void) {
   test_attention(2, 65, 64, 1);
   test_attention(2, 130, 256, 2);
   test_attention(1, GPT_T, 768, 12);
+#ifdef KERN_CUDA_EMU
+  /* the attention op falls back to the fp32 kernels unasked where the
+   * tensor-core ones do not fit: here they must have run */
+  report("table", "tensor-core kernels ran", "-", 0, 0, "-", -1,
+         cuda_emu_launches("tc_fwd_kernel<HS>") && cuda_emu_launches("tc_bwd_dq_kernel<HS>") &&
+             cuda_emu_launches("tc_bwd_dkv_kernel<HS>"));
+#endif
   /* FSDP_CUDA_ATTN_FP32: bf16 products, the fp32 fused attention, at fp32's bound */
   const kern_cuda_opts_t ofp = {.device = 0, .bf16 = 1, .attn_fp32 = 1};
   report("table", "bf16 mode, fp32 attention", "-", 0, 0, "-", -1,

@@ -30,6 +30,7 @@
 
 #include <map>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "cuda_emu.h"
@@ -120,7 +121,18 @@ static void yield(int state) {
 }
 
 void sync_block(void) { yield(BLOCK_BAR); }
-void sync_warp(void) { yield(WARP_BAR); }
+
+/* A warp collective needs all 32 lanes: one that has exited or never was
+ * (a block of other than a multiple of 32 threads) is undefined on a GPU. */
+void sync_warp(int tag) {
+  const int w = cur->lin / 32;
+  if (warp_done[w] || nthreads - w * 32 < 32)
+    fail("a warp collective (%s) in warp %d with %d of its 32 lanes",
+         tag ? "exchange" : "__syncwarp", w,
+         (nthreads - w * 32 < 32 ? nthreads - w * 32 : 32) - warp_done[w]);
+  cur->tag = tag;
+  yield(WARP_BAR);
+}
 
 /* Puts v in the lane's slot of its next exchange and waits for the warp;
  * the slots of that exchange, [lane][bytes]. */
@@ -129,7 +141,7 @@ static unsigned char (*exchange_slots(const void *v, size_t bytes))[32] {
   const int w = cur->lin / 32, l = cur->lin % 32;
   unsigned char(*s)[32] = slots[cur->exchanges++ & 1][w];
   memcpy(s[l], v, bytes);
-  sync_warp();
+  sync_warp(1000 + (int)bytes);
   return s;
 }
 
@@ -202,7 +214,7 @@ static void smem_prepare(size_t bytes) {
     mprotect(smem_map + need - page, page, PROT_NONE);
   }
   smem_ptr = smem_map + smem_map_bytes - page - round;
-  smem_bytes = bytes;
+  smem_bytes = round; /* all of it 0xff at each block's start */
 }
 
 /* Runs the threads of one block until all are done: a pass runs the
@@ -254,6 +266,13 @@ static void run_block(int n) {
     for (int r = 0; r < nready; r++) {
       const int w = ready[r];
       for (int i = w * 32; i < w * 32 + 32 && i < n; i++)
+        if (threads[i].state == WARP_BAR && threads[i].tag != threads[w * 32].tag) {
+          cur = &threads[i];
+          fail("lanes of warp %d meet at different warp collectives (lane 0 at %d, this at %d: "
+               "0 __syncwarp, 2 mma_sync, 1000 + n an exchange of n bytes)",
+               w, threads[w * 32].tag, threads[i].tag);
+        }
+      for (int i = w * 32; i < w * 32 + 32 && i < n; i++)
         if (threads[i].state == WARP_BAR) threads[i].state = RUN, runq[nrun++] = i;
       warp_wait[w] = 0;
     }
@@ -280,6 +299,7 @@ static std::map<uintptr_t, size_t> emu_allocs;     /* device memory: start -> by
 static std::map<uintptr_t, size_t> emu_registered; /* cudaHostRegister'ed ranges */
 static std::map<const void *, int> emu_smem_allowed;
 static size_t emu_allocated;
+static std::map<std::string, unsigned long> emu_launches; /* by the name at the launch */
 
 static cudaError_t emu_err(cudaError_t e) {
   if (e != cudaSuccess) emu_last = e;
@@ -347,6 +367,10 @@ void emu::cfg::run(const void *kernel, const char *name, body_fn b, void *ctx) c
   emu::body = b;
   emu::body_ctx = ctx;
   emu::kernel_name = name;
+  {
+    std::lock_guard<std::mutex> g(emu_mu);
+    emu_launches[name]++;
+  }
   emu::nthreads = (int)nt;
   emu::grid_dim = grid;
   emu::block_dim = block;
@@ -357,6 +381,14 @@ void emu::cfg::run(const void *kernel, const char *name, body_fn b, void *ctx) c
         emu::run_block((int)nt);
       }
   emu::smem_bytes = 0;
+}
+
+/* How many times a kernel was launched under `name` (as its launch wrote it:
+ * "tc_fwd_kernel<HS>"), for tests that must know a path ran. */
+extern "C" unsigned long cuda_emu_launches(const char *name) {
+  std::lock_guard<std::mutex> g(emu_mu);
+  auto it = emu_launches.find(name);
+  return it == emu_launches.end() ? 0 : it->second;
 }
 
 /* ---- the CUDA runtime ---------------------------------------------------- */
@@ -448,6 +480,7 @@ cudaError_t cudaMalloc(void **p, size_t n) {
     return *p = NULL, emu_err(cudaErrorMemoryAllocation);
   *p = aligned_alloc(256, round ? round : 256);
   if (!*p) return emu_err(cudaErrorMemoryAllocation);
+  memset(*p, 0xff, round); /* NaN: cudaMalloc's memory holds anything */
   emu_allocs[(uintptr_t)*p] = n;
   emu_allocated += round;
   return cudaSuccess;

@@ -20,12 +20,17 @@
  * 48 KiB of dynamic shared memory unless cudaFuncSetAttribute allowed more,
  * never more than the device's opt-in limit), WMMA's alignment rules (256-bit
  * aligned pointers, leading dimensions of 16 bytes), a barrier some threads
- * never reach (a deadlock, reported with the kernel and block), dynamic shared
- * memory read before it is written (it starts as 0xff bytes: NaN) or past its
- * end (a guard page). What it cannot check: speed, a race that needs one
- * warp to run far ahead of another between two barriers (the orders it
- * tries seldom produce one), and the GPU's own rounding of expf and friends
- * (glibc's here; kern_math.h's formulas are the same bits on both).
+ * never reach (a deadlock, reported with the kernel and block), lanes of a
+ * warp at different collectives, a warp collective with lanes exited or
+ * missing, device and dynamic shared memory read before it is written (both
+ * start as 0xff bytes: NaN) or dynamic shared memory past its end (a guard
+ * page). What it cannot check: speed; a race that needs one warp to run far
+ * ahead of another between two barriers (the orders it tries seldom produce
+ * one); static __shared__ arrays read before written (see __shared__ below);
+ * the order of streams and events (every call is done when it returns, so a
+ * missing cudaStreamWaitEvent passes); __launch_bounds__; and the GPU's own
+ * rounding of expf and friends (glibc's here; kern_math.h's formulas are the
+ * same bits on both).
  *
  * WMMA fragments are split across the warp's 32 lanes (8 elements each, as on
  * the hardware, though the mapping is this emulator's own): code that assumed
@@ -51,7 +56,10 @@
 #undef __host__
 #define __host__
 #undef __shared__
-#define __shared__ static /* one copy: blocks run one at a time */
+/* One copy: blocks run one at a time. Unlike dynamic shared memory it is
+ * not refilled with 0xff at each block (gcc places a template's statics
+ * where it will): a block reads what the last one left, zeros at first. */
+#define __shared__ static
 #undef __launch_bounds__
 #define __launch_bounds__(...)
 #undef __forceinline__
@@ -65,6 +73,7 @@ struct thread {
   uint3 tid;          /* threadIdx */
   int lin;            /* linear index in the block */
   int state;          /* RUN, BLOCK_BAR, WARP_BAR, DONE (cuda_emu.cc) */
+  int tag;            /* at a warp barrier: which collective (sync_warp) */
   unsigned exchanges; /* warp exchanges made so far (their slots: parity) */
   char *stack;        /* its stack (reused from launch to launch) */
 };
@@ -75,10 +84,11 @@ extern dim3 block_dim, grid_dim;
 
 /* Barriers and exchanges (cuda_emu.cc). */
 void sync_block(void);
-void sync_warp(void);
+/* A warp barrier; tag says which collective it is (0: __syncwarp), and every
+ * lane of the warp must be at the same one (else the run stops). */
+void sync_warp(int tag = 0);
 /* Every lane puts `bytes` of `v` in its warp's slot, waits for the warp, and
- * gets lane `src`'s (the caller computes src); then waits again, so no slot
- * is overwritten before all have read. */
+ * gets lane `src`'s (the caller computes src). */
 void warp_exchange(const void *v, void *out, size_t bytes, int src);
 /* Every lane gets every lane's `bytes` of `v`, in lane order, into all[32]. */
 void warp_gather(const void *v, void *all, size_t bytes);
@@ -145,6 +155,7 @@ template <class T> static inline T __shfl_sync(unsigned mask, T v, int src, int 
 template <class T>
 static inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
   if (width != 32) emu::fail("__shfl_xor_sync of width %d is not emulated", width);
+  if (lane_mask < 0 || lane_mask > 31) emu::fail("__shfl_xor_sync with lane mask %d", lane_mask);
   return emu_shfl(mask, v, (emu::cur->lin & 31) ^ lane_mask);
 }
 

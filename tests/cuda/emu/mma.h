@@ -2,8 +2,9 @@
  * with bf16 or fp32 operands and fp32 accumulators, what kernels/cuda uses.
  *
  * A fragment holds 8 of its 256 elements in each of the warp's 32 lanes
- * (lane l: elements 8l .. 8l+7 of the matrix in row-major order; the
- * hardware's mapping differs, and code may not depend on either). Loads,
+ * (a and b: lane l has elements 8l .. 8l+7 of the matrix in row-major
+ * order; the accumulator: 32e + l; the hardware's mappings differ, and code
+ * may not depend on any). Loads,
  * stores and fills touch only the lane's own elements; mma_sync gathers the
  * warp's operands (a warp barrier), computes the lane's 8 outputs in fp32
  * (bf16 x bf16 is exact in fp32; the sum over k in order), waits for the warp
@@ -61,12 +62,17 @@ static inline void load_matrix_sync(fragment<Use, 16, 16, 16, T, L> &f, const T 
   }
 }
 
+/* The accumulator's lanes hold other elements than a and b's (element e
+ * of lane l is matrix element 32e + l), as the hardware's layouts differ
+ * too: code that moved an accumulator's x[] into an operand's computes
+ * garbage here as there. */
+static inline int emu_acc_index(int e) { return e * 32 + emu_lane(); }
+
 static inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float> &f, const float *p,
                                     unsigned ldm, layout_t l) {
   emu_check(p, ldm, sizeof(float), "load_matrix_sync");
-  const int base = emu_lane() * 8;
   for (int e = 0; e < 8; e++) {
-    const int r = (base + e) / 16, c = (base + e) % 16;
+    const int r = emu_acc_index(e) / 16, c = emu_acc_index(e) % 16;
     f.x[e] = l == mem_col_major ? p[(size_t)c * ldm + r] : p[(size_t)r * ldm + c];
   }
 }
@@ -74,9 +80,8 @@ static inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float> &f,
 static inline void store_matrix_sync(float *p, const fragment<accumulator, 16, 16, 16, float> &f,
                                      unsigned ldm, layout_t l) {
   emu_check(p, ldm, sizeof(float), "store_matrix_sync");
-  const int base = emu_lane() * 8;
   for (int e = 0; e < 8; e++) {
-    const int r = (base + e) / 16, c = (base + e) % 16;
+    const int r = emu_acc_index(e) / 16, c = emu_acc_index(e) % 16;
     (l == mem_col_major ? p[(size_t)c * ldm + r] : p[(size_t)r * ldm + c]) = f.x[e];
   }
 }
@@ -95,22 +100,20 @@ static inline void mma_sync(fragment<accumulator, 16, 16, 16, float> &d,
                             const fragment<accumulator, 16, 16, 16, float> &c) {
   struct ops {
     const T *a, *b;
-    const float *c;
-  } mine = {a.x, b.x, c.x}, all[32];
+  } mine = {a.x, b.x}, all[32];
   emu::warp_gather(&mine, all, sizeof mine);
-  /* element i of a matrix is in lane i / 8, slot i % 8 */
+  /* element i of a and b is in lane i / 8, slot i % 8 */
   auto A = [&](int r, int k) { return emu_f(all[(r * 16 + k) / 8].a[(r * 16 + k) % 8]); };
   auto B = [&](int k, int n) { return emu_f(all[(k * 16 + n) / 8].b[(k * 16 + n) % 8]); };
-  const int base = emu_lane() * 8;
   float out[8];
   for (int e = 0; e < 8; e++) {
-    const int r = (base + e) / 16, n = (base + e) % 16;
+    const int r = emu_acc_index(e) / 16, n = emu_acc_index(e) % 16;
     float s = 0.0f;
     for (int k = 0; k < 16; k++)
       s += A(r, k) * B(k, n);
-    out[e] = s + all[(base + e) / 8].c[(base + e) % 8];
+    out[e] = s + c.x[e];
   }
-  emu::sync_warp(); /* every lane has read a, b and c */
+  emu::sync_warp(2); /* every lane has read a and b */
   for (int e = 0; e < 8; e++)
     d.x[e] = out[e];
 }

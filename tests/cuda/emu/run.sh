@@ -7,13 +7,14 @@
 # plugin the tests that train load. Each run's lines go to TEST.ORDER.log;
 # printed are the skips and each run's last line, or, for a run that failed,
 # its failed checks, the emulator's own messages and the log's end. Exit
-# status 1 if any failed. The random order's seed is the clock's
+# status 1 if any failed (a run past 15 minutes is stopped: exit 124). The
+# random order's seed is the clock's
 # (CUDA_EMU_SEED, printed on a failure), as the tests' data seeds are.
 set -u
 seed=${CUDA_EMU_SEED:-$(date +%s)}
 for run in "$@"; do
   order=${run%%:*} t=${run#*:}
-  { CUDA_EMU_ORDER=$order CUDA_EMU_SEED=$seed "$t" >"$t.$order.log" 2>&1
+  { CUDA_EMU_ORDER=$order CUDA_EMU_SEED=$seed timeout 900 "$t" >"$t.$order.log" 2>&1
     echo $? >"$t.$order.rc"; } &
 done
 wait
