@@ -11,7 +11,9 @@
  * time, so warps drift apart between __syncthreads as they may on a GPU: a
  * missing __syncthreads (a warp overwriting shared memory another still
  * reads) or __syncwarp (a lane reading what another has not written) that
- * the fixed order happens to satisfy shows there.
+ * the fixed order happens to satisfy shows there. Between two __syncthreads
+ * it also holds one warp back at a __syncwarp until the others can go no
+ * further (stretch_start).
  *
  * Environment: CUDA_EMU_SMEM_OPTIN sets the shared memory a block
  * may ask for (default 232448, an H100's; 101376 is compute capability
@@ -96,6 +98,21 @@ static uint32_t rand_below(uint32_t n) { /* splitmix64 */
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   return (uint32_t)((z ^ (z >> 31)) % n);
+}
+
+/* The random order's held warp (-1: none) between two __syncthreads, held
+ * at its hold-th __syncwarp there; syncs: each warp's __syncwarps since. */
+static int victim = -1, hold, syncs[32];
+
+/* A new stretch between __syncthreads: in the random order, a warp drawn to
+ * be held at its 1st, 2nd or 3rd __syncwarp until no other warp can move,
+ * as a GPU may leave one warp far behind the others (a missing
+ * __syncthreads that lets a warp overwrite what another has yet to read
+ * shows then). */
+static void stretch_start(int n) {
+  memset(syncs, 0, sizeof syncs);
+  victim = random_order && n > 32 ? (int)rand_below((uint32_t)(n + 31) / 32) : -1;
+  hold = random_order ? 1 + (int)rand_below(3) : 0;
 }
 
 void fail(const char *fmt, ...) {
@@ -237,6 +254,7 @@ static void run_block(int n) {
   at_block = done = 0;
   memset(warp_wait, 0, sizeof warp_wait);
   memset(warp_done, 0, sizeof warp_done);
+  stretch_start(n);
   if (smem_bytes) memset(smem_ptr, 0xff, smem_bytes);
   for (;;) {
     if (random_order)
@@ -255,12 +273,22 @@ static void run_block(int n) {
       for (int i = 0; i < n; i++)
         if (threads[i].state == BLOCK_BAR) threads[i].state = RUN, runq[nrun++] = i;
       at_block = 0;
+      stretch_start(n);
       continue;
     }
     int ready[32], nready = 0;
     for (int w = 0; w * 32 < n; w++) {
       const int size = n - w * 32 < 32 ? n - w * 32 : 32;
       if (warp_wait[w] && warp_wait[w] + warp_done[w] == size) ready[nready++] = w;
+    }
+    for (int r = 0; r < nready; r++) {
+      const int w = ready[r];
+      if (w != victim || threads[w * 32].tag != 0 || syncs[w] + 1 != hold) continue;
+      if (nready > 1)
+        ready[r] = ready[--nready]; /* held while another warp can move */
+      else
+        victim = -1; /* no other can: the hold is over */
+      break;
     }
     if (random_order && nready > 1) ready[0] = ready[rand_below((uint32_t)nready)], nready = 1;
     for (int r = 0; r < nready; r++) {
@@ -272,6 +300,7 @@ static void run_block(int n) {
                "0 __syncwarp, 2 mma_sync, 1000 + n an exchange of n bytes)",
                w, threads[w * 32].tag, threads[i].tag);
         }
+      syncs[w] += threads[w * 32].tag == 0;
       for (int i = w * 32; i < w * 32 + 32 && i < n; i++)
         if (threads[i].state == WARP_BAR) threads[i].state = RUN, runq[nrun++] = i;
       warp_wait[w] = 0;

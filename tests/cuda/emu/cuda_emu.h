@@ -24,9 +24,9 @@
  * warp at different collectives, a warp collective with lanes exited or
  * missing, device and dynamic shared memory read before it is written (both
  * start as 0xff bytes: NaN) or dynamic shared memory past its end (a guard
- * page). What it cannot check: speed; a race that needs one warp to run far
- * ahead of another between two barriers (the orders it tries seldom produce
- * one); static __shared__ arrays read before written (see __shared__ below);
+ * page). What it cannot check: speed; a race between warps that only a
+ * warp held elsewhere than at its first three __syncwarps would show (the
+ * random order holds one there: cuda_emu.cc); static __shared__ arrays read before written (see __shared__ below);
  * the order of streams and events (every call is done when it returns, so a
  * missing cudaStreamWaitEvent passes); __launch_bounds__; and the GPU's own
  * rounding of expf and friends (glibc's here; kern_math.h's formulas are the
