@@ -648,9 +648,14 @@ static void coord_node_died(coord_t *c, coord_node_t *n, uint64_t now) {
   n->dead = 1;
   n->session = 0;
   char why[256];
-  snprintf(why, sizeof why, "node n-%lld was not heard from for %.1f s (heartbeat timeout %.1f s): "
-           "declared dead", (long long)n->id, (double)(now - n->heard_ms) / 1000,
-           c->o.heartbeat_timeout_ms / 1000.0);
+  if (n->awaited)
+    snprintf(why, sizeof why, "node n-%lld did not register again within %.1f s of the "
+             "coordinator's restart (--restart-grace-ms): declared dead", (long long)n->id,
+             (double)(now - n->heard_ms) / 1000);
+  else
+    snprintf(why, sizeof why, "node n-%lld was not heard from for %.1f s (heartbeat timeout "
+             "%.1f s): declared dead", (long long)n->id, (double)(now - n->heard_ms) / 1000,
+             c->o.heartbeat_timeout_ms / 1000.0);
   int rc = store_node_mark_dead(c->st, n->id, n->heard_unix_ms, &jobs, &nj);
   if (rc) {
     LOG_WARN("coord", "node n-%lld: %s", (long long)n->id, err_msg());
@@ -1281,7 +1286,8 @@ static void coord_tick_cb(uv_timer_t *t) {
   for (int64_t id = 1; id < c->cap_node; id++) {
     coord_node_t *n = c->node[id];
     if (!n) continue;
-    if (!n->dead && now - n->heard_ms > (uint64_t)c->o.heartbeat_timeout_ms)
+    if (!n->dead && now - n->heard_ms > (uint64_t)c->o.heartbeat_timeout_ms &&
+        now >= n->grace_until_ms)
       coord_node_died(c, n, now);
   }
   for (coord_rdv_t *w = c->rdv, *next; w; w = next) {
@@ -1326,6 +1332,7 @@ int coord_create(coord_t **out, uv_loop_t *loop, const coord_opts_t *o) {
   c->o = *o;
   if (!c->o.heartbeat_interval_ms) c->o.heartbeat_interval_ms = 1000;
   if (!c->o.heartbeat_timeout_ms) c->o.heartbeat_timeout_ms = 5000;
+  if (!c->o.restart_grace_ms) c->o.restart_grace_ms = 3 * c->o.heartbeat_timeout_ms;
   if (!c->o.checkpoint_timeout_ms) c->o.checkpoint_timeout_ms = 300000;
   if (!c->o.event_retention_days) c->o.event_retention_days = 90;
   store_opts_t so = {.sync_normal = o->sync_normal};
@@ -1334,13 +1341,22 @@ int coord_create(coord_t **out, uv_loop_t *loop, const coord_opts_t *o) {
     free(c);
     return rc;
   }
-  /* nodes the store has alive get a timeout's grace from now to re-register */
+  /* nodes the store has alive get restart_grace_ms from now to register
+   * again: after a restart every fsdpd reconnects at once (each waiting up
+   * to its 1 s backoff), and a node declared dead fails its jobs over */
   store_node_t *nodes = NULL;
   int nn = 0;
   if (!(rc = store_node_list(c->st, &nodes, &nn)))
-    for (int i = 0; i < nn; i++)
-      if (nodes[i].state == STORE_NODE_ALIVE && !coord_node_get(c, nodes[i].id, 1))
+    for (int i = 0; i < nn && !rc; i++) {
+      if (nodes[i].state != STORE_NODE_ALIVE) continue;
+      coord_node_t *n = coord_node_get(c, nodes[i].id, 1);
+      if (!n) {
         rc = err_set(FSDP_ENOMEM, "coordinator: out of memory");
+        break;
+      }
+      n->grace_until_ms = n->heard_ms + (uint64_t)c->o.restart_grace_ms;
+      n->awaited = 1;
+    }
   store_nodes_free(nodes, nn);
   rpc_server_opts_t ro = {.addr = o->listen, .user_token_file = o->user_token_file,
                           .node_token_file = o->node_token_file,

@@ -38,6 +38,8 @@ typedef struct coord_opts {
   const char *tls_cert_file, *tls_key_file;
   int heartbeat_interval_ms;     /* 0: 1000 */
   int heartbeat_timeout_ms;      /* 0: 5000 */
+  int restart_grace_ms;          /* nodes the store has alive at start are not declared dead
+                                    before this (and the timeout) passed; 0: 3 x the timeout */
   int checkpoint_timeout_ms;     /* an open checkpoint missing a shard this long aborts; 0: 300000 */
   int sync_normal;               /* the store's synchronous=NORMAL (store.h) */
   const char *metrics_listen;    /* "0.0.0.0:9101": /metrics there (NULL: none) */

@@ -39,6 +39,8 @@ typedef struct coord_node {
   uint64_t session;         /* 0: not registered since this coordinator started */
   uint64_t instance;        /* the registered fsdpd process's (proto: instance; 0: unknown) */
   uint64_t heard_ms;        /* loop time of its last call */
+  uint64_t grace_until_ms;  /* the store had it alive at start: not dead before (loop time) */
+  int awaited;              /* that, and it has not called since */
   int64_t heard_unix_ms;
   int dead;
   int stopping;             /* its fsdpd said it is shutting down: no new ranks (until it registers) */

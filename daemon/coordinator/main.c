@@ -49,6 +49,9 @@ static void usage(FILE *f) {
           "  --tls-cert FILE --tls-key FILE   serve TLS\n"
           "  --heartbeat-interval-ms N  how long a node's heartbeat is held (default 1000)\n"
           "  --heartbeat-timeout-ms N   a node silent this long is dead (default 5000)\n"
+          "  --restart-grace-ms N       at start, how long nodes the database has alive get\n"
+          "                             to register again before they are dead (default 3 x\n"
+          "                             the heartbeat timeout)\n"
           "  --checkpoint-timeout-ms N  a checkpoint still missing a shard this long after its\n"
           "                             first is aborted (default 300000)\n"
           "  --sync normal|full         SQLite synchronous mode (default full: what was\n"
@@ -178,6 +181,7 @@ int main(int argc, char **argv) {
       {"job-retention-days", required_argument, 0, 'J'},
       {"operator-token-file", required_argument, 0, 'O'},
       {"health-listen", required_argument, 0, 'H'},
+      {"restart-grace-ms", required_argument, 0, 'R'},
       {"node-jwks-file", required_argument, 0, 'W'}, {"node-jwt-subject", required_argument, 0, 'S'},
       {"node-jwt-audience", required_argument, 0, 'A'}, {"node-jwt-issuer", required_argument, 0, 'I'},
       {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
@@ -200,6 +204,7 @@ int main(int argc, char **argv) {
     case 'n': o.node_token_file = optarg; break;
     case 'O': o.operator_token_file = optarg; break;
     case 'H': o.health_listen = optarg; break;
+    case 'R': if (positive("--restart-grace-ms", optarg, &o.restart_grace_ms)) return 2; break;
     case 'W': o.node_jwks_file = optarg; break;
     case 'S': o.node_jwt_subject = optarg; break;
     case 'A': o.node_jwt_audience = optarg; break;
