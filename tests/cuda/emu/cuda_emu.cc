@@ -858,14 +858,22 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
   const size_t ea = a->type == CUDA_R_16BF ? 2 : 4;
   const uint64_t M = c->rows, N = c->cols, K = d->transa == CUBLAS_OP_N ? a->cols : a->rows;
   std::vector<float> ta, tb;
+  const float bt = *(const float *)beta;
   for (int32_t i = 0; i < c->batch; i++) {
+    if (!K) { /* no product: D = beta C, written even where beta is 0 (oneDNN leaves it) */
+      float *out = (float *)D + (size_t)i * dl->stride;
+      for (uint64_t n = 0; n < N; n++)
+        for (uint64_t m = 0; m < M; m++)
+          out[m + n * dl->ld] = bt == 0.0f ? 0.0f : bt * out[m + n * dl->ld];
+      continue;
+    }
     emu_lt_operand(ta, (const char *)A + (size_t)i * a->stride * ea, a, d->compute);
     emu_lt_operand(tb, (const char *)B + (size_t)i * b->stride * ea, b, d->compute);
     float *out = (float *)D + (size_t)i * dl->stride;
     /* column-major D (M x N, ld) is row-major D^T (N x M): D^T = op(B)^T op(A)^T */
     if (dnnl_sgemm(d->transb == CUBLAS_OP_N ? 'N' : 'T', d->transa == CUBLAS_OP_N ? 'N' : 'T',
                    (dnnl_dim_t)N, (dnnl_dim_t)M, (dnnl_dim_t)K, *(const float *)alpha, tb.data(),
-                   b->ld, ta.data(), a->ld, *(const float *)beta, out, dl->ld) != dnnl_success)
+                   b->ld, ta.data(), a->ld, bt, out, dl->ld) != dnnl_success)
       return CUBLAS_STATUS_EXECUTION_FAILED;
   }
   return CUBLAS_STATUS_SUCCESS;
