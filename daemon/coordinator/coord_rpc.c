@@ -878,7 +878,7 @@ static void coord_register_cb(rpc_call_t *call, const ProtobufCMessage *req, voi
   n->session = session, n->dead = 0, n->stopping = 0, n->ndev = (int)q->n_devices;
   n->instance = q->instance;
   n->heard_ms = coord_mono_ms(c), n->heard_unix_ms = coord_unix_ms();
-  n->awaited = 0;
+  n->awaited = 0, n->grace_until_ms = 0; /* back: the heartbeat timeout alone, from now */
   /* Reconcile: ranks it runs that are not of a running attempt are killed;
    * ranks the store has there but it does not run were never started
    * (assigned: told again) or are gone (running: the attempt fails). */

@@ -231,7 +231,10 @@ static void *agent_main(void *arg) {
       if (strncmp(refusal, err_msg(), sizeof refusal - 1) || now - refusal_logged >= AGENT_REFUSED_LOG_S) {
         snprintf(refusal, sizeof refusal, "%s", err_msg());
         refusal_logged = now;
-        if (ever)
+        if (superseded)
+          LOG_ERROR("fsdpd", "the coordinator refused %s: %s; asking again every %d s (the ranks "
+                    "were stopped)", what, refusal, AGENT_REFUSED_MS / 1000);
+        else if (ever)
           LOG_ERROR("fsdpd", "the coordinator refused %s: %s; asking again every %d s, ranks keep "
                     "running", what, refusal, AGENT_REFUSED_MS / 1000);
         else

@@ -701,33 +701,45 @@ Test(coordinator, a_restarted_coordinator_keeps_the_running_job_and_fences_old_e
  * heartbeat timeout unless given), not just the timeout, to register
  * again. alpha registers 2 s after the restart (twice the 1 s timeout) and
  * its job runs on; beta never does and is declared dead once the grace
- * (3 s) has passed, its job failing with a reason that names the flag. */
+ * (3 s) has passed, its job failing with a reason that names the flag;
+ * gamma registers at once and then goes silent: back, it has the timeout
+ * alone, and is dead well before the grace ends. */
 Test(coordinator, a_restart_gives_the_nodes_its_grace_to_register_again, .timeout = 40) {
   char d[600];
   data_opt(d, sizeof d);
-  node_t A = {{0}, 0}, Bn = {{0}, 0};
+  node_t A = {{0}, 0}, Bn = {{0}, 0}, G = {{0}, 0};
   node_register(&A, "alpha", 2, 8ull << 30, NULL, 0);
   node_register(&Bn, "beta", 2, 8ull << 30, NULL, 0);
+  node_register(&G, "gamma", 2, 8ull << 30, NULL, 0);
   const char *kv[] = {"model=tiny", d, NULL};
-  char ja[32], jb[32];
+  char ja[32], jb[32], jg[32];
   cr_assert_eq(submit(2, kv, ja, sizeof ja), 0, "%s", err_msg());
   cr_assert_eq(collect(&A, ja, 2, NULL), 2, "alpha did not get the first job");
   cr_assert_eq(submit(2, kv, jb, sizeof jb), 0, "%s", err_msg());
   cr_assert_eq(collect(&Bn, jb, 2, NULL), 2, "beta did not get the second job");
-  Fsdp__V1__RankStatus ra[2], *pa[2], rb[2], *pb[2];
+  cr_assert_eq(submit(2, kv, jg, sizeof jg), 0, "%s", err_msg());
+  cr_assert_eq(collect(&G, jg, 2, NULL), 2, "gamma did not get the third job");
+  Fsdp__V1__RankStatus ra[2], *pa[2], rb[2], *pb[2], rg[2], *pg[2];
   running_ranks(ra, pa, ja, 3);
   running_ranks(rb, pb, jb, 3);
+  running_ranks(rg, pg, jg, 3);
   protobuf_c_message_free_unpacked(&heartbeat(&A, pa, 2)->base, NULL);
   protobuf_c_message_free_unpacked(&heartbeat(&Bn, pb, 2)->base, NULL);
+  protobuf_c_message_free_unpacked(&heartbeat(&G, pg, 2)->base, NULL);
   char db[600];
   snprintf(db, sizeof db, "%s", co_db);
   cluster_stop(&co, SIGKILL);
+  const double t_start = tu_now_s(); /* the grace starts while the coordinator does */
   co_start(db, "127.0.0.1:0", "--restart-grace-ms 3000");
   const double t0 = tu_now_s();
   client_for(&co, NULL);
+  node_register(&G, "gamma", 2, 8ull << 30, pg, 2);
   nanosleep(&(struct timespec){2, 0}, NULL);
   node_register(&A, "alpha", 2, 8ull << 30, pa, 2);
   char reason[512] = "";
+  cr_expect_eq(job_state(jg, reason, sizeof reason), FSDP__V1__JOB_STATE__JOB_STATE_FAILED,
+               "gamma, silent 2 s after registering again (timeout 1 s): %s", reason);
+  cr_expect(strstr(reason, G.id) && strstr(reason, "was not heard from"), "%s", reason);
   cr_expect_eq(job_state(ja, reason, sizeof reason), FSDP__V1__JOB_STATE__JOB_STATE_RUNNING,
                "alpha's job, its node back 2 s after the restart: %s", reason);
   Fsdp__V1__JobState sb = FSDP__V1__JOB_STATE__JOB_STATE_RUNNING;
@@ -737,10 +749,11 @@ Test(coordinator, a_restart_gives_the_nodes_its_grace_to_register_again, .timeou
     protobuf_c_message_free_unpacked(&r->base, NULL);
     sb = job_state(jb, reason, sizeof reason);
   }
-  const double took = tu_now_s() - t0;
+  const double t1 = tu_now_s();
   cr_expect_eq(sb, FSDP__V1__JOB_STATE__JOB_STATE_FAILED, "beta's job, its node gone: %s", reason);
   cr_expect(strstr(reason, Bn.id) && strstr(reason, "--restart-grace-ms"), "%s", reason);
-  cr_expect(took >= 3.0 && took < 4.5, "beta declared dead %.2f s after the restart", took);
+  cr_expect(t1 - t_start >= 3.0 && t1 - t0 < 4.5, "beta declared dead %.2f s after the restart",
+            t1 - t0);
   cr_expect_eq(job_state(ja, reason, sizeof reason), FSDP__V1__JOB_STATE__JOB_STATE_RUNNING, "%s",
                reason);
 }
