@@ -18,12 +18,20 @@
  *    activations alike: gradient accumulation over micro-batches and the
  *    residual stream both rely on it. Callers zero gradients when they start.
  *  - Ops never allocate. Scratch memory is passed in, sized by *_scratch().
+ *  - Where an op takes a leading dimension (ld, ldo), rows are that many floats
+ *    apart; the caller pads a wide matrix's rows to KERN_LD_ALIGN floats (the
+ *    logits: V = 50257 would leave every row but the first 4-byte aligned, and
+ *    a GPU's tensor-core products and vector loads want 16 bytes and more).
  */
 #ifndef FSDP_KERN_H
 #define FSDP_KERN_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+/* Floats a padded row's leading dimension is a multiple of: 256 bytes, the
+ * most alignment cuBLASLt asks of a matrix. */
+#define KERN_LD_ALIGN 64
 
 typedef enum {
   KERN_OP_ENCODER,
@@ -105,12 +113,15 @@ typedef struct kern_backend {
   void (*layernorm_bwd)(float *dinp, float *dw, float *db, const float *dout, const float *inp,
                         const float *w, const float *mean, const float *rstd, int N, int C);
 
-  /* out (N,OC) = inp (N,IC) @ w (OC,IC)^T + bias (OC); bias may be NULL. */
+  /* out (N,OC) = inp (N,IC) @ w (OC,IC)^T + bias (OC); bias may be NULL. out's
+   * rows are ldo >= OC floats apart (the LM head's logits pad theirs, see
+   * KERN_LD_ALIGN); columns OC..ldo-1 are not touched. */
   void (*matmul_fwd)(float *out, const float *inp, const float *w, const float *bias, int N,
-                     int IC, int OC);
-  /* dinp (N,IC) += dout @ w; dw (OC,IC) += dout^T @ inp; dbias (OC) += column sums (if not NULL). */
+                     int IC, int OC, int ldo);
+  /* dinp (N,IC) += dout @ w; dw (OC,IC) += dout^T @ inp; dbias (OC) += column sums (if not NULL).
+   * dout's rows are ldo >= OC floats apart. */
   void (*matmul_bwd)(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
-                     const float *w, int N, int IC, int OC);
+                     const float *w, int N, int IC, int OC, int ldo);
 
   /* Causal multi-head attention. qkv (B,T,3C) holds q, k, v side by side, each
    * (NH heads of C/NH). out (B,T,C). att (attention_saved() floats) is what
@@ -135,11 +146,14 @@ typedef struct kern_backend {
   void (*residual_fwd)(float *out, const float *a, const float *b, size_t n);
   void (*residual_bwd)(float *da, float *db, const float *dout, size_t n);
 
-  /* Softmax cross-entropy over rows of V logits. Forward turns logits (N,V) into
-   * probabilities IN PLACE and writes losses (N) = -log p[target]. Backward turns
-   * the probabilities into dlogits = (p - onehot(target)) * dloss IN PLACE. */
-  void (*crossentropy_fwd)(float *losses, float *logits, const int32_t *targets, int N, int V);
-  void (*crossentropy_bwd)(float *probs, const int32_t *targets, float dloss, int N, int V);
+  /* Softmax cross-entropy over rows of V logits, ld >= V floats apart. Forward turns
+   * logits (N,V) into probabilities IN PLACE and writes losses (N) = -log p[target].
+   * Backward turns the probabilities into dlogits = (p - onehot(target)) * dloss IN
+   * PLACE. Columns V..ld-1 are not touched. */
+  void (*crossentropy_fwd)(float *losses, float *logits, const int32_t *targets, int N, int V,
+                           int ld);
+  void (*crossentropy_bwd)(float *probs, const int32_t *targets, float dloss, int N, int V,
+                           int ld);
 
   /* AdamW (decoupled weight decay) over n elements at step t (1-based). */
   void (*adamw)(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,

@@ -73,6 +73,10 @@ gpt_unit_t gpt_config_unit(const gpt_config_t *c, int u) {
   return (gpt_unit_t){emb + (size_t)(u - 1) * block, block};
 }
 
+int gpt_config_logits_ld(const gpt_config_t *cfg) {
+  return (cfg->vocab + GPT_LOGITS_ALIGN - 1) / GPT_LOGITS_ALIGN * GPT_LOGITS_ALIGN;
+}
+
 /* Floats of activations + backward scratch for (B, T), excluding the int32
  * token arrays and the attention scratch (counted by the caller); att: the
  * floats a layer's attention keeps for backward (the kernel backend's
@@ -85,7 +89,7 @@ static size_t gpt_config_act_floats(const gpt_config_t *c, size_t B, size_t T, i
   size_t inner = 15 * N * C + 4 * N + att; /* all but res3 */
   size_t layers = ckpt ? L * N * C + inner : L * (inner + N * C);
   size_t fwd = N * C /* encoded */ + layers + N * C + 2 * N /* lnf */ +
-               N * (size_t)c->vocab /* logits */ + N /* losses */;
+               N * (size_t)gpt_config_logits_ld(c) /* logits */ + N /* losses */;
   size_t bwd = 2 * N * C /* dres, dln */ + 8 * N * C /* dbig1, dbig2 */;
   return fwd + bwd;
 }

@@ -57,6 +57,14 @@ int gpt_config_tensors(const gpt_config_t *cfg, gpt_tensor_t *t, int max);
 /* Unit u (0: embeddings and final norm; 1+l: block l) of a config, without a model. */
 gpt_unit_t gpt_config_unit(const gpt_config_t *cfg, int u);
 
+/* Floats between two rows of the logits: vocab rounded up to a multiple of
+ * GPT_LOGITS_ALIGN (256 bytes: 50257 -> 50304), so every row starts as
+ * aligned as the first, as a GPU's tensor-core products and vector loads
+ * want (kernels/kern.h, KERN_LD_ALIGN). The padding columns are never read
+ * or written. */
+#define GPT_LOGITS_ALIGN 64
+int gpt_config_logits_ld(const gpt_config_t *cfg);
+
 /* Bytes of activations (and their gradients) the model holds for (B, T), with
  * or without activation checkpointing: what gpt.c allocates for them. att is
  * the floats one layer's attention keeps for backward, the kernel backend's

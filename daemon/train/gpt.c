@@ -23,6 +23,9 @@
 #include "daemon/common/log.h"
 #include "daemon/common/mem.h"
 
+/* the logits' padding is at least what the kernels ask of a wide matrix */
+_Static_assert(GPT_LOGITS_ALIGN % KERN_LD_ALIGN == 0, "GPT_LOGITS_ALIGN below KERN_LD_ALIGN");
+
 #define GPT_WEIGHTS_VERSION 1
 #define GPT_HEADER_INTS 256
 
@@ -115,7 +118,8 @@ struct gpt {
   gpt_layer_acts_t *layer; /* (L) */
   float *lnf;             /* (N,C) */
   float *lnf_mean, *lnf_rstd; /* (N) */
-  float *logits;          /* (N,V): logits, then probabilities, then dlogits */
+  float *logits;          /* (N,V), rows gpt_config_logits_ld apart: logits, then
+                           * probabilities, then dlogits */
   float *losses;          /* (N) */
   int32_t *tokens;        /* (N) inputs of the last forward */
   int32_t *targets;       /* (N) targets of the last forward */
@@ -284,12 +288,13 @@ gpt_unit_t gpt_unit(const gpt_t *g, int u) { return g->units[u]; }
 float *gpt_params(gpt_t *g) { return g->params; }
 float *gpt_grads(gpt_t *g) { return g->grads; }
 const float *gpt_logits(const gpt_t *g) { return g->have_targets ? NULL : g->logits; }
+int gpt_logits_ld(const gpt_t *g) { return gpt_config_logits_ld(&g->cfg); }
 
 int gpt_copy_logits(const gpt_t *g, int row, float *out) {
   if (!g->acts_mem || g->have_targets || row < 0 || row >= g->B * g->T)
     return err_set(FSDP_EINVAL, "gpt_copy_logits: row %d of a forward without targets of %d rows "
                    "(run gpt_forward with targets NULL first)", row, g->acts_mem ? g->B * g->T : 0);
-  g->be->copy_d2h(out, g->logits + (size_t)row * (size_t)g->cfg.vocab,
+  g->be->copy_d2h(out, g->logits + (size_t)row * (size_t)gpt_logits_ld(g),
                   (size_t)g->cfg.vocab * sizeof(float));
   g->be->sync();
   return FSDP_OK;
@@ -338,6 +343,8 @@ static int gpt_alloc_acts(gpt_t *g, int B, int T) {
   }
   float *p = g->acts_mem;
 #define TAKE(n) (p += (n), p - (n))
+  /* first: the logits' rows are padded to 256 bytes, and so is their start */
+  g->logits = TAKE(N * (size_t)gpt_logits_ld(g));
   g->encoded = TAKE(N * C);
   for (size_t l = 0; l < L; l++) {
     gpt_layer_acts_t *a = &g->layer[l];
@@ -362,7 +369,6 @@ static int gpt_alloc_acts(gpt_t *g, int B, int T) {
   g->lnf = TAKE(N * C);
   g->lnf_mean = TAKE(N);
   g->lnf_rstd = TAKE(N);
-  g->logits = TAKE(N * (size_t)c->vocab);
   g->losses = TAKE(N);
   g->dres = TAKE(N * C);
   g->dln = TAKE(N * C);
@@ -447,15 +453,15 @@ static void gpt_layer_fwd(gpt_t *g, int l, float *P, const float *res_in) {
   gpt_layer_acts_t *a = &g->layer[l];
   const gpt_block_t p = gpt_block_at(g, P);
   be->layernorm_fwd(a->ln1, a->ln1_mean, a->ln1_rstd, res_in, p.ln1w, p.ln1b, (int)N, C);
-  be->matmul_fwd(a->qkv, a->ln1, p.qkvw, p.qkvb, (int)N, C, 3 * C);
+  be->matmul_fwd(a->qkv, a->ln1, p.qkvw, p.qkvb, (int)N, C, 3 * C, 3 * C);
   be->attention_fwd(a->atty, a->att, a->qkv, B, T, C, NH);
   /* the projection lands in res2, then the residual is added in place */
-  be->matmul_fwd(a->res2, a->atty, p.attprojw, p.attprojb, (int)N, C, C);
+  be->matmul_fwd(a->res2, a->atty, p.attprojw, p.attprojb, (int)N, C, C, C);
   be->residual_fwd(a->res2, a->res2, res_in, N * C);
   be->layernorm_fwd(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, p.ln2w, p.ln2b, (int)N, C);
-  be->matmul_fwd(a->fch, a->ln2, p.fcw, p.fcb, (int)N, C, 4 * C);
+  be->matmul_fwd(a->fch, a->ln2, p.fcw, p.fcb, (int)N, C, 4 * C, 4 * C);
   be->gelu_fwd(a->fch_gelu, a->fch, N * 4 * (size_t)C);
-  be->matmul_fwd(a->res3, a->fch_gelu, p.fcprojw, p.fcprojb, (int)N, 4 * C, C);
+  be->matmul_fwd(a->res3, a->fch_gelu, p.fcprojw, p.fcprojb, (int)N, 4 * C, C, C);
   be->residual_fwd(a->res3, a->res3, a->res2, N * C);
 }
 
@@ -471,21 +477,21 @@ static void gpt_layer_bwd(gpt_t *g, int l, float *P, float *G, const float *res_
   float *dfch_gelu = g->dbig1, *dfch = g->dbig2;
   be->dev_set(dfch_gelu, 0, 4 * NC * f);
   be->matmul_bwd(dfch_gelu, d.fcprojw, d.fcprojb, g->dres, a->fch_gelu, p.fcprojw, (int)N, 4 * C,
-                 C);
+                 C, C);
   be->dev_set(dfch, 0, 4 * NC * f);
   be->gelu_bwd(dfch, a->fch, dfch_gelu, 4 * NC);
   be->dev_set(g->dln, 0, NC * f);
-  be->matmul_bwd(g->dln, d.fcw, d.fcb, dfch, a->ln2, p.fcw, (int)N, C, 4 * C);
+  be->matmul_bwd(g->dln, d.fcw, d.fcb, dfch, a->ln2, p.fcw, (int)N, C, 4 * C, 4 * C);
   /* the skip path already put d(res3) in dres: adding the norm's gives d(res2) */
   be->layernorm_bwd(g->dres, d.ln2w, d.ln2b, g->dln, a->res2, p.ln2w, a->ln2_mean, a->ln2_rstd,
                     (int)N, C);
   float *datty = g->dbig2, *dqkv = g->dbig1;
   be->dev_set(datty, 0, NC * f);
-  be->matmul_bwd(datty, d.attprojw, d.attprojb, g->dres, a->atty, p.attprojw, (int)N, C, C);
+  be->matmul_bwd(datty, d.attprojw, d.attprojb, g->dres, a->atty, p.attprojw, (int)N, C, C, C);
   be->dev_set(dqkv, 0, 3 * NC * f);
   be->attention_bwd(dqkv, g->att_scratch, datty, a->qkv, a->atty, a->att, B, T, C, NH);
   be->dev_set(g->dln, 0, NC * f);
-  be->matmul_bwd(g->dln, d.qkvw, d.qkvb, dqkv, a->ln1, p.qkvw, (int)N, C, 3 * C);
+  be->matmul_bwd(g->dln, d.qkvw, d.qkvb, dqkv, a->ln1, p.qkvw, (int)N, C, 3 * C, 3 * C);
   be->layernorm_bwd(g->dres, d.ln1w, d.ln1b, g->dln, res_in, p.ln1w, a->ln1_mean, a->ln1_rstd,
                     (int)N, C);
 }
@@ -535,10 +541,10 @@ int gpt_forward(gpt_t *g, const int32_t *inputs, const int32_t *targets, int B, 
   GPT_TRY(h->params(h->ctx, 0, GPT_FWD, &P));
   e = gpt_embed_at(g, P);
   be->layernorm_fwd(g->lnf, g->lnf_mean, g->lnf_rstd, res, e.lnfw, e.lnfb, (int)N, C);
-  be->matmul_fwd(g->logits, g->lnf, e.wte, NULL, (int)N, C, V);
+  be->matmul_fwd(g->logits, g->lnf, e.wte, NULL, (int)N, C, V, gpt_logits_ld(g));
   GPT_TRY(h->release(h->ctx, 0, GPT_FWD));
   if (targets) {
-    be->crossentropy_fwd(g->losses, g->logits, g->targets, (int)N, V);
+    be->crossentropy_fwd(g->losses, g->logits, g->targets, (int)N, V, gpt_logits_ld(g));
     double sum = be->vec_sum(g->losses, N); /* the mean loss over the batch's tokens */
     if (loss) *loss = (float)(sum / (double)N);
     g->have_targets = 1;
@@ -558,13 +564,14 @@ int gpt_backward(gpt_t *g, float dloss_scale) {
   float *P, *G, *G0;
 
   /* mean over the N tokens, times the caller's scale (micro-batch averaging) */
-  be->crossentropy_bwd(g->logits, g->targets, dloss_scale / (float)N, (int)N, V);
+  be->crossentropy_bwd(g->logits, g->targets, dloss_scale / (float)N, (int)N, V,
+                       gpt_logits_ld(g));
   g->have_targets = 0; /* the probabilities are now dlogits */
   GPT_TRY(h->params(h->ctx, 0, GPT_BWD, &P));
   GPT_TRY(h->grads(h->ctx, 0, &G0));
   const gpt_embed_t p0 = gpt_embed_at(g, P), d0 = gpt_embed_at(g, G0);
   be->dev_set(g->dln, 0, NC * sizeof(float));
-  be->matmul_bwd(g->dln, d0.wte, NULL, g->logits, g->lnf, p0.wte, (int)N, C, V);
+  be->matmul_bwd(g->dln, d0.wte, NULL, g->logits, g->lnf, p0.wte, (int)N, C, V, gpt_logits_ld(g));
   const float *res_last = c->layers ? g->layer[c->layers - 1].res3 : g->encoded;
   be->dev_set(g->dres, 0, NC * sizeof(float));
   be->layernorm_bwd(g->dres, d0.lnfw, d0.lnfb, g->dln, res_last, p0.lnfw, g->lnf_mean,

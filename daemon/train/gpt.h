@@ -81,8 +81,10 @@ int gpt_forward(gpt_t *g, const int32_t *inputs, const int32_t *targets, int B, 
  * micro-batch, 1/k to average over k micro-batches). */
 int gpt_backward(gpt_t *g, float dloss_scale);
 void gpt_zero_grad(gpt_t *g);
-/* Logits (B,T,V) of the last forward without targets (a device pointer). */
+/* Logits (B,T,V) of the last forward without targets (a device pointer), rows
+ * gpt_logits_ld floats apart (vocab padded to 256 bytes, gpt_config.h). */
 const float *gpt_logits(const gpt_t *g);
+int gpt_logits_ld(const gpt_t *g);
 /* Copies row row (of B*T) of those logits, V floats, into host memory out. */
 int gpt_copy_logits(const gpt_t *g, int row, float *out);
 

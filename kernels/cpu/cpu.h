@@ -138,13 +138,14 @@ void kern_cpu_sgemm_release(const sigset_t *was);
 #define KERN_CPU_CBLOCK 16
 void kern_cpu_channel_range(int C, int *c0, int *c1);
 
-/* Columns [c0, c1) of the sums over the N rows of dout (N, C), in
+/* Columns [c0, c1) of the sums over the N rows of dout (N, C; rows ld apart,
+ * inp's too), in
  * kern_math.h's order (KERN_COLSUM_ROWS): sd[c] += sum of dout[n][c], and,
  * where sdx is not NULL, sdx[c] += sum of dout[n][c] (inp[n][c] - mean[n])
  * rstd[n] (layernorm's dw). */
 static inline void kern_cpu_colsum(float *sd, float *sdx, const float *dout, const float *inp,
-                                   const float *mean, const float *rstd, int N, int C, int c0,
-                                   int c1) {
+                                   const float *mean, const float *rstd, int N, int64_t ld,
+                                   int c0, int c1) {
   enum { W = 256 }; /* columns a pass keeps in its partial sums */
   float pd[W], px[W];
   for (int b0 = c0; b0 < c1; b0 += W) {
@@ -153,10 +154,10 @@ static inline void kern_cpu_colsum(float *sd, float *sdx, const float *dout, con
       const int n1 = N - n0 < KERN_COLSUM_ROWS ? N : n0 + KERN_COLSUM_ROWS;
       for (int i = 0; i < bn; i++) pd[i] = 0.0f, px[i] = 0.0f;
       for (int n = n0; n < n1; n++) {
-        const float *d = dout + (int64_t)n * C + b0;
+        const float *d = dout + n * ld + b0;
         for (int i = 0; i < bn; i++) pd[i] += d[i];
         if (sdx) {
-          const float *x = inp + (int64_t)n * C + b0;
+          const float *x = inp + n * ld + b0;
           const float m = mean[n], r = rstd[n];
           for (int i = 0; i < bn; i++) px[i] += d[i] * (x[i] - m) * r;
         }
@@ -179,9 +180,9 @@ void kern_cpu_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout
                             const float *w, const float *mean, const float *rstd, int N, int C);
 
 void kern_cpu_matmul_fwd(float *out, const float *inp, const float *w, const float *bias, int N,
-                         int IC, int OC);
+                         int IC, int OC, int ldo);
 void kern_cpu_matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
-                         const float *w, int N, int IC, int OC);
+                         const float *w, int N, int IC, int OC, int ldo);
 
 void kern_cpu_attention_fwd(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
 void kern_cpu_attention_bwd(float *dqkv, float *scratch, const float *dout, const float *qkv,
@@ -195,8 +196,10 @@ void kern_cpu_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t 
 void kern_cpu_residual_fwd(float *out, const float *a, const float *b, size_t n);
 void kern_cpu_residual_bwd(float *da, float *db, const float *dout, size_t n);
 
-void kern_cpu_crossentropy_fwd(float *losses, float *logits, const int32_t *targets, int N, int V);
-void kern_cpu_crossentropy_bwd(float *probs, const int32_t *targets, float dloss, int N, int V);
+void kern_cpu_crossentropy_fwd(float *losses, float *logits, const int32_t *targets, int N, int V,
+                               int ld);
+void kern_cpu_crossentropy_bwd(float *probs, const int32_t *targets, float dloss, int N, int V,
+                               int ld);
 
 void kern_cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
                     float beta2, float eps, float wd, int t);

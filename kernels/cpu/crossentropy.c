@@ -1,14 +1,16 @@
-/* crossentropy: softmax cross-entropy over rows of V logits. Forward leaves the
- * probabilities in place of the logits; backward turns them into dlogits. */
+/* crossentropy: softmax cross-entropy over rows of V logits (ld apart). Forward
+ * leaves the probabilities in place of the logits; backward turns them into
+ * dlogits. */
 #include <omp.h>
 
 #include "kernels/cpu/cpu.h"
 #include "kernels/kern_math.h"
 
-void kern_cpu_crossentropy_fwd(float *losses, float *logits, const int32_t *targets, int N, int V) {
+void kern_cpu_crossentropy_fwd(float *losses, float *logits, const int32_t *targets, int N, int V,
+                               int ld) {
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; n++) {
-    float *x = logits + (int64_t)n * V;
+    float *x = logits + (int64_t)n * ld;
     float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
     for (int j = 0; j < V; j++) mx = x[j] > mx ? x[j] : mx; /* not fmaxf: a libm call */
@@ -23,10 +25,11 @@ void kern_cpu_crossentropy_fwd(float *losses, float *logits, const int32_t *targ
   }
 }
 
-void kern_cpu_crossentropy_bwd(float *probs, const int32_t *targets, float dloss, int N, int V) {
+void kern_cpu_crossentropy_bwd(float *probs, const int32_t *targets, float dloss, int N, int V,
+                               int ld) {
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; n++) {
-    float *p = probs + (int64_t)n * V;
+    float *p = probs + (int64_t)n * ld;
     int t = targets[n];
     float pt = p[t];
     for (int j = 0; j < V; j++) p[j] *= dloss;

@@ -92,16 +92,16 @@ static tile_t my_tile(int64_t M, int64_t N) {
 }
 
 void kern_cpu_matmul_fwd(float *out, const float *inp, const float *w, const float *bias, int N,
-                         int IC, int OC) {
+                         int IC, int OC, int ldo) {
 #pragma omp parallel
   {
     tile_t t = my_tile(N, OC);
     kern_cpu_sgemm('N', 'T', t.m1 - t.m0, t.n1 - t.n0, IC, 1.0f, inp + t.m0 * IC, IC, w + t.n0 * IC,
-                   IC, 0.0f, out + t.m0 * OC + t.n0, OC);
+                   IC, 0.0f, out + t.m0 * (int64_t)ldo + t.n0, ldo);
     /* on the tile just written, while it is still in cache */
     if (bias)
       for (int64_t n = t.m0; n < t.m1; n++) {
-        float *o = out + n * OC;
+        float *o = out + n * ldo;
         for (int64_t c = t.n0; c < t.n1; c++) o[c] += bias[c];
       }
   }
@@ -110,23 +110,23 @@ void kern_cpu_matmul_fwd(float *out, const float *inp, const float *w, const flo
 /* The three gradients write disjoint memory, so each thread goes from its tile
  * of dinp to its tile of dw to its channels of dbias without a barrier. */
 void kern_cpu_matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
-                         const float *w, int N, int IC, int OC) {
+                         const float *w, int N, int IC, int OC, int ldo) {
 #pragma omp parallel
   {
     /* dinp (N, IC) += dout (N, OC) @ w (OC, IC) */
     tile_t t = my_tile(N, IC);
-    kern_cpu_sgemm('N', 'N', t.m1 - t.m0, t.n1 - t.n0, OC, 1.0f, dout + t.m0 * OC, OC, w + t.n0, IC,
-                   1.0f, dinp + t.m0 * IC + t.n0, IC);
+    kern_cpu_sgemm('N', 'N', t.m1 - t.m0, t.n1 - t.n0, OC, 1.0f, dout + t.m0 * (int64_t)ldo, ldo,
+                   w + t.n0, IC, 1.0f, dinp + t.m0 * IC + t.n0, IC);
     /* dw (OC, IC) += dout^T (OC, N) @ inp (N, IC) */
     t = my_tile(OC, IC);
-    kern_cpu_sgemm('T', 'N', t.m1 - t.m0, t.n1 - t.n0, N, 1.0f, dout + t.m0, OC, inp + t.n0, IC,
+    kern_cpu_sgemm('T', 'N', t.m1 - t.m0, t.n1 - t.n0, N, 1.0f, dout + t.m0, ldo, inp + t.n0, IC,
                    1.0f, dw + t.m0 * IC + t.n0, IC);
     /* dbias: column sums, each thread over its own channels, in
      * kern_math.h's order */
     if (dbias) {
       int c0, c1;
       kern_cpu_channel_range(OC, &c0, &c1);
-      kern_cpu_colsum(dbias, NULL, dout, NULL, NULL, NULL, N, OC, c0, c1);
+      kern_cpu_colsum(dbias, NULL, dout, NULL, NULL, NULL, N, ldo, c0, c1);
     }
   }
 }

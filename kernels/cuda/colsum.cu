@@ -16,7 +16,7 @@
  * run of 32 columns, every run at once, so every SM reads. */
 __global__ static void __launch_bounds__(COLSUM_WARPS * 32)
     colsum_runs_kernel(float *partial, const float *dout, const float *inp, const float *mean,
-                       const float *rstd, int N, int C, int c0, int cs, int with_x) {
+                       const float *rstd, int N, int64_t ld, int c0, int cs, int with_x) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int k = blockIdx.x * 32 + lane; /* the slice's column */
   const int runs = (N + KERN_COLSUM_ROWS - 1) / KERN_COLSUM_ROWS;
@@ -25,7 +25,7 @@ __global__ static void __launch_bounds__(COLSUM_WARPS * 32)
   float pd = 0.0f, px = 0.0f;
   const int n1 = N - j * KERN_COLSUM_ROWS < KERN_COLSUM_ROWS ? N : (j + 1) * KERN_COLSUM_ROWS;
   for (int n = j * KERN_COLSUM_ROWS; n < n1; n++) {
-    const int64_t i = (int64_t)n * C + c0 + k;
+    const int64_t i = n * ld + c0 + k;
     const float d = dout[i];
     pd += d;
     if (with_x) px += d * (inp[i] - mean[n]) * rstd[n];
@@ -53,7 +53,7 @@ __global__ static void colsum_add_kernel(float *sd, float *sdx, const float *par
 /* The runs' sums live in the packing buffers (matmul.cu's, idle between
  * products: one stream), as many columns at a time as fit there. */
 void kern_cuda_colsum(float *sd, float *sdx, const float *dout, const float *inp,
-                      const float *mean, const float *rstd, int N, int C) {
+                      const float *mean, const float *rstd, int N, int C, int64_t ld) {
   if (N <= 0 || C <= 0) return;
   const int runs = (N + KERN_COLSUM_ROWS - 1) / KERN_COLSUM_ROWS;
   const size_t room = 2 * KERN_CUDA_SIZE_PACK_ELEMS * sizeof(uint16_t) / sizeof(float);
@@ -65,7 +65,7 @@ void kern_cuda_colsum(float *sd, float *sdx, const float *dout, const float *inp
     const int n = C - c0 < cs ? C - c0 : cs;
     const dim3 grid((unsigned)((n + 31) / 32), (unsigned)((runs + COLSUM_WARPS - 1) / COLSUM_WARPS));
     colsum_runs_kernel<<<grid, COLSUM_WARPS * 32, 0, kern_cuda_st.stream>>>(
-        partial, dout, inp, mean, rstd, N, C, c0, n, sdx != NULL);
+        partial, dout, inp, mean, rstd, N, ld, c0, n, sdx != NULL);
     KERN_CUDA_LAUNCHED();
     colsum_add_kernel<<<(n + KERN_CUDA_THREADS - 1) / KERN_CUDA_THREADS, KERN_CUDA_THREADS, 0,
                         kern_cuda_st.stream>>>(sd + c0, sdx ? sdx + c0 : NULL, partial, runs, n);

@@ -1,4 +1,4 @@
-/* crossentropy: softmax cross-entropy over rows of V logits, the formulas of
+/* crossentropy: softmax cross-entropy over rows of V logits (ld apart), the formulas of
  * kernels/cpu/crossentropy.c. Forward: one block per row turns the logits
  * into probabilities in place in two passes over the row (the logits are
  * B*T*V floats, the largest thing a step streams): the first reads it once
@@ -7,8 +7,8 @@
  * the threads' pairs are then combined in a fixed tree), the second writes
  * e^(x - max) * (1/sum) by kern_expf; losses = log(sum) - (x[target] - max).
  * The sum's rounding is not the CPU's (TOL_RED apart). Backward:
- * element-wise, dlogits = (p - onehot(target)) * dloss in place (the CPU's
- * bits). */
+ * dlogits = (p - onehot(target)) * dloss in place (the CPU's bits), a block
+ * row per row (kern_cuda_rows_grid: no index divided by V). */
 #include "kernels/cuda/cuda_impl.h"
 #include "kernels/kern_math.h"
 
@@ -27,9 +27,9 @@ __device__ static float ce_block_reduce(float v, int op, float *sh) {
 }
 
 __global__ static void crossentropy_fwd_kernel(float *losses, float *logits, const int32_t *targets,
-                                               int V) {
+                                               int V, int64_t ld) {
   __shared__ float sh[32];
-  float *x = logits + (int64_t)blockIdx.x * V;
+  float *x = logits + (int64_t)blockIdx.x * ld;
   /* x[target] is read by every thread now, before any thread overwrites it
    * (the reductions below hold a barrier before the first write) */
   const float xt = x[targets[blockIdx.x]];
@@ -54,27 +54,29 @@ __global__ static void crossentropy_fwd_kernel(float *losses, float *logits, con
 }
 
 __global__ static void crossentropy_bwd_kernel(float *probs, const int32_t *targets, float dloss,
-                                               int V, size_t n) {
-  KERN_CUDA_FOR(i, n) {
-    const size_t row = i / (size_t)V;
-    const int j = (int)(i % (size_t)V);
-    const float p = probs[i];
-    probs[i] = j == targets[row] ? (p - 1.0f) * dloss : p * dloss;
+                                               int N, int V, int64_t ld) {
+  for (int64_t r = blockIdx.y; r < N; r += gridDim.y) {
+    float *p = probs + r * ld;
+    const int t = targets[r];
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < V; j += gridDim.x * blockDim.x)
+      p[j] = j == t ? (p[j] - 1.0f) * dloss : p[j] * dloss;
   }
 }
 
 extern "C" void kern_cuda_crossentropy_fwd(float *losses, float *logits, const int32_t *targets,
-                                           int N, int V) {
+                                           int N, int V, int ld) {
   if (N <= 0 || V <= 0) return;
-  crossentropy_fwd_kernel<<<N, CE_THREADS, 0, kern_cuda_st.stream>>>(losses, logits, targets, V);
+  KERN_CUDA_ASSERT(ld >= V);
+  crossentropy_fwd_kernel<<<N, CE_THREADS, 0, kern_cuda_st.stream>>>(losses, logits, targets, V,
+                                                                      (int64_t)ld);
   KERN_CUDA_LAUNCHED();
 }
 
 extern "C" void kern_cuda_crossentropy_bwd(float *probs, const int32_t *targets, float dloss, int N,
-                                           int V) {
+                                           int V, int ld) {
   if (N <= 0 || V <= 0) return;
-  const size_t n = (size_t)N * V;
-  crossentropy_bwd_kernel<<<kern_cuda_blocks(n, KERN_CUDA_THREADS), KERN_CUDA_THREADS, 0,
-                            kern_cuda_st.stream>>>(probs, targets, dloss, V, n);
+  KERN_CUDA_ASSERT(ld >= V);
+  crossentropy_bwd_kernel<<<kern_cuda_rows_grid(N, V), KERN_CUDA_THREADS, 0,
+                            kern_cuda_st.stream>>>(probs, targets, dloss, N, V, (int64_t)ld);
   KERN_CUDA_LAUNCHED();
 }

@@ -99,6 +99,16 @@ static inline unsigned kern_cuda_blocks(size_t n, unsigned threads) {
   return b > KERN_CUDA_MAX_BLOCKS ? KERN_CUDA_MAX_BLOCKS : (unsigned)(b ? b : 1);
 }
 
+/* The grid of a kernel over rows of a matrix (rows x cols): a block row (y)
+ * per matrix row, up to 8 blocks of KERN_CUDA_THREADS (x) along it, so no
+ * thread divides an index by a row length. The kernel loops over rows
+ * (gridDim.y apart) and columns (gridDim.x * blockDim.x apart). */
+static inline dim3 kern_cuda_rows_grid(int64_t rows, int64_t cols) {
+  const int64_t x = (cols + KERN_CUDA_THREADS - 1) / KERN_CUDA_THREADS;
+  return dim3((unsigned)(x > 8 ? 8 : x < 1 ? 1 : x),
+              (unsigned)(rows > KERN_CUDA_MAX_BLOCKS ? KERN_CUDA_MAX_BLOCKS : rows < 1 ? 1 : rows));
+}
+
 #define KERN_CUDA_FOR(i, n)                                                                        \
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (size_t)(n);                  \
        i += (size_t)gridDim.x * blockDim.x)
@@ -135,11 +145,12 @@ void kern_cuda_gemm(const char *op, char ta, char tb, int M, int N, int K, float
                     int64_t sB, float beta, float *C, int64_t ldc, int64_t sC, int batch);
 
 /* ---- column sums (colsum.cu) --------------------------------------------------
- * sd[c] += the sum over the N rows of dout (N, C), and, where sdx is not
+ * sd[c] += the sum over the N rows of dout (N, C; rows ld apart, inp's too),
+ * and, where sdx is not
  * NULL, sdx[c] += the sum of dout (inp - mean[n]) rstd[n]; in kern_math.h's
  * order (KERN_COLSUM_ROWS), the CPU's bits. */
 void kern_cuda_colsum(float *sd, float *sdx, const float *dout, const float *inp,
-                      const float *mean, const float *rstd, int N, int C);
+                      const float *mean, const float *rstd, int N, int C, int64_t ld);
 
 /* ---- attention on bf16 tensor cores (attention_tc.cu) -------------------------
  * The fused op of attention.cu (same saved log-sum-exp, same scratch) with
@@ -168,9 +179,9 @@ void kern_cuda_layernorm_bwd(float *dinp, float *dw, float *db, const float *dou
                              const float *w, const float *mean, const float *rstd, int N, int C);
 
 void kern_cuda_matmul_fwd(float *out, const float *inp, const float *w, const float *bias, int N,
-                          int IC, int OC);
+                          int IC, int OC, int ldo);
 void kern_cuda_matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
-                          const float *w, int N, int IC, int OC);
+                          const float *w, int N, int IC, int OC, int ldo);
 
 void kern_cuda_attention_fwd(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
 void kern_cuda_attention_bwd(float *dqkv, float *scratch, const float *dout, const float *qkv,
@@ -184,8 +195,10 @@ void kern_cuda_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t
 void kern_cuda_residual_fwd(float *out, const float *a, const float *b, size_t n);
 void kern_cuda_residual_bwd(float *da, float *db, const float *dout, size_t n);
 
-void kern_cuda_crossentropy_fwd(float *losses, float *logits, const int32_t *targets, int N, int V);
-void kern_cuda_crossentropy_bwd(float *probs, const int32_t *targets, float dloss, int N, int V);
+void kern_cuda_crossentropy_fwd(float *losses, float *logits, const int32_t *targets, int N, int V,
+                                int ld);
+void kern_cuda_crossentropy_bwd(float *probs, const int32_t *targets, float dloss, int N, int V,
+                                int ld);
 
 void kern_cuda_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
                      float beta2, float eps, float wd, int t);

@@ -71,5 +71,5 @@ extern "C" void kern_cuda_layernorm_bwd(float *dinp, float *dw, float *db, const
   layernorm_bwd_dinp_kernel<<<(N + LN_WARPS - 1) / LN_WARPS, LN_WARPS * 32, 0,
                               kern_cuda_st.stream>>>(dinp, dout, inp, w, mean, rstd, N, C);
   KERN_CUDA_LAUNCHED();
-  kern_cuda_colsum(db, dw, dout, inp, mean, rstd, N, C);
+  kern_cuda_colsum(db, dw, dout, inp, mean, rstd, N, C, C);
 }

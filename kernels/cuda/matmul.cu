@@ -165,11 +165,8 @@ static int64_t gemm_pack(uint16_t *dst, const float *X, char t, int64_t ld, int6
   const int64_t dld = pad8(cols);
   const int64_t nrows = (int64_t)g * rows;
   if (nrows > 0 && cols > 0) {
-    const dim3 grid((unsigned)((cols + KERN_CUDA_THREADS - 1) / KERN_CUDA_THREADS > 8
-                                   ? 8 : (cols + KERN_CUDA_THREADS - 1) / KERN_CUDA_THREADS),
-                    (unsigned)(nrows > KERN_CUDA_MAX_BLOCKS ? KERN_CUDA_MAX_BLOCKS : nrows));
-    gemm_pack_kernel<<<grid, KERN_CUDA_THREADS, 0, kern_cuda_st.stream>>>(dst, src, ld, stride, dld,
-                                                                         dstride, rows, cols, g);
+    gemm_pack_kernel<<<kern_cuda_rows_grid(nrows, cols), KERN_CUDA_THREADS, 0,
+                       kern_cuda_st.stream>>>(dst, src, ld, stride, dld, dstride, rows, cols, g);
     KERN_CUDA_LAUNCHED();
   }
   return dld;
@@ -264,32 +261,39 @@ void kern_cuda_gemm(const char *op, char ta, char tb, int M, int N, int K, float
     gemm_none(op, ta, tb, M, N, K, lda, ldb, ldc, sA, sB, sC, batch, why);
 }
 
-/* out (N, OC) += bias (OC) on every row */
-__global__ static void bias_add_kernel(float *out, const float *bias, size_t n, int OC) {
-  KERN_CUDA_FOR(i, n) out[i] += bias[i % (size_t)OC];
+/* out (N, OC; rows ldo apart) += bias (OC) on every row: a block row (y) per
+ * row, its threads (x) along it (no division per element) */
+__global__ static void bias_add_kernel(float *out, const float *bias, int N, int OC, int64_t ldo) {
+  for (int64_t r = blockIdx.y; r < N; r += gridDim.y) {
+    float *o = out + r * ldo;
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < OC; c += gridDim.x * blockDim.x)
+      o[c] += bias[c];
+  }
 }
 
 extern "C" void kern_cuda_matmul_fwd(float *out, const float *inp, const float *w,
-                                     const float *bias, int N, int IC, int OC) {
+                                     const float *bias, int N, int IC, int OC, int ldo) {
+  KERN_CUDA_ASSERT(ldo >= OC);
   /* out (N, OC) = inp (N, IC) @ w (OC, IC)^T */
-  kern_cuda_gemm(__func__, 'N', 'T', N, OC, IC, 1.0f, inp, IC, 0, w, IC, 0, 0.0f, out, OC, 0, 1);
-  const size_t n = (size_t)N * OC;
-  if (bias && n) {
-    bias_add_kernel<<<kern_cuda_blocks(n, KERN_CUDA_THREADS), KERN_CUDA_THREADS, 0,
-                      kern_cuda_st.stream>>>(out, bias, n, OC);
+  kern_cuda_gemm(__func__, 'N', 'T', N, OC, IC, 1.0f, inp, IC, 0, w, IC, 0, 0.0f, out, ldo, 0, 1);
+  if (bias && N > 0 && OC > 0) {
+    bias_add_kernel<<<kern_cuda_rows_grid(N, OC), KERN_CUDA_THREADS, 0, kern_cuda_st.stream>>>(
+        out, bias, N, OC, (int64_t)ldo);
     KERN_CUDA_LAUNCHED();
   }
 }
 
 extern "C" void kern_cuda_matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout,
-                                     const float *inp, const float *w, int N, int IC, int OC) {
+                                     const float *inp, const float *w, int N, int IC, int OC,
+                                     int ldo) {
+  KERN_CUDA_ASSERT(ldo >= OC);
   /* dinp (N, IC) += dout (N, OC) @ w (OC, IC) */
   if (dinp)
-    kern_cuda_gemm(__func__, 'N', 'N', N, IC, OC, 1.0f, dout, OC, 0, w, IC, 0, 1.0f, dinp, IC, 0,
+    kern_cuda_gemm(__func__, 'N', 'N', N, IC, OC, 1.0f, dout, ldo, 0, w, IC, 0, 1.0f, dinp, IC, 0,
                    1);
   /* dw (OC, IC) += dout^T (OC, N) @ inp (N, IC) */
   if (dw)
-    kern_cuda_gemm(__func__, 'T', 'N', OC, IC, N, 1.0f, dout, OC, 0, inp, IC, 0, 1.0f, dw, IC, 0,
+    kern_cuda_gemm(__func__, 'T', 'N', OC, IC, N, 1.0f, dout, ldo, 0, inp, IC, 0, 1.0f, dw, IC, 0,
                    1);
-  if (dbias) kern_cuda_colsum(dbias, NULL, dout, NULL, NULL, NULL, N, OC);
+  if (dbias) kern_cuda_colsum(dbias, NULL, dout, NULL, NULL, NULL, N, OC, ldo);
 }

@@ -149,6 +149,7 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
   }
   const gpt_config_t *g = &c.gpt;
   const int C = g->channels, NH = g->heads, V = g->vocab, L = g->layers;
+  const int ldv = gpt_config_logits_ld(g); /* the logits' padded rows, as the model has them */
   const size_t N = (size_t)B * T, P = gpt_config_num_params(g);
   char msg[512];
   const int bf16 = strcmp(prec, "fp32") != 0;
@@ -168,7 +169,7 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
   float *mean = ops_buf(N), *rstd = ops_buf(N), *losses = ops_buf(N);
   float *wte = ops_buf((size_t)V * C), *dwte = ops_buf((size_t)V * C);
   float *wpe = ops_buf((size_t)T * C), *dwpe = ops_buf((size_t)T * C);
-  float *logits = ops_buf(N * V);
+  float *logits = ops_buf(N * ldv);
   float *att = ops_buf(K->attention_saved(B, T, C, NH) + 1);
   float *scratch = ops_buf(K->attention_scratch(B, T, C, NH) + 1);
   float *pp = ops_buf(P), *pg = ops_buf(P), *pm = ops_buf(P), *pv = ops_buf(P);
@@ -188,13 +189,14 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
       {"qkv", C, 3 * C}, {"attproj", C, C}, {"fc", C, 4 * C}, {"fcproj", 4 * C, C}};
   for (int i = 0; i < 4; i++) {
     snprintf(sh, sizeof sh, "%s:N=%zu,IC=%d,OC=%d", mm[i].name, N, mm[i].ic, mm[i].oc);
-    OPS_TIME("matmul_fwd", sh, L, K->matmul_fwd(y, x, w, bias, (int)N, mm[i].ic, mm[i].oc));
+    OPS_TIME("matmul_fwd", sh, L,
+             K->matmul_fwd(y, x, w, bias, (int)N, mm[i].ic, mm[i].oc, mm[i].oc));
     OPS_TIME("matmul_bwd", sh, L,
-             K->matmul_bwd(z, dw, dbias, y, x, w, (int)N, mm[i].ic, mm[i].oc));
+             K->matmul_bwd(z, dw, dbias, y, x, w, (int)N, mm[i].ic, mm[i].oc, mm[i].oc));
   }
-  snprintf(sh, sizeof sh, "lm_head:N=%zu,IC=%d,OC=%d", N, C, V);
-  OPS_TIME("matmul_fwd", sh, 1, K->matmul_fwd(logits, x, wte, NULL, (int)N, C, V));
-  OPS_TIME("matmul_bwd", sh, 1, K->matmul_bwd(z, dwte, NULL, logits, x, wte, (int)N, C, V));
+  snprintf(sh, sizeof sh, "lm_head:N=%zu,IC=%d,OC=%d,ld=%d", N, C, V, ldv);
+  OPS_TIME("matmul_fwd", sh, 1, K->matmul_fwd(logits, x, wte, NULL, (int)N, C, V, ldv));
+  OPS_TIME("matmul_bwd", sh, 1, K->matmul_bwd(z, dwte, NULL, logits, x, wte, (int)N, C, V, ldv));
   snprintf(sh, sizeof sh, "B=%d,T=%d,C=%d,NH=%d,%s", B, T, C, NH, bench_attn_name(C, NH, bf16));
   OPS_TIME("attention_fwd", sh, L, K->attention_fwd(y, att, x, B, T, C, NH));
   OPS_TIME("attention_bwd", sh, L, K->attention_bwd(z, scratch, y, x, y, att, B, T, C, NH));
@@ -205,11 +207,12 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
   snprintf(sh, sizeof sh, "n=%zu", N * C);
   OPS_TIME("residual_fwd", sh, 2 * L, K->residual_fwd(y, y, x, N * C));
   OPS_TIME("dev_set", sh, 3 * L + 2, K->dev_set(z, 0, N * C * sizeof(float)));
-  snprintf(sh, sizeof sh, "N=%zu,V=%d", N, V);
+  snprintf(sh, sizeof sh, "N=%zu,V=%d,ld=%d", N, V, ldv);
   /* the forward makes probabilities in place, the backward gradients: each
    * timed call starts from its own output, which costs the same */
-  OPS_TIME("crossentropy_fwd", sh, 1, K->crossentropy_fwd(losses, logits, tok, (int)N, V));
-  OPS_TIME("crossentropy_bwd", sh, 1, K->crossentropy_bwd(logits, tok, 1.0f / (float)N, (int)N, V));
+  OPS_TIME("crossentropy_fwd", sh, 1, K->crossentropy_fwd(losses, logits, tok, (int)N, V, ldv));
+  OPS_TIME("crossentropy_bwd", sh, 1,
+           K->crossentropy_bwd(logits, tok, 1.0f / (float)N, (int)N, V, ldv));
   OPS_TIME("vec_sum", sh, 1, (void)K->vec_sum(losses, N));
   snprintf(sh, sizeof sh, "n=%zu", P);
   OPS_TIME("adamw", sh, 1, K->adamw(pp, pg, pm, pv, P, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1));
@@ -224,14 +227,17 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
       fprintf(stderr, "bench_cuda: %s: %s\n", mname[m], msg);
       return 1;
     }
-    const struct { const char *name; int ic, oc; float *out, *wt; } pr[] = {
-        {"lm_head", C, V, logits, wte}, {"fc", C, 4 * C, y, w}};
-    for (int i = 0; i < 2; i++) {
+    /* the LM head with the model's padded rows, and with rows V apart (the
+     * layout before stop 28: V = 50257 left them 4-byte aligned) */
+    const struct { const char *name; int ic, oc, ld; float *out, *wt; } pr[] = {
+        {"lm_head", C, V, ldv, logits, wte}, {"lm_head-ld=V", C, V, V, logits, wte},
+        {"fc", C, 4 * C, 4 * C, y, w}};
+    for (int i = 0; i < 3; i++) {
       const double fl = 2.0 * (double)N * pr[i].ic * pr[i].oc;
       double t = 0;
       for (int r = 0; r < 3 + OPS_REPS; r++) {
         if (r == 3) K->sync(), t = now_s();
-        K->matmul_fwd(pr[i].out, x, pr[i].wt, NULL, (int)N, pr[i].ic, pr[i].oc);
+        K->matmul_fwd(pr[i].out, x, pr[i].wt, NULL, (int)N, pr[i].ic, pr[i].oc, pr[i].ld);
       }
       K->sync();
       t = (now_s() - t) / OPS_REPS;

@@ -131,17 +131,17 @@ static void w_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout
   prof_add(P_LAYERNORM_BWD, t0, 0);
 }
 static void w_matmul_fwd(float *out, const float *inp, const float *w, const float *bias, int N,
-                         int IC, int OC) {
+                         int IC, int OC, int ldo) {
   double t0 = bench_now_s();
-  prof_base->matmul_fwd(out, inp, w, bias, N, IC, OC);
+  prof_base->matmul_fwd(out, inp, w, bias, N, IC, OC, ldo);
   double f = 2.0 * N * IC * OC;
   prof_add_shape(0, N, IC, OC, t0, bench_now_s(), f);
   prof_add(P_MATMUL_FWD, t0, f);
 }
 static void w_matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout,
-                         const float *inp, const float *w, int N, int IC, int OC) {
+                         const float *inp, const float *w, int N, int IC, int OC, int ldo) {
   double t0 = bench_now_s();
-  prof_base->matmul_bwd(dinp, dw, dbias, dout, inp, w, N, IC, OC);
+  prof_base->matmul_bwd(dinp, dw, dbias, dout, inp, w, N, IC, OC, ldo);
   double f = (dinp ? 2.0 : 0.0) * N * IC * OC + 2.0 * N * IC * OC;
   prof_add_shape(1, N, IC, OC, t0, bench_now_s(), f);
   prof_add(P_MATMUL_BWD, t0, f);
@@ -180,14 +180,15 @@ static void w_residual_bwd(float *da, float *db, const float *dout, size_t n) {
   prof_add(P_RESIDUAL_BWD, t0, 0);
 }
 static void w_crossentropy_fwd(float *losses, float *logits, const int32_t *targets, int N,
-                               int V) {
+                               int V, int ld) {
   double t0 = bench_now_s();
-  prof_base->crossentropy_fwd(losses, logits, targets, N, V);
+  prof_base->crossentropy_fwd(losses, logits, targets, N, V, ld);
   prof_add(P_CROSSENTROPY_FWD, t0, 0);
 }
-static void w_crossentropy_bwd(float *probs, const int32_t *targets, float dloss, int N, int V) {
+static void w_crossentropy_bwd(float *probs, const int32_t *targets, float dloss, int N, int V,
+                               int ld) {
   double t0 = bench_now_s();
-  prof_base->crossentropy_bwd(probs, targets, dloss, N, V);
+  prof_base->crossentropy_bwd(probs, targets, dloss, N, V, ld);
   prof_add(P_CROSSENTROPY_BWD, t0, 0);
 }
 static void w_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,

@@ -165,6 +165,55 @@ static float *dget(const void *d, size_t n) {
   return h;
 }
 
+/* The padding of rows ld apart: 0x71717171 (1.2e30), finite, so that an op
+ * that reads it goes far off and one that writes it (even x * s, which
+ * would keep a NaN's bits) changes it. */
+#define PAD_BYTE 0x71
+#define PAD_BITS 0x71717171u
+
+/* A device copy of host rows (rows x cols; NULL: dnew's NaN) with rows
+ * ld >= cols apart, the padding PAD_BITS. */
+static float *dput_rows(const float *h, int rows, int cols, int ld) {
+  const size_t n = (size_t)rows * ld;
+  float *p = xmalloc(n * sizeof *p);
+  memset(p, PAD_BYTE, n * sizeof *p);
+  for (int r = 0; r < rows; r++) {
+    if (h) memcpy(p + (size_t)r * ld, h + (size_t)r * cols, cols * sizeof *h);
+    else memset(p + (size_t)r * ld, 0xff, cols * sizeof *p);
+  }
+  float *d = dput(p, n * sizeof *p);
+  free(p);
+  return d;
+}
+
+static void report(const char *op, const char *what, const char *shape, double max_abs,
+                   double max_rel, const char *bound, double worst, int ok);
+
+/* The rows of device buffer d (rows ld apart) as a dense host copy (rows x
+ * cols); checks, as "<what>-padding", that the op left the padding as
+ * dput_rows filled it. */
+static float *dget_rows(const float *d, int rows, int cols, int ld, const char *op,
+                        const char *what, const char *shape) {
+  float *p = dget(d, (size_t)rows * ld), *h = xmalloc((size_t)rows * cols * sizeof *h);
+  size_t written = 0;
+  for (int r = 0; r < rows; r++) {
+    memcpy(h + (size_t)r * cols, p + (size_t)r * ld, cols * sizeof *h);
+    for (int c = cols; c < ld; c++) {
+      uint32_t u;
+      memcpy(&u, p + (size_t)r * ld + c, sizeof u);
+      written += u != PAD_BITS;
+    }
+  }
+  if (ld > cols) {
+    char w[48];
+    snprintf(w, sizeof w, "%s-padding", what);
+    report(op, w, shape, 0, 0, "untouched", -1, written == 0);
+    if (written) printf("test_cuda_kernels:   %zu padding elements written\n", written);
+  }
+  free(p);
+  return h;
+}
+
 /* ---- checks --------------------------------------------------------------- */
 
 /* worst: the largest error as a fraction of its bound (< 1 passes; -1: not
@@ -430,26 +479,29 @@ static void test_layernorm(int N, int C) {
 
 /* ---- matmul --------------------------------------------------------------- */
 
-static void test_matmul(int N, int IC, int OC, int with_bias) {
+/* ld: the rows of the GPU's out and dout are ld >= OC apart (the LM head's
+ * padded logits; the CPU's stay dense) */
+static void test_matmul(int N, int IC, int OC, int with_bias, int ld) {
   char shape[64];
   snprintf(shape, sizeof shape, "N=%d IC=%d OC=%d%s", N, IC, OC, with_bias ? " bias" : "");
+  if (ld != OC) snprintf(shape + strlen(shape), sizeof shape - strlen(shape), " ld=%d", ld);
   const size_t ni = (size_t)N * IC, nw = (size_t)OC * IC, no = (size_t)N * OC;
   float *inp = frand(ni, -1, 1), *w = frand(nw, -0.5f, 0.5f);
   float *bias = with_bias ? frand(OC, -1, 1) : NULL;
   float *out = xmalloc(no * 4), *mag = xmalloc(no * 4);
-  cpu->matmul_fwd(out, inp, w, bias, N, IC, OC);
+  cpu->matmul_fwd(out, inp, w, bias, N, IC, OC, OC);
   /* mag: sum |inp| |w| + |bias|, by the CPU on the absolute values */
   float *ainp = fabs_dup(inp, ni), *aw = fabs_dup(w, nw), *abias = bias ? fabs_dup(bias, OC) : NULL;
-  cpu->matmul_fwd(mag, ainp, aw, abias, N, IC, OC);
+  cpu->matmul_fwd(mag, ainp, aw, abias, N, IC, OC, OC);
   float *dinp_ = dput(inp, ni * 4), *dw_ = dput(w, nw * 4),
         *dbias_ = bias ? dput(bias, OC * 4) : NULL;
-  float *dout_o = dnew(no * 4);
-  gpu->matmul_fwd(dout_o, dinp_, dw_, dbias_, N, IC, OC);
-  float *g = dget(dout_o, no);
+  float *dout_o = dput_rows(NULL, N, OC, ld);
+  gpu->matmul_fwd(dout_o, dinp_, dw_, dbias_, N, IC, OC, ld);
+  float *g = dget_rows(dout_o, N, OC, ld, "matmul_fwd", "out", shape);
   check_tol("matmul_fwd", "out", shape, g, out, NULL, mag, NULL, no, tol_gemm);
   if (bf16_exact) {
     float *ri = round_dup(inp, ni, 1), *rw = round_dup(w, nw, 1), *ro = xmalloc(no * 4);
-    cpu->matmul_fwd(ro, ri, rw, bias, N, IC, OC);
+    cpu->matmul_fwd(ro, ri, rw, bias, N, IC, OC, OC);
     check_tol("matmul_fwd", "out-bf16ops", shape, g, ro, NULL, mag, NULL, no, TOL_GEMM);
     free(ri), free(rw), free(ro);
   }
@@ -478,19 +530,20 @@ static void test_matmul(int N, int IC, int OC, int with_bias) {
   float *dout = frand(no, -1, 1), *dinp = frand(ni, -1, 1), *dw = frand(nw, -1, 1);
   float *dbias = bias ? frand(OC, -1, 1) : NULL;
   float *mdinp = fabs_dup(dinp, ni), *mdw = fabs_dup(dw, nw), *adout = fabs_dup(dout, no);
-  cpu->matmul_bwd(mdinp, mdw, NULL, adout, ainp, aw, N, IC, OC);
-  float *ddout = dput(dout, no * 4), *dd_inp = dput(dinp, ni * 4), *dd_w = dput(dw, nw * 4);
+  cpu->matmul_bwd(mdinp, mdw, NULL, adout, ainp, aw, N, IC, OC, OC);
+  float *ddout = dput_rows(dout, N, OC, ld), *dd_inp = dput(dinp, ni * 4),
+        *dd_w = dput(dw, nw * 4);
   float *dd_bias = bias ? dput(dbias, OC * 4) : NULL;
   /* the bf16 operands' products, from the same initial gradients */
   float *xdinp = NULL, *xdw = NULL;
   if (bf16_exact) {
     float *rd = round_dup(dout, no, 1), *ri = round_dup(inp, ni, 1), *rw = round_dup(w, nw, 1);
     xdinp = round_dup(dinp, ni, 0), xdw = round_dup(dw, nw, 0);
-    cpu->matmul_bwd(xdinp, xdw, NULL, rd, ri, rw, N, IC, OC);
+    cpu->matmul_bwd(xdinp, xdw, NULL, rd, ri, rw, N, IC, OC, OC);
     free(rd), free(ri), free(rw);
   }
-  cpu->matmul_bwd(dinp, dw, dbias, dout, inp, w, N, IC, OC);
-  gpu->matmul_bwd(dd_inp, dd_w, dd_bias, ddout, dinp_, dw_, N, IC, OC);
+  cpu->matmul_bwd(dinp, dw, dbias, dout, inp, w, N, IC, OC, OC);
+  gpu->matmul_bwd(dd_inp, dd_w, dd_bias, ddout, dinp_, dw_, N, IC, OC, ld);
   g = dget(dd_inp, ni);
   check_tol("matmul_bwd", "dinp", shape, g, dinp, NULL, mdinp, NULL, ni, tol_gemm);
   if (xdinp) check_tol("matmul_bwd", "dinp-bf16ops", shape, g, xdinp, NULL, mdinp, NULL, ni, TOL_GEMM);
@@ -782,9 +835,11 @@ static void test_residual(size_t n) {
 
 /* ---- crossentropy --------------------------------------------------------- */
 
-static void test_crossentropy(int N, int V) {
+/* ld: the GPU's rows are ld >= V apart (the model's padded logits) */
+static void test_crossentropy(int N, int V, int ld) {
   char shape[64];
   snprintf(shape, sizeof shape, "N=%d V=%d", N, V);
+  if (ld != V) snprintf(shape + strlen(shape), sizeof shape - strlen(shape), " ld=%d", ld);
   const size_t n = (size_t)N * V;
   float *logits = frand(n, -5, 5);
   int32_t *tgt = xmalloc(N * sizeof(int32_t));
@@ -808,12 +863,12 @@ static void test_crossentropy(int N, int V) {
     rl[i] = log(s) - ((double)x[tgt[i]] - mx);
     ml[i] = 1 + fabs(rl[i]); /* log(sum) is off by ~TOL_RED absolute */
   }
-  float *dlog = dput(logits, n * 4), *dloss = dnew(N * 4);
+  float *dlog = dput_rows(logits, N, V, ld), *dloss = dnew(N * 4);
   int32_t *dtgt = dput(tgt, N * sizeof(int32_t));
   float *loss = xmalloc(N * 4);
-  cpu->crossentropy_fwd(loss, logits, tgt, N, V);
-  gpu->crossentropy_fwd(dloss, dlog, dtgt, N, V);
-  float *gp = dget(dlog, n), *gl = dget(dloss, N);
+  cpu->crossentropy_fwd(loss, logits, tgt, N, V, V);
+  gpu->crossentropy_fwd(dloss, dlog, dtgt, N, V, ld);
+  float *gp = dget_rows(dlog, N, V, ld, "crossentropy_fwd", "probs", shape), *gl = dget(dloss, N);
   float *mlf = xmalloc(N * 4);
   for (int i = 0; i < N; i++) mlf[i] = (float)ml[i];
   check_tol("crossentropy_fwd", "probs", shape, gp, logits, NULL, NULL, NULL, n, TOL_RED);
@@ -823,11 +878,12 @@ static void test_crossentropy(int N, int V) {
   check_tol("crossentropy_fwd", "cpu-probs-f64", shape, logits, NULL, rp, NULL, mp, n, TOL_RED);
   /* backward on the CPU's probabilities */
   const float dl = 1.0f / (float)N;
-  gpu->copy_h2d(dlog, logits, n * 4);
-  cpu->crossentropy_bwd(logits, tgt, dl, N, V);
-  gpu->crossentropy_bwd(dlog, dtgt, dl, N, V);
+  gpu->dev_free(dlog);
+  dlog = dput_rows(logits, N, V, ld);
+  cpu->crossentropy_bwd(logits, tgt, dl, N, V, V);
+  gpu->crossentropy_bwd(dlog, dtgt, dl, N, V, ld);
   free(gp);
-  gp = dget(dlog, n);
+  gp = dget_rows(dlog, N, V, ld, "crossentropy_bwd", "dlogits", shape);
   check_bits("crossentropy_bwd", "dlogits", shape, gp, logits, n);
   gpu->dev_free(dlog), gpu->dev_free(dloss), gpu->dev_free(dtgt);
   free(logits), free(tgt), free(rp), free(mp), free(rl), free(ml), free(loss), free(gp), free(gl),
@@ -966,14 +1022,18 @@ int main(void) {
   test_layernorm(1000, 768);
   if (!gpu_only("test_layernorm(131100, 2048)")) test_layernorm(131100, 2048);
 
-  test_matmul(5, 7, 3, 1);
-  test_matmul(33, 17, 65, 1); /* dbias: two runs, the second of one row */
-  test_matmul(1024, 768, 3072, 1);
-  test_matmul(64, 768, 50257, 0);
+  test_matmul(5, 7, 3, 1, 3);
+  test_matmul(33, 17, 65, 1, 65); /* dbias: two runs, the second of one row */
+  test_matmul(1024, 768, 3072, 1, 3072);
+  test_matmul(64, 768, 50257, 0, 50257);
+  /* rows padded as the model pads its logits (gpt_config_logits_ld): the
+   * LM head, and the bias and dbias passes over padded rows */
+  test_matmul(64, 768, 50257, 0, 50304);
+  test_matmul(33, 17, 65, 1, 71);
   /* dbias's 4224 runs of 32 rows for more columns than the scratch holds at
    * once (16M floats: 3968 columns): colsum.cu sums them a slice of columns
    * at a time, the last slice 160 columns wide */
-  if (!gpu_only("test_matmul(135168, 8, 4128, 1)")) test_matmul(135168, 8, 4128, 1);
+  if (!gpu_only("test_matmul(135168, 8, 4128, 1)")) test_matmul(135168, 8, 4128, 1, 4128);
 
   /* head sizes 4 and 3: the products; 16, 32, 64, 128: the fused kernel,
    * with T across tile edges (16 and 32 rows) and one head */
@@ -1001,8 +1061,10 @@ int main(void) {
   test_residual(1);
   test_residual((size_t)1024 * 768 + 3);
 
-  test_crossentropy(5, 97);
-  test_crossentropy(64, 50257);
+  test_crossentropy(5, 97, 97);
+  test_crossentropy(64, 50257, 50257);
+  test_crossentropy(5, 97, 128);
+  test_crossentropy(64, 50257, 50304);
 
   test_adamw(13, 1);
   test_adamw(((size_t)1 << 20) + 3, 7);
@@ -1029,11 +1091,12 @@ int main(void) {
            kern_cuda_init(&modes[m], msg, sizeof msg) == gpu);
     tol_gemm = tols[m];
     attn_gemm = 1; /* the products' path here; the fused attention's modes are below */
-    test_matmul(1024, 768, 3072, 1);
-    test_matmul(64, 768, 50257, 0);
+    test_matmul(1024, 768, 3072, 1, 3072);
+    test_matmul(64, 768, 50257, 0, 50257);
+    test_matmul(64, 768, 50257, 0, 50304);
     /* bf16 products packed in blocks (matmul.cu): forward cut in rows and
      * in the sum (beta 0 on the first block of the sum only), dw in columns */
-    if (m == 0) test_matmul(2304, 16384, 64, 1);
+    if (m == 0) test_matmul(2304, 16384, 64, 1, 64);
     test_attention(1, GPT_T, 768, 12);
     /* 25 heads: the products' batches (per batch row, over the heads) are
      * packed 13 and then 12 at a time */

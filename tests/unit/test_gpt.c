@@ -189,7 +189,7 @@ Test(gpt, loss_matches_logits) {
   const float *lg = gpt_logits(g);
   double want = 0;
   for (int i = 0; i < B * T; i++) {
-    const float *r = lg + (size_t)i * c.vocab;
+    const float *r = lg + (size_t)i * gpt_logits_ld(g);
     double mx = r[0], s = 0;
     for (int v = 1; v < c.vocab; v++) mx = fmax(mx, r[v]);
     for (int v = 0; v < c.vocab; v++) s += exp(r[v] - mx);

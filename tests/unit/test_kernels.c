@@ -296,7 +296,7 @@ static void check_matmul(int with_bias) {
   const size_t nx = MN * MI, nw = MO * MI, no = MN * MO;
   float *x = frand(nx, -1, 1), *w = frand(nw, -1, 1), *bias = with_bias ? frand(MO, -1, 1) : NULL;
   float *out = fnew(no);
-  K->matmul_fwd(out, x, w, bias, MN, MI, MO);
+  K->matmul_fwd(out, x, w, bias, MN, MI, MO, MO);
   mm_ctx_t c = {to_f64(x, nx), to_f64(w, nw), with_bias ? to_f64(bias, MO) : NULL, dnew(no),
                 dnew(no)};
   matmul_ref(c.out, c.x, c.w, c.bias, MN, MI, MO);
@@ -305,7 +305,7 @@ static void check_matmul(int with_bias) {
   float *r = frand(no, -1, 1);
   for (size_t i = 0; i < no; i++) c.r[i] = r[i];
   float *dx = fzero(nx), *dw = fzero(nw), *db = with_bias ? fzero(MO) : NULL;
-  K->matmul_bwd(dx, dw, db, r, x, w, MN, MI, MO);
+  K->matmul_bwd(dx, dw, db, r, x, w, MN, MI, MO, MO);
   double *gx = dnew(nx), *gw = dnew(nw), *gb = dnew(MO);
   fd_grad(gx, c.x, nx, mm_loss, &c);
   fd_grad(gw, c.w, nw, mm_loss, &c);
@@ -315,7 +315,7 @@ static void check_matmul(int with_bias) {
   float *g0x = frand(nx, -1, 1), *g0w = frand(nw, -1, 1);
   float *ax = fcopy(g0x, nx), *aw = fcopy(g0w, nw);
   float *g0b = with_bias ? frand(MO, -1, 1) : NULL, *ab = with_bias ? fcopy(g0b, MO) : NULL;
-  K->matmul_bwd(ax, aw, ab, r, x, w, MN, MI, MO);
+  K->matmul_bwd(ax, aw, ab, r, x, w, MN, MI, MO, MO);
   expect_accumulated(ax, g0x, dx, nx, "matmul dinp +=");
   expect_accumulated(aw, g0w, dw, nw, "matmul dw +=");
   if (with_bias) {
@@ -429,8 +429,8 @@ Test(kernels, threads_1_vs_2) {
     K->set_threads(k + 1);
     o[k] = fnew((size_t)N * OC);
     dx[k] = fzero((size_t)N * IC), dw[k] = fzero((size_t)OC * IC), db[k] = fzero(OC);
-    K->matmul_fwd(o[k], x, w, bias, N, IC, OC);
-    K->matmul_bwd(dx[k], dw[k], db[k], dout, x, w, N, IC, OC);
+    K->matmul_fwd(o[k], x, w, bias, N, IC, OC, OC);
+    K->matmul_bwd(dx[k], dw[k], db[k], dout, x, w, N, IC, OC, OC);
     ao[k] = fnew(no), aa[k] = fnew(na), ag[k] = fzero(nqkv);
     K->attention_fwd(ao[k], aa[k], qkv, B, T, C, NH);
     K->attention_bwd(ag[k], scratch, adout, qkv, ao[k], aa[k], B, T, C, NH);
@@ -495,10 +495,10 @@ static void sig_products(float *const out[5], const float *x, const float *w, co
   const int shapes[][2] = {{64, 192}, {64, 64}, {64, 256}, {256, 64}}; /* IC, OC */
   for (int s = 0; s < 4; s++) {
     const int IC = shapes[s][0], OC = shapes[s][1];
-    K->matmul_fwd(out[0], x, w, NULL, 64, IC, OC);
+    K->matmul_fwd(out[0], x, w, NULL, 64, IC, OC, OC);
     memset(out[1], 0, 64 * 256 * sizeof(float));
     memset(out[2], 0, 256 * 256 * sizeof(float));
-    K->matmul_bwd(out[1], out[2], NULL, dout, x, w, 64, IC, OC);
+    K->matmul_bwd(out[1], out[2], NULL, dout, x, w, 64, IC, OC, OC);
   }
   K->attention_fwd(out[3], out[3] + 2 * 32 * 64, qkv, 2, 32, 64, 4);
   memset(out[4], 0, 2 * 32 * 3 * 64 * sizeof(float));
@@ -671,7 +671,7 @@ Test(kernels, crossentropy) {
   for (int j = 0; j < XV; j++) logits[j] += 100; /* expf(100) overflows without the max */
   logits[XV + tgt[1]] = -120;                    /* p[target] underflows to 0 in fp32 */
   float *probs = fcopy(logits, n), *losses = fnew(XN);
-  K->crossentropy_fwd(losses, probs, tgt, XN, XV);
+  K->crossentropy_fwd(losses, probs, tgt, XN, XV, XV);
   xent_ctx_t c = {tgt, to_f64(logits, n), dnew(XN), 0.37};
   double *wp = dnew(n);
   xent_ref(c.losses, wp, c.logits, tgt);
@@ -680,10 +680,71 @@ Test(kernels, crossentropy) {
   for (int i = 0; i < XN; i++)
     cr_expect(isfinite(losses[i]), "loss %d = %g [seed %llu]", i, losses[i], SEED);
 
-  K->crossentropy_bwd(probs, tgt, (float)c.dloss, XN, XV);
+  K->crossentropy_bwd(probs, tgt, (float)c.dloss, XN, XV, XV);
   double *g = dnew(n);
   fd_grad(g, c.logits, n, xent_loss, &c);
   EXPECT_REL(probs, g, n, BWD_TOL, "crossentropy dlogits");
+}
+
+/* ---- padded rows (the LM head's logits) ------------------------------------------
+ * Rows ld > OC (V) apart must give the dense results bit for bit, never read
+ * the padding and never write it. It holds 0x71717171 (1.2e30): finite, so
+ * a read goes far off, and a write changes it (x * s would keep a NaN's
+ * bits). */
+
+/* A copy of x (rows x cols) with rows ld apart, the padding 0x71 bytes. */
+static float *pad_rows(const float *x, int rows, int cols, int ld) {
+  float *p = fnew((size_t)rows * ld);
+  memset(p, 0x71, (size_t)rows * ld * sizeof *p);
+  for (int r = 0; r < rows; r++) memcpy(p + (size_t)r * ld, x + (size_t)r * cols, cols * sizeof *x);
+  return p;
+}
+
+/* p (rows ld apart) holds x's bits in its first cols columns and 0x71 bytes in the rest. */
+static void expect_padded(const float *p, const float *x, int rows, int cols, int ld,
+                          const char *what) {
+  for (int r = 0; r < rows; r++) {
+    cr_expect(!memcmp(p + (size_t)r * ld, x + (size_t)r * cols, cols * sizeof *x),
+              "%s: row %d differs from the dense result", what, r);
+    for (int c = cols; c < ld; c++) {
+      uint32_t u;
+      memcpy(&u, p + (size_t)r * ld + c, sizeof u);
+      cr_expect(u == 0x71717171u, "%s: padding at row %d column %d was written (0x%08x)", what, r,
+                c, u);
+    }
+  }
+}
+
+Test(kernels, a_padded_leading_dimension_gives_the_dense_bits) {
+  const int LD = MO + 5; /* and XV + 27 below: odd pads, unaligned rows */
+  float *x = frand(MN * MI, -1, 1), *w = frand(MO * MI, -1, 1), *bias = frand(MO, -1, 1);
+  float *out = fnew(MN * MO), *pout = pad_rows(out, MN, MO, LD);
+  K->matmul_fwd(out, x, w, bias, MN, MI, MO, MO);
+  K->matmul_fwd(pout, x, w, bias, MN, MI, MO, LD);
+  expect_padded(pout, out, MN, MO, LD, "matmul_fwd");
+
+  float *r = frand(MN * MO, -1, 1), *pr = pad_rows(r, MN, MO, LD);
+  float *dx = fzero(MN * MI), *dw = fzero(MO * MI), *db = fzero(MO);
+  float *pdx = fzero(MN * MI), *pdw = fzero(MO * MI), *pdb = fzero(MO);
+  K->matmul_bwd(dx, dw, db, r, x, w, MN, MI, MO, MO);
+  K->matmul_bwd(pdx, pdw, pdb, pr, x, w, MN, MI, MO, LD);
+  cr_expect(!memcmp(dx, pdx, MN * MI * sizeof *dx), "matmul_bwd dinp from padded dout");
+  cr_expect(!memcmp(dw, pdw, MO * MI * sizeof *dw), "matmul_bwd dw from padded dout");
+  cr_expect(!memcmp(db, pdb, MO * sizeof *db), "matmul_bwd dbias from padded dout");
+  expect_padded(pr, r, MN, MO, LD, "matmul_bwd's dout");
+
+  const int XLD = XV + 27;
+  int32_t tgt[XN];
+  for (int i = 0; i < XN; i++) tgt[i] = (int32_t)(tu_rand_u64(&rng) % XV);
+  float *lg = frand(XN * XV, -3, 3), *plg = pad_rows(lg, XN, XV, XLD);
+  float *loss = fnew(XN), *ploss = fnew(XN);
+  K->crossentropy_fwd(loss, lg, tgt, XN, XV, XV);
+  K->crossentropy_fwd(ploss, plg, tgt, XN, XV, XLD);
+  cr_expect(!memcmp(loss, ploss, XN * sizeof *loss), "crossentropy_fwd losses from padded rows");
+  expect_padded(plg, lg, XN, XV, XLD, "crossentropy_fwd probs");
+  K->crossentropy_bwd(lg, tgt, 0.37f, XN, XV, XV);
+  K->crossentropy_bwd(plg, tgt, 0.37f, XN, XV, XLD);
+  expect_padded(plg, lg, XN, XV, XLD, "crossentropy_bwd dlogits");
 }
 
 /* ---- adamw ------------------------------------------------------------------ */
@@ -956,11 +1017,11 @@ static void isa_run_ops(const kern_backend_t *k, isa_run_t *r, const isa_inputs_
   {
     const int N = 14, IC = 13, OC = 37;
     o = isa_out(r, "matmul out", (size_t)N * OC * sizeof(float), NULL);
-    k->matmul_fwd(o, in->a, in->b, in->c, N, IC, OC);
+    k->matmul_fwd(o, in->a, in->b, in->c, N, IC, OC, OC);
     float *dx = isa_out(r, "matmul dinp", (size_t)N * IC * sizeof(float), in->c);
     float *dw = isa_out(r, "matmul dw", (size_t)OC * IC * sizeof(float), in->a);
     float *db = isa_out(r, "matmul dbias", OC * sizeof(float), in->b);
-    k->matmul_bwd(dx, dw, db, in->b, in->a, in->b, N, IC, OC);
+    k->matmul_bwd(dx, dw, db, in->b, in->a, in->b, N, IC, OC, OC);
   }
   {
     /* T = 37: softmax rows of every length from 1 to 37 */
@@ -988,9 +1049,9 @@ static void isa_run_ops(const kern_backend_t *k, isa_run_t *r, const isa_inputs_
   {
     float *losses = isa_out(r, "crossentropy losses", IN * sizeof(float), NULL);
     float *p = isa_out(r, "crossentropy probs", (size_t)IN * IV * sizeof(float), in->logits);
-    k->crossentropy_fwd(losses, p, in->tgt, IN, IV);
+    k->crossentropy_fwd(losses, p, in->tgt, IN, IV, IV);
     float *d = isa_out(r, "crossentropy dlogits", (size_t)IN * IV * sizeof(float), p);
-    k->crossentropy_bwd(d, in->tgt, 0.37f, IN, IV);
+    k->crossentropy_bwd(d, in->tgt, 0.37f, IN, IV, IV);
   }
   {
     float *p = isa_out(r, "adamw p", fe, in->a), *m = isa_out(r, "adamw m", fe, in->c);

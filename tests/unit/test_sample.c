@@ -37,7 +37,7 @@ Test(sample, low_temperature_is_greedy) {
   for (int k = 0; k < 10; k++) {
     int len = 2 + k, T = len < 16 ? len : 16;
     cr_assert_eq(gpt_forward(g, seq + len - T, NULL, 1, T, NULL), 0);
-    const float *lg = gpt_logits(g) + (size_t)(T - 1) * 256;
+    const float *lg = gpt_logits(g) + (size_t)(T - 1) * gpt_logits_ld(g);
     int best = 0;
     for (int v = 1; v < 256; v++)
       if (lg[v] > lg[best]) best = v;
