@@ -815,6 +815,35 @@ Test(rpc, a_kubernetes_service_account_token_names_its_node, .timeout = 60) {
     rpc_client_destroy(c);
     free(t);
   }
+  /* the signature covers the first two parts: good's signature on a body
+   * naming another node (made by another key) is refused, and so are good
+   * with its signature cut short and with one signature byte changed */
+  size_t gn, on;
+  char *gt = tu_slurp(good, &gn);
+  char *other = mint("other-body.jwt", k2, rs256, claims_for("gpu-8", NULL, NULL, NULL, NULL));
+  char *ot = tu_slurp(other, &on);
+  free(other);
+  cr_assert(gt && ot && strrchr(gt, '.') && strrchr(ot, '.'));
+  while (gn && (gt[gn - 1] == '\n')) gt[--gn] = 0;
+  const char *gsig = strrchr(gt, '.');
+  *strrchr(ot, '.') = 0;
+  char forged[3][8192];
+  snprintf(forged[0], sizeof forged[0], "%s%s", ot, gsig); /* spliced */
+  snprintf(forged[1], sizeof forged[1], "%.*s", (int)gn - 4, gt); /* short */
+  snprintf(forged[2], sizeof forged[2], "%s", gt);
+  char *mid = forged[2] + (gsig - gt) + 20; /* inside the signature */
+  *mid = *mid == 'A' ? 'B' : 'A';
+  for (int i = 0; i < 3; i++) {
+    char *t = tu_path("forged.jwt");
+    tu_write_file(t, forged[i], strlen(forged[i]));
+    c = client(t, NULL, NULL);
+    registered_as(c, who, sizeof who, &rc);
+    cr_expect_eq(rc, FSDP_EAUTH, "forgery %d: %d, as %s", i, rc, who);
+    cr_expect(strstr(err_msg(), "no key"), "forgery %d: %s", i, err_msg());
+    rpc_client_destroy(c);
+    free(t);
+  }
+  free(gt), free(ot);
   srv_stop();
   /* an issuer, when given, must be the token's */
   rpc_server_opts_t oi = o;
