@@ -12,6 +12,9 @@
  *     no reason changes); the coordinator's loop is busy with each pass, so
  *     the longest GetJob of a client probing every 5 ms meanwhile shows
  *     what a pass over the queue stalls every other call (heartbeats too).
+ *   - a Kubernetes service account token's check (rpc_jwt.c, on the loop
+ *     thread for each token it has not seen): a valid one and a forged one
+ *     (a signature byte changed), with the fuzz corpus' key and token.
  * Prints `bench:` lines and a `bench: target` line per goal (issue 10: at
  * least 2,000 submits/s on the 2-core machine). */
 #include <pthread.h>
@@ -26,6 +29,7 @@
 
 #include "daemon/common/err.h"
 #include "daemon/common/rpc.h"
+#include "daemon/common/rpc_impl.h"
 #include "daemon/train/data.h"
 #include "proto/fsdp.pb-c.h"
 #include "tests/bench/benchutil.h"
@@ -254,6 +258,49 @@ static int placement(const char *addr, int64_t pending) {
   return rc;
 }
 
+/* Microseconds per rpc__jwt_node of tok (n bytes), each call a token the
+ * cache has not seen (its digest made distinct); -1 on an unexpected result. */
+static double jwt_check_us(rpc_jwks_t *j, const char *tok, size_t n, int want_ok) {
+  enum { REPS = 2000 };
+  char node[RPC_NODE_NAME_MAX];
+  const double t0 = bench_now_s();
+  for (int i = 0; i < REPS; i++) {
+    uint8_t sha[RPC_DIGEST_LEN] = {0}; /* the token's SHA-256 in the server: here a counter */
+    memcpy(sha, &i, sizeof i);
+    sha[4] = (uint8_t)want_ok;
+    /* inside the corpus token's validity, 1900000000 to 2000000000 */
+    if ((rpc__jwt_node(j, (const uint8_t *)tok, n, sha, 1950000000, node, sizeof node) == 0) !=
+        want_ok)
+      return -1;
+  }
+  return (bench_now_s() - t0) / REPS * 1e6;
+}
+
+static int jwt_bench(void) {
+  const char *dir = "tests/fuzz/corpus/node_jwt";
+  char jwks[256], tokf[256];
+  snprintf(jwks, sizeof jwks, "%s/jwks", dir);
+  snprintf(tokf, sizeof tokf, "%s/k8s-token", dir);
+  rpc_jwks_t *j;
+  const rpc_jwt_opts_t o = {jwks, "fsdp-coordinator", "system:serviceaccount:fsdp:fsdpd", NULL};
+  FILE *f = fopen(tokf, "rb");
+  char tok[8192];
+  size_t n = f ? fread(tok, 1, sizeof tok - 1, f) : 0;
+  if (f) fclose(f);
+  while (n && tok[n - 1] == '\n') n--;
+  if (!n || rpc__jwks_load(&j, &o)) {
+    fprintf(stderr, "bench_coord: %s or %s: %s\n", jwks, tokf, n ? err_msg() : "unreadable");
+    return 1;
+  }
+  const double good = jwt_check_us(j, tok, n, 1);
+  tok[n - 10] = tok[n - 10] == 'A' ? 'B' : 'A'; /* inside the signature */
+  const double forged = jwt_check_us(j, tok, n, 0);
+  rpc__jwks_free(j);
+  printf("bench: coord_jwt_check new_token_us=%.1f forged_token_us=%.1f (RS256, 2048-bit key, "
+         "one check each)\n", good, forged);
+  return good < 0 || forged < 0;
+}
+
 int main(void) {
   const char *secs_env = getenv("BENCH_COORD_SECONDS");
   const double secs = secs_env ? atof(secs_env) : 3.0;
@@ -304,6 +351,7 @@ int main(void) {
   for (int t = 1; t <= 16; t *= 4)
     if (run(addr, data_opt, 1, t, secs, submitted, NULL) < 0) rc = 1;
   if (placement(addr, submitted)) rc = 1;
+  if (jwt_bench()) rc = 1;
   kill(pid, SIGTERM);
   waitpid(pid, NULL, 0);
   char cmd[700];

@@ -153,7 +153,8 @@ done
 bench_run "comm ranks=2" "$COMM"
 # 3b. The control plane: fsdp-coordinator on loopback driven by 1, 4 and 16
 # concurrent RPC clients: SubmitJob and GetJob calls/s, p50 and p99 (target:
-# >= 2000 submits/s). About 20 s.
+# >= 2000 submits/s), and the check of a node's Kubernetes token the loop
+# has not seen (a valid one, a forged one). About 20 s.
 bench_run "coord" "$BUILD/bench/bench_coord"
 # 3c. Heartbeat scale: one process plays 1000, 2500, 5000, 7500 and 10000
 # nodes (stopping at the first N that misses), each node keeping one 1 s
