@@ -22,6 +22,9 @@
  *    apart; the caller pads a wide matrix's rows to KERN_LD_ALIGN floats (the
  *    logits: V = 50257 would leave every row but the first 4-byte aligned, and
  *    a GPU's tensor-core products and vector loads want 16 bytes and more).
+ *    The results are the dense layout's up to the product library's choice of
+ *    kernel, which may depend on the leading dimension (oneDNN's sgemm takes
+ *    another path for one that is a multiple of 256 floats).
  */
 #ifndef FSDP_KERN_H
 #define FSDP_KERN_H

@@ -8,6 +8,7 @@
 
 void kern_cpu_crossentropy_fwd(float *losses, float *logits, const int32_t *targets, int N, int V,
                                int ld) {
+  KERN_CPU_ASSERT(ld >= V);
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; n++) {
     float *x = logits + (int64_t)n * ld;
@@ -27,6 +28,7 @@ void kern_cpu_crossentropy_fwd(float *losses, float *logits, const int32_t *targ
 
 void kern_cpu_crossentropy_bwd(float *probs, const int32_t *targets, float dloss, int N, int V,
                                int ld) {
+  KERN_CPU_ASSERT(ld >= V);
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; n++) {
     float *p = probs + (int64_t)n * ld;

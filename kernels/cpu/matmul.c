@@ -93,6 +93,7 @@ static tile_t my_tile(int64_t M, int64_t N) {
 
 void kern_cpu_matmul_fwd(float *out, const float *inp, const float *w, const float *bias, int N,
                          int IC, int OC, int ldo) {
+  KERN_CPU_ASSERT(ldo >= OC);
 #pragma omp parallel
   {
     tile_t t = my_tile(N, OC);
@@ -111,6 +112,7 @@ void kern_cpu_matmul_fwd(float *out, const float *inp, const float *w, const flo
  * of dinp to its tile of dw to its channels of dbias without a barrier. */
 void kern_cpu_matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
                          const float *w, int N, int IC, int OC, int ldo) {
+  KERN_CPU_ASSERT(ldo >= OC);
 #pragma omp parallel
   {
     /* dinp (N, IC) += dout (N, OC) @ w (OC, IC) */

@@ -76,7 +76,7 @@ extern "C" void kern_cuda_crossentropy_bwd(float *probs, const int32_t *targets,
                                            int V, int ld) {
   if (N <= 0 || V <= 0) return;
   KERN_CUDA_ASSERT(ld >= V);
-  crossentropy_bwd_kernel<<<kern_cuda_rows_grid(N, V), KERN_CUDA_THREADS, 0,
+  crossentropy_bwd_kernel<<<kern_cuda_rows_grid(N, V), kern_cuda_rows_threads(V), 0,
                             kern_cuda_st.stream>>>(probs, targets, dloss, N, V, (int64_t)ld);
   KERN_CUDA_LAUNCHED();
 }

@@ -99,12 +99,18 @@ static inline unsigned kern_cuda_blocks(size_t n, unsigned threads) {
   return b > KERN_CUDA_MAX_BLOCKS ? KERN_CUDA_MAX_BLOCKS : (unsigned)(b ? b : 1);
 }
 
-/* The grid of a kernel over rows of a matrix (rows x cols): a block row (y)
- * per matrix row, up to 8 blocks of KERN_CUDA_THREADS (x) along it, so no
- * thread divides an index by a row length. The kernel loops over rows
- * (gridDim.y apart) and columns (gridDim.x * blockDim.x apart). */
+/* The launch of a kernel over rows of a matrix (rows x cols): a block row
+ * (y) per matrix row, up to 8 blocks (x) along it, so no thread divides an
+ * index by a row length; kern_cuda_rows_threads threads a block, fewer than
+ * KERN_CUDA_THREADS for a narrow row (an attention head's 64 columns would
+ * leave 3 of 4 threads idle). The kernel loops over rows (gridDim.y apart)
+ * and columns (gridDim.x * blockDim.x apart). */
+static inline unsigned kern_cuda_rows_threads(int64_t cols) {
+  if (cols >= KERN_CUDA_THREADS) return KERN_CUDA_THREADS;
+  return cols <= 32 ? 32 : (unsigned)(cols + 31) / 32 * 32;
+}
 static inline dim3 kern_cuda_rows_grid(int64_t rows, int64_t cols) {
-  const int64_t x = (cols + KERN_CUDA_THREADS - 1) / KERN_CUDA_THREADS;
+  const int64_t t = kern_cuda_rows_threads(cols), x = (cols + t - 1) / t;
   return dim3((unsigned)(x > 8 ? 8 : x < 1 ? 1 : x),
               (unsigned)(rows > KERN_CUDA_MAX_BLOCKS ? KERN_CUDA_MAX_BLOCKS : rows < 1 ? 1 : rows));
 }

@@ -165,7 +165,7 @@ static int64_t gemm_pack(uint16_t *dst, const float *X, char t, int64_t ld, int6
   const int64_t dld = pad8(cols);
   const int64_t nrows = (int64_t)g * rows;
   if (nrows > 0 && cols > 0) {
-    gemm_pack_kernel<<<kern_cuda_rows_grid(nrows, cols), KERN_CUDA_THREADS, 0,
+    gemm_pack_kernel<<<kern_cuda_rows_grid(nrows, cols), kern_cuda_rows_threads(cols), 0,
                        kern_cuda_st.stream>>>(dst, src, ld, stride, dld, dstride, rows, cols, g);
     KERN_CUDA_LAUNCHED();
   }
@@ -277,8 +277,8 @@ extern "C" void kern_cuda_matmul_fwd(float *out, const float *inp, const float *
   /* out (N, OC) = inp (N, IC) @ w (OC, IC)^T */
   kern_cuda_gemm(__func__, 'N', 'T', N, OC, IC, 1.0f, inp, IC, 0, w, IC, 0, 0.0f, out, ldo, 0, 1);
   if (bias && N > 0 && OC > 0) {
-    bias_add_kernel<<<kern_cuda_rows_grid(N, OC), KERN_CUDA_THREADS, 0, kern_cuda_st.stream>>>(
-        out, bias, N, OC, (int64_t)ldo);
+    bias_add_kernel<<<kern_cuda_rows_grid(N, OC), kern_cuda_rows_threads(OC), 0,
+                      kern_cuda_st.stream>>>(out, bias, N, OC, (int64_t)ldo);
     KERN_CUDA_LAUNCHED();
   }
 }

@@ -890,6 +890,26 @@ static void test_crossentropy(int N, int V, int ld) {
       free(mlf);
 }
 
+/* crossentropy_bwd alone over more rows than a grid's y (65535): its row
+ * loop, on the CPU's probabilities of random logits */
+static void test_crossentropy_bwd_rows(int N, int V, int ld) {
+  char shape[64];
+  snprintf(shape, sizeof shape, "N=%d V=%d ld=%d", N, V, ld);
+  const size_t n = (size_t)N * V;
+  float *p = frand(n, -5, 5), *loss = xmalloc(N * 4);
+  int32_t *tgt = xmalloc(N * sizeof(int32_t));
+  for (int i = 0; i < N; i++) tgt[i] = (int32_t)rand_below((uint32_t)V);
+  cpu->crossentropy_fwd(loss, p, tgt, N, V, V);
+  float *d = dput_rows(p, N, V, ld);
+  int32_t *dt = dput(tgt, N * sizeof(int32_t));
+  cpu->crossentropy_bwd(p, tgt, 0.25f, N, V, V);
+  gpu->crossentropy_bwd(d, dt, 0.25f, N, V, ld);
+  float *g = dget_rows(d, N, V, ld, "crossentropy_bwd", "dlogits", shape);
+  check_bits("crossentropy_bwd", "dlogits", shape, g, p, n);
+  gpu->dev_free(d), gpu->dev_free(dt);
+  free(p), free(loss), free(tgt), free(g);
+}
+
 /* ---- adamw, casts, sumsq -------------------------------------------------- */
 
 static void test_adamw(size_t n, int t) {
@@ -1030,6 +1050,7 @@ int main(void) {
    * LM head, and the bias and dbias passes over padded rows */
   test_matmul(64, 768, 50257, 0, 50304);
   test_matmul(33, 17, 65, 1, 71);
+  test_matmul(70000, 8, 3, 1, 5); /* the bias add's rows past a grid's 65535 */
   /* dbias's 4224 runs of 32 rows for more columns than the scratch holds at
    * once (16M floats: 3968 columns): colsum.cu sums them a slice of columns
    * at a time, the last slice 160 columns wide */
@@ -1065,6 +1086,7 @@ int main(void) {
   test_crossentropy(64, 50257, 50257);
   test_crossentropy(5, 97, 128);
   test_crossentropy(64, 50257, 50304);
+  test_crossentropy_bwd_rows(70000, 5, 8);
 
   test_adamw(13, 1);
   test_adamw(((size_t)1 << 20) + 3, 7);

@@ -65,6 +65,7 @@ static int run_job(const char *data, const char *device, const char *prec, run_t
   c.dims.channels = 128;
   c.dims.heads = 4;
   c.dims.context = 128;
+  c.dims.vocab = 250; /* the logits' rows padded to 256 (gpt_config_logits_ld) on both devices */
   snprintf(c.data, sizeof c.data, "%s", data);
   snprintf(c.device, sizeof c.device, "%s", device);
   snprintf(c.precision, sizeof c.precision, "%s", prec);
