@@ -5,8 +5,11 @@
  * Scheduling: each pass over a block runs every runnable thread until it
  * reaches a barrier or ends; then a barrier every live thread of its scope
  * has reached is released. By default (CUDA_EMU_ORDER=forward) threads run
- * first to last and every releasable warp barrier is released, so the warps
- * move in step. CUDA_EMU_ORDER=random (CUDA_EMU_SEED, default 1) runs each
+ * first to last, and a warp's lanes hand on to each other at its warp
+ * barriers without the scheduler (yield), so each warp runs on to its next
+ * __syncthreads before the next warp starts: warp 0 is always ahead, which
+ * shows a missing __syncthreads where it reads what later warps have yet
+ * to write, or overwrites what they have yet to read. CUDA_EMU_ORDER=random (CUDA_EMU_SEED, default 1) runs each
  * pass's threads in a random order and releases one releasable warp at a
  * time, so warps drift apart between __syncthreads as they may on a GPU: a
  * missing __syncthreads (a warp overwriting shared memory another still
@@ -128,13 +131,50 @@ void fail(const char *fmt, ...) {
   abort();
 }
 
+/* Fails unless every lane of warp w waits at the collective lane 0 does. */
+static void warp_tags_agree(int w, int n) {
+  for (int i = w * 32; i < w * 32 + 32 && i < n; i++)
+    if (threads[i].state == WARP_BAR && threads[i].tag != threads[w * 32].tag) {
+      cur = &threads[i];
+      fail("lanes of warp %d meet at different warp collectives (lane 0 at %d, this at %d: "
+           "0 __syncwarp, 2 mma_sync, 1000 + n an exchange of n bytes)",
+           w, threads[w * 32].tag, threads[i].tag);
+    }
+}
+
+/* Switches from the current thread, now at a barrier (state), to the one
+ * that runs next. In the forward order a lane at a warp barrier goes
+ * straight to the next lane of its warp, and the warp's last lane to
+ * arrive releases the warp and goes on with lane 0: a warp runs on to its
+ * next __syncthreads (or its end) without the scheduler, one switch a lane
+ * and collective (shuffles dominate the fp32 kernels' time here). That the
+ * next lane is RUN means it is due later in this pass, which skips it. */
 static void yield(int state) {
   cur->state = state;
-  if (state == BLOCK_BAR)
+  thread *next = NULL;
+  if (state == BLOCK_BAR) {
     at_block++;
-  else
-    warp_wait[cur->lin / 32]++;
-  emu_ctx_switch(&cur->sp, sched_sp);
+  } else {
+    const int w = cur->lin / 32;
+    warp_wait[w]++;
+    if (!random_order) {
+      if (cur->lin % 32 != 31 && cur->lin + 1 < nthreads && threads[cur->lin + 1].state == RUN) {
+        next = &threads[cur->lin + 1];
+      } else if (warp_wait[w] == 32) {
+        warp_tags_agree(w, nthreads);
+        for (int i = w * 32; i < w * 32 + 32; i++) threads[i].state = RUN;
+        warp_wait[w] = 0;
+        next = &threads[w * 32];
+      }
+    }
+  }
+  if (!next) {
+    emu_ctx_switch(&cur->sp, sched_sp);
+    return;
+  }
+  thread *me = cur;
+  cur = next;
+  emu_ctx_switch(&me->sp, next->sp);
 }
 
 void sync_block(void) { yield(BLOCK_BAR); }
@@ -264,6 +304,7 @@ static void run_block(int n) {
       }
     for (int k = 0; k < nrun; k++) {
       cur = &threads[runq[k]];
+      if (cur->state != RUN) continue; /* run already, by a lane before it (yield) */
       emu_ctx_switch(&sched_sp, cur->sp);
     }
     cur = NULL;
@@ -293,13 +334,7 @@ static void run_block(int n) {
     if (random_order && nready > 1) ready[0] = ready[rand_below((uint32_t)nready)], nready = 1;
     for (int r = 0; r < nready; r++) {
       const int w = ready[r];
-      for (int i = w * 32; i < w * 32 + 32 && i < n; i++)
-        if (threads[i].state == WARP_BAR && threads[i].tag != threads[w * 32].tag) {
-          cur = &threads[i];
-          fail("lanes of warp %d meet at different warp collectives (lane 0 at %d, this at %d: "
-               "0 __syncwarp, 2 mma_sync, 1000 + n an exchange of n bytes)",
-               w, threads[w * 32].tag, threads[i].tag);
-        }
+      warp_tags_agree(w, n);
       syncs[w] += threads[w * 32].tag == 0;
       for (int i = w * 32; i < w * 32 + 32 && i < n; i++)
         if (threads[i].state == WARP_BAR) threads[i].state = RUN, runq[nrun++] = i;

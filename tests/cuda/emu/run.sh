@@ -1,7 +1,7 @@
 #!/bin/sh
 # run.sh ORDER:TEST...: runs GPU tests on the CPU emulator (cuda_emu.h) as
 # `make test` does, all side by side, each in its order: forward (threads
-# first to last, the warps in step) or random (CUDA_EMU_ORDER=random,
+# first to last, each warp on to its next __syncthreads before the next) or random (CUDA_EMU_ORDER=random,
 # cuda_emu.cc: the warps drift apart, which shows a barrier the fixed order
 # happens not to need). FSDP_CUDA_PLUGIN, from the caller, is the emulated
 # plugin the tests that train load. Each run's lines go to TEST.ORDER.log;
