@@ -65,6 +65,14 @@ static int rpc_b64url(const char *s, size_t n, size_t max, unsigned char **out, 
   while (n && s[n - 1] == '=') n--;
   *out = NULL;
   if (!n || n > max || n % 4 == 1) return -1;
+  /* the last character's bits past the last byte are 0 in the one encoding
+   * of the bytes (EVP_DecodeBlock ignores them: 4 or 16 texts would decode
+   * alike, each a token of its own to the cache) */
+  static const char digits[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  const char c = s[n - 1];
+  const char *d = strchr(digits, c);
+  const unsigned v = c && d ? (unsigned)(d - digits) : c == '-' || c == '+' ? 62u : 63u;
+  if (v & (n % 4 == 2 ? 0xfu : n % 4 == 3 ? 0x3u : 0u)) return -1;
   char *b = malloc(n + 4);
   unsigned char *raw = malloc(n + 4);
   int rc = -1;
