@@ -10,6 +10,7 @@ static const device_cuda_plugin_t device_cuda_table = {
     .reserved_bytes = kern_cuda_reserved_bytes,
     .device_name = kern_cuda_device_name,
     .device_memory = kern_cuda_device_memory,
+    .pool_high = kern_cuda_pool_high,
     .comm = &comm_nccl_backend,
     .nccl_unique_id = comm_nccl_unique_id,
     .nccl_create = comm_nccl_create,

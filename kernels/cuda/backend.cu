@@ -1,8 +1,9 @@
 /* backend: the CUDA backend's entry points (kernels/cuda/cuda.h), its table,
  * the state made at init (one non-blocking stream, the cuBLASLt handle and
- * workspace, the reduction scratch), and the table's memory section: device
- * memory from cudaMalloc, sets and copies queued on the stream, and the
- * element-wise vector ops. The ops live one per file. */
+ * workspace, the reduction scratch, a memory pool), and the table's memory
+ * section: device memory allocated and freed in stream order from the pool,
+ * sets and copies queued on the stream, and the element-wise vector ops. The
+ * ops live one per file. */
 #include <string.h>
 
 #include "kernels/cuda/cuda_impl.h"
@@ -25,20 +26,50 @@ static int kern_cuda_get_threads(void) { return 1; }
 
 /* ---- memory ------------------------------------------------------------------ */
 
-/* NULL when the device is full (the error is cleared: it is not sticky, and a
- * later check must not report it). cudaMalloc aligns to 256 bytes. */
+/* Device memory comes from the backend's pool in stream order: a buffer
+ * freed (cudaFreeAsync) is free once the ops queued before the free have
+ * run, and an allocation (cudaMallocFromPoolAsync) is usable by the ops
+ * queued after it. Neither waits for the device, as cudaMalloc and cudaFree
+ * do: the runtime allocates and frees each gathered unit and gradient every
+ * step, and a wait there would empty the queue the host keeps ahead of the
+ * GPU each time. The pool keeps what is freed (its release threshold is
+ * the maximum) for the next step's buffers of the same sizes.
+ *
+ * Every stream that uses a buffer is ordered after its allocation on this
+ * stream and before its free here: the collectives' stream waits on an
+ * event of this stream at issue, and this stream waits on a collective's
+ * event when it completes (daemon/comm/nccl.c), before the runtime frees
+ * what it sent or received. A collective that fails instead leaves its
+ * kernel to the abort of its communicator, which may end after the runtime
+ * has freed the buffer (cudaFree would have waited for it); the step then
+ * ends the rank in an error, and nothing the device computes after it is
+ * kept (a checkpoint in flight writes its host snapshot).
+ *
+ * NULL when the device is full (the error is cleared: it is not sticky, and a
+ * later check must not report it): before that, the pool gives back what it
+ * holds idle (after the frees queued so far have run: cudaMemPoolTrimTo
+ * counts a block whose free the host has not seen complete as in use) and
+ * the allocation is tried once more, so blocks kept for other sizes never
+ * make a job fail that cudaMalloc would have fitted. Every allocation is
+ * aligned to at least 256 bytes (CUDA's promise, asserted). */
 static void *kern_cuda_dev_alloc(size_t bytes) {
   void *p = NULL;
-  if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
+  for (int tries = 0;; tries++) {
+    if (cudaMallocFromPoolAsync(&p, bytes ? bytes : 1, kern_cuda_st.pool, kern_cuda_st.stream) ==
+        cudaSuccess)
+      break;
     (void)cudaGetLastError();
-    return NULL;
+    if (tries) return NULL;
+    KERN_CUDA_CHECK(cudaStreamSynchronize(kern_cuda_st.stream));
+    KERN_CUDA_CHECK(cudaMemPoolTrimTo(kern_cuda_st.pool, 0));
   }
+  KERN_CUDA_ASSERT(((uintptr_t)p & 255) == 0);
   return p;
 }
 
-/* cudaFree waits for the device, so a buffer queued ops still use may go. */
+/* In stream order: ops queued before the free may still use the buffer. */
 static void kern_cuda_dev_free(void *p) {
-  if (p) KERN_CUDA_CHECK(cudaFree(p));
+  if (p) KERN_CUDA_CHECK(cudaFreeAsync(p, kern_cuda_st.stream));
 }
 
 static void kern_cuda_dev_set(void *dst, int v, size_t bytes) {
@@ -190,8 +221,25 @@ extern "C" int kern_cuda_device_count(char *msg, size_t n) {
   return count;
 }
 
+/* The pool of dev_alloc: device memory of `device`, keeping all it is given
+ * back (the release threshold: without it, the pool would return its memory
+ * at every synchronization and map it again at the next allocation). */
+static cudaError_t kern_cuda_pool_create(int device, cudaMemPool_t *pool) {
+  cudaMemPoolProps props;
+  memset(&props, 0, sizeof props);
+  props.allocType = cudaMemAllocationTypePinned;
+  props.handleTypes = cudaMemHandleTypeNone;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = device;
+  cudaError_t e = cudaMemPoolCreate(pool, &props);
+  if (e != cudaSuccess) return *pool = NULL, e;
+  uint64_t keep = UINT64_MAX;
+  return cudaMemPoolSetAttribute(*pool, cudaMemPoolAttrReleaseThreshold, &keep);
+}
+
 /* Init's one cleanup path: what was made is unmade, in reverse. */
 static void kern_cuda_teardown(void) {
+  if (kern_cuda_st.pool) (void)cudaMemPoolDestroy(kern_cuda_st.pool);
   if (kern_cuda_st.pack) (void)cudaFree(kern_cuda_st.pack);
   if (kern_cuda_st.reduce) (void)cudaFree(kern_cuda_st.reduce);
   if (kern_cuda_st.workspace) (void)cudaFree(kern_cuda_st.workspace);
@@ -260,6 +308,11 @@ extern "C" const kern_backend_t *kern_cuda_init(const kern_cuda_opts_t *o, char 
              cudaGetErrorString(e), (int)e);
     goto fail;
   }
+  if ((e = kern_cuda_pool_create(o->device, &kern_cuda_st.pool)) != cudaSuccess) {
+    snprintf(msg, n, "CUDA device %d: cannot create a memory pool: %s (CUDA error %d)", o->device,
+             cudaGetErrorString(e), (int)e);
+    goto fail;
+  }
   if ((s = cublasLtCreate(&kern_cuda_st.lt)) != CUBLAS_STATUS_SUCCESS) {
     snprintf(msg, n, "CUDA device %d: cublasLtCreate failed: %s", o->device,
              cublasLtGetStatusString(s));
@@ -287,6 +340,15 @@ extern "C" void *kern_cuda_stream(void) { return (void *)kern_cuda_st.stream; }
 
 extern "C" size_t kern_cuda_reserved_bytes(void) {
   return kern_cuda_st.ready ? kern_cuda_size_reserved() : 0;
+}
+
+extern "C" void kern_cuda_pool_high(size_t *reserved, size_t *used) {
+  uint64_t r = 0, u = 0;
+  if (kern_cuda_st.ready) {
+    KERN_CUDA_CHECK(cudaMemPoolGetAttribute(kern_cuda_st.pool, cudaMemPoolAttrReservedMemHigh, &r));
+    KERN_CUDA_CHECK(cudaMemPoolGetAttribute(kern_cuda_st.pool, cudaMemPoolAttrUsedMemHigh, &u));
+  }
+  *reserved = (size_t)r, *used = (size_t)u;
 }
 
 extern "C" const char *kern_cuda_device_name(void) { return kern_cuda_st.name; }

@@ -79,6 +79,7 @@ typedef struct kern_cuda_state {
   void *workspace;     /* KERN_CUDA_SIZE_WORKSPACE bytes, cuBLASLt's */
   double *reduce;      /* KERN_CUDA_SIZE_REDUCE_BLOCKS partials + the final sum */
   uint16_t *pack;      /* 2 x KERN_CUDA_SIZE_PACK_ELEMS bf16: the products' packed operands */
+  cudaMemPool_t pool;  /* the table's device memory (dev_alloc), in stream order */
   int fast16bf;        /* bf16 products on the fp32 operands (CUBLAS_COMPUTE_32F_FAST_16BF) */
   char name[256];      /* cudaDeviceProp.name */
   size_t memory;       /* cudaDeviceProp.totalGlobalMem */

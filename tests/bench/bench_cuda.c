@@ -18,6 +18,7 @@
  *   bench: cuda_train model= B= T= precision= attention= step_ms= tokens_per_s= mfu_peak= ...
  *   bench: cuda_flops formula="6*params + 12*L*C*T per token" flops_per_token=
  *   bench: cuda_memory cat= planned_mib= peak_mib= equal=
+ *   bench: cuda_pool reserved_high_mib= used_high_mib= overhead=   (the stream-ordered pool)
  *   bench: cuda_torch mode= tokens_per_s= ...         (the peer's own lines, relabelled)
  *   bench: cuda_vs_torch ours= torch_eager= torch_compile= vs_compile= goal_vs_compile=1 met=
  *   bench: cuda_mfu model= mfu_peak= goal= met=
@@ -354,6 +355,13 @@ int main(int argc, char **argv) {
     printf("bench: cuda_memory cat=%s planned_mib=%.1f peak_mib=%.1f equal=%s\n",
            mem_cat_name((mem_cat_t)k), pl, pm, plan.bytes[k] == last_mem.peak[k] ? "yes" : "no");
   }
+  /* what the device gave the pool of dev_alloc against what its buffers
+   * used at once: the allocator's overhead, outside the plan's categories */
+  size_t pool_res, pool_used;
+  p->pool_high(&pool_res, &pool_used);
+  printf("bench: cuda_pool model=%s reserved_high_mib=%.1f used_high_mib=%.1f "
+         "overhead=%.3f\n", model, pool_res / MIB, pool_used / MIB,
+         pool_used ? (double)pool_res / (double)pool_used : 0.0);
   if (no_peer) return 0;
   for (const char *l = peer; (l = strstr(l, "torch: ")); l++) {
     const char *e = strchr(l, '\n');

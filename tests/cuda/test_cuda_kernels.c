@@ -63,6 +63,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cuda_runtime_api.h>
+
 #include "daemon/common/rng.h"
 #include "kernels/cuda/cuda.h"
 #include "kernels/kern.h"
@@ -359,6 +361,47 @@ static void test_memory(size_t n) {
          d > 0 ? d / (TOL_F64 * mag) : 0, d <= TOL_F64 * mag);
   gpu->dev_free(dx), gpu->dev_free(dy), gpu->dev_free(dz);
   free(x), free(y), free(yc);
+}
+
+/* dev_alloc keeps what dev_free gives back (the backend's pool, in stream
+ * order), so memory freed as one size must still serve another when the
+ * device has nothing else left: a block of 45% of the free memory freed,
+ * then 70% asked for, which fits only once the pool gives the 45% back.
+ * The new block's last bytes are then set and read. On the emulator the
+ * device is made 64 MiB larger than what is in use, for this check only. */
+static void test_dev_pool(void) {
+#ifdef KERN_CUDA_EMU
+  const char *cap_env = getenv("CUDA_EMU_MEMORY");
+  char cap_was[64] = "", cap[64];
+  if (cap_env) snprintf(cap_was, sizeof cap_was, "%s", cap_env);
+  size_t f0, t0;
+  cudaMemGetInfo(&f0, &t0);
+  snprintf(cap, sizeof cap, "%zu", t0 - f0 + ((size_t)64 << 20));
+  setenv("CUDA_EMU_MEMORY", cap, 1);
+#endif
+  size_t free_b = 0, total = 0;
+  int ok = cudaMemGetInfo(&free_b, &total) == cudaSuccess;
+  const size_t x = free_b / 100 * 45 & ~(size_t)4095, y = free_b / 100 * 70 & ~(size_t)4095;
+  void *a = ok ? gpu->dev_alloc(x) : NULL;
+  ok = ok && a;
+  if (a) gpu->dev_free(a);
+  unsigned char *b = ok ? gpu->dev_alloc(y) : NULL, tail[4096], want[4096];
+  ok = ok && b;
+  if (b) {
+    gpu->dev_set(b + y - sizeof tail, 0x5a, sizeof tail);
+    gpu->copy_d2h(tail, b + y - sizeof tail, sizeof tail);
+    memset(want, 0x5a, sizeof want);
+    ok = !memcmp(tail, want, sizeof tail);
+    gpu->dev_free(b);
+  }
+  char shape[96];
+  snprintf(shape, sizeof shape, "%.2f GiB freed, then %.2f GiB of %.2f GiB free",
+           (double)x / (1 << 30), (double)y / (1 << 30), (double)free_b / (1 << 30));
+  report("dev_alloc", "pool gives back", shape, 0, 0, "-", -1, ok);
+#ifdef KERN_CUDA_EMU
+  if (*cap_was) setenv("CUDA_EMU_MEMORY", cap_was, 1);
+  else unsetenv("CUDA_EMU_MEMORY");
+#endif
 }
 
 /* ---- encoder -------------------------------------------------------------- */
@@ -1026,6 +1069,7 @@ int main(void) {
   for (int op = 0; op < KERN_OP__COUNT; op++) table_ok &= gpu->supports_op((kern_op_t)op);
   report("table", "entries", "-", 0, 0, "-", -1, table_ok);
 
+  test_dev_pool();
   test_memory(0);
   test_memory(1);
   test_memory(1000003);

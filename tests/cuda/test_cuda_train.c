@@ -17,6 +17,11 @@
  *    the grouping of AdamW's launches differs). `test_cuda_train
  *    --selfcheck-cpu` runs this comparison on the CPU backend instead, so
  *    the check itself is proven on a machine without a GPU.
+ *  - on the emulator (tests/cuda/emu), which counts the calls that make
+ *    the host wait for the device: after the first steps, a step allocates
+ *    and frees its device memory without waiting (no cudaMalloc or cudaFree:
+ *    the backend's pool, in stream order); the waits a step does make are
+ *    printed. A GPU cannot count them: there this check says it is skipped.
  *
  * Built by `make test` (a compile and link check without a GPU); run by
  * `make test-cuda` or tests/cuda/gpu-run.sh on a GPU machine. Without a GPU
@@ -25,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include "daemon/common/err.h"
@@ -42,9 +48,19 @@
 #define SHARDED_TOL 1e-6
 #define K_BIAS_NOISE 1e-2
 
+/* The emulator's count of calls of one name that wait for the device
+ * (cuda_emu.cc: cuda_emu_waits); NULL on a GPU. */
+typedef unsigned long (*waits_fn)(const char *name);
+static waits_fn emu_waits;
+static const char *const WAIT_CALLS[] = {"cudaMalloc", "cudaFree", "cudaMemcpy",
+                                         "cudaStreamSynchronize", "cudaDeviceSynchronize",
+                                         "cudaEventSynchronize"};
+enum { N_WAIT_CALLS = sizeof WAIT_CALLS / sizeof WAIT_CALLS[0], ALLOC_WAITS = 2 };
+
 typedef struct run {
   float loss[STEPS];
   int steps;
+  unsigned long waits[STEPS + 1][N_WAIT_CALLS]; /* the counts at the end of each step; [0]: open */
   float *params; /* gathered after the last step (host) */
   size_t n;
   gpt_config_t gpt; /* the model, resolved */
@@ -54,6 +70,8 @@ static void run_metrics(void *ctx, const train_metrics_t *m) {
   run_t *r = ctx;
   if (m->step >= 1 && m->step <= STEPS) r->loss[m->step - 1] = m->loss;
   r->steps = m->step;
+  if (emu_waits && m->step >= 1 && m->step <= STEPS)
+    for (int c = 0; c < N_WAIT_CALLS; c++) r->waits[m->step][c] = emu_waits(WAIT_CALLS[c]);
 }
 
 /* One run of the test job on device, precision prec. */
@@ -87,6 +105,8 @@ static int run_job(const char *data, const char *device, const char *prec, run_t
   train_opts_t o = {.metrics = run_metrics, .ctx = r};
   train_t *t = NULL;
   int rc = train_open(&t, &c, &o);
+  if (emu_waits)
+    for (int k = 0; k < N_WAIT_CALLS; k++) r->waits[0][k] = emu_waits(WAIT_CALLS[k]);
   while (!rc && !train_done(t)) rc = train_step(t);
   if (!rc) {
     train_state_t st;
@@ -144,6 +164,25 @@ static void check_losses(const run_t *a, const run_t *ref, double tol, const cha
     bad |= !(e <= tol);
   }
   check(!bad, what, worst, tol);
+}
+
+/* The host's waits for the device in steps 3..STEPS of run r (the first two
+ * make the buffers the pool then keeps): none may be an allocation or a
+ * free; the rest are printed, a step's average of each call. */
+static void check_waits(const run_t *r, const char *what) {
+  char line[512] = "";
+  unsigned long allocs = 0;
+  for (int c = 0; c < N_WAIT_CALLS; c++) {
+    const unsigned long n = r->waits[STEPS][c] - r->waits[2][c];
+    if (c < ALLOC_WAITS) allocs += n;
+    if (n)
+      snprintf(line + strlen(line), sizeof line - strlen(line), " %s %.1f", WAIT_CALLS[c],
+               (double)n / (STEPS - 2));
+  }
+  printf("%s: waits for the device a step:%s\n", what, *line ? line : " none");
+  char name[96];
+  snprintf(name, sizeof name, "%s: cudaMalloc+cudaFree, steps 3-%d", what, STEPS);
+  check(allocs == 0, name, (double)allocs, 0);
 }
 
 /* ---- the sharded runtime against the flat model, on one backend ------------ */
@@ -247,6 +286,8 @@ int main(int argc, char **argv) {
     printf("test_cuda_train: the CUDA plugin did not load (%s): skipped\n", err_msg());
     return 0;
   }
+  void *plugin = dlopen(getenv("FSDP_CUDA_PLUGIN"), RTLD_NOW | RTLD_NOLOAD);
+  if (plugin) *(void **)&emu_waits = dlsym(plugin, "cuda_emu_waits");
   if (p->device_count(msg, sizeof msg) <= 0) {
     printf("test_cuda_train: no GPU (%s): skipped\n", msg);
     return 0;
@@ -273,6 +314,12 @@ int main(int argc, char **argv) {
          gpu16.loss[STEPS - 1]);
   check_losses(&gpu, &cpu, LOSS_TOL, "fp32 losses, cuda vs cpu (relative)");
   check_losses(&gpu16, &gpu, BF16_TOL, "bf16-mixed losses vs fp32, cuda (relative)");
+  if (emu_waits) {
+    check_waits(&gpu, "cuda fp32");
+    check_waits(&gpu16, "cuda bf16-mixed");
+  } else {
+    printf("waits for the device a step: counted on the emulator only: skipped\n");
+  }
   /* parameters, tensor by tensor (the attention's bias as its q, k and v
    * thirds: see weight_parts) */
   const gpt_config_t g = cpu.gpt;

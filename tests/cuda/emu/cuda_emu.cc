@@ -21,7 +21,12 @@
  * Environment: CUDA_EMU_SMEM_OPTIN sets the shared memory a block
  * may ask for (default 232448, an H100's; 101376 is compute capability
  * 8.6's); CUDA_EMU_MEMORY caps device memory in bytes (default 8 GiB);
- * CUDA_EMU_DEVICES=0 makes it a machine with no GPU. */
+ * CUDA_EMU_DEVICES=0 makes it a machine with no GPU.
+ *
+ * Memory: stream-ordered pools (cudaMemPoolCreate, cudaMallocAsync's default
+ * pool) keep the blocks freed into them against CUDA_EMU_MEMORY as a GPU's
+ * pool holds them, until a trim or a synchronization past the release
+ * threshold; cuda_emu_waits counts the calls that make a GPU's host wait. */
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -33,6 +38,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <string>
@@ -362,8 +368,26 @@ static std::mutex emu_mu;
 static std::map<uintptr_t, size_t> emu_allocs;     /* device memory: start -> bytes */
 static std::map<uintptr_t, size_t> emu_registered; /* cudaHostRegister'ed ranges */
 static std::map<const void *, int> emu_smem_allowed;
-static size_t emu_allocated;
+static size_t emu_allocated; /* live device memory plus what pools hold idle */
 static std::map<std::string, unsigned long> emu_launches; /* by the name at the launch */
+static std::map<std::string, unsigned long> emu_waits;    /* the host-blocking calls, by name */
+
+/* A stream-ordered memory pool (cudaMemPoolCreate; cudaMallocAsync's is
+ * emu_default_pool): the sizes of the blocks freed into it and not yet
+ * released, which count as allocated device memory (emu_allocated) as a
+ * GPU's pool holds them, though the emulator gives their host memory back.
+ * An allocation takes the smallest idle block it fits in (the rest of the
+ * block stays with it), else new memory; a synchronizing call releases idle
+ * blocks beyond the release threshold (default 0, as CUDA's). */
+struct emu_pool {
+  std::multimap<size_t, bool> idle; /* rounded size -> (unused) */
+  uint64_t release = 0;
+  uint64_t reserved = 0, used = 0;           /* idle and live blocks; live blocks */
+  uint64_t reserved_high = 0, used_high = 0; /* their highs (cudaMemPoolAttr*MemHigh) */
+};
+static emu_pool emu_default_pool;
+static std::vector<emu_pool *> emu_pools = {&emu_default_pool}; /* every pool */
+static std::map<uintptr_t, std::pair<emu_pool *, size_t>> emu_pooled; /* start -> pool, block */
 
 static cudaError_t emu_err(cudaError_t e) {
   if (e != cudaSuccess) emu_last = e;
@@ -455,6 +479,16 @@ extern "C" unsigned long cuda_emu_launches(const char *name) {
   return it == emu_launches.end() ? 0 : it->second;
 }
 
+/* How many times the host called `name`, one of the calls that wait for the
+ * device ("cudaMalloc", "cudaFree", "cudaMemcpy", "cudaStreamSynchronize",
+ * "cudaDeviceSynchronize", "cudaEventSynchronize"), for tests that hold a
+ * path to not waiting. */
+extern "C" unsigned long cuda_emu_waits(const char *name) {
+  std::lock_guard<std::mutex> g(emu_mu);
+  auto it = emu_waits.find(name);
+  return it == emu_waits.end() ? 0 : it->second;
+}
+
 /* ---- the CUDA runtime ---------------------------------------------------- */
 
 extern "C" {
@@ -537,28 +571,72 @@ cudaError_t cudaFuncSetAttribute(const void *f, cudaFuncAttribute attr, int v) {
   return cudaSuccess;
 }
 
+/* Device memory of n bytes (block: the rounded bytes it takes, already
+ * counted in emu_allocated when it comes from a pool's idle block). */
+static cudaError_t emu_alloc(void **p, size_t n, size_t block, bool counted) {
+  *p = aligned_alloc(256, block);
+  if (!*p) return emu_err(cudaErrorMemoryAllocation);
+  memset(*p, 0xff, block); /* NaN: cudaMalloc's memory holds anything */
+  emu_allocs[(uintptr_t)*p] = n;
+  if (!counted) emu_allocated += block;
+  return cudaSuccess;
+}
+
+static size_t emu_round(size_t n) { return n ? (n + 255) / 256 * 256 : 256; }
+
+static bool emu_fits(size_t block) {
+  return emu_allocated + block <= emu_env_size("CUDA_EMU_MEMORY", (size_t)8 << 30);
+}
+
+/* Gives back what pool holds idle beyond keep bytes (emu_mu held). */
+static void emu_pool_trim(emu_pool *pool, uint64_t keep) {
+  uint64_t held = 0;
+  for (auto &b : pool->idle) held += b.first;
+  while (held > keep && !pool->idle.empty()) {
+    auto big = std::prev(pool->idle.end());
+    held -= big->first;
+    emu_allocated -= big->first;
+    pool->reserved -= big->first;
+    pool->idle.erase(big);
+  }
+}
+
+/* A synchronizing call: each pool releases what it holds beyond its threshold. */
+static void emu_synced(const char *call) {
+  std::lock_guard<std::mutex> g(emu_mu);
+  emu_waits[call]++;
+  for (emu_pool *pool : emu_pools) emu_pool_trim(pool, pool->release);
+}
+
 cudaError_t cudaMalloc(void **p, size_t n) {
   std::lock_guard<std::mutex> g(emu_mu);
-  const size_t round = (n + 255) / 256 * 256;
-  if (emu_allocated + round > emu_env_size("CUDA_EMU_MEMORY", (size_t)8 << 30))
-    return *p = NULL, emu_err(cudaErrorMemoryAllocation);
-  *p = aligned_alloc(256, round ? round : 256);
-  if (!*p) return emu_err(cudaErrorMemoryAllocation);
-  memset(*p, 0xff, round); /* NaN: cudaMalloc's memory holds anything */
-  emu_allocs[(uintptr_t)*p] = n;
-  emu_allocated += round;
+  emu_waits["cudaMalloc"]++;
+  const size_t block = emu_round(n);
+  if (!emu_fits(block)) return *p = NULL, emu_err(cudaErrorMemoryAllocation);
+  return emu_alloc(p, n, block, false);
+}
+
+/* Frees p (emu_mu held): a pooled block goes idle in its pool. */
+static cudaError_t emu_free(void *p) {
+  auto it = emu_allocs.find((uintptr_t)p);
+  if (it == emu_allocs.end()) return emu_err(cudaErrorInvalidValue);
+  auto pooled = emu_pooled.find((uintptr_t)p);
+  if (pooled != emu_pooled.end()) {
+    pooled->second.first->idle.emplace(pooled->second.second, true);
+    pooled->second.first->used -= pooled->second.second;
+    emu_pooled.erase(pooled);
+  } else {
+    emu_allocated -= emu_round(it->second);
+  }
+  emu_allocs.erase(it);
+  free(p);
   return cudaSuccess;
 }
 
 cudaError_t cudaFree(void *p) {
-  if (!p) return cudaSuccess;
   std::lock_guard<std::mutex> g(emu_mu);
-  auto it = emu_allocs.find((uintptr_t)p);
-  if (it == emu_allocs.end()) return emu_err(cudaErrorInvalidValue);
-  emu_allocated -= (it->second + 255) / 256 * 256;
-  emu_allocs.erase(it);
-  free(p);
-  return cudaSuccess;
+  emu_waits["cudaFree"]++; /* it waits for the device, even for NULL */
+  return p ? emu_free(p) : cudaSuccess;
 }
 
 cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t) {
@@ -589,11 +667,98 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind
 }
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind) {
+  emu_synced("cudaMemcpy");
   return cudaMemcpyAsync(dst, src, n, kind, 0);
 }
 
-cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t) { return cudaMalloc(p, n); }
-cudaError_t cudaFreeAsync(void *p, cudaStream_t) { return cudaFree(p); }
+/* ---- stream-ordered memory: the work before a free is done at once here,
+ * so a block is free for reuse as soon as cudaFreeAsync returns */
+
+cudaError_t cudaMemPoolCreate(cudaMemPool_t *pool, const cudaMemPoolProps *props) {
+  if (!props || props->allocType != cudaMemAllocationTypePinned ||
+      props->location.type != cudaMemLocationTypeDevice || props->location.id != 0)
+    return emu_err(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> g(emu_mu);
+  emu_pool *ep = new emu_pool;
+  emu_pools.push_back(ep);
+  *pool = (cudaMemPool_t)ep;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemPoolDestroy(cudaMemPool_t pool) {
+  std::lock_guard<std::mutex> g(emu_mu);
+  emu_pool *ep = (emu_pool *)pool;
+  for (auto &b : emu_pooled)
+    if (b.second.first == ep) return emu_err(cudaErrorInvalidValue); /* still in use */
+  emu_pool_trim(ep, 0);
+  emu_pools.erase(std::find(emu_pools.begin(), emu_pools.end(), ep));
+  delete ep;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, void *v) {
+  if (attr != cudaMemPoolAttrReleaseThreshold) return cudaSuccess;
+  std::lock_guard<std::mutex> g(emu_mu);
+  ((emu_pool *)pool)->release = *(uint64_t *)v;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, void *v) {
+  std::lock_guard<std::mutex> g(emu_mu);
+  const emu_pool *ep = (const emu_pool *)pool;
+  switch (attr) {
+  case cudaMemPoolAttrReleaseThreshold: *(uint64_t *)v = ep->release; return cudaSuccess;
+  case cudaMemPoolAttrReservedMemCurrent: *(uint64_t *)v = ep->reserved; return cudaSuccess;
+  case cudaMemPoolAttrReservedMemHigh: *(uint64_t *)v = ep->reserved_high; return cudaSuccess;
+  case cudaMemPoolAttrUsedMemCurrent: *(uint64_t *)v = ep->used; return cudaSuccess;
+  case cudaMemPoolAttrUsedMemHigh: *(uint64_t *)v = ep->used_high; return cudaSuccess;
+  default: return emu_err(cudaErrorInvalidValue);
+  }
+}
+
+cudaError_t cudaMemPoolTrimTo(cudaMemPool_t pool, size_t keep) {
+  std::lock_guard<std::mutex> g(emu_mu);
+  emu_pool_trim((emu_pool *)pool, keep);
+  return cudaSuccess;
+}
+
+static cudaError_t emu_pool_alloc(void **p, size_t n, emu_pool *pool) {
+  std::lock_guard<std::mutex> g(emu_mu);
+  const size_t need = emu_round(n);
+  auto fit = pool->idle.lower_bound(need);
+  size_t block = need;
+  bool counted = false;
+  if (fit != pool->idle.end()) {
+    block = fit->first, counted = true;
+    pool->idle.erase(fit);
+  } else if (!emu_fits(block)) {
+    return *p = NULL, emu_err(cudaErrorMemoryAllocation);
+  }
+  const cudaError_t e = emu_alloc(p, n, block, counted);
+  if (e != cudaSuccess) {
+    if (counted) emu_allocated -= block;
+    return e;
+  }
+  emu_pooled[(uintptr_t)*p] = {pool, block};
+  if (!counted) pool->reserved += block;
+  pool->used += block;
+  pool->reserved_high = std::max(pool->reserved_high, pool->reserved);
+  pool->used_high = std::max(pool->used_high, pool->used);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMallocFromPoolAsync(void **p, size_t n, cudaMemPool_t pool, cudaStream_t) {
+  return emu_pool_alloc(p, n, (emu_pool *)pool);
+}
+
+cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t) {
+  return emu_pool_alloc(p, n, &emu_default_pool);
+}
+
+cudaError_t cudaFreeAsync(void *p, cudaStream_t) {
+  std::lock_guard<std::mutex> g(emu_mu);
+  return emu_free(p);
+}
 
 cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags) {
   *p = aligned_alloc(4096, n ? (n + 4095) / 4096 * 4096 : 4096);
@@ -636,13 +801,22 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   return e ? cudaSuccess : emu_err(cudaErrorInvalidResourceHandle);
 }
-cudaError_t cudaEventSynchronize(cudaEvent_t e) { return cudaEventQuery(e); }
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  emu_synced("cudaEventSynchronize");
+  return cudaEventQuery(e);
+}
 cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t e, unsigned) {
   return e ? cudaSuccess : emu_err(cudaErrorInvalidResourceHandle);
 }
 
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) {
+  emu_synced("cudaStreamSynchronize");
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize(void) {
+  emu_synced("cudaDeviceSynchronize");
+  return cudaSuccess;
+}
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned) {
   *s = (cudaStream_t)malloc(1);
