@@ -58,6 +58,18 @@ static_assert(sizeof(ncclUniqueId) == COMM_NCCL_ID_BYTES,
 #define NCCL_MSG 768
 #define NCCL_POLL_FIRST_NS 50000LL /* 50 us, doubling to 1 ms */
 #define NCCL_POLL_MAX_NS 1000000LL
+/* A wait (nccl_wait) polls finer for its first 20 ms: from 10 us, doubling to
+ * 100 us. The op is ordered after the compute stream's work queued before it
+ * was issued, so it usually completes within a unit's compute (well under a
+ * millisecond for GPT-2's layers on an H100), and while the host sleeps past
+ * that it queues nothing: the GPU drains the one unit it has queued and
+ * idles. With the others' doubling to 1 ms the host could wake most of a
+ * millisecond late on each of a step's ~40 waits (gathers and gradient
+ * reductions, GPT-2 124M); now at most 100 us. Past 20 ms (a slow peer) the
+ * wait backs off to 1 ms as the others do. Not yet measured on a GPU. */
+#define NCCL_WAIT_FIRST_NS 10000LL
+#define NCCL_WAIT_FINE_NS 20000000LL
+#define NCCL_WAIT_FINE_MAX_NS 100000LL
 
 typedef enum { REQ_PENDING, REQ_OK, REQ_FAILED } nccl_req_state_t;
 
@@ -125,12 +137,14 @@ static int64_t nccl_deadline(int64_t ms) {
   return now + ms * 1000000;
 }
 
-/* Sleeps *step ns, then doubles it up to NCCL_POLL_MAX_NS. */
-static void nccl_nap(int64_t *step) {
+/* Sleeps *step ns, then doubles it up to max ns. */
+static void nccl_nap_to(int64_t *step, int64_t max) {
   struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)*step};
   nanosleep(&ts, NULL);
-  *step = *step * 2 > NCCL_POLL_MAX_NS ? NCCL_POLL_MAX_NS : *step * 2;
+  *step = *step * 2 > max ? max : *step * 2;
 }
+
+static void nccl_nap(int64_t *step) { nccl_nap_to(step, NCCL_POLL_MAX_NS); }
 
 /* ---- errors: CUDA's and NCCL's codes enter the project's table here -------- */
 
@@ -674,7 +688,8 @@ static int nccl_wait(comm_req_t *req, int64_t wait_ms) {
   nccl_t *c = q->c;
   int old = nccl_dev_enter(c);
   int64_t until = nccl_deadline(wait_ms); /* < 0: none */
-  int64_t step = NCCL_POLL_FIRST_NS;
+  const int64_t fine_until = nccl_now_ns() + NCCL_WAIT_FINE_NS;
+  int64_t step = NCCL_WAIT_FIRST_NS;
   int rc;
   for (;;) {
     ncclComm_t dead = NULL;
@@ -741,7 +756,7 @@ static int nccl_wait(comm_req_t *req, int64_t wait_ms) {
       rc = COMM_PENDING;
       break;
     }
-    nccl_nap(&step);
+    nccl_nap_to(&step, now < fine_until ? NCCL_WAIT_FINE_MAX_NS : NCCL_POLL_MAX_NS);
   }
   nccl_dev_leave(c, old);
   return rc;
