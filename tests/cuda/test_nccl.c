@@ -20,6 +20,11 @@
  *    the background finish once the GPU is released (comm_nccl_quiesce), and
  *    the world still works after all that.
  *
+ * Figures, printed and not bounded: how late a wait that began before its op
+ * could run wakes after the op completes (its polls), and the device memory
+ * NCCL takes for the world of 1 (cudaMemGetInfo around its creation) against
+ * what the memory plan counts for it (daemon/comm/nccl_size.h).
+ *
  * The held stream: tests/cuda/nccl_spin.cu's kernel, waiting for a flag in
  * mapped pinned memory that the host sets only after the checks (or the
  * watchdog sets when a phase runs far past its bound, which fails the test
@@ -39,6 +44,7 @@
 
 #include "daemon/comm/comm.h"
 #include "daemon/comm/nccl.h"
+#include "daemon/comm/nccl_size.h"
 #include "daemon/common/err.h"
 #include "daemon/common/rng.h"
 #include "kernels/kern_math.h"
@@ -469,6 +475,53 @@ static void ordering(bufs_t *b) {
   CU(cudaFreeHost(hq));
 }
 
+/* Releases flags[0] after delay_ms, noting when. */
+typedef struct {
+  int delay_ms;
+  double t_release;
+} releaser_t;
+
+static void *releaser(void *arg) {
+  releaser_t *r = arg;
+  usleep((useconds_t)r->delay_ms * 1000);
+  r->t_release = now_ms();
+  flag_release(&flags[0]);
+  return NULL;
+}
+
+/* A figure: a wait that began 3 ms before its op could run (the compute
+ * stream held, then released from another thread) returns this long after
+ * the release (the kernel's end, the op, and the wait's last poll). */
+static void wake_latency(bufs_t *b) {
+  enum { N = 1024, DELAY_MS = 3, REPS = 5 };
+  double worst = 0, sum = 0;
+  int done = 0;
+  for (int r = 0; r < REPS; r++) {
+    hold(&flags[0]);
+    comm_req_t *req;
+    if (comm_iall_reduce(b->c, b->d_a, b->d_b, N, COMM_F32, COMM_SUM, &req)) break;
+    releaser_t rel = {.delay_ms = DELAY_MS};
+    pthread_t th;
+    if (pthread_create(&th, NULL, releaser, &rel)) {
+      flag_release(&flags[0]);
+      comm_wait(req, -1);
+      break;
+    }
+    const int rc = comm_wait(req, -1);
+    const double t = now_ms();
+    pthread_join(th, NULL);
+    if (rc) break;
+    const double late = t - rel.t_release;
+    sum += late, done++;
+    if (late > worst) worst = late;
+  }
+  flag_release(&flags[0]);
+  check(done == REPS, "the waits behind a held stream completed (%d of %d)", done, REPS);
+  printf("figure: a wait issued %d ms before its op could run returned %.0f us after the "
+         "release on average, %.0f us at worst (%d runs)\n", DELAY_MS,
+         done ? sum / done * 1e3 : 0.0, worst * 1e3, done);
+}
+
 typedef struct {
   comm_t *c;
   int delay_ms;
@@ -598,11 +651,19 @@ int main(void) {
   comm_t *w = NULL;
   comm_nccl_opts_t o = {.rank = 0, .size = 1, .id = id, .name = "world", .timeout_ms = 30000,
                         .stream = cs};
+  size_t free0 = 0, free1 = 0, total = 0;
+  CU(cudaMemGetInfo(&free0, &total));
   double t0 = now_ms();
   rc = comm_nccl_create(&o, &w);
   if (!check(rc == 0 && w, "create world of 1: %s (%.0f ms)", rc ? err_msg() : "ok",
              now_ms() - t0))
     return 1;
+  CU(cudaMemGetInfo(&free1, &total));
+  printf("figure: the world of 1 took %.1f MiB of device memory (cudaMemGetInfo; with the "
+         "backend's 4 KiB staging buffer, which a pool may round up); the plan counts %.1f MiB "
+         "for it (nccl_size.h)\n",
+         ((double)free0 - (double)free1) / (1 << 20),
+         (double)comm_nccl_size_bytes(1) / (1 << 20));
 
   bufs_t b = {.c = w};
   size_t bytes = (BIG + PAD) * sizeof(float);
@@ -627,6 +688,7 @@ int main(void) {
   create_timeout();
   phase_set("ordering after the compute stream", 30000);
   ordering(&b);
+  wake_latency(&b);
   failures(&b);
 
   phase_set("world after the failures", 60000);
