@@ -63,10 +63,18 @@ typedef struct kern_backend {
    * the accounting allocator serves device buffers as host ones and
    * dev_alloc / dev_free are NULL. Otherwise dev_alloc returns device memory
    * (64-byte aligned; NULL when the device is full) and the caller counts it
-   * (mem_dev_alloc, daemon/common/mem.h, is the one caller). */
+   * (mem_dev_alloc, daemon/common/mem.h, is the one caller). dev_alloc_step
+   * serves a buffer that lives within one training step (a gathered unit, a
+   * unit's gradient: made and freed every step, at the same sizes), freed by
+   * dev_free_step: the backend may keep its memory for the next step's
+   * buffers (CUDA: a stream-ordered pool, where neither call waits for the
+   * device as cudaMalloc and cudaFree do); NULL: dev_alloc and dev_free
+   * serve those too. */
   int host_memory;
   void *(*dev_alloc)(size_t bytes);
   void (*dev_free)(void *p);
+  void *(*dev_alloc_step)(size_t bytes);
+  void (*dev_free_step)(void *p);
   /* Every byte of dst[0, bytes) set to v. */
   void (*dev_set)(void *dst, int v, size_t bytes);
   /* Copies of bytes between host and device memory (regions never overlap). */

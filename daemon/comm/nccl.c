@@ -13,9 +13,10 @@
  * communicator may answer ncclInProgress: the launch then finishes on an NCCL
  * thread, and ncclCommGetAsyncError is polled until it has, before anything
  * else touches the communicator) and records the request's completion event.
- * wait polls that event and NCCL's error state with short sleeps (50 us
- * growing to 1 ms), until the op ends, its timeout passes (counted from issue)
- * or comm_abort is called.
+ * wait polls that event and NCCL's error state with short sleeps (10 us
+ * growing to 100 us for its first 20 ms, then to 1 ms; Linux's timer slack,
+ * 50 us by default, lengthens each), until the op ends, its timeout passes
+ * (counted from issue) or comm_abort is called.
  *
  * Breaking: the first failure (a timeout, an NCCL or CUDA error, comm_abort,
  * destroy with ops running) breaks the communicator under mu: the ops still

@@ -117,16 +117,27 @@ typedef struct {
   void *p;
   size_t bytes;
   mem_cat_t cat;
+  int step; /* from dev_alloc_step */
 } mem_dev_block_t;
 
 static pthread_mutex_t mem_dev_mu = PTHREAD_MUTEX_INITIALIZER;
 static mem_dev_block_t *mem_dev_blocks;
 static size_t mem_dev_n, mem_dev_cap;
 
-void *mem_dev_alloc(const kern_backend_t *be, mem_cat_t cat, size_t bytes, const char *what) {
+/* The backend's allocation and free for a buffer of this kind. */
+static void *mem_dev_get(const kern_backend_t *be, size_t bytes, int step) {
+  return step && be->dev_alloc_step ? be->dev_alloc_step(bytes) : be->dev_alloc(bytes);
+}
+static void mem_dev_put(const kern_backend_t *be, void *p, int step) {
+  if (step && be->dev_free_step) be->dev_free_step(p);
+  else be->dev_free(p);
+}
+
+static void *mem_dev_take(const kern_backend_t *be, mem_cat_t cat, size_t bytes, const char *what,
+                          int step) {
   FSDP_ASSERT((unsigned)cat < MEM__COUNT);
   if (be->host_memory) return mem_alloc(cat, bytes, what);
-  void *p = be->dev_alloc(bytes ? bytes : 1);
+  void *p = mem_dev_get(be, bytes ? bytes : 1, step);
   pthread_mutex_lock(&mem_dev_mu);
   if (p && mem_dev_n == mem_dev_cap) {
     size_t cap = mem_dev_cap ? 2 * mem_dev_cap : 64;
@@ -134,10 +145,10 @@ void *mem_dev_alloc(const kern_backend_t *be, mem_cat_t cat, size_t bytes, const
     if (nb) mem_dev_blocks = nb, mem_dev_cap = cap;
   }
   int kept = p && mem_dev_n < mem_dev_cap;
-  if (kept) mem_dev_blocks[mem_dev_n++] = (mem_dev_block_t){p, bytes, cat};
+  if (kept) mem_dev_blocks[mem_dev_n++] = (mem_dev_block_t){p, bytes, cat, step};
   pthread_mutex_unlock(&mem_dev_mu);
   if (!kept) {
-    if (p) be->dev_free(p);
+    if (p) mem_dev_put(be, p, step);
     err_set(FSDP_ENOMEM, "cannot allocate %.1f MiB of %s memory for %s (%s): the device is "
             "full; use a smaller batch or sequence length, shard more, or turn on activation "
             "checkpointing", bytes / 1048576.0, be->name, what, mem_cat_name(cat));
@@ -145,6 +156,15 @@ void *mem_dev_alloc(const kern_backend_t *be, mem_cat_t cat, size_t bytes, const
   }
   mem_count(cat, bytes);
   return p;
+}
+
+void *mem_dev_alloc(const kern_backend_t *be, mem_cat_t cat, size_t bytes, const char *what) {
+  return mem_dev_take(be, cat, bytes, what, 0);
+}
+
+void *mem_dev_alloc_step(const kern_backend_t *be, mem_cat_t cat, size_t bytes,
+                         const char *what) {
+  return mem_dev_take(be, cat, bytes, what, 1);
 }
 
 void *mem_dev_calloc(const kern_backend_t *be, mem_cat_t cat, size_t bytes, const char *what) {
@@ -159,7 +179,7 @@ void mem_dev_free(const kern_backend_t *be, void *p) {
     mem_free(p);
     return;
   }
-  mem_dev_block_t b = {NULL, 0, MEM_PARAMS};
+  mem_dev_block_t b = {NULL, 0, MEM_PARAMS, 0};
   pthread_mutex_lock(&mem_dev_mu);
   for (size_t i = 0; i < mem_dev_n; i++)
     if (mem_dev_blocks[i].p == p) {
@@ -170,7 +190,7 @@ void mem_dev_free(const kern_backend_t *be, void *p) {
   pthread_mutex_unlock(&mem_dev_mu);
   FSDP_ASSERT(b.p == p); /* freeing what mem_dev_alloc never gave is a programmer error */
   mem_uncount(b.cat, b.bytes);
-  be->dev_free(p);
+  mem_dev_put(be, p, b.step);
 }
 
 size_t mem_current(mem_cat_t cat) { return atomic_load(&mem_cur[cat]); }

@@ -50,6 +50,10 @@ void mem_free(void *p);
 struct kern_backend;
 void *mem_dev_alloc(const struct kern_backend *be, mem_cat_t cat, size_t bytes, const char *what);
 void *mem_dev_calloc(const struct kern_backend *be, mem_cat_t cat, size_t bytes, const char *what);
+/* The same for a buffer that lives within one training step (the backend's
+ * dev_alloc_step: see kernels/kern.h); mem_dev_free frees either kind. */
+void *mem_dev_alloc_step(const struct kern_backend *be, mem_cat_t cat, size_t bytes,
+                         const char *what);
 void mem_dev_free(const struct kern_backend *be, void *p);
 /* Counts memory held outside this allocator (a shared-memory mapping) in cat:
  * held 1 when it is mapped, 0 with the same bytes when it is released. */

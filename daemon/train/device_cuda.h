@@ -25,7 +25,7 @@
 #include "kernels/cuda/cuda.h"
 
 /* Raised when the table below changes: a plugin of another version is refused. */
-#define DEVICE_CUDA_ABI 4 /* 2: kern_cuda_opts_t.gemm_fast16bf; 3: .attn_fp32, host_pin; 4: pool_high */
+#define DEVICE_CUDA_ABI 4 /* 2: kern_cuda_opts_t.gemm_fast16bf; 3: .attn_fp32, host_pin; 4: pool_stats */
 #define DEVICE_CUDA_SYMBOL "device_cuda_plugin"
 #define DEVICE_CUDA_FILE "libfsdp-cuda.so"
 
@@ -38,7 +38,7 @@ typedef struct device_cuda_plugin {
   size_t (*reserved_bytes)(void);
   const char *(*device_name)(void);
   size_t (*device_memory)(void);
-  void (*pool_high)(size_t *reserved, size_t *used);
+  void (*pool_stats)(size_t *reserved, size_t *reserved_high, size_t *used_high);
   /* daemon/comm/nccl.h */
   const comm_backend_t *comm;
   int (*nccl_unique_id)(uint8_t id[COMM_NCCL_ID_BYTES]);

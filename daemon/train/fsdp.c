@@ -92,10 +92,13 @@ static size_t fsdp_chunk(size_t i, size_t n) { return n - i < FSDP_CHUNK ? n - i
 
 /* A buffer a collective sends from or lands in. On a device whose memory is
  * host memory it is registered memory (reg.c: same-host peers read it in
- * place); on any other device, device memory. */
-static void *fsdp_buf_alloc(const fsdp_t *f, mem_cat_t cat, size_t bytes, const char *what) {
-  return f->be->host_memory ? comm_reg_alloc(cat, bytes, what)
-                            : mem_dev_alloc(f->be, cat, bytes, what);
+ * place); on any other device, device memory: step 1 for a buffer made and
+ * freed within each step (a gathered unit, a unit's gradient), which the
+ * backend may keep for the next step's (mem_dev_alloc_step). */
+static void *fsdp_buf_alloc(const fsdp_t *f, mem_cat_t cat, size_t bytes, const char *what,
+                            int step) {
+  if (f->be->host_memory) return comm_reg_alloc(cat, bytes, what);
+  return step ? mem_dev_alloc_step(f->be, cat, bytes, what) : mem_dev_alloc(f->be, cat, bytes, what);
 }
 
 static void fsdp_buf_free(const fsdp_t *f, void *p) {
@@ -121,11 +124,11 @@ static int fsdp_gather_start(fsdp_t *f, int k, int bf16) {
   const size_t n = f->layout->units[k].shard_numel, padded = fsdp_padded(f, k);
   const void *send = f->params16 ? (const void *)(f->params16 + f->shard_off[k])
                                  : (const void *)(f->params + f->shard_off[k]);
-  f->full[k] = fsdp_buf_alloc(f, MEM_PARAMS_GATHERED, padded * sizeof(float), "gathered unit");
+  f->full[k] = fsdp_buf_alloc(f, MEM_PARAMS_GATHERED, padded * sizeof(float), "gathered unit", 1);
   if (!f->full[k]) return FSDP_ENOMEM;
   if (bf16) {
     f->recv16[k] =
-        fsdp_buf_alloc(f, MEM_PARAMS_GATHERED, padded * sizeof(uint16_t), "bf16 gathered unit");
+        fsdp_buf_alloc(f, MEM_PARAMS_GATHERED, padded * sizeof(uint16_t), "bf16 gathered unit", 1);
     if (!f->recv16[k]) return FSDP_ENOMEM;
     if (!f->params16) { /* bf16-mixed: the fp32 master rounded for compute (nearest-even) */
       uint16_t *mine = f->recv16[k] + (size_t)f->shard_rank * n;
@@ -236,7 +239,7 @@ static int fsdp_grads_cb(void *ctx, int u, float **out) {
   }
   if (!f->unit_grad[k]) {
     f->unit_grad[k] =
-        fsdp_buf_alloc(f, MEM_GRADS, fsdp_padded(f, k) * sizeof(float), "unit gradient");
+        fsdp_buf_alloc(f, MEM_GRADS, fsdp_padded(f, k) * sizeof(float), "unit gradient", 1);
     if (!f->unit_grad[k]) return FSDP_ENOMEM;
     f->be->dev_set(f->unit_grad[k], 0, fsdp_padded(f, k) * sizeof(float));
   }
@@ -291,7 +294,7 @@ static void *fsdp_grad_for_wire(fsdp_t *f, int u) {
   f->unit_grad[u] = NULL;
   if (!f->bf16_storage) return g;
   const size_t padded = fsdp_padded(f, u);
-  uint16_t *g16 = fsdp_buf_alloc(f, MEM_GRADS, padded * sizeof(uint16_t), "bf16 unit gradient");
+  uint16_t *g16 = fsdp_buf_alloc(f, MEM_GRADS, padded * sizeof(uint16_t), "bf16 unit gradient", 1);
   if (g16) f->be->f32_to_bf16(g16, g, padded); /* rounds: the unit's gradient, for the wire */
   fsdp_buf_free(f, g);
   return g16;
@@ -464,10 +467,10 @@ static int fsdp_alloc_state(fsdp_t *f) {
   const mem_cat_t gc = f->opts.offload ? MEM_OFFLOAD : MEM_GRADS;
   const size_t e = f->bf16_storage ? sizeof(uint16_t) : sizeof(float);
   f->stage = mem_alloc(MEM_WORKSPACE, FSDP_CHUNK * sizeof(float), "weights staging");
-  void *params = fsdp_buf_alloc(f, pc, n * e, f->bf16_storage ? "parameter shard (bf16)" : "parameter shard");
+  void *params = fsdp_buf_alloc(f, pc, n * e, f->bf16_storage ? "parameter shard (bf16)" : "parameter shard", 0);
   void *grads = mem_dev_calloc(be, gc, n * e, f->bf16_storage ? "gradient shard (bf16)" : "gradient shard");
   if (f->shards > 1)
-    f->landing = fsdp_buf_alloc(f, MEM_COMM, f->largest * e, "reduce-scatter landing");
+    f->landing = fsdp_buf_alloc(f, MEM_COMM, f->largest * e, "reduce-scatter landing", 0);
   if (f->bf16_storage) {
     f->params16 = params;
     f->grads16 = grads;

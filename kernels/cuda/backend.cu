@@ -26,17 +26,20 @@ static int kern_cuda_get_threads(void) { return 1; }
 
 /* ---- memory ------------------------------------------------------------------ */
 
-/* Device memory comes from the backend's pool in stream order: a buffer
- * freed (cudaFreeAsync) is free once the ops queued before the free have
- * run, and an allocation (cudaMallocFromPoolAsync) is usable by the ops
- * queued after it. Neither waits for the device, as cudaMalloc and cudaFree
- * do: the runtime allocates and frees each gathered unit and gradient every
- * step, and a wait there would empty the queue the host keeps ahead of the
- * GPU each time. The pool keeps what is freed (its release threshold is
- * the maximum) for the next step's buffers of the same sizes.
+/* Device memory. A buffer held across steps (dev_alloc: parameters, AdamW's
+ * state, activations, ...) is cudaMalloc's: made once, it never waits again.
+ * A buffer that lives within one step (dev_alloc_step: each gathered unit
+ * and unit gradient, made and freed every step at the same sizes) comes
+ * from the backend's stream-ordered pool: cudaMallocFromPoolAsync is usable
+ * by the ops queued after it, and cudaFreeAsync frees once the ops queued
+ * before it have run. Neither waits for the device, where cudaMalloc and
+ * cudaFree would empty the queue the host keeps ahead of the GPU at every
+ * unit. The pool keeps what is freed (its release threshold is the
+ * maximum) for the next step's buffers of the same sizes; kept apart from
+ * the long-lived buffers, it is never pinned by them.
  *
- * Every stream that uses a buffer is ordered after its allocation on this
- * stream and before its free here: the collectives' stream waits on an
+ * Every stream that uses a step buffer is ordered after its allocation on
+ * this stream and before its free here: the collectives' stream waits on an
  * event of this stream at issue, and this stream waits on a collective's
  * event when it completes (daemon/comm/nccl.c), before the runtime frees
  * what it sent or received. A collective that fails instead leaves its
@@ -46,30 +49,58 @@ static int kern_cuda_get_threads(void) { return 1; }
  * kept (a checkpoint in flight writes its host snapshot).
  *
  * NULL when the device is full (the error is cleared: it is not sticky, and a
- * later check must not report it): before that, the pool gives back what it
- * holds idle (after the frees queued so far have run: cudaMemPoolTrimTo
- * counts a block whose free the host has not seen complete as in use) and
- * the allocation is tried once more, so blocks kept for other sizes never
- * make a job fail that cudaMalloc would have fitted. Every allocation is
+ * later check must not report it). A step buffer the device has no room for
+ * is first tried again after the pool gives back what it holds idle (once
+ * the frees queued so far have run: cudaMemPoolTrimTo counts a block whose
+ * free the host has not seen complete as in use), so blocks kept for one
+ * size give way to another. When the last buffer of either kind goes (a
+ * job closed), the pool gives everything back to the device, for whatever
+ * the process or another one runs on the GPU next. Every allocation is
  * aligned to at least 256 bytes (CUDA's promise, asserted). */
+static void kern_cuda_dev_live(long d) {
+  if (__atomic_add_fetch(&kern_cuda_st.live, d, __ATOMIC_ACQ_REL) != 0) return;
+  KERN_CUDA_CHECK(cudaStreamSynchronize(kern_cuda_st.stream));
+  KERN_CUDA_CHECK(cudaMemPoolTrimTo(kern_cuda_st.pool, 0));
+}
+
 static void *kern_cuda_dev_alloc(size_t bytes) {
   void *p = NULL;
-  for (int tries = 0;; tries++) {
-    if (cudaMallocFromPoolAsync(&p, bytes ? bytes : 1, kern_cuda_st.pool, kern_cuda_st.stream) ==
-        cudaSuccess)
-      break;
+  if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
     (void)cudaGetLastError();
-    if (tries) return NULL;
+    return NULL;
+  }
+  kern_cuda_dev_live(1);
+  return p;
+}
+
+/* cudaFree waits for the device, so a buffer queued ops still use may go. */
+static void kern_cuda_dev_free(void *p) {
+  if (!p) return;
+  KERN_CUDA_CHECK(cudaFree(p));
+  kern_cuda_dev_live(-1);
+}
+
+static void *kern_cuda_dev_alloc_step(size_t bytes) {
+  void *p = NULL;
+  for (int tries = 0;; tries++) {
+    const cudaError_t e = cudaMallocFromPoolAsync(&p, bytes ? bytes : 1, kern_cuda_st.pool,
+                                                  kern_cuda_st.stream);
+    if (e == cudaSuccess) break;
+    (void)cudaGetLastError();
+    if (tries || e != cudaErrorMemoryAllocation) return NULL;
     KERN_CUDA_CHECK(cudaStreamSynchronize(kern_cuda_st.stream));
     KERN_CUDA_CHECK(cudaMemPoolTrimTo(kern_cuda_st.pool, 0));
   }
   KERN_CUDA_ASSERT(((uintptr_t)p & 255) == 0);
+  kern_cuda_dev_live(1);
   return p;
 }
 
 /* In stream order: ops queued before the free may still use the buffer. */
-static void kern_cuda_dev_free(void *p) {
-  if (p) KERN_CUDA_CHECK(cudaFreeAsync(p, kern_cuda_st.stream));
+static void kern_cuda_dev_free_step(void *p) {
+  if (!p) return;
+  KERN_CUDA_CHECK(cudaFreeAsync(p, kern_cuda_st.stream));
+  kern_cuda_dev_live(-1);
 }
 
 static void kern_cuda_dev_set(void *dst, int v, size_t bytes) {
@@ -155,6 +186,8 @@ static const kern_backend_t kern_cuda_table = {
     .host_memory = 0,
     .dev_alloc = kern_cuda_dev_alloc,
     .dev_free = kern_cuda_dev_free,
+    .dev_alloc_step = kern_cuda_dev_alloc_step,
+    .dev_free_step = kern_cuda_dev_free_step,
     .dev_set = kern_cuda_dev_set,
     .copy_h2d = kern_cuda_copy_h2d,
     .copy_d2h = kern_cuda_copy_d2h,
@@ -221,9 +254,9 @@ extern "C" int kern_cuda_device_count(char *msg, size_t n) {
   return count;
 }
 
-/* The pool of dev_alloc: device memory of `device`, keeping all it is given
- * back (the release threshold: without it, the pool would return its memory
- * at every synchronization and map it again at the next allocation). */
+/* The pool of dev_alloc_step: device memory of `device`, keeping all it is
+ * given back (the release threshold: without it, the pool would return its
+ * memory at every synchronization and map it again at the next allocation). */
 static cudaError_t kern_cuda_pool_create(int device, cudaMemPool_t *pool) {
   cudaMemPoolProps props;
   memset(&props, 0, sizeof props);
@@ -280,6 +313,7 @@ extern "C" const kern_backend_t *kern_cuda_init(const kern_cuda_opts_t *o, char 
   }
   cudaDeviceProp prop;
   cudaFuncAttributes fa;
+  int pools = 0;
   cudaError_t e;
   cublasStatus_t s;
   if ((e = cudaSetDevice(o->device)) != cudaSuccess ||
@@ -306,6 +340,16 @@ extern "C" const kern_backend_t *kern_cuda_init(const kern_cuda_opts_t *o, char 
   if ((e = cudaStreamCreateWithFlags(&kern_cuda_st.stream, cudaStreamNonBlocking)) != cudaSuccess) {
     snprintf(msg, n, "CUDA device %d: cannot create a stream: %s (CUDA error %d)", o->device,
              cudaGetErrorString(e), (int)e);
+    goto fail;
+  }
+  if ((e = cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, o->device)) !=
+          cudaSuccess ||
+      !pools) {
+    snprintf(msg, n,
+             "CUDA device %d (%s): no stream-ordered memory pools (cudaDevAttrMemoryPoolsSupported "
+             "is 0, as under some vGPU profiles%s%s); fsdpd allocates each step's buffers from one",
+             o->device, prop.name, e != cudaSuccess ? ": " : "",
+             e != cudaSuccess ? cudaGetErrorString(e) : "");
     goto fail;
   }
   if ((e = kern_cuda_pool_create(o->device, &kern_cuda_st.pool)) != cudaSuccess) {
@@ -342,13 +386,14 @@ extern "C" size_t kern_cuda_reserved_bytes(void) {
   return kern_cuda_st.ready ? kern_cuda_size_reserved() : 0;
 }
 
-extern "C" void kern_cuda_pool_high(size_t *reserved, size_t *used) {
-  uint64_t r = 0, u = 0;
+extern "C" void kern_cuda_pool_stats(size_t *reserved, size_t *reserved_high, size_t *used_high) {
+  uint64_t r = 0, rh = 0, uh = 0;
   if (kern_cuda_st.ready) {
-    KERN_CUDA_CHECK(cudaMemPoolGetAttribute(kern_cuda_st.pool, cudaMemPoolAttrReservedMemHigh, &r));
-    KERN_CUDA_CHECK(cudaMemPoolGetAttribute(kern_cuda_st.pool, cudaMemPoolAttrUsedMemHigh, &u));
+    KERN_CUDA_CHECK(cudaMemPoolGetAttribute(kern_cuda_st.pool, cudaMemPoolAttrReservedMemCurrent, &r));
+    KERN_CUDA_CHECK(cudaMemPoolGetAttribute(kern_cuda_st.pool, cudaMemPoolAttrReservedMemHigh, &rh));
+    KERN_CUDA_CHECK(cudaMemPoolGetAttribute(kern_cuda_st.pool, cudaMemPoolAttrUsedMemHigh, &uh));
   }
-  *reserved = (size_t)r, *used = (size_t)u;
+  *reserved = (size_t)r, *reserved_high = (size_t)rh, *used_high = (size_t)uh;
 }
 
 extern "C" const char *kern_cuda_device_name(void) { return kern_cuda_st.name; }

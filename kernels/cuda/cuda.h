@@ -66,10 +66,11 @@ void *kern_cuda_stream(void);
  * reduction scratch), allocated at init: the memory plan's MEM_WORKSPACE. */
 size_t kern_cuda_reserved_bytes(void);
 
-/* The most device memory the pool of dev_alloc held (reserved: what the
- * device gave it, idle blocks included) and the most its live buffers took at
- * once (used), in bytes, since init; 0 before. */
-void kern_cuda_pool_high(size_t *reserved, size_t *used);
+/* The pool of dev_alloc_step (kern.h: the buffers that live within a step),
+ * in bytes: what the device gave it now (reserved: idle blocks included), the
+ * most it held, and the most its live buffers took at once, since init; 0
+ * before. */
+void kern_cuda_pool_stats(size_t *reserved, size_t *reserved_high, size_t *used_high);
 
 /* Device name and total memory of the selected device ("" / 0 before init). */
 const char *kern_cuda_device_name(void);

@@ -79,7 +79,8 @@ typedef struct kern_cuda_state {
   void *workspace;     /* KERN_CUDA_SIZE_WORKSPACE bytes, cuBLASLt's */
   double *reduce;      /* KERN_CUDA_SIZE_REDUCE_BLOCKS partials + the final sum */
   uint16_t *pack;      /* 2 x KERN_CUDA_SIZE_PACK_ELEMS bf16: the products' packed operands */
-  cudaMemPool_t pool;  /* the table's device memory (dev_alloc), in stream order */
+  cudaMemPool_t pool;  /* dev_alloc_step's device memory, in stream order */
+  long live;           /* buffers of dev_alloc and dev_alloc_step not yet freed */
   int fast16bf;        /* bf16 products on the fp32 operands (CUBLAS_COMPUTE_32F_FAST_16BF) */
   char name[256];      /* cudaDeviceProp.name */
   size_t memory;       /* cudaDeviceProp.totalGlobalMem */

@@ -355,10 +355,10 @@ int main(int argc, char **argv) {
     printf("bench: cuda_memory cat=%s planned_mib=%.1f peak_mib=%.1f equal=%s\n",
            mem_cat_name((mem_cat_t)k), pl, pm, plan.bytes[k] == last_mem.peak[k] ? "yes" : "no");
   }
-  /* what the device gave the pool of dev_alloc against what its buffers
+  /* what the device gave the pool of the step buffers against what they
    * used at once: the allocator's overhead, outside the plan's categories */
-  size_t pool_res, pool_used;
-  p->pool_high(&pool_res, &pool_used);
+  size_t pool_now, pool_res, pool_used;
+  p->pool_stats(&pool_now, &pool_res, &pool_used);
   printf("bench: cuda_pool model=%s reserved_high_mib=%.1f used_high_mib=%.1f "
          "overhead=%.3f\n", model, pool_res / MIB, pool_used / MIB,
          pool_used ? (double)pool_res / (double)pool_used : 0.0);

@@ -363,12 +363,14 @@ static void test_memory(size_t n) {
   free(x), free(y), free(yc);
 }
 
-/* dev_alloc keeps what dev_free gives back (the backend's pool, in stream
- * order), so memory freed as one size must still serve another when the
- * device has nothing else left: a block of 45% of the free memory freed,
- * then 70% asked for, which fits only once the pool gives the 45% back.
- * The new block's last bytes are then set and read. On the emulator the
- * device is made 64 MiB larger than what is in use, for this check only. */
+/* The step buffers' pool (backend.cu: dev_alloc_step): a buffer freed is
+ * kept for the next (the pool holds it while a long-lived buffer from
+ * dev_alloc lives on), yet memory freed as one size still serves another
+ * when the device has nothing else left: a block of 45% of the free memory
+ * freed, then 70% asked for, which fits only once the pool gives the 45%
+ * back. The new block's last bytes are then set and read. When the last
+ * buffer goes the pool holds nothing. On the emulator the device is made 64
+ * MiB larger than what is in use, for this check only. */
 static void test_dev_pool(void) {
 #ifdef KERN_CUDA_EMU
   const char *cap_env = getenv("CUDA_EMU_MEMORY");
@@ -379,25 +381,31 @@ static void test_dev_pool(void) {
   snprintf(cap, sizeof cap, "%zu", t0 - f0 + ((size_t)64 << 20));
   setenv("CUDA_EMU_MEMORY", cap, 1);
 #endif
-  size_t free_b = 0, total = 0;
-  int ok = cudaMemGetInfo(&free_b, &total) == cudaSuccess;
+  size_t free_b = 0, total = 0, held = 0, high, used;
+  void *keep = gpu->dev_alloc(4096); /* a long-lived buffer: the job goes on */
+  int ok = keep && cudaMemGetInfo(&free_b, &total) == cudaSuccess;
   const size_t x = free_b / 100 * 45 & ~(size_t)4095, y = free_b / 100 * 70 & ~(size_t)4095;
-  void *a = ok ? gpu->dev_alloc(x) : NULL;
+  void *a = ok ? gpu->dev_alloc_step(x) : NULL;
   ok = ok && a;
-  if (a) gpu->dev_free(a);
-  unsigned char *b = ok ? gpu->dev_alloc(y) : NULL, tail[4096], want[4096];
+  if (a) gpu->dev_free_step(a);
+  kern_cuda_pool_stats(&held, &high, &used);
+  report("dev_alloc_step", "pool keeps a freed block", "-", 0, 0, "-", -1, ok && held >= x);
+  unsigned char *b = ok ? gpu->dev_alloc_step(y) : NULL, tail[4096], want[4096];
   ok = ok && b;
   if (b) {
     gpu->dev_set(b + y - sizeof tail, 0x5a, sizeof tail);
     gpu->copy_d2h(tail, b + y - sizeof tail, sizeof tail);
     memset(want, 0x5a, sizeof want);
     ok = !memcmp(tail, want, sizeof tail);
-    gpu->dev_free(b);
+    gpu->dev_free_step(b);
   }
   char shape[96];
   snprintf(shape, sizeof shape, "%.2f GiB freed, then %.2f GiB of %.2f GiB free",
            (double)x / (1 << 30), (double)y / (1 << 30), (double)free_b / (1 << 30));
-  report("dev_alloc", "pool gives back", shape, 0, 0, "-", -1, ok);
+  report("dev_alloc_step", "pool gives back", shape, 0, 0, "-", -1, ok);
+  gpu->dev_free(keep);
+  kern_cuda_pool_stats(&held, &high, &used);
+  report("dev_alloc_step", "pool empty after the last buffer", "-", 0, 0, "-", -1, held == 0);
 #ifdef KERN_CUDA_EMU
   if (*cap_was) setenv("CUDA_EMU_MEMORY", cap_was, 1);
   else unsetenv("CUDA_EMU_MEMORY");

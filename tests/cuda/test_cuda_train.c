@@ -17,11 +17,15 @@
  *    the grouping of AdamW's launches differs). `test_cuda_train
  *    --selfcheck-cpu` runs this comparison on the CPU backend instead, so
  *    the check itself is proven on a machine without a GPU.
+ *  - the step buffers' pool (kern.h: dev_alloc_step): from step 3 on it
+ *    neither grows nor gives memory back (each step's buffers reuse the
+ *    last's: at each step's end it holds at least what they used at once),
+ *    and when the run closes it holds nothing;
  *  - on the emulator (tests/cuda/emu), which counts the calls that make
  *    the host wait for the device: after the first steps, a step allocates
- *    and frees its device memory without waiting (no cudaMalloc or cudaFree:
- *    the backend's pool, in stream order); the waits a step does make are
- *    printed. A GPU cannot count them: there this check says it is skipped.
+ *    and frees its device memory without waiting (no cudaMalloc or cudaFree);
+ *    the waits a step does make are printed. A GPU cannot count them: there
+ *    this check says it is skipped.
  *
  * Built by `make test` (a compile and link check without a GPU); run by
  * `make test-cuda` or tests/cuda/gpu-run.sh on a GPU machine. Without a GPU
@@ -52,6 +56,7 @@
  * (cuda_emu.cc: cuda_emu_waits); NULL on a GPU. */
 typedef unsigned long (*waits_fn)(const char *name);
 static waits_fn emu_waits;
+static const device_cuda_plugin_t *plugin_table;
 static const char *const WAIT_CALLS[] = {"cudaMalloc", "cudaFree", "cudaMemcpy",
                                          "cudaStreamSynchronize", "cudaDeviceSynchronize",
                                          "cudaEventSynchronize"};
@@ -61,6 +66,9 @@ typedef struct run {
   float loss[STEPS];
   int steps;
   unsigned long waits[STEPS + 1][N_WAIT_CALLS]; /* the counts at the end of each step; [0]: open */
+  size_t pool[STEPS + 1]; /* the step buffers' pool, reserved bytes, at the end of each step */
+  size_t pool_used[STEPS + 1]; /* the most its buffers used at once, since init */
+  size_t pool_closed;     /* the same once the run closed */
   float *params; /* gathered after the last step (host) */
   size_t n;
   gpt_config_t gpt; /* the model, resolved */
@@ -72,6 +80,10 @@ static void run_metrics(void *ctx, const train_metrics_t *m) {
   r->steps = m->step;
   if (emu_waits && m->step >= 1 && m->step <= STEPS)
     for (int c = 0; c < N_WAIT_CALLS; c++) r->waits[m->step][c] = emu_waits(WAIT_CALLS[c]);
+  if (plugin_table && m->step >= 1 && m->step <= STEPS) {
+    size_t high;
+    plugin_table->pool_stats(&r->pool[m->step], &high, &r->pool_used[m->step]);
+  }
 }
 
 /* One run of the test job on device, precision prec. */
@@ -117,6 +129,10 @@ static int run_job(const char *data, const char *device, const char *prec, run_t
   }
   if (rc) fprintf(stderr, "test_cuda_train: the %s %s run failed: %s\n", device, prec, err_msg());
   train_close(t);
+  if (plugin_table) {
+    size_t high, used;
+    plugin_table->pool_stats(&r->pool_closed, &high, &used);
+  }
   return rc;
 }
 
@@ -183,6 +199,24 @@ static void check_waits(const run_t *r, const char *what) {
   char name[96];
   snprintf(name, sizeof name, "%s: cudaMalloc+cudaFree, steps 3-%d", what, STEPS);
   check(allocs == 0, name, (double)allocs, 0);
+}
+
+/* The step buffers' pool of run r: the same reserved bytes at the end of
+ * steps 3..STEPS, at least what its buffers used at once (a pool that gave
+ * its memory back at each synchronization would map it again every step),
+ * and nothing once the run closed. */
+static void check_pool(const run_t *r, const char *what) {
+  int flat = 1;
+  for (int s = 3; s <= STEPS; s++) flat &= r->pool[s] == r->pool[2] && r->pool[s] >= r->pool_used[s];
+  printf("%s: the step buffers' pool holds %.2f MiB from step 2 on%s (its buffers used %.2f MiB "
+         "at once), %.2f MiB once closed\n", what, r->pool[2] / 1048576.0,
+         flat ? "" : " (it changes, or holds less than they used)", r->pool_used[STEPS] / 1048576.0,
+         r->pool_closed / 1048576.0);
+  char name[96];
+  snprintf(name, sizeof name, "%s: pool changed or short, steps 3-%d", what, STEPS);
+  check(flat, name, flat ? 0 : 1, 0);
+  snprintf(name, sizeof name, "%s: pool bytes once closed", what);
+  check(r->pool_closed == 0, name, (double)r->pool_closed, 0);
 }
 
 /* ---- the sharded runtime against the flat model, on one backend ------------ */
@@ -286,6 +320,7 @@ int main(int argc, char **argv) {
     printf("test_cuda_train: the CUDA plugin did not load (%s): skipped\n", err_msg());
     return 0;
   }
+  plugin_table = p;
   void *plugin = dlopen(getenv("FSDP_CUDA_PLUGIN"), RTLD_NOW | RTLD_NOLOAD);
   if (plugin) *(void **)&emu_waits = dlsym(plugin, "cuda_emu_waits");
   if (p->device_count(msg, sizeof msg) <= 0) {
@@ -314,6 +349,8 @@ int main(int argc, char **argv) {
          gpu16.loss[STEPS - 1]);
   check_losses(&gpu, &cpu, LOSS_TOL, "fp32 losses, cuda vs cpu (relative)");
   check_losses(&gpu16, &gpu, BF16_TOL, "bf16-mixed losses vs fp32, cuda (relative)");
+  check_pool(&gpu, "cuda fp32");
+  check_pool(&gpu16, "cuda bf16-mixed");
   if (emu_waits) {
     check_waits(&gpu, "cuda fp32");
     check_waits(&gpu16, "cuda bf16-mixed");

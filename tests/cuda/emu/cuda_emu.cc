@@ -26,7 +26,8 @@
  * Memory: stream-ordered pools (cudaMemPoolCreate, cudaMallocAsync's default
  * pool) keep the blocks freed into them against CUDA_EMU_MEMORY as a GPU's
  * pool holds them, until a trim or a synchronization past the release
- * threshold; cuda_emu_waits counts the calls that make a GPU's host wait. */
+ * threshold (CUDA_EMU_POOLS=0: a device without pools); cuda_emu_waits counts
+ * the calls that make a GPU's host wait. */
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -735,8 +736,8 @@ static cudaError_t emu_pool_alloc(void **p, size_t n, emu_pool *pool) {
     return *p = NULL, emu_err(cudaErrorMemoryAllocation);
   }
   const cudaError_t e = emu_alloc(p, n, block, counted);
-  if (e != cudaSuccess) {
-    if (counted) emu_allocated -= block;
+  if (e != cudaSuccess) { /* the idle block taken is given back */
+    if (counted) emu_allocated -= block, pool->reserved -= block;
     return e;
   }
   emu_pooled[(uintptr_t)*p] = {pool, block};
@@ -771,6 +772,14 @@ cudaError_t cudaFreeHost(void *p) {
   const cudaError_t e = cudaHostUnregister(p);
   if (e == cudaSuccess) free(p);
   return e;
+}
+
+/* Only what the backend asks: memory pools (CUDA_EMU_POOLS=0: a device
+ * without them, as under some vGPU profiles). */
+cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr attr, int d) {
+  if (d != 0 || attr != cudaDevAttrMemoryPoolsSupported) return emu_err(cudaErrorInvalidValue);
+  *v = emu_env_size("CUDA_EMU_POOLS", 1) != 0;
+  return cudaSuccess;
 }
 
 cudaError_t cudaGetDevice(int *d) {
