@@ -180,6 +180,24 @@ static size_t gemm_packed(char t, int64_t R, int64_t Cn) {
 /* Half of x, rounded up to a multiple of 64 (x > 128: it shrinks). */
 static int gemm_half(int x) { return ((x + 1) / 2 + 63) & ~63; }
 
+/* C (M x N) = alpha op(A) op(B) + beta C on packed blocks pa and pb (their
+ * leading dimensions and batch strides plda, psa, pldb, psb); where cuBLASLt
+ * has no bf16 algorithm for it, the same blocks of the fp32 operands (Af, Bf:
+ * op(Af) starts at the block's first element) rounded by cuBLASLt itself. */
+static void gemm_packed_block(const char *op, char ta, char tb, int M, int N, int K, float alpha,
+                              const uint16_t *pa, int64_t plda, int64_t psa, const uint16_t *pb,
+                              int64_t pldb, int64_t psb, const float *Af, int64_t lda, int64_t sA,
+                              const float *Bf, int64_t ldb, int64_t sB, float beta, float *C,
+                              int64_t ldc, int64_t sC, int batch) {
+  cublasStatus_t why;
+  if (!gemm_lt(CUDA_R_16BF, CUBLAS_COMPUTE_32F, ta, tb, M, N, K, alpha, pa, plda, psa, pb, pldb,
+               psb, beta, C, ldc, sC, batch, &why))
+    return;
+  if (gemm_lt(CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_16BF, ta, tb, M, N, K, alpha, Af, lda, sA, Bf,
+              ldb, sB, beta, C, ldc, sC, batch, &why))
+    gemm_none(op, ta, tb, M, N, K, lda, ldb, ldc, sA, sB, sC, batch, why);
+}
+
 static void gemm_bf16_packed(const char *op, char ta, char tb, int M, int N, int K, float alpha,
                              const float *A, int64_t lda, int64_t sA, const float *B, int64_t ldb,
                              int64_t sB, float beta, float *C, int64_t ldc, int64_t sC,
@@ -211,18 +229,11 @@ static void gemm_bf16_packed(const char *op, char ta, char tb, int M, int N, int
           const int nn = N - n0 < nc ? N - n0 : nc;
           const int64_t psb = (int64_t)gemm_packed(tb, kk, nn);
           const int64_t pldb = gemm_pack(pb, Bb, tb, ldb, sB, k0, n0, kk, nn, gb, psb);
-          const float bk = k0 ? 1.0f : beta;
-          float *Cmn = Cb + (int64_t)m0 * ldc + n0;
-          cublasStatus_t why;
-          if (!gemm_lt(CUDA_R_16BF, CUBLAS_COMPUTE_32F, ta, tb, mm, nn, kk, alpha, pa, plda, psa,
-                       pb, pldb, psb, bk, Cmn, ldc, sC, gb, &why))
-            continue;
-          /* no bf16 algorithm for this block: cuBLASLt rounds the fp32 block */
           const float *Ak = ta == 'N' ? Ab + (int64_t)m0 * lda + k0 : Ab + (int64_t)k0 * lda + m0;
           const float *Bk = tb == 'N' ? Bb + (int64_t)k0 * ldb + n0 : Bb + (int64_t)n0 * ldb + k0;
-          if (gemm_lt(CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_16BF, ta, tb, mm, nn, kk, alpha, Ak, lda,
-                      sA, Bk, ldb, sB, bk, Cmn, ldc, sC, gb, &why))
-            gemm_none(op, ta, tb, mm, nn, kk, lda, ldb, ldc, sA, sB, sC, gb, why);
+          gemm_packed_block(op, ta, tb, mm, nn, kk, alpha, pa, plda, psa, pb, pldb, psb, Ak, lda,
+                            sA, Bk, ldb, sB, k0 ? 1.0f : beta, Cb + (int64_t)m0 * ldc + n0, ldc,
+                            sC, gb);
         }
       }
     }
@@ -283,10 +294,78 @@ extern "C" void kern_cuda_matmul_fwd(float *out, const float *inp, const float *
   }
 }
 
+/* ---- matmul_bwd's two bf16 products, dout packed once ----------------------
+ * dinp (N, IC) += dout (N, OC) @ w (OC, IC) and dw (OC, IC) += dout^T @ inp
+ * (N, IC) both read dout, the largest operand (the LM head's is N x 50257):
+ * packed for each product apart it is read and rounded twice. Here dout is
+ * cut into blocks of mr rows and kc columns, each packed once into the first
+ * buffer and multiplied twice: by w's kc rows of the block's columns into
+ * dinp's mr rows, and (transposed) by inp's mr rows into dw's kc rows. The
+ * second buffer holds inp's block (packed once per block of rows) and w's
+ * (once per block), side by side. dinp's rows see dout's column blocks in
+ * order and dw's rows its row blocks in order, each accumulated with beta 1
+ * as the separate products do. mr and kc are chosen among the sizes that fit
+ * for the fewest bytes moved (w packed once per row block, dw read and
+ * written once per row block, dinp once per column block); a product whose
+ * IC leaves no such blocks (256 rows and columns at least, unless the matrix
+ * is smaller) takes the separate products. */
+
+/* The blocks (mr, kc) for a joint backward of these shapes; 0 when none fit. */
+static int gemm_bwd_blocks(int N, int IC, int OC, int *mr_out, int *kc_out) {
+  const int64_t cap = (int64_t)KERN_CUDA_SIZE_PACK_ELEMS, ic8 = pad8(IC);
+  const int min_r = N < 256 ? N : 256, min_c = OC < 256 ? OC : 256;
+  double best = -1;
+  for (int mr = N;; mr = gemm_half(mr)) {
+    /* kc: as many of dout's columns as fit mr rows of the first buffer
+     * (padded rows: a multiple of 8 unless it is all OC), with w's kc rows
+     * beside inp's mr in the second */
+    const int64_t row_room = cap / mr, w_room = cap / ic8 - mr;
+    int64_t kc = OC;
+    if (pad8(OC) > row_room || OC > w_room)
+      kc = (row_room < w_room ? row_room : w_room) & ~(int64_t)7;
+    if (mr >= min_r && kc >= min_c) {
+      const double nr = (double)((N + mr - 1) / mr), nc = (double)((OC + kc - 1) / kc);
+      const double bytes = nr * (double)OC * IC * (6 + 8) + nc * (double)N * IC * 8;
+      if (best < 0 || bytes < best) best = bytes, *mr_out = mr, *kc_out = (int)kc;
+    }
+    if (mr <= 128 || mr <= min_r) break; /* gemm_half shrinks only past 128 */
+  }
+  return best >= 0;
+}
+
+static int gemm_bwd_joint(float *dinp, float *dw, const float *dout, const float *inp,
+                          const float *w, int N, int IC, int OC, int ldo) {
+  int mr = 0, kc = 0;
+  if (!gemm_bwd_blocks(N, IC, OC, &mr, &kc)) return 0;
+  uint16_t *pa = kern_cuda_st.pack, *pb = kern_cuda_st.pack + KERN_CUDA_SIZE_PACK_ELEMS;
+  for (int r0 = 0; r0 < N; r0 += mr) {
+    const int rr = N - r0 < mr ? N - r0 : mr;
+    const float *inp_r = inp + (int64_t)r0 * IC;
+    /* inp's rows of the block, then (after them) w's rows of each column block */
+    const int64_t pld = gemm_pack(pb, inp, 'N', IC, 0, r0, 0, rr, IC, 1, 0);
+    uint16_t *pw = pb + (int64_t)rr * pld;
+    for (int c0 = 0; c0 < OC; c0 += kc) {
+      const int cc = OC - c0 < kc ? OC - c0 : kc;
+      const float *dout_rc = dout + (int64_t)r0 * ldo + c0, *w_c = w + (int64_t)c0 * IC;
+      const int64_t plda = gemm_pack(pa, dout, 'N', ldo, 0, r0, c0, rr, cc, 1, 0);
+      gemm_pack(pw, w, 'N', IC, 0, c0, 0, cc, IC, 1, 0);
+      gemm_packed_block(__func__, 'N', 'N', rr, IC, cc, 1.0f, pa, plda, 0, pw, pld, 0, dout_rc,
+                        ldo, 0, w_c, IC, 0, 1.0f, dinp + (int64_t)r0 * IC, IC, 0, 1);
+      gemm_packed_block(__func__, 'T', 'N', cc, IC, rr, 1.0f, pa, plda, 0, pb, pld, 0, dout_rc,
+                        ldo, 0, inp_r, IC, 0, 1.0f, dw + (int64_t)c0 * IC, IC, 0, 1);
+    }
+  }
+  return 1;
+}
+
 extern "C" void kern_cuda_matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout,
                                      const float *inp, const float *w, int N, int IC, int OC,
                                      int ldo) {
   KERN_CUDA_ASSERT(ldo >= OC);
+  if (dbias) kern_cuda_colsum(dbias, NULL, dout, NULL, NULL, NULL, N, OC, ldo);
+  if (dinp && dw && N > 0 && IC > 0 && OC > 0 && kern_cuda_st.bf16 && !kern_cuda_st.fast16bf &&
+      gemm_bwd_joint(dinp, dw, dout, inp, w, N, IC, OC, ldo))
+    return;
   /* dinp (N, IC) += dout (N, OC) @ w (OC, IC) */
   if (dinp)
     kern_cuda_gemm(__func__, 'N', 'N', N, IC, OC, 1.0f, dout, ldo, 0, w, IC, 0, 1.0f, dinp, IC, 0,
@@ -295,5 +374,4 @@ extern "C" void kern_cuda_matmul_bwd(float *dinp, float *dw, float *dbias, const
   if (dw)
     kern_cuda_gemm(__func__, 'T', 'N', OC, IC, N, 1.0f, dout, ldo, 0, inp, IC, 0, 1.0f, dw, IC, 0,
                    1);
-  if (dbias) kern_cuda_colsum(dbias, NULL, dout, NULL, NULL, NULL, N, OC, ldo);
 }

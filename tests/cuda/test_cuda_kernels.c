@@ -1169,8 +1169,13 @@ int main(void) {
     test_matmul(64, 768, 50257, 0, 50257);
     test_matmul(64, 768, 50257, 0, 50304);
     /* bf16 products packed in blocks (matmul.cu): forward cut in rows and
-     * in the sum (beta 0 on the first block of the sum only), dw in columns */
+     * in the sum (beta 0 on the first block of the sum only); backward's
+     * joint blocks cut dout in 4 blocks of rows */
     if (m == 0) test_matmul(2304, 16384, 64, 1, 64);
+    /* backward's joint blocks (matmul.cu, gemm_bwd_joint): dout cut in 2
+     * blocks of rows and 2 of columns (1280 x 768 first), each packed once
+     * for both dinp's and dw's products */
+    if (m == 0) test_matmul(2500, 8192, 1500, 1, 1500);
     test_attention(1, GPT_T, 768, 12);
     /* 25 heads: the products' batches (per batch row, over the heads) are
      * packed 13 and then 12 at a time */
