@@ -15,8 +15,12 @@
  * 3C); -DKERN_CUDA_GEMM_NO_BATCH makes one call per matrix instead, to rule
  * that out when debugging.
  *
- * The bias (forward) is a separate element-wise pass after the product, as
- * the CPU adds it; dbias is a column sum in the CPU's order
+ * The bias (forward) is added by the product itself (cuBLASLt's BIAS
+ * epilogue: D = A B + bias, in the product's one write of D, where the CPU
+ * writes the product and adds the bias in a second pass over it), or, where
+ * cuBLASLt has no algorithm with it or the bias is less than 16-byte
+ * aligned (cuBLASLt has been seen to fail at run time below that), by a
+ * pass after the product; dbias is a column sum in the CPU's order
  * (kern_cuda_colsum: the same bits). */
 #include "kernels/cuda/cuda_impl.h"
 #include "kernels/kern_math.h"
@@ -48,13 +52,14 @@ static cublasLtMatrixLayout_t gemm_layout(cudaDataType_t t, uint64_t rows, uint6
   return l;
 }
 
-/* One cublasLtMatmul, row-major C = alpha op(A) op(B) + beta C, A and B of
+/* One cublasLtMatmul, row-major C = alpha op(A) op(B) + beta C (+ bias,
+ * N floats, on every row, when set: the BIAS epilogue; batch 1), A and B of
  * type ab (fp32, or bf16 packed), C fp32, computed as ct. 0, or -1 (nothing
  * queued) when cuBLASLt has no algorithm for it; *why then says so. */
 static int gemm_lt(cudaDataType_t ab, cublasComputeType_t ct, char ta, char tb, int M, int N,
                    int K, float alpha, const void *A, int64_t lda, int64_t sA, const void *B,
                    int64_t ldb, int64_t sB, float beta, float *C, int64_t ldc, int64_t sC,
-                   int batch, cublasStatus_t *why) {
+                   int batch, const float *bias, cublasStatus_t *why) {
   const size_t es = ab == CUDA_R_16BF ? 2 : 4;
   /* column-major: D' (N x M) = op(B') (N x K) op(A') (K x M), B' = B, A' = A */
   const cublasOperation_t opb = tb == 'T' ? CUBLAS_OP_T : CUBLAS_OP_N; /* first operand */
@@ -73,6 +78,17 @@ static int gemm_lt(cudaDataType_t ab, cublasComputeType_t ct, char ta, char tb, 
       cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opb, sizeof opb));
   KERN_CUBLAS_CHECK(
       cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opa, sizeof opa));
+  if (bias) { /* column-major D has N rows: the bias is a column, added to every one */
+    KERN_CUDA_ASSERT(batch == 1);
+    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    const cudaDataType_t bt = CUDA_R_32F;
+    KERN_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+    KERN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                     &bias, sizeof bias));
+    KERN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                     &bt, sizeof bt));
+  }
 
   cublasLtMatmulPreference_t pref;
   KERN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -122,6 +138,41 @@ static int gemm_lt(cudaDataType_t ab, cublasComputeType_t ct, char ta, char tb, 
           op, ta, tb, M, N, K, (long long)lda, (long long)ldb, (long long)ldc, (long long)sA,
           (long long)sB, (long long)sC, batch, cublasLtGetStatusString(why), __FILE__, __LINE__);
   abort();
+}
+
+/* out (N, OC; rows ldo apart) += bias (OC) on every row: a block row (y) per
+ * row, its threads (x) along it (no division per element) */
+__global__ static void bias_add_kernel(float *out, const float *bias, int N, int OC, int64_t ldo) {
+  for (int64_t r = blockIdx.y; r < N; r += gridDim.y) {
+    float *o = out + r * ldo;
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < OC; c += gridDim.x * blockDim.x)
+      o[c] += bias[c];
+  }
+}
+
+/* The bias of a product queued after it: C (M rows, ldc apart) += bias (N). */
+static void gemm_bias_add(float *C, const float *bias, int M, int N, int64_t ldc) {
+  bias_add_kernel<<<kern_cuda_rows_grid(M, N), kern_cuda_rows_threads(N), 0,
+                    kern_cuda_st.stream>>>(C, bias, M, N, ldc);
+  KERN_CUDA_LAUNCHED();
+}
+
+/* gemm_lt with the bias (when set) added to every row of C: by the BIAS
+ * epilogue where cuBLASLt has an algorithm for it and the bias is 16-byte
+ * aligned, else by a pass after the product. 0, or -1 (nothing queued). */
+static int gemm_lt_bias(cudaDataType_t ab, cublasComputeType_t ct, char ta, char tb, int M,
+                        int N, int K, float alpha, const void *A, int64_t lda, int64_t sA,
+                        const void *B, int64_t ldb, int64_t sB, float beta, float *C, int64_t ldc,
+                        int64_t sC, int batch, const float *bias, cublasStatus_t *why) {
+  if (bias && !((uintptr_t)bias & 15) &&
+      !gemm_lt(ab, ct, ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch,
+               bias, why))
+    return 0;
+  if (gemm_lt(ab, ct, ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch,
+              NULL, why))
+    return -1;
+  if (bias) gemm_bias_add(C, bias, M, N, ldc);
+  return 0;
 }
 
 /* ---- bf16 products on packed operands -----------------------------------------
@@ -180,28 +231,29 @@ static size_t gemm_packed(char t, int64_t R, int64_t Cn) {
 /* Half of x, rounded up to a multiple of 64 (x > 128: it shrinks). */
 static int gemm_half(int x) { return ((x + 1) / 2 + 63) & ~63; }
 
-/* C (M x N) = alpha op(A) op(B) + beta C on packed blocks pa and pb (their
- * leading dimensions and batch strides plda, psa, pldb, psb); where cuBLASLt
- * has no bf16 algorithm for it, the same blocks of the fp32 operands (Af, Bf:
- * op(Af) starts at the block's first element) rounded by cuBLASLt itself. */
+/* C (M x N) = alpha op(A) op(B) + beta C (+ bias, when set) on packed blocks
+ * pa and pb (their leading dimensions and batch strides plda, psa, pldb,
+ * psb); where cuBLASLt has no bf16 algorithm for it, the same blocks of the
+ * fp32 operands (Af, Bf: op(Af) starts at the block's first element) rounded
+ * by cuBLASLt itself. */
 static void gemm_packed_block(const char *op, char ta, char tb, int M, int N, int K, float alpha,
                               const uint16_t *pa, int64_t plda, int64_t psa, const uint16_t *pb,
                               int64_t pldb, int64_t psb, const float *Af, int64_t lda, int64_t sA,
                               const float *Bf, int64_t ldb, int64_t sB, float beta, float *C,
-                              int64_t ldc, int64_t sC, int batch) {
+                              int64_t ldc, int64_t sC, int batch, const float *bias) {
   cublasStatus_t why;
-  if (!gemm_lt(CUDA_R_16BF, CUBLAS_COMPUTE_32F, ta, tb, M, N, K, alpha, pa, plda, psa, pb, pldb,
-               psb, beta, C, ldc, sC, batch, &why))
+  if (!gemm_lt_bias(CUDA_R_16BF, CUBLAS_COMPUTE_32F, ta, tb, M, N, K, alpha, pa, plda, psa, pb,
+                    pldb, psb, beta, C, ldc, sC, batch, bias, &why))
     return;
-  if (gemm_lt(CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_16BF, ta, tb, M, N, K, alpha, Af, lda, sA, Bf,
-              ldb, sB, beta, C, ldc, sC, batch, &why))
+  if (gemm_lt_bias(CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_16BF, ta, tb, M, N, K, alpha, Af, lda, sA,
+                   Bf, ldb, sB, beta, C, ldc, sC, batch, bias, &why))
     gemm_none(op, ta, tb, M, N, K, lda, ldb, ldc, sA, sB, sC, batch, why);
 }
 
 static void gemm_bf16_packed(const char *op, char ta, char tb, int M, int N, int K, float alpha,
                              const float *A, int64_t lda, int64_t sA, const float *B, int64_t ldb,
-                             int64_t sB, float beta, float *C, int64_t ldc, int64_t sC,
-                             int batch) {
+                             int64_t sB, float beta, float *C, int64_t ldc, int64_t sC, int batch,
+                             const float *bias) {
   const size_t cap = KERN_CUDA_SIZE_PACK_ELEMS;
   uint16_t *pa = kern_cuda_st.pack, *pb = kern_cuda_st.pack + cap;
   int mc = M, nc = N, kc = K, g = batch;
@@ -231,67 +283,64 @@ static void gemm_bf16_packed(const char *op, char ta, char tb, int M, int N, int
           const int64_t pldb = gemm_pack(pb, Bb, tb, ldb, sB, k0, n0, kk, nn, gb, psb);
           const float *Ak = ta == 'N' ? Ab + (int64_t)m0 * lda + k0 : Ab + (int64_t)k0 * lda + m0;
           const float *Bk = tb == 'N' ? Bb + (int64_t)k0 * ldb + n0 : Bb + (int64_t)n0 * ldb + k0;
+          /* the bias with C's first block of the sum (beta applies there) */
           gemm_packed_block(op, ta, tb, mm, nn, kk, alpha, pa, plda, psa, pb, pldb, psb, Ak, lda,
                             sA, Bk, ldb, sB, k0 ? 1.0f : beta, Cb + (int64_t)m0 * ldc + n0, ldc,
-                            sC, gb);
+                            sC, gb, bias && !k0 ? bias + n0 : NULL);
         }
       }
     }
   }
 }
 
-void kern_cuda_gemm(const char *op, char ta, char tb, int M, int N, int K, float alpha,
-                    const float *A, int64_t lda, int64_t sA, const float *B, int64_t ldb,
-                    int64_t sB, float beta, float *C, int64_t ldc, int64_t sC, int batch) {
+/* kern_cuda_gemm, with a bias (N floats, batch 1) added to every row of C
+ * when set. */
+static void gemm_any(const char *op, char ta, char tb, int M, int N, int K, float alpha,
+                     const float *A, int64_t lda, int64_t sA, const float *B, int64_t ldb,
+                     int64_t sB, float beta, float *C, int64_t ldc, int64_t sC, int batch,
+                     const float *bias) {
   KERN_CUDA_ASSERT((ta == 'N' || ta == 'T') && (tb == 'N' || tb == 'T') && batch >= 1);
+  KERN_CUDA_ASSERT(!bias || batch == 1);
   if (M <= 0 || N <= 0) return;
 #ifdef KERN_CUDA_GEMM_NO_BATCH
   /* a debugging switch: one call per matrix of the batch (attention's
    * batches interleave their heads, stride hs inside rows of 3C) */
   if (batch > 1) {
     for (int i = 0; i < batch; i++)
-      kern_cuda_gemm(op, ta, tb, M, N, K, alpha, A + i * sA, lda, 0, B + i * sB, ldb, 0, beta,
-                     C + i * sC, ldc, 0, 1);
+      gemm_any(op, ta, tb, M, N, K, alpha, A + i * sA, lda, 0, B + i * sB, ldb, 0, beta,
+               C + i * sC, ldc, 0, 1, NULL);
     return;
   }
 #endif
   if (K <= 0) { /* an empty sum: C = beta C; only beta 1 (accumulating) occurs here */
-    KERN_CUDA_ASSERT(beta == 1.0f);
+    KERN_CUDA_ASSERT(beta == 1.0f && !bias);
     return;
   }
   if (kern_cuda_st.bf16 && !kern_cuda_st.fast16bf) {
-    gemm_bf16_packed(op, ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch);
+    gemm_bf16_packed(op, ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch,
+                     bias);
     return;
   }
   const cublasComputeType_t ct = kern_cuda_st.bf16   ? CUBLAS_COMPUTE_32F_FAST_16BF
                                  : kern_cuda_st.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32
                                                      : CUBLAS_COMPUTE_32F;
   cublasStatus_t why;
-  if (gemm_lt(CUDA_R_32F, ct, ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC,
-              batch, &why))
+  if (gemm_lt_bias(CUDA_R_32F, ct, ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc,
+                   sC, batch, bias, &why))
     gemm_none(op, ta, tb, M, N, K, lda, ldb, ldc, sA, sB, sC, batch, why);
 }
 
-/* out (N, OC; rows ldo apart) += bias (OC) on every row: a block row (y) per
- * row, its threads (x) along it (no division per element) */
-__global__ static void bias_add_kernel(float *out, const float *bias, int N, int OC, int64_t ldo) {
-  for (int64_t r = blockIdx.y; r < N; r += gridDim.y) {
-    float *o = out + r * ldo;
-    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < OC; c += gridDim.x * blockDim.x)
-      o[c] += bias[c];
-  }
+void kern_cuda_gemm(const char *op, char ta, char tb, int M, int N, int K, float alpha,
+                    const float *A, int64_t lda, int64_t sA, const float *B, int64_t ldb,
+                    int64_t sB, float beta, float *C, int64_t ldc, int64_t sC, int batch) {
+  gemm_any(op, ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch, NULL);
 }
 
 extern "C" void kern_cuda_matmul_fwd(float *out, const float *inp, const float *w,
                                      const float *bias, int N, int IC, int OC, int ldo) {
   KERN_CUDA_ASSERT(ldo >= OC);
-  /* out (N, OC) = inp (N, IC) @ w (OC, IC)^T */
-  kern_cuda_gemm(__func__, 'N', 'T', N, OC, IC, 1.0f, inp, IC, 0, w, IC, 0, 0.0f, out, ldo, 0, 1);
-  if (bias && N > 0 && OC > 0) {
-    bias_add_kernel<<<kern_cuda_rows_grid(N, OC), kern_cuda_rows_threads(OC), 0,
-                      kern_cuda_st.stream>>>(out, bias, N, OC, (int64_t)ldo);
-    KERN_CUDA_LAUNCHED();
-  }
+  /* out (N, OC) = inp (N, IC) @ w (OC, IC)^T + bias */
+  gemm_any(__func__, 'N', 'T', N, OC, IC, 1.0f, inp, IC, 0, w, IC, 0, 0.0f, out, ldo, 0, 1, bias);
 }
 
 /* ---- matmul_bwd's two bf16 products, dout packed once ----------------------
@@ -350,9 +399,9 @@ static int gemm_bwd_joint(float *dinp, float *dw, const float *dout, const float
       const int64_t plda = gemm_pack(pa, dout, 'N', ldo, 0, r0, c0, rr, cc, 1, 0);
       gemm_pack(pw, w, 'N', IC, 0, c0, 0, cc, IC, 1, 0);
       gemm_packed_block(__func__, 'N', 'N', rr, IC, cc, 1.0f, pa, plda, 0, pw, pld, 0, dout_rc,
-                        ldo, 0, w_c, IC, 0, 1.0f, dinp + (int64_t)r0 * IC, IC, 0, 1);
+                        ldo, 0, w_c, IC, 0, 1.0f, dinp + (int64_t)r0 * IC, IC, 0, 1, NULL);
       gemm_packed_block(__func__, 'T', 'N', cc, IC, rr, 1.0f, pa, plda, 0, pb, pld, 0, dout_rc,
-                        ldo, 0, inp_r, IC, 0, 1.0f, dw + (int64_t)c0 * IC, IC, 0, 1);
+                        ldo, 0, inp_r, IC, 0, 1.0f, dw + (int64_t)c0 * IC, IC, 0, 1, NULL);
     }
   }
   return 1;

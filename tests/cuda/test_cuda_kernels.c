@@ -531,10 +531,13 @@ static void test_layernorm(int N, int C) {
 /* ---- matmul --------------------------------------------------------------- */
 
 /* ld: the rows of the GPU's out and dout are ld >= OC apart (the LM head's
- * padded logits; the CPU's stay dense) */
+ * padded logits; the CPU's stay dense). with_bias 1: a bias, 2: a bias 4
+ * bytes past a 16-byte boundary (matmul.cu adds that one in a pass of its
+ * own, not in the product's BIAS epilogue) */
 static void test_matmul(int N, int IC, int OC, int with_bias, int ld) {
   char shape[64];
-  snprintf(shape, sizeof shape, "N=%d IC=%d OC=%d%s", N, IC, OC, with_bias ? " bias" : "");
+  snprintf(shape, sizeof shape, "N=%d IC=%d OC=%d%s", N, IC, OC,
+           with_bias == 2 ? " bias+4B" : with_bias ? " bias" : "");
   if (ld != OC) snprintf(shape + strlen(shape), sizeof shape - strlen(shape), " ld=%d", ld);
   const size_t ni = (size_t)N * IC, nw = (size_t)OC * IC, no = (size_t)N * OC;
   float *inp = frand(ni, -1, 1), *w = frand(nw, -0.5f, 0.5f);
@@ -545,7 +548,16 @@ static void test_matmul(int N, int IC, int OC, int with_bias, int ld) {
   float *ainp = fabs_dup(inp, ni), *aw = fabs_dup(w, nw), *abias = bias ? fabs_dup(bias, OC) : NULL;
   cpu->matmul_fwd(mag, ainp, aw, abias, N, IC, OC, OC);
   float *dinp_ = dput(inp, ni * 4), *dw_ = dput(w, nw * 4),
-        *dbias_ = bias ? dput(bias, OC * 4) : NULL;
+        *dbias_base = NULL, *dbias_ = NULL;
+  if (bias) {
+    const int off = with_bias == 2; /* floats before the bias */
+    float *staged = xmalloc((size_t)(OC + off) * 4);
+    staged[0] = 0;
+    memcpy(staged + off, bias, (size_t)OC * 4);
+    dbias_base = dput(staged, (size_t)(OC + off) * 4);
+    dbias_ = dbias_base + off;
+    free(staged);
+  }
   float *dout_o = dput_rows(NULL, N, OC, ld);
   gpu->matmul_fwd(dout_o, dinp_, dw_, dbias_, N, IC, OC, ld);
   float *g = dget_rows(dout_o, N, OC, ld, "matmul_fwd", "out", shape);
@@ -608,7 +620,7 @@ static void test_matmul(int N, int IC, int OC, int with_bias, int ld) {
     check_bits("matmul_bwd", "dbias", shape, g, dbias, OC);
     free(g);
   }
-  gpu->dev_free(dinp_), gpu->dev_free(dw_), gpu->dev_free(dbias_), gpu->dev_free(dout_o);
+  gpu->dev_free(dinp_), gpu->dev_free(dw_), gpu->dev_free(dbias_base), gpu->dev_free(dout_o);
   gpu->dev_free(ddout), gpu->dev_free(dd_inp), gpu->dev_free(dd_w), gpu->dev_free(dd_bias);
   free(inp), free(w), free(bias), free(out), free(mag), free(ainp), free(aw), free(abias);
   free(dout), free(dinp), free(dw), free(dbias), free(mdinp), free(mdw), free(adout);
@@ -1102,6 +1114,7 @@ int main(void) {
    * LM head, and the bias and dbias passes over padded rows */
   test_matmul(64, 768, 50257, 0, 50304);
   test_matmul(33, 17, 65, 1, 71);
+  test_matmul(33, 17, 65, 2, 71); /* a bias cuBLASLt's epilogue is not given */
   test_matmul(70000, 8, 3, 1, 5); /* the bias add's rows past a grid's 65535 */
   /* dbias's 4224 runs of 32 rows for more columns than the scratch holds at
    * once (16M floats: 3968 columns): colsum.cu sums them a slice of columns
@@ -1168,6 +1181,10 @@ int main(void) {
     test_matmul(1024, 768, 3072, 1, 3072);
     test_matmul(64, 768, 50257, 0, 50257);
     test_matmul(64, 768, 50257, 0, 50304);
+    test_matmul(33, 17, 65, 2, 71);
+    /* the bias in the BIAS epilogue of each of C's 4 blocks of columns
+     * (bias + n0), and on the first block of the sum only (2304 below) */
+    if (m == 0) test_matmul(64, 768, 50257, 1, 50304);
     /* bf16 products packed in blocks (matmul.cu): forward cut in rows and
      * in the sum (beta 0 on the first block of the sum only); backward's
      * joint blocks cut dout in 4 blocks of rows */

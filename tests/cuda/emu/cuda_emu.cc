@@ -884,6 +884,9 @@ struct emu_desc {
   cublasComputeType_t compute;
   cudaDataType_t scale;
   int32_t transa, transb;
+  int32_t epilogue = CUBLASLT_EPILOGUE_DEFAULT; /* DEFAULT or BIAS */
+  const float *bias = nullptr;                  /* BIAS: one float per row of D */
+  int32_t bias_type = -1;                       /* unset: D's type */
 };
 struct emu_pref {
   uint64_t workspace;
@@ -939,7 +942,9 @@ cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l,
 
 cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t c,
                                         cudaDataType_t s) {
-  *d = (cublasLtMatmulDesc_t) new emu_desc{c, s, CUBLAS_OP_N, CUBLAS_OP_N};
+  emu_desc *x = new emu_desc;
+  x->compute = c, x->scale = s, x->transa = x->transb = CUBLAS_OP_N;
+  *d = (cublasLtMatmulDesc_t)x;
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -952,11 +957,20 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d,
                                               cublasLtMatmulDescAttributes_t a, const void *buf,
                                               size_t n) {
   emu_desc *x = (emu_desc *)d;
+  if (a == CUBLASLT_MATMUL_DESC_BIAS_POINTER) {
+    if (n != sizeof x->bias) return CUBLAS_STATUS_INVALID_VALUE;
+    memcpy(&x->bias, buf, n);
+    return CUBLAS_STATUS_SUCCESS;
+  }
   if (n != sizeof(int32_t)) return CUBLAS_STATUS_INVALID_VALUE;
   if (a == CUBLASLT_MATMUL_DESC_TRANSA)
     memcpy(&x->transa, buf, n);
   else if (a == CUBLASLT_MATMUL_DESC_TRANSB)
     memcpy(&x->transb, buf, n);
+  else if (a == CUBLASLT_MATMUL_DESC_EPILOGUE)
+    memcpy(&x->epilogue, buf, n);
+  else if (a == CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE)
+    memcpy(&x->bias_type, buf, n);
   else
     return CUBLAS_STATUS_NOT_SUPPORTED;
   return CUBLAS_STATUS_SUCCESS;
@@ -1002,6 +1016,11 @@ static cublasStatus_t emu_lt_check(const emu_desc *d, const emu_layout *a, const
     return CUBLAS_STATUS_INVALID_VALUE;
   if (c->type != CUDA_R_32F || dd->type != CUDA_R_32F || d->scale != CUDA_R_32F ||
       a->type != b->type)
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  /* epilogues: only BIAS, fp32, on an unbatched product */
+  if (d->epilogue != CUBLASLT_EPILOGUE_DEFAULT &&
+      (d->epilogue != CUBLASLT_EPILOGUE_BIAS || (d->bias_type != -1 && d->bias_type != CUDA_R_32F) ||
+       c->batch != 1))
     return CUBLAS_STATUS_NOT_SUPPORTED;
   if (a->type == CUDA_R_16BF)
     return d->compute == CUBLAS_COMPUTE_32F ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_SUPPORTED;
@@ -1075,6 +1094,16 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
   if (C != D && beta && *(const float *)beta != 0.0f) return CUBLAS_STATUS_NOT_SUPPORTED;
   const size_t ea = a->type == CUDA_R_16BF ? 2 : 4;
   const uint64_t M = c->rows, N = c->cols, K = d->transa == CUBLAS_OP_N ? a->cols : a->rows;
+  const bool bias = d->epilogue == CUBLASLT_EPILOGUE_BIAS;
+  /* the bias: M floats of device memory, 16-byte aligned (less has been seen
+   * to fail at run time on a GPU) */
+  if (bias && (!d->bias || (uintptr_t)d->bias % 16 || !emu::device_range(d->bias, M * 4))) {
+    fprintf(stderr,
+            "cuda_emu: cublasLtMatmul: the BIAS epilogue's pointer %p is not %llu floats of "
+            "16-byte aligned device memory\n",
+            (const void *)d->bias, (unsigned long long)M);
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
   std::vector<float> ta, tb;
   const float bt = *(const float *)beta;
   for (int32_t i = 0; i < c->batch; i++) {
@@ -1093,6 +1122,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
                    (dnnl_dim_t)N, (dnnl_dim_t)M, (dnnl_dim_t)K, *(const float *)alpha, tb.data(),
                    b->ld, ta.data(), a->ld, bt, out, dl->ld) != dnnl_success)
       return CUBLAS_STATUS_EXECUTION_FAILED;
+    if (bias) /* added to the product as written: the CPU's two roundings */
+      for (uint64_t n = 0; n < N; n++)
+        for (uint64_t m = 0; m < M; m++) out[m + n * dl->ld] += d->bias[m];
   }
   return CUBLAS_STATUS_SUCCESS;
 }
