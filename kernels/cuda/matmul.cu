@@ -372,9 +372,16 @@ static int gemm_bwd_blocks(int N, int IC, int OC, int *mr_out, int *kc_out) {
     int64_t kc = OC;
     if (pad8(OC) > row_room || OC > w_room)
       kc = (row_room < w_room ? row_room : w_room) & ~(int64_t)7;
+    if (kc > 0 && kc < OC) { /* as many blocks, evened out: no sliver of a last one */
+      const int64_t nc = (OC + kc - 1) / kc, even = pad8((OC + nc - 1) / nc);
+      if (even < kc) kc = even;
+    }
     if (mr >= min_r && kc >= min_c) {
+      /* per block of rows: w packed (6 bytes an element) and read by its
+       * products (2), dw read and written (8); per block of columns: inp's
+       * packed block read (2), dinp read and written (8) */
       const double nr = (double)((N + mr - 1) / mr), nc = (double)((OC + kc - 1) / kc);
-      const double bytes = nr * (double)OC * IC * (6 + 8) + nc * (double)N * IC * 8;
+      const double bytes = nr * (double)OC * IC * 16 + nc * (double)N * IC * 10;
       if (best < 0 || bytes < best) best = bytes, *mr_out = mr, *kc_out = (int)kc;
     }
     if (mr <= 128 || mr <= min_r) break; /* gemm_half shrinks only past 128 */

@@ -1189,10 +1189,11 @@ int main(void) {
      * in the sum (beta 0 on the first block of the sum only); backward's
      * joint blocks cut dout in 4 blocks of rows */
     if (m == 0) test_matmul(2304, 16384, 64, 1, 64);
-    /* backward's joint blocks (matmul.cu, gemm_bwd_joint): dout cut in 2
-     * blocks of rows and 2 of columns (1280 x 768 first), each packed once
-     * for both dinp's and dw's products */
-    if (m == 0) test_matmul(2500, 8192, 1500, 1, 1500);
+    /* backward's joint blocks (matmul.cu, gemm_bwd_joint): dout (rows 1509
+     * apart) cut in 2 blocks of rows and 2 of columns (1280 x 752 first),
+     * each packed once for both dinp's and dw's products; IC not a
+     * multiple of 8 (padded packed rows) */
+    if (m == 0) test_matmul(2501, 8187, 1501, 1, 1509);
     test_attention(1, GPT_T, 768, 12);
     /* 25 heads: the products' batches (per batch row, over the heads) are
      * packed 13 and then 12 at a time */
