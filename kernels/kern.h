@@ -165,6 +165,12 @@ typedef struct kern_backend {
                            int ld);
   void (*crossentropy_bwd)(float *probs, const int32_t *targets, float dloss, int N, int V,
                            int ld);
+  /* Both at once, for a step that goes on to backward: the losses, and the
+   * logits turned straight into the dlogits, the bits crossentropy_fwd then
+   * crossentropy_bwd give (p rounded, then times dloss), with one pass less
+   * over the largest matrix a step streams. */
+  void (*crossentropy_fwd_bwd)(float *losses, float *logits, const int32_t *targets, float dloss,
+                               int N, int V, int ld);
 
   /* AdamW (decoupled weight decay) over n elements at step t (1-based). */
   void (*adamw)(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,

@@ -129,7 +129,8 @@ struct gpt {
   float *dbig1;           /* (N,4C) dfch_gelu, then dqkv */
   float *dbig2;           /* (N,4C) dfch, then datty */
   float *att_scratch;
-  int have_targets;
+  int have_targets;       /* the last forward's: 1 probabilities, 2 dlogits (forward_train) */
+  float dloss_scale;      /* forward_train's */
 };
 
 /* ---- initialisation ---------------------------------------------------- */
@@ -502,8 +503,10 @@ static void gpt_layer_bwd(gpt_t *g, int l, float *P, float *G, const float *res_
     if (rc_) return rc_;                                                                      \
   } while (0)
 
-int gpt_forward(gpt_t *g, const int32_t *inputs, const int32_t *targets, int B, int T,
-                float *loss) {
+/* gpt_forward, and with bwd the loss's gradient (dloss_scale / N) taken
+ * with the loss (gpt_forward_train). */
+static int gpt_forward_run(gpt_t *g, const int32_t *inputs, const int32_t *targets, int B, int T,
+                           float *loss, int bwd, float dloss_scale) {
   const gpt_config_t *c = &g->cfg;
   if (B <= 0) return err_set(FSDP_EINVAL, "batch: %d must be at least 1", B);
   if (T <= 0 || T > c->context)
@@ -544,12 +547,28 @@ int gpt_forward(gpt_t *g, const int32_t *inputs, const int32_t *targets, int B, 
   be->matmul_fwd(g->logits, g->lnf, e.wte, NULL, (int)N, C, V, gpt_logits_ld(g));
   GPT_TRY(h->release(h->ctx, 0, GPT_FWD));
   if (targets) {
-    be->crossentropy_fwd(g->losses, g->logits, g->targets, (int)N, V, gpt_logits_ld(g));
+    if (bwd) /* the probabilities go straight to dlogits, as gpt_backward would make them */
+      be->crossentropy_fwd_bwd(g->losses, g->logits, g->targets, dloss_scale / (float)N, (int)N,
+                               V, gpt_logits_ld(g));
+    else
+      be->crossentropy_fwd(g->losses, g->logits, g->targets, (int)N, V, gpt_logits_ld(g));
     double sum = be->vec_sum(g->losses, N); /* the mean loss over the batch's tokens */
     if (loss) *loss = (float)(sum / (double)N);
-    g->have_targets = 1;
+    g->have_targets = bwd ? 2 : 1;
+    g->dloss_scale = dloss_scale;
   }
   return FSDP_OK;
+}
+
+int gpt_forward(gpt_t *g, const int32_t *inputs, const int32_t *targets, int B, int T,
+                float *loss) {
+  return gpt_forward_run(g, inputs, targets, B, T, loss, 0, 0.0f);
+}
+
+int gpt_forward_train(gpt_t *g, const int32_t *inputs, const int32_t *targets, int B, int T,
+                      float dloss_scale, float *loss) {
+  if (!targets) return err_set(FSDP_EINVAL, "gpt_forward_train: no targets");
+  return gpt_forward_run(g, inputs, targets, B, T, loss, 1, dloss_scale);
 }
 
 int gpt_backward(gpt_t *g, float dloss_scale) {
@@ -564,8 +583,13 @@ int gpt_backward(gpt_t *g, float dloss_scale) {
   float *P, *G, *G0;
 
   /* mean over the N tokens, times the caller's scale (micro-batch averaging) */
-  be->crossentropy_bwd(g->logits, g->targets, dloss_scale / (float)N, (int)N, V,
-                       gpt_logits_ld(g));
+  if (g->have_targets == 2 && dloss_scale != g->dloss_scale)
+    return err_set(FSDP_EINVAL, "gpt_backward: dloss_scale %g is not the %g gpt_forward_train "
+                   "already took the loss's gradient with", (double)dloss_scale,
+                   (double)g->dloss_scale);
+  if (g->have_targets == 1)
+    be->crossentropy_bwd(g->logits, g->targets, dloss_scale / (float)N, (int)N, V,
+                         gpt_logits_ld(g));
   g->have_targets = 0; /* the probabilities are now dlogits */
   GPT_TRY(h->params(h->ctx, 0, GPT_BWD, &P));
   GPT_TRY(h->grads(h->ctx, 0, &G0));

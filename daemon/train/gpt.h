@@ -76,9 +76,16 @@ void gpt_weights_header(const gpt_config_t *c, int32_t hdr[256]);
  * names the field or the position of the bad token. */
 int gpt_forward(gpt_t *g, const int32_t *inputs, const int32_t *targets, int B, int T,
                 float *loss);
+/* gpt_forward with targets for a step that goes on to gpt_backward(g,
+ * dloss_scale): the loss's gradient is taken with the loss, in the
+ * cross-entropy's passes (crossentropy_fwd_bwd: one pass less over the B*T*V
+ * logits), the same bits as gpt_forward and then gpt_backward. */
+int gpt_forward_train(gpt_t *g, const int32_t *inputs, const int32_t *targets, int B, int T,
+                      float dloss_scale, float *loss);
 /* Backward of the last forward (which must have had targets). Accumulates into
  * the gradients: the loss gradient is scaled by dloss_scale (1 for one
- * micro-batch, 1/k to average over k micro-batches). */
+ * micro-batch, 1/k to average over k micro-batches; after gpt_forward_train,
+ * the scale it was given, else an error). */
 int gpt_backward(gpt_t *g, float dloss_scale);
 void gpt_zero_grad(gpt_t *g);
 /* Logits (B,T,V) of the last forward without targets (a device pointer), rows

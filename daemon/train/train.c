@@ -626,7 +626,8 @@ int train_step(train_t *t) {
     fsdp_defer_reduce(t->runtime, c->keep_unsharded_grads && k < c->grad_accum - 1);
     if ((rc = data_next_rows(t->data, &t->pos, c->seed, BG, c->seq_len, t->boot.rank * c->batch,
                              c->batch, t->in, t->tg)) ||
-        (rc = gpt_forward(t->model, t->in, t->tg, c->batch, c->seq_len, &loss)) ||
+        (rc = gpt_forward_train(t->model, t->in, t->tg, c->batch, c->seq_len,
+                                1.0f / (float)c->grad_accum, &loss)) ||
         (rc = gpt_backward(t->model, 1.0f / (float)c->grad_accum)))
       return err_wrap(rc, "step %d", m.step);
     loss_sum += loss;

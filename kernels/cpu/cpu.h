@@ -53,6 +53,7 @@
 #define kern_cpu_residual_bwd KERN_CPU_FN(kern_cpu_residual_bwd)
 #define kern_cpu_crossentropy_fwd KERN_CPU_FN(kern_cpu_crossentropy_fwd)
 #define kern_cpu_crossentropy_bwd KERN_CPU_FN(kern_cpu_crossentropy_bwd)
+#define kern_cpu_crossentropy_fwd_bwd KERN_CPU_FN(kern_cpu_crossentropy_fwd_bwd)
 #define kern_cpu_adamw KERN_CPU_FN(kern_cpu_adamw)
 #define kern_cpu_f32_to_bf16 KERN_CPU_FN(kern_cpu_f32_to_bf16)
 #define kern_cpu_bf16_to_f32 KERN_CPU_FN(kern_cpu_bf16_to_f32)
@@ -200,6 +201,8 @@ void kern_cpu_crossentropy_fwd(float *losses, float *logits, const int32_t *targ
                                int ld);
 void kern_cpu_crossentropy_bwd(float *probs, const int32_t *targets, float dloss, int N, int V,
                                int ld);
+void kern_cpu_crossentropy_fwd_bwd(float *losses, float *logits, const int32_t *targets,
+                                   float dloss, int N, int V, int ld);
 
 void kern_cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
                     float beta2, float eps, float wd, int t);

@@ -40,6 +40,7 @@ const kern_backend_t kern_cpu_table = {
     .residual_bwd = kern_cpu_residual_bwd,
     .crossentropy_fwd = kern_cpu_crossentropy_fwd,
     .crossentropy_bwd = kern_cpu_crossentropy_bwd,
+    .crossentropy_fwd_bwd = kern_cpu_crossentropy_fwd_bwd,
     .adamw = kern_cpu_adamw,
     .f32_to_bf16 = kern_cpu_f32_to_bf16,
     .bf16_to_f32 = kern_cpu_bf16_to_f32,

@@ -217,6 +217,7 @@ static const kern_backend_t kern_cuda_table = {
     .residual_bwd = kern_cuda_residual_bwd,
     .crossentropy_fwd = kern_cuda_crossentropy_fwd,
     .crossentropy_bwd = kern_cuda_crossentropy_bwd,
+    .crossentropy_fwd_bwd = kern_cuda_crossentropy_fwd_bwd,
     .adamw = kern_cuda_adamw,
     .f32_to_bf16 = kern_cuda_f32_to_bf16,
     .bf16_to_f32 = kern_cuda_bf16_to_f32,

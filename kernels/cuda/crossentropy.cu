@@ -8,7 +8,9 @@
  * e^(x - max) * (1/sum) by kern_expf; losses = log(sum) - (x[target] - max).
  * The sum's rounding is not the CPU's (TOL_RED apart). Backward:
  * dlogits = (p - onehot(target)) * dloss in place (the CPU's bits), a block
- * row per row (kern_cuda_rows_grid: no index divided by V). */
+ * row per row (kern_cuda_rows_grid: no index divided by V). fwd_bwd: the
+ * forward kernel writing (p rounded) * dloss in its second pass, the bits of
+ * forward then backward, one pass over the logits less. */
 #include "kernels/cuda/cuda_impl.h"
 #include "kernels/kern_math.h"
 
@@ -26,13 +28,15 @@ __device__ static float ce_block_reduce(float v, int op, float *sh) {
   return op ? kern_cuda_warp_sum(r) : kern_cuda_warp_max(r);
 }
 
+/* bwd 1: the row's dlogits instead of its probabilities (see above) */
 __global__ static void crossentropy_fwd_kernel(float *losses, float *logits, const int32_t *targets,
-                                               int V, int64_t ld) {
+                                               int V, int64_t ld, int bwd, float dloss) {
   __shared__ float sh[32];
   float *x = logits + (int64_t)blockIdx.x * ld;
   /* x[target] is read by every thread now, before any thread overwrites it
    * (the reductions below hold a barrier before the first write) */
-  const float xt = x[targets[blockIdx.x]];
+  const int t = targets[blockIdx.x];
+  const float xt = x[t];
   /* pass 1: this thread's running maximum and sum of e^(x - max) */
   float m = -INFINITY, s = 0.0f;
   for (int j = threadIdx.x; j < V; j += blockDim.x) {
@@ -48,7 +52,14 @@ __global__ static void crossentropy_fwd_kernel(float *losses, float *logits, con
   s = ce_block_reduce(s, 1, sh);
   /* pass 2: the probabilities */
   const float inv = 1.0f / s;
-  for (int j = threadIdx.x; j < V; j += blockDim.x) x[j] = kern_expf(x[j] - mx) * inv;
+  if (!bwd) {
+    for (int j = threadIdx.x; j < V; j += blockDim.x) x[j] = kern_expf(x[j] - mx) * inv;
+  } else {
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+      const float p = kern_expf(x[j] - mx) * inv;
+      x[j] = j == t ? (p - 1.0f) * dloss : p * dloss;
+    }
+  }
   /* -log p[target], taken from the sum: finite even where p[target] is 0 */
   if (threadIdx.x == 0) losses[blockIdx.x] = logf(s) - (xt - mx);
 }
@@ -68,7 +79,17 @@ extern "C" void kern_cuda_crossentropy_fwd(float *losses, float *logits, const i
   if (N <= 0 || V <= 0) return;
   KERN_CUDA_ASSERT(ld >= V);
   crossentropy_fwd_kernel<<<N, CE_THREADS, 0, kern_cuda_st.stream>>>(losses, logits, targets, V,
-                                                                      (int64_t)ld);
+                                                                      (int64_t)ld, 0, 0.0f);
+  KERN_CUDA_LAUNCHED();
+}
+
+extern "C" void kern_cuda_crossentropy_fwd_bwd(float *losses, float *logits,
+                                               const int32_t *targets, float dloss, int N, int V,
+                                               int ld) {
+  if (N <= 0 || V <= 0) return;
+  KERN_CUDA_ASSERT(ld >= V);
+  crossentropy_fwd_kernel<<<N, CE_THREADS, 0, kern_cuda_st.stream>>>(losses, logits, targets, V,
+                                                                      (int64_t)ld, 1, dloss);
   KERN_CUDA_LAUNCHED();
 }
 

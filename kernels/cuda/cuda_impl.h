@@ -207,6 +207,8 @@ void kern_cuda_crossentropy_fwd(float *losses, float *logits, const int32_t *tar
                                 int ld);
 void kern_cuda_crossentropy_bwd(float *probs, const int32_t *targets, float dloss, int N, int V,
                                 int ld);
+void kern_cuda_crossentropy_fwd_bwd(float *losses, float *logits, const int32_t *targets,
+                                    float dloss, int N, int V, int ld);
 
 void kern_cuda_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
                      float beta2, float eps, float wd, int t);

@@ -927,6 +927,7 @@ static void test_crossentropy(int N, int V, int ld) {
     ml[i] = 1 + fabs(rl[i]); /* log(sum) is off by ~TOL_RED absolute */
   }
   float *dlog = dput_rows(logits, N, V, ld), *dloss = dnew(N * 4);
+  float *dfused = dput_rows(logits, N, V, ld); /* for crossentropy_fwd_bwd, below */
   int32_t *dtgt = dput(tgt, N * sizeof(int32_t));
   float *loss = xmalloc(N * 4);
   cpu->crossentropy_fwd(loss, logits, tgt, N, V, V);
@@ -939,8 +940,20 @@ static void test_crossentropy(int N, int V, int ld) {
   check_tol("crossentropy_fwd", "probs-f64", shape, gp, NULL, rp, NULL, mp, n, TOL_RED);
   check_tol("crossentropy_fwd", "losses-f64", shape, gl, NULL, rl, NULL, ml, N, TOL_RED);
   check_tol("crossentropy_fwd", "cpu-probs-f64", shape, logits, NULL, rp, NULL, mp, n, TOL_RED);
-  /* backward on the CPU's probabilities */
   const float dl = 1.0f / (float)N;
+  /* forward and backward at once: the bits of the GPU's forward and then
+   * its backward (on the GPU's probabilities) */
+  float *dfl = dnew(N * 4), *dsep = dput_rows(gp, N, V, ld);
+  gpu->crossentropy_fwd_bwd(dfl, dfused, dtgt, dl, N, V, ld);
+  gpu->crossentropy_bwd(dsep, dtgt, dl, N, V, ld);
+  float *fl = dget(dfl, N), *fd = dget_rows(dfused, N, V, ld, "crossentropy_fwd_bwd", "dlogits",
+                                            shape);
+  float *sd = dget_rows(dsep, N, V, ld, "crossentropy_bwd", "dlogits", shape);
+  check_bits("crossentropy_fwd_bwd", "losses", shape, fl, gl, N);
+  check_bits("crossentropy_fwd_bwd", "dlogits", shape, fd, sd, n);
+  gpu->dev_free(dfl), gpu->dev_free(dsep), gpu->dev_free(dfused);
+  free(fl), free(fd), free(sd);
+  /* backward on the CPU's probabilities */
   gpu->dev_free(dlog);
   dlog = dput_rows(logits, N, V, ld);
   cpu->crossentropy_bwd(logits, tgt, dl, N, V, V);

@@ -233,6 +233,41 @@ Test(gpt, gradient_accumulation_equals_full_batch) {
   gpt_destroy(g);
 }
 
+/* A training step's forward (gpt_forward_train: the loss's gradient taken
+ * with the loss) then backward: the loss and every gradient bit for bit as
+ * gpt_forward then gpt_backward, at a micro-batch's scale; backward with
+ * another scale than the forward took is refused, naming both. */
+Test(gpt, forward_train_equals_forward_then_backward) {
+  gpt_config_t c = tiny();
+  gpt_t *g;
+  cr_assert_eq(gpt_create(&g, &c, kern_cpu()), 0);
+  gpt_init_weights(g, 31);
+  enum { B = 3, T = 20 };
+  int32_t in[B * T], tg[B * T];
+  fill_tokens(in, B * T, c.vocab, 32);
+  fill_tokens(tg, B * T, c.vocab, 33);
+  size_t n = gpt_num_params(g);
+  float loss, floss, *ref = malloc(n * sizeof *ref);
+  gpt_zero_grad(g);
+  cr_assert_eq(gpt_forward(g, in, tg, B, T, &loss), 0);
+  cr_assert_eq(gpt_backward(g, 0.25f), 0);
+  memcpy(ref, gpt_grads(g), n * sizeof *ref);
+  gpt_zero_grad(g);
+  cr_assert_eq(gpt_forward_train(g, in, tg, B, T, 0.25f, &floss), 0, "%s", err_msg());
+  cr_assert_eq(gpt_backward(g, 0.25f), 0, "%s", err_msg());
+  cr_expect(!memcmp(&loss, &floss, sizeof loss), "loss %.9g, fused %.9g", loss, floss);
+  cr_expect(!memcmp(ref, gpt_grads(g), n * sizeof *ref), "gradients differ from unfused");
+  double norm = 0;
+  for (size_t i = 0; i < n; i++) norm += (double)ref[i] * ref[i];
+  cr_assert(norm > 0, "gradients are not all zero");
+  cr_assert_eq(gpt_forward_train(g, in, tg, B, T, 0.25f, &floss), 0);
+  cr_expect_eq(gpt_backward(g, 0.5f), FSDP_EINVAL);
+  cr_expect(strstr(err_msg(), "0.5") && strstr(err_msg(), "0.25"), "%s", err_msg());
+  cr_expect_eq(gpt_forward_train(g, in, NULL, B, T, 1.0f, &floss), FSDP_EINVAL);
+  free(ref);
+  gpt_destroy(g);
+}
+
 /* ---- activation checkpointing and unit hooks ----------------------------- */
 
 #include "daemon/common/mem.h"

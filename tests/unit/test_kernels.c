@@ -747,6 +747,25 @@ Test(kernels, a_padded_leading_dimension_gives_the_dense_bits) {
   expect_padded(plg, lg, XN, XV, XLD, "crossentropy_bwd dlogits");
 }
 
+/* The fused op (a training step's forward) gives the bits of forward and then
+ * backward, from padded rows too, and leaves the padding alone; with the
+ * overflowing row and the underflowing target of Test(kernels, crossentropy). */
+Test(kernels, crossentropy_fwd_bwd) {
+  const int XLD = XV + 27;
+  const size_t n = XN * XV;
+  int32_t tgt[XN];
+  for (int i = 0; i < XN; i++) tgt[i] = (int32_t)(tu_rand_u64(&rng) % XV);
+  float *lg = frand(n, -3, 3);
+  for (int j = 0; j < XV; j++) lg[j] += 100;
+  lg[XV + tgt[1]] = -120;
+  float *plg = pad_rows(lg, XN, XV, XLD), *loss = fnew(XN), *floss = fnew(XN);
+  K->crossentropy_fwd(loss, lg, tgt, XN, XV, XV);
+  K->crossentropy_bwd(lg, tgt, 0.37f, XN, XV, XV);
+  K->crossentropy_fwd_bwd(floss, plg, tgt, 0.37f, XN, XV, XLD);
+  cr_expect(!memcmp(loss, floss, XN * sizeof *loss), "crossentropy_fwd_bwd losses");
+  expect_padded(plg, lg, XN, XV, XLD, "crossentropy_fwd_bwd dlogits");
+}
+
 /* ---- adamw ------------------------------------------------------------------ */
 
 Test(kernels, adamw) {
