@@ -69,7 +69,7 @@ static double steps_s(fsdp_t *f, const int32_t *in, const int32_t *tg) {
   for (int s = 0; s < STEPS; s++) {
     float loss;
     fsdp_zero_grad(f);
-    if (gpt_forward(fsdp_model(f), in, tg, B, T, &loss) || gpt_backward(fsdp_model(f), 1.0f) ||
+    if (gpt_forward_train(fsdp_model(f), in, tg, B, T, 1.0f, &loss) || gpt_backward(fsdp_model(f), 1.0f) ||
         fsdp_step(f, 1e-4f, 0, NULL))
       return -1;
   }

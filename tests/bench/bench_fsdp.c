@@ -278,7 +278,7 @@ static void make_batch(const job_t *j, int r, int32_t *in, int32_t *tg) {
 static int flat_step(gpt_t *g, adamw_t *opt, const int32_t *in, const int32_t *tg, int B, int T,
                      float *loss) {
   gpt_zero_grad(g);
-  int rc = gpt_forward(g, in, tg, B, T, loss);
+  int rc = gpt_forward_train(g, in, tg, B, T, 1.0f, loss);
   if (rc == 0) rc = gpt_backward(g, 1.0f);
   if (rc == 0) adamw_step(opt, g, LR);
   return rc;
@@ -287,7 +287,7 @@ static int flat_step(gpt_t *g, adamw_t *opt, const int32_t *in, const int32_t *t
 static int sharded_step(fsdp_t *f, const int32_t *in, const int32_t *tg, int B, int T,
                            float *loss) {
   fsdp_zero_grad(f);
-  int rc = gpt_forward(fsdp_model(f), in, tg, B, T, loss);
+  int rc = gpt_forward_train(fsdp_model(f), in, tg, B, T, 1.0f, loss);
   if (rc == 0) rc = gpt_backward(fsdp_model(f), 1.0f);
   if (rc == 0) rc = fsdp_mean(f, loss);
   if (rc == 0) rc = fsdp_step(f, LR, 0.0f, NULL);

@@ -55,12 +55,14 @@ static int cmp_double(const void *a, const void *b) {
 enum {
   P_ENCODER_FWD, P_ENCODER_BWD, P_LAYERNORM_FWD, P_LAYERNORM_BWD, P_MATMUL_FWD, P_MATMUL_BWD,
   P_ATTENTION_FWD, P_ATTENTION_BWD, P_GELU_FWD, P_GELU_BWD, P_RESIDUAL_FWD, P_RESIDUAL_BWD,
-  P_CROSSENTROPY_FWD, P_CROSSENTROPY_BWD, P_ADAMW, P_CAST, P_SUMSQ, P__COUNT
+  P_CROSSENTROPY_FWD, P_CROSSENTROPY_BWD, P_CROSSENTROPY_FWD_BWD, P_ADAMW, P_CAST, P_SUMSQ,
+  P__COUNT
 };
 static const char *const prof_names[P__COUNT] = {
     "encoder_fwd", "encoder_bwd", "layernorm_fwd", "layernorm_bwd", "matmul_fwd",
     "matmul_bwd", "attention_fwd", "attention_bwd", "gelu_fwd", "gelu_bwd",
-    "residual_fwd", "residual_bwd", "crossentropy_fwd", "crossentropy_bwd", "adamw",
+    "residual_fwd", "residual_bwd", "crossentropy_fwd", "crossentropy_bwd",
+    "crossentropy_fwd_bwd", "adamw",
     "cast", "sumsq"};
 
 typedef struct prof_slot {
@@ -191,6 +193,12 @@ static void w_crossentropy_bwd(float *probs, const int32_t *targets, float dloss
   prof_base->crossentropy_bwd(probs, targets, dloss, N, V, ld);
   prof_add(P_CROSSENTROPY_BWD, t0, 0);
 }
+static void w_crossentropy_fwd_bwd(float *losses, float *logits, const int32_t *targets,
+                                   float dloss, int N, int V, int ld) {
+  double t0 = bench_now_s();
+  prof_base->crossentropy_fwd_bwd(losses, logits, targets, dloss, N, V, ld);
+  prof_add(P_CROSSENTROPY_FWD_BWD, t0, 0);
+}
 static void w_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
                     float beta2, float eps, float wd, int t) {
   double t0 = bench_now_s();
@@ -233,6 +241,7 @@ static const kern_backend_t *prof_wrap(const kern_backend_t *base) {
   prof_backend.residual_bwd = w_residual_bwd;
   prof_backend.crossentropy_fwd = w_crossentropy_fwd;
   prof_backend.crossentropy_bwd = w_crossentropy_bwd;
+  prof_backend.crossentropy_fwd_bwd = w_crossentropy_fwd_bwd;
   prof_backend.adamw = w_adamw;
   prof_backend.f32_to_bf16 = w_f32_to_bf16;
   prof_backend.bf16_to_f32 = w_bf16_to_f32;
@@ -309,7 +318,7 @@ static int model_step(model_t *m, const int32_t *in, const int32_t *tg, int B, i
                       float *loss) {
   if (m->f) fsdp_zero_grad(m->f);
   else gpt_zero_grad(m->g);
-  int rc = gpt_forward(m->g, in, tg, B, T, loss);
+  int rc = gpt_forward_train(m->g, in, tg, B, T, 1.0f, loss);
   if (rc == 0) rc = gpt_backward(m->g, 1.0f);
   if (rc == 0 && m->f) rc = fsdp_step(m->f, 1e-4f, 0, NULL);
   else if (rc == 0) adamw_step(m->opt, m->g, 1e-4f);
