@@ -129,7 +129,9 @@ struct gpt {
   float *dbig1;           /* (N,4C) dfch_gelu, then dqkv */
   float *dbig2;           /* (N,4C) dfch, then datty */
   float *att_scratch;
-  int have_targets;       /* the last forward's: 1 probabilities, 2 dlogits (forward_train) */
+  int have_targets;       /* the logits hold: 0 logits (a forward without targets), 1
+                           * probabilities, 2 dlogits (forward_train), 3 dlogits backward
+                           * has used */
   float dloss_scale;      /* forward_train's */
 };
 
@@ -572,6 +574,9 @@ int gpt_forward_train(gpt_t *g, const int32_t *inputs, const int32_t *targets, i
 }
 
 int gpt_backward(gpt_t *g, float dloss_scale) {
+  if (g->acts_mem && g->have_targets == 3)
+    return err_set(FSDP_EINVAL, "gpt_backward: backward already ran for the last forward; run "
+                   "a forward with targets first");
   if (!g->acts_mem || !g->have_targets)
     return err_set(FSDP_EINVAL, "gpt_backward: the last forward had no targets; call "
                    "gpt_forward with targets first");
@@ -590,7 +595,7 @@ int gpt_backward(gpt_t *g, float dloss_scale) {
   if (g->have_targets == 1)
     be->crossentropy_bwd(g->logits, g->targets, dloss_scale / (float)N, (int)N, V,
                          gpt_logits_ld(g));
-  g->have_targets = 0; /* the probabilities are now dlogits */
+  g->have_targets = 3; /* dlogits, used: neither logits (gpt_logits) nor another backward's */
   GPT_TRY(h->params(h->ctx, 0, GPT_BWD, &P));
   GPT_TRY(h->grads(h->ctx, 0, &G0));
   const gpt_embed_t p0 = gpt_embed_at(g, P), d0 = gpt_embed_at(g, G0);

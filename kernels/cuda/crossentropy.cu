@@ -10,7 +10,8 @@
  * dlogits = (p - onehot(target)) * dloss in place (the CPU's bits), a block
  * row per row (kern_cuda_rows_grid: no index divided by V). fwd_bwd: the
  * forward kernel writing (p rounded) * dloss in its second pass, the bits of
- * forward then backward, one pass over the logits less. */
+ * forward then backward, one pass over the logits less (with -fmad=false, as
+ * every file here: a fused multiply-add of p * dloss would not round p). */
 #include "kernels/cuda/cuda_impl.h"
 #include "kernels/kern_math.h"
 

@@ -111,14 +111,21 @@ static int gemm_lt(cudaDataType_t ab, cublasComputeType_t ct, char ta, char tb, 
   int found = 0;
   const cublasStatus_t hs =
       cublasLtMatmulAlgoGetHeuristic(kern_cuda_st.lt, desc, lb, la, lc, lc, pref, 1, &res, &found);
-  const int ok = hs == CUBLAS_STATUS_SUCCESS && found >= 1;
+  int ok = hs == CUBLAS_STATUS_SUCCESS && found >= 1;
   /* C is both the input (beta) and the output: the same layout, in place */
-  if (ok)
-    KERN_CUBLAS_CHECK(cublasLtMatmul(kern_cuda_st.lt, desc, &alpha, B, lb, A, la, &beta, C, lc, C,
-                                     lc, &res.algo, kern_cuda_st.workspace,
-                                     KERN_CUDA_SIZE_WORKSPACE, kern_cuda_st.stream));
-  else
+  if (ok) {
+    const cublasStatus_t ms =
+        cublasLtMatmul(kern_cuda_st.lt, desc, &alpha, B, lb, A, la, &beta, C, lc, C, lc,
+                       &res.algo, kern_cuda_st.workspace, KERN_CUDA_SIZE_WORKSPACE,
+                       kern_cuda_st.stream);
+    /* with the bias epilogue, cuBLASLt has been reported to refuse at this
+     * call an algorithm its heuristic gave (NOT_SUPPORTED, EXECUTION_FAILED,
+     * before queuing anything): the caller then adds the bias itself */
+    if (ms != CUBLAS_STATUS_SUCCESS && bias) ok = 0, *why = ms;
+    else KERN_CUBLAS_CHECK(ms);
+  } else {
     *why = hs == CUBLAS_STATUS_SUCCESS ? CUBLAS_STATUS_NOT_SUPPORTED : hs;
+  }
 
   KERN_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
   KERN_CUBLAS_CHECK(cublasLtMatmulDescDestroy(desc));

@@ -1128,6 +1128,13 @@ int main(void) {
   test_matmul(64, 768, 50257, 0, 50304);
   test_matmul(33, 17, 65, 1, 71);
   test_matmul(33, 17, 65, 2, 71); /* a bias cuBLASLt's epilogue is not given */
+#ifdef KERN_CUDA_EMU
+  /* cuBLASLt refusing at the call the bias epilogue its heuristic offered:
+   * the product is made again without it and the bias added after */
+  setenv("CUDA_EMU_LT_BIAS_REFUSE", "1", 1);
+  test_matmul(33, 17, 65, 1, 71);
+  unsetenv("CUDA_EMU_LT_BIAS_REFUSE");
+#endif
   test_matmul(70000, 8, 3, 1, 5); /* the bias add's rows past a grid's 65535 */
   /* dbias's 4224 runs of 32 rows for more columns than the scratch holds at
    * once (16M floats: 3968 columns): colsum.cu sums them a slice of columns

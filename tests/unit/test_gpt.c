@@ -260,9 +260,14 @@ Test(gpt, forward_train_equals_forward_then_backward) {
   double norm = 0;
   for (size_t i = 0; i < n; i++) norm += (double)ref[i] * ref[i];
   cr_assert(norm > 0, "gradients are not all zero");
+  /* the dlogits are spent: neither logits nor another backward's */
+  cr_expect_null(gpt_logits(g), "gpt_logits after backward");
+  cr_expect_eq(gpt_backward(g, 0.25f), FSDP_EINVAL, "a second backward");
+  cr_expect(strstr(err_msg(), "already ran"), "%s", err_msg());
   cr_assert_eq(gpt_forward_train(g, in, tg, B, T, 0.25f, &floss), 0);
   cr_expect_eq(gpt_backward(g, 0.5f), FSDP_EINVAL);
   cr_expect(strstr(err_msg(), "0.5") && strstr(err_msg(), "0.25"), "%s", err_msg());
+  cr_expect_eq(gpt_backward(g, 0.25f), 0, "the right scale after a refused one: %s", err_msg());
   cr_expect_eq(gpt_forward_train(g, in, NULL, B, T, 1.0f, &floss), FSDP_EINVAL);
   free(ref);
   gpt_destroy(g);

@@ -27,7 +27,8 @@
  * pool) keep the blocks freed into them against CUDA_EMU_MEMORY as a GPU's
  * pool holds them, until a trim or a synchronization past the release
  * threshold (CUDA_EMU_POOLS=0: a device without pools); cuda_emu_waits counts
- * the calls that make a GPU's host wait. */
+ * the calls that make a GPU's host wait. CUDA_EMU_LT_BIAS_REFUSE=1 makes
+ * cublasLtMatmul refuse the BIAS epilogue its heuristic offered. */
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -1095,6 +1096,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
   const size_t ea = a->type == CUDA_R_16BF ? 2 : 4;
   const uint64_t M = c->rows, N = c->cols, K = d->transa == CUBLAS_OP_N ? a->cols : a->rows;
   const bool bias = d->epilogue == CUBLASLT_EPILOGUE_BIAS;
+  /* CUDA_EMU_LT_BIAS_REFUSE=1: refuse every BIAS epilogue here, after the
+   * heuristic gave an algorithm for it, as cuBLASLt has been reported to */
+  if (bias && emu_env_size("CUDA_EMU_LT_BIAS_REFUSE", 0)) return CUBLAS_STATUS_NOT_SUPPORTED;
   /* the bias: M floats of device memory, 16-byte aligned (less has been seen
    * to fail at run time on a GPU) */
   if (bias && (!d->bias || (uintptr_t)d->bias % 16 || !emu::device_range(d->bias, M * 4))) {
