@@ -293,7 +293,8 @@ EMU_CXXFLAGS   = -std=c++17 -O2 -g -fPIC -ffp-contract=off -fno-math-errno -Wall
 EMU_HDRS       = tests/cuda/emu/cuda_emu.h tests/cuda/emu/mma.h kernels/cuda/cuda_impl.h \
                  kernels/cuda/cuda.h kernels/kern.h kernels/kern_math.h kernels/cuda/size.h
 EMU_KERN_OBJS  = $(patsubst kernels/cuda/%.cu,$(B)/emu/kernels/cuda/%.o,$(wildcard kernels/cuda/*.cu))
-CUDA_EMU_CHECK = $(if $(HAVE_CUDA),$(B)/tests/cuda/test_cuda_kernels_emu $(B)/emu/libfsdp-cuda.so)
+CUDA_EMU_CHECK = $(if $(HAVE_CUDA),$(B)/tests/cuda/test_cuda_kernels_emu $(B)/tests/cuda/test_nccl_ranks_emu \
+                 $(B)/emu/libfsdp-cuda.so)
 $(B)/emu/kernels/cuda/%.cc: kernels/cuda/%.cu tests/cuda/emu/emu-cu.pl | deps
 	@mkdir -p $(dir $@)
 	perl tests/cuda/emu/emu-cu.pl $< $@
@@ -304,14 +305,24 @@ $(B)/emu/%.o: tests/cuda/emu/%.cc tests/cuda/emu/cuda_emu.h | deps
 	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
 # The CUDA plugin on the emulator: the same plugin objects (the NCCL backend
 # and the plugin's table, compiled against CUDA's headers) over the emulated
-# kernels, runtime and one-rank NCCL (nccl_emu.cc). FSDP_CUDA_PLUGIN pointing
-# at it runs test_cuda_train, or any program's cuda device, on the CPU.
+# kernels, runtime and NCCL (nccl_emu.cc: one rank, or several over shared
+# memory). FSDP_CUDA_PLUGIN pointing at it runs test_cuda_train,
+# test_nccl_ranks' training, or any program's cuda device, on the CPU.
 $(B)/emu/libfsdp-cuda.so: $(EMU_KERN_OBJS) $(B)/emu/cuda_emu.o $(B)/emu/nccl_emu.o $(CUDA_PIC_OBJS)
 	$(CXX) -shared -Wl,-soname,libfsdp-cuda.so $^ -o $@ -ldnnl -lpthread -lm
 $(B)/emu/test_cuda_kernels.o: tests/cuda/test_cuda_kernels.c | deps-test
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DKERN_CUDA_EMU -isystem $(CUDA_INC) -c $< -o $@
 $(B)/tests/cuda/test_cuda_kernels_emu: $(B)/emu/test_cuda_kernels.o $(EMU_KERN_OBJS) $(B)/emu/cuda_emu.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CXX) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+# The NCCL backend at several ranks, on the emulator's NCCL (rank processes
+# over shared memory): what a one-GPU machine cannot show.
+$(B)/emu/test_nccl_ranks.o: tests/cuda/test_nccl_ranks.c | deps-test
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -isystem $(CUDA_INC) -c $< -o $@
+$(B)/tests/cuda/test_nccl_ranks_emu: $(B)/emu/test_nccl_ranks.o $(B)/daemon/comm/nccl.pic.o \
+                                     $(B)/emu/cuda_emu.o $(B)/emu/nccl_emu.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CXX) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
@@ -553,7 +564,7 @@ test: deps-test $(BINS) $(if $(HAVE_CUDA),$(CUDA_PLUGIN)) $(TEST_BINS) $(CUDA_CH
 	@[ -z "$(CUDA_CHECKS)" ] || $(B)/tests/cuda/test_cuda_train --selfcheck-cpu
 	@[ -z "$(CUDA_EMU_CHECK)" ] || FSDP_CUDA_PLUGIN=$(CURDIR)/$(B)/emu/libfsdp-cuda.so sh tests/cuda/emu/run.sh \
 	  forward:$(B)/tests/cuda/test_cuda_kernels_emu random:$(B)/tests/cuda/test_cuda_kernels_emu \
-	  forward:$(B)/tests/cuda/test_cuda_train
+	  forward:$(B)/tests/cuda/test_cuda_train forward:$(B)/tests/cuda/test_nccl_ranks_emu
 	@sh tests/run.sh $(TEST_BINS)
 
 # The shared element-wise math on a GPU against the CPU kernels (passes, saying

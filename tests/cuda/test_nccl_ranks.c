@@ -1,0 +1,740 @@
+/* test_nccl_ranks: the NCCL backend (daemon/comm/nccl.c) at several ranks,
+ * on the CPU emulator's NCCL (tests/cuda/emu/nccl_emu.cc: rank processes
+ * over shared memory). A lent GPU machine has one GPU, so this is where the
+ * backend's multi-rank paths run at all: the unique id carried to every
+ * rank, ncclCommSplit's groups of a mesh, the rank order NCCL's gathers and
+ * scatters use, averages, and what a missing or diverging peer does.
+ *
+ *  - conformance, as tests/unit/test_comm.c checks the ring: ranks forked
+ *    (2, 3 and 4), every op x dtype (f32, bf16) x reduction, out of place
+ *    and in place, counts 0, 1, odd and over the emulator's 4 MiB a round,
+ *    against float64 references, and the bytes past each output untouched;
+ *  - split: a 2 x 2 mesh's shard and replica groups (sizes, ranks, a sum
+ *    over only the group's members), keys that reverse the order, and a rank
+ *    that joins no group;
+ *  - failures: ranks calling different collectives both fail, the message
+ *    naming both calls; an op whose peer never calls it ends with
+ *    FSDP_ETIMEDOUT within its timeout and breaks the communicator; a peer
+ *    killed with SIGKILL the same; comm_abort from another thread ends a
+ *    pending op with FSDP_ECANCELED promptly; a world that rank 1 never
+ *    joins fails create within its timeout;
+ *  - training: fsdp-train on the emulated GPU plugin (FSDP_CUDA_PLUGIN),
+ *    started by fsdp-launch as 2 ranks (FULL_SHARD, SHARD_GRAD_OP,
+ *    NO_SHARD, bf16-mixed) and 4 (HYBRID_SHARD 2 x 2), and a checkpoint of
+ *    2 ranks resumed by 4 of another mesh, each against one rank on the
+ *    whole batch: the losses as printed (4 decimals) and, the sharp check,
+ *    the weights the ranks save together (1e-5 per tensor; bf16-mixed 1e-4).
+ *
+ * Children report into shared memory and _exit; the parent bounds them,
+ * kills them past the bound and prints one line per check. Exit 0 when all
+ * pass, 1 when a check failed. Run from the project's root (bin/); the
+ * training runs the plugin FSDP_CUDA_PLUGIN names (skipped, saying so,
+ * when unset), as `make test` runs it: the emulator's. */
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cuda_runtime.h>
+
+#include "daemon/comm/comm.h"
+#include "daemon/comm/nccl.h"
+#include "daemon/common/err.h"
+#include "daemon/common/rng.h"
+#include "daemon/train/data.h"
+#include "daemon/train/gpt.h"
+#include "kernels/kern.h"
+#include "kernels/kern_math.h"
+
+#define MAXR 4
+#define PAD 16            /* elements past each output that must stay untouched */
+#define SLACK_MS 1500     /* a timeout ends within its bound + this */
+#define ABORT_BOUND_MS 500
+
+typedef struct {
+  int fail, code;
+  double ms; /* how long the op under test took */
+  char msg[1024];
+} slot_t;
+
+typedef struct {
+  uint8_t id[COMM_NCCL_ID_BYTES];
+  slot_t s[MAXR];
+} shared_t;
+
+static int n_checks, n_fails;
+
+static int check(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int check(int ok, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  printf("%s ", ok ? "PASS" : "FAIL");
+  vprintf(fmt, ap);
+  printf("\n");
+  fflush(stdout);
+  va_end(ap);
+  n_checks++;
+  n_fails += !ok;
+  return ok;
+}
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static int child_fail(shared_t *sh, int rank, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int child_fail(shared_t *sh, int rank, const char *fmt, ...) {
+  if (sh->s[rank].fail) return 1; /* the first failure says the most */
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(sh->s[rank].msg, sizeof sh->s[rank].msg, fmt, ap);
+  va_end(ap);
+  sh->s[rank].fail = 1;
+  return 1;
+}
+
+static shared_t *shared_new(void) {
+  shared_t *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (sh == MAP_FAILED) {
+    perror("mmap");
+    exit(2);
+  }
+  memset(sh, 0, sizeof *sh);
+  if (comm_nccl_unique_id(sh->id)) {
+    fprintf(stderr, "test_nccl_ranks: %s\n", err_msg());
+    exit(2);
+  }
+  return sh;
+}
+
+typedef int (*child_fn)(int rank, int n, shared_t *sh);
+
+/* Forks n ranks running fn, waits up to limit_s for them (kills the rest
+ * past it); 0 when every one exited 0 with no failure reported. victim >= 0:
+ * that rank is SIGKILLed once victim_after_ms have passed. */
+static int run_ranks(const char *name, int n, child_fn fn, shared_t *sh, double limit_s,
+                     int victim, double victim_after_ms) {
+  pid_t pids[MAXR];
+  fflush(stdout);
+  for (int r = 0; r < n; r++) {
+    pids[r] = fork();
+    if (pids[r] < 0) {
+      perror("fork");
+      exit(2);
+    }
+    if (pids[r] == 0) {
+      int rc = fn(r, n, sh);
+      /* the aborts a failure handed to reapers end before the process
+       * does (the emulator's segment goes with them) */
+      if (comm_nccl_quiesce(5000)) rc = child_fail(sh, r, "aborts still running after 5 s");
+      fflush(stdout);
+      _exit(rc ? 1 : 0);
+    }
+  }
+  const double t0 = now_ms();
+  int left = n, ok = 1, killed = 0;
+  int status[MAXR] = {0};
+  while (left > 0) {
+    if (victim >= 0 && !killed && now_ms() - t0 >= victim_after_ms) {
+      kill(pids[victim], SIGKILL);
+      killed = 1;
+    }
+    for (int r = 0; r < n; r++) {
+      if (!pids[r]) continue;
+      pid_t w = waitpid(pids[r], &status[r], WNOHANG);
+      if (w == pids[r]) pids[r] = 0, left--;
+    }
+    if (now_ms() - t0 > limit_s * 1e3) {
+      for (int r = 0; r < n; r++)
+        if (pids[r]) {
+          kill(pids[r], SIGKILL);
+          waitpid(pids[r], &status[r], 0);
+          printf("  %s: rank %d still running after %.0f s: killed\n", name, r, limit_s);
+          ok = 0;
+          left--;
+        }
+      break;
+    }
+    usleep(2000);
+  }
+  for (int r = 0; r < n; r++) {
+    if (r == victim) continue;
+    if (sh->s[r].fail) {
+      printf("  %s: rank %d: %s\n", name, r, sh->s[r].msg);
+      ok = 0;
+    } else if (!WIFEXITED(status[r]) || WEXITSTATUS(status[r])) {
+      printf("  %s: rank %d ended with status 0x%x\n", name, r, status[r]);
+      ok = 0;
+    }
+  }
+  return ok ? 0 : -1;
+}
+
+static comm_t *make(int rank, int n, shared_t *sh, int64_t timeout_ms) {
+  comm_nccl_opts_t o = {.rank = rank, .size = n, .id = sh->id, .name = "world",
+                        .timeout_ms = timeout_ms, .stream = NULL};
+  comm_t *c = NULL;
+  if (comm_nccl_create(&o, &c) < 0) {
+    child_fail(sh, rank, "create: %s", err_msg());
+    return NULL;
+  }
+  if (comm_rank(c) != rank || comm_size(c) != n) {
+    child_fail(sh, rank, "create: rank %d of %d, wanted %d of %d", comm_rank(c), comm_size(c),
+               rank, n);
+    return NULL;
+  }
+  return c;
+}
+
+/* ---- deterministic inputs, float64 references (as test_comm.c) ---------- */
+
+static double val(uint64_t seed, int r, size_t i, comm_dtype_t dt) {
+  double v = rng_unit(rng_mix(seed * 1000003u + (uint64_t)r * 0x100000001ull + i)) * 2.0 - 1.0;
+  float f = (float)v;
+  if (dt == COMM_BF16) f = kern_bf16_to_f32(kern_f32_to_bf16(f));
+  return f;
+}
+
+static void fill(void *p, uint64_t seed, int r, size_t n, comm_dtype_t dt) {
+  for (size_t i = 0; i < n; i++) {
+    float f = (float)val(seed, r, i, dt);
+    if (dt == COMM_F32) ((float *)p)[i] = f;
+    else ((uint16_t *)p)[i] = kern_f32_to_bf16(f);
+  }
+}
+
+static double get(const void *p, size_t i, comm_dtype_t dt) {
+  return dt == COMM_F32 ? ((const float *)p)[i] : kern_bf16_to_f32(((const uint16_t *)p)[i]);
+}
+
+/* out[i] (i < n) against the sum (or average) over ranks of element base+i. */
+static int check_reduce(shared_t *sh, int rank, int N, const void *out, size_t n, size_t base,
+                        uint64_t seed, comm_dtype_t dt, comm_redop_t op, const char *what) {
+  for (size_t i = 0; i < n; i++) {
+    double exact = 0, mag = 0;
+    for (int j = 0; j < N; j++) {
+      double x = val(seed, j, base + i, dt);
+      exact += x;
+      mag += fabs(x);
+    }
+    if (op == COMM_AVG) exact /= N, mag /= N;
+    double got = get(out, i, dt);
+    double tol = dt == COMM_F32 ? 4e-7 * mag * N + 1e-30 : N * 0x1p-8 * mag * 1.0001 + 1e-30;
+    if (fabs(got - exact) > tol)
+      return child_fail(sh, rank, "%s: element %zu: got %.9g, float64 reference %.9g "
+                        "(tolerance %.3g)", what, i, got, exact, tol);
+  }
+  return 0;
+}
+
+static int check_exact(shared_t *sh, int rank, const void *out, size_t n, uint64_t seed, int src,
+                       comm_dtype_t dt, const char *what) {
+  for (size_t i = 0; i < n; i++)
+    if (get(out, i, dt) != val(seed, src, i, dt))
+      return child_fail(sh, rank, "%s: element %zu from rank %d: got %.9g, want %.9g", what, i,
+                        src, get(out, i, dt), val(seed, src, i, dt));
+  return 0;
+}
+
+/* The PAD elements past n*esz bytes of a buffer: untouched (0x5a). */
+static int check_pad(shared_t *sh, int rank, const uint8_t *p, size_t bytes, const char *what) {
+  for (size_t i = 0; i < (size_t)PAD * 4; i++)
+    if (p[bytes + i] != 0x5a)
+      return child_fail(sh, rank, "%s: byte %zu past the output was written", what, i);
+  return 0;
+}
+
+/* ---- conformance ---------------------------------------------------------- */
+
+/* A device buffer of bytes + the pad, and its host mirror. */
+typedef struct {
+  uint8_t *dev, *host;
+  size_t cap;
+} dbuf_t;
+
+static int dbuf_new(dbuf_t *b, size_t bytes) {
+  b->cap = bytes + PAD * 4;
+  b->host = malloc(b->cap);
+  return b->host && cudaMalloc((void **)&b->dev, b->cap) == cudaSuccess ? 0 : -1;
+}
+static void dbuf_free(dbuf_t *b) {
+  cudaFree(b->dev);
+  free(b->host);
+}
+/* host -> device, the pad set */
+static void dbuf_put(dbuf_t *b, size_t bytes) {
+  memset(b->host + bytes, 0x5a, b->cap - bytes);
+  cudaMemcpy(b->dev, b->host, b->cap, cudaMemcpyHostToDevice);
+}
+static void dbuf_get(dbuf_t *b) { cudaMemcpy(b->host, b->dev, b->cap, cudaMemcpyDeviceToHost); }
+
+static int child_ops(int rank, int N, shared_t *sh) {
+  comm_t *c = make(rank, N, sh, 20000);
+  if (!c) return 1;
+  /* the last: over the emulator's 4 MiB slot a round, for every op */
+  static const size_t counts[] = {0, 1, 5, 4099, (1u << 20) + 3};
+  uint64_t seed = 100;
+  char what[128];
+  for (int d = 0; d < 2; d++) {
+    const comm_dtype_t dt = d ? COMM_BF16 : COMM_F32;
+    const size_t esz = comm_dtype_size(dt);
+    for (size_t ci = 0; ci < sizeof counts / sizeof *counts; ci++) {
+      const size_t n = counts[ci], all = n * (size_t)N * esz;
+      dbuf_t in, out;
+      if (dbuf_new(&in, all) || dbuf_new(&out, all))
+        return child_fail(sh, rank, "no memory for %zu bytes", all);
+      for (int inplace = 0; inplace < 2; inplace++) {
+        seed++;
+        snprintf(what, sizeof what, "all_gather %s n=%zu%s", comm_dtype_name(dt), n,
+                 inplace ? " in place" : "");
+        memset(out.host, 0, all);
+        fill(inplace ? out.host + rank * n * esz : in.host, seed, rank, n, dt);
+        dbuf_put(&in, n * esz);
+        dbuf_put(&out, all);
+        if (comm_all_gather(c, inplace ? out.dev + rank * n * esz : in.dev, out.dev, n, dt) < 0)
+          return child_fail(sh, rank, "%s: %s", what, err_msg());
+        dbuf_get(&out);
+        for (int j = 0; j < N; j++)
+          if (check_exact(sh, rank, out.host + j * n * esz, n, seed, j, dt, what)) return 1;
+        if (check_pad(sh, rank, out.host, all, what)) return 1;
+      }
+      for (int op = 0; op < 2; op++) {
+        const comm_redop_t ro = op ? COMM_AVG : COMM_SUM;
+        seed++;
+        snprintf(what, sizeof what, "reduce_scatter %s %s n=%zu", comm_dtype_name(dt),
+                 op ? "avg" : "sum", n);
+        fill(in.host, seed, rank, n * N, dt);
+        dbuf_put(&in, all);
+        dbuf_put(&out, n * esz);
+        if (comm_reduce_scatter(c, in.dev, out.dev, n, dt, ro) < 0)
+          return child_fail(sh, rank, "%s: %s", what, err_msg());
+        dbuf_get(&out);
+        if (check_reduce(sh, rank, N, out.host, n, rank * n, seed, dt, ro, what) ||
+            check_pad(sh, rank, out.host, n * esz, what))
+          return 1;
+        for (int inplace = 0; inplace < 2; inplace++) {
+          seed++;
+          snprintf(what, sizeof what, "all_reduce %s %s n=%zu%s", comm_dtype_name(dt),
+                   op ? "avg" : "sum", n, inplace ? " in place" : "");
+          fill(in.host, seed, rank, n, dt);
+          dbuf_put(&in, n * esz);
+          dbuf_put(&out, n * esz);
+          dbuf_t *res = inplace ? &in : &out;
+          if (comm_all_reduce(c, in.dev, res->dev, n, dt, ro) < 0)
+            return child_fail(sh, rank, "%s: %s", what, err_msg());
+          dbuf_get(res);
+          if (check_reduce(sh, rank, N, res->host, n, 0, seed, dt, ro, what) ||
+              check_pad(sh, rank, res->host, n * esz, what))
+            return 1;
+        }
+      }
+      for (int root = 0; root < N; root += N - 1) {
+        seed++;
+        snprintf(what, sizeof what, "broadcast %s n=%zu root=%d", comm_dtype_name(dt), n, root);
+        if (rank == root) fill(out.host, seed, rank, n, dt);
+        else memset(out.host, 0xff, n * esz);
+        dbuf_put(&out, n * esz);
+        if (comm_broadcast(c, out.dev, n, dt, root) < 0)
+          return child_fail(sh, rank, "%s: %s", what, err_msg());
+        dbuf_get(&out);
+        if (check_exact(sh, rank, out.host, n, seed, root, dt, what) ||
+            check_pad(sh, rank, out.host, n * esz, what))
+          return 1;
+      }
+      if (comm_barrier(c) < 0) return child_fail(sh, rank, "barrier: %s", err_msg());
+      dbuf_free(&in);
+      dbuf_free(&out);
+    }
+  }
+  comm_destroy(c);
+  return 0;
+}
+
+/* ---- split ---------------------------------------------------------------- */
+
+/* The sum over c of each member's world rank + 1 (one float), or -1. */
+static double group_sum(comm_t *c, int world_rank) {
+  float *d, h = (float)(world_rank + 1);
+  if (cudaMalloc((void **)&d, sizeof h) != cudaSuccess) return -1;
+  cudaMemcpy(d, &h, sizeof h, cudaMemcpyHostToDevice);
+  int rc = comm_all_reduce(c, d, d, 1, COMM_F32, COMM_SUM);
+  cudaMemcpy(&h, d, sizeof h, cudaMemcpyDeviceToHost);
+  cudaFree(d);
+  return rc < 0 ? -1 : h;
+}
+
+static int child_split(int rank, int N, shared_t *sh) {
+  comm_t *w = make(rank, N, sh, 20000), *shard = NULL, *rep = NULL, *rev = NULL, *none = NULL;
+  if (!w) return 1;
+  const int shards = 2, s = rank % shards, r = rank / shards;
+  if (comm_split(w, r, s, "shard", 0, &shard) < 0 || comm_split(w, s, r, "replica", 0, &rep) < 0)
+    return child_fail(sh, rank, "split: %s", err_msg());
+  if (comm_size(shard) != 2 || comm_rank(shard) != s || comm_size(rep) != 2 ||
+      comm_rank(rep) != r)
+    return child_fail(sh, rank, "mesh groups: shard %d of %d, replica %d of %d; wanted %d of 2, "
+                      "%d of 2", comm_rank(shard), comm_size(shard), comm_rank(rep),
+                      comm_size(rep), s, r);
+  /* shard group of replica r: world ranks 2r, 2r+1; replica group of shard s: s, s+2 */
+  const double want_shard = (2 * r + 1) + (2 * r + 2), want_rep = (s + 1) + (s + 3);
+  const double got_shard = group_sum(shard, rank), got_rep = group_sum(rep, rank);
+  if (got_shard != want_shard || got_rep != want_rep)
+    return child_fail(sh, rank, "sums over the groups: shard %g (want %g), replica %g (want %g): "
+                      "%s", got_shard, want_shard, got_rep, want_rep, err_msg());
+  /* one group, keys reversing the order; the last rank joins none */
+  const int color = rank == N - 1 ? -1 : 0;
+  if (comm_split(w, color, N - rank, "reversed", 0, &rev) < 0)
+    return child_fail(sh, rank, "split reversed: %s", err_msg());
+  if (rank == N - 1) {
+    if (rev) return child_fail(sh, rank, "color -1 made a group");
+  } else if (!rev || comm_size(rev) != N - 1 || comm_rank(rev) != N - 2 - rank) {
+    return child_fail(sh, rank, "reversed: rank %d of %d, wanted %d of %d",
+                      rev ? comm_rank(rev) : -1, rev ? comm_size(rev) : -1, N - 2 - rank, N - 1);
+  }
+  if (rev && group_sum(rev, rank) != (double)(N - 1) * N / 2)
+    return child_fail(sh, rank, "sum over the reversed group: %s", err_msg());
+  /* the world still works after its splits */
+  if (group_sum(w, rank) != (double)N * (N + 1) / 2)
+    return child_fail(sh, rank, "world sum after the splits: %s", err_msg());
+  comm_destroy(none);
+  comm_destroy(rev);
+  comm_destroy(rep);
+  comm_destroy(shard);
+  comm_destroy(w);
+  return 0;
+}
+
+/* ---- failures --------------------------------------------------------------- */
+
+static int child_diverge(int rank, int N, shared_t *sh) {
+  comm_t *c = make(rank, N, sh, 5000);
+  if (!c) return 1;
+  float *d;
+  if (cudaMalloc((void **)&d, 64 * sizeof(float)) != cudaSuccess)
+    return child_fail(sh, rank, "cudaMalloc");
+  static const float zeros[64];
+  cudaMemcpy(d, zeros, sizeof zeros, cudaMemcpyHostToDevice);
+  const double t0 = now_ms();
+  int rc = rank == 0 ? comm_all_reduce(c, d, d, 8, COMM_F32, COMM_SUM)
+                     : comm_all_gather(c, d, d + 8, 8, COMM_F32);
+  sh->s[rank].ms = now_ms() - t0;
+  sh->s[rank].code = rc;
+  snprintf(sh->s[rank].msg, sizeof sh->s[rank].msg, "%s", rc < 0 ? err_msg() : "");
+  /* a later op fails at once: the communicator is broken */
+  const int later = comm_barrier(c);
+  if (later >= 0) return child_fail(sh, rank, "a barrier after the divergence succeeded");
+  cudaFree(d);
+  comm_destroy(c);
+  return 0;
+}
+
+/* Rank 1 issues nothing for hold_ms: rank 0's op waits on it. */
+static int child_timeout(int rank, int N, shared_t *sh) {
+  comm_t *c = make(rank, N, sh, 400);
+  if (!c) return 1;
+  float *d;
+  if (cudaMalloc((void **)&d, 16 * sizeof(float)) != cudaSuccess)
+    return child_fail(sh, rank, "cudaMalloc");
+  if (rank == 0) {
+    const double t0 = now_ms();
+    int rc = comm_all_reduce(c, d, d, 16, COMM_F32, COMM_SUM);
+    sh->s[0].ms = now_ms() - t0;
+    sh->s[0].code = rc;
+    snprintf(sh->s[0].msg, sizeof sh->s[0].msg, "%s", rc < 0 ? err_msg() : "");
+    const double t1 = now_ms();
+    const int later = comm_barrier(c);
+    if (later != rc || now_ms() - t1 > 200)
+      return child_fail(sh, 0, "after the timeout a barrier returned %d in %.0f ms (want %d at "
+                        "once)", later, now_ms() - t1, rc);
+  } else {
+    usleep(400000 + SLACK_MS * 1000);
+  }
+  cudaFree(d);
+  comm_destroy(c);
+  return 0;
+}
+
+static void *abort_later(void *p) {
+  usleep(200000);
+  comm_abort((comm_t *)p);
+  return NULL;
+}
+
+static int child_abort(int rank, int N, shared_t *sh) {
+  comm_t *c = make(rank, N, sh, 30000);
+  if (!c) return 1;
+  float *d;
+  if (cudaMalloc((void **)&d, 16 * sizeof(float)) != cudaSuccess)
+    return child_fail(sh, rank, "cudaMalloc");
+  if (rank == 0) {
+    pthread_t t;
+    pthread_create(&t, NULL, abort_later, c);
+    const double t0 = now_ms();
+    int rc = comm_all_reduce(c, d, d, 16, COMM_F32, COMM_SUM);
+    sh->s[0].ms = now_ms() - t0;
+    sh->s[0].code = rc;
+    snprintf(sh->s[0].msg, sizeof sh->s[0].msg, "%s", rc < 0 ? err_msg() : "");
+    pthread_join(t, NULL);
+  } else {
+    usleep(1500000);
+  }
+  cudaFree(d);
+  comm_destroy(c);
+  return 0;
+}
+
+/* Rank 2 of 3 is killed while it sleeps; 0 and 1 then call an op. */
+static int child_killed(int rank, int N, shared_t *sh) {
+  comm_t *c = make(rank, N, sh, 600);
+  if (!c) return 1;
+  float *d;
+  if (cudaMalloc((void **)&d, 16 * sizeof(float)) != cudaSuccess)
+    return child_fail(sh, rank, "cudaMalloc");
+  if (comm_barrier(c) < 0) return child_fail(sh, rank, "first barrier: %s", err_msg());
+  if (rank == N - 1) {
+    pause(); /* until SIGKILL */
+    return 0;
+  }
+  usleep(300000); /* the victim is dead by now */
+  const double t0 = now_ms();
+  int rc = comm_all_reduce(c, d, d, 16, COMM_F32, COMM_SUM);
+  sh->s[rank].ms = now_ms() - t0;
+  sh->s[rank].code = rc;
+  snprintf(sh->s[rank].msg, sizeof sh->s[rank].msg, "%s", rc < 0 ? err_msg() : "");
+  cudaFree(d);
+  comm_destroy(c);
+  return 0;
+}
+
+static int child_no_join(int rank, int N, shared_t *sh) {
+  if (rank == 1) return 0; /* never joins */
+  comm_nccl_opts_t o = {.rank = rank, .size = N, .id = sh->id, .name = "world", .timeout_ms = 500};
+  comm_t *c = NULL;
+  const double t0 = now_ms();
+  int rc = comm_nccl_create(&o, &c);
+  sh->s[rank].ms = now_ms() - t0;
+  sh->s[rank].code = rc;
+  snprintf(sh->s[rank].msg, sizeof sh->s[rank].msg, "%s", rc < 0 ? err_msg() : "");
+  comm_destroy(c);
+  return 0;
+}
+
+/* ---- training through fsdp-launch ---------------------------------------- */
+
+/* Runs a shell command, its output into out; its exit status. */
+static int sh_run(const char *cmd, char *out, size_t len) {
+  FILE *p = popen(cmd, "r");
+  if (!p) return -1;
+  size_t n = fread(out, 1, len - 1, p);
+  out[n] = 0;
+  int st = pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* "train: done: S steps, loss A -> B, eval E" of rank 0 (or of the only
+ * rank, unprefixed). */
+static int done_line(const char *out, float *first, float *last, float *eval) {
+  const char *d = strstr(out, "train: done:");
+  return d && sscanf(d, "train: done: %*d steps, loss %f -> %f, eval %f", first, last, eval) == 3
+             ? 0
+             : -1;
+}
+
+/* One fsdp-launch run of the tiny model on the emulated GPU plugin. */
+typedef struct {
+  const char *ranks, *extra;
+  int ref;              /* the job compared against (-1: none, a reference) */
+  double loss_tol, w_tol; /* relative */
+  int resumed;          /* its first loss is a later step's: not compared */
+} job_t;
+
+static void training(const char *plugin) {
+  char data[64], ckpt[80];
+  snprintf(data, sizeof data, "/tmp/test_nccl_ranks.%d.tok", (int)getpid());
+  snprintf(ckpt, sizeof ckpt, "/tmp/test_nccl_ranks.%d.ckpt", (int)getpid());
+  /* tokens of the tiny model's vocabulary (256) */
+  static uint16_t tok[16384];
+  uint64_t s = 7;
+  for (size_t i = 0; i < sizeof tok / sizeof *tok; i++) tok[i] = (uint16_t)(rng_next(&s) % 256);
+  if (data_write(data, tok, sizeof tok / sizeof *tok)) {
+    check(0, "training: a token file: %s", err_msg());
+    return;
+  }
+  if (mkdir(ckpt, 0700)) {
+    check(0, "training: mkdir %s: %s", ckpt, strerror(errno));
+    unlink(data);
+    return;
+  }
+  const char *common = "--model tiny --steps 6 --warmup_steps 2 --seq_len 32 --lr 3e-4 "
+                       "--eval_batches 2 --sample_tokens 0 --device cuda";
+  char save_every[256], resume[256];
+  snprintf(save_every, sizeof save_every, "--batch 2 --checkpoint_dir %s --checkpoint_every 3",
+           ckpt);
+  snprintf(resume, sizeof resume, "--batch 1 --strategy HYBRID_SHARD --mesh 2x2 --resume_from "
+           "%s/step-00000003 --auto_resume 0", ckpt);
+  const job_t jobs[] = {
+      {"1", "--batch 4", -1, 0, 0, 0},
+      {"2", "--batch 2", 0, 1e-4, 1e-5, 0},
+      {"4", "--batch 1 --strategy HYBRID_SHARD --mesh 2x2", 0, 1e-4, 1e-5, 0},
+      {"2", "--batch 2 --strategy SHARD_GRAD_OP", 0, 1e-4, 1e-5, 0},
+      {"2", "--batch 2 --strategy NO_SHARD", 0, 1e-4, 1e-5, 0},
+      {"1", "--batch 4 --precision bf16-mixed", -1, 0, 0, 0},
+      {"2", "--batch 2 --precision bf16-mixed", 5, 1e-3, 1e-4, 0},
+      /* checkpoints of 2 ranks at steps 3 and 6; the one of step 3 resumed
+       * by 4 ranks of another mesh ends where the uninterrupted run did */
+      {"2", save_every, 0, 1e-4, 1e-5, 0},
+      {"4", resume, 0, 1e-4, 1e-5, 1}};
+  const int n_jobs = (int)(sizeof jobs / sizeof *jobs);
+  float loss[16][3] = {{0}};
+  gpt_t *w[16] = {0};
+  for (int j = 0; j < n_jobs; j++) {
+    const job_t *jb = &jobs[j];
+    char cmd[2048], save[96];
+    static char out[1 << 18];
+    snprintf(save, sizeof save, "%s.%d.bin", data, j);
+    snprintf(cmd, sizeof cmd, "FSDP_CUDA_PLUGIN=%s FSDP_COMM_TIMEOUT_MS=60000 timeout 600 "
+             "bin/fsdp-launch -n %s -- bin/fsdp-train %s %s --data %s --save %s 2>&1",
+             plugin, jb->ranks, common, jb->extra, data, save);
+    const double t0 = now_ms();
+    int rc = sh_run(cmd, out, sizeof out);
+    float *L = loss[j];
+    if (rc != 0 || done_line(out, &L[0], &L[1], &L[2]) != 0) {
+      check(0, "training on %s emulated GPU rank(s), %s: exit %d", jb->ranks, jb->extra, rc);
+      fprintf(stderr, "%s\n", out);
+      unlink(save);
+      continue;
+    }
+    printf("training on %s rank(s), %s: loss %.6f -> %.6f, eval %.6f (%.1f s)\n", jb->ranks,
+           jb->extra, L[0], L[1], L[2], (now_ms() - t0) / 1e3);
+    if (j == 0)
+      check(strstr(out, "cuda device 0: cuda_emu") != NULL, "training: the job ran on the "
+            "emulated GPU");
+    if (gpt_load(&w[j], save, kern_cpu())) {
+      check(0, "training on %s rank(s), %s: the saved weights: %s", jb->ranks, jb->extra,
+            err_msg());
+      w[j] = NULL;
+    }
+    unlink(save);
+    if (jb->ref < 0 || !w[j] || !w[jb->ref]) continue;
+    const float *R = loss[jb->ref];
+    double d = 0;
+    for (int k = jb->resumed; k < 3; k++) d = fmax(d, fabs(L[k] - R[k]) / fabs(R[k]));
+    check(d <= jb->loss_tol, "training: %s ranks (%s) against %s (%s): worst loss difference "
+          "%.3e (bound %.0e, relative)", jb->ranks, jb->extra, jobs[jb->ref].ranks,
+          jobs[jb->ref].extra, d, jb->loss_tol);
+    /* the weights the ranks saved together, per tensor, relative L2 (the
+     * key bias, whose gradient is zero up to rounding, left out as in
+     * test_train.c) */
+    const gpt_t *ref_w = w[jb->ref];
+    double worst = 0;
+    const char *worst_name = "";
+    for (int i = 0; i < gpt_num_tensors(ref_w); i++) {
+      const gpt_tensor_t *t = gpt_tensor(ref_w, i);
+      if (strstr(t->name, "qkv.b")) continue;
+      const float *a = gpt_params(w[j]) + t->offset, *b = gpt_params((gpt_t *)ref_w) + t->offset;
+      double num = 0, den = 0;
+      for (size_t k = 0; k < t->numel; k++)
+        num += ((double)a[k] - b[k]) * ((double)a[k] - b[k]), den += (double)b[k] * b[k];
+      const double e2 = den > 0 ? sqrt(num / den) : sqrt(num);
+      if (e2 >= worst) worst = e2, worst_name = t->name;
+    }
+    check(worst <= jb->w_tol, "training: %s ranks' weights against %s rank's: worst tensor %s "
+          "%.3e (bound %.0e)", jb->ranks, jobs[jb->ref].ranks, worst_name, worst, jb->w_tol);
+  }
+  for (int j = 0; j < n_jobs; j++) gpt_destroy(w[j]);
+  char rm[256];
+  snprintf(rm, sizeof rm, "rm -rf '%s'", ckpt);
+  if (system(rm)) printf("  could not remove %s\n", ckpt);
+  unlink(data);
+}
+
+int main(void) {
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  const char *plugin = getenv("FSDP_CUDA_PLUGIN");
+
+  for (int n = 2; n <= 4; n++) {
+    shared_t *sh = shared_new();
+    char name[64];
+    snprintf(name, sizeof name, "conformance at %d ranks", n);
+    const double t0 = now_ms();
+    int rc = run_ranks(name, n, child_ops, sh, 240, -1, 0);
+    check(rc == 0, "%s: every op, dtype, reduction and count (%.1f s)", name,
+          (now_ms() - t0) / 1e3);
+    munmap(sh, sizeof *sh);
+  }
+
+  {
+    shared_t *sh = shared_new();
+    check(run_ranks("split", 4, child_split, sh, 60, -1, 0) == 0,
+          "split: a 2 x 2 mesh's groups, reversed keys, a rank in no group");
+    munmap(sh, sizeof *sh);
+  }
+
+  {
+    shared_t *sh = shared_new();
+    int rc = run_ranks("diverge", 2, child_diverge, sh, 30, -1, 0);
+    check(rc == 0, "diverge: both ranks ran");
+    for (int r = 0; r < 2; r++)
+      check(sh->s[r].code < 0 && strstr(sh->s[r].msg, "ncclAllReduce(count=8") &&
+                strstr(sh->s[r].msg, "ncclAllGather(count=8"),
+            "diverge: rank %d's error names both calls (%d in %.0f ms): %s", r, sh->s[r].code,
+            sh->s[r].ms, sh->s[r].msg);
+    munmap(sh, sizeof *sh);
+  }
+
+  {
+    shared_t *sh = shared_new();
+    int rc = run_ranks("timeout", 2, child_timeout, sh, 30, -1, 0);
+    check(rc == 0 && sh->s[0].code == FSDP_ETIMEDOUT && sh->s[0].ms >= 400 &&
+              sh->s[0].ms <= 400 + SLACK_MS,
+          "timeout: an op whose peer never comes: %s in %.0f ms (bound 400 + %d): %s",
+          err_name(sh->s[0].code), sh->s[0].ms, SLACK_MS, sh->s[0].msg);
+    munmap(sh, sizeof *sh);
+  }
+
+  {
+    shared_t *sh = shared_new();
+    int rc = run_ranks("abort", 2, child_abort, sh, 30, -1, 0);
+    check(rc == 0 && sh->s[0].code == FSDP_ECANCELED && sh->s[0].ms <= 200 + ABORT_BOUND_MS,
+          "abort: comm_abort from another thread ends the pending op: %s in %.0f ms (bound %d): "
+          "%s", err_name(sh->s[0].code), sh->s[0].ms, 200 + ABORT_BOUND_MS, sh->s[0].msg);
+    munmap(sh, sizeof *sh);
+  }
+
+  {
+    shared_t *sh = shared_new();
+    int rc = run_ranks("killed", 3, child_killed, sh, 30, 2, 150);
+    for (int r = 0; r < 2; r++)
+      check(rc == 0 && sh->s[r].code == FSDP_ETIMEDOUT && sh->s[r].ms <= 600 + SLACK_MS,
+            "killed peer: rank %d's op: %s in %.0f ms (bound 600 + %d): %s", r,
+            err_name(sh->s[r].code), sh->s[r].ms, SLACK_MS, sh->s[r].msg);
+    munmap(sh, sizeof *sh);
+  }
+
+  {
+    shared_t *sh = shared_new();
+    int rc = run_ranks("no join", 2, child_no_join, sh, 30, -1, 0);
+    check(rc == 0 && sh->s[0].code == FSDP_ETIMEDOUT && sh->s[0].ms <= 500 + SLACK_MS,
+          "a world rank 1 never joins: create fails with %s in %.0f ms (bound 500 + %d): %s",
+          err_name(sh->s[0].code), sh->s[0].ms, SLACK_MS, sh->s[0].msg);
+    munmap(sh, sizeof *sh);
+  }
+
+  if (plugin && *plugin) training(plugin);
+  else printf("training through fsdp-launch: skipped (FSDP_CUDA_PLUGIN unset)\n");
+
+  printf("test_nccl_ranks: %d checks, %d failed\n", n_checks, n_fails);
+  return n_fails ? 1 : 0;
+}
