@@ -294,7 +294,7 @@ EMU_HDRS       = tests/cuda/emu/cuda_emu.h tests/cuda/emu/mma.h kernels/cuda/cud
                  kernels/cuda/cuda.h kernels/kern.h kernels/kern_math.h kernels/cuda/size.h
 EMU_KERN_OBJS  = $(patsubst kernels/cuda/%.cu,$(B)/emu/kernels/cuda/%.o,$(wildcard kernels/cuda/*.cu))
 CUDA_EMU_CHECK = $(if $(HAVE_CUDA),$(B)/tests/cuda/test_cuda_kernels_emu $(B)/tests/cuda/test_nccl_ranks_emu \
-                 $(B)/emu/libfsdp-cuda.so)
+                 $(B)/emu/libfsdp-cuda.so $(B)/emu/driver/libcuda.so.1)
 $(B)/emu/kernels/cuda/%.cc: kernels/cuda/%.cu tests/cuda/emu/emu-cu.pl | deps
 	@mkdir -p $(dir $@)
 	perl tests/cuda/emu/emu-cu.pl $< $@
@@ -316,6 +316,11 @@ $(B)/emu/test_cuda_kernels.o: tests/cuda/test_cuda_kernels.c | deps-test
 $(B)/tests/cuda/test_cuda_kernels_emu: $(B)/emu/test_cuda_kernels.o $(EMU_KERN_OBJS) $(B)/emu/cuda_emu.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CXX) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+# The driver calls fsdpd's inventory makes, for an fsdpd serving emulated
+# GPUs (test_cluster: LD_LIBRARY_PATH=$(B)/emu/driver).
+$(B)/emu/driver/libcuda.so.1: tests/cuda/emu/driver_emu.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O2 -fPIC -shared -Wall -Wextra -Werror -Wl,-soname,libcuda.so.1 $< -o $@
 # The NCCL backend at several ranks, on the emulator's NCCL (rank processes
 # over shared memory): what a one-GPU machine cannot show.
 $(B)/emu/test_nccl_ranks.o: tests/cuda/test_nccl_ranks.c | deps-test

@@ -204,17 +204,18 @@ NCCL_CHECK_GEN(nccl_check_nccl, ncclResult_t, ncclSuccess, nccl_map_nccl, nccl_t
 
 /* ---- small helpers ------------------------------------------------------- */
 
-/* Makes c's device current on this thread; returns the one to restore (-1: none). */
-static int nccl_dev_enter(const nccl_t *c) {
-  int old = -1;
-  if (cudaGetDevice(&old) != cudaSuccess) old = -1;
-  if (old != c->dev && cudaSetDevice(c->dev) != cudaSuccess)
+/* Makes c's device current on this thread, and leaves it so. A process
+ * holds one GPU; setting a thread back to its earlier device would, on a
+ * thread that never chose one (a reaper, a thread calling comm_abort),
+ * select CUDA's default device 0, and CUDA 12's cudaSetDevice makes a
+ * context there: hundreds of MiB of a GPU another rank owns, from every
+ * rank on GPU 1 and up whose group broke (found on the emulator, which
+ * stops a process that makes a context on a second device). */
+static void nccl_dev_enter(const nccl_t *c) {
+  int cur = -1;
+  if (cudaGetDevice(&cur) != cudaSuccess) cur = -1;
+  if (cur != c->dev && cudaSetDevice(c->dev) != cudaSuccess)
     LOG_WARN("comm", "group '%s': cudaSetDevice(%d) failed", c->base.name, c->dev);
-  return old;
-}
-
-static void nccl_dev_leave(const nccl_t *c, int old) {
-  if (old >= 0 && old != c->dev) (void)cudaSetDevice(old);
 }
 
 static ncclDataType_t nccl_dtype(comm_dtype_t dt) {
@@ -254,7 +255,7 @@ static void nccl_sig(char *buf, size_t n, const nccl_req_t *q) {
  * stream's order, and a stream or event with work still queued is released
  * by CUDA when that work ends. */
 static void nccl_free(nccl_t *c) {
-  int old = nccl_dev_enter(c);
+  nccl_dev_enter(c);
   if (c->barrier_buf && c->stream &&
       CUDA_CHECK(c, cudaFreeAsync(c->barrier_buf, c->stream)) < 0)
     LOG_WARN("comm", "%s", err_msg());
@@ -274,7 +275,6 @@ static void nccl_free(nccl_t *c) {
   }
   if (c->ready) (void)cudaEventDestroy(c->ready);
   if (c->stream && CUDA_CHECK(c, cudaStreamDestroy(c->stream)) < 0) LOG_WARN("comm", "%s", err_msg());
-  nccl_dev_leave(c, old);
   if (c->counted) mem_account(MEM_COMM, c->counted, 0);
   pthread_mutex_destroy(&c->mu);
   pthread_mutex_destroy(&c->issue_mu);
@@ -339,7 +339,7 @@ typedef struct {
 static void *nccl_reaper(void *arg) {
   nccl_reap_t *j = arg;
   nccl_t *c = j->c;
-  int old = nccl_dev_enter(c);
+  nccl_dev_enter(c);
   int64_t t0 = nccl_now_ns();
   ncclResult_t r = ncclCommAbort(j->nc);
   if (r != ncclSuccess && r != ncclInProgress)
@@ -351,7 +351,6 @@ static void *nccl_reaper(void *arg) {
   if (orphan) (void)ncclCommAbort(orphan);
   LOG_DEBUG("comm", "group '%s' rank %d: NCCL communicator aborted in %.1f ms", c->base.name,
             c->base.rank, (double)(nccl_now_ns() - t0) / 1e6);
-  nccl_dev_leave(c, old);
   free(j);
   nccl_unref(c);
   atomic_fetch_sub(&nccl_reaping, 1);
@@ -611,7 +610,7 @@ static int nccl_unstage(nccl_t *c, nccl_req_t *q) {
 static int nccl_issue(comm_t *base, const comm_args_t *a, comm_req_t **out) {
   nccl_t *c = (nccl_t *)base;
   *out = NULL;
-  int old = nccl_dev_enter(c);
+  nccl_dev_enter(c);
   pthread_mutex_lock(&c->issue_mu);
   pthread_mutex_lock(&c->mu);
   nccl_req_t *q = NULL;
@@ -628,7 +627,6 @@ static int nccl_issue(comm_t *base, const comm_args_t *a, comm_req_t **out) {
   if (rc < 0) {
     pthread_mutex_unlock(&c->mu);
     pthread_mutex_unlock(&c->issue_mu);
-    nccl_dev_leave(c, old);
     return rc;
   }
   rc = nccl_usable_locked(c, comm_op_name(a->op));
@@ -680,14 +678,13 @@ static int nccl_issue(comm_t *base, const comm_args_t *a, comm_req_t **out) {
   if (rc < 0) rc = nccl_fail(c, rc);
 out:
   pthread_mutex_unlock(&c->issue_mu);
-  nccl_dev_leave(c, old);
   return rc;
 }
 
 static int nccl_wait(comm_req_t *req, int64_t wait_ms) {
   nccl_req_t *q = (nccl_req_t *)req;
   nccl_t *c = q->c;
-  int old = nccl_dev_enter(c);
+  nccl_dev_enter(c);
   int64_t until = nccl_deadline(wait_ms); /* < 0: none */
   const int64_t fine_until = nccl_now_ns() + NCCL_WAIT_FINE_NS;
   int64_t step = NCCL_WAIT_FIRST_NS;
@@ -759,13 +756,12 @@ static int nccl_wait(comm_req_t *req, int64_t wait_ms) {
     }
     nccl_nap_to(&step, now < fine_until ? NCCL_WAIT_FINE_MAX_NS : NCCL_POLL_MAX_NS);
   }
-  nccl_dev_leave(c, old);
   return rc;
 }
 
 static void nccl_abort(comm_t *base) {
   nccl_t *c = (nccl_t *)base;
-  int old = nccl_dev_enter(c);
+  nccl_dev_enter(c);
   atomic_store(&c->aborted, 1);
   char msg[NCCL_MSG];
   snprintf(msg, sizeof msg, "rank %d of group '%s' aborted its communicator (comm_abort)",
@@ -774,12 +770,11 @@ static void nccl_abort(comm_t *base) {
   ncclComm_t nc = nccl_break_locked(c, FSDP_ECANCELED, msg, NULL);
   pthread_mutex_unlock(&c->mu);
   nccl_reap(c, nc);
-  nccl_dev_leave(c, old);
 }
 
 static void nccl_destroy(comm_t *base) {
   nccl_t *c = (nccl_t *)base;
-  int old = nccl_dev_enter(c);
+  nccl_dev_enter(c);
   pthread_mutex_lock(&c->mu);
   int running = 0;
   for (nccl_req_t *q = c->busy; q; q = q->next)
@@ -816,7 +811,6 @@ static void nccl_destroy(comm_t *base) {
       }
     }
   }
-  nccl_dev_leave(c, old);
   nccl_unref(c); /* the owner's reference: requests never waited go with it */
 }
 
@@ -891,7 +885,7 @@ int comm_nccl_create(const comm_nccl_opts_t *o, comm_t **out) {
   nccl_t *c;
   int rc = nccl_alloc(name, o->rank, o->size, (cudaStream_t)o->stream, o->timeout_ms, &c);
   if (rc < 0) return err_wrap(rc, "comm_nccl_create");
-  int old = nccl_dev_enter(c);
+  nccl_dev_enter(c);
   const int64_t t0 = nccl_now_ns(), deadline = nccl_deadline(c->timeout_ms);
   ncclUniqueId uid;
   memcpy(&uid, o->id, sizeof uid);
@@ -910,13 +904,11 @@ int comm_nccl_create(const comm_nccl_opts_t *o, comm_t **out) {
     c->nc = NULL;
     pthread_mutex_unlock(&c->mu);
     nccl_reap(c, nc); /* a join in flight ends there */
-    nccl_dev_leave(c, old);
     nccl_unref(c);
     return err_set(rc, "%s", msg);
   }
   LOG_DEBUG("comm", "group '%s': rank %d of %d joined (NCCL, %.0f ms)", c->base.name,
             c->base.rank, c->base.size, (double)(nccl_now_ns() - t0) / 1e6);
-  nccl_dev_leave(c, old);
   *out = &c->base;
   return 0;
 }
@@ -929,7 +921,7 @@ static int nccl_split(comm_t *base, int color, int key, const char *name, int64_
     return err_set(FSDP_EINVAL, "split of group '%s': name \"%s\" is over 63 bytes", p->base.name,
                    name);
   const int64_t tmo = timeout_ms > 0 ? timeout_ms : p->timeout_ms;
-  int old = nccl_dev_enter(p);
+  nccl_dev_enter(p);
   pthread_mutex_lock(&p->issue_mu);
   nccl_t *child = NULL;
   char what[160];
@@ -990,6 +982,11 @@ static int nccl_split(comm_t *base, int color, int key, const char *name, int64_
     rc = err_set(rc, "%s", msg);
     goto out;
   }
+  /* its buffers, now that its size is known (nccl_alloc could not count
+   * them: before, a split group's were missing from the count the plan is
+   * held to) */
+  child->counted = comm_nccl_size_bytes(child->base.size);
+  if (child->counted) mem_account(MEM_COMM, child->counted, 1);
   LOG_DEBUG("comm", "%s: rank %d of %d", what, child->base.rank, child->base.size);
   *out = &child->base;
   child = NULL;
@@ -1001,7 +998,6 @@ out:
     err_set(rc, "%s", msg);
   }
   pthread_mutex_unlock(&p->issue_mu);
-  nccl_dev_leave(p, old);
   return rc;
 }
 

@@ -344,13 +344,16 @@ extern "C" const kern_backend_t *kern_cuda_init(const kern_cuda_opts_t *o, char 
     goto fail;
   }
   if ((e = cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, o->device)) !=
-          cudaSuccess ||
-      !pools) {
-    snprintf(msg, n,
-             "CUDA device %d (%s): no stream-ordered memory pools (cudaDevAttrMemoryPoolsSupported "
-             "is 0, as under some vGPU profiles%s%s); fsdpd allocates each step's buffers from one",
-             o->device, prop.name, e != cudaSuccess ? ": " : "",
-             e != cudaSuccess ? cudaGetErrorString(e) : "");
+      cudaSuccess) {
+    snprintf(msg, n, "CUDA device %d (%s): cannot ask whether it has stream-ordered memory "
+             "pools (cudaDevAttrMemoryPoolsSupported): %s (CUDA error %d)", o->device, prop.name,
+             cudaGetErrorString(e), (int)e);
+    goto fail;
+  }
+  if (!pools) {
+    snprintf(msg, n, "CUDA device %d (%s): no stream-ordered memory pools "
+             "(cudaDevAttrMemoryPoolsSupported is 0, as under some vGPU profiles); fsdpd "
+             "allocates each step's buffers from one", o->device, prop.name);
     goto fail;
   }
   if ((e = kern_cuda_pool_create(o->device, &kern_cuda_st.pool)) != cudaSuccess) {

@@ -136,6 +136,9 @@ static int run_ranks(const char *name, int n, child_fn fn, shared_t *sh, double 
       exit(2);
     }
     if (pids[r] == 0) {
+      /* one GPU a rank, as fsdpd gives them: the emulator stops a process
+       * that makes a context on a second (a stray one on another's GPU) */
+      if (cudaSetDevice(r % 2) != cudaSuccess) _exit(child_fail(sh, r, "cudaSetDevice(%d)", r % 2));
       int rc = fn(r, n, sh);
       /* the aborts a failure handed to reapers end before the process
        * does (the emulator's segment goes with them) */
@@ -663,6 +666,7 @@ static void training(const char *plugin) {
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   const char *plugin = getenv("FSDP_CUDA_PLUGIN");
+  setenv("CUDA_EMU_DEVICES", "2", 1); /* the emulator's: ranks on GPUs 0 and 1 */
 
   for (int n = 2; n <= 4; n++) {
     shared_t *sh = shared_new();

@@ -80,14 +80,21 @@ void cluster_fsdpd_start(cluster_proc_t *p, const char *coord, const char *name,
 
 void cluster_fsdpd_spawn(cluster_proc_t *p, const char *coord, const char *name, int ndev,
                          const char *extra) {
+  char devices[32];
+  snprintf(devices, sizeof devices, "cpu:%d", ndev);
+  cluster_fsdpd_spawn_on(p, coord, name, devices, NULL, extra);
+}
+
+void cluster_fsdpd_spawn_on(cluster_proc_t *p, const char *coord, const char *name,
+                            const char *devices, const char *env, const char *extra) {
   char *work = tu_path(name);
   snprintf(p->log, sizeof p->log, "%s.log", work);
-  char cmd[2048];
+  char cmd[4096];
   snprintf(cmd, sizeof cmd,
-           "exec '%s/bin/fsdpd' --coordinator %s --devices cpu:%d --name %s --work-dir '%s' "
+           "exec env %s '%s/bin/fsdpd' --coordinator %s --devices %s --name %s --work-dir '%s' "
            "--grace 5 %s %s >>'%s' 2>&1",
-           tu_root(), coord, ndev, name, work, geteuid() == 0 ? "--run-as nobody" : "",
-           extra ? extra : "", p->log);
+           env ? env : "", tu_root(), coord, devices, name, work,
+           geteuid() == 0 ? "--run-as nobody" : "", extra ? extra : "", p->log);
   free(work);
   p->pid = cluster_spawn(cmd, NULL);
 }

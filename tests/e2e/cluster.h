@@ -33,6 +33,10 @@ void cluster_fsdpd_start(cluster_proc_t *p, const char *coord, const char *name,
 /* cluster_fsdpd_start without the wait. */
 void cluster_fsdpd_spawn(cluster_proc_t *p, const char *coord, const char *name, int ndev,
                          const char *extra);
+/* The same with a --devices spec ("cuda") and environment entries for
+ * fsdpd and its ranks (shell words, "A=1 B=2"; NULL: none). */
+void cluster_fsdpd_spawn_on(cluster_proc_t *p, const char *coord, const char *name,
+                            const char *devices, const char *env, const char *extra);
 /* Waits up to timeout_s for it to exit and reaps it: its wait status, or -1
  * (it still runs, or there was no process). */
 int cluster_wait_exit(cluster_proc_t *p, double timeout_s);

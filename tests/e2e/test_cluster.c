@@ -16,6 +16,7 @@
  * Ranks run as nobody when the test runs as root. */
 #include <criterion/criterion.h>
 #include <dirent.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -157,16 +158,82 @@ Test(cluster, hybrid_2x2_on_two_nodes_trains_as_under_fsdp_launch) {
   free(conf);
 }
 
-/* The PEAK MiB of category cat for rank r in `fsdpctl memory` output ("" : no row). */
-static void memory_peak(const char *table, int r, const char *cat, char *out, size_t len) {
+/* The PLANNED and PEAK MiB of category cat for rank r in `fsdpctl memory`
+ * output ("" : no row); planned may be NULL. */
+static void memory_row(const char *table, int r, const char *cat, char *planned_out, char *out,
+                       size_t len) {
   out[0] = 0;
+  if (planned_out) planned_out[0] = 0;
   for (const char *p = table; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
     int rank;
     char node[32], name[32], planned[32], cur[32], peak[32];
     if (sscanf(p, "%d %31s %31s %31s %31s %31s", &rank, node, name, planned, cur, peak) == 6 &&
-        rank == r && !strcmp(name, cat))
+        rank == r && !strcmp(name, cat)) {
       snprintf(out, len, "%s", peak);
+      if (planned_out) snprintf(planned_out, len, "%s", planned);
+    }
   }
+}
+
+/* A GPU job through the whole service, on emulated GPUs (the CUDA plugin
+ * and NCCL built on tests/cuda/emu, and an emulated driver for fsdpd's
+ * inventory): fsdpd finds 2 GPUs, probes that its ranks can use them, the
+ * coordinator places a 2-rank cuda job on them, each rank takes its own GPU
+ * (FSDP_CUDA_DEVICE) and the ranks reduce through NCCL; the losses are
+ * fsdp-launch's for the same job, step for step. What a user with a GPU
+ * node does first; skipped where nvcc did not build the emulator. */
+Test(cluster, a_cuda_job_on_two_emulated_gpus_trains_as_under_fsdp_launch) {
+  char root[PATH_MAX], plugin[PATH_MAX + 64], driver[PATH_MAX + 64];
+  cr_assert_not_null(realpath(tu_root(), root)); /* fsdpd's probe and ranks run elsewhere */
+  snprintf(plugin, sizeof plugin, "%s/build/emu/libfsdp-cuda.so", root);
+  snprintf(driver, sizeof driver, "%s/build/emu/driver", root);
+  char lib[PATH_MAX + 128];
+  snprintf(lib, sizeof lib, "%s/libcuda.so.1", driver);
+  if (access(plugin, R_OK) || access(lib, R_OK))
+    cr_skip_test("the emulated CUDA plugin is not built here (no nvcc)");
+  char env[3 * PATH_MAX];
+  snprintf(env, sizeof env, "LD_LIBRARY_PATH='%s' FSDP_CUDA_PLUGIN='%s' CUDA_EMU_DEVICES=2",
+           driver, plugin);
+  cluster_fsdpd_spawn_on(&node[0], coord.addr, "gpu", "cuda", env, NULL);
+  cluster_wait_alive(coord.addr, "gpu");
+  char out[65536], a[256];
+  cr_assert_eq(cluster_ctl(coord.addr, "nodes", out, sizeof out), 0, "%s", out);
+  cr_assert(strstr(out, "cuda"), "the node's GPUs are not listed:\n%s", out);
+  char *conf = job_file("gpu.conf", "steps = 4\ndevice = cuda\n");
+  const char *job = submit(conf, "--ranks 2 --name gpu");
+  snprintf(a, sizeof a, "watch %s", job);
+  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
+  /* each rank on its own emulated GPU */
+  for (int r = 0; r < 2; r++) {
+    char want[64];
+    snprintf(a, sizeof a, "logs %s --rank %d", job, r);
+    cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
+    snprintf(want, sizeof want, "cuda device %d: cuda_emu", r);
+    cr_assert(strstr(out, want), "rank %d's log lacks \"%s\":\n%s", r, want, out);
+  }
+  char svc[4096], ref[4096];
+  snprintf(a, sizeof a, "logs %s --rank 0", job);
+  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
+  losses(out, "step", svc, sizeof svc);
+  char cmd[2 * PATH_MAX];
+  snprintf(cmd, sizeof cmd, "-n 2 -- env FSDP_THREADS=1 FSDP_CUDA_PLUGIN='%s' '%s/bin/fsdp-train' "
+           "--config '%s'", plugin, tu_root(), conf);
+  cr_assert_eq(tu_run_bin("fsdp-launch", cmd, out, sizeof out), 0, "%s", out);
+  losses(out, "[rank 0] step", ref, sizeof ref);
+  cr_assert_gt(strlen(ref), 0, "%s", out);
+  cr_expect_str_eq(svc, ref, "losses under the service: %s\nunder fsdp-launch: %s", svc, ref);
+  /* the plan's communicators (NCCL's buffers, as nccl_size.h estimates
+   * them, for the world and the shard group split from it) are what each
+   * rank counted */
+  snprintf(a, sizeof a, "memory %s", job);
+  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
+  for (int r = 0; r < 2; r++) {
+    char planned[32], peak[32];
+    memory_row(out, r, "comm", planned, peak, sizeof peak);
+    cr_expect(peak[0] && !strcmp(planned, peak), "rank %d: comm planned %s MiB, peak %s MiB:\n%s",
+              r, planned, peak, out);
+  }
+  free(conf);
 }
 
 /* A job of 3 steps whose sampling after training raises the activation
@@ -195,10 +262,10 @@ Test(cluster, fsdpctl_memory_shows_the_ranks_final_peaks_after_the_job) {
   for (int restarted = 0; restarted < 2; restarted++) {
     snprintf(a, sizeof a, "memory %s", job);
     cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
-    memory_peak(out, 0, "activations", got, sizeof got);
+    memory_row(out, 0, "activations", NULL, got, sizeof got);
     cr_expect_str_eq(got, want, "rank 0's activation peak%s: fsdpctl memory %s, its log %s:\n%s",
                      restarted ? " after a restart" : "", got, want, out);
-    memory_peak(out, 1, "activations", got, sizeof got);
+    memory_row(out, 1, "activations", NULL, got, sizeof got);
     cr_expect_str_eq(got, want, "rank 1's activation peak (the same job): %s:\n%s", got, out);
     if (restarted) break;
     char addr[64], db[600], extra[64];

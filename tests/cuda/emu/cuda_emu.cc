@@ -21,7 +21,9 @@
  * Environment: CUDA_EMU_SMEM_OPTIN sets the shared memory a block
  * may ask for (default 232448, an H100's; 101376 is compute capability
  * 8.6's); CUDA_EMU_MEMORY caps device memory in bytes (default 8 GiB);
- * CUDA_EMU_DEVICES=0 makes it a machine with no GPU.
+ * CUDA_EMU_DEVICES sets how many GPUs it has (default 1; 0: a machine with
+ * none), each the same emulated device; a process may make a context on
+ * one of them only (emu_ctx_on: CUDA_EMU_MULTI_DEVICE=1 lifts that).
  *
  * Memory: stream-ordered pools (cudaMemPoolCreate, cudaMallocAsync's default
  * pool) keep the blocks freed into them against CUDA_EMU_MEMORY as a GPU's
@@ -29,6 +31,7 @@
  * threshold (CUDA_EMU_POOLS=0: a device without pools); cuda_emu_waits counts
  * the calls that make a GPU's host wait. CUDA_EMU_LT_BIAS_REFUSE=1 makes
  * cublasLtMatmul refuse the BIAS epilogue its heuristic offered. */
+#include <atomic>
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -403,6 +406,31 @@ static size_t emu_env_size(const char *name, size_t dflt) {
 
 static size_t emu_smem_optin(void) { return emu_env_size("CUDA_EMU_SMEM_OPTIN", 232448); }
 
+/* The current device, per thread as CUDA's (a thread that never set one is
+ * on device 0), and the devices this process made a context on. A call
+ * that works on the current device (cudaSetDevice itself: CUDA 12
+ * initializes the context there; an allocation, a synchronous copy, a
+ * stream or event, a launch, cuBLASLt's handle) makes one. A process holds
+ * one GPU (a rank, fsdpd's probe): a context on a second is a stray one,
+ * hundreds of MiB of a GPU another rank owns, so the run stops there,
+ * naming the call (CUDA_EMU_MULTI_DEVICE=1 allows it). */
+static thread_local int emu_tl_dev = -1;
+static std::atomic<uint64_t> emu_ctx_devs{0};
+
+static int emu_cur_dev(void) { return emu_tl_dev < 0 ? 0 : emu_tl_dev; }
+
+static void emu_ctx_on(int d, const char *call) {
+  const uint64_t bit = 1ull << (d & 63), had = emu_ctx_devs.fetch_or(bit);
+  if (had && !(had & bit) && !emu_env_size("CUDA_EMU_MULTI_DEVICE", 0))
+    emu::fail("%s makes a context on GPU %d in a process that works on GPU %d (%s): a stray "
+              "context on a GPU another process owns; a thread must cudaSetDevice(its GPU) "
+              "before any call that uses the current device, and never set another",
+              call, d, __builtin_ctzll(had),
+              emu_tl_dev < 0 ? "this thread never set a device: CUDA's default is 0"
+                             : "this thread set it");
+}
+static void emu_ctx(const char *call) { emu_ctx_on(emu_cur_dev(), call); }
+
 /* Is [p, p + n) inside one range of m? */
 static bool emu_within(const std::map<uintptr_t, size_t> &m, const void *p, size_t n) {
   auto it = m.upper_bound((uintptr_t)p);
@@ -419,6 +447,7 @@ static bool emu_is_device(const void *p, size_t n) {
 bool emu::device_range(const void *p, size_t n) { return emu_is_device(p, n); }
 
 void emu::cfg::run(const void *kernel, const char *name, body_fn b, void *ctx) const {
+  emu_ctx(name);
   const unsigned long long nt = (unsigned long long)block.x * block.y * block.z;
   if (!nt || nt > 1024 || block.z > 64 || !grid.x || !grid.y || !grid.z || grid.y > 65535 ||
       grid.z > 65535 || grid.x > 2147483647u) {
@@ -529,7 +558,10 @@ cudaError_t cudaGetDeviceCount(int *n) {
 cudaError_t cudaSetDevice(int d) {
   int n;
   cudaGetDeviceCount(&n);
-  return d >= 0 && d < n ? cudaSuccess : emu_err(cudaErrorInvalidDevice);
+  if (d < 0 || d >= n) return emu_err(cudaErrorInvalidDevice);
+  emu_ctx_on(d, "cudaSetDevice");
+  emu_tl_dev = d;
+  return cudaSuccess;
 }
 
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d) {
@@ -560,6 +592,7 @@ cudaError_t cudaFuncGetAttributes(cudaFuncAttributes *a, const void *f) {
 }
 
 cudaError_t cudaFuncSetAttribute(const void *f, cudaFuncAttribute attr, int v) {
+  emu_ctx("cudaFuncSetAttribute");
   std::lock_guard<std::mutex> g(emu_mu);
   if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaSuccess;
   if (v < 0 || (size_t)v > emu_smem_optin()) {
@@ -611,6 +644,7 @@ static void emu_synced(const char *call) {
 }
 
 cudaError_t cudaMalloc(void **p, size_t n) {
+  emu_ctx("cudaMalloc");
   std::lock_guard<std::mutex> g(emu_mu);
   emu_waits["cudaMalloc"]++;
   const size_t block = emu_round(n);
@@ -636,6 +670,7 @@ static cudaError_t emu_free(void *p) {
 }
 
 cudaError_t cudaFree(void *p) {
+  emu_ctx("cudaFree");
   std::lock_guard<std::mutex> g(emu_mu);
   emu_waits["cudaFree"]++; /* it waits for the device, even for NULL */
   return p ? emu_free(p) : cudaSuccess;
@@ -669,6 +704,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind
 }
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind) {
+  emu_ctx("cudaMemcpy");
   emu_synced("cudaMemcpy");
   return cudaMemcpyAsync(dst, src, n, kind, 0);
 }
@@ -677,9 +713,13 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind
  * so a block is free for reuse as soon as cudaFreeAsync returns */
 
 cudaError_t cudaMemPoolCreate(cudaMemPool_t *pool, const cudaMemPoolProps *props) {
+  int n;
+  cudaGetDeviceCount(&n);
   if (!props || props->allocType != cudaMemAllocationTypePinned ||
-      props->location.type != cudaMemLocationTypeDevice || props->location.id != 0)
+      props->location.type != cudaMemLocationTypeDevice || props->location.id < 0 ||
+      props->location.id >= n)
     return emu_err(cudaErrorInvalidValue);
+  emu_ctx_on(props->location.id, "cudaMemPoolCreate");
   std::lock_guard<std::mutex> g(emu_mu);
   emu_pool *ep = new emu_pool;
   emu_pools.push_back(ep);
@@ -763,6 +803,7 @@ cudaError_t cudaFreeAsync(void *p, cudaStream_t) {
 }
 
 cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags) {
+  emu_ctx("cudaHostAlloc");
   *p = aligned_alloc(4096, n ? (n + 4095) / 4096 * 4096 : 4096);
   if (!*p) return emu_err(cudaErrorMemoryAllocation);
   return cudaHostRegister(*p, n, flags);
@@ -778,17 +819,21 @@ cudaError_t cudaFreeHost(void *p) {
 /* Only what the backend asks: memory pools (CUDA_EMU_POOLS=0: a device
  * without them, as under some vGPU profiles). */
 cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr attr, int d) {
-  if (d != 0 || attr != cudaDevAttrMemoryPoolsSupported) return emu_err(cudaErrorInvalidValue);
+  int n;
+  cudaGetDeviceCount(&n);
+  if (d < 0 || d >= n) return emu_err(cudaErrorInvalidDevice);
+  if (attr != cudaDevAttrMemoryPoolsSupported) return emu_err(cudaErrorInvalidValue);
   *v = emu_env_size("CUDA_EMU_POOLS", 1) != 0;
   return cudaSuccess;
 }
 
 cudaError_t cudaGetDevice(int *d) {
-  *d = 0;
+  *d = emu_cur_dev();
   return cudaSuccess;
 }
 
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total) {
+  emu_ctx("cudaMemGetInfo");
   std::lock_guard<std::mutex> g(emu_mu);
   *total = emu_env_size("CUDA_EMU_MEMORY", (size_t)8 << 30);
   *free_bytes = *total - emu_allocated;
@@ -797,6 +842,7 @@ cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total) {
 
 /* Events: a stream's work is done when it is queued, so is every event. */
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) {
+  emu_ctx("cudaEventCreateWithFlags");
   *e = (cudaEvent_t)malloc(1);
   return *e ? cudaSuccess : emu_err(cudaErrorMemoryAllocation);
 }
@@ -824,11 +870,13 @@ cudaError_t cudaStreamSynchronize(cudaStream_t) {
   return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize(void) {
+  emu_ctx("cudaDeviceSynchronize");
   emu_synced("cudaDeviceSynchronize");
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned) {
+  emu_ctx("cudaStreamCreateWithFlags");
   *s = (cudaStream_t)malloc(1);
   return *s ? cudaSuccess : emu_err(cudaErrorMemoryAllocation);
 }
@@ -839,6 +887,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 }
 
 cudaError_t cudaHostRegister(void *p, size_t n, unsigned) {
+  emu_ctx("cudaHostRegister");
   std::lock_guard<std::mutex> g(emu_mu);
   if (emu_within(emu_registered, p, 1)) return emu_err(cudaErrorHostMemoryAlreadyRegistered);
   emu_registered[(uintptr_t)p] = n;
@@ -897,6 +946,7 @@ struct emu_pref {
 extern "C" {
 
 cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) {
+  emu_ctx("cublasLtCreate");
   *h = (cublasLtHandle_t)malloc(1);
   return *h ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_ALLOC_FAILED;
 }
