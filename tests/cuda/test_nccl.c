@@ -48,6 +48,7 @@
 #include "daemon/common/err.h"
 #include "daemon/common/rng.h"
 #include "kernels/kern_math.h"
+#include "tests/cuda/check.h"
 
 /* tests/cuda/nccl_spin.cu */
 int nccl_spin_start(const volatile int *dev_flag, void *stream, long long cap_ms);
@@ -59,7 +60,6 @@ int nccl_spin_start(const volatile int *dev_flag, void *stream, long long cap_ms
 #define PAD 64                 /* elements past each output that must stay untouched */
 #define BIG ((size_t)(1u << 24) + 3)
 
-static int n_checks, n_fails;
 static atomic_int watchdog_fired;
 static cudaStream_t cs; /* the compute stream */
 
@@ -69,18 +69,6 @@ static double now_ms(void) {
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-static int check(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int check(int ok, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  printf("%s ", ok ? "PASS" : "FAIL");
-  vprintf(fmt, ap);
-  printf("\n");
-  va_end(ap);
-  n_checks++;
-  n_fails += !ok;
-  return ok;
-}
 
 /* ---- the held streams ------------------------------------------------------- */
 

@@ -55,6 +55,8 @@
 #include "daemon/train/gpt.h"
 #include "kernels/kern.h"
 #include "kernels/kern_math.h"
+#include "tests/cuda/check.h"
+#include "tests/unit/comm_ref.h"
 
 #define MAXR 4
 #define PAD 16            /* elements past each output that must stay untouched */
@@ -71,22 +73,6 @@ typedef struct {
   uint8_t id[COMM_NCCL_ID_BYTES];
   slot_t s[MAXR];
 } shared_t;
-
-static int n_checks, n_fails;
-
-static int check(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int check(int ok, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  printf("%s ", ok ? "PASS" : "FAIL");
-  vprintf(fmt, ap);
-  printf("\n");
-  fflush(stdout);
-  va_end(ap);
-  n_checks++;
-  n_fails += !ok;
-  return ok;
-}
 
 static double now_ms(void) {
   struct timespec ts;
@@ -202,54 +188,22 @@ static comm_t *make(int rank, int n, shared_t *sh, int64_t timeout_ms) {
   return c;
 }
 
-/* ---- deterministic inputs, float64 references (as test_comm.c) ---------- */
+/* ---- deterministic inputs, float64 references (tests/unit/comm_ref.h) --- */
 
-static double val(uint64_t seed, int r, size_t i, comm_dtype_t dt) {
-  double v = rng_unit(rng_mix(seed * 1000003u + (uint64_t)r * 0x100000001ull + i)) * 2.0 - 1.0;
-  float f = (float)v;
-  if (dt == COMM_BF16) f = kern_bf16_to_f32(kern_f32_to_bf16(f));
-  return f;
-}
-
-static void fill(void *p, uint64_t seed, int r, size_t n, comm_dtype_t dt) {
-  for (size_t i = 0; i < n; i++) {
-    float f = (float)val(seed, r, i, dt);
-    if (dt == COMM_F32) ((float *)p)[i] = f;
-    else ((uint16_t *)p)[i] = kern_f32_to_bf16(f);
-  }
-}
-
-static double get(const void *p, size_t i, comm_dtype_t dt) {
-  return dt == COMM_F32 ? ((const float *)p)[i] : kern_bf16_to_f32(((const uint16_t *)p)[i]);
-}
-
-/* out[i] (i < n) against the sum (or average) over ranks of element base+i. */
 static int check_reduce(shared_t *sh, int rank, int N, const void *out, size_t n, size_t base,
                         uint64_t seed, comm_dtype_t dt, comm_redop_t op, const char *what) {
-  for (size_t i = 0; i < n; i++) {
-    double exact = 0, mag = 0;
-    for (int j = 0; j < N; j++) {
-      double x = val(seed, j, base + i, dt);
-      exact += x;
-      mag += fabs(x);
-    }
-    if (op == COMM_AVG) exact /= N, mag /= N;
-    double got = get(out, i, dt);
-    double tol = dt == COMM_F32 ? 4e-7 * mag * N + 1e-30 : N * 0x1p-8 * mag * 1.0001 + 1e-30;
-    if (fabs(got - exact) > tol)
-      return child_fail(sh, rank, "%s: element %zu: got %.9g, float64 reference %.9g "
-                        "(tolerance %.3g)", what, i, got, exact, tol);
-  }
-  return 0;
+  char why[256];
+  return comm_ref_check_reduce(why, sizeof why, N, out, n, base, seed, dt, op)
+             ? child_fail(sh, rank, "%s: %s", what, why)
+             : 0;
 }
 
 static int check_exact(shared_t *sh, int rank, const void *out, size_t n, uint64_t seed, int src,
                        comm_dtype_t dt, const char *what) {
-  for (size_t i = 0; i < n; i++)
-    if (get(out, i, dt) != val(seed, src, i, dt))
-      return child_fail(sh, rank, "%s: element %zu from rank %d: got %.9g, want %.9g", what, i,
-                        src, get(out, i, dt), val(seed, src, i, dt));
-  return 0;
+  char why[256];
+  return comm_ref_check_exact(why, sizeof why, out, n, seed, src, 0, dt)
+             ? child_fail(sh, rank, "%s: %s", what, why)
+             : 0;
 }
 
 /* The PAD elements past n*esz bytes of a buffer: untouched (0x5a). */
@@ -304,7 +258,7 @@ static int child_ops(int rank, int N, shared_t *sh) {
         snprintf(what, sizeof what, "all_gather %s n=%zu%s", comm_dtype_name(dt), n,
                  inplace ? " in place" : "");
         memset(out.host, 0, all);
-        fill(inplace ? out.host + rank * n * esz : in.host, seed, rank, n, dt);
+        comm_ref_fill(inplace ? out.host + rank * n * esz : in.host, seed, rank, 0, n, dt);
         dbuf_put(&in, n * esz);
         dbuf_put(&out, all);
         if (comm_all_gather(c, inplace ? out.dev + rank * n * esz : in.dev, out.dev, n, dt) < 0)
@@ -319,7 +273,7 @@ static int child_ops(int rank, int N, shared_t *sh) {
         seed++;
         snprintf(what, sizeof what, "reduce_scatter %s %s n=%zu", comm_dtype_name(dt),
                  op ? "avg" : "sum", n);
-        fill(in.host, seed, rank, n * N, dt);
+        comm_ref_fill(in.host, seed, rank, 0, n * N, dt);
         dbuf_put(&in, all);
         dbuf_put(&out, n * esz);
         if (comm_reduce_scatter(c, in.dev, out.dev, n, dt, ro) < 0)
@@ -332,7 +286,7 @@ static int child_ops(int rank, int N, shared_t *sh) {
           seed++;
           snprintf(what, sizeof what, "all_reduce %s %s n=%zu%s", comm_dtype_name(dt),
                    op ? "avg" : "sum", n, inplace ? " in place" : "");
-          fill(in.host, seed, rank, n, dt);
+          comm_ref_fill(in.host, seed, rank, 0, n, dt);
           dbuf_put(&in, n * esz);
           dbuf_put(&out, n * esz);
           dbuf_t *res = inplace ? &in : &out;
@@ -347,7 +301,7 @@ static int child_ops(int rank, int N, shared_t *sh) {
       for (int root = 0; root < N; root += N - 1) {
         seed++;
         snprintf(what, sizeof what, "broadcast %s n=%zu root=%d", comm_dtype_name(dt), n, root);
-        if (rank == root) fill(out.host, seed, rank, n, dt);
+        if (rank == root) comm_ref_fill(out.host, seed, rank, 0, n, dt);
         else memset(out.host, 0xff, n * esz);
         dbuf_put(&out, n * esz);
         if (comm_broadcast(c, out.dev, n, dt, root) < 0)
@@ -421,41 +375,54 @@ static int child_split(int rank, int N, shared_t *sh) {
 
 /* ---- failures --------------------------------------------------------------- */
 
-static int child_diverge(int rank, int N, shared_t *sh) {
-  comm_t *c = make(rank, N, sh, 5000);
-  if (!c) return 1;
-  float *d;
-  if (cudaMalloc((void **)&d, 64 * sizeof(float)) != cudaSuccess)
-    return child_fail(sh, rank, "cudaMalloc");
+/* A world of N (its default timeout tmo) and 64 zeroed floats of device
+ * memory: the buffer, or NULL (the failure reported). */
+static float *world_buf(int rank, int N, shared_t *sh, int64_t tmo, comm_t **c) {
   static const float zeros[64];
+  float *d = NULL;
+  if (!(*c = make(rank, N, sh, tmo))) return NULL;
+  if (cudaMalloc((void **)&d, sizeof zeros) != cudaSuccess) {
+    child_fail(sh, rank, "cudaMalloc");
+    return NULL;
+  }
   cudaMemcpy(d, zeros, sizeof zeros, cudaMemcpyHostToDevice);
-  const double t0 = now_ms();
-  int rc = rank == 0 ? comm_all_reduce(c, d, d, 8, COMM_F32, COMM_SUM)
-                     : comm_all_gather(c, d, d + 8, 8, COMM_F32);
+  return d;
+}
+
+static void world_free(comm_t *c, float *d) {
+  cudaFree(d);
+  comm_destroy(c);
+}
+
+/* What the op under test returned (rc, its message) and how long it took. */
+static void record(shared_t *sh, int rank, int rc, double t0) {
   sh->s[rank].ms = now_ms() - t0;
   sh->s[rank].code = rc;
   snprintf(sh->s[rank].msg, sizeof sh->s[rank].msg, "%s", rc < 0 ? err_msg() : "");
+}
+
+static int child_diverge(int rank, int N, shared_t *sh) {
+  comm_t *c;
+  float *d = world_buf(rank, N, sh, 5000, &c);
+  if (!d) return 1;
+  const double t0 = now_ms();
+  record(sh, rank, rank == 0 ? comm_all_reduce(c, d, d, 8, COMM_F32, COMM_SUM)
+                             : comm_all_gather(c, d, d + 8, 8, COMM_F32), t0);
   /* a later op fails at once: the communicator is broken */
-  const int later = comm_barrier(c);
-  if (later >= 0) return child_fail(sh, rank, "a barrier after the divergence succeeded");
-  cudaFree(d);
-  comm_destroy(c);
+  if (comm_barrier(c) >= 0) return child_fail(sh, rank, "a barrier after the divergence succeeded");
+  world_free(c, d);
   return 0;
 }
 
-/* Rank 1 issues nothing for hold_ms: rank 0's op waits on it. */
+/* Rank 1 issues nothing for the timeout and its slack: rank 0's op waits on it. */
 static int child_timeout(int rank, int N, shared_t *sh) {
-  comm_t *c = make(rank, N, sh, 400);
-  if (!c) return 1;
-  float *d;
-  if (cudaMalloc((void **)&d, 16 * sizeof(float)) != cudaSuccess)
-    return child_fail(sh, rank, "cudaMalloc");
+  comm_t *c;
+  float *d = world_buf(rank, N, sh, 400, &c);
+  if (!d) return 1;
   if (rank == 0) {
     const double t0 = now_ms();
-    int rc = comm_all_reduce(c, d, d, 16, COMM_F32, COMM_SUM);
-    sh->s[0].ms = now_ms() - t0;
-    sh->s[0].code = rc;
-    snprintf(sh->s[0].msg, sizeof sh->s[0].msg, "%s", rc < 0 ? err_msg() : "");
+    const int rc = comm_all_reduce(c, d, d, 16, COMM_F32, COMM_SUM);
+    record(sh, 0, rc, t0);
     const double t1 = now_ms();
     const int later = comm_barrier(c);
     if (later != rc || now_ms() - t1 > 200)
@@ -464,8 +431,7 @@ static int child_timeout(int rank, int N, shared_t *sh) {
   } else {
     usleep(400000 + SLACK_MS * 1000);
   }
-  cudaFree(d);
-  comm_destroy(c);
+  world_free(c, d);
   return 0;
 }
 
@@ -475,36 +441,30 @@ static void *abort_later(void *p) {
   return NULL;
 }
 
+/* Rank 0's op, whose peer never comes, ended by comm_abort from a thread of
+ * its own (one that never chose a GPU, as a signal handler's would be). */
 static int child_abort(int rank, int N, shared_t *sh) {
-  comm_t *c = make(rank, N, sh, 30000);
-  if (!c) return 1;
-  float *d;
-  if (cudaMalloc((void **)&d, 16 * sizeof(float)) != cudaSuccess)
-    return child_fail(sh, rank, "cudaMalloc");
+  comm_t *c;
+  float *d = world_buf(rank, N, sh, 30000, &c);
+  if (!d) return 1;
   if (rank == 0) {
     pthread_t t;
     pthread_create(&t, NULL, abort_later, c);
     const double t0 = now_ms();
-    int rc = comm_all_reduce(c, d, d, 16, COMM_F32, COMM_SUM);
-    sh->s[0].ms = now_ms() - t0;
-    sh->s[0].code = rc;
-    snprintf(sh->s[0].msg, sizeof sh->s[0].msg, "%s", rc < 0 ? err_msg() : "");
+    record(sh, 0, comm_all_reduce(c, d, d, 16, COMM_F32, COMM_SUM), t0);
     pthread_join(t, NULL);
   } else {
     usleep(1500000);
   }
-  cudaFree(d);
-  comm_destroy(c);
+  world_free(c, d);
   return 0;
 }
 
-/* Rank 2 of 3 is killed while it sleeps; 0 and 1 then call an op. */
+/* Rank N-1 is killed while it sleeps; the others then call an op. */
 static int child_killed(int rank, int N, shared_t *sh) {
-  comm_t *c = make(rank, N, sh, 600);
-  if (!c) return 1;
-  float *d;
-  if (cudaMalloc((void **)&d, 16 * sizeof(float)) != cudaSuccess)
-    return child_fail(sh, rank, "cudaMalloc");
+  comm_t *c;
+  float *d = world_buf(rank, N, sh, 600, &c);
+  if (!d) return 1;
   if (comm_barrier(c) < 0) return child_fail(sh, rank, "first barrier: %s", err_msg());
   if (rank == N - 1) {
     pause(); /* until SIGKILL */
@@ -512,12 +472,8 @@ static int child_killed(int rank, int N, shared_t *sh) {
   }
   usleep(300000); /* the victim is dead by now */
   const double t0 = now_ms();
-  int rc = comm_all_reduce(c, d, d, 16, COMM_F32, COMM_SUM);
-  sh->s[rank].ms = now_ms() - t0;
-  sh->s[rank].code = rc;
-  snprintf(sh->s[rank].msg, sizeof sh->s[rank].msg, "%s", rc < 0 ? err_msg() : "");
-  cudaFree(d);
-  comm_destroy(c);
+  record(sh, rank, comm_all_reduce(c, d, d, 16, COMM_F32, COMM_SUM), t0);
+  world_free(c, d);
   return 0;
 }
 
@@ -526,10 +482,7 @@ static int child_no_join(int rank, int N, shared_t *sh) {
   comm_nccl_opts_t o = {.rank = rank, .size = N, .id = sh->id, .name = "world", .timeout_ms = 500};
   comm_t *c = NULL;
   const double t0 = now_ms();
-  int rc = comm_nccl_create(&o, &c);
-  sh->s[rank].ms = now_ms() - t0;
-  sh->s[rank].code = rc;
-  snprintf(sh->s[rank].msg, sizeof sh->s[rank].msg, "%s", rc < 0 ? err_msg() : "");
+  record(sh, rank, comm_nccl_create(&o, &c), t0);
   comm_destroy(c);
   return 0;
 }

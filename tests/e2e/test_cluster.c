@@ -175,6 +175,34 @@ static void memory_row(const char *table, int r, const char *cat, char *planned_
   }
 }
 
+/* The CUDA plugin built on the emulator (tests/cuda/emu), an absolute path
+ * (fsdpd's probe and ranks run elsewhere); "" when nvcc did not build it. */
+static const char *emu_plugin(char driver[PATH_MAX + 64]) {
+  static char plugin[PATH_MAX + 64];
+  char root[PATH_MAX], lib[PATH_MAX + 128];
+  cr_assert_not_null(realpath(tu_root(), root));
+  snprintf(plugin, sizeof plugin, "%s/build/emu/libfsdp-cuda.so", root);
+  snprintf(driver, PATH_MAX + 64, "%s/build/emu/driver", root);
+  snprintf(lib, sizeof lib, "%s/libcuda.so.1", driver);
+  return access(plugin, R_OK) || access(lib, R_OK) ? "" : plugin;
+}
+
+/* fsdpd named name serving two emulated GPUs (the emulated driver for its
+ * inventory, the plugin for its probe and ranks), registered; the test's
+ * own fsdp-launch runs get the plugin too (FSDP_CUDA_PLUGIN). -1 when the
+ * emulator is not built here. */
+static int gpu_node_start(const char *name) {
+  char driver[PATH_MAX + 64], env[3 * PATH_MAX];
+  const char *plugin = emu_plugin(driver);
+  if (!*plugin) return -1;
+  snprintf(env, sizeof env, "LD_LIBRARY_PATH='%s' FSDP_CUDA_PLUGIN='%s' CUDA_EMU_DEVICES=2",
+           driver, plugin);
+  setenv("FSDP_CUDA_PLUGIN", plugin, 1);
+  cluster_fsdpd_spawn_on(&node[0], coord.addr, name, "cuda", env, NULL);
+  cluster_wait_alive(coord.addr, name);
+  return 0;
+}
+
 /* A GPU job through the whole service, on emulated GPUs (the CUDA plugin
  * and NCCL built on tests/cuda/emu, and an emulated driver for fsdpd's
  * inventory): fsdpd finds 2 GPUs, probes that its ranks can use them, the
@@ -183,19 +211,8 @@ static void memory_row(const char *table, int r, const char *cat, char *planned_
  * fsdp-launch's for the same job, step for step. What a user with a GPU
  * node does first; skipped where nvcc did not build the emulator. */
 Test(cluster, a_cuda_job_on_two_emulated_gpus_trains_as_under_fsdp_launch) {
-  char root[PATH_MAX], plugin[PATH_MAX + 64], driver[PATH_MAX + 64];
-  cr_assert_not_null(realpath(tu_root(), root)); /* fsdpd's probe and ranks run elsewhere */
-  snprintf(plugin, sizeof plugin, "%s/build/emu/libfsdp-cuda.so", root);
-  snprintf(driver, sizeof driver, "%s/build/emu/driver", root);
-  char lib[PATH_MAX + 128];
-  snprintf(lib, sizeof lib, "%s/libcuda.so.1", driver);
-  if (access(plugin, R_OK) || access(lib, R_OK))
-    cr_skip_test("the emulated CUDA plugin is not built here (no nvcc)");
-  char env[3 * PATH_MAX];
-  snprintf(env, sizeof env, "LD_LIBRARY_PATH='%s' FSDP_CUDA_PLUGIN='%s' CUDA_EMU_DEVICES=2",
-           driver, plugin);
-  cluster_fsdpd_spawn_on(&node[0], coord.addr, "gpu", "cuda", env, NULL);
-  cluster_wait_alive(coord.addr, "gpu");
+  if (gpu_node_start("gpu")) cr_skip_test("the emulated CUDA plugin is not built here (no nvcc)");
+  const char *plugin = getenv("FSDP_CUDA_PLUGIN");
   char out[65536], a[256];
   cr_assert_eq(cluster_ctl(coord.addr, "nodes", out, sizeof out), 0, "%s", out);
   cr_assert(strstr(out, "cuda"), "the node's GPUs are not listed:\n%s", out);
@@ -441,25 +458,23 @@ static void matches_uninterrupted(const char *conf, const char *ck, const char *
   shards_identical(ck, ref, step, 2);
 }
 
-/* A rank killed (SIGKILL) after a committed checkpoint: the attempt fails,
- * the job restarts (max_restarts 1), its ranks resume from the latest
- * committed checkpoint (auto_resume), and the job ends with the bytes of the
- * same job run without interruption under fsdp-launch: step 3000's shard
- * files (parameters, AdamW state, step, data position) are identical. */
-Test(cluster, a_killed_rank_resumes_from_the_last_checkpoint_exactly) {
-  cluster_fsdpd_start(&node[0], coord.addr, "solo", 2, NULL);
+/* The job of `steps` steps (extra: more [train] lines) on the node "solo",
+ * checkpointed every `every`: a rank SIGKILLed once the first checkpoint
+ * committed, the job restarted once and resumed, ending with the bytes of
+ * the uninterrupted run. */
+static void killed_rank_resumes(const char *extra, int steps, int every) {
   char *ck, *ref, text[1024], a[2048];
   static char out[1 << 16];
   ckpt_roots("ck-service", &ck, &ref);
-  snprintf(text, sizeof text, "steps = 3000\n[output]\ncheckpoint_dir = %s\ncheckpoint_every = 300\n",
-           ck);
+  snprintf(text, sizeof text, "steps = %d\n%s[output]\ncheckpoint_dir = %s\ncheckpoint_every = %d\n",
+           steps, extra, ck, every);
   char *conf = job_file("resume.conf", text);
   char job[32];
   snprintf(job, sizeof job, "%s", submit(conf, "--ranks 2 --max-restarts 1"));
   cr_assert(wait_state(job, "RUNNING", 10));
   /* the first checkpoint committed, then a rank killed */
   char man[800], dir[700];
-  snprintf(man, sizeof man, "%s/step-00000300/manifest.json", ck);
+  snprintf(man, sizeof man, "%s/step-%08d/manifest.json", ck, every);
   const double t0 = tu_now_s();
   while (access(man, F_OK) && tu_now_s() - t0 < 30) nanosleep(&(struct timespec){0, 5000000}, NULL);
   cr_assert_eq(access(man, F_OK), 0, "no committed checkpoint within 30 s");
@@ -479,30 +494,51 @@ Test(cluster, a_killed_rank_resumes_from_the_last_checkpoint_exactly) {
   FILE *lf = fopen(coord.log, "r");
   cr_assert_not_null(lf, "%s", coord.log);
   int committed = 0;
-  char line[1024];
-  while (fgets(line, sizeof line, lf)) committed |= strstr(line, "checkpoint of step 3000 committed") != NULL;
+  char line[1024], said[64];
+  snprintf(said, sizeof said, "checkpoint of step %d committed", steps);
+  while (fgets(line, sizeof line, lf)) committed |= strstr(line, said) != NULL;
   fclose(lf);
-  cr_assert(committed, "the coordinator's log (%s) does not say it committed step 3000", coord.log);
+  cr_assert(committed, "the coordinator's log (%s) does not say \"%s\"", coord.log, said);
   /* the coordinator committed; retention kept the newest 3 (keep_checkpoints) */
   snprintf(a, sizeof a, "checkpoints %s", job);
   cluster_ctl(coord.addr, a, out, sizeof out);
-  cr_assert(strstr(out, "3000") && strstr(out, "COMMITTED") && strstr(out, "2/2"), "%s", out);
+  char last[16];
+  snprintf(last, sizeof last, "%d", steps);
+  cr_assert(strstr(out, last) && strstr(out, "COMMITTED") && strstr(out, "2/2"), "%s", out);
   int dirs = -1;
   for (const double w0 = tu_now_s(); tu_now_s() - w0 < 5; nanosleep(&(struct timespec){0, 50000000}, NULL)) {
     dirs = 0;
-    for (int step = 300; step <= 3000; step += 300) {
+    for (int step = every; step <= steps; step += every) {
       snprintf(man, sizeof man, "%s/step-%08d", ck, step);
       dirs += access(man, F_OK) == 0;
     }
     if (dirs == 3) break;
   }
   cr_assert_eq(dirs, 3, "%d step directories left, keep_checkpoints is 3:\n%s", dirs, out);
-  for (int step = 2400; step <= 3000; step += 300) {
+  for (int step = steps - 2 * every; step <= steps; step += every) {
     snprintf(man, sizeof man, "%s/step-%08d/manifest.json", ck, step);
     cr_assert_eq(access(man, F_OK), 0, "%s missing", man);
   }
-  matches_uninterrupted(conf, ck, ref, 3000);
+  matches_uninterrupted(conf, ck, ref, steps);
   free(ck), free(ref), free(conf);
+}
+
+/* A rank killed (SIGKILL) after a committed checkpoint: the attempt fails,
+ * the job restarts (max_restarts 1), its ranks resume from the latest
+ * committed checkpoint (auto_resume), and the job ends with the bytes of the
+ * same job run without interruption under fsdp-launch: step 3000's shard
+ * files (parameters, AdamW state, step, data position) are identical. */
+Test(cluster, a_killed_rank_resumes_from_the_last_checkpoint_exactly) {
+  cluster_fsdpd_start(&node[0], coord.addr, "solo", 2, NULL);
+  killed_rank_resumes("", 3000, 300);
+}
+
+/* The same on two emulated GPUs: the rank that dies takes its NCCL
+ * communicators with it, the other's ops fail or are stopped by fsdpd,
+ * and the restarted ranks make new ones and resume exactly. */
+Test(cluster, a_killed_rank_of_a_cuda_job_resumes_exactly) {
+  if (gpu_node_start("solo")) cr_skip_test("the emulated CUDA plugin is not built here (no nvcc)");
+  killed_rank_resumes("device = cuda\n", 60, 10);
 }
 
 /* The line of `fsdpctl checkpoints` output out that lists step's directory

@@ -30,6 +30,7 @@
 #include "daemon/common/err.h"
 #include "daemon/common/rng.h"
 #include "kernels/kern_math.h"
+#include "tests/unit/comm_ref.h"
 #include "tests/unit/testutil.h"
 
 #define MAXR 8
@@ -154,63 +155,22 @@ static void assert_children(shared_t *sh, pid_t *pids, int n, double limit_s) {
   cr_assert_eq(ok, n, "%d of %d ranks exited cleanly", ok, n);
 }
 
-/* ---- deterministic inputs and float64 references ---- */
+/* ---- deterministic inputs and float64 references (comm_ref.h) ---- */
 
-/* Value of element i on rank r for a test case (seed). bf16: rounded to bf16. */
-static double val(uint64_t seed, int r, size_t i, comm_dtype_t dt) {
-  double v = rng_unit(rng_mix(seed * 1000003u + (uint64_t)r * 0x100000001ull + i)) * 2.0 - 1.0;
-  float f = (float)v;
-  if (dt == COMM_BF16) f = kern_bf16_to_f32(kern_f32_to_bf16(f));
-  return f;
-}
-
-static void fill(void *p, uint64_t seed, int r, size_t off, size_t n, comm_dtype_t dt) {
-  for (size_t i = 0; i < n; i++) {
-    float f = (float)val(seed, r, off + i, dt);
-    if (dt == COMM_F32) ((float *)p)[i] = f;
-    else ((uint16_t *)p)[i] = kern_f32_to_bf16(f);
-  }
-}
-
-static double get(const void *p, size_t i, comm_dtype_t dt) {
-  return dt == COMM_F32 ? ((const float *)p)[i] : kern_bf16_to_f32(((const uint16_t *)p)[i]);
-}
-
-/* Checks out[i] (i < n) against the sum (or average) over ranks of element
- * base+i. bf16 bound: n-1 roundings, each within 2^-8 (relative) of a partial sum. */
 static int check_reduce(shared_t *sh, int rank, int N, const void *out, size_t n, size_t base,
                         uint64_t seed, comm_dtype_t dt, comm_redop_t op, const char *what) {
-  for (size_t i = 0; i < n; i++) {
-    double exact = 0, mag = 0;
-    for (int j = 0; j < N; j++) {
-      double x = val(seed, j, base + i, dt);
-      exact += x;
-      mag += fabs(x);
-    }
-    if (op == COMM_AVG) exact /= N, mag /= N;
-    double got = get(out, i, dt), tol;
-    if (dt == COMM_F32) tol = 4e-7 * mag * N + 1e-30;
-    else tol = (N - 1) * 0x1p-8 * mag * 1.0001 + 1e-30;
-    if (fabs(got - exact) > tol)
-      return child_fail(sh, rank, "%s: element %zu: got %.9g, float64 reference %.9g (tolerance %.3g)",
-                        what, i, got, exact, tol);
-    if (dt == COMM_BF16 && N == 2) { /* exactly one rounding of the fp32 sum */
-      float a = (float)val(seed, 0, base + i, dt), b = (float)val(seed, 1, base + i, dt);
-      float s = op == COMM_AVG ? (b + a) / 2.0f : b + a;
-      if (((const uint16_t *)out)[i] != kern_f32_to_bf16(s))
-        return child_fail(sh, rank, "%s: element %zu: 2-rank bf16 sum is not bf16(a + b)", what, i);
-    }
-  }
-  return 0;
+  char why[256];
+  return comm_ref_check_reduce(why, sizeof why, N, out, n, base, seed, dt, op)
+             ? child_fail(sh, rank, "%s: %s", what, why)
+             : 0;
 }
 
 static int check_exact(shared_t *sh, int rank, const void *out, size_t n, uint64_t seed, int src,
                        size_t base, comm_dtype_t dt, const char *what) {
-  for (size_t i = 0; i < n; i++)
-    if (get(out, i, dt) != val(seed, src, base + i, dt))
-      return child_fail(sh, rank, "%s: element %zu from rank %d: got %.9g, want %.9g", what, i, src,
-                        get(out, i, dt), val(seed, src, base + i, dt));
-  return 0;
+  char why[256];
+  return comm_ref_check_exact(why, sizeof why, out, n, seed, src, base, dt)
+             ? child_fail(sh, rank, "%s: %s", what, why)
+             : 0;
 }
 
 /* ---- correctness of every op and dtype ---- */
@@ -293,7 +253,7 @@ static int child_ops(int rank, void *argp, shared_t *sh) {
         snprintf(what, sizeof what, "all_gather %s n=%zu%s", comm_dtype_name(dt), n,
                  inplace ? " in place" : "");
         void *src = inplace ? out + rank * n * esz : in;
-        fill(src, seed, rank, 0, n, dt);
+        comm_ref_fill(src, seed, rank, 0, n, dt);
         if (comm_all_gather(c, src, out, n, dt) < 0)
           return child_fail(sh, rank, "%s: %s", what, err_msg());
         for (int j = 0; j < N; j++)
@@ -304,7 +264,7 @@ static int child_ops(int rank, void *argp, shared_t *sh) {
         seed++;
         snprintf(what, sizeof what, "reduce_scatter %s %s n=%zu", comm_dtype_name(dt),
                  op ? "avg" : "sum", n);
-        fill(in, seed, rank, 0, n * N, dt);
+        comm_ref_fill(in, seed, rank, 0, n * N, dt);
         if (comm_reduce_scatter(c, in, out, n, dt, ro) < 0)
           return child_fail(sh, rank, "%s: %s", what, err_msg());
         if (check_reduce(sh, rank, N, out, n, rank * n, seed, dt, ro, what)) return 1;
@@ -312,7 +272,7 @@ static int child_ops(int rank, void *argp, shared_t *sh) {
           seed++;
           snprintf(what, sizeof what, "all_reduce %s %s n=%zu%s", comm_dtype_name(dt),
                    op ? "avg" : "sum", n, inplace ? " in place" : "");
-          fill(in, seed, rank, 0, n, dt);
+          comm_ref_fill(in, seed, rank, 0, n, dt);
           if (comm_all_reduce(c, in, inplace ? in : out, n, dt, ro) < 0)
             return child_fail(sh, rank, "%s: %s", what, err_msg());
           if (check_reduce(sh, rank, N, inplace ? in : out, n, 0, seed, dt, ro, what)) return 1;
@@ -321,7 +281,7 @@ static int child_ops(int rank, void *argp, shared_t *sh) {
       seed++;
       int root = (int)((n + ci) % (size_t)N);
       snprintf(what, sizeof what, "broadcast %s n=%zu root=%d", comm_dtype_name(dt), n, root);
-      if (rank == root) fill(out, seed, rank, 0, n, dt);
+      if (rank == root) comm_ref_fill(out, seed, rank, 0, n, dt);
       else memset(out, 0xff, n * esz);
       if (comm_broadcast(c, out, n, dt, root) < 0)
         return child_fail(sh, rank, "%s: %s", what, err_msg());
@@ -414,12 +374,12 @@ static int child_large(int rank, void *argp, shared_t *sh) {
   if (xport_check(sh, rank, c, arg->x)) return 1;
   const size_t n = (size_t)3 << 20; /* per rank: 12 MiB of fp32 */
   float *in = xbuf(arg->x, n * N * 4), *out = xbuf(arg->x, n * N * 4);
-  fill(in, 77, rank, 0, n * N, COMM_F32);
+  comm_ref_fill(in, 77, rank, 0, n * N, COMM_F32);
   if (comm_reduce_scatter(c, in, out, n, COMM_F32, COMM_SUM) < 0)
     return child_fail(sh, rank, "reduce_scatter: %s", err_msg());
   if (check_reduce(sh, rank, N, out, n, rank * n, 77, COMM_F32, COMM_SUM, "large reduce_scatter"))
     return 1;
-  fill(in, 78, rank, 0, n, COMM_F32);
+  comm_ref_fill(in, 78, rank, 0, n, COMM_F32);
   if (comm_all_gather(c, in, out, n, COMM_F32) < 0)
     return child_fail(sh, rank, "all_gather: %s", err_msg());
   for (int j = 0; j < N; j++)
@@ -465,14 +425,14 @@ static int child_multi(int rank, void *argp, shared_t *sh) {
   for (int round = 0; round < 3; round++) {
     uint64_t seed = 100 + (uint64_t)round * 10;
     comm_req_t *r1, *r2, *r3 = NULL, *r4 = NULL;
-    fill(ar, seed, rank, 0, n1, COMM_F32);
-    if (rank == 1) fill(bc, seed + 1, rank, 0, n1, COMM_F32);
+    comm_ref_fill(ar, seed, rank, 0, n1, COMM_F32);
+    if (rank == 1) comm_ref_fill(bc, seed + 1, rank, 0, n1, COMM_F32);
     if (comm_iall_reduce(w, ar, ar, n1, COMM_F32, COMM_SUM, &r1) < 0 ||
         comm_ibroadcast(w, bc, n1, COMM_F32, 1, &r2) < 0)
       return child_fail(sh, rank, "issue world: %s", err_msg());
     if (s) {
-      fill(sin_, seed + 2, srank, 0, n2, COMM_F32);
-      fill(sar, seed + 3, srank, 0, n1, COMM_BF16);
+      comm_ref_fill(sin_, seed + 2, srank, 0, n2, COMM_F32);
+      comm_ref_fill(sar, seed + 3, srank, 0, n1, COMM_BF16);
       if (comm_iall_gather(s, sin_, sout, n2, COMM_F32, &r3) < 0 ||
           comm_iall_reduce(s, sar, sar, n1, COMM_BF16, COMM_AVG, &r4) < 0)
         return child_fail(sh, rank, "issue sub: %s", err_msg());
@@ -494,7 +454,7 @@ static int child_multi(int rank, void *argp, shared_t *sh) {
     }
   }
   /* issue order on one communicator: the broadcast sees the all_reduce's result */
-  fill(ar, 7, rank, 0, n1, COMM_F32);
+  comm_ref_fill(ar, 7, rank, 0, n1, COMM_F32);
   comm_req_t *q1, *q2;
   if (comm_iall_reduce(w, ar, ar, n1, COMM_F32, COMM_SUM, &q1) < 0 ||
       comm_ibroadcast(w, ar, n1, COMM_F32, 2, &q2) < 0)
@@ -1321,7 +1281,7 @@ static int child_xport(int rank, void *argp, shared_t *sh) {
       xport_t bx = a->reg_rank == rank || a->reg_rank == MAXR ? RING_REG : RING_COPY;
       uint8_t *in = xbuf(bx, n * N * esz), *out = xbuf(bx, n * N * esz);
       if (!in || !out) return child_fail(sh, rank, "no memory");
-      fill(in, 100 + ci, rank, 0, n * N, dt);
+      comm_ref_fill(in, 100 + ci, rank, 0, n * N, dt);
       if (comm_all_gather(c, in, out, n, dt) < 0) return child_fail(sh, rank, "ag: %s", err_msg());
       h = fnv(h, out, n * N * esz);
       if (comm_reduce_scatter(c, in, out, n, dt, COMM_AVG) < 0)
@@ -1487,7 +1447,7 @@ static int child_abort_read(int rank, void *argp, shared_t *sh) {
   const size_t n = (size_t)8 << 20; /* 32 MiB of fp32 per rank */
   float *in = xbuf(a->x, n * 4), *out = xbuf(a->x, 2 * n * 4);
   if (!in || !out) return child_fail(sh, rank, "no memory");
-  fill(in, 55, rank, 0, n, COMM_F32);
+  comm_ref_fill(in, 55, rank, 0, n, COMM_F32);
   if (comm_barrier(c) < 0) return child_fail(sh, rank, "barrier: %s", err_msg());
   pthread_t t;
   if (rank == 0) pthread_create(&t, NULL, abort_soon, c);
