@@ -187,18 +187,22 @@ static const char *emu_plugin(char driver[PATH_MAX + 64]) {
   return access(plugin, R_OK) || access(lib, R_OK) ? "" : plugin;
 }
 
-/* fsdpd named name serving two emulated GPUs (the emulated driver for its
- * inventory, the plugin for its probe and ranks), registered; the test's
- * own fsdp-launch runs get the plugin too (FSDP_CUDA_PLUGIN). -1 when the
- * emulator is not built here. */
-static int gpu_node_start(const char *name) {
+/* node[i], fsdpd named name, registered: with 2 CPU devices, or (gpu)
+ * serving two emulated GPUs (the emulated driver for its inventory, the
+ * plugin for its probe and ranks; the test's own fsdp-launch runs get the
+ * plugin too, FSDP_CUDA_PLUGIN). -1 when the emulator is not built here. */
+static int node_start(int i, const char *name, int gpu) {
+  if (!gpu) {
+    cluster_fsdpd_start(&node[i], coord.addr, name, 2, NULL);
+    return 0;
+  }
   char driver[PATH_MAX + 64], env[3 * PATH_MAX];
   const char *plugin = emu_plugin(driver);
   if (!*plugin) return -1;
   snprintf(env, sizeof env, "LD_LIBRARY_PATH='%s' FSDP_CUDA_PLUGIN='%s' CUDA_EMU_DEVICES=2",
            driver, plugin);
   setenv("FSDP_CUDA_PLUGIN", plugin, 1);
-  cluster_fsdpd_spawn_on(&node[0], coord.addr, name, "cuda", env, NULL);
+  cluster_fsdpd_spawn_on(&node[i], coord.addr, name, "cuda", env, NULL);
   cluster_wait_alive(coord.addr, name);
   return 0;
 }
@@ -211,7 +215,7 @@ static int gpu_node_start(const char *name) {
  * fsdp-launch's for the same job, step for step. What a user with a GPU
  * node does first; skipped where nvcc did not build the emulator. */
 Test(cluster, a_cuda_job_on_two_emulated_gpus_trains_as_under_fsdp_launch) {
-  if (gpu_node_start("gpu")) cr_skip_test("the emulated CUDA plugin is not built here (no nvcc)");
+  if (node_start(0, "gpu", 1)) cr_skip_test("the emulated CUDA plugin is not built here (no nvcc)");
   const char *plugin = getenv("FSDP_CUDA_PLUGIN");
   char out[65536], a[256];
   cr_assert_eq(cluster_ctl(coord.addr, "nodes", out, sizeof out), 0, "%s", out);
@@ -537,7 +541,7 @@ Test(cluster, a_killed_rank_resumes_from_the_last_checkpoint_exactly) {
  * communicators with it, the other's ops fail or are stopped by fsdpd,
  * and the restarted ranks make new ones and resume exactly. */
 Test(cluster, a_killed_rank_of_a_cuda_job_resumes_exactly) {
-  if (gpu_node_start("solo")) cr_skip_test("the emulated CUDA plugin is not built here (no nvcc)");
+  if (node_start(0, "solo", 1)) cr_skip_test("the emulated CUDA plugin is not built here (no nvcc)");
   killed_rank_resumes("device = cuda\n", 60, 10);
 }
 
@@ -686,32 +690,30 @@ Test(cluster, a_rank_killed_while_writing_its_shard_resumes_from_the_previous_ch
   free(ck), free(ref), free(conf);
 }
 
-/* SIGTERM to the fsdpd of a running job (preemption): its ranks stop after
- * the same step, write a checkpoint of it, exit 75; the job goes back to
- * PENDING without spending a restart (max_restarts 0), runs on another node
- * from that checkpoint, and ends with the bytes of an uninterrupted run. */
-Test(cluster, a_preempted_job_checkpoints_requeues_and_resumes_exactly) {
-  cluster_fsdpd_start(&node[0], coord.addr, "first", 2, NULL);
+/* The job of `steps` steps, checkpointed every `every`, preempted after
+ * run_s seconds (see below). */
+static void preempted_resumes(int gpu, int steps, int every, double run_s) {
+  if (node_start(0, "first", gpu)) cr_skip_test("the emulated CUDA plugin is not built here (no nvcc)");
   char *ck, *ref, text[1024], a[2048];
   static char out[1 << 16];
   ckpt_roots("ck-preempt", &ck, &ref);
-  snprintf(text, sizeof text, "steps = 3000\n[output]\ncheckpoint_dir = %s\ncheckpoint_every = 1000\n",
-           ck);
+  snprintf(text, sizeof text, "steps = %d\n%s[output]\ncheckpoint_dir = %s\ncheckpoint_every = %d\n",
+           steps, gpu ? "device = cuda\n" : "", ck, every);
   char *conf = job_file("preempt.conf", text);
   char job[32];
   snprintf(job, sizeof job, "%s", submit(conf, "--ranks 2 --max-restarts 0"));
   cr_assert(wait_state(job, "RUNNING", 10));
-  nanosleep(&(struct timespec){0, 800000000}, NULL); /* some hundreds of steps in */
+  nanosleep(&(struct timespec){(time_t)run_s, (long)((run_s - (time_t)run_s) * 1e9)}, NULL);
   cluster_stop(&node[0], SIGTERM);
   cr_assert(wait_state(job, "PENDING", 10), "%s", state_of(job, out, sizeof out) ? out : "");
   snprintf(a, sizeof a, "--output json status %s", job);
   cluster_ctl(coord.addr, a, out, sizeof out);
   cr_assert(strstr(out, "\"restarts\": 0") && strstr(out, "preempted"), "%s", out);
   int odd;
-  cr_assert_geq(committed_steps(ck, 3000, 1000, &odd), 1);
+  cr_assert_geq(committed_steps(ck, steps, every, &odd), 1);
   cr_assert_gt(odd, 0, "no checkpoint of the step the job stopped at");
   /* another node takes it, from that checkpoint */
-  cluster_fsdpd_start(&node[1], coord.addr, "second", 2, NULL);
+  cr_assert_eq(node_start(1, "second", gpu), 0);
   snprintf(a, sizeof a, "watch %s", job);
   cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
   snprintf(a, sizeof a, "logs %s --rank 0", job);
@@ -720,8 +722,21 @@ Test(cluster, a_preempted_job_checkpoints_requeues_and_resumes_exactly) {
   snprintf(want, sizeof want, "at step %d ", odd);
   cr_assert(strstr(out, "resumed from") && strstr(out, want), "not resumed at step %d:\n%.2000s",
             odd, out);
-  matches_uninterrupted(conf, ck, ref, 3000);
+  matches_uninterrupted(conf, ck, ref, steps);
   free(ck), free(ref), free(conf);
+}
+
+/* SIGTERM to the fsdpd of a running job (preemption): its ranks stop after
+ * the same step, write a checkpoint of it, exit 75; the job goes back to
+ * PENDING without spending a restart (max_restarts 0), runs on another node
+ * from that checkpoint, and ends with the bytes of an uninterrupted run. */
+Test(cluster, a_preempted_job_checkpoints_requeues_and_resumes_exactly) {
+  preempted_resumes(0, 3000, 1000, 0.8); /* some hundreds of steps in */
+}
+
+/* The same for a cuda job on emulated GPUs (tens of steps in). */
+Test(cluster, a_preempted_cuda_job_checkpoints_requeues_and_resumes_exactly) {
+  preempted_resumes(1, 80, 40, 2.5);
 }
 
 /* `fsdpctl resume` of a cancelled job: back to PENDING with its restarts
