@@ -294,7 +294,7 @@ EMU_HDRS       = tests/cuda/emu/cuda_emu.h tests/cuda/emu/mma.h kernels/cuda/cud
                  kernels/cuda/cuda.h kernels/kern.h kernels/kern_math.h kernels/cuda/size.h
 EMU_KERN_OBJS  = $(patsubst kernels/cuda/%.cu,$(B)/emu/kernels/cuda/%.o,$(wildcard kernels/cuda/*.cu))
 CUDA_EMU_CHECK = $(if $(HAVE_CUDA),$(B)/tests/cuda/test_cuda_kernels_emu $(B)/tests/cuda/test_nccl_ranks_emu \
-                 $(B)/emu/libfsdp-cuda.so $(B)/emu/driver/libcuda.so.1)
+                 $(B)/emu/libfsdp-cuda.so)
 $(B)/emu/kernels/cuda/%.cc: kernels/cuda/%.cu tests/cuda/emu/emu-cu.pl | deps
 	@mkdir -p $(dir $@)
 	perl tests/cuda/emu/emu-cu.pl $< $@
@@ -316,11 +316,6 @@ $(B)/emu/test_cuda_kernels.o: tests/cuda/test_cuda_kernels.c | deps-test
 $(B)/tests/cuda/test_cuda_kernels_emu: $(B)/emu/test_cuda_kernels.o $(EMU_KERN_OBJS) $(B)/emu/cuda_emu.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CXX) $(LDFLAGS) $^ -o $@ $(LDLIBS)
-# The driver calls fsdpd's inventory makes, for an fsdpd serving emulated
-# GPUs (test_cluster: LD_LIBRARY_PATH=$(B)/emu/driver).
-$(B)/emu/driver/libcuda.so.1: tests/cuda/emu/driver_emu.c
-	@mkdir -p $(dir $@)
-	$(CC) -std=c11 -O2 -fPIC -shared -Wall -Wextra -Werror -Wl,-soname,libcuda.so.1 $< -o $@
 # The NCCL backend at several ranks, on the emulator's NCCL (rank processes
 # over shared memory): what a one-GPU machine cannot show.
 $(B)/emu/test_nccl_ranks.o: tests/cuda/test_nccl_ranks.c | deps-test
@@ -509,8 +504,10 @@ $(B)/e2e/test_fsdpd: $(B)/tests/e2e/test_fsdpd.o $(TESTUTIL) $(TESTUTIL_TRAIN) $
 # The whole service as processes (tests/e2e/cluster.c starts them): it runs
 # bin/fsdp-coordinator, bin/fsdpd, bin/fsdpctl and bin/fsdp-train, which
 # `make test` builds with $(BINS).
+# its cuda jobs: an fsdpd whose inventory finds the fake driver's GPUs and
+# whose ranks run the emulated plugin ($(B)/emu, when nvcc built it)
 $(B)/e2e/test_cluster: $(B)/tests/e2e/test_cluster.o $(B)/tests/e2e/cluster.o $(TESTUTIL) \
-                       $(TESTUTIL_TRAIN) $(LIB)
+                       $(TESTUTIL_TRAIN) $(LIB) | $(B)/tests/fake-cuda/libcuda.so.1
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -lsqlite3 -lcriterion
 # deploy/slurm's batch script under a real Slurm (munged, slurmctld, slurmd

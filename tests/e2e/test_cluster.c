@@ -176,13 +176,15 @@ static void memory_row(const char *table, int r, const char *cat, char *planned_
 }
 
 /* The CUDA plugin built on the emulator (tests/cuda/emu), an absolute path
- * (fsdpd's probe and ranks run elsewhere); "" when nvcc did not build it. */
+ * (fsdpd's probe and ranks run elsewhere), and the directory of the fake
+ * driver library fsdpd's inventory loads (tests/unit/fake_libcuda.c); ""
+ * when nvcc did not build the plugin. */
 static const char *emu_plugin(char driver[PATH_MAX + 64]) {
   static char plugin[PATH_MAX + 64];
   char root[PATH_MAX], lib[PATH_MAX + 128];
   cr_assert_not_null(realpath(tu_root(), root));
   snprintf(plugin, sizeof plugin, "%s/build/emu/libfsdp-cuda.so", root);
-  snprintf(driver, PATH_MAX + 64, "%s/build/emu/driver", root);
+  snprintf(driver, PATH_MAX + 64, "%s/build/tests/fake-cuda", root);
   snprintf(lib, sizeof lib, "%s/libcuda.so.1", driver);
   return access(plugin, R_OK) || access(lib, R_OK) ? "" : plugin;
 }
@@ -199,8 +201,8 @@ static int node_start(int i, const char *name, int gpu) {
   char driver[PATH_MAX + 64], env[3 * PATH_MAX];
   const char *plugin = emu_plugin(driver);
   if (!*plugin) return -1;
-  snprintf(env, sizeof env, "LD_LIBRARY_PATH='%s' FSDP_CUDA_PLUGIN='%s' CUDA_EMU_DEVICES=2",
-           driver, plugin);
+  snprintf(env, sizeof env, "LD_LIBRARY_PATH='%s' FAKE_CUDA_GPUS=2 FSDP_CUDA_PLUGIN='%s' "
+           "CUDA_EMU_DEVICES=2", driver, plugin);
   setenv("FSDP_CUDA_PLUGIN", plugin, 1);
   cluster_fsdpd_spawn_on(&node[i], coord.addr, name, "cuda", env, NULL);
   cluster_wait_alive(coord.addr, name);
