@@ -25,6 +25,11 @@ typedef struct device {
   const kern_backend_t *kern; /* as configured by device_open */
   const comm_backend_t *comm;
   const comm_boot_ids_t *ids; /* how comm_boot_connect makes the world (NULL: the ring) */
+  /* Waits up to wait_ms for what the collectives still end in the
+   * background (NCCL: the aborts of broken communicators, whose kernels
+   * may still touch buffers): 0 when nothing is left, else not 0. NULL
+   * where nothing runs in the background (the ring). */
+  int (*settle)(int64_t wait_ms);
   char desc[160];             /* "cpu kernels at avx512", "cuda device 0: NVIDIA H100 ..." */
 } device_t;
 

@@ -14,6 +14,7 @@ static const device_cuda_plugin_t device_cuda_table = {
     .comm = &comm_nccl_backend,
     .nccl_unique_id = comm_nccl_unique_id,
     .nccl_create = comm_nccl_create,
+    .nccl_quiesce = comm_nccl_quiesce,
 };
 
 __attribute__((visibility("default"))) const device_cuda_plugin_t *device_cuda_plugin(void) {

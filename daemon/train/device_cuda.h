@@ -25,8 +25,9 @@
 #include "kernels/cuda/cuda.h"
 
 /* Raised when the table below changes: a plugin of another version is refused. */
-#define DEVICE_CUDA_ABI 5 /* 2: kern_cuda_opts_t.gemm_fast16bf; 3: .attn_fp32, host_pin; 4: pool_stats;
-                          * 5: kern_backend_t's dev_alloc_step and crossentropy_fwd_bwd */
+#define DEVICE_CUDA_ABI 6 /* 2: kern_cuda_opts_t.gemm_fast16bf; 3: .attn_fp32, host_pin; 4: pool_stats;
+                          * 5: kern_backend_t's dev_alloc_step and crossentropy_fwd_bwd;
+                          * 6: nccl_quiesce */
 #define DEVICE_CUDA_SYMBOL "device_cuda_plugin"
 #define DEVICE_CUDA_FILE "libfsdp-cuda.so"
 
@@ -44,6 +45,7 @@ typedef struct device_cuda_plugin {
   const comm_backend_t *comm;
   int (*nccl_unique_id)(uint8_t id[COMM_NCCL_ID_BYTES]);
   int (*nccl_create)(const comm_nccl_opts_t *o, comm_t **out);
+  int (*nccl_quiesce)(int64_t wait_ms);
 } device_cuda_plugin_t;
 
 /* The plugin's one exported function (DEVICE_CUDA_SYMBOL). */

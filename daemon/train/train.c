@@ -28,6 +28,9 @@
 #include "sample.h"
 #include "daemon/job/shard.h"
 
+/* How long closing waits for a broken communicator's abort (device_t.settle). */
+#define TRAIN_SETTLE_MS 10000
+
 /* The thread writing an asynchronous checkpoint from the snapshot. */
 typedef struct train_writer {
   pthread_t thread;
@@ -810,8 +813,18 @@ void train_close(train_t *t) {
   mem_free(t->in);
   mem_free(t->tg);
   data_close(t->data);
+  /* a collective that failed left its kernel to an abort running in the
+   * background: it ends before the buffers it may touch go back to the
+   * device, and before the process exits under it (bounded: an abort that
+   * hangs is the driver's, and the rank ends anyway) */
+  if (t->dev && t->dev->settle && t->dev->settle(TRAIN_SETTLE_MS))
+    LOG_WARN("train", "a communicator's abort still runs after %d ms; closing anyway",
+             TRAIN_SETTLE_MS);
   fsdp_destroy(t->runtime); /* its model is the shell it owns */
   comm_groups_destroy(&t->groups);
+  if (t->dev && t->dev->settle && t->dev->settle(TRAIN_SETTLE_MS))
+    LOG_WARN("train", "a communicator's abort still runs after %d ms; exiting anyway",
+             TRAIN_SETTLE_MS);
   comm_boot_free(&t->boot);
   free(t);
 }

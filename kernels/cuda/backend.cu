@@ -44,9 +44,11 @@ static int kern_cuda_get_threads(void) { return 1; }
  * event when it completes (daemon/comm/nccl.c), before the runtime frees
  * what it sent or received. A collective that fails instead leaves its
  * kernel to the abort of its communicator, which may end after the runtime
- * has freed the buffer (cudaFree would have waited for it); the step then
- * ends the rank in an error, and nothing the device computes after it is
- * kept (a checkpoint in flight writes its host snapshot).
+ * has freed the buffer; the step then ends the rank in an error, and
+ * nothing the device computes after it is kept (a checkpoint in flight
+ * writes its host snapshot). Closing waits for those aborts (train_close,
+ * device_t.settle) before the runtime's buffers go, and the pool's last
+ * trim waits for every stream.
  *
  * NULL when the device is full (the error is cleared: it is not sticky, and a
  * later check must not report it). A step buffer the device has no room for
@@ -59,7 +61,9 @@ static int kern_cuda_get_threads(void) { return 1; }
  * aligned to at least 256 bytes (CUDA's promise, asserted). */
 static void kern_cuda_dev_live(long d) {
   if (__atomic_add_fetch(&kern_cuda_st.live, d, __ATOMIC_ACQ_REL) != 0) return;
-  KERN_CUDA_CHECK(cudaStreamSynchronize(kern_cuda_st.stream));
+  /* every stream, not only this one: a collective's kernel that failed
+   * may still run on its communicator's stream until its abort ends it */
+  KERN_CUDA_CHECK(cudaDeviceSynchronize());
   KERN_CUDA_CHECK(cudaMemPoolTrimTo(kern_cuda_st.pool, 0));
 }
 
