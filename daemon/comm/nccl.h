@@ -17,6 +17,11 @@
  * stream wait for the op too. Buffers are device memory of the current
  * device.
  *
+ * One GPU a process: a communicator serves the device current on the
+ * thread that made it, and every call makes that device current on the
+ * calling thread and leaves it so (setting a thread back to CUDA's default
+ * device 0 would make a context on a GPU another rank owns).
+ *
  * Timeouts count from issue, not from when the GPU starts the op (the host
  * cannot see that without polling): an op stuck behind a compute stream
  * that never reaches it times out too. The ops of one communicator run in

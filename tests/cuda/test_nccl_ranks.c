@@ -75,6 +75,8 @@ typedef struct {
 typedef struct {
   uint8_t id[COMM_NCCL_ID_BYTES];
   slot_t s[MAXR];
+  volatile int victim_ready; /* the victim of run_ranks may be killed now */
+  volatile int victim_dead;  /* and it has been (reaped) */
 } shared_t;
 
 static double now_ms(void) {
@@ -113,9 +115,10 @@ typedef int (*child_fn)(int rank, int n, shared_t *sh);
 
 /* Forks n ranks running fn, waits up to limit_s for them (kills the rest
  * past it); 0 when every one exited 0 with no failure reported. victim >= 0:
- * that rank is SIGKILLed once victim_after_ms have passed. */
+ * that rank is SIGKILLed once it set sh->victim_ready, and sh->victim_dead
+ * is set when it has been reaped. */
 static int run_ranks(const char *name, int n, child_fn fn, shared_t *sh, double limit_s,
-                     int victim, double victim_after_ms) {
+                     int victim) {
   pid_t pids[MAXR];
   fflush(stdout);
   for (int r = 0; r < n; r++) {
@@ -140,14 +143,17 @@ static int run_ranks(const char *name, int n, child_fn fn, shared_t *sh, double 
   int left = n, ok = 1, killed = 0;
   int status[MAXR] = {0};
   while (left > 0) {
-    if (victim >= 0 && !killed && now_ms() - t0 >= victim_after_ms) {
+    if (victim >= 0 && !killed && sh->victim_ready) {
       kill(pids[victim], SIGKILL);
       killed = 1;
     }
     for (int r = 0; r < n; r++) {
       if (!pids[r]) continue;
       pid_t w = waitpid(pids[r], &status[r], WNOHANG);
-      if (w == pids[r]) pids[r] = 0, left--;
+      if (w == pids[r]) {
+        pids[r] = 0, left--;
+        if (r == victim) __atomic_store_n(&sh->victim_dead, 1, __ATOMIC_RELEASE);
+      }
     }
     if (now_ms() - t0 > limit_s * 1e3) {
       for (int r = 0; r < n; r++)
@@ -273,18 +279,22 @@ static int child_ops(int rank, int N, shared_t *sh) {
       }
       for (int op = 0; op < 2; op++) {
         const comm_redop_t ro = op ? COMM_AVG : COMM_SUM;
-        seed++;
-        snprintf(what, sizeof what, "reduce_scatter %s %s n=%zu", comm_dtype_name(dt),
-                 op ? "avg" : "sum", n);
-        comm_ref_fill(in.host, seed, rank, 0, n * N, dt);
-        dbuf_put(&in, all);
-        dbuf_put(&out, n * esz);
-        if (comm_reduce_scatter(c, in.dev, out.dev, n, dt, ro) < 0)
-          return child_fail(sh, rank, "%s: %s", what, err_msg());
-        dbuf_get(&out);
-        if (check_reduce(sh, rank, N, out.host, n, rank * n, seed, dt, ro, what) ||
-            check_pad(sh, rank, out.host, n * esz, what))
-          return 1;
+        for (int inplace = 0; inplace < 2; inplace++) { /* in place: this rank's block */
+          seed++;
+          snprintf(what, sizeof what, "reduce_scatter %s %s n=%zu%s", comm_dtype_name(dt),
+                   op ? "avg" : "sum", n, inplace ? " in place" : "");
+          comm_ref_fill(in.host, seed, rank, 0, n * N, dt);
+          dbuf_put(&in, all);
+          dbuf_put(&out, n * esz);
+          dbuf_t *res = inplace ? &in : &out;
+          const size_t at = inplace ? rank * n * esz : 0;
+          if (comm_reduce_scatter(c, in.dev, res->dev + at, n, dt, ro) < 0)
+            return child_fail(sh, rank, "%s: %s", what, err_msg());
+          dbuf_get(res);
+          if (check_reduce(sh, rank, N, res->host + at, n, rank * n, seed, dt, ro, what) ||
+              check_pad(sh, rank, res->host, inplace ? all : n * esz, what))
+            return 1;
+        }
         for (int inplace = 0; inplace < 2; inplace++) {
           seed++;
           snprintf(what, sizeof what, "all_reduce %s %s n=%zu%s", comm_dtype_name(dt),
@@ -337,7 +347,7 @@ static double group_sum(comm_t *c, int world_rank) {
 }
 
 static int child_split(int rank, int N, shared_t *sh) {
-  comm_t *w = make(rank, N, sh, 20000), *shard = NULL, *rep = NULL, *rev = NULL, *none = NULL;
+  comm_t *w = make(rank, N, sh, 20000), *shard = NULL, *rep = NULL, *rev = NULL, *eq = NULL;
   if (!w) return 1;
   const int shards = 2, s = rank % shards, r = rank / shards;
   if (comm_split(w, r, s, "shard", 0, &shard) < 0 || comm_split(w, s, r, "replica", 0, &rep) < 0)
@@ -365,10 +375,16 @@ static int child_split(int rank, int N, shared_t *sh) {
   }
   if (rev && group_sum(rev, rank) != (double)(N - 1) * N / 2)
     return child_fail(sh, rank, "sum over the reversed group: %s", err_msg());
+  /* equal keys: ordered by rank in the parent */
+  if (comm_split(w, 0, 7, "equal", 0, &eq) < 0)
+    return child_fail(sh, rank, "split with equal keys: %s", err_msg());
+  if (comm_size(eq) != N || comm_rank(eq) != rank)
+    return child_fail(sh, rank, "equal keys: rank %d of %d, wanted %d of %d", comm_rank(eq),
+                      comm_size(eq), rank, N);
   /* the world still works after its splits */
   if (group_sum(w, rank) != (double)N * (N + 1) / 2)
     return child_fail(sh, rank, "world sum after the splits: %s", err_msg());
-  comm_destroy(none);
+  comm_destroy(eq);
   comm_destroy(rev);
   comm_destroy(rep);
   comm_destroy(shard);
@@ -444,17 +460,18 @@ static void *abort_later(void *p) {
   return NULL;
 }
 
-/* Rank 0's op, whose peer never comes, ended by comm_abort from a thread of
- * its own (one that never chose a GPU, as a signal handler's would be). */
+/* Rank 1's op, whose peer never comes, ended by comm_abort from a thread of
+ * its own (one that never chose a GPU, as a signal handler's would be: on
+ * GPU 1, the emulator stops a rank whose abort selects GPU 0). */
 static int child_abort(int rank, int N, shared_t *sh) {
   comm_t *c;
   float *d = world_buf(rank, N, sh, 30000, &c);
   if (!d) return 1;
-  if (rank == 0) {
+  if (rank == 1) {
     pthread_t t;
     pthread_create(&t, NULL, abort_later, c);
     const double t0 = now_ms();
-    record(sh, 0, comm_all_reduce(c, d, d, 16, COMM_F32, COMM_SUM), t0);
+    record(sh, 1, comm_all_reduce(c, d, d, 16, COMM_F32, COMM_SUM), t0);
     pthread_join(t, NULL);
   } else {
     usleep(1500000);
@@ -470,10 +487,13 @@ static int child_killed(int rank, int N, shared_t *sh) {
   if (!d) return 1;
   if (comm_barrier(c) < 0) return child_fail(sh, rank, "first barrier: %s", err_msg());
   if (rank == N - 1) {
+    sh->victim_ready = 1;
     pause(); /* until SIGKILL */
     return 0;
   }
-  usleep(300000); /* the victim is dead by now */
+  for (const double t = now_ms(); !__atomic_load_n(&sh->victim_dead, __ATOMIC_ACQUIRE);)
+    if (now_ms() - t > 10000) return child_fail(sh, rank, "the victim was not killed");
+    else usleep(2000);
   const double t0 = now_ms();
   record(sh, rank, comm_all_reduce(c, d, d, 16, COMM_F32, COMM_SUM), t0);
   world_free(c, d);
@@ -638,7 +658,7 @@ int main(void) {
     char name[64];
     snprintf(name, sizeof name, "conformance at %d ranks", n);
     const double t0 = now_ms();
-    int rc = run_ranks(name, n, child_ops, sh, 240, -1, 0);
+    int rc = run_ranks(name, n, child_ops, sh, 240, -1);
     check(rc == 0, "%s: every op, dtype, reduction and count (%.1f s)", name,
           (now_ms() - t0) / 1e3);
     munmap(sh, sizeof *sh);
@@ -646,14 +666,14 @@ int main(void) {
 
   {
     shared_t *sh = shared_new();
-    check(run_ranks("split", 4, child_split, sh, 60, -1, 0) == 0,
-          "split: a 2 x 2 mesh's groups, reversed keys, a rank in no group");
+    check(run_ranks("split", 4, child_split, sh, 60, -1) == 0,
+          "split: a 2 x 2 mesh's groups, reversed keys, a rank in no group, equal keys");
     munmap(sh, sizeof *sh);
   }
 
   {
     shared_t *sh = shared_new();
-    int rc = run_ranks("diverge", 2, child_diverge, sh, 30, -1, 0);
+    int rc = run_ranks("diverge", 2, child_diverge, sh, 30, -1);
     check(rc == 0, "diverge: both ranks ran");
     for (int r = 0; r < 2; r++)
       check(sh->s[r].code < 0 && strstr(sh->s[r].msg, "ncclAllReduce(count=8") &&
@@ -665,7 +685,7 @@ int main(void) {
 
   {
     shared_t *sh = shared_new();
-    int rc = run_ranks("timeout", 2, child_timeout, sh, 30, -1, 0);
+    int rc = run_ranks("timeout", 2, child_timeout, sh, 30, -1);
     check(rc == 0 && sh->s[0].code == FSDP_ETIMEDOUT && sh->s[0].ms >= 400 &&
               sh->s[0].ms <= 400 + SLACK_MS,
           "timeout: an op whose peer never comes: %s in %.0f ms (bound 400 + %d): %s",
@@ -675,16 +695,16 @@ int main(void) {
 
   {
     shared_t *sh = shared_new();
-    int rc = run_ranks("abort", 2, child_abort, sh, 30, -1, 0);
-    check(rc == 0 && sh->s[0].code == FSDP_ECANCELED && sh->s[0].ms <= 200 + ABORT_BOUND_MS,
+    int rc = run_ranks("abort", 2, child_abort, sh, 30, -1);
+    check(rc == 0 && sh->s[1].code == FSDP_ECANCELED && sh->s[1].ms <= 200 + ABORT_BOUND_MS,
           "abort: comm_abort from another thread ends the pending op: %s in %.0f ms (bound %d): "
-          "%s", err_name(sh->s[0].code), sh->s[0].ms, 200 + ABORT_BOUND_MS, sh->s[0].msg);
+          "%s", err_name(sh->s[1].code), sh->s[1].ms, 200 + ABORT_BOUND_MS, sh->s[1].msg);
     munmap(sh, sizeof *sh);
   }
 
   {
     shared_t *sh = shared_new();
-    int rc = run_ranks("killed", 3, child_killed, sh, 30, 2, 150);
+    int rc = run_ranks("killed", 3, child_killed, sh, 30, 2);
     for (int r = 0; r < 2; r++)
       check(rc == 0 && sh->s[r].code == FSDP_ETIMEDOUT && sh->s[r].ms <= 600 + SLACK_MS,
             "killed peer: rank %d's op: %s in %.0f ms (bound 600 + %d): %s", r,
@@ -694,7 +714,7 @@ int main(void) {
 
   {
     shared_t *sh = shared_new();
-    int rc = run_ranks("no join", 2, child_no_join, sh, 30, -1, 0);
+    int rc = run_ranks("no join", 2, child_no_join, sh, 30, -1);
     check(rc == 0 && sh->s[0].code == FSDP_ETIMEDOUT && sh->s[0].ms <= 500 + SLACK_MS,
           "a world rank 1 never joins: create fails with %s in %.0f ms (bound 500 + %d): %s",
           err_name(sh->s[0].code), sh->s[0].ms, SLACK_MS, sh->s[0].msg);
@@ -704,6 +724,10 @@ int main(void) {
   if (plugin && *plugin) training(plugin);
   else printf("training through fsdp-launch: skipped (FSDP_CUDA_PLUGIN unset)\n");
 
+  /* every segment this test's ranks made (named by this process's id) is gone */
+  char left[128];
+  snprintf(left, sizeof left, "ls /dev/shm | grep -q '^fsdp-nccl-emu[.]%d[.]'", (int)getpid());
+  check(system(left) != 0, "no shared-memory segment of the emulated NCCL is left in /dev/shm");
   printf("test_nccl_ranks: %d checks, %d failed\n", n_checks, n_fails);
   return n_fails ? 1 : 0;
 }

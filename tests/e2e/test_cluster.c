@@ -692,9 +692,25 @@ Test(cluster, a_rank_killed_while_writing_its_shard_resumes_from_the_previous_ch
   free(ck), free(ref), free(conf);
 }
 
-/* The job of `steps` steps, checkpointed every `every`, preempted after
- * run_s seconds (see below). */
-static void preempted_resumes(int gpu, int steps, int every, double run_s) {
+/* Waits (bounded) until rank 0 of the job logged step `step` or later. */
+static int wait_step(const char *job, int step, double timeout_s) {
+  static char out[1 << 16];
+  char a[128];
+  snprintf(a, sizeof a, "logs %s --rank 0", job);
+  for (const double t0 = tu_now_s(); tu_now_s() - t0 < timeout_s;) {
+    cluster_ctl(coord.addr, a, out, sizeof out);
+    int last = 0, k;
+    for (const char *p = out; (p = strstr(p, "step ")); p += 5)
+      if ((p == out || p[-1] == '\n') && sscanf(p, "step %d/", &k) == 1 && k > last) last = k;
+    if (last >= step) return 1;
+    nanosleep(&(struct timespec){0, 20000000}, NULL);
+  }
+  return 0;
+}
+
+/* The job of `steps` steps, checkpointed every `every`, preempted once
+ * rank 0 logged step `at` (see below). */
+static void preempted_resumes(int gpu, int steps, int every, int at) {
   if (node_start(0, "first", gpu)) cr_skip_test("the emulated CUDA plugin is not built here (no nvcc)");
   char *ck, *ref, text[1024], a[2048];
   static char out[1 << 16];
@@ -705,7 +721,7 @@ static void preempted_resumes(int gpu, int steps, int every, double run_s) {
   char job[32];
   snprintf(job, sizeof job, "%s", submit(conf, "--ranks 2 --max-restarts 0"));
   cr_assert(wait_state(job, "RUNNING", 10));
-  nanosleep(&(struct timespec){(time_t)run_s, (long)((run_s - (time_t)run_s) * 1e9)}, NULL);
+  cr_assert(wait_step(job, at, 60), "rank 0 did not log step %d within 60 s", at);
   cluster_stop(&node[0], SIGTERM);
   cr_assert(wait_state(job, "PENDING", 10), "%s", state_of(job, out, sizeof out) ? out : "");
   snprintf(a, sizeof a, "--output json status %s", job);
@@ -733,12 +749,12 @@ static void preempted_resumes(int gpu, int steps, int every, double run_s) {
  * PENDING without spending a restart (max_restarts 0), runs on another node
  * from that checkpoint, and ends with the bytes of an uninterrupted run. */
 Test(cluster, a_preempted_job_checkpoints_requeues_and_resumes_exactly) {
-  preempted_resumes(0, 3000, 1000, 0.8); /* some hundreds of steps in */
+  preempted_resumes(0, 3000, 1000, 100); /* stopped some steps later, before 1000 */
 }
 
-/* The same for a cuda job on emulated GPUs (tens of steps in). */
+/* The same for a cuda job on emulated GPUs. */
 Test(cluster, a_preempted_cuda_job_checkpoints_requeues_and_resumes_exactly) {
-  preempted_resumes(1, 80, 40, 2.5);
+  preempted_resumes(1, 80, 40, 5);
 }
 
 /* `fsdpctl resume` of a cancelled job: back to PENDING with its restarts

@@ -46,6 +46,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -166,21 +167,53 @@ static void nccl_emu_free(ncclComm *c) {
   delete c;
 }
 
-/* Maps c's segment (made by whichever rank comes first) and counts c in. */
+/* Maps c's segment and counts c in: the rank that comes first makes it
+ * (O_EXCL), sized and its memory reserved (posix_fallocate: a full
+ * /dev/shm is an error here, not a SIGBUS at a later write), then writes
+ * nranks; the others map it once it has its size, and a rank given another
+ * size than the maker's fails (it would shrink the segment under the
+ * others). ncclSuccess, ncclInProgress (the maker has not sized it yet: try
+ * again), or an error. */
 static ncclResult_t emu_attach(ncclComm *c) {
   const size_t bytes = emu_seg_bytes(c->nranks);
-  int fd = shm_open(c->name, O_RDWR | O_CREAT, 0600);
+  bool maker = true;
+  int fd = shm_open(c->name, O_RDWR | O_CREAT | O_EXCL, 0600);
+  if (fd < 0 && errno == EEXIST) maker = false, fd = shm_open(c->name, O_RDWR, 0600);
   if (fd < 0)
     return nccl_emu_fail(ncclSystemError, "cuda_emu: shm_open(%s): %s", c->name, strerror(errno));
-  void *p = MAP_FAILED;
-  if (ftruncate(fd, (off_t)bytes) == 0)
-    p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  const int e = errno;
+  int e = 0;
+  if (maker) {
+    if (ftruncate(fd, (off_t)bytes) || (e = posix_fallocate(fd, 0, (off_t)bytes))) {
+      e = e ? e : errno;
+      close(fd);
+      shm_unlink(c->name);
+      return nccl_emu_fail(ncclSystemError, "cuda_emu: %zu bytes of shared memory for %s: %s",
+                           bytes, c->name, strerror(e));
+    }
+  } else {
+    struct stat st;
+    if (fstat(fd, &st)) {
+      e = errno;
+      close(fd);
+      return nccl_emu_fail(ncclSystemError, "cuda_emu: fstat(%s): %s", c->name, strerror(e));
+    }
+    if ((size_t)st.st_size != bytes) {
+      close(fd);
+      if (st.st_size == 0) return ncclInProgress; /* the maker is sizing it */
+      return nccl_emu_fail(ncclInvalidUsage,
+                           "cuda_emu: %s: rank %d was given %d ranks, but the communicator's "
+                           "segment is %lld bytes (another size)",
+                           c->name, c->rank, c->nranks, (long long)st.st_size);
+    }
+  }
+  void *p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  e = errno;
   close(fd);
   if (p == MAP_FAILED)
-    return nccl_emu_fail(ncclSystemError, "cuda_emu: %zu bytes of shared memory for %s: %s", bytes,
-                         c->name, strerror(e));
+    return nccl_emu_fail(ncclSystemError, "cuda_emu: mapping %zu bytes of %s: %s", bytes, c->name,
+                         strerror(e));
   c->seg = (emu_seg *)p, c->map_bytes = bytes;
+  if (maker) c->seg->nranks = c->nranks;
   c->seg->joined.fetch_add(1);
   return ncclSuccess;
 }
@@ -344,6 +377,7 @@ static ncclResult_t emu_progress(ncclComm *c) {
   if (o.kind == OP_JOIN) {
     if (!c->seg) {
       const ncclResult_t r = emu_attach(c);
+      if (r == ncclInProgress) return r;
       if (r != ncclSuccess) return c->err = r;
     }
     for (int spin = 0; spin < 64; spin++) {
@@ -456,8 +490,9 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId i
     return nccl_emu_fail(ncclInvalidArgument, "cuda_emu: rank %d of %d (the emulator takes up "
                          "to %d ranks)", rank, nranks, EMU_MAXR);
   char name[EMU_NAME];
-  memcpy(name, id.internal, sizeof id.internal < sizeof name ? sizeof id.internal : sizeof name);
-  name[sizeof name - 1] = 0;
+  static_assert(sizeof id.internal < sizeof name, "an id fits a name");
+  memcpy(name, id.internal, sizeof id.internal);
+  name[sizeof id.internal] = 0;
   if (nranks > 1 && strncmp(name, "/fsdp-nccl-emu.", 15))
     return nccl_emu_fail(ncclInvalidArgument, "cuda_emu: the unique id was not made by "
                          "ncclGetUniqueId");
