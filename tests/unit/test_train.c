@@ -470,7 +470,7 @@ Test(train, ranks_given_different_jobs_stop_at_open, .timeout = 60) {
              "--seq_len 32 --data %s $X'", diff[k], tu_root(), data);
     cr_assert_eq(launch_cmd(args, out, sizeof out), 1, "%s: %s", diff[k], out);
     for (int r = 0; r < 2; r++) {
-      char want[64];
+      char want[96];
       snprintf(want, sizeof want, "[rank %d] fsdp-train: the ranks were not given the same job", r);
       cr_assert(strstr(out, want), "%s: missing \"%s\":\n%s", diff[k], want, out);
     }
