@@ -349,6 +349,10 @@ static void *nccl_reaper(void *arg) {
    * child after all (NCCL's thread is joined by now): abort it too. */
   ncclComm_t orphan = __atomic_exchange_n(&c->split_slot, NULL, __ATOMIC_ACQ_REL);
   if (orphan) (void)ncclCommAbort(orphan);
+  /* what the communicator's stream still holds (a staged op's copy from
+   * the page-locked bounce buffer, queued behind the compute stream) runs
+   * before that buffer is freed with the communicator (helper-50) */
+  (void)cudaStreamSynchronize(c->stream);
   LOG_DEBUG("comm", "group '%s' rank %d: NCCL communicator aborted in %.1f ms", c->base.name,
             c->base.rank, (double)(nccl_now_ns() - t0) / 1e6);
   free(j);
