@@ -431,6 +431,13 @@ static ncclResult_t emu_answer(ncclComm *c) {
   return r;
 }
 
+/* A blocking communicator still joining (a child a non-blocking parent's
+ * split made) finishes its join before its first call, as NCCL's would
+ * have at the split. */
+static ncclResult_t emu_join_blocking(ncclComm *c) {
+  return c->blocking && c->op.kind == OP_JOIN ? emu_answer(c) : ncclSuccess;
+}
+
 /* One collective: a copy at one rank; at several, started (it runs as
  * ncclCommGetAsyncError is polled). send_n and recv_n are the buffers'
  * elements. */
@@ -441,6 +448,8 @@ static ncclResult_t emu_collective(int kind, const void *send, void *recv, size_
   if (!c) return nccl_emu_fail(ncclInvalidArgument, "cuda_emu: %s on a NULL communicator", what);
   if (c->err != ncclSuccess)
     return nccl_emu_fail(c->err, "cuda_emu: %s on a broken communicator", what);
+  const ncclResult_t joined = emu_join_blocking(c);
+  if (joined != ncclSuccess) return joined;
   if (c->op.kind != OP_NONE)
     return nccl_emu_fail(ncclInvalidUsage,
                          "cuda_emu: %s while %s still runs (poll ncclCommGetAsyncError "
@@ -514,6 +523,8 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newc
   if (!comm) return nccl_emu_fail(ncclInvalidArgument, "cuda_emu: split of a NULL communicator");
   if (comm->err != ncclSuccess)
     return nccl_emu_fail(comm->err, "cuda_emu: split of a broken communicator");
+  const ncclResult_t joined = emu_join_blocking(comm);
+  if (joined != ncclSuccess) return joined;
   if (comm->op.kind != OP_NONE)
     return nccl_emu_fail(ncclInvalidUsage, "cuda_emu: split while %s still runs",
                          op_names[comm->op.kind]);
