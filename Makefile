@@ -567,7 +567,7 @@ test: deps-test $(BINS) $(if $(HAVE_CUDA),$(CUDA_PLUGIN)) $(TEST_BINS) $(CUDA_CH
 	@[ -z "$(CUDA_EMU_CHECK)" ] || FSDP_CUDA_PLUGIN=$(CURDIR)/$(B)/emu/libfsdp-cuda.so sh tests/cuda/emu/run.sh \
 	  forward:$(B)/tests/cuda/test_cuda_kernels_emu random:$(B)/tests/cuda/test_cuda_kernels_emu \
 	  forward:$(B)/tests/cuda/test_cuda_train forward:$(B)/tests/cuda/test_nccl_ranks_emu
-	@sh tests/run.sh $(TEST_BINS)
+	@FSDP_TEST_BUILD=$(B) sh tests/run.sh $(TEST_BINS)
 
 # The shared element-wise math on a GPU against the CPU kernels (passes, saying
 # so, where there is no GPU).
@@ -581,7 +581,8 @@ test-cuda: $(CUDA_CHECKS) $(if $(HAVE_CUDA),$(CUDA_PLUGIN))
 test-san: deps-test $(BINS)
 	$(MAKE) B=build-san OPT=-O1 EXTRA_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer" \
 	  EXTRA_LDFLAGS="-fsanitize=address,undefined" $(call test_bins,build-san)
-	ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp UBSAN_OPTIONS=halt_on_error=1 sh tests/run.sh $(call test_bins,build-san)
+	FSDP_TEST_BUILD=build-san ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp \
+	  UBSAN_OPTIONS=halt_on_error=1 sh tests/run.sh $(call test_bins,build-san)
 
 bench: deps-bench $(BINS) $(BENCH_BINS)
 	@BENCH_BUILD=$(B) sh tests/bench/run.sh

@@ -183,8 +183,8 @@ static const char *emu_plugin(char driver[PATH_MAX + 64]) {
   static char plugin[PATH_MAX + 64];
   char root[PATH_MAX], lib[PATH_MAX + 128];
   cr_assert_not_null(realpath(tu_root(), root));
-  snprintf(plugin, sizeof plugin, "%s/build/emu/libfsdp-cuda.so", root);
-  snprintf(driver, PATH_MAX + 64, "%s/build/tests/fake-cuda", root);
+  snprintf(plugin, sizeof plugin, "%s/%s/emu/libfsdp-cuda.so", root, tu_build());
+  snprintf(driver, PATH_MAX + 64, "%s/%s/tests/fake-cuda", root, tu_build());
   snprintf(lib, sizeof lib, "%s/libcuda.so.1", driver);
   return access(plugin, R_OK) || access(lib, R_OK) ? "" : plugin;
 }

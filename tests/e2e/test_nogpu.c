@@ -109,7 +109,9 @@ Test(nogpu, a_cuda_job_without_a_gpu_says_so, .timeout = 60) {
  * our plugin (the fake driver test_inventory uses): both are refused by name. */
 Test(nogpu, a_plugin_path_that_is_not_the_plugin_is_refused, .timeout = 60) {
   char *data = tu_token_file("tokens.bin", 1 << 15, 7, 256);
-  const char *files[] = {"/nonexistent/libfsdp-cuda.so", "build/tests/fake-cuda/libcuda.so.1"};
+  char fake[256];
+  snprintf(fake, sizeof fake, "%s/tests/fake-cuda/libcuda.so.1", tu_build());
+  const char *files[] = {"/nonexistent/libfsdp-cuda.so", fake};
   const char *want[] = {"cannot load the CUDA plugin", "is not this build's CUDA plugin"};
   for (int i = 0; i < 2; i++) {
     char cmd[2048];
@@ -128,8 +130,9 @@ Test(nogpu, a_plugin_path_that_is_not_the_plugin_is_refused, .timeout = 60) {
  * program first (--probe-device cuda, as the ranks' user). With --devices
  * cuda it refuses to start, saying why; with auto it offers a CPU device. */
 Test(nogpu, a_node_does_not_offer_gpus_its_ranks_cannot_use, .timeout = 60) {
-  char cmd[2048];
-  const char *env = "LD_LIBRARY_PATH=build/tests/fake-cuda FSDP_CUDA_PLUGIN=/nonexistent/libfsdp-cuda.so";
+  char cmd[2048], env[512];
+  snprintf(env, sizeof env, "LD_LIBRARY_PATH=%s/tests/fake-cuda "
+           "FSDP_CUDA_PLUGIN=/nonexistent/libfsdp-cuda.so", tu_build());
   const char *as = geteuid() == 0 ? "--run-as nobody" : "";
   snprintf(cmd, sizeof cmd, "cd '%s' && %s bin/fsdpd --devices cuda --coordinator 127.0.0.1:1 "
            "--work-dir '%s/node' %s", tu_root(), env, tu_tmpdir(), as);

@@ -116,6 +116,11 @@ const char *tu_root(void) {
   return r && *r ? r : ".";
 }
 
+const char *tu_build(void) {
+  const char *b = getenv("FSDP_TEST_BUILD");
+  return b && *b ? b : "build";
+}
+
 char *tu_slurp(const char *path, size_t *n) {
   size_t len = 0, cap = 4096;
   char *s = malloc(cap);

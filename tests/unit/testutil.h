@@ -35,6 +35,10 @@ int tu_run_bin(const char *program, const char *args, char *out, size_t len);
 int tu_sh(const char *cmd, char *out, size_t len);
 /* Project root (where the Makefile is): FSDP_ROOT, else the current directory. */
 const char *tu_root(void);
+/* The build directory the tests' helpers are in, under tu_root():
+ * FSDP_TEST_BUILD (the Makefile's B: build-san under `make test-san`), else
+ * "build". */
+const char *tu_build(void);
 /* The whole file at path, NUL-terminated (its length in *n when n is not
  * NULL); "" when it cannot be read. Free it. */
 char *tu_slurp(const char *path, size_t *n);
