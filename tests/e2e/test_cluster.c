@@ -189,20 +189,21 @@ static const char *emu_plugin(char driver[PATH_MAX + 64]) {
   return access(plugin, R_OK) || access(lib, R_OK) ? "" : plugin;
 }
 
-/* node[i], fsdpd named name, registered: with 2 CPU devices, or (gpu)
- * serving two emulated GPUs (the emulated driver for its inventory, the
- * plugin for its probe and ranks; the test's own fsdp-launch runs get the
- * plugin too, FSDP_CUDA_PLUGIN). -1 when the emulator is not built here. */
-static int node_start(int i, const char *name, int gpu) {
-  if (!gpu) {
+/* node[i], fsdpd named name, registered: with 2 CPU devices (gpus 0), or
+ * serving `gpus` emulated GPUs (the fake driver for its inventory, the
+ * emulated plugin for its probe and ranks; the test's own fsdp-launch runs
+ * get the plugin too, FSDP_CUDA_PLUGIN). -1 when the emulator is not built
+ * here. */
+static int node_start(int i, const char *name, int gpus) {
+  if (!gpus) {
     cluster_fsdpd_start(&node[i], coord.addr, name, 2, NULL);
     return 0;
   }
   char driver[PATH_MAX + 64], env[3 * PATH_MAX];
   const char *plugin = emu_plugin(driver);
   if (!*plugin) return -1;
-  snprintf(env, sizeof env, "LD_LIBRARY_PATH='%s' FAKE_CUDA_GPUS=2 FSDP_CUDA_PLUGIN='%s' "
-           "CUDA_EMU_DEVICES=2", driver, plugin);
+  snprintf(env, sizeof env, "LD_LIBRARY_PATH='%s' FAKE_CUDA_GPUS=%d FSDP_CUDA_PLUGIN='%s' "
+           "CUDA_EMU_DEVICES=%d", driver, gpus, plugin, gpus);
   setenv("FSDP_CUDA_PLUGIN", plugin, 1);
   cluster_fsdpd_spawn_on(&node[i], coord.addr, name, "cuda", env, NULL);
   cluster_wait_alive(coord.addr, name);
@@ -210,24 +211,27 @@ static int node_start(int i, const char *name, int gpu) {
 }
 
 /* A GPU job through the whole service, on emulated GPUs (the CUDA plugin
- * and NCCL built on tests/cuda/emu, and an emulated driver for fsdpd's
- * inventory): fsdpd finds 2 GPUs, probes that its ranks can use them, the
- * coordinator places a 2-rank cuda job on them, each rank takes its own GPU
- * (FSDP_CUDA_DEVICE) and the ranks reduce through NCCL; the losses are
- * fsdp-launch's for the same job, step for step. What a user with a GPU
- * node does first; skipped where nvcc did not build the emulator. */
-Test(cluster, a_cuda_job_on_two_emulated_gpus_trains_as_under_fsdp_launch) {
-  if (node_start(0, "gpu", 1)) cr_skip_test("the emulated CUDA plugin is not built here (no nvcc)");
+ * and NCCL built on tests/cuda/emu, and the fake driver for fsdpd's
+ * inventory): fsdpd finds 4 GPUs, probes that its ranks can use them, the
+ * coordinator places a 4-rank HYBRID_SHARD 2 x 2 job on them, each rank
+ * takes its own GPU (FSDP_CUDA_DEVICE) and the ranks reduce through NCCL's
+ * world, shard and replica groups; the losses are fsdp-launch's for the
+ * same job, step for step, and the comm plan is each rank's count. What a
+ * user with a GPU node does first; skipped where nvcc did not build the
+ * emulator. */
+Test(cluster, a_hybrid_cuda_job_on_four_emulated_gpus_trains_as_under_fsdp_launch) {
+  if (node_start(0, "gpu", 4)) cr_skip_test("the emulated CUDA plugin is not built here (no nvcc)");
   const char *plugin = getenv("FSDP_CUDA_PLUGIN");
   char out[65536], a[256];
   cr_assert_eq(cluster_ctl(coord.addr, "nodes", out, sizeof out), 0, "%s", out);
   cr_assert(strstr(out, "cuda"), "the node's GPUs are not listed:\n%s", out);
-  char *conf = job_file("gpu.conf", "steps = 4\ndevice = cuda\n");
-  const char *job = submit(conf, "--ranks 2 --name gpu");
+  char *conf = job_file("gpu.conf", "steps = 4\ndevice = cuda\n[shard]\nstrategy = HYBRID_SHARD\n"
+                        "mesh = 2x2\n");
+  const char *job = submit(conf, "--ranks 4 --name gpu");
   snprintf(a, sizeof a, "watch %s", job);
   cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
   /* each rank on its own emulated GPU */
-  for (int r = 0; r < 2; r++) {
+  for (int r = 0; r < 4; r++) {
     char want[64];
     snprintf(a, sizeof a, "logs %s --rank %d", job, r);
     cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
@@ -239,18 +243,18 @@ Test(cluster, a_cuda_job_on_two_emulated_gpus_trains_as_under_fsdp_launch) {
   cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
   losses(out, "step", svc, sizeof svc);
   char cmd[2 * PATH_MAX];
-  snprintf(cmd, sizeof cmd, "-n 2 -- env FSDP_THREADS=1 FSDP_CUDA_PLUGIN='%s' '%s/bin/fsdp-train' "
-           "--config '%s'", plugin, tu_root(), conf);
+  snprintf(cmd, sizeof cmd, "-n 4 -- env FSDP_THREADS=1 CUDA_EMU_DEVICES=4 FSDP_CUDA_PLUGIN='%s' "
+           "'%s/bin/fsdp-train' --config '%s'", plugin, tu_root(), conf);
   cr_assert_eq(tu_run_bin("fsdp-launch", cmd, out, sizeof out), 0, "%s", out);
   losses(out, "[rank 0] step", ref, sizeof ref);
   cr_assert_gt(strlen(ref), 0, "%s", out);
   cr_expect_str_eq(svc, ref, "losses under the service: %s\nunder fsdp-launch: %s", svc, ref);
   /* the plan's communicators (NCCL's buffers, as nccl_size.h estimates
-   * them, for the world and the shard group split from it) are what each
-   * rank counted */
+   * them, for the world and the shard and replica groups split from it)
+   * are what each rank counted */
   snprintf(a, sizeof a, "memory %s", job);
   cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
-  for (int r = 0; r < 2; r++) {
+  for (int r = 0; r < 4; r++) {
     char planned[32], peak[32];
     memory_row(out, r, "comm", planned, peak, sizeof peak);
     cr_expect(peak[0] && !strcmp(planned, peak), "rank %d: comm planned %s MiB, peak %s MiB:\n%s",
@@ -543,7 +547,7 @@ Test(cluster, a_killed_rank_resumes_from_the_last_checkpoint_exactly) {
  * communicators with it, the other's ops fail or are stopped by fsdpd,
  * and the restarted ranks make new ones and resume exactly. */
 Test(cluster, a_killed_rank_of_a_cuda_job_resumes_exactly) {
-  if (node_start(0, "solo", 1)) cr_skip_test("the emulated CUDA plugin is not built here (no nvcc)");
+  if (node_start(0, "solo", 2)) cr_skip_test("the emulated CUDA plugin is not built here (no nvcc)");
   killed_rank_resumes("device = cuda\n", 60, 10);
 }
 
@@ -711,7 +715,7 @@ static int wait_step(const char *job, int step, double timeout_s) {
 /* The job of `steps` steps, checkpointed every `every`, preempted once
  * rank 0 logged step `at` (see below). */
 static void preempted_resumes(int gpu, int steps, int every, int at) {
-  if (node_start(0, "first", gpu)) cr_skip_test("the emulated CUDA plugin is not built here (no nvcc)");
+  if (node_start(0, "first", 2 * gpu)) cr_skip_test("the emulated CUDA plugin is not built here (no nvcc)");
   char *ck, *ref, text[1024], a[2048];
   static char out[1 << 16];
   ckpt_roots("ck-preempt", &ck, &ref);
@@ -731,7 +735,7 @@ static void preempted_resumes(int gpu, int steps, int every, int at) {
   cr_assert_geq(committed_steps(ck, steps, every, &odd), 1);
   cr_assert_gt(odd, 0, "no checkpoint of the step the job stopped at");
   /* another node takes it, from that checkpoint */
-  cr_assert_eq(node_start(1, "second", gpu), 0);
+  cr_assert_eq(node_start(1, "second", 2 * gpu), 0);
   snprintf(a, sizeof a, "watch %s", job);
   cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
   snprintf(a, sizeof a, "logs %s --rank 0", job);
