@@ -185,6 +185,8 @@ typedef struct rpc_client_opts {
   const char *tls_ca_file;     /* NULL: plaintext; else TLS, the server checked against this CA */
   int keepalive_s;             /* while a call is open, ping this often and give up on a server
                                   that leaves one unanswered as long (0: FSDP_RPC_KEEPALIVE_S) */
+  int recv_window;             /* bytes a stream may send ahead of what this client has read, fixed
+                                  (0: gRPC's, which grows with the link's bandwidth-delay product) */
 } rpc_client_opts_t;
 
 /* A channel to target (no connection is made until the first call). Reads

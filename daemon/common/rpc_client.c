@@ -153,12 +153,17 @@ int rpc_client_create(rpc_client_t **out, const rpc_client_opts_t *o) {
    * that long (a `fsdpctl logs -f | less` paused) loses it too. */
   const int64_t want = o->keepalive_s > 0 ? o->keepalive_s : param_rpc_keepalive_s();
   const int64_t ka = want < 1 ? 1 : want > 3600 ? 3600 : want;
-  grpc_arg ka_args[3] = {
+  /* A fixed receive window (no BDP probing) bounds what a server can
+   * have sent toward a stream the caller is not reading. */
+  grpc_arg args[5] = {
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_TIME_MS, .value.integer = (int)ka * 1000},
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_TIMEOUT_MS, .value.integer = (int)ka * 1000},
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, .value.integer = 0},
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_HTTP2_BDP_PROBE, .value.integer = 0},
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
+       .value.integer = o->recv_window},
   };
-  grpc_channel_args ch_args = {3, ka_args};
+  grpc_channel_args ch_args = {o->recv_window > 0 ? 5 : 3, args};
   c->ch = creds ? grpc_channel_create(c->target, creds, &ch_args) : NULL;
   if (creds) grpc_channel_credentials_release(creds);
   if (!c->ch) {
