@@ -189,16 +189,25 @@ int comm_boot_connect(comm_boot_t *b, int replicas, int shards, comm_groups_t *g
   b->listen_fd = -1; /* the ring owns it, whatever happens */
   int rc = comm_ring_create(&o, &g->world);
   if (!rc && b->ids) rc = comm_boot_world_by_id(b, &g->world);
+  /* A group of every rank is the world itself (FULL_SHARD's shard group,
+   * NO_SHARD's replica group): one communicator less, and with it NCCL's
+   * buffers (comm_nccl_size_bytes) or a ring's sockets, thread and staging.
+   * Sharing is safe: one thread issues every op, in the same order on
+   * every rank, and a communicator runs its ops in issue order. */
   const int shard = b->rank % shards, replica = b->rank / shards;
-  if (!rc && shards > 1) rc = comm_split(g->world, replica, shard, "shard", 0, &g->shard);
-  if (!rc && replicas > 1) rc = comm_split(g->world, shard, replica, "replica", 0, &g->replica);
+  if (!rc && shards > 1)
+    rc = replicas == 1 ? (g->shard = g->world, 0)
+                       : comm_split(g->world, replica, shard, "shard", 0, &g->shard);
+  if (!rc && replicas > 1)
+    rc = shards == 1 ? (g->replica = g->world, 0)
+                     : comm_split(g->world, shard, replica, "replica", 0, &g->replica);
   if (rc) comm_groups_destroy(g);
   return rc;
 }
 
 void comm_groups_destroy(comm_groups_t *g) {
-  comm_destroy(g->shard);
-  comm_destroy(g->replica);
+  if (g->shard != g->world) comm_destroy(g->shard);
+  if (g->replica != g->world) comm_destroy(g->replica);
   comm_destroy(g->world);
   memset(g, 0, sizeof *g);
 }

@@ -51,7 +51,9 @@ typedef struct comm_boot {
 
 /* The communicators of one rank in a mesh of replicas x shards ranks, rank =
  * replica * shards + shard: world (NULL for one rank), its shard group (NULL
- * when shards == 1) and its replica group (NULL when replicas == 1). */
+ * when shards == 1; the world itself when replicas == 1) and its replica
+ * group (NULL when replicas == 1; the world itself when shards == 1). Only
+ * a mesh of both (HYBRID) splits the world. */
 typedef struct comm_groups {
   comm_t *world, *shard, *replica;
 } comm_groups_t;

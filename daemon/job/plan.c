@@ -215,15 +215,16 @@ static int plan_runtime(const config_t *c, int world, plan_t *p) {
   p->grads_keep_unsharded = gsh + (alias_grads ? 0 : plan_unit_grads(l, L, 1, w));
   p->bytes[MEM_GRADS] = c->keep_unsharded_grads && c->grad_accum > 1 ? p->grads_keep_unsharded
                                                                        : p->grads_reduce_each;
-  /* communication: each communicator's buffers (world; shard group when
-   * S > 1; replica group when R > 1) and the reduce-scatter landing when
-   * S > 1 (reduce dtype; a bf16-mixed gather sends from its own landing
-   * buffer, counted above) */
+  /* communication: each communicator's buffers (world, which is also the
+   * shard group when R = 1 and the replica group when S = 1; a HYBRID
+   * mesh's shard and replica groups besides: comm_boot_connect) and the
+   * reduce-scatter landing when S > 1 (reduce dtype; a bf16-mixed gather
+   * sends from its own landing buffer, counted above) */
   size_t comm = m.shards > 1 ? e * largest : 0;
   const plan_device_t *dev = plan_device(c);
   if (world > 1) comm += dev->comm_bytes(world);
-  if (m.shards > 1) comm += dev->comm_bytes(m.shards);
-  if (m.replicas > 1) comm += dev->comm_bytes(m.replicas);
+  if (m.shards > 1 && m.replicas > 1)
+    comm += dev->comm_bytes(m.shards) + dev->comm_bytes(m.replicas);
   p->bytes[MEM_COMM] = comm;
   plan_loop(c, p);
   /* held for the runtime's life, so on top of the loop's: the host stage

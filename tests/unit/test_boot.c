@@ -178,6 +178,7 @@ static struct {
   char addrs[4][32];
   int fds[4];
   int fail;
+  int replicas;  /* the mesh run: R x (4 / R) ranks (0: 2 x 2) */
   uint8_t *seen; /* shared: ID_BYTES per rank, then rank 0's drawn id */
 } ids_env;
 
@@ -218,31 +219,42 @@ static void mesh_rank(char addrs[4][32], int fds[4], int rank, int by_id) {
   if (comm_boot_set_secret(&b, MESH_SECRET, "test")) _exit(2); /* and FSDP_RING_SECRET */
   b.listen_fd = fds[rank];
   if (by_id) b.ids = &ids_backend;
-  if (comm_boot_connect(&b, 2, 2, &g)) {
+  const int R = ids_env.replicas ? ids_env.replicas : 2, S = 4 / R;
+  if (comm_boot_connect(&b, R, S, &g)) {
     if (ids_env.fail && rank && strstr(err_msg(), "rank 0 could not make the world's id")) _exit(4);
     if (ids_env.fail && !rank && strstr(err_msg(), "could not draw an id")) _exit(4);
     fprintf(stderr, "rank %d: %s\n", rank, err_msg());
     _exit(3);
   }
-  const int shard = rank % 2, replica = rank / 2;
-  int ok = comm_size(g.world) == 4 && comm_rank(g.world) == rank && comm_size(g.shard) == 2 &&
-           comm_rank(g.shard) == shard && comm_size(g.replica) == 2 &&
-           comm_rank(g.replica) == replica && !strcmp(comm_name(g.shard), "shard") &&
-           !strcmp(comm_name(g.replica), "replica");
+  const int shard = rank % S, replica = rank / S;
+  /* a group of every rank is the world itself, not a second communicator;
+   * a group of one rank is none */
+  int ok = comm_size(g.world) == 4 && comm_rank(g.world) == rank &&
+           (S == 1 ? !g.shard : R == 1 ? g.shard == g.world : g.shard != g.world) &&
+           (R == 1 ? !g.replica : S == 1 ? g.replica == g.world : g.replica != g.world);
+  ok = ok && (!g.shard || (comm_size(g.shard) == S && comm_rank(g.shard) == shard)) &&
+       (!g.replica || (comm_size(g.replica) == R && comm_rank(g.replica) == replica));
+  ok = ok && (R == 1 || S == 1 ||
+              (!strcmp(comm_name(g.shard), "shard") && !strcmp(comm_name(g.replica), "replica")));
   /* the ring's groups are of the world's run: their hellos say so, and
    * prove the world's secret */
   for (int i = 0; ok && !by_id && i < 2; i++) {
+    comm_t *grp = i ? g.replica : g.shard;
+    if (!grp) continue;
     comm_ring_opts_t o = {0};
-    comm_ring_run(i ? g.replica : g.shard, &o);
+    comm_ring_run(grp, &o);
     ok = !strcmp(o.job, "mesh-job") && o.attempt == 2 && o.secret &&
          !memcmp(o.secret, b.secret, COMM_RING_SECRET_BYTES) && o.secret[0] == 0x01 &&
          o.secret[31] == 0xef;
   }
   float s = (float)(1 << rank), r = s;
-  ok = ok && !comm_all_reduce(g.shard, &s, &s, 1, COMM_F32, COMM_SUM) &&
-       !comm_all_reduce(g.replica, &r, &r, 1, COMM_F32, COMM_SUM);
-  /* shard group {2i, 2i+1}; replica group {j, j+2} */
-  ok = ok && s == (float)(3 << (2 * replica)) && r == (float)(5 << shard);
+  ok = ok && (!g.shard || !comm_all_reduce(g.shard, &s, &s, 1, COMM_F32, COMM_SUM)) &&
+       (!g.replica || !comm_all_reduce(g.replica, &r, &r, 1, COMM_F32, COMM_SUM));
+  /* shard group {replica * S + j}; replica group {i * S + shard} */
+  float want_s = 0, want_r = 0;
+  for (int j = 0; j < S; j++) want_s += (float)(1 << (replica * S + j));
+  for (int i = 0; i < R; i++) want_r += (float)(1 << (i * S + shard));
+  ok = ok && s == want_s && r == want_r;
   if (!ok) fprintf(stderr, "rank %d: groups wrong (shard sum %g, replica sum %g)\n", rank, s, r);
   comm_groups_destroy(&g);
   comm_boot_free(&b);
@@ -277,6 +289,16 @@ static void mesh_run(int by_id, int want) {
 }
 
 Test(boot, a_mesh_connects_its_groups, .timeout = 30) { mesh_run(0, 0); }
+
+/* FULL_SHARD's 1 x 4 and NO_SHARD's 4 x 1: the group of every rank is the
+ * world, not a split of it (one communicator: NCCL's buffers once). */
+Test(boot, a_group_of_every_rank_is_the_world_itself, .timeout = 30) {
+  ids_env.replicas = 1;
+  mesh_run(0, 0);
+  ids_env.replicas = 4;
+  mesh_run(0, 0);
+  mesh_run(1, 0);
+}
 
 /* Every rank is handed the id rank 0 drew, and the world made from it (not
  * the ring that carried it) splits into the mesh's groups. */
