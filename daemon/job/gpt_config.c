@@ -77,25 +77,33 @@ int gpt_config_logits_ld(const gpt_config_t *cfg) {
   return (cfg->vocab + GPT_LOGITS_ALIGN - 1) / GPT_LOGITS_ALIGN * GPT_LOGITS_ALIGN;
 }
 
+int gpt_config_logits_rows(const gpt_config_t *cfg) {
+  const size_t row = (size_t)gpt_config_logits_ld(cfg) * sizeof(float);
+  const size_t rows = GPT_LOGITS_CHUNK_BYTES / (row ? row : 1);
+  return rows < 1 ? 1 : rows > INT32_MAX ? INT32_MAX : (int)rows;
+}
+
 /* Floats of activations + backward scratch for (B, T), excluding the int32
  * token arrays and the attention scratch (counted by the caller); att: the
  * floats a layer's attention keeps for backward (the kernel backend's
- * attention_saved). With
+ * attention_saved); lrows: the logits' chunk. With
  * checkpointing, each block keeps only its output; the rest of a block's
  * activations live in one slot that backward refills by recomputing. */
 static size_t gpt_config_act_floats(const gpt_config_t *c, size_t B, size_t T, int ckpt,
-                                    size_t att) {
+                                    size_t att, int lrows) {
   const size_t N = B * T, C = (size_t)c->channels, L = (size_t)c->layers;
+  const size_t R = lrows > 0 && (size_t)lrows < N ? (size_t)lrows : N;
   size_t inner = 15 * N * C + 4 * N + att; /* all but res3 */
   size_t layers = ckpt ? L * N * C + inner : L * (inner + N * C);
   size_t fwd = N * C /* encoded */ + layers + N * C + 2 * N /* lnf */ +
-               N * (size_t)gpt_config_logits_ld(c) /* logits */ + N /* losses */;
+               R * (size_t)gpt_config_logits_ld(c) /* logits: one chunk */ + N /* losses */;
   size_t bwd = 2 * N * C /* dres, dln */ + 8 * N * C /* dbig1, dbig2 */;
   return fwd + bwd;
 }
 
-size_t gpt_config_act_bytes(const gpt_config_t *cfg, int B, int T, int ckpt, size_t att) {
-  return gpt_config_act_floats(cfg, (size_t)B, (size_t)T, ckpt, att) * sizeof(float) +
+size_t gpt_config_act_bytes(const gpt_config_t *cfg, int B, int T, int ckpt, size_t att,
+                            int lrows) {
+  return gpt_config_act_floats(cfg, (size_t)B, (size_t)T, ckpt, att, lrows) * sizeof(float) +
          2 * (size_t)B * (size_t)T * sizeof(int32_t);
 }
 

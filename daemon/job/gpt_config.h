@@ -65,12 +65,22 @@ gpt_unit_t gpt_config_unit(const gpt_config_t *cfg, int u);
 #define GPT_LOGITS_ALIGN 64
 int gpt_config_logits_ld(const gpt_config_t *cfg);
 
+/* The logits never exist for all B*T rows at once: the LM head and its
+ * cross-entropy run over the rows in chunks of this many (what
+ * GPT_LOGITS_CHUNK_BYTES of logits hold, at least one row), each chunk's
+ * loss gradient and backward taken before the next chunk's logits overwrite
+ * it. gpt2-124m: 667 rows (128 MiB) instead of B*T (1.6 GiB at 8 x 1024). */
+#define GPT_LOGITS_CHUNK_BYTES ((size_t)128 << 20)
+int gpt_config_logits_rows(const gpt_config_t *cfg);
+
 /* Bytes of activations (and their gradients) the model holds for (B, T), with
  * or without activation checkpointing: what gpt.c allocates for them. att is
  * the floats one layer's attention keeps for backward, the kernel backend's
  * to say (kern_backend_t's attention_saved: B*NH*T*T probabilities on the
- * CPU, B*NH*T in the GPU's fused kernel). The attention scratch is the
- * backend's own (attention_scratch) and not counted here. */
-size_t gpt_config_act_bytes(const gpt_config_t *cfg, int B, int T, int ckpt, size_t att);
+ * CPU, B*NH*T in the GPU's fused kernel); lrows the logits' chunk
+ * (gpt_config_logits_rows). The attention scratch is the backend's own
+ * (attention_scratch) and not counted here. */
+size_t gpt_config_act_bytes(const gpt_config_t *cfg, int B, int T, int ckpt, size_t att,
+                            int lrows);
 
 #endif

@@ -83,8 +83,10 @@ static void plan_loop(const config_t *c, plan_t *p) {
   const int ck = c->activation_checkpointing;
   const size_t f = sizeof(float);
   size_t scratch = dev->attention_scratch(c->batch, c->seq_len, g->channels, g->heads) * f;
+  const int lrows = gpt_config_logits_rows(g);
   size_t acts = gpt_config_act_bytes(g, c->batch, c->seq_len, ck,
-                                     dev->attention_saved(c->batch, c->seq_len, g->channels, g->heads));
+                                     dev->attention_saved(c->batch, c->seq_len, g->channels, g->heads),
+                                     lrows);
   const size_t batches = 2 * (size_t)c->batch * (size_t)c->seq_len * sizeof(int32_t); /* a rank's rows */
   size_t sample = 0;
   if (c->sample_tokens > 0) {
@@ -92,7 +94,8 @@ static void plan_loop(const config_t *c, plan_t *p) {
     const size_t n = np + (size_t)c->sample_tokens;
     const int T = n - 1 < (size_t)g->context ? (int)(n - 1) : g->context;
     size_t s_scratch = dev->attention_scratch(1, T, g->channels, g->heads) * f;
-    size_t s_acts = gpt_config_act_bytes(g, 1, T, ck, dev->attention_saved(1, T, g->channels, g->heads));
+    size_t s_acts = gpt_config_act_bytes(g, 1, T, ck, dev->attention_saved(1, T, g->channels, g->heads),
+                                         lrows);
     if (s_acts > acts) acts = s_acts;
     if (s_scratch > scratch) scratch = s_scratch;
     sample = (size_t)c->sample_tokens * sizeof(int32_t) + n * sizeof(int32_t) +

@@ -118,8 +118,10 @@ struct gpt {
   gpt_layer_acts_t *layer; /* (L) */
   float *lnf;             /* (N,C) */
   float *lnf_mean, *lnf_rstd; /* (N) */
-  float *logits;          /* (N,V), rows gpt_config_logits_ld apart: logits, then
-                           * probabilities, then dlogits */
+  float *logits;          /* (lrows,V), rows gpt_config_logits_ld apart: a chunk's
+                           * logits, then probabilities, then dlogits */
+  int lrows;              /* rows the logits hold: min(N, the chunk) */
+  int lrows_set;          /* gpt_set_logits_rows (0: gpt_config_logits_rows) */
   float *losses;          /* (N) */
   int32_t *tokens;        /* (N) inputs of the last forward */
   int32_t *targets;       /* (N) targets of the last forward */
@@ -131,7 +133,8 @@ struct gpt {
   float *att_scratch;
   int have_targets;       /* the logits hold: 0 logits (a forward without targets), 1
                            * probabilities, 2 dlogits (forward_train), 3 dlogits backward
-                           * has used */
+                           * has used; 4 nothing: forward_train ran the LM head's
+                           * backward chunk by chunk (dln holds its gradient) */
   float dloss_scale;      /* forward_train's */
 };
 
@@ -290,14 +293,20 @@ int gpt_num_units(const gpt_t *g) { return g->num_units; }
 gpt_unit_t gpt_unit(const gpt_t *g, int u) { return g->units[u]; }
 float *gpt_params(gpt_t *g) { return g->params; }
 float *gpt_grads(gpt_t *g) { return g->grads; }
-const float *gpt_logits(const gpt_t *g) { return g->have_targets ? NULL : g->logits; }
+const float *gpt_logits(const gpt_t *g) {
+  return g->have_targets || g->lrows < g->B * g->T ? NULL : g->logits;
+}
 int gpt_logits_ld(const gpt_t *g) { return gpt_config_logits_ld(&g->cfg); }
 
 int gpt_copy_logits(const gpt_t *g, int row, float *out) {
-  if (!g->acts_mem || g->have_targets || row < 0 || row >= g->B * g->T)
+  const int N = g->acts_mem ? g->B * g->T : 0, first = N - g->lrows;
+  if (!g->acts_mem || g->have_targets || row < 0 || row >= N)
     return err_set(FSDP_EINVAL, "gpt_copy_logits: row %d of a forward without targets of %d rows "
-                   "(run gpt_forward with targets NULL first)", row, g->acts_mem ? g->B * g->T : 0);
-  g->be->copy_d2h(out, g->logits + (size_t)row * (size_t)gpt_logits_ld(g),
+                   "(run gpt_forward with targets NULL first)", row, N);
+  if (row < first)
+    return err_set(FSDP_EINVAL, "gpt_copy_logits: row %d: a forward keeps the logits of its last "
+                   "%d rows only (rows %d to %d of %d)", row, g->lrows, first, N - 1, N);
+  g->be->copy_d2h(out, g->logits + (size_t)(row - first) * (size_t)gpt_logits_ld(g),
                   (size_t)g->cfg.vocab * sizeof(float));
   g->be->sync();
   return FSDP_OK;
@@ -321,6 +330,13 @@ void gpt_set_checkpointing(gpt_t *g, int on) {
   g->B = g->T = 0; /* lay the activations out again on the next forward */
 }
 
+void gpt_set_logits_rows(gpt_t *g, int rows) {
+  if (rows < 0) rows = 0;
+  if (rows == g->lrows_set) return;
+  g->lrows_set = rows;
+  g->B = g->T = 0;
+}
+
 /* Lays out the activations of (B, T) in the held block, growing it only when
  * (B, T) needs more than it holds (sampling walks T up one token at a time). */
 static int gpt_alloc_acts(gpt_t *g, int B, int T) {
@@ -328,7 +344,8 @@ static int gpt_alloc_acts(gpt_t *g, int B, int T) {
   const gpt_config_t *c = &g->cfg;
   const size_t N = (size_t)B * T, C = (size_t)c->channels, L = (size_t)c->layers;
   const size_t natt = g->be->attention_saved(B, T, c->channels, c->heads);
-  size_t bytes = gpt_config_act_bytes(c, B, T, g->ckpt, natt); /* the plan's number */
+  const int chunk = g->lrows_set ? g->lrows_set : gpt_config_logits_rows(c);
+  size_t bytes = gpt_config_act_bytes(c, B, T, g->ckpt, natt, chunk); /* the plan's number */
   size_t sbytes = g->be->attention_scratch(B, T, c->channels, c->heads) * sizeof(float);
   if (bytes > g->acts_cap || sbytes > g->scratch_cap) {
     gpt_free_acts(g);
@@ -347,7 +364,8 @@ static int gpt_alloc_acts(gpt_t *g, int B, int T) {
   float *p = g->acts_mem;
 #define TAKE(n) (p += (n), p - (n))
   /* first: the logits' rows are padded to 256 bytes, and so is their start */
-  g->logits = TAKE(N * (size_t)gpt_logits_ld(g));
+  g->lrows = (size_t)chunk < N ? chunk : (int)N;
+  g->logits = TAKE((size_t)g->lrows * (size_t)gpt_logits_ld(g));
   g->encoded = TAKE(N * C);
   for (size_t l = 0; l < L; l++) {
     gpt_layer_acts_t *a = &g->layer[l];
@@ -505,6 +523,31 @@ static void gpt_layer_bwd(gpt_t *g, int l, float *P, float *G, const float *res_
     if (rc_) return rc_;                                                                      \
   } while (0)
 
+/* The LM head and its loss over the N rows of lnf, lrows at a time (p0:
+ * unit 0's parameters): each chunk's logits and losses, with bwd the loss's
+ * gradient (dscale per row) in place of the chunk's logits, and with d0
+ * (unit 0's gradient) that chunk's backward: its rows of dln (zeroed by the
+ * caller) and its share of wte's gradient, before the next chunk's logits
+ * take the buffer. Without d0 the last chunk's probabilities (bwd: loss
+ * gradient) stay, which backward uses when one chunk is all the rows. */
+static void gpt_lm_head(gpt_t *g, const gpt_embed_t *p0, const gpt_embed_t *d0, int bwd,
+                        float dscale) {
+  const kern_backend_t *be = g->be;
+  const size_t N = (size_t)g->B * (size_t)g->T, C = (size_t)g->cfg.channels;
+  const int V = g->cfg.vocab, ld = gpt_logits_ld(g);
+  for (size_t r0 = 0; r0 < N; r0 += (size_t)g->lrows) {
+    const int n = N - r0 < (size_t)g->lrows ? (int)(N - r0) : g->lrows;
+    const float *x = g->lnf + r0 * C;
+    be->matmul_fwd(g->logits, x, p0->wte, NULL, n, (int)C, V, ld);
+    if (bwd) /* the probabilities go straight to dlogits, as gpt_backward would make them */
+      be->crossentropy_fwd_bwd(g->losses + r0, g->logits, g->targets + r0, dscale, n, V, ld);
+    else
+      be->crossentropy_fwd(g->losses + r0, g->logits, g->targets + r0, n, V, ld);
+    if (d0)
+      be->matmul_bwd(g->dln + r0 * C, d0->wte, NULL, g->logits, x, p0->wte, n, (int)C, V, ld);
+  }
+}
+
 /* gpt_forward, and with bwd the loss's gradient (dloss_scale / N) taken
  * with the loss (gpt_forward_train). */
 static int gpt_forward_run(gpt_t *g, const int32_t *inputs, const int32_t *targets, int B, int T,
@@ -546,17 +589,24 @@ static int gpt_forward_run(gpt_t *g, const int32_t *inputs, const int32_t *targe
   GPT_TRY(h->params(h->ctx, 0, GPT_FWD, &P));
   e = gpt_embed_at(g, P);
   be->layernorm_fwd(g->lnf, g->lnf_mean, g->lnf_rstd, res, e.lnfw, e.lnfb, (int)N, C);
-  be->matmul_fwd(g->logits, g->lnf, e.wte, NULL, (int)N, C, V, gpt_logits_ld(g));
+  const int chunked = N > (size_t)g->lrows;
+  if (!targets) { /* the logits of the last lrows rows (a sample reads the last) */
+    be->matmul_fwd(g->logits, g->lnf + (N - (size_t)g->lrows) * C, e.wte, NULL, g->lrows, C, V,
+                   gpt_logits_ld(g));
+  } else if (bwd && chunked) { /* the LM head's backward now, chunk by chunk */
+    float *G0;
+    GPT_TRY(h->grads(h->ctx, 0, &G0));
+    const gpt_embed_t d0 = gpt_embed_at(g, G0);
+    be->dev_set(g->dln, 0, N * (size_t)C * sizeof(float));
+    gpt_lm_head(g, &e, &d0, 1, dloss_scale / (float)N);
+  } else { /* one chunk: forward_train leaves the loss's gradient to backward */
+    gpt_lm_head(g, &e, NULL, bwd, dloss_scale / (float)N);
+  }
   GPT_TRY(h->release(h->ctx, 0, GPT_FWD));
   if (targets) {
-    if (bwd) /* the probabilities go straight to dlogits, as gpt_backward would make them */
-      be->crossentropy_fwd_bwd(g->losses, g->logits, g->targets, dloss_scale / (float)N, (int)N,
-                               V, gpt_logits_ld(g));
-    else
-      be->crossentropy_fwd(g->losses, g->logits, g->targets, (int)N, V, gpt_logits_ld(g));
     double sum = be->vec_sum(g->losses, N); /* the mean loss over the batch's tokens */
     if (loss) *loss = (float)(sum / (double)N);
-    g->have_targets = bwd ? 2 : 1;
+    g->have_targets = !bwd ? 1 : chunked ? 4 : 2;
     g->dloss_scale = dloss_scale;
   }
   return FSDP_OK;
@@ -588,19 +638,26 @@ int gpt_backward(gpt_t *g, float dloss_scale) {
   float *P, *G, *G0;
 
   /* mean over the N tokens, times the caller's scale (micro-batch averaging) */
-  if (g->have_targets == 2 && dloss_scale != g->dloss_scale)
+  if (g->have_targets >= 2 && dloss_scale != g->dloss_scale)
     return err_set(FSDP_EINVAL, "gpt_backward: dloss_scale %g is not the %g gpt_forward_train "
                    "already took the loss's gradient with", (double)dloss_scale,
                    (double)g->dloss_scale);
-  if (g->have_targets == 1)
+  const int chunked = N > (size_t)g->lrows, had = g->have_targets;
+  if (had == 1 && !chunked)
     be->crossentropy_bwd(g->logits, g->targets, dloss_scale / (float)N, (int)N, V,
                          gpt_logits_ld(g));
   g->have_targets = 3; /* dlogits, used: neither logits (gpt_logits) nor another backward's */
   GPT_TRY(h->params(h->ctx, 0, GPT_BWD, &P));
   GPT_TRY(h->grads(h->ctx, 0, &G0));
   const gpt_embed_t p0 = gpt_embed_at(g, P), d0 = gpt_embed_at(g, G0);
-  be->dev_set(g->dln, 0, NC * sizeof(float));
-  be->matmul_bwd(g->dln, d0.wte, NULL, g->logits, g->lnf, p0.wte, (int)N, C, V, gpt_logits_ld(g));
+  if (had != 4) { /* the LM head's backward: from the kept dlogits, or chunk by chunk again */
+    be->dev_set(g->dln, 0, NC * sizeof(float));
+    if (chunked)
+      gpt_lm_head(g, &p0, &d0, 1, dloss_scale / (float)N);
+    else
+      be->matmul_bwd(g->dln, d0.wte, NULL, g->logits, g->lnf, p0.wte, (int)N, C, V,
+                     gpt_logits_ld(g));
+  }
   const float *res_last = c->layers ? g->layer[c->layers - 1].res3 : g->encoded;
   be->dev_set(g->dres, 0, NC * sizeof(float));
   be->layernorm_bwd(g->dres, d0.lnfw, d0.lnfb, g->dln, res_last, p0.lnfw, g->lnf_mean,

@@ -70,16 +70,22 @@ int gpt_weights_match(const gpt_config_t *f, const gpt_config_t *want, const cha
 void gpt_weights_header(const gpt_config_t *c, int32_t hdr[256]);
 
 /* Forward pass on inputs (B,T) of token ids. With targets (B,T) non-NULL, the
- * mean cross-entropy goes to *loss and the probabilities are kept for backward;
- * with targets NULL the logits (B,T,V) are kept instead (gpt_logits) and *loss
- * is untouched. Checks B > 0, 0 < T <= context and every id < vocab; the error
- * names the field or the position of the bad token. */
+ * mean cross-entropy goes to *loss (the LM head runs over the rows in chunks
+ * of gpt_config_logits_rows: the B*T*V logits never exist at once); with
+ * targets NULL the logits of the last rows (all B*T rows when they fit one
+ * chunk) are kept instead (gpt_copy_logits) and *loss is untouched. Checks
+ * B > 0, 0 < T <= context and every id < vocab; the error names the field or
+ * the position of the bad token. */
 int gpt_forward(gpt_t *g, const int32_t *inputs, const int32_t *targets, int B, int T,
                 float *loss);
 /* gpt_forward with targets for a step that goes on to gpt_backward(g,
  * dloss_scale): the loss's gradient is taken with the loss, in the
- * cross-entropy's passes (crossentropy_fwd_bwd: one pass less over the B*T*V
- * logits), the same bits as gpt_forward and then gpt_backward. */
+ * cross-entropy's passes (crossentropy_fwd_bwd: one pass less over the
+ * logits), the same bits as gpt_forward and then gpt_backward. When the rows
+ * take more than one chunk of logits, each chunk's LM-head backward runs here
+ * too: its share of wte's gradient is accumulated now (grads(0) is asked for
+ * inside the forward), so gradients are zeroed before this call, never
+ * between it and gpt_backward. */
 int gpt_forward_train(gpt_t *g, const int32_t *inputs, const int32_t *targets, int B, int T,
                       float dloss_scale, float *loss);
 /* Backward of the last forward (which must have had targets). Accumulates into
@@ -89,11 +95,16 @@ int gpt_forward_train(gpt_t *g, const int32_t *inputs, const int32_t *targets, i
 int gpt_backward(gpt_t *g, float dloss_scale);
 void gpt_zero_grad(gpt_t *g);
 /* Logits (B,T,V) of the last forward without targets (a device pointer), rows
- * gpt_logits_ld floats apart (vocab padded to 256 bytes, gpt_config.h). */
+ * gpt_logits_ld floats apart (vocab padded to 256 bytes, gpt_config.h); NULL
+ * when B*T rows are more than one chunk (gpt_copy_logits has the last rows). */
 const float *gpt_logits(const gpt_t *g);
 int gpt_logits_ld(const gpt_t *g);
-/* Copies row row (of B*T) of those logits, V floats, into host memory out. */
+/* Copies row row (of B*T) of those logits, V floats, into host memory out; an
+ * error naming the rows kept for a row before the last chunk. */
 int gpt_copy_logits(const gpt_t *g, int row, float *out);
+/* Rows of logits per chunk (0: gpt_config_logits_rows, what the memory plan
+ * counts): for tests and benchmarks that cut a small batch into chunks. */
+void gpt_set_logits_rows(gpt_t *g, int rows);
 
 /* Activation checkpointing per block: forward keeps only each block's output;
  * backward recomputes a block's forward from its input before its backward.
@@ -105,7 +116,9 @@ void gpt_set_checkpointing(gpt_t *g, int on);
  * runtime installs hooks that gather a unit before use and reduce its
  * gradients after. Per step the model calls, in order:
  *   forward:  params(0) release(0), then params(u) release(u) for u = 1..L,
- *             then params(0) release(0) (final norm and logits);
+ *             then params(0) release(0) (final norm and logits; with
+ *             gpt_forward_train over more than one chunk of logits,
+ *             params(0) grads(0) release(0): the LM head's backward);
  *   backward: params(0) grads(0) release(0), then for u = L..1:
  *             params(u) grads(u) release(u) grads_done(u); last grads_done(0).
  * A unit's pointers are valid from params/grads until its release/grads_done.

@@ -452,7 +452,8 @@ int main(int argc, char **argv) {
    * scratch. */
   double tensors = 16.0 * (double)P +
                    (double)gpt_config_act_bytes(&cfg, B, T, 0,
-                                                be->attention_saved(B, T, cfg.channels, cfg.heads)) +
+                                                be->attention_saved(B, T, cfg.channels, cfg.heads),
+                                                gpt_config_logits_rows(&cfg)) +
                    (double)be->attention_scratch(B, T, cfg.channels, cfg.heads) * sizeof(float);
   /* Peak memory: the process's anonymous resident memory (its own data: every
    * buffer, oneDNN's packing buffers and JIT code, thread stacks, the heap),

@@ -131,6 +131,10 @@ static comm_t *group(world_t *x, int w, int shard) {
  * unsharded gradients are kept until the last one (fsdp_defer_reduce). Set
  * by a test before it forks. */
 static int g_accum = 1, g_keep_unsharded = 0, g_offload = 0, g_ckpt = 0;
+/* The logits' chunk in the ranks (0: the plan's), and whether they train with
+ * gpt_forward_train (the LM head's backward inside the forward when chunked,
+ * as train.c does) instead of gpt_forward. */
+static int g_lrows = 0, g_fused = 0;
 static size_t g_min_params = 0;
 static size_t g_peak_grads, g_peak_act; /* rank 0's gradient and activation peaks, last run */
 
@@ -141,6 +145,8 @@ static size_t state_bytes(precision_t prec) { return prec == PRECISION_BF16_TRUE
  * losses[s] gets step s's loss averaged over every rank. */
 static int rank_train(fsdp_t *f, int w, int W, int steps, float *losses) {
   const int rows = BG / W, mrows = rows / g_accum;
+  if (rows % g_accum) /* a test's mistake: rows would go untrained */
+    return err_set(FSDP_EINVAL, "test: %d rows a rank in %d micro-batches", rows, g_accum);
   int32_t in[BG * T], tg[BG * T];
   for (int s = 0; s < steps; s++) {
     batch(s, w * rows, rows, in, tg);
@@ -148,8 +154,11 @@ static int rank_train(fsdp_t *f, int w, int W, int steps, float *losses) {
     float sum = 0, l;
     for (int m = 0; m < g_accum; m++) {
       fsdp_defer_reduce(f, g_keep_unsharded && m < g_accum - 1);
-      int rc = gpt_forward(fsdp_model(f), in + m * mrows * T, tg + m * mrows * T, mrows, T, &l);
-      if (rc || (rc = gpt_backward(fsdp_model(f), 1.0f / (float)g_accum))) return rc;
+      const int32_t *mi = in + m * mrows * T, *mt = tg + m * mrows * T;
+      const float scale = 1.0f / (float)g_accum;
+      int rc = g_fused ? gpt_forward_train(fsdp_model(f), mi, mt, mrows, T, scale, &l)
+                       : gpt_forward(fsdp_model(f), mi, mt, mrows, T, &l);
+      if (rc || (rc = gpt_backward(fsdp_model(f), scale))) return rc;
       sum += l / (float)g_accum;
     }
     losses[s] = sum;
@@ -174,6 +183,7 @@ static void rank_main(world_t *x, int w, shard_strategy_t st, precision_t prec,
   fsdp_t *f;
   if (fsdp_create(&f, &c, &o)) goto fail;
   gpt_set_checkpointing(fsdp_model(f), g_ckpt);
+  gpt_set_logits_rows(fsdp_model(f), g_lrows);
   /* the persistent state of a rank is exactly its padded shard: master
    * parameters, gradient, Adam m and v (and nothing of the whole model), each
    * fp32 (16 bytes per element in all) or bf16 under bf16-true (8 bytes) */
@@ -379,6 +389,27 @@ Test(fsdp, grad_accum_both_modes, .timeout = 60) {
               "bytes (the model is %zu)", every, last, gpt_config_num_params(&c) * sizeof(float));
   cr_expect_gt(last, every);
   cr_expect_geq(last, gpt_config_num_params(&c) * sizeof(float), "kept: every unit unsharded");
+}
+
+/* The LM head over chunks of 5 rows: unit 0's gradient is asked for inside
+ * the forward (gpt_forward_train) or the chunks recomputed in backward
+ * (gpt_forward), with gradient accumulation and across a HYBRID mesh; each
+ * trains like one device computing all rows' logits at once. */
+Test(fsdp, logits_in_chunks_full_shard_2, .timeout = 60) {
+  g_lrows = 5, g_fused = 1;
+  run_mesh(1, 2, SHARD_FULL_SHARD);
+}
+Test(fsdp, logits_in_chunks_unfused_full_shard_3, .timeout = 60) {
+  g_lrows = 5;
+  run_mesh(1, 3, SHARD_FULL_SHARD);
+}
+Test(fsdp, logits_in_chunks_grad_accum_hybrid_2x2, .timeout = 60) {
+  g_lrows = 5, g_fused = 1, g_accum = 3; /* a rank's 3 rows, one a micro-batch */
+  run_mesh(2, 2, SHARD_HYBRID_SHARD);
+}
+Test(fsdp, logits_in_chunks_bf16_mixed_full_shard_2, .timeout = 60) {
+  g_lrows = 5, g_fused = 1;
+  run_mesh_prec(1, 2, SHARD_FULL_SHARD, PRECISION_BF16_MIXED);
 }
 
 /* Offload moves the shard's state to host memory (the accounting says so, in

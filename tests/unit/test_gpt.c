@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "daemon/common/err.h"
+#include "daemon/common/mem.h"
 #include "daemon/train/gpt.h"
 #include "tests/unit/testutil.h"
 
@@ -236,12 +237,15 @@ Test(gpt, gradient_accumulation_equals_full_batch) {
 /* A training step's forward (gpt_forward_train: the loss's gradient taken
  * with the loss) then backward: the loss and every gradient bit for bit as
  * gpt_forward then gpt_backward, at a micro-batch's scale; backward with
- * another scale than the forward took is refused, naming both. */
-Test(gpt, forward_train_equals_forward_then_backward) {
+ * another scale than the forward took is refused, naming both. lrows: the
+ * logits' chunk (0: all 60 rows at once; 7: nine chunks, the last of 4, so
+ * forward_train runs the LM head's backward and gpt_backward recomputes it). */
+static void forward_train_case(int lrows) {
   gpt_config_t c = tiny();
   gpt_t *g;
   cr_assert_eq(gpt_create(&g, &c, kern_cpu()), 0);
   gpt_init_weights(g, 31);
+  gpt_set_logits_rows(g, lrows);
   enum { B = 3, T = 20 };
   int32_t in[B * T], tg[B * T];
   fill_tokens(in, B * T, c.vocab, 32);
@@ -273,9 +277,56 @@ Test(gpt, forward_train_equals_forward_then_backward) {
   gpt_destroy(g);
 }
 
-/* ---- activation checkpointing and unit hooks ----------------------------- */
+Test(gpt, forward_train_equals_forward_then_backward) { forward_train_case(0); }
+Test(gpt, forward_train_equals_forward_then_backward_in_chunks) { forward_train_case(7); }
 
-#include "daemon/common/mem.h"
+/* The LM head over chunks of the rows: the loss and every gradient of
+ * forward_train + backward as with all rows' logits at once (to fp32
+ * rounding: wte's gradient sums the chunks in another order), with
+ * (N - lrows) rows of logits fewer held; a forward without targets keeps the
+ * last rows' logits, the same as the unchunked ones, and names the rows it
+ * kept when asked for an earlier one. */
+Test(gpt, logits_in_chunks_train_the_same_in_less_memory) {
+  gpt_config_t c = tiny();
+  enum { B = 3, T = 20, N = B * T, R = 7 };
+  int32_t in[N], tg[N];
+  fill_tokens(in, N, c.vocab, 42);
+  fill_tokens(tg, N, c.vocab, 43);
+  gpt_t *g[2];
+  float loss[2], last[2][256];
+  size_t acts[2];
+  for (int k = 0; k < 2; k++) {
+    cr_assert_eq(gpt_create(&g[k], &c, kern_cpu()), 0);
+    gpt_init_weights(g[k], 41);
+    gpt_set_logits_rows(g[k], k ? R : 0);
+    const size_t before = mem_current(MEM_ACTS);
+    gpt_zero_grad(g[k]);
+    cr_assert_eq(gpt_forward_train(g[k], in, tg, B, T, 1.0f, &loss[k]), 0, "%s", err_msg());
+    cr_assert_eq(gpt_backward(g[k], 1.0f), 0, "%s", err_msg());
+    acts[k] = mem_current(MEM_ACTS) - before;
+    cr_assert_eq(gpt_forward(g[k], in, NULL, B, T, NULL), 0, "%s", err_msg());
+    cr_assert_eq(gpt_copy_logits(g[k], N - 1, last[k]), 0, "%s", err_msg());
+  }
+  cr_expect(fabsf(loss[0] - loss[1]) <= 1e-6f * loss[0], "loss %.9g, in chunks %.9g", loss[0],
+            loss[1]);
+  const size_t n = gpt_num_params(g[0]);
+  double err = tu_rel_err_f32f32(gpt_grads(g[1]), gpt_grads(g[0]), n);
+  cr_expect(err < 1e-6, "gradients in chunks: relative error %g", err);
+  const size_t wte = (size_t)c.vocab * c.channels; /* wte comes first */
+  cr_expect(tu_rel_err_f32f32(gpt_grads(g[1]), gpt_grads(g[0]), wte) < 1e-6);
+  cr_expect_eq(acts[0] - acts[1], (size_t)(N - R) * gpt_logits_ld(g[0]) * sizeof(float),
+               "activations %zu, in chunks %zu", acts[0], acts[1]);
+  cr_expect(tu_rel_err_f32f32(last[1], last[0], (size_t)c.vocab) < 1e-6, "the last row's logits");
+  cr_expect_not_null(gpt_logits(g[0]));
+  cr_expect_null(gpt_logits(g[1]), "not all rows' logits are kept");
+  cr_expect_eq(gpt_copy_logits(g[1], N - R - 1, last[1]), FSDP_EINVAL);
+  cr_expect(strstr(err_msg(), "last 7 rows") && strstr(err_msg(), "rows 53 to 59"), "%s",
+            err_msg());
+  gpt_destroy(g[0]);
+  gpt_destroy(g[1]);
+}
+
+/* ---- activation checkpointing and unit hooks ----------------------------- */
 
 static void fwd_bwd(gpt_t *g, const int32_t *in, const int32_t *tg, int B, int T, float *loss) {
   gpt_zero_grad(g);
@@ -309,7 +360,8 @@ Test(gpt, checkpointing_same_gradients_less_memory) {
   size_t att = (size_t)B * c.heads * T * T; /* the CPU keeps the probabilities */
   cr_assert_eq(kern_cpu()->attention_saved(B, T, c.channels, c.heads), att);
   size_t inner = 15 * N * C + 4 * N + att;
-  cr_assert_eq(gpt_config_act_bytes(&c, B, T, 0, att) - gpt_config_act_bytes(&c, B, T, 1, att),
+  cr_assert_eq(gpt_config_act_bytes(&c, B, T, 0, att, 0) -
+                   gpt_config_act_bytes(&c, B, T, 1, att, 0),
                3 * inner * sizeof(float));
   cr_assert_leq(acts_ckpt, acts_plain, "the block was reused, not grown");
   gpt_destroy(g);
