@@ -155,7 +155,8 @@ static size_t plan_gathered(const shard_layout_t *l, int L, int keeps, size_t x)
 
 /* Peak bytes of unsharded unit gradients (fp32, padded). Unit 0's lives
  * through the whole backward (the logits' gradient starts it, the embeddings'
- * ends it). A block unit's gradient is handed to its reduction when complete
+ * ends it; with the logits in several chunks it starts at the forward's LM
+ * head, when nothing else is held: the same peak). A block unit's gradient is handed to its reduction when complete
  * and freed when that completes, which is when the next unit's is issued: so
  * it is held beside the next unit's and unit 0's. Under bf16-true (w = 2) the
  * reduction takes a bf16 copy (the fp32 one is freed once copied). Keeping

@@ -202,7 +202,8 @@ static int fsdp_params_cb(void *ctx, int u, int phase, float **out) {
 }
 
 /* The model unit whose backward is the last use of FSDP unit k: backward
- * runs unit 0 (final norm and logits), then the blocks last to first, so a
+ * runs unit 0 (final norm and logits, unless the forward took the LM head's
+ * in chunks), then the blocks last to first, so a
  * unit's first block, or block 1 when min_params merged blocks into unit 0. */
 static int fsdp_last_bwd_use(const fsdp_t *f, int k) {
   const shard_unit_t *su = &f->layout->units[k];

@@ -328,6 +328,7 @@ void gpt_set_checkpointing(gpt_t *g, int on) {
   if (!!on == g->ckpt) return;
   g->ckpt = !!on;
   g->B = g->T = 0; /* lay the activations out again on the next forward */
+  g->have_targets = 0; /* and the last forward's are gone: a backward now is refused */
 }
 
 void gpt_set_logits_rows(gpt_t *g, int rows) {
@@ -335,6 +336,7 @@ void gpt_set_logits_rows(gpt_t *g, int rows) {
   if (rows == g->lrows_set) return;
   g->lrows_set = rows;
   g->B = g->T = 0;
+  g->have_targets = 0;
 }
 
 /* Lays out the activations of (B, T) in the held block, growing it only when
@@ -572,7 +574,8 @@ static int gpt_forward_run(gpt_t *g, const int32_t *inputs, const int32_t *targe
   if (targets) be->copy_h2d(g->targets, targets, N * sizeof *targets);
   const gpt_unit_hooks_t *h = &g->hooks;
   float *P;
-  /* unit 0 is used twice (embeddings first, final norm and logits last): it is
+  /* unit 0 is used twice (embeddings first, final norm and logits last, with
+   * the LM head's backward when forward_train takes several chunks): it is
    * asked for and released around each use, so the runtime decides whether it
    * stays gathered in between */
   GPT_TRY(h->params(h->ctx, 0, GPT_FWD, &P));
@@ -628,7 +631,8 @@ int gpt_backward(gpt_t *g, float dloss_scale) {
     return err_set(FSDP_EINVAL, "gpt_backward: backward already ran for the last forward; run "
                    "a forward with targets first");
   if (!g->acts_mem || !g->have_targets)
-    return err_set(FSDP_EINVAL, "gpt_backward: the last forward had no targets; call "
+    return err_set(FSDP_EINVAL, "gpt_backward: no forward with targets to go back through (the "
+                   "last had none, or checkpointing or the logits' chunk changed since); call "
                    "gpt_forward with targets first");
   const gpt_config_t *c = &g->cfg;
   const kern_backend_t *be = g->be;

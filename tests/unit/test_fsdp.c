@@ -411,6 +411,23 @@ Test(fsdp, logits_in_chunks_bf16_mixed_full_shard_2, .timeout = 60) {
   g_lrows = 5, g_fused = 1;
   run_mesh_prec(1, 2, SHARD_FULL_SHARD, PRECISION_BF16_MIXED);
 }
+/* and with what else changes when unit 0's gradient lives (helper-52's
+ * combinations): kept unsharded under grad_accum, units merged with blocks
+ * (min_params), offload with activation checkpointing, bf16-true HYBRID */
+Test(fsdp, logits_in_chunks_keep_unsharded_grads_2, .timeout = 60) {
+  g_lrows = 5, g_fused = 1, g_accum = 2, g_keep_unsharded = 1;
+  run_mesh(1, 2, SHARD_FULL_SHARD);
+}
+Test(fsdp, logits_in_chunks_min_params_shard_grad_op_2, .timeout = 60) {
+  gpt_config_t c = cfg();
+  g_min_params = 2 * gpt_config_unit(&c, 1).numel;
+  g_lrows = 5, g_fused = 1, g_accum = 2, g_keep_unsharded = 1;
+  run_mesh(1, 2, SHARD_SHARD_GRAD_OP);
+}
+Test(fsdp, logits_in_chunks_offload_checkpointing_2, .timeout = 60) {
+  g_lrows = 5, g_fused = 1, g_offload = 1, g_ckpt = 1;
+  run_mesh(1, 2, SHARD_FULL_SHARD);
+}
 
 /* Offload moves the shard's state to host memory (the accounting says so, in
  * the ranks) and changes nothing in the training. */
@@ -515,6 +532,10 @@ Test(fsdp, bf16_true_min_params_2, .timeout = 60) {
   gpt_config_t c = cfg();
   g_min_params = 2 * gpt_config_unit(&c, 1).numel;
   run_bf16_true(1, 2, SHARD_FULL_SHARD);
+}
+Test(fsdp, bf16_true_logits_in_chunks_grad_accum_hybrid_2x2, .timeout = 60) {
+  g_lrows = 5, g_fused = 1, g_accum = 3;
+  run_bf16_true(2, 2, SHARD_HYBRID_SHARD);
 }
 Test(fsdp, bf16_true_keep_unsharded_grads_2, .timeout = 60) {
   g_accum = 2;

@@ -273,6 +273,15 @@ static void forward_train_case(int lrows) {
   cr_expect(strstr(err_msg(), "0.5") && strstr(err_msg(), "0.25"), "%s", err_msg());
   cr_expect_eq(gpt_backward(g, 0.25f), 0, "the right scale after a refused one: %s", err_msg());
   cr_expect_eq(gpt_forward_train(g, in, NULL, B, T, 1.0f, &floss), FSDP_EINVAL);
+  /* the layout changed between a forward and its backward: refused, never a
+   * backward of nothing that reports success (helper-52) */
+  cr_assert_eq(gpt_forward_train(g, in, tg, B, T, 0.25f, &floss), 0);
+  gpt_set_logits_rows(g, lrows ? 0 : 7);
+  cr_expect_eq(gpt_backward(g, 0.25f), FSDP_EINVAL, "a backward after the chunk changed");
+  cr_expect(strstr(err_msg(), "changed since"), "%s", err_msg());
+  cr_assert_eq(gpt_forward(g, in, tg, B, T, &floss), 0);
+  gpt_set_checkpointing(g, 1);
+  cr_expect_eq(gpt_backward(g, 0.25f), FSDP_EINVAL, "a backward after checkpointing changed");
   free(ref);
   gpt_destroy(g);
 }
