@@ -737,6 +737,13 @@ static int nccl_wait(comm_req_t *req, int64_t wait_ms) {
         /* the compute stream's later work sees the op's result */
         rc = CUDA_CHECK(c, cudaStreamWaitEvent(c->compute, q->done, 0));
       } else {
+        /* A failed op may go on touching its buffers until the reaper's
+         * ncclCommAbort ends its kernel, and the caller frees them now
+         * (fsdp.c, to the stream-ordered pool, where the compute stream's
+         * next allocation could take them): that stream's later work waits
+         * for the op's end too. Its own failure (a broken context) is not
+         * this op's error. */
+        (void)cudaStreamWaitEvent(c->compute, q->done, 0);
         rc = err_set(q->rc, "%s", q->msg);
       }
       if (q->state == REQ_OK && !rc && q->staged) {
