@@ -89,21 +89,24 @@ int gpt_config_logits_rows(const gpt_config_t *cfg) {
  * attention_saved); lrows: the logits' chunk. With
  * checkpointing, each block keeps only its output; the rest of a block's
  * activations live in one slot that backward refills by recomputing. */
-static size_t gpt_config_act_floats(const gpt_config_t *c, size_t B, size_t T, int ckpt,
+static size_t gpt_config_act_floats(const gpt_config_t *c, size_t B, size_t T, int flags,
                                     size_t att, int lrows) {
   const size_t N = B * T, C = (size_t)c->channels, L = (size_t)c->layers;
   const size_t R = lrows > 0 && (size_t)lrows < N ? (size_t)lrows : N;
-  size_t inner = 15 * N * C + 4 * N + att; /* all but res3 */
-  size_t layers = ckpt ? L * N * C + inner : L * (inner + N * C);
+  /* all but res3: ln1, qkv, atty, res2, ln2 (7 NC), fch (4 NC), GELU's output
+   * (4 NC) unless recomputed, the norms' statistics (4 N), the attention's */
+  const size_t gelu = flags & GPT_ACT_RECOMPUTE_GELU ? 0 : 4 * N * C;
+  size_t inner = 11 * N * C + gelu + 4 * N + att;
+  size_t layers = flags & GPT_ACT_CHECKPOINT ? L * N * C + inner : L * (inner + N * C);
   size_t fwd = N * C /* encoded */ + layers + N * C + 2 * N /* lnf */ +
                R * (size_t)gpt_config_logits_ld(c) /* logits: one chunk */ + N /* losses */;
   size_t bwd = 2 * N * C /* dres, dln */ + 8 * N * C /* dbig1, dbig2 */;
   return fwd + bwd;
 }
 
-size_t gpt_config_act_bytes(const gpt_config_t *cfg, int B, int T, int ckpt, size_t att,
+size_t gpt_config_act_bytes(const gpt_config_t *cfg, int B, int T, int flags, size_t att,
                             int lrows) {
-  return gpt_config_act_floats(cfg, (size_t)B, (size_t)T, ckpt, att, lrows) * sizeof(float) +
+  return gpt_config_act_floats(cfg, (size_t)B, (size_t)T, flags, att, lrows) * sizeof(float) +
          2 * (size_t)B * (size_t)T * sizeof(int32_t);
 }
 

@@ -73,14 +73,23 @@ int gpt_config_logits_ld(const gpt_config_t *cfg);
 #define GPT_LOGITS_CHUNK_BYTES ((size_t)128 << 20)
 int gpt_config_logits_rows(const gpt_config_t *cfg);
 
-/* Bytes of activations (and their gradients) the model holds for (B, T), with
- * or without activation checkpointing: what gpt.c allocates for them. att is
+/* What a model keeps for backward, as gpt_config_act_bytes' flags: with
+ * GPT_ACT_CHECKPOINT each block keeps only its output (activation
+ * checkpointing); with GPT_ACT_RECOMPUTE_GELU no block keeps GELU's output
+ * (4 x C floats a token: a quarter of a block's activations), which the
+ * forward writes into backward's scratch for the next product and backward
+ * computes again from the GELU's input, as llm.c's recompute = 1 does. */
+#define GPT_ACT_CHECKPOINT 1
+#define GPT_ACT_RECOMPUTE_GELU 2
+
+/* Bytes of activations (and their gradients) the model holds for (B, T) under
+ * flags (GPT_ACT_*): what gpt.c allocates for them. att is
  * the floats one layer's attention keeps for backward, the kernel backend's
  * to say (kern_backend_t's attention_saved: B*NH*T*T probabilities on the
  * CPU, B*NH*T in the GPU's fused kernel); lrows the logits' chunk
  * (gpt_config_logits_rows). The attention scratch is the backend's own
  * (attention_scratch) and not counted here. */
-size_t gpt_config_act_bytes(const gpt_config_t *cfg, int B, int T, int ckpt, size_t att,
+size_t gpt_config_act_bytes(const gpt_config_t *cfg, int B, int T, int flags, size_t att,
                             int lrows);
 
 #endif

@@ -91,7 +91,7 @@ typedef struct gpt_layer_acts {
   float *ln2_mean;  /* (N) */
   float *ln2_rstd;  /* (N) */
   float *fch;       /* (N,4C) fc output before GELU */
-  float *fch_gelu;  /* (N,4C) */
+  float *fch_gelu;  /* (N,4C), or NULL: recomputed (gpt_set_recompute_gelu) */
   float *res3;      /* (N,C) residual after the MLP: the layer's output */
 } gpt_layer_acts_t;
 
@@ -110,6 +110,7 @@ struct gpt {
   int B, T;
   size_t acts_cap, scratch_cap; /* bytes held: a smaller (B, T) reuses them */
   int ckpt;                     /* activation checkpointing per block */
+  int gelu_recompute;           /* GELU's output kept by no block: recomputed in backward */
   gpt_unit_hooks_t hooks;       /* how units are reached (gpt_flat_hooks by default) */
   /* unit-local offsets of the named tensors: every block's are the same */
   size_t block_off[GPT_BLOCK_TENSORS], embed_off[GPT_EMBED_TENSORS];
@@ -129,7 +130,8 @@ struct gpt {
   float *dres;            /* (N,C) gradient of the residual stream */
   float *dln;             /* (N,C) gradient of a layernorm output */
   float *dbig1;           /* (N,4C) dfch_gelu, then dqkv */
-  float *dbig2;           /* (N,4C) dfch, then datty */
+  float *dbig2;           /* (N,4C) dfch, then datty; a block's GELU output while it
+                           * is used, when no block keeps it */
   float *att_scratch;
   int have_targets;       /* the logits hold: 0 logits (a forward without targets), 1
                            * probabilities, 2 dlogits (forward_train), 3 dlogits backward
@@ -331,6 +333,13 @@ void gpt_set_checkpointing(gpt_t *g, int on) {
   g->have_targets = 0; /* and the last forward's are gone: a backward now is refused */
 }
 
+void gpt_set_recompute_gelu(gpt_t *g, int on) {
+  if (!!on == g->gelu_recompute) return;
+  g->gelu_recompute = !!on;
+  g->B = g->T = 0;
+  g->have_targets = 0;
+}
+
 void gpt_set_logits_rows(gpt_t *g, int rows) {
   if (rows < 0) rows = 0;
   if (rows == g->lrows_set) return;
@@ -347,7 +356,9 @@ static int gpt_alloc_acts(gpt_t *g, int B, int T) {
   const size_t N = (size_t)B * T, C = (size_t)c->channels, L = (size_t)c->layers;
   const size_t natt = g->be->attention_saved(B, T, c->channels, c->heads);
   const int chunk = g->lrows_set ? g->lrows_set : gpt_config_logits_rows(c);
-  size_t bytes = gpt_config_act_bytes(c, B, T, g->ckpt, natt, chunk); /* the plan's number */
+  const int flags = (g->ckpt ? GPT_ACT_CHECKPOINT : 0) |
+                    (g->gelu_recompute ? GPT_ACT_RECOMPUTE_GELU : 0);
+  size_t bytes = gpt_config_act_bytes(c, B, T, flags, natt, chunk); /* the plan's number */
   size_t sbytes = g->be->attention_scratch(B, T, c->channels, c->heads) * sizeof(float);
   if (bytes > g->acts_cap || sbytes > g->scratch_cap) {
     gpt_free_acts(g);
@@ -383,7 +394,7 @@ static int gpt_alloc_acts(gpt_t *g, int B, int T) {
       a->ln2_mean = TAKE(N);
       a->ln2_rstd = TAKE(N);
       a->fch = TAKE(4 * N * C);
-      a->fch_gelu = TAKE(4 * N * C);
+      a->fch_gelu = g->gelu_recompute ? NULL : TAKE(4 * N * C); /* NULL: in dbig2, for a while */
     } else {
       *a = g->layer[0]; /* the shared slot; res3 is the layer's own, below */
     }
@@ -483,8 +494,11 @@ static void gpt_layer_fwd(gpt_t *g, int l, float *P, const float *res_in) {
   be->residual_fwd(a->res2, a->res2, res_in, N * C);
   be->layernorm_fwd(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, p.ln2w, p.ln2b, (int)N, C);
   be->matmul_fwd(a->fch, a->ln2, p.fcw, p.fcb, (int)N, C, 4 * C, 4 * C);
-  be->gelu_fwd(a->fch_gelu, a->fch, N * 4 * (size_t)C);
-  be->matmul_fwd(a->res3, a->fch_gelu, p.fcprojw, p.fcprojb, (int)N, 4 * C, C, C);
+  /* GELU's output: the block's own, or backward's scratch dbig2, free in a
+   * forward (and between blocks in backward, where checkpointing recomputes) */
+  float *gl = a->fch_gelu ? a->fch_gelu : g->dbig2;
+  be->gelu_fwd(gl, a->fch, N * 4 * (size_t)C);
+  be->matmul_fwd(a->res3, gl, p.fcprojw, p.fcprojb, (int)N, 4 * C, C, C);
   be->residual_fwd(a->res3, a->res3, a->res2, N * C);
 }
 
@@ -498,9 +512,13 @@ static void gpt_layer_bwd(gpt_t *g, int l, float *P, float *G, const float *res_
   const gpt_block_t p = gpt_block_at(g, P), d = gpt_block_at(g, G);
   const size_t f = sizeof(float);
   float *dfch_gelu = g->dbig1, *dfch = g->dbig2;
+  const float *gl = a->fch_gelu;
+  if (!gl) { /* recomputed into dbig2, which dfch takes once the product has read it */
+    be->gelu_fwd(g->dbig2, a->fch, 4 * NC);
+    gl = g->dbig2;
+  }
   be->dev_set(dfch_gelu, 0, 4 * NC * f);
-  be->matmul_bwd(dfch_gelu, d.fcprojw, d.fcprojb, g->dres, a->fch_gelu, p.fcprojw, (int)N, 4 * C,
-                 C, C);
+  be->matmul_bwd(dfch_gelu, d.fcprojw, d.fcprojb, g->dres, gl, p.fcprojw, (int)N, 4 * C, C, C);
   be->dev_set(dfch, 0, 4 * NC * f);
   be->gelu_bwd(dfch, a->fch, dfch_gelu, 4 * NC);
   be->dev_set(g->dln, 0, NC * f);

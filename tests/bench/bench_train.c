@@ -307,10 +307,12 @@ static int model_open(model_t *m, const gpt_config_t *cfg, const kern_backend_t 
     fsdp_opts_t o = {.be = be, .mesh = {1, 1, SHARD_FULL_SHARD}, .seed = 1337, .hp = HP};
     int rc = fsdp_create(&m->f, cfg, &o);
     if (!rc) m->g = fsdp_model(m->f);
+    if (!rc) gpt_set_recompute_gelu(m->g, 1); /* as fsdp-train by default */
     return rc;
   }
   int rc = gpt_create(&m->g, cfg, be);
   if (!rc) rc = gpt_init_weights(m->g, 1337);
+  if (!rc) gpt_set_recompute_gelu(m->g, 1);
   return rc ? rc : adamw_create(&m->opt, m->g, HP);
 }
 
@@ -451,7 +453,7 @@ int main(int argc, char **argv) {
    * m and v (8), and the activations with their gradients and the attention
    * scratch. */
   double tensors = 16.0 * (double)P +
-                   (double)gpt_config_act_bytes(&cfg, B, T, 0,
+                   (double)gpt_config_act_bytes(&cfg, B, T, GPT_ACT_RECOMPUTE_GELU,
                                                 be->attention_saved(B, T, cfg.channels, cfg.heads),
                                                 gpt_config_logits_rows(&cfg)) +
                    (double)be->attention_scratch(B, T, cfg.channels, cfg.heads) * sizeof(float);

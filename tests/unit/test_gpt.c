@@ -386,6 +386,42 @@ Test(gpt, checkpointing_same_gradients_less_memory) {
   free(ref);
 }
 
+/* GELU's output recomputed in backward instead of kept: the same loss and
+ * gradients bit for bit, with and without activation checkpointing, and
+ * 4 x C floats a token less per kept block (the plan's count, held). */
+Test(gpt, recompute_gelu_same_gradients_less_memory) {
+  gpt_config_t c = tiny();
+  c.layers = 3;
+  enum { B = 2, T = 24 };
+  int32_t in[B * T], tg[B * T];
+  fill_tokens(in, B * T, c.vocab, 52);
+  fill_tokens(tg, B * T, c.vocab, 53);
+  for (int ck = 0; ck < 2; ck++) {
+    gpt_t *g[2];
+    float loss[2];
+    size_t acts[2];
+    for (int r = 0; r < 2; r++) {
+      cr_assert_eq(gpt_create(&g[r], &c, kern_cpu()), 0);
+      gpt_init_weights(g[r], 51);
+      gpt_set_checkpointing(g[r], ck);
+      gpt_set_recompute_gelu(g[r], r);
+      const size_t before = mem_current(MEM_ACTS);
+      fwd_bwd(g[r], in, tg, B, T, &loss[r]);
+      acts[r] = mem_current(MEM_ACTS) - before;
+    }
+    const size_t n = gpt_num_params(g[0]);
+    cr_expect(!memcmp(&loss[0], &loss[1], sizeof loss[0]), "loss %.9g, recomputed %.9g", loss[0],
+              loss[1]);
+    cr_expect(!memcmp(gpt_grads(g[0]), gpt_grads(g[1]), n * sizeof(float)),
+              "checkpointing %d: gradients differ with GELU recomputed", ck);
+    const size_t kept = ck ? 1 : (size_t)c.layers; /* blocks holding GELU's output */
+    cr_expect_eq(acts[0] - acts[1], kept * 4 * B * T * (size_t)c.channels * sizeof(float),
+                 "checkpointing %d: activations %zu, recomputed %zu", ck, acts[0], acts[1]);
+    gpt_destroy(g[0]);
+    gpt_destroy(g[1]);
+  }
+}
+
 /* Hooks that behave like a sharded runtime: each unit's parameters are copied
  * into a fresh buffer on demand and poisoned (NaN) and freed on release, and
  * gradients go to per-unit buffers summed into a separate total when done. If
