@@ -136,12 +136,14 @@ typedef struct kern_backend {
 
   /* Causal multi-head attention. qkv (B,T,3C) holds q, k, v side by side, each
    * (NH heads of C/NH). out (B,T,C). att (attention_saved() floats) is what
-   * forward keeps for backward, the backend's own: the softmax probabilities
-   * (B,NH,T,T; entries above the diagonal 0) where the scores are
-   * materialised (the CPU backend, the GPU's strided-product path), each
-   * query row's log-sum-exp of its scaled scores (B,NH,T) in a fused kernel
-   * that recomputes the probabilities in backward. */
-  void (*attention_fwd)(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
+   * forward keeps for backward, the backend's own: each query row's
+   * log-sum-exp of its scaled scores (B,NH,T) where backward computes the
+   * probabilities again (the CPU backend, the GPU's fused kernel), the
+   * softmax probabilities (B,NH,T,T; entries above the diagonal 0) in the
+   * GPU's strided-product path. scratch holds attention_scratch() floats,
+   * forward's and backward's work; nothing in it outlives an op. */
+  void (*attention_fwd)(float *out, float *att, float *scratch, const float *qkv, int B, int T,
+                        int C, int NH);
   /* dqkv (B,T,3C) += gradient; out is forward's output, att what it kept;
    * scratch holds attention_scratch() floats. */
   void (*attention_bwd)(float *dqkv, float *scratch, const float *dout, const float *qkv,

@@ -85,8 +85,9 @@ int gpt_config_logits_rows(const gpt_config_t *cfg);
 /* Bytes of activations (and their gradients) the model holds for (B, T) under
  * flags (GPT_ACT_*): what gpt.c allocates for them. att is
  * the floats one layer's attention keeps for backward, the kernel backend's
- * to say (kern_backend_t's attention_saved: B*NH*T*T probabilities on the
- * CPU, B*NH*T in the GPU's fused kernel); lrows the logits' chunk
+ * to say (kern_backend_t's attention_saved: B*NH*T log-sum-exps on the CPU
+ * and in the GPU's fused kernel, B*NH*T*T probabilities in its products'
+ * path); lrows the logits' chunk
  * (gpt_config_logits_rows). The attention scratch is the backend's own
  * (attention_scratch) and not counted here. */
 size_t gpt_config_act_bytes(const gpt_config_t *cfg, int B, int T, int flags, size_t att,

@@ -488,7 +488,7 @@ static void gpt_layer_fwd(gpt_t *g, int l, float *P, const float *res_in) {
   const gpt_block_t p = gpt_block_at(g, P);
   be->layernorm_fwd(a->ln1, a->ln1_mean, a->ln1_rstd, res_in, p.ln1w, p.ln1b, (int)N, C);
   be->matmul_fwd(a->qkv, a->ln1, p.qkvw, p.qkvb, (int)N, C, 3 * C, 3 * C);
-  be->attention_fwd(a->atty, a->att, a->qkv, B, T, C, NH);
+  be->attention_fwd(a->atty, a->att, g->att_scratch, a->qkv, B, T, C, NH);
   /* the projection lands in res2, then the residual is added in place */
   be->matmul_fwd(a->res2, a->atty, p.attprojw, p.attprojb, (int)N, C, C, C);
   be->residual_fwd(a->res2, a->res2, res_in, N * C);

@@ -185,7 +185,8 @@ void kern_cpu_matmul_fwd(float *out, const float *inp, const float *w, const flo
 void kern_cpu_matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
                          const float *w, int N, int IC, int OC, int ldo);
 
-void kern_cpu_attention_fwd(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
+void kern_cpu_attention_fwd(float *out, float *att, float *scratch, const float *qkv, int B,
+                            int T, int C, int NH);
 void kern_cpu_attention_bwd(float *dqkv, float *scratch, const float *dout, const float *qkv,
                             const float *out, const float *att, int B, int T, int C, int NH);
 size_t kern_cpu_attention_saved(int B, int T, int C, int NH);

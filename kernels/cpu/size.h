@@ -16,17 +16,17 @@ static inline int kern_cpu_size_block(int attn_block, int T) {
   return r > T ? T : r;
 }
 
-/* Floats forward keeps for backward: the softmax probabilities, (B,NH,T,T). */
+/* Floats forward keeps for backward: each query row's log-sum-exp, (B,NH,T). */
 static inline size_t kern_cpu_size_attention_saved(int B, int T, int NH) {
-  return (size_t)B * (size_t)NH * (size_t)T * (size_t)T;
+  return (size_t)B * (size_t)NH * (size_t)T;
 }
 
-/* Floats of attention backward's scratch: per (batch, head) pair, the
- * gradient of one block of scores (rows x T). One slice per pair rather than
- * per thread: the size then does not depend on the thread count, which may
- * change between this call and the op. */
+/* Floats of attention's scratch: per (batch, head) pair, one block of
+ * probabilities and (backward) their gradient, rows x T each. One slice per
+ * pair rather than per thread: the size then does not depend on the thread
+ * count, which may change between this call and the op. */
 static inline size_t kern_cpu_size_attention_scratch(int B, int T, int NH, int attn_block) {
-  return (size_t)B * (size_t)NH * (size_t)kern_cpu_size_block(attn_block, T) * (size_t)T;
+  return (size_t)B * (size_t)NH * 2 * (size_t)kern_cpu_size_block(attn_block, T) * (size_t)T;
 }
 
 #endif

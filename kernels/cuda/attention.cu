@@ -385,8 +385,9 @@ __global__ static void softmax_causal_bwd_kernel(float *dp, const float *att, in
 
 static unsigned att_blocks(int64_t rows) { return (unsigned)((rows + ATT_WARPS - 1) / ATT_WARPS); }
 
-extern "C" void kern_cuda_attention_fwd(float *out, float *att, const float *qkv, int B, int T,
-                                        int C, int NH) {
+extern "C" void kern_cuda_attention_fwd(float *out, float *att, float *scratch, const float *qkv,
+                                        int B, int T, int C, int NH) {
+  (void)scratch; /* backward's: forward works in shared memory, or in att */
   if (B <= 0 || T <= 0) return;
   KERN_CUDA_ASSERT(NH > 0 && C % NH == 0);
   const int hs = C / NH;

@@ -199,7 +199,7 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
   OPS_TIME("matmul_fwd", sh, 1, K->matmul_fwd(logits, x, wte, NULL, (int)N, C, V, ldv));
   OPS_TIME("matmul_bwd", sh, 1, K->matmul_bwd(z, dwte, NULL, logits, x, wte, (int)N, C, V, ldv));
   snprintf(sh, sizeof sh, "B=%d,T=%d,C=%d,NH=%d,%s", B, T, C, NH, bench_attn_name(C, NH, bf16));
-  OPS_TIME("attention_fwd", sh, L, K->attention_fwd(y, att, x, B, T, C, NH));
+  OPS_TIME("attention_fwd", sh, L, K->attention_fwd(y, att, scratch, x, B, T, C, NH));
   OPS_TIME("attention_bwd", sh, L, K->attention_bwd(z, scratch, y, x, y, att, B, T, C, NH));
   snprintf(sh, sizeof sh, "n=%zu", N * 4 * C);
   OPS_TIME("gelu_fwd", sh, L, K->gelu_fwd(y, x, N * 4 * C));

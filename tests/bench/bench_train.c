@@ -148,10 +148,10 @@ static void w_matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout
   prof_add_shape(1, N, IC, OC, t0, bench_now_s(), f);
   prof_add(P_MATMUL_BWD, t0, f);
 }
-static void w_attention_fwd(float *out, float *att, const float *qkv, int B, int T, int C,
-                            int NH) {
+static void w_attention_fwd(float *out, float *att, float *scratch, const float *qkv, int B,
+                            int T, int C, int NH) {
   double t0 = bench_now_s();
-  prof_base->attention_fwd(out, att, qkv, B, T, C, NH);
+  prof_base->attention_fwd(out, att, scratch, qkv, B, T, C, NH);
   /* q k^T and att v over the causal half: 2 * (2 B T^2/2 C). */
   prof_add(P_ATTENTION_FWD, t0, 2.0 * B * (double)T * T * C);
 }

@@ -741,6 +741,21 @@ static void attn_ref_row(double *att_row, double *out_row, const float *qkv, int
   }
 }
 
+/* Every query row's probabilities in float64, rounded (att: B,NH,T,T): what
+ * the magnitudes are taken from and the products' path's backward reads (the
+ * CPU keeps a log-sum-exp a row, not these). */
+static void attn_probs(float *att, const float *qkv, int B, int T, int C, int NH) {
+  double *row = xmalloc((size_t)T * 8), *o = xmalloc((size_t)(C / NH) * 8);
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < NH; h++)
+      for (int i = 0; i < T; i++) {
+        attn_ref_row(row, o, qkv, b, h, i, T, C, NH);
+        float *a = att + (((size_t)b * NH + h) * T + i) * T;
+        for (int j = 0; j < T; j++) a[j] = (float)row[j];
+      }
+  free(row), free(o);
+}
+
 /* The fused kernel's log-sum-exp of query i of (b, h) (the scaled scores of
  * keys 0..i) in float64, and its mag: 1 + 2 S_i as attn_fwd_mags (a score
  * off by tol S_i moves the log-sum-exp by at most that) plus |lse|. */
@@ -780,9 +795,15 @@ static void test_attention(int B, int T, int C, int NH) {
          nga == (fused ? nrows : na) &&
              gpu->attention_scratch(B, T, C, NH) == (fused ? nrows : (size_t)NH * T * T));
   float *qkv = frand(nq, -1, 1), *out = xmalloc(no * 4), *att = xmalloc(na * 4);
-  cpu->attention_fwd(out, att, qkv, B, T, C, NH);
+  const size_t ns = cpu->attention_scratch(B, T, C, NH), nsg = gpu->attention_scratch(B, T, C, NH);
+  float *clse = xmalloc(nrows * 4), *scratch = xmalloc(ns * 4);
+  report("attention", "cpu keeps a log-sum-exp a row", shape, 0, 0, "-", -1,
+         cpu->attention_saved(B, T, C, NH) == nrows);
+  cpu->attention_fwd(out, clse, scratch, qkv, B, T, C, NH);
+  attn_probs(att, qkv, B, T, C, NH);
   float *d_qkv = dput(qkv, nq * 4), *dout_o = dnew(no * 4), *datt = dnew(nga * 4);
-  gpu->attention_fwd(dout_o, datt, d_qkv, B, T, C, NH);
+  float *d_scratch = dnew((nsg ? nsg : 1) * 4);
+  gpu->attention_fwd(dout_o, datt, d_scratch, d_qkv, B, T, C, NH);
   float *go = dget(dout_o, no), *ga = dget(datt, nga);
   float *mag_att = xmalloc(na * 4), *mag_out = xmalloc(no * 4);
   attn_fwd_mags(mag_att, mag_out, qkv, att, B, T, C, NH);
@@ -794,7 +815,7 @@ static void test_attention(int B, int T, int C, int NH) {
   const int nr = pick_rows(T, rows);
   const size_t nsa = (size_t)B * NH * nr * T, nso = (size_t)B * NH * nr * hs;
   double *ra = xmalloc(nsa * 8), *ro = xmalloc(nso * 8);
-  float *gsa = xmalloc(nsa * 4), *csa = xmalloc(nsa * 4), *msa = xmalloc(nsa * 4);
+  float *gsa = xmalloc(nsa * 4), *msa = xmalloc(nsa * 4);
   float *gso = xmalloc(nso * 4), *cso = xmalloc(nso * 4), *mso = xmalloc(nso * 4);
   size_t ka = 0, ko = 0;
   for (int b = 0; b < B; b++)
@@ -804,42 +825,41 @@ static void test_attention(int B, int T, int C, int NH) {
         attn_ref_row(ra + ka, ro + ko, qkv, b, h, i, T, C, NH);
         const size_t arow = (((size_t)b * NH + h) * T + i) * T;
         for (int j = 0; j < T; j++, ka++)
-          gsa[ka] = fused ? att[arow + j] : ga[arow + j], csa[ka] = att[arow + j],
-          msa[ka] = mag_att[arow + j];
+          gsa[ka] = fused ? att[arow + j] : ga[arow + j], msa[ka] = mag_att[arow + j];
         const size_t orow = ((size_t)b * T + i) * C + (size_t)h * hs;
         for (int d = 0; d < hs; d++, ko++)
           gso[ko] = go[orow + d], cso[ko] = out[orow + d], mso[ko] = mag_out[orow + d];
       }
   if (!fused) check_tol("attention_fwd", "att-f64", shape, gsa, NULL, ra, msa, NULL, nsa, tol_gemm);
   check_tol("attention_fwd", "out-f64", shape, gso, NULL, ro, mso, NULL, nso, tol_gemm);
-  check_tol("attention_fwd", "cpu-att-f64", shape, csa, NULL, ra, msa, NULL, nsa, TOL_GEMM);
   check_tol("attention_fwd", "cpu-out-f64", shape, cso, NULL, ro, mso, NULL, nso, TOL_GEMM);
-  free(ra), free(ro), free(gsa), free(csa), free(msa), free(gso), free(cso), free(mso);
-  if (fused) { /* the log-sum-exp of the selected rows against float64 */
+  free(ra), free(ro), free(gsa), free(msa), free(gso), free(cso), free(mso);
+  { /* the log-sum-exp of the selected rows against float64: the CPU's, and
+     * the fused kernel's */
     const size_t nl = (size_t)B * NH * nr;
     double *rl = xmalloc(nl * 8), *ml = xmalloc(nl * 8);
-    float *gl = xmalloc(nl * 4);
+    float *gl = xmalloc(nl * 4), *cl = xmalloc(nl * 4);
     size_t kl = 0;
     for (int b = 0; b < B; b++)
       for (int h = 0; h < NH; h++)
         for (int r = 0; r < nr; r++, kl++) {
           rl[kl] = attn_ref_lse(&ml[kl], qkv, b, h, rows[r], T, C, NH);
-          gl[kl] = ga[((size_t)b * NH + h) * T + rows[r]];
+          gl[kl] = fused ? ga[((size_t)b * NH + h) * T + rows[r]] : 0;
+          cl[kl] = clse[((size_t)b * NH + h) * T + rows[r]];
         }
-    check_tol("attention_fwd", "lse-f64", shape, gl, NULL, rl, NULL, ml, nl, tol_gemm);
-    free(rl), free(ml), free(gl);
+    if (fused) check_tol("attention_fwd", "lse-f64", shape, gl, NULL, rl, NULL, ml, nl, tol_gemm);
+    check_tol("attention_fwd", "cpu-lse-f64", shape, cl, NULL, rl, NULL, ml, nl, TOL_GEMM);
+    free(rl), free(ml), free(gl), free(cl);
   }
 
-  /* backward from a non-zero dqkv: the CPU on its own att, the GPU on what
-   * its forward kept (the products' path reads the CPU's probabilities, so
-   * its check is of backward alone) */
+  /* backward from a non-zero dqkv: the CPU on its own log-sum-exps, the GPU
+   * on what its forward kept (the products' path reads the float64
+   * probabilities, rounded, so its check is of backward alone) */
   float *dout = frand(no, -1, 1), *dqkv = frand(nq, -1, 1), *mag = xmalloc(nq * 4);
   attn_bwd_mags(mag, dqkv, qkv, att, dout, B, T, C, NH);
-  const size_t ns = cpu->attention_scratch(B, T, C, NH), nsg = gpu->attention_scratch(B, T, C, NH);
-  float *scratch = xmalloc(ns * 4);
   float *d_att = fused ? datt : dput(att, na * 4), *d_dout = dput(dout, no * 4);
-  float *d_dqkv = dput(dqkv, nq * 4), *d_scratch = dnew((nsg ? nsg : 1) * 4);
-  cpu->attention_bwd(dqkv, scratch, dout, qkv, out, att, B, T, C, NH);
+  float *d_dqkv = dput(dqkv, nq * 4);
+  cpu->attention_bwd(dqkv, scratch, dout, qkv, out, clse, B, T, C, NH);
   gpu->attention_bwd(d_dqkv, d_scratch, d_dout, d_qkv, dout_o, d_att, B, T, C, NH);
   float *g = dget(d_dqkv, nq);
   check_tol("attention_bwd", "dqkv", shape, g, dqkv, NULL, mag, NULL, nq, tol_gemm);
@@ -848,7 +868,7 @@ static void test_attention(int B, int T, int C, int NH) {
   if (!fused) gpu->dev_free(d_att);
   gpu->dev_free(d_dout), gpu->dev_free(d_dqkv), gpu->dev_free(d_scratch);
   free(qkv), free(out), free(att), free(go), free(ga), free(mag_att), free(mag_out);
-  free(dout), free(dqkv), free(mag), free(scratch);
+  free(dout), free(dqkv), free(mag), free(scratch), free(clse);
 }
 
 /* ---- gelu, residual ------------------------------------------------------- */

@@ -87,7 +87,7 @@ GUARD_VOID(layernorm_fwd, (float *o, float *m, float *r, const float *i, const f
 GUARD_VOID(layernorm_bwd, (float *di, float *dw, float *db, const float *d, const float *i, const float *w, const float *m, const float *r, int N, int C), (di, dw, db, d, i, w, m, r, N, C))
 GUARD_VOID(matmul_fwd, (float *o, const float *i, const float *w, const float *b, int N, int IC, int OC, int ld), (o, i, w, b, N, IC, OC, ld))
 GUARD_VOID(matmul_bwd, (float *di, float *dw, float *db, const float *d, const float *i, const float *w, int N, int IC, int OC, int ld), (di, dw, db, d, i, w, N, IC, OC, ld))
-GUARD_VOID(attention_fwd, (float *o, float *a, const float *q, int B, int T, int C, int NH), (o, a, q, B, T, C, NH))
+GUARD_VOID(attention_fwd, (float *o, float *a, float *s, const float *q, int B, int T, int C, int NH), (o, a, s, q, B, T, C, NH))
 GUARD_VOID(attention_bwd, (float *dq, float *s, const float *d, const float *q, const float *o, const float *a, int B, int T, int C, int NH), (dq, s, d, q, o, a, B, T, C, NH))
 GUARD_VOID(gelu_fwd, (float *o, const float *i, size_t n), (o, i, n))
 GUARD_VOID(gelu_bwd, (float *di, const float *i, const float *d, size_t n), (di, i, d, n))

@@ -373,30 +373,36 @@ static void check_attention(const char *block) {
   cr_assert_eq(setenv("FSDP_ATTN_BLOCK", block, 1), 0);
   const int B = 2, T = 7, C = 12, NH = 3;
   const size_t nqkv = (size_t)B * T * 3 * C, no = (size_t)B * T * C, na = (size_t)B * NH * T * T;
-  cr_assert_eq(K->attention_saved(B, T, C, NH), na, "the CPU keeps the probabilities");
-  float *qkv = frand(nqkv, -2, 2), *out = fnew(no), *att = fnew(na);
-  K->attention_fwd(out, att, qkv, B, T, C, NH);
+  const size_t nl = (size_t)B * NH * T;
+  cr_assert_eq(K->attention_saved(B, T, C, NH), nl, "the CPU keeps a log-sum-exp a row");
+  size_t ns = K->attention_scratch(B, T, C, NH);
+  float *scratch = fnew(ns); /* NaN: the op must not read scratch it did not write */
+  float *qkv = frand(nqkv, -2, 2), *out = fnew(no), *lse = fnew(nl);
+  K->attention_fwd(out, lse, scratch, qkv, B, T, C, NH);
   at_ctx_t c = {B, T, C, NH, to_f64(qkv, nqkv), dnew(no), dnew(no), dnew(na)};
   attention_ref(c.out, c.att, c.qkv, B, T, C, NH);
   EXPECT_REL(out, c.out, no, FWD_TOL, "attention out");
-  EXPECT_REL(att, c.att, na, FWD_TOL, "attention att");
-  for (int bh = 0; bh < B * NH; bh++)
-    for (int i = 0; i < T; i++) {
-      const float *row = att + ((size_t)bh * T + i) * T;
-      double s = 0;
-      for (int j = 0; j < T; j++) {
-        if (j > i)
-          cr_expect(row[j] == 0.0f && !signbit(row[j]), "att[%d,%d,%d] above diagonal [seed %llu]",
-                    bh, i, j, SEED);
-        s += row[j];
+  /* each row's log-sum-exp of its scaled scores, in float64 */
+  double *rl = dnew(nl);
+  const int hs = C / NH;
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < NH; h++)
+      for (int i = 0; i < T; i++) {
+        const double *q = c.qkv + ((size_t)b * T + i) * 3 * C + h * hs;
+        double mx = -INFINITY, s = 0, sc[64];
+        for (int j = 0; j <= i; j++) {
+          sc[j] = dot(q, c.qkv + ((size_t)b * T + j) * 3 * C + C + h * hs, hs) / sqrt(hs);
+          mx = fmax(mx, sc[j]);
+        }
+        for (int j = 0; j <= i; j++) s += exp(sc[j] - mx);
+        rl[((size_t)b * NH + h) * T + i] = mx + log(s);
       }
-      cr_expect(fabs(s - 1) < 1e-6, "att row %d,%d sums to %.9g [seed %llu]", bh, i, s, SEED);
-    }
+  EXPECT_REL(lse, rl, nl, FWD_TOL, "attention log-sum-exp");
 
   float *r = frand(no, -1, 1);
   for (size_t i = 0; i < no; i++) c.r[i] = r[i];
-  size_t ns = K->attention_scratch(B, T, C, NH);
-  float *scratch = fnew(ns); /* NaN: the op must not read scratch it did not write */
+  for (size_t i = 0; i < ns; i++) scratch[i] = NAN;
+  float *att = lse;
   float *dqkv = fzero(nqkv);
   K->attention_bwd(dqkv, scratch, r, qkv, out, att, B, T, C, NH);
   double *g = dnew(nqkv);
@@ -421,7 +427,7 @@ Test(kernels, threads_1_vs_2) {
   float *bias = frand(OC, -1, 1), *dout = frand((size_t)N * OC, -1, 1);
   float *o[2], *dx[2], *dw[2], *db[2];
   const int B = 2, T = 70, C = 48, NH = 4; /* T > block: blocks of 64 and 6 rows */
-  const size_t nqkv = (size_t)B * T * 3 * C, no = (size_t)B * T * C, na = (size_t)B * NH * T * T;
+  const size_t nqkv = (size_t)B * T * 3 * C, no = (size_t)B * T * C, na = K->attention_saved(B, T, C, NH);
   float *qkv = frand(nqkv, -2, 2), *adout = frand(no, -1, 1);
   float *ao[2], *aa[2], *ag[2];
   float *scratch = fnew(K->attention_scratch(B, T, C, NH));
@@ -432,7 +438,7 @@ Test(kernels, threads_1_vs_2) {
     K->matmul_fwd(o[k], x, w, bias, N, IC, OC, OC);
     K->matmul_bwd(dx[k], dw[k], db[k], dout, x, w, N, IC, OC, OC);
     ao[k] = fnew(no), aa[k] = fnew(na), ag[k] = fzero(nqkv);
-    K->attention_fwd(ao[k], aa[k], qkv, B, T, C, NH);
+    K->attention_fwd(ao[k], aa[k], scratch, qkv, B, T, C, NH);
     K->attention_bwd(ag[k], scratch, adout, qkv, ao[k], aa[k], B, T, C, NH);
   }
   struct {
@@ -500,7 +506,7 @@ static void sig_products(float *const out[5], const float *x, const float *w, co
     memset(out[2], 0, 256 * 256 * sizeof(float));
     K->matmul_bwd(out[1], out[2], NULL, dout, x, w, 64, IC, OC, OC);
   }
-  K->attention_fwd(out[3], out[3] + 2 * 32 * 64, qkv, 2, 32, 64, 4);
+  K->attention_fwd(out[3], out[3] + 2 * 32 * 64, scratch, qkv, 2, 32, 64, 4);
   memset(out[4], 0, 2 * 32 * 3 * 64 * sizeof(float));
   K->attention_bwd(out[4], scratch, dout, qkv, out[3], out[3] + 2 * 32 * 64, 2, 32, 64, 4);
 }
@@ -1044,12 +1050,12 @@ static void isa_run_ops(const kern_backend_t *k, isa_run_t *r, const isa_inputs_
   }
   {
     /* T = 37: softmax rows of every length from 1 to 37 */
-    const size_t no = (size_t)IB * IT * IAC, na = (size_t)IB * INH * IT * IT;
+    const size_t no = (size_t)IB * IT * IAC, na = k->attention_saved(IB, IT, IAC, INH);
     const size_t nq = (size_t)IB * IT * 3 * IAC;
     o = isa_out(r, "attention out", no * sizeof(float), NULL);
-    float *att = isa_out(r, "attention att", na * sizeof(float), NULL);
-    k->attention_fwd(o, att, in->qkv, IB, IT, IAC, INH);
+    float *att = isa_out(r, "attention log-sum-exp", na * sizeof(float), NULL);
     float *scratch = isa_unaligned(k->attention_scratch(IB, IT, IAC, INH) * sizeof(float));
+    k->attention_fwd(o, att, scratch, in->qkv, IB, IT, IAC, INH);
     float *dq = isa_out(r, "attention dqkv", nq * sizeof(float), in->qkv);
     k->attention_bwd(dq, scratch, in->qkv, in->qkv, o, att, IB, IT, IAC, INH);
   }
