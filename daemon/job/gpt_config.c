@@ -93,10 +93,12 @@ static size_t gpt_config_act_floats(const gpt_config_t *c, size_t B, size_t T, i
                                     size_t att, int lrows) {
   const size_t N = B * T, C = (size_t)c->channels, L = (size_t)c->layers;
   const size_t R = lrows > 0 && (size_t)lrows < N ? (size_t)lrows : N;
-  /* all but res3: ln1, qkv, atty, res2, ln2 (7 NC), fch (4 NC), GELU's output
-   * (4 NC) unless recomputed, the norms' statistics (4 N), the attention's */
+  /* all but res3: qkv, atty, res2 (5 NC), fch (4 NC), GELU's output (4 NC)
+   * and ln1, ln2 (2 NC) unless recomputed, the norms' statistics (4 N), the
+   * attention's */
   const size_t gelu = flags & GPT_ACT_RECOMPUTE_GELU ? 0 : 4 * N * C;
-  size_t inner = 11 * N * C + gelu + 4 * N + att;
+  const size_t ln = flags & GPT_ACT_RECOMPUTE_LN ? 0 : 2 * N * C;
+  size_t inner = 9 * N * C + gelu + ln + 4 * N + att;
   size_t layers = flags & GPT_ACT_CHECKPOINT ? L * N * C + inner : L * (inner + N * C);
   size_t fwd = N * C /* encoded */ + layers + N * C + 2 * N /* lnf */ +
                R * (size_t)gpt_config_logits_ld(c) /* logits: one chunk */ + N /* losses */;

@@ -76,11 +76,18 @@ int gpt_config_logits_rows(const gpt_config_t *cfg);
 /* What a model keeps for backward, as gpt_config_act_bytes' flags: with
  * GPT_ACT_CHECKPOINT each block keeps only its output (activation
  * checkpointing); with GPT_ACT_RECOMPUTE_GELU no block keeps GELU's output
- * (4 x C floats a token: a quarter of a block's activations), which the
- * forward writes into backward's scratch for the next product and backward
- * computes again from the GELU's input, as llm.c's recompute = 1 does. */
+ * (4 x C floats a token), with GPT_ACT_RECOMPUTE_LN nor its two layernorms'
+ * outputs (2 x C; their means and reciprocal deviations stay): forward
+ * writes them into backward's scratch for the product that reads them, and
+ * backward computes them again there, as llm.c's recompute = 1 and 2 do. */
 #define GPT_ACT_CHECKPOINT 1
 #define GPT_ACT_RECOMPUTE_GELU 2
+#define GPT_ACT_RECOMPUTE_LN 4
+/* The flags of a job option recompute = level (0 none, 1 GELU, 2 GELU and
+ * the layernorms). */
+static inline int gpt_act_recompute_flags(int level) {
+  return (level >= 1 ? GPT_ACT_RECOMPUTE_GELU : 0) | (level >= 2 ? GPT_ACT_RECOMPUTE_LN : 0);
+}
 
 /* Bytes of activations (and their gradients) the model holds for (B, T) under
  * flags (GPT_ACT_*): what gpt.c allocates for them. att is

@@ -81,7 +81,7 @@ static void plan_loop(const config_t *c, plan_t *p) {
   const plan_device_t *dev = plan_device(c);
   const gpt_config_t *g = &c->gpt;
   const int ck = (c->activation_checkpointing ? GPT_ACT_CHECKPOINT : 0) |
-                 (c->recompute_gelu ? GPT_ACT_RECOMPUTE_GELU : 0);
+                 gpt_act_recompute_flags(c->recompute);
   const size_t f = sizeof(float);
   size_t scratch = dev->attention_scratch(c->batch, c->seq_len, g->channels, g->heads) * f;
   const int lrows = gpt_config_logits_rows(g);
@@ -282,10 +282,10 @@ static size_t plan_total_of(const config_t *c, int world) {
 static int plan_advice(const plan_t *p, const config_t *c, size_t limit, char *out, size_t len) {
   config_t k = *c;
   size_t t;
-  if (!c->recompute_gelu) { /* the cheapest: one GELU more a block in backward */
-    k.recompute_gelu = 1;
+  if (c->recompute < 2) { /* the cheapest: a GELU and two norms more a block in backward */
+    k.recompute = 2;
     if ((t = plan_total_of(&k, p->world)) && t <= limit)
-      return snprintf(out, len, "set recompute_gelu = 1 (the plan is then %.0f MiB)", MIB(t)), 1;
+      return snprintf(out, len, "set recompute = 2 (the plan is then %.0f MiB)", MIB(t)), 1;
     k = *c;
   }
   if (!c->activation_checkpointing) {

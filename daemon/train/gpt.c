@@ -91,7 +91,7 @@ typedef struct gpt_layer_acts {
   float *ln2_mean;  /* (N) */
   float *ln2_rstd;  /* (N) */
   float *fch;       /* (N,4C) fc output before GELU */
-  float *fch_gelu;  /* (N,4C), or NULL: recomputed (gpt_set_recompute_gelu) */
+  float *fch_gelu;  /* (N,4C), or NULL: recomputed (gpt_set_recompute) */
   float *res3;      /* (N,C) residual after the MLP: the layer's output */
 } gpt_layer_acts_t;
 
@@ -110,7 +110,7 @@ struct gpt {
   int B, T;
   size_t acts_cap, scratch_cap; /* bytes held: a smaller (B, T) reuses them */
   int ckpt;                     /* activation checkpointing per block */
-  int gelu_recompute;           /* GELU's output kept by no block: recomputed in backward */
+  int recompute;                /* kept by no block (gpt_set_recompute): 1 GELU, 2 + norms */
   gpt_unit_hooks_t hooks;       /* how units are reached (gpt_flat_hooks by default) */
   /* unit-local offsets of the named tensors: every block's are the same */
   size_t block_off[GPT_BLOCK_TENSORS], embed_off[GPT_EMBED_TENSORS];
@@ -129,9 +129,10 @@ struct gpt {
   /* backward scratch */
   float *dres;            /* (N,C) gradient of the residual stream */
   float *dln;             /* (N,C) gradient of a layernorm output */
-  float *dbig1;           /* (N,4C) dfch_gelu, then dqkv */
-  float *dbig2;           /* (N,4C) dfch, then datty; a block's GELU output while it
-                           * is used, when no block keeps it */
+  float *dbig1;           /* (N,4C) dfch_gelu, then dqkv; a layernorm's output while
+                           * it is used, when no block keeps it */
+  float *dbig2;           /* (N,4C) dfch, then datty; GELU's output and (backward)
+                           * ln1's while used, when no block keeps them */
   float *att_scratch;
   int have_targets;       /* the logits hold: 0 logits (a forward without targets), 1
                            * probabilities, 2 dlogits (forward_train), 3 dlogits backward
@@ -333,9 +334,10 @@ void gpt_set_checkpointing(gpt_t *g, int on) {
   g->have_targets = 0; /* and the last forward's are gone: a backward now is refused */
 }
 
-void gpt_set_recompute_gelu(gpt_t *g, int on) {
-  if (!!on == g->gelu_recompute) return;
-  g->gelu_recompute = !!on;
+void gpt_set_recompute(gpt_t *g, int level) {
+  level = level < 0 ? 0 : level > 2 ? 2 : level;
+  if (level == g->recompute) return;
+  g->recompute = level;
   g->B = g->T = 0;
   g->have_targets = 0;
 }
@@ -356,8 +358,7 @@ static int gpt_alloc_acts(gpt_t *g, int B, int T) {
   const size_t N = (size_t)B * T, C = (size_t)c->channels, L = (size_t)c->layers;
   const size_t natt = g->be->attention_saved(B, T, c->channels, c->heads);
   const int chunk = g->lrows_set ? g->lrows_set : gpt_config_logits_rows(c);
-  const int flags = (g->ckpt ? GPT_ACT_CHECKPOINT : 0) |
-                    (g->gelu_recompute ? GPT_ACT_RECOMPUTE_GELU : 0);
+  const int flags = (g->ckpt ? GPT_ACT_CHECKPOINT : 0) | gpt_act_recompute_flags(g->recompute);
   size_t bytes = gpt_config_act_bytes(c, B, T, flags, natt, chunk); /* the plan's number */
   size_t sbytes = g->be->attention_scratch(B, T, c->channels, c->heads) * sizeof(float);
   if (bytes > g->acts_cap || sbytes > g->scratch_cap) {
@@ -383,18 +384,18 @@ static int gpt_alloc_acts(gpt_t *g, int B, int T) {
   for (size_t l = 0; l < L; l++) {
     gpt_layer_acts_t *a = &g->layer[l];
     if (!g->ckpt || l == 0) {
-      a->ln1 = TAKE(N * C);
+      a->ln1 = g->recompute >= 2 ? NULL : TAKE(N * C); /* NULL: in dbig1, then dbig2 */
       a->ln1_mean = TAKE(N);
       a->ln1_rstd = TAKE(N);
       a->qkv = TAKE(3 * N * C);
       a->atty = TAKE(N * C);
       a->att = TAKE(natt);
       a->res2 = TAKE(N * C);
-      a->ln2 = TAKE(N * C);
+      a->ln2 = g->recompute >= 2 ? NULL : TAKE(N * C); /* NULL: in dbig1 */
       a->ln2_mean = TAKE(N);
       a->ln2_rstd = TAKE(N);
       a->fch = TAKE(4 * N * C);
-      a->fch_gelu = g->gelu_recompute ? NULL : TAKE(4 * N * C); /* NULL: in dbig2, for a while */
+      a->fch_gelu = g->recompute >= 1 ? NULL : TAKE(4 * N * C); /* NULL: in dbig2 */
     } else {
       *a = g->layer[0]; /* the shared slot; res3 is the layer's own, below */
     }
@@ -486,16 +487,19 @@ static void gpt_layer_fwd(gpt_t *g, int l, float *P, const float *res_in) {
   const size_t N = (size_t)B * T;
   gpt_layer_acts_t *a = &g->layer[l];
   const gpt_block_t p = gpt_block_at(g, P);
-  be->layernorm_fwd(a->ln1, a->ln1_mean, a->ln1_rstd, res_in, p.ln1w, p.ln1b, (int)N, C);
-  be->matmul_fwd(a->qkv, a->ln1, p.qkvw, p.qkvb, (int)N, C, 3 * C, 3 * C);
+  /* a layernorm's output and GELU's: the block's own, or backward's scratch
+   * (dbig1, dbig2), free in a forward and between blocks in backward, where
+   * checkpointing recomputes a block */
+  float *l1 = a->ln1 ? a->ln1 : g->dbig1;
+  be->layernorm_fwd(l1, a->ln1_mean, a->ln1_rstd, res_in, p.ln1w, p.ln1b, (int)N, C);
+  be->matmul_fwd(a->qkv, l1, p.qkvw, p.qkvb, (int)N, C, 3 * C, 3 * C);
   be->attention_fwd(a->atty, a->att, g->att_scratch, a->qkv, B, T, C, NH);
   /* the projection lands in res2, then the residual is added in place */
   be->matmul_fwd(a->res2, a->atty, p.attprojw, p.attprojb, (int)N, C, C, C);
   be->residual_fwd(a->res2, a->res2, res_in, N * C);
-  be->layernorm_fwd(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, p.ln2w, p.ln2b, (int)N, C);
-  be->matmul_fwd(a->fch, a->ln2, p.fcw, p.fcb, (int)N, C, 4 * C, 4 * C);
-  /* GELU's output: the block's own, or backward's scratch dbig2, free in a
-   * forward (and between blocks in backward, where checkpointing recomputes) */
+  float *l2 = a->ln2 ? a->ln2 : g->dbig1;
+  be->layernorm_fwd(l2, a->ln2_mean, a->ln2_rstd, a->res2, p.ln2w, p.ln2b, (int)N, C);
+  be->matmul_fwd(a->fch, l2, p.fcw, p.fcb, (int)N, C, 4 * C, 4 * C);
   float *gl = a->fch_gelu ? a->fch_gelu : g->dbig2;
   be->gelu_fwd(gl, a->fch, N * 4 * (size_t)C);
   be->matmul_fwd(a->res3, gl, p.fcprojw, p.fcprojb, (int)N, 4 * C, C, C);
@@ -522,7 +526,12 @@ static void gpt_layer_bwd(gpt_t *g, int l, float *P, float *G, const float *res_
   be->dev_set(dfch, 0, 4 * NC * f);
   be->gelu_bwd(dfch, a->fch, dfch_gelu, 4 * NC);
   be->dev_set(g->dln, 0, NC * f);
-  be->matmul_bwd(g->dln, d.fcw, d.fcb, dfch, a->ln2, p.fcw, (int)N, C, 4 * C, 4 * C);
+  const float *l2 = a->ln2;
+  if (!l2) { /* again, into dbig1: dfch_gelu is spent */
+    be->layernorm_fwd(g->dbig1, a->ln2_mean, a->ln2_rstd, a->res2, p.ln2w, p.ln2b, (int)N, C);
+    l2 = g->dbig1;
+  }
+  be->matmul_bwd(g->dln, d.fcw, d.fcb, dfch, l2, p.fcw, (int)N, C, 4 * C, 4 * C);
   /* the skip path already put d(res3) in dres: adding the norm's gives d(res2) */
   be->layernorm_bwd(g->dres, d.ln2w, d.ln2b, g->dln, a->res2, p.ln2w, a->ln2_mean, a->ln2_rstd,
                     (int)N, C);
@@ -532,7 +541,12 @@ static void gpt_layer_bwd(gpt_t *g, int l, float *P, float *G, const float *res_
   be->dev_set(dqkv, 0, 3 * NC * f);
   be->attention_bwd(dqkv, g->att_scratch, datty, a->qkv, a->atty, a->att, B, T, C, NH);
   be->dev_set(g->dln, 0, NC * f);
-  be->matmul_bwd(g->dln, d.qkvw, d.qkvb, dqkv, a->ln1, p.qkvw, (int)N, C, 3 * C, 3 * C);
+  const float *l1 = a->ln1;
+  if (!l1) { /* again, into dbig2: datty is spent */
+    be->layernorm_fwd(g->dbig2, a->ln1_mean, a->ln1_rstd, res_in, p.ln1w, p.ln1b, (int)N, C);
+    l1 = g->dbig2;
+  }
+  be->matmul_bwd(g->dln, d.qkvw, d.qkvb, dqkv, l1, p.qkvw, (int)N, C, 3 * C, 3 * C);
   be->layernorm_bwd(g->dres, d.ln1w, d.ln1b, g->dln, res_in, p.ln1w, a->ln1_mean, a->ln1_rstd,
                     (int)N, C);
 }

@@ -110,11 +110,12 @@ void gpt_set_logits_rows(gpt_t *g, int rows);
  * backward recomputes a block's forward from its input before its backward.
  * Same gradients, bit for bit; about one block's activations instead of L. */
 void gpt_set_checkpointing(gpt_t *g, int on);
-/* GELU's output kept by no block (gpt_config.h, GPT_ACT_RECOMPUTE_GELU):
- * forward writes it into backward's scratch for the next product, backward
- * computes it again. Same gradients, bit for bit; 4 x C floats a token a
- * block less. Off by default; the job option recompute_gelu (on) sets it. */
-void gpt_set_recompute_gelu(gpt_t *g, int on);
+/* What no block keeps and backward computes again (gpt_config.h,
+ * gpt_act_recompute_flags): level 1 GELU's output, 2 also the layernorms'.
+ * Forward writes them into backward's scratch for the product that reads
+ * them. Same gradients, bit for bit; 4 (level 1) or 6 (level 2) x C floats
+ * a token a block less. 0 by default; the job option recompute (2) sets it. */
+void gpt_set_recompute(gpt_t *g, int level);
 
 /* How forward and backward reach each unit's parameters and gradients. The
  * default (gpt_set_hooks(g, NULL)) points into the flat buffers; the sharded

@@ -298,6 +298,12 @@ typedef struct {
   adamw_t *opt;
 } model_t;
 
+/* what no block keeps (gpt_set_recompute), as fsdp-train's default
+ * (config.c: recompute = 2) */
+#ifndef BENCH_RECOMPUTE
+#define BENCH_RECOMPUTE 2
+#endif
+
 static const adamw_hparams_t HP = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                                    .weight_decay = 0.1f};
 
@@ -307,12 +313,12 @@ static int model_open(model_t *m, const gpt_config_t *cfg, const kern_backend_t 
     fsdp_opts_t o = {.be = be, .mesh = {1, 1, SHARD_FULL_SHARD}, .seed = 1337, .hp = HP};
     int rc = fsdp_create(&m->f, cfg, &o);
     if (!rc) m->g = fsdp_model(m->f);
-    if (!rc) gpt_set_recompute_gelu(m->g, 1); /* as fsdp-train by default */
+    if (!rc) gpt_set_recompute(m->g, BENCH_RECOMPUTE); /* as fsdp-train by default */
     return rc;
   }
   int rc = gpt_create(&m->g, cfg, be);
   if (!rc) rc = gpt_init_weights(m->g, 1337);
-  if (!rc) gpt_set_recompute_gelu(m->g, 1);
+  if (!rc) gpt_set_recompute(m->g, BENCH_RECOMPUTE);
   return rc ? rc : adamw_create(&m->opt, m->g, HP);
 }
 
@@ -452,10 +458,10 @@ int main(int argc, char **argv) {
   /* The sum of the tensors the step needs: params and grads (4 bytes each), Adam
    * m and v (8), and the activations with their gradients and the attention
    * scratch. */
-  double tensors = 16.0 * (double)P +
-                   (double)gpt_config_act_bytes(&cfg, B, T, GPT_ACT_RECOMPUTE_GELU,
-                                                be->attention_saved(B, T, cfg.channels, cfg.heads),
-                                                gpt_config_logits_rows(&cfg)) +
+  const size_t acts = gpt_config_act_bytes(&cfg, B, T, gpt_act_recompute_flags(BENCH_RECOMPUTE),
+                                           be->attention_saved(B, T, cfg.channels, cfg.heads),
+                                           gpt_config_logits_rows(&cfg));
+  double tensors = 16.0 * (double)P + (double)acts +
                    (double)be->attention_scratch(B, T, cfg.channels, cfg.heads) * sizeof(float);
   /* Peak memory: the process's anonymous resident memory (its own data: every
    * buffer, oneDNN's packing buffers and JIT code, thread stacks, the heap),

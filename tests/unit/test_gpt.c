@@ -386,10 +386,11 @@ Test(gpt, checkpointing_same_gradients_less_memory) {
   free(ref);
 }
 
-/* GELU's output recomputed in backward instead of kept: the same loss and
- * gradients bit for bit, with and without activation checkpointing, and
- * 4 x C floats a token less per kept block (the plan's count, held). */
-Test(gpt, recompute_gelu_same_gradients_less_memory) {
+/* What no block keeps, computed again in backward (recompute 1: GELU's
+ * output; 2: and the layernorms'): the same loss and gradients bit for bit,
+ * with and without activation checkpointing, and 4 (1) or 6 (2) x C floats
+ * a token less per kept block (the plan's count, held). */
+Test(gpt, recompute_same_gradients_less_memory) {
   gpt_config_t c = tiny();
   c.layers = 3;
   enum { B = 2, T = 24 };
@@ -397,28 +398,31 @@ Test(gpt, recompute_gelu_same_gradients_less_memory) {
   fill_tokens(in, B * T, c.vocab, 52);
   fill_tokens(tg, B * T, c.vocab, 53);
   for (int ck = 0; ck < 2; ck++) {
-    gpt_t *g[2];
-    float loss[2];
-    size_t acts[2];
-    for (int r = 0; r < 2; r++) {
+    gpt_t *g[3];
+    float loss[3];
+    size_t acts[3];
+    for (int r = 0; r < 3; r++) {
       cr_assert_eq(gpt_create(&g[r], &c, kern_cpu()), 0);
       gpt_init_weights(g[r], 51);
       gpt_set_checkpointing(g[r], ck);
-      gpt_set_recompute_gelu(g[r], r);
+      gpt_set_recompute(g[r], r);
       const size_t before = mem_current(MEM_ACTS);
       fwd_bwd(g[r], in, tg, B, T, &loss[r]);
       acts[r] = mem_current(MEM_ACTS) - before;
     }
     const size_t n = gpt_num_params(g[0]);
-    cr_expect(!memcmp(&loss[0], &loss[1], sizeof loss[0]), "loss %.9g, recomputed %.9g", loss[0],
-              loss[1]);
-    cr_expect(!memcmp(gpt_grads(g[0]), gpt_grads(g[1]), n * sizeof(float)),
-              "checkpointing %d: gradients differ with GELU recomputed", ck);
-    const size_t kept = ck ? 1 : (size_t)c.layers; /* blocks holding GELU's output */
-    cr_expect_eq(acts[0] - acts[1], kept * 4 * B * T * (size_t)c.channels * sizeof(float),
-                 "checkpointing %d: activations %zu, recomputed %zu", ck, acts[0], acts[1]);
-    gpt_destroy(g[0]);
-    gpt_destroy(g[1]);
+    const size_t kept = ck ? 1 : (size_t)c.layers; /* blocks holding their activations */
+    const size_t row = B * T * (size_t)c.channels * sizeof(float);
+    for (int r = 1; r < 3; r++) {
+      cr_expect(!memcmp(&loss[0], &loss[r], sizeof loss[0]), "loss %.9g, recompute %d %.9g",
+                loss[0], r, loss[r]);
+      cr_expect(!memcmp(gpt_grads(g[0]), gpt_grads(g[r]), n * sizeof(float)),
+                "checkpointing %d: gradients differ with recompute %d", ck, r);
+      cr_expect_eq(acts[0] - acts[r], kept * (r == 1 ? 4 : 6) * row,
+                   "checkpointing %d, recompute %d: activations %zu, without %zu", ck, r,
+                   acts[r], acts[0]);
+    }
+    for (int r = 0; r < 3; r++) gpt_destroy(g[r]);
   }
 }
 

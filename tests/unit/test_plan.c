@@ -91,22 +91,23 @@ Test(plan, a_job_that_does_not_fit_is_refused_with_the_fix) {
   free(data);
 }
 
-/* recompute_gelu (on by default) plans 4 x C floats a token less per block;
- * a job that fits only with it is told so first (the cheapest change). */
-Test(plan, recompute_gelu_plans_less_and_is_the_first_advice) {
+/* recompute = 2 (the default) plans 6 x C floats a token less per block
+ * than 0; a job that fits only with it is told so first (the cheapest
+ * change). */
+Test(plan, recompute_plans_less_and_is_the_first_advice) {
   char *data = tu_token_file("tokens.bin", 20000, 3, 256);
   config_t on = job(data, 0), off = on;
-  cr_assert_eq(on.recompute_gelu, 1, "on by default");
-  off.recompute_gelu = 0;
+  cr_assert_eq(on.recompute, 2, "GELU and the layernorms by default");
+  off.recompute = 0;
   off.batch = on.batch = 64;
   plan_t p, q;
   cr_assert_eq(plan_job(&off, 1, &p), 0);
   cr_assert_eq(plan_job(&on, 1, &q), 0);
   const size_t blocks = (size_t)on.gpt.layers, tokens = (size_t)on.batch * on.seq_len;
   cr_assert_eq(p.bytes[MEM_ACTS] - q.bytes[MEM_ACTS],
-               blocks * tokens * 4 * (size_t)on.gpt.channels * sizeof(float));
+               blocks * tokens * 6 * (size_t)on.gpt.channels * sizeof(float));
   cr_assert_eq(plan_check(&p, &off, (p.total + q.total) / 2), FSDP_ENOMEM);
-  cr_assert(strstr(err_msg(), "recompute_gelu = 1"), "%s", err_msg());
+  cr_assert(strstr(err_msg(), "recompute = 2"), "%s", err_msg());
   free(data);
 }
 
