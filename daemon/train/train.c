@@ -206,22 +206,38 @@ static int train_resume_choose(train_t *t, int *src, int64_t *step) {
   const config_t *c = &t->cfg;
   char dir[CONFIG_PATH_MAX + 32];
   ckpt_manifest_t a, b;
-  int rc = ckpt_latest(c->resume_from[0] ? c->resume_from : c->checkpoint_dir, dir, sizeof dir);
   *src = RESUME_NONE, *step = 0;
-  if (rc == FSDP_ENOENT && !c->resume_from[0]) return FSDP_OK;
-  if (rc || (rc = ckpt_manifest_read(dir, &a))) return rc;
-  *step = a.step;
-  ckpt_manifest_free(&a);
-  *src = !c->resume_from[0] ? RESUME_UNDER_OWN : strcmp(dir, c->resume_from) ? RESUME_UNDER_GIVEN
-                                                                               : RESUME_GIVEN;
-  if (c->resume_from[0] && c->auto_resume && c->checkpoint_dir[0] &&
-      !ckpt_latest(c->checkpoint_dir, dir, sizeof dir) && !ckpt_manifest_read(dir, &b)) {
-    /* a job started from resume_from that checkpointed since (a restart, a
-     * requeue) goes on from its own latest, not back to where it began */
-    if (b.step > *step) *src = RESUME_UNDER_OWN, *step = b.step;
-    ckpt_manifest_free(&b);
+  if (c->resume_from[0] || c->auto_resume) {
+    int rc = ckpt_latest(c->resume_from[0] ? c->resume_from : c->checkpoint_dir, dir, sizeof dir);
+    if (rc == FSDP_ENOENT && !c->resume_from[0]) return FSDP_OK;
+    if (rc || (rc = ckpt_manifest_read(dir, &a))) return rc;
+    *step = a.step;
+    ckpt_manifest_free(&a);
+    *src = !c->resume_from[0]                ? RESUME_UNDER_OWN
+           : strcmp(dir, c->resume_from) ? RESUME_UNDER_GIVEN
+                                         : RESUME_GIVEN;
   }
-  return FSDP_OK;
+  if (*src == RESUME_UNDER_OWN || !c->checkpoint_dir[0] ||
+      ckpt_latest(c->checkpoint_dir, dir, sizeof dir) || ckpt_manifest_read(dir, &b))
+    return FSDP_OK;
+  const int64_t later = b.step;
+  ckpt_manifest_free(&b);
+  if (later <= *step) return FSDP_OK;
+  /* a job started from resume_from that checkpointed since (a restart, a
+   * requeue) goes on from its own latest, not back to where it began */
+  if (c->auto_resume) {
+    *src = RESUME_UNDER_OWN, *step = later;
+    return FSDP_OK;
+  }
+  /* a run that would write steps checkpoint_dir holds another run's of:
+   * those steps are never written again (ckpt_rank_write), and a restart
+   * would take that run's latest for this one's */
+  return err_set(FSDP_EEXIST, "checkpoint_dir: %s holds step %lld, committed by an earlier run, "
+                 "and this run starts at step %lld (auto_resume = 0%s%s): its checkpoints up to "
+                 "that step would not be written and a restart would go on from the other run; "
+                 "give this run a checkpoint_dir of its own", c->checkpoint_dir,
+                 (long long)later, (long long)*step, c->resume_from[0] ? ", resume_from " : "",
+                 c->resume_from);
 }
 
 /* The run's id, which every shard this run writes carries: rank 0 draws 64
@@ -366,7 +382,7 @@ static int train_resume(train_t *t) {
   if (t->opts.out && c->resume_from[0] && src == RESUME_UNDER_OWN)
     fprintf(t->opts.out, "train: note: not resume_from %s: checkpoint_dir holds a later step, "
             "this job's own (a restarted or requeued job goes on from there); to start from "
-            "resume_from, give a checkpoint_dir of its own or auto_resume = 0\n", c->resume_from);
+            "resume_from, give a checkpoint_dir of its own\n", c->resume_from);
   return FSDP_OK;
 }
 
@@ -544,7 +560,7 @@ int train_open(train_t **out, const config_t *c, const train_opts_t *o) {
       (rc = data_check_batch(t->data, c->batch * t->boot.world, c->seq_len, c->eval_fraction > 0)))
     goto fail;
   if (c->checkpoint_dir[0] && (rc = train_run_id(t))) goto fail;
-  if ((c->resume_from[0] || (c->auto_resume && c->checkpoint_dir[0])) && (rc = train_resume(t)))
+  if ((c->resume_from[0] || c->checkpoint_dir[0]) && (rc = train_resume(t)))
     goto fail;
   if (c->checkpoint_dir[0] && c->checkpoint_every && c->checkpoint_async &&
       plan_rank_snapshots(&t->mesh, t->boot.rank) &&

@@ -678,6 +678,53 @@ Test(train, a_model_holding_nan_is_never_written_nor_loaded, .timeout = 60) {
   free(data), free(w), free(ck);
 }
 
+/* A run that would checkpoint steps its checkpoint_dir holds another run's
+ * of is refused at start, naming both steps: before, a rewind (resume_from
+ * an earlier step, auto_resume = 0) into the same directory wrote none of
+ * those steps ("committed already"), and the next restart went on from the
+ * other run's latest, losing the rewound run's work (helper-53). With
+ * auto_resume the directory's own latest is taken, as before; another
+ * checkpoint_dir takes the rewind. */
+Test(train, a_run_never_checkpoints_into_steps_another_run_committed, .timeout = 60) {
+  config_t c;
+  config_default(&c);
+  char *data = demo_tokens(), *ck = tu_path("ck"), *ck2 = tu_path("ck2");
+  cr_assert_eq(mkdir(ck, 0755), 0);
+  cr_assert_eq(mkdir(ck2, 0755), 0);
+  cr_assert_eq(config_set(&c, "data", data), 0);
+  cr_assert_eq(config_set(&c, "model", "tiny"), 0);
+  cr_assert_eq(config_set(&c, "checkpoint_dir", ck), 0);
+  c.steps = 4, c.warmup_steps = 1, c.batch = 2, c.seq_len = 32, c.checkpoint_every = 1;
+  c.keep_checkpoints = 0, c.eval_batches = 1;
+  train_result_t r;
+  cr_assert_eq(train_run(&c, NULL, &r), 0, "%s", err_msg());
+  char step2[4200], dir[4096];
+  snprintf(step2, sizeof step2, "%s/step-00000002", ck);
+  config_t rew = c;
+  rew.auto_resume = 0;
+  cr_assert_eq(config_set(&rew, "resume_from", step2), 0);
+  cr_assert_eq(train_run(&rew, NULL, &r), FSDP_EEXIST, "a rewind into the same directory");
+  cr_assert(strstr(err_msg(), "holds step 4") && strstr(err_msg(), "starts at step 2") &&
+                strstr(err_msg(), "checkpoint_dir of its own"), "%s", err_msg());
+  config_t fresh = c;
+  fresh.auto_resume = 0;
+  cr_assert_eq(train_run(&fresh, NULL, &r), FSDP_EEXIST, "a fresh start into a used directory");
+  cr_assert(strstr(err_msg(), "starts at step 0"), "%s", err_msg());
+  cr_assert_eq(ckpt_latest(ck, dir, sizeof dir), 0);
+  cr_assert(strstr(dir, "step-00000004"), "the first run's checkpoints stay: %s", dir);
+  /* the rewind in a directory of its own: it goes on from step 2 */
+  cr_assert_eq(config_set(&rew, "checkpoint_dir", ck2), 0);
+  cr_assert_eq(train_run(&rew, NULL, &r), 0, "%s", err_msg());
+  cr_assert_eq(ckpt_latest(ck2, dir, sizeof dir), 0);
+  cr_assert(strstr(dir, "step-00000004"), "%s", dir);
+  /* and with auto_resume the directory's latest is its own: taken */
+  c.steps = 5;
+  cr_assert_eq(train_run(&c, NULL, &r), 0, "%s", err_msg());
+  cr_assert_eq(ckpt_latest(ck, dir, sizeof dir), 0);
+  cr_assert(strstr(dir, "step-00000005"), "%s", dir);
+  free(data), free(ck), free(ck2);
+}
+
 /* The checkpoint shard frames a rank wrote: step, rank, path and failed. */
 typedef struct {
   int n;
