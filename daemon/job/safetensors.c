@@ -6,6 +6,7 @@
 #include <inttypes.h>
 #include <jansson.h>
 #include <libgen.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -293,7 +294,11 @@ int safetensors_parse(const uint8_t *p, size_t n, uint64_t file_bytes, const cha
 
 int safetensors_open(const char *path, const gpt_config_t *model, int *fd, safetensors_t *out) {
   memset(out, 0, sizeof *out);
-  int rc = ckpt_open_file(path, fd);
+  /* the file a link names: Hugging Face's cache keeps model.safetensors as
+   * a link into its blobs (ckpt_open_file follows none, as a checkpoint's
+   * files are never links; the service resolves init_from at submit) */
+  char real[PATH_MAX];
+  int rc = ckpt_open_file(realpath(path, real) ? real : path, fd);
   if (rc) return rc;
   struct stat st;
   uint8_t first[8];

@@ -113,7 +113,8 @@ Test(safetensors, export_loads_in_pytorch_with_our_loss, .timeout = 180) {
 
 /* The exported values come back exactly under any mesh: fp32 under 1x3,
  * bf16 (rounded to nearest even) under 2x2 HYBRID, the Hub's layout (no
- * prefix, mask buffers, sorted) in F32 on one rank and in F16 on two. lr 0:
+ * prefix, mask buffers, sorted) in F32 on one rank and in F16 on two, and
+ * through a symbolic link (before, refused: helper-53). lr 0:
  * the steps change nothing, so the saved weights are the loaded ones. */
 Test(safetensors, import_reads_the_exported_values_under_any_mesh, .timeout = 240) {
   static char out[1 << 16];
@@ -130,6 +131,9 @@ Test(safetensors, import_reads_the_exported_values_under_any_mesh, .timeout = 24
   hf_run(args, out, sizeof out);
   snprintf(args, sizeof args, "hub %s %s F16", f32, hub16);
   hf_run(args, out, sizeof out);
+  /* a link to the file, as Hugging Face's cache keeps model.safetensors */
+  char *link = tu_path("link.safetensors");
+  cr_assert_eq(symlink(f32, link), 0);
   struct {
     const char *file;
     int ranks;
@@ -140,6 +144,7 @@ Test(safetensors, import_reads_the_exported_values_under_any_mesh, .timeout = 24
       {bf16, 4, "--batch 1 --strategy HYBRID_SHARD --mesh 2x2", 1},
       {hub, 1, "--batch 2", 0},
       {hub16, 2, "--batch 2", 2},
+      {link, 1, "--batch 2", 0},
   };
   for (size_t r = 0; r < sizeof runs / sizeof *runs; r++) {
     char *got_path = tu_path("imported.bin");
@@ -160,7 +165,7 @@ Test(safetensors, import_reads_the_exported_values_under_any_mesh, .timeout = 24
     }
     free(got), free(got_path);
   }
-  free(want), free(f32), free(bf16), free(hub), free(hub16), free(w);
+  free(want), free(f32), free(bf16), free(hub), free(hub16), free(link), free(w);
 }
 
 /* ---- damaged headers ------------------------------------------------------------ */
