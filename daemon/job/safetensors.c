@@ -75,10 +75,14 @@ static void st_hf_name(const char *ours, char *buf, size_t len, int *transposed)
   FSDP_ASSERT(0 && "a tensor of the model has no safetensors name");
 }
 
-/* The stored shape of tensor t: 1-D for vectors, (cols, rows) when transposed. */
+/* The stored shape of tensor t: 1-D for vectors, (cols, rows) when
+ * transposed. A matrix is what takes weight decay (gpt_config_tensors: the
+ * embeddings and the four projections), whatever its rows: a model of
+ * context 1 has a (1, C) wpe, one of channels 1 a (1, 1) projection, and
+ * Hugging Face's layout keeps them 2-D. */
 static int st_shape(const gpt_tensor_t *t, int transposed, uint64_t shape[2]) {
-  if (t->rows == 1) {
-    shape[0] = (uint64_t)t->cols;
+  if (!t->decay) {
+    shape[0] = (uint64_t)t->numel;
     return 1;
   }
   shape[0] = (uint64_t)(transposed ? t->cols : t->rows);

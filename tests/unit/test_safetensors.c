@@ -342,3 +342,66 @@ Test(safetensors, an_export_of_an_impossible_model_is_refused) {
   cr_assert(access(out, F_OK) && access(tmp, F_OK), "an export file was left");
   free(dir), free(out);
 }
+
+/* ---- shapes of degenerate models -------------------------------------------- */
+
+/* A header laid out as GPT2LMHeadModel's state dict for model m (matrices
+ * 2-D whatever their rows), with wpe 1-D instead when wpe_1d; the verdict
+ * of safetensors_parse. */
+static int hf_layout_parses(gpt_config_t m, int wpe_1d) {
+  json_t *h = json_object();
+  uint64_t off = 0;
+  const int C = m.channels;
+  const struct {
+    const char *name;
+    int rows, cols; /* rows 0: a vector of cols */
+  } blk[] = {{"ln_1.weight", 0, C},        {"ln_1.bias", 0, C},          {"attn.c_attn.weight", C, 3 * C},
+             {"attn.c_attn.bias", 0, 3 * C}, {"attn.c_proj.weight", C, C}, {"attn.c_proj.bias", 0, C},
+             {"ln_2.weight", 0, C},        {"ln_2.bias", 0, C},          {"mlp.c_fc.weight", C, 4 * C},
+             {"mlp.c_fc.bias", 0, 4 * C},  {"mlp.c_proj.weight", 4 * C, C}, {"mlp.c_proj.bias", 0, C}};
+#define HF_T(key, rows, cols)                                                                     \
+  do {                                                                                            \
+    const uint64_t n_ = (rows) ? (uint64_t)(rows) * (uint64_t)(cols) : (uint64_t)(cols);          \
+    json_t *shape_ = (rows) ? json_pack("[II]", (json_int_t)(rows), (json_int_t)(cols))           \
+                            : json_pack("[I]", (json_int_t)(cols));                               \
+    json_object_set_new(h, (key), json_pack("{s:s,s:o,s:[II]}", "dtype", "F32", "shape", shape_,  \
+                                            "data_offsets", (json_int_t)off,                      \
+                                            (json_int_t)(off + 4 * n_)));                         \
+    off += 4 * n_;                                                                                \
+  } while (0)
+  HF_T("transformer.wte.weight", m.vocab, C);
+  HF_T("transformer.wpe.weight", wpe_1d ? 0 : m.context, C);
+  HF_T("transformer.ln_f.weight", 0, C);
+  HF_T("transformer.ln_f.bias", 0, C);
+  for (int l = 0; l < m.layers; l++)
+    for (size_t i = 0; i < sizeof blk / sizeof *blk; i++) {
+      char key[96];
+      snprintf(key, sizeof key, "transformer.h.%d.%s", l, blk[i].name);
+      HF_T(key, blk[i].rows, blk[i].cols);
+    }
+#undef HF_T
+  char *text = json_dumps(h, JSON_COMPACT);
+  json_decref(h);
+  const size_t len = strlen(text), n = 8 + len;
+  uint8_t *p = calloc(1, n);
+  cr_assert_not_null(p);
+  for (int i = 0; i < 8; i++) p[i] = (uint8_t)((uint64_t)len >> (8 * i));
+  memcpy(p + 8, text, len);
+  safetensors_t st;
+  int rc = safetensors_parse(p, n, n + off, "hf.safetensors", &m, &st);
+  if (!rc) safetensors_free(&st);
+  free(p), free(text);
+  return rc;
+}
+
+/* A model of context 1 or of channels 1 keeps its matrices 2-D, as Hugging
+ * Face's layout does (before, a matrix of one row was taken for a vector:
+ * wpe [C], a projection [1]; helper-53), and a vector where a matrix belongs
+ * is still refused. */
+Test(safetensors, matrices_of_one_row_stay_matrices) {
+  cr_assert_eq(hf_layout_parses((gpt_config_t){1, 8, 2, 16, 4}, 0), 0, "%s", err_msg());
+  cr_assert_eq(hf_layout_parses((gpt_config_t){1, 8, 2, 16, 1}, 0), 0, "context 1: %s", err_msg());
+  cr_assert_eq(hf_layout_parses((gpt_config_t){1, 1, 1, 16, 4}, 0), 0, "channels 1: %s", err_msg());
+  cr_assert_neq(hf_layout_parses((gpt_config_t){1, 8, 2, 16, 1}, 1), 0);
+  cr_assert(strstr(err_msg(), "wpe"), "%s", err_msg());
+}
