@@ -185,15 +185,19 @@ static int st_entry(safetensors_t *s, const char *path, const char *key, json_t 
                    numel > data_bytes ? data_bytes : numel * st_dtypes[d].bytes);
   *span = (st_span_t){begin, end, key};
   const char *name = strncmp(key, ST_PREFIX, strlen(ST_PREFIX)) ? key : key + strlen(ST_PREFIX);
-  if (!strcmp(name, "lm_head.weight"))
-    return err_set(FSDP_EINVAL, "%s: tensor \"%s\": this GPT-2 ties its LM head to wte; a file "
-                   "with a separate head cannot be loaded (save it with tied embeddings)", path,
-                   key);
+  /* the tied head is wte under its other name: a saver that keeps one name
+   * of shared tensors (safetensors.torch.save_model) may keep this one */
+  const int head = !strcmp(name, "lm_head.weight");
+  if (head) name = "wte.weight";
   for (int k = 0; k < s->num_tensors; k++) {
     char hf[64];
     int tr;
     st_hf_name(s->tensor[k].name, hf, sizeof hf, &tr);
     if (strcmp(hf, name)) continue;
+    if (found[k] && (head || found[k] == 2))
+      return err_set(FSDP_EINVAL, "%s: tensor \"%s\": the file holds both wte and lm_head.weight; "
+                     "this GPT-2 ties its LM head to wte, so a separate head cannot be loaded (save "
+                     "it with tied embeddings)", path, key);
     if (found[k])
       return err_set(FSDP_EFORMAT, "%s: tensor \"%s\" is in the file twice (with and without "
                      "the \"" ST_PREFIX "\" prefix)", path, name);
@@ -213,7 +217,7 @@ static int st_entry(safetensors_t *s, const char *path, const char *key, json_t 
                      "the same model", path, key, got, s->model.layers, s->model.channels,
                      s->model.vocab, s->model.context, exp);
     }
-    found[k] = 1;
+    found[k] = head ? 2 : 1;
     s->place[k] = (safetensors_place_t){st_dtypes[d].ours, tr, data_at + begin};
     return FSDP_OK;
   }
