@@ -79,7 +79,9 @@ int gpt_config_logits_ld(const gpt_config_t *cfg) {
 
 int gpt_config_logits_rows(const gpt_config_t *cfg) {
   const size_t row = (size_t)gpt_config_logits_ld(cfg) * sizeof(float);
-  const size_t rows = GPT_LOGITS_CHUNK_BYTES / (row ? row : 1);
+  size_t rows = GPT_LOGITS_CHUNK_BYTES / (row ? row : 1);
+  /* whole tiles of a GPU's products (128 rows) where there are several */
+  if (rows > 128) rows -= rows % 128;
   return rows < 1 ? 1 : rows > INT32_MAX ? INT32_MAX : (int)rows;
 }
 
