@@ -20,8 +20,9 @@
 #include "daemon/job/precision.h"
 #include "kernels/kern_math.h"
 
-#define CKPT_FIXED 168u    /* bytes of the header before its unit table */
-#define CKPT_FIXED_V2 144u /* the same in version 2 (no schedule) */
+#define CKPT_FIXED 192u    /* bytes of the header before its unit table */
+#define CKPT_FIXED_V3 168u /* the same in version 3 (no token file) */
+#define CKPT_FIXED_V2 144u /* in version 2 (no schedule) */
 #define CKPT_FIXED_V1 136u /* and in version 1 (no run) */
 #define CKPT_UNIT_BYTES 32u
 #define CKPT_SEC_BYTES 24u
@@ -47,7 +48,10 @@ static uint64_t ckpt_align(uint64_t x) { return (x + CKPT_ALIGN - 1) / CKPT_ALIG
 
 /* Bytes of a header of that version before its unit table. */
 static uint64_t ckpt_fixed(uint32_t version) {
-  return version == 1 ? CKPT_FIXED_V1 : version == 2 ? CKPT_FIXED_V2 : CKPT_FIXED;
+  return version == 1   ? CKPT_FIXED_V1
+         : version == 2 ? CKPT_FIXED_V2
+         : version == 3 ? CKPT_FIXED_V3
+                        : CKPT_FIXED;
 }
 
 static uint32_t ckpt_f32_bits(float f) {
@@ -136,6 +140,9 @@ int ckpt_header_encode(ckpt_header_t *h, uint8_t **out) {
     put(&b, (uint32_t)s->steps, 4), put(&b, (uint32_t)s->warmup_steps, 4);
     put(&b, ckpt_f32_bits(s->lr), 4), put(&b, ckpt_f32_bits(s->min_lr_frac), 4);
   }
+  if (h->version >= 4)
+    put(&b, h->sched.data_tokens, 8), put(&b, h->sched.data_train_tokens, 8),
+        put(&b, h->sched.data_sum, 8);
   FSDP_ASSERT(b.at == ckpt_fixed(h->version));
   for (uint32_t k = 0; k < h->num_units; k++) {
     const shard_unit_t *u = &h->units[k];
@@ -246,6 +253,14 @@ int ckpt_header_decode(const uint8_t *p, size_t n, const char *what, ckpt_header
                      "warmup_steps %d, lr %g, min_lr_frac %g: out of range; the file is damaged",
                      what, s->batch, s->seq_len, s->steps, s->warmup_steps, (double)s->lr,
                      (double)s->min_lr_frac);
+  }
+  if (h->version >= 4) {
+    ckpt_sched_t *s = &h->sched;
+    s->data_tokens = get(&b, 8), s->data_train_tokens = get(&b, 8), s->data_sum = get(&b, 8);
+    if (s->data_train_tokens > s->data_tokens)
+      return err_set(FSDP_EFORMAT, "%s: header: a training split of %" PRIu64 " tokens in a "
+                     "token file of %" PRIu64 ": out of range; the file is damaged", what,
+                     s->data_train_tokens, s->data_tokens);
   }
   int rc;
   if (h->shards < 1 || h->shard_rank < 0 || h->shard_rank >= h->shards || h->replicas < 1 ||

@@ -30,8 +30,9 @@
 #include "daemon/job/shard.h"
 
 #define CKPT_MAGIC "FSDPSHRD"
-#define CKPT_VERSION 3 /* of the shard header (versions 1, without run, and 2, without the
-                          schedule, whose data position counts batches, are read too) */
+#define CKPT_VERSION 4 /* of the shard header (versions 1, without run, 2, without the
+                          schedule, whose data position counts batches, and 3, without the
+                          token file, are read too) */
 #define CKPT_MANIFEST_VERSION 1
 #define CKPT_ALIGN 4096u             /* sections start on this boundary */
 #define CKPT_BLOCK (1u << 20)        /* bytes per block checksum */
@@ -57,12 +58,16 @@ typedef struct ckpt_section {
 
 /* What the data position and the learning rate depend on besides the step:
  * the run's options that wrote the checkpoint (version 3; all 0 in a version
- * 1 or 2 shard: unknown). A resume under other values says what changed. */
+ * 1 or 2 shard: unknown) and the token file it read (version 4; 0s before).
+ * A resume under other values says what changed. */
 typedef struct ckpt_sched {
   int32_t batch;                /* global batch B: windows a data batch takes (batch x ranks) */
   int32_t seq_len;              /* T: tokens a window's order is over */
   int32_t steps, warmup_steps;  /* the LR schedule (train_lr) */
   float lr, min_lr_frac;
+  uint64_t data_tokens;         /* the token file's tokens (data_num_tokens); 0: unknown */
+  uint64_t data_train_tokens;   /* those of its training split (the rest held out) */
+  uint64_t data_sum;            /* XXH64 of its token bytes (data_sum) */
 } ckpt_sched_t;
 
 /* What a shard file says about itself. */

@@ -47,6 +47,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "daemon/common/err.h"
 #include "daemon/common/log.h"
@@ -66,6 +67,7 @@ struct data {
   size_t win_cap;      /* tokens win holds */
   size_t n;            /* tokens in the file */
   size_t eval_start;   /* first token of the held-out part (n when there is none) */
+  uint64_t sum;        /* XXH64 (seed 0) of the token bytes, as open read them */
   /* permutation of the training windows for (perm_seed, perm_epoch, perm_n) */
   uint32_t *perm;      /* (perm_n) */
   size_t perm_n;
@@ -168,6 +170,7 @@ int data_open(data_t **out, const char *path, int vocab, double eval_fraction, i
   int rc = FSDP_OK;
   int fd = -1;
   unsigned char *raw = NULL;
+  XXH64_state_t *sum = NULL;
   data_t *d = calloc(1, sizeof *d);
   if (!d) return err_set(FSDP_ENOMEM, "token file %s: out of memory", path);
   d->fd = -1;
@@ -254,7 +257,8 @@ int data_open(data_t **out, const char *path, int vocab, double eval_fraction, i
   d->n = (size_t)count;
   d->vocab = vocab;
   raw = malloc(DATA_CHECK_BYTES);
-  if (!raw) {
+  sum = XXH64_createState();
+  if (!raw || !sum || XXH64_reset(sum, 0) != XXH_OK) {
     rc = err_set(FSDP_ENOMEM, "token file %s: out of memory", path);
     goto out;
   }
@@ -266,6 +270,7 @@ int data_open(data_t **out, const char *path, int vocab, double eval_fraction, i
     if ((rc = data__read_all(fd, raw, 2 * k, (off_t)(DATA_HEADER_BYTES + 2 * at), path,
                               DATA_ENDED_AT_OPEN)))
       goto out;
+    XXH64_update(sum, raw, 2 * k);
     for (size_t i = 0; i < k; i++) {
       const unsigned id = (unsigned)raw[2 * i] | (unsigned)raw[2 * i + 1] << 8;
       if (id > maxid) maxid = id;
@@ -283,6 +288,7 @@ int data_open(data_t **out, const char *path, int vocab, double eval_fraction, i
     goto out;
   }
 
+  d->sum = XXH64_digest(sum);
   if ((rc = data__split(d, eval_fraction, T)) != FSDP_OK) goto out;
 
   LOG_INFO("data", "%s: %zu tokens; train %zu tokens, eval %zu tokens; windows of %d tokens: "
@@ -292,6 +298,7 @@ int data_open(data_t **out, const char *path, int vocab, double eval_fraction, i
   *out = d;
   d = NULL;
 out:
+  XXH64_freeState(sum);
   free(raw);
   if (fd >= 0) close(fd);
   data_close(d);
@@ -310,6 +317,7 @@ void data_close(data_t *d) {
 size_t data_num_tokens(const data_t *d) { return d->n; }
 size_t data_num_train_tokens(const data_t *d) { return d->eval_start; }
 size_t data_num_eval_tokens(const data_t *d) { return d->n - d->eval_start; }
+uint64_t data_sum(const data_t *d) { return d->sum; }
 
 /* ---- batches ---- */
 

@@ -47,6 +47,10 @@ void data_close(data_t *d);
 size_t data_num_tokens(const data_t *d);
 size_t data_num_train_tokens(const data_t *d);
 size_t data_num_eval_tokens(const data_t *d);
+/* XXH64 (seed 0) of the file's token bytes (the header not included), read
+ * at open: which tokens a run trained on, so a resume knows the file that
+ * wrote its checkpoint's data position from another one. */
+uint64_t data_sum(const data_t *d);
 
 /* Whether batches of B windows of T tokens can be drawn: the training
  * split holds B windows, and (eval set) the held-out split one evaluation

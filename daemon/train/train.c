@@ -122,11 +122,26 @@ static int train_check_dir(const char *key, const char *path) {
   return FSDP_OK;
 }
 
+/* How many ranks hold an h other than rank 0's (0: every rank's is alike):
+ * one sum over the world gives every rank rank 0's h in 8-bit pieces (exact
+ * in floats), a second counts the ranks whose own differs. */
+static int train_ranks_differ(train_t *t, uint64_t h, const char *what, float *differ) {
+  float v[8];
+  for (int i = 0; i < 8; i++) v[i] = t->boot.rank == 0 ? (float)((h >> (8 * i)) & 0xff) : 0.f;
+  int rc = comm_all_reduce(t->groups.world, v, v, 8, COMM_F32, COMM_SUM);
+  if (rc) return err_wrap(rc, "comparing the ranks' %s", what);
+  *differ = 0;
+  for (int i = 0; i < 8; i++) *differ += v[i] != (float)((h >> (8 * i)) & 0xff);
+  *differ = *differ > 0;
+  if ((rc = comm_all_reduce(t->groups.world, differ, differ, 1, COMM_F32, COMM_SUM)))
+    return err_wrap(rc, "comparing the ranks' %s", what);
+  return FSDP_OK;
+}
+
 /* Every rank runs the same job: a rank given another batch, seq_len or
  * seed would train on with a loss that looks fine (only a change of a
  * collective's size is caught, as diverged collectives). The ranks compare
- * a hash of their effective options (config_write's text) in two sums over
- * the world: 8-bit pieces, exact in floats for up to 65,000 ranks. */
+ * a hash of their effective options (config_write's text). */
 static int train_same_job(train_t *t) {
   if (!t->groups.world || t->boot.world < 2) return FSDP_OK;
   char *text = NULL;
@@ -138,20 +153,32 @@ static int train_same_job(train_t *t) {
   const uint64_t h = rc ? 0 : XXH64(text, len, 0);
   free(text);
   if (rc) return rc;
-  float v[8], mine[8];
-  for (int i = 0; i < 8; i++) v[i] = mine[i] = (float)((h >> (8 * i)) & 0xff);
-  if ((rc = comm_all_reduce(t->groups.world, v, v, 8, COMM_F32, COMM_SUM)))
-    return err_wrap(rc, "comparing the ranks' options");
-  float differ = 0;
-  for (int i = 0; i < 8; i++) differ += v[i] != mine[i] * (float)t->boot.world;
-  differ = differ > 0;
-  if ((rc = comm_all_reduce(t->groups.world, &differ, &differ, 1, COMM_F32, COMM_SUM)))
-    return err_wrap(rc, "comparing the ranks' options");
+  float differ;
+  if ((rc = train_ranks_differ(t, h, "options", &differ))) return rc;
   if (differ > 0)
     return err_set(FSDP_EINVAL, "the ranks were not given the same job: %.0f of %d see options "
-                   "that differ from the others' (this is rank %d); give every rank the same job "
+                   "that differ from rank 0's (this is rank %d); give every rank the same job "
                    "file and flags (compare their --print-config)", differ, t->boot.world,
                    t->boot.rank);
+  return FSDP_OK;
+}
+
+/* Every rank reads the same tokens: `data` is a path on each node, and
+ * nodes whose copies differ (one re-tokenized, one copied short) would each
+ * train on their own text with nothing failing. The ranks compare their
+ * files' checksums as train_same_job compares options. */
+static int train_same_data(train_t *t) {
+  if (!t->groups.world || t->boot.world < 2) return FSDP_OK;
+  float differ;
+  int rc = train_ranks_differ(t, data_sum(t->data), "token files", &differ);
+  if (rc) return rc;
+  if (differ > 0)
+    return err_set(FSDP_EINVAL, "data: the ranks' token files differ: %.0f of %d read a %s "
+                   "other than rank 0's (this is rank %d; its file has %zu tokens, XXH64 "
+                   "%016llx); every node must hold the same file at that path: copy one "
+                   "everywhere (compare `xxhsum` of each copy)", differ, t->boot.world,
+                   t->cfg.data, t->boot.rank, data_num_tokens(t->data),
+                   (unsigned long long)data_sum(t->data));
   return FSDP_OK;
 }
 
@@ -268,7 +295,49 @@ static int train_run_id(train_t *t) {
 static ckpt_sched_t train_sched(const train_t *t) {
   const config_t *c = &t->cfg;
   return (ckpt_sched_t){c->batch * t->boot.world, c->seq_len, c->steps, c->warmup_steps, c->lr,
-                        c->min_lr_frac};
+                        c->min_lr_frac, data_num_tokens(t->data), data_num_train_tokens(t->data),
+                        data_sum(t->data)};
+}
+
+/* The data position when this job's token file or its split is not the
+ * checkpoint's run's (version 4 records them; an older one is taken as
+ * this job's): another file starts from its beginning, as a new corpus
+ * would; the same file split elsewhere (eval_fraction) goes on at the same
+ * share of the epoch, and rank 0 says which tokens changed sides. */
+static data_pos_t train_resume_data(const train_t *t, const ckpt_sched_t *was,
+                                    const ckpt_sched_t *now, data_pos_t pos) {
+  FILE *out = t->opts.out;
+  if (!was->data_tokens && !was->data_sum) return pos; /* unknown */
+  if (was->data_tokens != now->data_tokens || was->data_sum != now->data_sum) {
+    if (out)
+      fprintf(out, "train: note: %s is not the token file the checkpoint's run read (%llu "
+              "tokens, XXH64 %016llx; this one has %llu, XXH64 %016llx): the data starts at the "
+              "beginning of this file's order (epoch 0, window 0), not at the checkpoint's "
+              "position (epoch %llu, window %llu)\n", t->cfg.data,
+              (unsigned long long)was->data_tokens, (unsigned long long)was->data_sum,
+              (unsigned long long)now->data_tokens, (unsigned long long)now->data_sum,
+              (unsigned long long)pos.epoch, (unsigned long long)pos.window);
+    return (data_pos_t){0, 0};
+  }
+  if (was->data_train_tokens == now->data_train_tokens) return pos;
+  const uint64_t a = was->data_train_tokens, b = now->data_train_tokens;
+  const uint64_t lo = a < b ? a : b, hi = a < b ? b : a;
+  /* the epoch's order is over another number of windows: a new order */
+  const uint64_t w = a ? (uint64_t)((double)pos.window * (double)b / (double)a) : 0;
+  if (out)
+    fprintf(out, "train: note: the token file's training split is its first %llu tokens now, "
+            "%llu in the checkpoint's run (eval_fraction or seq_len changed): tokens [%llu, "
+            "%llu) %s; the epoch's order is a new one, and the data goes on at the same share "
+            "of epoch %llu (window %llu, was %llu)\n", (unsigned long long)b,
+            (unsigned long long)a, (unsigned long long)lo, (unsigned long long)hi,
+            b > a ? "were held out and are trained on now: evaluation from here on is not "
+                    "comparable with the run's earlier evaluations"
+                  : "were trained on and are held out now: evaluation from here on includes "
+                    "text the model was trained on",
+            (unsigned long long)pos.epoch, (unsigned long long)w,
+            (unsigned long long)pos.window);
+  pos.window = w;
+  return pos;
 }
 
 /* The data position to go on from, in this job's windows, from a
@@ -308,6 +377,7 @@ static data_pos_t train_resume_pos(const train_t *t, const ckpt_rank_meta_t *m, 
             "%d are left\n", was->batch, now.batch, (unsigned long long)pos.epoch,
             (unsigned long long)pos.window, now.batch, now.batch);
   }
+  pos = train_resume_data(t, was, &now, pos);
   if (out && (was->lr != now.lr || was->min_lr_frac != now.min_lr_frac ||
               was->steps != now.steps || was->warmup_steps != now.warmup_steps)) {
     char what[256] = "";
@@ -557,7 +627,8 @@ int train_open(train_t **out, const config_t *c, const train_opts_t *o) {
   if (c->checkpoint_dir[0] && (rc = train_check_dir("checkpoint_dir", c->checkpoint_dir))) goto fail;
   if ((rc = train_open_runtime(t))) goto fail;
   if ((rc = data_open(&t->data, c->data, c->gpt.vocab, c->eval_fraction, c->seq_len)) ||
-      (rc = data_check_batch(t->data, c->batch * t->boot.world, c->seq_len, c->eval_fraction > 0)))
+      (rc = data_check_batch(t->data, c->batch * t->boot.world, c->seq_len, c->eval_fraction > 0)) ||
+      (rc = train_same_data(t)))
     goto fail;
   if (c->checkpoint_dir[0] && (rc = train_run_id(t))) goto fail;
   if ((c->resume_from[0] || c->checkpoint_dir[0]) && (rc = train_resume(t)))

@@ -31,25 +31,28 @@ static tu_world_t W;
 
 static void teardown(void) { tu_world_kill(&W); }
 
-/* 64k tokens of a byte-level vocabulary: what they say does not matter here. */
-static char *token_file(void) {
+/* 64k tokens of a byte-level vocabulary: what they say does not matter here
+ * (variant 0 or 1: two files of one size that differ). */
+static char *token_file(int variant) {
   static uint16_t tok[1 << 16];
-  for (size_t i = 0; i < sizeof tok / sizeof tok[0]; i++) tok[i] = (uint16_t)((i * 7 + i / 13) % 256);
-  char *path = tu_path("tokens.bin");
+  for (size_t i = 0; i < sizeof tok / sizeof tok[0]; i++)
+    tok[i] = (uint16_t)((i * 7 + i / 13 + (size_t)variant * (i % 3)) % 256);
+  char *path = tu_path(variant ? "tokens-1.bin" : "tokens.bin");
   cr_assert_eq(data_write(path, tok, sizeof tok / sizeof tok[0]), 0, "%s", err_msg());
   return path;
 }
 
 /* Three ranks of a job long enough to be still running when the test strikes,
- * printing every step; rank_args: more flags for one rank (or NULL). */
-static void start_world(const char *const *rank_args) {
+ * printing every step, on token file data (NULL: token_file(0)); rank_args:
+ * more flags for one rank (or NULL). */
+static void start_world(const char *data, const char *const *rank_args) {
   static const char *const env[] = {"FSDP_COMM_TIMEOUT_MS=" STR(TIMEOUT_MS), "FSDP_PROGRESS_EVERY=1",
                                     NULL};
-  char *data = token_file(), args[1024];
+  char *mine = data ? NULL : token_file(0), args[1024];
   snprintf(args, sizeof args, "--model tiny --steps 10000 --warmup_steps 1 --batch 2 --seq_len 32 "
-           "--threads 1 --strategy FULL_SHARD --mesh 3 --data %s", data);
+           "--threads 1 --strategy FULL_SHARD --mesh 3 --data %s", data ? data : mine);
   tu_world_start(&W, 3, "fsdp-train", args, env, rank_args);
-  free(data);
+  free(mine);
 }
 
 /* Rank 0 alone prints progress ("one voice per job"); a step it finished is
@@ -102,7 +105,7 @@ static void expect_failed_ranks(const char *what, int except, double t0, double 
 #define VICTIM_NAME "rank " STR(VICTIM) " (127.0.0.1:"
 
 static void strike_during_a_step(const char *what, int sig) {
-  start_world(NULL);
+  start_world(NULL, NULL);
   wait_until_training();
   double t0 = tu_now_s();
   cr_assert_eq(kill(W.pid[VICTIM], sig), 0);
@@ -127,6 +130,27 @@ Test(fault, a_stalled_rank_is_named_by_every_other_rank) {
 Test(fault, a_rank_given_another_model_stops_every_rank_at_open) {
   const char *rank_args[3] = {[VICTIM] = "--layers 3"};
   double t0 = tu_now_s();
-  start_world(rank_args);
+  start_world(NULL, rank_args);
   expect_failed_ranks("divergent", -1, t0, 10.0 + BOUND_S, "not given the same job");
+}
+
+/* One rank whose copy of the token file differs from the others' under the
+ * same path, as on a node whose copy was re-tokenized or cut short: each
+ * rank's shell opens its file as descriptor 5 and every rank reads
+ * /proc/self/fd/5, so the options are alike and only the tokens differ. The
+ * ranks compare their files' checksums at open (train_same_data) and every
+ * rank stops there, naming the path, instead of each training on its own
+ * text. */
+Test(fault, a_rank_given_another_token_file_stops_every_rank_at_open) {
+  char *a = token_file(0), *b = token_file(1), redir[3][4200];
+  const char *rank_args[3];
+  for (int r = 0; r < 3; r++) {
+    snprintf(redir[r], sizeof redir[r], "5<%s", r == VICTIM ? b : a);
+    rank_args[r] = redir[r];
+  }
+  double t0 = tu_now_s();
+  start_world("/proc/self/fd/5", rank_args);
+  expect_failed_ranks("token files", -1, t0, 10.0 + BOUND_S,
+                      "the ranks' token files differ: 1 of 3");
+  free(a), free(b);
 }

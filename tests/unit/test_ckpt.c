@@ -116,7 +116,8 @@ static void header_of(ckpt_header_t *h, shard_layout_t **lay) {
   h->data_epoch = 3, h->data_window = 12345, h->adam_steps = 77, h->seed = 0xfeedULL;
   h->run = 0x5eed5eedULL;
   h->sched = (ckpt_sched_t){.batch = 8, .seq_len = 64, .steps = 300, .warmup_steps = 20,
-                            .lr = 3e-3f, .min_lr_frac = 0.1f};
+                            .lr = 3e-3f, .min_lr_frac = 0.1f, .data_tokens = 900001,
+                            .data_train_tokens = 810016, .data_sum = 0x0123456789abcdefULL};
   h->num_units = (uint32_t)(*lay)->num_units;
   h->units = malloc(h->num_units * sizeof *h->units);
   memcpy(h->units, (*lay)->units, h->num_units * sizeof *h->units);
@@ -227,7 +228,8 @@ Test(ckpt, resume_is_exact, .timeout = 120) {
 }
 
 /* Checkpoints written by earlier builds (shard versions 1 and 2: no run id;
- * a data position in batches, not windows), kept in tests/fixtures (its
+ * a data position in batches, not windows; version 3: no record of the
+ * token file), kept in tests/fixtures (its
  * README says how they were made), still resume: resumed from their step 4,
  * a run of this build reaches step 8 with the parameters the run that wrote
  * them had there (within 1e-5 of each value's size: the kernels' sums have
@@ -237,7 +239,7 @@ Test(ckpt, resume_is_exact, .timeout = 120) {
 Test(ckpt, checkpoints_of_earlier_versions_resume, .timeout = 60) {
   char *data = tu_token_file("fixture_tokens.bin", 200000, 11, 64);
   static char out[1 << 16];
-  for (int v = 1; v <= 2; v++) {
+  for (int v = 1; v <= 3; v++) {
     char fx[4096], shard[4200], args[8192], name[32];
     snprintf(fx, sizeof fx, "%s/tests/fixtures/ckpt-v%d", tu_root(), v);
     snprintf(shard, sizeof shard, "%s/step-00000004/shard-00000-of-00001.fsdp", fx);
@@ -254,7 +256,10 @@ Test(ckpt, checkpoints_of_earlier_versions_resume, .timeout = 60) {
              "--steps 8 --batch 2 --checkpoint_every 4 --checkpoint_dir %s "
              "--resume_from %s/step-00000004", ck, fx);
     tu_launch_tiny(1, data, args, 0, out, sizeof out);
-    cr_assert(strstr(out, "resumed from") && strstr(out, "older checkpoint"), "%s", out);
+    cr_assert(strstr(out, "resumed from") && (v == 3) == !strstr(out, "older checkpoint"), "%s",
+              out);
+    cr_assert_null(strstr(out, "token file"), "a checkpoint without its token file's record "
+                   "is taken as this job's, quietly:\n%s", out);
     char want_dir[4200], got_dir[4200];
     snprintf(want_dir, sizeof want_dir, "%s/step-00000008", fx);
     snprintf(got_dir, sizeof got_dir, "%s/step-00000008", ck);
@@ -395,7 +400,65 @@ Test(ckpt, a_resume_under_another_seq_len_or_schedule_says_what_it_means, .timeo
   cr_assert_null(strstr(out, "train: note: seq_len"), "%s", out);
   cr_assert_null(strstr(out, "learning-rate schedule changed"), "%s", out);
   cr_assert_null(strstr(out, "global batch"), "%s", out);
+  cr_assert_null(strstr(out, "token file"), "%s", out);
   free(a), free(b);
+}
+
+/* The training split's tokens of this test's file at eval_fraction f, T 32. */
+static size_t train_tokens(double f) {
+  data_t *d;
+  cr_assert_eq(data_open(&d, data_file(), 256, f, 32), 0, "%s", err_msg());
+  const size_t n = data_num_train_tokens(d);
+  data_close(d);
+  return n;
+}
+
+/* A checkpoint records the token file its run read (its tokens, training
+ * split and XXH64). A resume on another file starts that file from its
+ * beginning, saying so: two steps after the resume it is where a fresh
+ * run is after two steps, not four. One on the same file split elsewhere
+ * (eval_fraction) goes on at the same share of the epoch, saying which
+ * tokens changed sides. */
+Test(ckpt, a_resume_on_another_token_file_or_split_says_what_it_means, .timeout = 120) {
+  static char out[1 << 17];
+  char *a = mkdir_tmp("redata-a"), *b = mkdir_tmp("redata-b"), *c = mkdir_tmp("redata-c");
+  char *other = tu_token_file("ckpt_other_tokens.bin", 200000, 12, 256), args[4096];
+  snprintf(args, sizeof args, "--steps 4 --batch 2 --checkpoint_dir %s --checkpoint_every 2", a);
+  launch(2, args, 0, out, sizeof out);
+  int batch;
+  const data_pos_t two = ckpt_pos(a, 2, 2, &batch), four = ckpt_pos(a, 4, 2, &batch);
+  cr_assert(two.window == 8 && four.window == 16, "%llu %llu", (unsigned long long)two.window,
+            (unsigned long long)four.window);
+
+  snprintf(args, sizeof args, "--steps 4 --batch 2 --checkpoint_dir %s --checkpoint_every 4 "
+           "--resume_from %s/step-00000002", b, a);
+  tu_launch_tiny(2, other, args, 0, out, sizeof out);
+  cr_assert_not_null(strstr(out, "is not the token file the checkpoint's run read (200000 "
+                            "tokens"), "%s", out);
+  cr_assert_not_null(strstr(out, "the data starts at the beginning of this file's order (epoch "
+                            "0, window 0), not at the checkpoint's position (epoch 0, window "
+                            "8)"), "%s", out);
+  data_pos_t at = ckpt_pos(b, 4, 2, &batch);
+  cr_assert(at.epoch == two.epoch && at.window == two.window, "(%llu, %llu): not two batches "
+            "from the start", (unsigned long long)at.epoch, (unsigned long long)at.window);
+
+  const size_t was = train_tokens(0.1), now = train_tokens(0.3);
+  cr_assert_lt(now, was);
+  snprintf(args, sizeof args, "--steps 4 --batch 2 --eval_fraction 0.3 --checkpoint_dir %s "
+           "--checkpoint_every 4 --resume_from %s/step-00000002", c, a);
+  launch(2, args, 0, out, sizeof out);
+  char want[512];
+  snprintf(want, sizeof want, "the token file's training split is its first %zu tokens now, %zu "
+           "in the checkpoint's run (eval_fraction or seq_len changed): tokens [%zu, %zu) were "
+           "trained on and are held out now", now, was, now, was);
+  cr_assert_not_null(strstr(out, want), "%s missing in:\n%s", want, out);
+  cr_assert_null(strstr(out, "is not the token file"), "%s", out);
+  at = ckpt_pos(c, 4, 2, &batch);
+  const uint64_t share = (uint64_t)((double)two.window * (double)now / (double)was);
+  cr_assert(at.epoch == 0 && at.window == share + 8, "(%llu, %llu), not window %llu + 8",
+            (unsigned long long)at.epoch, (unsigned long long)at.window,
+            (unsigned long long)share);
+  free(a), free(b), free(c), free(other);
 }
 
 /* ---- reshard ---------------------------------------------------------------- */
