@@ -436,11 +436,12 @@ $(B)/bench/bench_nodesim: $(B)/tests/bench/bench_nodesim.o $(B)/tests/bench/benc
 # client; it runs bin/fsdp-coordinator, which `make test` builds with $(BINS)
 # (not a prerequisite: test-san's sub-make would rebuild it with sanitizers)
 $(B)/e2e/test_coordinator: $(B)/tests/e2e/test_coordinator.o $(B)/tests/e2e/cluster.o $(TESTUTIL) \
-                           $(TESTUTIL_TRAIN) $(LIB) $(RPC_LIB) $(B)/tests/slow_fsync.so
+                           $(TESTUTIL_TRAIN) $(LIB) $(RPC_LIB) $(B)/tests/fs_shim.so
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $(filter %.o %.a,$^) -o $@ $(LDLIBS) $(RPC_LDLIBS) -lsqlite3 -lcriterion
-# an LD_PRELOAD shim: fsync of chosen files takes a known time (a commit on the pool at a stop)
-$(B)/tests/slow_fsync.so: tests/e2e/slow_fsync.c | deps
+# an LD_PRELOAD shim: fsync of chosen files takes a known time (a commit on the pool at a
+# stop); a file system without RENAME_NOREPLACE and hard links (fsdpctl export)
+$(B)/tests/fs_shim.so: tests/e2e/fs_shim.c | deps
 	@mkdir -p $(dir $@)
 	$(CC) -shared -fPIC -O1 -Wall -Wextra -Werror $< -o $@ -ldl
 bin/fsdp-coordinator: $(COORD_BIN_OBJS)
@@ -475,9 +476,10 @@ bin/fsdpctl: $(CLIENT_OBJS) $(RPC_LIB) $(CLIENT_COMMON_OBJS)
 # layer; bin/fsdpctl runs as a process (built by `make test` with $(BINS); not
 # a prerequisite here, so test-san's sub-make never rebuilds bin/fsdpctl
 # with the sanitizers); jansson parses its --output json.
-$(B)/e2e/test_fsdpctl: $(B)/tests/e2e/test_fsdpctl.o $(TESTUTIL) $(RPC_LIB) $(CLIENT_COMMON_OBJS)
+$(B)/e2e/test_fsdpctl: $(B)/tests/e2e/test_fsdpctl.o $(TESTUTIL) $(RPC_LIB) $(CLIENT_COMMON_OBJS) \
+                       $(B)/tests/fs_shim.so
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $^ -o $@ $(RPC_LDLIBS) -linih -ljansson -lm -lpthread -lcriterion
+	$(CC) $(LDFLAGS) $(filter %.o %.a,$^) -o $@ $(RPC_LDLIBS) -linih -ljansson -lm -lpthread -lcriterion
 # ---- end of the fsdpctl block -----------------------------------------------
 
 # ---- fsdpd, the node daemon (daemon/node) ------------------------------------

@@ -1144,7 +1144,9 @@ static void ctl_export_catch(void) {
  * replaced). Without, a file that appeared at out while the export ran
  * (the check before it is only advice) stays as it is, and the check is
  * atomic: renameat2's RENAME_NOREPLACE, or where the file system lacks it a
- * hard link (which never replaces) and then tmp's removal. */
+ * hard link (which never replaces) and then tmp's removal. A file system
+ * with neither (vfat, some FUSE and SMB mounts) gets a check just before a
+ * plain rename: not atomic, but a whole export is not thrown away. */
 static int ctl_export_place(const char *tmp, const char *out, int force) {
   if (force)
     return rename(tmp, out) ? err_set_errno(err_from_errno(errno), errno, "rename %s to %s", tmp, out)
@@ -1157,6 +1159,15 @@ static int ctl_export_place(const char *tmp, const char *out, int force) {
       return 0;
     }
     e = errno;
+    if (e == EPERM || e == ENOSYS || e == ENOTSUP || e == EOPNOTSUPP) { /* no hard links either */
+      struct stat st;
+      if (lstat(out, &st) && errno == ENOENT) {
+        if (!rename(tmp, out)) return 0;
+        e = errno;
+      } else {
+        e = EEXIST;
+      }
+    }
   }
   if (e == EEXIST)
     return err_set(FSDP_ESTATE, "-o %s: the file was created while the export ran and is left as it "
@@ -1206,15 +1217,28 @@ static int cmd_export(ctl_t *c, int argc, char **argv) {
   /* a temporary name beside the file, renamed once whole: an interrupted
    * export never leaves a file under the name that looks complete */
   char *tmp = ctl_export_tmp;
-  if ((size_t)snprintf(tmp, sizeof ctl_export_tmp, "%s.partial-%d", out, (int)getpid()) >=
+  if ((size_t)snprintf(tmp, sizeof ctl_export_tmp, "%s.partial-%d-XXXXXX", out, (int)getpid()) >=
       sizeof ctl_export_tmp)
     return ctl_usage(c, "-o %s: the path is too long", out);
   ctl_export_catch();
-  ctl_export_armed = 1; /* before the file exists: a signal in between unlinks nothing */
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  /* a name of its own even beside one a SIGKILLed export left under this
+   * PID (a container's fsdpctl always gets the same one); armed only once
+   * the name is ours: a signal before that unlinks nothing */
+  sigset_t all, old;
+  sigfillset(&all);
+  sigprocmask(SIG_BLOCK, &all, &old);
+  int fd = mkostemp(tmp, O_CLOEXEC);
+  ctl_export_armed = fd >= 0;
+  sigprocmask(SIG_SETMASK, &old, NULL);
   if (fd < 0) {
-    ctl_export_armed = 0; /* a file of that name is not ours */
     int rc = err_set_errno(err_from_errno(errno), errno, "cannot create %s", tmp);
+    return ctl_fail(c, rc, "export of job %s", job);
+  }
+  const mode_t mask = umask(0); /* mkostemp makes it 0600; the export is an ordinary file */
+  umask(mask);
+  if (fchmod(fd, 0666 & ~mask)) {
+    int rc = err_set_errno(err_from_errno(errno), errno, "chmod %s", tmp);
+    close(fd), unlink(tmp), ctl_export_armed = 0;
     return ctl_fail(c, rc, "export of job %s", job);
   }
   uint64_t total = 0;
@@ -1431,10 +1455,10 @@ static const ctl_cmd_t ctl_cmds[] = {
      "into GPT2LMHeadModel; a job starts from it with init_from).\n"
      "  --step N     which committed step (default: the latest; fsdpctl checkpoints)\n"
      "  --dtype D    fp32 (default) or bf16 (rounded to nearest even)\n"
-     "  -o FILE      where to write it; written under a temporary name (FILE.partial-PID,\n"
-     "               removed on a failure, SIGINT or SIGTERM) and renamed once whole, so\n"
-     "               FILE is never a partial file (--output json still picks the output\n"
-     "               format)\n"
+     "  -o FILE      where to write it; written under a temporary name\n"
+     "               (FILE.partial-PID-XXXXXX, removed on a failure, SIGINT or SIGTERM)\n"
+     "               and renamed once whole, so FILE is never a partial file (--output\n"
+     "               json still picks the output format)\n"
      "  --force      replace FILE when it exists; without it an existing FILE, even one\n"
      "               made while the export ran, is left as it is (exit 2)\n"},
 };

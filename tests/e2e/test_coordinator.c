@@ -1899,7 +1899,7 @@ static void *bg_report_main(void *arg) {
 }
 
 /* A coordinator stopped by SIGTERM around a checkpoint's commit (its
- * manifest's fsync made to take 1.5 s by tests/e2e/slow_fsync.c; extra: its
+ * manifest's fsync made to take 1.5 s by tests/e2e/fs_shim.c; extra: its
  * options): the last shard is reported, then the signal comes 0.3 s later
  * (signal_first 0), or the signal first and the last shard 0.5 s later, in
  * the --stop-grace the nodes report within (signal_first 1). Either way the
@@ -1923,11 +1923,11 @@ static void ckpt_state_in_db(const char *db, int64_t step, char *out, size_t n) 
 
 /* The coordinator (again) on db, with extra, its manifests' fsync taking 1.5 s. */
 static void co_start_slow_commits(const char *db, const char *extra) {
-  char exe[1024], shim[1200]; /* $(B)/e2e/test_coordinator: the shim is $(B)/tests/slow_fsync.so */
+  char exe[1024], shim[1200]; /* $(B)/e2e/test_coordinator: the shim is $(B)/tests/fs_shim.so */
   const ssize_t en = readlink("/proc/self/exe", exe, sizeof exe - 1);
   cr_assert_gt(en, 0);
   exe[en] = 0;
-  snprintf(shim, sizeof shim, "%s/../tests/slow_fsync.so", dirname(exe));
+  snprintf(shim, sizeof shim, "%s/../tests/fs_shim.so", dirname(exe));
   cr_assert_eq(access(shim, R_OK), 0, "%s: build it first (make)", shim);
   setenv("LD_PRELOAD", shim, 1);
   setenv("SLOW_FSYNC_MATCH", CKPT_MANIFEST ".tmp", 1);

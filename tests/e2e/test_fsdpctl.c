@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <libgen.h>
 #include <math.h>
 #include <poll.h>
 #include <pty.h>
@@ -1454,8 +1455,101 @@ Test(fsdpctl, export_never_replaces_a_file_made_while_it_ran) {
   free(dir);
 }
 
+/* The file system of vfat and some FUSE and SMB mounts: neither
+ * RENAME_NOREPLACE nor hard links (tests/e2e/fs_shim.c makes both fail as
+ * there). The export still lands, and a file made while it ran is still
+ * left as it was. */
+Test(fsdpctl, export_lands_where_the_file_system_has_no_atomic_no_replace) {
+  fake_start(NULL, NULL);
+  char *dir = tu_path("export-vfat"), exe[1024], shim[1200], model[1100];
+  cr_assert(!mkdir(dir, 0755) || errno == EEXIST);
+  snprintf(model, sizeof model, "%s/model.safetensors", dir);
+  const ssize_t en = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  cr_assert_gt(en, 0);
+  exe[en] = 0;
+  snprintf(shim, sizeof shim, "%s/../tests/fs_shim.so", dirname(exe)); /* $(B)/e2e/test_fsdpctl */
+  cr_assert_eq(access(shim, R_OK), 0, "%s: build it first (make)", shim);
+  setenv("LD_PRELOAD", shim, 1), setenv("FS_NO_NOREPLACE", "1", 1);
+  int rc = CTL("export", "j-42", "-o", model);
+  const mode_t mask = umask(0);
+  umask(mask);
+  struct stat st = {0};
+  cr_assert_eq(stat(model, &st), 0, "exit %d, no %s: %s", rc, model, err);
+  cr_assert_eq(st.st_mode & 0777, 0666 & ~mask, "mode %o", (unsigned)(st.st_mode & 0777));
+  snprintf(export_race, sizeof export_race, "%s", model);
+  unlink(model);
+  int race = CTL("export", "j-42", "-o", model);
+  export_race[0] = 0;
+  unsetenv("LD_PRELOAD"), unsetenv("FS_NO_NOREPLACE");
+  cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
+  cr_assert_eq(race, 2, "exit %d: %s", race, err);
+  expect_in(err, "created while the export ran");
+  expect_file(model, "theirs\n");
+  cr_assert_eq(partial_files(dir), 0, "a temporary was left in %s", dir);
+  free(dir);
+}
+
+/* A container's fsdpctl gets the same PID every time, so a temporary that a
+ * SIGKILLed export left can carry the PID of the next: that export still
+ * runs, under a name of its own, and leaves the other file alone. */
+Test(fsdpctl, export_beside_a_killed_exports_temporary) {
+  fake_start(NULL, NULL);
+  char *dir = tu_path("export-stale");
+  cr_assert(!mkdir(dir, 0755) || errno == EEXIST);
+  char model[1100], bin[1024], stale[1200];
+  snprintf(model, sizeof model, "%s/model.safetensors", dir);
+  snprintf(bin, sizeof bin, "%s/bin/fsdpctl", tu_root());
+  int go[2];
+  cr_assert_eq(pipe(go), 0);
+  pid_t pid = fork();
+  cr_assert_geq(pid, 0);
+  if (!pid) { /* runs fsdpctl once the stale file with its PID is there */
+    char c;
+    close(go[1]);
+    int null = open("/dev/null", O_WRONLY);
+    dup2(null, 1), dup2(null, 2);
+    if (read(go[0], &c, 1) != 1) _exit(126);
+    execl(bin, "fsdpctl", "export", "j-42", "-o", model, (char *)NULL);
+    _exit(127);
+  }
+  close(go[0]);
+  snprintf(stale, sizeof stale, "%s.partial-%d", model, (int)pid);
+  tu_write_file(stale, "stale", 5);
+  cr_assert_eq(write(go[1], "g", 1), 1);
+  close(go[1]);
+  int status = 0;
+  pid_t w = 0;
+  for (double t0 = tu_now_s(); !w && tu_now_s() - t0 < CTL_LIMIT_S;) {
+    w = waitpid(pid, &status, WNOHANG);
+    if (!w) nanosleep(&(struct timespec){0, 20000000}, NULL);
+  }
+  if (!w) kill(pid, SIGKILL), waitpid(pid, &status, 0);
+  cr_assert_eq(w, pid, "fsdpctl ran past %.0f s", CTL_LIMIT_S);
+  cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status 0x%x", status);
+  expect_file(model, "hello world\n");
+  expect_file(stale, "stale");
+  cr_assert_eq(partial_files(dir), 1, "the export's own temporary was left in %s", dir);
+  free(dir);
+}
+
+/* The temporary fsdpctl pid is writing in dir (FILE.partial-PID-XXXXXX)
+ * into buf; 0 when there is none yet. */
+static int partial_of(const char *dir, pid_t pid, char *buf, size_t len) {
+  char prefix[64];
+  snprintf(prefix, sizeof prefix, "model.safetensors.partial-%d-", (int)pid);
+  DIR *d = opendir(dir);
+  cr_assert_not_null(d, "%s: %s", dir, strerror(errno));
+  struct dirent *e;
+  int found = 0;
+  for (int k = 0; k < 1000 && !found && (e = readdir(d)); k++)
+    if (!strncmp(e->d_name, prefix, strlen(prefix)))
+      found = 1, snprintf(buf, len, "%s/%s", dir, e->d_name);
+  closedir(d);
+  return found;
+}
+
 /* SIGINT (^C) or SIGTERM mid-export: fsdpctl dies of the signal as a
- * program should, and its temporary FILE.partial-PID goes with it. */
+ * program should, and its temporary FILE.partial-PID-XXXXXX goes with it. */
 Test(fsdpctl, export_interrupted_leaves_no_temporary) {
   fake_start(NULL, NULL);
   char *dir = tu_path("export-sig");
@@ -1473,11 +1567,13 @@ Test(fsdpctl, export_interrupted_leaves_no_temporary) {
       execl(bin, "fsdpctl", "export", "j-stall", "-o", model, (char *)NULL);
       _exit(127);
     }
-    snprintf(partial, sizeof partial, "%s.partial-%d", model, (int)pid);
     /* until the first piece is in the temporary */
     struct stat st = {0};
     double t0 = tu_now_s();
-    while (tu_now_s() - t0 < CTL_LIMIT_S && (stat(partial, &st) || st.st_size < 6))
+    partial[0] = 0;
+    while (tu_now_s() - t0 < CTL_LIMIT_S &&
+           (!(partial[0] || partial_of(dir, pid, partial, sizeof partial)) || stat(partial, &st) ||
+            st.st_size < 6))
       nanosleep(&(struct timespec){0, 20000000}, NULL);
     int status = 0;
     if (st.st_size < 6) kill(pid, SIGKILL), waitpid(pid, &status, 0);

@@ -704,7 +704,7 @@ Test(ckpt, manifests_with_impossible_models_are_refused) {
 
 /* This binary's unlink, rmdir and fsync stand in front of libc's (the
  * library is linked in statically, so ckpt.c calls these), in the manner of
- * tests/e2e/slow_fsync.c: while fs_trace is set each call is appended to
+ * tests/e2e/fs_shim.c: while fs_trace is set each call is appended to
  * fs_log as "unlink NAME", "rmdir NAME" or "fsync NAME" (NAME the path's
  * last component), and while fs_fail_dir is set an fsync of a directory
  * fails with EIO, as a disk's transient error would. */

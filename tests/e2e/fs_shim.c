@@ -1,0 +1,65 @@
+/* fs_shim: an LD_PRELOAD shim for tests that need the file system to behave
+ * as some do.
+ * - A known delay (a checkpoint commit still on the coordinator's thread
+ *   pool when a signal comes): fsync of a file whose path contains
+ *   SLOW_FSYNC_MATCH sleeps SLOW_FSYNC_MS (default 1000) first.
+ * - No atomic no-replace placement, as vfat and some FUSE or SMB mounts:
+ *   with FS_NO_NOREPLACE set, renameat2 with RENAME_NOREPLACE fails with
+ *   EINVAL and link with EPERM.
+ * Every other call, and every call without those variables set, is the
+ * real one. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+int fsync(int fd) {
+  static int (*real)(int);
+  if (!real) real = (int (*)(int))dlsym(RTLD_NEXT, "fsync");
+  const char *match = getenv("SLOW_FSYNC_MATCH"), *ms = getenv("SLOW_FSYNC_MS");
+  if (match && *match) {
+    char link[64], path[4096];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    const ssize_t n = readlink(link, path, sizeof path - 1);
+    if (n > 0) {
+      path[n] = 0;
+      if (strstr(path, match)) {
+        const long t = ms ? atol(ms) : 1000;
+        nanosleep(&(struct timespec){t / 1000, t % 1000 * 1000000L}, NULL);
+      }
+    }
+  }
+  return real(fd);
+}
+
+static int no_noreplace(void) {
+  const char *v = getenv("FS_NO_NOREPLACE");
+  return v && *v;
+}
+
+int renameat2(int olddirfd, const char *oldpath, int newdirfd, const char *newpath,
+              unsigned int flags) {
+  static int (*real)(int, const char *, int, const char *, unsigned int);
+  if (!real)
+    real = (int (*)(int, const char *, int, const char *, unsigned int))dlsym(RTLD_NEXT, "renameat2");
+  if ((flags & RENAME_NOREPLACE) && no_noreplace()) {
+    errno = EINVAL;
+    return -1;
+  }
+  return real(olddirfd, oldpath, newdirfd, newpath, flags);
+}
+
+int link(const char *oldpath, const char *newpath) {
+  static int (*real)(const char *, const char *);
+  if (!real) real = (int (*)(const char *, const char *))dlsym(RTLD_NEXT, "link");
+  if (no_noreplace()) {
+    errno = EPERM;
+    return -1;
+  }
+  return real(oldpath, newpath);
+}
