@@ -552,7 +552,7 @@ int safetensors_export_file(const char *dir, uint32_t dtype, const char *path) {
   int rc = safetensors_export_open(&x, dir, dtype);
   if (rc) return rc;
   char tmp[4096];
-  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()); /* FORMATS.md: as every writer */
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0) rc = err_set_errno(err_from_errno(errno), errno, "export: cannot create %s", tmp);
   uint64_t at = 0;

@@ -291,9 +291,10 @@ int data_open(data_t **out, const char *path, int vocab, double eval_fraction, i
   d->sum = XXH64_digest(sum);
   if ((rc = data__split(d, eval_fraction, T)) != FSDP_OK) goto out;
 
-  LOG_INFO("data", "%s: %zu tokens; train %zu tokens, eval %zu tokens; windows of %d tokens: "
-           "train %zu, eval %zu", path, d->n, d->eval_start, d->n - d->eval_start, T + 1,
-           data__windows(d->eval_start, T), data__windows(d->n - d->eval_start, T));
+  LOG_INFO("data", "%s: %zu tokens (XXH64 %016llx); train %zu tokens, eval %zu tokens; windows "
+           "of %d tokens: train %zu, eval %zu", path, d->n, (unsigned long long)d->sum,
+           d->eval_start, d->n - d->eval_start, T + 1, data__windows(d->eval_start, T),
+           data__windows(d->n - d->eval_start, T));
   d->fd = fd, fd = -1;
   *out = d;
   d = NULL;
