@@ -580,11 +580,15 @@ test-cuda: $(CUDA_CHECKS) $(if $(HAVE_CUDA),$(CUDA_PLUGIN))
 	@for t in $(CUDA_CHECKS); do $$t || exit 1; done
 
 # The same tests built with AddressSanitizer and UBSan, in their own build dir.
+# The programs the tests run are built sanitized too (into bin/, where the
+# tests find them); afterwards they are built again from $(B), pass or fail,
+# so that a later `make` or `make demo` does not run sanitized programs.
 test-san: deps-test $(BINS)
 	$(MAKE) B=build-san OPT=-O1 EXTRA_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer" \
 	  EXTRA_LDFLAGS="-fsanitize=address,undefined" $(call test_bins,build-san)
 	FSDP_TEST_BUILD=build-san ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp \
-	  UBSAN_OPTIONS=halt_on_error=1 sh tests/run.sh $(call test_bins,build-san)
+	  UBSAN_OPTIONS=halt_on_error=1 sh tests/run.sh $(call test_bins,build-san); st=$$?; \
+	  rm -f $(BINS) $(CUDA_PLUGIN); $(MAKE) $(BINS) $(if $(HAVE_CUDA),$(CUDA_PLUGIN)) >/dev/null; exit $$st
 
 bench: deps-bench $(BINS) $(BENCH_BINS)
 	@BENCH_BUILD=$(B) sh tests/bench/run.sh

@@ -90,9 +90,10 @@ static int die_with_supervisor(void) {
   return 0;
 }
 
-int main(int argc, char **argv) {
-  crash_install("fsdp-train");
-  int n = config_num_opts();
+/* Reads the job file (--config) and the flags into c; -1 to go on, else
+ * the exit status (--help and the other answers done, or a bad option). */
+static int main_parse(int argc, char **argv, config_t *c, int *print) {
+  int n = config_num_opts(), rc = -1, ch;
   struct option *opts = calloc((size_t)n + 6, sizeof *opts);
   if (!opts) return 1;
   for (int i = 0; i < n; i++) opts[i] = (struct option){config_opt_key(i), required_argument, NULL, OPT_KEY0 + i};
@@ -101,55 +102,62 @@ int main(int argc, char **argv) {
   opts[n + 2] = (struct option){"print-config", no_argument, NULL, OPT_PRINT};
   opts[n + 3] = (struct option){"help-params", no_argument, NULL, OPT_PARAMS};
   opts[n + 4] = (struct option){"probe-device", required_argument, NULL, OPT_PROBE};
-
-  config_t c;
-  config_default(&c);
   const char *job = NULL;
-  int print = 0, ch;
   /* first pass: find the job file, so flags can override it in the second */
   opterr = 0;
   while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1)
     if (ch == OPT_CONFIG) job = optarg;
-  if (job && config_load_file(&c, job)) {
+  if (job && config_load_file(c, job)) {
     fprintf(stderr, "fsdp-train: %s\n", err_msg());
-    return 2;
+    rc = 2;
+    goto out;
   }
   optind = 1;
   opterr = 1;
-  int rc = 0;
-  while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+  while (rc < 0 && (ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
     if (ch >= OPT_KEY0) {
-      if (config_set(&c, config_opt_key(ch - OPT_KEY0), optarg)) {
+      if (config_set(c, config_opt_key(ch - OPT_KEY0), optarg)) {
         fprintf(stderr, "fsdp-train: %s\n", err_msg());
-        return 2;
+        rc = 2;
       }
     } else if (ch == OPT_HELP) {
       usage(stdout);
-      return 0;
+      rc = 0;
     } else if (ch == OPT_PARAMS) {
       param_dump(stdout);
-      return 0;
+      rc = 0;
     } else if (ch == OPT_PROBE) { /* fsdpd asks before it offers a node's GPUs */
       char what[128];
       if (device_probe(optarg, what, sizeof what)) {
         fprintf(stderr, "fsdp-train: --probe-device %s: %s\n", optarg, err_msg());
-        return 1;
+        rc = 1;
+      } else {
+        printf("fsdp-train: --probe-device %s: %s\n", optarg, what);
+        rc = 0;
       }
-      printf("fsdp-train: --probe-device %s: %s\n", optarg, what);
-      return 0;
     } else if (ch == OPT_PRINT) {
-      print = 1;
+      *print = 1;
     } else if (ch != OPT_CONFIG) {
       fprintf(stderr, "fsdp-train: see --help for the options\n");
-      return 2;
+      rc = 2;
     }
   }
-  if (optind < argc) {
+  if (rc < 0 && optind < argc) {
     fprintf(stderr, "fsdp-train: unexpected argument \"%s\"; options are --KEY VALUE (see --help)\n",
             argv[optind]);
-    return 2;
+    rc = 2;
   }
+out:
   free(opts);
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  crash_install("fsdp-train");
+  config_t c;
+  config_default(&c);
+  int print = 0, rc = main_parse(argc, argv, &c, &print);
+  if (rc >= 0) return rc;
   /* --print-config needs the model resolved (its dimensions, the defaults
    * fitted to it) but not a runnable job: no data file yet is fine */
   if (print ? config_resolve(&c) : config_finish(&c)) {

@@ -1923,13 +1923,7 @@ static void ckpt_state_in_db(const char *db, int64_t step, char *out, size_t n) 
 
 /* The coordinator (again) on db, with extra, its manifests' fsync taking 1.5 s. */
 static void co_start_slow_commits(const char *db, const char *extra) {
-  char exe[1024], shim[1200]; /* $(B)/e2e/test_coordinator: the shim is $(B)/tests/fs_shim.so */
-  const ssize_t en = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  cr_assert_gt(en, 0);
-  exe[en] = 0;
-  snprintf(shim, sizeof shim, "%s/../tests/fs_shim.so", dirname(exe));
-  cr_assert_eq(access(shim, R_OK), 0, "%s: build it first (make)", shim);
-  setenv("LD_PRELOAD", shim, 1);
+  setenv("LD_PRELOAD", tu_fs_shim(), 1);
   setenv("SLOW_FSYNC_MATCH", CKPT_MANIFEST ".tmp", 1);
   setenv("SLOW_FSYNC_MS", "1500", 1);
   co_start(db, "127.0.0.1:0", extra);

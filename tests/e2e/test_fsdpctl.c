@@ -12,7 +12,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
-#include <libgen.h>
 #include <math.h>
 #include <poll.h>
 #include <pty.h>
@@ -1461,15 +1460,10 @@ Test(fsdpctl, export_never_replaces_a_file_made_while_it_ran) {
  * left as it was. */
 Test(fsdpctl, export_lands_where_the_file_system_has_no_atomic_no_replace) {
   fake_start(NULL, NULL);
-  char *dir = tu_path("export-vfat"), exe[1024], shim[1200], model[1100];
+  char *dir = tu_path("export-vfat"), model[1100];
   cr_assert(!mkdir(dir, 0755) || errno == EEXIST);
   snprintf(model, sizeof model, "%s/model.safetensors", dir);
-  const ssize_t en = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  cr_assert_gt(en, 0);
-  exe[en] = 0;
-  snprintf(shim, sizeof shim, "%s/../tests/fs_shim.so", dirname(exe)); /* $(B)/e2e/test_fsdpctl */
-  cr_assert_eq(access(shim, R_OK), 0, "%s: build it first (make)", shim);
-  setenv("LD_PRELOAD", shim, 1), setenv("FS_NO_NOREPLACE", "1", 1);
+  setenv("LD_PRELOAD", tu_fs_shim(), 1), setenv("FS_NO_NOREPLACE", "1", 1);
   int rc = CTL("export", "j-42", "-o", model);
   const mode_t mask = umask(0);
   umask(mask);

@@ -121,6 +121,26 @@ const char *tu_build(void) {
   return b && *b ? b : "build";
 }
 
+const char *tu_fs_shim(void) {
+  static char v[8192];
+  char shim[4096], asan[4096] = "";
+  snprintf(shim, sizeof shim, "%s/%s/tests/fs_shim.so", tu_root(), tu_build());
+  cr_assert_eq(access(shim, R_OK), 0, "%s: build it first (make)", shim);
+#if defined(__SANITIZE_ADDRESS__)
+  FILE *maps = fopen("/proc/self/maps", "r");
+  cr_assert_not_null(maps);
+  char line[8192];
+  while (!asan[0] && fgets(line, sizeof line, maps)) {
+    char *p = strchr(line, '/');
+    if (p && strstr(p, "/libasan.so")) snprintf(asan, sizeof asan, "%.*s", (int)strcspn(p, "\n"), p);
+  }
+  fclose(maps);
+  cr_assert(asan[0], "a sanitized test without libasan mapped");
+#endif
+  snprintf(v, sizeof v, "%s%s%s", asan, asan[0] ? ":" : "", shim);
+  return v;
+}
+
 char *tu_slurp(const char *path, size_t *n) {
   size_t len = 0, cap = 4096;
   char *s = malloc(cap);

@@ -39,6 +39,11 @@ const char *tu_root(void);
  * FSDP_TEST_BUILD (the Makefile's B: build-san under `make test-san`), else
  * "build". */
 const char *tu_build(void);
+/* The LD_PRELOAD value that puts tests/e2e/fs_shim.c (built beside the
+ * tests: tu_build()/tests/fs_shim.so, which must be there) in front of a
+ * program of this build; under AddressSanitizer (make test-san, whose
+ * programs are sanitized too) its runtime first, as it must be. */
+const char *tu_fs_shim(void);
 /* The whole file at path, NUL-terminated (its length in *n when n is not
  * NULL); "" when it cannot be read. Free it. */
 char *tu_slurp(const char *path, size_t *n);
