@@ -41,6 +41,11 @@ static char *ini_line_read(char *str, int num, void *stream) {
   const size_t whole = len;
   if (len && p[len - 1] == '\n') len--;
   if (memchr(p, 0, whole)) return s->stop = s->line, NULL; /* a file's NUL byte: the rest would be lost */
+  /* an indented line is a line of its own: inih would take it for the
+   * continuation of the previous key's value (`save = a.bin` then
+   * `  sample_tokens = 40` saved to "a.bin sample_tokens = 40"), and no job
+   * file value spans lines */
+  while (len && (*p == ' ' || *p == '\t')) p++, len--;
   if (len > (size_t)num - 1) return s->stop = s->line, s->long_ = 1, NULL;
   memcpy(str, p, len);
   str[len] = 0;

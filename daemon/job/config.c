@@ -6,11 +6,13 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "daemon/common/err.h"
 #include "daemon/common/ini_line.h"
@@ -170,6 +172,9 @@ static int config_parse(config_t *c, const config_opt_t *o, const char *key, con
   }
   char *end;
   errno = 0;
+  if (isspace((unsigned char)value[0])) /* strtoull would skip it, and then a '-' */
+    return err_set(FSDP_EINVAL, "%s: \"%s\" starts with a space; give the number alone", key,
+                   value);
   if (o->type == CFG_U64) {
     unsigned long long u = strtoull(value, &end, 0);
     if (errno || end == value || *end || value[0] == '-')
@@ -185,6 +190,9 @@ static int config_parse(config_t *c, const config_opt_t *o, const char *key, con
   if (v < o->lo || v > o->hi)
     return err_set(FSDP_EINVAL, "%s: %s is out of range; give a value from %g to %g (%s)", key,
                    value, o->lo, o->hi, o->help);
+  if (o->type == CFG_FLOAT && v != 0 && (float)v == 0)
+    return err_set(FSDP_EINVAL, "%s: %s is below the smallest float (%g) and would be 0; give 0 "
+                   "or a larger value", key, value, (double)FLT_TRUE_MIN);
   switch (o->type) {
   case CFG_INT: *(int *)field = (int)v; break;
   case CFG_FLOAT: *(float *)field = (float)v; break;
@@ -209,6 +217,7 @@ typedef struct config_ini_ctx {
   config_t *c;
   const char *path;
   int rc;
+  uint64_t seen; /* config_bit of the keys the file set so far */
 } config_ini_ctx_t;
 
 int config_set_in(config_t *c, const char *section, const char *key, const char *value) {
@@ -226,6 +235,13 @@ static int config_ini_cb(void *user, const char *section, const char *name, cons
    * quotes a string that starts or ends with a space, like the default prompt) */
   char unq[CONFIG_PATH_MAX];
   const char *v = ini_line_unquote(value, unq, sizeof unq);
+  const config_opt_t *o = config_find(name);
+  if (o && (x->seen & config_bit(o))) { /* which one was meant? the last silently won */
+    x->rc = err_set(FSDP_EINVAL, "job file %s: %s is set twice; keep one line for it", x->path,
+                    name);
+    return 0;
+  }
+  if (o) x->seen |= config_bit(o);
   int rc = config_set_in(x->c, section, name, v ? v : value);
   if (rc) {
     x->rc = err_wrap(rc, "job file %s", x->path);
@@ -237,9 +253,16 @@ static int config_ini_cb(void *user, const char *section, const char *name, cons
 int config_load_file(config_t *c, const char *path) {
   FILE *f = fopen(path, "r");
   if (!f) return err_set_errno(err_from_errno(errno), errno, "job file %s", path);
-  config_ini_ctx_t x = {c, path, FSDP_OK};
+  struct stat st;
+  if (fstat(fileno(f), &st) || !S_ISREG(st.st_mode)) {
+    fclose(f);
+    return err_set(FSDP_EINVAL, "job file %s: not a regular file; give the path of a job file "
+                   "(fsdp-train --print-config writes one)", path);
+  }
+  config_ini_ctx_t x = {c, path, FSDP_OK, 0};
   int too_long;
   int line = ini_line_parse(f, NULL, config_ini_cb, &x, &too_long);
+  if (ferror(f) && !x.rc && line == 0) line = -1; /* a read error is not the end of the file */
   fclose(f);
   if (x.rc) return x.rc;
   if (too_long)
@@ -353,6 +376,19 @@ int config_check(config_t *c, int world, config_report_cb report, void *ctx) {
 
 int config_finish(config_t *c) { return config_check(c, 0, NULL, NULL); }
 
+/* The shortest %g text that reads back as v (as a float when single): a
+ * printed job file runs the same job (%g's 6 digits turned lr 0.00123456789
+ * into 0.00123457, and min_params 123456789 into 1.23457e+08). */
+static void config_print_real(FILE *out, double v, int single) {
+  char buf[64];
+  for (int prec = 6; prec <= 17; prec++) {
+    snprintf(buf, sizeof buf, "%.*g", prec, v);
+    const double back = strtod(buf, NULL);
+    if (single ? (float)back == (float)v : back == v) break;
+  }
+  fputs(buf, out);
+}
+
 /* An option's value as text; quote: a string quoted where spaces at its
  * ends would not show (--help), else as it is (config_write quotes for the
  * job file, through ini_line_write). */
@@ -364,8 +400,8 @@ static void config_print_value(const config_t *c, const config_opt_t *o, FILE *o
   switch (o->type) {
   case CFG_INT: fprintf(out, "%d", *(const int *)field); break;
   case CFG_U64: fprintf(out, "%llu", (unsigned long long)*(const uint64_t *)field); break;
-  case CFG_FLOAT: fprintf(out, "%g", *(const float *)field); break;
-  case CFG_DOUBLE: fprintf(out, "%g", *(const double *)field); break;
+  case CFG_FLOAT: config_print_real(out, *(const float *)field, 1); break;
+  case CFG_DOUBLE: config_print_real(out, *(const double *)field, 0); break;
   case CFG_STR: {
     size_t n = strlen(field);
     quote = quote && n && (isspace((unsigned char)field[0]) || isspace((unsigned char)field[n - 1]));

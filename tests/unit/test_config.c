@@ -294,3 +294,56 @@ Test(config, job_file_errors_name_file_and_key) {
   cr_assert(strstr(err_msg(), "/nonexistent/job.conf"), "%s", err_msg());
   free(path);
 }
+
+/* What a hand-written job file may do wrong, each refused or read as meant
+ * (helper-55's review): an indented line is a line of its own, not the
+ * continuation of the previous value libinih would make it; a key set twice
+ * is refused, not last-wins; a directory is not an empty job file. */
+Test(config, hand_written_job_files_are_read_as_meant) {
+  config_t c;
+  config_default(&c);
+  char *path = tu_path("hand.conf");
+  const char *indented = "[output]\n  save = out.weights\n\tsample_tokens = 40\n[train]\n    steps = 9\n";
+  tu_write_file(path, indented, strlen(indented));
+  cr_assert_eq(config_load_file(&c, path), 0, "%s", err_msg());
+  cr_assert_str_eq(c.save, "out.weights");
+  cr_assert_eq(c.sample_tokens, 40);
+  cr_assert_eq(c.steps, 9);
+  const char *twice = "[train]\nsteps = 5\nsteps = 7\n";
+  tu_write_file(path, twice, strlen(twice));
+  config_default(&c);
+  cr_assert_eq(config_load_file(&c, path), FSDP_EINVAL);
+  cr_assert(strstr(err_msg(), "steps is set twice") && strstr(err_msg(), path), "%s", err_msg());
+  config_default(&c);
+  cr_assert_eq(config_load_file(&c, tu_tmpdir()), FSDP_EINVAL);
+  cr_assert(strstr(err_msg(), "not a regular file"), "%s", err_msg());
+  free(path);
+}
+
+/* A printed job runs the same job: reals print as the shortest text that
+ * reads back bit for bit (%g's six digits did not), and numbers a float
+ * cannot hold, or with a space before them, are refused. */
+Test(config, printed_reals_read_back_exactly_and_odd_numbers_are_refused) {
+  config_t c = base(), d;
+  cr_assert_eq(config_set(&c, "lr", "0.00123456789"), 0);
+  cr_assert_eq(config_set(&c, "eval_fraction", "0.123456789012345"), 0);
+  cr_assert_eq(config_set(&c, "min_lr_frac", "0.1"), 0);
+  char *path = tu_path("reals.conf");
+  FILE *f = fopen(path, "w");
+  cr_assert_eq(config_write(&c, f), 0);
+  fclose(f);
+  config_default(&d);
+  cr_assert_eq(config_load_file(&d, path), 0, "%s", err_msg());
+  cr_assert(d.lr == c.lr && d.eval_fraction == c.eval_fraction && d.min_lr_frac == c.min_lr_frac,
+            "lr %.9g/%.9g, eval_fraction %.17g/%.17g", (double)d.lr, (double)c.lr, d.eval_fraction,
+            c.eval_fraction);
+  size_t n;
+  char *text = tu_slurp(path, &n);
+  cr_assert(strstr(text, "min_lr_frac = 0.1\n"), "0.1 prints as 0.1:\n%s", text);
+  free(text), free(path);
+  cr_assert_eq(config_set(&c, "seed", " -1"), FSDP_EINVAL);
+  cr_assert(strstr(err_msg(), "starts with a space"), "%s", err_msg());
+  cr_assert_eq(config_set(&c, "lr", "1e-50"), FSDP_EINVAL);
+  cr_assert(strstr(err_msg(), "would be 0"), "%s", err_msg());
+  cr_assert_eq(config_set(&c, "lr", "0"), 0);
+}
