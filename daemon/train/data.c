@@ -68,6 +68,7 @@ struct data {
   size_t n;            /* tokens in the file */
   size_t eval_start;   /* first token of the held-out part (n when there is none) */
   uint64_t sum;        /* XXH64 (seed 0) of the token bytes, as open read them */
+  struct timespec mtime; /* the file's modification time at open: a write since changes it */
   /* permutation of the training windows for (perm_seed, perm_epoch, perm_n) */
   uint32_t *perm;      /* (perm_n) */
   size_t perm_n;
@@ -256,6 +257,7 @@ int data_open(data_t **out, const char *path, int vocab, double eval_fraction, i
 
   d->n = (size_t)count;
   d->vocab = vocab;
+  d->mtime = st.st_mtim;
   raw = malloc(DATA_CHECK_BYTES);
   sum = XXH64_createState();
   if (!raw || !sum || XXH64_reset(sum, 0) != XXH_OK) {
@@ -380,6 +382,25 @@ static int data__fill(data_t *d, size_t start, int T, int32_t *in, int32_t *tg) 
   return FSDP_OK;
 }
 
+/* After a batch's reads: the file is as the run opened it. A write in
+ * place (cp over it, an editor saving in place) leaves ids that are all
+ * below the vocabulary as often as not (always, for bytes at vocab 256), so
+ * data__fill alone would train on the new text under the old split and
+ * checksum; its modification time says so. A replacement by rename leaves
+ * the open file as it was. */
+static int data__unchanged(const data_t *d) {
+  struct stat st;
+  if (fstat(d->fd, &st))
+    return err_set_errno(err_from_errno(errno), errno, "token file %s: stat", d->path);
+  if (st.st_mtim.tv_sec != d->mtime.tv_sec || st.st_mtim.tv_nsec != d->mtime.tv_nsec ||
+      (size_t)st.st_size != DATA_HEADER_BYTES + 2 * d->n)
+    return err_set(FSDP_EFORMAT, "token file %s: written since the run opened it (its size or "
+                   "modification time changed): the batches would mix two texts; replace a "
+                   "token file by a rename (as fsdp-tokenize does), never in place, and resume "
+                   "the job", d->path);
+  return FSDP_OK;
+}
+
 static int data__check_rows(const data_t *d, int B, int T, int first, int count) {
   if (B <= 0 || T <= 0)
     return err_set(FSDP_EINVAL, "token file %s: batch %d and seq_len %d must be positive", d->path,
@@ -437,6 +458,7 @@ int data_next_rows(data_t *d, data_pos_t *pos, uint64_t seed, int B, int T, int 
     if ((rc = data__fill(d, (size_t)win[b] * (size_t)T, T, inputs + (size_t)b * T,
                          targets + (size_t)b * T)))
       return rc;
+  if ((rc = data__unchanged(d))) return rc;
   pos->window += (uint64_t)B;
   if (pos->window > nw - (size_t)B) { /* the same rule, so a saved position is never past it */
     pos->epoch++;
@@ -467,7 +489,7 @@ int data_eval_rows(data_t *d, size_t k, int B, int T, int first, int count, int3
                          targets + (size_t)b * T)))
       return rc;
   }
-  return FSDP_OK;
+  return data__unchanged(d);
 }
 
 /* ---- write ---- */

@@ -3,6 +3,7 @@
  * and the atomic write under a missing directory and a full disk. */
 #include <criterion/criterion.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <malloc.h>
 #include <math.h>
 #include <signal.h>
@@ -11,6 +12,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -257,6 +259,25 @@ Test(data, a_file_changed_under_a_run_never_crashes_it) {
   assert_msg_has(p);
   assert_msg_has("token id 65000");
   assert_msg_has("rewritten in place");
+  cr_assert_eq(data_eval_batch(d, 0, B, T, in, tg), FSDP_EFORMAT);
+  data_close(d);
+  /* rewritten in place with other ids all below the vocabulary (cp over it):
+   * read ids alone cannot tell, the modification time does (the file's is
+   * set an hour back first, so a clock's coarse tick cannot hide the write) */
+  const struct timespec old[2] = {{time(NULL) - 3600, 0}, {time(NULL) - 3600, 0}};
+  cr_assert_eq(utimensat(AT_FDCWD, p, old, 0), 0);
+  cr_assert_eq(data_open(&d, p, 65536, 0.1, T), FSDP_OK, "%s", err_msg());
+  pos = (data_pos_t){0, 0};
+  cr_assert_eq(data_next_batch(d, &pos, 9, B, T, in, tg), FSDP_OK, "%s", err_msg());
+  f = fopen(p, "r+b");
+  cr_assert_not_null(f);
+  for (int i = 0; i < 4000; i++) big[i] = (uint16_t)(i % 7);
+  cr_assert_eq(fseek(f, HDR_BYTES, SEEK_SET), 0);
+  cr_assert_eq(fwrite(big, 2, 4000, f), 4000);
+  fclose(f);
+  cr_assert_eq(data_next_batch(d, &pos, 9, B, T, in, tg), FSDP_EFORMAT);
+  assert_msg_has(p);
+  assert_msg_has("written since the run opened it");
   cr_assert_eq(data_eval_batch(d, 0, B, T, in, tg), FSDP_EFORMAT);
   /* cut short in place */
   cr_assert_eq(truncate(p, HDR_BYTES + 2 * 100), 0);
