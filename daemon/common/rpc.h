@@ -132,6 +132,9 @@ int rpc_server_reload_tokens(rpc_server_t *s);
 int rpc_server_start(rpc_server_t *s);
 /* The bound port (after start; 0 for unix sockets). */
 int rpc_server_port(const rpc_server_t *s);
+/* 1 when a --listen address reaches this host alone (loopback or unix:),
+ * where serving without tokens is fine (one machine, the demo). */
+int rpc_addr_is_local(const char *addr);
 /* Calls refused since start: UNAUTHENTICATED (no token, or one this server
  * does not take) and PERMISSION_DENIED (a token whose role may not call the
  * method). On the loop's thread. */

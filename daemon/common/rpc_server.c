@@ -22,10 +22,12 @@
  * Ownership: an rpc_call_t is freed when nothing refers to it: no batch
  * pending in gRPC (what gRPC writes back lives in the struct until then) and
  * the handler done with it (answered, or told of the cancellation). */
+#include <ctype.h>
+#include <errno.h>
 #include <pthread.h>
-#include <strings.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <time.h>
 
@@ -785,8 +787,23 @@ int rpc_server_reload_tokens(rpc_server_t *s) {
   return 0;
 }
 
+/* HOST:PORT with PORT 0 to 65535 (gRPC takes 70700 as 70700 mod 65536 and
+ * serves on another port than the operator wrote), or unix:PATH. */
+static int rpc_server_check_addr(const char *addr) {
+  if (!strncmp(addr, "unix:", 5)) return 0;
+  const char *colon = strrchr(addr, ':');
+  char *end;
+  errno = 0;
+  const unsigned long port = colon ? strtoul(colon + 1, &end, 10) : 0;
+  if (!colon || !colon[1] || !isdigit((unsigned char)colon[1]) || *end || errno || port > 65535)
+    return err_set(FSDP_EINVAL, "--listen %s: give HOST:PORT with a port from 0 to 65535 (0: any "
+                   "free one), or unix:PATH", addr);
+  return 0;
+}
+
 int rpc_server_start(rpc_server_t *s) {
   FSDP_ASSERT(!s->started);
+  if (rpc_server_check_addr(s->addr)) return FSDP_EINVAL;
   grpc_server_credentials *creds;
   if (s->cert_pem) {
     grpc_ssl_pem_key_cert_pair pair = {s->key_pem, s->cert_pem};
@@ -812,6 +829,11 @@ int rpc_server_start(rpc_server_t *s) {
 }
 
 int rpc_server_port(const rpc_server_t *s) { return s->port; }
+
+int rpc_addr_is_local(const char *addr) {
+  return !strncmp(addr, "127.", 4) || !strncmp(addr, "[::1]", 5) ||
+         !strncmp(addr, "localhost:", 10) || !strncmp(addr, "unix:", 5);
+}
 
 void rpc_server_refusals(const rpc_server_t *s, uint64_t *unauthenticated, uint64_t *denied) {
   *unauthenticated = s->refused[0], *denied = s->refused[1];

@@ -3,11 +3,13 @@
  * privilege and says so when started as root. SIGTERM or SIGINT stops it
  * cleanly (calls in flight cancelled, the database closed); the nodes keep
  * their ranks running and re-register when it is back. */
+#include <errno.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <grpc/grpc.h>
@@ -15,6 +17,7 @@
 #include "daemon/common/crash.h"
 #include "daemon/common/err.h"
 #include "daemon/common/log.h"
+#include "daemon/common/rpc.h"
 #include "daemon/coordinator/coord.h"
 #include "daemon/coordinator/store.h"
 
@@ -252,6 +255,15 @@ int main(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
+  for (int i = 0; i < o.nroots; i++) { /* else every submit fails later, as the user's error */
+    struct stat st;
+    const int bad = stat(roots[i], &st) ? errno : S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
+    if (bad) {
+      fprintf(stderr, "fsdp-coordinator: --root %s: %s; create it (owned by the service's user) "
+              "or mount it before the coordinator starts\n", roots[i], strerror(bad));
+      return 2;
+    }
+  }
   if (o.heartbeat_timeout_ms && o.heartbeat_interval_ms &&
       o.heartbeat_timeout_ms <= o.heartbeat_interval_ms) {
     fprintf(stderr, "fsdp-coordinator: --heartbeat-timeout-ms must exceed the interval\n");
@@ -265,8 +277,7 @@ int main(int argc, char **argv) {
   if (geteuid() == 0)
     LOG_WARN("coord", "running as root: the coordinator needs no privilege; run it as its own user");
   /* open access is fine on loopback (one machine, the demo), not beyond it */
-  if (!o.user_token_file && strncmp(o.listen, "127.", 4) && strncmp(o.listen, "[::1]", 5) &&
-      strncmp(o.listen, "localhost:", 10) && strncmp(o.listen, "unix:", 5))
+  if (!o.user_token_file && !rpc_addr_is_local(o.listen))
     LOG_WARN("coord", "no tokens: anyone who can reach %s may submit and cancel jobs and register "
              "nodes; give --user-token-file and --node-token-file (docs/OPERATIONS.md)", o.listen);
   signal(SIGPIPE, SIG_IGN);

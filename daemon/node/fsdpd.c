@@ -310,12 +310,12 @@ static int fsdpd_options(fsdpd_t *D, int argc, char **argv, int *as_user, unsign
     case O_METRICS: D->metrics_listen = optarg; break;
     case O_GRACE:
       D->grace_s = strtod(optarg, &end);
-      if (*end || !(D->grace_s >= 0 && D->grace_s <= 3600))
+      if (end == optarg || *end || !(D->grace_s >= 0 && D->grace_s <= 3600))
         return bad("--grace", "\"%s\" is not a number of seconds from 0 to 3600", optarg);
       break;
     case O_REFUSED:
       D->refused_s = strtod(optarg, &end);
-      if (*end || !(D->refused_s >= 0 && D->refused_s <= 86400))
+      if (end == optarg || *end || !(D->refused_s >= 0 && D->refused_s <= 86400))
         return bad("--refused-timeout", "\"%s\" is not a number of seconds from 0 to 86400", optarg);
       break;
     case O_HELP: usage(stdout); exit(0);
@@ -552,6 +552,9 @@ int main(int argc, char **argv) {
     return 1;
   }
   if (D.metrics) LOG_INFO("fsdpd", "metrics on port %d", metrics_server_port(D.metrics));
+  if (!D.user_token_file && !rpc_addr_is_local(D.listen)) /* as the coordinator warns */
+    LOG_WARN("fsdpd", "no user token: anyone who can reach %s may read every rank's log; give "
+             "--user-token-file, the coordinator's (docs/OPERATIONS.md)", D.listen);
   LOG_INFO("fsdpd", "node %s: %d device(s) (%s), Node service on %s, coordinator %s, work dir %s, ranks run "
            "%s%s", D.name, D.inv.count, D.devices, D.address, D.coordinator, D.work_dir,
            as_user ? "as " : "as fsdpd's user", as_user ? D.run_as : "");

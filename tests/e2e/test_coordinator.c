@@ -267,6 +267,23 @@ Test(coordinator, open_access_beyond_loopback_is_warned_of) {
   }
 }
 
+/* A --root that is not there (an NFS root not mounted yet) or a --listen
+ * port past 65535 is refused at start, not met by every submit later as a
+ * user's error, or served on the port modulo 65536. */
+Test(coordinator, a_missing_root_or_an_impossible_port_is_refused_at_start) {
+  char cmd[2400], out[8192];
+  snprintf(cmd, sizeof cmd, "timeout 5 %s/bin/fsdp-coordinator --db '%s/noroot.db' --root "
+           "'%s/not-there' 2>&1; echo rc=$?", tu_root(), tu_tmpdir(), tu_tmpdir());
+  tu_sh(cmd, out, sizeof out);
+  cr_assert(strstr(out, "not-there: No such file or directory; create it") &&
+            strstr(out, "rc=2"), "%s", out);
+  snprintf(cmd, sizeof cmd, "timeout 5 %s/bin/fsdp-coordinator --db '%s/port.db' --root '%s' "
+           "--listen 127.0.0.1:70700 2>&1; echo rc=$?", tu_root(), tu_tmpdir(), tu_tmpdir());
+  tu_sh(cmd, out, sizeof out);
+  cr_assert(strstr(out, "port from 0 to 65535") && !strstr(out, "rc=0") &&
+            !strstr(out, "serving on port"), "%s", out);
+}
+
 /* --health-listen: gRPC health alone, in plaintext and without a token (the
  * kubelet's grpc probe can do neither TLS nor tokens), while the service
  * itself requires tokens; nothing else is served there. */

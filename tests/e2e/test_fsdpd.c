@@ -1174,6 +1174,43 @@ Test(fsdpd, refuses_to_run_ranks_as_root, .timeout = 10) {
   free(out);
 }
 
+/* Options that would go wrong later are refused at start: an empty --grace
+ * (FSDP_GRACE= in fsdpd.env) was 0 s, every rank SIGKILLed on a stop with
+ * no checkpoint; a --listen port past 65535 was served modulo 65536. */
+Test(fsdpd, options_that_would_go_wrong_later_are_refused_at_start, .timeout = 20) {
+  const char *grace[] = {"--devices", "cpu:1", "--work-dir", workdir, "--grace", "", NULL};
+  const char *refused[] = {"--devices", "cpu:1", "--work-dir", workdir, "--refused-timeout", "",
+                           NULL};
+  const char *port[] = {"--devices", "cpu:1", "--work-dir", workdir, "--listen", "127.0.0.1:70700",
+                        geteuid() == 0 ? "--run-as" : NULL, "nobody", NULL};
+  const char *const *cases[] = {grace, refused, port};
+  const char *want[] = {"--grace: \"\" is not a number", "--refused-timeout: \"\" is not a number",
+                        "--listen 127.0.0.1:70700: give HOST:PORT with a port from 0 to 65535"};
+  for (int i = 0; i < 3; i++) {
+    int pid = fsdpd_spawn(cases[i]), status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    char *out = tu_slurp(fsdpd_log, NULL);
+    cr_expect(WIFEXITED(status) && WEXITSTATUS(status) != 0, "case %d: status 0x%x", i, status);
+    cr_expect(strstr(out, want[i]), "case %d: \"%s\" missing in:\n%s", i, want[i], out);
+    free(out);
+  }
+}
+
+/* A Node service open beyond loopback without a user token says so at
+ * start (anyone reaching it reads every rank's log), as the coordinator
+ * does; on loopback it does not. */
+Test(fsdpd, open_rank_logs_beyond_loopback_are_warned_of, .timeout = 20) {
+  char cmd[2400], out[8192];
+  for (int k = 0; k < 2; k++) {
+    snprintf(cmd, sizeof cmd, "timeout 1 %s/bin/fsdpd --coordinator 127.0.0.1:1 --devices cpu:1 "
+             "--work-dir '%s' --listen %s %s 2>&1; true", tu_root(), workdir,
+             k ? "127.0.0.1:0" : "0.0.0.0:0", geteuid() == 0 ? "--run-as nobody" : "");
+    tu_sh(cmd, out, sizeof out);
+    cr_assert(strstr(out, "Node service on"), "%s", out);
+    cr_assert_eq(strstr(out, "no user token: anyone who can reach 0.0.0.0:0") != NULL, !k, "%s", out);
+  }
+}
+
 static int j3_done(void) { return F.nexits >= 1 && !strcmp(F.exits[F.nexits - 1].job, "j-3"); }
 
 /* An ended attempt (ESTALE from Rendezvous) is given up without a report,
