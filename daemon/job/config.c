@@ -160,6 +160,11 @@ int config_is_given(const config_t *c, const char *key) {
   return o ? config_given(c, o) : -1;
 }
 
+int config_is_set(const config_t *c, const char *key) {
+  const config_opt_t *o = config_find(key);
+  return o ? (c->given & config_bit(o)) != 0 : -1;
+}
+
 /* Stores value into o's field of c; on error c is unchanged. */
 static int config_parse(config_t *c, const config_opt_t *o, const char *key, const char *value) {
   char *field = (char *)c + o->offset;

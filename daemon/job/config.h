@@ -109,6 +109,9 @@ const char *config_adjusted(const config_t *c);
 /* 1 when key was given explicitly (see above), 0 when it holds its default,
  * -1 when there is no such option. */
 int config_is_given(const config_t *c, const char *key);
+/* 1 when key was set through config_set (a flag, a job file line), 0 when it
+ * holds a default (perhaps one config_resolve fitted), -1 when unknown. */
+int config_is_set(const config_t *c, const char *key);
 /* The option keys, for building a command line (i from 0 to config_num_opts()-1). */
 int config_num_opts(void);
 const char *config_opt_key(int i);

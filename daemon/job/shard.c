@@ -96,7 +96,7 @@ int shard_mesh_validate(const shard_mesh_t *m, int world, char *desc, size_t len
   if ((long)R * S != world)
     return err_set(FSDP_EINVAL, "mesh: %dx%d is %ld ranks but the job has %d; the product of "
                    "replicas and shards must equal the world size (for %d ranks: 1x%d, or "
-                   "Rx S with R*S = %d under HYBRID_SHARD)", R, S, (long)R * S, world, world,
+                   "R x S with R*S = %d under HYBRID_SHARD)", R, S, (long)R * S, world, world,
                    world, world);
   if (m->strategy == SHARD_NO_SHARD && S != 1)
     return err_set(FSDP_EINVAL, "mesh: NO_SHARD keeps the whole model on every rank, so the mesh "

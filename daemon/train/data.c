@@ -417,9 +417,9 @@ int data_check_batch(const data_t *d, int B, int T, int eval) {
   const size_t nw = data__windows(d->eval_start, T);
   if (nw < (size_t)B)
     return err_set(FSDP_EINVAL,
-                   "token file %s: batch %d needs %d windows of seq_len+1 = %d tokens, but the "
-                   "training split (%zu tokens) holds %zu; lower batch or seq_len, or use more "
-                   "data",
+                   "token file %s: a global batch of %d (batch x ranks) needs %d windows of "
+                   "seq_len+1 = %d tokens, but the training split (%zu tokens) holds %zu; lower "
+                   "batch, the ranks or seq_len, or use more data",
                    d->path, B, B, T + 1, d->eval_start, nw);
   if (eval && d->eval_start < d->n && data_eval_num_batches(d, B, T) == 0)
     return err_set(FSDP_EINVAL,

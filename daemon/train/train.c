@@ -380,7 +380,7 @@ static data_pos_t train_resume_pos(const train_t *t, const ckpt_rank_meta_t *m, 
   pos = train_resume_data(t, was, &now, pos);
   if (out && (was->lr != now.lr || was->min_lr_frac != now.min_lr_frac ||
               was->steps != now.steps || was->warmup_steps != now.warmup_steps)) {
-    char what[256] = "";
+    char what[512] = "";
     size_t n = 0;
     if (was->lr != now.lr)
       n += (size_t)snprintf(what + n, sizeof what - n, ", lr %g -> %g", (double)was->lr,
@@ -391,8 +391,11 @@ static data_pos_t train_resume_pos(const train_t *t, const ckpt_rank_meta_t *m, 
     if (was->steps != now.steps && n < sizeof what)
       n += (size_t)snprintf(what + n, sizeof what - n, ", steps %d -> %d", was->steps, now.steps);
     if (was->warmup_steps != now.warmup_steps && n < sizeof what)
-      snprintf(what + n, sizeof what - n, ", warmup_steps %d -> %d", was->warmup_steps,
-               now.warmup_steps);
+      snprintf(what + n, sizeof what - n, ", warmup_steps %d -> %d%s", was->warmup_steps,
+               now.warmup_steps,
+               config_is_set(&t->cfg, "warmup_steps") ? ""
+                   : " (not given: its default shrinks to a shorter run's steps; set "
+                     "warmup_steps to keep the run's)");
     config_t old = t->cfg;
     old.lr = was->lr, old.min_lr_frac = was->min_lr_frac, old.steps = was->steps;
     old.warmup_steps = was->warmup_steps;

@@ -404,6 +404,26 @@ Test(ckpt, a_resume_under_another_seq_len_or_schedule_says_what_it_means, .timeo
   free(a), free(b);
 }
 
+/* A run extended without warmup_steps given: the default warmup shrank to
+ * the first run's steps and grows with the new ones, so the note says
+ * warmup_steps changed though the user never set it; it says why and how
+ * to keep the run's. */
+Test(ckpt, a_default_warmup_that_follows_steps_is_explained_on_resume, .timeout = 60) {
+  static char out[1 << 16];
+  char *a = mkdir_tmp("rewarm-a"), cmd[8192];
+  snprintf(cmd, sizeof cmd, "-n 1 -- %s/bin/fsdp-train --model tiny --seq_len 32 --eval_batches 2 "
+           "--sample_tokens 0 --eval_every 0 --data %s --steps 4 --checkpoint_dir %s "
+           "--checkpoint_every 4", tu_root(), data_file(), a);
+  cr_assert_eq(tu_run_bin("fsdp-launch", cmd, out, sizeof out), 0, "%s", out);
+  snprintf(cmd, sizeof cmd, "-n 1 -- %s/bin/fsdp-train --model tiny --seq_len 32 --eval_batches 2 "
+           "--sample_tokens 0 --eval_every 0 --data %s --steps 6 --checkpoint_dir %s", tu_root(),
+           data_file(), a);
+  cr_assert_eq(tu_run_bin("fsdp-launch", cmd, out, sizeof out), 0, "%s", out);
+  cr_assert_not_null(strstr(out, "warmup_steps 4 -> 6 (not given: its default shrinks to a "
+                            "shorter run's steps; set warmup_steps to keep the run's)"), "%s", out);
+  free(a);
+}
+
 /* The training split's tokens of this test's file at eval_fraction f, T 32. */
 static size_t train_tokens(double f) {
   data_t *d;
