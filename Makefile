@@ -95,8 +95,9 @@ JOB_SRCS    = daemon/job/config.c daemon/job/gpt_config.c daemon/job/precision.c
               daemon/job/shard.c daemon/job/plan.c daemon/job/job.c daemon/job/ckpt.c \
               daemon/job/safetensors.c daemon/common/ini_line.c
 JOB_OBJS    = $(JOB_SRCS:%.c=$(B)/%.o) $(COMMON_SRCS:%.c=$(B)/%.o)
-# what the job library needs: job files (inih), checkpoints' checksums and manifests
-JOB_LDLIBS  = -linih -lxxhash -ljansson
+# what the job library needs: job files (inih), checkpoints' checksums and manifests,
+# and libunistring for the text a sample prints
+JOB_LDLIBS  = -linih -lxxhash -ljansson -lunistring
 TRAIN_SRCS  = daemon/train/gpt.c daemon/train/adamw.c \
               daemon/train/data.c daemon/train/train.c \
               daemon/train/sample.c daemon/train/shard_rank.c \

@@ -1,10 +1,11 @@
 /* sample: autoregressive sampling (see sample.h). */
 #include "sample.h"
 
-#include <ctype.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unictype.h>
+#include <unistr.h>
 
 #include "daemon/common/err.h"
 #include "daemon/common/rng.h"
@@ -51,13 +52,28 @@ int sample_tokens(gpt_t *g, const int32_t *prompt, int n_prompt, int n_new, floa
 }
 
 void sample_print(FILE *f, const int32_t *ids, int n, int vocab) {
-  for (int i = 0; i < n; i++) {
-    if (vocab == 256) {
-      int ch = ids[i];
-      fputc(ch == '\n' || ch == '\t' || isprint(ch) ? ch : '.', f);
+  if (vocab != 256) {
+    for (int i = 0; i < n; i++) fprintf(f, "%s%d", i ? " " : "", ids[i]);
+    fputc('\n', f);
+    return;
+  }
+  /* bytes: whole printable UTF-8 characters as they are (a corpus in any
+   * language reads as text), '.' for a control byte or one that is not
+   * part of a valid character (a model mid-training makes those) */
+  uint8_t *b = malloc(n > 0 ? (size_t)n : 1);
+  if (!b) return;
+  for (int i = 0; i < n; i++) b[i] = (uint8_t)ids[i];
+  for (int i = 0; i < n;) {
+    ucs4_t uc;
+    const int k = u8_mbtoucr(&uc, b + i, (size_t)(n - i));
+    if (k > 0 && (uc == '\n' || uc == '\t' || uc_is_print(uc))) {
+      fwrite(b + i, 1, (size_t)k, f);
+      i += k;
     } else {
-      fprintf(f, "%s%d", i ? " " : "", ids[i]);
+      fputc('.', f);
+      i++;
     }
   }
   fputc('\n', f);
+  free(b);
 }

@@ -14,8 +14,9 @@
 int sample_tokens(gpt_t *g, const int32_t *prompt, int n_prompt, int n_new, float temperature,
                   uint64_t seed, int32_t *out);
 
-/* Prints ids as text when the vocabulary is bytes (vocab 256), with
- * non-printable bytes other than newline and tab shown as '.'; otherwise as
+/* Prints ids as text when the vocabulary is bytes (vocab 256): printable
+ * UTF-8 characters, newline and tab as they are, '.' for any other byte (a
+ * control byte, or one not part of a valid character); otherwise as
  * space-separated ids. */
 void sample_print(FILE *f, const int32_t *ids, int n, int vocab);
 

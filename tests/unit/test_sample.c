@@ -2,6 +2,9 @@
  * bad arguments refused. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "daemon/common/err.h"
@@ -56,4 +59,38 @@ Test(sample, bad_arguments) {
   prompt[0] = 300;
   cr_assert_eq(sample_tokens(g, prompt, 1, 4, 1.0f, 1, out), FSDP_ERANGE);
   gpt_destroy(g);
+}
+
+/* What sample_print writes for these ids into a string. */
+static char *printed(const int32_t *ids, int n, int vocab) {
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  cr_assert_not_null(f);
+  sample_print(f, ids, n, vocab);
+  fclose(f);
+  return buf;
+}
+
+/* Byte samples of a UTF-8 corpus read as text: whole printable characters
+ * as they are (they were all '.'), a control byte, a lone continuation byte,
+ * a character cut short or an overlong form as '.'; other vocabularies as
+ * ids. */
+Test(sample, bytes_print_as_utf8_text) {
+  const char *text = "caf\xc3\xa9 \xe2\x82\xac\n\xf0\x9f\x99\x82\t!";
+  int32_t ids[64];
+  int n = 0;
+  for (const char *p = text; *p; p++) ids[n++] = (uint8_t)*p;
+  char *s = printed(ids, n, 256);
+  cr_assert_str_eq(s, "caf\xc3\xa9 \xe2\x82\xac\n\xf0\x9f\x99\x82\t!\n");
+  free(s);
+  /* 0x01, a lone 0x80, e-acute cut short before 'x', the overlong 0xc0 0xaf */
+  const int32_t bad[] = {'a', 0x01, 0x80, 0xc3, 'x', 0xc0, 0xaf, 'z'};
+  s = printed(bad, 8, 256);
+  cr_assert_str_eq(s, "a...x..z\n");
+  free(s);
+  const int32_t tok[] = {50256, 7, 0};
+  s = printed(tok, 3, 50257);
+  cr_assert_str_eq(s, "50256 7 0\n");
+  free(s);
 }
