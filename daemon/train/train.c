@@ -860,6 +860,10 @@ static int train_sample(train_t *t) {
   int rc = sample_tokens(t->model, prompt, np, c->sample_tokens, c->sample_temperature, c->seed,
                          toks);
   if (!rc && t->opts.out) {
+    if (c->gpt.vocab != 256 && c->sample_prompt[0] && config_is_set(c, "sample_prompt") == 1)
+      fprintf(t->opts.out, "train: note: sample_prompt is text, which only a byte vocabulary "
+              "(vocab 256) reads without a tokenizer; vocab %d starts from token 0 instead\n",
+              c->gpt.vocab);
     fprintf(t->opts.out, "sample (temperature %g):\n%s", c->sample_temperature,
             c->gpt.vocab == 256 ? c->sample_prompt : "");
     sample_print(t->opts.out, toks, c->sample_tokens, c->gpt.vocab);

@@ -798,3 +798,20 @@ Test(train, a_shard_not_written_is_reported_and_leaves_no_directory, .timeout = 
   unsetenv("FSDP_REPORT_FD");
   free(data), free(ck);
 }
+
+/* sample_prompt is text: a model with a vocabulary other than bytes cannot
+ * read it without a tokenizer and starts from token 0; a prompt given is
+ * not dropped without a word. */
+Test(train, a_text_prompt_a_token_vocabulary_cannot_read_is_said) {
+  char *data = demo_tokens(), args[4096], out[65536];
+  snprintf(args, sizeof args, "--model tiny --vocab 512 --seq_len 32 --data %s --steps 1 "
+           "--eval_batches 1 --sample_tokens 2 --sample_prompt Hello", data);
+  cr_assert_eq(run_cmd(args, out, sizeof out), 0, "%s", out);
+  cr_assert(strstr(out, "sample_prompt is text") && strstr(out, "vocab 512 starts from token 0"),
+            "%s", out);
+  snprintf(args, sizeof args, "--model tiny --vocab 512 --seq_len 32 --data %s --steps 1 "
+           "--eval_batches 1 --sample_tokens 2", data);
+  cr_assert_eq(run_cmd(args, out, sizeof out), 0, "%s", out);
+  cr_assert_null(strstr(out, "sample_prompt is text"), "no prompt given, none to speak of:\n%s", out);
+  free(data);
+}
