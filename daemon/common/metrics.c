@@ -63,10 +63,10 @@ void metrics_sample(metrics_buf_t *b, const char *name, const char *const *label
   mb_puts(b, num);
 }
 
-void metrics_hist_init(metrics_hist_t *h) {
+void metrics_hist_init(metrics_hist_t *h, double first, double factor) {
   memset(h, 0, sizeof *h);
   h->n = METRICS_BUCKETS;
-  for (int i = 0; i < h->n; i++) h->le[i] = 0.001 * (double)(1u << i);
+  for (int i = 0; i < h->n; i++) h->le[i] = i ? h->le[i - 1] * factor : first;
 }
 
 void metrics_hist_observe(metrics_hist_t *h, double seconds) {

@@ -38,8 +38,10 @@ typedef struct metrics_hist {
   uint64_t count[METRICS_BUCKETS], total;
   double sum;
 } metrics_hist_t;
-/* Bounds from 1 ms to ~8 s, doubling (1, 2, 4, ... 2048 ms, then +Inf). */
-void metrics_hist_init(metrics_hist_t *h);
+/* METRICS_BUCKETS bounds from first seconds, each factor times the last
+ * (then +Inf): what is measured decides its range (milliseconds for a
+ * heartbeat's lateness, up to hours for a job's wait for placement). */
+void metrics_hist_init(metrics_hist_t *h, double first, double factor);
 void metrics_hist_observe(metrics_hist_t *h, double seconds);
 /* Its family and samples: name_bucket{le=...}, name_sum, name_count. */
 void metrics_hist_write(metrics_buf_t *b, const char *name, const char *help,

@@ -1374,10 +1374,10 @@ int coord_create(coord_t **out, uv_loop_t *loop, const coord_opts_t *o) {
   rpc_server_opts_t ho = {.addr = o->health_listen};
   if (!rc && o->health_listen && !(rc = rpc_server_create(&c->health, loop, &ho)))
     rc = rpc_server_start(c->health);
-  metrics_hist_init(&c->hb_late);
-  metrics_hist_init(&c->sched);
-  metrics_hist_init(&c->pass);
-  metrics_hist_init(&c->commit);
+  metrics_hist_init(&c->hb_late, 0.001, 2); /* 1 ms .. 2 s */
+  metrics_hist_init(&c->sched, 0.1, 3);     /* 100 ms .. 5 h: a job may wait for nodes */
+  metrics_hist_init(&c->pass, 0.001, 2);    /* 1 ms .. 2 s */
+  metrics_hist_init(&c->commit, 0.001, 3);  /* 1 ms .. 3 min: large checkpoints' headers */
   if (!rc && o->metrics_listen)
     rc = metrics_server_start(&c->metrics, loop, o->metrics_listen, coord_metrics_render, c);
   if (rc) {

@@ -127,6 +127,11 @@ Test(metrics, both_endpoints_pass_promtool_and_prometheus_scrapes_a_running_job)
   snprintf(mem, sizeof mem, "fsdp_rank_memory_bytes{job=\"%s\",rank=\"1\",category=\"params\"}", job);
   for (int i = 0; i < 2; i++) cr_assert_gt(sample(got[i], mem), 0, "%s", got[i]);
   cr_assert_geq(sample(got[0], "fsdp_scheduling_latency_seconds_count"), 1, "%s", got[0]);
+  /* each histogram spans what it measures: a job's wait for placement up to
+   * hours (it stopped at 2.048 s), a heartbeat's lateness in milliseconds */
+  cr_assert_eq(sample(got[0], "fsdp_scheduling_latency_seconds_bucket{le=\"17714.7\"}"), 1, "%s", got[0]);
+  cr_assert(!isnan(sample(got[0], "fsdp_heartbeat_lateness_seconds_bucket{le=\"0.001\"}")), "%s",
+            got[0]);
   /* every commit's latency, from its last shard's report, is in the histogram */
   for (const double t2 = tu_now_s(); sample(got[0], "fsdp_checkpoint_commits_total") < 1;) {
     cr_assert_lt(tu_now_s() - t2, 30, "no checkpoint committed within 30 s:\n%s", got[0]);
