@@ -66,6 +66,7 @@ typedef struct fsdpd {
   double grace_s;
   double refused_s; /* a first registration refused this long ends fsdpd */
   const char *metrics_listen;
+  const char *advertise; /* the Node service's address as registered (NULL: from --listen) */
   metrics_server_t *metrics;
   /* state */
   uv_loop_t loop;
@@ -91,7 +92,9 @@ static void usage(FILE *f) {
     "  --devices SPEC        cpu:N, cuda, cuda:0,1 or auto (default auto)\n"
     "  --name NAME           the node's host name as registered (default: hostname)\n"
     "  --listen ADDR         the Node service (rank logs; default 127.0.0.1:0, the bound\n"
-    "                        address is registered)\n"
+    "                        address is registered: on 0.0.0.0, as --name:PORT)\n"
+    "  --advertise HOST:PORT the Node service's address as registered, where fsdpctl logs\n"
+    "                        reaches it when --listen's is not (a pod's IP behind NAT)\n"
     "  --rank-host HOST      IPv4 or IPv6 address ranks listen on for their ring\n"
     "                        (default 127.0.0.1)\n"
     "  --work-dir DIR        job files and rank logs (default /var/lib/fsdpd as root, else\n"
@@ -276,7 +279,8 @@ static int fsdpd_default_program(fsdpd_t *D) {
 
 static int fsdpd_options(fsdpd_t *D, int argc, char **argv, int *as_user, unsigned *uid, unsigned *gid) {
   enum { O_COORD = 256, O_DEVICES, O_NAME, O_LISTEN, O_RANKHOST, O_WORKDIR, O_RUNAS, O_TOKEN,
-         O_UTOKEN, O_NTOKEN, O_CA, O_CERT, O_KEY, O_PROGRAM, O_GRACE, O_METRICS, O_REFUSED, O_HELP };
+         O_UTOKEN, O_NTOKEN, O_CA, O_CERT, O_KEY, O_PROGRAM, O_GRACE, O_METRICS, O_REFUSED, O_ADVERTISE,
+         O_HELP };
   static const struct option opts[] = {
       {"coordinator", required_argument, NULL, O_COORD}, {"devices", required_argument, NULL, O_DEVICES},
       {"name", required_argument, NULL, O_NAME}, {"listen", required_argument, NULL, O_LISTEN},
@@ -287,6 +291,7 @@ static int fsdpd_options(fsdpd_t *D, int argc, char **argv, int *as_user, unsign
       {"tls-cert", required_argument, NULL, O_CERT}, {"tls-key", required_argument, NULL, O_KEY},
       {"rank-program", required_argument, NULL, O_PROGRAM}, {"grace", required_argument, NULL, O_GRACE},
       {"metrics-listen", required_argument, NULL, O_METRICS},
+      {"advertise", required_argument, NULL, O_ADVERTISE},
       {"refused-timeout", required_argument, NULL, O_REFUSED},
       {"help", no_argument, NULL, O_HELP}, {NULL, 0, NULL, 0}};
   int ch;
@@ -308,6 +313,7 @@ static int fsdpd_options(fsdpd_t *D, int argc, char **argv, int *as_user, unsign
     case O_KEY: D->tls_key = optarg; break;
     case O_PROGRAM: D->rank_program = optarg; break;
     case O_METRICS: D->metrics_listen = optarg; break;
+    case O_ADVERTISE: D->advertise = optarg; break;
     case O_GRACE:
       D->grace_s = strtod(optarg, &end);
       if (end == optarg || *end || !(D->grace_s >= 0 && D->grace_s <= 3600))
@@ -326,6 +332,15 @@ static int fsdpd_options(fsdpd_t *D, int argc, char **argv, int *as_user, unsign
   if (!D->coordinator) D->coordinator = getenv("FSDP_COORDINATOR");
   if (!D->coordinator || !*D->coordinator)
     return bad("--coordinator", "%s", "required (or FSDP_COORDINATOR): the coordinator's host:port");
+  if (D->advertise) { /* what clients dial: HOST:PORT, a real port */
+    const char *colon = strrchr(D->advertise, ':');
+    char *pend;
+    const long port = colon ? strtol(colon + 1, &pend, 10) : 0;
+    if (!colon || colon == D->advertise || !colon[1] || *pend || port < 1 || port > 65535 ||
+        strlen(D->advertise) >= sizeof D->address)
+      return bad("--advertise", "\"%s\" is not HOST:PORT with a port from 1 to 65535",
+                 D->advertise);
+  }
   if (D->node_token_file && !D->user_token_file)
     return bad("--node-token-file", "%s", "goes with --user-token-file, which the Node service "
                "requires of its callers");
@@ -543,7 +558,8 @@ int main(int argc, char **argv) {
   const char *colon = strrchr(D.listen, ':');
   int hl = colon ? (int)(colon - D.listen) : (int)strlen(D.listen);
   int any = !strncmp(D.listen, "0.0.0.0", (size_t)hl) || !strncmp(D.listen, "[::]", (size_t)hl) || !hl;
-  if (!strncmp(D.listen, "unix:", 5)) snprintf(D.address, sizeof D.address, "%s", D.listen);
+  if (D.advertise) snprintf(D.address, sizeof D.address, "%s", D.advertise);
+  else if (!strncmp(D.listen, "unix:", 5)) snprintf(D.address, sizeof D.address, "%s", D.listen);
   else snprintf(D.address, sizeof D.address, "%.*s:%d", any ? (int)strlen(D.name) : hl,
                 any ? D.name : D.listen, rpc_server_port(D.server));
   if (D.metrics_listen &&

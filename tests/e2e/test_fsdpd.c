@@ -1211,6 +1211,34 @@ Test(fsdpd, open_rank_logs_beyond_loopback_are_warned_of, .timeout = 20) {
   }
 }
 
+/* --advertise: the Node service's address as registered, where clients
+ * reach it when the listen address is not theirs to dial (a pod's 0.0.0.0
+ * registered as the host node's name, which no port answers on); a bad one
+ * is refused at start. */
+Test(fsdpd, advertise_is_the_registered_node_address, .timeout = 20) {
+  char listen[64], adv[64];
+  close(tu_listen_loopback(listen, sizeof listen)); /* a free port */
+  snprintf(adv, sizeof adv, "localhost:%s", strrchr(listen, ':') + 1);
+  const char *args[] = {"--devices", "cpu:1", "--work-dir", workdir, "--listen", listen,
+                        "--advertise", adv, geteuid() == 0 ? "--run-as" : NULL, "nobody", NULL};
+  fsdpd_pid = fsdpd_spawn(args);
+  cr_assert(wait_for(registered, 10), "fsdpd did not register within 10 s:\n%s",
+            tu_slurp(fsdpd_log, NULL));
+  pthread_mutex_lock(&F.mu);
+  char got[128];
+  snprintf(got, sizeof got, "%s", F.reg_address);
+  pthread_mutex_unlock(&F.mu);
+  cr_assert_str_eq(got, adv);
+  const char *bad[] = {"--devices", "cpu:1", "--work-dir", workdir, "--advertise", "10.0.0.5",
+                       NULL};
+  int pid = fsdpd_spawn(bad), status;
+  cr_assert_eq(waitpid(pid, &status, 0), pid);
+  char *out = tu_slurp(fsdpd_log, NULL);
+  cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 2, "status 0x%x", status);
+  cr_expect(strstr(out, "--advertise: \"10.0.0.5\" is not HOST:PORT"), "%s", out);
+  free(out);
+}
+
 static int j3_done(void) { return F.nexits >= 1 && !strcmp(F.exits[F.nexits - 1].job, "j-3"); }
 
 /* An ended attempt (ESTALE from Rendezvous) is given up without a report,
