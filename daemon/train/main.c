@@ -164,6 +164,14 @@ int main(int argc, char **argv) {
     fprintf(stderr, "fsdp-train: %s\n", err_msg());
     return 2;
   }
+  /* the mesh against the world the launcher gives (one rank without one): a
+   * bad option, said before planning and connecting */
+  const char *ws = getenv("FSDP_WORLD_SIZE"); /* a bad one is the boot's to say (train_open) */
+  const long world = ws ? strtol(ws, NULL, 10) : 1;
+  if (!print && world >= 1 && world <= 4096 && config_check(&c, (int)world, NULL, NULL)) {
+    fprintf(stderr, "fsdp-train: %s\n", err_msg());
+    return 2;
+  }
   if (print) { /* on stderr, so the output stays a job file (training prints it itself) */
     if (config_adjusted(&c)[0])
       fprintf(stderr, "fsdp-train: note: %s; set an option explicitly to choose its value\n",

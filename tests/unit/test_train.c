@@ -398,6 +398,9 @@ Test(train, command_exit_codes_and_messages) {
   cr_assert_eq(run_cmd("--batch 0", out, sizeof out), 2);
   cr_assert(strstr(out, "batch"), "%s", out);
   cr_assert_eq(run_cmd("--no-such-flag 1", out, sizeof out), 2);
+  /* a mesh that is not the launcher's world (one rank here) is a bad option */
+  cr_assert_eq(run_cmd("--model tiny --mesh 2x2 --data x.bin", out, sizeof out), 2, "%s", out);
+  cr_assert(strstr(out, "mesh: 2x2 is 4 ranks but the job has 1"), "%s", out);
   cr_assert_eq(run_cmd("--data /nonexistent/t.bin", out, sizeof out), 1);
   cr_assert(strstr(out, "/nonexistent/t.bin"), "%s", out);
 }
