@@ -1413,14 +1413,21 @@ static void expect_file(const char *path, const char *text) {
   free(got);
 }
 
+/* A directory of its own for an export test (name under the test's
+ * temporary directory), with the fake coordinator started; model gets
+ * DIR/model.safetensors. Free the directory's name. */
+static char *export_dir(const char *name, char *model, size_t len) {
+  fake_start(NULL, NULL);
+  char *dir = tu_path(name);
+  cr_assert(!mkdir(dir, 0755) || errno == EEXIST);
+  snprintf(model, len, "%s/model.safetensors", dir);
+  return dir;
+}
+
 /* Without --force a file at -o FILE is never replaced, even one made after
  * the check at the start (while the pieces come): the end is atomic. */
 Test(fsdpctl, export_never_replaces_a_file_made_while_it_ran) {
-  fake_start(NULL, NULL);
-  char *dir = tu_path("export");
-  cr_assert(!mkdir(dir, 0755) || errno == EEXIST);
-  char model[1100];
-  snprintf(model, sizeof model, "%s/model.safetensors", dir);
+  char model[1100], *dir = export_dir("export", model, sizeof model);
   unlink(model);
   cr_assert_eq(CTL("export", "j-42", "-o", model), 0, "%s", err);
   expect_file(model, "hello world\n");
@@ -1459,10 +1466,7 @@ Test(fsdpctl, export_never_replaces_a_file_made_while_it_ran) {
  * there). The export still lands, and a file made while it ran is still
  * left as it was. */
 Test(fsdpctl, export_lands_where_the_file_system_has_no_atomic_no_replace) {
-  fake_start(NULL, NULL);
-  char *dir = tu_path("export-vfat"), model[1100];
-  cr_assert(!mkdir(dir, 0755) || errno == EEXIST);
-  snprintf(model, sizeof model, "%s/model.safetensors", dir);
+  char model[1100], *dir = export_dir("export-vfat", model, sizeof model);
   setenv("LD_PRELOAD", tu_fs_shim(), 1), setenv("FS_NO_NOREPLACE", "1", 1);
   int rc = CTL("export", "j-42", "-o", model);
   const mode_t mask = umask(0);
@@ -1487,11 +1491,7 @@ Test(fsdpctl, export_lands_where_the_file_system_has_no_atomic_no_replace) {
  * SIGKILLed export left can carry the PID of the next: that export still
  * runs, under a name of its own, and leaves the other file alone. */
 Test(fsdpctl, export_beside_a_killed_exports_temporary) {
-  fake_start(NULL, NULL);
-  char *dir = tu_path("export-stale");
-  cr_assert(!mkdir(dir, 0755) || errno == EEXIST);
-  char model[1100], bin[1024], stale[1200];
-  snprintf(model, sizeof model, "%s/model.safetensors", dir);
+  char model[1100], bin[1024], stale[1200], *dir = export_dir("export-stale", model, sizeof model);
   snprintf(bin, sizeof bin, "%s/bin/fsdpctl", tu_root());
   int go[2];
   cr_assert_eq(pipe(go), 0);
@@ -1545,11 +1545,7 @@ static int partial_of(const char *dir, pid_t pid, char *buf, size_t len) {
 /* SIGINT (^C) or SIGTERM mid-export: fsdpctl dies of the signal as a
  * program should, and its temporary FILE.partial-PID-XXXXXX goes with it. */
 Test(fsdpctl, export_interrupted_leaves_no_temporary) {
-  fake_start(NULL, NULL);
-  char *dir = tu_path("export-sig");
-  cr_assert(!mkdir(dir, 0755) || errno == EEXIST);
-  char model[1100], bin[1024], partial[1200];
-  snprintf(model, sizeof model, "%s/model.safetensors", dir);
+  char model[1100], bin[1024], partial[1200], *dir = export_dir("export-sig", model, sizeof model);
   snprintf(bin, sizeof bin, "%s/bin/fsdpctl", tu_root());
   static const int sigs[] = {SIGINT, SIGTERM};
   for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {

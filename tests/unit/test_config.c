@@ -246,18 +246,26 @@ Test(config, explicit_dimensions_override_the_preset) {
   cr_assert(strstr(err_msg(), "channels"), "%s", err_msg());
 }
 
+/* c written as a job file (its path returned: free it) and read back over
+ * the defaults into *d. */
+static char *write_and_read(const config_t *c, config_t *d) {
+  char *path = tu_path("job.conf");
+  FILE *f = fopen(path, "w");
+  cr_assert_not_null(f);
+  cr_assert_eq(config_write(c, f), 0, "%s", err_msg());
+  fclose(f);
+  config_default(d);
+  cr_assert_eq(config_load_file(d, path), 0, "%s", err_msg());
+  return path;
+}
+
 Test(config, job_file_round_trip) {
   config_t c = base();
   cr_assert_eq(config_set(&c, "steps", "77"), 0);
   cr_assert_eq(config_set(&c, "lr", "0.002"), 0);
   cr_assert_eq(config_set(&c, "save", "/tmp/out.bin"), 0);
-  char *path = tu_path("job.conf");
-  FILE *f = fopen(path, "w");
-  config_write(&c, f);
-  fclose(f);
   config_t d;
-  config_default(&d);
-  cr_assert_eq(config_load_file(&d, path), 0, "%s", err_msg());
+  char *path = write_and_read(&c, &d);
   cr_assert_eq(d.steps, 77);
   cr_assert_float_eq(d.lr, 0.002f, 1e-9);
   cr_assert_str_eq(d.save, "/tmp/out.bin");
@@ -328,12 +336,7 @@ Test(config, printed_reals_read_back_exactly_and_odd_numbers_are_refused) {
   cr_assert_eq(config_set(&c, "lr", "0.00123456789"), 0);
   cr_assert_eq(config_set(&c, "eval_fraction", "0.123456789012345"), 0);
   cr_assert_eq(config_set(&c, "min_lr_frac", "0.1"), 0);
-  char *path = tu_path("reals.conf");
-  FILE *f = fopen(path, "w");
-  cr_assert_eq(config_write(&c, f), 0);
-  fclose(f);
-  config_default(&d);
-  cr_assert_eq(config_load_file(&d, path), 0, "%s", err_msg());
+  char *path = write_and_read(&c, &d);
   cr_assert(d.lr == c.lr && d.eval_fraction == c.eval_fraction && d.min_lr_frac == c.min_lr_frac,
             "lr %.9g/%.9g, eval_fraction %.17g/%.17g", (double)d.lr, (double)c.lr, d.eval_fraction,
             c.eval_fraction);
