@@ -273,6 +273,14 @@ Test(config, job_file_round_trip) {
   free(path);
 }
 
+/* text written as the job file path and loaded over the defaults into *c:
+ * config_load_file's code. */
+static int load_text(config_t *c, const char *path, const char *text) {
+  tu_write_file(path, text, strlen(text));
+  config_default(c);
+  return config_load_file(c, path);
+}
+
 Test(config, job_file_errors_name_file_and_key) {
   config_t c;
   config_default(&c);
@@ -309,18 +317,13 @@ Test(config, job_file_errors_name_file_and_key) {
  * is refused, not last-wins; a directory is not an empty job file. */
 Test(config, hand_written_job_files_are_read_as_meant) {
   config_t c;
-  config_default(&c);
   char *path = tu_path("hand.conf");
-  const char *indented = "[output]\n  save = out.weights\n\tsample_tokens = 40\n[train]\n    steps = 9\n";
-  tu_write_file(path, indented, strlen(indented));
-  cr_assert_eq(config_load_file(&c, path), 0, "%s", err_msg());
+  cr_assert_eq(load_text(&c, path, "[output]\n  save = out.weights\n\tsample_tokens = 40\n"
+                                   "[train]\n    steps = 9\n"), 0, "%s", err_msg());
   cr_assert_str_eq(c.save, "out.weights");
   cr_assert_eq(c.sample_tokens, 40);
   cr_assert_eq(c.steps, 9);
-  const char *twice = "[train]\nsteps = 5\nsteps = 7\n";
-  tu_write_file(path, twice, strlen(twice));
-  config_default(&c);
-  cr_assert_eq(config_load_file(&c, path), FSDP_EINVAL);
+  cr_assert_eq(load_text(&c, path, "[train]\nsteps = 5\nsteps = 7\n"), FSDP_EINVAL);
   cr_assert(strstr(err_msg(), "steps is set twice") && strstr(err_msg(), path), "%s", err_msg());
   config_default(&c);
   cr_assert_eq(config_load_file(&c, tu_tmpdir()), FSDP_EINVAL);
