@@ -58,7 +58,11 @@ int job_validate(const job_opt_t *opts, int n, int world, size_t device_bytes, c
       job_problem(&pr, err_set(FSDP_EINVAL, "option %d: no %s given; every option is key = "
                                "value", i, o->key ? "value" : "key"));
     else {
-      int rc = config_set_in(out, o->section, o->key, o->value);
+      int twice = 0; /* as fsdp-train refuses it in the rank's job file: say it at submit */
+      for (int k = 0; k < i && !twice; k++) twice = opts[k].key && !strcmp(opts[k].key, o->key);
+      int rc = twice ? err_set(FSDP_EINVAL, "%s is set twice; keep one line for it (a flag "
+                               "replaces the job file's)", o->key)
+                     : config_set_in(out, o->section, o->key, o->value);
       if (rc) job_problem(&pr, rc);
     }
   }

@@ -573,6 +573,11 @@ static int rk_write_job(rank_t *rk, const char *path) {
     for (size_t i = 0; i < sp->n_options; i++) {
       const Fsdp__V1__Option *o = sp->options[i];
       if ((pass == 0) != (o->section[0] == 0)) continue;
+      /* one line a key, the last (fsdp-train refuses a key set twice; a job
+       * submitted before the coordinator refused them may hold one) */
+      int later = 0;
+      for (size_t k = i + 1; k < sp->n_options && !later; k++) later = !strcmp(sp->options[k]->key, o->key);
+      if (later) continue;
       if (pass == 1 && strcmp(cur, o->section)) fprintf(f, "[%s]\n", cur = o->section);
       (void)ini_line_write(f, o->section, o->key, o->value); /* checked: rk_options_check */
     }

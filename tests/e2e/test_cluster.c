@@ -60,11 +60,24 @@ static void teardown(void) {
 TestSuite(cluster, .init = setup, .fini = teardown, .timeout = 120);
 
 /* A job file of the tiny model on the test's data; more lines in extra. */
+/* 1 when text has a line setting key. */
+static int sets_key(const char *text, const char *key) {
+  const size_t n = strlen(key);
+  for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+    if (!strncmp(p, key, n) && (p[n] == ' ' || p[n] == '=')) return 1;
+  return 0;
+}
+
 static char *job_file(const char *name, const char *extra) {
-  char text[2048];
-  snprintf(text, sizeof text,
-           "[model]\nmodel = tiny\n[data]\ndata = %s\n[train]\nbatch = 2\nseq_len = 32\n"
-           "eval_every = 0\n%s\n", data, extra);
+  char text[2048], train[128] = "";
+  /* the defaults below, but for those extra sets (a key set twice is refused) */
+  static const char *const keys[] = {"batch", "seq_len", "eval_every"};
+  static const char *const vals[] = {"2", "32", "0"};
+  for (int i = 0; i < 3; i++)
+    if (!sets_key(extra, keys[i]))
+      snprintf(train + strlen(train), sizeof train - strlen(train), "%s = %s\n", keys[i], vals[i]);
+  snprintf(text, sizeof text, "%s[data]\ndata = %s\n[train]\n%s%s\n",
+           sets_key(extra, "model") ? "" : "[model]\nmodel = tiny\n", data, train, extra);
   char *p = tu_path(name);
   tu_write_file(p, text, strlen(text));
   return p;

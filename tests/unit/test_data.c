@@ -347,7 +347,7 @@ Test(data, too_few_windows_for_batch) {
   data_pos_t pos = {0, 0};
   cr_assert_eq(data_next_batch(d, &pos, 1, 4, 8, in, tg), FSDP_EINVAL);
   assert_msg_has(p);
-  assert_msg_has("batch 4");
+  assert_msg_has("global batch of 4 (batch x ranks)");
   assert_msg_has("holds 3");
   cr_assert_eq(data_next_batch(d, &pos, 1, 3, 8, in, tg), FSDP_OK, "%s", err_msg());
   data_close(d);

@@ -53,6 +53,8 @@ static const bad_spec_t bad_specs[] = {
     {"warmup above steps", {DATA, {NULL, "steps", "5"}, {NULL, "warmup_steps", "6"}}, 1,
      FSDP_EINVAL, "warmup_steps"},
     {"no ranks", {DATA}, 0, FSDP_EINVAL, "world"},
+    {"a key set twice", {DATA, {"train", "steps", "5"}, {"train", "steps", "7"}}, 1, FSDP_EINVAL,
+     "steps is set twice"},
     {"NO_SHARD on a 1x2 mesh", {DATA, {NULL, "strategy", "NO_SHARD"}, {NULL, "mesh", "1x2"}}, 2,
      FSDP_EINVAL, "mesh"},
 };
