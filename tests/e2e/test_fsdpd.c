@@ -548,13 +548,17 @@ static char *job_plan_env[4];
 static void queue_job_prompt(const char *job, int world, int steps, const char *prompt) {
   char vsteps[32];
   snprintf(vsteps, sizeof vsteps, "%d", steps);
-  Fsdp__V1__Option o[8];
-  Fsdp__V1__Option *po[8];
-  const char *kv[8][3] = {{"model", "model", "tiny"}, {"train", "steps", vsteps},
+  Fsdp__V1__Option o[9];
+  Fsdp__V1__Option *po[9];
+  /* steps twice, as a spec stored before the coordinator refused that may
+   * hold it: the rank's job file takes the last alone (fsdp-train refuses a
+   * key set twice), so every job here runs its steps, not 1 */
+  const char *kv[9][3] = {{"train", "steps", "1"},     {"model", "model", "tiny"},
+                          {"train", "steps", vsteps},
                           {"train", "batch", "2"},     {"train", "seq_len", "32"},
                           {"optim", "warmup_steps", "1"}, {"data", "data", tokens},
                           {"", "eval_fraction", "0.1"}, {"output", "sample_prompt", prompt}};
-  const int nopt = prompt ? 8 : 7;
+  const int nopt = prompt ? 9 : 8;
   for (int i = 0; i < nopt; i++) {
     fsdp__v1__option__init(&o[i]);
     o[i].section = (char *)kv[i][0];
