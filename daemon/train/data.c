@@ -67,6 +67,7 @@ struct data {
   size_t win_cap;      /* tokens win holds */
   size_t n;            /* tokens in the file */
   size_t eval_start;   /* first token of the held-out part (n when there is none) */
+  int made_vocab;      /* header[3]: the vocabulary the ids were made for (0: not said) */
   uint64_t sum;        /* XXH64 (seed 0) of the token bytes, as open read them */
   struct timespec mtime; /* the file's modification time at open: a write since changes it */
   /* permutation of the training windows for (perm_seed, perm_epoch, perm_n) */
@@ -215,7 +216,11 @@ int data_open(data_t **out, const char *path, int vocab, double eval_fraction, i
   if ((rc = data__read_all(fd, hdr, sizeof hdr, 0, path, DATA_ENDED_AT_OPEN)) != FSDP_OK) goto out;
   int32_t magic = (int32_t)data__le32(hdr), version = (int32_t)data__le32(hdr + 4);
   int32_t count = (int32_t)data__le32(hdr + 8);
-  /* header[3..255] are reserved: not checked, as llm.c does not check them */
+  /* header[3]: the vocabulary the ids were made for, advice only (llm.c's
+   * files hold 0 there: not said; a value no vocabulary has is ignored);
+   * header[4..255] are reserved: not checked, as llm.c does not check them */
+  const uint32_t made = data__le32(hdr + 12);
+  d->made_vocab = made <= DATA_VOCAB_MAX ? (int)made : 0;
   if (magic != DATA_MAGIC) {
     rc = err_set(FSDP_EFORMAT,
                  "token file %s: not a token file (magic number %d at byte 0, expected %d); "
@@ -321,6 +326,7 @@ size_t data_num_tokens(const data_t *d) { return d->n; }
 size_t data_num_train_tokens(const data_t *d) { return d->eval_start; }
 size_t data_num_eval_tokens(const data_t *d) { return d->n - d->eval_start; }
 uint64_t data_sum(const data_t *d) { return d->sum; }
+int data_made_vocab(const data_t *d) { return d->made_vocab; }
 
 /* ---- batches ---- */
 
@@ -540,7 +546,11 @@ static int data__sync_dir(const char *path) {
 }
 
 int data_write(const char *path, const uint16_t *tokens, size_t n) {
-  FSDP_ASSERT(path && (tokens || n == 0));
+  return data_write_for(path, tokens, n, 0);
+}
+
+int data_write_for(const char *path, const uint16_t *tokens, size_t n, int vocab) {
+  FSDP_ASSERT(path && (tokens || n == 0) && vocab >= 0 && vocab <= DATA_VOCAB_MAX);
   if (n > (size_t)INT32_MAX)
     return err_set(FSDP_ERANGE,
                    "token file %s: %zu tokens do not fit the header's int32 count (at most %d): "
@@ -573,6 +583,7 @@ int data_write(const char *path, const uint16_t *tokens, size_t n) {
   data__put_le32(buf, DATA_MAGIC);
   data__put_le32(buf + 4, DATA_VERSION);
   data__put_le32(buf + 8, (uint32_t)n);
+  data__put_le32(buf + 12, (uint32_t)vocab);
   if ((rc = data__write_all(fd, buf, DATA_HEADER_BYTES, tmp)) != FSDP_OK) goto out;
   /* little-endian whatever the host, through one 64 KiB buffer */
   for (size_t i = 0; i < n;) {

@@ -51,6 +51,9 @@ size_t data_num_eval_tokens(const data_t *d);
  * at open: which tokens a run trained on, so a resume knows the file that
  * wrote its checkpoint's data position from another one. */
 uint64_t data_sum(const data_t *d);
+/* The vocabulary the file says its ids were made for (fsdp-tokenize: 256,
+ * bytes); 0 when it does not say. */
+int data_made_vocab(const data_t *d);
 
 /* Whether batches of B windows of T tokens can be drawn: the training
  * split holds B windows, and (eval set) the held-out split one evaluation
@@ -75,7 +78,11 @@ int data_eval_batch(data_t *d, size_t k, int B, int T, int32_t *inputs, int32_t 
 int data_eval_rows(data_t *d, size_t k, int B, int T, int first, int count, int32_t *inputs,
                    int32_t *targets);
 
-/* Writes a token file: temporary name, fsync, rename. Ids must fit in uint16. */
+/* Writes a token file: temporary name, fsync, rename. Ids must fit in uint16.
+ * data_write_for also records the vocabulary the ids were made for (header[3];
+ * 0: not said, as data_write and llm.c's files). */
+#define DATA_VOCAB_MAX 65536
 int data_write(const char *path, const uint16_t *tokens, size_t n);
+int data_write_for(const char *path, const uint16_t *tokens, size_t n, int vocab);
 
 #endif

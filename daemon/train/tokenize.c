@@ -124,7 +124,7 @@ int main(int argc, char **argv) {
     rc = err_set(FSDP_EINVAL,
                  "the input (%d file%s) holds no bytes: nothing to train on; %s not written",
                  nfiles, nfiles == 1 ? "" : "s", out);
-  if (rc == FSDP_OK) rc = data_write(out, b.ids, b.n);
+  if (rc == FSDP_OK) rc = data_write_for(out, b.ids, b.n, 256); /* bytes */
   free(b.ids);
   if (rc != FSDP_OK) {
     fprintf(stderr, "fsdp-tokenize: %s\n", err_msg());

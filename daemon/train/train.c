@@ -633,6 +633,15 @@ int train_open(train_t **out, const config_t *c, const train_opts_t *o) {
       (rc = data_check_batch(t->data, c->batch * t->boot.world, c->seq_len, c->eval_fraction > 0)) ||
       (rc = train_same_data(t)))
     goto fail;
+  if (t->opts.out && data_made_vocab(t->data) && data_made_vocab(t->data) != c->gpt.vocab)
+    fprintf(t->opts.out, "train: note: %s was made for a vocabulary of %d%s, the model has %d: "
+            "%s; set vocab = %d, or make the token file for this model\n", c->data,
+            data_made_vocab(t->data), data_made_vocab(t->data) == 256 ? " (bytes: fsdp-tokenize)" : "",
+            c->gpt.vocab,
+            data_made_vocab(t->data) < c->gpt.vocab
+                ? "the ids past it never occur, and their rows of the embedding only decay"
+                : "such files may hold ids the model cannot take (this one's all fit)",
+            data_made_vocab(t->data));
   if (c->checkpoint_dir[0] && (rc = train_run_id(t))) goto fail;
   if ((c->resume_from[0] || c->checkpoint_dir[0]) && (rc = train_resume(t)))
     goto fail;

@@ -818,3 +818,39 @@ Test(data, failed_write_keeps_the_old_file) {
   cr_assert_not(dir_has(tu_tmpdir(), ".tmp."), "temporary file left behind");
   free(p);
 }
+
+/* header[3] says what vocabulary the ids were made for: fsdp-tokenize's
+ * bytes are 256; data_write (and llm.c) leave 0, not said; a value no
+ * vocabulary has is taken as not said. */
+Test(data, a_token_file_says_the_vocabulary_its_ids_were_made_for) {
+  uint16_t tok[64];
+  for (int i = 0; i < 64; i++) tok[i] = (uint16_t)(i * 3 % 200);
+  char *p = tu_path("made.bin");
+  data_t *d = NULL;
+  cr_assert_eq(data_write_for(p, tok, 64, 256), FSDP_OK, "%s", err_msg());
+  cr_assert_eq(data_open(&d, p, 512, 0, 8), FSDP_OK, "%s", err_msg());
+  cr_assert_eq(data_made_vocab(d), 256);
+  data_close(d);
+  cr_assert_eq(data_write(p, tok, 64), FSDP_OK, "%s", err_msg());
+  cr_assert_eq(data_open(&d, p, 512, 0, 8), FSDP_OK, "%s", err_msg());
+  cr_assert_eq(data_made_vocab(d), 0);
+  data_close(d);
+  FILE *f = fopen(p, "r+b"); /* an absurd header[3] */
+  cr_assert_not_null(f);
+  const uint8_t big[4] = {0xff, 0xff, 0xff, 0x7f};
+  cr_assert_eq(fseek(f, 12, SEEK_SET), 0);
+  cr_assert_eq(fwrite(big, 1, 4, f), 4);
+  fclose(f);
+  cr_assert_eq(data_open(&d, p, 512, 0, 8), FSDP_OK, "%s", err_msg());
+  cr_assert_eq(data_made_vocab(d), 0);
+  data_close(d);
+  /* fsdp-tokenize records bytes */
+  char *txt = tu_path("made.txt"), args[8300], out[4096];
+  tu_write_file(txt, "hello, token file\n", 18);
+  snprintf(args, sizeof args, "-o %s %s", p, txt);
+  cr_assert_eq(tu_run_bin("fsdp-tokenize", args, out, sizeof out), 0, "%s", out);
+  cr_assert_eq(data_open(&d, p, 256, 0, 8), FSDP_OK, "%s", err_msg());
+  cr_assert_eq(data_made_vocab(d), 256);
+  data_close(d);
+  free(p), free(txt);
+}

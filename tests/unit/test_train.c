@@ -818,3 +818,23 @@ Test(train, a_text_prompt_a_token_vocabulary_cannot_read_is_said) {
   cr_assert_null(strstr(out, "sample_prompt is text"), "no prompt given, none to speak of:\n%s", out);
   free(data);
 }
+
+/* A token file made for another vocabulary than the model's (bytes, 256,
+ * under a vocab-512 model) is said at start, with the fix; the same
+ * vocabulary, or a file that does not say, is quiet. */
+Test(train, a_token_file_made_for_another_vocabulary_is_said) {
+  uint16_t *tok = malloc(20000 * sizeof *tok);
+  cr_assert_not_null(tok);
+  for (int i = 0; i < 20000; i++) tok[i] = (uint16_t)(i * 7 % 256);
+  char *p = tu_path("bytes256.bin"), args[4200], out[65536];
+  cr_assert_eq(data_write_for(p, tok, 20000, 256), 0, "%s", err_msg());
+  const char *want = "was made for a vocabulary of 256 (bytes: fsdp-tokenize), the model has 512";
+  for (int k = 0; k < 3; k++) {
+    if (k == 2) cr_assert_eq(data_write(p, tok, 20000), 0, "%s", err_msg()); /* not said */
+    snprintf(args, sizeof args, "--model tiny --vocab %d --seq_len 32 --data %s --steps 1 "
+             "--eval_batches 1 --sample_tokens 0", k == 1 ? 256 : 512, p);
+    cr_assert_eq(run_cmd(args, out, sizeof out), 0, "%s", out);
+    cr_assert_eq(strstr(out, want) != NULL, k == 0, "case %d:\n%s", k, out);
+  }
+  free(tok), free(p);
+}
