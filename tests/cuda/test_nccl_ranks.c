@@ -181,9 +181,10 @@ static int run_ranks(const char *name, int n, child_fn fn, shared_t *sh, double 
   return ok ? 0 : -1;
 }
 
-static comm_t *make(int rank, int n, shared_t *sh, int64_t timeout_ms) {
+/* A world whose ops order after work on `stream` (NULL: the legacy one). */
+static comm_t *make_on(int rank, int n, shared_t *sh, int64_t timeout_ms, cudaStream_t stream) {
   comm_nccl_opts_t o = {.rank = rank, .size = n, .id = sh->id, .name = "world",
-                        .timeout_ms = timeout_ms, .stream = NULL};
+                        .timeout_ms = timeout_ms, .stream = stream};
   comm_t *c = NULL;
   if (comm_nccl_create(&o, &c) < 0) {
     child_fail(sh, rank, "create: %s", err_msg());
@@ -195,6 +196,10 @@ static comm_t *make(int rank, int n, shared_t *sh, int64_t timeout_ms) {
     return NULL;
   }
   return c;
+}
+
+static comm_t *make(int rank, int n, shared_t *sh, int64_t timeout_ms) {
+  return make_on(rank, n, sh, timeout_ms, NULL);
 }
 
 /* ---- deterministic inputs, float64 references (tests/unit/comm_ref.h) --- */
@@ -331,6 +336,57 @@ static int child_ops(int rank, int N, shared_t *sh) {
   }
   comm_destroy(c);
   return 0;
+}
+
+/* ---- stream order ----------------------------------------------------------- */
+
+/* On a compute stream of the rank's own (as the kernels' is): rank + 1 copied
+ * into 64 floats (from page-locked memory: the copy reads it when it runs),
+ * summed over the world, copied back on the same stream. Each rank's first
+ * element of the result goes to sh->s[rank].ms. Right only when the op waits
+ * for the copy queued before it, and the copy back for the op: on the
+ * emulator's deferred streams (CUDA_EMU_STREAMS=deferred), which run work
+ * no event orders as late as it can, a missing cudaStreamWaitEvent gives
+ * the wrong sum; on synchronous streams every order is right. */
+static int child_stream_order(int rank, int N, shared_t *sh) {
+  cudaStream_t cs;
+  float *d = NULL, *pin = NULL, out[64];
+  if (cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking) != cudaSuccess ||
+      cudaMalloc((void **)&d, sizeof out) != cudaSuccess ||
+      cudaHostAlloc((void **)&pin, sizeof out, cudaHostAllocDefault) != cudaSuccess)
+    return child_fail(sh, rank, "stream order: a stream or buffers");
+  comm_t *c = make_on(rank, N, sh, 20000, cs);
+  if (!c) return 1;
+  memset(out, 0, sizeof out);
+  cudaMemcpy(d, out, sizeof out, cudaMemcpyHostToDevice); /* zeros, done */
+  for (int i = 0; i < 64; i++) pin[i] = (float)(rank + 1);
+  int rc = cudaMemcpyAsync(d, pin, sizeof out, cudaMemcpyHostToDevice, cs) == cudaSuccess ? 0 : -1;
+  if (rc == 0) rc = comm_all_reduce(c, d, d, 64, COMM_F32, COMM_SUM);
+  if (rc == 0 && cudaMemcpyAsync(out, d, sizeof out, cudaMemcpyDeviceToHost, cs) != cudaSuccess)
+    rc = -1;
+  if (rc == 0 && cudaStreamSynchronize(cs) != cudaSuccess) rc = -1;
+  if (rc < 0) return child_fail(sh, rank, "stream order: %s", err_msg());
+  sh->s[rank].ms = out[0];
+  for (int i = 1; i < 64; i++)
+    if (out[i] != out[0]) return child_fail(sh, rank, "stream order: element %d differs", i);
+  comm_destroy(c);
+  cudaFree(d);
+  cudaFreeHost(pin);
+  cudaStreamDestroy(cs);
+  return 0;
+}
+
+/* The sums child_stream_order's ranks saw, each against N (N + 1) / 2:
+ * how many ranks saw it (-1: a rank failed). */
+static int stream_order_right(int N, const char *drop) {
+  if (drop) setenv("CUDA_EMU_DROP_WAITS", drop, 1);
+  shared_t *sh = shared_new();
+  const int rc = run_ranks("stream order", N, child_stream_order, sh, 60, -1);
+  unsetenv("CUDA_EMU_DROP_WAITS");
+  int right = 0;
+  for (int r = 0; r < N; r++) right += sh->s[r].ms == N * (N + 1) / 2.0;
+  munmap(sh, sizeof *sh);
+  return rc < 0 ? -1 : right;
 }
 
 /* ---- split ---------------------------------------------------------------- */
@@ -662,6 +718,25 @@ int main(void) {
     check(rc == 0, "%s: every op, dtype, reduction and count (%.1f s)", name,
           (now_ms() - t0) / 1e3);
     munmap(sh, sizeof *sh);
+  }
+
+  {
+    const char *streams = getenv("CUDA_EMU_STREAMS");
+    const int deferred = streams && !strcmp(streams, "deferred");
+    const int right = stream_order_right(3, NULL);
+    check(right == 3, "stream order: an op after the copy queued before it on the compute "
+          "stream, the copy back after the op: %d of 3 ranks summed right (%s streams)", right,
+          deferred ? "deferred" : "synchronous");
+    if (deferred) {
+      /* the check's teeth: without the waits the same ranks sum wrong */
+      const int wrong = stream_order_right(3, "1");
+      check(wrong == 0, "stream order with cudaStreamWaitEvent dropped (CUDA_EMU_DROP_WAITS=1): "
+            "%d of 3 ranks summed right (0 wanted: the deferred streams show a missing wait)",
+            wrong);
+    } else {
+      printf("stream order with the waits dropped: only on deferred streams "
+             "(CUDA_EMU_STREAMS=deferred): skipped\n");
+    }
   }
 
   {

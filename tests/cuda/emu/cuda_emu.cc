@@ -36,14 +36,17 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 #include <oneapi/dnnl/dnnl.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <string>
@@ -446,15 +449,16 @@ static bool emu_is_device(const void *p, size_t n) {
 
 bool emu::device_range(const void *p, size_t n) { return emu_is_device(p, n); }
 
-void emu::cfg::run(const void *kernel, const char *name, body_fn b, void *ctx) const {
+void emu::launch(const cfg &c, const void *kernel, const char *name, std::function<void()> grid) {
   emu_ctx(name);
+  const dim3 block = c.block, grid_ = c.grid;
   const unsigned long long nt = (unsigned long long)block.x * block.y * block.z;
-  if (!nt || nt > 1024 || block.z > 64 || !grid.x || !grid.y || !grid.z || grid.y > 65535 ||
-      grid.z > 65535 || grid.x > 2147483647u) {
+  if (!nt || nt > 1024 || block.z > 64 || !grid_.x || !grid_.y || !grid_.z || grid_.y > 65535 ||
+      grid_.z > 65535 || grid_.x > 2147483647u) {
     fprintf(stderr,
             "cuda_emu: launch of %s with grid (%u, %u, %u), block (%u, %u, %u): "
             "invalid configuration\n",
-            name, grid.x, grid.y, grid.z, block.x, block.y, block.z);
+            name, grid_.x, grid_.y, grid_.z, block.x, block.y, block.z);
     emu_err(cudaErrorInvalidConfiguration);
     return;
   }
@@ -464,14 +468,25 @@ void emu::cfg::run(const void *kernel, const char *name, body_fn b, void *ctx) c
     auto a = emu_smem_allowed.find(kernel);
     if (a != emu_smem_allowed.end()) allowed = (size_t)a->second;
   }
-  if (smem > allowed) {
+  if (c.smem > allowed) {
     fprintf(stderr,
             "cuda_emu: launch of %s asks for %zu bytes of dynamic shared memory, "
             "%zu allowed (cudaFuncSetAttribute)\n",
-            name, smem, allowed);
+            name, c.smem, allowed);
     emu_err(cudaErrorInvalidValue);
     return;
   }
+  {
+    std::lock_guard<std::mutex> g(emu_mu);
+    emu_launches[name]++;
+  }
+  emu::enqueue(c.stream, [grid]() {
+    grid();
+    return true;
+  });
+}
+
+void emu::run_grid(const cfg &c, const char *name, body_fn b, void *ctx) {
   if (emu::random_order < 0) {
     const char *o = getenv("CUDA_EMU_ORDER");
     if (o && *o && strcmp(o, "forward") && strcmp(o, "random")) {
@@ -481,23 +496,20 @@ void emu::cfg::run(const void *kernel, const char *name, body_fn b, void *ctx) c
     emu::random_order = o && !strcmp(o, "random");
     emu::rng = emu_env_size("CUDA_EMU_SEED", 1);
   }
-  emu::fibers_reserve((int)nt);
-  emu::smem_prepare(smem);
+  const int nt = (int)(c.block.x * c.block.y * c.block.z);
+  emu::fibers_reserve(nt);
+  emu::smem_prepare(c.smem);
   emu::body = b;
   emu::body_ctx = ctx;
   emu::kernel_name = name;
-  {
-    std::lock_guard<std::mutex> g(emu_mu);
-    emu_launches[name]++;
-  }
-  emu::nthreads = (int)nt;
-  emu::grid_dim = grid;
-  emu::block_dim = block;
-  for (unsigned z = 0; z < grid.z; z++)
-    for (unsigned y = 0; y < grid.y; y++)
-      for (unsigned x = 0; x < grid.x; x++) {
+  emu::nthreads = nt;
+  emu::grid_dim = c.grid;
+  emu::block_dim = c.block;
+  for (unsigned z = 0; z < c.grid.z; z++)
+    for (unsigned y = 0; y < c.grid.y; y++)
+      for (unsigned x = 0; x < c.grid.x; x++) {
         emu::block_idx = make_uint3(x, y, z);
-        emu::run_block((int)nt);
+        emu::run_block(nt);
       }
   emu::smem_bytes = 0;
 }
@@ -518,6 +530,139 @@ extern "C" unsigned long cuda_emu_waits(const char *name) {
   std::lock_guard<std::mutex> g(emu_mu);
   auto it = emu_waits.find(name);
   return it == emu_waits.end() ? 0 : it->second;
+}
+
+/* ---- streams ---------------------------------------------------------------
+ * CUDA_EMU_STREAMS=sync (the default): a call on a stream does its work
+ * before it returns, so every stream and event is always done.
+ *
+ * CUDA_EMU_STREAMS=deferred: a call on a stream queues its work, as a GPU's
+ * does, and queued work runs only when the host needs it done, and then only
+ * the work it needs: a synchronization runs its stream (cudaStreamSynchronize,
+ * a copy to pageable memory), its event's stream up to the event
+ * (cudaEventSynchronize, and cudaEventQuery, which answers cudaErrorNotReady
+ * when that work cannot finish yet: a collective waiting for its peers), or
+ * every stream (cudaDeviceSynchronize, cudaFree, cudaStreamDestroy's stream);
+ * a stream's work behind a cudaStreamWaitEvent runs the event's stream up to
+ * the event first. Work no wait orders stays queued as long as it can, and
+ * the device's synchronization runs the streams whose last work came latest
+ * first. So a reader that misses a wait runs before the work that writes
+ * what it reads, and work that should wait before it overwrites a buffer
+ * runs before the reader still queued ahead of it on another stream: the
+ * results come out wrong, where the synchronous streams hide both.
+ * CUDA_EMU_DROP_WAITS=1 makes cudaStreamWaitEvent do nothing (read at each
+ * call), for the test that shows the deferred streams catch a missing wait.
+ *
+ * Host memory a queued copy reads or writes: from pageable memory the bytes
+ * are taken at the call (CUDA stages them before it returns); to pageable
+ * memory the call waits for its stream and copies (CUDA returns once the
+ * copy is done); page-locked memory (cudaHostRegister) is read or written
+ * when the copy runs, as a GPU's DMA does. cudaFreeAsync gives a block back
+ * to its pool at the call (stream-ordered reuse), its memory once the stream
+ * reaches the free. The legacy default stream does not wait for the others,
+ * as the non-blocking streams the backend makes behave. */
+namespace {
+
+struct emu_stream;
+struct emu_step {
+  std::function<bool()> run; /* the work; or, when null, a wait: */
+  emu_stream *on = nullptr;  /* the stream a cudaStreamWaitEvent waits for */
+  uint64_t upto = 0;         /* until it has done this many steps */
+};
+struct emu_stream {
+  std::deque<emu_step> q;
+  uint64_t queued = 0, done = 0; /* steps ever queued, and done */
+  uint64_t last = 0;             /* when its last step was queued (emu_stamp) */
+};
+struct emu_event {
+  emu_stream *s = nullptr; /* the stream of its last record (none: done) */
+  uint64_t upto = 0;
+};
+
+std::mutex emu_q_mu; /* every stream's queue, and the work running */
+emu_stream emu_legacy; /* stream 0, cudaStreamLegacy, cudaStreamPerThread */
+std::vector<emu_stream *> emu_streams = {&emu_legacy}; /* kept: events may name them */
+uint64_t emu_stamp;
+int emu_deferred = -1;
+
+emu_stream *emu_sq(cudaStream_t s) {
+  return s == 0 || s == cudaStreamLegacy || s == cudaStreamPerThread ? &emu_legacy
+                                                                      : (emu_stream *)s;
+}
+
+/* Runs s's steps until it has done `upto` (emu_q_mu held); false when a step
+ * cannot finish yet. */
+bool emu_run_to(emu_stream *s, uint64_t upto) {
+  while (s->done < upto) {
+    emu_step &st = s->q.front();
+    if (st.run ? !st.run() : !emu_run_to(st.on, st.upto)) return false;
+    s->q.pop_front();
+    s->done++;
+  }
+  return true;
+}
+
+/* Every stream to its end, the one whose last step came latest first. */
+bool emu_run_all(void) {
+  std::vector<emu_stream *> order(emu_streams);
+  std::sort(order.begin(), order.end(),
+            [](const emu_stream *a, const emu_stream *b) { return a->last > b->last; });
+  bool all = true;
+  for (emu_stream *s : order) all &= emu_run_to(s, s->queued);
+  return all;
+}
+
+/* Waits, as the host does, until s (NULL: every stream) has done upto steps:
+ * tries again while a step cannot finish (its peers run in other processes
+ * or threads, which need emu_q_mu between tries). */
+void emu_finish(emu_stream *s, uint64_t upto) {
+  if (!emu::deferred()) return;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> g(emu_q_mu);
+      if (s ? emu_run_to(s, upto) : emu_run_all()) return;
+    }
+    const struct timespec ts = {0, 20000};
+    nanosleep(&ts, nullptr);
+  }
+}
+
+void emu_finish_stream(cudaStream_t s) {
+  emu_stream *q = emu_sq(s);
+  uint64_t upto;
+  {
+    std::lock_guard<std::mutex> g(emu_q_mu);
+    upto = q->queued;
+  }
+  emu_finish(q, upto);
+}
+
+} /* namespace */
+
+bool emu::deferred(void) {
+  if (emu_deferred < 0) {
+    const char *v = getenv("CUDA_EMU_STREAMS");
+    if (v && *v && strcmp(v, "sync") && strcmp(v, "deferred")) {
+      fprintf(stderr, "cuda_emu: CUDA_EMU_STREAMS=%s: use sync or deferred\n", v);
+      exit(2);
+    }
+    emu_deferred = v && !strcmp(v, "deferred");
+  }
+  return emu_deferred;
+}
+
+std::mutex &emu::stream_mu(void) { return emu_q_mu; }
+
+void emu::enqueue(cudaStream_t s, std::function<bool()> step) {
+  if (!emu::deferred()) {
+    while (!step()) sched_yield();
+    return;
+  }
+  std::lock_guard<std::mutex> g(emu_q_mu);
+  emu_stream *q = emu_sq(s);
+  q->q.push_back(emu_step{std::move(step)});
+  q->queued++;
+  q->last = ++emu_stamp;
 }
 
 /* ---- the CUDA runtime ---------------------------------------------------- */
@@ -652,8 +797,9 @@ cudaError_t cudaMalloc(void **p, size_t n) {
   return emu_alloc(p, n, block, false);
 }
 
-/* Frees p (emu_mu held): a pooled block goes idle in its pool. */
-static cudaError_t emu_free(void *p) {
+/* Frees p (emu_mu held): a pooled block goes idle in its pool. Its host
+ * memory goes now, or, with release false, by the caller's free(p) later. */
+static cudaError_t emu_free(void *p, bool release = true) {
   auto it = emu_allocs.find((uintptr_t)p);
   if (it == emu_allocs.end()) return emu_err(cudaErrorInvalidValue);
   auto pooled = emu_pooled.find((uintptr_t)p);
@@ -665,28 +811,32 @@ static cudaError_t emu_free(void *p) {
     emu_allocated -= emu_round(it->second);
   }
   emu_allocs.erase(it);
-  free(p);
+  if (release) free(p);
   return cudaSuccess;
 }
 
 cudaError_t cudaFree(void *p) {
   emu_ctx("cudaFree");
+  emu_finish(nullptr, 0); /* it waits for the device */
   std::lock_guard<std::mutex> g(emu_mu);
   emu_waits["cudaFree"]++; /* it waits for the device, even for NULL */
   return p ? emu_free(p) : cudaSuccess;
 }
 
-cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t) {
+cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s) {
   if (!emu_is_device(p, n)) {
     fprintf(stderr, "cuda_emu: cudaMemsetAsync(%p, %zu bytes): not device memory\n", p, n);
     return emu_err(cudaErrorInvalidValue);
   }
-  memset(p, v, n);
+  emu::enqueue(s, [p, v, n]() {
+    memset(p, v, n);
+    return true;
+  });
   return cudaSuccess;
 }
 
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind,
-                            cudaStream_t) {
+                            cudaStream_t s) {
   const bool dd = emu_is_device(dst, n), sd = emu_is_device(src, n);
   const bool ok = kind == cudaMemcpyDefault || (kind == cudaMemcpyHostToDevice && dd && !sd) ||
                   (kind == cudaMemcpyDeviceToHost && !dd && sd) ||
@@ -699,18 +849,43 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind
             dst, src, n, (int)kind);
     return emu_err(cudaErrorInvalidValue);
   }
-  if (n) memmove(dst, src, n);
+  if (!n) return cudaSuccess;
+  bool dl, sl; /* page-locked host memory */
+  {
+    std::lock_guard<std::mutex> g(emu_mu);
+    dl = emu_within(emu_registered, dst, n), sl = emu_within(emu_registered, src, n);
+  }
+  if (!dd && !dl) { /* to pageable memory: done when the call returns */
+    emu_finish_stream(s);
+    memmove(dst, src, n);
+  } else if (!sd && !sl) { /* from pageable memory: its bytes as they are now */
+    auto copy = std::make_shared<std::vector<unsigned char>>((const unsigned char *)src,
+                                                            (const unsigned char *)src + n);
+    emu::enqueue(s, [dst, copy]() {
+      memcpy(dst, copy->data(), copy->size());
+      return true;
+    });
+  } else {
+    emu::enqueue(s, [dst, src, n]() {
+      memmove(dst, src, n);
+      return true;
+    });
+  }
   return cudaSuccess;
 }
 
+/* On the legacy default stream, and done when it returns. */
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind) {
   emu_ctx("cudaMemcpy");
   emu_synced("cudaMemcpy");
-  return cudaMemcpyAsync(dst, src, n, kind, 0);
+  const cudaError_t e = cudaMemcpyAsync(dst, src, n, kind, 0);
+  emu_finish_stream(0);
+  return e;
 }
 
-/* ---- stream-ordered memory: the work before a free is done at once here,
- * so a block is free for reuse as soon as cudaFreeAsync returns */
+/* ---- stream-ordered memory: a block freed is free for reuse as soon as
+ * cudaFreeAsync returns (its host memory goes when the stream reaches the
+ * free: CUDA_EMU_STREAMS above) */
 
 cudaError_t cudaMemPoolCreate(cudaMemPool_t *pool, const cudaMemPoolProps *props) {
   int n;
@@ -797,9 +972,21 @@ cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t) {
   return emu_pool_alloc(p, n, &emu_default_pool);
 }
 
-cudaError_t cudaFreeAsync(void *p, cudaStream_t) {
-  std::lock_guard<std::mutex> g(emu_mu);
-  return emu_free(p);
+cudaError_t cudaFreeAsync(void *p, cudaStream_t s) {
+  if (!emu::deferred()) {
+    std::lock_guard<std::mutex> g(emu_mu);
+    return emu_free(p);
+  }
+  {
+    std::lock_guard<std::mutex> g(emu_mu);
+    const cudaError_t e = emu_free(p, false);
+    if (e != cudaSuccess) return e;
+  }
+  emu::enqueue(s, [p]() {
+    free(p);
+    return true;
+  });
+  return cudaSuccess;
 }
 
 cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags) {
@@ -840,51 +1027,82 @@ cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total) {
   return cudaSuccess;
 }
 
-/* Events: a stream's work is done when it is queued, so is every event. */
+/* Events and streams (CUDA_EMU_STREAMS above). */
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) {
   emu_ctx("cudaEventCreateWithFlags");
-  *e = (cudaEvent_t)malloc(1);
+  *e = (cudaEvent_t) new (std::nothrow) emu_event;
   return *e ? cudaSuccess : emu_err(cudaErrorMemoryAllocation);
 }
 cudaError_t cudaEventCreate(cudaEvent_t *e) { return cudaEventCreateWithFlags(e, 0); }
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
-  free(e);
+  std::lock_guard<std::mutex> g(emu_q_mu);
+  delete (emu_event *)e;
   return cudaSuccess;
 }
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
-  return e ? cudaSuccess : emu_err(cudaErrorInvalidResourceHandle);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  if (!e) return emu_err(cudaErrorInvalidResourceHandle);
+  std::lock_guard<std::mutex> g(emu_q_mu);
+  emu_event *ev = (emu_event *)e;
+  ev->s = emu_sq(s);
+  ev->upto = ev->s->queued;
+  return cudaSuccess;
 }
+/* Runs what the event waits for as far as it can go. */
 cudaError_t cudaEventQuery(cudaEvent_t e) {
-  return e ? cudaSuccess : emu_err(cudaErrorInvalidResourceHandle);
+  if (!e) return emu_err(cudaErrorInvalidResourceHandle);
+  std::lock_guard<std::mutex> g(emu_q_mu);
+  const emu_event *ev = (const emu_event *)e;
+  return !ev->s || emu_run_to(ev->s, ev->upto) ? cudaSuccess : cudaErrorNotReady;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  if (!e) return emu_err(cudaErrorInvalidResourceHandle);
   emu_synced("cudaEventSynchronize");
-  return cudaEventQuery(e);
+  emu_event ev;
+  {
+    std::lock_guard<std::mutex> g(emu_q_mu);
+    ev = *(const emu_event *)e;
+  }
+  if (ev.s) emu_finish(ev.s, ev.upto);
+  return cudaSuccess;
 }
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t e, unsigned) {
-  return e ? cudaSuccess : emu_err(cudaErrorInvalidResourceHandle);
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
+  if (!e) return emu_err(cudaErrorInvalidResourceHandle);
+  if (!emu::deferred() || emu_env_size("CUDA_EMU_DROP_WAITS", 0)) return cudaSuccess;
+  std::lock_guard<std::mutex> g(emu_q_mu);
+  const emu_event *ev = (const emu_event *)e;
+  emu_stream *q = emu_sq(s);
+  if (ev->s && ev->s != q) {
+    q->q.push_back(emu_step{nullptr, ev->s, ev->upto});
+    q->queued++;
+  }
+  return cudaSuccess;
 }
 
-cudaError_t cudaStreamSynchronize(cudaStream_t) {
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   emu_synced("cudaStreamSynchronize");
+  emu_finish_stream(s);
   return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize(void) {
   emu_ctx("cudaDeviceSynchronize");
   emu_synced("cudaDeviceSynchronize");
+  emu_finish(nullptr, 0);
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned) {
   emu_ctx("cudaStreamCreateWithFlags");
-  *s = (cudaStream_t)malloc(1);
-  return *s ? cudaSuccess : emu_err(cudaErrorMemoryAllocation);
-}
-
-cudaError_t cudaStreamDestroy(cudaStream_t s) {
-  free(s);
+  emu_stream *q = new (std::nothrow) emu_stream;
+  if (!q) return emu_err(cudaErrorMemoryAllocation);
+  std::lock_guard<std::mutex> g(emu_q_mu);
+  emu_streams.push_back(q);
+  *s = (cudaStream_t)q;
   return cudaSuccess;
 }
+
+/* Its queued work still runs (at the device's next synchronization), as
+ * on a GPU; the stream stays, as events recorded on it may name it. */
+cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
 
 cudaError_t cudaHostRegister(void *p, size_t n, unsigned) {
   emu_ctx("cudaHostRegister");
@@ -1121,11 +1339,40 @@ static void emu_lt_operand(std::vector<float> &out, const void *p, const emu_lay
   }
 }
 
+/* The product itself, on the stream (what cublasLtMatmul checked). */
+static void emu_lt_run(const emu_desc *d, const emu_layout *a, const emu_layout *b,
+                       const emu_layout *c, const emu_layout *dl, float alpha, float bt,
+                       const void *A, const void *B, void *D, uint64_t M, uint64_t N, uint64_t K,
+                       size_t ea, bool bias) {
+  std::vector<float> ta, tb;
+  for (int32_t i = 0; i < c->batch; i++) {
+    if (!K) { /* no product: D = beta C, written even where beta is 0 (oneDNN leaves it) */
+      float *out = (float *)D + (size_t)i * dl->stride;
+      for (uint64_t n = 0; n < N; n++)
+        for (uint64_t m = 0; m < M; m++)
+          out[m + n * dl->ld] = bt == 0.0f ? 0.0f : bt * out[m + n * dl->ld];
+      continue;
+    }
+    emu_lt_operand(ta, (const char *)A + (size_t)i * a->stride * ea, a, d->compute);
+    emu_lt_operand(tb, (const char *)B + (size_t)i * b->stride * ea, b, d->compute);
+    float *out = (float *)D + (size_t)i * dl->stride;
+    /* column-major D (M x N, ld) is row-major D^T (N x M): D^T = op(B)^T op(A)^T */
+    if (dnnl_sgemm(d->transb == CUBLAS_OP_N ? 'N' : 'T', d->transa == CUBLAS_OP_N ? 'N' : 'T',
+                   (dnnl_dim_t)N, (dnnl_dim_t)M, (dnnl_dim_t)K, alpha, tb.data(),
+                   b->ld, ta.data(), a->ld, bt, out, dl->ld) != dnnl_success)
+      emu::fail("cublasLtMatmul: oneDNN's sgemm failed (%llu x %llu x %llu)",
+                (unsigned long long)M, (unsigned long long)N, (unsigned long long)K);
+    if (bias) /* added to the product as written: the CPU's two roundings */
+      for (uint64_t n = 0; n < N; n++)
+        for (uint64_t m = 0; m < M; m++) out[m + n * dl->ld] += d->bias[m];
+  }
+}
+
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const void *alpha,
                               const void *A, cublasLtMatrixLayout_t Al, const void *B,
                               cublasLtMatrixLayout_t Bl, const void *beta, const void *C,
                               cublasLtMatrixLayout_t Cl, void *D, cublasLtMatrixLayout_t Dl,
-                              const cublasLtMatmulAlgo_t *algo, void *, size_t, cudaStream_t) {
+                              const cublasLtMatmulAlgo_t *algo, void *, size_t, cudaStream_t stream) {
   const emu_desc *d = (const emu_desc *)desc;
   const emu_layout *a = (const emu_layout *)Al, *b = (const emu_layout *)Bl,
                    *c = (const emu_layout *)Cl, *dl = (const emu_layout *)Dl;
@@ -1158,28 +1405,15 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
             (const void *)d->bias, (unsigned long long)M);
     return CUBLAS_STATUS_INVALID_VALUE;
   }
-  std::vector<float> ta, tb;
-  const float bt = *(const float *)beta;
-  for (int32_t i = 0; i < c->batch; i++) {
-    if (!K) { /* no product: D = beta C, written even where beta is 0 (oneDNN leaves it) */
-      float *out = (float *)D + (size_t)i * dl->stride;
-      for (uint64_t n = 0; n < N; n++)
-        for (uint64_t m = 0; m < M; m++)
-          out[m + n * dl->ld] = bt == 0.0f ? 0.0f : bt * out[m + n * dl->ld];
-      continue;
-    }
-    emu_lt_operand(ta, (const char *)A + (size_t)i * a->stride * ea, a, d->compute);
-    emu_lt_operand(tb, (const char *)B + (size_t)i * b->stride * ea, b, d->compute);
-    float *out = (float *)D + (size_t)i * dl->stride;
-    /* column-major D (M x N, ld) is row-major D^T (N x M): D^T = op(B)^T op(A)^T */
-    if (dnnl_sgemm(d->transb == CUBLAS_OP_N ? 'N' : 'T', d->transa == CUBLAS_OP_N ? 'N' : 'T',
-                   (dnnl_dim_t)N, (dnnl_dim_t)M, (dnnl_dim_t)K, *(const float *)alpha, tb.data(),
-                   b->ld, ta.data(), a->ld, bt, out, dl->ld) != dnnl_success)
-      return CUBLAS_STATUS_EXECUTION_FAILED;
-    if (bias) /* added to the product as written: the CPU's two roundings */
-      for (uint64_t n = 0; n < N; n++)
-        for (uint64_t m = 0; m < M; m++) out[m + n * dl->ld] += d->bias[m];
-  }
+  /* what the call names, as it is now: alpha, beta and the descriptors are
+   * read at the call (the host may change them before the product runs) */
+  const float al = *(const float *)alpha, bt = *(const float *)beta;
+  const emu_desc dv = *d;
+  const emu_layout av = *a, bv = *b, cv = *c, dv_l = *dl;
+  emu::enqueue(stream, [=]() {
+    emu_lt_run(&dv, &av, &bv, &cv, &dv_l, al, bt, A, B, D, M, N, K, ea, bias);
+    return true;
+  });
   return CUBLAS_STATUS_SUCCESS;
 }
 

@@ -9,7 +9,8 @@
  * stream>>>(args)` becomes `emu::cfg(grid, block, smem, stream).k(k)(args)`,
  * and `extern __shared__ T name[];` a pointer to the launch's dynamic shared
  * memory. cuda_emu.cc holds the runtime: device memory is host memory, a
- * stream runs each call as it is made, and a launch runs each block in turn,
+ * stream runs each call as it is made (or queues it: CUDA_EMU_STREAMS), and a
+ * launch runs each block in turn,
  * each of its threads on its own small stack (a fiber), switching at
  * __syncthreads, __syncwarp, the warp shuffles and WMMA's mma_sync (the
  * order in which threads run between barriers: cuda_emu.cc). cuBLASLt's
@@ -27,8 +28,10 @@
  * page). What it cannot check: speed; a race between warps that only a
  * warp held elsewhere than at its first three __syncwarps would show (the
  * random order holds one there: cuda_emu.cc); static __shared__ arrays read before written (see __shared__ below);
- * the order of streams and events (every call is done when it returns, so a
- * missing cudaStreamWaitEvent passes); __launch_bounds__; and the GPU's own
+ * the order of streams and events by default (every call is done when it
+ * returns, so a missing cudaStreamWaitEvent passes; CUDA_EMU_STREAMS=deferred
+ * queues work and runs it only when waited for, latest first, which shows
+ * one: cuda_emu.cc); __launch_bounds__; and the GPU's own
  * rounding of expf and friends (glibc's here; kern_math.h's formulas are the
  * same bits on both).
  *
@@ -45,6 +48,9 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <tuple>
 #include <utility>
 
@@ -97,36 +103,59 @@ void *dyn_smem(void);
 bool device_range(const void *p, size_t n);
 [[noreturn]] void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-/* A launch's configuration; .k(kernel) binds the kernel, (args) runs it. */
 typedef void (*body_fn)(void *);
+struct cfg;
+/* A launch (cuda_emu.cc): the checks a GPU makes at the launch (a failure
+ * is the launch's error, cudaGetLastError), then `grid` on c's stream. */
+void launch(const cfg &c, const void *kernel, const char *name, std::function<void()> grid);
+/* Every block of a launch, one after another. */
+void run_grid(const cfg &c, const char *name, body_fn body, void *ctx);
+
+/* A launch's configuration; .k(kernel) binds the kernel, (args) launches it:
+ * the arguments are copied (as a GPU's launch copies them) into the work
+ * its stream runs (at once, or queued: CUDA_EMU_STREAMS, cuda_emu.cc). */
 struct cfg {
   dim3 grid, block;
   size_t smem;
   cudaStream_t stream;
   cfg(dim3 g, dim3 b, size_t s = 0, cudaStream_t st = 0) : grid(g), block(b), smem(s), stream(st) {}
-  void run(const void *kernel, const char *name, body_fn body, void *ctx) const; /* cuda_emu.cc */
   template <class... P> struct bound {
     const cfg *c;
     void (*f)(P...);
     const char *name;
     template <class... A> void operator()(A &&...a) const {
-      std::tuple<P...> args(static_cast<P>(a)...);
-      struct ctx_t {
-        void (*f)(P...);
-        std::tuple<P...> *args;
-      } ctx = {f, &args};
-      c->run((const void *)f, name,
-             [](void *p) {
-               ctx_t *x = (ctx_t *)p;
-               std::apply(x->f, *x->args); /* each thread gets its own copies */
-             },
-             &ctx);
+      auto args = std::make_shared<std::tuple<P...>>(static_cast<P>(a)...);
+      void (*fn)(P...) = f;
+      const cfg cc = *c;
+      const char *nm = name;
+      launch(cc, (const void *)f, name, [fn, args, cc, nm]() {
+        struct ctx_t {
+          void (*f)(P...);
+          std::tuple<P...> *args;
+        } ctx = {fn, args.get()};
+        run_grid(cc, nm,
+                 [](void *p) {
+                   ctx_t *x = (ctx_t *)p;
+                   std::apply(x->f, *x->args); /* each thread gets its own copies */
+                 },
+                 &ctx);
+      });
     }
   };
   template <class... P> bound<P...> k(void (*f)(P...), const char *name) const {
     return bound<P...>{this, f, name};
   }
 };
+
+/* Streams (cuda_emu.cc): are they deferred (CUDA_EMU_STREAMS=deferred)? */
+bool deferred(void);
+/* Queues work on stream s (or runs it now, when not deferred): `step` is
+ * called, with stream_mu() held, until it says it is done (a collective
+ * waiting for its peers says not yet). */
+void enqueue(cudaStream_t s, std::function<bool()> step);
+/* Held while queued work runs; nccl_emu.cc takes it to touch what queued
+ * collectives touch. */
+std::mutex &stream_mu(void);
 
 } /* namespace emu */
 

@@ -4,7 +4,8 @@
  * processes, as fsdp-launch and fsdpd start them, or threads of one).
  *
  * One rank: every collective is a copy (an average of one is the value
- * itself), run when it is called, as the emulated stream runs kernels.
+ * itself), work on the stream it was called on, as a kernel is (run at the
+ * call, or queued: CUDA_EMU_STREAMS, cuda_emu.cc).
  *
  * Several ranks: a communicator is a POSIX shared-memory segment named by the
  * unique id (a split's child: the parent's name, the split's number and the
@@ -27,6 +28,16 @@
  * peers in ncclInProgress until nccl.c's timeout aborts them, as a GPU's
  * NCCL does. A blocking communicator's calls loop on the same steps.
  * ncclCommAbort frees the communicator wherever its op stood.
+ *
+ * With deferred streams (CUDA_EMU_STREAMS=deferred) a collective of several
+ * ranks is work queued on its stream, as on a GPU: the call answers at once
+ * (a non-blocking communicator's ncclInProgress until the next poll, as
+ * NCCL's launch may), and the op starts when its stream reaches it (after
+ * the compute work it waits for through an event) and runs a round each
+ * time that stream is driven (a synchronization, or cudaEventQuery of an
+ * event behind it, which nccl.c polls); ncclCommGetAsyncError then only
+ * reports a failure and advances joins and splits. A failed collective
+ * leaves its stream stuck, as a GPU's does, until ncclCommAbort ends it.
  *
  * Ranks that post different ops in the same round (another collective,
  * count, type, reduction or root) fail it with ncclInvalidUsage on each
@@ -52,6 +63,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 #include "cuda_emu.h"
@@ -111,7 +125,19 @@ struct ncclComm {
   unsigned splits = 0;
   emu_op op;
   ncclResult_t err = ncclSuccess; /* sticky: the communicator is broken */
+  uint64_t serial = 0;            /* in nccl_emu_live while it lives */
+  bool launching = false; /* deferred: a collective answered ncclInProgress, not yet polled */
 };
+
+/* The communicators alive, by serial: a collective queued on a stream
+ * (CUDA_EMU_STREAMS=deferred) finds its own there, or that it was
+ * destroyed or aborted meanwhile (then it ends, as ncclCommAbort ends a
+ * GPU's kernels). Under nccl_emu_live_mu; a communicator is freed only with
+ * emu::stream_mu() held too, so a queued collective, running under it, never
+ * sees one freed under it. */
+static std::mutex nccl_emu_live_mu;
+static std::map<uint64_t, ncclComm *> nccl_emu_live;
+static uint64_t nccl_emu_serials;
 
 static pthread_mutex_t nccl_emu_mu = PTHREAD_MUTEX_INITIALIZER;
 static char nccl_emu_last[512];
@@ -155,11 +181,25 @@ static ncclComm *nccl_emu_new(const ncclConfig_t *cfg, int rank, int nranks, con
   c->blocking = !cfg || cfg->blocking != 0;
   c->rank = rank, c->nranks = nranks;
   snprintf(c->name, sizeof c->name, "%s", name);
+  std::lock_guard<std::mutex> g(nccl_emu_live_mu);
+  c->serial = ++nccl_emu_serials;
+  nccl_emu_live[c->serial] = c;
   return c;
+}
+
+static ncclComm *nccl_emu_alive(uint64_t serial) {
+  std::lock_guard<std::mutex> g(nccl_emu_live_mu);
+  auto it = nccl_emu_live.find(serial);
+  return it == nccl_emu_live.end() ? nullptr : it->second;
 }
 
 static void nccl_emu_free(ncclComm *c) {
   if (!c) return;
+  std::lock_guard<std::mutex> q(emu::stream_mu());
+  {
+    std::lock_guard<std::mutex> g(nccl_emu_live_mu);
+    nccl_emu_live.erase(c->serial);
+  }
   if (c->seg) {
     munmap(c->seg, c->map_bytes);
     shm_unlink(c->name); /* a join cut short leaves no name behind (ENOENT otherwise) */
@@ -420,15 +460,40 @@ static ncclResult_t emu_progress(ncclComm *c) {
   return ncclInProgress;
 }
 
+/* One step of c's op from the host: with deferred streams, under the lock
+ * its queued collectives run under. */
+static ncclResult_t emu_host_step(ncclComm *c) {
+  if (!emu::deferred()) return emu_progress(c);
+  std::lock_guard<std::mutex> g(emu::stream_mu());
+  return emu_progress(c);
+}
+
 /* A call's answer: a blocking communicator waits for its op here. */
 static ncclResult_t emu_answer(ncclComm *c) {
-  ncclResult_t r = emu_progress(c);
+  ncclResult_t r = emu_host_step(c);
   while (c->blocking && r == ncclInProgress) {
     const struct timespec ts = {0, 20000};
     nanosleep(&ts, nullptr);
-    r = emu_progress(c);
+    r = emu_host_step(c);
   }
   return r;
+}
+
+/* A collective of several ranks queued on its stream (CUDA_EMU_STREAMS=
+ * deferred): it starts when the stream reaches it and the communicator has
+ * no other op (a split), and runs a round each time the stream is driven
+ * until done. A failure leaves it unfinished, as a GPU's failed collective
+ * hangs its stream, until an abort ends it. */
+static bool emu_queued_collective(uint64_t serial, const emu_op &want, bool *started) {
+  ncclComm *c = nccl_emu_alive(serial);
+  if (!c) return true; /* destroyed or aborted */
+  if (c->err != ncclSuccess) return false;
+  if (!*started) {
+    if (c->op.kind != OP_NONE) return false;
+    c->op = want;
+    *started = true;
+  }
+  return emu_progress(c) == ncclSuccess;
 }
 
 /* A blocking communicator still joining (a child a non-blocking parent's
@@ -443,14 +508,14 @@ static ncclResult_t emu_join_blocking(ncclComm *c) {
  * elements. */
 static ncclResult_t emu_collective(int kind, const void *send, void *recv, size_t count,
                                    size_t send_n, size_t recv_n, ncclDataType_t t,
-                                   ncclRedOp_t redop, int root, ncclComm_t c) {
+                                   ncclRedOp_t redop, int root, ncclComm_t c, cudaStream_t st) {
   const char *what = op_names[kind];
   if (!c) return nccl_emu_fail(ncclInvalidArgument, "cuda_emu: %s on a NULL communicator", what);
   if (c->err != ncclSuccess)
     return nccl_emu_fail(c->err, "cuda_emu: %s on a broken communicator", what);
   const ncclResult_t joined = emu_join_blocking(c);
   if (joined != ncclSuccess) return joined;
-  if (c->op.kind != OP_NONE)
+  if (c->op.kind != OP_NONE && !emu::deferred())
     return nccl_emu_fail(ncclInvalidUsage,
                          "cuda_emu: %s while %s still runs (poll ncclCommGetAsyncError "
                          "until it is done)",
@@ -469,14 +534,29 @@ static ncclResult_t emu_collective(int kind, const void *send, void *recv, size_
                          "cuda_emu: %s of %zu elements: a buffer is not device memory", what,
                          count);
   if (c->nranks == 1) {
-    if (send != recv) memmove(recv, send, count * es);
+    emu::enqueue(st, [send, recv, count, es]() {
+      if (send != recv) memmove(recv, send, count * es);
+      return true;
+    });
     return ncclSuccess;
   }
-  emu_op &o = c->op;
-  o = emu_op();
+  emu_op o;
   o.kind = kind;
   o.send = (const unsigned char *)send, o.recv = (unsigned char *)recv;
   o.count = count, o.dtype = t, o.redop = redop, o.root = root;
+  if (emu::deferred()) {
+    auto started = std::make_shared<bool>(false);
+    const uint64_t serial = c->serial;
+    emu::enqueue(st, [serial, o, started]() {
+      return emu_queued_collective(serial, o, started.get());
+    });
+    if (c->blocking) return ncclSuccess;
+    /* as NCCL's may: still launching, until ncclCommGetAsyncError is polled */
+    std::lock_guard<std::mutex> g(emu::stream_mu());
+    c->launching = true;
+    return ncclInProgress;
+  }
+  c->op = o;
   return emu_answer(c);
 }
 
@@ -525,11 +605,13 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newc
     return nccl_emu_fail(comm->err, "cuda_emu: split of a broken communicator");
   const ncclResult_t joined = emu_join_blocking(comm);
   if (joined != ncclSuccess) return joined;
+  if (color < 0 && color != NCCL_SPLIT_NOCOLOR)
+    return nccl_emu_fail(ncclInvalidArgument, "cuda_emu: split color %d", color);
+  std::unique_lock<std::mutex> g(emu::stream_mu(), std::defer_lock);
+  if (emu::deferred()) g.lock(); /* a queued collective may start meanwhile */
   if (comm->op.kind != OP_NONE)
     return nccl_emu_fail(ncclInvalidUsage, "cuda_emu: split while %s still runs",
                          op_names[comm->op.kind]);
-  if (color < 0 && color != NCCL_SPLIT_NOCOLOR)
-    return nccl_emu_fail(ncclInvalidArgument, "cuda_emu: split color %d", color);
   emu_op &o = comm->op;
   o = emu_op();
   o.kind = OP_SPLIT;
@@ -542,6 +624,7 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newc
     return comm->blocking ? ncclSuccess : ncclInProgress;
   }
   *newcomm = nullptr;
+  if (g.owns_lock()) g.unlock();
   const ncclResult_t r = emu_answer(comm);
   if (r == ncclSuccess && *newcomm && (*newcomm)->blocking) {
     const ncclResult_t j = emu_answer(*newcomm); /* a blocking child joins here */
@@ -552,6 +635,16 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newc
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *state) {
   if (!comm) return nccl_emu_fail(ncclInvalidArgument, "cuda_emu: NULL communicator");
+  if (emu::deferred()) { /* collectives run on their streams; joins and splits here */
+    std::lock_guard<std::mutex> g(emu::stream_mu());
+    const int k = comm->op.kind;
+    *state = comm->err != ncclSuccess           ? comm->err
+             : k == OP_JOIN || k == OP_SPLIT ? emu_progress(comm)
+             : comm->launching                 ? ncclInProgress
+                                             : ncclSuccess;
+    comm->launching = false;
+    return ncclSuccess;
+  }
   *state = emu_progress(comm);
   return ncclSuccess;
 }
@@ -584,29 +677,29 @@ ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank) {
 }
 
 ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t t,
-                           ncclRedOp_t op, ncclComm_t comm, cudaStream_t) {
-  return emu_collective(OP_ALLREDUCE, send, recv, count, count, count, t, op, 0, comm);
+                           ncclRedOp_t op, ncclComm_t comm, cudaStream_t st) {
+  return emu_collective(OP_ALLREDUCE, send, recv, count, count, count, t, op, 0, comm, st);
 }
 
 ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t recvcount, ncclDataType_t t,
-                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t) {
+                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t st) {
   const size_t n = comm ? (size_t)comm->nranks : 1;
   return emu_collective(OP_REDUCESCATTER, send, recv, recvcount, recvcount * n, recvcount, t, op,
-                        0, comm);
+                        0, comm, st);
 }
 
 ncclResult_t ncclAllGather(const void *send, void *recv, size_t sendcount, ncclDataType_t t,
-                           ncclComm_t comm, cudaStream_t) {
+                           ncclComm_t comm, cudaStream_t st) {
   const size_t n = comm ? (size_t)comm->nranks : 1;
   return emu_collective(OP_ALLGATHER, send, recv, sendcount, sendcount, sendcount * n, t, ncclSum,
-                        0, comm);
+                        0, comm, st);
 }
 
 ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t t, int root,
-                           ncclComm_t comm, cudaStream_t) {
+                           ncclComm_t comm, cudaStream_t st) {
   const bool sends = comm && root == comm->rank;
   return emu_collective(OP_BCAST, send, recv, count, sends ? count : 0, count, t, ncclSum, root,
-                        comm);
+                        comm, st);
 }
 
 const char *ncclGetErrorString(ncclResult_t r) {

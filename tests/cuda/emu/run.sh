@@ -1,9 +1,13 @@
 #!/bin/sh
 # run.sh ORDER:TEST...: runs GPU tests on the CPU emulator (cuda_emu.h) as
 # `make test` does, all side by side, each in its order: forward (threads
-# first to last, each warp on to its next __syncthreads before the next) or random (CUDA_EMU_ORDER=random,
-# cuda_emu.cc: the warps drift apart, which shows a barrier the fixed order
-# happens not to need). FSDP_CUDA_PLUGIN, from the caller, is the emulated
+# first to last, each warp on to its next __syncthreads before the next) or
+# random (CUDA_EMU_ORDER=random, cuda_emu.cc: the warps drift apart, which
+# shows a barrier the fixed order happens not to need), each with
+# synchronous streams, or, with "+deferred" (forward+deferred,
+# random+deferred), deferred ones (CUDA_EMU_STREAMS=deferred, cuda_emu.cc:
+# queued work runs only when waited for, latest first, which shows a missing
+# cudaStreamWaitEvent). FSDP_CUDA_PLUGIN, from the caller, is the emulated
 # plugin the tests that train load. Each run's lines go to TEST.ORDER.log;
 # printed are the skips and each run's last line, or, for a run that failed,
 # its failed checks, the emulator's own messages and the log's end. Exit
@@ -14,7 +18,10 @@ set -u
 seed=${CUDA_EMU_SEED:-$(date +%s)}
 for run in "$@"; do
   order=${run%%:*} t=${run#*:}
-  { CUDA_EMU_ORDER=$order CUDA_EMU_SEED=$seed timeout 900 "$t" >"$t.$order.log" 2>&1
+  streams=sync
+  case $order in *+deferred) streams=deferred ;; esac
+  { CUDA_EMU_ORDER=${order%+deferred} CUDA_EMU_STREAMS=$streams CUDA_EMU_SEED=$seed \
+      timeout 900 "$t" >"$t.$order.log" 2>&1
     echo $? >"$t.$order.rc"; } &
 done
 wait
@@ -22,7 +29,7 @@ rc=0
 for run in "$@"; do
   order=${run%%:*} t=${run#*:} log=${run#*:}.${run%%:*}.log
   if [ "$(cat "$t.$order.rc")" = 0 ]; then
-    [ "$order" = forward ] && grep 'skipped on the emulator' "$log"
+    case $order in forward*) grep 'skipped on the emulator' "$log" ;; esac
     echo "$(basename "$t") on the emulator ($order): $(tail -n 1 "$log")"
   else
     grep -E 'FAIL|cuda_emu:' "$log" | head -n 40
