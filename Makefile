@@ -569,8 +569,8 @@ test: deps-test $(BINS) $(if $(HAVE_CUDA),$(CUDA_PLUGIN)) $(TEST_BINS) $(CUDA_CH
 	@[ -z "$(CUDA_CHECKS)" ] || $(B)/tests/cuda/test_cuda_train --selfcheck-cpu
 	@[ -z "$(CUDA_EMU_CHECK)" ] || FSDP_CUDA_PLUGIN=$(CURDIR)/$(B)/emu/libfsdp-cuda.so sh tests/cuda/emu/run.sh \
 	  forward:$(B)/tests/cuda/test_cuda_kernels_emu random+deferred:$(B)/tests/cuda/test_cuda_kernels_emu \
-	  forward+deferred:$(B)/tests/cuda/test_cuda_train forward:$(B)/tests/cuda/test_nccl_ranks_emu \
-	  forward+deferred:$(B)/tests/cuda/test_nccl_ranks_emu
+	  forward+ahead:$(B)/tests/cuda/test_cuda_train forward+deferred:$(B)/tests/cuda/test_nccl_ranks_emu \
+	  forward+ahead:$(B)/tests/cuda/test_nccl_ranks_emu
 	@FSDP_TEST_BUILD=$(B) sh tests/run.sh $(TEST_BINS)
 
 # The shared element-wise math on a GPU against the CPU kernels (passes, saying

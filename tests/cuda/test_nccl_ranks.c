@@ -342,17 +342,23 @@ static int child_ops(int rank, int N, shared_t *sh) {
 
 /* On a compute stream of the rank's own (as the kernels' is): rank + 1 copied
  * into 64 floats (from page-locked memory: the copy reads it when it runs),
- * summed over the world, copied back on the same stream. Each rank's first
- * element of the result goes to sh->s[rank].ms. Right only when the op waits
- * for the copy queued before it, and the copy back for the op: on the
- * emulator's deferred streams (CUDA_EMU_STREAMS=deferred), which run work
- * no event orders as late as it can, a missing cudaStreamWaitEvent gives
- * the wrong sum; on synchronous streams every order is right. */
+ * summed over the world into another buffer, copied back on the same
+ * stream. Each rank's first element of the result goes to sh->s[rank].ms.
+ * Right only when the op waits for the copy queued before it, and the copy
+ * back for the op: on the emulator's deferred streams
+ * (CUDA_EMU_STREAMS=deferred), which run work no event orders as late as
+ * it can, a missing cudaStreamWaitEvent gives the wrong sum; on
+ * synchronous streams every order is right. STREAM_ORDER_RACE set: the
+ * input is zeroed on the compute stream after the op is issued and before
+ * it is waited for, a race a runtime must not make: its sum is wrong where
+ * the compute stream runs ahead of the collective (CUDA_EMU_STREAMS=ahead),
+ * and right on the other streams, which hide it. */
 static int child_stream_order(int rank, int N, shared_t *sh) {
   cudaStream_t cs;
-  float *d = NULL, *pin = NULL, out[64];
+  float *d = NULL, *sum = NULL, *pin = NULL, out[64];
   if (cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking) != cudaSuccess ||
       cudaMalloc((void **)&d, sizeof out) != cudaSuccess ||
+      cudaMalloc((void **)&sum, sizeof out) != cudaSuccess ||
       cudaHostAlloc((void **)&pin, sizeof out, cudaHostAllocDefault) != cudaSuccess)
     return child_fail(sh, rank, "stream order: a stream or buffers");
   comm_t *c = make_on(rank, N, sh, 20000, cs);
@@ -361,8 +367,13 @@ static int child_stream_order(int rank, int N, shared_t *sh) {
   cudaMemcpy(d, out, sizeof out, cudaMemcpyHostToDevice); /* zeros, done */
   for (int i = 0; i < 64; i++) pin[i] = (float)(rank + 1);
   int rc = cudaMemcpyAsync(d, pin, sizeof out, cudaMemcpyHostToDevice, cs) == cudaSuccess ? 0 : -1;
-  if (rc == 0) rc = comm_all_reduce(c, d, d, 64, COMM_F32, COMM_SUM);
-  if (rc == 0 && cudaMemcpyAsync(out, d, sizeof out, cudaMemcpyDeviceToHost, cs) != cudaSuccess)
+  comm_req_t *q = NULL;
+  if (rc == 0) rc = comm_iall_reduce(c, d, sum, 64, COMM_F32, COMM_SUM, &q);
+  if (rc == 0 && getenv("STREAM_ORDER_RACE") &&
+      cudaMemsetAsync(d, 0, sizeof out, cs) != cudaSuccess)
+    rc = -1;
+  if (rc == 0) rc = comm_wait(q, -1);
+  if (rc == 0 && cudaMemcpyAsync(out, sum, sizeof out, cudaMemcpyDeviceToHost, cs) != cudaSuccess)
     rc = -1;
   if (rc == 0 && cudaStreamSynchronize(cs) != cudaSuccess) rc = -1;
   if (rc < 0) return child_fail(sh, rank, "stream order: %s", err_msg());
@@ -371,18 +382,23 @@ static int child_stream_order(int rank, int N, shared_t *sh) {
     if (out[i] != out[0]) return child_fail(sh, rank, "stream order: element %d differs", i);
   comm_destroy(c);
   cudaFree(d);
+  cudaFree(sum);
   cudaFreeHost(pin);
   cudaStreamDestroy(cs);
   return 0;
 }
 
 /* The sums child_stream_order's ranks saw, each against N (N + 1) / 2:
- * how many ranks saw it (-1: a rank failed). */
-static int stream_order_right(int N, const char *drop) {
-  if (drop) setenv("CUDA_EMU_DROP_WAITS", drop, 1);
+ * how many ranks saw it (-1: a rank failed). env: NAME=VALUE for the ranks. */
+static int stream_order_right(int N, const char *env) {
+  char name[64] = "";
+  if (env) {
+    snprintf(name, sizeof name, "%.*s", (int)strcspn(env, "="), env);
+    setenv(name, env + strlen(name) + 1, 1);
+  }
   shared_t *sh = shared_new();
   const int rc = run_ranks("stream order", N, child_stream_order, sh, 60, -1);
-  unsetenv("CUDA_EMU_DROP_WAITS");
+  if (env) unsetenv(name);
   int right = 0;
   for (int r = 0; r < N; r++) right += sh->s[r].ms == N * (N + 1) / 2.0;
   munmap(sh, sizeof *sh);
@@ -723,19 +739,26 @@ int main(void) {
   {
     const char *streams = getenv("CUDA_EMU_STREAMS");
     const int deferred = streams && !strcmp(streams, "deferred");
+    const int ahead = streams && !strcmp(streams, "ahead");
     const int right = stream_order_right(3, NULL);
     check(right == 3, "stream order: an op after the copy queued before it on the compute "
-          "stream, the copy back after the op: %d of 3 ranks summed right (%s streams)", right,
-          deferred ? "deferred" : "synchronous");
+          "stream, the copy back after the op: %d of 3 ranks summed right (CUDA_EMU_STREAMS=%s)",
+          right, streams && *streams ? streams : "sync");
     if (deferred) {
       /* the check's teeth: without the waits the same ranks sum wrong */
-      const int wrong = stream_order_right(3, "1");
+      const int wrong = stream_order_right(3, "CUDA_EMU_DROP_WAITS=1");
       check(wrong == 0, "stream order with cudaStreamWaitEvent dropped (CUDA_EMU_DROP_WAITS=1): "
             "%d of 3 ranks summed right (0 wanted: the deferred streams show a missing wait)",
             wrong);
+    } else if (ahead) {
+      /* the check's teeth here: a write queued before the wait runs first */
+      const int wrong = stream_order_right(3, "STREAM_ORDER_RACE=1");
+      check(wrong == 0, "stream order with a write to the op's buffer queued before its wait: "
+            "%d of 3 ranks summed right (0 wanted: CUDA_EMU_STREAMS=ahead runs the compute "
+            "stream ahead of the collective)", wrong);
     } else {
-      printf("stream order with the waits dropped: only on deferred streams "
-             "(CUDA_EMU_STREAMS=deferred): skipped\n");
+      printf("stream order's races: only on the emulator's deferred or ahead streams "
+             "(CUDA_EMU_STREAMS): skipped\n");
     }
   }
 

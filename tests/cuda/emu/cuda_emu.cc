@@ -550,6 +550,11 @@ extern "C" unsigned long cuda_emu_waits(const char *name) {
  * what it reads, and work that should wait before it overwrites a buffer
  * runs before the reader still queued ahead of it on another stream: the
  * results come out wrong, where the synchronous streams hide both.
+ * CUDA_EMU_STREAMS=ahead is the other race: queued, but at each of those
+ * points every stream's work other than NCCL's collectives first runs as
+ * far as its waits allow (kernels racing ahead of a slow network), so work
+ * queued after a collective that overwrites the buffer it reads, or frees
+ * it, before a wait for the collective runs before the collective does.
  * CUDA_EMU_DROP_WAITS=1 makes cudaStreamWaitEvent do nothing (read at each
  * call), for the test that shows the deferred streams catch a missing wait.
  *
@@ -566,6 +571,7 @@ namespace {
 struct emu_stream;
 struct emu_step {
   std::function<bool()> run; /* the work; or, when null, a wait: */
+  bool collective = false;   /* NCCL's work (CUDA_EMU_STREAMS=ahead holds it back) */
   emu_stream *on = nullptr;  /* the stream a cudaStreamWaitEvent waits for */
   uint64_t upto = 0;         /* until it has done this many steps */
 };
@@ -602,6 +608,23 @@ bool emu_run_to(emu_stream *s, uint64_t upto) {
   return true;
 }
 
+/* CUDA_EMU_STREAMS=ahead: every stream's work but the collectives, as far
+ * as it can go (emu_q_mu held): the kernels race ahead of slow collectives,
+ * as on a GPU whose network lags. */
+void emu_run_ahead(void) {
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (emu_stream *s : emu_streams)
+      while (!s->q.empty()) {
+        emu_step &st = s->q.front();
+        if (st.run ? st.collective || !st.run() : st.on->done < st.upto) break;
+        s->q.pop_front();
+        s->done++;
+        moved = true;
+      }
+  }
+}
+
 /* Every stream to its end, the one whose last step came latest first. */
 bool emu_run_all(void) {
   std::vector<emu_stream *> order(emu_streams);
@@ -620,6 +643,7 @@ void emu_finish(emu_stream *s, uint64_t upto) {
   for (;;) {
     {
       std::lock_guard<std::mutex> g(emu_q_mu);
+      if (emu_deferred == 2) emu_run_ahead();
       if (s ? emu_run_to(s, upto) : emu_run_all()) return;
     }
     const struct timespec ts = {0, 20000};
@@ -639,28 +663,28 @@ void emu_finish_stream(cudaStream_t s) {
 
 } /* namespace */
 
-bool emu::deferred(void) {
+bool emu::deferred(void) { /* emu_deferred: 0 sync, 1 deferred, 2 ahead */
   if (emu_deferred < 0) {
     const char *v = getenv("CUDA_EMU_STREAMS");
-    if (v && *v && strcmp(v, "sync") && strcmp(v, "deferred")) {
-      fprintf(stderr, "cuda_emu: CUDA_EMU_STREAMS=%s: use sync or deferred\n", v);
+    if (v && *v && strcmp(v, "sync") && strcmp(v, "deferred") && strcmp(v, "ahead")) {
+      fprintf(stderr, "cuda_emu: CUDA_EMU_STREAMS=%s: use sync, deferred or ahead\n", v);
       exit(2);
     }
-    emu_deferred = v && !strcmp(v, "deferred");
+    emu_deferred = !v || !*v || !strcmp(v, "sync") ? 0 : !strcmp(v, "deferred") ? 1 : 2;
   }
   return emu_deferred;
 }
 
 std::mutex &emu::stream_mu(void) { return emu_q_mu; }
 
-void emu::enqueue(cudaStream_t s, std::function<bool()> step) {
+void emu::enqueue(cudaStream_t s, std::function<bool()> step, bool collective) {
   if (!emu::deferred()) {
     while (!step()) sched_yield();
     return;
   }
   std::lock_guard<std::mutex> g(emu_q_mu);
   emu_stream *q = emu_sq(s);
-  q->q.push_back(emu_step{std::move(step)});
+  q->q.push_back(emu_step{std::move(step), collective});
   q->queued++;
   q->last = ++emu_stamp;
 }
@@ -977,12 +1001,19 @@ cudaError_t cudaFreeAsync(void *p, cudaStream_t s) {
     std::lock_guard<std::mutex> g(emu_mu);
     return emu_free(p);
   }
+  size_t n;
   {
     std::lock_guard<std::mutex> g(emu_mu);
+    auto it = emu_allocs.find((uintptr_t)p);
+    n = it == emu_allocs.end() ? 0 : it->second;
     const cudaError_t e = emu_free(p, false);
     if (e != cudaSuccess) return e;
   }
-  emu::enqueue(s, [p]() {
+  /* NaN before it goes: work on another stream that still reads it, for
+   * want of a wait, reads garbage here as it may on a GPU once the pool
+   * gives the block to the next allocation */
+  emu::enqueue(s, [p, n]() {
+    memset(p, 0xff, n);
     free(p);
     return true;
   });
@@ -1052,6 +1083,7 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
   if (!e) return emu_err(cudaErrorInvalidResourceHandle);
   std::lock_guard<std::mutex> g(emu_q_mu);
   const emu_event *ev = (const emu_event *)e;
+  if (emu::deferred() && emu_deferred == 2) emu_run_ahead();
   return !ev->s || emu_run_to(ev->s, ev->upto) ? cudaSuccess : cudaErrorNotReady;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
@@ -1072,7 +1104,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
   const emu_event *ev = (const emu_event *)e;
   emu_stream *q = emu_sq(s);
   if (ev->s && ev->s != q) {
-    q->q.push_back(emu_step{nullptr, ev->s, ev->upto});
+    q->q.push_back(emu_step{nullptr, false, ev->s, ev->upto});
     q->queued++;
   }
   return cudaSuccess;

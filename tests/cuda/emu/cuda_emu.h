@@ -31,7 +31,9 @@
  * the order of streams and events by default (every call is done when it
  * returns, so a missing cudaStreamWaitEvent passes; CUDA_EMU_STREAMS=deferred
  * queues work and runs it only when waited for, latest first, which shows
- * one: cuda_emu.cc); __launch_bounds__; and the GPU's own
+ * one, and CUDA_EMU_STREAMS=ahead runs the kernels ahead of NCCL's
+ * collectives, which shows a buffer reused before its collective was
+ * waited for: cuda_emu.cc); __launch_bounds__; and the GPU's own
  * rounding of expf and friends (glibc's here; kern_math.h's formulas are the
  * same bits on both).
  *
@@ -147,12 +149,14 @@ struct cfg {
   }
 };
 
-/* Streams (cuda_emu.cc): are they deferred (CUDA_EMU_STREAMS=deferred)? */
+/* Streams (cuda_emu.cc): are they deferred (CUDA_EMU_STREAMS=deferred or
+ * ahead)? */
 bool deferred(void);
 /* Queues work on stream s (or runs it now, when not deferred): `step` is
  * called, with stream_mu() held, until it says it is done (a collective
- * waiting for its peers says not yet). */
-void enqueue(cudaStream_t s, std::function<bool()> step);
+ * waiting for its peers says not yet). collective: NCCL's (which
+ * CUDA_EMU_STREAMS=ahead holds back while the other work runs ahead). */
+void enqueue(cudaStream_t s, std::function<bool()> step, bool collective = false);
 /* Held while queued work runs; nccl_emu.cc takes it to touch what queued
  * collectives touch. */
 std::mutex &stream_mu(void);

@@ -29,7 +29,7 @@
  * NCCL does. A blocking communicator's calls loop on the same steps.
  * ncclCommAbort frees the communicator wherever its op stood.
  *
- * With deferred streams (CUDA_EMU_STREAMS=deferred) a collective of several
+ * With queued streams (CUDA_EMU_STREAMS=deferred or ahead) a collective of several
  * ranks is work queued on its stream, as on a GPU: the call answers at once
  * (a non-blocking communicator's ncclInProgress until the next poll, as
  * NCCL's launch may), and the op starts when its stream reaches it (after
@@ -534,10 +534,13 @@ static ncclResult_t emu_collective(int kind, const void *send, void *recv, size_
                          "cuda_emu: %s of %zu elements: a buffer is not device memory", what,
                          count);
   if (c->nranks == 1) {
-    emu::enqueue(st, [send, recv, count, es]() {
-      if (send != recv) memmove(recv, send, count * es);
-      return true;
-    });
+    emu::enqueue(
+        st,
+        [send, recv, count, es]() {
+          if (send != recv) memmove(recv, send, count * es);
+          return true;
+        },
+        true);
     return ncclSuccess;
   }
   emu_op o;
@@ -547,9 +550,9 @@ static ncclResult_t emu_collective(int kind, const void *send, void *recv, size_
   if (emu::deferred()) {
     auto started = std::make_shared<bool>(false);
     const uint64_t serial = c->serial;
-    emu::enqueue(st, [serial, o, started]() {
-      return emu_queued_collective(serial, o, started.get());
-    });
+    emu::enqueue(
+        st, [serial, o, started]() { return emu_queued_collective(serial, o, started.get()); },
+        true);
     if (c->blocking) return ncclSuccess;
     /* as NCCL's may: still launching, until ncclCommGetAsyncError is polled */
     std::lock_guard<std::mutex> g(emu::stream_mu());

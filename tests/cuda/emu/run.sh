@@ -4,10 +4,12 @@
 # first to last, each warp on to its next __syncthreads before the next) or
 # random (CUDA_EMU_ORDER=random, cuda_emu.cc: the warps drift apart, which
 # shows a barrier the fixed order happens not to need), each with
-# synchronous streams, or, with "+deferred" (forward+deferred,
-# random+deferred), deferred ones (CUDA_EMU_STREAMS=deferred, cuda_emu.cc:
-# queued work runs only when waited for, latest first, which shows a missing
-# cudaStreamWaitEvent). FSDP_CUDA_PLUGIN, from the caller, is the emulated
+# synchronous streams, or with queued ones (cuda_emu.cc) after a "+":
+# +deferred (CUDA_EMU_STREAMS=deferred: work runs only when waited for,
+# latest first, which shows a missing cudaStreamWaitEvent) or +ahead (the
+# kernels run ahead of NCCL's collectives, which shows a buffer written or
+# freed before the collective that reads it was waited for), as in
+# random+deferred. FSDP_CUDA_PLUGIN, from the caller, is the emulated
 # plugin the tests that train load. Each run's lines go to TEST.ORDER.log;
 # printed are the skips and each run's last line, or, for a run that failed,
 # its failed checks, the emulator's own messages and the log's end. Exit
@@ -19,8 +21,8 @@ seed=${CUDA_EMU_SEED:-$(date +%s)}
 for run in "$@"; do
   order=${run%%:*} t=${run#*:}
   streams=sync
-  case $order in *+deferred) streams=deferred ;; esac
-  { CUDA_EMU_ORDER=${order%+deferred} CUDA_EMU_STREAMS=$streams CUDA_EMU_SEED=$seed \
+  case $order in *+*) streams=${order#*+} ;; esac
+  { CUDA_EMU_ORDER=${order%%+*} CUDA_EMU_STREAMS=$streams CUDA_EMU_SEED=$seed \
       timeout 900 "$t" >"$t.$order.log" 2>&1
     echo $? >"$t.$order.rc"; } &
 done
