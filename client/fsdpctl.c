@@ -32,6 +32,7 @@
 #define FSDPCTL_VERSION "0.1.0"
 #define CTL_DEFAULT_COORDINATOR "127.0.0.1:7070"
 #define CTL_DEFAULT_TIMEOUT_S 10.0
+#define CTL_PLAINTEXT "plaintext" /* --node-tls-ca: no TLS to the nodes */
 #define CTL_EXPORT_IDLE_S 300.0 /* export: the least wait for its next piece */
 #define CTL_FOREVER_S 2e9 /* a stream that lasts as long as the job (rpc.h: no deadline) */
 #define CTL_SVC "/fsdp.v1.Coordinator/"
@@ -51,6 +52,7 @@ typedef struct ctl {
   const char *coordinator;
   const char *token_file;
   const char *tls_ca;
+  const char *node_tls_ca; /* the nodes' (logs): NULL as tls_ca, CTL_PLAINTEXT none */
   double timeout_s;
   int json;
   const char *cmd;        /* the command running, for messages */
@@ -95,8 +97,12 @@ static int ctl_fail_at(const ctl_t *c, int rc, const char *target, const char *f
              c->coordinator);
     fix = buf;
   } else if (code == CTL_EXIT_UNREACHABLE) {
-    snprintf(buf, sizeof buf, "; %s is the node's address as ListNodes gives it (fsdpctl nodes)",
-             target);
+    const char *ca = c->node_tls_ca ? c->node_tls_ca : c->tls_ca;
+    snprintf(buf, sizeof buf, "; %s is the node's address as ListNodes gives it (fsdpctl nodes)%s",
+             target, ca && strcmp(ca, CTL_PLAINTEXT)
+                         ? "; fsdpctl spoke TLS to it: a node whose fsdpd serves without "
+                           "--tls-cert needs --node-tls-ca " CTL_PLAINTEXT
+                         : "");
     fix = buf;
   } else if (rc == FSDP_EAUTH) {
     fix = c->token_file ? "; is --token-file (or FSDP_TOKEN_FILE) this cluster's user token?"
@@ -164,6 +170,8 @@ static int ctl_global_opt(ctl_t *c, int argc, char **argv, int *i) {
   if ((r = ctl_opt(c, argc, argv, i, "--coordinator", &v))) return r < 0 ? -1 : (c->coordinator = v, 1);
   if ((r = ctl_opt(c, argc, argv, i, "--token-file", &v))) return r < 0 ? -1 : (c->token_file = v, 1);
   if ((r = ctl_opt(c, argc, argv, i, "--tls-ca", &v))) return r < 0 ? -1 : (c->tls_ca = v, 1);
+  if ((r = ctl_opt(c, argc, argv, i, "--node-tls-ca", &v)))
+    return r < 0 ? -1 : (c->node_tls_ca = v, 1);
   if ((r = ctl_opt(c, argc, argv, i, "--timeout", &v))) {
     if (r < 0) return -1;
     char *end;
@@ -196,21 +204,24 @@ static int ctl_unknown(const ctl_t *c, const char *arg) {
 
 #define CTL_CA_MAX (1u << 20) /* the longest CA file the RPC layer reads */
 
-/* --tls-ca, checked before connecting: gRPC takes a file that holds no CA
+/* --tls-ca (or --node-tls-ca: opt), checked before connecting: gRPC takes a file that holds no CA
  * certificate (empty, DER, a key) without a word, then fails every
  * handshake, which reads as UNAVAILABLE ("check --coordinator"). The check
  * is a sanity check, not a parse: readable, not empty, a PEM certificate
  * block in it. FSDP_EINVAL (a usage error, exit 2) naming the file. */
-static int ctl_check_ca(const char *path) {
-  static const char fix[] = "give the PEM file of the CA that signed the coordinator's certificate";
+static int ctl_check_ca(const char *path, const char *opt) {
+  const char *fix = strcmp(opt, "--tls-ca")
+                        ? "give the PEM file of the CA that signed the nodes' certificates, or "
+                          CTL_PLAINTEXT
+                        : "give the PEM file of the CA that signed the coordinator's certificate";
   static const char begin[] = "-----BEGIN CERTIFICATE-----", end[] = "-----END CERTIFICATE-----";
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return err_set(FSDP_EINVAL, "--tls-ca %s: cannot open it (%s); %s", path, strerror(errno), fix);
+  if (fd < 0) return err_set(FSDP_EINVAL, "%s %s: cannot open it (%s); %s", opt, path, strerror(errno), fix);
   struct stat st = {0};
   if (fstat(fd, &st)) st.st_mode = S_IFIFO; /* never so: then refused as below */
   if (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode) || S_ISDIR(st.st_mode)) {
     close(fd); /* a pipe read here would be empty when gRPC reads it again */
-    return err_set(FSDP_EINVAL, "--tls-ca %s: not a regular file (%s); %s", path,
+    return err_set(FSDP_EINVAL, "%s %s: not a regular file (%s); %s", opt, path,
                    S_ISDIR(st.st_mode) ? "a directory" : "a pipe or socket", fix);
   }
   char *buf = malloc(CTL_CA_MAX + 1);
@@ -225,25 +236,25 @@ static int ctl_check_ca(const char *path) {
   close(fd);
   int rc = 0;
   const char *b;
-  if (!buf) rc = err_set(FSDP_ENOMEM, "--tls-ca %s: out of memory", path);
-  else if (r < 0) rc = err_set(FSDP_EINVAL, "--tls-ca %s: cannot read it (%s); %s", path, strerror(e), fix);
+  if (!buf) rc = err_set(FSDP_ENOMEM, "%s %s: out of memory", opt, path);
+  else if (r < 0) rc = err_set(FSDP_EINVAL, "%s %s: cannot read it (%s); %s", opt, path, strerror(e), fix);
   else if (n > CTL_CA_MAX)
-    rc = err_set(FSDP_EINVAL, "--tls-ca %s: longer than %u bytes, too long for a CA file; %s", path,
+    rc = err_set(FSDP_EINVAL, "%s %s: longer than %u bytes, too long for a CA file; %s", opt, path,
                  CTL_CA_MAX, fix);
-  else if (!n) rc = err_set(FSDP_EINVAL, "--tls-ca %s: the file is empty; %s", path, fix);
+  else if (!n) rc = err_set(FSDP_EINVAL, "%s %s: the file is empty; %s", opt, path, fix);
   else if (!(b = memmem(buf, n, begin, sizeof begin - 1)))
-    rc = err_set(FSDP_EINVAL, "--tls-ca %s: no PEM certificate in it (no \"%s\" line: a key, a DER "
-                 "file or another file?); %s", path, begin, fix);
+    rc = err_set(FSDP_EINVAL, "%s %s: no PEM certificate in it (no \"%s\" line: a key, a DER "
+                 "file or another file?); %s", opt, path, begin, fix);
   else if (!memmem(b, n - (size_t)(b - buf), end, sizeof end - 1))
-    rc = err_set(FSDP_EINVAL, "--tls-ca %s: a certificate without its \"%s\" line (cut short?); %s",
-                 path, end, fix);
+    rc = err_set(FSDP_EINVAL, "%s %s: a certificate without its \"%s\" line (cut short?); %s",
+                 opt, path, end, fix);
   free(buf);
   return rc;
 }
 
 static int ctl_connect(ctl_t *c) {
   if (c->client) return 0;
-  int rc = c->tls_ca ? ctl_check_ca(c->tls_ca) : 0;
+  int rc = c->tls_ca ? ctl_check_ca(c->tls_ca, "--tls-ca") : 0;
   if (rc) return rc;
   rpc_client_opts_t o = {.target = c->coordinator, .token_file = c->token_file, .tls_ca_file = c->tls_ca};
   return rpc_client_create(&c->client, &o);
@@ -1323,7 +1334,14 @@ static int cmd_logs(ctl_t *c, int argc, char **argv) {
   char *addr, node[128];
   int rc = ctl_rank_node(c, job, (unsigned)rank, &addr, node, sizeof node);
   if (rc) return ctl_fail(c, rc, "logs of job %s rank %lu", job, rank);
-  rpc_client_opts_t o = {.target = addr, .token_file = c->token_file, .tls_ca_file = c->tls_ca};
+  /* the nodes' CA: the coordinator's unless --node-tls-ca says */
+  const char *ca = c->node_tls_ca ? c->node_tls_ca : c->tls_ca;
+  if (ca && !strcmp(ca, CTL_PLAINTEXT)) ca = NULL;
+  if (ca && (rc = ctl_check_ca(ca, c->node_tls_ca ? "--node-tls-ca" : "--tls-ca"))) {
+    free(addr);
+    return ctl_fail(c, rc, "logs of job %s rank %lu", job, rank);
+  }
+  rpc_client_opts_t o = {.target = addr, .token_file = c->token_file, .tls_ca_file = ca};
   rpc_client_t *nc = NULL;
   rpc_stream_t *st = NULL;
   Fsdp__V1__GetRankLogsRequest req = FSDP__V1__GET_RANK_LOGS_REQUEST__INIT;
@@ -1425,7 +1443,8 @@ static const ctl_cmd_t ctl_cmds[] = {
      "Memory of each rank by category (params, grads, optimizer, activations, ...):\n"
      "the memory plan's figure, the current and the peak bytes side by side, in MiB.\n"},
     {"logs", cmd_logs, "logs JOB [--rank R] [--attempt N] [--tail BYTES] [--follow]",
-     "A rank's log, read from the node that runs it (its address from ListNodes).\n"
+     "A rank's log, read from the node that runs it (its address from ListNodes), in\n"
+     "TLS as to the coordinator unless --node-tls-ca (global options) says otherwise.\n"
      "  --rank R       which rank (default 0)\n"
      "  --attempt N    which attempt (default: the latest on that node)\n"
      "  --tail BYTES   only the last BYTES bytes\n"
@@ -1474,6 +1493,11 @@ static const char ctl_globals_help[] =
     "                      shows them\n"
     "  --tls-ca FILE       speak TLS, checking the coordinator against this CA (PEM;\n"
     "                      a file with no certificate in it is refused: exit 2)\n"
+    "  --node-tls-ca FILE|plaintext\n"
+    "                      how logs reaches the nodes' fsdpd: TLS checked against\n"
+    "                      FILE, or plaintext (an fsdpd without --tls-cert, as in\n"
+    "                      deploy/k8s: the token then crosses the network in the\n"
+    "                      clear); default FSDP_NODE_TLS_CA, else as --tls-ca\n"
     "  --timeout SECONDS   bound on each call (default 10); watch and logs --follow\n"
     "                      last until the job ends or you stop them; export takes\n"
     "                      as long as the file needs, but gives up when no piece\n"
@@ -1499,7 +1523,8 @@ static void ctl_help(FILE *out) {
   for (size_t i = 0; i < CTL_NCMDS; i++) fprintf(out, "  %s\n", ctl_cmds[i].usage);
   fprintf(out, "  fsdpctl COMMAND --help   more on one command\n\n%s\n%s", ctl_globals_help,
           ctl_exit_help);
-  fprintf(out, "\nEnvironment: FSDP_COORDINATOR, FSDP_TOKEN_FILE (as the options above),\n"
+  fprintf(out, "\nEnvironment: FSDP_COORDINATOR, FSDP_TOKEN_FILE, FSDP_NODE_TLS_CA (as the\n"
+               "options above),\n"
                "FSDP_LOG_LEVEL (gRPC's own log lines; fsdpctl prints only errors by default).\n");
 }
 
@@ -1509,6 +1534,8 @@ static int ctl_main(ctl_t *c, int argc, char **argv) {
   if (!c->coordinator || !*c->coordinator) c->coordinator = CTL_DEFAULT_COORDINATOR;
   c->token_file = getenv("FSDP_TOKEN_FILE");
   if (c->token_file && !*c->token_file) c->token_file = NULL;
+  c->node_tls_ca = getenv("FSDP_NODE_TLS_CA");
+  if (c->node_tls_ca && !*c->node_tls_ca) c->node_tls_ca = NULL;
   c->timeout_s = CTL_DEFAULT_TIMEOUT_S;
   int i = 1;
   for (; i < argc && argv[i][0] == '-'; i++) {

@@ -476,6 +476,7 @@ static struct {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   int ready, rc, port, started;
+  int node_plain; /* the node serves without the coordinator's TLS */
   char err[1024];
 } F = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
 
@@ -521,6 +522,7 @@ static void *server_thread(void *arg) {
   uv_async_init(&F.loop, &F.wake, stop_cb);
   rpc_server_opts_t no = F.opts; /* the node: the same tokens, its own port */
   no.addr = "127.0.0.1:0";
+  if (F.node_plain) no.tls_cert_file = no.tls_key_file = NULL;
   const rpc_method_t logs = {"/fsdp.v1.Node/GetRankLogs", &fsdp__v1__get_rank_logs_request__descriptor,
                              &fsdp__v1__log_chunk__descriptor, 1, U, h_logs, NULL};
   int rc = rpc_server_create(&F.coord, &F.loop, &F.opts);
@@ -551,11 +553,16 @@ static char coord_addr[64];
 
 /* Starts both fake servers (tokens: user and node token files, or NULL)
  * and points FSDP_COORDINATOR at the coordinator. */
-static void fake_start(const char *user_token, const char *node_token) {
+static void fake_start_tls(const char *user_token, const char *node_token, const char *cert,
+                           const char *key, int node_plain) {
   memset(&F.opts, 0, sizeof F.opts);
   F.opts.addr = "127.0.0.1:0";
   F.opts.user_token_file = user_token;
   F.opts.node_token_file = node_token;
+  F.opts.tls_cert_file = cert;
+  F.opts.tls_key_file = key;
+  F.node_plain = node_plain;
+  F.ready = 0; /* a test may start them again after fake_stop */
   pthread_create(&F.thread, NULL, server_thread, NULL);
   struct timespec until;
   clock_gettime(CLOCK_REALTIME, &until);
@@ -572,6 +579,10 @@ static void fake_start(const char *user_token, const char *node_token) {
   snprintf(coord_addr, sizeof coord_addr, "127.0.0.1:%d", F.port);
   setenv("FSDP_COORDINATOR", coord_addr, 1);
   unsetenv("FSDP_TOKEN_FILE");
+}
+
+static void fake_start(const char *user_token, const char *node_token) {
+  fake_start_tls(user_token, node_token, NULL, NULL, 0);
 }
 
 static void fake_stop(void) {
@@ -1624,6 +1635,49 @@ Test(fsdpctl, a_followed_log_whose_stream_breaks_goes_on_where_it_stopped) {
   cr_expect_eq(req->offset, 32, "the second stream starts after what was printed");
   cr_expect(req->follow);
   protobuf_c_message_free_unpacked(&req->base, NULL);
+}
+
+/* A coordinator in TLS and a node whose fsdpd serves without a certificate
+ * (deploy/k8s: a pod has none for its IP): logs reaches it with
+ * --node-tls-ca plaintext (or FSDP_NODE_TLS_CA), and without says how; a
+ * node in TLS is checked against --node-tls-ca's CA, not --tls-ca's. */
+Test(fsdpctl, logs_reach_nodes_as_node_tls_ca_says, .timeout = 60) {
+  const char *d = tu_tmpdir();
+  tu_tls_make(d);
+  char cert[600], key[600], ca[600], other[600], empty[600];
+  snprintf(cert, sizeof cert, "%s/srv.pem", d);
+  snprintf(key, sizeof key, "%s/srv.key", d);
+  snprintf(ca, sizeof ca, "%s/ca.pem", d);
+  snprintf(other, sizeof other, "%s/otherca.pem", d);
+  snprintf(empty, sizeof empty, "%s/empty.pem", d);
+  tu_write_file(empty, "", 0);
+  static const char lines[] = "step 1 loss 5.0\nstep 2 loss 4.0\nstep 3 loss 3.0\n";
+  fake_start_tls(NULL, NULL, cert, key, 1);
+  int rc = CTL("--tls-ca", ca, "logs", "j-42");
+  cr_assert_eq(rc, 4, "TLS to a plaintext node: exit %d: %s", rc, err);
+  expect_in(err, "needs --node-tls-ca plaintext");
+  rc = CTL("--tls-ca", ca, "--node-tls-ca", "plaintext", "logs", "j-42");
+  cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
+  cr_assert_str_eq(out, lines);
+  setenv("FSDP_NODE_TLS_CA", "plaintext", 1);
+  rc = CTL("--tls-ca", ca, "logs", "j-42");
+  unsetenv("FSDP_NODE_TLS_CA");
+  cr_assert_eq(rc, 0, "FSDP_NODE_TLS_CA=plaintext: exit %d: %s", rc, err);
+  cr_assert_str_eq(out, lines);
+  rc = CTL("--tls-ca", ca, "--node-tls-ca", empty, "logs", "j-42");
+  cr_assert_eq(rc, 2, "an empty --node-tls-ca: exit %d: %s", rc, err);
+  expect_in(err, "--node-tls-ca ");
+  expect_in(err, "the file is empty");
+  fake_stop();
+  /* both in TLS: the node is checked against --node-tls-ca's CA */
+  fake_start_tls(NULL, NULL, cert, key, 0);
+  rc = CTL("--tls-ca", ca, "logs", "j-42");
+  cr_assert_eq(rc, 0, "TLS to both: exit %d: %s", rc, err);
+  cr_assert_str_eq(out, lines);
+  rc = CTL("--tls-ca", ca, "--node-tls-ca", other, "logs", "j-42");
+  cr_assert_eq(rc, 4, "the node checked against another CA: exit %d: %s", rc, err);
+  rc = CTL("--tls-ca", ca, "--node-tls-ca", ca, "logs", "j-42");
+  cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
 }
 
 /* ---- an independent client ---------------------------------------------------------------------- */

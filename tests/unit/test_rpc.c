@@ -1133,33 +1133,9 @@ Test(rpc, shutdown_cancels_calls_in_flight, .timeout = 20) {
   rpc_client_destroy(c);
 }
 
-/* A CA and a server certificate for 127.0.0.1 and localhost, made with openssl. */
-static void make_ca(const char *dir, const char *name) {
-  char cmd[2048];
-  snprintf(cmd, sizeof cmd,
-           "cd '%s' && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes "
-           "-keyout %s.key -out %s.pem -days 2 -subj /CN=fsdp-test-%s >/dev/null 2>&1",
-           dir, name, name, name);
-  cr_assert_eq(system(cmd), 0, "openssl could not make CA %s", name);
-}
-
-static void make_tls(const char *dir) {
-  make_ca(dir, "ca");
-  make_ca(dir, "otherca");
-  char cmd[2048];
-  snprintf(cmd, sizeof cmd,
-           "cd '%s' && printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > san.ext && "
-           "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout srv.key "
-           "-out srv.csr -subj /CN=localhost >/dev/null 2>&1 && "
-           "openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 "
-           "-extfile san.ext -out srv.pem >/dev/null 2>&1",
-           dir);
-  cr_assert_eq(system(cmd), 0, "openssl could not make the server certificate");
-}
-
 Test(rpc, tls, .timeout = 30) {
   const char *d = tu_tmpdir();
-  make_tls(d);
+  tu_tls_make(d);
   char cert[600], key[600], ca[600], other[600];
   snprintf(cert, sizeof cert, "%s/srv.pem", d);
   snprintf(key, sizeof key, "%s/srv.key", d);

@@ -340,3 +340,26 @@ int tu_sh(const char *cmd, char *out, size_t len) {
   int st = pclose(p);
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
+
+static void tu_tls_ca(const char *dir, const char *name) {
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd,
+           "cd '%s' && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes "
+           "-keyout %s.key -out %s.pem -days 2 -subj /CN=fsdp-test-%s >/dev/null 2>&1",
+           dir, name, name, name);
+  cr_assert_eq(system(cmd), 0, "openssl could not make CA %s", name);
+}
+
+void tu_tls_make(const char *dir) {
+  tu_tls_ca(dir, "ca");
+  tu_tls_ca(dir, "otherca");
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd,
+           "cd '%s' && printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > san.ext && "
+           "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout srv.key "
+           "-out srv.csr -subj /CN=localhost >/dev/null 2>&1 && "
+           "openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 "
+           "-extfile san.ext -out srv.pem >/dev/null 2>&1",
+           dir);
+  cr_assert_eq(system(cmd), 0, "openssl could not make the server certificate");
+}

@@ -47,6 +47,10 @@ const char *tu_fs_shim(void);
 /* The whole file at path, NUL-terminated (its length in *n when n is not
  * NULL); "" when it cannot be read. Free it. */
 char *tu_slurp(const char *path, size_t *n);
+/* A throwaway PKI in dir, made with openssl: CAs ca.pem and otherca.pem
+ * (and their .key), and srv.pem / srv.key, a server certificate ca signed
+ * for 127.0.0.1 and localhost. */
+void tu_tls_make(const char *dir);
 /* Monotonic clock, in seconds. */
 double tu_now_s(void);
 
