@@ -10,6 +10,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -310,7 +311,11 @@ void supervise_stop(supervise_t *s, double grace_s) {
   supervise_signal_all(s, SIGTERM);
   /* a stopped child gets its SIGTERM only once continued */
   supervise_signal_all(s, SIGCONT);
-  uv_timer_start(&s->grace, supervise_grace_cb, grace_s > 0 ? (uint64_t)(grace_s * 1000.0) : 0, 0);
+  /* from now, never short: the loop's clock is read afresh (it is the last
+   * iteration's) and counts whole milliseconds, so one more */
+  uv_update_time(s->grace.loop);
+  uv_timer_start(&s->grace, supervise_grace_cb, grace_s > 0 ? (uint64_t)ceil(grace_s * 1000.0) + 1 : 0,
+                 0);
 }
 
 int supervise_stopping(const supervise_t *s) { return s->stopping; }
