@@ -720,17 +720,21 @@ int rpc_server_create(rpc_server_t **out, uv_loop_t *loop, const rpc_server_opts
    * (rpc_client.c): pings a second or more apart are welcome, never
    * answered with "too many pings" (gRPC's default wants 5 minutes between
    * them). The server pings too, every minute, so a client that vanished
-   * without closing (a held WatchJob, a node's held heartbeat) is let go. */
-  grpc_arg arg[5] = {
+   * without closing (a held WatchJob, a node's held heartbeat) is let go.
+   * No SO_REUSEPORT (gRPC sets it by default on Linux): a second server on
+   * a port in use fails to bind, where it would share the connections with
+   * the first (two coordinators over two state databases). */
+  grpc_arg arg[6] = {
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH},
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
        .value.integer = 1000},
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_HTTP2_MAX_PING_STRIKES, .value.integer = 0},
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_TIME_MS, .value.integer = 60000},
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_TIMEOUT_MS, .value.integer = 20000},
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_ALLOW_REUSEPORT, .value.integer = 0},
   };
   arg[0].value.integer = s->o.max_request_bytes > INT32_MAX ? INT32_MAX : (int)s->o.max_request_bytes;
-  grpc_channel_args args = {5, arg};
+  grpc_channel_args args = {6, arg};
   s->server = grpc_server_create(&args, NULL);
   s->cq = grpc_completion_queue_create_for_next(NULL);
   grpc_server_register_completion_queue(s->server, s->cq, NULL);

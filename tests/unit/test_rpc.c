@@ -1169,6 +1169,33 @@ Test(rpc, tls, .timeout = 30) {
   srv_stop();
 }
 
+/* A second server on a port in use fails to bind (gRPC's default
+ * SO_REUSEPORT would let it share the first's connections: two
+ * coordinators over two state databases). */
+Test(rpc, a_port_in_use_is_refused, .timeout = 20) {
+  rpc_server_opts_t o = {0};
+  srv_start(&o);
+  char addr[64];
+  snprintf(addr, sizeof addr, "127.0.0.1:%d", F.port);
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  rpc_server_t *second = NULL;
+  rpc_server_opts_t so = {.addr = addr};
+  int rc = rpc_server_create(&second, &loop, &so);
+  if (!rc) rc = rpc_server_start(second);
+  cr_expect_eq(rc, FSDP_EUNAVAILABLE, "a second server on %s: %d (%s)", addr, rc, err_msg());
+  cr_expect(strstr(err_msg(), addr) && strstr(err_msg(), "in use"), "%s", err_msg());
+  if (second) rpc_server_destroy(second);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  uv_loop_close(&loop);
+  /* the first still serves */
+  rpc_client_t *c = client(NULL, NULL, NULL);
+  Fsdp__V1__GetJobReply *rep;
+  cr_expect_eq(get_job(c, "j-7", &rep), 0, "%s", err_msg());
+  if (rep) protobuf_c_message_free_unpacked(&rep->base, NULL);
+  rpc_client_destroy(c);
+}
+
 Test(rpc, dead_address_is_unavailable_with_advice, .timeout = 20) {
   char addr[64];
   int fd = tu_listen_loopback(addr, sizeof addr); /* a port nobody serves gRPC on: closed now */
