@@ -279,6 +279,15 @@ static int coord_spec_text(const Fsdp__V1__JobSpec *s, const config_t *cfg, int 
   return rc;
 }
 
+/* A character that could break a log line or what a terminal shows: a C0
+ * control but tab, DEL, a C1 control (0x9b is an 8-bit CSI, an escape
+ * sequence's start to a terminal), or a bidirectional override, embedding
+ * or isolate (U+202E makes a line read backwards). */
+static int coord_text_control(ucs4_t u) {
+  return (u < 0x20 && u != '\t') || (u >= 0x7f && u < 0xa0) || u == 0x61c || u == 0x200e ||
+         u == 0x200f || (u >= 0x202a && u <= 0x202e) || (u >= 0x2066 && u <= 0x2069);
+}
+
 /* Text that could break the stored INI, a log line or a client: refused,
  * naming it. Strings on the wire are UTF-8: protobuf's Python and Go
  * runtimes refuse a message holding anything else, so one job named in
@@ -286,26 +295,37 @@ static int coord_spec_text(const Fsdp__V1__JobSpec *s, const config_t *cfg, int 
 static int coord_text_ok(const char *what, const char *s, size_t max) {
   size_t n = strlen(s);
   if (n > max) return err_set(FSDP_EINVAL, "%s: %zu bytes; at most %zu", what, n, max);
-  for (size_t i = 0; i < n; i++)
-    if ((unsigned char)s[i] < 0x20 && s[i] != '\t')
-      return err_set(FSDP_EINVAL, "%s: a control character at byte %zu; use plain text", what, i);
   const uint8_t *bad = u8_check((const uint8_t *)s, n);
   if (bad)
     return err_set(FSDP_EINVAL, "%s: not UTF-8 at byte %zu; send text in UTF-8", what,
                    (size_t)(bad - (const uint8_t *)s));
+  ucs4_t u;
+  for (const uint8_t *p = (const uint8_t *)s, *next; (next = u8_next(&u, p)) != NULL; p = next)
+    if (coord_text_control(u))
+      return err_set(FSDP_EINVAL, "%s: a control character (U+%04X) at byte %zu; use plain text",
+                     what, (unsigned)u, (size_t)(p - (const uint8_t *)s));
   return FSDP_OK;
 }
 
 /* Text a node reports (a rank's last log line, a collective's name, why a
  * shard was not written), cut to fit by a byte count: every byte that is
  * not part of valid UTF-8 becomes '?', so what the coordinator repeats to
- * clients decodes, and a control character a space, so it stays one line
- * in a log. */
+ * clients decodes, and a control character (coord_text_control) a space,
+ * so it stays one line in a log and shows as text. */
 void coord_text_mend(char *s) {
   const size_t n = strlen(s);
   for (uint8_t *bad; (bad = (uint8_t *)u8_check((const uint8_t *)s, n));) *bad = '?';
-  for (char *p = s; *p; p++)
-    if ((unsigned char)*p < 0x20 && *p != '\t') *p = ' ';
+  uint8_t *w = (uint8_t *)s;
+  ucs4_t u;
+  for (const uint8_t *p = (const uint8_t *)s, *next; (next = u8_next(&u, p)) != NULL; p = next) {
+    if (coord_text_control(u)) {
+      *w++ = ' ';
+    } else {
+      memmove(w, p, (size_t)(next - p));
+      w += next - p;
+    }
+  }
+  *w = 0;
 }
 
 /* The least memory of any device a job could land on (0: no device known). */

@@ -776,9 +776,11 @@ Test(coordinator, a_restart_gives_the_nodes_its_grace_to_register_again, .timeou
 }
 
 /* Text on the wire is UTF-8 (protobuf's Python and Go runtimes refuse a
- * message holding anything else): a name in Latin-1 is refused; a rank's
- * last log line of any bytes (a byte-level model's sample), cut at 300
- * bytes, reaches the job's reason with every stray byte made '?'. */
+ * message holding anything else): a name in Latin-1 is refused, and so is
+ * one holding a control character a terminal would act on (DEL, an 8-bit
+ * CSI, a right-to-left override); a rank's last log line of any bytes (a
+ * byte-level model's sample), cut at 300 bytes, reaches the job's reason
+ * with every stray byte made '?' and every such control a space. */
 Test(coordinator, text_clients_read_is_utf8) {
   char d[600], id[32];
   data_opt(d, sizeof d);
@@ -791,6 +793,19 @@ Test(coordinator, text_clients_read_is_utf8) {
   Fsdp__V1__SubmitJobReply *sr = NULL;
   cr_assert_eq(CALL("SubmitJob", q, submit_job_reply, &sr), FSDP_EINVAL);
   cr_assert(strstr(err_msg(), "spec.name: not UTF-8 at byte 1"), "%s", err_msg());
+  static const struct {
+    const char *name, *why;
+  } controls[] = {{"a\x7f", "(U+007F) at byte 1"},
+                  {"\xc3\xa9\xc2\x9b" "31mred", "(U+009B) at byte 2"},
+                  {"ab\xe2\x80\xae" "txt.exe", "(U+202E) at byte 2"},
+                  {"a\x1b[2J", "(U+001B) at byte 1"}};
+  for (size_t i = 0; i < sizeof controls / sizeof *controls; i++) {
+    b.spec.name = (char *)controls[i].name;
+    cr_assert_eq(CALL("SubmitJob", q, submit_job_reply, &sr), FSDP_EINVAL, "name %zu taken", i);
+    cr_assert(strstr(err_msg(), "spec.name: a control character") &&
+                  strstr(err_msg(), controls[i].why),
+              "%s", err_msg());
+  }
   b.spec.name = "r\xc3\xa9sum\xc3\xa9";
   cr_assert_eq(CALL("SubmitJob", q, submit_job_reply, &sr), 0, "%s", err_msg());
   snprintf(id, sizeof id, "%s", sr->job_id);
@@ -801,6 +816,9 @@ Test(coordinator, text_clients_read_is_utf8) {
   char msg[400];
   memset(msg, 'x', sizeof msg);
   memcpy(msg, "sample: \xff\xfe", 10);
+  memcpy(msg + 20, "\x1b[31m", 5);
+  memcpy(msg + 30, "\xe2\x80\xae", 3); /* U+202E */
+  memcpy(msg + 40, "\xc2\x9b", 2);     /* U+009B */
   for (int i = 291; i < 321; i += 2) memcpy(msg + i, "\xc3\xa9", 2); /* cut inside one */
   msg[399] = 0;
   Fsdp__V1__ReportRankExitRequest e = FSDP__V1__REPORT_RANK_EXIT_REQUEST__INIT;
@@ -811,6 +829,7 @@ Test(coordinator, text_clients_read_is_utf8) {
   char reason[600];
   cr_assert_eq(job_state(id, reason, sizeof reason), FSDP__V1__JOB_STATE__JOB_STATE_FAILED);
   cr_assert(strstr(reason, "sample: ??x"), "%s", reason);
+  cr_assert(!strchr(reason, 0x1b) && strstr(reason, " [31m"), "%s", reason);
   for (const unsigned char *p = (const unsigned char *)reason; *p; p++) {
     if (*p < 0x80) continue;
     cr_assert(p[0] == 0xc3 && p[1] == 0xa9, "a stray byte 0x%02x at %td: %s", *p,
