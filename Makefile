@@ -74,7 +74,7 @@ CONTROL_PKGS = libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libsqlite3-dev 
 
 COMMON_SRCS = daemon/common/err.c daemon/common/log.c daemon/common/param.c daemon/common/mem.c \
               daemon/common/frame.c daemon/common/crash.c daemon/common/netaddr.c \
-              daemon/common/file.c
+              daemon/common/file.c daemon/common/ticket.c
 # kernels/cpu: backend.c once (it picks the level), the rest once per level,
 # in $(B)/kernels/cpu/<level>/ (kernels/cpu/cpu.h names their symbols apart).
 KERN_ISAS     = generic avx2 avx512

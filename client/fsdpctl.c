@@ -1341,7 +1341,16 @@ static int cmd_logs(ctl_t *c, int argc, char **argv) {
     free(addr);
     return ctl_fail(c, rc, "logs of job %s rank %lu", job, rank);
   }
-  rpc_client_opts_t o = {.target = addr, .token_file = c->token_file, .tls_ca_file = ca};
+  /* never the user's token: the node's operator could use it at the
+   * coordinator; a ticket for this rank's log there instead */
+  Fsdp__V1__GetLogTicketRequest tq = FSDP__V1__GET_LOG_TICKET_REQUEST__INIT;
+  tq.node_id = node, tq.job_id = (char *)job, tq.rank = (uint32_t)rank;
+  Fsdp__V1__GetLogTicketReply *tr = NULL;
+  if ((rc = ctl_call(c, "GetLogTicket", &tq.base, &fsdp__v1__get_log_ticket_reply__descriptor, &tr))) {
+    free(addr);
+    return ctl_fail(c, rc, "logs of job %s rank %lu: a ticket for node %s", job, rank, node);
+  }
+  rpc_client_opts_t o = {.target = addr, .tls_ca_file = ca};
   rpc_client_t *nc = NULL;
   rpc_stream_t *st = NULL;
   Fsdp__V1__GetRankLogsRequest req = FSDP__V1__GET_RANK_LOGS_REQUEST__INIT;
@@ -1350,6 +1359,7 @@ static int cmd_logs(ctl_t *c, int argc, char **argv) {
   req.attempt = (uint32_t)attempt;
   req.follow = follow;
   req.offset = has_tail ? -(int64_t)tail : 0;
+  req.ticket = tr->ticket;
   int code = CTL_EXIT_OK;
   /* --follow lasts until the user stops it; a plain read is bounded by
    * --timeout. A followed stream that breaks (fsdpd restarted, or the
@@ -1383,6 +1393,7 @@ static int cmd_logs(ctl_t *c, int argc, char **argv) {
     else if (rc) code = ctl_fail_at(c, rc, addr, "logs of job %s rank %lu from node %s", job, rank, node);
   }
   rpc_client_destroy(nc);
+  ctl_free(tr);
   free(addr);
   return code;
 }
@@ -1496,8 +1507,9 @@ static const char ctl_globals_help[] =
     "  --node-tls-ca FILE|plaintext\n"
     "                      how logs reaches the nodes' fsdpd: TLS checked against\n"
     "                      FILE, or plaintext (an fsdpd without --tls-cert, as in\n"
-    "                      deploy/k8s: the token then crosses the network in the\n"
-    "                      clear); default FSDP_NODE_TLS_CA, else as --tls-ca\n"
+    "                      deploy/k8s: the log ticket, never a token, then crosses\n"
+    "                      the network in the clear); default FSDP_NODE_TLS_CA,\n"
+    "                      else as --tls-ca\n"
     "  --timeout SECONDS   bound on each call (default 10); watch and logs --follow\n"
     "                      last until the job ends or you stop them; export takes\n"
     "                      as long as the file needs, but gives up when no piece\n"

@@ -173,6 +173,10 @@ void rpc_call_on_cancel(rpc_call_t *call, rpc_cancel_cb cb, void *arg);
 const char *rpc_call_method(const rpc_call_t *call);
 /* The role the caller's token gave (RPC_ROLE_*; 0 when auth is off). */
 unsigned rpc_call_role(const rpc_call_t *call);
+/* For a method registered open (roles 0) that checks its callers itself: the
+ * check rpc_server_add's roles would have made (0, or FSDP_EAUTH or
+ * FSDP_EPERM with a message; 0 when the server checks no tokens). */
+int rpc_call_auth(rpc_call_t *call, unsigned roles);
 /* The node the caller's token belongs to, from a per-node token file; NULL
  * when the node token is shared, auth is off, or the caller is no node. */
 const char *rpc_call_node(const rpc_call_t *call);

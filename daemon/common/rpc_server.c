@@ -628,6 +628,8 @@ void rpc_call_on_cancel(rpc_call_t *c, rpc_cancel_cb cb, void *arg) {
 
 const char *rpc_call_method(const rpc_call_t *c) { return c->method; }
 unsigned rpc_call_role(const rpc_call_t *c) { return c->role; }
+
+int rpc_call_auth(rpc_call_t *c, unsigned roles) { return rpc_auth(c->s, c, roles); }
 const char *rpc_call_node(const rpc_call_t *c) { return c->node[0] ? c->node : NULL; }
 
 /* ---- health -------------------------------------------------------------------------- */

@@ -9,6 +9,7 @@
 #include "daemon/common/mem.h"
 #include "daemon/common/metrics.h"
 #include "daemon/common/rpc.h"
+#include "daemon/common/ticket.h"
 #include "daemon/coordinator/coord.h"
 #include "daemon/coordinator/sched.h"
 #include "daemon/job/config.h"
@@ -55,6 +56,7 @@ typedef struct coord_node {
   coord_order_t *sent;      /* assignments sent and not yet seen in its heartbeats */
   int n_sent, cap_sent;
   int ndev;                 /* devices it registered with */
+  uint8_t log_key[TICKET_KEY_BYTES]; /* its log tickets' (ticket.h), new at each registration */
   /* devices it reports still running a job's processes, a bit each */
   uint64_t busy[COORD_NODE_DEVICES_MAX / 64];
 } coord_node_t;

@@ -897,6 +897,11 @@ static void coord_register_cb(rpc_call_t *call, const ProtobufCMessage *req, voi
   n->n_sent = 0; /* what it runs is in this registration; what it lacks is sent below */
   n->session = session, n->dead = 0, n->stopping = 0, n->ndev = (int)q->n_devices;
   n->instance = q->instance;
+  if (getrandom(n->log_key, sizeof n->log_key, 0) != (ssize_t)sizeof n->log_key) {
+    rpc_call_finish(call, err_set(FSDP_EINTERNAL, "coordinator: no random bytes for node %s's "
+                                  "log key", q->hostname));
+    return;
+  }
   n->heard_ms = coord_mono_ms(c), n->heard_unix_ms = coord_unix_ms();
   n->awaited = 0, n->grace_until_ms = 0; /* back: the heartbeat timeout alone, from now */
   /* Reconcile: ranks it runs that are not of a running attempt are killed;
@@ -947,6 +952,10 @@ static void coord_register_cb(rpc_call_t *call, const ProtobufCMessage *req, voi
   Fsdp__V1__RegisterNodeReply rep = FSDP__V1__REGISTER_NODE_REPLY__INIT;
   rep.node_id = nid, rep.session = session;
   rep.heartbeat_interval_ms = (uint32_t)c->o.heartbeat_interval_ms;
+  if (c->o.user_token_file) { /* where no token is checked, neither is a ticket */
+    rep.log_key.data = n->log_key;
+    rep.log_key.len = sizeof n->log_key;
+  }
   rpc_call_reply(call, &rep.base);
 }
 
@@ -1121,6 +1130,30 @@ static void coord_rank_exit_cb(rpc_call_t *call, const ProtobufCMessage *req, vo
   rpc_call_reply(call, &rep.base);
 }
 
+/* GetLogTicket: a ticket for one rank's log on one node (ticket.h), under
+ * the key the node got at its registration with this coordinator. */
+static void coord_log_ticket_cb(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
+  coord_t *c = arg;
+  const Fsdp__V1__GetLogTicketRequest *q = (const void *)m;
+  int rc = coord_text_ok("job_id", q->job_id, 63);
+  const int64_t id = coord_id_parse(q->node_id, 'n');
+  const coord_node_t *n = rc || !id ? NULL : coord_node_get(c, id, 0);
+  if (!rc && (!n || !n->session))
+    rc = err_set(FSDP_ENOTFOUND, "node %s is not registered with this coordinator (fsdpctl nodes "
+                 "lists the nodes)", q->node_id);
+  if (rc) {
+    rpc_call_finish(call, rc);
+    return;
+  }
+  char t[TICKET_MAX] = "";
+  if (c->o.user_token_file)
+    ticket_make(t, n->log_key, sizeof n->log_key, q->job_id, q->rank, q->node_id,
+                coord_unix_ms() / 1000 + TICKET_LIFE_S);
+  Fsdp__V1__GetLogTicketReply rep = FSDP__V1__GET_LOG_TICKET_REPLY__INIT;
+  rep.ticket = t;
+  rpc_call_reply(call, &rep.base);
+}
+
 /* ---- registration ------------------------------------------------------------- */
 
 int coord_rpc_register(coord_t *c) {
@@ -1143,6 +1176,8 @@ int coord_rpc_register(coord_t *c) {
       M("ListNodes", list_nodes_request, list_nodes_reply, 0, RPC_ROLE_USER, coord_nodes_cb),
       M("ListEvents", list_events_request, list_events_reply, 0, RPC_ROLE_USER, coord_events_cb),
       M("DrainNode", drain_node_request, drain_node_reply, 0, RPC_ROLE_OPERATOR, coord_drain_cb),
+      M("GetLogTicket", get_log_ticket_request, get_log_ticket_reply, 0, RPC_ROLE_USER,
+        coord_log_ticket_cb),
       M("RegisterNode", register_node_request, register_node_reply, 0, RPC_ROLE_NODE,
         coord_register_cb),
       M("Heartbeat", heartbeat_request, heartbeat_reply, 0, RPC_ROLE_NODE, coord_heartbeat_cb),

@@ -108,7 +108,10 @@ static void agent_async_cb(uv_async_t *h) {
   while (m) {
     agent_msg_t *next = m->next;
     if (m->kind == 0) {
-      if (a->o.registered_cb) a->o.registered_cb(a->o.arg, (const char *)m->data);
+      Fsdp__V1__RegisterNodeReply *rep = fsdp__v1__register_node_reply__unpack(NULL, m->len, m->data);
+      if (rep && a->o.registered_cb)
+        a->o.registered_cb(a->o.arg, rep->node_id, rep->log_key.data, rep->log_key.len);
+      if (rep) fsdp__v1__register_node_reply__free_unpacked(rep, NULL);
     } else if (m->kind == 2) {
       if (a->o.refused_cb) a->o.refused_cb(a->o.arg, (const char *)m->data);
     } else if (m->kind == 3) {
@@ -173,7 +176,7 @@ static void *agent_main(void *arg) {
         LOG_INFO("fsdpd", "registered as node %s (session %llu, heartbeat every %u ms, %zu rank(s) "
                  "running)", node_id, (unsigned long long)session, interval_ms,
                  st ? st->n_ranks : 0);
-        agent_post(a, 0, NULL, node_id);
+        agent_post(a, 0, &rep->base, NULL);
         protobuf_c_message_free_unpacked(&rep->base, NULL);
       }
     } else {

@@ -42,8 +42,10 @@ typedef struct agent_opts {
   /* the node's state for the first registration (see agent_publish); copied */
   const uint8_t *state;
   size_t state_len;
-  /* on the loop: the node is registered as node_id (again, after a lost session) */
-  void (*registered_cb)(void *arg, const char *node_id);
+  /* on the loop: the node is registered as node_id (again, after a lost
+   * session), its log tickets' key log_key (ticket.h; log_key_len 0: none) */
+  void (*registered_cb)(void *arg, const char *node_id, const uint8_t *log_key,
+                        size_t log_key_len);
   /* on the loop: the first RegisterNode was refused (agent_refusal) for
    * refused_exit_s (0: at once), the last time for the reason given */
   void (*refused_cb)(void *arg, const char *why);

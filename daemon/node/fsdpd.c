@@ -102,9 +102,11 @@ static void usage(FILE *f) {
     "  --run-as USER         the user ranks run as; required when fsdpd runs as root\n"
     "  --token-file FILE     the node token sent to the coordinator\n"
     "  --user-token-file FILE\n"
-    "                        the token the Node service (rank logs) requires of users;\n"
-    "                        the file may hold its digest, sha256:<64 hex>, instead, so\n"
-    "                        the node holds no user token it could act with\n"
+    "                        rank logs need not it: a coordinator that checks tokens\n"
+    "                        gives the Node service the key of its log tickets, and\n"
+    "                        it takes those alone; under one that checks none, the\n"
+    "                        token the Node service requires of users (the file may\n"
+    "                        hold its digest, sha256:<64 hex>, instead)\n"
     "  --node-token-file FILE  also accepted there (no Node method is a node's)\n"
     "  --tls-ca FILE         check the coordinator's certificate against this CA\n"
     "  --tls-cert FILE, --tls-key FILE\n"
@@ -141,9 +143,11 @@ static void fsdpd_publish_cb(uv_timer_t *t) {
   if (ranks_dirty(D->ranks)) fsdpd_publish(D);
 }
 
-static void fsdpd_registered_cb(void *arg, const char *node_id) {
+static void fsdpd_registered_cb(void *arg, const char *node_id, const uint8_t *log_key,
+                                size_t log_key_len) {
   fsdpd_t *D = arg;
   ranks_set_node_id(D->ranks, node_id);
+  logs_set_identity(D->logs, node_id, log_key, log_key_len);
 }
 
 static void fsdpd_stop(fsdpd_t *D);
@@ -568,9 +572,13 @@ int main(int argc, char **argv) {
     return 1;
   }
   if (D.metrics) LOG_INFO("fsdpd", "metrics on port %d", metrics_server_port(D.metrics));
-  if (!D.user_token_file && !rpc_addr_is_local(D.listen)) /* as the coordinator warns */
-    LOG_WARN("fsdpd", "no user token: anyone who can reach %s may read every rank's log; give "
-             "--user-token-file, the coordinator's (docs/OPERATIONS.md)", D.listen);
+  /* with a token, the coordinator checks tokens and hands this node the key
+   * of the log tickets its Node service then requires */
+  if (D.token_file) logs_expect_tickets(D.logs);
+  if (!D.user_token_file && !D.token_file && !rpc_addr_is_local(D.listen)) /* as the coordinator warns */
+    LOG_WARN("fsdpd", "no tokens: anyone who can reach %s may read every rank's log; give "
+             "--token-file, the node token of a coordinator that checks tokens (docs/OPERATIONS.md)",
+             D.listen);
   LOG_INFO("fsdpd", "node %s: %d device(s) (%s), Node service on %s, coordinator %s, work dir %s, ranks run "
            "%s%s", D.name, D.inv.count, D.devices, D.address, D.coordinator, D.work_dir,
            as_user ? "as " : "as fsdpd's user", as_user ? D.run_as : "");

@@ -9,12 +9,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "daemon/common/err.h"
 #include "daemon/common/file.h"
 #include "daemon/common/log.h"
 #include "daemon/common/param.h"
+#include "daemon/common/ticket.h"
 #include "daemon/node/workdir.h"
 
 #define LOGS_BACKLOG 4 /* chunks queued ahead of a client before the stream waits */
@@ -26,6 +28,12 @@ struct logs {
   int streams;        /* open now: each holds its log's descriptor until closed */
   int streams_max;    /* FSDP_LOG_STREAMS_MAX */
   uint64_t stall_ms;  /* FSDP_STREAM_STALL_S */
+  /* from the coordinator at the last registration: this node's id and its
+   * log tickets' key (key_len 0: the coordinator issues none) */
+  char node_id[64];
+  uint8_t key[TICKET_KEY_BYTES];
+  size_t key_len;
+  int tickets; /* fsdpd sends the coordinator a token: it will give a key */
 };
 
 typedef struct logs_stream {
@@ -108,12 +116,41 @@ static void logs_tick_cb(uv_timer_t *t) {
   if (!active) logs_stream_end(st, 0); /* everything is sent */
 }
 
+void logs_expect_tickets(logs_t *L) { L->tickets = 1; }
+
+void logs_set_identity(logs_t *L, const char *node_id, const uint8_t *key, size_t key_len) {
+  snprintf(L->node_id, sizeof L->node_id, "%s", node_id);
+  L->key_len = key_len == TICKET_KEY_BYTES ? key_len : 0;
+  if (L->key_len) memcpy(L->key, key, key_len);
+}
+
+/* Who may read: where the coordinator issues log tickets, the holder of one
+ * for this rank here (never a user token: a node must not hold one); else
+ * the user token, when fsdpd was given one (--user-token-file). */
+static int logs_allowed(const logs_t *L, rpc_call_t *call, const Fsdp__V1__GetRankLogsRequest *req) {
+  if (L->key_len)
+    return *req->ticket ? ticket_check(req->ticket, L->key, L->key_len, req->job_id, req->rank,
+                                       L->node_id, (int64_t)time(NULL))
+                        : err_set(FSDP_EAUTH, "GetRankLogs: no log ticket: this node takes one "
+                                  "from the coordinator's GetLogTicket (fsdpctl logs asks for it), "
+                                  "never a user token");
+  if (!L->key_len && (L->tickets || *req->ticket))
+    return err_set(FSDP_EUNAVAILABLE, "GetRankLogs: this node is not registered with the "
+                   "coordinator yet, so it cannot check a log ticket; try again shortly");
+  return rpc_call_auth(call, RPC_ROLE_USER);
+}
+
 static void logs_get_rank_logs(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   logs_t *L = arg;
   const Fsdp__V1__GetRankLogsRequest *req = (const void *)m;
   /* each stream holds a descriptor: without a cap, clients could take
    * every one fsdpd may open, and its next rank could not listen */
-  int rc = L->streams >= L->streams_max
+  int rc = logs_allowed(L, call, req);
+  if (rc) {
+    rpc_call_finish(call, rc);
+    return;
+  }
+  rc = L->streams >= L->streams_max
                ? err_set(FSDP_ELIMIT, "fsdpd serves at most %d log streams at once and %d are "
                          "open; end one (a `fsdpctl logs --follow` left running?) or try again "
                          "later (the node's operator sets FSDP_LOG_STREAMS_MAX)", L->streams_max,
@@ -175,7 +212,7 @@ int logs_register(logs_t *L, rpc_server_t *srv) {
                           .request = &fsdp__v1__get_rank_logs_request__descriptor,
                           .reply = &fsdp__v1__log_chunk__descriptor,
                           .server_streaming = 1,
-                          .roles = RPC_ROLE_USER,
+                          .roles = 0, /* logs_allowed checks the caller */
                           .handler = logs_get_rank_logs,
                           .arg = L};
   return rpc_server_add(srv, &m);

@@ -20,6 +20,8 @@
 #ifndef FSDP_LOGS_H
 #define FSDP_LOGS_H
 
+#include <stddef.h>
+#include <stdint.h>
 #include <uv.h>
 
 #include "daemon/common/rpc.h"
@@ -31,8 +33,17 @@
 typedef struct logs logs_t;
 
 int logs_create(logs_t **out, uv_loop_t *loop, const char *work_dir, const ranks_t *ranks);
-/* Registers GetRankLogs (role: user) on srv, before rpc_server_start. */
+/* Registers GetRankLogs on srv, before rpc_server_start: open at the RPC
+ * layer, the handler checks the caller (a log ticket, ticket.h, where the
+ * coordinator issues them; else the user token, when fsdpd has one). */
 int logs_register(logs_t *L, rpc_server_t *srv);
+/* This node's id and log ticket key, from its registration (key_len 0: the
+ * coordinator issues no tickets). On the loop. */
+void logs_set_identity(logs_t *L, const char *node_id, const uint8_t *key, size_t key_len);
+/* fsdpd sends the coordinator a token, so the coordinator checks tokens and
+ * will give a key: until it has, GetRankLogs is refused (UNAVAILABLE), not
+ * open. */
+void logs_expect_tickets(logs_t *L);
 /* After rpc_server_destroy (which ends the streams). */
 void logs_destroy(logs_t *L);
 

@@ -25,6 +25,7 @@
 
 #include "daemon/common/err.h"
 #include "daemon/common/rpc.h"
+#include "daemon/common/ticket.h"
 #include "daemon/coordinator/store.h"
 #include "daemon/job/plan.h"
 #include "proto/fsdp.pb-c.h"
@@ -493,6 +494,49 @@ Test(coordinator, tokens_are_required_and_roles_kept) {
   cr_expect_eq(CALL("DrainNode", dq, drain_node_reply, &dr), FSDP_ENOTFOUND, "%s", err_msg());
   cr_expect_eq(CALL("ListNodes", q, list_nodes_reply, &r), 0, "the operator lists: %s", err_msg());
   if (r) protobuf_c_message_free_unpacked(&r->base, NULL);
+}
+
+/* A log ticket (ticket.h): a user's for one rank's log on one node, made
+ * with the key that node got at its registration, good for that alone;
+ * none for a node that is not registered, nor for a node's token; a node
+ * registering again gets a new key, which the old tickets do not pass. */
+Test(coordinator, a_log_ticket_is_for_one_rank_on_one_node) {
+  char ut[600], nt[600], ot[600];
+  co_start_with_tokens("ticket.db", ut, nt, ot);
+  client_for(&co, nt);
+  uint8_t key[2][TICKET_KEY_BYTES];
+  char id[32] = "";
+  for (int k = 0; k < 2; k++) {
+    Fsdp__V1__RegisterNodeRequest q = FSDP__V1__REGISTER_NODE_REQUEST__INIT;
+    q.hostname = "solo", q.address = "127.0.0.1:9", q.node_id = id;
+    Fsdp__V1__RegisterNodeReply *r = NULL;
+    cr_assert_eq(CALL("RegisterNode", q, register_node_reply, &r), 0, "%s", err_msg());
+    cr_assert_eq(r->log_key.len, TICKET_KEY_BYTES, "registration %d: a %zu-byte key", k,
+                 r->log_key.len);
+    memcpy(key[k], r->log_key.data, TICKET_KEY_BYTES);
+    snprintf(id, sizeof id, "%s", r->node_id);
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+  }
+  cr_expect_neq(memcmp(key[0], key[1], TICKET_KEY_BYTES), 0, "a new key at each registration");
+  Fsdp__V1__GetLogTicketRequest tq = FSDP__V1__GET_LOG_TICKET_REQUEST__INIT;
+  tq.node_id = id, tq.job_id = "j-5", tq.rank = 3;
+  Fsdp__V1__GetLogTicketReply *tr = NULL;
+  cr_expect_eq(CALL("GetLogTicket", tq, get_log_ticket_reply, &tr), FSDP_EPERM, "a node's ticket");
+  client_for(&co, ut);
+  cr_assert_eq(CALL("GetLogTicket", tq, get_log_ticket_reply, &tr), 0, "%s", err_msg());
+  const int64_t now = (int64_t)time(NULL);
+  cr_expect_eq(ticket_check(tr->ticket, key[1], TICKET_KEY_BYTES, "j-5", 3, id, now), 0, "%s",
+               err_msg());
+  cr_expect_eq(ticket_check(tr->ticket, key[1], TICKET_KEY_BYTES, "j-5", 3, id,
+                            now + TICKET_LIFE_S + 5), FSDP_EAUTH, "good past its life");
+  cr_expect_eq(ticket_check(tr->ticket, key[0], TICKET_KEY_BYTES, "j-5", 3, id, now), FSDP_EAUTH,
+               "good under the key of an earlier registration");
+  cr_expect_eq(ticket_check(tr->ticket, key[1], TICKET_KEY_BYTES, "j-5", 2, id, now), FSDP_EAUTH,
+               "good for another rank");
+  protobuf_c_message_free_unpacked(&tr->base, NULL);
+  tq.node_id = "n-99";
+  cr_expect_eq(CALL("GetLogTicket", tq, get_log_ticket_reply, &tr), FSDP_ENOTFOUND, "%s",
+               err_msg());
 }
 
 /* An independent client (Python's grpcio, stubs generated from the proto

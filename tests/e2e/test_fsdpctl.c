@@ -439,13 +439,38 @@ static void h_export(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   rpc_call_finish(call, 0);
 }
 
+/* GetLogTicket: a ticket naming what it is for, which h_logs checks. */
+static void h_ticket(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
+  (void)arg;
+  const Fsdp__V1__GetLogTicketRequest *req = (const void *)m;
+  rec_put(rpc_call_method(call), m);
+  char t[160];
+  snprintf(t, sizeof t, "ticket:%s:%s:%u", req->node_id, req->job_id, req->rank);
+  Fsdp__V1__GetLogTicketReply rep = FSDP__V1__GET_LOG_TICKET_REPLY__INIT;
+  rep.ticket = t;
+  rpc_call_reply(call, &rep.base);
+}
+
+/* Whether the last GetRankLogs carried a token the node would take as a
+ * user's (it must not: the node's operator could use it at the coordinator). */
+static int logs_got_user_token;
+static int fake_user_token; /* the fake servers check tokens */
+
 /* The Node service: three chunks of the log, in order. Followed from the
  * start, the stream breaks (UNAVAILABLE) after two; followed from an
- * offset, it goes on from the line there and ends. */
+ * offset, it goes on from the line there and ends. Open at the RPC layer,
+ * as fsdpd's: it wants the ticket h_ticket made for this node (n-1). */
 static void h_logs(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   (void)arg;
   const Fsdp__V1__GetRankLogsRequest *req = (const void *)m;
   rec_put(rpc_call_method(call), m);
+  logs_got_user_token = fake_user_token && rpc_call_auth(call, RPC_ROLE_USER) == 0;
+  char want[160];
+  snprintf(want, sizeof want, "ticket:n-1:%s:%u", req->job_id, req->rank);
+  if (strcmp(req->ticket, want)) {
+    rpc_call_finish(call, err_set(FSDP_EAUTH, "ticket \"%s\", wanted \"%s\"", req->ticket, want));
+    return;
+  }
   static const char *const lines[] = {"step 1 loss 5.0\n", "step 2 loss 4.0\n", "step 3 loss 3.0\n"};
   const int breaks = req->follow && req->offset <= 0;
   int64_t off = 0;
@@ -510,6 +535,8 @@ static int add_coordinator(rpc_server_t *s) {
        &fsdp__v1__list_events_reply__descriptor, 0, U, h_events, NULL},
       {SVC "DrainNode", &fsdp__v1__drain_node_request__descriptor,
        &fsdp__v1__drain_node_reply__descriptor, 0, U, h_drain, NULL},
+      {SVC "GetLogTicket", &fsdp__v1__get_log_ticket_request__descriptor,
+       &fsdp__v1__get_log_ticket_reply__descriptor, 0, U, h_ticket, NULL},
       {SVC "ExportCheckpoint", &fsdp__v1__export_checkpoint_request__descriptor,
        &fsdp__v1__export_chunk__descriptor, 1, U, h_export, NULL},
   };
@@ -524,7 +551,7 @@ static void *server_thread(void *arg) {
   no.addr = "127.0.0.1:0";
   if (F.node_plain) no.tls_cert_file = no.tls_key_file = NULL;
   const rpc_method_t logs = {"/fsdp.v1.Node/GetRankLogs", &fsdp__v1__get_rank_logs_request__descriptor,
-                             &fsdp__v1__log_chunk__descriptor, 1, U, h_logs, NULL};
+                             &fsdp__v1__log_chunk__descriptor, 1, 0, h_logs, NULL};
   int rc = rpc_server_create(&F.coord, &F.loop, &F.opts);
   if (!rc) rc = add_coordinator(F.coord);
   if (!rc) rc = rpc_server_start(F.coord);
@@ -562,6 +589,7 @@ static void fake_start_tls(const char *user_token, const char *node_token, const
   F.opts.tls_cert_file = cert;
   F.opts.tls_key_file = key;
   F.node_plain = node_plain;
+  fake_user_token = user_token != NULL;
   F.ready = 0; /* a test may start them again after fake_stop */
   pthread_create(&F.thread, NULL, server_thread, NULL);
   struct timespec until;
@@ -1678,6 +1706,30 @@ Test(fsdpctl, logs_reach_nodes_as_node_tls_ca_says, .timeout = 60) {
   cr_assert_eq(rc, 4, "the node checked against another CA: exit %d: %s", rc, err);
   rc = CTL("--tls-ca", ca, "--node-tls-ca", ca, "logs", "j-42");
   cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
+}
+
+/* fsdpctl never hands a node the user's token (a node's operator could use
+ * it at the coordinator): it asks the coordinator for a ticket for that
+ * rank's log on that node, and gives the node that alone. */
+Test(fsdpctl, logs_give_the_node_a_ticket_never_the_token) {
+  char *user = write_tmp("user.token", "user-secret-1\n");
+  char *node = write_tmp("node.token", "node-secret-2\n");
+  fake_start(user, node);
+  setenv("FSDP_TOKEN_FILE", user, 1);
+  logs_got_user_token = -1;
+  int rc = CTL("logs", "j-42", "--rank", "1");
+  unsetenv("FSDP_TOKEN_FILE");
+  cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
+  cr_assert_str_eq(out, "step 1 loss 5.0\nstep 2 loss 4.0\nstep 3 loss 3.0\n");
+  cr_assert_eq(logs_got_user_token, 0, "the node was sent a token it takes as a user's");
+  Fsdp__V1__GetLogTicketRequest *tq =
+      rec_get("GetLogTicket", &fsdp__v1__get_log_ticket_request__descriptor, NULL);
+  cr_assert_str_eq(tq->node_id, "n-1");
+  cr_assert_str_eq(tq->job_id, "j-42");
+  cr_assert_eq(tq->rank, 1);
+  protobuf_c_message_free_unpacked(&tq->base, NULL);
+  free(user);
+  free(node);
 }
 
 /* ---- an independent client ---------------------------------------------------------------------- */

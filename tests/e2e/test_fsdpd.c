@@ -41,6 +41,7 @@
 
 #include "daemon/common/err.h"
 #include "daemon/common/rpc.h"
+#include "daemon/common/ticket.h"
 #include "daemon/job/job.h"
 #include "proto/fsdp.pb-c.h"
 #include "tests/unit/testutil.h"
@@ -112,6 +113,10 @@ static char *workdir, *fsdpd_log, *tokens;
 
 /* ---- handlers (on the fake's loop thread) ----------------------------------------- */
 
+/* The log ticket key the fake coordinator gives at registration, when set. */
+static int log_key_given;
+static const uint8_t log_key[TICKET_KEY_BYTES] = "0123456789abcdef0123456789abcde";
+
 static void h_register(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   (void)arg;
   const Fsdp__V1__RegisterNodeRequest *req = (const void *)m;
@@ -143,6 +148,7 @@ static void h_register(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   rep.node_id = "n-1";
   rep.session = F.session;
   rep.heartbeat_interval_ms = HOLD_MS;
+  if (log_key_given) rep.log_key.data = (uint8_t *)log_key, rep.log_key.len = sizeof log_key;
   pthread_mutex_unlock(&F.mu);
   rpc_call_reply(call, &rep.base);
 }
@@ -1200,19 +1206,24 @@ Test(fsdpd, options_that_would_go_wrong_later_are_refused_at_start, .timeout = 2
   }
 }
 
-/* A Node service open beyond loopback without a user token says so at
- * start (anyone reaching it reads every rank's log), as the coordinator
- * does; on loopback it does not. */
+/* A Node service open beyond loopback without tokens says so at start
+ * (anyone reaching it reads every rank's log), as the coordinator does; on
+ * loopback it does not, nor with a node token (the coordinator then checks
+ * tokens and gives the node its log tickets' key). */
 Test(fsdpd, open_rank_logs_beyond_loopback_are_warned_of, .timeout = 20) {
-  char cmd[2400], out[8192];
-  for (int k = 0; k < 2; k++) {
+  char cmd[2400], out[8192], *nt = tu_path("node.token"), tok[700] = "";
+  tu_write_file(nt, "node-secret-0987654321\n", 23);
+  for (int k = 0; k < 3; k++) {
+    if (k == 2) snprintf(tok, sizeof tok, "--token-file '%s'", nt);
     snprintf(cmd, sizeof cmd, "timeout 1 %s/bin/fsdpd --coordinator 127.0.0.1:1 --devices cpu:1 "
-             "--work-dir '%s' --listen %s %s 2>&1; true", tu_root(), workdir,
-             k ? "127.0.0.1:0" : "0.0.0.0:0", geteuid() == 0 ? "--run-as nobody" : "");
+             "--work-dir '%s' --listen %s %s %s 2>&1; true", tu_root(), workdir,
+             k == 1 ? "127.0.0.1:0" : "0.0.0.0:0", tok, geteuid() == 0 ? "--run-as nobody" : "");
     tu_sh(cmd, out, sizeof out);
     cr_assert(strstr(out, "Node service on"), "%s", out);
-    cr_assert_eq(strstr(out, "no user token: anyone who can reach 0.0.0.0:0") != NULL, !k, "%s", out);
+    cr_assert_eq(strstr(out, "no tokens: anyone who can reach 0.0.0.0:0") != NULL, k == 0, "case %d: %s",
+                 k, out);
   }
+  free(nt);
 }
 
 /* --advertise: the Node service's address as registered, where clients
@@ -1367,6 +1378,66 @@ static int logs_first(rpc_client_t *c, const char *job, uint32_t rank, double ti
   if (rc == 1) *len = ((Fsdp__V1__LogChunk *)m)->data.len, protobuf_c_message_free_unpacked(m, NULL);
   rpc_stream_close(st);
   return rc;
+}
+
+/* Given a key at its registration (the coordinator checks tokens), fsdpd's
+ * Node service takes a log ticket for that rank on this node, unexpired and
+ * made with that key, and nothing else: not a user token, nor another
+ * rank's, node's or key's ticket. */
+Test(fsdpd, its_node_service_takes_a_ticket_for_the_rank_alone, .timeout = 30) {
+  log_key_given = 1;
+  char *ut = tu_path("user.token");
+  tu_write_file(ut, "user-secret-1234567890\n", 23);
+  const char *args[] = {"--devices", "cpu:1", "--work-dir", workdir, "--user-token-file", ut,
+                        geteuid() == 0 ? "--run-as" : NULL, "nobody", NULL};
+  fsdpd_pid = fsdpd_spawn(args);
+  cr_assert(wait_for(registered, 10), "%s", tu_slurp(fsdpd_log, NULL));
+  fake_attempt("j-7", 100);
+  char addr[128];
+  pthread_mutex_lock(&F.mu);
+  snprintf(addr, sizeof addr, "%s", F.reg_address);
+  pthread_mutex_unlock(&F.mu);
+  static const uint8_t other_key[TICKET_KEY_BYTES] = "another key, another coordinator";
+  const int64_t now = (int64_t)time(NULL);
+  struct {
+    const uint8_t *key;
+    const char *job, *node;
+    uint32_t rank;
+    int64_t expiry;
+    const char *token; /* the user token sent along */
+    int want;
+  } cases[] = {
+      {log_key, "j-7", "n-1", 0, now + 60, NULL, 1},
+      {log_key, "j-7", "n-1", 1, now + 60, ut, 1},
+      {NULL, NULL, NULL, 0, 0, ut, FSDP_EAUTH},            /* a user token, no ticket */
+      {log_key, "j-7", "n-1", 1, now + 60, NULL, FSDP_EAUTH}, /* rank 1's, for rank 0 (below) */
+      {log_key, "j-7", "n-2", 0, now + 60, NULL, FSDP_EAUTH}, /* another node's */
+      {log_key, "j-8", "n-1", 0, now + 60, NULL, FSDP_EAUTH}, /* another job's */
+      {log_key, "j-7", "n-1", 0, now - 1, NULL, FSDP_EAUTH},  /* expired */
+      {other_key, "j-7", "n-1", 0, now + 60, NULL, FSDP_EAUTH},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    char t[TICKET_MAX] = "";
+    if (cases[i].key)
+      ticket_make(t, cases[i].key, TICKET_KEY_BYTES, cases[i].job, cases[i].rank, cases[i].node,
+                  cases[i].expiry);
+    rpc_client_t *c;
+    const rpc_client_opts_t co = {.target = addr, .token_file = cases[i].token};
+    cr_assert_eq(rpc_client_create(&c, &co), 0, "%s", err_msg());
+    Fsdp__V1__GetRankLogsRequest req = FSDP__V1__GET_RANK_LOGS_REQUEST__INIT;
+    req.job_id = "j-7", req.attempt = 1, req.ticket = t;
+    req.rank = i == 1 ? 1 : 0;
+    rpc_stream_t *st;
+    int rc = rpc_stream_open(c, &st, "/fsdp.v1.Node/GetRankLogs", &req.base, 10);
+    ProtobufCMessage *m = NULL;
+    if (!rc) rc = rpc_stream_next(st, &fsdp__v1__log_chunk__descriptor, &m), rpc_stream_close(st);
+    if (m) protobuf_c_message_free_unpacked(m, NULL);
+    cr_expect_eq(rc, cases[i].want, "case %zu: %d %s", i, rc, err_msg());
+    if (cases[i].want == FSDP_EAUTH) cr_expect(strstr(err_msg(), "ticket"), "%s", err_msg());
+    rpc_client_destroy(c);
+  }
+  log_key_given = 0;
+  free(ut);
 }
 
 /* The rank's user can replace its log by a FIFO (the attempt directory is
