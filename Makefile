@@ -74,7 +74,7 @@ CONTROL_PKGS = libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libsqlite3-dev 
 
 COMMON_SRCS = daemon/common/err.c daemon/common/log.c daemon/common/param.c daemon/common/mem.c \
               daemon/common/frame.c daemon/common/crash.c daemon/common/netaddr.c \
-              daemon/common/file.c daemon/common/ticket.c
+              daemon/common/file.c
 # kernels/cpu: backend.c once (it picks the level), the rest once per level,
 # in $(B)/kernels/cpu/<level>/ (kernels/cpu/cpu.h names their symbols apart).
 KERN_ISAS     = generic avx2 avx512
@@ -366,7 +366,7 @@ PROTOS      = proto/fsdp.proto proto/health.proto
 PROTO_HDRS  = $(PROTOS:%.proto=$(B)/%.pb-c.h)
 PROTO_OBJS  = $(PROTOS:%.proto=$(B)/%.pb-c.o)
 RPC_SRCS    = daemon/common/rpc.c daemon/common/rpc_server.c daemon/common/rpc_client.c \
-              daemon/common/rpc_keys.c daemon/common/rpc_jwt.c
+              daemon/common/rpc_keys.c daemon/common/rpc_jwt.c daemon/common/ticket.c
 RPC_OBJS    = $(RPC_SRCS:%.c=$(B)/%.o)
 RPC_LIB     = $(B)/libfsdp_rpc.a
 RPC_LDLIBS  = -lgrpc -lgpr -lprotobuf-c -luv -ljwt -ljansson -lcrypto

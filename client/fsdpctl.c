@@ -547,8 +547,8 @@ static int ctl_watch(ctl_t *c, const char *job) {
     const double now = (double)ts.tv_sec + ts.tv_nsec / 1e9;
     if (!lost_at) lost_at = now, again = 0;
     if (now - lost_at >= c->timeout_s) {
-      rc = err_set(FSDP_EUNAVAILABLE, "the coordinator stayed unreachable for %.0f s (%s)",
-                   c->timeout_s, err_msg());
+      /* err_wrap: err_msg() is the buffer err_set would write */
+      rc = err_wrap(FSDP_EUNAVAILABLE, "the coordinator stayed unreachable for %.0f s", c->timeout_s);
       break;
     }
     if (drawn) putchar('\n'), drawn = 0;

@@ -36,8 +36,8 @@
 #define RANKS_GROUP_POLL_MS 20 /* while a finished rank's group still has members */
 #define RANKS_MESSAGE_MAX 512  /* of the last log line sent with an exit */
 #define RANKS_PAYLOAD_MAX 256  /* a ring address */
-#define RANKS_SHARD_TRIES 6    /* a checkpoint shard's report: tries before it is given up */
-#define RANKS_SHARDS_QUEUED 16 /* reports waiting per rank: more is a rank misbehaving */
+#define RANKS_SHARD_TRIES 6    /* a checkpoint shard's report: tries a round (~1.6 s) */
+#define RANKS_SHARDS_QUEUED 16 /* reports waiting per rank: past it the oldest waiting goes */
 
 typedef enum { RK_WAITING, RK_RENDEZVOUS, RK_RUNNING, RK_EXITED } rk_state_t;
 
@@ -48,6 +48,7 @@ typedef enum { RK_CALL_RENDEZVOUS, RK_CALL_EXIT, RK_CALL_SHARD } rk_call_t;
 /* A checkpoint shard the rank wrote, waiting to be relayed. */
 typedef struct rk_shard {
   Fsdp__V1__ReportCheckpointShardRequest *req; /* one malloc'd block */
+  int rounds;                                   /* of tries that found no coordinator */
   struct rk_shard *next;
 } rk_shard_t;
 
@@ -158,6 +159,14 @@ static void rk_forget(rank_t *rk) {
 
 static const char *rk_job(const rank_t *rk) { return rk->a->job_id; }
 
+/* The coordinator's final answers to a shard's report: done, stale,
+ * unknown, refused, already committed or aborted, a conflict. Anything else
+ * (unreachable, late, a restart) is tried again until it answers. */
+static int rk_shard_final(int rc) {
+  return !rc || rc == FSDP_ESTALE || rc == FSDP_ENOTFOUND || rc == FSDP_EINVAL ||
+         rc == FSDP_ESTATE || rc == FSDP_EEXIST;
+}
+
 /* ---- calls on the thread pool --------------------------------------------------- */
 
 static void rk_work_cb(uv_work_t *req) {
@@ -183,10 +192,7 @@ static void rk_work_cb(uv_work_t *req) {
     if (i) nanosleep(&(struct timespec){ms / 1000, (ms % 1000) * 1000000L}, NULL);
     w->rc = rpc_client_call(R->o.client, calls[w->kind].method, w->request, calls[w->kind].reply,
                             &w->reply, calls[w->kind].deadline_s);
-    /* final answers: done, stale, unknown, refused, already committed or aborted, a conflict */
-    if (!w->rc || w->rc == FSDP_ESTALE || w->rc == FSDP_ENOTFOUND || w->rc == FSDP_EINVAL ||
-        w->rc == FSDP_ESTATE || w->rc == FSDP_EEXIST)
-      break;
+    if (rk_shard_final(w->rc)) break;
   }
   if (w->rc) snprintf(w->err, sizeof w->err, "%s", err_msg()); /* err_msg is per thread */
 }
@@ -196,11 +202,12 @@ static void rk_after_report(rank_t *rk, rk_work_t *w);
 static void rk_report_start(rank_t *rk);
 static void rk_pump(rank_t *rk);
 
-static void rk_after_shard(rank_t *rk, rk_work_t *w) {
+static void rk_after_shard(rank_t *rk, rk_work_t *w, int retried) {
   const Fsdp__V1__ReportCheckpointShardRequest *q = (const void *)w->request;
-  if (w->rc)
+  if (w->rc && (!retried || rk->shards->rounds == 1))
     LOG_WARN("fsdpd", "job %s attempt %" PRIu32 " rank %" PRIu32 ": checkpoint step %" PRId64
-             " shard report: %s", rk_job(rk), rk->a->attempt, rk->a->rank, q->step, w->err);
+             " shard report: %s%s", rk_job(rk), rk->a->attempt, rk->a->rank, q->step, w->err,
+             retried ? "; trying again until the coordinator answers" : "");
   rk_pump(rk);
 }
 
@@ -209,7 +216,12 @@ static void rk_after_work_cb(uv_work_t *req, int status) {
   rank_t *rk = w->rk;
   (void)status;
   rk->work = 0;
-  if (w->kind == RK_CALL_SHARD) { /* off the queue: its request is w's, freed below */
+  /* a shard's report the coordinator has not answered stays first in the
+   * queue, tried again (a coordinator restart loses no checkpoint) */
+  const int retried = w->kind == RK_CALL_SHARD && !rk_shard_final(w->rc) && !rk->freeing;
+  if (retried) {
+    rk->shards->rounds++;
+  } else if (w->kind == RK_CALL_SHARD) { /* off the queue: its request is w's, freed below */
     rk_shard_t *x = rk->shards;
     rk->shards = x->next;
     if (!rk->shards) rk->shards_tail = &rk->shards;
@@ -220,12 +232,12 @@ static void rk_after_work_cb(uv_work_t *req, int status) {
   } else if (w->kind == RK_CALL_EXIT) {
     rk_after_report(rk, w);
   } else if (w->kind == RK_CALL_SHARD) {
-    rk_after_shard(rk, w);
+    rk_after_shard(rk, w, retried);
   } else {
     rk_after_rendezvous(rk, w);
   }
   if (w->reply) protobuf_c_message_free_unpacked(w->reply, NULL);
-  free(w->request); /* one block: see rk_call */
+  if (!retried) free(w->request); /* one block: see rk_call; a retried one stays queued */
   free(w);
   rk_maybe_free(rk);
 }
@@ -436,9 +448,19 @@ static void rk_exit_cb(supervise_t *s, void *arg, int64_t status, int term_signa
 static int rk_shard_queue(rank_t *rk, const Fsdp__V1__ReportCheckpointShardRequest *in) {
   int queued = 0;
   for (const rk_shard_t *x = rk->shards; x; x = x->next) queued++;
-  if (queued >= RANKS_SHARDS_QUEUED)
-    return err_set(FSDP_ELIMIT, "%d checkpoint shard reports are waiting already (a rank "
-                   "reports one per checkpoint)", queued);
+  if (queued >= RANKS_SHARDS_QUEUED) {
+    /* the coordinator has been away for a while: the oldest report waiting
+     * (not the one in flight) goes, so the newest checkpoints can commit
+     * when it is back; the channel stays open (it carries the progress) */
+    rk_shard_t **pp = rk->work ? &rk->shards->next : &rk->shards, *old = *pp;
+    *pp = old->next;
+    if (rk->shards_tail == &old->next) rk->shards_tail = pp;
+    LOG_WARN("fsdpd", "job %s rank %" PRIu32 ": %d checkpoint shard reports wait for the "
+             "coordinator; step %" PRId64 "'s is dropped (that checkpoint will not commit, the "
+             "newer ones still can)", rk_job(rk), rk->a->rank, queued, old->req->step);
+    free(old->req);
+    free(old);
+  }
   const char *path = in->path ? in->path : "", *sum = in->checksum ? in->checksum : "";
   const char *failed = in->failed ? in->failed : "";
   const size_t nid = strlen(rk->R->node_id) + 1, njob = strlen(rk_job(rk)) + 1;

@@ -546,6 +546,63 @@ static void killed_rank_resumes(const char *extra, int steps, int every) {
   free(ck), free(ref), free(conf);
 }
 
+/* A coordinator away (SIGKILL, back 4 s later) for longer than a shard
+ * report's round of tries (about 1.6 s) while the ranks checkpoint: the
+ * reports wait and are tried again, so every checkpoint whose shards were
+ * all written commits once it is back (before, those of the outage were
+ * given up: whole shards, never committed, never cleaned), but for those
+ * fsdpd dropped, saying so, past 16 waiting a rank (the oldest go). */
+Test(cluster, checkpoints_written_while_the_coordinator_is_away_commit_when_it_is_back) {
+  cluster_fsdpd_start(&node[0], coord.addr, "solo", 2, NULL);
+  char *ck, *ref, text[1024], out[16384], a[256], man[800];
+  ckpt_roots("ck-away", &ck, &ref);
+  snprintf(text, sizeof text, "steps = 4000\n[output]\ncheckpoint_dir = %s\ncheckpoint_every = 200\n"
+           "keep_checkpoints = 0\n", ck);
+  char *conf = job_file("away.conf", text);
+  char job[32];
+  snprintf(job, sizeof job, "%s", submit(conf, "--ranks 2"));
+  snprintf(man, sizeof man, "%s/step-00000200/manifest.json", ck);
+  const double t0 = tu_now_s();
+  while (access(man, F_OK) && tu_now_s() - t0 < 30) nanosleep(&(struct timespec){0, 5000000}, NULL);
+  cr_assert_eq(access(man, F_OK), 0, "no committed checkpoint within 30 s");
+  char addr[64], db[600];
+  snprintf(addr, sizeof addr, "%s", coord.addr);
+  snprintf(db, sizeof db, "%.*s", (int)(strlen(coord.log) - 4), coord.log);
+  const time_t away = time(NULL);
+  cluster_stop(&coord, SIGKILL);
+  nanosleep(&(struct timespec){4, 0}, NULL);
+  const time_t back = time(NULL);
+  char extra[64];
+  snprintf(extra, sizeof extra, "--heartbeat-timeout-ms %d", TIMEOUT_MS);
+  cluster_coord_start(&coord, db, addr, extra);
+  snprintf(a, sizeof a, "watch %s", job);
+  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
+  char *log = tu_slurp(node[0].log, NULL);
+  int whole = 0, in_outage = 0, dropped = 0;
+  for (int step = 200; step <= 4000; step += 200) {
+    char sh[2][900], drop[64];
+    struct stat st[2];
+    for (int j = 0; j < 2; j++)
+      snprintf(sh[j], sizeof sh[j], "%s/step-%08d/shard-%05d-of-00002.fsdp", ck, step, j);
+    snprintf(man, sizeof man, "%s/step-%08d/manifest.json", ck, step);
+    if (stat(sh[0], &st[0]) || stat(sh[1], &st[1])) continue;
+    whole++;
+    snprintf(drop, sizeof drop, "step %d's is dropped", step);
+    if (access(man, F_OK) && strstr(log, drop)) {
+      dropped++;
+      continue;
+    }
+    cr_expect_eq(access(man, F_OK), 0, "step %d: both shards written, never committed", step);
+    in_outage += st[0].st_mtime >= away && st[1].st_mtime <= back;
+  }
+  printf("coordinator away 4 s: %d checkpoints written, %d of them in the outage and committed "
+         "after, %d dropped (16 waiting a rank)\n", whole, in_outage, dropped);
+  cr_expect_gt(in_outage, 0, "no checkpoint was written while the coordinator was away");
+  free(log);
+  cluster_stop(&coord, SIGTERM);
+  free(ck), free(ref), free(conf);
+}
+
 /* A rank killed (SIGKILL) after a committed checkpoint: the attempt fails,
  * the job restarts (max_restarts 1), its ranks resume from the latest
  * committed checkpoint (auto_resume), and the job ends with the bytes of the

@@ -1206,7 +1206,11 @@ Test(fsdpctl, a_broken_watch_watches_again_until_the_timeout) {
   rc = CTL("watch", "j-down", "--timeout", "1");
   const double dt = tu_now_s() - t0;
   cr_assert_eq(rc, 4, "exit %d: %s", rc, err);
-  expect_in(err, "stayed unreachable for 1 s");
+  expect_in(err, "stayed unreachable for 1 s: ");
+  /* said once: the message is not written over itself */
+  cr_assert(strstr(err, "stayed unreachable") == strstr(err, "stayed unreachable for 1 s: ") &&
+                !strstr(strstr(err, "stayed unreachable") + 1, "stayed unreachable"),
+            "%s", err);
   cr_assert(dt >= 1.0 && dt < 5.0, "gave up after %.2f s (--timeout 1)", dt);
   cr_assert_gt(watch_down_calls, 2, "it watched again (%d streams)", watch_down_calls);
 }
