@@ -2,6 +2,7 @@
 #include "daemon/job/ckpt.h"
 
 #include <dirent.h>
+#include <limits.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -668,6 +669,11 @@ int ckpt_latest(const char *root, char *buf, size_t len) {
     snprintf(buf, len, "%s", root);
     return FSDP_OK;
   }
+  return ckpt_latest_below(root, LLONG_MAX, buf, len);
+}
+
+int ckpt_latest_below(const char *root, long long below, char *buf, size_t len) {
+  ckpt_manifest_t m;
   DIR *d = opendir(root);
   if (!d) return err_set_errno(err_from_errno(errno), errno, "checkpoints: cannot list %s", root);
   long long best = -1;
@@ -676,7 +682,8 @@ int ckpt_latest(const char *root, char *buf, size_t len) {
     long long step;
     shards |= !strncmp(e->d_name, "shard-", 6);
     char tail;
-    if (sscanf(e->d_name, "step-%lld%c", &step, &tail) != 1 || step <= best) continue;
+    if (sscanf(e->d_name, "step-%lld%c", &step, &tail) != 1 || step <= best || step >= below)
+      continue;
     char dir[4096];
     ckpt_step_dir(dir, sizeof dir, root, step);
     if (strcmp(dir + strlen(root) + 1, e->d_name)) continue; /* only the format's own names */

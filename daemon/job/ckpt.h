@@ -164,6 +164,9 @@ void ckpt_manifest_free(ckpt_manifest_t *m);
  * buf. FSDP_ENOENT when there is none. When root itself is a committed
  * checkpoint, that is it. */
 int ckpt_latest(const char *root, char *buf, size_t len);
+/* The same among root's steps below `below` (root's own manifest aside):
+ * the one to fall back to when a later one is damaged. */
+int ckpt_latest_below(const char *root, long long below, char *buf, size_t len);
 
 /* Reading a committed checkpoint by the model's flat indices, whatever mesh
  * wrote it: the shard files are opened as they are needed, each checked

@@ -408,29 +408,73 @@ static data_pos_t train_resume_pos(const train_t *t, const ckpt_rank_meta_t *m, 
   return pos;
 }
 
+/* The committed checkpoint before `step` in the root resume chose from
+ * (src), rank 0's fallback when that step's is damaged: *step, or
+ * RESUME_FAILED saying there is none. */
+static int train_resume_older(const train_t *t, int src, int64_t *step) {
+  const config_t *c = &t->cfg;
+  const char *root = src == RESUME_UNDER_OWN ? c->checkpoint_dir : c->resume_from;
+  char dir[CONFIG_PATH_MAX + 32];
+  ckpt_manifest_t m;
+  int rc = ckpt_latest_below(root, *step, dir, sizeof dir);
+  if (!rc && !(rc = ckpt_manifest_read(dir, &m))) {
+    *step = m.step;
+    ckpt_manifest_free(&m);
+    return src;
+  }
+  LOG_ERROR("train", "resume: no committed checkpoint of %s older than step %lld to fall back "
+            "to: %s", root, (long long)*step, err_msg());
+  return RESUME_FAILED;
+}
+
 static int train_resume(train_t *t) {
   const config_t *c = &t->cfg;
   int src = RESUME_NONE, rc = FSDP_OK;
   int64_t step = 0;
   if (t->boot.rank == 0 && (rc = train_resume_choose(t, &src, &step))) src = RESUME_FAILED;
-  /* rank 0's choice to all (one sum; the step in two exact halves) */
-  float v[3] = {(float)src, (float)(step >> 12), (float)(step & 4095)};
-  if (t->boot.rank != 0) v[0] = v[1] = v[2] = 0;
-  int crc = t->groups.world ? comm_all_reduce(t->groups.world, v, v, 3, COMM_F32, COMM_SUM) : 0;
-  if (crc) return err_wrap(crc, "resume: agreeing on the checkpoint");
-  src = (int)v[0], step = ((int64_t)v[1] << 12) | (int64_t)v[2];
-  const char *key = src == RESUME_UNDER_OWN ? "checkpoint_dir (auto_resume)" : "resume_from";
-  if (src == RESUME_FAILED)
-    return rc ? err_wrap(rc, "%s", c->resume_from[0] ? "resume_from" : "checkpoint_dir")
-              : err_set(FSDP_EPEER, "resume: rank 0 could not read the checkpoint (its log says "
-                        "why)");
-  if (src == RESUME_NONE) return FSDP_OK;
   char dir[CONFIG_PATH_MAX + 32];
-  if (src == RESUME_GIVEN) snprintf(dir, sizeof dir, "%s", c->resume_from);
-  else ckpt_step_dir(dir, sizeof dir, src == RESUME_UNDER_OWN ? c->checkpoint_dir : c->resume_from,
-                     step);
   ckpt_rank_meta_t m;
-  if ((rc = ckpt_rank_load(t->runtime, dir, &m))) return err_wrap(rc, "%s", key);
+  const char *key = "resume_from";
+  for (;;) {
+    /* rank 0's choice to all (one sum; the step in two exact halves) */
+    float v[3] = {(float)src, (float)(step >> 12), (float)(step & 4095)};
+    if (t->boot.rank != 0) v[0] = v[1] = v[2] = 0;
+    int crc = t->groups.world ? comm_all_reduce(t->groups.world, v, v, 3, COMM_F32, COMM_SUM) : 0;
+    if (crc) return err_wrap(crc, "resume: agreeing on the checkpoint");
+    src = (int)v[0], step = ((int64_t)v[1] << 12) | (int64_t)v[2];
+    key = src == RESUME_UNDER_OWN ? "checkpoint_dir (auto_resume)" : "resume_from";
+    if (src == RESUME_FAILED)
+      return rc ? err_wrap(rc, "%s", c->resume_from[0] ? "resume_from" : "checkpoint_dir")
+                : err_set(FSDP_EPEER, "resume: rank 0 could not read the checkpoint (its log says "
+                          "why)");
+    if (src == RESUME_NONE) return FSDP_OK;
+    if (src == RESUME_GIVEN) snprintf(dir, sizeof dir, "%s", c->resume_from);
+    else ckpt_step_dir(dir, sizeof dir, src == RESUME_UNDER_OWN ? c->checkpoint_dir : c->resume_from,
+                       step);
+    rc = ckpt_rank_load(t->runtime, dir, &m);
+    /* every rank's outcome: a damaged part (a checksum, a cut or missing
+     * file) on any rank sends all back to the previous committed
+     * checkpoint, as long as they chose from a directory of checkpoints;
+     * anything else fails */
+    const int damaged = rc == FSDP_EFORMAT || rc == FSDP_ENOENT;
+    float f[2] = {damaged, rc && !damaged};
+    if (rc) LOG_ERROR("train", "resume: %s: %s", dir, err_msg());
+    crc = t->groups.world ? comm_all_reduce(t->groups.world, f, f, 2, COMM_F32, COMM_SUM) : 0;
+    if (crc) return err_wrap(crc, "resume: agreeing on the checkpoint's load");
+    if (!f[0] && !f[1]) break;
+    if (f[1] || src == RESUME_GIVEN)
+      return rc ? err_wrap(rc, "%s", key)
+                : err_set(FSDP_EPEER, "%s: %s: %g rank(s) could not load their part (their logs say "
+                          "why)", key, dir, (double)(f[0] + f[1]));
+    if (t->opts.out)
+      fprintf(t->opts.out, "train: checkpoint %s is damaged (%g rank(s) could not read their part: "
+              "their logs say where); going back to the committed checkpoint before it\n", dir,
+              (double)f[0]);
+    LOG_WARN("train", "resume: checkpoint %s is damaged (%g rank(s)); trying the one before it",
+             dir, (double)f[0]);
+    rc = FSDP_OK;
+    if (t->boot.rank == 0) src = train_resume_older(t, src, &step);
+  }
   int bad; /* a diverged run's (written before they were refused) */
   if ((rc = train_nonfinite(t, 1, &bad))) return rc;
   if (bad)

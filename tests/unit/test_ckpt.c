@@ -652,6 +652,52 @@ Test(ckpt, damaged_checkpoints_never_load, .timeout = 120) {
   free(root);
 }
 
+/* A damaged part of the newest committed checkpoint (a checksum that does
+ * not match, a shard gone) in the directory a run resumes from sends every
+ * rank back to the committed checkpoint before it, saying so, where it used
+ * to fail every restart the same way; with only damaged ones, or a step
+ * directory named itself, the run fails naming the file. */
+Test(ckpt, a_damaged_newest_checkpoint_falls_back_to_the_one_before, .timeout = 120) {
+  static char out[1 << 17];
+  char *root = mkdir_tmp("fallback"), args[4096], path[4096], man[4096];
+  snprintf(args, sizeof args, "--steps 8 --batch 2 --checkpoint_dir %s --checkpoint_every 4", root);
+  launch(2, args, 0, out, sizeof out);
+  ckpt_header_t h;
+  snprintf(path, sizeof path, "%s/step-00000008/shard-00001-of-00002.fsdp", root);
+  int fd = open(path, O_RDONLY);
+  cr_assert_eq(ckpt_header_read(fd, path, &h), 0);
+  close(fd);
+  flip(path, (off_t)(h.sec[1].offset + 10));
+  ckpt_header_free(&h);
+  snprintf(args, sizeof args, "--steps 12 --batch 2 --checkpoint_dir %s --checkpoint_every 4 "
+           "--auto_resume 1", root);
+  launch(2, args, 0, out, sizeof out);
+  cr_assert(strstr(out, "step-00000008 is damaged") && strstr(out, "checksum mismatch"), "%s", out);
+  snprintf(man, sizeof man, "resumed from %s/step-00000004 at step 4", root);
+  cr_assert(strstr(out, man), "%s", out);
+  /* the run went on from step 4 and committed its own step 8 and 12 */
+  snprintf(man, sizeof man, "%s/step-00000012/%s", root, CKPT_MANIFEST);
+  cr_assert_eq(access(man, F_OK), 0, "%s", out);
+  /* a shard gone from every checkpoint but the oldest: back to that one */
+  for (int step = 8; step <= 12; step += 4) {
+    snprintf(path, sizeof path, "%s/step-%08d/shard-00000-of-00002.fsdp", root, step);
+    cr_assert_eq(unlink(path), 0, "%s", path);
+  }
+  launch(2, args, 0, out, sizeof out);
+  snprintf(man, sizeof man, "resumed from %s/step-00000004 at step 4", root);
+  cr_assert(strstr(out, man), "%s", out);
+  /* nothing undamaged left: the run fails, naming what it could not read */
+  snprintf(path, sizeof path, "%s/step-00000004/shard-00000-of-00002.fsdp", root);
+  cr_assert_eq(unlink(path), 0);
+  for (int step = 8; step <= 12; step += 4) { /* the run above wrote them again */
+    snprintf(path, sizeof path, "%s/step-%08d/shard-00000-of-00002.fsdp", root, step);
+    unlink(path);
+  }
+  launch(2, args, 1, out, sizeof out);
+  cr_assert(strstr(out, "no committed checkpoint") && strstr(out, "older than step 4"), "%s", out);
+  free(root);
+}
+
 /* ---- manifests ------------------------------------------------------------------ */
 
 /* A manifest of one step in dir (made there) with this model and shards x
