@@ -915,8 +915,11 @@ static void coord_register_cb(rpc_call_t *call, const ProtobufCMessage *req, voi
     if (keep) keep = j.state == STORE_JOB_RUNNING && j.epoch == (int64_t)r->attempt,
               store_job_free(&j);
     if (!keep && job) {
+      /* no grace (1 ms: 0 is the node's default): SIGTERM would have it
+       * write a checkpoint, into the directory the job's live attempt now
+       * writes (a node cut off, or stopped, while the job went on) */
       coord_order_t o = {.kill = 1, .job = job, .epoch = r->attempt, .rank = (int)r->rank,
-                         .grace_ms = 10000};
+                         .grace_ms = 1};
       snprintf(o.reason, sizeof o.reason, "its attempt is over");
       coord_order_push(c, id, &o);
     }

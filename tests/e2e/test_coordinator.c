@@ -748,6 +748,16 @@ Test(coordinator, a_restarted_coordinator_keeps_the_running_job_and_fences_old_e
   cr_expect(gj->job->total_steps > 0 && gj->job->step == gj->job->total_steps, "step %lld of %u",
             (long long)gj->job->step, gj->job->total_steps);
   reply_free(gj);
+  /* a node back with ranks of that attempt, now over (it was SIGSTOPped, or
+   * cut off, while the job went on elsewhere): they are killed with no
+   * grace, so they write no checkpoint beside the live attempt's */
+  node_register(&n, "solo", 2, 8ull << 30, rp, 2);
+  r = heartbeat(&n, rp, 2);
+  cr_expect_eq(r->n_kills, 2, "the over attempt's ranks");
+  for (size_t i = 0; i < r->n_kills; i++)
+    cr_expect(r->kills[i]->grace_ms == 1 && strstr(r->kills[i]->reason, "attempt is over"),
+              "kill %zu: grace %u ms (%s)", i, r->kills[i]->grace_ms, r->kills[i]->reason);
+  protobuf_c_message_free_unpacked(&r->base, NULL);
   /* an older epoch is refused: a rendezvous of attempt 1 after the job ended */
   Fsdp__V1__RendezvousRequest q = FSDP__V1__RENDEZVOUS_REQUEST__INIT;
   q.job_id = id, q.attempt = 1, q.group = "world", q.group_size = 2, q.node_id = n.id;
