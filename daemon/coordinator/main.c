@@ -31,7 +31,11 @@ static void usage(FILE *f) {
           "  --root DIR                 a directory job paths (data, init_from, save,\n"
           "                             checkpoint_dir, resume_from) may lie in;\n"
           "                             relative job paths resolve against the first\n"
-          "  --listen ADDR              where to serve (default 127.0.0.1:7070; port 0: any)\n"
+          "  --listen ADDR              where to serve (default 127.0.0.1:7070; port 0: any);\n"
+          "                             beyond loopback only with tokens, or --insecure\n"
+          "  --insecure                 serve beyond loopback without tokens: anyone who\n"
+          "                             reaches the port submits jobs and registers nodes\n"
+          "                             (a closed, trusted network only)\n"
           "  --user-token-file FILE     bearer token of users (fsdpctl); with --node-token-file,\n"
           "  --node-token-file FILE     every call needs one of the two (default: open); the\n"
           "                             node file holds one token for every node, or lines\n"
@@ -187,10 +191,12 @@ int main(int argc, char **argv) {
       {"restart-grace-ms", required_argument, 0, 'R'},
       {"node-jwks-file", required_argument, 0, 'W'}, {"node-jwt-subject", required_argument, 0, 'S'},
       {"node-jwt-audience", required_argument, 0, 'A'}, {"node-jwt-issuer", required_argument, 0, 'I'},
+      {"insecure", no_argument, 0, 'N'},
       {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
   const char *roots[ROOTS_MAX];
   coord_opts_t o = {.listen = "127.0.0.1:7070", .roots = roots};
   const char *backup = NULL;
+  int insecure = 0;
   int ch;
   while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
     switch (ch) {
@@ -234,6 +240,7 @@ int main(int argc, char **argv) {
     case 'J':
       if (whole("--job-retention-days", optarg, 0, 36500, "days", &o.job_retention_days)) return 2;
       break;
+    case 'N': insecure = 1; break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
     }
@@ -276,10 +283,20 @@ int main(int argc, char **argv) {
   }
   if (geteuid() == 0)
     LOG_WARN("coord", "running as root: the coordinator needs no privilege; run it as its own user");
-  /* open access is fine on loopback (one machine, the demo), not beyond it */
-  if (!o.user_token_file && !rpc_addr_is_local(o.listen))
-    LOG_WARN("coord", "no tokens: anyone who can reach %s may submit and cancel jobs and register "
-             "nodes; give --user-token-file and --node-token-file (docs/OPERATIONS.md)", o.listen);
+  /* open access is fine on loopback (one machine, the demo), not beyond it
+   * unless the operator says so: a unit installed and started before its
+   * tokens were set up must not serve the network open */
+  if (!o.user_token_file && !rpc_addr_is_local(o.listen)) {
+    if (!insecure) {
+      fprintf(stderr, "fsdp-coordinator: --listen %s without tokens: anyone who can reach it "
+              "could submit and cancel jobs and register nodes; give --user-token-file and "
+              "--node-token-file (docs/OPERATIONS.md), listen on 127.0.0.1, or pass --insecure "
+              "on a closed, trusted network\n", o.listen);
+      return 2;
+    }
+    LOG_WARN("coord", "no tokens (--insecure): anyone who can reach %s may submit and cancel jobs "
+             "and register nodes", o.listen);
+  }
   signal(SIGPIPE, SIG_IGN);
   grpc_init();
   uv_loop_t loop;

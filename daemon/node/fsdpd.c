@@ -67,6 +67,7 @@ typedef struct fsdpd {
   double refused_s; /* a first registration refused this long ends fsdpd */
   const char *metrics_listen;
   const char *advertise; /* the Node service's address as registered (NULL: from --listen) */
+  int insecure;          /* --insecure: the Node service beyond loopback without tokens */
   metrics_server_t *metrics;
   /* state */
   uv_loop_t loop;
@@ -93,6 +94,9 @@ static void usage(FILE *f) {
     "  --name NAME           the node's host name as registered (default: hostname)\n"
     "  --listen ADDR         the Node service (rank logs; default 127.0.0.1:0, the bound\n"
     "                        address is registered: on 0.0.0.0, as --name:PORT)\n"
+    "  --insecure            serve the Node service beyond loopback without tokens: anyone\n"
+    "                        who reaches it reads every rank's log (a closed, trusted\n"
+    "                        network only; else refused)\n"
     "  --advertise HOST:PORT the Node service's address as registered, where fsdpctl logs\n"
     "                        reaches it when --listen's is not (a pod's IP behind NAT)\n"
     "  --rank-host HOST      IPv4 or IPv6 address ranks listen on for their ring\n"
@@ -284,7 +288,7 @@ static int fsdpd_default_program(fsdpd_t *D) {
 static int fsdpd_options(fsdpd_t *D, int argc, char **argv, int *as_user, unsigned *uid, unsigned *gid) {
   enum { O_COORD = 256, O_DEVICES, O_NAME, O_LISTEN, O_RANKHOST, O_WORKDIR, O_RUNAS, O_TOKEN,
          O_UTOKEN, O_NTOKEN, O_CA, O_CERT, O_KEY, O_PROGRAM, O_GRACE, O_METRICS, O_REFUSED, O_ADVERTISE,
-         O_HELP };
+         O_INSECURE, O_HELP };
   static const struct option opts[] = {
       {"coordinator", required_argument, NULL, O_COORD}, {"devices", required_argument, NULL, O_DEVICES},
       {"name", required_argument, NULL, O_NAME}, {"listen", required_argument, NULL, O_LISTEN},
@@ -297,6 +301,7 @@ static int fsdpd_options(fsdpd_t *D, int argc, char **argv, int *as_user, unsign
       {"metrics-listen", required_argument, NULL, O_METRICS},
       {"advertise", required_argument, NULL, O_ADVERTISE},
       {"refused-timeout", required_argument, NULL, O_REFUSED},
+      {"insecure", no_argument, NULL, O_INSECURE},
       {"help", no_argument, NULL, O_HELP}, {NULL, 0, NULL, 0}};
   int ch;
   char *end;
@@ -311,6 +316,7 @@ static int fsdpd_options(fsdpd_t *D, int argc, char **argv, int *as_user, unsign
     case O_RUNAS: D->run_as = optarg; break;
     case O_TOKEN: D->token_file = optarg; break;
     case O_UTOKEN: D->user_token_file = optarg; break;
+    case O_INSECURE: D->insecure = 1; break;
     case O_NTOKEN: D->node_token_file = optarg; break;
     case O_CA: D->tls_ca = optarg; break;
     case O_CERT: D->tls_cert = optarg; break;
@@ -345,6 +351,13 @@ static int fsdpd_options(fsdpd_t *D, int argc, char **argv, int *as_user, unsign
       return bad("--advertise", "\"%s\" is not HOST:PORT with a port from 1 to 65535",
                  D->advertise);
   }
+  /* the Node service (every rank's log) open beyond loopback: only when
+   * the operator says so (a unit started before its tokens were set up) */
+  if (!D->token_file && !D->user_token_file && !D->insecure && !rpc_addr_is_local(D->listen))
+    return bad("--listen", "%s without tokens: anyone who can reach it could read every rank's "
+               "log; give --token-file (the coordinator's node token: its log tickets then guard "
+               "the logs, docs/OPERATIONS.md), listen on 127.0.0.1, or pass --insecure on a "
+               "closed, trusted network", D->listen);
   if (D->node_token_file && !D->user_token_file)
     return bad("--node-token-file", "%s", "goes with --user-token-file, which the Node service "
                "requires of its callers");
@@ -575,9 +588,8 @@ int main(int argc, char **argv) {
   /* with a token, the coordinator checks tokens and hands this node the key
    * of the log tickets its Node service then requires */
   if (D.token_file) logs_expect_tickets(D.logs);
-  if (!D.user_token_file && !D.token_file && !rpc_addr_is_local(D.listen)) /* as the coordinator warns */
-    LOG_WARN("fsdpd", "no tokens: anyone who can reach %s may read every rank's log; give "
-             "--token-file, the node token of a coordinator that checks tokens (docs/OPERATIONS.md)",
+  if (!D.user_token_file && !D.token_file && !rpc_addr_is_local(D.listen)) /* --insecure */
+    LOG_WARN("fsdpd", "no tokens (--insecure): anyone who can reach %s may read every rank's log",
              D.listen);
   LOG_INFO("fsdpd", "node %s: %d device(s) (%s), Node service on %s, coordinator %s, work dir %s, ranks run "
            "%s%s", D.name, D.inv.count, D.devices, D.address, D.coordinator, D.work_dir,

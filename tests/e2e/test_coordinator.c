@@ -254,17 +254,26 @@ static int resume(const char *id) {
   return rc;
 }
 
-/* A coordinator open to the network without tokens says so at start; on
- * loopback (one machine, the demo) it does not. */
-Test(coordinator, open_access_beyond_loopback_is_warned_of) {
+/* A coordinator asked to serve beyond loopback without tokens refuses to
+ * start (exit 2, saying how to fix it: a unit started before its tokens
+ * were set up must not serve the network open); with --insecure it serves,
+ * warning; on loopback (one machine, the demo) it serves, quietly. */
+Test(coordinator, open_access_beyond_loopback_is_refused_unless_insecure) {
   char cmd[2400], out[8192];
-  for (int k = 0; k < 2; k++) {
+  const char *listen[] = {"0.0.0.0:0", "0.0.0.0:0 --insecure", "127.0.0.1:0"};
+  for (int k = 0; k < 3; k++) {
     snprintf(cmd, sizeof cmd, "timeout 1 %s/bin/fsdp-coordinator --db '%s/open%d.db' --root '%s' "
-             "--listen %s 2>&1; true", tu_root(), tu_tmpdir(), k, tu_tmpdir(),
-             k ? "127.0.0.1:0" : "0.0.0.0:0");
+             "--listen %s 2>&1; echo \"exit $?\"", tu_root(), tu_tmpdir(), k, tu_tmpdir(),
+             listen[k]);
     tu_sh(cmd, out, sizeof out);
+    if (k == 0) {
+      cr_assert(strstr(out, "exit 2") && strstr(out, "--listen 0.0.0.0:0 without tokens") &&
+                    strstr(out, "--insecure"), "%s", out);
+      continue;
+    }
     cr_assert(strstr(out, "serving on port"), "%s", out);
-    cr_assert_eq(strstr(out, "no tokens: anyone who can reach 0.0.0.0:0") != NULL, !k, "%s", out);
+    cr_assert_eq(strstr(out, "no tokens (--insecure): anyone who can reach 0.0.0.0:0") != NULL,
+                 k == 1, "%s", out);
   }
 }
 

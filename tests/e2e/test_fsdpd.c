@@ -1206,22 +1206,29 @@ Test(fsdpd, options_that_would_go_wrong_later_are_refused_at_start, .timeout = 2
   }
 }
 
-/* A Node service open beyond loopback without tokens says so at start
- * (anyone reaching it reads every rank's log), as the coordinator does; on
- * loopback it does not, nor with a node token (the coordinator then checks
- * tokens and gives the node its log tickets' key). */
-Test(fsdpd, open_rank_logs_beyond_loopback_are_warned_of, .timeout = 20) {
-  char cmd[2400], out[8192], *nt = tu_path("node.token"), tok[700] = "";
+/* A Node service asked to serve beyond loopback without tokens is refused
+ * at start (exit 2, saying how to fix it); with --insecure it serves,
+ * warning; on loopback, or with a node token (the coordinator then checks
+ * tokens and gives the node its log tickets' key), it serves quietly. */
+Test(fsdpd, open_rank_logs_beyond_loopback_are_refused_unless_insecure, .timeout = 20) {
+  char cmd[2400], out[8192], *nt = tu_path("node.token"), tok[700];
   tu_write_file(nt, "node-secret-0987654321\n", 23);
-  for (int k = 0; k < 3; k++) {
-    if (k == 2) snprintf(tok, sizeof tok, "--token-file '%s'", nt);
+  snprintf(tok, sizeof tok, "--token-file '%s'", nt);
+  const char *extra[] = {"--listen 0.0.0.0:0", "--listen 0.0.0.0:0 --insecure",
+                         "--listen 127.0.0.1:0", "--listen 0.0.0.0:0"};
+  for (int k = 0; k < 4; k++) {
     snprintf(cmd, sizeof cmd, "timeout 1 %s/bin/fsdpd --coordinator 127.0.0.1:1 --devices cpu:1 "
-             "--work-dir '%s' --listen %s %s %s 2>&1; true", tu_root(), workdir,
-             k == 1 ? "127.0.0.1:0" : "0.0.0.0:0", tok, geteuid() == 0 ? "--run-as nobody" : "");
+             "--work-dir '%s' %s %s %s 2>&1; echo \"exit $?\"", tu_root(), workdir, extra[k],
+             k == 3 ? tok : "", geteuid() == 0 ? "--run-as nobody" : "");
     tu_sh(cmd, out, sizeof out);
-    cr_assert(strstr(out, "Node service on"), "%s", out);
-    cr_assert_eq(strstr(out, "no tokens: anyone who can reach 0.0.0.0:0") != NULL, k == 0, "case %d: %s",
-                 k, out);
+    if (k == 0) {
+      cr_assert(strstr(out, "exit 2") && strstr(out, "0.0.0.0:0 without tokens") &&
+                    strstr(out, "--insecure"), "%s", out);
+      continue;
+    }
+    cr_assert(strstr(out, "Node service on"), "case %d: %s", k, out);
+    cr_assert_eq(strstr(out, "no tokens (--insecure): anyone who can reach 0.0.0.0:0") != NULL,
+                 k == 1, "case %d: %s", k, out);
   }
   free(nt);
 }
