@@ -39,6 +39,8 @@
   XX(comm_reg, "FSDP_COMM_REG", 1, "registered buffers: peers on this host read them in place (0: off)") \
   XX(log_streams_max, "FSDP_LOG_STREAMS_MAX", 64,                                    \
      "fsdpd: GetRankLogs streams open at once (each holds a file descriptor); more are refused") \
+  XX(watch_streams_max, "FSDP_WATCH_STREAMS_MAX", 1024,                              \
+     "coordinator: WatchJob streams open at once (each holds memory and work at every change); more are refused") \
   XX(rpc_keepalive_s, "FSDP_RPC_KEEPALIVE_S", 30,                                    \
      "RPC clients (fsdpctl, fsdpd): ping the server this often while a call is open; one unanswered as long ends the call") \
   XX(stream_stall_s, "FSDP_STREAM_STALL_S", 60,                                     \

@@ -833,6 +833,18 @@ static void coord_watch_cancel_cb(rpc_call_t *call, void *arg) {
 }
 
 void coord_watch_add(coord_t *c, rpc_call_t *call, int64_t job) {
+  /* each holds memory (up to its backlog) and costs work at every change:
+   * without a cap one client could open them until the coordinator fails */
+  int open = 0;
+  for (const coord_watch_t *x = c->watch; x; x = x->next) open++;
+  const int64_t max = param_watch_streams_max();
+  if (open >= max) {
+    rpc_call_finish(call, err_set(FSDP_ELIMIT, "the coordinator serves at most %lld WatchJob "
+                                  "streams at once and %d are open; end one (an `fsdpctl watch` "
+                                  "left running?) or try again later (the operator sets "
+                                  "FSDP_WATCH_STREAMS_MAX)", (long long)max, open));
+    return;
+  }
   coord_watch_t *w = calloc(1, sizeof *w);
   if (!w) {
     rpc_call_finish(call, err_set(FSDP_ENOMEM, "coordinator: out of memory for a watch"));

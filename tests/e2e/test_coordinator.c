@@ -914,6 +914,50 @@ static rpc_stream_t *watch_first(const char *id, double deadline_s, Fsdp__V1__Jo
   return ws;
 }
 
+/* WatchJob streams are capped (FSDP_WATCH_STREAMS_MAX, here 2): one more is
+ * refused at once with RESOURCE_EXHAUSTED saying how many are open; one
+ * ended frees its slot (helper-56: 4000 streams held unread grew the
+ * coordinator's memory without a bound). */
+Test(coordinator, watch_streams_are_capped) {
+  teardown();
+  char *db = tu_path("watchcap.db");
+  setenv("FSDP_WATCH_STREAMS_MAX", "2", 1);
+  co_start(db, "127.0.0.1:0", NULL);
+  unsetenv("FSDP_WATCH_STREAMS_MAX");
+  client_for(&co, NULL);
+  char d[600], id[32];
+  data_opt(d, sizeof d);
+  const char *kv[] = {"model=tiny", d, NULL};
+  cr_assert_eq(submit(1, kv, id, sizeof id), 0, "%s", err_msg());
+  Fsdp__V1__JobProgress *p[2];
+  rpc_stream_t *ws[2];
+  for (int i = 0; i < 2; i++) ws[i] = watch_first(id, 30, &p[i]);
+  Fsdp__V1__WatchJobRequest q = FSDP__V1__WATCH_JOB_REQUEST__INIT;
+  q.job_id = id;
+  rpc_stream_t *third;
+  ProtobufCMessage *m = NULL;
+  int rc = rpc_stream_open(cl, &third, "/fsdp.v1.Coordinator/WatchJob", &q.base, 10);
+  if (!rc) rc = rpc_stream_next(third, &fsdp__v1__job_progress__descriptor, &m), rpc_stream_close(third);
+  cr_expect_eq(rc, FSDP_ELIMIT, "a third watch: %d %s", rc, err_msg());
+  cr_expect(strstr(err_msg(), "at most 2 WatchJob streams") && strstr(err_msg(), "2 are open"),
+            "%s", err_msg());
+  rpc_stream_close(ws[0]);
+  protobuf_c_message_free_unpacked(&p[0]->base, NULL);
+  /* its slot frees once the coordinator sees it end */
+  const double t0 = tu_now_s();
+  do {
+    m = NULL;
+    rc = rpc_stream_open(cl, &third, "/fsdp.v1.Coordinator/WatchJob", &q.base, 10);
+    if (!rc) rc = rpc_stream_next(third, &fsdp__v1__job_progress__descriptor, &m);
+    if (m) protobuf_c_message_free_unpacked(m, NULL);
+    rpc_stream_close(third);
+  } while (rc != 1 && tu_now_s() - t0 < 5 && !nanosleep(&(struct timespec){0, 50000000}, NULL));
+  cr_expect_eq(rc, 1, "a watch after one ended: %d %s", rc, err_msg());
+  rpc_stream_close(ws[1]);
+  protobuf_c_message_free_unpacked(&p[1]->base, NULL);
+  free(db);
+}
+
 /* A node's heartbeat counts only for ranks the store placed on it in a live
  * attempt: another node's rank, or thousands of ranks of no job (one node
  * token is all a node needs), leave nothing behind and cost the loop
