@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "daemon/common/err.h"
 #include "daemon/common/log.h"
@@ -64,11 +65,31 @@ const char *rpc_status_name(grpc_status_code st) {
   return "UNKNOWN_STATUS";
 }
 
+/* A secret (a token, a TLS key) any user of the host may read or write:
+ * said once a file (its device and inode), with the fix. */
+static void rpc_secret_mode_check(FILE *f, const char *path, const char *what) {
+  static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  static struct { dev_t dev; ino_t ino; } said[32];
+  static int n_said;
+  struct stat st;
+  if (fstat(fileno(f), &st) || !S_ISREG(st.st_mode) || !(st.st_mode & 0007)) return;
+  pthread_mutex_lock(&mu);
+  int seen = 0;
+  for (int i = 0; i < n_said && !seen; i++) seen = said[i].dev == st.st_dev && said[i].ino == st.st_ino;
+  if (!seen && n_said < 32) said[n_said].dev = st.st_dev, said[n_said++].ino = st.st_ino;
+  pthread_mutex_unlock(&mu);
+  if (!seen)
+    LOG_WARN("rpc", "%s %s: every user of this host may %s it (mode %04o); chmod o-rwx %s (a "
+             "token or key belongs to its owner alone: 0600, or 0640 for a group)", what, path,
+             st.st_mode & 0002 ? "write" : "read", (unsigned)(st.st_mode & 07777), path);
+}
+
 int rpc__read_file(const char *path, const char *what, size_t max, char **out, size_t *len) {
   *out = NULL;
   FILE *f = fopen(path, "rb");
   if (!f)
     return err_set_errno(err_from_errno(errno), errno, "%s %s: cannot open", what, path);
+  if (strstr(what, "token") || strstr(what, "key")) rpc_secret_mode_check(f, path, what);
   char *buf = malloc(max + 1);
   if (!buf) {
     fclose(f);

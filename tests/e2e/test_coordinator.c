@@ -277,6 +277,30 @@ Test(coordinator, open_access_beyond_loopback_is_refused_unless_insecure) {
   }
 }
 
+/* A token file every user of the host may read is said at start, naming
+ * it and the fix; one of mode 0600 is not (helper-56: a 0644 token file was
+ * taken without a word). */
+Test(coordinator, a_token_file_others_may_read_is_warned_of) {
+  char cmd[3000], out[8192], *u = tu_path("open-user.token"), *n = tu_path("open-node.token");
+  tu_write_file(u, "user-secret-1234567890\n", 23);
+  tu_write_file(n, "node-secret-0987654321\n", 23);
+  for (int k = 0; k < 2; k++) {
+    chmod(u, k ? 0600 : 0644);
+    chmod(n, 0600);
+    snprintf(cmd, sizeof cmd, "timeout 1 %s/bin/fsdp-coordinator --db '%s/tok%d.db' --root '%s' "
+             "--listen 127.0.0.1:0 --user-token-file '%s' --node-token-file '%s' 2>&1; true",
+             tu_root(), tu_tmpdir(), k, tu_tmpdir(), u, n);
+    tu_sh(cmd, out, sizeof out);
+    cr_assert(strstr(out, "serving on port"), "%s", out);
+    char want[800];
+    snprintf(want, sizeof want, "%s: every user of this host may read it (mode 0644); chmod o-rwx",
+             u);
+    cr_assert_eq(strstr(out, want) != NULL, !k, "mode %o: %s", k ? 0600 : 0644, out);
+    cr_assert_null(strstr(out, "open-node.token: every user"), "%s", out);
+  }
+  free(u), free(n);
+}
+
 /* A --root that is not there (an NFS root not mounted yet) or a --listen
  * port past 65535 is refused at start, not met by every submit later as a
  * user's error, or served on the port modulo 65536. */
