@@ -298,6 +298,9 @@ int main(int argc, char **argv) {
              "and register nodes", o.listen);
   }
   signal(SIGPIPE, SIG_IGN);
+  /* manifests and exports are never for every user of the host, whatever
+   * umask it was started with (its unit sets 0027) */
+  umask(umask(0) | 027);
   grpc_init();
   uv_loop_t loop;
   uv_loop_init(&loop);

@@ -550,6 +550,10 @@ int main(int argc, char **argv) {
     setenv("UV_THREADPOOL_SIZE", n, 1);
   }
   signal(SIGPIPE, SIG_IGN); /* a closed socket is an error, not our death */
+  /* what it and its ranks write (job files, logs, checkpoints) is never
+   * for every user of the host, whatever umask it was started with (the
+   * units set 0027; a shell's is often 0022) */
+  umask(umask(0) | 027);
   fsdpd_raise_nofile();
 
   const rpc_client_opts_t co = {.target = D.coordinator, .token_file = D.token_file, .tls_ca_file = D.tls_ca};

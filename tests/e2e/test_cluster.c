@@ -553,7 +553,9 @@ static void killed_rank_resumes(const char *extra, int steps, int every) {
  * given up: whole shards, never committed, never cleaned), but for those
  * fsdpd dropped, saying so, past 16 waiting a rank (the oldest go). */
 Test(cluster, checkpoints_written_while_the_coordinator_is_away_commit_when_it_is_back) {
+  const mode_t mask = umask(022); /* a shell's: the daemons make their own stricter */
   cluster_fsdpd_start(&node[0], coord.addr, "solo", 2, NULL);
+  umask(mask);
   char *ck, *ref, text[1024], out[16384], a[256], man[800];
   ckpt_roots("ck-away", &ck, &ref);
   snprintf(text, sizeof text, "steps = 4000\n[output]\ncheckpoint_dir = %s\ncheckpoint_every = 200\n"
@@ -594,6 +596,11 @@ Test(cluster, checkpoints_written_while_the_coordinator_is_away_commit_when_it_i
     }
     cr_expect_eq(access(man, F_OK), 0, "step %d: both shards written, never committed", step);
     in_outage += st[0].st_mtime >= away && st[1].st_mtime <= back;
+    /* never for every user of the host, whatever umask the test ran with */
+    struct stat sm;
+    cr_expect(!(st[0].st_mode & 0007) && !stat(man, &sm) && !(sm.st_mode & 0007),
+              "step %d: shard mode %04o, manifest %04o", step, (unsigned)(st[0].st_mode & 07777),
+              (unsigned)(sm.st_mode & 07777));
   }
   printf("coordinator away 4 s: %d checkpoints written, %d of them in the outage and committed "
          "after, %d dropped (16 waiting a rank)\n", whole, in_outage, dropped);
