@@ -58,6 +58,12 @@ static void sched_why(const sched_node_t *nodes, int num_nodes, const sched_devi
   if (dead) sched_say(note, len, "; %d on dead nodes", dead);
   if (drained) sched_say(note, len, "; %d on drained nodes", drained);
   if (other) sched_say(note, len, "; %d of another kind", other);
+  /* devices it could ever have, were every running job done and every
+   * drained node back: fewer than it needs, and it waits for new nodes */
+  const int ever = total + held + drained;
+  if (ever < job->replicas * job->shards)
+    sched_say(note, len, "; the cluster has %d such devices in all, on its live nodes: it starts "
+              "only once nodes are added (or cancel it and submit at most %d ranks)", ever, ever);
 }
 
 /* Takes k usable devices of node n for ranks first.., lowest device index first. */

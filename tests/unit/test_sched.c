@@ -92,6 +92,13 @@ Test(sched, third_job_waits_with_the_reason_then_runs_when_devices_free) {
   cr_assert(strstr(note, "waiting for 2 free cpu devices"), "%s", note);
   cr_assert(strstr(note, ": 0 free"), "%s", note);
   cr_assert(strstr(note, "4 held by running jobs"), "%s", note);
+  cr_assert_null(strstr(note, "in all"), "it will run once devices free: %s", note);
+  /* more ranks than the cluster has: it says so, and what to do */
+  sched_slot_t big[6];
+  char bn[512];
+  cr_assert_eq(place(&c, 1, 6, "cpu", 100, big, bn, sizeof bn), SCHED_WAIT);
+  cr_assert(strstr(bn, "the cluster has 4 such devices in all") && strstr(bn, "at most 4 ranks"),
+            "%s", bn);
   for (int r = 0; r < 2; r++) c.dev[a[r].device].held = 0; /* the first job ends */
   cr_assert_eq(place(&c, 1, 2, "cpu", 100, x, note, sizeof note), SCHED_PLACED);
   cr_assert_eq(x[0].device, a[0].device);
@@ -143,6 +150,8 @@ Test(sched, dead_nodes_small_devices_and_other_kinds_are_not_used) {
   cr_assert(strstr(note, "2 with too little memory"), "%s", note);
   cr_assert(strstr(note, "2 on dead nodes"), "%s", note);
   cr_assert(strstr(note, "2 of another kind"), "%s", note);
+  /* dead nodes' devices are not counted among those it could ever have */
+  cr_assert(strstr(note, "the cluster has 1 such devices in all"), "%s", note);
   c.node[0].alive = 1;
   cr_assert_eq(place(&c, 1, 2, "cpu", 100, s, note, sizeof note), SCHED_PLACED);
   cr_assert_eq(node_of(&c, s, 0), 0);
