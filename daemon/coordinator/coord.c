@@ -751,7 +751,19 @@ int64_t coord_job_step(coord_t *c, const store_job_t *j, double *loss, double *t
     const coord_job_t *x = coord_job_info(c, j->id);
     if (x) return x->steps;
   }
-  return heard < j->world_size || step < 0 ? 0 : step; /* a rank not heard from is at 0 */
+  if (heard == j->world_size && step >= 0) return step;
+  if (j->state == STORE_JOB_RUNNING) return 0; /* a rank not heard from is at 0 */
+  /* ended or waiting again, its ranks forgotten: where it stands is its
+   * latest committed checkpoint, where a resume goes on (not 0: a job that
+   * failed at step 856 after committing 850 is at 850) */
+  store_ckpt_t *k = NULL;
+  int n = 0;
+  int64_t committed = 0;
+  if (!store_ckpt_list(c->st, j->id, &k, &n))
+    for (int i = 0; i < n; i++)
+      if (k[i].state == STORE_CKPT_COMMITTED && k[i].step > committed) committed = k[i].step;
+  store_array_free(k);
+  return committed;
 }
 
 /* The job's progress as the slowest rank has it. */

@@ -1515,6 +1515,24 @@ Test(coordinator, a_shard_is_reported_only_by_its_ranks_node) {
   cr_expect_eq(ckpt_state(id, 10, NULL, 0), FSDP__V1__CHECKPOINT_STATE__CHECKPOINT_STATE_OPEN);
 }
 
+/* A job that failed after committing a checkpoint is at that step, where a
+ * resume goes on, not at 0 (helper-57: "step 0/2000" for a job that had
+ * reached 856 and committed 850). */
+Test(coordinator, a_failed_job_is_at_its_latest_committed_step) {
+  node_t n = {{0}, 0};
+  char d[600], ck[600], ckopt[700], id[32];
+  ckpt_job_start(&n, "model=tiny", "keep_checkpoints=2", d, ck, ckopt, id);
+  cr_assert_eq(ckpt_report_both(&n, id, "tiny", ck, 10), CK_COMMITTED);
+  cr_assert_eq(ckpt_report_both(&n, id, "tiny", ck, 20), CK_COMMITTED);
+  cr_assert_eq(report_exit(&n, id, 1, 0, 1), 0, "%s", err_msg());
+  char reason[512];
+  cr_assert_eq(job_state(id, reason, sizeof reason), FSDP__V1__JOB_STATE__JOB_STATE_FAILED, "%s",
+               reason);
+  Fsdp__V1__GetJobReply *g = get_job(id);
+  cr_expect_eq(g->job->step, 20, "step %lld", (long long)g->job->step);
+  reply_free(g);
+}
+
 /* Shard reports: the path is the coordinator's to know; the last shard
  * commits (the manifest is there); a coordinator SIGKILLed between two
  * shards commits after its restart; a shard missing past the timeout aborts
