@@ -447,6 +447,49 @@ static int rpc_auth(rpc_server_t *s, rpc_call_t *c, unsigned roles) {
 
 /* ---- a call arrives ------------------------------------------------------------ */
 
+/* Reads a varint at *p (below end): 0 and *v, or -1 when cut short. */
+static int rpc_wire_varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
+  *v = 0;
+  for (int shift = 0; *p < end && shift < 64; shift += 7) {
+    const uint8_t b = *(*p)++;
+    *v |= (uint64_t)(b & 0x7f) << shift;
+    if (!(b & 0x80)) return 0;
+  }
+  return -1;
+}
+
+/* The first string field of a message (d, its wire bytes) whose bytes hold
+ * a NUL, nested messages included: its name, or NULL. protobuf-c hands a
+ * handler the string up to the NUL, so a request would be served for other
+ * text than it sent ("j-2\0x" as "j-2") and no check would see the rest.
+ * The bytes already decoded as d: what does not parse here is passed. */
+static const char *rpc_wire_nul(const ProtobufCMessageDescriptor *d, const uint8_t *p,
+                                const uint8_t *end, int depth) {
+  while (p < end && depth < 16) {
+    uint64_t key, v;
+    if (rpc_wire_varint(&p, end, &key)) return NULL;
+    switch (key & 7) {
+    case 0: if (rpc_wire_varint(&p, end, &v)) return NULL; break;
+    case 1: p += 8; break;
+    case 5: p += 4; break;
+    case 2: {
+      if (rpc_wire_varint(&p, end, &v) || v > (uint64_t)(end - p)) return NULL;
+      const ProtobufCFieldDescriptor *f =
+          protobuf_c_message_descriptor_get_field(d, (unsigned)(key >> 3));
+      if (f && f->type == PROTOBUF_C_TYPE_STRING && memchr(p, 0, (size_t)v)) return f->name;
+      if (f && f->type == PROTOBUF_C_TYPE_MESSAGE) {
+        const char *in = rpc_wire_nul(f->descriptor, p, p + v, depth + 1);
+        if (in) return in;
+      }
+      p += v;
+      break;
+    }
+    default: return NULL;
+    }
+  }
+  return NULL;
+}
+
 /* Takes a call that arrived: arms its end, then checks and decodes it, and
  * hands it to its handler or answers it with an error. */
 static void rpc_start(rpc_server_t *s, rpc_call_t *c) {
@@ -484,10 +527,18 @@ static void rpc_start(rpc_server_t *s, rpc_call_t *c) {
   c->payload = NULL;
   c->req = protobuf_c_message_unpack(reg->m.request, NULL, GRPC_SLICE_LENGTH(bytes),
                                      GRPC_SLICE_START_PTR(bytes));
+  const char *nul = c->req ? rpc_wire_nul(reg->m.request, GRPC_SLICE_START_PTR(bytes),
+                                          GRPC_SLICE_END_PTR(bytes), 0)
+                           : NULL;
   grpc_slice_unref(bytes);
   if (!c->req) {
     rc = err_set(FSDP_EINVAL, "%s: the request does not decode as %s (truncated, or not "
                  "this method's message)", c->method, reg->m.request->name);
+    goto fail;
+  }
+  if (nul) {
+    rc = err_set(FSDP_EINVAL, "%s: field %s holds a NUL byte; send text without one", c->method,
+                 nul);
     goto fail;
   }
   reg->m.handler(c, c->req, reg->m.arg);

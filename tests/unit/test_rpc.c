@@ -470,6 +470,26 @@ Test(rpc, truncated_request_is_invalid_argument_naming_the_method, .timeout = 20
   close_checked(c);
 }
 
+/* A string with a NUL byte in it is refused naming the field, not served
+ * for the text before the NUL (protobuf-c's strings end there; helper-56:
+ * GetRankLogs of "j-2\0x" read j-2's log). */
+Test(rpc, a_string_holding_a_nul_is_refused_naming_the_field, .timeout = 20) {
+  rpc_client_t *c = open_default();
+  /* GetJobRequest: field 1 job_id, "j-7\0x" */
+  static const uint8_t top[] = {0x0a, 5, 'j', '-', '7', 0, 'x'};
+  void *rep;
+  size_t rn;
+  int rc = rpc_client_call_raw(c, GET_JOB, top, sizeof top, &rep, &rn, 10);
+  cr_assert_eq(rc, FSDP_EINVAL, "%s", err_msg());
+  cr_assert(strstr(err_msg(), "field job_id holds a NUL byte"), "%s", err_msg());
+  /* the same without the NUL is served */
+  static const uint8_t ok[] = {0x0a, 3, 'j', '-', '7'};
+  rc = rpc_client_call_raw(c, GET_JOB, ok, sizeof ok, &rep, &rn, 10);
+  cr_assert_eq(rc, 0, "%s", err_msg());
+  free(rep);
+  close_checked(c);
+}
+
 Test(rpc, oversized_request_is_resource_exhausted, .timeout = 20) {
   srv_start(&(rpc_server_opts_t){.max_request_bytes = 1024});
   rpc_client_t *c = client(NULL, NULL, NULL);
