@@ -955,6 +955,7 @@ static void coord_register_cb(rpc_call_t *call, const ProtobufCMessage *req, voi
   Fsdp__V1__RegisterNodeReply rep = FSDP__V1__REGISTER_NODE_REPLY__INIT;
   rep.node_id = nid, rep.session = session;
   rep.heartbeat_interval_ms = (uint32_t)c->o.heartbeat_interval_ms;
+  rep.fence_ms = (uint32_t)c->o.restart_grace_ms;
   if (c->o.user_token_file) { /* where no token is checked, neither is a ticket */
     rep.log_key.data = n->log_key;
     rep.log_key.len = sizeof n->log_key;

@@ -116,6 +116,8 @@ static void agent_async_cb(uv_async_t *h) {
       if (a->o.refused_cb) a->o.refused_cb(a->o.arg, (const char *)m->data);
     } else if (m->kind == 3) {
       if (a->o.superseded_cb) a->o.superseded_cb(a->o.arg, (const char *)m->data);
+    } else if (m->kind == 4) {
+      if (a->o.fence_cb) a->o.fence_cb(a->o.arg, (const char *)m->data);
     } else {
       Fsdp__V1__HeartbeatReply *rep = fsdp__v1__heartbeat_reply__unpack(NULL, m->len, m->data);
       if (rep && a->o.reply_cb) a->o.reply_cb(a->o.arg, rep);
@@ -145,6 +147,10 @@ static void *agent_main(void *arg) {
   while (!instance && getrandom(&instance, sizeof instance, 0) != sizeof instance)
     instance = (uint64_t)(agent_now() * 1e9) ^ (uint64_t)getpid() << 32;
   double refusal_logged = 0, refused_since = 0;
+  /* the fence the coordinator gave (s; 0: none), when it last answered, and
+   * whether this silence has fenced the ranks already */
+  double fence_s = 0, answered = agent_now();
+  int fenced = 0;
   while (!agent_stopping(a)) {
     Fsdp__V1__HeartbeatRequest *st = agent_state(a);
     int rc;
@@ -171,6 +177,7 @@ static void *agent_main(void *arg) {
         snprintf(node_id, sizeof node_id, "%s", rep->node_id);
         session = rep->session;
         if (rep->heartbeat_interval_ms) interval_ms = rep->heartbeat_interval_ms;
+        fence_s = rep->fence_ms / 1000.0;
         registered = ever = 1;
         superseded = 0;
         LOG_INFO("fsdpd", "registered as node %s (session %llu, heartbeat every %u ms, %zu rank(s) "
@@ -248,6 +255,15 @@ static void *agent_main(void *arg) {
       if (agent_sleep(a, ever ? AGENT_REFUSED_MS : AGENT_BACKOFF_MAX_MS)) break;
       continue;
     }
+    if (rc && ever && fence_s > 0 && !fenced && agent_now() - answered > fence_s) {
+      /* the coordinator has run this node's jobs elsewhere by now (or will
+       * when it is back): ranks left running would write beside theirs */
+      char why[768];
+      snprintf(why, sizeof why, "no answer from the coordinator for %.0f s, past the %.0f s it "
+               "gave (%s)", agent_now() - answered, fence_s, err_msg());
+      agent_post(a, 4, NULL, why);
+      fenced = 1;
+    }
     if (rc) {
       /* one line when the coordinator goes, one when it is back: not one per retry */
       if (!lost) LOG_WARN("fsdpd", "%s: %s; retrying every %d ms at most, ranks keep running", what,
@@ -258,7 +274,7 @@ static void *agent_main(void *arg) {
       continue;
     }
     if (lost) LOG_INFO("fsdpd", "the coordinator answers again (%s)", what);
-    lost = 0;
+    lost = 0, fenced = 0, answered = agent_now();
     refusal[0] = 0, refused_since = 0;
     backoff = AGENT_BACKOFF_MIN_MS;
     /* a coordinator should hold an empty heartbeat for its interval; one that

@@ -53,6 +53,10 @@ typedef struct agent_opts {
   /* on the loop: once registered, RegisterNode was refused ALREADY_EXISTS
    * (another live fsdpd holds the name); once per such refusal */
   void (*superseded_cb)(void *arg, const char *why);
+  /* on the loop: no answer from the coordinator for longer than the fence
+   * it gave at registration (RegisterNodeReply.fence_ms): the ranks must
+   * stop; once per such silence */
+  void (*fence_cb)(void *arg, const char *why);
   /* on the loop: a heartbeat's reply with assignments or kills (owned by the agent) */
   void (*reply_cb)(void *arg, const Fsdp__V1__HeartbeatReply *rep);
   void *arg;

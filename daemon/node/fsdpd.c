@@ -181,7 +181,20 @@ static void fsdpd_superseded_cb(void *arg, const char *why) {
   LOG_ERROR("fsdpd", "another fsdpd registered as node %s at %s (%s): this one's ranks are no "
             "longer the coordinator's and are stopped; give each node's fsdpd its own --name",
             D->name, D->coordinator, why);
-  ranks_kill_all(D->ranks, "another fsdpd registered under this node's name");
+  ranks_kill_all(D->ranks, "another fsdpd registered under this node's name", 0);
+  fsdpd_publish(D);
+}
+
+/* The coordinator has been silent past the fence it gave: it declared this
+ * node dead and runs (or will run) its jobs elsewhere. The ranks stop now,
+ * writing nothing (no grace: a checkpoint would land beside the live
+ * attempt's); fsdpd keeps asking, and registers again without them. */
+static void fsdpd_fence_cb(void *arg, const char *why) {
+  fsdpd_t *D = arg;
+  if (D->stopping) return;
+  LOG_ERROR("fsdpd", "%s: this node's ranks are stopped; their jobs go on elsewhere from their "
+            "last checkpoint", why);
+  ranks_kill_all(D->ranks, "the coordinator was silent past its fence", 0.001);
   fsdpd_publish(D);
 }
 
@@ -617,6 +630,7 @@ int main(int argc, char **argv) {
                            .version = FSDPD_VERSION, .registered_cb = fsdpd_registered_cb,
                            .refused_cb = fsdpd_refused_cb, .refused_exit_s = D.refused_s,
                            .superseded_cb = fsdpd_superseded_cb,
+                           .fence_cb = fsdpd_fence_cb,
                            .reply_cb = fsdpd_reply_cb, .arg = &D};
   agent_opts_t aos = ao;
   if (ranks_pack(D.ranks, &state, &state_len) ||

@@ -961,8 +961,8 @@ void ranks_kill(ranks_t *R, const Fsdp__V1__Kill *k) {
   }
 }
 
-void ranks_kill_all(ranks_t *R, const char *reason) {
-  for (rank_t *rk = R->list; rk; rk = rk->next) rk_kill(rk, reason, 0);
+void ranks_kill_all(ranks_t *R, const char *reason, double grace_s) {
+  for (rank_t *rk = R->list; rk; rk = rk->next) rk_kill(rk, reason, grace_s);
 }
 
 int ranks_dirty(const ranks_t *R) { return R->dirty; }

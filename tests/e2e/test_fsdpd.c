@@ -113,8 +113,10 @@ static char *workdir, *fsdpd_log, *tokens;
 
 /* ---- handlers (on the fake's loop thread) ----------------------------------------- */
 
-/* The log ticket key the fake coordinator gives at registration, when set. */
+/* The log ticket key the fake coordinator gives at registration, when set;
+ * and the fence (RegisterNodeReply.fence_ms; 0: none). */
 static int log_key_given;
+static uint32_t fence_ms_given;
 static const uint8_t log_key[TICKET_KEY_BYTES] = "0123456789abcdef0123456789abcde";
 
 static void h_register(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
@@ -149,6 +151,7 @@ static void h_register(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   rep.session = F.session;
   rep.heartbeat_interval_ms = HOLD_MS;
   if (log_key_given) rep.log_key.data = (uint8_t *)log_key, rep.log_key.len = sizeof log_key;
+  rep.fence_ms = fence_ms_given;
   pthread_mutex_unlock(&F.mu);
   rpc_call_reply(call, &rep.base);
 }
@@ -872,6 +875,42 @@ Test(fsdpd, survives_the_coordinator_going_away_and_reregisters_with_its_ranks, 
                (long long)before, (long long)after);
   queue_kill("j-2", 1000);
   cr_expect(wait_for(two_exits, 5), "killed ranks reported");
+}
+
+/* A coordinator silent past the fence it gave (2 s here; its restart grace
+ * in life): the coordinator has declared the node dead and runs the jobs
+ * elsewhere, so fsdpd stops its ranks at once, without a checkpoint; within
+ * the fence they run on (a coordinator restart stops nothing), and back,
+ * fsdpd registers again without them (helper-57: a node SIGSTOPped past the
+ * timeout kept ranks writing beside the job's next attempt). */
+Test(fsdpd, stops_its_ranks_when_the_coordinator_is_silent_past_its_fence, .timeout = 40) {
+  fence_ms_given = 2000;
+  int pids[2];
+  start_long_job(pids);
+  fake_stop();
+  const double t0 = tu_now_s();
+  usleep(1200 * 1000);
+  for (int i = 0; i < 2; i++) cr_assert_eq(kill(pids[i], 0), 0, "rank %d stopped within the fence", i);
+  int alive = 2;
+  while (alive && tu_now_s() - t0 < 8) {
+    usleep(20000);
+    alive = 0;
+    for (int i = 0; i < 2; i++) alive += kill(pids[i], 0) == 0 && group_alive(pids[i]);
+  }
+  const double took = tu_now_s() - t0;
+  cr_assert_eq(alive, 0, "ranks still running %.1f s into the silence:\n%s", took,
+               tu_slurp(fsdpd_log, NULL));
+  cr_expect_lt(took, 2.0 + 3.0, "stopped %.1f s into a 2 s fence", took);
+  char *log = tu_slurp(fsdpd_log, NULL);
+  cr_expect(strstr(log, "no answer from the coordinator") && strstr(log, "ranks are stopped"), "%s",
+            log);
+  free(log);
+  fake_start();
+  cr_assert(wait_for(reregistered, 10), "fsdpd did not register again:\n%s", tu_slurp(fsdpd_log, NULL));
+  pthread_mutex_lock(&F.mu);
+  cr_expect_eq(F.reg_nranks, 0, "it comes back without the ranks it stopped");
+  pthread_mutex_unlock(&F.mu);
+  fence_ms_given = 0;
 }
 
 /* Waits up to secs for fsdpd to register beyond its regs-th registration;
