@@ -521,7 +521,10 @@ void coord_kill_attempt(coord_t *c, int64_t job, int64_t epoch, int64_t except_n
     int seen = r[i].node_id == except_node;
     for (int k = 0; k < i && !seen; k++) seen = r[k].node_id == r[i].node_id;
     if (seen) continue;
-    coord_order_t o = {.kill = 1, .job = job, .epoch = epoch, .rank = -1, .grace_ms = 10000};
+    /* no grace (1 ms: 0 is the node's default): the attempt is over in the
+     * store already, so a checkpoint its ranks wrote on SIGTERM would be
+     * refused, a full write wasted and its directory left behind */
+    coord_order_t o = {.kill = 1, .job = job, .epoch = epoch, .rank = -1, .grace_ms = 1};
     snprintf(o.reason, sizeof o.reason, "%s", why);
     coord_order_push(c, r[i].node_id, &o);
   }

@@ -658,6 +658,9 @@ Test(coordinator, three_jobs_on_four_devices_two_run_the_third_waits_then_runs) 
   r = heartbeat(&n, NULL, 0);
   cr_expect_eq(r->n_kills, 1);
   if (r->n_kills) cr_expect_str_eq(r->kills[0]->job_id, b);
+  /* no grace: a checkpoint written on SIGTERM would be refused (the job is
+   * cancelled already), a full write wasted and its directory left */
+  if (r->n_kills) cr_expect_eq(r->kills[0]->grace_ms, 1);
   protobuf_c_message_free_unpacked(&r->base, NULL);
 }
 
