@@ -574,14 +574,25 @@ static int rk_options_check(const Fsdp__V1__RankAssignment *a) {
   return FSDP_OK;
 }
 
+/* A new file at path in an attempt directory (whatever was there, a FIFO
+ * or a link another rank of the attempt put there, is removed first; one
+ * put there meanwhile fails the create: EEXIST). */
+static int rk_create(const char *path, mode_t mode, int *fd) {
+  if (unlink(path) && errno != ENOENT)
+    return err_set_errno(err_from_errno(errno), errno, "cannot replace %s", path);
+  return file_open_regular(path, O_WRONLY | O_CREAT | O_EXCL | O_APPEND, mode, fd);
+}
+
 /* The spec's options as a job file: options with no section first, then
  * each section's, in their order. */
 static int rk_write_job(rank_t *rk, const char *path) {
   const Fsdp__V1__JobSpec *sp = rk->a->spec;
   ranks_t *R = rk->R;
   /* the attempt directory is the ranks' user's: another rank of the
-   * attempt may have put a FIFO here, which must not hold the loop */
-  int fd, rc = file_open_regular(path, O_WRONLY | O_CREAT | O_TRUNC, 0600, &fd);
+   * attempt may have put a FIFO here, which must not hold the loop, or a
+   * hard link to a file of root's, which must not be truncated: a new file
+   * or nothing */
+  int fd, rc = rk_create(path, 0600, &fd);
   if (rc) return err_wrap(rc, "cannot write the rank's job file");
   FILE *f = fdopen(fd, "w");
   if (!f) {
@@ -612,8 +623,8 @@ static int rk_write_job(rank_t *rk, const char *path) {
 
 static FILE *rk_open_log(rank_t *rk, char *path) {
   ranks_t *R = rk->R;
-  int fd; /* as rk_write_job: never a FIFO's wait */
-  if (file_open_regular(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0640, &fd)) {
+  int fd; /* as rk_write_job: never a FIFO's wait, nor another's file */
+  if (rk_create(path, 0640, &fd)) {
     err_wrap(FSDP_EIO, "cannot create the rank's log");
     return NULL;
   }

@@ -788,6 +788,39 @@ Test(fsdpd, registers_runs_a_job_to_the_end_and_serves_its_logs, .timeout = 40) 
   free(log);
 }
 
+/* A link another rank's user put where fsdpd writes a rank's job file or
+ * log (the attempt directory is theirs) is replaced, never written through:
+ * the file it named keeps its bytes (helper-56: fsdpd, as root, truncated
+ * and wrote through such a path). */
+Test(fsdpd, a_link_planted_for_a_ranks_files_is_not_written_through, .timeout = 40) {
+  char dir[1200], victim[1200], conf[1300], log[1300];
+  snprintf(dir, sizeof dir, "%s/jobs/j-7/1", workdir);
+  snprintf(victim, sizeof victim, "%s/victim", workdir);
+  char cmd[1400], out[256];
+  snprintf(cmd, sizeof cmd, "mkdir -p '%s'", dir);
+  cr_assert_eq(tu_sh(cmd, out, sizeof out), 0, "%s", out);
+  tu_write_file(victim, "precious\n", 9);
+  snprintf(conf, sizeof conf, "%s/rank-0.conf", dir);
+  snprintf(log, sizeof log, "%s/rank-1.log", dir);
+  cr_assert_eq(link(victim, conf), 0, "link %s: %s", conf, strerror(errno));
+  cr_assert_eq(link(victim, log), 0, "link %s: %s", log, strerror(errno));
+  fsdpd_start();
+  cr_assert(wait_for(registered, 10), "%s", tu_slurp(fsdpd_log, NULL));
+  queue_job("j-7", 2, 3);
+  cr_assert(wait_for(two_exits, 30), "the ranks did not end:\n%s", tu_slurp(fsdpd_log, NULL));
+  pthread_mutex_lock(&F.mu);
+  for (int i = 0; i < 2; i++)
+    cr_expect_eq(F.exits[i].exit_status, 0, "rank %u: %s", F.exits[i].rank, F.exits[i].message);
+  pthread_mutex_unlock(&F.mu);
+  char *v = tu_slurp(victim, NULL);
+  cr_expect_str_eq(v, "precious\n", "the linked file was written through");
+  free(v);
+  struct stat a, b;
+  cr_assert_eq(stat(victim, &a), 0);
+  cr_assert_eq(stat(conf, &b), 0);
+  cr_expect(a.st_ino != b.st_ino && a.st_nlink == 1, "the job file is a file of its own");
+}
+
 Test(fsdpd, a_kill_stops_both_ranks_within_the_grace_and_leaves_nothing, .timeout = 40) {
   int pids[2];
   start_long_job(pids);
