@@ -1368,8 +1368,17 @@ static int cmd_logs(ctl_t *c, int argc, char **argv) {
   if ((rc = rpc_client_create(&nc, &o))) {
     code = ctl_fail_at(c, rc, addr, "logs of job %s rank %lu from node %s", job, rank, node);
   } else {
-    for (int again = 0;; again++) {
+    for (int again = 0, reopened = 0;; again++, reopened = 1) {
       int got = 0;
+      /* a stream opened again (it broke, maybe past the ticket's hour) takes
+       * a fresh ticket; the coordinator away keeps the one it has */
+      Fsdp__V1__GetLogTicketReply *fresh = NULL;
+      if (reopened && !ctl_call(c, "GetLogTicket", &tq.base,
+                                &fsdp__v1__get_log_ticket_reply__descriptor, &fresh)) {
+        ctl_free(tr);
+        tr = fresh;
+        req.ticket = tr->ticket;
+      }
       if (!(rc = rpc_stream_open(nc, &st, "/fsdp.v1.Node/GetRankLogs", &req.base,
                                  follow ? CTL_FOREVER_S : c->timeout_s))) {
         Fsdp__V1__LogChunk *ch;

@@ -1667,6 +1667,11 @@ Test(fsdpctl, a_followed_log_whose_stream_breaks_goes_on_where_it_stopped) {
   cr_expect_eq(req->offset, 32, "the second stream starts after what was printed");
   cr_expect(req->follow);
   protobuf_c_message_free_unpacked(&req->base, NULL);
+  /* each stream with a ticket of its own (the first may have expired) */
+  Fsdp__V1__GetLogTicketRequest *tq =
+      rec_get("GetLogTicket", &fsdp__v1__get_log_ticket_request__descriptor, &calls);
+  cr_expect_eq(calls, 2, "%d tickets", calls);
+  protobuf_c_message_free_unpacked(&tq->base, NULL);
 }
 
 /* A coordinator in TLS and a node whose fsdpd serves without a certificate
