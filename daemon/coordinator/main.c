@@ -298,9 +298,10 @@ int main(int argc, char **argv) {
              "and register nodes", o.listen);
   }
   signal(SIGPIPE, SIG_IGN);
-  /* manifests and exports are never for every user of the host, whatever
-   * umask it was started with (its unit sets 0027) */
-  umask(umask(0) | 027);
+  /* its umask is left as it was started with: the ranks' user must read the
+   * manifests it writes, and may be another user than its own with no
+   * group in common (a root coordinator, ranks run as nobody); its unit
+   * sets 0027, where both are fsdp */
   grpc_init();
   uv_loop_t loop;
   uv_loop_init(&loop);
