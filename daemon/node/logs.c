@@ -134,10 +134,10 @@ static int logs_allowed(const logs_t *L, rpc_call_t *call, const Fsdp__V1__GetRa
                         : err_set(FSDP_EAUTH, "GetRankLogs: no log ticket: this node takes one "
                                   "from the coordinator's GetLogTicket (fsdpctl logs asks for it), "
                                   "never a user token");
-  if (!L->key_len && (L->tickets || *req->ticket))
+  if (L->tickets && !*L->node_id)
     return err_set(FSDP_EUNAVAILABLE, "GetRankLogs: this node is not registered with the "
                    "coordinator yet, so it cannot check a log ticket; try again shortly");
-  return rpc_call_auth(call, RPC_ROLE_USER);
+  return rpc_call_auth(call, RPC_ROLE_USER); /* registered, and the coordinator issues none */
 }
 
 static void logs_get_rank_logs(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {

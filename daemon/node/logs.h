@@ -40,9 +40,10 @@ int logs_register(logs_t *L, rpc_server_t *srv);
 /* This node's id and log ticket key, from its registration (key_len 0: the
  * coordinator issues no tickets). On the loop. */
 void logs_set_identity(logs_t *L, const char *node_id, const uint8_t *key, size_t key_len);
-/* fsdpd sends the coordinator a token, so the coordinator checks tokens and
- * will give a key: until it has, GetRankLogs is refused (UNAVAILABLE), not
- * open. */
+/* fsdpd sends the coordinator a token, so the coordinator likely checks
+ * tokens and will give a key: until fsdpd has registered, GetRankLogs is
+ * refused (UNAVAILABLE), not open; registered without a key, the user token
+ * rule applies (--user-token-file, or open). */
 void logs_expect_tickets(logs_t *L);
 /* After rpc_server_destroy (which ends the streams). */
 void logs_destroy(logs_t *L);

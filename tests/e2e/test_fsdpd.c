@@ -1519,6 +1519,29 @@ Test(fsdpd, its_node_service_takes_a_ticket_for_the_rank_alone, .timeout = 30) {
   free(ut);
 }
 
+/* An fsdpd given a node token whose coordinator issues no log tickets (it
+ * checks no tokens): once registered, its rank logs are served by the user
+ * token rule (here none: open), not refused for want of a key. */
+Test(fsdpd, its_node_service_without_a_key_follows_the_user_token_rule, .timeout = 30) {
+  char *nt = tu_path("node.token");
+  tu_write_file(nt, "node-secret-0987654321\n", 23);
+  const char *args[] = {"--devices", "cpu:1", "--work-dir", workdir, "--token-file", nt,
+                        geteuid() == 0 ? "--run-as" : NULL, "nobody", NULL};
+  fsdpd_pid = fsdpd_spawn(args);
+  cr_assert(wait_for(registered, 10), "%s", tu_slurp(fsdpd_log, NULL));
+  fake_attempt("j-6", 100);
+  rpc_client_t *c = node_client();
+  size_t len = 0;
+  int rc = 0;
+  /* registration reaches the loop just after the fake counts it */
+  for (const double t0 = tu_now_s(); tu_now_s() - t0 < 5; usleep(20000))
+    if ((rc = logs_first(c, "j-6", 0, 5, &len)) != FSDP_EUNAVAILABLE) break;
+  cr_expect_eq(rc, 1, "%d %s", rc, err_msg());
+  cr_expect_eq(len, 100);
+  rpc_client_destroy(c);
+  free(nt);
+}
+
 /* The rank's user can replace its log by a FIFO (the attempt directory is
  * theirs): GetRankLogs refuses it at once, instead of fsdpd's loop waiting
  * in open() for a writer that never comes, and the Node service goes on. */
