@@ -574,12 +574,20 @@ static int rk_options_check(const Fsdp__V1__RankAssignment *a) {
   return FSDP_OK;
 }
 
-/* A new file at path in an attempt directory (whatever was there, a FIFO
- * or a link another rank of the attempt put there, is removed first; one
- * put there meanwhile fails the create: EEXIST). */
+/* A new file at path in an attempt directory. A plain file there (an
+ * earlier start's) is replaced; anything else (a FIFO, a symbolic or hard
+ * link: put there by another rank of the attempt, whose user owns the
+ * directory) is refused, never opened or written through; one put there
+ * meanwhile fails the create (EEXIST). */
 static int rk_create(const char *path, mode_t mode, int *fd) {
-  if (unlink(path) && errno != ENOENT)
-    return err_set_errno(err_from_errno(errno), errno, "cannot replace %s", path);
+  struct stat st;
+  if (!lstat(path, &st)) {
+    if (!S_ISREG(st.st_mode) || st.st_nlink != 1)
+      return err_set(FSDP_EFORMAT, "%s is not a plain file (a FIFO, a link, a directory: put "
+                     "there by a rank's user?); it is not written through: remove it", path);
+    if (unlink(path) && errno != ENOENT)
+      return err_set_errno(err_from_errno(errno), errno, "cannot replace %s", path);
+  }
   return file_open_regular(path, O_WRONLY | O_CREAT | O_EXCL | O_APPEND, mode, fd);
 }
 
