@@ -1466,15 +1466,24 @@ static int logs_first(rpc_client_t *c, const char *job, uint32_t rank, double ti
  * Node service takes a log ticket for that rank on this node, unexpired and
  * made with that key, and nothing else: not a user token, nor another
  * rank's, node's or key's ticket. */
-Test(fsdpd, its_node_service_takes_a_ticket_for_the_rank_alone, .timeout = 30) {
-  log_key_given = 1;
-  char *ut = tu_path("user.token");
-  tu_write_file(ut, "user-secret-1234567890\n", 23);
-  const char *args[] = {"--devices", "cpu:1", "--work-dir", workdir, "--user-token-file", ut,
+/* fsdpd on one cpu device with a token file (opt, holding token, made here
+ * as name), registered, and a 100-byte log of each rank of job, attempt 1:
+ * the file's path. */
+static char *fsdpd_with_token(const char *opt, const char *name, const char *token,
+                              const char *job) {
+  char *t = tu_path(name);
+  tu_write_file(t, token, strlen(token));
+  const char *args[] = {"--devices", "cpu:1", "--work-dir", workdir, opt, t,
                         geteuid() == 0 ? "--run-as" : NULL, "nobody", NULL};
   fsdpd_pid = fsdpd_spawn(args);
   cr_assert(wait_for(registered, 10), "%s", tu_slurp(fsdpd_log, NULL));
-  fake_attempt("j-7", 100);
+  fake_attempt(job, 100);
+  return t;
+}
+
+Test(fsdpd, its_node_service_takes_a_ticket_for_the_rank_alone, .timeout = 30) {
+  log_key_given = 1;
+  char *ut = fsdpd_with_token("--user-token-file", "user.token", "user-secret-1234567890\n", "j-7");
   char addr[128];
   pthread_mutex_lock(&F.mu);
   snprintf(addr, sizeof addr, "%s", F.reg_address);
@@ -1526,13 +1535,7 @@ Test(fsdpd, its_node_service_takes_a_ticket_for_the_rank_alone, .timeout = 30) {
  * checks no tokens): once registered, its rank logs are served by the user
  * token rule (here none: open), not refused for want of a key. */
 Test(fsdpd, its_node_service_without_a_key_follows_the_user_token_rule, .timeout = 30) {
-  char *nt = tu_path("node.token");
-  tu_write_file(nt, "node-secret-0987654321\n", 23);
-  const char *args[] = {"--devices", "cpu:1", "--work-dir", workdir, "--token-file", nt,
-                        geteuid() == 0 ? "--run-as" : NULL, "nobody", NULL};
-  fsdpd_pid = fsdpd_spawn(args);
-  cr_assert(wait_for(registered, 10), "%s", tu_slurp(fsdpd_log, NULL));
-  fake_attempt("j-6", 100);
+  char *nt = fsdpd_with_token("--token-file", "node.token", "node-secret-0987654321\n", "j-6");
   rpc_client_t *c = node_client();
   size_t len = 0;
   int rc = 0;
