@@ -218,6 +218,17 @@ static void *agent_main(void *arg) {
     a->up = !rc;
     a->refusals += rc && agent_refusal(rc);
     pthread_mutex_unlock(&a->mu);
+    /* a refusal is no answer either: the coordinator counts the node as
+     * silent and runs its jobs elsewhere all the same */
+    if (rc && ever && fence_s > 0 && !fenced && agent_now() - answered > fence_s) {
+      /* the coordinator has run this node's jobs elsewhere by now (or will
+       * when it is back): ranks left running would write beside theirs */
+      char why[768];
+      snprintf(why, sizeof why, "no answer from the coordinator for %.0f s, past the %.0f s it "
+               "gave (%s)", agent_now() - answered, fence_s, err_msg());
+      agent_post(a, 4, NULL, why);
+      fenced = 1;
+    }
     if (rc && agent_refusal(rc)) {
       /* a refusal is an operator's to fix: logged as an error, again each
        * minute while it stays (a transient failure's line comes once). The
@@ -255,15 +266,6 @@ static void *agent_main(void *arg) {
       if (agent_sleep(a, ever ? AGENT_REFUSED_MS : AGENT_BACKOFF_MAX_MS)) break;
       continue;
     }
-    if (rc && ever && fence_s > 0 && !fenced && agent_now() - answered > fence_s) {
-      /* the coordinator has run this node's jobs elsewhere by now (or will
-       * when it is back): ranks left running would write beside theirs */
-      char why[768];
-      snprintf(why, sizeof why, "no answer from the coordinator for %.0f s, past the %.0f s it "
-               "gave (%s)", agent_now() - answered, fence_s, err_msg());
-      agent_post(a, 4, NULL, why);
-      fenced = 1;
-    }
     if (rc) {
       /* one line when the coordinator goes, one when it is back: not one per retry */
       if (!lost) LOG_WARN("fsdpd", "%s: %s; retrying every %d ms at most, ranks keep running", what,
@@ -274,7 +276,7 @@ static void *agent_main(void *arg) {
       continue;
     }
     if (lost) LOG_INFO("fsdpd", "the coordinator answers again (%s)", what);
-    lost = 0, fenced = 0, answered = agent_now();
+    lost = 0, fenced = 0, answered = t0; /* the coordinator heard it when it was sent */
     refusal[0] = 0, refused_since = 0;
     backoff = AGENT_BACKOFF_MIN_MS;
     /* a coordinator should hold an empty heartbeat for its interval; one that

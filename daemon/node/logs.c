@@ -34,6 +34,7 @@ struct logs {
   uint8_t key[TICKET_KEY_BYTES];
   size_t key_len;
   int tickets; /* fsdpd sends the coordinator a token: it will give a key */
+  int bad_key;  /* the coordinator gave a key of another length: refuse, never open */
 };
 
 typedef struct logs_stream {
@@ -120,8 +121,13 @@ void logs_expect_tickets(logs_t *L) { L->tickets = 1; }
 
 void logs_set_identity(logs_t *L, const char *node_id, const uint8_t *key, size_t key_len) {
   snprintf(L->node_id, sizeof L->node_id, "%s", node_id);
+  L->bad_key = key_len && key_len != TICKET_KEY_BYTES;
   L->key_len = key_len == TICKET_KEY_BYTES ? key_len : 0;
   if (L->key_len) memcpy(L->key, key, key_len);
+  if (L->bad_key)
+    LOG_ERROR("fsdpd", "the coordinator gave a log ticket key of %zu bytes, not %d (another "
+              "version?): rank logs are refused until it gives a good one", key_len,
+              TICKET_KEY_BYTES);
 }
 
 /* Who may read: where the coordinator issues log tickets, the holder of one
@@ -134,6 +140,9 @@ static int logs_allowed(const logs_t *L, rpc_call_t *call, const Fsdp__V1__GetRa
                         : err_set(FSDP_EAUTH, "GetRankLogs: no log ticket: this node takes one "
                                   "from the coordinator's GetLogTicket (fsdpctl logs asks for it), "
                                   "never a user token");
+  if (L->bad_key)
+    return err_set(FSDP_EUNAVAILABLE, "GetRankLogs: the coordinator gave this node a log ticket "
+                   "key it cannot use (another version?); its log says so");
   if (L->tickets && !*L->node_id)
     return err_set(FSDP_EUNAVAILABLE, "GetRankLogs: this node is not registered with the "
                    "coordinator yet, so it cannot check a log ticket; try again shortly");

@@ -1039,6 +1039,30 @@ Test(fsdpd, a_refusal_once_registered_keeps_the_ranks_and_is_asked_again, .timeo
   cr_expect(wait_for(two_exits, 5), "killed ranks reported");
 }
 
+/* A refusal is no answer either: the coordinator counts a refused node as
+ * silent and runs its jobs elsewhere, so past the fence it gave the ranks
+ * stop, as for a silence (helper-58: a rotated node token left them running
+ * for good). */
+Test(fsdpd, a_refusal_past_the_fence_stops_the_ranks, .timeout = 40) {
+  fence_ms_given = 2000;
+  int pids[2];
+  start_long_job(pids);
+  const double t0 = tu_now_s();
+  refuse_registrations(1);
+  int alive = 2;
+  while (alive && tu_now_s() - t0 < 10) {
+    usleep(20000);
+    alive = (kill(pids[0], 0) == 0) + (kill(pids[1], 0) == 0);
+  }
+  cr_expect_eq(alive, 0, "ranks still running %.1f s into the refusals:\n%s", tu_now_s() - t0,
+               tu_slurp(fsdpd_log, NULL));
+  cr_expect_eq(log_count("no answer from the coordinator"), 1, "%s", tu_slurp(fsdpd_log, NULL));
+  pthread_mutex_lock(&F.mu);
+  F.refuse_regs = 0;
+  pthread_mutex_unlock(&F.mu);
+  fence_ms_given = 0;
+}
+
 /* Refused ALREADY_EXISTS once registered: another fsdpd registered under
  * this node's name while this one's heartbeat was between calls, and the
  * coordinator took this one's ranks for gone (their jobs fail over). The
