@@ -37,6 +37,7 @@ static int coord_hash_oom;
 #define COORD_BEAT_SLACK_MS 250
 #define COORD_JANITOR_MS 1000 /* checkpoints' timeouts and removals are looked at this often */
 #define COORD_SETTLE_RETRY_MS 1000 /* an attempt's end the store failed to take, tried again */
+#define COORD_FENCE_MARGIN_MS 1000 /* a fenced node's fsdpd kills its ranks within this */
 #define COORD_PURGE_MS 10000  /* retention (events, ended jobs), this often (and at start) */
 #define COORD_PURGE_BATCH 2000
 #define COORD_PURGE_PASSES 10
@@ -645,6 +646,33 @@ static void coord_attempts_settle(coord_t *c, const char *when) {
 
 /* ---- liveness ------------------------------------------------------------- */
 
+/* How long after a node's last call its ranks are surely dead when it is
+ * cut off: the fence it was given, and COORD_FENCE_MARGIN_MS for its fsdpd
+ * to kill them. */
+static uint64_t coord_fence_ms(const coord_t *c) {
+  return (uint64_t)c->o.restart_grace_ms + COORD_FENCE_MARGIN_MS;
+}
+
+/* At start: every pending job that ran before waits out a fence from now
+ * (coord_job_t.fence_until, fence_node 0). */
+static void coord_fence_pending(coord_t *c) {
+  int64_t *jobs = NULL;
+  int nj = 0;
+  if (store_job_ids(c->st, STORE_JOB_PENDING, &jobs, &nj)) {
+    LOG_WARN("coord", "pending jobs, to hold their restarts for the nodes' fence: %s", err_msg());
+    return; /* a start without it: no worse than before the fence was known */
+  }
+  for (int i = 0; i < nj; i++) {
+    store_job_t j;
+    if (store_job_get(c->st, jobs[i], &j)) continue;
+    const int ran = j.epoch > 0;
+    store_job_free(&j);
+    coord_job_t *x = ran ? coord_job_info(c, jobs[i]) : NULL;
+    if (x) x->fence_until = c->started_ms + coord_fence_ms(c), x->fence_node = 0;
+  }
+  store_array_free(jobs);
+}
+
 static void coord_node_died(coord_t *c, coord_node_t *n, uint64_t now) {
   int64_t *jobs = NULL;
   int nj = 0;
@@ -665,12 +693,18 @@ static void coord_node_died(coord_t *c, coord_node_t *n, uint64_t now) {
     return;
   }
   LOG_WARN("coord", "%s; %d job(s) affected", why, nj);
+  /* The node may live, cut off: its fsdpd kills its ranks once it has had
+   * no answer for the fence (from the send of its last answered call, which
+   * is no later than heard_ms). Its jobs' next attempts wait for that. */
+  const uint64_t fenced = n->heard_ms + coord_fence_ms(c);
   for (int i = 0; i < nj; i++) {
     store_job_t j;
     if (store_job_get(c->st, jobs[i], &j)) continue;
     int64_t epoch = j.epoch;
     int running = j.state == STORE_JOB_RUNNING;
     store_job_free(&j);
+    coord_job_t *x = running ? coord_job_info(c, jobs[i]) : NULL;
+    if (x && fenced > x->fence_until) x->fence_until = fenced, x->fence_node = n->id;
     if (running) coord_attempt_fail(c, jobs[i], epoch, n->id, why);
   }
   store_array_free(jobs);
@@ -1141,6 +1175,24 @@ static void coord_place(coord_t *c, coord_pass_t *ps, int64_t job) {
              err_msg());
     return;
   }
+  const uint64_t now = coord_mono_ms(c);
+  if (x->fence_until > now) { /* not placed: its slots stay free for others meanwhile */
+    char why[STORE_REASON_MAX];
+    const double left = (double)(x->fence_until - now) / 1000;
+    if (x->fence_node)
+      snprintf(why, sizeof why, "restarting after attempt failed (%.200s); waiting %.0f s more: "
+               "node n-%lld may run its ranks until it has had no answer for %.1f s (its fence, "
+               "--restart-grace-ms), and they must not write beside the next attempt",
+               x->failure, left, (long long)x->fence_node, c->o.restart_grace_ms / 1000.0);
+    else
+      snprintf(why, sizeof why, "restarting; waiting %.0f s more: the coordinator restarted, and "
+               "a node cut off from it before may run this job's last ranks until it has had no "
+               "answer for %.1f s (its fence, --restart-grace-ms)", left,
+               c->o.restart_grace_ms / 1000.0);
+    coord_pass_wait(ps, x, why);
+    if (!c->fence_wake_ms || x->fence_until < c->fence_wake_ms) c->fence_wake_ms = x->fence_until;
+    return;
+  }
   sched_slot_t *slot = calloc((size_t)(x->R * x->S) + 1, sizeof *slot);
   char note[512];
   int rc = slot ? coord_pass_fit(ps, x, slot, note, sizeof note) : FSDP_ENOMEM;
@@ -1331,6 +1383,7 @@ static void coord_tick_cb(uv_timer_t *t) {
     c->settled_ms = now;
     coord_attempts_settle(c, "before its end could be stored");
   }
+  if (c->fence_wake_ms && now >= c->fence_wake_ms) c->fence_wake_ms = 0, c->dirty = 1;
   if (c->dirty) coord_schedule(c);
   if (now - c->janitor_ms >= COORD_JANITOR_MS) {
     c->janitor_ms = now;
@@ -1360,6 +1413,19 @@ int coord_create(coord_t **out, uv_loop_t *loop, const coord_opts_t *o) {
   if (!c->o.heartbeat_interval_ms) c->o.heartbeat_interval_ms = 1000;
   if (!c->o.heartbeat_timeout_ms) c->o.heartbeat_timeout_ms = 5000;
   if (!c->o.restart_grace_ms) c->o.restart_grace_ms = 3 * c->o.heartbeat_timeout_ms;
+  /* the grace is also each node's fence: a node with no answer for that
+   * long stops its ranks. Shorter than the timeout, a blip the timeout
+   * forgives would stop them; a node learns its heartbeat was heard only
+   * when it is answered, up to two intervals after it was sent */
+  const int g = c->o.restart_grace_ms, t = c->o.heartbeat_timeout_ms,
+            least = t > 2 * c->o.heartbeat_interval_ms ? t : 2 * c->o.heartbeat_interval_ms + 1;
+  if (g < least) {
+    free(c);
+    return err_set(FSDP_EINVAL, "--restart-grace-ms %d is too short: it is also each node's fence "
+                   "(a node with no answer for that long stops its ranks), so it must be at least "
+                   "the heartbeat timeout and more than two heartbeat intervals; give at least %d",
+                   g, least);
+  }
   if (!c->o.checkpoint_timeout_ms) c->o.checkpoint_timeout_ms = 300000;
   if (!c->o.event_retention_days) c->o.event_retention_days = 90;
   store_opts_t so = {.sync_normal = o->sync_normal};
@@ -1385,6 +1451,11 @@ int coord_create(coord_t **out, uv_loop_t *loop, const coord_opts_t *o) {
       n->awaited = 1;
     }
   store_nodes_free(nodes, nn);
+  /* a job that waits to restart may have ranks left on a node the last
+   * coordinator declared dead, cut off and not yet fenced: they are dead a
+   * fence after the node's last call, which came before this start */
+  c->started_ms = coord_mono_ms(c);
+  if (!rc) coord_fence_pending(c);
   rpc_server_opts_t ro = {.addr = o->listen, .user_token_file = o->user_token_file,
                           .node_token_file = o->node_token_file,
                           .operator_token_file = o->operator_token_file,

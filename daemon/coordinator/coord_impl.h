@@ -107,6 +107,12 @@ typedef struct coord_job {
   int reason_stored;              /* this wait's first reason is in the store */
   char *waiting;                  /* the latest, when the store's is older (heap); NULL */
   int live;                       /* scratch of coord_jobs_trim: pending or running */
+  /* A node of its last attempt was declared dead: its fsdpd kills the ranks
+   * it runs once the coordinator has been silent for the fence it gave
+   * (restart_grace_ms), so the next attempt starts no sooner, lest the old
+   * ranks write checkpoints beside it (coord_node_died) */
+  uint64_t fence_until;           /* loop time; 0: none */
+  int64_t fence_node;
   UT_hash_handle hh;              /* in coord_t.jobs, by id */
 } coord_job_t;
 
@@ -176,6 +182,8 @@ struct coord {
   coord_watch_t *watch;
   coord_rdv_t *rdv;
   int dirty;                /* something changed that placement depends on */
+  uint64_t started_ms;      /* loop time at start: a restarting job waits out the fence from here */
+  uint64_t fence_wake_ms;   /* the first coord_job_t.fence_until a waiting job has (0: none) */
   coord_submit_t *sub;      /* submits waiting for this loop turn's commit */
   int n_sub, cap_sub;
   uv_check_t flush;         /* runs coord_submit_flush after each turn's callbacks */

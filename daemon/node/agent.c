@@ -2,6 +2,7 @@
 #include "daemon/node/agent.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -137,6 +138,20 @@ static void agent_async_cb(uv_async_t *h) {
 int agent_refusal(int rc) { return rc == FSDP_EAUTH || rc == FSDP_EPERM || rc == FSDP_EEXIST; }
 
 /* The session: register, then one heartbeat in flight at a time. */
+/* A call's deadline (s), cut to end at fence_at (agent_now's clock; 0:
+ * none), so a coordinator that never answers is seen as silent past its
+ * fence when it is, not a call's deadline later. */
+static double agent_until(double fence_at, double secs) {
+  if (!fence_at) return secs;
+  const double left = fence_at - agent_now();
+  return left < 0.001 ? 0.001 : left < secs ? left : secs;
+}
+
+/* A wait (ms), cut the same way. */
+static int agent_until_ms(double fence_at, int ms) {
+  return (int)ceil(1e3 * agent_until(fence_at, ms / 1e3));
+}
+
 static void *agent_main(void *arg) {
   agent_t *a = arg;
   char node_id[256] = "", refusal[512] = "";
@@ -157,6 +172,10 @@ static void *agent_main(void *arg) {
     const char *what;
     double t0 = agent_now();
     int quiet = 0; /* an empty heartbeat reply */
+    int heard = 0; /* the reply says the coordinator counts this node alive */
+    /* no call or wait runs past the fence: the coordinator restarts this
+     * node's jobs elsewhere a margin after it (coord_node_died) */
+    const double fence_at = ever && fence_s > 0 && !fenced ? answered + fence_s : 0;
     if (!registered) {
       what = "RegisterNode";
       Fsdp__V1__RegisterNodeRequest req = FSDP__V1__REGISTER_NODE_REQUEST__INIT;
@@ -172,8 +191,9 @@ static void *agent_main(void *arg) {
       Fsdp__V1__RegisterNodeReply *rep = NULL;
       rc = rpc_client_call(a->o.client, "/fsdp.v1.Coordinator/RegisterNode", &req.base,
                            &fsdp__v1__register_node_reply__descriptor, (ProtobufCMessage **)&rep,
-                           AGENT_CALL_S);
+                           agent_until(fence_at, AGENT_CALL_S));
       if (!rc) {
+        heard = 1;
         snprintf(node_id, sizeof node_id, "%s", rep->node_id);
         session = rep->session;
         if (rep->heartbeat_interval_ms) interval_ms = rep->heartbeat_interval_ms;
@@ -196,10 +216,14 @@ static void *agent_main(void *arg) {
       Fsdp__V1__HeartbeatReply *rep = NULL;
       rc = rpc_client_call(a->o.client, "/fsdp.v1.Coordinator/Heartbeat", &req->base,
                            &fsdp__v1__heartbeat_reply__descriptor, (ProtobufCMessage **)&rep,
-                           interval_ms / 1000.0 + AGENT_CALL_S);
+                           agent_until(fence_at, interval_ms / 1000.0 + AGENT_CALL_S));
       req->node_id = their_id;
       if (!rc) {
         if (rep->heartbeat_interval_ms) interval_ms = rep->heartbeat_interval_ms;
+        /* "register again" is an answer from a coordinator that does not
+         * count this node alive (it declared it dead, or restarted): the
+         * fence runs on */
+        heard = !rep->reregister;
         if (rep->reregister) {
           LOG_INFO("fsdpd", "the coordinator does not know node %s's session %llu (it restarted, or "
                    "declared the node dead): registering again", node_id,
@@ -220,12 +244,13 @@ static void *agent_main(void *arg) {
     pthread_mutex_unlock(&a->mu);
     /* a refusal is no answer either: the coordinator counts the node as
      * silent and runs its jobs elsewhere all the same */
-    if (rc && ever && fence_s > 0 && !fenced && agent_now() - answered > fence_s) {
+    if (fence_at && !heard && agent_now() >= fence_at) {
       /* the coordinator has run this node's jobs elsewhere by now (or will
        * when it is back): ranks left running would write beside theirs */
       char why[768];
       snprintf(why, sizeof why, "no answer from the coordinator for %.0f s, past the %.0f s it "
-               "gave (%s)", agent_now() - answered, fence_s, err_msg());
+               "gave (%s)", agent_now() - answered, fence_s,
+               rc ? err_msg() : "it answers that it does not count this node alive");
       agent_post(a, 4, NULL, why);
       fenced = 1;
     }
@@ -263,7 +288,8 @@ static void *agent_main(void *arg) {
                     "stopping if it still refuses after %g s", what, refusal, a->o.refused_exit_s);
       }
       lost = 1;
-      if (agent_sleep(a, ever ? AGENT_REFUSED_MS : AGENT_BACKOFF_MAX_MS)) break;
+      if (agent_sleep(a, agent_until_ms(fence_at, ever ? AGENT_REFUSED_MS : AGENT_BACKOFF_MAX_MS)))
+        break;
       continue;
     }
     if (rc) {
@@ -271,12 +297,13 @@ static void *agent_main(void *arg) {
       if (!lost) LOG_WARN("fsdpd", "%s: %s; retrying every %d ms at most, ranks keep running", what,
                           err_msg(), AGENT_BACKOFF_MAX_MS);
       lost = 1;
-      if (agent_sleep(a, backoff)) break;
+      if (agent_sleep(a, agent_until_ms(fence_at, backoff))) break;
       backoff = backoff * 2 > AGENT_BACKOFF_MAX_MS ? AGENT_BACKOFF_MAX_MS : backoff * 2;
       continue;
     }
     if (lost) LOG_INFO("fsdpd", "the coordinator answers again (%s)", what);
-    lost = 0, fenced = 0, answered = t0; /* the coordinator heard it when it was sent */
+    lost = 0;
+    if (heard) fenced = 0, answered = t0; /* the coordinator heard it when it was sent */
     refusal[0] = 0, refused_since = 0;
     backoff = AGENT_BACKOFF_MIN_MS;
     /* a coordinator should hold an empty heartbeat for its interval; one that

@@ -182,7 +182,7 @@ static void fsdpd_superseded_cb(void *arg, const char *why) {
   LOG_ERROR("fsdpd", "another fsdpd registered as node %s at %s (%s): this one's ranks are no "
             "longer the coordinator's and are stopped; give each node's fsdpd its own --name",
             D->name, D->coordinator, why);
-  ranks_kill_all(D->ranks, "another fsdpd registered under this node's name", 0);
+  ranks_kill_all(D->ranks, "another fsdpd registered under this node's name", RANKS_NO_GRACE_S);
   fsdpd_publish(D);
 }
 
@@ -195,7 +195,7 @@ static void fsdpd_fence_cb(void *arg, const char *why) {
   if (D->stopping) return;
   LOG_ERROR("fsdpd", "%s: this node's ranks are stopped; their jobs go on elsewhere from their "
             "last checkpoint", why);
-  ranks_kill_all(D->ranks, "the coordinator was silent past its fence", 0.001);
+  ranks_kill_all(D->ranks, "the coordinator was silent past its fence", RANKS_NO_GRACE_S);
   fsdpd_publish(D);
 }
 

@@ -951,10 +951,13 @@ void ranks_assign(ranks_t *R, const Fsdp__V1__RankAssignment *a) {
 static void rk_kill(rank_t *rk, const char *reason, double grace_s) {
   if (rk->freeing || rk->state == RK_EXITED) return;
   rk->killed = 1;
-  if (grace_s > 0) rk->grace_s = grace_s;
+  /* 0 is the node's default; RANKS_NO_GRACE_S or less is none */
+  if (grace_s > 0) rk->grace_s = grace_s <= RANKS_NO_GRACE_S ? 0 : grace_s;
   snprintf(rk->why, sizeof rk->why, "%s", reason[0] ? reason : "no reason given");
-  LOG_INFO("fsdpd", "job %s attempt %" PRIu32 " rank %" PRIu32 ": kill (%s), grace %.1f s", rk_job(rk),
-           rk->a->attempt, rk->a->rank, rk->why, rk->grace_s);
+  char grace[48] = "no grace: SIGKILL";
+  if (rk->grace_s > 0) snprintf(grace, sizeof grace, "grace %.1f s", rk->grace_s);
+  LOG_INFO("fsdpd", "job %s attempt %" PRIu32 " rank %" PRIu32 ": kill (%s), %s", rk_job(rk),
+           rk->a->attempt, rk->a->rank, rk->why, grace);
   if (rk->state == RK_WAITING) {
     rk_not_started(rk, "killed before it started (%s)", rk->why);
   } else if (rk->state == RK_RENDEZVOUS) {

@@ -58,8 +58,13 @@ int ranks_create(ranks_t **out, const ranks_opts_t *o);
 void ranks_set_node_id(ranks_t *R, const char *node_id);
 void ranks_assign(ranks_t *R, const Fsdp__V1__RankAssignment *a);
 void ranks_kill(ranks_t *R, const Fsdp__V1__Kill *k);
-/* Kills every rank (SIGTERM, SIGKILL after grace_s; 0: the ranks' grace),
- * for reason; unlike ranks_stop_all, later assignments still start. */
+/* A kill's grace this short is none: SIGKILL at once, no SIGTERM, so a rank
+ * begins nothing more (not a checkpoint). The wire's 1 ms (Kill.grace_ms;
+ * its 0 is the node's default). */
+#define RANKS_NO_GRACE_S 0.001
+/* Kills every rank (SIGTERM, SIGKILL after grace_s; 0: the ranks' grace;
+ * RANKS_NO_GRACE_S: none), for reason; unlike ranks_stop_all, later
+ * assignments still start. */
 void ranks_kill_all(ranks_t *R, const char *reason, double grace_s);
 /* 1 when something a heartbeat carries changed since the last ranks_pack. */
 int ranks_dirty(const ranks_t *R);

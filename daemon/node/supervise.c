@@ -308,14 +308,17 @@ void supervise_stop(supervise_t *s, double grace_s) {
   if (s->stopping) return;
   s->stopping = 1;
   if (!s->running) return;
+  if (grace_s <= 0) { /* no grace: nothing runs after this call, not even a SIGTERM handler */
+    supervise_signal_all(s, SIGKILL);
+    return;
+  }
   supervise_signal_all(s, SIGTERM);
   /* a stopped child gets its SIGTERM only once continued */
   supervise_signal_all(s, SIGCONT);
   /* from now, never short: the loop's clock is read afresh (it is the last
    * iteration's) and counts whole milliseconds, so one more */
   uv_update_time(s->grace.loop);
-  uv_timer_start(&s->grace, supervise_grace_cb, grace_s > 0 ? (uint64_t)ceil(grace_s * 1000.0) + 1 : 0,
-                 0);
+  uv_timer_start(&s->grace, supervise_grace_cb, (uint64_t)ceil(grace_s * 1000.0) + 1, 0);
 }
 
 int supervise_stopping(const supervise_t *s) { return s->stopping; }

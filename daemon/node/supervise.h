@@ -79,7 +79,8 @@ int supervise_create(supervise_t **s, uv_loop_t *loop, const supervise_opts_t *o
  * so does any spawn after supervise_stop (FSDP_ECANCELED). */
 int supervise_spawn(supervise_t *s, const supervise_child_opts_t *o, int *pid);
 /* SIGTERM to every running child's group; SIGKILL to those still running
- * grace_s seconds later. Once per set: later calls change nothing. */
+ * grace_s seconds later (kill_cb first). grace_s <= 0: SIGKILL now, no
+ * SIGTERM, no kill_cb. Once per set: later calls change nothing. */
 void supervise_stop(supervise_t *s, double grace_s);
 /* 1 once supervise_stop was called. */
 int supervise_stopping(const supervise_t *s);

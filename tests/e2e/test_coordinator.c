@@ -301,8 +301,8 @@ Test(coordinator, a_token_file_others_may_read_is_warned_of) {
   free(u), free(n);
 }
 
-/* A --root that is not there (an NFS root not mounted yet) or a --listen
- * port past 65535 is refused at start, not met by every submit later as a
+/* A --root that is not there (an NFS root not mounted yet), a --listen
+ * port past 65535 or a fence shorter than the timeout is refused at start, not met by every submit later as a
  * user's error, or served on the port modulo 65536. */
 Test(coordinator, a_missing_root_or_an_impossible_port_is_refused_at_start) {
   char cmd[2400], out[8192];
@@ -316,6 +316,14 @@ Test(coordinator, a_missing_root_or_an_impossible_port_is_refused_at_start) {
   tu_sh(cmd, out, sizeof out);
   cr_assert(strstr(out, "port from 0 to 65535") && !strstr(out, "rc=0") &&
             !strstr(out, "serving on port"), "%s", out);
+  /* a restart grace (each node's fence) shorter than the heartbeat timeout
+   * would stop ranks over a blip the timeout forgives */
+  snprintf(cmd, sizeof cmd, "timeout 5 %s/bin/fsdp-coordinator --db '%s/grace.db' --root '%s' "
+           "--listen 127.0.0.1:0 --restart-grace-ms 4000 2>&1; echo rc=$?", tu_root(),
+           tu_tmpdir(), tu_tmpdir());
+  tu_sh(cmd, out, sizeof out);
+  cr_assert(strstr(out, "--restart-grace-ms 4000 is too short") && strstr(out, "at least 5000") &&
+            !strstr(out, "rc=0") && !strstr(out, "serving on port"), "%s", out);
 }
 
 /* --health-listen: gRPC health alone, in plaintext and without a token (the
@@ -735,6 +743,83 @@ Test(coordinator, hybrid_2x2_keeps_each_shard_group_on_one_node_and_a_dead_node_
   Fsdp__V1__HeartbeatReply *r = heartbeat(&Bn, NULL, 0);
   cr_expect(r->reregister);
   protobuf_c_message_free_unpacked(&r->base, NULL);
+}
+
+/* A job whose node went silent: beta runs both ranks, then is heard no
+ * more. beta's fsdpd (not here: this test is the coordinator) would kill
+ * them once it had no answer for its fence (--restart-grace-ms, 3 s at a 1 s
+ * timeout), so the job's next attempt waits for that and a 1 s margin after
+ * beta's last call, saying so, though alpha has room from the moment beta
+ * is declared dead (helper-58: the old ranks ran 4 s past the failover).
+ * Before its heard time is the earliest the wait may end. */
+static void fenced_job_on_beta(node_t *A, node_t *Bn, char *id, size_t len, double *heard) {
+  char d[600];
+  data_opt(d, sizeof d);
+  node_register(Bn, "beta", 2, 8ull << 30, NULL, 0);
+  const char *kv[] = {"model=tiny", d, NULL};
+  cr_assert_eq(submit_with(2, kv, 2, id, len), 0, "%s", err_msg());
+  cr_assert_eq(collect(Bn, id, 2, NULL), 2, "beta did not get the job");
+  node_register(A, "alpha", 2, 8ull << 30, NULL, 0);
+  Fsdp__V1__RankStatus rs[2], *rp[2];
+  running_ranks(rs, rp, id, 1);
+  *heard = tu_now_s();
+  protobuf_c_message_free_unpacked(&heartbeat(Bn, rp, 2)->base, NULL);
+}
+
+/* Heartbeats of n until it is assigned a rank of job (up to secs); when,
+ * or 0. On the way, the job's pending reason once it is pending. */
+static double assigned_at(const node_t *n, const char *job, double secs, char *reason, size_t len) {
+  for (const double t0 = tu_now_s(); tu_now_s() - t0 < secs;) {
+    Fsdp__V1__HeartbeatReply *r = heartbeat(n, NULL, 0);
+    int got = 0;
+    for (size_t i = 0; i < r->n_assignments; i++) got |= !strcmp(r->assignments[i]->job_id, job);
+    reply_free(r);
+    if (got) return tu_now_s();
+    char why[512];
+    if (job_state(job, why, sizeof why) == FSDP__V1__JOB_STATE__JOB_STATE_PENDING && !reason[0])
+      snprintf(reason, len, "%s", why);
+  }
+  return 0;
+}
+
+Test(coordinator, a_dead_nodes_job_restarts_only_after_the_nodes_fence, .timeout = 40) {
+  node_t A = {{0}, 0}, Bn = {{0}, 0};
+  char id[32], reason[512] = "";
+  double heard;
+  fenced_job_on_beta(&A, &Bn, id, sizeof id, &heard);
+  const double at = assigned_at(&A, id, 10, reason, sizeof reason);
+  cr_assert_gt(at, 0, "the job never restarted on alpha: %s", reason);
+  const double fence = 3 * TIMEOUT_MS / 1000.0 + 1.0;
+  cr_expect(at - heard >= fence && at - heard < fence + 1.5, "restarted %.2f s after beta's last "
+            "call; its fence and the margin end %.1f s after it", at - heard, fence);
+  cr_expect(strstr(reason, Bn.id) && strstr(reason, "fence") && strstr(reason, "declared dead"),
+            "the pending reason: %s", reason);
+}
+
+/* The same across a coordinator restart: the new coordinator cannot know
+ * when beta was last heard, only that it was before its start, so a job
+ * that ran before waits a fence and the margin from its start. */
+Test(coordinator, a_restarted_coordinator_holds_restarts_for_the_fence, .timeout = 40) {
+  node_t A = {{0}, 0}, Bn = {{0}, 0};
+  char id[32], reason[512] = "";
+  double heard;
+  fenced_job_on_beta(&A, &Bn, id, sizeof id, &heard);
+  while (job_state(id, NULL, 0) == FSDP__V1__JOB_STATE__JOB_STATE_RUNNING && tu_now_s() - heard < 5)
+    protobuf_c_message_free_unpacked(&heartbeat(&A, NULL, 0)->base, NULL);
+  cr_assert_eq(job_state(id, NULL, 0), FSDP__V1__JOB_STATE__JOB_STATE_PENDING);
+  char db[600];
+  snprintf(db, sizeof db, "%s", co_db);
+  teardown();
+  const double started = tu_now_s();
+  co_start(db, "127.0.0.1:0", "");
+  client_for(&co, NULL);
+  node_register(&A, "alpha", 2, 8ull << 30, NULL, 0);
+  const double at = assigned_at(&A, id, 10, reason, sizeof reason);
+  cr_assert_gt(at, 0, "the job never restarted on alpha: %s", reason);
+  const double fence = 3 * TIMEOUT_MS / 1000.0 + 1.0;
+  cr_expect(at - started >= fence && at - started < fence + 2.0, "restarted %.2f s after the "
+            "coordinator's start; the fence and the margin end %.1f s after it", at - started, fence);
+  cr_expect(strstr(reason, "coordinator restarted") && strstr(reason, "fence"), "%s", reason);
 }
 
 Test(coordinator, a_restarted_coordinator_keeps_the_running_job_and_fences_old_epochs) {

@@ -285,6 +285,23 @@ Test(supervise, stop_kills_a_child_ignoring_sigterm_after_the_grace) {
             kill_running);
 }
 
+/* No grace (0): SIGKILL at once, without a SIGTERM first, so a child that
+ * would do something on SIGTERM (a rank: write a checkpoint) does nothing;
+ * no kill_cb (no grace ended). */
+Test(supervise, stop_without_grace_kills_at_once_without_sigterm) {
+  exit_rec_t r = {0};
+  cr_assert_eq(spawn_sh("trap 'echo handled; exit 3' TERM; echo up; while :; do sleep 0.05; done",
+                        "", &r, NULL), 0);
+  cr_assert(run_until(out_has, "up", 10));
+  const double t0 = tu_now_s();
+  supervise_stop(S, 0);
+  cr_assert(run_until(all_exited, NULL, 10));
+  cr_expect_eq(r.sig, SIGKILL, "ended by signal %d, status %lld", r.sig, (long long)r.status);
+  cr_expect_lt(r.at - t0, 1.0, "SIGKILL came %.3f s after the stop", r.at - t0);
+  cr_expect(!out_has("handled"), "the child handled a SIGTERM it should never have had");
+  cr_expect_eq(kill_calls, 0, "kill_cb called %d times with no grace to end", kill_calls);
+}
+
 /* A stopped (SIGSTOP) child that handles SIGTERM still gets to handle it,
  * long before the grace (the kernel would hold the signal until SIGCONT). */
 Test(supervise, stop_lets_a_stopped_child_handle_sigterm) {
