@@ -25,9 +25,14 @@ static ssize_t frame_out(int fd, const void *p, size_t n, int *sock) {
   return write(fd, p, n);
 }
 
+void frame_header(uint8_t h[FRAME_HEADER], size_t n) {
+  for (int i = 0; i < FRAME_HEADER; i++) h[i] = (uint8_t)(n >> (8 * i));
+}
+
 int frame_write(int fd, const void *data, size_t n) {
   if (n > UINT32_MAX) return err_set(FSDP_ELIMIT, "frame: %zu bytes do not fit a frame", n);
-  uint8_t h[FRAME_HEADER] = {(uint8_t)n, (uint8_t)(n >> 8), (uint8_t)(n >> 16), (uint8_t)(n >> 24)};
+  uint8_t h[FRAME_HEADER];
+  frame_header(h, n);
   int sock = 1;
   const uint8_t *parts[2] = {h, data};
   size_t lens[2] = {FRAME_HEADER, n};

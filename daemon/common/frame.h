@@ -17,6 +17,10 @@
 
 #define FRAME_HEADER 4
 
+/* The header of a frame of n bytes (n <= UINT32_MAX), for a writer that
+ * sends the frame itself (fsdpd's loop, which never blocks). */
+void frame_header(uint8_t h[FRAME_HEADER], size_t n);
+
 /* Writes one frame of n bytes to fd (a socket, pipe or file). FSDP_EPEER
  * when the other end is closed, FSDP_EIO for other failures; a partial
  * frame may then have been written. */

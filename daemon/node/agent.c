@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -119,6 +120,8 @@ static void agent_async_cb(uv_async_t *h) {
       if (a->o.superseded_cb) a->o.superseded_cb(a->o.arg, (const char *)m->data);
     } else if (m->kind == 4) {
       if (a->o.fence_cb) a->o.fence_cb(a->o.arg, (const char *)m->data);
+    } else if (m->kind == 5) {
+      if (a->o.lease_cb) a->o.lease_cb(a->o.arg, strtoull((const char *)m->data, NULL, 10));
     } else {
       Fsdp__V1__HeartbeatReply *rep = fsdp__v1__heartbeat_reply__unpack(NULL, m->len, m->data);
       if (rep && a->o.reply_cb) a->o.reply_cb(a->o.arg, rep);
@@ -303,7 +306,14 @@ static void *agent_main(void *arg) {
     }
     if (lost) LOG_INFO("fsdpd", "the coordinator answers again (%s)", what);
     lost = 0;
-    if (heard) fenced = 0, answered = t0; /* the coordinator heard it when it was sent */
+    if (heard) {
+      fenced = 0, answered = t0; /* the coordinator heard it when it was sent */
+      if (fence_s > 0) { /* the ranks' own fence, should this thread or the loop freeze */
+        char until[32];
+        snprintf(until, sizeof until, "%llu", (unsigned long long)((answered + fence_s) * 1e9));
+        agent_post(a, 5, NULL, until);
+      }
+    }
     refusal[0] = 0, refused_since = 0;
     backoff = AGENT_BACKOFF_MIN_MS;
     /* a coordinator should hold an empty heartbeat for its interval; one that

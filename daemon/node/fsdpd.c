@@ -186,6 +186,13 @@ static void fsdpd_superseded_cb(void *arg, const char *why) {
   fsdpd_publish(D);
 }
 
+/* The coordinator answered: the ranks' lease is renewed (ranks_lease), as
+ * long as ranks run (a stop's last checkpoints included). */
+static void fsdpd_lease_cb(void *arg, uint64_t until_ns) {
+  fsdpd_t *D = arg;
+  if (D->ranks) ranks_lease(D->ranks, until_ns);
+}
+
 /* The coordinator has been silent past the fence it gave: it declared this
  * node dead and runs (or will run) its jobs elsewhere. The ranks stop now,
  * writing nothing (no grace: a checkpoint would land beside the live
@@ -631,7 +638,7 @@ int main(int argc, char **argv) {
                            .version = FSDPD_VERSION, .registered_cb = fsdpd_registered_cb,
                            .refused_cb = fsdpd_refused_cb, .refused_exit_s = D.refused_s,
                            .superseded_cb = fsdpd_superseded_cb,
-                           .fence_cb = fsdpd_fence_cb,
+                           .fence_cb = fsdpd_fence_cb, .lease_cb = fsdpd_lease_cb,
                            .reply_cb = fsdpd_reply_cb, .arg = &D};
   agent_opts_t aos = ao;
   if (ranks_pack(D.ranks, &state, &state_len) ||

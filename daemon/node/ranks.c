@@ -102,6 +102,7 @@ struct ranks {
   rank_t *list;
   int dirty, stopping, destroying;
   uint64_t report_deadline; /* after it, exit reports are given up (stopping) */
+  uint64_t lease_ns;        /* the node's lease (ranks_lease); 0: none yet */
   int ncpu_threads;
   uint64_t exits[4];        /* rank exits since fsdpd started: ok, failed, preempted, signal */
 };
@@ -546,6 +547,34 @@ static void rk_report_read_cb(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   }
 }
 
+/* The lease to one rank: a RankLease frame, written behind whatever is
+ * queued (a rank reads them on a thread of its own: report.c). */
+static void rk_lease_written(uv_write_t *req, int status) {
+  (void)status; /* a rank gone, or its channel closed: it keeps the lease it has */
+  free(req);
+}
+
+static void rk_lease_send(rank_t *rk) {
+  if (!rk->report_open || !rk->R->lease_ns) return;
+  Fsdp__V1__RankLease l = FSDP__V1__RANK_LEASE__INIT;
+  l.until_monotonic_ns = rk->R->lease_ns;
+  const size_t n = fsdp__v1__rank_lease__get_packed_size(&l);
+  uv_write_t *req = malloc(sizeof *req + FRAME_HEADER + n);
+  if (!req) return; /* the next renewal carries it */
+  uint8_t *b = (uint8_t *)(req + 1);
+  frame_header(b, n);
+  fsdp__v1__rank_lease__pack(&l, b + FRAME_HEADER);
+  uv_buf_t buf = uv_buf_init((char *)b, (unsigned)(FRAME_HEADER + n));
+  if (uv_write(req, (uv_stream_t *)&rk->report, &buf, 1, rk_lease_written)) free(req);
+}
+
+void ranks_lease(ranks_t *R, uint64_t until_ns) {
+  if (until_ns <= R->lease_ns) return;
+  R->lease_ns = until_ns;
+  for (rank_t *rk = R->list; rk; rk = rk->next)
+    if (rk->state == RK_RUNNING) rk_lease_send(rk);
+}
+
 /* ---- spawning ----------------------------------------------------------------- */
 
 /* A section or key of a job file: what the option table's names are made of. */
@@ -744,6 +773,7 @@ static int rk_spawn(rank_t *rk, const Fsdp__V1__RendezvousReply *rep) {
   if (uv_pipe_open(&rk->report, sv[0]) == 0) {
     sv[0] = -1; /* the pipe owns it */
     uv_read_start((uv_stream_t *)&rk->report, rk_report_alloc_cb, rk_report_read_cb);
+    rk_lease_send(rk);
   } else {
     rk_close_report(rk);
   }

@@ -11,7 +11,8 @@
  * stops the run at the next step boundary, every rank after the same step,
  * writing a checkpoint of it when the job has a checkpoint_dir (SIGKILL is
  * what ends a rank at once). Exit status: 0 done, 1 the run failed,
- * 2 bad usage or a bad option (the message names it), 75 stopped by SIGTERM
+ * 2 bad usage or a bad option (the message names it), 3 its node's lease
+ * ended (REPORT_EXIT_FENCED, report.h), 75 stopped by SIGTERM
  * (JOB_EXIT_PREEMPTED: the coordinator requeues the job). */
 #include <getopt.h>
 #include <errno.h>

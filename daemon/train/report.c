@@ -1,14 +1,20 @@
 /* report: the rank's side of the report channel (see report.h). */
 #include "daemon/train/report.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <poll.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <unistr.h>
 
@@ -23,6 +29,68 @@
 struct report {
   int fd; /* -1 once the reports stopped */
 };
+
+/* ---- the node's lease (proto: RankLease), on a thread of its own ---- */
+
+static uint64_t report_mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int report_lease_frame(void *arg, const uint8_t *data, size_t n) {
+  uint64_t *until = arg;
+  Fsdp__V1__RankLease *l = fsdp__v1__rank_lease__unpack(NULL, n, data);
+  if (!l) return err_set(FSDP_EINVAL, "a frame of %zu bytes that is not a RankLease", n);
+  if (l->until_monotonic_ns > *until) *until = l->until_monotonic_ns;
+  fsdp__v1__rank_lease__free_unpacked(l, NULL);
+  return FSDP_OK;
+}
+
+/* Reads the leases fsdpd sends until it closes the channel; ends the
+ * process at once, wherever the run is, when the clock passes the latest:
+ * no step, checkpoint or shard rename comes after (a temporary file may be
+ * left; it is never taken for a shard). A frame it cannot read ends the
+ * watch, not the run: fsdpd still fences the ranks it can. */
+static void *report_lease_main(void *arg) {
+  const int fd = (int)(intptr_t)arg;
+  frame_reader_t fr;
+  frame_reader_init(&fr, 256);
+  uint64_t until = 0;
+  for (;;) {
+    int wait_ms = -1;
+    if (until) {
+      const uint64_t now = report_mono_ns();
+      if (now >= until) {
+        /* the output goes through fsdpd, which may be frozen with its pipe
+         * full: the line is written if it fits, never waited for */
+        fcntl(2, F_SETFL, fcntl(2, F_GETFL) | O_NONBLOCK);
+        dprintf(2, "fsdp-train: the node's lease ended %.3f s ago: fsdpd has had no answer from "
+                "the coordinator for the fence it gave (or is frozen), and the job runs elsewhere; "
+                "this rank ends now, writing nothing\n", (double)(now - until) / 1e9);
+        _exit(REPORT_EXIT_FENCED);
+      }
+      const uint64_t left = until - now;
+      wait_ms = left / 1000000 >= INT32_MAX ? INT32_MAX : (int)(left / 1000000) + 1;
+    }
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    const int ready = poll(&p, 1, wait_ms);
+    if (ready < 0 && errno != EINTR) break;
+    if (ready <= 0) continue;
+    uint8_t b[256];
+    const ssize_t got = recv(fd, b, sizeof b, MSG_DONTWAIT);
+    if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (got <= 0) break; /* fsdpd closed the channel: it stops this rank itself if it must */
+    if (frame_reader_feed(&fr, b, (size_t)got, report_lease_frame, &until)) {
+      dprintf(2, "fsdp-train: a lease from fsdpd could not be read (%s); this rank no longer "
+              "watches it\n", err_msg());
+      break;
+    }
+  }
+  frame_reader_free(&fr);
+  close(fd);
+  return NULL;
+}
 
 int report_open_from_env(report_t **out) {
   *out = NULL;
@@ -51,6 +119,19 @@ int report_open_from_env(report_t **out) {
   if (!r) return err_set(FSDP_ENOMEM, "report channel: out of memory");
   r->fd = (int)fd;
   *out = r;
+  /* the lease's reader has a descriptor of its own: the reports' may close */
+  const int lfd = S_ISSOCK(sb.st_mode) ? fcntl((int)fd, F_DUPFD_CLOEXEC, 0) : -1;
+  pthread_t th;
+  pthread_attr_t at;
+  if (lfd >= 0 && !pthread_attr_init(&at)) {
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&th, &at, report_lease_main, (void *)(intptr_t)lfd)) {
+      fprintf(stderr, "fsdp-train: no thread for the node's lease: this rank stops only when "
+              "fsdpd stops it\n");
+      close(lfd);
+    }
+    pthread_attr_destroy(&at);
+  }
   return FSDP_OK;
 }
 

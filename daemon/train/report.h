@@ -16,10 +16,16 @@
 
 #include "daemon/train/train.h"
 
+/* The exit status of a rank that ended itself at the end of its node's
+ * lease (fsdpd sends RankLease frames on the channel; a thread reads them). */
+#define REPORT_EXIT_FENCED 3
+
 typedef struct report report_t;
 
 /* The channel FSDP_REPORT_FD names, or *out = NULL when it is unset. A value
- * that is not an open descriptor is an error naming the variable. */
+ * that is not an open descriptor is an error naming the variable. On a
+ * socket, a thread then reads the node's leases from it: once the clock
+ * passes the latest, the process ends at once (REPORT_EXIT_FENCED). */
 int report_open_from_env(report_t **out);
 /* train_metrics_cb: one frame per step, and the final one after the run
  * (train_hooks_t.finished) (ctx is the report_t). */

@@ -953,6 +953,48 @@ Test(fsdpd, stops_its_ranks_when_the_coordinator_is_silent_past_its_fence, .time
   fence_ms_given = 0;
 }
 
+/* 1 for a process pid that is not a zombie. */
+static int runs_pid(int pid, char st, int ppid, int pgrp, void *arg) {
+  (void)ppid, (void)pgrp;
+  return pid == *(int *)arg && st != 'Z';
+}
+
+/* An fsdpd frozen (SIGSTOP: a debugger, a hung daemon) cannot fence its
+ * ranks, so each rank holds the node's lease itself (RankLease, renewed as
+ * the coordinator answers): past it, it ends at once, writing nothing,
+ * within the coordinator's 1 s margin of the 2 s fence, while fsdpd is
+ * still stopped; woken, fsdpd relays their last words. */
+Test(fsdpd, a_frozen_fsdpds_ranks_end_themselves_at_its_lease, .timeout = 40) {
+  fence_ms_given = 2000;
+  int pids[2];
+  start_long_job(pids);
+  cr_assert_eq(kill(fsdpd_pid, SIGSTOP), 0);
+  const double t0 = tu_now_s();
+  int alive = 2;
+  while (alive && tu_now_s() - t0 < 8) {
+    usleep(20000);
+    alive = proc_each(runs_pid, &pids[0]) + proc_each(runs_pid, &pids[1]);
+  }
+  const double took = tu_now_s() - t0;
+  kill(fsdpd_pid, SIGCONT);
+  cr_assert_eq(alive, 0, "ranks of a frozen fsdpd still running %.1f s into its freeze", took);
+  cr_expect_lt(took, 2.0 + 1.0, "ended %.2f s into the freeze (fence 2 s)", took);
+  fprintf(stderr, "lease: the ranks of a frozen fsdpd ended %.2f s into it (fence 2 s)\n", took);
+  /* their output comes through fsdpd, woken now */
+  for (int r = 0; r < 2; r++) {
+    char lp[1200], *log = NULL;
+    snprintf(lp, sizeof lp, "%s/jobs/j-2/1/rank-%d.log", workdir, r);
+    for (const double t1 = tu_now_s(); tu_now_s() - t1 < 5; usleep(50000)) {
+      free(log);
+      log = tu_slurp(lp, NULL);
+      if (log && strstr(log, "the node's lease ended")) break;
+    }
+    cr_expect(log && strstr(log, "the node's lease ended"), "rank %d's log:\n%s", r, log);
+    free(log);
+  }
+  fence_ms_given = 0;
+}
+
 /* Waits up to secs for fsdpd to register beyond its regs-th registration;
  * how many the fake has taken then. */
 static int regs_after(int regs, double secs) {
