@@ -11,6 +11,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,6 +103,7 @@ struct ranks {
   rank_t *list;
   int dirty, stopping, destroying;
   uint64_t report_deadline; /* after it, exit reports are given up (stopping) */
+  _Atomic uint64_t calls_until; /* the same, for the pool's calls (uv_hrtime ms; 0: none) */
   uint64_t lease_ns;        /* the node's lease (ranks_lease); 0: none yet */
   int ncpu_threads;
   uint64_t exits[4];        /* rank exits since fsdpd started: ok, failed, preempted, signal */
@@ -110,6 +112,16 @@ struct ranks {
 /* ---- bookkeeping --------------------------------------------------------------- */
 
 static void rk_maybe_free(rank_t *rk);
+
+/* Every shard report still queued goes. */
+static void rk_shards_drop(rank_t *rk) {
+  while (rk->shards) {
+    rk_shard_t *x = rk->shards;
+    rk->shards = x->next;
+    free(x->req), free(x);
+  }
+  rk->shards_tail = &rk->shards;
+}
 
 static void rk_handle_closed(uv_handle_t *h) {
   rank_t *rk = h->data;
@@ -141,11 +153,7 @@ static void rk_maybe_free(rank_t *rk) {
   if (rk->listen_fd >= 0) close(rk->listen_fd);
   if (rk->log) fclose(rk->log);
   frame_reader_free(&rk->fr);
-  while (rk->shards) {
-    rk_shard_t *x = rk->shards;
-    rk->shards = x->next;
-    free(x->req), free(x);
-  }
+  rk_shards_drop(rk);
   if (rk->status) fsdp__v1__rank_status__free_unpacked(rk->status, NULL);
   fsdp__v1__rank_assignment__free_unpacked(rk->a, NULL);
   free(rk);
@@ -190,9 +198,21 @@ static void rk_work_cb(uv_work_t *req) {
    * poll) */
   const int tries = w->kind == RK_CALL_SHARD ? RANKS_SHARD_TRIES : 1;
   for (int i = 0, ms = 50; i < tries; i++, ms *= 2) {
-    if (i) nanosleep(&(struct timespec){ms / 1000, (ms % 1000) * 1000000L}, NULL);
+    /* a stopping fsdpd's report deadline ends waits and calls alike */
+    uint64_t until = atomic_load(&R->calls_until), now = uv_hrtime() / 1000000;
+    if (i && until && now >= until) break;
+    if (i) {
+      const uint64_t wait = until && until - now < (uint64_t)ms ? until - now : (uint64_t)ms;
+      nanosleep(&(struct timespec){(time_t)(wait / 1000), (long)(wait % 1000) * 1000000L}, NULL);
+      until = atomic_load(&R->calls_until), now = uv_hrtime() / 1000000;
+    }
+    double deadline_s = calls[w->kind].deadline_s;
+    if (until) {
+      const double left = now < until ? (double)(until - now) / 1e3 : 0.001;
+      if (left < deadline_s) deadline_s = left;
+    }
     w->rc = rpc_client_call(R->o.client, calls[w->kind].method, w->request, calls[w->kind].reply,
-                            &w->reply, calls[w->kind].deadline_s);
+                            &w->reply, deadline_s);
     if (rk_shard_final(w->rc)) break;
   }
   if (w->rc) snprintf(w->err, sizeof w->err, "%s", err_msg()); /* err_msg is per thread */
@@ -203,9 +223,24 @@ static void rk_after_report(rank_t *rk, rk_work_t *w);
 static void rk_report_start(rank_t *rk);
 static void rk_pump(rank_t *rk);
 
+/* A stopping fsdpd's report deadline passed: the shard reports left (of
+ * step, and those queued behind it) are given up, saying so; dropped here
+ * unless a call still holds the first. */
+static void rk_shards_give_up(rank_t *rk, int64_t step, const char *why, int drop) {
+  int left = 0;
+  for (const rk_shard_t *x = rk->shards; x; x = x->next) left++;
+  LOG_WARN("fsdpd", "job %s attempt %" PRIu32 " rank %" PRIu32 ": fsdpd is stopping and the "
+           "coordinator has not answered the checkpoint shard report of step %" PRId64 " by its "
+           "report deadline (%s): given up with %d more waiting; those checkpoints will not "
+           "commit", rk_job(rk), rk->a->attempt, rk->a->rank, step, why, left);
+  if (drop) rk_shards_drop(rk);
+}
+
 static void rk_after_shard(rank_t *rk, rk_work_t *w, int retried) {
   const Fsdp__V1__ReportCheckpointShardRequest *q = (const void *)w->request;
-  if (w->rc && (!retried || rk->shards->rounds == 1))
+  if (w->rc && !retried && !rk_shard_final(w->rc)) {
+    rk_shards_give_up(rk, q->step, w->err, 1); /* fsdpd stops now */
+  } else if (w->rc && (!retried || rk->shards->rounds == 1))
     LOG_WARN("fsdpd", "job %s attempt %" PRIu32 " rank %" PRIu32 ": checkpoint step %" PRId64
              " shard report: %s%s", rk_job(rk), rk->a->attempt, rk->a->rank, q->step, w->err,
              retried ? "; trying again until the coordinator answers" : "");
@@ -219,7 +254,10 @@ static void rk_after_work_cb(uv_work_t *req, int status) {
   rk->work = 0;
   /* a shard's report the coordinator has not answered stays first in the
    * queue, tried again (a coordinator restart loses no checkpoint) */
-  const int retried = w->kind == RK_CALL_SHARD && !rk_shard_final(w->rc) && !rk->freeing;
+  /* a stopping fsdpd tries until its report deadline, then gives up what is
+   * left (it exits meanwhile, its ranks are stopped): said below */
+  const int late = rk->R->stopping && uv_now(rk->R->o.loop) >= rk->R->report_deadline;
+  const int retried = w->kind == RK_CALL_SHARD && !rk_shard_final(w->rc) && !rk->freeing && !late;
   if (retried) {
     rk->shards->rounds++;
   } else if (w->kind == RK_CALL_SHARD) { /* off the queue: its request is w's, freed below */
@@ -1092,6 +1130,7 @@ void ranks_stop_all(ranks_t *R, double grace_s, uint64_t report_deadline) {
   R->stopping = 1;
   R->dirty = 1; /* the next heartbeat says so */
   R->report_deadline = report_deadline;
+  atomic_store(&R->calls_until, report_deadline); /* the loop's clock is uv_hrtime's, in ms */
   /* SIGTERM asks each rank to stop at its next step boundary and checkpoint
    * (daemon/train/main.c); its shard report, then its exit, are relayed
    * until report_deadline, and SIGKILL follows after the grace. */
@@ -1118,6 +1157,9 @@ void ranks_destroy(ranks_t *R) {
                 rk->a->rank, rk->pid);
       continue;
     }
+    /* one in flight is its call's (it ends by the deadline): the rest go
+     * when the rank is freed, after it */
+    if (rk->shards) rk_shards_give_up(rk, rk->shards->req->step, "fsdpd exits", !rk->work);
     rk_forget(rk);
   }
 }

@@ -556,20 +556,29 @@ static char *job_plan_env[4];
 /* Queues a heartbeat reply with one assignment per rank (rank r on device r). */
 /* A job of world ranks and steps steps, plus the option [output]
  * sample_prompt = prompt when prompt is not NULL. */
+/* The checkpoint_dir of the jobs queued next (NULL: none). */
+static const char *job_ckpt_dir;
+
 static void queue_job_prompt(const char *job, int world, int steps, const char *prompt) {
   char vsteps[32];
   snprintf(vsteps, sizeof vsteps, "%d", steps);
-  Fsdp__V1__Option o[9];
-  Fsdp__V1__Option *po[9];
+  Fsdp__V1__Option o[11];
+  Fsdp__V1__Option *po[11];
   /* steps twice, as a spec stored before the coordinator refused that may
    * hold it: the rank's job file takes the last alone (fsdp-train refuses a
    * key set twice), so every job here runs its steps, not 1 */
-  const char *kv[9][3] = {{"train", "steps", "1"},     {"model", "model", "tiny"},
-                          {"train", "steps", vsteps},
-                          {"train", "batch", "2"},     {"train", "seq_len", "32"},
-                          {"optim", "warmup_steps", "1"}, {"data", "data", tokens},
-                          {"", "eval_fraction", "0.1"}, {"output", "sample_prompt", prompt}};
-  const int nopt = prompt ? 9 : 8;
+  const char *kv[11][3] = {{"train", "steps", "1"},     {"model", "model", "tiny"},
+                           {"train", "steps", vsteps},
+                           {"train", "batch", "2"},     {"train", "seq_len", "32"},
+                           {"optim", "warmup_steps", "1"}, {"data", "data", tokens},
+                           {"", "eval_fraction", "0.1"}, {"output", "sample_prompt", prompt}};
+  int nopt = prompt ? 9 : 8;
+  if (job_ckpt_dir) { /* a checkpoint every 50 steps there */
+    const char *ck[2][3] = {{"output", "checkpoint_dir", job_ckpt_dir},
+                            {"output", "checkpoint_every", "50"}};
+    memcpy(kv[nopt], ck, sizeof ck);
+    nopt += 2;
+  }
   for (int i = 0; i < nopt; i++) {
     fsdp__v1__option__init(&o[i]);
     o[i].section = (char *)kv[i][0];
@@ -1318,6 +1327,37 @@ Test(fsdpd, sigterm_stops_the_ranks_reports_them_and_exits_0, .timeout = 40) {
   }
   pthread_mutex_unlock(&F.mu);
   for (int i = 0; i < 2; i++) cr_expect(!group_alive(pids[i]), "rank pid %d's group outlived fsdpd", pids[i]);
+}
+
+/* A stopping fsdpd tries its ranks' last checkpoint shard reports until
+ * its report deadline (the grace + 3 s), not for good: a coordinator that
+ * never answers them (this fake does not serve ReportCheckpointShard) does
+ * not keep fsdpd from exiting, and what was given up is said. */
+Test(fsdpd, a_stop_gives_up_unanswered_shard_reports_at_its_deadline, .timeout = 40) {
+  char *ck = tu_path("ckpt");
+  cr_assert_eq(mkdir(ck, 0777), 0);
+  chmod(ck, 0777); /* the ranks run as nobody */
+  job_ckpt_dir = ck;
+  int pids[2];
+  start_long_job(pids);
+  job_ckpt_dir = NULL;
+  const double t0 = tu_now_s();
+  cr_assert_eq(kill(fsdpd_pid, SIGTERM), 0);
+  int status = 0, done = 0;
+  while (!done && tu_now_s() - t0 < GRACE_S + 10) {
+    done = waitpid(fsdpd_pid, &status, WNOHANG) == fsdpd_pid;
+    if (!done) usleep(10000);
+  }
+  const double took = tu_now_s() - t0;
+  cr_assert(done, "fsdpd still runs %.0f s after SIGTERM:\n%s", took, tu_slurp(fsdpd_log, NULL));
+  fsdpd_pid = 0;
+  cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status 0x%x", status);
+  cr_expect_lt(took, GRACE_S + 3.0 + 1.0, "fsdpd exited %.2f s after SIGTERM", took);
+  char lp[1200];
+  snprintf(lp, sizeof lp, "%s/jobs/j-2/1/rank-0.log", workdir);
+  cr_expect_gt(log_count("by its report deadline"), 0, "%s\nrank 0:\n%s", tu_slurp(fsdpd_log, NULL),
+               tu_slurp(lp, NULL));
+  free(ck);
 }
 
 Test(fsdpd, refuses_to_run_ranks_as_root, .timeout = 10) {
