@@ -311,6 +311,31 @@ static void coord_ckpt_failed(coord_t *c, rpc_call_t *call, int64_t job,
   rpc_call_reply(call, &rep.base);
 }
 
+/* The job's committed checkpoint of q->step was found damaged as attempt
+ * q->attempt resumed (q->failed says how): committed no more. */
+static void coord_ckpt_damaged(coord_t *c, rpc_call_t *call, int64_t job,
+                               const Fsdp__V1__ReportCheckpointShardRequest *q) {
+  char why[STORE_REASON_MAX];
+  snprintf(why, sizeof why, "damaged: found so by attempt %u as it resumed, which went back to "
+           "the committed checkpoint before it (rank %u: %.300s)", q->attempt, q->rank, q->failed);
+  coord_text_mend(why);
+  store_ckpt_t k;
+  int changed = 0;
+  int rc = store_ckpt_damaged(c->st, job, q->attempt, q->step, why, &k, &changed);
+  if (rc) {
+    rpc_call_finish(call, rc);
+    return;
+  }
+  if (changed) {
+    LOG_WARN("coord", "job j-%lld: committed checkpoint of step %lld is %s", (long long)job,
+             (long long)q->step, why);
+    c->ckpt_aborts++;
+  }
+  Fsdp__V1__ReportCheckpointShardReply rep = FSDP__V1__REPORT_CHECKPOINT_SHARD_REPLY__INIT;
+  rep.state = coord_ckpt_state(k.state);
+  rpc_call_reply(call, &rep.base);
+}
+
 void coord_ckpt_report_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
   coord_t *c = arg;
   const Fsdp__V1__ReportCheckpointShardRequest *q = (const void *)req;
@@ -329,6 +354,12 @@ void coord_ckpt_report_cb(rpc_call_t *call, const ProtobufCMessage *req, void *a
     rc = err_set(FSDP_EINVAL, "rank %u, step %" PRId64 ": out of range for job j-%lld", q->rank,
                  q->step, (long long)job);
   if (!rc) rc = coord_rank_is_callers(c, call, q->node_id, job, q->attempt, (int)q->rank);
+  if (!rc && q->damaged) {
+    if (failed) coord_ckpt_damaged(c, call, job, q);
+    else rpc_call_finish(call, err_set(FSDP_EINVAL, "failed: empty: a damaged checkpoint's report "
+                                       "says how it is damaged"));
+    return;
+  }
   if (!rc && !failed) rc = coord_ckpt_sum(q->checksum, &sum);
   shard_place_t pl = {0};
   char dir[STORE_PATH_MAX], want[STORE_PATH_MAX + CKPT_NAME_MAX + 1], name[CKPT_NAME_MAX];

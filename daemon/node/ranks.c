@@ -522,6 +522,7 @@ static int rk_shard_queue(rank_t *rk, const Fsdp__V1__ReportCheckpointShardReque
   q->rank = rk->a->rank;
   q->step = in->step;
   q->bytes = in->bytes;
+  q->damaged = in->damaged;
   x->req = q;
   *rk->shards_tail = x;
   rk->shards_tail = &x->next;

@@ -198,8 +198,9 @@ int report_checkpoint(void *ctx, const train_ckpt_t *k) {
   Fsdp__V1__ReportCheckpointShardRequest sh = FSDP__V1__REPORT_CHECKPOINT_SHARD_REQUEST__INIT;
   sh.step = k->step;
   sh.rank = (uint32_t)k->rank;
-  if (k->failed) { /* not written: why, and no path, size or checksum */
-    sh.failed = failed[0] ? failed : "not written";
+  if (k->failed) { /* not written (or damaged): why, and no path, size or checksum */
+    sh.failed = failed[0] ? failed : k->damaged ? "damaged" : "not written";
+    sh.damaged = k->damaged != 0;
   } else {
     snprintf(path, sizeof path, "%s/%s", k->dir, k->shard->name);
     snprintf(sum, sizeof sum, "xxh64:%016" PRIx64, k->shard->sum);

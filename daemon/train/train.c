@@ -472,6 +472,15 @@ static int train_resume(train_t *t) {
               (double)f[0]);
     LOG_WARN("train", "resume: checkpoint %s is damaged (%g rank(s)); trying the one before it",
              dir, (double)f[0]);
+    if (t->boot.rank == 0 && src == RESUME_UNDER_OWN && t->opts.checkpoint) {
+      /* its owner counts it committed no more: not the job's latest, and
+       * its step is written again (a report that fails changes nothing here) */
+      char why[600];
+      snprintf(why, sizeof why, "%g rank(s) could not read their part%s%.400s", (double)f[0],
+               rc ? "; rank 0: " : "", rc ? err_msg() : "");
+      const train_ckpt_t k = {.rank = 0, .step = (int)step, .dir = dir, .failed = why, .damaged = 1};
+      t->opts.checkpoint(t->opts.ctx, &k);
+    }
     rc = FSDP_OK;
     if (t->boot.rank == 0) src = train_resume_older(t, src, &step);
   }
@@ -516,7 +525,7 @@ static void train_ckpt_written(train_t *t, int step, const char *dir, const ckpt
   const config_t *c = &t->cfg;
   int rc;
   if (t->opts.checkpoint) {
-    train_ckpt_t k = {t->boot.rank, step, dir, rep, NULL};
+    train_ckpt_t k = {t->boot.rank, step, dir, rep, NULL, 0};
     if ((rc = t->opts.checkpoint(t->opts.ctx, &k)))
       LOG_WARN("train", "step %d: checkpoint shard written but not reported: %s", step, err_msg());
   } else {
@@ -543,7 +552,7 @@ static void train_ckpt_failed(train_t *t, int step, const char *why) {
   if (t->opts.out)
     fprintf(t->opts.out, "train: checkpoint step %d NOT written (%s); training goes on\n", step, why);
   if (t->opts.checkpoint) {
-    train_ckpt_t k = {t->boot.rank, step, NULL, NULL, why};
+    train_ckpt_t k = {t->boot.rank, step, NULL, NULL, why, 0};
     if (t->opts.checkpoint(t->opts.ctx, &k))
       LOG_WARN("train", "step %d: checkpoint shard not written, nor reported: %s", step, err_msg());
   }

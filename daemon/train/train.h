@@ -44,12 +44,15 @@ typedef struct train_metrics {
 typedef void (*train_metrics_cb)(void *ctx, const train_metrics_t *m);
 
 /* A shard of a checkpoint this rank wrote (step directory and report), or
- * could not write (failed: why; dir and shard NULL). */
+ * could not write (failed: why; dir and shard NULL); or, damaged set, that
+ * the committed checkpoint of step under checkpoint_dir was found damaged
+ * at resume (failed: how; rank 0 alone says so). */
 typedef struct train_ckpt {
   int rank, step;
   const char *dir;
   const ckpt_shard_report_t *shard;
   const char *failed;
+  int damaged;
 } train_ckpt_t;
 
 /* Takes the report of a shard written or not; when set, the rank does not

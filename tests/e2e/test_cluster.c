@@ -847,6 +847,68 @@ Test(cluster, a_preempted_cuda_job_checkpoints_requeues_and_resumes_exactly) {
 /* `fsdpctl resume` of a cancelled job: back to PENDING with its restarts
  * from zero, it continues from its latest committed checkpoint and ends
  * with the bytes of an uninterrupted run; a running job cannot be resumed. */
+/* The newest committed checkpoint damaged while its job waits (a byte of a
+ * shard flipped after a preemption): the next attempt finds it so, goes
+ * back to the committed one before it, and tells the coordinator, which
+ * lists it ABORTED as damaged (no longer the job's latest); the job ends
+ * with the bytes of an uninterrupted run, and the damaged step's files go
+ * once it has ended. */
+Test(cluster, a_damaged_newest_checkpoint_is_committed_no_more_and_the_job_ends_exactly) {
+  cr_assert_eq(node_start(0, "first", 0), 0);
+  char *ck, *ref, text[1024], a[2048];
+  static char out[1 << 16];
+  ckpt_roots("ck-damage", &ck, &ref);
+  snprintf(text, sizeof text, "steps = 3000\n[output]\ncheckpoint_dir = %s\ncheckpoint_every = 100\n",
+           ck);
+  char *conf = job_file("damage.conf", text);
+  char job[32];
+  snprintf(job, sizeof job, "%s", submit(conf, "--ranks 2 --max-restarts 0"));
+  cr_assert(wait_state(job, "RUNNING", 10));
+  cr_assert(wait_step(job, 150, 60), "rank 0 did not log step 150 within 60 s");
+  cluster_stop(&node[0], SIGTERM); /* preempted: a checkpoint of the step it stopped at */
+  cr_assert(wait_state(job, "PENDING", 10), "%s", state_of(job, out, sizeof out) ? out : "");
+  int odd;
+  const int before = committed_steps(ck, 3000, 100, &odd);
+  cr_assert_geq(before, 2);
+  cr_assert_gt(odd, 100, "no checkpoint of the step the job stopped at");
+  const int back = odd / 100 * 100; /* the committed one before it */
+  char sh[900];
+  snprintf(sh, sizeof sh, "%s/step-%08d/shard-00001-of-00002.fsdp", ck, odd);
+  struct stat st;
+  cr_assert_eq(stat(sh, &st), 0, "%s", sh);
+  FILE *f = fopen(sh, "r+b");
+  cr_assert_not_null(f, "%s", sh);
+  fseek(f, st.st_size / 2, SEEK_SET);
+  const int c = fgetc(f);
+  fseek(f, st.st_size / 2, SEEK_SET);
+  fputc(c ^ 0x10, f);
+  fclose(f);
+  cr_assert_eq(node_start(1, "second", 0), 0);
+  snprintf(a, sizeof a, "watch %s", job);
+  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
+  snprintf(a, sizeof a, "logs %s --rank 0", job);
+  cluster_ctl(coord.addr, a, out, sizeof out);
+  char want[64];
+  snprintf(want, sizeof want, "at step %d ", back);
+  cr_assert(strstr(out, "is damaged") && strstr(out, "resumed from") && strstr(out, want),
+            "not resumed at step %d past the damaged %d:\n%.3000s", back, odd, out);
+  snprintf(a, sizeof a, "checkpoints %s", job);
+  cluster_ctl(coord.addr, a, out, sizeof out);
+  const char *line = ckpt_line(out, odd);
+  cr_expect(strstr(line, "ABORTED") && strstr(line, "damaged"), "step %d: %s\n%s", odd, line, out);
+  cr_expect(strstr(ckpt_line(out, 3000), "COMMITTED"), "%s", out);
+  snprintf(a, sizeof a, "--output json status %s", job);
+  cluster_ctl(coord.addr, a, out, sizeof out);
+  cr_expect(strstr(out, "\"last_checkpoint_step\": 3000"), "%s", out);
+  matches_uninterrupted(conf, ck, ref, 3000);
+  char dir[800];
+  snprintf(dir, sizeof dir, "%s/step-%08d", ck, odd);
+  for (const double t0 = tu_now_s(); !access(dir, F_OK) && tu_now_s() - t0 < 10;)
+    nanosleep(&(struct timespec){0, 50000000}, NULL);
+  cr_expect_neq(access(dir, F_OK), 0, "the damaged %s is still there after the job ended", dir);
+  free(ck), free(ref), free(conf);
+}
+
 Test(cluster, a_cancelled_job_resumes_from_its_last_checkpoint) {
   cluster_fsdpd_start(&node[0], coord.addr, "solo", 2, NULL);
   char *ck, *ref, text[1024], a[2048];

@@ -2849,6 +2849,47 @@ Test(coordinator, an_ended_jobs_ranks_leave_the_metrics) {
 
 /* GetJob names the job's latest committed checkpoint (fsdpctl status:
  * "checkpoint  step N"); an open or aborted one is not it. */
+/* ReportCheckpointShard's damaged: attempt's rank says the committed
+ * checkpoint of step was found damaged (how: failed). */
+static int report_damaged(const node_t *n, const char *job, uint32_t attempt, int64_t step,
+                          const char *how) {
+  Fsdp__V1__ReportCheckpointShardRequest q = FSDP__V1__REPORT_CHECKPOINT_SHARD_REQUEST__INIT;
+  q.node_id = (char *)n->id, q.job_id = (char *)job, q.attempt = attempt, q.rank = 0, q.step = step;
+  q.failed = (char *)how, q.damaged = 1;
+  Fsdp__V1__ReportCheckpointShardReply *r = NULL;
+  int rc = CALL("ReportCheckpointShard", q, report_checkpoint_shard_reply, &r);
+  if (r) protobuf_c_message_free_unpacked(&r->base, NULL);
+  return rc;
+}
+
+/* A committed checkpoint a running attempt found damaged is ABORTED with
+ * the reason, and the job's latest committed one is the one before it; a
+ * report without how, of a step never checkpointed, or of an attempt that
+ * is over changes nothing. (The whole path, ranks to fsdpctl, is
+ * test_cluster's.) */
+Test(coordinator, a_committed_checkpoint_found_damaged_is_committed_no_more) {
+  char d[600], ck[600], ckopt[700], id[32], reason[512];
+  node_t n = {{0}, 0};
+  ckpt_job_start(&n, "model=tiny", "keep_checkpoints=3", d, ck, ckopt, id);
+  cr_assert_eq(ckpt_report_both(&n, id, "tiny", ck, 10), CK_COMMITTED);
+  cr_assert_eq(ckpt_report_both(&n, id, "tiny", ck, 20), CK_COMMITTED);
+  cr_expect_eq(report_damaged(&n, id, 1, 20, ""), FSDP_EINVAL, "no how: %s", err_msg());
+  cr_expect_eq(report_damaged(&n, id, 1, 30, "x"), FSDP_ENOTFOUND, "%s", err_msg());
+  cr_expect_neq(report_damaged(&n, id, 2, 20, "x"), 0, "attempt 2 never ran");
+  cr_expect_eq(ckpt_state(id, 20, NULL, 0), CK_COMMITTED);
+  cr_assert_eq(report_damaged(&n, id, 1, 20, "shard 1: section adam_m: checksum mismatch"), 0, "%s",
+               err_msg());
+  cr_expect_eq(ckpt_state(id, 20, reason, sizeof reason),
+               FSDP__V1__CHECKPOINT_STATE__CHECKPOINT_STATE_ABORTED);
+  cr_expect(strstr(reason, "damaged") && strstr(reason, "adam_m"), "%s", reason);
+  cr_expect_eq(ckpt_state(id, 10, NULL, 0), CK_COMMITTED);
+  Fsdp__V1__GetJobReply *g = get_job(id);
+  cr_expect_eq(g->job->last_checkpoint_step, 10, "latest committed: %lld",
+               (long long)g->job->last_checkpoint_step);
+  reply_free(g);
+  cr_expect_eq(report_damaged(&n, id, 1, 20, "again"), 0, "a second report: %s", err_msg());
+}
+
 Test(coordinator, a_job_names_its_last_committed_checkpoint) {
   char d[600], ck[600], ckopt[700], id[32], path[800], sum[64], out[8192], a[64];
   node_t n = {{0}, 0};
