@@ -1364,7 +1364,10 @@ static int cmd_logs(ctl_t *c, int argc, char **argv) {
   /* --follow lasts until the user stops it; a plain read is bounded by
    * --timeout. A followed stream that breaks (fsdpd restarted, or the
    * connection dropped while stdout was not read: a paused pager) is opened
-   * again where it stopped, a few times in a row at most. */
+   * again where it stopped, a few times in a row at most. One whose ticket
+   * lapsed, followed or not (fsdpd ends it ABORTED past the ticket's hour,
+   * or when the node registered again with a new key), is routine: opened
+   * again there with a fresh ticket, saying nothing. */
   if ((rc = rpc_client_create(&nc, &o))) {
     code = ctl_fail_at(c, rc, addr, "logs of job %s rank %lu from node %s", job, rank, node);
   } else {
@@ -1391,10 +1394,14 @@ static int cmd_logs(ctl_t *c, int argc, char **argv) {
         rpc_stream_close(st);
         st = NULL;
       }
-      if (got) again = 0; /* it moved on: a fresh allowance */
-      if (code || !follow || rc != FSDP_EUNAVAILABLE || again >= CTL_LOGS_RESUMES) break;
-      fprintf(stderr, "fsdpctl: the log stream from node %s broke (%s); resuming at byte %lld\n",
-              node, err_msg(), (long long)(req.offset < 0 ? 0 : req.offset));
+      const int lapsed = rc == FSDP_ESTALE;
+      if (got || lapsed) again = 0; /* it moved on, or ran its ticket out: a fresh allowance */
+      if (code || again >= CTL_LOGS_RESUMES || (!lapsed && (!follow || rc != FSDP_EUNAVAILABLE)))
+        break;
+      if (lapsed && got) continue; /* at once: it was reading */
+      if (!lapsed)
+        fprintf(stderr, "fsdpctl: the log stream from node %s broke (%s); resuming at byte %lld\n",
+                node, err_msg(), (long long)(req.offset < 0 ? 0 : req.offset));
       const long ms = 200L << (again < 3 ? again : 3); /* 0.2 s, doubling to 1.6 s */
       nanosleep(&(struct timespec){ms / 1000, ms % 1000 * 1000000L}, NULL);
     }

@@ -31,18 +31,31 @@ void ticket_make(char out[TICKET_MAX], const uint8_t *key, size_t key_len, const
   snprintf(out, TICKET_MAX, "v1.%" PRId64 ".%s", expiry, hex);
 }
 
+/* EXPIRY of "v1.EXPIRY.MAC", its MAC in *mac; -1 when t is not that shape. */
+static long long ticket_parse(const char *t, const char **mac) {
+  char *end;
+  if (strncmp(t, "v1.", 3)) return -1;
+  const long long expiry = strtoll(t + 3, &end, 10);
+  if (end == t + 3 || *end != '.' || strlen(end + 1) != 64 || expiry < 0) return -1;
+  *mac = end + 1;
+  return expiry;
+}
+
+int64_t ticket_expiry(const char *t) {
+  const char *mac;
+  return ticket_parse(t, &mac);
+}
+
 int ticket_check(const char *t, const uint8_t *key, size_t key_len, const char *job,
                  uint32_t rank, const char *node, int64_t now) {
-  const char *fix = "ask the coordinator for another (fsdpctl logs does)";
-  char *end;
+  const char *fix = "ask the coordinator for another (fsdpctl logs does)", *mac = NULL;
   if (strncmp(t, "v1.", 3))
     return err_set(FSDP_EAUTH, "the log ticket is not one this node reads; %s", fix);
-  const long long expiry = strtoll(t + 3, &end, 10);
-  if (end == t + 3 || *end != '.' || strlen(end + 1) != 64)
-    return err_set(FSDP_EAUTH, "the log ticket is malformed; %s", fix);
+  const long long expiry = ticket_parse(t, &mac);
+  if (expiry < 0) return err_set(FSDP_EAUTH, "the log ticket is malformed; %s", fix);
   char hex[65];
   ticket_mac(hex, key, key_len, job, rank, node, expiry);
-  if (CRYPTO_memcmp(hex, end + 1, 64))
+  if (CRYPTO_memcmp(hex, mac, 64))
     return err_set(FSDP_EAUTH, "the log ticket is not for rank %" PRIu32 " of job %s on node %s "
                    "(or it was made before this node or the coordinator restarted); %s", rank,
                    job, node, fix);

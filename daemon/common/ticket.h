@@ -26,5 +26,8 @@ void ticket_make(char out[TICKET_MAX], const uint8_t *key, size_t key_len, const
  * another key, as after either side restarted). */
 int ticket_check(const char *t, const uint8_t *key, size_t key_len, const char *job,
                  uint32_t rank, const char *node, int64_t now);
+/* The expiry t names (seconds since the epoch), unchecked: ask ticket_check
+ * first. -1 when t is malformed. */
+int64_t ticket_expiry(const char *t);
 
 #endif

@@ -35,6 +35,8 @@ struct logs {
   size_t key_len;
   int tickets; /* fsdpd sends the coordinator a token: it will give a key */
   int bad_key;  /* the coordinator gave a key of another length: refuse, never open */
+  uint64_t key_gen; /* counts changes of the key (or of node_id under one): a
+                     * stream opened under an older one ends */
 };
 
 typedef struct logs_stream {
@@ -45,6 +47,8 @@ typedef struct logs_stream {
   int64_t off;
   uint64_t stalled_since; /* uv_now when its backlog last became full; 0: not full */
   int follow;
+  uint64_t key_gen; /* L->key_gen when it opened */
+  int64_t expiry;   /* its ticket's, seconds since the epoch; 0: opened without one */
   char job[WORKDIR_ID_MAX + 1];
   uint32_t attempt, rank;
 } logs_stream_t;
@@ -83,9 +87,26 @@ static void logs_cancel_cb(rpc_call_t *call, void *arg) {
   uv_close((uv_handle_t *)&st->timer, logs_stream_closed);
 }
 
+/* A stream lives no longer than what let it open: its ticket's expiry and
+ * the node's key (a new one at each registration). Past either it ends
+ * ABORTED, saying where to resume, which fsdpctl logs --follow does with a
+ * fresh ticket; asked each tick, so it costs a time() and two compares. */
+static int logs_stream_lapsed(logs_stream_t *st) {
+  const logs_t *L = st->L;
+  if (st->key_gen == L->key_gen && (!st->expiry || (int64_t)time(NULL) < st->expiry)) return 0;
+  logs_stream_end(st, err_set(FSDP_ESTALE, "job %s rank %" PRIu32 ": the log stream ended, %s; "
+                              "resume at byte %" PRId64 " with a fresh ticket from the "
+                              "coordinator (fsdpctl logs --follow does)", st->job, st->rank,
+                              st->key_gen != L->key_gen
+                                  ? "this node registered again and has a new log ticket key"
+                                  : "its log ticket expired", st->off));
+  return 1;
+}
+
 /* Sends what the file holds beyond st->off, as far as the backlog allows. */
 static void logs_tick_cb(uv_timer_t *t) {
   logs_stream_t *st = t->data;
+  if (logs_stream_lapsed(st)) return;
   /* asked before reading: a rank that exited has written its last byte */
   int active = st->follow && ranks_log_active(st->L->ranks, st->job, st->attempt, st->rank);
   static uint8_t buf[LOGS_CHUNK]; /* the loop's thread only */
@@ -120,9 +141,14 @@ static void logs_tick_cb(uv_timer_t *t) {
 void logs_expect_tickets(logs_t *L) { L->tickets = 1; }
 
 void logs_set_identity(logs_t *L, const char *node_id, const uint8_t *key, size_t key_len) {
+  const size_t len = key_len == TICKET_KEY_BYTES ? key_len : 0;
+  /* a ticket names the key and the node: either changed, the old ones fail */
+  if (len != L->key_len || (len && (memcmp(L->key, key, len) ||
+                                    strncmp(L->node_id, node_id, sizeof L->node_id))))
+    L->key_gen++;
   snprintf(L->node_id, sizeof L->node_id, "%s", node_id);
   L->bad_key = key_len && key_len != TICKET_KEY_BYTES;
-  L->key_len = key_len == TICKET_KEY_BYTES ? key_len : 0;
+  L->key_len = len;
   if (L->key_len) memcpy(L->key, key, key_len);
   if (L->bad_key)
     LOG_ERROR("fsdpd", "the coordinator gave a log ticket key of %zu bytes, not %d (another "
@@ -194,7 +220,8 @@ static void logs_get_rank_logs(rpc_call_t *call, const ProtobufCMessage *m, void
   struct stat sb;
   int64_t size = fstat(fd, &sb) ? 0 : (int64_t)sb.st_size;
   *st = (logs_stream_t){.L = L, .call = call, .fd = fd, .follow = req->follow, .attempt = attempt,
-                        .rank = req->rank};
+                        .rank = req->rank, .key_gen = L->key_gen,
+                        .expiry = L->key_len ? ticket_expiry(req->ticket) : 0};
   snprintf(st->job, sizeof st->job, "%s", req->job_id);
   st->off = req->offset >= 0 ? (req->offset < size ? req->offset : size)
                              : (size + req->offset > 0 ? size + req->offset : 0);

@@ -14,7 +14,11 @@
  * (param.h, 64) are open at once: one more is refused at once with
  * RESOURCE_EXHAUSTED, saying how many are open. A stream whose client has
  * accepted nothing (its backlog full) for FSDP_STREAM_STALL_S (60 s) is ended
- * with CANCELLED (rpc_call_abort), freeing its slot. The log is opened with
+ * with CANCELLED (rpc_call_abort), freeing its slot. A stream opened with a
+ * log ticket lives no longer than the ticket: once it expires, or the node
+ * registers again and gets a new key (which the ticket no longer passes),
+ * the stream ends ABORTED (FSDP_ESTALE), naming the byte to resume at; a
+ * client opens it again there with a fresh ticket. The log is opened with
  * file_open_regular: the attempt directory is the ranks' user's, and a FIFO
  * put in the log's place must not hold the loop. */
 #ifndef FSDP_LOGS_H

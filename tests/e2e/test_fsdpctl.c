@@ -439,13 +439,20 @@ static void h_export(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   rpc_call_finish(call, 0);
 }
 
-/* GetLogTicket: a ticket naming what it is for, which h_logs checks. */
+/* While set, the Node service's streams lapse as fsdpd's do when their
+ * ticket expires: each takes only the newest ticket, and one followed from
+ * the start ends ABORTED after two lines (loop thread only). */
+static int logs_lapse, tickets_made;
+
+/* GetLogTicket: a ticket naming what it is for, which h_logs checks (and
+ * which one it is, when logs_lapse). */
 static void h_ticket(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   (void)arg;
   const Fsdp__V1__GetLogTicketRequest *req = (const void *)m;
   rec_put(rpc_call_method(call), m);
   char t[160];
   snprintf(t, sizeof t, "ticket:%s:%s:%u", req->node_id, req->job_id, req->rank);
+  if (logs_lapse) snprintf(t + strlen(t), sizeof t - strlen(t), ":%d", ++tickets_made);
   Fsdp__V1__GetLogTicketReply rep = FSDP__V1__GET_LOG_TICKET_REPLY__INIT;
   rep.ticket = t;
   rpc_call_reply(call, &rep.base);
@@ -457,9 +464,10 @@ static int logs_got_user_token;
 static int fake_user_token; /* the fake servers check tokens */
 
 /* The Node service: three chunks of the log, in order. Followed from the
- * start, the stream breaks (UNAVAILABLE) after two; followed from an
- * offset, it goes on from the line there and ends. Open at the RPC layer,
- * as fsdpd's: it wants the ticket h_ticket made for this node (n-1). */
+ * start, the stream breaks (UNAVAILABLE; with logs_lapse, its ticket lapses:
+ * ABORTED) after two; followed from an offset, it goes on from the line
+ * there and ends. Open at the RPC layer, as fsdpd's: it wants the ticket
+ * h_ticket made for this node (n-1). */
 static void h_logs(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   (void)arg;
   const Fsdp__V1__GetRankLogsRequest *req = (const void *)m;
@@ -467,6 +475,7 @@ static void h_logs(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   logs_got_user_token = fake_user_token && rpc_call_auth(call, RPC_ROLE_USER) == 0;
   char want[160];
   snprintf(want, sizeof want, "ticket:n-1:%s:%u", req->job_id, req->rank);
+  if (logs_lapse) snprintf(want + strlen(want), sizeof want - strlen(want), ":%d", tickets_made);
   if (strcmp(req->ticket, want)) {
     rpc_call_finish(call, err_set(FSDP_EAUTH, "ticket \"%s\", wanted \"%s\"", req->ticket, want));
     return;
@@ -482,7 +491,11 @@ static void h_logs(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
     off += (int64_t)c.data.len;
     if (req->follow && c.offset < req->offset) continue;
     if (breaks && i == 2) {
-      rpc_call_finish(call, err_set(FSDP_EUNAVAILABLE, "the connection was lost"));
+      rpc_call_finish(call, logs_lapse ? err_set(FSDP_ESTALE, "job %s rank %u: the log stream "
+                                                 "ended, its log ticket expired; resume at byte "
+                                                 "%lld", req->job_id, req->rank,
+                                                 (long long)c.offset)
+                                       : err_set(FSDP_EUNAVAILABLE, "the connection was lost"));
       return;
     }
     rpc_call_send(call, &c.base);
@@ -1672,6 +1685,26 @@ Test(fsdpctl, a_followed_log_whose_stream_breaks_goes_on_where_it_stopped) {
       rec_get("GetLogTicket", &fsdp__v1__get_log_ticket_request__descriptor, &calls);
   cr_expect_eq(calls, 2, "%d tickets", calls);
   protobuf_c_message_free_unpacked(&tq->base, NULL);
+}
+
+/* A followed log whose ticket lapses (fsdpd ends the stream ABORTED once
+ * the ticket expired, or its key changed) goes on with a fresh ticket where
+ * it stopped: every line once, in order, and nothing said on stderr, for
+ * this is routine. */
+Test(fsdpctl, a_followed_log_whose_ticket_lapses_goes_on_quietly) {
+  logs_lapse = 1; /* set before the servers' thread starts */
+  fake_start(NULL, NULL);
+  int rc = CTL("logs", "j-42", "--follow");
+  cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
+  cr_assert_str_eq(out, "step 1 loss 5.0\nstep 2 loss 4.0\nstep 3 loss 3.0\n");
+  cr_assert_str_eq(err, "", "a lapsed ticket is no error");
+  int calls = 0;
+  Fsdp__V1__GetRankLogsRequest *req =
+      rec_get("GetRankLogs", &fsdp__v1__get_rank_logs_request__descriptor, &calls);
+  cr_expect_eq(calls, 2);
+  cr_expect_eq(req->offset, 32, "the second stream starts after what was printed");
+  cr_expect_str_eq(req->ticket, "ticket:n-1:j-42:0:2", "with the second ticket");
+  protobuf_c_message_free_unpacked(&req->base, NULL);
 }
 
 /* A coordinator in TLS and a node whose fsdpd serves without a certificate

@@ -19,7 +19,8 @@
  * attempt's rendezvous (ESTALE) given up without a report, SIGTERM to
  * fsdpd, the root checks (no --run-as refused with exit 2; ranks run as
  * nobody), FIFOs in a rank's log's place (refused, never waited on), the
- * cap on log streams and the end of a stalled one, and the limit on open
+ * cap on log streams, the end of a stalled one and of one whose ticket
+ * lapsed (expired, or the node given a new key), and the limit on open
  * files. The test process is a child subreaper: whatever fsdpd leaves is
  * its to kill and reap in .fini, so no process outlives a test. */
 #include <criterion/criterion.h>
@@ -95,6 +96,7 @@ static struct {
   int refuse_exits, exit_refusals; /* ReportRankExit answered UNAVAILABLE while set */
   unsigned exit_refused_ranks;      /* a bit for each rank refused so */
   int refuse_regs, reg_refusals;   /* RegisterNode refused while set: 1 UNAUTHENTICATED, 2 ALREADY_EXISTS */
+  int key_next;                    /* RegisterNode gives log_key_next */
   uint64_t session, generation;
   int heartbeats, reregisters_sent, dev_busy_seen;
   hb_rec_t recs[MAX_RECS];
@@ -114,11 +116,14 @@ static char *workdir, *fsdpd_log, *tokens;
 
 /* ---- handlers (on the fake's loop thread) ----------------------------------------- */
 
-/* The log ticket key the fake coordinator gives at registration, when set;
- * and the fence (RegisterNodeReply.fence_ms; 0: none). */
+/* The log ticket key the fake coordinator gives at registration, when set
+ * (log_key_next instead while F.key_next is set: a new key, as a real
+ * coordinator gives at each registration); and the fence
+ * (RegisterNodeReply.fence_ms; 0: none). */
 static int log_key_given;
 static uint32_t fence_ms_given;
 static const uint8_t log_key[TICKET_KEY_BYTES] = "0123456789abcdef0123456789abcde";
+static const uint8_t log_key_next[TICKET_KEY_BYTES] = "the next registration's new key";
 
 static void h_register(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   (void)arg;
@@ -151,7 +156,8 @@ static void h_register(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   rep.node_id = "n-1";
   rep.session = F.session;
   rep.heartbeat_interval_ms = HOLD_MS;
-  if (log_key_given) rep.log_key.data = (uint8_t *)log_key, rep.log_key.len = sizeof log_key;
+  if (log_key_given)
+    rep.log_key.data = (uint8_t *)(F.key_next ? log_key_next : log_key), rep.log_key.len = sizeof log_key;
   rep.fence_ms = fence_ms_given;
   pthread_mutex_unlock(&F.mu);
   rpc_call_reply(call, &rep.base);
@@ -492,7 +498,7 @@ static void setup(void) {
   pthread_mutex_lock(&F.mu);
   free(F.queued);
   F.queued = NULL;
-  F.refuse_regs = F.reg_refusals = 0;
+  F.refuse_regs = F.reg_refusals = F.key_next = 0;
   F.regs = F.heartbeats = F.reregisters_sent = F.dev_busy_seen = F.nrecs = F.nexits = F.njobs = 0;
   memset(F.jobs, 0, sizeof F.jobs);
   F.port = 0;
@@ -1645,6 +1651,95 @@ Test(fsdpd, its_node_service_takes_a_ticket_for_the_rank_alone, .timeout = 30) {
   }
   log_key_given = 0;
   free(ut);
+}
+
+/* A follower of rank 0 of j-2's log from offset (< 0: from the end) with a
+ * ticket made with key until expiry; its first message or end in *rc. */
+static rpc_stream_t *follow_open(rpc_client_t *c, const uint8_t *key, int64_t expiry,
+                                 int64_t offset, int *rc) {
+  char t[TICKET_MAX];
+  ticket_make(t, key, TICKET_KEY_BYTES, "j-2", 0, "n-1", expiry);
+  Fsdp__V1__GetRankLogsRequest req = FSDP__V1__GET_RANK_LOGS_REQUEST__INIT;
+  req.job_id = "j-2", req.attempt = 1, req.follow = 1, req.offset = offset, req.ticket = t;
+  rpc_stream_t *st;
+  cr_assert_eq(rpc_stream_open(c, &st, "/fsdp.v1.Node/GetRankLogs", &req.base, 20), 0, "%s",
+               err_msg());
+  ProtobufCMessage *m = NULL;
+  if ((*rc = rpc_stream_next(st, &fsdp__v1__log_chunk__descriptor, &m)) == 1)
+    protobuf_c_message_free_unpacked(m, NULL);
+  return st;
+}
+
+/* Reads st to its end, which it returns; the next byte it would read in
+ * *next (the end of the last chunk, when one came). */
+static int follow_drain(rpc_stream_t *st, int64_t *next) {
+  ProtobufCMessage *m;
+  int rc;
+  while ((rc = rpc_stream_next(st, &fsdp__v1__log_chunk__descriptor, &m)) == 1) {
+    const Fsdp__V1__LogChunk *ch = (const void *)m;
+    *next = ch->offset + (int64_t)ch->data.len;
+    protobuf_c_message_free_unpacked(m, NULL);
+  }
+  rpc_stream_close(st);
+  return rc;
+}
+
+/* A followed stream lives no longer than its ticket: once the ticket has
+ * expired, or the node registered again with a new key, it ends ABORTED
+ * (FSDP_ESTALE) naming the byte to resume at, while the rank runs on (it
+ * used to run until the rank exited). The new key's tickets then open it. */
+Test(fsdpd, a_followed_log_ends_with_its_ticket_or_the_nodes_key, .timeout = 60) {
+  log_key_given = 1;
+  int pids[2];
+  start_long_job(pids);
+  rpc_client_t *c = node_client();
+  char log[1200];
+  snprintf(log, sizeof log, "%s/jobs/j-2/1/rank-0.log", workdir);
+  struct stat sb;
+  cr_assert_eq(stat(log, &sb), 0, "%s", log);
+  /* good for 2 s more: it ends 1 to 2 s from now (expiries are whole seconds) */
+  double t0 = tu_now_s();
+  int rc;
+  rpc_stream_t *st = follow_open(c, log_key, (int64_t)time(NULL) + 2, -100, &rc);
+  cr_expect_eq(rc, 1, "%d %s", rc, err_msg());
+  int64_t next = sb.st_size - 100;
+  rc = follow_drain(st, &next);
+  double took = tu_now_s() - t0;
+  cr_expect_eq(rc, FSDP_ESTALE, "%d %s", rc, err_msg());
+  char want[64];
+  snprintf(want, sizeof want, "resume at byte %lld ", (long long)next);
+  cr_expect(strstr(err_msg(), "its log ticket expired") && strstr(err_msg(), want),
+            "\"%s\" missing in: %s", want, err_msg());
+  cr_expect(took > 0.5 && took < 4.0, "ended %.1f s in", took);
+  cr_expect_eq(kill(pids[0], 0), 0, "the rank runs on");
+
+  /* a ticket for an hour; the node registers again and gets a new key */
+  const int64_t hour = (int64_t)time(NULL) + 3600;
+  st = follow_open(c, log_key, hour, -1, &rc);
+  cr_expect_eq(rc, 1, "%d %s", rc, err_msg());
+  pthread_mutex_lock(&F.mu);
+  const int regs = F.regs;
+  F.key_next = 1;
+  F.session++; /* the next heartbeat is told to register again */
+  pthread_mutex_unlock(&F.mu);
+  t0 = tu_now_s();
+  rc = follow_drain(st, &next);
+  took = tu_now_s() - t0;
+  cr_expect_eq(rc, FSDP_ESTALE, "%d %s", rc, err_msg());
+  cr_expect(strstr(err_msg(), "registered again and has a new log ticket key"), "%s", err_msg());
+  cr_expect_lt(took, 5.0, "ended %.1f s after the registration was asked for", took);
+  pthread_mutex_lock(&F.mu);
+  cr_expect_gt(F.regs, regs, "it registered again");
+  pthread_mutex_unlock(&F.mu);
+  /* the old key's tickets are refused now, the new key's read on */
+  st = follow_open(c, log_key, hour, -1, &rc);
+  rpc_stream_close(st);
+  cr_expect_eq(rc, FSDP_EAUTH, "the old key's ticket: %d %s", rc, err_msg());
+  st = follow_open(c, log_key_next, hour, -1, &rc);
+  rpc_stream_close(st);
+  cr_expect_eq(rc, 1, "the new key's ticket: %d %s", rc, err_msg());
+  rpc_client_destroy(c);
+  log_key_given = 0;
 }
 
 /* An fsdpd given a node token whose coordinator issues no log tickets (it
