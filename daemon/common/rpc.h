@@ -34,7 +34,10 @@
  * with (else PERMISSION_DENIED: the caller is known, the call is not its to
  * make). The operator may call what a user may, and the methods registered
  * for the operator (cluster maintenance); a server given no operator token
- * lets users call those. Tokens are compared in constant time.
+ * lets users call those. Tokens are compared in constant time. A server
+ * refuses a token file whose token is under RPC_TOKEN_MIN bytes (a client
+ * sends what it holds: the server judges; a digest's token is its maker's
+ * to check).
  *
  * Node tokens: the node token file holds one token every node sends, or
  * lines "NAME TOKEN", a token per node. Then a node's token is its
@@ -70,6 +73,7 @@ enum { RPC_ROLE_USER = 1u << 0, RPC_ROLE_NODE = 1u << 1, RPC_ROLE_OPERATOR = 1u 
 
 #define RPC_MAX_MESSAGE_DEFAULT (4u << 20) /* gRPC's own default receive limit */
 #define RPC_TOKEN_MAX 4096                 /* longest token file accepted */
+#define RPC_TOKEN_MIN 16                   /* shortest token a server takes (guessable below) */
 
 /* err.h code <-> gRPC status. Unknown codes become INTERNAL / EINTERNAL. */
 grpc_status_code rpc_status_from_err(int rc);

@@ -56,7 +56,7 @@ typedef struct rpc_keys {
 /* Reads the user, node and (optional) operator token files into ks: each
  * holds a token or its digest ("sha256:<hex>"); the node file may hold
  * "NAME TOKEN" lines instead. user NULL: no keys (auth off). Two roles, or
- * two nodes, with one token are refused. With jwt->jwks_file, nodes may
+ * two nodes, with one token are refused, and so is a token under 16 bytes. With jwt->jwks_file, nodes may
  * also show Kubernetes service account tokens. node NULL: no node file
  * (rpc_server_create has checked that this server may go without). */
 int rpc__keys_load(rpc_keys_t *ks, const char *user, const char *node, const char *op,

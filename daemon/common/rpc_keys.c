@@ -30,6 +30,10 @@ int rpc__digest(const void *p, size_t n, uint8_t out[RPC_DIGEST_LEN]) {
   return 0;
 }
 
+static const char rpc_key_short[] =
+    "holds a token shorter than 16 bytes, which could be guessed: put a random one in it, "
+    "`openssl rand -hex 32`, and the same in its clients' token files";
+
 /* n bytes at t, a token or "sha256:<hex>", as a digest; why it cannot be,
  * else NULL. */
 static const char *rpc_key_parse(const char *t, size_t n, uint8_t sha[RPC_DIGEST_LEN]) {
@@ -47,6 +51,8 @@ static const char *rpc_key_parse(const char *t, size_t n, uint8_t sha[RPC_DIGEST
   }
   if (n > RPC_TOKEN_MAX) return "holds a token longer than 4096 bytes";
   const char *why = rpc__token_flaw(t, n);
+  /* a digest's token cannot be measured: whoever made the digest checks it */
+  if (!why && n < RPC_TOKEN_MIN) why = rpc_key_short;
   if (!why && rpc__digest(t, n, sha)) why = "could not be hashed";
   return why;
 }
@@ -98,6 +104,7 @@ static int rpc_keys_one(rpc_keys_t *ks, unsigned role, const char *path) {
   uint8_t sha[RPC_DIGEST_LEN];
   const char *why = rpc_key_parse(t, n, sha);
   rpc__free_secret(t);
+  if (why == rpc_key_short) return err_set(FSDP_EINVAL, "token file %s %s", path, why);
   if (why)
     return err_set(FSDP_EINVAL, "token file %s %s: put one token (printable ASCII, no spaces) in "
                    "it, or its digest, sha256:<64 hex digits>%s", path, why,

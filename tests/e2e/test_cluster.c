@@ -1097,9 +1097,9 @@ Test(cluster, a_node_refused_at_its_first_registration_exits_saying_why) {
   char *ut = tu_path("user.token"), *nt = tu_path("refusing.tokens"), *mine = tu_path("mine.token");
   char *wrong = tu_path("wrong.token"), *db = tu_path("refusing.db");
   tu_write_file(ut, "user-secret-1234567890\n", 23);
-  const char *table = "other other-secret-1\nown own-secret-2\n";
+  const char *table = "other other-secret-0001\nown own-secret-00002\n";
   tu_write_file(nt, table, strlen(table));
-  tu_write_file(mine, "own-secret-2\n", 13);
+  tu_write_file(mine, "own-secret-00002\n", 17);
   tu_write_file(wrong, "not-a-node-secret-3\n", 20);
   char extra[1400], out[8192], opt[700];
   snprintf(extra, sizeof extra, "--heartbeat-timeout-ms %d --user-token-file '%s' --node-token-file '%s'",
@@ -1284,9 +1284,9 @@ Test(cluster, with_a_token_per_node_a_job_runs_to_the_end) {
   char *ut = tu_path("user.token"), *nt = tu_path("nodes.tokens"), *mine = tu_path("own.token");
   char *db = tu_path("pernode.db");
   tu_write_file(ut, "user-secret-1234567890\n", 23);
-  const char *table = "other other-secret-1\nown own-secret-2\n";
+  const char *table = "other other-secret-0001\nown own-secret-00002\n";
   tu_write_file(nt, table, strlen(table));
-  tu_write_file(mine, "own-secret-2\n", 13);
+  tu_write_file(mine, "own-secret-00002\n", 17);
   char extra[1400], out[8192], opt[700];
   snprintf(extra, sizeof extra, "--heartbeat-timeout-ms %d --user-token-file '%s' --node-token-file '%s'",
            TIMEOUT_MS, ut, nt);

@@ -1156,10 +1156,10 @@ Test(coordinator, with_a_token_per_node_a_node_acts_only_as_itself) {
   char *u = tu_path("user.token"), *nt = tu_path("nodes.tokens"), *db = tu_path("pernode.db");
   char *ta = tu_path("alpha.token"), *tb = tu_path("beta.token");
   tu_write_file(u, "user-secret-1234567890\n", 23);
-  const char *table = "# name token\nalpha  alpha-secret-111\n\nbeta\tbeta-secret-222\n";
+  const char *table = "# name token\nalpha  alpha-secret-111\n\nbeta\tbeta-secret-2222\n";
   tu_write_file(nt, table, strlen(table));
   tu_write_file(ta, "alpha-secret-111\n", 17);
-  tu_write_file(tb, "beta-secret-222\n", 16);
+  tu_write_file(tb, "beta-secret-2222\n", 17);
   char extra[1400];
   snprintf(extra, sizeof extra, "--user-token-file '%s' --node-token-file '%s'", u, nt);
   co_start(db, "127.0.0.1:0", extra);
@@ -1555,13 +1555,13 @@ Test(coordinator, sighup_reads_the_token_files_again) {
   tu_write_file(u, "user-secret-1234567890\n", 23);
   tu_write_file(nt, "alpha alpha-secret-111\n", 23);
   tu_write_file(ta, "alpha-secret-111\n", 17);
-  tu_write_file(tb, "beta-secret-222\n", 16);
+  tu_write_file(tb, "beta-secret-2222\n", 17);
   char extra[1400];
   snprintf(extra, sizeof extra, "--user-token-file '%s' --node-token-file '%s'", u, nt);
   co_start(db, "127.0.0.1:0", extra);
   client_for(&co, tb);
   cr_expect_eq(register_as("beta"), FSDP_EAUTH, "beta has no line yet: %s", err_msg());
-  const char *both = "alpha alpha-secret-111\nbeta beta-secret-222\n";
+  const char *both = "alpha alpha-secret-111\nbeta beta-secret-2222\n";
   tu_write_file(nt, both, strlen(both));
   cr_assert_eq(kill(co.pid, SIGHUP), 0);
   int rc = FSDP_EAUTH;

@@ -1363,8 +1363,8 @@ Test(fsdpctl, a_tls_ca_that_is_no_pem_certificate_is_a_usage_error) {
 }
 
 Test(fsdpctl, tokens_come_from_files_only) {
-  char *user = write_tmp("user.token", "user-secret-1\n");
-  char *node = write_tmp("node.token", "node-secret-2\n");
+  char *user = write_tmp("user.token", "user-secret-00001\n");
+  char *node = write_tmp("node.token", "node-secret-00002\n");
   char *wrong = write_tmp("wrong.token", "nope\n");
   fake_start(user, node);
   int rc = CTL("jobs");
@@ -1754,8 +1754,8 @@ Test(fsdpctl, logs_reach_nodes_as_node_tls_ca_says, .timeout = 60) {
  * it at the coordinator): it asks the coordinator for a ticket for that
  * rank's log on that node, and gives the node that alone. */
 Test(fsdpctl, logs_give_the_node_a_ticket_never_the_token) {
-  char *user = write_tmp("user.token", "user-secret-1\n");
-  char *node = write_tmp("node.token", "node-secret-2\n");
+  char *user = write_tmp("user.token", "user-secret-00001\n");
+  char *node = write_tmp("node.token", "node-secret-00002\n");
   fake_start(user, node);
   setenv("FSDP_TOKEN_FILE", user, 1);
   logs_got_user_token = -1;
@@ -1777,8 +1777,8 @@ Test(fsdpctl, logs_give_the_node_a_ticket_never_the_token) {
 /* ---- an independent client ---------------------------------------------------------------------- */
 
 Test(fsdpctl, python_grpc_client_submits_reads_and_checks_health, .timeout = 60) {
-  char *user = write_tmp("user.token", "user-secret-1\n");
-  char *node = write_tmp("node.token", "node-secret-2\n");
+  char *user = write_tmp("user.token", "user-secret-00001\n");
+  char *node = write_tmp("node.token", "node-secret-00002\n");
   fake_start(user, node);
   char cmd[2048], buf[4096];
   snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/tests/e2e/python_client.py %s %s %s 2>&1",

@@ -268,9 +268,9 @@ Test(metrics, refused_calls_and_a_nodes_standing_with_the_coordinator_are_counte
   char *db = tu_path("auth.db"), *ut = tu_path("user.token"), *nt = tu_path("nodes.tokens");
   char *mine = tu_path("solo.token");
   tu_write_file(ut, "user-secret-1234567890\n", 23);
-  const char *table = "solo solo-secret-1\n", *other = "solo solo-secret-2\n";
+  const char *table = "solo solo-secret-0001\n", *other = "solo solo-secret-0002\n";
   tu_write_file(nt, table, strlen(table));
-  tu_write_file(mine, "solo-secret-1\n", 14);
+  tu_write_file(mine, "solo-secret-0001\n", 17);
   char extra[2000], out[1 << 16], opt[800];
   snprintf(extra, sizeof extra, "--metrics-listen 127.0.0.1:0 --user-token-file '%s' "
            "--node-token-file '%s'", ut, nt);

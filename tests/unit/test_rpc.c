@@ -655,9 +655,9 @@ static void registered_as(rpc_client_t *c, char *who, size_t n, int *rc) {
  * handler; one shared token names none. Bad tables are refused by line. */
 Test(rpc, a_token_per_node_names_the_node, .timeout = 30) {
   rpc_server_opts_t o = token_opts();
-  write_token("nodes.tokens", "# fsdpd --name, token\n\nalpha alpha-secret-1\n  beta\tbeta-secret-2  \r\n");
-  write_token("alpha.token", "alpha-secret-1\n");
-  write_token("beta.token", "beta-secret-2\n");
+  write_token("nodes.tokens", "# fsdpd --name, token\n\nalpha alpha-secret-0001\n  beta\tbeta-secret-00002  \r\n");
+  write_token("alpha.token", "alpha-secret-0001\n");
+  write_token("beta.token", "beta-secret-00002\n");
   char *table = tu_path("nodes.tokens"), *ta = tu_path("alpha.token"), *tb = tu_path("beta.token");
   char who[64];
   int rc;
@@ -693,13 +693,16 @@ Test(rpc, a_token_per_node_names_the_node, .timeout = 30) {
   static const struct {
     const char *text, *says;
   } bad[] = {
-      {"alpha alpha-secret-1\ngamma\n", "line 2 is not NAME TOKEN"},
-      {"alpha a-1 extra\n", "line 1 is not NAME TOKEN"},
-      {"alpha a-1\nalpha a-2\n", "line 2 gives node alpha the name of an earlier line"},
-      {"alpha a-1\nbeta a-1\n", "line 2 gives node beta the token of an earlier line"},
+      {"alpha alpha-secret-0001\ngamma\n", "line 2 is not NAME TOKEN"},
+      {"alpha alpha-key-000001 extra\n", "line 1 is not NAME TOKEN"},
+      {"alpha alpha-key-000001\nalpha alpha-key-000002\n",
+       "line 2 gives node alpha the name of an earlier line"},
+      {"alpha alpha-key-000001\nbeta alpha-key-000001\n",
+       "line 2 gives node beta the token of an earlier line"},
       {"alpha user-secret-1234\n", "same token"},
       {"# nobody yet\n\n", "no node in it"},
-      {"alpha a-\x01\n", "not printable ASCII"},
+      {"alpha alpha-key-00000\x01\n", "not printable ASCII"},
+      {"alpha alpha-key-000001\nbeta b-1\n", "line 2 holds a token shorter than 16 bytes"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     write_token("bad.tokens", bad[i].text);
@@ -710,7 +713,7 @@ Test(rpc, a_token_per_node_names_the_node, .timeout = 30) {
     free(p);
   }
   /* the operator's token is its own, not a node's */
-  write_token("op-is-beta.token", "beta-secret-2\n");
+  write_token("op-is-beta.token", "beta-secret-00002\n");
   char *opb = tu_path("op-is-beta.token");
   rpc_server_opts_t x = {.user_token_file = o.user_token_file, .node_token_file = table,
                          .operator_token_file = opb};
@@ -950,17 +953,17 @@ Test(rpc, a_bad_node_jwks_file_is_refused_naming_it, .timeout = 30) {
  * new token. A file that no longer reads keeps the token it had. */
 Test(rpc, a_client_sends_the_token_its_file_holds_now, .timeout = 30) {
   rpc_server_opts_t o = token_opts();
-  write_token("renew.tokens", "alpha alpha-secret-1\nbeta beta-secret-2\n");
+  write_token("renew.tokens", "alpha alpha-secret-0001\nbeta beta-secret-00002\n");
   char *table = tu_path("renew.tokens"), *mine = tu_path("mine.token"), *next = tu_path("next.token");
   rpc_server_opts_t per = {.user_token_file = o.user_token_file, .node_token_file = table};
   srv_start(&per);
-  tu_write_file(mine, "alpha-secret-1\n", 15);
+  tu_write_file(mine, "alpha-secret-0001\n", 18);
   rpc_client_t *c = client(mine, NULL, NULL);
   char who[64];
   int rc;
   registered_as(c, who, sizeof who, &rc);
   cr_expect_str_eq(who, "alpha", "%s", err_msg());
-  tu_write_file(next, "beta-secret-2\n", 14);
+  tu_write_file(next, "beta-secret-00002\n", 18);
   cr_assert_eq(rename(next, mine), 0);
   registered_as(c, who, sizeof who, &rc);
   cr_expect_str_eq(who, "beta", "the renewed token was not sent: %s", err_msg());
@@ -993,10 +996,10 @@ Test(rpc, a_server_may_hold_only_the_digest_of_a_token, .timeout = 30) {
   char dig[128], line[256];
   digest_of("user-secret-1234", dig, sizeof dig);
   write_token("user.sha256", dig);
-  digest_of("beta-secret-2", dig, sizeof dig);
-  snprintf(line, sizeof line, "alpha alpha-secret-1\nbeta %s", dig);
+  digest_of("beta-secret-00002", dig, sizeof dig);
+  snprintf(line, sizeof line, "alpha alpha-secret-0001\nbeta %s", dig);
   write_token("nodes.tokens", line);
-  write_token("beta.token", "beta-secret-2\n");
+  write_token("beta.token", "beta-secret-00002\n");
   char *ud = tu_path("user.sha256"), *table = tu_path("nodes.tokens"), *tb = tu_path("beta.token");
   rpc_server_opts_t d = {.user_token_file = ud, .node_token_file = table};
   srv_start(&d);
@@ -1042,6 +1045,21 @@ Test(rpc, token_and_tls_files_are_checked_at_create, .timeout = 20) {
   cr_assert_eq(srv_try(&e), FSDP_EINVAL);
   cr_assert(strstr(F.err, "is empty") && strstr(F.err, empty), "%s", F.err);
   free(empty);
+  /* a token that could be guessed is refused, saying how to make one; 16
+   * bytes pass (the shortest the tests above use) */
+  write_token("short.token", "abc\n");
+  write_token("fifteen.token", "user-secret-123\n");
+  char *sh = tu_path("short.token"), *fifteen = tu_path("fifteen.token");
+  const char *roles[][3] = {{sh, o.node_token_file, NULL}, {o.user_token_file, sh, NULL},
+                            {o.user_token_file, o.node_token_file, fifteen}};
+  for (int i = 0; i < 3; i++) {
+    rpc_server_opts_t s = {.user_token_file = roles[i][0], .node_token_file = roles[i][1],
+                           .operator_token_file = roles[i][2]};
+    cr_expect_eq(srv_try(&s), FSDP_EINVAL, "case %d", i);
+    cr_expect(strstr(F.err, "shorter than 16 bytes") && strstr(F.err, "openssl rand -hex 32") &&
+                  strstr(F.err, i == 2 ? fifteen : sh), "case %d: %s", i, F.err);
+  }
+  free(sh), free(fifteen);
   rpc_server_opts_t missing = {.user_token_file = "/nonexistent/u.token", .node_token_file = o.node_token_file};
   cr_assert_eq(srv_try(&missing), FSDP_ENOENT);
   cr_assert(strstr(F.err, "/nonexistent/u.token"), "%s", F.err);
