@@ -27,6 +27,7 @@
 #include "client/table.h"
 #include "daemon/common/err.h"
 #include "daemon/common/rpc.h"
+#include "daemon/common/text.h"
 #include "proto/fsdp.pb-c.h"
 
 #define FSDPCTL_VERSION "0.1.0"
@@ -74,6 +75,26 @@ static int ctl_exit_code(int rc) {
   }
 }
 
+/* Writes one line to f: fmt's text, every control character in it shown
+ * escaped (text_escape, '\n' too), then a newline. Each line fsdpctl
+ * prints with a server's words in it (a name, a reason, an error) goes
+ * through here: fsdpctl trusts no server, and a string with a terminal's
+ * escape sequences in it must show as text. fsdpctl's own formats hold no
+ * control character. */
+static void ctl_line(FILE *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void ctl_line(FILE *f, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  char *s = NULL;
+  const int n = vasprintf(&s, fmt, ap);
+  va_end(ap);
+  char *safe = n < 0 ? NULL : malloc(TEXT_ESCAPED_MAX((size_t)n));
+  if (safe) text_escape(safe, s, (size_t)n, 0, NULL);
+  fprintf(f, "%s\n", safe ? safe : "(fsdpctl: out of memory for a line of output)");
+  free(safe);
+  if (n >= 0) free(s);
+}
+
 /* Prints the one error line for rc (what: what failed) and returns the
  * exit code. target: the address a failed call went to (NULL: the
  * coordinator's), so the fix names where that address comes from. */
@@ -108,7 +129,7 @@ static int ctl_fail_at(const ctl_t *c, int rc, const char *target, const char *f
     fix = c->token_file ? "; is --token-file (or FSDP_TOKEN_FILE) this cluster's user token?"
                         : "; give the cluster's user token with --token-file FILE or FSDP_TOKEN_FILE";
   }
-  fprintf(stderr, "fsdpctl: %s: %s%s\n", what, msg, fix);
+  ctl_line(stderr, "fsdpctl: %s: %s%s", what, msg, fix);
   return code;
 }
 #define ctl_fail(c, rc, ...) ctl_fail_at(c, rc, NULL, __VA_ARGS__)
@@ -290,12 +311,21 @@ static int ctl_stdout_check(const ctl_t *c) {
   return CTL_EXIT_SERVER;
 }
 
-/* One JSON document on stdout (indent: 0 for one line). Returns an exit code. */
+/* One JSON document on stdout (indent: 0 for one line). Returns an exit code.
+ * In ASCII alone, as a terminal may show it: jansson escapes C0 controls
+ * and, with JSON_ENSURE_ASCII, every other code point (C1, bidi) as \uXXXX,
+ * and DEL, which it leaves, is escaped here (the same string to a parser). */
 static int ctl_json(const ctl_t *c, json_t *j, int indent) {
   if (!j) return ctl_fail(c, FSDP_ENOMEM, "%s: JSON output", c->cmd);
-  json_dumpf(j, stdout, JSON_INDENT(indent) | JSON_REAL_PRECISION(10) | JSON_COMPACT * !indent);
-  fputc('\n', stdout);
+  char *s = json_dumps(j, JSON_INDENT(indent) | JSON_REAL_PRECISION(10) |
+                              JSON_COMPACT * !indent | JSON_ENSURE_ASCII);
   json_decref(j);
+  if (!s) return ctl_fail(c, FSDP_ENOMEM, "%s: JSON output", c->cmd);
+  for (const char *p = s; *p; p++)
+    if (*p == 0x7f) fputs("\\u007f", stdout);
+    else putchar(*p);
+  putchar('\n');
+  free(s);
   return ctl_stdout_check(c);
 }
 
@@ -468,10 +498,10 @@ static int ctl_drain(ctl_t *c, int argc, char **argv, int undrain) {
   } else if (rep->node && *rep->node->drain_reason) {
     int jobs = 0;
     for (size_t i = 0; i < rep->node->n_devices; i++) jobs += *rep->node->devices[i]->job_id != 0;
-    printf("node %s drained: %s (%d device(s) still running a job)\n", rep->node->node_id,
-           rep->node->drain_reason, jobs);
+    ctl_line(stdout, "node %s drained: %s (%d device(s) still running a job)", rep->node->node_id,
+             rep->node->drain_reason, jobs);
   } else if (rep->node) {
-    printf("node %s takes ranks again\n", rep->node->node_id);
+    ctl_line(stdout, "node %s takes ranks again", rep->node->node_id);
   }
   ctl_free(rep);
   return rc;
@@ -511,7 +541,7 @@ static int ctl_watch(ctl_t *c, const char *job) {
   Fsdp__V1__WatchJobRequest req = FSDP__V1__WATCH_JOB_REQUEST__INIT;
   req.job_id = (char *)job;
   int tty = !c->json && isatty(STDOUT_FILENO), drawn = 0, last = 0, got = 0, code = CTL_EXIT_OK;
-  char line[512];
+  char line[512], safe[TEXT_ESCAPED_MAX(sizeof line)];
   double lost_at = 0; /* when the stream last broke with nothing read since (0: it did not) */
   for (int again = 0;; again++) {
     rpc_stream_t *st = NULL;
@@ -528,13 +558,14 @@ static int ctl_watch(ctl_t *c, const char *job) {
       if (c->json) {
         code = ctl_json(c, pbjson_message(&p->base), 0); /* printed its failure: stop there */
       } else if (tty) {
-        if (*p->message) printf("\r\033[K%s\n", p->message);
+        if (*p->message) fputs("\r\033[K", stdout), ctl_line(stdout, "%s", p->message);
         ctl_bar(p, line, sizeof line);
-        printf("\r\033[K%s", line);
+        text_escape(safe, line, strlen(line), 0, NULL); /* the job id is the server's */
+        printf("\r\033[K%s", safe);
         drawn = 1;
       } else {
         ctl_bar(p, line, sizeof line);
-        printf("%s%s%s\n", line, *p->message ? " | " : "", p->message);
+        ctl_line(stdout, "%s%s%s", line, *p->message ? " | " : "", p->message);
       }
       if (!c->json) code = ctl_stdout_check(c);
       ctl_free(p);
@@ -552,7 +583,7 @@ static int ctl_watch(ctl_t *c, const char *job) {
       break;
     }
     if (drawn) putchar('\n'), drawn = 0;
-    fprintf(stderr, "fsdpctl: the watch of job %s broke (%s); watching again\n", job, err_msg());
+    ctl_line(stderr, "fsdpctl: the watch of job %s broke (%s); watching again", job, err_msg());
     const long ms = 200L << (again < 3 ? again : 3); /* 0.2 s, doubling to 1.6 s */
     nanosleep(&(struct timespec){ms / 1000, ms % 1000 * 1000000L}, NULL);
   }
@@ -673,10 +704,10 @@ static int cmd_submit(ctl_t *c, int argc, char **argv) {
     code = ctl_json(c, pbjson_message(&rep->base), 2);
   } else {
     /* the id alone on stdout (id=$(fsdpctl submit job.conf)); the notes are for people */
-    printf("%s\n", rep->job_id);
+    ctl_line(stdout, "%s", rep->job_id);
     /* the job exists all the same: its id must not be lost with stdout */
-    if ((code = ctl_stdout_check(c))) fprintf(stderr, "fsdpctl submit: the job is %s\n", rep->job_id);
-    for (size_t i = 0; i < rep->n_notes; i++) fprintf(stderr, "note: %s\n", rep->notes[i]);
+    if ((code = ctl_stdout_check(c))) ctl_line(stderr, "fsdpctl submit: the job is %s", rep->job_id);
+    for (size_t i = 0; i < rep->n_notes; i++) ctl_line(stderr, "note: %s", rep->notes[i]);
   }
   if (watch && !code) code = ctl_watch(c, rep->job_id);
   ctl_free(rep);
@@ -935,7 +966,7 @@ static int cmd_cancel(ctl_t *c, int argc, char **argv) {
   int rc = ctl_call(c, "CancelJob", &req.base, &fsdp__v1__cancel_job_reply__descriptor, &rep);
   if (rc) return ctl_fail(c, rc, "cancelling job %s", job);
   if (c->json) rc = ctl_json(c, pbjson_message(rep->job ? &rep->job->base : NULL), 2);
-  else if (rep->job) printf("%s %s\n", rep->job->job_id, JOB_STATE(rep->job->state));
+  else if (rep->job) ctl_line(stdout, "%s %s", rep->job->job_id, JOB_STATE(rep->job->state));
   else printf("%s cancelled\n", job);
   ctl_free(rep);
   return rc;
@@ -951,7 +982,7 @@ static int cmd_resume(ctl_t *c, int argc, char **argv) {
   if ((rc = ctl_call(c, "ResumeJob", &req.base, &fsdp__v1__resume_job_reply__descriptor, &rep)))
     return ctl_fail(c, rc, "resuming job %s", job);
   if (c->json) rc = ctl_json(c, pbjson_message(rep->job ? &rep->job->base : NULL), 2);
-  else if (rep->job) printf("%s %s\n", rep->job->job_id, JOB_STATE(rep->job->state));
+  else if (rep->job) ctl_line(stdout, "%s %s", rep->job->job_id, JOB_STATE(rep->job->state));
   else printf("%s resumed\n", job);
   ctl_free(rep);
   return rc;
@@ -1311,6 +1342,27 @@ static int ctl_rank_node(ctl_t *c, const char *job, unsigned rank, char **addr, 
   return 0;
 }
 
+/* Log bytes for a terminal. A log is the job's own bytes, and piped it goes
+ * out byte for byte; but what a rank prints (a sample of a byte-level
+ * model, a hostile node's chunk) may hold escape sequences, so a terminal
+ * is shown them as text (text_escape), tabs and newlines as they are. A
+ * UTF-8 sequence cut at a chunk's end waits in held (*nheld bytes, 3 at
+ * most) for the next chunk; n 0 shows what still waits. */
+static void ctl_log_text(const uint8_t *d, size_t n, char held[4], size_t *nheld) {
+  enum { SLICE = 4096 };
+  char in[SLICE + 4], out[TEXT_ESCAPED_MAX(SLICE + 4)];
+  do {
+    const size_t take = n < SLICE ? n : SLICE, len = *nheld + take;
+    memcpy(in, held, *nheld);
+    if (take) memcpy(in + *nheld, d, take);
+    size_t used = len;
+    fwrite(out, 1, text_escape(out, in, len, TEXT_KEEP_NL, take ? &used : NULL), stdout);
+    *nheld = len - used;
+    memcpy(held, in + used, *nheld);
+    d += take, n -= take;
+  } while (n);
+}
+
 static int cmd_logs(ctl_t *c, int argc, char **argv) {
   const char *job = NULL, *v;
   unsigned long rank = 0, attempt = 0, tail = 0;
@@ -1361,6 +1413,9 @@ static int cmd_logs(ctl_t *c, int argc, char **argv) {
   req.offset = has_tail ? -(int64_t)tail : 0;
   req.ticket = tr->ticket;
   int code = CTL_EXIT_OK;
+  const int tty = isatty(STDOUT_FILENO);
+  char held[4];
+  size_t nheld = 0;
   /* --follow lasts until the user stops it; a plain read is bounded by
    * --timeout. A followed stream that breaks (fsdpd restarted, or the
    * connection dropped while stdout was not read: a paused pager) is opened
@@ -1386,7 +1441,8 @@ static int cmd_logs(ctl_t *c, int argc, char **argv) {
                                  follow ? CTL_FOREVER_S : c->timeout_s))) {
         Fsdp__V1__LogChunk *ch;
         while ((rc = rpc_stream_next(st, &fsdp__v1__log_chunk__descriptor, (ProtobufCMessage **)&ch)) == 1) {
-          fwrite(ch->data.data, 1, ch->data.len, stdout);
+          if (tty) ctl_log_text(ch->data.data, ch->data.len, held, &nheld);
+          else fwrite(ch->data.data, 1, ch->data.len, stdout);
           req.offset = ch->offset + (int64_t)ch->data.len, got = 1;
           ctl_free(ch);
           if ((code = ctl_stdout_check(c))) break;
@@ -1400,11 +1456,12 @@ static int cmd_logs(ctl_t *c, int argc, char **argv) {
         break;
       if (lapsed && got) continue; /* at once: it was reading */
       if (!lapsed)
-        fprintf(stderr, "fsdpctl: the log stream from node %s broke (%s); resuming at byte %lld\n",
-                node, err_msg(), (long long)(req.offset < 0 ? 0 : req.offset));
+        ctl_line(stderr, "fsdpctl: the log stream from node %s broke (%s); resuming at byte %lld",
+                 node, err_msg(), (long long)(req.offset < 0 ? 0 : req.offset));
       const long ms = 200L << (again < 3 ? again : 3); /* 0.2 s, doubling to 1.6 s */
       nanosleep(&(struct timespec){ms / 1000, ms % 1000 * 1000000L}, NULL);
     }
+    if (nheld) ctl_log_text(NULL, 0, held, &nheld); /* a character the log ended inside of */
     if (code) rc = 0; /* the failure is stdout's, printed */
     else if (rc) code = ctl_fail_at(c, rc, addr, "logs of job %s rank %lu from node %s", job, rank, node);
   }
@@ -1476,7 +1533,9 @@ static const ctl_cmd_t ctl_cmds[] = {
      "  --attempt N    which attempt (default: the latest on that node)\n"
      "  --tail BYTES   only the last BYTES bytes\n"
      "  --follow, -f   keep printing as the log grows (until interrupted); a stream\n"
-     "                 that breaks is opened again where it stopped\n"},
+     "                 that breaks is opened again where it stopped\n"
+     "Piped, the log's bytes as written; on a terminal, its control characters (an\n"
+     "escape sequence) shown escaped, as \\x1b, newlines and tabs as they are.\n"},
     {"cancel", cmd_cancel, "cancel JOB [--reason TEXT]",
      "Cancels a job: its ranks are stopped and its devices freed.\n"},
     {"resume", cmd_resume, "resume JOB",

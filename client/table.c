@@ -11,6 +11,7 @@
 #include <uniwidth.h>
 
 #include "daemon/common/err.h"
+#include "daemon/common/text.h"
 
 struct table {
   int ncols;
@@ -53,10 +54,17 @@ int table_cell(table_t *t, const char *fmt, ...) {
   int rc = vasprintf(&s, fmt, ap);
   va_end(ap);
   if (rc < 0) return err_set(FSDP_ENOMEM, "table: out of memory");
-  /* a cell is one line: a server's sentence with a newline would break the rows */
+  /* a cell is one line: a server's sentence with a newline would break the
+   * rows; any other control character shows escaped (text_escape): the
+   * server's strings (a node's hostname, a job's reason) are not trusted
+   * with the terminal */
   for (char *p = s; *p; p++)
     if (*p == '\n' || *p == '\r' || *p == '\t') *p = ' ';
-  t->cells[t->n++] = s;
+  char *safe = malloc(TEXT_ESCAPED_MAX((size_t)rc));
+  if (safe) text_escape(safe, s, (size_t)rc, 0, NULL);
+  free(s);
+  if (!safe) return err_set(FSDP_ENOMEM, "table: out of memory");
+  t->cells[t->n++] = safe;
   return 0;
 }
 

@@ -24,8 +24,10 @@ typedef struct table table_t;
  * blocks). right: bit i set right-aligns column i. NULL when out of memory. */
 table_t *table_create(unsigned right, const char *const *headers);
 void table_destroy(table_t *t);
-/* Appends a cell to the current row (a new row after the last column).
- * Returns 0 or FSDP_ENOMEM. */
+/* Appends a cell to the current row (a new row after the last column):
+ * newlines and tabs made spaces, other control characters escaped
+ * (text_escape), for cells hold a server's strings. Returns 0 or
+ * FSDP_ENOMEM. */
 int table_cell(table_t *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Columns at least widths[i] wide; table_print writes back the widths it
  * used, so a table printed a page at a time (events --follow) keeps its

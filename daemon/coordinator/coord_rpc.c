@@ -18,6 +18,7 @@
 #include "daemon/common/err.h"
 #include "daemon/common/ini_line.h"
 #include "daemon/common/log.h"
+#include "daemon/common/text.h"
 #include "daemon/coordinator/coord_impl.h"
 #include "daemon/job/job.h"
 #include "daemon/job/shard.h"
@@ -279,15 +280,6 @@ static int coord_spec_text(const Fsdp__V1__JobSpec *s, const config_t *cfg, int 
   return rc;
 }
 
-/* A character that could break a log line or what a terminal shows: a C0
- * control but tab, DEL, a C1 control (0x9b is an 8-bit CSI, an escape
- * sequence's start to a terminal), or a bidirectional override, embedding
- * or isolate (U+202E makes a line read backwards). */
-static int coord_text_control(ucs4_t u) {
-  return (u < 0x20 && u != '\t') || (u >= 0x7f && u < 0xa0) || u == 0x61c || u == 0x200e ||
-         u == 0x200f || (u >= 0x202a && u <= 0x202e) || (u >= 0x2066 && u <= 0x2069);
-}
-
 /* Text that could break the stored INI, a log line or a client: refused,
  * naming it. Strings on the wire are UTF-8: protobuf's Python and Go
  * runtimes refuse a message holding anything else, so one job named in
@@ -301,7 +293,7 @@ static int coord_text_ok(const char *what, const char *s, size_t max) {
                    (size_t)(bad - (const uint8_t *)s));
   ucs4_t u;
   for (const uint8_t *p = (const uint8_t *)s, *next; (next = u8_next(&u, p)) != NULL; p = next)
-    if (coord_text_control(u))
+    if (text_control(u))
       return err_set(FSDP_EINVAL, "%s: a control character (U+%04X) at byte %zu; use plain text",
                      what, (unsigned)u, (size_t)(p - (const uint8_t *)s));
   return FSDP_OK;
@@ -310,7 +302,7 @@ static int coord_text_ok(const char *what, const char *s, size_t max) {
 /* Text a node reports (a rank's last log line, a collective's name, why a
  * shard was not written), cut to fit by a byte count: every byte that is
  * not part of valid UTF-8 becomes '?', so what the coordinator repeats to
- * clients decodes, and a control character (coord_text_control) a space,
+ * clients decodes, and a control character (text_control) a space,
  * so it stays one line in a log and shows as text. */
 void coord_text_mend(char *s) {
   const size_t n = strlen(s);
@@ -318,7 +310,7 @@ void coord_text_mend(char *s) {
   uint8_t *w = (uint8_t *)s;
   ucs4_t u;
   for (const uint8_t *p = (const uint8_t *)s, *next; (next = u8_next(&u, p)) != NULL; p = next) {
-    if (coord_text_control(u)) {
+    if (text_control(u)) {
       *w++ = ' ';
     } else {
       memmove(w, p, (size_t)(next - p));

@@ -81,6 +81,17 @@ static void *rec_get(const char *method, const ProtobufCMessageDescriptor *d, in
 
 static int node_port; /* the fake Node service's, for ListNodes */
 
+/* hostile: the servers' strings carry what a terminal acts on (set before
+ * fake_start): an OSC that retitles the window, a clear screen, an 8-bit
+ * CSI (C1), DEL, a right-to-left override, an OSC 52 that writes the
+ * clipboard, cursor moves that would hide the lines above. */
+static int hostile;
+#define EVIL_HOST "host-\x1b]0;owned\x07"
+#define EVIL_NAME "gnp\u202eexe.txt"
+#define EVIL_REASON "\x1b[2J\xc2\x9b" "31mred\x7f"
+#define EVIL_ERROR "job j-evil: \x1b]52;c;aGk=\x07no such job"
+#define EVIL_MESSAGE "rank 0 exited\x1b[1A\x1b[2K"
+
 static void h_submit(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   (void)arg;
   const Fsdp__V1__SubmitJobRequest *req = (const void *)m;
@@ -139,6 +150,10 @@ static void h_get_job(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   (void)arg;
   const Fsdp__V1__GetJobRequest *req = (const void *)m;
   rec_put(rpc_call_method(call), m);
+  if (hostile && !strcmp(req->job_id, "j-evil")) {
+    rpc_call_finish(call, err_set(FSDP_ENOTFOUND, "%s", EVIL_ERROR));
+    return;
+  }
   if (strcmp(req->job_id, "j-42") && strcmp(req->job_id, "j-ok") && strcmp(req->job_id, "j-nan")) {
     rpc_call_finish(call, err_set(FSDP_ENOTFOUND, "job %s: no such job; fsdpctl jobs lists them",
                                   req->job_id));
@@ -151,6 +166,7 @@ static void h_get_job(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   if (!strcmp(req->job_id, "j-ok")) job.state = FSDP__V1__JOB_STATE__JOB_STATE_SUCCEEDED;
   if (!strcmp(req->job_id, "j-nan")) /* a diverged run: rank 0's loss NaN, rank 1's speed inf */
     rs[0].loss = NAN, rs[1].tokens_per_s = INFINITY;
+  if (hostile) spec.name = EVIL_NAME, job.reason = EVIL_REASON, rs[1].node_id = EVIL_HOST;
   Fsdp__V1__GetJobReply rep = FSDP__V1__GET_JOB_REPLY__INIT;
   rep.job = &job;
   rpc_call_reply(call, &rep.base);
@@ -196,6 +212,7 @@ static void h_list_jobs(rpc_call_t *call, const ProtobufCMessage *m, void *arg) 
   b.reason = "rank 1 on node n-2 exited with status 1: out of memory";
   b.restarts = 2;
   if (utf8_jobs) sa.name = CJK_NAME, sb.name = "caf\u00e9", b.reason = CJK_REASON;
+  if (hostile) sa.name = EVIL_NAME, b.reason = EVIL_REASON;
   Fsdp__V1__ListJobsReply rep = FSDP__V1__LIST_JOBS_REPLY__INIT;
   rep.jobs = jobs;
   rep.n_jobs = 2;
@@ -265,7 +282,7 @@ static void h_watch(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
     p.loss = nan ? NAN : 5.0 - i;
     p.tokens_per_s = 1000.0 * i;
     p.eta_s = i < n ? 3.0 - i : 0;
-    p.message = i == n && !ok ? "rank 0 exited with status 1" : "";
+    p.message = i == n && !ok ? hostile ? EVIL_MESSAGE : "rank 0 exited with status 1" : "";
     rpc_call_send(call, &p.base);
   }
   rpc_call_finish(call, 0);
@@ -338,6 +355,7 @@ static void h_nodes(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   rep.n_nodes = 1;
   if (nodes_paged && req->after_id == 0) rep.next_after_id = 1;
   if (nodes_paged && req->after_id == 1) node.node_id = "n-2", node.hostname = "host-b";
+  if (hostile) node.hostname = EVIL_HOST;
   rpc_call_reply(call, &rep.base);
 }
 
@@ -354,7 +372,7 @@ static void h_drain(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   dev.kind = "cpu", dev.job_id = "j-42";
   Fsdp__V1__NodeInfo node = FSDP__V1__NODE_INFO__INIT;
   node.node_id = "n-1", node.hostname = "host-a";
-  node.drain_reason = req->undrain ? "" : req->reason;
+  node.drain_reason = req->undrain ? "" : hostile ? EVIL_REASON : req->reason;
   node.devices = &dp, node.n_devices = 1;
   Fsdp__V1__DrainNodeReply rep = FSDP__V1__DRAIN_NODE_REPLY__INIT;
   rep.node = &node;
@@ -480,7 +498,10 @@ static void h_logs(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
     rpc_call_finish(call, err_set(FSDP_EAUTH, "ticket \"%s\", wanted \"%s\"", req->ticket, want));
     return;
   }
-  static const char *const lines[] = {"step 1 loss 5.0\n", "step 2 loss 4.0\n", "step 3 loss 3.0\n"};
+  static const char *const plain[] = {"step 1 loss 5.0\n", "step 2 loss 4.0\n", "step 3 loss 3.0\n"};
+  /* hostile: an escape sequence, and an "\u00e9" cut between two chunks */
+  static const char *const evil[] = {"\x1b]0;log\x07 caf\xc3", "\xa9\tok\n", "end\n"};
+  const char *const *lines = hostile ? evil : plain;
   const int breaks = req->follow && req->offset <= 0;
   int64_t off = 0;
   for (int i = 0; i < 3; i++) {
@@ -1705,6 +1726,72 @@ Test(fsdpctl, a_followed_log_whose_ticket_lapses_goes_on_quietly) {
   cr_expect_eq(req->offset, 32, "the second stream starts after what was printed");
   cr_expect_str_eq(req->ticket, "ticket:n-1:j-42:0:2", "with the second ticket");
   protobuf_c_message_free_unpacked(&req->base, NULL);
+}
+
+/* Whether s holds what a terminal acts on: a C0 control but newline and
+ * tab, DEL, a C1 control (UTF-8 c2 80..9f) or a bidi override; which, in
+ * *what. */
+static int has_control(const char *s, const char **what) {
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    *what = (const char *)p;
+    if ((*p < 0x20 && *p != '\n' && *p != '\t') || *p == 0x7f) return 1;
+    if (*p == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f) return 1;
+    if (!strncmp((const char *)p, "\u202e", 3)) return 1;
+  }
+  return 0;
+}
+
+static void expect_plain(const char *s, const char *cmd) {
+  const char *at = NULL;
+  cr_expect(!has_control(s, &at), "%s: a control character at byte %zu of:\n%s", cmd,
+            (size_t)(at - s), s);
+}
+
+/* fsdpctl trusts no server: what a reply says (a node's hostname, a job's
+ * name and reason, a drain reason, an error, a watch message) reaches the
+ * terminal with its control characters escaped, in tables, lines, errors
+ * and JSON (the same strings to a parser). A rank's log is its own bytes:
+ * piped, byte for byte; on a terminal, escaped too, but for its newlines
+ * and tabs, with a character cut between two chunks shown whole. */
+Test(fsdpctl, a_servers_control_characters_are_shown_escaped, .timeout = 60) {
+  hostile = 1;
+  fake_start(NULL, NULL);
+  static const struct {
+    const char *args[6], *want; /* in stdout, or else stderr */
+    int code;
+  } cases[] = {
+      {{"nodes"}, "host-\\x1b]0;owned\\x07", 0},
+      {{"jobs"}, "gnp\\u202eexe.txt", 0},
+      {{"jobs"}, "\\x1b[2J\\u009b31mred\\x7f", 0},
+      {{"status", "j-42"}, "\\x1b[2J\\u009b31mred\\x7f", 0},
+      {{"status", "j-42"}, "host-\\x1b]0;owned\\x07", 0},
+      {{"drain", "n-1", "--reason", "disk"}, "drained: \\x1b[2J\\u009b31mred\\x7f (1 device", 0},
+      {{"status", "j-evil"}, "\\x1b]52;c;aGk=\\x07no such job", 3},
+      {{"watch", "j-bad"}, "rank 0 exited\\x1b[1A\\x1b[2K", 1},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    const int rc = ctl(cases[i].args);
+    cr_expect_eq(rc, cases[i].code, "%s: exit %d: %s", cases[i].args[0], rc, err);
+    expect_plain(out, cases[i].args[0]);
+    expect_plain(err, cases[i].args[0]);
+    cr_expect(strstr(out, cases[i].want) || strstr(err, cases[i].want),
+              "%s: \"%s\" in neither:\n%s\n%s", cases[i].args[0], cases[i].want, out, err);
+  }
+  /* JSON in ASCII, which a parser reads back as the server's strings */
+  cr_assert_eq(CTL("jobs", "--output", "json"), 0, "%s", err);
+  expect_plain(out, "jobs --output json");
+  json_error_t je;
+  json_t *j = json_loads(out, 0, &je);
+  cr_assert_not_null(j, "%s: %s", je.text, out);
+  cr_expect_str_eq(json_string_value(json_object_get(json_object_get(json_array_get(j, 0), "spec"), "name")), EVIL_NAME);
+  cr_expect_str_eq(json_string_value(json_object_get(json_array_get(j, 1), "reason")), EVIL_REASON);
+  json_decref(j);
+  /* the log: raw through a pipe, escaped on a terminal */
+  cr_assert_eq(CTL("logs", "j-42"), 0, "%s", err);
+  cr_expect_str_eq(out, "\x1b]0;log\x07 caf\u00e9\tok\nend\n");
+  cr_assert_eq(ctl_pty(80, (const char *const[]){"logs", "j-42", NULL}), 0, "%s", out);
+  expect_plain(out, "logs on a terminal");
+  expect_in(out, "\\x1b]0;log\\x07 caf\u00e9\tok\nend\n");
 }
 
 /* A coordinator in TLS and a node whose fsdpd serves without a certificate

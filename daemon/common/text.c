@@ -1,0 +1,31 @@
+/* text: control characters shown as text (text.h). */
+#include "daemon/common/text.h"
+
+#include <stdio.h>
+#include <unistr.h>
+
+int text_control(uint32_t u) {
+  return (u < 0x20 && u != '\t') || (u >= 0x7f && u < 0xa0) || u == 0x61c || u == 0x200e ||
+         u == 0x200f || (u >= 0x202a && u <= 0x202e) || (u >= 0x2066 && u <= 0x2069);
+}
+
+size_t text_escape(char *out, const char *s, size_t n, unsigned flags, size_t *used) {
+  const uint8_t *p = (const uint8_t *)s;
+  size_t i = 0, w = 0;
+  while (i < n) {
+    ucs4_t u;
+    const int len = u8_mbtoucr(&u, p + i, n - i); /* -1 invalid, -2 cut at the end */
+    if (len == -2 && used) break;
+    if (len < 0) {
+      w += (size_t)sprintf(out + w, "\\x%02x", p[i++]);
+    } else if (text_control(u) && !(u == '\n' && (flags & TEXT_KEEP_NL))) {
+      w += (size_t)sprintf(out + w, u < 0x80 ? "\\x%02x" : "\\u%04x", (unsigned)u);
+      i += (size_t)len;
+    } else {
+      for (int k = 0; k < len; k++) out[w++] = (char)p[i++];
+    }
+  }
+  out[w] = 0;
+  if (used) *used = i;
+  return w;
+}

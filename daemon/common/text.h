@@ -1,0 +1,35 @@
+/* text: what of text from elsewhere (a server's reply, a node's report) may
+ * reach a terminal as it is. One definition of a control character, which
+ * the coordinator refuses in what users send and mends in what nodes
+ * report, and fsdpctl escapes in everything it prints from a reply, for it
+ * trusts no server: a node's hostname or a job's reason could otherwise
+ * carry escape sequences that retitle, clear or rewrite the user's terminal.
+ * In the wire library (libfsdp_rpc): what links it and calls these links
+ * libunistring too. */
+#ifndef FSDP_TEXT_H
+#define FSDP_TEXT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define TEXT_KEEP_NL 1u /* text_escape: '\n' passes (text of several lines, a log) */
+/* The most bytes text_escape writes for n bytes, its NUL included. */
+#define TEXT_ESCAPED_MAX(n) (4 * (n) + 1)
+
+/* 1 when a terminal may act on code point u rather than show it: a C0
+ * control but tab, DEL, a C1 control (0x9b is an 8-bit CSI, an escape
+ * sequence's start), or a bidirectional override, embedding, isolate or
+ * mark (U+202E makes a line read backwards). */
+int text_control(uint32_t u);
+
+/* The n bytes at s into out (TEXT_ESCAPED_MAX(n) bytes), NUL-terminated,
+ * as plain text: a control character (text_control, and '\n' unless flags
+ * has TEXT_KEEP_NL) becomes "\xHH" below U+0080, "\uHHHH" from there, and a
+ * byte that is not part of valid UTF-8 "\xHH"; the rest is copied. With
+ * used, a UTF-8 sequence cut at the end of s is left for the caller to
+ * prepend to what comes next (a stream's next chunk) and *used says how
+ * many bytes were taken; without, it is escaped like an invalid byte.
+ * Returns the length written. */
+size_t text_escape(char *out, const char *s, size_t n, unsigned flags, size_t *used);
+
+#endif
