@@ -135,6 +135,16 @@ int report_open_from_env(report_t **out) {
   return FSDP_OK;
 }
 
+/* Closes the channel both ways: the lease's reader (a descriptor of its
+ * own on the same socket) sees its end and goes, and so the daemon sees
+ * the channel's end now, not at the process's exit. */
+static void report_shut(report_t *r) {
+  if (r->fd < 0) return;
+  shutdown(r->fd, SHUT_RDWR); /* a pipe given by hand: ENOTSOCK, nothing to do */
+  close(r->fd);
+  r->fd = -1;
+}
+
 /* One frame; a failure closes the channel (training goes on). */
 static int report_send(report_t *r, int rank, const Fsdp__V1__RankReport *rep) {
   uint8_t buf[8192]; /* a status with every category is a few hundred bytes; a shard, its path */
@@ -144,8 +154,7 @@ static int report_send(report_t *r, int rank, const Fsdp__V1__RankReport *rep) {
   if (frame_write(r->fd, buf, n)) {
     fprintf(stderr, "fsdp-train: rank %d: reports to the node daemon stopped (%s); training goes on\n",
             rank, err_msg());
-    close(r->fd);
-    r->fd = -1;
+    report_shut(r);
     return FSDP_EPEER;
   }
   return FSDP_OK;
@@ -217,6 +226,6 @@ int report_checkpoint(void *ctx, const train_ckpt_t *k) {
 
 void report_close(report_t *r) {
   if (!r) return;
-  if (r->fd >= 0) close(r->fd);
+  report_shut(r);
   free(r);
 }
