@@ -882,6 +882,7 @@ static table_t *ctl_job_table(const Fsdp__V1__Job *j) {
   table_cell(t, "ranks"), table_cell(t, "%u", j->spec ? j->spec->world_size : 0);
   table_cell(t, "attempt"), table_cell(t, "%u (restarts %u of %u)", j->attempt, j->restarts,
                                       j->spec ? j->spec->max_restarts : 0);
+  if (*j->previous_attempt) table_cell(t, "before"), table_cell(t, "%s", j->previous_attempt);
   table_age(buf, sizeof buf, now, j->submitted_unix_ms);
   table_cell(t, "submitted"), table_cell(t, "%s%s", buf, j->submitted_unix_ms ? " ago" : "");
   table_age(buf, sizeof buf, now, j->started_unix_ms);

@@ -220,6 +220,17 @@ static Fsdp__V1__Job *coord_job_msg(coord_t *c, coord_arena_t *a, const store_jo
   const int64_t ck = store_ckpt_last_committed(c->st, j->id);
   m->last_checkpoint_step = ck > 0 ? ck : 0;
   if (with_ranks && coord_ranks_msg(c, a, j, &m->ranks, &m->n_ranks)) a->failed = 1;
+  /* a running attempt after the first: how the one before it ended (a
+   * waiting or ended job's reason says that already) */
+  char outcome[16], why[STORE_REASON_MAX], prev[STORE_REASON_MAX + 64];
+  if (with_ranks && j->state == STORE_JOB_RUNNING && j->epoch > 1 &&
+      store_attempt_ended(c->st, j->id, j->epoch - 1, outcome, sizeof outcome, why, sizeof why) > 0) {
+    snprintf(prev, sizeof prev, "attempt %lld %s: %s", (long long)j->epoch - 1,
+             !strcmp(outcome, "FAILED") ? "failed" : !strcmp(outcome, "CANCELLED") ? "was stopped"
+                                                                                    : "ended",
+             why[0] ? why : "no reason given");
+    m->previous_attempt = coord_str(a, prev);
+  }
   return m;
 }
 

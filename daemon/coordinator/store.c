@@ -2078,6 +2078,24 @@ int store_ckpt_close(store_t *st, int64_t job_id, int64_t step, int64_t epoch,
   return store_end(st, 0);
 }
 
+int store_attempt_ended(store_t *st, int64_t job_id, int64_t epoch, char *outcome,
+                        size_t outcome_len, char *reason, size_t reason_len) {
+  int rc = store_begin(st, 0);
+  if (rc) return rc;
+  int found = 0;
+  sqlite3_stmt *s = st_query(st, "SELECT coalesce(outcome, ''), reason FROM attempts "
+                             "WHERE job_id = ? AND epoch = ? AND ended_ms IS NOT NULL",
+                             A_I(job_id), A_I(epoch));
+  if (st_step(st, s) == 1) {
+    st_col_text(s, 0, outcome, outcome_len);
+    st_col_text(s, 1, reason, reason_len);
+    sqlite3_reset(s);
+    found = 1;
+  }
+  rc = store_end(st, 0);
+  return rc ? rc : found;
+}
+
 int64_t store_ckpt_last_committed(store_t *st, int64_t job_id) {
   if (store_begin(st, 0)) return -1;
   const int64_t step = st_int(st, -1, "SELECT coalesce(max(step), 0) FROM checkpoints "

@@ -1212,6 +1212,31 @@ Test(coordinator, with_a_token_per_node_a_node_acts_only_as_itself) {
 /* A node that registers again without both ranks of a running attempt
  * fails it once: the job waits to restart after its first failure, not
  * after the second, which found the attempt already ended. */
+/* A job's second attempt, running: GetJob (and fsdpctl status) says how
+ * the first ended; the first attempt itself says nothing of the kind. */
+Test(coordinator, a_restarted_jobs_status_says_how_its_last_attempt_ended) {
+  char d[600], id[32], a[64], out[8192];
+  data_opt(d, sizeof d);
+  node_t n = {{0}, 0};
+  node_register(&n, "solo", 2, 8ull << 30, NULL, 0);
+  const char *kv[] = {"model=tiny", d, NULL};
+  cr_assert_eq(submit_with(2, kv, 1, id, sizeof id), 0, "%s", err_msg());
+  cr_assert_eq(collect(&n, id, 2, NULL), 2);
+  Fsdp__V1__GetJobReply *g = get_job(id);
+  cr_expect_str_eq(g->job->previous_attempt, "", "the first attempt");
+  reply_free(g);
+  cr_assert_eq(report_exit(&n, id, 1, 1, 3), 0, "%s", err_msg());
+  cr_assert_eq(collect(&n, id, 2, NULL), 2, "the second attempt was not placed");
+  g = get_job(id);
+  cr_expect_eq(g->job->attempt, 2);
+  cr_expect(strstr(g->job->previous_attempt, "attempt 1 failed") &&
+            strstr(g->job->previous_attempt, "rank 1"), "previous: %s", g->job->previous_attempt);
+  reply_free(g);
+  snprintf(a, sizeof a, "status %s", id);
+  cr_assert_eq(cluster_ctl(co.addr, a, out, sizeof out), 0, "%s", out);
+  cr_expect(strstr(out, "before") && strstr(out, "attempt 1 failed"), "%s", out);
+}
+
 Test(coordinator, an_attempt_failed_twice_keeps_its_first_failure) {
   char d[600], id[32];
   data_opt(d, sizeof d);
