@@ -469,6 +469,23 @@ static void ckpt_roots(const char *name, char **ck, char **ref) {
   cr_assert_eq(mkdir(*ref, 0755), 0);
 }
 
+/* A 2-rank job of `steps` steps (extra: more [train] lines) checkpointed
+ * every `every` into a fresh root name (*ck; its uninterrupted twin's in
+ * *ref), submitted with opts and running: its job file (the caller frees
+ * it, and *ck and *ref), its id in job (32 bytes). */
+static char *ckpt_job(const char *name, int steps, const char *extra, int every, const char *opts,
+                      char **ck, char **ref, char *job) {
+  char text[1024], file[160];
+  ckpt_roots(name, ck, ref);
+  snprintf(text, sizeof text, "steps = %d\n%s[output]\ncheckpoint_dir = %s\ncheckpoint_every = %d\n",
+           steps, extra, *ck, every);
+  snprintf(file, sizeof file, "%s.conf", name);
+  char *conf = job_file(file, text);
+  snprintf(job, 32, "%s", submit(conf, opts));
+  cr_assert(wait_state(job, "RUNNING", 10));
+  return conf;
+}
+
 /* The job file run uninterrupted by fsdp-launch (2 ranks) into ref: its
  * step's shards must be those the service wrote into ck, byte for byte. */
 static void matches_uninterrupted(const char *conf, const char *ck, const char *ref, int step) {
@@ -486,15 +503,9 @@ static void matches_uninterrupted(const char *conf, const char *ck, const char *
  * committed, the job restarted once and resumed, ending with the bytes of
  * the uninterrupted run. */
 static void killed_rank_resumes(const char *extra, int steps, int every) {
-  char *ck, *ref, text[1024], a[2048];
+  char *ck, *ref, a[2048], job[32];
   static char out[1 << 16];
-  ckpt_roots("ck-service", &ck, &ref);
-  snprintf(text, sizeof text, "steps = %d\n%s[output]\ncheckpoint_dir = %s\ncheckpoint_every = %d\n",
-           steps, extra, ck, every);
-  char *conf = job_file("resume.conf", text);
-  char job[32];
-  snprintf(job, sizeof job, "%s", submit(conf, "--ranks 2 --max-restarts 1"));
-  cr_assert(wait_state(job, "RUNNING", 10));
+  char *conf = ckpt_job("ck-service", steps, extra, every, "--ranks 2 --max-restarts 1", &ck, &ref, job);
   /* the first checkpoint committed, then a rank killed */
   char man[800], dir[700];
   snprintf(man, sizeof man, "%s/step-%08d/manifest.json", ck, every);
@@ -659,15 +670,9 @@ static const char *ckpt_line(const char *out, int step) {
  * heard of). */
 Test(cluster, a_checkpoint_the_ranks_cannot_write_is_aborted_with_their_error) {
   cluster_fsdpd_start(&node[0], coord.addr, "solo", 2, NULL);
-  char *ck, *ref, text[1024], a[256];
+  char *ck, *ref, a[256], job[32];
   static char out[1 << 16];
-  ckpt_roots("ck-ro", &ck, &ref);
-  snprintf(text, sizeof text, "steps = 1200\n[output]\ncheckpoint_dir = %s\ncheckpoint_every = 300\n",
-           ck);
-  char *conf = job_file("ro.conf", text);
-  char job[32];
-  snprintf(job, sizeof job, "%s", submit(conf, "--ranks 2"));
-  cr_assert(wait_state(job, "RUNNING", 10));
+  char *conf = ckpt_job("ck-ro", 1200, "", 300, "--ranks 2", &ck, &ref, job);
   char man[800];
   snprintf(man, sizeof man, "%s/step-00000300/manifest.json", ck);
   const double t0 = tu_now_s();
@@ -795,19 +800,31 @@ static int wait_step(const char *job, int step, double timeout_s) {
   return 0;
 }
 
+/* A byte of step's shard 1 under ck flipped. */
+static void shard_flip(const char *ck, int step) {
+  char sh[900];
+  snprintf(sh, sizeof sh, "%s/step-%08d/shard-00001-of-00002.fsdp", ck, step);
+  struct stat st;
+  cr_assert_eq(stat(sh, &st), 0, "%s", sh);
+  FILE *f = fopen(sh, "r+b");
+  cr_assert_not_null(f, "%s", sh);
+  fseek(f, st.st_size / 2, SEEK_SET);
+  const int c = fgetc(f);
+  fseek(f, st.st_size / 2, SEEK_SET);
+  fputc(c ^ 0x10, f);
+  fclose(f);
+}
+
 /* The job of `steps` steps, checkpointed every `every`, preempted once
- * rank 0 logged step `at` (see below). */
-static void preempted_resumes(int gpu, int steps, int every, int at) {
+ * rank 0 logged step `at` (see below); with damage, the checkpoint of the
+ * step it stopped at is damaged before it runs again: it resumes from the
+ * committed one before, and the coordinator lists the damaged one as such. */
+static void preempted_resumes(int gpu, int steps, int every, int at, int damage) {
   if (node_start(0, "first", 2 * gpu)) cr_skip_test("the emulated CUDA plugin is not built here (no nvcc)");
-  char *ck, *ref, text[1024], a[2048];
+  char *ck, *ref, a[2048], job[32];
   static char out[1 << 16];
-  ckpt_roots("ck-preempt", &ck, &ref);
-  snprintf(text, sizeof text, "steps = %d\n%s[output]\ncheckpoint_dir = %s\ncheckpoint_every = %d\n",
-           steps, gpu ? "device = cuda\n" : "", ck, every);
-  char *conf = job_file("preempt.conf", text);
-  char job[32];
-  snprintf(job, sizeof job, "%s", submit(conf, "--ranks 2 --max-restarts 0"));
-  cr_assert(wait_state(job, "RUNNING", 10));
+  char *conf = ckpt_job("ck-preempt", steps, gpu ? "device = cuda\n" : "", every,
+                        "--ranks 2 --max-restarts 0", &ck, &ref, job);
   cr_assert(wait_step(job, at, 60), "rank 0 did not log step %d within 60 s", at);
   cluster_stop(&node[0], SIGTERM);
   cr_assert(wait_state(job, "PENDING", 10), "%s", state_of(job, out, sizeof out) ? out : "");
@@ -815,8 +832,10 @@ static void preempted_resumes(int gpu, int steps, int every, int at) {
   cluster_ctl(coord.addr, a, out, sizeof out);
   cr_assert(strstr(out, "\"restarts\": 0") && strstr(out, "preempted"), "%s", out);
   int odd;
-  cr_assert_geq(committed_steps(ck, steps, every, &odd), 1);
-  cr_assert_gt(odd, 0, "no checkpoint of the step the job stopped at");
+  cr_assert_geq(committed_steps(ck, steps, every, &odd), 1 + damage);
+  cr_assert_gt(odd, every * damage, "no checkpoint of the step the job stopped at");
+  const int from = damage ? odd / every * every : odd;
+  if (damage) shard_flip(ck, odd);
   /* another node takes it, from that checkpoint */
   cr_assert_eq(node_start(1, "second", 2 * gpu), 0);
   snprintf(a, sizeof a, "watch %s", job);
@@ -824,10 +843,25 @@ static void preempted_resumes(int gpu, int steps, int every, int at) {
   snprintf(a, sizeof a, "logs %s --rank 0", job);
   cluster_ctl(coord.addr, a, out, sizeof out);
   char want[64];
-  snprintf(want, sizeof want, "at step %d ", odd);
+  snprintf(want, sizeof want, "at step %d ", from);
   cr_assert(strstr(out, "resumed from") && strstr(out, want), "not resumed at step %d:\n%.2000s",
-            odd, out);
+            from, out);
+  cr_assert(!damage || strstr(out, "is damaged"), "%.2000s", out);
+  if (damage) {
+    snprintf(a, sizeof a, "checkpoints %s", job);
+    cluster_ctl(coord.addr, a, out, sizeof out);
+    const char *line = ckpt_line(out, odd);
+    cr_expect(strstr(line, "ABORTED") && strstr(line, "damaged"), "step %d: %s\n%s", odd, line, out);
+    cr_expect(strstr(ckpt_line(out, steps), "COMMITTED"), "%s", out);
+  }
   matches_uninterrupted(conf, ck, ref, steps);
+  if (damage) { /* its files go once the job has ended */
+    char dir[800];
+    snprintf(dir, sizeof dir, "%s/step-%08d", ck, odd);
+    for (const double t0 = tu_now_s(); !access(dir, F_OK) && tu_now_s() - t0 < 10;)
+      nanosleep(&(struct timespec){0, 50000000}, NULL);
+    cr_expect_neq(access(dir, F_OK), 0, "the damaged %s is still there after the job ended", dir);
+  }
   free(ck), free(ref), free(conf);
 }
 
@@ -836,12 +870,12 @@ static void preempted_resumes(int gpu, int steps, int every, int at) {
  * PENDING without spending a restart (max_restarts 0), runs on another node
  * from that checkpoint, and ends with the bytes of an uninterrupted run. */
 Test(cluster, a_preempted_job_checkpoints_requeues_and_resumes_exactly) {
-  preempted_resumes(0, 3000, 1000, 100); /* stopped some steps later, before 1000 */
+  preempted_resumes(0, 3000, 1000, 100, 0); /* stopped some steps later, before 1000 */
 }
 
 /* The same for a cuda job on emulated GPUs. */
 Test(cluster, a_preempted_cuda_job_checkpoints_requeues_and_resumes_exactly) {
-  preempted_resumes(1, 80, 40, 5);
+  preempted_resumes(1, 80, 40, 5, 0);
 }
 
 /* `fsdpctl resume` of a cancelled job: back to PENDING with its restarts
@@ -854,59 +888,7 @@ Test(cluster, a_preempted_cuda_job_checkpoints_requeues_and_resumes_exactly) {
  * with the bytes of an uninterrupted run, and the damaged step's files go
  * once it has ended. */
 Test(cluster, a_damaged_newest_checkpoint_is_committed_no_more_and_the_job_ends_exactly) {
-  cr_assert_eq(node_start(0, "first", 0), 0);
-  char *ck, *ref, text[1024], a[2048];
-  static char out[1 << 16];
-  ckpt_roots("ck-damage", &ck, &ref);
-  snprintf(text, sizeof text, "steps = 3000\n[output]\ncheckpoint_dir = %s\ncheckpoint_every = 100\n",
-           ck);
-  char *conf = job_file("damage.conf", text);
-  char job[32];
-  snprintf(job, sizeof job, "%s", submit(conf, "--ranks 2 --max-restarts 0"));
-  cr_assert(wait_state(job, "RUNNING", 10));
-  cr_assert(wait_step(job, 150, 60), "rank 0 did not log step 150 within 60 s");
-  cluster_stop(&node[0], SIGTERM); /* preempted: a checkpoint of the step it stopped at */
-  cr_assert(wait_state(job, "PENDING", 10), "%s", state_of(job, out, sizeof out) ? out : "");
-  int odd;
-  const int before = committed_steps(ck, 3000, 100, &odd);
-  cr_assert_geq(before, 2);
-  cr_assert_gt(odd, 100, "no checkpoint of the step the job stopped at");
-  const int back = odd / 100 * 100; /* the committed one before it */
-  char sh[900];
-  snprintf(sh, sizeof sh, "%s/step-%08d/shard-00001-of-00002.fsdp", ck, odd);
-  struct stat st;
-  cr_assert_eq(stat(sh, &st), 0, "%s", sh);
-  FILE *f = fopen(sh, "r+b");
-  cr_assert_not_null(f, "%s", sh);
-  fseek(f, st.st_size / 2, SEEK_SET);
-  const int c = fgetc(f);
-  fseek(f, st.st_size / 2, SEEK_SET);
-  fputc(c ^ 0x10, f);
-  fclose(f);
-  cr_assert_eq(node_start(1, "second", 0), 0);
-  snprintf(a, sizeof a, "watch %s", job);
-  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
-  snprintf(a, sizeof a, "logs %s --rank 0", job);
-  cluster_ctl(coord.addr, a, out, sizeof out);
-  char want[64];
-  snprintf(want, sizeof want, "at step %d ", back);
-  cr_assert(strstr(out, "is damaged") && strstr(out, "resumed from") && strstr(out, want),
-            "not resumed at step %d past the damaged %d:\n%.3000s", back, odd, out);
-  snprintf(a, sizeof a, "checkpoints %s", job);
-  cluster_ctl(coord.addr, a, out, sizeof out);
-  const char *line = ckpt_line(out, odd);
-  cr_expect(strstr(line, "ABORTED") && strstr(line, "damaged"), "step %d: %s\n%s", odd, line, out);
-  cr_expect(strstr(ckpt_line(out, 3000), "COMMITTED"), "%s", out);
-  snprintf(a, sizeof a, "--output json status %s", job);
-  cluster_ctl(coord.addr, a, out, sizeof out);
-  cr_expect(strstr(out, "\"last_checkpoint_step\": 3000"), "%s", out);
-  matches_uninterrupted(conf, ck, ref, 3000);
-  char dir[800];
-  snprintf(dir, sizeof dir, "%s/step-%08d", ck, odd);
-  for (const double t0 = tu_now_s(); !access(dir, F_OK) && tu_now_s() - t0 < 10;)
-    nanosleep(&(struct timespec){0, 50000000}, NULL);
-  cr_expect_neq(access(dir, F_OK), 0, "the damaged %s is still there after the job ended", dir);
-  free(ck), free(ref), free(conf);
+  preempted_resumes(0, 3000, 100, 150, 1);
 }
 
 Test(cluster, a_cancelled_job_resumes_from_its_last_checkpoint) {

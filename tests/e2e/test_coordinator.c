@@ -1209,19 +1209,23 @@ Test(coordinator, with_a_token_per_node_a_node_acts_only_as_itself) {
   free(u), free(nt), free(db), free(ta), free(tb);
 }
 
-/* A node that registers again without both ranks of a running attempt
- * fails it once: the job waits to restart after its first failure, not
- * after the second, which found the attempt already ended. */
+/* Node "solo" (2 devices) registered, and a 2-rank job of the tiny model
+ * that may restart once, placed on it (its id in id, 32 bytes). */
+static void solo_job_restartable(node_t *n, char *id) {
+  char d[600];
+  data_opt(d, sizeof d);
+  node_register(n, "solo", 2, 8ull << 30, NULL, 0);
+  const char *kv[] = {"model=tiny", d, NULL};
+  cr_assert_eq(submit_with(2, kv, 1, id, 32), 0, "%s", err_msg());
+  cr_assert_eq(collect(n, id, 2, NULL), 2);
+}
+
 /* A job's second attempt, running: GetJob (and fsdpctl status) says how
  * the first ended; the first attempt itself says nothing of the kind. */
 Test(coordinator, a_restarted_jobs_status_says_how_its_last_attempt_ended) {
-  char d[600], id[32], a[64], out[8192];
-  data_opt(d, sizeof d);
+  char id[32], a[64], out[8192];
   node_t n = {{0}, 0};
-  node_register(&n, "solo", 2, 8ull << 30, NULL, 0);
-  const char *kv[] = {"model=tiny", d, NULL};
-  cr_assert_eq(submit_with(2, kv, 1, id, sizeof id), 0, "%s", err_msg());
-  cr_assert_eq(collect(&n, id, 2, NULL), 2);
+  solo_job_restartable(&n, id);
   Fsdp__V1__GetJobReply *g = get_job(id);
   cr_expect_str_eq(g->job->previous_attempt, "", "the first attempt");
   reply_free(g);
@@ -1237,14 +1241,13 @@ Test(coordinator, a_restarted_jobs_status_says_how_its_last_attempt_ended) {
   cr_expect(strstr(out, "before") && strstr(out, "attempt 1 failed"), "%s", out);
 }
 
+/* A node that registers again without both ranks of a running attempt
+ * fails it once: the job waits to restart after its first failure, not
+ * after the second, which found the attempt already ended. */
 Test(coordinator, an_attempt_failed_twice_keeps_its_first_failure) {
-  char d[600], id[32];
-  data_opt(d, sizeof d);
+  char id[32];
   node_t n = {{0}, 0};
-  node_register(&n, "solo", 2, 8ull << 30, NULL, 0);
-  const char *kv[] = {"model=tiny", d, NULL};
-  cr_assert_eq(submit_with(2, kv, 1, id, sizeof id), 0, "%s", err_msg());
-  cr_assert_eq(collect(&n, id, 2, NULL), 2);
+  solo_job_restartable(&n, id);
   Fsdp__V1__RankStatus st[2], *sp[2];
   running_ranks(st, sp, id, 1);
   reply_free(heartbeat(&n, sp, 2));
