@@ -8,6 +8,7 @@
 #include <inttypes.h>
 #include <jansson.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -662,6 +663,16 @@ void ckpt_manifest_free(ckpt_manifest_t *m) {
   memset(m, 0, sizeof *m);
 }
 
+/* 1 when name, in a checkpoint root, is exactly the format's name of a
+ * step directory (step-<N, 8 digits>, ckpt_step_dir), its step in *step;
+ * 0 for any other name. */
+static int ckpt_step_name(const char *name, long long *step) {
+  char tail, own[32];
+  if (sscanf(name, "step-%lld%c", step, &tail) != 1 || *step < 0) return 0;
+  snprintf(own, sizeof own, "step-%08lld", *step);
+  return !strcmp(own, name);
+}
+
 int ckpt_latest(const char *root, char *buf, size_t len) {
   ckpt_manifest_t m;
   if (!ckpt_manifest_read(root, &m)) {
@@ -681,12 +692,9 @@ int ckpt_latest_below(const char *root, long long below, char *buf, size_t len) 
   for (struct dirent *e; (e = readdir(d));) {
     long long step;
     shards |= !strncmp(e->d_name, "shard-", 6);
-    char tail;
-    if (sscanf(e->d_name, "step-%lld%c", &step, &tail) != 1 || step <= best || step >= below)
-      continue;
+    if (!ckpt_step_name(e->d_name, &step) || step <= best || step >= below) continue;
     char dir[4096];
     ckpt_step_dir(dir, sizeof dir, root, step);
-    if (strcmp(dir + strlen(root) + 1, e->d_name)) continue; /* only the format's own names */
     if (!ckpt_manifest_read(dir, &m) && m.step == step) best = step;
     ckpt_manifest_free(&m);
   }
@@ -761,10 +769,9 @@ int ckpt_retain(const char *root, int keep) {
   int rc = FSDP_OK;
   for (struct dirent *e; (e = readdir(d)) && !rc;) {
     long long step;
-    char tail, dir[4096];
-    if (sscanf(e->d_name, "step-%lld%c", &step, &tail) != 1 || step < 0) continue;
+    char dir[4096];
+    if (!ckpt_step_name(e->d_name, &step)) continue;
     ckpt_step_dir(dir, sizeof dir, root, step);
-    if (strcmp(dir + strlen(root) + 1, e->d_name)) continue;
     ckpt_manifest_t m;
     if (ckpt_manifest_read(dir, &m)) continue; /* only committed ones count, and go */
     ckpt_manifest_free(&m);
@@ -784,6 +791,103 @@ int ckpt_retain(const char *root, int keep) {
   }
   free(steps);
   return rc;
+}
+
+/* ---- leftovers ---------------------------------------------------------------- */
+
+static int64_t ckpt_mtime_ms(const struct stat *st) {
+  return (int64_t)st->st_mtim.tv_sec * 1000 + st->st_mtim.tv_nsec / 1000000;
+}
+
+/* l is left, saying why: 1 (reported). */
+static int ckpt_left(ckpt_leftover_t *l, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static int ckpt_left(ckpt_leftover_t *l, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(l->why, sizeof l->why, fmt, ap);
+  va_end(ap);
+  return 1;
+}
+
+/* Looks into step directory name of root (rfd) and removes it when it is a
+ * leftover (ckpt_sweep): 1 when l says what became of it (removed, or left
+ * for something unexpected), 0 when it is left silently (committed, still
+ * fresh, gone meanwhile). */
+static int ckpt_leftover_take(int rfd, const char *name, int64_t now_ms, int64_t quiet_ms,
+                              ckpt_leftover_t *l) {
+  struct stat st;
+  if (fstatat(rfd, name, &st, AT_SYMLINK_NOFOLLOW))
+    return errno == ENOENT ? 0 : ckpt_left(l, "%s: %s", name, strerror(errno));
+  if (!S_ISDIR(st.st_mode)) return ckpt_left(l, "%s is not a directory (a link?)", name);
+  int64_t newest = ckpt_mtime_ms(&st);
+  const int sfd = openat(rfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (sfd < 0) return errno == ENOENT ? 0 : ckpt_left(l, "%s: %s", name, strerror(errno));
+  DIR *d = fdopendir(sfd);
+  if (!d) {
+    close(sfd);
+    return ckpt_left(l, "%s: %s", name, strerror(errno));
+  }
+  int committed = 0;
+  for (struct dirent *e; !committed && !l->why[0] && (e = readdir(d));) {
+    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+    if (!strcmp(e->d_name, CKPT_MANIFEST)) committed = 1; /* never a committed one */
+    else if (!ckpt_own_name(e->d_name))
+      ckpt_left(l, "%s holds %.64s, which is no name of the checkpoint format", name, e->d_name);
+    else if (fstatat(sfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW)) {
+      if (errno != ENOENT) ckpt_left(l, "%s/%.64s: %s", name, e->d_name, strerror(errno));
+    } else if (!S_ISREG(st.st_mode))
+      ckpt_left(l, "%s holds %.64s, which is not a regular file (a link?)", name, e->d_name);
+    else {
+      if (ckpt_mtime_ms(&st) > newest) newest = ckpt_mtime_ms(&st);
+      l->files++, l->bytes += (uint64_t)st.st_size;
+    }
+  }
+  l->age_ms = now_ms - newest;
+  if (committed || l->why[0] || l->age_ms < quiet_ms) { /* a clock behind the files: fresh */
+    closedir(d);
+    return l->why[0] != 0;
+  }
+  rewinddir(d);
+  for (struct dirent *e; !l->why[0] && (e = readdir(d));)
+    if (ckpt_own_name(e->d_name) && strcmp(e->d_name, CKPT_MANIFEST) &&
+        unlinkat(sfd, e->d_name, 0) && errno != ENOENT)
+      ckpt_left(l, "cannot remove %s/%.64s: %s", name, e->d_name, strerror(errno));
+  closedir(d);
+  if (!l->why[0] && unlinkat(rfd, name, AT_REMOVEDIR) && errno != ENOENT)
+    ckpt_left(l, "%s is not empty after its files were removed (something was put there "
+              "meanwhile): %s", name, strerror(errno));
+  l->removed = !l->why[0];
+  return 1;
+}
+
+int ckpt_sweep(const char *root, const int64_t *skip, int nskip, int64_t now_ms, int64_t quiet_ms,
+               ckpt_leftover_t *out, int max, int *n) {
+  *n = 0;
+  const int rfd = open(root, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (rfd < 0 && errno == ENOENT) return FSDP_OK;
+  if (rfd < 0)
+    return err_set_errno(err_from_errno(errno), errno, "checkpoints: %s cannot be opened as a "
+                         "directory (a link is not followed); its leftovers are left", root);
+  DIR *d = fdopendir(rfd);
+  if (!d) {
+    close(rfd);
+    return err_set_errno(err_from_errno(errno), errno, "checkpoints: cannot list %s", root);
+  }
+  int left = 0;
+  for (struct dirent *e; *n < max && (e = readdir(d));) {
+    long long step;
+    int skipped = 0;
+    if (!ckpt_step_name(e->d_name, &step)) continue; /* not the format's: not looked at */
+    for (int i = 0; i < nskip && !skipped; i++) skipped = skip[i] == step;
+    ckpt_leftover_t l = {.step = step};
+    if (skipped || !ckpt_leftover_take(rfd, e->d_name, now_ms, quiet_ms, &l)) continue;
+    if (!l.removed && left >= max / 2) continue; /* said enough: removals keep their room */
+    left += !l.removed;
+    out[(*n)++] = l;
+  }
+  closedir(d);
+  return FSDP_OK;
 }
 
 /* ---- reading by flat index ---------------------------------------------------- */

@@ -208,4 +208,33 @@ int ckpt_remove(const char *dir);
  * removed; uncommitted directories are not touched. */
 int ckpt_retain(const char *root, int keep);
 
+/* A step directory ckpt_sweep removed, or left saying why. */
+typedef struct ckpt_leftover {
+  int64_t step;
+  int removed;    /* 1: gone; 0: left (why) */
+  int files;      /* removed: the files it held ... */
+  uint64_t bytes; /* ... and their bytes */
+  int64_t age_ms; /* since it or a file in it last changed (mtime) */
+  char why[320];
+} ckpt_leftover_t;
+
+/* Removes root's leftover step directories, those no checkpoint will come
+ * of (a save cut short, a shard never reported): a name the format gives
+ * (step-<N, 8 digits>), a step not in skip (the caller's: the checkpoints it
+ * knows committed or still to be), no manifest, nothing in it but regular
+ * files of the format's names (shards and temporary names), and neither it
+ * nor any of them modified within quiet_ms before now_ms (unix ms). Its
+ * files go, then the directory. No link is followed: root must be a
+ * directory itself, and everything is opened and removed relative to it.
+ * Other names in root are not the format's and are not looked at; a step
+ * directory that is committed or still fresh is left silently. Each one
+ * removed, and each one left for something unexpected in it (a step name
+ * that is not a directory, a name or a file of another kind inside, an
+ * error), goes to out: at most max of them, and the sweep stops there,
+ * of which at most max / 2 left ones (those past it are passed over
+ * unsaid, so that a few odd directories never keep leftovers from going);
+ * *n says how many. A root that is gone is swept (nothing there). */
+int ckpt_sweep(const char *root, const int64_t *skip, int nskip, int64_t now_ms, int64_t quiet_ms,
+               ckpt_leftover_t *out, int max, int *n);
+
 #endif

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "daemon/common/err.h"
@@ -846,6 +847,50 @@ static void make_shard(const char *dir, int j, int64_t step, uint64_t run) {
 
 static void make_shards(const char *dir, int64_t step) {
   for (int j = 0; j < 3; j++) make_shard(dir, j, step, RUN_A);
+}
+
+/* ckpt_sweep removes an uncommitted step directory left alone for the
+ * quiet period, not one the caller names, not a fresh one; and odd step
+ * directories (links, here more than a sweep reports) are said up to half
+ * of its room, so that they never keep a leftover from going. */
+Test(ckpt, a_sweep_removes_old_leftovers_and_is_not_starved_by_odd_ones) {
+  char *root = mkdir_tmp("sweep"), dir[4096], path[4096];
+  const int64_t now = (int64_t)time(NULL) * 1000 + 3600 * 1000; /* all of it an hour old */
+  for (int i = 0; i < 12; i++) { /* links named as steps, listed in any order */
+    snprintf(dir, sizeof dir, "%s/step-%08d", root, 100 + i);
+    cr_assert_eq(symlink("/", dir), 0);
+  }
+  snprintf(dir, sizeof dir, "%s/step-00000004", root), make_shards(dir, 4); /* the caller's */
+  snprintf(dir, sizeof dir, "%s/step-00000008", root), make_shards(dir, 8); /* a leftover */
+  snprintf(path, sizeof path, "%s/.shard-00000-of-00003.fsdp.tmp.77", dir);
+  tu_write_file(path, "x", 1);
+  ckpt_leftover_t out[4];
+  int n = 0;
+  const int64_t skip[] = {4};
+  /* fresh (the quiet period longer than their age): nothing goes */
+  cr_assert_eq(ckpt_sweep(root, skip, 1, now, 2 * 3600 * 1000, out, 4, &n), 0, "%s", err_msg());
+  cr_assert_eq(access(dir, F_OK), 0, "a fresh leftover went");
+  cr_assert_eq(ckpt_sweep(root, skip, 1, now, 60 * 1000, out, 4, &n), 0, "%s", err_msg());
+  int removed = 0, left = 0;
+  for (int i = 0; i < n; i++) {
+    if (out[i].removed) {
+      removed++;
+      cr_expect_eq(out[i].step, 8);
+      cr_expect_eq(out[i].files, 4, "%d files", out[i].files);
+    } else {
+      left++;
+      cr_expect(strstr(out[i].why, "not a directory (a link?)"), "%s", out[i].why);
+    }
+  }
+  cr_expect_eq(removed, 1, "the leftover was not removed (%d left said)", left);
+  cr_expect_eq(left, 2, "%d links said, of a room of 4", left);
+  cr_expect_neq(access(dir, F_OK), 0, "%s is still there", dir);
+  snprintf(dir, sizeof dir, "%s/step-00000004/shard-00000-of-00003.fsdp", root);
+  cr_expect_eq(access(dir, F_OK), 0, "the caller's step went");
+  snprintf(dir, sizeof dir, "%s/step-00000100", root);
+  struct stat st;
+  cr_expect(!lstat(dir, &st) && S_ISLNK(st.st_mode), "a link went");
+  free(root);
 }
 
 /* Removal makes the manifest's removal durable (an fsync of the directory)
