@@ -454,7 +454,7 @@ int coord_ckpt_dir_free(coord_t *c, const char *dir, int64_t self) {
       return err_set(FSDP_EINVAL, "checkpoint_dir: %s is also that of a job submitted at the same "
                      "moment; give each job its own", dir);
   store_job_dir_t *v = NULL;
-  int n = 0, rc = store_jobs_by_checkpoint_dir(c->st, dir, &v, &n);
+  int n = 0, rc = store_jobs_by_checkpoint_dir(c->st, dir, 0, &v, &n);
   for (int i = 0; !rc && i < n; i++) {
     if (v[i].id == self) continue;
     const coord_job_t *x = v[i].dir_unknown ? coord_job_info(c, v[i].id) : NULL;

@@ -1676,16 +1676,40 @@ static void job_dir_row(sqlite3_stmt *s, void *item) {
   j->dir_unknown = sqlite3_column_type(s, 2) == SQLITE_NULL;
 }
 
-int store_jobs_by_checkpoint_dir(store_t *st, const char *dir, store_job_dir_t **jobs, int *n) {
+int store_jobs_by_checkpoint_dir(store_t *st, const char *dir, int any_state,
+                                 store_job_dir_t **jobs, int *n) {
   *jobs = NULL, *n = 0;
   int rc = store_begin(st, 0);
   if (rc) return rc;
   rc = st_collect(st, store_job_dir_t, job_dir_row, jobs, n,
                   /* +state: the planner would walk every live job through
-                   * jobs_state instead of the few rows of this directory */
+                   * jobs_state instead of the few rows of this directory
+                   * (NULL: live jobs only, stored before schema 6) */
                   "SELECT id, state, checkpoint_dir FROM jobs WHERE (checkpoint_dir = ? OR "
-                  "checkpoint_dir IS NULL) AND +state IN ('PENDING', 'RUNNING') ORDER BY id",
-                  A_T(dir));
+                  "checkpoint_dir IS NULL) AND (? OR +state IN ('PENDING', 'RUNNING')) ORDER BY id",
+                  A_T(dir), A_I(any_state != 0));
+  return store_end(st, rc);
+}
+
+int store_job_ckpt_dir_next(store_t *st, int64_t after_id, store_job_ckpt_dir_t *out) {
+  memset(out, 0, sizeof *out);
+  int rc = store_begin(st, 0);
+  if (rc) return rc;
+  /* '' (none) and NULL (not known) both sort before any path */
+  sqlite3_stmt *s = st_query(st, "SELECT j.id, j.state, j.checkpoint_dir, (SELECT a.ended_ms FROM "
+                             "attempts a WHERE a.job_id = j.id AND a.epoch = j.epoch) FROM jobs j "
+                             "WHERE j.id > ? AND j.checkpoint_dir > '' ORDER BY j.id LIMIT 1",
+                             A_I(after_id));
+  rc = st_step(st, s);
+  if (rc == 0) rc = err_set(FSDP_ENOENT, "no job after j-%lld has a checkpoint_dir",
+                            (long long)after_id);
+  if (rc == 1) {
+    out->id = sqlite3_column_int64(s, 0);
+    out->state = ST_ENUM(store_job_state_name, sqlite3_column_text(s, 1));
+    snprintf(out->dir, sizeof out->dir, "%s", (const char *)sqlite3_column_text(s, 2));
+    out->ended_ms = sqlite3_column_int64(s, 3); /* NULL (none, or running): 0 */
+    rc = FSDP_OK;
+  }
   return store_end(st, rc);
 }
 

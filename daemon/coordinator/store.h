@@ -458,10 +458,22 @@ typedef struct store_job_dir {
   store_job_state_t state;
   int dir_unknown; /* stored before schema 6: its spec says (the caller resolves it) */
 } store_job_dir_t;
-/* The PENDING and RUNNING jobs whose checkpoint_dir is dir, and those whose
- * directory the store does not know, by id, through the jobs_checkpoint_dir
- * index; free(*jobs). */
-int store_jobs_by_checkpoint_dir(store_t *st, const char *dir, store_job_dir_t **jobs, int *n);
+/* The PENDING and RUNNING jobs (any_state: every job the store keeps) whose
+ * checkpoint_dir is dir, and the live ones whose directory the store does
+ * not know, by id, through the jobs_checkpoint_dir index; free(*jobs). */
+int store_jobs_by_checkpoint_dir(store_t *st, const char *dir, int any_state,
+                                 store_job_dir_t **jobs, int *n);
+/* A job whose checkpoint directory the coordinator sweeps for leftover step
+ * directories (coord_ckpt_janitor). */
+typedef struct store_job_ckpt_dir {
+  int64_t id;
+  store_job_state_t state;
+  char dir[STORE_PATH_MAX];     /* its resolved checkpoint_dir */
+  int64_t ended_ms;             /* its last attempt's end; 0: none ran, or it runs */
+} store_job_ckpt_dir_t;
+/* The first job after after_id (by id) with a checkpoint_dir recorded;
+ * FSDP_ENOENT when there is none. */
+int store_job_ckpt_dir_next(store_t *st, int64_t after_id, store_job_ckpt_dir_t *out);
 /* The ids of the jobs in state, ascending (placement's walk over the
  * pending ones); free(*ids). */
 int store_job_ids(store_t *st, store_job_state_t state, int64_t **ids, int *n);

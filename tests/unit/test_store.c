@@ -1259,12 +1259,12 @@ Test(store, a_database_of_the_previous_schema_is_migrated_and_its_data_kept) {
   sqlite3_close(db);
   st = open_db("old.db");
   store_job_dir_t *v;
-  cr_assert_eq(store_jobs_by_checkpoint_dir(st, "/ck/a", &v, &n), 0, "%s", err_msg());
+  cr_assert_eq(store_jobs_by_checkpoint_dir(st, "/ck/a", 0, &v, &n), 0, "%s", err_msg());
   cr_assert(n == 1 && v[0].id == job && v[0].dir_unknown, "the live job of before is asked about");
   free(v);
   /* resumed, the ended one records the directory its spec resolved to */
   cr_assert_eq(store_job_resume(st, ended, "/ck/b"), 0, "%s", err_msg());
-  cr_assert_eq(store_jobs_by_checkpoint_dir(st, "/ck/b", &v, &n), 0, "%s", err_msg());
+  cr_assert_eq(store_jobs_by_checkpoint_dir(st, "/ck/b", 0, &v, &n), 0, "%s", err_msg());
   cr_assert(n == 2 && v[1].id == ended && !v[1].dir_unknown && v[1].state == STORE_JOB_PENDING,
             "%d rows", n);
   free(v);
@@ -1335,19 +1335,39 @@ Test(store, live_jobs_are_found_by_checkpoint_directory) {
   cr_assert_eq(store_job_submit_batch(st, js, 4, id), 0, "%s", err_msg());
   store_job_dir_t *v;
   int n;
-  cr_assert_eq(store_jobs_by_checkpoint_dir(st, "/ck/a", &v, &n), 0, "%s", err_msg());
+  cr_assert_eq(store_jobs_by_checkpoint_dir(st, "/ck/a", 0, &v, &n), 0, "%s", err_msg());
   cr_assert(n == 2 && v[0].id == id[0] && v[1].id == id[2] && !v[0].dir_unknown, "%d rows", n);
   free(v);
   int64_t ep;
   cr_assert_eq(start_on(st, id[0], node, 1, &ep), 0);
   cr_assert_eq(store_job_cancel(st, id[2], "gone", NULL), 0, "%s", err_msg());
-  cr_assert_eq(store_jobs_by_checkpoint_dir(st, "/ck/a", &v, &n), 0, "%s", err_msg());
+  cr_assert_eq(store_jobs_by_checkpoint_dir(st, "/ck/a", 0, &v, &n), 0, "%s", err_msg());
   cr_assert(n == 1 && v[0].id == id[0] && v[0].state == STORE_JOB_RUNNING,
             "the running one only, not the cancelled one: %d rows", n);
   free(v);
-  cr_assert_eq(store_jobs_by_checkpoint_dir(st, "/ck/none", &v, &n), 0, "%s", err_msg());
+  cr_assert_eq(store_jobs_by_checkpoint_dir(st, "/ck/none", 0, &v, &n), 0, "%s", err_msg());
   cr_assert_eq(n, 0);
   free(v);
+  /* every job of a directory, ended ones too (the janitor's leftover sweep) */
+  cr_assert_eq(store_jobs_by_checkpoint_dir(st, "/ck/a", 1, &v, &n), 0, "%s", err_msg());
+  cr_assert(n == 2 && v[0].id == id[0] && v[1].id == id[2] && v[1].state == STORE_JOB_CANCELLED,
+            "the cancelled one too: %d rows", n);
+  free(v);
+  /* the jobs with a directory, one at a time by id: d has none; a's
+   * attempt ended, and when */
+  store_job_state_t was;
+  cr_assert_eq(store_attempt_end(st, id[0], ep, 0, "failed", &was), 0, "%s", err_msg());
+  store_job_ckpt_dir_t o;
+  int64_t seen[4], after = 0;
+  int k = 0;
+  for (int rc; k < 4 && !(rc = store_job_ckpt_dir_next(st, after, &o)); after = o.id) {
+    seen[k++] = o.id;
+    cr_expect_str_eq(o.dir, o.id == id[1] ? "/ck/b" : "/ck/a");
+    cr_expect_eq(o.ended_ms > 0, o.id == id[0], "j-%lld ended at %lld", (long long)o.id,
+                 (long long)o.ended_ms);
+  }
+  cr_assert(k == 3 && seen[0] == id[0] && seen[1] == id[1] && seen[2] == id[2], "%d jobs", k);
+  cr_expect_eq(store_job_ckpt_dir_next(st, after, &o), FSDP_ENOENT, "%s", err_msg());
   /* the pending ones' ids, in order, through the state index */
   int64_t *ids;
   cr_assert_eq(store_job_ids(st, STORE_JOB_PENDING, &ids, &n), 0, "%s", err_msg());
