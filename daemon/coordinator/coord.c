@@ -646,10 +646,9 @@ static void coord_attempts_settle(coord_t *c, const char *when) {
 
 /* ---- liveness ------------------------------------------------------------- */
 
-/* How long after a node's last call its ranks are surely dead when it is
- * cut off: the fence it was given, and COORD_FENCE_MARGIN_MS for its fsdpd
- * to kill them. */
-static uint64_t coord_fence_ms(const coord_t *c) {
+/* The fence a node was given, and COORD_FENCE_MARGIN_MS for its fsdpd to
+ * kill its ranks. */
+uint64_t coord_fence_ms(const coord_t *c) {
   return (uint64_t)c->o.restart_grace_ms + COORD_FENCE_MARGIN_MS;
 }
 

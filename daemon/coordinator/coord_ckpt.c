@@ -22,12 +22,17 @@
  * Aborted checkpoints (a shard missing after --checkpoint-timeout-ms, a bad
  * shard, one not written, or the attempt's end) have their files removed once no attempt of
  * the job runs (a new attempt could be writing the same step's directory).
+ * Step directories the store has no checkpoint for (a rank killed
+ * mid-save, a shard report that never came) are swept: a job's
+ * checkpoint_dir at a time, only when no rank can be writing there and no
+ * other job has that directory, only the format's names, never a committed
+ * one (coord_ckpt_sweep_next).
  *
  * Committing and removing are file system work that can take long (a
  * shard per rank, on a network file system): they run on libuv's thread
  * pool, never the loop, one task per checkpoint (coord_ckpt_commit,
- * coord_ckpt_remove), and the store hears of each when it is done. A
- * directory being removed is not exported. */
+ * coord_ckpt_remove) and one sweep at a time, and the store hears of each
+ * when it is done. A directory being removed is not exported. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,6 +85,33 @@ static int coord_ckpt_removing_job(const coord_t *c, int64_t job) {
   for (const coord_rm_t *r = c->removing; r; r = r->next)
     if (r->job == job) return 1;
   return 0;
+}
+
+#define COORD_SWEEP_MAX 16 /* step directories one sweep removes, or reports left, at most */
+
+/* A job's checkpoint_dir swept on the pool (ckpt_sweep). */
+typedef struct coord_sweep {
+  uv_work_t work;
+  coord_t *c;           /* NULL once the coordinator went (coord_ckpt_detach) */
+  int64_t job;
+  char dir[STORE_PATH_MAX];
+  store_ckpt_t *rows;   /* the store's checkpoints of the job (why one went) */
+  int nrows;
+  int64_t *skip;        /* their steps, but aborted ones whose files were removed */
+  int nskip;
+  int64_t now_ms, quiet_ms;
+  int rc, n;
+  char err[512];
+  ckpt_leftover_t out[COORD_SWEEP_MAX];
+} coord_sweep_t;
+
+/* Whether job's checkpoint_dir is being swept: as the job's own, or as
+ * that of the job swept, given to this one by a submit since. */
+static int coord_ckpt_sweeping(coord_t *c, int64_t job) {
+  if (!c->sweeping) return 0;
+  if (c->sweeping->job == job) return 1;
+  const coord_job_t *x = coord_job_info(c, job);
+  return x && !strcmp(x->ckpt_dir, c->sweeping->dir);
 }
 
 static void coord_ckpt_rm_work(uv_work_t *w) {
@@ -262,10 +294,10 @@ static int coord_ckpt_commit(coord_t *c, const store_ckpt_t *k, int keep, uint64
   return FSDP_OK;
 }
 
-int coord_ckpt_busy(const coord_t *c, int64_t job) {
+int coord_ckpt_busy(coord_t *c, int64_t job) {
   for (const coord_commit_t *m = c->committing; m; m = m->next)
     if (m->k.job_id == job) return 1;
-  return coord_ckpt_removing_job(c, job);
+  return coord_ckpt_removing_job(c, job) || coord_ckpt_sweeping(c, job);
 }
 
 int coord_commits_in_flight(const coord_t *c) {
@@ -275,6 +307,8 @@ int coord_commits_in_flight(const coord_t *c) {
 }
 
 void coord_ckpt_detach(coord_t *c) {
+  if (c->sweeping) c->sweeping->c = NULL;
+  c->sweeping = NULL;
   for (coord_rm_t *r = c->removing; r; r = r->next) r->c = NULL;
   c->removing = NULL;
   for (coord_commit_t *m = c->committing; m; m = m->next) m->c = NULL;
@@ -487,6 +521,153 @@ static void coord_ckpt_retain_all(coord_t *c) {
   free(v);
 }
 
+/* ---- leftover step directories ------------------------------------------------ */
+
+/* How long a leftover must have been left alone, and its job's last attempt
+ * over, before it goes: the longest a checkpoint is given to complete
+ * (--checkpoint-timeout-ms), and no less than the longest a rank of an
+ * ended attempt can live on (a cut-off node's fence, and a heartbeat
+ * timeout more). Also the least time between two rounds. */
+static int64_t coord_ckpt_quiet_ms(const coord_t *c) {
+  const int64_t fence = (int64_t)coord_fence_ms(c) + c->o.heartbeat_timeout_ms;
+  return c->o.checkpoint_timeout_ms > fence ? c->o.checkpoint_timeout_ms : fence;
+}
+
+/* What became of job's checkpoint_dir beyond removals (text; "": nothing
+ * to say), logged when it differs from what was said last: a directory
+ * left for the same reason is not said again every round. */
+static void coord_ckpt_sweep_say(coord_t *c, int64_t job, const char *dir, const char *text) {
+  coord_job_t *x = coord_job_info(c, job);
+  const uint64_t sum = text[0] ? coord_reason_sum(text) : 0;
+  if (x && x->sweep_said == sum) return;
+  if (x) x->sweep_said = sum;
+  if (text[0]) LOG_WARN("coord", "job j-%lld: checkpoint_dir %s: %s", (long long)job, dir, text);
+}
+
+static void coord_ckpt_sweep_work(uv_work_t *w) {
+  coord_sweep_t *s = w->data;
+  s->rc = ckpt_sweep(s->dir, s->skip, s->nskip, s->now_ms, s->quiet_ms, s->out, COORD_SWEEP_MAX,
+                     &s->n);
+  if (s->rc) snprintf(s->err, sizeof s->err, "%s", err_msg()); /* err_msg is per thread */
+}
+
+static void coord_ckpt_sweep_done(uv_work_t *w, int status) {
+  coord_sweep_t *s = w->data;
+  coord_t *c = s->c;
+  if (c) {
+    c->sweeping = NULL;
+    c->dirty = 1; /* its job, or another of its directory, may wait to be placed */
+    char left[1024] = "";
+    size_t used = 0;
+    if (status || s->rc)
+      used += (size_t)snprintf(left, sizeof left, "not swept: %s",
+                               status ? uv_strerror(status) : s->err);
+    for (int i = 0; i < s->n; i++) {
+      const ckpt_leftover_t *l = &s->out[i];
+      if (!l->removed) {
+        if (used < sizeof left)
+          used += (size_t)snprintf(left + used, sizeof left - used, "%s%s; left in place",
+                                   used ? "; " : "", l->why);
+        continue;
+      }
+      const store_ckpt_t *k = NULL;
+      for (int j = 0; j < s->nrows && !k; j++)
+        if (s->rows[j].step == l->step) k = &s->rows[j];
+      c->ckpt_leftovers++;
+      LOG_INFO("coord", "job j-%lld: leftover step directory %s/step-%08lld removed (%d files, "
+               "%.1f MiB): %s, unchanged for %.0f s, no attempt of the job running",
+               (long long)s->job, s->dir, (long long)l->step, l->files,
+               (double)l->bytes / (1 << 20),
+               k ? "its checkpoint was aborted and its files removed before, yet it was there"
+                 : "not committed and no checkpoint of that step in the store (a save cut "
+                   "short, or a shard report that never came)",
+               (double)l->age_ms / 1000);
+    }
+    coord_ckpt_sweep_say(c, s->job, s->dir, left);
+  }
+  free(s->rows), free(s->skip), free(s);
+}
+
+/* 1 when another job the store keeps has j's checkpoint_dir (or may: a
+ * live job stored before schema 6, whose spec does not say otherwise),
+ * said once: a step directory does not say which job wrote it, so a
+ * shared directory is not swept. */
+static int coord_ckpt_dir_shared(coord_t *c, const store_job_ckpt_dir_t *j) {
+  store_job_dir_t *v = NULL;
+  int n = 0;
+  int64_t other = 0;
+  if (store_jobs_by_checkpoint_dir(c->st, j->dir, 1, &v, &n)) {
+    LOG_WARN("coord", "job j-%lld: checkpoint_dir %s not swept: %s", (long long)j->id, j->dir,
+             err_msg());
+    return 1;
+  }
+  for (int i = 0; i < n && !other; i++) {
+    const coord_job_t *x = v[i].dir_unknown ? coord_job_info(c, v[i].id) : NULL;
+    if (v[i].id != j->id && (!v[i].dir_unknown || !x || !strcmp(x->ckpt_dir, j->dir)))
+      other = v[i].id;
+  }
+  free(v);
+  if (!other) return 0;
+  char text[256];
+  snprintf(text, sizeof text, "also the checkpoint_dir of job j-%lld: leftover step directories "
+           "there are not removed (none says which job wrote it); remove them by hand, or give "
+           "each job its own directory", (long long)other);
+  coord_ckpt_sweep_say(c, j->id, j->dir, text);
+  return 1;
+}
+
+/* The next job's checkpoint_dir (by id, one a pass, one on the pool at a
+ * time) swept for leftover step directories (ckpt_sweep: uncommitted, the
+ * format's names only, no link followed), when no rank can be writing
+ * there: the job is not running, nothing of its checkpoints is on the pool,
+ * its last attempt ended, its fence passed and this coordinator started
+ * coord_ckpt_quiet_ms ago, no other job has the directory, and each
+ * directory removed was not modified for that long. The store's checkpoints
+ * of the job are left to the rest of the janitor (committed, open: to
+ * commit or time out, aborted: removed above), but for an aborted one whose
+ * files were removed and whose directory came back. */
+static void coord_ckpt_sweep_next(coord_t *c) {
+  const uint64_t now = coord_mono_ms(c);
+  const int64_t quiet = coord_ckpt_quiet_ms(c);
+  if (c->sweeping || now < c->started_ms + (uint64_t)quiet) return;
+  if (!c->sweep_after) { /* a round begins */
+    if (c->sweep_round_ms && now - c->sweep_round_ms < (uint64_t)quiet) return;
+    c->sweep_round_ms = now;
+  }
+  store_job_ckpt_dir_t j;
+  int rc = store_job_ckpt_dir_next(c->st, c->sweep_after, &j);
+  if (rc) { /* the round is over */
+    if (rc != FSDP_ENOENT) LOG_WARN("coord", "checkpoint directories: %s", err_msg());
+    c->sweep_after = 0;
+    return;
+  }
+  c->sweep_after = j.id;
+  const coord_job_t *x = coord_job_info(c, j.id);
+  if (j.state == STORE_JOB_RUNNING || coord_ckpt_busy(c, j.id) || (x && x->fence_until > now) ||
+      (j.ended_ms && coord_unix_ms() - j.ended_ms < quiet) || coord_ckpt_dir_shared(c, &j))
+    return; /* the next round looks again */
+  coord_sweep_t *s = calloc(1, sizeof *s);
+  rc = s ? store_ckpt_list(c->st, j.id, &s->rows, &s->nrows) : FSDP_ENOMEM;
+  if (!rc && !(s->skip = calloc((size_t)s->nrows + 1, sizeof *s->skip))) rc = FSDP_ENOMEM;
+  if (rc) {
+    LOG_WARN("coord", "job j-%lld: checkpoint_dir %s not swept: %s", (long long)j.id, j.dir,
+             rc == FSDP_ENOMEM ? "out of memory" : err_msg());
+    if (s) free(s->rows);
+    free(s);
+    return;
+  }
+  for (int i = 0; i < s->nrows; i++)
+    if (s->rows[i].state != STORE_CKPT_ABORTED || !s->rows[i].removed)
+      s->skip[s->nskip++] = s->rows[i].step;
+  s->c = c, s->job = j.id, s->now_ms = coord_unix_ms(), s->quiet_ms = quiet, s->work.data = s;
+  snprintf(s->dir, sizeof s->dir, "%s", j.dir);
+  if (uv_queue_work(c->loop, &s->work, coord_ckpt_sweep_work, coord_ckpt_sweep_done)) {
+    free(s->rows), free(s->skip), free(s);
+    return;
+  }
+  c->sweeping = s;
+}
+
 void coord_ckpt_janitor(coord_t *c) {
   store_ckpt_t *v = NULL;
   int n = 0;
@@ -528,4 +709,5 @@ void coord_ckpt_janitor(coord_t *c) {
     coord_ckpt_remove(c, k, 0);
   }
   free(v);
+  coord_ckpt_sweep_next(c);
 }

@@ -113,6 +113,8 @@ typedef struct coord_job {
    * ranks write checkpoints beside it (coord_node_died) */
   uint64_t fence_until;           /* loop time; 0: none */
   int64_t fence_node;
+  uint64_t sweep_said;            /* coord_reason_sum of what the last leftover sweep of its
+                                     checkpoint_dir left and why (said once, not every round) */
   UT_hash_handle hh;              /* in coord_t.jobs, by id */
 } coord_job_t;
 
@@ -196,6 +198,12 @@ struct coord {
   int retained;             /* its first run applied every job's retention */
   struct coord_rm *removing; /* checkpoint directories being removed on the pool */
   struct coord_commit *committing; /* checkpoints being committed on the pool */
+  /* Leftover step directories (coord_ckpt_janitor): one job's checkpoint_dir
+   * swept on the pool at a time, the jobs visited by id, a round at most
+   * every coord_ckpt_quiet_ms */
+  struct coord_sweep *sweeping;
+  int64_t sweep_after;      /* the last job visited this round (0: none yet) */
+  uint64_t sweep_round_ms;  /* loop time the round began (0: none yet) */
   /* ExportCheckpoint: each running export, from its start until no pool task
    * reads its files any more; what it reads is kept from retention */
   struct coord_export *exports[COORD_EXPORT_MAX];
@@ -206,6 +214,7 @@ struct coord {
   metrics_hist_t pass;      /* a placement pass (the loop answers nothing meanwhile) */
   metrics_hist_t commit;    /* a checkpoint's last shard report to its commit */
   uint64_t ckpt_commits, ckpt_aborts, restarts;
+  uint64_t ckpt_leftovers;  /* leftover step directories removed */
   uint64_t ended[COORD_ENDED_N]; /* attempts ended, by coord_ended_t */
   uint64_t ckpt_aborts_at_end; /* store_ckpt_aborted_at_end when coord_job_changed last looked */
 };
@@ -213,6 +222,9 @@ struct coord {
 /* coord.c, for the handlers */
 int64_t coord_unix_ms(void);
 uint64_t coord_mono_ms(coord_t *c);
+/* How long after a node's last call its ranks are surely dead when it is
+ * cut off (its fence and the margin its fsdpd kills them within). */
+uint64_t coord_fence_ms(const coord_t *c);
 coord_node_t *coord_node_get(coord_t *c, int64_t id, int create);
 coord_rank_t *coord_rank_get(coord_t *c, int64_t job, int rank, int create);
 /* What is known of a job: from coord_t.jobs (one lookup), else resolved from
@@ -307,10 +319,11 @@ void coord_ckpt_janitor(coord_t *c);
 void coord_ckpt_retain(coord_t *c, int64_t job, int keep);
 /* Whether dir is being removed (on the pool). */
 int coord_ckpt_removing(const coord_t *c, const char *dir);
-/* Whether a commit or a removal of job's checkpoints is on the pool (the
- * job is not placed meanwhile: a new attempt could write where a removal
- * works, or load what a commit's retention removes). */
-int coord_ckpt_busy(const coord_t *c, int64_t job);
+/* Whether a commit or a removal of job's checkpoints, or a sweep of its
+ * checkpoint_dir, is on the pool (the job is not placed meanwhile: a new
+ * attempt could write where a removal works, or load what a commit's
+ * retention removes). */
+int coord_ckpt_busy(coord_t *c, int64_t job);
 /* The coordinator goes: removals and commits still running forget it. */
 void coord_ckpt_detach(coord_t *c);
 /* 0 when no job still to run but self (stored, or in this turn's submits)

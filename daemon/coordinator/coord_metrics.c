@@ -10,7 +10,8 @@
  *   - heartbeat lateness (a held heartbeat answered after its interval),
  *     scheduling latency (submit to the first attempt's placement) and
  *     checkpoint commit latency (last shard report to commit) as histograms;
- *     attempts ended by outcome, checkpoint commits and aborts, restarts,
+ *     attempts ended by outcome, checkpoint commits and aborts, leftover
+ *     step directories removed, restarts,
  *     failures of the database and calls refused for their token as
  *     counters. */
 #include <inttypes.h>
@@ -120,12 +121,15 @@ void coord_metrics_render(metrics_buf_t *b, void *arg) {
   } counters[] = {
       {"fsdp_checkpoint_commits_total", "Checkpoints committed."},
       {"fsdp_checkpoint_aborts_total", "Checkpoints aborted (a shard bad, or missing at the timeout or at its attempt's end)."},
+      {"fsdp_checkpoint_leftovers_removed_total", "Leftover step directories removed (not "
+       "committed, no checkpoint of the store's, left alone for the quiet period)."},
       {"fsdp_job_restarts_total", "Attempts started after a job's first."},
       {"fsdp_store_errors_total", "Operations on the state database that failed (a full disk, "
        "an I/O error, a damaged file, a lock held elsewhere); the log says which."},
   };
-  const uint64_t v[] = {c->ckpt_commits, c->ckpt_aborts, c->restarts, store_errors(c->st)};
-  for (int f = 0; f < 4; f++) {
+  const uint64_t v[] = {c->ckpt_commits, c->ckpt_aborts, c->ckpt_leftovers, c->restarts,
+                        store_errors(c->st)};
+  for (size_t f = 0; f < sizeof v / sizeof *v; f++) {
     metrics_family(b, counters[f].name, "counter", counters[f].help);
     metrics_sample(b, counters[f].name, NULL, (double)v[f]);
   }

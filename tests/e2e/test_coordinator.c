@@ -1421,6 +1421,7 @@ Test(coordinator, a_retried_submit_finds_its_job_across_a_restart) {
 /* ---- checkpoints ------------------------------------------------------------ */
 
 #include <sys/stat.h>
+#include <time.h>
 #include <xxhash.h>
 
 #include "daemon/job/ckpt.h"
@@ -2936,6 +2937,165 @@ Test(coordinator, a_job_names_its_last_committed_checkpoint) {
   snprintf(a, sizeof a, "status %s", id);
   cr_assert_eq(cluster_ctl(co.addr, a, out, sizeof out), 0, "%s", out);
   cr_expect(strstr(out, "checkpoint  step 10"), "%s", out);
+}
+
+/* path (a file, a directory or a link itself) last modified an hour ago. */
+static void age_hour(const char *path) {
+  struct timespec t[2] = {{time(NULL) - 3600, 0}, {time(NULL) - 3600, 0}};
+  cr_assert_eq(utimensat(AT_FDCWD, path, t, AT_SYMLINK_NOFOLLOW), 0, "%s: %s", path,
+               strerror(errno));
+}
+
+/* ck/name (ck/name/file when file is not NULL) exists (a link is not followed). */
+static int ck_has(const char *ck, const char *name, const char *file) {
+  char p[1200];
+  struct stat st;
+  snprintf(p, sizeof p, "%s/%s%s%s", ck, name, file ? "/" : "", file ? file : "");
+  return !lstat(p, &st);
+}
+
+/* The coordinator's log holds every one of want (NULL-ended), within 15 s
+ * of heartbeats of n (rp: its ranks, nr of them). */
+static int co_log_says(const node_t *n, Fsdp__V1__RankStatus **rp, size_t nr,
+                       const char *const *want) {
+  for (const double t0 = tu_now_s(); tu_now_s() - t0 < 15;) {
+    char *log = tu_slurp(co.log, NULL);
+    int all = log != NULL;
+    for (int i = 0; all && want[i]; i++) all = strstr(log, want[i]) != NULL;
+    free(log);
+    if (all) return 1;
+    Fsdp__V1__HeartbeatReply *r = heartbeat(n, rp, nr);
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+  }
+  return 0;
+}
+
+/* Step directories no checkpoint will come of (a rank killed mid-save, a
+ * shard report that never came: none in the store) are removed once no
+ * attempt of their job runs and they, and its last attempt's end, are
+ * older than the quiet period (here 5 s: the nodes' fence 3 + 1 s and a
+ * heartbeat timeout), each said in the log and counted. Nothing else goes:
+ * not while the attempt runs, not a committed checkpoint, not a directory
+ * with a manifest, one with a name the format does not give, a link, one
+ * still being written, nor anything outside the format's step names; and
+ * not at all once another job has the directory. */
+Test(coordinator, leftover_step_directories_go_once_no_attempt_runs, .timeout = 90) {
+  co_start_metrics("--checkpoint-timeout-ms 1500");
+  const double t_start = tu_now_s();
+  char d[600], ck[600], ckopt[700], id[32], path[800], sum[64], p[1200], elsewhere[700];
+  node_t n = {{0}, 0};
+  ckpt_job_start(&n, "model=tiny", "keep_checkpoints=3", d, ck, ckopt, id);
+  cr_assert_eq(ckpt_report_both(&n, id, "tiny", ck, 10), CK_COMMITTED);
+  uint64_t bytes;
+  /* leftovers: a shard never reported and a temporary one; a directory made empty */
+  write_shard(ck, 20, 0, 2, path, sizeof path, &bytes, sum, sizeof sum);
+  snprintf(p, sizeof p, "%s/step-00000020/.shard-00001-of-00002.fsdp.tmp.4242", ck);
+  tu_write_file(p, "half", 4);
+  snprintf(p, sizeof p, "%s/step-00000030", ck);
+  cr_assert_eq(mkdir(p, 0755), 0);
+  /* decoys: a manifest, a name not the format's, links, other names */
+  write_shard(ck, 40, 0, 2, path, sizeof path, &bytes, sum, sizeof sum);
+  snprintf(p, sizeof p, "%s/step-00000040/%s", ck, CKPT_MANIFEST);
+  tu_write_file(p, "{}", 2);
+  write_shard(ck, 50, 0, 2, path, sizeof path, &bytes, sum, sizeof sum);
+  snprintf(p, sizeof p, "%s/step-00000050/notes.txt", ck);
+  tu_write_file(p, "mine", 4);
+  snprintf(elsewhere, sizeof elsewhere, "%s/elsewhere", tu_tmpdir());
+  cr_assert_eq(mkdir(elsewhere, 0755), 0);
+  snprintf(p, sizeof p, "%s/shard-00000-of-00002.fsdp", elsewhere);
+  tu_write_file(p, "not a checkpoint's", 18);
+  snprintf(p, sizeof p, "%s/step-00000060", ck);
+  cr_assert_eq(symlink(elsewhere, p), 0);
+  snprintf(p, sizeof p, "%s/step-00000070", ck);
+  cr_assert_eq(mkdir(p, 0755), 0);
+  snprintf(path, sizeof path, "%s/shard-00000-of-00002.fsdp", elsewhere);
+  snprintf(p, sizeof p, "%s/step-00000070/shard-00000-of-00002.fsdp", ck);
+  cr_assert_eq(symlink(path, p), 0);
+  snprintf(p, sizeof p, "%s/README", ck);
+  tu_write_file(p, "keep", 4);
+  snprintf(p, sizeof p, "%s/step-5", ck);
+  cr_assert_eq(mkdir(p, 0755), 0);
+  /* all of them old, but step 80, written all along */
+  const char *aged[] = {"step-00000020/shard-00000-of-00002.fsdp",
+                        "step-00000020/.shard-00001-of-00002.fsdp.tmp.4242",
+                        "step-00000020", "step-00000030", "step-00000040/shard-00000-of-00002.fsdp",
+                        "step-00000040/" CKPT_MANIFEST, "step-00000040",
+                        "step-00000050/shard-00000-of-00002.fsdp", "step-00000050/notes.txt",
+                        "step-00000050", "step-00000060", "step-00000070/shard-00000-of-00002.fsdp",
+                        "step-00000070", "step-5", "README", NULL};
+  for (int i = 0; aged[i]; i++) {
+    snprintf(p, sizeof p, "%s/%s", ck, aged[i]);
+    age_hour(p);
+  }
+  age_hour(elsewhere);
+  char fresh[800];
+  write_shard(ck, 80, 1, 2, fresh, sizeof fresh, &bytes, sum, sizeof sum);
+  /* the attempt runs past the quiet period from the start: nothing goes */
+  Fsdp__V1__RankStatus rs[2], *rp[2];
+  running_ranks(rs, rp, id, 20);
+  while (tu_now_s() - t_start < 8) {
+    Fsdp__V1__HeartbeatReply *r = heartbeat(&n, rp, 2);
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+  }
+  cr_expect(ck_has(ck, "step-00000020", NULL) && ck_has(ck, "step-00000030", NULL),
+            "a leftover went while an attempt of its job runs");
+  cr_expect_eq(co_metric("fsdp_checkpoint_leftovers_removed_total"), 0);
+  /* the job ends: the leftovers go a quiet period later, step 80 (being written) stays */
+  cr_assert_eq(report_exit(&n, id, 1, 0, 0), 0, "%s", err_msg());
+  cr_assert_eq(report_exit(&n, id, 1, 1, 0), 0, "%s", err_msg());
+  const double t_end = tu_now_s();
+  while ((ck_has(ck, "step-00000020", NULL) || ck_has(ck, "step-00000030", NULL)) &&
+         tu_now_s() - t_end < 20) {
+    cr_assert_eq(utimensat(AT_FDCWD, fresh, NULL, 0), 0); /* its writer goes on */
+    Fsdp__V1__HeartbeatReply *r = heartbeat(&n, NULL, 0);
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+  }
+  const double gone = tu_now_s() - t_end;
+  cr_expect(!ck_has(ck, "step-00000020", NULL), "the leftover of step 20 outlived its job");
+  cr_expect(!ck_has(ck, "step-00000030", NULL), "the empty step 30 outlived its job");
+  cr_expect_geq(gone, 4.5, "removed %.1f s after the job's end, within the quiet period", gone);
+  cr_expect_eq(co_metric("fsdp_checkpoint_leftovers_removed_total"), 2);
+  cr_expect(ck_has(ck, "step-00000010", CKPT_MANIFEST), "the committed step 10 went");
+  cr_expect_eq(ckpt_state(id, 10, NULL, 0), CK_COMMITTED);
+  cr_expect(ck_has(ck, "step-00000040", "shard-00000-of-00002.fsdp"),
+            "a manifest's directory went");
+  cr_expect(ck_has(ck, "step-00000050", "shard-00000-of-00002.fsdp") &&
+            ck_has(ck, "step-00000050", "notes.txt"), "a directory with another name in it went");
+  cr_expect(ck_has(ck, "step-00000060", NULL), "a link named as a step went");
+  cr_expect(ck_has(elsewhere, "shard-00000-of-00002.fsdp", NULL), "a link was followed");
+  cr_expect(ck_has(ck, "step-00000070", "shard-00000-of-00002.fsdp"), "a linked shard went");
+  cr_expect(ck_has(ck, "step-00000080", "shard-00001-of-00002.fsdp"), "a shard being written went");
+  cr_expect(ck_has(ck, "README", NULL) && ck_has(ck, "step-5", NULL), "another name went");
+  char l20[900], l30[900];
+  snprintf(l20, sizeof l20, "job %s: leftover step directory %s/step-00000020 removed (2 files",
+           id, ck);
+  snprintf(l30, sizeof l30, "job %s: leftover step directory %s/step-00000030 removed (0 files",
+           id, ck);
+  cr_expect(co_log_says(&n, NULL, 0, (const char *[]){
+                l20, l30, "no checkpoint of that step in the store",
+                "step-00000050 holds notes.txt, which is no name of the checkpoint format",
+                "step-00000060 is not a directory (a link?)",
+                "step-00000070 holds shard-00000-of-00002.fsdp, which is not a regular file",
+                NULL}),
+            "the coordinator's log does not say what went and what was left, and why");
+  /* another job given the directory (the first has ended): said, and a
+   * leftover there stays through the rounds after */
+  const char *kv[] = {"model=tiny", d, ckopt, "checkpoint_every=10", NULL};
+  char other[32], said[900];
+  cr_assert_eq(submit(2, kv, other, sizeof other), 0, "%s", err_msg());
+  cr_assert_eq(cancel(other), 0, "%s", err_msg());
+  snprintf(said, sizeof said, "job %s: checkpoint_dir %s: also the checkpoint_dir of job %s", other,
+           ck, id);
+  cr_expect(co_log_says(&n, NULL, 0, (const char *[]){said, NULL}), "not said: %s", said);
+  snprintf(p, sizeof p, "%s/step-00000090", ck);
+  cr_assert_eq(mkdir(p, 0755), 0);
+  age_hour(p);
+  for (const double t0 = tu_now_s(); tu_now_s() - t0 < 7;) { /* a round is 5 s here */
+    Fsdp__V1__HeartbeatReply *r = heartbeat(&n, NULL, 0);
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+  }
+  cr_expect(ck_has(ck, "step-00000090", NULL), "a leftover of a shared directory went");
+  cr_expect_eq(co_metric("fsdp_checkpoint_leftovers_removed_total"), 2);
 }
 
 /* A checkpoint still missing a shard when its attempt ends (here: the job
