@@ -700,12 +700,14 @@ void coord_ckpt_janitor(coord_t *c) {
       }
       continue;
     }
-    /* aborted, files still there: removed once no attempt of the job runs */
+    /* aborted, files still there: removed once no attempt of the job runs,
+     * nor any rank of a node cut off from it (its fence) */
     store_job_t j;
     if (store_job_get(c->st, k->job_id, &j)) continue;
     const int running = j.state == STORE_JOB_RUNNING;
     store_job_free(&j);
-    if (running) continue;
+    const coord_job_t *x = running ? NULL : coord_job_info(c, k->job_id);
+    if (running || (x && x->fence_until > coord_mono_ms(c))) continue;
     coord_ckpt_remove(c, k, 0);
   }
   free(v);
