@@ -75,6 +75,20 @@ typedef struct coord_rm {
   struct coord_rm *next;
 } coord_rm_t;
 
+/* A directory whose removal failed (a file the format does not name in it,
+ * a permission): tried again after a wait that doubles up to
+ * COORD_RM_RETRY_MAX_MS, and logged on the first failure and whenever its
+ * error changes, not at every janitor pass. */
+#define COORD_RM_RETRY_MIN_MS 1000
+#define COORD_RM_RETRY_MAX_MS 600000
+typedef struct coord_rm_fail {
+  char dir[STORE_PATH_MAX]; /* the key */
+  uint64_t next_ms;         /* not tried before (loop time) */
+  uint64_t wait_ms;
+  uint64_t err_sum;         /* XXH64 | 1 of the last error logged */
+  UT_hash_handle hh;
+} coord_rm_fail_t;
+
 int coord_ckpt_removing(const coord_t *c, const char *dir) {
   for (const coord_rm_t *r = c->removing; r; r = r->next)
     if (!strcmp(r->dir, dir)) return 1;
@@ -130,15 +144,37 @@ static void coord_ckpt_rm_done(uv_work_t *w, int status) {
         break;
       }
     c->dirty = 1; /* its job may wait for it to be placed again */
-    if (status || r->rc)
-      LOG_WARN("coord", "job j-%lld: checkpoint of step %lld not removed: %s", (long long)r->job,
-               (long long)r->step, status ? uv_strerror(status) : r->err);
-    else if (store_ckpt_removed(c->st, r->job, r->step, r->epoch, r->forget))
-      LOG_WARN("coord", "job j-%lld: checkpoint of step %lld: %s", (long long)r->job,
-               (long long)r->step, err_msg());
-    else if (r->forget)
-      LOG_INFO("coord", "job j-%lld: checkpoint of step %lld removed (keep_checkpoints)",
-               (long long)r->job, (long long)r->step);
+    coord_rm_fail_t *f;
+    HASH_FIND_STR(c->rm_failed, r->dir, f);
+    if (status || r->rc) {
+      const char *why = status ? uv_strerror(status) : r->err;
+      if (!f && (f = calloc(1, sizeof *f))) {
+        snprintf(f->dir, sizeof f->dir, "%s", r->dir);
+        HASH_ADD_STR(c->rm_failed, dir, f);
+      }
+      const uint64_t sum = coord_reason_sum(why);
+      if (f) {
+        f->wait_ms = f->wait_ms ? f->wait_ms * 2 : COORD_RM_RETRY_MIN_MS;
+        if (f->wait_ms > COORD_RM_RETRY_MAX_MS) f->wait_ms = COORD_RM_RETRY_MAX_MS;
+        f->next_ms = coord_mono_ms(c) + f->wait_ms;
+      }
+      if (!f || f->err_sum != sum)
+        LOG_WARN("coord", "job j-%lld: checkpoint of step %lld not removed: %s (tried again in "
+                 "%.0f s, less often while this stays)", (long long)r->job, (long long)r->step,
+                 why, f ? (double)f->wait_ms / 1e3 : 1.0);
+      if (f) f->err_sum = sum;
+    } else {
+      if (f) {
+        HASH_DEL(c->rm_failed, f);
+        free(f);
+      }
+      if (store_ckpt_removed(c->st, r->job, r->step, r->epoch, r->forget))
+        LOG_WARN("coord", "job j-%lld: checkpoint of step %lld: %s", (long long)r->job,
+                 (long long)r->step, err_msg());
+      else if (r->forget)
+        LOG_INFO("coord", "job j-%lld: checkpoint of step %lld removed (keep_checkpoints)",
+                 (long long)r->job, (long long)r->step);
+    }
   }
   free(r);
 }
@@ -147,6 +183,9 @@ static void coord_ckpt_rm_done(uv_work_t *w, int status) {
  * goes too). Once per directory at a time. */
 static void coord_ckpt_remove(coord_t *c, const store_ckpt_t *k, int forget) {
   if (coord_ckpt_removing(c, k->dir)) return;
+  const coord_rm_fail_t *f;
+  HASH_FIND_STR(c->rm_failed, k->dir, f);
+  if (f && coord_mono_ms(c) < f->next_ms) return; /* it failed: not yet again */
   coord_rm_t *r = calloc(1, sizeof *r);
   if (!r) return; /* the next pass tries again */
   r->c = c, r->job = k->job_id, r->step = k->step, r->epoch = k->epoch, r->forget = forget;
@@ -307,6 +346,11 @@ int coord_commits_in_flight(const coord_t *c) {
 }
 
 void coord_ckpt_detach(coord_t *c) {
+  coord_rm_fail_t *f, *tmp;
+  HASH_ITER(hh, c->rm_failed, f, tmp) {
+    HASH_DEL(c->rm_failed, f);
+    free(f);
+  }
   if (c->sweeping) c->sweeping->c = NULL;
   c->sweeping = NULL;
   for (coord_rm_t *r = c->removing; r; r = r->next) r->c = NULL;

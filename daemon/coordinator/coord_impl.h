@@ -197,6 +197,7 @@ struct coord {
   uint64_t purged_ms;       /* when the audit log's retention last ran (0: not yet) */
   int retained;             /* its first run applied every job's retention */
   struct coord_rm *removing; /* checkpoint directories being removed on the pool */
+  struct coord_rm_fail *rm_failed; /* ...and those whose removal failed, by dir (uthash) */
   struct coord_commit *committing; /* checkpoints being committed on the pool */
   /* Leftover step directories (coord_ckpt_janitor): one job's checkpoint_dir
    * swept on the pool at a time, the jobs visited by id, a round at most

@@ -2878,6 +2878,39 @@ Test(coordinator, an_ended_jobs_ranks_leave_the_metrics) {
 
 /* GetJob names the job's latest committed checkpoint (fsdpctl status:
  * "checkpoint  step N"); an open or aborted one is not it. */
+/* Lines of the coordinator's log holding what. */
+static int co_log_count(const char *what) {
+  char *log = tu_slurp(co.log, NULL);
+  int n = 0;
+  for (const char *p = log; p && (p = strstr(p, what)); p += strlen(what)) n++;
+  free(log);
+  return n;
+}
+
+/* An aborted checkpoint whose directory cannot be removed (a file the
+ * format does not name in it) is tried again less and less often, its
+ * failure logged once, not at every janitor pass (each second); once the
+ * file is gone, the next try removes it. */
+Test(coordinator, a_checkpoint_that_cannot_be_removed_is_tried_again_quietly, .timeout = 40) {
+  char d[600], ck[600], ckopt[700], id[32], dir[800], odd[900];
+  node_t n = {{0}, 0};
+  ckpt_job_start(&n, "model=tiny", "keep_checkpoints=3", d, ck, ckopt, id);
+  cr_assert_eq(report_failed(&n, id, 0, 10, "disk full", NULL), 0, "%s", err_msg());
+  snprintf(dir, sizeof dir, "%s/step-00000010", ck);
+  snprintf(odd, sizeof odd, "%s/notes.txt", dir);
+  cr_assert_eq(mkdir(dir, 0755), 0);
+  tu_write_file(odd, "mine\n", 5);
+  cr_assert_eq(cancel(id), 0, "%s", err_msg());
+  nanosleep(&(struct timespec){4, 500000000}, NULL);
+  const int said = co_log_count("checkpoint of step 10 not removed");
+  cr_expect_eq(said, 1, "the failure was logged %d times in 4.5 s:\n%s", said, tu_slurp(co.log, NULL));
+  cr_expect_eq(access(odd, F_OK), 0, "the file it does not know was removed");
+  cr_assert_eq(unlink(odd), 0);
+  for (const double t0 = tu_now_s(); !access(dir, F_OK) && tu_now_s() - t0 < 15;)
+    nanosleep(&(struct timespec){0, 100000000}, NULL);
+  cr_expect_neq(access(dir, F_OK), 0, "%s is still there once it could go", dir);
+}
+
 /* ReportCheckpointShard's damaged: attempt's rank says the committed
  * checkpoint of step was found damaged (how: failed). */
 static int report_damaged(const node_t *n, const char *job, uint32_t attempt, int64_t step,
