@@ -33,10 +33,12 @@
  * pool, never the loop, one task per checkpoint (coord_ckpt_commit,
  * coord_ckpt_remove) and one sweep at a time, and the store hears of each
  * when it is done. A directory being removed is not exported. */
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "daemon/common/err.h"
@@ -74,6 +76,22 @@ typedef struct coord_rm {
   char dir[STORE_PATH_MAX];
   struct coord_rm *next;
 } coord_rm_t;
+
+/* A committed checkpoint a rank found damaged as its attempt resumed,
+ * checked whole by the coordinator on the pool (ckpt_verify) before it is
+ * taken for damaged: a node whose mount of checkpoint_dir is missing or
+ * stale reads nothing, and would otherwise demote, one after another, every
+ * checkpoint of the job (and the janitor remove them). */
+typedef struct coord_verify {
+  uv_work_t work;
+  coord_t *c; /* NULL once the coordinator went (coord_ckpt_detach) */
+  int64_t job, step;
+  char dir[STORE_PATH_MAX];
+  char said[STORE_REASON_MAX]; /* what the rank said */
+  int rc, no_dir;
+  char err[512];
+  struct coord_verify *next;
+} coord_verify_t;
 
 /* A directory whose removal failed (a file the format does not name in it,
  * a permission): tried again after a wait that doubles up to
@@ -346,6 +364,8 @@ int coord_commits_in_flight(const coord_t *c) {
 }
 
 void coord_ckpt_detach(coord_t *c) {
+  for (coord_verify_t *v = c->verifying; v; v = v->next) v->c = NULL;
+  c->verifying = NULL;
   coord_rm_fail_t *f, *tmp;
   HASH_ITER(hh, c->rm_failed, f, tmp) {
     HASH_DEL(c->rm_failed, f);
@@ -389,25 +409,90 @@ static void coord_ckpt_failed(coord_t *c, rpc_call_t *call, int64_t job,
   rpc_call_reply(call, &rep.base);
 }
 
-/* The job's committed checkpoint of q->step was found damaged as attempt
- * q->attempt resumed (q->failed says how): committed no more. */
+static void coord_ckpt_verify_work(uv_work_t *w) {
+  coord_verify_t *v = w->data;
+  struct stat st;
+  /* the step's directory gone too: the coordinator's view of the file
+   * system, not the checkpoint, is what is wrong (retention removed it, or
+   * the mount went) */
+  if (stat(v->dir, &st) || !S_ISDIR(st.st_mode)) {
+    v->no_dir = 1;
+    snprintf(v->err, sizeof v->err, "%.300s: %s", v->dir, strerror(errno ? errno : ENOTDIR));
+    return;
+  }
+  v->rc = ckpt_verify(v->dir);
+  if (v->rc) snprintf(v->err, sizeof v->err, "%s", err_msg()); /* err_msg is per thread */
+}
+
+static void coord_ckpt_verify_done(uv_work_t *w, int status) {
+  coord_verify_t *v = w->data;
+  coord_t *c = v->c;
+  if (c) {
+    for (coord_verify_t **pp = &c->verifying; *pp; pp = &(*pp)->next)
+      if (*pp == v) {
+        *pp = v->next;
+        break;
+      }
+    const int damaged = !status && !v->no_dir && (v->rc == FSDP_EFORMAT || v->rc == FSDP_ENOENT);
+    if (damaged) {
+      char why[STORE_REASON_MAX];
+      snprintf(why, sizeof why, "damaged: %.200s; checked here: %.250s", v->said, v->err);
+      coord_text_mend(why);
+      store_ckpt_t k;
+      int changed = 0;
+      if (store_ckpt_damaged(c->st, v->job, 0, v->step, why, &k, &changed))
+        LOG_WARN("coord", "job j-%lld: checkpoint of step %lld: %s", (long long)v->job,
+                 (long long)v->step, err_msg());
+      else if (changed) {
+        LOG_WARN("coord", "job j-%lld: committed checkpoint of step %lld is %s; committed no more",
+                 (long long)v->job, (long long)v->step, why);
+        c->ckpt_aborts++;
+      }
+    } else {
+      LOG_WARN("coord", "job j-%lld: a rank found the committed checkpoint of step %lld damaged "
+               "(%s), but %s: it stays committed%s", (long long)v->job, (long long)v->step,
+               v->said, status ? "it could not be checked here" : v->no_dir ? "the coordinator "
+               "cannot see its directory either" : v->rc ? "it could not be checked here"
+               : "it checks whole here", !status && !v->no_dir && !v->rc
+               ? "; the ranks' nodes see other files than the coordinator (a mount missing or "
+                 "stale?)" : "");
+      if (v->rc || v->no_dir) LOG_WARN("coord", "job j-%lld: %s", (long long)v->job, v->err);
+    }
+  }
+  free(v);
+}
+
+/* Rank q->rank of attempt q->attempt found the job's committed checkpoint
+ * of q->step damaged as it resumed (q->failed says how): answered at once
+ * with the checkpoint's state; checked on the pool, and committed no more
+ * only if the coordinator finds it damaged too. */
 static void coord_ckpt_damaged(coord_t *c, rpc_call_t *call, int64_t job,
                                const Fsdp__V1__ReportCheckpointShardRequest *q) {
-  char why[STORE_REASON_MAX];
-  snprintf(why, sizeof why, "damaged: found so by attempt %u as it resumed, which went back to "
-           "the committed checkpoint before it (rank %u: %.300s)", q->attempt, q->rank, q->failed);
-  coord_text_mend(why);
   store_ckpt_t k;
   int changed = 0;
-  int rc = store_ckpt_damaged(c->st, job, q->attempt, q->step, why, &k, &changed);
+  int rc = store_ckpt_damaged(c->st, job, q->attempt, q->step, NULL, &k, &changed);
   if (rc) {
     rpc_call_finish(call, rc);
     return;
   }
-  if (changed) {
-    LOG_WARN("coord", "job j-%lld: committed checkpoint of step %lld is %s", (long long)job,
-             (long long)q->step, why);
-    c->ckpt_aborts++;
+  int busy = k.state != STORE_CKPT_COMMITTED;
+  for (const coord_verify_t *v = c->verifying; v && !busy; v = v->next)
+    busy = v->job == job && v->step == q->step;
+  coord_verify_t *v = busy ? NULL : calloc(1, sizeof *v);
+  if (v) {
+    v->c = c, v->job = job, v->step = q->step, v->work.data = v;
+    snprintf(v->dir, sizeof v->dir, "%s", k.dir);
+    snprintf(v->said, sizeof v->said, "rank %u of attempt %u: %.400s", q->rank, q->attempt,
+             q->failed);
+    coord_text_mend(v->said);
+    if (uv_queue_work(c->loop, &v->work, coord_ckpt_verify_work, coord_ckpt_verify_done)) {
+      free(v);
+    } else {
+      v->next = c->verifying;
+      c->verifying = v;
+      LOG_INFO("coord", "job j-%lld: %s says the committed checkpoint of step %lld is damaged; "
+               "checking it", (long long)job, v->said, (long long)q->step);
+    }
   }
   Fsdp__V1__ReportCheckpointShardReply rep = FSDP__V1__REPORT_CHECKPOINT_SHARD_REPLY__INIT;
   rep.state = coord_ckpt_state(k.state);
@@ -751,7 +836,8 @@ void coord_ckpt_janitor(coord_t *c) {
     const int running = j.state == STORE_JOB_RUNNING;
     store_job_free(&j);
     const coord_job_t *x = running ? NULL : coord_job_info(c, k->job_id);
-    if (running || (x && x->fence_until > coord_mono_ms(c))) continue;
+    if (running || (x && x->fence_until > coord_mono_ms(c)) || coord_export_reads(c, k->dir))
+      continue; /* an export of a checkpoint found damaged since: removed when it ends */
     coord_ckpt_remove(c, k, 0);
   }
   free(v);

@@ -198,6 +198,7 @@ struct coord {
   int retained;             /* its first run applied every job's retention */
   struct coord_rm *removing; /* checkpoint directories being removed on the pool */
   struct coord_rm_fail *rm_failed; /* ...and those whose removal failed, by dir (uthash) */
+  struct coord_verify *verifying;  /* checkpoints a rank found damaged, being checked on the pool */
   struct coord_commit *committing; /* checkpoints being committed on the pool */
   /* Leftover step directories (coord_ckpt_janitor): one job's checkpoint_dir
    * swept on the pool at a time, the jobs visited by id, a round at most

@@ -2015,17 +2015,17 @@ int store_ckpt_report(store_t *st, int64_t job_id, int64_t epoch, int64_t step, 
 int store_ckpt_damaged(store_t *st, int64_t job_id, int64_t epoch, int64_t step,
                        const char *reason, store_ckpt_t *out, int *changed) {
   *changed = 0;
-  int rc = check_text("damage reason", reason, STORE_REASON_MAX, 0);
-  if (rc || (rc = store_begin(st, 1))) return rc;
+  int rc = reason ? check_text("damage reason", reason, STORE_REASON_MAX, 0) : 0;
+  if (rc || (rc = store_begin(st, reason != NULL))) return rc;
   job_brief_t b;
   store_ckpt_t c;
-  int have = job_fence(st, job_id, epoch, "damaged checkpoint report", 1, &b);
+  int have = epoch ? job_fence(st, job_id, epoch, "damaged checkpoint report", 1, &b) : 0;
   if (!have) have = ckpt_get(st, job_id, step, &c);
   if (have < 0) return store_end(st, have);
   if (!have)
     return store_end(st, err_set(FSDP_ENOTFOUND, "job %lld has no checkpoint of step %lld",
                                  (long long)job_id, (long long)step));
-  if (c.state == STORE_CKPT_COMMITTED &&
+  if (reason && c.state == STORE_CKPT_COMMITTED &&
       st_exec(st, "UPDATE checkpoints SET state = 'ABORTED', closed_ms = ?, reason = ? "
               "WHERE job_id = ? AND step = ? AND state = 'COMMITTED'",
               A_I(store_now_ms()), A_T(reason), A_I(job_id), A_I(step)) > 0) {

@@ -224,13 +224,15 @@ typedef struct store_ckpt_shard {
  * checkpoint after it. */
 int store_ckpt_report(store_t *st, int64_t job_id, int64_t epoch, int64_t step, int shards,
                       const char *dir, const store_ckpt_shard_t *sh, store_ckpt_t *out);
-/* Job's committed checkpoint of step was found damaged by attempt epoch's
- * ranks as they resumed (fenced as store_ckpt_report): it is ABORTED with
- * reason and a checkpoint.damaged event, so it is not the job's latest,
- * retention and exports pass it by, its files go once no attempt runs, and
- * its step may be written again (a newer attempt's report replaces it).
- * One not committed is left as it is (*changed 0; 1: this call). None of
- * that step is FSDP_ENOTFOUND. *out: the checkpoint after it. */
+/* Job's committed checkpoint of step is damaged (the coordinator checked
+ * it: coord_ckpt.c): it is ABORTED with reason and a checkpoint.damaged
+ * event, so it is not the job's latest, retention and exports pass it by,
+ * its files go once no attempt runs, and its step may be written again (a
+ * newer attempt's report replaces it). One not committed is left as it is
+ * (*changed 0; 1: this call). reason NULL: nothing changes, the checkpoint
+ * is only read. epoch not 0: fenced as store_ckpt_report (the attempt
+ * whose ranks said so must run). None of that step is FSDP_ENOTFOUND.
+ * *out: the checkpoint after it. */
 int store_ckpt_damaged(store_t *st, int64_t job_id, int64_t epoch, int64_t step,
                        const char *reason, store_ckpt_t *out, int *changed);
 /* A shard of job's checkpoint of step (under dir, of shards shards) that

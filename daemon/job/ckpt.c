@@ -994,6 +994,27 @@ static int ckpt_reader_bytes(ckpt_reader_t *rd, int j, int sec, uint64_t off, si
   return FSDP_OK;
 }
 
+int ckpt_verify(const char *dir) {
+  ckpt_reader_t rd;
+  int rc = ckpt_reader_open(&rd, dir);
+  if (rc) return rc;
+  uint8_t *buf = malloc(CKPT_BLOCK);
+  if (!buf) rc = err_set(FSDP_ENOMEM, "checkpoint: out of memory");
+  for (int j = 0; !rc && j < rd.m.shards; j++) {
+    if ((rc = ckpt_reader_shard(&rd, j))) break;
+    const ckpt_header_t *h = &rd.h[j];
+    for (uint32_t sec = 0; !rc && sec < h->num_sections; sec++)
+      for (uint64_t off = 0; !rc && off < h->sec[sec].bytes; off += CKPT_BLOCK) {
+        const uint64_t left = h->sec[sec].bytes - off;
+        rc = ckpt_reader_bytes(&rd, j, (int)sec, off, left < CKPT_BLOCK ? (size_t)left : CKPT_BLOCK,
+                               buf);
+      }
+  }
+  free(buf);
+  ckpt_reader_close(&rd);
+  return rc;
+}
+
 /* n elements of dtype from into dtype to (fp32 <-> bf16 nearest-even). */
 static void ckpt_convert(void *dst, uint32_t to, const void *src, uint32_t from, size_t n) {
   if (to == from) {

@@ -195,6 +195,11 @@ int ckpt_reader_open(ckpt_reader_t *rd, const char *dir);
 int ckpt_reader_read(ckpt_reader_t *rd, uint32_t kind, uint64_t g, size_t n, void *dst,
                      uint32_t to);
 void ckpt_reader_close(ckpt_reader_t *rd);
+/* Checks the committed checkpoint in dir whole, as a load would: its
+ * manifest, every shard's header against it and shard 0, and every block of
+ * every section against its XXH64. FSDP_EFORMAT or FSDP_ENOENT name what is
+ * damaged or missing; other codes are the reader's (EIO, EACCES). */
+int ckpt_verify(const char *dir);
 
 /* Removes the checkpoint in dir: its manifest first (so it is no longer
  * committed), an fsync of dir (so that stays true after a power loss; when

@@ -2924,13 +2924,25 @@ static int report_damaged(const node_t *n, const char *job, uint32_t attempt, in
   return rc;
 }
 
-/* A committed checkpoint a running attempt found damaged is ABORTED with
- * the reason, and the job's latest committed one is the one before it; a
- * report without how, of a step never checkpointed, or of an attempt that
- * is over changes nothing. (The whole path, ranks to fsdpctl, is
- * test_cluster's.) */
+/* The checkpoint of step's state, once it is want or 5 s have passed. */
+static Fsdp__V1__CheckpointState ckpt_state_wait(const char *job, int64_t step,
+                                                 Fsdp__V1__CheckpointState want, char *reason,
+                                                 size_t len) {
+  Fsdp__V1__CheckpointState s = ckpt_state(job, step, reason, len);
+  for (const double t0 = tu_now_s(); s != want && tu_now_s() - t0 < 5;
+       nanosleep(&(struct timespec){0, 20000000}, NULL))
+    s = ckpt_state(job, step, reason, len);
+  return s;
+}
+
+/* A committed checkpoint a running attempt's rank says is damaged is
+ * checked whole by the coordinator: one that checks whole stays committed
+ * (a node whose mount is missing must not demote the job's history), one
+ * whose byte was flipped is ABORTED with both reasons, and the job's latest
+ * committed one is the one before it; a report without how, of a step
+ * never checkpointed, or of an attempt that never ran changes nothing. */
 Test(coordinator, a_committed_checkpoint_found_damaged_is_committed_no_more) {
-  char d[600], ck[600], ckopt[700], id[32], reason[512];
+  char d[600], ck[600], ckopt[700], id[32], reason[512], sh[900];
   node_t n = {{0}, 0};
   ckpt_job_start(&n, "model=tiny", "keep_checkpoints=3", d, ck, ckopt, id);
   cr_assert_eq(ckpt_report_both(&n, id, "tiny", ck, 10), CK_COMMITTED);
@@ -2938,12 +2950,30 @@ Test(coordinator, a_committed_checkpoint_found_damaged_is_committed_no_more) {
   cr_expect_eq(report_damaged(&n, id, 1, 20, ""), FSDP_EINVAL, "no how: %s", err_msg());
   cr_expect_eq(report_damaged(&n, id, 1, 30, "x"), FSDP_ENOTFOUND, "%s", err_msg());
   cr_expect_neq(report_damaged(&n, id, 2, 20, "x"), 0, "attempt 2 never ran");
-  cr_expect_eq(ckpt_state(id, 20, NULL, 0), CK_COMMITTED);
-  cr_assert_eq(report_damaged(&n, id, 1, 20, "shard 1: section adam_m: checksum mismatch"), 0, "%s",
+  cr_assert_eq(report_damaged(&n, id, 1, 10, "shard 0: No such file or directory"), 0, "%s",
                err_msg());
-  cr_expect_eq(ckpt_state(id, 20, reason, sizeof reason),
-               FSDP__V1__CHECKPOINT_STATE__CHECKPOINT_STATE_ABORTED);
-  cr_expect(strstr(reason, "damaged") && strstr(reason, "adam_m"), "%s", reason);
+  for (const double t0 = tu_now_s(); !co_log_count("it checks whole here") && tu_now_s() - t0 < 5;)
+    nanosleep(&(struct timespec){0, 20000000}, NULL);
+  cr_expect_eq(co_log_count("it checks whole here"), 1, "%s", tu_slurp(co.log, NULL));
+  cr_expect_eq(ckpt_state(id, 10, NULL, 0), CK_COMMITTED, "a whole checkpoint was demoted");
+  /* a byte of step 20's shard 1, in a section's data */
+  snprintf(sh, sizeof sh, "%s/step-00000020/shard-00001-of-00002.fsdp", ck);
+  struct stat st;
+  cr_assert_eq(stat(sh, &st), 0);
+  FILE *f = fopen(sh, "r+b");
+  cr_assert_not_null(f);
+  fseek(f, st.st_size - 100, SEEK_SET);
+  const int c = fgetc(f);
+  fseek(f, st.st_size - 100, SEEK_SET);
+  fputc(c ^ 1, f);
+  fclose(f);
+  cr_assert_eq(report_damaged(&n, id, 1, 20, "shard 1: section adam_v: checksum mismatch"), 0, "%s",
+               err_msg());
+  cr_expect_eq(ckpt_state_wait(id, 20, FSDP__V1__CHECKPOINT_STATE__CHECKPOINT_STATE_ABORTED,
+                               reason, sizeof reason),
+               FSDP__V1__CHECKPOINT_STATE__CHECKPOINT_STATE_ABORTED, "%s", tu_slurp(co.log, NULL));
+  cr_expect(strstr(reason, "damaged") && strstr(reason, "adam_v") && strstr(reason, "checked here") &&
+            strstr(reason, "checksum mismatch"), "%s", reason);
   cr_expect_eq(ckpt_state(id, 10, NULL, 0), CK_COMMITTED);
   Fsdp__V1__GetJobReply *g = get_job(id);
   cr_expect_eq(g->job->last_checkpoint_step, 10, "latest committed: %lld",
