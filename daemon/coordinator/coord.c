@@ -509,6 +509,60 @@ void coord_node_hold(coord_t *c, coord_node_t *n, rpc_call_t *call) {
 
 /* ---- attempts ------------------------------------------------------------- */
 
+void coord_hold_add(coord_t *c, int64_t job, int64_t epoch, int64_t node) {
+  for (int i = 0; i < c->n_holds; i++)
+    if (c->holds[i].job == job && c->holds[i].epoch == epoch && c->holds[i].node == node) return;
+  if (c->n_holds == c->cap_holds) {
+    const int cap = c->cap_holds ? 2 * c->cap_holds : 16;
+    struct coord_hold *h = realloc(c->holds, (size_t)cap * sizeof *h);
+    if (!h) { /* the job waits the node's whole fence instead */
+      coord_job_t *x = coord_job_info(c, job);
+      coord_node_t *n = coord_node_get(c, node, 0);
+      const uint64_t until = coord_mono_ms(c) + coord_fence_ms(c);
+      if (x && n && until > x->fence_until) x->fence_until = until, x->fence_node = node;
+      return;
+    }
+    c->holds = h, c->cap_holds = cap;
+  }
+  c->holds[c->n_holds++] = (struct coord_hold){job, epoch, node};
+}
+
+void coord_hold_confirm(coord_t *c, const coord_node_t *n, Fsdp__V1__RankStatus *const *ranks,
+                        size_t nr) {
+  int kept = 0, freed = 0;
+  for (int i = 0; i < c->n_holds; i++) {
+    const struct coord_hold *h = &c->holds[i];
+    int alive = 0;
+    for (size_t k = 0; h->node == n->id && k < nr && !alive; k++)
+      alive = ranks[k]->attempt == (uint64_t)h->epoch &&
+              ranks[k]->state != FSDP__V1__RANK_STATE__RANK_STATE_EXITED &&
+              coord_id_parse(ranks[k]->job_id, 'j') == h->job;
+    if (h->node != n->id || alive) c->holds[kept++] = *h;
+    else freed = 1;
+  }
+  c->n_holds = kept;
+  if (freed) c->dirty = 1; /* a job may wait for it */
+}
+
+/* When job's next attempt may start as far as its holds go (loop time; 0:
+ * now): the latest fence of a node it waits on, each counted from the
+ * node's last call (a node that still answers is renewing its ranks'
+ * leases); *node: that node. Holds past their fence go. */
+static uint64_t coord_hold_until(coord_t *c, int64_t job, uint64_t now, int64_t *node) {
+  uint64_t until = 0;
+  int kept = 0;
+  for (int i = 0; i < c->n_holds; i++) {
+    const struct coord_hold *h = &c->holds[i];
+    const coord_node_t *n = coord_node_get(c, h->node, 0);
+    const uint64_t end = n ? n->heard_ms + coord_fence_ms(c) : 0;
+    if (end <= now) continue; /* fenced by now: gone */
+    c->holds[kept++] = *h;
+    if (h->job == job && end > until) until = end, *node = h->node;
+  }
+  c->n_holds = kept;
+  return until;
+}
+
 void coord_kill_attempt(coord_t *c, int64_t job, int64_t epoch, int64_t except_node,
                         const char *why) {
   store_rank_t *r = NULL;
@@ -519,9 +573,13 @@ void coord_kill_attempt(coord_t *c, int64_t job, int64_t epoch, int64_t except_n
     return;
   }
   for (int i = 0; i < n; i++) {
-    int seen = r[i].node_id == except_node;
+    int seen = 0;
     for (int k = 0; k < i && !seen; k++) seen = r[k].node_id == r[i].node_id;
     if (seen) continue;
+    /* until the node shows them gone, the next attempt waits (a node cut
+     * off now would run them until its fence) */
+    coord_hold_add(c, job, epoch, r[i].node_id);
+    if (r[i].node_id == except_node) continue;
     /* no grace (1 ms: 0 is the node's default): the attempt is over in the
      * store already, so a checkpoint its ranks wrote on SIGTERM would be
      * refused, a full write wasted and its directory left behind */
@@ -1175,6 +1233,20 @@ static void coord_place(coord_t *c, coord_pass_t *ps, int64_t job) {
     return;
   }
   const uint64_t now = coord_mono_ms(c);
+  int64_t held_by = 0;
+  const uint64_t held = coord_hold_until(c, job, now, &held_by);
+  if (held > now && held >= x->fence_until) {
+    char why[STORE_REASON_MAX];
+    snprintf(why, sizeof why, "%s (%.200s); waiting for node n-%lld to show its ranks of the last "
+             "attempt gone (at most %.0f s more: then its fence, --restart-grace-ms, has stopped "
+             "them), lest they write beside the next attempt", x->preempted ? "requeued after "
+             "preemption" : x->failure[0] ? "restarting after attempt failed" : "restarting",
+             x->failure[0] ? x->failure : "its attempt ended", (long long)held_by,
+             (double)(held - now) / 1000);
+    coord_pass_wait(ps, x, why);
+    if (!c->fence_wake_ms || held < c->fence_wake_ms) c->fence_wake_ms = held;
+    return;
+  }
   if (x->fence_until > now) { /* not placed: its slots stay free for others meanwhile */
     char why[STORE_REASON_MAX];
     const double left = (double)(x->fence_until - now) / 1000;
@@ -1545,6 +1617,7 @@ void coord_destroy(coord_t *c) {
   coord_ckpt_detach(c);       /* so do removals still on the pool */
   for (int i = 0; i < c->n_sub; i++) free(c->sub[i].text); /* their calls were cancelled */
   free(c->sub);
+  free(c->holds);
   store_close(c->st);
   uv_close((uv_handle_t *)&c->tick, coord_free_cb);
 }

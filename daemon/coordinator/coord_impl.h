@@ -185,6 +185,12 @@ struct coord {
   coord_rdv_t *rdv;
   int dirty;                /* something changed that placement depends on */
   uint64_t started_ms;      /* loop time at start: a restarting job waits out the fence from here */
+  /* Ranks of an ended attempt told to stop (a kill order) on a node that has
+   * not yet shown them gone: the job's next attempt waits until the node's
+   * heartbeat lists none of them alive, or, silent, until its fence has
+   * surely stopped them (coord_hold_*). */
+  struct coord_hold { int64_t job, epoch, node; } *holds;
+  int n_holds, cap_holds;
   uint64_t fence_wake_ms;   /* the first coord_job_t.fence_until a waiting job has (0: none) */
   coord_submit_t *sub;      /* submits waiting for this loop turn's commit */
   int n_sub, cap_sub;
@@ -245,6 +251,13 @@ void coord_node_deliver(coord_t *c, coord_node_t *n);
  * as fsdpd gave up on it) is sent again while its attempt runs. */
 void coord_node_confirm(coord_t *c, coord_node_t *n, Fsdp__V1__RankStatus *const *ranks, size_t nr);
 void coord_kill_attempt(coord_t *c, int64_t job, int64_t epoch, int64_t except_node, const char *why);
+/* Job's next attempt waits for node to show its ranks of attempt epoch
+ * gone (or its fence to pass). */
+void coord_hold_add(coord_t *c, int64_t job, int64_t epoch, int64_t node);
+/* A heartbeat (or registration) of node n listed these ranks: the holds on
+ * n whose attempt has no rank alive among them are released. */
+void coord_hold_confirm(coord_t *c, const coord_node_t *n, Fsdp__V1__RankStatus *const *ranks,
+                        size_t nr);
 /* Both return 0, or the store's error when the attempt's end could not be
  * stored: then c->unsettled, and the tick settles every running attempt
  * whose ranks are done, by their verdict, every COORD_SETTLE_RETRY_MS until

@@ -925,8 +925,12 @@ static void coord_register_cb(rpc_call_t *call, const ProtobufCMessage *req, voi
                          .grace_ms = 1};
       snprintf(o.reason, sizeof o.reason, "its attempt is over");
       coord_order_push(c, id, &o);
+      /* this registration's answer renewed their lease: the job's next
+       * attempt waits until they are shown gone */
+      if (r->state != FSDP__V1__RANK_STATE__RANK_STATE_EXITED) coord_hold_add(c, job, r->attempt, id);
     }
   }
+  coord_hold_confirm(c, n, q->ranks, q->n_ranks);
   store_rank_t *want = NULL;
   int nw = 0;
   if (!store_ranks_of_node(c->st, id, &want, &nw))
@@ -1028,6 +1032,7 @@ static void coord_heartbeat_cb(rpc_call_t *call, const ProtobufCMessage *req, vo
              "%zu are read", q->node_id, q->n_ranks, most, n->ndev, most);
   for (size_t i = 0; i < q->n_ranks && i < most; i++) coord_rank_report(c, n->id, q->ranks[i]);
   coord_node_confirm(c, n, q->ranks, q->n_ranks < most ? q->n_ranks : most);
+  coord_hold_confirm(c, n, q->ranks, q->n_ranks);
   coord_node_hold(c, n, call);
 }
 

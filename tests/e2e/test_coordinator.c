@@ -796,6 +796,50 @@ Test(coordinator, a_dead_nodes_job_restarts_only_after_the_nodes_fence, .timeout
             "the pending reason: %s", reason);
 }
 
+/* An attempt that ends otherwise than by a node's death holds its job too:
+ * beta reports rank 0 failed and goes silent before its next heartbeat, so
+ * rank 1, told to stop, may run on (cut off, it never heard the kill) until
+ * beta's fence; the next attempt waits that long, though beta is not dead
+ * when the attempt ends (helper-61 #1). */
+Test(coordinator, a_failed_attempts_silent_node_holds_the_restart_for_its_fence, .timeout = 40) {
+  node_t A = {{0}, 0}, Bn = {{0}, 0};
+  char id[32], reason[512] = "";
+  double heard;
+  fenced_job_on_beta(&A, &Bn, id, sizeof id, &heard);
+  cr_assert_eq(report_exit(&Bn, id, 1, 0, 1), 0, "%s", err_msg());
+  const double at = assigned_at(&A, id, 10, reason, sizeof reason);
+  cr_assert_gt(at, 0, "the job never restarted on alpha: %s", reason);
+  const double fence = 3 * TIMEOUT_MS / 1000.0 + 1.0;
+  cr_expect(at - heard >= fence && at - heard < fence + 1.5, "restarted %.2f s after beta's last "
+            "call; its fence and the margin end %.1f s after it", at - heard, fence);
+  cr_expect(strstr(reason, Bn.id) && strstr(reason, "gone"), "the pending reason: %s", reason);
+}
+
+/* A dead node back with the old attempt's ranks still running renews their
+ * lease by registering: if it is cut off again before the kill reaches it,
+ * they run a fence from that registration, and the next attempt waits for
+ * it, not for the fence of the call before the node's death. */
+Test(coordinator, a_dead_node_back_with_old_ranks_holds_the_restart_from_its_registration,
+     .timeout = 40) {
+  node_t A = {{0}, 0}, Bn = {{0}, 0};
+  char id[32], reason[512] = "";
+  double heard;
+  fenced_job_on_beta(&A, &Bn, id, sizeof id, &heard);
+  while (job_state(id, NULL, 0) == FSDP__V1__JOB_STATE__JOB_STATE_RUNNING && tu_now_s() - heard < 5)
+    protobuf_c_message_free_unpacked(&heartbeat(&A, NULL, 0)->base, NULL);
+  cr_assert_eq(job_state(id, NULL, 0), FSDP__V1__JOB_STATE__JOB_STATE_PENDING);
+  Fsdp__V1__RankStatus rs[2], *rp[2];
+  running_ranks(rs, rp, id, 5);
+  const double back = tu_now_s();
+  node_register(&Bn, "beta", 2, 8ull << 30, rp, 2); /* and silent again */
+  const double at = assigned_at(&A, id, 10, reason, sizeof reason);
+  cr_assert_gt(at, 0, "the job never restarted on alpha: %s", reason);
+  const double fence = 3 * TIMEOUT_MS / 1000.0 + 1.0;
+  cr_expect(at - back >= fence && at - back < fence + 1.5, "restarted %.2f s after beta registered "
+            "with the old ranks (%.2f s after its call before its death); the fence from that "
+            "registration ends %.1f s after it", at - back, at - heard, fence);
+}
+
 /* The same across a coordinator restart: the new coordinator cannot know
  * when beta was last heard, only that it was before its start, so a job
  * that ran before waits a fence and the margin from its start. */
