@@ -38,6 +38,7 @@ static int coord_hash_oom;
 #define COORD_JANITOR_MS 1000 /* checkpoints' timeouts and removals are looked at this often */
 #define COORD_SETTLE_RETRY_MS 1000 /* an attempt's end the store failed to take, tried again */
 #define COORD_FENCE_MARGIN_MS 1000 /* a fenced node's fsdpd kills its ranks within this */
+#define COORD_FENCE_SLACK_MS 1000  /* a heartbeat answered this late fences no healthy node */
 #define COORD_PURGE_MS 10000  /* retention (events, ended jobs), this often (and at start) */
 #define COORD_PURGE_BATCH 2000
 #define COORD_PURGE_PASSES 10
@@ -1489,13 +1490,13 @@ int coord_create(coord_t **out, uv_loop_t *loop, const coord_opts_t *o) {
    * forgives would stop them; a node learns its heartbeat was heard only
    * when it is answered, up to two intervals after it was sent */
   const int g = c->o.restart_grace_ms, t = c->o.heartbeat_timeout_ms,
-            least = t > 2 * c->o.heartbeat_interval_ms ? t : 2 * c->o.heartbeat_interval_ms + 1;
+            two = 2 * c->o.heartbeat_interval_ms + COORD_FENCE_SLACK_MS, least = t > two ? t : two;
   if (g < least) {
     free(c);
     return err_set(FSDP_EINVAL, "--restart-grace-ms %d is too short: it is also each node's fence "
                    "(a node with no answer for that long stops its ranks), so it must be at least "
-                   "the heartbeat timeout and more than two heartbeat intervals; give at least %d",
-                   g, least);
+                   "the heartbeat timeout, and two heartbeat intervals and a second (a late answer "
+                   "must not fence a healthy node); give at least %d", g, least);
   }
   if (!c->o.checkpoint_timeout_ms) c->o.checkpoint_timeout_ms = 300000;
   if (!c->o.event_retention_days) c->o.event_retention_days = 90;

@@ -259,12 +259,12 @@ int store_ckpt_list(store_t *st, int64_t job_id, store_ckpt_t **ckpts, int *n);
  * store_attempt_requeue, store_job_cancel: each with a checkpoint.aborted
  * event), since the store was opened. */
 uint64_t store_ckpt_aborted_at_end(const store_t *st);
-/* The step of a job's latest committed checkpoint; 0: none; -1: the store failed. */
 /* How job's attempt epoch ended: its outcome (SUCCEEDED, FAILED or
  * CANCELLED: a cancel or a preemption's requeue) and reason, cut to fit:
  * 1, or 0 when it has not ended (or never was); < 0 on a store error. */
 int store_attempt_ended(store_t *st, int64_t job_id, int64_t epoch, char *outcome,
                         size_t outcome_len, char *reason, size_t reason_len);
+/* The step of a job's latest committed checkpoint; 0: none; -1: the store failed. */
 int64_t store_ckpt_last_committed(store_t *st, int64_t job_id);
 /* Checkpoints the coordinator still has work on: OPEN ones (to commit or
  * time out) and ABORTED ones whose files are not removed yet. */

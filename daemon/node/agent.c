@@ -43,9 +43,11 @@ struct agent {
   agent_msg_t *head, *tail;
 };
 
+/* CLOCK_BOOTTIME: a suspended host's silence counts toward the fence, as it
+ * does at the coordinator (proto: RankLease) */
 static double agent_now(void) {
   struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
+  clock_gettime(CLOCK_BOOTTIME, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
@@ -121,7 +123,9 @@ static void agent_async_cb(uv_async_t *h) {
     } else if (m->kind == 4) {
       if (a->o.fence_cb) a->o.fence_cb(a->o.arg, (const char *)m->data);
     } else if (m->kind == 5) {
-      if (a->o.lease_cb) a->o.lease_cb(a->o.arg, strtoull((const char *)m->data, NULL, 10));
+      char *end;
+      const unsigned long long until = strtoull((const char *)m->data, &end, 10);
+      if (a->o.lease_cb) a->o.lease_cb(a->o.arg, until, atoi(end));
     } else {
       Fsdp__V1__HeartbeatReply *rep = fsdp__v1__heartbeat_reply__unpack(NULL, m->len, m->data);
       if (rep && a->o.reply_cb) a->o.reply_cb(a->o.arg, rep);
@@ -308,11 +312,13 @@ static void *agent_main(void *arg) {
     lost = 0;
     if (heard) {
       fenced = 0, answered = t0; /* the coordinator heard it when it was sent */
-      if (fence_s > 0) { /* the ranks' own fence, should this thread or the loop freeze */
-        char until[32];
-        snprintf(until, sizeof until, "%llu", (unsigned long long)((answered + fence_s) * 1e9));
-        agent_post(a, 5, NULL, until);
-      }
+      /* the ranks' own fence, should this thread or the loop freeze; a
+       * registration may change it either way (0: none) */
+      char until[48];
+      snprintf(until, sizeof until, "%llu %d",
+               fence_s > 0 ? (unsigned long long)((answered + fence_s) * 1e9) : 0ull,
+               what[0] == 'R');
+      agent_post(a, 5, NULL, until);
     }
     refusal[0] = 0, refused_since = 0;
     backoff = AGENT_BACKOFF_MIN_MS;

@@ -57,10 +57,11 @@ typedef struct agent_opts {
    * it gave at registration (RegisterNodeReply.fence_ms): the ranks must
    * stop; once per such silence */
   void (*fence_cb)(void *arg, const char *why);
-  /* on the loop: the node's lease is now until_ns (CLOCK_MONOTONIC): when
-   * its fence ends unless the coordinator answers again (proto: RankLease);
-   * after each answered call, while the coordinator gives a fence */
-  void (*lease_cb)(void *arg, uint64_t until_ns);
+  /* on the loop: the node's lease is now until_ns (CLOCK_BOOTTIME; 0:
+   * none): when its fence ends unless the coordinator answers again (proto:
+   * RankLease); after each answered call, registered set after a
+   * registration (which may shorten or end it) */
+  void (*lease_cb)(void *arg, uint64_t until_ns, int registered);
   /* on the loop: a heartbeat's reply with assignments or kills (owned by the agent) */
   void (*reply_cb)(void *arg, const Fsdp__V1__HeartbeatReply *rep);
   void *arg;

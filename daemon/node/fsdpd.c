@@ -188,9 +188,9 @@ static void fsdpd_superseded_cb(void *arg, const char *why) {
 
 /* The coordinator answered: the ranks' lease is renewed (ranks_lease), as
  * long as ranks run (a stop's last checkpoints included). */
-static void fsdpd_lease_cb(void *arg, uint64_t until_ns) {
+static void fsdpd_lease_cb(void *arg, uint64_t until_ns, int registered) {
   fsdpd_t *D = arg;
-  if (D->ranks) ranks_lease(D->ranks, until_ns);
+  if (D->ranks) ranks_lease(D->ranks, until_ns, registered);
 }
 
 /* The coordinator has been silent past the fence it gave: it declared this

@@ -594,9 +594,11 @@ static void rk_lease_written(uv_write_t *req, int status) {
 }
 
 static void rk_lease_send(rank_t *rk) {
-  if (!rk->report_open || !rk->R->lease_ns) return;
+  /* a rank that reads none (a program of its own, a reader that quit) has
+   * its last one waiting: the next goes when it is taken */
+  if (!rk->report_open || uv_stream_get_write_queue_size((uv_stream_t *)&rk->report)) return;
   Fsdp__V1__RankLease l = FSDP__V1__RANK_LEASE__INIT;
-  l.until_monotonic_ns = rk->R->lease_ns;
+  l.until_ns = rk->R->lease_ns;
   const size_t n = fsdp__v1__rank_lease__get_packed_size(&l);
   uv_write_t *req = malloc(sizeof *req + FRAME_HEADER + n);
   if (!req) return; /* the next renewal carries it */
@@ -607,8 +609,8 @@ static void rk_lease_send(rank_t *rk) {
   if (uv_write(req, (uv_stream_t *)&rk->report, &buf, 1, rk_lease_written)) free(req);
 }
 
-void ranks_lease(ranks_t *R, uint64_t until_ns) {
-  if (until_ns <= R->lease_ns) return;
+void ranks_lease(ranks_t *R, uint64_t until_ns, int reset) {
+  if (reset ? until_ns == R->lease_ns : until_ns <= R->lease_ns) return;
   R->lease_ns = until_ns;
   for (rank_t *rk = R->list; rk; rk = rk->next)
     if (rk->state == RK_RUNNING) rk_lease_send(rk);
@@ -812,7 +814,7 @@ static int rk_spawn(rank_t *rk, const Fsdp__V1__RendezvousReply *rep) {
   if (uv_pipe_open(&rk->report, sv[0]) == 0) {
     sv[0] = -1; /* the pipe owns it */
     uv_read_start((uv_stream_t *)&rk->report, rk_report_alloc_cb, rk_report_read_cb);
-    rk_lease_send(rk);
+    if (R->lease_ns) rk_lease_send(rk);
   } else {
     rk_close_report(rk);
   }

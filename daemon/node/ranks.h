@@ -66,11 +66,12 @@ void ranks_kill(ranks_t *R, const Fsdp__V1__Kill *k);
  * RANKS_NO_GRACE_S: none), for reason; unlike ranks_stop_all, later
  * assignments still start. */
 void ranks_kill_all(ranks_t *R, const char *reason, double grace_s);
-/* The node's lease (CLOCK_MONOTONIC ns; proto: RankLease): sent to every
- * running rank, and to each rank as it starts. A rank ends itself once the
- * clock passes the last it got, so ranks stop at the fence even when
- * fsdpd cannot stop them (frozen). */
-void ranks_lease(ranks_t *R, uint64_t until_ns);
+/* The node's lease (CLOCK_BOOTTIME ns, 0: none; proto: RankLease): sent to
+ * every running rank when it is later than the last (or, reset, after a
+ * registration, whatever it is), and to each rank as it starts. A rank ends
+ * itself once the clock passes the last it got, so ranks stop at the fence
+ * even when fsdpd cannot stop them (frozen). */
+void ranks_lease(ranks_t *R, uint64_t until_ns, int reset);
 /* 1 when something a heartbeat carries changed since the last ranks_pack. */
 int ranks_dirty(const ranks_t *R);
 /* A packed HeartbeatRequest with the devices (job_id set where processes

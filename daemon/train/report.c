@@ -32,9 +32,10 @@ struct report {
 
 /* ---- the node's lease (proto: RankLease), on a thread of its own ---- */
 
-static uint64_t report_mono_ns(void) {
+/* The clock of the lease: fsdpd's (CLOCK_BOOTTIME, which counts a suspend). */
+static uint64_t report_lease_now(void) {
   struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
+  clock_gettime(CLOCK_BOOTTIME, &ts);
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
@@ -42,25 +43,45 @@ static int report_lease_frame(void *arg, const uint8_t *data, size_t n) {
   uint64_t *until = arg;
   Fsdp__V1__RankLease *l = fsdp__v1__rank_lease__unpack(NULL, n, data);
   if (!l) return err_set(FSDP_EINVAL, "a frame of %zu bytes that is not a RankLease", n);
-  if (l->until_monotonic_ns > *until) *until = l->until_monotonic_ns;
+  *until = l->until_ns; /* each replaces the last: fsdpd sends them in order */
   fsdp__v1__rank_lease__free_unpacked(l, NULL);
   return FSDP_OK;
+}
+
+/* Every lease waiting on fd, into *until: 0, or -1 when the channel ended
+ * (closed, or a frame that is not a lease). */
+static int report_lease_drain(int fd, frame_reader_t *fr, uint64_t *until) {
+  for (;;) {
+    uint8_t b[4096];
+    const ssize_t got = recv(fd, b, sizeof b, MSG_DONTWAIT);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+    if (got <= 0) return -1; /* fsdpd closed the channel: it stops this rank itself if it must */
+    if (frame_reader_feed(fr, b, (size_t)got, report_lease_frame, until)) {
+      dprintf(2, "fsdp-train: a lease from fsdpd could not be read (%s); this rank no longer "
+              "watches it\n", err_msg());
+      return -1;
+    }
+  }
 }
 
 /* Reads the leases fsdpd sends until it closes the channel; ends the
  * process at once, wherever the run is, when the clock passes the latest:
  * no step, checkpoint or shard rename comes after (a temporary file may be
- * left; it is never taken for a shard). A frame it cannot read ends the
- * watch, not the run: fsdpd still fences the ranks it can. */
+ * left; it is never taken for a shard). Everything waiting is read before
+ * the clock is looked at, so a rank that was stopped a while (SIGSTOP, a
+ * frozen cgroup) goes by the newest lease, not the oldest. A frame it
+ * cannot read ends the watch, not the run: fsdpd still fences the ranks
+ * it can. */
 static void *report_lease_main(void *arg) {
   const int fd = (int)(intptr_t)arg;
   frame_reader_t fr;
   frame_reader_init(&fr, 256);
   uint64_t until = 0;
-  for (;;) {
+  while (!report_lease_drain(fd, &fr, &until)) {
     int wait_ms = -1;
     if (until) {
-      const uint64_t now = report_mono_ns();
+      const uint64_t now = report_lease_now();
       if (now >= until) {
         /* the output goes through fsdpd, which may be frozen with its pipe
          * full: the line is written if it fits, never waited for */
@@ -74,18 +95,7 @@ static void *report_lease_main(void *arg) {
       wait_ms = left / 1000000 >= INT32_MAX ? INT32_MAX : (int)(left / 1000000) + 1;
     }
     struct pollfd p = {.fd = fd, .events = POLLIN};
-    const int ready = poll(&p, 1, wait_ms);
-    if (ready < 0 && errno != EINTR) break;
-    if (ready <= 0) continue;
-    uint8_t b[256];
-    const ssize_t got = recv(fd, b, sizeof b, MSG_DONTWAIT);
-    if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (got <= 0) break; /* fsdpd closed the channel: it stops this rank itself if it must */
-    if (frame_reader_feed(&fr, b, (size_t)got, report_lease_frame, &until)) {
-      dprintf(2, "fsdp-train: a lease from fsdpd could not be read (%s); this rank no longer "
-              "watches it\n", err_msg());
-      break;
-    }
+    if (poll(&p, 1, wait_ms) < 0 && errno != EINTR) break;
   }
   frame_reader_free(&fr);
   close(fd);

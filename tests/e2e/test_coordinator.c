@@ -2920,8 +2920,6 @@ Test(coordinator, an_ended_jobs_ranks_leave_the_metrics) {
   reply_free(g);
 }
 
-/* GetJob names the job's latest committed checkpoint (fsdpctl status:
- * "checkpoint  step N"); an open or aborted one is not it. */
 /* Lines of the coordinator's log holding what. */
 static int co_log_count(const char *what) {
   char *log = tu_slurp(co.log, NULL);
@@ -3026,6 +3024,8 @@ Test(coordinator, a_committed_checkpoint_found_damaged_is_committed_no_more) {
   cr_expect_eq(report_damaged(&n, id, 1, 20, "again"), 0, "a second report: %s", err_msg());
 }
 
+/* GetJob names the job's latest committed checkpoint (fsdpctl status:
+ * "checkpoint  step N"); an open or aborted one is not it. */
 Test(coordinator, a_job_names_its_last_committed_checkpoint) {
   char d[600], ck[600], ckopt[700], id[32], path[800], sum[64], out[8192], a[64];
   node_t n = {{0}, 0};

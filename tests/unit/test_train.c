@@ -177,6 +177,7 @@ Test(train, step_api_reports_every_step) {
 /* ---- the report channel to fsdpd (report.c) ------------------------------ */
 
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "daemon/common/frame.h"
@@ -251,6 +252,64 @@ static void run_reporting(const config_t *c, train_metrics_cb metrics, train_met
 static void report_after_a_spike(void *ctx, const train_metrics_t *m) {
   if (m->step == 1) mem_free(mem_alloc(MEM_OFFLOAD, 8 << 20, "a spike between steps"));
   report_metrics(ctx, m);
+}
+
+/* ---- the node's lease ---- */
+
+static uint64_t lease_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_BOOTTIME, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void lease_write(int fd, uint64_t until) {
+  Fsdp__V1__RankLease l = FSDP__V1__RANK_LEASE__INIT;
+  l.until_ns = until;
+  uint8_t b[32];
+  const size_t n = fsdp__v1__rank_lease__pack(&l, b);
+  cr_assert_eq(frame_write(fd, b, n), 0, "%s", err_msg());
+}
+
+/* A child that opens the report channel with `stale` expired leases waiting
+ * on it, then `last` (with have_last), and lives 1.5 s: its exit status. */
+static int lease_child(int stale, int have_last, uint64_t last) {
+  int sv[2];
+  cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  const uint64_t now = lease_now_ns();
+  for (int i = 0; i < stale; i++) lease_write(sv[0], now - 10000000000ull + (uint64_t)i * 1000000);
+  if (have_last) lease_write(sv[0], last);
+  const pid_t pid = fork();
+  cr_assert_geq(pid, 0);
+  if (pid == 0) {
+    close(sv[0]);
+    char fd[16];
+    snprintf(fd, sizeof fd, "%d", sv[1]);
+    setenv("FSDP_REPORT_FD", fd, 1);
+    unsetenv("FSDP_NODE_PID");
+    report_t *rep;
+    if (report_open_from_env(&rep) || !rep) _exit(9);
+    nanosleep(&(struct timespec){1, 500000000}, NULL);
+    _exit(0);
+  }
+  close(sv[1]);
+  int st = 0;
+  cr_assert_eq(waitpid(pid, &st, 0), pid);
+  close(sv[0]);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* A rank ends itself (status 3) once its node's lease has passed, and goes
+ * by the newest lease waiting, however many older ones came before it (a
+ * rank stopped a while reads them all at once: helper-61 #3 saw one end on
+ * the 19th of 40); a lease of 0 means none. */
+Test(train, a_rank_ends_at_its_leases_end_and_goes_by_the_newest) {
+  cr_expect_eq(lease_child(3, 0, 0), REPORT_EXIT_FENCED, "expired leases alone");
+  cr_expect_eq(lease_child(60, 1, lease_now_ns() + 15000000000ull), 0,
+               "60 expired leases, then one 15 s ahead");
+  cr_expect_eq(lease_child(5, 1, lease_now_ns() + 400000000ull), REPORT_EXIT_FENCED,
+               "a lease that ends within the child's life");
+  cr_expect_eq(lease_child(5, 1, 0), 0, "expired leases, then 0: none");
+  cr_expect_eq(lease_child(0, 0, 0), 0, "no lease");
 }
 
 /* RankStatus.peak_bytes is over the run (proto/fsdp.proto): a peak between
