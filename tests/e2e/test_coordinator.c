@@ -766,6 +766,17 @@ static void fenced_job_on_beta(node_t *A, node_t *Bn, char *id, size_t len, doub
   protobuf_c_message_free_unpacked(&heartbeat(Bn, rp, 2)->base, NULL);
 }
 
+/* Alpha beats until silent beta is declared dead and the job waits. */
+static void beta_declared_dead(const node_t *A, const char *id, double heard) {
+  while (job_state(id, NULL, 0) == FSDP__V1__JOB_STATE__JOB_STATE_RUNNING && tu_now_s() - heard < 5)
+    protobuf_c_message_free_unpacked(&heartbeat(A, NULL, 0)->base, NULL);
+  cr_assert_eq(job_state(id, NULL, 0), FSDP__V1__JOB_STATE__JOB_STATE_PENDING);
+}
+
+/* A node's fence and the coordinator's margin after it (s): the restart
+ * grace is 3 x the timeout here */
+#define FENCE_S (3 * TIMEOUT_MS / 1000.0 + 1.0)
+
 /* Heartbeats of n until it is assigned a rank of job (up to secs); when,
  * or 0. On the way, the job's pending reason once it is pending. */
 static double assigned_at(const node_t *n, const char *job, double secs, char *reason, size_t len) {
@@ -789,7 +800,7 @@ Test(coordinator, a_dead_nodes_job_restarts_only_after_the_nodes_fence, .timeout
   fenced_job_on_beta(&A, &Bn, id, sizeof id, &heard);
   const double at = assigned_at(&A, id, 10, reason, sizeof reason);
   cr_assert_gt(at, 0, "the job never restarted on alpha: %s", reason);
-  const double fence = 3 * TIMEOUT_MS / 1000.0 + 1.0;
+  const double fence = FENCE_S;
   cr_expect(at - heard >= fence && at - heard < fence + 1.5, "restarted %.2f s after beta's last "
             "call; its fence and the margin end %.1f s after it", at - heard, fence);
   cr_expect(strstr(reason, Bn.id) && strstr(reason, "fence") && strstr(reason, "declared dead"),
@@ -809,7 +820,7 @@ Test(coordinator, a_failed_attempts_silent_node_holds_the_restart_for_its_fence,
   cr_assert_eq(report_exit(&Bn, id, 1, 0, 1), 0, "%s", err_msg());
   const double at = assigned_at(&A, id, 10, reason, sizeof reason);
   cr_assert_gt(at, 0, "the job never restarted on alpha: %s", reason);
-  const double fence = 3 * TIMEOUT_MS / 1000.0 + 1.0;
+  const double fence = FENCE_S;
   cr_expect(at - heard >= fence && at - heard < fence + 1.5, "restarted %.2f s after beta's last "
             "call; its fence and the margin end %.1f s after it", at - heard, fence);
   cr_expect(strstr(reason, Bn.id) && strstr(reason, "gone"), "the pending reason: %s", reason);
@@ -825,16 +836,14 @@ Test(coordinator, a_dead_node_back_with_old_ranks_holds_the_restart_from_its_reg
   char id[32], reason[512] = "";
   double heard;
   fenced_job_on_beta(&A, &Bn, id, sizeof id, &heard);
-  while (job_state(id, NULL, 0) == FSDP__V1__JOB_STATE__JOB_STATE_RUNNING && tu_now_s() - heard < 5)
-    protobuf_c_message_free_unpacked(&heartbeat(&A, NULL, 0)->base, NULL);
-  cr_assert_eq(job_state(id, NULL, 0), FSDP__V1__JOB_STATE__JOB_STATE_PENDING);
+  beta_declared_dead(&A, id, heard);
   Fsdp__V1__RankStatus rs[2], *rp[2];
   running_ranks(rs, rp, id, 5);
   const double back = tu_now_s();
   node_register(&Bn, "beta", 2, 8ull << 30, rp, 2); /* and silent again */
   const double at = assigned_at(&A, id, 10, reason, sizeof reason);
   cr_assert_gt(at, 0, "the job never restarted on alpha: %s", reason);
-  const double fence = 3 * TIMEOUT_MS / 1000.0 + 1.0;
+  const double fence = FENCE_S;
   cr_expect(at - back >= fence && at - back < fence + 1.5, "restarted %.2f s after beta registered "
             "with the old ranks (%.2f s after its call before its death); the fence from that "
             "registration ends %.1f s after it", at - back, at - heard, fence);
@@ -848,9 +857,7 @@ Test(coordinator, a_restarted_coordinator_holds_restarts_for_the_fence, .timeout
   char id[32], reason[512] = "";
   double heard;
   fenced_job_on_beta(&A, &Bn, id, sizeof id, &heard);
-  while (job_state(id, NULL, 0) == FSDP__V1__JOB_STATE__JOB_STATE_RUNNING && tu_now_s() - heard < 5)
-    protobuf_c_message_free_unpacked(&heartbeat(&A, NULL, 0)->base, NULL);
-  cr_assert_eq(job_state(id, NULL, 0), FSDP__V1__JOB_STATE__JOB_STATE_PENDING);
+  beta_declared_dead(&A, id, heard);
   char db[600];
   snprintf(db, sizeof db, "%s", co_db);
   teardown();
@@ -860,7 +867,7 @@ Test(coordinator, a_restarted_coordinator_holds_restarts_for_the_fence, .timeout
   node_register(&A, "alpha", 2, 8ull << 30, NULL, 0);
   const double at = assigned_at(&A, id, 10, reason, sizeof reason);
   cr_assert_gt(at, 0, "the job never restarted on alpha: %s", reason);
-  const double fence = 3 * TIMEOUT_MS / 1000.0 + 1.0;
+  const double fence = FENCE_S;
   cr_expect(at - started >= fence && at - started < fence + 2.0, "restarted %.2f s after the "
             "coordinator's start; the fence and the margin end %.1f s after it", at - started, fence);
   cr_expect(strstr(reason, "coordinator restarted") && strstr(reason, "fence"), "%s", reason);
