@@ -550,6 +550,13 @@ void coord_ckpt_report_cb(rpc_call_t *call, const ProtobufCMessage *req, void *a
       rc = err_set(FSDP_ESTATE, "every shard of the checkpoint of step %" PRId64 " was reported "
                    "written, and it is being committed; rank %u's report that its shard was not "
                    "written comes too late", q->step, q->rank);
+  /* a rank found it damaged and the coordinator is checking: this shard of
+   * the step written again is taken once that is known (fsdpd asks again) */
+  for (const coord_verify_t *v = c->verifying; !rc && v; v = v->next)
+    if (v->job == job && v->step == q->step)
+      rc = err_set(FSDP_EUNAVAILABLE, "the committed checkpoint of step %" PRId64 " is being "
+                   "checked (a rank found it damaged); this shard of it cannot be taken yet",
+                   q->step);
   if (!rc && failed) {
     coord_ckpt_failed(c, call, job, q, x->mesh.shards, dir);
     return;
