@@ -150,12 +150,31 @@ static void on_signal(uv_signal_t *s, int signum) {
   uv_timer_start(&stop_wait, stop_wait_cb, 50, 50);
 }
 
+/* The token files, for SIGHUP's line (NULL: not given). */
+static const char *token_files[3];
+
+/* The first token file under systemd's credentials directory (LoadCredential
+ * copies a file there once, as the service starts), or NULL. */
+static const char *token_file_copied(void) {
+  const char *cred = getenv("CREDENTIALS_DIRECTORY");
+  const size_t n = cred ? strlen(cred) : 0;
+  for (int i = 0; n && i < 3; i++)
+    if (token_files[i] && !strncmp(token_files[i], cred, n) && token_files[i][n] == '/')
+      return token_files[i];
+  return NULL;
+}
+
 /* SIGHUP: the token files again (a node's line added, a token rotated). */
 static void on_hup(uv_signal_t *s, int signum) {
   (void)s, (void)signum;
   if (!coord) return;
+  const char *copy = token_file_copied();
   if (coord_reload_tokens(coord))
     LOG_WARN("coord", "SIGHUP: the tokens in use stay: %s", err_msg());
+  else if (copy) /* the copy is what it was: a changed source needs a restart */
+    LOG_INFO("coord", "SIGHUP: token files read again, but %s is systemd's copy of its "
+             "LoadCredential= source, made when the service started: a changed source file "
+             "takes `systemctl restart`, not a reload", copy);
   else
     LOG_INFO("coord", "SIGHUP: token files read again; calls from now on are checked against them");
 }
@@ -324,6 +343,8 @@ int main(int argc, char **argv) {
   uv_signal_start(&sig_term, on_signal, SIGTERM);
   uv_signal_start(&sig_int, on_signal, SIGINT);
   uv_signal_init(&loop, &sig_hup);
+  token_files[0] = o.user_token_file, token_files[1] = o.node_token_file;
+  token_files[2] = o.operator_token_file;
   uv_signal_start(&sig_hup, on_hup, SIGHUP);
   uv_run(&loop, UV_RUN_DEFAULT);
   uv_loop_close(&loop);

@@ -1627,9 +1627,13 @@ static int register_as(const char *name) {
 }
 
 /* SIGHUP reads the token files again: a node's new line lets it in without
- * a restart; a broken file leaves the tokens in use, and says why. */
+ * a restart; a broken file leaves the tokens in use, and says why. Token
+ * files under $CREDENTIALS_DIRECTORY (systemd's LoadCredential= copies,
+ * made at start) are read again too, and the line says a changed source
+ * needs a restart. */
 Test(coordinator, sighup_reads_the_token_files_again) {
   teardown();
+  setenv("CREDENTIALS_DIRECTORY", tu_tmpdir(), 1); /* the coordinator's; this test's process alone */
   char *u = tu_path("user.token"), *nt = tu_path("nodes.tokens"), *db = tu_path("hup.db");
   char *ta = tu_path("alpha.token"), *tb = tu_path("beta.token");
   tu_write_file(u, "user-secret-1234567890\n", 23);
@@ -1649,6 +1653,10 @@ Test(coordinator, sighup_reads_the_token_files_again) {
        nanosleep(&(struct timespec){0, 20000000}, NULL))
     rc = register_as("beta");
   cr_expect_eq(rc, 0, "beta after SIGHUP: %s", err_msg());
+  char *said = tu_slurp(co.log, NULL);
+  cr_expect(said && strstr(said, "is systemd's copy") && strstr(said, "systemctl restart"), "%s",
+            said);
+  free(said);
   /* a broken file: the tokens in use stay */
   tu_write_file(nt, "alpha\nbeta\n", 11);
   cr_assert_eq(kill(co.pid, SIGHUP), 0);
