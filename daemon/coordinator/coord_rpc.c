@@ -930,7 +930,6 @@ static void coord_register_cb(rpc_call_t *call, const ProtobufCMessage *req, voi
       if (r->state != FSDP__V1__RANK_STATE__RANK_STATE_EXITED) coord_hold_add(c, job, r->attempt, id);
     }
   }
-  coord_hold_confirm(c, n, q->ranks, q->n_ranks);
   store_rank_t *want = NULL;
   int nw = 0;
   if (!store_ranks_of_node(c->st, id, &want, &nw))
@@ -954,6 +953,9 @@ static void coord_register_cb(rpc_call_t *call, const ProtobufCMessage *req, voi
       }
     }
   store_array_free(want);
+  /* what it runs is here: the holds on it whose ranks it does not run go
+   * (those of attempts that failed just above, for ranks it lacks, too) */
+  coord_hold_confirm(c, n, q->ranks, q->n_ranks);
   LOG_INFO("coord", "node n-%lld (%s, %zu devices) registered", (long long)id, q->hostname,
            q->n_devices);
   c->dirty = c->nodes_changed = 1;

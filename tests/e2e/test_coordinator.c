@@ -873,6 +873,54 @@ Test(coordinator, a_restarted_coordinator_holds_restarts_for_the_fence, .timeout
   cr_expect(strstr(reason, "coordinator restarted") && strstr(reason, "fence"), "%s", reason);
 }
 
+/* The rank of job assigned to n by its next heartbeats (-1: none in 5 s). */
+static int assigned_rank(const node_t *n, const char *job) {
+  for (const double t0 = tu_now_s(); tu_now_s() - t0 < 5;) {
+    Fsdp__V1__HeartbeatReply *r = heartbeat(n, NULL, 0);
+    int got = -1;
+    for (size_t i = 0; i < r->n_assignments && got < 0; i++)
+      if (!strcmp(r->assignments[i]->job_id, job)) got = (int)r->assignments[i]->rank;
+    reply_free(r);
+    if (got >= 0) return got;
+  }
+  return -1;
+}
+
+/* A running job whose attempt fails just after a coordinator restart (alpha
+ * registers again without its rank) while beta, its other node, has not
+ * registered yet: beta may still run its rank, cut off, until its fence, so
+ * the next attempt waits that long from the start, though gamma has room
+ * at once (helper-61 #1: it was placed 0.08 s after the start). */
+Test(coordinator, an_attempt_failed_after_a_restart_waits_for_its_unheard_node, .timeout = 40) {
+  char d[600], id[32], reason[512] = "";
+  data_opt(d, sizeof d);
+  node_t A = {{0}, 0}, Bn = {{0}, 0}, G = {{0}, 0};
+  node_register(&A, "alpha", 1, 8ull << 30, NULL, 0);
+  node_register(&Bn, "beta", 1, 8ull << 30, NULL, 0);
+  const char *kv[] = {"model=tiny", d, NULL};
+  cr_assert_eq(submit_with(2, kv, 1, id, sizeof id), 0, "%s", err_msg());
+  const int ra = assigned_rank(&A, id), rb = assigned_rank(&Bn, id);
+  cr_assert(ra >= 0 && rb >= 0 && ra != rb, "ranks %d on alpha, %d on beta", ra, rb);
+  Fsdp__V1__RankStatus rs[2], *rp[2];
+  running_ranks(rs, rp, id, 3);
+  reply_free(heartbeat(&A, &rp[ra], 1));
+  reply_free(heartbeat(&Bn, &rp[rb], 1));
+  char db[600];
+  snprintf(db, sizeof db, "%s", co_db);
+  teardown();
+  const double started = tu_now_s();
+  co_start(db, "127.0.0.1:0", "");
+  client_for(&co, NULL);
+  node_register(&G, "gamma", 2, 8ull << 30, NULL, 0);
+  node_register(&A, "alpha", 1, 8ull << 30, NULL, 0); /* its rank is gone: the attempt fails */
+  const double at = assigned_at(&G, id, 10, reason, sizeof reason);
+  cr_assert_gt(at, 0, "the job never restarted on gamma: %s", reason);
+  cr_expect(at - started >= FENCE_S && at - started < FENCE_S + 2.0, "restarted %.2f s after the "
+            "coordinator's start; beta's fence and the margin end %.1f s after it", at - started,
+            FENCE_S);
+  cr_expect(strstr(reason, Bn.id) && strstr(reason, "gone"), "%s", reason);
+}
+
 Test(coordinator, a_restarted_coordinator_keeps_the_running_job_and_fences_old_epochs) {
   char d[600];
   data_opt(d, sizeof d);
