@@ -2,14 +2,15 @@
  * products run in bf16 (kern_cuda_opts_t.bf16): the same op as attention.cu's
  * fused kernels (what forward keeps, each query row's log-sum-exp, and
  * backward's scratch, each row's dout . out, are theirs, so size.h's
- * formulas hold), with the four products of a tile on tensor cores through
- * WMMA (16 x 16 x 16, bf16 operands, fp32 accumulation), FlashAttention-2's
- * order:
+ * formulas hold), FlashAttention-2's order, with every product on tensor
+ * cores through mma.sync m16n8k16 (bf16 operands, fp32 accumulation) and
+ * the softmax on the products' accumulators in registers:
  *
- *  - forward, a block per 64 query rows of one head: for each 64-key tile
- *    at or before its last row, S = q k^T (each warp its 16 rows), the
- *    online softmax on S in fp32 (running maximum m and sum l per row, the
- *    output rescaled when m grows), P rounded to bf16, O += P v; then out =
+ *  - forward, a block per 64 query rows of one head, each of its 4 warps
+ *    owning 16 rows: for each 64-key tile at or before its last row, S =
+ *    q k^T, the online softmax on S in fp32 (running maximum m and sum l per
+ *    row, the output rescaled when m grows), P rounded to bf16 straight from
+ *    S's accumulators into the next product's operand, O += P v; then out =
  *    O / l and lse = m + log l.
  *  - backward, two passes as attention.cu's (every output has one writer:
  *    no atomics, the same bytes from run to run): a query pass (a block per
@@ -26,182 +27,242 @@
  * (TOL_GEMM_BF16 of tests/cuda/test_cuda_kernels.c), as bf16-mixed expects;
  * fp32 jobs and FSDP_CUDA_ATTN_FP32=1 keep the fp32 fused kernels.
  *
- * Layout: 4 warps a block, each owning 16 of its 64 rows; tiles staged as
- * bf16 rows of HS + 8 elements and fp32 score rows of 64 + 4, so WMMA's
- * leading dimensions are multiples of 8 (bf16) and 4 (fp32) and every
- * fragment starts 32-byte aligned. Rows past T are staged as zeros and
- * masked. Shared memory is dynamic (tc_*_smem: up to 120.5 KiB, for head
- * size 128's key pass; the passes' output staging reuses their score
- * tiles), asked for once (tc_smem_allow); a GPU that gives a block less
- * (99 KiB on compute capability 8.6 and 8.9: head size 128 there) runs the
- * fp32 kernels instead, which keep the same rows. */
+ * The fragments' layouts are the PTX ISA's for m16n8k16 (kern_cuda_mma_bf16;
+ * tests/cuda/emu/cuda_emu.h emulates them). Tiles are staged as 32-bit words
+ * of two bf16: a row tile (64 rows of HS) as rows of HS / 2 + 4 words, and a
+ * transposed tile (HS rows of 64) as rows of 36 words, for the operands a
+ * product reads down its rows (v in forward, k, q and dout in backward). The
+ * padding puts the 32 words a warp's fragment load reads in 32 banks.
+ * Tiles of keys wholly after a warp's last query (the causal diagonal) are
+ * skipped. Rows past T are staged as zeros and masked. Shared memory is
+ * dynamic (tc_*_smem: up to 107 KiB, for head size 128's key pass), asked
+ * for once (tc_smem_allow); a GPU that gives a block less runs the fp32
+ * kernels instead, which keep the same rows. */
 #include <cuda_bf16.h>
-#include <mma.h>
+#include <stdint.h>
 
 #include "kernels/cuda/cuda_impl.h"
 #include "kernels/kern_math.h"
 
-namespace wm = nvcuda::wmma;
-typedef __nv_bfloat16 tc_bf16;
-typedef wm::fragment<wm::accumulator, 16, 16, 16, float> tc_acc;
+#define TC_ROWS 64                 /* rows a block owns; the other side's tiles are as long */
+#define TC_WARPS 4                 /* each warp owns 16 of the rows */
+#define TC_TW (TC_ROWS / 2 + 4)    /* transposed tile: words a row */
+#define TC_NT (TC_ROWS / 8)        /* a tile's 8-column strips (the products' n) */
 
-#define TC_ROWS 64           /* rows a block owns; the other side's tiles are as long */
-#define TC_WARPS 4           /* each warp owns 16 of the rows */
-#define TC_SP (TC_ROWS + 4)  /* fp32 score tile: floats a row */
-#define TC_PP (TC_ROWS + 8)  /* bf16 probability tile: elements a row */
-
-template <int HS> __host__ __device__ constexpr int tc_hp() { return HS + 8; } /* bf16 head tile */
-template <int HS> __host__ __device__ constexpr int tc_op() { return HS + 4; } /* fp32 output tile */
+template <int HS> __host__ __device__ constexpr int tc_rw() { return HS / 2 + 4; } /* row tile: words a row */
 
 /* Shared-memory bytes of each kernel (the layouts below, in this order). */
-template <int HS> constexpr size_t tc_head_bytes() { return (size_t)TC_ROWS * tc_hp<HS>() * 2; }
-constexpr size_t tc_score_bytes() { return (size_t)TC_ROWS * TC_SP * 4; }
-constexpr size_t tc_prob_bytes() { return (size_t)TC_ROWS * TC_PP * 2; }
-template <int HS> constexpr size_t tc_out_bytes() { return (size_t)TC_ROWS * tc_op<HS>() * 4; }
-template <int HS> constexpr size_t tc_fwd_smem() {
-  return 3 * tc_head_bytes<HS>() + tc_score_bytes() + tc_prob_bytes() + tc_out_bytes<HS>();
-}
-/* The backward passes stage their output (64 rows of HS + 4 floats) in their
- * two score tiles once the tile loop is over: they hold it for HS <= 128. */
+template <int HS> constexpr size_t tc_row_bytes() { return (size_t)TC_ROWS * tc_rw<HS>() * 4; }
+template <int HS> constexpr size_t tc_tr_bytes() { return (size_t)HS * TC_TW * 4; }
+template <int HS> constexpr size_t tc_fwd_smem() { return 2 * tc_row_bytes<HS>() + tc_tr_bytes<HS>(); }
 template <int HS> constexpr size_t tc_dq_smem() {
-  static_assert(tc_out_bytes<HS>() <= 2 * tc_score_bytes(), "the staging fits the score tiles");
-  return 4 * tc_head_bytes<HS>() + 2 * tc_score_bytes() + tc_prob_bytes();
+  return 4 * tc_row_bytes<HS>() + tc_tr_bytes<HS>() + 2 * TC_ROWS * sizeof(float);
 }
 template <int HS> constexpr size_t tc_dkv_smem() {
-  return 4 * tc_head_bytes<HS>() + 2 * tc_score_bytes() + 2 * tc_prob_bytes() +
-         2 * TC_ROWS * sizeof(float);
+  return 4 * tc_row_bytes<HS>() + 2 * tc_tr_bytes<HS>() + 2 * TC_ROWS * sizeof(float);
+}
+
+/* d += a b on the tensor cores: a 16 x 16 and b 16 x 8, bf16, d fp32, in
+ * the PTX ISA's fragment layouts (tests/cuda/emu/cuda_emu.h spells them
+ * out). A warp collective. */
+__device__ __forceinline__ void kern_cuda_mma_bf16(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+#ifdef FSDP_CUDA_EMU_H
+  emu::mma_m16n8k16_bf16(d, a, b);
+#else
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+               "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+/* Two floats as bf16 (nearest even, kern_math.h's rounding), lo in the low half. */
+__device__ __forceinline__ static uint32_t tc_pack(float lo, float hi) {
+  return (uint32_t)kern_f32_to_bf16(lo) | (uint32_t)kern_f32_to_bf16(hi) << 16;
 }
 
 /* Stages rows [r0, r0 + 64) of one head's HS columns of a (T, ld) fp32
- * matrix into dst as bf16 rows of tc_hp<HS>() elements; rows past T become
- * zeros. The whole block calls it. Scalar loads: activations need not be
- * 16-byte aligned, and consecutive threads read consecutive floats. */
+ * matrix: into rows (a row tile, when not NULL) and into cols (the
+ * transposed tile, when not NULL); rows past T become zeros. The whole block
+ * calls it; each thread reads a 2 x 2 square, consecutive threads the
+ * consecutive squares of a row pair. */
 template <int HS>
-__device__ static void tc_stage(tc_bf16 *dst, const float *src, int64_t ld, int r0, int T) {
-  for (int x = threadIdx.x; x < TC_ROWS * HS; x += blockDim.x) {
-    const int r = x / HS, d = x % HS;
-    dst[r * tc_hp<HS>() + d] = __float2bfloat16_rn(r0 + r < T ? src[(int64_t)(r0 + r) * ld + d] : 0.0f);
+__device__ static void tc_stage(uint32_t *rows, uint32_t *cols, const float *src, int64_t ld, int r0, int T) {
+  for (int x = threadIdx.x; x < TC_ROWS / 2 * HS / 2; x += blockDim.x) {
+    const int r = 2 * (x / (HS / 2)), c = 2 * (x % (HS / 2));
+    float v[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+    for (int y = 0; y < 2; y++)
+      if (r0 + r + y < T) {
+        const float *p = src + (int64_t)(r0 + r + y) * ld + c;
+        v[y][0] = p[0], v[y][1] = p[1];
+      }
+    if (rows)
+      rows[r * tc_rw<HS>() + c / 2] = tc_pack(v[0][0], v[0][1]),
+      rows[(r + 1) * tc_rw<HS>() + c / 2] = tc_pack(v[1][0], v[1][1]);
+    if (cols)
+      cols[c * TC_TW + r / 2] = tc_pack(v[0][0], v[1][0]),
+      cols[(c + 1) * TC_TW + r / 2] = tc_pack(v[0][1], v[1][1]);
   }
 }
 
-/* acc += a (16 x K, row-major, lda) @ b^T, b being 16 rows of K (ldb):
- * the scores of 16 rows against 16 rows of the other side. */
-template <int K>
-__device__ static void tc_abt(tc_acc &acc, const tc_bf16 *a, int lda, const tc_bf16 *b, int ldb) {
-#pragma unroll
-  for (int k = 0; k < K; k += 16) {
-    wm::fragment<wm::matrix_a, 16, 16, 16, tc_bf16, wm::row_major> fa;
-    wm::fragment<wm::matrix_b, 16, 16, 16, tc_bf16, wm::col_major> fb;
-    wm::load_matrix_sync(fa, a + k, lda);
-    wm::load_matrix_sync(fb, b + k, ldb);
-    wm::mma_sync(acc, fa, fb, acc);
-  }
+/* The a operand (16 x 16) at p: rows of w words, 8 words (16 columns) from p. */
+__device__ __forceinline__ static void tc_load_a(uint32_t a[4], const uint32_t *p, int w) {
+  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+  a[0] = p[g * w + t], a[1] = p[(g + 8) * w + t], a[2] = p[g * w + 4 + t], a[3] = p[(g + 8) * w + 4 + t];
 }
 
-/* acc += a (16 x K, row-major, lda) @ b (K x 16, row-major, ldb). */
-template <int K>
-__device__ static void tc_ab(tc_acc &acc, const tc_bf16 *a, int lda, const tc_bf16 *b, int ldb) {
-#pragma unroll
-  for (int k = 0; k < K; k += 16) {
-    wm::fragment<wm::matrix_a, 16, 16, 16, tc_bf16, wm::row_major> fa;
-    wm::fragment<wm::matrix_b, 16, 16, 16, tc_bf16, wm::row_major> fb;
-    wm::load_matrix_sync(fa, a + k, lda);
-    wm::load_matrix_sync(fb, b + (int64_t)k * ldb, ldb);
-    wm::mma_sync(acc, fa, fb, acc);
-  }
+/* The b operand (16 x 8) whose column n is row n of the tile at p (rows of
+ * w words, its 16 k from p): b = x^T for x the 8 rows from p. */
+__device__ __forceinline__ static void tc_load_b(uint32_t b[2], const uint32_t *p, int w) {
+  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+  b[0] = p[g * w + t], b[1] = p[g * w + 4 + t];
 }
 
-/* dst (16 x 64 fp32, row stride TC_SP) = a (16 x HS) @ b^T for the 64 rows
- * of b: one warp's strip of a score tile. */
+/* s[n] = a (16 x HS, KS fragments) @ x^T for the 8 rows of strip n of the
+ * row tile x (64 rows of HS), for the strips n in [lo, hi); the others are
+ * zeros. */
 template <int HS>
-__device__ static void tc_scores(float *dst, const tc_bf16 *a, const tc_bf16 *b) {
+__device__ __forceinline__ static void tc_scores(float s[TC_NT][4], const uint32_t a[HS / 16][4],
+                                                 const uint32_t *x, int lo, int hi) {
 #pragma unroll
-  for (int n0 = 0; n0 < TC_ROWS; n0 += 16) {
-    tc_acc acc;
-    wm::fill_fragment(acc, 0.0f);
-    tc_abt<HS>(acc, a, tc_hp<HS>(), b + n0 * tc_hp<HS>(), tc_hp<HS>());
-    wm::store_matrix_sync(dst + n0, acc, TC_SP, wm::mem_row_major);
+  for (int n = 0; n < TC_NT; n++) {
+    s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    if (n < lo || n >= hi) continue; /* warp-uniform */
+#pragma unroll
+    for (int k = 0; k < HS / 16; k++) {
+      uint32_t b[2];
+      tc_load_b(b, x + 8 * n * tc_rw<HS>() + 8 * k, tc_rw<HS>());
+      kern_cuda_mma_bf16(s[n], a[k], b);
+    }
   }
+}
+
+/* acc[d] += p (16 x 64, s's accumulators as bf16) @ y for the transposed
+ * tile y (HS rows of 64), over the 16-column slices holding strips in
+ * [lo, hi). */
+template <int HS>
+__device__ __forceinline__ static void tc_accumulate(float acc[HS / 8][4], const float p[TC_NT][4],
+                                                     const uint32_t *y, int lo, int hi) {
+#pragma unroll
+  for (int k = 0; k < TC_NT / 2; k++) {
+    if (2 * k + 1 < lo || 2 * k >= hi) continue; /* warp-uniform */
+    const uint32_t a[4] = {tc_pack(p[2 * k][0], p[2 * k][1]), tc_pack(p[2 * k][2], p[2 * k][3]),
+                           tc_pack(p[2 * k + 1][0], p[2 * k + 1][1]), tc_pack(p[2 * k + 1][2], p[2 * k + 1][3])};
+#pragma unroll
+    for (int d = 0; d < HS / 8; d++) {
+      uint32_t b[2];
+      tc_load_b(b, y + 8 * d * TC_TW + 8 * k, TC_TW);
+      kern_cuda_mma_bf16(acc[d], a, b);
+    }
+  }
+}
+
+/* A warp's 16 rows of a row tile as a operands. */
+template <int HS> __device__ __forceinline__ static void tc_load_rows(uint32_t a[HS / 16][4], const uint32_t *x) {
+#pragma unroll
+  for (int k = 0; k < HS / 16; k++) tc_load_a(a[k], x + 8 * k, tc_rw<HS>());
+}
+
+/* Row r0 + g and r0 + g + 8 of an (n, ld) matrix at dst, columns 2t and
+ * 2t + 1 of each 8-column strip, from f * acc: added (add) or stored; rows
+ * >= n are left. These are this thread's elements of the warp's 16 rows. */
+template <int HS>
+__device__ __forceinline__ static void tc_put_rows(float *dst, int64_t ld, int r0, int n,
+                                                   const float acc[HS / 8][4], float f, int add) {
+  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const int r = r0 + g + 8 * h;
+    if (r >= n) continue;
+    float *row = dst + (int64_t)r * ld + 2 * t;
+#pragma unroll
+    for (int d = 0; d < HS / 8; d++) {
+      const float x = f * acc[d][2 * h], y = f * acc[d][2 * h + 1];
+      row[8 * d] = add ? row[8 * d] + x : x, row[8 * d + 1] = add ? row[8 * d + 1] + y : y;
+    }
+  }
+}
+
+/* Maximum and sum over the 4 lanes that share a row of an accumulator. */
+__device__ __forceinline__ static float tc_quad_max(float v) {
+  for (int o = 1; o < 4; o <<= 1) {
+    const float w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = w > v ? w : v;
+  }
+  return v;
+}
+__device__ __forceinline__ static float tc_quad_sum(float v) {
+  for (int o = 1; o < 4; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
 }
 
 /* Forward: out, and lse (B, NH, T) = m + log(l) of each query row. */
 template <int HS>
 __global__ static void __launch_bounds__(TC_WARPS * 32)
     tc_fwd_kernel(float *out, float *lse, const float *qkv, int T, int C, float scale) {
-  constexpr int HP = tc_hp<HS>(), OP = tc_op<HS>();
   extern __shared__ __align__(128) unsigned char tc_smem[];
-  tc_bf16 *Qs = (tc_bf16 *)tc_smem, *Ks = Qs + TC_ROWS * HP, *Vs = Ks + TC_ROWS * HP;
-  float *Ss = (float *)(Vs + TC_ROWS * HP);
-  tc_bf16 *Ps = (tc_bf16 *)(Ss + TC_ROWS * TC_SP);
-  float *Os = (float *)(Ps + TC_ROWS * TC_PP);
+  uint32_t *Qs = (uint32_t *)tc_smem, *Ks = Qs + TC_ROWS * tc_rw<HS>(), *Vt = Ks + TC_ROWS * tc_rw<HS>();
   const int b = blockIdx.z, h = blockIdx.y, NH = gridDim.y, q0 = blockIdx.x * TC_ROWS;
-  const int w0 = threadIdx.x / 32 * 16, lane = threadIdx.x % 32;
+  const int w0 = threadIdx.x / 32 * 16, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
   const int64_t C3 = 3 * (int64_t)C;
   const float *base = qkv + (int64_t)b * T * C3 + (int64_t)h * HS;
-  tc_stage<HS>(Qs, base, C3, q0, T);
-  for (int x = threadIdx.x; x < TC_ROWS * OP; x += blockDim.x) Os[x] = 0.0f;
-  float m[16], l[16]; /* per row of the warp's strip, the same in every lane */
+  tc_stage<HS>(Qs, NULL, base, C3, q0, T);
+  __syncthreads();
+  uint32_t qa[HS / 16][4];
+  tc_load_rows<HS>(qa, Qs + w0 * tc_rw<HS>());
+  float o[HS / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 #pragma unroll
-  for (int r = 0; r < 16; r++) m[r] = -INFINITY, l[r] = 0.0f;
+  for (int d = 0; d < HS / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
   const int kend = min(T, q0 + TC_ROWS); /* the block's last query sees keys < kend */
   for (int j0 = 0; j0 < kend; j0 += TC_ROWS) {
-    __syncthreads(); /* the previous tile is read (and Qs, Os staged) */
-    tc_stage<HS>(Ks, base + C, C3, j0, T);
-    tc_stage<HS>(Vs, base + 2 * C, C3, j0, T);
-    __syncthreads(); /* (j0 <= q0: every tile reaches each strip's first row) */
-    tc_scores<HS>(Ss + w0 * TC_SP, Qs + w0 * HP, Ks);
-    __syncwarp();
+    __syncthreads(); /* the previous tile is read */
+    tc_stage<HS>(Ks, NULL, base + C, C3, j0, T);
+    tc_stage<HS>(NULL, Vt, base + 2 * C, C3, j0, T);
+    __syncthreads();
+    /* strips with a key at or before the warp's last row (j0 <= q0: at least one) */
+    const int hi = min(TC_NT, (q0 + w0 + 15 - j0) / 8 + 1);
+    float s[TC_NT][4];
+    tc_scores<HS>(s, qa, Ks, 0, hi);
+    float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int r = 0; r < 16; r++) {
-      const int i = q0 + w0 + r;
-      const float *srow = Ss + (w0 + r) * TC_SP;
-      tc_bf16 *prow = Ps + (w0 + r) * TC_PP;
-      float s[2], mx = -INFINITY;
+    for (int n = 0; n < TC_NT; n++)
 #pragma unroll
-      for (int t = 0; t < 2; t++) {
-        const int c = lane + 32 * t, j = j0 + c;
-        s[t] = i < T && j <= i ? scale * srow[c] : -INFINITY;
-        mx = s[t] > mx ? s[t] : mx;
+      for (int e = 0; e < 4; e++) {
+        const int i = q0 + w0 + g + 8 * (e / 2), j = j0 + 8 * n + 2 * t + e % 2;
+        s[n][e] = i < T && j <= i ? scale * s[n][e] : -INFINITY;
+        mx[e / 2] = s[n][e] > mx[e / 2] ? s[n][e] : mx[e / 2];
       }
-      mx = kern_cuda_warp_max(mx);
-      const float mn = mx > m[r] ? mx : m[r];
-      if (mn == -INFINITY) { /* a row past T: nothing, ever */
-        prow[lane] = prow[lane + 32] = __float2bfloat16_rn(0.0f);
-        continue;
-      }
-      const float corr = m[r] == -INFINITY ? 0.0f : kern_expf(m[r] - mn);
-      float sum = 0.0f;
+    float corr[2], sum[2] = {0.0f, 0.0f};
 #pragma unroll
-      for (int t = 0; t < 2; t++) {
-        const float p = s[t] == -INFINITY ? 0.0f : kern_expf(s[t] - mn);
-        prow[lane + 32 * t] = __float2bfloat16_rn(p);
-        sum += p;
-      }
-      l[r] = l[r] * corr + kern_cuda_warp_sum(sum);
+    for (int r = 0; r < 2; r++) {
+      const float mn = fmaxf(m[r], tc_quad_max(mx[r]));
+      corr[r] = m[r] == -INFINITY ? 0.0f : kern_expf(m[r] - mn); /* nothing seen yet: o and l are 0 */
       m[r] = mn;
-      if (corr != 1.0f)
-        for (int d = lane; d < HS; d += 32) Os[(w0 + r) * OP + d] *= corr;
     }
-    __syncwarp();
 #pragma unroll
-    for (int n0 = 0; n0 < HS; n0 += 16) {
-      tc_acc acc;
-      wm::load_matrix_sync(acc, Os + w0 * OP + n0, OP, wm::mem_row_major);
-      tc_ab<TC_ROWS>(acc, Ps + w0 * TC_PP, TC_PP, Vs + n0, HP);
-      wm::store_matrix_sync(Os + w0 * OP + n0, acc, OP, wm::mem_row_major);
-    }
-    __syncwarp();
-  }
-  __syncwarp();
+    for (int n = 0; n < TC_NT; n++)
 #pragma unroll
-  for (int r = 0; r < 16; r++) {
-    const int i = q0 + w0 + r;
-    if (i >= T) break;
-    const float inv = 1.0f / l[r];
-    float *orow = out + ((int64_t)b * T + i) * C + (int64_t)h * HS;
-    for (int d = lane; d < HS; d += 32) orow[d] = Os[(w0 + r) * OP + d] * inv;
-    if (lane == 0) lse[((int64_t)b * NH + h) * T + i] = m[r] + logf(l[r]);
+      for (int e = 0; e < 4; e++) {
+        s[n][e] = s[n][e] == -INFINITY ? 0.0f : kern_expf(s[n][e] - m[e / 2]);
+        sum[e / 2] += s[n][e];
+      }
+#pragma unroll
+    for (int r = 0; r < 2; r++) l[r] = l[r] * corr[r] + sum[r]; /* this lane's columns; the quad's at the end */
+#pragma unroll
+    for (int d = 0; d < HS / 8; d++) o[d][0] *= corr[0], o[d][1] *= corr[0], o[d][2] *= corr[1], o[d][3] *= corr[1];
+    tc_accumulate<HS>(o, s, Vt, 0, hi);
   }
+  float inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int i = q0 + w0 + g + 8 * r;
+    l[r] = tc_quad_sum(l[r]);
+    inv[r] = i < T ? 1.0f / l[r] : 0.0f;
+    if (i < T && t == 0) lse[((int64_t)b * NH + h) * T + i] = m[r] + logf(l[r]);
+  }
+#pragma unroll
+  for (int d = 0; d < HS / 8; d++) o[d][0] *= inv[0], o[d][1] *= inv[0], o[d][2] *= inv[1], o[d][3] *= inv[1];
+  tc_put_rows<HS>(out + (int64_t)b * T * C + (int64_t)h * HS, C, q0 + w0, T, o, 1.0f, 0);
 }
 
 /* Backward, query pass: D = dout . out of each row into Dg (B, NH, T), and
@@ -210,148 +271,118 @@ template <int HS>
 __global__ static void __launch_bounds__(TC_WARPS * 32)
     tc_bwd_dq_kernel(float *dqkv, float *Dg, const float *dout, const float *qkv, const float *out,
                      const float *lse, int T, int C, float scale) {
-  constexpr int HP = tc_hp<HS>(), OP = tc_op<HS>();
   extern __shared__ __align__(128) unsigned char tc_smem[];
-  tc_bf16 *Qs = (tc_bf16 *)tc_smem, *dOs = Qs + TC_ROWS * HP, *Ks = dOs + TC_ROWS * HP,
-          *Vs = Ks + TC_ROWS * HP;
-  float *Ss = (float *)(Vs + TC_ROWS * HP), *dPs = Ss + TC_ROWS * TC_SP;
-  tc_bf16 *dSs = (tc_bf16 *)(dPs + TC_ROWS * TC_SP);
-  float *stage = Ss; /* after the tile loop: the score tiles are free */
+  uint32_t *Qs = (uint32_t *)tc_smem, *dOs = Qs + TC_ROWS * tc_rw<HS>(), *Ks = dOs + TC_ROWS * tc_rw<HS>(),
+           *Vs = Ks + TC_ROWS * tc_rw<HS>(), *Kt = Vs + TC_ROWS * tc_rw<HS>();
+  float *Lq = (float *)(Kt + HS * TC_TW), *Dq = Lq + TC_ROWS;
   const int b = blockIdx.z, h = blockIdx.y, NH = gridDim.y, q0 = blockIdx.x * TC_ROWS;
-  const int w0 = threadIdx.x / 32 * 16, lane = threadIdx.x % 32;
+  const int w0 = threadIdx.x / 32 * 16, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int64_t C3 = 3 * (int64_t)C;
   const float *base = qkv + (int64_t)b * T * C3 + (int64_t)h * HS;
   const float *dbase = dout + (int64_t)b * T * C + (int64_t)h * HS;
-  tc_stage<HS>(Qs, base, C3, q0, T);
-  tc_stage<HS>(dOs, dbase, C, q0, T);
-  float Lr[16], Dr[16];
-#pragma unroll
-  for (int r = 0; r < 16; r++) {
+  tc_stage<HS>(Qs, NULL, base, C3, q0, T);
+  tc_stage<HS>(dOs, NULL, dbase, C, q0, T);
+  for (int r = 0; r < 16; r++) { /* the warp's rows' D (a warp sum each) and lse */
     const int i = q0 + w0 + r;
-    Lr[r] = Dr[r] = 0.0f;
-    if (i >= T) continue;
-    const int64_t row = ((int64_t)b * NH + h) * T + i;
-    const float *orow = out + ((int64_t)b * T + i) * C + (int64_t)h * HS, *drow = dbase + (int64_t)i * C;
-    float d = 0.0f;
-    for (int c = lane; c < HS; c += 32) d += drow[c] * orow[c];
-    Dr[r] = kern_cuda_warp_sum(d);
-    Lr[r] = lse[row];
-    if (lane == 0) Dg[row] = Dr[r];
+    float d = 0.0f, L = 0.0f;
+    if (i < T) {
+      const int64_t row = ((int64_t)b * NH + h) * T + i;
+      const float *orow = out + ((int64_t)b * T + i) * C + (int64_t)h * HS, *drow = dbase + (int64_t)i * C;
+      for (int c = lane; c < HS; c += 32) d += drow[c] * orow[c];
+      d = kern_cuda_warp_sum(d);
+      L = lse[row];
+      if (lane == 0) Dg[row] = d;
+    }
+    if (lane == 0) Lq[w0 + r] = L, Dq[w0 + r] = d;
   }
-  tc_acc dq[HS / 16];
+  __syncthreads();
+  uint32_t qa[HS / 16][4], da[HS / 16][4];
+  tc_load_rows<HS>(qa, Qs + w0 * tc_rw<HS>());
+  tc_load_rows<HS>(da, dOs + w0 * tc_rw<HS>());
+  const float L[2] = {Lq[w0 + g], Lq[w0 + g + 8]}, D[2] = {Dq[w0 + g], Dq[w0 + g + 8]};
+  float dq[HS / 8][4];
 #pragma unroll
-  for (int t = 0; t < HS / 16; t++) wm::fill_fragment(dq[t], 0.0f);
+  for (int d = 0; d < HS / 8; d++) dq[d][0] = dq[d][1] = dq[d][2] = dq[d][3] = 0.0f;
   const int kend = min(T, q0 + TC_ROWS);
   for (int j0 = 0; j0 < kend; j0 += TC_ROWS) {
     __syncthreads();
-    tc_stage<HS>(Ks, base + C, C3, j0, T);
-    tc_stage<HS>(Vs, base + 2 * C, C3, j0, T);
+    tc_stage<HS>(Ks, Kt, base + C, C3, j0, T);
+    tc_stage<HS>(Vs, NULL, base + 2 * C, C3, j0, T);
     __syncthreads();
-    tc_scores<HS>(Ss + w0 * TC_SP, Qs + w0 * HP, Ks);
-    tc_scores<HS>(dPs + w0 * TC_SP, dOs + w0 * HP, Vs);
-    __syncwarp();
+    const int hi = min(TC_NT, (q0 + w0 + 15 - j0) / 8 + 1);
+    float s[TC_NT][4], dp[TC_NT][4];
+    tc_scores<HS>(s, qa, Ks, 0, hi);
+    tc_scores<HS>(dp, da, Vs, 0, hi);
 #pragma unroll
-    for (int r = 0; r < 16; r++) {
-      const int i = q0 + w0 + r, row = w0 + r;
+    for (int n = 0; n < TC_NT; n++)
 #pragma unroll
-      for (int t = 0; t < 2; t++) {
-        const int c = lane + 32 * t, j = j0 + c;
-        const float p = i < T && j <= i ? kern_expf(scale * Ss[row * TC_SP + c] - Lr[r]) : 0.0f;
-        dSs[row * TC_PP + c] = __float2bfloat16_rn(p * (dPs[row * TC_SP + c] - Dr[r]));
+      for (int e = 0; e < 4; e++) {
+        const int i = q0 + w0 + g + 8 * (e / 2), j = j0 + 8 * n + 2 * t + e % 2;
+        const float p = i < T && j <= i ? kern_expf(scale * s[n][e] - L[e / 2]) : 0.0f;
+        s[n][e] = p * (dp[n][e] - D[e / 2]); /* dS */
       }
-    }
-    __syncwarp();
-#pragma unroll
-    for (int t = 0; t < HS / 16; t++) tc_ab<TC_ROWS>(dq[t], dSs + w0 * TC_PP, TC_PP, Ks + 16 * t, HP);
+    tc_accumulate<HS>(dq, s, Kt, 0, hi);
   }
-  __syncthreads(); /* every warp is done with the score tiles the staging reuses */
-#pragma unroll
-  for (int t = 0; t < HS / 16; t++)
-    wm::store_matrix_sync(stage + w0 * OP + 16 * t, dq[t], OP, wm::mem_row_major);
-  __syncwarp();
-#pragma unroll 1
-  for (int r = 0; r < 16; r++) {
-    const int i = q0 + w0 + r;
-    if (i >= T) break;
-    float *dqrow = dqkv + ((int64_t)b * T + i) * C3 + (int64_t)h * HS;
-    for (int d = lane; d < HS; d += 32) dqrow[d] += scale * stage[(w0 + r) * OP + d];
-  }
+  tc_put_rows<HS>(dqkv + (int64_t)b * T * C3 + (int64_t)h * HS, C3, q0 + w0, T, dq, scale, 1);
 }
 
 /* Backward, key pass: dv += P^T dout and dk += scale dS^T q over the query
  * tiles at or after the block's keys, with the query pass's D. Each warp
- * works on its 16 keys' rows of the transposed tiles (S^T = k q^T). */
+ * works on its 16 keys' rows of the transposed products (S^T = k q^T). */
 template <int HS>
 __global__ static void __launch_bounds__(TC_WARPS * 32)
     tc_bwd_dkv_kernel(float *dqkv, const float *Dg, const float *dout, const float *qkv,
                       const float *lse, int T, int C, float scale) {
-  constexpr int HP = tc_hp<HS>(), OP = tc_op<HS>();
   extern __shared__ __align__(128) unsigned char tc_smem[];
-  tc_bf16 *Ks = (tc_bf16 *)tc_smem, *Vs = Ks + TC_ROWS * HP, *Qs = Vs + TC_ROWS * HP,
-          *dOs = Qs + TC_ROWS * HP;
-  float *St = (float *)(dOs + TC_ROWS * HP), *dPt = St + TC_ROWS * TC_SP;
-  tc_bf16 *Pt = (tc_bf16 *)(dPt + TC_ROWS * TC_SP), *dSt = Pt + TC_ROWS * TC_PP;
-  float *Lq = (float *)(dSt + TC_ROWS * TC_PP), *Dq = Lq + TC_ROWS;
-  float *stage = St; /* after the tile loop: the score tiles are free */
+  uint32_t *Ks = (uint32_t *)tc_smem, *Vs = Ks + TC_ROWS * tc_rw<HS>(), *Qs = Vs + TC_ROWS * tc_rw<HS>(),
+           *dOs = Qs + TC_ROWS * tc_rw<HS>(), *Qt = dOs + TC_ROWS * tc_rw<HS>(), *dOt = Qt + HS * TC_TW;
+  float *Lq = (float *)(dOt + HS * TC_TW), *Dq = Lq + TC_ROWS;
   const int b = blockIdx.z, h = blockIdx.y, NH = gridDim.y, k0 = blockIdx.x * TC_ROWS;
-  const int w0 = threadIdx.x / 32 * 16, lane = threadIdx.x % 32;
+  const int w0 = threadIdx.x / 32 * 16, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
   const int64_t C3 = 3 * (int64_t)C, rows = ((int64_t)b * NH + h) * T;
   const float *base = qkv + (int64_t)b * T * C3 + (int64_t)h * HS;
   const float *dbase = dout + (int64_t)b * T * C + (int64_t)h * HS;
-  tc_stage<HS>(Ks, base + C, C3, k0, T);
-  tc_stage<HS>(Vs, base + 2 * C, C3, k0, T);
-  tc_acc dk[HS / 16], dv[HS / 16];
+  tc_stage<HS>(Ks, NULL, base + C, C3, k0, T);
+  tc_stage<HS>(Vs, NULL, base + 2 * C, C3, k0, T);
+  __syncthreads();
+  uint32_t ka[HS / 16][4], va[HS / 16][4];
+  tc_load_rows<HS>(ka, Ks + w0 * tc_rw<HS>());
+  tc_load_rows<HS>(va, Vs + w0 * tc_rw<HS>());
+  float dk[HS / 8][4], dv[HS / 8][4];
 #pragma unroll
-  for (int t = 0; t < HS / 16; t++) wm::fill_fragment(dk[t], 0.0f), wm::fill_fragment(dv[t], 0.0f);
+  for (int d = 0; d < HS / 8; d++)
+    dk[d][0] = dk[d][1] = dk[d][2] = dk[d][3] = dv[d][0] = dv[d][1] = dv[d][2] = dv[d][3] = 0.0f;
+  const int live = k0 + w0 < T; /* warp-uniform: the strip has a key before T */
   for (int i0 = k0; i0 < T; i0 += TC_ROWS) { /* k0 is a tile edge: the first tile holds key k0's query */
     __syncthreads();
-    tc_stage<HS>(Qs, base, C3, i0, T);
-    tc_stage<HS>(dOs, dbase, C, i0, T);
+    tc_stage<HS>(Qs, Qt, base, C3, i0, T);
+    tc_stage<HS>(dOs, dOt, dbase, C, i0, T);
     for (int c = threadIdx.x; c < TC_ROWS; c += blockDim.x) {
       const int i = i0 + c;
       Lq[c] = i < T ? lse[rows + i] : 0.0f;
       Dq[c] = i < T ? Dg[rows + i] : 0.0f;
     }
     __syncthreads();
-    if (k0 + w0 >= T) continue; /* warp-uniform: the strip's keys are all past T */
-    tc_scores<HS>(St + w0 * TC_SP, Ks + w0 * HP, Qs);
-    tc_scores<HS>(dPt + w0 * TC_SP, Vs + w0 * HP, dOs);
-    __syncwarp();
-#pragma unroll 1
-    for (int r = 0; r < 16; r++) {
-      const int j = k0 + w0 + r, row = w0 + r;
+    if (!live) continue;
+    /* strips with a query at or after the warp's first key */
+    const int lo = max(0, (k0 + w0 - i0) / 8);
+    float s[TC_NT][4], dp[TC_NT][4];
+    tc_scores<HS>(s, ka, Qs, lo, TC_NT);
+    tc_scores<HS>(dp, va, dOs, lo, TC_NT);
 #pragma unroll
-      for (int t = 0; t < 2; t++) {
-        const int c = lane + 32 * t, i = i0 + c;
-        const float p = j < T && i < T && i >= j ? kern_expf(scale * St[row * TC_SP + c] - Lq[c]) : 0.0f;
-        Pt[row * TC_PP + c] = __float2bfloat16_rn(p);
-        dSt[row * TC_PP + c] = __float2bfloat16_rn(p * (dPt[row * TC_SP + c] - Dq[c]));
+    for (int n = 0; n < TC_NT; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int j = k0 + w0 + g + 8 * (e / 2), c = 8 * n + 2 * t + e % 2, i = i0 + c;
+        const float p = j < T && i < T && i >= j ? kern_expf(scale * s[n][e] - Lq[c]) : 0.0f;
+        s[n][e] = p, dp[n][e] = p * (dp[n][e] - Dq[c]); /* P^T, dS^T */
       }
-    }
-    __syncwarp();
-#pragma unroll
-    for (int t = 0; t < HS / 16; t++) {
-      tc_ab<TC_ROWS>(dv[t], Pt + w0 * TC_PP, TC_PP, dOs + 16 * t, HP);
-      tc_ab<TC_ROWS>(dk[t], dSt + w0 * TC_PP, TC_PP, Qs + 16 * t, HP);
-    }
+    tc_accumulate<HS>(dv, s, dOt, lo, TC_NT);
+    tc_accumulate<HS>(dk, dp, Qt, lo, TC_NT);
   }
-  __syncthreads(); /* every warp is done with the score tiles the staging reuses */
-  /* dk, then dv, through the warp's strip of the staging tile */
-  for (int pass = 0; pass < 2; pass++) {
-#pragma unroll
-    for (int t = 0; t < HS / 16; t++)
-      wm::store_matrix_sync(stage + w0 * OP + 16 * t, pass ? dv[t] : dk[t], OP, wm::mem_row_major);
-    __syncwarp();
-#pragma unroll 1
-    for (int r = 0; r < 16; r++) {
-      const int j = k0 + w0 + r;
-      if (j >= T) break;
-      float *g = dqkv + ((int64_t)b * T + j) * C3 + (pass ? 2 : 1) * (int64_t)C + (int64_t)h * HS;
-      const float f = pass ? 1.0f : scale;
-      for (int d = lane; d < HS; d += 32) g[d] += f * stage[(w0 + r) * OP + d];
-    }
-    __syncwarp();
-  }
+  float *kbase = dqkv + (int64_t)b * T * C3 + (int64_t)h * HS;
+  tc_put_rows<HS>(kbase + C, C3, k0 + w0, T, dk, scale, 1);
+  tc_put_rows<HS>(kbase + 2 * C, C3, k0 + w0, T, dv, 1.0f, 1);
 }
 
 /* Lets a kernel take `bytes` of dynamic shared memory (over the 48 KiB a

@@ -8,7 +8,9 @@
 # BENCH_CUDA_STEPS as there, and gpt2-124m again with attention by products,
 # FSDP_CUDA_ATTN_GEMM=1, and with the fp32 fused attention, FSDP_CUDA_ATTN_FP32=1,
 # to compare with the tensor-core one, and bench_cuda --ops: each op of a
-# step alone).
+# step alone). GPU_BENCH_MODELS picks the models (default "gpt2-124m
+# gpt2-774m") and GPU_BENCH_VARIANTS the runs after them (default "gemm fp32
+# ops"), so that a short lease can take the part it has time for.
 #
 # CUDA's libraries are found where that machine has them: its toolkit
 # (/usr/local/cuda*/lib64) or the Python wheels PyTorch brings (nvidia/*/lib).
@@ -33,20 +35,28 @@ for t in ${GPU_CHECKS-kern_math_gpu kern_math_gpu_nofmad test_cuda_kernels test_
   [ $rc -eq 0 ] || [ $status -ne 0 ] || status=$rc
 done
 if [ "${GPU_BENCH:-0}" = 1 ]; then
-  for m in "gpt2-124m ${BENCH_CUDA_B124:-16}" "gpt2-774m ${BENCH_CUDA_B774:-8}"; do
-    set -- $m
+  for m in ${GPU_BENCH_MODELS-gpt2-124m gpt2-774m}; do
+    case $m in gpt2-124m) b=${BENCH_CUDA_B124:-16} ;; *) b=${BENCH_CUDA_B774:-8} ;; esac
+    set -- "$m" "$b"
     echo "== bench_cuda $1 B=$2"
     timeout ${GPU_BENCH_TIMEOUT:-500} .gpu/tests/bench_cuda "$1" "$2" 1024 "${BENCH_CUDA_STEPS:-20}" 2>&1 \
       | tee -a "${OUT:-/tmp}/bench_cuda.log"
   done
+  variants=" ${GPU_BENCH_VARIANTS-gemm fp32 ops} "
+  if [ "${variants#* gemm }" != "$variants" ]; then
   echo "== bench_cuda gpt2-124m, attention by products (FSDP_CUDA_ATTN_GEMM=1), no peer"
   FSDP_CUDA_ATTN_GEMM=1 FSDP_BENCH_NO_PEER=1 timeout ${GPU_BENCH_TIMEOUT:-300} .gpu/tests/bench_cuda gpt2-124m \
     "${BENCH_CUDA_B124:-16}" 1024 "${BENCH_CUDA_STEPS:-20}" 2>&1 | tee -a "${OUT:-/tmp}/bench_cuda.log"
+  fi
+  if [ "${variants#* fp32 }" != "$variants" ]; then
   echo "== bench_cuda gpt2-124m, fp32 fused attention (FSDP_CUDA_ATTN_FP32=1), no peer"
   FSDP_CUDA_ATTN_FP32=1 FSDP_BENCH_NO_PEER=1 timeout ${GPU_BENCH_TIMEOUT:-300} .gpu/tests/bench_cuda gpt2-124m \
     "${BENCH_CUDA_B124:-16}" 1024 "${BENCH_CUDA_STEPS:-20}" 2>&1 | tee -a "${OUT:-/tmp}/bench_cuda.log"
+  fi
+  if [ "${variants#* ops }" != "$variants" ]; then
   echo "== bench_cuda --ops gpt2-124m: each op of a step alone, and the products in every mode"
   timeout ${GPU_BENCH_TIMEOUT:-300} .gpu/tests/bench_cuda --ops gpt2-124m "${BENCH_CUDA_B124:-16}" 1024 2>&1 \
     | tee -a "${OUT:-/tmp}/bench_cuda.log"
+  fi
 fi
 exit $status

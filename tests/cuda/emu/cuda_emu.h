@@ -163,6 +163,45 @@ std::mutex &stream_mu(void);
 
 } /* namespace emu */
 
+/* mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (attention_tc.cu's
+ * kern_cuda_mma_bf16): d += a b for the warp's 16 x 16 a and 16 x 8 b, in
+ * the PTX ISA's fragment layouts, which (unlike WMMA's) are documented and
+ * which code may build on. With g = lane / 4 and t = lane % 4, each 32-bit
+ * register holding two bf16 (the lower column or row in its low half):
+ * a[0] is a's row g, columns 2t and 2t + 1; a[1] row g + 8, the same
+ * columns; a[2] and a[3] the same rows at columns 8 + 2t, 8 + 2t + 1; b[0]
+ * is b's column g at rows 2t, 2t + 1, and b[1] at rows 8 + 2t, 8 + 2t + 1;
+ * d[0], d[1] are d's row g, columns 2t, 2t + 1 and d[2], d[3] row g + 8. A
+ * warp collective; products exact in fp32, summed over k in order. */
+namespace emu {
+static inline float mma_bf16_at(uint32_t w, int hi) {
+  uint32_t u = (hi ? w >> 16 : w & 0xffffu) << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+static inline void mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+  struct ops {
+    uint32_t a[4], b[2];
+  } mine, all[32];
+  memcpy(mine.a, a, sizeof mine.a);
+  memcpy(mine.b, b, sizeof mine.b);
+  warp_gather(&mine, all, sizeof mine);
+  auto A = [&](int r, int k) { return mma_bf16_at(all[r % 8 * 4 + k % 8 / 2].a[r / 8 + 2 * (k / 8)], k % 2); };
+  auto B = [&](int k, int n) { return mma_bf16_at(all[n * 4 + k % 8 / 2].b[k / 8], k % 2); };
+  const int g = (cur->lin & 31) / 4, t = (cur->lin & 31) % 4;
+  float out[4];
+  for (int e = 0; e < 4; e++) {
+    const int r = g + 8 * (e / 2), n = 2 * t + e % 2;
+    float s = 0.0f;
+    for (int k = 0; k < 16; k++) s += A(r, k) * B(k, n);
+    out[e] = d[e] + s;
+  }
+  sync_warp(3); /* every lane has read a and b */
+  for (int e = 0; e < 4; e++) d[e] = out[e];
+}
+} /* namespace emu */
+
 #define threadIdx (emu::cur->tid)
 #define blockIdx (emu::block_idx)
 #define blockDim (emu::block_dim)
