@@ -48,6 +48,10 @@
 #define TC_WARPS 4                 /* each warp owns 16 of the rows */
 #define TC_TW (TC_ROWS / 2 + 4)    /* transposed tile: words a row */
 #define TC_NT (TC_ROWS / 8)        /* a tile's 8-column strips (the products' n) */
+#ifndef TC_STAGE_UNROLL
+#define TC_STAGE_UNROLL 4          /* squares whose loads a thread issues at once (tc_stage): of 8,
+                                      4 and 2 on an H200, 4 was the fastest (docs/PERF.md) */
+#endif
 
 template <int HS> __host__ __device__ constexpr int tc_rw() { return HS / 2 + 4; } /* row tile: words a row */
 
@@ -84,24 +88,37 @@ __device__ __forceinline__ static uint32_t tc_pack(float lo, float hi) {
 /* Stages rows [r0, r0 + 64) of one head's HS columns of a (T, ld) fp32
  * matrix: into rows (a row tile, when not NULL) and into cols (the
  * transposed tile, when not NULL); rows past T become zeros. The whole block
- * calls it; each thread reads a 2 x 2 square, consecutive threads the
- * consecutive squares of a row pair. */
+ * calls it; each thread reads 2 x 2 squares, consecutive threads the
+ * consecutive squares of a row pair, and issues the loads of up to
+ * TC_STAGE_UNROLL squares before it waits for any (the staging is the latency the tiles'
+ * products wait on), as pairs of floats where src and ld allow. */
 template <int HS>
 __device__ static void tc_stage(uint32_t *rows, uint32_t *cols, const float *src, int64_t ld, int r0, int T) {
-  for (int x = threadIdx.x; x < TC_ROWS / 2 * HS / 2; x += blockDim.x) {
-    const int r = 2 * (x / (HS / 2)), c = 2 * (x % (HS / 2));
-    float v[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
-    for (int y = 0; y < 2; y++)
-      if (r0 + r + y < T) {
+  constexpr int THREADS = TC_WARPS * 32, SQUARES = TC_ROWS / 2 * HS / 2, N = SQUARES / THREADS;
+  constexpr int U = N < TC_STAGE_UNROLL ? N : TC_STAGE_UNROLL;
+  static_assert(SQUARES % THREADS == 0 && N % U == 0, "whole squares a thread");
+  const int pairs = (uintptr_t)src % 8 == 0 && ld % 2 == 0;
+  for (int u0 = 0; u0 < N; u0 += U) {
+    float2 v[U][2];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int x = (int)threadIdx.x + (u0 + u) * THREADS, r = 2 * (x / (HS / 2)), c = 2 * (x % (HS / 2));
+#pragma unroll
+      for (int y = 0; y < 2; y++) {
         const float *p = src + (int64_t)(r0 + r + y) * ld + c;
-        v[y][0] = p[0], v[y][1] = p[1];
+        v[u][y] = r0 + r + y >= T ? make_float2(0.0f, 0.0f) : pairs ? *(const float2 *)p : make_float2(p[0], p[1]);
       }
-    if (rows)
-      rows[r * tc_rw<HS>() + c / 2] = tc_pack(v[0][0], v[0][1]),
-      rows[(r + 1) * tc_rw<HS>() + c / 2] = tc_pack(v[1][0], v[1][1]);
-    if (cols)
-      cols[c * TC_TW + r / 2] = tc_pack(v[0][0], v[1][0]),
-      cols[(c + 1) * TC_TW + r / 2] = tc_pack(v[0][1], v[1][1]);
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int x = (int)threadIdx.x + (u0 + u) * THREADS, r = 2 * (x / (HS / 2)), c = 2 * (x % (HS / 2));
+      if (rows)
+        rows[r * tc_rw<HS>() + c / 2] = tc_pack(v[u][0].x, v[u][0].y),
+        rows[(r + 1) * tc_rw<HS>() + c / 2] = tc_pack(v[u][1].x, v[u][1].y);
+      if (cols)
+        cols[c * TC_TW + r / 2] = tc_pack(v[u][0].x, v[u][1].x),
+        cols[(c + 1) * TC_TW + r / 2] = tc_pack(v[u][0].y, v[u][1].y);
+    }
   }
 }
 
@@ -282,18 +299,25 @@ __global__ static void __launch_bounds__(TC_WARPS * 32)
   const float *dbase = dout + (int64_t)b * T * C + (int64_t)h * HS;
   tc_stage<HS>(Qs, NULL, base, C3, q0, T);
   tc_stage<HS>(dOs, NULL, dbase, C, q0, T);
-  for (int r = 0; r < 16; r++) { /* the warp's rows' D (a warp sum each) and lse */
-    const int i = q0 + w0 + r;
-    float d = 0.0f, L = 0.0f;
-    if (i < T) {
-      const int64_t row = ((int64_t)b * NH + h) * T + i;
+  { /* the warp's rows' D (a warp sum each, every row's loads issued first) and lse */
+    float d[16];
+#pragma unroll
+    for (int r = 0; r < 16; r++) {
+      const int i = q0 + w0 + r;
+      d[r] = 0.0f;
+      if (i >= T) continue;
       const float *orow = out + ((int64_t)b * T + i) * C + (int64_t)h * HS, *drow = dbase + (int64_t)i * C;
-      for (int c = lane; c < HS; c += 32) d += drow[c] * orow[c];
-      d = kern_cuda_warp_sum(d);
-      L = lse[row];
-      if (lane == 0) Dg[row] = d;
+#pragma unroll
+      for (int c = lane; c < HS; c += 32) d[r] += drow[c] * orow[c];
     }
-    if (lane == 0) Lq[w0 + r] = L, Dq[w0 + r] = d;
+#pragma unroll
+    for (int r = 0; r < 16; r++) {
+      const int i = q0 + w0 + r;
+      const int64_t row = ((int64_t)b * NH + h) * T + i;
+      d[r] = kern_cuda_warp_sum(d[r]);
+      if (lane == 0) Lq[w0 + r] = i < T ? lse[row] : 0.0f, Dq[w0 + r] = d[r];
+      if (lane == 0 && i < T) Dg[row] = d[r];
+    }
   }
   __syncthreads();
   uint32_t qa[HS / 16][4], da[HS / 16][4];

@@ -92,8 +92,16 @@ static double now_s(void) {
   return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* FSDP_BENCH_OPS=WORD: only the ops whose name holds WORD, and no products
+ * by mode (a short lease's comparison of one kernel's builds). */
+static int ops_want(const char *name) {
+  const char *w = getenv("FSDP_BENCH_OPS");
+  return !w || !*w || strstr(name, w);
+}
+
 #define OPS_TIME(name, shape, count, stmt)                                                         \
   do {                                                                                             \
+    if (!ops_want(name)) break;                                                                    \
     for (int w_ = 0; w_ < 2; w_++) { stmt; }                                                       \
     K->sync();                                                                                     \
     const double t0_ = now_s();                                                                    \
@@ -225,6 +233,7 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
   printf("bench: cuda_ops model=%s sum_step_ms=%.2f (the ops of one step, each alone)\n", model,
          ops_sum_ms);
   /* the products in every mode */
+  if (!ops_want("products by mode")) return 0;
   const kern_cuda_opts_t modes[] = {{.bf16 = 1}, {.bf16 = 1, .gemm_fast16bf = 1}, {.tf32 = 1}, {0}};
   const char *mname[] = {"bf16-packed", "bf16-fast16bf", "tf32", "fp32"};
   for (int m = 0; m < 4; m++) {

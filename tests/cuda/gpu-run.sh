@@ -11,6 +11,9 @@
 # step alone). GPU_BENCH_MODELS picks the models (default "gpt2-124m
 # gpt2-774m") and GPU_BENCH_VARIANTS the runs after them (default "gemm fp32
 # ops"), so that a short lease can take the part it has time for.
+# GPU_OPS_PLUGINS="a.so b.so ..." then times bench_cuda --ops gpt2-124m with
+# each of those builds of the plugin in turn (FSDP_BENCH_OPS=$GPU_OPS_FILTER:
+# only the ops so named), to compare builds of a kernel on one machine.
 #
 # CUDA's libraries are found where that machine has them: its toolkit
 # (/usr/local/cuda*/lib64) or the Python wheels PyTorch brings (nvidia/*/lib).
@@ -59,4 +62,9 @@ if [ "${GPU_BENCH:-0}" = 1 ]; then
     | tee -a "${OUT:-/tmp}/bench_cuda.log"
   fi
 fi
+for p in ${GPU_OPS_PLUGINS:-}; do
+  echo "== bench_cuda --ops gpt2-124m with $p (FSDP_BENCH_OPS=${GPU_OPS_FILTER:-})"
+  FSDP_CUDA_PLUGIN=$p FSDP_BENCH_OPS=${GPU_OPS_FILTER:-} timeout ${GPU_BENCH_TIMEOUT:-300} .gpu/tests/bench_cuda \
+    --ops gpt2-124m "${BENCH_CUDA_B124:-16}" 1024 2>&1 | tee -a "${OUT:-/tmp}/bench_cuda.log"
+done
 exit $status
