@@ -22,10 +22,17 @@
  *
  * q, k, v and dout are fp32 in memory (the activations) and rounded to bf16
  * (nearest even, as the CPU's casts) as a tile is staged in shared memory;
- * the softmax, its sums, D and every accumulator stay fp32. So this path
- * agrees with the CPU's fp32 attention within the bf16 products' bound
+ * the softmax, its sums, D and every accumulator stay fp32, the softmax in
+ * base 2 on the special function unit's ex2 (tc_exp2). So this path agrees
+ * with the CPU's fp32 attention within the bf16 products' bound
  * (TOL_GEMM_BF16 of tests/cuda/test_cuda_kernels.c), as bf16-mixed expects;
  * fp32 jobs and FSDP_CUDA_ATTN_FP32=1 keep the fp32 fused kernels.
+ *
+ * The kernels are bound by the instructions they issue, not by memory or the
+ * tensor cores (ncu on an H200, docs/PERF.md): the element-wise work of a
+ * tile is kept short (one multiply, ex2 and conversions of two elements at
+ * once), and the causal mask is applied only to the tiles that cross the
+ * diagonal or T (warp-uniform).
  *
  * The fragments' layouts are the PTX ISA's for m16n8k16 (kern_cuda_mma_bf16;
  * tests/cuda/emu/cuda_emu.h emulates them). Tiles are staged as 32-bit words
@@ -40,6 +47,7 @@
  * kernels instead, which keep the same rows. */
 #include <cuda_bf16.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "kernels/cuda/cuda_impl.h"
 #include "kernels/kern_math.h"
@@ -80,10 +88,39 @@ __device__ __forceinline__ void kern_cuda_mma_bf16(float d[4], const uint32_t a[
 #endif
 }
 
-/* Two floats as bf16 (nearest even, kern_math.h's rounding), lo in the low half. */
+/* Two floats as bf16, lo in the low half: one cvt.rn.bf16x2.f32 (nearest
+ * even, as kern_math.h's kern_f32_to_bf16 rounds; a NaN's payload aside),
+ * for P and dS. */
 __device__ __forceinline__ static uint32_t tc_pack(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  uint32_t u;
+  memcpy(&u, &v, sizeof u);
+  return u;
+}
+
+/* The same bits by kern_f32_to_bf16's integer rounding, for the staging:
+ * there the conversion instruction let nvcc hoist more loads, and the
+ * forward took 164 registers at head size 64 instead of 118 (3 blocks an
+ * SM instead of 4), the query pass 215 instead of 165. */
+__device__ __forceinline__ static uint32_t tc_pack_staged(float lo, float hi) {
   return (uint32_t)kern_f32_to_bf16(lo) | (uint32_t)kern_f32_to_bf16(hi) << 16;
 }
+
+/* 2^x on the special function unit (ex2.approx: about 2 ulp, 2^-inf = +0,
+ * subnormals flushed); exp2f on the emulator. The softmax works in base 2,
+ * its scores scaled by scale * log2(e) (tc_log2e), as FlashAttention does:
+ * one fused multiply-add and one ex2 an element. */
+__device__ __forceinline__ static float tc_exp2(float x) {
+#ifdef FSDP_CUDA_EMU_H
+  return exp2f(x);
+#else
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#endif
+}
+#define TC_LOG2E 1.44269504088896341f
+#define TC_LN2 0.693147180559945309f
 
 /* Stages rows [r0, r0 + 64) of one head's HS columns of a (T, ld) fp32
  * matrix: into rows (a row tile, when not NULL) and into cols (the
@@ -113,11 +150,11 @@ __device__ static void tc_stage(uint32_t *rows, uint32_t *cols, const float *src
     for (int u = 0; u < U; u++) {
       const int x = (int)threadIdx.x + (u0 + u) * THREADS, r = 2 * (x / (HS / 2)), c = 2 * (x % (HS / 2));
       if (rows)
-        rows[r * tc_rw<HS>() + c / 2] = tc_pack(v[u][0].x, v[u][0].y),
-        rows[(r + 1) * tc_rw<HS>() + c / 2] = tc_pack(v[u][1].x, v[u][1].y);
+        rows[r * tc_rw<HS>() + c / 2] = tc_pack_staged(v[u][0].x, v[u][0].y),
+        rows[(r + 1) * tc_rw<HS>() + c / 2] = tc_pack_staged(v[u][1].x, v[u][1].y);
       if (cols)
-        cols[c * TC_TW + r / 2] = tc_pack(v[u][0].x, v[u][1].x),
-        cols[(c + 1) * TC_TW + r / 2] = tc_pack(v[u][0].y, v[u][1].y);
+        cols[c * TC_TW + r / 2] = tc_pack_staged(v[u][0].x, v[u][1].x),
+        cols[(c + 1) * TC_TW + r / 2] = tc_pack_staged(v[u][0].y, v[u][1].y);
     }
   }
 }
@@ -200,6 +237,22 @@ __device__ __forceinline__ static void tc_put_rows(float *dst, int64_t ld, int r
   }
 }
 
+/* The scores s of the warp's 16 query rows from i0 against the 64 keys
+ * from j0, scaled by sl2 (base 2); where mask (warp-uniform: the tile holds
+ * a key after a row, or a row past T) a key after its row, or a row past T,
+ * becomes -inf. */
+__device__ __forceinline__ static void tc_scale_mask(float s[TC_NT][4], float sl2, int i0, int j0, int T,
+                                                     int mask) {
+  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+#pragma unroll
+  for (int n = 0; n < TC_NT; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int i = i0 + g + 8 * (e / 2), j = j0 + 8 * n + 2 * t + e % 2;
+      s[n][e] = !mask || (i < T && j <= i) ? s[n][e] * sl2 : -INFINITY;
+    }
+}
+
 /* Maximum and sum over the 4 lanes that share a row of an accumulator. */
 __device__ __forceinline__ static float tc_quad_max(float v) {
   for (int o = 1; o < 4; o <<= 1) {
@@ -217,6 +270,7 @@ __device__ __forceinline__ static float tc_quad_sum(float v) {
 template <int HS>
 __global__ static void __launch_bounds__(TC_WARPS * 32)
     tc_fwd_kernel(float *out, float *lse, const float *qkv, int T, int C, float scale) {
+  const float sl2 = scale * TC_LOG2E; /* the scores in base 2 */
   extern __shared__ __align__(128) unsigned char tc_smem[];
   uint32_t *Qs = (uint32_t *)tc_smem, *Ks = Qs + TC_ROWS * tc_rw<HS>(), *Vt = Ks + TC_ROWS * tc_rw<HS>();
   const int b = blockIdx.z, h = blockIdx.y, NH = gridDim.y, q0 = blockIdx.x * TC_ROWS;
@@ -240,27 +294,26 @@ __global__ static void __launch_bounds__(TC_WARPS * 32)
     const int hi = min(TC_NT, (q0 + w0 + 15 - j0) / 8 + 1);
     float s[TC_NT][4];
     tc_scores<HS>(s, qa, Ks, 0, hi);
+    /* the mask only where the tile holds a key after a row, or a row past T */
+    tc_scale_mask(s, sl2, q0 + w0, j0, T, j0 + TC_ROWS - 1 > q0 + w0 || q0 + w0 + 15 >= T);
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int n = 0; n < TC_NT; n++)
 #pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int i = q0 + w0 + g + 8 * (e / 2), j = j0 + 8 * n + 2 * t + e % 2;
-        s[n][e] = i < T && j <= i ? scale * s[n][e] : -INFINITY;
-        mx[e / 2] = s[n][e] > mx[e / 2] ? s[n][e] : mx[e / 2];
-      }
+      for (int e = 0; e < 4; e++) mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
     float corr[2], sum[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int r = 0; r < 2; r++) {
       const float mn = fmaxf(m[r], tc_quad_max(mx[r]));
-      corr[r] = m[r] == -INFINITY ? 0.0f : kern_expf(m[r] - mn); /* nothing seen yet: o and l are 0 */
+      corr[r] = m[r] == -INFINITY ? 0.0f : tc_exp2(m[r] - mn); /* nothing seen yet: o and l are 0 */
       m[r] = mn;
     }
+    /* a row past T has m = -inf and NaN here: only its own outputs, never written */
 #pragma unroll
     for (int n = 0; n < TC_NT; n++)
 #pragma unroll
       for (int e = 0; e < 4; e++) {
-        s[n][e] = s[n][e] == -INFINITY ? 0.0f : kern_expf(s[n][e] - m[e / 2]);
+        s[n][e] = tc_exp2(s[n][e] - m[e / 2]);
         sum[e / 2] += s[n][e];
       }
 #pragma unroll
@@ -275,7 +328,7 @@ __global__ static void __launch_bounds__(TC_WARPS * 32)
     const int i = q0 + w0 + g + 8 * r;
     l[r] = tc_quad_sum(l[r]);
     inv[r] = i < T ? 1.0f / l[r] : 0.0f;
-    if (i < T && t == 0) lse[((int64_t)b * NH + h) * T + i] = m[r] + logf(l[r]);
+    if (i < T && t == 0) lse[((int64_t)b * NH + h) * T + i] = (m[r] + log2f(l[r])) * TC_LN2;
   }
 #pragma unroll
   for (int d = 0; d < HS / 8; d++) o[d][0] *= inv[0], o[d][1] *= inv[0], o[d][2] *= inv[1], o[d][3] *= inv[1];
@@ -293,7 +346,7 @@ __global__ static void __launch_bounds__(TC_WARPS * 32)
            *Vs = Ks + TC_ROWS * tc_rw<HS>(), *Kt = Vs + TC_ROWS * tc_rw<HS>();
   float *Lq = (float *)(Kt + HS * TC_TW), *Dq = Lq + TC_ROWS;
   const int b = blockIdx.z, h = blockIdx.y, NH = gridDim.y, q0 = blockIdx.x * TC_ROWS;
-  const int w0 = threadIdx.x / 32 * 16, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int w0 = threadIdx.x / 32 * 16, lane = threadIdx.x % 32, g = lane / 4;
   const int64_t C3 = 3 * (int64_t)C;
   const float *base = qkv + (int64_t)b * T * C3 + (int64_t)h * HS;
   const float *dbase = dout + (int64_t)b * T * C + (int64_t)h * HS;
@@ -323,7 +376,8 @@ __global__ static void __launch_bounds__(TC_WARPS * 32)
   uint32_t qa[HS / 16][4], da[HS / 16][4];
   tc_load_rows<HS>(qa, Qs + w0 * tc_rw<HS>());
   tc_load_rows<HS>(da, dOs + w0 * tc_rw<HS>());
-  const float L[2] = {Lq[w0 + g], Lq[w0 + g + 8]}, D[2] = {Dq[w0 + g], Dq[w0 + g + 8]};
+  const float L[2] = {Lq[w0 + g] * TC_LOG2E, Lq[w0 + g + 8] * TC_LOG2E}, D[2] = {Dq[w0 + g], Dq[w0 + g + 8]};
+  const float sl2 = scale * TC_LOG2E;
   float dq[HS / 8][4];
 #pragma unroll
   for (int d = 0; d < HS / 8; d++) dq[d][0] = dq[d][1] = dq[d][2] = dq[d][3] = 0.0f;
@@ -337,14 +391,11 @@ __global__ static void __launch_bounds__(TC_WARPS * 32)
     float s[TC_NT][4], dp[TC_NT][4];
     tc_scores<HS>(s, qa, Ks, 0, hi);
     tc_scores<HS>(dp, da, Vs, 0, hi);
+    tc_scale_mask(s, sl2, q0 + w0, j0, T, j0 + TC_ROWS - 1 > q0 + w0 || q0 + w0 + 15 >= T);
 #pragma unroll
     for (int n = 0; n < TC_NT; n++)
 #pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int i = q0 + w0 + g + 8 * (e / 2), j = j0 + 8 * n + 2 * t + e % 2;
-        const float p = i < T && j <= i ? kern_expf(scale * s[n][e] - L[e / 2]) : 0.0f;
-        s[n][e] = p * (dp[n][e] - D[e / 2]); /* dS */
-      }
+      for (int e = 0; e < 4; e++) s[n][e] = tc_exp2(s[n][e] - L[e / 2]) * (dp[n][e] - D[e / 2]); /* dS */
     tc_accumulate<HS>(dq, s, Kt, 0, hi);
   }
   tc_put_rows<HS>(dqkv + (int64_t)b * T * C3 + (int64_t)h * HS, C3, q0 + w0, T, dq, scale, 1);
@@ -377,13 +428,14 @@ __global__ static void __launch_bounds__(TC_WARPS * 32)
   for (int d = 0; d < HS / 8; d++)
     dk[d][0] = dk[d][1] = dk[d][2] = dk[d][3] = dv[d][0] = dv[d][1] = dv[d][2] = dv[d][3] = 0.0f;
   const int live = k0 + w0 < T; /* warp-uniform: the strip has a key before T */
+  const float sl2 = scale * TC_LOG2E;
   for (int i0 = k0; i0 < T; i0 += TC_ROWS) { /* k0 is a tile edge: the first tile holds key k0's query */
     __syncthreads();
     tc_stage<HS>(Qs, Qt, base, C3, i0, T);
     tc_stage<HS>(dOs, dOt, dbase, C, i0, T);
     for (int c = threadIdx.x; c < TC_ROWS; c += blockDim.x) {
       const int i = i0 + c;
-      Lq[c] = i < T ? lse[rows + i] : 0.0f;
+      Lq[c] = i < T ? lse[rows + i] * TC_LOG2E : 0.0f; /* base 2 */
       Dq[c] = i < T ? Dg[rows + i] : 0.0f;
     }
     __syncthreads();
@@ -393,12 +445,14 @@ __global__ static void __launch_bounds__(TC_WARPS * 32)
     float s[TC_NT][4], dp[TC_NT][4];
     tc_scores<HS>(s, ka, Qs, lo, TC_NT);
     tc_scores<HS>(dp, va, dOs, lo, TC_NT);
+    /* the mask only where the tile holds a query before a key, or either past T */
+    const int edge = i0 < k0 + w0 + 15 || i0 + TC_ROWS - 1 >= T || k0 + w0 + 15 >= T;
 #pragma unroll
     for (int n = 0; n < TC_NT; n++)
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         const int j = k0 + w0 + g + 8 * (e / 2), c = 8 * n + 2 * t + e % 2, i = i0 + c;
-        const float p = j < T && i < T && i >= j ? kern_expf(scale * s[n][e] - Lq[c]) : 0.0f;
+        const float p = !edge || (j < T && i < T && i >= j) ? tc_exp2(s[n][e] * sl2 - Lq[c]) : 0.0f;
         s[n][e] = p, dp[n][e] = p * (dp[n][e] - Dq[c]); /* P^T, dS^T */
       }
     tc_accumulate<HS>(dv, s, dOt, lo, TC_NT);
