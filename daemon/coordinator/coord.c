@@ -711,24 +711,33 @@ uint64_t coord_fence_ms(const coord_t *c) {
   return (uint64_t)c->o.restart_grace_ms + COORD_FENCE_MARGIN_MS;
 }
 
-/* At start: every pending job that ran before waits out a fence from now
- * (coord_job_t.fence_until, fence_node 0). */
+/* At start: every job that ran before and may run again waits out a fence
+ * from now (coord_job_t.fence_until, fence_node 0): the pending ones, and
+ * the failed or cancelled ones whose attempt ended within two fences of now,
+ * which a user may resume (the old coordinator's holds on them, in memory,
+ * are gone, and a node cut off when the attempt ended may still run its
+ * ranks until its fence). */
 static void coord_fence_pending(coord_t *c) {
-  int64_t *jobs = NULL;
-  int nj = 0;
-  if (store_job_ids(c->st, STORE_JOB_PENDING, &jobs, &nj)) {
-    LOG_WARN("coord", "pending jobs, to hold their restarts for the nodes' fence: %s", err_msg());
-    return; /* a start without it: no worse than before the fence was known */
+  static const store_job_state_t states[] = {STORE_JOB_PENDING, STORE_JOB_FAILED, STORE_JOB_CANCELLED};
+  const int64_t now_unix = coord_unix_ms(), fence = (int64_t)coord_fence_ms(c);
+  for (size_t s = 0; s < sizeof states / sizeof *states; s++) {
+    int64_t *jobs = NULL;
+    int nj = 0;
+    if (store_job_ids(c->st, states[s], &jobs, &nj)) {
+      LOG_WARN("coord", "%s jobs, to hold their restarts for the nodes' fence: %s",
+               store_job_state_name(states[s]), err_msg());
+      continue; /* a start without it: no worse than before the fence was known */
+    }
+    for (int i = 0; i < nj; i++) {
+      store_job_t j;
+      if (store_job_get(c->st, jobs[i], &j)) continue;
+      const int held = j.epoch > 0 && (states[s] == STORE_JOB_PENDING || j.ended_ms > now_unix - 2 * fence);
+      store_job_free(&j);
+      coord_job_t *x = held ? coord_job_info(c, jobs[i]) : NULL;
+      if (x) x->fence_until = c->started_ms + coord_fence_ms(c), x->fence_node = 0;
+    }
+    store_array_free(jobs);
   }
-  for (int i = 0; i < nj; i++) {
-    store_job_t j;
-    if (store_job_get(c->st, jobs[i], &j)) continue;
-    const int ran = j.epoch > 0;
-    store_job_free(&j);
-    coord_job_t *x = ran ? coord_job_info(c, jobs[i]) : NULL;
-    if (x) x->fence_until = c->started_ms + coord_fence_ms(c), x->fence_node = 0;
-  }
-  store_array_free(jobs);
 }
 
 static void coord_node_died(coord_t *c, coord_node_t *n, uint64_t now) {

@@ -873,6 +873,34 @@ Test(coordinator, a_restarted_coordinator_holds_restarts_for_the_fence, .timeout
   cr_expect(strstr(reason, "coordinator restarted") && strstr(reason, "fence"), "%s", reason);
 }
 
+/* A job cancelled just before a coordinator restart and resumed just after
+ * it: the old coordinator's holds on it (in memory) are gone, and beta,
+ * unheard since, may still run the cancelled ranks until its fence, so the
+ * resumed job waits a fence and the margin from the start too (it was
+ * placed on alpha at once before). */
+Test(coordinator, a_job_cancelled_before_a_restart_and_resumed_after_waits_for_the_fence,
+     .timeout = 40) {
+  node_t A = {{0}, 0}, Bn = {{0}, 0};
+  char id[32], reason[512] = "";
+  double heard;
+  fenced_job_on_beta(&A, &Bn, id, sizeof id, &heard);
+  cr_assert_eq(cancel(id), 0, "%s", err_msg());
+  char db[600];
+  snprintf(db, sizeof db, "%s", co_db);
+  teardown();
+  const double started = tu_now_s();
+  co_start(db, "127.0.0.1:0", "");
+  client_for(&co, NULL);
+  node_register(&A, "alpha", 2, 8ull << 30, NULL, 0);
+  cr_assert_eq(resume(id), 0, "%s", err_msg());
+  const double at = assigned_at(&A, id, 10, reason, sizeof reason);
+  cr_assert_gt(at, 0, "the job never started again on alpha: %s", reason);
+  cr_expect(at - started >= FENCE_S && at - started < FENCE_S + 2.0, "started again %.2f s after "
+            "the coordinator's start; the fence and the margin end %.1f s after it", at - started,
+            FENCE_S);
+  cr_expect(strstr(reason, "coordinator restarted") && strstr(reason, "fence"), "%s", reason);
+}
+
 /* The rank of job assigned to n by its next heartbeats (-1: none in 5 s). */
 static int assigned_rank(const node_t *n, const char *job) {
   for (const double t0 = tu_now_s(); tu_now_s() - t0 < 5;) {
