@@ -227,6 +227,20 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
   OPS_TIME("crossentropy_bwd", sh, 0,
            K->crossentropy_bwd(logits, tok, 1.0f / (float)N, (int)N, V, ldv));
   OPS_TIME("vec_sum", sh, 1, (void)K->vec_sum(losses, N));
+  /* the LM head as a training step runs it (gpt.c's gpt_lm_head): chunks of
+   * gpt_config_logits_rows rows, each its logits, loss and gradient, dX and
+   * its share of dwte; counted 0 times (the three ops above count it), to
+   * show what the chunks cost against one product over every row */
+  const int lrows = gpt_config_logits_rows(g);
+  snprintf(sh, sizeof sh, "N=%zu,V=%d,ld=%d,rows=%d", N, V, ldv, lrows);
+  OPS_TIME("lm_head_chunked", sh, 0, {
+    for (size_t r0 = 0; r0 < N; r0 += (size_t)lrows) {
+      const int n = N - r0 < (size_t)lrows ? (int)(N - r0) : lrows;
+      K->matmul_fwd(logits, x + r0 * C, wte, NULL, n, C, V, ldv);
+      K->crossentropy_fwd_bwd(losses + r0, logits, tok + r0, 1.0f / (float)N, n, V, ldv);
+      K->matmul_bwd(z + r0 * C, dwte, NULL, logits, x + r0 * C, wte, n, C, V, ldv);
+    }
+  });
   snprintf(sh, sizeof sh, "n=%zu", P);
   OPS_TIME("adamw", sh, 1, K->adamw(pp, pg, pm, pv, P, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1));
   OPS_TIME("sumsq", sh, 1, (void)K->sumsq(pg, P));
