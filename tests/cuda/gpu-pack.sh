@@ -3,11 +3,18 @@
 # build dependencies (the device machines lent to some sessions): the programs,
 # the CUDA plugin, the GPU tests and every shared library they need that is
 # neither the C runtime nor CUDA's (oneDNN, inih, xxhash, jansson,
-# protobuf-c, libunistring), stripped, into .gpu/ (git-ignored). The GPU
+# protobuf-c, libunistring), stripped (the large ones xz-compressed), into
+# .gpu/ (git-ignored). The GPU
 # side finds CUDA's own libraries (cuBLASLt, NCCL) where it has them:
 # tests/cuda/gpu-run.sh.
 #
 #   sh tests/cuda/gpu-pack.sh      then carry .gpu and run `sh .gpu/gpu-run.sh` there
+#
+# GPU_PACK_REFS="REF ..." also builds, for each git ref, the plugin with
+# that ref's kernels/cuda (and this tree's NCCL backend and plugin table:
+# refs whose kern.h table is this tree's) for sm_90 alone, into
+# .gpu/v/REF.so, for gpu-run.sh's GPU_OPS_PLUGINS to time against each
+# other on one machine.
 set -eu
 cd "$(dirname "$0")/../.."
 make -j2 all build/tests/cuda/kern_math_gpu build/tests/cuda/kern_math_gpu_nofmad \
@@ -28,5 +35,26 @@ for f in .gpu/bin/* .gpu/tests/* .gpu/lib/fsdpd/*; do
 done | sort -u | grep -Ev '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libgcc_s|libstdc\+\+)\.so' \
   | grep -Ev 'cuda|cublas|nccl|cudnn' | while read -r l; do cp -L "$l" .gpu/libs/; done
 strip --strip-unneeded .gpu/bin/* .gpu/tests/* .gpu/libs/* 2>/dev/null || true
+# the large libraries travel xz-compressed (oneDNN: 40 MiB -> 7), which
+# leaves room in the device tool's 64 MiB for plugins to compare;
+# gpu-run.sh unpacks them
+find .gpu/libs -type f -size +1M -exec xz -T2 -6 {} +
 cp tests/cuda/gpu-run.sh .gpu/
+mkvar() { make -s --eval='print-%: ; @echo $($*)' "print-$1"; }
+for ref in ${GPU_PACK_REFS:-}; do
+  t=$(mktemp -d)
+  git archive "$ref" kernels | tar -x -C "$t"
+  mkdir -p "$t/o" .gpu/v
+  for f in "$t"/kernels/cuda/*.cu; do
+    "$(mkvar NVCC)" -std=c++17 -I"$t" -gencode arch=compute_90,code=sm_90 -O3 -fmad=false \
+      -Xcompiler -fPIC -c "$f" -o "$t/o/$(basename "$f" .cu).o"
+  done
+  name=$(printf '%s' "$ref" | tr -c 'A-Za-z0-9._-' '_')
+  # shellcheck disable=SC2046 # the libraries are words
+  ${CC:-gcc} -shared -Wl,-soname,libfsdp-cuda.so "$t"/o/*.o build/daemon/comm/nccl.pic.o \
+    build/daemon/train/device_cuda.pic.o -o ".gpu/v/$name.so" $(mkvar CUDA_LDLIBS)
+  strip --strip-unneeded ".gpu/v/$name.so"
+  rm -rf "$t"
+  echo "gpu-pack: .gpu/v/$name.so: kernels/cuda of $ref"
+done
 du -sh .gpu

@@ -19,6 +19,13 @@
 # (/usr/local/cuda*/lib64) or the Python wheels PyTorch brings (nvidia/*/lib).
 set -u
 cd "$(dirname "$0")/.."
+# the libraries gpu-pack.sh compressed (xz, or Python's lzma where the
+# machine has no xz)
+for f in .gpu/libs/*.xz; do
+  [ -e "$f" ] && [ ! -s "${f%.xz}" ] || continue
+  xz -dc "$f" >"${f%.xz}" 2>/dev/null || python3 -c 'import lzma, shutil, sys
+shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$f" "${f%.xz}"
+done
 libdirs=$(find /usr/local /opt /usr/lib \( -name 'libnccl.so.2' -o -name 'libcublasLt.so.13' -o -name 'libcudart.so.13' \) 2>/dev/null \
   | xargs -r -n1 dirname | sort -u | tr '\n' ':')
 export LD_LIBRARY_PATH="$PWD/.gpu/libs:${libdirs}${LD_LIBRARY_PATH:-}"
