@@ -52,9 +52,17 @@
 #include "kernels/cuda/cuda_impl.h"
 #include "kernels/kern_math.h"
 
-#define TC_ROWS 64                 /* rows a block owns; the other side's tiles are as long */
-#define TC_WARPS 4                 /* each warp owns 16 of the rows */
+#define TC_ROWS 64                 /* a tile of the other side (keys; the key pass: queries) */
 #define TC_TW (TC_ROWS / 2 + 4)    /* transposed tile: words a row */
+/* Warps a block of each kernel; each owns 16 rows (queries; the key pass:
+ * keys), so a block owns 16 x that many, and every tile of the other side it
+ * stages serves them all. The forward and the key pass take 8 (128 rows: the
+ * staging, a third of their instructions, halves against 64-row blocks,
+ * at the same warps an SM by their registers); the query pass keeps 4, at
+ * whose 165 registers 8 would leave an SM one block, 8 warps, instead of 12. */
+#define TC_FWD_WARPS 8
+#define TC_DQ_WARPS 4
+#define TC_DKV_WARPS 8
 #define TC_NT (TC_ROWS / 8)        /* a tile's 8-column strips (the products' n) */
 #ifndef TC_STAGE_UNROLL
 #define TC_STAGE_UNROLL 4          /* squares whose loads a thread issues at once (tc_stage): of 8,
@@ -63,15 +71,21 @@
 
 template <int HS> __host__ __device__ constexpr int tc_rw() { return HS / 2 + 4; } /* row tile: words a row */
 
-/* Shared-memory bytes of each kernel (the layouts below, in this order). */
-template <int HS> constexpr size_t tc_row_bytes() { return (size_t)TC_ROWS * tc_rw<HS>() * 4; }
+/* Shared-memory bytes of each kernel (the layouts below, in this order):
+ * its own rows' tiles (16 W rows), the other side's (64 rows, and
+ * transposed), and the rows' log-sum-exps and D. */
+template <int HS> constexpr size_t tc_row_bytes(int rows) { return (size_t)rows * tc_rw<HS>() * 4; }
 template <int HS> constexpr size_t tc_tr_bytes() { return (size_t)HS * TC_TW * 4; }
-template <int HS> constexpr size_t tc_fwd_smem() { return 2 * tc_row_bytes<HS>() + tc_tr_bytes<HS>(); }
+template <int HS> constexpr size_t tc_fwd_smem() {
+  return tc_row_bytes<HS>(16 * TC_FWD_WARPS) + tc_row_bytes<HS>(TC_ROWS) + tc_tr_bytes<HS>();
+}
 template <int HS> constexpr size_t tc_dq_smem() {
-  return 4 * tc_row_bytes<HS>() + tc_tr_bytes<HS>() + 2 * TC_ROWS * sizeof(float);
+  return 2 * tc_row_bytes<HS>(16 * TC_DQ_WARPS) + 2 * tc_row_bytes<HS>(TC_ROWS) + tc_tr_bytes<HS>() +
+         2 * 16 * TC_DQ_WARPS * sizeof(float);
 }
 template <int HS> constexpr size_t tc_dkv_smem() {
-  return 4 * tc_row_bytes<HS>() + 2 * tc_tr_bytes<HS>() + 2 * TC_ROWS * sizeof(float);
+  return 2 * tc_row_bytes<HS>(16 * TC_DKV_WARPS) + 2 * tc_row_bytes<HS>(TC_ROWS) + 2 * tc_tr_bytes<HS>() +
+         2 * TC_ROWS * sizeof(float);
 }
 
 /* d += a b on the tensor cores: a 16 x 16 and b 16 x 8, bf16, d fp32, in
@@ -122,16 +136,16 @@ __device__ __forceinline__ static float tc_exp2(float x) {
 #define TC_LOG2E 1.44269504088896341f
 #define TC_LN2 0.693147180559945309f
 
-/* Stages rows [r0, r0 + 64) of one head's HS columns of a (T, ld) fp32
+/* Stages rows [r0, r0 + ROWS) of one head's HS columns of a (T, ld) fp32
  * matrix: into rows (a row tile, when not NULL) and into cols (the
- * transposed tile, when not NULL); rows past T become zeros. The whole block
- * calls it; each thread reads 2 x 2 squares, consecutive threads the
+ * transposed tile of 64 rows, when not NULL); rows past T become zeros. The
+ * whole block (NTH threads) calls it; each thread reads 2 x 2 squares, consecutive threads the
  * consecutive squares of a row pair, and issues the loads of up to
  * TC_STAGE_UNROLL squares before it waits for any (the staging is the latency the tiles'
  * products wait on), as pairs of floats where src and ld allow. */
-template <int HS>
+template <int HS, int ROWS, int NTH>
 __device__ static void tc_stage(uint32_t *rows, uint32_t *cols, const float *src, int64_t ld, int r0, int T) {
-  constexpr int THREADS = TC_WARPS * 32, SQUARES = TC_ROWS / 2 * HS / 2, N = SQUARES / THREADS;
+  constexpr int THREADS = NTH, SQUARES = ROWS / 2 * HS / 2, N = SQUARES / THREADS;
   constexpr int U = N < TC_STAGE_UNROLL ? N : TC_STAGE_UNROLL;
   static_assert(SQUARES % THREADS == 0 && N % U == 0, "whole squares a thread");
   const int pairs = (uintptr_t)src % 8 == 0 && ld % 2 == 0;
@@ -268,29 +282,31 @@ __device__ __forceinline__ static float tc_quad_sum(float v) {
 
 /* Forward: out, and lse (B, NH, T) = m + log(l) of each query row. */
 template <int HS>
-__global__ static void __launch_bounds__(TC_WARPS * 32)
+__global__ static void __launch_bounds__(TC_FWD_WARPS * 32, HS <= 64 ? 2 : 1) /* 2: 128 registers */
     tc_fwd_kernel(float *out, float *lse, const float *qkv, int T, int C, float scale) {
+  constexpr int OWN = 16 * TC_FWD_WARPS, NTH = 32 * TC_FWD_WARPS;
   const float sl2 = scale * TC_LOG2E; /* the scores in base 2 */
   extern __shared__ __align__(128) unsigned char tc_smem[];
-  uint32_t *Qs = (uint32_t *)tc_smem, *Ks = Qs + TC_ROWS * tc_rw<HS>(), *Vt = Ks + TC_ROWS * tc_rw<HS>();
-  const int b = blockIdx.z, h = blockIdx.y, NH = gridDim.y, q0 = blockIdx.x * TC_ROWS;
+  uint32_t *Qs = (uint32_t *)tc_smem, *Ks = Qs + OWN * tc_rw<HS>(), *Vt = Ks + TC_ROWS * tc_rw<HS>();
+  const int b = blockIdx.z, h = blockIdx.y, NH = gridDim.y, q0 = blockIdx.x * OWN;
   const int w0 = threadIdx.x / 32 * 16, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
   const int64_t C3 = 3 * (int64_t)C;
   const float *base = qkv + (int64_t)b * T * C3 + (int64_t)h * HS;
-  tc_stage<HS>(Qs, NULL, base, C3, q0, T);
+  tc_stage<HS, OWN, NTH>(Qs, NULL, base, C3, q0, T);
   __syncthreads();
   uint32_t qa[HS / 16][4];
   tc_load_rows<HS>(qa, Qs + w0 * tc_rw<HS>());
   float o[HS / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 #pragma unroll
   for (int d = 0; d < HS / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
-  const int kend = min(T, q0 + TC_ROWS); /* the block's last query sees keys < kend */
+  const int kend = min(T, q0 + OWN); /* the block's last query sees keys < kend */
   for (int j0 = 0; j0 < kend; j0 += TC_ROWS) {
     __syncthreads(); /* the previous tile is read */
-    tc_stage<HS>(Ks, NULL, base + C, C3, j0, T);
-    tc_stage<HS>(NULL, Vt, base + 2 * C, C3, j0, T);
+    tc_stage<HS, TC_ROWS, NTH>(Ks, NULL, base + C, C3, j0, T);
+    tc_stage<HS, TC_ROWS, NTH>(NULL, Vt, base + 2 * C, C3, j0, T);
     __syncthreads();
-    /* strips with a key at or before the warp's last row (j0 <= q0: at least one) */
+    if (j0 > q0 + w0 + 15) continue; /* warp-uniform: every key after the warp's rows */
+    /* strips with a key at or before the warp's last row (at least one) */
     const int hi = min(TC_NT, (q0 + w0 + 15 - j0) / 8 + 1);
     float s[TC_NT][4];
     tc_scores<HS>(s, qa, Ks, 0, hi);
@@ -338,20 +354,21 @@ __global__ static void __launch_bounds__(TC_WARPS * 32)
 /* Backward, query pass: D = dout . out of each row into Dg (B, NH, T), and
  * dq += scale * dS k over the key tiles. */
 template <int HS>
-__global__ static void __launch_bounds__(TC_WARPS * 32)
+__global__ static void __launch_bounds__(TC_DQ_WARPS * 32)
     tc_bwd_dq_kernel(float *dqkv, float *Dg, const float *dout, const float *qkv, const float *out,
                      const float *lse, int T, int C, float scale) {
   extern __shared__ __align__(128) unsigned char tc_smem[];
-  uint32_t *Qs = (uint32_t *)tc_smem, *dOs = Qs + TC_ROWS * tc_rw<HS>(), *Ks = dOs + TC_ROWS * tc_rw<HS>(),
+  constexpr int OWN = 16 * TC_DQ_WARPS, NTH = 32 * TC_DQ_WARPS;
+  uint32_t *Qs = (uint32_t *)tc_smem, *dOs = Qs + OWN * tc_rw<HS>(), *Ks = dOs + OWN * tc_rw<HS>(),
            *Vs = Ks + TC_ROWS * tc_rw<HS>(), *Kt = Vs + TC_ROWS * tc_rw<HS>();
-  float *Lq = (float *)(Kt + HS * TC_TW), *Dq = Lq + TC_ROWS;
-  const int b = blockIdx.z, h = blockIdx.y, NH = gridDim.y, q0 = blockIdx.x * TC_ROWS;
+  float *Lq = (float *)(Kt + HS * TC_TW), *Dq = Lq + OWN;
+  const int b = blockIdx.z, h = blockIdx.y, NH = gridDim.y, q0 = blockIdx.x * OWN;
   const int w0 = threadIdx.x / 32 * 16, lane = threadIdx.x % 32, g = lane / 4;
   const int64_t C3 = 3 * (int64_t)C;
   const float *base = qkv + (int64_t)b * T * C3 + (int64_t)h * HS;
   const float *dbase = dout + (int64_t)b * T * C + (int64_t)h * HS;
-  tc_stage<HS>(Qs, NULL, base, C3, q0, T);
-  tc_stage<HS>(dOs, NULL, dbase, C, q0, T);
+  tc_stage<HS, OWN, NTH>(Qs, NULL, base, C3, q0, T);
+  tc_stage<HS, OWN, NTH>(dOs, NULL, dbase, C, q0, T);
   { /* the warp's rows' D (a warp sum each, every row's loads issued first) and lse */
     float d[16];
 #pragma unroll
@@ -381,12 +398,13 @@ __global__ static void __launch_bounds__(TC_WARPS * 32)
   float dq[HS / 8][4];
 #pragma unroll
   for (int d = 0; d < HS / 8; d++) dq[d][0] = dq[d][1] = dq[d][2] = dq[d][3] = 0.0f;
-  const int kend = min(T, q0 + TC_ROWS);
+  const int kend = min(T, q0 + OWN);
   for (int j0 = 0; j0 < kend; j0 += TC_ROWS) {
     __syncthreads();
-    tc_stage<HS>(Ks, Kt, base + C, C3, j0, T);
-    tc_stage<HS>(Vs, NULL, base + 2 * C, C3, j0, T);
+    tc_stage<HS, TC_ROWS, NTH>(Ks, Kt, base + C, C3, j0, T);
+    tc_stage<HS, TC_ROWS, NTH>(Vs, NULL, base + 2 * C, C3, j0, T);
     __syncthreads();
+    if (j0 > q0 + w0 + 15) continue; /* warp-uniform: every key after the warp's rows */
     const int hi = min(TC_NT, (q0 + w0 + 15 - j0) / 8 + 1);
     float s[TC_NT][4], dp[TC_NT][4];
     tc_scores<HS>(s, qa, Ks, 0, hi);
@@ -405,20 +423,21 @@ __global__ static void __launch_bounds__(TC_WARPS * 32)
  * tiles at or after the block's keys, with the query pass's D. Each warp
  * works on its 16 keys' rows of the transposed products (S^T = k q^T). */
 template <int HS>
-__global__ static void __launch_bounds__(TC_WARPS * 32)
+__global__ static void __launch_bounds__(TC_DKV_WARPS * 32)
     tc_bwd_dkv_kernel(float *dqkv, const float *Dg, const float *dout, const float *qkv,
                       const float *lse, int T, int C, float scale) {
   extern __shared__ __align__(128) unsigned char tc_smem[];
-  uint32_t *Ks = (uint32_t *)tc_smem, *Vs = Ks + TC_ROWS * tc_rw<HS>(), *Qs = Vs + TC_ROWS * tc_rw<HS>(),
+  constexpr int OWN = 16 * TC_DKV_WARPS, NTH = 32 * TC_DKV_WARPS;
+  uint32_t *Ks = (uint32_t *)tc_smem, *Vs = Ks + OWN * tc_rw<HS>(), *Qs = Vs + OWN * tc_rw<HS>(),
            *dOs = Qs + TC_ROWS * tc_rw<HS>(), *Qt = dOs + TC_ROWS * tc_rw<HS>(), *dOt = Qt + HS * TC_TW;
   float *Lq = (float *)(dOt + HS * TC_TW), *Dq = Lq + TC_ROWS;
-  const int b = blockIdx.z, h = blockIdx.y, NH = gridDim.y, k0 = blockIdx.x * TC_ROWS;
+  const int b = blockIdx.z, h = blockIdx.y, NH = gridDim.y, k0 = blockIdx.x * OWN;
   const int w0 = threadIdx.x / 32 * 16, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
   const int64_t C3 = 3 * (int64_t)C, rows = ((int64_t)b * NH + h) * T;
   const float *base = qkv + (int64_t)b * T * C3 + (int64_t)h * HS;
   const float *dbase = dout + (int64_t)b * T * C + (int64_t)h * HS;
-  tc_stage<HS>(Ks, NULL, base + C, C3, k0, T);
-  tc_stage<HS>(Vs, NULL, base + 2 * C, C3, k0, T);
+  tc_stage<HS, OWN, NTH>(Ks, NULL, base + C, C3, k0, T);
+  tc_stage<HS, OWN, NTH>(Vs, NULL, base + 2 * C, C3, k0, T);
   __syncthreads();
   uint32_t ka[HS / 16][4], va[HS / 16][4];
   tc_load_rows<HS>(ka, Ks + w0 * tc_rw<HS>());
@@ -431,15 +450,15 @@ __global__ static void __launch_bounds__(TC_WARPS * 32)
   const float sl2 = scale * TC_LOG2E;
   for (int i0 = k0; i0 < T; i0 += TC_ROWS) { /* k0 is a tile edge: the first tile holds key k0's query */
     __syncthreads();
-    tc_stage<HS>(Qs, Qt, base, C3, i0, T);
-    tc_stage<HS>(dOs, dOt, dbase, C, i0, T);
+    tc_stage<HS, TC_ROWS, NTH>(Qs, Qt, base, C3, i0, T);
+    tc_stage<HS, TC_ROWS, NTH>(dOs, dOt, dbase, C, i0, T);
     for (int c = threadIdx.x; c < TC_ROWS; c += blockDim.x) {
       const int i = i0 + c;
       Lq[c] = i < T ? lse[rows + i] * TC_LOG2E : 0.0f; /* base 2 */
       Dq[c] = i < T ? Dg[rows + i] : 0.0f;
     }
     __syncthreads();
-    if (!live) continue;
+    if (!live || i0 + TC_ROWS - 1 < k0 + w0) continue; /* warp-uniform: no key, or every query before them */
     /* strips with a query at or after the warp's first key */
     const int lo = max(0, (k0 + w0 - i0) / 8);
     float s[TC_NT][4], dp[TC_NT][4];
@@ -471,17 +490,18 @@ template <typename K> static void tc_smem_allow(K kernel, size_t bytes, int *don
   *done = 1;
 }
 
-/* The grid: blocks of 64 rows, heads (y), batch rows (z). */
-static dim3 tc_grid(int B, int T, int NH) {
+/* The grid of a kernel of w warps: blocks of 16 w rows, heads (y), batch rows (z). */
+static dim3 tc_grid(int B, int T, int NH, int w) {
   KERN_CUDA_ASSERT(NH <= 65535 && B <= 65535); /* grid y and z */
-  return dim3((unsigned)((T + TC_ROWS - 1) / TC_ROWS), (unsigned)NH, (unsigned)B);
+  return dim3((unsigned)((T + 16 * w - 1) / (16 * w)), (unsigned)NH, (unsigned)B);
 }
 
 template <int HS> static int tc_fwd(float *out, float *lse, const float *qkv, int B, int T, int C, int NH) {
   if (tc_fwd_smem<HS>() > kern_cuda_st.smem_optin) return 0;
   static int allowed;
   tc_smem_allow(tc_fwd_kernel<HS>, tc_fwd_smem<HS>(), &allowed);
-  tc_fwd_kernel<HS><<<tc_grid(B, T, NH), TC_WARPS * 32, tc_fwd_smem<HS>(), kern_cuda_st.stream>>>(
+  tc_fwd_kernel<HS><<<tc_grid(B, T, NH, TC_FWD_WARPS), TC_FWD_WARPS * 32, tc_fwd_smem<HS>(),
+                      kern_cuda_st.stream>>>(
       out, lse, qkv, T, C, 1.0f / sqrtf((float)HS));
   KERN_CUDA_LAUNCHED();
   return 1;
@@ -495,12 +515,13 @@ static int tc_bwd(float *dqkv, float *D, const float *dout, const float *qkv, co
   static int allowed_dq, allowed_dkv;
   tc_smem_allow(tc_bwd_dq_kernel<HS>, tc_dq_smem<HS>(), &allowed_dq);
   tc_smem_allow(tc_bwd_dkv_kernel<HS>, tc_dkv_smem<HS>(), &allowed_dkv);
-  const dim3 grid = tc_grid(B, T, NH);
   const float scale = 1.0f / sqrtf((float)HS);
-  tc_bwd_dq_kernel<HS><<<grid, TC_WARPS * 32, tc_dq_smem<HS>(), kern_cuda_st.stream>>>(
+  tc_bwd_dq_kernel<HS><<<tc_grid(B, T, NH, TC_DQ_WARPS), TC_DQ_WARPS * 32, tc_dq_smem<HS>(),
+                         kern_cuda_st.stream>>>(
       dqkv, D, dout, qkv, out, lse, T, C, scale);
   KERN_CUDA_LAUNCHED();
-  tc_bwd_dkv_kernel<HS><<<grid, TC_WARPS * 32, tc_dkv_smem<HS>(), kern_cuda_st.stream>>>(
+  tc_bwd_dkv_kernel<HS><<<tc_grid(B, T, NH, TC_DKV_WARPS), TC_DKV_WARPS * 32, tc_dkv_smem<HS>(),
+                          kern_cuda_st.stream>>>(
       dqkv, D, dout, qkv, lse, T, C, scale);
   KERN_CUDA_LAUNCHED();
   return 1;
