@@ -6,7 +6,7 @@
  * cores through mma.sync m16n8k16 (bf16 operands, fp32 accumulation) and
  * the softmax on the products' accumulators in registers:
  *
- *  - forward, a block per 64 query rows of one head, each of its 4 warps
+ *  - forward, a block per 128 query rows of one head, each of its 8 warps
  *    owning 16 rows: for each 64-key tile at or before its last row, S =
  *    q k^T, the online softmax on S in fp32 (running maximum m and sum l per
  *    row, the output rescaled when m grows), P rounded to bf16 straight from
@@ -14,9 +14,10 @@
  *    O / l and lse = m + log l.
  *  - backward, two passes as attention.cu's (every output has one writer:
  *    no atomics, the same bytes from run to run): a query pass (a block per
- *    64 query rows) writes D = dout . out per row and dq += scale dS k over
- *    the key tiles, recomputing P = exp(scale S - lse) and dP = dout v^T;
- *    a key pass (a block per 64 keys) walks the query tiles at or after it
+ *    64 query rows, 4 warps) writes D = dout . out per row and dq += scale
+ *    dS k over the key tiles, recomputing P = exp(scale S - lse) and dP =
+ *    dout v^T; a key pass (a block per 128 keys, 8 warps) walks the 64-query
+ *    tiles at or after it
  *    and accumulates dv += P^T dout and dk += scale dS^T q, with dS = P (dP -
  *    D) rounded to bf16.
  *
@@ -36,13 +37,13 @@
  *
  * The fragments' layouts are the PTX ISA's for m16n8k16 (kern_cuda_mma_bf16;
  * tests/cuda/emu/cuda_emu.h emulates them). Tiles are staged as 32-bit words
- * of two bf16: a row tile (64 rows of HS) as rows of HS / 2 + 4 words, and a
+ * of two bf16: a row tile (64 or 128 rows of HS) as rows of HS / 2 + 4 words, and a
  * transposed tile (HS rows of 64) as rows of 36 words, for the operands a
  * product reads down its rows (v in forward, k, q and dout in backward). The
  * padding puts the 32 words a warp's fragment load reads in 32 banks.
  * Tiles of keys wholly after a warp's last query (the causal diagonal) are
  * skipped. Rows past T are staged as zeros and masked. Shared memory is
- * dynamic (tc_*_smem: up to 107 KiB, for head size 128's key pass), asked
+ * dynamic (tc_*_smem: up to 138.5 KiB, for head size 128's key pass), asked
  * for once (tc_smem_allow); a GPU that gives a block less runs the fp32
  * kernels instead, which keep the same rows. */
 #include <cuda_bf16.h>
