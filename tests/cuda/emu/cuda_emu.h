@@ -230,6 +230,16 @@ static inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 3
   if (lane_mask < 0 || lane_mask > 31) emu::fail("__shfl_xor_sync with lane mask %d", lane_mask);
   return emu_shfl(mask, v, (emu::cur->lin & 31) ^ lane_mask);
 }
+/* The warp's lanes (of mask, the whole warp) whose pred is not 0, a bit each. */
+static inline unsigned __ballot_sync(unsigned mask, int pred) {
+  if (mask != 0xffffffffu) emu::fail("a warp ballot with a partial mask (%#x) is not emulated", mask);
+  int mine = pred != 0, all[32];
+  emu::warp_gather(&mine, all, sizeof mine);
+  unsigned r = 0;
+  for (int l = 0; l < 32; l++) r |= (unsigned)all[l] << l;
+  return r;
+}
+static inline int __ffs(int x) { return __builtin_ffs(x); }
 
 /* nvcc's C++ overloads (cuda_runtime.h declares them for nvcc only) */
 template <class T> static inline cudaError_t cudaFuncGetAttributes(cudaFuncAttributes *a, T *f) {
