@@ -773,6 +773,18 @@ static void beta_declared_dead(const node_t *A, const char *id, double heard) {
   cr_assert_eq(job_state(id, NULL, 0), FSDP__V1__JOB_STATE__JOB_STATE_PENDING);
 }
 
+/* Stops the coordinator and starts another on its database, a client
+ * for it; when it started (s). */
+static double co_restart(void) {
+  char db[600];
+  snprintf(db, sizeof db, "%s", co_db);
+  teardown();
+  const double started = tu_now_s();
+  co_start(db, "127.0.0.1:0", "");
+  client_for(&co, NULL);
+  return started;
+}
+
 /* A node's fence and the coordinator's margin after it (s): the restart
  * grace is 3 x the timeout here */
 #define FENCE_S (3 * TIMEOUT_MS / 1000.0 + 1.0)
@@ -858,12 +870,7 @@ Test(coordinator, a_restarted_coordinator_holds_restarts_for_the_fence, .timeout
   double heard;
   fenced_job_on_beta(&A, &Bn, id, sizeof id, &heard);
   beta_declared_dead(&A, id, heard);
-  char db[600];
-  snprintf(db, sizeof db, "%s", co_db);
-  teardown();
-  const double started = tu_now_s();
-  co_start(db, "127.0.0.1:0", "");
-  client_for(&co, NULL);
+  const double started = co_restart();
   node_register(&A, "alpha", 2, 8ull << 30, NULL, 0);
   const double at = assigned_at(&A, id, 10, reason, sizeof reason);
   cr_assert_gt(at, 0, "the job never restarted on alpha: %s", reason);
@@ -885,12 +892,7 @@ Test(coordinator, a_job_cancelled_before_a_restart_and_resumed_after_waits_for_t
   double heard;
   fenced_job_on_beta(&A, &Bn, id, sizeof id, &heard);
   cr_assert_eq(cancel(id), 0, "%s", err_msg());
-  char db[600];
-  snprintf(db, sizeof db, "%s", co_db);
-  teardown();
-  const double started = tu_now_s();
-  co_start(db, "127.0.0.1:0", "");
-  client_for(&co, NULL);
+  const double started = co_restart();
   node_register(&A, "alpha", 2, 8ull << 30, NULL, 0);
   cr_assert_eq(resume(id), 0, "%s", err_msg());
   const double at = assigned_at(&A, id, 10, reason, sizeof reason);
@@ -933,12 +935,7 @@ Test(coordinator, an_attempt_failed_after_a_restart_waits_for_its_unheard_node, 
   running_ranks(rs, rp, id, 3);
   reply_free(heartbeat(&A, &rp[ra], 1));
   reply_free(heartbeat(&Bn, &rp[rb], 1));
-  char db[600];
-  snprintf(db, sizeof db, "%s", co_db);
-  teardown();
-  const double started = tu_now_s();
-  co_start(db, "127.0.0.1:0", "");
-  client_for(&co, NULL);
+  const double started = co_restart();
   node_register(&G, "gamma", 2, 8ull << 30, NULL, 0);
   node_register(&A, "alpha", 1, 8ull << 30, NULL, 0); /* its rank is gone: the attempt fails */
   const double at = assigned_at(&G, id, 10, reason, sizeof reason);
