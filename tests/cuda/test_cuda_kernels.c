@@ -1128,6 +1128,9 @@ int main(void) {
   test_memory(1000003);
 
   test_encoder(3, 5, 7, 11);
+  /* dwte by warps (encoder.cu): positions past a multiple of 32 (111) and
+   * a warp's columns past C (45), B not a power of two */
+  test_encoder(3, 37, 45, 70);
   test_encoder(4, 1024, 768, 50257);
 
   test_layernorm(7, 33);
@@ -1254,6 +1257,11 @@ int main(void) {
   test_attention(3, 33, 64, 2);
   test_attention(2, 65, 64, 1);
   test_attention(2, 130, 256, 2);
+  /* T ending inside a warp's 16 rows of a later 128-row block (forward and
+   * key pass) and inside a 64-row tile, at head sizes 16, 32 and 64 */
+  test_attention(1, 200, 32, 2);
+  test_attention(1, 257, 64, 2);
+  test_attention(2, 191, 128, 2);
   test_attention(1, GPT_T, 768, 12);
 #ifdef KERN_CUDA_EMU
   /* the attention op falls back to the fp32 kernels unasked where the
