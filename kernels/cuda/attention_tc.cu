@@ -123,8 +123,9 @@ __device__ __forceinline__ static uint32_t tc_pack_staged(float lo, float hi) {
 
 /* 2^x on the special function unit (ex2.approx: about 2 ulp, 2^-inf = +0,
  * subnormals flushed); exp2f on the emulator. The softmax works in base 2,
- * its scores scaled by scale * log2(e) (tc_log2e), as FlashAttention does:
- * one fused multiply-add and one ex2 an element. */
+ * its scores scaled by scale * log2(e) (TC_LOG2E), as FlashAttention does:
+ * a multiply, a subtraction (the key pass: one fmaf, explicit, as this file
+ * is built with -fmad=false) and one ex2 an element. */
 __device__ __forceinline__ static float tc_exp2(float x) {
 #ifdef FSDP_CUDA_EMU_H
   return exp2f(x);
@@ -472,7 +473,7 @@ __global__ static void __launch_bounds__(TC_DKV_WARPS * 32)
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         const int j = k0 + w0 + g + 8 * (e / 2), c = 8 * n + 2 * t + e % 2, i = i0 + c;
-        const float p = !edge || (j < T && i < T && i >= j) ? tc_exp2(s[n][e] * sl2 - Lq[c]) : 0.0f;
+        const float p = !edge || (j < T && i < T && i >= j) ? tc_exp2(fmaf(s[n][e], sl2, -Lq[c])) : 0.0f;
         s[n][e] = p, dp[n][e] = p * (dp[n][e] - Dq[c]); /* P^T, dS^T */
       }
     tc_accumulate<HS>(dv, s, dOt, lo, TC_NT);
