@@ -138,24 +138,42 @@ __device__ __forceinline__ static float tc_exp2(float x) {
 #define TC_LOG2E 1.44269504088896341f
 #define TC_LN2 0.693147180559945309f
 
+/* Square x of a tile of HS columns, of row pair r / 2 and column pair
+ * c / 2: without TR, consecutive squares of a row pair (a warp's row-tile
+ * stores in 32 banks); with TR (a transposed tile is written), a warp takes
+ * 8 row pairs by 4 column pairs, so that its transposed stores (rows of 36
+ * words: word 4 c + r / 2 mod 32) fall in 32 banks, where consecutive
+ * column pairs put 32 stores in 4 (helper-62 #7); its row stores then take
+ * two rounds. Its global reads are 16 runs of 32 bytes either way. */
+template <int HS, bool TR> __device__ __forceinline__ static void tc_square(int x, int *r, int *c) {
+  if (!TR) {
+    *r = 2 * (x / (HS / 2)), *c = 2 * (x % (HS / 2));
+  } else {
+    const int lane = x % 32, g = x / 32;
+    *r = 2 * (g / (HS / 8) * 8 + lane / 4), *c = 2 * (g % (HS / 8) * 4 + lane % 4);
+  }
+}
+
 /* Stages rows [r0, r0 + ROWS) of one head's HS columns of a (T, ld) fp32
- * matrix: into rows (a row tile, when not NULL) and into cols (the
- * transposed tile of 64 rows, when not NULL); rows past T become zeros. The
- * whole block (NTH threads) calls it; each thread reads 2 x 2 squares, consecutive threads the
- * consecutive squares of a row pair, and issues the loads of up to
- * TC_STAGE_UNROLL squares before it waits for any (the staging is the latency the tiles'
- * products wait on), as pairs of floats where src and ld allow. */
-template <int HS, int ROWS, int NTH>
+ * matrix: into rows (a row tile, when not NULL) and, with TR, into cols (the
+ * transposed tile of 64 rows); rows past T become zeros. The whole block
+ * (NTH threads) calls it; each thread reads 2 x 2 squares (tc_square), and
+ * issues the loads of up to TC_STAGE_UNROLL squares before it waits for
+ * any (the staging is the latency the tiles' products wait on), as pairs of
+ * floats where src and ld allow. */
+template <int HS, int ROWS, int NTH, bool TR = false>
 __device__ static void tc_stage(uint32_t *rows, uint32_t *cols, const float *src, int64_t ld, int r0, int T) {
   constexpr int THREADS = NTH, SQUARES = ROWS / 2 * HS / 2, N = SQUARES / THREADS;
   constexpr int U = N < TC_STAGE_UNROLL ? N : TC_STAGE_UNROLL;
-  static_assert(SQUARES % THREADS == 0 && N % U == 0, "whole squares a thread");
+  static_assert(SQUARES % THREADS == 0 && N % U == 0 && THREADS % 32 == 0, "whole squares a thread");
+  static_assert(!TR || (ROWS == TC_ROWS && HS % 8 == 0), "transposed: 64 rows, whole groups of 4 column pairs");
   const int pairs = (uintptr_t)src % 8 == 0 && ld % 2 == 0;
   for (int u0 = 0; u0 < N; u0 += U) {
     float2 v[U][2];
 #pragma unroll
     for (int u = 0; u < U; u++) {
-      const int x = (int)threadIdx.x + (u0 + u) * THREADS, r = 2 * (x / (HS / 2)), c = 2 * (x % (HS / 2));
+      int r, c;
+      tc_square<HS, TR>((int)threadIdx.x + (u0 + u) * THREADS, &r, &c);
 #pragma unroll
       for (int y = 0; y < 2; y++) {
         const float *p = src + (int64_t)(r0 + r + y) * ld + c;
@@ -164,11 +182,12 @@ __device__ static void tc_stage(uint32_t *rows, uint32_t *cols, const float *src
     }
 #pragma unroll
     for (int u = 0; u < U; u++) {
-      const int x = (int)threadIdx.x + (u0 + u) * THREADS, r = 2 * (x / (HS / 2)), c = 2 * (x % (HS / 2));
+      int r, c;
+      tc_square<HS, TR>((int)threadIdx.x + (u0 + u) * THREADS, &r, &c);
       if (rows)
         rows[r * tc_rw<HS>() + c / 2] = tc_pack_staged(v[u][0].x, v[u][0].y),
         rows[(r + 1) * tc_rw<HS>() + c / 2] = tc_pack_staged(v[u][1].x, v[u][1].y);
-      if (cols)
+      if (TR)
         cols[c * TC_TW + r / 2] = tc_pack_staged(v[u][0].x, v[u][1].x),
         cols[(c + 1) * TC_TW + r / 2] = tc_pack_staged(v[u][0].y, v[u][1].y);
     }
@@ -305,7 +324,7 @@ __global__ static void __launch_bounds__(TC_FWD_WARPS * 32, HS <= 64 ? 2 : 1) /*
   for (int j0 = 0; j0 < kend; j0 += TC_ROWS) {
     __syncthreads(); /* the previous tile is read */
     tc_stage<HS, TC_ROWS, NTH>(Ks, NULL, base + C, C3, j0, T);
-    tc_stage<HS, TC_ROWS, NTH>(NULL, Vt, base + 2 * C, C3, j0, T);
+    tc_stage<HS, TC_ROWS, NTH, true>(NULL, Vt, base + 2 * C, C3, j0, T);
     __syncthreads();
     if (j0 > q0 + w0 + 15) continue; /* warp-uniform: every key after the warp's rows */
     /* strips with a key at or before the warp's last row (at least one) */
@@ -403,7 +422,7 @@ __global__ static void __launch_bounds__(TC_DQ_WARPS * 32)
   const int kend = min(T, q0 + OWN);
   for (int j0 = 0; j0 < kend; j0 += TC_ROWS) {
     __syncthreads();
-    tc_stage<HS, TC_ROWS, NTH>(Ks, Kt, base + C, C3, j0, T);
+    tc_stage<HS, TC_ROWS, NTH, true>(Ks, Kt, base + C, C3, j0, T);
     tc_stage<HS, TC_ROWS, NTH>(Vs, NULL, base + 2 * C, C3, j0, T);
     __syncthreads();
     if (j0 > q0 + w0 + 15) continue; /* warp-uniform: every key after the warp's rows */
@@ -452,8 +471,8 @@ __global__ static void __launch_bounds__(TC_DKV_WARPS * 32)
   const float sl2 = scale * TC_LOG2E;
   for (int i0 = k0; i0 < T; i0 += TC_ROWS) { /* k0 is a tile edge: the first tile holds key k0's query */
     __syncthreads();
-    tc_stage<HS, TC_ROWS, NTH>(Qs, Qt, base, C3, i0, T);
-    tc_stage<HS, TC_ROWS, NTH>(dOs, dOt, dbase, C, i0, T);
+    tc_stage<HS, TC_ROWS, NTH, true>(Qs, Qt, base, C3, i0, T);
+    tc_stage<HS, TC_ROWS, NTH, true>(dOs, dOt, dbase, C, i0, T);
     for (int c = threadIdx.x; c < TC_ROWS; c += blockDim.x) {
       const int i = i0 + c;
       Lq[c] = i < T ? lse[rows + i] * TC_LOG2E : 0.0f; /* base 2 */
