@@ -1423,21 +1423,25 @@ static int cmd_logs(ctl_t *c, int argc, char **argv) {
    * again where it stopped, a few times in a row at most. One whose ticket
    * lapsed, followed or not (fsdpd ends it ABORTED past the ticket's hour,
    * or when the node registered again with a new key), is routine: opened
-   * again there with a fresh ticket, saying nothing. */
+   * again there with a fresh ticket, saying nothing. A followed stream whose
+   * ticket the node refuses while the coordinator cannot give a fresh one
+   * (it restarts) waits for the coordinator, saying so once. */
   if ((rc = rpc_client_create(&nc, &o))) {
     code = ctl_fail_at(c, rc, addr, "logs of job %s rank %lu from node %s", job, rank, node);
   } else {
-    for (int again = 0, reopened = 0;; again++, reopened = 1) {
-      int got = 0;
+    for (int again = 0, reopened = 0, waited = 0;; again++, reopened = 1) {
+      int got = 0, trc = 0;
       /* a stream opened again (it broke, maybe past the ticket's hour) takes
        * a fresh ticket; the coordinator away keeps the one it has */
       Fsdp__V1__GetLogTicketReply *fresh = NULL;
-      if (reopened && !ctl_call(c, "GetLogTicket", &tq.base,
-                                &fsdp__v1__get_log_ticket_reply__descriptor, &fresh)) {
+      if (reopened && !(trc = ctl_call(c, "GetLogTicket", &tq.base,
+                                       &fsdp__v1__get_log_ticket_reply__descriptor, &fresh))) {
         ctl_free(tr);
         tr = fresh;
         req.ticket = tr->ticket;
       }
+      char away[512] = "";
+      if (trc) snprintf(away, sizeof away, "%s", err_msg());
       if (!(rc = rpc_stream_open(nc, &st, "/fsdp.v1.Node/GetRankLogs", &req.base,
                                  follow ? CTL_FOREVER_S : c->timeout_s))) {
         Fsdp__V1__LogChunk *ch;
@@ -1452,11 +1456,19 @@ static int cmd_logs(ctl_t *c, int argc, char **argv) {
         st = NULL;
       }
       const int lapsed = rc == FSDP_ESTALE;
-      if (got || lapsed) again = 0; /* it moved on, or ran its ticket out: a fresh allowance */
-      if (code || again >= CTL_LOGS_RESUMES || (!lapsed && (!follow || rc != FSDP_EUNAVAILABLE)))
+      /* the node refuses the old ticket and the coordinator gave no new one */
+      const int stale = follow && rc == FSDP_EAUTH && trc == FSDP_EUNAVAILABLE;
+      if (got || lapsed || stale) again = 0; /* it moved on, or waits on its ticket: a fresh allowance */
+      if (code || again >= CTL_LOGS_RESUMES ||
+          (!lapsed && !stale && (!follow || rc != FSDP_EUNAVAILABLE)))
         break;
+      if (stale && !waited++)
+        ctl_line(stderr, "fsdpctl: the log ticket for node %s expired and the coordinator cannot "
+                 "give a new one (%s); waiting for it, to resume at byte %lld", node, away,
+                 (long long)(req.offset < 0 ? 0 : req.offset));
+      if (got) waited = 0;
       if (lapsed && got) continue; /* at once: it was reading */
-      if (!lapsed)
+      if (!lapsed && !stale)
         ctl_line(stderr, "fsdpctl: the log stream from node %s broke (%s); resuming at byte %lld",
                  node, err_msg(), (long long)(req.offset < 0 ? 0 : req.offset));
       const long ms = 200L << (again < 3 ? again : 3); /* 0.2 s, doubling to 1.6 s */

@@ -461,6 +461,10 @@ static void h_export(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
  * ticket expires: each takes only the newest ticket, and one followed from
  * the start ends ABORTED after two lines (loop thread only). */
 static int logs_lapse, tickets_made;
+/* With logs_lapse: GetLogTicket answers UNAVAILABLE this many times after
+ * the first ticket (the coordinator restarting), and the lapsed ticket is
+ * refused (EAUTH, "expired") until a fresh one is made (loop thread only). */
+static int tickets_away, ticket_lapsed;
 
 /* GetLogTicket: a ticket naming what it is for, which h_logs checks (and
  * which one it is, when logs_lapse). */
@@ -469,6 +473,11 @@ static void h_ticket(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   const Fsdp__V1__GetLogTicketRequest *req = (const void *)m;
   rec_put(rpc_call_method(call), m);
   char t[160];
+  if (tickets_away && tickets_made >= 1) {
+    tickets_away--;
+    rpc_call_finish(call, err_set(FSDP_EUNAVAILABLE, "the coordinator is restarting"));
+    return;
+  }
   snprintf(t, sizeof t, "ticket:%s:%s:%u", req->node_id, req->job_id, req->rank);
   if (logs_lapse) snprintf(t + strlen(t), sizeof t - strlen(t), ":%d", ++tickets_made);
   Fsdp__V1__GetLogTicketReply rep = FSDP__V1__GET_LOG_TICKET_REPLY__INIT;
@@ -498,6 +507,10 @@ static void h_logs(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
     rpc_call_finish(call, err_set(FSDP_EAUTH, "ticket \"%s\", wanted \"%s\"", req->ticket, want));
     return;
   }
+  if (ticket_lapsed && ticket_lapsed == tickets_made) {
+    rpc_call_finish(call, err_set(FSDP_EAUTH, "GetRankLogs: the log ticket expired"));
+    return;
+  }
   static const char *const plain[] = {"step 1 loss 5.0\n", "step 2 loss 4.0\n", "step 3 loss 3.0\n"};
   /* hostile: an escape sequence, and an "\u00e9" cut between two chunks */
   static const char *const evil[] = {"\x1b]0;log\x07 caf\xc3", "\xa9\tok\n", "end\n"};
@@ -512,6 +525,7 @@ static void h_logs(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
     off += (int64_t)c.data.len;
     if (req->follow && c.offset < req->offset) continue;
     if (breaks && i == 2) {
+      if (logs_lapse) ticket_lapsed = tickets_made;
       rpc_call_finish(call, logs_lapse ? err_set(FSDP_ESTALE, "job %s rank %u: the log stream "
                                                  "ended, its log ticket expired; resume at byte "
                                                  "%lld", req->job_id, req->rank,
@@ -1706,6 +1720,29 @@ Test(fsdpctl, a_followed_log_whose_stream_breaks_goes_on_where_it_stopped) {
       rec_get("GetLogTicket", &fsdp__v1__get_log_ticket_request__descriptor, &calls);
   cr_expect_eq(calls, 2, "%d tickets", calls);
   protobuf_c_message_free_unpacked(&tq->base, NULL);
+}
+
+/* A followed log whose ticket lapses while the coordinator cannot give a
+ * fresh one (it restarts: two refusals here) waits for it, saying so once,
+ * then goes on where it stopped (before, it ended with the node's
+ * "expired"). */
+Test(fsdpctl, a_followed_log_whose_ticket_lapses_while_the_coordinator_is_away_waits_for_it) {
+  logs_lapse = 1, tickets_away = 2; /* set before the servers' thread starts */
+  fake_start(NULL, NULL);
+  int rc = CTL("logs", "j-42", "--follow");
+  cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
+  cr_assert_str_eq(out, "step 1 loss 5.0\nstep 2 loss 4.0\nstep 3 loss 3.0\n");
+  expect_in(err, "the log ticket for node n-1 expired and the coordinator cannot give a new one");
+  expect_in(err, "the coordinator is restarting");
+  expect_in(err, "resume at byte 32");
+  cr_expect(!strstr(strstr(err, "waiting for it") + 1, "waiting for it"), "said once: %s", err);
+  int calls = 0;
+  Fsdp__V1__GetRankLogsRequest *req =
+      rec_get("GetRankLogs", &fsdp__v1__get_rank_logs_request__descriptor, &calls);
+  cr_expect_eq(calls, 4, "the first, two with the lapsed ticket, the last: %d", calls);
+  cr_expect_eq(req->offset, 32, "the last stream starts after what was printed");
+  cr_expect_str_eq(req->ticket, "ticket:n-1:j-42:0:2", "with the second ticket");
+  protobuf_c_message_free_unpacked(&req->base, NULL);
 }
 
 /* A followed log whose ticket lapses (fsdpd ends the stream ABORTED once
