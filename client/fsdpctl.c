@@ -125,6 +125,8 @@ static int ctl_fail_at(const ctl_t *c, int rc, const char *target, const char *f
                            "--tls-cert needs --node-tls-ca " CTL_PLAINTEXT
                          : "");
     fix = buf;
+  } else if (rc == FSDP_EAUTH && target) { /* a node: it takes a log ticket, never a token */
+    fix = "; the node refused the coordinator's log ticket: run the command again for a fresh one";
   } else if (rc == FSDP_EAUTH) {
     fix = c->token_file ? "; is --token-file (or FSDP_TOKEN_FILE) this cluster's user token?"
                         : "; give the cluster's user token with --token-file FILE or FSDP_TOKEN_FILE";

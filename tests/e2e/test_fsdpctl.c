@@ -465,6 +465,7 @@ static int logs_lapse, tickets_made;
  * the first ticket (the coordinator restarting), and the lapsed ticket is
  * refused (EAUTH, "expired") until a fresh one is made (loop thread only). */
 static int tickets_away, ticket_lapsed;
+static int logs_refuse; /* the Node service refuses every ticket (EAUTH) */
 
 /* GetLogTicket: a ticket naming what it is for, which h_logs checks (and
  * which one it is, when logs_lapse). */
@@ -505,6 +506,10 @@ static void h_logs(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   if (logs_lapse) snprintf(want + strlen(want), sizeof want - strlen(want), ":%d", tickets_made);
   if (strcmp(req->ticket, want)) {
     rpc_call_finish(call, err_set(FSDP_EAUTH, "ticket \"%s\", wanted \"%s\"", req->ticket, want));
+    return;
+  }
+  if (logs_refuse) {
+    rpc_call_finish(call, err_set(FSDP_EAUTH, "GetRankLogs: the log ticket expired"));
     return;
   }
   if (ticket_lapsed && ticket_lapsed == tickets_made) {
@@ -1720,6 +1725,19 @@ Test(fsdpctl, a_followed_log_whose_stream_breaks_goes_on_where_it_stopped) {
       rec_get("GetLogTicket", &fsdp__v1__get_log_ticket_request__descriptor, &calls);
   cr_expect_eq(calls, 2, "%d tickets", calls);
   protobuf_c_message_free_unpacked(&tq->base, NULL);
+}
+
+/* A node that refuses the ticket is no matter of the user's token (fsdpctl
+ * never sends a node one): the hint says to run the command again, not to
+ * give a token file. */
+Test(fsdpctl, a_refused_log_ticket_is_not_blamed_on_the_token) {
+  logs_refuse = 1; /* set before the servers' thread starts */
+  fake_start(NULL, NULL);
+  int rc = CTL("logs", "j-42");
+  cr_assert_neq(rc, 0, "%s", out);
+  expect_in(err, "the log ticket expired");
+  expect_in(err, "run the command again for a fresh one");
+  cr_expect(!strstr(err, "token-file"), "%s", err);
 }
 
 /* A followed log whose ticket lapses while the coordinator cannot give a
