@@ -18,6 +18,10 @@ size_t text_escape(char *out, const char *s, size_t n, unsigned flags, size_t *u
     if (len == -2 && used) break;
     if (len < 0) {
       w += (size_t)sprintf(out + w, "\\x%02x", p[i++]);
+    } else if (u == '\r' && (flags & TEXT_KEEP_NL)) {
+      if (i + 1 == n && used) break; /* a CRLF may be cut here: left for the next piece */
+      if (i + 1 == n || p[i + 1] != '\n') out[w++] = '\n'; /* a return alone: a line end */
+      i++;
     } else if (text_control(u) && !(u == '\n' && (flags & TEXT_KEEP_NL))) {
       w += (size_t)sprintf(out + w, u < 0x80 ? "\\x%02x" : "\\u%04x", (unsigned)u);
       i += (size_t)len;

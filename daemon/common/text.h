@@ -12,7 +12,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TEXT_KEEP_NL 1u /* text_escape: '\n' passes (text of several lines, a log) */
+/* text_escape: '\n' passes (text of several lines, a log), and so does '\r'
+ * as a line end: "\r\n" becomes "\n", a '\r' alone (a progress bar's
+ * return, which could otherwise overwrite what a line showed) "\n" too. */
+#define TEXT_KEEP_NL 1u
 /* The most bytes text_escape writes for n bytes, its NUL included. */
 #define TEXT_ESCAPED_MAX(n) (4 * (n) + 1)
 
@@ -23,10 +26,11 @@
 int text_control(uint32_t u);
 
 /* The n bytes at s into out (TEXT_ESCAPED_MAX(n) bytes), NUL-terminated,
- * as plain text: a control character (text_control, and '\n' unless flags
- * has TEXT_KEEP_NL) becomes "\xHH" below U+0080, "\uHHHH" from there, and a
- * byte that is not part of valid UTF-8 "\xHH"; the rest is copied. With
- * used, a UTF-8 sequence cut at the end of s is left for the caller to
+ * as plain text: a control character (text_control, and '\n' and '\r'
+ * unless flags has TEXT_KEEP_NL) becomes "\xHH" below U+0080, "\uHHHH" from
+ * there, and a byte that is not part of valid UTF-8 "\xHH"; the rest is
+ * copied. With used, a UTF-8 sequence cut at the end of s (or a '\r' there,
+ * with TEXT_KEEP_NL) is left for the caller to
  * prepend to what comes next (a stream's next chunk) and *used says how
  * many bytes were taken; without, it is escaped like an invalid byte.
  * Returns the length written. */

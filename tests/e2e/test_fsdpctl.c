@@ -517,8 +517,9 @@ static void h_logs(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
     return;
   }
   static const char *const plain[] = {"step 1 loss 5.0\n", "step 2 loss 4.0\n", "step 3 loss 3.0\n"};
-  /* hostile: an escape sequence, and an "\u00e9" cut between two chunks */
-  static const char *const evil[] = {"\x1b]0;log\x07 caf\xc3", "\xa9\tok\n", "end\n"};
+  /* hostile: an escape sequence, an "\u00e9" cut between two chunks, a CRLF
+   * cut between two, and a progress bar's returns */
+  static const char *const evil[] = {"\x1b]0;log\x07 caf\xc3", "\xa9\tok\r", "\n10%\r50%\rend\n"};
   const char *const *lines = hostile ? evil : plain;
   const int breaks = req->follow && req->offset <= 0;
   int64_t off = 0;
@@ -1843,10 +1844,11 @@ Test(fsdpctl, a_servers_control_characters_are_shown_escaped, .timeout = 60) {
   json_decref(j);
   /* the log: raw through a pipe, escaped on a terminal */
   cr_assert_eq(CTL("logs", "j-42"), 0, "%s", err);
-  cr_expect_str_eq(out, "\x1b]0;log\x07 caf\u00e9\tok\nend\n");
+  cr_expect_str_eq(out, "\x1b]0;log\x07 caf\u00e9\tok\r\n10%\r50%\rend\n");
   cr_assert_eq(ctl_pty(80, (const char *const[]){"logs", "j-42", NULL}), 0, "%s", out);
   expect_plain(out, "logs on a terminal");
-  expect_in(out, "\\x1b]0;log\\x07 caf\u00e9\tok\nend\n");
+  /* a return is a line end there: no line overwrites another */
+  expect_in(out, "\\x1b]0;log\\x07 caf\u00e9\tok\n10%\n50%\nend\n");
 }
 
 /* A coordinator in TLS and a node whose fsdpd serves without a certificate
