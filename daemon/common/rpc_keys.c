@@ -34,6 +34,21 @@ static const char rpc_key_short[] =
     "holds a token shorter than 16 bytes, which could be guessed: put a random one in it, "
     "`openssl rand -hex 32`, and the same in its clients' token files";
 
+static const char rpc_key_plain[] =
+    "holds a token of fewer than 5 different characters (a pattern such as aaaa... or "
+    "abab..., not a secret), which could be guessed: put a random one in it, "
+    "`openssl rand -hex 32`, and the same in its clients' token files";
+
+/* The different bytes among n at t, up to 5 (all a check needs: a random
+ * token of 16 hex digits has fewer than 5 about once in ten million). */
+static int rpc_key_variety(const char *t, size_t n) {
+  unsigned char seen[5];
+  int k = 0;
+  for (size_t i = 0; i < n && k < 5; i++)
+    if (!memchr(seen, t[i], (size_t)k)) seen[k++] = (unsigned char)t[i];
+  return k;
+}
+
 /* n bytes at t, a token or "sha256:<hex>", as a digest; why it cannot be,
  * else NULL. */
 static const char *rpc_key_parse(const char *t, size_t n, uint8_t sha[RPC_DIGEST_LEN]) {
@@ -53,6 +68,7 @@ static const char *rpc_key_parse(const char *t, size_t n, uint8_t sha[RPC_DIGEST
   const char *why = rpc__token_flaw(t, n);
   /* a digest's token cannot be measured: whoever made the digest checks it */
   if (!why && n < RPC_TOKEN_MIN) why = rpc_key_short;
+  if (!why && rpc_key_variety(t, n) < 5) why = rpc_key_plain;
   if (!why && rpc__digest(t, n, sha)) why = "could not be hashed";
   return why;
 }

@@ -703,6 +703,9 @@ Test(rpc, a_token_per_node_names_the_node, .timeout = 30) {
       {"# nobody yet\n\n", "no node in it"},
       {"alpha alpha-key-00000\x01\n", "not printable ASCII"},
       {"alpha alpha-key-000001\nbeta b-1\n", "line 2 holds a token shorter than 16 bytes"},
+      {"alpha alpha-key-000001\nbeta abababababababab\n",
+       "line 2 holds a token of fewer than 5 different characters"},
+      {"alpha aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\n", "line 1 holds a token of fewer than 5"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     write_token("bad.tokens", bad[i].text);
