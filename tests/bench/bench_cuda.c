@@ -13,9 +13,12 @@
  * datasheet's peak (FSDP_BENCH_PEAK_TFLOPS, default 989.4: H100 SXM dense
  * bf16). FSDP_BENCH_NO_PEER=1 skips the peer (ours alone: to compare our
  * own settings, e.g. FSDP_CUDA_ATTN_GEMM=1 against the fused attention).
+ * FSDP_BENCH_RECOMPUTE=0|1|2 sets the job's recompute (default the job
+ * option's, 2): what recomputing GELU and the layernorms costs a step on
+ * this GPU, against the activations it saves (the memory lines).
  *
  * Lines (stdout):
- *   bench: cuda_train model= B= T= precision= attention= step_ms= tokens_per_s= mfu_peak= ...
+ *   bench: cuda_train model= B= T= precision= attention= recompute= step_ms= tokens_per_s= ...
  *   bench: cuda_flops formula="6*params + 12*L*C*T per token" flops_per_token=
  *   bench: cuda_memory cat= planned_mib= peak_mib= equal=
  *   bench: cuda_pool reserved_high_mib= used_high_mib= overhead=   (the stream-ordered pool)
@@ -310,6 +313,14 @@ int main(int argc, char **argv) {
   snprintf(c.precision, sizeof c.precision, "%s", prec);
   c.batch = B, c.seq_len = T, c.steps = steps + 2, c.warmup_steps = 2;
   c.eval_every = 0, c.eval_fraction = 0, c.sample_tokens = 0; /* no evaluation */
+  const char *rq = getenv("FSDP_BENCH_RECOMPUTE");
+  if (rq && *rq) {
+    if (strlen(rq) != 1 || rq[0] < '0' || rq[0] > '2') {
+      fprintf(stderr, "bench_cuda: FSDP_BENCH_RECOMPUTE=%s: give 0, 1 or 2\n", rq);
+      return 2;
+    }
+    c.recompute = rq[0] - '0';
+  }
   if (config_resolve(&c)) {
     fprintf(stderr, "bench_cuda: %s\n", err_msg());
     return 2;
@@ -370,10 +381,11 @@ int main(int argc, char **argv) {
   const char *gl = strstr(peer, "torch: gemm ");
   const char *gt = gl ? strstr(gl, "tflops=") : NULL;
   const double gemm = gt ? atof(gt + 7) * 1e12 : 0;
-  printf("bench: cuda_train model=%s B=%d T=%d precision=%s attention=%s device=\"%s\" "
-         "step_ms=%.2f tokens_per_s=%.0f mfu_peak=%.3f mfu_gemm=%.3f loss=%.4f\n", model, B, T,
-         prec, bench_attn_name(g->channels, g->heads, strcmp(prec, "fp32") != 0), p->device_name(), med * 1e3, tps, tps * fpt / peak, gemm > 0 ? tps * fpt / gemm : 0.0,
-         last_loss);
+  printf("bench: cuda_train model=%s B=%d T=%d precision=%s attention=%s recompute=%d "
+         "device=\"%s\" step_ms=%.2f tokens_per_s=%.0f mfu_peak=%.3f mfu_gemm=%.3f loss=%.4f\n",
+         model, B, T, prec, bench_attn_name(g->channels, g->heads, strcmp(prec, "fp32") != 0),
+         c.recompute, p->device_name(), med * 1e3, tps, tps * fpt / peak,
+         gemm > 0 ? tps * fpt / gemm : 0.0, last_loss);
   printf("bench: cuda_flops formula=\"6*params + 12*layers*channels*T per token\" params=%zu "
          "flops_per_token=%.4g peak_tflops=%.1f gemm8192_tflops=%.1f\n", nparams, fpt,
          peak / 1e12, gemm / 1e12);
