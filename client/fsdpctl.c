@@ -1473,7 +1473,8 @@ static int cmd_logs(ctl_t *c, int argc, char **argv) {
       if (!lapsed && !stale)
         ctl_line(stderr, "fsdpctl: the log stream from node %s broke (%s); resuming at byte %lld",
                  node, err_msg(), (long long)(req.offset < 0 ? 0 : req.offset));
-      const long ms = 200L << (again < 3 ? again : 3); /* 0.2 s, doubling to 1.6 s */
+      const int tries = stale ? waited : again; /* waiting for the coordinator: its own count */
+      const long ms = 200L << (tries < 3 ? tries : 3); /* 0.2 s, doubling to 1.6 s */
       nanosleep(&(struct timespec){ms / 1000, ms % 1000 * 1000000L}, NULL);
     }
     if (nheld) ctl_log_text(NULL, 0, held, &nheld); /* a character the log ended inside of */
