@@ -126,7 +126,7 @@ BINS  = bin/fsdp-train bin/fsdp-tokenize bin/fsdp-launch bin/fsdp-coordinator bi
 # under a build directory.
 UNIT_TESTS = err frame param kernels isa device boot data gpt adamw config train ckpt sample shard plan comm \
              fsdp reference supervise sched inventory job rpc store store_txn safetensors netaddr \
-             ini_line file
+             ini_line file trace
 E2E_TESTS  = launch fault coordinator fsdpd cluster systemd metrics k8s slurm nogpu
 test_bins  = $(UNIT_TESTS:%=$(1)/tests/test_%) $(E2E_TESTS:%=$(1)/e2e/test_%)
 TEST_BINS  = $(call test_bins,$(B))
@@ -209,6 +209,11 @@ $(B)/e2e/test_nogpu: | $(BINS) bin/fsdpctl $(B)/tests/fake-cuda/libcuda.so.1
 
 # the supervisor runs on libuv
 $(B)/tests/test_supervise: LDLIBS += -luv
+
+# bench_cuda's trace summary (tests/bench/trace.c), on records made up
+$(B)/tests/test_trace: $(B)/tests/unit/test_trace.o $(B)/tests/bench/trace.o
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ -lcriterion
 
 # fsdpd's device discovery, its GPU path run against a fake driver library
 # (test_inventory puts it on inventory_probe's library path).
@@ -549,9 +554,13 @@ fuzz: fuzz-build
 	    tests/fuzz/corpus/$$t || exit 1; done
 
 # through the plugin, as fsdp-train (-rdynamic: the plugin calls back)
-$(B)/bench/bench_cuda: $(B)/tests/bench/bench_cuda.o $(LIB)
+# FSDP_BENCH_TRACE's CUPTI glue sees cupti.h where CUDA is installed (it
+# opens libcupti with dlopen: nothing of CUDA is linked)
+$(B)/bench/bench_cuda: $(B)/tests/bench/bench_cuda.o $(B)/tests/bench/trace.o \
+                       $(B)/tests/bench/trace_cupti.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -rdynamic $^ -o $@ $(LDLIBS)
+$(B)/tests/bench/trace_cupti.o: EXTRA_CFLAGS += $(if $(HAVE_CUDA),-isystem $(CUDA_INC))
 
 $(B)/bench/%: $(B)/tests/bench/%.o $(B)/tests/bench/benchutil.o $(LIB)
 	@mkdir -p $(dir $@)

@@ -16,6 +16,11 @@
  * FSDP_BENCH_RECOMPUTE=0|1|2 sets the job's recompute (default the job
  * option's, 2): what recomputing GELU and the layernorms costs a step on
  * this GPU, against the activations it saves (the memory lines).
+ * FSDP_BENCH_TRACE=1 runs one more step after the timed ones, traced with
+ * CUPTI (trace_cupti.c), and prints where its time went (trace.h): the
+ * GPU's busy and idle time, its records by name, what each idle gap waited
+ * for, the longest gaps and the host's time in CUDA calls. The traced step
+ * is not among the timed ones (tracing slows it).
  *
  * Lines (stdout):
  *   bench: cuda_train model= B= T= precision= attention= recompute= step_ms= tokens_per_s= ...
@@ -25,6 +30,7 @@
  *   bench: cuda_torch mode= tokens_per_s= ...         (the peer's own lines, relabelled)
  *   bench: cuda_vs_torch ours= torch_eager= torch_compile= vs_compile= goal_vs_compile=1 met=
  *   bench: cuda_mfu model= mfu_peak= goal= met=
+ *   bench: cuda_trace... (FSDP_BENCH_TRACE=1: trace.c's lines)
  * `bench_cuda --ops MODEL B T [PRECISION]` times each op of a step alone
  * instead (ops_main, below).
  * Without a GPU it prints why and exits 0. Exit 1: a step failed. */
@@ -43,6 +49,7 @@
 #include "daemon/train/device_cuda.h"
 #include "daemon/train/train.h"
 #include "kernels/cuda/size.h"
+#include "tests/bench/trace_cupti.h"
 
 #define MIB (1024.0 * 1024.0)
 #define MAX_STEPS 1000
@@ -279,6 +286,31 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
   return 0;
 }
 
+/* One step of t traced (FSDP_BENCH_TRACE=1): its result in *rc, where
+ * its time went on stdout; a trace that cannot be made says why and the
+ * step runs untraced. */
+static void bench_trace_step(train_t *t, const char *model, int B, int *rc) {
+  char msg[512], label[160];
+  if (trace_cupti_start(msg, sizeof msg)) {
+    printf("bench: cuda_trace skipped=\"%s\"\n", msg);
+    *rc = train_step(t);
+    return;
+  }
+  *rc = train_step(t);
+  trace_t tr;
+  trace_summary_t s;
+  if (trace_cupti_stop(&tr, msg, sizeof msg)) {
+    printf("bench: cuda_trace skipped=\"%s\"\n", msg);
+    return;
+  }
+  snprintf(label, sizeof label, "model=%s B=%d step_ms=%.2f", model, B,
+           steps_seen ? step_s[steps_seen - 1] * 1e3 : 0.0);
+  if (trace_summarize(&tr, &s)) printf("bench: cuda_trace skipped=\"out of memory\"\n");
+  else trace_print(stdout, &tr, &s, label);
+  fflush(stdout);
+  trace_cupti_free(&tr);
+}
+
 int main(int argc, char **argv) {
   const int ops = argc >= 5 && !strcmp(argv[1], "--ops");
   if (argc < 5) {
@@ -311,7 +343,9 @@ int main(int argc, char **argv) {
   snprintf(c.model, sizeof c.model, "%s", model);
   snprintf(c.device, sizeof c.device, "cuda");
   snprintf(c.precision, sizeof c.precision, "%s", prec);
-  c.batch = B, c.seq_len = T, c.steps = steps + 2, c.warmup_steps = 2;
+  const char *tr = getenv("FSDP_BENCH_TRACE");
+  const int trace = tr && !strcmp(tr, "1");
+  c.batch = B, c.seq_len = T, c.steps = steps + 2 + trace, c.warmup_steps = 2;
   c.eval_every = 0, c.eval_fraction = 0, c.sample_tokens = 0; /* no evaluation */
   const char *rq = getenv("FSDP_BENCH_RECOMPUTE");
   if (rq && *rq) {
@@ -347,7 +381,13 @@ int main(int argc, char **argv) {
   train_opts_t o = {.metrics = on_metrics};
   train_t *t = NULL;
   if (!rc) rc = train_open(&t, &c, &o);
-  while (!rc && !train_done(t)) rc = train_step(t);
+  while (!rc && !train_done(t)) {
+    if (trace && steps_seen == steps + 2) {
+      bench_trace_step(t, model, B, &rc);
+      continue;
+    }
+    rc = train_step(t);
+  }
   size_t nparams = 0;
   if (!rc) {
     train_state_t st;
@@ -360,8 +400,9 @@ int main(int argc, char **argv) {
     fprintf(stderr, "bench_cuda: the run failed: %s\n", rc ? err_msg() : "loss not finite");
     return 1;
   }
-  qsort(step_s + 2, (size_t)steps_seen - 2, sizeof step_s[0], cmp_double);
-  const double med = step_s[2 + (steps_seen - 2) / 2];
+  const int timed = steps_seen - 2 < steps ? steps_seen - 2 : steps; /* not the traced one */
+  qsort(step_s + 2, (size_t)timed, sizeof step_s[0], cmp_double);
+  const double med = step_s[2 + timed / 2];
   const double tps = (double)B * T / med;
   const gpt_config_t *g = &c.gpt;
   const double fpt = 6.0 * (double)nparams + 12.0 * g->layers * g->channels * (double)T;

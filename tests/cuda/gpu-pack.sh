@@ -17,6 +17,7 @@
 # other on one machine.
 set -eu
 cd "$(dirname "$0")/../.."
+mkvar() { make -s --eval='print-%: ; @echo $($*)' "print-$1"; }
 make -j2 all build/tests/cuda/kern_math_gpu build/tests/cuda/kern_math_gpu_nofmad \
   build/tests/cuda/test_cuda_kernels build/tests/cuda/test_nccl build/tests/cuda/test_cuda_train \
   build/bench/bench_cuda
@@ -34,13 +35,17 @@ for f in .gpu/bin/* .gpu/tests/* .gpu/lib/fsdpd/*; do
   ldd "$f" | awk '$3 ~ /^\// {print $3}'
 done | sort -u | grep -Ev '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libgcc_s|libstdc\+\+)\.so' \
   | grep -Ev 'cuda|cublas|nccl|cudnn' | while read -r l; do cp -L "$l" .gpu/libs/; done
+# CUPTI for bench_cuda's FSDP_BENCH_TRACE: this toolkit's, whose records
+# have the layouts trace_cupti.c was built with
+cupti=$(find -L "$(dirname "$(mkvar NVCC)")/.." /usr/local/cuda -name 'libcupti.so.13' 2>/dev/null \
+  | head -n 1)
+if [ -n "$cupti" ]; then cp -L "$cupti" .gpu/libs/; else echo "gpu-pack: no libcupti.so.13: no trace there"; fi
 strip --strip-unneeded .gpu/bin/* .gpu/tests/* .gpu/libs/* 2>/dev/null || true
 # the large libraries travel xz-compressed (oneDNN: 40 MiB -> 7), which
 # leaves room in the device tool's 64 MiB for plugins to compare;
 # gpu-run.sh unpacks them
 find .gpu/libs -type f -size +1M -exec xz -T2 -6 {} +
 cp tests/cuda/gpu-run.sh .gpu/
-mkvar() { make -s --eval='print-%: ; @echo $($*)' "print-$1"; }
 for ref in ${GPU_PACK_REFS:-}; do
   t=$(mktemp -d)
   git archive "$ref" kernels | tar -x -C "$t"

@@ -8,9 +8,11 @@
 # BENCH_CUDA_STEPS as there, and gpt2-124m again with attention by products,
 # FSDP_CUDA_ATTN_GEMM=1, and with the fp32 fused attention, FSDP_CUDA_ATTN_FP32=1,
 # to compare with the tensor-core one, and bench_cuda --ops: each op of a
-# step alone). GPU_BENCH_MODELS picks the models (default "gpt2-124m
-# gpt2-774m") and GPU_BENCH_VARIANTS the runs after them (default "gemm fp32
-# ops"), so that a short lease can take the part it has time for.
+# step alone, and "trace": gpt2-124m with one step traced by CUPTI,
+# FSDP_BENCH_TRACE=1: where the step's time goes, idle gaps and their
+# causes). GPU_BENCH_MODELS picks the models (default "gpt2-124m
+# gpt2-774m") and GPU_BENCH_VARIANTS the runs after them (default "gemm
+# fp32 ops trace"), so that a short lease can take the part it has time for.
 # GPU_OPS_PLUGINS="a.so b.so ..." then times bench_cuda --ops gpt2-124m with
 # each of those builds of the plugin in turn (FSDP_BENCH_OPS=$GPU_OPS_FILTER:
 # only the ops so named), to compare builds of a kernel on one machine.
@@ -52,7 +54,7 @@ if [ "${GPU_BENCH:-0}" = 1 ]; then
     timeout ${GPU_BENCH_TIMEOUT:-500} .gpu/tests/bench_cuda "$1" "$2" 1024 "${BENCH_CUDA_STEPS:-20}" 2>&1 \
       | tee -a "${OUT:-/tmp}/bench_cuda.log"
   done
-  variants=" ${GPU_BENCH_VARIANTS-gemm fp32 ops} "
+  variants=" ${GPU_BENCH_VARIANTS-gemm fp32 ops trace} "
   if [ "${variants#* gemm }" != "$variants" ]; then
   echo "== bench_cuda gpt2-124m, attention by products (FSDP_CUDA_ATTN_GEMM=1), no peer"
   FSDP_CUDA_ATTN_GEMM=1 FSDP_BENCH_NO_PEER=1 timeout ${GPU_BENCH_TIMEOUT:-300} .gpu/tests/bench_cuda gpt2-124m \
@@ -62,6 +64,11 @@ if [ "${GPU_BENCH:-0}" = 1 ]; then
   echo "== bench_cuda gpt2-124m, fp32 fused attention (FSDP_CUDA_ATTN_FP32=1), no peer"
   FSDP_CUDA_ATTN_FP32=1 FSDP_BENCH_NO_PEER=1 timeout ${GPU_BENCH_TIMEOUT:-300} .gpu/tests/bench_cuda gpt2-124m \
     "${BENCH_CUDA_B124:-16}" 1024 "${BENCH_CUDA_STEPS:-20}" 2>&1 | tee -a "${OUT:-/tmp}/bench_cuda.log"
+  fi
+  if [ "${variants#* trace }" != "$variants" ]; then
+  echo "== bench_cuda gpt2-124m, one step traced (FSDP_BENCH_TRACE=1), no peer"
+  FSDP_BENCH_TRACE=1 FSDP_BENCH_NO_PEER=1 timeout ${GPU_BENCH_TIMEOUT:-300} .gpu/tests/bench_cuda gpt2-124m \
+    "${BENCH_CUDA_B124:-16}" 1024 5 2>&1 | tee -a "${OUT:-/tmp}/bench_cuda.log"
   fi
   if [ "${variants#* ops }" != "$variants" ]; then
   echo "== bench_cuda --ops gpt2-124m: each op of a step alone, and the products in every mode"
