@@ -48,6 +48,7 @@ typedef struct config {
   int tf32;                   /* cuda: 1 lets fp32 matrix products use TF32 tensor cores */
   int activation_checkpointing; /* 1: keep block inputs only, recompute in backward */
   int recompute;                /* 0, 1 GELU, 2 GELU and layernorms: recomputed in backward */
+  int logits_chunk_mib;         /* MiB of logits the LM head computes at once (gpt_config_logits_rows) */
   char strategy[32];          /* FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, ... */
   char mesh[32];              /* "RxS" ("" : 1xWORLD, or WORLDx1 for NO_SHARD) */
   char precision[16];         /* fp32, bf16-mixed or bf16-true */

@@ -77,9 +77,10 @@ int gpt_config_logits_ld(const gpt_config_t *cfg) {
   return (cfg->vocab + GPT_LOGITS_ALIGN - 1) / GPT_LOGITS_ALIGN * GPT_LOGITS_ALIGN;
 }
 
-int gpt_config_logits_rows(const gpt_config_t *cfg) {
+int gpt_config_logits_rows(const gpt_config_t *cfg, int chunk_mib) {
   const size_t row = (size_t)gpt_config_logits_ld(cfg) * sizeof(float);
-  size_t rows = GPT_LOGITS_CHUNK_BYTES / (row ? row : 1);
+  const size_t bytes = (size_t)(chunk_mib > 0 ? chunk_mib : GPT_LOGITS_CHUNK_MIB) << 20;
+  size_t rows = bytes / (row ? row : 1);
   /* whole tiles of a GPU's products (128 rows) where there are several */
   if (rows > 128) rows -= rows % 128;
   return rows < 1 ? 1 : rows > INT32_MAX ? INT32_MAX : (int)rows;

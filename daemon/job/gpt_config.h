@@ -66,13 +66,14 @@ gpt_unit_t gpt_config_unit(const gpt_config_t *cfg, int u);
 int gpt_config_logits_ld(const gpt_config_t *cfg);
 
 /* The logits never exist for all B*T rows at once: the LM head and its
- * cross-entropy run over the rows in chunks of this many (what
- * GPT_LOGITS_CHUNK_BYTES of logits hold, at least one row, and a multiple
- * of 128 rows when above: whole tiles of a GPU's products), each chunk's
- * loss gradient and backward taken before the next chunk's logits overwrite
- * it. gpt2-124m: 640 rows (123 MiB) instead of B*T (1.6 GiB at 8 x 1024). */
-#define GPT_LOGITS_CHUNK_BYTES ((size_t)128 << 20)
-int gpt_config_logits_rows(const gpt_config_t *cfg);
+ * cross-entropy run over the rows in chunks of this many (what chunk_mib
+ * MiB of logits hold, 0: GPT_LOGITS_CHUNK_MIB, the job option
+ * logits_chunk_mib's default; at least one row, and a multiple of 128 rows
+ * when above: whole tiles of a GPU's products), each chunk's loss gradient
+ * and backward taken before the next chunk's logits overwrite it.
+ * gpt2-124m: 640 rows (123 MiB) instead of B*T (1.6 GiB at 8 x 1024). */
+#define GPT_LOGITS_CHUNK_MIB 128
+int gpt_config_logits_rows(const gpt_config_t *cfg, int chunk_mib);
 
 /* What a model keeps for backward, as gpt_config_act_bytes' flags: with
  * GPT_ACT_CHECKPOINT each block keeps only its output (activation

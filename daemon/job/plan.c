@@ -84,7 +84,7 @@ static void plan_loop(const config_t *c, plan_t *p) {
                  gpt_act_recompute_flags(c->recompute);
   const size_t f = sizeof(float);
   size_t scratch = dev->attention_scratch(c->batch, c->seq_len, g->channels, g->heads) * f;
-  const int lrows = gpt_config_logits_rows(g);
+  const int lrows = gpt_config_logits_rows(g, c->logits_chunk_mib);
   size_t acts = gpt_config_act_bytes(g, c->batch, c->seq_len, ck,
                                      dev->attention_saved(c->batch, c->seq_len, g->channels, g->heads),
                                      lrows);

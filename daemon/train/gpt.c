@@ -122,7 +122,7 @@ struct gpt {
   float *logits;          /* (lrows,V), rows gpt_config_logits_ld apart: a chunk's
                            * logits, then probabilities, then dlogits */
   int lrows;              /* rows the logits hold: min(N, the chunk) */
-  int lrows_set;          /* gpt_set_logits_rows (0: gpt_config_logits_rows) */
+  int lrows_set;          /* gpt_set_logits_rows (0: gpt_config_logits_rows' default) */
   float *losses;          /* (N) */
   int32_t *tokens;        /* (N) inputs of the last forward */
   int32_t *targets;       /* (N) targets of the last forward */
@@ -357,7 +357,7 @@ static int gpt_alloc_acts(gpt_t *g, int B, int T) {
   const gpt_config_t *c = &g->cfg;
   const size_t N = (size_t)B * T, C = (size_t)c->channels, L = (size_t)c->layers;
   const size_t natt = g->be->attention_saved(B, T, c->channels, c->heads);
-  const int chunk = g->lrows_set ? g->lrows_set : gpt_config_logits_rows(c);
+  const int chunk = g->lrows_set ? g->lrows_set : gpt_config_logits_rows(c, 0);
   const int flags = (g->ckpt ? GPT_ACT_CHECKPOINT : 0) | gpt_act_recompute_flags(g->recompute);
   size_t bytes = gpt_config_act_bytes(c, B, T, flags, natt, chunk); /* the plan's number */
   size_t sbytes = g->be->attention_scratch(B, T, c->channels, c->heads) * sizeof(float);

@@ -102,8 +102,9 @@ int gpt_logits_ld(const gpt_t *g);
 /* Copies row row (of B*T) of those logits, V floats, into host memory out; an
  * error naming the rows kept for a row before the last chunk. */
 int gpt_copy_logits(const gpt_t *g, int row, float *out);
-/* Rows of logits per chunk (0: gpt_config_logits_rows, what the memory plan
- * counts): for tests and benchmarks that cut a small batch into chunks. */
+/* Rows of logits per chunk (0: gpt_config_logits_rows' default): train.c
+ * sets the job's (logits_chunk_mib, what the memory plan counts); tests and
+ * benchmarks cut a small batch into chunks. */
 void gpt_set_logits_rows(gpt_t *g, int rows);
 
 /* Activation checkpointing per block: forward keeps only each block's output;

@@ -16,6 +16,9 @@
  * FSDP_BENCH_RECOMPUTE=0|1|2 sets the job's recompute (default the job
  * option's, 2): what recomputing GELU and the layernorms costs a step on
  * this GPU, against the activations it saves (the memory lines).
+ * FSDP_BENCH_LOGITS_MIB=N sets the job's logits_chunk_mib (default 128):
+ * what fewer, larger chunks of the LM head save a step, against their
+ * memory (the activations line).
  * FSDP_BENCH_TRACE=1 runs one more step after the timed ones, traced with
  * CUPTI (trace_cupti.c), and prints where its time went (trace.h): the
  * GPU's busy and idle time, its records by name, what each idle gap waited
@@ -23,7 +26,7 @@
  * is not among the timed ones (tracing slows it).
  *
  * Lines (stdout):
- *   bench: cuda_train model= B= T= precision= attention= recompute= step_ms= tokens_per_s= ...
+ *   bench: cuda_train model= B= T= precision= attention= recompute= logits_mib= step_ms= ...
  *   bench: cuda_flops formula="6*params + 12*L*C*T per token" flops_per_token=
  *   bench: cuda_memory cat= planned_mib= peak_mib= equal=
  *   bench: cuda_pool reserved_high_mib= used_high_mib= overhead=   (the stream-ordered pool)
@@ -69,6 +72,21 @@ static void on_metrics(void *ctx, const train_metrics_t *m) {
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return (x > y) - (x < y);
+}
+
+/* The environment's integer name, when set, into *out: 0, or -1 (said on
+ * stderr) when it is not an integer in [lo, hi]. */
+static int bench_env_int(const char *name, long lo, long hi, int *out) {
+  const char *v = getenv(name);
+  if (!v || !*v) return 0;
+  char *end;
+  const long x = strtol(v, &end, 10);
+  if (*end || x < lo || x > hi) {
+    fprintf(stderr, "bench_cuda: %s=%s: give an integer from %ld to %ld\n", name, v, lo, hi);
+    return -1;
+  }
+  *out = (int)x;
+  return 0;
 }
 
 /* The peer's value of key in its line for mode (0 when absent). */
@@ -162,6 +180,7 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
   snprintf(c.device, sizeof c.device, "cuda");
   snprintf(c.precision, sizeof c.precision, "%s", prec);
   c.batch = B, c.seq_len = T, c.eval_every = 0, c.eval_fraction = 0;
+  if (bench_env_int("FSDP_BENCH_LOGITS_MIB", 1, 1 << 20, &c.logits_chunk_mib)) return 2;
   if (config_resolve(&c)) {
     fprintf(stderr, "bench_cuda: %s\n", err_msg());
     return 2;
@@ -241,7 +260,7 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
    * gpt_config_logits_rows rows, each its logits, loss and gradient, dX and
    * its share of dwte; counted 0 times (the three ops above count it), to
    * show what the chunks cost against one product over every row */
-  const int lrows = gpt_config_logits_rows(g);
+  const int lrows = gpt_config_logits_rows(g, c.logits_chunk_mib);
   snprintf(sh, sizeof sh, "N=%zu,V=%d,ld=%d,rows=%d", N, V, ldv, lrows);
   OPS_TIME("lm_head_chunked", sh, 0, {
     for (size_t r0 = 0; r0 < N; r0 += (size_t)lrows) {
@@ -347,14 +366,9 @@ int main(int argc, char **argv) {
   const int trace = tr && !strcmp(tr, "1");
   c.batch = B, c.seq_len = T, c.steps = steps + 2 + trace, c.warmup_steps = 2;
   c.eval_every = 0, c.eval_fraction = 0, c.sample_tokens = 0; /* no evaluation */
-  const char *rq = getenv("FSDP_BENCH_RECOMPUTE");
-  if (rq && *rq) {
-    if (strlen(rq) != 1 || rq[0] < '0' || rq[0] > '2') {
-      fprintf(stderr, "bench_cuda: FSDP_BENCH_RECOMPUTE=%s: give 0, 1 or 2\n", rq);
-      return 2;
-    }
-    c.recompute = rq[0] - '0';
-  }
+  if (bench_env_int("FSDP_BENCH_RECOMPUTE", 0, 2, &c.recompute) ||
+      bench_env_int("FSDP_BENCH_LOGITS_MIB", 1, 1 << 20, &c.logits_chunk_mib))
+    return 2;
   if (config_resolve(&c)) {
     fprintf(stderr, "bench_cuda: %s\n", err_msg());
     return 2;
@@ -423,9 +437,10 @@ int main(int argc, char **argv) {
   const char *gt = gl ? strstr(gl, "tflops=") : NULL;
   const double gemm = gt ? atof(gt + 7) * 1e12 : 0;
   printf("bench: cuda_train model=%s B=%d T=%d precision=%s attention=%s recompute=%d "
-         "device=\"%s\" step_ms=%.2f tokens_per_s=%.0f mfu_peak=%.3f mfu_gemm=%.3f loss=%.4f\n",
+         "logits_mib=%d device=\"%s\" step_ms=%.2f tokens_per_s=%.0f mfu_peak=%.3f mfu_gemm=%.3f "
+         "loss=%.4f\n",
          model, B, T, prec, bench_attn_name(g->channels, g->heads, strcmp(prec, "fp32") != 0),
-         c.recompute, p->device_name(), med * 1e3, tps, tps * fpt / peak,
+         c.recompute, c.logits_chunk_mib, p->device_name(), med * 1e3, tps, tps * fpt / peak,
          gemm > 0 ? tps * fpt / gemm : 0.0, last_loss);
   printf("bench: cuda_flops formula=\"6*params + 12*layers*channels*T per token\" params=%zu "
          "flops_per_token=%.4g peak_tflops=%.1f gemm8192_tflops=%.1f\n", nparams, fpt,

@@ -460,7 +460,7 @@ int main(int argc, char **argv) {
    * scratch. */
   const size_t acts = gpt_config_act_bytes(&cfg, B, T, gpt_act_recompute_flags(BENCH_RECOMPUTE),
                                            be->attention_saved(B, T, cfg.channels, cfg.heads),
-                                           gpt_config_logits_rows(&cfg));
+                                           gpt_config_logits_rows(&cfg, 0));
   double tensors = 16.0 * (double)P + (double)acts +
                    (double)be->attention_scratch(B, T, cfg.channels, cfg.heads) * sizeof(float);
   /* Peak memory: the process's anonymous resident memory (its own data: every

@@ -3,6 +3,7 @@
  * of every sharded strategy, and a job that would not fit is refused before
  * anything is allocated, with the knob that fixes it. */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -108,6 +109,40 @@ Test(plan, recompute_plans_less_and_is_the_first_advice) {
                blocks * tokens * 6 * (size_t)on.gpt.channels * sizeof(float));
   cr_assert_eq(plan_check(&p, &off, (p.total + q.total) / 2), FSDP_ENOMEM);
   cr_assert(strstr(err_msg(), "recompute = 2"), "%s", err_msg());
+  free(data);
+}
+
+/* logits_chunk_mib sets the LM head's chunk for the run and the plan alike:
+ * tiny's rows are 1 KiB of logits, so 1 MiB cuts 30 x 40 rows into 1024 and
+ * 176, where the default's 128 MiB takes all 1200 at once. */
+Test(plan, logits_chunk_mib_is_the_chunk_of_both_the_run_and_the_plan) {
+  char *data = tu_token_file("tokens.bin", 20000, 3, 256);
+  config_t one = job(data, 0);
+  one.batch = 30;
+  config_t whole = one;
+  cr_assert_eq(whole.logits_chunk_mib, GPT_LOGITS_CHUNK_MIB, "the default");
+  cr_assert_eq(config_set(&one, "logits_chunk_mib", "1"), 0, "%s", err_msg());
+  plan_t p, q;
+  cr_assert_eq(plan_job(&one, 1, &p), 0);
+  cr_assert_eq(plan_job(&whole, 1, &q), 0);
+  const size_t row = (size_t)gpt_config_logits_ld(&one.gpt) * sizeof(float);
+  cr_assert_eq(row, 1024);
+  cr_assert_eq(q.bytes[MEM_ACTS] - p.bytes[MEM_ACTS], (1200 - 1024) * row,
+               "the logits of 176 rows fewer at once");
+  train_result_t r;
+  cr_assert_eq(train_run(&one, NULL, &r), 0, "%s", err_msg());
+  for (int k = 0; k < MEM__COUNT; k++)
+    cr_assert_eq(mem_peak((mem_cat_t)k), p.bytes[k], "%s: measured %zu, planned %zu",
+                 mem_cat_name((mem_cat_t)k), mem_peak((mem_cat_t)k), p.bytes[k]);
+  train_result_t rw;
+  cr_assert_eq(train_run(&whole, NULL, &rw), 0, "%s", err_msg());
+  cr_assert(isfinite(r.last_loss));
+  cr_assert_float_eq(r.first_loss, rw.first_loss, 1e-6 * rw.first_loss, "chunks: %.9g, all rows "
+                     "at once: %.9g", r.first_loss, rw.first_loss);
+  cr_assert_float_eq(r.last_loss, rw.last_loss, 1e-4 * rw.last_loss);
+  config_t bad = one;
+  cr_assert_neq(config_set(&bad, "logits_chunk_mib", "0"), 0);
+  cr_assert(strstr(err_msg(), "logits_chunk_mib"), "%s", err_msg());
   free(data);
 }
 
