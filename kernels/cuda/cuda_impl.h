@@ -21,6 +21,7 @@
 
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/size.h"
+#include "kernels/kern_math.h"
 
 /* ---- errors -----------------------------------------------------------------
  * A failed CUDA or cuBLAS call inside an op is not recoverable (cuda.h): it
@@ -120,6 +121,57 @@ static inline dim3 kern_cuda_rows_grid(int64_t rows, int64_t cols) {
 #define KERN_CUDA_FOR(i, n)                                                                        \
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (size_t)(n);                  \
        i += (size_t)gridDim.x * blockDim.x)
+
+/* ---- wide accesses ----------------------------------------------------------
+ * The memory-bound kernels (the casts, the products' packing) move 16 bytes
+ * per load or store: one float or one bf16 a thread issues 4 or 8 times the
+ * memory instructions for the same bytes, and keeps fewer bytes in flight.
+ * A 16-byte access needs a 16-byte aligned address (a GPU stops the kernel
+ * with a misaligned-address error), so callers test their pointers with
+ * kern_cuda_aligned16 and take scalar code where it fails; the emulator
+ * checks every wide access (KERN_CUDA_WIDE_CHECK, cuda_emu.h: aligned, and
+ * inside one device buffer). */
+#ifndef KERN_CUDA_WIDE_CHECK
+#define KERN_CUDA_WIDE_CHECK(p) ((void)0)
+#endif
+
+__host__ __device__ __forceinline__ bool kern_cuda_aligned16(const void *p) {
+  return !((uintptr_t)p & 15);
+}
+
+__device__ __forceinline__ float4 kern_cuda_load_f32x4(const float *p) {
+  KERN_CUDA_WIDE_CHECK(p);
+  return *(const float4 *)p;
+}
+
+__device__ __forceinline__ void kern_cuda_store_f32x4(float *p, float4 v) {
+  KERN_CUDA_WIDE_CHECK(p);
+  *(float4 *)p = v;
+}
+
+/* 8 uint16 (bf16) as a uint4: element 2k in the low half of word k (the GPU,
+ * like x86, is little-endian) */
+__device__ __forceinline__ uint4 kern_cuda_load_u16x8(const uint16_t *p) {
+  KERN_CUDA_WIDE_CHECK(p);
+  return *(const uint4 *)p;
+}
+
+__device__ __forceinline__ void kern_cuda_store_u16x8(uint16_t *p, uint4 v) {
+  KERN_CUDA_WIDE_CHECK(p);
+  *(uint4 *)p = v;
+}
+
+/* lo and hi rounded to bf16 (kern_f32_to_bf16, as the scalar code rounds
+ * them) in one word, lo in the low half: a uint4 of four is 8 in order */
+__device__ __forceinline__ uint32_t kern_cuda_bf16x2(float lo, float hi) {
+  return (uint32_t)kern_f32_to_bf16(lo) | (uint32_t)kern_f32_to_bf16(hi) << 16;
+}
+
+/* a and b (8 floats, a first) as 8 bf16 in kern_cuda_load_u16x8's layout */
+__device__ __forceinline__ uint4 kern_cuda_bf16x8(float4 a, float4 b) {
+  return make_uint4(kern_cuda_bf16x2(a.x, a.y), kern_cuda_bf16x2(a.z, a.w),
+                    kern_cuda_bf16x2(b.x, b.y), kern_cuda_bf16x2(b.z, b.w));
+}
 
 /* Sums and maxima over a warp by butterfly (xor) exchanges: every lane ends
  * with the same value, formed in the same fixed tree whatever the data (a + b

@@ -449,6 +449,18 @@ static bool emu_is_device(const void *p, size_t n) {
 
 bool emu::device_range(const void *p, size_t n) { return emu_is_device(p, n); }
 
+/* The range is checked with synchronous streams only: queued work may use a
+ * buffer whose cudaFreeAsync the host has already made (legal in stream
+ * order), and emu_allocs, kept in the host's order, no longer lists it. */
+void emu::wide_access(const void *p, const char *what) {
+  if ((uintptr_t)p & 15)
+    fail("%s at %p: a 16-byte access at an address not 16-byte aligned (on a GPU: a "
+         "misaligned address error)",
+         what, p);
+  if (!deferred() && !emu_is_device(p, 16))
+    fail("%s at %p: the 16 bytes are not inside one device buffer", what, p);
+}
+
 void emu::launch(const cfg &c, const void *kernel, const char *name, std::function<void()> grid) {
   emu_ctx(name);
   const dim3 block = c.block, grid_ = c.grid;

@@ -20,7 +20,9 @@
  * What it checks that a GPU would too: launch limits (1024 threads a block,
  * 48 KiB of dynamic shared memory unless cudaFuncSetAttribute allowed more,
  * never more than the device's opt-in limit), WMMA's alignment rules (256-bit
- * aligned pointers, leading dimensions of 16 bytes), a barrier some threads
+ * aligned pointers, leading dimensions of 16 bytes), the 16-byte loads and
+ * stores of cuda_impl.h's wide accesses (aligned, inside a device buffer:
+ * emu::wide_access), a barrier some threads
  * never reach (a deadlock, reported with the kernel and block), lanes of a
  * warp at different collectives, a warp collective with lanes exited or
  * missing, device and dynamic shared memory read before it is written (both
@@ -103,6 +105,12 @@ void warp_gather(const void *v, void *all, size_t bytes);
 void *dyn_smem(void);
 /* Is [p, p + n) inside one cudaMalloc'ed buffer? */
 bool device_range(const void *p, size_t n);
+/* One of cuda_impl.h's 16-byte loads or stores (what: the helper) at p:
+ * stops the run unless p is 16-byte aligned (a GPU's misaligned-address
+ * error, where a CPU would read on) and, with synchronous streams, the 16
+ * bytes lie inside one device buffer (a wide access past the end that
+ * scalar code would not make). */
+void wide_access(const void *p, const char *what);
 [[noreturn]] void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 typedef void (*body_fn)(void *);
@@ -201,6 +209,9 @@ static inline void mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint
   for (int e = 0; e < 4; e++) d[e] = out[e];
 }
 } /* namespace emu */
+
+/* cuda_impl.h's wide accesses, each checked (emu::wide_access) */
+#define KERN_CUDA_WIDE_CHECK(p) emu::wide_access(p, __func__)
 
 #define threadIdx (emu::cur->tid)
 #define blockIdx (emu::block_idx)
