@@ -200,7 +200,12 @@ static inline int64_t pad8(int64_t x) { return (x + 7) & ~(int64_t)7; }
 
 /* dst[b][i][j] = bf16(src[b * sstride + i * sld + j]) for b < g, i < rows,
  * j < cols; dst rows dld apart, matrices dstride apart. A block row (y) per
- * matrix row, its threads (x) along the row. */
+ * matrix row, its threads (x) along the row, 8 elements each: one 16-byte
+ * store of 8 bf16 (every packed row is 16-byte aligned: gemm_pack), read by
+ * two 16-byte loads where the source row is 16-byte aligned too, else by 8
+ * scalar ones (a view at an odd column or with an odd ld: attention's heads
+ * of 3 columns, an odd IC; the same bytes, in more instructions). A row's
+ * last cols % 8 elements go one by one. */
 __global__ static void gemm_pack_kernel(uint16_t *dst, const float *src, int64_t sld,
                                         int64_t sstride, int64_t dld, int64_t dstride, int rows,
                                         int cols, int g) {
@@ -208,22 +213,44 @@ __global__ static void gemm_pack_kernel(uint16_t *dst, const float *src, int64_t
     const int64_t b = rr / rows, r = rr % rows;
     const float *s = src + b * sstride + r * sld;
     uint16_t *d = dst + b * dstride + r * dld;
-    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < cols; j += gridDim.x * blockDim.x)
-      d[j] = kern_f32_to_bf16(s[j]);
+    const bool wide = kern_cuda_aligned16(s);
+    for (int j = 8 * (blockIdx.x * blockDim.x + threadIdx.x); j < cols;
+         j += 8 * gridDim.x * blockDim.x) {
+      if (cols - j < 8) { /* the row's tail */
+        for (int k = j; k < cols; k++) d[k] = kern_f32_to_bf16(s[k]);
+        continue;
+      }
+      float4 lo, hi;
+      if (wide) {
+        lo = kern_cuda_load_f32x4(s + j);
+        hi = kern_cuda_load_f32x4(s + j + 4);
+      } else {
+        lo = make_float4(s[j], s[j + 1], s[j + 2], s[j + 3]);
+        hi = make_float4(s[j + 4], s[j + 5], s[j + 6], s[j + 7]);
+      }
+      kern_cuda_store_u16x8(d + j, kern_cuda_bf16x8(lo, hi));
+    }
   }
 }
 
 /* Packs op(X)[r0 .. r0+R, c0 .. c0+Cn] of g matrices (stored row-major with
  * ld and stride; t 'T': op(X) is the stored matrix transposed) into dst, in
- * X's stored orientation; returns the packed leading dimension. */
+ * X's stored orientation; returns the packed leading dimension. dst is
+ * 16-byte aligned (the buffers are cudaMalloc's, 256-byte aligned, and the
+ * callers' offsets into them are packed rows), and so, with rows padded to 8
+ * elements and matrices a whole number of rows apart, is every packed row:
+ * gemm_pack_kernel's 16-byte stores. */
 static int64_t gemm_pack(uint16_t *dst, const float *X, char t, int64_t ld, int64_t stride,
                          int r0, int c0, int R, int Cn, int g, int64_t dstride) {
   const int rows = t == 'N' ? R : Cn, cols = t == 'N' ? Cn : R;
   const float *src = t == 'N' ? X + (int64_t)r0 * ld + c0 : X + (int64_t)c0 * ld + r0;
   const int64_t dld = pad8(cols);
   const int64_t nrows = (int64_t)g * rows;
+  KERN_CUDA_ASSERT(kern_cuda_aligned16(dst) && (g == 1 || dstride % 8 == 0));
   if (nrows > 0 && cols > 0) {
-    gemm_pack_kernel<<<kern_cuda_rows_grid(nrows, cols), kern_cuda_rows_threads(cols), 0,
+    /* threads along a row cover 8 elements each */
+    const int64_t groups = (cols + 7) / 8;
+    gemm_pack_kernel<<<kern_cuda_rows_grid(nrows, groups), kern_cuda_rows_threads(groups), 0,
                        kern_cuda_st.stream>>>(dst, src, ld, stride, dld, dstride, rows, cols, g);
     KERN_CUDA_LAUNCHED();
   }

@@ -1237,10 +1237,22 @@ int main(void) {
      * each packed once for both dinp's and dw's products; IC not a
      * multiple of 8 (padded packed rows) */
     if (m == 0) test_matmul(2501, 8187, 1501, 1, 1509);
+    /* the packing's paths (matmul.cu, gemm_pack_kernel: 8 elements a thread,
+     * read in 16-byte loads where a source row is 16-byte aligned): IC = 20
+     * and OC = 44, every row aligned and each a tail of 4; IC = 29 and
+     * dout's rows 47 apart, most rows not aligned (8 scalar loads), tails
+     * of 5 */
+    if (m == 0) test_matmul(37, 20, 44, 1, 44);
+    if (m == 0) test_matmul(37, 29, 45, 1, 47);
     test_attention(1, GPT_T, 768, 12);
     /* 25 heads: the products' batches (per batch row, over the heads) are
      * packed 13 and then 12 at a time */
     if (m == 0) test_attention(1, 1024, 1600, 25);
+    /* heads of 3 columns: views of qkv at odd column offsets (3h, C + 3h),
+     * packed one scalar load at a time, rows of 3 and of T = 5 all tail;
+     * heads of 16 over T = 37: aligned views, rows of T ending in a tail */
+    if (m == 0) test_attention(3, 5, 12, 4);
+    if (m == 0) test_attention(2, 37, 48, 3);
     bf16_exact = 0;
   }
   /* bf16 mode's fused attention runs on tensor cores (attention_tc.cu):
