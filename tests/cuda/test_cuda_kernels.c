@@ -1056,6 +1056,78 @@ static void test_cast(size_t n) {
   free(x), free(h), free(hg), free(all), free(f), free(fg);
 }
 
+/* The casts at every offset of each pointer from a 16-byte boundary (dev_alloc's
+ * buffers are cudaMalloc's, 256-byte aligned): floats 0..3, bf16 0..7.
+ * cast.cu moves 8 elements a thread where the two pointers' boundaries fall
+ * at the same element, after a head of up to 7 and before a tail of (n -
+ * head) % 8, and one a thread where they do not: each way the CPU's bits,
+ * and nothing written outside the n elements (a 16-byte store past an end
+ * would show). On the emulator, also which kernel each call took. */
+static void test_cast_offsets(size_t n) {
+  char shape[64];
+  snprintf(shape, sizeof shape, "n=%zu offsets 4x8", n);
+  float *x = frand(n, -100, 100), *f = xmalloc(n * 4);
+  uint16_t *b = xmalloc(n * 2), *h = xmalloc(n * 2);
+  for (size_t i = 0; i < n; i++) b[i] = (uint16_t)rand_below(65536);
+  cpu->f32_to_bf16(h, x, n);
+  cpu->bf16_to_f32(f, b, n);
+  float *dx = dnew((n + 3) * 4);
+  uint16_t *dh = dnew((n + 7) * 2);
+  uint16_t *gh = xmalloc((n + 7) * 2);
+  float *gf = xmalloc((n + 3) * 4);
+  size_t differ[2] = {0, 0}, outside[2] = {0, 0}, wide = 0;
+#ifdef KERN_CUDA_EMU
+  const char *kern[4] = {"f32_to_bf16_wide_kernel", "f32_to_bf16_kernel",
+                         "bf16_to_f32_wide_kernel", "bf16_to_f32_kernel"};
+  unsigned long before[4]; /* each kernel's launches so far */
+  for (int k = 0; k < 4; k++) before[k] = cuda_emu_launches(kern[k]);
+#endif
+  for (int fo = 0; fo < 4; fo++)
+    for (int ho = 0; ho < 8; ho++) {
+      /* cast.cu's test for 8 a thread: the bf16 side's head brings both
+       * pointers to a boundary */
+      const size_t head = (size_t)(8 - ho) % 8;
+      wide += n >= head + 8 && (fo + head) % 4 == 0;
+      gpu->copy_h2d(dx + fo, x, n * 4);
+      gpu->dev_set(dh, 0xff, (n + 7) * 2);
+      gpu->f32_to_bf16(dh + ho, dx + fo, n);
+      gpu->copy_d2h(gh, dh, (n + 7) * 2);
+      for (size_t i = 0; i < n + 7; i++) {
+        if (i < (size_t)ho || i >= ho + n) outside[0] += gh[i] != 0xffff;
+        else differ[0] += gh[i] != h[i - ho];
+      }
+      gpu->copy_h2d(dh + ho, b, n * 2);
+      gpu->dev_set(dx, 0xff, (n + 3) * 4);
+      gpu->bf16_to_f32(dx + fo, dh + ho, n);
+      gpu->copy_d2h(gf, dx, (n + 3) * 4);
+      for (size_t i = 0; i < n + 3; i++) {
+        uint32_t u;
+        memcpy(&u, &gf[i], 4);
+        if (i < (size_t)fo || i >= fo + n) outside[1] += u != 0xffffffffu;
+        else differ[1] += memcmp(&gf[i], &f[i - fo], 4) != 0;
+      }
+    }
+  const char *op[2] = {"f32_to_bf16", "bf16_to_f32"};
+  for (int d = 0; d < 2; d++) {
+    report(op[d], "out", shape, differ[d] ? INFINITY : 0, 0, "bits", -1, !differ[d]);
+    report(op[d], "out-outside", shape, 0, 0, "untouched", -1, !outside[d]);
+    if (differ[d] || outside[d])
+      printf("test_cuda_kernels:   %zu of 32 x %zu elements differ, %zu written outside\n",
+             differ[d], n, outside[d]);
+  }
+#ifdef KERN_CUDA_EMU
+  /* 8 a thread exactly where the pointers allow it (the two directions'
+   * tests agree: the head is the bf16 side's) */
+  const unsigned long want[4] = {wide, 32 - wide, wide, 32 - wide};
+  int paths_ok = 1;
+  for (int k = 0; k < 4; k++) paths_ok &= cuda_emu_launches(kern[k]) - before[k] == want[k];
+  report("cast", "wide-launches", shape, 0, 0, "-", -1, paths_ok);
+  if (!paths_ok) printf("test_cuda_kernels:   of 32 calls each way, %zu should go wide\n", wide);
+#endif
+  gpu->dev_free(dx), gpu->dev_free(dh);
+  free(x), free(f), free(b), free(h), free(gh), free(gf);
+}
+
 static void test_sumsq(size_t n) {
   char shape[64];
   snprintf(shape, sizeof shape, "n=%zu", n);
@@ -1201,6 +1273,11 @@ int main(void) {
 
   test_cast(13);
   test_cast(1000003);
+  /* n below a head plus 8 (one a thread), and past it, not a multiple of 8 */
+  test_cast_offsets(1);
+  test_cast_offsets(9);
+  test_cast_offsets(15);
+  test_cast_offsets(1003);
 
   test_sumsq(0);
   test_sumsq(1);
