@@ -905,6 +905,9 @@ static void test_residual(size_t n) {
   float *g = dget(dout_o, n);
   check_bits("residual_fwd", "out", shape, g, out, n);
   free(g);
+  /* in place, out = a, as the model adds its residual stream */
+  gpu->residual_fwd(da_, da_, db_, n);
+  check_dev_bits("residual_fwd", "out-in-place", shape, da_, out, n);
   float *dout = frand(n, -1, 1), *ga_ = frand(n, -1, 1), *gb_ = frand(n, -1, 1);
   float *ddout = dput(dout, n * 4), *dga = dput(ga_, n * 4), *dgb = dput(gb_, n * 4);
   cpu->residual_bwd(ga_, gb_, dout, n);
@@ -914,6 +917,82 @@ static void test_residual(size_t n) {
   gpu->dev_free(da_), gpu->dev_free(db_), gpu->dev_free(dout_o), gpu->dev_free(ddout);
   gpu->dev_free(dga), gpu->dev_free(dgb);
   free(a), free(b), free(out), free(dout), free(ga_), free(gb_);
+}
+
+/* ---- element-wise ops at every alignment ------------------------------------ */
+
+/* An element-wise op on backend be over k fp32 arrays x[0..k) of n */
+typedef void (*elem_run_fn)(const kern_backend_t *be, float **x, size_t n);
+
+static void run_residual_fwd(const kern_backend_t *be, float **x, size_t n) {
+  be->residual_fwd(x[0], x[1], x[2], n);
+}
+static void run_residual_bwd(const kern_backend_t *be, float **x, size_t n) {
+  be->residual_bwd(x[0], x[1], x[2], n);
+}
+
+/* op (run) over k arrays, its first nout written (and read: the backward ops
+ * accumulate), at every offset of each array from a 16-byte boundary (0..3
+ * floats; dev_alloc's buffers are cudaMalloc's, 256-byte aligned). The
+ * kernels move 4 elements a thread in float4 accesses where every array's
+ * boundary falls at the same element (a head of up to 3 before it, a tail
+ * of (n - head) % 4 after), else one a thread: each way the CPU's bits, and
+ * nothing written outside the n elements. On the emulator, also that the
+ * calls whose arrays allow it took the wide kernel (its name: wide) and the
+ * others the one-a-thread one (narrow). */
+static void test_elem_offsets(const char *op, elem_run_fn run, int k, int nout, size_t n,
+                              const char *wide, const char *narrow) {
+  char shape[64];
+  snprintf(shape, sizeof shape, "n=%zu offsets 4^%d", n, k);
+  float *init[3], *ref[3], *dev[3], *at[3], *got = xmalloc((n + 3) * 4);
+  for (int a = 0; a < k; a++) {
+    init[a] = frand(n, -6, 6);
+    ref[a] = fdup(init[a], n);
+    dev[a] = dnew((n + 3) * 4);
+  }
+  run(cpu, ref, n);
+  size_t differ = 0, outside = 0;
+  unsigned long calls_wide = 0;
+#ifdef KERN_CUDA_EMU
+  const unsigned long before_wide = cuda_emu_launches(wide), before = cuda_emu_launches(narrow);
+#endif
+  int calls = 1;
+  for (int a = 0; a < k; a++) calls *= 4;
+  for (int c = 0; c < calls; c++) {
+    int off[3], same = 1;
+    for (int a = 0, r = c; a < k; a++, r /= 4) off[a] = r % 4, same &= off[a] == off[0];
+    calls_wide += same && n >= (size_t)(4 - off[0]) % 4 + 4;
+    for (int a = 0; a < k; a++) {
+      gpu->dev_set(dev[a], 0xff, (n + 3) * 4);
+      gpu->copy_h2d(dev[a] + off[a], init[a], n * 4);
+      at[a] = dev[a] + off[a];
+    }
+    run(gpu, at, n);
+    for (int a = 0; a < nout; a++) {
+      gpu->copy_d2h(got, dev[a], (n + 3) * 4);
+      for (size_t i = 0; i < n + 3; i++) {
+        uint32_t u;
+        memcpy(&u, &got[i], 4);
+        if (i < (size_t)off[a] || i >= off[a] + n) outside += u != 0xffffffffu;
+        else differ += memcmp(&got[i], &ref[a][i - off[a]], 4) != 0;
+      }
+    }
+  }
+  report(op, "out", shape, differ ? INFINITY : 0, 0, "bits", -1, !differ);
+  report(op, "out-outside", shape, 0, 0, "untouched", -1, !outside);
+  if (differ || outside)
+    printf("test_cuda_kernels:   %zu elements differ, %zu written outside, in %d calls\n", differ,
+           outside, calls);
+#ifdef KERN_CUDA_EMU
+  const int paths_ok = cuda_emu_launches(wide) - before_wide == calls_wide &&
+                       cuda_emu_launches(narrow) - before == calls - calls_wide;
+  report(op, "wide-launches", shape, 0, 0, "-", -1, paths_ok);
+  if (!paths_ok) printf("test_cuda_kernels:   of %d calls, %lu should go wide\n", calls, calls_wide);
+#else
+  (void)wide, (void)narrow, (void)calls_wide;
+#endif
+  for (int a = 0; a < k; a++) gpu->dev_free(dev[a]), free(init[a]), free(ref[a]);
+  free(got);
 }
 
 /* ---- crossentropy --------------------------------------------------------- */
@@ -1261,6 +1340,14 @@ int main(void) {
   test_gelu((size_t)1024 * 3072 + 5);
   test_residual(1);
   test_residual((size_t)1024 * 768 + 3);
+  /* n below a head plus 4 (one a thread), and past it, not a multiple of 4 */
+  const size_t elem_ns[] = {1, 3, 5, 7, 1003};
+  for (size_t i = 0; i < sizeof elem_ns / sizeof elem_ns[0]; i++) {
+    test_elem_offsets("residual_fwd", run_residual_fwd, 3, 1, elem_ns[i],
+                      "residual_fwd_wide_kernel", "residual_fwd_kernel");
+    test_elem_offsets("residual_bwd", run_residual_bwd, 3, 2, elem_ns[i],
+                      "residual_bwd_wide_kernel", "residual_bwd_kernel");
+  }
 
   test_crossentropy(5, 97, 97);
   test_crossentropy(64, 50257, 50257);
