@@ -1,6 +1,13 @@
 /* gelu: GELU (tanh form, kern_gelu) element-wise, and its backward
  * (dinp += kern_gelu_grad(inp) * dout): kern_math.h's formulas, compiled
- * without contraction, so the CPU kernels' bits. */
+ * without contraction, so the CPU kernels' bits.
+ *
+ * Close to memory-bound (one exponential an element against 8 or 16 bytes
+ * moved), so, as residual.cu, a thread takes 4 elements in float4 accesses
+ * where every array's 16-byte boundaries fall at the same element, after a
+ * head of up to 3 and before a tail of (n - head) % 4 done one a thread in
+ * the same launch; elsewhere every element goes one a thread. The same
+ * formula on each element either way. */
 #include "kernels/cuda/cuda_impl.h"
 #include "kernels/kern_math.h"
 
@@ -8,20 +15,63 @@ __global__ static void gelu_fwd_kernel(float *out, const float *inp, size_t n) {
   KERN_CUDA_FOR(i, n) out[i] = kern_gelu(inp[i]);
 }
 
+/* out + head and inp + head 16-byte aligned, n >= head + 4 */
+__global__ static void gelu_fwd_wide_kernel(float *out, const float *inp, size_t n, size_t head) {
+  const size_t groups = (n - head) / 4, rest = head + groups * 4;
+  KERN_CUDA_FOR(i, groups) {
+    const size_t j = head + 4 * i;
+    const float4 x = kern_cuda_load_f32x4(inp + j);
+    kern_cuda_store_f32x4(out + j,
+                          make_float4(kern_gelu(x.x), kern_gelu(x.y), kern_gelu(x.z), kern_gelu(x.w)));
+  }
+  /* the grid has at least a block: its first threads take the ends */
+  const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (t < head) out[t] = kern_gelu(inp[t]);
+  if (t < n - rest) out[rest + t] = kern_gelu(inp[rest + t]);
+}
+
 __global__ static void gelu_bwd_kernel(float *dinp, const float *inp, const float *dout, size_t n) {
   KERN_CUDA_FOR(i, n) dinp[i] += kern_gelu_grad(inp[i]) * dout[i];
 }
 
+/* dinp + head, inp + head and dout + head 16-byte aligned, n >= head + 4 */
+__global__ static void gelu_bwd_wide_kernel(float *dinp, const float *inp, const float *dout,
+                                            size_t n, size_t head) {
+  const size_t groups = (n - head) / 4, rest = head + groups * 4;
+  KERN_CUDA_FOR(i, groups) {
+    const size_t j = head + 4 * i;
+    const float4 x = kern_cuda_load_f32x4(inp + j), d = kern_cuda_load_f32x4(dout + j);
+    const float4 g = kern_cuda_load_f32x4(dinp + j);
+    kern_cuda_store_f32x4(dinp + j, make_float4(g.x + kern_gelu_grad(x.x) * d.x,
+                                                g.y + kern_gelu_grad(x.y) * d.y,
+                                                g.z + kern_gelu_grad(x.z) * d.z,
+                                                g.w + kern_gelu_grad(x.w) * d.w));
+  }
+  const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (t < head) dinp[t] += kern_gelu_grad(inp[t]) * dout[t];
+  if (t < n - rest) dinp[rest + t] += kern_gelu_grad(inp[rest + t]) * dout[rest + t];
+}
+
 extern "C" void kern_cuda_gelu_fwd(float *out, const float *inp, size_t n) {
   if (!n) return;
-  gelu_fwd_kernel<<<kern_cuda_blocks(n, KERN_CUDA_THREADS), KERN_CUDA_THREADS, 0,
-                    kern_cuda_st.stream>>>(out, inp, n);
+  const size_t head = kern_cuda_head_f32(out);
+  if (n >= head + 4 && kern_cuda_aligned16(inp + head))
+    gelu_fwd_wide_kernel<<<kern_cuda_blocks((n - head) / 4, KERN_CUDA_THREADS), KERN_CUDA_THREADS,
+                           0, kern_cuda_st.stream>>>(out, inp, n, head);
+  else
+    gelu_fwd_kernel<<<kern_cuda_blocks(n, KERN_CUDA_THREADS), KERN_CUDA_THREADS, 0,
+                      kern_cuda_st.stream>>>(out, inp, n);
   KERN_CUDA_LAUNCHED();
 }
 
 extern "C" void kern_cuda_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n) {
   if (!n) return;
-  gelu_bwd_kernel<<<kern_cuda_blocks(n, KERN_CUDA_THREADS), KERN_CUDA_THREADS, 0,
-                    kern_cuda_st.stream>>>(dinp, inp, dout, n);
+  const size_t head = kern_cuda_head_f32(dinp);
+  if (n >= head + 4 && kern_cuda_aligned16(inp + head) && kern_cuda_aligned16(dout + head))
+    gelu_bwd_wide_kernel<<<kern_cuda_blocks((n - head) / 4, KERN_CUDA_THREADS), KERN_CUDA_THREADS,
+                           0, kern_cuda_st.stream>>>(dinp, inp, dout, n, head);
+  else
+    gelu_bwd_kernel<<<kern_cuda_blocks(n, KERN_CUDA_THREADS), KERN_CUDA_THREADS, 0,
+                      kern_cuda_st.stream>>>(dinp, inp, dout, n);
   KERN_CUDA_LAUNCHED();
 }

@@ -924,6 +924,12 @@ static void test_residual(size_t n) {
 /* An element-wise op on backend be over k fp32 arrays x[0..k) of n */
 typedef void (*elem_run_fn)(const kern_backend_t *be, float **x, size_t n);
 
+static void run_gelu_fwd(const kern_backend_t *be, float **x, size_t n) {
+  be->gelu_fwd(x[0], x[1], n);
+}
+static void run_gelu_bwd(const kern_backend_t *be, float **x, size_t n) {
+  be->gelu_bwd(x[0], x[1], x[2], n);
+}
 static void run_residual_fwd(const kern_backend_t *be, float **x, size_t n) {
   be->residual_fwd(x[0], x[1], x[2], n);
 }
@@ -1347,6 +1353,10 @@ int main(void) {
                       "residual_fwd_wide_kernel", "residual_fwd_kernel");
     test_elem_offsets("residual_bwd", run_residual_bwd, 3, 2, elem_ns[i],
                       "residual_bwd_wide_kernel", "residual_bwd_kernel");
+    test_elem_offsets("gelu_fwd", run_gelu_fwd, 2, 1, elem_ns[i], "gelu_fwd_wide_kernel",
+                      "gelu_fwd_kernel");
+    test_elem_offsets("gelu_bwd", run_gelu_bwd, 3, 1, elem_ns[i], "gelu_bwd_wide_kernel",
+                      "gelu_bwd_kernel");
   }
 
   test_crossentropy(5, 97, 97);
