@@ -924,6 +924,12 @@ static void test_residual(size_t n) {
 /* An element-wise op on backend be over k fp32 arrays x[0..k) of n */
 typedef void (*elem_run_fn)(const kern_backend_t *be, float **x, size_t n);
 
+static void run_vec_add(const kern_backend_t *be, float **x, size_t n) {
+  be->vec_add(x[0], x[1], n);
+}
+static void run_vec_scale(const kern_backend_t *be, float **x, size_t n) {
+  be->vec_scale(x[0], 0.37f, n);
+}
 static void run_gelu_fwd(const kern_backend_t *be, float **x, size_t n) {
   be->gelu_fwd(x[0], x[1], n);
 }
@@ -1357,6 +1363,10 @@ int main(void) {
                       "gelu_fwd_kernel");
     test_elem_offsets("gelu_bwd", run_gelu_bwd, 3, 1, elem_ns[i], "gelu_bwd_wide_kernel",
                       "gelu_bwd_kernel");
+    test_elem_offsets("vec_add", run_vec_add, 2, 1, elem_ns[i], "vec_add_wide_kernel",
+                      "vec_add_kernel");
+    test_elem_offsets("vec_scale", run_vec_scale, 1, 1, elem_ns[i], "vec_scale_wide_kernel",
+                      "vec_scale_kernel");
   }
 
   test_crossentropy(5, 97, 97);
