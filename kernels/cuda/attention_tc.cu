@@ -113,14 +113,6 @@ __device__ __forceinline__ static uint32_t tc_pack(float lo, float hi) {
   return u;
 }
 
-/* The same bits by kern_f32_to_bf16's integer rounding, for the staging:
- * there the conversion instruction let nvcc hoist more loads, and the
- * forward took 164 registers at head size 64 instead of 118 (3 blocks an
- * SM instead of 4), the query pass 215 instead of 165. */
-__device__ __forceinline__ static uint32_t tc_pack_staged(float lo, float hi) {
-  return (uint32_t)kern_f32_to_bf16(lo) | (uint32_t)kern_f32_to_bf16(hi) << 16;
-}
-
 /* 2^x on the special function unit (ex2.approx: about 2 ulp, 2^-inf = +0,
  * subnormals flushed); exp2f on the emulator. The softmax works in base 2,
  * its scores scaled by scale * log2(e) (TC_LOG2E), as FlashAttention does:
@@ -180,16 +172,21 @@ __device__ static void tc_stage(uint32_t *rows, uint32_t *cols, const float *src
         v[u][y] = r0 + r + y >= T ? make_float2(0.0f, 0.0f) : pairs ? *(const float2 *)p : make_float2(p[0], p[1]);
       }
     }
+    /* the same bits as tc_pack by kern_f32_to_bf16's integer rounding
+     * (kern_cuda_bf16x2): here the conversion instruction let nvcc hoist
+     * more loads, and the forward took 164 registers at head size 64
+     * instead of 118 (3 blocks an SM instead of 4), the query pass 215
+     * instead of 165 */
 #pragma unroll
     for (int u = 0; u < U; u++) {
       int r, c;
       tc_square<HS, TR>((int)threadIdx.x + (u0 + u) * THREADS, &r, &c);
       if (rows)
-        rows[r * tc_rw<HS>() + c / 2] = tc_pack_staged(v[u][0].x, v[u][0].y),
-        rows[(r + 1) * tc_rw<HS>() + c / 2] = tc_pack_staged(v[u][1].x, v[u][1].y);
+        rows[r * tc_rw<HS>() + c / 2] = kern_cuda_bf16x2(v[u][0].x, v[u][0].y),
+        rows[(r + 1) * tc_rw<HS>() + c / 2] = kern_cuda_bf16x2(v[u][1].x, v[u][1].y);
       if (TR)
-        cols[c * TC_TW + r / 2] = tc_pack_staged(v[u][0].x, v[u][1].x),
-        cols[(c + 1) * TC_TW + r / 2] = tc_pack_staged(v[u][0].y, v[u][1].y);
+        cols[c * TC_TW + r / 2] = kern_cuda_bf16x2(v[u][0].x, v[u][1].x),
+        cols[(c + 1) * TC_TW + r / 2] = kern_cuda_bf16x2(v[u][0].y, v[u][1].y);
     }
   }
 }
