@@ -196,7 +196,7 @@ __global__ static void vec_scale_wide_kernel(float *y, float s, size_t n, size_t
 
 static void kern_cuda_vec_add(float *y, const float *x, size_t n) {
   if (!n) return;
-  const size_t head = kern_cuda_head_f32(y);
+  const size_t head = kern_cuda_head16(y, sizeof *y);
   if (n >= head + 4 && kern_cuda_aligned16(x + head))
     vec_add_wide_kernel<<<kern_cuda_blocks((n - head) / 4, KERN_CUDA_THREADS), KERN_CUDA_THREADS,
                           0, kern_cuda_st.stream>>>(y, x, n, head);
@@ -208,7 +208,7 @@ static void kern_cuda_vec_add(float *y, const float *x, size_t n) {
 
 static void kern_cuda_vec_scale(float *y, float s, size_t n) {
   if (!n) return;
-  const size_t head = kern_cuda_head_f32(y);
+  const size_t head = kern_cuda_head16(y, sizeof *y);
   if (n >= head + 4)
     vec_scale_wide_kernel<<<kern_cuda_blocks((n - head) / 4, KERN_CUDA_THREADS),
                             KERN_CUDA_THREADS, 0, kern_cuda_st.stream>>>(y, s, n, head);

@@ -12,9 +12,6 @@
 #include "kernels/cuda/cuda_impl.h"
 #include "kernels/kern_math.h"
 
-/* Elements of 2 bytes from p to its next 16-byte boundary (0 to 7). */
-static size_t cast_head(const uint16_t *p) { return (size_t)(-(uintptr_t)p & 15) / 2; }
-
 __global__ static void f32_to_bf16_kernel(uint16_t *out, const float *inp, size_t n) {
   KERN_CUDA_FOR(i, n) out[i] = kern_f32_to_bf16(inp[i]);
 }
@@ -61,7 +58,7 @@ __global__ static void bf16_to_f32_wide_kernel(float *out, const uint16_t *inp, 
 
 extern "C" void kern_cuda_f32_to_bf16(uint16_t *out, const float *inp, size_t n) {
   if (!n) return;
-  const size_t head = cast_head(out);
+  const size_t head = kern_cuda_head16(out, sizeof *out);
   if (n >= head + 8 && kern_cuda_aligned16(out + head) && kern_cuda_aligned16(inp + head))
     f32_to_bf16_wide_kernel<<<kern_cuda_blocks((n - head) / 8, KERN_CUDA_THREADS),
                               KERN_CUDA_THREADS, 0, kern_cuda_st.stream>>>(out, inp, n, head);
@@ -73,7 +70,7 @@ extern "C" void kern_cuda_f32_to_bf16(uint16_t *out, const float *inp, size_t n)
 
 extern "C" void kern_cuda_bf16_to_f32(float *out, const uint16_t *inp, size_t n) {
   if (!n) return;
-  const size_t head = cast_head(inp);
+  const size_t head = kern_cuda_head16(inp, sizeof *inp);
   if (n >= head + 8 && kern_cuda_aligned16(out + head) && kern_cuda_aligned16(inp + head))
     bf16_to_f32_wide_kernel<<<kern_cuda_blocks((n - head) / 8, KERN_CUDA_THREADS),
                               KERN_CUDA_THREADS, 0, kern_cuda_st.stream>>>(out, inp, n, head);

@@ -161,11 +161,13 @@ __device__ __forceinline__ void kern_cuda_store_u16x8(uint16_t *p, uint4 v) {
   *(uint4 *)p = v;
 }
 
-/* Floats from p to its next 16-byte boundary (0 to 3): what an element-wise
- * kernel over fp32 arrays does one a thread before its 16-byte accesses,
- * which need every array's boundary at that same element (the caller
- * checks each with kern_cuda_aligned16(x + head)). */
-static inline size_t kern_cuda_head_f32(const float *p) { return (size_t)(-(uintptr_t)p & 15) / 4; }
+/* Elements of esize bytes from p to its next 16-byte boundary: the head an
+ * element-wise kernel does one a thread before its 16-byte accesses, which
+ * need every array's boundary at that same element (the caller checks each
+ * with kern_cuda_aligned16(x + head)). */
+static inline size_t kern_cuda_head16(const void *p, size_t esize) {
+  return (size_t)(-(uintptr_t)p & 15) / esize;
+}
 
 /* lo and hi rounded to bf16 (kern_f32_to_bf16, as the scalar code rounds
  * them) in one word, lo in the low half: a uint4 of four is 8 in order */

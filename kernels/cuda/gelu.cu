@@ -54,7 +54,7 @@ __global__ static void gelu_bwd_wide_kernel(float *dinp, const float *inp, const
 
 extern "C" void kern_cuda_gelu_fwd(float *out, const float *inp, size_t n) {
   if (!n) return;
-  const size_t head = kern_cuda_head_f32(out);
+  const size_t head = kern_cuda_head16(out, sizeof *out);
   if (n >= head + 4 && kern_cuda_aligned16(inp + head))
     gelu_fwd_wide_kernel<<<kern_cuda_blocks((n - head) / 4, KERN_CUDA_THREADS), KERN_CUDA_THREADS,
                            0, kern_cuda_st.stream>>>(out, inp, n, head);
@@ -66,7 +66,7 @@ extern "C" void kern_cuda_gelu_fwd(float *out, const float *inp, size_t n) {
 
 extern "C" void kern_cuda_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n) {
   if (!n) return;
-  const size_t head = kern_cuda_head_f32(dinp);
+  const size_t head = kern_cuda_head16(dinp, sizeof *dinp);
   if (n >= head + 4 && kern_cuda_aligned16(inp + head) && kern_cuda_aligned16(dout + head))
     gelu_bwd_wide_kernel<<<kern_cuda_blocks((n - head) / 4, KERN_CUDA_THREADS), KERN_CUDA_THREADS,
                            0, kern_cuda_st.stream>>>(dinp, inp, dout, n, head);

@@ -52,7 +52,7 @@ __global__ static void residual_bwd_wide_kernel(float *da, float *db, const floa
 
 extern "C" void kern_cuda_residual_fwd(float *out, const float *a, const float *b, size_t n) {
   if (!n) return;
-  const size_t head = kern_cuda_head_f32(out);
+  const size_t head = kern_cuda_head16(out, sizeof *out);
   if (n >= head + 4 && kern_cuda_aligned16(a + head) && kern_cuda_aligned16(b + head))
     residual_fwd_wide_kernel<<<kern_cuda_blocks((n - head) / 4, KERN_CUDA_THREADS),
                                KERN_CUDA_THREADS, 0, kern_cuda_st.stream>>>(out, a, b, n, head);
@@ -64,7 +64,7 @@ extern "C" void kern_cuda_residual_fwd(float *out, const float *a, const float *
 
 extern "C" void kern_cuda_residual_bwd(float *da, float *db, const float *dout, size_t n) {
   if (!n) return;
-  const size_t head = kern_cuda_head_f32(da);
+  const size_t head = kern_cuda_head16(da, sizeof *da);
   if (n >= head + 4 && kern_cuda_aligned16(db + head) && kern_cuda_aligned16(dout + head))
     residual_bwd_wide_kernel<<<kern_cuda_blocks((n - head) / 4, KERN_CUDA_THREADS),
                                KERN_CUDA_THREADS, 0, kern_cuda_st.stream>>>(da, db, dout, n, head);
