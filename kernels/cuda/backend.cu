@@ -165,16 +165,13 @@ __global__ static void vec_add_kernel(float *y, const float *x, size_t n) {
 
 /* y + head and x + head 16-byte aligned, n >= head + 4 */
 __global__ static void vec_add_wide_kernel(float *y, const float *x, size_t n, size_t head) {
-  const size_t groups = (n - head) / 4, rest = head + groups * 4;
-  KERN_CUDA_FOR(i, groups) {
-    const size_t j = head + 4 * i;
-    const float4 a = kern_cuda_load_f32x4(y + j), b = kern_cuda_load_f32x4(x + j);
-    kern_cuda_store_f32x4(y + j, make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w));
-  }
-  /* the grid has at least a block: its first threads take the ends */
-  const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (t < head) y[t] += x[t];
-  if (t < n - rest) y[rest + t] += x[rest + t];
+  kern_cuda_for_wide<4>(
+      n, head,
+      [&](size_t j) {
+        const float4 a = kern_cuda_load_f32x4(y + j), b = kern_cuda_load_f32x4(x + j);
+        kern_cuda_store_f32x4(y + j, make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w));
+      },
+      [&](size_t i) { y[i] += x[i]; });
 }
 
 __global__ static void vec_scale_kernel(float *y, float s, size_t n) {
@@ -183,15 +180,13 @@ __global__ static void vec_scale_kernel(float *y, float s, size_t n) {
 
 /* y + head 16-byte aligned, n >= head + 4 */
 __global__ static void vec_scale_wide_kernel(float *y, float s, size_t n, size_t head) {
-  const size_t groups = (n - head) / 4, rest = head + groups * 4;
-  KERN_CUDA_FOR(i, groups) {
-    const size_t j = head + 4 * i;
-    const float4 a = kern_cuda_load_f32x4(y + j);
-    kern_cuda_store_f32x4(y + j, make_float4(a.x * s, a.y * s, a.z * s, a.w * s));
-  }
-  const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (t < head) y[t] *= s;
-  if (t < n - rest) y[rest + t] *= s;
+  kern_cuda_for_wide<4>(
+      n, head,
+      [&](size_t j) {
+        const float4 a = kern_cuda_load_f32x4(y + j);
+        kern_cuda_store_f32x4(y + j, make_float4(a.x * s, a.y * s, a.z * s, a.w * s));
+      },
+      [&](size_t i) { y[i] *= s; });
 }
 
 static void kern_cuda_vec_add(float *y, const float *x, size_t n) {

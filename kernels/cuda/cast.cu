@@ -19,16 +19,13 @@ __global__ static void f32_to_bf16_kernel(uint16_t *out, const float *inp, size_
 /* out + head and inp + head 16-byte aligned, n >= head + 8 */
 __global__ static void f32_to_bf16_wide_kernel(uint16_t *out, const float *inp, size_t n,
                                                size_t head) {
-  const size_t groups = (n - head) / 8, rest = head + groups * 8;
-  KERN_CUDA_FOR(i, groups) {
-    const float *x = inp + head + 8 * i;
-    kern_cuda_store_u16x8(out + head + 8 * i,
-                          kern_cuda_bf16x8(kern_cuda_load_f32x4(x), kern_cuda_load_f32x4(x + 4)));
-  }
-  /* the grid has at least a block: its first threads take the ends */
-  const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (t < head) out[t] = kern_f32_to_bf16(inp[t]);
-  if (t < n - rest) out[rest + t] = kern_f32_to_bf16(inp[rest + t]);
+  kern_cuda_for_wide<8>(
+      n, head,
+      [&](size_t j) {
+        kern_cuda_store_u16x8(out + j, kern_cuda_bf16x8(kern_cuda_load_f32x4(inp + j),
+                                                        kern_cuda_load_f32x4(inp + j + 4)));
+      },
+      [&](size_t i) { out[i] = kern_f32_to_bf16(inp[i]); });
 }
 
 __global__ static void bf16_to_f32_kernel(float *out, const uint16_t *inp, size_t n) {
@@ -38,22 +35,20 @@ __global__ static void bf16_to_f32_kernel(float *out, const uint16_t *inp, size_
 /* out + head and inp + head 16-byte aligned, n >= head + 8 */
 __global__ static void bf16_to_f32_wide_kernel(float *out, const uint16_t *inp, size_t n,
                                                size_t head) {
-  const size_t groups = (n - head) / 8, rest = head + groups * 8;
-  KERN_CUDA_FOR(i, groups) {
-    const uint4 h = kern_cuda_load_u16x8(inp + head + 8 * i);
-    float *y = out + head + 8 * i;
-    kern_cuda_store_f32x4(y, make_float4(kern_bf16_to_f32((uint16_t)h.x),
-                                         kern_bf16_to_f32((uint16_t)(h.x >> 16)),
-                                         kern_bf16_to_f32((uint16_t)h.y),
-                                         kern_bf16_to_f32((uint16_t)(h.y >> 16))));
-    kern_cuda_store_f32x4(y + 4, make_float4(kern_bf16_to_f32((uint16_t)h.z),
-                                             kern_bf16_to_f32((uint16_t)(h.z >> 16)),
-                                             kern_bf16_to_f32((uint16_t)h.w),
-                                             kern_bf16_to_f32((uint16_t)(h.w >> 16))));
-  }
-  const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (t < head) out[t] = kern_bf16_to_f32(inp[t]);
-  if (t < n - rest) out[rest + t] = kern_bf16_to_f32(inp[rest + t]);
+  kern_cuda_for_wide<8>(
+      n, head,
+      [&](size_t j) {
+        const uint4 h = kern_cuda_load_u16x8(inp + j);
+        kern_cuda_store_f32x4(out + j, make_float4(kern_bf16_to_f32((uint16_t)h.x),
+                                                   kern_bf16_to_f32((uint16_t)(h.x >> 16)),
+                                                   kern_bf16_to_f32((uint16_t)h.y),
+                                                   kern_bf16_to_f32((uint16_t)(h.y >> 16))));
+        kern_cuda_store_f32x4(out + j + 4, make_float4(kern_bf16_to_f32((uint16_t)h.z),
+                                                       kern_bf16_to_f32((uint16_t)(h.z >> 16)),
+                                                       kern_bf16_to_f32((uint16_t)h.w),
+                                                       kern_bf16_to_f32((uint16_t)(h.w >> 16))));
+      },
+      [&](size_t i) { out[i] = kern_bf16_to_f32(inp[i]); });
 }
 
 extern "C" void kern_cuda_f32_to_bf16(uint16_t *out, const float *inp, size_t n) {

@@ -169,6 +169,21 @@ static inline size_t kern_cuda_head16(const void *p, size_t esize) {
   return (size_t)(-(uintptr_t)p & 15) / esize;
 }
 
+/* The walk of a wide element-wise kernel over [0, n): wide(j) for each
+ * group of W elements starting at j = head + W i (16-byte aligned there:
+ * the launcher checked, kern_cuda_head16), grid-stride; one(i) for the head
+ * (i < head < W) and the tail after the last whole group (fewer than W),
+ * by the grid's first threads (a grid has at least one block of at least W
+ * threads). n >= head + W. */
+template <int W, typename Wide, typename One>
+__device__ __forceinline__ void kern_cuda_for_wide(size_t n, size_t head, Wide wide, One one) {
+  const size_t groups = (n - head) / W, rest = head + groups * W;
+  KERN_CUDA_FOR(i, groups) wide(head + W * i);
+  const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (t < head) one(t);
+  if (t < n - rest) one(rest + t);
+}
+
 /* lo and hi rounded to bf16 (kern_f32_to_bf16, as the scalar code rounds
  * them) in one word, lo in the low half: a uint4 of four is 8 in order */
 __device__ __forceinline__ uint32_t kern_cuda_bf16x2(float lo, float hi) {

@@ -17,17 +17,14 @@ __global__ static void gelu_fwd_kernel(float *out, const float *inp, size_t n) {
 
 /* out + head and inp + head 16-byte aligned, n >= head + 4 */
 __global__ static void gelu_fwd_wide_kernel(float *out, const float *inp, size_t n, size_t head) {
-  const size_t groups = (n - head) / 4, rest = head + groups * 4;
-  KERN_CUDA_FOR(i, groups) {
-    const size_t j = head + 4 * i;
-    const float4 x = kern_cuda_load_f32x4(inp + j);
-    kern_cuda_store_f32x4(out + j,
-                          make_float4(kern_gelu(x.x), kern_gelu(x.y), kern_gelu(x.z), kern_gelu(x.w)));
-  }
-  /* the grid has at least a block: its first threads take the ends */
-  const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (t < head) out[t] = kern_gelu(inp[t]);
-  if (t < n - rest) out[rest + t] = kern_gelu(inp[rest + t]);
+  kern_cuda_for_wide<4>(
+      n, head,
+      [&](size_t j) {
+        const float4 x = kern_cuda_load_f32x4(inp + j);
+        kern_cuda_store_f32x4(
+            out + j, make_float4(kern_gelu(x.x), kern_gelu(x.y), kern_gelu(x.z), kern_gelu(x.w)));
+      },
+      [&](size_t i) { out[i] = kern_gelu(inp[i]); });
 }
 
 __global__ static void gelu_bwd_kernel(float *dinp, const float *inp, const float *dout, size_t n) {
@@ -37,19 +34,17 @@ __global__ static void gelu_bwd_kernel(float *dinp, const float *inp, const floa
 /* dinp + head, inp + head and dout + head 16-byte aligned, n >= head + 4 */
 __global__ static void gelu_bwd_wide_kernel(float *dinp, const float *inp, const float *dout,
                                             size_t n, size_t head) {
-  const size_t groups = (n - head) / 4, rest = head + groups * 4;
-  KERN_CUDA_FOR(i, groups) {
-    const size_t j = head + 4 * i;
-    const float4 x = kern_cuda_load_f32x4(inp + j), d = kern_cuda_load_f32x4(dout + j);
-    const float4 g = kern_cuda_load_f32x4(dinp + j);
-    kern_cuda_store_f32x4(dinp + j, make_float4(g.x + kern_gelu_grad(x.x) * d.x,
-                                                g.y + kern_gelu_grad(x.y) * d.y,
-                                                g.z + kern_gelu_grad(x.z) * d.z,
-                                                g.w + kern_gelu_grad(x.w) * d.w));
-  }
-  const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (t < head) dinp[t] += kern_gelu_grad(inp[t]) * dout[t];
-  if (t < n - rest) dinp[rest + t] += kern_gelu_grad(inp[rest + t]) * dout[rest + t];
+  kern_cuda_for_wide<4>(
+      n, head,
+      [&](size_t j) {
+        const float4 x = kern_cuda_load_f32x4(inp + j), d = kern_cuda_load_f32x4(dout + j);
+        const float4 g = kern_cuda_load_f32x4(dinp + j);
+        kern_cuda_store_f32x4(dinp + j, make_float4(g.x + kern_gelu_grad(x.x) * d.x,
+                                                    g.y + kern_gelu_grad(x.y) * d.y,
+                                                    g.z + kern_gelu_grad(x.z) * d.z,
+                                                    g.w + kern_gelu_grad(x.w) * d.w));
+      },
+      [&](size_t i) { dinp[i] += kern_gelu_grad(inp[i]) * dout[i]; });
 }
 
 extern "C" void kern_cuda_gelu_fwd(float *out, const float *inp, size_t n) {

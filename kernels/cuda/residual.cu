@@ -15,16 +15,13 @@ __global__ static void residual_fwd_kernel(float *out, const float *a, const flo
 /* out + head, a + head and b + head 16-byte aligned, n >= head + 4 */
 __global__ static void residual_fwd_wide_kernel(float *out, const float *a, const float *b,
                                                 size_t n, size_t head) {
-  const size_t groups = (n - head) / 4, rest = head + groups * 4;
-  KERN_CUDA_FOR(i, groups) {
-    const size_t j = head + 4 * i;
-    const float4 x = kern_cuda_load_f32x4(a + j), y = kern_cuda_load_f32x4(b + j);
-    kern_cuda_store_f32x4(out + j, make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w));
-  }
-  /* the grid has at least a block: its first threads take the ends */
-  const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (t < head) out[t] = a[t] + b[t];
-  if (t < n - rest) out[rest + t] = a[rest + t] + b[rest + t];
+  kern_cuda_for_wide<4>(
+      n, head,
+      [&](size_t j) {
+        const float4 x = kern_cuda_load_f32x4(a + j), y = kern_cuda_load_f32x4(b + j);
+        kern_cuda_store_f32x4(out + j, make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w));
+      },
+      [&](size_t i) { out[i] = a[i] + b[i]; });
 }
 
 __global__ static void residual_bwd_kernel(float *da, float *db, const float *dout, size_t n) {
@@ -37,17 +34,15 @@ __global__ static void residual_bwd_kernel(float *da, float *db, const float *do
 /* da + head, db + head and dout + head 16-byte aligned, n >= head + 4 */
 __global__ static void residual_bwd_wide_kernel(float *da, float *db, const float *dout, size_t n,
                                                 size_t head) {
-  const size_t groups = (n - head) / 4, rest = head + groups * 4;
-  KERN_CUDA_FOR(i, groups) {
-    const size_t j = head + 4 * i;
-    const float4 d = kern_cuda_load_f32x4(dout + j), x = kern_cuda_load_f32x4(da + j),
-                 y = kern_cuda_load_f32x4(db + j);
-    kern_cuda_store_f32x4(da + j, make_float4(x.x + d.x, x.y + d.y, x.z + d.z, x.w + d.w));
-    kern_cuda_store_f32x4(db + j, make_float4(y.x + d.x, y.y + d.y, y.z + d.z, y.w + d.w));
-  }
-  const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (t < head) da[t] += dout[t], db[t] += dout[t];
-  if (t < n - rest) da[rest + t] += dout[rest + t], db[rest + t] += dout[rest + t];
+  kern_cuda_for_wide<4>(
+      n, head,
+      [&](size_t j) {
+        const float4 d = kern_cuda_load_f32x4(dout + j), x = kern_cuda_load_f32x4(da + j),
+                     y = kern_cuda_load_f32x4(db + j);
+        kern_cuda_store_f32x4(da + j, make_float4(x.x + d.x, x.y + d.y, x.z + d.z, x.w + d.w));
+        kern_cuda_store_f32x4(db + j, make_float4(y.x + d.x, y.y + d.y, y.z + d.z, y.w + d.w));
+      },
+      [&](size_t i) { da[i] += dout[i], db[i] += dout[i]; });
 }
 
 extern "C" void kern_cuda_residual_fwd(float *out, const float *a, const float *b, size_t n) {
