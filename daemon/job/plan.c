@@ -30,13 +30,13 @@
  * (CUDA kernels, NCCL) is one more profile, picked as device_for picks. */
 typedef struct plan_device {
   size_t (*attention_saved)(int B, int T, int C, int NH);   /* floats a layer keeps */
-  size_t (*attention_scratch)(int B, int T, int C, int NH); /* floats */
+  size_t (*attention_scratch)(int B, int T, int C, int NH, int bf16); /* floats; bf16: the job's products */
   size_t (*comm_bytes)(int size);                           /* one communicator of size ranks */
   size_t (*reserved)(void); /* what the kernels hold from their init on (workspace) */
 } plan_device_t;
 
-static size_t plan_cpu_attention_scratch(int B, int T, int C, int NH) {
-  (void)C;
+static size_t plan_cpu_attention_scratch(int B, int T, int C, int NH, int bf16) {
+  (void)C, (void)bf16;
   return kern_cpu_size_attention_scratch(B, T, NH, (int)param_attn_block());
 }
 
@@ -57,8 +57,10 @@ static size_t plan_cuda_attention_saved(int B, int T, int C, int NH) {
   return kern_cuda_size_attention_saved(B, T, C, NH, param_cuda_attn_gemm() != 0);
 }
 
-static size_t plan_cuda_attention_scratch(int B, int T, int C, int NH) {
-  return kern_cuda_size_attention_scratch(B, T, C, NH, param_cuda_attn_gemm() != 0);
+static size_t plan_cuda_attention_scratch(int B, int T, int C, int NH, int bf16) {
+  /* bf16 jobs' fused attention runs on tensor cores unless FSDP_CUDA_ATTN_FP32, as device.c asks */
+  return kern_cuda_size_attention_scratch(B, T, C, NH, param_cuda_attn_gemm() != 0,
+                                          bf16 && param_cuda_attn_fp32() == 0);
 }
 
 static const plan_device_t plan_cuda = {plan_cuda_attention_saved, plan_cuda_attention_scratch,
@@ -83,7 +85,8 @@ static void plan_loop(const config_t *c, plan_t *p) {
   const int ck = (c->activation_checkpointing ? GPT_ACT_CHECKPOINT : 0) |
                  gpt_act_recompute_flags(c->recompute);
   const size_t f = sizeof(float);
-  size_t scratch = dev->attention_scratch(c->batch, c->seq_len, g->channels, g->heads) * f;
+  const int bf16 = strcmp(c->precision, "fp32") != 0; /* products on bf16 tensor cores */
+  size_t scratch = dev->attention_scratch(c->batch, c->seq_len, g->channels, g->heads, bf16) * f;
   const int lrows = gpt_config_logits_rows(g, c->logits_chunk_mib);
   size_t acts = gpt_config_act_bytes(g, c->batch, c->seq_len, ck,
                                      dev->attention_saved(c->batch, c->seq_len, g->channels, g->heads),
@@ -94,7 +97,7 @@ static void plan_loop(const config_t *c, plan_t *p) {
     const size_t np = g->vocab == 256 && c->sample_prompt[0] ? strlen(c->sample_prompt) : 1;
     const size_t n = np + (size_t)c->sample_tokens;
     const int T = n - 1 < (size_t)g->context ? (int)(n - 1) : g->context;
-    size_t s_scratch = dev->attention_scratch(1, T, g->channels, g->heads) * f;
+    size_t s_scratch = dev->attention_scratch(1, T, g->channels, g->heads, bf16) * f;
     size_t s_acts = gpt_config_act_bytes(g, 1, T, ck, dev->attention_saved(1, T, g->channels, g->heads),
                                          lrows);
     if (s_acts > acts) acts = s_acts;

@@ -52,7 +52,7 @@ size_t kern_cuda_attention_saved(int B, int T, int C, int NH) {
 }
 
 size_t kern_cuda_attention_scratch(int B, int T, int C, int NH) {
-  return kern_cuda_size_attention_scratch(B, T, C, NH, kern_cuda_st.attn_gemm);
+  return kern_cuda_size_attention_scratch(B, T, C, NH, kern_cuda_st.attn_gemm, attn_tc());
 }
 
 /* ---- fused ---------------------------------------------------------------------
@@ -387,12 +387,13 @@ static unsigned att_blocks(int64_t rows) { return (unsigned)((rows + ATT_WARPS -
 
 extern "C" void kern_cuda_attention_fwd(float *out, float *att, float *scratch, const float *qkv,
                                         int B, int T, int C, int NH) {
-  (void)scratch; /* backward's: forward works in shared memory, or in att */
+  /* scratch: the tensor-core kernels' bf16 copy of qkv; the others work in
+   * shared memory, or in att */
   if (B <= 0 || T <= 0) return;
   KERN_CUDA_ASSERT(NH > 0 && C % NH == 0);
   const int hs = C / NH;
   if (attn_fused(C, NH)) { /* size.h's list is fa_fwd_hs's, and attention_tc.cu's */
-    const int launched = (attn_tc() && kern_cuda_attention_tc_fwd(out, att, qkv, B, T, C, NH)) ||
+    const int launched = (attn_tc() && kern_cuda_attention_tc_fwd(out, att, scratch, qkv, B, T, C, NH)) ||
                          fa_fwd_hs(hs, out, att, qkv, B, T, C, NH);
     KERN_CUDA_ASSERT(launched);
     return;

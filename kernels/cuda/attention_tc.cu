@@ -1,8 +1,8 @@
 /* attention_tc: causal attention on bf16 tensor cores, for the jobs whose
  * products run in bf16 (kern_cuda_opts_t.bf16): the same op as attention.cu's
  * fused kernels (what forward keeps, each query row's log-sum-exp, and
- * backward's scratch, each row's dout . out, are theirs, so size.h's
- * formulas hold), FlashAttention-2's order, with every product on tensor
+ * backward's D rows, each row's dout . out, are theirs; the scratch holds
+ * the bf16 copies below besides: size.h), FlashAttention-2's order, with every product on tensor
  * cores through mma.sync m16n8k16 (bf16 operands, fp32 accumulation) and
  * the softmax on the products' accumulators in registers:
  *
@@ -21,8 +21,13 @@
  *    and accumulates dv += P^T dout and dk += scale dS^T q, with dS = P (dP -
  *    D) rounded to bf16.
  *
- * q, k, v and dout are fp32 in memory (the activations) and rounded to bf16
- * (nearest even, as the CPU's casts) as a tile is staged in shared memory;
+ * q, k, v and dout are fp32 in memory (the activations). Each op first
+ * rounds them to bf16 once (nearest even, the casts' kernel and the CPU's
+ * bits) into copies in its scratch (size.h: 2C floats a token more than
+ * the fp32 kernels' scratch), and the kernels stage their tiles from the
+ * copies: a key tile is loaded by every block of queries after it, and
+ * rounding fp32 at each load cost instructions these kernels are bound by;
+ * the copies also halve the bytes a tile's load moves;
  * the softmax, its sums, D and every accumulator stay fp32, the softmax in
  * base 2 on the special function unit's ex2 (tc_exp2). So this path agrees
  * with the CPU's fp32 attention within the bf16 products' bound
@@ -146,47 +151,39 @@ template <int HS, bool TR> __device__ __forceinline__ static void tc_square(int 
   }
 }
 
-/* Stages rows [r0, r0 + ROWS) of one head's HS columns of a (T, ld) fp32
- * matrix: into rows (a row tile, when not NULL) and, with TR, into cols (the
- * transposed tile of 64 rows); rows past T become zeros. The whole block
- * (NTH threads) calls it; each thread reads 2 x 2 squares (tc_square), and
- * issues the loads of up to TC_STAGE_UNROLL squares before it waits for
- * any (the staging is the latency the tiles' products wait on), as pairs of
- * floats where src and ld allow. */
+/* Stages rows [r0, r0 + ROWS) of one head's HS columns of a (T, ld) bf16
+ * matrix (the op's bf16 copy in its scratch): into rows (a row tile, when
+ * not NULL) and, with TR, into cols (the transposed tile of 64 rows); rows
+ * past T become zeros. The whole block (NTH threads) calls it; each thread
+ * reads 2 x 2 squares (tc_square), a word of two bf16 from each of the
+ * square's rows, and issues the loads of up to TC_STAGE_UNROLL squares
+ * before it waits for any (the staging is the latency the tiles' products
+ * wait on). A row tile takes the words as they are; a transposed one pairs
+ * the two rows' low halves and their high halves. */
 template <int HS, int ROWS, int NTH, bool TR = false>
-__device__ static void tc_stage(uint32_t *rows, uint32_t *cols, const float *src, int64_t ld, int r0, int T) {
+__device__ static void tc_stage(uint32_t *rows, uint32_t *cols, const uint16_t *src, int64_t ld, int r0, int T) {
   constexpr int THREADS = NTH, SQUARES = ROWS / 2 * HS / 2, N = SQUARES / THREADS;
   constexpr int U = N < TC_STAGE_UNROLL ? N : TC_STAGE_UNROLL;
   static_assert(SQUARES % THREADS == 0 && N % U == 0 && THREADS % 32 == 0, "whole squares a thread");
   static_assert(!TR || (ROWS == TC_ROWS && HS % 8 == 0), "transposed: 64 rows, whole groups of 4 column pairs");
-  const int pairs = (uintptr_t)src % 8 == 0 && ld % 2 == 0;
   for (int u0 = 0; u0 < N; u0 += U) {
-    float2 v[U][2];
+    uint32_t v[U][2]; /* a square's two rows: column c low, c + 1 high (little-endian) */
 #pragma unroll
     for (int u = 0; u < U; u++) {
       int r, c;
       tc_square<HS, TR>((int)threadIdx.x + (u0 + u) * THREADS, &r, &c);
 #pragma unroll
-      for (int y = 0; y < 2; y++) {
-        const float *p = src + (int64_t)(r0 + r + y) * ld + c;
-        v[u][y] = r0 + r + y >= T ? make_float2(0.0f, 0.0f) : pairs ? *(const float2 *)p : make_float2(p[0], p[1]);
-      }
+      for (int y = 0; y < 2; y++) /* c and ld are even, the copy 16-byte aligned: whole words */
+        v[u][y] = r0 + r + y >= T ? 0u : *(const uint32_t *)(src + (int64_t)(r0 + r + y) * ld + c);
     }
-    /* the same bits as tc_pack by kern_f32_to_bf16's integer rounding
-     * (kern_cuda_bf16x2): here the conversion instruction let nvcc hoist
-     * more loads, and the forward took 164 registers at head size 64
-     * instead of 118 (3 blocks an SM instead of 4), the query pass 215
-     * instead of 165 */
 #pragma unroll
     for (int u = 0; u < U; u++) {
       int r, c;
       tc_square<HS, TR>((int)threadIdx.x + (u0 + u) * THREADS, &r, &c);
-      if (rows)
-        rows[r * tc_rw<HS>() + c / 2] = kern_cuda_bf16x2(v[u][0].x, v[u][0].y),
-        rows[(r + 1) * tc_rw<HS>() + c / 2] = kern_cuda_bf16x2(v[u][1].x, v[u][1].y);
+      if (rows) rows[r * tc_rw<HS>() + c / 2] = v[u][0], rows[(r + 1) * tc_rw<HS>() + c / 2] = v[u][1];
       if (TR)
-        cols[c * TC_TW + r / 2] = kern_cuda_bf16x2(v[u][0].x, v[u][1].x),
-        cols[(c + 1) * TC_TW + r / 2] = kern_cuda_bf16x2(v[u][0].y, v[u][1].y);
+        cols[c * TC_TW + r / 2] = (v[u][0] & 0xffffu) | v[u][1] << 16,
+        cols[(c + 1) * TC_TW + r / 2] = v[u][0] >> 16 | (v[u][1] & 0xffff0000u);
     }
   }
 }
@@ -301,7 +298,7 @@ __device__ __forceinline__ static float tc_quad_sum(float v) {
 /* Forward: out, and lse (B, NH, T) = m + log(l) of each query row. */
 template <int HS>
 __global__ static void __launch_bounds__(TC_FWD_WARPS * 32, HS <= 64 ? 2 : 1) /* 2: 128 registers */
-    tc_fwd_kernel(float *out, float *lse, const float *qkv, int T, int C, float scale) {
+    tc_fwd_kernel(float *out, float *lse, const uint16_t *qkv, int T, int C, float scale) {
   constexpr int OWN = 16 * TC_FWD_WARPS, NTH = 32 * TC_FWD_WARPS;
   const float sl2 = scale * TC_LOG2E; /* the scores in base 2 */
   extern __shared__ __align__(128) unsigned char tc_smem[];
@@ -309,7 +306,7 @@ __global__ static void __launch_bounds__(TC_FWD_WARPS * 32, HS <= 64 ? 2 : 1) /*
   const int b = blockIdx.z, h = blockIdx.y, NH = gridDim.y, q0 = blockIdx.x * OWN;
   const int w0 = threadIdx.x / 32 * 16, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
   const int64_t C3 = 3 * (int64_t)C;
-  const float *base = qkv + (int64_t)b * T * C3 + (int64_t)h * HS;
+  const uint16_t *base = qkv + (int64_t)b * T * C3 + (int64_t)h * HS;
   tc_stage<HS, OWN, NTH>(Qs, NULL, base, C3, q0, T);
   __syncthreads();
   uint32_t qa[HS / 16][4];
@@ -373,8 +370,8 @@ __global__ static void __launch_bounds__(TC_FWD_WARPS * 32, HS <= 64 ? 2 : 1) /*
  * dq += scale * dS k over the key tiles. */
 template <int HS>
 __global__ static void __launch_bounds__(TC_DQ_WARPS * 32)
-    tc_bwd_dq_kernel(float *dqkv, float *Dg, const float *dout, const float *qkv, const float *out,
-                     const float *lse, int T, int C, float scale) {
+    tc_bwd_dq_kernel(float *dqkv, float *Dg, const float *dout, const uint16_t *dout16,
+                     const uint16_t *qkv, const float *out, const float *lse, int T, int C, float scale) {
   extern __shared__ __align__(128) unsigned char tc_smem[];
   constexpr int OWN = 16 * TC_DQ_WARPS, NTH = 32 * TC_DQ_WARPS;
   uint32_t *Qs = (uint32_t *)tc_smem, *dOs = Qs + OWN * tc_rw<HS>(), *Ks = dOs + OWN * tc_rw<HS>(),
@@ -383,10 +380,10 @@ __global__ static void __launch_bounds__(TC_DQ_WARPS * 32)
   const int b = blockIdx.z, h = blockIdx.y, NH = gridDim.y, q0 = blockIdx.x * OWN;
   const int w0 = threadIdx.x / 32 * 16, lane = threadIdx.x % 32, g = lane / 4;
   const int64_t C3 = 3 * (int64_t)C;
-  const float *base = qkv + (int64_t)b * T * C3 + (int64_t)h * HS;
-  const float *dbase = dout + (int64_t)b * T * C + (int64_t)h * HS;
+  const uint16_t *base = qkv + (int64_t)b * T * C3 + (int64_t)h * HS;
+  const float *dbase = dout + (int64_t)b * T * C + (int64_t)h * HS; /* D's: fp32 */
   tc_stage<HS, OWN, NTH>(Qs, NULL, base, C3, q0, T);
-  tc_stage<HS, OWN, NTH>(dOs, NULL, dbase, C, q0, T);
+  tc_stage<HS, OWN, NTH>(dOs, NULL, dout16 + (int64_t)b * T * C + (int64_t)h * HS, C, q0, T);
   { /* the warp's rows' D (a warp sum each, every row's loads issued first) and lse */
     float d[16];
 #pragma unroll
@@ -442,7 +439,7 @@ __global__ static void __launch_bounds__(TC_DQ_WARPS * 32)
  * works on its 16 keys' rows of the transposed products (S^T = k q^T). */
 template <int HS>
 __global__ static void __launch_bounds__(TC_DKV_WARPS * 32)
-    tc_bwd_dkv_kernel(float *dqkv, const float *Dg, const float *dout, const float *qkv,
+    tc_bwd_dkv_kernel(float *dqkv, const float *Dg, const uint16_t *dout, const uint16_t *qkv,
                       const float *lse, int T, int C, float scale) {
   extern __shared__ __align__(128) unsigned char tc_smem[];
   constexpr int OWN = 16 * TC_DKV_WARPS, NTH = 32 * TC_DKV_WARPS;
@@ -452,8 +449,8 @@ __global__ static void __launch_bounds__(TC_DKV_WARPS * 32)
   const int b = blockIdx.z, h = blockIdx.y, NH = gridDim.y, k0 = blockIdx.x * OWN;
   const int w0 = threadIdx.x / 32 * 16, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
   const int64_t C3 = 3 * (int64_t)C, rows = ((int64_t)b * NH + h) * T;
-  const float *base = qkv + (int64_t)b * T * C3 + (int64_t)h * HS;
-  const float *dbase = dout + (int64_t)b * T * C + (int64_t)h * HS;
+  const uint16_t *base = qkv + (int64_t)b * T * C3 + (int64_t)h * HS;
+  const uint16_t *dbase = dout + (int64_t)b * T * C + (int64_t)h * HS;
   tc_stage<HS, OWN, NTH>(Ks, NULL, base + C, C3, k0, T);
   tc_stage<HS, OWN, NTH>(Vs, NULL, base + 2 * C, C3, k0, T);
   __syncthreads();
@@ -514,19 +511,28 @@ static dim3 tc_grid(int B, int T, int NH, int w) {
   return dim3((unsigned)((T + 16 * w - 1) / (16 * w)), (unsigned)NH, (unsigned)B);
 }
 
-template <int HS> static int tc_fwd(float *out, float *lse, const float *qkv, int B, int T, int C, int NH) {
+/* The op's bf16 copies in its scratch (size.h): qkv's (B, T, 3C), then
+ * dout's (B, T, C). */
+static uint16_t *tc_copies(float *scratch, int B, int T, int NH) {
+  return (uint16_t *)(scratch + kern_cuda_size_attn_tc_copies_at(B, T, NH));
+}
+
+template <int HS>
+static int tc_fwd(float *out, float *lse, float *scratch, const float *qkv, int B, int T, int C, int NH) {
   if (tc_fwd_smem<HS>() > kern_cuda_st.smem_optin) return 0;
   static int allowed;
   tc_smem_allow(tc_fwd_kernel<HS>, tc_fwd_smem<HS>(), &allowed);
+  uint16_t *qkv16 = tc_copies(scratch, B, T, NH);
+  kern_cuda_f32_to_bf16(qkv16, qkv, (size_t)B * T * 3 * C); /* each element rounded once */
   tc_fwd_kernel<HS><<<tc_grid(B, T, NH, TC_FWD_WARPS), TC_FWD_WARPS * 32, tc_fwd_smem<HS>(),
                       kern_cuda_st.stream>>>(
-      out, lse, qkv, T, C, 1.0f / sqrtf((float)HS));
+      out, lse, qkv16, T, C, 1.0f / sqrtf((float)HS));
   KERN_CUDA_LAUNCHED();
   return 1;
 }
 
 template <int HS>
-static int tc_bwd(float *dqkv, float *D, const float *dout, const float *qkv, const float *out,
+static int tc_bwd(float *dqkv, float *scratch, const float *dout, const float *qkv, const float *out,
                   const float *lse, int B, int T, int C, int NH) {
   if (tc_dq_smem<HS>() > kern_cuda_st.smem_optin || tc_dkv_smem<HS>() > kern_cuda_st.smem_optin)
     return 0;
@@ -534,34 +540,39 @@ static int tc_bwd(float *dqkv, float *D, const float *dout, const float *qkv, co
   tc_smem_allow(tc_bwd_dq_kernel<HS>, tc_dq_smem<HS>(), &allowed_dq);
   tc_smem_allow(tc_bwd_dkv_kernel<HS>, tc_dkv_smem<HS>(), &allowed_dkv);
   const float scale = 1.0f / sqrtf((float)HS);
+  float *D = scratch; /* (B, NH, T) */
+  uint16_t *qkv16 = tc_copies(scratch, B, T, NH), *dout16 = qkv16 + (size_t)B * T * 3 * C;
+  kern_cuda_f32_to_bf16(qkv16, qkv, (size_t)B * T * 3 * C);
+  kern_cuda_f32_to_bf16(dout16, dout, (size_t)B * T * C);
   tc_bwd_dq_kernel<HS><<<tc_grid(B, T, NH, TC_DQ_WARPS), TC_DQ_WARPS * 32, tc_dq_smem<HS>(),
                          kern_cuda_st.stream>>>(
-      dqkv, D, dout, qkv, out, lse, T, C, scale);
+      dqkv, D, dout, dout16, qkv16, out, lse, T, C, scale);
   KERN_CUDA_LAUNCHED();
   tc_bwd_dkv_kernel<HS><<<tc_grid(B, T, NH, TC_DKV_WARPS), TC_DKV_WARPS * 32, tc_dkv_smem<HS>(),
                           kern_cuda_st.stream>>>(
-      dqkv, D, dout, qkv, lse, T, C, scale);
+      dqkv, D, dout16, qkv16, lse, T, C, scale);
   KERN_CUDA_LAUNCHED();
   return 1;
 }
 
-int kern_cuda_attention_tc_fwd(float *out, float *lse, const float *qkv, int B, int T, int C, int NH) {
+int kern_cuda_attention_tc_fwd(float *out, float *lse, float *scratch, const float *qkv, int B, int T,
+                               int C, int NH) {
   switch (C / NH) {
-  case 16: return tc_fwd<16>(out, lse, qkv, B, T, C, NH);
-  case 32: return tc_fwd<32>(out, lse, qkv, B, T, C, NH);
-  case 64: return tc_fwd<64>(out, lse, qkv, B, T, C, NH);
-  case 128: return tc_fwd<128>(out, lse, qkv, B, T, C, NH);
+  case 16: return tc_fwd<16>(out, lse, scratch, qkv, B, T, C, NH);
+  case 32: return tc_fwd<32>(out, lse, scratch, qkv, B, T, C, NH);
+  case 64: return tc_fwd<64>(out, lse, scratch, qkv, B, T, C, NH);
+  case 128: return tc_fwd<128>(out, lse, scratch, qkv, B, T, C, NH);
   default: return 0;
   }
 }
 
-int kern_cuda_attention_tc_bwd(float *dqkv, float *D, const float *dout, const float *qkv,
+int kern_cuda_attention_tc_bwd(float *dqkv, float *scratch, const float *dout, const float *qkv,
                                const float *out, const float *lse, int B, int T, int C, int NH) {
   switch (C / NH) {
-  case 16: return tc_bwd<16>(dqkv, D, dout, qkv, out, lse, B, T, C, NH);
-  case 32: return tc_bwd<32>(dqkv, D, dout, qkv, out, lse, B, T, C, NH);
-  case 64: return tc_bwd<64>(dqkv, D, dout, qkv, out, lse, B, T, C, NH);
-  case 128: return tc_bwd<128>(dqkv, D, dout, qkv, out, lse, B, T, C, NH);
+  case 16: return tc_bwd<16>(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH);
+  case 32: return tc_bwd<32>(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH);
+  case 64: return tc_bwd<64>(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH);
+  case 128: return tc_bwd<128>(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH);
   default: return 0;
   }
 }

@@ -240,8 +240,9 @@ void kern_cuda_colsum(float *sd, float *sdx, const float *dout, const float *inp
  * its products in bf16; 1 when launched, 0 when no kernel is built for the
  * head size C / NH (attention.cu's fused list) or its shared memory is more
  * than this GPU gives a block (then the fp32 kernels serve). */
-int kern_cuda_attention_tc_fwd(float *out, float *lse, const float *qkv, int B, int T, int C, int NH);
-int kern_cuda_attention_tc_bwd(float *dqkv, float *D, const float *dout, const float *qkv,
+int kern_cuda_attention_tc_fwd(float *out, float *lse, float *scratch, const float *qkv, int B, int T,
+                               int C, int NH);
+int kern_cuda_attention_tc_bwd(float *dqkv, float *scratch, const float *dout, const float *qkv,
                                const float *out, const float *lse, int B, int T, int C, int NH);
 
 /* ---- double sums in a fixed order (sumsq.cu) --------------------------------

@@ -51,13 +51,24 @@ static inline size_t kern_cuda_size_attention_saved(int B, int T, int C, int NH,
   return kern_cuda_size_attn_fused(C, NH, gemm) ? rows : rows * (size_t)T;
 }
 
-/* Floats of attention backward's scratch. Fused: every query row's
- * dout . out (B, NH, T), which the key pass reads. Products: the score
- * gradients of one batch row, (NH, T, T); backward walks the batch one row at
- * a time on the one stream, so the rows reuse it. */
-static inline size_t kern_cuda_size_attention_scratch(int B, int T, int C, int NH, int gemm) {
-  if (kern_cuda_size_attn_fused(C, NH, gemm)) return (size_t)B * (size_t)NH * (size_t)T;
-  return (size_t)NH * (size_t)T * (size_t)T;
+/* Where attention_tc.cu's bf16 copies start in the scratch, in floats:
+ * after the fused kernels' D rows (B, NH, T), at a 16-byte boundary. */
+static inline size_t kern_cuda_size_attn_tc_copies_at(int B, int T, int NH) {
+  return ((size_t)B * (size_t)NH * (size_t)T + 3) & ~(size_t)3;
+}
+
+/* Floats of attention's scratch (both passes'). Fused: every query row's
+ * dout . out (B, NH, T), which the key pass reads; on bf16 tensor cores (tc:
+ * bf16 jobs, unless FSDP_CUDA_ATTN_FP32) then also the bf16 copies of qkv
+ * (B, T, 3C) and dout (B, T, C) the kernels stage their tiles from, 2C
+ * floats a token. Products: the score gradients of one batch row, (NH, T,
+ * T); backward walks the batch one row at a time on the one stream, so the
+ * rows reuse it. */
+static inline size_t kern_cuda_size_attention_scratch(int B, int T, int C, int NH, int gemm,
+                                                      int tc) {
+  if (!kern_cuda_size_attn_fused(C, NH, gemm)) return (size_t)NH * (size_t)T * (size_t)T;
+  if (!tc) return (size_t)B * (size_t)NH * (size_t)T;
+  return kern_cuda_size_attn_tc_copies_at(B, T, NH) + (size_t)B * (size_t)T * 2 * (size_t)C;
 }
 
 #endif

@@ -79,6 +79,7 @@
 #define TOL_GEMM_TF32 1e-3
 static double tol_gemm = TOL_GEMM; /* the bound of the GPU's products in the mode under test */
 static int attn_gemm; /* the mode under test: attention by products even where fused is built */
+static int attn_tc;   /* the mode under test: the fused attention on bf16 tensor cores */
 /* The mode under test packs the operands to bf16 (matmul.cu): its products
  * equal the CPU's products of the bf16-rounded operands to fp32 accuracy
  * (products of bf16 are exact in fp32; only the order of the sums differs),
@@ -791,9 +792,12 @@ static void test_attention(int B, int T, int C, int NH) {
    * probabilities */
   const int fused = !attn_gemm && (hs == 16 || hs == 32 || hs == 64 || hs == 128);
   const size_t nga = gpu->attention_saved(B, T, C, NH);
+  /* the scratch: D rows fused, and on tensor cores then (at a 16-byte
+   * boundary) bf16 copies of qkv and dout, 4C bf16 a token */
+  const size_t nsc = !fused ? (size_t)NH * T * T
+                     : attn_tc ? ((nrows + 3) & ~(size_t)3) + (size_t)B * T * 4 * C / 2 : nrows;
   report("attention", fused ? "fused sizes" : "gemm sizes", shape, 0, 0, "-", -1,
-         nga == (fused ? nrows : na) &&
-             gpu->attention_scratch(B, T, C, NH) == (fused ? nrows : (size_t)NH * T * T));
+         nga == (fused ? nrows : na) && gpu->attention_scratch(B, T, C, NH) == nsc);
   float *qkv = frand(nq, -1, 1), *out = xmalloc(no * 4), *att = xmalloc(na * 4);
   const size_t ns = cpu->attention_scratch(B, T, C, NH), nsg = gpu->attention_scratch(B, T, C, NH);
   float *clse = xmalloc(nrows * 4), *scratch = xmalloc(ns * 4);
@@ -1449,6 +1453,7 @@ int main(void) {
          kern_cuda_init(&otc, msg, sizeof msg) == gpu);
   tol_gemm = TOL_GEMM_BF16;
   attn_gemm = 0;
+  attn_tc = 1;
   test_attention(3, 5, 64, 4);
   test_attention(3, 33, 64, 2);
   test_attention(2, 65, 64, 1);
@@ -1466,6 +1471,7 @@ int main(void) {
          cuda_emu_launches("tc_fwd_kernel<HS>") && cuda_emu_launches("tc_bwd_dq_kernel<HS>") &&
              cuda_emu_launches("tc_bwd_dkv_kernel<HS>"));
 #endif
+  attn_tc = 0;
   /* FSDP_CUDA_ATTN_FP32: bf16 products, the fp32 fused attention, at fp32's bound */
   const kern_cuda_opts_t ofp = {.device = 0, .bf16 = 1, .attn_fp32 = 1};
   report("table", "bf16 mode, fp32 attention", "-", 0, 0, "-", -1,
