@@ -430,5 +430,33 @@ static void cuda_attention_plan(int gemm) {
   free(data);
 }
 
+/* A bf16 cuda job's attention runs on tensor cores from bf16 copies of
+ * qkv and dout in its scratch (attention_tc.cu): 4C bf16 a token more
+ * workspace than the same job in fp32, whose fused kernels' scratch is the
+ * D rows alone. */
+static size_t cuda_workspace(const char *data, const char *precision, config_t *out) {
+  config_t c = job(data, 0);
+  cr_assert_eq(config_set(&c, "device", "cuda"), 0);
+  cr_assert_eq(config_set(&c, "precision", precision), 0);
+  cr_assert_eq(config_finish(&c), 0, "%s", err_msg());
+  plan_t p;
+  cr_assert_eq(plan_job(&c, 1, &p), 0);
+  *out = c;
+  return p.bytes[MEM_WORKSPACE];
+}
+
+Test(plan, a_bf16_cuda_job_plans_the_tensor_core_attentions_bf16_copies) {
+  char *data = tu_token_file("tokens.bin", 20000, 3, 256);
+  config_t c;
+  const size_t w32 = cuda_workspace(data, "fp32", &c), w16 = cuda_workspace(data, "bf16-mixed", &c);
+  const size_t B = (size_t)c.batch, T = (size_t)c.seq_len, C = (size_t)c.gpt.channels,
+               NH = (size_t)c.gpt.heads;
+  /* the copies start at the 16-byte boundary after the D rows */
+  const size_t d = B * NH * T, at = (d + 3) / 4 * 4;
+  cr_assert_eq(w16 - w32, (at - d) * sizeof(float) + B * T * 4 * C * 2,
+               "bf16 %zu, fp32 %zu: the difference is not the copies of qkv and dout", w16, w32);
+  free(data);
+}
+
 Test(plan, a_cuda_job_plans_the_fused_attentions_log_sum_exp) { cuda_attention_plan(0); }
 Test(plan, a_cuda_job_with_attention_by_products_plans_the_probabilities) { cuda_attention_plan(1); }
