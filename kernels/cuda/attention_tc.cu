@@ -159,9 +159,32 @@ template <int HS, bool TR> __device__ __forceinline__ static void tc_square(int 
  * square's rows, and issues the loads of up to TC_STAGE_UNROLL squares
  * before it waits for any (the staging is the latency the tiles' products
  * wait on). A row tile takes the words as they are; a transposed one pairs
- * the two rows' low halves and their high halves. */
+ * the two rows' low halves and their high halves. A row tile alone, where
+ * its 8-column runs divide among the threads, moves a run of 8 bf16 with
+ * one 16-byte load and one 16-byte store instead (a copy's rows and every
+ * head start at a multiple of 8 elements, and the tiles' rows at multiples
+ * of 16 bytes; along a row, 8 threads' stores cover 32 banks at head size
+ * 64 and 128). */
 template <int HS, int ROWS, int NTH, bool TR = false>
 __device__ static void tc_stage(uint32_t *rows, uint32_t *cols, const uint16_t *src, int64_t ld, int r0, int T) {
+  if constexpr (!TR && ROWS * HS / 8 % NTH == 0) {
+    constexpr int N8 = ROWS * HS / 8 / NTH, U8 = N8 < TC_STAGE_UNROLL ? N8 : TC_STAGE_UNROLL;
+    static_assert(N8 % U8 == 0 && tc_rw<HS>() % 4 == 0, "whole runs a thread, rows of 16 bytes");
+    for (int u0 = 0; u0 < N8; u0 += U8) {
+      uint4 v[U8];
+#pragma unroll
+      for (int u = 0; u < U8; u++) {
+        const int x = (int)threadIdx.x + (u0 + u) * NTH, r = x / (HS / 8), c = 8 * (x % (HS / 8));
+        v[u] = r0 + r >= T ? make_uint4(0u, 0u, 0u, 0u) : kern_cuda_load_u16x8(src + (int64_t)(r0 + r) * ld + c);
+      }
+#pragma unroll
+      for (int u = 0; u < U8; u++) {
+        const int x = (int)threadIdx.x + (u0 + u) * NTH, r = x / (HS / 8), c = 8 * (x % (HS / 8));
+        *(uint4 *)(rows + r * tc_rw<HS>() + c / 2) = v[u];
+      }
+    }
+    return;
+  }
   constexpr int THREADS = NTH, SQUARES = ROWS / 2 * HS / 2, N = SQUARES / THREADS;
   constexpr int U = N < TC_STAGE_UNROLL ? N : TC_STAGE_UNROLL;
   static_assert(SQUARES % THREADS == 0 && N % U == 0 && THREADS % 32 == 0, "whole squares a thread");
@@ -369,7 +392,7 @@ __global__ static void __launch_bounds__(TC_FWD_WARPS * 32, HS <= 64 ? 2 : 1) /*
 /* Backward, query pass: D = dout . out of each row into Dg (B, NH, T), and
  * dq += scale * dS k over the key tiles. */
 template <int HS>
-__global__ static void __launch_bounds__(TC_DQ_WARPS * 32)
+__global__ static void __launch_bounds__(TC_DQ_WARPS * 32, HS <= 64 ? 3 : 1) /* 3: 170 registers */
     tc_bwd_dq_kernel(float *dqkv, float *Dg, const float *dout, const uint16_t *dout16,
                      const uint16_t *qkv, const float *out, const float *lse, int T, int C, float scale) {
   extern __shared__ __align__(128) unsigned char tc_smem[];
