@@ -185,6 +185,41 @@ __device__ static void tc_stage(uint32_t *rows, uint32_t *cols, const uint16_t *
     }
     return;
   }
+  if constexpr (TR && 4 * HS % NTH == 0 && NTH >= 256) {
+    /* A transposed tile (with its row tile when rows is set): a warp takes
+     * the 32 row pairs of one 8-column run, each lane two 16-byte loads
+     * (its pair's rows), from which it writes 8 transposed words, column c +
+     * k's pair r / 2 at word 36 (c + k) + r / 2: at bank 4 k + lane, 32 banks
+     * a store. The blocks of 8 warps only: the query pass (4) keeps the
+     * squares, as these took it past its 170 registers (a spill). */
+    constexpr int N16 = 4 * HS / NTH, U16 = N16 < TC_STAGE_UNROLL ? N16 : TC_STAGE_UNROLL;
+    static_assert(ROWS == 64 && N16 % U16 == 0 && tc_rw<HS>() % 4 == 0, "64 rows: 32 pairs a run");
+    for (int u0 = 0; u0 < N16; u0 += U16) {
+      uint4 v[U16][2];
+#pragma unroll
+      for (int u = 0; u < U16; u++) {
+        const int x = (int)threadIdx.x + (u0 + u) * NTH, r = 2 * (x % 32), c = 8 * (x / 32);
+#pragma unroll
+        for (int y = 0; y < 2; y++)
+          v[u][y] = r0 + r + y >= T ? make_uint4(0u, 0u, 0u, 0u)
+                                    : kern_cuda_load_u16x8(src + (int64_t)(r0 + r + y) * ld + c);
+      }
+#pragma unroll
+      for (int u = 0; u < U16; u++) {
+        const int x = (int)threadIdx.x + (u0 + u) * NTH, r = 2 * (x % 32), c = 8 * (x / 32);
+        if (rows)
+          *(uint4 *)(rows + r * tc_rw<HS>() + c / 2) = v[u][0],
+          *(uint4 *)(rows + (r + 1) * tc_rw<HS>() + c / 2) = v[u][1];
+        const uint32_t a[4] = {v[u][0].x, v[u][0].y, v[u][0].z, v[u][0].w},
+                       b[4] = {v[u][1].x, v[u][1].y, v[u][1].z, v[u][1].w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) /* word k holds columns c + 2k (low) and c + 2k + 1 (high) */
+          cols[(c + 2 * k) * TC_TW + r / 2] = (a[k] & 0xffffu) | b[k] << 16,
+          cols[(c + 2 * k + 1) * TC_TW + r / 2] = a[k] >> 16 | (b[k] & 0xffff0000u);
+      }
+    }
+    return;
+  }
   constexpr int THREADS = NTH, SQUARES = ROWS / 2 * HS / 2, N = SQUARES / THREADS;
   constexpr int U = N < TC_STAGE_UNROLL ? N : TC_STAGE_UNROLL;
   static_assert(SQUARES % THREADS == 0 && N % U == 0 && THREADS % 32 == 0, "whole squares a thread");
