@@ -31,7 +31,7 @@ Test(trace, busy_time_is_the_union_of_every_stream_inside_the_window) {
     const size_t n = 1 + round % 40;
     for (size_t i = 0; i < n; i++) {
       x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-      const uint64_t s = x % (SPAN - 200), len = 1 + (x >> 20) % 300;
+      const uint64_t s = x % (SPAN - 200), len = 1 + (x >> 20) % 199; /* ends inside busy[] */
       gpu[i] = (trace_gpu_t){.start = s, .end = s + len, .corr = (uint32_t)i, .stream = i % 3,
                              .name = (int)(i % 4)};
     }
