@@ -50,6 +50,7 @@ static const struct {
     {"FSDP_COMM_SHM_BYTES", param_comm_shm_bytes},
     {"FSDP_ATTN_BLOCK", param_attn_block},
     {"FSDP_CUDA_ATTN_GEMM", param_cuda_attn_gemm},
+    {"FSDP_CUDA_ATTN_FP32", param_cuda_attn_fp32}, /* bf16 jobs' attention scratch */
 };
 
 void param_plan_env(int i, char out[PARAM_PLAN_ENV_LEN]) {

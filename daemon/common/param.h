@@ -57,7 +57,7 @@ void param_dump(FILE *out);
  * formulas it calls): a job is admitted with the coordinator's values, so
  * the coordinator hands them to each rank with its assignment and fsdpd
  * sets them for the rank over its own (RankAssignment.plan_env). */
-#define PARAM_PLAN_ENV_N 5
+#define PARAM_PLAN_ENV_N 6
 #define PARAM_PLAN_ENV_LEN 64 /* "NAME=VALUE", terminated */
 /* Entry i (0 <= i < PARAM_PLAN_ENV_N) as this process has it:
  * "NAME=VALUE" into out. */
