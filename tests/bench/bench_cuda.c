@@ -57,14 +57,14 @@
 #define MIB (1024.0 * 1024.0)
 #define MAX_STEPS 1000
 
-static double step_s[MAX_STEPS + 2];
+static double step_s[MAX_STEPS + 3]; /* warm-up, timed, traced */
 static int steps_seen;
 static mem_snapshot_t last_mem;
 static float last_loss;
 
 static void on_metrics(void *ctx, const train_metrics_t *m) {
   (void)ctx;
-  if (steps_seen < MAX_STEPS + 2) step_s[steps_seen++] = m->step_s;
+  if (steps_seen < MAX_STEPS + 3) step_s[steps_seen++] = m->step_s;
   last_mem = m->mem;
   last_loss = m->loss;
 }
@@ -316,6 +316,12 @@ static void bench_trace_step(train_t *t, const char *model, int B, int *rc) {
     return;
   }
   *rc = train_step(t);
+  /* the step returns with the optimizer's kernels still queued: the trace
+   * ends when the GPU has run them (CUPTI's flush does not wait, and hands
+   * over unfinished records as invalid) */
+  train_state_t st;
+  train_state(t, &st);
+  gpt_backend(fsdp_model(st.runtime))->sync();
   trace_t tr;
   trace_summary_t s;
   if (trace_cupti_stop(&tr, msg, sizeof msg)) {

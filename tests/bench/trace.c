@@ -12,8 +12,8 @@ static int cmp_gpu_start(const void *a, const void *b) {
   return (x->start > y->start) - (x->start < y->start);
 }
 
-/* calls by correlation id, the earliest first (a runtime call encloses
- * the driver calls it makes) */
+/* calls by correlation id; should two records share one, the earlier
+ * (an enclosing call) first */
 static int cmp_api_corr(const void *a, const void *b) {
   const trace_api_t *x = a, *y = b;
   if (x->corr != y->corr) return (x->corr > y->corr) - (x->corr < y->corr);

@@ -41,6 +41,7 @@ static struct {
   size_t nnames, names_cap;
   uint64_t t0;
   int oom;
+  CUptiResult bad; /* a buffer's records ended early */
 } tc = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 static const CUpti_ActivityKind trace_kinds[] = {
@@ -58,13 +59,13 @@ static int grow(void **arr, size_t *cap, size_t n, size_t es) {
 }
 
 /* The index of name (first seen at key), interned; -1 when out of memory.
- * Runtime and driver call names lose their version suffix (_v7000). */
-static int intern(const void *key, const char *name) {
+ * A runtime or driver call's name (api) loses its version suffix (_v7000). */
+static int intern(const void *key, const char *name, int api) {
   for (size_t i = 0; i < tc.nnames; i++)
     if (tc.keys[i] == key) return (int)i;
   size_t len = strlen(name);
-  const char *v = strstr(name, "_v");
-  if (v && v[2] && strspn(v + 2, "0123456789") == strlen(v + 2)) len = (size_t)(v - name);
+  const char *v = api ? strrchr(name, '_') : NULL;
+  if (v && v[1] == 'v' && v[2] && strspn(v + 2, "0123456789") == strlen(v + 2)) len = (size_t)(v - name);
   for (size_t i = 0; i < tc.nnames; i++)
     if (strlen(tc.names[i]) == len && !strncmp(tc.names[i], name, len)) return (int)i;
   if (grow((void **)&tc.names, &tc.names_cap, tc.nnames, sizeof *tc.names)) return -1;
@@ -83,7 +84,7 @@ static int intern(const void *key, const char *name) {
 
 static void add_gpu(uint64_t start, uint64_t end, uint32_t corr, uint32_t stream, const void *key,
                     const char *name) {
-  const int n = intern(key, name);
+  const int n = intern(key, name, 0);
   if (n < 0 || grow((void **)&tc.gpu, &tc.gpu_cap, tc.ngpu, sizeof *tc.gpu)) {
     tc.oom = 1;
     return;
@@ -95,7 +96,7 @@ static void add_api(const CUpti_ActivityAPI *a, CUpti_CallbackDomain dom) {
   const char *name = NULL;
   if (tc.callback_name(dom, a->cbid, &name) != CUPTI_SUCCESS || !name)
     name = dom == CUPTI_CB_DOMAIN_RUNTIME_API ? "cuda runtime call" : "cuda driver call";
-  const int n = intern(name, name);
+  const int n = intern(name, name, 1);
   if (n < 0 || grow((void **)&tc.api, &tc.api_cap, tc.napi, sizeof *tc.api)) {
     tc.oom = 1;
     return;
@@ -122,8 +123,9 @@ static void CUPTIAPI buf_completed(CUcontext ctx, uint32_t stream, uint8_t *buf,
                                    size_t valid) {
   (void)ctx, (void)stream, (void)size;
   CUpti_Activity *r = NULL;
+  CUptiResult rc = CUPTI_SUCCESS;
   pthread_mutex_lock(&tc.mu);
-  while (buf && tc.next_record(buf, valid, &r) == CUPTI_SUCCESS) {
+  while (buf && (rc = tc.next_record(buf, valid, &r)) == CUPTI_SUCCESS) {
     switch (r->kind) {
     case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
     case CUPTI_ACTIVITY_KIND_KERNEL: {
@@ -152,6 +154,10 @@ static void CUPTIAPI buf_completed(CUcontext ctx, uint32_t stream, uint8_t *buf,
     default: break;
     }
   }
+  /* the end of the buffer, or a record CUPTI had not finished (a flush
+   * before the GPU was done): the rest is lost, and the summary would be
+   * short without saying so */
+  if (buf && rc != CUPTI_ERROR_MAX_LIMIT_REACHED) tc.bad = rc;
   pthread_mutex_unlock(&tc.mu);
   free(buf);
 }
@@ -216,14 +222,16 @@ int trace_cupti_stop(trace_t *t, char *msg, size_t cap) {
   *t = (trace_t){.gpu = tc.gpu, .ngpu = tc.ngpu, .api = tc.api, .napi = tc.napi,
                  .names = tc.names, .nnames = tc.nnames, .t0 = tc.t0, .t1 = t1};
   const int oom = tc.oom;
+  const CUptiResult bad = tc.bad;
   tc.gpu = NULL, tc.api = NULL, tc.names = NULL;
   free(tc.keys), tc.keys = NULL;
   tc.ngpu = tc.gpu_cap = tc.napi = tc.api_cap = tc.nnames = tc.names_cap = 0;
-  tc.oom = 0;
+  tc.oom = 0, tc.bad = CUPTI_SUCCESS;
   pthread_mutex_unlock(&tc.mu);
-  if (rc != CUPTI_SUCCESS) {
+  if (rc != CUPTI_SUCCESS || bad != CUPTI_SUCCESS) {
     trace_cupti_free(t);
-    return fail(msg, cap, "cuptiActivityFlushAll", rc);
+    return fail(msg, cap, rc != CUPTI_SUCCESS ? "cuptiActivityFlushAll" : "a buffer's records",
+                rc != CUPTI_SUCCESS ? rc : bad);
   }
   if (oom) {
     trace_cupti_free(t);
