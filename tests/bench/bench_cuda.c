@@ -180,7 +180,7 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
   snprintf(c.device, sizeof c.device, "cuda");
   snprintf(c.precision, sizeof c.precision, "%s", prec);
   c.batch = B, c.seq_len = T, c.eval_every = 0, c.eval_fraction = 0;
-  if (bench_env_int("FSDP_BENCH_LOGITS_MIB", 1, 1 << 20, &c.logits_chunk_mib)) return 2;
+  if (bench_env_int("FSDP_BENCH_LOGITS_MIB", 1, 4096, &c.logits_chunk_mib)) return 2;
   if (config_resolve(&c)) {
     fprintf(stderr, "bench_cuda: %s\n", err_msg());
     return 2;
@@ -373,7 +373,7 @@ int main(int argc, char **argv) {
   c.batch = B, c.seq_len = T, c.steps = steps + 2 + trace, c.warmup_steps = 2;
   c.eval_every = 0, c.eval_fraction = 0, c.sample_tokens = 0; /* no evaluation */
   if (bench_env_int("FSDP_BENCH_RECOMPUTE", 0, 2, &c.recompute) ||
-      bench_env_int("FSDP_BENCH_LOGITS_MIB", 1, 1 << 20, &c.logits_chunk_mib))
+      bench_env_int("FSDP_BENCH_LOGITS_MIB", 1, 4096, &c.logits_chunk_mib))
     return 2;
   if (config_resolve(&c)) {
     fprintf(stderr, "bench_cuda: %s\n", err_msg());

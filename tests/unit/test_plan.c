@@ -143,6 +143,8 @@ Test(plan, logits_chunk_mib_is_the_chunk_of_both_the_run_and_the_plan) {
   config_t bad = one;
   cr_assert_neq(config_set(&bad, "logits_chunk_mib", "0"), 0);
   cr_assert(strstr(err_msg(), "logits_chunk_mib"), "%s", err_msg());
+  cr_assert_neq(config_set(&bad, "logits_chunk_mib", "4097"), 0, "past 2^30 floats a chunk");
+  cr_assert(strstr(err_msg(), "logits_chunk_mib"), "%s", err_msg());
   free(data);
 }
 
