@@ -41,15 +41,17 @@
  * diagonal or T (warp-uniform).
  *
  * The fragments' layouts are the PTX ISA's for m16n8k16 (kern_cuda_mma_bf16;
- * tests/cuda/emu/cuda_emu.h emulates them). Tiles are staged as 32-bit words
- * of two bf16: a row tile (64 or 128 rows of HS) as rows of HS / 2 + 4 words, and a
- * transposed tile (HS rows of 64) as rows of 36 words, for the operands a
- * product reads down its rows (v in forward, k, q and dout in backward). The
- * padding puts the 32 words a warp's fragment load reads in 32 banks.
- * Tiles of keys wholly after a warp's last query (the causal diagonal) are
- * skipped. Rows past T are staged as zeros and masked. Shared memory is
- * dynamic (tc_*_smem: up to 138.5 KiB, for head size 128's key pass), asked
- * for once (tc_smem_allow); a GPU that gives a block less runs the fp32
+ * tests/cuda/emu/cuda_emu.h emulates them). Every tile is staged as it lies
+ * in memory, a row tile (64 or 128 rows of HS bf16) in rows of HS / 2 + 4
+ * 32-bit words, and the products' operands come from it by ldmatrix
+ * (tc_ldsm), two fragments an instruction: as they are for a product along
+ * the tile's rows (q k^T, dout v^T), transposed (.trans) for one down them
+ * (P v, dS k, P^T dout, dS^T q). The padding puts the 8 rows of 16 bytes
+ * each ldmatrix phase reads in 32 banks. Tiles of keys wholly after a
+ * warp's last query (the causal diagonal) are skipped. Rows past T are
+ * staged as zeros and masked. Shared memory is dynamic (tc_*_smem: up to
+ * 102.5 KiB, for head size 128's key pass), asked for once (tc_smem_allow);
+ * a GPU that gives a block less runs the fp32
  * kernels instead, which keep the same rows. */
 #include <cuda_bf16.h>
 #include <stdint.h>
@@ -59,7 +61,6 @@
 #include "kernels/kern_math.h"
 
 #define TC_ROWS 64                 /* a tile of the other side (keys; the key pass: queries) */
-#define TC_TW (TC_ROWS / 2 + 4)    /* transposed tile: words a row */
 /* Warps a block of each kernel; each owns 16 rows (queries; the key pass:
  * keys), so a block owns 16 x that many, and every tile of the other side it
  * stages serves them all. The forward and the key pass take 8 (128 rows: the
@@ -71,26 +72,26 @@
 #define TC_DKV_WARPS 8
 #define TC_NT (TC_ROWS / 8)        /* a tile's 8-column strips (the products' n) */
 #ifndef TC_STAGE_UNROLL
-#define TC_STAGE_UNROLL 4          /* squares whose loads a thread issues at once (tc_stage): of 8,
-                                      4 and 2 on an H200, 4 was the fastest (docs/PERF.md) */
+#define TC_STAGE_UNROLL 4          /* 16-byte runs whose loads a thread issues at once (tc_stage);
+                                      for the 2 x 2 squares staged before, of 8, 4 and 2 on an
+                                      H200 4 was the fastest (docs/PERF.md) */
 #endif
 
 template <int HS> __host__ __device__ constexpr int tc_rw() { return HS / 2 + 4; } /* row tile: words a row */
 
 /* Shared-memory bytes of each kernel (the layouts below, in this order):
- * its own rows' tiles (16 W rows), the other side's (64 rows, and
- * transposed), and the rows' log-sum-exps and D. */
+ * its own rows' tiles (16 W rows), the other side's (64 rows), and the
+ * rows' log-sum-exps and D. */
 template <int HS> constexpr size_t tc_row_bytes(int rows) { return (size_t)rows * tc_rw<HS>() * 4; }
-template <int HS> constexpr size_t tc_tr_bytes() { return (size_t)HS * TC_TW * 4; }
 template <int HS> constexpr size_t tc_fwd_smem() {
-  return tc_row_bytes<HS>(16 * TC_FWD_WARPS) + tc_row_bytes<HS>(TC_ROWS) + tc_tr_bytes<HS>();
+  return tc_row_bytes<HS>(16 * TC_FWD_WARPS) + 2 * tc_row_bytes<HS>(TC_ROWS);
 }
 template <int HS> constexpr size_t tc_dq_smem() {
-  return 2 * tc_row_bytes<HS>(16 * TC_DQ_WARPS) + 2 * tc_row_bytes<HS>(TC_ROWS) + tc_tr_bytes<HS>() +
+  return 2 * tc_row_bytes<HS>(16 * TC_DQ_WARPS) + 2 * tc_row_bytes<HS>(TC_ROWS) +
          2 * 16 * TC_DQ_WARPS * sizeof(float);
 }
 template <int HS> constexpr size_t tc_dkv_smem() {
-  return 2 * tc_row_bytes<HS>(16 * TC_DKV_WARPS) + 2 * tc_row_bytes<HS>(TC_ROWS) + 2 * tc_tr_bytes<HS>() +
+  return 2 * tc_row_bytes<HS>(16 * TC_DKV_WARPS) + 2 * tc_row_bytes<HS>(TC_ROWS) +
          2 * TC_ROWS * sizeof(float);
 }
 
@@ -135,173 +136,122 @@ __device__ __forceinline__ static float tc_exp2(float x) {
 #define TC_LOG2E 1.44269504088896341f
 #define TC_LN2 0.693147180559945309f
 
-/* Square x of a tile of HS columns, of row pair r / 2 and column pair
- * c / 2: without TR, consecutive squares of a row pair (a warp's row-tile
- * stores in 32 banks); with TR (a transposed tile is written), a warp takes
- * 8 row pairs by 4 column pairs, so that its transposed stores (rows of 36
- * words: word 4 c + r / 2 mod 32) fall in 32 banks, where consecutive
- * column pairs put 32 stores in 4 (helper-62 #7); its row stores then take
- * two rounds. Its global reads are 16 runs of 32 bytes either way. */
-template <int HS, bool TR> __device__ __forceinline__ static void tc_square(int x, int *r, int *c) {
-  if (!TR) {
-    *r = 2 * (x / (HS / 2)), *c = 2 * (x % (HS / 2));
-  } else {
-    const int lane = x % 32, g = x / 32;
-    *r = 2 * (g / (HS / 8) * 8 + lane / 4), *c = 2 * (g % (HS / 8) * 4 + lane % 4);
-  }
-}
-
 /* Stages rows [r0, r0 + ROWS) of one head's HS columns of a (T, ld) bf16
- * matrix (the op's bf16 copy in its scratch): into rows (a row tile, when
- * not NULL) and, with TR, into cols (the transposed tile of 64 rows); rows
+ * matrix (the op's bf16 copy in its scratch) into the row tile rows; rows
  * past T become zeros. The whole block (NTH threads) calls it; each thread
- * reads 2 x 2 squares (tc_square), a word of two bf16 from each of the
- * square's rows, and issues the loads of up to TC_STAGE_UNROLL squares
- * before it waits for any (the staging is the latency the tiles' products
- * wait on). A row tile takes the words as they are; a transposed one pairs
- * the two rows' low halves and their high halves. A row tile alone, where
- * its 8-column runs divide among the threads, moves a run of 8 bf16 with
- * one 16-byte load and one 16-byte store instead (a copy's rows and every
- * head start at a multiple of 8 elements, and the tiles' rows at multiples
- * of 16 bytes; along a row, 8 threads' stores cover 32 banks at head size
- * 64 and 128). */
-template <int HS, int ROWS, int NTH, bool TR = false>
-__device__ static void tc_stage(uint32_t *rows, uint32_t *cols, const uint16_t *src, int64_t ld, int r0, int T) {
-  if constexpr (!TR && ROWS * HS / 8 % NTH == 0) {
-    constexpr int N8 = ROWS * HS / 8 / NTH, U8 = N8 < TC_STAGE_UNROLL ? N8 : TC_STAGE_UNROLL;
-    static_assert(N8 % U8 == 0 && tc_rw<HS>() % 4 == 0, "whole runs a thread, rows of 16 bytes");
-    for (int u0 = 0; u0 < N8; u0 += U8) {
-      uint4 v[U8];
+ * moves runs of 8 bf16, one 16-byte load and one 16-byte store each (a
+ * copy's rows and every head start at a multiple of 8 elements, and the
+ * tile's rows at multiples of 16 bytes), and issues the loads of up to
+ * TC_STAGE_UNROLL runs before it waits for any (the staging is the latency
+ * the tiles' products wait on). */
+template <int HS, int ROWS, int NTH>
+__device__ static void tc_stage(uint32_t *rows, const uint16_t *src, int64_t ld, int r0, int T) {
+  constexpr int RUNS = ROWS * HS / 8, N8 = (RUNS + NTH - 1) / NTH;
+  constexpr int U8 = N8 < TC_STAGE_UNROLL ? N8 : TC_STAGE_UNROLL;
+  static_assert(N8 % U8 == 0 && tc_rw<HS>() % 4 == 0, "whole rounds of runs, rows of 16 bytes");
+  for (int u0 = 0; u0 < N8; u0 += U8) {
+    uint4 v[U8];
 #pragma unroll
-      for (int u = 0; u < U8; u++) {
-        const int x = (int)threadIdx.x + (u0 + u) * NTH, r = x / (HS / 8), c = 8 * (x % (HS / 8));
-        v[u] = r0 + r >= T ? make_uint4(0u, 0u, 0u, 0u) : kern_cuda_load_u16x8(src + (int64_t)(r0 + r) * ld + c);
-      }
-#pragma unroll
-      for (int u = 0; u < U8; u++) {
-        const int x = (int)threadIdx.x + (u0 + u) * NTH, r = x / (HS / 8), c = 8 * (x % (HS / 8));
-        *(uint4 *)(rows + r * tc_rw<HS>() + c / 2) = v[u];
-      }
-    }
-    return;
-  }
-  if constexpr (TR && 4 * HS % NTH == 0 && NTH >= 256) {
-    /* A transposed tile (with its row tile when rows is set): a warp takes
-     * the 32 row pairs of one 8-column run, each lane two 16-byte loads
-     * (its pair's rows), from which it writes 8 transposed words, column c +
-     * k's pair r / 2 at word 36 (c + k) + r / 2: at bank 4 k + lane, 32 banks
-     * a store. The blocks of 8 warps only: the query pass (4) keeps the
-     * squares, as these took it past its 170 registers (a spill). */
-    constexpr int N16 = 4 * HS / NTH, U16 = N16 < TC_STAGE_UNROLL ? N16 : TC_STAGE_UNROLL;
-    static_assert(ROWS == 64 && N16 % U16 == 0 && tc_rw<HS>() % 4 == 0, "64 rows: 32 pairs a run");
-    for (int u0 = 0; u0 < N16; u0 += U16) {
-      uint4 v[U16][2];
-#pragma unroll
-      for (int u = 0; u < U16; u++) {
-        const int x = (int)threadIdx.x + (u0 + u) * NTH, r = 2 * (x % 32), c = 8 * (x / 32);
-#pragma unroll
-        for (int y = 0; y < 2; y++)
-          v[u][y] = r0 + r + y >= T ? make_uint4(0u, 0u, 0u, 0u)
-                                    : kern_cuda_load_u16x8(src + (int64_t)(r0 + r + y) * ld + c);
-      }
-#pragma unroll
-      for (int u = 0; u < U16; u++) {
-        const int x = (int)threadIdx.x + (u0 + u) * NTH, r = 2 * (x % 32), c = 8 * (x / 32);
-        if (rows)
-          *(uint4 *)(rows + r * tc_rw<HS>() + c / 2) = v[u][0],
-          *(uint4 *)(rows + (r + 1) * tc_rw<HS>() + c / 2) = v[u][1];
-        const uint32_t a[4] = {v[u][0].x, v[u][0].y, v[u][0].z, v[u][0].w},
-                       b[4] = {v[u][1].x, v[u][1].y, v[u][1].z, v[u][1].w};
-#pragma unroll
-        for (int k = 0; k < 4; k++) /* word k holds columns c + 2k (low) and c + 2k + 1 (high) */
-          cols[(c + 2 * k) * TC_TW + r / 2] = (a[k] & 0xffffu) | b[k] << 16,
-          cols[(c + 2 * k + 1) * TC_TW + r / 2] = a[k] >> 16 | (b[k] & 0xffff0000u);
-      }
-    }
-    return;
-  }
-  constexpr int THREADS = NTH, SQUARES = ROWS / 2 * HS / 2, N = SQUARES / THREADS;
-  constexpr int U = N < TC_STAGE_UNROLL ? N : TC_STAGE_UNROLL;
-  static_assert(SQUARES % THREADS == 0 && N % U == 0 && THREADS % 32 == 0, "whole squares a thread");
-  static_assert(!TR || (ROWS == TC_ROWS && HS % 8 == 0), "transposed: 64 rows, whole groups of 4 column pairs");
-  for (int u0 = 0; u0 < N; u0 += U) {
-    uint32_t v[U][2]; /* a square's two rows: column c low, c + 1 high (little-endian) */
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-      int r, c;
-      tc_square<HS, TR>((int)threadIdx.x + (u0 + u) * THREADS, &r, &c);
-#pragma unroll
-      for (int y = 0; y < 2; y++) /* c and ld are even, the copy 16-byte aligned: whole words */
-        v[u][y] = r0 + r + y >= T ? 0u : *(const uint32_t *)(src + (int64_t)(r0 + r + y) * ld + c);
+    for (int u = 0; u < U8; u++) {
+      const int x = (int)threadIdx.x + (u0 + u) * NTH, r = x / (HS / 8), c = 8 * (x % (HS / 8));
+      v[u] = (RUNS % NTH && x >= RUNS) || r0 + r >= T ? make_uint4(0u, 0u, 0u, 0u)
+                                                       : kern_cuda_load_u16x8(src + (int64_t)(r0 + r) * ld + c);
     }
 #pragma unroll
-    for (int u = 0; u < U; u++) {
-      int r, c;
-      tc_square<HS, TR>((int)threadIdx.x + (u0 + u) * THREADS, &r, &c);
-      if (rows) rows[r * tc_rw<HS>() + c / 2] = v[u][0], rows[(r + 1) * tc_rw<HS>() + c / 2] = v[u][1];
-      if (TR)
-        cols[c * TC_TW + r / 2] = (v[u][0] & 0xffffu) | v[u][1] << 16,
-        cols[(c + 1) * TC_TW + r / 2] = v[u][0] >> 16 | (v[u][1] & 0xffff0000u);
+    for (int u = 0; u < U8; u++) {
+      const int x = (int)threadIdx.x + (u0 + u) * NTH, r = x / (HS / 8), c = 8 * (x % (HS / 8));
+      if (!(RUNS % NTH) || x < RUNS) *(uint4 *)(rows + r * tc_rw<HS>() + c / 2) = v[u];
     }
   }
 }
 
-/* The a operand (16 x 16) at p: rows of w words, 8 words (16 columns) from p. */
-__device__ __forceinline__ static void tc_load_a(uint32_t a[4], const uint32_t *p, int w) {
-  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-  a[0] = p[g * w + t], a[1] = p[(g + 8) * w + t], a[2] = p[g * w + 4 + t], a[3] = p[(g + 8) * w + 4 + t];
-}
-
-/* The b operand (16 x 8) whose column n is row n of the tile at p (rows of
- * w words, its 16 k from p): b = x^T for x the 8 rows from p. */
-__device__ __forceinline__ static void tc_load_b(uint32_t b[2], const uint32_t *p, int w) {
-  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-  b[0] = p[g * w + t], b[1] = p[g * w + 4 + t];
+/* ldmatrix.sync.aligned.m8n8.xN{.trans}.shared.b16: N 8 x 8 matrices of
+ * bf16 from shared memory, a warp collective. Lane l gives in row the
+ * address of row l % 8 of matrix l / 8 (16 bytes, 16-byte aligned; lanes
+ * from 8N on are ignored); r[m] gets matrix m's row g, columns 2t and 2t +
+ * 1 (g = lane / 4, t = lane % 4: the fragment layout of mma's a and b), or
+ * with TR its column g, rows 2t and 2t + 1 (the lower row in the low half).
+ * One instruction for what took 2N 32-bit loads; TR reads a row tile as the
+ * b operand of a product down its rows (P v, dS k, P^T dout, dS^T q), where
+ * a transposed copy was staged before. */
+template <int N, bool TR> __device__ __forceinline__ static void tc_ldsm(uint32_t r[N], const uint32_t *row) {
+#ifdef FSDP_CUDA_EMU_H
+  emu::ldmatrix<N, TR>(r, row);
+#else
+  const unsigned a = (unsigned)__cvta_generic_to_shared(row);
+  if constexpr (N == 4 && TR)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+  else if constexpr (N == 4)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1]) : "r"(a));
+  static_assert(N == 4 || (N == 2 && !TR), "the forms used here");
+#endif
 }
 
 /* s[n] = a (16 x HS, KS fragments) @ x^T for the 8 rows of strip n of the
  * row tile x (64 rows of HS), for the strips n in [lo, hi); the others are
- * zeros. */
+ * zeros. b's fragments for two 16-column slices (one at head size 16) come
+ * from one ldmatrix: lane l's row is the strip's row l % 8, at slice word
+ * 4 (l / 8). */
 template <int HS>
 __device__ __forceinline__ static void tc_scores(float s[TC_NT][4], const uint32_t a[HS / 16][4],
                                                  const uint32_t *x, int lo, int hi) {
+  const int l = threadIdx.x % 32;
+  const uint32_t *xl = x + (l % 8) * tc_rw<HS>() + 4 * (HS >= 32 ? l / 8 : l / 8 % 2);
 #pragma unroll
   for (int n = 0; n < TC_NT; n++) {
     s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
     if (n < lo || n >= hi) continue; /* warp-uniform */
+    if constexpr (HS >= 32) {
 #pragma unroll
-    for (int k = 0; k < HS / 16; k++) {
+      for (int k = 0; k < HS / 16; k += 2) {
+        uint32_t b[4];
+        tc_ldsm<4, false>(b, xl + 8 * n * tc_rw<HS>() + 8 * k);
+        kern_cuda_mma_bf16(s[n], a[k], b);
+        kern_cuda_mma_bf16(s[n], a[k + 1], b + 2);
+      }
+    } else {
       uint32_t b[2];
-      tc_load_b(b, x + 8 * n * tc_rw<HS>() + 8 * k, tc_rw<HS>());
-      kern_cuda_mma_bf16(s[n], a[k], b);
+      tc_ldsm<2, false>(b, xl + 8 * n * tc_rw<HS>());
+      kern_cuda_mma_bf16(s[n], a[0], b);
     }
   }
 }
 
-/* acc[d] += p (16 x 64, s's accumulators as bf16) @ y for the transposed
- * tile y (HS rows of 64), over the 16-column slices holding strips in
- * [lo, hi). */
+/* acc[d] += p (16 x 64, s's accumulators as bf16) @ y for the row tile y
+ * (64 rows of HS), over the 16-row slices holding strips in [lo, hi). b's
+ * fragments for two 8-column strips of y come from one ldmatrix.trans:
+ * lane l's row is the slice's row l % 16, at word 4 (d + l / 16). */
 template <int HS>
 __device__ __forceinline__ static void tc_accumulate(float acc[HS / 8][4], const float p[TC_NT][4],
                                                      const uint32_t *y, int lo, int hi) {
+  const int l = threadIdx.x % 32;
+  const uint32_t *yl = y + (l % 16) * tc_rw<HS>() + 4 * (l / 16);
 #pragma unroll
   for (int k = 0; k < TC_NT / 2; k++) {
     if (2 * k + 1 < lo || 2 * k >= hi) continue; /* warp-uniform */
     const uint32_t a[4] = {tc_pack(p[2 * k][0], p[2 * k][1]), tc_pack(p[2 * k][2], p[2 * k][3]),
                            tc_pack(p[2 * k + 1][0], p[2 * k + 1][1]), tc_pack(p[2 * k + 1][2], p[2 * k + 1][3])};
 #pragma unroll
-    for (int d = 0; d < HS / 8; d++) {
-      uint32_t b[2];
-      tc_load_b(b, y + 8 * d * TC_TW + 8 * k, TC_TW);
+    for (int d = 0; d < HS / 8; d += 2) {
+      uint32_t b[4];
+      tc_ldsm<4, true>(b, yl + 16 * k * tc_rw<HS>() + 4 * d);
       kern_cuda_mma_bf16(acc[d], a, b);
+      kern_cuda_mma_bf16(acc[d + 1], a, b + 2);
     }
   }
 }
 
-/* A warp's 16 rows of a row tile as a operands. */
+/* A warp's 16 rows of a row tile as a operands: one ldmatrix a 16 x 16
+ * slice, lane l's row l % 16 at word 4 (l / 16). */
 template <int HS> __device__ __forceinline__ static void tc_load_rows(uint32_t a[HS / 16][4], const uint32_t *x) {
+  const int l = threadIdx.x % 32;
 #pragma unroll
-  for (int k = 0; k < HS / 16; k++) tc_load_a(a[k], x + 8 * k, tc_rw<HS>());
+  for (int k = 0; k < HS / 16; k++) tc_ldsm<4, false>(a[k], x + (l % 16) * tc_rw<HS>() + 4 * (l / 16) + 8 * k);
 }
 
 /* Row r0 + g and r0 + g + 8 of an (n, ld) matrix at dst, columns 2t and
@@ -360,12 +310,12 @@ __global__ static void __launch_bounds__(TC_FWD_WARPS * 32, HS <= 64 ? 2 : 1) /*
   constexpr int OWN = 16 * TC_FWD_WARPS, NTH = 32 * TC_FWD_WARPS;
   const float sl2 = scale * TC_LOG2E; /* the scores in base 2 */
   extern __shared__ __align__(128) unsigned char tc_smem[];
-  uint32_t *Qs = (uint32_t *)tc_smem, *Ks = Qs + OWN * tc_rw<HS>(), *Vt = Ks + TC_ROWS * tc_rw<HS>();
+  uint32_t *Qs = (uint32_t *)tc_smem, *Ks = Qs + OWN * tc_rw<HS>(), *Vs = Ks + TC_ROWS * tc_rw<HS>();
   const int b = blockIdx.z, h = blockIdx.y, NH = gridDim.y, q0 = blockIdx.x * OWN;
   const int w0 = threadIdx.x / 32 * 16, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
   const int64_t C3 = 3 * (int64_t)C;
   const uint16_t *base = qkv + (int64_t)b * T * C3 + (int64_t)h * HS;
-  tc_stage<HS, OWN, NTH>(Qs, NULL, base, C3, q0, T);
+  tc_stage<HS, OWN, NTH>(Qs, base, C3, q0, T);
   __syncthreads();
   uint32_t qa[HS / 16][4];
   tc_load_rows<HS>(qa, Qs + w0 * tc_rw<HS>());
@@ -375,8 +325,8 @@ __global__ static void __launch_bounds__(TC_FWD_WARPS * 32, HS <= 64 ? 2 : 1) /*
   const int kend = min(T, q0 + OWN); /* the block's last query sees keys < kend */
   for (int j0 = 0; j0 < kend; j0 += TC_ROWS) {
     __syncthreads(); /* the previous tile is read */
-    tc_stage<HS, TC_ROWS, NTH>(Ks, NULL, base + C, C3, j0, T);
-    tc_stage<HS, TC_ROWS, NTH, true>(NULL, Vt, base + 2 * C, C3, j0, T);
+    tc_stage<HS, TC_ROWS, NTH>(Ks, base + C, C3, j0, T);
+    tc_stage<HS, TC_ROWS, NTH>(Vs, base + 2 * C, C3, j0, T);
     __syncthreads();
     if (j0 > q0 + w0 + 15) continue; /* warp-uniform: every key after the warp's rows */
     /* strips with a key at or before the warp's last row (at least one) */
@@ -409,7 +359,7 @@ __global__ static void __launch_bounds__(TC_FWD_WARPS * 32, HS <= 64 ? 2 : 1) /*
     for (int r = 0; r < 2; r++) l[r] = l[r] * corr[r] + sum[r]; /* this lane's columns; the quad's at the end */
 #pragma unroll
     for (int d = 0; d < HS / 8; d++) o[d][0] *= corr[0], o[d][1] *= corr[0], o[d][2] *= corr[1], o[d][3] *= corr[1];
-    tc_accumulate<HS>(o, s, Vt, 0, hi);
+    tc_accumulate<HS>(o, s, Vs, 0, hi);
   }
   float inv[2];
 #pragma unroll
@@ -433,15 +383,15 @@ __global__ static void __launch_bounds__(TC_DQ_WARPS * 32, HS <= 64 ? 3 : 1) /* 
   extern __shared__ __align__(128) unsigned char tc_smem[];
   constexpr int OWN = 16 * TC_DQ_WARPS, NTH = 32 * TC_DQ_WARPS;
   uint32_t *Qs = (uint32_t *)tc_smem, *dOs = Qs + OWN * tc_rw<HS>(), *Ks = dOs + OWN * tc_rw<HS>(),
-           *Vs = Ks + TC_ROWS * tc_rw<HS>(), *Kt = Vs + TC_ROWS * tc_rw<HS>();
-  float *Lq = (float *)(Kt + HS * TC_TW), *Dq = Lq + OWN;
+           *Vs = Ks + TC_ROWS * tc_rw<HS>();
+  float *Lq = (float *)(Vs + TC_ROWS * tc_rw<HS>()), *Dq = Lq + OWN;
   const int b = blockIdx.z, h = blockIdx.y, NH = gridDim.y, q0 = blockIdx.x * OWN;
   const int w0 = threadIdx.x / 32 * 16, lane = threadIdx.x % 32, g = lane / 4;
   const int64_t C3 = 3 * (int64_t)C;
   const uint16_t *base = qkv + (int64_t)b * T * C3 + (int64_t)h * HS;
   const float *dbase = dout + (int64_t)b * T * C + (int64_t)h * HS; /* D's: fp32 */
-  tc_stage<HS, OWN, NTH>(Qs, NULL, base, C3, q0, T);
-  tc_stage<HS, OWN, NTH>(dOs, NULL, dout16 + (int64_t)b * T * C + (int64_t)h * HS, C, q0, T);
+  tc_stage<HS, OWN, NTH>(Qs, base, C3, q0, T);
+  tc_stage<HS, OWN, NTH>(dOs, dout16 + (int64_t)b * T * C + (int64_t)h * HS, C, q0, T);
   { /* the warp's rows' D (a warp sum each, every row's loads issued first) and lse */
     float d[16];
 #pragma unroll
@@ -474,8 +424,8 @@ __global__ static void __launch_bounds__(TC_DQ_WARPS * 32, HS <= 64 ? 3 : 1) /* 
   const int kend = min(T, q0 + OWN);
   for (int j0 = 0; j0 < kend; j0 += TC_ROWS) {
     __syncthreads();
-    tc_stage<HS, TC_ROWS, NTH, true>(Ks, Kt, base + C, C3, j0, T);
-    tc_stage<HS, TC_ROWS, NTH>(Vs, NULL, base + 2 * C, C3, j0, T);
+    tc_stage<HS, TC_ROWS, NTH>(Ks, base + C, C3, j0, T);
+    tc_stage<HS, TC_ROWS, NTH>(Vs, base + 2 * C, C3, j0, T);
     __syncthreads();
     if (j0 > q0 + w0 + 15) continue; /* warp-uniform: every key after the warp's rows */
     const int hi = min(TC_NT, (q0 + w0 + 15 - j0) / 8 + 1);
@@ -487,7 +437,7 @@ __global__ static void __launch_bounds__(TC_DQ_WARPS * 32, HS <= 64 ? 3 : 1) /* 
     for (int n = 0; n < TC_NT; n++)
 #pragma unroll
       for (int e = 0; e < 4; e++) s[n][e] = tc_exp2(s[n][e] - L[e / 2]) * (dp[n][e] - D[e / 2]); /* dS */
-    tc_accumulate<HS>(dq, s, Kt, 0, hi);
+    tc_accumulate<HS>(dq, s, Ks, 0, hi);
   }
   tc_put_rows<HS>(dqkv + (int64_t)b * T * C3 + (int64_t)h * HS, C3, q0 + w0, T, dq, scale, 1);
 }
@@ -502,15 +452,15 @@ __global__ static void __launch_bounds__(TC_DKV_WARPS * 32)
   extern __shared__ __align__(128) unsigned char tc_smem[];
   constexpr int OWN = 16 * TC_DKV_WARPS, NTH = 32 * TC_DKV_WARPS;
   uint32_t *Ks = (uint32_t *)tc_smem, *Vs = Ks + OWN * tc_rw<HS>(), *Qs = Vs + OWN * tc_rw<HS>(),
-           *dOs = Qs + TC_ROWS * tc_rw<HS>(), *Qt = dOs + TC_ROWS * tc_rw<HS>(), *dOt = Qt + HS * TC_TW;
-  float *Lq = (float *)(dOt + HS * TC_TW), *Dq = Lq + TC_ROWS;
+           *dOs = Qs + TC_ROWS * tc_rw<HS>();
+  float *Lq = (float *)(dOs + TC_ROWS * tc_rw<HS>()), *Dq = Lq + TC_ROWS;
   const int b = blockIdx.z, h = blockIdx.y, NH = gridDim.y, k0 = blockIdx.x * OWN;
   const int w0 = threadIdx.x / 32 * 16, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
   const int64_t C3 = 3 * (int64_t)C, rows = ((int64_t)b * NH + h) * T;
   const uint16_t *base = qkv + (int64_t)b * T * C3 + (int64_t)h * HS;
   const uint16_t *dbase = dout + (int64_t)b * T * C + (int64_t)h * HS;
-  tc_stage<HS, OWN, NTH>(Ks, NULL, base + C, C3, k0, T);
-  tc_stage<HS, OWN, NTH>(Vs, NULL, base + 2 * C, C3, k0, T);
+  tc_stage<HS, OWN, NTH>(Ks, base + C, C3, k0, T);
+  tc_stage<HS, OWN, NTH>(Vs, base + 2 * C, C3, k0, T);
   __syncthreads();
   uint32_t ka[HS / 16][4], va[HS / 16][4];
   tc_load_rows<HS>(ka, Ks + w0 * tc_rw<HS>());
@@ -523,8 +473,8 @@ __global__ static void __launch_bounds__(TC_DKV_WARPS * 32)
   const float sl2 = scale * TC_LOG2E;
   for (int i0 = k0; i0 < T; i0 += TC_ROWS) { /* k0 is a tile edge: the first tile holds key k0's query */
     __syncthreads();
-    tc_stage<HS, TC_ROWS, NTH, true>(Qs, Qt, base, C3, i0, T);
-    tc_stage<HS, TC_ROWS, NTH, true>(dOs, dOt, dbase, C, i0, T);
+    tc_stage<HS, TC_ROWS, NTH>(Qs, base, C3, i0, T);
+    tc_stage<HS, TC_ROWS, NTH>(dOs, dbase, C, i0, T);
     for (int c = threadIdx.x; c < TC_ROWS; c += blockDim.x) {
       const int i = i0 + c;
       Lq[c] = i < T ? lse[rows + i] * TC_LOG2E : 0.0f; /* base 2 */
@@ -547,8 +497,8 @@ __global__ static void __launch_bounds__(TC_DKV_WARPS * 32)
         const float p = !edge || (j < T && i < T && i >= j) ? tc_exp2(fmaf(s[n][e], sl2, -Lq[c])) : 0.0f;
         s[n][e] = p, dp[n][e] = p * (dp[n][e] - Dq[c]); /* P^T, dS^T */
       }
-    tc_accumulate<HS>(dv, s, dOt, lo, TC_NT);
-    tc_accumulate<HS>(dk, dp, Qt, lo, TC_NT);
+    tc_accumulate<HS>(dv, s, dOs, lo, TC_NT);
+    tc_accumulate<HS>(dk, dp, Qs, lo, TC_NT);
   }
   float *kbase = dqkv + (int64_t)b * T * C3 + (int64_t)h * HS;
   tc_put_rows<HS>(kbase + C, C3, k0 + w0, T, dk, scale, 1);

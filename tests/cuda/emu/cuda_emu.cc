@@ -230,6 +230,11 @@ void warp_exchange(const void *v, void *out, size_t bytes, int src) {
 
 void *dyn_smem(void) { return smem_ptr; }
 
+bool in_dyn_smem(const void *p, size_t bytes) {
+  const unsigned char *c = (const unsigned char *)p;
+  return c >= smem_ptr && bytes <= smem_bytes && (size_t)(c - smem_ptr) <= smem_bytes - bytes;
+}
+
 } /* namespace emu */
 
 extern "C" [[noreturn]] void emu_fiber_main(emu::thread *t) {

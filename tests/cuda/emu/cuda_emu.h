@@ -103,6 +103,8 @@ void warp_exchange(const void *v, void *out, size_t bytes, int src);
 /* Every lane gets every lane's `bytes` of `v`, in lane order, into all[32]. */
 void warp_gather(const void *v, void *all, size_t bytes);
 void *dyn_smem(void);
+/* Do bytes at p lie inside the running block's dynamic shared memory? */
+bool in_dyn_smem(const void *p, size_t bytes);
 /* Is [p, p + n) inside one cudaMalloc'ed buffer? */
 bool device_range(const void *p, size_t n);
 /* One of cuda_impl.h's 16-byte loads or stores (what: the helper) at p:
@@ -207,6 +209,39 @@ static inline void mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint
   }
   sync_warp(3); /* every lane has read a and b */
   for (int e = 0; e < 4; e++) d[e] = out[e];
+}
+} /* namespace emu */
+
+/* ldmatrix.sync.aligned.m8n8.xN{.trans}.shared.b16 (attention_tc.cu's
+ * tc_ldsm): lane l gives the address of row l % 8 of matrix l / 8 (lanes
+ * from 8N on: ignored), 16 bytes of the block's dynamic shared memory,
+ * 16-byte aligned (else the run stops, naming the lane); with g = lane / 4
+ * and t = lane % 4, r[m] gets matrix m's row g, the bf16 at columns 2t and
+ * 2t + 1 (the lower in the low half), or with TR its column g at rows 2t
+ * and 2t + 1. A warp collective: every lane reads before any goes on. */
+namespace emu {
+template <int N, bool TR> static inline void ldmatrix(uint32_t r[N], const void *row) {
+  static_assert(N == 1 || N == 2 || N == 4, "ldmatrix takes 1, 2 or 4 matrices");
+  const void *all[32];
+  warp_gather(&row, all, sizeof row);
+  for (int l = 0; l < 8 * N; l++)
+    if ((uintptr_t)all[l] % 16 || !in_dyn_smem(all[l], 16))
+      fail("ldmatrix: lane %d's row address %p is not 16 aligned bytes of the block's dynamic "
+           "shared memory", l, all[l]);
+  const int g = (cur->lin & 31) / 4, t = (cur->lin & 31) % 4;
+  uint32_t out[N];
+  for (int m = 0; m < N; m++) {
+    if (!TR) {
+      memcpy(&out[m], (const char *)all[8 * m + g] + 4 * t, 4);
+    } else {
+      uint16_t lo, hi;
+      memcpy(&lo, (const char *)all[8 * m + 2 * t] + 2 * g, 2);
+      memcpy(&hi, (const char *)all[8 * m + 2 * t + 1] + 2 * g, 2);
+      out[m] = lo | (uint32_t)hi << 16;
+    }
+  }
+  sync_warp(4); /* every lane has read */
+  for (int m = 0; m < N; m++) r[m] = out[m];
 }
 } /* namespace emu */
 
