@@ -49,9 +49,12 @@
  * (P v, dS k, P^T dout, dS^T q). The padding puts the 8 rows of 16 bytes
  * each ldmatrix phase reads in 32 banks. Tiles of keys wholly after a
  * warp's last query (the causal diagonal) are skipped. Rows past T are
- * staged as zeros and masked. Shared memory is dynamic (tc_*_smem: up to
- * 102.5 KiB, for head size 128's key pass), asked for once (tc_smem_allow);
- * a GPU that gives a block less runs the fp32
+ * staged as zeros and masked. The other side's tiles are double buffered:
+ * each is copied by cp.async (global to shared memory, no registers in
+ * between) while the products of the one before run, and waited for
+ * (tc_cp_wait, then a barrier) only when its turn comes. Shared memory is
+ * dynamic (tc_*_smem: up to 137 KiB, for head size 128's key pass), asked
+ * for once (tc_smem_allow); a GPU that gives a block less runs the fp32
  * kernels instead, which keep the same rows. */
 #include <cuda_bf16.h>
 #include <stdint.h>
@@ -71,28 +74,25 @@
 #define TC_DQ_WARPS 4
 #define TC_DKV_WARPS 8
 #define TC_NT (TC_ROWS / 8)        /* a tile's 8-column strips (the products' n) */
-#ifndef TC_STAGE_UNROLL
-#define TC_STAGE_UNROLL 4          /* 16-byte runs whose loads a thread issues at once (tc_stage);
-                                      for the 2 x 2 squares staged before, of 8, 4 and 2 on an
-                                      H200 4 was the fastest (docs/PERF.md) */
-#endif
 
 template <int HS> __host__ __device__ constexpr int tc_rw() { return HS / 2 + 4; } /* row tile: words a row */
 
 /* Shared-memory bytes of each kernel (the layouts below, in this order):
- * its own rows' tiles (16 W rows), the other side's (64 rows), and the
- * rows' log-sum-exps and D. */
+ * its own rows' tiles (16 W rows), two buffers of the other side's (64
+ * rows each: the tile the products read and the next one, being copied),
+ * and the key pass's two buffers of those rows' log-sum-exps and D (the
+ * query pass: its own rows'). */
 template <int HS> constexpr size_t tc_row_bytes(int rows) { return (size_t)rows * tc_rw<HS>() * 4; }
 template <int HS> constexpr size_t tc_fwd_smem() {
-  return tc_row_bytes<HS>(16 * TC_FWD_WARPS) + 2 * tc_row_bytes<HS>(TC_ROWS);
+  return tc_row_bytes<HS>(16 * TC_FWD_WARPS) + 4 * tc_row_bytes<HS>(TC_ROWS);
 }
 template <int HS> constexpr size_t tc_dq_smem() {
-  return 2 * tc_row_bytes<HS>(16 * TC_DQ_WARPS) + 2 * tc_row_bytes<HS>(TC_ROWS) +
+  return 2 * tc_row_bytes<HS>(16 * TC_DQ_WARPS) + 4 * tc_row_bytes<HS>(TC_ROWS) +
          2 * 16 * TC_DQ_WARPS * sizeof(float);
 }
 template <int HS> constexpr size_t tc_dkv_smem() {
-  return 2 * tc_row_bytes<HS>(16 * TC_DKV_WARPS) + 2 * tc_row_bytes<HS>(TC_ROWS) +
-         2 * TC_ROWS * sizeof(float);
+  return 2 * tc_row_bytes<HS>(16 * TC_DKV_WARPS) + 4 * tc_row_bytes<HS>(TC_ROWS) +
+         4 * TC_ROWS * sizeof(float);
 }
 
 /* d += a b on the tensor cores: a 16 x 16 and b 16 x 8, bf16, d fp32, in
@@ -136,32 +136,54 @@ __device__ __forceinline__ static float tc_exp2(float x) {
 #define TC_LOG2E 1.44269504088896341f
 #define TC_LN2 0.693147180559945309f
 
+/* cp.async: 16 bytes from src (device memory) into dst (shared memory),
+ * 16-byte aligned both, without passing through registers; zeros where
+ * !valid (a source size of 0: src is then any mapped address, not read).
+ * The copy lands by a later tc_cp_wait; its group is closed by
+ * tc_cp_commit. On the emulator the copy lands only at the wait
+ * (emu::cp_async), so a tile read before its wait and barrier fails the
+ * tests. */
+__device__ __forceinline__ static void tc_cp_async(void *dst, const void *src, bool valid) {
+#ifdef FSDP_CUDA_EMU_H
+  emu::cp_async(dst, src, 16, valid ? 16 : 0);
+#else
+  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
+#endif
+}
+__device__ __forceinline__ static void tc_cp_commit(void) {
+#ifdef FSDP_CUDA_EMU_H
+  emu::cp_async_commit();
+#else
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+/* Waits for the thread's copies of every group committed but the N latest. */
+template <int N> __device__ __forceinline__ static void tc_cp_wait(void) {
+#ifdef FSDP_CUDA_EMU_H
+  emu::cp_async_wait(N);
+#else
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
 /* Stages rows [r0, r0 + ROWS) of one head's HS columns of a (T, ld) bf16
  * matrix (the op's bf16 copy in its scratch) into the row tile rows; rows
  * past T become zeros. The whole block (NTH threads) calls it; each thread
- * moves runs of 8 bf16, one 16-byte load and one 16-byte store each (a
- * copy's rows and every head start at a multiple of 8 elements, and the
- * tile's rows at multiples of 16 bytes), and issues the loads of up to
- * TC_STAGE_UNROLL runs before it waits for any (the staging is the latency
- * the tiles' products wait on). */
+ * copies runs of 8 bf16 with cp.async, 16 bytes each (a copy's rows and
+ * every head start at a multiple of 8 elements, and the tile's rows at
+ * multiples of 16 bytes), which go on while the block computes: the caller
+ * commits them and waits (tc_cp_wait) before a barrier and the reads. */
 template <int HS, int ROWS, int NTH>
 __device__ static void tc_stage(uint32_t *rows, const uint16_t *src, int64_t ld, int r0, int T) {
-  constexpr int RUNS = ROWS * HS / 8, N8 = (RUNS + NTH - 1) / NTH;
-  constexpr int U8 = N8 < TC_STAGE_UNROLL ? N8 : TC_STAGE_UNROLL;
-  static_assert(N8 % U8 == 0 && tc_rw<HS>() % 4 == 0, "whole rounds of runs, rows of 16 bytes");
-  for (int u0 = 0; u0 < N8; u0 += U8) {
-    uint4 v[U8];
+  static_assert(tc_rw<HS>() % 4 == 0, "rows of 16 bytes");
+  constexpr int RUNS = ROWS * HS / 8;
 #pragma unroll
-    for (int u = 0; u < U8; u++) {
-      const int x = (int)threadIdx.x + (u0 + u) * NTH, r = x / (HS / 8), c = 8 * (x % (HS / 8));
-      v[u] = (RUNS % NTH && x >= RUNS) || r0 + r >= T ? make_uint4(0u, 0u, 0u, 0u)
-                                                       : kern_cuda_load_u16x8(src + (int64_t)(r0 + r) * ld + c);
-    }
-#pragma unroll
-    for (int u = 0; u < U8; u++) {
-      const int x = (int)threadIdx.x + (u0 + u) * NTH, r = x / (HS / 8), c = 8 * (x % (HS / 8));
-      if (!(RUNS % NTH) || x < RUNS) *(uint4 *)(rows + r * tc_rw<HS>() + c / 2) = v[u];
-    }
+  for (int x0 = 0; x0 < RUNS; x0 += NTH) {
+    const int x = x0 + (int)threadIdx.x, r = x / (HS / 8), c = 8 * (x % (HS / 8));
+    if (RUNS % NTH && x >= RUNS) break;
+    const bool in = r0 + r < T;
+    tc_cp_async(rows + r * tc_rw<HS>() + c / 2, in ? src + (int64_t)(r0 + r) * ld + c : src, in);
   }
 }
 
@@ -303,6 +325,47 @@ __device__ __forceinline__ static float tc_quad_sum(float v) {
   return v;
 }
 
+/* One key tile of the forward for a warp's 16 query rows from i0: the
+ * scores against the 64 keys from j0 (tile Ks), the online softmax's m and
+ * l (this lane's rows and columns) and the output o rescaled and
+ * accumulated with P v (tile Vs). Some key is at or before the warp's last
+ * row. */
+template <int HS>
+__device__ __forceinline__ static void tc_fwd_tile(float o[HS / 8][4], float m[2], float l[2],
+                                                   const uint32_t qa[HS / 16][4], const uint32_t *Ks,
+                                                   const uint32_t *Vs, float sl2, int i0, int j0, int T) {
+  const int hi = min(TC_NT, (i0 + 15 - j0) / 8 + 1);
+  float s[TC_NT][4];
+  tc_scores<HS>(s, qa, Ks, 0, hi);
+  /* the mask only where the tile holds a key after a row, or a row past T */
+  tc_scale_mask(s, sl2, i0, j0, T, j0 + TC_ROWS - 1 > i0 || i0 + 15 >= T);
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int n = 0; n < TC_NT; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
+  float corr[2], sum[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const float mn = fmaxf(m[r], tc_quad_max(mx[r]));
+    corr[r] = m[r] == -INFINITY ? 0.0f : tc_exp2(m[r] - mn); /* nothing seen yet: o and l are 0 */
+    m[r] = mn;
+  }
+  /* a row past T has m = -inf and NaN here: only its own outputs, never written */
+#pragma unroll
+  for (int n = 0; n < TC_NT; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      s[n][e] = tc_exp2(s[n][e] - m[e / 2]);
+      sum[e / 2] += s[n][e];
+    }
+#pragma unroll
+  for (int r = 0; r < 2; r++) l[r] = l[r] * corr[r] + sum[r]; /* this lane's columns; the quad's at the end */
+#pragma unroll
+  for (int d = 0; d < HS / 8; d++) o[d][0] *= corr[0], o[d][1] *= corr[0], o[d][2] *= corr[1], o[d][3] *= corr[1];
+  tc_accumulate<HS>(o, s, Vs, 0, hi);
+}
+
 /* Forward: out, and lse (B, NH, T) = m + log(l) of each query row. */
 template <int HS>
 __global__ static void __launch_bounds__(TC_FWD_WARPS * 32, HS <= 64 ? 2 : 1) /* 2: 128 registers */
@@ -310,12 +373,17 @@ __global__ static void __launch_bounds__(TC_FWD_WARPS * 32, HS <= 64 ? 2 : 1) /*
   constexpr int OWN = 16 * TC_FWD_WARPS, NTH = 32 * TC_FWD_WARPS;
   const float sl2 = scale * TC_LOG2E; /* the scores in base 2 */
   extern __shared__ __align__(128) unsigned char tc_smem[];
-  uint32_t *Qs = (uint32_t *)tc_smem, *Ks = Qs + OWN * tc_rw<HS>(), *Vs = Ks + TC_ROWS * tc_rw<HS>();
+  constexpr int TILE = TC_ROWS * tc_rw<HS>(); /* words of a 64-row tile */
+  uint32_t *Qs = (uint32_t *)tc_smem, *KV = Qs + OWN * tc_rw<HS>(); /* KV: two buffers of K, V */
   const int b = blockIdx.z, h = blockIdx.y, NH = gridDim.y, q0 = blockIdx.x * OWN;
   const int w0 = threadIdx.x / 32 * 16, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
   const int64_t C3 = 3 * (int64_t)C;
   const uint16_t *base = qkv + (int64_t)b * T * C3 + (int64_t)h * HS;
   tc_stage<HS, OWN, NTH>(Qs, base, C3, q0, T);
+  tc_stage<HS, TC_ROWS, NTH>(KV, base + C, C3, 0, T);
+  tc_stage<HS, TC_ROWS, NTH>(KV + TILE, base + 2 * C, C3, 0, T);
+  tc_cp_commit();
+  tc_cp_wait<0>();
   __syncthreads();
   uint32_t qa[HS / 16][4];
   tc_load_rows<HS>(qa, Qs + w0 * tc_rw<HS>());
@@ -323,43 +391,18 @@ __global__ static void __launch_bounds__(TC_FWD_WARPS * 32, HS <= 64 ? 2 : 1) /*
 #pragma unroll
   for (int d = 0; d < HS / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
   const int kend = min(T, q0 + OWN); /* the block's last query sees keys < kend */
-  for (int j0 = 0; j0 < kend; j0 += TC_ROWS) {
-    __syncthreads(); /* the previous tile is read */
-    tc_stage<HS, TC_ROWS, NTH>(Ks, base + C, C3, j0, T);
-    tc_stage<HS, TC_ROWS, NTH>(Vs, base + 2 * C, C3, j0, T);
-    __syncthreads();
-    if (j0 > q0 + w0 + 15) continue; /* warp-uniform: every key after the warp's rows */
-    /* strips with a key at or before the warp's last row (at least one) */
-    const int hi = min(TC_NT, (q0 + w0 + 15 - j0) / 8 + 1);
-    float s[TC_NT][4];
-    tc_scores<HS>(s, qa, Ks, 0, hi);
-    /* the mask only where the tile holds a key after a row, or a row past T */
-    tc_scale_mask(s, sl2, q0 + w0, j0, T, j0 + TC_ROWS - 1 > q0 + w0 || q0 + w0 + 15 >= T);
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int n = 0; n < TC_NT; n++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
-    float corr[2], sum[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-      const float mn = fmaxf(m[r], tc_quad_max(mx[r]));
-      corr[r] = m[r] == -INFINITY ? 0.0f : tc_exp2(m[r] - mn); /* nothing seen yet: o and l are 0 */
-      m[r] = mn;
+  for (int j0 = 0, it = 0; j0 < kend; j0 += TC_ROWS, it++) {
+    const uint32_t *Ks = KV + (it & 1) * 2 * TILE, *Vs = Ks + TILE;
+    if (j0 + TC_ROWS < kend) { /* the next tile's copies, into the other buffer, while this one's products run */
+      uint32_t *Kn = KV + (~it & 1) * 2 * TILE;
+      tc_stage<HS, TC_ROWS, NTH>(Kn, base + C, C3, j0 + TC_ROWS, T);
+      tc_stage<HS, TC_ROWS, NTH>(Kn + TILE, base + 2 * C, C3, j0 + TC_ROWS, T);
     }
-    /* a row past T has m = -inf and NaN here: only its own outputs, never written */
-#pragma unroll
-    for (int n = 0; n < TC_NT; n++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        s[n][e] = tc_exp2(s[n][e] - m[e / 2]);
-        sum[e / 2] += s[n][e];
-      }
-#pragma unroll
-    for (int r = 0; r < 2; r++) l[r] = l[r] * corr[r] + sum[r]; /* this lane's columns; the quad's at the end */
-#pragma unroll
-    for (int d = 0; d < HS / 8; d++) o[d][0] *= corr[0], o[d][1] *= corr[0], o[d][2] *= corr[1], o[d][3] *= corr[1];
-    tc_accumulate<HS>(o, s, Vs, 0, hi);
+    tc_cp_commit();
+    tc_cp_wait<1>(); /* this tile's copies (the group before) have landed */
+    __syncthreads(); /* every thread's */
+    if (j0 <= q0 + w0 + 15) tc_fwd_tile<HS>(o, m, l, qa, Ks, Vs, sl2, q0 + w0, j0, T); /* warp-uniform: a key at or before the warp's rows */
+    __syncthreads(); /* this tile is read: the next iteration's copies may take its buffer */
   }
   float inv[2];
 #pragma unroll
@@ -374,6 +417,27 @@ __global__ static void __launch_bounds__(TC_FWD_WARPS * 32, HS <= 64 ? 2 : 1) /*
   tc_put_rows<HS>(out + (int64_t)b * T * C + (int64_t)h * HS, C, q0 + w0, T, o, 1.0f, 0);
 }
 
+/* One key tile of the query pass for a warp's 16 query rows from i0 (their
+ * q and dout fragments qa, da, and L, D of this lane's two rows): dq += dS
+ * k over the 64 keys from j0 (tiles Ks, Vs), with P recomputed from the
+ * scores and L. Some key is at or before the warp's last row. */
+template <int HS>
+__device__ __forceinline__ static void tc_dq_tile(float dq[HS / 8][4], const uint32_t qa[HS / 16][4],
+                                                  const uint32_t da[HS / 16][4], const float L[2],
+                                                  const float D[2], const uint32_t *Ks,
+                                                  const uint32_t *Vs, float sl2, int i0, int j0, int T) {
+  const int hi = min(TC_NT, (i0 + 15 - j0) / 8 + 1);
+  float s[TC_NT][4], dp[TC_NT][4];
+  tc_scores<HS>(s, qa, Ks, 0, hi);
+  tc_scores<HS>(dp, da, Vs, 0, hi);
+  tc_scale_mask(s, sl2, i0, j0, T, j0 + TC_ROWS - 1 > i0 || i0 + 15 >= T);
+#pragma unroll
+  for (int n = 0; n < TC_NT; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) s[n][e] = tc_exp2(s[n][e] - L[e / 2]) * (dp[n][e] - D[e / 2]); /* dS */
+  tc_accumulate<HS>(dq, s, Ks, 0, hi);
+}
+
 /* Backward, query pass: D = dout . out of each row into Dg (B, NH, T), and
  * dq += scale * dS k over the key tiles. */
 template <int HS>
@@ -382,9 +446,9 @@ __global__ static void __launch_bounds__(TC_DQ_WARPS * 32, HS <= 64 ? 3 : 1) /* 
                      const uint16_t *qkv, const float *out, const float *lse, int T, int C, float scale) {
   extern __shared__ __align__(128) unsigned char tc_smem[];
   constexpr int OWN = 16 * TC_DQ_WARPS, NTH = 32 * TC_DQ_WARPS;
-  uint32_t *Qs = (uint32_t *)tc_smem, *dOs = Qs + OWN * tc_rw<HS>(), *Ks = dOs + OWN * tc_rw<HS>(),
-           *Vs = Ks + TC_ROWS * tc_rw<HS>();
-  float *Lq = (float *)(Vs + TC_ROWS * tc_rw<HS>()), *Dq = Lq + OWN;
+  constexpr int TILE = TC_ROWS * tc_rw<HS>(); /* words of a 64-row tile */
+  uint32_t *Qs = (uint32_t *)tc_smem, *dOs = Qs + OWN * tc_rw<HS>(), *KV = dOs + OWN * tc_rw<HS>();
+  float *Lq = (float *)(KV + 4 * TILE), *Dq = Lq + OWN; /* KV: two buffers of K, V */
   const int b = blockIdx.z, h = blockIdx.y, NH = gridDim.y, q0 = blockIdx.x * OWN;
   const int w0 = threadIdx.x / 32 * 16, lane = threadIdx.x % 32, g = lane / 4;
   const int64_t C3 = 3 * (int64_t)C;
@@ -392,6 +456,9 @@ __global__ static void __launch_bounds__(TC_DQ_WARPS * 32, HS <= 64 ? 3 : 1) /* 
   const float *dbase = dout + (int64_t)b * T * C + (int64_t)h * HS; /* D's: fp32 */
   tc_stage<HS, OWN, NTH>(Qs, base, C3, q0, T);
   tc_stage<HS, OWN, NTH>(dOs, dout16 + (int64_t)b * T * C + (int64_t)h * HS, C, q0, T);
+  tc_stage<HS, TC_ROWS, NTH>(KV, base + C, C3, 0, T);
+  tc_stage<HS, TC_ROWS, NTH>(KV + TILE, base + 2 * C, C3, 0, T);
+  tc_cp_commit(); /* copied while D is computed */
   { /* the warp's rows' D (a warp sum each, every row's loads issued first) and lse */
     float d[16];
 #pragma unroll
@@ -412,6 +479,7 @@ __global__ static void __launch_bounds__(TC_DQ_WARPS * 32, HS <= 64 ? 3 : 1) /* 
       if (lane == 0 && i < T) Dg[row] = d[r];
     }
   }
+  tc_cp_wait<0>();
   __syncthreads();
   uint32_t qa[HS / 16][4], da[HS / 16][4];
   tc_load_rows<HS>(qa, Qs + w0 * tc_rw<HS>());
@@ -422,24 +490,51 @@ __global__ static void __launch_bounds__(TC_DQ_WARPS * 32, HS <= 64 ? 3 : 1) /* 
 #pragma unroll
   for (int d = 0; d < HS / 8; d++) dq[d][0] = dq[d][1] = dq[d][2] = dq[d][3] = 0.0f;
   const int kend = min(T, q0 + OWN);
-  for (int j0 = 0; j0 < kend; j0 += TC_ROWS) {
+  for (int j0 = 0, it = 0; j0 < kend; j0 += TC_ROWS, it++) {
+    const uint32_t *Ks = KV + (it & 1) * 2 * TILE, *Vs = Ks + TILE;
+    if (j0 + TC_ROWS < kend) { /* the next tile's copies (as the forward's) */
+      uint32_t *Kn = KV + (~it & 1) * 2 * TILE;
+      tc_stage<HS, TC_ROWS, NTH>(Kn, base + C, C3, j0 + TC_ROWS, T);
+      tc_stage<HS, TC_ROWS, NTH>(Kn + TILE, base + 2 * C, C3, j0 + TC_ROWS, T);
+    }
+    tc_cp_commit();
+    tc_cp_wait<1>();
     __syncthreads();
-    tc_stage<HS, TC_ROWS, NTH>(Ks, base + C, C3, j0, T);
-    tc_stage<HS, TC_ROWS, NTH>(Vs, base + 2 * C, C3, j0, T);
+    if (j0 <= q0 + w0 + 15) /* warp-uniform: a key at or before the warp's rows */
+      tc_dq_tile<HS>(dq, qa, da, L, D, Ks, Vs, sl2, q0 + w0, j0, T);
     __syncthreads();
-    if (j0 > q0 + w0 + 15) continue; /* warp-uniform: every key after the warp's rows */
-    const int hi = min(TC_NT, (q0 + w0 + 15 - j0) / 8 + 1);
-    float s[TC_NT][4], dp[TC_NT][4];
-    tc_scores<HS>(s, qa, Ks, 0, hi);
-    tc_scores<HS>(dp, da, Vs, 0, hi);
-    tc_scale_mask(s, sl2, q0 + w0, j0, T, j0 + TC_ROWS - 1 > q0 + w0 || q0 + w0 + 15 >= T);
-#pragma unroll
-    for (int n = 0; n < TC_NT; n++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) s[n][e] = tc_exp2(s[n][e] - L[e / 2]) * (dp[n][e] - D[e / 2]); /* dS */
-    tc_accumulate<HS>(dq, s, Ks, 0, hi);
   }
   tc_put_rows<HS>(dqkv + (int64_t)b * T * C3 + (int64_t)h * HS, C3, q0 + w0, T, dq, scale, 1);
+}
+
+/* One query tile of the key pass for a warp's 16 keys from j0 (their k and
+ * v fragments ka, va): dv += P^T dout and dk += dS^T q over the 64 queries
+ * from i0 (tiles Qs, dOs; their lse in base 2 and D in Lq, Dq), with P^T
+ * recomputed from the scores S^T = k q^T. Some query is at or after the
+ * warp's first key. */
+template <int HS>
+__device__ __forceinline__ static void tc_dkv_tile(float dk[HS / 8][4], float dv[HS / 8][4],
+                                                   const uint32_t ka[HS / 16][4], const uint32_t va[HS / 16][4],
+                                                   const uint32_t *Qs, const uint32_t *dOs, const float *Lq,
+                                                   const float *Dq, float sl2, int j0, int i0, int T) {
+  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+  /* strips with a query at or after the warp's first key */
+  const int lo = max(0, (j0 - i0) / 8);
+  float s[TC_NT][4], dp[TC_NT][4];
+  tc_scores<HS>(s, ka, Qs, lo, TC_NT);
+  tc_scores<HS>(dp, va, dOs, lo, TC_NT);
+  /* the mask only where the tile holds a query before a key, or either past T */
+  const int edge = i0 < j0 + 15 || i0 + TC_ROWS - 1 >= T || j0 + 15 >= T;
+#pragma unroll
+  for (int n = 0; n < TC_NT; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int j = j0 + g + 8 * (e / 2), c = 8 * n + 2 * t + e % 2, i = i0 + c;
+      const float p = !edge || (j < T && i < T && i >= j) ? tc_exp2(fmaf(s[n][e], sl2, -Lq[c])) : 0.0f;
+      s[n][e] = p, dp[n][e] = p * (dp[n][e] - Dq[c]); /* P^T, dS^T */
+    }
+  tc_accumulate<HS>(dv, s, dOs, lo, TC_NT);
+  tc_accumulate<HS>(dk, dp, Qs, lo, TC_NT);
 }
 
 /* Backward, key pass: dv += P^T dout and dk += scale dS^T q over the query
@@ -451,16 +546,25 @@ __global__ static void __launch_bounds__(TC_DKV_WARPS * 32)
                       const float *lse, int T, int C, float scale) {
   extern __shared__ __align__(128) unsigned char tc_smem[];
   constexpr int OWN = 16 * TC_DKV_WARPS, NTH = 32 * TC_DKV_WARPS;
-  uint32_t *Ks = (uint32_t *)tc_smem, *Vs = Ks + OWN * tc_rw<HS>(), *Qs = Vs + OWN * tc_rw<HS>(),
-           *dOs = Qs + TC_ROWS * tc_rw<HS>();
-  float *Lq = (float *)(dOs + TC_ROWS * tc_rw<HS>()), *Dq = Lq + TC_ROWS;
+  constexpr int TILE = TC_ROWS * tc_rw<HS>(); /* words of a 64-row tile */
+  /* QD: two buffers of Q, dout; LD: two of their rows' lse (base 2) and D */
+  uint32_t *Ks = (uint32_t *)tc_smem, *Vs = Ks + OWN * tc_rw<HS>(), *QD = Vs + OWN * tc_rw<HS>();
+  float *LD = (float *)(QD + 4 * TILE);
   const int b = blockIdx.z, h = blockIdx.y, NH = gridDim.y, k0 = blockIdx.x * OWN;
-  const int w0 = threadIdx.x / 32 * 16, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+  const int w0 = threadIdx.x / 32 * 16;
   const int64_t C3 = 3 * (int64_t)C, rows = ((int64_t)b * NH + h) * T;
   const uint16_t *base = qkv + (int64_t)b * T * C3 + (int64_t)h * HS;
   const uint16_t *dbase = dout + (int64_t)b * T * C + (int64_t)h * HS;
   tc_stage<HS, OWN, NTH>(Ks, base + C, C3, k0, T);
   tc_stage<HS, OWN, NTH>(Vs, base + 2 * C, C3, k0, T);
+  tc_stage<HS, TC_ROWS, NTH>(QD, base, C3, k0, T); /* k0 is a tile edge: the first tile holds key k0's query */
+  tc_stage<HS, TC_ROWS, NTH>(QD + TILE, dbase, C, k0, T);
+  tc_cp_commit();
+  if (threadIdx.x < TC_ROWS) {
+    const int c = threadIdx.x, i = k0 + c;
+    LD[c] = i < T ? lse[rows + i] * TC_LOG2E : 0.0f, LD[TC_ROWS + c] = i < T ? Dg[rows + i] : 0.0f;
+  }
+  tc_cp_wait<0>();
   __syncthreads();
   uint32_t ka[HS / 16][4], va[HS / 16][4];
   tc_load_rows<HS>(ka, Ks + w0 * tc_rw<HS>());
@@ -471,34 +575,28 @@ __global__ static void __launch_bounds__(TC_DKV_WARPS * 32)
     dk[d][0] = dk[d][1] = dk[d][2] = dk[d][3] = dv[d][0] = dv[d][1] = dv[d][2] = dv[d][3] = 0.0f;
   const int live = k0 + w0 < T; /* warp-uniform: the strip has a key before T */
   const float sl2 = scale * TC_LOG2E;
-  for (int i0 = k0; i0 < T; i0 += TC_ROWS) { /* k0 is a tile edge: the first tile holds key k0's query */
+  for (int i0 = k0, it = 0; i0 < T; i0 += TC_ROWS, it++) {
+    const uint32_t *Qs = QD + (it & 1) * 2 * TILE, *dOs = Qs + TILE;
+    const float *Lq = LD + (it & 1) * 2 * TC_ROWS, *Dq = Lq + TC_ROWS;
+    const int next = i0 + TC_ROWS; /* its tile's copies (as the forward's), and its lse and D */
+    float nl = 0.0f, nd = 0.0f;
+    if (next < T) {
+      uint32_t *Qn = QD + (~it & 1) * 2 * TILE;
+      tc_stage<HS, TC_ROWS, NTH>(Qn, base, C3, next, T);
+      tc_stage<HS, TC_ROWS, NTH>(Qn + TILE, dbase, C, next, T);
+      const int i = next + (int)threadIdx.x;
+      if (threadIdx.x < TC_ROWS && i < T) nl = lse[rows + i] * TC_LOG2E, nd = Dg[rows + i]; /* stored below */
+    }
+    tc_cp_commit();
+    tc_cp_wait<1>();
     __syncthreads();
-    tc_stage<HS, TC_ROWS, NTH>(Qs, base, C3, i0, T);
-    tc_stage<HS, TC_ROWS, NTH>(dOs, dbase, C, i0, T);
-    for (int c = threadIdx.x; c < TC_ROWS; c += blockDim.x) {
-      const int i = i0 + c;
-      Lq[c] = i < T ? lse[rows + i] * TC_LOG2E : 0.0f; /* base 2 */
-      Dq[c] = i < T ? Dg[rows + i] : 0.0f;
+    if (live && i0 + TC_ROWS - 1 >= k0 + w0) /* warp-uniform: a key, and a query at or after one */
+      tc_dkv_tile<HS>(dk, dv, ka, va, Qs, dOs, Lq, Dq, sl2, k0 + w0, i0, T);
+    if (next < T && threadIdx.x < TC_ROWS) { /* the other buffer: read before the last barrier */
+      float *Ln = LD + (~it & 1) * 2 * TC_ROWS;
+      Ln[threadIdx.x] = nl, Ln[TC_ROWS + threadIdx.x] = nd;
     }
     __syncthreads();
-    if (!live || i0 + TC_ROWS - 1 < k0 + w0) continue; /* warp-uniform: no key, or every query before them */
-    /* strips with a query at or after the warp's first key */
-    const int lo = max(0, (k0 + w0 - i0) / 8);
-    float s[TC_NT][4], dp[TC_NT][4];
-    tc_scores<HS>(s, ka, Qs, lo, TC_NT);
-    tc_scores<HS>(dp, va, dOs, lo, TC_NT);
-    /* the mask only where the tile holds a query before a key, or either past T */
-    const int edge = i0 < k0 + w0 + 15 || i0 + TC_ROWS - 1 >= T || k0 + w0 + 15 >= T;
-#pragma unroll
-    for (int n = 0; n < TC_NT; n++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int j = k0 + w0 + g + 8 * (e / 2), c = 8 * n + 2 * t + e % 2, i = i0 + c;
-        const float p = !edge || (j < T && i < T && i >= j) ? tc_exp2(fmaf(s[n][e], sl2, -Lq[c])) : 0.0f;
-        s[n][e] = p, dp[n][e] = p * (dp[n][e] - Dq[c]); /* P^T, dS^T */
-      }
-    tc_accumulate<HS>(dv, s, dOs, lo, TC_NT);
-    tc_accumulate<HS>(dk, dp, Qs, lo, TC_NT);
   }
   float *kbase = dqkv + (int64_t)b * T * C3 + (int64_t)h * HS;
   tc_put_rows<HS>(kbase + C, C3, k0 + w0, T, dk, scale, 1);

@@ -230,6 +230,46 @@ void warp_exchange(const void *v, void *out, size_t bytes, int src) {
 
 void *dyn_smem(void) { return smem_ptr; }
 
+static void async_land(const async_copy &c) {
+  memcpy(c.dst, c.src, c.src_bytes);
+  memset((char *)c.dst + c.src_bytes, 0, c.bytes - c.src_bytes);
+}
+
+void cp_async(void *dst, const void *src, unsigned bytes, unsigned src_bytes) {
+  if ((bytes != 4 && bytes != 8 && bytes != 16) || (src_bytes != 0 && src_bytes != bytes))
+    fail("cp.async of %u bytes, %u from the source: not a form used here", bytes, src_bytes);
+  if ((uintptr_t)dst % bytes || !in_dyn_smem(dst, bytes))
+    fail("cp.async to %p: not %u aligned bytes of the block's dynamic shared memory", dst, bytes);
+  if ((uintptr_t)src % bytes)
+    fail("cp.async from %p: not aligned to its %u bytes (on a GPU: a misaligned address error)",
+         src, bytes);
+  if (src_bytes && !deferred() && !device_range(src, src_bytes))
+    fail("cp.async from %p: its %u bytes are not inside one device buffer", src, src_bytes);
+  if (cur->npend == EMU_ASYNC_MAX)
+    fail("more than %d cp.async copies in flight in one thread", EMU_ASYNC_MAX);
+  const async_copy c{dst, src, bytes, src_bytes, cur->committed};
+  if (random_order && rand_below(2)) { /* it lands at once: over a buffer still being read */
+    async_land(c);
+    return;
+  }
+  cur->pend[cur->npend++] = c;
+}
+
+void cp_async_commit(void) { cur->committed++; }
+
+void cp_async_wait(unsigned n) {
+  int kept = 0;
+  for (int i = 0; i < cur->npend; i++) {
+    async_copy &c = cur->pend[i];
+    if (c.group + n < cur->committed) { /* committed, and not among the n latest */
+      async_land(c);
+    } else {
+      cur->pend[kept++] = c;
+    }
+  }
+  cur->npend = kept;
+}
+
 bool in_dyn_smem(const void *p, size_t bytes) {
   const unsigned char *c = (const unsigned char *)p;
   return c >= smem_ptr && bytes <= smem_bytes && (size_t)(c - smem_ptr) <= smem_bytes - bytes;
@@ -239,6 +279,8 @@ bool in_dyn_smem(const void *p, size_t bytes) {
 
 extern "C" [[noreturn]] void emu_fiber_main(emu::thread *t) {
   emu::body(emu::body_ctx);
+  if (t->npend)
+    emu::fail("thread %d ended with %d cp.async copies never waited for", t->lin, t->npend);
   t->state = emu::DONE;
   emu::done++;
   emu::warp_done[t->lin / 32]++;
@@ -306,6 +348,8 @@ static void run_block(int n) {
     t->tid.z = (unsigned)i / (block_dim.x * block_dim.y);
     t->state = RUN;
     t->exchanges = 0;
+    t->npend = 0;
+    t->committed = 0;
     t->sp = fiber_frame(t->stack + STACK, t);
     runq[i] = i;
   }

@@ -12,8 +12,11 @@
  * stream runs each call as it is made (or queues it: CUDA_EMU_STREAMS), and a
  * launch runs each block in turn,
  * each of its threads on its own small stack (a fiber), switching at
- * __syncthreads, __syncwarp, the warp shuffles and WMMA's mma_sync (the
- * order in which threads run between barriers: cuda_emu.cc). cuBLASLt's
+ * __syncthreads, __syncwarp, the warp shuffles, WMMA's mma_sync and the
+ * PTX warp collectives attention_tc.cu uses (mma.sync m16n8k16, ldmatrix)
+ * (the order in which threads run between barriers: cuda_emu.cc). cp.async
+ * copies land when their thread waits for them (or, in the random order,
+ * half of them at once: emu::cp_async). cuBLASLt's
  * matmul is oneDNN's sgemm on the operands rounded as the compute type
  * rounds them.
  *
@@ -22,7 +25,9 @@
  * never more than the device's opt-in limit), WMMA's alignment rules (256-bit
  * aligned pointers, leading dimensions of 16 bytes), the 16-byte loads and
  * stores of cuda_impl.h's wide accesses (aligned, inside a device buffer:
- * emu::wide_access), a barrier some threads
+ * emu::wide_access), ldmatrix's and cp.async's addresses (aligned, in
+ * dynamic shared memory), a cp.async read before it was waited for and
+ * a barrier passed, or never waited for at all, a barrier some threads
  * never reach (a deadlock, reported with the kernel and block), lanes of a
  * warp at different collectives, a warp collective with lanes exited or
  * missing, device and dynamic shared memory read before it is written (both
@@ -77,6 +82,14 @@
 
 namespace emu {
 
+/* A cp.async copy issued and not yet landed (cp_async). */
+struct async_copy {
+  void *dst;
+  const void *src;
+  unsigned bytes, src_bytes, group;
+};
+#define EMU_ASYNC_MAX 64 /* copies a thread may have in flight */
+
 /* One emulated thread (a fiber). */
 struct thread {
   void *sp;           /* saved stack pointer while switched out */
@@ -86,6 +99,9 @@ struct thread {
   int tag;            /* at a warp barrier: which collective (sync_warp) */
   unsigned exchanges; /* warp exchanges made so far (their slots: parity) */
   char *stack;        /* its stack (reused from launch to launch) */
+  async_copy pend[EMU_ASYNC_MAX]; /* its cp.async copies in flight, in issue order */
+  int npend;
+  unsigned committed; /* cp.async groups committed so far */
 };
 
 extern thread *cur; /* the thread running now */
@@ -105,6 +121,20 @@ void warp_gather(const void *v, void *all, size_t bytes);
 void *dyn_smem(void);
 /* Do bytes at p lie inside the running block's dynamic shared memory? */
 bool in_dyn_smem(const void *p, size_t bytes);
+/* cp.async.{ca,cg}.shared.global [dst], [src], bytes, src_bytes
+ * (attention_tc.cu's tc_cp_async): a copy of src_bytes (0 or bytes) from
+ * device memory into the block's dynamic shared memory, the rest zeros,
+ * both ends aligned to bytes (4, 8 or 16). It lands when the thread waits
+ * for its group (cp_async_wait), so a read before the wait, or by another
+ * thread before a barrier after it, sees the old bytes; in the random order
+ * (CUDA_EMU_ORDER=random) half the copies land at once instead, over
+ * whatever another warp may still be reading there. A thread that ends with
+ * copies in flight stops the run. */
+void cp_async(void *dst, const void *src, unsigned bytes, unsigned src_bytes);
+/* cp.async.commit_group: the copies issued since the last one form a group. */
+void cp_async_commit(void);
+/* cp.async.wait_group n: lands every committed group but the n latest. */
+void cp_async_wait(unsigned n);
 /* Is [p, p + n) inside one cudaMalloc'ed buffer? */
 bool device_range(const void *p, size_t n);
 /* One of cuda_impl.h's 16-byte loads or stores (what: the helper) at p:
