@@ -57,7 +57,7 @@ static const config_opt_t config_opts[] = {
     {"memory_limit_mib", "train", CFG_INT, OFF(memory_limit_mib), 0, 0, 1 << 30, "refuse a job planned above this many MiB per rank (0: the host's available memory shared by its ranks)"},
     {"activation_checkpointing", "train", CFG_INT, OFF(activation_checkpointing), 0, 0, 1, "1: keep only block inputs, recompute each block in backward"},
     {"recompute", "train", CFG_INT, OFF(recompute), 0, 0, 2, "what no block keeps and backward computes again: 0 nothing, 1 GELU's output (a quarter of a block's activations), 2 GELU's and the layernorms' outputs (three eighths)"},
-    {"logits_chunk_mib", "train", CFG_INT, OFF(logits_chunk_mib), 0, 1, 4096, "MiB of logits (rows x vocab floats) the LM head and its loss compute at once, in chunks of rows: the batch's logits never exist whole; larger chunks take more memory and fewer passes over the embedding (at least one row; at most 4096, so a chunk stays within 2^30 floats, as the kernels index it)"},
+    {"logits_chunk_mib", "train", CFG_INT, OFF(logits_chunk_mib), 0, 0, 4096, "MiB of logits (rows x vocab floats) the LM head and its loss compute at once, in chunks of rows: the batch's logits never exist whole; larger chunks take more memory and fewer passes over the embedding (at least one row; at most 4096, so a chunk stays within 2^30 floats, as the kernels index it; 0: by device, 128 on cpu, 1024 on cuda, where each chunk reads the embedding twice at memory speed)"},
     {"strategy", "shard", STR(strategy), "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or HYBRID_SHARD_ZERO2 (ranks from fsdp-launch)"},
     {"mesh", "shard", STR(mesh), "replicas x shards, e.g. 2x4 (empty: every rank in one shard group)"},
     {"keep_unsharded_grads", "shard", CFG_INT, OFF(keep_unsharded_grads), 0, 0, 1, "1: with grad_accum, keep each unit's gradient unsharded and reduce once per step (more memory, fewer collectives); 0: reduce every micro-batch into the shard"},
@@ -100,7 +100,7 @@ void config_default(config_t *c) {
   c->keep_checkpoints = 3;
   c->checkpoint_async = 1;
   c->recompute = 2;
-  c->logits_chunk_mib = GPT_LOGITS_CHUNK_MIB;
+  c->logits_chunk_mib = 0; /* by device: config_logits_chunk_mib */
   c->seed = 1337;
   c->eval_batches = 8;
   c->lr = 6e-4f;
@@ -207,6 +207,11 @@ static int config_parse(config_t *c, const config_opt_t *o, const char *key, con
   default: break;
   }
   return FSDP_OK;
+}
+
+int config_logits_chunk_mib(const config_t *c) {
+  if (c->logits_chunk_mib > 0) return c->logits_chunk_mib;
+  return strcmp(c->device, "cuda") ? GPT_LOGITS_CHUNK_MIB : GPT_LOGITS_CHUNK_MIB_GPU;
 }
 
 int config_set(config_t *c, const char *key, const char *value) {

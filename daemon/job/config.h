@@ -48,7 +48,8 @@ typedef struct config {
   int tf32;                   /* cuda: 1 lets fp32 matrix products use TF32 tensor cores */
   int activation_checkpointing; /* 1: keep block inputs only, recompute in backward */
   int recompute;                /* 0, 1 GELU, 2 GELU and layernorms: recomputed in backward */
-  int logits_chunk_mib;         /* MiB of logits the LM head computes at once (gpt_config_logits_rows) */
+  int logits_chunk_mib;         /* MiB of logits the LM head computes at once (gpt_config_logits_rows);
+                                 * 0: by device (config_logits_chunk_mib) */
   char strategy[32];          /* FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, ... */
   char mesh[32];              /* "RxS" ("" : 1xWORLD, or WORLDx1 for NO_SHARD) */
   char precision[16];         /* fp32, bf16-mixed or bf16-true */
@@ -77,6 +78,10 @@ typedef struct config {
 } config_t;
 
 void config_default(config_t *c);
+/* The job's logits chunk in MiB: logits_chunk_mib, or where that is 0 the
+ * device's default (GPT_LOGITS_CHUNK_MIB on cpu, GPT_LOGITS_CHUNK_MIB_GPU
+ * on cuda). What the plan and the run both take. */
+int config_logits_chunk_mib(const config_t *c);
 /* Sets one option from its text form. Error: names the key, the value and the fix. */
 int config_set(config_t *c, const char *key, const char *value);
 /* config_set of a key given under a section (a job file's [section], a

@@ -73,6 +73,12 @@ int gpt_config_logits_ld(const gpt_config_t *cfg);
  * and backward taken before the next chunk's logits overwrite it.
  * gpt2-124m: 640 rows (123 MiB) instead of B*T (1.6 GiB at 8 x 1024). */
 #define GPT_LOGITS_CHUNK_MIB 128
+/* A GPU job's default (config_logits_chunk_mib): each chunk rounds the
+ * embedding (V x C) to bf16 for its forward and again for its backward and
+ * reads and writes its fp32 gradient, 0.8 GB a chunk at gpt2-124m, which
+ * 128 MiB chunks (26 at B=16, T=1024) repeat about 20 GB a step; 1024 MiB
+ * take 4 chunks, for 0.9 GB more memory. */
+#define GPT_LOGITS_CHUNK_MIB_GPU 1024
 int gpt_config_logits_rows(const gpt_config_t *cfg, int chunk_mib);
 
 /* What a model keeps for backward, as gpt_config_act_bytes' flags: with

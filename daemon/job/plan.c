@@ -87,7 +87,7 @@ static void plan_loop(const config_t *c, plan_t *p) {
   const size_t f = sizeof(float);
   const int bf16 = strcmp(c->precision, "fp32") != 0; /* products on bf16 tensor cores */
   size_t scratch = dev->attention_scratch(c->batch, c->seq_len, g->channels, g->heads, bf16) * f;
-  const int lrows = gpt_config_logits_rows(g, c->logits_chunk_mib);
+  const int lrows = gpt_config_logits_rows(g, config_logits_chunk_mib(c));
   size_t acts = gpt_config_act_bytes(g, c->batch, c->seq_len, ck,
                                      dev->attention_saved(c->batch, c->seq_len, g->channels, g->heads),
                                      lrows);
@@ -289,6 +289,13 @@ static int plan_advice(const plan_t *p, const config_t *c, size_t limit, char *o
     k.recompute = 2;
     if ((t = plan_total_of(&k, p->world)) && t <= limit)
       return snprintf(out, len, "set recompute = 2 (the plan is then %.0f MiB)", MIB(t)), 1;
+    k = *c;
+  }
+  if (config_logits_chunk_mib(c) > GPT_LOGITS_CHUNK_MIB) { /* a GPU's larger logits chunk */
+    k.logits_chunk_mib = GPT_LOGITS_CHUNK_MIB;
+    if ((t = plan_total_of(&k, p->world)) && t <= limit)
+      return snprintf(out, len, "set logits_chunk_mib = %d (the plan is then %.0f MiB)",
+                      GPT_LOGITS_CHUNK_MIB, MIB(t)), 1;
     k = *c;
   }
   if (!c->activation_checkpointing) {

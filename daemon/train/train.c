@@ -706,7 +706,7 @@ int train_open(train_t **out, const config_t *c, const train_opts_t *o) {
   }
   gpt_set_checkpointing(t->model, c->activation_checkpointing);
   gpt_set_recompute(t->model, c->recompute);
-  gpt_set_logits_rows(t->model, gpt_config_logits_rows(&c->gpt, c->logits_chunk_mib));
+  gpt_set_logits_rows(t->model, gpt_config_logits_rows(&c->gpt, config_logits_chunk_mib(c)));
   /* every rank draws the same global batch and reads its own rows of it */
   const size_t N = (size_t)c->batch * (size_t)c->seq_len;
   t->in = mem_alloc(MEM_WORKSPACE, N * sizeof *t->in, "input batch");

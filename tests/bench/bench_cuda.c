@@ -16,7 +16,8 @@
  * FSDP_BENCH_RECOMPUTE=0|1|2 sets the job's recompute (default the job
  * option's, 2): what recomputing GELU and the layernorms costs a step on
  * this GPU, against the activations it saves (the memory lines).
- * FSDP_BENCH_LOGITS_MIB=N sets the job's logits_chunk_mib (default 128):
+ * FSDP_BENCH_LOGITS_MIB=N sets the job's logits_chunk_mib (default the
+ * device's, 1024 MiB on cuda: config_logits_chunk_mib):
  * what fewer, larger chunks of the LM head save a step, against their
  * memory (the activations line).
  * FSDP_BENCH_TRACE=1 runs one more step after the timed ones, traced with
@@ -260,7 +261,7 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
    * gpt_config_logits_rows rows, each its logits, loss and gradient, dX and
    * its share of dwte; counted 0 times (the three ops above count it), to
    * show what the chunks cost against one product over every row */
-  const int lrows = gpt_config_logits_rows(g, c.logits_chunk_mib);
+  const int lrows = gpt_config_logits_rows(g, config_logits_chunk_mib(&c));
   snprintf(sh, sizeof sh, "N=%zu,V=%d,ld=%d,rows=%d", N, V, ldv, lrows);
   OPS_TIME("lm_head_chunked", sh, 0, {
     for (size_t r0 = 0; r0 < N; r0 += (size_t)lrows) {
@@ -446,7 +447,7 @@ int main(int argc, char **argv) {
          "logits_mib=%d device=\"%s\" step_ms=%.2f tokens_per_s=%.0f mfu_peak=%.3f mfu_gemm=%.3f "
          "loss=%.4f\n",
          model, B, T, prec, bench_attn_name(g->channels, g->heads, strcmp(prec, "fp32") != 0),
-         c.recompute, c.logits_chunk_mib, p->device_name(), med * 1e3, tps, tps * fpt / peak,
+         c.recompute, config_logits_chunk_mib(&c), p->device_name(), med * 1e3, tps, tps * fpt / peak,
          gemm > 0 ? tps * fpt / gemm : 0.0, last_loss);
   printf("bench: cuda_flops formula=\"6*params + 12*layers*channels*T per token\" params=%zu "
          "flops_per_token=%.4g peak_tflops=%.1f gemm8192_tflops=%.1f\n", nparams, fpt,

@@ -120,7 +120,8 @@ Test(plan, logits_chunk_mib_is_the_chunk_of_both_the_run_and_the_plan) {
   config_t one = job(data, 0);
   one.batch = 30;
   config_t whole = one;
-  cr_assert_eq(whole.logits_chunk_mib, GPT_LOGITS_CHUNK_MIB, "the default");
+  cr_assert_eq(whole.logits_chunk_mib, 0, "the default: by device");
+  cr_assert_eq(config_logits_chunk_mib(&whole), GPT_LOGITS_CHUNK_MIB, "a cpu job's");
   cr_assert_eq(config_set(&one, "logits_chunk_mib", "1"), 0, "%s", err_msg());
   plan_t p, q;
   cr_assert_eq(plan_job(&one, 1, &p), 0);
@@ -141,7 +142,7 @@ Test(plan, logits_chunk_mib_is_the_chunk_of_both_the_run_and_the_plan) {
                      "at once: %.9g", r.first_loss, rw.first_loss);
   cr_assert_float_eq(r.last_loss, rw.last_loss, 1e-4 * rw.last_loss);
   config_t bad = one;
-  cr_assert_neq(config_set(&bad, "logits_chunk_mib", "0"), 0);
+  cr_assert_neq(config_set(&bad, "logits_chunk_mib", "-1"), 0);
   cr_assert(strstr(err_msg(), "logits_chunk_mib"), "%s", err_msg());
   cr_assert_neq(config_set(&bad, "logits_chunk_mib", "4097"), 0, "past 2^30 floats a chunk");
   cr_assert(strstr(err_msg(), "logits_chunk_mib"), "%s", err_msg());
@@ -457,6 +458,42 @@ Test(plan, a_bf16_cuda_job_plans_the_tensor_core_attentions_bf16_copies) {
   const size_t d = B * NH * T, at = (d + 3) / 4 * 4;
   cr_assert_eq(w16 - w32, (at - d) * sizeof(float) + B * T * 4 * C * 2,
                "bf16 %zu, fp32 %zu: the difference is not the copies of qkv and dout", w16, w32);
+  free(data);
+}
+
+/* A cuda job's logits chunk is 1024 MiB unless the job sets one (each chunk
+ * reads the embedding twice at memory speed), a cpu job's 128; where the
+ * larger chunk alone makes a job not fit, the refusal says to set 128. A
+ * vocabulary of 32768 tokens makes a row 128 KiB: 1024 and 128 MiB chunks
+ * are 8192 and 1024 rows of the batch's 128 x 64. */
+Test(plan, a_cuda_jobs_logits_chunk_is_larger_and_named_when_it_does_not_fit) {
+  char *data = tu_token_file("tokens.bin", 20000, 3, 256);
+  config_t cpu;
+  config_default(&cpu);
+  cr_assert_eq(config_set(&cpu, "data", data), 0);
+  cr_assert_eq(config_set(&cpu, "model", "tiny"), 0);
+  cr_assert_eq(config_set(&cpu, "vocab", "32768"), 0, "%s", err_msg());
+  cpu.batch = 128, cpu.seq_len = 64;
+  config_t gpu = cpu, set = cpu;
+  cr_assert_eq(config_set(&gpu, "device", "cuda"), 0);
+  cr_assert_eq(config_set(&set, "device", "cuda"), 0);
+  cr_assert_eq(config_set(&set, "logits_chunk_mib", "128"), 0);
+  cr_assert_eq(config_finish(&cpu), 0, "%s", err_msg());
+  cr_assert_eq(config_finish(&gpu), 0, "%s", err_msg());
+  cr_assert_eq(config_finish(&set), 0, "%s", err_msg());
+  cr_assert_eq(config_logits_chunk_mib(&cpu), GPT_LOGITS_CHUNK_MIB);
+  cr_assert_eq(config_logits_chunk_mib(&gpu), GPT_LOGITS_CHUNK_MIB_GPU);
+  cr_assert_eq(config_logits_chunk_mib(&set), 128, "the job's own");
+  plan_t pc, pg, ps;
+  cr_assert_eq(plan_job(&cpu, 1, &pc), 0);
+  cr_assert_eq(plan_job(&gpu, 1, &pg), 0, "%s", err_msg());
+  cr_assert_eq(plan_job(&set, 1, &ps), 0);
+  const size_t row = (size_t)gpt_config_logits_ld(&gpu.gpt) * sizeof(float);
+  cr_assert_eq(row, 128u << 10);
+  cr_assert_eq(pg.bytes[MEM_ACTS] - ps.bytes[MEM_ACTS], (8192 - 1024) * row,
+               "the logits of 7168 rows more at once");
+  cr_assert_eq(plan_check(&pg, &gpu, (pg.total + ps.total) / 2), FSDP_ENOMEM);
+  cr_assert(strstr(err_msg(), "set logits_chunk_mib = 128"), "%s", err_msg());
   free(data);
 }
 
