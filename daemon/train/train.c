@@ -675,8 +675,10 @@ int train_open(train_t **out, const config_t *c, const train_opts_t *o) {
                                      : plan_host_available() / (size_t)t->boot.world;
   if (plan_fit_snapshot(&t->cfg, t->boot.world, &t->plan, limit) && t->opts.out)
     fprintf(t->opts.out, "train: note: no room for a checkpoint snapshot beside the job "
-            "(%.0f MiB); checkpoints are written in place (checkpoint_async = 0)\n",
-            (double)limit / (1 << 20));
+            "(%.0f MiB); checkpoints are written in place (checkpoint_async = 0)%s\n",
+            (double)limit / (1 << 20),
+            config_logits_chunk_mib(c) > GPT_LOGITS_CHUNK_MIB
+                ? "; a smaller logits_chunk_mib (128) may leave room for it" : "");
   if ((rc = plan_check(&t->plan, c, limit))) goto fail;
   if (t->opts.out) plan_print(&t->plan, c, t->opts.out);
   if (c->save[0] && (rc = train_check_writable("save", c->save))) goto fail;

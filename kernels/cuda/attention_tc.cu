@@ -36,9 +36,9 @@
  *
  * The kernels are bound by the instructions they issue, not by memory or the
  * tensor cores (ncu on an H200, docs/PERF.md): the element-wise work of a
- * tile is kept short (one multiply, ex2 and conversions of two elements at
- * once), and the causal mask is applied only to the tiles that cross the
- * diagonal or T (warp-uniform).
+ * tile is kept short (one fmaf and ex2 an element, conversions of two
+ * elements at once), and the causal mask is applied only to the tiles that
+ * cross the diagonal or T (warp-uniform).
  *
  * The fragments' layouts are the PTX ISA's for m16n8k16 (kern_cuda_mma_bf16;
  * tests/cuda/emu/cuda_emu.h emulates them). Every tile is staged as it lies
@@ -122,8 +122,9 @@ __device__ __forceinline__ static uint32_t tc_pack(float lo, float hi) {
 /* 2^x on the special function unit (ex2.approx: about 2 ulp, 2^-inf = +0,
  * subnormals flushed); exp2f on the emulator. The softmax works in base 2,
  * its scores scaled by scale * log2(e) (TC_LOG2E), as FlashAttention does:
- * a multiply, a subtraction (the key pass: one fmaf, explicit, as this file
- * is built with -fmad=false) and one ex2 an element. */
+ * one fmaf (score times that, less the row's maximum or log-sum-exp;
+ * explicit, as this file is built with -fmad=false) and one ex2 an
+ * element. */
 __device__ __forceinline__ static float tc_exp2(float x) {
 #ifdef FSDP_CUDA_EMU_H
   return exp2f(x);
@@ -148,7 +149,8 @@ __device__ __forceinline__ static void tc_cp_async(void *dst, const void *src, b
   emu::cp_async(dst, src, 16, valid ? 16 : 0);
 #else
   const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
+  const size_t s = __cvta_generic_to_global(src);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(s), "r"(valid ? 16 : 0));
 #endif
 }
 __device__ __forceinline__ static void tc_cp_commit(void) {
@@ -297,18 +299,18 @@ __device__ __forceinline__ static void tc_put_rows(float *dst, int64_t ld, int r
 }
 
 /* The scores s of the warp's 16 query rows from i0 against the 64 keys
- * from j0, scaled by sl2 (base 2); where mask (warp-uniform: the tile holds
- * a key after a row, or a row past T) a key after its row, or a row past T,
- * becomes -inf. */
-__device__ __forceinline__ static void tc_scale_mask(float s[TC_NT][4], float sl2, int i0, int j0, int T,
-                                                     int mask) {
+ * from j0, where mask (warp-uniform: the tile holds a key after a row, or a
+ * row past T): a key after its row, or a row past T, becomes -inf. The
+ * scale is left to the exponent's fmaf (one instruction an element for
+ * what a multiply and a subtraction took). */
+__device__ __forceinline__ static void tc_mask(float s[TC_NT][4], int i0, int j0, int T, int mask) {
   const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
 #pragma unroll
   for (int n = 0; n < TC_NT; n++)
 #pragma unroll
     for (int e = 0; e < 4; e++) {
       const int i = i0 + g + 8 * (e / 2), j = j0 + 8 * n + 2 * t + e % 2;
-      s[n][e] = !mask || (i < T && j <= i) ? s[n][e] * sl2 : -INFINITY;
+      if (mask && !(i < T && j <= i)) s[n][e] = -INFINITY;
     }
 }
 
@@ -338,8 +340,8 @@ __device__ __forceinline__ static void tc_fwd_tile(float o[HS / 8][4], float m[2
   float s[TC_NT][4];
   tc_scores<HS>(s, qa, Ks, 0, hi);
   /* the mask only where the tile holds a key after a row, or a row past T */
-  tc_scale_mask(s, sl2, i0, j0, T, j0 + TC_ROWS - 1 > i0 || i0 + 15 >= T);
-  float mx[2] = {-INFINITY, -INFINITY};
+  tc_mask(s, i0, j0, T, j0 + TC_ROWS - 1 > i0 || i0 + 15 >= T);
+  float mx[2] = {-INFINITY, -INFINITY}; /* of the unscaled scores: sl2 > 0 keeps the order */
 #pragma unroll
   for (int n = 0; n < TC_NT; n++)
 #pragma unroll
@@ -347,7 +349,7 @@ __device__ __forceinline__ static void tc_fwd_tile(float o[HS / 8][4], float m[2
   float corr[2], sum[2] = {0.0f, 0.0f};
 #pragma unroll
   for (int r = 0; r < 2; r++) {
-    const float mn = fmaxf(m[r], tc_quad_max(mx[r]));
+    const float mn = fmaxf(m[r], tc_quad_max(mx[r]) * sl2); /* max of the scaled scores */
     corr[r] = m[r] == -INFINITY ? 0.0f : tc_exp2(m[r] - mn); /* nothing seen yet: o and l are 0 */
     m[r] = mn;
   }
@@ -356,7 +358,7 @@ __device__ __forceinline__ static void tc_fwd_tile(float o[HS / 8][4], float m[2
   for (int n = 0; n < TC_NT; n++)
 #pragma unroll
     for (int e = 0; e < 4; e++) {
-      s[n][e] = tc_exp2(s[n][e] - m[e / 2]);
+      s[n][e] = tc_exp2(fmaf(s[n][e], sl2, -m[e / 2]));
       sum[e / 2] += s[n][e];
     }
 #pragma unroll
@@ -430,11 +432,11 @@ __device__ __forceinline__ static void tc_dq_tile(float dq[HS / 8][4], const uin
   float s[TC_NT][4], dp[TC_NT][4];
   tc_scores<HS>(s, qa, Ks, 0, hi);
   tc_scores<HS>(dp, da, Vs, 0, hi);
-  tc_scale_mask(s, sl2, i0, j0, T, j0 + TC_ROWS - 1 > i0 || i0 + 15 >= T);
+  tc_mask(s, i0, j0, T, j0 + TC_ROWS - 1 > i0 || i0 + 15 >= T);
 #pragma unroll
   for (int n = 0; n < TC_NT; n++)
 #pragma unroll
-    for (int e = 0; e < 4; e++) s[n][e] = tc_exp2(s[n][e] - L[e / 2]) * (dp[n][e] - D[e / 2]); /* dS */
+    for (int e = 0; e < 4; e++) s[n][e] = tc_exp2(fmaf(s[n][e], sl2, -L[e / 2])) * (dp[n][e] - D[e / 2]); /* dS */
   tc_accumulate<HS>(dq, s, Ks, 0, hi);
 }
 
