@@ -18,11 +18,17 @@
 #include "daemon/train/train.h"
 #include "tests/unit/testutil.h"
 
-static config_t job(const char *data, int ckpt) {
+/* The defaults with data and model set (not finished). */
+static config_t job_of(const char *data, const char *model) {
   config_t c;
   config_default(&c);
   cr_assert_eq(config_set(&c, "data", data), 0);
-  cr_assert_eq(config_set(&c, "model", "tiny"), 0);
+  cr_assert_eq(config_set(&c, "model", model), 0);
+  return c;
+}
+
+static config_t job(const char *data, int ckpt) {
+  config_t c = job_of(data, "tiny");
   c.steps = 2;
   c.warmup_steps = 1;
   c.batch = 3;
@@ -151,10 +157,7 @@ Test(plan, logits_chunk_mib_is_the_chunk_of_both_the_run_and_the_plan) {
 
 Test(plan, model_state_dominated_job_points_at_the_model) {
   char *data = tu_token_file("tokens.bin", 20000, 3, 256);
-  config_t c;
-  config_default(&c);
-  cr_assert_eq(config_set(&c, "data", data), 0);
-  cr_assert_eq(config_set(&c, "model", "gpt2-124m"), 0);
+  config_t c = job_of(data, "gpt2-124m");
   c.batch = 1;
   c.seq_len = 8;
   cr_assert_eq(config_finish(&c), 0);
@@ -468,10 +471,7 @@ Test(plan, a_bf16_cuda_job_plans_the_tensor_core_attentions_bf16_copies) {
  * are 8192 and 1024 rows of the batch's 128 x 64. */
 Test(plan, a_cuda_jobs_logits_chunk_is_larger_and_named_when_it_does_not_fit) {
   char *data = tu_token_file("tokens.bin", 20000, 3, 256);
-  config_t cpu;
-  config_default(&cpu);
-  cr_assert_eq(config_set(&cpu, "data", data), 0);
-  cr_assert_eq(config_set(&cpu, "model", "tiny"), 0);
+  config_t cpu = job_of(data, "tiny");
   cr_assert_eq(config_set(&cpu, "vocab", "32768"), 0, "%s", err_msg());
   cpu.batch = 128, cpu.seq_len = 64;
   config_t gpu = cpu, set = cpu;
