@@ -17,6 +17,12 @@
  *  - Backward ops ACCUMULATE (+=) into every gradient they write, parameters and
  *    activations alike: gradient accumulation over micro-batches and the
  *    residual stream both rely on it. Callers zero gradients when they start.
+ *    The exceptions are the activation gradients of the ops that take acc
+ *    (matmul_bwd's dinp, attention_bwd's dqkv, gelu_bwd's dinp): with acc 0
+ *    they are written (=), their old contents never read, so a caller whose
+ *    buffer holds nothing yet skips zeroing it and the op skips reading the
+ *    zeros (on a GPU two passes over memory a buffer); acc 1 accumulates.
+ *    The same values either way (the sign of a zero aside).
  *  - Ops never allocate. Scratch memory is passed in, sized by *_scratch().
  *  - Where an op takes a leading dimension (ld, ldo), rows are that many floats
  *    apart; the caller pads a wide matrix's rows to KERN_LD_ALIGN floats (the
@@ -129,10 +135,10 @@ typedef struct kern_backend {
    * KERN_LD_ALIGN); columns OC..ldo-1 are not touched. */
   void (*matmul_fwd)(float *out, const float *inp, const float *w, const float *bias, int N,
                      int IC, int OC, int ldo);
-  /* dinp (N,IC) += dout @ w; dw (OC,IC) += dout^T @ inp; dbias (OC) += column sums (if not NULL).
-   * dout's rows are ldo >= OC floats apart. */
+  /* dinp (N,IC) += dout @ w (acc 1; = with acc 0); dw (OC,IC) += dout^T @ inp; dbias (OC) +=
+   * column sums (if not NULL). dout's rows are ldo >= OC floats apart. */
   void (*matmul_bwd)(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
-                     const float *w, int N, int IC, int OC, int ldo);
+                     const float *w, int N, int IC, int OC, int ldo, int acc);
 
   /* Causal multi-head attention. qkv (B,T,3C) holds q, k, v side by side, each
    * (NH heads of C/NH). out (B,T,C). att (attention_saved() floats) is what
@@ -144,16 +150,18 @@ typedef struct kern_backend {
    * forward's and backward's work; nothing in it outlives an op. */
   void (*attention_fwd)(float *out, float *att, float *scratch, const float *qkv, int B, int T,
                         int C, int NH);
-  /* dqkv (B,T,3C) += gradient; out is forward's output, att what it kept;
-   * scratch holds attention_scratch() floats. */
+  /* dqkv (B,T,3C) += gradient (acc 1; = with acc 0); out is forward's output,
+   * att what it kept; scratch holds attention_scratch() floats. */
   void (*attention_bwd)(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                        const float *out, const float *att, int B, int T, int C, int NH);
+                        const float *out, const float *att, int B, int T, int C, int NH,
+                        int acc);
   size_t (*attention_saved)(int B, int T, int C, int NH);
   size_t (*attention_scratch)(int B, int T, int C, int NH);
 
   /* GELU (tanh form), element-wise over n. */
   void (*gelu_fwd)(float *out, const float *inp, size_t n);
-  void (*gelu_bwd)(float *dinp, const float *inp, const float *dout, size_t n);
+  /* dinp += GELU'(inp) * dout (acc 1; = with acc 0) */
+  void (*gelu_bwd)(float *dinp, const float *inp, const float *dout, size_t n, int acc);
 
   /* out = a + b over n; backward: da += dout, db += dout. */
   void (*residual_fwd)(float *out, const float *a, const float *b, size_t n);

@@ -514,39 +514,34 @@ static void gpt_layer_bwd(gpt_t *g, int l, float *P, float *G, const float *res_
   const size_t N = (size_t)B * T, NC = N * (size_t)C;
   gpt_layer_acts_t *a = &g->layer[l];
   const gpt_block_t p = gpt_block_at(g, P), d = gpt_block_at(g, G);
-  const size_t f = sizeof(float);
   float *dfch_gelu = g->dbig1, *dfch = g->dbig2;
   const float *gl = a->fch_gelu;
   if (!gl) { /* recomputed into dbig2, which dfch takes once the product has read it */
     be->gelu_fwd(g->dbig2, a->fch, 4 * NC);
     gl = g->dbig2;
   }
-  be->dev_set(dfch_gelu, 0, 4 * NC * f);
-  be->matmul_bwd(dfch_gelu, d.fcprojw, d.fcprojb, g->dres, gl, p.fcprojw, (int)N, 4 * C, C, C);
-  be->dev_set(dfch, 0, 4 * NC * f);
-  be->gelu_bwd(dfch, a->fch, dfch_gelu, 4 * NC);
-  be->dev_set(g->dln, 0, NC * f);
+  /* each activation gradient below is written whole by its first op (acc 0:
+   * kern.h), so none is zeroed first */
+  be->matmul_bwd(dfch_gelu, d.fcprojw, d.fcprojb, g->dres, gl, p.fcprojw, (int)N, 4 * C, C, C, 0);
+  be->gelu_bwd(dfch, a->fch, dfch_gelu, 4 * NC, 0);
   const float *l2 = a->ln2;
   if (!l2) { /* again, into dbig1: dfch_gelu is spent */
     be->layernorm_fwd(g->dbig1, a->ln2_mean, a->ln2_rstd, a->res2, p.ln2w, p.ln2b, (int)N, C);
     l2 = g->dbig1;
   }
-  be->matmul_bwd(g->dln, d.fcw, d.fcb, dfch, l2, p.fcw, (int)N, C, 4 * C, 4 * C);
+  be->matmul_bwd(g->dln, d.fcw, d.fcb, dfch, l2, p.fcw, (int)N, C, 4 * C, 4 * C, 0);
   /* the skip path already put d(res3) in dres: adding the norm's gives d(res2) */
   be->layernorm_bwd(g->dres, d.ln2w, d.ln2b, g->dln, a->res2, p.ln2w, a->ln2_mean, a->ln2_rstd,
                     (int)N, C);
   float *datty = g->dbig2, *dqkv = g->dbig1;
-  be->dev_set(datty, 0, NC * f);
-  be->matmul_bwd(datty, d.attprojw, d.attprojb, g->dres, a->atty, p.attprojw, (int)N, C, C, C);
-  be->dev_set(dqkv, 0, 3 * NC * f);
-  be->attention_bwd(dqkv, g->att_scratch, datty, a->qkv, a->atty, a->att, B, T, C, NH);
-  be->dev_set(g->dln, 0, NC * f);
+  be->matmul_bwd(datty, d.attprojw, d.attprojb, g->dres, a->atty, p.attprojw, (int)N, C, C, C, 0);
+  be->attention_bwd(dqkv, g->att_scratch, datty, a->qkv, a->atty, a->att, B, T, C, NH, 0);
   const float *l1 = a->ln1;
   if (!l1) { /* again, into dbig2: datty is spent */
     be->layernorm_fwd(g->dbig2, a->ln1_mean, a->ln1_rstd, res_in, p.ln1w, p.ln1b, (int)N, C);
     l1 = g->dbig2;
   }
-  be->matmul_bwd(g->dln, d.qkvw, d.qkvb, dqkv, l1, p.qkvw, (int)N, C, 3 * C, 3 * C);
+  be->matmul_bwd(g->dln, d.qkvw, d.qkvb, dqkv, l1, p.qkvw, (int)N, C, 3 * C, 3 * C, 0);
   be->layernorm_bwd(g->dres, d.ln1w, d.ln1b, g->dln, res_in, p.ln1w, a->ln1_mean, a->ln1_rstd,
                     (int)N, C);
 }
@@ -560,8 +555,8 @@ static void gpt_layer_bwd(gpt_t *g, int l, float *P, float *G, const float *res_
 /* The LM head and its loss over the N rows of lnf, lrows at a time (p0:
  * unit 0's parameters): each chunk's logits and losses, with bwd the loss's
  * gradient (dscale per row) in place of the chunk's logits, and with d0
- * (unit 0's gradient) that chunk's backward: its rows of dln (zeroed by the
- * caller) and its share of wte's gradient, before the next chunk's logits
+ * (unit 0's gradient) that chunk's backward: its rows of dln (written, not
+ * accumulated) and its share of wte's gradient, before the next chunk's logits
  * take the buffer. Without d0 the last chunk's probabilities (bwd: loss
  * gradient) stay, which backward uses when one chunk is all the rows. */
 static void gpt_lm_head(gpt_t *g, const gpt_embed_t *p0, const gpt_embed_t *d0, int bwd,
@@ -578,7 +573,7 @@ static void gpt_lm_head(gpt_t *g, const gpt_embed_t *p0, const gpt_embed_t *d0, 
     else
       be->crossentropy_fwd(g->losses + r0, g->logits, g->targets + r0, n, V, ld);
     if (d0)
-      be->matmul_bwd(g->dln + r0 * C, d0->wte, NULL, g->logits, x, p0->wte, n, (int)C, V, ld);
+      be->matmul_bwd(g->dln + r0 * C, d0->wte, NULL, g->logits, x, p0->wte, n, (int)C, V, ld, 0);
   }
 }
 
@@ -632,7 +627,6 @@ static int gpt_forward_run(gpt_t *g, const int32_t *inputs, const int32_t *targe
     float *G0;
     GPT_TRY(h->grads(h->ctx, 0, &G0));
     const gpt_embed_t d0 = gpt_embed_at(g, G0);
-    be->dev_set(g->dln, 0, N * (size_t)C * sizeof(float));
     gpt_lm_head(g, &e, &d0, 1, dloss_scale / (float)N);
   } else { /* one chunk: forward_train leaves the loss's gradient to backward */
     gpt_lm_head(g, &e, NULL, bwd, dloss_scale / (float)N);
@@ -687,12 +681,11 @@ int gpt_backward(gpt_t *g, float dloss_scale) {
   GPT_TRY(h->grads(h->ctx, 0, &G0));
   const gpt_embed_t p0 = gpt_embed_at(g, P), d0 = gpt_embed_at(g, G0);
   if (had != 4) { /* the LM head's backward: from the kept dlogits, or chunk by chunk again */
-    be->dev_set(g->dln, 0, NC * sizeof(float));
     if (chunked)
       gpt_lm_head(g, &p0, &d0, 1, dloss_scale / (float)N);
     else
       be->matmul_bwd(g->dln, d0.wte, NULL, g->logits, g->lnf, p0.wte, (int)N, C, V,
-                     gpt_logits_ld(g));
+                     gpt_logits_ld(g), 0);
   }
   const float *res_last = c->layers ? g->layer[c->layers - 1].res3 : g->encoded;
   be->dev_set(g->dres, 0, NC * sizeof(float));

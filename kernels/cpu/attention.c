@@ -13,6 +13,7 @@
  * C=768 NH=12 forward+backward took 21 ms in blocks of 64 rows against 29 ms in
  * one block; at T=1024, 66 ms against 117 ms (blocks of 32 to 128 are alike). */
 #include <omp.h>
+#include <string.h>
 
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/size.h"
@@ -78,7 +79,8 @@ void kern_cpu_attention_fwd(float *out, float *lse, float *scratch, const float 
 }
 
 void kern_cpu_attention_bwd(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                            const float *out, const float *lse, int B, int T, int C, int NH) {
+                            const float *out, const float *lse, int B, int T, int C, int NH,
+                            int acc) {
   (void)out; /* the probabilities come again from the scores and their log-sum-exp */
   const int hs = C / NH, R = attn_block(T);
   const int64_t C3 = 3 * (int64_t)C;
@@ -98,6 +100,9 @@ void kern_cpu_attention_bwd(float *dqkv, float *scratch, const float *dout, cons
       /* the pair's slice: a block's probabilities, then their gradient, (m, r1) each,
        * leading dim T */
       float *ab = scratch + (int64_t)bh * 2 * R * T, *dp = ab + (int64_t)R * T;
+      if (!acc) /* the pair's columns of dqkv, which its blocks then accumulate into */
+        for (int t = 0; t < T; t++)
+          for (int x = 0; x < 3; x++) memset(dq + (int64_t)t * C3 + (int64_t)x * C, 0, hs * sizeof(float));
       for (int r0 = 0; r0 < T; r0 += R) {
         const int r1 = r0 + R < T ? r0 + R : T, m = r1 - r0;
         const float *db = d + (int64_t)r0 * C;

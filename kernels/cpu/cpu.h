@@ -183,17 +183,17 @@ void kern_cpu_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout
 void kern_cpu_matmul_fwd(float *out, const float *inp, const float *w, const float *bias, int N,
                          int IC, int OC, int ldo);
 void kern_cpu_matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
-                         const float *w, int N, int IC, int OC, int ldo);
+                         const float *w, int N, int IC, int OC, int ldo, int acc);
 
 void kern_cpu_attention_fwd(float *out, float *att, float *scratch, const float *qkv, int B,
                             int T, int C, int NH);
 void kern_cpu_attention_bwd(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                            const float *out, const float *att, int B, int T, int C, int NH);
+                            const float *out, const float *att, int B, int T, int C, int NH, int acc);
 size_t kern_cpu_attention_saved(int B, int T, int C, int NH);
 size_t kern_cpu_attention_scratch(int B, int T, int C, int NH);
 
 void kern_cpu_gelu_fwd(float *out, const float *inp, size_t n);
-void kern_cpu_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n);
+void kern_cpu_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n, int acc);
 
 void kern_cpu_residual_fwd(float *out, const float *a, const float *b, size_t n);
 void kern_cpu_residual_bwd(float *da, float *db, const float *dout, size_t n);

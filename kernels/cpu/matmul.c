@@ -111,14 +111,14 @@ void kern_cpu_matmul_fwd(float *out, const float *inp, const float *w, const flo
 /* The three gradients write disjoint memory, so each thread goes from its tile
  * of dinp to its tile of dw to its channels of dbias without a barrier. */
 void kern_cpu_matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
-                         const float *w, int N, int IC, int OC, int ldo) {
+                         const float *w, int N, int IC, int OC, int ldo, int acc) {
   KERN_CPU_ASSERT(ldo >= OC);
 #pragma omp parallel
   {
-    /* dinp (N, IC) += dout (N, OC) @ w (OC, IC) */
+    /* dinp (N, IC) += dout (N, OC) @ w (OC, IC); = without acc (beta 0: not read) */
     tile_t t = my_tile(N, IC);
     kern_cpu_sgemm('N', 'N', t.m1 - t.m0, t.n1 - t.n0, OC, 1.0f, dout + t.m0 * (int64_t)ldo, ldo,
-                   w + t.n0, IC, 1.0f, dinp + t.m0 * IC + t.n0, IC);
+                   w + t.n0, IC, acc ? 1.0f : 0.0f, dinp + t.m0 * IC + t.n0, IC);
     /* dw (OC, IC) += dout^T (OC, N) @ inp (N, IC) */
     t = my_tile(OC, IC);
     kern_cpu_sgemm('T', 'N', t.m1 - t.m0, t.n1 - t.n0, N, 1.0f, dout + t.m0, ldo, inp + t.n0, IC,

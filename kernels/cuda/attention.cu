@@ -420,15 +420,19 @@ extern "C" void kern_cuda_attention_fwd(float *out, float *att, float *scratch, 
 
 extern "C" void kern_cuda_attention_bwd(float *dqkv, float *scratch, const float *dout,
                                         const float *qkv, const float *out, const float *att,
-                                        int B, int T, int C, int NH) {
+                                        int B, int T, int C, int NH, int acc) {
   if (B <= 0 || T <= 0) return;
   KERN_CUDA_ASSERT(NH > 0 && C % NH == 0);
   const int hs = C / NH;
+  /* the tensor-core kernels write dqkv without acc (each element once); the
+   * others accumulate, into zeros then */
+  if (attn_fused(C, NH) && attn_tc() &&
+      kern_cuda_attention_tc_bwd(dqkv, scratch, dout, qkv, out, att, B, T, C, NH, acc))
+    return;
+  if (!acc)
+    KERN_CUDA_CHECK(cudaMemsetAsync(dqkv, 0, (size_t)B * T * 3 * C * sizeof(float), kern_cuda_st.stream));
   if (attn_fused(C, NH)) {
-    const int launched =
-        (attn_tc() && kern_cuda_attention_tc_bwd(dqkv, scratch, dout, qkv, out, att, B, T, C, NH)) ||
-        fa_bwd_hs(hs, dqkv, scratch, dout, qkv, out, att, B, T, C, NH);
-    KERN_CUDA_ASSERT(launched);
+    KERN_CUDA_ASSERT(fa_bwd_hs(hs, dqkv, scratch, dout, qkv, out, att, B, T, C, NH));
     return;
   }
   const int64_t C3 = 3 * (int64_t)C, TT = (int64_t)T * T;

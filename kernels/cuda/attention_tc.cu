@@ -445,7 +445,8 @@ __device__ __forceinline__ static void tc_dq_tile(float dq[HS / 8][4], const uin
 template <int HS>
 __global__ static void __launch_bounds__(TC_DQ_WARPS * 32, HS <= 64 ? 3 : 1) /* 3: 170 registers */
     tc_bwd_dq_kernel(float *dqkv, float *Dg, const float *dout, const uint16_t *dout16,
-                     const uint16_t *qkv, const float *out, const float *lse, int T, int C, float scale) {
+                     const uint16_t *qkv, const float *out, const float *lse, int T, int C, float scale,
+                     int acc) {
   extern __shared__ __align__(128) unsigned char tc_smem[];
   constexpr int OWN = 16 * TC_DQ_WARPS, NTH = 32 * TC_DQ_WARPS;
   constexpr int TILE = TC_ROWS * tc_rw<HS>(); /* words of a 64-row tile */
@@ -506,7 +507,7 @@ __global__ static void __launch_bounds__(TC_DQ_WARPS * 32, HS <= 64 ? 3 : 1) /* 
       tc_dq_tile<HS>(dq, qa, da, L, D, Ks, Vs, sl2, q0 + w0, j0, T);
     __syncthreads();
   }
-  tc_put_rows<HS>(dqkv + (int64_t)b * T * C3 + (int64_t)h * HS, C3, q0 + w0, T, dq, scale, 1);
+  tc_put_rows<HS>(dqkv + (int64_t)b * T * C3 + (int64_t)h * HS, C3, q0 + w0, T, dq, scale, acc);
 }
 
 /* One query tile of the key pass for a warp's 16 keys from j0 (their k and
@@ -545,7 +546,7 @@ __device__ __forceinline__ static void tc_dkv_tile(float dk[HS / 8][4], float dv
 template <int HS>
 __global__ static void __launch_bounds__(TC_DKV_WARPS * 32)
     tc_bwd_dkv_kernel(float *dqkv, const float *Dg, const uint16_t *dout, const uint16_t *qkv,
-                      const float *lse, int T, int C, float scale) {
+                      const float *lse, int T, int C, float scale, int acc) {
   extern __shared__ __align__(128) unsigned char tc_smem[];
   constexpr int OWN = 16 * TC_DKV_WARPS, NTH = 32 * TC_DKV_WARPS;
   constexpr int TILE = TC_ROWS * tc_rw<HS>(); /* words of a 64-row tile */
@@ -601,8 +602,8 @@ __global__ static void __launch_bounds__(TC_DKV_WARPS * 32)
     __syncthreads();
   }
   float *kbase = dqkv + (int64_t)b * T * C3 + (int64_t)h * HS;
-  tc_put_rows<HS>(kbase + C, C3, k0 + w0, T, dk, scale, 1);
-  tc_put_rows<HS>(kbase + 2 * C, C3, k0 + w0, T, dv, 1.0f, 1);
+  tc_put_rows<HS>(kbase + C, C3, k0 + w0, T, dk, scale, acc);
+  tc_put_rows<HS>(kbase + 2 * C, C3, k0 + w0, T, dv, 1.0f, acc);
 }
 
 /* Lets a kernel take `bytes` of dynamic shared memory (over the 48 KiB a
@@ -641,7 +642,7 @@ static int tc_fwd(float *out, float *lse, float *scratch, const float *qkv, int 
 
 template <int HS>
 static int tc_bwd(float *dqkv, float *scratch, const float *dout, const float *qkv, const float *out,
-                  const float *lse, int B, int T, int C, int NH) {
+                  const float *lse, int B, int T, int C, int NH, int acc) {
   if (tc_dq_smem<HS>() > kern_cuda_st.smem_optin || tc_dkv_smem<HS>() > kern_cuda_st.smem_optin)
     return 0;
   static int allowed_dq, allowed_dkv;
@@ -654,11 +655,11 @@ static int tc_bwd(float *dqkv, float *scratch, const float *dout, const float *q
   kern_cuda_f32_to_bf16(dout16, dout, (size_t)B * T * C);
   tc_bwd_dq_kernel<HS><<<tc_grid(B, T, NH, TC_DQ_WARPS), TC_DQ_WARPS * 32, tc_dq_smem<HS>(),
                          kern_cuda_st.stream>>>(
-      dqkv, D, dout, dout16, qkv16, out, lse, T, C, scale);
+      dqkv, D, dout, dout16, qkv16, out, lse, T, C, scale, acc);
   KERN_CUDA_LAUNCHED();
   tc_bwd_dkv_kernel<HS><<<tc_grid(B, T, NH, TC_DKV_WARPS), TC_DKV_WARPS * 32, tc_dkv_smem<HS>(),
                           kern_cuda_st.stream>>>(
-      dqkv, D, dout16, qkv16, lse, T, C, scale);
+      dqkv, D, dout16, qkv16, lse, T, C, scale, acc);
   KERN_CUDA_LAUNCHED();
   return 1;
 }
@@ -675,12 +676,12 @@ int kern_cuda_attention_tc_fwd(float *out, float *lse, float *scratch, const flo
 }
 
 int kern_cuda_attention_tc_bwd(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                               const float *out, const float *lse, int B, int T, int C, int NH) {
+                               const float *out, const float *lse, int B, int T, int C, int NH, int acc) {
   switch (C / NH) {
-  case 16: return tc_bwd<16>(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH);
-  case 32: return tc_bwd<32>(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH);
-  case 64: return tc_bwd<64>(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH);
-  case 128: return tc_bwd<128>(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH);
+  case 16: return tc_bwd<16>(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH, acc);
+  case 32: return tc_bwd<32>(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH, acc);
+  case 64: return tc_bwd<64>(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH, acc);
+  case 128: return tc_bwd<128>(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH, acc);
   default: return 0;
   }
 }

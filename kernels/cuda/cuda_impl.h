@@ -243,7 +243,7 @@ void kern_cuda_colsum(float *sd, float *sdx, const float *dout, const float *inp
 int kern_cuda_attention_tc_fwd(float *out, float *lse, float *scratch, const float *qkv, int B, int T,
                                int C, int NH);
 int kern_cuda_attention_tc_bwd(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                               const float *out, const float *lse, int B, int T, int C, int NH);
+                               const float *out, const float *lse, int B, int T, int C, int NH, int acc);
 
 /* ---- double sums in a fixed order (sumsq.cu) --------------------------------
  * sum of x[i] (square 0) or x[i]^2 (square 1), in double; waits for the
@@ -265,17 +265,17 @@ void kern_cuda_layernorm_bwd(float *dinp, float *dw, float *db, const float *dou
 void kern_cuda_matmul_fwd(float *out, const float *inp, const float *w, const float *bias, int N,
                           int IC, int OC, int ldo);
 void kern_cuda_matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
-                          const float *w, int N, int IC, int OC, int ldo);
+                          const float *w, int N, int IC, int OC, int ldo, int acc);
 
 void kern_cuda_attention_fwd(float *out, float *att, float *scratch, const float *qkv, int B,
                              int T, int C, int NH);
 void kern_cuda_attention_bwd(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                             const float *out, const float *att, int B, int T, int C, int NH);
+                             const float *out, const float *att, int B, int T, int C, int NH, int acc);
 size_t kern_cuda_attention_saved(int B, int T, int C, int NH);
 size_t kern_cuda_attention_scratch(int B, int T, int C, int NH);
 
 void kern_cuda_gelu_fwd(float *out, const float *inp, size_t n);
-void kern_cuda_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n);
+void kern_cuda_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n, int acc);
 
 void kern_cuda_residual_fwd(float *out, const float *a, const float *b, size_t n);
 void kern_cuda_residual_bwd(float *da, float *db, const float *dout, size_t n);

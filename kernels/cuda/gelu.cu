@@ -1,5 +1,6 @@
 /* gelu: GELU (tanh form, kern_gelu) element-wise, and its backward
- * (dinp += kern_gelu_grad(inp) * dout): kern_math.h's formulas, compiled
+ * (dinp += kern_gelu_grad(inp) * dout, or = without acc): kern_math.h's
+ * formulas, compiled
  * without contraction, so the CPU kernels' bits.
  *
  * Close to memory-bound (one exponential an element against 8 or 16 bytes
@@ -27,24 +28,33 @@ __global__ static void gelu_fwd_wide_kernel(float *out, const float *inp, size_t
       [&](size_t i) { out[i] = kern_gelu(inp[i]); });
 }
 
-__global__ static void gelu_bwd_kernel(float *dinp, const float *inp, const float *dout, size_t n) {
-  KERN_CUDA_FOR(i, n) dinp[i] += kern_gelu_grad(inp[i]) * dout[i];
+__global__ static void gelu_bwd_kernel(float *dinp, const float *inp, const float *dout, size_t n,
+                                       int acc) {
+  KERN_CUDA_FOR(i, n) {
+    const float g = kern_gelu_grad(inp[i]) * dout[i];
+    dinp[i] = acc ? dinp[i] + g : g;
+  }
 }
 
 /* dinp + head, inp + head and dout + head 16-byte aligned, n >= head + 4 */
 __global__ static void gelu_bwd_wide_kernel(float *dinp, const float *inp, const float *dout,
-                                            size_t n, size_t head) {
+                                            size_t n, size_t head, int acc) {
   kern_cuda_for_wide<4>(
       n, head,
       [&](size_t j) {
         const float4 x = kern_cuda_load_f32x4(inp + j), d = kern_cuda_load_f32x4(dout + j);
-        const float4 g = kern_cuda_load_f32x4(dinp + j);
-        kern_cuda_store_f32x4(dinp + j, make_float4(g.x + kern_gelu_grad(x.x) * d.x,
-                                                    g.y + kern_gelu_grad(x.y) * d.y,
-                                                    g.z + kern_gelu_grad(x.z) * d.z,
-                                                    g.w + kern_gelu_grad(x.w) * d.w));
+        float4 g = make_float4(kern_gelu_grad(x.x) * d.x, kern_gelu_grad(x.y) * d.y,
+                               kern_gelu_grad(x.z) * d.z, kern_gelu_grad(x.w) * d.w);
+        if (acc) { /* without it dinp is not read: one pass over it less */
+          const float4 o = kern_cuda_load_f32x4(dinp + j);
+          g = make_float4(o.x + g.x, o.y + g.y, o.z + g.z, o.w + g.w);
+        }
+        kern_cuda_store_f32x4(dinp + j, g);
       },
-      [&](size_t i) { dinp[i] += kern_gelu_grad(inp[i]) * dout[i]; });
+      [&](size_t i) {
+        const float g = kern_gelu_grad(inp[i]) * dout[i];
+        dinp[i] = acc ? dinp[i] + g : g;
+      });
 }
 
 extern "C" void kern_cuda_gelu_fwd(float *out, const float *inp, size_t n) {
@@ -59,14 +69,15 @@ extern "C" void kern_cuda_gelu_fwd(float *out, const float *inp, size_t n) {
   KERN_CUDA_LAUNCHED();
 }
 
-extern "C" void kern_cuda_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n) {
+extern "C" void kern_cuda_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n,
+                                   int acc) {
   if (!n) return;
   const size_t head = kern_cuda_head16(dinp, sizeof *dinp);
   if (n >= head + 4 && kern_cuda_aligned16(inp + head) && kern_cuda_aligned16(dout + head))
     gelu_bwd_wide_kernel<<<kern_cuda_blocks((n - head) / 4, KERN_CUDA_THREADS), KERN_CUDA_THREADS,
-                           0, kern_cuda_st.stream>>>(dinp, inp, dout, n, head);
+                           0, kern_cuda_st.stream>>>(dinp, inp, dout, n, head, acc);
   else
     gelu_bwd_kernel<<<kern_cuda_blocks(n, KERN_CUDA_THREADS), KERN_CUDA_THREADS, 0,
-                      kern_cuda_st.stream>>>(dinp, inp, dout, n);
+                      kern_cuda_st.stream>>>(dinp, inp, dout, n, acc);
   KERN_CUDA_LAUNCHED();
 }

@@ -424,7 +424,7 @@ static int gemm_bwd_blocks(int N, int IC, int OC, int *mr_out, int *kc_out) {
 }
 
 static int gemm_bwd_joint(float *dinp, float *dw, const float *dout, const float *inp,
-                          const float *w, int N, int IC, int OC, int ldo) {
+                          const float *w, int N, int IC, int OC, int ldo, int acc) {
   int mr = 0, kc = 0;
   if (!gemm_bwd_blocks(N, IC, OC, &mr, &kc)) return 0;
   uint16_t *pa = kern_cuda_st.pack, *pb = kern_cuda_st.pack + KERN_CUDA_SIZE_PACK_ELEMS;
@@ -439,8 +439,10 @@ static int gemm_bwd_joint(float *dinp, float *dw, const float *dout, const float
       const float *dout_rc = dout + (int64_t)r0 * ldo + c0, *w_c = w + (int64_t)c0 * IC;
       const int64_t plda = gemm_pack(pa, dout, 'N', ldo, 0, r0, c0, rr, cc, 1, 0);
       gemm_pack(pw, w, 'N', IC, 0, c0, 0, cc, IC, 1, 0);
+      /* without acc, dinp's rows take their first column block with beta 0 (not read) */
       gemm_packed_block(__func__, 'N', 'N', rr, IC, cc, 1.0f, pa, plda, 0, pw, pld, 0, dout_rc,
-                        ldo, 0, w_c, IC, 0, 1.0f, dinp + (int64_t)r0 * IC, IC, 0, 1, NULL);
+                        ldo, 0, w_c, IC, 0, acc || c0 ? 1.0f : 0.0f, dinp + (int64_t)r0 * IC, IC,
+                        0, 1, NULL);
       gemm_packed_block(__func__, 'T', 'N', cc, IC, rr, 1.0f, pa, plda, 0, pb, pld, 0, dout_rc,
                         ldo, 0, inp_r, IC, 0, 1.0f, dw + (int64_t)c0 * IC, IC, 0, 1, NULL);
     }
@@ -450,16 +452,18 @@ static int gemm_bwd_joint(float *dinp, float *dw, const float *dout, const float
 
 extern "C" void kern_cuda_matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout,
                                      const float *inp, const float *w, int N, int IC, int OC,
-                                     int ldo) {
+                                     int ldo, int acc) {
   KERN_CUDA_ASSERT(ldo >= OC);
   if (dbias) kern_cuda_colsum(dbias, NULL, dout, NULL, NULL, NULL, N, OC, ldo);
+  if (dinp && !acc && OC <= 0 && N > 0 && IC > 0) /* an empty sum written: zeros */
+    KERN_CUDA_CHECK(cudaMemsetAsync(dinp, 0, (size_t)N * IC * sizeof(float), kern_cuda_st.stream));
   if (dinp && dw && N > 0 && IC > 0 && OC > 0 && kern_cuda_st.bf16 && !kern_cuda_st.fast16bf &&
-      gemm_bwd_joint(dinp, dw, dout, inp, w, N, IC, OC, ldo))
+      gemm_bwd_joint(dinp, dw, dout, inp, w, N, IC, OC, ldo, acc))
     return;
-  /* dinp (N, IC) += dout (N, OC) @ w (OC, IC) */
-  if (dinp)
-    kern_cuda_gemm(__func__, 'N', 'N', N, IC, OC, 1.0f, dout, ldo, 0, w, IC, 0, 1.0f, dinp, IC, 0,
-                   1);
+  /* dinp (N, IC) += dout (N, OC) @ w (OC, IC); = without acc */
+  if (dinp && OC > 0)
+    kern_cuda_gemm(__func__, 'N', 'N', N, IC, OC, 1.0f, dout, ldo, 0, w, IC, 0, acc ? 1.0f : 0.0f,
+                   dinp, IC, 0, 1);
   /* dw (OC, IC) += dout^T (OC, N) @ inp (N, IC) */
   if (dw)
     kern_cuda_gemm(__func__, 'T', 'N', OC, IC, N, 1.0f, dout, ldo, 0, inp, IC, 0, 1.0f, dw, IC, 0,

@@ -141,9 +141,9 @@ static void w_matmul_fwd(float *out, const float *inp, const float *w, const flo
   prof_add(P_MATMUL_FWD, t0, f);
 }
 static void w_matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout,
-                         const float *inp, const float *w, int N, int IC, int OC, int ldo) {
+                         const float *inp, const float *w, int N, int IC, int OC, int ldo, int acc) {
   double t0 = bench_now_s();
-  prof_base->matmul_bwd(dinp, dw, dbias, dout, inp, w, N, IC, OC, ldo);
+  prof_base->matmul_bwd(dinp, dw, dbias, dout, inp, w, N, IC, OC, ldo, acc);
   double f = (dinp ? 2.0 : 0.0) * N * IC * OC + 2.0 * N * IC * OC;
   prof_add_shape(1, N, IC, OC, t0, bench_now_s(), f);
   prof_add(P_MATMUL_BWD, t0, f);
@@ -156,9 +156,9 @@ static void w_attention_fwd(float *out, float *att, float *scratch, const float 
   prof_add(P_ATTENTION_FWD, t0, 2.0 * B * (double)T * T * C);
 }
 static void w_attention_bwd(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                            const float *out, const float *att, int B, int T, int C, int NH) {
+                            const float *out, const float *att, int B, int T, int C, int NH, int acc) {
   double t0 = bench_now_s();
-  prof_base->attention_bwd(dqkv, scratch, dout, qkv, out, att, B, T, C, NH);
+  prof_base->attention_bwd(dqkv, scratch, dout, qkv, out, att, B, T, C, NH, acc);
   prof_add(P_ATTENTION_BWD, t0, 4.0 * B * (double)T * T * C);
 }
 static void w_gelu_fwd(float *out, const float *inp, size_t n) {
@@ -166,9 +166,9 @@ static void w_gelu_fwd(float *out, const float *inp, size_t n) {
   prof_base->gelu_fwd(out, inp, n);
   prof_add(P_GELU_FWD, t0, 0);
 }
-static void w_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n) {
+static void w_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n, int acc) {
   double t0 = bench_now_s();
-  prof_base->gelu_bwd(dinp, inp, dout, n);
+  prof_base->gelu_bwd(dinp, inp, dout, n, acc);
   prof_add(P_GELU_BWD, t0, 0);
 }
 static void w_residual_fwd(float *out, const float *a, const float *b, size_t n) {

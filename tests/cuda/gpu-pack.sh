@@ -12,7 +12,10 @@
 #
 # GPU_PACK_REFS="REF ..." also builds, for each git ref, the plugin with
 # that ref's kernels/cuda (and this tree's NCCL backend and plugin table:
-# refs whose kern.h table is this tree's) for sm_90 alone, into
+# refs whose kern.h table is this tree's; before 2026-11-27's acc argument
+# of matmul_bwd, attention_bwd and gelu_bwd a ref's ops ignore it and
+# accumulate, which times the same work plus the read of dinp, fine for
+# bench_cuda --ops but not for training) for sm_90 alone, into
 # .gpu/v/REF.so, for gpu-run.sh's GPU_OPS_PLUGINS to time against each
 # other on one machine.
 set -eu

@@ -594,7 +594,7 @@ static void test_matmul(int N, int IC, int OC, int with_bias, int ld) {
   float *dout = frand(no, -1, 1), *dinp = frand(ni, -1, 1), *dw = frand(nw, -1, 1);
   float *dbias = bias ? frand(OC, -1, 1) : NULL;
   float *mdinp = fabs_dup(dinp, ni), *mdw = fabs_dup(dw, nw), *adout = fabs_dup(dout, no);
-  cpu->matmul_bwd(mdinp, mdw, NULL, adout, ainp, aw, N, IC, OC, OC);
+  cpu->matmul_bwd(mdinp, mdw, NULL, adout, ainp, aw, N, IC, OC, OC, 1);
   float *ddout = dput_rows(dout, N, OC, ld), *dd_inp = dput(dinp, ni * 4),
         *dd_w = dput(dw, nw * 4);
   float *dd_bias = bias ? dput(dbias, OC * 4) : NULL;
@@ -603,11 +603,11 @@ static void test_matmul(int N, int IC, int OC, int with_bias, int ld) {
   if (bf16_exact) {
     float *rd = round_dup(dout, no, 1), *ri = round_dup(inp, ni, 1), *rw = round_dup(w, nw, 1);
     xdinp = round_dup(dinp, ni, 0), xdw = round_dup(dw, nw, 0);
-    cpu->matmul_bwd(xdinp, xdw, NULL, rd, ri, rw, N, IC, OC, OC);
+    cpu->matmul_bwd(xdinp, xdw, NULL, rd, ri, rw, N, IC, OC, OC, 1);
     free(rd), free(ri), free(rw);
   }
-  cpu->matmul_bwd(dinp, dw, dbias, dout, inp, w, N, IC, OC, OC);
-  gpu->matmul_bwd(dd_inp, dd_w, dd_bias, ddout, dinp_, dw_, N, IC, OC, ld);
+  cpu->matmul_bwd(dinp, dw, dbias, dout, inp, w, N, IC, OC, OC, 1);
+  gpu->matmul_bwd(dd_inp, dd_w, dd_bias, ddout, dinp_, dw_, N, IC, OC, ld, 1);
   g = dget(dd_inp, ni);
   check_tol("matmul_bwd", "dinp", shape, g, dinp, NULL, mdinp, NULL, ni, tol_gemm);
   if (xdinp) check_tol("matmul_bwd", "dinp-bf16ops", shape, g, xdinp, NULL, mdinp, NULL, ni, TOL_GEMM);
@@ -620,6 +620,18 @@ static void test_matmul(int N, int IC, int OC, int with_bias, int ld) {
     g = dget(dd_bias, OC);
     check_bits("matmul_bwd", "dbias", shape, g, dbias, OC);
     free(g);
+  }
+  { /* acc 0: dinp written over dnew's NaNs (the joint bf16 path: dw given) */
+    float *wd = xmalloc(ni * 4), *wdw = xmalloc(nw * 4), *m0 = xmalloc(ni * 4), *m0w = xmalloc(nw * 4);
+    for (size_t i = 0; i < ni; i++) wd[i] = NAN;
+    cpu->matmul_bwd(wd, wdw, NULL, dout, inp, w, N, IC, OC, OC, 0);
+    cpu->matmul_bwd(m0, m0w, NULL, adout, ainp, aw, N, IC, OC, OC, 0);
+    float *dd_w0 = dput(dw, nw * 4), *dd_x0 = dnew(ni * 4);
+    gpu->matmul_bwd(dd_x0, dd_w0, NULL, ddout, dinp_, dw_, N, IC, OC, ld, 0);
+    g = dget(dd_x0, ni);
+    check_tol("matmul_bwd", "dinp=", shape, g, wd, NULL, m0, NULL, ni, tol_gemm);
+    free(g), free(wd), free(wdw), free(m0), free(m0w);
+    gpu->dev_free(dd_w0), gpu->dev_free(dd_x0);
   }
   gpu->dev_free(dinp_), gpu->dev_free(dw_), gpu->dev_free(dbias_base), gpu->dev_free(dout_o);
   gpu->dev_free(ddout), gpu->dev_free(dd_inp), gpu->dev_free(dd_w), gpu->dev_free(dd_bias);
@@ -863,11 +875,24 @@ static void test_attention(int B, int T, int C, int NH) {
   attn_bwd_mags(mag, dqkv, qkv, att, dout, B, T, C, NH);
   float *d_att = fused ? datt : dput(att, na * 4), *d_dout = dput(dout, no * 4);
   float *d_dqkv = dput(dqkv, nq * 4);
-  cpu->attention_bwd(dqkv, scratch, dout, qkv, out, clse, B, T, C, NH);
-  gpu->attention_bwd(d_dqkv, d_scratch, d_dout, d_qkv, dout_o, d_att, B, T, C, NH);
+  cpu->attention_bwd(dqkv, scratch, dout, qkv, out, clse, B, T, C, NH, 1);
+  gpu->attention_bwd(d_dqkv, d_scratch, d_dout, d_qkv, dout_o, d_att, B, T, C, NH, 1);
   float *g = dget(d_dqkv, nq);
   check_tol("attention_bwd", "dqkv", shape, g, dqkv, NULL, mag, NULL, nq, tol_gemm);
   free(g);
+  { /* acc 0: dqkv written over dnew's NaNs, each element (the tensor-core
+     * kernels store each once; the others accumulate into zeros) */
+    float *w0 = xmalloc(nq * 4), *z = xmalloc(nq * 4), *m0 = xmalloc(nq * 4);
+    for (size_t i = 0; i < nq; i++) w0[i] = NAN, z[i] = 0.0f;
+    cpu->attention_bwd(w0, scratch, dout, qkv, out, clse, B, T, C, NH, 0);
+    attn_bwd_mags(m0, z, qkv, att, dout, B, T, C, NH);
+    float *d_w0 = dnew(nq * 4);
+    gpu->attention_bwd(d_w0, d_scratch, d_dout, d_qkv, dout_o, d_att, B, T, C, NH, 0);
+    g = dget(d_w0, nq);
+    check_tol("attention_bwd", "dqkv=", shape, g, w0, NULL, m0, NULL, nq, tol_gemm);
+    free(g), free(w0), free(z), free(m0);
+    gpu->dev_free(d_w0);
+  }
   gpu->dev_free(d_qkv), gpu->dev_free(dout_o), gpu->dev_free(datt);
   if (!fused) gpu->dev_free(d_att);
   gpu->dev_free(d_dout), gpu->dev_free(d_dqkv), gpu->dev_free(d_scratch);
@@ -892,9 +917,15 @@ static void test_gelu(size_t n) {
   free(g);
   float *dout = frand(n, -1, 1), *dinp = frand(n, -1, 1);
   float *ddout = dput(dout, n * 4), *ddinp = dput(dinp, n * 4);
-  cpu->gelu_bwd(dinp, x, dout, n);
-  gpu->gelu_bwd(ddinp, dx, ddout, n);
+  cpu->gelu_bwd(dinp, x, dout, n, 1);
+  gpu->gelu_bwd(ddinp, dx, ddout, n, 1);
   check_dev_bits("gelu_bwd", "dinp", shape, ddinp, dinp, n);
+  float *w0 = xmalloc(n * 4), *d_w0 = dnew(n * 4); /* acc 0: written over NaNs */
+  for (size_t i = 0; i < n; i++) w0[i] = NAN;
+  cpu->gelu_bwd(w0, x, dout, n, 0);
+  gpu->gelu_bwd(d_w0, dx, ddout, n, 0);
+  check_dev_bits("gelu_bwd", "dinp=", shape, d_w0, w0, n);
+  gpu->dev_free(d_w0), free(w0);
   gpu->dev_free(dx), gpu->dev_free(dy), gpu->dev_free(ddout), gpu->dev_free(ddinp);
   free(x), free(y), free(dout), free(dinp);
 }
@@ -938,7 +969,7 @@ static void run_gelu_fwd(const kern_backend_t *be, float **x, size_t n) {
   be->gelu_fwd(x[0], x[1], n);
 }
 static void run_gelu_bwd(const kern_backend_t *be, float **x, size_t n) {
-  be->gelu_bwd(x[0], x[1], x[2], n);
+  be->gelu_bwd(x[0], x[1], x[2], n, 1);
 }
 static void run_residual_fwd(const kern_backend_t *be, float **x, size_t n) {
   be->residual_fwd(x[0], x[1], x[2], n);

@@ -137,6 +137,16 @@ static void expect_accumulated(const float *after, const float *g0, const float 
   EXPECT_REL(after, want, n, ACC_TOL, what);
 }
 
+/* An op run with acc 0 on NaNs (fnew): every element written, each the value
+ * acc 1 leaves on zeros (a zero's sign aside), the NaNs never read. */
+static void expect_written(const float *got, const float *on_zeros, size_t n, const char *what) {
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < n; i++)
+    if (!(got[i] == on_zeros[i]) && !bad++) first = i;
+  cr_expect_eq(bad, 0, "%s: %zu of %zu elements differ from acc 1 on zeros (first %zu: %g, not %g)",
+               what, bad, n, first, bad ? got[first] : 0.0, bad ? on_zeros[first] : 0.0);
+}
+
 /* ---- table ------------------------------------------------------------------ */
 
 Test(kernels, table) {
@@ -305,7 +315,7 @@ static void check_matmul(int with_bias) {
   float *r = frand(no, -1, 1);
   for (size_t i = 0; i < no; i++) c.r[i] = r[i];
   float *dx = fzero(nx), *dw = fzero(nw), *db = with_bias ? fzero(MO) : NULL;
-  K->matmul_bwd(dx, dw, db, r, x, w, MN, MI, MO, MO);
+  K->matmul_bwd(dx, dw, db, r, x, w, MN, MI, MO, MO, 1);
   double *gx = dnew(nx), *gw = dnew(nw), *gb = dnew(MO);
   fd_grad(gx, c.x, nx, mm_loss, &c);
   fd_grad(gw, c.w, nw, mm_loss, &c);
@@ -315,9 +325,15 @@ static void check_matmul(int with_bias) {
   float *g0x = frand(nx, -1, 1), *g0w = frand(nw, -1, 1);
   float *ax = fcopy(g0x, nx), *aw = fcopy(g0w, nw);
   float *g0b = with_bias ? frand(MO, -1, 1) : NULL, *ab = with_bias ? fcopy(g0b, MO) : NULL;
-  K->matmul_bwd(ax, aw, ab, r, x, w, MN, MI, MO, MO);
+  K->matmul_bwd(ax, aw, ab, r, x, w, MN, MI, MO, MO, 1);
   expect_accumulated(ax, g0x, dx, nx, "matmul dinp +=");
   expect_accumulated(aw, g0w, dw, nw, "matmul dw +=");
+  /* acc 0: dinp written over NaNs; dw and dbias still accumulate */
+  float *wx = fnew(nx), *ww = fcopy(g0w, nw), *wb = with_bias ? fcopy(g0b, MO) : NULL;
+  K->matmul_bwd(wx, ww, wb, r, x, w, MN, MI, MO, MO, 0);
+  expect_written(wx, dx, nx, "matmul dinp =");
+  expect_accumulated(ww, g0w, dw, nw, "matmul dw += with dinp written");
+  if (with_bias) expect_accumulated(wb, g0b, db, MO, "matmul dbias += with dinp written");
   if (with_bias) {
     fd_grad(gb, c.bias, MO, mm_loss, &c);
     EXPECT_REL(db, gb, MO, BWD_TOL, "matmul dbias");
@@ -404,15 +420,19 @@ static void check_attention(const char *block) {
   for (size_t i = 0; i < ns; i++) scratch[i] = NAN;
   float *att = lse;
   float *dqkv = fzero(nqkv);
-  K->attention_bwd(dqkv, scratch, r, qkv, out, att, B, T, C, NH);
+  K->attention_bwd(dqkv, scratch, r, qkv, out, att, B, T, C, NH, 1);
   double *g = dnew(nqkv);
   fd_grad(g, c.qkv, nqkv, at_loss, &c);
   EXPECT_REL(dqkv, g, nqkv, BWD_TOL, "attention dqkv");
 
   float *g0 = frand(nqkv, -1, 1), *acc = fcopy(g0, nqkv);
   for (size_t i = 0; i < ns; i++) scratch[i] = NAN;
-  K->attention_bwd(acc, scratch, r, qkv, out, att, B, T, C, NH);
+  K->attention_bwd(acc, scratch, r, qkv, out, att, B, T, C, NH, 1);
   expect_accumulated(acc, g0, dqkv, nqkv, "attention dqkv +=");
+  float *wq = fnew(nqkv);
+  for (size_t i = 0; i < ns; i++) scratch[i] = NAN;
+  K->attention_bwd(wq, scratch, r, qkv, out, att, B, T, C, NH, 0);
+  expect_written(wq, dqkv, nqkv, "attention dqkv =");
 }
 
 Test(kernels, attention_blocks) { check_attention("3"); } /* blocks of 3, 3, 1 rows */
@@ -436,10 +456,10 @@ Test(kernels, threads_1_vs_2) {
     o[k] = fnew((size_t)N * OC);
     dx[k] = fzero((size_t)N * IC), dw[k] = fzero((size_t)OC * IC), db[k] = fzero(OC);
     K->matmul_fwd(o[k], x, w, bias, N, IC, OC, OC);
-    K->matmul_bwd(dx[k], dw[k], db[k], dout, x, w, N, IC, OC, OC);
+    K->matmul_bwd(dx[k], dw[k], db[k], dout, x, w, N, IC, OC, OC, 1);
     ao[k] = fnew(no), aa[k] = fnew(na), ag[k] = fzero(nqkv);
     K->attention_fwd(ao[k], aa[k], scratch, qkv, B, T, C, NH);
-    K->attention_bwd(ag[k], scratch, adout, qkv, ao[k], aa[k], B, T, C, NH);
+    K->attention_bwd(ag[k], scratch, adout, qkv, ao[k], aa[k], B, T, C, NH, 1);
   }
   struct {
     const char *what;
@@ -504,11 +524,11 @@ static void sig_products(float *const out[5], const float *x, const float *w, co
     K->matmul_fwd(out[0], x, w, NULL, 64, IC, OC, OC);
     memset(out[1], 0, 64 * 256 * sizeof(float));
     memset(out[2], 0, 256 * 256 * sizeof(float));
-    K->matmul_bwd(out[1], out[2], NULL, dout, x, w, 64, IC, OC, OC);
+    K->matmul_bwd(out[1], out[2], NULL, dout, x, w, 64, IC, OC, OC, 1);
   }
   K->attention_fwd(out[3], out[3] + 2 * 32 * 64, scratch, qkv, 2, 32, 64, 4);
   memset(out[4], 0, 2 * 32 * 3 * 64 * sizeof(float));
-  K->attention_bwd(out[4], scratch, dout, qkv, out[3], out[3] + 2 * 32 * 64, 2, 32, 64, 4);
+  K->attention_bwd(out[4], scratch, dout, qkv, out[3], out[3] + 2 * 32 * 64, 2, 32, 64, 4, 1);
 }
 
 Test(kernels, products_take_no_signal_on_a_heap_stack, .timeout = 60) {
@@ -581,14 +601,17 @@ Test(kernels, gelu) {
   EXPECT_REL(out, want, GN, FWD_TOL, "gelu out");
 
   float *r = frand(GN, -1, 1), *dx = fzero(GN);
-  K->gelu_bwd(dx, x, r, GN);
+  K->gelu_bwd(dx, x, r, GN, 1);
   double *g = dnew(GN);
   gelu_fd(g, xd, to_f64(r, GN), GN);
   EXPECT_REL(dx, g, GN, BWD_TOL, "gelu dinp");
 
   float *g0 = frand(GN, -1, 1), *acc = fcopy(g0, GN);
-  K->gelu_bwd(acc, x, r, GN);
+  K->gelu_bwd(acc, x, r, GN, 1);
   expect_accumulated(acc, g0, dx, GN, "gelu dinp +=");
+  float *wx = fnew(GN);
+  K->gelu_bwd(wx, x, r, GN, 0);
+  expect_written(wx, dx, GN, "gelu dinp =");
 }
 
 /* The tails, one element at a time: tanh saturates, and for +-1e13 x^3
@@ -600,7 +623,7 @@ Test(kernels, gelu_tails) {
   float out[NT], dx[NT] = {0}, one[NT];
   for (int i = 0; i < NT; i++) one[i] = 1.0f;
   K->gelu_fwd(out, x, NT);
-  K->gelu_bwd(dx, x, one, NT);
+  K->gelu_bwd(dx, x, one, NT, 1);
   double xd[NT], rd[NT], g[NT];
   for (int i = 0; i < NT; i++) xd[i] = x[i], rd[i] = 1.0;
   gelu_fd(g, xd, rd, NT);
@@ -613,7 +636,7 @@ Test(kernels, gelu_tails) {
   /* inputs whose cube overflows fp32: the derivative stays 1 or 0, never NaN */
   const float huge[] = {1e20f, -1e20f, INFINITY, -INFINITY};
   float dh[4] = {0}, ones[4] = {1, 1, 1, 1};
-  K->gelu_bwd(dh, huge, ones, 4);
+  K->gelu_bwd(dh, huge, ones, 4, 1);
   cr_expect(dh[0] == 1.0f && dh[1] == 0.0f && dh[2] == 1.0f && dh[3] == 0.0f,
             "gelu' at +-1e20, +-inf: %g %g %g %g", dh[0], dh[1], dh[2], dh[3]);
 }
@@ -732,8 +755,8 @@ Test(kernels, a_padded_leading_dimension_gives_the_dense_bits) {
   float *r = frand(MN * MO, -1, 1), *pr = pad_rows(r, MN, MO, LD);
   float *dx = fzero(MN * MI), *dw = fzero(MO * MI), *db = fzero(MO);
   float *pdx = fzero(MN * MI), *pdw = fzero(MO * MI), *pdb = fzero(MO);
-  K->matmul_bwd(dx, dw, db, r, x, w, MN, MI, MO, MO);
-  K->matmul_bwd(pdx, pdw, pdb, pr, x, w, MN, MI, MO, LD);
+  K->matmul_bwd(dx, dw, db, r, x, w, MN, MI, MO, MO, 1);
+  K->matmul_bwd(pdx, pdw, pdb, pr, x, w, MN, MI, MO, LD, 1);
   cr_expect(!memcmp(dx, pdx, MN * MI * sizeof *dx), "matmul_bwd dinp from padded dout");
   cr_expect(!memcmp(dw, pdw, MO * MI * sizeof *dw), "matmul_bwd dw from padded dout");
   cr_expect(!memcmp(db, pdb, MO * sizeof *db), "matmul_bwd dbias from padded dout");
@@ -1046,7 +1069,7 @@ static void isa_run_ops(const kern_backend_t *k, isa_run_t *r, const isa_inputs_
     float *dx = isa_out(r, "matmul dinp", (size_t)N * IC * sizeof(float), in->c);
     float *dw = isa_out(r, "matmul dw", (size_t)OC * IC * sizeof(float), in->a);
     float *db = isa_out(r, "matmul dbias", OC * sizeof(float), in->b);
-    k->matmul_bwd(dx, dw, db, in->b, in->a, in->b, N, IC, OC, OC);
+    k->matmul_bwd(dx, dw, db, in->b, in->a, in->b, N, IC, OC, OC, 1);
   }
   {
     /* T = 37: softmax rows of every length from 1 to 37 */
@@ -1057,16 +1080,16 @@ static void isa_run_ops(const kern_backend_t *k, isa_run_t *r, const isa_inputs_
     float *scratch = isa_unaligned(k->attention_scratch(IB, IT, IAC, INH) * sizeof(float));
     k->attention_fwd(o, att, scratch, in->qkv, IB, IT, IAC, INH);
     float *dq = isa_out(r, "attention dqkv", nq * sizeof(float), in->qkv);
-    k->attention_bwd(dq, scratch, in->qkv, in->qkv, o, att, IB, IT, IAC, INH);
+    k->attention_bwd(dq, scratch, in->qkv, in->qkv, o, att, IB, IT, IAC, INH, 1);
   }
   o = isa_out(r, "gelu out", in->nwide * sizeof(float), NULL);
   k->gelu_fwd(o, in->wide, in->nwide);
   o = isa_out(r, "gelu dinp", in->nwide * sizeof(float), in->wide);
-  k->gelu_bwd(o, in->wide, in->wide, in->nwide);
+  k->gelu_bwd(o, in->wide, in->wide, in->nwide, 1);
   o = isa_out(r, "gelu out (ordinary range)", fe, NULL);
   k->gelu_fwd(o, in->a, IE);
   o = isa_out(r, "gelu dinp (ordinary range)", fe, in->c);
-  k->gelu_bwd(o, in->a, in->b, IE);
+  k->gelu_bwd(o, in->a, in->b, IE, 1);
   o = isa_out(r, "residual out", fe, NULL);
   k->residual_fwd(o, in->a, in->b, IE);
   float *da = isa_out(r, "residual da", fe, in->a), *db = isa_out(r, "residual db", fe, in->b);
