@@ -69,7 +69,11 @@
  * stages serves them all. The forward and the key pass take 8 (128 rows: the
  * staging, a third of their instructions, halves against 64-row blocks,
  * at the same warps an SM by their registers); the query pass keeps 4, at
- * whose 165 registers 8 would leave an SM one block, 8 warps, instead of 12. */
+ * whose 165 registers 8 would leave an SM one block, 8 warps, instead of 12.
+ * The key pass fits 2 blocks an SM (16 warps, at 128 registers) by taking
+ * its k and v fragments from shared memory at each tile rather than holding
+ * them, and each query tile in two halves (tc_dkv_tile): 226 registers and
+ * one block before. */
 #define TC_FWD_WARPS 8
 #define TC_DQ_WARPS 4
 #define TC_DKV_WARPS 8
@@ -246,17 +250,57 @@ __device__ __forceinline__ static void tc_scores(float s[TC_NT][4], const uint32
   }
 }
 
+/* tc_scores for NS strips of x, with a's fragments loaded from ar (the
+ * warp's 16 rows of its own row tile) by ldmatrix, two 16-column slices at
+ * a time, instead of held in registers through the kernel: the key pass's
+ * registers. Each s[n] sums its slices in the same order (the same bits). */
+template <int HS, int NS>
+__device__ __forceinline__ static void tc_scores_lda(float (*s)[4], const uint32_t *ar, const uint32_t *x,
+                                                     int lo) {
+  const int l = threadIdx.x % 32;
+  const uint32_t *xl = x + (l % 8) * tc_rw<HS>() + 4 * (HS >= 32 ? l / 8 : l / 8 % 2);
+  const uint32_t *al = ar + (l % 16) * tc_rw<HS>() + 4 * (l / 16);
+#pragma unroll
+  for (int n = 0; n < NS; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+  if constexpr (HS >= 32) {
+#pragma unroll
+    for (int k = 0; k < HS / 16; k += 2) {
+      uint32_t a0[4], a1[4];
+      tc_ldsm<4, false>(a0, al + 8 * k);
+      tc_ldsm<4, false>(a1, al + 8 * (k + 1));
+#pragma unroll
+      for (int n = 0; n < NS; n++) {
+        if (n < lo) continue; /* warp-uniform */
+        uint32_t b[4];
+        tc_ldsm<4, false>(b, xl + 8 * n * tc_rw<HS>() + 8 * k);
+        kern_cuda_mma_bf16(s[n], a0, b);
+        kern_cuda_mma_bf16(s[n], a1, b + 2);
+      }
+    }
+  } else {
+    uint32_t a0[4];
+    tc_ldsm<4, false>(a0, al);
+#pragma unroll
+    for (int n = 0; n < NS; n++) {
+      if (n < lo) continue;
+      uint32_t b[2];
+      tc_ldsm<2, false>(b, xl + 8 * n * tc_rw<HS>());
+      kern_cuda_mma_bf16(s[n], a0, b);
+    }
+  }
+}
+
 /* acc[d] += p (16 x 64, s's accumulators as bf16) @ y for the row tile y
  * (64 rows of HS), over the 16-row slices holding strips in [lo, hi). b's
  * fragments for two 8-column strips of y come from one ldmatrix.trans:
  * lane l's row is the slice's row l % 16, at word 4 (d + l / 16). */
-template <int HS>
-__device__ __forceinline__ static void tc_accumulate(float acc[HS / 8][4], const float p[TC_NT][4],
+template <int HS, int NS = TC_NT>
+__device__ __forceinline__ static void tc_accumulate(float acc[HS / 8][4], const float (*p)[4],
                                                      const uint32_t *y, int lo, int hi) {
   const int l = threadIdx.x % 32;
   const uint32_t *yl = y + (l % 16) * tc_rw<HS>() + 4 * (l / 16);
 #pragma unroll
-  for (int k = 0; k < TC_NT / 2; k++) {
+  for (int k = 0; k < NS / 2; k++) {
     if (2 * k + 1 < lo || 2 * k >= hi) continue; /* warp-uniform */
     const uint32_t a[4] = {tc_pack(p[2 * k][0], p[2 * k][1]), tc_pack(p[2 * k][2], p[2 * k][3]),
                            tc_pack(p[2 * k + 1][0], p[2 * k + 1][1]), tc_pack(p[2 * k + 1][2], p[2 * k + 1][3])};
@@ -510,41 +554,50 @@ __global__ static void __launch_bounds__(TC_DQ_WARPS * 32, HS <= 64 ? 3 : 1) /* 
   tc_put_rows<HS>(dqkv + (int64_t)b * T * C3 + (int64_t)h * HS, C3, q0 + w0, T, dq, scale, acc);
 }
 
-/* One query tile of the key pass for a warp's 16 keys from j0 (their k and
- * v fragments ka, va): dv += P^T dout and dk += dS^T q over the 64 queries
- * from i0 (tiles Qs, dOs; their lse in base 2 and D in Lq, Dq), with P^T
- * recomputed from the scores S^T = k q^T. Some query is at or after the
- * warp's first key. */
+/* One query tile of the key pass for a warp's 16 keys from j0 (their rows
+ * kr, vr of the block's K and V tiles): dv += P^T dout and dk += dS^T q
+ * over the 64 queries from i0 (tiles Qs, dOs; their lse in base 2 and D in
+ * Lq, Dq), with P^T recomputed from the scores S^T = k q^T. Some query is
+ * at or after the warp's first key. The 64 queries go in two halves of 32
+ * (4 strips: a 16-row slice pair each), which halves the scores' registers;
+ * dv and dk see their slices in the same order as whole. */
 template <int HS>
 __device__ __forceinline__ static void tc_dkv_tile(float dk[HS / 8][4], float dv[HS / 8][4],
-                                                   const uint32_t ka[HS / 16][4], const uint32_t va[HS / 16][4],
+                                                   const uint32_t *kr, const uint32_t *vr,
                                                    const uint32_t *Qs, const uint32_t *dOs, const float *Lq,
                                                    const float *Dq, float sl2, int j0, int i0, int T) {
+  constexpr int NS = TC_NT / 2, HR = 8 * NS; /* strips and rows of a half */
   const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
   /* strips with a query at or after the warp's first key */
   const int lo = max(0, (j0 - i0) / 8);
-  float s[TC_NT][4], dp[TC_NT][4];
-  tc_scores<HS>(s, ka, Qs, lo, TC_NT);
-  tc_scores<HS>(dp, va, dOs, lo, TC_NT);
   /* the mask only where the tile holds a query before a key, or either past T */
   const int edge = i0 < j0 + 15 || i0 + TC_ROWS - 1 >= T || j0 + 15 >= T;
 #pragma unroll
-  for (int n = 0; n < TC_NT; n++)
+  for (int hf = 0; hf < 2; hf++) {
+    if (NS * hf + NS - 1 < lo) continue; /* warp-uniform: every query of the half before the keys */
+    const int lh = max(0, lo - NS * hf);
+    const uint32_t *qh = Qs + HR * hf * tc_rw<HS>(), *dh = dOs + HR * hf * tc_rw<HS>();
+    float s[NS][4], dp[NS][4];
+    tc_scores_lda<HS, NS>(s, kr, qh, lh);
+    tc_scores_lda<HS, NS>(dp, vr, dh, lh);
 #pragma unroll
-    for (int e = 0; e < 4; e++) {
-      const int j = j0 + g + 8 * (e / 2), c = 8 * n + 2 * t + e % 2, i = i0 + c;
-      const float p = !edge || (j < T && i < T && i >= j) ? tc_exp2(fmaf(s[n][e], sl2, -Lq[c])) : 0.0f;
-      s[n][e] = p, dp[n][e] = p * (dp[n][e] - Dq[c]); /* P^T, dS^T */
-    }
-  tc_accumulate<HS>(dv, s, dOs, lo, TC_NT);
-  tc_accumulate<HS>(dk, dp, Qs, lo, TC_NT);
+    for (int n = 0; n < NS; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int j = j0 + g + 8 * (e / 2), c = HR * hf + 8 * n + 2 * t + e % 2, i = i0 + c;
+        const float p = !edge || (j < T && i < T && i >= j) ? tc_exp2(fmaf(s[n][e], sl2, -Lq[c])) : 0.0f;
+        s[n][e] = p, dp[n][e] = p * (dp[n][e] - Dq[c]); /* P^T, dS^T */
+      }
+    tc_accumulate<HS, NS>(dv, s, dh, lh, NS);
+    tc_accumulate<HS, NS>(dk, dp, qh, lh, NS);
+  }
 }
 
 /* Backward, key pass: dv += P^T dout and dk += scale dS^T q over the query
  * tiles at or after the block's keys, with the query pass's D. Each warp
  * works on its 16 keys' rows of the transposed products (S^T = k q^T). */
 template <int HS>
-__global__ static void __launch_bounds__(TC_DKV_WARPS * 32)
+__global__ static void __launch_bounds__(TC_DKV_WARPS * 32, HS <= 64 ? 2 : 1) /* 2: 128 registers */
     tc_bwd_dkv_kernel(float *dqkv, const float *Dg, const uint16_t *dout, const uint16_t *qkv,
                       const float *lse, int T, int C, float scale, int acc) {
   extern __shared__ __align__(128) unsigned char tc_smem[];
@@ -569,9 +622,6 @@ __global__ static void __launch_bounds__(TC_DKV_WARPS * 32)
   }
   tc_cp_wait<0>();
   __syncthreads();
-  uint32_t ka[HS / 16][4], va[HS / 16][4];
-  tc_load_rows<HS>(ka, Ks + w0 * tc_rw<HS>());
-  tc_load_rows<HS>(va, Vs + w0 * tc_rw<HS>());
   float dk[HS / 8][4], dv[HS / 8][4];
 #pragma unroll
   for (int d = 0; d < HS / 8; d++)
@@ -594,7 +644,8 @@ __global__ static void __launch_bounds__(TC_DKV_WARPS * 32)
     tc_cp_wait<1>();
     __syncthreads();
     if (live && i0 + TC_ROWS - 1 >= k0 + w0) /* warp-uniform: a key, and a query at or after one */
-      tc_dkv_tile<HS>(dk, dv, ka, va, Qs, dOs, Lq, Dq, sl2, k0 + w0, i0, T);
+      tc_dkv_tile<HS>(dk, dv, Ks + w0 * tc_rw<HS>(), Vs + w0 * tc_rw<HS>(), Qs, dOs, Lq, Dq, sl2,
+                      k0 + w0, i0, T);
     if (next < T && threadIdx.x < TC_ROWS) { /* the other buffer: read before the last barrier */
       float *Ln = LD + (~it & 1) * 2 * TC_ROWS;
       Ln[threadIdx.x] = nl, Ln[TC_ROWS + threadIdx.x] = nd;
