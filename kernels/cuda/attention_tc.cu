@@ -68,12 +68,13 @@
  * keys), so a block owns 16 x that many, and every tile of the other side it
  * stages serves them all. The forward and the key pass take 8 (128 rows: the
  * staging, a third of their instructions, halves against 64-row blocks,
- * at the same warps an SM by their registers); the query pass keeps 4, at
- * whose 165 registers 8 would leave an SM one block, 8 warps, instead of 12.
- * The key pass fits 2 blocks an SM (16 warps, at 128 registers) by taking
- * its k and v fragments from shared memory at each tile rather than holding
- * them, and each query tile in two halves (tc_dkv_tile): 226 registers and
- * one block before. */
+ * at the same warps an SM by their registers); the query pass keeps 4
+ * (blocks of 8 would stage half the tiles, but stop 35's 165 registers left
+ * an SM one of them). Both backward passes take their own rows' fragments
+ * from shared memory at each tile rather than holding them, and each tile
+ * in two halves (tc_dkv_tile, tc_dq_tile), which fits 16 warps an SM at
+ * head size 64: the key pass 2 blocks at 128 registers (226 and one block
+ * before), the query pass 4 at 125 (168 and 3 before). */
 #define TC_FWD_WARPS 8
 #define TC_DQ_WARPS 4
 #define TC_DKV_WARPS 8
@@ -250,13 +251,13 @@ __device__ __forceinline__ static void tc_scores(float s[TC_NT][4], const uint32
   }
 }
 
-/* tc_scores for NS strips of x, with a's fragments loaded from ar (the
+/* tc_scores for NS strips of x (those in [lo, hi)), with a's fragments loaded from ar (the
  * warp's 16 rows of its own row tile) by ldmatrix, two 16-column slices at
  * a time, instead of held in registers through the kernel: the key pass's
  * registers. Each s[n] sums its slices in the same order (the same bits). */
 template <int HS, int NS>
 __device__ __forceinline__ static void tc_scores_lda(float (*s)[4], const uint32_t *ar, const uint32_t *x,
-                                                     int lo) {
+                                                     int lo, int hi) {
   const int l = threadIdx.x % 32;
   const uint32_t *xl = x + (l % 8) * tc_rw<HS>() + 4 * (HS >= 32 ? l / 8 : l / 8 % 2);
   const uint32_t *al = ar + (l % 16) * tc_rw<HS>() + 4 * (l / 16);
@@ -270,7 +271,7 @@ __device__ __forceinline__ static void tc_scores_lda(float (*s)[4], const uint32
       tc_ldsm<4, false>(a1, al + 8 * (k + 1));
 #pragma unroll
       for (int n = 0; n < NS; n++) {
-        if (n < lo) continue; /* warp-uniform */
+        if (n < lo || n >= hi) continue; /* warp-uniform */
         uint32_t b[4];
         tc_ldsm<4, false>(b, xl + 8 * n * tc_rw<HS>() + 8 * k);
         kern_cuda_mma_bf16(s[n], a0, b);
@@ -282,7 +283,7 @@ __device__ __forceinline__ static void tc_scores_lda(float (*s)[4], const uint32
     tc_ldsm<4, false>(a0, al);
 #pragma unroll
     for (int n = 0; n < NS; n++) {
-      if (n < lo) continue;
+      if (n < lo || n >= hi) continue;
       uint32_t b[2];
       tc_ldsm<2, false>(b, xl + 8 * n * tc_rw<HS>());
       kern_cuda_mma_bf16(s[n], a0, b);
@@ -347,10 +348,11 @@ __device__ __forceinline__ static void tc_put_rows(float *dst, int64_t ld, int r
  * row past T): a key after its row, or a row past T, becomes -inf. The
  * scale is left to the exponent's fmaf (one instruction an element for
  * what a multiply and a subtraction took). */
-__device__ __forceinline__ static void tc_mask(float s[TC_NT][4], int i0, int j0, int T, int mask) {
+template <int NS = TC_NT>
+__device__ __forceinline__ static void tc_mask(float (*s)[4], int i0, int j0, int T, int mask) {
   const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
 #pragma unroll
-  for (int n = 0; n < TC_NT; n++)
+  for (int n = 0; n < NS; n++)
 #pragma unroll
     for (int e = 0; e < 4; e++) {
       const int i = i0 + g + 8 * (e / 2), j = j0 + 8 * n + 2 * t + e % 2;
@@ -464,30 +466,41 @@ __global__ static void __launch_bounds__(TC_FWD_WARPS * 32, HS <= 64 ? 2 : 1) /*
 }
 
 /* One key tile of the query pass for a warp's 16 query rows from i0 (their
- * q and dout fragments qa, da, and L, D of this lane's two rows): dq += dS
- * k over the 64 keys from j0 (tiles Ks, Vs), with P recomputed from the
- * scores and L. Some key is at or before the warp's last row. */
+ * rows qr, dr of the block's Q and dout tiles, and L, D of this lane's two
+ * rows): dq += dS k over the 64 keys from j0 (tiles Ks, Vs), with P
+ * recomputed from the scores and L. Some key is at or before the warp's
+ * last row. As the key pass (tc_dkv_tile), q and dout come from shared
+ * memory at each tile and the keys go in two halves of 32, dq seeing its
+ * slices in the same order. */
 template <int HS>
-__device__ __forceinline__ static void tc_dq_tile(float dq[HS / 8][4], const uint32_t qa[HS / 16][4],
-                                                  const uint32_t da[HS / 16][4], const float L[2],
+__device__ __forceinline__ static void tc_dq_tile(float dq[HS / 8][4], const uint32_t *qr,
+                                                  const uint32_t *dr, const float L[2],
                                                   const float D[2], const uint32_t *Ks,
                                                   const uint32_t *Vs, float sl2, int i0, int j0, int T) {
+  constexpr int NS = TC_NT / 2, HR = 8 * NS; /* strips and rows of a half */
   const int hi = min(TC_NT, (i0 + 15 - j0) / 8 + 1);
-  float s[TC_NT][4], dp[TC_NT][4];
-  tc_scores<HS>(s, qa, Ks, 0, hi);
-  tc_scores<HS>(dp, da, Vs, 0, hi);
-  tc_mask(s, i0, j0, T, j0 + TC_ROWS - 1 > i0 || i0 + 15 >= T);
+  const int mask = j0 + TC_ROWS - 1 > i0 || i0 + 15 >= T;
 #pragma unroll
-  for (int n = 0; n < TC_NT; n++)
+  for (int hf = 0; hf < 2; hf++) {
+    if (NS * hf >= hi) continue; /* warp-uniform: every key of the half after the rows */
+    const int hh = min(NS, hi - NS * hf);
+    const uint32_t *kh = Ks + HR * hf * tc_rw<HS>(), *vh = Vs + HR * hf * tc_rw<HS>();
+    float s[NS][4], dp[NS][4];
+    tc_scores_lda<HS, NS>(s, qr, kh, 0, hh);
+    tc_scores_lda<HS, NS>(dp, dr, vh, 0, hh);
+    tc_mask<NS>(s, i0, j0 + HR * hf, T, mask);
 #pragma unroll
-    for (int e = 0; e < 4; e++) s[n][e] = tc_exp2(fmaf(s[n][e], sl2, -L[e / 2])) * (dp[n][e] - D[e / 2]); /* dS */
-  tc_accumulate<HS>(dq, s, Ks, 0, hi);
+    for (int n = 0; n < NS; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) s[n][e] = tc_exp2(fmaf(s[n][e], sl2, -L[e / 2])) * (dp[n][e] - D[e / 2]); /* dS */
+    tc_accumulate<HS, NS>(dq, s, kh, 0, hh);
+  }
 }
 
 /* Backward, query pass: D = dout . out of each row into Dg (B, NH, T), and
  * dq += scale * dS k over the key tiles. */
 template <int HS>
-__global__ static void __launch_bounds__(TC_DQ_WARPS * 32, HS <= 64 ? 3 : 1) /* 3: 170 registers */
+__global__ static void __launch_bounds__(TC_DQ_WARPS * 32, HS <= 64 ? 4 : 1) /* 4: 128 registers */
     tc_bwd_dq_kernel(float *dqkv, float *Dg, const float *dout, const uint16_t *dout16,
                      const uint16_t *qkv, const float *out, const float *lse, int T, int C, float scale,
                      int acc) {
@@ -528,9 +541,6 @@ __global__ static void __launch_bounds__(TC_DQ_WARPS * 32, HS <= 64 ? 3 : 1) /* 
   }
   tc_cp_wait<0>();
   __syncthreads();
-  uint32_t qa[HS / 16][4], da[HS / 16][4];
-  tc_load_rows<HS>(qa, Qs + w0 * tc_rw<HS>());
-  tc_load_rows<HS>(da, dOs + w0 * tc_rw<HS>());
   const float L[2] = {Lq[w0 + g] * TC_LOG2E, Lq[w0 + g + 8] * TC_LOG2E}, D[2] = {Dq[w0 + g], Dq[w0 + g + 8]};
   const float sl2 = scale * TC_LOG2E;
   float dq[HS / 8][4];
@@ -548,7 +558,8 @@ __global__ static void __launch_bounds__(TC_DQ_WARPS * 32, HS <= 64 ? 3 : 1) /* 
     tc_cp_wait<1>();
     __syncthreads();
     if (j0 <= q0 + w0 + 15) /* warp-uniform: a key at or before the warp's rows */
-      tc_dq_tile<HS>(dq, qa, da, L, D, Ks, Vs, sl2, q0 + w0, j0, T);
+      tc_dq_tile<HS>(dq, Qs + w0 * tc_rw<HS>(), dOs + w0 * tc_rw<HS>(), L, D, Ks, Vs, sl2, q0 + w0,
+                     j0, T);
     __syncthreads();
   }
   tc_put_rows<HS>(dqkv + (int64_t)b * T * C3 + (int64_t)h * HS, C3, q0 + w0, T, dq, scale, acc);
@@ -578,8 +589,8 @@ __device__ __forceinline__ static void tc_dkv_tile(float dk[HS / 8][4], float dv
     const int lh = max(0, lo - NS * hf);
     const uint32_t *qh = Qs + HR * hf * tc_rw<HS>(), *dh = dOs + HR * hf * tc_rw<HS>();
     float s[NS][4], dp[NS][4];
-    tc_scores_lda<HS, NS>(s, kr, qh, lh);
-    tc_scores_lda<HS, NS>(dp, vr, dh, lh);
+    tc_scores_lda<HS, NS>(s, kr, qh, lh, NS);
+    tc_scores_lda<HS, NS>(dp, vr, dh, lh, NS);
 #pragma unroll
     for (int n = 0; n < NS; n++)
 #pragma unroll
