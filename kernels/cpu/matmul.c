@@ -12,6 +12,7 @@
 #include <oneapi/dnnl/dnnl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <string.h>
 
 #include "kernels/cpu/cpu.h"
 
@@ -113,6 +114,10 @@ void kern_cpu_matmul_fwd(float *out, const float *inp, const float *w, const flo
 void kern_cpu_matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
                          const float *w, int N, int IC, int OC, int ldo, int acc) {
   KERN_CPU_ASSERT(ldo >= OC);
+  if (OC <= 0) { /* an empty sum: sgemm leaves C as it was, even with beta 0 */
+    if (!acc && N > 0 && IC > 0) memset(dinp, 0, (size_t)N * IC * sizeof(float));
+    return;
+  }
 #pragma omp parallel
   {
     /* dinp (N, IC) += dout (N, OC) @ w (OC, IC); = without acc (beta 0: not read) */

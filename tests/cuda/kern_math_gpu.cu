@@ -36,7 +36,7 @@
 // test_kernels proves every level gives the same bits.
 extern "C" {
 void kern_cpu_gelu_fwd_generic(float *out, const float *inp, size_t n);
-void kern_cpu_gelu_bwd_generic(float *dinp, const float *inp, const float *dout, size_t n);
+void kern_cpu_gelu_bwd_generic(float *dinp, const float *inp, const float *dout, size_t n, int acc);
 void kern_cpu_adamw_generic(float *p, const float *g, float *m, float *v, size_t n, float lr,
                             float beta1, float beta2, float eps, float wd, int t);
 void kern_cpu_f32_to_bf16_generic(uint16_t *out, const float *inp, size_t n);
@@ -182,7 +182,7 @@ static int kmg_run_gelu(void) {
   for (size_t i = 0; i < n; i++) x[i] = i < ns ? special[i] : kmg_uniform(&seed, -12.0f, 12.0f);
   for (size_t i = 0; i < n; i++) one[i] = 1.0f;
   kern_cpu_gelu_fwd_generic(y, x, n);
-  kern_cpu_gelu_bwd_generic(dy, x, one, n); /* 0 + grad * 1: the derivative itself */
+  kern_cpu_gelu_bwd_generic(dy, x, one, n, 0); /* grad * 1: the derivative itself */
   float *dx, *dyv, *ddy;
   KMG_CHECK(cudaMalloc(&dx, n * 4));
   KMG_CHECK(cudaMalloc(&dyv, n * 4));

@@ -622,7 +622,8 @@ static void test_matmul(int N, int IC, int OC, int with_bias, int ld) {
     free(g);
   }
   { /* acc 0: dinp written over dnew's NaNs (the joint bf16 path: dw given) */
-    float *wd = xmalloc(ni * 4), *wdw = xmalloc(nw * 4), *m0 = xmalloc(ni * 4), *m0w = xmalloc(nw * 4);
+    /* dw still accumulates, from the gradient the check above left */
+    float *wd = xmalloc(ni * 4), *wdw = fdup(dw, nw), *m0 = xmalloc(ni * 4), *m0w = fabs_dup(dw, nw);
     for (size_t i = 0; i < ni; i++) wd[i] = NAN;
     cpu->matmul_bwd(wd, wdw, NULL, dout, inp, w, N, IC, OC, OC, 0);
     cpu->matmul_bwd(m0, m0w, NULL, adout, ainp, aw, N, IC, OC, OC, 0);
@@ -630,6 +631,9 @@ static void test_matmul(int N, int IC, int OC, int with_bias, int ld) {
     gpu->matmul_bwd(dd_x0, dd_w0, NULL, ddout, dinp_, dw_, N, IC, OC, ld, 0);
     g = dget(dd_x0, ni);
     check_tol("matmul_bwd", "dinp=", shape, g, wd, NULL, m0, NULL, ni, tol_gemm);
+    free(g);
+    g = dget(dd_w0, nw);
+    check_tol("matmul_bwd", "dw+=,dinp=", shape, g, wdw, NULL, m0w, NULL, nw, tol_gemm);
     free(g), free(wd), free(wdw), free(m0), free(m0w);
     gpu->dev_free(dd_w0), gpu->dev_free(dd_x0);
   }

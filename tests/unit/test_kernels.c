@@ -344,6 +344,17 @@ static void check_matmul(int with_bias) {
 Test(kernels, matmul_bias) { check_matmul(1); }
 Test(kernels, matmul_no_bias) { check_matmul(0); }
 
+/* An empty sum (OC 0): acc 0 still writes dinp, as zeros; acc 1 leaves it. */
+Test(kernels, matmul_bwd_of_no_outputs_writes_zeros) {
+  float *x = frand(MN * MI, -1, 1), *w = frand(MI, -1, 1), *dout = frand(MN, -1, 1);
+  float *dx = fnew(MN * MI), *dw = fzero(MI), *z = fzero(MN * MI);
+  K->matmul_bwd(dx, dw, NULL, dout, x, w, MN, MI, 0, 1, 0);
+  expect_written(dx, z, MN * MI, "matmul dinp = (OC 0)");
+  float *g0 = frand(MN * MI, -1, 1), *ax = fcopy(g0, MN * MI);
+  K->matmul_bwd(ax, dw, NULL, dout, x, w, MN, MI, 0, 1, 1);
+  expect_written(ax, g0, MN * MI, "matmul dinp += (OC 0)");
+}
+
 /* ---- attention -------------------------------------------------------------- */
 
 /* Reference: per (b, h, query i), softmax over keys 0..i of q.k / sqrt(hs). */
