@@ -669,10 +669,14 @@ __global__ static void __launch_bounds__(TC_DKV_WARPS * 32, HS <= 64 ? 2 : 1) /*
 }
 
 /* Lets a kernel take `bytes` of dynamic shared memory (over the 48 KiB a
- * launch gets unasked); once per kernel. */
+ * launch gets unasked), and asks for the largest shared-memory carveout of
+ * the SM's L1 (the query pass's 4 blocks take 218 KiB at head size 64: the
+ * driver's own choice should be that too); once per kernel. */
 template <typename K> static void tc_smem_allow(K kernel, size_t bytes, int *done) {
   if (*done) return;
   KERN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+  KERN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                       (int)cudaSharedmemCarveoutMaxShared));
   *done = 1;
 }
 
