@@ -138,10 +138,15 @@ TESTUTIL_TRAIN = $(B)/tests/unit/testutil_train.o $(B)/tests/unit/refrun.o
 # Test sources include Criterion's header: their objects wait for the test packages.
 TEST_OBJS  = $(patsubst %.c,$(B)/%.o,$(wildcard tests/unit/*.c tests/e2e/*.c tests/fuzz/*.c))
 
-.PHONY: all deps deps-test deps-bench deps-demo test test-san test-cuda fuzz fuzz-build bench bench-cuda demo clean install
+.PHONY: all deps deps-test deps-bench deps-demo test test-build test-san test-cuda fuzz fuzz-build bench bench-cuda demo clean install
 # keep objects that pattern rules chain through (tests, bench) between runs
 .SECONDARY:
 all: $(BINS) $(if $(HAVE_CUDA),$(CUDA_PLUGIN))
+# Every test binary built (as make test builds them) and none run: `make all`
+# leaves the ones already built as they were, and one run by hand after it
+# tests the code it was last linked with.
+test-build: deps-test all $(TEST_BINS) $(CUDA_CHECKS) \
+            $(CUDA_EMU_CHECK) $(B)/bench/bench_cuda
 
 # One step per package set; mk/deps.sh runs one apt-get at a time when make -j
 # (or a sub-make) reaches several at once.
