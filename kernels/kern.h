@@ -193,6 +193,27 @@ typedef struct kern_backend {
   /* sum of x[i]^2, accumulated in double, in a fixed order: the same bytes
    * whatever the thread count. */
   double (*sumsq)(const float *x, size_t n);
+
+  /* ---- bf16 activations (optional) ---------------------------------------
+   * Offered (non-NULL, all four) only by a backend whose matrix products
+   * round their inputs to bf16 anyway (the CUDA backend in bf16 mode, where
+   * it packs its operands): an activation read by products alone (a
+   * layernorm's output, GELU's) may then be kept in bf16 (uint16 storage)
+   * as the op that makes it rounds it (round-to-nearest-even, f32_to_bf16's
+   * bits), and the products take it so: the same operands, no rounding pass,
+   * half the bytes. NULL in a backend that computes its products in fp32 (the
+   * CPU's), where the caller keeps fp32. Shapes and contracts as the fp32
+   * ops above; the products' results may differ from theirs in the order
+   * their library sums (a product no longer cut into blocks to fit its
+   * packing buffer), not in their operands. */
+  void (*layernorm_fwd_bf16)(uint16_t *out, float *mean, float *rstd, const float *inp,
+                             const float *w, const float *b, int N, int C);
+  void (*gelu_fwd_bf16)(uint16_t *out, const float *inp, size_t n);
+  void (*matmul_fwd_bf16)(float *out, const uint16_t *inp, const float *w, const float *bias, int N,
+                          int IC, int OC, int ldo);
+  void (*matmul_bwd_bf16)(float *dinp, float *dw, float *dbias, const float *dout,
+                          const uint16_t *inp, const float *w, int N, int IC, int OC, int ldo,
+                          int acc);
 } kern_backend_t;
 
 /* The x86-64 levels the CPU kernels are built for, numbered as the psABI's

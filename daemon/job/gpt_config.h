@@ -91,6 +91,17 @@ int gpt_config_logits_rows(const gpt_config_t *cfg, int chunk_mib);
 #define GPT_ACT_CHECKPOINT 1
 #define GPT_ACT_RECOMPUTE_GELU 2
 #define GPT_ACT_RECOMPUTE_LN 4
+/* GPT_ACT_BF16: the activations only matrix products read (the layernorms'
+ * outputs, GELU's) are kept in bf16, half the bytes: where the kernel
+ * backend offers it (kern.h's bf16 activations: a GPU's bf16 job) and
+ * gpt_config_acts_bf16_fits. */
+#define GPT_ACT_BF16 8
+/* The model's rows suit bf16 activations: C a multiple of 8, so every row
+ * of them is 16 bytes aligned (what the products' tensor-core kernels read
+ * without packing) and each takes a whole number of floats' room. */
+static inline int gpt_config_acts_bf16_fits(const gpt_config_t *cfg) {
+  return cfg->channels % 8 == 0;
+}
 /* The flags of a job option recompute = level (0 none, 1 GELU, 2 GELU and
  * the layernorms). */
 static inline int gpt_act_recompute_flags(int level) {

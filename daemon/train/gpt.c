@@ -78,7 +78,10 @@ _Static_assert(sizeof(gpt_block_t) == sizeof gpt_block_fields / sizeof *gpt_bloc
 _Static_assert(sizeof(gpt_embed_t) == sizeof gpt_embed_fields / sizeof *gpt_embed_fields * sizeof(float *),
                "every member of gpt_embed_t is named in gpt_embed_fields");
 
-/* Per-layer activations kept from forward for backward. Shapes with N = B*T. */
+/* Per-layer activations kept from forward for backward. Shapes with N = B*T.
+ * ln1, ln2 and fch_gelu (and the model's lnf) are read by matrix products
+ * alone: in bf16 where the backend offers bf16 activations (gpt_t.acts16,
+ * kern.h), in half the floats, else in fp32 (gpt_act_at). */
 typedef struct gpt_layer_acts {
   float *ln1;       /* (N,C) */
   float *ln1_mean;  /* (N) */
@@ -111,6 +114,7 @@ struct gpt {
   size_t acts_cap, scratch_cap; /* bytes held: a smaller (B, T) reuses them */
   int ckpt;                     /* activation checkpointing per block */
   int recompute;                /* kept by no block (gpt_set_recompute): 1 GELU, 2 + norms */
+  int acts16;                   /* the products' inputs in bf16 (gpt_acts_bf16) */
   gpt_unit_hooks_t hooks;       /* how units are reached (gpt_flat_hooks by default) */
   /* unit-local offsets of the named tensors: every block's are the same */
   size_t block_off[GPT_BLOCK_TENSORS], embed_off[GPT_EMBED_TENSORS];
@@ -350,6 +354,46 @@ void gpt_set_logits_rows(gpt_t *g, int rows) {
   g->have_targets = 0;
 }
 
+/* ---- the products' inputs: bf16 where the backend offers it (kern.h) ---- */
+
+/* 1 when the backend offers bf16 activations and the model's rows suit
+ * them (gpt_config_acts_bf16_fits): the plan's rule too. */
+static int gpt_acts_bf16(const gpt_t *g) {
+  const kern_backend_t *be = g->be;
+  return be->layernorm_fwd_bf16 && be->gelu_fwd_bf16 && be->matmul_fwd_bf16 &&
+         be->matmul_bwd_bf16 && gpt_config_acts_bf16_fits(&g->cfg);
+}
+
+/* Element i of a product's input x (ln1, ln2, fch_gelu, lnf, or the
+ * scratch holding one): bf16 or fp32 as the activations are laid out. */
+static const void *gpt_act_at(const gpt_t *g, const float *x, size_t i) {
+  return g->acts16 ? (const void *)((const uint16_t *)x + i) : (const void *)(x + i);
+}
+
+static void gpt_act_layernorm(const gpt_t *g, float *out, float *mean, float *rstd,
+                              const float *inp, const float *w, const float *b, int N, int C) {
+  if (g->acts16) g->be->layernorm_fwd_bf16((uint16_t *)out, mean, rstd, inp, w, b, N, C);
+  else g->be->layernorm_fwd(out, mean, rstd, inp, w, b, N, C);
+}
+
+static void gpt_act_gelu(const gpt_t *g, float *out, const float *inp, size_t n) {
+  if (g->acts16) g->be->gelu_fwd_bf16((uint16_t *)out, inp, n);
+  else g->be->gelu_fwd(out, inp, n);
+}
+
+static void gpt_act_matmul_fwd(const gpt_t *g, float *out, const void *inp, const float *w,
+                               const float *bias, int N, int IC, int OC, int ldo) {
+  if (g->acts16) g->be->matmul_fwd_bf16(out, inp, w, bias, N, IC, OC, ldo);
+  else g->be->matmul_fwd(out, inp, w, bias, N, IC, OC, ldo);
+}
+
+static void gpt_act_matmul_bwd(const gpt_t *g, float *dinp, float *dw, float *dbias,
+                               const float *dout, const void *inp, const float *w, int N, int IC,
+                               int OC, int ldo, int acc) {
+  if (g->acts16) g->be->matmul_bwd_bf16(dinp, dw, dbias, dout, inp, w, N, IC, OC, ldo, acc);
+  else g->be->matmul_bwd(dinp, dw, dbias, dout, inp, w, N, IC, OC, ldo, acc);
+}
+
 /* Lays out the activations of (B, T) in the held block, growing it only when
  * (B, T) needs more than it holds (sampling walks T up one token at a time). */
 static int gpt_alloc_acts(gpt_t *g, int B, int T) {
@@ -358,7 +402,9 @@ static int gpt_alloc_acts(gpt_t *g, int B, int T) {
   const size_t N = (size_t)B * T, C = (size_t)c->channels, L = (size_t)c->layers;
   const size_t natt = g->be->attention_saved(B, T, c->channels, c->heads);
   const int chunk = g->lrows_set ? g->lrows_set : gpt_config_logits_rows(c, 0);
-  const int flags = (g->ckpt ? GPT_ACT_CHECKPOINT : 0) | gpt_act_recompute_flags(g->recompute);
+  g->acts16 = gpt_acts_bf16(g);
+  const int flags = (g->ckpt ? GPT_ACT_CHECKPOINT : 0) | gpt_act_recompute_flags(g->recompute) |
+                    (g->acts16 ? GPT_ACT_BF16 : 0);
   size_t bytes = gpt_config_act_bytes(c, B, T, flags, natt, chunk); /* the plan's number */
   size_t sbytes = g->be->attention_scratch(B, T, c->channels, c->heads) * sizeof(float);
   if (bytes > g->acts_cap || sbytes > g->scratch_cap) {
@@ -377,6 +423,7 @@ static int gpt_alloc_acts(gpt_t *g, int B, int T) {
   }
   float *p = g->acts_mem;
 #define TAKE(n) (p += (n), p - (n))
+  const size_t h = g->acts16 ? 2 : 1; /* a product's input: bf16 in half the floats (N C even) */
   /* first: the logits' rows are padded to 256 bytes, and so is their start */
   g->lrows = (size_t)chunk < N ? chunk : (int)N;
   g->logits = TAKE((size_t)g->lrows * (size_t)gpt_logits_ld(g));
@@ -384,24 +431,24 @@ static int gpt_alloc_acts(gpt_t *g, int B, int T) {
   for (size_t l = 0; l < L; l++) {
     gpt_layer_acts_t *a = &g->layer[l];
     if (!g->ckpt || l == 0) {
-      a->ln1 = g->recompute >= 2 ? NULL : TAKE(N * C); /* NULL: in dbig1, then dbig2 */
+      a->ln1 = g->recompute >= 2 ? NULL : TAKE(N * C / h); /* NULL: in dbig1, then dbig2 */
       a->ln1_mean = TAKE(N);
       a->ln1_rstd = TAKE(N);
       a->qkv = TAKE(3 * N * C);
       a->atty = TAKE(N * C);
       a->att = TAKE(natt);
       a->res2 = TAKE(N * C);
-      a->ln2 = g->recompute >= 2 ? NULL : TAKE(N * C); /* NULL: in dbig1 */
+      a->ln2 = g->recompute >= 2 ? NULL : TAKE(N * C / h); /* NULL: in dbig1 */
       a->ln2_mean = TAKE(N);
       a->ln2_rstd = TAKE(N);
       a->fch = TAKE(4 * N * C);
-      a->fch_gelu = g->recompute >= 1 ? NULL : TAKE(4 * N * C); /* NULL: in dbig2 */
+      a->fch_gelu = g->recompute >= 1 ? NULL : TAKE(4 * N * C / h); /* NULL: in dbig2 */
     } else {
       *a = g->layer[0]; /* the shared slot; res3 is the layer's own, below */
     }
     a->res3 = TAKE(N * C);
   }
-  g->lnf = TAKE(N * C);
+  g->lnf = TAKE(N * C / h);
   g->lnf_mean = TAKE(N);
   g->lnf_rstd = TAKE(N);
   g->losses = TAKE(N);
@@ -491,18 +538,18 @@ static void gpt_layer_fwd(gpt_t *g, int l, float *P, const float *res_in) {
    * (dbig1, dbig2), free in a forward and between blocks in backward, where
    * checkpointing recomputes a block */
   float *l1 = a->ln1 ? a->ln1 : g->dbig1;
-  be->layernorm_fwd(l1, a->ln1_mean, a->ln1_rstd, res_in, p.ln1w, p.ln1b, (int)N, C);
-  be->matmul_fwd(a->qkv, l1, p.qkvw, p.qkvb, (int)N, C, 3 * C, 3 * C);
+  gpt_act_layernorm(g, l1, a->ln1_mean, a->ln1_rstd, res_in, p.ln1w, p.ln1b, (int)N, C);
+  gpt_act_matmul_fwd(g, a->qkv, l1, p.qkvw, p.qkvb, (int)N, C, 3 * C, 3 * C);
   be->attention_fwd(a->atty, a->att, g->att_scratch, a->qkv, B, T, C, NH);
   /* the projection lands in res2, then the residual is added in place */
   be->matmul_fwd(a->res2, a->atty, p.attprojw, p.attprojb, (int)N, C, C, C);
   be->residual_fwd(a->res2, a->res2, res_in, N * C);
   float *l2 = a->ln2 ? a->ln2 : g->dbig1;
-  be->layernorm_fwd(l2, a->ln2_mean, a->ln2_rstd, a->res2, p.ln2w, p.ln2b, (int)N, C);
-  be->matmul_fwd(a->fch, l2, p.fcw, p.fcb, (int)N, C, 4 * C, 4 * C);
+  gpt_act_layernorm(g, l2, a->ln2_mean, a->ln2_rstd, a->res2, p.ln2w, p.ln2b, (int)N, C);
+  gpt_act_matmul_fwd(g, a->fch, l2, p.fcw, p.fcb, (int)N, C, 4 * C, 4 * C);
   float *gl = a->fch_gelu ? a->fch_gelu : g->dbig2;
-  be->gelu_fwd(gl, a->fch, N * 4 * (size_t)C);
-  be->matmul_fwd(a->res3, gl, p.fcprojw, p.fcprojb, (int)N, 4 * C, C, C);
+  gpt_act_gelu(g, gl, a->fch, N * 4 * (size_t)C);
+  gpt_act_matmul_fwd(g, a->res3, gl, p.fcprojw, p.fcprojb, (int)N, 4 * C, C, C);
   be->residual_fwd(a->res3, a->res3, a->res2, N * C);
 }
 
@@ -517,19 +564,20 @@ static void gpt_layer_bwd(gpt_t *g, int l, float *P, float *G, const float *res_
   float *dfch_gelu = g->dbig1, *dfch = g->dbig2;
   const float *gl = a->fch_gelu;
   if (!gl) { /* recomputed into dbig2, which dfch takes once the product has read it */
-    be->gelu_fwd(g->dbig2, a->fch, 4 * NC);
+    gpt_act_gelu(g, g->dbig2, a->fch, 4 * NC);
     gl = g->dbig2;
   }
   /* each activation gradient below is written whole by its first op (acc 0:
    * kern.h), so none is zeroed first */
-  be->matmul_bwd(dfch_gelu, d.fcprojw, d.fcprojb, g->dres, gl, p.fcprojw, (int)N, 4 * C, C, C, 0);
+  gpt_act_matmul_bwd(g, dfch_gelu, d.fcprojw, d.fcprojb, g->dres, gl, p.fcprojw, (int)N, 4 * C, C,
+                     C, 0);
   be->gelu_bwd(dfch, a->fch, dfch_gelu, 4 * NC, 0);
   const float *l2 = a->ln2;
   if (!l2) { /* again, into dbig1: dfch_gelu is spent */
-    be->layernorm_fwd(g->dbig1, a->ln2_mean, a->ln2_rstd, a->res2, p.ln2w, p.ln2b, (int)N, C);
+    gpt_act_layernorm(g, g->dbig1, a->ln2_mean, a->ln2_rstd, a->res2, p.ln2w, p.ln2b, (int)N, C);
     l2 = g->dbig1;
   }
-  be->matmul_bwd(g->dln, d.fcw, d.fcb, dfch, l2, p.fcw, (int)N, C, 4 * C, 4 * C, 0);
+  gpt_act_matmul_bwd(g, g->dln, d.fcw, d.fcb, dfch, l2, p.fcw, (int)N, C, 4 * C, 4 * C, 0);
   /* the skip path already put d(res3) in dres: adding the norm's gives d(res2) */
   be->layernorm_bwd(g->dres, d.ln2w, d.ln2b, g->dln, a->res2, p.ln2w, a->ln2_mean, a->ln2_rstd,
                     (int)N, C);
@@ -538,10 +586,10 @@ static void gpt_layer_bwd(gpt_t *g, int l, float *P, float *G, const float *res_
   be->attention_bwd(dqkv, g->att_scratch, datty, a->qkv, a->atty, a->att, B, T, C, NH, 0);
   const float *l1 = a->ln1;
   if (!l1) { /* again, into dbig2: datty is spent */
-    be->layernorm_fwd(g->dbig2, a->ln1_mean, a->ln1_rstd, res_in, p.ln1w, p.ln1b, (int)N, C);
+    gpt_act_layernorm(g, g->dbig2, a->ln1_mean, a->ln1_rstd, res_in, p.ln1w, p.ln1b, (int)N, C);
     l1 = g->dbig2;
   }
-  be->matmul_bwd(g->dln, d.qkvw, d.qkvb, dqkv, l1, p.qkvw, (int)N, C, 3 * C, 3 * C, 0);
+  gpt_act_matmul_bwd(g, g->dln, d.qkvw, d.qkvb, dqkv, l1, p.qkvw, (int)N, C, 3 * C, 3 * C, 0);
   be->layernorm_bwd(g->dres, d.ln1w, d.ln1b, g->dln, res_in, p.ln1w, a->ln1_mean, a->ln1_rstd,
                     (int)N, C);
 }
@@ -566,14 +614,15 @@ static void gpt_lm_head(gpt_t *g, const gpt_embed_t *p0, const gpt_embed_t *d0, 
   const int V = g->cfg.vocab, ld = gpt_logits_ld(g);
   for (size_t r0 = 0; r0 < N; r0 += (size_t)g->lrows) {
     const int n = N - r0 < (size_t)g->lrows ? (int)(N - r0) : g->lrows;
-    const float *x = g->lnf + r0 * C;
-    be->matmul_fwd(g->logits, x, p0->wte, NULL, n, (int)C, V, ld);
+    const void *x = gpt_act_at(g, g->lnf, r0 * C);
+    gpt_act_matmul_fwd(g, g->logits, x, p0->wte, NULL, n, (int)C, V, ld);
     if (bwd) /* the probabilities go straight to dlogits, as gpt_backward would make them */
       be->crossentropy_fwd_bwd(g->losses + r0, g->logits, g->targets + r0, dscale, n, V, ld);
     else
       be->crossentropy_fwd(g->losses + r0, g->logits, g->targets + r0, n, V, ld);
     if (d0)
-      be->matmul_bwd(g->dln + r0 * C, d0->wte, NULL, g->logits, x, p0->wte, n, (int)C, V, ld, 0);
+      gpt_act_matmul_bwd(g, g->dln + r0 * C, d0->wte, NULL, g->logits, x, p0->wte, n, (int)C, V,
+                         ld, 0);
   }
 }
 
@@ -618,11 +667,11 @@ static int gpt_forward_run(gpt_t *g, const int32_t *inputs, const int32_t *targe
   }
   GPT_TRY(h->params(h->ctx, 0, GPT_FWD, &P));
   e = gpt_embed_at(g, P);
-  be->layernorm_fwd(g->lnf, g->lnf_mean, g->lnf_rstd, res, e.lnfw, e.lnfb, (int)N, C);
+  gpt_act_layernorm(g, g->lnf, g->lnf_mean, g->lnf_rstd, res, e.lnfw, e.lnfb, (int)N, C);
   const int chunked = N > (size_t)g->lrows;
   if (!targets) { /* the logits of the last lrows rows (a sample reads the last) */
-    be->matmul_fwd(g->logits, g->lnf + (N - (size_t)g->lrows) * C, e.wte, NULL, g->lrows, C, V,
-                   gpt_logits_ld(g));
+    gpt_act_matmul_fwd(g, g->logits, gpt_act_at(g, g->lnf, (N - (size_t)g->lrows) * C), e.wte,
+                       NULL, g->lrows, C, V, gpt_logits_ld(g));
   } else if (bwd && chunked) { /* the LM head's backward now, chunk by chunk */
     float *G0;
     GPT_TRY(h->grads(h->ctx, 0, &G0));
@@ -684,8 +733,8 @@ int gpt_backward(gpt_t *g, float dloss_scale) {
     if (chunked)
       gpt_lm_head(g, &p0, &d0, 1, dloss_scale / (float)N);
     else
-      be->matmul_bwd(g->dln, d0.wte, NULL, g->logits, g->lnf, p0.wte, (int)N, C, V,
-                     gpt_logits_ld(g), 0);
+      gpt_act_matmul_bwd(g, g->dln, d0.wte, NULL, g->logits, g->lnf, p0.wte, (int)N, C, V,
+                         gpt_logits_ld(g), 0);
   }
   const float *res_last = c->layers ? g->layer[c->layers - 1].res3 : g->encoded;
   be->dev_set(g->dres, 0, NC * sizeof(float));

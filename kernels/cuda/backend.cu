@@ -263,7 +263,27 @@ static const kern_backend_t kern_cuda_table = {
     .f32_to_bf16 = kern_cuda_f32_to_bf16,
     .bf16_to_f32 = kern_cuda_bf16_to_f32,
     .sumsq = kern_cuda_sumsq,
+    .layernorm_fwd_bf16 = NULL, /* kern_cuda_table_bf16 below */
+    .gelu_fwd_bf16 = NULL,
+    .matmul_fwd_bf16 = NULL,
+    .matmul_bwd_bf16 = NULL,
 };
+
+/* The table of a bf16 job whose products pack their operands (not
+ * gemm_fast16bf): the same ops, and the bf16 activations kern.h offers then. */
+static kern_backend_t kern_cuda_with_bf16_acts(kern_backend_t t) {
+  t.layernorm_fwd_bf16 = kern_cuda_layernorm_fwd_bf16;
+  t.gelu_fwd_bf16 = kern_cuda_gelu_fwd_bf16;
+  t.matmul_fwd_bf16 = kern_cuda_matmul_fwd_bf16;
+  t.matmul_bwd_bf16 = kern_cuda_matmul_bwd_bf16;
+  return t;
+}
+static const kern_backend_t kern_cuda_table_bf16 = kern_cuda_with_bf16_acts(kern_cuda_table);
+
+/* The table for the modes taken. */
+static const kern_backend_t *kern_cuda_table_for_modes(void) {
+  return kern_cuda_st.bf16 && !kern_cuda_st.fast16bf ? &kern_cuda_table_bf16 : &kern_cuda_table;
+}
 
 /* ---- entry points ---------------------------------------------------------- */
 
@@ -338,7 +358,7 @@ extern "C" const kern_backend_t *kern_cuda_init(const kern_cuda_opts_t *o, char 
   if (!o) o = &d;
   if (kern_cuda_st.ready) { /* the device stays; the job's modes are taken */
     kern_cuda_take_modes(o);
-    return &kern_cuda_table;
+    return kern_cuda_table_for_modes();
   }
   char tmp[256];
   if (!msg || !n) msg = tmp, n = sizeof tmp;
@@ -418,7 +438,7 @@ extern "C" const kern_backend_t *kern_cuda_init(const kern_cuda_opts_t *o, char 
   }
   kern_cuda_st.ready = 1;
   msg[0] = '\0';
-  return &kern_cuda_table;
+  return kern_cuda_table_for_modes();
 
 fail:
   kern_cuda_teardown();

@@ -294,6 +294,16 @@ void kern_cuda_f32_to_bf16(uint16_t *out, const float *inp, size_t n);
 void kern_cuda_bf16_to_f32(float *out, const uint16_t *inp, size_t n);
 
 double kern_cuda_sumsq(const float *x, size_t n);
+
+/* bf16 activations (kern.h), offered in bf16 mode only (backend.cu) */
+void kern_cuda_layernorm_fwd_bf16(uint16_t *out, float *mean, float *rstd, const float *inp,
+                                  const float *w, const float *b, int N, int C);
+void kern_cuda_gelu_fwd_bf16(uint16_t *out, const float *inp, size_t n);
+void kern_cuda_matmul_fwd_bf16(float *out, const uint16_t *inp, const float *w, const float *bias,
+                               int N, int IC, int OC, int ldo);
+void kern_cuda_matmul_bwd_bf16(float *dinp, float *dw, float *dbias, const float *dout,
+                               const uint16_t *inp, const float *w, int N, int IC, int OC, int ldo,
+                               int acc);
 }
 
 #endif

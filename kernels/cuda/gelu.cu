@@ -8,7 +8,8 @@
  * where every array's 16-byte boundaries fall at the same element, after a
  * head of up to 3 and before a tail of (n - head) % 4 done one a thread in
  * the same launch; elsewhere every element goes one a thread. The same
- * formula on each element either way. */
+ * formula on each element either way. Forward's bf16 output (gelu_fwd_bf16)
+ * is the fp32 one rounded, 8 elements a thread as cast.cu's. */
 #include "kernels/cuda/cuda_impl.h"
 #include "kernels/kern_math.h"
 
@@ -26,6 +27,27 @@ __global__ static void gelu_fwd_wide_kernel(float *out, const float *inp, size_t
             out + j, make_float4(kern_gelu(x.x), kern_gelu(x.y), kern_gelu(x.z), kern_gelu(x.w)));
       },
       [&](size_t i) { out[i] = kern_gelu(inp[i]); });
+}
+
+/* GELU's output rounded to bf16 (gelu_fwd_bf16: as the casts round it) */
+__global__ static void gelu_fwd_bf16_kernel(uint16_t *out, const float *inp, size_t n) {
+  KERN_CUDA_FOR(i, n) out[i] = kern_f32_to_bf16(kern_gelu(inp[i]));
+}
+
+/* out + head and inp + head 16-byte aligned, n >= head + 8: 8 elements a
+ * thread, as cast.cu's f32_to_bf16 */
+__global__ static void gelu_fwd_bf16_wide_kernel(uint16_t *out, const float *inp, size_t n,
+                                                 size_t head) {
+  kern_cuda_for_wide<8>(
+      n, head,
+      [&](size_t j) {
+        const float4 a = kern_cuda_load_f32x4(inp + j), b = kern_cuda_load_f32x4(inp + j + 4);
+        kern_cuda_store_u16x8(
+            out + j,
+            kern_cuda_bf16x8(make_float4(kern_gelu(a.x), kern_gelu(a.y), kern_gelu(a.z), kern_gelu(a.w)),
+                             make_float4(kern_gelu(b.x), kern_gelu(b.y), kern_gelu(b.z), kern_gelu(b.w))));
+      },
+      [&](size_t i) { out[i] = kern_f32_to_bf16(kern_gelu(inp[i])); });
 }
 
 __global__ static void gelu_bwd_kernel(float *dinp, const float *inp, const float *dout, size_t n,
@@ -66,6 +88,18 @@ extern "C" void kern_cuda_gelu_fwd(float *out, const float *inp, size_t n) {
   else
     gelu_fwd_kernel<<<kern_cuda_blocks(n, KERN_CUDA_THREADS), KERN_CUDA_THREADS, 0,
                       kern_cuda_st.stream>>>(out, inp, n);
+  KERN_CUDA_LAUNCHED();
+}
+
+extern "C" void kern_cuda_gelu_fwd_bf16(uint16_t *out, const float *inp, size_t n) {
+  if (!n) return;
+  const size_t head = kern_cuda_head16(out, sizeof *out);
+  if (n >= head + 8 && kern_cuda_aligned16(inp + head))
+    gelu_fwd_bf16_wide_kernel<<<kern_cuda_blocks((n - head) / 8, KERN_CUDA_THREADS),
+                                KERN_CUDA_THREADS, 0, kern_cuda_st.stream>>>(out, inp, n, head);
+  else
+    gelu_fwd_bf16_kernel<<<kern_cuda_blocks(n, KERN_CUDA_THREADS), KERN_CUDA_THREADS, 0,
+                           kern_cuda_st.stream>>>(out, inp, n);
   KERN_CUDA_LAUNCHED();
 }
 

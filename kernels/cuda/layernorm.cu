@@ -5,18 +5,25 @@
  * Forward and backward's dinp: one warp per row, fp32 sums as butterflies
  * over the warp (the CPU's formulas in another, fixed order), two passes in
  * forward (mean, then the variance of x - mean). dw and db are column sums
- * in the CPU's order (kern_cuda_colsum: the CPU's bits). */
+ * in the CPU's order (kern_cuda_colsum: the CPU's bits). Forward's output in
+ * bf16 (layernorm_fwd_bf16) is the fp32 one's values rounded once. */
 #include "kernels/cuda/cuda_impl.h"
 #include "kernels/kern_math.h"
 
 #define LN_WARPS 8 /* rows per block */
 
-__global__ static void layernorm_fwd_kernel(float *out, float *mean, float *rstd, const float *inp,
+/* An output element: fp32, or rounded to bf16 as the casts round (a bf16
+ * activation, the bits a bf16 product's packing of the fp32 one gives). */
+__device__ __forceinline__ void ln_store(float *o, float v) { *o = v; }
+__device__ __forceinline__ void ln_store(uint16_t *o, float v) { *o = kern_f32_to_bf16(v); }
+
+template <typename O>
+__global__ static void layernorm_fwd_kernel(O *out, float *mean, float *rstd, const float *inp,
                                             const float *w, const float *b, int N, int C) {
   const int n = blockIdx.x * LN_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (n >= N) return; /* the same n on a whole warp */
   const float *x = inp + (int64_t)n * C;
-  float *o = out + (int64_t)n * C;
+  O *o = out + (int64_t)n * C;
   float s = 0.0f;
   for (int c = lane; c < C; c += 32) s += x[c];
   s = kern_cuda_warp_sum(s);
@@ -25,7 +32,7 @@ __global__ static void layernorm_fwd_kernel(float *out, float *mean, float *rstd
   for (int c = lane; c < C; c += 32) v += (x[c] - m) * (x[c] - m);
   v = kern_cuda_warp_sum(v);
   const float r = 1.0f / sqrtf(v / (float)C + KERN_LN_EPS);
-  for (int c = lane; c < C; c += 32) o[c] = (x[c] - m) * r * w[c] + b[c];
+  for (int c = lane; c < C; c += 32) ln_store(o + c, (x[c] - m) * r * w[c] + b[c]);
   if (lane == 0) {
     mean[n] = m;
     rstd[n] = r;
@@ -56,12 +63,24 @@ __global__ static void layernorm_bwd_dinp_kernel(float *dinp, const float *dout,
   }
 }
 
-extern "C" void kern_cuda_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp,
-                                        const float *w, const float *b, int N, int C) {
+template <typename O>
+static void layernorm_fwd(O *out, float *mean, float *rstd, const float *inp, const float *w,
+                          const float *b, int N, int C) {
   if (N <= 0 || C <= 0) return;
-  layernorm_fwd_kernel<<<(N + LN_WARPS - 1) / LN_WARPS, LN_WARPS * 32, 0, kern_cuda_st.stream>>>(
+  layernorm_fwd_kernel<O><<<(N + LN_WARPS - 1) / LN_WARPS, LN_WARPS * 32, 0, kern_cuda_st.stream>>>(
       out, mean, rstd, inp, w, b, N, C);
   KERN_CUDA_LAUNCHED();
+}
+
+extern "C" void kern_cuda_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp,
+                                        const float *w, const float *b, int N, int C) {
+  layernorm_fwd(out, mean, rstd, inp, w, b, N, C);
+}
+
+extern "C" void kern_cuda_layernorm_fwd_bf16(uint16_t *out, float *mean, float *rstd,
+                                             const float *inp, const float *w, const float *b,
+                                             int N, int C) {
+  layernorm_fwd(out, mean, rstd, inp, w, b, N, C);
 }
 
 extern "C" void kern_cuda_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout,

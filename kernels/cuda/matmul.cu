@@ -269,7 +269,8 @@ static int gemm_half(int x) { return ((x + 1) / 2 + 63) & ~63; }
  * pa and pb (their leading dimensions and batch strides plda, psa, pldb,
  * psb); where cuBLASLt has no bf16 algorithm for it, the same blocks of the
  * fp32 operands (Af, Bf: op(Af) starts at the block's first element) rounded
- * by cuBLASLt itself. */
+ * by cuBLASLt itself. An operand that came in bf16 has no fp32 block (NULL):
+ * then nothing serves, and the product names itself. */
 static void gemm_packed_block(const char *op, char ta, char tb, int M, int N, int K, float alpha,
                               const uint16_t *pa, int64_t plda, int64_t psa, const uint16_t *pb,
                               int64_t pldb, int64_t psb, const float *Af, int64_t lda, int64_t sA,
@@ -279,20 +280,51 @@ static void gemm_packed_block(const char *op, char ta, char tb, int M, int N, in
   if (!gemm_lt_bias(CUDA_R_16BF, CUBLAS_COMPUTE_32F, ta, tb, M, N, K, alpha, pa, plda, psa, pb,
                     pldb, psb, beta, C, ldc, sC, batch, bias, &why))
     return;
-  if (gemm_lt_bias(CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_16BF, ta, tb, M, N, K, alpha, Af, lda, sA,
+  if (!Af || !Bf ||
+      gemm_lt_bias(CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_16BF, ta, tb, M, N, K, alpha, Af, lda, sA,
                    Bf, ldb, sB, beta, C, ldc, sC, batch, bias, &why))
     gemm_none(op, ta, tb, M, N, K, lda, ldb, ldc, sA, sB, sC, batch, why);
 }
 
+/* A bf16 operand: X's elements in fp32 (packed block by block) or, where X16
+ * is set, already in bf16 (the caller's bf16 activation: its blocks are
+ * views, nothing packed), at the same leading dimension and batch stride. */
+typedef struct {
+  const float *x;
+  const uint16_t *x16;
+  int64_t ld, stride;
+} gemm_operand_t;
+
+/* The block of op(X) at (r0, c0), R x Cn, of g matrices from the batch's
+ * b0-th: packed into dst, or X16's own elements; *pld and *ps its leading
+ * dimension and batch stride. */
+static const uint16_t *gemm_block(uint16_t *dst, const gemm_operand_t *X, char t, int b0, int r0,
+                                  int c0, int R, int Cn, int g, int64_t *pld, int64_t *ps) {
+  if (X->x16) {
+    *pld = X->ld, *ps = X->stride;
+    const int64_t off = t == 'N' ? (int64_t)r0 * X->ld + c0 : (int64_t)c0 * X->ld + r0;
+    return X->x16 + (int64_t)b0 * X->stride + off;
+  }
+  *ps = (int64_t)gemm_packed(t, R, Cn);
+  *pld = gemm_pack(dst, X->x + (int64_t)b0 * X->stride, t, X->ld, X->stride, r0, c0, R, Cn, g, *ps);
+  return dst;
+}
+
+/* op(X)'s block at (r0, c0) of matrix b0 in fp32 (NULL for a bf16 operand). */
+static const float *gemm_block_f32(const gemm_operand_t *X, char t, int b0, int r0, int c0) {
+  if (!X->x) return NULL;
+  const int64_t off = t == 'N' ? (int64_t)r0 * X->ld + c0 : (int64_t)c0 * X->ld + r0;
+  return X->x + (int64_t)b0 * X->stride + off;
+}
+
 static void gemm_bf16_packed(const char *op, char ta, char tb, int M, int N, int K, float alpha,
-                             const float *A, int64_t lda, int64_t sA, const float *B, int64_t ldb,
-                             int64_t sB, float beta, float *C, int64_t ldc, int64_t sC, int batch,
-                             const float *bias) {
+                             const gemm_operand_t *A, const gemm_operand_t *B, float beta,
+                             float *C, int64_t ldc, int64_t sC, int batch, const float *bias) {
   const size_t cap = KERN_CUDA_SIZE_PACK_ELEMS;
   uint16_t *pa = kern_cuda_st.pack, *pb = kern_cuda_st.pack + cap;
   int mc = M, nc = N, kc = K, g = batch;
-  for (;;) {
-    const size_t na = gemm_packed(ta, mc, kc), nb = gemm_packed(tb, kc, nc);
+  for (;;) { /* an operand in bf16 takes no room */
+    const size_t na = A->x16 ? 0 : gemm_packed(ta, mc, kc), nb = B->x16 ? 0 : gemm_packed(tb, kc, nc);
     if ((size_t)g * na <= cap && (size_t)g * nb <= cap) break;
     if (g > 1) g = (g + 1) / 2;
     else if (na > cap && mc > 2048) mc = gemm_half(mc);
@@ -303,24 +335,22 @@ static void gemm_bf16_packed(const char *op, char ta, char tb, int M, int N, int
   }
   for (int b0 = 0; b0 < batch; b0 += g) {
     const int gb = batch - b0 < g ? batch - b0 : g;
-    const float *Ab = A + (int64_t)b0 * sA, *Bb = B + (int64_t)b0 * sB;
     float *Cb = C + (int64_t)b0 * sC;
     for (int m0 = 0; m0 < M; m0 += mc) {
       const int mm = M - m0 < mc ? M - m0 : mc;
       for (int k0 = 0; k0 < K; k0 += kc) {
         const int kk = K - k0 < kc ? K - k0 : kc;
-        const int64_t psa = (int64_t)gemm_packed(ta, mm, kk);
-        const int64_t plda = gemm_pack(pa, Ab, ta, lda, sA, m0, k0, mm, kk, gb, psa);
+        int64_t plda, psa, pldb, psb;
+        const uint16_t *ba = gemm_block(pa, A, ta, b0, m0, k0, mm, kk, gb, &plda, &psa);
         for (int n0 = 0; n0 < N; n0 += nc) {
           const int nn = N - n0 < nc ? N - n0 : nc;
-          const int64_t psb = (int64_t)gemm_packed(tb, kk, nn);
-          const int64_t pldb = gemm_pack(pb, Bb, tb, ldb, sB, k0, n0, kk, nn, gb, psb);
-          const float *Ak = ta == 'N' ? Ab + (int64_t)m0 * lda + k0 : Ab + (int64_t)k0 * lda + m0;
-          const float *Bk = tb == 'N' ? Bb + (int64_t)k0 * ldb + n0 : Bb + (int64_t)n0 * ldb + k0;
+          const uint16_t *bb = gemm_block(pb, B, tb, b0, k0, n0, kk, nn, gb, &pldb, &psb);
           /* the bias with C's first block of the sum (beta applies there) */
-          gemm_packed_block(op, ta, tb, mm, nn, kk, alpha, pa, plda, psa, pb, pldb, psb, Ak, lda,
-                            sA, Bk, ldb, sB, k0 ? 1.0f : beta, Cb + (int64_t)m0 * ldc + n0, ldc,
-                            sC, gb, bias && !k0 ? bias + n0 : NULL);
+          gemm_packed_block(op, ta, tb, mm, nn, kk, alpha, ba, plda, psa, bb, pldb, psb,
+                            gemm_block_f32(A, ta, b0, m0, k0), A->ld, A->stride,
+                            gemm_block_f32(B, tb, b0, k0, n0), B->ld, B->stride,
+                            k0 ? 1.0f : beta, Cb + (int64_t)m0 * ldc + n0, ldc, sC, gb,
+                            bias && !k0 ? bias + n0 : NULL);
         }
       }
     }
@@ -351,8 +381,8 @@ static void gemm_any(const char *op, char ta, char tb, int M, int N, int K, floa
     return;
   }
   if (kern_cuda_st.bf16 && !kern_cuda_st.fast16bf) {
-    gemm_bf16_packed(op, ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch,
-                     bias);
+    const gemm_operand_t a = {A, NULL, lda, sA}, b = {B, NULL, ldb, sB};
+    gemm_bf16_packed(op, ta, tb, M, N, K, alpha, &a, &b, beta, C, ldc, sC, batch, bias);
     return;
   }
   const cublasComputeType_t ct = kern_cuda_st.bf16   ? CUBLAS_COMPUTE_32F_FAST_16BF
@@ -393,8 +423,9 @@ extern "C" void kern_cuda_matmul_fwd(float *out, const float *inp, const float *
  * IC leaves no such blocks (256 rows and columns at least, unless the matrix
  * is smaller) takes the separate products. */
 
-/* The blocks (mr, kc) for a joint backward of these shapes; 0 when none fit. */
-static int gemm_bwd_blocks(int N, int IC, int OC, int *mr_out, int *kc_out) {
+/* The blocks (mr, kc) for a joint backward of these shapes; 0 when none fit.
+ * inp16: inp came in bf16, so the second buffer holds w's block alone. */
+static int gemm_bwd_blocks(int N, int IC, int OC, int inp16, int *mr_out, int *kc_out) {
   const int64_t cap = (int64_t)KERN_CUDA_SIZE_PACK_ELEMS, ic8 = pad8(IC);
   const int min_r = N < 256 ? N : 256, min_c = OC < 256 ? OC : 256;
   double best = -1;
@@ -402,7 +433,7 @@ static int gemm_bwd_blocks(int N, int IC, int OC, int *mr_out, int *kc_out) {
     /* kc: as many of dout's columns as fit mr rows of the first buffer
      * (padded rows: a multiple of 8 unless it is all OC), with w's kc rows
      * beside inp's mr in the second */
-    const int64_t row_room = cap / mr, w_room = cap / ic8 - mr;
+    const int64_t row_room = cap / mr, w_room = cap / ic8 - (inp16 ? 0 : mr);
     int64_t kc = OC;
     if (pad8(OC) > row_room || OC > w_room)
       kc = (row_room < w_room ? row_room : w_room) & ~(int64_t)7;
@@ -423,36 +454,39 @@ static int gemm_bwd_blocks(int N, int IC, int OC, int *mr_out, int *kc_out) {
   return best >= 0;
 }
 
-static int gemm_bwd_joint(float *dinp, float *dw, const float *dout, const float *inp,
+static int gemm_bwd_joint(float *dinp, float *dw, const float *dout, const gemm_operand_t *inp,
                           const float *w, int N, int IC, int OC, int ldo, int acc) {
   int mr = 0, kc = 0;
-  if (!gemm_bwd_blocks(N, IC, OC, &mr, &kc)) return 0;
+  if (!gemm_bwd_blocks(N, IC, OC, inp->x16 != NULL, &mr, &kc)) return 0;
   uint16_t *pa = kern_cuda_st.pack, *pb = kern_cuda_st.pack + KERN_CUDA_SIZE_PACK_ELEMS;
   for (int r0 = 0; r0 < N; r0 += mr) {
     const int rr = N - r0 < mr ? N - r0 : mr;
-    const float *inp_r = inp + (int64_t)r0 * IC;
-    /* inp's rows of the block, then (after them) w's rows of each column block */
-    const int64_t pld = gemm_pack(pb, inp, 'N', IC, 0, r0, 0, rr, IC, 1, 0);
-    uint16_t *pw = pb + (int64_t)rr * pld;
+    /* inp's rows of the block (packed, or its own in bf16), then (after a
+     * packed block) w's rows of each column block */
+    int64_t pld, ps;
+    const uint16_t *pi = gemm_block(pb, inp, 'N', 0, r0, 0, rr, IC, 1, &pld, &ps);
+    uint16_t *pw = inp->x16 ? pb : pb + (int64_t)rr * pld;
     for (int c0 = 0; c0 < OC; c0 += kc) {
       const int cc = OC - c0 < kc ? OC - c0 : kc;
       const float *dout_rc = dout + (int64_t)r0 * ldo + c0, *w_c = w + (int64_t)c0 * IC;
       const int64_t plda = gemm_pack(pa, dout, 'N', ldo, 0, r0, c0, rr, cc, 1, 0);
-      gemm_pack(pw, w, 'N', IC, 0, c0, 0, cc, IC, 1, 0);
+      const int64_t pldw = gemm_pack(pw, w, 'N', IC, 0, c0, 0, cc, IC, 1, 0);
       /* without acc, dinp's rows take their first column block with beta 0 (not read) */
-      gemm_packed_block(__func__, 'N', 'N', rr, IC, cc, 1.0f, pa, plda, 0, pw, pld, 0, dout_rc,
+      gemm_packed_block(__func__, 'N', 'N', rr, IC, cc, 1.0f, pa, plda, 0, pw, pldw, 0, dout_rc,
                         ldo, 0, w_c, IC, 0, acc || c0 ? 1.0f : 0.0f, dinp + (int64_t)r0 * IC, IC,
                         0, 1, NULL);
-      gemm_packed_block(__func__, 'T', 'N', cc, IC, rr, 1.0f, pa, plda, 0, pb, pld, 0, dout_rc,
-                        ldo, 0, inp_r, IC, 0, 1.0f, dw + (int64_t)c0 * IC, IC, 0, 1, NULL);
+      gemm_packed_block(__func__, 'T', 'N', cc, IC, rr, 1.0f, pa, plda, 0, pi, pld, 0, dout_rc,
+                        ldo, 0, gemm_block_f32(inp, 'N', 0, r0, 0), IC, 0, 1.0f,
+                        dw + (int64_t)c0 * IC, IC, 0, 1, NULL);
     }
   }
   return 1;
 }
 
-extern "C" void kern_cuda_matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout,
-                                     const float *inp, const float *w, int N, int IC, int OC,
-                                     int ldo, int acc) {
+/* matmul_bwd with inp in fp32 or (inp->x16) in bf16. */
+static void matmul_bwd_any(float *dinp, float *dw, float *dbias, const float *dout,
+                           const gemm_operand_t *inp, const float *w, int N, int IC, int OC,
+                           int ldo, int acc) {
   KERN_CUDA_ASSERT(ldo >= OC);
   if (dbias) kern_cuda_colsum(dbias, NULL, dout, NULL, NULL, NULL, N, OC, ldo);
   if (dinp && !acc && OC <= 0 && N > 0 && IC > 0) /* an empty sum written: zeros */
@@ -465,7 +499,43 @@ extern "C" void kern_cuda_matmul_bwd(float *dinp, float *dw, float *dbias, const
     kern_cuda_gemm(__func__, 'N', 'N', N, IC, OC, 1.0f, dout, ldo, 0, w, IC, 0, acc ? 1.0f : 0.0f,
                    dinp, IC, 0, 1);
   /* dw (OC, IC) += dout^T (OC, N) @ inp (N, IC) */
-  if (dw)
-    kern_cuda_gemm(__func__, 'T', 'N', OC, IC, N, 1.0f, dout, ldo, 0, inp, IC, 0, 1.0f, dw, IC, 0,
-                   1);
+  if (!dw || OC <= 0 || IC <= 0) return;
+  if (inp->x16) {
+    const gemm_operand_t d = {dout, NULL, ldo, 0};
+    if (N > 0) gemm_bf16_packed(__func__, 'T', 'N', OC, IC, N, 1.0f, &d, inp, 1.0f, dw, IC, 0, 1, NULL);
+  } else {
+    kern_cuda_gemm(__func__, 'T', 'N', OC, IC, N, 1.0f, dout, ldo, 0, inp->x, IC, 0, 1.0f, dw, IC,
+                   0, 1);
+  }
+}
+
+extern "C" void kern_cuda_matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout,
+                                     const float *inp, const float *w, int N, int IC, int OC,
+                                     int ldo, int acc) {
+  const gemm_operand_t x = {inp, NULL, IC, 0};
+  matmul_bwd_any(dinp, dw, dbias, dout, &x, w, N, IC, OC, ldo, acc);
+}
+
+/* ---- bf16 activations -------------------------------------------------------
+ * The products of a bf16 job round their operands to bf16 (gemm_pack), so an
+ * input kept in bf16 by the op that made it (layernorm's, GELU's: rounded as
+ * the packing would) gives the same operand, and the product reads it as it
+ * is: no packing pass, half the bytes kept. Offered only in that mode
+ * (backend.cu's table), where the fp32 path would round it anyway. */
+
+extern "C" void kern_cuda_matmul_fwd_bf16(float *out, const uint16_t *inp, const float *w,
+                                          const float *bias, int N, int IC, int OC, int ldo) {
+  /* IC 0 is refused as matmul_fwd's gemm_any refuses it */
+  KERN_CUDA_ASSERT(ldo >= OC && IC > 0 && kern_cuda_st.bf16 && !kern_cuda_st.fast16bf);
+  if (N <= 0 || OC <= 0) return;
+  const gemm_operand_t a = {NULL, inp, IC, 0}, b = {w, NULL, IC, 0};
+  gemm_bf16_packed(__func__, 'N', 'T', N, OC, IC, 1.0f, &a, &b, 0.0f, out, ldo, 0, 1, bias);
+}
+
+extern "C" void kern_cuda_matmul_bwd_bf16(float *dinp, float *dw, float *dbias, const float *dout,
+                                          const uint16_t *inp, const float *w, int N, int IC,
+                                          int OC, int ldo, int acc) {
+  KERN_CUDA_ASSERT(kern_cuda_st.bf16 && !kern_cuda_st.fast16bf);
+  const gemm_operand_t x = {NULL, inp, IC, 0};
+  matmul_bwd_any(dinp, dw, dbias, dout, &x, w, N, IC, OC, ldo, acc);
 }

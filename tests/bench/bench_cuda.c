@@ -36,7 +36,9 @@
  *   bench: cuda_mfu model= mfu_peak= goal= met=
  *   bench: cuda_trace... (FSDP_BENCH_TRACE=1: trace.c's lines)
  * `bench_cuda --ops MODEL B T [PRECISION]` times each op of a step alone
- * instead (ops_main, below).
+ * instead (ops_main, below), with the products' inputs in bf16 where the
+ * plugin offers it (kern.h's bf16 activations; FSDP_BENCH_ACTS16=0: never,
+ * for a plugin whose table predates them).
  * Without a GPU it prints why and exits 0. Exit 1: a step failed. */
 #include <math.h>
 #include <stdio.h>
@@ -217,30 +219,56 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
   for (size_t i = 0; i < N && htok; i++) htok[i] = (int32_t)((i * 2654435761u) % (uint32_t)V);
   if (!tok || !htok) return 1;
   K->copy_h2d(tok, htok, N * sizeof(int32_t));
+  /* the products' inputs in bf16 where the table offers it, as gpt.c
+   * keeps them (kern.h's bf16 activations): those ops count in the step,
+   * their fp32 forms 0 times (timed for comparison) */
+  const char *e16 = getenv("FSDP_BENCH_ACTS16"); /* 0: a plugin of an older table (gpu-run.sh) */
+  const int a16 = !(e16 && !strcmp(e16, "0")) && K->matmul_fwd_bf16 && gpt_config_acts_bf16_fits(g);
+  uint16_t *x16 = a16 ? K->dev_alloc(N * 4 * C * sizeof(uint16_t)) : NULL,
+           *y16 = a16 ? K->dev_alloc(N * 4 * C * sizeof(uint16_t)) : NULL;
+  if (a16 && (!x16 || !y16)) return 1;
+  if (a16) K->f32_to_bf16(x16, x, N * 4 * C);
   char sh[64];
   snprintf(sh, sizeof sh, "N=%zu,C=%d", N, C);
   OPS_TIME("encoder_fwd", sh, 1, K->encoder_fwd(x, tok, wte, wpe, B, T, C));
   OPS_TIME("encoder_bwd", sh, 1, K->encoder_bwd(dwte, dwpe, x, tok, B, T, C));
-  OPS_TIME("layernorm_fwd", sh, 2 * L + 1, K->layernorm_fwd(y, mean, rstd, x, w, bias, (int)N, C));
+  OPS_TIME("layernorm_fwd", sh, a16 ? 0 : 2 * L + 1,
+           K->layernorm_fwd(y, mean, rstd, x, w, bias, (int)N, C));
+  if (a16)
+    OPS_TIME("layernorm_fwd_bf16", sh, 2 * L + 1,
+             K->layernorm_fwd_bf16(y16, mean, rstd, x, w, bias, (int)N, C));
   OPS_TIME("layernorm_bwd", sh, 2 * L + 1,
            K->layernorm_bwd(z, dw, dbias, x, y, w, mean, rstd, (int)N, C));
   const struct { const char *name; int ic, oc; } mm[] = {
       {"qkv", C, 3 * C}, {"attproj", C, C}, {"fc", C, 4 * C}, {"fcproj", 4 * C, C}};
   for (int i = 0; i < 4; i++) {
     snprintf(sh, sizeof sh, "%s:N=%zu,IC=%d,OC=%d", mm[i].name, N, mm[i].ic, mm[i].oc);
-    OPS_TIME("matmul_fwd", sh, L,
+    const int b = a16 && i != 1; /* attproj's input is attention's fp32 output */
+    OPS_TIME("matmul_fwd", sh, b ? 0 : L,
              K->matmul_fwd(y, x, w, bias, (int)N, mm[i].ic, mm[i].oc, mm[i].oc));
-    OPS_TIME("matmul_bwd", sh, L,
+    OPS_TIME("matmul_bwd", sh, b ? 0 : L,
              K->matmul_bwd(z, dw, dbias, y, x, w, (int)N, mm[i].ic, mm[i].oc, mm[i].oc, 0));
+    if (!b) continue;
+    OPS_TIME("matmul_fwd_bf16", sh, L,
+             K->matmul_fwd_bf16(y, x16, w, bias, (int)N, mm[i].ic, mm[i].oc, mm[i].oc));
+    OPS_TIME("matmul_bwd_bf16", sh, L,
+             K->matmul_bwd_bf16(z, dw, dbias, y, x16, w, (int)N, mm[i].ic, mm[i].oc, mm[i].oc, 0));
   }
   snprintf(sh, sizeof sh, "lm_head:N=%zu,IC=%d,OC=%d,ld=%d", N, C, V, ldv);
-  OPS_TIME("matmul_fwd", sh, 1, K->matmul_fwd(logits, x, wte, NULL, (int)N, C, V, ldv));
-  OPS_TIME("matmul_bwd", sh, 1, K->matmul_bwd(z, dwte, NULL, logits, x, wte, (int)N, C, V, ldv, 0));
+  OPS_TIME("matmul_fwd", sh, !a16, K->matmul_fwd(logits, x, wte, NULL, (int)N, C, V, ldv));
+  OPS_TIME("matmul_bwd", sh, !a16,
+           K->matmul_bwd(z, dwte, NULL, logits, x, wte, (int)N, C, V, ldv, 0));
+  if (a16) {
+    OPS_TIME("matmul_fwd_bf16", sh, 1, K->matmul_fwd_bf16(logits, x16, wte, NULL, (int)N, C, V, ldv));
+    OPS_TIME("matmul_bwd_bf16", sh, 1,
+             K->matmul_bwd_bf16(z, dwte, NULL, logits, x16, wte, (int)N, C, V, ldv, 0));
+  }
   snprintf(sh, sizeof sh, "B=%d,T=%d,C=%d,NH=%d,%s", B, T, C, NH, bench_attn_name(C, NH, bf16));
   OPS_TIME("attention_fwd", sh, L, K->attention_fwd(y, att, scratch, x, B, T, C, NH));
   OPS_TIME("attention_bwd", sh, L, K->attention_bwd(z, scratch, y, x, y, att, B, T, C, NH, 0));
   snprintf(sh, sizeof sh, "n=%zu", N * 4 * C);
-  OPS_TIME("gelu_fwd", sh, L, K->gelu_fwd(y, x, N * 4 * C));
+  OPS_TIME("gelu_fwd", sh, a16 ? 0 : L, K->gelu_fwd(y, x, N * 4 * C));
+  if (a16) OPS_TIME("gelu_fwd_bf16", sh, L, K->gelu_fwd_bf16(y16, x, N * 4 * C));
   OPS_TIME("gelu_bwd", sh, L, K->gelu_bwd(z, x, y, N * 4 * C, 0));
   /* the backward ops write their activation gradients (acc 0): a step
    * zeroes none of these since 2026-11-27, only dres once; timed for what
@@ -269,9 +297,11 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
   OPS_TIME("lm_head_chunked", sh, 0, {
     for (size_t r0 = 0; r0 < N; r0 += (size_t)lrows) {
       const int n = N - r0 < (size_t)lrows ? (int)(N - r0) : lrows;
-      K->matmul_fwd(logits, x + r0 * C, wte, NULL, n, C, V, ldv);
+      if (a16) K->matmul_fwd_bf16(logits, x16 + r0 * C, wte, NULL, n, C, V, ldv);
+      else K->matmul_fwd(logits, x + r0 * C, wte, NULL, n, C, V, ldv);
       K->crossentropy_fwd_bwd(losses + r0, logits, tok + r0, 1.0f / (float)N, n, V, ldv);
-      K->matmul_bwd(z + r0 * C, dwte, NULL, logits, x + r0 * C, wte, n, C, V, ldv, 0);
+      if (a16) K->matmul_bwd_bf16(z + r0 * C, dwte, NULL, logits, x16 + r0 * C, wte, n, C, V, ldv, 0);
+      else K->matmul_bwd(z + r0 * C, dwte, NULL, logits, x + r0 * C, wte, n, C, V, ldv, 0);
     }
   });
   snprintf(sh, sizeof sh, "n=%zu", P);
@@ -279,6 +309,7 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
   OPS_TIME("sumsq", sh, 1, (void)K->sumsq(pg, P));
   printf("bench: cuda_ops model=%s sum_step_ms=%.2f (the ops of one step, each alone)\n", model,
          ops_sum_ms);
+  K->dev_free(x16), K->dev_free(y16);
   /* the products in every mode */
   if (!ops_want("products by mode")) return 0;
   const kern_cuda_opts_t modes[] = {{.bf16 = 1}, {.bf16 = 1, .gemm_fast16bf = 1}, {.tf32 = 1}, {0}};

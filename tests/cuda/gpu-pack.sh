@@ -15,7 +15,9 @@
 # refs whose kern.h table is this tree's; before 2026-11-27's acc argument
 # of matmul_bwd, attention_bwd and gelu_bwd a ref's ops ignore it and
 # accumulate, which times the same work plus the read of dinp, fine for
-# bench_cuda --ops but not for training) for sm_90 alone, into
+# bench_cuda --ops but not for training; before kern.h's bf16 activations
+# a ref's table ends before them, and gpu-run.sh tells bench_cuda not to
+# look: FSDP_BENCH_ACTS16=0) for sm_90 alone, into
 # .gpu/v/REF.so, for gpu-run.sh's GPU_OPS_PLUGINS to time against each
 # other on one machine.
 set -eu

@@ -46,6 +46,7 @@
 #include "daemon/train/data.h"
 #include "daemon/train/device.h"
 #include "daemon/train/device_cuda.h"
+#include "daemon/job/plan.h"
 #include "daemon/train/train.h"
 
 #define STEPS 20
@@ -79,11 +80,15 @@ typedef struct run {
   float *params; /* gathered after the last step (host) */
   size_t n;
   gpt_config_t gpt; /* the model, resolved */
+  plan_t plan;      /* the memory plan of the job (plan_job) */
+  int recompute;    /* the job's recompute level (config's default) */
+  mem_snapshot_t mem; /* the run's peaks at its last step */
 } run_t;
 
 static void run_metrics(void *ctx, const train_metrics_t *m) {
   run_t *r = ctx;
   if (m->step >= 1 && m->step <= STEPS) r->loss[m->step - 1] = m->loss;
+  r->mem = m->mem_run;
   r->steps = m->step;
   if (emu_waits && m->step >= 1 && m->step <= STEPS)
     for (int c = 0; c < N_WAIT_CALLS; c++) r->waits[m->step][c] = emu_waits(WAIT_CALLS[c]);
@@ -93,8 +98,10 @@ static void run_metrics(void *ctx, const train_metrics_t *m) {
   }
 }
 
-/* One run of the test job on device, precision prec. */
-static int run_job(const char *data, const char *device, const char *prec, run_t *r) {
+/* One run of the test job on device, precision prec; recompute < 0: the
+ * default level. */
+static int run_job(const char *data, const char *device, const char *prec, int recompute,
+                   run_t *r) {
   config_t c;
   config_default(&c);
   snprintf(c.model, sizeof c.model, "tiny");
@@ -115,12 +122,18 @@ static int run_job(const char *data, const char *device, const char *prec, run_t
   c.eval_batches = 1;
   c.sample_tokens = 0;
   c.checkpoint_async = 0;
+  if (recompute >= 0) c.recompute = recompute;
   memset(r, 0, sizeof *r);
   if (config_resolve(&c)) {
     fprintf(stderr, "test_cuda_train: %s\n", err_msg());
     return FSDP_EINVAL;
   }
   r->gpt = c.gpt;
+  r->recompute = c.recompute;
+  if (plan_job(&c, 1, &r->plan)) {
+    fprintf(stderr, "test_cuda_train: plan_job: %s\n", err_msg());
+    return FSDP_EINVAL;
+  }
   train_opts_t o = {.metrics = run_metrics, .ctx = r};
   train_t *t = NULL;
   int rc = train_open(&t, &c, &o);
@@ -175,6 +188,24 @@ static int weight_parts(const char *name) {
 static void check(int ok, const char *what, double got, double bound) {
   printf("%-44s %.3e (bound %.0e) %s\n", what, got, bound, ok ? "PASS" : "FAIL");
   fails += !ok;
+}
+
+/* The plan against the run's measured peaks, category by category (issue
+ * 12: the plan printed before a GPU run equals what it holds); the
+ * activations' bytes differ between a bf16 job with bf16 activations
+ * (kern.h) and one without, so a plan that disagrees with the model shows. */
+static void check_plan(const run_t *r, const char *what) {
+  int bad = 0;
+  for (int k = 0; k < MEM__COUNT; k++) {
+    if (r->plan.bytes[k] == r->mem.peak[k]) continue;
+    printf("  %s: %s planned %zu bytes, measured %zu\n", what, mem_cat_name((mem_cat_t)k),
+           r->plan.bytes[k], r->mem.peak[k]);
+    bad = 1;
+  }
+  char line[96];
+  snprintf(line, sizeof line, "%s: plan = measured peaks (activations %.2f MiB)", what,
+           r->mem.peak[MEM_ACTS] / 1048576.0);
+  check(!bad, line, bad, 0);
 }
 
 /* Loss by loss, relative to the reference run's. */
@@ -355,10 +386,12 @@ int main(int argc, char **argv) {
     return 2;
   }
   close(fd);
-  static run_t cpu, gpu, gpu16;
-  int rc = run_job(data, "cpu", "fp32", &cpu);
-  if (!rc) rc = run_job(data, "cuda", "fp32", &gpu);
-  if (!rc) rc = run_job(data, "cuda", "bf16-mixed", &gpu16);
+  static run_t cpu, gpu, gpu16, gpu16k;
+  int rc = run_job(data, "cpu", "fp32", -1, &cpu);
+  if (!rc) rc = run_job(data, "cuda", "fp32", -1, &gpu);
+  if (!rc) rc = run_job(data, "cuda", "bf16-mixed", -1, &gpu16);
+  /* the blocks keeping their bf16 activations, against computing them again */
+  if (!rc) rc = run_job(data, "cuda", "bf16-mixed", 0, &gpu16k);
   unlink(data);
   if (rc) return 2;
   printf("losses: cpu %.6f -> %.6f, cuda %.6f -> %.6f, cuda bf16-mixed %.6f -> %.6f\n",
@@ -368,6 +401,28 @@ int main(int argc, char **argv) {
   check_losses(&gpu16, &gpu, BF16_TOL, "bf16-mixed losses vs fp32, cuda (relative)");
   check_pool(&gpu, "cuda fp32");
   check_pool(&gpu16, "cuda bf16-mixed");
+  check_plan(&cpu, "cpu fp32");
+  check_plan(&gpu, "cuda fp32");
+  check_plan(&gpu16, "cuda bf16-mixed");
+  check_plan(&gpu16k, "cuda bf16-mixed, recompute 0");
+  check_losses(&gpu16k, &gpu16, 0.0, "bf16-mixed, kept vs recomputed (relative)");
+  /* bf16-mixed keeps its layernorms' and GELU's outputs in bf16 (kern.h's
+   * bf16 activations): a block's ln1, ln2 (N C each) and GELU's (4 N C)
+   * where the block keeps them (the recompute level), and lnf (N C), in
+   * half the bytes */
+  {
+    const size_t N = (size_t)4 * 128, C = 128, L = 3;
+    const size_t kept = (gpu16.recompute < 2 ? 2 : 0) + (gpu16.recompute < 1 ? 4 : 0);
+    const size_t saved = (L * kept * N * C + N * C) * sizeof(float) / 2;
+    check(gpu.mem.peak[MEM_ACTS] - gpu16.mem.peak[MEM_ACTS] == saved,
+          "bf16-mixed activations: fp32's less the bf16 halves (bytes)",
+          (double)gpu.mem.peak[MEM_ACTS] - (double)gpu16.mem.peak[MEM_ACTS], (double)saved);
+    /* recompute 0 keeps 6 N C a block more, in bf16: 3 N C floats' bytes */
+    const size_t more = L * (6 - kept) * N * C * sizeof(float) / 2;
+    check(gpu16k.mem.peak[MEM_ACTS] - gpu16.mem.peak[MEM_ACTS] == more,
+          "bf16-mixed, recompute 0: the blocks' bf16 activations (bytes)",
+          (double)gpu16k.mem.peak[MEM_ACTS] - (double)gpu16.mem.peak[MEM_ACTS], (double)more);
+  }
   if (emu_waits) {
     check_waits(&gpu, "cuda fp32");
     check_waits(&gpu16, "cuda bf16-mixed");
@@ -417,7 +472,7 @@ int main(int argc, char **argv) {
   snprintf(what, sizeof what, "k bias / q,v bias, worst (%s)", noise_name);
   check(!noisy, what, noise, K_BIAS_NOISE);
   free(tt);
-  free(cpu.params), free(gpu.params), free(gpu16.params);
+  free(cpu.params), free(gpu.params), free(gpu16.params), free(gpu16k.params);
   /* the runtime against the flat model, on the GPU: the device the runs
    * opened stays (a later init only sets the products' mode: fp32 here) */
   const kern_cuda_opts_t fp32 = {0};

@@ -497,5 +497,44 @@ Test(plan, a_cuda_jobs_logits_chunk_is_larger_and_named_when_it_does_not_fit) {
   free(data);
 }
 
+/* MEM_ACTS of a cuda job of the tiny model (B 4, T 64) at precision prec,
+ * recompute 0, channels C (heads 4). */
+static size_t cuda_acts(const char *data, const char *prec, const char *C) {
+  config_t c = job_of(data, "tiny");
+  cr_assert_eq(config_set(&c, "device", "cuda"), 0);
+  cr_assert_eq(config_set(&c, "precision", prec), 0);
+  cr_assert_eq(config_set(&c, "channels", C), 0);
+  cr_assert_eq(config_set(&c, "recompute", "0"), 0);
+  c.batch = 4, c.seq_len = 64;
+  cr_assert_eq(config_finish(&c), 0, "%s", err_msg());
+  plan_t p;
+  cr_assert_eq(plan_job(&c, 1, &p), 0, "%s", err_msg());
+  return p.bytes[MEM_ACTS];
+}
+
+/* kern.h's bf16 activations: a bf16 job on a GPU keeps its products' inputs
+ * (ln1, ln2, GELU's output a block, lnf) in bf16, as gpt.c lays them out
+ * (test_cuda_train holds the plan to the measured peaks on the emulator) */
+Test(plan, a_cuda_bf16_job_plans_its_products_inputs_in_bf16) {
+  char *data = tu_token_file("tokens.bin", 20000, 3, 256);
+  const size_t N = 4 * 64, C = 64, L = 2;
+  cr_assert_eq(cuda_acts(data, "fp32", "64") - cuda_acts(data, "bf16-mixed", "64"),
+               (L * 6 * N * C + N * C) * sizeof(float) / 2);
+  cr_assert_eq(cuda_acts(data, "fp32", "64") - cuda_acts(data, "bf16-true", "64"),
+               (L * 6 * N * C + N * C) * sizeof(float) / 2);
+  /* rows of 36 channels are not 16-byte multiples in bf16: fp32 kept */
+  cr_assert_eq(cuda_acts(data, "fp32", "36"), cuda_acts(data, "bf16-mixed", "36"));
+  free(data);
+}
+
+/* FSDP_CUDA_GEMM_FAST16BF: cuBLASLt rounds the fp32 operands itself, the
+ * table offers no bf16 activations (backend.cu), and the plan counts fp32 */
+Test(plan, a_cuda_bf16_job_with_fast16bf_plans_fp32_activations) {
+  setenv("FSDP_CUDA_GEMM_FAST16BF", "1", 1); /* this test's own process (criterion) */
+  char *data = tu_token_file("tokens.bin", 20000, 3, 256);
+  cr_assert_eq(cuda_acts(data, "fp32", "64"), cuda_acts(data, "bf16-mixed", "64"));
+  free(data);
+}
+
 Test(plan, a_cuda_job_plans_the_fused_attentions_log_sum_exp) { cuda_attention_plan(0); }
 Test(plan, a_cuda_job_with_attention_by_products_plans_the_probabilities) { cuda_attention_plan(1); }
