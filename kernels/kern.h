@@ -205,7 +205,8 @@ typedef struct kern_backend {
    * CPU's), where the caller keeps fp32. Shapes and contracts as the fp32
    * ops above; the products' results may differ from theirs in the order
    * their library sums (a product no longer cut into blocks to fit its
-   * packing buffer), not in their operands. */
+   * packing buffer), not in their operands. The products' inp rows are
+   * 16-byte multiples (IC % 8 == 0) and inp 16-byte aligned. */
   void (*layernorm_fwd_bf16)(uint16_t *out, float *mean, float *rstd, const float *inp,
                              const float *w, const float *b, int N, int C);
   void (*gelu_fwd_bf16)(uint16_t *out, const float *inp, size_t n);
@@ -214,6 +215,19 @@ typedef struct kern_backend {
   void (*matmul_bwd_bf16)(float *dinp, float *dw, float *dbias, const float *dout,
                           const uint16_t *inp, const float *w, int N, int IC, int OC, int ldo,
                           int acc);
+  /* Attention whose backward reads qkv in bf16, as forward rounded it for
+   * its own products (the GPU's tensor-core attention): forward takes qkv
+   * (fp32, from the product) and leaves it rounded in qkv16 (B,T,3C), which
+   * the caller keeps for backward instead of qkv. The same values as
+   * attention_fwd and attention_bwd, bit for bit. Only for the shapes
+   * attention_bf16_fits(C, NH) says (1), which depends on the model and the
+   * job's modes, not on the device. */
+  int (*attention_bf16_fits)(int C, int NH);
+  void (*attention_fwd_bf16)(float *out, float *att, float *scratch, const float *qkv,
+                             uint16_t *qkv16, int B, int T, int C, int NH);
+  void (*attention_bwd_bf16)(float *dqkv, float *scratch, const float *dout,
+                             const uint16_t *qkv16, const float *out, const float *att, int B,
+                             int T, int C, int NH, int acc);
 } kern_backend_t;
 
 /* The x86-64 levels the CPU kernels are built for, numbered as the psABI's

@@ -36,6 +36,8 @@ typedef struct plan_device {
   /* 1 when the kernels offer bf16 activations to a job of this precision
    * (kern.h; gpt.c then keeps them where the model's rows suit) */
   int (*acts_bf16)(int bf16);
+  /* 1 when, with those, its attention keeps qkv in bf16 for this model */
+  int (*qkv_bf16)(int bf16, int C, int NH);
 } plan_device_t;
 
 static size_t plan_cpu_attention_scratch(int B, int T, int C, int NH, int bf16) {
@@ -51,9 +53,11 @@ static size_t plan_cpu_attention_saved(int B, int T, int C, int NH) {
 static size_t plan_cpu_reserved(void) { return 0; }
 
 static int plan_cpu_acts_bf16(int bf16) { return (void)bf16, 0; } /* fp32 products */
+static int plan_cpu_qkv_bf16(int bf16, int C, int NH) { return (void)bf16, (void)C, (void)NH, 0; }
 
 static const plan_device_t plan_cpu = {plan_cpu_attention_saved, plan_cpu_attention_scratch,
-                                       comm_ring_size_bytes, plan_cpu_reserved, plan_cpu_acts_bf16};
+                                       comm_ring_size_bytes, plan_cpu_reserved, plan_cpu_acts_bf16,
+                                       plan_cpu_qkv_bf16};
 
 /* GPU ranks: the CUDA kernels' attention (fused or not, as the device picks
  * with FSDP_CUDA_ATTN_GEMM), scratch and cuBLASLt workspace
@@ -72,9 +76,16 @@ static size_t plan_cuda_attention_scratch(int B, int T, int C, int NH, int bf16)
  * (device.c's kern_cuda_opts_t; backend.cu's table then offers none) */
 static int plan_cuda_acts_bf16(int bf16) { return bf16 && param_cuda_gemm_fast16bf() == 0; }
 
+/* the tensor-core attention (bf16 jobs unless FSDP_CUDA_ATTN_FP32) at the
+ * head sizes size.h names (attention.cu's kern_cuda_attention_bf16_fits) */
+static int plan_cuda_qkv_bf16(int bf16, int C, int NH) {
+  return kern_cuda_size_attn_tc_qkv16(C, NH, param_cuda_attn_gemm() != 0,
+                                      bf16 && param_cuda_attn_fp32() == 0);
+}
+
 static const plan_device_t plan_cuda = {plan_cuda_attention_saved, plan_cuda_attention_scratch,
                                         comm_nccl_size_bytes, kern_cuda_size_reserved,
-                                        plan_cuda_acts_bf16};
+                                        plan_cuda_acts_bf16, plan_cuda_qkv_bf16};
 
 static const plan_device_t *plan_device(const config_t *c) {
   return !strcmp(c->device, "cuda") ? &plan_cuda : &plan_cpu; /* as device_open picks */
@@ -94,9 +105,11 @@ static void plan_loop(const config_t *c, plan_t *p) {
   const gpt_config_t *g = &c->gpt;
   const size_t f = sizeof(float);
   const int bf16 = strcmp(c->precision, "fp32") != 0; /* products on bf16 tensor cores */
+  /* the products' inputs, and qkv, in bf16 as gpt.c keeps them (gpt_acts_bf16, gpt_qkv_bf16) */
+  const int a16 = dev->acts_bf16(bf16) && gpt_config_acts_bf16_fits(g);
   const int ck = (c->activation_checkpointing ? GPT_ACT_CHECKPOINT : 0) |
-                 gpt_act_recompute_flags(c->recompute) |
-                 (dev->acts_bf16(bf16) && gpt_config_acts_bf16_fits(g) ? GPT_ACT_BF16 : 0);
+                 gpt_act_recompute_flags(c->recompute) | (a16 ? GPT_ACT_BF16 : 0) |
+                 (a16 && dev->qkv_bf16(bf16, g->channels, g->heads) ? GPT_ACT_BF16_QKV : 0);
   size_t scratch = dev->attention_scratch(c->batch, c->seq_len, g->channels, g->heads, bf16) * f;
   const int lrows = gpt_config_logits_rows(g, config_logits_chunk_mib(c));
   size_t acts = gpt_config_act_bytes(g, c->batch, c->seq_len, ck,

@@ -81,12 +81,15 @@ _Static_assert(sizeof(gpt_embed_t) == sizeof gpt_embed_fields / sizeof *gpt_embe
 /* Per-layer activations kept from forward for backward. Shapes with N = B*T.
  * ln1, ln2 and fch_gelu (and the model's lnf) are read by matrix products
  * alone: in bf16 where the backend offers bf16 activations (gpt_t.acts16,
- * kern.h), in half the floats, else in fp32 (gpt_act_at). */
+ * kern.h), in half the floats, else in fp32 (gpt_act_at). qkv is kept in
+ * bf16 where the attention takes it so (gpt_t.qkv16): the product's fp32
+ * output then lands in backward's scratch (dbig2) and the attention rounds
+ * it into the layer's qkv. */
 typedef struct gpt_layer_acts {
   float *ln1;       /* (N,C) */
   float *ln1_mean;  /* (N) */
   float *ln1_rstd;  /* (N) */
-  float *qkv;       /* (N,3C) */
+  float *qkv;       /* (N,3C), in bf16 under qkv16 */
   float *atty;      /* (N,C) attention output before its projection */
   float *att;       /* what attention keeps for backward (attention_saved floats) */
   float *res2;      /* (N,C) residual after attention */
@@ -115,6 +118,7 @@ struct gpt {
   int ckpt;                     /* activation checkpointing per block */
   int recompute;                /* kept by no block (gpt_set_recompute): 1 GELU, 2 + norms */
   int acts16;                   /* the products' inputs in bf16 (gpt_acts_bf16) */
+  int qkv16;                    /* qkv kept in bf16 (gpt_qkv_bf16) */
   gpt_unit_hooks_t hooks;       /* how units are reached (gpt_flat_hooks by default) */
   /* unit-local offsets of the named tensors: every block's are the same */
   size_t block_off[GPT_BLOCK_TENSORS], embed_off[GPT_EMBED_TENSORS];
@@ -364,6 +368,14 @@ static int gpt_acts_bf16(const gpt_t *g) {
          be->matmul_bwd_bf16 && gpt_config_acts_bf16_fits(&g->cfg);
 }
 
+/* 1 when qkv is kept in bf16 too: the backend's attention takes it so for
+ * this model (kern.h's attention_bf16_fits); the plan's rule too. */
+static int gpt_qkv_bf16(const gpt_t *g) {
+  const kern_backend_t *be = g->be;
+  return gpt_acts_bf16(g) && be->attention_bf16_fits && be->attention_fwd_bf16 &&
+         be->attention_bwd_bf16 && be->attention_bf16_fits(g->cfg.channels, g->cfg.heads);
+}
+
 /* Element i of a product's input x (ln1, ln2, fch_gelu, lnf, or the
  * scratch holding one): bf16 or fp32 as the activations are laid out. */
 static const void *gpt_act_at(const gpt_t *g, const float *x, size_t i) {
@@ -403,8 +415,9 @@ static int gpt_alloc_acts(gpt_t *g, int B, int T) {
   const size_t natt = g->be->attention_saved(B, T, c->channels, c->heads);
   const int chunk = g->lrows_set ? g->lrows_set : gpt_config_logits_rows(c, 0);
   g->acts16 = gpt_acts_bf16(g);
+  g->qkv16 = gpt_qkv_bf16(g);
   const int flags = (g->ckpt ? GPT_ACT_CHECKPOINT : 0) | gpt_act_recompute_flags(g->recompute) |
-                    (g->acts16 ? GPT_ACT_BF16 : 0);
+                    (g->acts16 ? GPT_ACT_BF16 : 0) | (g->qkv16 ? GPT_ACT_BF16_QKV : 0);
   size_t bytes = gpt_config_act_bytes(c, B, T, flags, natt, chunk); /* the plan's number */
   size_t sbytes = g->be->attention_scratch(B, T, c->channels, c->heads) * sizeof(float);
   if (bytes > g->acts_cap || sbytes > g->scratch_cap) {
@@ -434,7 +447,7 @@ static int gpt_alloc_acts(gpt_t *g, int B, int T) {
       a->ln1 = g->recompute >= 2 ? NULL : TAKE(N * C / h); /* NULL: in dbig1, then dbig2 */
       a->ln1_mean = TAKE(N);
       a->ln1_rstd = TAKE(N);
-      a->qkv = TAKE(3 * N * C);
+      a->qkv = TAKE(3 * N * C / (g->qkv16 ? 2 : 1)); /* bf16: N C even */
       a->atty = TAKE(N * C);
       a->att = TAKE(natt);
       a->res2 = TAKE(N * C);
@@ -539,8 +552,14 @@ static void gpt_layer_fwd(gpt_t *g, int l, float *P, const float *res_in) {
    * checkpointing recomputes a block */
   float *l1 = a->ln1 ? a->ln1 : g->dbig1;
   gpt_act_layernorm(g, l1, a->ln1_mean, a->ln1_rstd, res_in, p.ln1w, p.ln1b, (int)N, C);
-  gpt_act_matmul_fwd(g, a->qkv, l1, p.qkvw, p.qkvb, (int)N, C, 3 * C, 3 * C);
-  be->attention_fwd(a->atty, a->att, g->att_scratch, a->qkv, B, T, C, NH);
+  if (g->qkv16) { /* the product into dbig2 (free until GELU's output), rounded into qkv */
+    gpt_act_matmul_fwd(g, g->dbig2, l1, p.qkvw, p.qkvb, (int)N, C, 3 * C, 3 * C);
+    be->attention_fwd_bf16(a->atty, a->att, g->att_scratch, g->dbig2, (uint16_t *)a->qkv, B, T,
+                           C, NH);
+  } else {
+    gpt_act_matmul_fwd(g, a->qkv, l1, p.qkvw, p.qkvb, (int)N, C, 3 * C, 3 * C);
+    be->attention_fwd(a->atty, a->att, g->att_scratch, a->qkv, B, T, C, NH);
+  }
   /* the projection lands in res2, then the residual is added in place */
   be->matmul_fwd(a->res2, a->atty, p.attprojw, p.attprojb, (int)N, C, C, C);
   be->residual_fwd(a->res2, a->res2, res_in, N * C);
@@ -583,7 +602,11 @@ static void gpt_layer_bwd(gpt_t *g, int l, float *P, float *G, const float *res_
                     (int)N, C);
   float *datty = g->dbig2, *dqkv = g->dbig1;
   be->matmul_bwd(datty, d.attprojw, d.attprojb, g->dres, a->atty, p.attprojw, (int)N, C, C, C, 0);
-  be->attention_bwd(dqkv, g->att_scratch, datty, a->qkv, a->atty, a->att, B, T, C, NH, 0);
+  if (g->qkv16)
+    be->attention_bwd_bf16(dqkv, g->att_scratch, datty, (const uint16_t *)a->qkv, a->atty, a->att,
+                           B, T, C, NH, 0);
+  else
+    be->attention_bwd(dqkv, g->att_scratch, datty, a->qkv, a->atty, a->att, B, T, C, NH, 0);
   const float *l1 = a->ln1;
   if (!l1) { /* again, into dbig2: datty is spent */
     gpt_act_layernorm(g, g->dbig2, a->ln1_mean, a->ln1_rstd, res_in, p.ln1w, p.ln1b, (int)N, C);

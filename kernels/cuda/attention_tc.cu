@@ -25,7 +25,10 @@
  * rounds them to bf16 once (nearest even, the casts' kernel and the CPU's
  * bits) into copies in its scratch (size.h: 2C floats a token more than
  * the fp32 kernels' scratch), and the kernels stage their tiles from the
- * copies: a key tile is loaded by every block of queries after it, and
+ * copies (where the caller keeps qkv in bf16, kern.h's attention_fwd_bf16,
+ * forward rounds it into the caller's buffer and backward reads it there:
+ * one pass over qkv less, half its bytes kept); a key tile is loaded by
+ * every block of queries after it, and
  * rounding fp32 at each load cost instructions these kernels are bound by;
  * the copies also halve the bytes a tile's load moves;
  * the softmax, its sums, D and every accumulator stay fp32, the softmax in
@@ -692,12 +695,25 @@ static uint16_t *tc_copies(float *scratch, int B, int T, int NH) {
   return (uint16_t *)(scratch + kern_cuda_size_attn_tc_copies_at(B, T, NH));
 }
 
+/* The head sizes whose kernels fit the shared memory of every GPU this
+ * build runs on (compute capability 8.0 on: 99 KiB a block at least), so
+ * that the bf16 qkv ops (kern_cuda_size_attn_tc_qkv16) always launch. */
+template <int HS> constexpr bool tc_fits_any() {
+  return tc_fwd_smem<HS>() <= 99 * 1024 && tc_dq_smem<HS>() <= 99 * 1024 &&
+         tc_dkv_smem<HS>() <= 99 * 1024;
+}
+static_assert(tc_fits_any<16>() && tc_fits_any<32>() && tc_fits_any<64>(),
+              "size.h's kern_cuda_size_attn_tc_qkv16 promises these head sizes launch anywhere");
+
+/* qkv16: where qkv is rounded (the caller's, kept for backward), or NULL:
+ * the scratch's copy. */
 template <int HS>
-static int tc_fwd(float *out, float *lse, float *scratch, const float *qkv, int B, int T, int C, int NH) {
+static int tc_fwd(float *out, float *lse, float *scratch, const float *qkv, uint16_t *qkv16, int B,
+                  int T, int C, int NH) {
   if (tc_fwd_smem<HS>() > kern_cuda_st.smem_optin) return 0;
   static int allowed;
   tc_smem_allow(tc_fwd_kernel<HS>, tc_fwd_smem<HS>(), &allowed);
-  uint16_t *qkv16 = tc_copies(scratch, B, T, NH);
+  if (!qkv16) qkv16 = tc_copies(scratch, B, T, NH);
   kern_cuda_f32_to_bf16(qkv16, qkv, (size_t)B * T * 3 * C); /* each element rounded once */
   tc_fwd_kernel<HS><<<tc_grid(B, T, NH, TC_FWD_WARPS), TC_FWD_WARPS * 32, tc_fwd_smem<HS>(),
                       kern_cuda_st.stream>>>(
@@ -706,9 +722,12 @@ static int tc_fwd(float *out, float *lse, float *scratch, const float *qkv, int 
   return 1;
 }
 
+/* qkv16: qkv in bf16 as forward rounded it (the caller's), or NULL: qkv
+ * is rounded into the scratch's copy. */
 template <int HS>
-static int tc_bwd(float *dqkv, float *scratch, const float *dout, const float *qkv, const float *out,
-                  const float *lse, int B, int T, int C, int NH, int acc) {
+static int tc_bwd(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                  const uint16_t *qkv16, const float *out, const float *lse, int B, int T, int C,
+                  int NH, int acc) {
   if (tc_dq_smem<HS>() > kern_cuda_st.smem_optin || tc_dkv_smem<HS>() > kern_cuda_st.smem_optin)
     return 0;
   static int allowed_dq, allowed_dkv;
@@ -716,8 +735,11 @@ static int tc_bwd(float *dqkv, float *scratch, const float *dout, const float *q
   tc_smem_allow(tc_bwd_dkv_kernel<HS>, tc_dkv_smem<HS>(), &allowed_dkv);
   const float scale = 1.0f / sqrtf((float)HS);
   float *D = scratch; /* (B, NH, T) */
-  uint16_t *qkv16 = tc_copies(scratch, B, T, NH), *dout16 = qkv16 + (size_t)B * T * 3 * C;
-  kern_cuda_f32_to_bf16(qkv16, qkv, (size_t)B * T * 3 * C);
+  uint16_t *copy = tc_copies(scratch, B, T, NH), *dout16 = copy + (size_t)B * T * 3 * C;
+  if (!qkv16) {
+    kern_cuda_f32_to_bf16(copy, qkv, (size_t)B * T * 3 * C);
+    qkv16 = copy;
+  }
   kern_cuda_f32_to_bf16(dout16, dout, (size_t)B * T * C);
   tc_bwd_dq_kernel<HS><<<tc_grid(B, T, NH, TC_DQ_WARPS), TC_DQ_WARPS * 32, tc_dq_smem<HS>(),
                          kern_cuda_st.stream>>>(
@@ -730,24 +752,25 @@ static int tc_bwd(float *dqkv, float *scratch, const float *dout, const float *q
   return 1;
 }
 
-int kern_cuda_attention_tc_fwd(float *out, float *lse, float *scratch, const float *qkv, int B, int T,
-                               int C, int NH) {
+int kern_cuda_attention_tc_fwd(float *out, float *lse, float *scratch, const float *qkv,
+                               uint16_t *qkv16, int B, int T, int C, int NH) {
   switch (C / NH) {
-  case 16: return tc_fwd<16>(out, lse, scratch, qkv, B, T, C, NH);
-  case 32: return tc_fwd<32>(out, lse, scratch, qkv, B, T, C, NH);
-  case 64: return tc_fwd<64>(out, lse, scratch, qkv, B, T, C, NH);
-  case 128: return tc_fwd<128>(out, lse, scratch, qkv, B, T, C, NH);
+  case 16: return tc_fwd<16>(out, lse, scratch, qkv, qkv16, B, T, C, NH);
+  case 32: return tc_fwd<32>(out, lse, scratch, qkv, qkv16, B, T, C, NH);
+  case 64: return tc_fwd<64>(out, lse, scratch, qkv, qkv16, B, T, C, NH);
+  case 128: return tc_fwd<128>(out, lse, scratch, qkv, qkv16, B, T, C, NH);
   default: return 0;
   }
 }
 
 int kern_cuda_attention_tc_bwd(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                               const float *out, const float *lse, int B, int T, int C, int NH, int acc) {
+                               const uint16_t *qkv16, const float *out, const float *lse, int B,
+                               int T, int C, int NH, int acc) {
   switch (C / NH) {
-  case 16: return tc_bwd<16>(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH, acc);
-  case 32: return tc_bwd<32>(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH, acc);
-  case 64: return tc_bwd<64>(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH, acc);
-  case 128: return tc_bwd<128>(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH, acc);
+  case 16: return tc_bwd<16>(dqkv, scratch, dout, qkv, qkv16, out, lse, B, T, C, NH, acc);
+  case 32: return tc_bwd<32>(dqkv, scratch, dout, qkv, qkv16, out, lse, B, T, C, NH, acc);
+  case 64: return tc_bwd<64>(dqkv, scratch, dout, qkv, qkv16, out, lse, B, T, C, NH, acc);
+  case 128: return tc_bwd<128>(dqkv, scratch, dout, qkv, qkv16, out, lse, B, T, C, NH, acc);
   default: return 0;
   }
 }

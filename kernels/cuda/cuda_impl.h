@@ -239,11 +239,14 @@ void kern_cuda_colsum(float *sd, float *sdx, const float *dout, const float *inp
  * The fused op of attention.cu (same saved log-sum-exp, same scratch) with
  * its products in bf16; 1 when launched, 0 when no kernel is built for the
  * head size C / NH (attention.cu's fused list) or its shared memory is more
- * than this GPU gives a block (then the fp32 kernels serve). */
-int kern_cuda_attention_tc_fwd(float *out, float *lse, float *scratch, const float *qkv, int B, int T,
-                               int C, int NH);
+ * than this GPU gives a block (then the fp32 kernels serve). qkv16: where
+ * forward rounds qkv (the caller keeps it) and backward reads it (qkv then
+ * unused), or NULL: the scratch's copy. */
+int kern_cuda_attention_tc_fwd(float *out, float *lse, float *scratch, const float *qkv,
+                               uint16_t *qkv16, int B, int T, int C, int NH);
 int kern_cuda_attention_tc_bwd(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                               const float *out, const float *lse, int B, int T, int C, int NH, int acc);
+                               const uint16_t *qkv16, const float *out, const float *lse, int B,
+                               int T, int C, int NH, int acc);
 
 /* ---- double sums in a fixed order (sumsq.cu) --------------------------------
  * sum of x[i] (square 0) or x[i]^2 (square 1), in double; waits for the
@@ -304,6 +307,12 @@ void kern_cuda_matmul_fwd_bf16(float *out, const uint16_t *inp, const float *w, 
 void kern_cuda_matmul_bwd_bf16(float *dinp, float *dw, float *dbias, const float *dout,
                                const uint16_t *inp, const float *w, int N, int IC, int OC, int ldo,
                                int acc);
+int kern_cuda_attention_bf16_fits(int C, int NH);
+void kern_cuda_attention_fwd_bf16(float *out, float *att, float *scratch, const float *qkv,
+                                  uint16_t *qkv16, int B, int T, int C, int NH);
+void kern_cuda_attention_bwd_bf16(float *dqkv, float *scratch, const float *dout,
+                                  const uint16_t *qkv16, const float *out, const float *att, int B,
+                                  int T, int C, int NH, int acc);
 }
 
 #endif

@@ -527,6 +527,7 @@ extern "C" void kern_cuda_matmul_fwd_bf16(float *out, const uint16_t *inp, const
                                           const float *bias, int N, int IC, int OC, int ldo) {
   /* IC 0 is refused as matmul_fwd's gemm_any refuses it */
   KERN_CUDA_ASSERT(ldo >= OC && IC > 0 && kern_cuda_st.bf16 && !kern_cuda_st.fast16bf);
+  KERN_CUDA_ASSERT(IC % 8 == 0 && kern_cuda_aligned16(inp)); /* kern.h: 16-byte rows */
   if (N <= 0 || OC <= 0) return;
   const gemm_operand_t a = {NULL, inp, IC, 0}, b = {w, NULL, IC, 0};
   gemm_bf16_packed(__func__, 'N', 'T', N, OC, IC, 1.0f, &a, &b, 0.0f, out, ldo, 0, 1, bias);
@@ -536,6 +537,7 @@ extern "C" void kern_cuda_matmul_bwd_bf16(float *dinp, float *dw, float *dbias, 
                                           const uint16_t *inp, const float *w, int N, int IC,
                                           int OC, int ldo, int acc) {
   KERN_CUDA_ASSERT(kern_cuda_st.bf16 && !kern_cuda_st.fast16bf);
+  KERN_CUDA_ASSERT(IC % 8 == 0 && kern_cuda_aligned16(inp)); /* kern.h: 16-byte rows */
   const gemm_operand_t x = {NULL, inp, IC, 0};
   matmul_bwd_any(dinp, dw, dbias, dout, &x, w, N, IC, OC, ldo, acc);
 }

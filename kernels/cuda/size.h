@@ -43,6 +43,14 @@ static inline int kern_cuda_size_attn_fused(int C, int NH, int gemm) {
   return !gemm && NH > 0 && C % NH == 0 && KERN_CUDA_ATTN_FUSED_HS(C / NH);
 }
 
+/* The fused op runs on bf16 tensor cores with qkv kept in bf16 (kern.h's
+ * attention_fwd_bf16; tc: bf16 jobs, unless FSDP_CUDA_ATTN_FP32): head
+ * sizes whose kernels fit every GPU's shared memory (attention_tc.cu checks
+ * it at build), so the plan and the model know before the device does. */
+static inline int kern_cuda_size_attn_tc_qkv16(int C, int NH, int gemm, int tc) {
+  return tc && kern_cuda_size_attn_fused(C, NH, gemm) && C / NH <= 64;
+}
+
 /* Floats forward keeps for backward (kern_backend_t.attention_saved): the
  * log-sum-exp of every query row (B, NH, T) fused, the probabilities
  * (B, NH, T, T) with the products. */

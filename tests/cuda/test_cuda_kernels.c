@@ -953,6 +953,45 @@ static void test_attention(int B, int T, int C, int NH) {
   free(dout), free(dqkv), free(mag), free(scratch), free(clse);
 }
 
+/* kern.h's attention with qkv kept in bf16 (the tensor-core mode's table):
+ * where attention_bf16_fits, forward's out and saved rows and backward's
+ * dqkv bit for bit attention_fwd's and attention_bwd's, and qkv16 qkv
+ * rounded (f32_to_bf16's bits); backward reads qkv16 alone (the fp32 qkv
+ * is poisoned with NaNs first) */
+static void test_attention_bf16(int B, int T, int C, int NH) {
+  char shape[64];
+  snprintf(shape, sizeof shape, "B=%d T=%d C=%d NH=%d", B, T, C, NH);
+  const int fits = gpu->attention_bf16_fits(C, NH), hs = C / NH;
+  report("attention_bf16", "fits", shape, 0, 0, "-", -1, fits == (hs == 16 || hs == 32 || hs == 64));
+  if (!fits) return;
+  const size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
+  const size_t ns = gpu->attention_scratch(B, T, C, NH), na = gpu->attention_saved(B, T, C, NH);
+  float *qkv = frand(nq, -2, 2), *dout = frand(no, -1, 1);
+  float *d_qkv = dput(qkv, nq * 4), *d_dout = dput(dout, no * 4), *sc = dnew(ns * 4 + 4);
+  float *o32 = dnew(no * 4), *a32 = dnew(na * 4), *o16 = dnew(no * 4), *a16 = dnew(na * 4);
+  float *g32 = dnew(nq * 4), *g16 = dnew(nq * 4);
+  uint16_t *q16 = dnew(nq * 2);
+  gpu->attention_fwd(o32, a32, sc, d_qkv, B, T, C, NH);
+  gpu->attention_fwd_bf16(o16, a16, sc, d_qkv, q16, B, T, C, NH);
+  float *want_o = dget(o32, no), *want_a = dget(a32, na);
+  check_dev_bits("attention_fwd_bf16", "out=attention_fwd's", shape, o16, want_o, no);
+  check_dev_bits("attention_fwd_bf16", "lse=attention_fwd's", shape, a16, want_a, na);
+  uint16_t *want_q = xmalloc(nq * 2), *got_q = xmalloc(nq * 2);
+  cpu->f32_to_bf16(want_q, qkv, nq);
+  gpu->copy_d2h(got_q, q16, nq * 2);
+  gpu->sync();
+  check_bits_u16("attention_fwd_bf16", "qkv16=bf16(qkv)", shape, got_q, want_q, nq);
+  gpu->attention_bwd(g32, sc, d_dout, d_qkv, o32, a32, B, T, C, NH, 0);
+  float *want_g = dget(g32, nq);
+  gpu->dev_set(d_qkv, 0xff, nq * 4); /* NaNs: backward must not read the fp32 qkv */
+  gpu->attention_bwd_bf16(g16, sc, d_dout, q16, o32, a32, B, T, C, NH, 0);
+  check_dev_bits("attention_bwd_bf16", "dqkv=attention_bwd's", shape, g16, want_g, nq);
+  gpu->dev_free(d_qkv), gpu->dev_free(d_dout), gpu->dev_free(sc), gpu->dev_free(o32);
+  gpu->dev_free(a32), gpu->dev_free(o16), gpu->dev_free(a16), gpu->dev_free(g32);
+  gpu->dev_free(g16), gpu->dev_free(q16);
+  free(qkv), free(dout), free(want_o), free(want_a), free(want_q), free(got_q), free(want_g);
+}
+
 /* ---- gelu, residual ------------------------------------------------------- */
 
 static void test_gelu(size_t n) {
@@ -1585,6 +1624,9 @@ int main(void) {
            gpu && (m == 0 ? offers && gpu != fp32_table && gpu->matmul_fwd == fp32_table->matmul_fwd
                           : gpu == fp32_table));
     if (!gpu) return 2;
+    if (m == 0) /* attn_gemm: the products read fp32 qkv */
+      report("table", "bf16 mode, attention by products: no bf16 qkv", "-", 0, 0, "-", -1,
+             !gpu->attention_bf16_fits(768, 12));
     if (m == 0) {
       test_layernorm_bf16(7, 33);
       test_layernorm_bf16(1024, 768);
@@ -1655,6 +1697,13 @@ int main(void) {
   test_attention(1, 257, 64, 2);
   test_attention(2, 191, 128, 2);
   test_attention(1, GPT_T, 768, 12);
+  /* qkv kept in bf16: head sizes 16, 32, 64 (not 128: it does not fit every
+   * GPU's shared memory), T across tiles and blocks */
+  test_attention_bf16(2, 70, 64, 2);
+  test_attention_bf16(1, 200, 64, 4);
+  test_attention_bf16(1, 130, 64, 1);
+  test_attention_bf16(1, 65, 256, 2);
+  test_attention_bf16(1, GPT_T, 768, 12);
 #ifdef KERN_CUDA_EMU
   /* the attention op falls back to the fp32 kernels unasked where the
    * tensor-core ones do not fit: here they must have run */
@@ -1667,6 +1716,10 @@ int main(void) {
   const kern_cuda_opts_t ofp = {.device = 0, .bf16 = 1, .attn_fp32 = 1};
   report("table", "bf16 mode, fp32 attention", "-", 0, 0, "-", -1,
          kern_cuda_init(&ofp, msg, sizeof msg) == bf16_table);
+  /* the fp32 kernels read fp32 qkv: no bf16 qkv in this mode (nor with the
+   * products, below) */
+  report("table", "bf16 mode, fp32 attention: no bf16 qkv", "-", 0, 0, "-", -1,
+         !gpu->attention_bf16_fits(768, 12));
   tol_gemm = TOL_GEMM;
   test_attention(2, 65, 64, 1);
   gpu = kern_cuda_init(&o, msg, sizeof msg);

@@ -99,8 +99,8 @@ static void run_metrics(void *ctx, const train_metrics_t *m) {
 }
 
 /* One run of the test job on device, precision prec; recompute < 0: the
- * default level. */
-static int run_job(const char *data, const char *device, const char *prec, int recompute,
+ * default level; ckpt: activation checkpointing. */
+static int run_job(const char *data, const char *device, const char *prec, int recompute, int ckpt,
                    run_t *r) {
   config_t c;
   config_default(&c);
@@ -123,6 +123,7 @@ static int run_job(const char *data, const char *device, const char *prec, int r
   c.sample_tokens = 0;
   c.checkpoint_async = 0;
   if (recompute >= 0) c.recompute = recompute;
+  c.activation_checkpointing = ckpt;
   memset(r, 0, sizeof *r);
   if (config_resolve(&c)) {
     fprintf(stderr, "test_cuda_train: %s\n", err_msg());
@@ -386,12 +387,15 @@ int main(int argc, char **argv) {
     return 2;
   }
   close(fd);
-  static run_t cpu, gpu, gpu16, gpu16k;
-  int rc = run_job(data, "cpu", "fp32", -1, &cpu);
-  if (!rc) rc = run_job(data, "cuda", "fp32", -1, &gpu);
-  if (!rc) rc = run_job(data, "cuda", "bf16-mixed", -1, &gpu16);
-  /* the blocks keeping their bf16 activations, against computing them again */
-  if (!rc) rc = run_job(data, "cuda", "bf16-mixed", 0, &gpu16k);
+  static run_t cpu, gpu, gpu16, gpu16k, gpu16c;
+  int rc = run_job(data, "cpu", "fp32", -1, 0, &cpu);
+  if (!rc) rc = run_job(data, "cuda", "fp32", -1, 0, &gpu);
+  if (!rc) rc = run_job(data, "cuda", "bf16-mixed", -1, 0, &gpu16);
+  /* the blocks keeping their bf16 activations, and keeping none but their
+   * outputs (checkpointing: each block's forward again in backward, its
+   * qkv rounded into the shared slot), against the default */
+  if (!rc) rc = run_job(data, "cuda", "bf16-mixed", 0, 0, &gpu16k);
+  if (!rc) rc = run_job(data, "cuda", "bf16-mixed", -1, 1, &gpu16c);
   unlink(data);
   if (rc) return 2;
   printf("losses: cpu %.6f -> %.6f, cuda %.6f -> %.6f, cuda bf16-mixed %.6f -> %.6f\n",
@@ -406,19 +410,22 @@ int main(int argc, char **argv) {
   check_plan(&gpu16, "cuda bf16-mixed");
   check_plan(&gpu16k, "cuda bf16-mixed, recompute 0");
   check_losses(&gpu16k, &gpu16, 0.0, "bf16-mixed, kept vs recomputed (relative)");
+  check_plan(&gpu16c, "cuda bf16-mixed, checkpointing");
+  check_losses(&gpu16c, &gpu16, 0.0, "bf16-mixed, checkpointing vs not (relative)");
   /* bf16-mixed keeps its layernorms' and GELU's outputs in bf16 (kern.h's
    * bf16 activations): a block's ln1, ln2 (N C each) and GELU's (4 N C)
    * where the block keeps them (the recompute level), and lnf (N C), in
-   * half the bytes */
+   * half the bytes; and each block's qkv (3 N C: heads of 32, which the
+   * tensor-core attention takes in bf16) */
   {
     const size_t N = (size_t)4 * 128, C = 128, L = 3;
-    const size_t kept = (gpu16.recompute < 2 ? 2 : 0) + (gpu16.recompute < 1 ? 4 : 0);
+    const size_t kept = (gpu16.recompute < 2 ? 2 : 0) + (gpu16.recompute < 1 ? 4 : 0) + 3;
     const size_t saved = (L * kept * N * C + N * C) * sizeof(float) / 2;
     check(gpu.mem.peak[MEM_ACTS] - gpu16.mem.peak[MEM_ACTS] == saved,
           "bf16-mixed activations: fp32's less the bf16 halves (bytes)",
           (double)gpu.mem.peak[MEM_ACTS] - (double)gpu16.mem.peak[MEM_ACTS], (double)saved);
     /* recompute 0 keeps 6 N C a block more, in bf16: 3 N C floats' bytes */
-    const size_t more = L * (6 - kept) * N * C * sizeof(float) / 2;
+    const size_t more = L * (6 + 3 - kept) * N * C * sizeof(float) / 2;
     check(gpu16k.mem.peak[MEM_ACTS] - gpu16.mem.peak[MEM_ACTS] == more,
           "bf16-mixed, recompute 0: the blocks' bf16 activations (bytes)",
           (double)gpu16k.mem.peak[MEM_ACTS] - (double)gpu16.mem.peak[MEM_ACTS], (double)more);
@@ -473,6 +480,7 @@ int main(int argc, char **argv) {
   check(!noisy, what, noise, K_BIAS_NOISE);
   free(tt);
   free(cpu.params), free(gpu.params), free(gpu16.params), free(gpu16k.params);
+  free(gpu16c.params);
   /* the runtime against the flat model, on the GPU: the device the runs
    * opened stays (a later init only sets the products' mode: fp32 here) */
   const kern_cuda_opts_t fp32 = {0};
