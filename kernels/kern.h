@@ -212,9 +212,18 @@ typedef struct kern_backend {
   void (*gelu_fwd_bf16)(uint16_t *out, const float *inp, size_t n);
   void (*matmul_fwd_bf16)(float *out, const uint16_t *inp, const float *w, const float *bias, int N,
                           int IC, int OC, int ldo);
+  /* dout in fp32, or in bf16 (dout16, rows ldo bf16 apart, a multiple of
+   * 8; no dbias then): one of the two, the other NULL */
   void (*matmul_bwd_bf16)(float *dinp, float *dw, float *dbias, const float *dout,
-                          const uint16_t *inp, const float *w, int N, int IC, int OC, int ldo,
-                          int acc);
+                          const uint16_t *dout16, const uint16_t *inp, const float *w, int N,
+                          int IC, int OC, int ldo, int acc);
+  /* crossentropy_fwd_bwd with the gradient rounded to bf16 for the LM
+   * head's product (the bits its packing gives): row r's V dlogits land in
+   * the second half of the row's ld floats, a bf16 matrix with rows 2 ld
+   * apart at (uint16_t *)logits + ld (ld a multiple of 8); the row's fp32
+   * values, and its padding, are spent. */
+  void (*crossentropy_fwd_bwd_bf16)(float *losses, float *logits, const int32_t *targets,
+                                    float dloss, int N, int V, int ld);
   /* Attention whose backward reads qkv in bf16, as forward rounded it for
    * its own products (the GPU's tensor-core attention): forward takes qkv
    * (fp32, from the product) and leaves it rounded in qkv16 (B,T,3C), which

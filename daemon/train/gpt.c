@@ -402,7 +402,7 @@ static void gpt_act_matmul_fwd(const gpt_t *g, float *out, const void *inp, cons
 static void gpt_act_matmul_bwd(const gpt_t *g, float *dinp, float *dw, float *dbias,
                                const float *dout, const void *inp, const float *w, int N, int IC,
                                int OC, int ldo, int acc) {
-  if (g->acts16) g->be->matmul_bwd_bf16(dinp, dw, dbias, dout, inp, w, N, IC, OC, ldo, acc);
+  if (g->acts16) g->be->matmul_bwd_bf16(dinp, dw, dbias, dout, NULL, inp, w, N, IC, OC, ldo, acc);
   else g->be->matmul_bwd(dinp, dw, dbias, dout, inp, w, N, IC, OC, ldo, acc);
 }
 
@@ -639,6 +639,14 @@ static void gpt_lm_head(gpt_t *g, const gpt_embed_t *p0, const gpt_embed_t *d0, 
     const int n = N - r0 < (size_t)g->lrows ? (int)(N - r0) : g->lrows;
     const void *x = gpt_act_at(g, g->lnf, r0 * C);
     gpt_act_matmul_fwd(g, g->logits, x, p0->wte, NULL, n, (int)C, V, ld);
+    if (d0 && bwd && g->acts16 && be->crossentropy_fwd_bwd_bf16) {
+      /* dlogits rounded to bf16 as the product would pack them, in each
+       * row's second half (kern.h), and the product reads them so */
+      be->crossentropy_fwd_bwd_bf16(g->losses + r0, g->logits, g->targets + r0, dscale, n, V, ld);
+      be->matmul_bwd_bf16(g->dln + r0 * C, d0->wte, NULL, NULL, (const uint16_t *)g->logits + ld,
+                          x, p0->wte, n, (int)C, V, 2 * ld, 0);
+      continue;
+    }
     if (bwd) /* the probabilities go straight to dlogits, as gpt_backward would make them */
       be->crossentropy_fwd_bwd(g->losses + r0, g->logits, g->targets + r0, dscale, n, V, ld);
     else

@@ -267,6 +267,7 @@ static const kern_backend_t kern_cuda_table = {
     .gelu_fwd_bf16 = NULL,
     .matmul_fwd_bf16 = NULL,
     .matmul_bwd_bf16 = NULL,
+    .crossentropy_fwd_bwd_bf16 = NULL,
     .attention_bf16_fits = NULL,
     .attention_fwd_bf16 = NULL,
     .attention_bwd_bf16 = NULL,
@@ -279,6 +280,7 @@ static kern_backend_t kern_cuda_with_bf16_acts(kern_backend_t t) {
   t.gelu_fwd_bf16 = kern_cuda_gelu_fwd_bf16;
   t.matmul_fwd_bf16 = kern_cuda_matmul_fwd_bf16;
   t.matmul_bwd_bf16 = kern_cuda_matmul_bwd_bf16;
+  t.crossentropy_fwd_bwd_bf16 = kern_cuda_crossentropy_fwd_bwd_bf16;
   t.attention_bf16_fits = kern_cuda_attention_bf16_fits;
   t.attention_fwd_bf16 = kern_cuda_attention_fwd_bf16;
   t.attention_bwd_bf16 = kern_cuda_attention_bwd_bf16;

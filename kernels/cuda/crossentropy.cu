@@ -11,7 +11,13 @@
  * row per row (kern_cuda_rows_grid: no index divided by V). fwd_bwd: the
  * forward kernel writing (p rounded) * dloss in its second pass, the bits of
  * forward then backward, one pass over the logits less (with -fmad=false, as
- * every file here: a fused multiply-add of p * dloss would not round p). */
+ * every file here: a fused multiply-add of p * dloss would not round p).
+ * fwd_bwd_bf16: the same, the gradient rounded to bf16 (the bits the LM
+ * head's product would pack) into the row's second half, so the product
+ * reads it as it is: its second pass walks the row from its end, a barrier
+ * between reading an element and writing the bf16 that covers it (a bf16 at
+ * element j of the second half lies over float ld/2 + j/2 >= j, read in this
+ * or an earlier turn). */
 #include "kernels/cuda/cuda_impl.h"
 #include "kernels/kern_math.h"
 
@@ -29,7 +35,8 @@ __device__ static float ce_block_reduce(float v, int op, float *sh) {
   return op ? kern_cuda_warp_sum(r) : kern_cuda_warp_max(r);
 }
 
-/* bwd 1: the row's dlogits instead of its probabilities (see above) */
+/* bwd 1: the row's dlogits instead of its probabilities, 2: the same in
+ * bf16 in the row's second half (see above) */
 __global__ static void crossentropy_fwd_kernel(float *losses, float *logits, const int32_t *targets,
                                                int V, int64_t ld, int bwd, float dloss) {
   __shared__ float sh[32];
@@ -55,6 +62,18 @@ __global__ static void crossentropy_fwd_kernel(float *losses, float *logits, con
   const float inv = 1.0f / s;
   if (!bwd) {
     for (int j = threadIdx.x; j < V; j += blockDim.x) x[j] = kern_expf(x[j] - mx) * inv;
+  } else if (bwd == 2) {
+    uint16_t *o = (uint16_t *)x + ld;
+    for (int turn = (V + blockDim.x - 1) / blockDim.x - 1; turn >= 0; turn--) {
+      const int j = turn * blockDim.x + threadIdx.x;
+      float g = 0.0f;
+      if (j < V) {
+        const float p = kern_expf(x[j] - mx) * inv;
+        g = j == t ? (p - 1.0f) * dloss : p * dloss;
+      }
+      __syncthreads(); /* every float of this turn read before a bf16 covers one */
+      if (j < V) o[j] = kern_f32_to_bf16(g);
+    }
   } else {
     for (int j = threadIdx.x; j < V; j += blockDim.x) {
       const float p = kern_expf(x[j] - mx) * inv;
@@ -91,6 +110,16 @@ extern "C" void kern_cuda_crossentropy_fwd_bwd(float *losses, float *logits,
   KERN_CUDA_ASSERT(ld >= V);
   crossentropy_fwd_kernel<<<N, CE_THREADS, 0, kern_cuda_st.stream>>>(losses, logits, targets, V,
                                                                       (int64_t)ld, 1, dloss);
+  KERN_CUDA_LAUNCHED();
+}
+
+extern "C" void kern_cuda_crossentropy_fwd_bwd_bf16(float *losses, float *logits,
+                                                    const int32_t *targets, float dloss, int N,
+                                                    int V, int ld) {
+  if (N <= 0 || V <= 0) return;
+  KERN_CUDA_ASSERT(ld >= V && ld % 8 == 0 && kern_cuda_aligned16(logits));
+  crossentropy_fwd_kernel<<<N, CE_THREADS, 0, kern_cuda_st.stream>>>(losses, logits, targets, V,
+                                                                      (int64_t)ld, 2, dloss);
   KERN_CUDA_LAUNCHED();
 }
 

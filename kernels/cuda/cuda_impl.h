@@ -305,8 +305,10 @@ void kern_cuda_gelu_fwd_bf16(uint16_t *out, const float *inp, size_t n);
 void kern_cuda_matmul_fwd_bf16(float *out, const uint16_t *inp, const float *w, const float *bias,
                                int N, int IC, int OC, int ldo);
 void kern_cuda_matmul_bwd_bf16(float *dinp, float *dw, float *dbias, const float *dout,
-                               const uint16_t *inp, const float *w, int N, int IC, int OC, int ldo,
-                               int acc);
+                               const uint16_t *dout16, const uint16_t *inp, const float *w, int N,
+                               int IC, int OC, int ldo, int acc);
+void kern_cuda_crossentropy_fwd_bwd_bf16(float *losses, float *logits, const int32_t *targets,
+                                         float dloss, int N, int V, int ld);
 int kern_cuda_attention_bf16_fits(int C, int NH);
 void kern_cuda_attention_fwd_bf16(float *out, float *att, float *scratch, const float *qkv,
                                   uint16_t *qkv16, int B, int T, int C, int NH);

@@ -424,8 +424,10 @@ extern "C" void kern_cuda_matmul_fwd(float *out, const float *inp, const float *
  * is smaller) takes the separate products. */
 
 /* The blocks (mr, kc) for a joint backward of these shapes; 0 when none fit.
- * inp16: inp came in bf16, so the second buffer holds w's block alone. */
-static int gemm_bwd_blocks(int N, int IC, int OC, int inp16, int *mr_out, int *kc_out) {
+ * inp16: inp came in bf16, so the second buffer holds w's block alone;
+ * dout16: dout came in bf16, so the first buffer holds nothing. */
+static int gemm_bwd_blocks(int N, int IC, int OC, int inp16, int dout16, int *mr_out,
+                           int *kc_out) {
   const int64_t cap = (int64_t)KERN_CUDA_SIZE_PACK_ELEMS, ic8 = pad8(IC);
   const int min_r = N < 256 ? N : 256, min_c = OC < 256 ? OC : 256;
   double best = -1;
@@ -433,7 +435,8 @@ static int gemm_bwd_blocks(int N, int IC, int OC, int inp16, int *mr_out, int *k
     /* kc: as many of dout's columns as fit mr rows of the first buffer
      * (padded rows: a multiple of 8 unless it is all OC), with w's kc rows
      * beside inp's mr in the second */
-    const int64_t row_room = cap / mr, w_room = cap / ic8 - (inp16 ? 0 : mr);
+    const int64_t row_room = dout16 ? INT64_MAX : cap / mr,
+                  w_room = cap / ic8 - (inp16 ? 0 : mr);
     int64_t kc = OC;
     if (pad8(OC) > row_room || OC > w_room)
       kc = (row_room < w_room ? row_room : w_room) & ~(int64_t)7;
@@ -454,10 +457,11 @@ static int gemm_bwd_blocks(int N, int IC, int OC, int inp16, int *mr_out, int *k
   return best >= 0;
 }
 
-static int gemm_bwd_joint(float *dinp, float *dw, const float *dout, const gemm_operand_t *inp,
-                          const float *w, int N, int IC, int OC, int ldo, int acc) {
+static int gemm_bwd_joint(float *dinp, float *dw, const gemm_operand_t *dout,
+                          const gemm_operand_t *inp, const float *w, int N, int IC, int OC,
+                          int acc) {
   int mr = 0, kc = 0;
-  if (!gemm_bwd_blocks(N, IC, OC, inp->x16 != NULL, &mr, &kc)) return 0;
+  if (!gemm_bwd_blocks(N, IC, OC, inp->x16 != NULL, dout->x16 != NULL, &mr, &kc)) return 0;
   uint16_t *pa = kern_cuda_st.pack, *pb = kern_cuda_st.pack + KERN_CUDA_SIZE_PACK_ELEMS;
   for (int r0 = 0; r0 < N; r0 += mr) {
     const int rr = N - r0 < mr ? N - r0 : mr;
@@ -468,52 +472,59 @@ static int gemm_bwd_joint(float *dinp, float *dw, const float *dout, const gemm_
     uint16_t *pw = inp->x16 ? pb : pb + (int64_t)rr * pld;
     for (int c0 = 0; c0 < OC; c0 += kc) {
       const int cc = OC - c0 < kc ? OC - c0 : kc;
-      const float *dout_rc = dout + (int64_t)r0 * ldo + c0, *w_c = w + (int64_t)c0 * IC;
-      const int64_t plda = gemm_pack(pa, dout, 'N', ldo, 0, r0, c0, rr, cc, 1, 0);
+      const float *dout_rc = gemm_block_f32(dout, 'N', 0, r0, c0), *w_c = w + (int64_t)c0 * IC;
+      int64_t plda, psa;
+      const uint16_t *pd = gemm_block(pa, dout, 'N', 0, r0, c0, rr, cc, 1, &plda, &psa);
       const int64_t pldw = gemm_pack(pw, w, 'N', IC, 0, c0, 0, cc, IC, 1, 0);
       /* without acc, dinp's rows take their first column block with beta 0 (not read) */
-      gemm_packed_block(__func__, 'N', 'N', rr, IC, cc, 1.0f, pa, plda, 0, pw, pldw, 0, dout_rc,
-                        ldo, 0, w_c, IC, 0, acc || c0 ? 1.0f : 0.0f, dinp + (int64_t)r0 * IC, IC,
-                        0, 1, NULL);
-      gemm_packed_block(__func__, 'T', 'N', cc, IC, rr, 1.0f, pa, plda, 0, pi, pld, 0, dout_rc,
-                        ldo, 0, gemm_block_f32(inp, 'N', 0, r0, 0), IC, 0, 1.0f,
+      gemm_packed_block(__func__, 'N', 'N', rr, IC, cc, 1.0f, pd, plda, 0, pw, pldw, 0, dout_rc,
+                        dout->ld, 0, w_c, IC, 0, acc || c0 ? 1.0f : 0.0f,
+                        dinp + (int64_t)r0 * IC, IC, 0, 1, NULL);
+      gemm_packed_block(__func__, 'T', 'N', cc, IC, rr, 1.0f, pd, plda, 0, pi, pld, 0, dout_rc,
+                        dout->ld, 0, gemm_block_f32(inp, 'N', 0, r0, 0), IC, 0, 1.0f,
                         dw + (int64_t)c0 * IC, IC, 0, 1, NULL);
     }
   }
   return 1;
 }
 
-/* matmul_bwd with inp in fp32 or (inp->x16) in bf16. */
-static void matmul_bwd_any(float *dinp, float *dw, float *dbias, const float *dout,
+/* matmul_bwd with dout (rows dout->ld apart) and inp each in fp32 or (x16)
+ * in bf16; dbias needs dout in fp32. */
+static void matmul_bwd_any(float *dinp, float *dw, float *dbias, const gemm_operand_t *dout,
                            const gemm_operand_t *inp, const float *w, int N, int IC, int OC,
-                           int ldo, int acc) {
-  KERN_CUDA_ASSERT(ldo >= OC);
-  if (dbias) kern_cuda_colsum(dbias, NULL, dout, NULL, NULL, NULL, N, OC, ldo);
+                           int acc) {
+  KERN_CUDA_ASSERT(dout->ld >= OC && (!dbias || dout->x));
+  if (dbias) kern_cuda_colsum(dbias, NULL, dout->x, NULL, NULL, NULL, N, OC, dout->ld);
   if (dinp && !acc && OC <= 0 && N > 0 && IC > 0) /* an empty sum written: zeros */
     KERN_CUDA_CHECK(cudaMemsetAsync(dinp, 0, (size_t)N * IC * sizeof(float), kern_cuda_st.stream));
   if (dinp && dw && N > 0 && IC > 0 && OC > 0 && kern_cuda_st.bf16 && !kern_cuda_st.fast16bf &&
-      gemm_bwd_joint(dinp, dw, dout, inp, w, N, IC, OC, ldo, acc))
+      gemm_bwd_joint(dinp, dw, dout, inp, w, N, IC, OC, acc))
     return;
+  const gemm_operand_t wo = {w, NULL, IC, 0};
+  const int bf16_ops = dout->x16 || inp->x16; /* the bf16 mode's products, on the operands given */
   /* dinp (N, IC) += dout (N, OC) @ w (OC, IC); = without acc */
-  if (dinp && OC > 0)
-    kern_cuda_gemm(__func__, 'N', 'N', N, IC, OC, 1.0f, dout, ldo, 0, w, IC, 0, acc ? 1.0f : 0.0f,
-                   dinp, IC, 0, 1);
-  /* dw (OC, IC) += dout^T (OC, N) @ inp (N, IC) */
-  if (!dw || OC <= 0 || IC <= 0) return;
-  if (inp->x16) {
-    const gemm_operand_t d = {dout, NULL, ldo, 0};
-    if (N > 0) gemm_bf16_packed(__func__, 'T', 'N', OC, IC, N, 1.0f, &d, inp, 1.0f, dw, IC, 0, 1, NULL);
-  } else {
-    kern_cuda_gemm(__func__, 'T', 'N', OC, IC, N, 1.0f, dout, ldo, 0, inp->x, IC, 0, 1.0f, dw, IC,
-                   0, 1);
+  if (dinp && OC > 0 && N > 0 && IC > 0) {
+    if (bf16_ops)
+      gemm_bf16_packed(__func__, 'N', 'N', N, IC, OC, 1.0f, dout, &wo, acc ? 1.0f : 0.0f, dinp,
+                       IC, 0, 1, NULL);
+    else
+      kern_cuda_gemm(__func__, 'N', 'N', N, IC, OC, 1.0f, dout->x, dout->ld, 0, w, IC, 0,
+                     acc ? 1.0f : 0.0f, dinp, IC, 0, 1);
   }
+  /* dw (OC, IC) += dout^T (OC, N) @ inp (N, IC) */
+  if (!dw || OC <= 0 || IC <= 0 || N <= 0) return;
+  if (bf16_ops)
+    gemm_bf16_packed(__func__, 'T', 'N', OC, IC, N, 1.0f, dout, inp, 1.0f, dw, IC, 0, 1, NULL);
+  else
+    kern_cuda_gemm(__func__, 'T', 'N', OC, IC, N, 1.0f, dout->x, dout->ld, 0, inp->x, IC, 0, 1.0f,
+                   dw, IC, 0, 1);
 }
 
 extern "C" void kern_cuda_matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout,
                                      const float *inp, const float *w, int N, int IC, int OC,
                                      int ldo, int acc) {
-  const gemm_operand_t x = {inp, NULL, IC, 0};
-  matmul_bwd_any(dinp, dw, dbias, dout, &x, w, N, IC, OC, ldo, acc);
+  const gemm_operand_t d = {dout, NULL, ldo, 0}, x = {inp, NULL, IC, 0};
+  matmul_bwd_any(dinp, dw, dbias, &d, &x, w, N, IC, OC, acc);
 }
 
 /* ---- bf16 activations -------------------------------------------------------
@@ -534,10 +545,15 @@ extern "C" void kern_cuda_matmul_fwd_bf16(float *out, const uint16_t *inp, const
 }
 
 extern "C" void kern_cuda_matmul_bwd_bf16(float *dinp, float *dw, float *dbias, const float *dout,
-                                          const uint16_t *inp, const float *w, int N, int IC,
-                                          int OC, int ldo, int acc) {
+                                          const uint16_t *dout16, const uint16_t *inp,
+                                          const float *w, int N, int IC, int OC, int ldo,
+                                          int acc) {
   KERN_CUDA_ASSERT(kern_cuda_st.bf16 && !kern_cuda_st.fast16bf);
   KERN_CUDA_ASSERT(IC % 8 == 0 && kern_cuda_aligned16(inp)); /* kern.h: 16-byte rows */
-  const gemm_operand_t x = {NULL, inp, IC, 0};
-  matmul_bwd_any(dinp, dw, dbias, dout, &x, w, N, IC, OC, ldo, acc);
+  /* dout in one form; in bf16 its rows 16-byte multiples, and no dbias (a
+   * column sum of fp32 dout) */
+  KERN_CUDA_ASSERT(!dout != !dout16 &&
+                   (!dout16 || (ldo % 8 == 0 && kern_cuda_aligned16(dout16) && !dbias)));
+  const gemm_operand_t d = {dout, dout16, ldo, 0}, x = {NULL, inp, IC, 0};
+  matmul_bwd_any(dinp, dw, dbias, &d, &x, w, N, IC, OC, acc);
 }

@@ -252,16 +252,17 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
     OPS_TIME("matmul_fwd_bf16", sh, L,
              K->matmul_fwd_bf16(y, x16, w, bias, (int)N, mm[i].ic, mm[i].oc, mm[i].oc));
     OPS_TIME("matmul_bwd_bf16", sh, L,
-             K->matmul_bwd_bf16(z, dw, dbias, y, x16, w, (int)N, mm[i].ic, mm[i].oc, mm[i].oc, 0));
+             K->matmul_bwd_bf16(z, dw, dbias, y, NULL, x16, w, (int)N, mm[i].ic, mm[i].oc, mm[i].oc, 0));
   }
   snprintf(sh, sizeof sh, "lm_head:N=%zu,IC=%d,OC=%d,ld=%d", N, C, V, ldv);
   OPS_TIME("matmul_fwd", sh, !a16, K->matmul_fwd(logits, x, wte, NULL, (int)N, C, V, ldv));
   OPS_TIME("matmul_bwd", sh, !a16,
            K->matmul_bwd(z, dwte, NULL, logits, x, wte, (int)N, C, V, ldv, 0));
-  if (a16) {
+  if (a16) { /* backward from the bf16 dlogits the chunks make */
     OPS_TIME("matmul_fwd_bf16", sh, 1, K->matmul_fwd_bf16(logits, x16, wte, NULL, (int)N, C, V, ldv));
     OPS_TIME("matmul_bwd_bf16", sh, 1,
-             K->matmul_bwd_bf16(z, dwte, NULL, logits, x16, wte, (int)N, C, V, ldv, 0));
+             K->matmul_bwd_bf16(z, dwte, NULL, NULL, (const uint16_t *)logits + ldv, x16, wte,
+                                (int)N, C, V, 2 * ldv, 0));
   }
   snprintf(sh, sizeof sh, "B=%d,T=%d,C=%d,NH=%d,%s", B, T, C, NH, bench_attn_name(C, NH, bf16));
   /* qkv kept in bf16 where the attention takes it so (gpt.c's qkv16) */
@@ -291,8 +292,11 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
    * timed call starts from its own output, which costs the same */
   /* a training step takes both at once (gpt_forward_train); the two apart
    * are timed for comparison, counted 0 times a step */
-  OPS_TIME("crossentropy_fwd_bwd", sh, 1,
+  OPS_TIME("crossentropy_fwd_bwd", sh, !a16,
            K->crossentropy_fwd_bwd(losses, logits, tok, 1.0f / (float)N, (int)N, V, ldv));
+  if (a16) /* the chunks' form, the bf16 dlogits for the product (gpt.c) */
+    OPS_TIME("crossentropy_fwd_bwd_bf16", sh, 1,
+             K->crossentropy_fwd_bwd_bf16(losses, logits, tok, 1.0f / (float)N, (int)N, V, ldv));
   OPS_TIME("crossentropy_fwd", sh, 0, K->crossentropy_fwd(losses, logits, tok, (int)N, V, ldv));
   OPS_TIME("crossentropy_bwd", sh, 0,
            K->crossentropy_bwd(logits, tok, 1.0f / (float)N, (int)N, V, ldv));
@@ -306,11 +310,16 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
   OPS_TIME("lm_head_chunked", sh, 0, {
     for (size_t r0 = 0; r0 < N; r0 += (size_t)lrows) {
       const int n = N - r0 < (size_t)lrows ? (int)(N - r0) : lrows;
-      if (a16) K->matmul_fwd_bf16(logits, x16 + r0 * C, wte, NULL, n, C, V, ldv);
-      else K->matmul_fwd(logits, x + r0 * C, wte, NULL, n, C, V, ldv);
+      if (a16) { /* the bf16 dlogits in each row's second half, as gpt.c's chunks */
+        K->matmul_fwd_bf16(logits, x16 + r0 * C, wte, NULL, n, C, V, ldv);
+        K->crossentropy_fwd_bwd_bf16(losses + r0, logits, tok + r0, 1.0f / (float)N, n, V, ldv);
+        K->matmul_bwd_bf16(z + r0 * C, dwte, NULL, NULL, (const uint16_t *)logits + ldv,
+                           x16 + r0 * C, wte, n, C, V, 2 * ldv, 0);
+        continue;
+      }
+      K->matmul_fwd(logits, x + r0 * C, wte, NULL, n, C, V, ldv);
       K->crossentropy_fwd_bwd(losses + r0, logits, tok + r0, 1.0f / (float)N, n, V, ldv);
-      if (a16) K->matmul_bwd_bf16(z + r0 * C, dwte, NULL, logits, x16 + r0 * C, wte, n, C, V, ldv, 0);
-      else K->matmul_bwd(z + r0 * C, dwte, NULL, logits, x + r0 * C, wte, n, C, V, ldv, 0);
+      K->matmul_bwd(z + r0 * C, dwte, NULL, logits, x + r0 * C, wte, n, C, V, ldv, 0);
     }
   });
   snprintf(sh, sizeof sh, "n=%zu", P);

@@ -629,7 +629,7 @@ static void test_matmul(int N, int IC, int OC, int with_bias, int ld) {
   }
   cpu->matmul_bwd(dinp, dw, dbias, dout, inp, w, N, IC, OC, OC, 1);
   gpu->matmul_bwd(dd_inp, dd_w, dd_bias, ddout, dinp_, dw_, N, IC, OC, ld, 1);
-  if (acts16) gpu->matmul_bwd_bf16(e_inp, e_w, e_bias, ddout, d_i16, dw_, N, IC, OC, ld, 1);
+  if (acts16) gpu->matmul_bwd_bf16(e_inp, e_w, e_bias, ddout, NULL, d_i16, dw_, N, IC, OC, ld, 1);
   g = dget(dd_inp, ni);
   check_tol("matmul_bwd", "dinp", shape, g, dinp, NULL, mdinp, NULL, ni, tol_gemm);
   if (xdinp) check_tol("matmul_bwd", "dinp-bf16ops", shape, g, xdinp, NULL, mdinp, NULL, ni, TOL_GEMM);
@@ -668,7 +668,7 @@ static void test_matmul(int N, int IC, int OC, int with_bias, int ld) {
     check_tol("matmul_bwd", "dinp=", shape, g, wd, NULL, m0, NULL, ni, tol_gemm);
     if (acts16) { /* over NaNs too, against the fp32 path's */
       float *e_x0 = dnew(ni * 4), *e_w0 = dput(dw, nw * 4);
-      gpu->matmul_bwd_bf16(e_x0, e_w0, NULL, ddout, d_i16, dw_, N, IC, OC, ld, 0);
+      gpu->matmul_bwd_bf16(e_x0, e_w0, NULL, ddout, NULL, d_i16, dw_, N, IC, OC, ld, 0);
       float *g16 = dget(e_x0, ni);
       check_tol("matmul_bwd_bf16", "dinp==fp32 path", shape, g16, g, NULL, m0, NULL, ni, TOL_GEMM);
       free(g16);
@@ -1204,6 +1204,65 @@ static void test_crossentropy(int N, int V, int ld) {
       free(mlf);
 }
 
+/* The LM head's backward from bf16 dlogits (kern.h: crossentropy_fwd_bwd_bf16
+ * and matmul_bwd_bf16's dout16, the bf16 mode's table): the losses bit for
+ * bit crossentropy_fwd_bwd's, each row's bf16 dlogits its fp32 ones rounded
+ * (f32_to_bf16's bits), and the product from them (rows 2 ld bf16 apart)
+ * equal to the product from the fp32 dlogits (which it packs to the same
+ * operand) within the order of the sums, dinp written (acc 0) over NaNs and
+ * dw accumulated. lnf's rows in bf16, as the model keeps them. */
+static void test_lm_head_bf16(int N, int C, int V, int ld) {
+  char shape[64];
+  snprintf(shape, sizeof shape, "N=%d C=%d V=%d ld=%d", N, C, V, ld);
+  const size_t n = (size_t)N * V, nx = (size_t)N * C, nw = (size_t)V * C;
+  float *x = frand(nx, -1, 1), *w = frand(nw, -0.5f, 0.5f), *dw0 = frand(nw, -1, 1);
+  int32_t *tgt = xmalloc(N * sizeof(int32_t));
+  for (int i = 0; i < N; i++) tgt[i] = (int32_t)rand_below((uint32_t)V);
+  tgt[0] = V - 1;
+  uint16_t *x16 = xmalloc(nx * 2);
+  cpu->f32_to_bf16(x16, x, nx);
+  uint16_t *d_x16 = dput(x16, nx * 2);
+  float *d_w = dput(w, nw * 4), *d_dwa = dput(dw0, nw * 4), *d_dwb = dput(dw0, nw * 4);
+  float *la = dput_rows(NULL, N, V, ld), *lb = dput_rows(NULL, N, V, ld);
+  float *lossa = dnew(N * 4), *lossb = dnew(N * 4), *dxa = dnew(nx * 4), *dxb = dnew(nx * 4);
+  int32_t *d_tgt = dput(tgt, N * sizeof(int32_t));
+  const float dl = 1.0f / (float)N;
+  gpu->matmul_fwd_bf16(la, d_x16, d_w, NULL, N, C, V, ld);
+  gpu->matmul_fwd_bf16(lb, d_x16, d_w, NULL, N, C, V, ld);
+  gpu->crossentropy_fwd_bwd(lossa, la, d_tgt, dl, N, V, ld);
+  gpu->crossentropy_fwd_bwd_bf16(lossb, lb, d_tgt, dl, N, V, ld);
+  float *ga = dget(lossa, N);
+  check_dev_bits("crossentropy_fwd_bwd_bf16", "losses", shape, lossb, ga, N);
+  /* the fp32 dlogits (dense) and the bf16 ones, from each row's second half */
+  float *pa = dget(la, (size_t)N * ld), *dla = xmalloc(n * 4), *adla = xmalloc(n * 4);
+  uint16_t *pb = (uint16_t *)dget(lb, (size_t)N * ld), *want = xmalloc(n * 2), *got = xmalloc(n * 2);
+  for (int i = 0; i < N; i++) {
+    memcpy(dla + (size_t)i * V, pa + (size_t)i * ld, (size_t)V * 4);
+    memcpy(got + (size_t)i * V, pb + (size_t)i * 2 * ld + ld, (size_t)V * 2);
+  }
+  cpu->f32_to_bf16(want, dla, n);
+  check_bits_u16("crossentropy_fwd_bwd_bf16", "dlogits=bf16(fp32's)", shape, got, want, n);
+  gpu->matmul_bwd_bf16(dxa, d_dwa, NULL, la, NULL, d_x16, d_w, N, C, V, ld, 0);
+  gpu->matmul_bwd_bf16(dxb, d_dwb, NULL, NULL, (const uint16_t *)lb + ld, d_x16, d_w, N, C, V,
+                       2 * ld, 0);
+  /* mags: the CPU's backward on the absolute values */
+  for (size_t i = 0; i < n; i++) adla[i] = fabsf(dla[i]);
+  float *ax = xmalloc(nx * 4), *aw = fabs_dup(w, nw), *mx = xmalloc(nx * 4), *mw = fabs_dup(dw0, nw);
+  cpu->bf16_to_f32(ax, x16, nx);
+  for (size_t i = 0; i < nx; i++) ax[i] = fabsf(ax[i]);
+  cpu->matmul_bwd(mx, mw, NULL, adla, ax, aw, N, C, V, V, 0);
+  float *gxa = dget(dxa, nx), *gwa = dget(d_dwa, nw);
+  float *gxb = dget(dxb, nx), *gwb = dget(d_dwb, nw);
+  check_tol("matmul_bwd_bf16", "dinp= from bf16 dlogits", shape, gxb, gxa, NULL, mx, NULL, nx, TOL_GEMM);
+  check_tol("matmul_bwd_bf16", "dw+= from bf16 dlogits", shape, gwb, gwa, NULL, mw, NULL, nw, TOL_GEMM);
+  gpu->dev_free(d_x16), gpu->dev_free(d_w), gpu->dev_free(d_dwa), gpu->dev_free(d_dwb);
+  gpu->dev_free(la), gpu->dev_free(lb), gpu->dev_free(lossa), gpu->dev_free(lossb);
+  gpu->dev_free(dxa), gpu->dev_free(dxb), gpu->dev_free(d_tgt);
+  free(x), free(w), free(dw0), free(tgt), free(x16), free(ga), free(pa), free(dla), free(adla);
+  free(pb), free(want), free(got), free(ax), free(aw), free(mx), free(mw), free(gxa), free(gwa);
+  free(gxb), free(gwb);
+}
+
 /* crossentropy_bwd alone over more rows than a grid's y (65535): its row
  * loop, on the CPU's probabilities of random logits */
 static void test_crossentropy_bwd_rows(int N, int V, int ld) {
@@ -1628,6 +1687,9 @@ int main(void) {
       report("table", "bf16 mode, attention by products: no bf16 qkv", "-", 0, 0, "-", -1,
              !gpu->attention_bf16_fits(768, 12));
     if (m == 0) {
+      test_lm_head_bf16(5, 16, 97, 128);
+      test_lm_head_bf16(3, 24, 1000, 1000); /* no padding: the second half ends the row */
+      test_lm_head_bf16(64, 768, 50257, 50304);
       test_layernorm_bf16(7, 33);
       test_layernorm_bf16(1024, 768);
       test_gelu_bf16_offsets(1);

@@ -493,6 +493,26 @@ int main(int argc, char **argv) {
   if (fv_compare(k, FV_CHUNK, &dl, &dw)) return 2;
   check(dl <= CHUNK_TOL, "cuda: logits in chunks vs flat, losses (relative)", dl, CHUNK_TOL);
   check(dw <= CHUNK_TOL, "cuda: logits in chunks vs flat, weights (relative L2)", dw, CHUNK_TOL);
+  /* bf16 mode's chunks hand the LM head's product bf16 dlogits (kern.h's
+   * crossentropy_fwd_bwd_bf16), the operands its packing of fp32 ones
+   * gave: the same bits as a table without that op */
+  const kern_cuda_opts_t bf16 = {.bf16 = 1};
+  const kern_backend_t *k16 = p->kern_init(&bf16, msg, sizeof msg);
+  if (!k16 || !k16->crossentropy_fwd_bwd_bf16) return 2;
+  static kern_backend_t k16_fp32_dlogits;
+  k16_fp32_dlogits = *k16;
+  k16_fp32_dlogits.crossentropy_fwd_bwd_bf16 = NULL;
+  float la[FV_STEPS], lb[FV_STEPS], *wa = NULL, *wb = NULL;
+  if (fv_run(k16, 0, FV_CHUNK, la, &wa) || fv_run(&k16_fp32_dlogits, 0, FV_CHUNK, lb, &wb)) {
+    fprintf(stderr, "test_cuda_train: bf16 chunks: %s\n", err_msg());
+    return 2;
+  }
+  const gpt_config_t fc = {.layers = 2, .channels = 64, .heads = 4, .vocab = 256, .context = 64};
+  size_t differ = 0;
+  for (size_t i = 0; i < gpt_config_num_params(&fc); i++) differ += memcmp(&wa[i], &wb[i], 4) != 0;
+  check(!memcmp(la, lb, sizeof la) && !differ,
+        "cuda bf16: chunks' bf16 dlogits vs fp32, params differing", (double)differ, 0);
+  free(wa), free(wb);
   printf("test_cuda_train: %s\n", fails ? "FAILED" : "passed");
   return fails ? 1 : 0;
 }
