@@ -343,6 +343,7 @@ static cudaError_t kern_cuda_pool_create(int device, cudaMemPool_t *pool) {
 /* Init's one cleanup path: what was made is unmade, in reverse. */
 static void kern_cuda_teardown(void) {
   if (kern_cuda_st.pool) (void)cudaMemPoolDestroy(kern_cuda_st.pool);
+  if (kern_cuda_st.colsum) (void)cudaFree(kern_cuda_st.colsum);
   if (kern_cuda_st.pack) (void)cudaFree(kern_cuda_st.pack);
   if (kern_cuda_st.reduce) (void)cudaFree(kern_cuda_st.reduce);
   if (kern_cuda_st.workspace) (void)cudaFree(kern_cuda_st.workspace);
@@ -439,7 +440,9 @@ extern "C" const kern_backend_t *kern_cuda_init(const kern_cuda_opts_t *o, char 
       (e = cudaMalloc((void **)&kern_cuda_st.reduce,
                       (KERN_CUDA_SIZE_REDUCE_BLOCKS + 1) * sizeof(double))) != cudaSuccess ||
       (e = cudaMalloc((void **)&kern_cuda_st.pack,
-                      2 * KERN_CUDA_SIZE_PACK_ELEMS * sizeof(uint16_t))) != cudaSuccess) {
+                      2 * KERN_CUDA_SIZE_PACK_ELEMS * sizeof(uint16_t))) != cudaSuccess ||
+      (e = cudaMalloc((void **)&kern_cuda_st.colsum,
+                      KERN_CUDA_SIZE_COLSUM_FLOATS * sizeof(float))) != cudaSuccess) {
     snprintf(msg, n, "CUDA device %d: no memory for the backend's %zu reserved bytes: %s",
              o->device, kern_cuda_size_reserved(), cudaGetErrorString(e));
     goto fail;

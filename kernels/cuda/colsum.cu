@@ -5,7 +5,10 @@
  * Two stages: a warp sums one run of KERN_COLSUM_ROWS rows for 32 columns, a
  * lane each (a row's 32 columns are one coalesced read), all runs at once,
  * into scratch; then a thread per column adds the runs' sums to it in row
- * order. No atomics; one writer per column. */
+ * order. No atomics; one writer per column. matmul.cu's joint backward
+ * makes the first stage's sums of dout as it packs it (gemm_pack_colsum)
+ * and adds them with kern_cuda_colsum_add, block of rows by block: the same
+ * order. */
 #include "kernels/cuda/cuda_impl.h"
 #include "kernels/kern_math.h"
 
@@ -48,6 +51,13 @@ __global__ static void colsum_add_kernel(float *sd, float *sdx, const float *par
 #pragma unroll 8
   for (int j = 0; j < runs; j++) ax += partial[((int64_t)runs + j) * cs + k];
   sdx[k] = ax;
+}
+
+void kern_cuda_colsum_add(float *sd, const float *partial, int runs, int cs) {
+  if (runs <= 0 || cs <= 0) return;
+  colsum_add_kernel<<<(cs + KERN_CUDA_THREADS - 1) / KERN_CUDA_THREADS, KERN_CUDA_THREADS, 0,
+                      kern_cuda_st.stream>>>(sd, (float *)NULL, partial, runs, cs);
+  KERN_CUDA_LAUNCHED();
 }
 
 /* The runs' sums live in the packing buffers (matmul.cu's, idle between

@@ -80,6 +80,7 @@ typedef struct kern_cuda_state {
   void *workspace;     /* KERN_CUDA_SIZE_WORKSPACE bytes, cuBLASLt's */
   double *reduce;      /* KERN_CUDA_SIZE_REDUCE_BLOCKS partials + the final sum */
   uint16_t *pack;      /* 2 x KERN_CUDA_SIZE_PACK_ELEMS bf16: the products' packed operands */
+  float *colsum;       /* KERN_CUDA_SIZE_COLSUM_FLOATS: the joint backward's dbias runs */
   cudaMemPool_t pool;  /* dev_alloc_step's device memory, in stream order */
   long live;           /* buffers of dev_alloc and dev_alloc_step not yet freed */
   int fast16bf;        /* bf16 products on the fp32 operands (CUBLAS_COMPUTE_32F_FAST_16BF) */
@@ -234,6 +235,9 @@ void kern_cuda_gemm(const char *op, char ta, char tb, int M, int N, int K, float
  * order (KERN_COLSUM_ROWS), the CPU's bits. */
 void kern_cuda_colsum(float *sd, float *sdx, const float *dout, const float *inp,
                       const float *mean, const float *rstd, int N, int C, int64_t ld);
+/* The second stage alone: sd[c] += partial[j * cs + c] for runs j in order
+ * (the first stage's sums of cs columns, made elsewhere in its order). */
+void kern_cuda_colsum_add(float *sd, const float *partial, int runs, int cs);
 
 /* ---- attention on bf16 tensor cores (attention_tc.cu) -------------------------
  * The fused op of attention.cu (same saved log-sum-exp, same scratch) with

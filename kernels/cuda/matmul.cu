@@ -257,6 +257,63 @@ static int64_t gemm_pack(uint16_t *dst, const float *X, char t, int64_t ld, int6
   return dld;
 }
 
+/* gemm_pack of dout's block (rows [r0, r0 + R), columns [c0, c0 + Cn), rows
+ * ld apart, 'N') with the first stage of its column sums on the way
+ * (colsum.cu's order: each run of KERN_COLSUM_ROWS rows summed from zero,
+ * row by row; r0 starts a run): partial[j * Cn + c] for the block's runs j.
+ * A thread takes a run's rows for 8 columns, a row at a time (the warp's
+ * loads of a row coalesced), 16-byte loads and stores where the row allows,
+ * as gemm_pack_kernel. */
+static_assert(KERN_COLSUM_ROWS == 32, "size.h's KERN_CUDA_SIZE_COLSUM_FLOATS counts runs of 32 rows");
+__global__ static void gemm_pack_colsum_kernel(uint16_t *dst, float *partial, const float *src,
+                                               int64_t sld, int64_t dld, int rows, int cols) {
+  const int runs = (rows + KERN_COLSUM_ROWS - 1) / KERN_COLSUM_ROWS;
+  for (int run = blockIdx.y; run < runs; run += gridDim.y) {
+    const int n0 = run * KERN_COLSUM_ROWS,
+              n1 = rows - n0 < KERN_COLSUM_ROWS ? rows : n0 + KERN_COLSUM_ROWS;
+    for (int j = 8 * (blockIdx.x * blockDim.x + threadIdx.x); j < cols;
+         j += 8 * gridDim.x * blockDim.x) {
+      const int w = cols - j < 8 ? cols - j : 8; /* a row's tail: fewer than 8 */
+      float sum[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int n = n0; n < n1; n++) {
+        const float *s = src + (int64_t)n * sld + j;
+        uint16_t *d = dst + (int64_t)n * dld + j;
+        if (w == 8 && kern_cuda_aligned16(s)) {
+          const float4 lo = kern_cuda_load_f32x4(s), hi = kern_cuda_load_f32x4(s + 4);
+          kern_cuda_store_u16x8(d, kern_cuda_bf16x8(lo, hi));
+          sum[0] += lo.x, sum[1] += lo.y, sum[2] += lo.z, sum[3] += lo.w;
+          sum[4] += hi.x, sum[5] += hi.y, sum[6] += hi.z, sum[7] += hi.w;
+        } else {
+          float v[8];
+          for (int k = 0; k < w; k++) v[k] = s[k], sum[k] += v[k];
+          if (w == 8) {
+            kern_cuda_store_u16x8(d, kern_cuda_bf16x8(make_float4(v[0], v[1], v[2], v[3]),
+                                                      make_float4(v[4], v[5], v[6], v[7])));
+          } else {
+            for (int k = 0; k < w; k++) d[k] = kern_f32_to_bf16(v[k]);
+          }
+        }
+      }
+      for (int k = 0; k < w; k++) partial[(int64_t)run * cols + j + k] = sum[k];
+    }
+  }
+}
+
+/* Launches it; returns the packed leading dimension. */
+static int64_t gemm_pack_colsum(uint16_t *dst, float *partial, const float *X, int64_t ld, int r0,
+                                int c0, int R, int Cn) {
+  const int64_t dld = pad8(Cn), groups = (Cn + 7) / 8;
+  KERN_CUDA_ASSERT(kern_cuda_aligned16(dst) && r0 % KERN_COLSUM_ROWS == 0);
+  const int runs = (R + KERN_COLSUM_ROWS - 1) / KERN_COLSUM_ROWS;
+  if (runs > 0 && Cn > 0) {
+    gemm_pack_colsum_kernel<<<kern_cuda_rows_grid(runs, groups), kern_cuda_rows_threads(groups), 0,
+                              kern_cuda_st.stream>>>(dst, partial, X + (int64_t)r0 * ld + c0, ld,
+                                                     dld, R, Cn);
+    KERN_CUDA_LAUNCHED();
+  }
+  return dld;
+}
+
 /* Elements a packed block of op(X) (R x Cn) takes. */
 static size_t gemm_packed(char t, int64_t R, int64_t Cn) {
   return (size_t)(t == 'N' ? R * pad8(Cn) : Cn * pad8(R));
@@ -457,11 +514,18 @@ static int gemm_bwd_blocks(int N, int IC, int OC, int inp16, int dout16, int *mr
   return best >= 0;
 }
 
-static int gemm_bwd_joint(float *dinp, float *dw, const gemm_operand_t *dout,
+/* dbias (when set; dout in fp32) is summed as dout's blocks are packed
+ * (gemm_pack_colsum, its runs added block by block of rows: colsum's order)
+ * where a block's runs fit their buffer, else by kern_cuda_colsum first. */
+static int gemm_bwd_joint(float *dinp, float *dw, float *dbias, const gemm_operand_t *dout,
                           const gemm_operand_t *inp, const float *w, int N, int IC, int OC,
                           int acc) {
   int mr = 0, kc = 0;
   if (!gemm_bwd_blocks(N, IC, OC, inp->x16 != NULL, dout->x16 != NULL, &mr, &kc)) return 0;
+  const int fused = dbias && dout->x &&
+                    (size_t)(mr + KERN_COLSUM_ROWS - 1) / KERN_COLSUM_ROWS * (size_t)kc <=
+                        KERN_CUDA_SIZE_COLSUM_FLOATS;
+  if (dbias && !fused) kern_cuda_colsum(dbias, NULL, dout->x, NULL, NULL, NULL, N, OC, dout->ld);
   uint16_t *pa = kern_cuda_st.pack, *pb = kern_cuda_st.pack + KERN_CUDA_SIZE_PACK_ELEMS;
   for (int r0 = 0; r0 < N; r0 += mr) {
     const int rr = N - r0 < mr ? N - r0 : mr;
@@ -474,7 +538,14 @@ static int gemm_bwd_joint(float *dinp, float *dw, const gemm_operand_t *dout,
       const int cc = OC - c0 < kc ? OC - c0 : kc;
       const float *dout_rc = gemm_block_f32(dout, 'N', 0, r0, c0), *w_c = w + (int64_t)c0 * IC;
       int64_t plda, psa;
-      const uint16_t *pd = gemm_block(pa, dout, 'N', 0, r0, c0, rr, cc, 1, &plda, &psa);
+      const uint16_t *pd = pa;
+      if (fused) { /* packed with its runs' column sums, added to dbias's columns in row order */
+        plda = gemm_pack_colsum(pa, kern_cuda_st.colsum, dout->x, dout->ld, r0, c0, rr, cc);
+        kern_cuda_colsum_add(dbias + c0, kern_cuda_st.colsum,
+                             (rr + KERN_COLSUM_ROWS - 1) / KERN_COLSUM_ROWS, cc);
+      } else {
+        pd = gemm_block(pa, dout, 'N', 0, r0, c0, rr, cc, 1, &plda, &psa);
+      }
       const int64_t pldw = gemm_pack(pw, w, 'N', IC, 0, c0, 0, cc, IC, 1, 0);
       /* without acc, dinp's rows take their first column block with beta 0 (not read) */
       gemm_packed_block(__func__, 'N', 'N', rr, IC, cc, 1.0f, pd, plda, 0, pw, pldw, 0, dout_rc,
@@ -494,12 +565,12 @@ static void matmul_bwd_any(float *dinp, float *dw, float *dbias, const gemm_oper
                            const gemm_operand_t *inp, const float *w, int N, int IC, int OC,
                            int acc) {
   KERN_CUDA_ASSERT(dout->ld >= OC && (!dbias || dout->x));
-  if (dbias) kern_cuda_colsum(dbias, NULL, dout->x, NULL, NULL, NULL, N, OC, dout->ld);
   if (dinp && !acc && OC <= 0 && N > 0 && IC > 0) /* an empty sum written: zeros */
     KERN_CUDA_CHECK(cudaMemsetAsync(dinp, 0, (size_t)N * IC * sizeof(float), kern_cuda_st.stream));
   if (dinp && dw && N > 0 && IC > 0 && OC > 0 && kern_cuda_st.bf16 && !kern_cuda_st.fast16bf &&
-      gemm_bwd_joint(dinp, dw, dout, inp, w, N, IC, OC, acc))
-    return;
+      gemm_bwd_joint(dinp, dw, dbias, dout, inp, w, N, IC, OC, acc))
+    return; /* dbias too */
+  if (dbias) kern_cuda_colsum(dbias, NULL, dout->x, NULL, NULL, NULL, N, OC, dout->ld);
   const gemm_operand_t wo = {w, NULL, IC, 0};
   const int bf16_ops = dout->x16 || inp->x16; /* the bf16 mode's products, on the operands given */
   /* dinp (N, IC) += dout (N, OC) @ w (OC, IC); = without acc */

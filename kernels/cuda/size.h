@@ -23,12 +23,19 @@
  * bf16 tensor cores. */
 #define KERN_CUDA_SIZE_PACK_ELEMS ((size_t)16 << 20)
 
+/* Floats of the column sums' runs a block of the joint backward makes as it
+ * packs dout (matmul.cu: dbias, a run of 32 rows a float a column): a
+ * block of packed dout holds at most KERN_CUDA_SIZE_PACK_ELEMS elements,
+ * so its runs this many whenever its rows are 32 or more. */
+#define KERN_CUDA_SIZE_COLSUM_FLOATS (KERN_CUDA_SIZE_PACK_ELEMS / 32)
+
 /* Device bytes the backend holds of its own from init on
- * (kern_cuda_reserved_bytes): the cuBLASLt workspace, the reduction scratch
- * and the two packing buffers. */
+ * (kern_cuda_reserved_bytes): the cuBLASLt workspace, the reduction scratch,
+ * the two packing buffers and the column sums' runs. */
 static inline size_t kern_cuda_size_reserved(void) {
   return KERN_CUDA_SIZE_WORKSPACE + (size_t)(KERN_CUDA_SIZE_REDUCE_BLOCKS + 1) * sizeof(double) +
-         2 * KERN_CUDA_SIZE_PACK_ELEMS * sizeof(unsigned short);
+         2 * KERN_CUDA_SIZE_PACK_ELEMS * sizeof(unsigned short) +
+         KERN_CUDA_SIZE_COLSUM_FLOATS * sizeof(float);
 }
 
 /* Attention runs as a fused kernel (attention.cu: the scores never leave
