@@ -105,6 +105,15 @@ int gpt_config_logits_rows(const gpt_config_t *cfg, int chunk_mib);
 static inline int gpt_config_acts_bf16_fits(const gpt_config_t *cfg) {
   return cfg->channels % 8 == 0;
 }
+/* Floats one region of n floats takes in the activations' block under
+ * flags: with GPT_ACT_BF16 each region starts 16 bytes aligned (the
+ * products read bf16 rows in place, and the tensor-core attention copies
+ * 16-byte runs of qkv), so the regions of N or of the attention's saved
+ * floats, any number, are padded to 4 floats; else n. gpt.c lays the block
+ * out and gpt_config_act_bytes counts it with this one rule. */
+static inline size_t gpt_config_act_region(size_t n, int flags) {
+  return flags & GPT_ACT_BF16 ? (n + 3) & ~(size_t)3 : n;
+}
 /* The flags of a job option recompute = level (0 none, 1 GELU, 2 GELU and
  * the layernorms). */
 static inline int gpt_act_recompute_flags(int level) {

@@ -435,7 +435,9 @@ static int gpt_alloc_acts(gpt_t *g, int B, int T) {
     g->scratch_cap = sbytes;
   }
   float *p = g->acts_mem;
-#define TAKE(n) (p += (n), p - (n))
+  /* each region as gpt_config_act_bytes counts it (16 bytes aligned under
+   * bf16 activations) */
+#define TAKE(n) (p += gpt_config_act_region((n), flags), p - gpt_config_act_region((n), flags))
   const size_t h = g->acts16 ? 2 : 1; /* a product's input: bf16 in half the floats (N C even) */
   /* first: the logits' rows are padded to 256 bytes, and so is their start */
   g->lrows = (size_t)chunk < N ? chunk : (int)N;
