@@ -30,6 +30,8 @@
      "device cuda, bf16 products: 1: cuBLASLt rounds the fp32 operands itself (CUBLAS_COMPUTE_32F_FAST_16BF; 0: they are packed to bf16 first), for comparison") \
   XX(cuda_attn_fp32, "FSDP_CUDA_ATTN_FP32", 0,                                       \
      "device cuda, bf16 jobs: 1: the fused attention computes in fp32 on CUDA cores (0: on bf16 tensor cores)") \
+  XX(cuda_acts_fp32, "FSDP_CUDA_ACTS_FP32", 0,                                       \
+     "device cuda, bf16 jobs: 1: every activation kept in fp32, the products packing theirs (0: the products' inputs and qkv kept in bf16), for comparison") \
   XX(comm_timeout_ms, "FSDP_COMM_TIMEOUT_MS", 5000, "collective timeout, and ring bootstrap") \
   XX(comm_chunk_bytes, "FSDP_COMM_CHUNK_BYTES", 1048576, "ring: bytes per socket call")       \
   XX(comm_staging_bytes, "FSDP_COMM_STAGING_BYTES", 4194304, "ring: reduce staging per comm") \

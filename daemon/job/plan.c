@@ -72,9 +72,12 @@ static size_t plan_cuda_attention_scratch(int B, int T, int C, int NH, int bf16)
                                           bf16 && param_cuda_attn_fp32() == 0);
 }
 
-/* a bf16 job's products pack their operands, unless FSDP_CUDA_GEMM_FAST16BF
- * (device.c's kern_cuda_opts_t; backend.cu's table then offers none) */
-static int plan_cuda_acts_bf16(int bf16) { return bf16 && param_cuda_gemm_fast16bf() == 0; }
+/* a bf16 job's products pack their operands, unless FSDP_CUDA_GEMM_FAST16BF,
+ * and the table offers bf16 activations, unless FSDP_CUDA_ACTS_FP32
+ * (device.c's kern_cuda_opts_t; backend.cu's tables) */
+static int plan_cuda_acts_bf16(int bf16) {
+  return bf16 && param_cuda_gemm_fast16bf() == 0 && param_cuda_acts_fp32() == 0;
+}
 
 /* the tensor-core attention (bf16 jobs unless FSDP_CUDA_ATTN_FP32) at the
  * head sizes size.h names (attention.cu's kern_cuda_attention_bf16_fits) */

@@ -274,7 +274,8 @@ static const kern_backend_t kern_cuda_table = {
 };
 
 /* The table of a bf16 job whose products pack their operands (not
- * gemm_fast16bf): the same ops, and the bf16 activations kern.h offers then. */
+ * gemm_fast16bf): the same ops, and the bf16 activations kern.h offers then
+ * (unless acts_fp32 asks for none). */
 static kern_backend_t kern_cuda_with_bf16_acts(kern_backend_t t) {
   t.layernorm_fwd_bf16 = kern_cuda_layernorm_fwd_bf16;
   t.gelu_fwd_bf16 = kern_cuda_gelu_fwd_bf16;
@@ -290,7 +291,9 @@ static const kern_backend_t kern_cuda_table_bf16 = kern_cuda_with_bf16_acts(kern
 
 /* The table for the modes taken. */
 static const kern_backend_t *kern_cuda_table_for_modes(void) {
-  return kern_cuda_st.bf16 && !kern_cuda_st.fast16bf ? &kern_cuda_table_bf16 : &kern_cuda_table;
+  return kern_cuda_st.bf16 && !kern_cuda_st.fast16bf && !kern_cuda_st.acts_fp32
+             ? &kern_cuda_table_bf16
+             : &kern_cuda_table;
 }
 
 /* ---- entry points ---------------------------------------------------------- */
@@ -360,10 +363,11 @@ static void kern_cuda_take_modes(const kern_cuda_opts_t *o) {
   kern_cuda_st.attn_gemm = o->attn_gemm != 0;
   kern_cuda_st.fast16bf = o->gemm_fast16bf != 0;
   kern_cuda_st.attn_fp32 = o->attn_fp32 != 0;
+  kern_cuda_st.acts_fp32 = o->acts_fp32 != 0;
 }
 
 extern "C" const kern_backend_t *kern_cuda_init(const kern_cuda_opts_t *o, char *msg, size_t n) {
-  const kern_cuda_opts_t d = {0, 0, 0, 0, 0, 0};
+  const kern_cuda_opts_t d = {0, 0, 0, 0, 0, 0, 0};
   if (!o) o = &d;
   if (kern_cuda_st.ready) { /* the device stays; the job's modes are taken */
     kern_cuda_take_modes(o);

@@ -46,6 +46,9 @@ typedef struct kern_cuda_opts {
                       * them packed to bf16; for comparison (FSDP_CUDA_GEMM_FAST16BF) */
   int attn_fp32; /* 1 (with bf16): the fused attention computes in fp32 on CUDA
                   * cores instead of bf16 tensor cores (FSDP_CUDA_ATTN_FP32) */
+  int acts_fp32; /* 1 (with bf16): the table offers no bf16 activations (kern.h),
+                  * so a model keeps every activation in fp32; for comparison
+                  * (FSDP_CUDA_ACTS_FP32) */
 } kern_cuda_opts_t;
 
 /* The number of CUDA devices this process sees; 0 with a reason in msg
@@ -55,7 +58,7 @@ int kern_cuda_device_count(char *msg, size_t n);
 /* Selects o->device, makes the backend's stream, cuBLASLt handle and
  * workspace. NULL with the reason in msg (device out of range, no GPU, out
  * of memory). Later calls return the same table on the same device and
- * only take o's modes (tf32, bf16, attn_gemm, gemm_fast16bf, attn_fp32): a process runs one job at a
+ * only take o's modes (tf32, bf16, attn_gemm, gemm_fast16bf, attn_fp32, acts_fp32): a process runs one job at a
  * time, and each job sets its own before it allocates. */
 const kern_backend_t *kern_cuda_init(const kern_cuda_opts_t *o, char *msg, size_t n);
 

@@ -75,6 +75,7 @@ typedef struct kern_cuda_state {
   int bf16;            /* matrix products on bf16 tensor cores (wins over tf32) */
   int attn_gemm;       /* attention by strided products even where a fused kernel is built */
   int attn_fp32;       /* with bf16: the fused attention stays fp32 (not attention_tc.cu) */
+  int acts_fp32;       /* with bf16: no bf16 activations offered (backend.cu's tables) */
   cudaStream_t stream; /* every op and memory operation, in call order */
   cublasLtHandle_t lt; /* cuBLASLt */
   void *workspace;     /* KERN_CUDA_SIZE_WORKSPACE bytes, cuBLASLt's */

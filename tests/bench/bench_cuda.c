@@ -197,7 +197,8 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
   const kern_cuda_opts_t ko = {.bf16 = bf16, .tf32 = c.tf32,
                                .attn_gemm = param_cuda_attn_gemm() != 0,
                                .gemm_fast16bf = param_cuda_gemm_fast16bf() != 0,
-                               .attn_fp32 = param_cuda_attn_fp32() != 0};
+                               .attn_fp32 = param_cuda_attn_fp32() != 0,
+                               .acts_fp32 = param_cuda_acts_fp32() != 0};
   if (!(K = p->kern_init(&ko, msg, sizeof msg))) {
     fprintf(stderr, "bench_cuda: %s\n", msg);
     return 1;

@@ -246,6 +246,16 @@ static const kern_backend_t *prof_wrap(const kern_backend_t *base) {
   prof_backend.f32_to_bf16 = w_f32_to_bf16;
   prof_backend.bf16_to_f32 = w_bf16_to_f32;
   prof_backend.sumsq = w_sumsq;
+  /* kern.h's bf16 activations are not wrapped: without them the model takes
+   * the fp32 ops above, so no op's time goes uncounted (the CPU offers none) */
+  prof_backend.layernorm_fwd_bf16 = NULL;
+  prof_backend.gelu_fwd_bf16 = NULL;
+  prof_backend.matmul_fwd_bf16 = NULL;
+  prof_backend.matmul_bwd_bf16 = NULL;
+  prof_backend.crossentropy_fwd_bwd_bf16 = NULL;
+  prof_backend.attention_bf16_fits = NULL;
+  prof_backend.attention_fwd_bf16 = NULL;
+  prof_backend.attention_bwd_bf16 = NULL;
   return &prof_backend;
 }
 

@@ -1746,6 +1746,10 @@ int main(void) {
   const kern_backend_t *bf16_table = kern_cuda_init(&modes[0], msg, sizeof msg);
   gpu = kern_cuda_init(&otc, msg, sizeof msg);
   report("table", "bf16 mode, tensor-core attention", "-", 0, 0, "-", -1, gpu == bf16_table);
+  const kern_cuda_opts_t oaf = {.device = 0, .bf16 = 1, .acts_fp32 = 1}; /* FSDP_CUDA_ACTS_FP32 */
+  report("table", "bf16 mode, fp32 activations asked: none offered", "-", 0, 0, "-", -1,
+         kern_cuda_init(&oaf, msg, sizeof msg) == fp32_table && !fp32_table->matmul_fwd_bf16);
+  gpu = kern_cuda_init(&otc, msg, sizeof msg);
   tol_gemm = TOL_GEMM_BF16;
   attn_gemm = 0;
   attn_tc = 1;

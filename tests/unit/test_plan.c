@@ -534,6 +534,14 @@ Test(plan, a_cuda_bf16_job_plans_its_products_inputs_in_bf16) {
   free(data);
 }
 
+/* FSDP_CUDA_ACTS_FP32: no bf16 activations at all, for comparison */
+Test(plan, a_cuda_bf16_job_with_fp32_activations_asked_plans_fp32) {
+  setenv("FSDP_CUDA_ACTS_FP32", "1", 1); /* this test's own process (criterion) */
+  char *data = tu_token_file("tokens.bin", 20000, 3, 256);
+  cr_assert_eq(cuda_acts(data, "fp32", "64", "4"), cuda_acts(data, "bf16-mixed", "64", "4"));
+  free(data);
+}
+
 /* FSDP_CUDA_ATTN_FP32: the fp32 fused attention reads fp32 qkv; the products'
  * inputs are bf16 still */
 Test(plan, a_cuda_bf16_job_with_fp32_attention_plans_fp32_qkv) {
