@@ -7,12 +7,13 @@
 # bench_cuda (make bench-cuda's runs; BENCH_CUDA_B124, BENCH_CUDA_B774,
 # BENCH_CUDA_STEPS as there, and gpt2-124m again with attention by products,
 # FSDP_CUDA_ATTN_GEMM=1, and with the fp32 fused attention, FSDP_CUDA_ATTN_FP32=1,
-# to compare with the tensor-core one, and bench_cuda --ops: each op of a
+# to compare with the tensor-core one, "acts32": with every activation in
+# fp32, FSDP_CUDA_ACTS_FP32=1, against the bf16 activations, and bench_cuda --ops: each op of a
 # step alone, and "trace": gpt2-124m with one step traced by CUPTI,
 # FSDP_BENCH_TRACE=1: where the step's time goes, idle gaps and their
 # causes). GPU_BENCH_MODELS picks the models (default "gpt2-124m
 # gpt2-774m") and GPU_BENCH_VARIANTS the runs after them (default "gemm
-# fp32 ops trace"), so that a short lease can take the part it has time for.
+# fp32 acts32 ops trace"), so that a short lease can take the part it has time for.
 # GPU_OPS_PLUGINS="a.so b.so ..." then times bench_cuda --ops gpt2-124m with
 # each of those builds of the plugin in turn (FSDP_BENCH_OPS=$GPU_OPS_FILTER:
 # only the ops so named), to compare builds of a kernel on one machine.
@@ -54,22 +55,24 @@ if [ "${GPU_BENCH:-0}" = 1 ]; then
     timeout ${GPU_BENCH_TIMEOUT:-500} .gpu/tests/bench_cuda "$1" "$2" 1024 "${BENCH_CUDA_STEPS:-20}" 2>&1 \
       | tee -a "${OUT:-/tmp}/bench_cuda.log"
   done
-  variants=" ${GPU_BENCH_VARIANTS-gemm fp32 ops trace} "
-  if [ "${variants#* gemm }" != "$variants" ]; then
-  echo "== bench_cuda gpt2-124m, attention by products (FSDP_CUDA_ATTN_GEMM=1), no peer"
-  FSDP_CUDA_ATTN_GEMM=1 FSDP_BENCH_NO_PEER=1 timeout ${GPU_BENCH_TIMEOUT:-300} .gpu/tests/bench_cuda gpt2-124m \
-    "${BENCH_CUDA_B124:-16}" 1024 "${BENCH_CUDA_STEPS:-20}" 2>&1 | tee -a "${OUT:-/tmp}/bench_cuda.log"
-  fi
-  if [ "${variants#* fp32 }" != "$variants" ]; then
-  echo "== bench_cuda gpt2-124m, fp32 fused attention (FSDP_CUDA_ATTN_FP32=1), no peer"
-  FSDP_CUDA_ATTN_FP32=1 FSDP_BENCH_NO_PEER=1 timeout ${GPU_BENCH_TIMEOUT:-300} .gpu/tests/bench_cuda gpt2-124m \
-    "${BENCH_CUDA_B124:-16}" 1024 "${BENCH_CUDA_STEPS:-20}" 2>&1 | tee -a "${OUT:-/tmp}/bench_cuda.log"
-  fi
-  if [ "${variants#* trace }" != "$variants" ]; then
-  echo "== bench_cuda gpt2-124m, one step traced (FSDP_BENCH_TRACE=1), no peer"
-  FSDP_BENCH_TRACE=1 FSDP_BENCH_NO_PEER=1 timeout ${GPU_BENCH_TIMEOUT:-300} .gpu/tests/bench_cuda gpt2-124m \
-    "${BENCH_CUDA_B124:-16}" 1024 5 2>&1 | tee -a "${OUT:-/tmp}/bench_cuda.log"
-  fi
+  variants=" ${GPU_BENCH_VARIANTS-gemm fp32 acts32 ops trace} "
+  # run_variant NAME DESCRIPTION STEPS VAR=VALUE...: gpt2-124m alone (no
+  # peer) with those settings, when GPU_BENCH_VARIANTS names it
+  run_variant() {
+    name=$1 desc=$2 steps=$3
+    shift 3
+    [ "${variants#* "$name" }" != "$variants" ] || return 0
+    echo "== bench_cuda gpt2-124m, $desc, no peer"
+    env "$@" FSDP_BENCH_NO_PEER=1 timeout "${GPU_BENCH_TIMEOUT:-300}" .gpu/tests/bench_cuda gpt2-124m \
+      "${BENCH_CUDA_B124:-16}" 1024 "$steps" 2>&1 | tee -a "${OUT:-/tmp}/bench_cuda.log"
+  }
+  run_variant gemm "attention by products (FSDP_CUDA_ATTN_GEMM=1)" "${BENCH_CUDA_STEPS:-20}" \
+    FSDP_CUDA_ATTN_GEMM=1
+  run_variant fp32 "fp32 fused attention (FSDP_CUDA_ATTN_FP32=1)" "${BENCH_CUDA_STEPS:-20}" \
+    FSDP_CUDA_ATTN_FP32=1
+  run_variant acts32 "every activation in fp32 (FSDP_CUDA_ACTS_FP32=1)" "${BENCH_CUDA_STEPS:-20}" \
+    FSDP_CUDA_ACTS_FP32=1
+  run_variant trace "one step traced (FSDP_BENCH_TRACE=1)" 5 FSDP_BENCH_TRACE=1
   if [ "${variants#* ops }" != "$variants" ]; then
   echo "== bench_cuda --ops gpt2-124m: each op of a step alone, and the products in every mode"
   timeout ${GPU_BENCH_TIMEOUT:-300} .gpu/tests/bench_cuda --ops gpt2-124m "${BENCH_CUDA_B124:-16}" 1024 2>&1 \
