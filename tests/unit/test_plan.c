@@ -534,12 +534,18 @@ Test(plan, a_cuda_bf16_job_plans_its_products_inputs_in_bf16) {
   free(data);
 }
 
-/* FSDP_CUDA_ACTS_FP32: no bf16 activations at all, for comparison */
-Test(plan, a_cuda_bf16_job_with_fp32_activations_asked_plans_fp32) {
-  setenv("FSDP_CUDA_ACTS_FP32", "1", 1); /* this test's own process (criterion) */
+/* With the tunable env set to 1 a cuda bf16 job plans fp32 activations, as
+ * the fp32 job's. */
+static void cuda_acts_fp32_under(const char *env) {
+  setenv(env, "1", 1); /* this test's own process (criterion) */
   char *data = tu_token_file("tokens.bin", 20000, 3, 256);
   cr_assert_eq(cuda_acts(data, "fp32", "64", "4"), cuda_acts(data, "bf16-mixed", "64", "4"));
   free(data);
+}
+
+/* FSDP_CUDA_ACTS_FP32: no bf16 activations at all, for comparison */
+Test(plan, a_cuda_bf16_job_with_fp32_activations_asked_plans_fp32) {
+  cuda_acts_fp32_under("FSDP_CUDA_ACTS_FP32");
 }
 
 /* FSDP_CUDA_ATTN_FP32: the fp32 fused attention reads fp32 qkv; the products'
@@ -556,10 +562,7 @@ Test(plan, a_cuda_bf16_job_with_fp32_attention_plans_fp32_qkv) {
 /* FSDP_CUDA_GEMM_FAST16BF: cuBLASLt rounds the fp32 operands itself, the
  * table offers no bf16 activations (backend.cu), and the plan counts fp32 */
 Test(plan, a_cuda_bf16_job_with_fast16bf_plans_fp32_activations) {
-  setenv("FSDP_CUDA_GEMM_FAST16BF", "1", 1); /* this test's own process (criterion) */
-  char *data = tu_token_file("tokens.bin", 20000, 3, 256);
-  cr_assert_eq(cuda_acts(data, "fp32", "64", "4"), cuda_acts(data, "bf16-mixed", "64", "4"));
-  free(data);
+  cuda_acts_fp32_under("FSDP_CUDA_GEMM_FAST16BF");
 }
 
 Test(plan, a_cuda_job_plans_the_fused_attentions_log_sum_exp) { cuda_attention_plan(0); }
