@@ -17,7 +17,20 @@
  * reads it as it is: its second pass walks the row from its end, a barrier
  * between reading an element and writing the bf16 that covers it (a bf16 at
  * element j of the second half lies over float ld/2 + j/2 >= j, read in this
- * or an earlier turn). */
+ * or an earlier turn).
+ *
+ * Where a row fits in a block's shared memory (V + 32 floats within the
+ * device's opt-in limit: V = 50257 on 8.0 and 9.0), every form is
+ * ce_row_kernel instead: a block of 1024 threads, one an SM, reads the row
+ * once into shared memory (16 bytes a load where the rows are aligned),
+ * finding its maximum; then e^(x - max) stored over it and summed, each
+ * thread its own elements in a fixed order, the threads' sums in the fixed
+ * tree; then the outputs from the stored e^(x - max), with no barrier turns
+ * (the row in memory is not read again). One exponential an element instead
+ * of two, one read of the row from memory instead of two. The same formulas
+ * (p = e * (1/sum), rounded, then times dloss), the sum in another order than
+ * the streaming kernel's: every form takes the same kernel for the same V, so
+ * fwd_bwd stays forward then backward, bit for bit. */
 #include "kernels/cuda/cuda_impl.h"
 #include "kernels/kern_math.h"
 
@@ -84,6 +97,121 @@ __global__ static void crossentropy_fwd_kernel(float *losses, float *logits, con
   if (threadIdx.x == 0) losses[blockIdx.x] = logf(s) - (xt - mx);
 }
 
+#define CE_ROW_THREADS 1024
+#define CE_ROW_SCRATCH 32 /* floats before the row in shared memory: the reductions' */
+
+/* The dynamic shared memory ce_row_kernel takes for a row of V */
+static size_t ce_row_smem(int V) { return ((size_t)V + CE_ROW_SCRATCH) * sizeof(float); }
+
+/* The output of element j, e = e^(x[j] - max): the probability, or (bwd) the
+ * gradient, as crossentropy_fwd_kernel forms them */
+__device__ __forceinline__ float ce_out(float e, float inv, int j, int t, int bwd, float dloss) {
+  const float p = e * inv;
+  return !bwd ? p : j == t ? (p - 1.0f) * dloss : p * dloss;
+}
+
+/* One row a block, through shared memory (the file's comment); wide: the
+ * rows are 16-byte aligned (logits and ld), for 16-byte loads and stores */
+__global__ static void __launch_bounds__(CE_ROW_THREADS)
+    ce_row_kernel(float *losses, float *logits, const int32_t *targets, int V, int64_t ld, int bwd,
+                  float dloss, int wide) {
+  extern __shared__ float4 ce_smem[];
+  float *sh = (float *)ce_smem, *row = sh + CE_ROW_SCRATCH;
+  float4 *row4 = (float4 *)row;
+  float *x = logits + (int64_t)blockIdx.x * ld;
+  const int t = targets[blockIdx.x], V4 = V / 4;
+  /* x[target] from memory now: pass 3 writes there only after two barriers,
+   * while the shared copy is overwritten by e^(x - max) in pass 2, which
+   * other threads may start before this one reads it */
+  const float xt = x[t];
+  /* pass 1: the row into shared memory, and this thread's maximum */
+  float m = -INFINITY;
+  if (wide) {
+    for (int c = threadIdx.x; c < V4; c += blockDim.x) {
+      const float4 v = kern_cuda_load_f32x4(x + 4 * c);
+      row4[c] = v;
+      m = v.x > m ? v.x : m, m = v.y > m ? v.y : m, m = v.z > m ? v.z : m, m = v.w > m ? v.w : m;
+    }
+    for (int j = 4 * V4 + threadIdx.x; j < V; j += blockDim.x) {
+      row[j] = x[j];
+      m = row[j] > m ? row[j] : m;
+    }
+  } else {
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+      row[j] = x[j];
+      m = row[j] > m ? row[j] : m;
+    }
+  }
+  const float mx = ce_block_reduce(m, 0, sh); /* a barrier: the row is in */
+  /* pass 2: e^(x - max) over the row, and this thread's sum of them, its
+   * elements in order (4 a turn, then the tail) */
+  float s = 0.0f;
+  for (int c = threadIdx.x; c < V4; c += blockDim.x) {
+    float4 v = row4[c];
+    v.x = kern_expf(v.x - mx), v.y = kern_expf(v.y - mx);
+    v.z = kern_expf(v.z - mx), v.w = kern_expf(v.w - mx);
+    s += v.x, s += v.y, s += v.z, s += v.w;
+    row4[c] = v;
+  }
+  for (int j = 4 * V4 + threadIdx.x; j < V; j += blockDim.x) {
+    row[j] = kern_expf(row[j] - mx);
+    s += row[j];
+  }
+  s = ce_block_reduce(s, 1, sh); /* a barrier: every e stored */
+  const float inv = 1.0f / s;
+  /* pass 3: the outputs */
+  if (bwd == 2) { /* bf16, 8 a store, in the row's second half */
+    uint16_t *o = (uint16_t *)x + ld;
+    const int V8 = V / 8;
+    for (int c = threadIdx.x; c < V8; c += blockDim.x) {
+      const float4 a = row4[2 * c], b = row4[2 * c + 1];
+      const int j = 8 * c;
+      kern_cuda_store_u16x8(
+          o + j, kern_cuda_bf16x8(make_float4(ce_out(a.x, inv, j, t, 1, dloss), ce_out(a.y, inv, j + 1, t, 1, dloss),
+                                              ce_out(a.z, inv, j + 2, t, 1, dloss), ce_out(a.w, inv, j + 3, t, 1, dloss)),
+                                  make_float4(ce_out(b.x, inv, j + 4, t, 1, dloss), ce_out(b.y, inv, j + 5, t, 1, dloss),
+                                              ce_out(b.z, inv, j + 6, t, 1, dloss), ce_out(b.w, inv, j + 7, t, 1, dloss))));
+    }
+    for (int j = 8 * V8 + threadIdx.x; j < V; j += blockDim.x)
+      o[j] = kern_f32_to_bf16(ce_out(row[j], inv, j, t, 1, dloss));
+  } else if (wide) {
+    for (int c = threadIdx.x; c < V4; c += blockDim.x) {
+      const float4 e = row4[c];
+      const int j = 4 * c;
+      kern_cuda_store_f32x4(x + j, make_float4(ce_out(e.x, inv, j, t, bwd, dloss), ce_out(e.y, inv, j + 1, t, bwd, dloss),
+                                               ce_out(e.z, inv, j + 2, t, bwd, dloss), ce_out(e.w, inv, j + 3, t, bwd, dloss)));
+    }
+    for (int j = 4 * V4 + threadIdx.x; j < V; j += blockDim.x) x[j] = ce_out(row[j], inv, j, t, bwd, dloss);
+  } else {
+    for (int j = threadIdx.x; j < V; j += blockDim.x) x[j] = ce_out(row[j], inv, j, t, bwd, dloss);
+  }
+  if (threadIdx.x == 0) losses[blockIdx.x] = logf(s) - (xt - mx);
+}
+
+/* Every form's launch: ce_row_kernel where the row fits in shared memory,
+ * else the streaming kernel */
+static void ce_launch(float *losses, float *logits, const int32_t *targets, int N, int V, int ld,
+                      int bwd, float dloss) {
+  const size_t smem = ce_row_smem(V);
+  if (smem <= kern_cuda_st.smem_optin) {
+    static int allowed; /* asked once for all of the opt-in limit, as attention_tc.cu asks */
+    if (!allowed) {
+      KERN_CUDA_CHECK(cudaFuncSetAttribute(ce_row_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)kern_cuda_st.smem_optin));
+      KERN_CUDA_CHECK(cudaFuncSetAttribute(ce_row_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                           (int)cudaSharedmemCarveoutMaxShared));
+      allowed = 1;
+    }
+    const int wide = kern_cuda_aligned16(logits) && ld % 4 == 0;
+    ce_row_kernel<<<N, CE_ROW_THREADS, smem, kern_cuda_st.stream>>>(losses, logits, targets, V,
+                                                                    (int64_t)ld, bwd, dloss, wide);
+  } else {
+    crossentropy_fwd_kernel<<<N, CE_THREADS, 0, kern_cuda_st.stream>>>(losses, logits, targets, V,
+                                                                        (int64_t)ld, bwd, dloss);
+  }
+  KERN_CUDA_LAUNCHED();
+}
+
 __global__ static void crossentropy_bwd_kernel(float *probs, const int32_t *targets, float dloss,
                                                int N, int V, int64_t ld) {
   for (int64_t r = blockIdx.y; r < N; r += gridDim.y) {
@@ -98,9 +226,7 @@ extern "C" void kern_cuda_crossentropy_fwd(float *losses, float *logits, const i
                                            int N, int V, int ld) {
   if (N <= 0 || V <= 0) return;
   KERN_CUDA_ASSERT(ld >= V);
-  crossentropy_fwd_kernel<<<N, CE_THREADS, 0, kern_cuda_st.stream>>>(losses, logits, targets, V,
-                                                                      (int64_t)ld, 0, 0.0f);
-  KERN_CUDA_LAUNCHED();
+  ce_launch(losses, logits, targets, N, V, ld, 0, 0.0f);
 }
 
 extern "C" void kern_cuda_crossentropy_fwd_bwd(float *losses, float *logits,
@@ -108,9 +234,7 @@ extern "C" void kern_cuda_crossentropy_fwd_bwd(float *losses, float *logits,
                                                int ld) {
   if (N <= 0 || V <= 0) return;
   KERN_CUDA_ASSERT(ld >= V);
-  crossentropy_fwd_kernel<<<N, CE_THREADS, 0, kern_cuda_st.stream>>>(losses, logits, targets, V,
-                                                                      (int64_t)ld, 1, dloss);
-  KERN_CUDA_LAUNCHED();
+  ce_launch(losses, logits, targets, N, V, ld, 1, dloss);
 }
 
 extern "C" void kern_cuda_crossentropy_fwd_bwd_bf16(float *losses, float *logits,
@@ -118,9 +242,7 @@ extern "C" void kern_cuda_crossentropy_fwd_bwd_bf16(float *losses, float *logits
                                                     int V, int ld) {
   if (N <= 0 || V <= 0) return;
   KERN_CUDA_ASSERT(ld >= V && ld % 8 == 0 && kern_cuda_aligned16(logits));
-  crossentropy_fwd_kernel<<<N, CE_THREADS, 0, kern_cuda_st.stream>>>(losses, logits, targets, V,
-                                                                      (int64_t)ld, 2, dloss);
-  KERN_CUDA_LAUNCHED();
+  ce_launch(losses, logits, targets, N, V, ld, 2, dloss);
 }
 
 extern "C" void kern_cuda_crossentropy_bwd(float *probs, const int32_t *targets, float dloss, int N,

@@ -96,6 +96,7 @@ static int bf16_exact;
 
 #ifdef KERN_CUDA_EMU
 unsigned long cuda_emu_launches(const char *name); /* tests/cuda/emu/cuda_emu.cc */
+size_t cuda_emu_smem_optin(void);
 #endif
 
 static const kern_backend_t *cpu, *gpu;
@@ -450,6 +451,21 @@ static void test_encoder(int B, int T, int C, int V) {
 
 /* ---- layernorm ------------------------------------------------------------ */
 
+#ifdef KERN_CUDA_EMU
+/* launches of layernorm.cu's wide kernels so far (every instantiation) */
+static unsigned long ln_wide_launches(void) {
+  static const char *const names[] = {
+      "layernorm_fwd_wide_kernel<O, 1>",    "layernorm_fwd_wide_kernel<O, 2>",
+      "layernorm_fwd_wide_kernel<O, 4>",    "layernorm_fwd_wide_kernel<O, 6>",
+      "layernorm_fwd_wide_kernel<O, 8>",    "layernorm_bwd_dinp_wide_kernel<1>",
+      "layernorm_bwd_dinp_wide_kernel<2>",  "layernorm_bwd_dinp_wide_kernel<4>",
+      "layernorm_bwd_dinp_wide_kernel<6>",  "layernorm_bwd_dinp_wide_kernel<8>"};
+  unsigned long n = 0;
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) n += cuda_emu_launches(names[i]);
+  return n;
+}
+#endif
+
 static void test_layernorm(int N, int C) {
   char shape[64];
   snprintf(shape, sizeof shape, "N=%d C=%d", N, C);
@@ -459,6 +475,9 @@ static void test_layernorm(int N, int C) {
   cpu->layernorm_fwd(out, mean, rstd, x, w, b, N, C);
   float *dx = dput(x, n * 4), *dw_ = dput(w, C * 4), *db_ = dput(b, C * 4);
   float *dout_o = dnew(n * 4), *dmean = dnew(N * 4), *drstd = dnew(N * 4);
+#ifdef KERN_CUDA_EMU
+  const unsigned long wide0 = ln_wide_launches();
+#endif
   gpu->layernorm_fwd(dout_o, dmean, drstd, dx, dw_, db_, N, C);
   float *go = dget(dout_o, n), *gm = dget(dmean, N), *gr = dget(drstd, N);
 
@@ -520,6 +539,12 @@ static void test_layernorm(int N, int C) {
   free(g);
   check_dev_bits("layernorm_bwd", "dw", shape, ddw, dw, C);
   check_dev_bits("layernorm_bwd", "db", shape, ddb, db, C);
+#ifdef KERN_CUDA_EMU
+  /* forward and backward wide exactly where C is a multiple of 8 up to 2048
+   * (the buffers are aligned) */
+  const unsigned long want_wide = C % 8 == 0 && C <= 2048 ? 2 : 0;
+  report("layernorm", "wide-launches", shape, 0, 0, "-", -1, ln_wide_launches() - wide0 == want_wide);
+#endif
 
   gpu->dev_free(dx), gpu->dev_free(dw_), gpu->dev_free(db_), gpu->dev_free(dout_o);
   gpu->dev_free(dmean), gpu->dev_free(drstd), gpu->dev_free(ddout), gpu->dev_free(ddinp);
@@ -1168,6 +1193,10 @@ static void test_crossentropy(int N, int V, int ld) {
   float *dfused = dput_rows(logits, N, V, ld); /* for crossentropy_fwd_bwd, below */
   int32_t *dtgt = dput(tgt, N * sizeof(int32_t));
   float *loss = xmalloc(N * 4);
+#ifdef KERN_CUDA_EMU
+  const unsigned long row0 = cuda_emu_launches("ce_row_kernel"),
+                      stream0 = cuda_emu_launches("crossentropy_fwd_kernel");
+#endif
   cpu->crossentropy_fwd(loss, logits, tgt, N, V, V);
   gpu->crossentropy_fwd(dloss, dlog, dtgt, N, V, ld);
   float *gp = dget_rows(dlog, N, V, ld, "crossentropy_fwd", "probs", shape), *gl = dget(dloss, N);
@@ -1189,6 +1218,14 @@ static void test_crossentropy(int N, int V, int ld) {
   float *sd = dget_rows(dsep, N, V, ld, "crossentropy_bwd", "dlogits", shape);
   check_bits("crossentropy_fwd_bwd", "losses", shape, fl, gl, N);
   check_bits("crossentropy_fwd_bwd", "dlogits", shape, fd, sd, n);
+#ifdef KERN_CUDA_EMU
+  /* both through shared memory where a row and the reductions' 32 floats
+   * fit (crossentropy.cu), else both streaming */
+  const unsigned long rows = (V + 32ul) * 4 <= cuda_emu_smem_optin() ? 2 : 0;
+  report("crossentropy_fwd", "row-launches", shape, 0, 0, "-", -1,
+         cuda_emu_launches("ce_row_kernel") - row0 == rows &&
+             cuda_emu_launches("crossentropy_fwd_kernel") - stream0 == 2 - rows);
+#endif
   gpu->dev_free(dfl), gpu->dev_free(dsep), gpu->dev_free(dfused);
   free(fl), free(fd), free(sd);
   /* backward on the CPU's probabilities */
@@ -1348,6 +1385,14 @@ static void test_cast(size_t n) {
  * pointers let it move 8 elements a thread (cast.cu's test: the bf16 side's
  * head brings both pointers to a boundary). 32 calls. */
 typedef void (*to_bf16_fn)(uint16_t *out, const float *inp, size_t n);
+/* got the same bf16 as want: equal bits, or both NaN (check_bits' rule: a
+ * NaN's sign and payload are the hardware's, x86 making -inf * 0 a negative
+ * NaN and a GPU a positive one; but 0xffff, the fill, is never written) */
+static int bf16_same(uint16_t got, uint16_t want) {
+  const int g_nan = (got & 0x7f80) == 0x7f80 && (got & 0x7f),
+            w_nan = (want & 0x7f80) == 0x7f80 && (want & 0x7f);
+  return got == want || (g_nan && w_nan && got != 0xffff);
+}
 static void to_bf16_offsets(to_bf16_fn op, const float *x, const uint16_t *want, size_t n,
                             float *dx, uint16_t *dh, size_t *differ, size_t *outside,
                             size_t *wide) {
@@ -1363,7 +1408,7 @@ static void to_bf16_offsets(to_bf16_fn op, const float *x, const uint16_t *want,
       gpu->sync();
       for (size_t i = 0; i < n + 7; i++) {
         if (i < (size_t)ho || i >= ho + n) *outside += gh[i] != 0xffff;
-        else *differ += gh[i] != want[i - ho];
+        else *differ += !bf16_same(gh[i], want[i - ho]);
       }
     }
   free(gh);
@@ -1570,6 +1615,13 @@ int main(void) {
 
   test_layernorm(7, 33);
   test_layernorm(1, 1);
+  /* the wide kernels: one group of 8 a lane, two, five of six (C = 1280),
+   * and C past their 2048 or not a multiple of 8 (the strided kernels) */
+  test_layernorm(5, 8);
+  test_layernorm(9, 264);
+  test_layernorm(3, 1280);
+  test_layernorm(2, 2056);
+  test_layernorm(4, 1004);
   test_layernorm(1024, 768);
   /* column sums over several runs of 32 rows, the last one partial; then
    * dw's and db's runs for more columns than the scratch holds at once (4097
@@ -1646,6 +1698,7 @@ int main(void) {
   test_crossentropy(64, 50257, 50257);
   test_crossentropy(5, 97, 128);
   test_crossentropy(64, 50257, 50304);
+  test_crossentropy(3, 60001, 60004); /* a row past 227 KiB: the streaming kernel */
   test_crossentropy_bwd_rows(70000, 5, 8);
 
   test_adamw(13, 1);
@@ -1690,6 +1743,7 @@ int main(void) {
       test_lm_head_bf16(5, 16, 97, 128);
       test_lm_head_bf16(3, 24, 1000, 1000); /* no padding: the second half ends the row */
       test_lm_head_bf16(64, 768, 50257, 50304);
+      test_lm_head_bf16(2, 16, 60001, 60008); /* streaming */
       test_layernorm_bf16(7, 33);
       test_layernorm_bf16(1024, 768);
       test_gelu_bf16_offsets(1);

@@ -577,6 +577,11 @@ void emu::run_grid(const cfg &c, const char *name, body_fn b, void *ctx) {
 
 /* How many times a kernel was launched under `name` (as its launch wrote it:
  * "tc_fwd_kernel<HS>"), for tests that must know a path ran. */
+/* The opt-in limit of a block's dynamic shared memory the emulated device
+ * reports (sharedMemPerBlockOptin): tests/cuda's check of which kernel a
+ * launcher chose by it. */
+extern "C" size_t cuda_emu_smem_optin(void) { return emu_smem_optin(); }
+
 extern "C" unsigned long cuda_emu_launches(const char *name) {
   std::lock_guard<std::mutex> g(emu_mu);
   auto it = emu_launches.find(name);
