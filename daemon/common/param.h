@@ -32,6 +32,8 @@
      "device cuda, bf16 jobs: 1: the fused attention computes in fp32 on CUDA cores (0: on bf16 tensor cores)") \
   XX(cuda_acts_fp32, "FSDP_CUDA_ACTS_FP32", 0,                                       \
      "device cuda, bf16 jobs: 1: every activation kept in fp32, the products packing theirs (0: the products' inputs and qkv kept in bf16), for comparison") \
+  XX(cuda_gemm_algo, "FSDP_CUDA_GEMM_ALGO", 0,                                       \
+     "device cuda: every product takes the algorithm cuBLASLt's heuristic ranks this many places below its first (0: its first; at most 15), for comparison") \
   XX(comm_timeout_ms, "FSDP_COMM_TIMEOUT_MS", 5000, "collective timeout, and ring bootstrap") \
   XX(comm_chunk_bytes, "FSDP_COMM_CHUNK_BYTES", 1048576, "ring: bytes per socket call")       \
   XX(comm_staging_bytes, "FSDP_COMM_STAGING_BYTES", 4194304, "ring: reduce staging per comm") \

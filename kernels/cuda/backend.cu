@@ -364,10 +364,11 @@ static void kern_cuda_take_modes(const kern_cuda_opts_t *o) {
   kern_cuda_st.fast16bf = o->gemm_fast16bf != 0;
   kern_cuda_st.attn_fp32 = o->attn_fp32 != 0;
   kern_cuda_st.acts_fp32 = o->acts_fp32 != 0;
+  kern_cuda_st.gemm_algo = o->gemm_algo < 0 ? 0 : o->gemm_algo > 15 ? 15 : o->gemm_algo;
 }
 
 extern "C" const kern_backend_t *kern_cuda_init(const kern_cuda_opts_t *o, char *msg, size_t n) {
-  const kern_cuda_opts_t d = {0, 0, 0, 0, 0, 0, 0};
+  const kern_cuda_opts_t d = {0, 0, 0, 0, 0, 0, 0, 0};
   if (!o) o = &d;
   if (kern_cuda_st.ready) { /* the device stays; the job's modes are taken */
     kern_cuda_take_modes(o);

@@ -85,6 +85,7 @@ typedef struct kern_cuda_state {
   cudaMemPool_t pool;  /* dev_alloc_step's device memory, in stream order */
   long live;           /* buffers of dev_alloc and dev_alloc_step not yet freed */
   int fast16bf;        /* bf16 products on the fp32 operands (CUBLAS_COMPUTE_32F_FAST_16BF) */
+  int gemm_algo;       /* the place in cuBLASLt's heuristic ranking each product takes (matmul.cu) */
   char name[256];      /* cudaDeviceProp.name */
   size_t memory;       /* cudaDeviceProp.totalGlobalMem */
   size_t smem_optin;   /* cudaDeviceProp.sharedMemPerBlockOptin: a block's shared memory, asked for */

@@ -107,11 +107,15 @@ static int gemm_lt(cudaDataType_t ab, cublasComputeType_t ct, char ta, char tb, 
   KERN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c));
 
-  cublasLtMatmulHeuristicResult_t res;
+  /* the heuristic's first algorithm, or (FSDP_CUDA_GEMM_ALGO, for
+   * comparison) one ranked lower */
+  cublasLtMatmulHeuristicResult_t ranked[16];
   int found = 0;
-  const cublasStatus_t hs =
-      cublasLtMatmulAlgoGetHeuristic(kern_cuda_st.lt, desc, lb, la, lc, lc, pref, 1, &res, &found);
+  const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(
+      kern_cuda_st.lt, desc, lb, la, lc, lc, pref, kern_cuda_st.gemm_algo + 1, ranked, &found);
   int ok = hs == CUBLAS_STATUS_SUCCESS && found >= 1;
+  const cublasLtMatmulHeuristicResult_t &res =
+      ranked[ok ? (kern_cuda_st.gemm_algo < found ? kern_cuda_st.gemm_algo : found - 1) : 0];
   /* C is both the input (beta) and the output: the same layout, in place */
   if (ok) {
     const cublasStatus_t ms =

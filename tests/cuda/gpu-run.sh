@@ -17,6 +17,8 @@
 # GPU_OPS_PLUGINS="a.so b.so ..." then times bench_cuda --ops gpt2-124m with
 # each of those builds of the plugin in turn (FSDP_BENCH_OPS=$GPU_OPS_FILTER:
 # only the ops so named), to compare builds of a kernel on one machine.
+# GPU_PLUGIN: the plugin the checks and the bench runs load (default: the
+# packed one), to time a whole step of another build (gpu-pack.sh's refs).
 #
 # CUDA's libraries are found where that machine has them: its toolkit
 # (/usr/local/cuda*/lib64) or the Python wheels PyTorch brings (nvidia/*/lib).
@@ -32,7 +34,7 @@ done
 libdirs=$(find /usr/local /opt /usr/lib \( -name 'libnccl.so.2' -o -name 'libcublasLt.so.13' -o -name 'libcudart.so.13' \) 2>/dev/null \
   | xargs -r -n1 dirname | sort -u | tr '\n' ':')
 export LD_LIBRARY_PATH="$PWD/.gpu/libs:${libdirs}${LD_LIBRARY_PATH:-}"
-export FSDP_CUDA_PLUGIN="$PWD/.gpu/lib/fsdpd/libfsdp-cuda.so"
+export FSDP_CUDA_PLUGIN="${GPU_PLUGIN:-$PWD/.gpu/lib/fsdpd/libfsdp-cuda.so}"
 echo "gpu-run: LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 ldd "$FSDP_CUDA_PLUGIN" | grep -E 'not found|nccl|cublas' || true
