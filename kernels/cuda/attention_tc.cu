@@ -32,7 +32,7 @@
  * rounding fp32 at each load cost instructions these kernels are bound by;
  * the copies also halve the bytes a tile's load moves;
  * the softmax, its sums, D and every accumulator stay fp32, the softmax in
- * base 2 on the special function unit's ex2 (tc_exp2). So this path agrees
+ * base 2 on the special function unit's ex2 (kern_cuda_exp2_approx). So this path agrees
  * with the CPU's fp32 attention within the bf16 products' bound
  * (TOL_GEMM_BF16 of tests/cuda/test_cuda_kernels.c), as bf16-mixed expects;
  * fp32 jobs and FSDP_CUDA_ATTN_FP32=1 keep the fp32 fused kernels.
@@ -127,21 +127,10 @@ __device__ __forceinline__ static uint32_t tc_pack(float lo, float hi) {
   return u;
 }
 
-/* 2^x on the special function unit (ex2.approx: about 2 ulp, 2^-inf = +0,
- * subnormals flushed); exp2f on the emulator. The softmax works in base 2,
- * its scores scaled by scale * log2(e) (TC_LOG2E), as FlashAttention does:
- * one fmaf (score times that, less the row's maximum or log-sum-exp;
- * explicit, as this file is built with -fmad=false) and one ex2 an
- * element. */
-__device__ __forceinline__ static float tc_exp2(float x) {
-#ifdef FSDP_CUDA_EMU_H
-  return exp2f(x);
-#else
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-#endif
-}
+/* The softmax works in base 2 (kern_cuda_exp2_approx), its scores scaled by
+ * scale * log2(e) (TC_LOG2E), as FlashAttention does: one fmaf (score
+ * times that, less the row's maximum or log-sum-exp; explicit, as this file
+ * is built with -fmad=false) and one ex2 an element. */
 #define TC_LOG2E 1.44269504088896341f
 #define TC_LN2 0.693147180559945309f
 
@@ -399,7 +388,7 @@ __device__ __forceinline__ static void tc_fwd_tile(float o[HS / 8][4], float m[2
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     const float mn = fmaxf(m[r], tc_quad_max(mx[r]) * sl2); /* max of the scaled scores */
-    corr[r] = m[r] == -INFINITY ? 0.0f : tc_exp2(m[r] - mn); /* nothing seen yet: o and l are 0 */
+    corr[r] = m[r] == -INFINITY ? 0.0f : kern_cuda_exp2_approx(m[r] - mn); /* nothing seen yet: o and l are 0 */
     m[r] = mn;
   }
   /* a row past T has m = -inf and NaN here: only its own outputs, never written */
@@ -407,7 +396,7 @@ __device__ __forceinline__ static void tc_fwd_tile(float o[HS / 8][4], float m[2
   for (int n = 0; n < TC_NT; n++)
 #pragma unroll
     for (int e = 0; e < 4; e++) {
-      s[n][e] = tc_exp2(fmaf(s[n][e], sl2, -m[e / 2]));
+      s[n][e] = kern_cuda_exp2_approx(fmaf(s[n][e], sl2, -m[e / 2]));
       sum[e / 2] += s[n][e];
     }
 #pragma unroll
@@ -495,7 +484,7 @@ __device__ __forceinline__ static void tc_dq_tile(float dq[HS / 8][4], const uin
 #pragma unroll
     for (int n = 0; n < NS; n++)
 #pragma unroll
-      for (int e = 0; e < 4; e++) s[n][e] = tc_exp2(fmaf(s[n][e], sl2, -L[e / 2])) * (dp[n][e] - D[e / 2]); /* dS */
+      for (int e = 0; e < 4; e++) s[n][e] = kern_cuda_exp2_approx(fmaf(s[n][e], sl2, -L[e / 2])) * (dp[n][e] - D[e / 2]); /* dS */
     tc_accumulate<HS, NS>(dq, s, kh, 0, hh);
   }
 }
@@ -599,7 +588,7 @@ __device__ __forceinline__ static void tc_dkv_tile(float dk[HS / 8][4], float dv
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         const int j = j0 + g + 8 * (e / 2), c = HR * hf + 8 * n + 2 * t + e % 2, i = i0 + c;
-        const float p = !edge || (j < T && i < T && i >= j) ? tc_exp2(fmaf(s[n][e], sl2, -Lq[c])) : 0.0f;
+        const float p = !edge || (j < T && i < T && i >= j) ? kern_cuda_exp2_approx(fmaf(s[n][e], sl2, -Lq[c])) : 0.0f;
         s[n][e] = p, dp[n][e] = p * (dp[n][e] - Dq[c]); /* P^T, dS^T */
       }
     tc_accumulate<HS, NS>(dv, s, dh, lh, NS);

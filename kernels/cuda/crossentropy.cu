@@ -30,7 +30,12 @@
  * of two, one read of the row from memory instead of two. The same formulas
  * (p = e * (1/sum), rounded, then times dloss), the sum in another order than
  * the streaming kernel's: every form takes the same kernel for the same V, so
- * fwd_bwd stays forward then backward, bit for bit. */
+ * fwd_bwd stays forward then backward, bit for bit. In the bf16 mode
+ * (kern_cuda_opts_t.bf16: the dlogits are rounded to bf16 for the product)
+ * the exponential is the special function unit's (kern_cuda_exp2_approx of
+ * (x - max) log2(e): about 2 ulp, plus the argument's rounding, |x - max|
+ * ulp at most), not kern_expf's 25 instructions: the kernel was bound by
+ * issuing them. fp32 jobs keep kern_expf. */
 #include "kernels/cuda/cuda_impl.h"
 #include "kernels/kern_math.h"
 
@@ -110,11 +115,17 @@ __device__ __forceinline__ float ce_out(float e, float inv, int j, int t, int bw
   return !bwd ? p : j == t ? (p - 1.0f) * dloss : p * dloss;
 }
 
+/* e^(x - mx): kern_expf's bits, or (fast) the special function unit's */
+__device__ __forceinline__ float ce_exp(float x, float mx, int fast) {
+  return fast ? kern_cuda_exp2_approx((x - mx) * 1.44269504088896341f) : kern_expf(x - mx);
+}
+
 /* One row a block, through shared memory (the file's comment); wide: the
- * rows are 16-byte aligned (logits and ld), for 16-byte loads and stores */
+ * rows are 16-byte aligned (logits and ld), for 16-byte loads and stores;
+ * fast: the bf16 mode's exponential */
 __global__ static void __launch_bounds__(CE_ROW_THREADS)
     ce_row_kernel(float *losses, float *logits, const int32_t *targets, int V, int64_t ld, int bwd,
-                  float dloss, int wide) {
+                  float dloss, int wide, int fast) {
   extern __shared__ float4 ce_smem[];
   float *sh = (float *)ce_smem, *row = sh + CE_ROW_SCRATCH;
   float4 *row4 = (float4 *)row;
@@ -148,13 +159,13 @@ __global__ static void __launch_bounds__(CE_ROW_THREADS)
   float s = 0.0f;
   for (int c = threadIdx.x; c < V4; c += blockDim.x) {
     float4 v = row4[c];
-    v.x = kern_expf(v.x - mx), v.y = kern_expf(v.y - mx);
-    v.z = kern_expf(v.z - mx), v.w = kern_expf(v.w - mx);
+    v.x = ce_exp(v.x, mx, fast), v.y = ce_exp(v.y, mx, fast);
+    v.z = ce_exp(v.z, mx, fast), v.w = ce_exp(v.w, mx, fast);
     s += v.x, s += v.y, s += v.z, s += v.w;
     row4[c] = v;
   }
   for (int j = 4 * V4 + threadIdx.x; j < V; j += blockDim.x) {
-    row[j] = kern_expf(row[j] - mx);
+    row[j] = ce_exp(row[j], mx, fast);
     s += row[j];
   }
   s = ce_block_reduce(s, 1, sh); /* a barrier: every e stored */
@@ -204,7 +215,8 @@ static void ce_launch(float *losses, float *logits, const int32_t *targets, int 
     }
     const int wide = kern_cuda_aligned16(logits) && ld % 4 == 0;
     ce_row_kernel<<<N, CE_ROW_THREADS, smem, kern_cuda_st.stream>>>(losses, logits, targets, V,
-                                                                    (int64_t)ld, bwd, dloss, wide);
+                                                                    (int64_t)ld, bwd, dloss, wide,
+                                                                    kern_cuda_st.bf16);
   } else {
     crossentropy_fwd_kernel<<<N, CE_THREADS, 0, kern_cuda_st.stream>>>(losses, logits, targets, V,
                                                                         (int64_t)ld, bwd, dloss);

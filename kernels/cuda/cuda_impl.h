@@ -199,6 +199,18 @@ __device__ __forceinline__ uint4 kern_cuda_bf16x8(float4 a, float4 b) {
                     kern_cuda_bf16x2(b.x, b.y), kern_cuda_bf16x2(b.z, b.w));
 }
 
+/* 2^x on the special function unit (ex2.approx: about 2 ulp, 2^-inf = +0,
+ * subnormals flushed); exp2f on the emulator */
+__device__ __forceinline__ float kern_cuda_exp2_approx(float x) {
+#ifdef FSDP_CUDA_EMU_H
+  return exp2f(x);
+#else
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#endif
+}
+
 /* Sums and maxima over a warp by butterfly (xor) exchanges: every lane ends
  * with the same value, formed in the same fixed tree whatever the data (a + b
  * and b + a round alike), so results do not vary from run to run. */

@@ -1744,6 +1744,11 @@ int main(void) {
       test_lm_head_bf16(3, 24, 1000, 1000); /* no padding: the second half ends the row */
       test_lm_head_bf16(64, 768, 50257, 50304);
       test_lm_head_bf16(2, 16, 60001, 60008); /* streaming */
+      /* the bf16 mode's cross-entropy: the special function unit's
+       * exponential (crossentropy.cu), to the same bounds against the CPU
+       * and float64 */
+      test_crossentropy(5, 97, 128);
+      test_crossentropy(64, 50257, 50304);
       test_layernorm_bf16(7, 33);
       test_layernorm_bf16(1024, 768);
       test_gelu_bf16_offsets(1);
