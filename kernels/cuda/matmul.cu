@@ -266,8 +266,9 @@ static int64_t gemm_pack(uint16_t *dst, const float *X, char t, int64_t ld, int6
  * (colsum.cu's order: each run of KERN_COLSUM_ROWS rows summed from zero,
  * row by row; r0 starts a run): partial[j * Cn + c] for the block's runs j.
  * A thread takes a run's rows for 8 columns, a row at a time (the warp's
- * loads of a row coalesced), 16-byte loads and stores where the row allows,
- * as gemm_pack_kernel. */
+ * loads of a row coalesced; 4 rows' loads issued together where the rows
+ * are aligned), 16-byte loads and stores where the row allows, as
+ * gemm_pack_kernel. */
 static_assert(KERN_COLSUM_ROWS == 32, "size.h's KERN_CUDA_SIZE_COLSUM_FLOATS counts runs of 32 rows");
 __global__ static void gemm_pack_colsum_kernel(uint16_t *dst, float *partial, const float *src,
                                                int64_t sld, int64_t dld, int rows, int cols) {
@@ -279,7 +280,26 @@ __global__ static void gemm_pack_colsum_kernel(uint16_t *dst, float *partial, co
          j += 8 * gridDim.x * blockDim.x) {
       const int w = cols - j < 8 ? cols - j : 8; /* a row's tail: fewer than 8 */
       float sum[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      for (int n = n0; n < n1; n++) {
+      int n = n0;
+      /* 4 rows' loads in flight at once where every row is 16-byte aligned
+       * (one row at a time, a thread waited on memory 32 times a run); the
+       * sums still row by row */
+      if (w == 8 && sld % 4 == 0 && kern_cuda_aligned16(src + (int64_t)n0 * sld + j))
+        for (; n + 4 <= n1; n += 4) {
+          float4 lo[4], hi[4];
+#pragma unroll
+          for (int u = 0; u < 4; u++) {
+            const float *s = src + (int64_t)(n + u) * sld + j;
+            lo[u] = kern_cuda_load_f32x4(s), hi[u] = kern_cuda_load_f32x4(s + 4);
+          }
+#pragma unroll
+          for (int u = 0; u < 4; u++) {
+            kern_cuda_store_u16x8(dst + (int64_t)(n + u) * dld + j, kern_cuda_bf16x8(lo[u], hi[u]));
+            sum[0] += lo[u].x, sum[1] += lo[u].y, sum[2] += lo[u].z, sum[3] += lo[u].w;
+            sum[4] += hi[u].x, sum[5] += hi[u].y, sum[6] += hi[u].z, sum[7] += hi[u].w;
+          }
+        }
+      for (; n < n1; n++) {
         const float *s = src + (int64_t)n * sld + j;
         uint16_t *d = dst + (int64_t)n * dld + j;
         if (w == 8 && kern_cuda_aligned16(s)) {
