@@ -91,6 +91,19 @@ __device__ __forceinline__ float4 ln_norm4(float4 x, float m, float r, float4 w,
                      (x.z - m) * r * w.z + b.z, (x.w - m) * r * w.w + b.w);
 }
 
+/* f(q, c) for each 4 elements of a lane's share of a row of G groups of 8
+ * (groups lane, lane + 32, ... below K * 32): q its slot, 0 to 2K - 1 (for
+ * registers), c its first column */
+template <int K, typename F>
+__device__ __forceinline__ void ln_for4(int lane, int G, F f) {
+#pragma unroll
+  for (int i = 0; i < K; i++)
+    if (i * 32 + lane < G) {
+#pragma unroll
+      for (int h = 0; h < 2; h++) f(2 * i + h, 8 * (i * 32 + lane) + 4 * h);
+    }
+}
+
 template <typename O, int K>
 __global__ static void layernorm_fwd_wide_kernel(O *out, float *mean, float *rstd,
                                                  const float *inp, const float *w, const float *b,
@@ -101,29 +114,17 @@ __global__ static void layernorm_fwd_wide_kernel(O *out, float *mean, float *rst
   const int G = C / 8; /* groups of 8 in the row; lane takes lane, lane + 32, ... */
   float4 v[2 * K];
   float s = 0.0f;
-#pragma unroll
-  for (int i = 0; i < K; i++) {
-    const int g = i * 32 + lane;
-    if (g < G) {
-      v[2 * i] = kern_cuda_load_f32x4(x + 8 * g);
-      v[2 * i + 1] = kern_cuda_load_f32x4(x + 8 * g + 4);
-#pragma unroll
-      for (int h = 0; h < 2; h++) s += v[2 * i + h].x, s += v[2 * i + h].y, s += v[2 * i + h].z, s += v[2 * i + h].w;
-    }
-  }
+  ln_for4<K>(lane, G, [&](int q, int c) {
+    v[q] = kern_cuda_load_f32x4(x + c);
+    s += v[q].x, s += v[q].y, s += v[q].z, s += v[q].w;
+  });
   s = kern_cuda_warp_sum(s);
   const float m = s / (float)C;
   float var = 0.0f;
-#pragma unroll
-  for (int i = 0; i < K; i++)
-    if (i * 32 + lane < G) {
-#pragma unroll
-      for (int h = 0; h < 2; h++) {
-        const float4 q = v[2 * i + h];
-        var += (q.x - m) * (q.x - m), var += (q.y - m) * (q.y - m);
-        var += (q.z - m) * (q.z - m), var += (q.w - m) * (q.w - m);
-      }
-    }
+  ln_for4<K>(lane, G, [&](int q, int) {
+    var += (v[q].x - m) * (v[q].x - m), var += (v[q].y - m) * (v[q].y - m);
+    var += (v[q].z - m) * (v[q].z - m), var += (v[q].w - m) * (v[q].w - m);
+  });
   var = kern_cuda_warp_sum(var);
   const float r = 1.0f / sqrtf(var / (float)C + KERN_LN_EPS);
   O *o = out + (int64_t)n * C;
@@ -156,51 +157,34 @@ __global__ static void layernorm_bwd_dinp_wide_kernel(float *dinp, const float *
   float *di = dinp + (int64_t)n * C;
   const int G = C / 8;
   const float m = mean[n], r = rstd[n];
-  float xs[8 * K], ds[8 * K];
+  float4 xs[2 * K], ds[2 * K];
   float gs = 0.0f, gxs = 0.0f;
+  ln_for4<K>(lane, G, [&](int q, int c) {
+    xs[q] = kern_cuda_load_f32x4(x + c), ds[q] = kern_cuda_load_f32x4(d + c);
+    const float4 wq = kern_cuda_load_f32x4(w + c);
+    const float xa[4] = {xs[q].x, xs[q].y, xs[q].z, xs[q].w}, da[4] = {ds[q].x, ds[q].y, ds[q].z, ds[q].w},
+                wa[4] = {wq.x, wq.y, wq.z, wq.w};
 #pragma unroll
-  for (int i = 0; i < K; i++) {
-    const int g = i * 32 + lane;
-    if (g < G) {
-#pragma unroll
-      for (int h = 0; h < 2; h++) {
-        const int c = 8 * g + 4 * h;
-        const float4 xq = kern_cuda_load_f32x4(x + c), dq = kern_cuda_load_f32x4(d + c),
-                     wq = kern_cuda_load_f32x4(w + c);
-        const float xa[4] = {xq.x, xq.y, xq.z, xq.w}, da[4] = {dq.x, dq.y, dq.z, dq.w},
-                    wa[4] = {wq.x, wq.y, wq.z, wq.w};
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-          xs[8 * i + 4 * h + e] = xa[e], ds[8 * i + 4 * h + e] = da[e];
-          gs += wa[e] * da[e];
-          gxs += wa[e] * da[e] * (xa[e] - m) * r;
-        }
-      }
+    for (int e = 0; e < 4; e++) {
+      gs += wa[e] * da[e];
+      gxs += wa[e] * da[e] * (xa[e] - m) * r;
     }
-  }
+  });
   gs = kern_cuda_warp_sum(gs);
   gxs = kern_cuda_warp_sum(gxs);
   const float gm = gs / (float)C, gxm = gxs / (float)C;
+  ln_for4<K>(lane, G, [&](int q, int c) {
+    const float4 wq = kern_cuda_load_f32x4(w + c), o = kern_cuda_load_f32x4(di + c);
+    const float xa[4] = {xs[q].x, xs[q].y, xs[q].z, xs[q].w}, da[4] = {ds[q].x, ds[q].y, ds[q].z, ds[q].w},
+                wa[4] = {wq.x, wq.y, wq.z, wq.w};
+    float oa[4] = {o.x, o.y, o.z, o.w};
 #pragma unroll
-  for (int i = 0; i < K; i++) {
-    const int g = i * 32 + lane;
-    if (g < G) {
-#pragma unroll
-      for (int h = 0; h < 2; h++) {
-        const int c = 8 * g + 4 * h;
-        const float4 wq = kern_cuda_load_f32x4(w + c), o = kern_cuda_load_f32x4(di + c);
-        const float wa[4] = {wq.x, wq.y, wq.z, wq.w};
-        float oa[4] = {o.x, o.y, o.z, o.w};
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-          const float xv = xs[8 * i + 4 * h + e], dv = ds[8 * i + 4 * h + e];
-          const float xhat = (xv - m) * r;
-          oa[e] += r * (wa[e] * dv - gm - xhat * gxm);
-        }
-        kern_cuda_store_f32x4(di + c, make_float4(oa[0], oa[1], oa[2], oa[3]));
-      }
+    for (int e = 0; e < 4; e++) {
+      const float xhat = (xa[e] - m) * r;
+      oa[e] += r * (wa[e] * da[e] - gm - xhat * gxm);
     }
-  }
+    kern_cuda_store_f32x4(di + c, make_float4(oa[0], oa[1], oa[2], oa[3]));
+  });
 }
 
 /* The wide kernels' K for C (groups of 8 a lane, rounded up to one
