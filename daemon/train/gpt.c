@@ -146,6 +146,8 @@ struct gpt {
                            * probabilities, 2 dlogits (forward_train), 3 dlogits backward
                            * has used; 4 nothing: forward_train ran the LM head's
                            * backward chunk by chunk (dln holds its gradient) */
+  int dlogits16;          /* with 2: the dlogits are bf16, in each row's second half
+                           * (crossentropy_fwd_bwd_bf16), for matmul_bwd_bf16's dout16 */
   float dloss_scale;      /* forward_train's */
 };
 
@@ -631,22 +633,36 @@ static void gpt_layer_bwd(gpt_t *g, int l, float *P, float *G, const float *res_
  * (unit 0's gradient) that chunk's backward: its rows of dln (written, not
  * accumulated) and its share of wte's gradient, before the next chunk's logits
  * take the buffer. Without d0 the last chunk's probabilities (bwd: loss
- * gradient) stay, which backward uses when one chunk is all the rows. */
+ * gradient) stay, which backward uses when one chunk is all the rows (the
+ * gradient in bf16 where the backend rounds it so: dlogits16). */
+/* The LM head's backward for rows [r0, r0 + n) from the bf16 dlogits in
+ * the logits' rows (rows 2 ld bf16 apart): their rows of dln, written, and
+ * their share of wte's gradient */
+static void gpt_lm_head_bwd16(gpt_t *g, const gpt_embed_t *d0, const gpt_embed_t *p0, size_t r0,
+                              int n) {
+  const size_t C = (size_t)g->cfg.channels;
+  const int ld = gpt_logits_ld(g);
+  g->be->matmul_bwd_bf16(g->dln + r0 * C, d0->wte, NULL, NULL, (const uint16_t *)g->logits + ld,
+                         gpt_act_at(g, g->lnf, r0 * C), p0->wte, n, (int)C, g->cfg.vocab, 2 * ld, 0);
+}
+
 static void gpt_lm_head(gpt_t *g, const gpt_embed_t *p0, const gpt_embed_t *d0, int bwd,
                         float dscale) {
   const kern_backend_t *be = g->be;
   const size_t N = (size_t)g->B * (size_t)g->T, C = (size_t)g->cfg.channels;
   const int V = g->cfg.vocab, ld = gpt_logits_ld(g);
+  /* dlogits rounded to bf16 as the product would pack them, in each row's
+   * second half (kern.h), for the product to read so */
+  const int dl16 = bwd && g->acts16 && be->crossentropy_fwd_bwd_bf16;
+  g->dlogits16 = 0;
   for (size_t r0 = 0; r0 < N; r0 += (size_t)g->lrows) {
     const int n = N - r0 < (size_t)g->lrows ? (int)(N - r0) : g->lrows;
     const void *x = gpt_act_at(g, g->lnf, r0 * C);
     gpt_act_matmul_fwd(g, g->logits, x, p0->wte, NULL, n, (int)C, V, ld);
-    if (d0 && bwd && g->acts16 && be->crossentropy_fwd_bwd_bf16) {
-      /* dlogits rounded to bf16 as the product would pack them, in each
-       * row's second half (kern.h), and the product reads them so */
+    if (dl16) {
       be->crossentropy_fwd_bwd_bf16(g->losses + r0, g->logits, g->targets + r0, dscale, n, V, ld);
-      be->matmul_bwd_bf16(g->dln + r0 * C, d0->wte, NULL, NULL, (const uint16_t *)g->logits + ld,
-                          x, p0->wte, n, (int)C, V, 2 * ld, 0);
+      if (d0) gpt_lm_head_bwd16(g, d0, p0, r0, n);
+      g->dlogits16 = !d0;
       continue;
     }
     if (bwd) /* the probabilities go straight to dlogits, as gpt_backward would make them */
@@ -765,6 +781,8 @@ int gpt_backward(gpt_t *g, float dloss_scale) {
   if (had != 4) { /* the LM head's backward: from the kept dlogits, or chunk by chunk again */
     if (chunked)
       gpt_lm_head(g, &p0, &d0, 1, dloss_scale / (float)N);
+    else if (had == 2 && g->dlogits16)
+      gpt_lm_head_bwd16(g, &d0, &p0, 0, (int)N);
     else
       gpt_act_matmul_bwd(g, g->dln, d0.wte, NULL, g->logits, g->lnf, p0.wte, (int)N, C, V,
                          gpt_logits_ld(g), 0);
