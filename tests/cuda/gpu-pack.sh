@@ -19,7 +19,10 @@
 # a ref's table ends before them, and gpu-run.sh tells bench_cuda not to
 # look: FSDP_BENCH_ACTS16=0) for sm_90 alone, into
 # .gpu/v/REF.so, for gpu-run.sh's GPU_OPS_PLUGINS to time against each
-# other on one machine.
+# other on one machine. GPU_PACK_BASES="REF ..." builds refs whose kern.h
+# table is this tree's (the bf16 activations in) the same way into
+# .gpu/r/REF.so: the builds gpu-run.sh's GPU_AB=1 times whole steps and ops
+# of against this tree's, on one machine.
 set -eu
 cd "$(dirname "$0")/../.."
 mkvar() { make -s --eval='print-%: ; @echo $($*)' "print-$1"; }
@@ -51,20 +54,23 @@ strip --strip-unneeded .gpu/bin/* .gpu/tests/* .gpu/libs/* 2>/dev/null || true
 # gpu-run.sh unpacks them
 find .gpu/libs -type f -size +1M -exec xz -T2 -6 {} +
 cp tests/cuda/gpu-run.sh .gpu/
-for ref in ${GPU_PACK_REFS:-}; do
+# pack_ref REF DIR: the plugin with REF's kernels/cuda into DIR/REF.so
+pack_ref() {
   t=$(mktemp -d)
-  git archive "$ref" kernels | tar -x -C "$t"
-  mkdir -p "$t/o" .gpu/v
+  git archive "$1" kernels | tar -x -C "$t"
+  mkdir -p "$t/o" "$2"
   for f in "$t"/kernels/cuda/*.cu; do
     "$(mkvar NVCC)" -std=c++17 -I"$t" -gencode arch=compute_90,code=sm_90 -O3 -fmad=false \
       -Xcompiler -fPIC -c "$f" -o "$t/o/$(basename "$f" .cu).o"
   done
-  name=$(printf '%s' "$ref" | tr -c 'A-Za-z0-9._-' '_')
+  name=$(printf '%s' "$1" | tr -c 'A-Za-z0-9._-' '_')
   # shellcheck disable=SC2046 # the libraries are words
   ${CC:-gcc} -shared -Wl,-soname,libfsdp-cuda.so "$t"/o/*.o build/daemon/comm/nccl.pic.o \
-    build/daemon/train/device_cuda.pic.o -o ".gpu/v/$name.so" $(mkvar CUDA_LDLIBS)
-  strip --strip-unneeded ".gpu/v/$name.so"
+    build/daemon/train/device_cuda.pic.o -o "$2/$name.so" $(mkvar CUDA_LDLIBS)
+  strip --strip-unneeded "$2/$name.so"
   rm -rf "$t"
-  echo "gpu-pack: .gpu/v/$name.so: kernels/cuda of $ref"
-done
+  echo "gpu-pack: $2/$name.so: kernels/cuda of $1"
+}
+for ref in ${GPU_PACK_REFS:-}; do pack_ref "$ref" .gpu/v; done
+for ref in ${GPU_PACK_BASES:-}; do pack_ref "$ref" .gpu/r; done
 du -sh .gpu

@@ -19,6 +19,11 @@
 # only the ops so named), to compare builds of a kernel on one machine.
 # GPU_PLUGIN: the plugin the checks and the bench runs load (default: the
 # packed one), to time a whole step of another build (gpu-pack.sh's refs).
+# GPU_AB=1 (after the checks) times whole steps of each model of
+# GPU_BENCH_MODELS, no peer, with this tree's plugin and each of
+# gpu-pack.sh's GPU_PACK_BASES (.gpu/r/*.so) in turn, twice round, then
+# bench_cuda --ops with each (FSDP_BENCH_OPS=$GPU_OPS_FILTER), and prints an
+# "ab:" line a run: one machine's A/B of builds in one call.
 #
 # CUDA's libraries are found where that machine has them: its toolkit
 # (/usr/local/cuda*/lib64) or the Python wheels PyTorch brings (nvidia/*/lib).
@@ -49,6 +54,29 @@ for t in ${GPU_CHECKS-kern_math_gpu kern_math_gpu_nofmad test_cuda_kernels test_
   echo "== $t: exit $rc"
   [ $rc -eq 0 ] || [ $status -ne 0 ] || status=$rc
 done
+if [ "${GPU_AB:-0}" = 1 ]; then
+  for m in ${GPU_BENCH_MODELS-gpt2-124m gpt2-774m}; do
+    case $m in gpt2-124m) b=${BENCH_CUDA_B124:-16} ;; *) b=${BENCH_CUDA_B774:-8} ;; esac
+    for round in 1 2; do
+      for p in "$FSDP_CUDA_PLUGIN" .gpu/r/*.so; do
+        [ -e "$p" ] || continue
+        echo "== A/B $m B=$b round $round: $p"
+        FSDP_CUDA_PLUGIN=$p FSDP_BENCH_NO_PEER=1 timeout "${GPU_BENCH_TIMEOUT:-300}" .gpu/tests/bench_cuda \
+          "$m" "$b" 1024 "${BENCH_CUDA_STEPS:-20}" >/tmp/gpu-ab.log 2>&1
+        cat /tmp/gpu-ab.log >>"${OUT:-/tmp}/bench_cuda.log"
+        ms=$(sed -n 's/^bench: cuda_train .* step_ms=\([0-9.]*\) .*/\1/p' /tmp/gpu-ab.log)
+        echo "ab: model=$m B=$b round=$round plugin=$p step_ms=${ms:-failed}"
+      done
+    done
+  done
+  for p in "$FSDP_CUDA_PLUGIN" .gpu/r/*.so; do
+    [ -e "$p" ] || continue
+    echo "== A/B bench_cuda --ops gpt2-124m: $p (FSDP_BENCH_OPS=${GPU_OPS_FILTER:-})"
+    FSDP_CUDA_PLUGIN=$p FSDP_BENCH_NO_PEER=1 FSDP_BENCH_OPS=${GPU_OPS_FILTER:-} \
+      timeout "${GPU_BENCH_TIMEOUT:-300}" .gpu/tests/bench_cuda --ops gpt2-124m "${BENCH_CUDA_B124:-16}" 1024 2>&1 \
+      | tee -a "${OUT:-/tmp}/bench_cuda.log" | grep -E '^bench: cuda_op(s)? '
+  done
+fi
 if [ "${GPU_BENCH:-0}" = 1 ]; then
   for m in ${GPU_BENCH_MODELS-gpt2-124m gpt2-774m}; do
     case $m in gpt2-124m) b=${BENCH_CUDA_B124:-16} ;; *) b=${BENCH_CUDA_B774:-8} ;; esac
