@@ -551,6 +551,10 @@ static int gemm_bwd_joint(float *dinp, float *dw, float *dbias, const gemm_opera
                         KERN_CUDA_SIZE_COLSUM_FLOATS;
   if (dbias && !fused) kern_cuda_colsum(dbias, NULL, dout->x, NULL, NULL, NULL, N, OC, dout->ld);
   uint16_t *pa = kern_cuda_st.pack, *pb = kern_cuda_st.pack + KERN_CUDA_SIZE_PACK_ELEMS;
+  /* inp in bf16 and one block of columns: w's one block stays packed in the
+   * second buffer for every block of rows (nothing else uses it then) */
+  const int w_once = inp->x16 && kc >= OC;
+  const int64_t pldw_once = w_once ? gemm_pack(pb, w, 'N', IC, 0, 0, 0, OC, IC, 1, 0) : 0;
   for (int r0 = 0; r0 < N; r0 += mr) {
     const int rr = N - r0 < mr ? N - r0 : mr;
     /* inp's rows of the block (packed, or its own in bf16), then (after a
@@ -570,7 +574,7 @@ static int gemm_bwd_joint(float *dinp, float *dw, float *dbias, const gemm_opera
       } else {
         pd = gemm_block(pa, dout, 'N', 0, r0, c0, rr, cc, 1, &plda, &psa);
       }
-      const int64_t pldw = gemm_pack(pw, w, 'N', IC, 0, c0, 0, cc, IC, 1, 0);
+      const int64_t pldw = w_once ? pldw_once : gemm_pack(pw, w, 'N', IC, 0, c0, 0, cc, IC, 1, 0);
       /* without acc, dinp's rows take their first column block with beta 0 (not read) */
       gemm_packed_block(__func__, 'N', 'N', rr, IC, cc, 1.0f, pd, plda, 0, pw, pldw, 0, dout_rc,
                         dout->ld, 0, w_c, IC, 0, acc || c0 ? 1.0f : 0.0f,

@@ -1778,6 +1778,9 @@ int main(void) {
      * cut in 2 blocks of rows (3776 first) and 2 of columns (2256): inp's
      * second block is a view at row 3776, nothing packed */
     if (m == 0) test_matmul(7500, 256, 4500, 1, 4500);
+    /* the joint blocks with inp in bf16 and one block of columns: dout
+     * cut in 2 blocks of rows (35008 first), w packed once for both */
+    if (m == 0) test_matmul(70000, 64, 256, 1, 256);
     /* the packing's paths (matmul.cu, gemm_pack_kernel: 8 elements a thread,
      * read in 16-byte loads where a source row is 16-byte aligned): IC = 20
      * and OC = 44, every row aligned and each a tail of 4; IC = 29 and
