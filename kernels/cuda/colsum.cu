@@ -60,7 +60,7 @@ __global__ static void __launch_bounds__(COLSUM_ADD_WARPS * 32)
 #pragma unroll
       for (int i = 0; i < COLSUM_ADD_TILE / COLSUM_ADD_WARPS; i++) {
         const int j = i * COLSUM_ADD_WARPS + warp;
-        if (j < nj && k < cs) tile[j][lane] = p[(int64_t)(j0 + j) * cs + k];
+        if (j < nj) tile[j][lane] = k < cs ? p[(int64_t)(j0 + j) * cs + k] : 0.0f;
       }
       __syncthreads();
       if (warp == 0)

@@ -20,7 +20,8 @@
  * or an earlier turn).
  *
  * Where a row fits in a block's shared memory (V + 32 floats within the
- * device's opt-in limit: V = 50257 on 8.0 and 9.0), every form is
+ * device's opt-in limit: V = 50257 on 9.0's 227 KiB; on 8.0's 163 KiB,
+ * V up to 41,696), every form is
  * ce_row_kernel instead: a block of 1024 threads, one an SM, reads the row
  * once into shared memory (16 bytes a load where the rows are aligned),
  * finding its maximum; then e^(x - max) stored over it and summed, each

@@ -8,7 +8,7 @@
  * in the CPU's order (kern_cuda_colsum: the CPU's bits). Forward's output in
  * bf16 (layernorm_fwd_bf16) is the fp32 one's values rounded once.
  *
- * Where C is a multiple of 8 up to 2048 and every array 16-byte aligned
+ * Where C is a multiple of 8 up to 1536 and every array 16-byte aligned
  * (gpt2's widths), the wide kernels take the rows instead: a lane holds 8
  * consecutive elements a turn (16-byte loads and stores), the whole row's
  * share in registers, so x (and dout) are read from memory once, not once
@@ -74,7 +74,10 @@ __global__ static void layernorm_bwd_dinp_kernel(float *dinp, const float *dout,
 
 /* ---- the wide kernels: K groups of 8 elements a lane, at most ---------- */
 
-#define LN_WIDE_MAX_C 2048 /* 8 groups of 8 a lane */
+/* 6 groups of 8 a lane: the backward at 6 takes 123 registers (2 blocks of
+ * 8 warps an SM); at 8 it took 160 (one), not timed against the strided
+ * kernel, so C past 1536 (gpt2-xl's 1600) stays strided */
+#define LN_WIDE_MAX_C 1536
 
 /* 8 outputs from 16 bytes: fp32 as two float4, bf16 as one 16-byte store */
 __device__ __forceinline__ void ln_store8(float *o, float4 a, float4 b) {
@@ -195,7 +198,7 @@ static int ln_wide_k(int C, const void *a, const void *b, const void *c, const v
       !kern_cuda_aligned16(c) || !kern_cuda_aligned16(d) || !kern_cuda_aligned16(e))
     return 0;
   const int k = (C / 8 + 31) / 32;
-  return k <= 2 ? k : k <= 4 ? 4 : k <= 6 ? 6 : 8; /* gpt2: 768 -> 3 (4), 1024 -> 4, 1280 -> 5 (6) */
+  return k <= 2 ? k : k <= 4 ? 4 : 6; /* gpt2: 768 -> 3 (4), 1024 -> 4, 1280 -> 5 (6) */
 }
 
 template <typename O>
@@ -209,7 +212,6 @@ static void layernorm_fwd(O *out, float *mean, float *rstd, const float *inp, co
   case 2: layernorm_fwd_wide_kernel<O, 2><<<g, LN_WARPS * 32, 0, st>>>(out, mean, rstd, inp, w, b, N, C); break;
   case 4: layernorm_fwd_wide_kernel<O, 4><<<g, LN_WARPS * 32, 0, st>>>(out, mean, rstd, inp, w, b, N, C); break;
   case 6: layernorm_fwd_wide_kernel<O, 6><<<g, LN_WARPS * 32, 0, st>>>(out, mean, rstd, inp, w, b, N, C); break;
-  case 8: layernorm_fwd_wide_kernel<O, 8><<<g, LN_WARPS * 32, 0, st>>>(out, mean, rstd, inp, w, b, N, C); break;
   default: layernorm_fwd_kernel<O><<<g, LN_WARPS * 32, 0, st>>>(out, mean, rstd, inp, w, b, N, C);
   }
   KERN_CUDA_LAUNCHED();
@@ -237,7 +239,6 @@ extern "C" void kern_cuda_layernorm_bwd(float *dinp, float *dw, float *db, const
   case 2: layernorm_bwd_dinp_wide_kernel<2><<<g, LN_WARPS * 32, 0, st>>>(dinp, dout, inp, w, mean, rstd, N, C); break;
   case 4: layernorm_bwd_dinp_wide_kernel<4><<<g, LN_WARPS * 32, 0, st>>>(dinp, dout, inp, w, mean, rstd, N, C); break;
   case 6: layernorm_bwd_dinp_wide_kernel<6><<<g, LN_WARPS * 32, 0, st>>>(dinp, dout, inp, w, mean, rstd, N, C); break;
-  case 8: layernorm_bwd_dinp_wide_kernel<8><<<g, LN_WARPS * 32, 0, st>>>(dinp, dout, inp, w, mean, rstd, N, C); break;
   default: layernorm_bwd_dinp_kernel<<<g, LN_WARPS * 32, 0, st>>>(dinp, dout, inp, w, mean, rstd, N, C);
   }
   KERN_CUDA_LAUNCHED();
