@@ -364,7 +364,7 @@ static void kern_cuda_take_modes(const kern_cuda_opts_t *o) {
   kern_cuda_st.fast16bf = o->gemm_fast16bf != 0;
   kern_cuda_st.attn_fp32 = o->attn_fp32 != 0;
   kern_cuda_st.acts_fp32 = o->acts_fp32 != 0;
-  kern_cuda_st.gemm_algo = o->gemm_algo < 0 ? 0 : o->gemm_algo > 15 ? 15 : o->gemm_algo;
+  kern_cuda_st.gemm_algo = KERN_CUDA_GEMM_ALGO(o->gemm_algo);
 }
 
 extern "C" const kern_backend_t *kern_cuda_init(const kern_cuda_opts_t *o, char *msg, size_t n) {

@@ -52,9 +52,12 @@ typedef struct kern_cuda_opts {
   int gemm_algo; /* every product takes the algorithm cuBLASLt's heuristic ranks
                   * this many places below its first (the last it offers when it
                   * offers fewer); 0, its first, but for comparison
-                  * (FSDP_CUDA_GEMM_ALGO). Last: a plugin built before it
-                  * reads the members before it alone. */
+                  * (FSDP_CUDA_GEMM_ALGO) */
 } kern_cuda_opts_t;
+
+/* gemm_algo from a setting: 0 to 15 (cuBLASLt's ranking is asked for that
+ * many plus one) */
+#define KERN_CUDA_GEMM_ALGO(v) ((v) < 0 ? 0 : (v) > 15 ? 15 : (int)(v))
 
 /* The number of CUDA devices this process sees; 0 with a reason in msg
  * (no driver, no GPU, the toolkit's stub driver) when none. */

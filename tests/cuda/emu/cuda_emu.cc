@@ -1398,6 +1398,13 @@ static cublasStatus_t emu_lt_check(const emu_desc *d, const emu_layout *a, const
              : CUBLAS_STATUS_NOT_SUPPORTED;
 }
 
+#define EMU_LT_RANK 4 /* the algorithm's data word holding its rank */
+static std::atomic<int> emu_lt_last_rank{-1};
+
+/* The heuristic's rank of the algorithm the last cublasLtMatmul was given
+ * (-1 before any): tests/cuda's check of FSDP_CUDA_GEMM_ALGO. */
+extern "C" int cuda_emu_lt_last_rank(void) { return emu_lt_last_rank.load(); }
+
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t desc,
                                               cublasLtMatrixLayout_t A, cublasLtMatrixLayout_t B,
                                               cublasLtMatrixLayout_t C, cublasLtMatrixLayout_t D,
@@ -1408,11 +1415,18 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
   const cublasStatus_t s = emu_lt_check((emu_desc *)desc, (emu_layout *)A, (emu_layout *)B,
                                         (emu_layout *)C, (emu_layout *)D);
   if (s != CUBLAS_STATUS_SUCCESS) return s;
-  memset(&res[0], 0, sizeof res[0]);
-  memcpy(res[0].algo.data, ((emu_pref *)pref)->align, sizeof((emu_pref *)pref)->align);
-  res[0].state = CUBLAS_STATUS_SUCCESS;
-  res[0].wavesCount = 1.0f;
-  *found = 1;
+  /* CUDA_EMU_LT_ALGOS (default 4) algorithms, the same product each, their
+   * rank in the algorithm's data (after the alignments) for
+   * cuda_emu_lt_last_rank */
+  const int n = (int)emu_env_size("CUDA_EMU_LT_ALGOS", 4);
+  for (int i = 0; i < requested && i < n; i++) {
+    memset(&res[i], 0, sizeof res[i]);
+    memcpy(res[i].algo.data, ((emu_pref *)pref)->align, sizeof((emu_pref *)pref)->align);
+    res[i].algo.data[EMU_LT_RANK] = (uint64_t)i;
+    res[i].state = CUBLAS_STATUS_SUCCESS;
+    res[i].wavesCount = 1.0f;
+    ++*found;
+  }
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -1478,6 +1492,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
   if (s != CUBLAS_STATUS_SUCCESS) return s;
   uint32_t align[4] = {256, 256, 256, 256};
   if (algo) memcpy(align, algo->data, sizeof align);
+  emu_lt_last_rank = algo ? (int)algo->data[EMU_LT_RANK] : -1;
   const void *ptrs[4] = {A, B, C, D};
   for (int i = 0; i < 4; i++)
     if ((uintptr_t)ptrs[i] % align[i]) {
