@@ -500,7 +500,9 @@ extern "C" void kern_cuda_matmul_fwd(float *out, const float *inp, const float *
  * order and dw's rows its row blocks in order, each accumulated with beta 1
  * as the separate products do. mr and kc are chosen among the sizes that fit
  * for the fewest bytes moved (w packed once per row block, dw read and
- * written once per row block, dinp once per column block); a product whose
+ * written once per row block, dinp once per column block; the count keeps
+ * w's packing per row block even where inp in bf16 and one block of
+ * columns let it be packed once, so the blocks stay those timed); a product whose
  * IC leaves no such blocks (256 rows and columns at least, unless the matrix
  * is smaller) takes the separate products. */
 
