@@ -186,6 +186,41 @@ static int gemm_lt_bias(cudaDataType_t ab, cublasComputeType_t ct, char ta, char
   return 0;
 }
 
+/* ---- ragged shapes ---------------------------------------------------------
+ * cuBLASLt's Hopper kernels (nvjet, TMA) are chosen only where M, N and K are
+ * multiples of 8 elements; a product with one that is not (the LM head's
+ * vocabulary, 50257) ran on sm80 CUTLASS kernels at a fifth of the speed
+ * (stop 39's trace: the LM head's blocks with 50257's odd tail, 4 calls
+ * 3.49 ms, 90 TFLOP/s, against 450-550 for the rest). So a product is
+ * made in parts: each of M, N and K past 8 and not a multiple of 8 is cut
+ * into its multiple of 8 and the rest (under 8: a sliver whose product is
+ * small), the parts of K in order, the first with beta and the bias, the
+ * second accumulating (beta 1). Every element of C keeps its K terms; only
+ * the order cuBLASLt sums them in may change. */
+
+/* The element offset of op(X)[r][c] in X stored row-major with leading
+ * dimension ld ('T': X holds op(X) transposed). */
+static inline int64_t gemm_at(char t, int64_t r, int64_t c, int64_t ld) {
+  return t == 'N' ? r * ld + c : c * ld + r;
+}
+
+/* Where a dimension of x elements is cut: its multiple of 8, or x. */
+static inline int gemm_cut(int x) { return x > 8 && x % 8 ? x & ~7 : x; }
+
+/* part(m0, mm, n0, nn, k0, kk, first) for each part of an M x N x K
+ * product (first: the part's K starts at 0, so beta and the bias are its);
+ * a product of no K is one part. */
+template <typename Part> static void gemm_parts(int M, int N, int K, Part part) {
+  const int cut[3] = {gemm_cut(M), gemm_cut(N), gemm_cut(K)};
+  for (int m = 0; m < (cut[0] < M ? 2 : 1); m++)
+    for (int n = 0; n < (cut[1] < N ? 2 : 1); n++)
+      for (int k = 0; k < (cut[2] < K ? 2 : 1); k++) {
+        const int m0 = m ? cut[0] : 0, n0 = n ? cut[1] : 0, k0 = k ? cut[2] : 0;
+        part(m0, (m ? M : cut[0]) - m0, n0, (n ? N : cut[1]) - n0, k0, (k ? K : cut[2]) - k0,
+             k == 0);
+      }
+}
+
 /* ---- bf16 products on packed operands -----------------------------------------
  * PyTorch's autocast hands cuBLAS bf16 tensors; ours are fp32 in memory. A
  * bf16 product rounds (kern_f32_to_bf16, as the casts) the block of each
@@ -357,14 +392,20 @@ static void gemm_packed_block(const char *op, char ta, char tb, int M, int N, in
                               int64_t pldb, int64_t psb, const float *Af, int64_t lda, int64_t sA,
                               const float *Bf, int64_t ldb, int64_t sB, float beta, float *C,
                               int64_t ldc, int64_t sC, int batch, const float *bias) {
-  cublasStatus_t why;
-  if (!gemm_lt_bias(CUDA_R_16BF, CUBLAS_COMPUTE_32F, ta, tb, M, N, K, alpha, pa, plda, psa, pb,
-                    pldb, psb, beta, C, ldc, sC, batch, bias, &why))
-    return;
-  if (!Af || !Bf ||
-      gemm_lt_bias(CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_16BF, ta, tb, M, N, K, alpha, Af, lda, sA,
-                   Bf, ldb, sB, beta, C, ldc, sC, batch, bias, &why))
-    gemm_none(op, ta, tb, M, N, K, lda, ldb, ldc, sA, sB, sC, batch, why);
+  gemm_parts(M, N, K, [&](int m0, int mm, int n0, int nn, int k0, int kk, bool first) {
+    const int64_t a = gemm_at(ta, m0, k0, plda), b = gemm_at(tb, k0, n0, pldb);
+    float *c = C + (int64_t)m0 * ldc + n0;
+    const float bt = first ? beta : 1.0f, *bs = bias && first ? bias + n0 : NULL;
+    cublasStatus_t why;
+    if (!gemm_lt_bias(CUDA_R_16BF, CUBLAS_COMPUTE_32F, ta, tb, mm, nn, kk, alpha, pa + a, plda,
+                      psa, pb + b, pldb, psb, bt, c, ldc, sC, batch, bs, &why))
+      return;
+    if (!Af || !Bf ||
+        gemm_lt_bias(CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_16BF, ta, tb, mm, nn, kk, alpha,
+                     Af + gemm_at(ta, m0, k0, lda), lda, sA, Bf + gemm_at(tb, k0, n0, ldb), ldb,
+                     sB, bt, c, ldc, sC, batch, bs, &why))
+      gemm_none(op, ta, tb, mm, nn, kk, lda, ldb, ldc, sA, sB, sC, batch, why);
+  });
 }
 
 /* A bf16 operand: X's elements in fp32 (packed block by block) or, where X16
@@ -383,8 +424,7 @@ static const uint16_t *gemm_block(uint16_t *dst, const gemm_operand_t *X, char t
                                   int c0, int R, int Cn, int g, int64_t *pld, int64_t *ps) {
   if (X->x16) {
     *pld = X->ld, *ps = X->stride;
-    const int64_t off = t == 'N' ? (int64_t)r0 * X->ld + c0 : (int64_t)c0 * X->ld + r0;
-    return X->x16 + (int64_t)b0 * X->stride + off;
+    return X->x16 + (int64_t)b0 * X->stride + gemm_at(t, r0, c0, X->ld);
   }
   *ps = (int64_t)gemm_packed(t, R, Cn);
   *pld = gemm_pack(dst, X->x + (int64_t)b0 * X->stride, t, X->ld, X->stride, r0, c0, R, Cn, g, *ps);
@@ -394,8 +434,7 @@ static const uint16_t *gemm_block(uint16_t *dst, const gemm_operand_t *X, char t
 /* op(X)'s block at (r0, c0) of matrix b0 in fp32 (NULL for a bf16 operand). */
 static const float *gemm_block_f32(const gemm_operand_t *X, char t, int b0, int r0, int c0) {
   if (!X->x) return NULL;
-  const int64_t off = t == 'N' ? (int64_t)r0 * X->ld + c0 : (int64_t)c0 * X->ld + r0;
-  return X->x + (int64_t)b0 * X->stride + off;
+  return X->x + (int64_t)b0 * X->stride + gemm_at(t, r0, c0, X->ld);
 }
 
 static void gemm_bf16_packed(const char *op, char ta, char tb, int M, int N, int K, float alpha,
@@ -469,10 +508,14 @@ static void gemm_any(const char *op, char ta, char tb, int M, int N, int K, floa
   const cublasComputeType_t ct = kern_cuda_st.bf16   ? CUBLAS_COMPUTE_32F_FAST_16BF
                                  : kern_cuda_st.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32
                                                      : CUBLAS_COMPUTE_32F;
-  cublasStatus_t why;
-  if (gemm_lt_bias(CUDA_R_32F, ct, ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc,
-                   sC, batch, bias, &why))
-    gemm_none(op, ta, tb, M, N, K, lda, ldb, ldc, sA, sB, sC, batch, why);
+  gemm_parts(M, N, K, [&](int m0, int mm, int n0, int nn, int k0, int kk, bool first) {
+    cublasStatus_t why;
+    if (gemm_lt_bias(CUDA_R_32F, ct, ta, tb, mm, nn, kk, alpha, A + gemm_at(ta, m0, k0, lda), lda,
+                     sA, B + gemm_at(tb, k0, n0, ldb), ldb, sB, first ? beta : 1.0f,
+                     C + (int64_t)m0 * ldc + n0, ldc, sC, batch,
+                     bias && first ? bias + n0 : NULL, &why))
+      gemm_none(op, ta, tb, mm, nn, kk, lda, ldb, ldc, sA, sB, sC, batch, why);
+  });
 }
 
 void kern_cuda_gemm(const char *op, char ta, char tb, int M, int N, int K, float alpha,

@@ -1400,6 +1400,12 @@ static cublasStatus_t emu_lt_check(const emu_desc *d, const emu_layout *a, const
 
 #define EMU_LT_RANK 4 /* the algorithm's data word holding its rank */
 static std::atomic<int> emu_lt_last_rank{-1};
+static std::atomic<unsigned long> emu_lt_ragged{0};
+
+/* Products given to cublasLtMatmul with M, N or K past 8 and not a
+ * multiple of 8 (which a GPU's cuBLASLt runs on slow kernels: matmul.cu
+ * cuts them): tests/cuda's check that none is. */
+extern "C" unsigned long cuda_emu_lt_ragged(void) { return emu_lt_ragged.load(); }
 
 /* The heuristic's rank of the algorithm the last cublasLtMatmul was given
  * (-1 before any): tests/cuda's check of FSDP_CUDA_GEMM_ALGO. */
@@ -1506,6 +1512,11 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
   const size_t ea = a->type == CUDA_R_16BF ? 2 : 4;
   const uint64_t M = c->rows, N = c->cols, K = d->transa == CUBLAS_OP_N ? a->cols : a->rows;
   const bool bias = d->epilogue == CUBLASLT_EPILOGUE_BIAS;
+  for (uint64_t x : {M, N, K})
+    if (x > 8 && x % 8) {
+      emu_lt_ragged++;
+      break;
+    }
   /* CUDA_EMU_LT_BIAS_REFUSE=1: refuse every BIAS epilogue here, after the
    * heuristic gave an algorithm for it, as cuBLASLt has been reported to */
   if (bias && emu_env_size("CUDA_EMU_LT_BIAS_REFUSE", 0)) return CUBLAS_STATUS_NOT_SUPPORTED;
