@@ -237,6 +237,14 @@ typedef struct kern_backend {
   void (*attention_bwd_bf16)(float *dqkv, float *scratch, const float *dout,
                              const uint16_t *qkv16, const float *out, const float *att, int B,
                              int T, int C, int NH, int acc);
+  /* gelu_bwd (acc 0) for a product's dout (N rows of C, dense): dinp
+   * rounded to bf16 into dinp16 (N, C), what matmul_bwd_bf16 would pack
+   * from the fp32 dinp, and dbias += its column sums, the bits
+   * matmul_bwd_bf16's dbias gives from the fp32 dinp; for matmul_bwd_bf16's
+   * dout16 (C a multiple of 8, dinp16 16-byte aligned) with no dbias. The
+   * fp32 dinp is never made. Optional beside the four above. */
+  void (*gelu_bwd_bf16)(uint16_t *dinp16, float *dbias, const float *inp, const float *dout, int N,
+                        int C);
 } kern_backend_t;
 
 /* The x86-64 levels the CPU kernels are built for, numbered as the psABI's

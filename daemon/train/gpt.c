@@ -139,8 +139,9 @@ struct gpt {
   float *dln;             /* (N,C) gradient of a layernorm output */
   float *dbig1;           /* (N,4C) dfch_gelu, then dqkv; a layernorm's output while
                            * it is used, when no block keeps it */
-  float *dbig2;           /* (N,4C) dfch, then datty; GELU's output and (backward)
-                           * ln1's while used, when no block keeps them */
+  float *dbig2;           /* (N,4C) dfch (bf16 where gelu_bwd_bf16 makes it), then
+                           * datty; GELU's output and (backward) ln1's while used,
+                           * when no block keeps them */
   float *att_scratch;
   int have_targets;       /* the logits hold: 0 logits (a forward without targets), 1
                            * probabilities, 2 dlogits (forward_train), 3 dlogits backward
@@ -594,13 +595,21 @@ static void gpt_layer_bwd(gpt_t *g, int l, float *P, float *G, const float *res_
    * kern.h), so none is zeroed first */
   gpt_act_matmul_bwd(g, dfch_gelu, d.fcprojw, d.fcprojb, g->dres, gl, p.fcprojw, (int)N, 4 * C, C,
                      C, 0);
-  be->gelu_bwd(dfch, a->fch, dfch_gelu, 4 * NC, 0);
+  /* dfch in bf16 where the backend makes it so (kern.h's gelu_bwd_bf16: the
+   * operand the fc product packs, its dbias summed on the way) */
+  const int dfch16 = g->acts16 && be->gelu_bwd_bf16;
+  if (dfch16) be->gelu_bwd_bf16((uint16_t *)dfch, d.fcb, a->fch, dfch_gelu, (int)N, 4 * C);
+  else be->gelu_bwd(dfch, a->fch, dfch_gelu, 4 * NC, 0);
   const float *l2 = a->ln2;
   if (!l2) { /* again, into dbig1: dfch_gelu is spent */
     gpt_act_layernorm(g, g->dbig1, a->ln2_mean, a->ln2_rstd, a->res2, p.ln2w, p.ln2b, (int)N, C);
     l2 = g->dbig1;
   }
-  gpt_act_matmul_bwd(g, g->dln, d.fcw, d.fcb, dfch, l2, p.fcw, (int)N, C, 4 * C, 4 * C, 0);
+  if (dfch16)
+    be->matmul_bwd_bf16(g->dln, d.fcw, NULL, NULL, (const uint16_t *)dfch, (const uint16_t *)l2,
+                        p.fcw, (int)N, C, 4 * C, 4 * C, 0);
+  else
+    gpt_act_matmul_bwd(g, g->dln, d.fcw, d.fcb, dfch, l2, p.fcw, (int)N, C, 4 * C, 4 * C, 0);
   /* the skip path already put d(res3) in dres: adding the norm's gives d(res2) */
   be->layernorm_bwd(g->dres, d.ln2w, d.ln2b, g->dln, a->res2, p.ln2w, a->ln2_mean, a->ln2_rstd,
                     (int)N, C);

@@ -271,6 +271,7 @@ static const kern_backend_t kern_cuda_table = {
     .attention_bf16_fits = NULL,
     .attention_fwd_bf16 = NULL,
     .attention_bwd_bf16 = NULL,
+    .gelu_bwd_bf16 = NULL,
 };
 
 /* The table of a bf16 job whose products pack their operands (not
@@ -285,6 +286,7 @@ static kern_backend_t kern_cuda_with_bf16_acts(kern_backend_t t) {
   t.attention_bf16_fits = kern_cuda_attention_bf16_fits;
   t.attention_fwd_bf16 = kern_cuda_attention_fwd_bf16;
   t.attention_bwd_bf16 = kern_cuda_attention_bwd_bf16;
+  t.gelu_bwd_bf16 = kern_cuda_gelu_bwd_bf16;
   return t;
 }
 static const kern_backend_t kern_cuda_table_bf16 = kern_cuda_with_bf16_acts(kern_cuda_table);

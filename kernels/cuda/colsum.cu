@@ -9,7 +9,8 @@
  * memory). No atomics; one writer per column. matmul.cu's joint backward
  * makes the first stage's sums of dout as it packs it (gemm_pack_colsum)
  * and adds them with kern_cuda_colsum_add, block of rows by block: the same
- * order. */
+ * order; so does gelu.cu's backward into bf16 (kern_cuda_pack_colsum, cuda_impl.h,
+ * serves both). */
 #include "kernels/cuda/cuda_impl.h"
 #include "kernels/kern_math.h"
 
@@ -80,14 +81,19 @@ void kern_cuda_colsum_add(float *sd, const float *partial, int runs, int cs) {
 
 /* The runs' sums live in the packing buffers (matmul.cu's, idle between
  * products: one stream), as many columns at a time as fit there. */
+int kern_cuda_colsum_slice(int runs, int per_run, int C) {
+  const size_t room = 2 * KERN_CUDA_SIZE_PACK_ELEMS * sizeof(uint16_t) / sizeof(float);
+  const size_t per_col = (size_t)runs * per_run;
+  const int cs = room / per_col >= (size_t)C ? C : (int)(room / per_col) & ~31;
+  KERN_CUDA_ASSERT(cs >= 32 || cs == C); /* N below 2^23 rows */
+  return cs;
+}
+
 void kern_cuda_colsum(float *sd, float *sdx, const float *dout, const float *inp,
                       const float *mean, const float *rstd, int N, int C, int64_t ld) {
   if (N <= 0 || C <= 0) return;
   const int runs = (N + KERN_COLSUM_ROWS - 1) / KERN_COLSUM_ROWS;
-  const size_t room = 2 * KERN_CUDA_SIZE_PACK_ELEMS * sizeof(uint16_t) / sizeof(float);
-  const size_t per_col = (size_t)runs * (sdx ? 2 : 1);
-  int cs = room / per_col >= (size_t)C ? C : (int)(room / per_col) & ~31;
-  KERN_CUDA_ASSERT(cs >= 32 || cs == C); /* N below 2^23 rows */
+  const int cs = kern_cuda_colsum_slice(runs, sdx ? 2 : 1, C);
   float *partial = (float *)kern_cuda_st.pack;
   for (int c0 = 0; c0 < C; c0 += cs) {
     const int n = C - c0 < cs ? C - c0 : cs;

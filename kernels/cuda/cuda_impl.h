@@ -253,6 +253,73 @@ void kern_cuda_colsum(float *sd, float *sdx, const float *dout, const float *inp
  * (the first stage's sums of cs columns, made elsewhere in its order). */
 void kern_cuda_colsum_add(float *sd, const float *partial, int runs, int cs);
 
+/* The columns a slice of the first stage's sums takes at once: all C, or
+ * as many (a multiple of 32) as fit runs x per_run sums a column in the
+ * packing buffers (colsum.cu's room for them). */
+int kern_cuda_colsum_slice(int runs, int per_run, int C);
+
+/* The first stage of a column sum over a matrix made on the way, and the
+ * matrix packed to bf16 (matmul.cu's dout, gelu.cu's dinp): for rows [0,
+ * rows) and columns [0, cols), dst[n dld + j] = bf16(x(n, j)) (as the casts
+ * round) and partial[run cols + j] = the sum of x(n, j) over the run's
+ * KERN_COLSUM_ROWS rows from zero, row by row (colsum.cu's order). A thread
+ * takes a run's rows for 8 columns (blocks: y over runs, x along the
+ * columns, kern_cuda_rows_grid(runs, (cols + 7) / 8)), a row at a time: the
+ * warp's loads of a row coalesced, 16-byte loads and stores where
+ * aligned(n, j) says x's 8 elements from (n, j) are (eight(n, j, lo, hi)
+ * then makes them) and dst's row allows, else one(n, j) an element; 4
+ * rows' loads issued together (a thread waited on memory 32 times a run,
+ * one row at a time) where alike says every row is aligned as the first.
+ * The sums are row by row whatever the path. */
+template <typename Aligned, typename Eight, typename One>
+__device__ __forceinline__ void kern_cuda_pack_colsum(uint16_t *dst, int64_t dld, float *partial,
+                                                      int rows, int cols, bool alike,
+                                                      Aligned aligned, Eight eight, One one) {
+  const int runs = (rows + KERN_COLSUM_ROWS - 1) / KERN_COLSUM_ROWS;
+  for (int run = blockIdx.y; run < runs; run += gridDim.y) {
+    const int n0 = run * KERN_COLSUM_ROWS,
+              n1 = rows - n0 < KERN_COLSUM_ROWS ? rows : n0 + KERN_COLSUM_ROWS;
+    for (int j = 8 * (blockIdx.x * blockDim.x + threadIdx.x); j < cols;
+         j += 8 * gridDim.x * blockDim.x) {
+      const int w = cols - j < 8 ? cols - j : 8; /* a row's tail: fewer than 8 */
+      float sum[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      int n = n0;
+      if (w == 8 && alike && aligned(n0, j) && kern_cuda_aligned16(dst + (int64_t)n0 * dld + j))
+        for (; n + 4 <= n1; n += 4) {
+          float4 lo[4], hi[4];
+#pragma unroll
+          for (int u = 0; u < 4; u++) eight(n + u, j, lo[u], hi[u]);
+#pragma unroll
+          for (int u = 0; u < 4; u++) {
+            kern_cuda_store_u16x8(dst + (int64_t)(n + u) * dld + j, kern_cuda_bf16x8(lo[u], hi[u]));
+            sum[0] += lo[u].x, sum[1] += lo[u].y, sum[2] += lo[u].z, sum[3] += lo[u].w;
+            sum[4] += hi[u].x, sum[5] += hi[u].y, sum[6] += hi[u].z, sum[7] += hi[u].w;
+          }
+        }
+      for (; n < n1; n++) {
+        uint16_t *d = dst + (int64_t)n * dld + j;
+        float4 lo, hi;
+        if (w == 8 && aligned(n, j)) {
+          eight(n, j, lo, hi);
+        } else {
+          float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+          for (int k = 0; k < w; k++) v[k] = one(n, j + k);
+          lo = make_float4(v[0], v[1], v[2], v[3]), hi = make_float4(v[4], v[5], v[6], v[7]);
+        }
+        sum[0] += lo.x, sum[1] += lo.y, sum[2] += lo.z, sum[3] += lo.w;
+        sum[4] += hi.x, sum[5] += hi.y, sum[6] += hi.z, sum[7] += hi.w;
+        if (w == 8 && kern_cuda_aligned16(d)) {
+          kern_cuda_store_u16x8(d, kern_cuda_bf16x8(lo, hi));
+        } else {
+          const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+          for (int k = 0; k < w; k++) d[k] = kern_f32_to_bf16(v[k]);
+        }
+      }
+      for (int k = 0; k < w; k++) partial[(int64_t)run * cols + j + k] = sum[k];
+    }
+  }
+}
+
 /* ---- attention on bf16 tensor cores (attention_tc.cu) -------------------------
  * The fused op of attention.cu (same saved log-sum-exp, same scratch) with
  * its products in bf16; 1 when launched, 0 when no kernel is built for the
@@ -320,6 +387,8 @@ double kern_cuda_sumsq(const float *x, size_t n);
 void kern_cuda_layernorm_fwd_bf16(uint16_t *out, float *mean, float *rstd, const float *inp,
                                   const float *w, const float *b, int N, int C);
 void kern_cuda_gelu_fwd_bf16(uint16_t *out, const float *inp, size_t n);
+void kern_cuda_gelu_bwd_bf16(uint16_t *dinp16, float *dbias, const float *inp, const float *dout,
+                             int N, int C);
 void kern_cuda_matmul_fwd_bf16(float *out, const uint16_t *inp, const float *w, const float *bias,
                                int N, int IC, int OC, int ldo);
 void kern_cuda_matmul_bwd_bf16(float *dinp, float *dw, float *dbias, const float *dout,

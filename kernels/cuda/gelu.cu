@@ -9,7 +9,9 @@
  * head of up to 3 and before a tail of (n - head) % 4 done one a thread in
  * the same launch; elsewhere every element goes one a thread. The same
  * formula on each element either way. Forward's bf16 output (gelu_fwd_bf16)
- * is the fp32 one rounded, 8 elements a thread as cast.cu's. */
+ * is the fp32 one rounded, 8 elements a thread as cast.cu's. Backward's
+ * bf16 form (gelu_bwd_bf16) writes dinp as the next product packs it, with
+ * its column sums for that product's dbias on the way. */
 #include "kernels/cuda/cuda_impl.h"
 #include "kernels/kern_math.h"
 
@@ -79,6 +81,30 @@ __global__ static void gelu_bwd_wide_kernel(float *dinp, const float *inp, const
       });
 }
 
+/* gelu_bwd_bf16: dinp (rows x cols of inp and dout, rows ld apart) made
+ * and packed to bf16 into dinp16 (rows ld apart), with its runs' column
+ * sums (kern_cuda_pack_colsum): the bytes matmul_bwd_bf16's packing of the
+ * fp32 dinp, and its dbias's first stage, would give; the fp32 dinp is
+ * never written (nor read back). */
+__global__ static void gelu_bwd_bf16_kernel(uint16_t *dinp16, float *partial, const float *inp,
+                                            const float *dout, int64_t ld, int rows, int cols) {
+  kern_cuda_pack_colsum(
+      dinp16, ld, partial, rows, cols, ld % 4 == 0,
+      [&](int64_t n, int j) {
+        return kern_cuda_aligned16(inp + n * ld + j) && kern_cuda_aligned16(dout + n * ld + j);
+      },
+      [&](int64_t n, int j, float4 &lo, float4 &hi) {
+        const float *x = inp + n * ld + j, *d = dout + n * ld + j;
+        const float4 x0 = kern_cuda_load_f32x4(x), x1 = kern_cuda_load_f32x4(x + 4);
+        const float4 d0 = kern_cuda_load_f32x4(d), d1 = kern_cuda_load_f32x4(d + 4);
+        lo = make_float4(kern_gelu_grad(x0.x) * d0.x, kern_gelu_grad(x0.y) * d0.y,
+                         kern_gelu_grad(x0.z) * d0.z, kern_gelu_grad(x0.w) * d0.w);
+        hi = make_float4(kern_gelu_grad(x1.x) * d1.x, kern_gelu_grad(x1.y) * d1.y,
+                         kern_gelu_grad(x1.z) * d1.z, kern_gelu_grad(x1.w) * d1.w);
+      },
+      [&](int64_t n, int j) { return kern_gelu_grad(inp[n * ld + j]) * dout[n * ld + j]; });
+}
+
 extern "C" void kern_cuda_gelu_fwd(float *out, const float *inp, size_t n) {
   if (!n) return;
   const size_t head = kern_cuda_head16(out, sizeof *out);
@@ -114,4 +140,24 @@ extern "C" void kern_cuda_gelu_bwd(float *dinp, const float *inp, const float *d
     gelu_bwd_kernel<<<kern_cuda_blocks(n, KERN_CUDA_THREADS), KERN_CUDA_THREADS, 0,
                       kern_cuda_st.stream>>>(dinp, inp, dout, n, acc);
   KERN_CUDA_LAUNCHED();
+}
+
+/* The runs' sums go through the packing buffers as kern_cuda_colsum's do, a
+ * slice of columns at a time, each slice's added to dbias in row order
+ * (kern_cuda_colsum_add): colsum's bits. */
+extern "C" void kern_cuda_gelu_bwd_bf16(uint16_t *dinp16, float *dbias, const float *inp,
+                                        const float *dout, int N, int C) {
+  KERN_CUDA_ASSERT(kern_cuda_st.bf16 && !kern_cuda_st.fast16bf);
+  if (N <= 0 || C <= 0) return;
+  const int runs = (N + KERN_COLSUM_ROWS - 1) / KERN_COLSUM_ROWS;
+  const int cs = kern_cuda_colsum_slice(runs, 1, C);
+  float *partial = (float *)kern_cuda_st.pack;
+  for (int c0 = 0; c0 < C; c0 += cs) {
+    const int n = C - c0 < cs ? C - c0 : cs, groups = (n + 7) / 8;
+    gelu_bwd_bf16_kernel<<<kern_cuda_rows_grid(runs, groups), kern_cuda_rows_threads(groups), 0,
+                           kern_cuda_st.stream>>>(dinp16 + c0, partial, inp + c0, dout + c0, C, N,
+                                                  n);
+    KERN_CUDA_LAUNCHED();
+    kern_cuda_colsum_add(dbias + c0, partial, runs, n);
+  }
 }

@@ -298,64 +298,18 @@ static int64_t gemm_pack(uint16_t *dst, const float *X, char t, int64_t ld, int6
 
 /* gemm_pack of dout's block (rows [r0, r0 + R), columns [c0, c0 + Cn), rows
  * ld apart, 'N') with the first stage of its column sums on the way
- * (colsum.cu's order: each run of KERN_COLSUM_ROWS rows summed from zero,
- * row by row; r0 starts a run): partial[j * Cn + c] for the block's runs j.
- * A thread takes a run's rows for 8 columns, a row at a time (the warp's
- * loads of a row coalesced; 4 rows' loads issued together where the rows
- * are aligned), 16-byte loads and stores where the row allows, as
- * gemm_pack_kernel. */
+ * (kern_cuda_pack_colsum; r0 starts a run): partial[j * Cn + c] for the
+ * block's runs j. */
 static_assert(KERN_COLSUM_ROWS == 32, "size.h's KERN_CUDA_SIZE_COLSUM_FLOATS counts runs of 32 rows");
 __global__ static void gemm_pack_colsum_kernel(uint16_t *dst, float *partial, const float *src,
                                                int64_t sld, int64_t dld, int rows, int cols) {
-  const int runs = (rows + KERN_COLSUM_ROWS - 1) / KERN_COLSUM_ROWS;
-  for (int run = blockIdx.y; run < runs; run += gridDim.y) {
-    const int n0 = run * KERN_COLSUM_ROWS,
-              n1 = rows - n0 < KERN_COLSUM_ROWS ? rows : n0 + KERN_COLSUM_ROWS;
-    for (int j = 8 * (blockIdx.x * blockDim.x + threadIdx.x); j < cols;
-         j += 8 * gridDim.x * blockDim.x) {
-      const int w = cols - j < 8 ? cols - j : 8; /* a row's tail: fewer than 8 */
-      float sum[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      int n = n0;
-      /* 4 rows' loads in flight at once where every row is 16-byte aligned
-       * (one row at a time, a thread waited on memory 32 times a run); the
-       * sums still row by row */
-      if (w == 8 && sld % 4 == 0 && kern_cuda_aligned16(src + (int64_t)n0 * sld + j))
-        for (; n + 4 <= n1; n += 4) {
-          float4 lo[4], hi[4];
-#pragma unroll
-          for (int u = 0; u < 4; u++) {
-            const float *s = src + (int64_t)(n + u) * sld + j;
-            lo[u] = kern_cuda_load_f32x4(s), hi[u] = kern_cuda_load_f32x4(s + 4);
-          }
-#pragma unroll
-          for (int u = 0; u < 4; u++) {
-            kern_cuda_store_u16x8(dst + (int64_t)(n + u) * dld + j, kern_cuda_bf16x8(lo[u], hi[u]));
-            sum[0] += lo[u].x, sum[1] += lo[u].y, sum[2] += lo[u].z, sum[3] += lo[u].w;
-            sum[4] += hi[u].x, sum[5] += hi[u].y, sum[6] += hi[u].z, sum[7] += hi[u].w;
-          }
-        }
-      for (; n < n1; n++) {
-        const float *s = src + (int64_t)n * sld + j;
-        uint16_t *d = dst + (int64_t)n * dld + j;
-        if (w == 8 && kern_cuda_aligned16(s)) {
-          const float4 lo = kern_cuda_load_f32x4(s), hi = kern_cuda_load_f32x4(s + 4);
-          kern_cuda_store_u16x8(d, kern_cuda_bf16x8(lo, hi));
-          sum[0] += lo.x, sum[1] += lo.y, sum[2] += lo.z, sum[3] += lo.w;
-          sum[4] += hi.x, sum[5] += hi.y, sum[6] += hi.z, sum[7] += hi.w;
-        } else {
-          float v[8];
-          for (int k = 0; k < w; k++) v[k] = s[k], sum[k] += v[k];
-          if (w == 8) {
-            kern_cuda_store_u16x8(d, kern_cuda_bf16x8(make_float4(v[0], v[1], v[2], v[3]),
-                                                      make_float4(v[4], v[5], v[6], v[7])));
-          } else {
-            for (int k = 0; k < w; k++) d[k] = kern_f32_to_bf16(v[k]);
-          }
-        }
-      }
-      for (int k = 0; k < w; k++) partial[(int64_t)run * cols + j + k] = sum[k];
-    }
-  }
+  kern_cuda_pack_colsum(
+      dst, dld, partial, rows, cols, sld % 4 == 0,
+      [&](int64_t n, int j) { return kern_cuda_aligned16(src + n * sld + j); },
+      [&](int64_t n, int j, float4 &lo, float4 &hi) {
+        lo = kern_cuda_load_f32x4(src + n * sld + j), hi = kern_cuda_load_f32x4(src + n * sld + j + 4);
+      },
+      [&](int64_t n, int j) { return src[n * sld + j]; });
 }
 
 /* Launches it; returns the packed leading dimension. */

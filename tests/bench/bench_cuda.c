@@ -253,8 +253,15 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
     if (!b) continue;
     OPS_TIME("matmul_fwd_bf16", sh, L,
              K->matmul_fwd_bf16(y, x16, w, bias, (int)N, mm[i].ic, mm[i].oc, mm[i].oc));
-    OPS_TIME("matmul_bwd_bf16", sh, L,
+    /* fc's dout comes in bf16 where GELU's backward makes it so (gpt.c,
+     * kern.h's gelu_bwd_bf16, which sums its dbias) */
+    const int f16 = i == 2 && K->gelu_bwd_bf16;
+    OPS_TIME("matmul_bwd_bf16", sh, f16 ? 0 : L,
              K->matmul_bwd_bf16(z, dw, dbias, y, NULL, x16, w, (int)N, mm[i].ic, mm[i].oc, mm[i].oc, 0));
+    if (!f16) continue;
+    snprintf(sh, sizeof sh, "%s:N=%zu,IC=%d,OC=%d,dout16", mm[i].name, N, mm[i].ic, mm[i].oc);
+    OPS_TIME("matmul_bwd_bf16", sh, L,
+             K->matmul_bwd_bf16(z, dw, NULL, NULL, y16, x16, w, (int)N, mm[i].ic, mm[i].oc, mm[i].oc, 0));
   }
   snprintf(sh, sizeof sh, "lm_head:N=%zu,IC=%d,OC=%d,ld=%d", N, C, V, ldv);
   OPS_TIME("matmul_fwd", sh, !a16, K->matmul_fwd(logits, x, wte, NULL, (int)N, C, V, ldv));
@@ -281,7 +288,9 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
   snprintf(sh, sizeof sh, "n=%zu", N * 4 * C);
   OPS_TIME("gelu_fwd", sh, a16 ? 0 : L, K->gelu_fwd(y, x, N * 4 * C));
   if (a16) OPS_TIME("gelu_fwd_bf16", sh, L, K->gelu_fwd_bf16(y16, x, N * 4 * C));
-  OPS_TIME("gelu_bwd", sh, L, K->gelu_bwd(z, x, y, N * 4 * C, 0));
+  const int g16 = a16 && K->gelu_bwd_bf16;
+  OPS_TIME("gelu_bwd", sh, g16 ? 0 : L, K->gelu_bwd(z, x, y, N * 4 * C, 0));
+  if (g16) OPS_TIME("gelu_bwd_bf16", sh, L, K->gelu_bwd_bf16(y16, dbias, x, y, (int)N, 4 * C));
   /* the backward ops write their activation gradients (acc 0): a step
    * zeroes none of these since 2026-11-27, only dres once; timed for what
    * they cost before */

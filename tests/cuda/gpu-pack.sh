@@ -20,7 +20,9 @@
 # look: FSDP_BENCH_ACTS16=0) for sm_90 alone, into
 # .gpu/v/REF.so, for gpu-run.sh's GPU_OPS_PLUGINS to time against each
 # other on one machine. GPU_PACK_BASES="REF ..." builds refs whose kern.h
-# table is this tree's (the bf16 activations in) the same way into
+# table is this tree's (the bf16 activations in; an op appended since, as
+# gelu_bwd_bf16, is compiled NULL into REF's table: each ref is built
+# against this tree's kern.h) the same way into
 # .gpu/r/REF.so: the builds gpu-run.sh's GPU_AB=1 times whole steps and ops
 # of against this tree's, on one machine.
 set -eu
@@ -58,6 +60,8 @@ cp tests/cuda/gpu-run.sh .gpu/
 pack_ref() {
   t=$(mktemp -d)
   git archive "$1" kernels | tar -x -C "$t"
+  # this tree's table: ops appended since REF are NULL in REF's (gelu_bwd_bf16)
+  cp kernels/kern.h "$t/kernels/kern.h"
   mkdir -p "$t/o" "$2"
   for f in "$t"/kernels/cuda/*.cu; do
     "$(mkvar NVCC)" -std=c++17 -I"$t" -gencode arch=compute_90,code=sm_90 -O3 -fmad=false \

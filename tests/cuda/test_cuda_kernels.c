@@ -1501,6 +1501,46 @@ static void test_layernorm_bf16(int N, int C) {
  * (floats 0..3, bf16 0..7): the CPU's GELU rounded (its bits), nothing
  * written outside the n elements; 8 elements a thread exactly where the
  * boundaries fall at the same element, as test_cast_offsets. */
+/* gelu_bwd_bf16 (kern.h), the bf16 mode's: dinp16 is the CPU's gelu_bwd
+ * rounded (f32_to_bf16; a NaN for a NaN), and dbias += the column sums of
+ * the CPU's dinp in kern_math.h's order (each run of KERN_COLSUM_ROWS rows
+ * summed from zero, row by row, the runs added in order: what
+ * matmul_bwd_bf16's dbias gives from the fp32 dinp), summed here apart.
+ * inp and dout start off floats past a 16-byte boundary (1: no 16-byte
+ * load). */
+static uint16_t bf16_nan_one(uint16_t v) { /* every NaN as one (dnew's fill stays) */
+  return (v & 0x7f80) == 0x7f80 && (v & 0x7f) && v != 0xffff ? 0x7fc0 : v;
+}
+static void test_gelu_bwd_bf16(int N, int C, int off) {
+  char shape[64];
+  snprintf(shape, sizeof shape, "N=%d C=%d off=%d", N, C, off);
+  const size_t n = (size_t)N * C;
+  float *x = frand(n, -6, 6), *dout = frand(n, -1, 1), *bias = frand(C, -1, 1);
+  const float special[] = {0.0f, -0.0f, 1e-30f, -10.5f, 10.5f, 3e38f, -3e38f, INFINITY, -INFINITY};
+  for (size_t i = 0; i < n && i < sizeof special / sizeof special[0]; i++) x[i * 7 % n] = special[i];
+  float *ref = xmalloc(n * 4), *dbias = fdup(bias, C);
+  uint16_t *ref16 = xmalloc(n * 2);
+  cpu->gelu_bwd(ref, x, dout, n, 0);
+  cpu->f32_to_bf16(ref16, ref, n);
+  for (int c = 0; c < C; c++)
+    for (int r0 = 0; r0 < N; r0 += KERN_COLSUM_ROWS) {
+      float run = 0.0f;
+      for (int r = r0; r < N && r < r0 + KERN_COLSUM_ROWS; r++) run += ref[(size_t)r * C + c];
+      dbias[c] += run;
+    }
+  float *dx = dnew((n + off) * 4), *dd = dnew((n + off) * 4), *db = dput(bias, C * 4);
+  uint16_t *dh = dnew(n * 2);
+  gpu->copy_h2d(dx + off, x, n * 4), gpu->copy_h2d(dd + off, dout, n * 4);
+  gpu->gelu_bwd_bf16(dh, db, dx + off, dd + off, N, C);
+  uint16_t *got = xmalloc(n * 2);
+  gpu->copy_d2h(got, dh, n * 2);
+  for (size_t i = 0; i < n; i++) got[i] = bf16_nan_one(got[i]), ref16[i] = bf16_nan_one(ref16[i]);
+  check_bits_u16("gelu_bwd_bf16", "dinp16", shape, got, ref16, n);
+  check_dev_bits("gelu_bwd_bf16", "dbias+=", shape, db, dbias, C);
+  gpu->dev_free(dx), gpu->dev_free(dd), gpu->dev_free(db), gpu->dev_free(dh);
+  free(x), free(dout), free(bias), free(ref), free(dbias), free(ref16), free(got);
+}
+
 static void test_gelu_bf16_offsets(size_t n) {
   char shape[64];
   snprintf(shape, sizeof shape, "n=%zu offsets 4x8", n);
@@ -1626,7 +1666,7 @@ int main(void) {
   /* the table itself */
   int table_ok = gpu == kern_cuda_init(&o, msg, sizeof msg) && !gpu->host_memory &&
                  !gpu->layernorm_fwd_bf16 && !gpu->gelu_fwd_bf16 && !gpu->matmul_fwd_bf16 &&
-                 !gpu->matmul_bwd_bf16 && /* fp32 products: no bf16 activations */
+                 !gpu->matmul_bwd_bf16 && !gpu->gelu_bwd_bf16 && /* fp32 products: no bf16 activations */
                  gpu->dev_alloc && gpu->dev_free && !gpu->reduce_f32 && !gpu->reduce_bf16 &&
                  !gpu->copy_stream && kern_cuda_reserved_bytes() > 0 && kern_cuda_stream();
   for (int op = 0; op < KERN_OP__COUNT; op++) table_ok &= gpu->supports_op((kern_op_t)op);
@@ -1766,7 +1806,7 @@ int main(void) {
      * the bf16 activations (kern.h); the others the first one */
     gpu = kern_cuda_init(&modes[m], msg, sizeof msg);
     const int offers = gpu && gpu->layernorm_fwd_bf16 && gpu->gelu_fwd_bf16 &&
-                       gpu->matmul_fwd_bf16 && gpu->matmul_bwd_bf16;
+                       gpu->matmul_fwd_bf16 && gpu->matmul_bwd_bf16 && gpu->gelu_bwd_bf16;
     report("table", mode_names[m], "-", 0, 0, "-", -1,
            gpu && (m == 0 ? offers && gpu != fp32_table && gpu->matmul_fwd == fp32_table->matmul_fwd
                           : gpu == fp32_table));
@@ -1792,6 +1832,16 @@ int main(void) {
       test_gelu_bf16_offsets(9);
       test_gelu_bf16_offsets(1003);
       test_gelu_bf16_offsets((size_t)1024 * 3072 + 5);
+      /* runs of 32 rows and a partial last (70); rows not 16-byte multiples
+       * apart and a tail of 5 columns (45); no aligned load (off 1); gpt2's
+       * 4C over 1000 rows */
+      test_gelu_bwd_bf16(70, 3072, 0);
+      test_gelu_bwd_bf16(37, 45, 0);
+      test_gelu_bwd_bf16(33, 264, 1);
+      test_gelu_bwd_bf16(1000, 3072, 0);
+      /* more runs than the scratch holds for every column at once (4097
+       * runs: the columns in slices) */
+      if (!gpu_only("test_gelu_bwd_bf16(131100, 4128, 0)")) test_gelu_bwd_bf16(131100, 4128, 0);
     }
     tol_gemm = tols[m];
     attn_gemm = 1; /* the products' path here; the fused attention's modes are below */

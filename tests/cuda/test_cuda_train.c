@@ -549,25 +549,32 @@ int main(int argc, char **argv) {
     check(worst <= CHUNK_TOL, "cuda bf16: odd B T, bf16 vs fp32 activations, loss", worst,
           CHUNK_TOL);
   }
-  /* bf16 mode's chunks hand the LM head's product bf16 dlogits (kern.h's
-   * crossentropy_fwd_bwd_bf16), the operands its packing of fp32 ones
-   * gave, and so does one chunk of all the rows (kept for backward):
-   * against a table without that op, every parameter equal on the
-   * emulator; within CHUNK_TOL (relative L2) where a GPU's library sums
-   * the differently laid out operands in another order */
+  /* bf16 mode's ops that hand a product the bf16 operand its packing of
+   * the fp32 one gave: the LM head's dlogits in chunks and in one chunk
+   * of all the rows (kept for backward; kern.h's crossentropy_fwd_bwd_bf16),
+   * and the fc product's dout with its dbias (gelu_bwd_bf16). Each against
+   * a table without that op: within CHUNK_TOL (relative L2), as the
+   * products may sum the differently laid out operands in another order
+   * (every parameter equal on the emulator at these sizes) */
   const kern_cuda_opts_t bf16 = {.bf16 = 1};
   const kern_backend_t *k16 = p->kern_init(&bf16, msg, sizeof msg);
-  if (!k16 || !k16->crossentropy_fwd_bwd_bf16) return 2;
-  static kern_backend_t k16_fp32_dlogits;
-  k16_fp32_dlogits = *k16;
-  k16_fp32_dlogits.crossentropy_fwd_bwd_bf16 = NULL;
+  if (!k16 || !k16->crossentropy_fwd_bwd_bf16 || !k16->gelu_bwd_bf16) return 2;
+  static kern_backend_t no_dlogits16, no_dfch16;
+  no_dlogits16 = *k16, no_dfch16 = *k16;
+  no_dlogits16.crossentropy_fwd_bwd_bf16 = NULL;
+  no_dfch16.gelu_bwd_bf16 = NULL;
   const gpt_config_t fc = {.layers = 2, .channels = 64, .heads = 4, .vocab = 256, .context = 64};
-  const int lrows[2] = {FV_CHUNK, FV_B * FV_T};
-  const char *how[2] = {"chunks'", "one chunk's"};
-  for (int k = 0; k < 2; k++) {
+  const struct {
+    const kern_backend_t *without;
+    int lrows;
+    const char *how;
+  } vs[3] = {{&no_dlogits16, FV_CHUNK, "chunks' bf16 dlogits"},
+             {&no_dlogits16, FV_B * FV_T, "one chunk's bf16 dlogits"},
+             {&no_dfch16, FV_CHUNK, "bf16 dfch (gelu_bwd_bf16)"}};
+  for (int k = 0; k < 3; k++) {
     float la[FV_STEPS], lb[FV_STEPS], *wa = NULL, *wb = NULL;
-    if (fv_run(k16, 0, lrows[k], la, &wa) || fv_run(&k16_fp32_dlogits, 0, lrows[k], lb, &wb)) {
-      fprintf(stderr, "test_cuda_train: bf16 %s dlogits: %s\n", how[k], err_msg());
+    if (fv_run(k16, 0, vs[k].lrows, la, &wa) || fv_run(vs[k].without, 0, vs[k].lrows, lb, &wb)) {
+      fprintf(stderr, "test_cuda_train: bf16 %s: %s\n", vs[k].how, err_msg());
       return 2;
     }
     size_t differ = 0;
@@ -577,9 +584,9 @@ int main(int argc, char **argv) {
       dd += ((double)wa[i] - wb[i]) * ((double)wa[i] - wb[i]), ss += (double)wb[i] * wb[i];
     }
     for (int i = 0; i < FV_STEPS; i++) lw = fmax(lw, fabs((double)la[i] - lb[i]) / fabs((double)lb[i]));
-    printf("cuda bf16: %s bf16 dlogits vs fp32: %zu parameters differ\n", how[k], differ);
+    printf("cuda bf16: %s vs fp32: %zu parameters differ\n", vs[k].how, differ);
     char what[96];
-    snprintf(what, sizeof what, "cuda bf16: %s bf16 dlogits vs fp32, weights (rel L2)", how[k]);
+    snprintf(what, sizeof what, "cuda bf16: %s vs fp32, weights (rel L2)", vs[k].how);
     check(lw <= CHUNK_TOL && sqrt(dd / ss) <= CHUNK_TOL, what, sqrt(dd / ss), CHUNK_TOL);
     free(wa), free(wb);
   }
