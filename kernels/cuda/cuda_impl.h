@@ -269,7 +269,8 @@ int kern_cuda_colsum_slice(int runs, int per_run, int C);
  * aligned(n, j) says x's 8 elements from (n, j) are (eight(n, j, lo, hi)
  * then makes them) and dst's row allows, else one(n, j) an element; 4
  * rows' loads issued together (a thread waited on memory 32 times a run,
- * one row at a time) where alike says every row is aligned as the first.
+ * one row at a time) where alike says every row of x is aligned as the
+ * first (and dst's rows are 16-byte multiples apart).
  * The sums are row by row whatever the path. */
 template <typename Aligned, typename Eight, typename One>
 __device__ __forceinline__ void kern_cuda_pack_colsum(uint16_t *dst, int64_t dld, float *partial,
@@ -284,7 +285,8 @@ __device__ __forceinline__ void kern_cuda_pack_colsum(uint16_t *dst, int64_t dld
       const int w = cols - j < 8 ? cols - j : 8; /* a row's tail: fewer than 8 */
       float sum[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       int n = n0;
-      if (w == 8 && alike && aligned(n0, j) && kern_cuda_aligned16(dst + (int64_t)n0 * dld + j))
+      if (w == 8 && alike && dld % 8 == 0 && aligned(n0, j) &&
+          kern_cuda_aligned16(dst + (int64_t)n0 * dld + j))
         for (; n + 4 <= n1; n += 4) {
           float4 lo[4], hi[4];
 #pragma unroll

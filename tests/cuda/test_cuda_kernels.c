@@ -1838,6 +1838,9 @@ int main(void) {
       test_gelu_bwd_bf16(70, 3072, 0);
       test_gelu_bwd_bf16(37, 45, 0);
       test_gelu_bwd_bf16(33, 264, 1);
+      /* fp32 rows 16-byte multiples apart, bf16 rows not (C % 8 == 4):
+       * helper-69 found the 4-row path storing 16 bytes at an odd row */
+      test_gelu_bwd_bf16(40, 36, 0);
       test_gelu_bwd_bf16(1000, 3072, 0);
       /* more runs than the scratch holds for every column at once (4097
        * runs: the columns in slices) */
