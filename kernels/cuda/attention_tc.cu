@@ -14,7 +14,8 @@
  *    O / l and lse = m + log l.
  *  - backward, two passes as attention.cu's (every output has one writer:
  *    no atomics, the same bytes from run to run): a query pass (a block per
- *    64 query rows, 4 warps) writes D = dout . out per row and dq += scale
+ *    128 query rows, 4 warps of 32; 64 rows at head size 128) writes D =
+ *    dout . out per row and dq += scale
  *    dS k over the key tiles, recomputing P = exp(scale S - lse) and dP =
  *    dout v^T; a key pass (a block per 128 keys, 8 warps) walks the 64-query
  *    tiles at or after it
@@ -68,22 +69,34 @@
 
 #define TC_ROWS 64                 /* a tile of the other side (keys; the key pass: queries) */
 /* Warps a block of each kernel; each owns 16 rows (queries; the key pass:
- * keys), so a block owns 16 x that many, and every tile of the other side it
- * stages serves them all. The forward and the key pass take 8 (128 rows: the
- * staging, a third of their instructions, halves against 64-row blocks,
- * at the same warps an SM by their registers); the query pass keeps 4
- * (blocks of 8 would stage half the tiles, but stop 35's 165 registers left
- * an SM one of them). Both backward passes take their own rows' fragments
- * from shared memory at each tile rather than holding them, and each tile
- * in two halves (tc_dkv_tile, tc_dq_tile), which fits 16 warps an SM at
- * head size 64: the key pass 2 blocks at 128 registers (226 and one block
- * before), the query pass 4 at 125 (168 and 3 before). */
+ * keys; the query pass: 16 for each m-tile, tc_dq_mt), so a block owns 16
+ * x that many, and every tile of the other side it stages serves them all.
+ * The forward and the key pass take 8 (128 rows: the staging, a third of
+ * their instructions, halves against 64-row blocks, at the same warps an SM
+ * by their registers); the query pass 4 (blocks of 8 would stage half the
+ * tiles, but stop 35's 165 registers left an SM one of them). Both
+ * backward passes take their own rows' fragments from shared memory at each
+ * tile rather than holding them, and each tile in parts (tc_dkv_tile: two
+ * halves; tc_dq_tile: parts of 32 / MT keys), which fits at
+ * head size 64 the key pass's 2 blocks an SM at 128 registers (226 and one
+ * block before) and the query pass's 3 at 168 (its 2 m-tiles in halves
+ * took 217, or spilled at 168; one m-tile in halves: 4 blocks at 125). */
 #define TC_FWD_WARPS 8
 #define TC_DQ_WARPS 4
 #define TC_DKV_WARPS 8
 #define TC_NT (TC_ROWS / 8)        /* a tile's 8-column strips (the products' n) */
 
 template <int HS> __host__ __device__ constexpr int tc_rw() { return HS / 2 + 4; } /* row tile: words a row */
+/* The query pass's warps own 16 rows for each of their m-tiles: 2 at head
+ * sizes to 64, so that every fragment of a key or value tile loaded from
+ * shared memory feeds two products, not one, for two independent chains of
+ * products a warp (the pass is latency-bound: ncu, docs/PERF.md); by count
+ * at head size 64, 3.5 ldmatrix a row a tile against 4 (the own rows'
+ * fragments are loaded again for each of the 4 parts of a tile that keep
+ * the registers at 168), and a block 128 query rows (the staging of the
+ * key and value tiles, per row, halves); 1 at 128 (registers). Untimed. */
+template <int HS> __host__ __device__ constexpr int tc_dq_mt() { return HS <= 64 ? 2 : 1; }
+template <int HS> __host__ __device__ constexpr int tc_dq_rows() { return 16 * tc_dq_mt<HS>() * TC_DQ_WARPS; }
 
 /* Shared-memory bytes of each kernel (the layouts below, in this order):
  * its own rows' tiles (16 W rows), two buffers of the other side's (64
@@ -95,8 +108,8 @@ template <int HS> constexpr size_t tc_fwd_smem() {
   return tc_row_bytes<HS>(16 * TC_FWD_WARPS) + 4 * tc_row_bytes<HS>(TC_ROWS);
 }
 template <int HS> constexpr size_t tc_dq_smem() {
-  return 2 * tc_row_bytes<HS>(16 * TC_DQ_WARPS) + 4 * tc_row_bytes<HS>(TC_ROWS) +
-         2 * 16 * TC_DQ_WARPS * sizeof(float);
+  return 2 * tc_row_bytes<HS>(tc_dq_rows<HS>()) + 4 * tc_row_bytes<HS>(TC_ROWS) +
+         2 * tc_dq_rows<HS>() * sizeof(float);
 }
 template <int HS> constexpr size_t tc_dkv_smem() {
   return 2 * tc_row_bytes<HS>(16 * TC_DKV_WARPS) + 4 * tc_row_bytes<HS>(TC_ROWS) +
@@ -246,39 +259,49 @@ __device__ __forceinline__ static void tc_scores(float s[TC_NT][4], const uint32
 /* tc_scores for NS strips of x (those in [lo, hi)), with a's fragments loaded from ar (the
  * warp's 16 rows of its own row tile) by ldmatrix, two 16-column slices at
  * a time, instead of held in registers through the kernel: the key pass's
- * registers. Each s[n] sums its slices in the same order (the same bits). */
-template <int HS, int NS>
+ * registers. Each s[n] sums its slices in the same order (the same bits).
+ * With MT m-tiles the warp owns 16 MT rows from ar, and s[mt NS + n] is
+ * m-tile mt's strip n: each b fragment loaded serves every m-tile. */
+template <int HS, int NS, int MT = 1>
 __device__ __forceinline__ static void tc_scores_lda(float (*s)[4], const uint32_t *ar, const uint32_t *x,
                                                      int lo, int hi) {
   const int l = threadIdx.x % 32;
   const uint32_t *xl = x + (l % 8) * tc_rw<HS>() + 4 * (HS >= 32 ? l / 8 : l / 8 % 2);
   const uint32_t *al = ar + (l % 16) * tc_rw<HS>() + 4 * (l / 16);
 #pragma unroll
-  for (int n = 0; n < NS; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+  for (int n = 0; n < MT * NS; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
   if constexpr (HS >= 32) {
 #pragma unroll
     for (int k = 0; k < HS / 16; k += 2) {
-      uint32_t a0[4], a1[4];
-      tc_ldsm<4, false>(a0, al + 8 * k);
-      tc_ldsm<4, false>(a1, al + 8 * (k + 1));
+      uint32_t a0[MT][4], a1[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++) {
+        tc_ldsm<4, false>(a0[mt], al + 16 * mt * tc_rw<HS>() + 8 * k);
+        tc_ldsm<4, false>(a1[mt], al + 16 * mt * tc_rw<HS>() + 8 * (k + 1));
+      }
 #pragma unroll
       for (int n = 0; n < NS; n++) {
         if (n < lo || n >= hi) continue; /* warp-uniform */
         uint32_t b[4];
         tc_ldsm<4, false>(b, xl + 8 * n * tc_rw<HS>() + 8 * k);
-        kern_cuda_mma_bf16(s[n], a0, b);
-        kern_cuda_mma_bf16(s[n], a1, b + 2);
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+          kern_cuda_mma_bf16(s[mt * NS + n], a0[mt], b);
+          kern_cuda_mma_bf16(s[mt * NS + n], a1[mt], b + 2);
+        }
       }
     }
   } else {
-    uint32_t a0[4];
-    tc_ldsm<4, false>(a0, al);
+    uint32_t a0[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) tc_ldsm<4, false>(a0[mt], al + 16 * mt * tc_rw<HS>());
 #pragma unroll
     for (int n = 0; n < NS; n++) {
       if (n < lo || n >= hi) continue;
       uint32_t b[2];
       tc_ldsm<2, false>(b, xl + 8 * n * tc_rw<HS>());
-      kern_cuda_mma_bf16(s[n], a0, b);
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++) kern_cuda_mma_bf16(s[mt * NS + n], a0[mt], b);
     }
   }
 }
@@ -286,23 +309,33 @@ __device__ __forceinline__ static void tc_scores_lda(float (*s)[4], const uint32
 /* acc[d] += p (16 x 64, s's accumulators as bf16) @ y for the row tile y
  * (64 rows of HS), over the 16-row slices holding strips in [lo, hi). b's
  * fragments for two 8-column strips of y come from one ldmatrix.trans:
- * lane l's row is the slice's row l % 16, at word 4 (d + l / 16). */
-template <int HS, int NS = TC_NT>
-__device__ __forceinline__ static void tc_accumulate(float acc[HS / 8][4], const float (*p)[4],
+ * lane l's row is the slice's row l % 16, at word 4 (d + l / 16). With MT
+ * m-tiles, acc[mt HS / 8 + d] += p[mt NS ..] @ y for each, every b
+ * fragment serving them all. */
+template <int HS, int NS = TC_NT, int MT = 1>
+__device__ __forceinline__ static void tc_accumulate(float (*acc)[4], const float (*p)[4],
                                                      const uint32_t *y, int lo, int hi) {
   const int l = threadIdx.x % 32;
   const uint32_t *yl = y + (l % 16) * tc_rw<HS>() + 4 * (l / 16);
 #pragma unroll
   for (int k = 0; k < NS / 2; k++) {
     if (2 * k + 1 < lo || 2 * k >= hi) continue; /* warp-uniform */
-    const uint32_t a[4] = {tc_pack(p[2 * k][0], p[2 * k][1]), tc_pack(p[2 * k][2], p[2 * k][3]),
-                           tc_pack(p[2 * k + 1][0], p[2 * k + 1][1]), tc_pack(p[2 * k + 1][2], p[2 * k + 1][3])};
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+      const float(*q)[4] = p + mt * NS + 2 * k;
+      a[mt][0] = tc_pack(q[0][0], q[0][1]), a[mt][1] = tc_pack(q[0][2], q[0][3]);
+      a[mt][2] = tc_pack(q[1][0], q[1][1]), a[mt][3] = tc_pack(q[1][2], q[1][3]);
+    }
 #pragma unroll
     for (int d = 0; d < HS / 8; d += 2) {
       uint32_t b[4];
       tc_ldsm<4, true>(b, yl + 16 * k * tc_rw<HS>() + 4 * d);
-      kern_cuda_mma_bf16(acc[d], a, b);
-      kern_cuda_mma_bf16(acc[d + 1], a, b + 2);
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++) {
+        kern_cuda_mma_bf16(acc[mt * (HS / 8) + d], a[mt], b);
+        kern_cuda_mma_bf16(acc[mt * (HS / 8) + d + 1], a[mt], b + 2);
+      }
     }
   }
 }
@@ -457,52 +490,61 @@ __global__ static void __launch_bounds__(TC_FWD_WARPS * 32, HS <= 64 ? 2 : 1) /*
   tc_put_rows<HS>(out + (int64_t)b * T * C + (int64_t)h * HS, C, q0 + w0, T, o, 1.0f, 0);
 }
 
-/* One key tile of the query pass for a warp's 16 query rows from i0 (their
- * rows qr, dr of the block's Q and dout tiles, and L, D of this lane's two
- * rows): dq += dS k over the 64 keys from j0 (tiles Ks, Vs), with P
- * recomputed from the scores and L. Some key is at or before the warp's
- * last row. As the key pass (tc_dkv_tile), q and dout come from shared
- * memory at each tile and the keys go in two halves of 32, dq seeing its
- * slices in the same order. */
-template <int HS>
-__device__ __forceinline__ static void tc_dq_tile(float dq[HS / 8][4], const uint32_t *qr,
-                                                  const uint32_t *dr, const float L[2],
-                                                  const float D[2], const uint32_t *Ks,
+/* One key tile of the query pass for a warp's 16 MT query rows from i0
+ * (their rows qr, dr of the block's Q and dout tiles, and L, D of this
+ * lane's two rows of each m-tile: L[2 mt + r]): dq += dS k over the 64
+ * keys from j0 (tiles Ks, Vs), with P recomputed from the scores and L.
+ * Some key is at or before the warp's last row; an m-tile's keys after
+ * its own rows are masked (P 0, dS 0). As the key pass (tc_dkv_tile), q
+ * and dout come from shared memory at each tile and the keys go in two
+ * halves of 32, dq seeing its slices in the same order. */
+template <int HS, int MT>
+__device__ __forceinline__ static void tc_dq_tile(float (*dq)[4], const uint32_t *qr,
+                                                  const uint32_t *dr, const float *L,
+                                                  const float *D, const uint32_t *Ks,
                                                   const uint32_t *Vs, float sl2, int i0, int j0, int T) {
-  constexpr int NS = TC_NT / 2, HR = 8 * NS; /* strips and rows of a half */
-  const int hi = min(TC_NT, (i0 + 15 - j0) / 8 + 1);
-  const int mask = j0 + TC_ROWS - 1 > i0 || i0 + 15 >= T;
+  constexpr int PARTS = 2 * MT, NS = TC_NT / PARTS, HR = 8 * NS; /* strips and rows of a part */
+  const int hi = min(TC_NT, (i0 + 16 * MT - 1 - j0) / 8 + 1);
 #pragma unroll
-  for (int hf = 0; hf < 2; hf++) {
+  for (int hf = 0; hf < PARTS; hf++) {
     if (NS * hf >= hi) continue; /* warp-uniform: every key of the half after the rows */
     const int hh = min(NS, hi - NS * hf);
     const uint32_t *kh = Ks + HR * hf * tc_rw<HS>(), *vh = Vs + HR * hf * tc_rw<HS>();
-    float s[NS][4], dp[NS][4];
-    tc_scores_lda<HS, NS>(s, qr, kh, 0, hh);
-    tc_scores_lda<HS, NS>(dp, dr, vh, 0, hh);
-    tc_mask<NS>(s, i0, j0 + HR * hf, T, mask);
+    float s[MT * NS][4], dp[MT * NS][4];
+    tc_scores_lda<HS, NS, MT>(s, qr, kh, 0, hh);
+    tc_scores_lda<HS, NS, MT>(dp, dr, vh, 0, hh);
 #pragma unroll
-    for (int n = 0; n < NS; n++)
+    for (int mt = 0; mt < MT; mt++) {
+      const int r0 = i0 + 16 * mt;
+      tc_mask<NS>(s + mt * NS, r0, j0 + HR * hf, T, j0 + TC_ROWS - 1 > r0 || r0 + 15 >= T);
 #pragma unroll
-      for (int e = 0; e < 4; e++) s[n][e] = kern_cuda_exp2_approx(fmaf(s[n][e], sl2, -L[e / 2])) * (dp[n][e] - D[e / 2]); /* dS */
-    tc_accumulate<HS, NS>(dq, s, kh, 0, hh);
+      for (int n = 0; n < NS; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          float *x = &s[mt * NS + n][e];
+          *x = kern_cuda_exp2_approx(fmaf(*x, sl2, -L[2 * mt + e / 2])) *
+               (dp[mt * NS + n][e] - D[2 * mt + e / 2]); /* dS */
+        }
+    }
+    tc_accumulate<HS, NS, MT>(dq, s, kh, 0, hh);
   }
 }
 
 /* Backward, query pass: D = dout . out of each row into Dg (B, NH, T), and
  * dq += scale * dS k over the key tiles. */
 template <int HS>
-__global__ static void __launch_bounds__(TC_DQ_WARPS * 32, HS <= 64 ? 4 : 1) /* 4: 128 registers */
+__global__ static void __launch_bounds__(TC_DQ_WARPS * 32, HS <= 64 ? 3 : 1) /* 3: 168 registers */
     tc_bwd_dq_kernel(float *dqkv, float *Dg, const float *dout, const uint16_t *dout16,
                      const uint16_t *qkv, const float *out, const float *lse, int T, int C, float scale,
                      int acc) {
   extern __shared__ __align__(128) unsigned char tc_smem[];
-  constexpr int OWN = 16 * TC_DQ_WARPS, NTH = 32 * TC_DQ_WARPS;
+  constexpr int MT = tc_dq_mt<HS>(), R = 16 * MT; /* a warp's rows */
+  constexpr int OWN = tc_dq_rows<HS>(), NTH = 32 * TC_DQ_WARPS;
   constexpr int TILE = TC_ROWS * tc_rw<HS>(); /* words of a 64-row tile */
   uint32_t *Qs = (uint32_t *)tc_smem, *dOs = Qs + OWN * tc_rw<HS>(), *KV = dOs + OWN * tc_rw<HS>();
   float *Lq = (float *)(KV + 4 * TILE), *Dq = Lq + OWN; /* KV: two buffers of K, V */
   const int b = blockIdx.z, h = blockIdx.y, NH = gridDim.y, q0 = blockIdx.x * OWN;
-  const int w0 = threadIdx.x / 32 * 16, lane = threadIdx.x % 32, g = lane / 4;
+  const int w0 = threadIdx.x / 32 * R, lane = threadIdx.x % 32, g = lane / 4;
   const int64_t C3 = 3 * (int64_t)C;
   const uint16_t *base = qkv + (int64_t)b * T * C3 + (int64_t)h * HS;
   const float *dbase = dout + (int64_t)b * T * C + (int64_t)h * HS; /* D's: fp32 */
@@ -511,11 +553,13 @@ __global__ static void __launch_bounds__(TC_DQ_WARPS * 32, HS <= 64 ? 4 : 1) /* 
   tc_stage<HS, TC_ROWS, NTH>(KV, base + C, C3, 0, T);
   tc_stage<HS, TC_ROWS, NTH>(KV + TILE, base + 2 * C, C3, 0, T);
   tc_cp_commit(); /* copied while D is computed */
-  { /* the warp's rows' D (a warp sum each, every row's loads issued first) and lse */
+  /* the warp's rows' D (a warp sum each, 16 rows' loads issued first) and lse */
+#pragma unroll
+  for (int r16 = 0; r16 < R; r16 += 16) {
     float d[16];
 #pragma unroll
     for (int r = 0; r < 16; r++) {
-      const int i = q0 + w0 + r;
+      const int i = q0 + w0 + r16 + r;
       d[r] = 0.0f;
       if (i >= T) continue;
       const float *orow = out + ((int64_t)b * T + i) * C + (int64_t)h * HS, *drow = dbase + (int64_t)i * C;
@@ -524,20 +568,25 @@ __global__ static void __launch_bounds__(TC_DQ_WARPS * 32, HS <= 64 ? 4 : 1) /* 
     }
 #pragma unroll
     for (int r = 0; r < 16; r++) {
-      const int i = q0 + w0 + r;
+      const int i = q0 + w0 + r16 + r;
       const int64_t row = ((int64_t)b * NH + h) * T + i;
       d[r] = kern_cuda_warp_sum(d[r]);
-      if (lane == 0) Lq[w0 + r] = i < T ? lse[row] : 0.0f, Dq[w0 + r] = d[r];
+      if (lane == 0) Lq[w0 + r16 + r] = i < T ? lse[row] : 0.0f, Dq[w0 + r16 + r] = d[r];
       if (lane == 0 && i < T) Dg[row] = d[r];
     }
   }
   tc_cp_wait<0>();
   __syncthreads();
-  const float L[2] = {Lq[w0 + g] * TC_LOG2E, Lq[w0 + g + 8] * TC_LOG2E}, D[2] = {Dq[w0 + g], Dq[w0 + g + 8]};
-  const float sl2 = scale * TC_LOG2E;
-  float dq[HS / 8][4];
+  float L[2 * MT], D[2 * MT]; /* this lane's rows g and g + 8 of each m-tile */
 #pragma unroll
-  for (int d = 0; d < HS / 8; d++) dq[d][0] = dq[d][1] = dq[d][2] = dq[d][3] = 0.0f;
+  for (int k = 0; k < 2 * MT; k++) {
+    const int r = w0 + 16 * (k / 2) + g + 8 * (k % 2);
+    L[k] = Lq[r] * TC_LOG2E, D[k] = Dq[r];
+  }
+  const float sl2 = scale * TC_LOG2E;
+  float dq[MT * HS / 8][4];
+#pragma unroll
+  for (int d = 0; d < MT * HS / 8; d++) dq[d][0] = dq[d][1] = dq[d][2] = dq[d][3] = 0.0f;
   const int kend = min(T, q0 + OWN);
   for (int j0 = 0, it = 0; j0 < kend; j0 += TC_ROWS, it++) {
     const uint32_t *Ks = KV + (it & 1) * 2 * TILE, *Vs = Ks + TILE;
@@ -549,12 +598,15 @@ __global__ static void __launch_bounds__(TC_DQ_WARPS * 32, HS <= 64 ? 4 : 1) /* 
     tc_cp_commit();
     tc_cp_wait<1>();
     __syncthreads();
-    if (j0 <= q0 + w0 + 15) /* warp-uniform: a key at or before the warp's rows */
-      tc_dq_tile<HS>(dq, Qs + w0 * tc_rw<HS>(), dOs + w0 * tc_rw<HS>(), L, D, Ks, Vs, sl2, q0 + w0,
-                     j0, T);
+    if (j0 <= q0 + w0 + R - 1) /* warp-uniform: a key at or before the warp's rows */
+      tc_dq_tile<HS, MT>(dq, Qs + w0 * tc_rw<HS>(), dOs + w0 * tc_rw<HS>(), L, D, Ks, Vs, sl2,
+                         q0 + w0, j0, T);
     __syncthreads();
   }
-  tc_put_rows<HS>(dqkv + (int64_t)b * T * C3 + (int64_t)h * HS, C3, q0 + w0, T, dq, scale, acc);
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+    tc_put_rows<HS>(dqkv + (int64_t)b * T * C3 + (int64_t)h * HS, C3, q0 + w0 + 16 * mt, T,
+                    dq + mt * (HS / 8), scale, acc);
 }
 
 /* One query tile of the key pass for a warp's 16 keys from j0 (their rows
@@ -672,10 +724,11 @@ template <typename K> static void tc_smem_allow(K kernel, size_t bytes, int *don
   *done = 1;
 }
 
-/* The grid of a kernel of w warps: blocks of 16 w rows, heads (y), batch rows (z). */
-static dim3 tc_grid(int B, int T, int NH, int w) {
+/* The grid of a kernel whose blocks own `rows` rows: blocks along T (x),
+ * heads (y), batch rows (z). */
+static dim3 tc_grid(int B, int T, int NH, int rows) {
   KERN_CUDA_ASSERT(NH <= 65535 && B <= 65535); /* grid y and z */
-  return dim3((unsigned)((T + 16 * w - 1) / (16 * w)), (unsigned)NH, (unsigned)B);
+  return dim3((unsigned)((T + rows - 1) / rows), (unsigned)NH, (unsigned)B);
 }
 
 /* The op's bf16 copies in its scratch (size.h): qkv's (B, T, 3C), then
@@ -704,7 +757,7 @@ static int tc_fwd(float *out, float *lse, float *scratch, const float *qkv, uint
   tc_smem_allow(tc_fwd_kernel<HS>, tc_fwd_smem<HS>(), &allowed);
   if (!qkv16) qkv16 = tc_copies(scratch, B, T, NH);
   kern_cuda_f32_to_bf16(qkv16, qkv, (size_t)B * T * 3 * C); /* each element rounded once */
-  tc_fwd_kernel<HS><<<tc_grid(B, T, NH, TC_FWD_WARPS), TC_FWD_WARPS * 32, tc_fwd_smem<HS>(),
+  tc_fwd_kernel<HS><<<tc_grid(B, T, NH, 16 * TC_FWD_WARPS), TC_FWD_WARPS * 32, tc_fwd_smem<HS>(),
                       kern_cuda_st.stream>>>(
       out, lse, qkv16, T, C, 1.0f / sqrtf((float)HS));
   KERN_CUDA_LAUNCHED();
@@ -730,11 +783,11 @@ static int tc_bwd(float *dqkv, float *scratch, const float *dout, const float *q
     qkv16 = copy;
   }
   kern_cuda_f32_to_bf16(dout16, dout, (size_t)B * T * C);
-  tc_bwd_dq_kernel<HS><<<tc_grid(B, T, NH, TC_DQ_WARPS), TC_DQ_WARPS * 32, tc_dq_smem<HS>(),
+  tc_bwd_dq_kernel<HS><<<tc_grid(B, T, NH, tc_dq_rows<HS>()), TC_DQ_WARPS * 32, tc_dq_smem<HS>(),
                          kern_cuda_st.stream>>>(
       dqkv, D, dout, dout16, qkv16, out, lse, T, C, scale, acc);
   KERN_CUDA_LAUNCHED();
-  tc_bwd_dkv_kernel<HS><<<tc_grid(B, T, NH, TC_DKV_WARPS), TC_DKV_WARPS * 32, tc_dkv_smem<HS>(),
+  tc_bwd_dkv_kernel<HS><<<tc_grid(B, T, NH, 16 * TC_DKV_WARPS), TC_DKV_WARPS * 32, tc_dkv_smem<HS>(),
                           kern_cuda_st.stream>>>(
       dqkv, D, dout16, qkv16, lse, T, C, scale, acc);
   KERN_CUDA_LAUNCHED();
