@@ -58,7 +58,7 @@
  * between) while the products of the one before run, and waited for
  * (tc_cp_wait, then a barrier) only when its turn comes. Shared memory is
  * dynamic (tc_*_smem: up to 137 KiB, for head size 128's key pass), asked
- * for once (tc_smem_allow); a GPU that gives a block less runs the fp32
+ * for once (kern_cuda_smem_allow); a GPU that gives a block less runs the fp32
  * kernels instead, which keep the same rows. */
 #include <cuda_bf16.h>
 #include <stdint.h>
@@ -712,18 +712,6 @@ __global__ static void __launch_bounds__(TC_DKV_WARPS * 32, HS <= 64 ? 2 : 1) /*
   tc_put_rows<HS>(kbase + 2 * C, C3, k0 + w0, T, dv, 1.0f, acc);
 }
 
-/* Lets a kernel take `bytes` of dynamic shared memory (over the 48 KiB a
- * launch gets unasked), and asks for the largest shared-memory carveout of
- * the SM's L1 (the query pass's 4 blocks take 218 KiB at head size 64: the
- * driver's own choice should be that too); once per kernel. */
-template <typename K> static void tc_smem_allow(K kernel, size_t bytes, int *done) {
-  if (*done) return;
-  KERN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-  KERN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                       (int)cudaSharedmemCarveoutMaxShared));
-  *done = 1;
-}
-
 /* The grid of a kernel whose blocks own `rows` rows: blocks along T (x),
  * heads (y), batch rows (z). */
 static dim3 tc_grid(int B, int T, int NH, int rows) {
@@ -753,8 +741,8 @@ template <int HS>
 static int tc_fwd(float *out, float *lse, float *scratch, const float *qkv, uint16_t *qkv16, int B,
                   int T, int C, int NH) {
   if (tc_fwd_smem<HS>() > kern_cuda_st.smem_optin) return 0;
-  static int allowed;
-  tc_smem_allow(tc_fwd_kernel<HS>, tc_fwd_smem<HS>(), &allowed);
+  static int asked; /* with the largest carveout (the query pass's 3 blocks take 224 KiB) */
+  kern_cuda_smem_allow(tc_fwd_kernel<HS>, tc_fwd_smem<HS>(), &asked);
   if (!qkv16) qkv16 = tc_copies(scratch, B, T, NH);
   kern_cuda_f32_to_bf16(qkv16, qkv, (size_t)B * T * 3 * C); /* each element rounded once */
   tc_fwd_kernel<HS><<<tc_grid(B, T, NH, 16 * TC_FWD_WARPS), TC_FWD_WARPS * 32, tc_fwd_smem<HS>(),
@@ -772,9 +760,9 @@ static int tc_bwd(float *dqkv, float *scratch, const float *dout, const float *q
                   int NH, int acc) {
   if (tc_dq_smem<HS>() > kern_cuda_st.smem_optin || tc_dkv_smem<HS>() > kern_cuda_st.smem_optin)
     return 0;
-  static int allowed_dq, allowed_dkv;
-  tc_smem_allow(tc_bwd_dq_kernel<HS>, tc_dq_smem<HS>(), &allowed_dq);
-  tc_smem_allow(tc_bwd_dkv_kernel<HS>, tc_dkv_smem<HS>(), &allowed_dkv);
+  static int asked_dq, asked_dkv;
+  kern_cuda_smem_allow(tc_bwd_dq_kernel<HS>, tc_dq_smem<HS>(), &asked_dq);
+  kern_cuda_smem_allow(tc_bwd_dkv_kernel<HS>, tc_dkv_smem<HS>(), &asked_dkv);
   const float scale = 1.0f / sqrtf((float)HS);
   float *D = scratch; /* (B, NH, T) */
   uint16_t *copy = tc_copies(scratch, B, T, NH), *dout16 = copy + (size_t)B * T * 3 * C;

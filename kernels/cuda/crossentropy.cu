@@ -206,14 +206,8 @@ static void ce_launch(float *losses, float *logits, const int32_t *targets, int 
                       int bwd, float dloss) {
   const size_t smem = ce_row_smem(V);
   if (smem <= kern_cuda_st.smem_optin) {
-    static int allowed; /* asked once for all of the opt-in limit, as attention_tc.cu asks */
-    if (!allowed) {
-      KERN_CUDA_CHECK(cudaFuncSetAttribute(ce_row_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           (int)kern_cuda_st.smem_optin));
-      KERN_CUDA_CHECK(cudaFuncSetAttribute(ce_row_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                           (int)cudaSharedmemCarveoutMaxShared));
-      allowed = 1;
-    }
+    static int asked; /* all of the opt-in limit */
+    kern_cuda_smem_allow(ce_row_kernel, kern_cuda_st.smem_optin, &asked);
     const int wide = kern_cuda_aligned16(logits) && ld % 4 == 0;
     ce_row_kernel<<<N, CE_ROW_THREADS, smem, kern_cuda_st.stream>>>(losses, logits, targets, V,
                                                                     (int64_t)ld, bwd, dloss, wide,

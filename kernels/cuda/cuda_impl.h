@@ -93,6 +93,19 @@ typedef struct kern_cuda_state {
 
 extern kern_cuda_state_t kern_cuda_st;
 
+/* Lets kernel take up to smem bytes of dynamic shared memory (past the 48
+ * KiB a launch gets unasked) and asks for the SM's largest shared-memory
+ * carveout; once (*asked), as the backend keeps the device its first
+ * kern_cuda_init selected for the life of the process (cudaFuncSetAttribute
+ * holds for the current device). */
+template <typename K> static void kern_cuda_smem_allow(K kernel, size_t smem, int *asked) {
+  if (*asked) return;
+  KERN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  KERN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                       (int)cudaSharedmemCarveoutMaxShared));
+  *asked = 1;
+}
+
 /* ---- launch helpers ---------------------------------------------------------
  * Element-wise kernels walk [0, n) in grid-stride loops, so any n fits in a
  * grid capped at KERN_CUDA_MAX_BLOCKS; callers return before launching when
