@@ -187,11 +187,12 @@ static int gemm_lt_bias(cudaDataType_t ab, cublasComputeType_t ct, char ta, char
 }
 
 /* ---- ragged shapes ---------------------------------------------------------
- * cuBLASLt's Hopper kernels (nvjet, TMA) are chosen only where M, N and K are
- * multiples of 8 elements; a product with one that is not (the LM head's
- * vocabulary, 50257) ran on sm80 CUTLASS kernels at a fifth of the speed
- * (stop 39's trace: the LM head's blocks with 50257's odd tail, 4 calls
- * 3.49 ms, 90 TFLOP/s, against 450-550 for the rest). So a product is
+ * Tensor-core kernels want 16-byte aligned accesses along every dimension;
+ * cuBLASLt gave the products with one not a multiple of 8 elements (the LM
+ * head's blocks holding 50257's odd tail) sm80 CUTLASS kernels (stop 39's
+ * trace: cutlass::Kernel2, 2 kernels of 4 calls a step, 3.49 and 3.40 ms,
+ * a few hundred GFLOP each, about 100 TFLOP/s) where every other product
+ * ran on its Hopper kernels (nvjet) at 450-550. So a product is
  * made in parts: each of M, N and K past 8 and not a multiple of 8 is cut
  * into its multiple of 8 and the rest (under 8: a sliver whose product is
  * small), the parts of K in order, the first with beta and the bias, the
