@@ -6,8 +6,9 @@
  * cores through mma.sync m16n8k16 (bf16 operands, fp32 accumulation) and
  * the softmax on the products' accumulators in registers:
  *
- *  - forward, a block per 128 query rows of one head, each of its 8 warps
- *    owning 16 rows: for each 64-key tile at or before its last row, S =
+ *  - forward, a block per 128 query rows of one head, each of its 4 warps
+ *    owning 32 rows (two m-tiles of 16; at head size 128, 8 warps of one):
+ *    for each 64-key tile at or before its last row, S =
  *    q k^T, the online softmax on S in fp32 (running maximum m and sum l per
  *    row, the output rescaled when m grows), P rounded to bf16 straight from
  *    S's accumulators into the next product's operand, O += P v; then out =
@@ -69,11 +70,12 @@
 
 #define TC_ROWS 64                 /* a tile of the other side (keys; the key pass: queries) */
 /* Warps a block of each kernel; each owns 16 rows (queries; the key pass:
- * keys; the query pass: 16 for each m-tile, tc_dq_mt), so a block owns 16
- * x that many, and every tile of the other side it stages serves them all.
- * The forward and the key pass take 8 (128 rows: the staging, a third of
- * their instructions, halves against 64-row blocks, at the same warps an SM
- * by their registers); the query pass 4 (blocks of 8 would stage half the
+ * keys; the forward and the query pass: 16 for each m-tile, tc_fwd_mt and
+ * tc_dq_mt), and every tile of the other side a block stages serves them
+ * all. TC_FWD_WARPS counts the forward's 16-row groups: 8 (128 rows: the
+ * staging, a third of its instructions, halves against 64-row blocks), 4
+ * warps of two m-tiles at head sizes to 64; the key pass takes 8 warps
+ * (the same reason); the query pass 4 (blocks of 8 would stage half the
  * tiles, but stop 35's 165 registers left an SM one of them). Both
  * backward passes take their own rows' fragments from shared memory at each
  * tile rather than holding them, and each tile in parts (tc_dkv_tile: two
@@ -226,32 +228,40 @@ template <int N, bool TR> __device__ __forceinline__ static void tc_ldsm(uint32_
 #endif
 }
 
-/* s[n] = a (16 x HS, KS fragments) @ x^T for the 8 rows of strip n of the
- * row tile x (64 rows of HS), for the strips n in [lo, hi); the others are
- * zeros. b's fragments for two 16-column slices (one at head size 16) come
- * from one ldmatrix: lane l's row is the strip's row l % 8, at slice word
- * 4 (l / 8). */
-template <int HS>
-__device__ __forceinline__ static void tc_scores(float s[TC_NT][4], const uint32_t a[HS / 16][4],
+/* s[n] = a (16 x HS, HS / 16 fragments) @ x^T for the 8 rows of strip n of
+ * the row tile x (NS strips of 8 rows of HS), for the strips n in [lo,
+ * hi); the others are zeros. b's fragments for two 16-column slices (one at
+ * head size 16) come from one ldmatrix: lane l's row is the strip's row l %
+ * 8, at slice word 4 (l / 8). With MT m-tiles, a holds each one's HS / 16
+ * fragments in turn and s[mt NS + n] is m-tile mt's strip n: each b
+ * fragment serves them all. */
+template <int HS, int NS = TC_NT, int MT = 1>
+__device__ __forceinline__ static void tc_scores(float (*s)[4], const uint32_t (*a)[4],
                                                  const uint32_t *x, int lo, int hi) {
   const int l = threadIdx.x % 32;
   const uint32_t *xl = x + (l % 8) * tc_rw<HS>() + 4 * (HS >= 32 ? l / 8 : l / 8 % 2);
 #pragma unroll
-  for (int n = 0; n < TC_NT; n++) {
-    s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+  for (int n = 0; n < NS; n++) {
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+      s[mt * NS + n][0] = s[mt * NS + n][1] = s[mt * NS + n][2] = s[mt * NS + n][3] = 0.0f;
     if (n < lo || n >= hi) continue; /* warp-uniform */
     if constexpr (HS >= 32) {
 #pragma unroll
       for (int k = 0; k < HS / 16; k += 2) {
         uint32_t b[4];
         tc_ldsm<4, false>(b, xl + 8 * n * tc_rw<HS>() + 8 * k);
-        kern_cuda_mma_bf16(s[n], a[k], b);
-        kern_cuda_mma_bf16(s[n], a[k + 1], b + 2);
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+          kern_cuda_mma_bf16(s[mt * NS + n], a[mt * (HS / 16) + k], b);
+          kern_cuda_mma_bf16(s[mt * NS + n], a[mt * (HS / 16) + k + 1], b + 2);
+        }
       }
     } else {
       uint32_t b[2];
       tc_ldsm<2, false>(b, xl + 8 * n * tc_rw<HS>());
-      kern_cuda_mma_bf16(s[n], a[0], b);
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++) kern_cuda_mma_bf16(s[mt * NS + n], a[mt * (HS / 16)], b);
     }
   }
 }
@@ -398,58 +408,86 @@ __device__ __forceinline__ static float tc_quad_sum(float v) {
   return v;
 }
 
-/* One key tile of the forward for a warp's 16 query rows from i0: the
+/* One key tile of the forward for a warp's 16 MT query rows from i0: the
  * scores against the 64 keys from j0 (tile Ks), the online softmax's m and
- * l (this lane's rows and columns) and the output o rescaled and
- * accumulated with P v (tile Vs). Some key is at or before the warp's last
- * row. */
-template <int HS>
-__device__ __forceinline__ static void tc_fwd_tile(float o[HS / 8][4], float m[2], float l[2],
-                                                   const uint32_t qa[HS / 16][4], const uint32_t *Ks,
+ * l (this lane's rows and columns: m[2 mt + r]) and the output o rescaled
+ * and accumulated with P v (tile Vs). Some key is at or before the warp's
+ * last row. With two m-tiles the tile goes in parts (the scores'
+ * registers), the softmax's maximum and rescaling per part. */
+template <int HS, int MT>
+__device__ __forceinline__ static void tc_fwd_tile(float (*o)[4], float *m, float *l,
+                                                   const uint32_t (*qa)[4], const uint32_t *Ks,
                                                    const uint32_t *Vs, float sl2, int i0, int j0, int T) {
-  const int hi = min(TC_NT, (i0 + 15 - j0) / 8 + 1);
-  float s[TC_NT][4];
-  tc_scores<HS>(s, qa, Ks, 0, hi);
-  /* the mask only where the tile holds a key after a row, or a row past T */
-  tc_mask(s, i0, j0, T, j0 + TC_ROWS - 1 > i0 || i0 + 15 >= T);
-  float mx[2] = {-INFINITY, -INFINITY}; /* of the unscaled scores: sl2 > 0 keeps the order */
+  /* one m-tile: the whole tile; two: 4 parts of 16 keys, which keep the
+   * registers at 167 for 3 blocks an SM (2 parts took 216, or spilled at
+   * 168), for 4 rescalings of o a tile instead of 1 */
+  constexpr int PARTS = MT == 1 ? 1 : 4, NS = TC_NT / PARTS, HR = 8 * NS; /* strips and rows of a part */
+  const int hi = min(TC_NT, (i0 + 16 * MT - 1 - j0) / 8 + 1);
 #pragma unroll
-  for (int n = 0; n < TC_NT; n++)
+  for (int hf = 0; hf < PARTS; hf++) {
+    if (NS * hf >= hi) continue; /* warp-uniform: every key of the part after the rows */
+    const int hh = min(NS, hi - NS * hf), jh = j0 + HR * hf;
+    const uint32_t *kh = Ks + HR * hf * tc_rw<HS>(), *vh = Vs + HR * hf * tc_rw<HS>();
+    float s[MT * NS][4];
+    tc_scores<HS, NS, MT>(s, qa, kh, 0, hh);
 #pragma unroll
-    for (int e = 0; e < 4; e++) mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
-  float corr[2], sum[2] = {0.0f, 0.0f};
+    for (int mt = 0; mt < MT; mt++) {
+      const int r0 = i0 + 16 * mt;
+      float(*sm)[4] = s + mt * NS, *mm = m + 2 * mt, *lm = l + 2 * mt;
+      /* the mask only where the part holds a key after a row, or a row past T */
+      tc_mask<NS>(sm, r0, jh, T, jh + HR - 1 > r0 || r0 + 15 >= T);
+      float mx[2] = {-INFINITY, -INFINITY}; /* of the unscaled scores: sl2 > 0 keeps the order */
 #pragma unroll
-  for (int r = 0; r < 2; r++) {
-    const float mn = fmaxf(m[r], tc_quad_max(mx[r]) * sl2); /* max of the scaled scores */
-    corr[r] = m[r] == -INFINITY ? 0.0f : kern_cuda_exp2_approx(m[r] - mn); /* nothing seen yet: o and l are 0 */
-    m[r] = mn;
-  }
-  /* a row past T has m = -inf and NaN here: only its own outputs, never written */
+      for (int n = 0; n < NS; n++)
 #pragma unroll
-  for (int n = 0; n < TC_NT; n++)
+        for (int e = 0; e < 4; e++) mx[e / 2] = fmaxf(mx[e / 2], sm[n][e]);
+      float corr[2], sum[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int e = 0; e < 4; e++) {
-      s[n][e] = kern_cuda_exp2_approx(fmaf(s[n][e], sl2, -m[e / 2]));
-      sum[e / 2] += s[n][e];
+      for (int r = 0; r < 2; r++) {
+        const float mn = fmaxf(mm[r], tc_quad_max(mx[r]) * sl2); /* max of the scaled scores */
+        corr[r] = mm[r] == -INFINITY ? 0.0f : kern_cuda_exp2_approx(mm[r] - mn); /* nothing seen yet: o and l are 0 */
+        mm[r] = mn;
+      }
+      /* a row past T has m = -inf and NaN here: only its own outputs, never
+       * written; a row's first part holds key 0, so every other row's m is
+       * finite from then on (a part whose keys all follow it adds 0) */
+#pragma unroll
+      for (int n = 0; n < NS; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          sm[n][e] = kern_cuda_exp2_approx(fmaf(sm[n][e], sl2, -mm[e / 2]));
+          sum[e / 2] += sm[n][e];
+        }
+#pragma unroll
+      for (int r = 0; r < 2; r++) lm[r] = lm[r] * corr[r] + sum[r]; /* this lane's columns; the quad's at the end */
+      float(*om)[4] = o + mt * (HS / 8);
+#pragma unroll
+      for (int d = 0; d < HS / 8; d++)
+        om[d][0] *= corr[0], om[d][1] *= corr[0], om[d][2] *= corr[1], om[d][3] *= corr[1];
     }
-#pragma unroll
-  for (int r = 0; r < 2; r++) l[r] = l[r] * corr[r] + sum[r]; /* this lane's columns; the quad's at the end */
-#pragma unroll
-  for (int d = 0; d < HS / 8; d++) o[d][0] *= corr[0], o[d][1] *= corr[0], o[d][2] *= corr[1], o[d][3] *= corr[1];
-  tc_accumulate<HS>(o, s, Vs, 0, hi);
+    tc_accumulate<HS, NS, MT>(o, s, vh, 0, hh);
+  }
 }
+
+/* The forward's warps own 16 rows for each of their m-tiles, a block 128
+ * rows either way: 2 m-tiles (4 warps) at head sizes to 64, as
+ * FlashAttention-2's forward, each K and V fragment loaded from shared
+ * memory feeding two products; 1 (8 warps) at 128 (registers). */
+template <int HS> __host__ __device__ constexpr int tc_fwd_mt() { return HS <= 64 ? 2 : 1; }
+template <int HS> __host__ __device__ constexpr int tc_fwd_warps() { return TC_FWD_WARPS / tc_fwd_mt<HS>(); }
 
 /* Forward: out, and lse (B, NH, T) = m + log(l) of each query row. */
 template <int HS>
-__global__ static void __launch_bounds__(TC_FWD_WARPS * 32, HS <= 64 ? 2 : 1) /* 2: 128 registers */
+__global__ static void __launch_bounds__(32 * tc_fwd_warps<HS>(), HS <= 64 ? 3 : 1) /* 3: 168 registers */
     tc_fwd_kernel(float *out, float *lse, const uint16_t *qkv, int T, int C, float scale) {
-  constexpr int OWN = 16 * TC_FWD_WARPS, NTH = 32 * TC_FWD_WARPS;
+  constexpr int MT = tc_fwd_mt<HS>(), R = 16 * MT; /* a warp's rows */
+  constexpr int OWN = 16 * TC_FWD_WARPS, NTH = 32 * tc_fwd_warps<HS>();
   const float sl2 = scale * TC_LOG2E; /* the scores in base 2 */
   extern __shared__ __align__(128) unsigned char tc_smem[];
   constexpr int TILE = TC_ROWS * tc_rw<HS>(); /* words of a 64-row tile */
   uint32_t *Qs = (uint32_t *)tc_smem, *KV = Qs + OWN * tc_rw<HS>(); /* KV: two buffers of K, V */
   const int b = blockIdx.z, h = blockIdx.y, NH = gridDim.y, q0 = blockIdx.x * OWN;
-  const int w0 = threadIdx.x / 32 * 16, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+  const int w0 = threadIdx.x / 32 * R, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
   const int64_t C3 = 3 * (int64_t)C;
   const uint16_t *base = qkv + (int64_t)b * T * C3 + (int64_t)h * HS;
   tc_stage<HS, OWN, NTH>(Qs, base, C3, q0, T);
@@ -458,11 +496,14 @@ __global__ static void __launch_bounds__(TC_FWD_WARPS * 32, HS <= 64 ? 2 : 1) /*
   tc_cp_commit();
   tc_cp_wait<0>();
   __syncthreads();
-  uint32_t qa[HS / 16][4];
-  tc_load_rows<HS>(qa, Qs + w0 * tc_rw<HS>());
-  float o[HS / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  uint32_t qa[MT * (HS / 16)][4];
 #pragma unroll
-  for (int d = 0; d < HS / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+  for (int mt = 0; mt < MT; mt++) tc_load_rows<HS>(qa + mt * (HS / 16), Qs + (w0 + 16 * mt) * tc_rw<HS>());
+  float o[MT * (HS / 8)][4], m[2 * MT], l[2 * MT];
+#pragma unroll
+  for (int k = 0; k < 2 * MT; k++) m[k] = -INFINITY, l[k] = 0.0f;
+#pragma unroll
+  for (int d = 0; d < MT * (HS / 8); d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
   const int kend = min(T, q0 + OWN); /* the block's last query sees keys < kend */
   for (int j0 = 0, it = 0; j0 < kend; j0 += TC_ROWS, it++) {
     const uint32_t *Ks = KV + (it & 1) * 2 * TILE, *Vs = Ks + TILE;
@@ -474,20 +515,26 @@ __global__ static void __launch_bounds__(TC_FWD_WARPS * 32, HS <= 64 ? 2 : 1) /*
     tc_cp_commit();
     tc_cp_wait<1>(); /* this tile's copies (the group before) have landed */
     __syncthreads(); /* every thread's */
-    if (j0 <= q0 + w0 + 15) tc_fwd_tile<HS>(o, m, l, qa, Ks, Vs, sl2, q0 + w0, j0, T); /* warp-uniform: a key at or before the warp's rows */
+    if (j0 <= q0 + w0 + R - 1) /* warp-uniform: a key at or before the warp's rows */
+      tc_fwd_tile<HS, MT>(o, m, l, qa, Ks, Vs, sl2, q0 + w0, j0, T);
     __syncthreads(); /* this tile is read: the next iteration's copies may take its buffer */
   }
-  float inv[2];
 #pragma unroll
-  for (int r = 0; r < 2; r++) {
-    const int i = q0 + w0 + g + 8 * r;
-    l[r] = tc_quad_sum(l[r]);
-    inv[r] = i < T ? 1.0f / l[r] : 0.0f;
-    if (i < T && t == 0) lse[((int64_t)b * NH + h) * T + i] = (m[r] + log2f(l[r])) * TC_LN2;
+  for (int mt = 0; mt < MT; mt++) {
+    float inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      const int i = q0 + w0 + 16 * mt + g + 8 * r, k = 2 * mt + r;
+      l[k] = tc_quad_sum(l[k]);
+      inv[r] = i < T ? 1.0f / l[k] : 0.0f;
+      if (i < T && t == 0) lse[((int64_t)b * NH + h) * T + i] = (m[k] + log2f(l[k])) * TC_LN2;
+    }
+    float(*om)[4] = o + mt * (HS / 8);
+#pragma unroll
+    for (int d = 0; d < HS / 8; d++)
+      om[d][0] *= inv[0], om[d][1] *= inv[0], om[d][2] *= inv[1], om[d][3] *= inv[1];
+    tc_put_rows<HS>(out + (int64_t)b * T * C + (int64_t)h * HS, C, q0 + w0 + 16 * mt, T, om, 1.0f, 0);
   }
-#pragma unroll
-  for (int d = 0; d < HS / 8; d++) o[d][0] *= inv[0], o[d][1] *= inv[0], o[d][2] *= inv[1], o[d][3] *= inv[1];
-  tc_put_rows<HS>(out + (int64_t)b * T * C + (int64_t)h * HS, C, q0 + w0, T, o, 1.0f, 0);
 }
 
 /* One key tile of the query pass for a warp's 16 MT query rows from i0
@@ -745,7 +792,7 @@ static int tc_fwd(float *out, float *lse, float *scratch, const float *qkv, uint
   kern_cuda_smem_allow(tc_fwd_kernel<HS>, tc_fwd_smem<HS>(), &asked);
   if (!qkv16) qkv16 = tc_copies(scratch, B, T, NH);
   kern_cuda_f32_to_bf16(qkv16, qkv, (size_t)B * T * 3 * C); /* each element rounded once */
-  tc_fwd_kernel<HS><<<tc_grid(B, T, NH, 16 * TC_FWD_WARPS), TC_FWD_WARPS * 32, tc_fwd_smem<HS>(),
+  tc_fwd_kernel<HS><<<tc_grid(B, T, NH, 16 * TC_FWD_WARPS), 32 * tc_fwd_warps<HS>(), tc_fwd_smem<HS>(),
                       kern_cuda_st.stream>>>(
       out, lse, qkv16, T, C, 1.0f / sqrtf((float)HS));
   KERN_CUDA_LAUNCHED();
