@@ -245,6 +245,18 @@ typedef struct kern_backend {
    * fp32 dinp is never made. Optional beside the four above. */
   void (*gelu_bwd_bf16)(uint16_t *dinp16, float *dbias, const float *inp, const float *dout, int N,
                         int C);
+  /* The LM head's logits in bf16, as autocast keeps a product's output:
+   * matmul_fwd_bf16 without a bias, each element its fp32 sum rounded once
+   * to bf16 (nearest even) into out16 (N rows ldo bf16 apart, ldo a
+   * multiple of 8, out16 16-byte aligned); and crossentropy_fwd_bwd_bf16
+   * from such logits (rows ld bf16 apart, ld a multiple of 8), the bf16
+   * dlogits written over them in place (the row's first V). The same
+   * formulas as crossentropy_fwd_bwd_bf16 on the logits widened. Optional
+   * beside the four above, both or neither. */
+  void (*matmul_fwd_bf16_out16)(uint16_t *out16, const uint16_t *inp, const float *w, int N,
+                                int IC, int OC, int ldo);
+  void (*crossentropy_fwd_bwd_bf16in)(float *losses, uint16_t *logits16, const int32_t *targets,
+                                      float dloss, int N, int V, int ld);
 } kern_backend_t;
 
 /* The x86-64 levels the CPU kernels are built for, numbered as the psABI's

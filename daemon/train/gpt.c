@@ -147,8 +147,9 @@ struct gpt {
                            * probabilities, 2 dlogits (forward_train), 3 dlogits backward
                            * has used; 4 nothing: forward_train ran the LM head's
                            * backward chunk by chunk (dln holds its gradient) */
-  int dlogits16;          /* with 2: the dlogits are bf16, in each row's second half
-                           * (crossentropy_fwd_bwd_bf16), for matmul_bwd_bf16's dout16 */
+  int dlogits16;          /* with 2: the dlogits are bf16, for matmul_bwd_bf16's dout16:
+                           * 1 in each row's second half (crossentropy_fwd_bwd_bf16),
+                           * 2 over the bf16 logits (crossentropy_fwd_bwd_bf16in) */
   float dloss_scale;      /* forward_train's */
 };
 
@@ -645,14 +646,16 @@ static void gpt_layer_bwd(gpt_t *g, int l, float *P, float *G, const float *res_
  * gradient) stay, which backward uses when one chunk is all the rows (the
  * gradient in bf16 where the backend rounds it so: dlogits16). */
 /* The LM head's backward for rows [r0, r0 + n) from the bf16 dlogits in
- * the logits' rows (rows 2 ld bf16 apart): their rows of dln, written, and
- * their share of wte's gradient */
+ * the logits' buffer, where `where` (g->dlogits16's) says: in each row's
+ * second half (rows 2 ld bf16 apart), or over the bf16 logits (ld apart):
+ * their rows of dln, written, and their share of wte's gradient */
 static void gpt_lm_head_bwd16(gpt_t *g, const gpt_embed_t *d0, const gpt_embed_t *p0, size_t r0,
-                              int n) {
+                              int n, int where) {
   const size_t C = (size_t)g->cfg.channels;
   const int ld = gpt_logits_ld(g);
-  g->be->matmul_bwd_bf16(g->dln + r0 * C, d0->wte, NULL, NULL, (const uint16_t *)g->logits + ld,
-                         gpt_act_at(g, g->lnf, r0 * C), p0->wte, n, (int)C, g->cfg.vocab, 2 * ld, 0);
+  const uint16_t *dl = (const uint16_t *)g->logits + (where == 1 ? ld : 0);
+  g->be->matmul_bwd_bf16(g->dln + r0 * C, d0->wte, NULL, NULL, dl, gpt_act_at(g, g->lnf, r0 * C),
+                         p0->wte, n, (int)C, g->cfg.vocab, where == 1 ? 2 * ld : ld, 0);
 }
 
 static void gpt_lm_head(gpt_t *g, const gpt_embed_t *p0, const gpt_embed_t *d0, int bwd,
@@ -660,18 +663,28 @@ static void gpt_lm_head(gpt_t *g, const gpt_embed_t *p0, const gpt_embed_t *d0, 
   const kern_backend_t *be = g->be;
   const size_t N = (size_t)g->B * (size_t)g->T, C = (size_t)g->cfg.channels;
   const int V = g->cfg.vocab, ld = gpt_logits_ld(g);
-  /* dlogits rounded to bf16 as the product would pack them, in each row's
-   * second half (kern.h), for the product to read so */
-  const int dl16 = bwd && g->acts16 && be->crossentropy_fwd_bwd_bf16;
+  /* dlogits rounded to bf16 as the product would pack them (kern.h), for
+   * the product to read so: in each row's second half (1), or (2) from
+   * logits the product wrote in bf16 (as autocast keeps them), over them */
+  int dl16 = bwd && g->acts16 && be->crossentropy_fwd_bwd_bf16;
+  if (dl16 && be->matmul_fwd_bf16_out16 && be->crossentropy_fwd_bwd_bf16in) dl16 = 2;
   g->dlogits16 = 0;
   for (size_t r0 = 0; r0 < N; r0 += (size_t)g->lrows) {
     const int n = N - r0 < (size_t)g->lrows ? (int)(N - r0) : g->lrows;
     const void *x = gpt_act_at(g, g->lnf, r0 * C);
-    gpt_act_matmul_fwd(g, g->logits, x, p0->wte, NULL, n, (int)C, V, ld);
+    if (dl16 == 2) {
+      uint16_t *l16 = (uint16_t *)g->logits;
+      be->matmul_fwd_bf16_out16(l16, x, p0->wte, n, (int)C, V, ld);
+      be->crossentropy_fwd_bwd_bf16in(g->losses + r0, l16, g->targets + r0, dscale, n, V, ld);
+    } else {
+      gpt_act_matmul_fwd(g, g->logits, x, p0->wte, NULL, n, (int)C, V, ld);
+      if (dl16)
+        be->crossentropy_fwd_bwd_bf16(g->losses + r0, g->logits, g->targets + r0, dscale, n, V,
+                                      ld);
+    }
     if (dl16) {
-      be->crossentropy_fwd_bwd_bf16(g->losses + r0, g->logits, g->targets + r0, dscale, n, V, ld);
-      if (d0) gpt_lm_head_bwd16(g, d0, p0, r0, n);
-      g->dlogits16 = !d0;
+      if (d0) gpt_lm_head_bwd16(g, d0, p0, r0, n, dl16);
+      g->dlogits16 = d0 ? 0 : dl16;
       continue;
     }
     if (bwd) /* the probabilities go straight to dlogits, as gpt_backward would make them */
@@ -791,7 +804,7 @@ int gpt_backward(gpt_t *g, float dloss_scale) {
     if (chunked)
       gpt_lm_head(g, &p0, &d0, 1, dloss_scale / (float)N);
     else if (had == 2 && g->dlogits16)
-      gpt_lm_head_bwd16(g, &d0, &p0, 0, (int)N);
+      gpt_lm_head_bwd16(g, &d0, &p0, 0, (int)N, g->dlogits16);
     else
       gpt_act_matmul_bwd(g, g->dln, d0.wte, NULL, g->logits, g->lnf, p0.wte, (int)N, C, V,
                          gpt_logits_ld(g), 0);

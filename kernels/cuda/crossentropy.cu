@@ -200,6 +200,137 @@ __global__ static void __launch_bounds__(CE_ROW_THREADS)
   if (threadIdx.x == 0) losses[blockIdx.x] = logf(s) - (xt - mx);
 }
 
+/* ---- bf16 logits (kern.h's crossentropy_fwd_bwd_bf16in) --------------------
+ * The LM head's product wrote the logits in bf16 (matmul_fwd_bf16_out16):
+ * half the bytes to read, and the row in shared memory half the room, so
+ * two blocks share an SM (one at fp32: its loads and its arithmetic did not
+ * overlap). ce_row16_kernel is ce_row_kernel's bf16 mode on the logits
+ * widened, bit for bit: each thread the same elements in the same order
+ * (the sum's 4 a turn, then the tail), the same exponential; e^(x - max) is
+ * taken again in the last pass instead of stored (the row stays bf16), the
+ * same value. Its outputs, the bf16 dlogits, go over the logits in place
+ * (the row was read whole into shared memory before). Rows that do not fit
+ * take the streaming kernel on bf16 (crossentropy_fwd_kernel's form: its
+ * bits, not the row kernel's). */
+
+__device__ __forceinline__ float ce_x16(uint16_t h) { return kern_bf16_to_f32(h); }
+
+/* One row a block, in bf16 (above); wide: rows 16-byte aligned. Two
+ * blocks an SM: 32 registers a thread. */
+__global__ static void __launch_bounds__(CE_ROW_THREADS, 2)
+    ce_row16_kernel(float *losses, uint16_t *logits, const int32_t *targets, int V, int64_t ld,
+                    float dloss, int wide, int fast) {
+  extern __shared__ float4 ce_smem[];
+  float *sh = (float *)ce_smem;
+  uint16_t *row = (uint16_t *)(sh + CE_ROW_SCRATCH);
+  uint16_t *x = logits + (int64_t)blockIdx.x * ld;
+  const int t = targets[blockIdx.x], V4 = V / 4, V8 = V / 8;
+  const float xt = ce_x16(x[t]); /* before any thread writes the row (two barriers) */
+  /* pass 1: the row into shared memory, and this thread's maximum */
+  float m = -INFINITY;
+  if (wide) {
+    for (int c = threadIdx.x; c < V8; c += blockDim.x) {
+      const uint4 v = kern_cuda_load_u16x8(x + 8 * c);
+      *(uint4 *)(row + 8 * c) = v;
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        const float lo = ce_x16((uint16_t)(w[k] & 0xffffu)), hi = ce_x16((uint16_t)(w[k] >> 16));
+        m = lo > m ? lo : m, m = hi > m ? hi : m;
+      }
+    }
+    for (int j = 8 * V8 + threadIdx.x; j < V; j += blockDim.x) {
+      row[j] = x[j];
+      m = ce_x16(row[j]) > m ? ce_x16(row[j]) : m;
+    }
+  } else {
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+      row[j] = x[j];
+      m = ce_x16(row[j]) > m ? ce_x16(row[j]) : m;
+    }
+  }
+  const float mx = ce_block_reduce(m, 0, sh); /* a barrier: the row is in */
+  /* pass 2: this thread's sum of e^(x - max), ce_row_kernel's elements and order */
+  float s = 0.0f;
+  for (int c = threadIdx.x; c < V4; c += blockDim.x) {
+    const uint16_t *r = row + 4 * c;
+    s += ce_exp(ce_x16(r[0]), mx, fast), s += ce_exp(ce_x16(r[1]), mx, fast);
+    s += ce_exp(ce_x16(r[2]), mx, fast), s += ce_exp(ce_x16(r[3]), mx, fast);
+  }
+  for (int j = 4 * V4 + threadIdx.x; j < V; j += blockDim.x) s += ce_exp(ce_x16(row[j]), mx, fast);
+  s = ce_block_reduce(s, 1, sh);
+  const float inv = 1.0f / s;
+  /* pass 3: the bf16 gradient over the row, from the shared copy */
+  const int v8 = wide ? V8 : 0;
+  for (int c = threadIdx.x; c < v8; c += blockDim.x) {
+    const uint16_t *r = row + 8 * c;
+    const int j = 8 * c;
+    float g[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+      g[k] = ce_out(ce_exp(ce_x16(r[k]), mx, fast), inv, j + k, t, 1, dloss);
+    kern_cuda_store_u16x8(x + j, kern_cuda_bf16x8(make_float4(g[0], g[1], g[2], g[3]),
+                                                  make_float4(g[4], g[5], g[6], g[7])));
+  }
+  for (int j = 8 * v8 + threadIdx.x; j < V; j += blockDim.x)
+    x[j] = kern_f32_to_bf16(ce_out(ce_exp(ce_x16(row[j]), mx, fast), inv, j, t, 1, dloss));
+  if (threadIdx.x == 0) losses[blockIdx.x] = logf(s) - (xt - mx);
+}
+
+/* The streaming form on bf16 logits: crossentropy_fwd_kernel's two passes
+ * (kern_expf), the bf16 gradient in place, each element written by the
+ * thread that read it */
+__global__ static void crossentropy_fwd16_kernel(float *losses, uint16_t *logits,
+                                                 const int32_t *targets, int V, int64_t ld,
+                                                 float dloss) {
+  __shared__ float sh[32];
+  uint16_t *x = logits + (int64_t)blockIdx.x * ld;
+  const int t = targets[blockIdx.x];
+  const float xt = ce_x16(x[t]);
+  float m = -INFINITY, s = 0.0f;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) {
+    const float v = ce_x16(x[j]);
+    if (v > m) {
+      s = m == -INFINITY ? 0.0f : s * kern_expf(m - v);
+      m = v;
+    }
+    if (m != -INFINITY) s += kern_expf(v - m);
+  }
+  const float mx = ce_block_reduce(m, 0, sh);
+  s = m == -INFINITY ? 0.0f : s * kern_expf(m - mx);
+  s = ce_block_reduce(s, 1, sh);
+  const float inv = 1.0f / s;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) {
+    const float p = kern_expf(ce_x16(x[j]) - mx) * inv;
+    x[j] = kern_f32_to_bf16(j == t ? (p - 1.0f) * dloss : p * dloss);
+  }
+  if (threadIdx.x == 0) losses[blockIdx.x] = logf(s) - (xt - mx);
+}
+
+/* The dynamic shared memory ce_row16_kernel takes for a row of V */
+static size_t ce_row16_smem(int V) {
+  return CE_ROW_SCRATCH * sizeof(float) + (((size_t)V + 7) & ~(size_t)7) * sizeof(uint16_t);
+}
+
+extern "C" void kern_cuda_crossentropy_fwd_bwd_bf16in(float *losses, uint16_t *logits16,
+                                                      const int32_t *targets, float dloss, int N,
+                                                      int V, int ld) {
+  if (N <= 0 || V <= 0) return;
+  KERN_CUDA_ASSERT(ld >= V && ld % 8 == 0);
+  const size_t smem = ce_row16_smem(V);
+  if (smem <= kern_cuda_st.smem_optin) {
+    static int asked; /* all of the opt-in limit */
+    kern_cuda_smem_allow(ce_row16_kernel, kern_cuda_st.smem_optin, &asked);
+    ce_row16_kernel<<<N, CE_ROW_THREADS, smem, kern_cuda_st.stream>>>(
+        losses, logits16, targets, V, (int64_t)ld, dloss, kern_cuda_aligned16(logits16),
+        kern_cuda_st.bf16);
+  } else {
+    crossentropy_fwd16_kernel<<<N, CE_THREADS, 0, kern_cuda_st.stream>>>(losses, logits16, targets,
+                                                                          V, (int64_t)ld, dloss);
+  }
+  KERN_CUDA_LAUNCHED();
+}
+
 /* Every form's launch: ce_row_kernel where the row fits in shared memory,
  * else the streaming kernel */
 static void ce_launch(float *losses, float *logits, const int32_t *targets, int N, int V, int ld,

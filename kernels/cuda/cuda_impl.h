@@ -411,6 +411,11 @@ void kern_cuda_matmul_bwd_bf16(float *dinp, float *dw, float *dbias, const float
                                int IC, int OC, int ldo, int acc);
 void kern_cuda_crossentropy_fwd_bwd_bf16(float *losses, float *logits, const int32_t *targets,
                                          float dloss, int N, int V, int ld);
+void kern_cuda_matmul_fwd_bf16_out16(uint16_t *out, const uint16_t *inp, const float *w, int N,
+                                     int IC, int OC, int ldo);
+void kern_cuda_crossentropy_fwd_bwd_bf16in(float *losses, uint16_t *logits16,
+                                           const int32_t *targets, float dloss, int N, int V,
+                                           int ld);
 int kern_cuda_attention_bf16_fits(int C, int NH);
 void kern_cuda_attention_fwd_bf16(float *out, float *att, float *scratch, const float *qkv,
                                   uint16_t *qkv16, int B, int T, int C, int NH);

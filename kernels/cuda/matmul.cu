@@ -36,6 +36,9 @@ static uint32_t gemm_align(const void *p, int64_t ld, int64_t stride, int batch,
   return a;
 }
 
+/* Bytes of an element of type t (fp32 or bf16). */
+static size_t gemm_esize(cudaDataType_t t) { return t == CUDA_R_16BF ? 2 : 4; }
+
 /* A column-major layout of rows x cols of type t with leading dimension ld,
  * batched. */
 static cublasLtMatrixLayout_t gemm_layout(cudaDataType_t t, uint64_t rows, uint64_t cols,
@@ -54,13 +57,15 @@ static cublasLtMatrixLayout_t gemm_layout(cudaDataType_t t, uint64_t rows, uint6
 
 /* One cublasLtMatmul, row-major C = alpha op(A) op(B) + beta C (+ bias,
  * N floats, on every row, when set: the BIAS epilogue; batch 1), A and B of
- * type ab (fp32, or bf16 packed), C fp32, computed as ct. 0, or -1 (nothing
- * queued) when cuBLASLt has no algorithm for it; *why then says so. */
+ * type ab (fp32, or bf16 packed), C of type cd (fp32; bf16 for a product
+ * rounded once from its fp32 sums, gemm_bf16_out), computed as ct. 0, or -1
+ * (nothing queued) when cuBLASLt has no algorithm for it; *why then says
+ * so. */
 static int gemm_lt(cudaDataType_t ab, cublasComputeType_t ct, char ta, char tb, int M, int N,
                    int K, float alpha, const void *A, int64_t lda, int64_t sA, const void *B,
-                   int64_t ldb, int64_t sB, float beta, float *C, int64_t ldc, int64_t sC,
-                   int batch, const float *bias, cublasStatus_t *why) {
-  const size_t es = ab == CUDA_R_16BF ? 2 : 4;
+                   int64_t ldb, int64_t sB, float beta, void *C, cudaDataType_t cd, int64_t ldc,
+                   int64_t sC, int batch, const float *bias, cublasStatus_t *why) {
+  const size_t es = gemm_esize(ab);
   /* column-major: D' (N x M) = op(B') (N x K) op(A') (K x M), B' = B, A' = A */
   const cublasOperation_t opb = tb == 'T' ? CUBLAS_OP_T : CUBLAS_OP_N; /* first operand */
   const cublasOperation_t opa = ta == 'T' ? CUBLAS_OP_T : CUBLAS_OP_N; /* second operand */
@@ -70,7 +75,7 @@ static int gemm_lt(cudaDataType_t ab, cublasComputeType_t ct, char ta, char tb, 
                                         : gemm_layout(ab, K, N, ldb, sB, batch);
   cublasLtMatrixLayout_t la = ta == 'N' ? gemm_layout(ab, K, M, lda, sA, batch)
                                         : gemm_layout(ab, M, K, lda, sA, batch);
-  cublasLtMatrixLayout_t lc = gemm_layout(CUDA_R_32F, N, M, ldc, sC, batch);
+  cublasLtMatrixLayout_t lc = gemm_layout(cd, N, M, ldc, sC, batch);
 
   cublasLtMatmulDesc_t desc;
   KERN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, ct, CUDA_R_32F));
@@ -95,7 +100,7 @@ static int gemm_lt(cudaDataType_t ab, cublasComputeType_t ct, char ta, char tb, 
   const uint64_t ws = KERN_CUDA_SIZE_WORKSPACE;
   const uint32_t al_first = gemm_align(B, ldb, sB, batch, es),
                  al_second = gemm_align(A, lda, sA, batch, es),
-                 al_c = gemm_align(C, ldc, sC, batch, sizeof(float));
+                 al_c = gemm_align(C, ldc, sC, batch, gemm_esize(cd));
   KERN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
   KERN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
@@ -173,16 +178,18 @@ static void gemm_bias_add(float *C, const float *bias, int M, int N, int64_t ldc
  * aligned, else by a pass after the product. 0, or -1 (nothing queued). */
 static int gemm_lt_bias(cudaDataType_t ab, cublasComputeType_t ct, char ta, char tb, int M,
                         int N, int K, float alpha, const void *A, int64_t lda, int64_t sA,
-                        const void *B, int64_t ldb, int64_t sB, float beta, float *C, int64_t ldc,
-                        int64_t sC, int batch, const float *bias, cublasStatus_t *why) {
+                        const void *B, int64_t ldb, int64_t sB, float beta, void *C,
+                        cudaDataType_t cd, int64_t ldc, int64_t sC, int batch, const float *bias,
+                        cublasStatus_t *why) {
+  KERN_CUDA_ASSERT(!bias || cd == CUDA_R_32F); /* a bf16 C has no bias (gemm_bf16_out) */
   if (bias && !((uintptr_t)bias & 15) &&
-      !gemm_lt(ab, ct, ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch,
-               bias, why))
+      !gemm_lt(ab, ct, ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, cd, ldc, sC,
+               batch, bias, why))
     return 0;
-  if (gemm_lt(ab, ct, ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch,
+  if (gemm_lt(ab, ct, ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, cd, ldc, sC, batch,
               NULL, why))
     return -1;
-  if (bias) gemm_bias_add(C, bias, M, N, ldc);
+  if (bias) gemm_bias_add((float *)C, bias, M, N, ldc);
   return 0;
 }
 
@@ -345,20 +352,23 @@ static int gemm_half(int x) { return ((x + 1) / 2 + 63) & ~63; }
 static void gemm_packed_block(const char *op, char ta, char tb, int M, int N, int K, float alpha,
                               const uint16_t *pa, int64_t plda, int64_t psa, const uint16_t *pb,
                               int64_t pldb, int64_t psb, const float *Af, int64_t lda, int64_t sA,
-                              const float *Bf, int64_t ldb, int64_t sB, float beta, float *C,
-                              int64_t ldc, int64_t sC, int batch, const float *bias) {
+                              const float *Bf, int64_t ldb, int64_t sB, float beta, void *C,
+                              cudaDataType_t cd, int64_t ldc, int64_t sC, int batch,
+                              const float *bias) {
   gemm_parts(M, N, K, [&](int m0, int mm, int n0, int nn, int k0, int kk, bool first) {
+    /* a bf16 C is rounded once: its sum is never cut (gemm_bf16_out) */
+    KERN_CUDA_ASSERT(cd == CUDA_R_32F || (k0 == 0 && kk == K));
     const int64_t a = gemm_at(ta, m0, k0, plda), b = gemm_at(tb, k0, n0, pldb);
-    float *c = C + (int64_t)m0 * ldc + n0;
+    void *c = (char *)C + ((int64_t)m0 * ldc + n0) * (int64_t)gemm_esize(cd);
     const float bt = first ? beta : 1.0f, *bs = bias && first ? bias + n0 : NULL;
     cublasStatus_t why;
     if (!gemm_lt_bias(CUDA_R_16BF, CUBLAS_COMPUTE_32F, ta, tb, mm, nn, kk, alpha, pa + a, plda,
-                      psa, pb + b, pldb, psb, bt, c, ldc, sC, batch, bs, &why))
+                      psa, pb + b, pldb, psb, bt, c, cd, ldc, sC, batch, bs, &why))
       return;
     if (!Af || !Bf ||
         gemm_lt_bias(CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_16BF, ta, tb, mm, nn, kk, alpha,
                      Af + gemm_at(ta, m0, k0, lda), lda, sA, Bf + gemm_at(tb, k0, n0, ldb), ldb,
-                     sB, bt, c, ldc, sC, batch, bs, &why))
+                     sB, bt, c, cd, ldc, sC, batch, bs, &why))
       gemm_none(op, ta, tb, mm, nn, kk, lda, ldb, ldc, sA, sB, sC, batch, why);
   });
 }
@@ -392,25 +402,33 @@ static const float *gemm_block_f32(const gemm_operand_t *X, char t, int b0, int 
   return X->x + (int64_t)b0 * X->stride + gemm_at(t, r0, c0, X->ld);
 }
 
+/* C of type cd: fp32, or bf16 (gemm_bf16_out: the sum is then never cut,
+ * so that each element is rounded once, and a product whose blocks cannot
+ * hold the whole sum is refused) */
 static void gemm_bf16_packed(const char *op, char ta, char tb, int M, int N, int K, float alpha,
                              const gemm_operand_t *A, const gemm_operand_t *B, float beta,
-                             float *C, int64_t ldc, int64_t sC, int batch, const float *bias) {
+                             void *C, cudaDataType_t cd, int64_t ldc, int64_t sC, int batch,
+                             const float *bias) {
   const size_t cap = KERN_CUDA_SIZE_PACK_ELEMS;
   uint16_t *pa = kern_cuda_st.pack, *pb = kern_cuda_st.pack + cap;
   int mc = M, nc = N, kc = K, g = batch;
+  const int whole_k = cd != CUDA_R_32F;
   for (;;) { /* an operand in bf16 takes no room */
     const size_t na = A->x16 ? 0 : gemm_packed(ta, mc, kc), nb = B->x16 ? 0 : gemm_packed(tb, kc, nc);
     if ((size_t)g * na <= cap && (size_t)g * nb <= cap) break;
     if (g > 1) g = (g + 1) / 2;
     else if (na > cap && mc > 2048) mc = gemm_half(mc);
     else if (nb > cap && nc > 2048) nc = gemm_half(nc);
-    else if (kc > 256) kc = gemm_half(kc);
+    else if (kc > 256 && !whole_k) kc = gemm_half(kc);
     else if (mc > 256) mc = gemm_half(mc);
-    else nc = gemm_half(nc); /* 256 x 256 blocks fit: the loop ends */
+    else if (nc > 256 || !whole_k) nc = gemm_half(nc); /* 256 x 256 blocks fit: the loop ends */
+    else if (mc > 64) mc = gemm_half(mc); /* the whole sum: blocks of fewer rows and columns */
+    else if (nc > 64) nc = gemm_half(nc);
+    else gemm_none(op, ta, tb, M, N, K, 0, 0, ldc, 0, 0, sC, batch, CUBLAS_STATUS_NOT_SUPPORTED);
   }
   for (int b0 = 0; b0 < batch; b0 += g) {
     const int gb = batch - b0 < g ? batch - b0 : g;
-    float *Cb = C + (int64_t)b0 * sC;
+    char *Cb = (char *)C + (int64_t)b0 * sC * (int64_t)gemm_esize(cd);
     for (int m0 = 0; m0 < M; m0 += mc) {
       const int mm = M - m0 < mc ? M - m0 : mc;
       for (int k0 = 0; k0 < K; k0 += kc) {
@@ -424,8 +442,9 @@ static void gemm_bf16_packed(const char *op, char ta, char tb, int M, int N, int
           gemm_packed_block(op, ta, tb, mm, nn, kk, alpha, ba, plda, psa, bb, pldb, psb,
                             gemm_block_f32(A, ta, b0, m0, k0), A->ld, A->stride,
                             gemm_block_f32(B, tb, b0, k0, n0), B->ld, B->stride,
-                            k0 ? 1.0f : beta, Cb + (int64_t)m0 * ldc + n0, ldc, sC, gb,
-                            bias && !k0 ? bias + n0 : NULL);
+                            k0 ? 1.0f : beta,
+                            Cb + ((int64_t)m0 * ldc + n0) * (int64_t)gemm_esize(cd), cd, ldc, sC,
+                            gb, bias && !k0 ? bias + n0 : NULL);
         }
       }
     }
@@ -457,7 +476,7 @@ static void gemm_any(const char *op, char ta, char tb, int M, int N, int K, floa
   }
   if (kern_cuda_st.bf16 && !kern_cuda_st.fast16bf) {
     const gemm_operand_t a = {A, NULL, lda, sA}, b = {B, NULL, ldb, sB};
-    gemm_bf16_packed(op, ta, tb, M, N, K, alpha, &a, &b, beta, C, ldc, sC, batch, bias);
+    gemm_bf16_packed(op, ta, tb, M, N, K, alpha, &a, &b, beta, C, CUDA_R_32F, ldc, sC, batch, bias);
     return;
   }
   const cublasComputeType_t ct = kern_cuda_st.bf16   ? CUBLAS_COMPUTE_32F_FAST_16BF
@@ -467,7 +486,7 @@ static void gemm_any(const char *op, char ta, char tb, int M, int N, int K, floa
     cublasStatus_t why;
     if (gemm_lt_bias(CUDA_R_32F, ct, ta, tb, mm, nn, kk, alpha, A + gemm_at(ta, m0, k0, lda), lda,
                      sA, B + gemm_at(tb, k0, n0, ldb), ldb, sB, first ? beta : 1.0f,
-                     C + (int64_t)m0 * ldc + n0, ldc, sC, batch,
+                     C + (int64_t)m0 * ldc + n0, CUDA_R_32F, ldc, sC, batch,
                      bias && first ? bias + n0 : NULL, &why))
       gemm_none(op, ta, tb, mm, nn, kk, lda, ldb, ldc, sA, sB, sC, batch, why);
   });
@@ -578,10 +597,10 @@ static int gemm_bwd_joint(float *dinp, float *dw, float *dbias, const gemm_opera
       /* without acc, dinp's rows take their first column block with beta 0 (not read) */
       gemm_packed_block(__func__, 'N', 'N', rr, IC, cc, 1.0f, pd, plda, 0, pw, pldw, 0, dout_rc,
                         dout->ld, 0, w_c, IC, 0, acc || c0 ? 1.0f : 0.0f,
-                        dinp + (int64_t)r0 * IC, IC, 0, 1, NULL);
+                        dinp + (int64_t)r0 * IC, CUDA_R_32F, IC, 0, 1, NULL);
       gemm_packed_block(__func__, 'T', 'N', cc, IC, rr, 1.0f, pd, plda, 0, pi, pld, 0, dout_rc,
                         dout->ld, 0, gemm_block_f32(inp, 'N', 0, r0, 0), IC, 0, 1.0f,
-                        dw + (int64_t)c0 * IC, IC, 0, 1, NULL);
+                        dw + (int64_t)c0 * IC, CUDA_R_32F, IC, 0, 1, NULL);
     }
   }
   return 1;
@@ -605,7 +624,7 @@ static void matmul_bwd_any(float *dinp, float *dw, float *dbias, const gemm_oper
   if (dinp && OC > 0 && N > 0 && IC > 0) {
     if (bf16_ops)
       gemm_bf16_packed(__func__, 'N', 'N', N, IC, OC, 1.0f, dout, &wo, acc ? 1.0f : 0.0f, dinp,
-                       IC, 0, 1, NULL);
+                       CUDA_R_32F, IC, 0, 1, NULL);
     else
       kern_cuda_gemm(__func__, 'N', 'N', N, IC, OC, 1.0f, dout->x, dout->ld, 0, w, IC, 0,
                      acc ? 1.0f : 0.0f, dinp, IC, 0, 1);
@@ -613,7 +632,8 @@ static void matmul_bwd_any(float *dinp, float *dw, float *dbias, const gemm_oper
   /* dw (OC, IC) += dout^T (OC, N) @ inp (N, IC) */
   if (!dw || OC <= 0 || IC <= 0 || N <= 0) return;
   if (bf16_ops)
-    gemm_bf16_packed(__func__, 'T', 'N', OC, IC, N, 1.0f, dout, inp, 1.0f, dw, IC, 0, 1, NULL);
+    gemm_bf16_packed(__func__, 'T', 'N', OC, IC, N, 1.0f, dout, inp, 1.0f, dw, CUDA_R_32F, IC, 0, 1,
+                     NULL);
   else
     kern_cuda_gemm(__func__, 'T', 'N', OC, IC, N, 1.0f, dout->x, dout->ld, 0, inp->x, IC, 0, 1.0f,
                    dw, IC, 0, 1);
@@ -640,7 +660,24 @@ extern "C" void kern_cuda_matmul_fwd_bf16(float *out, const uint16_t *inp, const
   KERN_CUDA_ASSERT(IC % 8 == 0 && kern_cuda_aligned16(inp)); /* kern.h: 16-byte rows */
   if (N <= 0 || OC <= 0) return;
   const gemm_operand_t a = {NULL, inp, IC, 0}, b = {w, NULL, IC, 0};
-  gemm_bf16_packed(__func__, 'N', 'T', N, OC, IC, 1.0f, &a, &b, 0.0f, out, ldo, 0, 1, bias);
+  gemm_bf16_packed(__func__, 'N', 'T', N, OC, IC, 1.0f, &a, &b, 0.0f, out, CUDA_R_32F, ldo, 0, 1,
+                   bias);
+}
+
+/* The LM head's logits in bf16 (kern.h's matmul_fwd_bf16_out16): each
+ * element the product's fp32 sum rounded once, by cuBLASLt's write of D,
+ * as PyTorch's autocast keeps a linear layer's output: half the bytes
+ * written, and read by the cross-entropy (crossentropy_fwd_bwd_bf16in). */
+extern "C" void kern_cuda_matmul_fwd_bf16_out16(uint16_t *out, const uint16_t *inp,
+                                                const float *w, int N, int IC, int OC, int ldo) {
+  KERN_CUDA_ASSERT(ldo >= OC && ldo % 8 == 0 && kern_cuda_aligned16(out) && IC > 0 &&
+                   kern_cuda_st.bf16 && !kern_cuda_st.fast16bf);
+  /* 16-byte rows (kern.h), so that the sum is never cut (gemm_parts) */
+  KERN_CUDA_ASSERT(IC % 8 == 0 && kern_cuda_aligned16(inp));
+  if (N <= 0 || OC <= 0) return;
+  const gemm_operand_t a = {NULL, inp, IC, 0}, b = {w, NULL, IC, 0};
+  gemm_bf16_packed(__func__, 'N', 'T', N, OC, IC, 1.0f, &a, &b, 0.0f, out, CUDA_R_16BF, ldo, 0, 1,
+                   NULL);
 }
 
 extern "C" void kern_cuda_matmul_bwd_bf16(float *dinp, float *dw, float *dbias, const float *dout,

@@ -267,8 +267,14 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
   OPS_TIME("matmul_fwd", sh, !a16, K->matmul_fwd(logits, x, wte, NULL, (int)N, C, V, ldv));
   OPS_TIME("matmul_bwd", sh, !a16,
            K->matmul_bwd(z, dwte, NULL, logits, x, wte, (int)N, C, V, ldv, 0));
+  /* bf16 logits where the table offers them (gpt.c's chunks) */
+  const int l16 = a16 && K->crossentropy_fwd_bwd_bf16in && K->matmul_fwd_bf16_out16;
+  if (l16)
+    OPS_TIME("matmul_fwd_bf16_out16", sh, 1,
+             K->matmul_fwd_bf16_out16((uint16_t *)logits, x16, wte, (int)N, C, V, ldv));
   if (a16) { /* backward from the bf16 dlogits the chunks make */
-    OPS_TIME("matmul_fwd_bf16", sh, 1, K->matmul_fwd_bf16(logits, x16, wte, NULL, (int)N, C, V, ldv));
+    OPS_TIME("matmul_fwd_bf16", sh, !l16,
+             K->matmul_fwd_bf16(logits, x16, wte, NULL, (int)N, C, V, ldv));
     OPS_TIME("matmul_bwd_bf16", sh, 1,
              K->matmul_bwd_bf16(z, dwte, NULL, NULL, (const uint16_t *)logits + ldv, x16, wte,
                                 (int)N, C, V, 2 * ldv, 0));
@@ -305,9 +311,15 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
    * are timed for comparison, counted 0 times a step */
   OPS_TIME("crossentropy_fwd_bwd", sh, !a16,
            K->crossentropy_fwd_bwd(losses, logits, tok, 1.0f / (float)N, (int)N, V, ldv));
-  if (a16) /* the chunks' form, the bf16 dlogits for the product (gpt.c) */
-    OPS_TIME("crossentropy_fwd_bwd_bf16", sh, 1,
+  /* the chunks' form, the bf16 dlogits for the product (gpt.c): from bf16
+   * logits where the table offers it */
+  if (a16)
+    OPS_TIME("crossentropy_fwd_bwd_bf16", sh, !l16,
              K->crossentropy_fwd_bwd_bf16(losses, logits, tok, 1.0f / (float)N, (int)N, V, ldv));
+  if (l16)
+    OPS_TIME("crossentropy_fwd_bwd_bf16in", sh, 1,
+             K->crossentropy_fwd_bwd_bf16in(losses, (uint16_t *)logits, tok, 1.0f / (float)N,
+                                            (int)N, V, ldv));
   OPS_TIME("crossentropy_fwd", sh, 0, K->crossentropy_fwd(losses, logits, tok, (int)N, V, ldv));
   OPS_TIME("crossentropy_bwd", sh, 0,
            K->crossentropy_bwd(logits, tok, 1.0f / (float)N, (int)N, V, ldv));
@@ -321,7 +333,15 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
   OPS_TIME("lm_head_chunked", sh, 0, {
     for (size_t r0 = 0; r0 < N; r0 += (size_t)lrows) {
       const int n = N - r0 < (size_t)lrows ? (int)(N - r0) : lrows;
-      if (a16) { /* the bf16 dlogits in each row's second half, as gpt.c's chunks */
+      if (l16) { /* bf16 logits, the dlogits over them, as gpt.c's chunks */
+        K->matmul_fwd_bf16_out16((uint16_t *)logits, x16 + r0 * C, wte, n, C, V, ldv);
+        K->crossentropy_fwd_bwd_bf16in(losses + r0, (uint16_t *)logits, tok + r0, 1.0f / (float)N,
+                                       n, V, ldv);
+        K->matmul_bwd_bf16(z + r0 * C, dwte, NULL, NULL, (const uint16_t *)logits, x16 + r0 * C,
+                           wte, n, C, V, ldv, 0);
+        continue;
+      }
+      if (a16) { /* the bf16 dlogits in each row's second half */
         K->matmul_fwd_bf16(logits, x16 + r0 * C, wte, NULL, n, C, V, ldv);
         K->crossentropy_fwd_bwd_bf16(losses + r0, logits, tok + r0, 1.0f / (float)N, n, V, ldv);
         K->matmul_bwd_bf16(z + r0 * C, dwte, NULL, NULL, (const uint16_t *)logits + ldv,

@@ -1501,6 +1501,110 @@ static void test_layernorm_bf16(int N, int C) {
  * (floats 0..3, bf16 0..7): the CPU's GELU rounded (its bits), nothing
  * written outside the n elements; 8 elements a thread exactly where the
  * boundaries fall at the same element, as test_cast_offsets. */
+/* The LM head on bf16 logits (kern.h: matmul_fwd_bf16_out16 and
+ * crossentropy_fwd_bwd_bf16in, the bf16 mode's): the logits the fp32
+ * product's rounded once (bit for bit on the emulator, whose cuBLASLt sums
+ * both alike; on a GPU within the bf16 products' bound, which holds the
+ * rounding and the order of the sums), each row's padding untouched; the
+ * losses and bf16 dlogits bit for bit crossentropy_fwd_bwd_bf16's on the
+ * logits widened (the same kernel's form: rows in shared memory or
+ * streaming alike at these V), over the logits in place, the padding still
+ * untouched; and the product from them (rows ld apart) as from the second
+ * halves (2 ld apart). */
+static void test_lm_head_l16(int N, int C, int V, int ld) {
+  char shape[64];
+  snprintf(shape, sizeof shape, "N=%d C=%d V=%d ld=%d", N, C, V, ld);
+  const size_t n = (size_t)N * V, nx = (size_t)N * C, nw = (size_t)V * C, nl = (size_t)N * ld;
+  float *x = frand(nx, -1, 1), *w = frand(nw, -0.5f, 0.5f);
+  int32_t *tgt = xmalloc(N * sizeof(int32_t));
+  for (int i = 0; i < N; i++) tgt[i] = (int32_t)rand_below((uint32_t)V);
+  tgt[0] = V - 1;
+  uint16_t *x16 = xmalloc(nx * 2), *fill = xmalloc(nl * 2);
+  cpu->f32_to_bf16(x16, x, nx);
+  for (size_t i = 0; i < nl; i++) fill[i] = 0x7171; /* the padding's (finite) bits */
+  uint16_t *d_x16 = dput(x16, nx * 2), *d_l16 = dput(fill, nl * 2);
+  float *d_w = dput(w, nw * 4), *la = dput_rows(NULL, N, V, ld);
+  gpu->matmul_fwd_bf16(la, d_x16, d_w, NULL, N, C, V, ld);
+  gpu->matmul_fwd_bf16_out16(d_l16, d_x16, d_w, N, C, V, ld);
+  float *pa = dget_rows(la, N, V, ld, "matmul_fwd_bf16", "logits", shape);
+  uint16_t *l16 = (uint16_t *)dget(d_l16, nl / 2), *got = xmalloc(n * 2), *want = xmalloc(n * 2);
+  size_t pad = 0;
+  for (int i = 0; i < N; i++) {
+    memcpy(got + (size_t)i * V, l16 + (size_t)i * ld, (size_t)V * 2);
+    for (int j = V; j < ld; j++) pad += l16[(size_t)i * ld + j] != 0x7171;
+  }
+  report("matmul_fwd_bf16_out16", "padding", shape, 0, 0, "-", -1, pad == 0);
+  cpu->f32_to_bf16(want, pa, n);
+#ifdef KERN_CUDA_EMU
+  check_bits_u16("matmul_fwd_bf16_out16", "logits=bf16(fp32's)", shape, got, want, n);
+#endif
+  /* against the CPU's product of the same operands, on magnitudes */
+  float *gw = xmalloc(n * 4), *xw = xmalloc(nx * 4), *ref = xmalloc(n * 4), *mag = xmalloc(n * 4);
+  float *ax = xmalloc(nx * 4), *wr = round_dup(w, nw, 1), *awr = fabs_dup(wr, nw);
+  cpu->bf16_to_f32(gw, got, n);
+  cpu->bf16_to_f32(xw, x16, nx);
+  for (size_t i = 0; i < nx; i++) ax[i] = fabsf(xw[i]);
+  cpu->matmul_fwd(ref, xw, wr, NULL, N, C, V, V);
+  cpu->matmul_fwd(mag, ax, awr, NULL, N, C, V, V);
+  check_tol("matmul_fwd_bf16_out16", "logits", shape, gw, ref, NULL, mag, NULL, n, TOL_GEMM_BF16);
+  /* the cross-entropy on them, against the fp32 form on them widened */
+  float *wide = dput_rows(gw, N, V, ld), *lossa = dnew(N * 4), *lossb = dnew(N * 4);
+  int32_t *d_tgt = dput(tgt, N * sizeof(int32_t));
+  const float dl = 1.0f / (float)N;
+#ifdef KERN_CUDA_EMU
+  const unsigned long row0 = cuda_emu_launches("ce_row16_kernel");
+#endif
+  gpu->crossentropy_fwd_bwd_bf16(lossa, wide, d_tgt, dl, N, V, ld);
+  gpu->crossentropy_fwd_bwd_bf16in(lossb, d_l16, d_tgt, dl, N, V, ld);
+#ifdef KERN_CUDA_EMU
+  /* rows in shared memory where a row of bf16 and the reductions' 32
+   * floats fit (crossentropy.cu) */
+  const int rows16 = (size_t)V * 2 + 128 <= cuda_emu_smem_optin();
+  report("crossentropy_fwd_bwd_bf16in", "row-launches", shape, 0, 0, "-", -1,
+         cuda_emu_launches("ce_row16_kernel") - row0 == (rows16 ? 1u : 0u));
+#endif
+  float *ga = dget(lossa, N);
+  check_dev_bits("crossentropy_fwd_bwd_bf16in", "losses", shape, lossb, ga, N);
+  uint16_t *sa = (uint16_t *)dget(wide, nl), *sb = (uint16_t *)dget(d_l16, nl / 2);
+  pad = 0;
+  for (int i = 0; i < N; i++) {
+    memcpy(want + (size_t)i * V, sa + (size_t)i * 2 * ld + ld, (size_t)V * 2);
+    memcpy(got + (size_t)i * V, sb + (size_t)i * ld, (size_t)V * 2);
+    for (int j = V; j < ld; j++) pad += sb[(size_t)i * ld + j] != 0x7171;
+  }
+  check_bits_u16("crossentropy_fwd_bwd_bf16in", "dlogits=fp32 form's", shape, got, want, n);
+  report("crossentropy_fwd_bwd_bf16in", "padding", shape, 0, 0, "-", -1, pad == 0);
+  /* the LM head's backward from them (rows ld apart) and from the second
+   * halves (2 ld apart): the same operand */
+  float *dw0 = frand(nw, -1, 1), *d_dwa = dput(dw0, nw * 4), *d_dwb = dput(dw0, nw * 4);
+  float *dxa = dnew(nx * 4), *dxb = dnew(nx * 4);
+  gpu->matmul_bwd_bf16(dxa, d_dwa, NULL, NULL, (const uint16_t *)wide + ld, d_x16, d_w, N, C, V,
+                       2 * ld, 0);
+  gpu->matmul_bwd_bf16(dxb, d_dwb, NULL, NULL, d_l16, d_x16, d_w, N, C, V, ld, 0);
+  float *gxa = dget(dxa, nx), *gwa = dget(d_dwa, nw);
+#ifdef KERN_CUDA_EMU
+  check_dev_bits("matmul_bwd_bf16", "dinp= from dlogits over the logits", shape, dxb, gxa, nx);
+  check_dev_bits("matmul_bwd_bf16", "dw+= from dlogits over the logits", shape, d_dwb, gwa, nw);
+#else /* the two layouts' alignments may take other algorithms: the order of the sums */
+  float *adl = xmalloc(n * 4), *mx = xmalloc(nx * 4), *mw = fabs_dup(dw0, nw);
+  cpu->bf16_to_f32(adl, want, n);
+  for (size_t i = 0; i < n; i++) adl[i] = fabsf(adl[i]);
+  cpu->matmul_bwd(mx, mw, NULL, adl, ax, awr, N, C, V, V, 0);
+  float *gxb = dget(dxb, nx), *gwb = dget(d_dwb, nw);
+  check_tol("matmul_bwd_bf16", "dinp= from dlogits over the logits", shape, gxb, gxa, NULL, mx,
+            NULL, nx, TOL_GEMM);
+  check_tol("matmul_bwd_bf16", "dw+= from dlogits over the logits", shape, gwb, gwa, NULL, mw,
+            NULL, nw, TOL_GEMM);
+  free(adl), free(mx), free(mw), free(gxb), free(gwb);
+#endif
+  gpu->dev_free(d_x16), gpu->dev_free(d_l16), gpu->dev_free(d_w), gpu->dev_free(la);
+  gpu->dev_free(wide), gpu->dev_free(lossa), gpu->dev_free(lossb), gpu->dev_free(d_tgt);
+  gpu->dev_free(d_dwa), gpu->dev_free(d_dwb), gpu->dev_free(dxa), gpu->dev_free(dxb);
+  free(x), free(w), free(tgt), free(x16), free(fill), free(pa), free(l16), free(got), free(want);
+  free(gw), free(xw), free(ref), free(mag), free(ax), free(wr), free(awr), free(ga);
+  free(sa), free(sb), free(dw0), free(gxa), free(gwa);
+}
+
 /* gelu_bwd_bf16 (kern.h), the bf16 mode's: dinp16 is the CPU's gelu_bwd
  * rounded (f32_to_bf16; a NaN for a NaN), and dbias += the column sums of
  * the CPU's dinp in kern_math.h's order (each run of KERN_COLSUM_ROWS rows
@@ -1666,7 +1770,8 @@ int main(void) {
   /* the table itself */
   int table_ok = gpu == kern_cuda_init(&o, msg, sizeof msg) && !gpu->host_memory &&
                  !gpu->layernorm_fwd_bf16 && !gpu->gelu_fwd_bf16 && !gpu->matmul_fwd_bf16 &&
-                 !gpu->matmul_bwd_bf16 && !gpu->gelu_bwd_bf16 && /* fp32 products: no bf16 activations */
+                 !gpu->matmul_bwd_bf16 && !gpu->gelu_bwd_bf16 && !gpu->matmul_fwd_bf16_out16 &&
+                 !gpu->crossentropy_fwd_bwd_bf16in && /* fp32 products: no bf16 activations */
                  gpu->dev_alloc && gpu->dev_free && !gpu->reduce_f32 && !gpu->reduce_bf16 &&
                  !gpu->copy_stream && kern_cuda_reserved_bytes() > 0 && kern_cuda_stream();
   for (int op = 0; op < KERN_OP__COUNT; op++) table_ok &= gpu->supports_op((kern_op_t)op);
@@ -1806,7 +1911,8 @@ int main(void) {
      * the bf16 activations (kern.h); the others the first one */
     gpu = kern_cuda_init(&modes[m], msg, sizeof msg);
     const int offers = gpu && gpu->layernorm_fwd_bf16 && gpu->gelu_fwd_bf16 &&
-                       gpu->matmul_fwd_bf16 && gpu->matmul_bwd_bf16 && gpu->gelu_bwd_bf16;
+                       gpu->matmul_fwd_bf16 && gpu->matmul_bwd_bf16 && gpu->gelu_bwd_bf16 &&
+                       gpu->matmul_fwd_bf16_out16 && gpu->crossentropy_fwd_bwd_bf16in;
     report("table", mode_names[m], "-", 0, 0, "-", -1,
            gpu && (m == 0 ? offers && gpu != fp32_table && gpu->matmul_fwd == fp32_table->matmul_fwd
                           : gpu == fp32_table));
@@ -1819,6 +1925,9 @@ int main(void) {
       test_lm_head_bf16(3, 24, 1000, 1000); /* no padding: the second half ends the row */
       test_lm_head_bf16(64, 768, 50257, 50304);
       test_lm_head_bf16(2, 16, 60001, 60008); /* streaming */
+      test_lm_head_l16(5, 16, 97, 128);
+      test_lm_head_l16(64, 768, 50257, 50304);
+      test_lm_head_l16(2, 16, 130001, 130008); /* streaming, in fp32 and in bf16 */
       /* the bf16 mode's cross-entropy: the special function unit's
        * exponential (crossentropy.cu), to the same bounds against the CPU
        * and float64. Only a GPU checks ex2.approx's own accuracy (the

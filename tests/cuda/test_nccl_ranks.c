@@ -26,7 +26,8 @@
  *    4 of another mesh, each against one rank on the whole batch: the
  *    losses as printed (4 decimals) and, the sharp check, the weights the
  *    ranks save together (1e-5 per tensor; bf16-mixed 1e-4, bf16-true,
- *    whose weights are bf16, 1e-2, the biases against 10 Adam steps).
+ *    whose weights are bf16, 1e-2; in both the biases against 10 Adam
+ *    steps).
  *
  * Children report into shared memory and _exit; the parent bounds them,
  * kills them past the bound and prints one line per check. Exit 0 when all
@@ -645,7 +646,13 @@ static void training(const char *plugin) {
       {"2", "--batch 2 --strategy SHARD_GRAD_OP", 0, 1e-4, 1e-5, 0, 0},
       {"2", "--batch 2 --strategy NO_SHARD", 0, 1e-4, 1e-5, 0, 0},
       {"1", "--batch 4 --precision bf16-mixed", -1, 0, 0, 0, 0},
-      {"2", "--batch 2 --precision bf16-mixed", 5, 1e-3, 1e-4, 0, 0},
+      /* bf16-mixed: the logits are rounded to bf16 (kern.h's
+       * matmul_fwd_bf16_out16), where a product summed in another order
+       * (the ranks' fewer rows) may round a logit the other way; the biases
+       * near zero are measured against 10 Adam steps as bf16-true's below
+       * (5.4e-5 at worst on the emulator, 2.4e-4 without the floor; the
+       * matrices 9e-6) */
+      {"2", "--batch 2 --precision bf16-mixed", 5, 1e-3, 1e-4, 0, 10 * 3e-4},
       /* the other paths a GPU job takes through the collectives */
       {"2", "--batch 1 --grad_accum 2", 0, 1e-4, 1e-5, 4, 0},
       {"2", "--batch 1 --grad_accum 2 --keep_unsharded_grads 1", 0, 1e-4, 1e-5, 4, 0},

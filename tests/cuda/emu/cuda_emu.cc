@@ -1381,13 +1381,15 @@ static cublasStatus_t emu_lt_check(const emu_desc *d, const emu_layout *a, const
   if (am != c->rows || bn != c->cols || ak != bk || c->rows != dd->rows || c->cols != dd->cols ||
       a->batch != c->batch || b->batch != c->batch || dd->batch != c->batch)
     return CUBLAS_STATUS_INVALID_VALUE;
-  if (c->type != CUDA_R_32F || dd->type != CUDA_R_32F || d->scale != CUDA_R_32F ||
+  /* C and D fp32, or both bf16 from bf16 operands (the sums rounded once) */
+  const bool d16 = c->type == CUDA_R_16BF && dd->type == CUDA_R_16BF && a->type == CUDA_R_16BF;
+  if ((!d16 && (c->type != CUDA_R_32F || dd->type != CUDA_R_32F)) || d->scale != CUDA_R_32F ||
       a->type != b->type)
     return CUBLAS_STATUS_NOT_SUPPORTED;
-  /* epilogues: only BIAS, fp32, on an unbatched product */
+  /* epilogues: only BIAS, fp32, on an unbatched product of fp32 D */
   if (d->epilogue != CUBLASLT_EPILOGUE_DEFAULT &&
       (d->epilogue != CUBLASLT_EPILOGUE_BIAS || (d->bias_type != -1 && d->bias_type != CUDA_R_32F) ||
-       c->batch != 1))
+       c->batch != 1 || d16))
     return CUBLAS_STATUS_NOT_SUPPORTED;
   if (a->type == CUDA_R_16BF)
     return d->compute == CUBLAS_COMPUTE_32F ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_SUPPORTED;
@@ -1462,27 +1464,41 @@ static void emu_lt_run(const emu_desc *d, const emu_layout *a, const emu_layout 
                        const emu_layout *c, const emu_layout *dl, float alpha, float bt,
                        const void *A, const void *B, void *D, uint64_t M, uint64_t N, uint64_t K,
                        size_t ea, bool bias) {
-  std::vector<float> ta, tb;
+  std::vector<float> ta, tb, t16;
+  const bool d16 = dl->type == CUDA_R_16BF; /* C is D here (in place) */
   for (int32_t i = 0; i < c->batch; i++) {
+    /* a bf16 D: the product into an fp32 copy of it (its rows ld apart),
+     * each element rounded once into D after */
+    float *out = (float *)D + (size_t)i * dl->stride;
+    __nv_bfloat16 *out16 = (__nv_bfloat16 *)D + (size_t)i * dl->stride;
+    if (d16) {
+      t16.assign(N ? (size_t)dl->ld * (N - 1) + M : 1, 0.0f);
+      for (uint64_t n = 0; n < N; n++)
+        for (uint64_t m = 0; m < M; m++)
+          t16[m + n * dl->ld] = __bfloat162float(out16[m + n * dl->ld]);
+      out = t16.data();
+    }
     if (!K) { /* no product: D = beta C, written even where beta is 0 (oneDNN leaves it) */
-      float *out = (float *)D + (size_t)i * dl->stride;
       for (uint64_t n = 0; n < N; n++)
         for (uint64_t m = 0; m < M; m++)
           out[m + n * dl->ld] = bt == 0.0f ? 0.0f : bt * out[m + n * dl->ld];
-      continue;
+    } else {
+      emu_lt_operand(ta, (const char *)A + (size_t)i * a->stride * ea, a, d->compute);
+      emu_lt_operand(tb, (const char *)B + (size_t)i * b->stride * ea, b, d->compute);
+      /* column-major D (M x N, ld) is row-major D^T (N x M): D^T = op(B)^T op(A)^T */
+      if (dnnl_sgemm(d->transb == CUBLAS_OP_N ? 'N' : 'T', d->transa == CUBLAS_OP_N ? 'N' : 'T',
+                     (dnnl_dim_t)N, (dnnl_dim_t)M, (dnnl_dim_t)K, alpha, tb.data(),
+                     b->ld, ta.data(), a->ld, bt, out, dl->ld) != dnnl_success)
+        emu::fail("cublasLtMatmul: oneDNN's sgemm failed (%llu x %llu x %llu)",
+                  (unsigned long long)M, (unsigned long long)N, (unsigned long long)K);
+      if (bias) /* added to the product as written: the CPU's two roundings */
+        for (uint64_t n = 0; n < N; n++)
+          for (uint64_t m = 0; m < M; m++) out[m + n * dl->ld] += d->bias[m];
     }
-    emu_lt_operand(ta, (const char *)A + (size_t)i * a->stride * ea, a, d->compute);
-    emu_lt_operand(tb, (const char *)B + (size_t)i * b->stride * ea, b, d->compute);
-    float *out = (float *)D + (size_t)i * dl->stride;
-    /* column-major D (M x N, ld) is row-major D^T (N x M): D^T = op(B)^T op(A)^T */
-    if (dnnl_sgemm(d->transb == CUBLAS_OP_N ? 'N' : 'T', d->transa == CUBLAS_OP_N ? 'N' : 'T',
-                   (dnnl_dim_t)N, (dnnl_dim_t)M, (dnnl_dim_t)K, alpha, tb.data(),
-                   b->ld, ta.data(), a->ld, bt, out, dl->ld) != dnnl_success)
-      emu::fail("cublasLtMatmul: oneDNN's sgemm failed (%llu x %llu x %llu)",
-                (unsigned long long)M, (unsigned long long)N, (unsigned long long)K);
-    if (bias) /* added to the product as written: the CPU's two roundings */
+    if (d16)
       for (uint64_t n = 0; n < N; n++)
-        for (uint64_t m = 0; m < M; m++) out[m + n * dl->ld] += d->bias[m];
+        for (uint64_t m = 0; m < M; m++)
+          out16[m + n * dl->ld] = __float2bfloat16_rn(out[m + n * dl->ld]);
   }
 }
 
