@@ -637,14 +637,24 @@ static void gpt_layer_bwd(gpt_t *g, int l, float *P, float *G, const float *res_
     if (rc_) return rc_;                                                                      \
   } while (0)
 
-/* The LM head and its loss over the N rows of lnf, lrows at a time (p0:
- * unit 0's parameters): each chunk's logits and losses, with bwd the loss's
- * gradient (dscale per row) in place of the chunk's logits, and with d0
- * (unit 0's gradient) that chunk's backward: its rows of dln (written, not
- * accumulated) and its share of wte's gradient, before the next chunk's logits
- * take the buffer. Without d0 the last chunk's probabilities (bwd: loss
- * gradient) stay, which backward uses when one chunk is all the rows (the
- * gradient in bf16 where the backend rounds it so: dlogits16). */
+/* How the LM head's chunks make their dlogits (bwd: they do): 0 in fp32,
+ * in bf16 (kern.h) 1 in each row's second half, 2 from logits the product
+ * wrote in bf16 (as autocast keeps them), over them. */
+static int gpt_dl16(const gpt_t *g, int bwd) {
+  const kern_backend_t *be = g->be;
+  if (!bwd || !g->acts16 || !be->crossentropy_fwd_bwd_bf16) return 0;
+  return be->matmul_fwd_bf16_out16 && be->crossentropy_fwd_bwd_bf16in ? 2 : 1;
+}
+
+/* Rows of the LM head's chunks: lrows, the buffer's fp32 rows; with bf16
+ * logits (dl16 2) twice as many in the same bytes (rows ld bf16 apart),
+ * the batch's N at most: half the chunks, wte packed and its gradient
+ * read and written half as often. */
+static size_t gpt_lm_rows(const gpt_t *g, int dl16) {
+  const size_t N = (size_t)g->B * (size_t)g->T, r = (size_t)g->lrows * (dl16 == 2 ? 2 : 1);
+  return r < N ? r : N;
+}
+
 /* The LM head's backward for rows [r0, r0 + n) from the bf16 dlogits in
  * the logits' buffer, where `where` (g->dlogits16's) says: in each row's
  * second half (rows 2 ld bf16 apart), or over the bf16 logits (ld apart):
@@ -658,19 +668,26 @@ static void gpt_lm_head_bwd16(gpt_t *g, const gpt_embed_t *d0, const gpt_embed_t
                          p0->wte, n, (int)C, g->cfg.vocab, where == 1 ? 2 * ld : ld, 0);
 }
 
+/* The LM head and its loss over the N rows of lnf, gpt_lm_rows at a time (p0:
+ * unit 0's parameters): each chunk's logits and losses, with bwd the loss's
+ * gradient (dscale per row) in place of the chunk's logits, and with d0
+ * (unit 0's gradient) that chunk's backward: its rows of dln (written, not
+ * accumulated) and its share of wte's gradient, before the next chunk's logits
+ * take the buffer. Without d0 the last chunk's probabilities (bwd: loss
+ * gradient) stay, which backward uses when one chunk is all the rows (the
+ * gradient in bf16 where the backend rounds it so: dlogits16). */
 static void gpt_lm_head(gpt_t *g, const gpt_embed_t *p0, const gpt_embed_t *d0, int bwd,
                         float dscale) {
   const kern_backend_t *be = g->be;
   const size_t N = (size_t)g->B * (size_t)g->T, C = (size_t)g->cfg.channels;
   const int V = g->cfg.vocab, ld = gpt_logits_ld(g);
-  /* dlogits rounded to bf16 as the product would pack them (kern.h), for
-   * the product to read so: in each row's second half (1), or (2) from
-   * logits the product wrote in bf16 (as autocast keeps them), over them */
-  int dl16 = bwd && g->acts16 && be->crossentropy_fwd_bwd_bf16;
-  if (dl16 && be->matmul_fwd_bf16_out16 && be->crossentropy_fwd_bwd_bf16in) dl16 = 2;
+  /* dlogits rounded to bf16 as the product would pack them, for the
+   * product to read so (gpt_dl16) */
+  const int dl16 = gpt_dl16(g, bwd);
+  const size_t rows = gpt_lm_rows(g, dl16);
   g->dlogits16 = 0;
-  for (size_t r0 = 0; r0 < N; r0 += (size_t)g->lrows) {
-    const int n = N - r0 < (size_t)g->lrows ? (int)(N - r0) : g->lrows;
+  for (size_t r0 = 0; r0 < N; r0 += rows) {
+    const int n = (int)(N - r0 < rows ? N - r0 : rows);
     const void *x = gpt_act_at(g, g->lnf, r0 * C);
     if (dl16 == 2) {
       uint16_t *l16 = (uint16_t *)g->logits;
@@ -739,7 +756,7 @@ static int gpt_forward_run(gpt_t *g, const int32_t *inputs, const int32_t *targe
   GPT_TRY(h->params(h->ctx, 0, GPT_FWD, &P));
   e = gpt_embed_at(g, P);
   gpt_act_layernorm(g, g->lnf, g->lnf_mean, g->lnf_rstd, res, e.lnfw, e.lnfb, (int)N, C);
-  const int chunked = N > (size_t)g->lrows;
+  const int chunked = N > gpt_lm_rows(g, gpt_dl16(g, bwd));
   if (!targets) { /* the logits of the last lrows rows (a sample reads the last) */
     gpt_act_matmul_fwd(g, g->logits, gpt_act_at(g, g->lnf, (N - (size_t)g->lrows) * C), e.wte,
                        NULL, g->lrows, C, V, gpt_logits_ld(g));
@@ -792,7 +809,9 @@ int gpt_backward(gpt_t *g, float dloss_scale) {
     return err_set(FSDP_EINVAL, "gpt_backward: dloss_scale %g is not the %g gpt_forward_train "
                    "already took the loss's gradient with", (double)dloss_scale,
                    (double)g->dloss_scale);
-  const int chunked = N > (size_t)g->lrows, had = g->have_targets;
+  /* forward_train keeps dlogits (2) only of one chunk: the chunks again
+   * only after a forward that kept probabilities (1) */
+  const int had = g->have_targets, chunked = had == 1 && N > (size_t)g->lrows;
   if (had == 1 && !chunked)
     be->crossentropy_bwd(g->logits, g->targets, dloss_scale / (float)N, (int)N, V,
                          gpt_logits_ld(g));

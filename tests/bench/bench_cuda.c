@@ -327,8 +327,10 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
   /* the LM head as a training step runs it (gpt.c's gpt_lm_head): chunks of
    * gpt_config_logits_rows rows, each its logits, loss and gradient, dX and
    * its share of dwte; counted 0 times (the three ops above count it), to
-   * show what the chunks cost against one product over every row */
-  const int lrows = gpt_config_logits_rows(g, config_logits_chunk_mib(&c));
+   * show what the chunks cost against one product over every row; with
+   * bf16 logits twice the rows a chunk (gpt.c's gpt_lm_rows) */
+  int lrows = gpt_config_logits_rows(g, config_logits_chunk_mib(&c)) * (l16 ? 2 : 1);
+  if ((size_t)lrows > N) lrows = (int)N;
   snprintf(sh, sizeof sh, "N=%zu,V=%d,ld=%d,rows=%d", N, V, ldv, lrows);
   OPS_TIME("lm_head_chunked", sh, 0, {
     for (size_t r0 = 0; r0 < N; r0 += (size_t)lrows) {
