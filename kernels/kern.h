@@ -237,6 +237,10 @@ typedef struct kern_backend {
   void (*attention_bwd_bf16)(float *dqkv, float *scratch, const float *dout,
                              const uint16_t *qkv16, const float *out, const float *att, int B,
                              int T, int C, int NH, int acc);
+  /* Floats of the scratch the two above take: attention_scratch's, less
+   * what a copy of qkv took there (the caller's qkv16 is it). Where
+   * attention_bf16_fits. */
+  size_t (*attention_scratch_bf16)(int B, int T, int C, int NH);
   /* gelu_bwd (acc 0) for a product's dout (N rows of C, dense): dinp
    * rounded to bf16 into dinp16 (N, C), what matmul_bwd_bf16 would pack
    * from the fp32 dinp, and dbias += its column sums, the bits

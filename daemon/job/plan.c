@@ -30,7 +30,8 @@
  * (CUDA kernels, NCCL) is one more profile, picked as device_for picks. */
 typedef struct plan_device {
   size_t (*attention_saved)(int B, int T, int C, int NH);   /* floats a layer keeps */
-  size_t (*attention_scratch)(int B, int T, int C, int NH, int bf16); /* floats; bf16: the job's products */
+  /* floats; bf16: the job's products; qkv16: gpt.c keeps qkv in bf16 (GPT_ACT_BF16_QKV) */
+  size_t (*attention_scratch)(int B, int T, int C, int NH, int bf16, int qkv16);
   size_t (*comm_bytes)(int size);                           /* one communicator of size ranks */
   size_t (*reserved)(void); /* what the kernels hold from their init on (workspace) */
   /* 1 when the kernels offer bf16 activations to a job of this precision
@@ -40,8 +41,8 @@ typedef struct plan_device {
   int (*qkv_bf16)(int bf16, int C, int NH);
 } plan_device_t;
 
-static size_t plan_cpu_attention_scratch(int B, int T, int C, int NH, int bf16) {
-  (void)C, (void)bf16;
+static size_t plan_cpu_attention_scratch(int B, int T, int C, int NH, int bf16, int qkv16) {
+  (void)C, (void)bf16, (void)qkv16;
   return kern_cpu_size_attention_scratch(B, T, NH, (int)param_attn_block());
 }
 
@@ -66,10 +67,10 @@ static size_t plan_cuda_attention_saved(int B, int T, int C, int NH) {
   return kern_cuda_size_attention_saved(B, T, C, NH, param_cuda_attn_gemm() != 0);
 }
 
-static size_t plan_cuda_attention_scratch(int B, int T, int C, int NH, int bf16) {
+static size_t plan_cuda_attention_scratch(int B, int T, int C, int NH, int bf16, int qkv16) {
   /* bf16 jobs' fused attention runs on tensor cores unless FSDP_CUDA_ATTN_FP32, as device.c asks */
   return kern_cuda_size_attention_scratch(B, T, C, NH, param_cuda_attn_gemm() != 0,
-                                          bf16 && param_cuda_attn_fp32() == 0);
+                                          bf16 && param_cuda_attn_fp32() == 0, qkv16);
 }
 
 /* a bf16 job's products pack their operands, unless FSDP_CUDA_GEMM_FAST16BF,
@@ -110,10 +111,12 @@ static void plan_loop(const config_t *c, plan_t *p) {
   const int bf16 = strcmp(c->precision, "fp32") != 0; /* products on bf16 tensor cores */
   /* the products' inputs, and qkv, in bf16 as gpt.c keeps them (gpt_acts_bf16, gpt_qkv_bf16) */
   const int a16 = dev->acts_bf16(bf16) && gpt_config_acts_bf16_fits(g);
+  const int q16 = a16 && dev->qkv_bf16(bf16, g->channels, g->heads);
   const int ck = (c->activation_checkpointing ? GPT_ACT_CHECKPOINT : 0) |
                  gpt_act_recompute_flags(c->recompute) | (a16 ? GPT_ACT_BF16 : 0) |
-                 (a16 && dev->qkv_bf16(bf16, g->channels, g->heads) ? GPT_ACT_BF16_QKV : 0);
-  size_t scratch = dev->attention_scratch(c->batch, c->seq_len, g->channels, g->heads, bf16) * f;
+                 (q16 ? GPT_ACT_BF16_QKV : 0);
+  size_t scratch =
+      dev->attention_scratch(c->batch, c->seq_len, g->channels, g->heads, bf16, q16) * f;
   const int lrows = gpt_config_logits_rows(g, config_logits_chunk_mib(c));
   size_t acts = gpt_config_act_bytes(g, c->batch, c->seq_len, ck,
                                      dev->attention_saved(c->batch, c->seq_len, g->channels, g->heads),
@@ -124,7 +127,7 @@ static void plan_loop(const config_t *c, plan_t *p) {
     const size_t np = g->vocab == 256 && c->sample_prompt[0] ? strlen(c->sample_prompt) : 1;
     const size_t n = np + (size_t)c->sample_tokens;
     const int T = n - 1 < (size_t)g->context ? (int)(n - 1) : g->context;
-    size_t s_scratch = dev->attention_scratch(1, T, g->channels, g->heads, bf16) * f;
+    size_t s_scratch = dev->attention_scratch(1, T, g->channels, g->heads, bf16, q16) * f;
     size_t s_acts = gpt_config_act_bytes(g, 1, T, ck, dev->attention_saved(1, T, g->channels, g->heads),
                                          lrows);
     if (s_acts > acts) acts = s_acts;

@@ -29,7 +29,8 @@
                            * 5: kern_backend_t's dev_alloc_step and crossentropy_fwd_bwd;
                            * 6: nccl_quiesce; 7: matmul_bwd, attention_bwd and gelu_bwd take acc;
                            * 8: kern_backend_t's bf16 activations; 9: kern_cuda_opts_t.gemm_algo;
-                           * 10: kern_backend_t's gelu_bwd_bf16; 11: its bf16 logits */
+                           * 10: kern_backend_t's gelu_bwd_bf16; 11: its bf16 logits and
+                           * attention_scratch_bf16 */
 #define DEVICE_CUDA_SYMBOL "device_cuda_plugin"
 #define DEVICE_CUDA_FILE "libfsdp-cuda.so"
 

@@ -423,7 +423,11 @@ static int gpt_alloc_acts(gpt_t *g, int B, int T) {
   const int flags = (g->ckpt ? GPT_ACT_CHECKPOINT : 0) | gpt_act_recompute_flags(g->recompute) |
                     (g->acts16 ? GPT_ACT_BF16 : 0) | (g->qkv16 ? GPT_ACT_BF16_QKV : 0);
   size_t bytes = gpt_config_act_bytes(c, B, T, flags, natt, chunk); /* the plan's number */
-  size_t sbytes = g->be->attention_scratch(B, T, c->channels, c->heads) * sizeof(float);
+  /* the bf16 qkv ops' scratch holds no copy of qkv (kern.h) */
+  size_t (*scratch)(int, int, int, int) =
+      g->qkv16 && g->be->attention_scratch_bf16 ? g->be->attention_scratch_bf16
+                                                : g->be->attention_scratch;
+  size_t sbytes = scratch(B, T, c->channels, c->heads) * sizeof(float);
   if (bytes > g->acts_cap || sbytes > g->scratch_cap) {
     gpt_free_acts(g);
     char what[96];

@@ -52,7 +52,12 @@ size_t kern_cuda_attention_saved(int B, int T, int C, int NH) {
 }
 
 size_t kern_cuda_attention_scratch(int B, int T, int C, int NH) {
-  return kern_cuda_size_attention_scratch(B, T, C, NH, kern_cuda_st.attn_gemm, attn_tc());
+  return kern_cuda_size_attention_scratch(B, T, C, NH, kern_cuda_st.attn_gemm, attn_tc(), 0);
+}
+
+size_t kern_cuda_attention_scratch_bf16(int B, int T, int C, int NH) {
+  KERN_CUDA_ASSERT(kern_cuda_attention_bf16_fits(C, NH));
+  return kern_cuda_size_attention_scratch(B, T, C, NH, kern_cuda_st.attn_gemm, attn_tc(), 1);
 }
 
 /* ---- fused ---------------------------------------------------------------------

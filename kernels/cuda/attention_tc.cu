@@ -767,7 +767,7 @@ static dim3 tc_grid(int B, int T, int NH, int rows) {
 }
 
 /* The op's bf16 copies in its scratch (size.h): qkv's (B, T, 3C), then
- * dout's (B, T, C). */
+ * dout's (B, T, C); where the caller keeps qkv in bf16, dout's alone. */
 static uint16_t *tc_copies(float *scratch, int B, int T, int NH) {
   return (uint16_t *)(scratch + kern_cuda_size_attn_tc_copies_at(B, T, NH));
 }
@@ -812,7 +812,8 @@ static int tc_bwd(float *dqkv, float *scratch, const float *dout, const float *q
   kern_cuda_smem_allow(tc_bwd_dkv_kernel<HS>, tc_dkv_smem<HS>(), &asked_dkv);
   const float scale = 1.0f / sqrtf((float)HS);
   float *D = scratch; /* (B, NH, T) */
-  uint16_t *copy = tc_copies(scratch, B, T, NH), *dout16 = copy + (size_t)B * T * 3 * C;
+  uint16_t *copy = tc_copies(scratch, B, T, NH);
+  uint16_t *dout16 = copy + (qkv16 ? 0 : (size_t)B * T * 3 * C); /* qkv16: no qkv copy */
   if (!qkv16) {
     kern_cuda_f32_to_bf16(copy, qkv, (size_t)B * T * 3 * C);
     qkv16 = copy;

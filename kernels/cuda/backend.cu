@@ -271,6 +271,7 @@ static const kern_backend_t kern_cuda_table = {
     .attention_bf16_fits = NULL,
     .attention_fwd_bf16 = NULL,
     .attention_bwd_bf16 = NULL,
+    .attention_scratch_bf16 = NULL,
     .gelu_bwd_bf16 = NULL,
     .matmul_fwd_bf16_out16 = NULL,
     .crossentropy_fwd_bwd_bf16in = NULL,
@@ -288,6 +289,7 @@ static kern_backend_t kern_cuda_with_bf16_acts(kern_backend_t t) {
   t.attention_bf16_fits = kern_cuda_attention_bf16_fits;
   t.attention_fwd_bf16 = kern_cuda_attention_fwd_bf16;
   t.attention_bwd_bf16 = kern_cuda_attention_bwd_bf16;
+  t.attention_scratch_bf16 = kern_cuda_attention_scratch_bf16;
   t.gelu_bwd_bf16 = kern_cuda_gelu_bwd_bf16;
   t.matmul_fwd_bf16_out16 = kern_cuda_matmul_fwd_bf16_out16;
   t.crossentropy_fwd_bwd_bf16in = kern_cuda_crossentropy_fwd_bwd_bf16in;

@@ -417,6 +417,7 @@ void kern_cuda_crossentropy_fwd_bwd_bf16in(float *losses, uint16_t *logits16,
                                            const int32_t *targets, float dloss, int N, int V,
                                            int ld);
 int kern_cuda_attention_bf16_fits(int C, int NH);
+size_t kern_cuda_attention_scratch_bf16(int B, int T, int C, int NH);
 void kern_cuda_attention_fwd_bf16(float *out, float *att, float *scratch, const float *qkv,
                                   uint16_t *qkv16, int B, int T, int C, int NH);
 void kern_cuda_attention_bwd_bf16(float *dqkv, float *scratch, const float *dout,

@@ -76,14 +76,17 @@ static inline size_t kern_cuda_size_attn_tc_copies_at(int B, int T, int NH) {
  * dout . out (B, NH, T), which the key pass reads; on bf16 tensor cores (tc:
  * bf16 jobs, unless FSDP_CUDA_ATTN_FP32) then also the bf16 copies of qkv
  * (B, T, 3C) and dout (B, T, C) the kernels stage their tiles from, 2C
- * floats a token. Products: the score gradients of one batch row, (NH, T,
- * T); backward walks the batch one row at a time on the one stream, so the
- * rows reuse it. */
+ * floats a token, or with qkv16 (the caller keeps qkv in bf16: kern.h's
+ * attention_*_bf16, where kern_cuda_size_attn_tc_qkv16) dout's alone, C / 2.
+ * Products: the score gradients of one batch row, (NH, T, T); backward
+ * walks the batch one row at a time on the one stream, so the rows reuse
+ * it. */
 static inline size_t kern_cuda_size_attention_scratch(int B, int T, int C, int NH, int gemm,
-                                                      int tc) {
+                                                      int tc, int qkv16) {
   if (!kern_cuda_size_attn_fused(C, NH, gemm)) return (size_t)NH * (size_t)T * (size_t)T;
   if (!tc) return (size_t)B * (size_t)NH * (size_t)T;
-  return kern_cuda_size_attn_tc_copies_at(B, T, NH) + (size_t)B * (size_t)T * 2 * (size_t)C;
+  const size_t a_token = qkv16 ? (size_t)C / 2 : 2 * (size_t)C; /* C even: heads of 16 on */
+  return kern_cuda_size_attn_tc_copies_at(B, T, NH) + (size_t)B * (size_t)T * a_token;
 }
 
 #endif

@@ -256,6 +256,7 @@ static const kern_backend_t *prof_wrap(const kern_backend_t *base) {
   prof_backend.attention_bf16_fits = NULL;
   prof_backend.attention_fwd_bf16 = NULL;
   prof_backend.attention_bwd_bf16 = NULL;
+  prof_backend.attention_scratch_bf16 = NULL;
   prof_backend.gelu_bwd_bf16 = NULL;
   prof_backend.matmul_fwd_bf16_out16 = NULL;
   prof_backend.crossentropy_fwd_bwd_bf16in = NULL;

@@ -983,7 +983,9 @@ static void test_attention(int B, int T, int C, int NH) {
  * where attention_bf16_fits, forward's out and saved rows and backward's
  * dqkv bit for bit attention_fwd's and attention_bwd's, and qkv16 qkv
  * rounded (f32_to_bf16's bits); backward reads qkv16 alone (the fp32 qkv
- * is poisoned with NaNs first) */
+ * is poisoned with NaNs first); their scratch attention_scratch_bf16's
+ * (the D rows and dout's copy: C / 2 floats a token, not 2 C), the rest of
+ * attention_scratch's room left as it was */
 static void test_attention_bf16(int B, int T, int C, int NH) {
   char shape[64];
   snprintf(shape, sizeof shape, "B=%d T=%d C=%d NH=%d", B, T, C, NH);
@@ -997,8 +999,15 @@ static void test_attention_bf16(int B, int T, int C, int NH) {
   float *o32 = dnew(no * 4), *a32 = dnew(na * 4), *o16 = dnew(no * 4), *a16 = dnew(na * 4);
   float *g32 = dnew(nq * 4), *g16 = dnew(nq * 4);
   uint16_t *q16 = dnew(nq * 2);
+  const size_t ns16 = gpu->attention_scratch_bf16(B, T, C, NH);
+  const size_t rows4 = ((size_t)B * NH * T + 3) & ~(size_t)3;
+  report("attention_bf16", "scratch size", shape, 0, 0, "-", -1,
+         ns16 == rows4 + (size_t)B * T * C / 2 && ns == rows4 + (size_t)B * T * 2 * C);
+  float *pad = xmalloc(ns * 4), *sc16 = dnew(ns * 4);
+  memset(pad, PAD_BYTE, ns * 4);
+  gpu->copy_h2d(sc16 + ns16, pad, (ns - ns16) * 4);
   gpu->attention_fwd(o32, a32, sc, d_qkv, B, T, C, NH);
-  gpu->attention_fwd_bf16(o16, a16, sc, d_qkv, q16, B, T, C, NH);
+  gpu->attention_fwd_bf16(o16, a16, sc16, d_qkv, q16, B, T, C, NH);
   float *want_o = dget(o32, no), *want_a = dget(a32, na);
   check_dev_bits("attention_fwd_bf16", "out=attention_fwd's", shape, o16, want_o, no);
   check_dev_bits("attention_fwd_bf16", "lse=attention_fwd's", shape, a16, want_a, na);
@@ -1010,8 +1019,11 @@ static void test_attention_bf16(int B, int T, int C, int NH) {
   gpu->attention_bwd(g32, sc, d_dout, d_qkv, o32, a32, B, T, C, NH, 0);
   float *want_g = dget(g32, nq);
   gpu->dev_set(d_qkv, 0xff, nq * 4); /* NaNs: backward must not read the fp32 qkv */
-  gpu->attention_bwd_bf16(g16, sc, d_dout, q16, o32, a32, B, T, C, NH, 0);
+  gpu->attention_bwd_bf16(g16, sc16, d_dout, q16, o32, a32, B, T, C, NH, 0);
   check_dev_bits("attention_bwd_bf16", "dqkv=attention_bwd's", shape, g16, want_g, nq);
+  check_dev_bits("attention_bf16", "scratch past attention_scratch_bf16", shape, sc16 + ns16, pad,
+                 ns - ns16);
+  gpu->dev_free(sc16), free(pad);
   gpu->dev_free(d_qkv), gpu->dev_free(d_dout), gpu->dev_free(sc), gpu->dev_free(o32);
   gpu->dev_free(a32), gpu->dev_free(o16), gpu->dev_free(a16), gpu->dev_free(g32);
   gpu->dev_free(g16), gpu->dev_free(q16);
@@ -1771,7 +1783,8 @@ int main(void) {
   int table_ok = gpu == kern_cuda_init(&o, msg, sizeof msg) && !gpu->host_memory &&
                  !gpu->layernorm_fwd_bf16 && !gpu->gelu_fwd_bf16 && !gpu->matmul_fwd_bf16 &&
                  !gpu->matmul_bwd_bf16 && !gpu->gelu_bwd_bf16 && !gpu->matmul_fwd_bf16_out16 &&
-                 !gpu->crossentropy_fwd_bwd_bf16in && /* fp32 products: no bf16 activations */
+                 !gpu->crossentropy_fwd_bwd_bf16in && !gpu->attention_scratch_bf16 &&
+                 /* fp32 products: no bf16 activations */
                  gpu->dev_alloc && gpu->dev_free && !gpu->reduce_f32 && !gpu->reduce_bf16 &&
                  !gpu->copy_stream && kern_cuda_reserved_bytes() > 0 && kern_cuda_stream();
   for (int op = 0; op < KERN_OP__COUNT; op++) table_ok &= gpu->supports_op((kern_op_t)op);
@@ -1912,7 +1925,8 @@ int main(void) {
     gpu = kern_cuda_init(&modes[m], msg, sizeof msg);
     const int offers = gpu && gpu->layernorm_fwd_bf16 && gpu->gelu_fwd_bf16 &&
                        gpu->matmul_fwd_bf16 && gpu->matmul_bwd_bf16 && gpu->gelu_bwd_bf16 &&
-                       gpu->matmul_fwd_bf16_out16 && gpu->crossentropy_fwd_bwd_bf16in;
+                       gpu->matmul_fwd_bf16_out16 && gpu->crossentropy_fwd_bwd_bf16in &&
+                       gpu->attention_scratch_bf16;
     report("table", mode_names[m], "-", 0, 0, "-", -1,
            gpu && (m == 0 ? offers && gpu != fp32_table && gpu->matmul_fwd == fp32_table->matmul_fwd
                           : gpu == fp32_table));
