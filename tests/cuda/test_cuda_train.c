@@ -64,12 +64,16 @@
  * updates of the gradients' differences where they are near zero) */
 #define LOGITS16_LOSS_TOL 1e-4
 #define LOGITS16_W_TOL 1e-2
+/* bf16 logits in chunks against one chunk: the weights (1.2e-4 measured) */
+#define CHUNK16_W_TOL 1e-3
 #define K_BIAS_NOISE 1e-2
 
 /* The emulator's count of calls of one name that wait for the device
  * (cuda_emu.cc: cuda_emu_waits); NULL on a GPU. */
 typedef unsigned long (*waits_fn)(const char *name);
 static waits_fn emu_waits;
+/* The emulator's count of a kernel's launches (cuda_emu_launches); NULL on a GPU. */
+static waits_fn emu_launches;
 static const device_cuda_plugin_t *plugin_table;
 static const char *const WAIT_CALLS[] = {"cudaMalloc", "cudaFree", "cudaMemcpy",
                                          "cudaStreamSynchronize", "cudaDeviceSynchronize",
@@ -277,7 +281,9 @@ static void fv_batch(int step, int32_t *in, int32_t *tg) {
 /* FV_STEPS steps of the runtime (sharded) or the flat model on be; the
  * losses and the final weights (host, malloc'd). lrows > 0: the logits in
  * chunks of that many rows, trained with gpt_forward_train (the LM head's
- * backward inside the forward). 0, or a code. */
+ * backward inside the forward); < 0: chunks of -lrows rows, with
+ * gpt_forward and then gpt_backward (which runs the chunks again); 0:
+ * gpt_forward and gpt_backward on the default chunk. 0, or a code. */
 static int fv_run(const kern_backend_t *be, int sharded, int lrows, float *losses, float **w) {
   const gpt_config_t c = {.layers = 2, .channels = 64, .heads = 4, .vocab = 256, .context = 64};
   const adamw_hparams_t hp = {0.9f, 0.95f, 1e-8f, 0.1f};
@@ -297,14 +303,14 @@ static int fv_run(const kern_backend_t *be, int sharded, int lrows, float *losse
              (rc = adamw_create(&o, g, hp))) {
     goto out;
   }
-  gpt_set_logits_rows(g, lrows);
+  gpt_set_logits_rows(g, lrows < 0 ? -lrows : lrows);
   for (int s = 0; s < FV_STEPS && !rc; s++) {
     fv_batch(s, in, tg);
     float norm;
     if (f) fsdp_zero_grad(f);
     else gpt_zero_grad(g);
-    rc = lrows ? gpt_forward_train(g, in, tg, FV_B, FV_T, 1.0f, &losses[s])
-               : gpt_forward(g, in, tg, FV_B, FV_T, &losses[s]);
+    rc = lrows > 0 ? gpt_forward_train(g, in, tg, FV_B, FV_T, 1.0f, &losses[s])
+                   : gpt_forward(g, in, tg, FV_B, FV_T, &losses[s]);
     if (rc || (rc = gpt_backward(g, 1.0f))) break;
     if (f) rc = fsdp_step(f, lr, 0.0f, &norm);
     else adamw_step(o, g, lr);
@@ -411,6 +417,7 @@ int main(int argc, char **argv) {
   plugin_table = p;
   void *plugin = dlopen(getenv("FSDP_CUDA_PLUGIN"), RTLD_NOW | RTLD_NOLOAD);
   if (plugin) *(void **)&emu_waits = dlsym(plugin, "cuda_emu_waits");
+  if (plugin) *(void **)&emu_launches = dlsym(plugin, "cuda_emu_launches");
   if (p->device_count(msg, sizeof msg) <= 0) {
     printf("test_cuda_train: no GPU (%s): skipped\n", msg);
     return 0;
@@ -577,28 +584,53 @@ int main(int argc, char **argv) {
   no_dlogits16.crossentropy_fwd_bwd_bf16 = NULL;
   no_dfch16.gelu_bwd_bf16 = NULL;
   const gpt_config_t fc = {.layers = 2, .channels = 64, .heads = 4, .vocab = 256, .context = 64};
+  enum { ALL = FV_B * FV_T };
   const struct {
     const kern_backend_t *with, *without;
-    int lrows;
+    int lrows, lrows_without; /* fv_run's */
+    int chunks16; /* the bf16 logits' chunks a step of the first run (ce_row16_kernel's
+                   * launches on the emulator), or -1 */
     const char *how;
     double loss_tol, w_tol;
-  } vs[6] = {
-      {&no_logits16, &no_dlogits16, FV_CHUNK, "chunks' bf16 dlogits", CHUNK_TOL, CHUNK_TOL},
-      {&no_logits16, &no_dlogits16, FV_B * FV_T, "one chunk's bf16 dlogits", CHUNK_TOL, CHUNK_TOL},
-      {&no_logits16, &no_dfch16, FV_CHUNK, "bf16 dfch (gelu_bwd_bf16)", CHUNK_TOL, CHUNK_TOL},
-      {k16, &no_logits16, FV_CHUNK, "chunks' bf16 logits", LOGITS16_LOSS_TOL, LOGITS16_W_TOL},
-      {k16, &no_logits16, FV_B * FV_T, "one chunk's bf16 logits", LOGITS16_LOSS_TOL,
+  } vs[] = {
+      {&no_logits16, &no_dlogits16, FV_CHUNK, FV_CHUNK, 0, "chunks' bf16 dlogits vs fp32",
+       CHUNK_TOL, CHUNK_TOL},
+      {&no_logits16, &no_dlogits16, ALL, ALL, 0, "one chunk's bf16 dlogits vs fp32", CHUNK_TOL,
+       CHUNK_TOL},
+      {&no_logits16, &no_dfch16, FV_CHUNK, FV_CHUNK, 0, "bf16 dfch (gelu_bwd_bf16) vs fp32",
+       CHUNK_TOL, CHUNK_TOL},
+      /* 100 rows of fp32 logits' room: chunks of 200 and 56 */
+      {k16, &no_logits16, FV_CHUNK, FV_CHUNK, 2, "chunks' bf16 logits vs fp32", LOGITS16_LOSS_TOL,
+       LOGITS16_W_TOL},
+      {k16, &no_logits16, ALL, ALL, 1, "one chunk's bf16 logits vs fp32", LOGITS16_LOSS_TOL,
        LOGITS16_W_TOL},
       /* bf16 logits take twice the rows in the buffer (gpt.c's gpt_lm_rows):
        * one chunk of 256 kept for backward where fp32 logits take two */
-      {k16, &no_logits16, FV_B * FV_T / 2, "bf16 logits, 2 fp32 chunks' room", LOGITS16_LOSS_TOL,
-       LOGITS16_W_TOL}};
-  for (int k = 0; k < 6; k++) {
+      {k16, &no_logits16, ALL / 2, ALL / 2, 1, "bf16 logits, 2 fp32 chunks' room vs fp32",
+       LOGITS16_LOSS_TOL, LOGITS16_W_TOL},
+      /* the chunks' bookkeeping with bf16 logits: in chunks as in one, where
+       * the products of 200 and of 256 rows may sum a logit in another order
+       * and its bf16 rounding go the other way (CHUNK16_W_TOL) */
+      {k16, k16, FV_CHUNK, ALL, 2, "bf16 logits in chunks vs one", LOGITS16_LOSS_TOL,
+       CHUNK16_W_TOL},
+      /* gpt_forward (its losses from fp32 logits) and then gpt_backward
+       * running the same chunks again in bf16: the same gradients */
+      {k16, k16, -FV_CHUNK, FV_CHUNK, 2, "bf16 logits, chunks again in backward vs in forward",
+       LOGITS16_LOSS_TOL, CHUNK_TOL}};
+  for (size_t k = 0; k < sizeof vs / sizeof vs[0]; k++) {
     float la[FV_STEPS], lb[FV_STEPS], *wa = NULL, *wb = NULL;
-    if (fv_run(vs[k].with, 0, vs[k].lrows, la, &wa) ||
-        fv_run(vs[k].without, 0, vs[k].lrows, lb, &wb)) {
+    const unsigned long l0 = emu_launches ? emu_launches("ce_row16_kernel") : 0;
+    int rc = fv_run(vs[k].with, 0, vs[k].lrows, la, &wa);
+    const unsigned long launches = emu_launches ? emu_launches("ce_row16_kernel") - l0 : 0;
+    if (rc || fv_run(vs[k].without, 0, vs[k].lrows_without, lb, &wb)) {
       fprintf(stderr, "test_cuda_train: bf16 %s: %s\n", vs[k].how, err_msg());
       return 2;
+    }
+    if (emu_launches && vs[k].chunks16 >= 0) {
+      char what[96];
+      snprintf(what, sizeof what, "cuda bf16: %s, bf16 chunks a step (emulator)", vs[k].how);
+      check(launches == (unsigned long)vs[k].chunks16 * FV_STEPS, what,
+            (double)launches / FV_STEPS, vs[k].chunks16);
     }
     size_t differ = 0;
     double dd = 0, ss = 0, lw = 0;
@@ -607,12 +639,12 @@ int main(int argc, char **argv) {
       dd += ((double)wa[i] - wb[i]) * ((double)wa[i] - wb[i]), ss += (double)wb[i] * wb[i];
     }
     for (int i = 0; i < FV_STEPS; i++) lw = fmax(lw, fabs((double)la[i] - lb[i]) / fabs((double)lb[i]));
-    printf("cuda bf16: %s vs fp32: %zu parameters differ, losses %.3e apart (relative)\n",
+    printf("cuda bf16: %s: %zu parameters differ, losses %.3e apart (relative)\n",
            vs[k].how, differ, lw);
     char what[96];
-    snprintf(what, sizeof what, "cuda bf16: %s vs fp32, losses (relative)", vs[k].how);
+    snprintf(what, sizeof what, "cuda bf16: %s, losses (relative)", vs[k].how);
     check(lw <= vs[k].loss_tol, what, lw, vs[k].loss_tol);
-    snprintf(what, sizeof what, "cuda bf16: %s vs fp32, weights (rel L2)", vs[k].how);
+    snprintf(what, sizeof what, "cuda bf16: %s, weights (rel L2)", vs[k].how);
     check(sqrt(dd / ss) <= vs[k].w_tol, what, sqrt(dd / ss), vs[k].w_tol);
     free(wa), free(wb);
   }

@@ -1257,6 +1257,7 @@ struct emu_desc {
 struct emu_pref {
   uint64_t workspace;
   uint32_t align[4]; /* A, B, C, D */
+  uint32_t schemes;  /* CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK */
 };
 
 extern "C" {
@@ -1344,7 +1345,8 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d,
 }
 
 cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p) {
-  *p = (cublasLtMatmulPreference_t) new emu_pref{0, {256, 256, 256, 256}};
+  *p = (cublasLtMatmulPreference_t) new emu_pref{0, {256, 256, 256, 256},
+                                                 CUBLASLT_REDUCTION_SCHEME_MASK};
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -1360,6 +1362,11 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
   if (a == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES && n == sizeof(uint64_t)) {
     memcpy(&x->workspace, buf, n);
     return CUBLAS_STATUS_SUCCESS;
+  }
+  if (a == CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK && n == sizeof(uint32_t)) {
+    memcpy(&x->schemes, buf, n);
+    return (x->schemes & ~(uint32_t)CUBLASLT_REDUCTION_SCHEME_MASK) ? CUBLAS_STATUS_INVALID_VALUE
+                                                                    : CUBLAS_STATUS_SUCCESS;
   }
   const int i = a == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES   ? 0
                 : a == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES ? 1
@@ -1401,6 +1408,10 @@ static cublasStatus_t emu_lt_check(const emu_desc *d, const emu_layout *a, const
 }
 
 #define EMU_LT_RANK 4 /* the algorithm's data word holding its rank */
+/* ... and whether it may split the sum and reduce it in D's type (the
+ * preference's reduction schemes allow INPLACE or OUTPUT_TYPE): a bf16 D is
+ * then rounded twice, as cuBLASLt may do on a GPU (emu_lt_run) */
+#define EMU_LT_SPLIT_OUT 5
 static std::atomic<int> emu_lt_last_rank{-1};
 static std::atomic<unsigned long> emu_lt_ragged{0};
 
@@ -1431,6 +1442,9 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
     memset(&res[i], 0, sizeof res[i]);
     memcpy(res[i].algo.data, ((emu_pref *)pref)->align, sizeof((emu_pref *)pref)->align);
     res[i].algo.data[EMU_LT_RANK] = (uint64_t)i;
+    res[i].algo.data[EMU_LT_SPLIT_OUT] =
+        (((emu_pref *)pref)->schemes &
+         (CUBLASLT_REDUCTION_SCHEME_INPLACE | CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE)) != 0;
     res[i].state = CUBLAS_STATUS_SUCCESS;
     res[i].wavesCount = 1.0f;
     ++*found;
@@ -1463,7 +1477,7 @@ static void emu_lt_operand(std::vector<float> &out, const void *p, const emu_lay
 static void emu_lt_run(const emu_desc *d, const emu_layout *a, const emu_layout *b,
                        const emu_layout *c, const emu_layout *dl, float alpha, float bt,
                        const void *A, const void *B, void *D, uint64_t M, uint64_t N, uint64_t K,
-                       size_t ea, bool bias) {
+                       size_t ea, bool bias, bool split_out) {
   std::vector<float> ta, tb, t16;
   const bool d16 = dl->type == CUDA_R_16BF; /* C is D here (in place) */
   for (int32_t i = 0; i < c->batch; i++) {
@@ -1483,14 +1497,33 @@ static void emu_lt_run(const emu_desc *d, const emu_layout *a, const emu_layout 
         for (uint64_t m = 0; m < M; m++)
           out[m + n * dl->ld] = bt == 0.0f ? 0.0f : bt * out[m + n * dl->ld];
     } else {
-      emu_lt_operand(ta, (const char *)A + (size_t)i * a->stride * ea, a, d->compute);
+        emu_lt_operand(ta, (const char *)A + (size_t)i * a->stride * ea, a, d->compute);
       emu_lt_operand(tb, (const char *)B + (size_t)i * b->stride * ea, b, d->compute);
       /* column-major D (M x N, ld) is row-major D^T (N x M): D^T = op(B)^T op(A)^T */
-      if (dnnl_sgemm(d->transb == CUBLAS_OP_N ? 'N' : 'T', d->transa == CUBLAS_OP_N ? 'N' : 'T',
-                     (dnnl_dim_t)N, (dnnl_dim_t)M, (dnnl_dim_t)K, alpha, tb.data(),
-                     b->ld, ta.data(), a->ld, bt, out, dl->ld) != dnnl_success)
-        emu::fail("cublasLtMatmul: oneDNN's sgemm failed (%llu x %llu x %llu)",
-                  (unsigned long long)M, (unsigned long long)N, (unsigned long long)K);
+      auto sgemm = [&](const float *pa, float beta) {
+        if (dnnl_sgemm(d->transb == CUBLAS_OP_N ? 'N' : 'T', d->transa == CUBLAS_OP_N ? 'N' : 'T',
+                       (dnnl_dim_t)N, (dnnl_dim_t)M, (dnnl_dim_t)K, alpha, tb.data(), b->ld, pa,
+                       a->ld, beta, out, dl->ld) != dnnl_success)
+          emu::fail("cublasLtMatmul: oneDNN's sgemm failed (%llu x %llu x %llu)",
+                    (unsigned long long)M, (unsigned long long)N, (unsigned long long)K);
+      };
+      if (d16 && split_out && K >= 2) {
+        /* the sum in two halves of K, the first rounded into D, the second
+         * added to it there (INPLACE's way): A's other half zeroed in each */
+        std::vector<float> half(ta.size());
+        for (int h = 0; h < 2; h++) {
+          for (size_t x = 0; x < half.size(); x++) {
+            const size_t k = d->transa == CUBLAS_OP_N ? x / a->ld : x % a->ld;
+            half[x] = (k < K / 2) == (h == 0) ? ta[x] : 0.0f;
+          }
+          sgemm(half.data(), h ? 1.0f : bt);
+          for (uint64_t n = 0; n < N; n++)
+            for (uint64_t m = 0; m < M; m++)
+              out[m + n * dl->ld] = __bfloat162float(__float2bfloat16_rn(out[m + n * dl->ld]));
+        }
+      } else {
+        sgemm(ta.data(), bt);
+      }
       if (bias) /* added to the product as written: the CPU's two roundings */
         for (uint64_t n = 0; n < N; n++)
           for (uint64_t m = 0; m < M; m++) out[m + n * dl->ld] += d->bias[m];
@@ -1515,6 +1548,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
   uint32_t align[4] = {256, 256, 256, 256};
   if (algo) memcpy(align, algo->data, sizeof align);
   emu_lt_last_rank = algo ? (int)algo->data[EMU_LT_RANK] : -1;
+  const bool split_out = algo && algo->data[EMU_LT_SPLIT_OUT];
   const void *ptrs[4] = {A, B, C, D};
   for (int i = 0; i < 4; i++)
     if ((uintptr_t)ptrs[i] % align[i]) {
@@ -1551,7 +1585,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
   const emu_desc dv = *d;
   const emu_layout av = *a, bv = *b, cv = *c, dv_l = *dl;
   emu::enqueue(stream, [=]() {
-    emu_lt_run(&dv, &av, &bv, &cv, &dv_l, al, bt, A, B, D, M, N, K, ea, bias);
+    emu_lt_run(&dv, &av, &bv, &cv, &dv_l, al, bt, A, B, D, M, N, K, ea, bias, split_out);
     return true;
   });
   return CUBLAS_STATUS_SUCCESS;
