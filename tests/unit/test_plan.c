@@ -437,9 +437,11 @@ static void cuda_attention_plan(int gemm) {
 }
 
 /* A bf16 cuda job's attention runs on tensor cores from bf16 copies of
- * qkv and dout in its scratch (attention_tc.cu): 4C bf16 a token more
- * workspace than the same job in fp32, whose fused kernels' scratch is the
- * D rows alone. */
+ * qkv and dout in its scratch (attention_tc.cu), or of dout alone where the
+ * model keeps qkv in bf16 (kern.h's attention_scratch_bf16): C bf16 a token
+ * more workspace than the same job in fp32, whose fused kernels' scratch is
+ * the D rows alone; 4C with the activations in fp32 (FSDP_CUDA_ACTS_FP32:
+ * qkv too in fp32). */
 static size_t cuda_workspace(const char *data, const char *precision, config_t *out) {
   config_t c = job(data, 0);
   cr_assert_eq(config_set(&c, "device", "cuda"), 0);
@@ -451,17 +453,27 @@ static size_t cuda_workspace(const char *data, const char *precision, config_t *
   return p.bytes[MEM_WORKSPACE];
 }
 
-Test(plan, a_bf16_cuda_job_plans_the_tensor_core_attentions_bf16_copies) {
+static void cuda_attention_copies(int acts_fp32) {
+  if (acts_fp32) setenv("FSDP_CUDA_ACTS_FP32", "1", 1); /* this test's own process (criterion) */
   char *data = tu_token_file("tokens.bin", 20000, 3, 256);
   config_t c;
   const size_t w32 = cuda_workspace(data, "fp32", &c), w16 = cuda_workspace(data, "bf16-mixed", &c);
   const size_t B = (size_t)c.batch, T = (size_t)c.seq_len, C = (size_t)c.gpt.channels,
                NH = (size_t)c.gpt.heads;
   /* the copies start at the 16-byte boundary after the D rows */
-  const size_t d = B * NH * T, at = (d + 3) / 4 * 4;
-  cr_assert_eq(w16 - w32, (at - d) * sizeof(float) + B * T * 4 * C * 2,
-               "bf16 %zu, fp32 %zu: the difference is not the copies of qkv and dout", w16, w32);
+  const size_t d = B * NH * T, at = (d + 3) / 4 * 4, per_token = acts_fp32 ? 4 * C : C;
+  cr_assert_eq(w16 - w32, (at - d) * sizeof(float) + B * T * per_token * 2,
+               "bf16 %zu, fp32 %zu: the difference is not the copies of %s", w16, w32,
+               acts_fp32 ? "qkv and dout" : "dout");
   free(data);
+}
+
+Test(plan, a_bf16_cuda_job_plans_the_tensor_core_attentions_bf16_copy_of_dout) {
+  cuda_attention_copies(0);
+}
+
+Test(plan, a_bf16_cuda_job_with_fp32_activations_plans_copies_of_qkv_and_dout) {
+  cuda_attention_copies(1);
 }
 
 /* A cuda job's logits chunk is 1024 MiB unless the job sets one (each chunk
