@@ -639,6 +639,9 @@ static void training(const char *plugin) {
            ckpt);
   snprintf(resume, sizeof resume, "--batch 1 --strategy HYBRID_SHARD --mesh 2x2 --resume_from "
            "%s/step-00000003 --auto_resume 0", ckpt);
+  /* bf16 jobs' biases, which start at zero, measured against 10 Adam steps
+   * an element at the jobs' lr (3e-4): below */
+  const double floor10 = 10 * 3e-4;
   const job_t jobs[] = {
       {"1", "--batch 4", -1, 0, 0, 0, 0},
       {"2", "--batch 2", 0, 1e-4, 1e-5, 0, 0},
@@ -652,7 +655,7 @@ static void training(const char *plugin) {
        * near zero are measured against 10 Adam steps as bf16-true's below
        * (5.4e-5 at worst on the emulator, 2.4e-4 without the floor; the
        * matrices 9e-6) */
-      {"2", "--batch 2 --precision bf16-mixed", 5, 1e-3, 1e-4, 0, 10 * 3e-4},
+      {"2", "--batch 2 --precision bf16-mixed", 5, 1e-3, 1e-4, 0, floor10},
       /* the other paths a GPU job takes through the collectives */
       {"2", "--batch 1 --grad_accum 2", 0, 1e-4, 1e-5, 4, 0},
       {"2", "--batch 1 --grad_accum 2 --keep_unsharded_grads 1", 0, 1e-4, 1e-5, 4, 0},
@@ -668,7 +671,7 @@ static void training(const char *plugin) {
        * reduction mutated to take one rank's half of the batch for the whole
        * moved the biases 1.7 lr an element (0.17 here) and the matrices
        * 2.5e-2 to 5e-2 */
-      {"2", "--batch 2 --precision bf16-true", 11, 1e-3, 1e-2, 0, 10 * 3e-4},
+      {"2", "--batch 2 --precision bf16-true", 11, 1e-3, 1e-2, 0, floor10},
       /* checkpoints of 2 ranks at steps 3 and 6; the one of step 3 resumed
        * by 4 ranks of another mesh ends where the uninterrupted run did */
       {"2", save_every, 0, 1e-4, 1e-5, 0, 0},
