@@ -94,6 +94,19 @@ static const char *ring_live_where(const ring_t *r, const ring_op_t *o, char *bu
   return buf;
 }
 
+/* "<where>: rank N (addr) closed its connection (<why>): ...": the next
+ * rank died unannounced (no notice, no bye). */
+static void ring_live_death_msg(const ring_t *r, const ring_op_t *o, char *buf, size_t n) {
+  char w[256];
+  const int k = snprintf(buf, n,
+                         "%s: rank %d (%s) closed its connection (%s): that rank exited, crashed "
+                         "or was killed; see its log, then restart the job from its last "
+                         "checkpoint",
+                         ring_live_where(r, o, w, sizeof w), r->rank_next, r->addr_next,
+                         r->next_errno ? strerror(r->next_errno) : "end of stream");
+  if (k >= (int)n && n > 4) memcpy(buf + n - 4, "...", 4); /* cut: says so */
+}
+
 /* The next rank's stream ended while this rank needs it, or it died first. */
 static int ring_live_next_gone(ring_t *r, ring_op_t *o) {
   char w[256];
@@ -104,11 +117,24 @@ static int ring_live_next_gone(ring_t *r, ring_op_t *o) {
                    "the ranks issued different numbers of collectives (see that rank's log for "
                    "its last one)",
                    w, r->rank_next, r->addr_next);
-  return err_set(FSDP_EPEER,
-                 "%s: rank %d (%s) closed its connection (%s): that rank exited, crashed or was "
-                 "killed; see its log, then restart the job from its last checkpoint",
-                 w, r->rank_next, r->addr_next,
-                 r->next_errno ? strerror(r->next_errno) : "end of stream");
+  char m[sizeof(((ring_notice_t *)0)->msg)];
+  ring_live_death_msg(r, o, m, sizeof m);
+  return err_set(FSDP_EPEER, "%s", m);
+}
+
+/* The next rank died unannounced: this rank says so to the previous one at
+ * once, as its notice, even while its own op does not need the next rank
+ * yet (it waits on the previous one, its sends all taken). Else a rank
+ * further back whose own previous rank fails on the death and exits sees
+ * only that echo, and names the echo: the notice names the dead rank. */
+static void ring_live_tell_death(ring_t *r, ring_op_t *o) {
+  ring_notice_t note;
+  memset(&note, 0, sizeof note);
+  note.magic = RING_NOTICE_MAGIC;
+  note.origin = r->base.rank;
+  note.code = FSDP_EPEER;
+  ring_live_death_msg(r, o, note.msg, sizeof note.msg);
+  ring_live_send_notice(r, &note);
 }
 
 /* A notice from the next rank: this rank's failure, passed on unchanged so it
@@ -182,6 +208,7 @@ int ring_live_hear(ring_t *r, ring_op_t *o, int need) {
     }
     r->next_end = RING_NEXT_GONE; /* died: no notice, no bye */
     r->next_errno = k == 0 ? 0 : errno;
+    ring_live_tell_death(r, o);
   }
   if (need && r->next_end != RING_NEXT_OPEN) return ring_live_next_gone(r, o);
   return 0;
