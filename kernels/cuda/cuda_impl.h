@@ -150,6 +150,9 @@ static inline dim3 kern_cuda_rows_grid(int64_t rows, int64_t cols) {
 #ifndef KERN_CUDA_WIDE_CHECK
 #define KERN_CUDA_WIDE_CHECK(p) ((void)0)
 #endif
+#ifndef KERN_CUDA_WIDE_CHECK8
+#define KERN_CUDA_WIDE_CHECK8(p) ((void)0)
+#endif
 
 __host__ __device__ __forceinline__ bool kern_cuda_aligned16(const void *p) {
   return !((uintptr_t)p & 15);
@@ -175,6 +178,12 @@ __device__ __forceinline__ uint4 kern_cuda_load_u16x8(const uint16_t *p) {
 __device__ __forceinline__ void kern_cuda_store_u16x8(uint16_t *p, uint4 v) {
   KERN_CUDA_WIDE_CHECK(p);
   *(uint4 *)p = v;
+}
+
+/* 4 uint16 (bf16) as a uint2, an 8-byte store: p 8-byte aligned */
+__device__ __forceinline__ void kern_cuda_store_u16x4(uint16_t *p, uint2 v) {
+  KERN_CUDA_WIDE_CHECK8(p);
+  *(uint2 *)p = v;
 }
 
 /* Elements of esize bytes from p to its next 16-byte boundary: the head an

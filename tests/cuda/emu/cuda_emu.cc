@@ -501,13 +501,13 @@ bool emu::device_range(const void *p, size_t n) { return emu_is_device(p, n); }
 /* The range is checked with synchronous streams only: queued work may use a
  * buffer whose cudaFreeAsync the host has already made (legal in stream
  * order), and emu_allocs, kept in the host's order, no longer lists it. */
-void emu::wide_access(const void *p, const char *what) {
-  if ((uintptr_t)p & 15)
-    fail("%s at %p: a 16-byte access at an address not 16-byte aligned (on a GPU: a "
+void emu::wide_access(const void *p, const char *what, size_t n) {
+  if ((uintptr_t)p & (n - 1))
+    fail("%s at %p: a %zu-byte access at an address not %zu-byte aligned (on a GPU: a "
          "misaligned address error)",
-         what, p);
-  if (!deferred() && !emu_is_device(p, 16))
-    fail("%s at %p: the 16 bytes are not inside one device buffer", what, p);
+         what, p, n, n);
+  if (!deferred() && !emu_is_device(p, n))
+    fail("%s at %p: the %zu bytes are not inside one device buffer", what, p, n);
 }
 
 void emu::launch(const cfg &c, const void *kernel, const char *name, std::function<void()> grid) {

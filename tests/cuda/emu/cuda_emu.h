@@ -24,8 +24,8 @@
  * 48 KiB of dynamic shared memory unless cudaFuncSetAttribute allowed more,
  * never more than the device's opt-in limit), WMMA's alignment rules (256-bit
  * aligned pointers, leading dimensions of 16 bytes), the 16-byte loads and
- * stores of cuda_impl.h's wide accesses (aligned, inside a device buffer:
- * emu::wide_access), ldmatrix's and cp.async's addresses (aligned, in
+ * stores of cuda_impl.h's wide accesses and its 8-byte stores (aligned,
+ * inside a device buffer: emu::wide_access), ldmatrix's and cp.async's addresses (aligned, in
  * dynamic shared memory), a cp.async read before it was waited for and
  * a barrier passed, or never waited for at all, a barrier some threads
  * never reach (a deadlock, reported with the kernel and block), lanes of a
@@ -142,7 +142,7 @@ bool device_range(const void *p, size_t n);
  * error, where a CPU would read on) and, with synchronous streams, the 16
  * bytes lie inside one device buffer (a wide access past the end that
  * scalar code would not make). */
-void wide_access(const void *p, const char *what);
+void wide_access(const void *p, const char *what, size_t n = 16);
 [[noreturn]] void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 typedef void (*body_fn)(void *);
@@ -277,6 +277,7 @@ template <int N, bool TR> static inline void ldmatrix(uint32_t r[N], const void 
 
 /* cuda_impl.h's wide accesses, each checked (emu::wide_access) */
 #define KERN_CUDA_WIDE_CHECK(p) emu::wide_access(p, __func__)
+#define KERN_CUDA_WIDE_CHECK8(p) emu::wide_access(p, __func__, 8)
 
 #define threadIdx (emu::cur->tid)
 #define blockIdx (emu::block_idx)
