@@ -284,63 +284,65 @@ int kern_cuda_colsum_slice(int runs, int per_run, int C);
  * matrix packed to bf16 (matmul.cu's dout, gelu.cu's dinp): for rows [0,
  * rows) and columns [0, cols), dst[n dld + j] = bf16(x(n, j)) (as the casts
  * round) and partial[run cols + j] = the sum of x(n, j) over the run's
- * KERN_COLSUM_ROWS rows from zero, row by row (colsum.cu's order). A thread
- * takes a run's rows for 8 columns (blocks: y over runs, x along the
- * columns, kern_cuda_rows_grid(runs, (cols + 7) / 8)), a row at a time: the
- * warp's loads of a row coalesced, 16-byte loads and stores where
- * aligned(n, j) says x's 8 elements from (n, j) are (eight(n, j, lo, hi)
- * then makes them) and dst's row allows, else one(n, j) an element; 4
- * rows' loads issued together (a thread waited on memory 32 times a run,
- * one row at a time) where alike says every row of x is aligned as the
- * first (and dst's rows are 16-byte multiples apart).
- * The sums are row by row whatever the path. */
-template <typename Aligned, typename Eight, typename One>
-__device__ __forceinline__ void kern_cuda_pack_colsum(uint16_t *dst, int64_t dld, float *partial,
-                                                      int rows, int cols, bool alike,
-                                                      Aligned aligned, Eight eight, One one) {
+ * KERN_COLSUM_ROWS rows from zero, row by row (colsum.cu's order). A block
+ * (KERN_PACK_COLSUM_THREADS threads, kern_cuda_pack_colsum_grid) takes a
+ * run's rows by KERN_PACK_COLSUM_TILE columns in two phases: its threads
+ * make the tile's elements, 4 columns of a row each at a time (four(n, j)
+ * as a float4 where wide says x's 4 elements from (n, j) may be loaded so,
+ * else one(n, j) an element), store them to dst (8 bytes at once where st8
+ * says dst's rows allow) and keep them fp32 in shared memory; then a thread
+ * a column sums the run's rows in order from zero. The rows of a tile are
+ * made in parallel, the sums alone in order: with a thread owning a
+ * column's 32 rows end to end (before 2026-11-28) GELU's backward took 79
+ * registers, 3 blocks an SM, and moved its bytes at half the fp32 form's
+ * rate on an H200. */
+#define KERN_PACK_COLSUM_TILE 256
+#define KERN_PACK_COLSUM_THREADS 256
+static inline dim3 kern_cuda_pack_colsum_grid(int rows, int cols) {
   const int runs = (rows + KERN_COLSUM_ROWS - 1) / KERN_COLSUM_ROWS;
+  return dim3((unsigned)((cols + KERN_PACK_COLSUM_TILE - 1) / KERN_PACK_COLSUM_TILE),
+              (unsigned)(runs < (int)KERN_CUDA_MAX_BLOCKS ? runs : KERN_CUDA_MAX_BLOCKS));
+}
+template <typename Four, typename One>
+__device__ __forceinline__ void kern_cuda_pack_colsum(uint16_t *dst, int64_t dld, float *partial,
+                                                      int rows, int cols, bool wide, bool st8,
+                                                      Four four, One one) {
+  __shared__ __align__(16) float tile[KERN_COLSUM_ROWS][KERN_PACK_COLSUM_TILE];
+  const int runs = (rows + KERN_COLSUM_ROWS - 1) / KERN_COLSUM_ROWS;
+  const int q = threadIdx.x % (KERN_PACK_COLSUM_TILE / 4),
+            r0 = threadIdx.x / (KERN_PACK_COLSUM_TILE / 4);
+  const int j0 = blockIdx.x * KERN_PACK_COLSUM_TILE, j = j0 + 4 * q;
+  const bool whole = j + 4 <= cols;
   for (int run = blockIdx.y; run < runs; run += gridDim.y) {
     const int n0 = run * KERN_COLSUM_ROWS,
-              n1 = rows - n0 < KERN_COLSUM_ROWS ? rows : n0 + KERN_COLSUM_ROWS;
-    for (int j = 8 * (blockIdx.x * blockDim.x + threadIdx.x); j < cols;
-         j += 8 * gridDim.x * blockDim.x) {
-      const int w = cols - j < 8 ? cols - j : 8; /* a row's tail: fewer than 8 */
-      float sum[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      int n = n0;
-      if (w == 8 && alike && dld % 8 == 0 && aligned(n0, j) &&
-          kern_cuda_aligned16(dst + (int64_t)n0 * dld + j))
-        for (; n + 4 <= n1; n += 4) {
-          float4 lo[4], hi[4];
-#pragma unroll
-          for (int u = 0; u < 4; u++) eight(n + u, j, lo[u], hi[u]);
-#pragma unroll
-          for (int u = 0; u < 4; u++) {
-            kern_cuda_store_u16x8(dst + (int64_t)(n + u) * dld + j, kern_cuda_bf16x8(lo[u], hi[u]));
-            sum[0] += lo[u].x, sum[1] += lo[u].y, sum[2] += lo[u].z, sum[3] += lo[u].w;
-            sum[4] += hi[u].x, sum[5] += hi[u].y, sum[6] += hi[u].z, sum[7] += hi[u].w;
-          }
-        }
-      for (; n < n1; n++) {
-        uint16_t *d = dst + (int64_t)n * dld + j;
-        float4 lo, hi;
-        if (w == 8 && aligned(n, j)) {
-          eight(n, j, lo, hi);
-        } else {
-          float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-          for (int k = 0; k < w; k++) v[k] = one(n, j + k);
-          lo = make_float4(v[0], v[1], v[2], v[3]), hi = make_float4(v[4], v[5], v[6], v[7]);
-        }
-        sum[0] += lo.x, sum[1] += lo.y, sum[2] += lo.z, sum[3] += lo.w;
-        sum[4] += hi.x, sum[5] += hi.y, sum[6] += hi.z, sum[7] += hi.w;
-        if (w == 8 && kern_cuda_aligned16(d)) {
-          kern_cuda_store_u16x8(d, kern_cuda_bf16x8(lo, hi));
-        } else {
-          const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-          for (int k = 0; k < w; k++) d[k] = kern_f32_to_bf16(v[k]);
-        }
+              nr = rows - n0 < KERN_COLSUM_ROWS ? rows - n0 : KERN_COLSUM_ROWS;
+#pragma unroll 4
+    for (int r = r0; r < nr; r += KERN_PACK_COLSUM_THREADS / (KERN_PACK_COLSUM_TILE / 4)) {
+      const int64_t n = n0 + r;
+      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (wide && whole) {
+        v = four(n, j);
+      } else {
+        float e[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int k = 0; k < 4 && j + k < cols; k++) e[k] = one(n, j + k);
+        v = make_float4(e[0], e[1], e[2], e[3]);
       }
-      for (int k = 0; k < w; k++) partial[(int64_t)run * cols + j + k] = sum[k];
+      uint16_t *d = dst + n * dld + j;
+      if (st8 && whole) {
+        kern_cuda_store_u16x4(d, make_uint2(kern_cuda_bf16x2(v.x, v.y), kern_cuda_bf16x2(v.z, v.w)));
+      } else {
+        const float e[4] = {v.x, v.y, v.z, v.w};
+        for (int k = 0; k < 4 && j + k < cols; k++) d[k] = kern_f32_to_bf16(e[k]);
+      }
+      *(float4 *)&tile[r][4 * q] = v;
     }
+    __syncthreads();
+    for (int c = threadIdx.x; c < KERN_PACK_COLSUM_TILE && j0 + c < cols; c += blockDim.x) {
+      float sum = 0.0f;
+      for (int r = 0; r < nr; r++) sum += tile[r][c];
+      partial[(int64_t)run * cols + j0 + c] = sum;
+    }
+    __syncthreads(); /* the tile is the next run's */
   }
 }
 

@@ -11,8 +11,7 @@
  * formula on each element either way. Forward's bf16 output (gelu_fwd_bf16)
  * is the fp32 one rounded, 8 elements a thread as cast.cu's. Backward's
  * bf16 form (gelu_bwd_bf16) writes dinp as the next product packs it, with
- * its column sums for that product's dbias on the way (a tile of a run's
- * rows in shared memory). */
+ * its column sums for that product's dbias on the way. */
 #include "kernels/cuda/cuda_impl.h"
 #include "kernels/kern_math.h"
 
@@ -84,58 +83,21 @@ __global__ static void gelu_bwd_wide_kernel(float *dinp, const float *inp, const
 
 /* gelu_bwd_bf16: dinp (rows x cols of inp and dout, rows ld apart) made
  * and packed to bf16 into dinp16 (rows ld apart), with its runs' column
- * sums: the bytes matmul_bwd_bf16's packing of the fp32 dinp, and its
- * dbias's first stage (kern_cuda_pack_colsum's), would give; the fp32 dinp
- * is never written (nor read back). A block takes a run's
- * KERN_COLSUM_ROWS rows by GELU_BWD_TILE columns in two phases: every
- * thread makes elements of the tile (4 columns of a row at a time, in
- * float4 loads where wide says inp and dout allow and 8-byte stores where
- * st8 says dinp16 does), storing them as bf16 and keeping them fp32 in
- * shared memory; then a thread a column sums the run's rows in order from
- * zero. GELU's derivative costs about 60 instructions an element: with a
- * thread owning a column's 32 rows end to end (kern_cuda_pack_colsum) the
- * kernel took 79 registers, 3 blocks an SM, and moved its bytes at half
- * the fp32 form's rate (2.1 TB/s on an H200, 2026-11-28); here the rows of
- * a tile are made in parallel, the sum alone in order. */
-#define GELU_BWD_TILE 256
-#define GELU_BWD_THREADS 256
-__global__ static void __launch_bounds__(GELU_BWD_THREADS)
+ * sums (kern_cuda_pack_colsum): the bytes matmul_bwd_bf16's packing of the
+ * fp32 dinp, and its dbias's first stage, would give; the fp32 dinp is
+ * never written (nor read back). */
+__global__ static void __launch_bounds__(KERN_PACK_COLSUM_THREADS)
     gelu_bwd_bf16_kernel(uint16_t *dinp16, float *partial, const float *inp, const float *dout,
                          int64_t ld, int rows, int cols, bool wide, bool st8) {
-  __shared__ __align__(16) float tile[KERN_COLSUM_ROWS][GELU_BWD_TILE];
-  const int runs = (rows + KERN_COLSUM_ROWS - 1) / KERN_COLSUM_ROWS;
-  const int q = threadIdx.x % (GELU_BWD_TILE / 4), r0 = threadIdx.x / (GELU_BWD_TILE / 4);
-  const int j0 = blockIdx.x * GELU_BWD_TILE, j = j0 + 4 * q;
-  for (int run = blockIdx.y; run < runs; run += gridDim.y) {
-    const int n0 = run * KERN_COLSUM_ROWS,
-              nr = rows - n0 < KERN_COLSUM_ROWS ? rows - n0 : KERN_COLSUM_ROWS;
-#pragma unroll 4
-    for (int r = r0; r < nr; r += GELU_BWD_THREADS / (GELU_BWD_TILE / 4)) {
-      const int64_t o = (int64_t)(n0 + r) * ld + j;
-      float v[4] = {0, 0, 0, 0};
-      if (wide && j + 4 <= cols) {
-        const float4 x = kern_cuda_load_f32x4(inp + o), d = kern_cuda_load_f32x4(dout + o);
-        v[0] = kern_gelu_grad(x.x) * d.x, v[1] = kern_gelu_grad(x.y) * d.y;
-        v[2] = kern_gelu_grad(x.z) * d.z, v[3] = kern_gelu_grad(x.w) * d.w;
-      } else {
-        for (int k = 0; k < 4 && j + k < cols; k++)
-          v[k] = kern_gelu_grad(inp[o + k]) * dout[o + k];
-      }
-      if (st8 && j + 4 <= cols) {
-        kern_cuda_store_u16x4(dinp16 + o, make_uint2(kern_cuda_bf16x2(v[0], v[1]), kern_cuda_bf16x2(v[2], v[3])));
-      } else {
-        for (int k = 0; k < 4 && j + k < cols; k++) dinp16[o + k] = kern_f32_to_bf16(v[k]);
-      }
-      *(float4 *)&tile[r][4 * q] = make_float4(v[0], v[1], v[2], v[3]);
-    }
-    __syncthreads();
-    for (int c = threadIdx.x; c < GELU_BWD_TILE && j0 + c < cols; c += blockDim.x) {
-      float sum = 0.0f;
-      for (int r = 0; r < nr; r++) sum += tile[r][c];
-      partial[(int64_t)run * cols + j0 + c] = sum;
-    }
-    __syncthreads(); /* the tile is the next run's */
-  }
+  kern_cuda_pack_colsum(
+      dinp16, ld, partial, rows, cols, wide, st8,
+      [&](int64_t n, int j) {
+        const float4 x = kern_cuda_load_f32x4(inp + n * ld + j),
+                     d = kern_cuda_load_f32x4(dout + n * ld + j);
+        return make_float4(kern_gelu_grad(x.x) * d.x, kern_gelu_grad(x.y) * d.y,
+                           kern_gelu_grad(x.z) * d.z, kern_gelu_grad(x.w) * d.w);
+      },
+      [&](int64_t n, int j) { return kern_gelu_grad(inp[n * ld + j]) * dout[n * ld + j]; });
 }
 
 extern "C" void kern_cuda_gelu_fwd(float *out, const float *inp, size_t n) {
@@ -187,12 +149,11 @@ extern "C" void kern_cuda_gelu_bwd_bf16(uint16_t *dinp16, float *dbias, const fl
   float *partial = (float *)kern_cuda_st.pack;
   for (int c0 = 0; c0 < C; c0 += cs) {
     const int n = C - c0 < cs ? C - c0 : cs;
-    const dim3 grid((unsigned)((n + GELU_BWD_TILE - 1) / GELU_BWD_TILE),
-                    (unsigned)(runs < (int)KERN_CUDA_MAX_BLOCKS ? runs : KERN_CUDA_MAX_BLOCKS));
     const bool wide = C % 4 == 0 && kern_cuda_aligned16(inp + c0) && kern_cuda_aligned16(dout + c0);
     const bool st8 = C % 4 == 0 && !((uintptr_t)(dinp16 + c0) & 7);
-    gelu_bwd_bf16_kernel<<<grid, GELU_BWD_THREADS, 0, kern_cuda_st.stream>>>(
-        dinp16 + c0, partial, inp + c0, dout + c0, C, N, n, wide, st8);
+    gelu_bwd_bf16_kernel<<<kern_cuda_pack_colsum_grid(N, n), KERN_PACK_COLSUM_THREADS, 0,
+                           kern_cuda_st.stream>>>(dinp16 + c0, partial, inp + c0, dout + c0, C,
+                                                  N, n, wide, st8);
     KERN_CUDA_LAUNCHED();
     kern_cuda_colsum_add(dbias + c0, partial, runs, n);
   }

@@ -314,27 +314,25 @@ static int64_t gemm_pack(uint16_t *dst, const float *X, char t, int64_t ld, int6
  * (kern_cuda_pack_colsum; r0 starts a run): partial[j * Cn + c] for the
  * block's runs j. */
 static_assert(KERN_COLSUM_ROWS == 32, "size.h's KERN_CUDA_SIZE_COLSUM_FLOATS counts runs of 32 rows");
-__global__ static void gemm_pack_colsum_kernel(uint16_t *dst, float *partial, const float *src,
-                                               int64_t sld, int64_t dld, int rows, int cols) {
+__global__ static void __launch_bounds__(KERN_PACK_COLSUM_THREADS)
+    gemm_pack_colsum_kernel(uint16_t *dst, float *partial, const float *src, int64_t sld,
+                            int64_t dld, int rows, int cols, bool wide) {
   kern_cuda_pack_colsum(
-      dst, dld, partial, rows, cols, sld % 4 == 0,
-      [&](int64_t n, int j) { return kern_cuda_aligned16(src + n * sld + j); },
-      [&](int64_t n, int j, float4 &lo, float4 &hi) {
-        lo = kern_cuda_load_f32x4(src + n * sld + j), hi = kern_cuda_load_f32x4(src + n * sld + j + 4);
-      },
+      dst, dld, partial, rows, cols, wide, true,
+      [&](int64_t n, int j) { return kern_cuda_load_f32x4(src + n * sld + j); },
       [&](int64_t n, int j) { return src[n * sld + j]; });
 }
 
 /* Launches it; returns the packed leading dimension. */
 static int64_t gemm_pack_colsum(uint16_t *dst, float *partial, const float *X, int64_t ld, int r0,
                                 int c0, int R, int Cn) {
-  const int64_t dld = pad8(Cn), groups = (Cn + 7) / 8;
+  const int64_t dld = pad8(Cn);
   KERN_CUDA_ASSERT(kern_cuda_aligned16(dst) && r0 % KERN_COLSUM_ROWS == 0);
-  const int runs = (R + KERN_COLSUM_ROWS - 1) / KERN_COLSUM_ROWS;
-  if (runs > 0 && Cn > 0) {
-    gemm_pack_colsum_kernel<<<kern_cuda_rows_grid(runs, groups), kern_cuda_rows_threads(groups), 0,
-                              kern_cuda_st.stream>>>(dst, partial, X + (int64_t)r0 * ld + c0, ld,
-                                                     dld, R, Cn);
+  if (R > 0 && Cn > 0) {
+    const float *src = X + (int64_t)r0 * ld + c0;
+    gemm_pack_colsum_kernel<<<kern_cuda_pack_colsum_grid(R, Cn), KERN_PACK_COLSUM_THREADS, 0,
+                              kern_cuda_st.stream>>>(dst, partial, src, ld, dld, R, Cn,
+                                                     ld % 4 == 0 && kern_cuda_aligned16(src));
     KERN_CUDA_LAUNCHED();
   }
   return dld;
