@@ -99,6 +99,10 @@ int gpt_config_logits_rows(const gpt_config_t *cfg, int chunk_mib);
 /* GPT_ACT_BF16_QKV (with GPT_ACT_BF16): qkv kept in bf16 too, where the
  * backend's attention reads it so (kern.h's attention_bf16_fits). */
 #define GPT_ACT_BF16_QKV 16
+/* GPT_ACT_BF16_FCH (with GPT_ACT_BF16): the fc product's output (fch, 4 x C
+ * a token) kept in bf16 too, where the backend's GELU reads it so (kern.h's
+ * gelu_fwd_bf16in). */
+#define GPT_ACT_BF16_FCH 32
 /* The model's rows suit bf16 activations: C a multiple of 8, so every row
  * of them is 16 bytes aligned (what the products' tensor-core kernels read
  * without packing) and each takes a whole number of floats' room. */

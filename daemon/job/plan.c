@@ -112,9 +112,11 @@ static void plan_loop(const config_t *c, plan_t *p) {
   /* the products' inputs, and qkv, in bf16 as gpt.c keeps them (gpt_acts_bf16, gpt_qkv_bf16) */
   const int a16 = dev->acts_bf16(bf16) && gpt_config_acts_bf16_fits(g);
   const int q16 = a16 && dev->qkv_bf16(bf16, g->channels, g->heads);
+  /* fch too: the CUDA backend offers its bf16 GELU with the bf16 activations
+   * (gpt_fch_bf16) */
   const int ck = (c->activation_checkpointing ? GPT_ACT_CHECKPOINT : 0) |
-                 gpt_act_recompute_flags(c->recompute) | (a16 ? GPT_ACT_BF16 : 0) |
-                 (q16 ? GPT_ACT_BF16_QKV : 0);
+                 gpt_act_recompute_flags(c->recompute) |
+                 (a16 ? GPT_ACT_BF16 | GPT_ACT_BF16_FCH : 0) | (q16 ? GPT_ACT_BF16_QKV : 0);
   size_t scratch =
       dev->attention_scratch(c->batch, c->seq_len, g->channels, g->heads, bf16, q16) * f;
   const int lrows = gpt_config_logits_rows(g, config_logits_chunk_mib(c));

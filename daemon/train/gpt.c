@@ -84,7 +84,9 @@ _Static_assert(sizeof(gpt_embed_t) == sizeof gpt_embed_fields / sizeof *gpt_embe
  * kern.h), in half the floats, else in fp32 (gpt_act_at). qkv is kept in
  * bf16 where the attention takes it so (gpt_t.qkv16): the product's fp32
  * output then lands in backward's scratch (dbig2) and the attention rounds
- * it into the layer's qkv. */
+ * it into the layer's qkv. fch is kept in bf16 where the backend's GELU
+ * reads it so (gpt_t.fch16): the fc product's sum without its bias,
+ * rounded once (kern.h's gelu_fwd_bf16in adds the bias as it reads). */
 typedef struct gpt_layer_acts {
   float *ln1;       /* (N,C) */
   float *ln1_mean;  /* (N) */
@@ -96,7 +98,7 @@ typedef struct gpt_layer_acts {
   float *ln2;       /* (N,C) */
   float *ln2_mean;  /* (N) */
   float *ln2_rstd;  /* (N) */
-  float *fch;       /* (N,4C) fc output before GELU */
+  float *fch;       /* (N,4C) fc output before GELU; under fch16 bf16, without the bias */
   float *fch_gelu;  /* (N,4C), or NULL: recomputed (gpt_set_recompute) */
   float *res3;      /* (N,C) residual after the MLP: the layer's output */
 } gpt_layer_acts_t;
@@ -119,6 +121,7 @@ struct gpt {
   int recompute;                /* kept by no block (gpt_set_recompute): 1 GELU, 2 + norms */
   int acts16;                   /* the products' inputs in bf16 (gpt_acts_bf16) */
   int qkv16;                    /* qkv kept in bf16 (gpt_qkv_bf16) */
+  int fch16;                    /* fch kept in bf16 (gpt_fch_bf16) */
   gpt_unit_hooks_t hooks;       /* how units are reached (gpt_flat_hooks by default) */
   /* unit-local offsets of the named tensors: every block's are the same */
   size_t block_off[GPT_BLOCK_TENSORS], embed_off[GPT_EMBED_TENSORS];
@@ -380,6 +383,16 @@ static int gpt_qkv_bf16(const gpt_t *g) {
          be->attention_bwd_bf16 && be->attention_bf16_fits(g->cfg.channels, g->cfg.heads);
 }
 
+/* 1 when the fc product's output is kept in bf16 too (kern.h's
+ * gelu_fwd_bf16in and gelu_bwd_bf16in with the product that writes bf16);
+ * the plan's rule is GPT_ACT_BF16's: the CUDA backend offers them with its
+ * bf16 activations. */
+static int gpt_fch_bf16(const gpt_t *g) {
+  const kern_backend_t *be = g->be;
+  return gpt_acts_bf16(g) && be->matmul_fwd_bf16_out16 && be->gelu_fwd_bf16in &&
+         be->gelu_bwd_bf16in;
+}
+
 /* Element i of a product's input x (ln1, ln2, fch_gelu, lnf, or the
  * scratch holding one): bf16 or fp32 as the activations are laid out. */
 static const void *gpt_act_at(const gpt_t *g, const float *x, size_t i) {
@@ -395,6 +408,17 @@ static void gpt_act_layernorm(const gpt_t *g, float *out, float *mean, float *rs
 static void gpt_act_gelu(const gpt_t *g, float *out, const float *inp, size_t n) {
   if (g->acts16) g->be->gelu_fwd_bf16((uint16_t *)out, inp, n);
   else g->be->gelu_fwd(out, inp, n);
+}
+
+/* GELU of the fc product's output fch (N rows of C) into out: from bf16
+ * with the bias added under fch16, else from fp32 (the bias added by the
+ * product) */
+static void gpt_fc_gelu(const gpt_t *g, float *out, const float *fch, const float *bias, int N,
+                        int C) {
+  if (g->fch16)
+    g->be->gelu_fwd_bf16in((uint16_t *)out, (const uint16_t *)fch, bias, N, C);
+  else
+    gpt_act_gelu(g, out, fch, (size_t)N * (size_t)C);
 }
 
 static void gpt_act_matmul_fwd(const gpt_t *g, float *out, const void *inp, const float *w,
@@ -420,8 +444,10 @@ static int gpt_alloc_acts(gpt_t *g, int B, int T) {
   const int chunk = g->lrows_set ? g->lrows_set : gpt_config_logits_rows(c, 0);
   g->acts16 = gpt_acts_bf16(g);
   g->qkv16 = gpt_qkv_bf16(g);
+  g->fch16 = gpt_fch_bf16(g);
   const int flags = (g->ckpt ? GPT_ACT_CHECKPOINT : 0) | gpt_act_recompute_flags(g->recompute) |
-                    (g->acts16 ? GPT_ACT_BF16 : 0) | (g->qkv16 ? GPT_ACT_BF16_QKV : 0);
+                    (g->acts16 ? GPT_ACT_BF16 : 0) | (g->qkv16 ? GPT_ACT_BF16_QKV : 0) |
+                    (g->fch16 ? GPT_ACT_BF16_FCH : 0);
   size_t bytes = gpt_config_act_bytes(c, B, T, flags, natt, chunk); /* the plan's number */
   /* the bf16 qkv ops' scratch holds no copy of qkv (kern.h) */
   size_t (*scratch)(int, int, int, int) =
@@ -464,7 +490,7 @@ static int gpt_alloc_acts(gpt_t *g, int B, int T) {
       a->ln2 = g->recompute >= 2 ? NULL : TAKE(N * C / h); /* NULL: in dbig1 */
       a->ln2_mean = TAKE(N);
       a->ln2_rstd = TAKE(N);
-      a->fch = TAKE(4 * N * C);
+      a->fch = TAKE(4 * N * C / (g->fch16 ? 2 : 1));
       a->fch_gelu = g->recompute >= 1 ? NULL : TAKE(4 * N * C / h); /* NULL: in dbig2 */
     } else {
       *a = g->layer[0]; /* the shared slot; res3 is the layer's own, below */
@@ -575,9 +601,14 @@ static void gpt_layer_fwd(gpt_t *g, int l, float *P, const float *res_in) {
   be->residual_fwd(a->res2, a->res2, res_in, N * C);
   float *l2 = a->ln2 ? a->ln2 : g->dbig1;
   gpt_act_layernorm(g, l2, a->ln2_mean, a->ln2_rstd, a->res2, p.ln2w, p.ln2b, (int)N, C);
-  gpt_act_matmul_fwd(g, a->fch, l2, p.fcw, p.fcb, (int)N, C, 4 * C, 4 * C);
   float *gl = a->fch_gelu ? a->fch_gelu : g->dbig2;
-  gpt_act_gelu(g, gl, a->fch, N * 4 * (size_t)C);
+  if (g->fch16) {
+    be->matmul_fwd_bf16_out16((uint16_t *)a->fch, (const uint16_t *)l2, p.fcw, (int)N, C, 4 * C,
+                              4 * C);
+  } else {
+    gpt_act_matmul_fwd(g, a->fch, l2, p.fcw, p.fcb, (int)N, C, 4 * C, 4 * C);
+  }
+  gpt_fc_gelu(g, gl, a->fch, p.fcb, (int)N, 4 * C);
   gpt_act_matmul_fwd(g, a->res3, gl, p.fcprojw, p.fcprojb, (int)N, 4 * C, C, C);
   be->residual_fwd(a->res3, a->res3, a->res2, N * C);
 }
@@ -593,7 +624,7 @@ static void gpt_layer_bwd(gpt_t *g, int l, float *P, float *G, const float *res_
   float *dfch_gelu = g->dbig1, *dfch = g->dbig2;
   const float *gl = a->fch_gelu;
   if (!gl) { /* recomputed into dbig2, which dfch takes once the product has read it */
-    gpt_act_gelu(g, g->dbig2, a->fch, 4 * NC);
+    gpt_fc_gelu(g, g->dbig2, a->fch, p.fcb, (int)N, 4 * C);
     gl = g->dbig2;
   }
   /* each activation gradient below is written whole by its first op (acc 0:
@@ -602,9 +633,14 @@ static void gpt_layer_bwd(gpt_t *g, int l, float *P, float *G, const float *res_
                      C, 0);
   /* dfch in bf16 where the backend makes it so (kern.h's gelu_bwd_bf16: the
    * operand the fc product packs, its dbias summed on the way) */
-  const int dfch16 = g->acts16 && be->gelu_bwd_bf16;
-  if (dfch16) be->gelu_bwd_bf16((uint16_t *)dfch, d.fcb, a->fch, dfch_gelu, (int)N, 4 * C);
-  else be->gelu_bwd(dfch, a->fch, dfch_gelu, 4 * NC, 0);
+  const int dfch16 = g->fch16 || (g->acts16 && be->gelu_bwd_bf16);
+  if (g->fch16)
+    be->gelu_bwd_bf16in((uint16_t *)dfch, d.fcb, (const uint16_t *)a->fch, p.fcb, dfch_gelu,
+                        (int)N, 4 * C);
+  else if (dfch16)
+    be->gelu_bwd_bf16((uint16_t *)dfch, d.fcb, a->fch, dfch_gelu, (int)N, 4 * C);
+  else
+    be->gelu_bwd(dfch, a->fch, dfch_gelu, 4 * NC, 0);
   const float *l2 = a->ln2;
   if (!l2) { /* again, into dbig1: dfch_gelu is spent */
     gpt_act_layernorm(g, g->dbig1, a->ln2_mean, a->ln2_rstd, a->res2, p.ln2w, p.ln2b, (int)N, C);

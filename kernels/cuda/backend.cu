@@ -275,6 +275,8 @@ static const kern_backend_t kern_cuda_table = {
     .gelu_bwd_bf16 = NULL,
     .matmul_fwd_bf16_out16 = NULL,
     .crossentropy_fwd_bwd_bf16in = NULL,
+    .gelu_fwd_bf16in = NULL,
+    .gelu_bwd_bf16in = NULL,
 };
 
 /* The table of a bf16 job whose products pack their operands (not
@@ -293,6 +295,8 @@ static kern_backend_t kern_cuda_with_bf16_acts(kern_backend_t t) {
   t.gelu_bwd_bf16 = kern_cuda_gelu_bwd_bf16;
   t.matmul_fwd_bf16_out16 = kern_cuda_matmul_fwd_bf16_out16;
   t.crossentropy_fwd_bwd_bf16in = kern_cuda_crossentropy_fwd_bwd_bf16in;
+  t.gelu_fwd_bf16in = kern_cuda_gelu_fwd_bf16in;
+  t.gelu_bwd_bf16in = kern_cuda_gelu_bwd_bf16in;
   return t;
 }
 static const kern_backend_t kern_cuda_table_bf16 = kern_cuda_with_bf16_acts(kern_cuda_table);

@@ -180,6 +180,12 @@ __device__ __forceinline__ void kern_cuda_store_u16x8(uint16_t *p, uint4 v) {
   *(uint4 *)p = v;
 }
 
+/* 4 uint16 (bf16) as a uint2, an 8-byte load: p 8-byte aligned */
+__device__ __forceinline__ uint2 kern_cuda_load_u16x4(const uint16_t *p) {
+  KERN_CUDA_WIDE_CHECK8(p);
+  return *(const uint2 *)p;
+}
+
 /* 4 uint16 (bf16) as a uint2, an 8-byte store: p 8-byte aligned */
 __device__ __forceinline__ void kern_cuda_store_u16x4(uint16_t *p, uint2 v) {
   KERN_CUDA_WIDE_CHECK8(p);
@@ -213,6 +219,11 @@ __device__ __forceinline__ void kern_cuda_for_wide(size_t n, size_t head, Wide w
  * them) in one word, lo in the low half: a uint4 of four is 8 in order */
 __device__ __forceinline__ uint32_t kern_cuda_bf16x2(float lo, float hi) {
   return (uint32_t)kern_f32_to_bf16(lo) | (uint32_t)kern_f32_to_bf16(hi) << 16;
+}
+
+/* the two bf16 of a word (kern_cuda_bf16x2's layout) widened, the low first */
+__device__ __forceinline__ float2 kern_cuda_f32x2(uint32_t w) {
+  return make_float2(kern_bf16_to_f32((uint16_t)w), kern_bf16_to_f32((uint16_t)(w >> 16)));
 }
 
 /* a and b (8 floats, a first) as 8 bf16 in kern_cuda_load_u16x8's layout */
@@ -415,6 +426,9 @@ void kern_cuda_layernorm_fwd_bf16(uint16_t *out, float *mean, float *rstd, const
 void kern_cuda_gelu_fwd_bf16(uint16_t *out, const float *inp, size_t n);
 void kern_cuda_gelu_bwd_bf16(uint16_t *dinp16, float *dbias, const float *inp, const float *dout,
                              int N, int C);
+void kern_cuda_gelu_fwd_bf16in(uint16_t *out, const uint16_t *inp, const float *bias, int N, int C);
+void kern_cuda_gelu_bwd_bf16in(uint16_t *dinp16, float *dbias, const uint16_t *inp,
+                               const float *bias, const float *dout, int N, int C);
 void kern_cuda_matmul_fwd_bf16(float *out, const uint16_t *inp, const float *w, const float *bias,
                                int N, int IC, int OC, int ldo);
 void kern_cuda_matmul_bwd_bf16(float *dinp, float *dw, float *dbias, const float *dout,

@@ -81,23 +81,58 @@ __global__ static void gelu_bwd_wide_kernel(float *dinp, const float *inp, const
       });
 }
 
-/* gelu_bwd_bf16: dinp (rows x cols of inp and dout, rows ld apart) made
- * and packed to bf16 into dinp16 (rows ld apart), with its runs' column
- * sums (kern_cuda_pack_colsum): the bytes matmul_bwd_bf16's packing of the
- * fp32 dinp, and its dbias's first stage, would give; the fp32 dinp is
- * never written (nor read back). */
+/* gelu_fwd_bf16in: GELU of a bf16 product's output with its bias added
+ * in fp32, rounded to bf16; a thread 8 columns of a row (16-byte loads and
+ * stores; C a multiple of 8, the rows 16-byte aligned: kern.h) */
+__global__ static void gelu_fwd_bf16in_kernel(uint16_t *out, const uint16_t *inp,
+                                              const float *bias, int N, int C) {
+  for (int64_t n = blockIdx.y; n < N; n += gridDim.y)
+    for (int j = 8 * (blockIdx.x * blockDim.x + threadIdx.x); j < C;
+         j += 8 * gridDim.x * blockDim.x) {
+      const uint4 h = kern_cuda_load_u16x8(inp + n * C + j);
+      const float2 a = kern_cuda_f32x2(h.x), b = kern_cuda_f32x2(h.y), c = kern_cuda_f32x2(h.z),
+                   d = kern_cuda_f32x2(h.w);
+      const float *bj = bias + j;
+      kern_cuda_store_u16x8(
+          out + n * C + j,
+          kern_cuda_bf16x8(make_float4(kern_gelu(a.x + bj[0]), kern_gelu(a.y + bj[1]),
+                                       kern_gelu(b.x + bj[2]), kern_gelu(b.y + bj[3])),
+                           make_float4(kern_gelu(c.x + bj[4]), kern_gelu(c.y + bj[5]),
+                                       kern_gelu(d.x + bj[6]), kern_gelu(d.y + bj[7]))));
+    }
+}
+
+/* gelu_bwd_bf16 and gelu_bwd_bf16in: dinp (rows x cols of inp and dout,
+ * rows ld apart) made and packed to bf16 into dinp16 (rows ld apart), with
+ * its runs' column sums (kern_cuda_pack_colsum): the bytes
+ * matmul_bwd_bf16's packing of the fp32 dinp, and its dbias's first stage,
+ * would give; the fp32 dinp is never written (nor read back). GELU's input
+ * is inp's fp32 (IN16 false) or inp's bf16 plus the bias's column (IN16). */
+template <bool IN16>
 __global__ static void __launch_bounds__(KERN_PACK_COLSUM_THREADS)
-    gelu_bwd_bf16_kernel(uint16_t *dinp16, float *partial, const float *inp, const float *dout,
-                         int64_t ld, int rows, int cols, bool wide, bool st8) {
+    gelu_bwd_bf16_kernel(uint16_t *dinp16, float *partial, const void *inp, const float *bias,
+                         const float *dout, int64_t ld, int rows, int cols, bool wide, bool st8) {
+  const float *x32 = (const float *)inp;
+  const uint16_t *x16 = (const uint16_t *)inp;
   kern_cuda_pack_colsum(
       dinp16, ld, partial, rows, cols, wide, st8,
       [&](int64_t n, int j) {
-        const float4 x = kern_cuda_load_f32x4(inp + n * ld + j),
-                     d = kern_cuda_load_f32x4(dout + n * ld + j);
+        float4 x;
+        if constexpr (IN16) {
+          const uint2 h = kern_cuda_load_u16x4(x16 + n * ld + j);
+          const float2 a = kern_cuda_f32x2(h.x), b = kern_cuda_f32x2(h.y);
+          x = make_float4(a.x + bias[j], a.y + bias[j + 1], b.x + bias[j + 2], b.y + bias[j + 3]);
+        } else {
+          x = kern_cuda_load_f32x4(x32 + n * ld + j);
+        }
+        const float4 d = kern_cuda_load_f32x4(dout + n * ld + j);
         return make_float4(kern_gelu_grad(x.x) * d.x, kern_gelu_grad(x.y) * d.y,
                            kern_gelu_grad(x.z) * d.z, kern_gelu_grad(x.w) * d.w);
       },
-      [&](int64_t n, int j) { return kern_gelu_grad(inp[n * ld + j]) * dout[n * ld + j]; });
+      [&](int64_t n, int j) {
+        const float x = IN16 ? kern_bf16_to_f32(x16[n * ld + j]) + bias[j] : x32[n * ld + j];
+        return kern_gelu_grad(x) * dout[n * ld + j];
+      });
 }
 
 extern "C" void kern_cuda_gelu_fwd(float *out, const float *inp, size_t n) {
@@ -139,22 +174,50 @@ extern "C" void kern_cuda_gelu_bwd(float *dinp, const float *inp, const float *d
 
 /* The runs' sums go through the packing buffers as kern_cuda_colsum's do, a
  * slice of columns at a time, each slice's added to dbias in row order
- * (kern_cuda_colsum_add): colsum's bits. */
-extern "C" void kern_cuda_gelu_bwd_bf16(uint16_t *dinp16, float *dbias, const float *inp,
-                                        const float *dout, int N, int C) {
+ * (kern_cuda_colsum_add): colsum's bits. inp: fp32 (bias NULL) or bf16. */
+static void gelu_bwd_bf16_any(uint16_t *dinp16, float *dbias, const void *inp, const float *bias,
+                              const float *dout, int N, int C) {
   KERN_CUDA_ASSERT(kern_cuda_st.bf16 && !kern_cuda_st.fast16bf);
   if (N <= 0 || C <= 0) return;
   const int runs = (N + KERN_COLSUM_ROWS - 1) / KERN_COLSUM_ROWS;
   const int cs = kern_cuda_colsum_slice(runs, 1, C);
+  const size_t es = bias ? sizeof(uint16_t) : sizeof(float); /* inp's element */
   float *partial = (float *)kern_cuda_st.pack;
   for (int c0 = 0; c0 < C; c0 += cs) {
     const int n = C - c0 < cs ? C - c0 : cs;
-    const bool wide = C % 4 == 0 && kern_cuda_aligned16(inp + c0) && kern_cuda_aligned16(dout + c0);
+    const void *x = (const char *)inp + (size_t)c0 * es;
+    /* 4 columns at once: 8 bytes of a bf16 inp, 16 of fp32 dout */
+    const bool wide = C % 4 == 0 && !((uintptr_t)x & (4 * es - 1)) &&
+                      kern_cuda_aligned16(dout + c0);
     const bool st8 = C % 4 == 0 && !((uintptr_t)(dinp16 + c0) & 7);
-    gelu_bwd_bf16_kernel<<<kern_cuda_pack_colsum_grid(N, n), KERN_PACK_COLSUM_THREADS, 0,
-                           kern_cuda_st.stream>>>(dinp16 + c0, partial, inp + c0, dout + c0, C,
-                                                  N, n, wide, st8);
+    const dim3 grid = kern_cuda_pack_colsum_grid(N, n);
+    if (bias)
+      gelu_bwd_bf16_kernel<true><<<grid, KERN_PACK_COLSUM_THREADS, 0, kern_cuda_st.stream>>>(
+          dinp16 + c0, partial, x, bias + c0, dout + c0, C, N, n, wide, st8);
+    else
+      gelu_bwd_bf16_kernel<false><<<grid, KERN_PACK_COLSUM_THREADS, 0, kern_cuda_st.stream>>>(
+          dinp16 + c0, partial, x, (const float *)NULL, dout + c0, C, N, n, wide, st8);
     KERN_CUDA_LAUNCHED();
     kern_cuda_colsum_add(dbias + c0, partial, runs, n);
   }
+}
+
+extern "C" void kern_cuda_gelu_bwd_bf16(uint16_t *dinp16, float *dbias, const float *inp,
+                                        const float *dout, int N, int C) {
+  gelu_bwd_bf16_any(dinp16, dbias, inp, NULL, dout, N, C);
+}
+
+extern "C" void kern_cuda_gelu_bwd_bf16in(uint16_t *dinp16, float *dbias, const uint16_t *inp,
+                                          const float *bias, const float *dout, int N, int C) {
+  KERN_CUDA_ASSERT(bias != NULL);
+  gelu_bwd_bf16_any(dinp16, dbias, inp, bias, dout, N, C);
+}
+
+extern "C" void kern_cuda_gelu_fwd_bf16in(uint16_t *out, const uint16_t *inp, const float *bias,
+                                          int N, int C) {
+  KERN_CUDA_ASSERT(C % 8 == 0 && kern_cuda_aligned16(inp) && kern_cuda_aligned16(out));
+  if (N <= 0 || C <= 0) return;
+  gelu_fwd_bf16in_kernel<<<kern_cuda_rows_grid(N, C / 8), kern_cuda_rows_threads(C / 8), 0,
+                           kern_cuda_st.stream>>>(out, inp, bias, N, C);
+  KERN_CUDA_LAUNCHED();
 }

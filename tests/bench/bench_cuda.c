@@ -243,6 +243,9 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
            K->layernorm_bwd(z, dw, dbias, x, y, w, mean, rstd, (int)N, C));
   const struct { const char *name; int ic, oc; } mm[] = {
       {"qkv", C, 3 * C}, {"attproj", C, C}, {"fc", C, 4 * C}, {"fcproj", 4 * C, C}};
+  /* fch kept in bf16 where GELU reads it so (gpt.c's fch16): the fc product
+   * writes bf16 without its bias, GELU adds it */
+  const int h16 = a16 && K->gelu_fwd_bf16in && K->gelu_bwd_bf16in && K->matmul_fwd_bf16_out16;
   for (int i = 0; i < 4; i++) {
     snprintf(sh, sizeof sh, "%s:N=%zu,IC=%d,OC=%d", mm[i].name, N, mm[i].ic, mm[i].oc);
     const int b = a16 && i != 1; /* attproj's input is attention's fp32 output */
@@ -251,8 +254,11 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
     OPS_TIME("matmul_bwd", sh, b ? 0 : L,
              K->matmul_bwd(z, dw, dbias, y, x, w, (int)N, mm[i].ic, mm[i].oc, mm[i].oc, 0));
     if (!b) continue;
-    OPS_TIME("matmul_fwd_bf16", sh, L,
+    OPS_TIME("matmul_fwd_bf16", sh, h16 && i == 2 ? 0 : L,
              K->matmul_fwd_bf16(y, x16, w, bias, (int)N, mm[i].ic, mm[i].oc, mm[i].oc));
+    if (h16 && i == 2)
+      OPS_TIME("matmul_fwd_bf16_out16", sh, L,
+               K->matmul_fwd_bf16_out16(y16, x16, w, (int)N, mm[i].ic, mm[i].oc, mm[i].oc));
     /* fc's dout comes in bf16 where GELU's backward makes it so (gpt.c,
      * kern.h's gelu_bwd_bf16, which sums its dbias) */
     const int f16 = i == 2 && K->gelu_bwd_bf16;
@@ -293,10 +299,15 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
   }
   snprintf(sh, sizeof sh, "n=%zu", N * 4 * C);
   OPS_TIME("gelu_fwd", sh, a16 ? 0 : L, K->gelu_fwd(y, x, N * 4 * C));
-  if (a16) OPS_TIME("gelu_fwd_bf16", sh, L, K->gelu_fwd_bf16(y16, x, N * 4 * C));
+  if (a16) OPS_TIME("gelu_fwd_bf16", sh, h16 ? 0 : L, K->gelu_fwd_bf16(y16, x, N * 4 * C));
+  if (h16) OPS_TIME("gelu_fwd_bf16in", sh, L, K->gelu_fwd_bf16in(y16, x16, bias, (int)N, 4 * C));
   const int g16 = a16 && K->gelu_bwd_bf16;
   OPS_TIME("gelu_bwd", sh, g16 ? 0 : L, K->gelu_bwd(z, x, y, N * 4 * C, 0));
-  if (g16) OPS_TIME("gelu_bwd_bf16", sh, L, K->gelu_bwd_bf16(y16, dbias, x, y, (int)N, 4 * C));
+  if (g16)
+    OPS_TIME("gelu_bwd_bf16", sh, h16 ? 0 : L, K->gelu_bwd_bf16(y16, dbias, x, y, (int)N, 4 * C));
+  if (h16)
+    OPS_TIME("gelu_bwd_bf16in", sh, L,
+             K->gelu_bwd_bf16in(y16, dbias, x16, bias, y, (int)N, 4 * C));
   /* the backward ops write their activation gradients (acc 0): a step
    * zeroes none of these since 2026-11-27, only dres once; timed for what
    * they cost before */

@@ -1646,6 +1646,18 @@ static void test_lm_head_l16(int N, int C, int V, int ld) {
 static uint16_t bf16_nan_one(uint16_t v) { /* every NaN as one (dnew's fill stays) */
   return (v & 0x7f80) == 0x7f80 && (v & 0x7f) && v != 0xffff ? 0x7fc0 : v;
 }
+/* dbias += the column sums of x (N, C) in kern_math.h's order: each run of
+ * KERN_COLSUM_ROWS rows summed from zero, row by row, the runs added in
+ * order */
+static void colsum_runs_add(float *dbias, const float *x, int N, int C) {
+  for (int c = 0; c < C; c++)
+    for (int r0 = 0; r0 < N; r0 += KERN_COLSUM_ROWS) {
+      float run = 0.0f;
+      for (int r = r0; r < N && r < r0 + KERN_COLSUM_ROWS; r++) run += x[(size_t)r * C + c];
+      dbias[c] += run;
+    }
+}
+
 static void test_gelu_bwd_bf16(int N, int C, int off) {
   char shape[64];
   snprintf(shape, sizeof shape, "N=%d C=%d off=%d", N, C, off);
@@ -1657,12 +1669,7 @@ static void test_gelu_bwd_bf16(int N, int C, int off) {
   uint16_t *ref16 = xmalloc(n * 2);
   cpu->gelu_bwd(ref, x, dout, n, 0);
   cpu->f32_to_bf16(ref16, ref, n);
-  for (int c = 0; c < C; c++)
-    for (int r0 = 0; r0 < N; r0 += KERN_COLSUM_ROWS) {
-      float run = 0.0f;
-      for (int r = r0; r < N && r < r0 + KERN_COLSUM_ROWS; r++) run += ref[(size_t)r * C + c];
-      dbias[c] += run;
-    }
+  colsum_runs_add(dbias, ref, N, C);
   float *dx = dnew((n + off) * 4), *dd = dnew((n + off) * 4), *db = dput(bias, C * 4);
   uint16_t *dh = dnew(n * 2);
   gpu->copy_h2d(dx + off, x, n * 4), gpu->copy_h2d(dd + off, dout, n * 4);
@@ -1674,6 +1681,50 @@ static void test_gelu_bwd_bf16(int N, int C, int off) {
   check_dev_bits("gelu_bwd_bf16", "dbias+=", shape, db, dbias, C);
   gpu->dev_free(dx), gpu->dev_free(dd), gpu->dev_free(db), gpu->dev_free(dh);
   free(x), free(dout), free(bias), free(ref), free(dbias), free(ref16), free(got);
+}
+
+/* gelu_fwd_bf16in and gelu_bwd_bf16in (kern.h): GELU of the fc product's
+ * bf16 output with the bias added in fp32 as it is read, x = inp + bias[c]:
+ * out is the CPU's gelu_fwd of x rounded (f32_to_bf16), dinp16 its
+ * gelu_bwd rounded, and dbias += the column sums of the CPU's dinp in
+ * kern_math.h's order, bit for bit. inp holds bf16 specials (zeros, +-inf,
+ * a NaN, past the clamps at +-10). */
+static void test_gelu_bf16in(int N, int C, int off) {
+  char shape[64];
+  snprintf(shape, sizeof shape, "N=%d C=%d off=%d", N, C, off);
+  const size_t n = (size_t)N * C;
+  float *xf = frand(n, -6, 6), *dout = frand(n, -1, 1), *bias = frand(C, -1, 1);
+  const float special[] = {0.0f, -0.0f, -10.5f, 10.5f, 3e38f, -3e38f, INFINITY, -INFINITY, NAN};
+  for (size_t i = 0; i < n && i < sizeof special / sizeof special[0]; i++) xf[i * 7 % n] = special[i];
+  uint16_t *x16 = xmalloc(n * 2), *ref_out = xmalloc(n * 2), *ref_d = xmalloc(n * 2);
+  cpu->f32_to_bf16(x16, xf, n);
+  float *x = xmalloc(n * 4), *ref = xmalloc(n * 4), *dbias = frand(C, -1, 1);
+  float *dbias0 = fdup(dbias, C);
+  for (size_t i = 0; i < n; i++) x[i] = kern_bf16_to_f32(x16[i]) + bias[i % (size_t)C];
+  cpu->gelu_fwd(ref, x, n);
+  cpu->f32_to_bf16(ref_out, ref, n);
+  cpu->gelu_bwd(ref, x, dout, n, 0);
+  cpu->f32_to_bf16(ref_d, ref, n);
+  colsum_runs_add(dbias, ref, N, C);
+  /* backward's inp and dout start off elements past the forward's (1: no
+   * 8-byte load, the element-wise path) */
+  uint16_t *dx = dput(x16, n * 2), *dy = dnew(n * 2), *dh = dnew(n * 2), *dxo = dnew((n + off) * 2);
+  float *dd = dnew((n + off) * 4), *db = dput(bias, C * 4), *dgb = dput(dbias0, C * 4);
+  gpu->copy_h2d(dxo + off, x16, n * 2), gpu->copy_h2d(dd + off, dout, n * 4);
+  gpu->gelu_fwd_bf16in(dy, dx, db, N, C);
+  gpu->gelu_bwd_bf16in(dh, dgb, dxo + off, db, dd + off, N, C);
+  uint16_t *got = xmalloc(n * 2);
+  gpu->copy_d2h(got, dy, n * 2);
+  for (size_t i = 0; i < n; i++) got[i] = bf16_nan_one(got[i]), ref_out[i] = bf16_nan_one(ref_out[i]);
+  check_bits_u16("gelu_fwd_bf16in", "out", shape, got, ref_out, n);
+  gpu->copy_d2h(got, dh, n * 2);
+  for (size_t i = 0; i < n; i++) got[i] = bf16_nan_one(got[i]), ref_d[i] = bf16_nan_one(ref_d[i]);
+  check_bits_u16("gelu_bwd_bf16in", "dinp16", shape, got, ref_d, n);
+  check_dev_bits("gelu_bwd_bf16in", "dbias+=", shape, dgb, dbias, C);
+  gpu->dev_free(dx), gpu->dev_free(dy), gpu->dev_free(dh), gpu->dev_free(dxo), gpu->dev_free(dd),
+      gpu->dev_free(db), gpu->dev_free(dgb);
+  free(xf), free(dout), free(bias), free(x16), free(ref_out), free(ref_d), free(x), free(ref),
+      free(dbias), free(dbias0), free(got);
 }
 
 static void test_gelu_bf16_offsets(size_t n) {
@@ -1803,6 +1854,7 @@ int main(void) {
                  !gpu->layernorm_fwd_bf16 && !gpu->gelu_fwd_bf16 && !gpu->matmul_fwd_bf16 &&
                  !gpu->matmul_bwd_bf16 && !gpu->gelu_bwd_bf16 && !gpu->matmul_fwd_bf16_out16 &&
                  !gpu->crossentropy_fwd_bwd_bf16in && !gpu->attention_scratch_bf16 &&
+                 !gpu->gelu_fwd_bf16in && !gpu->gelu_bwd_bf16in &&
                  /* fp32 products: no bf16 activations */
                  gpu->dev_alloc && gpu->dev_free && !gpu->reduce_f32 && !gpu->reduce_bf16 &&
                  !gpu->copy_stream && kern_cuda_reserved_bytes() > 0 && kern_cuda_stream();
@@ -1945,7 +1997,8 @@ int main(void) {
     const int offers = gpu && gpu->layernorm_fwd_bf16 && gpu->gelu_fwd_bf16 &&
                        gpu->matmul_fwd_bf16 && gpu->matmul_bwd_bf16 && gpu->gelu_bwd_bf16 &&
                        gpu->matmul_fwd_bf16_out16 && gpu->crossentropy_fwd_bwd_bf16in &&
-                       gpu->attention_scratch_bf16;
+                       gpu->attention_scratch_bf16 && gpu->gelu_fwd_bf16in &&
+                       gpu->gelu_bwd_bf16in;
     report("table", mode_names[m], "-", 0, 0, "-", -1,
            gpu && (m == 0 ? offers && gpu != fp32_table && gpu->matmul_fwd == fp32_table->matmul_fwd
                           : gpu == fp32_table));
@@ -1980,6 +2033,12 @@ int main(void) {
       test_gelu_bwd_bf16(70, 3072, 0);
       test_gelu_bwd_bf16(37, 45, 0);
       test_gelu_bwd_bf16(33, 264, 1);
+      /* the fc product's bf16 output: a tile's edge (264 = 256 + 8), a
+       * run's tail (70 rows), a step's width (3072) */
+      test_gelu_bf16in(70, 264, 0);
+      test_gelu_bf16in(33, 3072, 0);
+      test_gelu_bf16in(1, 8, 0);
+      test_gelu_bf16in(37, 264, 1);
       /* fp32 rows 16-byte multiples apart, bf16 rows not (C % 8 == 4):
        * helper-69 found the 4-row path storing 16 bytes at an odd row */
       test_gelu_bwd_bf16(40, 36, 0);

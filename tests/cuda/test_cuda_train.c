@@ -465,16 +465,17 @@ int main(int argc, char **argv) {
    * bf16 activations): a block's ln1, ln2 (N C each) and GELU's (4 N C)
    * where the block keeps them (the recompute level), and lnf (N C), in
    * half the bytes; and each block's qkv (3 N C: heads of 32, which the
-   * tensor-core attention takes in bf16) */
+   * tensor-core attention takes in bf16) and fch (4 N C: the fc product's
+   * output, which the bf16 GELU reads) */
   {
     const size_t N = (size_t)4 * 128, C = 128, L = 3;
-    const size_t kept = (gpu16.recompute < 2 ? 2 : 0) + (gpu16.recompute < 1 ? 4 : 0) + 3;
+    const size_t kept = (gpu16.recompute < 2 ? 2 : 0) + (gpu16.recompute < 1 ? 4 : 0) + 3 + 4;
     const size_t saved = (L * kept * N * C + N * C) * sizeof(float) / 2;
     check(gpu.mem.peak[MEM_ACTS] - gpu16.mem.peak[MEM_ACTS] == saved,
           "bf16-mixed activations: fp32's less the bf16 halves (bytes)",
           (double)gpu.mem.peak[MEM_ACTS] - (double)gpu16.mem.peak[MEM_ACTS], (double)saved);
     /* recompute 0 keeps 6 N C a block more, in bf16: 3 N C floats' bytes */
-    const size_t more = L * (6 + 3 - kept) * N * C * sizeof(float) / 2;
+    const size_t more = L * (6 + 3 + 4 - kept) * N * C * sizeof(float) / 2;
     check(gpu16k.mem.peak[MEM_ACTS] - gpu16.mem.peak[MEM_ACTS] == more,
           "bf16-mixed, recompute 0: the blocks' bf16 activations (bytes)",
           (double)gpu16k.mem.peak[MEM_ACTS] - (double)gpu16.mem.peak[MEM_ACTS], (double)more);
@@ -552,13 +553,24 @@ int main(int argc, char **argv) {
     const kern_backend_t *k32 = p->kern_init(&o32, msg, sizeof msg);
     const kern_backend_t *k16 = p->kern_init(&o16, msg, sizeof msg);
     if (!k16 || !k32 || k32->matmul_fwd_bf16 || !k16->matmul_fwd_bf16) return 2;
+    /* the same operands but for fch, which the bf16 GELU reads in bf16: to
+     * CHUNK_TOL without it; with it (half fch's region), a rounding more */
+    static kern_backend_t k16_fch32;
+    k16_fch32 = *k16;
+    k16_fch32.gelu_fwd_bf16in = NULL;
+    k16_fch32.gelu_bwd_bf16in = NULL;
     const int shapes[][4] = {{64, 4, 1, 37}, {64, 4, 3, 5}, {64, 4, 1, 1}, {256, 2, 1, 37}};
-    double worst = 0;
+    double worst = 0, worst16 = 0;
     for (int i = 0; i < 4; i++) {
-      double e;
-      if (odd_shape(k16, k32, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], &e)) return 2;
+      double e, e16;
+      if (odd_shape(&k16_fch32, k32, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], &e) ||
+          odd_shape(k16, k32, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], &e16))
+        return 2;
       worst = e > worst || isnan(e) ? e : worst;
+      worst16 = e16 > worst16 || isnan(e16) ? e16 : worst16;
     }
+    check(worst16 <= LOGITS16_LOSS_TOL, "cuda bf16: odd B T, bf16 fch vs fp32 activations, loss",
+          worst16, LOGITS16_LOSS_TOL);
     check(worst <= CHUNK_TOL, "cuda bf16: odd B T, bf16 vs fp32 activations, loss", worst,
           CHUNK_TOL);
   }
@@ -576,7 +588,10 @@ int main(int argc, char **argv) {
   if (!k16 || !k16->crossentropy_fwd_bwd_bf16 || !k16->gelu_bwd_bf16 ||
       !k16->matmul_fwd_bf16_out16 || !k16->crossentropy_fwd_bwd_bf16in)
     return 2;
-  static kern_backend_t no_logits16, no_dlogits16, no_dfch16;
+  static kern_backend_t no_logits16, no_dlogits16, no_dfch16, no_fch16;
+  no_fch16 = *k16; /* the bf16 logits without the bf16 fch (which needs their product) */
+  no_fch16.gelu_fwd_bf16in = NULL;
+  no_fch16.gelu_bwd_bf16in = NULL;
   no_logits16 = *k16;
   no_logits16.matmul_fwd_bf16_out16 = NULL;
   no_logits16.crossentropy_fwd_bwd_bf16in = NULL;
@@ -590,38 +605,46 @@ int main(int argc, char **argv) {
     int lrows, lrows_without; /* fv_run's */
     int chunks16; /* the bf16 logits' chunks a step of the first run (ce_row16_kernel's
                    * launches on the emulator), or -1 */
+    int fch16;    /* 1: the first run keeps fch in bf16 (gelu_fwd_bf16in_kernel launched
+                   * on the emulator) */
     const char *how;
     double loss_tol, w_tol;
   } vs[] = {
-      {&no_logits16, &no_dlogits16, FV_CHUNK, FV_CHUNK, 0, "chunks' bf16 dlogits vs fp32",
+      {&no_logits16, &no_dlogits16, FV_CHUNK, FV_CHUNK, 0, 0, "chunks' bf16 dlogits vs fp32",
        CHUNK_TOL, CHUNK_TOL},
-      {&no_logits16, &no_dlogits16, ALL, ALL, 0, "one chunk's bf16 dlogits vs fp32", CHUNK_TOL,
+      {&no_logits16, &no_dlogits16, ALL, ALL, 0, 0, "one chunk's bf16 dlogits vs fp32", CHUNK_TOL,
        CHUNK_TOL},
-      {&no_logits16, &no_dfch16, FV_CHUNK, FV_CHUNK, 0, "bf16 dfch (gelu_bwd_bf16) vs fp32",
+      {&no_logits16, &no_dfch16, FV_CHUNK, FV_CHUNK, 0, 0, "bf16 dfch (gelu_bwd_bf16) vs fp32",
        CHUNK_TOL, CHUNK_TOL},
       /* 100 rows of fp32 logits' room: chunks of 200 and 56 */
-      {k16, &no_logits16, FV_CHUNK, FV_CHUNK, 2, "chunks' bf16 logits vs fp32", LOGITS16_LOSS_TOL,
-       LOGITS16_W_TOL},
-      {k16, &no_logits16, ALL, ALL, 1, "one chunk's bf16 logits vs fp32", LOGITS16_LOSS_TOL,
-       LOGITS16_W_TOL},
+      {&no_fch16, &no_logits16, FV_CHUNK, FV_CHUNK, 2, 0, "chunks' bf16 logits vs fp32",
+       LOGITS16_LOSS_TOL, LOGITS16_W_TOL},
+      {&no_fch16, &no_logits16, ALL, ALL, 1, 0, "one chunk's bf16 logits vs fp32",
+       LOGITS16_LOSS_TOL, LOGITS16_W_TOL},
       /* bf16 logits take twice the rows in the buffer (gpt.c's gpt_lm_rows):
        * one chunk of 256 kept for backward where fp32 logits take two */
-      {k16, &no_logits16, ALL / 2, ALL / 2, 1, "bf16 logits, 2 fp32 chunks' room vs fp32",
+      {&no_fch16, &no_logits16, ALL / 2, ALL / 2, 1, 0, "bf16 logits, 2 fp32 chunks' room vs fp32",
        LOGITS16_LOSS_TOL, LOGITS16_W_TOL},
       /* the chunks' bookkeeping with bf16 logits: in chunks as in one, where
        * the products of 200 and of 256 rows may sum a logit in another order
        * and its bf16 rounding go the other way (CHUNK16_W_TOL) */
-      {k16, k16, FV_CHUNK, ALL, 2, "bf16 logits in chunks vs one", LOGITS16_LOSS_TOL,
+      {k16, k16, FV_CHUNK, ALL, 2, 1, "bf16 logits in chunks vs one", LOGITS16_LOSS_TOL,
        CHUNK16_W_TOL},
       /* gpt_forward (its losses from fp32 logits) and then gpt_backward
        * running the same chunks again in bf16: the same gradients */
-      {k16, k16, -FV_CHUNK, FV_CHUNK, 2, "bf16 logits, chunks again in backward vs in forward",
-       LOGITS16_LOSS_TOL, CHUNK_TOL}};
+      {k16, k16, -FV_CHUNK, FV_CHUNK, 2, 1, "bf16 logits, chunks again in backward vs in forward",
+       LOGITS16_LOSS_TOL, CHUNK_TOL},
+      /* the fc product's output kept in bf16 without its bias, GELU adding
+       * it (gelu_fwd_bf16in, gelu_bwd_bf16in): a rounding more */
+      {k16, &no_fch16, FV_CHUNK, FV_CHUNK, 2, 1, "bf16 fch vs fp32", LOGITS16_LOSS_TOL,
+       LOGITS16_W_TOL}};
   for (size_t k = 0; k < sizeof vs / sizeof vs[0]; k++) {
     float la[FV_STEPS], lb[FV_STEPS], *wa = NULL, *wb = NULL;
-    const unsigned long l0 = emu_launches ? emu_launches("ce_row16_kernel") : 0;
+    const unsigned long l0 = emu_launches ? emu_launches("ce_row16_kernel") : 0,
+                        g0 = emu_launches ? emu_launches("gelu_fwd_bf16in_kernel") : 0;
     int rc = fv_run(vs[k].with, 0, vs[k].lrows, la, &wa);
-    const unsigned long launches = emu_launches ? emu_launches("ce_row16_kernel") - l0 : 0;
+    const unsigned long launches = emu_launches ? emu_launches("ce_row16_kernel") - l0 : 0,
+                        g1 = emu_launches ? emu_launches("gelu_fwd_bf16in_kernel") : 0;
     if (rc || fv_run(vs[k].without, 0, vs[k].lrows_without, lb, &wb)) {
       fprintf(stderr, "test_cuda_train: bf16 %s: %s\n", vs[k].how, err_msg());
       return 2;
@@ -631,6 +654,14 @@ int main(int argc, char **argv) {
       snprintf(what, sizeof what, "cuda bf16: %s, bf16 chunks a step (emulator)", vs[k].how);
       check(launches == (unsigned long)vs[k].chunks16 * FV_STEPS, what,
             (double)launches / FV_STEPS, vs[k].chunks16);
+    }
+    if (emu_launches) { /* the first run's bf16 GELU as the table says, the second's as
+                         * its table offers it */
+      const unsigned long g2 = emu_launches("gelu_fwd_bf16in_kernel");
+      char what[96];
+      snprintf(what, sizeof what, "cuda bf16: %s, bf16 fch's GELU a step (emulator)", vs[k].how);
+      check((g1 > g0) == (vs[k].fch16 == 1) && (g2 > g1) == (vs[k].without == k16), what,
+            (double)(g1 - g0) / FV_STEPS, vs[k].fch16);
     }
     size_t differ = 0;
     double dd = 0, ss = 0, lw = 0;
