@@ -261,14 +261,15 @@ typedef struct kern_backend {
                                 int IC, int OC, int ldo);
   void (*crossentropy_fwd_bwd_bf16in)(float *losses, uint16_t *logits16, const int32_t *targets,
                                       float dloss, int N, int V, int ld);
-  /* The fc product's output in bf16, as autocast keeps it (half of its 4 N
-   * C floats a layer, read by GELU, its recompute and its backward): the
-   * product writes its sum without the bias, rounded once to bf16
-   * (matmul_fwd_bf16_out16), and GELU adds the bias in fp32 as it reads:
-   * out = bf16(gelu(inp + bias[c])) over N rows of C (C a multiple of 8,
-   * inp and out 16-byte aligned, rows dense); backward as gelu_bwd_bf16 on
-   * x = inp + bias[c] (dinp16 and dbias its bits). Optional beside
-   * gelu_bwd_bf16 and the bf16 logits' product, both or neither. */
+  /* The fc product's output in bf16 as under autocast, but rounded before
+   * its bias, not after (half of its 4 N C floats a layer, read by GELU, its
+   * recompute and its backward): the product writes its sum without the
+   * bias, rounded once to bf16 (matmul_fwd_bf16_out16), and GELU adds the
+   * bias (fp32, not NULL) as it reads: out = bf16(gelu(inp + bias[c])) over
+   * N rows of C (C a multiple of 8, inp and out 16-byte aligned, rows
+   * dense); backward as gelu_bwd_bf16 on x = inp + bias[c] (dinp16 and
+   * dbias its bits). Optional beside gelu_bwd_bf16 and the bf16 logits'
+   * product, both or neither. */
   void (*gelu_fwd_bf16in)(uint16_t *out, const uint16_t *inp, const float *bias, int N, int C);
   void (*gelu_bwd_bf16in)(uint16_t *dinp16, float *dbias, const uint16_t *inp, const float *bias,
                           const float *dout, int N, int C);

@@ -39,6 +39,9 @@ typedef struct plan_device {
   int (*acts_bf16)(int bf16);
   /* 1 when, with those, its attention keeps qkv in bf16 for this model */
   int (*qkv_bf16)(int bf16, int C, int NH);
+  /* 1 when, with those, its GELU reads the fc product's output in bf16
+   * (kern.h's gelu_fwd_bf16in) */
+  int (*fch_bf16)(int bf16);
 } plan_device_t;
 
 static size_t plan_cpu_attention_scratch(int B, int T, int C, int NH, int bf16, int qkv16) {
@@ -55,10 +58,11 @@ static size_t plan_cpu_reserved(void) { return 0; }
 
 static int plan_cpu_acts_bf16(int bf16) { return (void)bf16, 0; } /* fp32 products */
 static int plan_cpu_qkv_bf16(int bf16, int C, int NH) { return (void)bf16, (void)C, (void)NH, 0; }
+static int plan_cpu_fch_bf16(int bf16) { return (void)bf16, 0; }
 
 static const plan_device_t plan_cpu = {plan_cpu_attention_saved, plan_cpu_attention_scratch,
                                        comm_ring_size_bytes, plan_cpu_reserved, plan_cpu_acts_bf16,
-                                       plan_cpu_qkv_bf16};
+                                       plan_cpu_qkv_bf16, plan_cpu_fch_bf16};
 
 /* GPU ranks: the CUDA kernels' attention (fused or not, as the device picks
  * with FSDP_CUDA_ATTN_GEMM), scratch and cuBLASLt workspace
@@ -87,9 +91,14 @@ static int plan_cuda_qkv_bf16(int bf16, int C, int NH) {
                                       bf16 && param_cuda_attn_fp32() == 0);
 }
 
+/* backend.cu's bf16 table offers the bf16 GELU ops with the bf16
+ * activations */
+static int plan_cuda_fch_bf16(int bf16) { return plan_cuda_acts_bf16(bf16); }
+
 static const plan_device_t plan_cuda = {plan_cuda_attention_saved, plan_cuda_attention_scratch,
                                         comm_nccl_size_bytes, kern_cuda_size_reserved,
-                                        plan_cuda_acts_bf16, plan_cuda_qkv_bf16};
+                                        plan_cuda_acts_bf16, plan_cuda_qkv_bf16,
+                                        plan_cuda_fch_bf16};
 
 static const plan_device_t *plan_device(const config_t *c) {
   return !strcmp(c->device, "cuda") ? &plan_cuda : &plan_cpu; /* as device_open picks */
@@ -112,11 +121,10 @@ static void plan_loop(const config_t *c, plan_t *p) {
   /* the products' inputs, and qkv, in bf16 as gpt.c keeps them (gpt_acts_bf16, gpt_qkv_bf16) */
   const int a16 = dev->acts_bf16(bf16) && gpt_config_acts_bf16_fits(g);
   const int q16 = a16 && dev->qkv_bf16(bf16, g->channels, g->heads);
-  /* fch too: the CUDA backend offers its bf16 GELU with the bf16 activations
-   * (gpt_fch_bf16) */
+  const int f16 = a16 && dev->fch_bf16(bf16); /* gpt_fch_bf16 */
   const int ck = (c->activation_checkpointing ? GPT_ACT_CHECKPOINT : 0) |
-                 gpt_act_recompute_flags(c->recompute) |
-                 (a16 ? GPT_ACT_BF16 | GPT_ACT_BF16_FCH : 0) | (q16 ? GPT_ACT_BF16_QKV : 0);
+                 gpt_act_recompute_flags(c->recompute) | (a16 ? GPT_ACT_BF16 : 0) |
+                 (q16 ? GPT_ACT_BF16_QKV : 0) | (f16 ? GPT_ACT_BF16_FCH : 0);
   size_t scratch =
       dev->attention_scratch(c->batch, c->seq_len, g->channels, g->heads, bf16, q16) * f;
   const int lrows = gpt_config_logits_rows(g, config_logits_chunk_mib(c));

@@ -142,7 +142,7 @@ struct gpt {
   float *dln;             /* (N,C) gradient of a layernorm output */
   float *dbig1;           /* (N,4C) dfch_gelu, then dqkv; a layernorm's output while
                            * it is used, when no block keeps it */
-  float *dbig2;           /* (N,4C) dfch (bf16 where gelu_bwd_bf16 makes it), then
+  float *dbig2;           /* (N,4C) dfch (bf16 where gelu_bwd_bf16(in) makes it), then
                            * datty; GELU's output and (backward) ln1's while used,
                            * when no block keeps them */
   float *att_scratch;
@@ -385,8 +385,7 @@ static int gpt_qkv_bf16(const gpt_t *g) {
 
 /* 1 when the fc product's output is kept in bf16 too (kern.h's
  * gelu_fwd_bf16in and gelu_bwd_bf16in with the product that writes bf16);
- * the plan's rule is GPT_ACT_BF16's: the CUDA backend offers them with its
- * bf16 activations. */
+ * the plan's rule too (plan_device_t's fch_bf16). */
 static int gpt_fch_bf16(const gpt_t *g) {
   const kern_backend_t *be = g->be;
   return gpt_acts_bf16(g) && be->matmul_fwd_bf16_out16 && be->gelu_fwd_bf16in &&

@@ -1689,9 +1689,9 @@ static void test_gelu_bwd_bf16(int N, int C, int off) {
  * gelu_bwd rounded, and dbias += the column sums of the CPU's dinp in
  * kern_math.h's order, bit for bit. inp holds bf16 specials (zeros, +-inf,
  * a NaN, past the clamps at +-10). */
-static void test_gelu_bf16in(int N, int C, int off) {
+static void test_gelu_bf16in(int N, int C, int offx, int offd, int offh) {
   char shape[64];
-  snprintf(shape, sizeof shape, "N=%d C=%d off=%d", N, C, off);
+  snprintf(shape, sizeof shape, "N=%d C=%d off=%d,%d,%d", N, C, offx, offd, offh);
   const size_t n = (size_t)N * C;
   float *xf = frand(n, -6, 6), *dout = frand(n, -1, 1), *bias = frand(C, -1, 1);
   const float special[] = {0.0f, -0.0f, -10.5f, 10.5f, 3e38f, -3e38f, INFINITY, -INFINITY, NAN};
@@ -1706,18 +1706,20 @@ static void test_gelu_bf16in(int N, int C, int off) {
   cpu->gelu_bwd(ref, x, dout, n, 0);
   cpu->f32_to_bf16(ref_d, ref, n);
   colsum_runs_add(dbias, ref, N, C);
-  /* backward's inp and dout start off elements past the forward's (1: no
-   * 8-byte load, the element-wise path) */
-  uint16_t *dx = dput(x16, n * 2), *dy = dnew(n * 2), *dh = dnew(n * 2), *dxo = dnew((n + off) * 2);
-  float *dd = dnew((n + off) * 4), *db = dput(bias, C * 4), *dgb = dput(dbias0, C * 4);
-  gpu->copy_h2d(dxo + off, x16, n * 2), gpu->copy_h2d(dd + off, dout, n * 4);
+  /* backward's inp, dout and dinp16 start offx, offd and offh elements
+   * past a 16-byte boundary (inp 4: 8-byte loads alone; 1: the
+   * element-wise path; dinp16 1: no 8-byte store) */
+  uint16_t *dx = dput(x16, n * 2), *dy = dnew(n * 2), *dh = dnew((n + offh) * 2),
+           *dxo = dnew((n + offx) * 2);
+  float *dd = dnew((n + offd) * 4), *db = dput(bias, C * 4), *dgb = dput(dbias0, C * 4);
+  gpu->copy_h2d(dxo + offx, x16, n * 2), gpu->copy_h2d(dd + offd, dout, n * 4);
   gpu->gelu_fwd_bf16in(dy, dx, db, N, C);
-  gpu->gelu_bwd_bf16in(dh, dgb, dxo + off, db, dd + off, N, C);
+  gpu->gelu_bwd_bf16in(dh + offh, dgb, dxo + offx, db, dd + offd, N, C);
   uint16_t *got = xmalloc(n * 2);
   gpu->copy_d2h(got, dy, n * 2);
   for (size_t i = 0; i < n; i++) got[i] = bf16_nan_one(got[i]), ref_out[i] = bf16_nan_one(ref_out[i]);
   check_bits_u16("gelu_fwd_bf16in", "out", shape, got, ref_out, n);
-  gpu->copy_d2h(got, dh, n * 2);
+  gpu->copy_d2h(got, dh + offh, n * 2);
   for (size_t i = 0; i < n; i++) got[i] = bf16_nan_one(got[i]), ref_d[i] = bf16_nan_one(ref_d[i]);
   check_bits_u16("gelu_bwd_bf16in", "dinp16", shape, got, ref_d, n);
   check_dev_bits("gelu_bwd_bf16in", "dbias+=", shape, dgb, dbias, C);
@@ -2035,10 +2037,11 @@ int main(void) {
       test_gelu_bwd_bf16(33, 264, 1);
       /* the fc product's bf16 output: a tile's edge (264 = 256 + 8), a
        * run's tail (70 rows), a step's width (3072) */
-      test_gelu_bf16in(70, 264, 0);
-      test_gelu_bf16in(33, 3072, 0);
-      test_gelu_bf16in(1, 8, 0);
-      test_gelu_bf16in(37, 264, 1);
+      test_gelu_bf16in(70, 264, 0, 0, 0);
+      test_gelu_bf16in(33, 3072, 0, 0, 0);
+      test_gelu_bf16in(1, 8, 0, 0, 0);
+      test_gelu_bf16in(37, 264, 1, 1, 0);
+      test_gelu_bf16in(37, 264, 4, 0, 1);
       /* fp32 rows 16-byte multiples apart, bf16 rows not (C % 8 == 4):
        * helper-69 found the 4-row path storing 16 bytes at an odd row */
       test_gelu_bwd_bf16(40, 36, 0);

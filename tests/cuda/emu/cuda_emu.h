@@ -24,7 +24,7 @@
  * 48 KiB of dynamic shared memory unless cudaFuncSetAttribute allowed more,
  * never more than the device's opt-in limit), WMMA's alignment rules (256-bit
  * aligned pointers, leading dimensions of 16 bytes), the 16-byte loads and
- * stores of cuda_impl.h's wide accesses and its 8-byte stores (aligned,
+ * stores of cuda_impl.h's wide accesses and its 8-byte ones (aligned,
  * inside a device buffer: emu::wide_access), ldmatrix's and cp.async's addresses (aligned, in
  * dynamic shared memory), a cp.async read before it was waited for and
  * a barrier passed, or never waited for at all, a barrier some threads
@@ -137,11 +137,11 @@ void cp_async_commit(void);
 void cp_async_wait(unsigned n);
 /* Is [p, p + n) inside one cudaMalloc'ed buffer? */
 bool device_range(const void *p, size_t n);
-/* One of cuda_impl.h's 16-byte loads or stores (what: the helper) at p:
- * stops the run unless p is 16-byte aligned (a GPU's misaligned-address
- * error, where a CPU would read on) and, with synchronous streams, the 16
- * bytes lie inside one device buffer (a wide access past the end that
- * scalar code would not make). */
+/* One of cuda_impl.h's n-byte loads or stores (16, or 8; what: the helper)
+ * at p: stops the run unless p is n-byte aligned (a GPU's
+ * misaligned-address error, where a CPU would read on) and, with
+ * synchronous streams, the n bytes lie inside one device buffer (a wide
+ * access past the end that scalar code would not make). */
 void wide_access(const void *p, const char *what, size_t n = 16);
 [[noreturn]] void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
