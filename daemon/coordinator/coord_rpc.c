@@ -246,24 +246,31 @@ int coord_job_arg(coord_t *c, rpc_call_t *call, const char *id, store_job_t *j) 
 
 /* ---- user: jobs ------------------------------------------------------------- */
 
-/* checkpoint_async as the spec asks it: its last such option (a number,
- * already checked), else the default, on. */
-static int coord_spec_async(const Fsdp__V1__JobSpec *s) {
-  int on = 1;
+/* A numeric option as the spec asks it: its last such option (a number,
+ * already checked), else def. */
+static double coord_spec_number(const Fsdp__V1__JobSpec *s, const char *key, double def) {
+  double v = def;
   for (size_t i = 0; i < s->n_options; i++)
-    if (!strcmp(s->options[i]->key, "checkpoint_async")) on = strtod(s->options[i]->value, NULL) != 0;
-  return on;
+    if (!strcmp(s->options[i]->key, key)) v = strtod(s->options[i]->value, NULL);
+  return v;
 }
+
+/* An option admission set for the job's ranks to run as admitted (each
+ * would otherwise decide again against its own device's memory). */
+typedef struct coord_admitted {
+  const char *key;
+  char value[16];
+} coord_admitted_t;
 
 /* The spec as the store keeps it, in *out: INI text, every option under its
  * own section, the paths replaced by what job_paths_check resolved, and
- * checkpoint_async = 0 when admission made room for the job only so
- * (in_place). Each
+ * the n options admission set (adm: checkpoint_async = 0, a recompute
+ * level) last, in place of the spec's own lines for them. Each
  * line reads back as the option it was made from (ini_line_write), or the
  * spec is refused naming it: a line libinih would cut in two must never
  * become two options, the second one unchecked. */
-static int coord_spec_text(const Fsdp__V1__JobSpec *s, const config_t *cfg, int in_place,
-                           char **out) {
+static int coord_spec_text(const Fsdp__V1__JobSpec *s, const config_t *cfg,
+                           const coord_admitted_t *adm, int n, char **out) {
   char *text = NULL;
   size_t len = 0;
   *out = NULL;
@@ -273,17 +280,19 @@ static int coord_spec_text(const Fsdp__V1__JobSpec *s, const config_t *cfg, int 
   int rc = FSDP_OK;
   for (size_t i = 0; i < s->n_options && !rc; i++) {
     const Fsdp__V1__Option *o = s->options[i];
-    if (in_place && !strcmp(o->key, "checkpoint_async")) continue; /* said last, as admitted */
+    int said_last = 0;
+    for (int k = 0; k < n; k++) said_last |= !strcmp(o->key, adm[k].key);
+    if (said_last) continue;
     const char *osec = o->section[0] ? o->section : config_section_of(o->key);
     const char *path = job_path_value(cfg, o->key), *v = path ? path : o->value;
     if (strcmp(sec, osec)) fprintf(f, "[%s]\n", sec = osec);
     if ((rc = ini_line_write(f, osec, o->key, v)))
       rc = err_wrap(rc, "options[%zu]%s", i, path ? " (the path as resolved under its root)" : "");
   }
-  if (!rc && in_place) {
-    const char *osec = config_section_of("checkpoint_async");
-    if (strcmp(sec, osec)) fprintf(f, "[%s]\n", osec);
-    rc = ini_line_write(f, osec, "checkpoint_async", "0");
+  for (int k = 0; k < n && !rc; k++) {
+    const char *osec = config_section_of(adm[k].key);
+    if (strcmp(sec, osec)) fprintf(f, "[%s]\n", sec = osec);
+    rc = ini_line_write(f, osec, adm[k].key, adm[k].value);
   }
   if (fclose(f) && !rc) rc = err_set(FSDP_ENOMEM, "coordinator: out of memory");
   if (rc) free(text);
@@ -429,20 +438,31 @@ static void coord_submit_cb(rpc_call_t *call, const ProtobufCMessage *req, void 
   if (!rc) rc = shard_mesh_resolve(cfg.strategy, cfg.mesh, sub.world, &m, desc, sizeof desc);
   if (!rc && cfg.checkpoint_dir[0]) rc = coord_ckpt_dir_free(c, cfg.checkpoint_dir, 0);
   if (rc) goto fail;
-  /* the job fits the smallest device only without an asynchronous
-   * checkpoint's snapshot (job_validate: plan_fit_snapshot): its ranks are
-   * told, or each would decide again against its host's memory and could
-   * hold the snapshot on a device admitted without it */
-  const int in_place = coord_spec_async(s) && !cfg.checkpoint_async;
+  /* the job fits the smallest device only recomputing more than its
+   * device's default, or without an asynchronous checkpoint's snapshot
+   * (job_validate: plan_fit_recompute, plan_fit_snapshot): its ranks are
+   * told, or each would decide again against its own device's memory and
+   * could take more than admission counted */
+  coord_admitted_t adm[2];
+  int nadm = 0;
+  if (coord_spec_number(s, "recompute", -1) < 0 && cfg.recompute >= 0) {
+    adm[nadm].key = "recompute";
+    snprintf(adm[nadm++].value, sizeof adm->value, "%d", cfg.recompute);
+    config_note(&cfg, "recompute = %d: the job fits the smallest device only recomputing more "
+                "than its device's default", cfg.recompute);
+  }
+  if (coord_spec_number(s, "checkpoint_async", 1) != 0 && !cfg.checkpoint_async) {
+    adm[nadm].key = "checkpoint_async";
+    snprintf(adm[nadm++].value, sizeof adm->value, "0");
+    config_note(&cfg, "checkpoint_async = 0: no room for a checkpoint snapshot beside the job on "
+                "the smallest device; checkpoints are written in place");
+  }
+  snprintf(sub.note, sizeof sub.note, "%s", config_adjusted(&cfg));
   coord_job_facts(&sub.facts, &cfg, &plan, &m);
   snprintf(sub.mesh, sizeof sub.mesh, "%dx%d", m.replicas, m.shards);
   snprintf(sub.name, sizeof sub.name, "%s", s->name[0] ? s->name : "job"); /* a name is optional */
   snprintf(sub.request_id, sizeof sub.request_id, "%s", q->request_id);
-  snprintf(sub.note, sizeof sub.note, "%s%s%s", config_adjusted(&cfg),
-           in_place && config_adjusted(&cfg)[0] ? "; " : "",
-           in_place ? "checkpoint_async = 0: no room for a checkpoint snapshot beside the job on "
-                      "the smallest device; checkpoints are written in place" : "");
-  if ((rc = coord_spec_text(s, &cfg, in_place, &sub.text))) goto fail;
+  if ((rc = coord_spec_text(s, &cfg, adm, nadm, &sub.text))) goto fail;
   if (c->n_sub == c->cap_sub) {
     int cap = c->cap_sub ? 2 * c->cap_sub : 32;
     coord_submit_t *p = realloc(c->sub, (size_t)cap * sizeof *p);

@@ -56,7 +56,7 @@ static const config_opt_t config_opts[] = {
     {"tf32", "train", CFG_INT, OFF(tf32), 0, 0, 1, "device cuda: 1 lets fp32 matrix products use TF32 tensor cores (faster, 10-bit mantissa products); 0 keeps them fp32"},
     {"memory_limit_mib", "train", CFG_INT, OFF(memory_limit_mib), 0, 0, 1 << 30, "refuse a job planned above this many MiB per rank (0: the host's available memory shared by its ranks)"},
     {"activation_checkpointing", "train", CFG_INT, OFF(activation_checkpointing), 0, 0, 1, "1: keep only block inputs, recompute each block in backward"},
-    {"recompute", "train", CFG_INT, OFF(recompute), 0, 0, 2, "what no block keeps and backward computes again: 0 nothing, 1 GELU's output (a quarter of a block's activations), 2 GELU's and the layernorms' outputs (three eighths)"},
+    {"recompute", "train", CFG_INT, OFF(recompute), 0, -1, 2, "what no block keeps and backward computes again: 0 nothing, 1 GELU's output (a quarter of a block's activations), 2 GELU's and the layernorms' outputs (three eighths); -1: by device, 2 on cpu (host memory is shared), 0 on cuda (a GPU's memory is the job's: recomputing costs ~4% of a gpt2-124m step), raised to 1, then 2, with a note, where the job's plan would not fit the rank's memory"},
     {"logits_chunk_mib", "train", CFG_INT, OFF(logits_chunk_mib), 0, 0, 4096, "MiB of logits (rows x vocab floats) the LM head and its loss compute at once, in chunks of rows: the batch's logits never exist whole; larger chunks take more memory and fewer passes over the embedding (at least one row; at most 4096, so a chunk stays within 2^30 floats, as the kernels index it; 0: by device, 128 on cpu, 1024 on cuda, where each chunk reads the embedding twice at memory speed)"},
     {"strategy", "shard", STR(strategy), "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or HYBRID_SHARD_ZERO2 (ranks from fsdp-launch)"},
     {"mesh", "shard", STR(mesh), "replicas x shards, e.g. 2x4 (empty: every rank in one shard group)"},
@@ -99,7 +99,7 @@ void config_default(config_t *c) {
   c->auto_resume = 1;
   c->keep_checkpoints = 3;
   c->checkpoint_async = 1;
-  c->recompute = 2;
+  c->recompute = -1; /* by device: config_recompute */
   c->logits_chunk_mib = 0; /* by device: config_logits_chunk_mib */
   c->seed = 1337;
   c->eval_batches = 8;
@@ -214,6 +214,11 @@ int config_logits_chunk_mib(const config_t *c) {
   return strcmp(c->device, "cuda") ? GPT_LOGITS_CHUNK_MIB : GPT_LOGITS_CHUNK_MIB_GPU;
 }
 
+int config_recompute(const config_t *c) {
+  if (c->recompute >= 0) return c->recompute;
+  return strcmp(c->device, "cuda") ? 2 : 0;
+}
+
 int config_set(config_t *c, const char *key, const char *value) {
   const config_opt_t *o = config_find(key);
   if (!o) return err_set(FSDP_EINVAL, "unknown option \"%s\"; see --help for the list", key);
@@ -287,9 +292,7 @@ int config_load_file(config_t *c, const char *path) {
   return FSDP_OK;
 }
 
-/* Appends one clause to c->adjusted ("; " between clauses). */
-static void config_note(config_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void config_note(config_t *c, const char *fmt, ...) {
+void config_note(config_t *c, const char *fmt, ...) {
   size_t n = strlen(c->adjusted);
   if (n && n + 2 < sizeof c->adjusted) n += (size_t)snprintf(c->adjusted + n, sizeof c->adjusted - n, "; ");
   va_list ap;

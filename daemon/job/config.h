@@ -47,7 +47,8 @@ typedef struct config {
   char device[8];             /* "cpu" or "cuda": what every rank computes on */
   int tf32;                   /* cuda: 1 lets fp32 matrix products use TF32 tensor cores */
   int activation_checkpointing; /* 1: keep block inputs only, recompute in backward */
-  int recompute;                /* 0, 1 GELU, 2 GELU and layernorms: recomputed in backward */
+  int recompute;                /* 0, 1 GELU, 2 GELU and layernorms: recomputed in backward;
+                                 * -1: by device (config_recompute; plan_fit_recompute) */
   int logits_chunk_mib;         /* MiB of logits the LM head computes at once (gpt_config_logits_rows);
                                  * 0: by device (config_logits_chunk_mib) */
   char strategy[32];          /* FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, ... */
@@ -82,6 +83,11 @@ void config_default(config_t *c);
  * device's default (GPT_LOGITS_CHUNK_MIB on cpu, GPT_LOGITS_CHUNK_MIB_GPU
  * on cuda). What the plan and the run both take. */
 int config_logits_chunk_mib(const config_t *c);
+/* The job's recompute level: recompute, or where that is -1 the device's
+ * default (2 on cpu, whose memory the host shares; 0 on cuda). What the
+ * plan and the run both take; plan_fit_recompute raises a -1 that does not
+ * fit. */
+int config_recompute(const config_t *c);
 /* Sets one option from its text form. Error: names the key, the value and the fix. */
 int config_set(config_t *c, const char *key, const char *value);
 /* config_set of a key given under a section (a job file's [section], a
@@ -112,6 +118,10 @@ int config_check(config_t *c, int world, config_report_cb report, void *ctx);
 /* One line on what the last config_resolve changed of the defaults, for the
  * user ("seq_len 64: ..."), or "" when it changed nothing. */
 const char *config_adjusted(const config_t *c);
+/* Appends one clause to what config_adjusted says ("; " between clauses):
+ * for what fits a default after config_resolve (the coordinator's
+ * admission). */
+void config_note(config_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* 1 when key was given explicitly (see above), 0 when it holds its default,
  * -1 when there is no such option. */
 int config_is_given(const config_t *c, const char *key);

@@ -75,6 +75,7 @@ int job_validate(const job_opt_t *opts, int n, int world, size_t device_bytes, c
   int rc = plan_job(out, world, plan);
   if (rc) return rc;
   const size_t own = (size_t)out->memory_limit_mib << 20;
+  plan_fit_recompute(out, world, plan, own && own < device_bytes ? own : device_bytes);
   plan_fit_snapshot(out, world, plan, own && own < device_bytes ? own : device_bytes);
   if (own && own < device_bytes)
     return plan_fits(plan, out, own, "memory_limit_mib, set by the job");

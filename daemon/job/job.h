@@ -33,7 +33,10 @@ typedef struct job_opt {
  * warmup_steps above steps, strategy, mesh against world, precision. When
  * those hold and device_bytes is not 0, the memory plan must fit in
  * device_bytes (or in memory_limit_mib when the job sets less): the refusal
- * gives the plan's numbers and the single change that makes it fit.
+ * gives the plan's numbers and the single change that makes it fit; a
+ * recompute left to the device is raised, and an asynchronous checkpoint
+ * turned off, where that makes it fit (plan_fit_recompute,
+ * plan_fit_snapshot: *out says so).
  * FSDP_OK: *out is the resolved job (what fsdp-train would run) and *plan
  * its plan per rank (zeroed when device_bytes is 0); else the first
  * problem's code. */

@@ -123,7 +123,7 @@ static void plan_loop(const config_t *c, plan_t *p) {
   const int q16 = a16 && dev->qkv_bf16(bf16, g->channels, g->heads);
   const int f16 = a16 && dev->fch_bf16(bf16); /* gpt_fch_bf16 */
   const int ck = (c->activation_checkpointing ? GPT_ACT_CHECKPOINT : 0) |
-                 gpt_act_recompute_flags(c->recompute) | (a16 ? GPT_ACT_BF16 : 0) |
+                 gpt_act_recompute_flags(config_recompute(c)) | (a16 ? GPT_ACT_BF16 : 0) |
                  (q16 ? GPT_ACT_BF16_QKV : 0) | (f16 ? GPT_ACT_BF16_FCH : 0);
   size_t scratch =
       dev->attention_scratch(c->batch, c->seq_len, g->channels, g->heads, bf16, q16) * f;
@@ -325,7 +325,7 @@ static size_t plan_total_of(const config_t *c, int world) {
 static int plan_advice(const plan_t *p, const config_t *c, size_t limit, char *out, size_t len) {
   config_t k = *c;
   size_t t;
-  if (c->recompute < 2) { /* the cheapest: a GELU and two norms more a block in backward */
+  if (config_recompute(c) < 2) { /* the cheapest: a GELU and two norms more a block in backward */
     k.recompute = 2;
     if ((t = plan_total_of(&k, p->world)) && t <= limit)
       return snprintf(out, len, "set recompute = 2 (the plan is then %.0f MiB)", MIB(t)), 1;
@@ -369,6 +369,22 @@ static int plan_advice(const plan_t *p, const config_t *c, size_t limit, char *o
     if ((t = plan_total_of(&k, w)) && t <= limit)
       return snprintf(out, len, "shard the model over %d ranks (FULL_SHARD, %.0f MiB per rank)", w,
                       MIB(t)), 1;
+  return 0;
+}
+
+int plan_fit_recompute(config_t *c, int world, plan_t *p, size_t limit) {
+  if (!limit || p->total <= limit || c->recompute >= 0) return 0;
+  for (int level = config_recompute(c) + 1; level <= 2; level++) {
+    config_t k = *c;
+    plan_t q;
+    k.recompute = level;
+    if (plan_job(&k, world, &q)) return 0;
+    if (q.total <= limit || level == 2) { /* 2 whether or not it fits: plan_check says what does */
+      c->recompute = level;
+      *p = q;
+      return 1;
+    }
+  }
   return 0;
 }
 

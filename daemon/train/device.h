@@ -30,6 +30,7 @@ typedef struct device {
    * may still touch buffers): 0 when nothing is left, else not 0. NULL
    * where nothing runs in the background (the ring). */
   int (*settle)(int64_t wait_ms);
+  size_t memory;              /* bytes of the rank's own device memory (0: host memory, shared) */
   char desc[160];             /* "cpu kernels at avx512", "cuda device 0: NVIDIA H100 ..." */
 } device_t;
 

@@ -115,7 +115,7 @@ void gpt_set_checkpointing(gpt_t *g, int on);
  * gpt_act_recompute_flags): level 1 GELU's output, 2 also the layernorms'.
  * Forward writes them into backward's scratch for the product that reads
  * them. Same gradients, bit for bit; 4 (level 1) or 6 (level 2) x C floats
- * a token a block less. 0 by default; the job option recompute (2) sets it. */
+ * a token a block less. 0 by default; train.c sets the job's (config_recompute). */
 void gpt_set_recompute(gpt_t *g, int level);
 
 /* How forward and backward reach each unit's parameters and gradients. The

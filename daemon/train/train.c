@@ -672,7 +672,14 @@ int train_open(train_t **out, const config_t *c, const train_opts_t *o) {
   const int64_t device = param_device_memory_bytes();
   size_t limit = c->memory_limit_mib ? (size_t)c->memory_limit_mib << 20
                  : device > 0        ? (size_t)device
+                 : t->dev->memory    ? t->dev->memory /* a GPU's own, under fsdp-launch too */
                                      : plan_host_available() / (size_t)t->boot.world;
+  const size_t need0 = t->plan.total;
+  const int level0 = config_recompute(c);
+  if (plan_fit_recompute(&t->cfg, t->boot.world, &t->plan, limit) && t->opts.out)
+    fprintf(t->opts.out, "train: note: recompute = %d: at the %s default (%d) the plan needs %.0f "
+            "MiB, more than this rank's %.0f MiB; set recompute to choose\n", c->recompute,
+            c->device, level0, (double)need0 / (1 << 20), (double)limit / (1 << 20));
   if (plan_fit_snapshot(&t->cfg, t->boot.world, &t->plan, limit) && t->opts.out)
     fprintf(t->opts.out, "train: note: no room for a checkpoint snapshot beside the job "
             "(%.0f MiB); checkpoints are written in place (checkpoint_async = 0)%s\n",
@@ -707,7 +714,7 @@ int train_open(train_t **out, const config_t *c, const train_opts_t *o) {
     goto fail;
   }
   gpt_set_checkpointing(t->model, c->activation_checkpointing);
-  gpt_set_recompute(t->model, c->recompute);
+  gpt_set_recompute(t->model, config_recompute(c));
   gpt_set_logits_rows(t->model, gpt_config_logits_rows(&c->gpt, config_logits_chunk_mib(c)));
   /* every rank draws the same global batch and reads its own rows of it */
   const size_t N = (size_t)c->batch * (size_t)c->seq_len;
@@ -953,6 +960,8 @@ int train_finish(train_t *t) {
   }
   return FSDP_OK;
 }
+
+const config_t *train_config(const train_t *t) { return &t->cfg; }
 
 void train_state(train_t *t, train_state_t *st) {
   st->step = t->step;

@@ -129,6 +129,9 @@ int train_stopped(const train_t *t);
  * (sample_tokens); every rank calls it. */
 int train_finish(train_t *t);
 void train_state(train_t *t, train_state_t *st);
+/* The job as the run takes it: finished, with what fitting it to the
+ * rank's memory changed (a recompute raised, checkpoint_async off). */
+const config_t *train_config(const train_t *t);
 /* The run so far. */
 void train_result(const train_t *t, train_result_t *res);
 /* Frees everything; NULL is a no-op. */

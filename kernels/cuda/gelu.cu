@@ -82,24 +82,30 @@ __global__ static void gelu_bwd_wide_kernel(float *dinp, const float *inp, const
 }
 
 /* gelu_fwd_bf16in: GELU of a bf16 product's output with its bias added
- * in fp32, rounded to bf16; a thread 8 columns of a row (16-byte loads and
- * stores; C a multiple of 8, the rows 16-byte aligned: kern.h) */
-__global__ static void gelu_fwd_bf16in_kernel(uint16_t *out, const uint16_t *inp,
-                                              const float *bias, int N, int C) {
-  for (int64_t n = blockIdx.y; n < N; n += gridDim.y)
-    for (int j = 8 * (blockIdx.x * blockDim.x + threadIdx.x); j < C;
-         j += 8 * gridDim.x * blockDim.x) {
-      const uint4 h = kern_cuda_load_u16x8(inp + n * C + j);
-      const float2 a = kern_cuda_f32x2(h.x), b = kern_cuda_f32x2(h.y), c = kern_cuda_f32x2(h.z),
-                   d = kern_cuda_f32x2(h.w);
-      const float *bj = bias + j;
-      kern_cuda_store_u16x8(
-          out + n * C + j,
-          kern_cuda_bf16x8(make_float4(kern_gelu(a.x + bj[0]), kern_gelu(a.y + bj[1]),
-                                       kern_gelu(b.x + bj[2]), kern_gelu(b.y + bj[3])),
-                           make_float4(kern_gelu(c.x + bj[4]), kern_gelu(c.y + bj[5]),
-                                       kern_gelu(d.x + bj[6]), kern_gelu(d.y + bj[7]))));
-    }
+ * in fp32, rounded to bf16; a thread 8 elements of the N x C matrix taken
+ * whole (16-byte loads and stores; C a multiple of 8, the rows 16-byte
+ * aligned: kern.h), so every lane of every warp works whatever C is (by
+ * rows, C = 3072's 384 groups left a quarter of 2 blocks of 256 idle). The
+ * kernel computes ~50 instructions an element (kern_gelu's exponential
+ * and IEEE division without fused multiply-adds): lanes, not bytes, set
+ * its time. I: the group index's type, 32 bits when the groups allow (a
+ * 64-bit division by C / 8 is a subroutine). */
+template <typename I>
+__global__ static void gelu_fwd_bf16in_kernel(uint16_t *__restrict__ out,
+                                              const uint16_t *__restrict__ inp,
+                                              const float *__restrict__ bias, I groups, I cgroups) {
+  for (I g = (I)blockIdx.x * blockDim.x + threadIdx.x; g < groups; g += (I)gridDim.x * blockDim.x) {
+    const float *bj = bias + 8 * (g % cgroups);
+    const uint4 h = kern_cuda_load_u16x8(inp + 8 * (size_t)g);
+    const float2 a = kern_cuda_f32x2(h.x), b = kern_cuda_f32x2(h.y), c = kern_cuda_f32x2(h.z),
+                 d = kern_cuda_f32x2(h.w);
+    kern_cuda_store_u16x8(
+        out + 8 * (size_t)g,
+        kern_cuda_bf16x8(make_float4(kern_gelu(a.x + bj[0]), kern_gelu(a.y + bj[1]),
+                                     kern_gelu(b.x + bj[2]), kern_gelu(b.y + bj[3])),
+                         make_float4(kern_gelu(c.x + bj[4]), kern_gelu(c.y + bj[5]),
+                                     kern_gelu(d.x + bj[6]), kern_gelu(d.y + bj[7]))));
+  }
 }
 
 /* gelu_bwd_bf16 and gelu_bwd_bf16in: dinp (rows x cols of inp and dout,
@@ -217,7 +223,13 @@ extern "C" void kern_cuda_gelu_fwd_bf16in(uint16_t *out, const uint16_t *inp, co
                                           int N, int C) {
   KERN_CUDA_ASSERT(C % 8 == 0 && kern_cuda_aligned16(inp) && kern_cuda_aligned16(out));
   if (N <= 0 || C <= 0) return;
-  gelu_fwd_bf16in_kernel<<<kern_cuda_rows_grid(N, C / 8), kern_cuda_rows_threads(C / 8), 0,
-                           kern_cuda_st.stream>>>(out, inp, bias, N, C);
+  const size_t groups = (size_t)N * (size_t)(C / 8);
+  const unsigned blocks = kern_cuda_blocks(groups, KERN_CUDA_THREADS);
+  if (groups <= UINT32_MAX - (size_t)blocks * KERN_CUDA_THREADS) /* g + the stride stays in 32 bits */
+    gelu_fwd_bf16in_kernel<uint32_t><<<blocks, KERN_CUDA_THREADS, 0, kern_cuda_st.stream>>>(
+        out, inp, bias, (uint32_t)groups, (uint32_t)(C / 8));
+  else
+    gelu_fwd_bf16in_kernel<uint64_t><<<blocks, KERN_CUDA_THREADS, 0, kern_cuda_st.stream>>>(
+        out, inp, bias, (uint64_t)groups, (uint64_t)(C / 8));
   KERN_CUDA_LAUNCHED();
 }

@@ -14,8 +14,9 @@
  * bf16). FSDP_BENCH_NO_PEER=1 skips the peer (ours alone: to compare our
  * own settings, e.g. FSDP_CUDA_ATTN_GEMM=1 against the fused attention).
  * FSDP_BENCH_RECOMPUTE=0|1|2 sets the job's recompute (default the job
- * option's, 2): what recomputing GELU and the layernorms costs a step on
- * this GPU, against the activations it saves (the memory lines).
+ * option's, by device: 0 on cuda unless the GPU is too small,
+ * config_recompute): what recomputing GELU and the layernorms costs a step
+ * on this GPU, against the activations it saves (the memory lines).
  * FSDP_BENCH_LOGITS_MIB=N sets the job's logits_chunk_mib (default the
  * device's, 1024 MiB on cuda: config_logits_chunk_mib):
  * what fewer, larger chunks of the LM head save a step, against their
@@ -494,10 +495,11 @@ int main(int argc, char **argv) {
   free(tok);
   snprintf(c.data, sizeof c.data, "%s", data);
   plan_t plan;
-  int rc = plan_job(&c, 1, &plan);
   train_opts_t o = {.metrics = on_metrics};
   train_t *t = NULL;
-  if (!rc) rc = train_open(&t, &c, &o);
+  int rc = train_open(&t, &c, &o);
+  if (!rc) c = *train_config(t); /* as the run took it: a recompute raised to fit the GPU */
+  if (!rc) rc = plan_job(&c, 1, &plan);
   while (!rc && !train_done(t)) {
     if (trace && steps_seen == steps + 2) {
       bench_trace_step(t, model, B, &rc);
@@ -543,7 +545,7 @@ int main(int argc, char **argv) {
          "logits_mib=%d device=\"%s\" step_ms=%.2f tokens_per_s=%.0f mfu_peak=%.3f mfu_gemm=%.3f "
          "loss=%.4f\n",
          model, B, T, prec, bench_attn_name(g->channels, g->heads, strcmp(prec, "fp32") != 0),
-         c.recompute, config_logits_chunk_mib(&c), p->device_name(), med * 1e3, tps, tps * fpt / peak,
+         config_recompute(&c), config_logits_chunk_mib(&c), p->device_name(), med * 1e3, tps, tps * fpt / peak,
          gemm > 0 ? tps * fpt / gemm : 0.0, last_loss);
   printf("bench: cuda_flops formula=\"6*params + 12*layers*channels*T per token\" params=%zu "
          "flops_per_token=%.4g peak_tflops=%.1f gemm8192_tflops=%.1f\n", nparams, fpt,

@@ -313,7 +313,7 @@ typedef struct {
 } model_t;
 
 /* what no block keeps (gpt_set_recompute), as fsdp-train's default
- * (config.c: recompute = 2) */
+ * on cpu devices (config_recompute: 2) */
 #ifndef BENCH_RECOMPUTE
 #define BENCH_RECOMPUTE 2
 #endif

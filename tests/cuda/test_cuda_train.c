@@ -109,7 +109,10 @@ static void run_metrics(void *ctx, const train_metrics_t *m) {
 }
 
 /* One run of the test job on device, precision prec; recompute < 0: the
- * default level; ckpt: activation checkpointing. */
+ * default level, and -2 with memory_limit_mib the least whole MiB that
+ * holds the job's plan at recompute 1 (below level 0's plan: 4 N C bf16 a
+ * block, 1.5 MiB, more), so train_open raises the level to fit
+ * (plan_fit_recompute); ckpt: activation checkpointing. */
 static int run_job(const char *data, const char *device, const char *prec, int recompute, int ckpt,
                    run_t *r) {
   config_t c;
@@ -140,14 +143,25 @@ static int run_job(const char *data, const char *device, const char *prec, int r
     return FSDP_EINVAL;
   }
   r->gpt = c.gpt;
-  r->recompute = c.recompute;
-  if (plan_job(&c, 1, &r->plan)) {
-    fprintf(stderr, "test_cuda_train: plan_job: %s\n", err_msg());
-    return FSDP_EINVAL;
+  if (recompute == -2) {
+    config_t k = c;
+    plan_t q;
+    k.recompute = 1;
+    if (plan_job(&k, 1, &q)) {
+      fprintf(stderr, "test_cuda_train: plan_job: %s\n", err_msg());
+      return FSDP_EINVAL;
+    }
+    c.memory_limit_mib = (int)((q.total + (1 << 20) - 1) >> 20);
   }
   train_opts_t o = {.metrics = run_metrics, .ctx = r};
   train_t *t = NULL;
   int rc = train_open(&t, &c, &o);
+  /* the job as the run took it: the level, and its plan */
+  if (!rc) r->recompute = config_recompute(train_config(t));
+  if (!rc && plan_job(train_config(t), 1, &r->plan)) {
+    fprintf(stderr, "test_cuda_train: plan_job: %s\n", err_msg());
+    rc = FSDP_EINVAL;
+  }
   if (emu_waits)
     for (int k = 0; k < N_WAIT_CALLS; k++) r->waits[0][k] = emu_waits(WAIT_CALLS[k]);
   while (!rc && !train_done(t)) rc = train_step(t);
@@ -433,14 +447,17 @@ int main(int argc, char **argv) {
     return 2;
   }
   close(fd);
-  static run_t cpu, gpu, gpu16, gpu16k, gpu16c;
+  static run_t cpu, gpu, gpu16, gpu16r, gpu16c;
   int rc = run_job(data, "cpu", "fp32", -1, 0, &cpu);
-  if (!rc) rc = run_job(data, "cuda", "fp32", -1, 0, &gpu);
+  /* fp32 on cuda recomputing GELU (level 1, as the raised run below) */
+  if (!rc) rc = run_job(data, "cuda", "fp32", 1, 0, &gpu);
   if (!rc) rc = run_job(data, "cuda", "bf16-mixed", -1, 0, &gpu16);
-  /* the blocks keeping their bf16 activations, and keeping none but their
-   * outputs (checkpointing: each block's forward again in backward, its
-   * qkv rounded into the shared slot), against the default */
-  if (!rc) rc = run_job(data, "cuda", "bf16-mixed", 0, 0, &gpu16k);
+  /* the blocks recomputing GELU (the default keeps it on cuda:
+   * config_recompute; raised to 1 to fit memory_limit_mib, as on a device
+   * too small), and keeping none but their outputs
+   * (checkpointing: each block's forward again in backward, its qkv
+   * rounded into the shared slot), against the default */
+  if (!rc) rc = run_job(data, "cuda", "bf16-mixed", -2, 0, &gpu16r);
   if (!rc) rc = run_job(data, "cuda", "bf16-mixed", -1, 1, &gpu16c);
   unlink(data);
   if (rc) return 2;
@@ -454,11 +471,16 @@ int main(int argc, char **argv) {
   check_plan(&cpu, "cpu fp32");
   check_plan(&gpu, "cuda fp32");
   check_plan(&gpu16, "cuda bf16-mixed");
-  check_plan(&gpu16k, "cuda bf16-mixed, recompute 0");
+  check_plan(&gpu16r, "cuda bf16-mixed, recompute raised to 1");
+  check(gpu16r.recompute == 1, "bf16-mixed: the default raised to fit memory_limit_mib (level)",
+        gpu16r.recompute, 1);
+  check(cpu.recompute == 2 && gpu16.recompute == 0,
+        "the devices' default recompute: 2 on cpu, 0 on cuda (10 cpu's + cuda's)",
+        cpu.recompute * 10 + gpu16.recompute, 20);
   /* the same operands each way: equal on the emulator; a GPU's product
    * library may pick another algorithm for a buffer aligned otherwise
    * (gemm_align), which sums in another order, hence CHUNK_TOL */
-  check_losses(&gpu16k, &gpu16, CHUNK_TOL, "bf16-mixed, kept vs recomputed (relative)");
+  check_losses(&gpu16r, &gpu16, CHUNK_TOL, "bf16-mixed, recomputed vs kept (relative)");
   check_plan(&gpu16c, "cuda bf16-mixed, checkpointing");
   check_losses(&gpu16c, &gpu16, CHUNK_TOL, "bf16-mixed, checkpointing vs not (relative)");
   /* bf16-mixed keeps its layernorms' and GELU's outputs in bf16 (kern.h's
@@ -469,16 +491,21 @@ int main(int argc, char **argv) {
    * output, which the bf16 GELU reads) */
   {
     const size_t N = (size_t)4 * 128, C = 128, L = 3;
-    const size_t kept = (gpu16.recompute < 2 ? 2 : 0) + (gpu16.recompute < 1 ? 4 : 0) + 3 + 4;
+#define KEPT(level) ((size_t)((level) < 2 ? 2 : 0) + ((level) < 1 ? 4 : 0) + 3 + 4)
+    /* fp32 and bf16-mixed at one recompute level (1) */
+    const size_t kept = KEPT(gpu16r.recompute);
     const size_t saved = (L * kept * N * C + N * C) * sizeof(float) / 2;
-    check(gpu.mem.peak[MEM_ACTS] - gpu16.mem.peak[MEM_ACTS] == saved,
+    check(gpu.recompute == gpu16r.recompute &&
+              gpu.mem.peak[MEM_ACTS] - gpu16r.mem.peak[MEM_ACTS] == saved,
           "bf16-mixed activations: fp32's less the bf16 halves (bytes)",
-          (double)gpu.mem.peak[MEM_ACTS] - (double)gpu16.mem.peak[MEM_ACTS], (double)saved);
-    /* recompute 0 keeps 6 N C a block more, in bf16: 3 N C floats' bytes */
-    const size_t more = L * (6 + 3 + 4 - kept) * N * C * sizeof(float) / 2;
-    check(gpu16k.mem.peak[MEM_ACTS] - gpu16.mem.peak[MEM_ACTS] == more,
-          "bf16-mixed, recompute 0: the blocks' bf16 activations (bytes)",
-          (double)gpu16k.mem.peak[MEM_ACTS] - (double)gpu16.mem.peak[MEM_ACTS], (double)more);
+          (double)gpu.mem.peak[MEM_ACTS] - (double)gpu16r.mem.peak[MEM_ACTS], (double)saved);
+    /* recompute 1 keeps GELU's 4 N C a block less than 0, in bf16: 2 N C floats' bytes */
+    const double less = (double)L * ((double)KEPT(gpu16.recompute) - (double)KEPT(gpu16r.recompute)) *
+                        (double)(N * C * sizeof(float) / 2);
+    check(less > 0 && (double)gpu16.mem.peak[MEM_ACTS] - (double)gpu16r.mem.peak[MEM_ACTS] == less,
+          "bf16-mixed, recompute 1: the blocks' bf16 activations less (bytes)",
+          (double)gpu16.mem.peak[MEM_ACTS] - (double)gpu16r.mem.peak[MEM_ACTS], less);
+#undef KEPT
   }
   if (emu_waits) {
     check_waits(&gpu, "cuda fp32");
@@ -529,7 +556,7 @@ int main(int argc, char **argv) {
   snprintf(what, sizeof what, "k bias / q,v bias, worst (%s)", noise_name);
   check(!noisy, what, noise, K_BIAS_NOISE);
   free(tt);
-  free(cpu.params), free(gpu.params), free(gpu16.params), free(gpu16k.params);
+  free(cpu.params), free(gpu.params), free(gpu16.params), free(gpu16r.params);
   free(gpu16c.params);
   /* the runtime against the flat model, on the GPU: the device the runs
    * opened stays (a later init only sets the products' mode: fp32 here) */
@@ -638,13 +665,18 @@ int main(int argc, char **argv) {
        * it (gelu_fwd_bf16in, gelu_bwd_bf16in): a rounding more */
       {k16, &no_fch16, FV_CHUNK, FV_CHUNK, 2, 1, "bf16 fch vs fp32", LOGITS16_LOSS_TOL,
        LOGITS16_W_TOL}};
+  /* gelu_fwd_bf16in_kernel's launches, either index type (gelu.cu) */
+#define GELU16_LAUNCHES()                                                                          \
+  (emu_launches ? emu_launches("gelu_fwd_bf16in_kernel<uint32_t>") +                               \
+                      emu_launches("gelu_fwd_bf16in_kernel<uint64_t>")                             \
+                : 0)
   for (size_t k = 0; k < sizeof vs / sizeof vs[0]; k++) {
     float la[FV_STEPS], lb[FV_STEPS], *wa = NULL, *wb = NULL;
     const unsigned long l0 = emu_launches ? emu_launches("ce_row16_kernel") : 0,
-                        g0 = emu_launches ? emu_launches("gelu_fwd_bf16in_kernel") : 0;
+                        g0 = GELU16_LAUNCHES();
     int rc = fv_run(vs[k].with, 0, vs[k].lrows, la, &wa);
     const unsigned long launches = emu_launches ? emu_launches("ce_row16_kernel") - l0 : 0,
-                        g1 = emu_launches ? emu_launches("gelu_fwd_bf16in_kernel") : 0;
+                        g1 = GELU16_LAUNCHES();
     if (rc || fv_run(vs[k].without, 0, vs[k].lrows_without, lb, &wb)) {
       fprintf(stderr, "test_cuda_train: bf16 %s: %s\n", vs[k].how, err_msg());
       return 2;
@@ -657,7 +689,7 @@ int main(int argc, char **argv) {
     }
     if (emu_launches) { /* the first run's bf16 GELU as the table says, the second's as
                          * its table offers it */
-      const unsigned long g2 = emu_launches("gelu_fwd_bf16in_kernel");
+      const unsigned long g2 = GELU16_LAUNCHES();
       char what[96];
       snprintf(what, sizeof what, "cuda bf16: %s, bf16 fch's GELU a step (emulator)", vs[k].how);
       check((g1 > g0) == (vs[k].fch16 == 1) && (g2 > g1) == (vs[k].without == k16), what,

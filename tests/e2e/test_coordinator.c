@@ -436,6 +436,22 @@ Test(coordinator, a_job_larger_than_every_device_is_refused_with_the_plan_and_th
   cr_expect(strstr(err_msg(), "MiB"), "%s", err_msg());
 }
 
+/* The node's next heartbeat assigns it ranks ranks, each told key = value
+ * (its spec's last such option). */
+static void ranks_are_told(const node_t *n, size_t ranks, const char *key, const char *value) {
+  Fsdp__V1__HeartbeatReply *r = heartbeat(n, NULL, 0);
+  cr_assert_eq(r->n_assignments, ranks);
+  for (size_t i = 0; i < r->n_assignments; i++) {
+    const Fsdp__V1__JobSpec *s = r->assignments[i]->spec;
+    const char *v = NULL;
+    for (size_t k = 0; k < s->n_options; k++)
+      if (!strcmp(s->options[k]->key, key)) v = s->options[k]->value;
+    cr_expect(v && !strcmp(v, value), "rank %u is told %s = %s", r->assignments[i]->rank, key,
+              v ? v : "(nothing)");
+  }
+  protobuf_c_message_free_unpacked(&r->base, NULL);
+}
+
 /* A job that fits the smallest device only without an asynchronous
  * checkpoint's snapshot is admitted writing checkpoints in place, and its
  * ranks are told so: left to decide against their host's memory, they kept
@@ -464,17 +480,35 @@ Test(coordinator, a_job_admitted_without_its_checkpoint_snapshot_runs_without_it
   cr_assert_eq(submit(2, kv, id, sizeof id), 0, "%s", err_msg());
   job_option(id, "checkpoint_async", v, sizeof v);
   cr_expect_str_eq(v, "0", "the ranks would plan and hold the snapshot");
-  Fsdp__V1__HeartbeatReply *r = heartbeat(&n, NULL, 0);
-  cr_assert_eq(r->n_assignments, 2);
-  for (size_t i = 0; i < r->n_assignments; i++) {
-    const Fsdp__V1__JobSpec *s = r->assignments[i]->spec;
-    const char *async = NULL;
-    for (size_t k = 0; k < s->n_options; k++)
-      if (!strcmp(s->options[k]->key, "checkpoint_async")) async = s->options[k]->value;
-    cr_expect(async && !strcmp(async, "0"), "rank %u is told checkpoint_async %s",
-              r->assignments[i]->rank, async ? async : "(nothing)");
-  }
-  protobuf_c_message_free_unpacked(&r->base, NULL);
+  ranks_are_told(&n, 2, "checkpoint_async", "0");
+}
+
+/* A cuda job left to its device's recompute (0 there) that fits the
+ * smallest device only recomputing GELU and the layernorms is admitted at
+ * recompute 2, and its ranks are told so: left to decide against their own
+ * devices, each would take as much as its device allows, not what
+ * admission counted. */
+Test(coordinator, a_cuda_job_admitted_recomputing_runs_recomputing) {
+  char d[600], id[32], v[16];
+  data_opt(d, sizeof d);
+  config_t c;
+  config_default(&c);
+  cr_assert_eq(config_set(&c, "model", "tiny"), 0);
+  cr_assert_eq(config_set(&c, "device", "cuda"), 0);
+  cr_assert_eq(config_set(&c, "data", d + strlen("data=")), 0);
+  cr_assert_eq(config_finish(&c), 0, "%s", err_msg());
+  plan_t p0, p2;
+  cr_assert_eq(plan_job(&c, 2, &p0), 0);
+  c.recompute = 2;
+  cr_assert_eq(plan_job(&c, 2, &p2), 0);
+  cr_assert_lt(p2.total, p0.total);
+  node_t n = {{0}, 0};
+  node_register_kind(&n, "gpus", 2, p2.total, "cuda", NULL, 0);
+  const char *kv[] = {"model=tiny", d, "device=cuda", NULL};
+  cr_assert_eq(submit(2, kv, id, sizeof id), 0, "%s", err_msg());
+  job_option(id, "recompute", v, sizeof v);
+  cr_expect_str_eq(v, "2", "the ranks would keep what admission counted recomputed");
+  ranks_are_told(&n, 2, "recompute", "2");
 }
 
 Test(coordinator, malformed_and_unauthorised_calls_get_their_status_at_once) {

@@ -176,6 +176,30 @@ Test(job, memory_too_small_is_refused_with_the_fix) {
   cr_assert_eq(job_validate(o, 3, 1, p.total, &c, &p), FSDP_OK, "%s", err_msg());
 }
 
+/* A cuda job left to its device's recompute (0 there) is admitted on a
+ * smaller device recomputing what makes it fit (plan_fit_recompute), and
+ * *out says the level it is admitted at; a level the spec sets is kept,
+ * and refused where it does not fit. */
+Test(job, a_cuda_jobs_default_recompute_is_raised_to_fit_the_smallest_device) {
+  const job_opt_t o[] = {DATA, {NULL, "model", "small"}, {NULL, "batch", "8"},
+                         {NULL, "device", "cuda"}, {NULL, "recompute", "0"}};
+  config_t c;
+  plan_t p0, p2, q;
+  cr_assert_eq(job_validate(o, 5, 1, 64ull << 30, &c, &p0), FSDP_OK, "%s", err_msg());
+  config_t k = c;
+  k.recompute = 2;
+  cr_assert_eq(plan_job(&k, 1, &p2), FSDP_OK);
+  cr_assert(p2.total < p0.total);
+  cr_assert_eq(job_validate(o, 4, 1, p2.total, &c, &q), FSDP_OK, "%s", err_msg());
+  cr_assert_eq(c.recompute, 2, "the default raised to fit");
+  cr_assert_eq(q.total, p2.total, "the plan at the level admitted");
+  cr_assert_eq(job_validate(o, 4, 1, 64ull << 30, &c, &q), FSDP_OK, "%s", err_msg());
+  cr_assert_eq(c.recompute, -1, "left to the device where it fits");
+  cr_assert_eq(q.total, p0.total);
+  cr_assert_eq(job_validate(o, 5, 1, p2.total, &c, &q), FSDP_ENOMEM, "the spec's own 0");
+  cr_assert(strstr(err_msg(), "recompute = 2"), "the fix is named: %s", err_msg());
+}
+
 /* ---- paths ---------------------------------------------------------------- */
 
 typedef struct {

@@ -98,13 +98,14 @@ Test(plan, a_job_that_does_not_fit_is_refused_with_the_fix) {
   free(data);
 }
 
-/* recompute = 2 (the default) plans 6 x C floats a token less per block
+/* recompute = 2 (cpu's default) plans 6 x C floats a token less per block
  * than 0; a job that fits only with it is told so first (the cheapest
  * change). */
 Test(plan, recompute_plans_less_and_is_the_first_advice) {
   char *data = tu_token_file("tokens.bin", 20000, 3, 256);
   config_t on = job(data, 0), off = on;
-  cr_assert_eq(on.recompute, 2, "GELU and the layernorms by default");
+  cr_assert_eq(on.recompute, -1, "by device by default");
+  cr_assert_eq(config_recompute(&on), 2, "GELU and the layernorms by default on cpu");
   off.recompute = 0;
   off.batch = on.batch = 64;
   plan_t p, q;
@@ -359,6 +360,52 @@ Test(plan, a_sharded_job_that_does_not_fit_gets_the_strategy_that_does) {
   free(data);
 }
 
+/* A cuda job recomputes nothing by default (config_recompute: a GPU's
+ * memory is the job's); where that plan does not fit, plan_fit_recompute
+ * takes the least level that does (1, then 2), and 2 where none does (the
+ * fit check then refuses it); a level the job sets, and a cpu job's
+ * default (2), are left alone. */
+Test(plan, a_cuda_jobs_default_recompute_rises_only_to_fit) {
+  char *data = tu_token_file("tokens.bin", 20000, 3, 256);
+  config_t c = job(data, 0);
+  cr_assert_eq(config_set(&c, "device", "cuda"), 0);
+  cr_assert_eq(config_finish(&c), 0, "%s", err_msg());
+  cr_assert_eq(config_recompute(&c), 0);
+  plan_t p[3];
+  for (int level = 0; level < 3; level++) {
+    config_t k = c;
+    k.recompute = level;
+    cr_assert_eq(plan_job(&k, 1, &p[level]), 0);
+  }
+  cr_assert(p[0].total > p[1].total && p[1].total > p[2].total, "%zu %zu %zu", p[0].total,
+            p[1].total, p[2].total);
+  config_t d = c;
+  plan_t q = p[0];
+  cr_assert_eq(plan_fit_recompute(&d, 1, &q, p[0].total), 0, "fits: nothing to do");
+  cr_assert_eq(d.recompute, -1);
+  /* each limit from the level's plan to one byte below the lower level's */
+  const size_t limits[][2] = {{p[1].total, 1}, {p[0].total - 1, 1}, {p[1].total - 1, 2},
+                              {p[2].total, 2}, {p[2].total - 1, 2}};
+  for (size_t i = 0; i < sizeof limits / sizeof limits[0]; i++) {
+    d = c, q = p[0];
+    cr_assert_eq(plan_fit_recompute(&d, 1, &q, limits[i][0]), 1);
+    cr_assert_eq(d.recompute, (int)limits[i][1], "limit %zu", limits[i][0]);
+    cr_assert(!memcmp(&q, &p[limits[i][1]], sizeof q), "the plan at the level taken");
+  }
+  cr_assert_eq(plan_check(&q, &d, p[2].total - 1), FSDP_ENOMEM, "none fits: refused");
+  d = c, q = p[0];
+  cr_assert_eq(config_set(&d, "recompute", "0"), 0);
+  cr_assert_eq(plan_fit_recompute(&d, 1, &q, p[1].total), 0, "the job's own level stays");
+  cr_assert_eq(d.recompute, 0);
+  cr_assert_eq(plan_fit_recompute(&d, 1, &q, 0), 0, "no limit");
+  config_t cpu = job(data, 0);
+  plan_t pc;
+  cr_assert_eq(plan_job(&cpu, 1, &pc), 0);
+  cr_assert_eq(plan_fit_recompute(&cpu, 1, &pc, pc.total - 1), 0, "cpu's default is 2 already");
+  cr_assert_eq(cpu.recompute, -1);
+  free(data);
+}
+
 /* A job that checkpoints asynchronously plans its snapshot (parameters, m
  * and v of the shard), and a run measures exactly that; when only the
  * snapshot does not fit, plan_fit_snapshot turns it off and the plan fits. */
@@ -420,6 +467,7 @@ static void cuda_attention_plan(int gemm) {
   char *data = tu_token_file("tokens.bin", 20000, 3, 256);
   config_t cpu = job(data, 0), gpu = cpu;
   cr_assert_eq(config_set(&gpu, "device", "cuda"), 0);
+  cr_assert_eq(config_set(&gpu, "recompute", "2"), 0); /* cpu's default; cuda's is 0 */
   cr_assert_eq(config_finish(&gpu), 0, "%s", err_msg());
   plan_t pc, pg;
   cr_assert_eq(plan_job(&cpu, 1, &pc), 0);
