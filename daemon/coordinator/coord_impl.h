@@ -196,7 +196,7 @@ struct coord {
   int n_sub, cap_sub;
   uv_check_t flush;         /* runs coord_submit_flush after each turn's callbacks */
   int nodes_changed;        /* a node registered or died since least_device was read */
-  uint64_t least_device;    /* the smallest device memory of the alive nodes */
+  uint64_t least_device[2]; /* the smallest device memory of the alive nodes, by kind (cpu, cuda) */
   uint64_t janitor_ms;      /* when coord_ckpt_janitor last ran */
   int unsettled;            /* an attempt's end failed to be stored: the tick settles again */
   uint64_t settled_ms;      /* when it last tried */

@@ -246,13 +246,18 @@ int coord_job_arg(coord_t *c, rpc_call_t *call, const char *id, store_job_t *j) 
 
 /* ---- user: jobs ------------------------------------------------------------- */
 
-/* A numeric option as the spec asks it: its last such option (a number,
- * already checked), else def. */
-static double coord_spec_number(const Fsdp__V1__JobSpec *s, const char *key, double def) {
-  double v = def;
+/* An option as the spec asks it: its last such option, else def. */
+static const char *coord_spec_value(const Fsdp__V1__JobSpec *s, const char *key, const char *def) {
+  const char *v = def;
   for (size_t i = 0; i < s->n_options; i++)
-    if (!strcmp(s->options[i]->key, key)) v = strtod(s->options[i]->value, NULL);
+    if (!strcmp(s->options[i]->key, key)) v = s->options[i]->value;
   return v;
+}
+
+/* A numeric option as the spec asks it (a number, already checked), else def. */
+static double coord_spec_number(const Fsdp__V1__JobSpec *s, const char *key, double def) {
+  const char *v = coord_spec_value(s, key, NULL);
+  return v ? strtod(v, NULL) : def;
 }
 
 /* An option admission set for the job's ranks to run as admitted (each
@@ -340,17 +345,26 @@ void coord_text_mend(char *s) {
   *w = 0;
 }
 
-/* The least memory of any device a job could land on (0: no device known). */
-static uint64_t coord_smallest_device(coord_t *c) {
-  if (!c->nodes_changed) return c->least_device; /* looked at again after a node came or went */
-  if (coord_pic_refresh(c)) return 0;
-  c->nodes_changed = 0;
-  uint64_t least = 0;
-  for (int i = 0; i < c->pic_n; i++)
-    for (int k = 0; c->pic[i].state == STORE_NODE_ALIVE && k < c->pic[i].n_devices; k++)
-      if (!least || c->pic[i].devices[k].memory_bytes < least)
-        least = c->pic[i].devices[k].memory_bytes;
-  return c->least_device = least;
+/* The least memory of any device a job of device kind ("cpu", "cuda") could
+ * land on (0: no such device known, or another kind: job_validate refuses
+ * it). A cuda job is planned against the GPUs, not the nodes' CPU devices. */
+static uint64_t coord_smallest_device(coord_t *c, const char *kind) {
+  _Static_assert(sizeof c->least_device / sizeof c->least_device[0] == STORE_DEV_cuda + 1,
+                 "one least device a kind");
+  if (c->nodes_changed) { /* looked at again after a node came or went */
+    if (coord_pic_refresh(c)) return 0;
+    c->nodes_changed = 0;
+    memset(c->least_device, 0, sizeof c->least_device);
+    for (int i = 0; i < c->pic_n; i++)
+      for (int k = 0; c->pic[i].state == STORE_NODE_ALIVE && k < c->pic[i].n_devices; k++) {
+        const store_device_t *d = &c->pic[i].devices[k];
+        uint64_t *least = &c->least_device[d->kind];
+        if (!*least || d->memory_bytes < *least) *least = d->memory_bytes;
+      }
+  }
+  for (int k = 0; k <= STORE_DEV_cuda; k++)
+    if (!strcmp(kind, store_dev_kind_name((store_dev_kind_t)k))) return c->least_device[k];
+  return 0;
 }
 
 static void coord_submit_cancel_cb(rpc_call_t *call, void *arg) {
@@ -429,7 +443,8 @@ static void coord_submit_cb(rpc_call_t *call, const ProtobufCMessage *req, void 
       goto fail;
     opts[i] = (job_opt_t){o->section, o->key, o->value};
   }
-  rc = job_validate(opts, (int)s->n_options, sub.world, coord_smallest_device(c), &cfg, &plan);
+  rc = job_validate(opts, (int)s->n_options, sub.world,
+                    coord_smallest_device(c, coord_spec_value(s, "device", "cpu")), &cfg, &plan);
   if (rc == FSDP_ENOMEM) rc = FSDP_EINVAL; /* does not fit: the spec is what must change */
   if (!rc && (plan.total == 0)) rc = plan_job(&cfg, sub.world, &plan);
   if (!rc) rc = job_paths_check(&cfg, (const char *const *)c->o.roots, c->o.nroots);

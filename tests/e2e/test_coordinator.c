@@ -436,6 +436,23 @@ Test(coordinator, a_job_larger_than_every_device_is_refused_with_the_plan_and_th
   cr_expect(strstr(err_msg(), "MiB"), "%s", err_msg());
 }
 
+/* A job is planned against the smallest device of its own kind: GPUs that
+ * hold a cuda job admit it beside CPU devices too small for it, which
+ * still refuse the same job on cpu. */
+Test(coordinator, a_job_is_planned_against_the_devices_of_its_kind) {
+  char d[600], id[32], v[16];
+  data_opt(d, sizeof d);
+  node_t cpus = {{0}, 0}, gpus = {{0}, 0};
+  node_register(&cpus, "cpus", 2, 4u << 20, NULL, 0); /* 4 MiB: too small for tiny */
+  node_register_kind(&gpus, "gpus", 2, 64ull << 30, "cuda", NULL, 0);
+  const char *on_cpu[] = {"model=tiny", d, NULL}, *on_gpu[] = {"model=tiny", d, "device=cuda", NULL};
+  cr_assert_eq(submit(2, on_cpu, id, sizeof id), FSDP_EINVAL);
+  cr_expect(strstr(err_msg(), "smallest device"), "%s", err_msg());
+  cr_assert_eq(submit(2, on_gpu, id, sizeof id), 0, "%s", err_msg());
+  job_option(id, "device", v, sizeof v);
+  cr_expect_str_eq(v, "cuda");
+}
+
 /* The node's next heartbeat assigns it ranks ranks, each told key = value
  * (its spec's last such option). */
 static void ranks_are_told(const node_t *n, size_t ranks, const char *key, const char *value) {
