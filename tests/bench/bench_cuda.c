@@ -110,7 +110,8 @@ static double peer_value(const char *out, const char *mode, const char *key) {
  * `bench_cuda --ops MODEL B T [PRECISION]`: every table op a step of MODEL
  * makes, timed alone on device buffers of its shapes (2 untimed calls, then
  * the mean of OPS_REPS, the stream drained around them), times how often a
- * step calls it; their sum against the step's measured time shows what the
+ * step calls it (GELU's and the layernorms' forwards as often as the job's
+ * recompute level, by device or FSDP_BENCH_RECOMPUTE, runs them); their sum against the step's measured time shows what the
  * step spends outside the ops (waits, launches, the collectives). Then the
  * products of the LM head and the MLP in each mode (bf16 packed, bf16 by
  * cuBLASLt's FAST_16BF, TF32, fp32), in TFLOP/s. */
@@ -184,13 +185,19 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
   snprintf(c.device, sizeof c.device, "cuda");
   snprintf(c.precision, sizeof c.precision, "%s", prec);
   c.batch = B, c.seq_len = T, c.eval_every = 0, c.eval_fraction = 0;
-  if (bench_env_int("FSDP_BENCH_LOGITS_MIB", 1, 4096, &c.logits_chunk_mib)) return 2;
+  if (bench_env_int("FSDP_BENCH_LOGITS_MIB", 1, 4096, &c.logits_chunk_mib) ||
+      bench_env_int("FSDP_BENCH_RECOMPUTE", 0, 2, &c.recompute))
+    return 2;
   if (config_resolve(&c)) {
     fprintf(stderr, "bench_cuda: %s\n", err_msg());
     return 2;
   }
   const gpt_config_t *g = &c.gpt;
   const int C = g->channels, NH = g->heads, V = g->vocab, L = g->layers;
+  /* a step's GELU and layernorm forwards: once a block, again in backward
+   * where the job recomputes them (config_recompute) */
+  const int rc_lvl = config_recompute(&c), n_gelu = L * (rc_lvl >= 1 ? 2 : 1),
+            n_ln = 2 * L + 1 + (rc_lvl >= 2 ? 2 * L : 0);
   const int ldv = gpt_config_logits_ld(g); /* the logits' padded rows, as the model has them */
   const size_t N = (size_t)B * T, P = gpt_config_num_params(g);
   char msg[512];
@@ -235,10 +242,10 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
   snprintf(sh, sizeof sh, "N=%zu,C=%d", N, C);
   OPS_TIME("encoder_fwd", sh, 1, K->encoder_fwd(x, tok, wte, wpe, B, T, C));
   OPS_TIME("encoder_bwd", sh, 1, K->encoder_bwd(dwte, dwpe, x, tok, B, T, C));
-  OPS_TIME("layernorm_fwd", sh, a16 ? 0 : 2 * L + 1,
+  OPS_TIME("layernorm_fwd", sh, a16 ? 0 : n_ln,
            K->layernorm_fwd(y, mean, rstd, x, w, bias, (int)N, C));
   if (a16)
-    OPS_TIME("layernorm_fwd_bf16", sh, 2 * L + 1,
+    OPS_TIME("layernorm_fwd_bf16", sh, n_ln,
              K->layernorm_fwd_bf16(y16, mean, rstd, x, w, bias, (int)N, C));
   OPS_TIME("layernorm_bwd", sh, 2 * L + 1,
            K->layernorm_bwd(z, dw, dbias, x, y, w, mean, rstd, (int)N, C));
@@ -299,9 +306,10 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
              K->attention_bwd_bf16(z, scratch, y, x16, y, att, B, T, C, NH, 0));
   }
   snprintf(sh, sizeof sh, "n=%zu", N * 4 * C);
-  OPS_TIME("gelu_fwd", sh, a16 ? 0 : L, K->gelu_fwd(y, x, N * 4 * C));
-  if (a16) OPS_TIME("gelu_fwd_bf16", sh, h16 ? 0 : L, K->gelu_fwd_bf16(y16, x, N * 4 * C));
-  if (h16) OPS_TIME("gelu_fwd_bf16in", sh, L, K->gelu_fwd_bf16in(y16, x16, bias, (int)N, 4 * C));
+  OPS_TIME("gelu_fwd", sh, a16 ? 0 : n_gelu, K->gelu_fwd(y, x, N * 4 * C));
+  if (a16) OPS_TIME("gelu_fwd_bf16", sh, h16 ? 0 : n_gelu, K->gelu_fwd_bf16(y16, x, N * 4 * C));
+  if (h16)
+    OPS_TIME("gelu_fwd_bf16in", sh, n_gelu, K->gelu_fwd_bf16in(y16, x16, bias, (int)N, 4 * C));
   const int g16 = a16 && K->gelu_bwd_bf16;
   OPS_TIME("gelu_bwd", sh, g16 ? 0 : L, K->gelu_bwd(z, x, y, N * 4 * C, 0));
   if (g16)
