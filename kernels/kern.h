@@ -234,9 +234,13 @@ typedef struct kern_backend {
   int (*attention_bf16_fits)(int C, int NH);
   void (*attention_fwd_bf16)(float *out, float *att, float *scratch, const float *qkv,
                              uint16_t *qkv16, int B, int T, int C, int NH);
+  /* attention_bwd_bf16's dout in fp32, or in bf16 (dout16, as
+   * matmul_bwd_dinp16 writes it): one of the two, the other NULL; fp32 dout
+   * gives the same values as dout16 = its rounding (the kernels read
+   * dout rounded, D = dout . out too) */
   void (*attention_bwd_bf16)(float *dqkv, float *scratch, const float *dout,
-                             const uint16_t *qkv16, const float *out, const float *att, int B,
-                             int T, int C, int NH, int acc);
+                             const uint16_t *dout16, const uint16_t *qkv16, const float *out,
+                             const float *att, int B, int T, int C, int NH, int acc);
   /* Floats of the scratch the two above take: attention_scratch's, less
    * what a copy of qkv took there (the caller's qkv16 is it). Where
    * attention_bf16_fits. */
@@ -271,8 +275,21 @@ typedef struct kern_backend {
    * dbias its bits). Optional beside gelu_bwd_bf16 and the bf16 logits'
    * product, both or neither. */
   void (*gelu_fwd_bf16in)(uint16_t *out, const uint16_t *inp, const float *bias, int N, int C);
+  /* dout in fp32, or in bf16 (dout16, dense, 8-byte aligned: as
+   * matmul_bwd_dinp16 writes it): one of the two, the other NULL */
   void (*gelu_bwd_bf16in)(uint16_t *dinp16, float *dbias, const uint16_t *inp, const float *bias,
-                          const float *dout, int N, int C);
+                          const float *dout, const uint16_t *dout16, int N, int C);
+  /* matmul_bwd (acc 0) in the bf16 mode with dinp in bf16, as autocast
+   * keeps a product's output: each element of dinp16 (N, IC; IC a multiple
+   * of 8, 16-byte aligned) its fp32 sum over all OC rounded once (nearest
+   * even), for an op that reads it rounded (attention_bwd_bf16's dout16,
+   * gelu_bwd_bf16in's): half the bytes written and read, a launch less.
+   * dw and dbias as matmul_bwd_bf16's, bit for bit; inp in fp32 (inp) or
+   * bf16 (inp16, IC-wide rows), one of the two; dout fp32 (N, OC), dense.
+   * Optional. */
+  void (*matmul_bwd_dinp16)(uint16_t *dinp16, float *dw, float *dbias, const float *dout,
+                            const float *inp, const uint16_t *inp16, const float *w, int N, int IC,
+                            int OC);
 } kern_backend_t;
 
 /* The x86-64 levels the CPU kernels are built for, numbered as the psABI's

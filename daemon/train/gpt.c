@@ -140,11 +140,12 @@ struct gpt {
   /* backward scratch */
   float *dres;            /* (N,C) gradient of the residual stream */
   float *dln;             /* (N,C) gradient of a layernorm output */
-  float *dbig1;           /* (N,4C) dfch_gelu, then dqkv; a layernorm's output while
-                           * it is used, when no block keeps it */
+  float *dbig1;           /* (N,4C) dfch_gelu (bf16 where matmul_bwd_dinp16 makes it),
+                           * then dqkv; a layernorm's output while it is used, when no
+                           * block keeps it */
   float *dbig2;           /* (N,4C) dfch (bf16 where gelu_bwd_bf16(in) makes it), then
-                           * datty; GELU's output and (backward) ln1's while used,
-                           * when no block keeps them */
+                           * datty (bf16 likewise); GELU's output and (backward) ln1's
+                           * while used, when no block keeps them */
   float *att_scratch;
   int have_targets;       /* the logits hold: 0 logits (a forward without targets), 1
                            * probabilities, 2 dlogits (forward_train), 3 dlogits backward
@@ -627,14 +628,22 @@ static void gpt_layer_bwd(gpt_t *g, int l, float *P, float *G, const float *res_
     gl = g->dbig2;
   }
   /* each activation gradient below is written whole by its first op (acc 0:
-   * kern.h), so none is zeroed first */
-  gpt_act_matmul_bwd(g, dfch_gelu, d.fcprojw, d.fcprojb, g->dres, gl, p.fcprojw, (int)N, 4 * C, C,
-                     C, 0);
+   * kern.h), so none is zeroed first. GELU's output gradient in bf16 where
+   * the backend writes it so for its bf16 GELU (kern.h's matmul_bwd_dinp16,
+   * as autocast keeps it: read rounded there anyway by nothing else) */
+  const int dgelu16 = g->fch16 && be->matmul_bwd_dinp16;
+  if (dgelu16)
+    be->matmul_bwd_dinp16((uint16_t *)dfch_gelu, d.fcprojw, d.fcprojb, g->dres, NULL,
+                          (const uint16_t *)gl, p.fcprojw, (int)N, 4 * C, C);
+  else
+    gpt_act_matmul_bwd(g, dfch_gelu, d.fcprojw, d.fcprojb, g->dres, gl, p.fcprojw, (int)N, 4 * C,
+                       C, C, 0);
   /* dfch in bf16 where the backend makes it so (kern.h's gelu_bwd_bf16: the
    * operand the fc product packs, its dbias summed on the way) */
   const int dfch16 = g->fch16 || (g->acts16 && be->gelu_bwd_bf16);
   if (g->fch16)
-    be->gelu_bwd_bf16in((uint16_t *)dfch, d.fcb, (const uint16_t *)a->fch, p.fcb, dfch_gelu,
+    be->gelu_bwd_bf16in((uint16_t *)dfch, d.fcb, (const uint16_t *)a->fch, p.fcb,
+                        dgelu16 ? NULL : dfch_gelu, dgelu16 ? (const uint16_t *)dfch_gelu : NULL,
                         (int)N, 4 * C);
   else if (dfch16)
     be->gelu_bwd_bf16((uint16_t *)dfch, d.fcb, a->fch, dfch_gelu, (int)N, 4 * C);
@@ -653,11 +662,20 @@ static void gpt_layer_bwd(gpt_t *g, int l, float *P, float *G, const float *res_
   /* the skip path already put d(res3) in dres: adding the norm's gives d(res2) */
   be->layernorm_bwd(g->dres, d.ln2w, d.ln2b, g->dln, a->res2, p.ln2w, a->ln2_mean, a->ln2_rstd,
                     (int)N, C);
+  /* the attention's output gradient in bf16 where the backend writes it so
+   * for the tensor-core attention, which reads it rounded (kern.h) */
   float *datty = g->dbig2, *dqkv = g->dbig1;
-  be->matmul_bwd(datty, d.attprojw, d.attprojb, g->dres, a->atty, p.attprojw, (int)N, C, C, C, 0);
+  const int datt16 = g->qkv16 && be->matmul_bwd_dinp16;
+  if (datt16)
+    be->matmul_bwd_dinp16((uint16_t *)datty, d.attprojw, d.attprojb, g->dres, a->atty, NULL,
+                          p.attprojw, (int)N, C, C);
+  else
+    be->matmul_bwd(datty, d.attprojw, d.attprojb, g->dres, a->atty, p.attprojw, (int)N, C, C, C,
+                   0);
   if (g->qkv16)
-    be->attention_bwd_bf16(dqkv, g->att_scratch, datty, (const uint16_t *)a->qkv, a->atty, a->att,
-                           B, T, C, NH, 0);
+    be->attention_bwd_bf16(dqkv, g->att_scratch, datt16 ? NULL : datty,
+                           datt16 ? (const uint16_t *)datty : NULL, (const uint16_t *)a->qkv,
+                           a->atty, a->att, B, T, C, NH, 0);
   else
     be->attention_bwd(dqkv, g->att_scratch, datty, a->qkv, a->atty, a->att, B, T, C, NH, 0);
   const float *l1 = a->ln1;

@@ -432,7 +432,7 @@ extern "C" void kern_cuda_attention_bwd(float *dqkv, float *scratch, const float
   /* the tensor-core kernels write dqkv without acc (each element once); the
    * others accumulate, into zeros then */
   if (attn_fused(C, NH) && attn_tc() &&
-      kern_cuda_attention_tc_bwd(dqkv, scratch, dout, qkv, NULL, out, att, B, T, C, NH, acc))
+      kern_cuda_attention_tc_bwd(dqkv, scratch, dout, NULL, qkv, NULL, out, att, B, T, C, NH, acc))
     return;
   if (!acc)
     KERN_CUDA_CHECK(cudaMemsetAsync(dqkv, 0, (size_t)B * T * 3 * C * sizeof(float), kern_cuda_st.stream));
@@ -484,11 +484,11 @@ extern "C" void kern_cuda_attention_fwd_bf16(float *out, float *att, float *scra
 }
 
 extern "C" void kern_cuda_attention_bwd_bf16(float *dqkv, float *scratch, const float *dout,
-                                             const uint16_t *qkv16, const float *out,
-                                             const float *att, int B, int T, int C, int NH,
-                                             int acc) {
+                                             const uint16_t *dout16, const uint16_t *qkv16,
+                                             const float *out, const float *att, int B, int T,
+                                             int C, int NH, int acc) {
   if (B <= 0 || T <= 0) return;
-  KERN_CUDA_ASSERT(kern_cuda_attention_bf16_fits(C, NH) &&
-                   kern_cuda_attention_tc_bwd(dqkv, scratch, dout, NULL, qkv16, out, att, B, T, C,
-                                              NH, acc));
+  KERN_CUDA_ASSERT(!dout != !dout16 && kern_cuda_attention_bf16_fits(C, NH) &&
+                   kern_cuda_attention_tc_bwd(dqkv, scratch, dout, dout16, NULL, qkv16, out, att,
+                                              B, T, C, NH, acc));
 }

@@ -577,13 +577,14 @@ __device__ __forceinline__ static void tc_dq_tile(float (*dq)[4], const uint32_t
   }
 }
 
-/* Backward, query pass: D = dout . out of each row into Dg (B, NH, T), and
- * dq += scale * dS k over the key tiles. */
+/* Backward, query pass: D = dout . out of each row into Dg (B, NH, T), from
+ * the bf16 dout the products take (so that D is the row sum of P dP their
+ * dP makes, as FlashAttention's), and dq += scale * dS k over the key
+ * tiles. */
 template <int HS>
 __global__ static void __launch_bounds__(TC_DQ_WARPS * 32, HS <= 64 ? 3 : 1) /* 3: 168 registers */
-    tc_bwd_dq_kernel(float *dqkv, float *Dg, const float *dout, const uint16_t *dout16,
-                     const uint16_t *qkv, const float *out, const float *lse, int T, int C, float scale,
-                     int acc) {
+    tc_bwd_dq_kernel(float *dqkv, float *Dg, const uint16_t *dout16, const uint16_t *qkv,
+                     const float *out, const float *lse, int T, int C, float scale, int acc) {
   extern __shared__ __align__(128) unsigned char tc_smem[];
   constexpr int MT = tc_dq_mt<HS>(), R = 16 * MT; /* a warp's rows */
   constexpr int OWN = tc_dq_rows<HS>(), NTH = 32 * TC_DQ_WARPS;
@@ -594,9 +595,9 @@ __global__ static void __launch_bounds__(TC_DQ_WARPS * 32, HS <= 64 ? 3 : 1) /* 
   const int w0 = threadIdx.x / 32 * R, lane = threadIdx.x % 32, g = lane / 4;
   const int64_t C3 = 3 * (int64_t)C;
   const uint16_t *base = qkv + (int64_t)b * T * C3 + (int64_t)h * HS;
-  const float *dbase = dout + (int64_t)b * T * C + (int64_t)h * HS; /* D's: fp32 */
+  const uint16_t *dbase = dout16 + (int64_t)b * T * C + (int64_t)h * HS;
   tc_stage<HS, OWN, NTH>(Qs, base, C3, q0, T);
-  tc_stage<HS, OWN, NTH>(dOs, dout16 + (int64_t)b * T * C + (int64_t)h * HS, C, q0, T);
+  tc_stage<HS, OWN, NTH>(dOs, dbase, C, q0, T);
   tc_stage<HS, TC_ROWS, NTH>(KV, base + C, C3, 0, T);
   tc_stage<HS, TC_ROWS, NTH>(KV + TILE, base + 2 * C, C3, 0, T);
   tc_cp_commit(); /* copied while D is computed */
@@ -609,9 +610,10 @@ __global__ static void __launch_bounds__(TC_DQ_WARPS * 32, HS <= 64 ? 3 : 1) /* 
       const int i = q0 + w0 + r16 + r;
       d[r] = 0.0f;
       if (i >= T) continue;
-      const float *orow = out + ((int64_t)b * T + i) * C + (int64_t)h * HS, *drow = dbase + (int64_t)i * C;
+      const float *orow = out + ((int64_t)b * T + i) * C + (int64_t)h * HS;
+      const uint16_t *drow = dbase + (int64_t)i * C;
 #pragma unroll
-      for (int c = lane; c < HS; c += 32) d[r] += drow[c] * orow[c];
+      for (int c = lane; c < HS; c += 32) d[r] += kern_bf16_to_f32(drow[c]) * orow[c];
     }
 #pragma unroll
     for (int r = 0; r < 16; r++) {
@@ -800,11 +802,12 @@ static int tc_fwd(float *out, float *lse, float *scratch, const float *qkv, uint
 }
 
 /* qkv16: qkv in bf16 as forward rounded it (the caller's), or NULL: qkv
- * is rounded into the scratch's copy. */
+ * is rounded into the scratch's copy; dout in bf16 (the caller's dout16),
+ * or NULL: dout rounded into the scratch's copy. */
 template <int HS>
-static int tc_bwd(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                  const uint16_t *qkv16, const float *out, const float *lse, int B, int T, int C,
-                  int NH, int acc) {
+static int tc_bwd(float *dqkv, float *scratch, const float *dout, const uint16_t *dout16_in,
+                  const float *qkv, const uint16_t *qkv16, const float *out, const float *lse,
+                  int B, int T, int C, int NH, int acc) {
   if (tc_dq_smem<HS>() > kern_cuda_st.smem_optin || tc_dkv_smem<HS>() > kern_cuda_st.smem_optin)
     return 0;
   static int asked_dq, asked_dkv;
@@ -818,10 +821,11 @@ static int tc_bwd(float *dqkv, float *scratch, const float *dout, const float *q
     kern_cuda_f32_to_bf16(copy, qkv, (size_t)B * T * 3 * C);
     qkv16 = copy;
   }
-  kern_cuda_f32_to_bf16(dout16, dout, (size_t)B * T * C);
+  if (dout16_in) dout16 = (uint16_t *)dout16_in;
+  else kern_cuda_f32_to_bf16(dout16, dout, (size_t)B * T * C);
   tc_bwd_dq_kernel<HS><<<tc_grid(B, T, NH, tc_dq_rows<HS>()), TC_DQ_WARPS * 32, tc_dq_smem<HS>(),
                          kern_cuda_st.stream>>>(
-      dqkv, D, dout, dout16, qkv16, out, lse, T, C, scale, acc);
+      dqkv, D, dout16, qkv16, out, lse, T, C, scale, acc);
   KERN_CUDA_LAUNCHED();
   tc_bwd_dkv_kernel<HS><<<tc_grid(B, T, NH, 16 * TC_DKV_WARPS), TC_DKV_WARPS * 32, tc_dkv_smem<HS>(),
                           kern_cuda_st.stream>>>(
@@ -841,14 +845,16 @@ int kern_cuda_attention_tc_fwd(float *out, float *lse, float *scratch, const flo
   }
 }
 
-int kern_cuda_attention_tc_bwd(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                               const uint16_t *qkv16, const float *out, const float *lse, int B,
-                               int T, int C, int NH, int acc) {
+int kern_cuda_attention_tc_bwd(float *dqkv, float *scratch, const float *dout,
+                               const uint16_t *dout16, const float *qkv, const uint16_t *qkv16,
+                               const float *out, const float *lse, int B, int T, int C, int NH,
+                               int acc) {
   switch (C / NH) {
-  case 16: return tc_bwd<16>(dqkv, scratch, dout, qkv, qkv16, out, lse, B, T, C, NH, acc);
-  case 32: return tc_bwd<32>(dqkv, scratch, dout, qkv, qkv16, out, lse, B, T, C, NH, acc);
-  case 64: return tc_bwd<64>(dqkv, scratch, dout, qkv, qkv16, out, lse, B, T, C, NH, acc);
-  case 128: return tc_bwd<128>(dqkv, scratch, dout, qkv, qkv16, out, lse, B, T, C, NH, acc);
+  case 16: return tc_bwd<16>(dqkv, scratch, dout, dout16, qkv, qkv16, out, lse, B, T, C, NH, acc);
+  case 32: return tc_bwd<32>(dqkv, scratch, dout, dout16, qkv, qkv16, out, lse, B, T, C, NH, acc);
+  case 64: return tc_bwd<64>(dqkv, scratch, dout, dout16, qkv, qkv16, out, lse, B, T, C, NH, acc);
+  case 128:
+    return tc_bwd<128>(dqkv, scratch, dout, dout16, qkv, qkv16, out, lse, B, T, C, NH, acc);
   default: return 0;
   }
 }

@@ -277,6 +277,7 @@ static const kern_backend_t kern_cuda_table = {
     .crossentropy_fwd_bwd_bf16in = NULL,
     .gelu_fwd_bf16in = NULL,
     .gelu_bwd_bf16in = NULL,
+    .matmul_bwd_dinp16 = NULL,
 };
 
 /* The table of a bf16 job whose products pack their operands (not
@@ -297,6 +298,7 @@ static kern_backend_t kern_cuda_with_bf16_acts(kern_backend_t t) {
   t.crossentropy_fwd_bwd_bf16in = kern_cuda_crossentropy_fwd_bwd_bf16in;
   t.gelu_fwd_bf16in = kern_cuda_gelu_fwd_bf16in;
   t.gelu_bwd_bf16in = kern_cuda_gelu_bwd_bf16in;
+  t.matmul_bwd_dinp16 = kern_cuda_matmul_bwd_dinp16;
   return t;
 }
 static const kern_backend_t kern_cuda_table_bf16 = kern_cuda_with_bf16_acts(kern_cuda_table);

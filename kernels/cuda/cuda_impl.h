@@ -366,9 +366,10 @@ __device__ __forceinline__ void kern_cuda_pack_colsum(uint16_t *dst, int64_t dld
  * unused), or NULL: the scratch's copy. */
 int kern_cuda_attention_tc_fwd(float *out, float *lse, float *scratch, const float *qkv,
                                uint16_t *qkv16, int B, int T, int C, int NH);
-int kern_cuda_attention_tc_bwd(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                               const uint16_t *qkv16, const float *out, const float *lse, int B,
-                               int T, int C, int NH, int acc);
+int kern_cuda_attention_tc_bwd(float *dqkv, float *scratch, const float *dout,
+                               const uint16_t *dout16, const float *qkv, const uint16_t *qkv16,
+                               const float *out, const float *lse, int B, int T, int C, int NH,
+                               int acc);
 
 /* ---- double sums in a fixed order (sumsq.cu) --------------------------------
  * sum of x[i] (square 0) or x[i]^2 (square 1), in double; waits for the
@@ -428,12 +429,16 @@ void kern_cuda_gelu_bwd_bf16(uint16_t *dinp16, float *dbias, const float *inp, c
                              int N, int C);
 void kern_cuda_gelu_fwd_bf16in(uint16_t *out, const uint16_t *inp, const float *bias, int N, int C);
 void kern_cuda_gelu_bwd_bf16in(uint16_t *dinp16, float *dbias, const uint16_t *inp,
-                               const float *bias, const float *dout, int N, int C);
+                               const float *bias, const float *dout, const uint16_t *dout16, int N,
+                               int C);
 void kern_cuda_matmul_fwd_bf16(float *out, const uint16_t *inp, const float *w, const float *bias,
                                int N, int IC, int OC, int ldo);
 void kern_cuda_matmul_bwd_bf16(float *dinp, float *dw, float *dbias, const float *dout,
                                const uint16_t *dout16, const uint16_t *inp, const float *w, int N,
                                int IC, int OC, int ldo, int acc);
+void kern_cuda_matmul_bwd_dinp16(uint16_t *dinp16, float *dw, float *dbias, const float *dout,
+                                 const float *inp, const uint16_t *inp16, const float *w, int N,
+                                 int IC, int OC);
 void kern_cuda_crossentropy_fwd_bwd_bf16(float *losses, float *logits, const int32_t *targets,
                                          float dloss, int N, int V, int ld);
 void kern_cuda_matmul_fwd_bf16_out16(uint16_t *out, const uint16_t *inp, const float *w, int N,
@@ -446,8 +451,8 @@ size_t kern_cuda_attention_scratch_bf16(int B, int T, int C, int NH);
 void kern_cuda_attention_fwd_bf16(float *out, float *att, float *scratch, const float *qkv,
                                   uint16_t *qkv16, int B, int T, int C, int NH);
 void kern_cuda_attention_bwd_bf16(float *dqkv, float *scratch, const float *dout,
-                                  const uint16_t *qkv16, const float *out, const float *att, int B,
-                                  int T, int C, int NH, int acc);
+                                  const uint16_t *dout16, const uint16_t *qkv16, const float *out,
+                                  const float *att, int B, int T, int C, int NH, int acc);
 }
 
 #endif

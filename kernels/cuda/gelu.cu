@@ -113,13 +113,14 @@ __global__ static void gelu_fwd_bf16in_kernel(uint16_t *__restrict__ out,
  * its runs' column sums (kern_cuda_pack_colsum): the bytes
  * matmul_bwd_bf16's packing of the fp32 dinp, and its dbias's first stage,
  * would give; the fp32 dinp is never written (nor read back). GELU's input
- * is inp's fp32 (IN16 false) or inp's bf16 plus the bias's column (IN16). */
-template <bool IN16>
+ * is inp's fp32 (IN16 false) or inp's bf16 plus the bias's column (IN16);
+ * dout is fp32 (D16 false) or bf16 (D16). */
+template <bool IN16, bool D16>
 __global__ static void __launch_bounds__(KERN_PACK_COLSUM_THREADS)
     gelu_bwd_bf16_kernel(uint16_t *dinp16, float *partial, const void *inp, const float *bias,
-                         const float *dout, int64_t ld, int rows, int cols, bool wide, bool st8) {
-  const float *x32 = (const float *)inp;
-  const uint16_t *x16 = (const uint16_t *)inp;
+                         const void *dout, int64_t ld, int rows, int cols, bool wide, bool st8) {
+  const float *x32 = (const float *)inp, *d32 = (const float *)dout;
+  const uint16_t *x16 = (const uint16_t *)inp, *d16 = (const uint16_t *)dout;
   kern_cuda_pack_colsum(
       dinp16, ld, partial, rows, cols, wide, st8,
       [&](int64_t n, int j) {
@@ -131,13 +132,20 @@ __global__ static void __launch_bounds__(KERN_PACK_COLSUM_THREADS)
         } else {
           x = kern_cuda_load_f32x4(x32 + n * ld + j);
         }
-        const float4 d = kern_cuda_load_f32x4(dout + n * ld + j);
+        float4 d;
+        if constexpr (D16) {
+          const uint2 h = kern_cuda_load_u16x4(d16 + n * ld + j);
+          const float2 a = kern_cuda_f32x2(h.x), b = kern_cuda_f32x2(h.y);
+          d = make_float4(a.x, a.y, b.x, b.y);
+        } else {
+          d = kern_cuda_load_f32x4(d32 + n * ld + j);
+        }
         return make_float4(kern_gelu_grad(x.x) * d.x, kern_gelu_grad(x.y) * d.y,
                            kern_gelu_grad(x.z) * d.z, kern_gelu_grad(x.w) * d.w);
       },
       [&](int64_t n, int j) {
         const float x = IN16 ? kern_bf16_to_f32(x16[n * ld + j]) + bias[j] : x32[n * ld + j];
-        return kern_gelu_grad(x) * dout[n * ld + j];
+        return kern_gelu_grad(x) * (D16 ? kern_bf16_to_f32(d16[n * ld + j]) : d32[n * ld + j]);
       });
 }
 
@@ -180,29 +188,36 @@ extern "C" void kern_cuda_gelu_bwd(float *dinp, const float *inp, const float *d
 
 /* The runs' sums go through the packing buffers as kern_cuda_colsum's do, a
  * slice of columns at a time, each slice's added to dbias in row order
- * (kern_cuda_colsum_add): colsum's bits. inp: fp32 (bias NULL) or bf16. */
+ * (kern_cuda_colsum_add): colsum's bits. inp: fp32 (bias NULL) or bf16;
+ * dout: fp32 (dout) or bf16 (dout16, with a bf16 inp). */
 static void gelu_bwd_bf16_any(uint16_t *dinp16, float *dbias, const void *inp, const float *bias,
-                              const float *dout, int N, int C) {
-  KERN_CUDA_ASSERT(kern_cuda_st.bf16 && !kern_cuda_st.fast16bf);
+                              const float *dout, const uint16_t *dout16, int N, int C) {
+  KERN_CUDA_ASSERT(kern_cuda_st.bf16 && !kern_cuda_st.fast16bf && !dout != !dout16 &&
+                   (!dout16 || bias));
   if (N <= 0 || C <= 0) return;
   const int runs = (N + KERN_COLSUM_ROWS - 1) / KERN_COLSUM_ROWS;
   const int cs = kern_cuda_colsum_slice(runs, 1, C);
   const size_t es = bias ? sizeof(uint16_t) : sizeof(float); /* inp's element */
+  const size_t ds = dout16 ? sizeof(uint16_t) : sizeof(float); /* dout's */
   float *partial = (float *)kern_cuda_st.pack;
   for (int c0 = 0; c0 < C; c0 += cs) {
     const int n = C - c0 < cs ? C - c0 : cs;
     const void *x = (const char *)inp + (size_t)c0 * es;
-    /* 4 columns at once: 8 bytes of a bf16 inp, 16 of fp32 dout */
+    const void *dy = dout16 ? (const void *)(dout16 + c0) : (const void *)(dout + c0);
+    /* 4 columns at once: 8 bytes of bf16, 16 of fp32 */
     const bool wide = C % 4 == 0 && !((uintptr_t)x & (4 * es - 1)) &&
-                      kern_cuda_aligned16(dout + c0);
+                      !((uintptr_t)dy & (4 * ds - 1));
     const bool st8 = C % 4 == 0 && !((uintptr_t)(dinp16 + c0) & 7);
     const dim3 grid = kern_cuda_pack_colsum_grid(N, n);
-    if (bias)
-      gelu_bwd_bf16_kernel<true><<<grid, KERN_PACK_COLSUM_THREADS, 0, kern_cuda_st.stream>>>(
-          dinp16 + c0, partial, x, bias + c0, dout + c0, C, N, n, wide, st8);
+    if (dout16)
+      gelu_bwd_bf16_kernel<true, true><<<grid, KERN_PACK_COLSUM_THREADS, 0, kern_cuda_st.stream>>>(
+          dinp16 + c0, partial, x, bias + c0, dy, C, N, n, wide, st8);
+    else if (bias)
+      gelu_bwd_bf16_kernel<true, false><<<grid, KERN_PACK_COLSUM_THREADS, 0, kern_cuda_st.stream>>>(
+          dinp16 + c0, partial, x, bias + c0, dy, C, N, n, wide, st8);
     else
-      gelu_bwd_bf16_kernel<false><<<grid, KERN_PACK_COLSUM_THREADS, 0, kern_cuda_st.stream>>>(
-          dinp16 + c0, partial, x, (const float *)NULL, dout + c0, C, N, n, wide, st8);
+      gelu_bwd_bf16_kernel<false, false><<<grid, KERN_PACK_COLSUM_THREADS, 0, kern_cuda_st.stream>>>(
+          dinp16 + c0, partial, x, (const float *)NULL, dy, C, N, n, wide, st8);
     KERN_CUDA_LAUNCHED();
     kern_cuda_colsum_add(dbias + c0, partial, runs, n);
   }
@@ -210,13 +225,14 @@ static void gelu_bwd_bf16_any(uint16_t *dinp16, float *dbias, const void *inp, c
 
 extern "C" void kern_cuda_gelu_bwd_bf16(uint16_t *dinp16, float *dbias, const float *inp,
                                         const float *dout, int N, int C) {
-  gelu_bwd_bf16_any(dinp16, dbias, inp, NULL, dout, N, C);
+  gelu_bwd_bf16_any(dinp16, dbias, inp, NULL, dout, NULL, N, C);
 }
 
 extern "C" void kern_cuda_gelu_bwd_bf16in(uint16_t *dinp16, float *dbias, const uint16_t *inp,
-                                          const float *bias, const float *dout, int N, int C) {
+                                          const float *bias, const float *dout,
+                                          const uint16_t *dout16, int N, int C) {
   KERN_CUDA_ASSERT(bias != NULL);
-  gelu_bwd_bf16_any(dinp16, dbias, inp, bias, dout, N, C);
+  gelu_bwd_bf16_any(dinp16, dbias, inp, bias, dout, dout16, N, C);
 }
 
 extern "C" void kern_cuda_gelu_fwd_bf16in(uint16_t *out, const uint16_t *inp, const float *bias,

@@ -528,8 +528,9 @@ extern "C" void kern_cuda_matmul_fwd(float *out, const float *inp, const float *
 
 /* The blocks (mr, kc) for a joint backward of these shapes; 0 when none fit.
  * inp16: inp came in bf16, so the second buffer holds w's block alone;
- * dout16: dout came in bf16, so the first buffer holds nothing. */
-static int gemm_bwd_blocks(int N, int IC, int OC, int inp16, int dout16, int *mr_out,
+ * dout16: dout came in bf16, so the first buffer holds nothing; whole: kc
+ * must be all OC (a bf16 dinp, each element's sum rounded once). */
+static int gemm_bwd_blocks(int N, int IC, int OC, int inp16, int dout16, int whole, int *mr_out,
                            int *kc_out) {
   const int64_t cap = (int64_t)KERN_CUDA_SIZE_PACK_ELEMS, ic8 = pad8(IC);
   const int min_r = N < 256 ? N : 256, min_c = OC < 256 ? OC : 256;
@@ -547,7 +548,7 @@ static int gemm_bwd_blocks(int N, int IC, int OC, int inp16, int dout16, int *mr
       const int64_t nc = (OC + kc - 1) / kc, even = pad8((OC + nc - 1) / nc);
       if (even < kc) kc = even;
     }
-    if (mr >= min_r && kc >= min_c) {
+    if (mr >= min_r && kc >= min_c && (!whole || kc >= OC)) {
       /* per block of rows: w packed (6 bytes an element) and read by its
        * products (2), dw read and written (8); per block of columns: inp's
        * packed block read (2), dinp read and written (8) */
@@ -562,12 +563,15 @@ static int gemm_bwd_blocks(int N, int IC, int OC, int inp16, int dout16, int *mr
 
 /* dbias (when set; dout in fp32) is summed as dout's blocks are packed
  * (gemm_pack_colsum, its runs added block by block of rows: colsum's order)
- * where a block's runs fit their buffer, else by kern_cuda_colsum first. */
-static int gemm_bwd_joint(float *dinp, float *dw, float *dbias, const gemm_operand_t *dout,
-                          const gemm_operand_t *inp, const float *w, int N, int IC, int OC,
-                          int acc) {
+ * where a block's runs fit their buffer, else by kern_cuda_colsum first.
+ * dinp of type dcd: fp32, or bf16 (one block of all OC columns, acc 0). */
+static int gemm_bwd_joint(void *dinp, cudaDataType_t dcd, float *dw, float *dbias,
+                          const gemm_operand_t *dout, const gemm_operand_t *inp, const float *w,
+                          int N, int IC, int OC, int acc) {
   int mr = 0, kc = 0;
-  if (!gemm_bwd_blocks(N, IC, OC, inp->x16 != NULL, dout->x16 != NULL, &mr, &kc)) return 0;
+  if (!gemm_bwd_blocks(N, IC, OC, inp->x16 != NULL, dout->x16 != NULL, dcd != CUDA_R_32F, &mr,
+                       &kc))
+    return 0;
   const int fused = dbias && dout->x &&
                     (size_t)(mr + KERN_COLSUM_ROWS - 1) / KERN_COLSUM_ROWS * (size_t)kc <=
                         KERN_CUDA_SIZE_COLSUM_FLOATS;
@@ -600,7 +604,8 @@ static int gemm_bwd_joint(float *dinp, float *dw, float *dbias, const gemm_opera
       /* without acc, dinp's rows take their first column block with beta 0 (not read) */
       gemm_packed_block(__func__, 'N', 'N', rr, IC, cc, 1.0f, pd, plda, 0, pw, pldw, 0, dout_rc,
                         dout->ld, 0, w_c, IC, 0, acc || c0 ? 1.0f : 0.0f,
-                        dinp + (int64_t)r0 * IC, CUDA_R_32F, IC, 0, 1, NULL);
+                        (char *)dinp + (int64_t)r0 * IC * (int64_t)gemm_esize(dcd), dcd, IC, 0, 1,
+                        NULL);
       gemm_packed_block(__func__, 'T', 'N', cc, IC, rr, 1.0f, pd, plda, 0, pi, pld, 0, dout_rc,
                         dout->ld, 0, gemm_block_f32(inp, 'N', 0, r0, 0), IC, 0, 1.0f,
                         dw + (int64_t)c0 * IC, CUDA_R_32F, IC, 0, 1, NULL);
@@ -618,7 +623,7 @@ static void matmul_bwd_any(float *dinp, float *dw, float *dbias, const gemm_oper
   if (dinp && !acc && OC <= 0 && N > 0 && IC > 0) /* an empty sum written: zeros */
     KERN_CUDA_CHECK(cudaMemsetAsync(dinp, 0, (size_t)N * IC * sizeof(float), kern_cuda_st.stream));
   if (dinp && dw && N > 0 && IC > 0 && OC > 0 && kern_cuda_st.bf16 && !kern_cuda_st.fast16bf &&
-      gemm_bwd_joint(dinp, dw, dbias, dout, inp, w, N, IC, OC, acc))
+      gemm_bwd_joint(dinp, CUDA_R_32F, dw, dbias, dout, inp, w, N, IC, OC, acc))
     return; /* dbias too */
   if (dbias) kern_cuda_colsum(dbias, NULL, dout->x, NULL, NULL, NULL, N, OC, dout->ld);
   const gemm_operand_t wo = {w, NULL, IC, 0};
@@ -695,4 +700,31 @@ extern "C" void kern_cuda_matmul_bwd_bf16(float *dinp, float *dw, float *dbias, 
                    (!dout16 || (ldo % 8 == 0 && kern_cuda_aligned16(dout16) && !dbias)));
   const gemm_operand_t d = {dout, dout16, ldo, 0}, x = {NULL, inp, IC, 0};
   matmul_bwd_any(dinp, dw, dbias, &d, &x, w, N, IC, OC, acc);
+}
+
+/* matmul_bwd_dinp16 (kern.h): dinp's product writes bf16, each element its
+ * sum over all OC rounded once by cuBLASLt's write of D (as
+ * matmul_fwd_bf16_out16's), in the joint blocks where a block of all OC
+ * columns fits, else by the separate products (dbias by colsum first). */
+extern "C" void kern_cuda_matmul_bwd_dinp16(uint16_t *dinp16, float *dw, float *dbias,
+                                            const float *dout, const float *inp,
+                                            const uint16_t *inp16, const float *w, int N, int IC,
+                                            int OC) {
+  KERN_CUDA_ASSERT(kern_cuda_st.bf16 && !kern_cuda_st.fast16bf && !inp != !inp16 && dout);
+  /* 16-byte rows of dinp16 (and inp16); OC a multiple of 8 so that no sum is cut (gemm_parts) */
+  KERN_CUDA_ASSERT(IC % 8 == 0 && OC % 8 == 0 && kern_cuda_aligned16(dinp16) &&
+                   (!inp16 || kern_cuda_aligned16(inp16)));
+  if (N <= 0 || IC <= 0) return;
+  if (OC <= 0) { /* an empty sum written: zeros (+0.0 in bf16 too) */
+    KERN_CUDA_CHECK(cudaMemsetAsync(dinp16, 0, (size_t)N * IC * sizeof(uint16_t),
+                                    kern_cuda_st.stream));
+    return;
+  }
+  const gemm_operand_t d = {dout, NULL, OC, 0}, x = {inp, inp16, IC, 0}, wo = {w, NULL, IC, 0};
+  if (gemm_bwd_joint(dinp16, CUDA_R_16BF, dw, dbias, &d, &x, w, N, IC, OC, 0)) return;
+  if (dbias) kern_cuda_colsum(dbias, NULL, dout, NULL, NULL, NULL, N, OC, OC);
+  gemm_bf16_packed(__func__, 'N', 'N', N, IC, OC, 1.0f, &d, &wo, 0.0f, dinp16, CUDA_R_16BF, IC, 0,
+                   1, NULL);
+  gemm_bf16_packed(__func__, 'T', 'N', OC, IC, N, 1.0f, &d, &x, 1.0f, dw, CUDA_R_32F, IC, 0, 1,
+                   NULL);
 }

@@ -303,7 +303,7 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
     OPS_TIME("attention_fwd_bf16", sh, L,
              K->attention_fwd_bf16(y, att, scratch, x, x16, B, T, C, NH));
     OPS_TIME("attention_bwd_bf16", sh, L,
-             K->attention_bwd_bf16(z, scratch, y, x16, y, att, B, T, C, NH, 0));
+             K->attention_bwd_bf16(z, scratch, y, NULL, x16, y, att, B, T, C, NH, 0));
   }
   snprintf(sh, sizeof sh, "n=%zu", N * 4 * C);
   OPS_TIME("gelu_fwd", sh, a16 ? 0 : n_gelu, K->gelu_fwd(y, x, N * 4 * C));
@@ -316,7 +316,7 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
     OPS_TIME("gelu_bwd_bf16", sh, h16 ? 0 : L, K->gelu_bwd_bf16(y16, dbias, x, y, (int)N, 4 * C));
   if (h16)
     OPS_TIME("gelu_bwd_bf16in", sh, L,
-             K->gelu_bwd_bf16in(y16, dbias, x16, bias, y, (int)N, 4 * C));
+             K->gelu_bwd_bf16in(y16, dbias, x16, bias, y, NULL, (int)N, 4 * C));
   /* the backward ops write their activation gradients (acc 0): a step
    * zeroes none of these since 2026-11-27, only dres once; timed for what
    * they cost before */

@@ -712,6 +712,40 @@ static void test_matmul(int N, int IC, int OC, int with_bias, int ld) {
       free(g16), free(gw);
       gpu->dev_free(e_x0), gpu->dev_free(e_w0);
     }
+    /* dinp in bf16 (kern.h's matmul_bwd_dinp16), inp in fp32 and in bf16:
+     * each element within a bf16 step of the fp32 path's dinp rounded, and
+     * within the bf16 products' bound of the CPU's; dw as the fp32 path's;
+     * dbias the CPU's column sums, bit for bit */
+    if (gpu->matmul_bwd_dinp16 && IC % 8 == 0 && OC % 8 == 0 && ld == OC)
+      for (int form = 0; form < 1 + acts16; form++) {
+        const char *fw = form ? "dinp16 (inp16)" : "dinp16 (inp)";
+        uint16_t *e_h = dnew(ni * 2), *want = xmalloc(ni * 2), *got = xmalloc(ni * 2);
+        float *e_w1 = dput(dw, nw * 4), *e_b1 = bias ? dput(dbias, OC * 4) : NULL;
+        gpu->matmul_bwd_dinp16(e_h, e_w1, e_b1, ddout, form ? NULL : dinp_, form ? d_i16 : NULL,
+                               dw_, N, IC, OC);
+        gpu->copy_d2h(got, e_h, ni * 2);
+        gpu->sync();
+        cpu->f32_to_bf16(want, g, ni);
+        size_t far = 0;
+        for (size_t i = 0; i < ni; i++) far += abs((int)got[i] - (int)want[i]) > 1;
+        report("matmul_bwd_dinp16", fw, shape, (double)far, 0, "1 bf16 step of fp32 path's", -1,
+               !far);
+        float *gw = xmalloc(ni * 4);
+        cpu->bf16_to_f32(gw, got, ni);
+        check_tol("matmul_bwd_dinp16", "dinp16-f32", shape, gw, wd, NULL, m0, NULL, ni,
+                  TOL_GEMM_BF16);
+        float *gw0 = dget(dd_w0, nw), *gw1 = dget(e_w1, nw);
+        check_tol("matmul_bwd_dinp16", "dw+==fp32 path", shape, gw1, gw0, NULL, m0w, NULL, nw,
+                  TOL_GEMM);
+        if (bias) {
+          float *cb = fdup(dbias, OC), *cx = xmalloc(ni * 4), *cw = xmalloc(nw * 4);
+          cpu->matmul_bwd(cx, cw, cb, dout, inp, w, N, IC, OC, OC, 0);
+          check_dev_bits("matmul_bwd_dinp16", "dbias+=", shape, e_b1, cb, OC);
+          free(cb), free(cx), free(cw);
+        }
+        gpu->dev_free(e_h), gpu->dev_free(e_w1), gpu->dev_free(e_b1);
+        free(want), free(got), free(gw), free(gw0), free(gw1);
+      }
     free(g);
     g = dget(dd_w0, nw);
     check_tol("matmul_bwd", "dw+=,dinp=", shape, g, wdw, NULL, m0w, NULL, nw, tol_gemm);
@@ -1026,8 +1060,18 @@ static void test_attention_bf16(int B, int T, int C, int NH) {
   gpu->attention_bwd(g32, sc, d_dout, d_qkv, o32, a32, B, T, C, NH, 0);
   float *want_g = dget(g32, nq);
   gpu->dev_set(d_qkv, 0xff, nq * 4); /* NaNs: backward must not read the fp32 qkv */
-  gpu->attention_bwd_bf16(g16, sc16, d_dout, q16, o32, a32, B, T, C, NH, 0);
+  gpu->attention_bwd_bf16(g16, sc16, d_dout, NULL, q16, o32, a32, B, T, C, NH, 0);
   check_dev_bits("attention_bwd_bf16", "dqkv=attention_bwd's", shape, g16, want_g, nq);
+  { /* dout given in bf16 (as matmul_bwd_dinp16 writes it): the fp32 form's
+     * bits, which round dout the same way first; the fp32 dout poisoned */
+    uint16_t *h16 = xmalloc(no * 2), *d_h16;
+    cpu->f32_to_bf16(h16, dout, no);
+    d_h16 = dput(h16, no * 2);
+    gpu->dev_set(d_dout, 0xff, no * 4);
+    gpu->attention_bwd_bf16(g16, sc16, NULL, d_h16, q16, o32, a32, B, T, C, NH, 0);
+    check_dev_bits("attention_bwd_bf16", "dqkv(dout16)=attention_bwd's", shape, g16, want_g, nq);
+    gpu->dev_free(d_h16), free(h16);
+  }
   check_dev_bits("attention_bf16", "scratch past attention_scratch_bf16", shape, sc16 + ns16, pad,
                  ns - ns16);
   gpu->dev_free(sc16), free(pad);
@@ -1714,7 +1758,7 @@ static void test_gelu_bf16in(int N, int C, int offx, int offd, int offh) {
   float *dd = dnew((n + offd) * 4), *db = dput(bias, C * 4), *dgb = dput(dbias0, C * 4);
   gpu->copy_h2d(dxo + offx, x16, n * 2), gpu->copy_h2d(dd + offd, dout, n * 4);
   gpu->gelu_fwd_bf16in(dy, dx, db, N, C);
-  gpu->gelu_bwd_bf16in(dh + offh, dgb, dxo + offx, db, dd + offd, N, C);
+  gpu->gelu_bwd_bf16in(dh + offh, dgb, dxo + offx, db, dd + offd, NULL, N, C);
   uint16_t *got = xmalloc(n * 2);
   gpu->copy_d2h(got, dy, n * 2);
   for (size_t i = 0; i < n; i++) got[i] = bf16_nan_one(got[i]), ref_out[i] = bf16_nan_one(ref_out[i]);
@@ -1723,6 +1767,25 @@ static void test_gelu_bf16in(int N, int C, int offx, int offd, int offh) {
   for (size_t i = 0; i < n; i++) got[i] = bf16_nan_one(got[i]), ref_d[i] = bf16_nan_one(ref_d[i]);
   check_bits_u16("gelu_bwd_bf16in", "dinp16", shape, got, ref_d, n);
   check_dev_bits("gelu_bwd_bf16in", "dbias+=", shape, dgb, dbias, C);
+  { /* dout in bf16 (as matmul_bwd_dinp16 writes it), offd elements past
+     * an 8-byte boundary (1, 3: the element-wise path): the CPU's on dout
+     * widened */
+    uint16_t *d16 = xmalloc(n * 2), *dd16 = dnew((n + offd) * 2);
+    cpu->f32_to_bf16(d16, dout, n);
+    cpu->bf16_to_f32(dout, d16, n);
+    float *db2 = fdup(dbias0, C);
+    cpu->gelu_bwd(ref, x, dout, n, 0);
+    cpu->f32_to_bf16(ref_d, ref, n);
+    colsum_runs_add(db2, ref, N, C);
+    gpu->copy_h2d(dd16 + offd, d16, n * 2), gpu->copy_h2d(dgb, dbias0, C * 4);
+    gpu->gelu_bwd_bf16in(dh + offh, dgb, dxo + offx, db, NULL, dd16 + offd, N, C);
+    gpu->copy_d2h(got, dh + offh, n * 2);
+    gpu->sync();
+    for (size_t i = 0; i < n; i++) got[i] = bf16_nan_one(got[i]), ref_d[i] = bf16_nan_one(ref_d[i]);
+    check_bits_u16("gelu_bwd_bf16in", "dinp16 (dout16)", shape, got, ref_d, n);
+    check_dev_bits("gelu_bwd_bf16in", "dbias+= (dout16)", shape, dgb, db2, C);
+    gpu->dev_free(dd16), free(d16), free(db2);
+  }
   gpu->dev_free(dx), gpu->dev_free(dy), gpu->dev_free(dh), gpu->dev_free(dxo), gpu->dev_free(dd),
       gpu->dev_free(db), gpu->dev_free(dgb);
   free(xf), free(dout), free(bias), free(x16), free(ref_out), free(ref_d), free(x), free(ref),
@@ -2042,6 +2105,7 @@ int main(void) {
       test_gelu_bf16in(1, 8, 0, 0, 0);
       test_gelu_bf16in(37, 264, 1, 1, 0);
       test_gelu_bf16in(37, 264, 4, 0, 1);
+      test_gelu_bf16in(37, 264, 0, 4, 0); /* dout16 8 bytes past 16: 8-byte loads */
       /* fp32 rows 16-byte multiples apart, bf16 rows not (C % 8 == 4):
        * helper-69 found the 4-row path storing 16 bytes at an odd row */
       test_gelu_bwd_bf16(40, 36, 0);
@@ -2075,6 +2139,8 @@ int main(void) {
     /* the joint blocks with inp in bf16 and one block of columns: dout
      * cut in 2 blocks of rows (35008 first), w packed once for both */
     if (m == 0) test_matmul(70000, 64, 256, 1, 256);
+    /* the MLP's second product's shape (fc_proj: dinp16 for the bf16 GELU) */
+    if (m == 0) test_matmul(256, 3072, 768, 1, 768);
     /* the packing's paths (matmul.cu, gemm_pack_kernel: 8 elements a thread,
      * read in 16-byte loads where a source row is 16-byte aligned): IC = 20
      * and OC = 44, every row aligned and each a tail of 4; IC = 29 and

@@ -586,6 +586,7 @@ int main(int argc, char **argv) {
     k16_fch32 = *k16;
     k16_fch32.gelu_fwd_bf16in = NULL;
     k16_fch32.gelu_bwd_bf16in = NULL;
+    k16_fch32.matmul_bwd_dinp16 = NULL; /* a rounding more too */
     const int shapes[][4] = {{64, 4, 1, 37}, {64, 4, 3, 5}, {64, 4, 1, 1}, {256, 2, 1, 37}};
     double worst = 0, worst16 = 0;
     for (int i = 0; i < 4; i++) {
@@ -615,7 +616,9 @@ int main(int argc, char **argv) {
   if (!k16 || !k16->crossentropy_fwd_bwd_bf16 || !k16->gelu_bwd_bf16 ||
       !k16->matmul_fwd_bf16_out16 || !k16->crossentropy_fwd_bwd_bf16in)
     return 2;
-  static kern_backend_t no_logits16, no_dlogits16, no_dfch16, no_fch16;
+  static kern_backend_t no_logits16, no_dlogits16, no_dfch16, no_fch16, no_dinp16;
+  no_dinp16 = *k16; /* GELU's and the attention's output gradients in fp32 */
+  no_dinp16.matmul_bwd_dinp16 = NULL;
   no_fch16 = *k16; /* the bf16 logits without the bf16 fch (which needs their product) */
   no_fch16.gelu_fwd_bf16in = NULL;
   no_fch16.gelu_bwd_bf16in = NULL;
@@ -664,7 +667,12 @@ int main(int argc, char **argv) {
       /* the fc product's output kept in bf16 without its bias, GELU adding
        * it (gelu_fwd_bf16in, gelu_bwd_bf16in): a rounding more */
       {k16, &no_fch16, FV_CHUNK, FV_CHUNK, 2, 1, "bf16 fch vs fp32", LOGITS16_LOSS_TOL,
-       LOGITS16_W_TOL}};
+       LOGITS16_W_TOL},
+      /* GELU's and the attention's output gradients written in bf16 by
+       * their products (matmul_bwd_dinp16), as the ops read them rounded:
+       * a rounding more each */
+      {k16, &no_dinp16, FV_CHUNK, FV_CHUNK, 2, 1, "bf16 dinp (matmul_bwd_dinp16) vs fp32",
+       LOGITS16_LOSS_TOL, LOGITS16_W_TOL}};
   /* gelu_fwd_bf16in_kernel's launches, either index type (gelu.cu) */
 #define GELU16_LAUNCHES()                                                                          \
   (emu_launches ? emu_launches("gelu_fwd_bf16in_kernel<uint32_t>") +                               \
@@ -692,7 +700,9 @@ int main(int argc, char **argv) {
       const unsigned long g2 = GELU16_LAUNCHES();
       char what[96];
       snprintf(what, sizeof what, "cuda bf16: %s, bf16 fch's GELU a step (emulator)", vs[k].how);
-      check((g1 > g0) == (vs[k].fch16 == 1) && (g2 > g1) == (vs[k].without == k16), what,
+      const int fch16_without =
+          vs[k].without->gelu_fwd_bf16in && vs[k].without->matmul_fwd_bf16_out16;
+      check((g1 > g0) == (vs[k].fch16 == 1) && (g2 > g1) == fch16_without, what,
             (double)(g1 - g0) / FV_STEPS, vs[k].fch16);
     }
     size_t differ = 0;
@@ -705,6 +715,10 @@ int main(int argc, char **argv) {
     printf("cuda bf16: %s: %zu parameters differ, losses %.3e apart (relative)\n",
            vs[k].how, differ, lw);
     char what[96];
+    if (vs[k].with->matmul_bwd_dinp16 && !vs[k].without->matmul_bwd_dinp16) {
+      snprintf(what, sizeof what, "cuda bf16: %s, parameters differ (taken)", vs[k].how);
+      check(differ > 0, what, (double)differ, 1);
+    }
     snprintf(what, sizeof what, "cuda bf16: %s, losses (relative)", vs[k].how);
     check(lw <= vs[k].loss_tol, what, lw, vs[k].loss_tol);
     snprintf(what, sizeof what, "cuda bf16: %s, weights (rel L2)", vs[k].how);
