@@ -32,6 +32,8 @@
      "device cuda, bf16 jobs: 1: the fused attention computes in fp32 on CUDA cores (0: on bf16 tensor cores)") \
   XX(cuda_acts_fp32, "FSDP_CUDA_ACTS_FP32", 0,                                       \
      "device cuda, bf16 jobs: 1: every activation kept in fp32, the products packing theirs (0: the products' inputs and qkv kept in bf16), for comparison") \
+  XX(cuda_dinp_fp32, "FSDP_CUDA_DINP_FP32", 0,                                       \
+     "device cuda, bf16 jobs: 1: backward's activation gradients all in fp32 (0: GELU's and the attention's output gradients written in bf16 by their products, kern.h's matmul_bwd_dinp16), for comparison") \
   XX(cuda_gemm_algo, "FSDP_CUDA_GEMM_ALGO", 0,                                       \
      "device cuda: every product takes the algorithm cuBLASLt's heuristic ranks this many places below its first (0: its first; at most 15), for comparison") \
   XX(comm_timeout_ms, "FSDP_COMM_TIMEOUT_MS", 5000, "collective timeout, and ring bootstrap") \

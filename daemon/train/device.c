@@ -171,6 +171,7 @@ static int device_cuda_open(const config_t *c, int rank, const device_t **out) {
                                .gemm_fast16bf = param_cuda_gemm_fast16bf() != 0,
                                .attn_fp32 = param_cuda_attn_fp32() != 0,
                                .acts_fp32 = param_cuda_acts_fp32() != 0,
+                               .dinp_fp32 = param_cuda_dinp_fp32() != 0,
                                .gemm_algo = KERN_CUDA_GEMM_ALGO(param_cuda_gemm_algo())};
   const kern_backend_t *k = p->kern_init(&ko, msg, sizeof msg);
   if (!k) return err_set(FSDP_EIO, "device cuda: GPU %lld: %s", (long long)ord, msg);

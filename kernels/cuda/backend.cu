@@ -302,12 +302,18 @@ static kern_backend_t kern_cuda_with_bf16_acts(kern_backend_t t) {
   return t;
 }
 static const kern_backend_t kern_cuda_table_bf16 = kern_cuda_with_bf16_acts(kern_cuda_table);
+/* the same without bf16 activation gradients (dinp_fp32, for comparison) */
+static kern_backend_t kern_cuda_without_dinp16(kern_backend_t t) {
+  t.matmul_bwd_dinp16 = NULL;
+  return t;
+}
+static const kern_backend_t kern_cuda_table_bf16_dinp32 =
+    kern_cuda_without_dinp16(kern_cuda_table_bf16);
 
 /* The table for the modes taken. */
 static const kern_backend_t *kern_cuda_table_for_modes(void) {
-  return kern_cuda_st.bf16 && !kern_cuda_st.fast16bf && !kern_cuda_st.acts_fp32
-             ? &kern_cuda_table_bf16
-             : &kern_cuda_table;
+  if (!kern_cuda_st.bf16 || kern_cuda_st.fast16bf || kern_cuda_st.acts_fp32) return &kern_cuda_table;
+  return kern_cuda_st.dinp_fp32 ? &kern_cuda_table_bf16_dinp32 : &kern_cuda_table_bf16;
 }
 
 /* ---- entry points ---------------------------------------------------------- */
@@ -378,11 +384,12 @@ static void kern_cuda_take_modes(const kern_cuda_opts_t *o) {
   kern_cuda_st.fast16bf = o->gemm_fast16bf != 0;
   kern_cuda_st.attn_fp32 = o->attn_fp32 != 0;
   kern_cuda_st.acts_fp32 = o->acts_fp32 != 0;
+  kern_cuda_st.dinp_fp32 = o->dinp_fp32 != 0;
   kern_cuda_st.gemm_algo = KERN_CUDA_GEMM_ALGO(o->gemm_algo);
 }
 
 extern "C" const kern_backend_t *kern_cuda_init(const kern_cuda_opts_t *o, char *msg, size_t n) {
-  const kern_cuda_opts_t d = {0, 0, 0, 0, 0, 0, 0, 0};
+  const kern_cuda_opts_t d = {0, 0, 0, 0, 0, 0, 0, 0, 0};
   if (!o) o = &d;
   if (kern_cuda_st.ready) { /* the device stays; the job's modes are taken */
     kern_cuda_take_modes(o);

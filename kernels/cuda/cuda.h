@@ -53,6 +53,9 @@ typedef struct kern_cuda_opts {
                   * this many places below its first (the last it offers when it
                   * offers fewer); 0, its first, but for comparison
                   * (FSDP_CUDA_GEMM_ALGO) */
+  int dinp_fp32; /* 1 (with bf16): the table offers no matmul_bwd_dinp16 (kern.h),
+                  * so backward's activation gradients stay fp32; for comparison
+                  * (FSDP_CUDA_DINP_FP32) */
 } kern_cuda_opts_t;
 
 /* gemm_algo from a setting: 0 to 15 (cuBLASLt's ranking is asked for that
@@ -66,7 +69,7 @@ int kern_cuda_device_count(char *msg, size_t n);
 /* Selects o->device, makes the backend's stream, cuBLASLt handle and
  * workspace. NULL with the reason in msg (device out of range, no GPU, out
  * of memory). Later calls return the same table on the same device and
- * only take o's modes (tf32, bf16, attn_gemm, gemm_fast16bf, attn_fp32, acts_fp32, gemm_algo): a process runs one job at a
+ * only take o's modes (tf32, bf16, attn_gemm, gemm_fast16bf, attn_fp32, acts_fp32, gemm_algo, dinp_fp32): a process runs one job at a
  * time, and each job sets its own before it allocates. */
 const kern_backend_t *kern_cuda_init(const kern_cuda_opts_t *o, char *msg, size_t n);
 

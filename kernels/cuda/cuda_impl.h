@@ -76,6 +76,7 @@ typedef struct kern_cuda_state {
   int attn_gemm;       /* attention by strided products even where a fused kernel is built */
   int attn_fp32;       /* with bf16: the fused attention stays fp32 (not attention_tc.cu) */
   int acts_fp32;       /* with bf16: no bf16 activations offered (backend.cu's tables) */
+  int dinp_fp32;       /* with bf16: no matmul_bwd_dinp16 offered (backend.cu's tables) */
   cudaStream_t stream; /* every op and memory operation, in call order */
   cublasLtHandle_t lt; /* cuBLASLt */
   void *workspace;     /* KERN_CUDA_SIZE_WORKSPACE bytes, cuBLASLt's */

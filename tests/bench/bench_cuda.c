@@ -207,6 +207,7 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
                                .gemm_fast16bf = param_cuda_gemm_fast16bf() != 0,
                                .attn_fp32 = param_cuda_attn_fp32() != 0,
                                .acts_fp32 = param_cuda_acts_fp32() != 0,
+                               .dinp_fp32 = param_cuda_dinp_fp32() != 0,
                                .gemm_algo = KERN_CUDA_GEMM_ALGO(param_cuda_gemm_algo())};
   if (!(K = p->kern_init(&ko, msg, sizeof msg))) {
     fprintf(stderr, "bench_cuda: %s\n", msg);

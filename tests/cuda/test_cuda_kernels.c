@@ -2171,6 +2171,12 @@ int main(void) {
   const kern_cuda_opts_t oaf = {.device = 0, .bf16 = 1, .acts_fp32 = 1}; /* FSDP_CUDA_ACTS_FP32 */
   report("table", "bf16 mode, fp32 activations asked: none offered", "-", 0, 0, "-", -1,
          kern_cuda_init(&oaf, msg, sizeof msg) == fp32_table && !fp32_table->matmul_fwd_bf16);
+  const kern_cuda_opts_t odf = {.device = 0, .bf16 = 1, .dinp_fp32 = 1}; /* FSDP_CUDA_DINP_FP32 */
+  const kern_backend_t *dinp32_table = kern_cuda_init(&odf, msg, sizeof msg);
+  report("table", "bf16 mode, fp32 activation gradients asked: the bf16 table but dinp16", "-",
+         0, 0, "-", -1,
+         dinp32_table && dinp32_table->matmul_fwd_bf16 && !dinp32_table->matmul_bwd_dinp16 &&
+             bf16_table->matmul_bwd_dinp16);
   gpu = kern_cuda_init(&otc, msg, sizeof msg);
   tol_gemm = TOL_GEMM_BF16;
   attn_gemm = 0;
