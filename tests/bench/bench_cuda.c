@@ -255,13 +255,20 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
   /* fch kept in bf16 where GELU reads it so (gpt.c's fch16): the fc product
    * writes bf16 without its bias, GELU adds it */
   const int h16 = a16 && K->gelu_fwd_bf16in && K->gelu_bwd_bf16in && K->matmul_fwd_bf16_out16;
+  const int q16 = a16 && K->attention_bf16_fits(C, NH); /* qkv in bf16 (gpt.c's qkv16) */
+  /* attproj's and fcproj's dinp in bf16 for the bf16 attention's and GELU's
+   * backward (gpt.c's datt16, dgelu16) */
+  const int datt16 = q16 && K->matmul_bwd_dinp16, dgelu16 = h16 && K->matmul_bwd_dinp16;
   for (int i = 0; i < 4; i++) {
     snprintf(sh, sizeof sh, "%s:N=%zu,IC=%d,OC=%d", mm[i].name, N, mm[i].ic, mm[i].oc);
     const int b = a16 && i != 1; /* attproj's input is attention's fp32 output */
     OPS_TIME("matmul_fwd", sh, b ? 0 : L,
              K->matmul_fwd(y, x, w, bias, (int)N, mm[i].ic, mm[i].oc, mm[i].oc));
-    OPS_TIME("matmul_bwd", sh, b ? 0 : L,
+    OPS_TIME("matmul_bwd", sh, b || (i == 1 && datt16) ? 0 : L,
              K->matmul_bwd(z, dw, dbias, y, x, w, (int)N, mm[i].ic, mm[i].oc, mm[i].oc, 0));
+    if (i == 1 && datt16)
+      OPS_TIME("matmul_bwd_dinp16", sh, L,
+               K->matmul_bwd_dinp16(y16, dw, dbias, y, x, NULL, w, (int)N, mm[i].ic, mm[i].oc));
     if (!b) continue;
     OPS_TIME("matmul_fwd_bf16", sh, h16 && i == 2 ? 0 : L,
              K->matmul_fwd_bf16(y, x16, w, bias, (int)N, mm[i].ic, mm[i].oc, mm[i].oc));
@@ -271,8 +278,11 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
     /* fc's dout comes in bf16 where GELU's backward makes it so (gpt.c,
      * kern.h's gelu_bwd_bf16, which sums its dbias) */
     const int f16 = i == 2 && K->gelu_bwd_bf16;
-    OPS_TIME("matmul_bwd_bf16", sh, f16 ? 0 : L,
+    OPS_TIME("matmul_bwd_bf16", sh, f16 || (i == 3 && dgelu16) ? 0 : L,
              K->matmul_bwd_bf16(z, dw, dbias, y, NULL, x16, w, (int)N, mm[i].ic, mm[i].oc, mm[i].oc, 0));
+    if (i == 3 && dgelu16)
+      OPS_TIME("matmul_bwd_dinp16", sh, L,
+               K->matmul_bwd_dinp16(y16, dw, dbias, y, NULL, x16, w, (int)N, mm[i].ic, mm[i].oc));
     if (!f16) continue;
     snprintf(sh, sizeof sh, "%s:N=%zu,IC=%d,OC=%d,dout16", mm[i].name, N, mm[i].ic, mm[i].oc);
     OPS_TIME("matmul_bwd_bf16", sh, L,
@@ -295,16 +305,17 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
                                 (int)N, C, V, 2 * ldv, 0));
   }
   snprintf(sh, sizeof sh, "B=%d,T=%d,C=%d,NH=%d,%s", B, T, C, NH, bench_attn_name(C, NH, bf16));
-  /* qkv kept in bf16 where the attention takes it so (gpt.c's qkv16) */
-  const int q16 = a16 && K->attention_bf16_fits(C, NH);
   OPS_TIME("attention_fwd", sh, q16 ? 0 : L, K->attention_fwd(y, att, scratch, x, B, T, C, NH));
   OPS_TIME("attention_bwd", sh, q16 ? 0 : L,
            K->attention_bwd(z, scratch, y, x, y, att, B, T, C, NH, 0));
   if (q16) {
     OPS_TIME("attention_fwd_bf16", sh, L,
              K->attention_fwd_bf16(y, att, scratch, x, x16, B, T, C, NH));
-    OPS_TIME("attention_bwd_bf16", sh, L,
+    OPS_TIME("attention_bwd_bf16", sh, datt16 ? 0 : L,
              K->attention_bwd_bf16(z, scratch, y, NULL, x16, y, att, B, T, C, NH, 0));
+    if (datt16)
+      OPS_TIME("attention_bwd_bf16(dout16)", sh, L,
+               K->attention_bwd_bf16(z, scratch, NULL, y16, x16, y, att, B, T, C, NH, 0));
   }
   snprintf(sh, sizeof sh, "n=%zu", N * 4 * C);
   OPS_TIME("gelu_fwd", sh, a16 ? 0 : n_gelu, K->gelu_fwd(y, x, N * 4 * C));
@@ -316,8 +327,11 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
   if (g16)
     OPS_TIME("gelu_bwd_bf16", sh, h16 ? 0 : L, K->gelu_bwd_bf16(y16, dbias, x, y, (int)N, 4 * C));
   if (h16)
-    OPS_TIME("gelu_bwd_bf16in", sh, L,
+    OPS_TIME("gelu_bwd_bf16in", sh, dgelu16 ? 0 : L,
              K->gelu_bwd_bf16in(y16, dbias, x16, bias, y, NULL, (int)N, 4 * C));
+  if (dgelu16) /* dout16: x16 again (a timing) */
+    OPS_TIME("gelu_bwd_bf16in(dout16)", sh, L,
+             K->gelu_bwd_bf16in(y16, dbias, x16, bias, NULL, x16, (int)N, 4 * C));
   /* the backward ops write their activation gradients (acc 0): a step
    * zeroes none of these since 2026-11-27, only dres once; timed for what
    * they cost before */
