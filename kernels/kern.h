@@ -235,9 +235,9 @@ typedef struct kern_backend {
   void (*attention_fwd_bf16)(float *out, float *att, float *scratch, const float *qkv,
                              uint16_t *qkv16, int B, int T, int C, int NH);
   /* attention_bwd_bf16's dout in fp32, or in bf16 (dout16, as
-   * matmul_bwd_dinp16 writes it): one of the two, the other NULL; fp32 dout
-   * gives the same values as dout16 = its rounding (the kernels read
-   * dout rounded, D = dout . out too) */
+   * matmul_bwd_dinp16 writes it; 16-byte aligned, as qkv16): one of the
+   * two, the other NULL; fp32 dout gives the same values as dout16 = its
+   * rounding (the kernels read dout rounded, D = dout . out too) */
   void (*attention_bwd_bf16)(float *dqkv, float *scratch, const float *dout,
                              const uint16_t *dout16, const uint16_t *qkv16, const float *out,
                              const float *att, int B, int T, int C, int NH, int acc);
@@ -280,13 +280,15 @@ typedef struct kern_backend {
   void (*gelu_bwd_bf16in)(uint16_t *dinp16, float *dbias, const uint16_t *inp, const float *bias,
                           const float *dout, const uint16_t *dout16, int N, int C);
   /* matmul_bwd (acc 0) in the bf16 mode with dinp in bf16, as autocast
-   * keeps a product's output: each element of dinp16 (N, IC; IC a multiple
-   * of 8, 16-byte aligned) its fp32 sum over all OC rounded once (nearest
-   * even), for an op that reads it rounded (attention_bwd_bf16's dout16,
-   * gelu_bwd_bf16in's): half the bytes written and read, a launch less.
-   * dw and dbias as matmul_bwd_bf16's, bit for bit; inp in fp32 (inp) or
-   * bf16 (inp16, IC-wide rows), one of the two; dout fp32 (N, OC), dense.
-   * Optional. */
+   * keeps a product's output: each element of dinp16 (N, IC; IC and OC
+   * multiples of 8, 16-byte aligned) its fp32 sum over all OC rounded once
+   * (nearest even), for a bf16 reader (attention_bwd_bf16's dout16, which
+   * rounds an fp32 dout the same way itself; gelu_bwd_bf16in's, where it
+   * is a rounding more, as under autocast): half the bytes written and
+   * read. dw as matmul_bwd_bf16's from the same operands (its sum possibly
+   * in another order of blocks), dbias its bits; inp in fp32 (inp) or bf16
+   * (inp16, IC-wide rows, 16-byte aligned), one of the two; dout fp32
+   * (N, OC), dense. Optional. */
   void (*matmul_bwd_dinp16)(uint16_t *dinp16, float *dw, float *dbias, const float *dout,
                             const float *inp, const uint16_t *inp16, const float *w, int N, int IC,
                             int OC);

@@ -374,18 +374,25 @@ static int plan_advice(const plan_t *p, const config_t *c, size_t limit, char *o
 
 int plan_fit_recompute(config_t *c, int world, plan_t *p, size_t limit) {
   if (!limit || p->total <= limit || c->recompute >= 0) return 0;
-  for (int level = config_recompute(c) + 1; level <= 2; level++) {
+  /* the least level that fits with the snapshot; where none does, the
+   * least that fits without it (plan_fit_snapshot then drops the snapshot:
+   * a level that fits only so would recompute for nothing), else 2
+   * (plan_check then says what fits) */
+  plan_t q[3];
+  const int from = config_recompute(c);
+  for (int level = from; level <= 2; level++) {
     config_t k = *c;
-    plan_t q;
     k.recompute = level;
-    if (plan_job(&k, world, &q)) return 0;
-    if (q.total <= limit || level == 2) { /* 2 whether or not it fits: plan_check says what does */
-      c->recompute = level;
-      *p = q;
-      return 1;
-    }
+    if (level == from) q[level] = *p;
+    else if (plan_job(&k, world, &q[level])) return 0;
+    if (level > from && q[level].total <= limit) return c->recompute = level, *p = q[level], 1;
   }
-  return 0;
+  int level = from;
+  while (level < 2 && q[level].total - q[level].bytes[MEM_SNAPSHOT] > limit) level++;
+  if (level == from) return 0;
+  c->recompute = level;
+  *p = q[level];
+  return 1;
 }
 
 int plan_fit_snapshot(config_t *c, int world, plan_t *p, size_t limit) {
@@ -397,8 +404,8 @@ int plan_fit_snapshot(config_t *c, int world, plan_t *p, size_t limit) {
 }
 
 int plan_check(const plan_t *p, const config_t *c, size_t limit) {
-  return plan_fits(p, c, limit, "memory_limit_mib, or the host's available memory shared by its "
-                   "ranks");
+  return plan_fits(p, c, limit, "memory_limit_mib, or the rank's device memory: a GPU's own, a CPU "
+                   "rank's share of the host's available memory");
 }
 
 int plan_fits(const plan_t *p, const config_t *c, size_t limit, const char *what) {

@@ -56,9 +56,11 @@ size_t plan_host_available(void);
  * first single change that makes the job fit (activation checkpointing,
  * FULL_SHARD, reducing every micro-batch, more ranks...). */
 /* When p exceeds limit and c's recompute is left to the device (-1, which
- * is 0 on cuda), sets the least level that fits, else 2, and replans: 1
- * when it did. Before plan_fit_snapshot: recomputing costs each step some
- * time, writing checkpoints in place costs each checkpoint the write. */
+ * is 0 on cuda), sets the least level that fits, and replans: 1 when it
+ * did. Where none fits with an asynchronous checkpoint's snapshot, the
+ * least that fits without it (0 and nothing changed when the device's
+ * level does: plan_fit_snapshot then drops the snapshot), else 2. Before
+ * plan_fit_snapshot: a snapshot is kept where recomputing makes room. */
 int plan_fit_recompute(config_t *c, int world, plan_t *p, size_t limit);
 /* When p exceeds limit only by an asynchronous checkpoint's snapshot, turns
  * checkpoint_async off in c (checkpoints are then written in place, the step

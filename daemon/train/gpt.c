@@ -629,8 +629,8 @@ static void gpt_layer_bwd(gpt_t *g, int l, float *P, float *G, const float *res_
   }
   /* each activation gradient below is written whole by its first op (acc 0:
    * kern.h), so none is zeroed first. GELU's output gradient in bf16 where
-   * the backend writes it so for its bf16 GELU (kern.h's matmul_bwd_dinp16,
-   * as autocast keeps it: read rounded there anyway by nothing else) */
+   * the backend writes it so for its bf16 GELU (kern.h's matmul_bwd_dinp16:
+   * a rounding more, as autocast keeps a product's output) */
   const int dgelu16 = g->fch16 && be->matmul_bwd_dinp16;
   if (dgelu16)
     be->matmul_bwd_dinp16((uint16_t *)dfch_gelu, d.fcprojw, d.fcprojb, g->dres, NULL,
@@ -663,7 +663,8 @@ static void gpt_layer_bwd(gpt_t *g, int l, float *P, float *G, const float *res_
   be->layernorm_bwd(g->dres, d.ln2w, d.ln2b, g->dln, a->res2, p.ln2w, a->ln2_mean, a->ln2_rstd,
                     (int)N, C);
   /* the attention's output gradient in bf16 where the backend writes it so
-   * for the tensor-core attention, which reads it rounded (kern.h) */
+   * for the tensor-core attention, which rounds an fp32 one the same way
+   * (kern.h: the same values, half the bytes, a cast less) */
   float *datty = g->dbig2, *dqkv = g->dbig1;
   const int datt16 = g->qkv16 && be->matmul_bwd_dinp16;
   if (datt16)

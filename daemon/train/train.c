@@ -47,6 +47,7 @@ typedef struct train_writer {
 
 struct train {
   config_t cfg;       /* finished (config_finish) */
+  int recompute_asked; /* cfg.recompute as the job gave it, before fitting it to this rank */
   train_opts_t opts;  /* opts.out is NULL on every rank but 0: one voice per job */
   const device_t *dev;
   comm_boot_t boot;   /* how this rank found its peers */
@@ -141,14 +142,18 @@ static int train_ranks_differ(train_t *t, uint64_t h, const char *what, float *d
 /* Every rank runs the same job: a rank given another batch, seq_len or
  * seed would train on with a loss that looks fine (only a change of a
  * collective's size is caught, as diverged collectives). The ranks compare
- * a hash of their effective options (config_write's text). */
+ * a hash of their effective options (config_write's text), recompute as
+ * the job gave it: a level each rank fitted to its own device's memory
+ * changes no value it computes (GPUs of two sizes under fsdp-launch). */
 static int train_same_job(train_t *t) {
   if (!t->groups.world || t->boot.world < 2) return FSDP_OK;
   char *text = NULL;
   size_t len = 0;
   FILE *f = open_memstream(&text, &len);
   if (!f) return err_set(FSDP_ENOMEM, "train: out of memory");
-  int rc = config_write(&t->cfg, f);
+  config_t asked = t->cfg;
+  asked.recompute = t->recompute_asked;
+  int rc = config_write(&asked, f);
   if (fclose(f) && !rc) rc = err_set(FSDP_ENOMEM, "train: out of memory");
   const uint64_t h = rc ? 0 : XXH64(text, len, 0);
   free(text);
@@ -676,6 +681,7 @@ int train_open(train_t **out, const config_t *c, const train_opts_t *o) {
                                      : plan_host_available() / (size_t)t->boot.world;
   const size_t need0 = t->plan.total;
   const int level0 = config_recompute(c);
+  t->recompute_asked = c->recompute;
   if (plan_fit_recompute(&t->cfg, t->boot.world, &t->plan, limit) && t->opts.out)
     fprintf(t->opts.out, "train: note: recompute = %d: at the %s default (%d) the plan needs %.0f "
             "MiB, more than this rank's %.0f MiB; set recompute to choose\n", c->recompute,

@@ -488,7 +488,8 @@ extern "C" void kern_cuda_attention_bwd_bf16(float *dqkv, float *scratch, const 
                                              const float *out, const float *att, int B, int T,
                                              int C, int NH, int acc) {
   if (B <= 0 || T <= 0) return;
-  KERN_CUDA_ASSERT(!dout != !dout16 && kern_cuda_attention_bf16_fits(C, NH) &&
+  KERN_CUDA_ASSERT(!dout != !dout16 && (!dout16 || kern_cuda_aligned16(dout16)) &&
+                   kern_cuda_attention_bf16_fits(C, NH) &&
                    kern_cuda_attention_tc_bwd(dqkv, scratch, dout, dout16, NULL, qkv16, out, att,
                                               B, T, C, NH, acc));
 }

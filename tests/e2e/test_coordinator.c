@@ -451,6 +451,11 @@ Test(coordinator, a_job_is_planned_against_the_devices_of_its_kind) {
   cr_assert_eq(submit(2, on_gpu, id, sizeof id), 0, "%s", err_msg());
   job_option(id, "device", v, sizeof v);
   cr_expect_str_eq(v, "cuda");
+  /* the smallest of its kind, not the largest: small GPUs refuse it */
+  node_t small = {{0}, 0};
+  node_register_kind(&small, "small-gpus", 2, 4u << 20, "cuda", NULL, 0);
+  cr_assert_eq(submit(2, on_gpu, id, sizeof id), FSDP_EINVAL);
+  cr_expect(strstr(err_msg(), "smallest device"), "%s", err_msg());
 }
 
 /* The node's next heartbeat assigns it ranks ranks, each told key = value

@@ -406,6 +406,42 @@ Test(plan, a_cuda_jobs_default_recompute_rises_only_to_fit) {
   free(data);
 }
 
+/* With an asynchronous checkpoint's snapshot that no level makes room
+ * for, plan_fit_recompute raises a cuda job's level only as far as it
+ * fits without the snapshot (plan_fit_snapshot drops that): not at all
+ * where the device's level does, which recomputing would not change. */
+Test(plan, a_cuda_jobs_recompute_rises_no_further_than_without_its_snapshot) {
+  char *data = tu_token_file("tokens.bin", 20000, 3, 256), *dir = tu_path("ck");
+  cr_assert_eq(mkdir(dir, 0755), 0);
+  config_t c = job(data, 0);
+  cr_assert_eq(config_set(&c, "device", "cuda"), 0);
+  cr_assert_eq(config_set(&c, "checkpoint_dir", dir), 0);
+  cr_assert_eq(config_set(&c, "checkpoint_every", "1"), 0);
+  cr_assert_eq(config_finish(&c), 0, "%s", err_msg());
+  plan_t p[3];
+  for (int level = 0; level < 3; level++) {
+    config_t k = c;
+    k.recompute = level;
+    cr_assert_eq(plan_job(&k, 1, &p[level]), 0);
+  }
+  const size_t snap = p[0].bytes[MEM_SNAPSHOT];
+  cr_assert(snap > 0 && p[2].bytes[MEM_SNAPSHOT] == snap);
+  /* the snapshot outweighs what recomputing saves (else a level keeps it) */
+  cr_assert_gt(p[2].total, p[0].total - snap, "%zu %zu %zu", p[0].total, p[2].total, snap);
+  config_t d = c;
+  plan_t q = p[0];
+  cr_assert_eq(plan_fit_recompute(&d, 1, &q, p[0].total - snap), 0, "level 0 fits without it");
+  cr_assert_eq(d.recompute, -1);
+  cr_assert_eq(plan_fit_snapshot(&d, 1, &q, p[0].total - snap), 1);
+  cr_assert(!d.checkpoint_async);
+  d = c, q = p[0];
+  cr_assert_eq(plan_fit_recompute(&d, 1, &q, p[1].total - snap), 1);
+  cr_assert_eq(d.recompute, 1, "the least level that fits without the snapshot");
+  cr_assert_eq(plan_fit_snapshot(&d, 1, &q, p[1].total - snap), 1);
+  cr_assert(!d.checkpoint_async && q.total == p[1].total - snap);
+  free(data), free(dir);
+}
+
 /* A job that checkpoints asynchronously plans its snapshot (parameters, m
  * and v of the shard), and a run measures exactly that; when only the
  * snapshot does not fit, plan_fit_snapshot turns it off and the plan fits. */
