@@ -600,8 +600,10 @@ test-cuda: $(CUDA_CHECKS) $(if $(HAVE_CUDA),$(CUDA_PLUGIN))
 # The programs the tests run are built sanitized too (into bin/, where the
 # tests find them); afterwards they are built again from $(B), pass or fail,
 # so that a later `make` or `make demo` does not run sanitized programs.
+# -DTU_SLOW=4 gives the end-to-end tests' limits room for programs ~8x slower
+# (tests/unit/testutil.h).
 test-san: deps-test $(BINS)
-	$(MAKE) B=build-san OPT=-O1 EXTRA_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer" \
+	$(MAKE) B=build-san OPT=-O1 EXTRA_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -DTU_SLOW=4" \
 	  EXTRA_LDFLAGS="-fsanitize=address,undefined" $(call test_bins,build-san)
 	FSDP_TEST_BUILD=build-san ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp \
 	  UBSAN_OPTIONS=halt_on_error=1 sh tests/run.sh $(call test_bins,build-san); st=$$?; \

@@ -173,6 +173,12 @@ double cluster_wait_gone(const char *dir, double timeout_s) {
   return tu_now_s() - t0;
 }
 
+void cluster_wait_file(const char *path, double timeout_s) {
+  const double limit = timeout_s * TU_SLOW, t0 = tu_now_s();
+  while (access(path, F_OK) && tu_now_s() - t0 < limit) nanosleep(&(struct timespec){0, 2000000}, NULL);
+  cr_assert_eq(access(path, F_OK), 0, "no %s within %.0f s", path, limit);
+}
+
 void cluster_db_check(const char *path) {
   sqlite3 *h;
   cr_assert_eq(sqlite3_open(path, &h), SQLITE_OK, "%s", path);

@@ -46,6 +46,9 @@ int cluster_stop(cluster_proc_t *p, int sig);
 /* Runs bin/fsdpctl ARGS (shell words) against coord, output (stderr joined)
  * into out; its exit status. */
 int cluster_ctl(const char *coord, const char *args, char *out, size_t len);
+/* Waits for path to exist (a checkpoint's manifest: committed), up to
+ * timeout_s times TU_SLOW; fails the test naming it when it does not. */
+void cluster_wait_file(const char *path, double timeout_s);
 /* Asserts that the SQLite database at path passes PRAGMA integrity_check. */
 void cluster_db_check(const char *path);
 /* A process whose working directory lies under dir (a rank runs in its

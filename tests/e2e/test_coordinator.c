@@ -92,7 +92,7 @@ static void co_start_with_tokens(const char *name, char *ut, char *nt, char *ot)
   free(u), free(n), free(o), free(db);
 }
 
-TestSuite(coordinator, .init = setup, .fini = teardown, .timeout = 60);
+TestSuite(coordinator, .init = setup, .fini = teardown, .timeout = 60 * TU_SLOW);
 
 /* ---- calls ------------------------------------------------------------------ */
 
@@ -861,7 +861,7 @@ static double assigned_at(const node_t *n, const char *job, double secs, char *r
   return 0;
 }
 
-Test(coordinator, a_dead_nodes_job_restarts_only_after_the_nodes_fence, .timeout = 40) {
+Test(coordinator, a_dead_nodes_job_restarts_only_after_the_nodes_fence, .timeout = 40 * TU_SLOW) {
   node_t A = {{0}, 0}, Bn = {{0}, 0};
   char id[32], reason[512] = "";
   double heard;
@@ -880,7 +880,7 @@ Test(coordinator, a_dead_nodes_job_restarts_only_after_the_nodes_fence, .timeout
  * rank 1, told to stop, may run on (cut off, it never heard the kill) until
  * beta's fence; the next attempt waits that long, though beta is not dead
  * when the attempt ends (helper-61 #1). */
-Test(coordinator, a_failed_attempts_silent_node_holds_the_restart_for_its_fence, .timeout = 40) {
+Test(coordinator, a_failed_attempts_silent_node_holds_the_restart_for_its_fence, .timeout = 40 * TU_SLOW) {
   node_t A = {{0}, 0}, Bn = {{0}, 0};
   char id[32], reason[512] = "";
   double heard;
@@ -899,7 +899,7 @@ Test(coordinator, a_failed_attempts_silent_node_holds_the_restart_for_its_fence,
  * they run a fence from that registration, and the next attempt waits for
  * it, not for the fence of the call before the node's death. */
 Test(coordinator, a_dead_node_back_with_old_ranks_holds_the_restart_from_its_registration,
-     .timeout = 40) {
+     .timeout = 40 * TU_SLOW) {
   node_t A = {{0}, 0}, Bn = {{0}, 0};
   char id[32], reason[512] = "";
   double heard;
@@ -920,7 +920,7 @@ Test(coordinator, a_dead_node_back_with_old_ranks_holds_the_restart_from_its_reg
 /* The same across a coordinator restart: the new coordinator cannot know
  * when beta was last heard, only that it was before its start, so a job
  * that ran before waits a fence and the margin from its start. */
-Test(coordinator, a_restarted_coordinator_holds_restarts_for_the_fence, .timeout = 40) {
+Test(coordinator, a_restarted_coordinator_holds_restarts_for_the_fence, .timeout = 40 * TU_SLOW) {
   node_t A = {{0}, 0}, Bn = {{0}, 0};
   char id[32], reason[512] = "";
   double heard;
@@ -942,7 +942,7 @@ Test(coordinator, a_restarted_coordinator_holds_restarts_for_the_fence, .timeout
  * resumed job waits a fence and the margin from the start too (it was
  * placed on alpha at once before). */
 Test(coordinator, a_job_cancelled_before_a_restart_and_resumed_after_waits_for_the_fence,
-     .timeout = 40) {
+     .timeout = 40 * TU_SLOW) {
   node_t A = {{0}, 0}, Bn = {{0}, 0};
   char id[32], reason[512] = "";
   double heard;
@@ -977,7 +977,7 @@ static int assigned_rank(const node_t *n, const char *job) {
  * registered yet: beta may still run its rank, cut off, until its fence, so
  * the next attempt waits that long from the start, though gamma has room
  * at once (helper-61 #1: it was placed 0.08 s after the start). */
-Test(coordinator, an_attempt_failed_after_a_restart_waits_for_its_unheard_node, .timeout = 40) {
+Test(coordinator, an_attempt_failed_after_a_restart_waits_for_its_unheard_node, .timeout = 40 * TU_SLOW) {
   char d[600], id[32], reason[512] = "";
   data_opt(d, sizeof d);
   node_t A = {{0}, 0}, Bn = {{0}, 0}, G = {{0}, 0};
@@ -1076,7 +1076,7 @@ Test(coordinator, a_restarted_coordinator_keeps_the_running_job_and_fences_old_e
  * (3 s) has passed, its job failing with a reason that names the flag;
  * gamma registers at once and then goes silent: back, it has the timeout
  * alone, and is dead well before the grace ends. */
-Test(coordinator, a_restart_gives_the_nodes_its_grace_to_register_again, .timeout = 40) {
+Test(coordinator, a_restart_gives_the_nodes_its_grace_to_register_again, .timeout = 40 * TU_SLOW) {
   char d[600];
   data_opt(d, sizeof d);
   node_t A = {{0}, 0}, Bn = {{0}, 0}, G = {{0}, 0};
@@ -1843,7 +1843,7 @@ Test(coordinator, a_failed_job_is_at_its_latest_committed_step) {
  * shards commits after its restart; a shard missing past the timeout aborts
  * it, and its files go once the job ends; retention keeps the newest 2; a
  * report of an ended attempt is refused. */
-Test(coordinator, checkpoints_commit_abort_retain_and_survive_a_restart, .timeout = 90) {
+Test(coordinator, checkpoints_commit_abort_retain_and_survive_a_restart, .timeout = 90 * TU_SLOW) {
   char db[600];
   snprintf(db, sizeof db, "%s", co_db);
   teardown();
@@ -1972,7 +1972,7 @@ static void export_finish(rpc_stream_t *xs, uint64_t got, uint64_t total) {
  * A client that reads the first message and pauses holds the export open:
  * gRPC grants the stream's window only to a pending read, so the small
  * model's pieces (about 13 MB) wait in the coordinator's backlog. */
-Test(coordinator, an_export_keeps_its_checkpoint_from_retention_until_it_ends, .timeout = 60) {
+Test(coordinator, an_export_keeps_its_checkpoint_from_retention_until_it_ends, .timeout = 60 * TU_SLOW) {
   char d[600], ck[600], ckopt[700], id[32];
   node_t n = {{0}, 0};
   ckpt_job_start(&n, "model=small", "keep_checkpoints=1", d, ck, ckopt, id);
@@ -2066,7 +2066,7 @@ static void co_restart_after(const char *fmt, ...) {
 
 /* A listing bigger than one reply comes in pages: each under gRPC's 4 MiB,
  * the newest first, next_before_id where the next starts, every job once. */
-Test(coordinator, a_long_job_listing_comes_in_pages, .timeout = 60) {
+Test(coordinator, a_long_job_listing_comes_in_pages, .timeout = 60 * TU_SLOW) {
   /* 6,000 failed jobs with 600-byte reasons: about 4 MiB of listing */
   co_restart_after("WITH RECURSIVE k(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM k WHERE i < 6000) "
                    "INSERT INTO jobs(name, spec, world_size, mesh, state, reason, max_restarts, "
@@ -2119,7 +2119,7 @@ static double co_metric(const char *name) {
 /* A listing of a long history derives each ended job's facts (steps, plan)
  * once; the coordinator keeps at most COORD_JOBS_KEPT (4,096) of those in
  * memory, never a live job's, and derives a dropped one again when asked. */
-Test(coordinator, a_long_history_listed_is_not_kept_in_memory, .timeout = 60) {
+Test(coordinator, a_long_history_listed_is_not_kept_in_memory, .timeout = 60 * TU_SLOW) {
   enum { OLD = 6000, KEPT = 4096 };
   teardown();
   char *db = tu_path("state.db");
@@ -2172,7 +2172,7 @@ Test(coordinator, a_long_history_listed_is_not_kept_in_memory, .timeout = 60) {
 /* ListNodes: a page stops short of 4 MiB and says where the next starts
  * (12,000 nodes of 8 devices with long names: several pages, every node
  * once, by id); node_id asks for one node only. */
-Test(coordinator, a_long_node_listing_comes_in_pages, .timeout = 60) {
+Test(coordinator, a_long_node_listing_comes_in_pages, .timeout = 60 * TU_SLOW) {
   co_restart_after("WITH RECURSIVE k(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM k WHERE i < 12000) "
                    "INSERT INTO nodes(id, name, address, state, registered_ms, last_seen_ms) "
                    "SELECT i, printf('node-%%06d.%%.90c', i, 'x'), '10.0.0.1:7071', 'DEAD', 1, 1 "
@@ -2488,13 +2488,13 @@ static void stop_around_a_commit(const char *extra, int signal_first) {
   cr_expect_eq(access(manifest, F_OK), 0, "%s", manifest);
 }
 
-Test(coordinator, a_stop_waits_for_the_commit_on_the_pool, .timeout = 60) {
+Test(coordinator, a_stop_waits_for_the_commit_on_the_pool, .timeout = 60 * TU_SLOW) {
   stop_around_a_commit(NULL, 0);
 }
 
 /* --stop-grace 1 with the job running: the last shard comes in the grace,
  * and its commit, which outlasts the grace, is still waited for. */
-Test(coordinator, a_commit_begun_in_the_stop_grace_is_waited_for_past_it, .timeout = 60) {
+Test(coordinator, a_commit_begun_in_the_stop_grace_is_waited_for_past_it, .timeout = 60 * TU_SLOW) {
   stop_around_a_commit("--stop-grace 1", 1);
 }
 
@@ -2502,7 +2502,7 @@ Test(coordinator, a_commit_begun_in_the_stop_grace_is_waited_for_past_it, .timeo
  * the commit is done: the new attempt loads the newest committed checkpoint,
  * and the commit's retention may remove the one before it under the new
  * attempt's ranks (found by review). */
-Test(coordinator, a_job_is_not_placed_while_its_commit_is_on_the_pool, .timeout = 60) {
+Test(coordinator, a_job_is_not_placed_while_its_commit_is_on_the_pool, .timeout = 60 * TU_SLOW) {
   char db[600];
   static slow_ckpt_t k;
   pthread_t th;
@@ -2563,7 +2563,7 @@ Test(coordinator, ended_jobs_older_than_the_retention_are_removed_but_not_their_
 
 /* The largest ListEvents answer fits gRPC's 4 MiB default: 5000 events of
  * the longest text the store keeps. */
-Test(coordinator, the_largest_events_page_fits_a_grpc_message, .timeout = 60) {
+Test(coordinator, the_largest_events_page_fits_a_grpc_message, .timeout = 60 * TU_SLOW) {
   sqlite3 *h = NULL;
   cr_assert_eq(sqlite3_open(co_db, &h), SQLITE_OK);
   sqlite3_busy_timeout(h, 5000);
@@ -2602,7 +2602,7 @@ Test(coordinator, the_largest_events_page_fits_a_grpc_message, .timeout = 60) {
  * coordinator (SIGKILLed mid-commit) never committed. The restarted one
  * commits it at its first pass and, in the same pass, does not remove the
  * job under the commit; the checkpoint ends COMMITTED, the job still there. */
-Test(coordinator, retention_leaves_a_job_whose_commit_is_on_the_pool, .timeout = 60) {
+Test(coordinator, retention_leaves_a_job_whose_commit_is_on_the_pool, .timeout = 60 * TU_SLOW) {
   char db[600];
   static slow_ckpt_t k;
   pthread_t th;
@@ -2632,7 +2632,7 @@ Test(coordinator, retention_leaves_a_job_whose_commit_is_on_the_pool, .timeout =
  * export streams (stalled on this client's flow control until it reads on)
  * and which, meanwhile, ended long ago (by hand) outlives the periodic pass
  * (every 10 s), and the export ends whole. */
-Test(coordinator, retention_leaves_a_job_an_export_is_reading, .timeout = 60) {
+Test(coordinator, retention_leaves_a_job_an_export_is_reading, .timeout = 60 * TU_SLOW) {
   char db[600], d[600], ck[600], ckopt[700], id[32];
   snprintf(db, sizeof db, "%s", co_db);
   teardown();
@@ -2663,7 +2663,7 @@ Test(coordinator, retention_leaves_a_job_an_export_is_reading, .timeout = 60) {
  * here) is ended, saying why: it no longer holds one of the two export
  * slots (nor its checkpoint from retention) for as long as it stays
  * connected. */
-Test(coordinator, an_export_whose_client_reads_nothing_is_ended, .timeout = 60) {
+Test(coordinator, an_export_whose_client_reads_nothing_is_ended, .timeout = 60 * TU_SLOW) {
   char db[600], d[600], ck[600], ckopt[700], id[32];
   snprintf(db, sizeof db, "%s", co_db);
   teardown();
@@ -2707,7 +2707,7 @@ static void *late_node_main(void *arg) {
  * 30 s, by default): the client pings
  * while the call is open and gives up on an unanswered ping. Before, a
  * watch with no deadline waited for ever. */
-Test(coordinator, a_watch_ends_when_the_coordinator_stops_answering, .timeout = 30) {
+Test(coordinator, a_watch_ends_when_the_coordinator_stops_answering, .timeout = 30 * TU_SLOW) {
   rpc_client_destroy(cl);
   rpc_client_opts_t o = {.target = co.addr, .keepalive_s = 1};
   cr_assert_eq(rpc_client_create(&cl, &o), 0, "%s", err_msg());
@@ -2768,7 +2768,7 @@ Test(coordinator, heartbeats_are_answered_at_fixed_slots) {
 /* DrainNode: a drained node gets no new ranks (a pending job says drained
  * nodes keep it waiting), the job running there is left alone, the drain
  * outlives a coordinator restart, and undrained the node takes ranks. */
-Test(coordinator, a_drained_node_gets_no_new_ranks_until_undrained, .timeout = 60) {
+Test(coordinator, a_drained_node_gets_no_new_ranks_until_undrained, .timeout = 60 * TU_SLOW) {
   char d[600], x[32], y[32], z[32];
   data_opt(d, sizeof d);
   node_t a = {{0}, 0}, b = {{0}, 0};
@@ -2960,7 +2960,7 @@ Test(coordinator, an_attempt_over_when_the_coordinator_stopped_is_ended_at_start
  * room for (64) fails every one of their attempts: before, the 65th job
  * stayed RUNNING on a dead node, forever, since none of its ranks was left
  * to report. */
-Test(coordinator, a_dead_node_fails_every_job_it_ran, .timeout = 60) {
+Test(coordinator, a_dead_node_fails_every_job_it_ran, .timeout = 60 * TU_SLOW) {
   enum { NJ = 70 };
   char d[600], ids[NJ][32], dn[NJ][16];
   data_opt(d, sizeof d);
@@ -3077,7 +3077,7 @@ static int co_log_count(const char *what) {
  * format does not name in it) is tried again less and less often, its
  * failure logged once, not at every janitor pass (each second); once the
  * file is gone, the next try removes it. */
-Test(coordinator, a_checkpoint_that_cannot_be_removed_is_tried_again_quietly, .timeout = 40) {
+Test(coordinator, a_checkpoint_that_cannot_be_removed_is_tried_again_quietly, .timeout = 40 * TU_SLOW) {
   char d[600], ck[600], ckopt[700], id[32], dir[800], odd[900];
   node_t n = {{0}, 0};
   ckpt_job_start(&n, "model=tiny", "keep_checkpoints=3", d, ck, ckopt, id);
@@ -3230,7 +3230,7 @@ static int co_log_says(const node_t *n, Fsdp__V1__RankStatus **rp, size_t nr,
  * with a manifest, one with a name the format does not give, a link, one
  * still being written, nor anything outside the format's step names; and
  * not at all once another job has the directory. */
-Test(coordinator, leftover_step_directories_go_once_no_attempt_runs, .timeout = 90) {
+Test(coordinator, leftover_step_directories_go_once_no_attempt_runs, .timeout = 90 * TU_SLOW) {
   co_start_metrics("--checkpoint-timeout-ms 1500");
   const double t_start = tu_now_s();
   char d[600], ck[600], ckopt[700], id[32], path[800], sum[64], p[1200], elsewhere[700];
@@ -3462,7 +3462,7 @@ Test(coordinator, a_shard_not_written_aborts_its_checkpoint_at_once) {
  * write lock past the busy timeout, as a full disk or an I/O error would
  * fail it) is said in the coordinator's own log and counted in
  * fsdp_store_errors_total, not only answered to the caller. */
-Test(coordinator, a_failing_database_is_logged_and_counted, .timeout = 60) {
+Test(coordinator, a_failing_database_is_logged_and_counted, .timeout = 60 * TU_SLOW) {
   co_start_metrics(NULL);
   cr_expect_eq(co_metric("fsdp_store_errors_total"), 0);
   char d[600], out[8192], conf[800], args[1024];
@@ -3692,7 +3692,7 @@ static Fsdp__V1__JobState chaos_finish(node_t *spare, const char *x) {
  * assignment and exit came while the table was hidden succeeds, the
  * database is whole, and the long job ends when cancelled. (An assignment
  * held back this way used to abort the coordinator.) */
-Test(coordinator, a_database_that_fails_any_statement_never_kills_the_coordinator, .timeout = 120) {
+Test(coordinator, a_database_that_fails_any_statement_never_kills_the_coordinator, .timeout = 120 * TU_SLOW) {
   /* the nodes beat once a round, and a round on a loaded machine (or under
    * ASan) can outlast the usual 1 s timeout: a longer one, so that what is
    * tested is the database's failures, not the nodes' deaths */
@@ -3751,7 +3751,7 @@ Test(coordinator, a_database_that_fails_any_statement_never_kills_the_coordinato
  * rank's exit was stored: the exit report is answered with the error, so
  * the node reports again, and the coordinator ends the attempt by itself
  * once the database takes it, without a restart and without that report. */
-Test(coordinator, an_attempt_end_the_database_refused_is_settled_when_it_takes_it, .timeout = 60) {
+Test(coordinator, an_attempt_end_the_database_refused_is_settled_when_it_takes_it, .timeout = 60 * TU_SLOW) {
   char d[600], id[32];
   data_opt(d, sizeof d);
   node_t n = {{0}, 0};

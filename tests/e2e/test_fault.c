@@ -112,7 +112,7 @@ static void strike_during_a_step(const char *what, int sig) {
   expect_failed_ranks(what, VICTIM, t0, BOUND_S, VICTIM_NAME);
 }
 
-TestSuite(fault, .fini = teardown, .timeout = 90);
+TestSuite(fault, .fini = teardown, .timeout = 90 * TU_SLOW);
 
 Test(fault, a_killed_rank_is_named_by_every_other_rank) {
   strike_during_a_step("SIGKILL", SIGKILL);

@@ -756,7 +756,7 @@ static char *write_tmp(const char *name, const char *text) {
 
 /* ---- submit ---------------------------------------------------------------------------- */
 
-TestSuite(fsdpctl, .fini = fake_stop, .timeout = 30);
+TestSuite(fsdpctl, .fini = fake_stop, .timeout = 30 * TU_SLOW);
 
 static void expect_opt(const Fsdp__V1__JobSpec *s, size_t i, const char *sec, const char *key,
                        const char *val) {
@@ -1809,7 +1809,7 @@ static void expect_plain(const char *s, const char *cmd) {
  * and JSON (the same strings to a parser). A rank's log is its own bytes:
  * piped, byte for byte; on a terminal, escaped too, but for its newlines
  * and tabs, with a character cut between two chunks shown whole. */
-Test(fsdpctl, a_servers_control_characters_are_shown_escaped, .timeout = 60) {
+Test(fsdpctl, a_servers_control_characters_are_shown_escaped, .timeout = 60 * TU_SLOW) {
   hostile = 1;
   fake_start(NULL, NULL);
   static const struct {
@@ -1855,7 +1855,7 @@ Test(fsdpctl, a_servers_control_characters_are_shown_escaped, .timeout = 60) {
  * (deploy/k8s: a pod has none for its IP): logs reaches it with
  * --node-tls-ca plaintext (or FSDP_NODE_TLS_CA), and without says how; a
  * node in TLS is checked against --node-tls-ca's CA, not --tls-ca's. */
-Test(fsdpctl, logs_reach_nodes_as_node_tls_ca_says, .timeout = 60) {
+Test(fsdpctl, logs_reach_nodes_as_node_tls_ca_says, .timeout = 60 * TU_SLOW) {
   const char *d = tu_tmpdir();
   tu_tls_make(d);
   char cert[600], key[600], ca[600], other[600], empty[600];
@@ -1920,7 +1920,7 @@ Test(fsdpctl, logs_give_the_node_a_ticket_never_the_token) {
 
 /* ---- an independent client ---------------------------------------------------------------------- */
 
-Test(fsdpctl, python_grpc_client_submits_reads_and_checks_health, .timeout = 60) {
+Test(fsdpctl, python_grpc_client_submits_reads_and_checks_health, .timeout = 60 * TU_SLOW) {
   char *user = write_tmp("user.token", "user-secret-00001\n");
   char *node = write_tmp("node.token", "node-secret-00002\n");
   fake_start(user, node);

@@ -708,7 +708,7 @@ TestSuite(fsdpd, .init = setup, .fini = teardown);
 
 static int j1_complete(void) { return F.njobs >= 1 && F.jobs[0].have == 3; }
 
-Test(fsdpd, registers_runs_a_job_to_the_end_and_serves_its_logs, .timeout = 40) {
+Test(fsdpd, registers_runs_a_job_to_the_end_and_serves_its_logs, .timeout = 40 * TU_SLOW) {
   fsdpd_start();
   cr_assert(wait_for(registered, 10), "fsdpd did not register within 10 s:\n%s", tu_slurp(fsdpd_log, NULL));
   pthread_mutex_lock(&F.mu);
@@ -809,7 +809,7 @@ Test(fsdpd, registers_runs_a_job_to_the_end_and_serves_its_logs, .timeout = 40) 
  * or log (the attempt directory is theirs) is refused, as a FIFO is (below),
  * never truncated or written through: the file it names keeps its bytes
  * (helper-56: fsdpd, as root, would have written through such a path). */
-Test(fsdpd, a_link_planted_for_a_ranks_files_is_not_written_through, .timeout = 40) {
+Test(fsdpd, a_link_planted_for_a_ranks_files_is_not_written_through, .timeout = 40 * TU_SLOW) {
   char dir[1200], victim[1200], conf[1300], log[1300], cmd[1400], out[256];
   snprintf(dir, sizeof dir, "%s/jobs/j-7/1", workdir);
   snprintf(victim, sizeof victim, "%s/victim", workdir);
@@ -838,7 +838,7 @@ Test(fsdpd, a_link_planted_for_a_ranks_files_is_not_written_through, .timeout = 
   free(v);
 }
 
-Test(fsdpd, a_kill_stops_both_ranks_within_the_grace_and_leaves_nothing, .timeout = 40) {
+Test(fsdpd, a_kill_stops_both_ranks_within_the_grace_and_leaves_nothing, .timeout = 40 * TU_SLOW) {
   int pids[2];
   start_long_job(pids);
   if (geteuid() == 0)
@@ -897,7 +897,7 @@ Test(fsdpd, a_kill_stops_both_ranks_within_the_grace_and_leaves_nothing, .timeou
 
 static int reregistered(void) { return F.regs >= 2; }
 
-Test(fsdpd, survives_the_coordinator_going_away_and_reregisters_with_its_ranks, .timeout = 40) {
+Test(fsdpd, survives_the_coordinator_going_away_and_reregisters_with_its_ranks, .timeout = 40 * TU_SLOW) {
   int pids[2];
   start_long_job(pids);
   fake_stop();
@@ -933,7 +933,7 @@ Test(fsdpd, survives_the_coordinator_going_away_and_reregisters_with_its_ranks, 
  * the fence they run on (a coordinator restart stops nothing), and back,
  * fsdpd registers again without them (helper-57: a node SIGSTOPped past the
  * timeout kept ranks writing beside the job's next attempt). */
-Test(fsdpd, stops_its_ranks_when_the_coordinator_is_silent_past_its_fence, .timeout = 40) {
+Test(fsdpd, stops_its_ranks_when_the_coordinator_is_silent_past_its_fence, .timeout = 40 * TU_SLOW) {
   fence_ms_given = 2000;
   int pids[2];
   start_long_job(pids);
@@ -979,7 +979,7 @@ static int runs_pid(int pid, char st, int ppid, int pgrp, void *arg) {
  * the coordinator answers): past it, it ends at once, writing nothing,
  * within the coordinator's 1 s margin of the 2 s fence, while fsdpd is
  * still stopped; woken, fsdpd relays their last words. */
-Test(fsdpd, a_frozen_fsdpds_ranks_end_themselves_at_its_lease, .timeout = 40) {
+Test(fsdpd, a_frozen_fsdpds_ranks_end_themselves_at_its_lease, .timeout = 40 * TU_SLOW) {
   fence_ms_given = 2000;
   int pids[2];
   start_long_job(pids);
@@ -1051,7 +1051,7 @@ static int reg_refused(void) { return F.reg_refusals >= 1; }
 /* A refusal that passes within --refused-timeout (the coordinator's token
  * files read again, say) does not end fsdpd: it asks each second and
  * registers once taken. */
-Test(fsdpd, a_first_registration_refused_for_less_than_the_timeout_goes_on, .timeout = 30) {
+Test(fsdpd, a_first_registration_refused_for_less_than_the_timeout_goes_on, .timeout = 30 * TU_SLOW) {
   pthread_mutex_lock(&F.mu);
   F.refuse_regs = 1;
   pthread_mutex_unlock(&F.mu);
@@ -1077,7 +1077,7 @@ Test(fsdpd, a_first_registration_refused_for_less_than_the_timeout_goes_on, .tim
  * the refusal as an error once (not once per try), and registers with its
  * ranks when the coordinator takes it. (Refused at its first registration
  * it exits 78: test_cluster.) */
-Test(fsdpd, a_refusal_once_registered_keeps_the_ranks_and_is_asked_again, .timeout = 40) {
+Test(fsdpd, a_refusal_once_registered_keeps_the_ranks_and_is_asked_again, .timeout = 40 * TU_SLOW) {
   int pids[2];
   start_long_job(pids);
   const int regs = refuse_registrations(1);
@@ -1104,7 +1104,7 @@ Test(fsdpd, a_refusal_once_registered_keeps_the_ranks_and_is_asked_again, .timeo
  * silent and runs its jobs elsewhere, so past the fence it gave the ranks
  * stop, as for a silence (helper-58: a rotated node token left them running
  * for good). */
-Test(fsdpd, a_refusal_past_the_fence_stops_the_ranks, .timeout = 40) {
+Test(fsdpd, a_refusal_past_the_fence_stops_the_ranks, .timeout = 40 * TU_SLOW) {
   fence_ms_given = 2000;
   int pids[2];
   start_long_job(pids);
@@ -1138,7 +1138,7 @@ static int pids_gone(const int *pids) { return kill(pids[0], 0) && kill(pids[1],
 static const int *gone_pids;
 static int ranks_gone(void) { return pids_gone(gone_pids); }
 
-Test(fsdpd, a_name_another_fsdpd_took_stops_the_ranks, .timeout = 40) {
+Test(fsdpd, a_name_another_fsdpd_took_stops_the_ranks, .timeout = 40 * TU_SLOW) {
   int pids[2];
   start_long_job(pids);
   const int regs = refuse_registrations(2);
@@ -1172,7 +1172,7 @@ static int exits_refused(void) { return F.exit_refusals >= 4 && F.exit_refused_r
  * did: a job whose ranks all succeeded ended FAILED, "rank 0 is gone from
  * node"; found by review). */
 Test(fsdpd, a_rank_whose_exit_is_not_reported_yet_is_listed_when_fsdpd_registers_again,
-     .timeout = 40) {
+     .timeout = 40 * TU_SLOW) {
   int pids[2];
   start_long_job(pids);
   pthread_mutex_lock(&F.mu);
@@ -1194,7 +1194,7 @@ Test(fsdpd, a_rank_whose_exit_is_not_reported_yet_is_listed_when_fsdpd_registers
   cr_expect(wait_for(two_exits, 10), "the exits were reported once taken");
 }
 
-Test(fsdpd, a_job_id_with_a_path_in_it_is_refused_before_any_file, .timeout = 20) {
+Test(fsdpd, a_job_id_with_a_path_in_it_is_refused_before_any_file, .timeout = 20 * TU_SLOW) {
   fsdpd_start();
   cr_assert(wait_for(registered, 10), "%s", tu_slurp(fsdpd_log, NULL));
   queue_job("../../escape", 1, 5);
@@ -1224,7 +1224,7 @@ Test(fsdpd, a_job_id_with_a_path_in_it_is_refused_before_any_file, .timeout = 20
  * submit, and fsdpd does not take its word for it. */
 /* A ring secret that is not 32 bytes (a coordinator's bug, or a forged
  * reply) is refused with the assignment, before any process starts. */
-Test(fsdpd, a_ring_secret_of_another_length_is_refused, .timeout = 20) {
+Test(fsdpd, a_ring_secret_of_another_length_is_refused, .timeout = 20 * TU_SLOW) {
   fsdpd_start();
   cr_assert(wait_for(registered, 10), "%s", tu_slurp(fsdpd_log, NULL));
   job_secret_len = 5;
@@ -1240,7 +1240,7 @@ Test(fsdpd, a_ring_secret_of_another_length_is_refused, .timeout = 20) {
 /* The memory plan's tunables come with the assignment, as the coordinator
  * admitted the job with them, over fsdpd's own; one that is not a plan
  * tunable (or not an integer) refuses the assignment. */
-Test(fsdpd, a_rank_runs_with_the_plans_tunables_from_its_assignment, .timeout = 40) {
+Test(fsdpd, a_rank_runs_with_the_plans_tunables_from_its_assignment, .timeout = 40 * TU_SLOW) {
   setenv("FSDP_COMM_STAGING_BYTES", "999999", 1); /* fsdpd's own: not the plan's */
   job_plan_env[0] = "FSDP_COMM_STAGING_BYTES=1048576";
   job_plan_env[1] = "FSDP_ATTN_BLOCK=32";
@@ -1257,7 +1257,7 @@ Test(fsdpd, a_rank_runs_with_the_plans_tunables_from_its_assignment, .timeout = 
   }
 }
 
-Test(fsdpd, a_plan_env_that_is_not_a_plan_tunable_is_refused, .timeout = 20) {
+Test(fsdpd, a_plan_env_that_is_not_a_plan_tunable_is_refused, .timeout = 20 * TU_SLOW) {
   fsdpd_start();
   cr_assert(wait_for(registered, 10), "%s", tu_slurp(fsdpd_log, NULL));
   job_plan_env[0] = "LD_PRELOAD=/tmp/evil.so";
@@ -1273,7 +1273,7 @@ Test(fsdpd, a_plan_env_that_is_not_a_plan_tunable_is_refused, .timeout = 20) {
 
 /* A rank whose assignment carries no ring secret (a coordinator of before)
  * runs without one: never with one fsdpd itself was started with. */
-Test(fsdpd, a_rank_never_inherits_fsdpds_own_ring_secret, .timeout = 40) {
+Test(fsdpd, a_rank_never_inherits_fsdpds_own_ring_secret, .timeout = 40 * TU_SLOW) {
   setenv("FSDP_RING_SECRET", JOB_SECRET_HEX, 1); /* fsdpd's environment */
   job_secret_len = 0;
   int pids[2];
@@ -1286,7 +1286,7 @@ Test(fsdpd, a_rank_never_inherits_fsdpds_own_ring_secret, .timeout = 40) {
   }
 }
 
-Test(fsdpd, an_option_libinih_would_cut_in_two_is_refused, .timeout = 20) {
+Test(fsdpd, an_option_libinih_would_cut_in_two_is_refused, .timeout = 20 * TU_SLOW) {
   fsdpd_start();
   cr_assert(wait_for(registered, 10), "%s", tu_slurp(fsdpd_log, NULL));
   char prompt[300];
@@ -1300,7 +1300,7 @@ Test(fsdpd, an_option_libinih_would_cut_in_two_is_refused, .timeout = 20) {
   pthread_mutex_unlock(&F.mu);
 }
 
-Test(fsdpd, sigterm_stops_the_ranks_reports_them_and_exits_0, .timeout = 40) {
+Test(fsdpd, sigterm_stops_the_ranks_reports_them_and_exits_0, .timeout = 40 * TU_SLOW) {
   int pids[2];
   start_long_job(pids);
   const double t0 = tu_now_s();
@@ -1339,7 +1339,7 @@ Test(fsdpd, sigterm_stops_the_ranks_reports_them_and_exits_0, .timeout = 40) {
  * its report deadline (the grace + 3 s), not for good: a coordinator that
  * never answers them (this fake does not serve ReportCheckpointShard) does
  * not keep fsdpd from exiting, and what was given up is said. */
-Test(fsdpd, a_stop_gives_up_unanswered_shard_reports_at_its_deadline, .timeout = 40) {
+Test(fsdpd, a_stop_gives_up_unanswered_shard_reports_at_its_deadline, .timeout = 40 * TU_SLOW) {
   char *ck = tu_path("ckpt");
   cr_assert_eq(mkdir(ck, 0777), 0);
   chmod(ck, 0777); /* the ranks run as nobody */
@@ -1366,7 +1366,7 @@ Test(fsdpd, a_stop_gives_up_unanswered_shard_reports_at_its_deadline, .timeout =
   free(ck);
 }
 
-Test(fsdpd, refuses_to_run_ranks_as_root, .timeout = 10) {
+Test(fsdpd, refuses_to_run_ranks_as_root, .timeout = 10 * TU_SLOW) {
   if (geteuid() != 0) cr_skip_test("needs root");
   const char *args[] = {"--devices", "cpu:1", "--work-dir", workdir, NULL};
   int pid = fsdpd_spawn(args), status;
@@ -1384,7 +1384,7 @@ Test(fsdpd, refuses_to_run_ranks_as_root, .timeout = 10) {
 /* Options that would go wrong later are refused at start: an empty --grace
  * (FSDP_GRACE= in fsdpd.env) was 0 s, every rank SIGKILLed on a stop with
  * no checkpoint; a --listen port past 65535 was served modulo 65536. */
-Test(fsdpd, options_that_would_go_wrong_later_are_refused_at_start, .timeout = 20) {
+Test(fsdpd, options_that_would_go_wrong_later_are_refused_at_start, .timeout = 20 * TU_SLOW) {
   const char *grace[] = {"--devices", "cpu:1", "--work-dir", workdir, "--grace", "", NULL};
   const char *refused[] = {"--devices", "cpu:1", "--work-dir", workdir, "--refused-timeout", "",
                            NULL};
@@ -1407,7 +1407,7 @@ Test(fsdpd, options_that_would_go_wrong_later_are_refused_at_start, .timeout = 2
  * at start (exit 2, saying how to fix it); with --insecure it serves,
  * warning; on loopback, or with a node token (the coordinator then checks
  * tokens and gives the node its log tickets' key), it serves quietly. */
-Test(fsdpd, open_rank_logs_beyond_loopback_are_refused_unless_insecure, .timeout = 20) {
+Test(fsdpd, open_rank_logs_beyond_loopback_are_refused_unless_insecure, .timeout = 20 * TU_SLOW) {
   char cmd[2400], out[8192], *nt = tu_path("node.token"), tok[700];
   tu_write_file(nt, "node-secret-0987654321\n", 23);
   snprintf(tok, sizeof tok, "--token-file '%s'", nt);
@@ -1434,7 +1434,7 @@ Test(fsdpd, open_rank_logs_beyond_loopback_are_refused_unless_insecure, .timeout
  * reach it when the listen address is not theirs to dial (a pod's 0.0.0.0
  * registered as the host node's name, which no port answers on); a bad one
  * is refused at start. */
-Test(fsdpd, advertise_is_the_registered_node_address, .timeout = 20) {
+Test(fsdpd, advertise_is_the_registered_node_address, .timeout = 20 * TU_SLOW) {
   char listen[64], adv[64];
   close(tu_listen_loopback(listen, sizeof listen)); /* a free port */
   snprintf(adv, sizeof adv, "localhost:%s", strrchr(listen, ':') + 1);
@@ -1462,7 +1462,7 @@ static int j3_done(void) { return F.nexits >= 1 && !strcmp(F.exits[F.nexits - 1]
 
 /* An ended attempt (ESTALE from Rendezvous) is given up without a report,
  * and its device is free for the next job at once. */
-Test(fsdpd, a_stale_rendezvous_is_given_up_and_frees_the_device, .timeout = 20) {
+Test(fsdpd, a_stale_rendezvous_is_given_up_and_frees_the_device, .timeout = 20 * TU_SLOW) {
   fsdpd_start();
   cr_assert(wait_for(registered, 10), "%s", tu_slurp(fsdpd_log, NULL));
   queue_job("stale-1", 1, 5);
@@ -1486,7 +1486,7 @@ Test(fsdpd, a_stale_rendezvous_is_given_up_and_frees_the_device, .timeout = 20) 
 
 /* With tokens given, fsdpd's own Node service wants the user token: none is
  * UNAUTHENTICATED, the node token PERMISSION_DENIED, the user's gets in. */
-Test(fsdpd, its_node_service_requires_the_user_token_when_configured, .timeout = 20) {
+Test(fsdpd, its_node_service_requires_the_user_token_when_configured, .timeout = 20 * TU_SLOW) {
   char *ut = tu_path("user.token"), *nt = tu_path("node.token");
   tu_write_file(ut, "user-secret-1234567890\n", 23);
   tu_write_file(nt, "node-secret-0987654321\n", 23);
@@ -1603,7 +1603,7 @@ static char *fsdpd_with_token(const char *opt, const char *name, const char *tok
   return t;
 }
 
-Test(fsdpd, its_node_service_takes_a_ticket_for_the_rank_alone, .timeout = 30) {
+Test(fsdpd, its_node_service_takes_a_ticket_for_the_rank_alone, .timeout = 30 * TU_SLOW) {
   log_key_given = 1;
   char *ut = fsdpd_with_token("--user-token-file", "user.token", "user-secret-1234567890\n", "j-7");
   char addr[128];
@@ -1688,7 +1688,7 @@ static int follow_drain(rpc_stream_t *st, int64_t *next) {
  * expired, or the node registered again with a new key, it ends ABORTED
  * (FSDP_ESTALE) naming the byte to resume at, while the rank runs on (it
  * used to run until the rank exited). The new key's tickets then open it. */
-Test(fsdpd, a_followed_log_ends_with_its_ticket_or_the_nodes_key, .timeout = 60) {
+Test(fsdpd, a_followed_log_ends_with_its_ticket_or_the_nodes_key, .timeout = 60 * TU_SLOW) {
   log_key_given = 1;
   int pids[2];
   start_long_job(pids);
@@ -1745,7 +1745,7 @@ Test(fsdpd, a_followed_log_ends_with_its_ticket_or_the_nodes_key, .timeout = 60)
 /* An fsdpd given a node token whose coordinator issues no log tickets (it
  * checks no tokens): once registered, its rank logs are served by the user
  * token rule (here none: open), not refused for want of a key. */
-Test(fsdpd, its_node_service_without_a_key_follows_the_user_token_rule, .timeout = 30) {
+Test(fsdpd, its_node_service_without_a_key_follows_the_user_token_rule, .timeout = 30 * TU_SLOW) {
   char *nt = fsdpd_with_token("--token-file", "node.token", "node-secret-0987654321\n", "j-6");
   rpc_client_t *c = node_client();
   size_t len = 0;
@@ -1762,7 +1762,7 @@ Test(fsdpd, its_node_service_without_a_key_follows_the_user_token_rule, .timeout
 /* The rank's user can replace its log by a FIFO (the attempt directory is
  * theirs): GetRankLogs refuses it at once, instead of fsdpd's loop waiting
  * in open() for a writer that never comes, and the Node service goes on. */
-Test(fsdpd, a_log_replaced_by_a_fifo_is_refused_and_fsdpd_keeps_answering, .timeout = 30) {
+Test(fsdpd, a_log_replaced_by_a_fifo_is_refused_and_fsdpd_keeps_answering, .timeout = 30 * TU_SLOW) {
   fsdpd_start();
   cr_assert(wait_for(registered, 10), "%s", tu_slurp(fsdpd_log, NULL));
   fake_attempt("j-fifo", 100);
@@ -1787,7 +1787,7 @@ Test(fsdpd, a_log_replaced_by_a_fifo_is_refused_and_fsdpd_keeps_answering, .time
 /* The exit report's last line comes from the rank's log: a log replaced by
  * a FIFO while the rank ran delays neither its report nor the other rank's,
  * and the report says why it has no line. */
-Test(fsdpd, a_rank_whose_log_became_a_fifo_is_still_reported, .timeout = 40) {
+Test(fsdpd, a_rank_whose_log_became_a_fifo_is_still_reported, .timeout = 40 * TU_SLOW) {
   int pids[2];
   start_long_job(pids);
   char p[1200];
@@ -1814,7 +1814,7 @@ Test(fsdpd, a_rank_whose_log_became_a_fifo_is_still_reported, .timeout = 40) {
  * FIFO where fsdpd is about to create another's log or job file. fsdpd
  * refuses to start that rank, at once, instead of waiting in open() for a
  * reader, and says so in the rank's exit report. */
-Test(fsdpd, a_fifo_planted_for_a_ranks_log_or_job_file_fails_that_rank_at_once, .timeout = 30) {
+Test(fsdpd, a_fifo_planted_for_a_ranks_log_or_job_file_fails_that_rank_at_once, .timeout = 30 * TU_SLOW) {
   fsdpd_start();
   cr_assert(wait_for(registered, 10), "%s", tu_slurp(fsdpd_log, NULL));
   const char *names[] = {"rank-0.conf", "rank-0.log"};
@@ -1861,7 +1861,7 @@ static rpc_stream_t *logs_held(rpc_client_t *c, const char *job) {
  * more is refused at once, with how many are open and what to do, and once
  * one ends a new one is served. The logs are large and their clients read
  * one chunk, so the streams stay open until closed. */
-Test(fsdpd, log_streams_past_the_cap_are_refused_until_one_ends, .timeout = 40) {
+Test(fsdpd, log_streams_past_the_cap_are_refused_until_one_ends, .timeout = 40 * TU_SLOW) {
   char cap[16];
   snprintf(cap, sizeof cap, "%d", STREAMS_CAP);
   setenv("FSDP_LOG_STREAMS_MAX", cap, 1); /* this test's process only, and fsdpd's */
@@ -1893,7 +1893,7 @@ Test(fsdpd, log_streams_past_the_cap_are_refused_until_one_ends, .timeout = 40) 
 /* A client that stops reading does not keep its stream (and descriptor)
  * for good: after FSDP_STREAM_STALL_S with nothing accepted fsdpd ends it,
  * with a message saying why, and its slot serves the next stream. */
-Test(fsdpd, a_log_stream_whose_client_stopped_reading_is_ended, .timeout = 40) {
+Test(fsdpd, a_log_stream_whose_client_stopped_reading_is_ended, .timeout = 40 * TU_SLOW) {
   setenv("FSDP_LOG_STREAMS_MAX", "1", 1);
   setenv("FSDP_STREAM_STALL_S", "1", 1);
   fsdpd_start();
@@ -1923,7 +1923,7 @@ Test(fsdpd, a_log_stream_whose_client_stopped_reading_is_ended, .timeout = 40) {
 }
 
 /* The soft limit on open files is raised to the hard one at start, and said. */
-Test(fsdpd, raises_its_soft_limit_on_open_files_to_the_hard_one, .timeout = 20) {
+Test(fsdpd, raises_its_soft_limit_on_open_files_to_the_hard_one, .timeout = 20 * TU_SLOW) {
   struct rlimit rl;
   cr_assert_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
   if (rl.rlim_max < 8192) cr_skip_test("the hard limit on open files is %llu", (unsigned long long)rl.rlim_max);

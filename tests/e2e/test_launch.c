@@ -30,7 +30,7 @@ static int survivors(const char *secs_int, const char *secs_frac) {
   return system(cmd) == 0;
 }
 
-Test(launch, ranks_get_their_place_and_a_listening_socket, .timeout = 30) {
+Test(launch, ranks_get_their_place_and_a_listening_socket, .timeout = 30 * TU_SLOW) {
   char out[16384];
   /* each rank connects to its own address: the socket it was handed listens there */
   int rc = launch("-n 3 -- bash -c 'echo \"me=$FSDP_RANK of $FSDP_WORLD_SIZE fd=$FSDP_LISTEN_FD\"; "
@@ -65,7 +65,7 @@ static int secret_of(const char *out, int r, char s[65]) {
 
 /* Every rank of a run gets its ring secret (64 hex digits, the same for
  * all, which they prove to each other); the next run gets another. */
-Test(launch, each_run_draws_one_ring_secret_for_its_ranks, .timeout = 30) {
+Test(launch, each_run_draws_one_ring_secret_for_its_ranks, .timeout = 30 * TU_SLOW) {
   char out[2][4096], s[2][3][65];
   for (int run = 0; run < 2; run++) {
     int rc = launch("-n 3 -- sh -c 'echo \"secret=$FSDP_RING_SECRET\"'", out[run], sizeof out[run],
@@ -80,7 +80,7 @@ Test(launch, each_run_draws_one_ring_secret_for_its_ranks, .timeout = 30) {
   cr_expect_str_neq(s[0][0], s[1][0], "two runs drew the same secret");
 }
 
-Test(launch, a_failing_rank_stops_the_others, .timeout = 30) {
+Test(launch, a_failing_rank_stops_the_others, .timeout = 30 * TU_SLOW) {
   char out[16384];
   double secs;
   int rc = launch("-n 3 --grace 5 -- sh -c 'if [ \"$FSDP_RANK\" = 1 ]; then sleep 0.2; exit 3; fi; "
@@ -94,7 +94,7 @@ Test(launch, a_failing_rank_stops_the_others, .timeout = 30) {
 /* Rank 1 fails only once rank 0 ignores SIGTERM (a file says so; rank 1
  * waits for it at most 10 s): failing at once, it could stop rank 0 before
  * its trap was set. */
-Test(launch, a_rank_ignoring_sigterm_is_killed_after_the_grace, .timeout = 30) {
+Test(launch, a_rank_ignoring_sigterm_is_killed_after_the_grace, .timeout = 30 * TU_SLOW) {
   char out[16384], args[1024], *ready = tu_path("rank0-ignores-term");
   double secs;
   snprintf(args, sizeof args,
@@ -109,7 +109,7 @@ Test(launch, a_rank_ignoring_sigterm_is_killed_after_the_grace, .timeout = 30) {
   cr_assert(!survivors("27", "1828"));
 }
 
-Test(launch, bad_usage, .timeout = 10) {
+Test(launch, bad_usage, .timeout = 10 * TU_SLOW) {
   char out[4096];
   cr_assert_eq(launch("-- true", out, sizeof out, NULL), 2);
   cr_assert(strstr(out, "-n RANKS is required"), "%s", out);
@@ -127,7 +127,7 @@ static tu_world_t W;
 
 static void kill_world(void) { tu_world_kill(&W); }
 
-Test(launch, a_signal_to_the_launcher_stops_every_rank, .timeout = 30, .fini = kill_world) {
+Test(launch, a_signal_to_the_launcher_stops_every_rank, .timeout = 30 * TU_SLOW, .fini = kill_world) {
   tu_world_start(&W, 1, "fsdp-launch", "-n 2 -- sh -c 'echo up; sleep 16.1803 & wait'", NULL, NULL);
   cr_assert_eq(tu_world_wait_lines(&W, 0, "[rank ", 2, 10), 0, "the ranks did not start:\n%s",
                tu_world_output(&W, 0));
@@ -149,7 +149,7 @@ Test(launch, a_signal_to_the_launcher_stops_every_rank, .timeout = 30, .fini = k
  * no rank training on, holding its cores: each fsdp-train asked the kernel
  * for SIGTERM when its parent dies (FSDP_SUPERVISOR_PID, set by the
  * launcher) and stops at its next step boundary. */
-Test(launch, a_launcher_killed_outright_leaves_no_rank_training, .timeout = 60,
+Test(launch, a_launcher_killed_outright_leaves_no_rank_training, .timeout = 60 * TU_SLOW,
      .fini = kill_world) {
   char *data = tu_token_file("tok.bin", 20000, 1, 256), args[2048];
   snprintf(args, sizeof args, "-n 2 -- %s/bin/fsdp-train --model tiny --steps 1000000 "

@@ -34,7 +34,7 @@ static void teardown(void) {
   cluster_stop(&coord, SIGTERM);
 }
 
-TestSuite(metrics, .fini = teardown, .timeout = 120);
+TestSuite(metrics, .fini = teardown, .timeout = 120 * TU_SLOW);
 
 /* GET http://HOST:port/path into out (host: "127.0.0.1" or "[::1]"); the HTTP status. */
 static int http_get_at(const char *host, int port, const char *path, char *out, size_t len) {

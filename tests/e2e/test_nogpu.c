@@ -58,7 +58,7 @@ Test(nogpu, no_program_links_a_cuda_library) {
   }
 }
 
-Test(nogpu, every_program_starts_and_a_sharded_job_trains_with_cuda_hidden, .timeout = 120) {
+Test(nogpu, every_program_starts_and_a_sharded_job_trains_with_cuda_hidden, .timeout = 120 * TU_SLOW) {
   char *data = tu_token_file("tokens.bin", 1 << 15, 7, 256);
   char cmd[4096];
   int n = 0;
@@ -76,7 +76,7 @@ Test(nogpu, every_program_starts_and_a_sharded_job_trains_with_cuda_hidden, .tim
 
 /* With the toolkit hidden, the plugin itself cannot load: the error names the
  * library the loader missed and the way to run without it. */
-Test(nogpu, a_cuda_job_with_cuda_hidden_names_the_missing_library, .timeout = 60) {
+Test(nogpu, a_cuda_job_with_cuda_hidden_names_the_missing_library, .timeout = 60 * TU_SLOW) {
   if (!plugin_built()) cr_skip_test("the CUDA plugin is not built here (no nvcc)");
   char *data = tu_token_file("tokens.bin", 1 << 15, 7, 256);
   char cmd[2048];
@@ -93,7 +93,7 @@ Test(nogpu, a_cuda_job_with_cuda_hidden_names_the_missing_library, .timeout = 60
 }
 
 /* The plugin loads (its libraries are here) and finds no GPU. */
-Test(nogpu, a_cuda_job_without_a_gpu_says_so, .timeout = 60) {
+Test(nogpu, a_cuda_job_without_a_gpu_says_so, .timeout = 60 * TU_SLOW) {
   if (!plugin_built()) cr_skip_test("the CUDA plugin is not built here (no nvcc)");
   char *data = tu_token_file("tokens.bin", 1 << 15, 7, 256);
   char args[1024];
@@ -107,7 +107,7 @@ Test(nogpu, a_cuda_job_without_a_gpu_says_so, .timeout = 60) {
 
 /* FSDP_CUDA_PLUGIN names a file that is missing, or a library that is not
  * our plugin (the fake driver test_inventory uses): both are refused by name. */
-Test(nogpu, a_plugin_path_that_is_not_the_plugin_is_refused, .timeout = 60) {
+Test(nogpu, a_plugin_path_that_is_not_the_plugin_is_refused, .timeout = 60 * TU_SLOW) {
   char *data = tu_token_file("tokens.bin", 1 << 15, 7, 256);
   char fake[256];
   snprintf(fake, sizeof fake, "%s/tests/fake-cuda/libcuda.so.1", tu_build());
@@ -129,7 +129,7 @@ Test(nogpu, a_plugin_path_that_is_not_the_plugin_is_refused, .timeout = 60) {
  * two; the plugin is missing) does not offer them: fsdpd asks the rank
  * program first (--probe-device cuda, as the ranks' user). With --devices
  * cuda it refuses to start, saying why; with auto it offers a CPU device. */
-Test(nogpu, a_node_does_not_offer_gpus_its_ranks_cannot_use, .timeout = 60) {
+Test(nogpu, a_node_does_not_offer_gpus_its_ranks_cannot_use, .timeout = 60 * TU_SLOW) {
   char cmd[2048], env[512];
   snprintf(env, sizeof env, "LD_LIBRARY_PATH=%s/tests/fake-cuda "
            "FSDP_CUDA_PLUGIN=/nonexistent/libfsdp-cuda.so", tu_build());

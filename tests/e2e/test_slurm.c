@@ -134,7 +134,7 @@ static void teardown(void) {
   }
 }
 
-TestSuite(slurm, .init = setup, .fini = teardown, .timeout = 240);
+TestSuite(slurm, .init = setup, .fini = teardown, .timeout = 240 * TU_SLOW);
 
 #define SKIP_UNLESS_ROOT()                                                               \
   if (geteuid() != 0) cr_skip_test("Slurm's daemons need root on this machine; skipped")
@@ -157,9 +157,9 @@ static char *job_file(const char *name, const char *extra) {
  * batch job's exit code. */
 static int sbatch_wait(const char *jobconf, const char *state, char *out, size_t len) {
   char cmd[4096];
-  snprintf(cmd, sizeof cmd, "cd '%s' && env %s FSDP_STATE='%s/%s' timeout 200 sbatch --wait -o "
+  snprintf(cmd, sizeof cmd, "cd '%s' && env %s FSDP_STATE='%s/%s' timeout %d sbatch --wait -o "
            "'%s/%s.out' '%s/deploy/slurm/fsdp.sbatch' '%s' --ranks 2", tu_tmpdir(), env,
-           tu_tmpdir(), state, tu_tmpdir(), state, root, jobconf);
+           tu_tmpdir(), state, 200 * TU_SLOW, tu_tmpdir(), state, root, jobconf);
   return tu_sh(cmd, out, len);
 }
 
@@ -320,18 +320,14 @@ static void preempted_resumes_exactly(const char *how) {
   cr_assert_gt(id, 0, "%s", out);
   char man[800];
   snprintf(man, sizeof man, "%s/step-00000300/manifest.json", ck);
-  const double t0 = tu_now_s();
-  while (access(man, F_OK)) {
-    cr_assert_lt(tu_now_s() - t0, 60, "no committed checkpoint within 60 s");
-    nanosleep(&(struct timespec){0, 20000000}, NULL);
-  }
+  cluster_wait_file(man, 60);
   snprintf(cmd, sizeof cmd, how, id);
   run_ok(cmd);
   /* requeued (held cred_expire + 1 s), run again, to its end */
   snprintf(cmd, sizeof cmd, "squeue -h -j %d", id);
   const double t1 = tu_now_s();
   while (tu_sh(cmd, out, sizeof out), out[0]) {
-    cr_assert_lt(tu_now_s() - t1, 180, "the job is still queued or running:\n%s", out);
+    cr_assert_lt(tu_now_s() - t1, 180 * TU_SLOW, "the job is still queued or running:\n%s", out);
     nanosleep(&(struct timespec){0, 500000000}, NULL);
   }
   snprintf(cmd, sizeof cmd, "scontrol show job %d", id);
@@ -378,9 +374,9 @@ Test(slurm, a_two_node_allocation_runs_a_rank_on_each_node) {
   snprintf(extra, sizeof extra, "steps = 300\n[output]\ncheckpoint_dir = %s\ncheckpoint_every = 300\n",
            ck);
   char *jc = job_file("two.conf", extra);
-  snprintf(cmd, sizeof cmd, "cd '%s' && env %s FSDP_DEVICES=cpu:1 FSDP_STATE='%s/two' timeout 200 "
+  snprintf(cmd, sizeof cmd, "cd '%s' && env %s FSDP_DEVICES=cpu:1 FSDP_STATE='%s/two' timeout %d "
            "sbatch --wait --nodes=2 -o '%s/two.out' '%s/deploy/slurm/fsdp.sbatch' '%s' --ranks 2",
-           tu_tmpdir(), env, tu_tmpdir(), tu_tmpdir(), root, jc);
+           tu_tmpdir(), env, tu_tmpdir(), 200 * TU_SLOW, tu_tmpdir(), root, jc);
   int rc = tu_sh(cmd, out, sizeof out);
   snprintf(cmd, sizeof cmd, "cat '%s/two.out' '%s/two/coordinator.log'", tu_tmpdir(), tu_tmpdir());
   static char log[1 << 16];

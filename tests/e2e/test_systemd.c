@@ -349,7 +349,7 @@ static int wait_exit(pid_t pid, double timeout_s, double *took) {
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-Test(systemd, the_units_command_lines_run_a_job_and_stop_on_sigterm_in_time, .timeout = 150) {
+Test(systemd, the_units_command_lines_run_a_job_and_stop_on_sigterm_in_time, .timeout = 150 * TU_SLOW) {
   chmod(tu_tmpdir(), 0755);
   char *tc, *tf;
   free(unit("fsdp-coordinator.service", &tc));
@@ -446,7 +446,7 @@ Test(systemd, the_units_command_lines_run_a_job_and_stop_on_sigterm_in_time, .ti
 /* `make install DESTDIR= PREFIX=`: the programs executable under BINDIR, the
  * units there with ExecStart naming the installed program (the rest of each
  * unit as checked above), the sysusers file, the documentation. */
-Test(systemd, make_install_puts_programs_units_and_docs_where_packagers_expect, .timeout = 120) {
+Test(systemd, make_install_puts_programs_units_and_docs_where_packagers_expect, .timeout = 120 * TU_SLOW) {
   char dest[800], cmd[4096], out[1 << 14], path[1200];
   snprintf(dest, sizeof dest, "%s/destdir", tu_tmpdir());
   snprintf(cmd, sizeof cmd, "make -s -C '%s' install DESTDIR='%s' PREFIX=/opt/fsdp", tu_root(), dest);

@@ -53,6 +53,16 @@ char *tu_slurp(const char *path, size_t *n);
 void tu_tls_make(const char *dir);
 /* Monotonic clock, in seconds. */
 double tu_now_s(void);
+/* How many times longer a test may take than its plain limits say: make
+ * test-san builds the tests and the programs they run with AddressSanitizer
+ * and UBSan at -O1 and passes -DTU_SLOW=4 (a checkpoint/resume test's
+ * programs take 108.6 s there against 14.5 s plain). The end-to-end tests'
+ * Criterion timeouts and their waits for a program's progress are multiplied
+ * by it; a wait that proves something is prompt (a heartbeat timeout, a
+ * process gone after a signal) is not. */
+#ifndef TU_SLOW
+#define TU_SLOW 1
+#endif
 
 /* ---- a world of rank processes, started without fsdp-launch ---------------
  * The way fsdp-launch starts a job: rank r runs `bin/PROGRAM ARGS` (shell
