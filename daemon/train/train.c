@@ -48,6 +48,7 @@ typedef struct train_writer {
 struct train {
   config_t cfg;       /* finished (config_finish) */
   int recompute_asked; /* cfg.recompute as the job gave it, before fitting it to this rank */
+  int async_asked;     /* cfg.checkpoint_async as the job gave it, likewise */
   train_opts_t opts;  /* opts.out is NULL on every rank but 0: one voice per job */
   const device_t *dev;
   comm_boot_t boot;   /* how this rank found its peers */
@@ -142,9 +143,11 @@ static int train_ranks_differ(train_t *t, uint64_t h, const char *what, float *d
 /* Every rank runs the same job: a rank given another batch, seq_len or
  * seed would train on with a loss that looks fine (only a change of a
  * collective's size is caught, as diverged collectives). The ranks compare
- * a hash of their effective options (config_write's text), recompute as
- * the job gave it: a level each rank fitted to its own device's memory
- * changes no value it computes (GPUs of two sizes under fsdp-launch). */
+ * a hash of their effective options (config_write's text), recompute and
+ * checkpoint_async as the job gave them: a level each rank fitted to its own
+ * device's memory changes no value it computes, nor does a snapshot it had
+ * no room for (its shard is written in place; no rank waits for another's
+ * write), as on GPUs of two sizes under fsdp-launch. */
 static int train_same_job(train_t *t) {
   if (!t->groups.world || t->boot.world < 2) return FSDP_OK;
   char *text = NULL;
@@ -153,6 +156,7 @@ static int train_same_job(train_t *t) {
   if (!f) return err_set(FSDP_ENOMEM, "train: out of memory");
   config_t asked = t->cfg;
   asked.recompute = t->recompute_asked;
+  asked.checkpoint_async = t->async_asked;
   int rc = config_write(&asked, f);
   if (fclose(f) && !rc) rc = err_set(FSDP_ENOMEM, "train: out of memory");
   const uint64_t h = rc ? 0 : XXH64(text, len, 0);
@@ -682,6 +686,7 @@ int train_open(train_t **out, const config_t *c, const train_opts_t *o) {
   const size_t need0 = t->plan.total;
   const int level0 = config_recompute(c);
   t->recompute_asked = c->recompute;
+  t->async_asked = c->checkpoint_async;
   if (plan_fit_recompute(&t->cfg, t->boot.world, &t->plan, limit) && t->opts.out)
     fprintf(t->opts.out, "train: note: recompute = %d: at the %s default (%d) the plan needs %.0f "
             "MiB, more than this rank's %.0f MiB; set recompute to choose\n", c->recompute,

@@ -12,7 +12,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "daemon/common/err.h"
 #include "daemon/train/data.h"
@@ -51,7 +53,7 @@ static void start_world(const char *data, const char *const *rank_args) {
   char *mine = data ? NULL : token_file(0), args[1024];
   snprintf(args, sizeof args, "--model tiny --steps 10000 --warmup_steps 1 --batch 2 --seq_len 32 "
            "--threads 1 --strategy FULL_SHARD --mesh 3 --data %s", data ? data : mine);
-  tu_world_start(&W, 3, "fsdp-train", args, env, rank_args);
+  tu_world_start(&W, 3, "fsdp-train", args, env, NULL, rank_args);
   free(mine);
 }
 
@@ -132,6 +134,40 @@ Test(fault, a_rank_given_another_model_stops_every_rank_at_open) {
   double t0 = tu_now_s();
   start_world(NULL, rank_args);
   expect_failed_ranks("divergent", -1, t0, 10.0 + BOUND_S, "not given the same job");
+}
+
+/* Ranks whose devices differ in memory (FSDP_DEVICE_MEMORY_BYTES, as fsdpd
+ * sets it; a GPU's own under fsdp-launch): rank 1's 11.1 MiB holds the job's
+ * plan without its checkpoint snapshot (10.6 MiB a rank) but not with it
+ * (11.2), so it writes its shard in place (checkpoint_async 0, saying so)
+ * while rank 0 snapshots, and both still run one job: their options compare
+ * as the job gave them (train_same_job; before, both stopped at open as
+ * "not given the same job"), and the checkpoint commits. */
+Test(fault, ranks_with_devices_of_two_sizes_run_one_job) {
+  static const char *const env[] = {"FSDP_COMM_TIMEOUT_MS=" STR(TIMEOUT_MS), NULL};
+  const char *const rank_env[2] = {"FSDP_DEVICE_MEMORY_BYTES=1073741824",
+                                   "FSDP_DEVICE_MEMORY_BYTES=11649024"};
+  char *data = token_file(0), *ck = tu_path("ck-sizes"), args[2048];
+  cr_assert_eq(mkdir(ck, 0755), 0, "%s", ck);
+  snprintf(args, sizeof args, "--model tiny --steps 6 --warmup_steps 1 --batch 2 --seq_len 32 "
+           "--threads 1 --strategy FULL_SHARD --mesh 2 --eval_every 0 --sample_tokens 0 "
+           "--data %s --checkpoint_dir %s --checkpoint_every 5", data, ck);
+  tu_world_start(&W, 2, "fsdp-train", args, env, rank_env, NULL);
+  cr_assert_eq(tu_world_wait_exits(&W, -1, 60), 0, "the ranks still run after 60 s");
+  for (int r = 0; r < 2; r++) {
+    char *out = tu_world_output(&W, r);
+    cr_expect(WIFEXITED(W.status[r]) && WEXITSTATUS(W.status[r]) == 0, "rank %d:\n%s", r, out);
+    /* rank 1 drops its own silently (one voice per job: rank 0's) */
+    if (r == 0)
+      cr_expect(strstr(out, "writing it in the background") &&
+                    !strstr(out, "no room for a checkpoint snapshot"),
+                "rank 0 dropped its snapshot:\n%s", out);
+    free(out);
+  }
+  char man[1024];
+  snprintf(man, sizeof man, "%s/step-00000005/manifest.json", ck);
+  cr_expect_eq(access(man, F_OK), 0, "step 5's checkpoint did not commit");
+  free(data), free(ck);
 }
 
 /* One rank whose copy of the token file differs from the others' under the

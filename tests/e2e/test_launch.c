@@ -128,7 +128,8 @@ static tu_world_t W;
 static void kill_world(void) { tu_world_kill(&W); }
 
 Test(launch, a_signal_to_the_launcher_stops_every_rank, .timeout = 30 * TU_SLOW, .fini = kill_world) {
-  tu_world_start(&W, 1, "fsdp-launch", "-n 2 -- sh -c 'echo up; sleep 16.1803 & wait'", NULL, NULL);
+  tu_world_start(&W, 1, "fsdp-launch", "-n 2 -- sh -c 'echo up; sleep 16.1803 & wait'", NULL, NULL,
+                 NULL);
   cr_assert_eq(tu_world_wait_lines(&W, 0, "[rank ", 2, 10), 0, "the ranks did not start:\n%s",
                tu_world_output(&W, 0));
   const double t0 = tu_now_s();
@@ -158,7 +159,7 @@ Test(launch, a_launcher_killed_outright_leaves_no_rank_training, .timeout = 60 *
   /* no progress lines: a rank writing to its dead launcher's pipe would die
    * of SIGPIPE anyway; a quiet one would train on */
   const char *env[] = {"FSDP_PROGRESS_EVERY=100000000", NULL};
-  tu_world_start(&W, 1, "fsdp-launch", args, env, NULL);
+  tu_world_start(&W, 1, "fsdp-launch", args, env, NULL, NULL);
   cr_assert_eq(tu_world_wait_lines(&W, 0, "[rank 0] train: model", 1, 20), 0, "no start:\n%s",
                tu_world_output(&W, 0));
   nanosleep(&(struct timespec){1, 0}, NULL); /* training */

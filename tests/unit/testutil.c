@@ -197,7 +197,8 @@ static void tu_sleep_ms(int ms) {
 extern char **environ;
 
 void tu_world_start(tu_world_t *w, int n, const char *program, const char *args,
-                    const char *const *env, const char *const *rank_args) {
+                    const char *const *env, const char *const *rank_env,
+                    const char *const *rank_args) {
   static int worlds; /* log names stay apart when a test starts several worlds */
   cr_assert(n >= 1 && n <= TU_WORLD_MAX, "a world of 1 to %d ranks", TU_WORLD_MAX);
   memset(w, 0, sizeof *w);
@@ -212,13 +213,14 @@ void tu_world_start(tu_world_t *w, int n, const char *program, const char *args,
   size_t ne = 0, nx = 0;
   while (environ[ne]) ne++;
   while (env && env[nx]) nx++;
-  char **envp = calloc(ne + nx + 5, sizeof *envp);
+  char **envp = calloc(ne + nx + 6, sizeof *envp);
   char vrank[32], vworld[32], vaddrs[sizeof addrs + 16], vfd[] = "FSDP_LISTEN_FD=3";
   cr_assert_not_null(envp);
   snprintf(vworld, sizeof vworld, "FSDP_WORLD_SIZE=%d", n);
   snprintf(vaddrs, sizeof vaddrs, "FSDP_ADDRS=%s", addrs);
   size_t k = 0;
-  envp[k++] = vrank, envp[k++] = vworld, envp[k++] = vaddrs, envp[k++] = vfd;
+  char vmine[256] = ""; /* rank r's own (rank_env) */
+  envp[k++] = vrank, envp[k++] = vmine, envp[k++] = vworld, envp[k++] = vaddrs, envp[k++] = vfd;
   for (size_t i = 0; i < nx; i++) envp[k++] = (char *)env[i];
   for (size_t i = 0; i < ne; i++) envp[k++] = environ[i];
 
@@ -236,6 +238,8 @@ void tu_world_start(tu_world_t *w, int n, const char *program, const char *args,
     cr_assert_not_null(cmd = malloc(len));
     snprintf(cmd, len, "exec %s/bin/%s %s %s", tu_root(), program, args, extra);
     snprintf(vrank, sizeof vrank, "FSDP_RANK=%d", r);
+    /* none: FSDP_RANK again (an entry without '=' is not a variable) */
+    snprintf(vmine, sizeof vmine, "%s", rank_env && rank_env[r] ? rank_env[r] : vrank);
     pid_t parent = getpid(), pid = fork();
     cr_assert(pid >= 0, "fork");
     if (pid == 0) { /* only async-signal-safe calls from here to exec */

@@ -80,10 +80,12 @@ typedef struct tu_world {
   double exit_s[TU_WORLD_MAX]; /* tu_now_s() when seen exited (0 while running) */
   char log[TU_WORLD_MAX][512]; /* the file holding rank r's stdout and stderr */
 } tu_world_t;
-/* env: "NAME=value" strings ending with NULL (or NULL); rank_args[r]: more
- * words for rank r only (or NULL). */
+/* env: "NAME=value" strings ending with NULL (or NULL); rank_env[r]: one
+ * more "NAME=value" for rank r only, ahead of env's (or NULL); rank_args[r]:
+ * more words for rank r only (or NULL). */
 void tu_world_start(tu_world_t *w, int n, const char *program, const char *args,
-                    const char *const *env, const char *const *rank_args);
+                    const char *const *env, const char *const *rank_env,
+                    const char *const *rank_args);
 /* Rank r's output so far (malloc'd, NUL-terminated). */
 char *tu_world_output(const tu_world_t *w, int r);
 /* Waits up to timeout_s until rank r's output holds `count` lines starting
