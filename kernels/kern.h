@@ -227,19 +227,23 @@ typedef struct kern_backend {
   /* Attention whose backward reads qkv in bf16, as forward rounded it for
    * its own products (the GPU's tensor-core attention): forward takes qkv
    * (fp32, from the product) and leaves it rounded in qkv16 (B,T,3C), which
-   * the caller keeps for backward instead of qkv. The same values as
-   * attention_fwd and attention_bwd, bit for bit. Only for the shapes
+   * the caller keeps for backward instead of qkv; and writes out (B,T,C) in
+   * bf16 (out16, 4-byte aligned), each element attention_fwd's rounded
+   * (nearest even), for its readers, the projection's product (which
+   * would round it so) and backward (D = dout . out, as FlashAttention
+   * takes it from its bf16 output). Backward gives attention_bwd's values
+   * with out = out16 widened, bit for bit. Only for the shapes
    * attention_bf16_fits(C, NH) says (1), which depends on the model and the
    * job's modes, not on the device. */
   int (*attention_bf16_fits)(int C, int NH);
-  void (*attention_fwd_bf16)(float *out, float *att, float *scratch, const float *qkv,
+  void (*attention_fwd_bf16)(uint16_t *out16, float *att, float *scratch, const float *qkv,
                              uint16_t *qkv16, int B, int T, int C, int NH);
   /* attention_bwd_bf16's dout in fp32, or in bf16 (dout16, as
    * matmul_bwd_dinp16 writes it; 16-byte aligned, as qkv16): one of the
    * two, the other NULL; fp32 dout gives the same values as dout16 = its
    * rounding (the kernels read dout rounded, D = dout . out too) */
   void (*attention_bwd_bf16)(float *dqkv, float *scratch, const float *dout,
-                             const uint16_t *dout16, const uint16_t *qkv16, const float *out,
+                             const uint16_t *dout16, const uint16_t *qkv16, const uint16_t *out16,
                              const float *att, int B, int T, int C, int NH, int acc);
   /* Floats of the scratch the two above take: attention_scratch's, less
    * what a copy of qkv took there (the caller's qkv16 is it). Where
@@ -292,6 +296,15 @@ typedef struct kern_backend {
   void (*matmul_bwd_dinp16)(uint16_t *dinp16, float *dw, float *dbias, const float *dout,
                             const float *inp, const uint16_t *inp16, const float *w, int N, int IC,
                             int OC);
+  /* A block's projection with the residual added as it is written, in the
+   * bf16 mode: out (N, OC, dense) = inp w^T + bias + res (res N x OC,
+   * dense; out itself, or a buffer not overlapping it), inp in fp32 (inp,
+   * its rows packed as matmul_fwd's) or bf16 (inp16, as matmul_fwd_bf16's),
+   * one of the two. matmul_fwd then residual_fwd within a rounding of each
+   * element (the three terms may be added in another order), with one pass
+   * over out less. Optional. */
+  void (*matmul_fwd_res)(float *out, const float *inp, const uint16_t *inp16, const float *w,
+                         const float *bias, const float *res, int N, int IC, int OC);
 } kern_backend_t;
 
 /* The x86-64 levels the CPU kernels are built for, numbered as the psABI's

@@ -97,17 +97,18 @@ static size_t gpt_config_act_floats(const gpt_config_t *c, size_t B, size_t T, i
   const size_t N = B * T, C = (size_t)c->channels, L = (size_t)c->layers;
   const size_t R = lrows > 0 && (size_t)lrows < N ? (size_t)lrows : N;
 #define A(n) gpt_config_act_region((n), flags)
-  /* all but res3: qkv (3 NC, in half under GPT_ACT_BF16_QKV), atty, res2
-   * (NC each), fch (4 NC, in half under GPT_ACT_BF16_FCH), GELU's output
+  /* all but res3: qkv (3 NC) and atty (NC), both in half under
+   * GPT_ACT_BF16_QKV, res2 (NC), fch (4 NC, in half under GPT_ACT_BF16_FCH), GELU's output
    * (4 NC) and ln1, ln2 (NC each)
    * unless recomputed (these and lnf in half under GPT_ACT_BF16), the
    * norms' statistics (4 of N), the attention's */
   const size_t h = flags & GPT_ACT_BF16 ? 2 : 1; /* bf16: N C even (gpt_config_acts_bf16_fits) */
   const size_t gelu = flags & GPT_ACT_RECOMPUTE_GELU ? 0 : A(4 * N * C / h);
   const size_t ln = flags & GPT_ACT_RECOMPUTE_LN ? 0 : 2 * A(N * C / h);
-  const size_t qkv = A(3 * N * C / (flags & GPT_ACT_BF16_QKV ? 2 : 1));
+  const size_t q16 = flags & GPT_ACT_BF16_QKV ? 2 : 1;
+  const size_t qkv = A(3 * N * C / q16), atty = A(N * C / q16);
   const size_t fch = A(4 * N * C / (flags & GPT_ACT_BF16_FCH ? 2 : 1));
-  size_t inner = qkv + 2 * A(N * C) + fch + gelu + ln + 4 * A(N) + A(att);
+  size_t inner = qkv + atty + A(N * C) + fch + gelu + ln + 4 * A(N) + A(att);
   size_t layers = flags & GPT_ACT_CHECKPOINT ? L * A(N * C) + inner : L * (inner + A(N * C));
   size_t fwd = A(N * C) /* encoded */ + layers + A(N * C / h) + 2 * A(N) /* lnf */ +
                A(R * (size_t)gpt_config_logits_ld(c)) /* logits: one chunk */ + A(N) /* losses */;

@@ -96,8 +96,9 @@ int gpt_config_logits_rows(const gpt_config_t *cfg, int chunk_mib);
  * backend offers it (kern.h's bf16 activations: a GPU's bf16 job) and
  * gpt_config_acts_bf16_fits. */
 #define GPT_ACT_BF16 8
-/* GPT_ACT_BF16_QKV (with GPT_ACT_BF16): qkv kept in bf16 too, where the
- * backend's attention reads it so (kern.h's attention_bf16_fits). */
+/* GPT_ACT_BF16_QKV (with GPT_ACT_BF16): qkv and the attention's output kept
+ * in bf16 too, where the backend's attention reads and writes them so
+ * (kern.h's attention_bf16_fits). */
 #define GPT_ACT_BF16_QKV 16
 /* GPT_ACT_BF16_FCH (with GPT_ACT_BF16): the fc product's output (fch, 4 x C
  * a token) kept in bf16 too, where the backend's GELU reads it so (kern.h's

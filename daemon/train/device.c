@@ -172,11 +172,18 @@ static int device_cuda_open(const config_t *c, int rank, const device_t **out) {
                                .attn_fp32 = param_cuda_attn_fp32() != 0,
                                .acts_fp32 = param_cuda_acts_fp32() != 0,
                                .dinp_fp32 = param_cuda_dinp_fp32() != 0,
+                               .gelu_exact = param_cuda_gelu_exact() != 0,
                                .gemm_algo = KERN_CUDA_GEMM_ALGO(param_cuda_gemm_algo())};
   const kern_backend_t *k = p->kern_init(&ko, msg, sizeof msg);
   if (!k) return err_set(FSDP_EIO, "device cuda: GPU %lld: %s", (long long)ord, msg);
   static int reserved_counted; /* the kernels keep it for the process's life */
   if (!reserved_counted++) mem_account(MEM_WORKSPACE, p->reserved_bytes(), 1);
+  static kern_backend_t res_apart; /* FSDP_CUDA_RES_APART: the table less matmul_fwd_res */
+  if (param_cuda_res_apart() && k->matmul_fwd_res) {
+    res_apart = *k;
+    res_apart.matmul_fwd_res = NULL;
+    k = &res_apart;
+  }
   device_cuda.kern = k;
   device_cuda.comm = p->comm;
   device_cuda.ids = &device_cuda_ids;

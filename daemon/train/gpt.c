@@ -92,7 +92,7 @@ typedef struct gpt_layer_acts {
   float *ln1_mean;  /* (N) */
   float *ln1_rstd;  /* (N) */
   float *qkv;       /* (N,3C), in bf16 under qkv16 */
-  float *atty;      /* (N,C) attention output before its projection */
+  float *atty;      /* (N,C) attention output before its projection (bf16 with qkv16) */
   float *att;       /* what attention keeps for backward (attention_saved floats) */
   float *res2;      /* (N,C) residual after attention */
   float *ln2;       /* (N,C) */
@@ -427,6 +427,23 @@ static void gpt_act_matmul_fwd(const gpt_t *g, float *out, const void *inp, cons
   else g->be->matmul_fwd(out, inp, w, bias, N, IC, OC, ldo);
 }
 
+/* A projection back to the residual stream: out (N, C) = inp w^T + bias +
+ * res, inp in fp32 (inp) or bf16 (inp16, the bf16 activations); one op
+ * where the backend adds the residual as the product writes it, else the
+ * product and the residual after it in place. */
+static void gpt_proj_res(const gpt_t *g, float *out, const float *inp, const uint16_t *inp16,
+                         const float *w, const float *bias, const float *res, int N, int IC) {
+  const kern_backend_t *be = g->be;
+  const int C = g->cfg.channels;
+  if (be->matmul_fwd_res) {
+    be->matmul_fwd_res(out, inp, inp16, w, bias, res, N, IC, C);
+    return;
+  }
+  if (inp16) be->matmul_fwd_bf16(out, inp16, w, bias, N, IC, C, C);
+  else be->matmul_fwd(out, inp, w, bias, N, IC, C, C);
+  be->residual_fwd(out, out, res, (size_t)N * C);
+}
+
 static void gpt_act_matmul_bwd(const gpt_t *g, float *dinp, float *dw, float *dbias,
                                const float *dout, const void *inp, const float *w, int N, int IC,
                                int OC, int ldo, int acc) {
@@ -484,7 +501,7 @@ static int gpt_alloc_acts(gpt_t *g, int B, int T) {
       a->ln1_mean = TAKE(N);
       a->ln1_rstd = TAKE(N);
       a->qkv = TAKE(3 * N * C / (g->qkv16 ? 2 : 1)); /* bf16: N C even */
-      a->atty = TAKE(N * C);
+      a->atty = TAKE(N * C / (g->qkv16 ? 2 : 1)); /* bf16 with qkv */
       a->att = TAKE(natt);
       a->res2 = TAKE(N * C);
       a->ln2 = g->recompute >= 2 ? NULL : TAKE(N * C / h); /* NULL: in dbig1 */
@@ -590,15 +607,15 @@ static void gpt_layer_fwd(gpt_t *g, int l, float *P, const float *res_in) {
   gpt_act_layernorm(g, l1, a->ln1_mean, a->ln1_rstd, res_in, p.ln1w, p.ln1b, (int)N, C);
   if (g->qkv16) { /* the product into dbig2 (free until GELU's output), rounded into qkv */
     gpt_act_matmul_fwd(g, g->dbig2, l1, p.qkvw, p.qkvb, (int)N, C, 3 * C, 3 * C);
-    be->attention_fwd_bf16(a->atty, a->att, g->att_scratch, g->dbig2, (uint16_t *)a->qkv, B, T,
-                           C, NH);
+    be->attention_fwd_bf16((uint16_t *)a->atty, a->att, g->att_scratch, g->dbig2,
+                           (uint16_t *)a->qkv, B, T, C, NH);
   } else {
     gpt_act_matmul_fwd(g, a->qkv, l1, p.qkvw, p.qkvb, (int)N, C, 3 * C, 3 * C);
     be->attention_fwd(a->atty, a->att, g->att_scratch, a->qkv, B, T, C, NH);
   }
-  /* the projection lands in res2, then the residual is added in place */
-  be->matmul_fwd(a->res2, a->atty, p.attprojw, p.attprojb, (int)N, C, C, C);
-  be->residual_fwd(a->res2, a->res2, res_in, N * C);
+  /* the attention's output: bf16 where qkv is (kern.h's attention_fwd_bf16) */
+  gpt_proj_res(g, a->res2, g->qkv16 ? NULL : a->atty, g->qkv16 ? (const uint16_t *)a->atty : NULL,
+               p.attprojw, p.attprojb, res_in, (int)N, C);
   float *l2 = a->ln2 ? a->ln2 : g->dbig1;
   gpt_act_layernorm(g, l2, a->ln2_mean, a->ln2_rstd, a->res2, p.ln2w, p.ln2b, (int)N, C);
   float *gl = a->fch_gelu ? a->fch_gelu : g->dbig2;
@@ -609,8 +626,8 @@ static void gpt_layer_fwd(gpt_t *g, int l, float *P, const float *res_in) {
     gpt_act_matmul_fwd(g, a->fch, l2, p.fcw, p.fcb, (int)N, C, 4 * C, 4 * C);
   }
   gpt_fc_gelu(g, gl, a->fch, p.fcb, (int)N, 4 * C);
-  gpt_act_matmul_fwd(g, a->res3, gl, p.fcprojw, p.fcprojb, (int)N, 4 * C, C, C);
-  be->residual_fwd(a->res3, a->res3, a->res2, N * C);
+  gpt_proj_res(g, a->res3, g->acts16 ? NULL : gl, g->acts16 ? (const uint16_t *)gl : NULL,
+               p.fcprojw, p.fcprojb, a->res2, (int)N, 4 * C);
 }
 
 /* Backward of block l: g->dres holds d(output) and becomes d(res_in); the
@@ -667,16 +684,20 @@ static void gpt_layer_bwd(gpt_t *g, int l, float *P, float *G, const float *res_
    * (kern.h: the same values, half the bytes, a cast less) */
   float *datty = g->dbig2, *dqkv = g->dbig1;
   const int datt16 = g->qkv16 && be->matmul_bwd_dinp16;
+  const uint16_t *atty16 = (const uint16_t *)a->atty; /* under qkv16 */
   if (datt16)
-    be->matmul_bwd_dinp16((uint16_t *)datty, d.attprojw, d.attprojb, g->dres, a->atty, NULL,
+    be->matmul_bwd_dinp16((uint16_t *)datty, d.attprojw, d.attprojb, g->dres, NULL, atty16,
                           p.attprojw, (int)N, C, C);
+  else if (g->qkv16)
+    be->matmul_bwd_bf16(datty, d.attprojw, d.attprojb, g->dres, NULL, atty16, p.attprojw, (int)N,
+                        C, C, C, 0);
   else
     be->matmul_bwd(datty, d.attprojw, d.attprojb, g->dres, a->atty, p.attprojw, (int)N, C, C, C,
                    0);
   if (g->qkv16)
     be->attention_bwd_bf16(dqkv, g->att_scratch, datt16 ? NULL : datty,
                            datt16 ? (const uint16_t *)datty : NULL, (const uint16_t *)a->qkv,
-                           a->atty, a->att, B, T, C, NH, 0);
+                           atty16, a->att, B, T, C, NH, 0);
   else
     be->attention_bwd(dqkv, g->att_scratch, datty, a->qkv, a->atty, a->att, B, T, C, NH, 0);
   const float *l1 = a->ln1;

@@ -398,7 +398,7 @@ extern "C" void kern_cuda_attention_fwd(float *out, float *att, float *scratch, 
   KERN_CUDA_ASSERT(NH > 0 && C % NH == 0);
   const int hs = C / NH;
   if (attn_fused(C, NH)) { /* size.h's list is fa_fwd_hs's, and attention_tc.cu's */
-    const int launched = (attn_tc() && kern_cuda_attention_tc_fwd(out, att, scratch, qkv, NULL, B, T, C, NH)) ||
+    const int launched = (attn_tc() && kern_cuda_attention_tc_fwd(out, NULL, att, scratch, qkv, NULL, B, T, C, NH)) ||
                          fa_fwd_hs(hs, out, att, qkv, B, T, C, NH);
     KERN_CUDA_ASSERT(launched);
     return;
@@ -432,7 +432,8 @@ extern "C" void kern_cuda_attention_bwd(float *dqkv, float *scratch, const float
   /* the tensor-core kernels write dqkv without acc (each element once); the
    * others accumulate, into zeros then */
   if (attn_fused(C, NH) && attn_tc() &&
-      kern_cuda_attention_tc_bwd(dqkv, scratch, dout, NULL, qkv, NULL, out, att, B, T, C, NH, acc))
+      kern_cuda_attention_tc_bwd(dqkv, scratch, dout, NULL, qkv, NULL, out, NULL, att, B, T, C, NH,
+                                 acc))
     return;
   if (!acc)
     KERN_CUDA_CHECK(cudaMemsetAsync(dqkv, 0, (size_t)B * T * 3 * C * sizeof(float), kern_cuda_st.stream));
@@ -475,21 +476,21 @@ extern "C" int kern_cuda_attention_bf16_fits(int C, int NH) {
   return kern_cuda_size_attn_tc_qkv16(C, NH, kern_cuda_st.attn_gemm, attn_tc());
 }
 
-extern "C" void kern_cuda_attention_fwd_bf16(float *out, float *att, float *scratch,
+extern "C" void kern_cuda_attention_fwd_bf16(uint16_t *out16, float *att, float *scratch,
                                              const float *qkv, uint16_t *qkv16, int B, int T,
                                              int C, int NH) {
   if (B <= 0 || T <= 0) return;
-  KERN_CUDA_ASSERT(kern_cuda_attention_bf16_fits(C, NH) &&
-                   kern_cuda_attention_tc_fwd(out, att, scratch, qkv, qkv16, B, T, C, NH));
+  KERN_CUDA_ASSERT(kern_cuda_attention_bf16_fits(C, NH) && !((uintptr_t)out16 & 3) &&
+                   kern_cuda_attention_tc_fwd(NULL, out16, att, scratch, qkv, qkv16, B, T, C, NH));
 }
 
 extern "C" void kern_cuda_attention_bwd_bf16(float *dqkv, float *scratch, const float *dout,
                                              const uint16_t *dout16, const uint16_t *qkv16,
-                                             const float *out, const float *att, int B, int T,
+                                             const uint16_t *out16, const float *att, int B, int T,
                                              int C, int NH, int acc) {
   if (B <= 0 || T <= 0) return;
   KERN_CUDA_ASSERT(!dout != !dout16 && (!dout16 || kern_cuda_aligned16(dout16)) &&
                    kern_cuda_attention_bf16_fits(C, NH) &&
-                   kern_cuda_attention_tc_bwd(dqkv, scratch, dout, dout16, NULL, qkv16, out, att,
-                                              B, T, C, NH, acc));
+                   kern_cuda_attention_tc_bwd(dqkv, scratch, dout, dout16, NULL, qkv16, NULL, out16,
+                                              att, B, T, C, NH, acc));
 }

@@ -132,16 +132,6 @@ __device__ __forceinline__ void kern_cuda_mma_bf16(float d[4], const uint32_t a[
 #endif
 }
 
-/* Two floats as bf16, lo in the low half: one cvt.rn.bf16x2.f32 (nearest
- * even, as kern_math.h's kern_f32_to_bf16 rounds; a NaN's payload aside),
- * for P and dS. */
-__device__ __forceinline__ static uint32_t tc_pack(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  uint32_t u;
-  memcpy(&u, &v, sizeof u);
-  return u;
-}
-
 /* The softmax works in base 2 (kern_cuda_exp2_approx), its scores scaled by
  * scale * log2(e) (TC_LOG2E), as FlashAttention does: one fmaf (score
  * times that, less the row's maximum or log-sum-exp; explicit, as this file
@@ -334,8 +324,8 @@ __device__ __forceinline__ static void tc_accumulate(float (*acc)[4], const floa
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
       const float(*q)[4] = p + mt * NS + 2 * k;
-      a[mt][0] = tc_pack(q[0][0], q[0][1]), a[mt][1] = tc_pack(q[0][2], q[0][3]);
-      a[mt][2] = tc_pack(q[1][0], q[1][1]), a[mt][3] = tc_pack(q[1][2], q[1][3]);
+      a[mt][0] = kern_cuda_bf16x2_rn(q[0][0], q[0][1]), a[mt][1] = kern_cuda_bf16x2_rn(q[0][2], q[0][3]);
+      a[mt][2] = kern_cuda_bf16x2_rn(q[1][0], q[1][1]), a[mt][3] = kern_cuda_bf16x2_rn(q[1][2], q[1][3]);
     }
 #pragma unroll
     for (int d = 0; d < HS / 8; d += 2) {
@@ -360,23 +350,32 @@ template <int HS> __device__ __forceinline__ static void tc_load_rows(uint32_t a
 
 /* Row r0 + g and r0 + g + 8 of an (n, ld) matrix at dst, columns 2t and
  * 2t + 1 of each 8-column strip, from f * acc: added (add) or stored; rows
- * >= n are left. These are this thread's elements of the warp's 16 rows. */
-template <int HS>
-__device__ __forceinline__ static void tc_put_rows(float *dst, int64_t ld, int r0, int n,
+ * >= n are left. These are this thread's elements of the warp's 16 rows. A
+ * bf16 dst (O uint16_t, dst and ld even: 4-byte pairs) is stored only, each
+ * pair rounded as kern_f32_to_bf16 rounds (the casts' bits). */
+template <int HS, typename O>
+__device__ __forceinline__ static void tc_put_rows(O *dst, int64_t ld, int r0, int n,
                                                    const float acc[HS / 8][4], float f, int add) {
   const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
 #pragma unroll
   for (int h = 0; h < 2; h++) {
     const int r = r0 + g + 8 * h;
     if (r >= n) continue;
-    float *row = dst + (int64_t)r * ld + 2 * t;
+    O *row = dst + (int64_t)r * ld + 2 * t;
 #pragma unroll
     for (int d = 0; d < HS / 8; d++) {
       const float x = f * acc[d][2 * h], y = f * acc[d][2 * h + 1];
-      row[8 * d] = add ? row[8 * d] + x : x, row[8 * d + 1] = add ? row[8 * d + 1] + y : y;
+      if constexpr (sizeof(O) == 2)
+        *(uint32_t *)(row + 8 * d) = kern_cuda_bf16x2(x, y);
+      else
+        row[8 * d] = add ? row[8 * d] + x : x, row[8 * d + 1] = add ? row[8 * d + 1] + y : y;
     }
   }
 }
+
+/* an element of out as fp32: itself, or a bf16 widened */
+__device__ __forceinline__ static float tc_f32(float x) { return x; }
+__device__ __forceinline__ static float tc_f32(uint16_t x) { return kern_bf16_to_f32(x); }
 
 /* The scores s of the warp's 16 query rows from i0 against the 64 keys
  * from j0, where mask (warp-uniform: the tile holds a key after a row, or a
@@ -476,10 +475,11 @@ __device__ __forceinline__ static void tc_fwd_tile(float (*o)[4], float *m, floa
 template <int HS> __host__ __device__ constexpr int tc_fwd_mt() { return HS <= 64 ? 2 : 1; }
 template <int HS> __host__ __device__ constexpr int tc_fwd_warps() { return TC_FWD_WARPS / tc_fwd_mt<HS>(); }
 
-/* Forward: out, and lse (B, NH, T) = m + log(l) of each query row. */
-template <int HS>
+/* Forward: out (fp32, or bf16: O), and lse (B, NH, T) = m + log(l) of each
+ * query row. */
+template <int HS, typename O>
 __global__ static void __launch_bounds__(32 * tc_fwd_warps<HS>(), HS <= 64 ? 3 : 1) /* 3: 168 registers */
-    tc_fwd_kernel(float *out, float *lse, const uint16_t *qkv, int T, int C, float scale) {
+    tc_fwd_kernel(O *out, float *lse, const uint16_t *qkv, int T, int C, float scale) {
   constexpr int MT = tc_fwd_mt<HS>(), R = 16 * MT; /* a warp's rows */
   constexpr int OWN = 16 * TC_FWD_WARPS, NTH = 32 * tc_fwd_warps<HS>();
   const float sl2 = scale * TC_LOG2E; /* the scores in base 2 */
@@ -533,7 +533,7 @@ __global__ static void __launch_bounds__(32 * tc_fwd_warps<HS>(), HS <= 64 ? 3 :
 #pragma unroll
     for (int d = 0; d < HS / 8; d++)
       om[d][0] *= inv[0], om[d][1] *= inv[0], om[d][2] *= inv[1], om[d][3] *= inv[1];
-    tc_put_rows<HS>(out + (int64_t)b * T * C + (int64_t)h * HS, C, q0 + w0 + 16 * mt, T, om, 1.0f, 0);
+    tc_put_rows<HS, O>(out + (int64_t)b * T * C + (int64_t)h * HS, C, q0 + w0 + 16 * mt, T, om, 1.0f, 0);
   }
 }
 
@@ -579,12 +579,12 @@ __device__ __forceinline__ static void tc_dq_tile(float (*dq)[4], const uint32_t
 
 /* Backward, query pass: D = dout . out of each row into Dg (B, NH, T), from
  * the bf16 dout the products take (so that D is the row sum of P dP their
- * dP makes, as FlashAttention's), and dq += scale * dS k over the key
- * tiles. */
-template <int HS>
+ * dP makes, as FlashAttention's) and out as forward wrote it (fp32, or bf16:
+ * O), and dq += scale * dS k over the key tiles. */
+template <int HS, typename O>
 __global__ static void __launch_bounds__(TC_DQ_WARPS * 32, HS <= 64 ? 3 : 1) /* 3: 168 registers */
     tc_bwd_dq_kernel(float *dqkv, float *Dg, const uint16_t *dout16, const uint16_t *qkv,
-                     const float *out, const float *lse, int T, int C, float scale, int acc) {
+                     const O *out, const float *lse, int T, int C, float scale, int acc) {
   extern __shared__ __align__(128) unsigned char tc_smem[];
   constexpr int MT = tc_dq_mt<HS>(), R = 16 * MT; /* a warp's rows */
   constexpr int OWN = tc_dq_rows<HS>(), NTH = 32 * TC_DQ_WARPS;
@@ -610,10 +610,10 @@ __global__ static void __launch_bounds__(TC_DQ_WARPS * 32, HS <= 64 ? 3 : 1) /* 
       const int i = q0 + w0 + r16 + r;
       d[r] = 0.0f;
       if (i >= T) continue;
-      const float *orow = out + ((int64_t)b * T + i) * C + (int64_t)h * HS;
+      const O *orow = out + ((int64_t)b * T + i) * C + (int64_t)h * HS;
       const uint16_t *drow = dbase + (int64_t)i * C;
 #pragma unroll
-      for (int c = lane; c < HS; c += 32) d[r] += kern_bf16_to_f32(drow[c]) * orow[c];
+      for (int c = lane; c < HS; c += 32) d[r] += kern_bf16_to_f32(drow[c]) * tc_f32(orow[c]);
     }
 #pragma unroll
     for (int r = 0; r < 16; r++) {
@@ -785,17 +785,17 @@ static_assert(tc_fits_any<16>() && tc_fits_any<32>() && tc_fits_any<64>(),
               "size.h's kern_cuda_size_attn_tc_qkv16 promises these head sizes launch anywhere");
 
 /* qkv16: where qkv is rounded (the caller's, kept for backward), or NULL:
- * the scratch's copy. */
-template <int HS>
-static int tc_fwd(float *out, float *lse, float *scratch, const float *qkv, uint16_t *qkv16, int B,
+ * the scratch's copy. out: fp32, or bf16 (O). */
+template <int HS, typename O>
+static int tc_fwd(O *out, float *lse, float *scratch, const float *qkv, uint16_t *qkv16, int B,
                   int T, int C, int NH) {
   if (tc_fwd_smem<HS>() > kern_cuda_st.smem_optin) return 0;
   static int asked; /* with the largest carveout (the query pass's 3 blocks take 224 KiB) */
-  kern_cuda_smem_allow(tc_fwd_kernel<HS>, tc_fwd_smem<HS>(), &asked);
+  kern_cuda_smem_allow(tc_fwd_kernel<HS, O>, tc_fwd_smem<HS>(), &asked);
   if (!qkv16) qkv16 = tc_copies(scratch, B, T, NH);
   kern_cuda_f32_to_bf16(qkv16, qkv, (size_t)B * T * 3 * C); /* each element rounded once */
-  tc_fwd_kernel<HS><<<tc_grid(B, T, NH, 16 * TC_FWD_WARPS), 32 * tc_fwd_warps<HS>(), tc_fwd_smem<HS>(),
-                      kern_cuda_st.stream>>>(
+  tc_fwd_kernel<HS, O><<<tc_grid(B, T, NH, 16 * TC_FWD_WARPS), 32 * tc_fwd_warps<HS>(),
+                         tc_fwd_smem<HS>(), kern_cuda_st.stream>>>(
       out, lse, qkv16, T, C, 1.0f / sqrtf((float)HS));
   KERN_CUDA_LAUNCHED();
   return 1;
@@ -803,15 +803,16 @@ static int tc_fwd(float *out, float *lse, float *scratch, const float *qkv, uint
 
 /* qkv16: qkv in bf16 as forward rounded it (the caller's), or NULL: qkv
  * is rounded into the scratch's copy; dout in bf16 (the caller's dout16),
- * or NULL: dout rounded into the scratch's copy. */
-template <int HS>
+ * or NULL: dout rounded into the scratch's copy; out as forward wrote it
+ * (fp32, or bf16: O). */
+template <int HS, typename O>
 static int tc_bwd(float *dqkv, float *scratch, const float *dout, const uint16_t *dout16_in,
-                  const float *qkv, const uint16_t *qkv16, const float *out, const float *lse,
+                  const float *qkv, const uint16_t *qkv16, const O *out, const float *lse,
                   int B, int T, int C, int NH, int acc) {
   if (tc_dq_smem<HS>() > kern_cuda_st.smem_optin || tc_dkv_smem<HS>() > kern_cuda_st.smem_optin)
     return 0;
   static int asked_dq, asked_dkv;
-  kern_cuda_smem_allow(tc_bwd_dq_kernel<HS>, tc_dq_smem<HS>(), &asked_dq);
+  kern_cuda_smem_allow(tc_bwd_dq_kernel<HS, O>, tc_dq_smem<HS>(), &asked_dq);
   kern_cuda_smem_allow(tc_bwd_dkv_kernel<HS>, tc_dkv_smem<HS>(), &asked_dkv);
   const float scale = 1.0f / sqrtf((float)HS);
   float *D = scratch; /* (B, NH, T) */
@@ -823,8 +824,8 @@ static int tc_bwd(float *dqkv, float *scratch, const float *dout, const uint16_t
   }
   if (dout16_in) dout16 = (uint16_t *)dout16_in;
   else kern_cuda_f32_to_bf16(dout16, dout, (size_t)B * T * C);
-  tc_bwd_dq_kernel<HS><<<tc_grid(B, T, NH, tc_dq_rows<HS>()), TC_DQ_WARPS * 32, tc_dq_smem<HS>(),
-                         kern_cuda_st.stream>>>(
+  tc_bwd_dq_kernel<HS, O><<<tc_grid(B, T, NH, tc_dq_rows<HS>()), TC_DQ_WARPS * 32,
+                            tc_dq_smem<HS>(), kern_cuda_st.stream>>>(
       dqkv, D, dout16, qkv16, out, lse, T, C, scale, acc);
   KERN_CUDA_LAUNCHED();
   tc_bwd_dkv_kernel<HS><<<tc_grid(B, T, NH, 16 * TC_DKV_WARPS), TC_DKV_WARPS * 32, tc_dkv_smem<HS>(),
@@ -834,27 +835,44 @@ static int tc_bwd(float *dqkv, float *scratch, const float *dout, const uint16_t
   return 1;
 }
 
-int kern_cuda_attention_tc_fwd(float *out, float *lse, float *scratch, const float *qkv,
-                               uint16_t *qkv16, int B, int T, int C, int NH) {
+template <typename O>
+static int tc_fwd_hs(O *out, float *lse, float *scratch, const float *qkv, uint16_t *qkv16, int B,
+                     int T, int C, int NH) {
   switch (C / NH) {
-  case 16: return tc_fwd<16>(out, lse, scratch, qkv, qkv16, B, T, C, NH);
-  case 32: return tc_fwd<32>(out, lse, scratch, qkv, qkv16, B, T, C, NH);
-  case 64: return tc_fwd<64>(out, lse, scratch, qkv, qkv16, B, T, C, NH);
-  case 128: return tc_fwd<128>(out, lse, scratch, qkv, qkv16, B, T, C, NH);
+  case 16: return tc_fwd<16, O>(out, lse, scratch, qkv, qkv16, B, T, C, NH);
+  case 32: return tc_fwd<32, O>(out, lse, scratch, qkv, qkv16, B, T, C, NH);
+  case 64: return tc_fwd<64, O>(out, lse, scratch, qkv, qkv16, B, T, C, NH);
+  case 128: return tc_fwd<128, O>(out, lse, scratch, qkv, qkv16, B, T, C, NH);
+  default: return 0;
+  }
+}
+
+int kern_cuda_attention_tc_fwd(float *out, uint16_t *out16, float *lse, float *scratch,
+                               const float *qkv, uint16_t *qkv16, int B, int T, int C, int NH) {
+  KERN_CUDA_ASSERT(!out != !out16);
+  return out16 ? tc_fwd_hs(out16, lse, scratch, qkv, qkv16, B, T, C, NH)
+               : tc_fwd_hs(out, lse, scratch, qkv, qkv16, B, T, C, NH);
+}
+
+template <typename O>
+static int tc_bwd_hs(float *dqkv, float *scratch, const float *dout, const uint16_t *dout16,
+                     const float *qkv, const uint16_t *qkv16, const O *out, const float *lse,
+                     int B, int T, int C, int NH, int acc) {
+  switch (C / NH) {
+  case 16: return tc_bwd<16, O>(dqkv, scratch, dout, dout16, qkv, qkv16, out, lse, B, T, C, NH, acc);
+  case 32: return tc_bwd<32, O>(dqkv, scratch, dout, dout16, qkv, qkv16, out, lse, B, T, C, NH, acc);
+  case 64: return tc_bwd<64, O>(dqkv, scratch, dout, dout16, qkv, qkv16, out, lse, B, T, C, NH, acc);
+  case 128:
+    return tc_bwd<128, O>(dqkv, scratch, dout, dout16, qkv, qkv16, out, lse, B, T, C, NH, acc);
   default: return 0;
   }
 }
 
 int kern_cuda_attention_tc_bwd(float *dqkv, float *scratch, const float *dout,
                                const uint16_t *dout16, const float *qkv, const uint16_t *qkv16,
-                               const float *out, const float *lse, int B, int T, int C, int NH,
-                               int acc) {
-  switch (C / NH) {
-  case 16: return tc_bwd<16>(dqkv, scratch, dout, dout16, qkv, qkv16, out, lse, B, T, C, NH, acc);
-  case 32: return tc_bwd<32>(dqkv, scratch, dout, dout16, qkv, qkv16, out, lse, B, T, C, NH, acc);
-  case 64: return tc_bwd<64>(dqkv, scratch, dout, dout16, qkv, qkv16, out, lse, B, T, C, NH, acc);
-  case 128:
-    return tc_bwd<128>(dqkv, scratch, dout, dout16, qkv, qkv16, out, lse, B, T, C, NH, acc);
-  default: return 0;
-  }
+                               const float *out, const uint16_t *out16, const float *lse, int B,
+                               int T, int C, int NH, int acc) {
+  KERN_CUDA_ASSERT(!out != !out16);
+  return out16 ? tc_bwd_hs(dqkv, scratch, dout, dout16, qkv, qkv16, out16, lse, B, T, C, NH, acc)
+               : tc_bwd_hs(dqkv, scratch, dout, dout16, qkv, qkv16, out, lse, B, T, C, NH, acc);
 }

@@ -278,6 +278,7 @@ static const kern_backend_t kern_cuda_table = {
     .gelu_fwd_bf16in = NULL,
     .gelu_bwd_bf16in = NULL,
     .matmul_bwd_dinp16 = NULL,
+    .matmul_fwd_res = NULL,
 };
 
 /* The table of a bf16 job whose products pack their operands (not
@@ -299,6 +300,7 @@ static kern_backend_t kern_cuda_with_bf16_acts(kern_backend_t t) {
   t.gelu_fwd_bf16in = kern_cuda_gelu_fwd_bf16in;
   t.gelu_bwd_bf16in = kern_cuda_gelu_bwd_bf16in;
   t.matmul_bwd_dinp16 = kern_cuda_matmul_bwd_dinp16;
+  t.matmul_fwd_res = kern_cuda_matmul_fwd_res;
   return t;
 }
 static const kern_backend_t kern_cuda_table_bf16 = kern_cuda_with_bf16_acts(kern_cuda_table);
@@ -385,11 +387,12 @@ static void kern_cuda_take_modes(const kern_cuda_opts_t *o) {
   kern_cuda_st.attn_fp32 = o->attn_fp32 != 0;
   kern_cuda_st.acts_fp32 = o->acts_fp32 != 0;
   kern_cuda_st.dinp_fp32 = o->dinp_fp32 != 0;
+  kern_cuda_st.gelu_exact = o->gelu_exact != 0;
   kern_cuda_st.gemm_algo = KERN_CUDA_GEMM_ALGO(o->gemm_algo);
 }
 
 extern "C" const kern_backend_t *kern_cuda_init(const kern_cuda_opts_t *o, char *msg, size_t n) {
-  const kern_cuda_opts_t d = {0, 0, 0, 0, 0, 0, 0, 0, 0};
+  const kern_cuda_opts_t d = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
   if (!o) o = &d;
   if (kern_cuda_st.ready) { /* the device stays; the job's modes are taken */
     kern_cuda_take_modes(o);

@@ -56,6 +56,10 @@ typedef struct kern_cuda_opts {
   int dinp_fp32; /* 1 (with bf16): the table offers no matmul_bwd_dinp16 (kern.h),
                   * so backward's activation gradients stay fp32; for comparison
                   * (FSDP_CUDA_DINP_FP32) */
+  int gelu_exact; /* 1 (with bf16): GELU of the bf16 activations (kern.h's
+                   * gelu_fwd_bf16in, gelu_bwd_bf16in) computes kern_math.h's
+                   * kern_gelu, the CPU's bits, instead of the fast form
+                   * (gelu.cu); for comparison (FSDP_CUDA_GELU_EXACT) */
 } kern_cuda_opts_t;
 
 /* gemm_algo from a setting: 0 to 15 (cuBLASLt's ranking is asked for that
@@ -69,7 +73,7 @@ int kern_cuda_device_count(char *msg, size_t n);
 /* Selects o->device, makes the backend's stream, cuBLASLt handle and
  * workspace. NULL with the reason in msg (device out of range, no GPU, out
  * of memory). Later calls return the same table on the same device and
- * only take o's modes (tf32, bf16, attn_gemm, gemm_fast16bf, attn_fp32, acts_fp32, gemm_algo, dinp_fp32): a process runs one job at a
+ * only take o's modes (tf32, bf16, attn_gemm, gemm_fast16bf, attn_fp32, acts_fp32, gemm_algo, dinp_fp32, gelu_exact): a process runs one job at a
  * time, and each job sets its own before it allocates. */
 const kern_backend_t *kern_cuda_init(const kern_cuda_opts_t *o, char *msg, size_t n);
 

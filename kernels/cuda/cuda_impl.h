@@ -14,6 +14,7 @@
 #define FSDP_KERN_CUDA_IMPL_H
 
 #include <cublasLt.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -77,6 +78,7 @@ typedef struct kern_cuda_state {
   int attn_fp32;       /* with bf16: the fused attention stays fp32 (not attention_tc.cu) */
   int acts_fp32;       /* with bf16: no bf16 activations offered (backend.cu's tables) */
   int dinp_fp32;       /* with bf16: no matmul_bwd_dinp16 offered (backend.cu's tables) */
+  int gelu_exact;      /* with bf16: the bf16 activations' GELU is kern_gelu's (gelu.cu) */
   cudaStream_t stream; /* every op and memory operation, in call order */
   cublasLtHandle_t lt; /* cuBLASLt */
   void *workspace;     /* KERN_CUDA_SIZE_WORKSPACE bytes, cuBLASLt's */
@@ -222,6 +224,16 @@ __device__ __forceinline__ uint32_t kern_cuda_bf16x2(float lo, float hi) {
   return (uint32_t)kern_f32_to_bf16(lo) | (uint32_t)kern_f32_to_bf16(hi) << 16;
 }
 
+/* kern_cuda_bf16x2 in one cvt.rn.bf16x2.f32: nearest even as
+ * kern_f32_to_bf16, but a NaN the hardware's canonical one (its payload
+ * and sign not kept); for the kernels that need not the CPU's bits */
+__device__ __forceinline__ uint32_t kern_cuda_bf16x2_rn(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  uint32_t u;
+  memcpy(&u, &v, sizeof u);
+  return u;
+}
+
 /* the two bf16 of a word (kern_cuda_bf16x2's layout) widened, the low first */
 __device__ __forceinline__ float2 kern_cuda_f32x2(uint32_t w) {
   return make_float2(kern_bf16_to_f32((uint16_t)w), kern_bf16_to_f32((uint16_t)(w >> 16)));
@@ -241,6 +253,19 @@ __device__ __forceinline__ float kern_cuda_exp2_approx(float x) {
 #else
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#endif
+}
+
+/* 1 / x on the special function unit (rcp.approx: within 1 ulp; a subnormal
+ * result flushed to 0, so 1 / x is 0 past |x| = 2^126); 1.0f / x on the
+ * emulator */
+__device__ __forceinline__ float kern_cuda_rcp_approx(float x) {
+#ifdef FSDP_CUDA_EMU_H
+  return 1.0f / x;
+#else
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 #endif
 }
@@ -364,13 +389,14 @@ __device__ __forceinline__ void kern_cuda_pack_colsum(uint16_t *dst, int64_t dld
  * head size C / NH (attention.cu's fused list) or its shared memory is more
  * than this GPU gives a block (then the fp32 kernels serve). qkv16: where
  * forward rounds qkv (the caller keeps it) and backward reads it (qkv then
- * unused), or NULL: the scratch's copy. */
-int kern_cuda_attention_tc_fwd(float *out, float *lse, float *scratch, const float *qkv,
-                               uint16_t *qkv16, int B, int T, int C, int NH);
+ * unused), or NULL: the scratch's copy. out in fp32 (out) or bf16 (out16,
+ * each element forward's fp32 rounded), one of the two. */
+int kern_cuda_attention_tc_fwd(float *out, uint16_t *out16, float *lse, float *scratch,
+                               const float *qkv, uint16_t *qkv16, int B, int T, int C, int NH);
 int kern_cuda_attention_tc_bwd(float *dqkv, float *scratch, const float *dout,
                                const uint16_t *dout16, const float *qkv, const uint16_t *qkv16,
-                               const float *out, const float *lse, int B, int T, int C, int NH,
-                               int acc);
+                               const float *out, const uint16_t *out16, const float *lse, int B,
+                               int T, int C, int NH, int acc);
 
 /* ---- double sums in a fixed order (sumsq.cu) --------------------------------
  * sum of x[i] (square 0) or x[i]^2 (square 1), in double; waits for the
@@ -440,6 +466,8 @@ void kern_cuda_matmul_bwd_bf16(float *dinp, float *dw, float *dbias, const float
 void kern_cuda_matmul_bwd_dinp16(uint16_t *dinp16, float *dw, float *dbias, const float *dout,
                                  const float *inp, const uint16_t *inp16, const float *w, int N,
                                  int IC, int OC);
+void kern_cuda_matmul_fwd_res(float *out, const float *inp, const uint16_t *inp16, const float *w,
+                              const float *bias, const float *res, int N, int IC, int OC);
 void kern_cuda_crossentropy_fwd_bwd_bf16(float *losses, float *logits, const int32_t *targets,
                                          float dloss, int N, int V, int ld);
 void kern_cuda_matmul_fwd_bf16_out16(uint16_t *out, const uint16_t *inp, const float *w, int N,
@@ -449,11 +477,12 @@ void kern_cuda_crossentropy_fwd_bwd_bf16in(float *losses, uint16_t *logits16,
                                            int ld);
 int kern_cuda_attention_bf16_fits(int C, int NH);
 size_t kern_cuda_attention_scratch_bf16(int B, int T, int C, int NH);
-void kern_cuda_attention_fwd_bf16(float *out, float *att, float *scratch, const float *qkv,
+void kern_cuda_attention_fwd_bf16(uint16_t *out16, float *att, float *scratch, const float *qkv,
                                   uint16_t *qkv16, int B, int T, int C, int NH);
 void kern_cuda_attention_bwd_bf16(float *dqkv, float *scratch, const float *dout,
-                                  const uint16_t *dout16, const uint16_t *qkv16, const float *out,
-                                  const float *att, int B, int T, int C, int NH, int acc);
+                                  const uint16_t *dout16, const uint16_t *qkv16,
+                                  const uint16_t *out16, const float *att, int B, int T, int C,
+                                  int NH, int acc);
 }
 
 #endif

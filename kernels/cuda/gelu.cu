@@ -11,9 +11,53 @@
  * formula on each element either way. Forward's bf16 output (gelu_fwd_bf16)
  * is the fp32 one rounded, 8 elements a thread as cast.cu's. Backward's
  * bf16 form (gelu_bwd_bf16) writes dinp as the next product packs it, with
- * its column sums for that product's dbias on the way. */
+ * its column sums for that product's dbias on the way.
+ *
+ * The bf16 activations' forms (gelu_fwd_bf16in, gelu_bwd_bf16in: GELU of the
+ * fc product's bf16 output, whose result is rounded to bf16) compute the
+ * fast form below unless the job asks for the CPU's bits
+ * (kern_cuda_opts_t.gelu_exact): kern_gelu's ~50 instructions an element
+ * (its exponential and IEEE division without fused multiply-adds) bound
+ * those kernels by their lanes, not their bytes (docs/PERF.md). */
 #include "kernels/cuda/cuda_impl.h"
 #include "kernels/kern_math.h"
+
+/* 2 log2(e) k: e^(-2u) = 2^(-GELU_2K_LOG2E x (1 + c x^2)), u = k (x + c x^3) */
+#define GELU_2K_LOG2E 2.302208198144325f
+
+/* kern_gelu's x / (1 + e^(-2u)) with fused multiply-adds, the exponential
+ * on ex2 (kern_cuda_exp2_approx) and the division a product by rcp.approx:
+ * 8 instructions. Its arguments' roundings and the two approximations'
+ * (about 2 ulp and 1) put it within a few 1e-7 of kern_gelu relative to
+ * the result, ~2e-5 of the bf16 step it is rounded to next; near x = -10,
+ * where the result nears 2^-126, flushed to 0. The same specials: x for
+ * +inf and large x, -0 for large negative x, NaN for -inf and NaN. */
+__device__ __forceinline__ static float gelu_fast(float x) {
+  const float inner = fmaf(KERN_GELU_C * x, x, 1.0f);
+  const float e = kern_cuda_exp2_approx(-GELU_2K_LOG2E * x * inner);
+  return x * kern_cuda_rcp_approx(1.0f + e);
+}
+
+/* kern_gelu_grad's s + x s (e s) (2k + 6kc x^2), s = 1 / (1 + e), the same
+ * way (and its clamps past |x| = 10) */
+__device__ __forceinline__ static float gelu_grad_fast(float x) {
+  const float x2 = x * x, inner = fmaf(KERN_GELU_C, x2, 1.0f);
+  const float e = kern_cuda_exp2_approx(-GELU_2K_LOG2E * x * inner),
+              s = kern_cuda_rcp_approx(1.0f + e);
+  const float g = fmaf(x * s * (e * s),
+                       fmaf(6.0f * KERN_GELU_K * KERN_GELU_C, x2, 2.0f * KERN_GELU_K), s);
+  return kern_select(x > 10.0f, 1.0f, kern_select(x < -10.0f, 0.0f, g));
+}
+
+/* GELU and its derivative as a kernel of FAST takes them */
+template <bool FAST>
+__device__ __forceinline__ static float gelu_of(float x) {
+  return FAST ? gelu_fast(x) : kern_gelu(x);
+}
+template <bool FAST>
+__device__ __forceinline__ static float gelu_grad_of(float x) {
+  return FAST ? gelu_grad_fast(x) : kern_gelu_grad(x);
+}
 
 __global__ static void gelu_fwd_kernel(float *out, const float *inp, size_t n) {
   KERN_CUDA_FOR(i, n) out[i] = kern_gelu(inp[i]);
@@ -85,12 +129,10 @@ __global__ static void gelu_bwd_wide_kernel(float *dinp, const float *inp, const
  * in fp32, rounded to bf16; a thread 8 elements of the N x C matrix taken
  * whole (16-byte loads and stores; C a multiple of 8, the rows 16-byte
  * aligned: kern.h), so every lane of every warp works whatever C is (by
- * rows, C = 3072's 384 groups left a quarter of 2 blocks of 256 idle). The
- * kernel computes ~50 instructions an element (kern_gelu's exponential
- * and IEEE division without fused multiply-adds): lanes, not bytes, set
- * its time. I: the group index's type, 32 bits when the groups allow (a
- * 64-bit division by C / 8 is a subroutine). */
-template <typename I>
+ * rows, C = 3072's 384 groups left a quarter of 2 blocks of 256 idle). I:
+ * the group index's type, 32 bits when the groups allow (a 64-bit division
+ * by C / 8 is a subroutine); FAST: gelu_fast, else kern_gelu. */
+template <typename I, bool FAST>
 __global__ static void gelu_fwd_bf16in_kernel(uint16_t *__restrict__ out,
                                               const uint16_t *__restrict__ inp,
                                               const float *__restrict__ bias, I groups, I cgroups) {
@@ -99,12 +141,17 @@ __global__ static void gelu_fwd_bf16in_kernel(uint16_t *__restrict__ out,
     const uint4 h = kern_cuda_load_u16x8(inp + 8 * (size_t)g);
     const float2 a = kern_cuda_f32x2(h.x), b = kern_cuda_f32x2(h.y), c = kern_cuda_f32x2(h.z),
                  d = kern_cuda_f32x2(h.w);
-    kern_cuda_store_u16x8(
-        out + 8 * (size_t)g,
-        kern_cuda_bf16x8(make_float4(kern_gelu(a.x + bj[0]), kern_gelu(a.y + bj[1]),
-                                     kern_gelu(b.x + bj[2]), kern_gelu(b.y + bj[3])),
-                         make_float4(kern_gelu(c.x + bj[4]), kern_gelu(c.y + bj[5]),
-                                     kern_gelu(d.x + bj[6]), kern_gelu(d.y + bj[7]))));
+    const float4 lo = make_float4(gelu_of<FAST>(a.x + bj[0]), gelu_of<FAST>(a.y + bj[1]),
+                                  gelu_of<FAST>(b.x + bj[2]), gelu_of<FAST>(b.y + bj[3])),
+                 hi = make_float4(gelu_of<FAST>(c.x + bj[4]), gelu_of<FAST>(c.y + bj[5]),
+                                  gelu_of<FAST>(d.x + bj[6]), gelu_of<FAST>(d.y + bj[7]));
+    /* the fast form rounds by cvt (a NaN's payload is no result) */
+    kern_cuda_store_u16x8(out + 8 * (size_t)g,
+                          FAST ? make_uint4(kern_cuda_bf16x2_rn(lo.x, lo.y),
+                                            kern_cuda_bf16x2_rn(lo.z, lo.w),
+                                            kern_cuda_bf16x2_rn(hi.x, hi.y),
+                                            kern_cuda_bf16x2_rn(hi.z, hi.w))
+                               : kern_cuda_bf16x8(lo, hi));
   }
 }
 
@@ -114,8 +161,9 @@ __global__ static void gelu_fwd_bf16in_kernel(uint16_t *__restrict__ out,
  * matmul_bwd_bf16's packing of the fp32 dinp, and its dbias's first stage,
  * would give; the fp32 dinp is never written (nor read back). GELU's input
  * is inp's fp32 (IN16 false) or inp's bf16 plus the bias's column (IN16);
- * dout is fp32 (D16 false) or bf16 (D16). */
-template <bool IN16, bool D16>
+ * dout is fp32 (D16 false) or bf16 (D16); the derivative gelu_grad_fast
+ * (FAST, with IN16) or kern_gelu_grad. */
+template <bool IN16, bool D16, bool FAST>
 __global__ static void __launch_bounds__(KERN_PACK_COLSUM_THREADS)
     gelu_bwd_bf16_kernel(uint16_t *dinp16, float *partial, const void *inp, const float *bias,
                          const void *dout, int64_t ld, int rows, int cols, bool wide, bool st8) {
@@ -140,12 +188,13 @@ __global__ static void __launch_bounds__(KERN_PACK_COLSUM_THREADS)
         } else {
           d = kern_cuda_load_f32x4(d32 + n * ld + j);
         }
-        return make_float4(kern_gelu_grad(x.x) * d.x, kern_gelu_grad(x.y) * d.y,
-                           kern_gelu_grad(x.z) * d.z, kern_gelu_grad(x.w) * d.w);
+        return make_float4(gelu_grad_of<FAST>(x.x) * d.x, gelu_grad_of<FAST>(x.y) * d.y,
+                           gelu_grad_of<FAST>(x.z) * d.z, gelu_grad_of<FAST>(x.w) * d.w);
       },
       [&](int64_t n, int j) {
         const float x = IN16 ? kern_bf16_to_f32(x16[n * ld + j]) + bias[j] : x32[n * ld + j];
-        return kern_gelu_grad(x) * (D16 ? kern_bf16_to_f32(d16[n * ld + j]) : d32[n * ld + j]);
+        return gelu_grad_of<FAST>(x) *
+               (D16 ? kern_bf16_to_f32(d16[n * ld + j]) : d32[n * ld + j]);
       });
 }
 
@@ -209,15 +258,24 @@ static void gelu_bwd_bf16_any(uint16_t *dinp16, float *dbias, const void *inp, c
                       !((uintptr_t)dy & (4 * ds - 1));
     const bool st8 = C % 4 == 0 && !((uintptr_t)(dinp16 + c0) & 7);
     const dim3 grid = kern_cuda_pack_colsum_grid(N, n);
-    if (dout16)
-      gelu_bwd_bf16_kernel<true, true><<<grid, KERN_PACK_COLSUM_THREADS, 0, kern_cuda_st.stream>>>(
-          dinp16 + c0, partial, x, bias + c0, dy, C, N, n, wide, st8);
-    else if (bias)
-      gelu_bwd_bf16_kernel<true, false><<<grid, KERN_PACK_COLSUM_THREADS, 0, kern_cuda_st.stream>>>(
-          dinp16 + c0, partial, x, bias + c0, dy, C, N, n, wide, st8);
+    const int t = KERN_PACK_COLSUM_THREADS;
+    cudaStream_t st = kern_cuda_st.stream;
+    const float *b = bias ? bias + c0 : NULL;
+    if (!bias)
+      gelu_bwd_bf16_kernel<false, false, false><<<grid, t, 0, st>>>(dinp16 + c0, partial, x, b, dy,
+                                                                    C, N, n, wide, st8);
+    else if (kern_cuda_st.gelu_exact && dout16)
+      gelu_bwd_bf16_kernel<true, true, false><<<grid, t, 0, st>>>(dinp16 + c0, partial, x, b, dy, C,
+                                                                  N, n, wide, st8);
+    else if (kern_cuda_st.gelu_exact)
+      gelu_bwd_bf16_kernel<true, false, false><<<grid, t, 0, st>>>(dinp16 + c0, partial, x, b, dy,
+                                                                   C, N, n, wide, st8);
+    else if (dout16)
+      gelu_bwd_bf16_kernel<true, true, true><<<grid, t, 0, st>>>(dinp16 + c0, partial, x, b, dy, C,
+                                                                 N, n, wide, st8);
     else
-      gelu_bwd_bf16_kernel<false, false><<<grid, KERN_PACK_COLSUM_THREADS, 0, kern_cuda_st.stream>>>(
-          dinp16 + c0, partial, x, (const float *)NULL, dy, C, N, n, wide, st8);
+      gelu_bwd_bf16_kernel<true, false, true><<<grid, t, 0, st>>>(dinp16 + c0, partial, x, b, dy, C,
+                                                                  N, n, wide, st8);
     KERN_CUDA_LAUNCHED();
     kern_cuda_colsum_add(dbias + c0, partial, runs, n);
   }
@@ -241,11 +299,21 @@ extern "C" void kern_cuda_gelu_fwd_bf16in(uint16_t *out, const uint16_t *inp, co
   if (N <= 0 || C <= 0) return;
   const size_t groups = (size_t)N * (size_t)(C / 8);
   const unsigned blocks = kern_cuda_blocks(groups, KERN_CUDA_THREADS);
-  if (groups <= UINT32_MAX - (size_t)blocks * KERN_CUDA_THREADS) /* g + the stride stays in 32 bits */
-    gelu_fwd_bf16in_kernel<uint32_t><<<blocks, KERN_CUDA_THREADS, 0, kern_cuda_st.stream>>>(
-        out, inp, bias, (uint32_t)groups, (uint32_t)(C / 8));
+  const bool i32 = groups <= UINT32_MAX - (size_t)blocks * KERN_CUDA_THREADS; /* g + the stride */
+  cudaStream_t st = kern_cuda_st.stream;
+  const uint32_t g32 = (uint32_t)groups, c32 = (uint32_t)(C / 8);
+  const uint64_t g64 = groups, c64 = (uint64_t)(C / 8);
+  if (i32 && !kern_cuda_st.gelu_exact)
+    gelu_fwd_bf16in_kernel<uint32_t, true><<<blocks, KERN_CUDA_THREADS, 0, st>>>(out, inp, bias,
+                                                                                 g32, c32);
+  else if (i32)
+    gelu_fwd_bf16in_kernel<uint32_t, false><<<blocks, KERN_CUDA_THREADS, 0, st>>>(out, inp, bias,
+                                                                                  g32, c32);
+  else if (!kern_cuda_st.gelu_exact)
+    gelu_fwd_bf16in_kernel<uint64_t, true><<<blocks, KERN_CUDA_THREADS, 0, st>>>(out, inp, bias,
+                                                                                 g64, c64);
   else
-    gelu_fwd_bf16in_kernel<uint64_t><<<blocks, KERN_CUDA_THREADS, 0, kern_cuda_st.stream>>>(
-        out, inp, bias, (uint64_t)groups, (uint64_t)(C / 8));
+    gelu_fwd_bf16in_kernel<uint64_t, false><<<blocks, KERN_CUDA_THREADS, 0, st>>>(out, inp, bias,
+                                                                                  g64, c64);
   KERN_CUDA_LAUNCHED();
 }

@@ -64,7 +64,9 @@ static cublasLtMatrixLayout_t gemm_layout(cudaDataType_t t, uint64_t rows, uint6
 static int gemm_lt(cudaDataType_t ab, cublasComputeType_t ct, char ta, char tb, int M, int N,
                    int K, float alpha, const void *A, int64_t lda, int64_t sA, const void *B,
                    int64_t ldb, int64_t sB, float beta, void *C, cudaDataType_t cd, int64_t ldc,
-                   int64_t sC, int batch, const float *bias, cublasStatus_t *why) {
+                   int64_t sC, int batch, const float *bias, cublasStatus_t *why,
+                   const void *Cin = NULL) {
+  if (!Cin) Cin = C;
   const size_t es = gemm_esize(ab);
   /* column-major: D' (N x M) = op(B') (N x K) op(A') (K x M), B' = B, A' = A */
   const cublasOperation_t opb = tb == 'T' ? CUBLAS_OP_T : CUBLAS_OP_N; /* first operand */
@@ -100,7 +102,9 @@ static int gemm_lt(cudaDataType_t ab, cublasComputeType_t ct, char ta, char tb, 
   const uint64_t ws = KERN_CUDA_SIZE_WORKSPACE;
   const uint32_t al_first = gemm_align(B, ldb, sB, batch, es),
                  al_second = gemm_align(A, lda, sA, batch, es),
-                 al_c = gemm_align(C, ldc, sC, batch, gemm_esize(cd));
+                 al_d = gemm_align(C, ldc, sC, batch, gemm_esize(cd)),
+                 al_in = gemm_align(Cin, ldc, sC, batch, gemm_esize(cd)),
+                 al_c = al_in < al_d ? al_in : al_d;
   KERN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
   KERN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
@@ -126,10 +130,11 @@ static int gemm_lt(cudaDataType_t ab, cublasComputeType_t ct, char ta, char tb, 
   int ok = hs == CUBLAS_STATUS_SUCCESS && found >= 1;
   const cublasLtMatmulHeuristicResult_t &res =
       ranked[ok ? (kern_cuda_st.gemm_algo < found ? kern_cuda_st.gemm_algo : found - 1) : 0];
-  /* C is both the input (beta) and the output: the same layout, in place */
+  /* beta's input Cin (C itself, in place, unless a caller gave another) and
+   * the output C: the same layout */
   if (ok) {
     const cublasStatus_t ms =
-        cublasLtMatmul(kern_cuda_st.lt, desc, &alpha, B, lb, A, la, &beta, C, lc, C, lc,
+        cublasLtMatmul(kern_cuda_st.lt, desc, &alpha, B, lb, A, la, &beta, Cin, lc, C, lc,
                        &res.algo, kern_cuda_st.workspace, KERN_CUDA_SIZE_WORKSPACE,
                        kern_cuda_st.stream);
     /* with the bias epilogue, cuBLASLt has been reported to refuse at this
@@ -180,19 +185,22 @@ static void gemm_bias_add(float *C, const float *bias, int M, int N, int64_t ldc
 
 /* gemm_lt with the bias (when set) added to every row of C: by the BIAS
  * epilogue where cuBLASLt has an algorithm for it and the bias is 16-byte
- * aligned, else by a pass after the product. 0, or -1 (nothing queued). */
+ * aligned, else by a pass after the product. 0, or -1 (nothing queued).
+ * Cin (fp32 C only): beta's input where it is not C itself (C = alpha
+ * op(A) op(B) + beta Cin + bias), in C's layout. */
 static int gemm_lt_bias(cudaDataType_t ab, cublasComputeType_t ct, char ta, char tb, int M,
                         int N, int K, float alpha, const void *A, int64_t lda, int64_t sA,
                         const void *B, int64_t ldb, int64_t sB, float beta, void *C,
                         cudaDataType_t cd, int64_t ldc, int64_t sC, int batch, const float *bias,
-                        cublasStatus_t *why) {
+                        cublasStatus_t *why, const float *Cin = NULL) {
   KERN_CUDA_ASSERT(!bias || cd == CUDA_R_32F); /* a bf16 C has no bias (gemm_bf16_out) */
+  KERN_CUDA_ASSERT(!Cin || cd == CUDA_R_32F);
   if (bias && !((uintptr_t)bias & 15) &&
       !gemm_lt(ab, ct, ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, cd, ldc, sC,
-               batch, bias, why))
+               batch, bias, why, Cin))
     return 0;
   if (gemm_lt(ab, ct, ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, cd, ldc, sC, batch,
-              NULL, why))
+              NULL, why, Cin))
     return -1;
   if (bias) gemm_bias_add((float *)C, bias, M, N, ldc);
   return 0;
@@ -357,21 +365,23 @@ static void gemm_packed_block(const char *op, char ta, char tb, int M, int N, in
                               int64_t pldb, int64_t psb, const float *Af, int64_t lda, int64_t sA,
                               const float *Bf, int64_t ldb, int64_t sB, float beta, void *C,
                               cudaDataType_t cd, int64_t ldc, int64_t sC, int batch,
-                              const float *bias) {
+                              const float *bias, const float *Cin = NULL) {
   gemm_parts(M, N, K, [&](int m0, int mm, int n0, int nn, int k0, int kk, bool first) {
     /* a bf16 C is rounded once: its sum is never cut (gemm_bf16_out) */
     KERN_CUDA_ASSERT(cd == CUDA_R_32F || (k0 == 0 && kk == K));
     const int64_t a = gemm_at(ta, m0, k0, plda), b = gemm_at(tb, k0, n0, pldb);
     void *c = (char *)C + ((int64_t)m0 * ldc + n0) * (int64_t)gemm_esize(cd);
     const float bt = first ? beta : 1.0f, *bs = bias && first ? bias + n0 : NULL;
+    /* Cin with the first part of the sum; the parts after add to C */
+    const float *ci = Cin && first ? Cin + (int64_t)m0 * ldc + n0 : NULL;
     cublasStatus_t why;
     if (!gemm_lt_bias(CUDA_R_16BF, CUBLAS_COMPUTE_32F, ta, tb, mm, nn, kk, alpha, pa + a, plda,
-                      psa, pb + b, pldb, psb, bt, c, cd, ldc, sC, batch, bs, &why))
+                      psa, pb + b, pldb, psb, bt, c, cd, ldc, sC, batch, bs, &why, ci))
       return;
     if (!Af || !Bf ||
         gemm_lt_bias(CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_16BF, ta, tb, mm, nn, kk, alpha,
                      Af + gemm_at(ta, m0, k0, lda), lda, sA, Bf + gemm_at(tb, k0, n0, ldb), ldb,
-                     sB, bt, c, cd, ldc, sC, batch, bs, &why))
+                     sB, bt, c, cd, ldc, sC, batch, bs, &why, ci))
       gemm_none(op, ta, tb, mm, nn, kk, lda, ldb, ldc, sA, sB, sC, batch, why);
   });
 }
@@ -407,11 +417,13 @@ static const float *gemm_block_f32(const gemm_operand_t *X, char t, int b0, int 
 
 /* C of type cd: fp32, or bf16 (gemm_bf16_out: the sum is then never cut,
  * so that each element is rounded once, and a product whose blocks cannot
- * hold the whole sum is refused) */
+ * hold the whole sum is refused); beta's input Cin where it is not C (fp32,
+ * C's layout: the first block of each element's sum reads it, the blocks
+ * after add to C) */
 static void gemm_bf16_packed(const char *op, char ta, char tb, int M, int N, int K, float alpha,
                              const gemm_operand_t *A, const gemm_operand_t *B, float beta,
                              void *C, cudaDataType_t cd, int64_t ldc, int64_t sC, int batch,
-                             const float *bias) {
+                             const float *bias, const float *Cin = NULL) {
   const size_t cap = KERN_CUDA_SIZE_PACK_ELEMS;
   uint16_t *pa = kern_cuda_st.pack, *pb = kern_cuda_st.pack + cap;
   int mc = M, nc = N, kc = K, g = batch;
@@ -447,7 +459,8 @@ static void gemm_bf16_packed(const char *op, char ta, char tb, int M, int N, int
                             gemm_block_f32(B, tb, b0, k0, n0), B->ld, B->stride,
                             k0 ? 1.0f : beta,
                             Cb + ((int64_t)m0 * ldc + n0) * (int64_t)gemm_esize(cd), cd, ldc, sC,
-                            gb, bias && !k0 ? bias + n0 : NULL);
+                            gb, bias && !k0 ? bias + n0 : NULL,
+                            Cin && !k0 ? Cin + (int64_t)b0 * sC + (int64_t)m0 * ldc + n0 : NULL);
         }
       }
     }
@@ -670,6 +683,20 @@ extern "C" void kern_cuda_matmul_fwd_bf16(float *out, const uint16_t *inp, const
   const gemm_operand_t a = {NULL, inp, IC, 0}, b = {w, NULL, IC, 0};
   gemm_bf16_packed(__func__, 'N', 'T', N, OC, IC, 1.0f, &a, &b, 0.0f, out, CUDA_R_32F, ldo, 0, 1,
                    bias);
+}
+
+/* matmul_fwd_res (kern.h): the product with the residual as beta's input of
+ * its first block of the sum (cuBLASLt reads res as it writes out: D =
+ * product + res + bias), so no residual pass after it reads out again. */
+extern "C" void kern_cuda_matmul_fwd_res(float *out, const float *inp, const uint16_t *inp16,
+                                         const float *w, const float *bias, const float *res, int N,
+                                         int IC, int OC) {
+  KERN_CUDA_ASSERT(!inp != !inp16 && res && IC > 0 && kern_cuda_st.bf16 && !kern_cuda_st.fast16bf);
+  KERN_CUDA_ASSERT(!inp16 || (IC % 8 == 0 && kern_cuda_aligned16(inp16))); /* kern.h */
+  if (N <= 0 || OC <= 0) return;
+  const gemm_operand_t a = {inp, inp16, IC, 0}, b = {w, NULL, IC, 0};
+  gemm_bf16_packed(__func__, 'N', 'T', N, OC, IC, 1.0f, &a, &b, 1.0f, out, CUDA_R_32F, OC, 0, 1,
+                   bias, res);
 }
 
 /* The LM head's logits in bf16 (kern.h's matmul_fwd_bf16_out16): each

@@ -208,6 +208,7 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
                                .attn_fp32 = param_cuda_attn_fp32() != 0,
                                .acts_fp32 = param_cuda_acts_fp32() != 0,
                                .dinp_fp32 = param_cuda_dinp_fp32() != 0,
+                               .gelu_exact = param_cuda_gelu_exact() != 0,
                                .gemm_algo = KERN_CUDA_GEMM_ALGO(param_cuda_gemm_algo())};
   if (!(K = p->kern_init(&ko, msg, sizeof msg))) {
     fprintf(stderr, "bench_cuda: %s\n", msg);
@@ -259,18 +260,27 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
   /* attproj's and fcproj's dinp in bf16 for the bf16 attention's and GELU's
    * backward (gpt.c's datt16, dgelu16) */
   const int datt16 = q16 && K->matmul_bwd_dinp16, dgelu16 = h16 && K->matmul_bwd_dinp16;
+  /* the projections (attproj, fcproj) add the residual as they write
+   * where the table offers it (gpt.c's gpt_proj_res): no residual pass */
+  const int pres = K->matmul_fwd_res != NULL;
   for (int i = 0; i < 4; i++) {
     snprintf(sh, sizeof sh, "%s:N=%zu,IC=%d,OC=%d", mm[i].name, N, mm[i].ic, mm[i].oc);
-    const int b = a16 && i != 1; /* attproj's input is attention's fp32 output */
-    OPS_TIME("matmul_fwd", sh, b ? 0 : L,
+    /* attproj's input is the attention's output: bf16 with qkv (q16), else fp32 */
+    const int b = a16 && (i != 1 || q16);
+    const int proj = pres && (i == 1 || i == 3);
+    OPS_TIME("matmul_fwd", sh, b || proj ? 0 : L,
              K->matmul_fwd(y, x, w, bias, (int)N, mm[i].ic, mm[i].oc, mm[i].oc));
+    if (proj)
+      OPS_TIME("matmul_fwd_res", sh, L,
+               K->matmul_fwd_res(y, b ? NULL : x, b ? x16 : NULL, w, bias, z, (int)N, mm[i].ic,
+                                 mm[i].oc));
     OPS_TIME("matmul_bwd", sh, b || (i == 1 && datt16) ? 0 : L,
              K->matmul_bwd(z, dw, dbias, y, x, w, (int)N, mm[i].ic, mm[i].oc, mm[i].oc, 0));
-    if (i == 1 && datt16)
+    if (i == 1 && datt16) /* datt16 needs q16: attproj's input in bf16 */
       OPS_TIME("matmul_bwd_dinp16", sh, L,
-               K->matmul_bwd_dinp16(y16, dw, dbias, y, x, NULL, w, (int)N, mm[i].ic, mm[i].oc));
+               K->matmul_bwd_dinp16(y16, dw, dbias, y, NULL, x16, w, (int)N, mm[i].ic, mm[i].oc));
     if (!b) continue;
-    OPS_TIME("matmul_fwd_bf16", sh, h16 && i == 2 ? 0 : L,
+    OPS_TIME("matmul_fwd_bf16", sh, (h16 && i == 2) || proj ? 0 : L,
              K->matmul_fwd_bf16(y, x16, w, bias, (int)N, mm[i].ic, mm[i].oc, mm[i].oc));
     if (h16 && i == 2)
       OPS_TIME("matmul_fwd_bf16_out16", sh, L,
@@ -278,7 +288,7 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
     /* fc's dout comes in bf16 where GELU's backward makes it so (gpt.c,
      * kern.h's gelu_bwd_bf16, which sums its dbias) */
     const int f16 = i == 2 && K->gelu_bwd_bf16;
-    OPS_TIME("matmul_bwd_bf16", sh, f16 || (i == 3 && dgelu16) ? 0 : L,
+    OPS_TIME("matmul_bwd_bf16", sh, f16 || (i == 3 && dgelu16) || (i == 1 && datt16) ? 0 : L,
              K->matmul_bwd_bf16(z, dw, dbias, y, NULL, x16, w, (int)N, mm[i].ic, mm[i].oc, mm[i].oc, 0));
     if (i == 3 && dgelu16)
       OPS_TIME("matmul_bwd_dinp16", sh, L,
@@ -310,12 +320,12 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
            K->attention_bwd(z, scratch, y, x, y, att, B, T, C, NH, 0));
   if (q16) {
     OPS_TIME("attention_fwd_bf16", sh, L,
-             K->attention_fwd_bf16(y, att, scratch, x, x16, B, T, C, NH));
+             K->attention_fwd_bf16(y16, att, scratch, x, x16, B, T, C, NH));
     OPS_TIME("attention_bwd_bf16", sh, datt16 ? 0 : L,
-             K->attention_bwd_bf16(z, scratch, y, NULL, x16, y, att, B, T, C, NH, 0));
+             K->attention_bwd_bf16(z, scratch, y, NULL, x16, y16, att, B, T, C, NH, 0));
     if (datt16)
       OPS_TIME("attention_bwd_bf16(dout16)", sh, L,
-               K->attention_bwd_bf16(z, scratch, NULL, y16, x16, y, att, B, T, C, NH, 0));
+               K->attention_bwd_bf16(z, scratch, NULL, y16, x16, y16, att, B, T, C, NH, 0));
   }
   snprintf(sh, sizeof sh, "n=%zu", N * 4 * C);
   OPS_TIME("gelu_fwd", sh, a16 ? 0 : n_gelu, K->gelu_fwd(y, x, N * 4 * C));
@@ -337,7 +347,7 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
    * they cost before */
   OPS_TIME("dev_set", sh, 0, K->dev_set(z, 0, N * 4 * C * sizeof(float)));
   snprintf(sh, sizeof sh, "n=%zu", N * C);
-  OPS_TIME("residual_fwd", sh, 2 * L, K->residual_fwd(y, y, x, N * C));
+  OPS_TIME("residual_fwd", sh, pres ? 0 : 2 * L, K->residual_fwd(y, y, x, N * C));
   OPS_TIME("dev_set", sh, 1, K->dev_set(z, 0, N * C * sizeof(float)));
   snprintf(sh, sizeof sh, "N=%zu,V=%d,ld=%d", N, V, ldv);
   /* the forward makes probabilities in place, the backward gradients: each

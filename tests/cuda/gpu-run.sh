@@ -23,7 +23,10 @@
 # GPU_BENCH_MODELS, no peer, with this tree's plugin and each of
 # gpu-pack.sh's GPU_PACK_BASES (.gpu/r/*.so) in turn, twice round, then
 # bench_cuda --ops with each (FSDP_BENCH_OPS=$GPU_OPS_FILTER), and prints an
-# "ab:" line a run: one machine's A/B of builds in one call.
+# "ab:" line a run: one machine's A/B of builds in one call. GPU_AB_KNOBS
+# ("FSDP_CUDA_GELU_EXACT=1 FSDP_CUDA_RES_APART=1", say) times each build's
+# steps again with each of those settings in turn: an A/B of a change that
+# has a switch, on one plugin.
 #
 # CUDA's libraries are found where that machine has them: its toolkit
 # (/usr/local/cuda*/lib64) or the Python wheels PyTorch brings (nvidia/*/lib).
@@ -60,12 +63,15 @@ if [ "${GPU_AB:-0}" = 1 ]; then
     for round in 1 2; do
       for p in "$FSDP_CUDA_PLUGIN" .gpu/r/*.so; do
         [ -e "$p" ] || continue
-        echo "== A/B $m B=$b round $round: $p"
-        FSDP_CUDA_PLUGIN=$p FSDP_BENCH_NO_PEER=1 timeout "${GPU_BENCH_TIMEOUT:-300}" .gpu/tests/bench_cuda \
-          "$m" "$b" 1024 "${BENCH_CUDA_STEPS:-20}" >/tmp/gpu-ab.log 2>&1
-        cat /tmp/gpu-ab.log >>"${OUT:-/tmp}/bench_cuda.log"
-        ms=$(sed -n 's/^bench: cuda_train .* step_ms=\([0-9.]*\) .*/\1/p' /tmp/gpu-ab.log)
-        echo "ab: model=$m B=$b round=$round plugin=$p step_ms=${ms:-failed}"
+        for k in - ${GPU_AB_KNOBS:-}; do
+          if [ "$k" = - ]; then set --; else set -- "$k"; fi
+          echo "== A/B $m B=$b round $round: $p $*"
+          env "$@" FSDP_CUDA_PLUGIN=$p FSDP_BENCH_NO_PEER=1 timeout "${GPU_BENCH_TIMEOUT:-300}" \
+            .gpu/tests/bench_cuda "$m" "$b" 1024 "${BENCH_CUDA_STEPS:-20}" >/tmp/gpu-ab.log 2>&1
+          cat /tmp/gpu-ab.log >>"${OUT:-/tmp}/bench_cuda.log"
+          ms=$(sed -n 's/^bench: cuda_train .* step_ms=\([0-9.]*\) .*/\1/p' /tmp/gpu-ab.log)
+          echo "ab: model=$m B=$b round=$round plugin=$p knob=$k step_ms=${ms:-failed}"
+        done
       done
     done
   done

@@ -85,6 +85,10 @@ static int attn_tc;   /* the mode under test: the fused attention on bf16 tensor
  * (products of bf16 are exact in fp32; only the order of the sums differs),
  * which shows a dropped or doubled term that TOL_GEMM_BF16 would not. */
 static int bf16_exact;
+/* The mode under test computes the bf16 activations' GELU in gelu.cu's fast
+ * form (kern_cuda_opts_t.gelu_exact 0, the default): within a bf16 step of
+ * the CPU's bits, not on them */
+static int gelu_fast;
 #define TOL_RED 1e-5
 #define TOL_F64 1e-12
 
@@ -286,6 +290,36 @@ static void check_bits_u16(const char *op, const char *what, const char *shape, 
   if (differ)
     printf("test_cuda_kernels:   %zu of %zu differ, first at %zu: 0x%04x vs 0x%04x\n", differ, n,
            first, got[first], ref[first]);
+}
+
+/* got within one bf16 step of ref: the same bf16 (bf16_same: bits, or both
+ * NaN), its neighbour of the same sign, or both below 2^-100 in magnitude
+ * (a result near 2^-126 that the special function unit flushes to 0); and
+ * at most one element in a thousand (and one) not the same. gelu.cu's fast
+ * GELU against the CPU's: both within 2e-7 of float64 relative to the
+ * result, so they round apart only where the value lies that close to a
+ * bf16 rounding boundary (3e-6 of fp32 inputs, counted on the host). */
+static int bf16_same(uint16_t got, uint16_t want);
+static void check_bf16_near(const char *op, const char *what, const char *shape,
+                            const uint16_t *got, const uint16_t *ref, size_t n) {
+  size_t differ = 0, far = 0, first = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (bf16_same(got[i], ref[i])) continue;
+    differ++;
+    const int tiny = fabsf(kern_bf16_to_f32(got[i])) < 0x1p-100f &&
+                     fabsf(kern_bf16_to_f32(ref[i])) < 0x1p-100f;
+    const int step = (got[i] ^ ref[i]) < 0x8000 && (got[i] & 0x7f80) != 0x7f80 &&
+                     (ref[i] & 0x7f80) != 0x7f80 && abs((int)got[i] - (int)ref[i]) == 1;
+    if (!tiny && !step && !far++) first = i;
+  }
+  char bound[40];
+  snprintf(bound, sizeof bound, "1 step, %zu max", n / 1000 + 1);
+  report(op, what, shape, 0, 0, bound, (double)differ / (double)(n / 1000 + 1),
+         !far && differ <= n / 1000 + 1);
+  if (differ) printf("test_cuda_kernels:   %zu of %zu not the CPU's bits\n", differ, n);
+  if (far)
+    printf("test_cuda_kernels:   %zu of %zu more than a step apart, first at %zu: 0x%04x vs 0x%04x\n",
+           far, n, first, got[first], ref[first]);
 }
 
 /* |got - ref| <= tol * mag for every element, ref and mag given as floats
@@ -1019,10 +1053,11 @@ static void test_attention(int B, int T, int C, int NH) {
 }
 
 /* kern.h's attention with qkv kept in bf16 (the tensor-core mode's table):
- * where attention_bf16_fits, forward's out and saved rows and backward's
- * dqkv bit for bit attention_fwd's and attention_bwd's, and qkv16 qkv
- * rounded (f32_to_bf16's bits); backward reads qkv16 alone (the fp32 qkv
- * is poisoned with NaNs first); their scratch attention_scratch_bf16's
+ * where attention_bf16_fits, forward's bf16 out attention_fwd's rounded
+ * and its saved rows attention_fwd's, bit for bit, backward's dqkv
+ * attention_bwd's given that out widened, and qkv16 qkv rounded
+ * (f32_to_bf16's bits); backward reads qkv16 and out16 alone (the fp32
+ * qkv and out are poisoned with NaNs first); their scratch attention_scratch_bf16's
  * (the D rows and dout's copy: C / 2 floats a token, not 2 C), the rest of
  * attention_scratch's room left as it was */
 static void test_attention_bf16(int B, int T, int C, int NH) {
@@ -1035,9 +1070,9 @@ static void test_attention_bf16(int B, int T, int C, int NH) {
   const size_t ns = gpu->attention_scratch(B, T, C, NH), na = gpu->attention_saved(B, T, C, NH);
   float *qkv = frand(nq, -2, 2), *dout = frand(no, -1, 1);
   float *d_qkv = dput(qkv, nq * 4), *d_dout = dput(dout, no * 4), *sc = dnew(ns * 4 + 4);
-  float *o32 = dnew(no * 4), *a32 = dnew(na * 4), *o16 = dnew(no * 4), *a16 = dnew(na * 4);
+  float *o32 = dnew(no * 4), *a32 = dnew(na * 4), *a16 = dnew(na * 4);
   float *g32 = dnew(nq * 4), *g16 = dnew(nq * 4);
-  uint16_t *q16 = dnew(nq * 2);
+  uint16_t *q16 = dnew(nq * 2), *o16 = dnew(no * 2);
   const size_t ns16 = gpu->attention_scratch_bf16(B, T, C, NH);
   const size_t rows4 = ((size_t)B * NH * T + 3) & ~(size_t)3;
   report("attention_bf16", "scratch size", shape, 0, 0, "-", -1,
@@ -1048,17 +1083,28 @@ static void test_attention_bf16(int B, int T, int C, int NH) {
   gpu->attention_fwd(o32, a32, sc, d_qkv, B, T, C, NH);
   gpu->attention_fwd_bf16(o16, a16, sc16, d_qkv, q16, B, T, C, NH);
   float *want_o = dget(o32, no), *want_a = dget(a32, na);
-  check_dev_bits("attention_fwd_bf16", "out=attention_fwd's", shape, o16, want_o, no);
+  /* out in bf16: attention_fwd's rounded (the casts' bits) */
+  uint16_t *want_o16 = xmalloc(no * 2), *got_o16 = xmalloc(no * 2);
+  cpu->f32_to_bf16(want_o16, want_o, no);
+  gpu->copy_d2h(got_o16, o16, no * 2);
+  gpu->sync();
+  check_bits_u16("attention_fwd_bf16", "out16=bf16(attention_fwd's)", shape, got_o16, want_o16, no);
   check_dev_bits("attention_fwd_bf16", "lse=attention_fwd's", shape, a16, want_a, na);
   uint16_t *want_q = xmalloc(nq * 2), *got_q = xmalloc(nq * 2);
   cpu->f32_to_bf16(want_q, qkv, nq);
   gpu->copy_d2h(got_q, q16, nq * 2);
   gpu->sync();
   check_bits_u16("attention_fwd_bf16", "qkv16=bf16(qkv)", shape, got_q, want_q, nq);
+  /* backward against attention_bwd's given out16 widened as its out: D =
+   * dout . out from the same values in the same order */
+  float *o16w = xmalloc(no * 4);
+  cpu->bf16_to_f32(o16w, want_o16, no);
+  gpu->copy_h2d(o32, o16w, no * 4);
   gpu->attention_bwd(g32, sc, d_dout, d_qkv, o32, a32, B, T, C, NH, 0);
   float *want_g = dget(g32, nq);
   gpu->dev_set(d_qkv, 0xff, nq * 4); /* NaNs: backward must not read the fp32 qkv */
-  gpu->attention_bwd_bf16(g16, sc16, d_dout, NULL, q16, o32, a32, B, T, C, NH, 0);
+  gpu->dev_set(o32, 0xff, no * 4);   /* nor the fp32 out */
+  gpu->attention_bwd_bf16(g16, sc16, d_dout, NULL, q16, o16, a32, B, T, C, NH, 0);
   check_dev_bits("attention_bwd_bf16", "dqkv=attention_bwd's", shape, g16, want_g, nq);
   { /* dout given in bf16 (as matmul_bwd_dinp16 writes it): the fp32 form's
      * bits, which round dout the same way first; the fp32 dout poisoned */
@@ -1066,7 +1112,7 @@ static void test_attention_bf16(int B, int T, int C, int NH) {
     cpu->f32_to_bf16(h16, dout, no);
     d_h16 = dput(h16, no * 2);
     gpu->dev_set(d_dout, 0xff, no * 4);
-    gpu->attention_bwd_bf16(g16, sc16, NULL, d_h16, q16, o32, a32, B, T, C, NH, 0);
+    gpu->attention_bwd_bf16(g16, sc16, NULL, d_h16, q16, o16, a32, B, T, C, NH, 0);
     check_dev_bits("attention_bwd_bf16", "dqkv(dout16)=attention_bwd's", shape, g16, want_g, nq);
     gpu->dev_free(d_h16), free(h16);
   }
@@ -1077,6 +1123,7 @@ static void test_attention_bf16(int B, int T, int C, int NH) {
   gpu->dev_free(a32), gpu->dev_free(o16), gpu->dev_free(a16), gpu->dev_free(g32);
   gpu->dev_free(g16), gpu->dev_free(q16);
   free(qkv), free(dout), free(want_o), free(want_a), free(want_q), free(got_q), free(want_g);
+  free(want_o16), free(got_o16), free(o16w);
 }
 
 /* ---- gelu, residual ------------------------------------------------------- */
@@ -1678,6 +1725,46 @@ static void test_lm_head_l16(int N, int C, int V, int ld) {
   free(sa), free(sb), free(dw0), free(gxa), free(gwa);
 }
 
+/* matmul_fwd_res (kern.h, the bf16 mode's): out = inp w^T + bias + res,
+ * inp in fp32 (packed by the product) or bf16 (in16), against the CPU's
+ * product of the bf16-rounded operands plus the residual within TOL_GEMM of
+ * the sums of magnitudes (|inp| |w| + |bias| + |res|): a residual dropped,
+ * added twice (a product cut in blocks of its sum reads res with the first
+ * only) or misplaced shows; into a buffer of its own and in place (out =
+ * res). */
+static void test_matmul_res(int N, int IC, int OC, int in16) {
+  char shape[64];
+  snprintf(shape, sizeof shape, "N=%d IC=%d OC=%d %s", N, IC, OC, in16 ? "inp16" : "inp32");
+  const size_t ni = (size_t)N * IC, nw = (size_t)OC * IC, no = (size_t)N * OC;
+  float *inp = frand(ni, -1, 1), *w = frand(nw, -0.5f, 0.5f), *bias = frand(OC, -1, 1);
+  float *res = frand(no, -4, 4), *ref = xmalloc(no * 4), *mag = xmalloc(no * 4);
+  float *ri = round_dup(inp, ni, 1), *rw = round_dup(w, nw, 1);
+  cpu->matmul_fwd(ref, ri, rw, bias, N, IC, OC, OC);
+  cpu->residual_fwd(ref, ref, res, no);
+  float *ainp = fabs_dup(inp, ni), *aw = fabs_dup(w, nw), *abias = fabs_dup(bias, OC),
+        *ares = fabs_dup(res, no);
+  cpu->matmul_fwd(mag, ainp, aw, abias, N, IC, OC, OC);
+  cpu->residual_fwd(mag, mag, ares, no);
+  uint16_t *i16 = xmalloc(ni * 2);
+  cpu->f32_to_bf16(i16, inp, ni);
+  float *d_in = in16 ? NULL : dput(inp, ni * 4), *dw_ = dput(w, nw * 4), *db = dput(bias, OC * 4),
+        *dres = dput(res, no * 4), *dout_ = dnew(no * 4);
+  uint16_t *d_i16 = in16 ? dput(i16, ni * 2) : NULL;
+  gpu->matmul_fwd_res(dout_, d_in, d_i16, dw_, db, dres, N, IC, OC);
+  float *got = dget(dout_, no);
+  check_tol("matmul_fwd_res", "out-bf16ops", shape, got, ref, NULL, mag, NULL, no, TOL_GEMM);
+  free(got);
+  gpu->matmul_fwd_res(dres, d_in, d_i16, dw_, db, dres, N, IC, OC); /* in place */
+  got = dget(dres, no);
+  check_tol("matmul_fwd_res", "in place", shape, got, ref, NULL, mag, NULL, no, TOL_GEMM);
+  free(got);
+  if (d_in) gpu->dev_free(d_in);
+  if (d_i16) gpu->dev_free(d_i16);
+  gpu->dev_free(dw_), gpu->dev_free(db), gpu->dev_free(dres), gpu->dev_free(dout_);
+  free(inp), free(w), free(bias), free(res), free(ref), free(mag), free(ri), free(rw), free(ainp),
+      free(aw), free(abias), free(ares), free(i16);
+}
+
 /* gelu_bwd_bf16 (kern.h), the bf16 mode's: dinp16 is the CPU's gelu_bwd
  * rounded (f32_to_bf16; a NaN for a NaN), and dbias += the column sums of
  * the CPU's dinp in kern_math.h's order (each run of KERN_COLSUM_ROWS rows
@@ -1729,8 +1816,41 @@ static void test_gelu_bwd_bf16(int N, int C, int off) {
  * bf16 output with the bias added in fp32 as it is read, x = inp + bias[c]:
  * out is the CPU's gelu_fwd of x rounded (f32_to_bf16), dinp16 its
  * gelu_bwd rounded, and dbias += the column sums of the CPU's dinp in
- * kern_math.h's order, bit for bit. inp holds bf16 specials (zeros, +-inf,
- * a NaN, past the clamps at +-10). */
+ * kern_math.h's order: bit for bit under gelu_exact, else (gelu_fast) out
+ * and dinp16 within a step (check_bf16_near) and dbias within 1e-5 of the
+ * sums of magnitudes (check_gelu_dbias). inp holds bf16 specials (zeros,
+ * +-inf, a NaN, past the clamps at +-10). On the emulator, also that the
+ * mode's kernels ran. */
+static void check_gelu16(const char *op, const char *what, const char *shape, uint16_t *got,
+                         uint16_t *ref, size_t n) {
+  for (size_t i = 0; i < n; i++) got[i] = bf16_nan_one(got[i]), ref[i] = bf16_nan_one(ref[i]);
+  if (gelu_fast) check_bf16_near(op, what, shape, got, ref, n);
+  else check_bits_u16(op, what, shape, got, ref, n);
+}
+/* device dbias (C) against want = dbias0 + the column sums of g (N x C) */
+static void check_gelu_dbias(const char *op, const char *what, const char *shape, const float *d,
+                             const float *want, const float *dbias0, const float *g, int N, int C) {
+  if (!gelu_fast) {
+    check_dev_bits(op, what, shape, d, want, C);
+    return;
+  }
+  double *mag = xmalloc(C * sizeof *mag);
+  for (int c = 0; c < C; c++) {
+    mag[c] = fabs(dbias0[c]);
+    for (int r = 0; r < N; r++) mag[c] += fabs(g[(size_t)r * C + c]);
+  }
+  /* a column the specials made infinite or NaN: the same there (0 after) */
+  float *got = dget(d, C), *w = fdup(want, C);
+  int odd = 0;
+  for (int c = 0; c < C; c++)
+    if (!isfinite(w[c])) {
+      odd += !(got[c] == w[c] || (isnan(got[c]) && isnan(w[c])));
+      got[c] = w[c] = 0.0f, mag[c] = 0.0;
+    }
+  report(op, "dbias+= non-finite", shape, 0, 0, "the same", -1, odd == 0);
+  check_tol(op, what, shape, got, w, NULL, NULL, mag, C, 1e-5);
+  free(got), free(w), free(mag);
+}
 static void test_gelu_bf16in(int N, int C, int offx, int offd, int offh) {
   char shape[64];
   snprintf(shape, sizeof shape, "N=%d C=%d off=%d,%d,%d", N, C, offx, offd, offh);
@@ -1755,16 +1875,27 @@ static void test_gelu_bf16in(int N, int C, int offx, int offd, int offh) {
            *dxo = dnew((n + offx) * 2);
   float *dd = dnew((n + offd) * 4), *db = dput(bias, C * 4), *dgb = dput(dbias0, C * 4);
   gpu->copy_h2d(dxo + offx, x16, n * 2), gpu->copy_h2d(dd + offd, dout, n * 4);
+#ifdef KERN_CUDA_EMU
+  const char *fwd_k[2][2] = {{"gelu_fwd_bf16in_kernel<uint32_t, false>",
+                              "gelu_bwd_bf16_kernel<true, false, false>"},
+                             {"gelu_fwd_bf16in_kernel<uint32_t, true>",
+                              "gelu_bwd_bf16_kernel<true, false, true>"}};
+  const unsigned long kf0 = cuda_emu_launches(fwd_k[gelu_fast][0]),
+                      kb0 = cuda_emu_launches(fwd_k[gelu_fast][1]);
+#endif
   gpu->gelu_fwd_bf16in(dy, dx, db, N, C);
   gpu->gelu_bwd_bf16in(dh + offh, dgb, dxo + offx, db, dd + offd, NULL, N, C);
+#ifdef KERN_CUDA_EMU
+  report("gelu_bf16in", gelu_fast ? "fast kernels" : "exact kernels", shape, 0, 0, "launches", -1,
+         cuda_emu_launches(fwd_k[gelu_fast][0]) - kf0 == 1 &&
+             cuda_emu_launches(fwd_k[gelu_fast][1]) - kb0 >= 1);
+#endif
   uint16_t *got = xmalloc(n * 2);
   gpu->copy_d2h(got, dy, n * 2);
-  for (size_t i = 0; i < n; i++) got[i] = bf16_nan_one(got[i]), ref_out[i] = bf16_nan_one(ref_out[i]);
-  check_bits_u16("gelu_fwd_bf16in", "out", shape, got, ref_out, n);
+  check_gelu16("gelu_fwd_bf16in", "out", shape, got, ref_out, n);
   gpu->copy_d2h(got, dh + offh, n * 2);
-  for (size_t i = 0; i < n; i++) got[i] = bf16_nan_one(got[i]), ref_d[i] = bf16_nan_one(ref_d[i]);
-  check_bits_u16("gelu_bwd_bf16in", "dinp16", shape, got, ref_d, n);
-  check_dev_bits("gelu_bwd_bf16in", "dbias+=", shape, dgb, dbias, C);
+  check_gelu16("gelu_bwd_bf16in", "dinp16", shape, got, ref_d, n);
+  check_gelu_dbias("gelu_bwd_bf16in", "dbias+=", shape, dgb, dbias, dbias0, ref, N, C);
   { /* dout in bf16 (as matmul_bwd_dinp16 writes it), offd elements past
      * an 8-byte boundary (1, 3: the element-wise path): the CPU's on dout
      * widened */
@@ -1779,9 +1910,8 @@ static void test_gelu_bf16in(int N, int C, int offx, int offd, int offh) {
     gpu->gelu_bwd_bf16in(dh + offh, dgb, dxo + offx, db, NULL, dd16 + offd, N, C);
     gpu->copy_d2h(got, dh + offh, n * 2);
     gpu->sync();
-    for (size_t i = 0; i < n; i++) got[i] = bf16_nan_one(got[i]), ref_d[i] = bf16_nan_one(ref_d[i]);
-    check_bits_u16("gelu_bwd_bf16in", "dinp16 (dout16)", shape, got, ref_d, n);
-    check_dev_bits("gelu_bwd_bf16in", "dbias+= (dout16)", shape, dgb, db2, C);
+    check_gelu16("gelu_bwd_bf16in", "dinp16 (dout16)", shape, got, ref_d, n);
+    check_gelu_dbias("gelu_bwd_bf16in", "dbias+= (dout16)", shape, dgb, db2, dbias0, ref, N, C);
     gpu->dev_free(dd16), free(d16), free(db2);
   }
   gpu->dev_free(dx), gpu->dev_free(dy), gpu->dev_free(dh), gpu->dev_free(dxo), gpu->dev_free(dd),
@@ -1917,7 +2047,7 @@ int main(void) {
                  !gpu->layernorm_fwd_bf16 && !gpu->gelu_fwd_bf16 && !gpu->matmul_fwd_bf16 &&
                  !gpu->matmul_bwd_bf16 && !gpu->gelu_bwd_bf16 && !gpu->matmul_fwd_bf16_out16 &&
                  !gpu->crossentropy_fwd_bwd_bf16in && !gpu->attention_scratch_bf16 &&
-                 !gpu->gelu_fwd_bf16in && !gpu->gelu_bwd_bf16in &&
+                 !gpu->gelu_fwd_bf16in && !gpu->gelu_bwd_bf16in && !gpu->matmul_fwd_res &&
                  /* fp32 products: no bf16 activations */
                  gpu->dev_alloc && gpu->dev_free && !gpu->reduce_f32 && !gpu->reduce_bf16 &&
                  !gpu->copy_stream && kern_cuda_reserved_bytes() > 0 && kern_cuda_stream();
@@ -2061,7 +2191,7 @@ int main(void) {
                        gpu->matmul_fwd_bf16 && gpu->matmul_bwd_bf16 && gpu->gelu_bwd_bf16 &&
                        gpu->matmul_fwd_bf16_out16 && gpu->crossentropy_fwd_bwd_bf16in &&
                        gpu->attention_scratch_bf16 && gpu->gelu_fwd_bf16in &&
-                       gpu->gelu_bwd_bf16in;
+                       gpu->gelu_bwd_bf16in && gpu->matmul_fwd_res;
     report("table", mode_names[m], "-", 0, 0, "-", -1,
            gpu && (m == 0 ? offers && gpu != fp32_table && gpu->matmul_fwd == fp32_table->matmul_fwd
                           : gpu == fp32_table));
@@ -2097,7 +2227,11 @@ int main(void) {
       test_gelu_bwd_bf16(37, 45, 0);
       test_gelu_bwd_bf16(33, 264, 1);
       /* the fc product's bf16 output: a tile's edge (264 = 256 + 8), a
-       * run's tail (70 rows), a step's width (3072) */
+       * run's tail (70 rows), a step's width (3072); GELU's fast form (the
+       * default), and gpt2-124m's whole fch once (16 x 1024 rows at 4 x
+       * 768 on a GPU) for the share of elements off the CPU's bits */
+      gelu_fast = 1;
+      if (!gpu_only("test_gelu_bf16in(16384, 3072, 0, 0, 0)")) test_gelu_bf16in(16384, 3072, 0, 0, 0);
       test_gelu_bf16in(70, 264, 0, 0, 0);
       test_gelu_bf16in(33, 3072, 0, 0, 0);
       test_gelu_bf16in(1, 8, 0, 0, 0);
@@ -2142,6 +2276,17 @@ int main(void) {
      * buffer's 16M: matmul_bwd_dinp16 by its separate products) */
     if (m == 0) test_matmul(256, 3072, 768, 1, 768);
     if (m == 0) test_matmul(64, 8192, 2064, 1, 2064);
+    /* the projections with the residual: gpt2's two (attproj from fp32,
+     * fcproj from bf16), the parts of a ragged one (N, IC and OC cut at
+     * their multiples of 8: res read by the first part of the sum) and
+     * one whose fp32 inp is packed in blocks of its sum (res with the
+     * first block only) */
+    if (m == 0) {
+      test_matmul_res(256, 768, 768, 0);
+      test_matmul_res(256, 3072, 768, 1);
+      test_matmul_res(37, 29, 45, 0);
+      test_matmul_res(2304, 16384, 64, 0);
+    }
     /* the packing's paths (matmul.cu, gemm_pack_kernel: 8 elements a thread,
      * read in 16-byte loads where a source row is 16-byte aligned): IC = 20
      * and OC = 44, every row aligned and each a tail of 4; IC = 29 and
@@ -2178,6 +2323,16 @@ int main(void) {
          0, 0, "-", -1,
          dinp32_table && dinp32_table->matmul_fwd_bf16 && !dinp32_table->matmul_bwd_dinp16 &&
              bf16_table->matmul_bwd_dinp16);
+  /* FSDP_CUDA_GELU_EXACT: the same table, GELU of the bf16 activations on
+   * the CPU's bits (kern_gelu) */
+  const kern_cuda_opts_t oge = {.device = 0, .bf16 = 1, .gelu_exact = 1};
+  gpu = kern_cuda_init(&oge, msg, sizeof msg);
+  report("table", "bf16 mode, GELU's CPU bits asked: the bf16 table", "-", 0, 0, "-", -1,
+         gpu == bf16_table);
+  gelu_fast = 0;
+  test_gelu_bf16in(70, 264, 0, 0, 0);
+  test_gelu_bf16in(33, 3072, 0, 0, 0);
+  test_gelu_bf16in(37, 264, 4, 0, 1);
   gpu = kern_cuda_init(&otc, msg, sizeof msg);
   tol_gemm = TOL_GEMM_BF16;
   attn_gemm = 0;
@@ -2203,7 +2358,7 @@ int main(void) {
   /* the attention op falls back to the fp32 kernels unasked where the
    * tensor-core ones do not fit: here they must have run */
   report("table", "tensor-core kernels ran", "-", 0, 0, "-", -1,
-         cuda_emu_launches("tc_fwd_kernel<HS>") && cuda_emu_launches("tc_bwd_dq_kernel<HS>") &&
+         cuda_emu_launches("tc_fwd_kernel<HS, O>") && cuda_emu_launches("tc_bwd_dq_kernel<HS, O>") &&
              cuda_emu_launches("tc_bwd_dkv_kernel<HS>"));
 #endif
   attn_tc = 0;

@@ -487,11 +487,12 @@ int main(int argc, char **argv) {
    * bf16 activations): a block's ln1, ln2 (N C each) and GELU's (4 N C)
    * where the block keeps them (the recompute level), and lnf (N C), in
    * half the bytes; and each block's qkv (3 N C: heads of 32, which the
-   * tensor-core attention takes in bf16) and fch (4 N C: the fc product's
-   * output, which the bf16 GELU reads) */
+   * tensor-core attention takes in bf16), its output (N C, which it writes
+   * in bf16 then) and fch (4 N C: the fc product's output, which the bf16
+   * GELU reads) */
   {
     const size_t N = (size_t)4 * 128, C = 128, L = 3;
-#define KEPT(level) ((size_t)((level) < 2 ? 2 : 0) + ((level) < 1 ? 4 : 0) + 3 + 4)
+#define KEPT(level) ((size_t)((level) < 2 ? 2 : 0) + ((level) < 1 ? 4 : 0) + 3 + 1 + 4)
     /* fp32 and bf16-mixed at one recompute level (1) */
     const size_t kept = KEPT(gpu16r.recompute);
     const size_t saved = (L * kept * N * C + N * C) * sizeof(float) / 2;
@@ -616,7 +617,9 @@ int main(int argc, char **argv) {
   if (!k16 || !k16->crossentropy_fwd_bwd_bf16 || !k16->gelu_bwd_bf16 ||
       !k16->matmul_fwd_bf16_out16 || !k16->crossentropy_fwd_bwd_bf16in)
     return 2;
-  static kern_backend_t no_logits16, no_dlogits16, no_dfch16, no_fch16, no_dinp16;
+  static kern_backend_t no_logits16, no_dlogits16, no_dfch16, no_fch16, no_dinp16, no_res;
+  no_res = *k16; /* the residual added after the projections' products */
+  no_res.matmul_fwd_res = NULL;
   no_dinp16 = *k16; /* GELU's and the attention's output gradients in fp32 */
   no_dinp16.matmul_bwd_dinp16 = NULL;
   no_fch16 = *k16; /* the bf16 logits without the bf16 fch (which needs their product) */
@@ -672,22 +675,42 @@ int main(int argc, char **argv) {
        * their products (matmul_bwd_dinp16), as the ops read them rounded:
        * a rounding more each */
       {k16, &no_dinp16, FV_CHUNK, FV_CHUNK, 2, 1, "bf16 dinp (matmul_bwd_dinp16) vs fp32",
+       LOGITS16_LOSS_TOL, LOGITS16_W_TOL},
+      /* the residual added by the projections' products as they write
+       * (matmul_fwd_res): the same terms summed in another order, so the
+       * residual stream's last bits, and with them a few of the next
+       * layernorm's bf16 outputs, round the other way (on the emulator:
+       * losses 7.4e-6 apart, weights 7.6e-4, AdamW making whole updates of
+       * differences near zero as LOGITS16_W_TOL says) */
+      {k16, &no_res, FV_CHUNK, FV_CHUNK, 2, 1, "residual in the product vs after",
        LOGITS16_LOSS_TOL, LOGITS16_W_TOL}};
-  /* gelu_fwd_bf16in_kernel's launches, either index type (gelu.cu) */
+  /* gelu_fwd_bf16in_kernel's launches, either index type, the fast form
+   * (gelu.cu; the default) */
 #define GELU16_LAUNCHES()                                                                          \
-  (emu_launches ? emu_launches("gelu_fwd_bf16in_kernel<uint32_t>") +                               \
-                      emu_launches("gelu_fwd_bf16in_kernel<uint64_t>")                             \
+  (emu_launches ? emu_launches("gelu_fwd_bf16in_kernel<uint32_t, true>") +                         \
+                      emu_launches("gelu_fwd_bf16in_kernel<uint64_t, true>")                       \
+                : 0)
+  /* residual_fwd's launches (residual.cu), either kernel */
+#define RESIDUAL_LAUNCHES()                                                                        \
+  (emu_launches ? emu_launches("residual_fwd_kernel") + emu_launches("residual_fwd_wide_kernel")  \
                 : 0)
   for (size_t k = 0; k < sizeof vs / sizeof vs[0]; k++) {
     float la[FV_STEPS], lb[FV_STEPS], *wa = NULL, *wb = NULL;
     const unsigned long l0 = emu_launches ? emu_launches("ce_row16_kernel") : 0,
-                        g0 = GELU16_LAUNCHES();
+                        g0 = GELU16_LAUNCHES(), r0 = RESIDUAL_LAUNCHES();
     int rc = fv_run(vs[k].with, 0, vs[k].lrows, la, &wa);
     const unsigned long launches = emu_launches ? emu_launches("ce_row16_kernel") - l0 : 0,
-                        g1 = GELU16_LAUNCHES();
+                        g1 = GELU16_LAUNCHES(), r1 = RESIDUAL_LAUNCHES();
     if (rc || fv_run(vs[k].without, 0, vs[k].lrows_without, lb, &wb)) {
       fprintf(stderr, "test_cuda_train: bf16 %s: %s\n", vs[k].how, err_msg());
       return 2;
+    }
+    if (emu_launches) { /* a residual pass exactly where the table adds none in its products */
+      const unsigned long r2 = RESIDUAL_LAUNCHES();
+      char what[96];
+      snprintf(what, sizeof what, "cuda bf16: %s, residual passes a step (emulator)", vs[k].how);
+      check((r1 > r0) == !vs[k].with->matmul_fwd_res && (r2 > r1) == !vs[k].without->matmul_fwd_res,
+            what, (double)(r1 - r0) / FV_STEPS, vs[k].with->matmul_fwd_res ? 0 : 1);
     }
     if (emu_launches && vs[k].chunks16 >= 0) {
       char what[96];

@@ -576,7 +576,7 @@ void emu::run_grid(const cfg &c, const char *name, body_fn b, void *ctx) {
 }
 
 /* How many times a kernel was launched under `name` (as its launch wrote it:
- * "tc_fwd_kernel<HS>"), for tests that must know a path ran. */
+ * "tc_fwd_kernel<HS, O>"), for tests that must know a path ran. */
 /* The opt-in limit of a block's dynamic shared memory the emulated device
  * reports (sharedMemPerBlockOptin): tests/cuda's check of which kernel a
  * launcher chose by it. */
@@ -1476,11 +1476,18 @@ static void emu_lt_operand(std::vector<float> &out, const void *p, const emu_lay
 /* The product itself, on the stream (what cublasLtMatmul checked). */
 static void emu_lt_run(const emu_desc *d, const emu_layout *a, const emu_layout *b,
                        const emu_layout *c, const emu_layout *dl, float alpha, float bt,
-                       const void *A, const void *B, void *D, uint64_t M, uint64_t N, uint64_t K,
-                       size_t ea, bool bias, bool split_out) {
+                       const void *A, const void *B, const void *C, void *D, uint64_t M,
+                       uint64_t N, uint64_t K, size_t ea, bool bias, bool split_out) {
   std::vector<float> ta, tb, t16;
-  const bool d16 = dl->type == CUDA_R_16BF; /* C is D here (in place) */
+  const bool d16 = dl->type == CUDA_R_16BF; /* then C is D (in place) */
   for (int32_t i = 0; i < c->batch; i++) {
+    /* another C (fp32, D's layout: cublasLtMatmul checked): beta's input,
+     * copied into D first, so the product below adds to it there */
+    if (C != D)
+      for (uint64_t n = 0; n < N; n++)
+        for (uint64_t m = 0; m < M; m++)
+          ((float *)D)[(size_t)i * dl->stride + m + n * dl->ld] =
+              ((const float *)C)[(size_t)i * c->stride + m + n * c->ld];
     /* a bf16 D: the product into an fp32 copy of it (its rows ld apart),
      * each element rounded once into D after */
     float *out = (float *)D + (size_t)i * dl->stride;
@@ -1558,7 +1565,17 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
               "ABCD"[i], ptrs[i], align[i]);
       return CUBLAS_STATUS_INVALID_VALUE;
     }
-  if (C != D && beta && *(const float *)beta != 0.0f) return CUBLAS_STATUS_NOT_SUPPORTED;
+  /* C apart from D (beta's input): fp32, D's layout, not overlapping it */
+  if (C != D && beta && *(const float *)beta != 0.0f) {
+    if (dl->type != CUDA_R_32F || c->type != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+    const size_t span = ((size_t)(c->batch - 1) * c->stride + (size_t)c->ld * (c->cols - 1) +
+                         c->rows) * 4;
+    if (c->ld != dl->ld || c->stride != dl->stride || c->rows != dl->rows ||
+        c->cols != dl->cols || c->batch != dl->batch || !emu::device_range(C, span))
+      emu::fail("cublasLtMatmul: C at %p is not D's layout in device memory", C);
+    if ((const char *)C < (const char *)D + span && (const char *)D < (const char *)C + span)
+      emu::fail("cublasLtMatmul: C at %p and D at %p overlap", C, D);
+  }
   const size_t ea = a->type == CUDA_R_16BF ? 2 : 4;
   const uint64_t M = c->rows, N = c->cols, K = d->transa == CUBLAS_OP_N ? a->cols : a->rows;
   const bool bias = d->epilogue == CUBLASLT_EPILOGUE_BIAS;
@@ -1585,7 +1602,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
   const emu_desc dv = *d;
   const emu_layout av = *a, bv = *b, cv = *c, dv_l = *dl;
   emu::enqueue(stream, [=]() {
-    emu_lt_run(&dv, &av, &bv, &cv, &dv_l, al, bt, A, B, D, M, N, K, ea, bias, split_out);
+    emu_lt_run(&dv, &av, &bv, &cv, &dv_l, al, bt, A, B, bt != 0.0f ? C : D, D, M, N, K, ea, bias,
+               split_out);
     return true;
   });
   return CUBLAS_STATUS_SUCCESS;
