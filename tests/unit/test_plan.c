@@ -612,18 +612,18 @@ static size_t cuda_acts(const char *data, const char *prec, const char *C, const
 /* kern.h's bf16 activations: a bf16 job on a GPU keeps its products' inputs
  * (ln1, ln2, GELU's output a block, lnf) in bf16, as gpt.c lays them out,
  * each block's fc product output (fch, 4 N C: the bf16 GELU reads it), and
- * each block's qkv where the tensor-core attention takes it so (head
- * sizes 16 to 64) (test_cuda_train holds the plan to the measured peaks on
- * the emulator) */
+ * each block's qkv and attention output (3 N C and N C) where the
+ * tensor-core attention takes and writes them so (head sizes 16 to 64)
+ * (test_cuda_train holds the plan to the measured peaks on the emulator) */
 Test(plan, a_cuda_bf16_job_plans_its_products_inputs_in_bf16) {
   char *data = tu_token_file("tokens.bin", 20000, 3, 256);
   const size_t N = 4 * 64, L = 2;
   size_t C = 64; /* heads of 16: qkv too */
   cr_assert_eq(cuda_acts(data, "fp32", "64", "4") - cuda_acts(data, "bf16-mixed", "64", "4"),
-               (L * 13 * N * C + N * C) * sizeof(float) / 2);
+               (L * 14 * N * C + N * C) * sizeof(float) / 2);
   cr_assert_eq(cuda_acts(data, "fp32", "64", "4") - cuda_acts(data, "bf16-true", "64", "4"),
-               (L * 13 * N * C + N * C) * sizeof(float) / 2);
-  C = 256; /* heads of 128: qkv stays fp32 (those kernels do not fit every GPU) */
+               (L * 14 * N * C + N * C) * sizeof(float) / 2);
+  C = 256; /* heads of 128: qkv and atty stay fp32 (those kernels do not fit every GPU) */
   cr_assert_eq(cuda_acts(data, "fp32", "256", "2") - cuda_acts(data, "bf16-mixed", "256", "2"),
                (L * 10 * N * C + N * C) * sizeof(float) / 2);
   /* rows of 36 channels are not 16-byte multiples in bf16: fp32 kept */
