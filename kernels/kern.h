@@ -206,17 +206,28 @@ typedef struct kern_backend {
    * ops above; the products' results may differ from theirs in the order
    * their library sums (a product no longer cut into blocks to fit its
    * packing buffer), not in their operands. The products' inp rows are
-   * 16-byte multiples (IC % 8 == 0) and inp 16-byte aligned. */
+   * 16-byte multiples (IC % 8 == 0) and inp 16-byte aligned.
+   *
+   * Every product of this section takes its weight w (fp32) and w16, w's
+   * bf16 image (each element w's, exactly: w is w16 widened), or NULL: with
+   * w16 the product reads it as its operand instead of packing w (the same
+   * operand, the pass and 6 bytes an element less each time). weights16 1
+   * says that pays here: a runtime that gathers a unit's weights in bf16
+   * and widens them for the model (fsdp.c) then keeps the gathered image
+   * beside the fp32 one for the products (0: FSDP_CUDA_WEIGHTS_PACK, the
+   * products pack w; or no bf16 products). A w16 not 16-byte aligned is
+   * not read (w is packed). */
+  int weights16;
   void (*layernorm_fwd_bf16)(uint16_t *out, float *mean, float *rstd, const float *inp,
                              const float *w, const float *b, int N, int C);
   void (*gelu_fwd_bf16)(uint16_t *out, const float *inp, size_t n);
-  void (*matmul_fwd_bf16)(float *out, const uint16_t *inp, const float *w, const float *bias, int N,
-                          int IC, int OC, int ldo);
+  void (*matmul_fwd_bf16)(float *out, const uint16_t *inp, const float *w, const uint16_t *w16,
+                          const float *bias, int N, int IC, int OC, int ldo);
   /* dout in fp32, or in bf16 (dout16, rows ldo bf16 apart, a multiple of
    * 8; no dbias then): one of the two, the other NULL */
   void (*matmul_bwd_bf16)(float *dinp, float *dw, float *dbias, const float *dout,
-                          const uint16_t *dout16, const uint16_t *inp, const float *w, int N,
-                          int IC, int OC, int ldo, int acc);
+                          const uint16_t *dout16, const uint16_t *inp, const float *w,
+                          const uint16_t *w16, int N, int IC, int OC, int ldo, int acc);
   /* crossentropy_fwd_bwd with the gradient rounded to bf16 for the LM
    * head's product (the bits its packing gives): row r's V dlogits land in
    * the second half of the row's ld floats, a bf16 matrix with rows 2 ld
@@ -265,8 +276,8 @@ typedef struct kern_backend {
    * dlogits written over them in place (the row's first V). The same
    * formulas as crossentropy_fwd_bwd_bf16 on the logits widened. Optional
    * beside the four above, both or neither. */
-  void (*matmul_fwd_bf16_out16)(uint16_t *out16, const uint16_t *inp, const float *w, int N,
-                                int IC, int OC, int ldo);
+  void (*matmul_fwd_bf16_out16)(uint16_t *out16, const uint16_t *inp, const float *w,
+                                const uint16_t *w16, int N, int IC, int OC, int ldo);
   void (*crossentropy_fwd_bwd_bf16in)(float *losses, uint16_t *logits16, const int32_t *targets,
                                       float dloss, int N, int V, int ld);
   /* The fc product's output in bf16 as under autocast, but rounded before
@@ -294,8 +305,8 @@ typedef struct kern_backend {
    * (inp16, IC-wide rows, 16-byte aligned), one of the two; dout fp32
    * (N, OC), dense. Optional. */
   void (*matmul_bwd_dinp16)(uint16_t *dinp16, float *dw, float *dbias, const float *dout,
-                            const float *inp, const uint16_t *inp16, const float *w, int N, int IC,
-                            int OC);
+                            const float *inp, const uint16_t *inp16, const float *w,
+                            const uint16_t *w16, int N, int IC, int OC);
   /* A block's projection with the residual added as it is written, in the
    * bf16 mode: out (N, OC, dense) = inp w^T + bias + res (res N x OC,
    * dense; out itself, or a buffer not overlapping it), inp in fp32 (inp,
@@ -304,7 +315,8 @@ typedef struct kern_backend {
    * element (the three terms may be added in another order), with one pass
    * over out less. Optional. */
   void (*matmul_fwd_res)(float *out, const float *inp, const uint16_t *inp16, const float *w,
-                         const float *bias, const float *res, int N, int IC, int OC);
+                         const uint16_t *w16, const float *bias, const float *res, int N, int IC,
+                         int OC);
 } kern_backend_t;
 
 /* The x86-64 levels the CPU kernels are built for, numbered as the psABI's

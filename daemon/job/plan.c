@@ -42,6 +42,10 @@ typedef struct plan_device {
   /* 1 when, with those, its GELU reads the fc product's output in bf16
    * (kern.h's gelu_fwd_bf16in) */
   int (*fch_bf16)(int bf16);
+  /* 1 when, with those, its products read the bf16 gather of a unit's
+   * weights, which the runtime then keeps beside the widened unit (kern.h's
+   * weights16) */
+  int (*weights16)(int bf16);
 } plan_device_t;
 
 static size_t plan_cpu_attention_scratch(int B, int T, int C, int NH, int bf16, int qkv16) {
@@ -56,13 +60,13 @@ static size_t plan_cpu_attention_saved(int B, int T, int C, int NH) {
 
 static size_t plan_cpu_reserved(void) { return 0; }
 
-static int plan_cpu_acts_bf16(int bf16) { return (void)bf16, 0; } /* fp32 products */
+/* fp32 products: no bf16 activations, fc output or weights */
+static int plan_cpu_no_bf16(int bf16) { return (void)bf16, 0; }
 static int plan_cpu_qkv_bf16(int bf16, int C, int NH) { return (void)bf16, (void)C, (void)NH, 0; }
-static int plan_cpu_fch_bf16(int bf16) { return (void)bf16, 0; }
 
 static const plan_device_t plan_cpu = {plan_cpu_attention_saved, plan_cpu_attention_scratch,
-                                       comm_ring_size_bytes, plan_cpu_reserved, plan_cpu_acts_bf16,
-                                       plan_cpu_qkv_bf16, plan_cpu_fch_bf16};
+                                       comm_ring_size_bytes, plan_cpu_reserved, plan_cpu_no_bf16,
+                                       plan_cpu_qkv_bf16, plan_cpu_no_bf16, plan_cpu_no_bf16};
 
 /* GPU ranks: the CUDA kernels' attention (fused or not, as the device picks
  * with FSDP_CUDA_ATTN_GEMM), scratch and cuBLASLt workspace
@@ -95,10 +99,15 @@ static int plan_cuda_qkv_bf16(int bf16, int C, int NH) {
  * activations */
 static int plan_cuda_fch_bf16(int bf16) { return plan_cuda_acts_bf16(bf16); }
 
+/* and sets weights16 there, unless FSDP_CUDA_WEIGHTS_PACK (device.c) */
+static int plan_cuda_weights16(int bf16) {
+  return plan_cuda_acts_bf16(bf16) && param_cuda_weights_pack() == 0;
+}
+
 static const plan_device_t plan_cuda = {plan_cuda_attention_saved, plan_cuda_attention_scratch,
                                         comm_nccl_size_bytes, kern_cuda_size_reserved,
                                         plan_cuda_acts_bf16, plan_cuda_qkv_bf16,
-                                        plan_cuda_fch_bf16};
+                                        plan_cuda_fch_bf16, plan_cuda_weights16};
 
 static const plan_device_t *plan_device(const config_t *c) {
   return !strcmp(c->device, "cuda") ? &plan_cuda : &plan_cpu; /* as device_open picks */
@@ -172,12 +181,15 @@ static size_t plan_padded(const shard_layout_t *l, int k) {
 
 /* Peak bytes of gathered parameters. A gathered unit is fp32 (4 bytes per
  * padded element), plus, while its bf16 gather is in flight, the bf16 buffer
- * it lands in (x = 2 bytes). The unit in use is held while the next one's
- * gather lands (prefetch). FULL_SHARD and HYBRID_SHARD free a unit after use,
- * so that pair is all they hold. Strategies that keep units hold every unit
- * gathered so far in forward; backward only frees them, each after its last
- * use (fsdp.c), so it adds nothing. */
-static size_t plan_gathered(const shard_layout_t *l, int L, int keeps, size_t x) {
+ * it lands in (x = 2 bytes), which stays while the unit is held where the
+ * products read it (k16 = 2 bytes: fsdp.c's keep16, gpt_weights16). The
+ * unit in use is held while the next one's gather lands (prefetch).
+ * FULL_SHARD and HYBRID_SHARD free a unit after use, so that pair is all
+ * they hold. Strategies that keep units hold every unit gathered so far in
+ * forward; backward only frees them, each after its last use (fsdp.c), so
+ * it adds nothing. */
+static size_t plan_gathered(const shard_layout_t *l, int L, int keeps, size_t x, size_t k16) {
+  const size_t h = 4 + k16; /* bytes per element of a unit held */
   int *seq = malloc(sizeof *seq * (size_t)(L + 2));
   if (!seq) return 0;
 #define MAX(a, b) ((a) > (b) ? (a) : (b))
@@ -187,9 +199,9 @@ static size_t plan_gathered(const shard_layout_t *l, int L, int keeps, size_t x)
     size_t held = 0; /* fp32 units held while seq[i] lands */
     for (int i = 0; i < n; i++) {
       if (keeps && (bwd || (i == n - 1 && n > 1))) break; /* unit 0 again, backward: kept */
-      held = keeps && !bwd ? held : i ? 4 * plan_padded(l, seq[i - 1]) : 0;
+      held = keeps && !bwd ? held : i ? h * plan_padded(l, seq[i - 1]) : 0;
       best = MAX(best, held + (4 + x) * plan_padded(l, seq[i]));
-      if (keeps && !bwd) held += 4 * plan_padded(l, seq[i]);
+      if (keeps && !bwd) held += h * plan_padded(l, seq[i]);
     }
   }
 #undef MAX
@@ -237,6 +249,9 @@ static int plan_runtime(const config_t *c, int world, plan_t *p) {
     return rc;
   const int L = c->gpt.layers, true16 = prec == PRECISION_BF16_TRUE;
   const size_t x = prec != PRECISION_FP32 ? 2 : 0; /* bf16 gathers land in a bf16 buffer */
+  const plan_device_t *dev = plan_device(c);
+  /* kept for the products (gpt_weights16: bf16 activations, as plan_loop's a16) */
+  const size_t k16 = x && dev->weights16(1) && gpt_config_acts_bf16_fits(&c->gpt) ? 2 : 0;
   const size_t e = true16 ? 2 : 4;            /* bytes per element of the shard's state */
   size_t largest = 0;
   for (int k = 0; k < l->num_units; k++)
@@ -255,7 +270,7 @@ static int plan_runtime(const config_t *c, int world, plan_t *p) {
   const int alias_params = m.shards == 1 && prec == PRECISION_FP32;
   const int alias_grads = m.shards == 1 && m.replicas == 1 && !true16;
   p->bytes[MEM_PARAMS_GATHERED] =
-      alias_params ? 0 : plan_gathered(l, L, shard_strategy_keeps_params(m.strategy), x);
+      alias_params ? 0 : plan_gathered(l, L, shard_strategy_keeps_params(m.strategy), x, k16);
   /* both accumulation modes, for the report; the job's own counts */
   const size_t w = true16 ? 2 : 0;
   const size_t gsh = c->offload ? 0 : sh;
@@ -269,7 +284,6 @@ static int plan_runtime(const config_t *c, int world, plan_t *p) {
    * reduce-scatter landing when S > 1 (reduce dtype; a bf16-mixed gather
    * sends from its own landing buffer, counted above) */
   size_t comm = m.shards > 1 ? e * largest : 0;
-  const plan_device_t *dev = plan_device(c);
   if (world > 1) comm += dev->comm_bytes(world);
   if (m.shards > 1 && m.replicas > 1)
     comm += dev->comm_bytes(m.shards) + dev->comm_bytes(m.replicas);

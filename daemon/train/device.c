@@ -178,11 +178,16 @@ static int device_cuda_open(const config_t *c, int rank, const device_t **out) {
   if (!k) return err_set(FSDP_EIO, "device cuda: GPU %lld: %s", (long long)ord, msg);
   static int reserved_counted; /* the kernels keep it for the process's life */
   if (!reserved_counted++) mem_account(MEM_WORKSPACE, p->reserved_bytes(), 1);
-  static kern_backend_t res_apart; /* FSDP_CUDA_RES_APART: the table less matmul_fwd_res */
-  if (param_cuda_res_apart() && k->matmul_fwd_res) {
-    res_apart = *k;
-    res_apart.matmul_fwd_res = NULL;
-    k = &res_apart;
+  /* the comparisons' switches: FSDP_CUDA_RES_APART, the table less
+   * matmul_fwd_res; FSDP_CUDA_WEIGHTS_PACK, weights16 0 */
+  static kern_backend_t switched;
+  const int res_apart = param_cuda_res_apart() && k->matmul_fwd_res,
+            weights_pack = param_cuda_weights_pack() && k->weights16;
+  if (res_apart || weights_pack) {
+    switched = *k;
+    if (res_apart) switched.matmul_fwd_res = NULL;
+    if (weights_pack) switched.weights16 = 0;
+    k = &switched;
   }
   device_cuda.kern = k;
   device_cuda.comm = p->comm;

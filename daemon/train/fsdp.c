@@ -52,6 +52,8 @@ struct fsdp {
   int shard_rank;         /* which shard of every unit this rank owns */
   int keeps_params;       /* the strategy keeps units gathered from forward to backward */
   int gather_bf16;        /* units are gathered in bf16 (bf16-mixed and bf16-true) */
+  int keep16;             /* the model's products read the bf16 gather (gpt_weights16): it
+                           * stays beside the widened unit while the unit is gathered */
   int bf16_storage;       /* bf16-true: shard, gradient and reductions in bf16 */
   int alias_params;       /* S = 1 under fp32: a unit's parameters are its shard */
   int alias_grads;        /* S = R = 1, fp32 gradients: backward accumulates into the shard */
@@ -69,6 +71,7 @@ struct fsdp {
   size_t *shard_off;  /* per unit: offset of its shard in params / grads */
   float **full;       /* per unit: gathered parameters (padded numel), or NULL */
   uint16_t **recv16;  /* per unit: where a bf16 gather in flight lands */
+  uint16_t **full16;  /* per unit under keep16: the landed bf16 gather, full's image, or NULL */
   comm_req_t **gather_req; /* per unit: its all-gather in flight, or NULL */
   float **unit_grad;  /* per unit: unsharded gradient during backward, or NULL */
   int *bwd_done;      /* per FSDP unit: its model units whose gradients are complete */
@@ -146,8 +149,10 @@ static int fsdp_gather_start(fsdp_t *f, int k, int bf16) {
   return rc ? err_wrap(rc, "gathering unit %d", k) : FSDP_OK;
 }
 
-/* Waits for unit k's gather; a bf16 gather is widened to fp32 for the model. */
-static int fsdp_gather_wait(fsdp_t *f, int k) {
+/* Waits for unit k's gather; a bf16 gather is widened to fp32 for the
+ * model, and with keep (the model's gathers under keep16) kept beside it as
+ * full16 until the unit is freed, else freed. */
+static int fsdp_gather_wait(fsdp_t *f, int k, int keep) {
   int rc = FSDP_OK;
   if (f->gather_req[k]) {
     rc = comm_wait(f->gather_req[k], -1);
@@ -155,7 +160,8 @@ static int fsdp_gather_wait(fsdp_t *f, int k) {
   }
   if (f->recv16[k]) {
     if (!rc) f->be->bf16_to_f32(f->full[k], f->recv16[k], fsdp_padded(f, k));
-    fsdp_buf_free(f, f->recv16[k]);
+    if (!rc && keep) f->full16[k] = f->recv16[k];
+    else fsdp_buf_free(f, f->recv16[k]);
     f->recv16[k] = NULL;
   }
   return rc ? err_wrap(rc, "gathering unit %d", k) : FSDP_OK;
@@ -165,7 +171,9 @@ static void fsdp_free_unit(fsdp_t *f, int k) {
   if (!f->full[k]) return;
   FSDP_ASSERT(!f->gather_req[k]);
   if (!f->alias_params) fsdp_buf_free(f, f->full[k]);
+  fsdp_buf_free(f, f->full16[k]);
   f->full[k] = NULL;
+  f->full16[k] = NULL;
   f->gathered--;
 }
 
@@ -183,11 +191,12 @@ static size_t fsdp_model_offset(const fsdp_t *f, int u) {
   return gpt_unit(f->model, u).offset - f->layout->units[f->layout->unit_of[u]].offset;
 }
 
-static int fsdp_params_cb(void *ctx, int u, int phase, float **out) {
+static int fsdp_params_cb(void *ctx, int u, int phase, float **out, const uint16_t **out16) {
   fsdp_t *f = ctx;
   const int k = f->layout->unit_of[u];
   int rc;
-  if ((rc = fsdp_gather_start(f, k, f->gather_bf16)) || (rc = fsdp_gather_wait(f, k))) return rc;
+  if ((rc = fsdp_gather_start(f, k, f->gather_bf16)) || (rc = fsdp_gather_wait(f, k, f->keep16)))
+    return rc;
   /* prefetch: the next unit's gather runs while this one computes; FULL_SHARD
    * keeps at most two units gathered, the strategies that keep parameters
    * hold what they keep anyway */
@@ -198,6 +207,7 @@ static int fsdp_params_cb(void *ctx, int u, int phase, float **out) {
       (rc = fsdp_gather_start(f, nk, f->gather_bf16)))
     return rc;
   *out = f->full[k] + fsdp_model_offset(f, u);
+  *out16 = f->full16[k] ? f->full16[k] + fsdp_model_offset(f, u) : NULL;
   return FSDP_OK;
 }
 
@@ -514,6 +524,7 @@ int fsdp_create(fsdp_t **out, const gpt_config_t *cfg, const fsdp_opts_t *o) {
   adamw_segment_t *segs = NULL;
   int nsegs = 0, rc;
   if ((rc = gpt_create_shell(&f->model, cfg, f->be))) goto fail;
+  f->keep16 = f->gather_bf16 && gpt_weights16(f->model);
   if ((rc = shard_layout_create(&f->layout, cfg, f->shards, o->min_params))) goto fail;
   f->nmodel = cfg->layers + 1;
   const int nu = f->layout->num_units;
@@ -522,8 +533,10 @@ int fsdp_create(fsdp_t **out, const gpt_config_t *cfg, const fsdp_opts_t *o) {
   f->gather_req = calloc((size_t)nu, sizeof *f->gather_req);
   f->unit_grad = calloc((size_t)nu, sizeof *f->unit_grad);
   f->recv16 = calloc((size_t)nu, sizeof *f->recv16);
+  f->full16 = calloc((size_t)nu, sizeof *f->full16);
   f->bwd_done = calloc((size_t)nu, sizeof *f->bwd_done);
-  if (!f->shard_off || !f->full || !f->gather_req || !f->unit_grad || !f->recv16 || !f->bwd_done) {
+  if (!f->shard_off || !f->full || !f->gather_req || !f->unit_grad || !f->recv16 || !f->full16 ||
+      !f->bwd_done) {
     rc = err_set(FSDP_ENOMEM, "fsdp: out of memory");
     goto fail;
   }
@@ -559,8 +572,8 @@ void fsdp_destroy(fsdp_t *f) {
     for (int k = 0; k < f->layout->num_units; k++) {
       if (f->gather_req && f->gather_req[k]) comm_wait(f->gather_req[k], -1); /* the buffer must outlive the op */
       if (f->gather_req) f->gather_req[k] = NULL;
-      if (f->recv16) fsdp_gather_wait(f, k); /* frees a bf16 gather's buffers */
-      if (f->full) fsdp_free_unit(f, k);
+      if (f->recv16) fsdp_gather_wait(f, k, 0); /* frees a bf16 gather's buffers */
+      if (f->full && f->full16) fsdp_free_unit(f, k);
       if (f->unit_grad) fsdp_buf_free(f, f->unit_grad[k]);
     }
   adamw_destroy(f->opt);
@@ -577,6 +590,7 @@ void fsdp_destroy(fsdp_t *f) {
   free(f->gather_req);
   free(f->unit_grad);
   free(f->recv16);
+  free(f->full16);
   free(f->bwd_done);
   shard_layout_destroy(f->layout);
   gpt_destroy(f->model);
@@ -688,7 +702,7 @@ int fsdp_mean(fsdp_t *f, float *x) { return fsdp_mean_n(f, x, 1); }
 int fsdp_reshard(fsdp_t *f) {
   int rc = fsdp_reduce_finish(f);
   for (int k = 0; k < f->layout->num_units; k++) {
-    int rk = fsdp_gather_wait(f, k); /* nothing may be in flight into a buffer we free */
+    int rk = fsdp_gather_wait(f, k, 0); /* nothing may be in flight into a buffer we free */
     if (!rc) rc = rk;
     fsdp_free_unit(f, k);
   }
@@ -701,7 +715,8 @@ int fsdp_gather_params(fsdp_t *f, float *dst) {
   for (int k = 0; k < f->layout->num_units; k++) {
     /* the stored weights (fp32 master, or the bf16 shard widened exactly),
      * whatever the policy gathers for compute */
-    if ((rc = fsdp_gather_start(f, k, f->bf16_storage)) || (rc = fsdp_gather_wait(f, k))) return rc;
+    if ((rc = fsdp_gather_start(f, k, f->bf16_storage)) || (rc = fsdp_gather_wait(f, k, 0)))
+      return rc;
     const shard_unit_t *u = &f->layout->units[k];
     f->be->copy_d2h(dst + u->offset, f->full[k], u->numel * sizeof(float));
     fsdp_free_unit(f, k);

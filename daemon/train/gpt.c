@@ -421,9 +421,20 @@ static void gpt_fc_gelu(const gpt_t *g, float *out, const float *fch, const floa
     gpt_act_gelu(g, out, fch, (size_t)N * (size_t)C);
 }
 
+int gpt_weights16(const gpt_t *g) { return gpt_acts_bf16(g) && g->be->weights16; }
+
+/* Weight w's bf16 image in P16, the bf16 image of the unit buffer P that
+ * holds it (the params hook's out16), or NULL where there is none */
+static const uint16_t *gpt_w16(const float *P, const uint16_t *P16, const float *w) {
+  return P16 ? P16 + (w - P) : NULL;
+}
+
+/* The products: w16 is w's bf16 image or NULL (kern.h), read by the bf16
+ * products only */
 static void gpt_act_matmul_fwd(const gpt_t *g, float *out, const void *inp, const float *w,
-                               const float *bias, int N, int IC, int OC, int ldo) {
-  if (g->acts16) g->be->matmul_fwd_bf16(out, inp, w, bias, N, IC, OC, ldo);
+                               const uint16_t *w16, const float *bias, int N, int IC, int OC,
+                               int ldo) {
+  if (g->acts16) g->be->matmul_fwd_bf16(out, inp, w, w16, bias, N, IC, OC, ldo);
   else g->be->matmul_fwd(out, inp, w, bias, N, IC, OC, ldo);
 }
 
@@ -432,22 +443,24 @@ static void gpt_act_matmul_fwd(const gpt_t *g, float *out, const void *inp, cons
  * where the backend adds the residual as the product writes it, else the
  * product and the residual after it in place. */
 static void gpt_proj_res(const gpt_t *g, float *out, const float *inp, const uint16_t *inp16,
-                         const float *w, const float *bias, const float *res, int N, int IC) {
+                         const float *w, const uint16_t *w16, const float *bias, const float *res,
+                         int N, int IC) {
   const kern_backend_t *be = g->be;
   const int C = g->cfg.channels;
   if (be->matmul_fwd_res) {
-    be->matmul_fwd_res(out, inp, inp16, w, bias, res, N, IC, C);
+    be->matmul_fwd_res(out, inp, inp16, w, w16, bias, res, N, IC, C);
     return;
   }
-  if (inp16) be->matmul_fwd_bf16(out, inp16, w, bias, N, IC, C, C);
+  if (inp16) be->matmul_fwd_bf16(out, inp16, w, w16, bias, N, IC, C, C);
   else be->matmul_fwd(out, inp, w, bias, N, IC, C, C);
   be->residual_fwd(out, out, res, (size_t)N * C);
 }
 
 static void gpt_act_matmul_bwd(const gpt_t *g, float *dinp, float *dw, float *dbias,
-                               const float *dout, const void *inp, const float *w, int N, int IC,
-                               int OC, int ldo, int acc) {
-  if (g->acts16) g->be->matmul_bwd_bf16(dinp, dw, dbias, dout, NULL, inp, w, N, IC, OC, ldo, acc);
+                               const float *dout, const void *inp, const float *w,
+                               const uint16_t *w16, int N, int IC, int OC, int ldo, int acc) {
+  if (g->acts16)
+    g->be->matmul_bwd_bf16(dinp, dw, dbias, dout, NULL, inp, w, w16, N, IC, OC, ldo, acc);
   else g->be->matmul_bwd(dinp, dw, dbias, dout, inp, w, N, IC, OC, ldo, acc);
 }
 
@@ -537,10 +550,12 @@ static int gpt_alloc_acts(gpt_t *g, int B, int T) {
 /* ---- units: where forward and backward find parameters and gradients --- */
 
 /* The default hooks: every unit lives in the model's flat buffers. */
-static int gpt_flat_params(void *ctx, int unit, int phase, float **out) {
+static int gpt_flat_params(void *ctx, int unit, int phase, float **out,
+                           const uint16_t **out16) {
   (void)phase;
   gpt_t *g = ctx;
   *out = g->params + g->units[unit].offset;
+  *out16 = NULL; /* the flat buffers have no bf16 image */
   return FSDP_OK;
 }
 static int gpt_flat_grads(void *ctx, int unit, float **out) {
@@ -592,9 +607,10 @@ static int gpt_check_tokens(const gpt_t *g, const int32_t *ids, size_t n, const 
   return FSDP_OK;
 }
 
-/* Forward of block l with its parameters P (the unit buffer), from res_in into
- * the layer's activations. Backward calls it again under checkpointing. */
-static void gpt_layer_fwd(gpt_t *g, int l, float *P, const float *res_in) {
+/* Forward of block l with its parameters P (the unit buffer; P16 its bf16
+ * image or NULL), from res_in into the layer's activations. Backward calls
+ * it again under checkpointing. */
+static void gpt_layer_fwd(gpt_t *g, int l, float *P, const uint16_t *P16, const float *res_in) {
   const kern_backend_t *be = g->be;
   const int B = g->B, T = g->T, C = g->cfg.channels, NH = g->cfg.heads;
   const size_t N = (size_t)B * T;
@@ -606,33 +622,37 @@ static void gpt_layer_fwd(gpt_t *g, int l, float *P, const float *res_in) {
   float *l1 = a->ln1 ? a->ln1 : g->dbig1;
   gpt_act_layernorm(g, l1, a->ln1_mean, a->ln1_rstd, res_in, p.ln1w, p.ln1b, (int)N, C);
   if (g->qkv16) { /* the product into dbig2 (free until GELU's output), rounded into qkv */
-    gpt_act_matmul_fwd(g, g->dbig2, l1, p.qkvw, p.qkvb, (int)N, C, 3 * C, 3 * C);
+    gpt_act_matmul_fwd(g, g->dbig2, l1, p.qkvw, gpt_w16(P, P16, p.qkvw), p.qkvb, (int)N, C, 3 * C,
+                       3 * C);
     be->attention_fwd_bf16((uint16_t *)a->atty, a->att, g->att_scratch, g->dbig2,
                            (uint16_t *)a->qkv, B, T, C, NH);
   } else {
-    gpt_act_matmul_fwd(g, a->qkv, l1, p.qkvw, p.qkvb, (int)N, C, 3 * C, 3 * C);
+    gpt_act_matmul_fwd(g, a->qkv, l1, p.qkvw, gpt_w16(P, P16, p.qkvw), p.qkvb, (int)N, C, 3 * C,
+                       3 * C);
     be->attention_fwd(a->atty, a->att, g->att_scratch, a->qkv, B, T, C, NH);
   }
   /* the attention's output: bf16 where qkv is (kern.h's attention_fwd_bf16) */
   gpt_proj_res(g, a->res2, g->qkv16 ? NULL : a->atty, g->qkv16 ? (const uint16_t *)a->atty : NULL,
-               p.attprojw, p.attprojb, res_in, (int)N, C);
+               p.attprojw, gpt_w16(P, P16, p.attprojw), p.attprojb, res_in, (int)N, C);
   float *l2 = a->ln2 ? a->ln2 : g->dbig1;
   gpt_act_layernorm(g, l2, a->ln2_mean, a->ln2_rstd, a->res2, p.ln2w, p.ln2b, (int)N, C);
   float *gl = a->fch_gelu ? a->fch_gelu : g->dbig2;
   if (g->fch16) {
-    be->matmul_fwd_bf16_out16((uint16_t *)a->fch, (const uint16_t *)l2, p.fcw, (int)N, C, 4 * C,
-                              4 * C);
+    be->matmul_fwd_bf16_out16((uint16_t *)a->fch, (const uint16_t *)l2, p.fcw,
+                              gpt_w16(P, P16, p.fcw), (int)N, C, 4 * C, 4 * C);
   } else {
-    gpt_act_matmul_fwd(g, a->fch, l2, p.fcw, p.fcb, (int)N, C, 4 * C, 4 * C);
+    gpt_act_matmul_fwd(g, a->fch, l2, p.fcw, gpt_w16(P, P16, p.fcw), p.fcb, (int)N, C, 4 * C,
+                       4 * C);
   }
   gpt_fc_gelu(g, gl, a->fch, p.fcb, (int)N, 4 * C);
   gpt_proj_res(g, a->res3, g->acts16 ? NULL : gl, g->acts16 ? (const uint16_t *)gl : NULL,
-               p.fcprojw, p.fcprojb, a->res2, (int)N, 4 * C);
+               p.fcprojw, gpt_w16(P, P16, p.fcprojw), p.fcprojb, a->res2, (int)N, 4 * C);
 }
 
 /* Backward of block l: g->dres holds d(output) and becomes d(res_in); the
  * parameter gradients accumulate into the unit buffer G. */
-static void gpt_layer_bwd(gpt_t *g, int l, float *P, float *G, const float *res_in) {
+static void gpt_layer_bwd(gpt_t *g, int l, float *P, const uint16_t *P16, float *G,
+                          const float *res_in) {
   const kern_backend_t *be = g->be;
   const int B = g->B, T = g->T, C = g->cfg.channels, NH = g->cfg.heads;
   const size_t N = (size_t)B * T, NC = N * (size_t)C;
@@ -651,10 +671,11 @@ static void gpt_layer_bwd(gpt_t *g, int l, float *P, float *G, const float *res_
   const int dgelu16 = g->fch16 && be->matmul_bwd_dinp16;
   if (dgelu16)
     be->matmul_bwd_dinp16((uint16_t *)dfch_gelu, d.fcprojw, d.fcprojb, g->dres, NULL,
-                          (const uint16_t *)gl, p.fcprojw, (int)N, 4 * C, C);
+                          (const uint16_t *)gl, p.fcprojw, gpt_w16(P, P16, p.fcprojw), (int)N,
+                          4 * C, C);
   else
-    gpt_act_matmul_bwd(g, dfch_gelu, d.fcprojw, d.fcprojb, g->dres, gl, p.fcprojw, (int)N, 4 * C,
-                       C, C, 0);
+    gpt_act_matmul_bwd(g, dfch_gelu, d.fcprojw, d.fcprojb, g->dres, gl, p.fcprojw,
+                       gpt_w16(P, P16, p.fcprojw), (int)N, 4 * C, C, C, 0);
   /* dfch in bf16 where the backend makes it so (kern.h's gelu_bwd_bf16: the
    * operand the fc product packs, its dbias summed on the way) */
   const int dfch16 = g->fch16 || (g->acts16 && be->gelu_bwd_bf16);
@@ -673,9 +694,10 @@ static void gpt_layer_bwd(gpt_t *g, int l, float *P, float *G, const float *res_
   }
   if (dfch16)
     be->matmul_bwd_bf16(g->dln, d.fcw, NULL, NULL, (const uint16_t *)dfch, (const uint16_t *)l2,
-                        p.fcw, (int)N, C, 4 * C, 4 * C, 0);
+                        p.fcw, gpt_w16(P, P16, p.fcw), (int)N, C, 4 * C, 4 * C, 0);
   else
-    gpt_act_matmul_bwd(g, g->dln, d.fcw, d.fcb, dfch, l2, p.fcw, (int)N, C, 4 * C, 4 * C, 0);
+    gpt_act_matmul_bwd(g, g->dln, d.fcw, d.fcb, dfch, l2, p.fcw, gpt_w16(P, P16, p.fcw), (int)N, C,
+                       4 * C, 4 * C, 0);
   /* the skip path already put d(res3) in dres: adding the norm's gives d(res2) */
   be->layernorm_bwd(g->dres, d.ln2w, d.ln2b, g->dln, a->res2, p.ln2w, a->ln2_mean, a->ln2_rstd,
                     (int)N, C);
@@ -687,10 +709,10 @@ static void gpt_layer_bwd(gpt_t *g, int l, float *P, float *G, const float *res_
   const uint16_t *atty16 = (const uint16_t *)a->atty; /* under qkv16 */
   if (datt16)
     be->matmul_bwd_dinp16((uint16_t *)datty, d.attprojw, d.attprojb, g->dres, NULL, atty16,
-                          p.attprojw, (int)N, C, C);
+                          p.attprojw, gpt_w16(P, P16, p.attprojw), (int)N, C, C);
   else if (g->qkv16)
-    be->matmul_bwd_bf16(datty, d.attprojw, d.attprojb, g->dres, NULL, atty16, p.attprojw, (int)N,
-                        C, C, C, 0);
+    be->matmul_bwd_bf16(datty, d.attprojw, d.attprojb, g->dres, NULL, atty16, p.attprojw,
+                        gpt_w16(P, P16, p.attprojw), (int)N, C, C, C, 0);
   else
     be->matmul_bwd(datty, d.attprojw, d.attprojb, g->dres, a->atty, p.attprojw, (int)N, C, C, C,
                    0);
@@ -705,7 +727,8 @@ static void gpt_layer_bwd(gpt_t *g, int l, float *P, float *G, const float *res_
     gpt_act_layernorm(g, g->dbig2, a->ln1_mean, a->ln1_rstd, res_in, p.ln1w, p.ln1b, (int)N, C);
     l1 = g->dbig2;
   }
-  gpt_act_matmul_bwd(g, g->dln, d.qkvw, d.qkvb, dqkv, l1, p.qkvw, (int)N, C, 3 * C, 3 * C, 0);
+  gpt_act_matmul_bwd(g, g->dln, d.qkvw, d.qkvb, dqkv, l1, p.qkvw, gpt_w16(P, P16, p.qkvw), (int)N, C,
+                     3 * C, 3 * C, 0);
   be->layernorm_bwd(g->dres, d.ln1w, d.ln1b, g->dln, res_in, p.ln1w, a->ln1_mean, a->ln1_rstd,
                     (int)N, C);
 }
@@ -738,13 +761,13 @@ static size_t gpt_lm_rows(const gpt_t *g, int dl16) {
  * the logits' buffer, where `where` (g->dlogits16's) says: in each row's
  * second half (rows 2 ld bf16 apart), or over the bf16 logits (ld apart):
  * their rows of dln, written, and their share of wte's gradient */
-static void gpt_lm_head_bwd16(gpt_t *g, const gpt_embed_t *d0, const gpt_embed_t *p0, size_t r0,
-                              int n, int where) {
+static void gpt_lm_head_bwd16(gpt_t *g, const gpt_embed_t *d0, const gpt_embed_t *p0,
+                              const uint16_t *wte16, size_t r0, int n, int where) {
   const size_t C = (size_t)g->cfg.channels;
   const int ld = gpt_logits_ld(g);
   const uint16_t *dl = (const uint16_t *)g->logits + (where == 1 ? ld : 0);
   g->be->matmul_bwd_bf16(g->dln + r0 * C, d0->wte, NULL, NULL, dl, gpt_act_at(g, g->lnf, r0 * C),
-                         p0->wte, n, (int)C, g->cfg.vocab, where == 1 ? 2 * ld : ld, 0);
+                         p0->wte, wte16, n, (int)C, g->cfg.vocab, where == 1 ? 2 * ld : ld, 0);
 }
 
 /* The LM head and its loss over the N rows of lnf, gpt_lm_rows at a time (p0:
@@ -755,8 +778,8 @@ static void gpt_lm_head_bwd16(gpt_t *g, const gpt_embed_t *d0, const gpt_embed_t
  * take the buffer. Without d0 the last chunk's probabilities (bwd: loss
  * gradient) stay, which backward uses when one chunk is all the rows (the
  * gradient in bf16 where the backend rounds it so: dlogits16). */
-static void gpt_lm_head(gpt_t *g, const gpt_embed_t *p0, const gpt_embed_t *d0, int bwd,
-                        float dscale) {
+static void gpt_lm_head(gpt_t *g, const gpt_embed_t *p0, const uint16_t *wte16,
+                        const gpt_embed_t *d0, int bwd, float dscale) {
   const kern_backend_t *be = g->be;
   const size_t N = (size_t)g->B * (size_t)g->T, C = (size_t)g->cfg.channels;
   const int V = g->cfg.vocab, ld = gpt_logits_ld(g);
@@ -770,16 +793,16 @@ static void gpt_lm_head(gpt_t *g, const gpt_embed_t *p0, const gpt_embed_t *d0, 
     const void *x = gpt_act_at(g, g->lnf, r0 * C);
     if (dl16 == 2) {
       uint16_t *l16 = (uint16_t *)g->logits;
-      be->matmul_fwd_bf16_out16(l16, x, p0->wte, n, (int)C, V, ld);
+      be->matmul_fwd_bf16_out16(l16, x, p0->wte, wte16, n, (int)C, V, ld);
       be->crossentropy_fwd_bwd_bf16in(g->losses + r0, l16, g->targets + r0, dscale, n, V, ld);
     } else {
-      gpt_act_matmul_fwd(g, g->logits, x, p0->wte, NULL, n, (int)C, V, ld);
+      gpt_act_matmul_fwd(g, g->logits, x, p0->wte, wte16, NULL, n, (int)C, V, ld);
       if (dl16)
         be->crossentropy_fwd_bwd_bf16(g->losses + r0, g->logits, g->targets + r0, dscale, n, V,
                                       ld);
     }
     if (dl16) {
-      if (d0) gpt_lm_head_bwd16(g, d0, p0, r0, n, dl16);
+      if (d0) gpt_lm_head_bwd16(g, d0, p0, wte16, r0, n, dl16);
       g->dlogits16 = d0 ? 0 : dl16;
       continue;
     }
@@ -788,8 +811,8 @@ static void gpt_lm_head(gpt_t *g, const gpt_embed_t *p0, const gpt_embed_t *d0, 
     else
       be->crossentropy_fwd(g->losses + r0, g->logits, g->targets + r0, n, V, ld);
     if (d0)
-      gpt_act_matmul_bwd(g, g->dln + r0 * C, d0->wte, NULL, g->logits, x, p0->wte, n, (int)C, V,
-                         ld, 0);
+      gpt_act_matmul_bwd(g, g->dln + r0 * C, d0->wte, NULL, g->logits, x, p0->wte, wte16, n, (int)C,
+                         V, ld, 0);
   }
 }
 
@@ -817,35 +840,37 @@ static int gpt_forward_run(gpt_t *g, const int32_t *inputs, const int32_t *targe
   if (targets) be->copy_h2d(g->targets, targets, N * sizeof *targets);
   const gpt_unit_hooks_t *h = &g->hooks;
   float *P;
+  const uint16_t *P16;
   /* unit 0 is used twice (embeddings first, final norm and logits last, with
    * the LM head's backward when forward_train takes several chunks): it is
    * asked for and released around each use, so the runtime decides whether it
    * stays gathered in between */
-  GPT_TRY(h->params(h->ctx, 0, GPT_FWD, &P));
+  GPT_TRY(h->params(h->ctx, 0, GPT_FWD, &P, &P16));
   gpt_embed_t e = gpt_embed_at(g, P);
   be->encoder_fwd(g->encoded, g->tokens, e.wte, e.wpe, B, T, C);
   GPT_TRY(h->release(h->ctx, 0, GPT_FWD));
   const float *res = g->encoded;
   for (int l = 0; l < c->layers; l++) {
-    GPT_TRY(h->params(h->ctx, 1 + l, GPT_FWD, &P));
-    gpt_layer_fwd(g, l, P, res);
+    GPT_TRY(h->params(h->ctx, 1 + l, GPT_FWD, &P, &P16));
+    gpt_layer_fwd(g, l, P, P16, res);
     GPT_TRY(h->release(h->ctx, 1 + l, GPT_FWD));
     res = g->layer[l].res3;
   }
-  GPT_TRY(h->params(h->ctx, 0, GPT_FWD, &P));
+  GPT_TRY(h->params(h->ctx, 0, GPT_FWD, &P, &P16));
   e = gpt_embed_at(g, P);
+  const uint16_t *wte16 = gpt_w16(P, P16, e.wte);
   gpt_act_layernorm(g, g->lnf, g->lnf_mean, g->lnf_rstd, res, e.lnfw, e.lnfb, (int)N, C);
   const int chunked = N > gpt_lm_rows(g, gpt_dl16(g, bwd));
   if (!targets) { /* the logits of the last lrows rows (a sample reads the last) */
     gpt_act_matmul_fwd(g, g->logits, gpt_act_at(g, g->lnf, (N - (size_t)g->lrows) * C), e.wte,
-                       NULL, g->lrows, C, V, gpt_logits_ld(g));
+                       wte16, NULL, g->lrows, C, V, gpt_logits_ld(g));
   } else if (bwd && chunked) { /* the LM head's backward now, chunk by chunk */
     float *G0;
     GPT_TRY(h->grads(h->ctx, 0, &G0));
     const gpt_embed_t d0 = gpt_embed_at(g, G0);
-    gpt_lm_head(g, &e, &d0, 1, dloss_scale / (float)N);
+    gpt_lm_head(g, &e, wte16, &d0, 1, dloss_scale / (float)N);
   } else { /* one chunk: forward_train leaves the loss's gradient to backward */
-    gpt_lm_head(g, &e, NULL, bwd, dloss_scale / (float)N);
+    gpt_lm_head(g, &e, wte16, NULL, bwd, dloss_scale / (float)N);
   }
   GPT_TRY(h->release(h->ctx, 0, GPT_FWD));
   if (targets) {
@@ -882,6 +907,7 @@ int gpt_backward(gpt_t *g, float dloss_scale) {
   const int B = g->B, T = g->T, C = c->channels, V = c->vocab;
   const size_t N = (size_t)B * T, NC = N * (size_t)C;
   float *P, *G, *G0;
+  const uint16_t *P16;
 
   /* mean over the N tokens, times the caller's scale (micro-batch averaging) */
   if (g->have_targets >= 2 && dloss_scale != g->dloss_scale)
@@ -895,16 +921,17 @@ int gpt_backward(gpt_t *g, float dloss_scale) {
     be->crossentropy_bwd(g->logits, g->targets, dloss_scale / (float)N, (int)N, V,
                          gpt_logits_ld(g));
   g->have_targets = 3; /* dlogits, used: neither logits (gpt_logits) nor another backward's */
-  GPT_TRY(h->params(h->ctx, 0, GPT_BWD, &P));
+  GPT_TRY(h->params(h->ctx, 0, GPT_BWD, &P, &P16));
   GPT_TRY(h->grads(h->ctx, 0, &G0));
   const gpt_embed_t p0 = gpt_embed_at(g, P), d0 = gpt_embed_at(g, G0);
+  const uint16_t *wte16 = gpt_w16(P, P16, p0.wte);
   if (had != 4) { /* the LM head's backward: from the kept dlogits, or chunk by chunk again */
     if (chunked)
-      gpt_lm_head(g, &p0, &d0, 1, dloss_scale / (float)N);
+      gpt_lm_head(g, &p0, wte16, &d0, 1, dloss_scale / (float)N);
     else if (had == 2 && g->dlogits16)
-      gpt_lm_head_bwd16(g, &d0, &p0, 0, (int)N, g->dlogits16);
+      gpt_lm_head_bwd16(g, &d0, &p0, wte16, 0, (int)N, g->dlogits16);
     else
-      gpt_act_matmul_bwd(g, g->dln, d0.wte, NULL, g->logits, g->lnf, p0.wte, (int)N, C, V,
+      gpt_act_matmul_bwd(g, g->dln, d0.wte, NULL, g->logits, g->lnf, p0.wte, wte16, (int)N, C, V,
                          gpt_logits_ld(g), 0);
   }
   const float *res_last = c->layers ? g->layer[c->layers - 1].res3 : g->encoded;
@@ -915,10 +942,10 @@ int gpt_backward(gpt_t *g, float dloss_scale) {
 
   for (int l = c->layers - 1; l >= 0; l--) {
     const float *res_in = l ? g->layer[l - 1].res3 : g->encoded;
-    GPT_TRY(h->params(h->ctx, 1 + l, GPT_BWD, &P));
+    GPT_TRY(h->params(h->ctx, 1 + l, GPT_BWD, &P, &P16));
     GPT_TRY(h->grads(h->ctx, 1 + l, &G));
-    if (g->ckpt) gpt_layer_fwd(g, l, P, res_in); /* refill the shared slot */
-    gpt_layer_bwd(g, l, P, G, res_in);
+    if (g->ckpt) gpt_layer_fwd(g, l, P, P16, res_in); /* refill the shared slot */
+    gpt_layer_bwd(g, l, P, P16, G, res_in);
     GPT_TRY(h->release(h->ctx, 1 + l, GPT_BWD));
     GPT_TRY(h->grads_done(h->ctx, 1 + l));
   }

@@ -130,15 +130,24 @@ void gpt_set_recompute(gpt_t *g, int level);
  *             params(u) grads(u) release(u) grads_done(u); last grads_done(0).
  * A unit's pointers are valid from params/grads until its release/grads_done.
  * Unit buffers hold the unit's tensors at unit-local offsets
- * (tensor.offset - unit.offset). A hook's error stops the pass and is returned. */
+ * (tensor.offset - unit.offset). params may also give the unit's bf16 image
+ * (*out16: the same layout, each element the one *out holds, exactly: *out
+ * is it widened), which the bf16 products then read instead of packing
+ * their weights (gpt_weights16 says when the model would; NULL: none). A
+ * hook's error stops the pass and is returned. */
 enum { GPT_FWD = 0, GPT_BWD = 1 };
 typedef struct gpt_unit_hooks {
   void *ctx;
-  int (*params)(void *ctx, int unit, int phase, float **out);
+  int (*params)(void *ctx, int unit, int phase, float **out, const uint16_t **out16);
   int (*release)(void *ctx, int unit, int phase);
   int (*grads)(void *ctx, int unit, float **out);
   int (*grads_done)(void *ctx, int unit);
 } gpt_unit_hooks_t;
 void gpt_set_hooks(gpt_t *g, const gpt_unit_hooks_t *h);
+/* 1 when this model's products read a unit's bf16 image (the params hook's
+ * out16) in place of packing the fp32 weights: its activations are bf16
+ * (the backend's products round their operands) and the backend's
+ * weights16 says so (kern.h). The plan's rule too (plan.c). */
+int gpt_weights16(const gpt_t *g);
 
 #endif

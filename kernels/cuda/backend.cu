@@ -263,7 +263,8 @@ static const kern_backend_t kern_cuda_table = {
     .f32_to_bf16 = kern_cuda_f32_to_bf16,
     .bf16_to_f32 = kern_cuda_bf16_to_f32,
     .sumsq = kern_cuda_sumsq,
-    .layernorm_fwd_bf16 = NULL, /* kern_cuda_table_bf16 below */
+    .weights16 = 0, /* kern_cuda_table_bf16 below */
+    .layernorm_fwd_bf16 = NULL,
     .gelu_fwd_bf16 = NULL,
     .matmul_fwd_bf16 = NULL,
     .matmul_bwd_bf16 = NULL,
@@ -301,6 +302,7 @@ static kern_backend_t kern_cuda_with_bf16_acts(kern_backend_t t) {
   t.gelu_bwd_bf16in = kern_cuda_gelu_bwd_bf16in;
   t.matmul_bwd_dinp16 = kern_cuda_matmul_bwd_dinp16;
   t.matmul_fwd_res = kern_cuda_matmul_fwd_res;
+  t.weights16 = 1; /* a bf16 weight read in place: no packing pass (kern.h) */
   return t;
 }
 static const kern_backend_t kern_cuda_table_bf16 = kern_cuda_with_bf16_acts(kern_cuda_table);

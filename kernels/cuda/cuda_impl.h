@@ -458,20 +458,21 @@ void kern_cuda_gelu_fwd_bf16in(uint16_t *out, const uint16_t *inp, const float *
 void kern_cuda_gelu_bwd_bf16in(uint16_t *dinp16, float *dbias, const uint16_t *inp,
                                const float *bias, const float *dout, const uint16_t *dout16, int N,
                                int C);
-void kern_cuda_matmul_fwd_bf16(float *out, const uint16_t *inp, const float *w, const float *bias,
-                               int N, int IC, int OC, int ldo);
+void kern_cuda_matmul_fwd_bf16(float *out, const uint16_t *inp, const float *w, const uint16_t *w16,
+                               const float *bias, int N, int IC, int OC, int ldo);
 void kern_cuda_matmul_bwd_bf16(float *dinp, float *dw, float *dbias, const float *dout,
-                               const uint16_t *dout16, const uint16_t *inp, const float *w, int N,
-                               int IC, int OC, int ldo, int acc);
+                               const uint16_t *dout16, const uint16_t *inp, const float *w,
+                               const uint16_t *w16, int N, int IC, int OC, int ldo, int acc);
 void kern_cuda_matmul_bwd_dinp16(uint16_t *dinp16, float *dw, float *dbias, const float *dout,
-                                 const float *inp, const uint16_t *inp16, const float *w, int N,
-                                 int IC, int OC);
+                                 const float *inp, const uint16_t *inp16, const float *w,
+                                 const uint16_t *w16, int N, int IC, int OC);
 void kern_cuda_matmul_fwd_res(float *out, const float *inp, const uint16_t *inp16, const float *w,
-                              const float *bias, const float *res, int N, int IC, int OC);
+                              const uint16_t *w16, const float *bias, const float *res, int N,
+                              int IC, int OC);
 void kern_cuda_crossentropy_fwd_bwd_bf16(float *losses, float *logits, const int32_t *targets,
                                          float dloss, int N, int V, int ld);
-void kern_cuda_matmul_fwd_bf16_out16(uint16_t *out, const uint16_t *inp, const float *w, int N,
-                                     int IC, int OC, int ldo);
+void kern_cuda_matmul_fwd_bf16_out16(uint16_t *out, const uint16_t *inp, const float *w,
+                                     const uint16_t *w16, int N, int IC, int OC, int ldo);
 void kern_cuda_crossentropy_fwd_bwd_bf16in(float *losses, uint16_t *logits16,
                                            const int32_t *targets, float dloss, int N, int V,
                                            int ld);

@@ -395,6 +395,14 @@ typedef struct {
   int64_t ld, stride;
 } gemm_operand_t;
 
+/* A weight w (rows of IC) as a product's operand: its bf16 image w16 where
+ * the caller gives one that suits (kern.h: 16-byte aligned, rows of 16-byte
+ * multiples), read in place, else w, packed. */
+static gemm_operand_t gemm_weight(const float *w, const uint16_t *w16, int IC) {
+  const int fits = w16 && IC % 8 == 0 && kern_cuda_aligned16(w16);
+  return gemm_operand_t{w, fits ? w16 : NULL, IC, 0};
+}
+
 /* The block of op(X) at (r0, c0), R x Cn, of g matrices from the batch's
  * b0-th: packed into dst, or X16's own elements; *pld and *ps its leading
  * dimension and batch stride. */
@@ -579,8 +587,8 @@ static int gemm_bwd_blocks(int N, int IC, int OC, int inp16, int dout16, int who
  * where a block's runs fit their buffer, else by kern_cuda_colsum first.
  * dinp of type dcd: fp32, or bf16 (one block of all OC columns, acc 0). */
 static int gemm_bwd_joint(void *dinp, cudaDataType_t dcd, float *dw, float *dbias,
-                          const gemm_operand_t *dout, const gemm_operand_t *inp, const float *w,
-                          int N, int IC, int OC, int acc) {
+                          const gemm_operand_t *dout, const gemm_operand_t *inp,
+                          const gemm_operand_t *wo, int N, int IC, int OC, int acc) {
   int mr = 0, kc = 0;
   if (!gemm_bwd_blocks(N, IC, OC, inp->x16 != NULL, dout->x16 != NULL, dcd != CUDA_R_32F, &mr,
                        &kc))
@@ -590,9 +598,11 @@ static int gemm_bwd_joint(void *dinp, cudaDataType_t dcd, float *dw, float *dbia
                         KERN_CUDA_SIZE_COLSUM_FLOATS;
   if (dbias && !fused) kern_cuda_colsum(dbias, NULL, dout->x, NULL, NULL, NULL, N, OC, dout->ld);
   uint16_t *pa = kern_cuda_st.pack, *pb = kern_cuda_st.pack + KERN_CUDA_SIZE_PACK_ELEMS;
-  /* inp in bf16 and one block of columns: w's one block stays packed in the
-   * second buffer for every block of rows (nothing else uses it then) */
-  const int w_once = inp->x16 && kc >= OC;
+  /* w in bf16 (its image: read in place), or inp in bf16 and one block of
+   * columns: w's one block stays packed in the second buffer for every
+   * block of rows (nothing else uses it then) */
+  const float *w = wo->x;
+  const int w_once = !wo->x16 && inp->x16 && kc >= OC;
   const int64_t pldw_once = w_once ? gemm_pack(pb, w, 'N', IC, 0, 0, 0, OC, IC, 1, 0) : 0;
   for (int r0 = 0; r0 < N; r0 += mr) {
     const int rr = N - r0 < mr ? N - r0 : mr;
@@ -613,9 +623,12 @@ static int gemm_bwd_joint(void *dinp, cudaDataType_t dcd, float *dw, float *dbia
       } else {
         pd = gemm_block(pa, dout, 'N', 0, r0, c0, rr, cc, 1, &plda, &psa);
       }
-      const int64_t pldw = w_once ? pldw_once : gemm_pack(pw, w, 'N', IC, 0, c0, 0, cc, IC, 1, 0);
+      const uint16_t *pwc = wo->x16 ? wo->x16 + (int64_t)c0 * IC : pw;
+      const int64_t pldw = wo->x16 ? IC
+                           : w_once ? pldw_once
+                                    : gemm_pack(pw, w, 'N', IC, 0, c0, 0, cc, IC, 1, 0);
       /* without acc, dinp's rows take their first column block with beta 0 (not read) */
-      gemm_packed_block(__func__, 'N', 'N', rr, IC, cc, 1.0f, pd, plda, 0, pw, pldw, 0, dout_rc,
+      gemm_packed_block(__func__, 'N', 'N', rr, IC, cc, 1.0f, pd, plda, 0, pwc, pldw, 0, dout_rc,
                         dout->ld, 0, w_c, IC, 0, acc || c0 ? 1.0f : 0.0f,
                         (char *)dinp + (int64_t)r0 * IC * (int64_t)gemm_esize(dcd), dcd, IC, 0, 1,
                         NULL);
@@ -630,16 +643,16 @@ static int gemm_bwd_joint(void *dinp, cudaDataType_t dcd, float *dw, float *dbia
 /* matmul_bwd with dout (rows dout->ld apart) and inp each in fp32 or (x16)
  * in bf16; dbias needs dout in fp32. */
 static void matmul_bwd_any(float *dinp, float *dw, float *dbias, const gemm_operand_t *dout,
-                           const gemm_operand_t *inp, const float *w, int N, int IC, int OC,
-                           int acc) {
+                           const gemm_operand_t *inp, const float *w, const uint16_t *w16, int N,
+                           int IC, int OC, int acc) {
   KERN_CUDA_ASSERT(dout->ld >= OC && (!dbias || dout->x));
   if (dinp && !acc && OC <= 0 && N > 0 && IC > 0) /* an empty sum written: zeros */
     KERN_CUDA_CHECK(cudaMemsetAsync(dinp, 0, (size_t)N * IC * sizeof(float), kern_cuda_st.stream));
+  const gemm_operand_t wo = gemm_weight(w, w16, IC);
   if (dinp && dw && N > 0 && IC > 0 && OC > 0 && kern_cuda_st.bf16 && !kern_cuda_st.fast16bf &&
-      gemm_bwd_joint(dinp, CUDA_R_32F, dw, dbias, dout, inp, w, N, IC, OC, acc))
+      gemm_bwd_joint(dinp, CUDA_R_32F, dw, dbias, dout, inp, &wo, N, IC, OC, acc))
     return; /* dbias too */
   if (dbias) kern_cuda_colsum(dbias, NULL, dout->x, NULL, NULL, NULL, N, OC, dout->ld);
-  const gemm_operand_t wo = {w, NULL, IC, 0};
   const int bf16_ops = dout->x16 || inp->x16; /* the bf16 mode's products, on the operands given */
   /* dinp (N, IC) += dout (N, OC) @ w (OC, IC); = without acc */
   if (dinp && OC > 0 && N > 0 && IC > 0) {
@@ -664,7 +677,7 @@ extern "C" void kern_cuda_matmul_bwd(float *dinp, float *dw, float *dbias, const
                                      const float *inp, const float *w, int N, int IC, int OC,
                                      int ldo, int acc) {
   const gemm_operand_t d = {dout, NULL, ldo, 0}, x = {inp, NULL, IC, 0};
-  matmul_bwd_any(dinp, dw, dbias, &d, &x, w, N, IC, OC, acc);
+  matmul_bwd_any(dinp, dw, dbias, &d, &x, w, NULL, N, IC, OC, acc);
 }
 
 /* ---- bf16 activations -------------------------------------------------------
@@ -675,12 +688,13 @@ extern "C" void kern_cuda_matmul_bwd(float *dinp, float *dw, float *dbias, const
  * (backend.cu's table), where the fp32 path would round it anyway. */
 
 extern "C" void kern_cuda_matmul_fwd_bf16(float *out, const uint16_t *inp, const float *w,
-                                          const float *bias, int N, int IC, int OC, int ldo) {
+                                          const uint16_t *w16, const float *bias, int N, int IC,
+                                          int OC, int ldo) {
   /* IC 0 is refused as matmul_fwd's gemm_any refuses it */
   KERN_CUDA_ASSERT(ldo >= OC && IC > 0 && kern_cuda_st.bf16 && !kern_cuda_st.fast16bf);
   KERN_CUDA_ASSERT(IC % 8 == 0 && kern_cuda_aligned16(inp)); /* kern.h: 16-byte rows */
   if (N <= 0 || OC <= 0) return;
-  const gemm_operand_t a = {NULL, inp, IC, 0}, b = {w, NULL, IC, 0};
+  const gemm_operand_t a = {NULL, inp, IC, 0}, b = gemm_weight(w, w16, IC);
   gemm_bf16_packed(__func__, 'N', 'T', N, OC, IC, 1.0f, &a, &b, 0.0f, out, CUDA_R_32F, ldo, 0, 1,
                    bias);
 }
@@ -689,12 +703,12 @@ extern "C" void kern_cuda_matmul_fwd_bf16(float *out, const uint16_t *inp, const
  * its first block of the sum (cuBLASLt reads res as it writes out: D =
  * product + res + bias), so no residual pass after it reads out again. */
 extern "C" void kern_cuda_matmul_fwd_res(float *out, const float *inp, const uint16_t *inp16,
-                                         const float *w, const float *bias, const float *res, int N,
-                                         int IC, int OC) {
+                                         const float *w, const uint16_t *w16, const float *bias,
+                                         const float *res, int N, int IC, int OC) {
   KERN_CUDA_ASSERT(!inp != !inp16 && res && IC > 0 && kern_cuda_st.bf16 && !kern_cuda_st.fast16bf);
   KERN_CUDA_ASSERT(!inp16 || (IC % 8 == 0 && kern_cuda_aligned16(inp16))); /* kern.h */
   if (N <= 0 || OC <= 0) return;
-  const gemm_operand_t a = {inp, inp16, IC, 0}, b = {w, NULL, IC, 0};
+  const gemm_operand_t a = {inp, inp16, IC, 0}, b = gemm_weight(w, w16, IC);
   gemm_bf16_packed(__func__, 'N', 'T', N, OC, IC, 1.0f, &a, &b, 1.0f, out, CUDA_R_32F, OC, 0, 1,
                    bias, res);
 }
@@ -704,21 +718,22 @@ extern "C" void kern_cuda_matmul_fwd_res(float *out, const float *inp, const uin
  * as PyTorch's autocast keeps a linear layer's output: half the bytes
  * written, and read by the cross-entropy (crossentropy_fwd_bwd_bf16in). */
 extern "C" void kern_cuda_matmul_fwd_bf16_out16(uint16_t *out, const uint16_t *inp,
-                                                const float *w, int N, int IC, int OC, int ldo) {
+                                                const float *w, const uint16_t *w16, int N, int IC,
+                                                int OC, int ldo) {
   KERN_CUDA_ASSERT(ldo >= OC && ldo % 8 == 0 && kern_cuda_aligned16(out) && IC > 0 &&
                    kern_cuda_st.bf16 && !kern_cuda_st.fast16bf);
   /* 16-byte rows (kern.h), so that the sum is never cut (gemm_parts) */
   KERN_CUDA_ASSERT(IC % 8 == 0 && kern_cuda_aligned16(inp));
   if (N <= 0 || OC <= 0) return;
-  const gemm_operand_t a = {NULL, inp, IC, 0}, b = {w, NULL, IC, 0};
+  const gemm_operand_t a = {NULL, inp, IC, 0}, b = gemm_weight(w, w16, IC);
   gemm_bf16_packed(__func__, 'N', 'T', N, OC, IC, 1.0f, &a, &b, 0.0f, out, CUDA_R_16BF, ldo, 0, 1,
                    NULL);
 }
 
 extern "C" void kern_cuda_matmul_bwd_bf16(float *dinp, float *dw, float *dbias, const float *dout,
                                           const uint16_t *dout16, const uint16_t *inp,
-                                          const float *w, int N, int IC, int OC, int ldo,
-                                          int acc) {
+                                          const float *w, const uint16_t *w16, int N, int IC, int OC,
+                                          int ldo, int acc) {
   KERN_CUDA_ASSERT(kern_cuda_st.bf16 && !kern_cuda_st.fast16bf);
   KERN_CUDA_ASSERT(IC % 8 == 0 && kern_cuda_aligned16(inp)); /* kern.h: 16-byte rows */
   /* dout in one form; in bf16 its rows 16-byte multiples, and no dbias (a
@@ -726,7 +741,7 @@ extern "C" void kern_cuda_matmul_bwd_bf16(float *dinp, float *dw, float *dbias, 
   KERN_CUDA_ASSERT(!dout != !dout16 &&
                    (!dout16 || (ldo % 8 == 0 && kern_cuda_aligned16(dout16) && !dbias)));
   const gemm_operand_t d = {dout, dout16, ldo, 0}, x = {NULL, inp, IC, 0};
-  matmul_bwd_any(dinp, dw, dbias, &d, &x, w, N, IC, OC, acc);
+  matmul_bwd_any(dinp, dw, dbias, &d, &x, w, w16, N, IC, OC, acc);
 }
 
 /* matmul_bwd_dinp16 (kern.h): dinp's product writes bf16, each element its
@@ -735,8 +750,8 @@ extern "C" void kern_cuda_matmul_bwd_bf16(float *dinp, float *dw, float *dbias, 
  * columns fits, else by the separate products (dbias by colsum first). */
 extern "C" void kern_cuda_matmul_bwd_dinp16(uint16_t *dinp16, float *dw, float *dbias,
                                             const float *dout, const float *inp,
-                                            const uint16_t *inp16, const float *w, int N, int IC,
-                                            int OC) {
+                                            const uint16_t *inp16, const float *w,
+                                            const uint16_t *w16, int N, int IC, int OC) {
   KERN_CUDA_ASSERT(kern_cuda_st.bf16 && !kern_cuda_st.fast16bf && !inp != !inp16 && dout);
   /* 16-byte rows of dinp16 (and inp16); OC a multiple of 8 so that no sum is cut (gemm_parts) */
   KERN_CUDA_ASSERT(IC % 8 == 0 && OC % 8 == 0 && kern_cuda_aligned16(dinp16) &&
@@ -747,8 +762,8 @@ extern "C" void kern_cuda_matmul_bwd_dinp16(uint16_t *dinp16, float *dw, float *
                                     kern_cuda_st.stream));
     return;
   }
-  const gemm_operand_t d = {dout, NULL, OC, 0}, x = {inp, inp16, IC, 0}, wo = {w, NULL, IC, 0};
-  if (gemm_bwd_joint(dinp16, CUDA_R_16BF, dw, dbias, &d, &x, w, N, IC, OC, 0)) return;
+  const gemm_operand_t d = {dout, NULL, OC, 0}, x = {inp, inp16, IC, 0}, wo = gemm_weight(w, w16, IC);
+  if (gemm_bwd_joint(dinp16, CUDA_R_16BF, dw, dbias, &d, &x, &wo, N, IC, OC, 0)) return;
   if (dbias) kern_cuda_colsum(dbias, NULL, dout, NULL, NULL, NULL, N, OC, OC);
   gemm_bf16_packed(__func__, 'N', 'N', N, IC, OC, 1.0f, &d, &wo, 0.0f, dinp16, CUDA_R_16BF, IC, 0,
                    1, NULL);

@@ -240,6 +240,13 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
            *y16 = a16 ? K->dev_alloc(N * 4 * C * sizeof(uint16_t)) : NULL;
   if (a16 && (!x16 || !y16)) return 1;
   if (a16) K->f32_to_bf16(x16, x, N * 4 * C);
+  /* the weights' bf16 images where the products read them (kern.h's
+   * weights16: the runtime keeps each unit's bf16 gather for them) */
+  const int k16 = a16 && K->weights16;
+  uint16_t *w16 = k16 ? K->dev_alloc((size_t)4 * C * C * sizeof(uint16_t)) : NULL,
+           *wte16 = k16 ? K->dev_alloc((size_t)V * C * sizeof(uint16_t)) : NULL;
+  if (k16 && (!w16 || !wte16)) return 1;
+  if (k16) K->f32_to_bf16(w16, w, (size_t)4 * C * C), K->f32_to_bf16(wte16, wte, (size_t)V * C);
   char sh[64];
   snprintf(sh, sizeof sh, "N=%zu,C=%d", N, C);
   OPS_TIME("encoder_fwd", sh, 1, K->encoder_fwd(x, tok, wte, wpe, B, T, C));
@@ -272,31 +279,35 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
              K->matmul_fwd(y, x, w, bias, (int)N, mm[i].ic, mm[i].oc, mm[i].oc));
     if (proj)
       OPS_TIME("matmul_fwd_res", sh, L,
-               K->matmul_fwd_res(y, b ? NULL : x, b ? x16 : NULL, w, bias, z, (int)N, mm[i].ic,
-                                 mm[i].oc));
+               K->matmul_fwd_res(y, b ? NULL : x, b ? x16 : NULL, w, w16, bias, z, (int)N,
+                                 mm[i].ic, mm[i].oc));
     OPS_TIME("matmul_bwd", sh, b || (i == 1 && datt16) ? 0 : L,
              K->matmul_bwd(z, dw, dbias, y, x, w, (int)N, mm[i].ic, mm[i].oc, mm[i].oc, 0));
     if (i == 1 && datt16) /* datt16 needs q16: attproj's input in bf16 */
       OPS_TIME("matmul_bwd_dinp16", sh, L,
-               K->matmul_bwd_dinp16(y16, dw, dbias, y, NULL, x16, w, (int)N, mm[i].ic, mm[i].oc));
+               K->matmul_bwd_dinp16(y16, dw, dbias, y, NULL, x16, w, w16, (int)N, mm[i].ic,
+                                    mm[i].oc));
     if (!b) continue;
     OPS_TIME("matmul_fwd_bf16", sh, (h16 && i == 2) || proj ? 0 : L,
-             K->matmul_fwd_bf16(y, x16, w, bias, (int)N, mm[i].ic, mm[i].oc, mm[i].oc));
+             K->matmul_fwd_bf16(y, x16, w, w16, bias, (int)N, mm[i].ic, mm[i].oc, mm[i].oc));
     if (h16 && i == 2)
       OPS_TIME("matmul_fwd_bf16_out16", sh, L,
-               K->matmul_fwd_bf16_out16(y16, x16, w, (int)N, mm[i].ic, mm[i].oc, mm[i].oc));
+               K->matmul_fwd_bf16_out16(y16, x16, w, w16, (int)N, mm[i].ic, mm[i].oc, mm[i].oc));
     /* fc's dout comes in bf16 where GELU's backward makes it so (gpt.c,
      * kern.h's gelu_bwd_bf16, which sums its dbias) */
     const int f16 = i == 2 && K->gelu_bwd_bf16;
     OPS_TIME("matmul_bwd_bf16", sh, f16 || (i == 3 && dgelu16) || (i == 1 && datt16) ? 0 : L,
-             K->matmul_bwd_bf16(z, dw, dbias, y, NULL, x16, w, (int)N, mm[i].ic, mm[i].oc, mm[i].oc, 0));
+             K->matmul_bwd_bf16(z, dw, dbias, y, NULL, x16, w, w16, (int)N, mm[i].ic, mm[i].oc,
+                                mm[i].oc, 0));
     if (i == 3 && dgelu16)
       OPS_TIME("matmul_bwd_dinp16", sh, L,
-               K->matmul_bwd_dinp16(y16, dw, dbias, y, NULL, x16, w, (int)N, mm[i].ic, mm[i].oc));
+               K->matmul_bwd_dinp16(y16, dw, dbias, y, NULL, x16, w, w16, (int)N, mm[i].ic,
+                                    mm[i].oc));
     if (!f16) continue;
     snprintf(sh, sizeof sh, "%s:N=%zu,IC=%d,OC=%d,dout16", mm[i].name, N, mm[i].ic, mm[i].oc);
     OPS_TIME("matmul_bwd_bf16", sh, L,
-             K->matmul_bwd_bf16(z, dw, NULL, NULL, y16, x16, w, (int)N, mm[i].ic, mm[i].oc, mm[i].oc, 0));
+             K->matmul_bwd_bf16(z, dw, NULL, NULL, y16, x16, w, w16, (int)N, mm[i].ic, mm[i].oc,
+                                mm[i].oc, 0));
   }
   snprintf(sh, sizeof sh, "lm_head:N=%zu,IC=%d,OC=%d,ld=%d", N, C, V, ldv);
   OPS_TIME("matmul_fwd", sh, !a16, K->matmul_fwd(logits, x, wte, NULL, (int)N, C, V, ldv));
@@ -306,13 +317,13 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
   const int l16 = a16 && K->crossentropy_fwd_bwd_bf16in && K->matmul_fwd_bf16_out16;
   if (l16)
     OPS_TIME("matmul_fwd_bf16_out16", sh, 1,
-             K->matmul_fwd_bf16_out16((uint16_t *)logits, x16, wte, (int)N, C, V, ldv));
+             K->matmul_fwd_bf16_out16((uint16_t *)logits, x16, wte, wte16, (int)N, C, V, ldv));
   if (a16) { /* backward from the bf16 dlogits the chunks make */
     OPS_TIME("matmul_fwd_bf16", sh, !l16,
-             K->matmul_fwd_bf16(logits, x16, wte, NULL, (int)N, C, V, ldv));
+             K->matmul_fwd_bf16(logits, x16, wte, wte16, NULL, (int)N, C, V, ldv));
     OPS_TIME("matmul_bwd_bf16", sh, 1,
              K->matmul_bwd_bf16(z, dwte, NULL, NULL, (const uint16_t *)logits + ldv, x16, wte,
-                                (int)N, C, V, 2 * ldv, 0));
+                                wte16, (int)N, C, V, 2 * ldv, 0));
   }
   snprintf(sh, sizeof sh, "B=%d,T=%d,C=%d,NH=%d,%s", B, T, C, NH, bench_attn_name(C, NH, bf16));
   OPS_TIME("attention_fwd", sh, q16 ? 0 : L, K->attention_fwd(y, att, scratch, x, B, T, C, NH));
@@ -381,18 +392,18 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
     for (size_t r0 = 0; r0 < N; r0 += (size_t)lrows) {
       const int n = N - r0 < (size_t)lrows ? (int)(N - r0) : lrows;
       if (l16) { /* bf16 logits, the dlogits over them, as gpt.c's chunks */
-        K->matmul_fwd_bf16_out16((uint16_t *)logits, x16 + r0 * C, wte, n, C, V, ldv);
+        K->matmul_fwd_bf16_out16((uint16_t *)logits, x16 + r0 * C, wte, wte16, n, C, V, ldv);
         K->crossentropy_fwd_bwd_bf16in(losses + r0, (uint16_t *)logits, tok + r0, 1.0f / (float)N,
                                        n, V, ldv);
         K->matmul_bwd_bf16(z + r0 * C, dwte, NULL, NULL, (const uint16_t *)logits, x16 + r0 * C,
-                           wte, n, C, V, ldv, 0);
+                           wte, wte16, n, C, V, ldv, 0);
         continue;
       }
       if (a16) { /* the bf16 dlogits in each row's second half */
-        K->matmul_fwd_bf16(logits, x16 + r0 * C, wte, NULL, n, C, V, ldv);
+        K->matmul_fwd_bf16(logits, x16 + r0 * C, wte, wte16, NULL, n, C, V, ldv);
         K->crossentropy_fwd_bwd_bf16(losses + r0, logits, tok + r0, 1.0f / (float)N, n, V, ldv);
         K->matmul_bwd_bf16(z + r0 * C, dwte, NULL, NULL, (const uint16_t *)logits + ldv,
-                           x16 + r0 * C, wte, n, C, V, 2 * ldv, 0);
+                           x16 + r0 * C, wte, wte16, n, C, V, 2 * ldv, 0);
         continue;
       }
       K->matmul_fwd(logits, x + r0 * C, wte, NULL, n, C, V, ldv);
@@ -405,7 +416,7 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
   OPS_TIME("sumsq", sh, 1, (void)K->sumsq(pg, P));
   printf("bench: cuda_ops model=%s sum_step_ms=%.2f (the ops of one step, each alone)\n", model,
          ops_sum_ms);
-  K->dev_free(x16), K->dev_free(y16);
+  K->dev_free(x16), K->dev_free(y16), K->dev_free(w16), K->dev_free(wte16);
   /* the products in every mode */
   if (!ops_want("products by mode")) return 0;
   const kern_cuda_opts_t modes[] = {{.bf16 = 1}, {.bf16 = 1, .gemm_fast16bf = 1}, {.tf32 = 1}, {0}};

@@ -67,6 +67,7 @@
 
 #include "daemon/common/rng.h"
 #include "kernels/cuda/cuda.h"
+#include "kernels/cuda/size.h"
 #include "kernels/kern.h"
 #include "kernels/kern_math.h"
 
@@ -608,6 +609,52 @@ static void test_layernorm(int N, int C) {
  * padded logits; the CPU's stay dense). with_bias 1: a bias, 2: a bias 4
  * bytes past a 16-byte boundary (matmul.cu adds that one in a pass of its
  * own, not in the product's BIAS epilogue) */
+/* ---- w16: a weight's bf16 image, read by the bf16 products (kern.h) ---- */
+
+/* w's bf16 image on the device: at a 16-byte boundary (off 0), or one
+ * element past one (off 1, which kern.h says the products do not read: they
+ * pack w); *base is the buffer to free */
+static uint16_t *dput_w16(const float *w, size_t nw, int off, uint16_t **base) {
+  uint16_t *h = xmalloc((nw + 1) * 2);
+  h[0] = 0;
+  cpu->f32_to_bf16(h + off, w, nw);
+  *base = dput(h, (nw + (size_t)off) * 2);
+  free(h);
+  return *base + off;
+}
+
+/* matmul.cu's packing launches so far (on the emulator; 0 on a GPU) */
+static unsigned long w16_packs(void) {
+#ifdef KERN_CUDA_EMU
+  return cuda_emu_launches("gemm_pack_kernel");
+#else
+  return 0;
+#endif
+}
+
+/* A product given w16 (got, n floats) against the same product given w
+ * alone (ref): the same operands, so ref's bits where the image is not
+ * read (unread: off a 16-byte boundary, or rows of IC not a multiple of 8,
+ * kern.h) or w's packing took one block (nw elements within the
+ * packing buffer: the same products, cut the same), else within tol of
+ * the CPU's product of the rounded operands (bf16ops, magnitudes mag).
+ * On the emulator, packs (the w16 call's packing launches) fewer than
+ * packs_w (the w call's), or as many where unread. */
+static void check_w16(const char *op, const char *shape, int unread, size_t nw, const float *got,
+                      const float *ref, const float *bf16ops, const float *mag, size_t n,
+                      double tol, unsigned long packs, unsigned long packs_w) {
+  if (unread || nw <= KERN_CUDA_SIZE_PACK_ELEMS)
+    check_bits(op, unread ? "w16 unread=w" : "w16=w", shape, got, ref, n);
+  else
+    check_tol(op, "w16-bf16ops", shape, got, bf16ops, NULL, mag, NULL, n, tol);
+#ifdef KERN_CUDA_EMU
+  report(op, "w16-packs", shape, (double)packs, (double)packs_w, unread ? "=" : "<", -1,
+         unread ? packs == packs_w : packs < packs_w);
+#else
+  (void)packs, (void)packs_w;
+#endif
+}
+
 static void test_matmul(int N, int IC, int OC, int with_bias, int ld) {
   char shape[64];
   snprintf(shape, sizeof shape, "N=%d IC=%d OC=%d%s", N, IC, OC,
@@ -655,10 +702,21 @@ static void test_matmul(int N, int IC, int OC, int with_bias, int ld) {
     float *ri = round_dup(inp, ni, 1), *rw = round_dup(w, nw, 1), *ro = xmalloc(no * 4);
     cpu->matmul_fwd(ro, ri, rw, bias, N, IC, OC, OC);
     float *o16 = dput_rows(NULL, N, OC, ld);
-    gpu->matmul_fwd_bf16(o16, d_i16, dw_, dbias_, N, IC, OC, ld);
+    const unsigned long p0 = w16_packs();
+    gpu->matmul_fwd_bf16(o16, d_i16, dw_, NULL, dbias_, N, IC, OC, ld);
+    const unsigned long packs_w = w16_packs() - p0;
     float *g16 = dget_rows(o16, N, OC, ld, "matmul_fwd_bf16", "out", shape);
     check_tol("matmul_fwd_bf16", "out-bf16ops", shape, g16, ro, NULL, mag, NULL, no, TOL_GEMM);
     check_tol("matmul_fwd_bf16", "out=fp32 path", shape, g16, g, NULL, mag, NULL, no, TOL_GEMM);
+    for (int off = 0; off < 2; off++) { /* w's bf16 image: read (off 0), or not (1) */
+      uint16_t *wbase, *d_w16 = dput_w16(w, nw, off, &wbase);
+      const unsigned long p1 = w16_packs();
+      gpu->matmul_fwd_bf16(o16, d_i16, dw_, d_w16, dbias_, N, IC, OC, ld);
+      const unsigned long packs = w16_packs() - p1;
+      float *gw = dget_rows(o16, N, OC, ld, "matmul_fwd_bf16", "out", shape);
+      check_w16("matmul_fwd_bf16", shape, off, nw, gw, g16, ro, mag, no, TOL_GEMM, packs, packs_w);
+      gpu->dev_free(wbase), free(gw);
+    }
     gpu->dev_free(o16), free(g16), free(ri), free(rw), free(ro);
   }
 
@@ -692,6 +750,9 @@ static void test_matmul(int N, int IC, int OC, int with_bias, int ld) {
   float *dd_bias = bias ? dput(dbias, OC * 4) : NULL;
   float *e_inp = acts16 ? dput(dinp, ni * 4) : NULL, *e_w = acts16 ? dput(dw, nw * 4) : NULL;
   float *e_bias = acts16 && bias ? dput(dbias, OC * 4) : NULL;
+  /* the same given w's bf16 image (w16) */
+  float *f_inp = acts16 ? dput(dinp, ni * 4) : NULL, *f_w = acts16 ? dput(dw, nw * 4) : NULL;
+  float *f_bias = acts16 && bias ? dput(dbias, OC * 4) : NULL;
   /* the bf16 operands' products, from the same initial gradients */
   float *xdinp = NULL, *xdw = NULL;
   if (bf16_exact) {
@@ -702,7 +763,15 @@ static void test_matmul(int N, int IC, int OC, int with_bias, int ld) {
   }
   cpu->matmul_bwd(dinp, dw, dbias, dout, inp, w, N, IC, OC, OC, 1);
   gpu->matmul_bwd(dd_inp, dd_w, dd_bias, ddout, dinp_, dw_, N, IC, OC, ld, 1);
-  if (acts16) gpu->matmul_bwd_bf16(e_inp, e_w, e_bias, ddout, NULL, d_i16, dw_, N, IC, OC, ld, 1);
+  unsigned long bwd_packs[2] = {0, 0}; /* the w call's, the w16 call's */
+  uint16_t *w16base = NULL, *d_w16 = acts16 ? dput_w16(w, nw, 0, &w16base) : NULL;
+  if (acts16) {
+    const unsigned long p0 = w16_packs();
+    gpu->matmul_bwd_bf16(e_inp, e_w, e_bias, ddout, NULL, d_i16, dw_, NULL, N, IC, OC, ld, 1);
+    const unsigned long p1 = w16_packs();
+    gpu->matmul_bwd_bf16(f_inp, f_w, f_bias, ddout, NULL, d_i16, dw_, d_w16, N, IC, OC, ld, 1);
+    bwd_packs[0] = p1 - p0, bwd_packs[1] = w16_packs() - p1;
+  }
   g = dget(dd_inp, ni);
   check_tol("matmul_bwd", "dinp", shape, g, dinp, NULL, mdinp, NULL, ni, tol_gemm);
   if (xdinp) check_tol("matmul_bwd", "dinp-bf16ops", shape, g, xdinp, NULL, mdinp, NULL, ni, TOL_GEMM);
@@ -710,7 +779,10 @@ static void test_matmul(int N, int IC, int OC, int with_bias, int ld) {
     float *g16 = dget(e_inp, ni);
     check_tol("matmul_bwd_bf16", "dinp-bf16ops", shape, g16, xdinp, NULL, mdinp, NULL, ni, TOL_GEMM);
     check_tol("matmul_bwd_bf16", "dinp=fp32 path", shape, g16, g, NULL, mdinp, NULL, ni, TOL_GEMM);
-    free(g16);
+    float *gw16 = dget(f_inp, ni);
+    check_w16("matmul_bwd_bf16", shape, 0, nw, gw16, g16, xdinp, mdinp, ni, TOL_GEMM, bwd_packs[1],
+              bwd_packs[0]);
+    free(g16), free(gw16);
   }
   free(g);
   g = dget(dd_w, nw);
@@ -720,6 +792,8 @@ static void test_matmul(int N, int IC, int OC, int with_bias, int ld) {
     float *g16 = dget(e_w, nw);
     check_tol("matmul_bwd_bf16", "dw-bf16ops", shape, g16, xdw, NULL, mdw, NULL, nw, TOL_GEMM);
     check_tol("matmul_bwd_bf16", "dw=fp32 path", shape, g16, g, NULL, mdw, NULL, nw, TOL_GEMM);
+    /* dw reads no weight: the same products either way */
+    check_dev_bits("matmul_bwd_bf16", "dw (w16)=w", shape, f_w, g16, nw);
     free(g16);
   }
   free(g), free(xdinp), free(xdw);
@@ -728,6 +802,7 @@ static void test_matmul(int N, int IC, int OC, int with_bias, int ld) {
     check_bits("matmul_bwd", "dbias", shape, g, dbias, OC);
     free(g);
     if (e_bias) check_dev_bits("matmul_bwd_bf16", "dbias", shape, e_bias, dbias, OC);
+    if (f_bias) check_dev_bits("matmul_bwd_bf16", "dbias (w16)", shape, f_bias, dbias, OC);
   }
   { /* acc 0: dinp written over dnew's NaNs (the joint bf16 path: dw given) */
     /* dw still accumulates, from the gradient the check above left */
@@ -741,7 +816,7 @@ static void test_matmul(int N, int IC, int OC, int with_bias, int ld) {
     check_tol("matmul_bwd", "dinp=", shape, g, wd, NULL, m0, NULL, ni, tol_gemm);
     if (acts16) { /* over NaNs too, against the fp32 path's */
       float *e_x0 = dnew(ni * 4), *e_w0 = dput(dw, nw * 4);
-      gpu->matmul_bwd_bf16(e_x0, e_w0, NULL, ddout, NULL, d_i16, dw_, N, IC, OC, ld, 0);
+      gpu->matmul_bwd_bf16(e_x0, e_w0, NULL, ddout, NULL, d_i16, dw_, NULL, N, IC, OC, ld, 0);
       float *g16 = dget(e_x0, ni);
       check_tol("matmul_bwd_bf16", "dinp==fp32 path", shape, g16, g, NULL, m0, NULL, ni, TOL_GEMM);
       free(g16);
@@ -763,10 +838,30 @@ static void test_matmul(int N, int IC, int OC, int with_bias, int ld) {
         const char *fw = form ? "dinp16 (inp16)" : "dinp16 (inp)";
         uint16_t *e_h = dnew(ni * 2), *got = xmalloc(ni * 2);
         float *e_w1 = dput(dw, nw * 4), *e_b1 = bias ? dput(dbias, OC * 4) : NULL;
+        const unsigned long p0 = w16_packs();
         gpu->matmul_bwd_dinp16(e_h, e_w1, e_b1, ddout, form ? NULL : dinp_, form ? d_i16 : NULL,
-                               dw_, N, IC, OC);
+                               dw_, NULL, N, IC, OC);
+        const unsigned long p1 = w16_packs();
         gpu->copy_d2h(got, e_h, ni * 2);
         gpu->sync();
+        { /* given w16: dinp16 and dw the w call's (the same blocks: kern.h) */
+          uint16_t *e_h2 = dnew(ni * 2), *got2 = xmalloc(ni * 2);
+          float *e_w2 = dput(dw, nw * 4), *e_b2 = bias ? dput(dbias, OC * 4) : NULL;
+          const unsigned long p2 = w16_packs();
+          gpu->matmul_bwd_dinp16(e_h2, e_w2, e_b2, ddout, form ? NULL : dinp_,
+                                 form ? d_i16 : NULL, dw_, d_w16, N, IC, OC);
+          const unsigned long p3 = w16_packs();
+          gpu->copy_d2h(got2, e_h2, ni * 2);
+          gpu->sync();
+          float *a = xmalloc(ni * 4), *b = xmalloc(ni * 4);
+          cpu->bf16_to_f32(a, got2, ni), cpu->bf16_to_f32(b, got, ni);
+          check_w16("matmul_bwd_dinp16", shape, 0, nw, a, b, wd, m0, ni, TOL_GEMM_BF16, p3 - p2,
+                    p1 - p0);
+          float *gw1 = dget(e_w1, nw);
+          check_dev_bits("matmul_bwd_dinp16", "dw (w16)=w", shape, e_w2, gw1, nw);
+          gpu->dev_free(e_h2), gpu->dev_free(e_w2), gpu->dev_free(e_b2);
+          free(got2), free(a), free(b), free(gw1);
+        }
         float *gw = xmalloc(ni * 4);
         cpu->bf16_to_f32(gw, got, ni);
         check_tol("matmul_bwd_dinp16", fw, shape, gw, g, NULL, m0, NULL, ni, 0x1p-8);
@@ -793,6 +888,7 @@ static void test_matmul(int N, int IC, int OC, int with_bias, int ld) {
   gpu->dev_free(dinp_), gpu->dev_free(dw_), gpu->dev_free(dbias_base), gpu->dev_free(dout_o);
   gpu->dev_free(ddout), gpu->dev_free(dd_inp), gpu->dev_free(dd_w), gpu->dev_free(dd_bias);
   gpu->dev_free(d_i16), gpu->dev_free(e_inp), gpu->dev_free(e_w), gpu->dev_free(e_bias);
+  gpu->dev_free(f_inp), gpu->dev_free(f_w), gpu->dev_free(f_bias), gpu->dev_free(w16base);
   free(inp), free(w), free(bias), free(out), free(mag), free(ainp), free(aw), free(abias);
   free(dout), free(dinp), free(dw), free(dbias), free(mdinp), free(mdw), free(adout);
 }
@@ -1379,8 +1475,8 @@ static void test_lm_head_bf16(int N, int C, int V, int ld) {
   float *lossa = dnew(N * 4), *lossb = dnew(N * 4), *dxa = dnew(nx * 4), *dxb = dnew(nx * 4);
   int32_t *d_tgt = dput(tgt, N * sizeof(int32_t));
   const float dl = 1.0f / (float)N;
-  gpu->matmul_fwd_bf16(la, d_x16, d_w, NULL, N, C, V, ld);
-  gpu->matmul_fwd_bf16(lb, d_x16, d_w, NULL, N, C, V, ld);
+  gpu->matmul_fwd_bf16(la, d_x16, d_w, NULL, NULL, N, C, V, ld);
+  gpu->matmul_fwd_bf16(lb, d_x16, d_w, NULL, NULL, N, C, V, ld);
   gpu->crossentropy_fwd_bwd(lossa, la, d_tgt, dl, N, V, ld);
   gpu->crossentropy_fwd_bwd_bf16(lossb, lb, d_tgt, dl, N, V, ld);
   float *ga = dget(lossa, N);
@@ -1394,8 +1490,8 @@ static void test_lm_head_bf16(int N, int C, int V, int ld) {
   }
   cpu->f32_to_bf16(want, dla, n);
   check_bits_u16("crossentropy_fwd_bwd_bf16", "dlogits=bf16(fp32's)", shape, got, want, n);
-  gpu->matmul_bwd_bf16(dxa, d_dwa, NULL, la, NULL, d_x16, d_w, N, C, V, ld, 0);
-  gpu->matmul_bwd_bf16(dxb, d_dwb, NULL, NULL, (const uint16_t *)lb + ld, d_x16, d_w, N, C, V,
+  gpu->matmul_bwd_bf16(dxa, d_dwa, NULL, la, NULL, d_x16, d_w, NULL, N, C, V, ld, 0);
+  gpu->matmul_bwd_bf16(dxb, d_dwb, NULL, NULL, (const uint16_t *)lb + ld, d_x16, d_w, NULL, N, C, V,
                        2 * ld, 0);
   /* mags: the CPU's backward on the absolute values */
   for (size_t i = 0; i < n; i++) adla[i] = fabsf(dla[i]);
@@ -1639,8 +1735,10 @@ static void test_lm_head_l16(int N, int C, int V, int ld) {
   for (size_t i = 0; i < nl; i++) fill[i] = 0x7171; /* the padding's (finite) bits */
   uint16_t *d_x16 = dput(x16, nx * 2), *d_l16 = dput(fill, nl * 2);
   float *d_w = dput(w, nw * 4), *la = dput_rows(NULL, N, V, ld);
-  gpu->matmul_fwd_bf16(la, d_x16, d_w, NULL, N, C, V, ld);
-  gpu->matmul_fwd_bf16_out16(d_l16, d_x16, d_w, N, C, V, ld);
+  gpu->matmul_fwd_bf16(la, d_x16, d_w, NULL, NULL, N, C, V, ld);
+  const unsigned long p0 = w16_packs();
+  gpu->matmul_fwd_bf16_out16(d_l16, d_x16, d_w, NULL, N, C, V, ld);
+  const unsigned long packs_w = w16_packs() - p0;
   float *pa = dget_rows(la, N, V, ld, "matmul_fwd_bf16", "logits", shape);
   uint16_t *l16 = (uint16_t *)dget(d_l16, nl / 2), *got = xmalloc(n * 2), *want = xmalloc(n * 2);
   size_t pad = 0;
@@ -1662,6 +1760,19 @@ static void test_lm_head_l16(int N, int C, int V, int ld) {
   cpu->matmul_fwd(ref, xw, wr, NULL, N, C, V, V);
   cpu->matmul_fwd(mag, ax, awr, NULL, N, C, V, V);
   check_tol("matmul_fwd_bf16_out16", "logits", shape, gw, ref, NULL, mag, NULL, n, TOL_GEMM_BF16);
+  { /* given w's bf16 image (kern.h's w16) */
+    uint16_t *wbase, *d_w16 = dput_w16(w, nw, 0, &wbase), *d_o = dput(fill, nl * 2);
+    const unsigned long p1 = w16_packs();
+    gpu->matmul_fwd_bf16_out16(d_o, d_x16, d_w, d_w16, N, C, V, ld);
+    const unsigned long packs = w16_packs() - p1;
+    uint16_t *o = (uint16_t *)dget(d_o, nl / 2), *rows = xmalloc(n * 2);
+    for (int i = 0; i < N; i++) memcpy(rows + (size_t)i * V, o + (size_t)i * ld, (size_t)V * 2);
+    float *gw16 = xmalloc(n * 4);
+    cpu->bf16_to_f32(gw16, rows, n);
+    check_w16("matmul_fwd_bf16_out16", shape, 0, nw, gw16, gw, ref, mag, n, TOL_GEMM_BF16, packs,
+              packs_w);
+    gpu->dev_free(wbase), gpu->dev_free(d_o), free(o), free(rows), free(gw16);
+  }
   /* the cross-entropy on them, against the fp32 form on them widened */
   float *wide = dput_rows(gw, N, V, ld), *lossa = dnew(N * 4), *lossb = dnew(N * 4);
   int32_t *d_tgt = dput(tgt, N * sizeof(int32_t));
@@ -1704,9 +1815,9 @@ static void test_lm_head_l16(int N, int C, int V, int ld) {
    * halves (2 ld apart): the same operand */
   float *dw0 = frand(nw, -1, 1), *d_dwa = dput(dw0, nw * 4), *d_dwb = dput(dw0, nw * 4);
   float *dxa = dnew(nx * 4), *dxb = dnew(nx * 4);
-  gpu->matmul_bwd_bf16(dxa, d_dwa, NULL, NULL, (const uint16_t *)wide + ld, d_x16, d_w, N, C, V,
-                       2 * ld, 0);
-  gpu->matmul_bwd_bf16(dxb, d_dwb, NULL, NULL, d_l16, d_x16, d_w, N, C, V, ld, 0);
+  gpu->matmul_bwd_bf16(dxa, d_dwa, NULL, NULL, (const uint16_t *)wide + ld, d_x16, d_w, NULL, N, C,
+                       V, 2 * ld, 0);
+  gpu->matmul_bwd_bf16(dxb, d_dwb, NULL, NULL, d_l16, d_x16, d_w, NULL, N, C, V, ld, 0);
   float *gxa = dget(dxa, nx), *gwa = dget(d_dwa, nw);
 #ifdef KERN_CUDA_EMU
   check_dev_bits("matmul_bwd_bf16", "dinp= from dlogits over the logits", shape, dxb, gxa, nx);
@@ -1756,11 +1867,24 @@ static void test_matmul_res(int N, int IC, int OC, int in16) {
   float *d_in = in16 ? NULL : dput(inp, ni * 4), *dw_ = dput(w, nw * 4), *db = dput(bias, OC * 4),
         *dres = dput(res, no * 4), *dout_ = dnew(no * 4);
   uint16_t *d_i16 = in16 ? dput(i16, ni * 2) : NULL;
-  gpu->matmul_fwd_res(dout_, d_in, d_i16, dw_, db, dres, N, IC, OC);
+  const unsigned long p0 = w16_packs();
+  gpu->matmul_fwd_res(dout_, d_in, d_i16, dw_, NULL, db, dres, N, IC, OC);
+  const unsigned long packs_w = w16_packs() - p0;
   float *got = dget(dout_, no);
   check_tol("matmul_fwd_res", "out-bf16ops", shape, got, ref, NULL, mag, NULL, no, TOL_GEMM);
+  { /* given w's bf16 image (kern.h's w16): the same blocks of the sum */
+    uint16_t *wbase, *d_w16 = dput_w16(w, nw, 0, &wbase);
+    float *d_o = dnew(no * 4);
+    const unsigned long p1 = w16_packs();
+    gpu->matmul_fwd_res(d_o, d_in, d_i16, dw_, d_w16, db, dres, N, IC, OC);
+    const unsigned long packs = w16_packs() - p1;
+    float *gw = dget(d_o, no);
+    check_w16("matmul_fwd_res", shape, IC % 8 != 0, nw, gw, got, ref, mag, no, TOL_GEMM, packs,
+              packs_w);
+    gpu->dev_free(wbase), gpu->dev_free(d_o), free(gw);
+  }
   free(got);
-  gpu->matmul_fwd_res(dres, d_in, d_i16, dw_, db, dres, N, IC, OC); /* in place */
+  gpu->matmul_fwd_res(dres, d_in, d_i16, dw_, NULL, db, dres, N, IC, OC); /* in place */
   got = dget(dres, no);
   check_tol("matmul_fwd_res", "in place", shape, got, ref, NULL, mag, NULL, no, TOL_GEMM);
   free(got);

@@ -309,8 +309,9 @@ static int fv_run(const kern_backend_t *be, int sharded, int lrows, float *losse
   adamw_t *o = NULL;
   int rc;
   if (sharded) {
+    /* sharded 2: bf16-mixed, the units gathered in bf16 */
     fsdp_opts_t fo = {.be = be, .mesh = {1, 1, SHARD_FULL_SHARD}, .seed = seed, .hp = hp,
-                      .precision = PRECISION_FP32};
+                      .precision = sharded == 2 ? PRECISION_BF16_MIXED : PRECISION_FP32};
     if ((rc = fsdp_create(&f, &c, &fo))) return rc;
     g = fsdp_model(f);
   } else if ((rc = gpt_create(&g, &c, be)) || (rc = gpt_init_weights(g, seed)) ||
@@ -746,6 +747,37 @@ int main(int argc, char **argv) {
     check(lw <= vs[k].loss_tol, what, lw, vs[k].loss_tol);
     snprintf(what, sizeof what, "cuda bf16: %s, weights (rel L2)", vs[k].how);
     check(sqrt(dd / ss) <= vs[k].w_tol, what, sqrt(dd / ss), vs[k].w_tol);
+    free(wa), free(wb);
+  }
+  /* the products reading each unit's bf16 gather (kern.h's weights16,
+   * fsdp.c's keep16) against the same runtime packing the widened
+   * weights: the same operands in the same blocks (every weight here
+   * within the packing buffer), so every loss and parameter the same bits,
+   * and fewer packing launches a step (emulator) */
+  {
+    static kern_backend_t packs;
+    packs = *k16;
+    packs.weights16 = 0;
+    float la[FV_STEPS], lb[FV_STEPS], *wa = NULL, *wb = NULL;
+    const unsigned long p0 = emu_launches ? emu_launches("gemm_pack_kernel") : 0;
+    int rc = fv_run(k16, 2, FV_CHUNK, la, &wa);
+    const unsigned long p1 = emu_launches ? emu_launches("gemm_pack_kernel") : 0;
+    if (!k16->weights16 || rc || fv_run(&packs, 2, FV_CHUNK, lb, &wb)) {
+      fprintf(stderr, "test_cuda_train: bf16 weights16: %s\n", err_msg());
+      return 2;
+    }
+    const unsigned long p2 = emu_launches ? emu_launches("gemm_pack_kernel") : 0;
+    size_t differ = 0;
+    for (size_t i = 0; i < gpt_config_num_params(&fc); i++) differ += memcmp(&wa[i], &wb[i], 4) != 0;
+    differ += memcmp(la, lb, sizeof la) != 0;
+    printf("cuda bf16 sharded: weights read from the bf16 gather vs packed: %zu parameters and "
+           "losses differ; packing launches a step %.0f vs %.0f\n",
+           differ, (double)(p1 - p0) / FV_STEPS, (double)(p2 - p1) / FV_STEPS);
+    check(differ == 0, "cuda bf16 sharded: weights from the bf16 gather vs packed, bits differ",
+          (double)differ, 0);
+    if (emu_launches)
+      check(p1 - p0 < p2 - p1, "cuda bf16 sharded: weights from the bf16 gather, packing launches "
+            "a step (emulator)", (double)(p1 - p0) / FV_STEPS, (double)(p2 - p1) / FV_STEPS);
     free(wa), free(wb);
   }
   printf("test_cuda_train: %s\n", fails ? "FAILED" : "passed");

@@ -445,7 +445,7 @@ static void hook_note(hook_ctx_t *x, const char *what, int unit) {
   snprintf(x->log + n, sizeof x->log - n, "%s%d ", what, unit);
 }
 
-static int hk_params(void *ctx, int unit, int phase, float **out) {
+static int hk_params(void *ctx, int unit, int phase, float **out, const uint16_t **out16) {
   hook_ctx_t *x = ctx;
   (void)phase;
   gpt_unit_t u = gpt_unit(x->g, unit);
@@ -455,6 +455,7 @@ static int hk_params(void *ctx, int unit, int phase, float **out) {
   if (++x->held > x->max_held) x->max_held = x->held;
   hook_note(x, "p", unit);
   *out = x->live[unit];
+  *out16 = NULL; /* the CPU's products pack nothing */
   return 0;
 }
 

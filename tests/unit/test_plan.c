@@ -664,3 +664,42 @@ Test(plan, a_cuda_bf16_job_with_fast16bf_plans_fp32_activations) {
 
 Test(plan, a_cuda_job_plans_the_fused_attentions_log_sum_exp) { cuda_attention_plan(0); }
 Test(plan, a_cuda_job_with_attention_by_products_plans_the_probabilities) { cuda_attention_plan(1); }
+
+/* A bf16 cuda job keeps each gathered unit's bf16 gather beside the
+ * widened unit for its products (kern.h's weights16, fsdp.c's keep16): 6
+ * bytes an element of every unit held, not 4. Under NO_SHARD every unit
+ * stays, so the peak is the forward's last block landing (4 + 2 bytes an
+ * element either way) beside all the units before it: 6 bytes an element of
+ * every unit kept, else 4 of those before the block and 6 of the block.
+ * FSDP_CUDA_WEIGHTS_PACK=1 (the products pack the fp32 weights) keeps
+ * none; a cpu job's products are fp32: none. The sizes from the layout. */
+static void gathered_check(const char *device, int kept) {
+  char *data = tu_token_file("tokens.bin", 20000, 3, 256);
+  config_t c = job(data, 0);
+  cr_assert_eq(config_set(&c, "device", device), 0);
+  cr_assert_eq(config_set(&c, "precision", "bf16-mixed"), 0);
+  cr_assert_eq(config_set(&c, "strategy", "NO_SHARD"), 0, "%s", err_msg());
+  cr_assert_eq(config_finish(&c), 0, "%s", err_msg());
+  plan_t p;
+  cr_assert_eq(plan_job(&c, 1, &p), 0, "%s", err_msg());
+  shard_layout_t *l;
+  cr_assert_eq(shard_layout_create(&l, &c.gpt, 1, (size_t)c.min_params), 0);
+  size_t all = 0;
+  for (int k = 0; k < l->num_units; k++) all += l->units[k].shard_numel;
+  const size_t last = l->units[l->unit_of[c.gpt.layers]].shard_numel;
+  shard_layout_destroy(l);
+  const size_t want = kept ? 6 * all : 4 * (all - last) + 6 * last;
+  cr_assert_eq(p.bytes[MEM_PARAMS_GATHERED], want, "%s: %zu bytes gathered, not %zu (%s)", device,
+               p.bytes[MEM_PARAMS_GATHERED], want, kept ? "the bf16 gathers kept" : "none kept");
+  free(data);
+}
+
+Test(plan, a_bf16_cuda_job_plans_the_bf16_gathers_its_products_read) {
+  gathered_check("cuda", 1);
+  gathered_check("cpu", 0);
+}
+
+Test(plan, a_bf16_cuda_job_whose_products_pack_the_weights_keeps_no_bf16_gather) {
+  setenv("FSDP_CUDA_WEIGHTS_PACK", "1", 1); /* this test's own process (criterion) */
+  gathered_check("cuda", 0);
+}
