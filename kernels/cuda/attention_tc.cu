@@ -475,6 +475,23 @@ __device__ __forceinline__ static void tc_fwd_tile(float (*o)[4], float *m, floa
 template <int HS> __host__ __device__ constexpr int tc_fwd_mt() { return HS <= 64 ? 2 : 1; }
 template <int HS> __host__ __device__ constexpr int tc_fwd_warps() { return TC_FWD_WARPS / tc_fwd_mt<HS>(); }
 
+/* The (batch, head, block of rows) of this block of a tc_grid launch,
+ * the longest work first: the grid's blocks start roughly in launch order
+ * (x fastest), and a causal block's work grows with its row block (the
+ * forward's and the query pass's queries see more keys the later they lie;
+ * the key pass's keys, more queries the earlier), so the blocks take every
+ * head's heaviest row block first, then every head's next (longest
+ * processing time first: the light blocks fill the last wave, where blocks
+ * of the same head in order left a heavy one running alone). Which block
+ * computes which rows changes; what each writes does not. */
+__device__ __forceinline__ void tc_block_at(bool late_heavy, int *b, int *h, int *rb) {
+  const int nrb = (int)gridDim.x, nbh = (int)(gridDim.y * gridDim.z);
+  const int lin = (int)blockIdx.x + nrb * ((int)blockIdx.y + (int)gridDim.y * (int)blockIdx.z);
+  const int bh = lin % nbh, r = lin / nbh;
+  *rb = late_heavy ? nrb - 1 - r : r;
+  *h = bh % (int)gridDim.y, *b = bh / (int)gridDim.y;
+}
+
 /* Forward: out (fp32, or bf16: O), and lse (B, NH, T) = m + log(l) of each
  * query row. */
 template <int HS, typename O>
@@ -486,7 +503,9 @@ __global__ static void __launch_bounds__(32 * tc_fwd_warps<HS>(), HS <= 64 ? 3 :
   extern __shared__ __align__(128) unsigned char tc_smem[];
   constexpr int TILE = TC_ROWS * tc_rw<HS>(); /* words of a 64-row tile */
   uint32_t *Qs = (uint32_t *)tc_smem, *KV = Qs + OWN * tc_rw<HS>(); /* KV: two buffers of K, V */
-  const int b = blockIdx.z, h = blockIdx.y, NH = gridDim.y, q0 = blockIdx.x * OWN;
+  int b, h, rb;
+  tc_block_at(true, &b, &h, &rb);
+  const int NH = gridDim.y, q0 = rb * OWN;
   const int w0 = threadIdx.x / 32 * R, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
   const int64_t C3 = 3 * (int64_t)C;
   const uint16_t *base = qkv + (int64_t)b * T * C3 + (int64_t)h * HS;
@@ -591,7 +610,9 @@ __global__ static void __launch_bounds__(TC_DQ_WARPS * 32, HS <= 64 ? 3 : 1) /* 
   constexpr int TILE = TC_ROWS * tc_rw<HS>(); /* words of a 64-row tile */
   uint32_t *Qs = (uint32_t *)tc_smem, *dOs = Qs + OWN * tc_rw<HS>(), *KV = dOs + OWN * tc_rw<HS>();
   float *Lq = (float *)(KV + 4 * TILE), *Dq = Lq + OWN; /* KV: two buffers of K, V */
-  const int b = blockIdx.z, h = blockIdx.y, NH = gridDim.y, q0 = blockIdx.x * OWN;
+  int b, h, rb;
+  tc_block_at(true, &b, &h, &rb);
+  const int NH = gridDim.y, q0 = rb * OWN;
   const int w0 = threadIdx.x / 32 * R, lane = threadIdx.x % 32, g = lane / 4;
   const int64_t C3 = 3 * (int64_t)C;
   const uint16_t *base = qkv + (int64_t)b * T * C3 + (int64_t)h * HS;
@@ -710,7 +731,9 @@ __global__ static void __launch_bounds__(TC_DKV_WARPS * 32, HS <= 64 ? 2 : 1) /*
   /* QD: two buffers of Q, dout; LD: two of their rows' lse (base 2) and D */
   uint32_t *Ks = (uint32_t *)tc_smem, *Vs = Ks + OWN * tc_rw<HS>(), *QD = Vs + OWN * tc_rw<HS>();
   float *LD = (float *)(QD + 4 * TILE);
-  const int b = blockIdx.z, h = blockIdx.y, NH = gridDim.y, k0 = blockIdx.x * OWN;
+  int b, h, rb;
+  tc_block_at(false, &b, &h, &rb);
+  const int NH = gridDim.y, k0 = rb * OWN;
   const int w0 = threadIdx.x / 32 * 16;
   const int64_t C3 = 3 * (int64_t)C, rows = ((int64_t)b * NH + h) * T;
   const uint16_t *base = qkv + (int64_t)b * T * C3 + (int64_t)h * HS;
