@@ -55,6 +55,8 @@
 #include "daemon/comm/nccl.h"
 #include "daemon/common/err.h"
 #include "daemon/common/rng.h"
+#include "daemon/job/config.h"
+#include "daemon/job/plan.h"
 #include "daemon/train/data.h"
 #include "daemon/train/gpt.h"
 #include "kernels/kern.h"
@@ -607,6 +609,7 @@ static int done_line(const char *out, float *first, float *last, float *eval) {
 /* One fsdp-launch run of the tiny model on the emulated GPU plugin. */
 typedef struct {
   const char *ranks, *extra;
+  const char *wrap;     /* a command fsdp-launch runs fsdp-train through, or NULL */
   int ref;              /* the job compared against (-1: none, a reference) */
   double loss_tol, w_tol; /* relative */
   int skip;             /* losses not compared: 1 the first (a resumed run's is a later
@@ -614,6 +617,22 @@ typedef struct {
   double w_floor;       /* the weights' per-element scale below which a tensor's
                          * difference is measured against it instead (0: none) */
 } job_t;
+
+/* The plan's total for each rank of the job fsdp-train makes of opts
+ * ("--key value" pairs) at `ranks` ranks and recompute level r: the least
+ * device memory that holds it (0: the options do not make a job). */
+static size_t job_plan_total(const char *opts, int ranks, int r) {
+  char buf[1024], *save = NULL;
+  snprintf(buf, sizeof buf, "%s --recompute %d", opts, r);
+  config_t c;
+  config_default(&c);
+  for (char *k = strtok_r(buf, " ", &save); k; k = strtok_r(NULL, " ", &save)) {
+    char *v = strtok_r(NULL, " ", &save);
+    if (strncmp(k, "--", 2) || !v || config_set(&c, k + 2, v)) return 0;
+  }
+  plan_t p;
+  return config_finish(&c) || plan_job(&c, ranks, &p) ? 0 : p.total;
+}
 
 static void training(const char *plugin) {
   char data[64], ckpt[80];
@@ -642,26 +661,43 @@ static void training(const char *plugin) {
   /* bf16 jobs' biases, which start at zero, measured against 10 Adam steps
    * an element at the jobs' lr (3e-4): below */
   const double floor10 = 10 * 3e-4;
+  /* ranks whose devices differ: rank 1's memory (FSDP_DEVICE_MEMORY_BYTES,
+   * as fsdpd sets it) between the job's plan at recompute 1 and at 0, its
+   * default on cuda, so that rank 1 alone raises the level to fit
+   * (plan_fit_recompute) and rank 0 keeps 0; the ranks compare recompute as
+   * the job gave it (train_same_job), so both run the one job, and the
+   * same weights, recomputing being exact (before stop 43 both stopped at
+   * open, "not given the same job"; without the raise rank 1's plan does
+   * not fit and it stops there) */
+  char plan_opts[512], small[256];
+  snprintf(plan_opts, sizeof plan_opts, "%s --batch 2 --data %s", common, data);
+  const size_t p0 = job_plan_total(plan_opts, 2, 0), p1 = job_plan_total(plan_opts, 2, 1);
+  check(p0 > p1 && p1 > 0, "training: the job's plan at recompute 1 (%zu bytes) below that at "
+        "0 (%zu): %s", p1, p0, err_msg());
+  snprintf(small, sizeof small, "sh -c 'if [ \"$FSDP_RANK\" = 1 ]; then export "
+           "FSDP_DEVICE_MEMORY_BYTES=%zu; fi; exec \"$0\" \"$@\"' ", (p0 + p1) / 2);
   const job_t jobs[] = {
-      {"1", "--batch 4", -1, 0, 0, 0, 0},
-      {"2", "--batch 2", 0, 1e-4, 1e-5, 0, 0},
-      {"4", "--batch 1 --strategy HYBRID_SHARD --mesh 2x2", 0, 1e-4, 1e-5, 0, 0},
-      {"2", "--batch 2 --strategy SHARD_GRAD_OP", 0, 1e-4, 1e-5, 0, 0},
-      {"2", "--batch 2 --strategy NO_SHARD", 0, 1e-4, 1e-5, 0, 0},
-      {"1", "--batch 4 --precision bf16-mixed", -1, 0, 0, 0, 0},
+      {"1", "--batch 4", NULL, -1, 0, 0, 0, 0},
+      {"2", "--batch 2", NULL, 0, 1e-4, 1e-5, 0, 0},
+      /* rank 1 recomputing GELU to fit its smaller device (above): job 1's bits */
+      {"2", "--batch 2", small, 1, 0, 0, 0, 0},
+      {"4", "--batch 1 --strategy HYBRID_SHARD --mesh 2x2", NULL, 0, 1e-4, 1e-5, 0, 0},
+      {"2", "--batch 2 --strategy SHARD_GRAD_OP", NULL, 0, 1e-4, 1e-5, 0, 0},
+      {"2", "--batch 2 --strategy NO_SHARD", NULL, 0, 1e-4, 1e-5, 0, 0},
+      {"1", "--batch 4 --precision bf16-mixed", NULL, -1, 0, 0, 0, 0},
       /* bf16-mixed: the logits are rounded to bf16 (kern.h's
        * matmul_fwd_bf16_out16), where a product summed in another order
        * (the ranks' fewer rows) may round a logit the other way; the biases
        * near zero are measured against 10 Adam steps as bf16-true's below
        * (5.4e-5 at worst on the emulator, 2.4e-4 without the floor; the
        * matrices 9e-6) */
-      {"2", "--batch 2 --precision bf16-mixed", 5, 1e-3, 1e-4, 0, floor10},
+      {"2", "--batch 2 --precision bf16-mixed", NULL, 6, 1e-3, 1e-4, 0, floor10},
       /* the other paths a GPU job takes through the collectives */
-      {"2", "--batch 1 --grad_accum 2", 0, 1e-4, 1e-5, 4, 0},
-      {"2", "--batch 1 --grad_accum 2 --keep_unsharded_grads 1", 0, 1e-4, 1e-5, 4, 0},
-      {"2", "--batch 2 --activation_checkpointing 1", 0, 1e-4, 1e-5, 0, 0},
-      {"4", "--batch 1 --strategy HYBRID_SHARD_ZERO2 --mesh 2x2", 0, 1e-4, 1e-5, 0, 0},
-      {"1", "--batch 4 --precision bf16-true", -1, 0, 0, 0, 0},
+      {"2", "--batch 1 --grad_accum 2", NULL, 0, 1e-4, 1e-5, 4, 0},
+      {"2", "--batch 1 --grad_accum 2 --keep_unsharded_grads 1", NULL, 0, 1e-4, 1e-5, 4, 0},
+      {"2", "--batch 2 --activation_checkpointing 1", NULL, 0, 1e-4, 1e-5, 0, 0},
+      {"4", "--batch 1 --strategy HYBRID_SHARD_ZERO2 --mesh 2x2", NULL, 0, 1e-4, 1e-5, 0, 0},
+      {"1", "--batch 4 --precision bf16-true", NULL, -1, 0, 0, 0, 0},
       /* bf16 weights: the biases, which start at zero, hold about 2 Adam
        * steps after these 6 (lr 3e-4), where one rounding of another gradient
        * is a whole bf16 step of a tiny number and a gradient near zero on one
@@ -671,11 +707,11 @@ static void training(const char *plugin) {
        * reduction mutated to take one rank's half of the batch for the whole
        * moved the biases 1.7 lr an element (0.17 here) and the matrices
        * 2.5e-2 to 5e-2 */
-      {"2", "--batch 2 --precision bf16-true", 11, 1e-3, 1e-2, 0, floor10},
+      {"2", "--batch 2 --precision bf16-true", NULL, 12, 1e-3, 1e-2, 0, floor10},
       /* checkpoints of 2 ranks at steps 3 and 6; the one of step 3 resumed
        * by 4 ranks of another mesh ends where the uninterrupted run did */
-      {"2", save_every, 0, 1e-4, 1e-5, 0, 0},
-      {"4", resume, 0, 1e-4, 1e-5, 1, 0}};
+      {"2", save_every, NULL, 0, 1e-4, 1e-5, 0, 0},
+      {"4", resume, NULL, 0, 1e-4, 1e-5, 1, 0}};
   const int n_jobs = (int)(sizeof jobs / sizeof *jobs);
   float loss[sizeof jobs / sizeof *jobs][3] = {{0}};
   gpt_t *w[sizeof jobs / sizeof *jobs] = {0};
@@ -685,19 +721,21 @@ static void training(const char *plugin) {
     static char out[1 << 18];
     snprintf(save, sizeof save, "%s.%d.bin", data, j);
     snprintf(cmd, sizeof cmd, "FSDP_CUDA_PLUGIN=%s FSDP_COMM_TIMEOUT_MS=60000 timeout 600 "
-             "bin/fsdp-launch -n %s -- bin/fsdp-train %s %s --data %s --save %s 2>&1",
-             plugin, jb->ranks, common, jb->extra, data, save);
+             "bin/fsdp-launch -n %s -- %sbin/fsdp-train %s %s --data %s --save %s 2>&1",
+             plugin, jb->ranks, jb->wrap ? jb->wrap : "", common, jb->extra, data, save);
     const double t0 = now_ms();
     int rc = sh_run(cmd, out, sizeof out);
     float *L = loss[j];
     if (rc != 0 || done_line(out, &L[0], &L[1], &L[2]) != 0) {
-      check(0, "training on %s emulated GPU rank(s), %s: exit %d", jb->ranks, jb->extra, rc);
+      check(0, "training on %s emulated GPU rank(s), %s%s: exit %d", jb->ranks, jb->extra,
+            jb->wrap ? " (rank 1's device smaller)" : "", rc);
       fprintf(stderr, "%s\n", out);
       unlink(save);
       continue;
     }
-    printf("training on %s rank(s), %s: loss %.6f -> %.6f, eval %.6f (%.1f s)\n", jb->ranks,
-           jb->extra, L[0], L[1], L[2], (now_ms() - t0) / 1e3);
+    printf("training on %s rank(s), %s%s: loss %.6f -> %.6f, eval %.6f (%.1f s)\n", jb->ranks,
+           jb->extra, jb->wrap ? " (rank 1's device smaller)" : "", L[0], L[1], L[2],
+           (now_ms() - t0) / 1e3);
     if (j == 0)
       check(strstr(out, "cuda device 0: cuda_emu") != NULL, "training: the job ran on the "
             "emulated GPU");
@@ -712,8 +750,9 @@ static void training(const char *plugin) {
     double d = 0;
     for (int k = 0; k < 3; k++)
       if (!(jb->skip & (1 << k))) d = fmax(d, fabs(L[k] - R[k]) / fabs(R[k]));
-    check(d <= jb->loss_tol, "training: %s ranks (%s) against %s (%s): worst loss difference "
-          "%.3e (bound %.0e, relative)", jb->ranks, jb->extra, jobs[jb->ref].ranks,
+    check(d <= jb->loss_tol, "training: %s ranks (%s%s) against %s (%s): worst loss difference "
+          "%.3e (bound %.0e, relative)", jb->ranks, jb->extra,
+          jb->wrap ? "; rank 1's device smaller" : "", jobs[jb->ref].ranks,
           jobs[jb->ref].extra, d, jb->loss_tol);
     /* the weights the ranks saved together, per tensor, relative L2 (the
      * key bias, whose gradient is zero up to rounding, left out as in
