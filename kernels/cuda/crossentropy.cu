@@ -205,7 +205,9 @@ __global__ static void __launch_bounds__(CE_ROW_THREADS)
  * half the bytes to read, and the row in shared memory half the room, so
  * two blocks share an SM (one at fp32: its loads and its arithmetic did not
  * overlap). ce_row16_kernel is ce_row_kernel's bf16 mode on the logits
- * widened, bit for bit: each thread the same elements in the same order
+ * widened, bit for bit (a NaN's payload aside: the fast mode rounds its
+ * bf16 by cvt, a fifth of the kernel's instructions by count, against the
+ * casts' integer code): each thread the same elements in the same order
  * (the sum's 4 a turn, then the tail), the same exponential; e^(x - max) is
  * taken again in the last pass instead of stored (the row stays bf16), the
  * same value. Its outputs, the bf16 dlogits, go over the logits in place
@@ -274,8 +276,9 @@ __global__ static void __launch_bounds__(CE_ROW_THREADS, 2)
 #pragma unroll
     for (int k = 0; k < 8; k++)
       g[k] = ce_out(ce_exp(ce_half(w[k / 2], k % 2), mx, fast), inv, j + k, t, 1, dloss);
-    kern_cuda_store_u16x8(x + j, kern_cuda_bf16x8(make_float4(g[0], g[1], g[2], g[3]),
-                                                  make_float4(g[4], g[5], g[6], g[7])));
+    const float4 lo = make_float4(g[0], g[1], g[2], g[3]), hi = make_float4(g[4], g[5], g[6], g[7]);
+    /* the fast mode's rounding by cvt: the same bits, a NaN's payload aside */
+    kern_cuda_store_u16x8(x + j, fast ? kern_cuda_bf16x8_rn(lo, hi) : kern_cuda_bf16x8(lo, hi));
   }
   for (int j = 8 * v8 + threadIdx.x; j < V; j += blockDim.x)
     x[j] = kern_f32_to_bf16(ce_out(ce_exp(ce_x16(row[j]), mx, fast), inv, j, t, 1, dloss));

@@ -245,6 +245,13 @@ __device__ __forceinline__ uint4 kern_cuda_bf16x8(float4 a, float4 b) {
                     kern_cuda_bf16x2(b.x, b.y), kern_cuda_bf16x2(b.z, b.w));
 }
 
+/* The same by four cvt.rn.bf16x2 (kern_cuda_bf16x2_rn): the same bits but
+ * a NaN's, for the kernels that need not the CPU's */
+__device__ __forceinline__ uint4 kern_cuda_bf16x8_rn(float4 a, float4 b) {
+  return make_uint4(kern_cuda_bf16x2_rn(a.x, a.y), kern_cuda_bf16x2_rn(a.z, a.w),
+                    kern_cuda_bf16x2_rn(b.x, b.y), kern_cuda_bf16x2_rn(b.z, b.w));
+}
+
 /* 2^x on the special function unit (ex2.approx: about 2 ulp, 2^-inf = +0,
  * subnormals flushed); exp2f on the emulator */
 __device__ __forceinline__ float kern_cuda_exp2_approx(float x) {

@@ -147,11 +147,7 @@ __global__ static void gelu_fwd_bf16in_kernel(uint16_t *__restrict__ out,
                                   gelu_of<FAST>(d.x + bj[6]), gelu_of<FAST>(d.y + bj[7]));
     /* the fast form rounds by cvt (a NaN's payload is no result) */
     kern_cuda_store_u16x8(out + 8 * (size_t)g,
-                          FAST ? make_uint4(kern_cuda_bf16x2_rn(lo.x, lo.y),
-                                            kern_cuda_bf16x2_rn(lo.z, lo.w),
-                                            kern_cuda_bf16x2_rn(hi.x, hi.y),
-                                            kern_cuda_bf16x2_rn(hi.z, hi.w))
-                               : kern_cuda_bf16x8(lo, hi));
+                          FAST ? kern_cuda_bf16x8_rn(lo, hi) : kern_cuda_bf16x8(lo, hi));
   }
 }
 
