@@ -56,6 +56,13 @@ typedef enum {
   KERN_OP__COUNT
 } kern_op_t;
 
+/* A run of elements [offset, offset + numel) of a buffer, with weight
+ * decay or not (adamw_segs) */
+typedef struct kern_seg {
+  size_t offset, numel;
+  int decay;
+} kern_seg_t;
+
 typedef struct kern_backend {
   const char *name;
   /* 1 when the op is implemented by this backend, 0 when not (never a crash). */
@@ -185,6 +192,14 @@ typedef struct kern_backend {
   /* AdamW (decoupled weight decay) over n elements at step t (1-based). */
   void (*adamw)(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
                 float beta2, float eps, float wd, int t);
+  /* adamw over nseg segments of the same buffers at once (a multi-tensor
+   * step: on a GPU one launch, not one a tensor): segment k's elements
+   * with weight decay wd where seg[k].decay, else 0, each adamw's bits;
+   * elements in no segment untouched. seg (host memory, read at the call)
+   * in increasing order of offset, not overlapping. Optional (NULL: the
+   * caller runs adamw a segment at a time). */
+  void (*adamw_segs)(float *p, const float *g, float *m, float *v, const kern_seg_t *seg,
+                     int nseg, float lr, float beta1, float beta2, float eps, float wd, int t);
 
   /* fp32 <-> bf16 (uint16 storage), round-to-nearest-even. */
   void (*f32_to_bf16)(uint16_t *out, const float *inp, size_t n);

@@ -51,7 +51,10 @@ static int adamw_alloc(adamw_t **out, const kern_backend_t *be, size_t n,
     return FSDP_ENOMEM;
   }
   memcpy(o->segs, segs, (size_t)nsegs * sizeof *segs);
-  for (int k = 0; k < nsegs; k++) FSDP_ASSERT(segs[k].offset + segs[k].numel <= n);
+  for (int k = 0; k < nsegs; k++) { /* in order, apart (kern.h's adamw_segs) */
+    FSDP_ASSERT(segs[k].offset + segs[k].numel <= n);
+    FSDP_ASSERT(!k || segs[k].offset >= segs[k - 1].offset + segs[k - 1].numel);
+  }
   *out = o;
   return FSDP_OK;
 }
@@ -103,6 +106,11 @@ static void adamw_kernel(const adamw_t *o, const adamw_segment_t *s, float *p, c
 void adamw_step_buffers(adamw_t *o, float *p, const float *gr, float lr) {
   FSDP_ASSERT(o->m);
   o->t++;
+  if (o->be->adamw_segs) { /* every segment at once (kern.h), the same bits */
+    o->be->adamw_segs(p, gr, o->m, o->v, o->segs, o->nsegs, lr, o->hp.beta1, o->hp.beta2,
+                      o->hp.eps, o->hp.weight_decay, o->t);
+    return;
+  }
   for (int k = 0; k < o->nsegs; k++) {
     const adamw_segment_t *s = &o->segs[k];
     adamw_kernel(o, s, p + s->offset, gr + s->offset, o->m + s->offset, o->v + s->offset,

@@ -25,11 +25,9 @@ typedef struct adamw_hparams {
   float beta1, beta2, eps, weight_decay;
 } adamw_hparams_t;
 
-/* A run of elements [offset, offset+numel) of the buffer with one decay rule. */
-typedef struct adamw_segment {
-  size_t offset, numel;
-  int decay;
-} adamw_segment_t;
+/* A run of elements [offset, offset+numel) of the buffer with one decay
+ * rule (kern.h's, which the backend's adamw_segs takes as it is). */
+typedef kern_seg_t adamw_segment_t;
 
 typedef struct adamw adamw_t;
 

@@ -160,6 +160,7 @@ static int fsdp_gather_wait(fsdp_t *f, int k, int keep) {
   }
   if (f->recv16[k]) {
     if (!rc) f->be->bf16_to_f32(f->full[k], f->recv16[k], fsdp_padded(f, k));
+    FSDP_ASSERT(!f->full16[k]); /* a unit lands once between its frees */
     if (!rc && keep) f->full16[k] = f->recv16[k];
     else fsdp_buf_free(f, f->recv16[k]);
     f->recv16[k] = NULL;

@@ -2,6 +2,8 @@
  * with the bias corrections formed on the host in double exactly as
  * kernels/cpu/adamw.c forms them: the CPU kernel's bits. */
 #include <math.h>
+#include <stdint.h>
+#include <string.h>
 
 #include "kernels/cuda/cuda_impl.h"
 #include "kernels/kern_math.h"
@@ -21,4 +23,72 @@ extern "C" void kern_cuda_adamw(float *p, const float *g, float *m, float *v, si
   adamw_kernel<<<kern_cuda_blocks(n, KERN_CUDA_THREADS), KERN_CUDA_THREADS, 0,
                  kern_cuda_st.stream>>>(p, g, m, v, n, lr, beta1, beta2, eps, wd, bc1, bc2_sqrt);
   KERN_CUDA_LAUNCHED();
+}
+
+/* adamw_segs (kern.h): the step over many tensors of a shard in one launch
+ * instead of one each (gpt2-124m's 149 a step: their launches, and the
+ * idle gaps between small ones, where each took a few microseconds for a
+ * layernorm's 768 elements). Up to ADAMW_SEGS segments a launch, passed by
+ * value in the launch's parameters (2 KiB: no copy to the device, nothing
+ * allocated): their bounds from the first one's offset, in 32 bits, and
+ * their decay as bits. Each element finds its segment by a binary search
+ * over the bounds (the threads of a warp take neighbouring elements, so
+ * mostly the same reads) and takes kern_adamw_elem with its decay: the
+ * bits of adamw on each segment alone; an element between segments (the
+ * units' padding) is left alone. */
+#define ADAMW_SEGS 256
+typedef struct {
+  int n;
+  uint32_t start[ADAMW_SEGS], end[ADAMW_SEGS];
+  uint32_t decay[ADAMW_SEGS / 32];
+} adamw_segs_t;
+
+__global__ static void adamw_segs_kernel(float *p, const float *g, float *m, float *v, size_t span,
+                                         adamw_segs_t s, float lr, float beta1, float beta2,
+                                         float eps, float wd, float bc1, float bc2_sqrt) {
+  KERN_CUDA_FOR(i, span) {
+    int lo = 0, hi = s.n - 1; /* the last segment that starts at or before i */
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (s.start[mid] <= i) lo = mid;
+      else hi = mid - 1;
+    }
+    if (i < s.start[lo] || i >= s.end[lo]) continue;
+    const float w = s.decay[lo / 32] >> (lo % 32) & 1u ? wd : 0.0f;
+    kern_adamw_elem(p + i, g[i], m + i, v + i, lr, beta1, beta2, eps, w, bc1, bc2_sqrt);
+  }
+}
+
+extern "C" void kern_cuda_adamw_segs(float *p, const float *g, float *m, float *v,
+                                     const kern_seg_t *seg, int nseg, float lr, float beta1,
+                                     float beta2, float eps, float wd, int t) {
+  const float bc1 = (float)(1.0 - pow((double)beta1, (double)t));
+  const float bc2_sqrt = (float)sqrt(1.0 - pow((double)beta2, (double)t));
+  for (int k = 0; k < nseg;) {
+    adamw_segs_t s;
+    memset(&s, 0, sizeof s);
+    const size_t base = seg[k].offset;
+    for (; k < nseg && s.n < ADAMW_SEGS; k++) {
+      KERN_CUDA_ASSERT(seg[k].offset >= base); /* kern.h: in order */
+      const size_t end = seg[k].offset + seg[k].numel - base;
+      if (end > UINT32_MAX) break;
+      if (!seg[k].numel) continue;
+      KERN_CUDA_ASSERT(!s.n || seg[k].offset - base >= s.end[s.n - 1]); /* not overlapping */
+      s.start[s.n] = (uint32_t)(seg[k].offset - base), s.end[s.n] = (uint32_t)end;
+      if (seg[k].decay) s.decay[s.n / 32] |= 1u << (s.n % 32);
+      s.n++;
+    }
+    if (!s.n && k < nseg && seg[k].offset == base) { /* one segment past 32 bits: alone */
+      kern_cuda_adamw(p + base, g + base, m + base, v + base, seg[k].numel, lr, beta1, beta2, eps,
+                      seg[k].decay ? wd : 0.0f, t);
+      k++;
+      continue;
+    }
+    if (!s.n) continue;
+    const size_t span = s.end[s.n - 1];
+    adamw_segs_kernel<<<kern_cuda_blocks(span, KERN_CUDA_THREADS), KERN_CUDA_THREADS, 0,
+                        kern_cuda_st.stream>>>(p + base, g + base, m + base, v + base, span, s, lr,
+                                               beta1, beta2, eps, wd, bc1, bc2_sqrt);
+    KERN_CUDA_LAUNCHED();
+  }
 }

@@ -260,6 +260,7 @@ static const kern_backend_t kern_cuda_table = {
     .crossentropy_bwd = kern_cuda_crossentropy_bwd,
     .crossentropy_fwd_bwd = kern_cuda_crossentropy_fwd_bwd,
     .adamw = kern_cuda_adamw,
+    .adamw_segs = kern_cuda_adamw_segs,
     .f32_to_bf16 = kern_cuda_f32_to_bf16,
     .bf16_to_f32 = kern_cuda_bf16_to_f32,
     .sumsq = kern_cuda_sumsq,

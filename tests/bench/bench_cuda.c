@@ -412,7 +412,32 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
     }
   });
   snprintf(sh, sizeof sh, "n=%zu", P);
-  OPS_TIME("adamw", sh, 1, K->adamw(pp, pg, pm, pv, P, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1));
+  OPS_TIME("adamw", sh, 0, K->adamw(pp, pg, pm, pv, P, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1));
+  { /* AdamW as the runtime runs it (adamw.c): a segment a tensor, in one
+     * launch (kern.h's adamw_segs) where the table offers it, else a
+     * launch a tensor (timed either way, for comparison) */
+    gpt_t *sg = NULL;
+    if (gpt_create_shell(&sg, g, K)) return 1;
+    const int nt = gpt_num_tensors(sg);
+    kern_seg_t *segs = malloc((size_t)nt * sizeof *segs);
+    if (!segs) return 1;
+    for (int k = 0; k < nt; k++) {
+      const gpt_tensor_t *t = gpt_tensor(sg, k);
+      segs[k] = (kern_seg_t){t->offset, t->numel, t->decay};
+    }
+    snprintf(sh, sizeof sh, "n=%zu,tensors=%d", P, nt);
+    OPS_TIME("adamw(a launch a tensor)", sh, !K->adamw_segs, {
+      for (int k = 0; k < nt; k++)
+        K->adamw(pp + segs[k].offset, pg + segs[k].offset, pm + segs[k].offset,
+                 pv + segs[k].offset, segs[k].numel, 1e-4f, 0.9f, 0.95f, 1e-8f,
+                 segs[k].decay ? 0.1f : 0.0f, 1);
+    });
+    if (K->adamw_segs)
+      OPS_TIME("adamw_segs", sh, 1,
+               K->adamw_segs(pp, pg, pm, pv, segs, nt, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1));
+    free(segs);
+    gpt_destroy(sg);
+  }
   OPS_TIME("sumsq", sh, 1, (void)K->sumsq(pg, P));
   printf("bench: cuda_ops model=%s sum_step_ms=%.2f (the ops of one step, each alone)\n", model,
          ops_sum_ms);

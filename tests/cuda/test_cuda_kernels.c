@@ -1550,6 +1550,48 @@ static void test_adamw(size_t n, int t) {
   free(p), free(g), free(m), free(v);
 }
 
+/* adamw_segs (kern.h): nseg segments of random lengths (some empty, some
+ * of one element), gaps of random lengths between them (0 included), random
+ * decay, each segment's elements against the CPU's adamw on that segment
+ * alone (wd or 0), bit for bit, and the gaps' elements untouched; on the
+ * emulator, one launch for every 256 segments that hold elements. */
+static void test_adamw_segs(int nseg, int t) {
+  char shape[64];
+  snprintf(shape, sizeof shape, "segments=%d t=%d", nseg, t);
+  kern_seg_t *seg = xmalloc((size_t)nseg * sizeof *seg);
+  size_t n = 0;
+  int full = 0;
+  for (int k = 0; k < nseg; k++) {
+    n += rand_below(4) == 0 ? rand_below(9) : 0; /* a gap */
+    const size_t len = rand_below(8) == 0 ? rand_below(2) : 1 + rand_below(300);
+    seg[k] = (kern_seg_t){n, len, (int)rand_below(2)};
+    n += len, full += len > 0;
+  }
+  n += 5; /* padding after the last */
+  float *p = frand(n, -0.1f, 0.1f), *g = frand(n, -1e-2f, 1e-2f), *m = frand(n, -1e-3f, 1e-3f),
+        *v = frand(n, 0, 1e-5f);
+  float *dp = dput(p, n * 4), *dg = dput(g, n * 4), *dm = dput(m, n * 4), *dv = dput(v, n * 4);
+  for (int k = 0; k < nseg; k++) {
+    const size_t o = seg[k].offset;
+    cpu->adamw(p + o, g + o, m + o, v + o, seg[k].numel, 6e-4f, 0.9f, 0.95f, 1e-8f,
+               seg[k].decay ? 0.1f : 0.0f, t);
+  }
+#ifdef KERN_CUDA_EMU
+  const unsigned long l0 = cuda_emu_launches("adamw_segs_kernel");
+#endif
+  gpu->adamw_segs(dp, dg, dm, dv, seg, nseg, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+#ifdef KERN_CUDA_EMU
+  const unsigned long launches = cuda_emu_launches("adamw_segs_kernel") - l0;
+  report("adamw_segs", "launches", shape, (double)launches, (double)((full + 255) / 256), "=", -1,
+         launches == (unsigned long)((full + 255) / 256));
+#endif
+  check_dev_bits("adamw_segs", "p", shape, dp, p, n);
+  check_dev_bits("adamw_segs", "m", shape, dm, m, n);
+  check_dev_bits("adamw_segs", "v", shape, dv, v, n);
+  gpu->dev_free(dp), gpu->dev_free(dg), gpu->dev_free(dm), gpu->dev_free(dv);
+  free(p), free(g), free(m), free(v), free(seg);
+}
+
 static void test_cast(size_t n) {
   char shape[64];
   snprintf(shape, sizeof shape, "n=%zu", n);
@@ -2291,6 +2333,8 @@ int main(void) {
 
   test_adamw(13, 1);
   test_adamw(((size_t)1 << 20) + 3, 7);
+  test_adamw_segs(3, 1);
+  test_adamw_segs(600, 5); /* three launches' worth */
 
   test_cast(13);
   test_cast(1000003);

@@ -759,7 +759,9 @@ int main(int argc, char **argv) {
     packs = *k16;
     packs.weights16 = 0;
     float la[FV_STEPS], lb[FV_STEPS], *wa = NULL, *wb = NULL;
-    const unsigned long p0 = emu_launches ? emu_launches("gemm_pack_kernel") : 0;
+    const unsigned long p0 = emu_launches ? emu_launches("gemm_pack_kernel") : 0,
+                        a0 = emu_launches ? emu_launches("adamw_segs_kernel") : 0,
+                        b0 = emu_launches ? emu_launches("adamw_kernel") : 0;
     int rc = fv_run(k16, 2, FV_CHUNK, la, &wa);
     const unsigned long p1 = emu_launches ? emu_launches("gemm_pack_kernel") : 0;
     if (!k16->weights16 || rc || fv_run(&packs, 2, FV_CHUNK, lb, &wb)) {
@@ -775,9 +777,16 @@ int main(int argc, char **argv) {
            differ, (double)(p1 - p0) / FV_STEPS, (double)(p2 - p1) / FV_STEPS);
     check(differ == 0, "cuda bf16 sharded: weights from the bf16 gather vs packed, bits differ",
           (double)differ, 0);
-    if (emu_launches)
+    if (emu_launches) {
       check(p1 - p0 < p2 - p1, "cuda bf16 sharded: weights from the bf16 gather, packing launches "
             "a step (emulator)", (double)(p1 - p0) / FV_STEPS, (double)(p2 - p1) / FV_STEPS);
+      /* AdamW over the shard's every tensor in one launch a step (kern.h's
+       * adamw_segs: the model's 2 + 12 L tensors, under 256) */
+      const unsigned long a1 = emu_launches("adamw_segs_kernel") - a0,
+                          b1 = emu_launches("adamw_kernel") - b0;
+      check(a1 == 2 * FV_STEPS && b1 == 0, "cuda bf16 sharded: AdamW launches a step (emulator)",
+            (double)(a1 + b1) / (2 * FV_STEPS), 1);
+    }
     free(wa), free(wb);
   }
   printf("test_cuda_train: %s\n", fails ? "FAILED" : "passed");
