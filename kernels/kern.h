@@ -196,10 +196,13 @@ typedef struct kern_backend {
    * step: on a GPU one launch, not one a tensor): segment k's elements
    * with weight decay wd where seg[k].decay, else 0, each adamw's bits;
    * elements in no segment untouched. seg (host memory, read at the call)
-   * in increasing order of offset, not overlapping. Optional (NULL: the
-   * caller runs adamw a segment at a time). */
-  void (*adamw_segs)(float *p, const float *g, float *m, float *v, const kern_seg_t *seg,
-                     int nseg, float lr, float beta1, float beta2, float eps, float wd, int t);
+   * in increasing order of offset, not overlapping. Where p16 is not NULL,
+   * each stepped element's new value is also stored there, at its index,
+   * rounded to bf16 (f32_to_bf16's bits): the parameters' bf16 image kept
+   * up to date in the same pass (fsdp.c gathers it). */
+  void (*adamw_segs)(float *p, uint16_t *p16, const float *g, float *m, float *v,
+                     const kern_seg_t *seg, int nseg, float lr, float beta1, float beta2,
+                     float eps, float wd, int t);
 
   /* fp32 <-> bf16 (uint16 storage), round-to-nearest-even. */
   void (*f32_to_bf16)(uint16_t *out, const float *inp, size_t n);

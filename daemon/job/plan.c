@@ -181,7 +181,8 @@ static size_t plan_padded(const shard_layout_t *l, int k) {
 
 /* Peak bytes of gathered parameters. A gathered unit is fp32 (4 bytes per
  * padded element), plus, while its bf16 gather is in flight, the bf16 buffer
- * it lands in (x = 2 bytes), which stays while the unit is held where the
+ * it lands in (x = 2 bytes; 0 where it is the image's slice: fsdp.c's
+ * alias16), which stays while the unit is held where the
  * products read it (k16 = 2 bytes: fsdp.c's keep16, gpt_weights16). The
  * unit in use is held while the next one's gather lands (prefetch).
  * FULL_SHARD and HYBRID_SHARD free a unit after use, so that pair is all
@@ -248,7 +249,11 @@ static int plan_runtime(const config_t *c, int world, plan_t *p) {
       (rc = shard_layout_create(&l, &c->gpt, m.shards, (size_t)c->min_params)))
     return rc;
   const int L = c->gpt.layers, true16 = prec == PRECISION_BF16_TRUE;
-  const size_t x = prec != PRECISION_FP32 ? 2 : 0; /* bf16 gathers land in a bf16 buffer */
+  /* bf16-mixed keeps the master's bf16 image (fsdp.c's image16); on one
+   * shard a unit's bf16 gather is its slice of it (alias16): nothing lands */
+  const int image16 = prec == PRECISION_BF16_MIXED, alias16 = image16 && m.shards == 1;
+  /* bf16 gathers land in a bf16 buffer */
+  const size_t x = prec != PRECISION_FP32 && !alias16 ? 2 : 0;
   const plan_device_t *dev = plan_device(c);
   /* kept for the products (gpt_weights16: bf16 activations, as plan_loop's a16) */
   const size_t k16 = x && dev->weights16(1) && gpt_config_acts_bf16_fits(&c->gpt) ? 2 : 0;
@@ -263,6 +268,7 @@ static int plan_runtime(const config_t *c, int world, plan_t *p) {
   if (c->checkpoint_dir[0] && c->checkpoint_every && c->checkpoint_async)
     p->bytes[MEM_SNAPSHOT] = 3 * sh;
   p->bytes[c->offload ? MEM_OFFLOAD : MEM_PARAMS] += sh;
+  if (image16) p->bytes[MEM_PARAMS] += l->shard_total * 2;
   p->bytes[c->offload ? MEM_OFFLOAD : MEM_GRADS] += sh;
   p->bytes[c->offload ? MEM_OFFLOAD : MEM_OPTIM] += 2 * sh;
   /* one shard under fp32: units are the shard itself; one rank with fp32

@@ -95,27 +95,20 @@ void adamw_destroy(adamw_t *o) {
   free(o);
 }
 
-/* n elements of segment s through the kernel: the one place the update runs
- * (decay differs between segments). */
+/* n elements of segment s through the kernel (bf16-true's chunks; the
+ * fp32 step takes every segment in one adamw_segs). */
 static void adamw_kernel(const adamw_t *o, const adamw_segment_t *s, float *p, const float *g,
                          float *m, float *v, size_t n, float lr) {
   o->be->adamw(p, g, m, v, n, lr, o->hp.beta1, o->hp.beta2, o->hp.eps,
                s->decay ? o->hp.weight_decay : 0.f, o->t);
 }
 
-void adamw_step_buffers(adamw_t *o, float *p, const float *gr, float lr) {
+void adamw_step_buffers(adamw_t *o, float *p, uint16_t *p16, const float *gr, float lr) {
   FSDP_ASSERT(o->m);
   o->t++;
-  if (o->be->adamw_segs) { /* every segment at once (kern.h), the same bits */
-    o->be->adamw_segs(p, gr, o->m, o->v, o->segs, o->nsegs, lr, o->hp.beta1, o->hp.beta2,
-                      o->hp.eps, o->hp.weight_decay, o->t);
-    return;
-  }
-  for (int k = 0; k < o->nsegs; k++) {
-    const adamw_segment_t *s = &o->segs[k];
-    adamw_kernel(o, s, p + s->offset, gr + s->offset, o->m + s->offset, o->v + s->offset,
-                 s->numel, lr);
-  }
+  /* every segment at once (kern.h), each segment's adamw bits */
+  o->be->adamw_segs(p, p16, gr, o->m, o->v, o->segs, o->nsegs, lr, o->hp.beta1, o->hp.beta2,
+                    o->hp.eps, o->hp.weight_decay, o->t);
 }
 
 void adamw_step_bf16(adamw_t *o, uint16_t *p, const uint16_t *gr, float lr) {
@@ -142,7 +135,7 @@ void adamw_step_bf16(adamw_t *o, uint16_t *p, const uint16_t *gr, float lr) {
 }
 
 void adamw_step(adamw_t *o, gpt_t *g, float lr) {
-  adamw_step_buffers(o, gpt_params(g), gpt_grads(g), lr);
+  adamw_step_buffers(o, gpt_params(g), NULL, gpt_grads(g), lr);
 }
 
 int adamw_step_count(const adamw_t *o) { return o->t; }

@@ -49,8 +49,11 @@ int adamw_create_segments_bf16(adamw_t **out, const kern_backend_t *be, size_t n
 void adamw_destroy(adamw_t *o);
 /* One step at learning rate lr on the model's params with its grads. */
 void adamw_step(adamw_t *o, gpt_t *g, float lr);
-/* One step on any device buffers of the optimizer's length. */
-void adamw_step_buffers(adamw_t *o, float *params, const float *grads, float lr);
+/* One step on any device buffers of the optimizer's length; with params16
+ * (or NULL), each stepped parameter's bf16 rounding stored there too (kern.h's
+ * adamw_segs: the runtime's bf16 image of its fp32 master shard). */
+void adamw_step_buffers(adamw_t *o, float *params, uint16_t *params16, const float *grads,
+                        float lr);
 /* One step on bf16 buffers (uint16 storage) of the optimizer's length; the
  * optimizer must have bf16 state. */
 void adamw_step_bf16(adamw_t *o, uint16_t *params, const uint16_t *grads, float lr);

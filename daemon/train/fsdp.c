@@ -63,6 +63,12 @@ struct fsdp {
   /* the shard, in fp32 (fp32, bf16-mixed) or in bf16 (bf16-true): one of each pair */
   float *params;      /* (shard_total) fp32 master shard, or NULL */
   uint16_t *params16; /* (shard_total) bf16 parameter shard, or NULL */
+  /* bf16-mixed: the fp32 master's bf16 rounding, what a gather sends (and,
+   * on one shard, the units' bf16 weights themselves: alias16); AdamW
+   * writes it as it steps the master (kern.h's adamw_segs) */
+  uint16_t *image16;
+  int image_stale; /* the master was written otherwise (init, load, fsdp_state): round it again */
+  int alias16;     /* S = 1 with the image: a unit's bf16 gather is its slice of the image */
   float *grads;       /* (shard_total) fp32 reduced gradient shard, or NULL */
   uint16_t *grads16;  /* (shard_total) bf16 reduced gradient shard, or NULL */
   void *landing;      /* (largest) where a reduce-scatter lands, reduce dtype; NULL when S = 1 */
@@ -112,9 +118,10 @@ static void fsdp_buf_free(const fsdp_t *f, void *p) {
 /* Issues the all-gather of unit k (no-op if gathered or in flight), in bf16
  * when bf16 is set (half the bytes on the wire, and the model computes with
  * bf16 values), else in fp32 (fp32 storage only). Under bf16-true the bf16
- * shard itself is sent; under bf16-mixed the fp32 master is rounded straight
- * into this rank's block of the landing buffer and gathered in place (no
- * bf16 copy of the shard, and the ring does not copy this rank's block). */
+ * shard itself is sent; under bf16-mixed its image (the fp32 master's
+ * rounding, which AdamW keeps: no pass over the master at each gather, two
+ * a step under FULL_SHARD), rounded anew first when the master was written
+ * otherwise; on one shard that slice of the image is the gather. */
 static int fsdp_gather_start(fsdp_t *f, int k, int bf16) {
   if (f->full[k]) return FSDP_OK;
   FSDP_ASSERT(bf16 || f->params);
@@ -125,19 +132,23 @@ static int fsdp_gather_start(fsdp_t *f, int k, int bf16) {
     return FSDP_OK;
   }
   const size_t n = f->layout->units[k].shard_numel, padded = fsdp_padded(f, k);
-  const void *send = f->params16 ? (const void *)(f->params16 + f->shard_off[k])
-                                 : (const void *)(f->params + f->shard_off[k]);
+  const size_t off = f->shard_off[k];
+  const void *send = f->params16 ? (const void *)(f->params16 + off) : (const void *)(f->params + off);
+  if (bf16 && f->image16) { /* bf16-mixed: the master's rounding, up to date */
+    if (f->image_stale) be->f32_to_bf16(f->image16, f->params, f->layout->shard_total);
+    f->image_stale = 0;
+    send = f->image16 + off;
+  }
   f->full[k] = fsdp_buf_alloc(f, MEM_PARAMS_GATHERED, padded * sizeof(float), "gathered unit", 1);
   if (!f->full[k]) return FSDP_ENOMEM;
+  if (bf16 && f->alias16) { /* one shard: the image is the unit's bf16 weights */
+    f->recv16[k] = f->image16 + off;
+    return FSDP_OK;
+  }
   if (bf16) {
     f->recv16[k] =
         fsdp_buf_alloc(f, MEM_PARAMS_GATHERED, padded * sizeof(uint16_t), "bf16 gathered unit", 1);
     if (!f->recv16[k]) return FSDP_ENOMEM;
-    if (!f->params16) { /* bf16-mixed: the fp32 master rounded for compute (nearest-even) */
-      uint16_t *mine = f->recv16[k] + (size_t)f->shard_rank * n;
-      be->f32_to_bf16(mine, send, n);
-      send = mine;
-    }
   }
   void *recv = bf16 ? (void *)f->recv16[k] : (void *)f->full[k];
   if (f->shards == 1) { /* NO_SHARD: the shard is the unit */
@@ -151,7 +162,8 @@ static int fsdp_gather_start(fsdp_t *f, int k, int bf16) {
 
 /* Waits for unit k's gather; a bf16 gather is widened to fp32 for the
  * model, and with keep (the model's gathers under keep16) kept beside it as
- * full16 until the unit is freed, else freed. */
+ * full16 until the unit is freed, else freed (not the image's slice under
+ * alias16: the image lives on). */
 static int fsdp_gather_wait(fsdp_t *f, int k, int keep) {
   int rc = FSDP_OK;
   if (f->gather_req[k]) {
@@ -162,7 +174,7 @@ static int fsdp_gather_wait(fsdp_t *f, int k, int keep) {
     if (!rc) f->be->bf16_to_f32(f->full[k], f->recv16[k], fsdp_padded(f, k));
     FSDP_ASSERT(!f->full16[k]); /* a unit lands once between its frees */
     if (!rc && keep) f->full16[k] = f->recv16[k];
-    else fsdp_buf_free(f, f->recv16[k]);
+    else if (!f->alias16) fsdp_buf_free(f, f->recv16[k]);
     f->recv16[k] = NULL;
   }
   return rc ? err_wrap(rc, "gathering unit %d", k) : FSDP_OK;
@@ -172,7 +184,7 @@ static void fsdp_free_unit(fsdp_t *f, int k) {
   if (!f->full[k]) return;
   FSDP_ASSERT(!f->gather_req[k]);
   if (!f->alias_params) fsdp_buf_free(f, f->full[k]);
-  fsdp_buf_free(f, f->full16[k]);
+  if (!f->alias16) fsdp_buf_free(f, f->full16[k]);
   f->full[k] = NULL;
   f->full16[k] = NULL;
   f->gathered--;
@@ -353,6 +365,7 @@ static int fsdp_grads_done_cb(void *ctx, int mu) {
  * (rounded to bf16 under bf16-true). */
 static void fsdp_stage_store(fsdp_t *f, size_t off, size_t c) {
   const kern_backend_t *be = f->be;
+  f->image_stale = 1;
   if (!f->params16) {
     be->copy_h2d(f->params + off, f->stage, c * sizeof(float));
     return;
@@ -491,8 +504,12 @@ static int fsdp_alloc_state(fsdp_t *f) {
     f->params = params;
     f->grads = grads;
   }
+  if (f->gather_bf16 && !f->bf16_storage) /* bf16-mixed */
+    f->image16 = fsdp_buf_alloc(f, MEM_PARAMS, n * sizeof(uint16_t), "parameter shard's bf16 image", 0);
+  f->image_stale = 1;
+  f->alias16 = f->image16 && f->shards == 1;
   int ok = f->stage && params && grads && (f->shards == 1 || f->landing) &&
-           (!f->bf16_storage || f->chunk32);
+           (!f->bf16_storage || f->chunk32) && (!f->gather_bf16 || f->bf16_storage || f->image16);
   return ok ? FSDP_OK : FSDP_ENOMEM;
 }
 
@@ -580,6 +597,7 @@ void fsdp_destroy(fsdp_t *f) {
   adamw_destroy(f->opt);
   fsdp_buf_free(f, f->params);
   fsdp_buf_free(f, f->params16);
+  fsdp_buf_free(f, f->image16);
   mem_dev_free(f->be, f->grads);
   mem_dev_free(f->be, f->grads16);
   mem_dev_free(f->be, f->chunk32);
@@ -610,6 +628,7 @@ void fsdp_state(fsdp_t *f, fsdp_state_t *st) {
   st->elem_bytes = f->bf16_storage ? sizeof(uint16_t) : sizeof(float);
   st->params = f->params16 ? (void *)f->params16 : (void *)f->params;
   st->opt = f->opt;
+  f->image_stale = 1; /* the caller may write the shard (a checkpoint's load) */
 }
 
 void fsdp_defer_reduce(fsdp_t *f, int defer) { f->defer_reduce = defer; }
@@ -686,7 +705,13 @@ int fsdp_step(fsdp_t *f, float lr, float clip, float *norm) {
                    "it was not applied", isnan(n) ? "NaN" : "infinite");
   if (clip > 0 && n > clip) fsdp_grad_scale(f, (float)(clip / (n + 1e-6)));
   if (f->bf16_storage) adamw_step_bf16(f->opt, f->params16, f->grads16, lr); /* rounds: p, m, v */
-  else adamw_step_buffers(f->opt, f->params, f->grads, lr);
+  else {
+    /* no unit is gathered here (backward freed them): under alias16 a kept
+     * unit's bf16 weights would change beneath its fp32 ones */
+    FSDP_ASSERT(!f->gathered);
+    adamw_step_buffers(f->opt, f->params, f->image16, f->grads, lr); /* the image: each p's rounding */
+    f->image_stale = 0;
+  }
   return FSDP_OK;
 }
 

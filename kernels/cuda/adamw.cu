@@ -35,7 +35,9 @@ extern "C" void kern_cuda_adamw(float *p, const float *g, float *m, float *v, si
  * over the bounds (the threads of a warp take neighbouring elements, so
  * mostly the same reads) and takes kern_adamw_elem with its decay: the
  * bits of adamw on each segment alone; an element between segments (the
- * units' padding) is left alone. */
+ * units' padding) is left alone. With p16, its new value rounded to bf16 is
+ * stored there too: 2 bytes an element more than the 28 the step moves,
+ * where the runtime's gathers would each read 4 and write 2 to round it. */
 #define ADAMW_SEGS 256
 typedef struct {
   int n;
@@ -43,9 +45,10 @@ typedef struct {
   uint32_t decay[ADAMW_SEGS / 32];
 } adamw_segs_t;
 
-__global__ static void adamw_segs_kernel(float *p, const float *g, float *m, float *v, size_t span,
-                                         adamw_segs_t s, float lr, float beta1, float beta2,
-                                         float eps, float wd, float bc1, float bc2_sqrt) {
+__global__ static void adamw_segs_kernel(float *p, uint16_t *p16, const float *g, float *m,
+                                         float *v, size_t span, adamw_segs_t s, float lr,
+                                         float beta1, float beta2, float eps, float wd, float bc1,
+                                         float bc2_sqrt) {
   KERN_CUDA_FOR(i, span) {
     int lo = 0, hi = s.n - 1; /* the last segment that starts at or before i */
     while (lo < hi) {
@@ -56,10 +59,11 @@ __global__ static void adamw_segs_kernel(float *p, const float *g, float *m, flo
     if (i < s.start[lo] || i >= s.end[lo]) continue;
     const float w = s.decay[lo / 32] >> (lo % 32) & 1u ? wd : 0.0f;
     kern_adamw_elem(p + i, g[i], m + i, v + i, lr, beta1, beta2, eps, w, bc1, bc2_sqrt);
+    if (p16) p16[i] = kern_f32_to_bf16(p[i]);
   }
 }
 
-extern "C" void kern_cuda_adamw_segs(float *p, const float *g, float *m, float *v,
+extern "C" void kern_cuda_adamw_segs(float *p, uint16_t *p16, const float *g, float *m, float *v,
                                      const kern_seg_t *seg, int nseg, float lr, float beta1,
                                      float beta2, float eps, float wd, int t) {
   const float bc1 = (float)(1.0 - pow((double)beta1, (double)t));
@@ -81,13 +85,15 @@ extern "C" void kern_cuda_adamw_segs(float *p, const float *g, float *m, float *
     if (!s.n && k < nseg && seg[k].offset == base) { /* one segment past 32 bits: alone */
       kern_cuda_adamw(p + base, g + base, m + base, v + base, seg[k].numel, lr, beta1, beta2, eps,
                       seg[k].decay ? wd : 0.0f, t);
+      if (p16) kern_cuda_f32_to_bf16(p16 + base, p + base, seg[k].numel);
       k++;
       continue;
     }
     if (!s.n) continue;
     const size_t span = s.end[s.n - 1];
     adamw_segs_kernel<<<kern_cuda_blocks(span, KERN_CUDA_THREADS), KERN_CUDA_THREADS, 0,
-                        kern_cuda_st.stream>>>(p + base, g + base, m + base, v + base, span, s, lr,
+                        kern_cuda_st.stream>>>(p + base, p16 ? p16 + base : NULL, g + base, m + base,
+                                               v + base, span, s, lr,
                                                beta1, beta2, eps, wd, bc1, bc2_sqrt);
     KERN_CUDA_LAUNCHED();
   }

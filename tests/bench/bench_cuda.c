@@ -414,8 +414,7 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
   snprintf(sh, sizeof sh, "n=%zu", P);
   OPS_TIME("adamw", sh, 0, K->adamw(pp, pg, pm, pv, P, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1));
   { /* AdamW as the runtime runs it (adamw.c): a segment a tensor, in one
-     * launch (kern.h's adamw_segs) where the table offers it, else a
-     * launch a tensor (timed either way, for comparison) */
+     * launch (kern.h's adamw_segs), and a launch a tensor for comparison */
     gpt_t *sg = NULL;
     if (gpt_create_shell(&sg, g, K)) return 1;
     const int nt = gpt_num_tensors(sg);
@@ -426,15 +425,22 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
       segs[k] = (kern_seg_t){t->offset, t->numel, t->decay};
     }
     snprintf(sh, sizeof sh, "n=%zu,tensors=%d", P, nt);
-    OPS_TIME("adamw(a launch a tensor)", sh, !K->adamw_segs, {
+    OPS_TIME("adamw(a launch a tensor)", sh, 0, {
       for (int k = 0; k < nt; k++)
         K->adamw(pp + segs[k].offset, pg + segs[k].offset, pm + segs[k].offset,
                  pv + segs[k].offset, segs[k].numel, 1e-4f, 0.9f, 0.95f, 1e-8f,
                  segs[k].decay ? 0.1f : 0.0f, 1);
     });
-    if (K->adamw_segs)
-      OPS_TIME("adamw_segs", sh, 1,
-               K->adamw_segs(pp, pg, pm, pv, segs, nt, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1));
+    /* bf16-mixed steps with the master's bf16 image (fsdp.c's image16),
+     * which the gathers rounded the master for before (twice a step under
+     * FULL_SHARD) */
+    uint16_t *p16 = (uint16_t *)ops_buf(P / 2 + 1);
+    OPS_TIME("adamw_segs", sh, 0,
+             K->adamw_segs(pp, NULL, pg, pm, pv, segs, nt, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1));
+    OPS_TIME("adamw_segs(bf16 image)", sh, 1,
+             K->adamw_segs(pp, p16, pg, pm, pv, segs, nt, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1));
+    OPS_TIME("f32_to_bf16(the master, once)", sh, 0, K->f32_to_bf16(p16, pp, P));
+    K->dev_free(p16);
     free(segs);
     gpt_destroy(sg);
   }

@@ -1553,11 +1553,13 @@ static void test_adamw(size_t n, int t) {
 /* adamw_segs (kern.h): nseg segments of random lengths (some empty, some
  * of one element), gaps of random lengths between them (0 included), random
  * decay, each segment's elements against the CPU's adamw on that segment
- * alone (wd or 0), bit for bit, and the gaps' elements untouched; on the
- * emulator, one launch for every 256 segments that hold elements. */
-static void test_adamw_segs(int nseg, int t) {
+ * alone (wd or 0), bit for bit, and the gaps' elements untouched; with16,
+ * the bf16 image: each stepped element the CPU's f32_to_bf16 of its new p,
+ * the gaps' random bits untouched; on the emulator, one launch for every
+ * 256 segments that hold elements. */
+static void test_adamw_segs(int nseg, int t, int with16) {
   char shape[64];
-  snprintf(shape, sizeof shape, "segments=%d t=%d", nseg, t);
+  snprintf(shape, sizeof shape, "segments=%d t=%d p16=%d", nseg, t, with16);
   kern_seg_t *seg = xmalloc((size_t)nseg * sizeof *seg);
   size_t n = 0;
   int full = 0;
@@ -1571,15 +1573,19 @@ static void test_adamw_segs(int nseg, int t) {
   float *p = frand(n, -0.1f, 0.1f), *g = frand(n, -1e-2f, 1e-2f), *m = frand(n, -1e-3f, 1e-3f),
         *v = frand(n, 0, 1e-5f);
   float *dp = dput(p, n * 4), *dg = dput(g, n * 4), *dm = dput(m, n * 4), *dv = dput(v, n * 4);
+  uint16_t *p16 = xmalloc(n * 2), *got16 = xmalloc(n * 2);
+  for (size_t i = 0; i < n; i++) p16[i] = (uint16_t)rand_below(65536);
+  uint16_t *dp16 = with16 ? dput(p16, n * 2) : NULL;
   for (int k = 0; k < nseg; k++) {
     const size_t o = seg[k].offset;
     cpu->adamw(p + o, g + o, m + o, v + o, seg[k].numel, 6e-4f, 0.9f, 0.95f, 1e-8f,
                seg[k].decay ? 0.1f : 0.0f, t);
+    cpu->f32_to_bf16(p16 + o, p + o, seg[k].numel);
   }
 #ifdef KERN_CUDA_EMU
   const unsigned long l0 = cuda_emu_launches("adamw_segs_kernel");
 #endif
-  gpu->adamw_segs(dp, dg, dm, dv, seg, nseg, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+  gpu->adamw_segs(dp, dp16, dg, dm, dv, seg, nseg, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
 #ifdef KERN_CUDA_EMU
   const unsigned long launches = cuda_emu_launches("adamw_segs_kernel") - l0;
   report("adamw_segs", "launches", shape, (double)launches, (double)((full + 255) / 256), "=", -1,
@@ -1588,8 +1594,13 @@ static void test_adamw_segs(int nseg, int t) {
   check_dev_bits("adamw_segs", "p", shape, dp, p, n);
   check_dev_bits("adamw_segs", "m", shape, dm, m, n);
   check_dev_bits("adamw_segs", "v", shape, dv, v, n);
+  if (with16) {
+    gpu->copy_d2h(got16, dp16, n * 2);
+    check_bits_u16("adamw_segs", "p16=bf16(p), gaps kept", shape, got16, p16, n);
+    gpu->dev_free(dp16);
+  }
   gpu->dev_free(dp), gpu->dev_free(dg), gpu->dev_free(dm), gpu->dev_free(dv);
-  free(p), free(g), free(m), free(v), free(seg);
+  free(p), free(g), free(m), free(v), free(seg), free(p16), free(got16);
 }
 
 static void test_cast(size_t n) {
@@ -2333,8 +2344,9 @@ int main(void) {
 
   test_adamw(13, 1);
   test_adamw(((size_t)1 << 20) + 3, 7);
-  test_adamw_segs(3, 1);
-  test_adamw_segs(600, 5); /* three launches' worth */
+  test_adamw_segs(3, 1, 0);
+  test_adamw_segs(3, 2, 1);
+  test_adamw_segs(600, 5, 1); /* three launches' worth */
 
   test_cast(13);
   test_cast(1000003);

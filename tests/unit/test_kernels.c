@@ -838,6 +838,42 @@ Test(kernels, adamw) {
   }
 }
 
+/* adamw_segs: random segments (empty ones, gaps between them, random decay)
+ * against adamw on each segment alone, bit for bit; the bf16 image each new
+ * p's f32_to_bf16; every element in no segment (p, m, v and the image)
+ * untouched; without an image, the same p, m and v. */
+Test(kernels, adamw_segs) {
+  enum { NSEG = 40 };
+  kern_seg_t seg[NSEG];
+  size_t n = 0;
+  for (int k = 0; k < NSEG; k++) {
+    n += tu_rand_u64(&rng) % 3 ? 0 : tu_rand_u64(&rng) % 7; /* a gap */
+    const size_t len = tu_rand_u64(&rng) % 6 ? 1 + tu_rand_u64(&rng) % 200 : tu_rand_u64(&rng) % 2;
+    seg[k] = (kern_seg_t){n, len, (int)(tu_rand_u64(&rng) % 2)};
+    n += len;
+  }
+  n += 3;
+  float *p = frand(n, -1, 1), *g = frand(n, -1, 1), *m = frand(n, -0.1f, 0.1f), *v = frand(n, 0, 0.01f);
+  float *rp = fnew(n), *rm = fnew(n), *rv = fnew(n), *p2 = fnew(n), *m2 = fnew(n), *v2 = fnew(n);
+  memcpy(rp, p, n * 4), memcpy(rm, m, n * 4), memcpy(rv, v, n * 4);
+  memcpy(p2, p, n * 4), memcpy(m2, m, n * 4), memcpy(v2, v, n * 4);
+  uint16_t *p16 = tnew(n * 2), *r16 = tnew(n * 2);
+  for (size_t i = 0; i < n; i++) p16[i] = r16[i] = (uint16_t)tu_rand_u64(&rng);
+  for (int k = 0; k < NSEG; k++) {
+    const size_t o = seg[k].offset;
+    K->adamw(rp + o, g + o, rm + o, rv + o, seg[k].numel, 1e-2f, 0.9f, 0.95f, 1e-8f,
+             seg[k].decay ? 0.1f : 0.0f, 3);
+    K->f32_to_bf16(r16 + o, rp + o, seg[k].numel);
+  }
+  K->adamw_segs(p, p16, g, m, v, seg, NSEG, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 3);
+  K->adamw_segs(p2, NULL, g, m2, v2, seg, NSEG, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 3);
+  cr_expect(!memcmp(p, rp, n * 4) && !memcmp(m, rm, n * 4) && !memcmp(v, rv, n * 4),
+            "adamw_segs: p, m, v are adamw's a segment at a time (gaps untouched)");
+  cr_expect(!memcmp(p16, r16, n * 2), "adamw_segs: the image is f32_to_bf16 of each new p, gaps kept");
+  cr_expect(!memcmp(p2, rp, n * 4) && !memcmp(m2, rm, n * 4) && !memcmp(v2, rv, n * 4),
+            "adamw_segs without an image: the same p, m, v");
+}
+
 /* ---- casts ------------------------------------------------------------------ */
 
 static int bf16_is_nan(uint16_t h) { return (h & 0x7f80) == 0x7f80 && (h & 0x7f); }

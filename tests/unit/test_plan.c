@@ -276,6 +276,13 @@ Test(plan, equals_what_sharded_ranks_allocate_in_every_mode, .timeout = 300) {
   config_t c = sharded(data, "FULL_SHARD", "");
   cr_assert_eq(config_set(&c, "precision", "bf16-mixed"), 0);
   plan_world(&c, 2);
+  /* one shard: the units' bf16 weights are the master's image (alias16) */
+  c = sharded(data, "NO_SHARD", "");
+  cr_assert_eq(config_set(&c, "precision", "bf16-mixed"), 0);
+  plan_world(&c, 2);
+  c = sharded(data, "FULL_SHARD", "1");
+  cr_assert_eq(config_set(&c, "precision", "bf16-mixed"), 0);
+  plan_world(&c, 1);
   c = sharded(data, "FULL_SHARD", "");
   c.grad_accum = 2;
   c.keep_unsharded_grads = 1;
@@ -667,30 +674,41 @@ Test(plan, a_cuda_job_with_attention_by_products_plans_the_probabilities) { cuda
 
 /* A bf16 cuda job keeps each gathered unit's bf16 gather beside the
  * widened unit for its products (kern.h's weights16, fsdp.c's keep16): 6
- * bytes an element of every unit held, not 4. Under NO_SHARD every unit
- * stays, so the peak is the forward's last block landing (4 + 2 bytes an
- * element either way) beside all the units before it: 6 bytes an element of
- * every unit kept, else 4 of those before the block and 6 of the block.
- * FSDP_CUDA_WEIGHTS_PACK=1 (the products pack the fp32 weights) keeps
- * none; a cpu job's products are fp32: none. The sizes from the layout. */
+ * bytes an element of every unit held, not 4. Under SHARD_GRAD_OP on 2
+ * ranks every unit stays, so the peak is the forward's last block landing
+ * (4 + 2 bytes an element either way) beside all the units before it: 6
+ * bytes an element of every unit kept, else 4 of those before the block and
+ * 6 of the block. FSDP_CUDA_WEIGHTS_PACK=1 (the products pack the fp32
+ * weights) keeps none; a cpu job's products are fp32: none. On one shard
+ * (NO_SHARD) a bf16-mixed unit's bf16 weights are its slice of the master's
+ * bf16 image (fsdp.c's alias16): 4 bytes an element of every unit, whether
+ * the products read them or not, and the image's 2 bytes an element in
+ * params beside the master's 4. The sizes from the layout. */
 static void gathered_check(const char *device, int kept) {
   char *data = tu_token_file("tokens.bin", 20000, 3, 256);
-  config_t c = job(data, 0);
-  cr_assert_eq(config_set(&c, "device", device), 0);
-  cr_assert_eq(config_set(&c, "precision", "bf16-mixed"), 0);
-  cr_assert_eq(config_set(&c, "strategy", "NO_SHARD"), 0, "%s", err_msg());
-  cr_assert_eq(config_finish(&c), 0, "%s", err_msg());
-  plan_t p;
-  cr_assert_eq(plan_job(&c, 1, &p), 0, "%s", err_msg());
-  shard_layout_t *l;
-  cr_assert_eq(shard_layout_create(&l, &c.gpt, 1, (size_t)c.min_params), 0);
-  size_t all = 0;
-  for (int k = 0; k < l->num_units; k++) all += l->units[k].shard_numel;
-  const size_t last = l->units[l->unit_of[c.gpt.layers]].shard_numel;
-  shard_layout_destroy(l);
-  const size_t want = kept ? 6 * all : 4 * (all - last) + 6 * last;
-  cr_assert_eq(p.bytes[MEM_PARAMS_GATHERED], want, "%s: %zu bytes gathered, not %zu (%s)", device,
-               p.bytes[MEM_PARAMS_GATHERED], want, kept ? "the bf16 gathers kept" : "none kept");
+  for (int S = 1; S <= 2; S++) {
+    config_t c = job(data, 0);
+    cr_assert_eq(config_set(&c, "device", device), 0);
+    cr_assert_eq(config_set(&c, "precision", "bf16-mixed"), 0);
+    cr_assert_eq(config_set(&c, "strategy", S == 1 ? "NO_SHARD" : "SHARD_GRAD_OP"), 0, "%s", err_msg());
+    cr_assert_eq(config_finish(&c), 0, "%s", err_msg());
+    plan_t p;
+    cr_assert_eq(plan_job(&c, S, &p), 0, "%s", err_msg());
+    shard_layout_t *l;
+    cr_assert_eq(shard_layout_create(&l, &c.gpt, S, (size_t)c.min_params), 0);
+    size_t all = 0;
+    for (int k = 0; k < l->num_units; k++) all += l->units[k].shard_numel * (size_t)S;
+    const size_t last = l->units[l->unit_of[c.gpt.layers]].shard_numel * (size_t)S;
+    const size_t total = l->shard_total;
+    shard_layout_destroy(l);
+    const size_t want = S == 1 ? 4 * all : kept ? 6 * all : 4 * (all - last) + 6 * last;
+    cr_assert_eq(p.bytes[MEM_PARAMS_GATHERED], want, "%s S=%d: %zu bytes gathered, not %zu (%s)",
+                 device, S, p.bytes[MEM_PARAMS_GATHERED], want,
+                 S == 1 ? "the image's slices" : kept ? "the bf16 gathers kept" : "none kept");
+    cr_assert_eq(p.bytes[MEM_PARAMS], 6 * total, "%s S=%d: params %zu bytes, not the master and "
+                 "its bf16 image (6 bytes an element of the shard's %zu)", device, S,
+                 p.bytes[MEM_PARAMS], total);
+  }
   free(data);
 }
 
