@@ -160,6 +160,8 @@ static int fsdp_gather_start(fsdp_t *f, int k, int bf16) {
   return rc ? err_wrap(rc, "gathering unit %d", k) : FSDP_OK;
 }
 
+static void fsdp_free_unit(fsdp_t *f, int k);
+
 /* Waits for unit k's gather; a bf16 gather is widened to fp32 for the
  * model, and with keep (the model's gathers under keep16) kept beside it as
  * full16 until the unit is freed, else freed (not the image's slice under
@@ -177,7 +179,9 @@ static int fsdp_gather_wait(fsdp_t *f, int k, int keep) {
     else if (!f->alias16) fsdp_buf_free(f, f->recv16[k]);
     f->recv16[k] = NULL;
   }
-  return rc ? err_wrap(rc, "gathering unit %d", k) : FSDP_OK;
+  if (!rc) return FSDP_OK;
+  fsdp_free_unit(f, k); /* nothing landed: not gathered (a later use gathers it again) */
+  return err_wrap(rc, "gathering unit %d", k);
 }
 
 static void fsdp_free_unit(fsdp_t *f, int k) {

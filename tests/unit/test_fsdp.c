@@ -10,6 +10,7 @@
  * is bounded by its timeout and by the communicators' own (10 s). */
 #include <criterion/criterion.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -662,13 +663,16 @@ typedef struct {
   int rc;
 } fail_req_t;
 static int fail_from, fail_seen;
+static int gather_fail, gathers; /* the all-gather that fails (1-based; 0: none), and the count */
 
 static int fail_supports(comm_op_t op, comm_dtype_t dt) { return (void)op, (void)dt, 1; }
 static int fail_issue(comm_t *c, const comm_args_t *a, comm_req_t **out) {
   fail_req_t *q = calloc(1, sizeof *q);
   q->base.be = c->be;
   const size_t e = comm_dtype_size(a->dtype);
-  if (a->op == COMM_OP_ALL_GATHER)
+  if (a->op == COMM_OP_ALL_GATHER && ++gathers == gather_fail)
+    q->rc = err_set(FSDP_EPEER, "group 'shard': rank 1 failed (a test's failing backend)");
+  else if (a->op == COMM_OP_ALL_GATHER)
     for (int r = 0; r < 2; r++) memcpy((char *)a->recv + r * a->count * e, a->send, a->count * e);
   else if (a->op == COMM_OP_REDUCE_SCATTER && ++fail_seen >= fail_from)
     q->rc = err_set(FSDP_EPEER, "group 'shard': rank 1 failed (a test's failing backend)");
@@ -721,6 +725,46 @@ static void reduction_failure_is_returned(int in_step) {
   cr_assert(strstr(err_msg(), "unit 0") && strstr(err_msg(), "rank 1"), "%s", err_msg());
   fsdp_destroy(f);
   comm_destroy(sc);
+}
+
+/* A failed all-gather fails the forward that waits for it, naming the unit,
+ * and leaves the unit ungathered: the next forward (the backend healed)
+ * gathers it again and computes what a runtime that never failed computes,
+ * bit for bit, in fp32 and in bf16-mixed. */
+static void gather_failure_is_returned(precision_t prec) {
+  gpt_config_t c = cfg();
+  float want = NAN, got = NAN, l = NAN;
+  int32_t in[BG * T], tg[BG * T];
+  batch(0, 0, BG / 2, in, tg);
+  for (int fail = 0; fail < 2; fail++) {
+    comm_t *sc = calloc(1, sizeof *sc);
+    sc->be = &fail_backend, sc->rank = 0, sc->size = 2;
+    snprintf(sc->name, sizeof sc->name, "shard");
+    fsdp_opts_t o = {.be = kern_cpu(), .mesh = {1, 2, SHARD_FULL_SHARD}, .shard_comm = sc,
+                     .seed = SEED, .hp = HP, .precision = prec};
+    fsdp_t *f;
+    cr_assert_eq(fsdp_create(&f, &c, &o), 0, "%s", err_msg());
+    gathers = 0, gather_fail = fail ? 3 : 0; /* unit 2's (forward: 0, 1, then 2 prefetched) */
+    fail_seen = 0, fail_from = INT_MAX;
+    if (fail) {
+      cr_assert_eq(gpt_forward(fsdp_model(f), in, tg, BG / 2, T, &l), FSDP_EPEER);
+      cr_assert(strstr(err_msg(), "gathering unit 2") && strstr(err_msg(), "rank 1"), "%s",
+                err_msg());
+    }
+    gather_fail = 0;
+    cr_assert_eq(gpt_forward(fsdp_model(f), in, tg, BG / 2, T, &l), 0, "%s", err_msg());
+    cr_assert_eq(fsdp_reshard(f), 0, "%s", err_msg());
+    *(fail ? &got : &want) = l;
+    fsdp_destroy(f);
+    comm_destroy(sc);
+  }
+  cr_expect(!memcmp(&got, &want, sizeof got), "%s: after a failed gather the loss is %.9g, "
+            "without one %.9g", precision_name(prec), got, want);
+}
+
+Test(fsdp, a_failed_gather_fails_the_forward_and_is_gathered_again) {
+  gather_failure_is_returned(PRECISION_FP32);
+  gather_failure_is_returned(PRECISION_BF16_MIXED);
 }
 
 Test(fsdp, a_failed_reduction_fails_reshard) { reduction_failure_is_returned(0); }
