@@ -47,6 +47,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -429,6 +430,16 @@ static size_t emu_allocated; /* live device memory plus what pools hold idle */
 static std::map<std::string, unsigned long> emu_launches; /* by the name at the launch */
 static std::map<std::string, unsigned long> emu_waits;    /* the host-blocking calls, by name */
 
+/* CUDA_EMU_LAUNCH_REPORT=1: every kernel's launches, by name, on stderr at
+ * exit ("cuda_emu: launches N name"), most first: which kernels a run (a
+ * step: two runs' difference) launches, on a machine without a GPU. */
+static void emu_launch_report(void) {
+  std::lock_guard<std::mutex> g(emu_mu);
+  std::multimap<unsigned long, std::string, std::greater<unsigned long>> by;
+  for (const auto &e : emu_launches) by.emplace(e.second, e.first);
+  for (const auto &e : by) fprintf(stderr, "cuda_emu: launches %lu %s\n", e.first, e.second.c_str());
+}
+
 /* A stream-ordered memory pool (cudaMemPoolCreate; cudaMallocAsync's is
  * emu_default_pool): the sizes of the blocks freed into it and not yet
  * released, which count as allocated device memory (emu_allocated) as a
@@ -539,6 +550,7 @@ void emu::launch(const cfg &c, const void *kernel, const char *name, std::functi
   }
   {
     std::lock_guard<std::mutex> g(emu_mu);
+    if (emu_launches.empty() && getenv("CUDA_EMU_LAUNCH_REPORT")) atexit(emu_launch_report);
     emu_launches[name]++;
   }
   emu::enqueue(c.stream, [grid]() {
