@@ -288,7 +288,7 @@ static int plan_runtime(const config_t *c, int world, plan_t *p) {
    * shard group when R = 1 and the replica group when S = 1; a HYBRID
    * mesh's shard and replica groups besides: comm_boot_connect) and the
    * reduce-scatter landing when S > 1 (reduce dtype; a bf16-mixed gather
-   * sends from its own landing buffer, counted above) */
+   * sends from the master's bf16 image, counted in params above) */
   size_t comm = m.shards > 1 ? e * largest : 0;
   if (world > 1) comm += dev->comm_bytes(world);
   if (m.shards > 1 && m.replicas > 1)
@@ -439,8 +439,10 @@ int plan_fits(const plan_t *p, const config_t *c, size_t limit, const char *what
       snprintf(advice, sizeof advice, "lower batch (now %d) or seq_len (now %d) and raise "
                "grad_accum to keep the tokens per step", c->batch, c->seq_len);
     else
-      snprintf(advice, sizeof advice, "parameters, gradients and AdamW state take 16 bytes per "
-               "parameter: choose a smaller model, or shard it over more ranks");
+      snprintf(advice, sizeof advice, "parameters, gradients and AdamW state take %s per "
+               "parameter of the shard: choose a smaller model, or shard it over more ranks",
+               !strcmp(c->precision, "bf16-true") ? "8 bytes" : !strcmp(c->precision, "bf16-mixed")
+               ? "18 bytes (16 and the weights' bf16 image)" : "16 bytes");
   }
   return err_set(FSDP_ENOMEM, "memory: the job needs %.0f MiB per rank but %.0f MiB is available "
                  "(%s); %s takes the most (%.0f MiB); %s", MIB(p->total), MIB(limit), what,

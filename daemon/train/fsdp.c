@@ -115,6 +115,21 @@ static void fsdp_buf_free(const fsdp_t *f, void *p) {
   else mem_dev_free(f->be, p);
 }
 
+static void fsdp_free_unit(fsdp_t *f, int k);
+
+static void fsdp_gathered_one(fsdp_t *f) {
+  if (++f->gathered > f->max_gathered) f->max_gathered = f->gathered;
+}
+
+/* A gather that failed to start or to land: its buffers go and the unit is
+ * not gathered, so its next use gathers it again (never hands the model a
+ * buffer nothing landed in). */
+static void fsdp_gather_undo(fsdp_t *f, int k) {
+  if (f->recv16[k] && !f->alias16) fsdp_buf_free(f, f->recv16[k]);
+  f->recv16[k] = NULL;
+  fsdp_free_unit(f, k);
+}
+
 /* Issues the all-gather of unit k (no-op if gathered or in flight), in bf16
  * when bf16 is set (half the bytes on the wire, and the model computes with
  * bf16 values), else in fp32 (fp32 storage only). Under bf16-true the bf16
@@ -126,9 +141,9 @@ static int fsdp_gather_start(fsdp_t *f, int k, int bf16) {
   if (f->full[k]) return FSDP_OK;
   FSDP_ASSERT(bf16 || f->params);
   const kern_backend_t *be = f->be;
-  if (++f->gathered > f->max_gathered) f->max_gathered = f->gathered;
   if (f->alias_params) { /* one shard under fp32: it is the unit */
     f->full[k] = f->params + f->shard_off[k];
+    fsdp_gathered_one(f);
     return FSDP_OK;
   }
   const size_t n = f->layout->units[k].shard_numel, padded = fsdp_padded(f, k);
@@ -141,26 +156,27 @@ static int fsdp_gather_start(fsdp_t *f, int k, int bf16) {
   }
   f->full[k] = fsdp_buf_alloc(f, MEM_PARAMS_GATHERED, padded * sizeof(float), "gathered unit", 1);
   if (!f->full[k]) return FSDP_ENOMEM;
+  fsdp_gathered_one(f);
   if (bf16 && f->alias16) { /* one shard: the image is the unit's bf16 weights */
     f->recv16[k] = f->image16 + off;
     return FSDP_OK;
   }
-  if (bf16) {
-    f->recv16[k] =
-        fsdp_buf_alloc(f, MEM_PARAMS_GATHERED, padded * sizeof(uint16_t), "bf16 gathered unit", 1);
-    if (!f->recv16[k]) return FSDP_ENOMEM;
-  }
+  int rc = FSDP_OK;
+  if (bf16 &&
+      !(f->recv16[k] = fsdp_buf_alloc(f, MEM_PARAMS_GATHERED, padded * sizeof(uint16_t),
+                                      "bf16 gathered unit", 1)))
+    rc = FSDP_ENOMEM;
   void *recv = bf16 ? (void *)f->recv16[k] : (void *)f->full[k];
-  if (f->shards == 1) { /* NO_SHARD: the shard is the unit */
+  if (!rc && f->shards == 1) { /* NO_SHARD: the shard is the unit */
     if (send != recv) be->copy_d2d(recv, send, n * (bf16 ? sizeof(uint16_t) : sizeof(float)));
     return FSDP_OK;
   }
-  int rc = comm_iall_gather(f->opts.shard_comm, send, recv, n, bf16 ? COMM_BF16 : COMM_F32,
-                            &f->gather_req[k]);
-  return rc ? err_wrap(rc, "gathering unit %d", k) : FSDP_OK;
+  if (!rc && (rc = comm_iall_gather(f->opts.shard_comm, send, recv, n,
+                                    bf16 ? COMM_BF16 : COMM_F32, &f->gather_req[k])))
+    rc = err_wrap(rc, "gathering unit %d", k);
+  if (rc) fsdp_gather_undo(f, k); /* nothing is in flight: not gathered */
+  return rc;
 }
-
-static void fsdp_free_unit(fsdp_t *f, int k);
 
 /* Waits for unit k's gather; a bf16 gather is widened to fp32 for the
  * model, and with keep (the model's gathers under keep16) kept beside it as
@@ -180,7 +196,7 @@ static int fsdp_gather_wait(fsdp_t *f, int k, int keep) {
     f->recv16[k] = NULL;
   }
   if (!rc) return FSDP_OK;
-  fsdp_free_unit(f, k); /* nothing landed: not gathered (a later use gathers it again) */
+  fsdp_free_unit(f, k); /* nothing landed: not gathered */
   return err_wrap(rc, "gathering unit %d", k);
 }
 

@@ -102,7 +102,10 @@ int fsdp_shard_rank(const fsdp_t *f);
 /* The rank's training state, what a checkpoint saves and restores (device
  * pointers): the layout and this rank's place in it, the parameter shard
  * (shard_total elements of elem_bytes: fp32, or bf16 under bf16-true) and the
- * optimizer (its m, v and step count: adamw.h). */
+ * optimizer (its m, v and step count: adamw.h). The caller may write the
+ * shard until the next gather: under bf16-mixed the runtime rounds its bf16
+ * image of the shard anew before then (one pass over the shard, also after
+ * a call that only read it: a checkpoint's save). */
 typedef struct fsdp_state {
   const kern_backend_t *be; /* the device the buffers are on */
   const shard_layout_t *layout;

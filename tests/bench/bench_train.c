@@ -205,6 +205,13 @@ static void w_adamw(float *p, const float *g, float *m, float *v, size_t n, floa
   prof_base->adamw(p, g, m, v, n, lr, beta1, beta2, eps, wd, t);
   prof_add(P_ADAMW, t0, 0);
 }
+static void w_adamw_segs(float *p, uint16_t *p16, const float *g, float *m, float *v,
+                         const kern_seg_t *seg, int nseg, float lr, float beta1, float beta2,
+                         float eps, float wd, int t) {
+  double t0 = bench_now_s();
+  prof_base->adamw_segs(p, p16, g, m, v, seg, nseg, lr, beta1, beta2, eps, wd, t);
+  prof_add(P_ADAMW, t0, 0);
+}
 static void w_f32_to_bf16(uint16_t *out, const float *inp, size_t n) {
   double t0 = bench_now_s();
   prof_base->f32_to_bf16(out, inp, n);
@@ -243,6 +250,7 @@ static const kern_backend_t *prof_wrap(const kern_backend_t *base) {
   prof_backend.crossentropy_bwd = w_crossentropy_bwd;
   prof_backend.crossentropy_fwd_bwd = w_crossentropy_fwd_bwd;
   prof_backend.adamw = w_adamw;
+  prof_backend.adamw_segs = w_adamw_segs;
   prof_backend.f32_to_bf16 = w_f32_to_bf16;
   prof_backend.bf16_to_f32 = w_bf16_to_f32;
   prof_backend.sumsq = w_sumsq;

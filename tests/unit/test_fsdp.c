@@ -664,9 +664,15 @@ typedef struct {
 } fail_req_t;
 static int fail_from, fail_seen;
 static int gather_fail, gathers; /* the all-gather that fails (1-based; 0: none), and the count */
+static int gather_fail_issue;   /* it fails as it is issued (a broken communicator), not in its wait */
 
 static int fail_supports(comm_op_t op, comm_dtype_t dt) { return (void)op, (void)dt, 1; }
 static int fail_issue(comm_t *c, const comm_args_t *a, comm_req_t **out) {
+  if (a->op == COMM_OP_ALL_GATHER && gather_fail_issue && gathers + 1 == gather_fail) {
+    gathers++;
+    *out = NULL;
+    return err_set(FSDP_EPEER, "group 'shard': rank 1 failed (a test's failing backend)");
+  }
   fail_req_t *q = calloc(1, sizeof *q);
   q->base.be = c->be;
   const size_t e = comm_dtype_size(a->dtype);
@@ -727,11 +733,11 @@ static void reduction_failure_is_returned(int in_step) {
   comm_destroy(sc);
 }
 
-/* A failed all-gather fails the forward that waits for it, naming the unit,
- * and leaves the unit ungathered: the next forward (the backend healed)
- * gathers it again and computes what a runtime that never failed computes,
- * bit for bit, in fp32 and in bf16-mixed. */
-static void gather_failure_is_returned(precision_t prec) {
+/* A failed all-gather (as it is issued, or in its wait) fails the forward
+ * that meets it, naming the unit, and leaves the unit ungathered: the next
+ * forward (the backend healed) gathers it again and computes what a runtime
+ * that never failed computes, bit for bit, in fp32 and in bf16-mixed. */
+static void gather_failure_is_returned(precision_t prec, int at_issue) {
   gpt_config_t c = cfg();
   float want = NAN, got = NAN, l = NAN;
   int32_t in[BG * T], tg[BG * T];
@@ -745,6 +751,7 @@ static void gather_failure_is_returned(precision_t prec) {
     fsdp_t *f;
     cr_assert_eq(fsdp_create(&f, &c, &o), 0, "%s", err_msg());
     gathers = 0, gather_fail = fail ? 3 : 0; /* unit 2's (forward: 0, 1, then 2 prefetched) */
+    gather_fail_issue = at_issue;
     fail_seen = 0, fail_from = INT_MAX;
     if (fail) {
       cr_assert_eq(gpt_forward(fsdp_model(f), in, tg, BG / 2, T, &l), FSDP_EPEER);
@@ -758,13 +765,15 @@ static void gather_failure_is_returned(precision_t prec) {
     fsdp_destroy(f);
     comm_destroy(sc);
   }
-  cr_expect(!memcmp(&got, &want, sizeof got), "%s: after a failed gather the loss is %.9g, "
-            "without one %.9g", precision_name(prec), got, want);
+  cr_expect(!memcmp(&got, &want, sizeof got), "%s: after a gather failed %s the loss is %.9g, "
+            "without one %.9g", precision_name(prec), at_issue ? "to start" : "to land", got, want);
 }
 
 Test(fsdp, a_failed_gather_fails_the_forward_and_is_gathered_again) {
-  gather_failure_is_returned(PRECISION_FP32);
-  gather_failure_is_returned(PRECISION_BF16_MIXED);
+  for (int at_issue = 0; at_issue < 2; at_issue++) {
+    gather_failure_is_returned(PRECISION_FP32, at_issue);
+    gather_failure_is_returned(PRECISION_BF16_MIXED, at_issue);
+  }
 }
 
 Test(fsdp, a_failed_reduction_fails_reshard) { reduction_failure_is_returned(0); }
