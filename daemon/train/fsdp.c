@@ -188,16 +188,18 @@ static int fsdp_gather_wait(fsdp_t *f, int k, int keep) {
     rc = comm_wait(f->gather_req[k], -1);
     f->gather_req[k] = NULL;
   }
+  if (rc) {
+    fsdp_gather_undo(f, k);
+    return err_wrap(rc, "gathering unit %d", k);
+  }
   if (f->recv16[k]) {
-    if (!rc) f->be->bf16_to_f32(f->full[k], f->recv16[k], fsdp_padded(f, k));
+    f->be->bf16_to_f32(f->full[k], f->recv16[k], fsdp_padded(f, k));
     FSDP_ASSERT(!f->full16[k]); /* a unit lands once between its frees */
-    if (!rc && keep) f->full16[k] = f->recv16[k];
+    if (keep) f->full16[k] = f->recv16[k];
     else if (!f->alias16) fsdp_buf_free(f, f->recv16[k]);
     f->recv16[k] = NULL;
   }
-  if (!rc) return FSDP_OK;
-  fsdp_free_unit(f, k); /* nothing landed: not gathered */
-  return err_wrap(rc, "gathering unit %d", k);
+  return FSDP_OK;
 }
 
 static void fsdp_free_unit(fsdp_t *f, int k) {
