@@ -304,7 +304,8 @@ EMU_CXXFLAGS   = -std=c++17 -O2 -g -fPIC -ffp-contract=off -fno-math-errno -Wall
 EMU_HDRS       = tests/cuda/emu/cuda_emu.h tests/cuda/emu/mma.h kernels/cuda/cuda_impl.h \
                  kernels/cuda/cuda.h kernels/kern.h kernels/kern_math.h kernels/cuda/size.h
 EMU_KERN_OBJS  = $(patsubst kernels/cuda/%.cu,$(B)/emu/kernels/cuda/%.o,$(wildcard kernels/cuda/*.cu))
-CUDA_EMU_CHECK = $(if $(HAVE_CUDA),$(B)/tests/cuda/test_cuda_kernels_emu $(B)/tests/cuda/test_nccl_ranks_emu \
+CUDA_EMU_CHECK = $(if $(HAVE_CUDA),$(B)/tests/cuda/test_cuda_emu $(B)/tests/cuda/test_cuda_kernels_emu \
+                 $(B)/tests/cuda/test_nccl_ranks_emu \
                  $(B)/emu/libfsdp-cuda.so)
 $(B)/emu/kernels/cuda/%.cc: kernels/cuda/%.cu tests/cuda/emu/emu-cu.pl | deps
 	@mkdir -p $(dir $@)
@@ -321,6 +322,16 @@ $(B)/emu/%.o: tests/cuda/emu/%.cc tests/cuda/emu/cuda_emu.h | deps
 # test_nccl_ranks' training, or any program's cuda device, on the CPU.
 $(B)/emu/libfsdp-cuda.so: $(EMU_KERN_OBJS) $(B)/emu/cuda_emu.o $(B)/emu/nccl_emu.o $(CUDA_PIC_OBJS)
 	$(CXX) -shared -Wl,-soname,libfsdp-cuda.so $^ -o $@ -ldnnl -lpthread -lm
+# The emulator's own checks (a wide access misaligned or past its buffer
+# stops the run, as a GPU's misaligned-address error would).
+$(B)/emu/tests/test_cuda_emu.cc: tests/cuda/emu/test_cuda_emu.cu tests/cuda/emu/emu-cu.pl | deps
+	@mkdir -p $(dir $@)
+	perl tests/cuda/emu/emu-cu.pl $< $@
+$(B)/emu/tests/test_cuda_emu.o: $(B)/emu/tests/test_cuda_emu.cc $(EMU_HDRS) tests/cuda/check.h
+	$(CXX) $(EMU_CXXFLAGS) -include tests/cuda/emu/cuda_emu.h -c $< -o $@
+$(B)/tests/cuda/test_cuda_emu: $(B)/emu/tests/test_cuda_emu.o $(B)/emu/cuda_emu.o
+	@mkdir -p $(dir $@)
+	$(CXX) $(LDFLAGS) $^ -o $@ -ldnnl -lpthread -lm
 $(B)/emu/test_cuda_kernels.o: tests/cuda/test_cuda_kernels.c | deps-test
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DKERN_CUDA_EMU -isystem $(CUDA_INC) -c $< -o $@
@@ -583,6 +594,7 @@ test: deps-test $(BINS) $(if $(HAVE_CUDA),$(CUDA_PLUGIN)) $(TEST_BINS) $(CUDA_CH
 	@[ -n "$(CUDA_CHECKS)" ] || echo "note: $(NVCC) not found: the CUDA checks were not built"
 	@[ -z "$(CUDA_CHECKS)" ] || $(B)/tests/cuda/test_cuda_train --selfcheck-cpu
 	@[ -z "$(CUDA_EMU_CHECK)" ] || FSDP_CUDA_PLUGIN=$(CURDIR)/$(B)/emu/libfsdp-cuda.so sh tests/cuda/emu/run.sh \
+	  forward:$(B)/tests/cuda/test_cuda_emu \
 	  forward:$(B)/tests/cuda/test_cuda_kernels_emu random+deferred:$(B)/tests/cuda/test_cuda_kernels_emu \
 	  forward+ahead:$(B)/tests/cuda/test_cuda_train forward+deferred:$(B)/tests/cuda/test_nccl_ranks_emu \
 	  forward+ahead:$(B)/tests/cuda/test_nccl_ranks_emu

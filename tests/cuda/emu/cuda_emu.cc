@@ -514,9 +514,9 @@ bool emu::device_range(const void *p, size_t n) { return emu_is_device(p, n); }
  * order), and emu_allocs, kept in the host's order, no longer lists it. */
 void emu::wide_access(const void *p, const char *what, size_t n) {
   if ((uintptr_t)p & (n - 1))
-    fail("%s at %p: a %zu-byte access at an address not %zu-byte aligned (on a GPU: a "
+    fail("%s at %p: %s %zu-byte access at an address not %zu-byte aligned (on a GPU: a "
          "misaligned address error)",
-         what, p, n, n);
+         what, p, n == 8 ? "an" : "a", n, n);
   if (!deferred() && !emu_is_device(p, n))
     fail("%s at %p: the %zu bytes are not inside one device buffer", what, p, n);
 }
