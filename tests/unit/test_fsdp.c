@@ -552,26 +552,39 @@ Test(fsdp, bf16_true_keep_unsharded_grads_2, .timeout = 60) {
 /* Saving and loading under bf16-true: the weights file stays fp32 (the bf16
  * shard widened, exactly), and loading it (init_from) rounds it back to the
  * same bf16 bytes. One rank, in this process: its shard is every unit. */
-Test(fsdp, bf16_true_save_load_round_trip, .timeout = 60) {
+/* One rank of precision prec, in this process (o its options), trained 3
+ * steps away from its init (lr BF16_LR, learnable data), its weights
+ * written to the file *path (tu_path's name). */
+static fsdp_t *trained_and_saved(fsdp_opts_t *o, precision_t prec, const char *name, char **path) {
   g_lr = BF16_LR;
   g_learnable = 1;
   gpt_config_t c = cfg();
   const size_t n = gpt_config_num_params(&c);
-  fsdp_opts_t o = {.be = kern_cpu(), .mesh = {1, 1, SHARD_FULL_SHARD}, .seed = SEED, .hp = HP,
-                   .precision = PRECISION_BF16_TRUE};
-  fsdp_t *a, *b;
-  float losses[3], *wa = malloc(n * sizeof *wa), *wb = malloc(n * sizeof *wb);
-  cr_assert_eq(fsdp_create(&a, &c, &o), 0, "%s", err_msg());
-  cr_assert_eq(rank_train(a, 0, 1, 3, losses), 0, "%s", err_msg()); /* away from the init */
-  char *path = tu_path("bf16.weights");
+  *o = (fsdp_opts_t){.be = kern_cpu(), .mesh = {1, 1, SHARD_FULL_SHARD}, .seed = SEED, .hp = HP,
+                     .precision = prec};
+  fsdp_t *a;
+  float losses[3];
+  cr_assert_eq(fsdp_create(&a, &c, o), 0, "%s", err_msg());
+  cr_assert_eq(rank_train(a, 0, 1, 3, losses), 0, "%s", err_msg());
+  *path = tu_path(name);
   int32_t hdr[256];
   gpt_weights_header(&c, hdr);
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  int fd = open(*path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
   cr_assert(fd >= 0);
   cr_assert_eq(write(fd, hdr, sizeof hdr), (ssize_t)sizeof hdr);
   cr_assert_eq(ftruncate(fd, GPT_WEIGHTS_HEADER_BYTES + (off_t)(n * sizeof(float))), 0);
-  cr_assert_eq(fsdp_write_weights(a, fd, path), 0, "%s", err_msg());
+  cr_assert_eq(fsdp_write_weights(a, fd, *path), 0, "%s", err_msg());
   close(fd);
+  return a;
+}
+
+Test(fsdp, bf16_true_save_load_round_trip, .timeout = 60) {
+  gpt_config_t c = cfg();
+  const size_t n = gpt_config_num_params(&c);
+  fsdp_opts_t o;
+  char *path;
+  fsdp_t *a = trained_and_saved(&o, PRECISION_BF16_TRUE, "bf16.weights", &path), *b;
+  float *wa = malloc(n * sizeof *wa), *wb = malloc(n * sizeof *wb);
   o.seed = SEED + 1;
   cr_assert_eq(fsdp_create(&b, &c, &o), 0, "%s", err_msg());
   cr_assert_eq(fsdp_gather_params(a, wa), 0);
@@ -610,25 +623,11 @@ static float forward_loss(fsdp_t *f) {
  * is a's, bit for bit. One rank (the image is the units' bf16 weights), in
  * this process. */
 Test(fsdp, bf16_mixed_weights_written_after_steps_are_computed_with, .timeout = 60) {
-  g_lr = BF16_LR;
-  g_learnable = 1;
   gpt_config_t c = cfg();
-  const size_t n = gpt_config_num_params(&c);
-  fsdp_opts_t o = {.be = kern_cpu(), .mesh = {1, 1, SHARD_FULL_SHARD}, .seed = SEED, .hp = HP,
-                   .precision = PRECISION_BF16_MIXED};
-  fsdp_t *a, *b, *d;
+  fsdp_opts_t o;
+  char *path;
+  fsdp_t *a = trained_and_saved(&o, PRECISION_BF16_MIXED, "mixed.weights", &path), *b, *d;
   float losses[3];
-  cr_assert_eq(fsdp_create(&a, &c, &o), 0, "%s", err_msg());
-  cr_assert_eq(rank_train(a, 0, 1, 3, losses), 0, "%s", err_msg());
-  char *path = tu_path("mixed.weights");
-  int32_t hdr[256];
-  gpt_weights_header(&c, hdr);
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  cr_assert(fd >= 0);
-  cr_assert_eq(write(fd, hdr, sizeof hdr), (ssize_t)sizeof hdr);
-  cr_assert_eq(ftruncate(fd, GPT_WEIGHTS_HEADER_BYTES + (off_t)(n * sizeof(float))), 0);
-  cr_assert_eq(fsdp_write_weights(a, fd, path), 0, "%s", err_msg());
-  close(fd);
   const float la = forward_loss(a);
   o.seed = SEED + 1;
   cr_assert_eq(fsdp_create(&b, &c, &o), 0, "%s", err_msg());
