@@ -55,6 +55,7 @@ static const struct {
     {"FSDP_CUDA_GEMM_FAST16BF", param_cuda_gemm_fast16bf},
     {"FSDP_CUDA_ACTS_FP32", param_cuda_acts_fp32},
     {"FSDP_CUDA_WEIGHTS_PACK", param_cuda_weights_pack},
+    {"FSDP_GATHER_ROUND", param_gather_round}, /* bf16-mixed's image (params, gathered) */
 };
 
 void param_plan_env(int i, char out[PARAM_PLAN_ENV_LEN]) {

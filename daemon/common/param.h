@@ -40,6 +40,8 @@
      "device cuda, bf16 jobs: 1: the residual added by a pass after the projections' products (0: by the products as they write, kern.h's matmul_fwd_res), for comparison") \
   XX(cuda_weights_pack, "FSDP_CUDA_WEIGHTS_PACK", 0,                                 \
      "device cuda, bf16 jobs: 1: the products pack each fp32 weight to bf16 as they read it (0: they read the unit's bf16 gather, kept beside the widened unit, kern.h's weights16), for comparison") \
+  XX(gather_round, "FSDP_GATHER_ROUND", 0,                                            \
+     "bf16-mixed: 1: each gather rounds the unit's fp32 master shard to bf16 (0: the gathers send the master's bf16 image, which AdamW writes as it steps: 2 bytes a parameter of the shard more, a pass over the shard at each gather less), for comparison or for that memory") \
   XX(cuda_gemm_algo, "FSDP_CUDA_GEMM_ALGO", 0,                                       \
      "device cuda: every product takes the algorithm cuBLASLt's heuristic ranks this many places below its first (0: its first; at most 15), for comparison") \
   XX(comm_timeout_ms, "FSDP_COMM_TIMEOUT_MS", 5000, "collective timeout, and ring bootstrap") \
@@ -69,7 +71,7 @@ void param_dump(FILE *out);
  * formulas it calls): a job is admitted with the coordinator's values, so
  * the coordinator hands them to each rank with its assignment and fsdpd
  * sets them for the rank over its own (RankAssignment.plan_env). */
-#define PARAM_PLAN_ENV_N 9
+#define PARAM_PLAN_ENV_N 10
 #define PARAM_PLAN_ENV_LEN 64 /* "NAME=VALUE", terminated */
 /* Entry i (0 <= i < PARAM_PLAN_ENV_N) as this process has it:
  * "NAME=VALUE" into out. */

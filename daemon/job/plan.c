@@ -249,9 +249,11 @@ static int plan_runtime(const config_t *c, int world, plan_t *p) {
       (rc = shard_layout_create(&l, &c->gpt, m.shards, (size_t)c->min_params)))
     return rc;
   const int L = c->gpt.layers, true16 = prec == PRECISION_BF16_TRUE;
-  /* bf16-mixed keeps the master's bf16 image (fsdp.c's image16); on one
-   * shard a unit's bf16 gather is its slice of it (alias16): nothing lands */
-  const int image16 = prec == PRECISION_BF16_MIXED, alias16 = image16 && m.shards == 1;
+  /* bf16-mixed keeps the master's bf16 image (fsdp.c's image16; unless
+   * FSDP_GATHER_ROUND); on one shard a unit's bf16 gather is its slice of
+   * it (alias16): nothing lands */
+  const int image16 = prec == PRECISION_BF16_MIXED && param_gather_round() == 0;
+  const int alias16 = image16 && m.shards == 1;
   /* bf16 gathers land in a bf16 buffer */
   const size_t x = prec != PRECISION_FP32 && !alias16 ? 2 : 0;
   const plan_device_t *dev = plan_device(c);

@@ -42,6 +42,7 @@
 #include "daemon/job/safetensors.h"
 #include "daemon/common/log.h"
 #include "daemon/common/mem.h"
+#include "daemon/common/param.h"
 
 struct fsdp {
   fsdp_opts_t opts;
@@ -136,7 +137,8 @@ static void fsdp_gather_undo(fsdp_t *f, int k) {
  * shard itself is sent; under bf16-mixed its image (the fp32 master's
  * rounding, which AdamW keeps: no pass over the master at each gather, two
  * a step under FULL_SHARD), rounded anew first when the master was written
- * otherwise; on one shard that slice of the image is the gather. */
+ * otherwise; on one shard that slice of the image is the gather. With
+ * FSDP_GATHER_ROUND=1 (no image) the master is rounded at each gather. */
 static int fsdp_gather_start(fsdp_t *f, int k, int bf16) {
   if (f->full[k]) return FSDP_OK;
   FSDP_ASSERT(bf16 || f->params);
@@ -166,6 +168,14 @@ static int fsdp_gather_start(fsdp_t *f, int k, int bf16) {
       !(f->recv16[k] = fsdp_buf_alloc(f, MEM_PARAMS_GATHERED, padded * sizeof(uint16_t),
                                       "bf16 gathered unit", 1)))
     rc = FSDP_ENOMEM;
+  if (!rc && bf16 && !f->params16 && !f->image16) {
+    /* bf16-mixed without the image (FSDP_GATHER_ROUND=1): the fp32 master
+     * rounded straight into this rank's block of the landing buffer, which
+     * is then gathered in place (the ring does not copy that block) */
+    uint16_t *mine = f->recv16[k] + (size_t)f->shard_rank * n;
+    be->f32_to_bf16(mine, send, n);
+    send = mine;
+  }
   void *recv = bf16 ? (void *)f->recv16[k] : (void *)f->full[k];
   if (!rc && f->shards == 1) { /* NO_SHARD: the shard is the unit */
     if (send != recv) be->copy_d2d(recv, send, n * (bf16 ? sizeof(uint16_t) : sizeof(float)));
@@ -526,12 +536,13 @@ static int fsdp_alloc_state(fsdp_t *f) {
     f->params = params;
     f->grads = grads;
   }
-  if (f->gather_bf16 && !f->bf16_storage) /* bf16-mixed */
+  const int image = f->gather_bf16 && !f->bf16_storage && !param_gather_round(); /* bf16-mixed */
+  if (image)
     f->image16 = fsdp_buf_alloc(f, MEM_PARAMS, n * sizeof(uint16_t), "parameter shard's bf16 image", 0);
   f->image_stale = 1;
   f->alias16 = f->image16 && f->shards == 1;
   int ok = f->stage && params && grads && (f->shards == 1 || f->landing) &&
-           (!f->bf16_storage || f->chunk32) && (!f->gather_bf16 || f->bf16_storage || f->image16);
+           (!f->bf16_storage || f->chunk32) && (!image || f->image16);
   return ok ? FSDP_OK : FSDP_ENOMEM;
 }
 

@@ -139,6 +139,14 @@ static int g_lrows = 0, g_fused = 0;
 static size_t g_min_params = 0;
 static size_t g_peak_grads, g_peak_act; /* rank 0's gradient and activation peaks, last run */
 
+/* FSDP_GATHER_ROUND=1 (param.h): bf16-mixed rounds the master at each gather,
+ * keeping no image. Read here from the environment, not by param.h's getter,
+ * whose first value a forked rank would inherit. */
+static int gather_round(void) {
+  const char *v = getenv("FSDP_GATHER_ROUND");
+  return v && atoi(v) != 0;
+}
+
 /* Bytes per element of the shard's parameters (and of its gradient, m and v). */
 static size_t state_bytes(precision_t prec) { return prec == PRECISION_BF16_TRUE ? 2 : 4; }
 
@@ -191,7 +199,7 @@ static void rank_main(world_t *x, int w, shard_strategy_t st, precision_t prec,
    * and under bf16-mixed the master's bf16 image on the device (2 bytes) */
   const size_t sh = fsdp_layout(f)->shard_total * state_bytes(prec);
   const size_t dev = g_offload ? 0 : sh; /* offloaded: all of it in host memory */
-  const size_t image = prec == PRECISION_BF16_MIXED ? 2 * fsdp_layout(f)->shard_total : 0;
+  const size_t image = prec == PRECISION_BF16_MIXED && !gather_round() ? 2 * fsdp_layout(f)->shard_total : 0;
   size_t state = mem_current(MEM_PARAMS) + mem_current(MEM_GRADS) + mem_current(MEM_OPTIM) +
                  mem_current(MEM_OFFLOAD);
   if (mem_current(MEM_PARAMS) != dev + image || mem_current(MEM_GRADS) != dev ||
@@ -314,7 +322,7 @@ static void run_mesh_prec(int R, int S, shard_strategy_t st, precision_t prec) {
     }
     /* a bf16 gather also holds the bf16 copy it lands in (2 more bytes),
      * but on one shard under bf16-mixed, where it is the image's slice */
-    const int alias16 = prec == PRECISION_BF16_MIXED && S == 1;
+    const int alias16 = prec == PRECISION_BF16_MIXED && S == 1 && !gather_round();
     size_t two = prec != PRECISION_FP32 && !alias16 ? (a + b) / 2 * 3 : a + b;
     cr_expect_leq(peaks[1], two, "gathered parameters peaked at %zu bytes, two units are %zu",
                   peaks[1], two);
@@ -377,6 +385,31 @@ Test(fsdp, bf16_mixed_full_shard_2, .timeout = 60) { run_mesh_prec(1, 2, SHARD_F
 Test(fsdp, bf16_mixed_hybrid_2x2, .timeout = 60) { run_mesh_prec(2, 2, SHARD_HYBRID_SHARD, PRECISION_BF16_MIXED); }
 Test(fsdp, bf16_mixed_no_shard_2, .timeout = 60) { run_mesh_prec(2, 1, SHARD_NO_SHARD, PRECISION_BF16_MIXED); }
 Test(fsdp, bf16_mixed_world_1, .timeout = 60) { run_mesh_prec(1, 1, SHARD_FULL_SHARD, PRECISION_BF16_MIXED); }
+
+/* The gathers sending the master's bf16 image (AdamW's rounding, and on one
+ * shard the units' bf16 weights themselves) train exactly as rounding the
+ * master at each gather (FSDP_GATHER_ROUND=1): the same weights bit for bit,
+ * on 2 shards, on 1, and on NO_SHARD's 2 replicas. */
+Test(fsdp, bf16_mixed_image_trains_as_rounding_at_each_gather, .timeout = 120) {
+  gpt_config_t c = cfg();
+  const size_t n = gpt_config_num_params(&c);
+  const struct { int R, S; shard_strategy_t st; } m[] = {
+      {1, 2, SHARD_FULL_SHARD}, {1, 1, SHARD_FULL_SHARD}, {2, 1, SHARD_NO_SHARD}};
+  for (size_t i = 0; i < sizeof m / sizeof *m; i++) {
+    unsetenv("FSDP_GATHER_ROUND");
+    run_mesh_prec(m[i].R, m[i].S, m[i].st, PRECISION_BF16_MIXED);
+    float *image = malloc(n * sizeof *image);
+    cr_assert_not_null(image);
+    memcpy(image, g_weights, n * sizeof *image);
+    setenv("FSDP_GATHER_ROUND", "1", 1);
+    run_mesh_prec(m[i].R, m[i].S, m[i].st, PRECISION_BF16_MIXED);
+    cr_expect(!memcmp(image, g_weights, n * sizeof *image), "%s %dx%d: the weights trained with "
+              "the image differ from those of rounding at each gather",
+              shard_strategy_name(m[i].st), m[i].R, m[i].S);
+    free(image);
+  }
+  unsetenv("FSDP_GATHER_ROUND");
+}
 
 /* Gradient accumulation over 2 micro-batches: reduced every micro-batch (the
  * default, least memory) or once from unsharded gradients kept until the last

@@ -283,6 +283,12 @@ Test(plan, equals_what_sharded_ranks_allocate_in_every_mode, .timeout = 300) {
   c = sharded(data, "FULL_SHARD", "1");
   cr_assert_eq(config_set(&c, "precision", "bf16-mixed"), 0);
   plan_world(&c, 1);
+  setenv("FSDP_GATHER_ROUND", "1", 1); /* no image: the ranks round at each gather */
+  plan_world(&c, 1);
+  c = sharded(data, "FULL_SHARD", "");
+  cr_assert_eq(config_set(&c, "precision", "bf16-mixed"), 0);
+  plan_world(&c, 2);
+  unsetenv("FSDP_GATHER_ROUND");
   c = sharded(data, "FULL_SHARD", "");
   c.grad_accum = 2;
   c.keep_unsharded_grads = 1;
@@ -683,8 +689,10 @@ Test(plan, a_cuda_job_with_attention_by_products_plans_the_probabilities) { cuda
  * (NO_SHARD) a bf16-mixed unit's bf16 weights are its slice of the master's
  * bf16 image (fsdp.c's alias16): 4 bytes an element of every unit, whether
  * the products read them or not, and the image's 2 bytes an element in
- * params beside the master's 4. The sizes from the layout. */
-static void gathered_check(const char *device, int kept) {
+ * params beside the master's 4; with FSDP_GATHER_ROUND=1 (round, no image)
+ * one shard lands and keeps as two do, and params are the master's 4. The
+ * sizes from the layout. */
+static void gathered_check(const char *device, int kept, int round) {
   char *data = tu_token_file("tokens.bin", 20000, 3, 256);
   for (int S = 1; S <= 2; S++) {
     config_t c = job(data, 0);
@@ -701,23 +709,30 @@ static void gathered_check(const char *device, int kept) {
     const size_t last = l->units[l->unit_of[c.gpt.layers]].shard_numel * (size_t)S;
     const size_t total = l->shard_total;
     shard_layout_destroy(l);
-    const size_t want = S == 1 ? 4 * all : kept ? 6 * all : 4 * (all - last) + 6 * last;
+    const int alias16 = S == 1 && !round;
+    const size_t want = alias16 ? 4 * all : kept ? 6 * all : 4 * (all - last) + 6 * last;
     cr_assert_eq(p.bytes[MEM_PARAMS_GATHERED], want, "%s S=%d: %zu bytes gathered, not %zu (%s)",
                  device, S, p.bytes[MEM_PARAMS_GATHERED], want,
-                 S == 1 ? "the image's slices" : kept ? "the bf16 gathers kept" : "none kept");
-    cr_assert_eq(p.bytes[MEM_PARAMS], 6 * total, "%s S=%d: params %zu bytes, not the master and "
-                 "its bf16 image (6 bytes an element of the shard's %zu)", device, S,
-                 p.bytes[MEM_PARAMS], total);
+                 alias16 ? "the image's slices" : kept ? "the bf16 gathers kept" : "none kept");
+    cr_assert_eq(p.bytes[MEM_PARAMS], (round ? 4 : 6) * total, "%s S=%d: params %zu bytes, not "
+                 "the master%s (%d bytes an element of the shard's %zu)", device, S,
+                 p.bytes[MEM_PARAMS], round ? "" : " and its bf16 image", round ? 4 : 6, total);
   }
   free(data);
 }
 
 Test(plan, a_bf16_cuda_job_plans_the_bf16_gathers_its_products_read) {
-  gathered_check("cuda", 1);
-  gathered_check("cpu", 0);
+  gathered_check("cuda", 1, 0);
+  gathered_check("cpu", 0, 0);
+}
+
+Test(plan, a_bf16_mixed_job_that_rounds_at_each_gather_plans_no_image) {
+  setenv("FSDP_GATHER_ROUND", "1", 1); /* this test's own process (criterion) */
+  gathered_check("cuda", 1, 1);
+  gathered_check("cpu", 0, 1);
 }
 
 Test(plan, a_bf16_cuda_job_whose_products_pack_the_weights_keeps_no_bf16_gather) {
   setenv("FSDP_CUDA_WEIGHTS_PACK", "1", 1); /* this test's own process (criterion) */
-  gathered_check("cuda", 0);
+  gathered_check("cuda", 0, 0);
 }
