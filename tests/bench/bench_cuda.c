@@ -439,7 +439,7 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
              K->adamw_segs(pp, NULL, pg, pm, pv, segs, nt, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1));
     OPS_TIME("adamw_segs(bf16 image)", sh, 1,
              K->adamw_segs(pp, p16, pg, pm, pv, segs, nt, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1));
-    OPS_TIME("f32_to_bf16(the master, once)", sh, 0, K->f32_to_bf16(p16, pp, P));
+    OPS_TIME("adamw image alone: f32_to_bf16 of the master", sh, 0, K->f32_to_bf16(p16, pp, P));
     K->dev_free(p16);
     free(segs);
     gpt_destroy(sg);
