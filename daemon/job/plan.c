@@ -443,8 +443,11 @@ int plan_fits(const plan_t *p, const config_t *c, size_t limit, const char *what
     else
       snprintf(advice, sizeof advice, "parameters, gradients and AdamW state take %s per "
                "parameter of the shard: choose a smaller model, or shard it over more ranks",
-               !strcmp(c->precision, "bf16-true") ? "8 bytes" : !strcmp(c->precision, "bf16-mixed")
-               ? "18 bytes (16 and the weights' bf16 image)" : "16 bytes");
+               !strcmp(c->precision, "bf16-true") ? "8 bytes"
+               : !strcmp(c->precision, "bf16-mixed") && !param_gather_round()
+                   ? "18 bytes (16, and the weights' bf16 image: FSDP_GATHER_ROUND=1 drops it "
+                     "on a sharded job)"
+                   : "16 bytes");
   }
   return err_set(FSDP_ENOMEM, "memory: the job needs %.0f MiB per rank but %.0f MiB is available "
                  "(%s); %s takes the most (%.0f MiB); %s", MIB(p->total), MIB(limit), what,

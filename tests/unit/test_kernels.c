@@ -848,7 +848,11 @@ Test(kernels, adamw_segs) {
   size_t n = 0;
   for (int k = 0; k < NSEG; k++) {
     n += tu_rand_u64(&rng) % 3 ? 0 : tu_rand_u64(&rng) % 7; /* a gap */
-    const size_t len = tu_rand_u64(&rng) % 6 ? 1 + tu_rand_u64(&rng) % 200 : tu_rand_u64(&rng) % 2;
+    /* short ones, empty ones, and (every eighth) past the CPU's 2048-element
+     * blocks, some a multiple of them */
+    size_t len = tu_rand_u64(&rng) % 6 ? 1 + tu_rand_u64(&rng) % 200 : tu_rand_u64(&rng) % 2;
+    if (k % 8 == 3)
+      len = 2048 * (1 + tu_rand_u64(&rng) % 2) + (k % 16 == 3 ? 0 : 1 + tu_rand_u64(&rng) % 2047);
     seg[k] = (kern_seg_t){n, len, (int)(tu_rand_u64(&rng) % 2)};
     n += len;
   }
