@@ -146,7 +146,7 @@ all: $(BINS) $(if $(HAVE_CUDA),$(CUDA_PLUGIN))
 # leaves the ones already built as they were, and one run by hand after it
 # tests the code it was last linked with.
 test-build: deps-test all $(TEST_BINS) $(CUDA_CHECKS) \
-            $(CUDA_EMU_CHECK) $(B)/bench/bench_cuda
+            $(CUDA_EMU_CHECK) $(CUDNN_CHECK) $(B)/bench/bench_cuda
 
 # One step per package set; mk/deps.sh runs one apt-get at a time when make -j
 # (or a sub-make) reaches several at once.
@@ -322,6 +322,18 @@ $(B)/emu/%.o: tests/cuda/emu/%.cc tests/cuda/emu/cuda_emu.h | deps
 # test_nccl_ranks' training, or any program's cuda device, on the CPU.
 $(B)/emu/libfsdp-cuda.so: $(EMU_KERN_OBJS) $(B)/emu/cuda_emu.o $(B)/emu/nccl_emu.o $(CUDA_PIC_OBJS)
 	$(CXX) -shared -Wl,-soname,libfsdp-cuda.so $^ -o $@ -ldnnl -lpthread -lm
+# cuDNN's choice of engines for kernels/cuda/cudnn.cu's attention graphs,
+# asked with no GPU (tests/cuda/test_cudnn_graphs.c): cudnn.cu is host code,
+# built here for the CPU as it is (libcudnn.so.9 loaded by dlopen).
+CUDNN_CHECK = $(if $(HAVE_CUDA),$(B)/tests/cuda/test_cudnn_graphs)
+$(B)/tests/cuda/cudnn_host.o: kernels/cuda/cudnn.cu kernels/cuda/cudnn.h kernels/cuda/size.h | deps
+	@mkdir -p $(dir $@)
+	$(CXX) -std=c++17 -x c++ -O1 -Wall -Wextra -Werror -I. -isystem $(CUDA_INC) -c $< -o $@
+$(B)/tests/cuda/test_cudnn_graphs: tests/cuda/test_cudnn_graphs.c $(B)/tests/cuda/cudnn_host.o \
+                                   tests/cuda/check.h
+	$(CC) -std=c11 -D_GNU_SOURCE -O1 -Wall -Wextra -Werror -I. \
+	  -DFSDP_CUDA_STUBS='"$(dir $(NVCC))../lib64/stubs"' $(filter %.c %.o,$^) -o $@ -ldl -lstdc++ -lm
+
 # The emulator's own checks (a wide access misaligned or past its buffer
 # stops the run, as a GPU's misaligned-address error would).
 $(B)/emu/tests/test_cuda_emu.cc: tests/cuda/emu/test_cuda_emu.cu tests/cuda/emu/emu-cu.pl | deps
@@ -585,6 +597,7 @@ $(B)/bench/%: $(B)/tests/bench/%.o $(B)/tests/bench/benchutil.o $(LIB)
 # The fuzz targets' bounded runs go side by side (independent processes, one
 # thread each), then the test binaries one after another.
 test: deps-test $(BINS) $(if $(HAVE_CUDA),$(CUDA_PLUGIN)) $(TEST_BINS) $(CUDA_CHECKS) $(CUDA_EMU_CHECK) \
+      $(CUDNN_CHECK) \
       $(B)/bench/bench_cuda fuzz-build
 	@for t in $(FUZZ); do rm -rf build-fuzz/run/$$t build-fuzz/fuzz_$$t.rc; mkdir -p build-fuzz/run/$$t; \
 	  { build-fuzz/fuzz_$$t -seed=1 -runs=$(FUZZ_RUNS) build-fuzz/run/$$t tests/fuzz/corpus/$$t \
@@ -593,6 +606,7 @@ test: deps-test $(BINS) $(if $(HAVE_CUDA),$(CUDA_PLUGIN)) $(TEST_BINS) $(CUDA_CH
 	  echo "fuzz_$$t: $(FUZZ_RUNS) inputs, no crash"; done
 	@[ -n "$(CUDA_CHECKS)" ] || echo "note: $(NVCC) not found: the CUDA checks were not built"
 	@[ -z "$(CUDA_CHECKS)" ] || $(B)/tests/cuda/test_cuda_train --selfcheck-cpu
+	@[ -z "$(CUDNN_CHECK)" ] || $(CUDNN_CHECK) | grep -E '^FAIL|skipped|checks,'; [ -z "$(CUDNN_CHECK)" ] || $(CUDNN_CHECK) >/dev/null
 	@[ -z "$(CUDA_EMU_CHECK)" ] || FSDP_CUDA_PLUGIN=$(CURDIR)/$(B)/emu/libfsdp-cuda.so sh tests/cuda/emu/run.sh \
 	  forward:$(B)/tests/cuda/test_cuda_emu \
 	  forward:$(B)/tests/cuda/test_cuda_kernels_emu random+deferred:$(B)/tests/cuda/test_cuda_kernels_emu \

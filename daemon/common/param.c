@@ -51,6 +51,7 @@ static const struct {
     {"FSDP_ATTN_BLOCK", param_attn_block},
     {"FSDP_CUDA_ATTN_GEMM", param_cuda_attn_gemm},
     {"FSDP_CUDA_ATTN_FP32", param_cuda_attn_fp32}, /* bf16 jobs' attention scratch */
+    {"FSDP_CUDA_ATTN_CUDNN", param_cuda_attn_cudnn}, /* and cuDNN's accumulator in it */
     /* bf16 jobs' activations and gathered units (plan.c's plan_cuda) */
     {"FSDP_CUDA_GEMM_FAST16BF", param_cuda_gemm_fast16bf},
     {"FSDP_CUDA_ACTS_FP32", param_cuda_acts_fp32},

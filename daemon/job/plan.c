@@ -78,7 +78,8 @@ static size_t plan_cuda_attention_saved(int B, int T, int C, int NH) {
 static size_t plan_cuda_attention_scratch(int B, int T, int C, int NH, int bf16, int qkv16) {
   /* bf16 jobs' fused attention runs on tensor cores unless FSDP_CUDA_ATTN_FP32, as device.c asks */
   return kern_cuda_size_attention_scratch(B, T, C, NH, param_cuda_attn_gemm() != 0,
-                                          bf16 && param_cuda_attn_fp32() == 0, qkv16);
+                                          bf16 && param_cuda_attn_fp32() == 0, qkv16,
+                                          param_cuda_attn_cudnn() != 0);
 }
 
 /* a bf16 job's products pack their operands, unless FSDP_CUDA_GEMM_FAST16BF,

@@ -153,6 +153,19 @@ int device_probe(const char *kind, char *what, size_t len) {
   return FSDP_OK;
 }
 
+kern_cuda_opts_t device_cuda_opts(int device, int bf16, int tf32) {
+  const kern_cuda_opts_t o = {.device = device, .tf32 = tf32, .bf16 = bf16,
+                              .attn_gemm = param_cuda_attn_gemm() != 0,
+                              .gemm_fast16bf = param_cuda_gemm_fast16bf() != 0,
+                              .attn_fp32 = param_cuda_attn_fp32() != 0,
+                              .acts_fp32 = param_cuda_acts_fp32() != 0,
+                              .dinp_fp32 = param_cuda_dinp_fp32() != 0,
+                              .gelu_exact = param_cuda_gelu_exact() != 0,
+                              .attn_cudnn = param_cuda_attn_cudnn() != 0,
+                              .gemm_algo = KERN_CUDA_GEMM_ALGO(param_cuda_gemm_algo())};
+  return o;
+}
+
 static int device_cuda_open(const config_t *c, int rank, const device_t **out) {
   const device_cuda_plugin_t *p;
   int n = device_cuda_count(&p);
@@ -165,15 +178,7 @@ static int device_cuda_open(const config_t *c, int rank, const device_t **out) {
                    "%d); fix the variable or CUDA_VISIBLE_DEVICES", (long long)ord, n,
                    n == 1 ? "" : "s", n - 1);
   /* bf16-mixed and bf16-true compute their products on bf16 tensor cores */
-  const kern_cuda_opts_t ko = {.device = (int)ord, .tf32 = c->tf32,
-                               .bf16 = strcmp(c->precision, "fp32") != 0,
-                               .attn_gemm = param_cuda_attn_gemm() != 0,
-                               .gemm_fast16bf = param_cuda_gemm_fast16bf() != 0,
-                               .attn_fp32 = param_cuda_attn_fp32() != 0,
-                               .acts_fp32 = param_cuda_acts_fp32() != 0,
-                               .dinp_fp32 = param_cuda_dinp_fp32() != 0,
-                               .gelu_exact = param_cuda_gelu_exact() != 0,
-                               .gemm_algo = KERN_CUDA_GEMM_ALGO(param_cuda_gemm_algo())};
+  const kern_cuda_opts_t ko = device_cuda_opts((int)ord, strcmp(c->precision, "fp32") != 0, c->tf32);
   const kern_backend_t *k = p->kern_init(&ko, msg, sizeof msg);
   if (!k) return err_set(FSDP_EIO, "device cuda: GPU %lld: %s", (long long)ord, msg);
   static int reserved_counted; /* the kernels keep it for the process's life */

@@ -25,7 +25,7 @@
 #include "kernels/cuda/cuda.h"
 
 /* Raised when the table below changes: a plugin of another version is refused. */
-#define DEVICE_CUDA_ABI 17 /* 2: kern_cuda_opts_t.gemm_fast16bf; 3: .attn_fp32, host_pin; 4: pool_stats;
+#define DEVICE_CUDA_ABI 18 /* 2: kern_cuda_opts_t.gemm_fast16bf; 3: .attn_fp32, host_pin; 4: pool_stats;
                            * 5: kern_backend_t's dev_alloc_step and crossentropy_fwd_bwd;
                            * 6: nccl_quiesce; 7: matmul_bwd, attention_bwd and gelu_bwd take acc;
                            * 8: kern_backend_t's bf16 activations; 9: kern_cuda_opts_t.gemm_algo;
@@ -36,7 +36,8 @@
                            * kern_backend_t's matmul_fwd_res, attention_fwd_bf16's and
                            * attention_bwd_bf16's out in bf16; 15: the bf16
                            * products' w16, kern_backend_t's weights16;
-                           * 16: its adamw_segs; 17: adamw_segs's p16 */
+                           * 16: its adamw_segs; 17: adamw_segs's p16;
+                           * 18: kern_cuda_opts_t.attn_cudnn */
 #define DEVICE_CUDA_SYMBOL "device_cuda_plugin"
 #define DEVICE_CUDA_FILE "libfsdp-cuda.so"
 
@@ -56,6 +57,12 @@ typedef struct device_cuda_plugin {
   int (*nccl_create)(const comm_nccl_opts_t *o, comm_t **out);
   int (*nccl_quiesce)(int64_t wait_ms);
 } device_cuda_plugin_t;
+
+/* A cuda rank's kernel options (device.c): its GPU, the job's precision
+ * (bf16: every product on bf16 tensor cores, as bf16-mixed and bf16-true
+ * compute) and TF32, and param.h's FSDP_CUDA_* settings; bench_cuda's
+ * too. */
+kern_cuda_opts_t device_cuda_opts(int device, int bf16, int tf32);
 
 /* The plugin's one exported function (DEVICE_CUDA_SYMBOL). */
 const device_cuda_plugin_t *device_cuda_plugin(void);

@@ -36,6 +36,7 @@
  * the probabilities; backward's score gradients live in the scratch,
  * (NH, T, T) for one batch row at a time. */
 #include "kernels/cuda/cuda_impl.h"
+#include "kernels/cuda/cudnn.h"
 #include "kernels/kern_math.h"
 
 #define ATT_WARPS 8 /* rows per block of the softmax kernels */
@@ -52,12 +53,13 @@ size_t kern_cuda_attention_saved(int B, int T, int C, int NH) {
 }
 
 size_t kern_cuda_attention_scratch(int B, int T, int C, int NH) {
-  return kern_cuda_size_attention_scratch(B, T, C, NH, kern_cuda_st.attn_gemm, attn_tc(), 0);
+  return kern_cuda_size_attention_scratch(B, T, C, NH, kern_cuda_st.attn_gemm, attn_tc(), 0, 0);
 }
 
 size_t kern_cuda_attention_scratch_bf16(int B, int T, int C, int NH) {
   KERN_CUDA_ASSERT(kern_cuda_attention_bf16_fits(C, NH));
-  return kern_cuda_size_attention_scratch(B, T, C, NH, kern_cuda_st.attn_gemm, attn_tc(), 1);
+  return kern_cuda_size_attention_scratch(B, T, C, NH, kern_cuda_st.attn_gemm, attn_tc(), 1,
+                                          kern_cuda_st.attn_cudnn);
 }
 
 /* ---- fused ---------------------------------------------------------------------
@@ -476,12 +478,34 @@ extern "C" int kern_cuda_attention_bf16_fits(int C, int NH) {
   return kern_cuda_size_attn_tc_qkv16(C, NH, kern_cuda_st.attn_gemm, attn_tc());
 }
 
+/* cuDNN's attention (kern_cuda_st.attn_cudnn: cudnn.cu) takes its
+ * workspace and dq's accumulator from the scratch, 256-byte aligned
+ * (size.h leaves the room). */
+static float *attn_cudnn_at(float *scratch, size_t at) {
+  return (float *)(((uintptr_t)(scratch + at) + 255) & ~(uintptr_t)255);
+}
+
+/* cuDNN is told every tensor is 16-byte aligned (cudnn.cu); where one is
+ * not, the kernels run the op. */
+static int attn_cudnn_aligned(const void *a, const void *b, const void *c, const void *d,
+                              const void *e) {
+  return !(((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d | (uintptr_t)e) & 15);
+}
+
 extern "C" void kern_cuda_attention_fwd_bf16(uint16_t *out16, float *att, float *scratch,
                                              const float *qkv, uint16_t *qkv16, int B, int T,
                                              int C, int NH) {
   if (B <= 0 || T <= 0) return;
-  KERN_CUDA_ASSERT(kern_cuda_attention_bf16_fits(C, NH) && !((uintptr_t)out16 & 3) &&
-                   kern_cuda_attention_tc_fwd(NULL, out16, att, scratch, qkv, qkv16, B, T, C, NH));
+  KERN_CUDA_ASSERT(kern_cuda_attention_bf16_fits(C, NH) && !((uintptr_t)out16 & 3));
+  if (kern_cuda_st.attn_cudnn && attn_cudnn_aligned(out16, att, scratch, qkv16, NULL)) {
+    /* qkv rounded as the kernels below round it */
+    kern_cuda_f32_to_bf16(qkv16, qkv, (size_t)B * (size_t)T * 3 * (size_t)C);
+    if (kern_cudnn_sdpa_fwd(out16, att, qkv16,
+                            attn_cudnn_at(scratch, kern_cuda_size_attn_cudnn_ws_at(B, T, C, NH)),
+                            B, T, C, NH))
+      return;
+  }
+  KERN_CUDA_ASSERT(kern_cuda_attention_tc_fwd(NULL, out16, att, scratch, qkv, qkv16, B, T, C, NH));
 }
 
 extern "C" void kern_cuda_attention_bwd_bf16(float *dqkv, float *scratch, const float *dout,
@@ -490,7 +514,20 @@ extern "C" void kern_cuda_attention_bwd_bf16(float *dqkv, float *scratch, const 
                                              int C, int NH, int acc) {
   if (B <= 0 || T <= 0) return;
   KERN_CUDA_ASSERT(!dout != !dout16 && (!dout16 || kern_cuda_aligned16(dout16)) &&
-                   kern_cuda_attention_bf16_fits(C, NH) &&
-                   kern_cuda_attention_tc_bwd(dqkv, scratch, dout, dout16, NULL, qkv16, NULL, out16,
+                   kern_cuda_attention_bf16_fits(C, NH));
+  if (kern_cuda_st.attn_cudnn && !acc && attn_cudnn_aligned(dqkv, scratch, qkv16, out16, att)) {
+    const uint16_t *d16 = dout16;
+    if (!d16) { /* rounded into the scratch, where the kernels below round it */
+      uint16_t *c16 = (uint16_t *)(scratch + kern_cuda_size_attn_tc_copies_at(B, T, NH));
+      kern_cuda_f32_to_bf16(c16, dout, (size_t)B * (size_t)T * (size_t)C);
+      d16 = c16;
+    }
+    if (kern_cudnn_sdpa_bwd(
+            dqkv, scratch, attn_cudnn_at(scratch, kern_cuda_size_attn_cudnn_acc_at(B, T, C, NH)),
+            attn_cudnn_at(scratch, kern_cuda_size_attn_cudnn_ws_at(B, T, C, NH)), d16, qkv16,
+            out16, att, B, T, C, NH))
+      return;
+  }
+  KERN_CUDA_ASSERT(kern_cuda_attention_tc_bwd(dqkv, scratch, dout, dout16, NULL, qkv16, NULL, out16,
                                               att, B, T, C, NH, acc));
 }

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "kernels/cuda/cuda_impl.h"
+#include "kernels/cuda/cudnn.h"
 
 kern_cuda_state_t kern_cuda_st;
 
@@ -370,6 +371,7 @@ static cudaError_t kern_cuda_pool_create(int device, cudaMemPool_t *pool) {
 
 /* Init's one cleanup path: what was made is unmade, in reverse. */
 static void kern_cuda_teardown(void) {
+  kern_cudnn_close();
   if (kern_cuda_st.pool) (void)cudaMemPoolDestroy(kern_cuda_st.pool);
   if (kern_cuda_st.colsum) (void)cudaFree(kern_cuda_st.colsum);
   if (kern_cuda_st.pack) (void)cudaFree(kern_cuda_st.pack);
@@ -391,18 +393,31 @@ static void kern_cuda_take_modes(const kern_cuda_opts_t *o) {
   kern_cuda_st.acts_fp32 = o->acts_fp32 != 0;
   kern_cuda_st.dinp_fp32 = o->dinp_fp32 != 0;
   kern_cuda_st.gelu_exact = o->gelu_exact != 0;
+  kern_cuda_st.attn_cudnn = o->attn_cudnn != 0;
   kern_cuda_st.gemm_algo = KERN_CUDA_GEMM_ALGO(o->gemm_algo);
 }
 
+/* cuDNN, where the job's modes ask for its attention (attn_cudnn): opened on
+ * the backend's stream, kept for the process's life. 1, or 0 with msg. */
+static int kern_cuda_cudnn_open(char *msg, size_t n) {
+  if (!kern_cuda_st.attn_cudnn) return 1;
+  char why[384];
+  if (kern_cudnn_open((void *)kern_cuda_st.stream, why, sizeof why)) return 1;
+  snprintf(msg, n, "CUDA device %d: FSDP_CUDA_ATTN_CUDNN=1: %s", kern_cuda_st.device, why);
+  kern_cuda_st.attn_cudnn = 0; /* the table stays the kernels' */
+  return 0;
+}
+
 extern "C" const kern_backend_t *kern_cuda_init(const kern_cuda_opts_t *o, char *msg, size_t n) {
-  const kern_cuda_opts_t d = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  const kern_cuda_opts_t d = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
   if (!o) o = &d;
-  if (kern_cuda_st.ready) { /* the device stays; the job's modes are taken */
-    kern_cuda_take_modes(o);
-    return kern_cuda_table_for_modes();
-  }
   char tmp[256];
   if (!msg || !n) msg = tmp, n = sizeof tmp;
+  if (kern_cuda_st.ready) { /* the device stays; the job's modes are taken */
+    kern_cuda_take_modes(o);
+    if (!kern_cuda_cudnn_open(msg, n)) return NULL;
+    return kern_cuda_table_for_modes();
+  }
   char why[256];
   int count = kern_cuda_device_count(why, sizeof why);
   if (!count) {
@@ -479,6 +494,7 @@ extern "C" const kern_backend_t *kern_cuda_init(const kern_cuda_opts_t *o, char 
              o->device, kern_cuda_size_reserved(), cudaGetErrorString(e));
     goto fail;
   }
+  if (!kern_cuda_cudnn_open(msg, n)) goto fail;
   kern_cuda_st.ready = 1;
   msg[0] = '\0';
   return kern_cuda_table_for_modes();

@@ -60,6 +60,11 @@ typedef struct kern_cuda_opts {
                    * gelu_fwd_bf16in, gelu_bwd_bf16in) computes kern_math.h's
                    * kern_gelu, the CPU's bits, instead of the fast form
                    * (gelu.cu); for comparison (FSDP_CUDA_GELU_EXACT) */
+  int attn_cudnn; /* 1 (with bf16): the attention of the bf16 activations (kern.h's
+                   * attention_fwd_bf16, attention_bwd_bf16) by cuDNN's fused flash
+                   * attention (cudnn.cu: libcudnn.so.9, loaded now; init fails
+                   * without it), where cuDNN has an engine for the shapes, else
+                   * attention_tc.cu's kernels (FSDP_CUDA_ATTN_CUDNN) */
 } kern_cuda_opts_t;
 
 /* gemm_algo from a setting: 0 to 15 (cuBLASLt's ranking is asked for that

@@ -79,6 +79,7 @@ typedef struct kern_cuda_state {
   int acts_fp32;       /* with bf16: no bf16 activations offered (backend.cu's tables) */
   int dinp_fp32;       /* with bf16: no matmul_bwd_dinp16 offered (backend.cu's tables) */
   int gelu_exact;      /* with bf16: the bf16 activations' GELU is kern_gelu's (gelu.cu) */
+  int attn_cudnn;      /* with bf16: the bf16 attention ops by cuDNN (cudnn.cu), opened */
   cudaStream_t stream; /* every op and memory operation, in call order */
   cublasLtHandle_t lt; /* cuBLASLt */
   void *workspace;     /* KERN_CUDA_SIZE_WORKSPACE bytes, cuBLASLt's */

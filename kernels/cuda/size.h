@@ -72,19 +72,39 @@ static inline size_t kern_cuda_size_attn_tc_copies_at(int B, int T, int NH) {
   return ((size_t)B * (size_t)NH * (size_t)T + 3) & ~(size_t)3;
 }
 
+/* Bytes of workspace cuDNN's fused attention may take (cudnn.cu: an engine
+ * that wants more is passed over); its flash-attention engines on an H200
+ * ask 256 (tests/cuda/test_cudnn_graphs.c asks cuDNN for gpt2's shapes). */
+#define KERN_CUDA_SIZE_CUDNN_WS ((size_t)1 << 20)
+
+/* Where cuDNN's attention (kern_cuda_opts_t.attn_cudnn, with the caller's
+ * qkv16) keeps dq's fp32 accumulator in the scratch, in floats: after the D
+ * rows and dout's bf16 copy, with 64 floats (256 bytes) of room to align
+ * it; its B T C floats, then the engine's workspace (aligned the same way). */
+static inline size_t kern_cuda_size_attn_cudnn_acc_at(int B, int T, int C, int NH) {
+  return kern_cuda_size_attn_tc_copies_at(B, T, NH) + (size_t)B * (size_t)T * (size_t)C / 2 + 64;
+}
+static inline size_t kern_cuda_size_attn_cudnn_ws_at(int B, int T, int C, int NH) {
+  return kern_cuda_size_attn_cudnn_acc_at(B, T, C, NH) + (size_t)B * (size_t)T * (size_t)C + 64;
+}
+
 /* Floats of attention's scratch (both passes'). Fused: every query row's
  * dout . out (B, NH, T), which the key pass reads; on bf16 tensor cores (tc:
  * bf16 jobs, unless FSDP_CUDA_ATTN_FP32) then also the bf16 copies of qkv
  * (B, T, 3C) and dout (B, T, C) the kernels stage their tiles from, 2C
  * floats a token, or with qkv16 (the caller keeps qkv in bf16: kern.h's
- * attention_*_bf16, where kern_cuda_size_attn_tc_qkv16) dout's alone, C / 2.
- * Products: the score gradients of one batch row, (NH, T, T); backward
+ * attention_*_bf16, where kern_cuda_size_attn_tc_qkv16) dout's alone, C / 2;
+ * with cuDNN's attention (cudnn, with qkv16) also dq's accumulator and the
+ * engine's workspace (kern_cuda_size_attn_cudnn_ws_at), so either runs in
+ * it. Products: the score gradients of one batch row, (NH, T, T); backward
  * walks the batch one row at a time on the one stream, so the rows reuse
  * it. */
 static inline size_t kern_cuda_size_attention_scratch(int B, int T, int C, int NH, int gemm,
-                                                      int tc, int qkv16) {
+                                                      int tc, int qkv16, int cudnn) {
   if (!kern_cuda_size_attn_fused(C, NH, gemm)) return (size_t)NH * (size_t)T * (size_t)T;
   if (!tc) return (size_t)B * (size_t)NH * (size_t)T;
+  if (qkv16 && cudnn)
+    return kern_cuda_size_attn_cudnn_ws_at(B, T, C, NH) + KERN_CUDA_SIZE_CUDNN_WS / sizeof(float);
   const size_t a_token = qkv16 ? (size_t)C / 2 : 2 * (size_t)C; /* C even: heads of 16 on */
   return kern_cuda_size_attn_tc_copies_at(B, T, NH) + (size_t)B * (size_t)T * a_token;
 }

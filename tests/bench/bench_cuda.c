@@ -171,10 +171,13 @@ static float *ops_buf(size_t n) {
 }
 
 /* Which attention the job's settings run: "gemm" (strided products),
- * "fused-bf16-tc" (attention_tc.cu, bf16 jobs) or "fused-fp32". */
+ * "fused-bf16-tc" (attention_tc.cu, bf16 jobs), "fused-bf16-cudnn"
+ * (cudnn.cu, FSDP_CUDA_ATTN_CUDNN=1; the kernels where cuDNN has no engine,
+ * said on stderr) or "fused-fp32". */
 static const char *bench_attn_name(int C, int NH, int bf16) {
   if (!kern_cuda_size_attn_fused(C, NH, param_cuda_attn_gemm() != 0)) return "gemm";
-  return bf16 && param_cuda_attn_fp32() == 0 ? "fused-bf16-tc" : "fused-fp32";
+  if (!bf16 || param_cuda_attn_fp32()) return "fused-fp32";
+  return param_cuda_attn_cudnn() ? "fused-bf16-cudnn" : "fused-bf16-tc";
 }
 
 static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int T,
@@ -202,14 +205,7 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
   const size_t N = (size_t)B * T, P = gpt_config_num_params(g);
   char msg[512];
   const int bf16 = strcmp(prec, "fp32") != 0;
-  const kern_cuda_opts_t ko = {.bf16 = bf16, .tf32 = c.tf32,
-                               .attn_gemm = param_cuda_attn_gemm() != 0,
-                               .gemm_fast16bf = param_cuda_gemm_fast16bf() != 0,
-                               .attn_fp32 = param_cuda_attn_fp32() != 0,
-                               .acts_fp32 = param_cuda_acts_fp32() != 0,
-                               .dinp_fp32 = param_cuda_dinp_fp32() != 0,
-                               .gelu_exact = param_cuda_gelu_exact() != 0,
-                               .gemm_algo = KERN_CUDA_GEMM_ALGO(param_cuda_gemm_algo())};
+  const kern_cuda_opts_t ko = device_cuda_opts(0, bf16, c.tf32);
   if (!(K = p->kern_init(&ko, msg, sizeof msg))) {
     fprintf(stderr, "bench_cuda: %s\n", msg);
     return 1;

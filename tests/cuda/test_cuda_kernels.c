@@ -1228,6 +1228,85 @@ static void test_attention_bf16(int B, int T, int C, int NH) {
   free(want_o16), free(got_o16), free(o16w);
 }
 
+/* FSDP_CUDA_ATTN_CUDNN (kern_cuda_opts_t.attn_cudnn): the bf16 attention
+ * ops by cuDNN's fused flash attention (kernels/cuda/cudnn.cu), against
+ * float64 on qkv (and dout) rounded to bf16, as both GPU paths compute from:
+ * out16 within the bf16 products' bound of attn_fwd_mags' (plus out's own
+ * bf16 rounding), each row's log-sum-exp within it of attn_ref_lse's, dqkv
+ * (acc 0, written whole over NaNs, with dout in fp32 and in bf16) within it
+ * of attn_bwd_mags' around the CPU's fp32 attention given out16 widened,
+ * and qkv16 qkv rounded (f32_to_bf16's bits). */
+static void test_attention_cudnn(int B, int T, int C, int NH) {
+  char shape[64];
+  snprintf(shape, sizeof shape, "B=%d T=%d C=%d NH=%d", B, T, C, NH);
+  const size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, nr = (size_t)B * NH * T;
+  const size_t na = nr * T, ns = gpu->attention_scratch_bf16(B, T, C, NH);
+  float *qkv = frand(nq, -2, 2), *dout = frand(no, -1, 1), *qr = xmalloc(nq * 4), *dr = xmalloc(no * 4);
+  uint16_t *q16h = xmalloc(nq * 2), *d16h = xmalloc(no * 2);
+  cpu->f32_to_bf16(q16h, qkv, nq), cpu->bf16_to_f32(qr, q16h, nq);
+  cpu->f32_to_bf16(d16h, dout, no), cpu->bf16_to_f32(dr, d16h, no);
+  float *d_qkv = dput(qkv, nq * 4), *d_dout = dput(dout, no * 4), *sc = dnew(ns * 4);
+  float *lse = dnew(nr * 4), *g = dnew(nq * 4);
+  uint16_t *q16 = dnew(nq * 2), *o16 = dnew(no * 2), *d_d16 = dput(d16h, no * 2);
+  gpu->attention_fwd_bf16(o16, lse, sc, d_qkv, q16, B, T, C, NH);
+  uint16_t *got_q = xmalloc(nq * 2), *got_o16 = xmalloc(no * 2);
+  gpu->copy_d2h(got_q, q16, nq * 2);
+  gpu->copy_d2h(got_o16, o16, no * 2);
+  gpu->sync();
+  check_bits_u16("attention_fwd_bf16 (cuDNN)", "qkv16=bf16(qkv)", shape, got_q, q16h, nq);
+  /* forward against float64 on the rounded qkv */
+  float *att = xmalloc(na * 4), *mag_att = xmalloc(na * 4), *mag_out = xmalloc(no * 4);
+  float *o = xmalloc(no * 4), *ref_o = xmalloc(no * 4), *rl = xmalloc(nr * 4), *ml = xmalloc(nr * 4);
+  attn_probs(att, qr, B, T, C, NH);
+  attn_fwd_mags(mag_att, mag_out, qr, att, B, T, C, NH);
+  double *row = xmalloc((size_t)T * 8), *orow = xmalloc((size_t)(C / NH) * 8);
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < NH; h++)
+      for (int i = 0; i < T; i++) {
+        attn_ref_row(row, orow, qr, b, h, i, T, C, NH);
+        for (int d = 0; d < C / NH; d++) {
+          const size_t k = ((size_t)b * T + i) * C + (size_t)h * (C / NH) + d;
+          ref_o[k] = (float)orow[d];
+          /* plus out's own rounding to bf16 (at most 2^-9 |out|), 2^-7 |out| */
+          mag_out[k] += fabsf(ref_o[k]) / (float)TOL_GEMM_BF16 / 128;
+        }
+        double m;
+        const size_t r = ((size_t)b * NH + h) * T + i;
+        rl[r] = (float)attn_ref_lse(&m, qr, b, h, i, T, C, NH);
+        ml[r] = (float)m;
+      }
+  cpu->bf16_to_f32(o, got_o16, no);
+  check_tol("attention_fwd_bf16 (cuDNN)", "out16-f64", shape, o, ref_o, NULL, mag_out, NULL, no,
+            TOL_GEMM_BF16);
+  float *got_l = dget(lse, nr);
+  check_tol("attention_fwd_bf16 (cuDNN)", "lse-f64", shape, got_l, rl, NULL, ml, NULL, nr,
+            TOL_GEMM_BF16);
+  /* backward against the CPU's fp32 attention given out16 widened (D =
+   * dout . out from the same out) and its own log-sum-exps */
+  float *want = xmalloc(nq * 4), *zero = xmalloc(nq * 4), *mag = xmalloc(nq * 4);
+  float *cs = xmalloc(cpu->attention_scratch(B, T, C, NH) * 4 + 4), *clse = xmalloc(nr * 4);
+  float *o_cpu = xmalloc(no * 4);
+  cpu->attention_fwd(o_cpu, clse, cs, qr, B, T, C, NH);
+  cpu->attention_bwd(want, cs, dr, qr, o, clse, B, T, C, NH, 0);
+  memset(zero, 0, nq * 4);
+  attn_bwd_mags(mag, zero, qr, att, dr, B, T, C, NH);
+  for (int form = 0; form < 2; form++) { /* dout in fp32, then in bf16 */
+    gpu->dev_set(g, 0xff, nq * 4);          /* NaNs: written whole */
+    gpu->dev_set(d_qkv, 0xff, nq * 4);      /* backward reads qkv16 alone */
+    gpu->attention_bwd_bf16(g, sc, form ? NULL : d_dout, form ? d_d16 : NULL, q16, o16, lse, B, T,
+                            C, NH, 0);
+    float *got = dget(g, nq);
+    check_tol("attention_bwd_bf16 (cuDNN)", form ? "dqkv(dout16)" : "dqkv", shape, got, want,
+              NULL, mag, NULL, nq, TOL_GEMM_BF16);
+    free(got);
+  }
+  gpu->dev_free(d_qkv), gpu->dev_free(d_dout), gpu->dev_free(sc), gpu->dev_free(lse);
+  gpu->dev_free(g), gpu->dev_free(q16), gpu->dev_free(o16), gpu->dev_free(d_d16);
+  free(qkv), free(dout), free(qr), free(dr), free(q16h), free(d16h), free(got_q), free(got_o16);
+  free(att), free(mag_att), free(mag_out), free(o), free(ref_o), free(rl), free(ml), free(row);
+  free(orow), free(got_l), free(want), free(zero), free(mag), free(cs), free(clse), free(o_cpu);
+}
+
 /* ---- gelu, residual ------------------------------------------------------- */
 
 static void test_gelu(size_t n) {
@@ -2548,6 +2627,23 @@ int main(void) {
          cuda_emu_launches("tc_fwd_kernel<HS, O>") && cuda_emu_launches("tc_bwd_dq_kernel<HS, O>") &&
              cuda_emu_launches("tc_bwd_dkv_kernel<HS>"));
 #endif
+  /* FSDP_CUDA_ATTN_CUDNN: the bf16 ops by cuDNN; its init fails, saying
+   * why, where cuDNN cannot open (not installed; on the emulator, no GPU of
+   * its own), and the check says it skipped */
+  const kern_cuda_opts_t odn = {.device = 0, .bf16 = 1, .attn_cudnn = 1};
+  const kern_backend_t *dnn = kern_cuda_init(&odn, msg, sizeof msg);
+  if (!dnn) {
+    printf("test_cuda_kernels: cuDNN attention skipped: %s\n", msg);
+  } else {
+    gpu = dnn;
+    report("table", "bf16 mode, cuDNN attention: the bf16 table", "-", 0, 0, "-", -1,
+           gpu == bf16_table);
+    test_attention_cudnn(2, 70, 64, 2);
+    test_attention_cudnn(1, 200, 64, 4);
+    test_attention_cudnn(1, 130, 128, 4);
+    test_attention_cudnn(1, GPT_T, 768, 12);
+    gpu = kern_cuda_init(&otc, msg, sizeof msg); /* the kernels again */
+  }
   attn_tc = 0;
   /* FSDP_CUDA_ATTN_FP32: bf16 products, the fp32 fused attention, at fp32's bound */
   const kern_cuda_opts_t ofp = {.device = 0, .bf16 = 1, .attn_fp32 = 1};

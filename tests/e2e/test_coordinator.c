@@ -3504,16 +3504,17 @@ static int collect_secrets(const node_t *n, const char *job, uint32_t attempt, i
       const Fsdp__V1__RankAssignment *a = r->assignments[i];
       if (strcmp(a->job_id, job) || a->attempt != attempt || (int)a->rank >= want) continue;
       len[a->rank] = a->ring_secret.len;
-      int staging = 0, gemm = 0, fp32 = 0, pack = 0, round = 0;
+      int staging = 0, gemm = 0, fp32 = 0, pack = 0, round = 0, dnn = 0;
       for (size_t k = 0; k < a->n_plan_env; k++) {
         staging += !strcmp(a->plan_env[k], "FSDP_COMM_STAGING_BYTES=4194304");
         gemm += !strcmp(a->plan_env[k], "FSDP_CUDA_ATTN_GEMM=0");
         fp32 += !strcmp(a->plan_env[k], "FSDP_CUDA_ATTN_FP32=0");
         pack += !strcmp(a->plan_env[k], "FSDP_CUDA_WEIGHTS_PACK=0"); /* plan.c's weights16 */
         round += !strcmp(a->plan_env[k], "FSDP_GATHER_ROUND=0");      /* plan.c's image16 */
+        dnn += !strcmp(a->plan_env[k], "FSDP_CUDA_ATTN_CUDNN=0"); /* the attention's scratch */
       }
       saw_plan_env += a->n_plan_env == PARAM_PLAN_ENV_N && staging == 1 && gemm == 1 &&
-                      fp32 == 1 && pack == 1 && round == 1;
+                      fp32 == 1 && pack == 1 && round == 1 && dnn == 1;
       if (a->ring_secret.len == RING_SECRET_BYTES) memcpy(sec[a->rank], a->ring_secret.data, RING_SECRET_BYTES);
       got++;
     }

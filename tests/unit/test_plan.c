@@ -573,6 +573,27 @@ Test(plan, a_bf16_cuda_job_with_fp32_activations_plans_copies_of_qkv_and_dout) {
   cuda_attention_copies(1);
 }
 
+/* FSDP_CUDA_ATTN_CUDNN=1: cuDNN's attention (kernels/cuda/cudnn.cu) keeps
+ * dq's fp32 accumulator (B T C floats) and its engine's workspace (1 MiB)
+ * in the bf16 job's scratch after the D rows and dout's copy (as
+ * cuda_attention_copies), each with 256 bytes of room to align it in; an
+ * fp32 job's attention is not cuDNN's: the D rows alone. */
+Test(plan, a_bf16_cuda_job_with_cudnn_attention_plans_dqs_accumulator_and_workspace) {
+  setenv("FSDP_CUDA_ATTN_CUDNN", "1", 1); /* this test's own process (criterion) */
+  char *data = tu_token_file("tokens.bin", 20000, 3, 256);
+  config_t c;
+  const size_t w32 = cuda_workspace(data, "fp32", &c), w16 = cuda_workspace(data, "bf16-mixed", &c);
+  const size_t B = (size_t)c.batch, T = (size_t)c.seq_len, C = (size_t)c.gpt.channels,
+               NH = (size_t)c.gpt.heads;
+  const size_t d = B * NH * T, at = (d + 3) / 4 * 4;
+  cr_assert_eq(w16 - w32,
+               (at - d) * sizeof(float) + B * T * C * 2 + (B * T * C + 64 + 64) * sizeof(float) +
+                   ((size_t)1 << 20),
+               "bf16 %zu, fp32 %zu: the difference is not dout's copy, dq's accumulator and "
+               "cuDNN's workspace", w16, w32);
+  free(data);
+}
+
 /* A cuda job's logits chunk is 1024 MiB unless the job sets one (each chunk
  * reads the embedding twice at memory speed), a cpu job's 128; where the
  * larger chunk alone makes a job not fit, the refusal says to set 128. A

@@ -1,0 +1,50 @@
+/* cudnn: the causal attention of the bf16 attention ops by cuDNN's fused
+ * flash attention (cudnn.cu; libcudnn.so.9 loaded when opened). Plain C
+ * declarations: tests/cuda/test_cudnn_graphs.c includes them too. */
+#ifndef FSDP_KERN_CUDA_CUDNN_H
+#define FSDP_KERN_CUDA_CUDNN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Opens cuDNN on the current device for work queued on stream (a
+ * cudaStream_t). 1, or 0 with msg saying why (no libcudnn.so.9, older than
+ * 9.6, no handle). Once; again is a no-op. */
+int kern_cudnn_open(void *stream, char *msg, size_t n);
+/* Opens cuDNN with no device, for a GPU described by json (cuDNN's device
+ * properties, CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION): plans are chosen,
+ * never built or run. For tests. */
+int kern_cudnn_open_deviceless(const char *json, char *msg, size_t n);
+void kern_cudnn_close(void);
+/* The open device's properties as cuDNN serializes them (the JSON
+ * kern_cudnn_open_deviceless takes), into buf; 1, or 0 (none, or longer
+ * than n - 1). */
+int kern_cudnn_device_json(char *buf, size_t n);
+
+/* The plan of the forward (bwd 0) or backward (bwd 1) attention for these
+ * shapes, made on first use: 1 with its workspace (at most
+ * KERN_CUDA_SIZE_CUDNN_WS bytes) and cuDNN's engine, or 0 with why. */
+int kern_cudnn_sdpa_plan(int bwd, int B, int T, int C, int NH, size_t *workspace, long *engine,
+                         char *why, size_t n);
+
+/* The ops (kern.h's attention_*_bf16 on qkv16 (B, T, 3C) bf16): 1 when
+ * queued, 0 when cuDNN has no plan for the shapes (said once on stderr) and
+ * the caller's kernels must run it. ws: KERN_CUDA_SIZE_CUDNN_WS bytes,
+ * 256-byte aligned. Forward: out16 (B, T, C) bf16, lse (B, NH, T).
+ * Backward (acc 0): dqkv (B, T, 3C) fp32 written whole; D (B, NH, T) and
+ * dq_acc (B T C floats) scratch. */
+int kern_cudnn_sdpa_fwd(uint16_t *out16, float *lse, const uint16_t *qkv16, void *ws, int B, int T,
+                        int C, int NH);
+int kern_cudnn_sdpa_bwd(float *dqkv, float *D, float *dq_acc, void *ws, const uint16_t *dout16,
+                        const uint16_t *qkv16, const uint16_t *out16, const float *lse, int B,
+                        int T, int C, int NH);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
