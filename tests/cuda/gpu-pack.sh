@@ -30,12 +30,13 @@ cd "$(dirname "$0")/../.."
 mkvar() { make -s --eval='print-%: ; @echo $($*)' "print-$1"; }
 make -j2 all build/tests/cuda/kern_math_gpu build/tests/cuda/kern_math_gpu_nofmad \
   build/tests/cuda/test_cuda_kernels build/tests/cuda/test_nccl build/tests/cuda/test_cuda_train \
-  build/bench/bench_cuda
+  build/tests/cuda/test_cudnn_graphs build/bench/bench_cuda
 rm -rf .gpu
 mkdir -p .gpu/bin .gpu/lib/fsdpd .gpu/tests .gpu/libs
 cp bin/fsdp-train bin/fsdp-tokenize bin/fsdp-launch .gpu/bin/
 cp lib/fsdpd/libfsdp-cuda.so .gpu/lib/fsdpd/
-for t in kern_math_gpu kern_math_gpu_nofmad test_cuda_kernels test_nccl test_cuda_train; do
+for t in kern_math_gpu kern_math_gpu_nofmad test_cuda_kernels test_nccl test_cuda_train \
+         test_cudnn_graphs; do
   cp build/tests/cuda/$t .gpu/tests/
 done
 cp build/bench/bench_cuda .gpu/tests/

@@ -8,7 +8,9 @@
 # BENCH_CUDA_STEPS as there, and gpt2-124m again with attention by products,
 # FSDP_CUDA_ATTN_GEMM=1, and with the fp32 fused attention, FSDP_CUDA_ATTN_FP32=1,
 # to compare with the tensor-core one, "acts32": with every activation in
-# fp32, FSDP_CUDA_ACTS_FP32=1, against the bf16 activations, and bench_cuda --ops: each op of a
+# fp32, FSDP_CUDA_ACTS_FP32=1, against the bf16 activations, "cudnn": the
+# attention by cuDNN's fused flash attention, FSDP_CUDA_ATTN_CUDNN=1 (not in
+# the default list: name it), and bench_cuda --ops: each op of a
 # step alone, and "trace": gpt2-124m with one step traced by CUPTI,
 # FSDP_BENCH_TRACE=1: where the step's time goes, idle gaps and their
 # causes). GPU_BENCH_MODELS picks the models (default "gpt2-124m
@@ -39,7 +41,8 @@ for f in .gpu/libs/*.xz; do
   xz -dc "$f" >"${f%.xz}" 2>/dev/null || python3 -c 'import lzma, shutil, sys
 shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$f" "${f%.xz}"
 done
-libdirs=$(find /usr/local /opt /usr/lib \( -name 'libnccl.so.2' -o -name 'libcublasLt.so.13' -o -name 'libcudart.so.13' \) 2>/dev/null \
+libdirs=$(find /usr/local /opt /usr/lib \( -name 'libnccl.so.2' -o -name 'libcublasLt.so.13' -o -name 'libcudart.so.13' \
+  -o -name 'libcudnn.so.9' \) 2>/dev/null \
   | xargs -r -n1 dirname | sort -u | tr '\n' ':')
 export LD_LIBRARY_PATH="$PWD/.gpu/libs:${libdirs}${LD_LIBRARY_PATH:-}"
 export FSDP_CUDA_PLUGIN="${GPU_PLUGIN:-$PWD/.gpu/lib/fsdpd/libfsdp-cuda.so}"
@@ -47,12 +50,14 @@ echo "gpu-run: LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 ldd "$FSDP_CUDA_PLUGIN" | grep -E 'not found|nccl|cublas' || true
 status=0
-for t in ${GPU_CHECKS-kern_math_gpu kern_math_gpu_nofmad test_cuda_kernels test_nccl test_cuda_train}; do
+for t in ${GPU_CHECKS-kern_math_gpu kern_math_gpu_nofmad test_cudnn_graphs test_cuda_kernels test_nccl test_cuda_train}; do
   echo "== $t"
+  # test_cudnn_graphs on the GPU: cuDNN's plans built there, its JSON printed
+  case $t in test_cudnn_graphs) a=--device ;; *) a= ;; esac
   if [ -n "${OUT:-}" ]; then
-    timeout ${GPU_TIMEOUT:-300} .gpu/tests/$t >"$OUT/$t.log" 2>&1; rc=$?; tail -n 60 "$OUT/$t.log"
+    timeout ${GPU_TIMEOUT:-300} .gpu/tests/$t $a >"$OUT/$t.log" 2>&1; rc=$?; tail -n 60 "$OUT/$t.log"
   else
-    timeout ${GPU_TIMEOUT:-300} .gpu/tests/$t; rc=$?
+    timeout ${GPU_TIMEOUT:-300} .gpu/tests/$t $a; rc=$?
   fi
   echo "== $t: exit $rc"
   [ $rc -eq 0 ] || [ $status -ne 0 ] || status=$rc
@@ -108,6 +113,8 @@ if [ "${GPU_BENCH:-0}" = 1 ]; then
     FSDP_CUDA_ATTN_FP32=1
   run_variant acts32 "every activation in fp32 (FSDP_CUDA_ACTS_FP32=1)" "${BENCH_CUDA_STEPS:-20}" \
     FSDP_CUDA_ACTS_FP32=1
+  run_variant cudnn "the attention by cuDNN (FSDP_CUDA_ATTN_CUDNN=1)" "${BENCH_CUDA_STEPS:-20}" \
+    FSDP_CUDA_ATTN_CUDNN=1
   run_variant trace "one step traced (FSDP_BENCH_TRACE=1)" 5 FSDP_BENCH_TRACE=1
   if [ "${variants#* ops }" != "$variants" ]; then
   echo "== bench_cuda --ops gpt2-124m: each op of a step alone, and the products in every mode"
