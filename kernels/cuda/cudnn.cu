@@ -53,13 +53,17 @@ static struct {
 #define X(f) decltype(&::f) f;
   KCD_FNS(X)
 #undef X
+  int open;                        /* kern_cudnn_open or _deviceless succeeded */
   cudnnHandle_t handle;            /* NULL when deviceless */
-  cudnnBackendDescriptor_t device; /* the device properties every heuristic and plan take */
+  cudnnBackendDescriptor_t device; /* deviceless: the GPU the heuristics and plans are for */
 } kcd;
 
-/* cuDNN 9.6 on: a non-virtual accumulator (dq_acc) is cleared by the
- * engine itself (before, its caller cleared it). */
-#define KCD_MIN_VERSION 90600
+/* cuDNN 9.10.2 on, as cudnn-frontend asks of these graphs: from 9.6 a
+ * non-virtual accumulator (dq_acc) is cleared by the engine itself, from
+ * 9.8 device properties exist (deviceless planning), before 9.10 the mask
+ * wanted -FLT_MAX for -inf, and 9.10.0 and 9.10.1 have known bugs in the
+ * bf16 backward. */
+#define KCD_MIN_VERSION 91002
 
 static int kcd_load(char *msg, size_t n) {
   if (kcd.so) return 1;
@@ -71,8 +75,8 @@ static int kcd_load(char *msg, size_t n) {
   }
 #define X(f)                                                                                       \
   if (!(kcd.f = (decltype(&::f))dlsym(so, #f))) {                                                    \
-    snprintf(msg, n, "libcudnn.so.9 has no %s: a cuDNN older than 9.%d", #f,                       \
-             KCD_MIN_VERSION / 100 % 100);                                                         \
+    snprintf(msg, n, "libcudnn.so.9 has no %s: a cuDNN older than %d.%d.%d", #f,                  \
+             KCD_MIN_VERSION / 10000, KCD_MIN_VERSION / 100 % 100, KCD_MIN_VERSION % 100);         \
     dlclose(so);                                                                                   \
     return 0;                                                                                      \
   }
@@ -80,8 +84,9 @@ static int kcd_load(char *msg, size_t n) {
 #undef X
   const size_t v = kcd.cudnnGetVersion();
   if (v < KCD_MIN_VERSION) {
-    snprintf(msg, n, "libcudnn.so.9 is cuDNN %zu.%zu.%zu; the fused attention needs 9.%d or newer",
-             v / 10000, v / 100 % 100, v % 100, KCD_MIN_VERSION / 100 % 100);
+    snprintf(msg, n, "libcudnn.so.9 is cuDNN %zu.%zu.%zu; the fused attention needs %d.%d.%d or "
+             "newer", v / 10000, v / 100 % 100, v % 100, KCD_MIN_VERSION / 10000,
+             KCD_MIN_VERSION / 100 % 100, KCD_MIN_VERSION % 100);
     dlclose(so);
     return 0;
   }
@@ -96,6 +101,7 @@ static void kcd_why(char *msg, size_t n, const char *what, cudnnStatus_t s) {
   snprintf(msg, n, "%s: %s%s%s", what, kcd.cudnnGetErrorString(s), last[0] ? ": " : "", last);
 }
 
+/* The device properties from cuDNN's JSON (deviceless) or the handle. */
 static int kcd_device_from(const void *json, size_t len, char *msg, size_t n) {
   cudnnStatus_t s = kcd.cudnnBackendCreateDescriptor(CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR, &kcd.device);
   if (s == CUDNN_STATUS_SUCCESS) {
@@ -107,13 +113,18 @@ static int kcd_device_from(const void *json, size_t len, char *msg, size_t n) {
   }
   if (s != CUDNN_STATUS_SUCCESS) {
     kcd_why(msg, n, "cuDNN's device properties", s);
+    if (kcd.device) kcd.cudnnBackendDestroyDescriptor(kcd.device);
+    kcd.device = NULL;
     return 0;
   }
   return 1;
 }
 
+/* On a device the graphs name the handle (as cudnn-frontend's do) and
+ * cuDNN finds the device from it; deviceless, the heuristics and plans
+ * name the device properties instead. */
 extern "C" int kern_cudnn_open(void *stream, char *msg, size_t n) {
-  if (kcd.device) return 1;
+  if (kcd.open) return 1;
   if (!kcd_load(msg, n)) return 0;
   cudnnStatus_t s = kcd.cudnnCreate(&kcd.handle);
   if (s == CUDNN_STATUS_SUCCESS) s = kcd.cudnnSetStream(kcd.handle, (cudaStream_t)stream);
@@ -122,26 +133,26 @@ extern "C" int kern_cudnn_open(void *stream, char *msg, size_t n) {
     kern_cudnn_close();
     return 0;
   }
-  if (!kcd_device_from(NULL, 0, msg, n)) {
-    kern_cudnn_close();
-    return 0;
-  }
+  kcd.open = 1;
   return 1;
 }
 
 extern "C" int kern_cudnn_open_deviceless(const char *json, char *msg, size_t n) {
-  if (kcd.device) return 1;
+  if (kcd.open) return 1;
   if (!kcd_load(msg, n)) return 0;
   if (!kcd_device_from(json, strlen(json), msg, n)) {
     kern_cudnn_close();
     return 0;
   }
+  kcd.open = 1;
   return 1;
 }
 
 extern "C" int kern_cudnn_device_json(char *buf, size_t n) {
   const cudnnBackendAttributeName_t a = CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION;
   int64_t len = 0;
+  char why[320];
+  if (!kcd.device && kcd.handle && !kcd_device_from(NULL, 0, why, sizeof why)) return 0;
   if (!kcd.device ||
       kcd.cudnnBackendGetAttribute(kcd.device, a, CUDNN_TYPE_CHAR, 0, &len, NULL) !=
           CUDNN_STATUS_SUCCESS ||
@@ -325,17 +336,24 @@ static kcd_shapes_t kcd_shapes(int B, int T, int C, int NH) {
   return s;
 }
 
-/* S = q k^T scale, causally masked (-inf above the diagonal): the scores
- * both passes start from. */
+/* S = q k^T scale (less lse, a row's, where given: backward), then
+ * causally masked (-inf above the diagonal), in cudnn-frontend's order:
+ * the scores both passes start from. */
 static cudnnBackendDescriptor_t kcd_masked_scores(kcd_graph_t *g, const kcd_shapes_t *s,
                                                   cudnnBackendDescriptor_t q,
                                                   cudnnBackendDescriptor_t kt,
-                                                  cudnnBackendDescriptor_t scale) {
+                                                  cudnnBackendDescriptor_t scale,
+                                                  cudnnBackendDescriptor_t lse) {
   const cudnnDataType_t F = CUDNN_DATA_FLOAT, I = CUDNN_DATA_INT32, BO = CUDNN_DATA_BOOLEAN;
   cudnnBackendDescriptor_t qk = kcd_tensor(g, 0, F, &s->scores, 0);
   kcd_matmul(g, q, kt, qk);
   cudnnBackendDescriptor_t sc = kcd_tensor(g, 0, F, &s->scores, 0);
   kcd_pointwise(g, CUDNN_POINTWISE_MUL, F, qk, scale, NULL, -1, sc);
+  if (lse) {
+    cudnnBackendDescriptor_t x = kcd_tensor(g, 0, F, &s->scores, 0);
+    kcd_pointwise(g, CUDNN_POINTWISE_SUB, F, sc, lse, NULL, -1, x);
+    sc = x;
+  }
   cudnnBackendDescriptor_t row = kcd_tensor(g, 0, I, &s->scores, 0),
                            col = kcd_tensor(g, 0, I, &s->scores, 0),
                            keep = kcd_tensor(g, 0, BO, &s->scores, 0);
@@ -354,7 +372,7 @@ static void kcd_graph_fwd(kcd_graph_t *g, const kcd_shapes_t *s) {
                            kt = kcd_tensor(g, KCD_K, BF, &s->kt, 0),
                            v = kcd_tensor(g, KCD_V, BF, &s->qkv, 0),
                            scale = kcd_tensor(g, KCD_SCALE, F, &s->one, 1);
-  cudnnBackendDescriptor_t S = kcd_masked_scores(g, s, q, kt, scale);
+  cudnnBackendDescriptor_t S = kcd_masked_scores(g, s, q, kt, scale, NULL);
   cudnnBackendDescriptor_t m = kcd_tensor(g, 0, F, &s->rows, 0), x = kcd_tensor(g, 0, F, &s->scores, 0),
                            e = kcd_tensor(g, 0, F, &s->scores, 0), l = kcd_tensor(g, 0, F, &s->rows, 0);
   kcd_reduce(g, CUDNN_REDUCE_TENSOR_MAX, S, m);
@@ -387,10 +405,9 @@ static void kcd_graph_bwd(kcd_graph_t *g, const kcd_shapes_t *s) {
   kcd_reduce(g, CUDNN_REDUCE_TENSOR_ADD, dxo, d0);
   kcd_pointwise(g, CUDNN_POINTWISE_MUL, F, d0, one, NULL, -1, D);
   /* P = exp(S - lse); dv = P^T dout */
-  cudnnBackendDescriptor_t S = kcd_masked_scores(g, s, q, kt, scale);
-  cudnnBackendDescriptor_t x = kcd_tensor(g, 0, F, &s->scores, 0), p = kcd_tensor(g, 0, F, &s->scores, 0),
+  cudnnBackendDescriptor_t x = kcd_masked_scores(g, s, q, kt, scale, lse);
+  cudnnBackendDescriptor_t p = kcd_tensor(g, 0, F, &s->scores, 0),
                            pt = kcd_tensor(g, 0, BF, &s->scores_t, 0);
-  kcd_pointwise(g, CUDNN_POINTWISE_SUB, F, S, lse, NULL, -1, x);
   kcd_pointwise(g, CUDNN_POINTWISE_EXP, F, x, NULL, NULL, -1, p);
   kcd_reshape(g, p, pt);
   kcd_matmul(g, pt, dout, kcd_tensor(g, KCD_DV, F, &s->qkv, 0));
@@ -447,12 +464,16 @@ static void kcd_plan_make(kcd_plan_t *p) {
   const cudnnBackendAttributeType_t D = CUDNN_TYPE_BACKEND_DESCRIPTOR;
   cudnnBackendDescriptor_t og = kcd_new(&g, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
   kcd_set(&g, og, CUDNN_ATTR_OPERATIONGRAPH_OPS, D, g.nop, g.op, "the graph's operations");
+  if (kcd.handle)
+    kcd_set(&g, og, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &kcd.handle,
+            "the graph's handle");
   kcd_fin(&g, og, "the operation graph");
   cudnnBackendDescriptor_t heur = kcd_new(&g, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
   const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
   kcd_set(&g, heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, D, 1, &og, "heuristics' graph");
   kcd_set(&g, heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode, "heuristics' mode");
-  kcd_set(&g, heur, CUDNN_ATTR_ENGINEHEUR_DEVICEPROP, D, 1, &kcd.device, "heuristics' device");
+  if (!kcd.handle)
+    kcd_set(&g, heur, CUDNN_ATTR_ENGINEHEUR_DEVICEPROP, D, 1, &kcd.device, "heuristics' device");
   kcd_fin(&g, heur, "the heuristics");
   enum { MAX_CFG = 8 };
   cudnnBackendDescriptor_t cfg[MAX_CFG];
@@ -492,8 +513,6 @@ static void kcd_plan_make(kcd_plan_t *p) {
       cudnnStatus_t st = kcd.cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan);
       if (st == CUDNN_STATUS_SUCCESS)
         st = kcd.cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, D, 1, &cfg[i]);
-      if (st == CUDNN_STATUS_SUCCESS)
-        st = kcd.cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP, D, 1, &kcd.device);
       if (st == CUDNN_STATUS_SUCCESS) st = kcd.cudnnBackendFinalize(plan);
       if (st == CUDNN_STATUS_SUCCESS)
         st = kcd.cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
@@ -533,9 +552,9 @@ static kcd_plan_t *kcd_plan(int bwd, int B, int T, int C, int NH) {
 
 extern "C" int kern_cudnn_sdpa_plan(int bwd, int B, int T, int C, int NH, size_t *workspace,
                                     long *engine, char *why, size_t n) {
-  kcd_plan_t *p = kcd.device ? kcd_plan(bwd, B, T, C, NH) : NULL;
+  kcd_plan_t *p = kcd.open ? kcd_plan(bwd, B, T, C, NH) : NULL;
   if (!p || !p->ok) {
-    snprintf(why, n, "%s", !kcd.device ? "cuDNN is not open" : p ? p->why : "too many shapes");
+    snprintf(why, n, "%s", !kcd.open ? "cuDNN is not open" : p ? p->why : "too many shapes");
     return 0;
   }
   if (workspace) *workspace = (size_t)p->workspace;
@@ -571,6 +590,11 @@ static int kcd_run(kcd_plan_t *p, const int64_t *uids, void *const *ptrs, int n,
  * the caller's kernels run it instead. */
 static kcd_plan_t *kcd_plan_for(int bwd, int B, int T, int C, int NH) {
   kcd_plan_t *p = kcd.handle ? kcd_plan(bwd, B, T, C, NH) : NULL;
+  static int full_said;
+  if (kcd.handle && !p && !full_said++)
+    fprintf(stderr, "fsdp: cuda backend: cuDNN attention: plans for %d shapes made, no room for "
+            "more (B=%d T=%d C=%d NH=%d); attention_tc.cu's kernels run the rest\n", KCD_MAX_PLANS,
+            B, T, C, NH);
   if (p && !p->ok && !p->said) {
     fprintf(stderr, "fsdp: cuda backend: cuDNN attention %s B=%d T=%d C=%d NH=%d: %s; "
             "attention_tc.cu's kernels run it\n", bwd ? "backward" : "forward", B, T, C, NH, p->why);
@@ -617,5 +641,5 @@ extern "C" void kern_cudnn_close(void) {
   kcd_nplans = 0;
   if (kcd.device) kcd.cudnnBackendDestroyDescriptor(kcd.device);
   if (kcd.handle) kcd.cudnnDestroy(kcd.handle);
-  kcd.device = NULL, kcd.handle = NULL; /* the library stays loaded (cuDNN's own state) */
+  kcd.device = NULL, kcd.handle = NULL, kcd.open = 0; /* the library stays loaded (cuDNN's own state) */
 }

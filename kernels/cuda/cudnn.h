@@ -13,7 +13,7 @@ extern "C" {
 
 /* Opens cuDNN on the current device for work queued on stream (a
  * cudaStream_t). 1, or 0 with msg saying why (no libcudnn.so.9, older than
- * 9.6, no handle). Once; again is a no-op. */
+ * 9.10.2, no handle). Once; again is a no-op. */
 int kern_cudnn_open(void *stream, char *msg, size_t n);
 /* Opens cuDNN with no device, for a GPU described by json (cuDNN's device
  * properties, CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION): plans are chosen,

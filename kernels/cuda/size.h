@@ -78,11 +78,12 @@ static inline size_t kern_cuda_size_attn_tc_copies_at(int B, int T, int NH) {
 #define KERN_CUDA_SIZE_CUDNN_WS ((size_t)1 << 20)
 
 /* Where cuDNN's attention (kern_cuda_opts_t.attn_cudnn, with the caller's
- * qkv16) keeps dq's fp32 accumulator in the scratch, in floats: after the D
- * rows and dout's bf16 copy, with 64 floats (256 bytes) of room to align
- * it; its B T C floats, then the engine's workspace (aligned the same way). */
+ * qkv16) keeps dq's fp32 accumulator in the scratch, in floats: from the
+ * first 256-byte boundary after the D rows and dout's bf16 copy (64 floats
+ * of room for that), B T C floats; then the engine's workspace, from the
+ * next (attention.cu rounds each start up). */
 static inline size_t kern_cuda_size_attn_cudnn_acc_at(int B, int T, int C, int NH) {
-  return kern_cuda_size_attn_tc_copies_at(B, T, NH) + (size_t)B * (size_t)T * (size_t)C / 2 + 64;
+  return kern_cuda_size_attn_tc_copies_at(B, T, NH) + (size_t)B * (size_t)T * (size_t)C / 2;
 }
 static inline size_t kern_cuda_size_attn_cudnn_ws_at(int B, int T, int C, int NH) {
   return kern_cuda_size_attn_cudnn_acc_at(B, T, C, NH) + (size_t)B * (size_t)T * (size_t)C + 64;
@@ -104,7 +105,7 @@ static inline size_t kern_cuda_size_attention_scratch(int B, int T, int C, int N
   if (!kern_cuda_size_attn_fused(C, NH, gemm)) return (size_t)NH * (size_t)T * (size_t)T;
   if (!tc) return (size_t)B * (size_t)NH * (size_t)T;
   if (qkv16 && cudnn)
-    return kern_cuda_size_attn_cudnn_ws_at(B, T, C, NH) + KERN_CUDA_SIZE_CUDNN_WS / sizeof(float);
+    return kern_cuda_size_attn_cudnn_ws_at(B, T, C, NH) + 64 + KERN_CUDA_SIZE_CUDNN_WS / sizeof(float);
   const size_t a_token = qkv16 ? (size_t)C / 2 : 2 * (size_t)C; /* C even: heads of 16 on */
   return kern_cuda_size_attn_tc_copies_at(B, T, NH) + (size_t)B * (size_t)T * a_token;
 }

@@ -67,6 +67,7 @@
 
 #include "daemon/common/rng.h"
 #include "kernels/cuda/cuda.h"
+#include "kernels/cuda/cudnn.h"
 #include "kernels/cuda/size.h"
 #include "kernels/kern.h"
 #include "kernels/kern_math.h"
@@ -1249,6 +1250,18 @@ static void test_attention_cudnn(int B, int T, int C, int NH) {
   float *lse = dnew(nr * 4), *g = dnew(nq * 4);
   uint16_t *q16 = dnew(nq * 2), *o16 = dnew(no * 2), *d_d16 = dput(d16h, no * 2);
   gpu->attention_fwd_bf16(o16, lse, sc, d_qkv, q16, B, T, C, NH);
+  /* cuDNN ran both passes (a shape it has no plan for runs the kernels,
+   * which the bounds below would pass too) */
+  for (int bwd = 0; bwd <= 1; bwd++) {
+    char why[512] = "";
+    size_t ws = 0;
+    long engine = -1;
+    const int planned = kern_cudnn_sdpa_plan(bwd, B, T, C, NH, &ws, &engine, why, sizeof why);
+    char what[64];
+    snprintf(what, sizeof what, "%s planned: engine %ld", bwd ? "backward" : "forward", engine);
+    report("attention_bf16 (cuDNN)", what, shape, 0, 0, "-", -1, planned);
+    if (!planned) printf("test_cuda_kernels:   cuDNN: %s\n", why);
+  }
   uint16_t *got_q = xmalloc(nq * 2), *got_o16 = xmalloc(no * 2);
   gpu->copy_d2h(got_q, q16, nq * 2);
   gpu->copy_d2h(got_o16, o16, no * 2);
