@@ -51,25 +51,49 @@ static const struct {
     {"FSDP_ATTN_BLOCK", param_attn_block},
     {"FSDP_CUDA_ATTN_GEMM", param_cuda_attn_gemm},
     {"FSDP_CUDA_ATTN_FP32", param_cuda_attn_fp32}, /* bf16 jobs' attention scratch */
-    {"FSDP_CUDA_ATTN_CUDNN", param_cuda_attn_cudnn}, /* and cuDNN's accumulator in it */
     /* bf16 jobs' activations and gathered units (plan.c's plan_cuda) */
     {"FSDP_CUDA_GEMM_FAST16BF", param_cuda_gemm_fast16bf},
     {"FSDP_CUDA_ACTS_FP32", param_cuda_acts_fp32},
     {"FSDP_CUDA_WEIGHTS_PACK", param_cuda_weights_pack},
     {"FSDP_GATHER_ROUND", param_gather_round}, /* bf16-mixed's image (params, gathered) */
+    /* PARAM_PLAN_ENV_BASE: the ones after it are sent only where set (param.h) */
+    {"FSDP_CUDA_ATTN_CUDNN", param_cuda_attn_cudnn}, /* bf16 jobs' attention scratch */
 };
+
+/* A tunable's default, by its variable (FSDP_PARAM_LIST's). */
+static int64_t param_default(const char *env) {
+#define XX(name, var, def, help) \
+  if (!strcmp(env, var)) return (def);
+  FSDP_PARAM_LIST(XX)
+#undef XX
+  return 0;
+}
 
 void param_plan_env(int i, char out[PARAM_PLAN_ENV_LEN]) {
   snprintf(out, PARAM_PLAN_ENV_LEN, "%s=%lld", param_plan[i].env, (long long)param_plan[i].get());
 }
 
-int param_plan_env_ok(const char *e) {
+void param_plan_env_default(int i, char out[PARAM_PLAN_ENV_LEN]) {
+  snprintf(out, PARAM_PLAN_ENV_LEN, "%s=%lld", param_plan[i].env,
+           (long long)param_default(param_plan[i].env));
+}
+
+int param_plan_env_sent(int i) {
+  return i < PARAM_PLAN_ENV_BASE || param_plan[i].get() != param_default(param_plan[i].env);
+}
+
+int param_plan_env_index(const char *e) {
   for (int i = 0; i < PARAM_PLAN_ENV_N; i++) {
     const size_t n = strlen(param_plan[i].env);
-    if (strncmp(e, param_plan[i].env, n) || e[n] != '=') continue;
-    const char *v = e + n + 1;
-    size_t k = *v == '-' ? 1 : 0, digits = strspn(v + k, "0123456789");
-    return digits > 0 && digits <= 19 && !v[k + digits];
+    if (!strncmp(e, param_plan[i].env, n) && e[n] == '=') return i;
   }
-  return 0;
+  return -1;
+}
+
+int param_plan_env_ok(const char *e) {
+  const int i = param_plan_env_index(e);
+  if (i < 0) return 0;
+  const char *v = e + strlen(param_plan[i].env) + 1;
+  size_t k = *v == '-' ? 1 : 0, digits = strspn(v + k, "0123456789");
+  return digits > 0 && digits <= 19 && !v[k + digits];
 }

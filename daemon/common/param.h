@@ -72,12 +72,27 @@ void param_dump(FILE *out);
 /* The tunables the memory plan reads (daemon/job/plan.c and the size
  * formulas it calls): a job is admitted with the coordinator's values, so
  * the coordinator hands them to each rank with its assignment and fsdpd
- * sets them for the rank over its own (RankAssignment.plan_env). */
+ * sets them for the rank over its own (RankAssignment.plan_env), a
+ * tunable the assignment does not name at its default. So that a node of
+ * an older build (which knows fewer, refuses a name it does not know and
+ * keeps its own value of one it is not sent) runs a newer coordinator's
+ * jobs, the coordinator sends the first PARAM_PLAN_ENV_BASE always (every
+ * build since stop 46 knows them) and a later one only where its value is
+ * not the default: a job that needs it refused there, by name, and every
+ * other job run. New tunables go at the end. */
 #define PARAM_PLAN_ENV_N 11
+#define PARAM_PLAN_ENV_BASE 10
 #define PARAM_PLAN_ENV_LEN 64 /* "NAME=VALUE", terminated */
 /* Entry i (0 <= i < PARAM_PLAN_ENV_N) as this process has it:
  * "NAME=VALUE" into out. */
 void param_plan_env(int i, char out[PARAM_PLAN_ENV_LEN]);
+/* Entry i at its default, "NAME=DEFAULT". */
+void param_plan_env_default(int i, char out[PARAM_PLAN_ENV_LEN]);
+/* Whether the coordinator sends entry i: i < PARAM_PLAN_ENV_BASE, or its
+ * value is not its default. */
+int param_plan_env_sent(int i);
+/* The entry "NAME=VALUE" e names (0 <= i < PARAM_PLAN_ENV_N), or -1. */
+int param_plan_env_index(const char *e);
 /* Whether e is "NAME=VALUE" for one of them with a decimal integer value. */
 int param_plan_env_ok(const char *e);
 

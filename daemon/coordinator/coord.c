@@ -389,9 +389,16 @@ static void coord_node_answer(coord_t *c, coord_node_t *n) {
   char (*ids)[32] = calloc((size_t)n->n_order + 1, sizeof *ids);
   uint8_t (*secrets)[RING_SECRET_BYTES] = calloc((size_t)na + 1, sizeof *secrets);
   /* the plan's tunables as this coordinator planned with them: the same for
-   * every assignment */
+   * every assignment; those a node of an older build may not know only
+   * where they are not at their defaults (param.h) */
   char plan_env[PARAM_PLAN_ENV_N][PARAM_PLAN_ENV_LEN], *plan_envp[PARAM_PLAN_ENV_N];
-  for (int k = 0; k < PARAM_PLAN_ENV_N; k++) param_plan_env(k, plan_env[k]), plan_envp[k] = plan_env[k];
+  size_t n_plan_env = 0;
+  for (int k = 0; k < PARAM_PLAN_ENV_N; k++)
+    if (param_plan_env_sent(k)) {
+      param_plan_env(k, plan_env[n_plan_env]);
+      plan_envp[n_plan_env] = plan_env[n_plan_env];
+      n_plan_env++;
+    }
   uint32_t *kranks = calloc((size_t)nk + 1, sizeof *kranks);
   if (!as || !ap || !specs || !ks || !kp || !ids || !kranks || !secrets) {
     rpc_call_finish(call, err_set(FSDP_ENOMEM, "coordinator: out of memory answering a heartbeat"));
@@ -444,7 +451,7 @@ static void coord_node_answer(coord_t *c, coord_node_t *n) {
       continue;
     }
     if (!src) a->ring_secret = (ProtobufCBinaryData){RING_SECRET_BYTES, secrets[rep.n_assignments]};
-    a->n_plan_env = PARAM_PLAN_ENV_N, a->plan_env = plan_envp;
+    a->n_plan_env = n_plan_env, a->plan_env = plan_envp;
     ap[rep.n_assignments++] = a;
   }
   rep.assignments = ap, rep.kills = kp;

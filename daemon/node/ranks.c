@@ -782,11 +782,22 @@ static int rk_spawn(rank_t *rk, const Fsdp__V1__RendezvousReply *rep) {
   /* the attempt's ring secret, which each rank proves to its neighbours */
   if (a->ring_secret.len == RING_SECRET_BYTES) ring_secret_env(vsecret, a->ring_secret.data);
   /* the plan's tunables as the coordinator admitted the job with them (over
-   * this daemon's own), then the secret; checked at assignment */
+   * this daemon's own; one it does not name at its default: param.h), then
+   * the secret; checked at assignment */
   char *env[16 + PARAM_PLAN_ENV_N] = {vrank, vworld, addrs, "FSDP_LISTEN_FD=3", "FSDP_REPORT_FD=4",
                                       vnode, vjob, vattempt, vmem, is_cpu ? vthreads : vgpu};
   int ne = 10;
-  for (size_t i = 0; i < a->n_plan_env && i < PARAM_PLAN_ENV_N; i++) env[ne++] = a->plan_env[i];
+  char unnamed[PARAM_PLAN_ENV_N][PARAM_PLAN_ENV_LEN];
+  for (int k = 0; k < PARAM_PLAN_ENV_N; k++) {
+    size_t i = 0;
+    while (i < a->n_plan_env && param_plan_env_index(a->plan_env[i]) != k) i++;
+    if (i < a->n_plan_env) {
+      env[ne++] = a->plan_env[i];
+    } else {
+      param_plan_env_default(k, unnamed[k]);
+      env[ne++] = unnamed[k];
+    }
+  }
   if (vsecret[0]) env[ne++] = vsecret;
   env[ne] = NULL;
   char *argv[] = {(char *)R->o.rank_program, "--config", confname, NULL};
@@ -1000,10 +1011,17 @@ void ranks_assign(ranks_t *R, const Fsdp__V1__RankAssignment *a) {
   if (!rc && a->ring_secret.len && a->ring_secret.len != RING_SECRET_BYTES)
     rc = err_set(FSDP_EINVAL, "ring_secret of %zu bytes (%d, or none)", a->ring_secret.len,
                  RING_SECRET_BYTES);
-  for (size_t i = 0; !rc && i < a->n_plan_env; i++)
+  for (size_t i = 0; !rc && i < a->n_plan_env; i++) {
     if (!param_plan_env_ok(a->plan_env[i]) || i >= PARAM_PLAN_ENV_N)
-      rc = err_set(FSDP_EINVAL, "plan_env: \"%.80s\" is not one of the plan's tunables with an "
-                   "integer value (or there are more than %d)", a->plan_env[i], PARAM_PLAN_ENV_N);
+      rc = err_set(FSDP_EINVAL, "plan_env: \"%.80s\" is not one of this fsdpd's plan tunables "
+                   "with an integer value (or there are more than %d): a coordinator of a newer "
+                   "build planned the job with it; upgrade this node, or run the job without it",
+                   a->plan_env[i], PARAM_PLAN_ENV_N);
+    for (size_t j = 0; !rc && j < i; j++)
+      if (param_plan_env_index(a->plan_env[j]) == param_plan_env_index(a->plan_env[i]))
+        rc = err_set(FSDP_EINVAL, "plan_env: \"%.80s\" names a tunable named before",
+                     a->plan_env[i]);
+  }
   if (!rc && a->device >= (uint32_t)R->o.inv->count)
     rc = err_set(FSDP_EINVAL, "device %" PRIu32 ": this node has %d", a->device, R->o.inv->count);
   if (!rc) rc = rk_options_check(a);

@@ -3511,10 +3511,12 @@ static int collect_secrets(const node_t *n, const char *job, uint32_t attempt, i
         fp32 += !strcmp(a->plan_env[k], "FSDP_CUDA_ATTN_FP32=0");
         pack += !strcmp(a->plan_env[k], "FSDP_CUDA_WEIGHTS_PACK=0"); /* plan.c's weights16 */
         round += !strcmp(a->plan_env[k], "FSDP_GATHER_ROUND=0");      /* plan.c's image16 */
-        dnn += !strcmp(a->plan_env[k], "FSDP_CUDA_ATTN_CUDNN=0"); /* the attention's scratch */
+        /* past the first PARAM_PLAN_ENV_BASE, sent only where not at the
+         * default (param.h: nodes of older builds do not know them) */
+        dnn += !strncmp(a->plan_env[k], "FSDP_CUDA_ATTN_CUDNN=", 21);
       }
-      saw_plan_env += a->n_plan_env == PARAM_PLAN_ENV_N && staging == 1 && gemm == 1 &&
-                      fp32 == 1 && pack == 1 && round == 1 && dnn == 1;
+      saw_plan_env += a->n_plan_env == PARAM_PLAN_ENV_BASE && staging == 1 && gemm == 1 &&
+                      fp32 == 1 && pack == 1 && round == 1 && dnn == 0;
       if (a->ring_secret.len == RING_SECRET_BYTES) memcpy(sec[a->rank], a->ring_secret.data, RING_SECRET_BYTES);
       got++;
     }

@@ -1238,23 +1238,44 @@ Test(fsdpd, a_ring_secret_of_another_length_is_refused, .timeout = 20 * TU_SLOW)
 }
 
 /* The memory plan's tunables come with the assignment, as the coordinator
- * admitted the job with them, over fsdpd's own; one that is not a plan
- * tunable (or not an integer) refuses the assignment. */
+ * admitted the job with them, over fsdpd's own, and one the assignment
+ * does not name is its default (param.h: a coordinator sends a newer one
+ * only where it is not), never fsdpd's own; one that is not a plan tunable
+ * (or not an integer, or named twice) refuses the assignment. */
 Test(fsdpd, a_rank_runs_with_the_plans_tunables_from_its_assignment, .timeout = 40 * TU_SLOW) {
   setenv("FSDP_COMM_STAGING_BYTES", "999999", 1); /* fsdpd's own: not the plan's */
+  setenv("FSDP_CUDA_ATTN_CUDNN", "1", 1);         /* fsdpd's own, not named: the default */
+  setenv("FSDP_CUDA_ATTN_FP32", "1", 1);
   job_plan_env[0] = "FSDP_COMM_STAGING_BYTES=1048576";
   job_plan_env[1] = "FSDP_ATTN_BLOCK=32";
   int pids[2];
   start_long_job(pids);
   unsetenv("FSDP_COMM_STAGING_BYTES");
-  for (int i = 0; i < 2; i++) {
-    char b[64];
-    const char *v = rank_env(pids[i], "FSDP_COMM_STAGING_BYTES", b, sizeof b);
-    cr_expect(v && !strcmp(v, "1048576"), "rank pid %d: FSDP_COMM_STAGING_BYTES %s", pids[i],
-              v ? v : "unset");
-    v = rank_env(pids[i], "FSDP_ATTN_BLOCK", b, sizeof b);
-    cr_expect(v && !strcmp(v, "32"), "rank pid %d: FSDP_ATTN_BLOCK %s", pids[i], v ? v : "unset");
-  }
+  unsetenv("FSDP_CUDA_ATTN_CUDNN");
+  unsetenv("FSDP_CUDA_ATTN_FP32");
+  const char *want[][2] = {{"FSDP_COMM_STAGING_BYTES", "1048576"}, {"FSDP_ATTN_BLOCK", "32"},
+                           {"FSDP_CUDA_ATTN_CUDNN", "0"}, {"FSDP_CUDA_ATTN_FP32", "0"},
+                           {"FSDP_COMM_SHM", "1"}};
+  for (int i = 0; i < 2; i++)
+    for (size_t k = 0; k < sizeof want / sizeof want[0]; k++) {
+      char b[64];
+      const char *v = rank_env(pids[i], want[k][0], b, sizeof b);
+      cr_expect(v && !strcmp(v, want[k][1]), "rank pid %d: %s %s, not %s", pids[i], want[k][0],
+                v ? v : "unset", want[k][1]);
+    }
+}
+
+Test(fsdpd, a_plan_tunable_named_twice_is_refused, .timeout = 20 * TU_SLOW) {
+  fsdpd_start();
+  cr_assert(wait_for(registered, 10), "%s", tu_slurp(fsdpd_log, NULL));
+  job_plan_env[0] = "FSDP_ATTN_BLOCK=32";
+  job_plan_env[1] = "FSDP_ATTN_BLOCK=64";
+  queue_job("j-8", 1, 5);
+  cr_assert(wait_for(one_exit, 5), "the refusal was not reported:\n%s", tu_slurp(fsdpd_log, NULL));
+  pthread_mutex_lock(&F.mu);
+  cr_expect_eq(F.exits[0].exit_status, 127);
+  cr_expect(strstr(F.exits[0].message, "named before"), "%s", F.exits[0].message);
+  pthread_mutex_unlock(&F.mu);
 }
 
 Test(fsdpd, a_plan_env_that_is_not_a_plan_tunable_is_refused, .timeout = 20 * TU_SLOW) {
