@@ -31,7 +31,7 @@
   XX(cuda_attn_fp32, "FSDP_CUDA_ATTN_FP32", 0,                                       \
      "device cuda, bf16 jobs: 1: the fused attention computes in fp32 on CUDA cores (0: on bf16 tensor cores)") \
   XX(cuda_attn_cudnn, "FSDP_CUDA_ATTN_CUDNN", 0,                                     \
-     "device cuda, bf16 jobs: 1: the attention by cuDNN's fused flash attention (libcudnn.so.9, 9.10.2 or newer, loaded at start: a rank fails without it; shapes cuDNN has no engine for run the kernels, said once), with dq's fp32 accumulator in the attention's scratch (4 bytes a token and channel more) (0: the project's own tensor-core kernels)") \
+     "device cuda, bf16 jobs: 1: the attention by cuDNN's fused flash attention (libcudnn.so.9, 9.10.2 or newer, loaded at start: a rank fails without it; shapes cuDNN has no engine for run the kernels, said once), with dq's fp32 accumulator and a bf16 dqkv in the attention's scratch (10 bytes a token and channel more) (0: the project's own tensor-core kernels)") \
   XX(cuda_acts_fp32, "FSDP_CUDA_ACTS_FP32", 0,                                       \
      "device cuda, bf16 jobs: 1: every activation kept in fp32, the products packing theirs (0: the products' inputs and qkv kept in bf16), for comparison") \
   XX(cuda_dinp_fp32, "FSDP_CUDA_DINP_FP32", 0,                                       \

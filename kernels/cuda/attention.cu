@@ -522,11 +522,14 @@ extern "C" void kern_cuda_attention_bwd_bf16(float *dqkv, float *scratch, const 
       kern_cuda_f32_to_bf16(c16, dout, (size_t)B * (size_t)T * (size_t)C);
       d16 = c16;
     }
-    if (kern_cudnn_sdpa_bwd(
-            dqkv, scratch, attn_cudnn_at(scratch, kern_cuda_size_attn_cudnn_acc_at(B, T, C, NH)),
-            attn_cudnn_at(scratch, kern_cuda_size_attn_cudnn_ws_at(B, T, C, NH)), d16, qkv16,
-            out16, att, B, T, C, NH))
-      return;
+    uint16_t *g16 = (uint16_t *)attn_cudnn_at(scratch, kern_cuda_size_attn_cudnn_g16_at(B, T, C, NH));
+    const int rc = kern_cudnn_sdpa_bwd(
+        dqkv, g16, scratch, attn_cudnn_at(scratch, kern_cuda_size_attn_cudnn_acc_at(B, T, C, NH)),
+        attn_cudnn_at(scratch, kern_cuda_size_attn_cudnn_ws_at(B, T, C, NH)), d16, qkv16, out16,
+        att, B, T, C, NH);
+    if (rc == 2) /* the gradients came in bf16 */
+      kern_cuda_bf16_to_f32(dqkv, g16, (size_t)B * (size_t)T * 3 * (size_t)C);
+    if (rc) return;
   }
   KERN_CUDA_ASSERT(kern_cuda_attention_tc_bwd(dqkv, scratch, dout, dout16, NULL, qkv16, NULL, out16,
                                               att, B, T, C, NH, acc));

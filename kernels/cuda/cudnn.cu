@@ -388,8 +388,11 @@ static void kcd_graph_fwd(kcd_graph_t *g, const kcd_shapes_t *s) {
   kcd_matmul(g, p, v, kcd_tensor(g, KCD_O, BF, &s->out, 0));
 }
 
-static void kcd_graph_bwd(kcd_graph_t *g, const kcd_shapes_t *s) {
-  const cudnnDataType_t BF = CUDNN_DATA_BFLOAT16, F = CUDNN_DATA_FLOAT;
+/* out16: dq, dk and dv written in bf16 (to a buffer in dqkv's layout the
+ * caller widens), for a cuDNN that takes no fp32 outputs: NVIDIA documents
+ * bf16 ones, and fp32 ones are not among its documented combinations. */
+static void kcd_graph_bwd(kcd_graph_t *g, const kcd_shapes_t *s, int out16) {
+  const cudnnDataType_t BF = CUDNN_DATA_BFLOAT16, F = CUDNN_DATA_FLOAT, G = out16 ? BF : F;
   cudnnBackendDescriptor_t q = kcd_tensor(g, KCD_Q, BF, &s->qkv, 0),
                            kt = kcd_tensor(g, KCD_K, BF, &s->kt, 0),
                            vt = kcd_tensor(g, KCD_V, BF, &s->kt, 0),
@@ -410,7 +413,7 @@ static void kcd_graph_bwd(kcd_graph_t *g, const kcd_shapes_t *s) {
                            pt = kcd_tensor(g, 0, BF, &s->scores_t, 0);
   kcd_pointwise(g, CUDNN_POINTWISE_EXP, F, x, NULL, NULL, -1, p);
   kcd_reshape(g, p, pt);
-  kcd_matmul(g, pt, dout, kcd_tensor(g, KCD_DV, F, &s->qkv, 0));
+  kcd_matmul(g, pt, dout, kcd_tensor(g, KCD_DV, G, &s->qkv, 0));
   /* dS = P (dout v^T - D) scale; dk = dS^T q */
   cudnnBackendDescriptor_t dp = kcd_tensor(g, 0, F, &s->scores, 0), dpd = kcd_tensor(g, 0, F, &s->scores, 0),
                            dsu = kcd_tensor(g, 0, F, &s->scores, 0), ds = kcd_tensor(g, 0, F, &s->scores, 0),
@@ -420,21 +423,22 @@ static void kcd_graph_bwd(kcd_graph_t *g, const kcd_shapes_t *s) {
   kcd_pointwise(g, CUDNN_POINTWISE_MUL, F, dpd, p, NULL, -1, dsu);
   kcd_pointwise(g, CUDNN_POINTWISE_MUL, F, dsu, scale, NULL, -1, ds);
   kcd_reshape(g, ds, dst);
-  kcd_matmul(g, dst, q, kcd_tensor(g, KCD_DK, F, &s->qkv, 0));
+  kcd_matmul(g, dst, q, kcd_tensor(g, KCD_DK, G, &s->qkv, 0));
   /* dq = dS k, accumulated in fp32, then written */
   cudnnBackendDescriptor_t k = kcd_tensor(g, 0, BF, &s->qkv, 0),
                            acc = kcd_tensor(g, KCD_DQ_ACC, F, &s->acc, 0);
   kcd_reshape(g, kt, k);
   kcd_matmul(g, ds, k, acc);
   kcd_pointwise(g, CUDNN_POINTWISE_IDENTITY, F, acc, NULL, NULL, -1,
-                kcd_tensor(g, KCD_DQ, F, &s->qkv, 0));
+                kcd_tensor(g, KCD_DQ, G, &s->qkv, 0));
 }
 
 /* ---- plans ----------------------------------------------------------------------- */
 
 typedef struct {
-  int bwd, B, T, C, NH;
+  int bwd, B, T, C, NH;          /* bwd: KERN_CUDNN_FWD, _BWD or _BWD16 */
   int ok;                        /* 1: plan (on a device) or config (deviceless) chosen */
+  int out16;                     /* backward's dq, dk and dv in bf16 (kcd_graph_bwd) */
   cudnnBackendDescriptor_t plan; /* NULL deviceless */
   int64_t workspace;             /* bytes */
   int64_t engine;                /* cuDNN's global index of the chosen engine */
@@ -444,7 +448,7 @@ typedef struct {
   int nkeep;
 } kcd_plan_t;
 
-#define KCD_MAX_PLANS 16
+#define KCD_MAX_PLANS 32
 static kcd_plan_t kcd_plans[KCD_MAX_PLANS];
 static int kcd_nplans;
 
@@ -459,7 +463,7 @@ static void kcd_plan_make(kcd_plan_t *p) {
   memset(&g, 0, sizeof g);
   g.next_uid = KCD_VIRTUAL;
   const kcd_shapes_t s = kcd_shapes(p->B, p->T, p->C, p->NH);
-  if (p->bwd) kcd_graph_bwd(&g, &s);
+  if (p->bwd) kcd_graph_bwd(&g, &s, p->out16);
   else kcd_graph_fwd(&g, &s);
   const cudnnBackendAttributeType_t D = CUDNN_TYPE_BACKEND_DESCRIPTOR;
   cudnnBackendDescriptor_t og = kcd_new(&g, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
@@ -544,14 +548,28 @@ static kcd_plan_t *kcd_plan(int bwd, int B, int T, int C, int NH) {
   if (kcd_nplans == KCD_MAX_PLANS) return NULL;
   kcd_plan_t *p = &kcd_plans[kcd_nplans++];
   memset(p, 0, sizeof *p);
-  p->bwd = bwd, p->B = B, p->T = T, p->C = C, p->NH = NH;
-  if (NH <= 0 || C % NH) snprintf(p->why, sizeof p->why, "C = %d is not a multiple of NH = %d", C, NH);
-  else kcd_plan_make(p);
+  p->bwd = bwd, p->B = B, p->T = T, p->C = C, p->NH = NH, p->out16 = bwd == KERN_CUDNN_BWD16;
+  if (NH <= 0 || C % NH) {
+    snprintf(p->why, sizeof p->why, "C = %d is not a multiple of NH = %d", C, NH);
+    return p;
+  }
+  kcd_plan_make(p);
+  if (!p->ok && bwd == KERN_CUDNN_BWD) { /* then with the gradients in bf16 */
+    char why32[sizeof p->why];
+    memcpy(why32, p->why, sizeof why32);
+    p->out16 = 1;
+    kcd_plan_make(p);
+    if (!p->ok) {
+      char why16[sizeof p->why];
+      memcpy(why16, p->why, sizeof why16);
+      snprintf(p->why, sizeof p->why, "fp32 gradients: %.140s; bf16 ones: %.140s", why32, why16);
+    }
+  }
   return p;
 }
 
 extern "C" int kern_cudnn_sdpa_plan(int bwd, int B, int T, int C, int NH, size_t *workspace,
-                                    long *engine, char *why, size_t n) {
+                                    long *engine, int *out16, char *why, size_t n) {
   kcd_plan_t *p = kcd.open ? kcd_plan(bwd, B, T, C, NH) : NULL;
   if (!p || !p->ok) {
     snprintf(why, n, "%s", !kcd.open ? "cuDNN is not open" : p ? p->why : "too many shapes");
@@ -559,6 +577,7 @@ extern "C" int kern_cudnn_sdpa_plan(int bwd, int B, int T, int C, int NH, size_t
   }
   if (workspace) *workspace = (size_t)p->workspace;
   if (engine) *engine = (long)p->engine;
+  if (out16) *out16 = p->out16;
   return 1;
 }
 
@@ -605,7 +624,7 @@ static kcd_plan_t *kcd_plan_for(int bwd, int B, int T, int C, int NH) {
 
 extern "C" int kern_cudnn_sdpa_fwd(uint16_t *out16, float *lse, const uint16_t *qkv16, void *ws,
                                    int B, int T, int C, int NH) {
-  kcd_plan_t *p = kcd_plan_for(0, B, T, C, NH);
+  kcd_plan_t *p = kcd_plan_for(KERN_CUDNN_FWD, B, T, C, NH);
   if (!p) return 0;
   float scale = 1.0f / sqrtf((float)(C / NH)), neg_inf = -INFINITY;
   const int64_t uids[] = {KCD_Q, KCD_K, KCD_V, KCD_O, KCD_LSE, KCD_SCALE, KCD_NEG_INF};
@@ -614,21 +633,37 @@ extern "C" int kern_cudnn_sdpa_fwd(uint16_t *out16, float *lse, const uint16_t *
   return kcd_run(p, uids, ptrs, 7, ws);
 }
 
-extern "C" int kern_cudnn_sdpa_bwd(float *dqkv, float *D, float *dq_acc, void *ws,
-                                   const uint16_t *dout16, const uint16_t *qkv16,
+static int kcd_bwd16; /* kern_cudnn_bwd16: backward's bf16 gradients asked for */
+
+extern "C" void kern_cudnn_bwd16(int on) { kcd_bwd16 = on != 0; }
+
+extern "C" int kern_cudnn_sdpa_bwd(float *dqkv, uint16_t *dqkv16, float *D, float *dq_acc,
+                                   void *ws, const uint16_t *dout16, const uint16_t *qkv16,
                                    const uint16_t *out16, const float *lse, int B, int T, int C,
                                    int NH) {
-  kcd_plan_t *p = kcd_plan_for(1, B, T, C, NH);
+  kcd_plan_t *p = kcd_plan_for(kcd_bwd16 ? KERN_CUDNN_BWD16 : KERN_CUDNN_BWD, B, T, C, NH);
   if (!p) return 0;
   float scale = 1.0f / sqrtf((float)(C / NH)), neg_inf = -INFINITY, one = 1.0f;
+  void *g = p->out16 ? (void *)dqkv16 : (void *)dqkv;
+  const size_t es = p->out16 ? 2 : 4; /* the gradients' element */
   const int64_t uids[] = {KCD_Q,  KCD_K,      KCD_V,  KCD_O,  KCD_DO,    KCD_LSE,     KCD_D,
                           KCD_DQ_ACC, KCD_DQ, KCD_DK, KCD_DV, KCD_SCALE, KCD_NEG_INF, KCD_ONE};
-  void *const ptrs[] = {(void *)qkv16, (void *)(qkv16 + C), (void *)(qkv16 + 2 * C),
-                        (void *)out16, (void *)dout16,      (void *)lse,
-                        D,             dq_acc,              dqkv,
-                        dqkv + C,      dqkv + 2 * C,        &scale,
-                        &neg_inf,      &one};
-  return kcd_run(p, uids, ptrs, 14, ws);
+  void *const ptrs[] = {(void *)qkv16,
+                        (void *)(qkv16 + C),
+                        (void *)(qkv16 + 2 * C),
+                        (void *)out16,
+                        (void *)dout16,
+                        (void *)lse,
+                        D,
+                        dq_acc,
+                        g,
+                        (char *)g + es * (size_t)C,
+                        (char *)g + es * 2 * (size_t)C,
+                        &scale,
+                        &neg_inf,
+                        &one};
+  kcd_run(p, uids, ptrs, 14, ws);
+  return p->out16 ? 2 : 1;
 }
 
 extern "C" void kern_cudnn_close(void) {

@@ -25,23 +25,31 @@ void kern_cudnn_close(void);
  * than n - 1). */
 int kern_cudnn_device_json(char *buf, size_t n);
 
-/* The plan of the forward (bwd 0) or backward (bwd 1) attention for these
+/* The plan of the forward (KERN_CUDNN_FWD) or backward attention for these
  * shapes, made on first use: 1 with its workspace (at most
- * KERN_CUDA_SIZE_CUDNN_WS bytes) and cuDNN's engine, or 0 with why. */
+ * KERN_CUDA_SIZE_CUDNN_WS bytes), cuDNN's engine and whether backward writes
+ * its gradients in bf16 (*out16), or 0 with why. KERN_CUDNN_BWD: the
+ * gradients in fp32 where cuDNN plans that, else in bf16; _BWD16: in bf16. */
+#define KERN_CUDNN_FWD 0
+#define KERN_CUDNN_BWD 1
+#define KERN_CUDNN_BWD16 2
 int kern_cudnn_sdpa_plan(int bwd, int B, int T, int C, int NH, size_t *workspace, long *engine,
-                         char *why, size_t n);
+                         int *out16, char *why, size_t n);
+/* Backward plans with the gradients in bf16 from now on (on 1), for tests. */
+void kern_cudnn_bwd16(int on);
 
 /* The ops (kern.h's attention_*_bf16 on qkv16 (B, T, 3C) bf16): 1 when
  * queued, 0 when cuDNN has no plan for the shapes (said once on stderr) and
  * the caller's kernels must run it. ws: KERN_CUDA_SIZE_CUDNN_WS bytes,
  * 256-byte aligned. Forward: out16 (B, T, C) bf16, lse (B, NH, T).
- * Backward (acc 0): dqkv (B, T, 3C) fp32 written whole; D (B, NH, T) and
- * dq_acc (B T C floats) scratch. */
+ * Backward (acc 0): dqkv (B, T, 3C) fp32 written whole (1), or the same in
+ * bf16 into dqkv16 (2: the caller widens it); D (B, NH, T) and dq_acc (B T
+ * C floats) scratch. */
 int kern_cudnn_sdpa_fwd(uint16_t *out16, float *lse, const uint16_t *qkv16, void *ws, int B, int T,
                         int C, int NH);
-int kern_cudnn_sdpa_bwd(float *dqkv, float *D, float *dq_acc, void *ws, const uint16_t *dout16,
-                        const uint16_t *qkv16, const uint16_t *out16, const float *lse, int B,
-                        int T, int C, int NH);
+int kern_cudnn_sdpa_bwd(float *dqkv, uint16_t *dqkv16, float *D, float *dq_acc, void *ws,
+                        const uint16_t *dout16, const uint16_t *qkv16, const uint16_t *out16,
+                        const float *lse, int B, int T, int C, int NH);
 
 #ifdef __cplusplus
 }

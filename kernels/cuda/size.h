@@ -81,12 +81,17 @@ static inline size_t kern_cuda_size_attn_tc_copies_at(int B, int T, int NH) {
  * qkv16) keeps dq's fp32 accumulator in the scratch, in floats: from the
  * first 256-byte boundary after the D rows and dout's bf16 copy (64 floats
  * of room for that), B T C floats; then the engine's workspace, from the
- * next (attention.cu rounds each start up). */
+ * next; then, from the next, dqkv in bf16 (3 B T C / 2 floats), where
+ * cuDNN writes the gradients in bf16 (cudnn.cu) for attention.cu to widen
+ * (attention.cu rounds each start up). */
 static inline size_t kern_cuda_size_attn_cudnn_acc_at(int B, int T, int C, int NH) {
   return kern_cuda_size_attn_tc_copies_at(B, T, NH) + (size_t)B * (size_t)T * (size_t)C / 2;
 }
 static inline size_t kern_cuda_size_attn_cudnn_ws_at(int B, int T, int C, int NH) {
   return kern_cuda_size_attn_cudnn_acc_at(B, T, C, NH) + (size_t)B * (size_t)T * (size_t)C + 64;
+}
+static inline size_t kern_cuda_size_attn_cudnn_g16_at(int B, int T, int C, int NH) {
+  return kern_cuda_size_attn_cudnn_ws_at(B, T, C, NH) + 64 + KERN_CUDA_SIZE_CUDNN_WS / sizeof(float);
 }
 
 /* Floats of attention's scratch (both passes'). Fused: every query row's
@@ -95,9 +100,9 @@ static inline size_t kern_cuda_size_attn_cudnn_ws_at(int B, int T, int C, int NH
  * (B, T, 3C) and dout (B, T, C) the kernels stage their tiles from, 2C
  * floats a token, or with qkv16 (the caller keeps qkv in bf16: kern.h's
  * attention_*_bf16, where kern_cuda_size_attn_tc_qkv16) dout's alone, C / 2;
- * with cuDNN's attention (cudnn, with qkv16) also dq's accumulator and the
- * engine's workspace (kern_cuda_size_attn_cudnn_ws_at), so either runs in
- * it. Products: the score gradients of one batch row, (NH, T, T); backward
+ * with cuDNN's attention (cudnn, with qkv16) also dq's accumulator, the
+ * engine's workspace and a bf16 dqkv (kern_cuda_size_attn_cudnn_g16_at), so
+ * either runs in it. Products: the score gradients of one batch row, (NH, T, T); backward
  * walks the batch one row at a time on the one stream, so the rows reuse
  * it. */
 static inline size_t kern_cuda_size_attention_scratch(int B, int T, int C, int NH, int gemm,
@@ -105,7 +110,8 @@ static inline size_t kern_cuda_size_attention_scratch(int B, int T, int C, int N
   if (!kern_cuda_size_attn_fused(C, NH, gemm)) return (size_t)NH * (size_t)T * (size_t)T;
   if (!tc) return (size_t)B * (size_t)NH * (size_t)T;
   if (qkv16 && cudnn)
-    return kern_cuda_size_attn_cudnn_ws_at(B, T, C, NH) + 64 + KERN_CUDA_SIZE_CUDNN_WS / sizeof(float);
+    return kern_cuda_size_attn_cudnn_g16_at(B, T, C, NH) + 64 +
+           3 * (size_t)B * (size_t)T * (size_t)C / 2;
   const size_t a_token = qkv16 ? (size_t)C / 2 : 2 * (size_t)C; /* C even: heads of 16 on */
   return kern_cuda_size_attn_tc_copies_at(B, T, NH) + (size_t)B * (size_t)T * a_token;
 }

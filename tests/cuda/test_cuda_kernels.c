@@ -1237,6 +1237,8 @@ static void test_attention_bf16(int B, int T, int C, int NH) {
  * (acc 0, written whole over NaNs, with dout in fp32 and in bf16) within it
  * of attn_bwd_mags' around the CPU's fp32 attention given out16 widened,
  * and qkv16 qkv rounded (f32_to_bf16's bits). */
+static int cudnn_g16; /* kern_cudnn_bwd16: backward's gradients asked for in bf16 */
+
 static void test_attention_cudnn(int B, int T, int C, int NH) {
   char shape[64];
   snprintf(shape, sizeof shape, "B=%d T=%d C=%d NH=%d", B, T, C, NH);
@@ -1256,9 +1258,13 @@ static void test_attention_cudnn(int B, int T, int C, int NH) {
     char why[512] = "";
     size_t ws = 0;
     long engine = -1;
-    const int planned = kern_cudnn_sdpa_plan(bwd, B, T, C, NH, &ws, &engine, why, sizeof why);
+    int g16 = 0;
+    const int planned =
+        kern_cudnn_sdpa_plan(!bwd ? KERN_CUDNN_FWD : cudnn_g16 ? KERN_CUDNN_BWD16 : KERN_CUDNN_BWD, B,
+                             T, C, NH, &ws, &engine, &g16, why, sizeof why);
     char what[64];
-    snprintf(what, sizeof what, "%s planned: engine %ld", bwd ? "backward" : "forward", engine);
+    snprintf(what, sizeof what, "%s planned: engine %ld%s", bwd ? "backward" : "forward", engine,
+             bwd && g16 ? ", bf16 gradients" : "");
     report("attention_bf16 (cuDNN)", what, shape, 0, 0, "-", -1, planned);
     if (!planned) printf("test_cuda_kernels:   cuDNN: %s\n", why);
   }
@@ -2665,6 +2671,11 @@ int main(void) {
     test_attention_cudnn(1, 200, 64, 4);
     test_attention_cudnn(1, 130, 128, 4);
     test_attention_cudnn(1, GPT_T, 768, 12);
+    /* the gradients in bf16, widened (where a cuDNN plans no fp32 ones) */
+    kern_cudnn_bwd16(cudnn_g16 = 1);
+    test_attention_cudnn(2, 70, 64, 2);
+    test_attention_cudnn(1, GPT_T, 768, 12);
+    kern_cudnn_bwd16(cudnn_g16 = 0);
     gpu = kern_cuda_init(&otc, msg, sizeof msg); /* the kernels again */
   }
   attn_tc = 0;

@@ -40,14 +40,17 @@ static char *read_file(const char *path) {
 /* One shape: forward and backward both planned, each workspace within the
  * room. */
 static void plans(const char *what, int B, int T, int C, int NH) {
-  for (int bwd = 0; bwd <= 1; bwd++) {
+  static const char *const name[] = {"forward", "backward", "backward, bf16 gradients"};
+  for (int bwd = KERN_CUDNN_FWD; bwd <= KERN_CUDNN_BWD16; bwd++) {
     size_t ws = (size_t)-1;
     long engine = -1;
+    int out16 = -1;
     char why[512] = "";
-    const int ok = kern_cudnn_sdpa_plan(bwd, B, T, C, NH, &ws, &engine, why, sizeof why);
-    check(ok && ws <= KERN_CUDA_SIZE_CUDNN_WS,
-          "%s (B=%d T=%d C=%d NH=%d) %s: cuDNN engine %ld, workspace %zu bytes%s%s", what, B, T,
-          C, NH, bwd ? "backward" : "forward", engine, ok ? ws : 0, ok ? "" : ": ", why);
+    const int ok = kern_cudnn_sdpa_plan(bwd, B, T, C, NH, &ws, &engine, &out16, why, sizeof why);
+    check(ok && ws <= KERN_CUDA_SIZE_CUDNN_WS && out16 == (bwd == KERN_CUDNN_BWD16),
+          "%s (B=%d T=%d C=%d NH=%d) %s: cuDNN engine %ld, workspace %zu bytes, gradients in "
+          "%s%s%s", what, B, T, C, NH, name[bwd], engine, ok ? ws : 0, out16 ? "bf16" : "fp32",
+          ok ? "" : ": ", why);
   }
 }
 
@@ -55,7 +58,7 @@ static void plans(const char *what, int B, int T, int C, int NH) {
  * it (the kernels run it) rather than crash. */
 static void refused(const char *what, int bwd, int B, int T, int C, int NH, const char *named) {
   char why[512] = "";
-  const int ok = kern_cudnn_sdpa_plan(bwd, B, T, C, NH, NULL, NULL, why, sizeof why);
+  const int ok = kern_cudnn_sdpa_plan(bwd, B, T, C, NH, NULL, NULL, NULL, why, sizeof why);
   check(!ok && strstr(why, named), "%s (C=%d NH=%d) %s: refused (%s), naming \"%s\"", what, C, NH,
         bwd ? "backward" : "forward", why, named);
 }

@@ -574,8 +574,9 @@ Test(plan, a_bf16_cuda_job_with_fp32_activations_plans_copies_of_qkv_and_dout) {
 }
 
 /* FSDP_CUDA_ATTN_CUDNN=1: cuDNN's attention (kernels/cuda/cudnn.cu) keeps
- * dq's fp32 accumulator (B T C floats) and its engine's workspace (1 MiB)
- * in the bf16 job's scratch after the D rows and dout's copy (as
+ * dq's fp32 accumulator (B T C floats), its engine's workspace (1 MiB) and
+ * dqkv in bf16 (where cuDNN writes the gradients so: 6 bytes a token and
+ * channel) in the bf16 job's scratch after the D rows and dout's copy (as
  * cuda_attention_copies), each with 256 bytes of room to align it in; an
  * fp32 job's attention is not cuDNN's: the D rows alone. */
 Test(plan, a_bf16_cuda_job_with_cudnn_attention_plans_dqs_accumulator_and_workspace) {
@@ -588,9 +589,9 @@ Test(plan, a_bf16_cuda_job_with_cudnn_attention_plans_dqs_accumulator_and_worksp
   const size_t d = B * NH * T, at = (d + 3) / 4 * 4;
   cr_assert_eq(w16 - w32,
                (at - d) * sizeof(float) + B * T * C * 2 + (B * T * C + 64 + 64) * sizeof(float) +
-                   ((size_t)1 << 20),
-               "bf16 %zu, fp32 %zu: the difference is not dout's copy, dq's accumulator and "
-               "cuDNN's workspace", w16, w32);
+                   ((size_t)1 << 20) + 64 * sizeof(float) + B * T * 3 * C * 2,
+               "bf16 %zu, fp32 %zu: the difference is not dout's copy, dq's accumulator, "
+               "cuDNN's workspace and a bf16 dqkv", w16, w32);
   free(data);
 }
 
