@@ -261,7 +261,9 @@ typedef struct kern_backend {
    * (nearest even), for its readers, the projection's product (which
    * would round it so) and backward (D = dout . out, as FlashAttention
    * takes it from its bf16 output). Backward gives attention_bwd's values
-   * with out = out16 widened, bit for bit. Only for the shapes
+   * with out = out16 widened, bit for bit. qkv NULL: qkv16 holds qkv in
+   * bf16 already (its product wrote it so: matmul_fwd_bf16_out16 with
+   * bias16), and forward reads it. Only for the shapes
    * attention_bf16_fits(C, NH) says (1), which depends on the model and the
    * job's modes, not on the device. */
   int (*attention_bf16_fits)(int C, int NH);
@@ -293,9 +295,14 @@ typedef struct kern_backend {
    * from such logits (rows ld bf16 apart, ld a multiple of 8), the bf16
    * dlogits written over them in place (the row's first V). The same
    * formulas as crossentropy_fwd_bwd_bf16 on the logits widened. Optional
-   * beside the four above, both or neither. */
+   * beside the four above, both or neither. bias16 (NULL: none; OC bf16,
+   * 16-byte aligned): added to each fp32 sum before its rounding, as
+   * autocast adds a bf16 layer's bias (where the device cannot, after it:
+   * a rounding more), for qkv written in bf16 (attention_fwd_bf16 with qkv
+   * NULL). */
   void (*matmul_fwd_bf16_out16)(uint16_t *out16, const uint16_t *inp, const float *w,
-                                const uint16_t *w16, int N, int IC, int OC, int ldo);
+                                const uint16_t *w16, const uint16_t *bias16, int N, int IC, int OC,
+                                int ldo);
   void (*crossentropy_fwd_bwd_bf16in)(float *losses, uint16_t *logits16, const int32_t *targets,
                                       float dloss, int N, int V, int ld);
   /* The fc product's output in bf16 as under autocast, but rounded before

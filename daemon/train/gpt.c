@@ -621,7 +621,17 @@ static void gpt_layer_fwd(gpt_t *g, int l, float *P, const uint16_t *P16, const 
    * checkpointing recomputes a block */
   float *l1 = a->ln1 ? a->ln1 : g->dbig1;
   gpt_act_layernorm(g, l1, a->ln1_mean, a->ln1_rstd, res_in, p.ln1w, p.ln1b, (int)N, C);
-  if (g->qkv16) { /* the product into dbig2 (free until GELU's output), rounded into qkv */
+  /* qkv in bf16: written so by its product, with the bias's bf16 image
+   * (kern.h's matmul_fwd_bf16_out16: one rounding, as autocast's), or the
+   * product into dbig2 (free until GELU's output), rounded into qkv by the
+   * attention */
+  const uint16_t *qkvb16 = gpt_w16(P, P16, p.qkvb);
+  if (g->qkv16 && be->matmul_fwd_bf16_out16 && qkvb16 && !((uintptr_t)qkvb16 & 15)) {
+    be->matmul_fwd_bf16_out16((uint16_t *)a->qkv, (const uint16_t *)l1, p.qkvw,
+                              gpt_w16(P, P16, p.qkvw), qkvb16, (int)N, C, 3 * C, 3 * C);
+    be->attention_fwd_bf16((uint16_t *)a->atty, a->att, g->att_scratch, NULL, (uint16_t *)a->qkv,
+                           B, T, C, NH);
+  } else if (g->qkv16) {
     gpt_act_matmul_fwd(g, g->dbig2, l1, p.qkvw, gpt_w16(P, P16, p.qkvw), p.qkvb, (int)N, C, 3 * C,
                        3 * C);
     be->attention_fwd_bf16((uint16_t *)a->atty, a->att, g->att_scratch, g->dbig2,
@@ -639,7 +649,7 @@ static void gpt_layer_fwd(gpt_t *g, int l, float *P, const uint16_t *P16, const 
   float *gl = a->fch_gelu ? a->fch_gelu : g->dbig2;
   if (g->fch16) {
     be->matmul_fwd_bf16_out16((uint16_t *)a->fch, (const uint16_t *)l2, p.fcw,
-                              gpt_w16(P, P16, p.fcw), (int)N, C, 4 * C, 4 * C);
+                              gpt_w16(P, P16, p.fcw), NULL, (int)N, C, 4 * C, 4 * C);
   } else {
     gpt_act_matmul_fwd(g, a->fch, l2, p.fcw, gpt_w16(P, P16, p.fcw), p.fcb, (int)N, C, 4 * C,
                        4 * C);
@@ -793,7 +803,7 @@ static void gpt_lm_head(gpt_t *g, const gpt_embed_t *p0, const uint16_t *wte16,
     const void *x = gpt_act_at(g, g->lnf, r0 * C);
     if (dl16 == 2) {
       uint16_t *l16 = (uint16_t *)g->logits;
-      be->matmul_fwd_bf16_out16(l16, x, p0->wte, wte16, n, (int)C, V, ld);
+      be->matmul_fwd_bf16_out16(l16, x, p0->wte, wte16, NULL, n, (int)C, V, ld);
       be->crossentropy_fwd_bwd_bf16in(g->losses + r0, l16, g->targets + r0, dscale, n, V, ld);
     } else {
       gpt_act_matmul_fwd(g, g->logits, x, p0->wte, wte16, NULL, n, (int)C, V, ld);

@@ -496,10 +496,10 @@ extern "C" void kern_cuda_attention_fwd_bf16(uint16_t *out16, float *att, float 
                                              const float *qkv, uint16_t *qkv16, int B, int T,
                                              int C, int NH) {
   if (B <= 0 || T <= 0) return;
-  KERN_CUDA_ASSERT(kern_cuda_attention_bf16_fits(C, NH) && !((uintptr_t)out16 & 3));
+  KERN_CUDA_ASSERT(kern_cuda_attention_bf16_fits(C, NH) && !((uintptr_t)out16 & 3) && qkv16);
   if (kern_cuda_st.attn_cudnn && attn_cudnn_aligned(out16, att, scratch, qkv16, NULL)) {
-    /* qkv rounded as the kernels below round it */
-    kern_cuda_f32_to_bf16(qkv16, qkv, (size_t)B * (size_t)T * 3 * (size_t)C);
+    /* qkv rounded as the kernels below round it (NULL: its product wrote qkv16) */
+    if (qkv) kern_cuda_f32_to_bf16(qkv16, qkv, (size_t)B * (size_t)T * 3 * (size_t)C);
     if (kern_cudnn_sdpa_fwd(out16, att, qkv16,
                             attn_cudnn_at(scratch, kern_cuda_size_attn_cudnn_ws_at(B, T, C, NH)),
                             B, T, C, NH))

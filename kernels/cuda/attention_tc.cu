@@ -816,7 +816,7 @@ static int tc_fwd(O *out, float *lse, float *scratch, const float *qkv, uint16_t
   static int asked; /* with the largest carveout (the query pass's 3 blocks take 224 KiB) */
   kern_cuda_smem_allow(tc_fwd_kernel<HS, O>, tc_fwd_smem<HS>(), &asked);
   if (!qkv16) qkv16 = tc_copies(scratch, B, T, NH);
-  kern_cuda_f32_to_bf16(qkv16, qkv, (size_t)B * T * 3 * C); /* each element rounded once */
+  if (qkv) kern_cuda_f32_to_bf16(qkv16, qkv, (size_t)B * T * 3 * C); /* each element rounded once */
   tc_fwd_kernel<HS, O><<<tc_grid(B, T, NH, 16 * TC_FWD_WARPS), 32 * tc_fwd_warps<HS>(),
                          tc_fwd_smem<HS>(), kern_cuda_st.stream>>>(
       out, lse, qkv16, T, C, 1.0f / sqrtf((float)HS));

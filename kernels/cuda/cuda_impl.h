@@ -483,7 +483,8 @@ void kern_cuda_matmul_fwd_res(float *out, const float *inp, const uint16_t *inp1
 void kern_cuda_crossentropy_fwd_bwd_bf16(float *losses, float *logits, const int32_t *targets,
                                          float dloss, int N, int V, int ld);
 void kern_cuda_matmul_fwd_bf16_out16(uint16_t *out, const uint16_t *inp, const float *w,
-                                     const uint16_t *w16, int N, int IC, int OC, int ldo);
+                                     const uint16_t *w16, const uint16_t *bias16, int N, int IC,
+                                     int OC, int ldo);
 void kern_cuda_crossentropy_fwd_bwd_bf16in(float *losses, uint16_t *logits16,
                                            const int32_t *targets, float dloss, int N, int V,
                                            int ld);

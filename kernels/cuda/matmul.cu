@@ -60,12 +60,12 @@ static cublasLtMatrixLayout_t gemm_layout(cudaDataType_t t, uint64_t rows, uint6
  * type ab (fp32, or bf16 packed), C of type cd (fp32; bf16 for a product
  * rounded once from its fp32 sums, gemm_bf16_out), computed as ct. 0, or -1
  * (nothing queued) when cuBLASLt has no algorithm for it; *why then says
- * so. */
+ * so. bias16: a bias in bf16 (a bf16 C's: its type), instead of bias. */
 static int gemm_lt(cudaDataType_t ab, cublasComputeType_t ct, char ta, char tb, int M, int N,
                    int K, float alpha, const void *A, int64_t lda, int64_t sA, const void *B,
                    int64_t ldb, int64_t sB, float beta, void *C, cudaDataType_t cd, int64_t ldc,
                    int64_t sC, int batch, const float *bias, cublasStatus_t *why,
-                   const void *Cin = NULL) {
+                   const void *Cin = NULL, const uint16_t *bias16 = NULL) {
   if (!Cin) Cin = C;
   const size_t es = gemm_esize(ab);
   /* column-major: D' (N x M) = op(B') (N x K) op(A') (K x M), B' = B, A' = A */
@@ -85,14 +85,15 @@ static int gemm_lt(cudaDataType_t ab, cublasComputeType_t ct, char ta, char tb, 
       cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opb, sizeof opb));
   KERN_CUBLAS_CHECK(
       cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opa, sizeof opa));
-  if (bias) { /* column-major D has N rows: the bias is a column, added to every one */
+  if (bias || bias16) { /* column-major D has N rows: the bias is a column, added to every one */
     KERN_CUDA_ASSERT(batch == 1);
     const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-    const cudaDataType_t bt = CUDA_R_32F;
+    const cudaDataType_t bt = bias ? CUDA_R_32F : CUDA_R_16BF;
+    const void *bp = bias ? (const void *)bias : (const void *)bias16;
     KERN_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
     KERN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                     &bias, sizeof bias));
+                                                     &bp, sizeof bp));
     KERN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
                                                      &bt, sizeof bt));
   }
@@ -140,7 +141,7 @@ static int gemm_lt(cudaDataType_t ab, cublasComputeType_t ct, char ta, char tb, 
     /* with the bias epilogue, cuBLASLt has been reported to refuse at this
      * call an algorithm its heuristic gave (NOT_SUPPORTED, EXECUTION_FAILED,
      * before queuing anything): the caller then adds the bias itself */
-    if (ms != CUBLAS_STATUS_SUCCESS && bias) ok = 0, *why = ms;
+    if (ms != CUBLAS_STATUS_SUCCESS && (bias || bias16)) ok = 0, *why = ms;
     else KERN_CUBLAS_CHECK(ms);
   } else {
     *why = hs == CUBLAS_STATUS_SUCCESS ? CUBLAS_STATUS_NOT_SUPPORTED : hs;
@@ -176,10 +177,28 @@ __global__ static void bias_add_kernel(float *out, const float *bias, int N, int
   }
 }
 
-/* The bias of a product queued after it: C (M rows, ldc apart) += bias (N). */
-static void gemm_bias_add(float *C, const float *bias, int M, int N, int64_t ldc) {
-  bias_add_kernel<<<kern_cuda_rows_grid(M, N), kern_cuda_rows_threads(N), 0,
-                    kern_cuda_st.stream>>>(C, bias, M, N, ldc);
+/* out16 (N, OC; rows ldo apart) = bf16(out16 + bias16) on every row: the
+ * bias of a bf16 product cuBLASLt has no BIAS epilogue for (rounded twice) */
+__global__ static void bias_add16_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *bias, int N,
+                                         int OC, int64_t ldo) {
+  for (int64_t r = blockIdx.y; r < N; r += gridDim.y) {
+    __nv_bfloat16 *o = out + r * ldo;
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < OC; c += gridDim.x * blockDim.x)
+      o[c] = __float2bfloat16_rn(__bfloat162float(o[c]) + __bfloat162float(bias[c]));
+  }
+}
+
+/* The bias of a product queued after it: C (M rows, ldc apart) += bias (N),
+ * fp32, or bf16 (bias16, into a bf16 C). */
+static void gemm_bias_add(void *C, const float *bias, const uint16_t *bias16, int M, int N,
+                          int64_t ldc) {
+  if (bias16)
+    bias_add16_kernel<<<kern_cuda_rows_grid(M, N), kern_cuda_rows_threads(N), 0,
+                        kern_cuda_st.stream>>>((__nv_bfloat16 *)C, (const __nv_bfloat16 *)bias16,
+                                               M, N, ldc);
+  else
+    bias_add_kernel<<<kern_cuda_rows_grid(M, N), kern_cuda_rows_threads(N), 0,
+                      kern_cuda_st.stream>>>((float *)C, bias, M, N, ldc);
   KERN_CUDA_LAUNCHED();
 }
 
@@ -187,22 +206,27 @@ static void gemm_bias_add(float *C, const float *bias, int M, int N, int64_t ldc
  * epilogue where cuBLASLt has an algorithm for it and the bias is 16-byte
  * aligned, else by a pass after the product. 0, or -1 (nothing queued).
  * Cin (fp32 C only): beta's input where it is not C itself (C = alpha
- * op(A) op(B) + beta Cin + bias), in C's layout. */
+ * op(A) op(B) + beta Cin + bias), in C's layout. bias16: a bf16 C's bias,
+ * in bf16, added to the fp32 sums before their one rounding by the
+ * epilogue (by the pass after: a rounding more). */
 static int gemm_lt_bias(cudaDataType_t ab, cublasComputeType_t ct, char ta, char tb, int M,
                         int N, int K, float alpha, const void *A, int64_t lda, int64_t sA,
                         const void *B, int64_t ldb, int64_t sB, float beta, void *C,
                         cudaDataType_t cd, int64_t ldc, int64_t sC, int batch, const float *bias,
-                        cublasStatus_t *why, const float *Cin = NULL) {
-  KERN_CUDA_ASSERT(!bias || cd == CUDA_R_32F); /* a bf16 C has no bias (gemm_bf16_out) */
+                        cublasStatus_t *why, const float *Cin = NULL,
+                        const uint16_t *bias16 = NULL) {
+  KERN_CUDA_ASSERT(!bias || cd == CUDA_R_32F); /* a bf16 C's bias is bias16 */
+  KERN_CUDA_ASSERT(!bias16 || (cd == CUDA_R_16BF && !bias));
   KERN_CUDA_ASSERT(!Cin || cd == CUDA_R_32F);
-  if (bias && !((uintptr_t)bias & 15) &&
+  const void *bp = bias ? (const void *)bias : (const void *)bias16;
+  if (bp && !((uintptr_t)bp & 15) &&
       !gemm_lt(ab, ct, ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, cd, ldc, sC,
-               batch, bias, why, Cin))
+               batch, bias, why, Cin, bias16))
     return 0;
   if (gemm_lt(ab, ct, ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, cd, ldc, sC, batch,
               NULL, why, Cin))
     return -1;
-  if (bias) gemm_bias_add((float *)C, bias, M, N, ldc);
+  if (bp) gemm_bias_add(C, bias, bias16, M, N, ldc);
   return 0;
 }
 
@@ -365,23 +389,25 @@ static void gemm_packed_block(const char *op, char ta, char tb, int M, int N, in
                               int64_t pldb, int64_t psb, const float *Af, int64_t lda, int64_t sA,
                               const float *Bf, int64_t ldb, int64_t sB, float beta, void *C,
                               cudaDataType_t cd, int64_t ldc, int64_t sC, int batch,
-                              const float *bias, const float *Cin = NULL) {
+                              const float *bias, const float *Cin = NULL,
+                              const uint16_t *bias16 = NULL) {
   gemm_parts(M, N, K, [&](int m0, int mm, int n0, int nn, int k0, int kk, bool first) {
     /* a bf16 C is rounded once: its sum is never cut (gemm_bf16_out) */
     KERN_CUDA_ASSERT(cd == CUDA_R_32F || (k0 == 0 && kk == K));
     const int64_t a = gemm_at(ta, m0, k0, plda), b = gemm_at(tb, k0, n0, pldb);
     void *c = (char *)C + ((int64_t)m0 * ldc + n0) * (int64_t)gemm_esize(cd);
     const float bt = first ? beta : 1.0f, *bs = bias && first ? bias + n0 : NULL;
+    const uint16_t *bs16 = bias16 && first ? bias16 + n0 : NULL;
     /* Cin with the first part of the sum; the parts after add to C */
     const float *ci = Cin && first ? Cin + (int64_t)m0 * ldc + n0 : NULL;
     cublasStatus_t why;
     if (!gemm_lt_bias(CUDA_R_16BF, CUBLAS_COMPUTE_32F, ta, tb, mm, nn, kk, alpha, pa + a, plda,
-                      psa, pb + b, pldb, psb, bt, c, cd, ldc, sC, batch, bs, &why, ci))
+                      psa, pb + b, pldb, psb, bt, c, cd, ldc, sC, batch, bs, &why, ci, bs16))
       return;
     if (!Af || !Bf ||
         gemm_lt_bias(CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_16BF, ta, tb, mm, nn, kk, alpha,
                      Af + gemm_at(ta, m0, k0, lda), lda, sA, Bf + gemm_at(tb, k0, n0, ldb), ldb,
-                     sB, bt, c, cd, ldc, sC, batch, bs, &why, ci))
+                     sB, bt, c, cd, ldc, sC, batch, bs, &why, ci, bs16))
       gemm_none(op, ta, tb, mm, nn, kk, lda, ldb, ldc, sA, sB, sC, batch, why);
   });
 }
@@ -431,7 +457,8 @@ static const float *gemm_block_f32(const gemm_operand_t *X, char t, int b0, int 
 static void gemm_bf16_packed(const char *op, char ta, char tb, int M, int N, int K, float alpha,
                              const gemm_operand_t *A, const gemm_operand_t *B, float beta,
                              void *C, cudaDataType_t cd, int64_t ldc, int64_t sC, int batch,
-                             const float *bias, const float *Cin = NULL) {
+                             const float *bias, const float *Cin = NULL,
+                             const uint16_t *bias16 = NULL) {
   const size_t cap = KERN_CUDA_SIZE_PACK_ELEMS;
   uint16_t *pa = kern_cuda_st.pack, *pb = kern_cuda_st.pack + cap;
   int mc = M, nc = N, kc = K, g = batch;
@@ -468,7 +495,8 @@ static void gemm_bf16_packed(const char *op, char ta, char tb, int M, int N, int
                             k0 ? 1.0f : beta,
                             Cb + ((int64_t)m0 * ldc + n0) * (int64_t)gemm_esize(cd), cd, ldc, sC,
                             gb, bias && !k0 ? bias + n0 : NULL,
-                            Cin && !k0 ? Cin + (int64_t)b0 * sC + (int64_t)m0 * ldc + n0 : NULL);
+                            Cin && !k0 ? Cin + (int64_t)b0 * sC + (int64_t)m0 * ldc + n0 : NULL,
+                            bias16 && !k0 ? bias16 + n0 : NULL);
         }
       }
     }
@@ -716,10 +744,14 @@ extern "C" void kern_cuda_matmul_fwd_res(float *out, const float *inp, const uin
 /* The LM head's logits in bf16 (kern.h's matmul_fwd_bf16_out16): each
  * element the product's fp32 sum rounded once, by cuBLASLt's write of D,
  * as PyTorch's autocast keeps a linear layer's output: half the bytes
- * written, and read by the cross-entropy (crossentropy_fwd_bwd_bf16in). */
+ * written, and read by the cross-entropy (crossentropy_fwd_bwd_bf16in).
+ * bias16 (the block's qkv product, written in bf16 for the attention):
+ * added to the sums before that rounding by cuBLASLt's BIAS epilogue, as
+ * autocast adds a bf16 layer's bias. */
 extern "C" void kern_cuda_matmul_fwd_bf16_out16(uint16_t *out, const uint16_t *inp,
-                                                const float *w, const uint16_t *w16, int N, int IC,
-                                                int OC, int ldo) {
+                                                const float *w, const uint16_t *w16,
+                                                const uint16_t *bias16, int N, int IC, int OC,
+                                                int ldo) {
   KERN_CUDA_ASSERT(ldo >= OC && ldo % 8 == 0 && kern_cuda_aligned16(out) && IC > 0 &&
                    kern_cuda_st.bf16 && !kern_cuda_st.fast16bf);
   /* 16-byte rows (kern.h), so that the sum is never cut (gemm_parts) */
@@ -727,7 +759,7 @@ extern "C" void kern_cuda_matmul_fwd_bf16_out16(uint16_t *out, const uint16_t *i
   if (N <= 0 || OC <= 0) return;
   const gemm_operand_t a = {NULL, inp, IC, 0}, b = gemm_weight(w, w16, IC);
   gemm_bf16_packed(__func__, 'N', 'T', N, OC, IC, 1.0f, &a, &b, 0.0f, out, CUDA_R_16BF, ldo, 0, 1,
-                   NULL);
+                   NULL, NULL, bias16);
 }
 
 extern "C" void kern_cuda_matmul_bwd_bf16(float *dinp, float *dw, float *dbias, const float *dout,

@@ -240,9 +240,12 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
    * weights16: the runtime keeps each unit's bf16 gather for them) */
   const int k16 = a16 && K->weights16;
   uint16_t *w16 = k16 ? K->dev_alloc((size_t)4 * C * C * sizeof(uint16_t)) : NULL,
-           *wte16 = k16 ? K->dev_alloc((size_t)V * C * sizeof(uint16_t)) : NULL;
-  if (k16 && (!w16 || !wte16)) return 1;
-  if (k16) K->f32_to_bf16(w16, w, (size_t)4 * C * C), K->f32_to_bf16(wte16, wte, (size_t)V * C);
+           *wte16 = k16 ? K->dev_alloc((size_t)V * C * sizeof(uint16_t)) : NULL,
+           *b16 = k16 ? K->dev_alloc((size_t)4 * C * sizeof(uint16_t)) : NULL;
+  if (k16 && (!w16 || !wte16 || !b16)) return 1;
+  if (k16)
+    K->f32_to_bf16(w16, w, (size_t)4 * C * C), K->f32_to_bf16(wte16, wte, (size_t)V * C),
+        K->f32_to_bf16(b16, bias, (size_t)4 * C);
   char sh[64];
   snprintf(sh, sizeof sh, "N=%zu,C=%d", N, C);
   OPS_TIME("encoder_fwd", sh, 1, K->encoder_fwd(x, tok, wte, wpe, B, T, C));
@@ -260,6 +263,9 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
    * writes bf16 without its bias, GELU adds it */
   const int h16 = a16 && K->gelu_fwd_bf16in && K->gelu_bwd_bf16in && K->matmul_fwd_bf16_out16;
   const int q16 = a16 && K->attention_bf16_fits(C, NH); /* qkv in bf16 (gpt.c's qkv16) */
+  /* qkv written in bf16 by its product, with the bias's bf16 image (gpt.c,
+   * where the weights' images are there) */
+  const int qo16 = q16 && k16 && K->matmul_fwd_bf16_out16;
   /* attproj's and fcproj's dinp in bf16 for the bf16 attention's and GELU's
    * backward (gpt.c's datt16, dgelu16) */
   const int datt16 = q16 && K->matmul_bwd_dinp16, dgelu16 = h16 && K->matmul_bwd_dinp16;
@@ -284,11 +290,16 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
                K->matmul_bwd_dinp16(y16, dw, dbias, y, NULL, x16, w, w16, (int)N, mm[i].ic,
                                     mm[i].oc));
     if (!b) continue;
-    OPS_TIME("matmul_fwd_bf16", sh, (h16 && i == 2) || proj ? 0 : L,
+    OPS_TIME("matmul_fwd_bf16", sh, (h16 && i == 2) || (qo16 && i == 0) || proj ? 0 : L,
              K->matmul_fwd_bf16(y, x16, w, w16, bias, (int)N, mm[i].ic, mm[i].oc, mm[i].oc));
     if (h16 && i == 2)
       OPS_TIME("matmul_fwd_bf16_out16", sh, L,
-               K->matmul_fwd_bf16_out16(y16, x16, w, w16, (int)N, mm[i].ic, mm[i].oc, mm[i].oc));
+               K->matmul_fwd_bf16_out16(y16, x16, w, w16, NULL, (int)N, mm[i].ic, mm[i].oc,
+                                        mm[i].oc));
+    if (qo16 && i == 0)
+      OPS_TIME("matmul_fwd_bf16_out16(bias16)", sh, L,
+               K->matmul_fwd_bf16_out16(y16, x16, w, w16, b16, (int)N, mm[i].ic, mm[i].oc,
+                                        mm[i].oc));
     /* fc's dout comes in bf16 where GELU's backward makes it so (gpt.c,
      * kern.h's gelu_bwd_bf16, which sums its dbias) */
     const int f16 = i == 2 && K->gelu_bwd_bf16;
@@ -313,7 +324,7 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
   const int l16 = a16 && K->crossentropy_fwd_bwd_bf16in && K->matmul_fwd_bf16_out16;
   if (l16)
     OPS_TIME("matmul_fwd_bf16_out16", sh, 1,
-             K->matmul_fwd_bf16_out16((uint16_t *)logits, x16, wte, wte16, (int)N, C, V, ldv));
+             K->matmul_fwd_bf16_out16((uint16_t *)logits, x16, wte, wte16, NULL, (int)N, C, V, ldv));
   if (a16) { /* backward from the bf16 dlogits the chunks make */
     OPS_TIME("matmul_fwd_bf16", sh, !l16,
              K->matmul_fwd_bf16(logits, x16, wte, wte16, NULL, (int)N, C, V, ldv));
@@ -326,8 +337,11 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
   OPS_TIME("attention_bwd", sh, q16 ? 0 : L,
            K->attention_bwd(z, scratch, y, x, y, att, B, T, C, NH, 0));
   if (q16) {
-    OPS_TIME("attention_fwd_bf16", sh, L,
+    OPS_TIME("attention_fwd_bf16", sh, qo16 ? 0 : L,
              K->attention_fwd_bf16(y16, att, scratch, x, x16, B, T, C, NH));
+    if (qo16) /* qkv16 written by its product: no rounding pass */
+      OPS_TIME("attention_fwd_bf16(qkv16)", sh, L,
+               K->attention_fwd_bf16(y16, att, scratch, NULL, x16, B, T, C, NH));
     OPS_TIME("attention_bwd_bf16", sh, datt16 ? 0 : L,
              K->attention_bwd_bf16(z, scratch, y, NULL, x16, y16, att, B, T, C, NH, 0));
     if (datt16)
@@ -388,7 +402,7 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
     for (size_t r0 = 0; r0 < N; r0 += (size_t)lrows) {
       const int n = N - r0 < (size_t)lrows ? (int)(N - r0) : lrows;
       if (l16) { /* bf16 logits, the dlogits over them, as gpt.c's chunks */
-        K->matmul_fwd_bf16_out16((uint16_t *)logits, x16 + r0 * C, wte, wte16, n, C, V, ldv);
+        K->matmul_fwd_bf16_out16((uint16_t *)logits, x16 + r0 * C, wte, wte16, NULL, n, C, V, ldv);
         K->crossentropy_fwd_bwd_bf16in(losses + r0, (uint16_t *)logits, tok + r0, 1.0f / (float)N,
                                        n, V, ldv);
         K->matmul_bwd_bf16(z + r0 * C, dwte, NULL, NULL, (const uint16_t *)logits, x16 + r0 * C,
@@ -443,7 +457,7 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
   OPS_TIME("sumsq", sh, 1, (void)K->sumsq(pg, P));
   printf("bench: cuda_ops model=%s sum_step_ms=%.2f (the ops of one step, each alone)\n", model,
          ops_sum_ms);
-  K->dev_free(x16), K->dev_free(y16), K->dev_free(w16), K->dev_free(wte16);
+  K->dev_free(x16), K->dev_free(y16), K->dev_free(w16), K->dev_free(wte16), K->dev_free(b16);
   /* the products in every mode */
   if (!ops_want("products by mode")) return 0;
   const kern_cuda_opts_t modes[] = {{.bf16 = 1}, {.bf16 = 1, .gemm_fast16bf = 1}, {.tf32 = 1}, {0}};

@@ -1198,6 +1198,21 @@ static void test_attention_bf16(int B, int T, int C, int NH) {
   gpu->copy_d2h(got_q, q16, nq * 2);
   gpu->sync();
   check_bits_u16("attention_fwd_bf16", "qkv16=bf16(qkv)", shape, got_q, want_q, nq);
+  { /* qkv NULL: qkv16 as its product wrote it (here, as forward rounded it
+     * above) is read, not written: the same out16 and lse bits */
+    uint16_t *o16b = dnew(no * 2), *got_b = xmalloc(no * 2);
+    float *a16b = dnew(na * 4);
+    gpu->attention_fwd_bf16(o16b, a16b, sc16, NULL, q16, B, T, C, NH);
+    gpu->copy_d2h(got_b, o16b, no * 2);
+    gpu->sync();
+    check_bits_u16("attention_fwd_bf16", "out16 (qkv16 given)", shape, got_b, got_o16, no);
+    check_dev_bits("attention_fwd_bf16", "lse (qkv16 given)", shape, a16b, want_a, na);
+    uint16_t *again = xmalloc(nq * 2);
+    gpu->copy_d2h(again, q16, nq * 2);
+    gpu->sync();
+    check_bits_u16("attention_fwd_bf16", "qkv16 untouched", shape, again, want_q, nq);
+    gpu->dev_free(o16b), gpu->dev_free(a16b), free(got_b), free(again);
+  }
   /* backward against attention_bwd's given out16 widened as its out: D =
    * dout . out from the same values in the same order */
   float *o16w = xmalloc(no * 4);
@@ -1898,7 +1913,7 @@ static void test_lm_head_l16(int N, int C, int V, int ld) {
   float *d_w = dput(w, nw * 4), *la = dput_rows(NULL, N, V, ld);
   gpu->matmul_fwd_bf16(la, d_x16, d_w, NULL, NULL, N, C, V, ld);
   const unsigned long p0 = w16_packs();
-  gpu->matmul_fwd_bf16_out16(d_l16, d_x16, d_w, NULL, N, C, V, ld);
+  gpu->matmul_fwd_bf16_out16(d_l16, d_x16, d_w, NULL, NULL, N, C, V, ld);
   const unsigned long packs_w = w16_packs() - p0;
   float *pa = dget_rows(la, N, V, ld, "matmul_fwd_bf16", "logits", shape);
   uint16_t *l16 = (uint16_t *)dget(d_l16, nl / 2), *got = xmalloc(n * 2), *want = xmalloc(n * 2);
@@ -1924,7 +1939,7 @@ static void test_lm_head_l16(int N, int C, int V, int ld) {
   { /* given w's bf16 image (kern.h's w16) */
     uint16_t *wbase, *d_w16 = dput_w16(w, nw, 0, &wbase), *d_o = dput(fill, nl * 2);
     const unsigned long p1 = w16_packs();
-    gpu->matmul_fwd_bf16_out16(d_o, d_x16, d_w, d_w16, N, C, V, ld);
+    gpu->matmul_fwd_bf16_out16(d_o, d_x16, d_w, d_w16, NULL, N, C, V, ld);
     const unsigned long packs = w16_packs() - p1;
     uint16_t *o = (uint16_t *)dget(d_o, nl / 2), *rows = xmalloc(n * 2);
     for (int i = 0; i < N; i++) memcpy(rows + (size_t)i * V, o + (size_t)i * ld, (size_t)V * 2);
@@ -1933,6 +1948,54 @@ static void test_lm_head_l16(int N, int C, int V, int ld) {
     check_w16("matmul_fwd_bf16_out16", shape, 0, nw, gw16, gw, ref, mag, n, TOL_GEMM_BF16, packs,
               packs_w);
     gpu->dev_free(wbase), gpu->dev_free(d_o), free(o), free(rows), free(gw16);
+  }
+  /* with a bf16 bias (bias16, as the qkv product takes its bias's image):
+   * the fp32 product with that bias widened, rounded once (bit for bit on
+   * the emulator), within the bf16 bound of the CPU's on a GPU; and where
+   * cuBLASLt refuses the epilogue (the emulator's CUDA_EMU_LT_BIAS_REFUSE),
+   * the pass after it, a rounding more: within two bf16 steps */
+  for (int refuse = 0; refuse <= 1; refuse++) {
+#ifndef KERN_CUDA_EMU
+    if (refuse) break;
+#endif
+    float *b = frand((size_t)V, -2, 2), *bw = xmalloc((size_t)V * 4);
+    uint16_t *b16 = xmalloc((size_t)V * 2);
+    cpu->f32_to_bf16(b16, b, (size_t)V), cpu->bf16_to_f32(bw, b16, (size_t)V);
+    uint16_t *d_b16 = dput(b16, (size_t)V * 2), *d_o = dput(fill, nl * 2);
+    float *d_bw = dput(bw, (size_t)V * 4), *lb = dput_rows(NULL, N, V, ld);
+    gpu->matmul_fwd_bf16(lb, d_x16, d_w, NULL, d_bw, N, C, V, ld);
+    if (refuse) setenv("CUDA_EMU_LT_BIAS_REFUSE", "1", 1);
+    gpu->matmul_fwd_bf16_out16(d_o, d_x16, d_w, NULL, d_b16, N, C, V, ld);
+    if (refuse) unsetenv("CUDA_EMU_LT_BIAS_REFUSE");
+    float *pb = dget_rows(lb, N, V, ld, "matmul_fwd_bf16", "logits+bias", shape);
+    uint16_t *o = (uint16_t *)dget(d_o, nl / 2), *rows = xmalloc(n * 2), *wantb = xmalloc(n * 2);
+    size_t padb = 0;
+    for (int i = 0; i < N; i++) {
+      memcpy(rows + (size_t)i * V, o + (size_t)i * ld, (size_t)V * 2);
+      for (int j = V; j < ld; j++) padb += o[(size_t)i * ld + j] != 0x7171;
+    }
+    report("matmul_fwd_bf16_out16", refuse ? "bias16 refused: padding" : "bias16: padding", shape,
+           0, 0, "-", -1, padb == 0);
+    cpu->f32_to_bf16(wantb, pb, n);
+    float *gb = xmalloc(n * 4), *refb = xmalloc(n * 4), *magb = xmalloc(n * 4);
+    cpu->bf16_to_f32(gb, rows, n);
+    for (int i = 0; i < N; i++)
+      for (int j = 0; j < V; j++) {
+        const size_t k = (size_t)i * V + j;
+        refb[k] = ref[k] + bw[j];
+        /* the product's bound, and one bf16 step (two where refused) of the result */
+        magb[k] = mag[k] + fabsf(bw[j]) +
+                  fabsf(refb[k]) / (float)TOL_GEMM_BF16 / (refuse ? 128.0f : 256.0f);
+      }
+#ifdef KERN_CUDA_EMU
+    if (!refuse)
+      check_bits_u16("matmul_fwd_bf16_out16", "logits+bias16=bf16(fp32's)", shape, rows, wantb, n);
+#endif
+    check_tol("matmul_fwd_bf16_out16", refuse ? "logits+bias16 (refused)" : "logits+bias16",
+              shape, gb, refb, NULL, magb, NULL, n, TOL_GEMM_BF16);
+    gpu->dev_free(d_b16), gpu->dev_free(d_o), gpu->dev_free(d_bw), gpu->dev_free(lb);
+    free(b), free(bw), free(b16), free(pb), free(o), free(rows), free(wantb), free(gb), free(refb),
+        free(magb);
   }
   /* the cross-entropy on them, against the fp32 form on them widened */
   float *wide = dput_rows(gw, N, V, ld), *lossa = dnew(N * 4), *lossb = dnew(N * 4);

@@ -1263,7 +1263,7 @@ struct emu_desc {
   cudaDataType_t scale;
   int32_t transa, transb;
   int32_t epilogue = CUBLASLT_EPILOGUE_DEFAULT; /* DEFAULT or BIAS */
-  const float *bias = nullptr;                  /* BIAS: one float per row of D */
+  const void *bias = nullptr;                   /* BIAS: one element per row of D */
   int32_t bias_type = -1;                       /* unset: D's type */
 };
 struct emu_pref {
@@ -1405,10 +1405,12 @@ static cublasStatus_t emu_lt_check(const emu_desc *d, const emu_layout *a, const
   if ((!d16 && (c->type != CUDA_R_32F || dd->type != CUDA_R_32F)) || d->scale != CUDA_R_32F ||
       a->type != b->type)
     return CUBLAS_STATUS_NOT_SUPPORTED;
-  /* epilogues: only BIAS, fp32, on an unbatched product of fp32 D */
+  /* epilogues: only BIAS on an unbatched product, fp32 for fp32 D, bf16
+   * for bf16 D (the type llm.c's products give it on a GPU) */
+  const int32_t bt = d->bias_type == -1 ? (d16 ? CUDA_R_16BF : CUDA_R_32F) : d->bias_type;
   if (d->epilogue != CUBLASLT_EPILOGUE_DEFAULT &&
-      (d->epilogue != CUBLASLT_EPILOGUE_BIAS || (d->bias_type != -1 && d->bias_type != CUDA_R_32F) ||
-       c->batch != 1 || d16))
+      (d->epilogue != CUBLASLT_EPILOGUE_BIAS || bt != (d16 ? CUDA_R_16BF : CUDA_R_32F) ||
+       c->batch != 1))
     return CUBLAS_STATUS_NOT_SUPPORTED;
   if (a->type == CUDA_R_16BF)
     return d->compute == CUBLAS_COMPUTE_32F ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_SUPPORTED;
@@ -1543,9 +1545,12 @@ static void emu_lt_run(const emu_desc *d, const emu_layout *a, const emu_layout 
       } else {
         sgemm(ta.data(), bt);
       }
-      if (bias) /* added to the product as written: the CPU's two roundings */
+      if (bias) /* added to the product as written: the CPU's two roundings (bf16 D: to
+                 * its fp32 sums, then rounded once) */
         for (uint64_t n = 0; n < N; n++)
-          for (uint64_t m = 0; m < M; m++) out[m + n * dl->ld] += d->bias[m];
+          for (uint64_t m = 0; m < M; m++)
+            out[m + n * dl->ld] += d16 ? __bfloat162float(((const __nv_bfloat16 *)d->bias)[m])
+                                       : ((const float *)d->bias)[m];
     }
     if (d16)
       for (uint64_t n = 0; n < N; n++)
@@ -1601,9 +1606,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
   if (bias && emu_env_size("CUDA_EMU_LT_BIAS_REFUSE", 0)) return CUBLAS_STATUS_NOT_SUPPORTED;
   /* the bias: M floats of device memory, 16-byte aligned (less has been seen
    * to fail at run time on a GPU) */
-  if (bias && (!d->bias || (uintptr_t)d->bias % 16 || !emu::device_range(d->bias, M * 4))) {
+  if (bias && (!d->bias || (uintptr_t)d->bias % 16 ||
+               !emu::device_range(d->bias, M * (dl->type == CUDA_R_16BF ? 2 : 4)))) {
     fprintf(stderr,
-            "cuda_emu: cublasLtMatmul: the BIAS epilogue's pointer %p is not %llu floats of "
+            "cuda_emu: cublasLtMatmul: the BIAS epilogue's pointer %p is not %llu elements of "
             "16-byte aligned device memory\n",
             (const void *)d->bias, (unsigned long long)M);
     return CUBLAS_STATUS_INVALID_VALUE;
