@@ -236,6 +236,11 @@ typedef struct kern_backend {
    * products pack w; or no bf16 products). A w16 not 16-byte aligned is
    * not read (w is packed). */
   int weights16;
+  /* 1: a block's qkv product may write qkv in bf16 itself, with its bias's
+   * bf16 image (matmul_fwd_bf16_out16's bias16; attention_fwd_bf16 with
+   * qkv NULL reads it): no fp32 qkv and no rounding pass (0:
+   * FSDP_CUDA_QKV_APART, for comparison; or no bf16 products). */
+  int qkv_out16;
   void (*layernorm_fwd_bf16)(uint16_t *out, float *mean, float *rstd, const float *inp,
                              const float *w, const float *b, int N, int C);
   void (*gelu_fwd_bf16)(uint16_t *out, const float *inp, size_t n);

@@ -40,6 +40,8 @@
      "device cuda, bf16 jobs: 1: GELU of the bf16 activations computes the CPU's bits (0: the fast form, on the special function unit, within a bf16 rounding step of them), for comparison") \
   XX(cuda_res_apart, "FSDP_CUDA_RES_APART", 0,                                       \
      "device cuda, bf16 jobs: 1: the residual added by a pass after the projections' products (0: by the products as they write, kern.h's matmul_fwd_res), for comparison") \
+  XX(cuda_qkv_apart, "FSDP_CUDA_QKV_APART", 0,                                       \
+     "device cuda, bf16 jobs: 1: a block's qkv product writes fp32 and the attention rounds it to bf16 (0: the product writes bf16, adding its bias's bf16 image before its one rounding, kern.h's qkv_out16), for comparison") \
   XX(cuda_weights_pack, "FSDP_CUDA_WEIGHTS_PACK", 0,                                 \
      "device cuda, bf16 jobs: 1: the products pack each fp32 weight to bf16 as they read it (0: they read the unit's bf16 gather, kept beside the widened unit, kern.h's weights16), for comparison") \
   XX(gather_round, "FSDP_GATHER_ROUND", 0,                                            \

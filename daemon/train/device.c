@@ -184,14 +184,17 @@ static int device_cuda_open(const config_t *c, int rank, const device_t **out) {
   static int reserved_counted; /* the kernels keep it for the process's life */
   if (!reserved_counted++) mem_account(MEM_WORKSPACE, p->reserved_bytes(), 1);
   /* the comparisons' switches: FSDP_CUDA_RES_APART, the table less
-   * matmul_fwd_res; FSDP_CUDA_WEIGHTS_PACK, weights16 0 */
+   * matmul_fwd_res; FSDP_CUDA_WEIGHTS_PACK, weights16 0; FSDP_CUDA_QKV_APART,
+   * qkv_out16 0 */
   static kern_backend_t switched;
   const int res_apart = param_cuda_res_apart() && k->matmul_fwd_res,
-            weights_pack = param_cuda_weights_pack() && k->weights16;
-  if (res_apart || weights_pack) {
+            weights_pack = param_cuda_weights_pack() && k->weights16,
+            qkv_apart = param_cuda_qkv_apart() && k->qkv_out16;
+  if (res_apart || weights_pack || qkv_apart) {
     switched = *k;
     if (res_apart) switched.matmul_fwd_res = NULL;
     if (weights_pack) switched.weights16 = 0;
+    if (qkv_apart) switched.qkv_out16 = 0;
     k = &switched;
   }
   device_cuda.kern = k;

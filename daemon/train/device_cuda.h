@@ -37,7 +37,8 @@
                            * attention_bwd_bf16's out in bf16; 15: the bf16
                            * products' w16, kern_backend_t's weights16;
                            * 16: its adamw_segs; 17: adamw_segs's p16;
-                           * 18: kern_cuda_opts_t.attn_cudnn */
+                           * 18: kern_cuda_opts_t.attn_cudnn, matmul_fwd_bf16_out16's
+                           * bias16, attention_fwd_bf16's qkv NULL, qkv_out16 */
 #define DEVICE_CUDA_SYMBOL "device_cuda_plugin"
 #define DEVICE_CUDA_FILE "libfsdp-cuda.so"
 

@@ -626,7 +626,8 @@ static void gpt_layer_fwd(gpt_t *g, int l, float *P, const uint16_t *P16, const 
    * product into dbig2 (free until GELU's output), rounded into qkv by the
    * attention */
   const uint16_t *qkvb16 = gpt_w16(P, P16, p.qkvb);
-  if (g->qkv16 && be->matmul_fwd_bf16_out16 && qkvb16 && !((uintptr_t)qkvb16 & 15)) {
+  if (g->qkv16 && be->qkv_out16 && be->matmul_fwd_bf16_out16 && qkvb16 &&
+      !((uintptr_t)qkvb16 & 15)) {
     be->matmul_fwd_bf16_out16((uint16_t *)a->qkv, (const uint16_t *)l1, p.qkvw,
                               gpt_w16(P, P16, p.qkvw), qkvb16, (int)N, C, 3 * C, 3 * C);
     be->attention_fwd_bf16((uint16_t *)a->atty, a->att, g->att_scratch, NULL, (uint16_t *)a->qkv,

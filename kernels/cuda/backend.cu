@@ -266,6 +266,7 @@ static const kern_backend_t kern_cuda_table = {
     .bf16_to_f32 = kern_cuda_bf16_to_f32,
     .sumsq = kern_cuda_sumsq,
     .weights16 = 0, /* kern_cuda_table_bf16 below */
+    .qkv_out16 = 0,
     .layernorm_fwd_bf16 = NULL,
     .gelu_fwd_bf16 = NULL,
     .matmul_fwd_bf16 = NULL,
@@ -305,6 +306,7 @@ static kern_backend_t kern_cuda_with_bf16_acts(kern_backend_t t) {
   t.matmul_bwd_dinp16 = kern_cuda_matmul_bwd_dinp16;
   t.matmul_fwd_res = kern_cuda_matmul_fwd_res;
   t.weights16 = 1; /* a bf16 weight read in place: no packing pass (kern.h) */
+  t.qkv_out16 = 1; /* qkv written in bf16 by its product (kern.h) */
   return t;
 }
 static const kern_backend_t kern_cuda_table_bf16 = kern_cuda_with_bf16_acts(kern_cuda_table);

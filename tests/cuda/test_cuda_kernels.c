@@ -1898,6 +1898,18 @@ static void test_layernorm_bf16(int N, int C) {
  * bf16 within it: V = 50257 on 8.0) within TOL_RED and 2 bf16 steps, over
  * the logits in place, the padding still untouched; and the product from
  * them (rows ld apart) as from the second halves (2 ld apart). */
+/* The N rows of V bf16 logits of l16 (rows ld apart) into rows (dense);
+ * how many of their padding's elements are not the 0x7171 they were
+ * filled with. */
+static size_t l16_rows(uint16_t *rows, const uint16_t *l16, int N, int V, int ld) {
+  size_t pad = 0;
+  for (int i = 0; i < N; i++) {
+    memcpy(rows + (size_t)i * V, l16 + (size_t)i * ld, (size_t)V * 2);
+    for (int j = V; j < ld; j++) pad += l16[(size_t)i * ld + j] != 0x7171;
+  }
+  return pad;
+}
+
 static void test_lm_head_l16(int N, int C, int V, int ld) {
   char shape[64];
   snprintf(shape, sizeof shape, "N=%d C=%d V=%d ld=%d", N, C, V, ld);
@@ -1917,12 +1929,8 @@ static void test_lm_head_l16(int N, int C, int V, int ld) {
   const unsigned long packs_w = w16_packs() - p0;
   float *pa = dget_rows(la, N, V, ld, "matmul_fwd_bf16", "logits", shape);
   uint16_t *l16 = (uint16_t *)dget(d_l16, nl / 2), *got = xmalloc(n * 2), *want = xmalloc(n * 2);
-  size_t pad = 0;
-  for (int i = 0; i < N; i++) {
-    memcpy(got + (size_t)i * V, l16 + (size_t)i * ld, (size_t)V * 2);
-    for (int j = V; j < ld; j++) pad += l16[(size_t)i * ld + j] != 0x7171;
-  }
-  report("matmul_fwd_bf16_out16", "padding", shape, 0, 0, "-", -1, pad == 0);
+  report("matmul_fwd_bf16_out16", "padding", shape, 0, 0, "-", -1,
+         l16_rows(got, l16, N, V, ld) == 0);
   cpu->f32_to_bf16(want, pa, n);
 #ifdef KERN_CUDA_EMU
   check_bits_u16("matmul_fwd_bf16_out16", "logits=bf16(fp32's)", shape, got, want, n);
@@ -1969,13 +1977,8 @@ static void test_lm_head_l16(int N, int C, int V, int ld) {
     if (refuse) unsetenv("CUDA_EMU_LT_BIAS_REFUSE");
     float *pb = dget_rows(lb, N, V, ld, "matmul_fwd_bf16", "logits+bias", shape);
     uint16_t *o = (uint16_t *)dget(d_o, nl / 2), *rows = xmalloc(n * 2), *wantb = xmalloc(n * 2);
-    size_t padb = 0;
-    for (int i = 0; i < N; i++) {
-      memcpy(rows + (size_t)i * V, o + (size_t)i * ld, (size_t)V * 2);
-      for (int j = V; j < ld; j++) padb += o[(size_t)i * ld + j] != 0x7171;
-    }
     report("matmul_fwd_bf16_out16", refuse ? "bias16 refused: padding" : "bias16: padding", shape,
-           0, 0, "-", -1, padb == 0);
+           0, 0, "-", -1, l16_rows(rows, o, N, V, ld) == 0);
     cpu->f32_to_bf16(wantb, pb, n);
     float *gb = xmalloc(n * 4), *refb = xmalloc(n * 4), *magb = xmalloc(n * 4);
     cpu->bf16_to_f32(gb, rows, n);
@@ -2016,12 +2019,9 @@ static void test_lm_head_l16(int N, int C, int V, int ld) {
 #endif
   float *ga = dget(lossa, N);
   uint16_t *sa = (uint16_t *)dget(wide, nl), *sb = (uint16_t *)dget(d_l16, nl / 2);
-  pad = 0;
-  for (int i = 0; i < N; i++) {
+  for (int i = 0; i < N; i++)
     memcpy(want + (size_t)i * V, sa + (size_t)i * 2 * ld + ld, (size_t)V * 2);
-    memcpy(got + (size_t)i * V, sb + (size_t)i * ld, (size_t)V * 2);
-    for (int j = V; j < ld; j++) pad += sb[(size_t)i * ld + j] != 0x7171;
-  }
+  const size_t pad = l16_rows(got, sb, N, V, ld);
   if (same) {
     check_dev_bits("crossentropy_fwd_bwd_bf16in", "losses", shape, lossb, ga, N);
     check_bits_u16("crossentropy_fwd_bwd_bf16in", "dlogits=fp32 form's", shape, got, want, n);

@@ -346,6 +346,28 @@ out:
   return rc;
 }
 
+/* fv_run sharded (2 ranks' shards) on tables a and b: whether every loss
+ * and parameter comes out the same bits (*differ counts those that do
+ * not, of n_params), and kernel's launches a step in each (emulator; 0
+ * elsewhere). 0, or a code. */
+static int fv_pair(const kern_backend_t *a, const kern_backend_t *b, size_t n_params,
+                   const char *kernel, size_t *differ, double per_step[2]) {
+  float la[FV_STEPS], lb[FV_STEPS], *wa = NULL, *wb = NULL;
+  const unsigned long k0 = emu_launches ? emu_launches(kernel) : 0;
+  int rc = fv_run(a, 2, FV_CHUNK, la, &wa);
+  const unsigned long k1 = emu_launches ? emu_launches(kernel) : 0;
+  if (!rc) rc = fv_run(b, 2, FV_CHUNK, lb, &wb);
+  const unsigned long k2 = emu_launches ? emu_launches(kernel) : 0;
+  *differ = 0;
+  if (!rc) {
+    for (size_t i = 0; i < n_params; i++) *differ += memcmp(&wa[i], &wb[i], 4) != 0;
+    *differ += memcmp(la, lb, sizeof la) != 0;
+  }
+  per_step[0] = (double)(k1 - k0) / FV_STEPS, per_step[1] = (double)(k2 - k1) / FV_STEPS;
+  free(wa), free(wb);
+  return rc;
+}
+
 /* A forward and backward, and a forward without targets (a sample's), of
  * the flat model (C channels, NH heads, the same weights) at batch B x T on
  * k16 (bf16 activations, and qkv in bf16 at heads of 16 to 64) and on k32
@@ -758,28 +780,23 @@ int main(int argc, char **argv) {
     static kern_backend_t packs;
     packs = *k16;
     packs.weights16 = 0;
-    float la[FV_STEPS], lb[FV_STEPS], *wa = NULL, *wb = NULL;
-    const unsigned long p0 = emu_launches ? emu_launches("gemm_pack_kernel") : 0,
-                        a0 = emu_launches ? emu_launches("adamw_segs_kernel") : 0,
+    const unsigned long a0 = emu_launches ? emu_launches("adamw_segs_kernel") : 0,
                         b0 = emu_launches ? emu_launches("adamw_kernel") : 0;
-    int rc = fv_run(k16, 2, FV_CHUNK, la, &wa);
-    const unsigned long p1 = emu_launches ? emu_launches("gemm_pack_kernel") : 0;
-    if (!k16->weights16 || rc || fv_run(&packs, 2, FV_CHUNK, lb, &wb)) {
+    size_t differ;
+    double packing[2];
+    if (!k16->weights16 ||
+        fv_pair(k16, &packs, gpt_config_num_params(&fc), "gemm_pack_kernel", &differ, packing)) {
       fprintf(stderr, "test_cuda_train: bf16 weights16: %s\n", err_msg());
       return 2;
     }
-    const unsigned long p2 = emu_launches ? emu_launches("gemm_pack_kernel") : 0;
-    size_t differ = 0;
-    for (size_t i = 0; i < gpt_config_num_params(&fc); i++) differ += memcmp(&wa[i], &wb[i], 4) != 0;
-    differ += memcmp(la, lb, sizeof la) != 0;
     printf("cuda bf16 sharded: weights read from the bf16 gather vs packed: %zu parameters and "
            "losses differ; packing launches a step %.0f vs %.0f\n",
-           differ, (double)(p1 - p0) / FV_STEPS, (double)(p2 - p1) / FV_STEPS);
+           differ, packing[0], packing[1]);
     check(differ == 0, "cuda bf16 sharded: weights from the bf16 gather vs packed, bits differ",
           (double)differ, 0);
     if (emu_launches) {
-      check(p1 - p0 < p2 - p1, "cuda bf16 sharded: weights from the bf16 gather, packing launches "
-            "a step (emulator)", (double)(p1 - p0) / FV_STEPS, (double)(p2 - p1) / FV_STEPS);
+      check(packing[0] < packing[1], "cuda bf16 sharded: weights from the bf16 gather, packing "
+            "launches a step (emulator)", packing[0], packing[1]);
       /* AdamW over the shard's every tensor in one launch a step (kern.h's
        * adamw_segs: the model's 2 + 12 L tensors, under 256) */
       const unsigned long a1 = emu_launches("adamw_segs_kernel") - a0,
@@ -787,7 +804,32 @@ int main(int argc, char **argv) {
       check(a1 == 2 * FV_STEPS && b1 == 0, "cuda bf16 sharded: AdamW launches a step (emulator)",
             (double)(a1 + b1) / (2 * FV_STEPS), 1);
     }
-    free(wa), free(wb);
+  }
+  /* the qkv product writing the block's bf16 qkv with its bias's bf16
+   * image (kern.h's qkv_out16) against the product in fp32 rounded by the
+   * attention: the unit's fp32 bias is its bf16 gather widened, so the
+   * same sums rounded once either way, every loss and parameter the same
+   * bits; and no rounding pass of qkv (emulator: f32_to_bf16's launches) */
+  {
+    static kern_backend_t apart;
+    apart = *k16;
+    apart.qkv_out16 = 0;
+    size_t differ;
+    double rounds[2];
+    if (!k16->qkv_out16 || fv_pair(k16, &apart, gpt_config_num_params(&fc),
+                                   "f32_to_bf16_wide_kernel", &differ, rounds)) {
+      fprintf(stderr, "test_cuda_train: bf16 qkv_out16: %s\n", err_msg());
+      return 2;
+    }
+    printf("cuda bf16 sharded: qkv written in bf16 by its product vs rounded after: %zu "
+           "parameters and losses differ; f32_to_bf16 launches a step %.0f vs %.0f\n", differ,
+           rounds[0], rounds[1]);
+    check(differ == 0, "cuda bf16 sharded: qkv written in bf16 vs rounded after, bits differ",
+          (double)differ, 0);
+    if (emu_launches) /* a block's forward rounds qkv no more: L a step fewer, at least */
+      check(rounds[1] - rounds[0] >= fc.layers,
+            "cuda bf16 sharded: qkv written in bf16, rounding launches fewer a step (emulator)",
+            rounds[1] - rounds[0], fc.layers);
   }
   printf("test_cuda_train: %s\n", fails ? "FAILED" : "passed");
   return fails ? 1 : 0;
