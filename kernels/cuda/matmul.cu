@@ -756,6 +756,7 @@ extern "C" void kern_cuda_matmul_fwd_bf16_out16(uint16_t *out, const uint16_t *i
                    kern_cuda_st.bf16 && !kern_cuda_st.fast16bf);
   /* 16-byte rows (kern.h), so that the sum is never cut (gemm_parts) */
   KERN_CUDA_ASSERT(IC % 8 == 0 && kern_cuda_aligned16(inp));
+  KERN_CUDA_ASSERT(!bias16 || kern_cuda_aligned16(bias16)); /* kern.h */
   if (N <= 0 || OC <= 0) return;
   const gemm_operand_t a = {NULL, inp, IC, 0}, b = gemm_weight(w, w16, IC);
   gemm_bf16_packed(__func__, 'N', 'T', N, OC, IC, 1.0f, &a, &b, 0.0f, out, CUDA_R_16BF, ldo, 0, 1,

@@ -265,7 +265,7 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
   const int q16 = a16 && K->attention_bf16_fits(C, NH); /* qkv in bf16 (gpt.c's qkv16) */
   /* qkv written in bf16 by its product, with the bias's bf16 image (gpt.c,
    * where the weights' images are there) */
-  const int qo16 = q16 && k16 && K->matmul_fwd_bf16_out16;
+  const int qo16 = q16 && k16 && K->qkv_out16 && K->matmul_fwd_bf16_out16;
   /* attproj's and fcproj's dinp in bf16 for the bf16 attention's and GELU's
    * backward (gpt.c's datt16, dgelu16) */
   const int datt16 = q16 && K->matmul_bwd_dinp16, dgelu16 = h16 && K->matmul_bwd_dinp16;
