@@ -247,7 +247,8 @@ typedef struct kern_backend {
   void (*matmul_fwd_bf16)(float *out, const uint16_t *inp, const float *w, const uint16_t *w16,
                           const float *bias, int N, int IC, int OC, int ldo);
   /* dout in fp32, or in bf16 (dout16, rows ldo bf16 apart, a multiple of
-   * 8; no dbias then): one of the two, the other NULL */
+   * 8; dbias then the column sums of its values widened, in the CPU's
+   * order): one of the two, the other NULL */
   void (*matmul_bwd_bf16)(float *dinp, float *dw, float *dbias, const float *dout,
                           const uint16_t *dout16, const uint16_t *inp, const float *w,
                           const uint16_t *w16, int N, int IC, int OC, int ldo, int acc);
@@ -317,8 +318,9 @@ typedef struct kern_backend {
    * bias (fp32, not NULL) as it reads: out = bf16(gelu(inp + bias[c])) over
    * N rows of C (C a multiple of 8, inp and out 16-byte aligned, rows
    * dense); backward as gelu_bwd_bf16 on x = inp + bias[c] (dinp16 and
-   * dbias its bits). Optional beside gelu_bwd_bf16 and the bf16 logits'
-   * product, both or neither. */
+   * dbias its bits). bias NULL: inp holds the bias already (x = inp
+   * widened: matmul_fwd_bf16_gelu's pre16). Optional beside gelu_bwd_bf16
+   * and the bf16 logits' product, both or neither. */
   void (*gelu_fwd_bf16in)(uint16_t *out, const uint16_t *inp, const float *bias, int N, int C);
   /* dout in fp32, or in bf16 (dout16, dense, 8-byte aligned: as
    * matmul_bwd_dinp16 writes it): one of the two, the other NULL */
@@ -347,6 +349,29 @@ typedef struct kern_backend {
   void (*matmul_fwd_res)(float *out, const float *inp, const uint16_t *inp16, const float *w,
                          const uint16_t *w16, const float *bias, const float *res, int N, int IC,
                          int OC);
+  /* The fc product with GELU in its write, in the bf16 mode: pre16 (N, OC,
+   * dense) = bf16(inp16 w^T + bias16), each element its fp32 sum with the
+   * bias's bf16 image added (as matmul_fwd_bf16_out16 with bias16), GELU's
+   * input kept for backward (gelu_bwd_bf16in with bias NULL); and out16
+   * (N, OC, dense) its GELU rounded to bf16: the device's GELU (tanh form)
+   * of the fp32 sum, or (where the device has no such product) gelu_fwd_bf16in
+   * of pre16, so within a bf16 step and GELU's approximation of
+   * bf16(kern_gelu(pre16 widened)). IC and OC multiples of 8, every pointer
+   * 16-byte aligned. Optional. */
+  void (*matmul_fwd_bf16_gelu)(uint16_t *out16, uint16_t *pre16, const uint16_t *inp16,
+                               const float *w, const uint16_t *w16, const uint16_t *bias16, int N,
+                               int IC, int OC);
+  /* matmul_bwd_dinp16 for the product whose input inp16 is GELU's output
+   * (N, IC) with GELU's backward in its dinp product's write: dinp16 =
+   * bf16(gelu'(pre16) x (dout w)), each element's fp32 sum over all OC times
+   * the device's GELU derivative at pre16's element (GELU's input,
+   * matmul_fwd_bf16_gelu's), rounded once (where the device has no such
+   * product: the sum rounded, then gelu_bwd_bf16in's derivative times it, a
+   * rounding more); dw and dbias as matmul_bwd_dinp16's. pre16 (N, IC, dense)
+   * 16-byte aligned. Optional beside matmul_fwd_bf16_gelu. */
+  void (*matmul_bwd_dgelu16)(uint16_t *dinp16, float *dw, float *dbias, const float *dout,
+                             const uint16_t *inp16, const float *w, const uint16_t *w16,
+                             const uint16_t *pre16, int N, int IC, int OC);
 } kern_backend_t;
 
 /* The x86-64 levels the CPU kernels are built for, numbered as the psABI's

@@ -42,6 +42,8 @@
      "device cuda, bf16 jobs: 1: the residual added by a pass after the projections' products (0: by the products as they write, kern.h's matmul_fwd_res), for comparison") \
   XX(cuda_qkv_apart, "FSDP_CUDA_QKV_APART", 0,                                       \
      "device cuda, bf16 jobs: 1: a block's qkv product writes fp32 and the attention rounds it to bf16 (0: the product writes bf16, adding its bias's bf16 image before its one rounding, kern.h's qkv_out16), for comparison") \
+  XX(cuda_gelu_fused, "FSDP_CUDA_GELU_FUSED", 0,                                     \
+     "device cuda, bf16 jobs: 1: GELU in the fc product's write and its backward in the fc projection's dinp product's (cuBLASLt's GELU_AUX_BIAS and DGELU epilogues, kern.h's matmul_fwd_bf16_gelu and matmul_bwd_dgelu16: no GELU passes), where GELU's output is kept (recompute 0) (0: GELU by passes of its own after the products), until a GPU's A/B says which is faster") \
   XX(cuda_weights_pack, "FSDP_CUDA_WEIGHTS_PACK", 0,                                 \
      "device cuda, bf16 jobs: 1: the products pack each fp32 weight to bf16 as they read it (0: they read the unit's bf16 gather, kept beside the widened unit, kern.h's weights16), for comparison") \
   XX(gather_round, "FSDP_GATHER_ROUND", 0,                                            \

@@ -185,16 +185,20 @@ static int device_cuda_open(const config_t *c, int rank, const device_t **out) {
   if (!reserved_counted++) mem_account(MEM_WORKSPACE, p->reserved_bytes(), 1);
   /* the comparisons' switches: FSDP_CUDA_RES_APART, the table less
    * matmul_fwd_res; FSDP_CUDA_WEIGHTS_PACK, weights16 0; FSDP_CUDA_QKV_APART,
-   * qkv_out16 0 */
+   * qkv_out16 0; matmul_fwd_bf16_gelu and matmul_bwd_dgelu16 only under
+   * FSDP_CUDA_GELU_FUSED */
   static kern_backend_t switched;
   const int res_apart = param_cuda_res_apart() && k->matmul_fwd_res,
             weights_pack = param_cuda_weights_pack() && k->weights16,
-            qkv_apart = param_cuda_qkv_apart() && k->qkv_out16;
-  if (res_apart || weights_pack || qkv_apart) {
+            qkv_apart = param_cuda_qkv_apart() && k->qkv_out16,
+            gelu_apart = !param_cuda_gelu_fused() && (k->matmul_fwd_bf16_gelu ||
+                                                      k->matmul_bwd_dgelu16);
+  if (res_apart || weights_pack || qkv_apart || gelu_apart) {
     switched = *k;
     if (res_apart) switched.matmul_fwd_res = NULL;
     if (weights_pack) switched.weights16 = 0;
     if (qkv_apart) switched.qkv_out16 = 0;
+    if (gelu_apart) switched.matmul_fwd_bf16_gelu = NULL, switched.matmul_bwd_dgelu16 = NULL;
     k = &switched;
   }
   device_cuda.kern = k;

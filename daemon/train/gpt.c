@@ -86,7 +86,9 @@ _Static_assert(sizeof(gpt_embed_t) == sizeof gpt_embed_fields / sizeof *gpt_embe
  * output then lands in backward's scratch (dbig2) and the attention rounds
  * it into the layer's qkv. fch is kept in bf16 where the backend's GELU
  * reads it so (gpt_t.fch16): the fc product's sum without its bias,
- * rounded once (kern.h's gelu_fwd_bf16in adds the bias as it reads). */
+ * rounded once (kern.h's gelu_fwd_bf16in adds the bias as it reads), or,
+ * where the product writes GELU's output itself (matmul_fwd_bf16_gelu, when
+ * the block keeps that output), its sum with the bias's bf16 image. */
 typedef struct gpt_layer_acts {
   float *ln1;       /* (N,C) */
   float *ln1_mean;  /* (N) */
@@ -101,6 +103,8 @@ typedef struct gpt_layer_acts {
   float *fch;       /* (N,4C) fc output before GELU; under fch16 bf16, without the bias */
   float *fch_gelu;  /* (N,4C), or NULL: recomputed (gpt_set_recompute) */
   float *res3;      /* (N,C) residual after the MLP: the layer's output */
+  int fch_biased;   /* fch holds its bias (bf16): the product wrote GELU too
+                     * (kern.h's matmul_fwd_bf16_gelu), the last forward */
 } gpt_layer_acts_t;
 
 struct gpt {
@@ -648,14 +652,24 @@ static void gpt_layer_fwd(gpt_t *g, int l, float *P, const uint16_t *P16, const 
   float *l2 = a->ln2 ? a->ln2 : g->dbig1;
   gpt_act_layernorm(g, l2, a->ln2_mean, a->ln2_rstd, a->res2, p.ln2w, p.ln2b, (int)N, C);
   float *gl = a->fch_gelu ? a->fch_gelu : g->dbig2;
-  if (g->fch16) {
+  /* GELU in the fc product's write, with the bias's bf16 image (kern.h's
+   * matmul_fwd_bf16_gelu), where GELU's output is kept: a recompute from
+   * fch would not give its bits */
+  const uint16_t *fcb16 = gpt_w16(P, P16, p.fcb);
+  a->fch_biased = g->fch16 && be->matmul_fwd_bf16_gelu && a->fch_gelu && fcb16 &&
+                  !((uintptr_t)fcb16 & 15) && C % 8 == 0;
+  if (a->fch_biased) {
+    be->matmul_fwd_bf16_gelu((uint16_t *)gl, (uint16_t *)a->fch, (const uint16_t *)l2, p.fcw,
+                             gpt_w16(P, P16, p.fcw), fcb16, (int)N, C, 4 * C);
+  } else if (g->fch16) {
     be->matmul_fwd_bf16_out16((uint16_t *)a->fch, (const uint16_t *)l2, p.fcw,
                               gpt_w16(P, P16, p.fcw), NULL, (int)N, C, 4 * C, 4 * C);
+    gpt_fc_gelu(g, gl, a->fch, p.fcb, (int)N, 4 * C);
   } else {
     gpt_act_matmul_fwd(g, a->fch, l2, p.fcw, gpt_w16(P, P16, p.fcw), p.fcb, (int)N, C, 4 * C,
                        4 * C);
+    gpt_fc_gelu(g, gl, a->fch, p.fcb, (int)N, 4 * C);
   }
-  gpt_fc_gelu(g, gl, a->fch, p.fcb, (int)N, 4 * C);
   gpt_proj_res(g, a->res3, g->acts16 ? NULL : gl, g->acts16 ? (const uint16_t *)gl : NULL,
                p.fcprojw, gpt_w16(P, P16, p.fcprojw), p.fcprojb, a->res2, (int)N, 4 * C);
 }
@@ -680,7 +694,16 @@ static void gpt_layer_bwd(gpt_t *g, int l, float *P, const uint16_t *P16, float 
    * the backend writes it so for its bf16 GELU (kern.h's matmul_bwd_dinp16:
    * a rounding more, as autocast keeps a product's output) */
   const int dgelu16 = g->fch16 && be->matmul_bwd_dinp16;
-  if (dgelu16)
+  /* where the fc product wrote GELU (fch its input), GELU's backward in the
+   * fc projection's dinp product's write (kern.h's matmul_bwd_dgelu16):
+   * dfch itself, in bf16, whose column sums the fc product's backward makes
+   * its dbias */
+  const int dgelu_in = a->fch_biased && be->matmul_bwd_dgelu16;
+  if (dgelu_in)
+    be->matmul_bwd_dgelu16((uint16_t *)dfch, d.fcprojw, d.fcprojb, g->dres, (const uint16_t *)gl,
+                           p.fcprojw, gpt_w16(P, P16, p.fcprojw), (const uint16_t *)a->fch,
+                           (int)N, 4 * C, C);
+  else if (dgelu16)
     be->matmul_bwd_dinp16((uint16_t *)dfch_gelu, d.fcprojw, d.fcprojb, g->dres, NULL,
                           (const uint16_t *)gl, p.fcprojw, gpt_w16(P, P16, p.fcprojw), (int)N,
                           4 * C, C);
@@ -690,10 +713,12 @@ static void gpt_layer_bwd(gpt_t *g, int l, float *P, const uint16_t *P16, float 
   /* dfch in bf16 where the backend makes it so (kern.h's gelu_bwd_bf16: the
    * operand the fc product packs, its dbias summed on the way) */
   const int dfch16 = g->fch16 || (g->acts16 && be->gelu_bwd_bf16);
-  if (g->fch16)
-    be->gelu_bwd_bf16in((uint16_t *)dfch, d.fcb, (const uint16_t *)a->fch, p.fcb,
-                        dgelu16 ? NULL : dfch_gelu, dgelu16 ? (const uint16_t *)dfch_gelu : NULL,
-                        (int)N, 4 * C);
+  if (dgelu_in)
+    ; /* dfch made */
+  else if (g->fch16) /* fch with its bias where the product wrote GELU */
+    be->gelu_bwd_bf16in((uint16_t *)dfch, d.fcb, (const uint16_t *)a->fch,
+                        a->fch_biased ? NULL : p.fcb, dgelu16 ? NULL : dfch_gelu,
+                        dgelu16 ? (const uint16_t *)dfch_gelu : NULL, (int)N, 4 * C);
   else if (dfch16)
     be->gelu_bwd_bf16((uint16_t *)dfch, d.fcb, a->fch, dfch_gelu, (int)N, 4 * C);
   else
@@ -704,8 +729,9 @@ static void gpt_layer_bwd(gpt_t *g, int l, float *P, const uint16_t *P16, float 
     l2 = g->dbig1;
   }
   if (dfch16)
-    be->matmul_bwd_bf16(g->dln, d.fcw, NULL, NULL, (const uint16_t *)dfch, (const uint16_t *)l2,
-                        p.fcw, gpt_w16(P, P16, p.fcw), (int)N, C, 4 * C, 4 * C, 0);
+    be->matmul_bwd_bf16(g->dln, d.fcw, dgelu_in ? d.fcb : NULL, NULL, (const uint16_t *)dfch,
+                        (const uint16_t *)l2, p.fcw, gpt_w16(P, P16, p.fcw), (int)N, C, 4 * C,
+                        4 * C, 0);
   else
     gpt_act_matmul_bwd(g, g->dln, d.fcw, d.fcb, dfch, l2, p.fcw, gpt_w16(P, P16, p.fcw), (int)N, C,
                        4 * C, 4 * C, 0);

@@ -283,6 +283,8 @@ static const kern_backend_t kern_cuda_table = {
     .gelu_bwd_bf16in = NULL,
     .matmul_bwd_dinp16 = NULL,
     .matmul_fwd_res = NULL,
+    .matmul_fwd_bf16_gelu = NULL,
+    .matmul_bwd_dgelu16 = NULL,
 };
 
 /* The table of a bf16 job whose products pack their operands (not
@@ -305,6 +307,8 @@ static kern_backend_t kern_cuda_with_bf16_acts(kern_backend_t t) {
   t.gelu_bwd_bf16in = kern_cuda_gelu_bwd_bf16in;
   t.matmul_bwd_dinp16 = kern_cuda_matmul_bwd_dinp16;
   t.matmul_fwd_res = kern_cuda_matmul_fwd_res;
+  t.matmul_fwd_bf16_gelu = kern_cuda_matmul_fwd_bf16_gelu;
+  t.matmul_bwd_dgelu16 = kern_cuda_matmul_bwd_dgelu16;
   t.weights16 = 1; /* a bf16 weight read in place: no packing pass (kern.h) */
   t.qkv_out16 = 1; /* qkv written in bf16 by its product (kern.h) */
   return t;
@@ -313,6 +317,7 @@ static const kern_backend_t kern_cuda_table_bf16 = kern_cuda_with_bf16_acts(kern
 /* the same without bf16 activation gradients (dinp_fp32, for comparison) */
 static kern_backend_t kern_cuda_without_dinp16(kern_backend_t t) {
   t.matmul_bwd_dinp16 = NULL;
+  t.matmul_bwd_dgelu16 = NULL;
   return t;
 }
 static const kern_backend_t kern_cuda_table_bf16_dinp32 =

@@ -19,8 +19,16 @@
 /* Stage 1: the sum of every run alone for columns [c0, c0 + cs) of dout (N,
  * C): partial[j][c - c0], and the dw terms' at partial + runs * cs; a warp a
  * run of 32 columns, every run at once, so every SM reads. */
+template <typename T> __device__ __forceinline__ static float colsum_f32(T v);
+template <> __device__ __forceinline__ float colsum_f32<float>(float v) { return v; }
+template <> __device__ __forceinline__ float colsum_f32<uint16_t>(uint16_t v) {
+  return kern_bf16_to_f32(v);
+}
+
+/* (dout of T: fp32, or bf16 widened as it is read) */
+template <typename T>
 __global__ static void __launch_bounds__(COLSUM_WARPS * 32)
-    colsum_runs_kernel(float *partial, const float *dout, const float *inp, const float *mean,
+    colsum_runs_kernel(float *partial, const T *dout, const float *inp, const float *mean,
                        const float *rstd, int N, int64_t ld, int c0, int cs, int with_x) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int k = blockIdx.x * 32 + lane; /* the slice's column */
@@ -31,7 +39,7 @@ __global__ static void __launch_bounds__(COLSUM_WARPS * 32)
   const int n1 = N - j * KERN_COLSUM_ROWS < KERN_COLSUM_ROWS ? N : (j + 1) * KERN_COLSUM_ROWS;
   for (int n = j * KERN_COLSUM_ROWS; n < n1; n++) {
     const int64_t i = n * ld + c0 + k;
-    const float d = dout[i];
+    const float d = colsum_f32<T>(dout[i]);
     pd += d;
     if (with_x) px += d * (inp[i] - mean[n]) * rstd[n];
   }
@@ -96,8 +104,9 @@ int kern_cuda_colsum_slice(int runs, int per_run, int C) {
   return cs;
 }
 
-void kern_cuda_colsum(float *sd, float *sdx, const float *dout, const float *inp,
-                      const float *mean, const float *rstd, int N, int C, int64_t ld) {
+template <typename T>
+static void colsum_any(float *sd, float *sdx, const T *dout, const float *inp, const float *mean,
+                       const float *rstd, int N, int C, int64_t ld) {
   if (N <= 0 || C <= 0) return;
   const int runs = (N + KERN_COLSUM_ROWS - 1) / KERN_COLSUM_ROWS;
   const int cs = kern_cuda_colsum_slice(runs, sdx ? 2 : 1, C);
@@ -105,11 +114,21 @@ void kern_cuda_colsum(float *sd, float *sdx, const float *dout, const float *inp
   for (int c0 = 0; c0 < C; c0 += cs) {
     const int n = C - c0 < cs ? C - c0 : cs;
     const dim3 grid((unsigned)((n + 31) / 32), (unsigned)((runs + COLSUM_WARPS - 1) / COLSUM_WARPS));
-    colsum_runs_kernel<<<grid, COLSUM_WARPS * 32, 0, kern_cuda_st.stream>>>(
+    colsum_runs_kernel<T><<<grid, COLSUM_WARPS * 32, 0, kern_cuda_st.stream>>>(
         partial, dout, inp, mean, rstd, N, ld, c0, n, sdx != NULL);
     KERN_CUDA_LAUNCHED();
     colsum_add_kernel<<<(n + COLSUM_ADD_COLS - 1) / COLSUM_ADD_COLS, COLSUM_ADD_THREADS, 0,
                         kern_cuda_st.stream>>>(sd + c0, sdx ? sdx + c0 : NULL, partial, runs, n);
     KERN_CUDA_LAUNCHED();
   }
+}
+
+void kern_cuda_colsum(float *sd, float *sdx, const float *dout, const float *inp,
+                      const float *mean, const float *rstd, int N, int C, int64_t ld) {
+  colsum_any(sd, sdx, dout, inp, mean, rstd, N, C, ld);
+}
+
+void kern_cuda_colsum16(float *sd, const uint16_t *dout16, int N, int C, int64_t ld) {
+  colsum_any(sd, (float *)NULL, dout16, (const float *)NULL, (const float *)NULL,
+             (const float *)NULL, N, C, ld);
 }

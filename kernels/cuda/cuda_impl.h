@@ -309,6 +309,14 @@ void kern_cuda_gemm(const char *op, char ta, char tb, int M, int N, int K, float
                     const float *A, int64_t lda, int64_t sA, const float *B, int64_t ldb,
                     int64_t sB, float beta, float *C, int64_t ldc, int64_t sC, int batch);
 
+/* ---- GELU (gelu.cu) -----------------------------------------------------------
+ * out = bf16(gelu(inp + bias[c])) over N rows of C bf16, rows ld apart (C
+ * and ld multiples of 8, inp and out 16-byte aligned; bias NULL: none),
+ * as gelu_fwd_bf16in; grad: out = bf16(gelu'(inp + bias[c]) out) instead.
+ * The products' GELU where cuBLASLt's epilogues do not serve (matmul.cu). */
+void kern_cuda_gelu_rows16(uint16_t *out, const uint16_t *inp, const float *bias, int N, int C,
+                           int64_t ld, int grad);
+
 /* ---- column sums (colsum.cu) --------------------------------------------------
  * sd[c] += the sum over the N rows of dout (N, C; rows ld apart, inp's too),
  * and, where sdx is not
@@ -316,6 +324,9 @@ void kern_cuda_gemm(const char *op, char ta, char tb, int M, int N, int K, float
  * order (KERN_COLSUM_ROWS), the CPU's bits. */
 void kern_cuda_colsum(float *sd, float *sdx, const float *dout, const float *inp,
                       const float *mean, const float *rstd, int N, int C, int64_t ld);
+/* sd[c] += the sum over the N rows of dout16 (bf16, widened; rows ld apart),
+ * in the same order. */
+void kern_cuda_colsum16(float *sd, const uint16_t *dout16, int N, int C, int64_t ld);
 /* The second stage alone: sd[c] += partial[j * cs + c] for runs j in order
  * (the first stage's sums of cs columns, made elsewhere in its order). */
 void kern_cuda_colsum_add(float *sd, const float *partial, int runs, int cs);
@@ -485,6 +496,12 @@ void kern_cuda_crossentropy_fwd_bwd_bf16(float *losses, float *logits, const int
 void kern_cuda_matmul_fwd_bf16_out16(uint16_t *out, const uint16_t *inp, const float *w,
                                      const uint16_t *w16, const uint16_t *bias16, int N, int IC,
                                      int OC, int ldo);
+void kern_cuda_matmul_bwd_dgelu16(uint16_t *dinp16, float *dw, float *dbias, const float *dout,
+                                  const uint16_t *inp16, const float *w, const uint16_t *w16,
+                                  const uint16_t *pre16, int N, int IC, int OC);
+void kern_cuda_matmul_fwd_bf16_gelu(uint16_t *out16, uint16_t *pre16, const uint16_t *inp,
+                                    const float *w, const uint16_t *w16, const uint16_t *bias16,
+                                    int N, int IC, int OC);
 void kern_cuda_crossentropy_fwd_bwd_bf16in(float *losses, uint16_t *logits16,
                                            const int32_t *targets, float dloss, int N, int V,
                                            int ld);

@@ -126,28 +126,42 @@ __global__ static void gelu_bwd_wide_kernel(float *dinp, const float *inp, const
 }
 
 /* gelu_fwd_bf16in: GELU of a bf16 product's output with its bias added
- * in fp32, rounded to bf16; a thread 8 elements of the N x C matrix taken
- * whole (16-byte loads and stores; C a multiple of 8, the rows 16-byte
+ * in fp32 (bias NULL: none, the product added it), rounded to bf16; a
+ * thread 8 elements of the N x C matrix (rows ld apart) taken whole
+ * (16-byte loads and stores; C and ld multiples of 8, the rows 16-byte
  * aligned: kern.h), so every lane of every warp works whatever C is (by
  * rows, C = 3072's 384 groups left a quarter of 2 blocks of 256 idle). I:
  * the group index's type, 32 bits when the groups allow (a 64-bit division
- * by C / 8 is a subroutine); FAST: gelu_fast, else kern_gelu. */
-template <typename I, bool FAST>
+ * by C / 8 is a subroutine); FAST: gelu_fast, else kern_gelu. GRAD: GELU's
+ * derivative at inp times out's bf16 instead, in place (a product's
+ * output gradient: kern_cuda_gelu_rows16). */
+template <typename I, bool FAST, bool GRAD = false>
 __global__ static void gelu_fwd_bf16in_kernel(uint16_t *__restrict__ out,
                                               const uint16_t *__restrict__ inp,
-                                              const float *__restrict__ bias, I groups, I cgroups) {
+                                              const float *__restrict__ bias, I groups, I cgroups,
+                                              int64_t ld) {
   for (I g = (I)blockIdx.x * blockDim.x + threadIdx.x; g < groups; g += (I)gridDim.x * blockDim.x) {
-    const float *bj = bias + 8 * (g % cgroups);
-    const uint4 h = kern_cuda_load_u16x8(inp + 8 * (size_t)g);
-    const float2 a = kern_cuda_f32x2(h.x), b = kern_cuda_f32x2(h.y), c = kern_cuda_f32x2(h.z),
-                 d = kern_cuda_f32x2(h.w);
-    const float4 lo = make_float4(gelu_of<FAST>(a.x + bj[0]), gelu_of<FAST>(a.y + bj[1]),
-                                  gelu_of<FAST>(b.x + bj[2]), gelu_of<FAST>(b.y + bj[3])),
-                 hi = make_float4(gelu_of<FAST>(c.x + bj[4]), gelu_of<FAST>(c.y + bj[5]),
-                                  gelu_of<FAST>(d.x + bj[6]), gelu_of<FAST>(d.y + bj[7]));
+    const I r = g / cgroups, c = 8 * (g - r * cgroups);
+    const size_t at = (size_t)r * (size_t)ld + c;
+    const uint4 h = kern_cuda_load_u16x8(inp + at);
+    const float2 a = kern_cuda_f32x2(h.x), b = kern_cuda_f32x2(h.y), d = kern_cuda_f32x2(h.z),
+                 e = kern_cuda_f32x2(h.w);
+    float x[8] = {a.x, a.y, b.x, b.y, d.x, d.y, e.x, e.y};
+    if (bias) /* not x + 0 where there is none: -0 stays -0 */
+      for (int k = 0; k < 8; k++) x[k] += bias[c + k];
+    float y[8];
+    if constexpr (GRAD) {
+      const uint4 o = kern_cuda_load_u16x8(out + at);
+      const float2 p = kern_cuda_f32x2(o.x), q = kern_cuda_f32x2(o.y), r2 = kern_cuda_f32x2(o.z),
+                   t = kern_cuda_f32x2(o.w);
+      const float dy[8] = {p.x, p.y, q.x, q.y, r2.x, r2.y, t.x, t.y};
+      for (int k = 0; k < 8; k++) y[k] = gelu_grad_of<FAST>(x[k]) * dy[k];
+    } else {
+      for (int k = 0; k < 8; k++) y[k] = gelu_of<FAST>(x[k]);
+    }
+    const float4 lo = make_float4(y[0], y[1], y[2], y[3]), hi = make_float4(y[4], y[5], y[6], y[7]);
     /* the fast form rounds by cvt (a NaN's payload is no result) */
-    kern_cuda_store_u16x8(out + 8 * (size_t)g,
-                          FAST ? kern_cuda_bf16x8_rn(lo, hi) : kern_cuda_bf16x8(lo, hi));
+    kern_cuda_store_u16x8(out + at, FAST ? kern_cuda_bf16x8_rn(lo, hi) : kern_cuda_bf16x8(lo, hi));
   }
 }
 
@@ -172,7 +186,9 @@ __global__ static void __launch_bounds__(KERN_PACK_COLSUM_THREADS)
         if constexpr (IN16) {
           const uint2 h = kern_cuda_load_u16x4(x16 + n * ld + j);
           const float2 a = kern_cuda_f32x2(h.x), b = kern_cuda_f32x2(h.y);
-          x = make_float4(a.x + bias[j], a.y + bias[j + 1], b.x + bias[j + 2], b.y + bias[j + 3]);
+          x = make_float4(a.x, a.y, b.x, b.y);
+          if (bias) /* none: the product added it (-0 stays -0) */
+            x = make_float4(x.x + bias[j], x.y + bias[j + 1], x.z + bias[j + 2], x.w + bias[j + 3]);
         } else {
           x = kern_cuda_load_f32x4(x32 + n * ld + j);
         }
@@ -188,7 +204,9 @@ __global__ static void __launch_bounds__(KERN_PACK_COLSUM_THREADS)
                            gelu_grad_of<FAST>(x.z) * d.z, gelu_grad_of<FAST>(x.w) * d.w);
       },
       [&](int64_t n, int j) {
-        const float x = IN16 ? kern_bf16_to_f32(x16[n * ld + j]) + bias[j] : x32[n * ld + j];
+        const float x = !IN16 ? x32[n * ld + j]
+                        : bias ? kern_bf16_to_f32(x16[n * ld + j]) + bias[j]
+                               : kern_bf16_to_f32(x16[n * ld + j]);
         return gelu_grad_of<FAST>(x) *
                (D16 ? kern_bf16_to_f32(d16[n * ld + j]) : d32[n * ld + j]);
       });
@@ -233,16 +251,18 @@ extern "C" void kern_cuda_gelu_bwd(float *dinp, const float *inp, const float *d
 
 /* The runs' sums go through the packing buffers as kern_cuda_colsum's do, a
  * slice of columns at a time, each slice's added to dbias in row order
- * (kern_cuda_colsum_add): colsum's bits. inp: fp32 (bias NULL) or bf16;
- * dout: fp32 (dout) or bf16 (dout16, with a bf16 inp). */
-static void gelu_bwd_bf16_any(uint16_t *dinp16, float *dbias, const void *inp, const float *bias,
-                              const float *dout, const uint16_t *dout16, int N, int C) {
+ * (kern_cuda_colsum_add): colsum's bits. inp: fp32, or bf16 (in16) with
+ * the bias (NULL: none, inp holds it); dout: fp32 (dout) or bf16 (dout16,
+ * with a bf16 inp). */
+static void gelu_bwd_bf16_any(uint16_t *dinp16, float *dbias, const void *inp, int in16,
+                              const float *bias, const float *dout, const uint16_t *dout16, int N,
+                              int C) {
   KERN_CUDA_ASSERT(kern_cuda_st.bf16 && !kern_cuda_st.fast16bf && !dout != !dout16 &&
-                   (!dout16 || bias));
+                   (!dout16 || in16) && (in16 || !bias));
   if (N <= 0 || C <= 0) return;
   const int runs = (N + KERN_COLSUM_ROWS - 1) / KERN_COLSUM_ROWS;
   const int cs = kern_cuda_colsum_slice(runs, 1, C);
-  const size_t es = bias ? sizeof(uint16_t) : sizeof(float); /* inp's element */
+  const size_t es = in16 ? sizeof(uint16_t) : sizeof(float); /* inp's element */
   const size_t ds = dout16 ? sizeof(uint16_t) : sizeof(float); /* dout's */
   float *partial = (float *)kern_cuda_st.pack;
   for (int c0 = 0; c0 < C; c0 += cs) {
@@ -257,7 +277,7 @@ static void gelu_bwd_bf16_any(uint16_t *dinp16, float *dbias, const void *inp, c
     const int t = KERN_PACK_COLSUM_THREADS;
     cudaStream_t st = kern_cuda_st.stream;
     const float *b = bias ? bias + c0 : NULL;
-    if (!bias)
+    if (!in16)
       gelu_bwd_bf16_kernel<false, false, false><<<grid, t, 0, st>>>(dinp16 + c0, partial, x, b, dy,
                                                                     C, N, n, wide, st8);
     else if (kern_cuda_st.gelu_exact && dout16)
@@ -279,19 +299,23 @@ static void gelu_bwd_bf16_any(uint16_t *dinp16, float *dbias, const void *inp, c
 
 extern "C" void kern_cuda_gelu_bwd_bf16(uint16_t *dinp16, float *dbias, const float *inp,
                                         const float *dout, int N, int C) {
-  gelu_bwd_bf16_any(dinp16, dbias, inp, NULL, dout, NULL, N, C);
+  gelu_bwd_bf16_any(dinp16, dbias, inp, 0, NULL, dout, NULL, N, C);
 }
 
 extern "C" void kern_cuda_gelu_bwd_bf16in(uint16_t *dinp16, float *dbias, const uint16_t *inp,
                                           const float *bias, const float *dout,
                                           const uint16_t *dout16, int N, int C) {
-  KERN_CUDA_ASSERT(bias != NULL);
-  gelu_bwd_bf16_any(dinp16, dbias, inp, bias, dout, dout16, N, C);
+  gelu_bwd_bf16_any(dinp16, dbias, inp, 1, bias, dout, dout16, N, C);
 }
 
-extern "C" void kern_cuda_gelu_fwd_bf16in(uint16_t *out, const uint16_t *inp, const float *bias,
-                                          int N, int C) {
-  KERN_CUDA_ASSERT(C % 8 == 0 && kern_cuda_aligned16(inp) && kern_cuda_aligned16(out));
+/* gelu_fwd_bf16in over rows ld apart (ld, C multiples of 8; bias NULL: inp
+ * holds it), or (grad) GELU's derivative times out in place: the
+ * products' GELU passes where cuBLASLt has no GELU epilogue (matmul.cu), a
+ * block of their output at a time */
+void kern_cuda_gelu_rows16(uint16_t *out, const uint16_t *inp, const float *bias, int N, int C,
+                           int64_t ld, int grad) {
+  KERN_CUDA_ASSERT(C % 8 == 0 && ld % 8 == 0 && ld >= C && kern_cuda_aligned16(inp) &&
+                   kern_cuda_aligned16(out));
   if (N <= 0 || C <= 0) return;
   const size_t groups = (size_t)N * (size_t)(C / 8);
   const unsigned blocks = kern_cuda_blocks(groups, KERN_CUDA_THREADS);
@@ -299,17 +323,28 @@ extern "C" void kern_cuda_gelu_fwd_bf16in(uint16_t *out, const uint16_t *inp, co
   cudaStream_t st = kern_cuda_st.stream;
   const uint32_t g32 = (uint32_t)groups, c32 = (uint32_t)(C / 8);
   const uint64_t g64 = groups, c64 = (uint64_t)(C / 8);
-  if (i32 && !kern_cuda_st.gelu_exact)
+  if (grad && !kern_cuda_st.gelu_exact) /* a fallback's: 64-bit groups, whatever the size */
+    gelu_fwd_bf16in_kernel<uint64_t, true, true><<<blocks, KERN_CUDA_THREADS, 0, st>>>(
+        out, inp, bias, g64, c64, ld);
+  else if (grad)
+    gelu_fwd_bf16in_kernel<uint64_t, false, true><<<blocks, KERN_CUDA_THREADS, 0, st>>>(
+        out, inp, bias, g64, c64, ld);
+  else if (i32 && !kern_cuda_st.gelu_exact)
     gelu_fwd_bf16in_kernel<uint32_t, true><<<blocks, KERN_CUDA_THREADS, 0, st>>>(out, inp, bias,
-                                                                                 g32, c32);
+                                                                                 g32, c32, ld);
   else if (i32)
     gelu_fwd_bf16in_kernel<uint32_t, false><<<blocks, KERN_CUDA_THREADS, 0, st>>>(out, inp, bias,
-                                                                                  g32, c32);
+                                                                                  g32, c32, ld);
   else if (!kern_cuda_st.gelu_exact)
     gelu_fwd_bf16in_kernel<uint64_t, true><<<blocks, KERN_CUDA_THREADS, 0, st>>>(out, inp, bias,
-                                                                                 g64, c64);
+                                                                                 g64, c64, ld);
   else
     gelu_fwd_bf16in_kernel<uint64_t, false><<<blocks, KERN_CUDA_THREADS, 0, st>>>(out, inp, bias,
-                                                                                  g64, c64);
+                                                                                  g64, c64, ld);
   KERN_CUDA_LAUNCHED();
+}
+
+extern "C" void kern_cuda_gelu_fwd_bf16in(uint16_t *out, const uint16_t *inp, const float *bias,
+                                          int N, int C) {
+  kern_cuda_gelu_rows16(out, inp, bias, N, C, C, 0);
 }

@@ -55,18 +55,50 @@ static cublasLtMatrixLayout_t gemm_layout(cudaDataType_t t, uint64_t rows, uint6
   return l;
 }
 
-/* One cublasLtMatmul, row-major C = alpha op(A) op(B) + beta C (+ bias,
- * N floats, on every row, when set: the BIAS epilogue; batch 1), A and B of
- * type ab (fp32, or bf16 packed), C of type cd (fp32; bf16 for a product
- * rounded once from its fp32 sums, gemm_bf16_out), computed as ct. 0, or -1
- * (nothing queued) when cuBLASLt has no algorithm for it; *why then says
- * so. bias16: a bias in bf16 (a bf16 C's: its type), instead of bias. */
+/* What a product adds to its sum or writes beside it, each NULL when
+ * unused: C = alpha op(A) op(B) + beta Cin + bias. bias: N floats added to
+ * every row of an fp32 C; bias16: N bf16, of a bf16 C, added to the fp32
+ * sums before their one rounding (as autocast adds a bf16 layer's bias);
+ * Cin: beta's input where it is not C itself (fp32, C's layout); pre16
+ * (bf16 C, batch 1): GELU in the product's write (kern.h's
+ * matmul_fwd_bf16_gelu): pre16 (C's layout) takes the sums with their bias,
+ * rounded, and C their GELU, rounded; dgelu16 (bf16 C, batch 1, beta 0, no
+ * bias): GELU's backward in it (kern.h's matmul_bwd_dgelu16): C takes each
+ * sum times GELU's derivative at dgelu16's element (C's layout), rounded. */
+typedef struct {
+  const float *bias;
+  const uint16_t *bias16;
+  const float *Cin;
+  uint16_t *pre16;
+  const uint16_t *dgelu16;
+} gemm_epi_t;
+
+/* e for the block of C whose first element is at element at of C (and of
+ * Cin and pre16, in its layout) and first column n0; first: the block
+ * takes the first part of each element's sum (beta applies there), which
+ * takes e, the parts after nothing. */
+static gemm_epi_t gemm_epi_at(const gemm_epi_t &e, int64_t at, int n0, bool first) {
+  /* GELU of a whole sum only (a bf16 C is never cut) */
+  KERN_CUDA_ASSERT(first || (!e.pre16 && !e.dgelu16));
+  if (!first) return gemm_epi_t{};
+  return gemm_epi_t{e.bias ? e.bias + n0 : NULL, e.bias16 ? e.bias16 + n0 : NULL,
+                    e.Cin ? e.Cin + at : NULL, e.pre16 ? e.pre16 + at : NULL,
+                    e.dgelu16 ? e.dgelu16 + at : NULL};
+}
+
+/* One cublasLtMatmul, row-major C = alpha op(A) op(B) + beta C with e (the
+ * bias by the BIAS epilogue, GELU by GELU_AUX(_BIAS); batch 1 for either),
+ * A and B of type ab (fp32, or bf16 packed), C of type cd (fp32; bf16 for
+ * a product rounded once from its fp32 sums, gemm_bf16_out), computed as
+ * ct. 0, or -1 (nothing queued) when cuBLASLt has no algorithm for it; *why
+ * then says so. */
 static int gemm_lt(cudaDataType_t ab, cublasComputeType_t ct, char ta, char tb, int M, int N,
                    int K, float alpha, const void *A, int64_t lda, int64_t sA, const void *B,
                    int64_t ldb, int64_t sB, float beta, void *C, cudaDataType_t cd, int64_t ldc,
-                   int64_t sC, int batch, const float *bias, cublasStatus_t *why,
-                   const void *Cin = NULL, const uint16_t *bias16 = NULL) {
-  if (!Cin) Cin = C;
+                   int64_t sC, int batch, const gemm_epi_t &e, cublasStatus_t *why) {
+  const void *Cin = e.Cin ? (const void *)e.Cin : C;
+  const float *bias = e.bias;
+  const uint16_t *bias16 = e.bias16;
   const size_t es = gemm_esize(ab);
   /* column-major: D' (N x M) = op(B') (N x K) op(A') (K x M), B' = B, A' = A */
   const cublasOperation_t opb = tb == 'T' ? CUBLAS_OP_T : CUBLAS_OP_N; /* first operand */
@@ -85,17 +117,32 @@ static int gemm_lt(cudaDataType_t ab, cublasComputeType_t ct, char ta, char tb, 
       cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opb, sizeof opb));
   KERN_CUBLAS_CHECK(
       cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opa, sizeof opa));
-  if (bias || bias16) { /* column-major D has N rows: the bias is a column, added to every one */
-    KERN_CUDA_ASSERT(batch == 1);
-    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-    const cudaDataType_t bt = bias ? CUDA_R_32F : CUDA_R_16BF;
-    const void *bp = bias ? (const void *)bias : (const void *)bias16;
+  const int has_epi = bias || bias16 || e.pre16 || e.dgelu16;
+  if (has_epi) {
+    KERN_CUDA_ASSERT(batch == 1 && (!e.dgelu16 || (!bias16 && !e.pre16 && beta == 0.0f)));
+    const cublasLtEpilogue_t epi =
+        e.dgelu16 ? CUBLASLT_EPILOGUE_DGELU
+        : e.pre16 ? (bias16 ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
+                  : CUBLASLT_EPILOGUE_BIAS;
     KERN_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+  }
+  if (bias || bias16) { /* column-major D has N rows: the bias is a column, added to every one */
+    const cudaDataType_t bt = bias ? CUDA_R_32F : CUDA_R_16BF;
+    const void *bp = bias ? (const void *)bias : (const void *)bias16;
     KERN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                      &bp, sizeof bp));
     KERN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
                                                      &bt, sizeof bt));
+  }
+  if (e.pre16 || e.dgelu16) { /* GELU's input: D's type and layout (the aux's type defaults to D's) */
+    const void *aux = e.pre16 ? (const void *)e.pre16 : (const void *)e.dgelu16;
+    KERN_CUDA_ASSERT(cd == CUDA_R_16BF && ldc % 8 == 0 && kern_cuda_aligned16(aux));
+    const int64_t ld = ldc;
+    KERN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
+    KERN_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld));
   }
 
   cublasLtMatmulPreference_t pref;
@@ -140,8 +187,9 @@ static int gemm_lt(cudaDataType_t ab, cublasComputeType_t ct, char ta, char tb, 
                        kern_cuda_st.stream);
     /* with the bias epilogue, cuBLASLt has been reported to refuse at this
      * call an algorithm its heuristic gave (NOT_SUPPORTED, EXECUTION_FAILED,
-     * before queuing anything): the caller then adds the bias itself */
-    if (ms != CUBLAS_STATUS_SUCCESS && (bias || bias16)) ok = 0, *why = ms;
+     * before queuing anything): the caller then adds the bias (and GELU)
+     * itself */
+    if (ms != CUBLAS_STATUS_SUCCESS && has_epi) ok = 0, *why = ms;
     else KERN_CUBLAS_CHECK(ms);
   } else {
     *why = hs == CUBLAS_STATUS_SUCCESS ? CUBLAS_STATUS_NOT_SUPPORTED : hs;
@@ -202,31 +250,48 @@ static void gemm_bias_add(void *C, const float *bias, const uint16_t *bias16, in
   KERN_CUDA_LAUNCHED();
 }
 
-/* gemm_lt with the bias (when set) added to every row of C: by the BIAS
+/* gemm_lt with e: the bias (when set) added to every row of C by the BIAS
  * epilogue where cuBLASLt has an algorithm for it and the bias is 16-byte
- * aligned, else by a pass after the product. 0, or -1 (nothing queued).
- * Cin (fp32 C only): beta's input where it is not C itself (C = alpha
- * op(A) op(B) + beta Cin + bias), in C's layout. bias16: a bf16 C's bias,
- * in bf16, added to the fp32 sums before their one rounding by the
- * epilogue (by the pass after: a rounding more). */
+ * aligned, else by a pass after the product (for bias16: a rounding more);
+ * GELU (e.pre16) by the GELU epilogue on the same terms, else the product
+ * with its bias into pre16 and GELU from there into C by a pass after
+ * (GELU of the rounded sum); GELU's backward (e.dgelu16) by the DGELU
+ * epilogue, else by a pass over the rounded product. 0, or -1 (nothing
+ * queued). */
 static int gemm_lt_bias(cudaDataType_t ab, cublasComputeType_t ct, char ta, char tb, int M,
                         int N, int K, float alpha, const void *A, int64_t lda, int64_t sA,
                         const void *B, int64_t ldb, int64_t sB, float beta, void *C,
-                        cudaDataType_t cd, int64_t ldc, int64_t sC, int batch, const float *bias,
-                        cublasStatus_t *why, const float *Cin = NULL,
-                        const uint16_t *bias16 = NULL) {
-  KERN_CUDA_ASSERT(!bias || cd == CUDA_R_32F); /* a bf16 C's bias is bias16 */
-  KERN_CUDA_ASSERT(!bias16 || (cd == CUDA_R_16BF && !bias));
-  KERN_CUDA_ASSERT(!Cin || cd == CUDA_R_32F);
-  const void *bp = bias ? (const void *)bias : (const void *)bias16;
-  if (bp && !((uintptr_t)bp & 15) &&
+                        cudaDataType_t cd, int64_t ldc, int64_t sC, int batch,
+                        const gemm_epi_t &e, cublasStatus_t *why) {
+  KERN_CUDA_ASSERT(!e.bias || cd == CUDA_R_32F); /* a bf16 C's bias is bias16 */
+  KERN_CUDA_ASSERT(!e.bias16 || (cd == CUDA_R_16BF && !e.bias));
+  KERN_CUDA_ASSERT(!e.Cin || cd == CUDA_R_32F);
+  KERN_CUDA_ASSERT((!e.pre16 && !e.dgelu16) || cd == CUDA_R_16BF);
+  const void *bp = e.bias ? (const void *)e.bias : (const void *)e.bias16;
+  if ((bp || e.pre16 || e.dgelu16) && !((uintptr_t)bp & 15) &&
       !gemm_lt(ab, ct, ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, cd, ldc, sC,
-               batch, bias, why, Cin, bias16))
+               batch, e, why))
     return 0;
+  if (e.pre16) {
+    const gemm_epi_t sum = {NULL, e.bias16, NULL, NULL, NULL};
+    if (gemm_lt_bias(ab, ct, ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, e.pre16, cd,
+                     ldc, sC, batch, sum, why))
+      return -1;
+    kern_cuda_gelu_rows16((uint16_t *)C, e.pre16, NULL, M, N, ldc, 0);
+    return 0;
+  }
+  if (e.dgelu16) { /* the product rounded, then GELU's derivative times it: a rounding more */
+    if (gemm_lt(ab, ct, ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, cd, ldc, sC,
+                batch, gemm_epi_t{}, why))
+      return -1;
+    kern_cuda_gelu_rows16((uint16_t *)C, e.dgelu16, NULL, M, N, ldc, 1);
+    return 0;
+  }
+  const gemm_epi_t plain = {NULL, NULL, e.Cin, NULL, NULL};
   if (gemm_lt(ab, ct, ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, cd, ldc, sC, batch,
-              NULL, why, Cin))
+              plain, why))
     return -1;
-  if (bp) gemm_bias_add(C, bias, bias16, M, N, ldc);
+  if (bp) gemm_bias_add(C, e.bias, e.bias16, M, N, ldc);
   return 0;
 }
 
@@ -378,7 +443,7 @@ static size_t gemm_packed(char t, int64_t R, int64_t Cn) {
 /* Half of x, rounded up to a multiple of 64 (x > 128: it shrinks). */
 static int gemm_half(int x) { return ((x + 1) / 2 + 63) & ~63; }
 
-/* C (M x N) = alpha op(A) op(B) + beta C (+ bias, when set) on packed blocks
+/* C (M x N) = alpha op(A) op(B) + beta C with e on packed blocks
  * pa and pb (their leading dimensions and batch strides plda, psa, pldb,
  * psb); where cuBLASLt has no bf16 algorithm for it, the same blocks of the
  * fp32 operands (Af, Bf: op(Af) starts at the block's first element) rounded
@@ -389,25 +454,24 @@ static void gemm_packed_block(const char *op, char ta, char tb, int M, int N, in
                               int64_t pldb, int64_t psb, const float *Af, int64_t lda, int64_t sA,
                               const float *Bf, int64_t ldb, int64_t sB, float beta, void *C,
                               cudaDataType_t cd, int64_t ldc, int64_t sC, int batch,
-                              const float *bias, const float *Cin = NULL,
-                              const uint16_t *bias16 = NULL) {
+                              const gemm_epi_t &e) {
   gemm_parts(M, N, K, [&](int m0, int mm, int n0, int nn, int k0, int kk, bool first) {
     /* a bf16 C is rounded once: its sum is never cut (gemm_bf16_out) */
     KERN_CUDA_ASSERT(cd == CUDA_R_32F || (k0 == 0 && kk == K));
     const int64_t a = gemm_at(ta, m0, k0, plda), b = gemm_at(tb, k0, n0, pldb);
-    void *c = (char *)C + ((int64_t)m0 * ldc + n0) * (int64_t)gemm_esize(cd);
-    const float bt = first ? beta : 1.0f, *bs = bias && first ? bias + n0 : NULL;
-    const uint16_t *bs16 = bias16 && first ? bias16 + n0 : NULL;
-    /* Cin with the first part of the sum; the parts after add to C */
-    const float *ci = Cin && first ? Cin + (int64_t)m0 * ldc + n0 : NULL;
+    const int64_t at = (int64_t)m0 * ldc + n0;
+    void *c = (char *)C + at * (int64_t)gemm_esize(cd);
+    const float bt = first ? beta : 1.0f;
+    /* e with the first part of the sum; the parts after add to C */
+    const gemm_epi_t ep = gemm_epi_at(e, at, n0, first);
     cublasStatus_t why;
     if (!gemm_lt_bias(CUDA_R_16BF, CUBLAS_COMPUTE_32F, ta, tb, mm, nn, kk, alpha, pa + a, plda,
-                      psa, pb + b, pldb, psb, bt, c, cd, ldc, sC, batch, bs, &why, ci, bs16))
+                      psa, pb + b, pldb, psb, bt, c, cd, ldc, sC, batch, ep, &why))
       return;
     if (!Af || !Bf ||
         gemm_lt_bias(CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_16BF, ta, tb, mm, nn, kk, alpha,
                      Af + gemm_at(ta, m0, k0, lda), lda, sA, Bf + gemm_at(tb, k0, n0, ldb), ldb,
-                     sB, bt, c, cd, ldc, sC, batch, bs, &why, ci, bs16))
+                     sB, bt, c, cd, ldc, sC, batch, ep, &why))
       gemm_none(op, ta, tb, mm, nn, kk, lda, ldb, ldc, sA, sB, sC, batch, why);
   });
 }
@@ -457,8 +521,7 @@ static const float *gemm_block_f32(const gemm_operand_t *X, char t, int b0, int 
 static void gemm_bf16_packed(const char *op, char ta, char tb, int M, int N, int K, float alpha,
                              const gemm_operand_t *A, const gemm_operand_t *B, float beta,
                              void *C, cudaDataType_t cd, int64_t ldc, int64_t sC, int batch,
-                             const float *bias, const float *Cin = NULL,
-                             const uint16_t *bias16 = NULL) {
+                             const gemm_epi_t &e) {
   const size_t cap = KERN_CUDA_SIZE_PACK_ELEMS;
   uint16_t *pa = kern_cuda_st.pack, *pb = kern_cuda_st.pack + cap;
   int mc = M, nc = N, kc = K, g = batch;
@@ -488,15 +551,13 @@ static void gemm_bf16_packed(const char *op, char ta, char tb, int M, int N, int
         for (int n0 = 0; n0 < N; n0 += nc) {
           const int nn = N - n0 < nc ? N - n0 : nc;
           const uint16_t *bb = gemm_block(pb, B, tb, b0, k0, n0, kk, nn, gb, &pldb, &psb);
-          /* the bias with C's first block of the sum (beta applies there) */
+          /* e with C's first block of the sum (beta applies there) */
+          const int64_t at = (int64_t)m0 * ldc + n0;
           gemm_packed_block(op, ta, tb, mm, nn, kk, alpha, ba, plda, psa, bb, pldb, psb,
                             gemm_block_f32(A, ta, b0, m0, k0), A->ld, A->stride,
                             gemm_block_f32(B, tb, b0, k0, n0), B->ld, B->stride,
-                            k0 ? 1.0f : beta,
-                            Cb + ((int64_t)m0 * ldc + n0) * (int64_t)gemm_esize(cd), cd, ldc, sC,
-                            gb, bias && !k0 ? bias + n0 : NULL,
-                            Cin && !k0 ? Cin + (int64_t)b0 * sC + (int64_t)m0 * ldc + n0 : NULL,
-                            bias16 && !k0 ? bias16 + n0 : NULL);
+                            k0 ? 1.0f : beta, Cb + at * (int64_t)gemm_esize(cd), cd, ldc, sC,
+                            gb, gemm_epi_at(e, (int64_t)b0 * sC + at, n0, !k0));
         }
       }
     }
@@ -528,7 +589,8 @@ static void gemm_any(const char *op, char ta, char tb, int M, int N, int K, floa
   }
   if (kern_cuda_st.bf16 && !kern_cuda_st.fast16bf) {
     const gemm_operand_t a = {A, NULL, lda, sA}, b = {B, NULL, ldb, sB};
-    gemm_bf16_packed(op, ta, tb, M, N, K, alpha, &a, &b, beta, C, CUDA_R_32F, ldc, sC, batch, bias);
+    gemm_bf16_packed(op, ta, tb, M, N, K, alpha, &a, &b, beta, C, CUDA_R_32F, ldc, sC, batch,
+                     gemm_epi_t{bias, NULL, NULL, NULL, NULL});
     return;
   }
   const cublasComputeType_t ct = kern_cuda_st.bf16   ? CUBLAS_COMPUTE_32F_FAST_16BF
@@ -539,7 +601,7 @@ static void gemm_any(const char *op, char ta, char tb, int M, int N, int K, floa
     if (gemm_lt_bias(CUDA_R_32F, ct, ta, tb, mm, nn, kk, alpha, A + gemm_at(ta, m0, k0, lda), lda,
                      sA, B + gemm_at(tb, k0, n0, ldb), ldb, sB, first ? beta : 1.0f,
                      C + (int64_t)m0 * ldc + n0, CUDA_R_32F, ldc, sC, batch,
-                     bias && first ? bias + n0 : NULL, &why))
+                     gemm_epi_at(gemm_epi_t{bias, NULL, NULL, NULL, NULL}, 0, n0, first), &why))
       gemm_none(op, ta, tb, mm, nn, kk, lda, ldb, ldc, sA, sB, sC, batch, why);
   });
 }
@@ -610,13 +672,21 @@ static int gemm_bwd_blocks(int N, int IC, int OC, int inp16, int dout16, int who
   return best >= 0;
 }
 
+/* dbias += the column sums of dout (N rows of OC), fp32 or bf16, in
+ * colsum's order */
+static void gemm_dbias(float *dbias, const gemm_operand_t *dout, int N, int OC) {
+  if (dout->x) kern_cuda_colsum(dbias, NULL, dout->x, NULL, NULL, NULL, N, OC, dout->ld);
+  else kern_cuda_colsum16(dbias, dout->x16, N, OC, dout->ld);
+}
+
 /* dbias (when set; dout in fp32) is summed as dout's blocks are packed
  * (gemm_pack_colsum, its runs added block by block of rows: colsum's order)
  * where a block's runs fit their buffer, else by kern_cuda_colsum first.
  * dinp of type dcd: fp32, or bf16 (one block of all OC columns, acc 0). */
 static int gemm_bwd_joint(void *dinp, cudaDataType_t dcd, float *dw, float *dbias,
                           const gemm_operand_t *dout, const gemm_operand_t *inp,
-                          const gemm_operand_t *wo, int N, int IC, int OC, int acc) {
+                          const gemm_operand_t *wo, int N, int IC, int OC, int acc,
+                          const uint16_t *dgelu16 = NULL) {
   int mr = 0, kc = 0;
   if (!gemm_bwd_blocks(N, IC, OC, inp->x16 != NULL, dout->x16 != NULL, dcd != CUDA_R_32F, &mr,
                        &kc))
@@ -624,7 +694,7 @@ static int gemm_bwd_joint(void *dinp, cudaDataType_t dcd, float *dw, float *dbia
   const int fused = dbias && dout->x &&
                     (size_t)(mr + KERN_COLSUM_ROWS - 1) / KERN_COLSUM_ROWS * (size_t)kc <=
                         KERN_CUDA_SIZE_COLSUM_FLOATS;
-  if (dbias && !fused) kern_cuda_colsum(dbias, NULL, dout->x, NULL, NULL, NULL, N, OC, dout->ld);
+  if (dbias && !fused) gemm_dbias(dbias, dout, N, OC);
   uint16_t *pa = kern_cuda_st.pack, *pb = kern_cuda_st.pack + KERN_CUDA_SIZE_PACK_ELEMS;
   /* w in bf16 (its image: read in place), or inp in bf16 and one block of
    * columns: w's one block stays packed in the second buffer for every
@@ -659,10 +729,11 @@ static int gemm_bwd_joint(void *dinp, cudaDataType_t dcd, float *dw, float *dbia
       gemm_packed_block(__func__, 'N', 'N', rr, IC, cc, 1.0f, pd, plda, 0, pwc, pldw, 0, dout_rc,
                         dout->ld, 0, w_c, IC, 0, acc || c0 ? 1.0f : 0.0f,
                         (char *)dinp + (int64_t)r0 * IC * (int64_t)gemm_esize(dcd), dcd, IC, 0, 1,
-                        NULL);
+                        gemm_epi_t{NULL, NULL, NULL, NULL,
+                                   dgelu16 ? dgelu16 + (int64_t)r0 * IC : NULL});
       gemm_packed_block(__func__, 'T', 'N', cc, IC, rr, 1.0f, pd, plda, 0, pi, pld, 0, dout_rc,
                         dout->ld, 0, gemm_block_f32(inp, 'N', 0, r0, 0), IC, 0, 1.0f,
-                        dw + (int64_t)c0 * IC, CUDA_R_32F, IC, 0, 1, NULL);
+                        dw + (int64_t)c0 * IC, CUDA_R_32F, IC, 0, 1, gemm_epi_t{});
     }
   }
   return 1;
@@ -673,20 +744,20 @@ static int gemm_bwd_joint(void *dinp, cudaDataType_t dcd, float *dw, float *dbia
 static void matmul_bwd_any(float *dinp, float *dw, float *dbias, const gemm_operand_t *dout,
                            const gemm_operand_t *inp, const float *w, const uint16_t *w16, int N,
                            int IC, int OC, int acc) {
-  KERN_CUDA_ASSERT(dout->ld >= OC && (!dbias || dout->x));
+  KERN_CUDA_ASSERT(dout->ld >= OC);
   if (dinp && !acc && OC <= 0 && N > 0 && IC > 0) /* an empty sum written: zeros */
     KERN_CUDA_CHECK(cudaMemsetAsync(dinp, 0, (size_t)N * IC * sizeof(float), kern_cuda_st.stream));
   const gemm_operand_t wo = gemm_weight(w, w16, IC);
   if (dinp && dw && N > 0 && IC > 0 && OC > 0 && kern_cuda_st.bf16 && !kern_cuda_st.fast16bf &&
       gemm_bwd_joint(dinp, CUDA_R_32F, dw, dbias, dout, inp, &wo, N, IC, OC, acc))
     return; /* dbias too */
-  if (dbias) kern_cuda_colsum(dbias, NULL, dout->x, NULL, NULL, NULL, N, OC, dout->ld);
+  if (dbias) gemm_dbias(dbias, dout, N, OC);
   const int bf16_ops = dout->x16 || inp->x16; /* the bf16 mode's products, on the operands given */
   /* dinp (N, IC) += dout (N, OC) @ w (OC, IC); = without acc */
   if (dinp && OC > 0 && N > 0 && IC > 0) {
     if (bf16_ops)
       gemm_bf16_packed(__func__, 'N', 'N', N, IC, OC, 1.0f, dout, &wo, acc ? 1.0f : 0.0f, dinp,
-                       CUDA_R_32F, IC, 0, 1, NULL);
+                       CUDA_R_32F, IC, 0, 1, gemm_epi_t{});
     else
       kern_cuda_gemm(__func__, 'N', 'N', N, IC, OC, 1.0f, dout->x, dout->ld, 0, w, IC, 0,
                      acc ? 1.0f : 0.0f, dinp, IC, 0, 1);
@@ -695,7 +766,7 @@ static void matmul_bwd_any(float *dinp, float *dw, float *dbias, const gemm_oper
   if (!dw || OC <= 0 || IC <= 0 || N <= 0) return;
   if (bf16_ops)
     gemm_bf16_packed(__func__, 'T', 'N', OC, IC, N, 1.0f, dout, inp, 1.0f, dw, CUDA_R_32F, IC, 0, 1,
-                     NULL);
+                     gemm_epi_t{});
   else
     kern_cuda_gemm(__func__, 'T', 'N', OC, IC, N, 1.0f, dout->x, dout->ld, 0, inp->x, IC, 0, 1.0f,
                    dw, IC, 0, 1);
@@ -724,7 +795,7 @@ extern "C" void kern_cuda_matmul_fwd_bf16(float *out, const uint16_t *inp, const
   if (N <= 0 || OC <= 0) return;
   const gemm_operand_t a = {NULL, inp, IC, 0}, b = gemm_weight(w, w16, IC);
   gemm_bf16_packed(__func__, 'N', 'T', N, OC, IC, 1.0f, &a, &b, 0.0f, out, CUDA_R_32F, ldo, 0, 1,
-                   bias);
+                   gemm_epi_t{bias, NULL, NULL, NULL, NULL});
 }
 
 /* matmul_fwd_res (kern.h): the product with the residual as beta's input of
@@ -738,7 +809,7 @@ extern "C" void kern_cuda_matmul_fwd_res(float *out, const float *inp, const uin
   if (N <= 0 || OC <= 0) return;
   const gemm_operand_t a = {inp, inp16, IC, 0}, b = gemm_weight(w, w16, IC);
   gemm_bf16_packed(__func__, 'N', 'T', N, OC, IC, 1.0f, &a, &b, 1.0f, out, CUDA_R_32F, OC, 0, 1,
-                   bias, res);
+                   gemm_epi_t{bias, NULL, res, NULL, NULL});
 }
 
 /* The LM head's logits in bf16 (kern.h's matmul_fwd_bf16_out16): each
@@ -760,7 +831,29 @@ extern "C" void kern_cuda_matmul_fwd_bf16_out16(uint16_t *out, const uint16_t *i
   if (N <= 0 || OC <= 0) return;
   const gemm_operand_t a = {NULL, inp, IC, 0}, b = gemm_weight(w, w16, IC);
   gemm_bf16_packed(__func__, 'N', 'T', N, OC, IC, 1.0f, &a, &b, 0.0f, out, CUDA_R_16BF, ldo, 0, 1,
-                   NULL, NULL, bias16);
+                   gemm_epi_t{NULL, bias16, NULL, NULL, NULL});
+}
+
+/* The fc product with GELU in its write (kern.h's matmul_fwd_bf16_gelu):
+ * cuBLASLt's GELU_AUX_BIAS epilogue adds bias16 to each fp32 sum, writes
+ * the sum rounded into pre16 (GELU's input, kept for backward) and GELU of
+ * the sum, rounded, into out16: no pass of GELU over the product's output
+ * after it (reading N x OC bf16 and writing as many). Where cuBLASLt has
+ * no algorithm with the epilogue, the product with its bias into pre16 and
+ * a pass of GELU from it. */
+extern "C" void kern_cuda_matmul_fwd_bf16_gelu(uint16_t *out16, uint16_t *pre16,
+                                               const uint16_t *inp, const float *w,
+                                               const uint16_t *w16, const uint16_t *bias16, int N,
+                                               int IC, int OC) {
+  KERN_CUDA_ASSERT(IC > 0 && kern_cuda_st.bf16 && !kern_cuda_st.fast16bf);
+  /* 16-byte rows of every bf16 matrix and the bias (kern.h): the sum never cut */
+  KERN_CUDA_ASSERT(IC % 8 == 0 && OC % 8 == 0 && kern_cuda_aligned16(inp) &&
+                   kern_cuda_aligned16(out16) && kern_cuda_aligned16(pre16) &&
+                   (!bias16 || kern_cuda_aligned16(bias16)));
+  if (N <= 0 || OC <= 0) return;
+  const gemm_operand_t a = {NULL, inp, IC, 0}, b = gemm_weight(w, w16, IC);
+  gemm_bf16_packed(__func__, 'N', 'T', N, OC, IC, 1.0f, &a, &b, 0.0f, out16, CUDA_R_16BF, OC, 0, 1,
+                   gemm_epi_t{NULL, bias16, NULL, pre16, NULL});
 }
 
 extern "C" void kern_cuda_matmul_bwd_bf16(float *dinp, float *dw, float *dbias, const float *dout,
@@ -769,10 +862,10 @@ extern "C" void kern_cuda_matmul_bwd_bf16(float *dinp, float *dw, float *dbias, 
                                           int ldo, int acc) {
   KERN_CUDA_ASSERT(kern_cuda_st.bf16 && !kern_cuda_st.fast16bf);
   KERN_CUDA_ASSERT(IC % 8 == 0 && kern_cuda_aligned16(inp)); /* kern.h: 16-byte rows */
-  /* dout in one form; in bf16 its rows 16-byte multiples, and no dbias (a
-   * column sum of fp32 dout) */
+  /* dout in one form; in bf16 its rows 16-byte multiples (dbias then the
+   * column sums of the bf16 values) */
   KERN_CUDA_ASSERT(!dout != !dout16 &&
-                   (!dout16 || (ldo % 8 == 0 && kern_cuda_aligned16(dout16) && !dbias)));
+                   (!dout16 || (ldo % 8 == 0 && kern_cuda_aligned16(dout16))));
   const gemm_operand_t d = {dout, dout16, ldo, 0}, x = {NULL, inp, IC, 0};
   matmul_bwd_any(dinp, dw, dbias, &d, &x, w, w16, N, IC, OC, acc);
 }
@@ -780,26 +873,48 @@ extern "C" void kern_cuda_matmul_bwd_bf16(float *dinp, float *dw, float *dbias, 
 /* matmul_bwd_dinp16 (kern.h): dinp's product writes bf16, each element its
  * sum over all OC rounded once by cuBLASLt's write of D (as
  * matmul_fwd_bf16_out16's), in the joint blocks where a block of all OC
- * columns fits, else by the separate products (dbias by colsum first). */
-extern "C" void kern_cuda_matmul_bwd_dinp16(uint16_t *dinp16, float *dw, float *dbias,
-                                            const float *dout, const float *inp,
-                                            const uint16_t *inp16, const float *w,
-                                            const uint16_t *w16, int N, int IC, int OC) {
+ * columns fits, else by the separate products (dbias by colsum first).
+ * dgelu16 (matmul_bwd_dgelu16): each sum times GELU's derivative at its
+ * element of dgelu16 before that rounding (cuBLASLt's DGELU epilogue). */
+static void matmul_bwd_dinp16_any(uint16_t *dinp16, float *dw, float *dbias, const float *dout,
+                                  const float *inp, const uint16_t *inp16, const float *w,
+                                  const uint16_t *w16, const uint16_t *dgelu16, int N, int IC,
+                                  int OC) {
   KERN_CUDA_ASSERT(kern_cuda_st.bf16 && !kern_cuda_st.fast16bf && !inp != !inp16 && dout);
-  /* 16-byte rows of dinp16 (and inp16); OC a multiple of 8 so that no sum is cut (gemm_parts) */
+  /* 16-byte rows of dinp16 (and inp16, dgelu16); OC a multiple of 8 so that no sum is cut (gemm_parts) */
   KERN_CUDA_ASSERT(IC % 8 == 0 && OC % 8 == 0 && kern_cuda_aligned16(dinp16) &&
-                   (!inp16 || kern_cuda_aligned16(inp16)));
+                   (!inp16 || kern_cuda_aligned16(inp16)) &&
+                   (!dgelu16 || kern_cuda_aligned16(dgelu16)));
   if (N <= 0 || IC <= 0) return;
-  if (OC <= 0) { /* an empty sum written: zeros (+0.0 in bf16 too) */
+  if (OC <= 0) { /* an empty sum written: zeros (+0.0 in bf16 too; GELU's derivative times 0) */
     KERN_CUDA_CHECK(cudaMemsetAsync(dinp16, 0, (size_t)N * IC * sizeof(uint16_t),
                                     kern_cuda_st.stream));
     return;
   }
   const gemm_operand_t d = {dout, NULL, OC, 0}, x = {inp, inp16, IC, 0}, wo = gemm_weight(w, w16, IC);
-  if (gemm_bwd_joint(dinp16, CUDA_R_16BF, dw, dbias, &d, &x, &wo, N, IC, OC, 0)) return;
+  if (gemm_bwd_joint(dinp16, CUDA_R_16BF, dw, dbias, &d, &x, &wo, N, IC, OC, 0, dgelu16)) return;
   if (dbias) kern_cuda_colsum(dbias, NULL, dout, NULL, NULL, NULL, N, OC, OC);
   gemm_bf16_packed(__func__, 'N', 'N', N, IC, OC, 1.0f, &d, &wo, 0.0f, dinp16, CUDA_R_16BF, IC, 0,
-                   1, NULL);
+                   1, gemm_epi_t{NULL, NULL, NULL, NULL, dgelu16});
   gemm_bf16_packed(__func__, 'T', 'N', OC, IC, N, 1.0f, &d, &x, 1.0f, dw, CUDA_R_32F, IC, 0, 1,
-                   NULL);
+                   gemm_epi_t{});
+}
+
+extern "C" void kern_cuda_matmul_bwd_dinp16(uint16_t *dinp16, float *dw, float *dbias,
+                                            const float *dout, const float *inp,
+                                            const uint16_t *inp16, const float *w,
+                                            const uint16_t *w16, int N, int IC, int OC) {
+  matmul_bwd_dinp16_any(dinp16, dw, dbias, dout, inp, inp16, w, w16, NULL, N, IC, OC);
+}
+
+/* matmul_bwd_dgelu16 (kern.h): the fc projection's backward with GELU's
+ * backward in its dinp product's write, where GELU's input pre16 is kept
+ * (matmul_fwd_bf16_gelu's): no pass of GELU's backward after it (reading
+ * two N x IC bf16 matrices and writing one). */
+extern "C" void kern_cuda_matmul_bwd_dgelu16(uint16_t *dinp16, float *dw, float *dbias,
+                                             const float *dout, const uint16_t *inp16,
+                                             const float *w, const uint16_t *w16,
+                                             const uint16_t *pre16, int N, int IC, int OC) {
+  KERN_CUDA_ASSERT(inp16 && pre16);
+  matmul_bwd_dinp16_any(dinp16, dw, dbias, dout, NULL, inp16, w, w16, pre16, N, IC, OC);
 }

@@ -266,6 +266,10 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
   /* qkv written in bf16 by its product, with the bias's bf16 image (gpt.c,
    * where the weights' images are there) */
   const int qo16 = q16 && k16 && K->qkv_out16 && K->matmul_fwd_bf16_out16;
+  /* GELU in the fc product's write (gpt.c's fch_biased: FSDP_CUDA_GELU_FUSED=1,
+   * with the weights' images, recompute 0); timed either way, for comparison */
+  const int fg = h16 && k16 && K->matmul_fwd_bf16_gelu, fgs = fg && param_cuda_gelu_fused() &&
+                                                              rc_lvl == 0;
   /* attproj's and fcproj's dinp in bf16 for the bf16 attention's and GELU's
    * backward (gpt.c's datt16, dgelu16) */
   const int datt16 = q16 && K->matmul_bwd_dinp16, dgelu16 = h16 && K->matmul_bwd_dinp16;
@@ -293,9 +297,13 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
     OPS_TIME("matmul_fwd_bf16", sh, (h16 && i == 2) || (qo16 && i == 0) || proj ? 0 : L,
              K->matmul_fwd_bf16(y, x16, w, w16, bias, (int)N, mm[i].ic, mm[i].oc, mm[i].oc));
     if (h16 && i == 2)
-      OPS_TIME("matmul_fwd_bf16_out16", sh, L,
+      OPS_TIME("matmul_fwd_bf16_out16", sh, fgs ? 0 : L,
                K->matmul_fwd_bf16_out16(y16, x16, w, w16, NULL, (int)N, mm[i].ic, mm[i].oc,
                                         mm[i].oc));
+    if (fg && i == 2) /* against the product above and gelu_fwd_bf16in below */
+      OPS_TIME("matmul_fwd_bf16_gelu", sh, fgs ? L : 0,
+               K->matmul_fwd_bf16_gelu(y16, (uint16_t *)z, x16, w, w16, b16, (int)N, mm[i].ic,
+                                       mm[i].oc));
     if (qo16 && i == 0)
       OPS_TIME("matmul_fwd_bf16_out16(bias16)", sh, L,
                K->matmul_fwd_bf16_out16(y16, x16, w, w16, b16, (int)N, mm[i].ic, mm[i].oc,
@@ -306,15 +314,24 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
     OPS_TIME("matmul_bwd_bf16", sh, f16 || (i == 3 && dgelu16) || (i == 1 && datt16) ? 0 : L,
              K->matmul_bwd_bf16(z, dw, dbias, y, NULL, x16, w, w16, (int)N, mm[i].ic, mm[i].oc,
                                 mm[i].oc, 0));
+    const int fdg = fgs && K->matmul_bwd_dgelu16; /* GELU's backward in it (gpt.c's dgelu_in) */
     if (i == 3 && dgelu16)
-      OPS_TIME("matmul_bwd_dinp16", sh, L,
+      OPS_TIME("matmul_bwd_dinp16", sh, fdg ? 0 : L,
                K->matmul_bwd_dinp16(y16, dw, dbias, y, NULL, x16, w, w16, (int)N, mm[i].ic,
                                     mm[i].oc));
+    if (i == 3 && fg && K->matmul_bwd_dgelu16) /* pre16: x16 again (a timing) */
+      OPS_TIME("matmul_bwd_dgelu16", sh, fdg ? L : 0,
+               K->matmul_bwd_dgelu16(y16, dw, dbias, y, x16, w, w16, x16, (int)N, mm[i].ic,
+                                     mm[i].oc));
     if (!f16) continue;
     snprintf(sh, sizeof sh, "%s:N=%zu,IC=%d,OC=%d,dout16", mm[i].name, N, mm[i].ic, mm[i].oc);
-    OPS_TIME("matmul_bwd_bf16", sh, L,
+    OPS_TIME("matmul_bwd_bf16", sh, fgs && K->matmul_bwd_dgelu16 ? 0 : L,
              K->matmul_bwd_bf16(z, dw, NULL, NULL, y16, x16, w, w16, (int)N, mm[i].ic, mm[i].oc,
                                 mm[i].oc, 0));
+    if (fg && K->matmul_bwd_dgelu16) /* its dbias from the bf16 dout (gpt.c's dgelu_in) */
+      OPS_TIME("matmul_bwd_bf16(dbias16)", sh, fgs ? L : 0,
+               K->matmul_bwd_bf16(z, dw, dbias, NULL, y16, x16, w, w16, (int)N, mm[i].ic,
+                                  mm[i].oc, mm[i].oc, 0));
   }
   snprintf(sh, sizeof sh, "lm_head:N=%zu,IC=%d,OC=%d,ld=%d", N, C, V, ldv);
   OPS_TIME("matmul_fwd", sh, !a16, K->matmul_fwd(logits, x, wte, NULL, (int)N, C, V, ldv));
@@ -352,7 +369,8 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
   OPS_TIME("gelu_fwd", sh, a16 ? 0 : n_gelu, K->gelu_fwd(y, x, N * 4 * C));
   if (a16) OPS_TIME("gelu_fwd_bf16", sh, h16 ? 0 : n_gelu, K->gelu_fwd_bf16(y16, x, N * 4 * C));
   if (h16)
-    OPS_TIME("gelu_fwd_bf16in", sh, n_gelu, K->gelu_fwd_bf16in(y16, x16, bias, (int)N, 4 * C));
+    OPS_TIME("gelu_fwd_bf16in", sh, fgs ? 0 : n_gelu,
+             K->gelu_fwd_bf16in(y16, x16, bias, (int)N, 4 * C));
   const int g16 = a16 && K->gelu_bwd_bf16;
   OPS_TIME("gelu_bwd", sh, g16 ? 0 : L, K->gelu_bwd(z, x, y, N * 4 * C, 0));
   if (g16)
@@ -361,7 +379,7 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
     OPS_TIME("gelu_bwd_bf16in", sh, dgelu16 ? 0 : L,
              K->gelu_bwd_bf16in(y16, dbias, x16, bias, y, NULL, (int)N, 4 * C));
   if (dgelu16) /* dout16: x16 again (a timing) */
-    OPS_TIME("gelu_bwd_bf16in(dout16)", sh, L,
+    OPS_TIME("gelu_bwd_bf16in(dout16)", sh, fgs && K->matmul_bwd_dgelu16 ? 0 : L,
              K->gelu_bwd_bf16in(y16, dbias, x16, bias, NULL, x16, (int)N, 4 * C));
   /* the backward ops write their activation gradients (acc 0): a step
    * zeroes none of these since 2026-11-27, only dres once; timed for what

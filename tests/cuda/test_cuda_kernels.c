@@ -2269,10 +2269,194 @@ static void test_gelu_bf16in(int N, int C, int offx, int offd, int offh) {
     check_gelu_dbias("gelu_bwd_bf16in", "dbias+= (dout16)", shape, dgb, db2, dbias0, ref, N, C);
     gpu->dev_free(dd16), free(d16), free(db2);
   }
+  { /* bias NULL: inp holds it (matmul_fwd_bf16_gelu's pre16), x = inp
+     * widened; dout (fp32, dout as above: widened from bf16) */
+    float *xw = xmalloc(n * 4), *db3 = fdup(dbias0, C);
+    cpu->bf16_to_f32(xw, x16, n);
+    cpu->gelu_fwd(ref, xw, n);
+    cpu->f32_to_bf16(ref_out, ref, n);
+    cpu->gelu_bwd(ref, xw, dout, n, 0);
+    cpu->f32_to_bf16(ref_d, ref, n);
+    colsum_runs_add(db3, ref, N, C);
+    gpu->copy_h2d(dgb, dbias0, C * 4), gpu->copy_h2d(dd + offd, dout, n * 4);
+    gpu->gelu_fwd_bf16in(dy, dx, NULL, N, C);
+    gpu->gelu_bwd_bf16in(dh + offh, dgb, dxo + offx, NULL, dd + offd, NULL, N, C);
+    gpu->copy_d2h(got, dy, n * 2);
+    gpu->sync();
+    check_gelu16("gelu_fwd_bf16in", "out (no bias)", shape, got, ref_out, n, 0x1p-100f);
+    gpu->copy_d2h(got, dh + offh, n * 2);
+    gpu->sync();
+    check_gelu16("gelu_bwd_bf16in", "dinp16 (no bias)", shape, got, ref_d, n, 0x1p-21f);
+    check_gelu_dbias("gelu_bwd_bf16in", "dbias+= (no bias)", shape, dgb, db3, dbias0, ref, N, C);
+    free(xw), free(db3);
+  }
   gpu->dev_free(dx), gpu->dev_free(dy), gpu->dev_free(dh), gpu->dev_free(dxo), gpu->dev_free(dd),
       gpu->dev_free(db), gpu->dev_free(dgb);
   free(xf), free(dout), free(bias), free(x16), free(ref_out), free(ref_d), free(x), free(ref),
       free(dbias), free(dbias0), free(got);
+}
+
+/* matmul_fwd_bf16_gelu (kern.h): the fc product with GELU in its write.
+ * pre16: matmul_fwd_bf16_out16's with the same bias16, bit for bit on the
+ * emulator (whose cuBLASLt sums both alike), and within the bf16 product's
+ * bound of the CPU's product plus the bias, and a bf16 step, everywhere;
+ * out16 within a bf16 step of float64's GELU (tanh form) of that, the
+ * product's bound carried through GELU's slope (at most 1.13), and 5e-4
+ * (GELU's tanh and erf forms are 4.7e-4 apart at most: cuBLASLt does not
+ * say which it computes), so any GELU of the sum the device computes
+ * passes, and a GELU of another input, or none, fails. refuse (emulator): cuBLASLt refuses the GELU epilogue
+ * (1: CUDA_EMU_LT_GELU_REFUSE), or every epilogue with a bias (2:
+ * CUDA_EMU_LT_BIAS_REFUSE): the product with its bias into pre16 (by the
+ * bias's pass under 2, a rounding more) and GELU from it, out16 then
+ * gelu_fwd_bf16in's bits on pre16. Nothing written past either matrix. */
+static double gelu64(double x) {
+  return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+}
+static void test_matmul_gelu(int N, int IC, int OC, int with_w16, int refuse) {
+  char shape[80];
+  snprintf(shape, sizeof shape, "N=%d IC=%d OC=%d%s%s", N, IC, OC, with_w16 ? " w16" : "",
+           refuse == 1 ? " GELU refused" : refuse == 2 ? " bias refused" : "");
+  const char *env = refuse == 1 ? "CUDA_EMU_LT_GELU_REFUSE" : "CUDA_EMU_LT_BIAS_REFUSE";
+  const size_t n = (size_t)N * OC, nx = (size_t)N * IC, nw = (size_t)OC * IC, guard = 8;
+  float *x = frand(nx, -1, 1), *w = frand(nw, -0.5f, 0.5f), *b = frand(OC, -2, 2);
+  uint16_t *x16 = xmalloc(nx * 2), *b16 = xmalloc(OC * 2), *fill = xmalloc((n + guard) * 2);
+  float *bw = xmalloc(OC * 4);
+  cpu->f32_to_bf16(x16, x, nx), cpu->f32_to_bf16(b16, b, OC), cpu->bf16_to_f32(bw, b16, OC);
+  for (size_t i = 0; i < n + guard; i++) fill[i] = 0x7171;
+  uint16_t *wbase = NULL, *d_w16 = with_w16 ? dput_w16(w, nw, 0, &wbase) : NULL;
+  uint16_t *d_x16 = dput(x16, nx * 2), *d_b16 = dput(b16, OC * 2);
+  uint16_t *d_out = dput(fill, (n + guard) * 2), *d_pre = dput(fill, (n + guard) * 2),
+           *d_sum = dput(fill, n * 2), *d_g = dput(fill, n * 2);
+  float *d_w = dput(w, nw * 4);
+  if (refuse) setenv(env, "1", 1);
+  gpu->matmul_fwd_bf16_gelu(d_out, d_pre, d_x16, d_w, d_w16, d_b16, N, IC, OC);
+  gpu->matmul_fwd_bf16_out16(d_sum, d_x16, d_w, d_w16, d_b16, N, IC, OC, OC);
+  if (refuse) unsetenv(env);
+  gpu->gelu_fwd_bf16in(d_g, d_pre, NULL, N, OC);
+  uint16_t *out = (uint16_t *)dget(d_out, (n + guard) / 2), *pre = (uint16_t *)dget(d_pre, (n + guard) / 2);
+  uint16_t *sum = (uint16_t *)dget(d_sum, n / 2), *g = (uint16_t *)dget(d_g, n / 2);
+  size_t outside = 0;
+  for (size_t i = n; i < n + guard; i++) outside += (out[i] != 0x7171) + (pre[i] != 0x7171);
+  report("matmul_fwd_bf16_gelu", "outside", shape, (double)outside, 0, "untouched", -1, !outside);
+#ifdef KERN_CUDA_EMU
+  check_bits_u16("matmul_fwd_bf16_gelu", "pre16=out16+bias16", shape, pre, sum, n);
+  if (refuse) check_bits_u16("matmul_fwd_bf16_gelu", "out16=gelu_bf16in", shape, out, g, n);
+#endif
+  /* the CPU's product of the bf16 operands, and of their magnitudes */
+  float *xw = xmalloc(nx * 4), *ax = xmalloc(nx * 4), *wr = round_dup(w, nw, 1),
+        *awr = fabs_dup(wr, nw), *ref = xmalloc(n * 4), *mag = xmalloc(n * 4);
+  cpu->bf16_to_f32(xw, x16, nx);
+  for (size_t i = 0; i < nx; i++) ax[i] = fabsf(xw[i]);
+  cpu->matmul_fwd(ref, xw, wr, NULL, N, IC, OC, OC);
+  cpu->matmul_fwd(mag, ax, awr, NULL, N, IC, OC, OC);
+  float *gp = xmalloc(n * 4), *go = xmalloc(n * 4);
+  double *rp = xmalloc(n * sizeof *rp), *ro = xmalloc(n * sizeof *ro),
+         *mp = xmalloc(n * sizeof *mp), *mo = xmalloc(n * sizeof *mo);
+  cpu->bf16_to_f32(gp, pre, n), cpu->bf16_to_f32(go, out, n);
+  const double tol = TOL_GEMM_BF16;
+  for (int i = 0; i < N; i++)
+    for (int j = 0; j < OC; j++) {
+      const size_t k = (size_t)i * OC + j;
+      const double s = (double)ref[k] + bw[j], e = tol * ((double)mag[k] + fabs(bw[j]));
+      /* pre16: the sum's bound and its rounding (two under the bias's pass) */
+      const double ep = e + fabs(s) / (refuse == 2 ? 128.0 : 256.0);
+      rp[k] = s, mp[k] = ep / tol;
+      /* out16: GELU's slope over the sum's bound (over pre16's where GELU
+       * reads it), GELU's rounding, and float's GELU (fast or exact) */
+      ro[k] = gelu64(s);
+      mo[k] = (1.13 * (refuse ? ep : e) + fabs(ro[k]) / 256.0 + 5e-4) / tol;
+    }
+  check_tol("matmul_fwd_bf16_gelu", "pre16", shape, gp, NULL, rp, NULL, mp, n, tol);
+  check_tol("matmul_fwd_bf16_gelu", "out16=gelu", shape, go, NULL, ro, NULL, mo, n, tol);
+  gpu->dev_free(d_x16), gpu->dev_free(d_b16), gpu->dev_free(d_out), gpu->dev_free(d_pre),
+      gpu->dev_free(d_sum), gpu->dev_free(d_g), gpu->dev_free(d_w);
+  if (wbase) gpu->dev_free(wbase);
+  free(x), free(w), free(b), free(x16), free(b16), free(fill), free(bw), free(out), free(pre),
+      free(sum), free(g), free(xw), free(ax), free(wr), free(awr), free(ref), free(mag), free(gp),
+      free(go), free(rp), free(ro), free(mp), free(mo);
+}
+
+/* matmul_bwd_dgelu16 (kern.h): the fc projection's backward with GELU's
+ * backward in its dinp product. dw and dbias: matmul_bwd_dinp16's bits on
+ * the same operands (the same products); dinp16 within the bf16 product's
+ * bound of GELU's float64 derivative (tanh form) at pre16 times the CPU's
+ * dout w, through the derivative's bound (1.13), plus its rounding, and
+ * 1e-3 of the sum (the derivative's tanh and erf forms are 8.7e-4 apart at
+ * most); refuse (emulator, CUDA_EMU_LT_GELU_REFUSE): the product rounded,
+ * then the derivative times it, a rounding more. */
+static double gelu64_grad(double x) {
+  const double k = 0.7978845608028654, c = 0.044715, t = tanh(k * (x + c * x * x * x));
+  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * c * x * x);
+}
+static void test_matmul_bwd_dgelu(int N, int IC, int OC, int refuse) {
+  char shape[80];
+  snprintf(shape, sizeof shape, "N=%d IC=%d OC=%d%s", N, IC, OC, refuse ? " DGELU refused" : "");
+  const size_t ni = (size_t)N * IC, nw = (size_t)OC * IC, nd = (size_t)N * OC;
+  float *dout = frand(nd, -1, 1), *w = frand(nw, -0.5f, 0.5f), *x = frand(ni, -1, 2),
+        *pre = frand(ni, -5, 5), *b0 = frand(OC, -1, 1);
+  uint16_t *x16 = xmalloc(ni * 2), *p16 = xmalloc(ni * 2);
+  cpu->f32_to_bf16(x16, x, ni), cpu->f32_to_bf16(p16, pre, ni);
+  uint16_t *wbase, *d_w16 = dput_w16(w, nw, 0, &wbase), *d_x16 = dput(x16, ni * 2),
+           *d_p16 = dput(p16, ni * 2), *d_g = dnew(ni * 2), *d_h = dnew(ni * 2);
+  float *d_w = dput(w, nw * 4), *d_dout = dput(dout, nd * 4), *d_dw = dnew(nw * 4),
+        *d_dw2 = dnew(nw * 4), *d_db = dput(b0, OC * 4), *d_db2 = dput(b0, OC * 4);
+  gpu->copy_h2d(d_dw, w, nw * 4), gpu->copy_h2d(d_dw2, w, nw * 4); /* dw accumulates */
+  if (refuse) setenv("CUDA_EMU_LT_GELU_REFUSE", "1", 1);
+  gpu->matmul_bwd_dgelu16(d_g, d_dw, d_db, d_dout, d_x16, d_w, d_w16, d_p16, N, IC, OC);
+  if (refuse) unsetenv("CUDA_EMU_LT_GELU_REFUSE");
+  gpu->matmul_bwd_dinp16(d_h, d_dw2, d_db2, d_dout, NULL, d_x16, d_w, d_w16, N, IC, OC);
+  float *dw2 = dget(d_dw2, nw), *db2 = dget(d_db2, OC);
+  check_dev_bits("matmul_bwd_dgelu16", "dw=dinp16's", shape, d_dw, dw2, nw);
+  check_dev_bits("matmul_bwd_dgelu16", "dbias=dinp16's", shape, d_db, db2, OC);
+  free(dw2), free(db2);
+  uint16_t *g = (uint16_t *)dget(d_g, ni / 2);
+  float *gf = xmalloc(ni * 4), *dr = round_dup(dout, nd, 1), *wr = round_dup(w, nw, 1),
+        *adr = fabs_dup(dr, nd), *awr = fabs_dup(wr, nw), *s0 = xmalloc(ni * 4),
+        *mag = xmalloc(ni * 4), *pw = xmalloc(ni * 4);
+  cpu->bf16_to_f32(gf, g, ni), cpu->bf16_to_f32(pw, p16, ni);
+  /* dout (N, OC) w (OC, IC): the CPU's matmul_bwd's dinp, of the rounded
+   * operands (its dw into a buffer of its own) */
+  float *dwt = xmalloc(nw * 4);
+  memset(dwt, 0, nw * 4);
+  cpu->matmul_bwd(s0, dwt, NULL, dr, x, wr, N, IC, OC, OC, 0);
+  cpu->matmul_bwd(mag, dwt, NULL, adr, x, awr, N, IC, OC, OC, 0);
+  free(dwt);
+  double *ref = xmalloc(ni * sizeof *ref), *bound = xmalloc(ni * sizeof *bound);
+  const double tol = TOL_GEMM_BF16;
+  for (size_t i = 0; i < ni; i++) {
+    const double gd = gelu64_grad(pw[i]), sv = s0[i];
+    ref[i] = gd * sv;
+    const double e = tol * mag[i] + (refuse ? fabs(sv) / 256.0 : 0.0);
+    bound[i] = (1.13 * e + fabs(ref[i]) / 256.0 + 1e-3 * fabs(sv) + 1e-6) / tol;
+  }
+  check_tol("matmul_bwd_dgelu16", "dinp16=gelu'*sum", shape, gf, NULL, ref, NULL, bound, ni, tol);
+  gpu->dev_free(wbase), gpu->dev_free(d_x16), gpu->dev_free(d_p16), gpu->dev_free(d_g),
+      gpu->dev_free(d_h), gpu->dev_free(d_w), gpu->dev_free(d_dout), gpu->dev_free(d_dw),
+      gpu->dev_free(d_dw2), gpu->dev_free(d_db), gpu->dev_free(d_db2);
+  free(dout), free(w), free(x), free(pre), free(b0), free(x16), free(p16), free(g), free(gf),
+      free(dr), free(wr), free(adr), free(awr), free(s0), free(mag), free(pw), free(ref),
+      free(bound);
+}
+
+/* matmul_bwd_bf16's dbias from a bf16 dout (kern.h): the column sums of its
+ * values widened, in the CPU's order (colsum_runs_add), bit for bit */
+static void test_matmul_bwd_dbias16(int N, int IC, int OC) {
+  char shape[64];
+  snprintf(shape, sizeof shape, "N=%d IC=%d OC=%d", N, IC, OC);
+  const size_t nd = (size_t)N * OC, ni = (size_t)N * IC, nw = (size_t)OC * IC;
+  float *dout = frand(nd, -1, 1), *x = frand(ni, -1, 1), *w = frand(nw, -0.5f, 0.5f),
+        *b0 = frand(OC, -1, 1), *want = fdup(b0, OC), *dw = xmalloc(nd * 4);
+  uint16_t *d16 = xmalloc(nd * 2), *x16 = xmalloc(ni * 2);
+  cpu->f32_to_bf16(d16, dout, nd), cpu->f32_to_bf16(x16, x, ni), cpu->bf16_to_f32(dw, d16, nd);
+  colsum_runs_add(want, dw, N, OC);
+  uint16_t *d_d16 = dput(d16, nd * 2), *d_x16 = dput(x16, ni * 2);
+  float *d_w = dput(w, nw * 4), *d_db = dput(b0, OC * 4), *d_dw = dnew(nw * 4), *d_dinp = dnew(ni * 4);
+  gpu->copy_h2d(d_dw, w, nw * 4);
+  gpu->matmul_bwd_bf16(d_dinp, d_dw, d_db, NULL, d_d16, d_x16, d_w, NULL, N, IC, OC, OC, 0);
+  check_dev_bits("matmul_bwd_bf16", "dbias+=colsum(dout16)", shape, d_db, want, OC);
+  gpu->dev_free(d_d16), gpu->dev_free(d_x16), gpu->dev_free(d_w), gpu->dev_free(d_db),
+      gpu->dev_free(d_dw), gpu->dev_free(d_dinp);
+  free(dout), free(x), free(w), free(b0), free(want), free(dw), free(d16), free(x16);
 }
 
 static void test_gelu_bf16_offsets(size_t n) {
@@ -2549,7 +2733,8 @@ int main(void) {
                        gpu->matmul_fwd_bf16 && gpu->matmul_bwd_bf16 && gpu->gelu_bwd_bf16 &&
                        gpu->matmul_fwd_bf16_out16 && gpu->crossentropy_fwd_bwd_bf16in &&
                        gpu->attention_scratch_bf16 && gpu->gelu_fwd_bf16in &&
-                       gpu->gelu_bwd_bf16in && gpu->matmul_fwd_res;
+                       gpu->gelu_bwd_bf16in && gpu->matmul_fwd_res && gpu->matmul_fwd_bf16_gelu &&
+                       gpu->matmul_bwd_dgelu16;
     report("table", mode_names[m], "-", 0, 0, "-", -1,
            gpu && (m == 0 ? offers && gpu != fp32_table && gpu->matmul_fwd == fp32_table->matmul_fwd
                           : gpu == fp32_table));
@@ -2596,6 +2781,26 @@ int main(void) {
       test_gelu_bf16in(37, 264, 1, 1, 0);
       test_gelu_bf16in(37, 264, 4, 0, 1);
       test_gelu_bf16in(37, 264, 0, 4, 0); /* dout16 8 bytes past 16: 8-byte loads */
+      /* the fc product with GELU in its write: gpt2's 4C from C (w16 read
+       * in place, or w packed), a ragged N, and (on the emulator) the
+       * epilogue refused; gpt2-124m's whole fc product on a GPU */
+      if (!gpu_only("test_matmul_gelu(16384, 768, 3072, 1, 0)"))
+        test_matmul_gelu(16384, 768, 3072, 1, 0);
+      test_matmul_gelu(70, 768, 3072, 1, 0);
+      test_matmul_gelu(37, 64, 264, 0, 0);
+#ifdef KERN_CUDA_EMU
+      test_matmul_gelu(37, 64, 264, 1, 1);
+      test_matmul_gelu(37, 64, 264, 0, 2);
+#endif
+      /* and its backward in the fc projection's: gpt2's shapes (4C from C),
+       * a ragged N, refused (emulator); dbias from a bf16 dout */
+      test_matmul_bwd_dgelu(70, 3072, 768, 0);
+      test_matmul_bwd_dgelu(37, 264, 64, 0);
+#ifdef KERN_CUDA_EMU
+      test_matmul_bwd_dgelu(37, 264, 64, 1);
+#endif
+      test_matmul_bwd_dbias16(70, 64, 264);
+      test_matmul_bwd_dbias16(1000, 768, 3072);
       /* fp32 rows 16-byte multiples apart, bf16 rows not (C % 8 == 4):
        * helper-69 found the 4-row path storing 16 bytes at an odd row */
       test_gelu_bwd_bf16(40, 36, 0);

@@ -48,6 +48,7 @@
 #include "daemon/train/device_cuda.h"
 #include "daemon/job/plan.h"
 #include "daemon/train/train.h"
+#include "kernels/kern_math.h"
 
 #define STEPS 20
 #define LOSS_TOL 1e-4
@@ -64,6 +65,10 @@
  * updates of the gradients' differences where they are near zero) */
 #define LOGITS16_LOSS_TOL 1e-4
 #define LOGITS16_W_TOL 1e-2
+/* one step's gradients with GELU in the fc products' epilogues against its
+ * passes (the bias's bf16 image, the sums' roundings): relative L2, the
+ * farthest tensor */
+#define GELU_EPI_GRAD_TOL 5e-2
 /* bf16 logits in chunks against one chunk: the weights (1.2e-4 measured) */
 #define CHUNK16_W_TOL 1e-3
 #define K_BIAS_NOISE 1e-2
@@ -292,6 +297,70 @@ static void fv_batch(int step, int32_t *in, int32_t *tg) {
   for (int i = 0; i < FV_B * FV_T; i++) tg[i] = (int32_t)(rng_next(&s) % 256);
 }
 
+/* 1: fv_run's sharded runs start from every bias (".b": the norms' and
+ * the products') set to pseudo-random values in [-0.5, 0.5), the same in
+ * every run, where GPT-2's init leaves them 0: the bias paths (the bf16
+ * images added by the products' epilogues, GELU's input with or without
+ * its bias) then count, as in a trained model. */
+static int fv_biases;
+
+/* Those biases: put(ctx, i, v) for each element i (in the model's flat
+ * order) of every ".b" tensor of c, v its value. */
+static void fv_random_biases(const gpt_config_t *c, void (*put)(void *, size_t, float),
+                             void *ctx) {
+  gpt_tensor_t t[64];
+  const int nt = gpt_config_tensors(c, t, 64);
+  uint64_t sd = 31;
+  for (int i = 0; i < nt; i++) {
+    const size_t len = strlen(t[i].name);
+    if (len < 2 || strcmp(t[i].name + len - 2, ".b")) continue;
+    for (size_t j = 0; j < t[i].numel; j++)
+      put(ctx, t[i].offset + j, (float)((double)(rng_next(&sd) >> 11) / 9007199254740992.0) - 0.5f);
+  }
+}
+
+/* ... into a parameter shard (host copy h of fsdp_state's) at its place */
+typedef struct {
+  const fsdp_state_t *st;
+  float *h;
+} fv_shard_put_t;
+static void fv_shard_put(void *ctx, size_t gi, float v) {
+  const fv_shard_put_t *p = ctx;
+  const shard_layout_t *l = p->st->layout;
+  size_t at = 0;
+  for (int k = 0; k < l->num_units; at += l->units[k].shard_numel, k++) {
+    size_t begin;
+    const size_t real = shard_unit_real(l, p->st->shard_rank, k, &begin);
+    if (gi >= begin && gi < begin + real) {
+      p->h[at + gi - begin] = v;
+      return;
+    }
+  }
+}
+/* ... into a flat host copy */
+static void fv_flat_put(void *ctx, size_t gi, float v) { ((float *)ctx)[gi] = v; }
+
+/* Writes those biases into f's parameter shard (fsdp.h's fsdp_state: the
+ * caller may write it before the first gather). */
+static int fv_set_biases(fsdp_t *f, const gpt_config_t *c) {
+  fsdp_state_t st;
+  fsdp_state(f, &st);
+  const size_t bytes = st.layout->shard_total * st.elem_bytes;
+  float *h = malloc(bytes);
+  if (!h || st.elem_bytes != sizeof(float)) {
+    free(h);
+    return err_set(FSDP_ENOMEM, "fv_set_biases: %zu bytes, elements of %zu", bytes, st.elem_bytes);
+  }
+  st.be->copy_d2h(h, st.params, bytes);
+  st.be->sync();
+  fv_shard_put_t put = {&st, h};
+  fv_random_biases(c, fv_shard_put, &put);
+  st.be->copy_h2d(st.params, h, bytes);
+  st.be->sync();
+  free(h);
+  return FSDP_OK;
+}
+
 /* FV_STEPS steps of the runtime (sharded) or the flat model on be; the
  * losses and the final weights (host, malloc'd). lrows > 0: the logits in
  * chunks of that many rows, trained with gpt_forward_train (the LM head's
@@ -313,6 +382,7 @@ static int fv_run(const kern_backend_t *be, int sharded, int lrows, float *losse
     fsdp_opts_t fo = {.be = be, .mesh = {1, 1, SHARD_FULL_SHARD}, .seed = seed, .hp = hp,
                       .precision = sharded == 2 ? PRECISION_BF16_MIXED : PRECISION_FP32};
     if ((rc = fsdp_create(&f, &c, &fo))) return rc;
+    if (fv_biases && (rc = fv_set_biases(f, &c))) goto out;
     g = fsdp_model(f);
   } else if ((rc = gpt_create(&g, &c, be)) || (rc = gpt_init_weights(g, seed)) ||
              (rc = adamw_create(&o, g, hp))) {
@@ -347,40 +417,125 @@ out:
 }
 
 /* fv_run's runtime in bf16-mixed (sharded 2: one shard, the units
- * gathered in bf16) on tables a and b: whether every loss and parameter
- * comes out the same bits (*differ counts those that do not, of n_params),
- * how far apart they are (apart[0]: the losses', relative; apart[1]: the
- * weights' relative L2), and the launches a step in each of the kernels
- * named (emulator; 0 elsewhere): launches[k][0] a's, [k][1] b's. 0, or a
- * code. */
-static int fv_pair(const kern_backend_t *a, const kern_backend_t *b, size_t n_params,
-                   const char *const *kernels, int nk, size_t *differ, double apart[2],
-                   double (*launches)[2]) {
-  float la[FV_STEPS], lb[FV_STEPS], *wa = NULL, *wb = NULL;
-  unsigned long k0[4], k1[4];
-  for (int k = 0; k < nk; k++) k0[k] = emu_launches ? emu_launches(kernels[k]) : 0;
-  int rc = fv_run(a, 2, FV_CHUNK, la, &wa);
-  for (int k = 0; k < nk; k++) k1[k] = emu_launches ? emu_launches(kernels[k]) : 0;
-  if (!rc) rc = fv_run(b, 2, FV_CHUNK, lb, &wb);
-  for (int k = 0; k < nk; k++) {
-    const unsigned long k2 = emu_launches ? emu_launches(kernels[k]) : 0;
-    launches[k][0] = (double)(k1[k] - k0[k]) / FV_STEPS;
-    launches[k][1] = (double)(k2 - k1[k]) / FV_STEPS;
+ * gathered in bf16) on table a, then on each of b and c (c may be NULL)
+ * against a: whether every loss and parameter comes out the same bits
+ * (differ[0] counts those of b's run that do not, of the model cfg's
+ * parameters, differ[1] c's), how far apart they are (apart[0][0]: b's
+ * losses', relative; apart[0][1]: its weights' relative L2; apart[0][2]:
+ * the relative L2 of the tensor farthest apart, named in worst[0]; apart[1]
+ * and worst[1]: c's), and the launches a step in each of the kernels named
+ * (emulator; 0 elsewhere): launches[k][0] a's, [k][1] b's, [k][2] c's. 0,
+ * or a code. */
+static int fv_pair(const kern_backend_t *a, const kern_backend_t *b, const kern_backend_t *c,
+                   const gpt_config_t *cfg, const char *const *kernels, int nk, size_t differ[2],
+                   double apart[2][3], char worst[2][32], double (*launches)[3]) {
+  const size_t n_params = gpt_config_num_params(cfg);
+  gpt_tensor_t tensors[64];
+  const int nt = gpt_config_tensors(cfg, tensors, 64);
+  const kern_backend_t *t[3] = {a, b, c};
+  float l[3][FV_STEPS], *w[3] = {NULL, NULL, NULL};
+  int rc = 0;
+  for (int r = 0; r < 3; r++) {
+    unsigned long k0[4];
+    for (int k = 0; k < nk; k++) k0[k] = emu_launches ? emu_launches(kernels[k]) : 0;
+    if (!rc && t[r]) rc = fv_run(t[r], 2, FV_CHUNK, l[r], &w[r]);
+    for (int k = 0; k < nk; k++)
+      launches[k][r] = (double)((emu_launches ? emu_launches(kernels[k]) : 0) - k0[k]) / FV_STEPS;
   }
-  *differ = 0;
-  double dd = 0, ss = 0;
-  apart[0] = apart[1] = 0;
-  if (!rc) {
-    for (size_t i = 0; i < n_params; i++) {
-      *differ += memcmp(&wa[i], &wb[i], 4) != 0;
-      dd += ((double)wa[i] - wb[i]) * ((double)wa[i] - wb[i]), ss += (double)wb[i] * wb[i];
+  for (int r = 1; r < 3; r++) {
+    differ[r - 1] = 0, apart[r - 1][0] = apart[r - 1][1] = apart[r - 1][2] = 0;
+    strcpy(worst[r - 1], "-");
+    if (rc || !t[r]) continue;
+    for (int k = 0; k < nt; k++) {
+      double td = 0, ts = 0;
+      for (size_t i = tensors[k].offset; i < tensors[k].offset + tensors[k].numel; i++)
+        td += ((double)w[0][i] - w[r][i]) * ((double)w[0][i] - w[r][i]),
+            ts += (double)w[0][i] * w[0][i];
+      const double rel = ts > 0 ? sqrt(td / ts) : sqrt(td);
+      if (rel > apart[r - 1][2])
+        apart[r - 1][2] = rel, memcpy(worst[r - 1], tensors[k].name, sizeof tensors[k].name);
     }
-    *differ += memcmp(la, lb, sizeof la) != 0;
+    double dd = 0, ss = 0;
+    for (size_t i = 0; i < n_params; i++) {
+      differ[r - 1] += memcmp(&w[0][i], &w[r][i], 4) != 0;
+      dd += ((double)w[0][i] - w[r][i]) * ((double)w[0][i] - w[r][i]), ss += (double)w[0][i] * w[0][i];
+    }
+    differ[r - 1] += memcmp(l[0], l[r], sizeof l[0]) != 0;
     for (int i = 0; i < FV_STEPS; i++)
-      apart[0] = fmax(apart[0], fabs((double)la[i] - lb[i]) / fabs((double)lb[i]));
-    apart[1] = ss > 0 ? sqrt(dd / ss) : 0;
+      apart[r - 1][0] = fmax(apart[r - 1][0], fabs((double)l[r][i] - l[0][i]) / fabs((double)l[0][i]));
+    apart[r - 1][1] = ss > 0 ? sqrt(dd / ss) : 0;
   }
-  free(wa), free(wb);
+  free(w[0]), free(w[1]), free(w[2]);
+  return rc;
+}
+
+/* The flat model's units reached through hooks that give each unit's bf16
+ * image too, as the sharded runtime's bf16 gather does, so that gpt.c's
+ * products read the images (and the fc products may take GELU in their
+ * epilogues: gpt.c's fch_biased); its gradients stay the flat ones. */
+typedef struct {
+  gpt_t *g;
+  const gpt_config_t *c;
+  uint16_t *p16; /* the flat parameters' bf16 image (device) */
+} img_hooks_t;
+static int img_params(void *ctx, int unit, int phase, float **out, const uint16_t **out16) {
+  (void)phase;
+  const img_hooks_t *h = ctx;
+  const size_t off = gpt_config_unit(h->c, unit).offset;
+  *out = gpt_params(h->g) + off;
+  if (out16) *out16 = h->p16 + off;
+  return 0;
+}
+static int img_grads(void *ctx, int unit, float **out) {
+  const img_hooks_t *h = ctx;
+  *out = gpt_grads(h->g) + gpt_config_unit(h->c, unit).offset;
+  return 0;
+}
+static int img_none(void *ctx, int unit, int phase) { return (void)ctx, (void)unit, (void)phase, 0; }
+static int img_done(void *ctx, int unit) { return (void)ctx, (void)unit, 0; }
+
+/* One forward and backward of fv_run's model on be (bf16 mode) at
+ * fv_batch(0), from the weights of seed 5 with random biases (as
+ * fv_set_biases), every parameter bf16-exact, its bf16 image given to the
+ * products (img_hooks_t): the gradients (host, malloc'd) into *grads. 0,
+ * or a code. */
+static int img_grads_run(const kern_backend_t *be, const gpt_config_t *c, float **grads) {
+  gpt_t *g = NULL;
+  const size_t n = gpt_config_num_params(c);
+  float *h = malloc(n * sizeof *h);
+  uint16_t *h16 = malloc(n * sizeof *h16), *p16 = NULL;
+  int32_t in[FV_B * FV_T], tg[FV_B * FV_T];
+  float loss;
+  int rc = !h || !h16 ? FSDP_ENOMEM : gpt_create(&g, c, be);
+  if (!rc) rc = gpt_init_weights(g, 5);
+  if (!rc) {
+    be->copy_d2h(h, gpt_params(g), n * sizeof *h);
+    be->sync();
+    fv_random_biases(c, fv_flat_put, h);
+    for (size_t i = 0; i < n; i++) h16[i] = kern_f32_to_bf16(h[i]), h[i] = kern_bf16_to_f32(h16[i]);
+    p16 = be->dev_alloc(n * sizeof *p16);
+    if (!p16) rc = FSDP_ENOMEM;
+  }
+  if (!rc) {
+    be->copy_h2d(gpt_params(g), h, n * sizeof *h);
+    be->copy_h2d(p16, h16, n * sizeof *h16);
+    img_hooks_t ih = {g, c, p16};
+    const gpt_unit_hooks_t hooks = {&ih, img_params, img_none, img_grads, img_done};
+    gpt_set_hooks(g, &hooks);
+    gpt_zero_grad(g);
+    fv_batch(0, in, tg);
+    rc = gpt_forward(g, in, tg, FV_B, FV_T, &loss);
+    if (!rc) rc = gpt_backward(g, 1.0f);
+    if (!rc) {
+      be->copy_d2h(h, gpt_grads(g), n * sizeof *h);
+      be->sync();
+      *grads = h, h = NULL;
+    }
+    gpt_set_hooks(g, NULL);
+  }
+  if (p16) be->dev_free(p16);
+  gpt_destroy(g);
+  free(h), free(h16);
   return rc;
 }
 
@@ -791,42 +946,69 @@ int main(int argc, char **argv) {
    * fsdp.c's keep16) and the qkv product writing the block's bf16 qkv with
    * its bias's bf16 image from it (kern.h's qkv_out16), against the same
    * runtime packing the widened weights and rounding the product's fp32
-   * qkv after it (no bf16 gather kept: both off): the same operands in the
+   * qkv after it (no bf16 gather kept: both off), every run from the same
+   * random biases (fv_biases): the same operands in the
    * same blocks (every weight here within the packing buffer) and the
    * unit's fp32 bias its bf16 gather widened, so every loss and parameter
    * the same bits on the emulator (on a GPU cuBLASLt may take another
    * algorithm for a bf16 output than for an fp32 one, and a sum's last bit
    * flip a rounding: within the bf16 runs' bounds there); fewer packing
-   * launches, and a block's qkv rounding pass gone (emulator) */
+   * launches, and a block's qkv rounding pass gone (emulator). And the fc
+   * product writing GELU too (kern.h's matmul_fwd_bf16_gelu, fch kept with
+   * its bias's bf16 image) and the fc projection's dinp product GELU's
+   * backward (matmul_bwd_dgelu16) against the first: GELU of the unrounded
+   * sum plus the bias's image where the first takes the rounded sum plus
+   * the fp32 bias, its derivative times the unrounded sum, so within the
+   * bf16 runs' bounds, not the same bits; no GELU pass a step, forward or
+   * backward (emulator) */
   {
-    static kern_backend_t packs;
-    packs = *k16;
+    static kern_backend_t packs, apart16;
+    apart16 = *k16; /* GELU by its own pass (device.c's default) */
+    apart16.matmul_fwd_bf16_gelu = NULL;
+    packs = apart16;
     packs.weights16 = 0;
     const unsigned long a0 = emu_launches ? emu_launches("adamw_segs_kernel") : 0,
                         b0 = emu_launches ? emu_launches("adamw_kernel") : 0;
-    static const char *const counted[] = {"gemm_pack_kernel", "f32_to_bf16_wide_kernel"};
-    size_t differ;
-    double n[2][2], apart[2];
-    if (!k16->weights16 || !k16->qkv_out16 ||
-        fv_pair(k16, &packs, gpt_config_num_params(&fc), counted, 2, &differ, apart, n)) {
+    static const char *const counted[] = {"gemm_pack_kernel", "f32_to_bf16_wide_kernel",
+                                          "gelu_fwd_bf16in_kernel<uint32_t, true>",
+                                          "gelu_bwd_bf16_kernel<true, true, true>"};
+    size_t differ[2];
+    double n[4][3], apart[2][3];
+    char worst[2][32];
+    fv_biases = 1; /* the biases' images and GELU's biased input matter */
+    const int prc = !k16->weights16 || !k16->qkv_out16 || !k16->matmul_fwd_bf16_gelu ||
+                    fv_pair(&apart16, &packs, k16, &fc, counted, 4, differ, apart, worst, n);
+    fv_biases = 0;
+    if (prc) {
       fprintf(stderr, "test_cuda_train: bf16 weights16: %s\n", err_msg());
       return 2;
     }
     printf("cuda bf16 sharded: weights read from the bf16 gather, qkv written in bf16, vs "
            "packed and rounded after: %zu parameters and losses differ; packing launches a step "
            "%.0f vs %.0f, f32_to_bf16 %.0f vs %.0f\n",
-           differ, n[0][0], n[0][1], n[1][0], n[1][1]);
+           differ[0], n[0][0], n[0][1], n[1][0], n[1][1]);
+    printf("cuda bf16 sharded: GELU in the fc products' writes vs its own passes: %zu parameters "
+           "and losses differ, losses %.3g apart (relative), weights %.3g (rel L2; %s's %.3g); "
+           "GELU launches a step %.0f vs %.0f, its backward's %.0f vs %.0f\n",
+           differ[1], apart[1][0], apart[1][1], worst[1], apart[1][2], n[2][2], n[2][0], n[3][2],
+           n[3][0]);
     if (emu_launches) {
-      check(differ == 0, "cuda bf16 sharded: weights from the bf16 gather vs packed, bits differ",
-            (double)differ, 0);
+      check(differ[0] == 0, "cuda bf16 sharded: weights from the bf16 gather vs packed, bits differ",
+            (double)differ[0], 0);
     } else {
-      check(apart[0] <= LOGITS16_LOSS_TOL,
+      check(apart[0][0] <= LOGITS16_LOSS_TOL,
             "cuda bf16 sharded: weights from the bf16 gather vs packed, losses (relative)",
-            apart[0], LOGITS16_LOSS_TOL);
-      check(apart[1] <= LOGITS16_W_TOL,
+            apart[0][0], LOGITS16_LOSS_TOL);
+      check(apart[0][1] <= LOGITS16_W_TOL,
             "cuda bf16 sharded: weights from the bf16 gather vs packed, weights (rel L2)",
-            apart[1], LOGITS16_W_TOL);
+            apart[0][1], LOGITS16_W_TOL);
     }
+    check(apart[1][0] <= LOGITS16_LOSS_TOL,
+          "cuda bf16 sharded: GELU in the fc products' writes vs its passes, losses (relative)",
+          apart[1][0], LOGITS16_LOSS_TOL);
+    check(apart[1][1] <= LOGITS16_W_TOL,
+          "cuda bf16 sharded: GELU in the fc products' writes vs its passes, weights (rel L2)",
+          apart[1][1], LOGITS16_W_TOL);
     if (emu_launches) {
       check(n[0][0] < n[0][1], "cuda bf16 sharded: weights from the bf16 gather, packing "
             "launches a step (emulator)", n[0][0], n[0][1]);
@@ -834,13 +1016,56 @@ int main(int argc, char **argv) {
       check(n[1][1] - n[1][0] >= fc.layers,
             "cuda bf16 sharded: qkv written in bf16, rounding launches fewer a step (emulator)",
             n[1][1] - n[1][0], fc.layers);
+      /* each block's GELU passes gone, and the run taken another way */
+      check(n[2][2] == 0 && n[2][0] >= fc.layers && n[3][2] == 0 && n[3][0] >= fc.layers &&
+                differ[1] > 0,
+            "cuda bf16 sharded: GELU in the fc products' writes, GELU launches a step (emulator)",
+            n[2][2] + n[3][2], 0);
       /* AdamW over the shard's every tensor in one launch a step (kern.h's
        * adamw_segs: the model's 2 + 12 L tensors, under 256) */
       const unsigned long a1 = emu_launches("adamw_segs_kernel") - a0,
                           b1 = emu_launches("adamw_kernel") - b0;
-      check(a1 == 2 * FV_STEPS && b1 == 0, "cuda bf16 sharded: AdamW launches a step (emulator)",
-            (double)(a1 + b1) / (2 * FV_STEPS), 1);
+      check(a1 == 3 * FV_STEPS && b1 == 0, "cuda bf16 sharded: AdamW launches a step (emulator)",
+            (double)(a1 + b1) / (3 * FV_STEPS), 1);
     }
+  }
+  /* the fc products with GELU in their epilogues against GELU's passes,
+   * one step's gradients (not weights after AdamW, which follows their
+   * signs): every tensor's within a few bf16 roundings of the other's, so
+   * a gradient the epilogues' path drops or takes at another place (the
+   * fc bias's, summed from the bf16 dfch now) shows */
+  {
+    static kern_backend_t apart16;
+    apart16 = *k16;
+    apart16.matmul_fwd_bf16_gelu = NULL, apart16.matmul_bwd_dgelu16 = NULL;
+    float *ga = NULL, *gf = NULL;
+    const unsigned long l0 = emu_launches ? emu_launches("gelu_fwd_bf16in_kernel<uint32_t, true>") : 0;
+    if (img_grads_run(&apart16, &fc, &ga) || img_grads_run(k16, &fc, &gf)) {
+      fprintf(stderr, "test_cuda_train: GELU's epilogues' gradients: %s\n", err_msg());
+      return 2;
+    }
+    const unsigned long l1 = emu_launches ? emu_launches("gelu_fwd_bf16in_kernel<uint32_t, true>") : 0;
+    gpt_tensor_t t[64];
+    const int nt = gpt_config_tensors(&fc, t, 64);
+    double worst = 0;
+    const char *wn = "-";
+    for (int k = 0; k < nt; k++) {
+      double dd = 0, ss = 0;
+      for (size_t i = t[k].offset; i < t[k].offset + t[k].numel; i++)
+        dd += ((double)gf[i] - ga[i]) * ((double)gf[i] - ga[i]), ss += (double)ga[i] * ga[i];
+      const double rel = ss > 0 ? sqrt(dd / ss) : sqrt(dd);
+      if (!(rel <= worst)) worst = rel, wn = t[k].name;
+    }
+    printf("cuda bf16: GELU in the fc products' writes vs its passes, one step's gradients: the "
+           "farthest tensor %s, %.3g apart (rel L2)\n", wn, worst);
+    check(worst <= GELU_EPI_GRAD_TOL,
+          "cuda bf16: GELU in the fc products' writes vs its passes, gradients (worst tensor's "
+          "rel L2)", worst, GELU_EPI_GRAD_TOL);
+    if (emu_launches) /* the passes' run launched GELU's forward once a block; the other none */
+      check(l1 - l0 == (unsigned long)fc.layers,
+            "cuda bf16: GELU in the fc products' writes, GELU's forward launches (emulator)",
+            (double)(l1 - l0), fc.layers);
+    free(ga), free(gf);
   }
   printf("test_cuda_train: %s\n", fails ? "FAILED" : "passed");
   return fails ? 1 : 0;

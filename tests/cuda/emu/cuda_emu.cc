@@ -30,7 +30,8 @@
  * pool holds them, until a trim or a synchronization past the release
  * threshold (CUDA_EMU_POOLS=0: a device without pools); cuda_emu_waits counts
  * the calls that make a GPU's host wait. CUDA_EMU_LT_BIAS_REFUSE=1 makes
- * cublasLtMatmul refuse the BIAS epilogue its heuristic offered. */
+ * cublasLtMatmul refuse every epilogue with a bias its heuristic offered,
+ * CUDA_EMU_LT_GELU_REFUSE=1 every GELU epilogue (DGELU's too). */
 #include <atomic>
 #include <cublasLt.h>
 #include <cuda_bf16.h>
@@ -1262,10 +1263,23 @@ struct emu_desc {
   cublasComputeType_t compute;
   cudaDataType_t scale;
   int32_t transa, transb;
-  int32_t epilogue = CUBLASLT_EPILOGUE_DEFAULT; /* DEFAULT or BIAS */
+  int32_t epilogue = CUBLASLT_EPILOGUE_DEFAULT; /* DEFAULT, BIAS, GELU_AUX(_BIAS) */
   const void *bias = nullptr;                   /* BIAS: one element per row of D */
   int32_t bias_type = -1;                       /* unset: D's type */
+  void *aux = nullptr;                          /* GELU_AUX: GELU's input, D's layout */
+  int64_t aux_ld = 0;
+  int32_t aux_type = -1; /* unset: D's type */
 };
+
+/* The epilogue's parts: a bias added, GELU applied (its input to aux). */
+static bool emu_epi_bias(int32_t e) {
+  return e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+}
+static bool emu_epi_gelu(int32_t e) {
+  return e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+}
+/* ... or its backward, reading GELU's input from aux (DGELU) */
+static bool emu_epi_aux(int32_t e) { return emu_epi_gelu(e) || e == CUBLASLT_EPILOGUE_DGELU; }
 struct emu_pref {
   uint64_t workspace;
   uint32_t align[4]; /* A, B, C, D */
@@ -1337,9 +1351,14 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d,
                                               cublasLtMatmulDescAttributes_t a, const void *buf,
                                               size_t n) {
   emu_desc *x = (emu_desc *)d;
-  if (a == CUBLASLT_MATMUL_DESC_BIAS_POINTER) {
-    if (n != sizeof x->bias) return CUBLAS_STATUS_INVALID_VALUE;
-    memcpy(&x->bias, buf, n);
+  if (a == CUBLASLT_MATMUL_DESC_BIAS_POINTER || a == CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER) {
+    if (n != sizeof(void *)) return CUBLAS_STATUS_INVALID_VALUE;
+    memcpy(a == CUBLASLT_MATMUL_DESC_BIAS_POINTER ? (void *)&x->bias : (void *)&x->aux, buf, n);
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  if (a == CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD) {
+    if (n != sizeof x->aux_ld) return CUBLAS_STATUS_INVALID_VALUE;
+    memcpy(&x->aux_ld, buf, n);
     return CUBLAS_STATUS_SUCCESS;
   }
   if (n != sizeof(int32_t)) return CUBLAS_STATUS_INVALID_VALUE;
@@ -1351,6 +1370,8 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d,
     memcpy(&x->epilogue, buf, n);
   else if (a == CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE)
     memcpy(&x->bias_type, buf, n);
+  else if (a == CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE)
+    memcpy(&x->aux_type, buf, n);
   else
     return CUBLAS_STATUS_NOT_SUPPORTED;
   return CUBLAS_STATUS_SUCCESS;
@@ -1405,13 +1426,20 @@ static cublasStatus_t emu_lt_check(const emu_desc *d, const emu_layout *a, const
   if ((!d16 && (c->type != CUDA_R_32F || dd->type != CUDA_R_32F)) || d->scale != CUDA_R_32F ||
       a->type != b->type)
     return CUBLAS_STATUS_NOT_SUPPORTED;
-  /* epilogues: only BIAS on an unbatched product, fp32 for fp32 D, bf16
-   * for bf16 D (the type llm.c's products give it on a GPU) */
+  /* epilogues: only on an unbatched product; BIAS, fp32 for fp32 D, bf16
+   * for bf16 D (the type llm.c's products give it on a GPU); GELU_AUX(_BIAS)
+   * and DGELU on bf16 D, the aux of D's type (a GPU refuses another,
+   * INVALID_VALUE) with a leading dimension of D's rows at least, a
+   * multiple of 8 */
   const int32_t bt = d->bias_type == -1 ? (d16 ? CUDA_R_16BF : CUDA_R_32F) : d->bias_type;
-  if (d->epilogue != CUBLASLT_EPILOGUE_DEFAULT &&
-      (d->epilogue != CUBLASLT_EPILOGUE_BIAS || bt != (d16 ? CUDA_R_16BF : CUDA_R_32F) ||
-       c->batch != 1))
+  const int32_t e = d->epilogue;
+  if (e != CUBLASLT_EPILOGUE_DEFAULT &&
+      ((!emu_epi_bias(e) && !emu_epi_aux(e)) || (emu_epi_aux(e) && !d16) ||
+       (emu_epi_bias(e) && bt != (d16 ? CUDA_R_16BF : CUDA_R_32F)) || c->batch != 1))
     return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (emu_epi_aux(e) && ((d->aux_type != -1 && d->aux_type != (int32_t)dd->type) ||
+                         d->aux_ld < (int64_t)dd->rows || d->aux_ld % 8))
+    return CUBLAS_STATUS_INVALID_VALUE;
   if (a->type == CUDA_R_16BF)
     return d->compute == CUBLAS_COMPUTE_32F ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_SUPPORTED;
   if (a->type != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
@@ -1488,6 +1516,16 @@ static void emu_lt_operand(std::vector<float> &out, const void *p, const emu_lay
 }
 
 /* The product itself, on the stream (what cublasLtMatmul checked). */
+/* GELU as cuBLASLt's epilogue is taken to compute it: the tanh form, in
+ * fp32 (written here, apart from kern_math.h's kern_gelu) */
+static float emu_gelu(float x) {
+  return 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
+}
+static float emu_gelu_grad(float x) {
+  const float k = 0.7978845608f, c = 0.044715f, t = tanhf(k * (x + c * x * x * x));
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * k * (1.0f + 3.0f * c * x * x);
+}
+
 static void emu_lt_run(const emu_desc *d, const emu_layout *a, const emu_layout *b,
                        const emu_layout *c, const emu_layout *dl, float alpha, float bt,
                        const void *A, const void *B, const void *C, void *D, uint64_t M,
@@ -1551,6 +1589,18 @@ static void emu_lt_run(const emu_desc *d, const emu_layout *a, const emu_layout 
           for (uint64_t m = 0; m < M; m++)
             out[m + n * dl->ld] += d16 ? __bfloat162float(((const __nv_bfloat16 *)d->bias)[m])
                                        : ((const float *)d->bias)[m];
+      if (emu_epi_gelu(d->epilogue)) /* (batch 1, bf16 D) the sum to aux, rounded; GELU of it to D */
+        for (uint64_t n = 0; n < N; n++)
+          for (uint64_t m = 0; m < M; m++) {
+            float &v = out[m + n * dl->ld];
+            ((__nv_bfloat16 *)d->aux)[m + n * d->aux_ld] = __float2bfloat16_rn(v);
+            v = emu_gelu(v);
+          }
+      if (d->epilogue == CUBLASLT_EPILOGUE_DGELU) /* the sum times GELU's derivative at aux */
+        for (uint64_t n = 0; n < N; n++)
+          for (uint64_t m = 0; m < M; m++)
+            out[m + n * dl->ld] *=
+                emu_gelu_grad(__bfloat162float(((const __nv_bfloat16 *)d->aux)[m + n * d->aux_ld]));
     }
     if (d16)
       for (uint64_t n = 0; n < N; n++)
@@ -1595,7 +1645,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
   }
   const size_t ea = a->type == CUDA_R_16BF ? 2 : 4;
   const uint64_t M = c->rows, N = c->cols, K = d->transa == CUBLAS_OP_N ? a->cols : a->rows;
-  const bool bias = d->epilogue == CUBLASLT_EPILOGUE_BIAS;
+  const bool bias = emu_epi_bias(d->epilogue), gelu = emu_epi_aux(d->epilogue);
   for (uint64_t x : {M, N, K})
     if (x > 8 && x % 8) {
       emu_lt_ragged++;
@@ -1604,6 +1654,19 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
   /* CUDA_EMU_LT_BIAS_REFUSE=1: refuse every BIAS epilogue here, after the
    * heuristic gave an algorithm for it, as cuBLASLt has been reported to */
   if (bias && emu_env_size("CUDA_EMU_LT_BIAS_REFUSE", 0)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (gelu && emu_env_size("CUDA_EMU_LT_GELU_REFUSE", 0)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  /* GELU's input (written, or DGELU's read): N columns of M bf16, aux_ld
+   * apart, in device memory, 16-byte aligned (none: a GPU answers
+   * NOT_SUPPORTED) */
+  if (gelu && !d->aux) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (gelu && ((uintptr_t)d->aux % 16 ||
+               !emu::device_range(d->aux, ((size_t)d->aux_ld * (N - 1) + M) * 2))) {
+    fprintf(stderr,
+            "cuda_emu: cublasLtMatmul: the GELU epilogues' aux %p is not %llu x %llu bf16 "
+            "(ld %lld) of 16-byte aligned device memory\n",
+            d->aux, (unsigned long long)M, (unsigned long long)N, (long long)d->aux_ld);
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
   /* the bias: M floats of device memory, 16-byte aligned (less has been seen
    * to fail at run time on a GPU) */
   if (bias && (!d->bias || (uintptr_t)d->bias % 16 ||
