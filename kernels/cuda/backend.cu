@@ -527,6 +527,8 @@ extern "C" void kern_cuda_pool_stats(size_t *reserved, size_t *reserved_high, si
   *reserved = (size_t)r, *reserved_high = (size_t)rh, *used_high = (size_t)uh;
 }
 
+extern "C" unsigned long kern_cuda_gelu_passes(void) { return kern_cuda_st.gelu_passes; }
+
 extern "C" const char *kern_cuda_device_name(void) { return kern_cuda_st.name; }
 
 extern "C" size_t kern_cuda_device_memory(void) { return kern_cuda_st.memory; }

@@ -95,6 +95,11 @@ size_t kern_cuda_reserved_bytes(void);
  * before. */
 void kern_cuda_pool_stats(size_t *reserved, size_t *reserved_high, size_t *used_high);
 
+/* Products since init that asked cuBLASLt for a GELU epilogue (GELU_AUX(_BIAS),
+ * DGELU) and got a pass after the product instead (kern.h's
+ * matmul_fwd_bf16_gelu, matmul_bwd_dgelu16): 0 where every one fused. */
+unsigned long kern_cuda_gelu_passes(void);
+
 /* Device name and total memory of the selected device ("" / 0 before init). */
 const char *kern_cuda_device_name(void);
 size_t kern_cuda_device_memory(void);

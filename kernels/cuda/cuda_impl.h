@@ -93,6 +93,8 @@ typedef struct kern_cuda_state {
   char name[256];      /* cudaDeviceProp.name */
   size_t memory;       /* cudaDeviceProp.totalGlobalMem */
   size_t smem_optin;   /* cudaDeviceProp.sharedMemPerBlockOptin: a block's shared memory, asked for */
+  unsigned long gelu_passes; /* products whose GELU (or its backward) cuBLASLt refused: the
+                              * pass after ran instead (matmul.cu's gemm_lt_bias) */
 } kern_cuda_state_t;
 
 extern kern_cuda_state_t kern_cuda_st;

@@ -278,6 +278,7 @@ static int gemm_lt_bias(cudaDataType_t ab, cublasComputeType_t ct, char ta, char
                      ldc, sC, batch, sum, why))
       return -1;
     kern_cuda_gelu_rows16((uint16_t *)C, e.pre16, NULL, M, N, ldc, 0);
+    kern_cuda_st.gelu_passes++; /* counted: a GPU's tests see a refusal (cuda.h) */
     return 0;
   }
   if (e.dgelu16) { /* the product rounded, then GELU's derivative times it: a rounding more */
@@ -285,6 +286,7 @@ static int gemm_lt_bias(cudaDataType_t ab, cublasComputeType_t ct, char ta, char
                 batch, gemm_epi_t{}, why))
       return -1;
     kern_cuda_gelu_rows16((uint16_t *)C, e.dgelu16, NULL, M, N, ldc, 1);
+    kern_cuda_st.gelu_passes++;
     return 0;
   }
   const gemm_epi_t plain = {NULL, NULL, e.Cin, NULL, NULL};

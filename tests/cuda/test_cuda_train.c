@@ -79,6 +79,9 @@ typedef unsigned long (*waits_fn)(const char *name);
 static waits_fn emu_waits;
 /* The emulator's count of a kernel's launches (cuda_emu_launches); NULL on a GPU. */
 static waits_fn emu_launches;
+/* The plugin's count of products whose GELU epilogue cuBLASLt refused
+ * (kernels/cuda/cuda.h's kern_cuda_gelu_passes) */
+static unsigned long (*gelu_passes)(void);
 static const device_cuda_plugin_t *plugin_table;
 static const char *const WAIT_CALLS[] = {"cudaMalloc", "cudaFree", "cudaMemcpy",
                                          "cudaStreamSynchronize", "cudaDeviceSynchronize",
@@ -626,6 +629,7 @@ int main(int argc, char **argv) {
   void *plugin = dlopen(getenv("FSDP_CUDA_PLUGIN"), RTLD_NOW | RTLD_NOLOAD);
   if (plugin) *(void **)&emu_waits = dlsym(plugin, "cuda_emu_waits");
   if (plugin) *(void **)&emu_launches = dlsym(plugin, "cuda_emu_launches");
+  if (plugin) *(void **)&gelu_passes = dlsym(plugin, "kern_cuda_gelu_passes");
   if (p->device_count(msg, sizeof msg) <= 0) {
     printf("test_cuda_train: no GPU (%s): skipped\n", msg);
     return 0;
@@ -1040,6 +1044,7 @@ int main(int argc, char **argv) {
     apart16.matmul_fwd_bf16_gelu = NULL, apart16.matmul_bwd_dgelu16 = NULL;
     float *ga = NULL, *gf = NULL;
     const unsigned long l0 = emu_launches ? emu_launches("gelu_fwd_bf16in_kernel<uint32_t, true>") : 0;
+    const unsigned long p0 = gelu_passes ? gelu_passes() : 0;
     if (img_grads_run(&apart16, &fc, &ga) || img_grads_run(k16, &fc, &gf)) {
       fprintf(stderr, "test_cuda_train: GELU's epilogues' gradients: %s\n", err_msg());
       return 2;
@@ -1061,6 +1066,11 @@ int main(int argc, char **argv) {
     check(worst <= GELU_EPI_GRAD_TOL,
           "cuda bf16: GELU in the fc products' writes vs its passes, gradients (worst tensor's "
           "rel L2)", worst, GELU_EPI_GRAD_TOL);
+    /* the epilogues taken (cuBLASLt refused none: a GPU's tell) */
+    const unsigned long np = gelu_passes ? gelu_passes() - p0 : 0;
+    check(gelu_passes && np == 0,
+          "cuda bf16: GELU in the fc products' writes, passes after a refused epilogue", (double)np,
+          0);
     if (emu_launches) /* the passes' run launched GELU's forward once a block; the other none */
       check(l1 - l0 == (unsigned long)fc.layers,
             "cuda bf16: GELU in the fc products' writes, GELU's forward launches (emulator)",
