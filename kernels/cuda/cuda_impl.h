@@ -353,7 +353,8 @@ int kern_cuda_colsum_slice(int runs, int per_run, int C);
  * made in parallel, the sums alone in order: with a thread owning a
  * column's 32 rows end to end (before 2026-11-28) GELU's backward took 79
  * registers, 3 blocks an SM, and moved its bytes at half the fp32 form's
- * rate on an H200. */
+ * rate on an H200. A thread loads all its rows of a run before it stores
+ * any (dst must not overlap what four and one read). */
 #define KERN_PACK_COLSUM_TILE 256
 #define KERN_PACK_COLSUM_THREADS 256
 static inline dim3 kern_cuda_pack_colsum_grid(int rows, int cols) {
@@ -371,28 +372,44 @@ __device__ __forceinline__ void kern_cuda_pack_colsum(uint16_t *dst, int64_t dld
             r0 = threadIdx.x / (KERN_PACK_COLSUM_TILE / 4);
   const int j0 = blockIdx.x * KERN_PACK_COLSUM_TILE, j = j0 + 4 * q;
   const bool whole = j + 4 <= cols;
+  /* a thread's rows of a run: every load first, then every store, so that
+   * its PER loads are in flight at once (with a store between them the
+   * compiler must keep each load after the store before it, which may
+   * alias: one load in flight a thread, a third of the memory's rate) */
+  constexpr int STEP = KERN_PACK_COLSUM_THREADS / (KERN_PACK_COLSUM_TILE / 4),
+                PER = KERN_COLSUM_ROWS / STEP;
+  static_assert(KERN_COLSUM_ROWS % STEP == 0, "a run's rows in whole steps");
   for (int run = blockIdx.y; run < runs; run += gridDim.y) {
     const int n0 = run * KERN_COLSUM_ROWS,
               nr = rows - n0 < KERN_COLSUM_ROWS ? rows - n0 : KERN_COLSUM_ROWS;
-#pragma unroll 4
-    for (int r = r0; r < nr; r += KERN_PACK_COLSUM_THREADS / (KERN_PACK_COLSUM_TILE / 4)) {
+    float4 v[PER];
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+      const int r = r0 + i * STEP;
       const int64_t n = n0 + r;
-      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      v[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (r >= nr) continue;
       if (wide && whole) {
-        v = four(n, j);
+        v[i] = four(n, j);
       } else {
         float e[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         for (int k = 0; k < 4 && j + k < cols; k++) e[k] = one(n, j + k);
-        v = make_float4(e[0], e[1], e[2], e[3]);
+        v[i] = make_float4(e[0], e[1], e[2], e[3]);
       }
-      uint16_t *d = dst + n * dld + j;
+    }
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+      const int r = r0 + i * STEP;
+      if (r >= nr) continue;
+      uint16_t *d = dst + (int64_t)(n0 + r) * dld + j;
       if (st8 && whole) {
-        kern_cuda_store_u16x4(d, make_uint2(kern_cuda_bf16x2(v.x, v.y), kern_cuda_bf16x2(v.z, v.w)));
+        kern_cuda_store_u16x4(d, make_uint2(kern_cuda_bf16x2(v[i].x, v[i].y),
+                                            kern_cuda_bf16x2(v[i].z, v[i].w)));
       } else {
-        const float e[4] = {v.x, v.y, v.z, v.w};
+        const float e[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
         for (int k = 0; k < 4 && j + k < cols; k++) d[k] = kern_f32_to_bf16(e[k]);
       }
-      *(float4 *)&tile[r][4 * q] = v;
+      *(float4 *)&tile[r][4 * q] = v[i];
     }
     __syncthreads();
     for (int c = threadIdx.x; c < KERN_PACK_COLSUM_TILE && j0 + c < cols; c += blockDim.x) {
