@@ -176,8 +176,18 @@ __global__ static void layernorm_bwd_dinp_wide_kernel(float *dinp, const float *
   gs = kern_cuda_warp_sum(gs);
   gxs = kern_cuda_warp_sum(gxs);
   const float gm = gs / (float)C, gxm = gxs / (float)C;
+  /* dinp's share of the row loaded whole before any of it is stored (up
+   * to K 4: 118 registers, 2 blocks an SM as at 89; at 6 it would take 167,
+   * one block): a store between the loads holds each behind it (it may
+   * alias them), one load in flight a lane */
+  float4 os[K <= 4 ? 2 * K : 1];
+  if constexpr (K <= 4)
+    ln_for4<K>(lane, G, [&](int q, int c) { os[q] = kern_cuda_load_f32x4(di + c); });
   ln_for4<K>(lane, G, [&](int q, int c) {
-    const float4 wq = kern_cuda_load_f32x4(w + c), o = kern_cuda_load_f32x4(di + c);
+    const float4 wq = kern_cuda_load_f32x4(w + c);
+    float4 o;
+    if constexpr (K <= 4) o = os[q];
+    else o = kern_cuda_load_f32x4(di + c);
     const float xa[4] = {xs[q].x, xs[q].y, xs[q].z, xs[q].w}, da[4] = {ds[q].x, ds[q].y, ds[q].z, ds[q].w},
                 wa[4] = {wq.x, wq.y, wq.z, wq.w};
     float oa[4] = {o.x, o.y, o.z, o.w};
