@@ -57,7 +57,7 @@
  * staged as zeros and masked. The other side's tiles are double buffered:
  * each is copied by cp.async (global to shared memory, no registers in
  * between) while the products of the one before run, and waited for
- * (tc_cp_wait, then a barrier) only when its turn comes. Shared memory is
+ * (kern_cuda_cp_wait, then a barrier) only when its turn comes. Shared memory is
  * dynamic (tc_*_smem: up to 137 KiB, for head size 128's key pass), asked
  * for once (kern_cuda_smem_allow); a GPU that gives a block less runs the fp32
  * kernels instead, which keep the same rows. */
@@ -139,45 +139,13 @@ __device__ __forceinline__ void kern_cuda_mma_bf16(float d[4], const uint32_t a[
 #define TC_LOG2E 1.44269504088896341f
 #define TC_LN2 0.693147180559945309f
 
-/* cp.async: 16 bytes from src (device memory) into dst (shared memory),
- * 16-byte aligned both, without passing through registers; zeros where
- * !valid (a source size of 0: src is then any mapped address, not read).
- * The copy lands by a later tc_cp_wait; its group is closed by
- * tc_cp_commit. On the emulator the copy lands only at the wait
- * (emu::cp_async), so a tile read before its wait and barrier fails the
- * tests. */
-__device__ __forceinline__ static void tc_cp_async(void *dst, const void *src, bool valid) {
-#ifdef FSDP_CUDA_EMU_H
-  emu::cp_async(dst, src, 16, valid ? 16 : 0);
-#else
-  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-  const size_t s = __cvta_generic_to_global(src);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(s), "r"(valid ? 16 : 0));
-#endif
-}
-__device__ __forceinline__ static void tc_cp_commit(void) {
-#ifdef FSDP_CUDA_EMU_H
-  emu::cp_async_commit();
-#else
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-/* Waits for the thread's copies of every group committed but the N latest. */
-template <int N> __device__ __forceinline__ static void tc_cp_wait(void) {
-#ifdef FSDP_CUDA_EMU_H
-  emu::cp_async_wait(N);
-#else
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-#endif
-}
-
 /* Stages rows [r0, r0 + ROWS) of one head's HS columns of a (T, ld) bf16
  * matrix (the op's bf16 copy in its scratch) into the row tile rows; rows
  * past T become zeros. The whole block (NTH threads) calls it; each thread
  * copies runs of 8 bf16 with cp.async, 16 bytes each (a copy's rows and
  * every head start at a multiple of 8 elements, and the tile's rows at
  * multiples of 16 bytes), which go on while the block computes: the caller
- * commits them and waits (tc_cp_wait) before a barrier and the reads. */
+ * commits them and waits (kern_cuda_cp_wait) before a barrier and the reads. */
 template <int HS, int ROWS, int NTH>
 __device__ static void tc_stage(uint32_t *rows, const uint16_t *src, int64_t ld, int r0, int T) {
   static_assert(tc_rw<HS>() % 4 == 0, "rows of 16 bytes");
@@ -187,7 +155,7 @@ __device__ static void tc_stage(uint32_t *rows, const uint16_t *src, int64_t ld,
     const int x = x0 + (int)threadIdx.x, r = x / (HS / 8), c = 8 * (x % (HS / 8));
     if (RUNS % NTH && x >= RUNS) break;
     const bool in = r0 + r < T;
-    tc_cp_async(rows + r * tc_rw<HS>() + c / 2, in ? src + (int64_t)(r0 + r) * ld + c : src, in);
+    kern_cuda_cp_async(rows + r * tc_rw<HS>() + c / 2, in ? src + (int64_t)(r0 + r) * ld + c : src, in);
   }
 }
 
@@ -512,8 +480,8 @@ __global__ static void __launch_bounds__(32 * tc_fwd_warps<HS>(), HS <= 64 ? 3 :
   tc_stage<HS, OWN, NTH>(Qs, base, C3, q0, T);
   tc_stage<HS, TC_ROWS, NTH>(KV, base + C, C3, 0, T);
   tc_stage<HS, TC_ROWS, NTH>(KV + TILE, base + 2 * C, C3, 0, T);
-  tc_cp_commit();
-  tc_cp_wait<0>();
+  kern_cuda_cp_commit();
+  kern_cuda_cp_wait<0>();
   __syncthreads();
   uint32_t qa[MT * (HS / 16)][4];
 #pragma unroll
@@ -531,8 +499,8 @@ __global__ static void __launch_bounds__(32 * tc_fwd_warps<HS>(), HS <= 64 ? 3 :
       tc_stage<HS, TC_ROWS, NTH>(Kn, base + C, C3, j0 + TC_ROWS, T);
       tc_stage<HS, TC_ROWS, NTH>(Kn + TILE, base + 2 * C, C3, j0 + TC_ROWS, T);
     }
-    tc_cp_commit();
-    tc_cp_wait<1>(); /* this tile's copies (the group before) have landed */
+    kern_cuda_cp_commit();
+    kern_cuda_cp_wait<1>(); /* this tile's copies (the group before) have landed */
     __syncthreads(); /* every thread's */
     if (j0 <= q0 + w0 + R - 1) /* warp-uniform: a key at or before the warp's rows */
       tc_fwd_tile<HS, MT>(o, m, l, qa, Ks, Vs, sl2, q0 + w0, j0, T);
@@ -621,7 +589,7 @@ __global__ static void __launch_bounds__(TC_DQ_WARPS * 32, HS <= 64 ? 3 : 1) /* 
   tc_stage<HS, OWN, NTH>(dOs, dbase, C, q0, T);
   tc_stage<HS, TC_ROWS, NTH>(KV, base + C, C3, 0, T);
   tc_stage<HS, TC_ROWS, NTH>(KV + TILE, base + 2 * C, C3, 0, T);
-  tc_cp_commit(); /* copied while D is computed */
+  kern_cuda_cp_commit(); /* copied while D is computed */
   /* the warp's rows' D (a warp sum each, 16 rows' loads issued first) and lse */
 #pragma unroll
   for (int r16 = 0; r16 < R; r16 += 16) {
@@ -645,7 +613,7 @@ __global__ static void __launch_bounds__(TC_DQ_WARPS * 32, HS <= 64 ? 3 : 1) /* 
       if (lane == 0 && i < T) Dg[row] = d[r];
     }
   }
-  tc_cp_wait<0>();
+  kern_cuda_cp_wait<0>();
   __syncthreads();
   float L[2 * MT], D[2 * MT]; /* this lane's rows g and g + 8 of each m-tile */
 #pragma unroll
@@ -665,8 +633,8 @@ __global__ static void __launch_bounds__(TC_DQ_WARPS * 32, HS <= 64 ? 3 : 1) /* 
       tc_stage<HS, TC_ROWS, NTH>(Kn, base + C, C3, j0 + TC_ROWS, T);
       tc_stage<HS, TC_ROWS, NTH>(Kn + TILE, base + 2 * C, C3, j0 + TC_ROWS, T);
     }
-    tc_cp_commit();
-    tc_cp_wait<1>();
+    kern_cuda_cp_commit();
+    kern_cuda_cp_wait<1>();
     __syncthreads();
     if (j0 <= q0 + w0 + R - 1) /* warp-uniform: a key at or before the warp's rows */
       tc_dq_tile<HS, MT>(dq, Qs + w0 * tc_rw<HS>(), dOs + w0 * tc_rw<HS>(), L, D, Ks, Vs, sl2,
@@ -742,12 +710,12 @@ __global__ static void __launch_bounds__(TC_DKV_WARPS * 32, HS <= 64 ? 2 : 1) /*
   tc_stage<HS, OWN, NTH>(Vs, base + 2 * C, C3, k0, T);
   tc_stage<HS, TC_ROWS, NTH>(QD, base, C3, k0, T); /* k0 is a tile edge: the first tile holds key k0's query */
   tc_stage<HS, TC_ROWS, NTH>(QD + TILE, dbase, C, k0, T);
-  tc_cp_commit();
+  kern_cuda_cp_commit();
   if (threadIdx.x < TC_ROWS) {
     const int c = threadIdx.x, i = k0 + c;
     LD[c] = i < T ? lse[rows + i] * TC_LOG2E : 0.0f, LD[TC_ROWS + c] = i < T ? Dg[rows + i] : 0.0f;
   }
-  tc_cp_wait<0>();
+  kern_cuda_cp_wait<0>();
   __syncthreads();
   float dk[HS / 8][4], dv[HS / 8][4];
 #pragma unroll
@@ -767,8 +735,8 @@ __global__ static void __launch_bounds__(TC_DKV_WARPS * 32, HS <= 64 ? 2 : 1) /*
       const int i = next + (int)threadIdx.x;
       if (threadIdx.x < TC_ROWS && i < T) nl = lse[rows + i] * TC_LOG2E, nd = Dg[rows + i]; /* stored below */
     }
-    tc_cp_commit();
-    tc_cp_wait<1>();
+    kern_cuda_cp_commit();
+    kern_cuda_cp_wait<1>();
     __syncthreads();
     if (live && i0 + TC_ROWS - 1 >= k0 + w0) /* warp-uniform: a key, and a query at or after one */
       tc_dkv_tile<HS>(dk, dv, Ks + w0 * tc_rw<HS>(), Vs + w0 * tc_rw<HS>(), Qs, dOs, Lq, Dq, sl2,

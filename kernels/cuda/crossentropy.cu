@@ -23,8 +23,10 @@
  * device's opt-in limit: V = 50257 on 9.0's 227 KiB; on 8.0's 163 KiB,
  * V up to 41,696), every form is
  * ce_row_kernel instead: a block of 1024 threads, one an SM, reads the row
- * once into shared memory (16 bytes a load where the rows are aligned),
- * finding its maximum; then e^(x - max) stored over it and summed, each
+ * once into shared memory (where the rows are aligned by cp.async, 16
+ * bytes a copy, a thread's every copy in flight at once: loads into
+ * registers had one in flight a thread, each waiting for the store before
+ * it), finding its maximum; then e^(x - max) stored over it and summed, each
  * thread its own elements in a fixed order, the threads' sums in the fixed
  * tree; then the outputs from the stored e^(x - max), with no barrier turns
  * (the row in memory is not read again). One exponential an element instead
@@ -139,9 +141,12 @@ __global__ static void __launch_bounds__(CE_ROW_THREADS)
   /* pass 1: the row into shared memory, and this thread's maximum */
   float m = -INFINITY;
   if (wide) {
+    /* every 16 bytes of the thread's share in flight at once */
+    for (int c = threadIdx.x; c < V4; c += blockDim.x) kern_cuda_cp_async(row4 + c, x + 4 * c, true);
+    kern_cuda_cp_commit();
+    kern_cuda_cp_wait<0>(); /* the thread's own copies, which it alone reads here */
     for (int c = threadIdx.x; c < V4; c += blockDim.x) {
-      const float4 v = kern_cuda_load_f32x4(x + 4 * c);
-      row4[c] = v;
+      const float4 v = row4[c];
       m = v.x > m ? v.x : m, m = v.y > m ? v.y : m, m = v.z > m ? v.z : m, m = v.w > m ? v.w : m;
     }
     for (int j = 4 * V4 + threadIdx.x; j < V; j += blockDim.x) {
@@ -235,9 +240,11 @@ __global__ static void __launch_bounds__(CE_ROW_THREADS, 2)
   /* pass 1: the row into shared memory, and this thread's maximum */
   float m = -INFINITY;
   if (wide) {
+    for (int c = threadIdx.x; c < V8; c += blockDim.x) kern_cuda_cp_async(row + 8 * c, x + 8 * c, true);
+    kern_cuda_cp_commit();
+    kern_cuda_cp_wait<0>();
     for (int c = threadIdx.x; c < V8; c += blockDim.x) {
-      const uint4 v = kern_cuda_load_u16x8(x + 8 * c);
-      *(uint4 *)(row + 8 * c) = v;
+      const uint4 v = *(const uint4 *)(row + 8 * c);
       const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
       for (int k = 0; k < 4; k++) {

@@ -280,6 +280,40 @@ __device__ __forceinline__ float kern_cuda_rcp_approx(float x) {
 #endif
 }
 
+/* cp.async: 16 bytes from src (device memory) into dst (shared memory),
+ * 16-byte aligned both, without passing through registers, so a thread has
+ * every copy it issues in flight at once; zeros where !valid (a source size
+ * of 0: src is then any mapped address, not read). The copy lands by a
+ * later kern_cuda_cp_wait (visible to the thread that issued it; to the
+ * block's other threads after a barrier); its group is closed by
+ * kern_cuda_cp_commit. On the emulator the copy lands only at the wait
+ * (emu::cp_async), so a tile read before its wait and barrier fails the
+ * tests. */
+__device__ __forceinline__ void kern_cuda_cp_async(void *dst, const void *src, bool valid) {
+#ifdef FSDP_CUDA_EMU_H
+  emu::cp_async(dst, src, 16, valid ? 16 : 0);
+#else
+  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+  const size_t s = __cvta_generic_to_global(src);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(s), "r"(valid ? 16 : 0));
+#endif
+}
+__device__ __forceinline__ void kern_cuda_cp_commit(void) {
+#ifdef FSDP_CUDA_EMU_H
+  emu::cp_async_commit();
+#else
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+/* Waits for the thread's copies of every group committed but the N latest. */
+template <int N> __device__ __forceinline__ void kern_cuda_cp_wait(void) {
+#ifdef FSDP_CUDA_EMU_H
+  emu::cp_async_wait(N);
+#else
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
 /* Sums and maxima over a warp by butterfly (xor) exchanges: every lane ends
  * with the same value, formed in the same fixed tree whatever the data (a + b
  * and b + a round alike), so results do not vary from run to run. */
