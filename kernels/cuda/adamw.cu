@@ -45,21 +45,44 @@ typedef struct {
   uint32_t decay[ADAMW_SEGS / 32];
 } adamw_segs_t;
 
+/* A thread takes ADAMW_ILP elements a turn, grid-stride apart (a warp's
+ * loads stay coalesced), every load of the turn issued before any store:
+ * with one element a turn, each turn's loads waited behind the last turn's
+ * stores (they may alias), and p16's value was read back from p after the
+ * stores to m and v. */
+#define ADAMW_ILP 4
 __global__ static void adamw_segs_kernel(float *p, uint16_t *p16, const float *g, float *m,
                                          float *v, size_t span, adamw_segs_t s, float lr,
                                          float beta1, float beta2, float eps, float wd, float bc1,
                                          float bc2_sqrt) {
-  KERN_CUDA_FOR(i, span) {
-    int lo = 0, hi = s.n - 1; /* the last segment that starts at or before i */
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (s.start[mid] <= i) lo = mid;
-      else hi = mid - 1;
+  const size_t S = (size_t)gridDim.x * blockDim.x;
+  for (size_t i0 = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i0 < span; i0 += ADAMW_ILP * S) {
+    float pv[ADAMW_ILP], gv[ADAMW_ILP], mv[ADAMW_ILP], vv[ADAMW_ILP], w[ADAMW_ILP];
+    bool in[ADAMW_ILP];
+#pragma unroll
+    for (int k = 0; k < ADAMW_ILP; k++) {
+      const size_t i = i0 + k * S;
+      in[k] = false;
+      if (i >= span) continue;
+      int lo = 0, hi = s.n - 1; /* the last segment that starts at or before i */
+      while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (s.start[mid] <= i) lo = mid;
+        else hi = mid - 1;
+      }
+      if (i < s.start[lo] || i >= s.end[lo]) continue;
+      in[k] = true;
+      w[k] = s.decay[lo / 32] >> (lo % 32) & 1u ? wd : 0.0f;
+      pv[k] = p[i], gv[k] = g[i], mv[k] = m[i], vv[k] = v[i];
     }
-    if (i < s.start[lo] || i >= s.end[lo]) continue;
-    const float w = s.decay[lo / 32] >> (lo % 32) & 1u ? wd : 0.0f;
-    kern_adamw_elem(p + i, g[i], m + i, v + i, lr, beta1, beta2, eps, w, bc1, bc2_sqrt);
-    if (p16) p16[i] = kern_f32_to_bf16(p[i]);
+#pragma unroll
+    for (int k = 0; k < ADAMW_ILP; k++) {
+      if (!in[k]) continue;
+      const size_t i = i0 + k * S;
+      kern_adamw_elem(&pv[k], gv[k], &mv[k], &vv[k], lr, beta1, beta2, eps, w[k], bc1, bc2_sqrt);
+      p[i] = pv[k], m[i] = mv[k], v[i] = vv[k];
+      if (p16) p16[i] = kern_f32_to_bf16(pv[k]);
+    }
   }
 }
 
@@ -91,7 +114,9 @@ extern "C" void kern_cuda_adamw_segs(float *p, uint16_t *p16, const float *g, fl
     }
     if (!s.n) continue;
     const size_t span = s.end[s.n - 1];
-    adamw_segs_kernel<<<kern_cuda_blocks(span, KERN_CUDA_THREADS), KERN_CUDA_THREADS, 0,
+    /* ADAMW_ILP elements a thread from its first turn on */
+    adamw_segs_kernel<<<kern_cuda_blocks((span + ADAMW_ILP - 1) / ADAMW_ILP, KERN_CUDA_THREADS),
+                        KERN_CUDA_THREADS, 0,
                         kern_cuda_st.stream>>>(p + base, p16 ? p16 + base : NULL, g + base, m + base,
                                                v + base, span, s, lr,
                                                beta1, beta2, eps, wd, bc1, bc2_sqrt);
