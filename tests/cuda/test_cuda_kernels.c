@@ -2641,11 +2641,13 @@ int main(void) {
 
   test_layernorm(7, 33);
   test_layernorm(1, 1);
-  /* the wide kernels: one group of 8 a lane, two, five of six (C = 1280),
-   * six (1536); and C past their 1536 (gpt2-xl's 1600) or not a multiple
-   * of 8 (the strided kernels) */
+  /* the wide kernels: one group of 8 a lane, two, three of four (C =
+   * 768, below), four (1024: every slot of the backward's preloaded dinp),
+   * five of six (C = 1280), six (1536); and C past their 1536 (gpt2-xl's
+   * 1600) or not a multiple of 8 (the strided kernels) */
   test_layernorm(5, 8);
   test_layernorm(9, 264);
+  test_layernorm(6, 1024);
   test_layernorm(3, 1280);
   test_layernorm(2, 1536);
   test_layernorm(3, 1600);
