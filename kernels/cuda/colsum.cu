@@ -87,10 +87,10 @@ __global__ static void __launch_bounds__(COLSUM_ADD_THREADS)
   }
 }
 
-void kern_cuda_colsum_add(float *sd, const float *partial, int runs, int cs) {
+void kern_cuda_colsum_add(float *sd, float *sdx, const float *partial, int runs, int cs) {
   if (runs <= 0 || cs <= 0) return;
   colsum_add_kernel<<<(cs + COLSUM_ADD_COLS - 1) / COLSUM_ADD_COLS, COLSUM_ADD_THREADS, 0,
-                      kern_cuda_st.stream>>>(sd, (float *)NULL, partial, runs, cs);
+                      kern_cuda_st.stream>>>(sd, sdx, partial, runs, cs);
   KERN_CUDA_LAUNCHED();
 }
 
@@ -117,9 +117,7 @@ static void colsum_any(float *sd, float *sdx, const T *dout, const float *inp, c
     colsum_runs_kernel<T><<<grid, COLSUM_WARPS * 32, 0, kern_cuda_st.stream>>>(
         partial, dout, inp, mean, rstd, N, ld, c0, n, sdx != NULL);
     KERN_CUDA_LAUNCHED();
-    colsum_add_kernel<<<(n + COLSUM_ADD_COLS - 1) / COLSUM_ADD_COLS, COLSUM_ADD_THREADS, 0,
-                        kern_cuda_st.stream>>>(sd + c0, sdx ? sdx + c0 : NULL, partial, runs, n);
-    KERN_CUDA_LAUNCHED();
+    kern_cuda_colsum_add(sd + c0, sdx ? sdx + c0 : NULL, partial, runs, n);
   }
 }
 

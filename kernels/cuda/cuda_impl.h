@@ -176,6 +176,18 @@ __device__ __forceinline__ float4 kern_cuda_load_f32x4(const float *p) {
   return *(const float4 *)p;
 }
 
+/* The same through the read-only path (ld.global.nc): for data no thread
+ * of the kernel writes, so the compiler may issue it ahead of the stores
+ * before it (a plain load waits behind any store that may alias it). */
+__device__ __forceinline__ float4 kern_cuda_load_f32x4_ro(const float *p) {
+  KERN_CUDA_WIDE_CHECK(p);
+#ifdef FSDP_CUDA_EMU_H
+  return *(const float4 *)p;
+#else
+  return __ldg((const float4 *)p);
+#endif
+}
+
 __device__ __forceinline__ void kern_cuda_store_f32x4(float *p, float4 v) {
   KERN_CUDA_WIDE_CHECK(p);
   *(float4 *)p = v;
@@ -373,8 +385,9 @@ void kern_cuda_colsum(float *sd, float *sdx, const float *dout, const float *inp
  * in the same order. */
 void kern_cuda_colsum16(float *sd, const uint16_t *dout16, int N, int C, int64_t ld);
 /* The second stage alone: sd[c] += partial[j * cs + c] for runs j in order
- * (the first stage's sums of cs columns, made elsewhere in its order). */
-void kern_cuda_colsum_add(float *sd, const float *partial, int runs, int cs);
+ * (the first stage's sums of cs columns, made elsewhere in its order), and
+ * where sdx is not NULL sdx[c] += partial[(runs + j) * cs + c] likewise. */
+void kern_cuda_colsum_add(float *sd, float *sdx, const float *partial, int runs, int cs);
 
 /* The columns a slice of the first stage's sums takes at once: all C, or
  * as many (a multiple of 32) as fit runs x per_run sums a column in the

@@ -293,7 +293,7 @@ static void gelu_bwd_bf16_any(uint16_t *dinp16, float *dbias, const void *inp, i
       gelu_bwd_bf16_kernel<true, false, true><<<grid, t, 0, st>>>(dinp16 + c0, partial, x, b, dy, C,
                                                                   N, n, wide, st8);
     KERN_CUDA_LAUNCHED();
-    kern_cuda_colsum_add(dbias + c0, partial, runs, n);
+    kern_cuda_colsum_add(dbias + c0, NULL, partial, runs, n);
   }
 }
 

@@ -16,6 +16,8 @@
  * order, so the rounding of the sums differs from the strided kernels' (as
  * both differ from the CPU's). Forward's fp32 and bf16 outputs take the
  * same kernel for the same C (the bf16 ones stay the fp32 ones rounded). */
+#include <limits.h>
+
 #include "kernels/cuda/cuda_impl.h"
 #include "kernels/kern_math.h"
 
@@ -148,47 +150,49 @@ __global__ static void layernorm_fwd_wide_kernel(O *out, float *mean, float *rst
   }
 }
 
-/* layernorm_bwd_dinp_kernel's formulas, x and dout held in registers */
+/* One row n of the wide backward (a warp): layernorm_bwd_dinp_kernel's
+ * formulas, the row's x and dout kept in shared memory at tx and td for
+ * the second pass (and for the block's column sums) rather than in
+ * registers (a lane's 2K float4 of each took 64 registers at K 4) */
 template <int K>
-__global__ static void layernorm_bwd_dinp_wide_kernel(float *dinp, const float *dout,
-                                                      const float *inp, const float *w,
-                                                      const float *mean, const float *rstd, int N,
-                                                      int C) {
-  const int n = blockIdx.x * LN_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (n >= N) return;
-  const float *x = inp + (int64_t)n * C, *d = dout + (int64_t)n * C;
-  float *di = dinp + (int64_t)n * C;
+__device__ __forceinline__ void ln_bwd_row(float *dinp, const float *dout, const float *inp,
+                                           const float *w, float m, float r, int64_t n, int C,
+                                           int lane, float *td, float *tx) {
+  const float *x = inp + n * C, *d = dout + n * C;
+  float *di = dinp + n * C;
   const int G = C / 8;
-  const float m = mean[n], r = rstd[n];
-  float4 xs[2 * K], ds[2 * K];
   float gs = 0.0f, gxs = 0.0f;
-  ln_for4<K>(lane, G, [&](int q, int c) {
-    xs[q] = kern_cuda_load_f32x4(x + c), ds[q] = kern_cuda_load_f32x4(d + c);
-    const float4 wq = kern_cuda_load_f32x4(w + c);
-    const float xa[4] = {xs[q].x, xs[q].y, xs[q].z, xs[q].w}, da[4] = {ds[q].x, ds[q].y, ds[q].z, ds[q].w},
+  ln_for4<K>(lane, G, [&](int, int c) {
+    const float4 xq = kern_cuda_load_f32x4(x + c), dq = kern_cuda_load_f32x4(d + c),
+                 wq = kern_cuda_load_f32x4(w + c);
+    const float xa[4] = {xq.x, xq.y, xq.z, xq.w}, da[4] = {dq.x, dq.y, dq.z, dq.w},
                 wa[4] = {wq.x, wq.y, wq.z, wq.w};
 #pragma unroll
     for (int e = 0; e < 4; e++) {
       gs += wa[e] * da[e];
       gxs += wa[e] * da[e] * (xa[e] - m) * r;
     }
+    *(float4 *)(tx + c) = xq;
+    *(float4 *)(td + c) = dq;
   });
+  /* a memory barrier: the second pass reads x and dout back from shared
+   * memory, where the compiler might otherwise keep the stored values in
+   * registers */
+  __syncwarp();
   gs = kern_cuda_warp_sum(gs);
   gxs = kern_cuda_warp_sum(gxs);
   const float gm = gs / (float)C, gxm = gxs / (float)C;
   /* dinp's share of the row loaded whole before any of it is stored (up
-   * to K 4: 118 registers, 2 blocks an SM as at 89; at 6 it would take 167,
-   * one block): a store between the loads holds each behind it (it may
-   * alias them), one load in flight a lane */
-  float4 os[K <= 4 ? 2 * K : 1];
-  if constexpr (K <= 4)
-    ln_for4<K>(lane, G, [&](int q, int c) { os[q] = kern_cuda_load_f32x4(di + c); });
+   * to K 4): a store between the loads holds each behind it (it may alias
+   * them), one load in flight a lane; w, which no thread writes, by the
+   * read-only path, so its loads need not wait behind the stores either */
+  float4 os[2 * K];
+  ln_for4<K>(lane, G, [&](int q, int c) { os[q] = kern_cuda_load_f32x4(di + c); });
   ln_for4<K>(lane, G, [&](int q, int c) {
-    const float4 wq = kern_cuda_load_f32x4(w + c);
-    float4 o;
-    if constexpr (K <= 4) o = os[q];
-    else o = kern_cuda_load_f32x4(di + c);
-    const float xa[4] = {xs[q].x, xs[q].y, xs[q].z, xs[q].w}, da[4] = {ds[q].x, ds[q].y, ds[q].z, ds[q].w},
+    const float4 wq = kern_cuda_load_f32x4_ro(w + c), xq = *(const float4 *)(tx + c),
+                 dq = *(const float4 *)(td + c);
+    const float4 o = os[q];
+    const float xa[4] = {xq.x, xq.y, xq.z, xq.w}, da[4] = {dq.x, dq.y, dq.z, dq.w},
                 wa[4] = {wq.x, wq.y, wq.z, wq.w};
     float oa[4] = {o.x, o.y, o.z, o.w};
 #pragma unroll
@@ -198,6 +202,107 @@ __global__ static void layernorm_bwd_dinp_wide_kernel(float *dinp, const float *
     }
     kern_cuda_store_f32x4(di + c, make_float4(oa[0], oa[1], oa[2], oa[3]));
   });
+}
+
+/* Dynamic shared memory of the wide backward for C: the terms of a round's
+ * rows */
+static size_t ln_bwd_smem(int C) { return 2 * (size_t)LN_WARPS * (size_t)C * sizeof(float); }
+
+/* The wide backward: dinp, and the first stage of dw's and db's column
+ * sums on the way (colsum.cu's runs: each run of KERN_COLSUM_ROWS rows
+ * summed from zero, row by row, of dout and dout (x - mean) rstd, as
+ * colsum_runs_kernel forms them), so that colsum's own pass need not read
+ * dout and x again (two of the five N x C fp32 matrices the op moved). A
+ * block a run (grid-stride), its warps a row each a round: each warp puts
+ * its row's x and dout in shared memory, then, after a barrier, the
+ * block's threads, a column each (at most K of them: C <= 256 K), add the
+ * round's rows to the run's sums in row order. partial[run C + c] holds
+ * db's run sums, partial[(runs + run) C + c] dw's, as colsum_runs_kernel
+ * lays them out for colsum_add. */
+template <int K>
+__global__ static void __launch_bounds__(LN_WARPS * 32)
+    layernorm_bwd_wide_kernel(float *dinp, float *partial, const float *dout, const float *inp,
+                              const float *w, const float *mean, const float *rstd, int N, int C) {
+  extern __shared__ float4 ln_terms[];
+  float *td = (float *)ln_terms, *tx = td + LN_WARPS * C;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int runs = (N + KERN_COLSUM_ROWS - 1) / KERN_COLSUM_ROWS;
+  for (int run = blockIdx.x; run < runs; run += gridDim.x) {
+    const int n0 = run * KERN_COLSUM_ROWS,
+              nr = N - n0 < KERN_COLSUM_ROWS ? N - n0 : KERN_COLSUM_ROWS;
+    float pd[K], px[K];
+#pragma unroll
+    for (int i = 0; i < K; i++) pd[i] = 0.0f, px[i] = 0.0f;
+    for (int r0 = 0; r0 < nr; r0 += LN_WARPS) {
+      const int n = n0 + r0 + warp;
+      if (r0 + warp < nr) /* every warp to the barriers, rows or not */
+        ln_bwd_row<K>(dinp, dout, inp, w, mean[n], rstd[n], n, C, lane, td + warp * C,
+                      tx + warp * C);
+      __syncthreads();
+      const int rows = nr - r0 < LN_WARPS ? nr - r0 : LN_WARPS;
+      for (int k = 0; k < rows; k++) {
+        const float m = mean[n0 + r0 + k], r = rstd[n0 + r0 + k];
+#pragma unroll
+        for (int i = 0; i < K; i++) {
+          const int c = i * LN_WARPS * 32 + threadIdx.x;
+          if (c < C) {
+            const float dv = td[k * C + c];
+            pd[i] += dv;
+            px[i] += dv * (tx[k * C + c] - m) * r;
+          }
+        }
+      }
+      __syncthreads(); /* read before the next round's rows overwrite them */
+    }
+#pragma unroll
+    for (int i = 0; i < K; i++) {
+      const int c = i * LN_WARPS * 32 + threadIdx.x;
+      if (c < C) {
+        partial[(int64_t)run * C + c] = pd[i];
+        partial[((int64_t)runs + run) * C + c] = px[i];
+      }
+    }
+  }
+}
+
+/* Rows of the wide backward a launch takes: as many runs as their sums
+ * fit the packing buffers (colsum.cu's room, 2 C floats a run); on the
+ * emulator 48, so a test's rows take several launches */
+static int ln_bwd_rows(int C) {
+#ifdef FSDP_CUDA_EMU_H
+  (void)C;
+  return 48 * KERN_COLSUM_ROWS;
+#else
+  const size_t room = 2 * KERN_CUDA_SIZE_PACK_ELEMS * sizeof(uint16_t) / sizeof(float);
+  const size_t runs = room / (2 * (size_t)C);
+  return runs * KERN_COLSUM_ROWS >= (size_t)INT_MAX ? INT_MAX & ~(KERN_COLSUM_ROWS - 1)
+                                                     : (int)(runs * KERN_COLSUM_ROWS);
+#endif
+}
+
+/* The wide backward over rows [0, N) (K groups of 8 a lane: ln_wide_k), a
+ * block of rows a launch with its runs added to db and dw (colsum_add, in
+ * row order: colsum's bits); 0 where a block may not have its shared
+ * memory (the strided kernels then) */
+template <int K>
+static int ln_bwd_wide(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                       const float *w, const float *mean, const float *rstd, int N, int C) {
+  const int cmax = 256 * K < LN_WIDE_MAX_C ? 256 * K : LN_WIDE_MAX_C;
+  if (ln_bwd_smem(cmax) > kern_cuda_st.smem_optin) return 0;
+  static int asked;
+  kern_cuda_smem_allow(layernorm_bwd_wide_kernel<K>, ln_bwd_smem(cmax), &asked);
+  float *partial = (float *)kern_cuda_st.pack;
+  const int step = ln_bwd_rows(C);
+  for (int r0 = 0; r0 < N; r0 += step) {
+    const int R = N - r0 < step ? N - r0 : step, runs = (R + KERN_COLSUM_ROWS - 1) / KERN_COLSUM_ROWS;
+    const int64_t at = (int64_t)r0 * C;
+    layernorm_bwd_wide_kernel<K><<<runs < (int)KERN_CUDA_MAX_BLOCKS ? runs : KERN_CUDA_MAX_BLOCKS,
+                                   LN_WARPS * 32, ln_bwd_smem(C), kern_cuda_st.stream>>>(
+        dinp + at, partial, dout + at, inp + at, w, mean + r0, rstd + r0, R, C);
+    KERN_CUDA_LAUNCHED();
+    kern_cuda_colsum_add(db, dw, partial, runs, C);
+  }
+  return 1;
 }
 
 /* The wide kernels' K for C (groups of 8 a lane, rounded up to one
@@ -242,15 +347,16 @@ extern "C" void kern_cuda_layernorm_bwd(float *dinp, float *dw, float *db, const
                                         const float *inp, const float *w, const float *mean,
                                         const float *rstd, int N, int C) {
   if (N <= 0 || C <= 0) return;
-  const unsigned g = (unsigned)((N + LN_WARPS - 1) / LN_WARPS);
-  cudaStream_t st = kern_cuda_st.stream;
+  int done = 0;
   switch (ln_wide_k(C, dinp, dout, inp, w, w)) {
-  case 1: layernorm_bwd_dinp_wide_kernel<1><<<g, LN_WARPS * 32, 0, st>>>(dinp, dout, inp, w, mean, rstd, N, C); break;
-  case 2: layernorm_bwd_dinp_wide_kernel<2><<<g, LN_WARPS * 32, 0, st>>>(dinp, dout, inp, w, mean, rstd, N, C); break;
-  case 4: layernorm_bwd_dinp_wide_kernel<4><<<g, LN_WARPS * 32, 0, st>>>(dinp, dout, inp, w, mean, rstd, N, C); break;
-  case 6: layernorm_bwd_dinp_wide_kernel<6><<<g, LN_WARPS * 32, 0, st>>>(dinp, dout, inp, w, mean, rstd, N, C); break;
-  default: layernorm_bwd_dinp_kernel<<<g, LN_WARPS * 32, 0, st>>>(dinp, dout, inp, w, mean, rstd, N, C);
+  case 1: done = ln_bwd_wide<1>(dinp, dw, db, dout, inp, w, mean, rstd, N, C); break;
+  case 2: done = ln_bwd_wide<2>(dinp, dw, db, dout, inp, w, mean, rstd, N, C); break;
+  case 4: done = ln_bwd_wide<4>(dinp, dw, db, dout, inp, w, mean, rstd, N, C); break;
+  case 6: done = ln_bwd_wide<6>(dinp, dw, db, dout, inp, w, mean, rstd, N, C); break;
   }
+  if (done) return;
+  layernorm_bwd_dinp_kernel<<<(unsigned)((N + LN_WARPS - 1) / LN_WARPS), LN_WARPS * 32, 0,
+                              kern_cuda_st.stream>>>(dinp, dout, inp, w, mean, rstd, N, C);
   KERN_CUDA_LAUNCHED();
   kern_cuda_colsum(db, dw, dout, inp, mean, rstd, N, C, C);
 }

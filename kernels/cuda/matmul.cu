@@ -718,7 +718,7 @@ static int gemm_bwd_joint(void *dinp, cudaDataType_t dcd, float *dw, float *dbia
       const uint16_t *pd = pa;
       if (fused) { /* packed with its runs' column sums, added to dbias's columns in row order */
         plda = gemm_pack_colsum(pa, kern_cuda_st.colsum, dout->x, dout->ld, r0, c0, rr, cc);
-        kern_cuda_colsum_add(dbias + c0, kern_cuda_st.colsum,
+        kern_cuda_colsum_add(dbias + c0, NULL, kern_cuda_st.colsum,
                              (rr + KERN_COLSUM_ROWS - 1) / KERN_COLSUM_ROWS, cc);
       } else {
         pd = gemm_block(pa, dout, 'N', 0, r0, c0, rr, cc, 1, &plda, &psa);

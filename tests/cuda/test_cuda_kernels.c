@@ -503,17 +503,20 @@ static void test_encoder(int B, int T, int C, int V) {
 /* ---- layernorm ------------------------------------------------------------ */
 
 #ifdef KERN_CUDA_EMU
-/* launches of layernorm.cu's wide kernels so far (every instantiation) */
-static unsigned long ln_wide_launches(void) {
+/* launches of layernorm.cu's wide kernels so far: forward's (every
+ * instantiation), or backward's (bwd; its launch names K, not its value) */
+static unsigned long ln_wide_launches(int bwd) {
+  if (bwd) return cuda_emu_launches("layernorm_bwd_wide_kernel<K>");
   static const char *const names[] = {
-      "layernorm_fwd_wide_kernel<O, 1>",   "layernorm_fwd_wide_kernel<O, 2>",
-      "layernorm_fwd_wide_kernel<O, 4>",   "layernorm_fwd_wide_kernel<O, 6>",
-      "layernorm_bwd_dinp_wide_kernel<1>", "layernorm_bwd_dinp_wide_kernel<2>",
-      "layernorm_bwd_dinp_wide_kernel<4>", "layernorm_bwd_dinp_wide_kernel<6>"};
+      "layernorm_fwd_wide_kernel<O, 1>", "layernorm_fwd_wide_kernel<O, 2>",
+      "layernorm_fwd_wide_kernel<O, 4>", "layernorm_fwd_wide_kernel<O, 6>"};
   unsigned long n = 0;
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) n += cuda_emu_launches(names[i]);
   return n;
 }
+/* rows a launch of the wide backward takes on the emulator (layernorm.cu's
+ * ln_bwd_rows: 48 runs of 32) */
+#define LN_EMU_BWD_ROWS (48 * 32)
 #endif
 
 static void test_layernorm(int N, int C) {
@@ -526,7 +529,7 @@ static void test_layernorm(int N, int C) {
   float *dx = dput(x, n * 4), *dw_ = dput(w, C * 4), *db_ = dput(b, C * 4);
   float *dout_o = dnew(n * 4), *dmean = dnew(N * 4), *drstd = dnew(N * 4);
 #ifdef KERN_CUDA_EMU
-  const unsigned long wide0 = ln_wide_launches();
+  const unsigned long fwd0 = ln_wide_launches(0), bwd0 = ln_wide_launches(1);
 #endif
   gpu->layernorm_fwd(dout_o, dmean, drstd, dx, dw_, db_, N, C);
   float *go = dget(dout_o, n), *gm = dget(dmean, N), *gr = dget(drstd, N);
@@ -591,9 +594,12 @@ static void test_layernorm(int N, int C) {
   check_dev_bits("layernorm_bwd", "db", shape, ddb, db, C);
 #ifdef KERN_CUDA_EMU
   /* forward and backward wide exactly where C is a multiple of 8 up to 1536
-   * (the buffers are aligned) */
-  const unsigned long want_wide = C % 8 == 0 && C <= 1536 ? 2 : 0;
-  report("layernorm", "wide-launches", shape, 0, 0, "-", -1, ln_wide_launches() - wide0 == want_wide);
+   * (the buffers are aligned): forward in one launch, backward in one a
+   * block of LN_EMU_BWD_ROWS rows */
+  const int wide = C % 8 == 0 && C <= 1536;
+  const unsigned long want_bwd = wide ? (unsigned long)(N + LN_EMU_BWD_ROWS - 1) / LN_EMU_BWD_ROWS : 0;
+  report("layernorm", "wide-launches", shape, 0, 0, "-", -1,
+         ln_wide_launches(0) - fwd0 == (unsigned long)wide && ln_wide_launches(1) - bwd0 == want_bwd);
 #endif
 
   gpu->dev_free(dx), gpu->dev_free(dw_), gpu->dev_free(db_), gpu->dev_free(dout_o);
@@ -2657,6 +2663,9 @@ int main(void) {
    * dw's and db's runs for more columns than the scratch holds at once (4097
    * runs: 2016 columns a slice) */
   test_layernorm(1000, 768);
+  /* the wide backward in two launches (LN_EMU_BWD_ROWS), the second's last
+   * run partial, the first's 48 runs over the emulator's 37 blocks */
+  test_layernorm(1600, 768);
   if (!gpu_only("test_layernorm(131100, 2048)")) test_layernorm(131100, 2048);
 
   test_matmul(5, 7, 3, 1, 3);
