@@ -30,8 +30,8 @@ extern "C" void kern_cuda_adamw(float *p, const float *g, float *m, float *v, si
  * idle gaps between small ones, where each took a few microseconds for a
  * layernorm's 768 elements). Up to ADAMW_SEGS segments a launch, passed by
  * value in the launch's parameters (2 KiB: no copy to the device, nothing
- * allocated): their bounds from the first one's offset, in 32 bits, and
- * their decay as bits. Each element finds its segment by a binary search
+ * allocated): their bounds from the first one's offset, in 32 bits (an
+ * unused start UINT32_MAX), and their decay as bits. Each element finds its segment by a binary search
  * over the bounds (the threads of a warp take neighbouring elements, so
  * mostly the same reads) and takes kern_adamw_elem with its decay: the
  * bits of adamw on each segment alone; an element between segments (the
@@ -39,6 +39,7 @@ extern "C" void kern_cuda_adamw(float *p, const float *g, float *m, float *v, si
  * stored there too: 2 bytes an element more than the 28 the step moves,
  * where the runtime's gathers would each read 4 and write 2 to round it. */
 #define ADAMW_SEGS 256
+static_assert((ADAMW_SEGS & (ADAMW_SEGS - 1)) == 0, "the search's steps halve ADAMW_SEGS");
 typedef struct {
   int n;
   uint32_t start[ADAMW_SEGS], end[ADAMW_SEGS];
@@ -51,7 +52,8 @@ typedef struct {
  * stores (they may alias), and p16's value was read back from p after the
  * stores to m and v. */
 #define ADAMW_ILP 4
-__global__ static void adamw_segs_kernel(float *p, uint16_t *p16, const float *g, float *m,
+/* 4 blocks an SM (56 registers; 70 left to itself, 3 blocks) */
+__global__ static void __launch_bounds__(KERN_CUDA_THREADS, 4) adamw_segs_kernel(float *p, uint16_t *p16, const float *g, float *m,
                                          float *v, size_t span, adamw_segs_t s, float lr,
                                          float beta1, float beta2, float eps, float wd, float bc1,
                                          float bc2_sqrt) {
@@ -64,12 +66,14 @@ __global__ static void adamw_segs_kernel(float *p, uint16_t *p16, const float *g
       const size_t i = i0 + k * S;
       in[k] = false;
       if (i >= span) continue;
-      int lo = 0, hi = s.n - 1; /* the last segment that starts at or before i */
-      while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (s.start[mid] <= i) lo = mid;
-        else hi = mid - 1;
-      }
+      /* the last segment that starts at or before i (start[0] is 0; the
+       * unused starts are past every i), in log2 ADAMW_SEGS steps whatever
+       * s.n, unrolled, so the turn's searches interleave (a loop of its
+       * own each went one after another, each step waiting on its read) */
+      int lo = 0;
+#pragma unroll
+      for (int step = ADAMW_SEGS / 2; step > 0; step /= 2)
+        if (s.start[lo + step] <= i) lo += step;
       if (i < s.start[lo] || i >= s.end[lo]) continue;
       in[k] = true;
       w[k] = s.decay[lo / 32] >> (lo % 32) & 1u ? wd : 0.0f;
@@ -94,6 +98,7 @@ extern "C" void kern_cuda_adamw_segs(float *p, uint16_t *p16, const float *g, fl
   for (int k = 0; k < nseg;) {
     adamw_segs_t s;
     memset(&s, 0, sizeof s);
+    memset(s.start, 0xff, sizeof s.start); /* UINT32_MAX: past every element, for the search */
     const size_t base = seg[k].offset;
     for (; k < nseg && s.n < ADAMW_SEGS; k++) {
       KERN_CUDA_ASSERT(seg[k].offset >= base); /* kern.h: in order */
