@@ -11,8 +11,10 @@
  * Where C is a multiple of 8 up to 1536 and every array 16-byte aligned
  * (gpt2's widths), the wide kernels take the rows instead: a lane holds 8
  * consecutive elements a turn (16-byte loads and stores), the whole row's
- * share in registers, so x (and dout) are read from memory once, not once
- * a pass. The same formulas; a lane's sums run over its own elements in
+ * share in registers (forward) or shared memory (backward), so x (and
+ * dout) are read from memory once, not once a pass; the backward makes dw's
+ * and db's run sums from them too (layernorm_bwd_wide_kernel), so that
+ * only colsum's second stage runs after it. The same formulas; a lane's sums run over its own elements in
  * order, so the rounding of the sums differs from the strided kernels' (as
  * both differ from the CPU's). Forward's fp32 and bf16 outputs take the
  * same kernel for the same C (the bf16 ones stay the fp32 ones rounded). */
@@ -76,9 +78,10 @@ __global__ static void layernorm_bwd_dinp_kernel(float *dinp, const float *dout,
 
 /* ---- the wide kernels: K groups of 8 elements a lane, at most ---------- */
 
-/* 6 groups of 8 a lane: the backward at 6 takes 123 registers (2 blocks of
- * 8 warps an SM); at 8 it took 160 (one), not timed against the strided
- * kernel, so C past 1536 (gpt2-xl's 1600) stays strided */
+/* 6 groups of 8 a lane: the backward at 6 takes 108 registers (2 blocks of
+ * 8 warps an SM); at 8 the backward of before (x and dout in registers)
+ * took 160 (one), not timed against the strided kernel, so C past 1536
+ * (gpt2-xl's 1600) stays strided */
 #define LN_WIDE_MAX_C 1536
 
 /* 8 outputs from 16 bytes: fp32 as two float4, bf16 as one 16-byte store */
