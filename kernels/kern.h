@@ -372,6 +372,13 @@ typedef struct kern_backend {
   void (*matmul_bwd_dgelu16)(uint16_t *dinp16, float *dw, float *dbias, const float *dout,
                              const uint16_t *inp16, const float *w, const uint16_t *w16,
                              const uint16_t *pre16, int N, int IC, int OC);
+  /* adamw_segs on the gradient scaled by gscale as each element is read
+   * (g[i] * gscale, vec_scale's bits: the step global-norm clipping would
+   * take after vec_scale(g, gscale)), g itself left as it was: the clipping
+   * without its pass over the gradient. Optional. */
+  void (*adamw_segs_scaled)(float *p, uint16_t *p16, const float *g, float gscale, float *m,
+                            float *v, const kern_seg_t *seg, int nseg, float lr, float beta1,
+                            float beta2, float eps, float wd, int t);
 } kern_backend_t;
 
 /* The x86-64 levels the CPU kernels are built for, numbered as the psABI's

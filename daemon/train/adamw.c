@@ -103,12 +103,19 @@ static void adamw_kernel(const adamw_t *o, const adamw_segment_t *s, float *p, c
                s->decay ? o->hp.weight_decay : 0.f, o->t);
 }
 
-void adamw_step_buffers(adamw_t *o, float *p, uint16_t *p16, const float *gr, float lr) {
-  FSDP_ASSERT(o->m);
+int adamw_scales_grads(const adamw_t *o) { return o->be->adamw_segs_scaled != NULL; }
+
+void adamw_step_buffers(adamw_t *o, float *p, uint16_t *p16, const float *gr, float gscale,
+                        float lr) {
+  FSDP_ASSERT(o->m && (gscale == 1.0f || adamw_scales_grads(o)));
   o->t++;
   /* every segment at once (kern.h), each segment's adamw bits */
-  o->be->adamw_segs(p, p16, gr, o->m, o->v, o->segs, o->nsegs, lr, o->hp.beta1, o->hp.beta2,
-                    o->hp.eps, o->hp.weight_decay, o->t);
+  if (gscale != 1.0f)
+    o->be->adamw_segs_scaled(p, p16, gr, gscale, o->m, o->v, o->segs, o->nsegs, lr, o->hp.beta1,
+                             o->hp.beta2, o->hp.eps, o->hp.weight_decay, o->t);
+  else
+    o->be->adamw_segs(p, p16, gr, o->m, o->v, o->segs, o->nsegs, lr, o->hp.beta1, o->hp.beta2,
+                      o->hp.eps, o->hp.weight_decay, o->t);
 }
 
 void adamw_step_bf16(adamw_t *o, uint16_t *p, const uint16_t *gr, float lr) {
@@ -135,7 +142,7 @@ void adamw_step_bf16(adamw_t *o, uint16_t *p, const uint16_t *gr, float lr) {
 }
 
 void adamw_step(adamw_t *o, gpt_t *g, float lr) {
-  adamw_step_buffers(o, gpt_params(g), NULL, gpt_grads(g), lr);
+  adamw_step_buffers(o, gpt_params(g), NULL, gpt_grads(g), 1.0f, lr);
 }
 
 int adamw_step_count(const adamw_t *o) { return o->t; }

@@ -51,9 +51,15 @@ void adamw_destroy(adamw_t *o);
 void adamw_step(adamw_t *o, gpt_t *g, float lr);
 /* One step on any device buffers of the optimizer's length; with params16
  * (or NULL), each stepped parameter's bf16 rounding stored there too (kern.h's
- * adamw_segs: the runtime's bf16 image of its fp32 master shard). */
+ * adamw_segs: the runtime's bf16 image of its fp32 master shard). Each
+ * gradient is taken times gscale (1: as it is; else where
+ * adamw_scales_grads): the step vec_scale(grads, gscale) then a step at 1
+ * would take, grads left as they were (kern.h's adamw_segs_scaled). */
 void adamw_step_buffers(adamw_t *o, float *params, uint16_t *params16, const float *grads,
-                        float lr);
+                        float gscale, float lr);
+/* Whether the backend scales the gradients in the step (adamw_step_buffers'
+ * gscale other than 1). */
+int adamw_scales_grads(const adamw_t *o);
 /* One step on bf16 buffers (uint16 storage) of the optimizer's length; the
  * optimizer must have bf16 state. */
 void adamw_step_bf16(adamw_t *o, uint16_t *params, const uint16_t *grads, float lr);

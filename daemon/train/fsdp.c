@@ -736,13 +736,22 @@ int fsdp_step(fsdp_t *f, float lr, float clip, float *norm) {
   if (!isfinite(n))
     return err_set(FSDP_ERANGE, "the gradient norm is %s (a NaN or infinite gradient); "
                    "it was not applied", isnan(n) ? "NaN" : "infinite");
-  if (clip > 0 && n > clip) fsdp_grad_scale(f, (float)(clip / (n + 1e-6)));
+  /* clipping: in AdamW's read of each gradient where the backend can
+   * (kern.h's adamw_segs_scaled: vec_scale's bits without its pass over the
+   * shard, which is left unscaled: nothing reads it before zero_grad) */
+  float gscale = 1.0f;
+  if (clip > 0 && n > clip) {
+    const float s = (float)(clip / (n + 1e-6));
+    if (!f->bf16_storage && adamw_scales_grads(f->opt)) gscale = s;
+    else fsdp_grad_scale(f, s);
+  }
   if (f->bf16_storage) adamw_step_bf16(f->opt, f->params16, f->grads16, lr); /* rounds: p, m, v */
   else {
     /* no unit is gathered here (backward freed them): under alias16 a kept
      * unit's bf16 weights would change beneath its fp32 ones */
     FSDP_ASSERT(!f->gathered);
-    adamw_step_buffers(f->opt, f->params, f->image16, f->grads, lr); /* the image: each p's rounding */
+    adamw_step_buffers(f->opt, f->params, f->image16, f->grads, gscale,
+                       lr); /* the image: each p's rounding */
     f->image_stale = 0;
   }
   return FSDP_OK;

@@ -56,6 +56,7 @@
 #define kern_cpu_crossentropy_fwd_bwd KERN_CPU_FN(kern_cpu_crossentropy_fwd_bwd)
 #define kern_cpu_adamw KERN_CPU_FN(kern_cpu_adamw)
 #define kern_cpu_adamw_segs KERN_CPU_FN(kern_cpu_adamw_segs)
+#define kern_cpu_adamw_segs_scaled KERN_CPU_FN(kern_cpu_adamw_segs_scaled)
 #define kern_cpu_f32_to_bf16 KERN_CPU_FN(kern_cpu_f32_to_bf16)
 #define kern_cpu_bf16_to_f32 KERN_CPU_FN(kern_cpu_bf16_to_f32)
 #define kern_cpu_sumsq KERN_CPU_FN(kern_cpu_sumsq)
@@ -211,6 +212,9 @@ void kern_cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, floa
 void kern_cpu_adamw_segs(float *p, uint16_t *p16, const float *g, float *m, float *v,
                          const kern_seg_t *seg, int nseg, float lr, float beta1, float beta2,
                          float eps, float wd, int t);
+void kern_cpu_adamw_segs_scaled(float *p, uint16_t *p16, const float *g, float gscale, float *m,
+                                float *v, const kern_seg_t *seg, int nseg, float lr, float beta1,
+                                float beta2, float eps, float wd, int t);
 
 void kern_cpu_f32_to_bf16(uint16_t *out, const float *inp, size_t n);
 void kern_cpu_bf16_to_f32(float *out, const uint16_t *inp, size_t n);

@@ -43,6 +43,7 @@ const kern_backend_t kern_cpu_table = {
     .crossentropy_fwd_bwd = kern_cpu_crossentropy_fwd_bwd,
     .adamw = kern_cpu_adamw,
     .adamw_segs = kern_cpu_adamw_segs,
+    .adamw_segs_scaled = kern_cpu_adamw_segs_scaled,
     .f32_to_bf16 = kern_cpu_f32_to_bf16,
     .bf16_to_f32 = kern_cpu_bf16_to_f32,
     .sumsq = kern_cpu_sumsq,

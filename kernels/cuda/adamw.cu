@@ -8,21 +8,28 @@
 #include "kernels/cuda/cuda_impl.h"
 #include "kernels/kern_math.h"
 
-__global__ static void adamw_kernel(float *p, const float *g, float *m, float *v, size_t n,
-                                    float lr, float beta1, float beta2, float eps, float wd,
-                                    float bc1, float bc2_sqrt) {
+/* (on g[i] * gscale: kern_cuda_adamw's 1, adamw_segs_scaled's clipping) */
+__global__ static void adamw_kernel(float *p, const float *g, float gscale, float *m, float *v,
+                                    size_t n, float lr, float beta1, float beta2, float eps,
+                                    float wd, float bc1, float bc2_sqrt) {
   KERN_CUDA_FOR(i, n)
-  kern_adamw_elem(p + i, g[i], m + i, v + i, lr, beta1, beta2, eps, wd, bc1, bc2_sqrt);
+  kern_adamw_elem(p + i, g[i] * gscale, m + i, v + i, lr, beta1, beta2, eps, wd, bc1, bc2_sqrt);
 }
 
-extern "C" void kern_cuda_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr,
-                                float beta1, float beta2, float eps, float wd, int t) {
+static void adamw_launch(float *p, const float *g, float gscale, float *m, float *v, size_t n,
+                         float lr, float beta1, float beta2, float eps, float wd, int t) {
   if (!n) return;
   const float bc1 = (float)(1.0 - pow((double)beta1, (double)t));
   const float bc2_sqrt = (float)sqrt(1.0 - pow((double)beta2, (double)t));
   adamw_kernel<<<kern_cuda_blocks(n, KERN_CUDA_THREADS), KERN_CUDA_THREADS, 0,
-                 kern_cuda_st.stream>>>(p, g, m, v, n, lr, beta1, beta2, eps, wd, bc1, bc2_sqrt);
+                 kern_cuda_st.stream>>>(p, g, gscale, m, v, n, lr, beta1, beta2, eps, wd, bc1,
+                                        bc2_sqrt);
   KERN_CUDA_LAUNCHED();
+}
+
+extern "C" void kern_cuda_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr,
+                                float beta1, float beta2, float eps, float wd, int t) {
+  adamw_launch(p, g, 1.0f, m, v, n, lr, beta1, beta2, eps, wd, t);
 }
 
 /* adamw_segs (kern.h): the step over many tensors of a shard in one launch
@@ -37,7 +44,9 @@ extern "C" void kern_cuda_adamw(float *p, const float *g, float *m, float *v, si
  * bits of adamw on each segment alone; an element between segments (the
  * units' padding) is left alone. With p16, its new value rounded to bf16 is
  * stored there too: 2 bytes an element more than the 28 the step moves,
- * where the runtime's gathers would each read 4 and write 2 to round it. */
+ * where the runtime's gathers would each read 4 and write 2 to round it.
+ * adamw_segs_scaled's gscale multiplies each gradient as it is read: a
+ * clipped step without vec_scale's pass over g (8 bytes an element). */
 #define ADAMW_SEGS 256
 static_assert((ADAMW_SEGS & (ADAMW_SEGS - 1)) == 0, "the search's steps halve ADAMW_SEGS");
 typedef struct {
@@ -53,10 +62,10 @@ typedef struct {
  * stores to m and v. */
 #define ADAMW_ILP 4
 /* 4 blocks an SM (56 registers; 70 left to itself, 3 blocks) */
-__global__ static void __launch_bounds__(KERN_CUDA_THREADS, 4) adamw_segs_kernel(float *p, uint16_t *p16, const float *g, float *m,
-                                         float *v, size_t span, adamw_segs_t s, float lr,
-                                         float beta1, float beta2, float eps, float wd, float bc1,
-                                         float bc2_sqrt) {
+__global__ static void __launch_bounds__(KERN_CUDA_THREADS, 4)
+    adamw_segs_kernel(float *p, uint16_t *p16, const float *g, float gscale, float *m, float *v,
+                      size_t span, adamw_segs_t s, float lr, float beta1, float beta2, float eps,
+                      float wd, float bc1, float bc2_sqrt) {
   const size_t S = (size_t)gridDim.x * blockDim.x;
   for (size_t i0 = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i0 < span; i0 += ADAMW_ILP * S) {
     float pv[ADAMW_ILP], gv[ADAMW_ILP], mv[ADAMW_ILP], vv[ADAMW_ILP], w[ADAMW_ILP];
@@ -83,16 +92,18 @@ __global__ static void __launch_bounds__(KERN_CUDA_THREADS, 4) adamw_segs_kernel
     for (int k = 0; k < ADAMW_ILP; k++) {
       if (!in[k]) continue;
       const size_t i = i0 + k * S;
-      kern_adamw_elem(&pv[k], gv[k], &mv[k], &vv[k], lr, beta1, beta2, eps, w[k], bc1, bc2_sqrt);
+      kern_adamw_elem(&pv[k], gv[k] * gscale, &mv[k], &vv[k], lr, beta1, beta2, eps, w[k], bc1,
+                      bc2_sqrt);
       p[i] = pv[k], m[i] = mv[k], v[i] = vv[k];
       if (p16) p16[i] = kern_f32_to_bf16(pv[k]);
     }
   }
 }
 
-extern "C" void kern_cuda_adamw_segs(float *p, uint16_t *p16, const float *g, float *m, float *v,
-                                     const kern_seg_t *seg, int nseg, float lr, float beta1,
-                                     float beta2, float eps, float wd, int t) {
+extern "C" void kern_cuda_adamw_segs_scaled(float *p, uint16_t *p16, const float *g, float gscale,
+                                            float *m, float *v, const kern_seg_t *seg, int nseg,
+                                            float lr, float beta1, float beta2, float eps,
+                                            float wd, int t) {
   const float bc1 = (float)(1.0 - pow((double)beta1, (double)t));
   const float bc2_sqrt = (float)sqrt(1.0 - pow((double)beta2, (double)t));
   for (int k = 0; k < nseg;) {
@@ -111,8 +122,8 @@ extern "C" void kern_cuda_adamw_segs(float *p, uint16_t *p16, const float *g, fl
       s.n++;
     }
     if (!s.n && k < nseg && seg[k].offset == base) { /* one segment past 32 bits: alone */
-      kern_cuda_adamw(p + base, g + base, m + base, v + base, seg[k].numel, lr, beta1, beta2, eps,
-                      seg[k].decay ? wd : 0.0f, t);
+      adamw_launch(p + base, g + base, gscale, m + base, v + base, seg[k].numel, lr, beta1, beta2,
+                   eps, seg[k].decay ? wd : 0.0f, t);
       if (p16) kern_cuda_f32_to_bf16(p16 + base, p + base, seg[k].numel);
       k++;
       continue;
@@ -122,9 +133,16 @@ extern "C" void kern_cuda_adamw_segs(float *p, uint16_t *p16, const float *g, fl
     /* ADAMW_ILP elements a thread from its first turn on */
     adamw_segs_kernel<<<kern_cuda_blocks((span + ADAMW_ILP - 1) / ADAMW_ILP, KERN_CUDA_THREADS),
                         KERN_CUDA_THREADS, 0,
-                        kern_cuda_st.stream>>>(p + base, p16 ? p16 + base : NULL, g + base, m + base,
-                                               v + base, span, s, lr,
-                                               beta1, beta2, eps, wd, bc1, bc2_sqrt);
+                        kern_cuda_st.stream>>>(p + base, p16 ? p16 + base : NULL, g + base, gscale,
+                                               m + base, v + base, span, s, lr, beta1, beta2, eps,
+                                               wd, bc1, bc2_sqrt);
     KERN_CUDA_LAUNCHED();
   }
+}
+
+/* gscale 1: each g[i] * 1 is g[i] itself */
+extern "C" void kern_cuda_adamw_segs(float *p, uint16_t *p16, const float *g, float *m, float *v,
+                                     const kern_seg_t *seg, int nseg, float lr, float beta1,
+                                     float beta2, float eps, float wd, int t) {
+  kern_cuda_adamw_segs_scaled(p, p16, g, 1.0f, m, v, seg, nseg, lr, beta1, beta2, eps, wd, t);
 }

@@ -285,6 +285,7 @@ static const kern_backend_t kern_cuda_table = {
     .matmul_fwd_res = NULL,
     .matmul_fwd_bf16_gelu = NULL,
     .matmul_bwd_dgelu16 = NULL,
+    .adamw_segs_scaled = kern_cuda_adamw_segs_scaled,
 };
 
 /* The table of a bf16 job whose products pack their operands (not

@@ -539,6 +539,9 @@ void kern_cuda_adamw(float *p, const float *g, float *m, float *v, size_t n, flo
 void kern_cuda_adamw_segs(float *p, uint16_t *p16, const float *g, float *m, float *v,
                           const kern_seg_t *seg, int nseg, float lr, float beta1, float beta2,
                           float eps, float wd, int t);
+void kern_cuda_adamw_segs_scaled(float *p, uint16_t *p16, const float *g, float gscale, float *m,
+                                 float *v, const kern_seg_t *seg, int nseg, float lr, float beta1,
+                                 float beta2, float eps, float wd, int t);
 
 void kern_cuda_f32_to_bf16(uint16_t *out, const float *inp, size_t n);
 void kern_cuda_bf16_to_f32(float *out, const uint16_t *inp, size_t n);

@@ -595,9 +595,14 @@ static void test_layernorm(int N, int C) {
 #ifdef KERN_CUDA_EMU
   /* forward and backward wide exactly where C is a multiple of 8 up to 1536
    * (the buffers are aligned): forward in one launch, backward in one a
-   * block of LN_EMU_BWD_ROWS rows */
+   * block of LN_EMU_BWD_ROWS rows where the block's shared memory for its
+   * K's widest C is given (2 x 8 rows of C floats; layernorm.cu) */
   const int wide = C % 8 == 0 && C <= 1536;
-  const unsigned long want_bwd = wide ? (unsigned long)(N + LN_EMU_BWD_ROWS - 1) / LN_EMU_BWD_ROWS : 0;
+  const int k = (C / 8 + 31) / 32, kk = k <= 2 ? k : k <= 4 ? 4 : 6;
+  const size_t cmax = 256 * kk < 1536 ? 256 * kk : 1536;
+  const int wide_bwd = wide && 64 * cmax <= cuda_emu_smem_optin();
+  const unsigned long want_bwd =
+      wide_bwd ? (unsigned long)(N + LN_EMU_BWD_ROWS - 1) / LN_EMU_BWD_ROWS : 0;
   report("layernorm", "wide-launches", shape, 0, 0, "-", -1,
          ln_wide_launches(0) - fwd0 == (unsigned long)wide && ln_wide_launches(1) - bwd0 == want_bwd);
 #endif
@@ -1685,10 +1690,11 @@ static void test_adamw(size_t n, int t) {
  * alone (wd or 0), bit for bit, and the gaps' elements untouched; with16,
  * the bf16 image: each stepped element the CPU's f32_to_bf16 of its new p,
  * the gaps' random bits untouched; on the emulator, one launch for every
- * 256 segments that hold elements. */
-static void test_adamw_segs(int nseg, int t, int with16) {
+ * 256 segments that hold elements. gscale other than 1: adamw_segs_scaled,
+ * against the CPU's vec_scale of g first, g's own bits left as they were. */
+static void test_adamw_segs(int nseg, int t, int with16, float gscale) {
   char shape[64];
-  snprintf(shape, sizeof shape, "segments=%d t=%d p16=%d", nseg, t, with16);
+  snprintf(shape, sizeof shape, "segments=%d t=%d p16=%d gscale=%g", nseg, t, with16, gscale);
   kern_seg_t *seg = xmalloc((size_t)nseg * sizeof *seg);
   size_t n = 0;
   int full = 0;
@@ -1705,6 +1711,9 @@ static void test_adamw_segs(int nseg, int t, int with16) {
   uint16_t *p16 = xmalloc(n * 2), *got16 = xmalloc(n * 2);
   for (size_t i = 0; i < n; i++) p16[i] = (uint16_t)rand_below(65536);
   uint16_t *dp16 = with16 ? dput(p16, n * 2) : NULL;
+  float *g0 = xmalloc(n * 4);
+  memcpy(g0, g, n * 4);
+  if (gscale != 1.0f) cpu->vec_scale(g, gscale, n);
   for (int k = 0; k < nseg; k++) {
     const size_t o = seg[k].offset;
     cpu->adamw(p + o, g + o, m + o, v + o, seg[k].numel, 6e-4f, 0.9f, 0.95f, 1e-8f,
@@ -1714,7 +1723,11 @@ static void test_adamw_segs(int nseg, int t, int with16) {
 #ifdef KERN_CUDA_EMU
   const unsigned long l0 = cuda_emu_launches("adamw_segs_kernel");
 #endif
-  gpu->adamw_segs(dp, dp16, dg, dm, dv, seg, nseg, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+  if (gscale != 1.0f)
+    gpu->adamw_segs_scaled(dp, dp16, dg, gscale, dm, dv, seg, nseg, 6e-4f, 0.9f, 0.95f, 1e-8f,
+                           0.1f, t);
+  else
+    gpu->adamw_segs(dp, dp16, dg, dm, dv, seg, nseg, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
 #ifdef KERN_CUDA_EMU
   const unsigned long launches = cuda_emu_launches("adamw_segs_kernel") - l0;
   report("adamw_segs", "launches", shape, (double)launches, (double)((full + 255) / 256), "=", -1,
@@ -1723,13 +1736,14 @@ static void test_adamw_segs(int nseg, int t, int with16) {
   check_dev_bits("adamw_segs", "p", shape, dp, p, n);
   check_dev_bits("adamw_segs", "m", shape, dm, m, n);
   check_dev_bits("adamw_segs", "v", shape, dv, v, n);
+  check_dev_bits("adamw_segs", "g unchanged", shape, dg, g0, n);
   if (with16) {
     gpu->copy_d2h(got16, dp16, n * 2);
     check_bits_u16("adamw_segs", "p16=bf16(p), gaps kept", shape, got16, p16, n);
     gpu->dev_free(dp16);
   }
   gpu->dev_free(dp), gpu->dev_free(dg), gpu->dev_free(dm), gpu->dev_free(dv);
-  free(p), free(g), free(m), free(v), free(seg), free(p16), free(got16);
+  free(p), free(g), free(m), free(v), free(seg), free(p16), free(got16), free(g0);
 }
 
 static void test_cast(size_t n) {
@@ -2663,9 +2677,12 @@ int main(void) {
    * dw's and db's runs for more columns than the scratch holds at once (4097
    * runs: 2016 columns a slice) */
   test_layernorm(1000, 768);
-  /* the wide backward in two launches (LN_EMU_BWD_ROWS), the second's last
-   * run partial, the first's 48 runs over the emulator's 37 blocks */
-  test_layernorm(1600, 768);
+  /* the wide backward in two launches (LN_EMU_BWD_ROWS), the first's 48
+   * runs over the emulator's 37 blocks, the second's last run partial (13
+   * rows: a round of 5, three warps idle); at K 2, a thread's second
+   * column block partly past C (helper-80) */
+  test_layernorm(1613, 768);
+  test_layernorm(1581, 264);
   if (!gpu_only("test_layernorm(131100, 2048)")) test_layernorm(131100, 2048);
 
   test_matmul(5, 7, 3, 1, 3);
@@ -2745,9 +2762,13 @@ int main(void) {
 
   test_adamw(13, 1);
   test_adamw(((size_t)1 << 20) + 3, 7);
-  test_adamw_segs(3, 1, 0);
-  test_adamw_segs(3, 2, 1);
-  test_adamw_segs(600, 5, 1); /* three launches' worth */
+  test_adamw_segs(1, 1, 0, 1.0f);
+  test_adamw_segs(3, 1, 0, 1.0f);
+  test_adamw_segs(3, 2, 1, 1.0f);
+  test_adamw_segs(600, 5, 1, 1.0f); /* three launches' worth */
+  /* clipping in the step (adamw_segs_scaled) */
+  test_adamw_segs(3, 2, 0, 0.3183f);
+  test_adamw_segs(600, 6, 1, 0.0771f);
 
   test_cast(13);
   test_cast(1000003);

@@ -98,6 +98,7 @@ GUARD_VOID(crossentropy_bwd, (float *p, const int32_t *t, float d, int N, int V,
 GUARD_VOID(crossentropy_fwd_bwd, (float *l, float *g, const int32_t *t, float d, int N, int V, int ld), (l, g, t, d, N, V, ld))
 GUARD_VOID(adamw, (float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2, float e, float wd, int t), (p, g, m, v, n, lr, b1, b2, e, wd, t))
 GUARD_VOID(adamw_segs, (float *p, uint16_t *p16, const float *g, float *m, float *v, const kern_seg_t *s, int ns, float lr, float b1, float b2, float e, float wd, int t), (p, p16, g, m, v, s, ns, lr, b1, b2, e, wd, t))
+GUARD_VOID(adamw_segs_scaled, (float *p, uint16_t *p16, const float *g, float gs, float *m, float *v, const kern_seg_t *s, int ns, float lr, float b1, float b2, float e, float wd, int t), (p, p16, g, gs, m, v, s, ns, lr, b1, b2, e, wd, t))
 GUARD_VOID(f32_to_bf16, (uint16_t *o, const float *i, size_t n), (o, i, n))
 GUARD_VOID(bf16_to_f32, (float *o, const uint16_t *i, size_t n), (o, i, n))
 GUARD_RET(double, sumsq, (const float *x, size_t n), (x, n))
@@ -136,7 +137,7 @@ static const kern_backend_t *guarded_backend(void) {
   G(encoder_fwd), G(encoder_bwd), G(layernorm_fwd), G(layernorm_bwd), G(matmul_fwd);
   G(matmul_bwd), G(attention_fwd), G(attention_bwd), G(gelu_fwd), G(gelu_bwd);
   G(residual_fwd), G(residual_bwd), G(crossentropy_fwd), G(crossentropy_bwd), G(adamw);
-  G(crossentropy_fwd_bwd), G(adamw_segs);
+  G(crossentropy_fwd_bwd), G(adamw_segs), G(adamw_segs_scaled);
   G(f32_to_bf16), G(bf16_to_f32), G(sumsq), G(dev_set), G(copy_h2d), G(copy_d2h);
   G(copy_d2d), G(vec_add), G(vec_scale), G(vec_sum);
 #undef G

@@ -876,6 +876,22 @@ Test(kernels, adamw_segs) {
   cr_expect(!memcmp(p16, r16, n * 2), "adamw_segs: the image is f32_to_bf16 of each new p, gaps kept");
   cr_expect(!memcmp(p2, rp, n * 4) && !memcmp(m2, rm, n * 4) && !memcmp(v2, rv, n * 4),
             "adamw_segs without an image: the same p, m, v");
+
+  /* adamw_segs_scaled: the step vec_scale then adamw_segs take, g unchanged */
+  const float gs = 0.3183f;
+  float *g0 = fnew(n), *gsc = fnew(n);
+  memcpy(g0, g, n * 4), memcpy(gsc, g, n * 4);
+  memcpy(rp, p, n * 4), memcpy(rm, m, n * 4), memcpy(rv, v, n * 4);
+  memcpy(p2, p, n * 4), memcpy(m2, m, n * 4), memcpy(v2, v, n * 4);
+  memcpy(r16, p16, n * 2);
+  K->vec_scale(gsc, gs, n);
+  K->adamw_segs(rp, r16, gsc, rm, rv, seg, NSEG, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 4);
+  K->adamw_segs_scaled(p2, p16, g, gs, m2, v2, seg, NSEG, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 4);
+  cr_expect(!memcmp(p2, rp, n * 4) && !memcmp(m2, rm, n * 4) && !memcmp(v2, rv, n * 4) &&
+                !memcmp(p16, r16, n * 2),
+            "adamw_segs_scaled: adamw_segs on vec_scale's gradients, bit for bit");
+  cr_expect(!memcmp(g, g0, n * 4), "adamw_segs_scaled: the gradients left as they were");
+  cr_expect(memcmp(rp, p, n * 4), "adamw_segs_scaled: a step was taken");
 }
 
 /* ---- casts ------------------------------------------------------------------ */

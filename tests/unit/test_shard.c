@@ -189,7 +189,7 @@ Test(shard, sharded_adamw_equals_whole_model_adamw) {
           }
           base += u->shard_numel;
         }
-        adamw_step_buffers(o, p, NULL, gr, 1e-3f * (float)(step + 1));
+        adamw_step_buffers(o, p, NULL, gr, 1.0f, 1e-3f * (float)(step + 1));
       }
       size_t base = 0;
       for (int k = 0; k < l->num_units; k++) {
