@@ -78,10 +78,11 @@ __global__ static void layernorm_bwd_dinp_kernel(float *dinp, const float *dout,
 
 /* ---- the wide kernels: K groups of 8 elements a lane, at most ---------- */
 
-/* 6 groups of 8 a lane: the backward at 6 takes 108 registers (2 blocks of
- * 8 warps an SM); at 8 the backward of before (x and dout in registers)
- * took 160 (one), not timed against the strided kernel, so C past 1536
- * (gpt2-xl's 1600) stays strided */
+/* 6 groups of 8 a lane: the backward at 6 takes 108 registers and up to
+ * 96 KiB of shared memory (2 blocks of 8 warps an SM on 9.0; one on 8.x);
+ * at 8 the backward of before (x and dout in registers) took 160 (one),
+ * not timed against the strided kernel, so C past 1536 (gpt2-xl's 1600)
+ * stays strided */
 #define LN_WIDE_MAX_C 1536
 
 /* 8 outputs from 16 bytes: fp32 as two float4, bf16 as one 16-byte store */
@@ -285,8 +286,8 @@ static int ln_bwd_rows(int C) {
 
 /* The wide backward over rows [0, N) (K groups of 8 a lane: ln_wide_k), a
  * block of rows a launch with its runs added to db and dw (colsum_add, in
- * row order: colsum's bits); 0 where a block may not have its shared
- * memory (the strided kernels then) */
+ * row order: colsum's bits); 0 where a block may not have the shared
+ * memory of K's widest C (asked for once: the strided kernels then) */
 template <int K>
 static int ln_bwd_wide(float *dinp, float *dw, float *db, const float *dout, const float *inp,
                        const float *w, const float *mean, const float *rstd, int N, int C) {
@@ -296,9 +297,10 @@ static int ln_bwd_wide(float *dinp, float *dw, float *db, const float *dout, con
   kern_cuda_smem_allow(layernorm_bwd_wide_kernel<K>, ln_bwd_smem(cmax), &asked);
   float *partial = (float *)kern_cuda_st.pack;
   const int step = ln_bwd_rows(C);
-  for (int r0 = 0; r0 < N; r0 += step) {
-    const int R = N - r0 < step ? N - r0 : step, runs = (R + KERN_COLSUM_ROWS - 1) / KERN_COLSUM_ROWS;
-    const int64_t at = (int64_t)r0 * C;
+  for (int64_t r0 = 0; r0 < N; r0 += step) {
+    const int R = N - r0 < step ? (int)(N - r0) : step,
+              runs = (R + KERN_COLSUM_ROWS - 1) / KERN_COLSUM_ROWS;
+    const int64_t at = r0 * C;
     layernorm_bwd_wide_kernel<K><<<runs < (int)KERN_CUDA_MAX_BLOCKS ? runs : KERN_CUDA_MAX_BLOCKS,
                                    LN_WARPS * 32, ln_bwd_smem(C), kern_cuda_st.stream>>>(
         dinp + at, partial, dout + at, inp + at, w, mean + r0, rstd + r0, R, C);
