@@ -1691,16 +1691,21 @@ static void test_adamw(size_t n, int t) {
  * the bf16 image: each stepped element the CPU's f32_to_bf16 of its new p,
  * the gaps' random bits untouched; on the emulator, one launch for every
  * 256 segments that hold elements. gscale other than 1: adamw_segs_scaled,
- * against the CPU's vec_scale of g first, g's own bits left as they were. */
-static void test_adamw_segs(int nseg, int t, int with16, float gscale) {
-  char shape[64];
-  snprintf(shape, sizeof shape, "segments=%d t=%d p16=%d gscale=%g", nseg, t, with16, gscale);
+ * against the CPU's vec_scale of g first, g's own bits left as they were.
+ * lead: the first segment empty and a gap of lead elements after it, so
+ * the launch's first bounds start past its base (its search's start[0] >
+ * 0: the elements before it in no segment). */
+static void test_adamw_segs(int nseg, int t, int with16, float gscale, int lead) {
+  char shape[80];
+  snprintf(shape, sizeof shape, "segments=%d t=%d p16=%d gscale=%g lead=%d", nseg, t, with16,
+           gscale, lead);
   kern_seg_t *seg = xmalloc((size_t)nseg * sizeof *seg);
   size_t n = 0;
   int full = 0;
   for (int k = 0; k < nseg; k++) {
-    n += rand_below(4) == 0 ? rand_below(9) : 0; /* a gap */
-    const size_t len = rand_below(8) == 0 ? rand_below(2) : 1 + rand_below(300);
+    n += k == 1 ? (size_t)lead : rand_below(4) == 0 ? rand_below(9) : 0; /* a gap */
+    size_t len = rand_below(8) == 0 ? rand_below(2) : 1 + rand_below(300);
+    if (lead && k == 0) len = 0;
     seg[k] = (kern_seg_t){n, len, (int)rand_below(2)};
     n += len, full += len > 0;
   }
@@ -2762,13 +2767,14 @@ int main(void) {
 
   test_adamw(13, 1);
   test_adamw(((size_t)1 << 20) + 3, 7);
-  test_adamw_segs(1, 1, 0, 1.0f);
-  test_adamw_segs(3, 1, 0, 1.0f);
-  test_adamw_segs(3, 2, 1, 1.0f);
-  test_adamw_segs(600, 5, 1, 1.0f); /* three launches' worth */
+  test_adamw_segs(1, 1, 0, 1.0f, 0);
+  test_adamw_segs(3, 1, 0, 1.0f, 0);
+  test_adamw_segs(3, 2, 1, 1.0f, 0);
+  test_adamw_segs(600, 5, 1, 1.0f, 0); /* three launches' worth */
+  test_adamw_segs(4, 2, 1, 1.0f, 5);   /* an empty segment, then a gap */
   /* clipping in the step (adamw_segs_scaled) */
-  test_adamw_segs(3, 2, 0, 0.3183f);
-  test_adamw_segs(600, 6, 1, 0.0771f);
+  test_adamw_segs(3, 2, 0, 0.3183f, 0);
+  test_adamw_segs(600, 6, 1, 0.0771f, 0);
 
   test_cast(13);
   test_cast(1000003);
