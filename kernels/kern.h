@@ -379,6 +379,18 @@ typedef struct kern_backend {
   void (*adamw_segs_scaled)(float *p, uint16_t *p16, const float *g, float gscale, float *m,
                             float *v, const kern_seg_t *seg, int nseg, float lr, float beta1,
                             float beta2, float eps, float wd, int t);
+  /* bf16_to_f32 on nseg segments of inp at once (on a GPU one launch for
+   * the small ones, not one each): each element of segment k (offset,
+   * numel; decay unused) widened into out at the same index, bf16_to_f32's
+   * bits; elements in no segment untouched. seg (host memory, read at the
+   * call) in order of offset, not overlapping. For a runtime that widens
+   * only the tensors its model reads in fp32 (fsdp.c). Optional. */
+  void (*bf16_to_f32_segs)(float *out, const uint16_t *inp, const kern_seg_t *seg, int nseg);
+  /* encoder_fwd from wte's and wpe's bf16 images, each element widened as
+   * it is read: encoder_fwd's bits on the widened tensors. Optional; for a
+   * model whose runtime keeps the images (weights16). */
+  void (*encoder_fwd16)(float *out, const int32_t *tok, const uint16_t *wte16,
+                        const uint16_t *wpe16, int B, int T, int C);
 } kern_backend_t;
 
 /* The x86-64 levels the CPU kernels are built for, numbered as the psABI's

@@ -55,6 +55,12 @@ struct fsdp {
   int gather_bf16;        /* units are gathered in bf16 (bf16-mixed and bf16-true) */
   int keep16;             /* the model's products read the bf16 gather (gpt_weights16): it
                            * stays beside the widened unit while the unit is gathered */
+  /* under keep16, unit k's tensors the model reads in fp32 (gpt_tensor_fp32),
+   * the only ones its gathers widen: wide_seg[wide_at[k] .. wide_at[k + 1])
+   * (unit-local, neighbours merged); none for a unit whose every tensor is
+   * read so (widened whole). NULL without the backend's bf16_to_f32_segs. */
+  kern_seg_t *wide_seg;
+  int *wide_at;
   int bf16_storage;       /* bf16-true: shard, gradient and reductions in bf16 */
   int alias_params;       /* S = 1 under fp32: a unit's parameters are its shard */
   int alias_grads;        /* S = R = 1, fp32 gradients: backward accumulates into the shard */
@@ -203,7 +209,14 @@ static int fsdp_gather_wait(fsdp_t *f, int k, int keep) {
     return err_wrap(rc, "gathering unit %d", k);
   }
   if (f->recv16[k]) {
-    f->be->bf16_to_f32(f->full[k], f->recv16[k], fsdp_padded(f, k));
+    /* the products read the matrices from full16: only the rest is widened,
+     * where the image lies as the model's reads expect (16-byte aligned) */
+    const int part = keep && f->wide_at && f->wide_at[k + 1] > f->wide_at[k] &&
+                     !((uintptr_t)f->recv16[k] & 15);
+    if (part)
+      f->be->bf16_to_f32_segs(f->full[k], f->recv16[k], f->wide_seg + f->wide_at[k],
+                              f->wide_at[k + 1] - f->wide_at[k]);
+    else f->be->bf16_to_f32(f->full[k], f->recv16[k], fsdp_padded(f, k));
     FSDP_ASSERT(!f->full16[k]); /* a unit lands once between its frees */
     if (keep) f->full16[k] = f->recv16[k];
     else if (!f->alias16) fsdp_buf_free(f, f->recv16[k]);
@@ -546,6 +559,40 @@ static int fsdp_alloc_state(fsdp_t *f) {
   return ok ? FSDP_OK : FSDP_ENOMEM;
 }
 
+/* keep16's widening plan (fsdp_t.wide_seg): per unit, its tensors the model
+ * reads in fp32, and those it reads only from the image but which would not
+ * lie 16 bytes aligned there (unit-local offset not a multiple of 8), as
+ * runs of elements, neighbours merged. A unit with nothing left out keeps
+ * no runs: it is widened whole, padding and all, by one wide pass. */
+static int fsdp_plan_widening(fsdp_t *f) {
+  if (!f->keep16 || !f->be->bf16_to_f32_segs) return FSDP_OK;
+  const int nu = f->layout->num_units, nt = gpt_num_tensors(f->model);
+  f->wide_at = calloc((size_t)nu + 1, sizeof *f->wide_at);
+  f->wide_seg = calloc((size_t)nt, sizeof *f->wide_seg); /* at most a run a tensor */
+  if (!f->wide_at || !f->wide_seg) return err_set(FSDP_ENOMEM, "fsdp: out of memory");
+  int n = 0;
+  for (int k = 0; k < nu; k++) {
+    const shard_unit_t *su = &f->layout->units[k];
+    const int n0 = n;
+    int skipped = 0;
+    for (int i = 0; i < nt; i++) {
+      const gpt_tensor_t *t = gpt_tensor(f->model, i);
+      if (t->unit < su->first || t->unit > su->last || !t->numel) continue;
+      const size_t off = t->offset - su->offset;
+      if (!gpt_tensor_fp32(f->model, i) && off % 8 == 0) {
+        skipped = 1;
+        continue;
+      }
+      if (n > n0 && f->wide_seg[n - 1].offset + f->wide_seg[n - 1].numel == off)
+        f->wide_seg[n - 1].numel += t->numel;
+      else f->wide_seg[n++] = (kern_seg_t){off, t->numel, 0};
+    }
+    if (!skipped) n = n0; /* widened whole */
+    f->wide_at[k + 1] = n;
+  }
+  return FSDP_OK;
+}
+
 int fsdp_create(fsdp_t **out, const gpt_config_t *cfg, const fsdp_opts_t *o) {
   *out = NULL;
   const shard_mesh_t *m = &o->mesh;
@@ -576,7 +623,9 @@ int fsdp_create(fsdp_t **out, const gpt_config_t *cfg, const fsdp_opts_t *o) {
   int nsegs = 0, rc;
   if ((rc = gpt_create_shell(&f->model, cfg, f->be))) goto fail;
   f->keep16 = f->gather_bf16 && gpt_weights16(f->model);
-  if ((rc = shard_layout_create(&f->layout, cfg, f->shards, o->min_params))) goto fail;
+  if ((rc = shard_layout_create(&f->layout, cfg, f->shards, o->min_params)) ||
+      (rc = fsdp_plan_widening(f)))
+    goto fail;
   f->nmodel = cfg->layers + 1;
   const int nu = f->layout->num_units;
   f->shard_off = calloc((size_t)nu, sizeof *f->shard_off);
@@ -644,6 +693,8 @@ void fsdp_destroy(fsdp_t *f) {
   free(f->recv16);
   free(f->full16);
   free(f->bwd_done);
+  free(f->wide_seg);
+  free(f->wide_at);
   shard_layout_destroy(f->layout);
   gpt_destroy(f->model);
   free(f);
@@ -778,7 +829,9 @@ int fsdp_reshard(fsdp_t *f) {
 }
 
 int fsdp_gather_params(fsdp_t *f, float *dst) {
-  int rc = fsdp_reduce_finish(f);
+  /* a unit still gathered for compute is the master's bf16 rounding, and
+   * under keep16 widened only in part: each unit is gathered anew */
+  int rc = fsdp_reshard(f);
   if (rc) return rc;
   for (int k = 0; k < f->layout->num_units; k++) {
     /* the stored weights (fp32 master, or the bf16 shard widened exactly),

@@ -427,6 +427,28 @@ static void gpt_fc_gelu(const gpt_t *g, float *out, const float *fch, const floa
 
 int gpt_weights16(const gpt_t *g) { return gpt_acts_bf16(g) && g->be->weights16; }
 
+/* A block's four matrices go only to bf16 products (gpt_layer_fwd and
+ * gpt_layer_bwd, each with gpt_w16), but the attention's projection, whose
+ * backward takes fp32 products where qkv is not kept in bf16; the
+ * embeddings to the LM head's (wte) and to the encoder, which reads the
+ * images where the backend has encoder_fwd16 (gpt_forward_run); the norms
+ * and biases to their ops in fp32. */
+int gpt_tensor_fp32(const gpt_t *g, int i) {
+  const gpt_tensor_t *t = &g->tensors[i];
+  if (!gpt_weights16(g)) return 1;
+  const size_t off = t->offset - g->units[t->unit].offset;
+  if (t->unit == 0)
+    return !(g->be->encoder_fwd16 && (off == g->embed_off[0] || off == g->embed_off[1])); /* wte, wpe */
+  for (int k = 0; k < GPT_BLOCK_TENSORS; k++) {
+    if (g->block_off[k] != off) continue;
+    const size_t m = gpt_block_fields[k].member;
+    if (m == offsetof(gpt_block_t, attprojw)) return !gpt_qkv_bf16(g);
+    return !(m == offsetof(gpt_block_t, qkvw) || m == offsetof(gpt_block_t, fcw) ||
+             m == offsetof(gpt_block_t, fcprojw));
+  }
+  return 1;
+}
+
 /* Weight w's bf16 image in P16, the bf16 image of the unit buffer P that
  * holds it (the params hook's out16), or NULL where there is none */
 static const uint16_t *gpt_w16(const float *P, const uint16_t *P16, const float *w) {
@@ -884,7 +906,10 @@ static int gpt_forward_run(gpt_t *g, const int32_t *inputs, const int32_t *targe
    * stays gathered in between */
   GPT_TRY(h->params(h->ctx, 0, GPT_FWD, &P, &P16));
   gpt_embed_t e = gpt_embed_at(g, P);
-  be->encoder_fwd(g->encoded, g->tokens, e.wte, e.wpe, B, T, C);
+  if (P16 && be->encoder_fwd16) /* from the images, as the products read wte (gpt_tensor_fp32) */
+    be->encoder_fwd16(g->encoded, g->tokens, gpt_w16(P, P16, e.wte), gpt_w16(P, P16, e.wpe), B, T,
+                      C);
+  else be->encoder_fwd(g->encoded, g->tokens, e.wte, e.wpe, B, T, C);
   GPT_TRY(h->release(h->ctx, 0, GPT_FWD));
   const float *res = g->encoded;
   for (int l = 0; l < c->layers; l++) {

@@ -149,5 +149,11 @@ void gpt_set_hooks(gpt_t *g, const gpt_unit_hooks_t *h);
  * (the backend's products round their operands) and the backend's
  * weights16 says so (kern.h). The plan's rule too (plan.c). */
 int gpt_weights16(const gpt_t *g);
+/* 0 when, under gpt_weights16, the model reads tensor i only as a bf16
+ * product's weight from the unit's bf16 image (out16), wherever that image
+ * is 16-byte aligned at it (kern.h: else the product reads the fp32 one);
+ * 1 when it reads the fp32 tensor (the params hook's out) too: a runtime
+ * that gathers in bf16 need widen only these (fsdp.c). */
+int gpt_tensor_fp32(const gpt_t *g, int i);
 
 #endif

@@ -13,3 +13,8 @@ void kern_cpu_bf16_to_f32(float *out, const uint16_t *inp, size_t n) {
 #pragma omp parallel for schedule(static)
   for (size_t i = 0; i < n; i++) out[i] = kern_bf16_to_f32(inp[i]);
 }
+
+void kern_cpu_bf16_to_f32_segs(float *out, const uint16_t *inp, const kern_seg_t *seg, int nseg) {
+  for (int k = 0; k < nseg; k++)
+    kern_cpu_bf16_to_f32(out + seg[k].offset, inp + seg[k].offset, seg[k].numel);
+}

@@ -59,6 +59,7 @@
 #define kern_cpu_adamw_segs_scaled KERN_CPU_FN(kern_cpu_adamw_segs_scaled)
 #define kern_cpu_f32_to_bf16 KERN_CPU_FN(kern_cpu_f32_to_bf16)
 #define kern_cpu_bf16_to_f32 KERN_CPU_FN(kern_cpu_bf16_to_f32)
+#define kern_cpu_bf16_to_f32_segs KERN_CPU_FN(kern_cpu_bf16_to_f32_segs)
 #define kern_cpu_sumsq KERN_CPU_FN(kern_cpu_sumsq)
 #define kern_cpu_dev_set KERN_CPU_FN(kern_cpu_dev_set)
 #define kern_cpu_copy KERN_CPU_FN(kern_cpu_copy)
@@ -218,6 +219,7 @@ void kern_cpu_adamw_segs_scaled(float *p, uint16_t *p16, const float *g, float g
 
 void kern_cpu_f32_to_bf16(uint16_t *out, const float *inp, size_t n);
 void kern_cpu_bf16_to_f32(float *out, const uint16_t *inp, size_t n);
+void kern_cpu_bf16_to_f32_segs(float *out, const uint16_t *inp, const kern_seg_t *seg, int nseg);
 
 double kern_cpu_sumsq(const float *x, size_t n);
 

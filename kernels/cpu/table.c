@@ -47,4 +47,5 @@ const kern_backend_t kern_cpu_table = {
     .f32_to_bf16 = kern_cpu_f32_to_bf16,
     .bf16_to_f32 = kern_cpu_bf16_to_f32,
     .sumsq = kern_cpu_sumsq,
+    .bf16_to_f32_segs = kern_cpu_bf16_to_f32_segs,
 };

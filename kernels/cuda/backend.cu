@@ -286,6 +286,8 @@ static const kern_backend_t kern_cuda_table = {
     .matmul_fwd_bf16_gelu = NULL,
     .matmul_bwd_dgelu16 = NULL,
     .adamw_segs_scaled = kern_cuda_adamw_segs_scaled,
+    .bf16_to_f32_segs = kern_cuda_bf16_to_f32_segs,
+    .encoder_fwd16 = kern_cuda_encoder_fwd16,
 };
 
 /* The table of a bf16 job whose products pack their operands (not

@@ -9,6 +9,8 @@
  * (n - head) % 8 go one a thread, in the same launch. Where they are not
  * (a shard or a segment at an offset that is not a multiple of 8 elements
  * from the other's), every element goes one a thread. */
+#include <string.h>
+
 #include "kernels/cuda/cuda_impl.h"
 #include "kernels/kern_math.h"
 
@@ -73,4 +75,62 @@ extern "C" void kern_cuda_bf16_to_f32(float *out, const uint16_t *inp, size_t n)
     bf16_to_f32_kernel<<<kern_cuda_blocks(n, KERN_CUDA_THREADS), KERN_CUDA_THREADS, 0,
                          kern_cuda_st.stream>>>(out, inp, n);
   KERN_CUDA_LAUNCHED();
+}
+
+/* bf16_to_f32_segs (kern.h): a segment of at least CAST_SEGS_BIG elements
+ * (a unit's embedding) goes alone through kern_cuda_bf16_to_f32's 16-byte
+ * accesses; the small ones (a block's norms and biases: five segments, a few
+ * thousand elements) go up to CAST_SEGS a launch, passed by value in the
+ * launch's parameters: their elements numbered one after another (first[k],
+ * segment k's first; unused ones UINT32_MAX), a thread an element, which
+ * finds its segment by a binary search of log2 CAST_SEGS steps and widens
+ * the element at off[k] + its place in it (offsets from the launch's first
+ * segment, in 32 bits). A launch, not one a segment: each would take a few
+ * microseconds and a gap for a few KB. */
+#define CAST_SEGS 32
+#define CAST_SEGS_BIG (1u << 16)
+static_assert((CAST_SEGS & (CAST_SEGS - 1)) == 0, "the search's steps halve CAST_SEGS");
+typedef struct {
+  uint32_t first[CAST_SEGS + 1], off[CAST_SEGS];
+} cast_segs_t;
+
+__global__ static void bf16_to_f32_segs_kernel(float *out, const uint16_t *inp, cast_segs_t s,
+                                               uint32_t total) {
+  KERN_CUDA_FOR(j, total) {
+    int lo = 0; /* the last segment whose first element is at or before j */
+#pragma unroll
+    for (int step = CAST_SEGS / 2; step > 0; step /= 2)
+      if (s.first[lo + step] <= j) lo += step;
+    const size_t i = s.off[lo] + (j - s.first[lo]);
+    out[i] = kern_bf16_to_f32(inp[i]);
+  }
+}
+
+extern "C" void kern_cuda_bf16_to_f32_segs(float *out, const uint16_t *inp, const kern_seg_t *seg,
+                                           int nseg) {
+  for (int k = 0; k < nseg;) {
+    if (seg[k].numel >= CAST_SEGS_BIG) {
+      kern_cuda_bf16_to_f32(out + seg[k].offset, inp + seg[k].offset, seg[k].numel);
+      k++;
+      continue;
+    }
+    cast_segs_t s;
+    memset(&s, 0xff, sizeof s); /* UINT32_MAX: past every element, for the search */
+    const size_t base = seg[k].offset;
+    int n = 0;
+    uint32_t total = 0;
+    for (; k < nseg && n < CAST_SEGS && seg[k].numel < CAST_SEGS_BIG; k++) {
+      KERN_CUDA_ASSERT(seg[k].offset >= base); /* kern.h: in order */
+      if (seg[k].offset - base > UINT32_MAX - CAST_SEGS_BIG) break; /* the next launch's */
+      if (!seg[k].numel) continue;
+      s.first[n] = total, s.off[n] = (uint32_t)(seg[k].offset - base);
+      total += (uint32_t)seg[k].numel; /* under CAST_SEGS CAST_SEGS_BIG */
+      n++;
+    }
+    if (!n) continue;
+    s.first[n] = total;
+    bf16_to_f32_segs_kernel<<<kern_cuda_blocks(total, KERN_CUDA_THREADS), KERN_CUDA_THREADS, 0,
+                              kern_cuda_st.stream>>>(out + base, inp + base, s, total);
+    KERN_CUDA_LAUNCHED();
+  }
 }

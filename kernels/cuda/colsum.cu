@@ -19,11 +19,6 @@
 /* Stage 1: the sum of every run alone for columns [c0, c0 + cs) of dout (N,
  * C): partial[j][c - c0], and the dw terms' at partial + runs * cs; a warp a
  * run of 32 columns, every run at once, so every SM reads. */
-template <typename T> __device__ __forceinline__ static float colsum_f32(T v);
-template <> __device__ __forceinline__ float colsum_f32<float>(float v) { return v; }
-template <> __device__ __forceinline__ float colsum_f32<uint16_t>(uint16_t v) {
-  return kern_bf16_to_f32(v);
-}
 
 /* (dout of T: fp32, or bf16 widened as it is read) */
 template <typename T>
@@ -39,7 +34,7 @@ __global__ static void __launch_bounds__(COLSUM_WARPS * 32)
   const int n1 = N - j * KERN_COLSUM_ROWS < KERN_COLSUM_ROWS ? N : (j + 1) * KERN_COLSUM_ROWS;
   for (int n = j * KERN_COLSUM_ROWS; n < n1; n++) {
     const int64_t i = n * ld + c0 + k;
-    const float d = colsum_f32<T>(dout[i]);
+    const float d = kern_cuda_f32<T>(dout[i]);
     pd += d;
     if (with_x) px += d * (inp[i] - mean[n]) * rstd[n];
   }

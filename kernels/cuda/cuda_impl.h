@@ -151,6 +151,14 @@ static inline dim3 kern_cuda_rows_grid(int64_t rows, int64_t cols) {
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (size_t)(n);                  \
        i += (size_t)gridDim.x * blockDim.x)
 
+/* An element read as fp32: a float as it is, a bf16 (uint16 storage)
+ * widened (exact): for kernels that take either. */
+template <typename T> __device__ __forceinline__ float kern_cuda_f32(T v);
+template <> __device__ __forceinline__ float kern_cuda_f32<float>(float v) { return v; }
+template <> __device__ __forceinline__ float kern_cuda_f32<uint16_t>(uint16_t v) {
+  return kern_bf16_to_f32(v);
+}
+
 /* ---- wide accesses ----------------------------------------------------------
  * The memory-bound kernels (the casts, the products' packing) move 16 bytes
  * per load or store: one float or one bf16 a thread issues 4 or 8 times the
@@ -501,6 +509,8 @@ double kern_cuda_sum_f64(const float *x, size_t n, int square);
 extern "C" {
 void kern_cuda_encoder_fwd(float *out, const int32_t *tok, const float *wte, const float *wpe,
                            int B, int T, int C);
+void kern_cuda_encoder_fwd16(float *out, const int32_t *tok, const uint16_t *wte16,
+                            const uint16_t *wpe16, int B, int T, int C);
 void kern_cuda_encoder_bwd(float *dwte, float *dwpe, const float *dout, const int32_t *tok, int B,
                            int T, int C);
 
@@ -545,6 +555,7 @@ void kern_cuda_adamw_segs_scaled(float *p, uint16_t *p16, const float *g, float 
 
 void kern_cuda_f32_to_bf16(uint16_t *out, const float *inp, size_t n);
 void kern_cuda_bf16_to_f32(float *out, const uint16_t *inp, size_t n);
+void kern_cuda_bf16_to_f32_segs(float *out, const uint16_t *inp, const kern_seg_t *seg, int nseg);
 
 double kern_cuda_sumsq(const float *x, size_t n);
 

@@ -17,11 +17,13 @@
 #define ENC_PARTS 32 /* warps per 32 columns of dwte, each a class of token ids */
 #define ENC_THREADS 128
 
-__global__ static void encoder_fwd_kernel(float *out, const int32_t *tok, const float *wte,
-                                          const float *wpe, int T, int C, size_t n) {
+/* (wte and wpe fp32, or their bf16 images, widened as read: encoder_fwd16) */
+template <typename W>
+__global__ static void encoder_fwd_kernel(float *out, const int32_t *tok, const W *wte,
+                                          const W *wpe, int T, int C, size_t n) {
   KERN_CUDA_FOR(i, n) {
     const size_t bt = i / (size_t)C, c = i % (size_t)C, t = bt % (size_t)T;
-    out[i] = wte[(size_t)tok[bt] * C + c] + wpe[t * C + c];
+    out[i] = kern_cuda_f32<W>(wte[(size_t)tok[bt] * C + c]) + kern_cuda_f32<W>(wpe[t * C + c]);
   }
 }
 
@@ -59,13 +61,26 @@ __global__ static void encoder_bwd_wte_kernel(float *dwte, const float *dout, co
   }
 }
 
-extern "C" void kern_cuda_encoder_fwd(float *out, const int32_t *tok, const float *wte,
-                                      const float *wpe, int B, int T, int C) {
+template <typename W>
+static void encoder_fwd_any(float *out, const int32_t *tok, const W *wte, const W *wpe, int B,
+                            int T, int C) {
   const size_t n = (size_t)(B > 0 ? B : 0) * (size_t)(T > 0 ? T : 0) * (size_t)(C > 0 ? C : 0);
   if (!n) return;
-  encoder_fwd_kernel<<<kern_cuda_blocks(n, KERN_CUDA_THREADS), KERN_CUDA_THREADS, 0,
-                       kern_cuda_st.stream>>>(out, tok, wte, wpe, T, C, n);
+  encoder_fwd_kernel<W><<<kern_cuda_blocks(n, KERN_CUDA_THREADS), KERN_CUDA_THREADS, 0,
+                          kern_cuda_st.stream>>>(out, tok, wte, wpe, T, C, n);
   KERN_CUDA_LAUNCHED();
+}
+
+extern "C" void kern_cuda_encoder_fwd(float *out, const int32_t *tok, const float *wte,
+                                      const float *wpe, int B, int T, int C) {
+  encoder_fwd_any(out, tok, wte, wpe, B, T, C);
+}
+
+/* from the bf16 images: no widening of the embeddings (a third of
+ * gpt2-124m's parameters) at each gather of unit 0 (fsdp.c) */
+extern "C" void kern_cuda_encoder_fwd16(float *out, const int32_t *tok, const uint16_t *wte16,
+                                        const uint16_t *wpe16, int B, int T, int C) {
+  encoder_fwd_any(out, tok, wte16, wpe16, B, T, C);
 }
 
 extern "C" void kern_cuda_encoder_bwd(float *dwte, float *dwpe, const float *dout,

@@ -486,6 +486,19 @@ static void test_encoder(int B, int T, int C, int V) {
   float *g = dget(dout_o, n);
   check_bits("encoder_fwd", "out", shape, g, out, n);
   free(g);
+  /* from bf16 images: the fp32 op on them widened (the CPU's) */
+  uint16_t *wte16 = xmalloc((size_t)V * C * 2), *wpe16 = xmalloc((size_t)T * C * 2);
+  cpu->f32_to_bf16(wte16, wte, (size_t)V * C), cpu->f32_to_bf16(wpe16, wpe, (size_t)T * C);
+  float *wte_r = xmalloc((size_t)V * C * 4), *wpe_r = xmalloc((size_t)T * C * 4);
+  cpu->bf16_to_f32(wte_r, wte16, (size_t)V * C), cpu->bf16_to_f32(wpe_r, wpe16, (size_t)T * C);
+  cpu->encoder_fwd(out, tok, wte_r, wpe_r, B, T, C);
+  uint16_t *dwte16 = dput(wte16, (size_t)V * C * 2), *dwpe16 = dput(wpe16, (size_t)T * C * 2);
+  gpu->dev_set(dout_o, 0xff, n * 4);
+  gpu->encoder_fwd16(dout_o, dtok, dwte16, dwpe16, B, T, C);
+  g = dget(dout_o, n);
+  check_bits("encoder_fwd16", "out", shape, g, out, n);
+  gpu->dev_free(dwte16), gpu->dev_free(dwpe16);
+  free(g), free(wte16), free(wpe16), free(wte_r), free(wpe_r);
   /* backward: from non-zero gradients */
   float *dout = frand(n, -1, 1), *dwte = frand((size_t)V * C, -1, 1),
         *dwpe = frand((size_t)T * C, -1, 1);
@@ -1879,6 +1892,52 @@ static void test_cast_offsets(size_t n) {
   free(x), free(f), free(b), free(h), free(gf);
 }
 
+/* bf16_to_f32_segs: nsmall segments of 0 to 299 elements (a few empty, gaps
+ * of 0 to 49 between), one of big elements among them after the first
+ * third (cast.cu: alone, through bf16_to_f32), at odd offsets; each segment
+ * bf16_to_f32's bits at its offset, every other element as it was (dnew's
+ * NaN fill). On the emulator, also the launches: the small segments a
+ * launch for each CAST_SEGS (32) non-empty ones in a row. */
+static void test_cast_segs(int nsmall, size_t big) {
+  char shape[64];
+  snprintf(shape, sizeof shape, "%d segments, one of %zu", nsmall + 1, big);
+  kern_seg_t *seg = xmalloc((size_t)(nsmall + 1) * sizeof *seg);
+  size_t at = 1 + rand_below(7);
+  int ns = 0, launches = 0, run = 0;
+  for (int k = 0; k <= nsmall; k++) {
+    const size_t numel = k == nsmall / 3 ? big : rand_below(6) ? rand_below(300) : 0;
+    seg[ns++] = (kern_seg_t){at, numel, 0};
+    at += numel + rand_below(50);
+    if (numel >= 65536) launches += (run + 31) / 32, run = 0;
+    else run += numel > 0;
+  }
+  launches += (run + 31) / 32;
+  const size_t n = at;
+  uint16_t *b = xmalloc(n * 2);
+  for (size_t i = 0; i < n; i++) b[i] = (uint16_t)rand_below(65536);
+  float *want = xmalloc(n * 4), *w = xmalloc(n * 4);
+  memset(want, 0xff, n * 4);
+  cpu->bf16_to_f32(w, b, n);
+  for (int k = 0; k < ns; k++)
+    memcpy(want + seg[k].offset, w + seg[k].offset, seg[k].numel * 4);
+  uint16_t *db = dput(b, n * 2);
+  float *dx = dnew(n * 4);
+#ifdef KERN_CUDA_EMU
+  const unsigned long before = cuda_emu_launches("bf16_to_f32_segs_kernel");
+#endif
+  gpu->bf16_to_f32_segs(dx, db, seg, ns);
+  float *got = dget(dx, n);
+  size_t differ = 0; /* widening is integer code: every bit, NaNs' too, and the fill's */
+  for (size_t i = 0; i < n; i++) differ += memcmp(&got[i], &want[i], 4) != 0;
+  report("bf16_to_f32_segs", "out+untouched", shape, differ ? INFINITY : 0, 0, "bits", -1, !differ);
+#ifdef KERN_CUDA_EMU
+  report("bf16_to_f32_segs", "launches", shape, 0, 0, "-", -1,
+         cuda_emu_launches("bf16_to_f32_segs_kernel") - before == (unsigned long)launches);
+#endif
+  gpu->dev_free(db), gpu->dev_free(dx);
+  free(seg), free(b), free(want), free(w), free(got);
+}
+
 /* ---- bf16 activations (kern.h; the bf16 mode's table) ---------------------- */
 
 /* layernorm_fwd_bf16: the fp32 op's output rounded (f32_to_bf16's bits), the
@@ -2788,6 +2847,8 @@ int main(void) {
   test_cast_offsets(9);
   test_cast_offsets(15);
   test_cast_offsets(1003);
+  test_cast_segs(5, 0);       /* one launch, an empty segment among them */
+  test_cast_segs(80, 70001);  /* 26 small, the big one alone, 53 small: 1 + 2 launches or so */
 
   test_sumsq(0);
   test_sumsq(1);

@@ -101,6 +101,7 @@ GUARD_VOID(adamw_segs, (float *p, uint16_t *p16, const float *g, float *m, float
 GUARD_VOID(adamw_segs_scaled, (float *p, uint16_t *p16, const float *g, float gs, float *m, float *v, const kern_seg_t *s, int ns, float lr, float b1, float b2, float e, float wd, int t), (p, p16, g, gs, m, v, s, ns, lr, b1, b2, e, wd, t))
 GUARD_VOID(f32_to_bf16, (uint16_t *o, const float *i, size_t n), (o, i, n))
 GUARD_VOID(bf16_to_f32, (float *o, const uint16_t *i, size_t n), (o, i, n))
+GUARD_VOID(bf16_to_f32_segs, (float *o, const uint16_t *i, const kern_seg_t *s, int ns), (o, i, s, ns))
 GUARD_RET(double, sumsq, (const float *x, size_t n), (x, n))
 GUARD_VOID(dev_set, (void *d, int v, size_t n), (d, v, n))
 GUARD_VOID(copy_h2d, (void *d, const void *s, size_t n), (d, s, n))
@@ -138,7 +139,7 @@ static const kern_backend_t *guarded_backend(void) {
   G(matmul_bwd), G(attention_fwd), G(attention_bwd), G(gelu_fwd), G(gelu_bwd);
   G(residual_fwd), G(residual_bwd), G(crossentropy_fwd), G(crossentropy_bwd), G(adamw);
   G(crossentropy_fwd_bwd), G(adamw_segs), G(adamw_segs_scaled);
-  G(f32_to_bf16), G(bf16_to_f32), G(sumsq), G(dev_set), G(copy_h2d), G(copy_d2h);
+  G(f32_to_bf16), G(bf16_to_f32), G(bf16_to_f32_segs), G(sumsq), G(dev_set), G(copy_h2d), G(copy_d2h);
   G(copy_d2d), G(vec_add), G(vec_scale), G(vec_sum);
 #undef G
   guarded.host_pin = g_host_pin;

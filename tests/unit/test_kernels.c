@@ -956,6 +956,23 @@ Test(kernels, bf16_cases) {
   for (int i = 0; i < 4; i++) cr_expect_eq(kern_asuint(hout[i]), (uint32_t)hin[i] << 16);
 }
 
+/* bf16_to_f32_segs: bf16_to_f32 on each segment at its offset, every
+ * other element of out as it was (a gap, an empty segment, one at the end) */
+Test(kernels, bf16_to_f32_segs) {
+  enum { N = 1000 };
+  static const kern_seg_t seg[] = {{3, 17, 0}, {20, 5, 1}, {40, 0, 0}, {41, 300, 0}, {900, 100, 0}};
+  const int ns = (int)(sizeof seg / sizeof seg[0]);
+  uint16_t *in = tnew(N * 2);
+  for (size_t i = 0; i < N; i++) in[i] = (uint16_t)tu_rand_u64(&rng);
+  float *got = frand(N, -1, 1), *want = fnew(N);
+  memcpy(want, got, N * 4);
+  for (int k = 0; k < ns; k++)
+    for (size_t i = seg[k].offset; i < seg[k].offset + seg[k].numel; i++)
+      want[i] = kern_asfloat((uint32_t)in[i] << 16);
+  K->bf16_to_f32_segs(got, in, seg, ns);
+  cr_expect(!memcmp(got, want, N * 4), "bf16_to_f32_segs: each segment widened, the rest kept");
+}
+
 /* Every bf16 pattern goes to fp32 and back unchanged (NaNs stay NaN). */
 Test(kernels, bf16_round_trip) {
   uint16_t *h = tnew(65536 * sizeof *h), *back = tnew(65536 * sizeof *back);
