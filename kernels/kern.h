@@ -391,6 +391,17 @@ typedef struct kern_backend {
    * model whose runtime keeps the images (weights16). */
   void (*encoder_fwd16)(float *out, const int32_t *tok, const uint16_t *wte16,
                         const uint16_t *wpe16, int B, int T, int C);
+  /* attention_bwd_bf16 (acc 0) with the gradients written in bf16, dqkv16
+   * (B, T, 3C) 16-byte aligned, for the qkv product's backward, which
+   * takes them so (matmul_bwd_bf16's dout16) where it would round them:
+   * each element attention_bwd_bf16's fp32 one rounded (f32_to_bf16's
+   * bits) where the device's kernels run it, cuDNN's bf16 where it does
+   * (FSDP_CUDA_ATTN_CUDNN). No fp32 gradients written, and none rounded
+   * by the product. Optional beside attention_bwd_bf16. */
+  void (*attention_bwd_dqkv16)(uint16_t *dqkv16, float *scratch, const float *dout,
+                               const uint16_t *dout16, const uint16_t *qkv16,
+                               const uint16_t *out16, const float *att, int B, int T, int C,
+                               int NH);
 } kern_backend_t;
 
 /* The x86-64 levels the CPU kernels are built for, numbered as the psABI's

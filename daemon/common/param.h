@@ -35,7 +35,7 @@
   XX(cuda_acts_fp32, "FSDP_CUDA_ACTS_FP32", 0,                                       \
      "device cuda, bf16 jobs: 1: every activation kept in fp32, the products packing theirs (0: the products' inputs and qkv kept in bf16), for comparison") \
   XX(cuda_dinp_fp32, "FSDP_CUDA_DINP_FP32", 0,                                       \
-     "device cuda, bf16 jobs: 1: backward's activation gradients all in fp32 (0: GELU's and the attention's output gradients written in bf16 by their products, kern.h's matmul_bwd_dinp16), for comparison") \
+     "device cuda, bf16 jobs: 1: backward's activation gradients all in fp32 (0: GELU's and the attention's output gradients written in bf16 by their products, kern.h's matmul_bwd_dinp16, and the attention's own by it, attention_bwd_dqkv16), for comparison") \
   XX(cuda_gelu_exact, "FSDP_CUDA_GELU_EXACT", 0,                                     \
      "device cuda, bf16 jobs: 1: GELU of the bf16 activations computes the CPU's bits (0: the fast form, on the special function unit, within a bf16 rounding step of them), for comparison") \
   XX(cuda_res_apart, "FSDP_CUDA_RES_APART", 0,                                       \

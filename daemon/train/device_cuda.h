@@ -41,8 +41,8 @@
                            * bias16, attention_fwd_bf16's qkv NULL, qkv_out16;
                            * 20: matmul_fwd_bf16_gelu, matmul_bwd_dgelu16, gelu_*_bf16in's bias
                            * NULL, matmul_bwd_bf16's dbias with dout16;
-                           * 21: kern_backend_t's adamw_segs_scaled; 22: its bf16_to_f32_segs and
-                           * encoder_fwd16 */
+                           * 21: kern_backend_t's adamw_segs_scaled; 22: its bf16_to_f32_segs,
+                           * encoder_fwd16 and attention_bwd_dqkv16 */
 #define DEVICE_CUDA_SYMBOL "device_cuda_plugin"
 #define DEVICE_CUDA_FILE "libfsdp-cuda.so"
 

@@ -775,7 +775,15 @@ static void gpt_layer_bwd(gpt_t *g, int l, float *P, const uint16_t *P16, float 
   else
     be->matmul_bwd(datty, d.attprojw, d.attprojb, g->dres, a->atty, p.attprojw, (int)N, C, C, C,
                    0);
-  if (g->qkv16)
+  /* dqkv in bf16 where the attention writes it so (kern.h): the operand
+   * the qkv product would round it to, its dbias the column sums of those
+   * values (matmul_bwd_bf16's dout16), as dfch's for the fc bias */
+  const int dqkv16 = g->qkv16 && be->attention_bwd_dqkv16;
+  if (dqkv16)
+    be->attention_bwd_dqkv16((uint16_t *)dqkv, g->att_scratch, datt16 ? NULL : datty,
+                             datt16 ? (const uint16_t *)datty : NULL, (const uint16_t *)a->qkv,
+                             atty16, a->att, B, T, C, NH);
+  else if (g->qkv16)
     be->attention_bwd_bf16(dqkv, g->att_scratch, datt16 ? NULL : datty,
                            datt16 ? (const uint16_t *)datty : NULL, (const uint16_t *)a->qkv,
                            atty16, a->att, B, T, C, NH, 0);
@@ -786,8 +794,12 @@ static void gpt_layer_bwd(gpt_t *g, int l, float *P, const uint16_t *P16, float 
     gpt_act_layernorm(g, g->dbig2, a->ln1_mean, a->ln1_rstd, res_in, p.ln1w, p.ln1b, (int)N, C);
     l1 = g->dbig2;
   }
-  gpt_act_matmul_bwd(g, g->dln, d.qkvw, d.qkvb, dqkv, l1, p.qkvw, gpt_w16(P, P16, p.qkvw), (int)N, C,
-                     3 * C, 3 * C, 0);
+  if (dqkv16)
+    be->matmul_bwd_bf16(g->dln, d.qkvw, d.qkvb, NULL, (const uint16_t *)dqkv, (const uint16_t *)l1,
+                        p.qkvw, gpt_w16(P, P16, p.qkvw), (int)N, C, 3 * C, 3 * C, 0);
+  else
+    gpt_act_matmul_bwd(g, g->dln, d.qkvw, d.qkvb, dqkv, l1, p.qkvw, gpt_w16(P, P16, p.qkvw), (int)N,
+                       C, 3 * C, 3 * C, 0);
   be->layernorm_bwd(g->dres, d.ln1w, d.ln1b, g->dln, res_in, p.ln1w, a->ln1_mean, a->ln1_rstd,
                     (int)N, C);
 }

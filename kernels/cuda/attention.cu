@@ -434,7 +434,7 @@ extern "C" void kern_cuda_attention_bwd(float *dqkv, float *scratch, const float
   /* the tensor-core kernels write dqkv without acc (each element once); the
    * others accumulate, into zeros then */
   if (attn_fused(C, NH) && attn_tc() &&
-      kern_cuda_attention_tc_bwd(dqkv, scratch, dout, NULL, qkv, NULL, out, NULL, att, B, T, C, NH,
+      kern_cuda_attention_tc_bwd(dqkv, NULL, scratch, dout, NULL, qkv, NULL, out, NULL, att, B, T, C, NH,
                                  acc))
     return;
   if (!acc)
@@ -508,29 +508,50 @@ extern "C" void kern_cuda_attention_fwd_bf16(uint16_t *out16, float *att, float 
   KERN_CUDA_ASSERT(kern_cuda_attention_tc_fwd(NULL, out16, att, scratch, qkv, qkv16, B, T, C, NH));
 }
 
-extern "C" void kern_cuda_attention_bwd_bf16(float *dqkv, float *scratch, const float *dout,
-                                             const uint16_t *dout16, const uint16_t *qkv16,
-                                             const uint16_t *out16, const float *att, int B, int T,
-                                             int C, int NH, int acc) {
+/* attention_bwd_bf16 into dqkv (fp32) or dqkv16 (bf16, acc 0): one of
+ * the two */
+static void attn_bwd_bf16(float *dqkv, uint16_t *dqkv16, float *scratch, const float *dout,
+                          const uint16_t *dout16, const uint16_t *qkv16, const uint16_t *out16,
+                          const float *att, int B, int T, int C, int NH, int acc) {
   if (B <= 0 || T <= 0) return;
   KERN_CUDA_ASSERT(!dout != !dout16 && (!dout16 || kern_cuda_aligned16(dout16)) &&
-                   kern_cuda_attention_bf16_fits(C, NH));
-  if (kern_cuda_st.attn_cudnn && !acc && attn_cudnn_aligned(dqkv, scratch, qkv16, out16, att)) {
+                   kern_cuda_attention_bf16_fits(C, NH) && !dqkv != !dqkv16 && (!dqkv16 || !acc));
+  if (kern_cuda_st.attn_cudnn && !acc &&
+      attn_cudnn_aligned(dqkv ? (const void *)dqkv : dqkv16, scratch, qkv16, out16, att)) {
     const uint16_t *d16 = dout16;
     if (!d16) { /* rounded into the scratch, where the kernels below round it */
       uint16_t *c16 = (uint16_t *)(scratch + kern_cuda_size_attn_tc_copies_at(B, T, NH));
       kern_cuda_f32_to_bf16(c16, dout, (size_t)B * (size_t)T * (size_t)C);
       d16 = c16;
     }
-    uint16_t *g16 = (uint16_t *)attn_cudnn_at(scratch, kern_cuda_size_attn_cudnn_g16_at(B, T, C, NH));
+    uint16_t *g16 = dqkv16 ? dqkv16
+                           : (uint16_t *)attn_cudnn_at(scratch,
+                                                       kern_cuda_size_attn_cudnn_g16_at(B, T, C, NH));
     const int rc = kern_cudnn_sdpa_bwd(
         dqkv, g16, scratch, attn_cudnn_at(scratch, kern_cuda_size_attn_cudnn_acc_at(B, T, C, NH)),
         attn_cudnn_at(scratch, kern_cuda_size_attn_cudnn_ws_at(B, T, C, NH)), d16, qkv16, out16,
         att, B, T, C, NH);
-    if (rc == 2) /* the gradients came in bf16 */
+    if (rc == 2 && dqkv) /* the gradients came in bf16 */
       kern_cuda_bf16_to_f32(dqkv, g16, (size_t)B * (size_t)T * 3 * (size_t)C);
     if (rc) return;
   }
-  KERN_CUDA_ASSERT(kern_cuda_attention_tc_bwd(dqkv, scratch, dout, dout16, NULL, qkv16, NULL, out16,
-                                              att, B, T, C, NH, acc));
+  KERN_CUDA_ASSERT(kern_cuda_attention_tc_bwd(dqkv, dqkv16, scratch, dout, dout16, NULL, qkv16,
+                                              NULL, out16, att, B, T, C, NH, acc));
+}
+
+extern "C" void kern_cuda_attention_bwd_bf16(float *dqkv, float *scratch, const float *dout,
+                                             const uint16_t *dout16, const uint16_t *qkv16,
+                                             const uint16_t *out16, const float *att, int B, int T,
+                                             int C, int NH, int acc) {
+  attn_bwd_bf16(dqkv, NULL, scratch, dout, dout16, qkv16, out16, att, B, T, C, NH, acc);
+}
+
+/* the gradients in bf16, for the qkv product's backward (kern.h): by the
+ * kernels, their fp32 accumulators rounded as they are stored; by cuDNN, a
+ * plan that writes bf16 (none: the kernels) */
+extern "C" void kern_cuda_attention_bwd_dqkv16(uint16_t *dqkv16, float *scratch, const float *dout,
+                                               const uint16_t *dout16, const uint16_t *qkv16,
+                                               const uint16_t *out16, const float *att, int B,
+                                               int T, int C, int NH) {
+  attn_bwd_bf16(NULL, dqkv16, scratch, dout, dout16, qkv16, out16, att, B, T, C, NH, 0);
 }

@@ -567,10 +567,11 @@ __device__ __forceinline__ static void tc_dq_tile(float (*dq)[4], const uint32_t
 /* Backward, query pass: D = dout . out of each row into Dg (B, NH, T), from
  * the bf16 dout the products take (so that D is the row sum of P dP their
  * dP makes, as FlashAttention's) and out as forward wrote it (fp32, or bf16:
- * O), and dq += scale * dS k over the key tiles. */
-template <int HS, typename O>
+ * O), and dq += scale * dS k over the key tiles (dqkv fp32, or bf16: G,
+ * stored only, each element the fp32 one rounded). */
+template <int HS, typename O, typename G>
 __global__ static void __launch_bounds__(TC_DQ_WARPS * 32, HS <= 64 ? 3 : 1) /* 3: 168 registers */
-    tc_bwd_dq_kernel(float *dqkv, float *Dg, const uint16_t *dout16, const uint16_t *qkv,
+    tc_bwd_dq_kernel(G *dqkv, float *Dg, const uint16_t *dout16, const uint16_t *qkv,
                      const O *out, const float *lse, int T, int C, float scale, int acc) {
   extern __shared__ __align__(128) unsigned char tc_smem[];
   constexpr int MT = tc_dq_mt<HS>(), R = 16 * MT; /* a warp's rows */
@@ -643,8 +644,8 @@ __global__ static void __launch_bounds__(TC_DQ_WARPS * 32, HS <= 64 ? 3 : 1) /* 
   }
 #pragma unroll
   for (int mt = 0; mt < MT; mt++)
-    tc_put_rows<HS>(dqkv + (int64_t)b * T * C3 + (int64_t)h * HS, C3, q0 + w0 + 16 * mt, T,
-                    dq + mt * (HS / 8), scale, acc);
+    tc_put_rows<HS, G>(dqkv + (int64_t)b * T * C3 + (int64_t)h * HS, C3, q0 + w0 + 16 * mt, T,
+                       dq + mt * (HS / 8), scale, acc);
 }
 
 /* One query tile of the key pass for a warp's 16 keys from j0 (their rows
@@ -688,10 +689,11 @@ __device__ __forceinline__ static void tc_dkv_tile(float dk[HS / 8][4], float dv
 
 /* Backward, key pass: dv += P^T dout and dk += scale dS^T q over the query
  * tiles at or after the block's keys, with the query pass's D. Each warp
- * works on its 16 keys' rows of the transposed products (S^T = k q^T). */
-template <int HS>
+ * works on its 16 keys' rows of the transposed products (S^T = k q^T).
+ * dqkv fp32, or bf16 (G) as the query pass's. */
+template <int HS, typename G>
 __global__ static void __launch_bounds__(TC_DKV_WARPS * 32, HS <= 64 ? 2 : 1) /* 2: 128 registers */
-    tc_bwd_dkv_kernel(float *dqkv, const float *Dg, const uint16_t *dout, const uint16_t *qkv,
+    tc_bwd_dkv_kernel(G *dqkv, const float *Dg, const uint16_t *dout, const uint16_t *qkv,
                       const float *lse, int T, int C, float scale, int acc) {
   extern __shared__ __align__(128) unsigned char tc_smem[];
   constexpr int OWN = 16 * TC_DKV_WARPS, NTH = 32 * TC_DKV_WARPS;
@@ -747,9 +749,9 @@ __global__ static void __launch_bounds__(TC_DKV_WARPS * 32, HS <= 64 ? 2 : 1) /*
     }
     __syncthreads();
   }
-  float *kbase = dqkv + (int64_t)b * T * C3 + (int64_t)h * HS;
-  tc_put_rows<HS>(kbase + C, C3, k0 + w0, T, dk, scale, acc);
-  tc_put_rows<HS>(kbase + 2 * C, C3, k0 + w0, T, dv, 1.0f, acc);
+  G *kbase = dqkv + (int64_t)b * T * C3 + (int64_t)h * HS;
+  tc_put_rows<HS, G>(kbase + C, C3, k0 + w0, T, dk, scale, acc);
+  tc_put_rows<HS, G>(kbase + 2 * C, C3, k0 + w0, T, dv, 1.0f, acc);
 }
 
 /* The grid of a kernel whose blocks own `rows` rows: blocks along T (x),
@@ -795,16 +797,17 @@ static int tc_fwd(O *out, float *lse, float *scratch, const float *qkv, uint16_t
 /* qkv16: qkv in bf16 as forward rounded it (the caller's), or NULL: qkv
  * is rounded into the scratch's copy; dout in bf16 (the caller's dout16),
  * or NULL: dout rounded into the scratch's copy; out as forward wrote it
- * (fp32, or bf16: O). */
-template <int HS, typename O>
-static int tc_bwd(float *dqkv, float *scratch, const float *dout, const uint16_t *dout16_in,
+ * (fp32, or bf16: O); dqkv fp32, or bf16 (G: written, acc 0). */
+template <int HS, typename O, typename G>
+static int tc_bwd(G *dqkv, float *scratch, const float *dout, const uint16_t *dout16_in,
                   const float *qkv, const uint16_t *qkv16, const O *out, const float *lse,
                   int B, int T, int C, int NH, int acc) {
   if (tc_dq_smem<HS>() > kern_cuda_st.smem_optin || tc_dkv_smem<HS>() > kern_cuda_st.smem_optin)
     return 0;
   static int asked_dq, asked_dkv;
-  kern_cuda_smem_allow(tc_bwd_dq_kernel<HS, O>, tc_dq_smem<HS>(), &asked_dq);
-  kern_cuda_smem_allow(tc_bwd_dkv_kernel<HS>, tc_dkv_smem<HS>(), &asked_dkv);
+  KERN_CUDA_ASSERT(sizeof(G) == 4 || !acc); /* tc_put_rows stores bf16 */
+  kern_cuda_smem_allow(tc_bwd_dq_kernel<HS, O, G>, tc_dq_smem<HS>(), &asked_dq);
+  kern_cuda_smem_allow(tc_bwd_dkv_kernel<HS, G>, tc_dkv_smem<HS>(), &asked_dkv);
   const float scale = 1.0f / sqrtf((float)HS);
   float *D = scratch; /* (B, NH, T) */
   uint16_t *copy = tc_copies(scratch, B, T, NH);
@@ -815,12 +818,12 @@ static int tc_bwd(float *dqkv, float *scratch, const float *dout, const uint16_t
   }
   if (dout16_in) dout16 = (uint16_t *)dout16_in;
   else kern_cuda_f32_to_bf16(dout16, dout, (size_t)B * T * C);
-  tc_bwd_dq_kernel<HS, O><<<tc_grid(B, T, NH, tc_dq_rows<HS>()), TC_DQ_WARPS * 32,
-                            tc_dq_smem<HS>(), kern_cuda_st.stream>>>(
+  tc_bwd_dq_kernel<HS, O, G><<<tc_grid(B, T, NH, tc_dq_rows<HS>()), TC_DQ_WARPS * 32,
+                               tc_dq_smem<HS>(), kern_cuda_st.stream>>>(
       dqkv, D, dout16, qkv16, out, lse, T, C, scale, acc);
   KERN_CUDA_LAUNCHED();
-  tc_bwd_dkv_kernel<HS><<<tc_grid(B, T, NH, 16 * TC_DKV_WARPS), TC_DKV_WARPS * 32, tc_dkv_smem<HS>(),
-                          kern_cuda_st.stream>>>(
+  tc_bwd_dkv_kernel<HS, G><<<tc_grid(B, T, NH, 16 * TC_DKV_WARPS), TC_DKV_WARPS * 32,
+                             tc_dkv_smem<HS>(), kern_cuda_st.stream>>>(
       dqkv, D, dout16, qkv16, lse, T, C, scale, acc);
   KERN_CUDA_LAUNCHED();
   return 1;
@@ -845,25 +848,29 @@ int kern_cuda_attention_tc_fwd(float *out, uint16_t *out16, float *lse, float *s
                : tc_fwd_hs(out, lse, scratch, qkv, qkv16, B, T, C, NH);
 }
 
-template <typename O>
-static int tc_bwd_hs(float *dqkv, float *scratch, const float *dout, const uint16_t *dout16,
+template <typename O, typename G>
+static int tc_bwd_hs(G *dqkv, float *scratch, const float *dout, const uint16_t *dout16,
                      const float *qkv, const uint16_t *qkv16, const O *out, const float *lse,
                      int B, int T, int C, int NH, int acc) {
   switch (C / NH) {
-  case 16: return tc_bwd<16, O>(dqkv, scratch, dout, dout16, qkv, qkv16, out, lse, B, T, C, NH, acc);
-  case 32: return tc_bwd<32, O>(dqkv, scratch, dout, dout16, qkv, qkv16, out, lse, B, T, C, NH, acc);
-  case 64: return tc_bwd<64, O>(dqkv, scratch, dout, dout16, qkv, qkv16, out, lse, B, T, C, NH, acc);
-  case 128:
-    return tc_bwd<128, O>(dqkv, scratch, dout, dout16, qkv, qkv16, out, lse, B, T, C, NH, acc);
+#define TC_BWD_HS(hs)                                                                              \
+  case hs:                                                                                         \
+    return tc_bwd<hs, O, G>(dqkv, scratch, dout, dout16, qkv, qkv16, out, lse, B, T, C, NH, acc);
+    TC_BWD_HS(16) TC_BWD_HS(32) TC_BWD_HS(64) TC_BWD_HS(128)
+#undef TC_BWD_HS
   default: return 0;
   }
 }
 
-int kern_cuda_attention_tc_bwd(float *dqkv, float *scratch, const float *dout,
+/* dqkv (fp32) or dqkv16 (bf16, acc 0, with out16): one of the two, the
+ * other NULL */
+int kern_cuda_attention_tc_bwd(float *dqkv, uint16_t *dqkv16, float *scratch, const float *dout,
                                const uint16_t *dout16, const float *qkv, const uint16_t *qkv16,
                                const float *out, const uint16_t *out16, const float *lse, int B,
                                int T, int C, int NH, int acc) {
-  KERN_CUDA_ASSERT(!out != !out16);
+  KERN_CUDA_ASSERT(!out != !out16 && !dqkv != !dqkv16 && (!dqkv16 || out16));
+  if (dqkv16)
+    return tc_bwd_hs(dqkv16, scratch, dout, dout16, qkv, qkv16, out16, lse, B, T, C, NH, acc);
   return out16 ? tc_bwd_hs(dqkv, scratch, dout, dout16, qkv, qkv16, out16, lse, B, T, C, NH, acc)
                : tc_bwd_hs(dqkv, scratch, dout, dout16, qkv, qkv16, out, lse, B, T, C, NH, acc);
 }

@@ -288,6 +288,7 @@ static const kern_backend_t kern_cuda_table = {
     .adamw_segs_scaled = kern_cuda_adamw_segs_scaled,
     .bf16_to_f32_segs = kern_cuda_bf16_to_f32_segs,
     .encoder_fwd16 = kern_cuda_encoder_fwd16,
+    .attention_bwd_dqkv16 = NULL, /* kern_cuda_table_bf16 below */
 };
 
 /* The table of a bf16 job whose products pack their operands (not
@@ -302,6 +303,7 @@ static kern_backend_t kern_cuda_with_bf16_acts(kern_backend_t t) {
   t.attention_bf16_fits = kern_cuda_attention_bf16_fits;
   t.attention_fwd_bf16 = kern_cuda_attention_fwd_bf16;
   t.attention_bwd_bf16 = kern_cuda_attention_bwd_bf16;
+  t.attention_bwd_dqkv16 = kern_cuda_attention_bwd_dqkv16;
   t.attention_scratch_bf16 = kern_cuda_attention_scratch_bf16;
   t.gelu_bwd_bf16 = kern_cuda_gelu_bwd_bf16;
   t.matmul_fwd_bf16_out16 = kern_cuda_matmul_fwd_bf16_out16;
@@ -321,6 +323,7 @@ static const kern_backend_t kern_cuda_table_bf16 = kern_cuda_with_bf16_acts(kern
 static kern_backend_t kern_cuda_without_dinp16(kern_backend_t t) {
   t.matmul_bwd_dinp16 = NULL;
   t.matmul_bwd_dgelu16 = NULL;
+  t.attention_bwd_dqkv16 = NULL;
   return t;
 }
 static const kern_backend_t kern_cuda_table_bf16_dinp32 =

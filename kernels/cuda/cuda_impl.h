@@ -495,7 +495,7 @@ __device__ __forceinline__ void kern_cuda_pack_colsum(uint16_t *dst, int64_t dld
  * each element forward's fp32 rounded), one of the two. */
 int kern_cuda_attention_tc_fwd(float *out, uint16_t *out16, float *lse, float *scratch,
                                const float *qkv, uint16_t *qkv16, int B, int T, int C, int NH);
-int kern_cuda_attention_tc_bwd(float *dqkv, float *scratch, const float *dout,
+int kern_cuda_attention_tc_bwd(float *dqkv, uint16_t *dqkv16, float *scratch, const float *dout,
                                const uint16_t *dout16, const float *qkv, const uint16_t *qkv16,
                                const float *out, const uint16_t *out16, const float *lse, int B,
                                int T, int C, int NH, int acc);
@@ -602,6 +602,10 @@ void kern_cuda_attention_bwd_bf16(float *dqkv, float *scratch, const float *dout
                                   const uint16_t *dout16, const uint16_t *qkv16,
                                   const uint16_t *out16, const float *att, int B, int T, int C,
                                   int NH, int acc);
+void kern_cuda_attention_bwd_dqkv16(uint16_t *dqkv16, float *scratch, const float *dout,
+                                   const uint16_t *dout16, const uint16_t *qkv16,
+                                   const uint16_t *out16, const float *att, int B, int T, int C,
+                                   int NH);
 }
 
 #endif

@@ -641,7 +641,7 @@ extern "C" int kern_cudnn_sdpa_bwd(float *dqkv, uint16_t *dqkv16, float *D, floa
                                    void *ws, const uint16_t *dout16, const uint16_t *qkv16,
                                    const uint16_t *out16, const float *lse, int B, int T, int C,
                                    int NH) {
-  kcd_plan_t *p = kcd_plan_for(kcd_bwd16 ? KERN_CUDNN_BWD16 : KERN_CUDNN_BWD, B, T, C, NH);
+  kcd_plan_t *p = kcd_plan_for(kcd_bwd16 || !dqkv ? KERN_CUDNN_BWD16 : KERN_CUDNN_BWD, B, T, C, NH);
   if (!p) return 0;
   float scale = 1.0f / sqrtf((float)(C / NH)), neg_inf = -INFINITY, one = 1.0f;
   void *g = p->out16 ? (void *)dqkv16 : (void *)dqkv;

@@ -43,7 +43,8 @@ void kern_cudnn_bwd16(int on);
  * the caller's kernels must run it. ws: KERN_CUDA_SIZE_CUDNN_WS bytes,
  * 256-byte aligned. Forward: out16 (B, T, C) bf16, lse (B, NH, T).
  * Backward (acc 0): dqkv (B, T, 3C) fp32 written whole (1), or the same in
- * bf16 into dqkv16 (2: the caller widens it); D (B, NH, T) and dq_acc (B T
+ * bf16 into dqkv16 (2: the caller widens it); dqkv NULL: into dqkv16 by a
+ * bf16 plan (2), or 0 where cuDNN has none; D (B, NH, T) and dq_acc (B T
  * C floats) scratch. */
 int kern_cudnn_sdpa_fwd(uint16_t *out16, float *lse, const uint16_t *qkv16, void *ws, int B, int T,
                         int C, int NH);

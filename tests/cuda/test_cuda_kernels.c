@@ -1256,7 +1256,22 @@ static void test_attention_bf16(int B, int T, int C, int NH) {
     gpu->dev_set(d_dout, 0xff, no * 4);
     gpu->attention_bwd_bf16(g16, sc16, NULL, d_h16, q16, o16, a32, B, T, C, NH, 0);
     check_dev_bits("attention_bwd_bf16", "dqkv(dout16)=attention_bwd's", shape, g16, want_g, nq);
-    gpu->dev_free(d_h16), free(h16);
+    /* the gradients in bf16: those rounded (the casts' bits), from dout16
+     * and from the fp32 dout (here poisoned: given again) */
+    uint16_t *want16 = xmalloc(nq * 2), *got16 = xmalloc(nq * 2), *d_g16 = dnew(nq * 2);
+    cpu->f32_to_bf16(want16, want_g, nq);
+    for (int form = 0; form < 2; form++) {
+      if (form) gpu->copy_h2d(d_dout, dout, no * 4);
+      gpu->dev_set(d_g16, 0xff, nq * 2);
+      gpu->attention_bwd_dqkv16(d_g16, sc16, form ? d_dout : NULL, form ? NULL : d_h16, q16, o16,
+                                a32, B, T, C, NH);
+      gpu->copy_d2h(got16, d_g16, nq * 2);
+      gpu->sync();
+      check_bits_u16("attention_bwd_dqkv16", form ? "dqkv16=bf16(attention_bwd's)"
+                                                  : "dqkv16(dout16)=bf16(attention_bwd's)",
+                     shape, got16, want16, nq);
+    }
+    gpu->dev_free(d_h16), gpu->dev_free(d_g16), free(h16), free(want16), free(got16);
   }
   check_dev_bits("attention_bf16", "scratch past attention_scratch_bf16", shape, sc16 + ns16, pad,
                  ns - ns16);
@@ -1367,6 +1382,19 @@ static void test_attention_cudnn(int B, int T, int C, int NH) {
       free(again);
     }
     free(got);
+  }
+  { /* the gradients in bf16 (attention_bwd_dqkv16: cuDNN's bf16 plan, where
+     * it has one, else the kernels): within the bound plus their rounding */
+    uint16_t *d_g16 = dnew(nq * 2), *h16 = xmalloc(nq * 2);
+    float *got = xmalloc(nq * 4), *mag16 = xmalloc(nq * 4);
+    for (size_t i = 0; i < nq; i++) mag16[i] = mag[i] + fabsf(want[i]) / (float)TOL_GEMM_BF16 / 128;
+    gpu->attention_bwd_dqkv16(d_g16, sc, NULL, d_d16, q16, o16, lse, B, T, C, NH);
+    gpu->copy_d2h(h16, d_g16, nq * 2);
+    gpu->sync();
+    cpu->bf16_to_f32(got, h16, nq);
+    check_tol("attention_bwd_dqkv16 (cuDNN)", "dqkv16(dout16)", shape, got, want, NULL, mag16, NULL,
+              nq, TOL_GEMM_BF16);
+    gpu->dev_free(d_g16), free(h16), free(got), free(mag16);
   }
   gpu->dev_free(d_qkv), gpu->dev_free(d_dout), gpu->dev_free(sc), gpu->dev_free(lse);
   gpu->dev_free(g), gpu->dev_free(q16), gpu->dev_free(o16), gpu->dev_free(d_d16);
@@ -3030,7 +3058,8 @@ int main(void) {
   report("table", "bf16 mode, fp32 activation gradients asked: the bf16 table but dinp16", "-",
          0, 0, "-", -1,
          dinp32_table && dinp32_table->matmul_fwd_bf16 && !dinp32_table->matmul_bwd_dinp16 &&
-             bf16_table->matmul_bwd_dinp16);
+             !dinp32_table->attention_bwd_dqkv16 && bf16_table->matmul_bwd_dinp16 &&
+             bf16_table->attention_bwd_dqkv16);
   /* FSDP_CUDA_GELU_EXACT: the same table, GELU of the bf16 activations on
    * the CPU's bits (kern_gelu) */
   const kern_cuda_opts_t oge = {.device = 0, .bf16 = 1, .gelu_exact = 1};
@@ -3066,8 +3095,8 @@ int main(void) {
   /* the attention op falls back to the fp32 kernels unasked where the
    * tensor-core ones do not fit: here they must have run */
   report("table", "tensor-core kernels ran", "-", 0, 0, "-", -1,
-         cuda_emu_launches("tc_fwd_kernel<HS, O>") && cuda_emu_launches("tc_bwd_dq_kernel<HS, O>") &&
-             cuda_emu_launches("tc_bwd_dkv_kernel<HS>"));
+         cuda_emu_launches("tc_fwd_kernel<HS, O>") && cuda_emu_launches("tc_bwd_dq_kernel<HS, O, G>") &&
+             cuda_emu_launches("tc_bwd_dkv_kernel<HS, G>"));
 #endif
   /* FSDP_CUDA_ATTN_CUDNN: the bf16 ops by cuDNN; its init fails, saying
    * why, where cuDNN cannot open (not installed; on the emulator, no GPU of
