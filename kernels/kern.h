@@ -234,7 +234,9 @@ typedef struct kern_backend {
    * and widens them for the model (fsdp.c) then keeps the gathered image
    * beside the fp32 one for the products (0: FSDP_CUDA_WEIGHTS_PACK, the
    * products pack w; or no bf16 products). A w16 not 16-byte aligned is
-   * not read (w is packed). */
+   * not read (w is packed); one 16-byte aligned (IC % 8 == 0) is read and w
+   * never is, so w's elements need not be written (fsdp.c widens only the
+   * tensors read in fp32: gpt.h's gpt_tensor_fp32). */
   int weights16;
   /* 1: a block's qkv product may write qkv in bf16 itself, with its bias's
    * bf16 image (matmul_fwd_bf16_out16's bias16; attention_fwd_bf16 with

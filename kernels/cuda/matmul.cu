@@ -489,10 +489,13 @@ typedef struct {
 
 /* A weight w (rows of IC) as a product's operand: its bf16 image w16 where
  * the caller gives one that suits (kern.h: 16-byte aligned, rows of 16-byte
- * multiples), read in place, else w, packed. */
+ * multiples), read in place, else w, packed. With w16, w is never read, not
+ * even where cuBLASLt refuses a bf16 block (gemm_packed_block: no fp32
+ * block then, and the product names itself): the runtime need not widen
+ * such a weight (fsdp.c), so w may hold anything. */
 static gemm_operand_t gemm_weight(const float *w, const uint16_t *w16, int IC) {
   const int fits = w16 && IC % 8 == 0 && kern_cuda_aligned16(w16);
-  return gemm_operand_t{w, fits ? w16 : NULL, IC, 0};
+  return gemm_operand_t{fits ? NULL : w, fits ? w16 : NULL, IC, 0};
 }
 
 /* The block of op(X) at (r0, c0), R x Cn, of g matrices from the batch's
@@ -713,7 +716,8 @@ static int gemm_bwd_joint(void *dinp, cudaDataType_t dcd, float *dw, float *dbia
     uint16_t *pw = inp->x16 ? pb : pb + (int64_t)rr * pld;
     for (int c0 = 0; c0 < OC; c0 += kc) {
       const int cc = OC - c0 < kc ? OC - c0 : kc;
-      const float *dout_rc = gemm_block_f32(dout, 'N', 0, r0, c0), *w_c = w + (int64_t)c0 * IC;
+      const float *dout_rc = gemm_block_f32(dout, 'N', 0, r0, c0),
+                  *w_c = w ? w + (int64_t)c0 * IC : NULL;
       int64_t plda, psa;
       const uint16_t *pd = pa;
       if (fused) { /* packed with its runs' column sums, added to dbias's columns in row order */
