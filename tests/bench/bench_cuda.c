@@ -248,7 +248,11 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
         K->f32_to_bf16(b16, bias, (size_t)4 * C);
   char sh[64];
   snprintf(sh, sizeof sh, "N=%zu,C=%d", N, C);
-  OPS_TIME("encoder_fwd", sh, 1, K->encoder_fwd(x, tok, wte, wpe, B, T, C));
+  /* from the embeddings' images where the runtime keeps them (gpt.c, fsdp.c:
+   * then not widened); wte16's first rows stand in for wpe's (a timing) */
+  const int enc16 = k16 && K->encoder_fwd16;
+  OPS_TIME("encoder_fwd", sh, !enc16, K->encoder_fwd(x, tok, wte, wpe, B, T, C));
+  if (enc16) OPS_TIME("encoder_fwd16", sh, 1, K->encoder_fwd16(x, tok, wte16, wte16, B, T, C));
   OPS_TIME("encoder_bwd", sh, 1, K->encoder_bwd(dwte, dwpe, x, tok, B, T, C));
   OPS_TIME("layernorm_fwd", sh, a16 ? 0 : n_ln,
            K->layernorm_fwd(y, mean, rstd, x, w, bias, (int)N, C));
@@ -273,6 +277,8 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
   /* attproj's and fcproj's dinp in bf16 for the bf16 attention's and GELU's
    * backward (gpt.c's datt16, dgelu16) */
   const int datt16 = q16 && K->matmul_bwd_dinp16, dgelu16 = h16 && K->matmul_bwd_dinp16;
+  /* dqkv in bf16 from the attention, qkv's dout16 (gpt.c's dqkv16) */
+  const int dq16 = q16 && K->attention_bwd_dqkv16;
   /* the projections (attproj, fcproj) add the residual as they write
    * where the table offers it (gpt.c's gpt_proj_res): no residual pass */
   const int pres = K->matmul_fwd_res != NULL;
@@ -311,9 +317,16 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
     /* fc's dout comes in bf16 where GELU's backward makes it so (gpt.c,
      * kern.h's gelu_bwd_bf16, which sums its dbias) */
     const int f16 = i == 2 && K->gelu_bwd_bf16;
-    OPS_TIME("matmul_bwd_bf16", sh, f16 || (i == 3 && dgelu16) || (i == 1 && datt16) ? 0 : L,
+    OPS_TIME("matmul_bwd_bf16", sh,
+             f16 || (i == 3 && dgelu16) || (i == 1 && datt16) || (i == 0 && dq16) ? 0 : L,
              K->matmul_bwd_bf16(z, dw, dbias, y, NULL, x16, w, w16, (int)N, mm[i].ic, mm[i].oc,
                                 mm[i].oc, 0));
+    if (i == 0 && dq16) { /* its dbias from the bf16 dqkv */
+      snprintf(sh, sizeof sh, "%s:N=%zu,IC=%d,OC=%d,dout16", mm[i].name, N, mm[i].ic, mm[i].oc);
+      OPS_TIME("matmul_bwd_bf16(dbias16)", sh, L,
+               K->matmul_bwd_bf16(z, dw, dbias, NULL, y16, x16, w, w16, (int)N, mm[i].ic,
+                                  mm[i].oc, mm[i].oc, 0));
+    }
     const int fdg = fgs && K->matmul_bwd_dgelu16; /* GELU's backward in it (gpt.c's dgelu_in) */
     if (i == 3 && dgelu16)
       OPS_TIME("matmul_bwd_dinp16", sh, fdg ? 0 : L,
@@ -362,8 +375,12 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
     OPS_TIME("attention_bwd_bf16", sh, datt16 ? 0 : L,
              K->attention_bwd_bf16(z, scratch, y, NULL, x16, y16, att, B, T, C, NH, 0));
     if (datt16)
-      OPS_TIME("attention_bwd_bf16(dout16)", sh, L,
+      OPS_TIME("attention_bwd_bf16(dout16)", sh, dq16 ? 0 : L,
                K->attention_bwd_bf16(z, scratch, NULL, y16, x16, y16, att, B, T, C, NH, 0));
+    if (dq16) /* into z's first half, as bf16 */
+      OPS_TIME("attention_bwd_dqkv16", sh, L,
+               K->attention_bwd_dqkv16((uint16_t *)z, scratch, datt16 ? NULL : y,
+                                       datt16 ? y16 : NULL, x16, y16, att, B, T, C, NH));
   }
   snprintf(sh, sizeof sh, "n=%zu", N * 4 * C);
   OPS_TIME("gelu_fwd", sh, a16 ? 0 : n_gelu, K->gelu_fwd(y, x, N * 4 * C));
