@@ -1308,16 +1308,18 @@ static void test_attention_cudnn(int B, int T, int C, int NH) {
   gpu->attention_fwd_bf16(o16, lse, sc, d_qkv, q16, B, T, C, NH);
   /* cuDNN ran both passes (a shape it has no plan for runs the kernels,
    * which the bounds below would pass too) */
-  for (int bwd = 0; bwd <= 1; bwd++) {
+  /* (bwd 2: the bf16 plan attention_bwd_dqkv16 asks for, training's) */
+  for (int bwd = 0; bwd <= (cudnn_g16 ? 1 : 2); bwd++) {
     char why[512] = "";
     size_t ws = 0;
     long engine = -1;
     int g16 = 0;
-    const int planned =
-        kern_cudnn_sdpa_plan(!bwd ? KERN_CUDNN_FWD : cudnn_g16 ? KERN_CUDNN_BWD16 : KERN_CUDNN_BWD, B,
-                             T, C, NH, &ws, &engine, &g16, why, sizeof why);
+    const int planned = kern_cudnn_sdpa_plan(
+        !bwd ? KERN_CUDNN_FWD : cudnn_g16 || bwd == 2 ? KERN_CUDNN_BWD16 : KERN_CUDNN_BWD, B, T, C,
+        NH, &ws, &engine, &g16, why, sizeof why);
     char what[64];
-    snprintf(what, sizeof what, "%s planned: engine %ld%s", bwd ? "backward" : "forward", engine,
+    snprintf(what, sizeof what, "%s planned: engine %ld%s",
+             bwd == 2 ? "backward (dqkv16)" : bwd ? "backward" : "forward", engine,
              bwd && g16 ? ", bf16 gradients" : "");
     report("attention_bf16 (cuDNN)", what, shape, 0, 0, "-", -1, planned);
     if (!planned) printf("test_cuda_kernels:   cuDNN: %s\n", why);
