@@ -82,6 +82,7 @@ static void setup(void) {
            "SlurmdPidFile=%s/slurmd-%%n.pid\nSlurmctldLogFile=%s/log/slurmctld.log\n"
            "SlurmdLogFile=%s/log/slurmd-%%n.log\nAccountingStorageType=accounting_storage/none\n"
            "JobAcctGatherType=jobacct_gather/none\nKillWait=30\nReturnToService=2\n"
+           "SchedulerParameters=sched_interval=1,bf_interval=1\n"
            "NodeName=n1 NodeAddr=127.0.0.1 NodeHostname=%s Port=%d CPUs=%ld State=UNKNOWN\n"
            "NodeName=n2 NodeAddr=127.0.0.1 NodeHostname=%s Port=%d CPUs=%ld State=UNKNOWN\n"
            "PartitionName=main Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP\n",
