@@ -48,6 +48,8 @@
      "device cuda, bf16 jobs: 1: the products pack each fp32 weight to bf16 as they read it (0: they read the unit's bf16 gather, kept beside the widened unit, kern.h's weights16), for comparison") \
   XX(gather_round, "FSDP_GATHER_ROUND", 0,                                            \
      "bf16-mixed: 1: each gather rounds the unit's fp32 master shard to bf16 (0: the gathers send the master's bf16 image, which AdamW writes as it steps: 2 bytes a parameter of the shard more, a pass over the shard at each gather less; on one shard the image is the units' bf16 weights, so 1 saves less there, nothing under NO_SHARD on a GPU), for comparison or for that memory") \
+  XX(gather_poison, "FSDP_GATHER_POISON", 0,                                          \
+     "bf16-mixed where the products read the gathered bf16 weights (device cuda): 1: each gather first fills the unit's fp32 copy with NaN, so that an op reading in fp32 a tensor the gather does not widen (gpt_tensor_fp32 says which it widens) makes the loss NaN, for tests (0: what the unit's memory held)") \
   XX(cuda_gemm_algo, "FSDP_CUDA_GEMM_ALGO", 0,                                       \
      "device cuda: every product takes the algorithm cuBLASLt's heuristic ranks this many places below its first (0: its first; at most 15), for comparison") \
   XX(comm_timeout_ms, "FSDP_COMM_TIMEOUT_MS", 5000, "collective timeout, and ring bootstrap") \

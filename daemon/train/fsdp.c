@@ -61,6 +61,7 @@ struct fsdp {
    * read so (widened whole). NULL without the backend's bf16_to_f32_segs. */
   kern_seg_t *wide_seg;
   int *wide_at;
+  int poison;             /* FSDP_GATHER_POISON: the rest of such a unit is NaN (tests) */
   int bf16_storage;       /* bf16-true: shard, gradient and reductions in bf16 */
   int alias_params;       /* S = 1 under fp32: a unit's parameters are its shard */
   int alias_grads;        /* S = R = 1, fp32 gradients: backward accumulates into the shard */
@@ -213,6 +214,7 @@ static int fsdp_gather_wait(fsdp_t *f, int k, int keep) {
      * where the image lies as the model's reads expect (16-byte aligned) */
     const int part = keep && f->wide_at && f->wide_at[k + 1] > f->wide_at[k] &&
                      !((uintptr_t)f->recv16[k] & 15);
+    if (part && f->poison) f->be->dev_set(f->full[k], 0xff, fsdp_padded(f, k) * sizeof(float));
     if (part)
       f->be->bf16_to_f32_segs(f->full[k], f->recv16[k], f->wide_seg + f->wide_at[k],
                               f->wide_at[k + 1] - f->wide_at[k]);
@@ -623,6 +625,7 @@ int fsdp_create(fsdp_t **out, const gpt_config_t *cfg, const fsdp_opts_t *o) {
   int nsegs = 0, rc;
   if ((rc = gpt_create_shell(&f->model, cfg, f->be))) goto fail;
   f->keep16 = f->gather_bf16 && gpt_weights16(f->model);
+  f->poison = param_gather_poison() != 0;
   if ((rc = shard_layout_create(&f->layout, cfg, f->shards, o->min_params)) ||
       (rc = fsdp_plan_widening(f)))
     goto fail;
