@@ -901,10 +901,13 @@ cudaError_t cudaMalloc(void **p, size_t n) {
 }
 
 /* Frees p (emu_mu held): a pooled block goes idle in its pool. Its host
- * memory goes now, or, with release false, by the caller's free(p) later. */
+ * memory goes now, NaN first (malloc may keep it mapped: a kernel that
+ * reads it after its free reads NaN, not the old values), or, with
+ * release false, by the caller's free(p) later. */
 static cudaError_t emu_free(void *p, bool release = true) {
   auto it = emu_allocs.find((uintptr_t)p);
   if (it == emu_allocs.end()) return emu_err(cudaErrorInvalidValue);
+  if (release) memset(p, 0xff, it->second);
   auto pooled = emu_pooled.find((uintptr_t)p);
   if (pooled != emu_pooled.end()) {
     pooled->second.first->idle.emplace(pooled->second.second, true);
