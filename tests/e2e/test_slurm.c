@@ -156,12 +156,27 @@ static char *job_file(const char *name, const char *extra) {
 
 /* sbatch --wait of the script on conf with state in its own directory; the
  * batch job's exit code. */
-static int sbatch_wait(const char *jobconf, const char *state, char *out, size_t len) {
+static int sbatch_wait_env(const char *jobconf, const char *state, const char *more, char *out,
+                           size_t len) {
   char cmd[4096];
-  snprintf(cmd, sizeof cmd, "cd '%s' && env %s FSDP_STATE='%s/%s' timeout %d sbatch --wait -o "
-           "'%s/%s.out' '%s/deploy/slurm/fsdp.sbatch' '%s' --ranks 2", tu_tmpdir(), env,
+  snprintf(cmd, sizeof cmd, "cd '%s' && env %s %s FSDP_STATE='%s/%s' timeout %d sbatch --wait -o "
+           "'%s/%s.out' '%s/deploy/slurm/fsdp.sbatch' '%s' --ranks 2", tu_tmpdir(), env, more,
            tu_tmpdir(), state, 200 * TU_SLOW, tu_tmpdir(), state, root, jobconf);
   return tu_sh(cmd, out, len);
+}
+static int sbatch_wait(const char *jobconf, const char *state, char *out, size_t len) {
+  return sbatch_wait_env(jobconf, state, "", out, len);
+}
+
+/* The batch job's output (STATE.out) holds what, or (want 0) does not. */
+static void sbatch_out_says(const char *state, const char *what, int want) {
+  char path[1200];
+  snprintf(path, sizeof path, "%s/%s.out", tu_tmpdir(), state);
+  char *text = tu_slurp(path, NULL);
+  cr_assert_not_null(text, "%s", path);
+  cr_expect_eq(strstr(text, what) != NULL, want, "%s %s \"%s\":\n%s", path,
+               want ? "does not say" : "says", what, text);
+  free(text);
 }
 
 Test(slurm, the_batch_jobs_exit_code_is_the_training_jobs_outcome) {
@@ -197,8 +212,12 @@ Test(slurm, the_batch_jobs_exit_code_is_the_training_jobs_outcome) {
   snprintf(extra, sizeof extra, "steps = 50\n[model]\ninit_from = %s\n", junk);
   char *bad = job_file("bad.conf", extra);
   cr_assert_eq(sbatch_wait(bad, "bad", out, sizeof out), 1, "a failing job:\n%s", out);
+  /* a grace past Slurm's KillWait (30 s here) is said before the job starts */
+  sbatch_out_says("ok", "KillWait", 0);
   char *refused = job_file("refused.conf", "steps = 0\n");
-  cr_assert_eq(sbatch_wait(refused, "refused", out, sizeof out), 2, "a refused job:\n%s", out);
+  cr_assert_eq(sbatch_wait_env(refused, "refused", "FSDP_GRACE=31", out, sizeof out), 2,
+               "a refused job:\n%s", out);
+  sbatch_out_says("refused", "FSDP_GRACE is 31 s and Slurm's KillWait 30 s", 1);
   free(ok), free(junk), free(bad), free(refused);
 }
 
