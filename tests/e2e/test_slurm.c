@@ -212,12 +212,12 @@ Test(slurm, the_batch_jobs_exit_code_is_the_training_jobs_outcome) {
   snprintf(extra, sizeof extra, "steps = 50\n[model]\ninit_from = %s\n", junk);
   char *bad = job_file("bad.conf", extra);
   cr_assert_eq(sbatch_wait(bad, "bad", out, sizeof out), 1, "a failing job:\n%s", out);
-  /* a grace past Slurm's KillWait (30 s here) is said before the job starts */
+  /* a grace not below Slurm's KillWait (30 s here) is said before the job starts */
   sbatch_out_says("ok", "KillWait", 0);
   char *refused = job_file("refused.conf", "steps = 0\n");
-  cr_assert_eq(sbatch_wait_env(refused, "refused", "FSDP_GRACE=31", out, sizeof out), 2,
+  cr_assert_eq(sbatch_wait_env(refused, "refused", "FSDP_GRACE=30", out, sizeof out), 2,
                "a refused job:\n%s", out);
-  sbatch_out_says("refused", "FSDP_GRACE is 31 s and Slurm's KillWait 30 s", 1);
+  sbatch_out_says("refused", "FSDP_GRACE is 30 s and Slurm's KillWait 30 s", 1);
   free(ok), free(junk), free(bad), free(refused);
 }
 

@@ -23,9 +23,10 @@ seed=${CUDA_EMU_SEED:-$(date +%s)}
 # their host buffers and the emulator its device memory over and over, and
 # every page was faulted in again (test_cuda_kernels: 15 million page
 # faults, 45 of its 160 CPU seconds in the kernel). Kept, they are 0.7
-# million and 5 s (2 cores, 2026-11-29). Read-after-free still reads NaN:
-# the emulator fills what it frees.
-export GLIBC_TUNABLES=${GLIBC_TUNABLES:-glibc.malloc.mmap_threshold=4294967295:glibc.malloc.trim_threshold=4294967295}
+# million and 5 s (2 cores, 2026-11-29), for ~130 MB more at the peak (the
+# heap is never trimmed). Read-after-free still reads NaN: the emulator
+# fills what it frees. (Appended to the caller's tunables.)
+export GLIBC_TUNABLES=${GLIBC_TUNABLES:+$GLIBC_TUNABLES:}glibc.malloc.mmap_threshold=4294967295:glibc.malloc.trim_threshold=4294967295
 for run in "$@"; do
   order=${run%%:*} t=${run#*:}
   streams=sync
