@@ -35,7 +35,7 @@
   XX(cuda_acts_fp32, "FSDP_CUDA_ACTS_FP32", 0,                                       \
      "device cuda, bf16 jobs: 1: every activation kept in fp32, the products packing theirs (0: the products' inputs and qkv kept in bf16), for comparison") \
   XX(cuda_dinp_fp32, "FSDP_CUDA_DINP_FP32", 0,                                       \
-     "device cuda, bf16 jobs: 1: backward's activation gradients all in fp32 (0: GELU's and the attention's output gradients written in bf16 by their products, kern.h's matmul_bwd_dinp16, and the attention's own by it, attention_bwd_dqkv16), for comparison") \
+     "device cuda, bf16 jobs: 1: backward's activation gradients all in fp32 (0: GELU's and the attention's output gradients written in bf16 by their products, kern.h's matmul_bwd_dinp16, the attention's own by it, attention_bwd_dqkv16, and the residual's for the projections by the norms' backward, layernorm_bwd16), for comparison") \
   XX(cuda_gelu_exact, "FSDP_CUDA_GELU_EXACT", 0,                                     \
      "device cuda, bf16 jobs: 1: GELU of the bf16 activations computes the CPU's bits (0: the fast form, on the special function unit, within a bf16 rounding step of them), for comparison") \
   XX(cuda_res_apart, "FSDP_CUDA_RES_APART", 0,                                       \
@@ -49,7 +49,7 @@
   XX(gather_round, "FSDP_GATHER_ROUND", 0,                                            \
      "bf16-mixed: 1: each gather rounds the unit's fp32 master shard to bf16 (0: the gathers send the master's bf16 image, which AdamW writes as it steps: 2 bytes a parameter of the shard more, a pass over the shard at each gather less; on one shard the image is the units' bf16 weights, so 1 saves less there, nothing under NO_SHARD on a GPU), for comparison or for that memory") \
   XX(gather_poison, "FSDP_GATHER_POISON", 0,                                          \
-     "bf16-mixed where the products read the gathered bf16 weights (device cuda): 1: each gather first fills the unit's fp32 copy with NaN, so that an op reading in fp32 a tensor the gather does not widen (gpt_tensor_fp32 says which it widens) makes the loss NaN, for tests (0: what the unit's memory held)") \
+     "bf16 gathers (bf16-mixed, bf16-true) whose products read the gathered bf16 weights (device cuda): 1: each gather first fills the unit's fp32 copy with NaN, so that an op reading in fp32 a tensor the gather does not widen (gpt_tensor_fp32 says which it widens) makes the loss NaN, for tests (0: what the unit's memory held)") \
   XX(cuda_gemm_algo, "FSDP_CUDA_GEMM_ALGO", 0,                                       \
      "device cuda: every product takes the algorithm cuBLASLt's heuristic ranks this many places below its first (0: its first; at most 15), for comparison") \
   XX(comm_timeout_ms, "FSDP_COMM_TIMEOUT_MS", 5000, "collective timeout, and ring bootstrap") \
