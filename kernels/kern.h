@@ -404,6 +404,27 @@ typedef struct kern_backend {
                                const uint16_t *dout16, const uint16_t *qkv16,
                                const uint16_t *out16, const float *att, int B, int T, int C,
                                int NH);
+  /* layernorm_bwd (dinp += the norm's gradient: the residual's gradient,
+   * whole), with that dinp rounded to bf16 into dinp16 (N, C: C a multiple
+   * of 8, dense, dinp16 and dinp 16-byte aligned; f32_to_bf16's bits) and
+   * its column sums' runs into dsums (KERN_COLSUM_ROWS rows each, kern_math.h,
+   * summed from zero in row order: run j's C sums at dsums + j C), for the
+   * backward of the product that wrote the residual (matmul_bwd16): what
+   * matmul_bwd_dinp16 would pack from the fp32 dinp and sum into its dbias,
+   * made while the norm's backward holds the rows. Optional, with
+   * matmul_bwd16. */
+  void (*layernorm_bwd16)(float *dinp, uint16_t *dinp16, float *dsums, float *dw, float *db,
+                          const float *dout, const float *inp, const float *w, const float *mean,
+                          const float *rstd, int N, int C);
+  /* matmul_bwd_dinp16 (pre16 NULL) or matmul_bwd_dgelu16 (pre16) with dout
+   * in bf16 (dout16, N x OC, dense, 16-byte aligned) and dbias (or NULL)
+   * += the column sums whose runs dsums holds (layernorm_bwd16's): the bits
+   * those ops' dbias has from the fp32 dout that dout16 rounds; dinp16 too,
+   * and dw as theirs from the same operands (its sum possibly in another
+   * order of blocks). */
+  void (*matmul_bwd16)(uint16_t *dinp16, float *dw, float *dbias, const uint16_t *dout16,
+                       const float *dsums, const uint16_t *inp16, const float *w,
+                       const uint16_t *w16, const uint16_t *pre16, int N, int IC, int OC);
 } kern_backend_t;
 
 /* The x86-64 levels the CPU kernels are built for, numbered as the psABI's

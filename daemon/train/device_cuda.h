@@ -25,7 +25,7 @@
 #include "kernels/cuda/cuda.h"
 
 /* Raised when the table below changes: a plugin of another version is refused. */
-#define DEVICE_CUDA_ABI 23 /* 2: kern_cuda_opts_t.gemm_fast16bf; 3: .attn_fp32, host_pin; 4: pool_stats;
+#define DEVICE_CUDA_ABI 24 /* 2: kern_cuda_opts_t.gemm_fast16bf; 3: .attn_fp32, host_pin; 4: pool_stats;
                            * 5: kern_backend_t's dev_alloc_step and crossentropy_fwd_bwd;
                            * 6: nccl_quiesce; 7: matmul_bwd, attention_bwd and gelu_bwd take acc;
                            * 8: kern_backend_t's bf16 activations; 9: kern_cuda_opts_t.gemm_algo;
@@ -42,7 +42,8 @@
                            * 20: matmul_fwd_bf16_gelu, matmul_bwd_dgelu16, gelu_*_bf16in's bias
                            * NULL, matmul_bwd_bf16's dbias with dout16;
                            * 21: kern_backend_t's adamw_segs_scaled; 22: its bf16_to_f32_segs and
-                           * encoder_fwd16; 23: its attention_bwd_dqkv16 */
+                           * encoder_fwd16; 23: its attention_bwd_dqkv16; 24: its
+                           * layernorm_bwd16 and matmul_bwd16 */
 #define DEVICE_CUDA_SYMBOL "device_cuda_plugin"
 #define DEVICE_CUDA_FILE "libfsdp-cuda.so"
 

@@ -397,6 +397,28 @@ static int gpt_fch_bf16(const gpt_t *g) {
          be->gelu_bwd_bf16in;
 }
 
+/* The residual's gradient in bf16 for the backward of each product that
+ * adds to the residual (the attention's and the fc projections): the norm
+ * after it rounds dres and sums its runs as its backward holds the rows
+ * (kern.h's layernorm_bwd16), and the product's backward reads that in
+ * place (matmul_bwd16) where it packed the fp32 dres (6 bytes an element
+ * and a launch less a projection). Where the bf16 backward runs
+ * (matmul_bwd_dinp16's bf16 dfch_gelu and datty, fch and qkv in bf16), dbig1
+ * holds at most 2 N C floats while the copy lives (dfch_gelu; dqkv and
+ * the norms' recomputes less), so the copy takes its third N C floats (in
+ * bf16: half of them) and the runs' sums its last. */
+static int gpt_dres16(const gpt_t *g) {
+  const kern_backend_t *be = g->be;
+  return g->qkv16 && g->fch16 && be->matmul_bwd_dinp16 && be->layernorm_bwd16 &&
+         be->matmul_bwd16 && g->cfg.channels % 8 == 0;
+}
+static uint16_t *gpt_dres16_at(const gpt_t *g) {
+  return (uint16_t *)(g->dbig1 + 2 * (size_t)g->B * g->T * g->cfg.channels);
+}
+static float *gpt_dsums_at(const gpt_t *g) {
+  return g->dbig1 + 3 * (size_t)g->B * g->T * g->cfg.channels;
+}
+
 /* Element i of a product's input x (ln1, ln2, fch_gelu, lnf, or the
  * scratch holding one): bf16 or fp32 as the activations are laid out. */
 static const void *gpt_act_at(const gpt_t *g, const float *x, size_t i) {
@@ -721,7 +743,15 @@ static void gpt_layer_bwd(gpt_t *g, int l, float *P, const uint16_t *P16, float 
    * dfch itself, in bf16, whose column sums the fc product's backward makes
    * its dbias */
   const int dgelu_in = a->fch_biased && be->matmul_bwd_dgelu16;
-  if (dgelu_in)
+  /* dres in bf16 where the norm after the block made it so (gpt_dres16) */
+  const int dres16 = gpt_dres16(g);
+  uint16_t *dr16 = dres16 ? gpt_dres16_at(g) : NULL;
+  float *dsums = dres16 ? gpt_dsums_at(g) : NULL;
+  if (dres16)
+    be->matmul_bwd16(dgelu_in ? (uint16_t *)dfch : (uint16_t *)dfch_gelu, d.fcprojw, d.fcprojb,
+                     dr16, dsums, (const uint16_t *)gl, p.fcprojw, gpt_w16(P, P16, p.fcprojw),
+                     dgelu_in ? (const uint16_t *)a->fch : NULL, (int)N, 4 * C, C);
+  else if (dgelu_in)
     be->matmul_bwd_dgelu16((uint16_t *)dfch, d.fcprojw, d.fcprojb, g->dres, (const uint16_t *)gl,
                            p.fcprojw, gpt_w16(P, P16, p.fcprojw), (const uint16_t *)a->fch,
                            (int)N, 4 * C, C);
@@ -758,15 +788,22 @@ static void gpt_layer_bwd(gpt_t *g, int l, float *P, const uint16_t *P16, float 
     gpt_act_matmul_bwd(g, g->dln, d.fcw, d.fcb, dfch, l2, p.fcw, gpt_w16(P, P16, p.fcw), (int)N, C,
                        4 * C, 4 * C, 0);
   /* the skip path already put d(res3) in dres: adding the norm's gives d(res2) */
-  be->layernorm_bwd(g->dres, d.ln2w, d.ln2b, g->dln, a->res2, p.ln2w, a->ln2_mean, a->ln2_rstd,
-                    (int)N, C);
+  if (dres16)
+    be->layernorm_bwd16(g->dres, dr16, dsums, d.ln2w, d.ln2b, g->dln, a->res2, p.ln2w,
+                        a->ln2_mean, a->ln2_rstd, (int)N, C);
+  else
+    be->layernorm_bwd(g->dres, d.ln2w, d.ln2b, g->dln, a->res2, p.ln2w, a->ln2_mean,
+                      a->ln2_rstd, (int)N, C);
   /* the attention's output gradient in bf16 where the backend writes it so
    * for the tensor-core attention, which rounds an fp32 one the same way
    * (kern.h: the same values, half the bytes, a cast less) */
   float *datty = g->dbig2, *dqkv = g->dbig1;
   const int datt16 = g->qkv16 && be->matmul_bwd_dinp16;
   const uint16_t *atty16 = (const uint16_t *)a->atty; /* under qkv16 */
-  if (datt16)
+  if (dres16)
+    be->matmul_bwd16((uint16_t *)datty, d.attprojw, d.attprojb, dr16, dsums, atty16, p.attprojw,
+                     gpt_w16(P, P16, p.attprojw), NULL, (int)N, C, C);
+  else if (datt16)
     be->matmul_bwd_dinp16((uint16_t *)datty, d.attprojw, d.attprojb, g->dres, NULL, atty16,
                           p.attprojw, gpt_w16(P, P16, p.attprojw), (int)N, C, C);
   else if (g->qkv16)
@@ -800,8 +837,12 @@ static void gpt_layer_bwd(gpt_t *g, int l, float *P, const uint16_t *P16, float 
   else
     gpt_act_matmul_bwd(g, g->dln, d.qkvw, d.qkvb, dqkv, l1, p.qkvw, gpt_w16(P, P16, p.qkvw), (int)N,
                        C, 3 * C, 3 * C, 0);
-  be->layernorm_bwd(g->dres, d.ln1w, d.ln1b, g->dln, res_in, p.ln1w, a->ln1_mean, a->ln1_rstd,
-                    (int)N, C);
+  if (dres16 && l > 0) /* for the block before's fc projection (none before block 0) */
+    be->layernorm_bwd16(g->dres, dr16, dsums, d.ln1w, d.ln1b, g->dln, res_in, p.ln1w,
+                        a->ln1_mean, a->ln1_rstd, (int)N, C);
+  else
+    be->layernorm_bwd(g->dres, d.ln1w, d.ln1b, g->dln, res_in, p.ln1w, a->ln1_mean,
+                      a->ln1_rstd, (int)N, C);
 }
 
 #define GPT_TRY(call)                                                                         \
@@ -1010,8 +1051,12 @@ int gpt_backward(gpt_t *g, float dloss_scale) {
   }
   const float *res_last = c->layers ? g->layer[c->layers - 1].res3 : g->encoded;
   be->dev_set(g->dres, 0, NC * sizeof(float));
-  be->layernorm_bwd(g->dres, d0.lnfw, d0.lnfb, g->dln, res_last, p0.lnfw, g->lnf_mean,
-                    g->lnf_rstd, (int)N, C);
+  if (gpt_dres16(g) && c->layers) /* for the last block's fc projection */
+    be->layernorm_bwd16(g->dres, gpt_dres16_at(g), gpt_dsums_at(g), d0.lnfw, d0.lnfb, g->dln,
+                        res_last, p0.lnfw, g->lnf_mean, g->lnf_rstd, (int)N, C);
+  else
+    be->layernorm_bwd(g->dres, d0.lnfw, d0.lnfb, g->dln, res_last, p0.lnfw, g->lnf_mean,
+                      g->lnf_rstd, (int)N, C);
   GPT_TRY(h->release(h->ctx, 0, GPT_BWD));
 
   for (int l = c->layers - 1; l >= 0; l--) {

@@ -289,6 +289,8 @@ static const kern_backend_t kern_cuda_table = {
     .bf16_to_f32_segs = kern_cuda_bf16_to_f32_segs,
     .encoder_fwd16 = kern_cuda_encoder_fwd16,
     .attention_bwd_dqkv16 = NULL, /* kern_cuda_table_bf16 below */
+    .layernorm_bwd16 = NULL,
+    .matmul_bwd16 = NULL,
 };
 
 /* The table of a bf16 job whose products pack their operands (not
@@ -314,6 +316,8 @@ static kern_backend_t kern_cuda_with_bf16_acts(kern_backend_t t) {
   t.matmul_fwd_res = kern_cuda_matmul_fwd_res;
   t.matmul_fwd_bf16_gelu = kern_cuda_matmul_fwd_bf16_gelu;
   t.matmul_bwd_dgelu16 = kern_cuda_matmul_bwd_dgelu16;
+  t.layernorm_bwd16 = kern_cuda_layernorm_bwd16;
+  t.matmul_bwd16 = kern_cuda_matmul_bwd16;
   t.weights16 = 1; /* a bf16 weight read in place: no packing pass (kern.h) */
   t.qkv_out16 = 1; /* qkv written in bf16 by its product (kern.h) */
   return t;
@@ -324,6 +328,8 @@ static kern_backend_t kern_cuda_without_dinp16(kern_backend_t t) {
   t.matmul_bwd_dinp16 = NULL;
   t.matmul_bwd_dgelu16 = NULL;
   t.attention_bwd_dqkv16 = NULL;
+  t.layernorm_bwd16 = NULL;
+  t.matmul_bwd16 = NULL;
   return t;
 }
 static const kern_backend_t kern_cuda_table_bf16_dinp32 =

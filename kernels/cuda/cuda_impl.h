@@ -606,6 +606,12 @@ void kern_cuda_attention_bwd_dqkv16(uint16_t *dqkv16, float *scratch, const floa
                                    const uint16_t *dout16, const uint16_t *qkv16,
                                    const uint16_t *out16, const float *att, int B, int T, int C,
                                    int NH);
+void kern_cuda_layernorm_bwd16(float *dinp, uint16_t *dinp16, float *dsums, float *dw, float *db,
+                               const float *dout, const float *inp, const float *w,
+                               const float *mean, const float *rstd, int N, int C);
+void kern_cuda_matmul_bwd16(uint16_t *dinp16, float *dw, float *dbias, const uint16_t *dout16,
+                            const float *dsums, const uint16_t *inp16, const float *w,
+                            const uint16_t *w16, const uint16_t *pre16, int N, int IC, int OC);
 }
 
 #endif

@@ -159,9 +159,9 @@ __global__ static void layernorm_fwd_wide_kernel(O *out, float *mean, float *rst
  * the second pass (and for the block's column sums) rather than in
  * registers (a lane's 2K float4 of each took 64 registers at K 4) */
 template <int K>
-__device__ __forceinline__ void ln_bwd_row(float *dinp, const float *dout, const float *inp,
-                                           const float *w, float m, float r, int64_t n, int C,
-                                           int lane, float *td, float *tx) {
+__device__ __forceinline__ void ln_bwd_row(float *dinp, uint16_t *dinp16, const float *dout,
+                                           const float *inp, const float *w, float m, float r,
+                                           int64_t n, int C, int lane, float *td, float *tx) {
   const float *x = inp + n * C, *d = dout + n * C;
   float *di = dinp + n * C;
   const int G = C / 8;
@@ -205,6 +205,9 @@ __device__ __forceinline__ void ln_bwd_row(float *dinp, const float *dout, const
       oa[e] += r * (wa[e] * da[e] - gm - xhat * gxm);
     }
     kern_cuda_store_f32x4(di + c, make_float4(oa[0], oa[1], oa[2], oa[3]));
+    if (dinp16) /* the product's operand, as its packing rounds it */
+      kern_cuda_store_u16x4(dinp16 + n * C + c,
+                            make_uint2(kern_cuda_bf16x2(oa[0], oa[1]), kern_cuda_bf16x2(oa[2], oa[3])));
   });
 }
 
@@ -222,11 +225,15 @@ static size_t ln_bwd_smem(int C) { return 2 * (size_t)LN_WARPS * (size_t)C * siz
  * block's threads, a column each (at most K of them: C <= 256 K), add the
  * round's rows to the run's sums in row order. partial[run C + c] holds
  * db's run sums, partial[(runs + run) C + c] dw's, as colsum_runs_kernel
- * lays them out for colsum_add. */
+ * lays them out for colsum_add. With dinp16 (layernorm_bwd16), each row's
+ * dinp rounded to bf16 too, and dsums[run C + c] the run's sums of dinp
+ * as written (read back after the round's barrier: the block's own rows,
+ * just stored, so from the caches, not from memory). */
 template <int K>
 __global__ static void __launch_bounds__(LN_WARPS * 32)
-    layernorm_bwd_wide_kernel(float *dinp, float *partial, const float *dout, const float *inp,
-                              const float *w, const float *mean, const float *rstd, int N, int C) {
+    layernorm_bwd_wide_kernel(float *dinp, uint16_t *dinp16, float *dsums, float *partial,
+                              const float *dout, const float *inp, const float *w,
+                              const float *mean, const float *rstd, int N, int C) {
   extern __shared__ float4 ln_terms[];
   float *td = (float *)ln_terms, *tx = td + LN_WARPS * C;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -234,18 +241,19 @@ __global__ static void __launch_bounds__(LN_WARPS * 32)
   for (int run = blockIdx.x; run < runs; run += gridDim.x) {
     const int n0 = run * KERN_COLSUM_ROWS,
               nr = N - n0 < KERN_COLSUM_ROWS ? N - n0 : KERN_COLSUM_ROWS;
-    float pd[K], px[K];
+    float pd[K], px[K], po[K];
 #pragma unroll
-    for (int i = 0; i < K; i++) pd[i] = 0.0f, px[i] = 0.0f;
+    for (int i = 0; i < K; i++) pd[i] = 0.0f, px[i] = 0.0f, po[i] = 0.0f;
     for (int r0 = 0; r0 < nr; r0 += LN_WARPS) {
       const int n = n0 + r0 + warp;
       if (r0 + warp < nr) /* every warp to the barriers, rows or not */
-        ln_bwd_row<K>(dinp, dout, inp, w, mean[n], rstd[n], n, C, lane, td + warp * C,
+        ln_bwd_row<K>(dinp, dinp16, dout, inp, w, mean[n], rstd[n], n, C, lane, td + warp * C,
                       tx + warp * C);
       __syncthreads();
       const int rows = nr - r0 < LN_WARPS ? nr - r0 : LN_WARPS;
       for (int k = 0; k < rows; k++) {
         const float m = mean[n0 + r0 + k], r = rstd[n0 + r0 + k];
+        const float *drow = dinp + (int64_t)(n0 + r0 + k) * C;
 #pragma unroll
         for (int i = 0; i < K; i++) {
           const int c = i * LN_WARPS * 32 + threadIdx.x;
@@ -253,6 +261,7 @@ __global__ static void __launch_bounds__(LN_WARPS * 32)
             const float dv = td[k * C + c];
             pd[i] += dv;
             px[i] += dv * (tx[k * C + c] - m) * r;
+            if (dsums) po[i] += drow[c];
           }
         }
       }
@@ -264,6 +273,7 @@ __global__ static void __launch_bounds__(LN_WARPS * 32)
       if (c < C) {
         partial[(int64_t)run * C + c] = pd[i];
         partial[((int64_t)runs + run) * C + c] = px[i];
+        if (dsums) dsums[(int64_t)run * C + c] = po[i];
       }
     }
   }
@@ -289,8 +299,9 @@ static int ln_bwd_rows(int C) {
  * row order: colsum's bits); 0 where a block may not have the shared
  * memory of K's widest C (asked for once: the strided kernels then) */
 template <int K>
-static int ln_bwd_wide(float *dinp, float *dw, float *db, const float *dout, const float *inp,
-                       const float *w, const float *mean, const float *rstd, int N, int C) {
+static int ln_bwd_wide(float *dinp, uint16_t *dinp16, float *dsums, float *dw, float *db,
+                       const float *dout, const float *inp, const float *w, const float *mean,
+                       const float *rstd, int N, int C) {
   const int cmax = 256 * K < LN_WIDE_MAX_C ? 256 * K : LN_WIDE_MAX_C;
   if (ln_bwd_smem(cmax) > kern_cuda_st.smem_optin) return 0;
   static int asked;
@@ -303,7 +314,9 @@ static int ln_bwd_wide(float *dinp, float *dw, float *db, const float *dout, con
     const int64_t at = r0 * C;
     layernorm_bwd_wide_kernel<K><<<runs < (int)KERN_CUDA_MAX_BLOCKS ? runs : KERN_CUDA_MAX_BLOCKS,
                                    LN_WARPS * 32, ln_bwd_smem(C), kern_cuda_st.stream>>>(
-        dinp + at, partial, dout + at, inp + at, w, mean + r0, rstd + r0, R, C);
+        dinp + at, dinp16 ? dinp16 + at : NULL,
+        dsums ? dsums + r0 / KERN_COLSUM_ROWS * C : NULL, partial, dout + at, inp + at, w,
+        mean + r0, rstd + r0, R, C);
     KERN_CUDA_LAUNCHED();
     kern_cuda_colsum_add(db, dw, partial, runs, C);
   }
@@ -348,20 +361,52 @@ extern "C" void kern_cuda_layernorm_fwd_bf16(uint16_t *out, float *mean, float *
   layernorm_fwd(out, mean, rstd, inp, w, b, N, C);
 }
 
-extern "C" void kern_cuda_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout,
-                                        const float *inp, const float *w, const float *mean,
-                                        const float *rstd, int N, int C) {
+/* The strided path's dinp16 and dsums: a pass over the finished dinp,
+ * packed and summed as matmul.cu packs a product's dout
+ * (kern_cuda_pack_colsum) */
+__global__ static void __launch_bounds__(KERN_PACK_COLSUM_THREADS)
+    layernorm_pack_colsum_kernel(uint16_t *dst, float *partial, const float *src, int rows,
+                                 int cols) {
+  kern_cuda_pack_colsum(
+      dst, cols, partial, rows, cols, true, true,
+      [&](int64_t n, int j) { return kern_cuda_load_f32x4(src + n * cols + j); },
+      [&](int64_t n, int j) { return src[n * cols + j]; });
+}
+
+static void layernorm_bwd(float *dinp, uint16_t *dinp16, float *dsums, float *dw, float *db,
+                          const float *dout, const float *inp, const float *w, const float *mean,
+                          const float *rstd, int N, int C) {
   if (N <= 0 || C <= 0) return;
   int done = 0;
-  switch (ln_wide_k(C, dinp, dout, inp, w, w)) {
-  case 1: done = ln_bwd_wide<1>(dinp, dw, db, dout, inp, w, mean, rstd, N, C); break;
-  case 2: done = ln_bwd_wide<2>(dinp, dw, db, dout, inp, w, mean, rstd, N, C); break;
-  case 4: done = ln_bwd_wide<4>(dinp, dw, db, dout, inp, w, mean, rstd, N, C); break;
-  case 6: done = ln_bwd_wide<6>(dinp, dw, db, dout, inp, w, mean, rstd, N, C); break;
+  switch (ln_wide_k(C, dinp, dout, inp, w, dinp16 ? (const void *)dinp16 : w)) {
+  case 1: done = ln_bwd_wide<1>(dinp, dinp16, dsums, dw, db, dout, inp, w, mean, rstd, N, C); break;
+  case 2: done = ln_bwd_wide<2>(dinp, dinp16, dsums, dw, db, dout, inp, w, mean, rstd, N, C); break;
+  case 4: done = ln_bwd_wide<4>(dinp, dinp16, dsums, dw, db, dout, inp, w, mean, rstd, N, C); break;
+  case 6: done = ln_bwd_wide<6>(dinp, dinp16, dsums, dw, db, dout, inp, w, mean, rstd, N, C); break;
   }
   if (done) return;
   layernorm_bwd_dinp_kernel<<<(unsigned)((N + LN_WARPS - 1) / LN_WARPS), LN_WARPS * 32, 0,
                               kern_cuda_st.stream>>>(dinp, dout, inp, w, mean, rstd, N, C);
   KERN_CUDA_LAUNCHED();
   kern_cuda_colsum(db, dw, dout, inp, mean, rstd, N, C, C);
+  if (!dinp16) return;
+  layernorm_pack_colsum_kernel<<<kern_cuda_pack_colsum_grid(N, C), KERN_PACK_COLSUM_THREADS, 0,
+                                 kern_cuda_st.stream>>>(dinp16, dsums, dinp, N, C);
+  KERN_CUDA_LAUNCHED();
+}
+
+extern "C" void kern_cuda_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout,
+                                        const float *inp, const float *w, const float *mean,
+                                        const float *rstd, int N, int C) {
+  layernorm_bwd(dinp, NULL, NULL, dw, db, dout, inp, w, mean, rstd, N, C);
+}
+
+extern "C" void kern_cuda_layernorm_bwd16(float *dinp, uint16_t *dinp16, float *dsums, float *dw,
+                                          float *db, const float *dout, const float *inp,
+                                          const float *w, const float *mean, const float *rstd,
+                                          int N, int C) {
+  /* kern.h: 16-byte rows of dinp16 and dinp */
+  KERN_CUDA_ASSERT(dinp16 && dsums && C % 8 == 0 && kern_cuda_aligned16(dinp16) &&
+                   kern_cuda_aligned16(dinp));
+  layernorm_bwd(dinp, dinp16, dsums, dw, db, dout, inp, w, mean, rstd, N, C);
 }

@@ -881,12 +881,15 @@ extern "C" void kern_cuda_matmul_bwd_bf16(float *dinp, float *dw, float *dbias, 
  * matmul_fwd_bf16_out16's), in the joint blocks where a block of all OC
  * columns fits, else by the separate products (dbias by colsum first).
  * dgelu16 (matmul_bwd_dgelu16): each sum times GELU's derivative at its
- * element of dgelu16 before that rounding (cuBLASLt's DGELU epilogue). */
-static void matmul_bwd_dinp16_any(uint16_t *dinp16, float *dw, float *dbias, const float *dout,
-                                  const float *inp, const uint16_t *inp16, const float *w,
-                                  const uint16_t *w16, const uint16_t *dgelu16, int N, int IC,
-                                  int OC) {
-  KERN_CUDA_ASSERT(kern_cuda_st.bf16 && !kern_cuda_st.fast16bf && !inp != !inp16 && dout);
+ * element of dgelu16 before that rounding (cuBLASLt's DGELU epilogue).
+ * dout (N x OC, dense) in fp32 or in bf16 (matmul_bwd16); dsums: dbias
+ * from its runs (layernorm_bwd16's), added in order as colsum adds them. */
+static void matmul_bwd_dinp16_any(uint16_t *dinp16, float *dw, float *dbias,
+                                  const gemm_operand_t *d, const float *dsums, const float *inp,
+                                  const uint16_t *inp16, const float *w, const uint16_t *w16,
+                                  const uint16_t *dgelu16, int N, int IC, int OC) {
+  KERN_CUDA_ASSERT(kern_cuda_st.bf16 && !kern_cuda_st.fast16bf && !inp != !inp16 &&
+                   !d->x != !d->x16 && d->ld == OC);
   /* 16-byte rows of dinp16 (and inp16, dgelu16); OC a multiple of 8 so that no sum is cut (gemm_parts) */
   KERN_CUDA_ASSERT(IC % 8 == 0 && OC % 8 == 0 && kern_cuda_aligned16(dinp16) &&
                    (!inp16 || kern_cuda_aligned16(inp16)) &&
@@ -897,12 +900,16 @@ static void matmul_bwd_dinp16_any(uint16_t *dinp16, float *dw, float *dbias, con
                                     kern_cuda_st.stream));
     return;
   }
-  const gemm_operand_t d = {dout, NULL, OC, 0}, x = {inp, inp16, IC, 0}, wo = gemm_weight(w, w16, IC);
-  if (gemm_bwd_joint(dinp16, CUDA_R_16BF, dw, dbias, &d, &x, &wo, N, IC, OC, 0, dgelu16)) return;
-  if (dbias) kern_cuda_colsum(dbias, NULL, dout, NULL, NULL, NULL, N, OC, OC);
-  gemm_bf16_packed(__func__, 'N', 'N', N, IC, OC, 1.0f, &d, &wo, 0.0f, dinp16, CUDA_R_16BF, IC, 0,
+  if (dbias && dsums) { /* the runs' sums made: their second stage alone */
+    kern_cuda_colsum_add(dbias, NULL, dsums, (N + KERN_COLSUM_ROWS - 1) / KERN_COLSUM_ROWS, OC);
+    dbias = NULL;
+  }
+  const gemm_operand_t x = {inp, inp16, IC, 0}, wo = gemm_weight(w, w16, IC);
+  if (gemm_bwd_joint(dinp16, CUDA_R_16BF, dw, dbias, d, &x, &wo, N, IC, OC, 0, dgelu16)) return;
+  if (dbias) gemm_dbias(dbias, d, N, OC);
+  gemm_bf16_packed(__func__, 'N', 'N', N, IC, OC, 1.0f, d, &wo, 0.0f, dinp16, CUDA_R_16BF, IC, 0,
                    1, gemm_epi_t{NULL, NULL, NULL, NULL, dgelu16});
-  gemm_bf16_packed(__func__, 'T', 'N', OC, IC, N, 1.0f, &d, &x, 1.0f, dw, CUDA_R_32F, IC, 0, 1,
+  gemm_bf16_packed(__func__, 'T', 'N', OC, IC, N, 1.0f, d, &x, 1.0f, dw, CUDA_R_32F, IC, 0, 1,
                    gemm_epi_t{});
 }
 
@@ -910,7 +917,19 @@ extern "C" void kern_cuda_matmul_bwd_dinp16(uint16_t *dinp16, float *dw, float *
                                             const float *dout, const float *inp,
                                             const uint16_t *inp16, const float *w,
                                             const uint16_t *w16, int N, int IC, int OC) {
-  matmul_bwd_dinp16_any(dinp16, dw, dbias, dout, inp, inp16, w, w16, NULL, N, IC, OC);
+  const gemm_operand_t d = {dout, NULL, OC, 0};
+  matmul_bwd_dinp16_any(dinp16, dw, dbias, &d, NULL, inp, inp16, w, w16, NULL, N, IC, OC);
+}
+
+/* matmul_bwd16 (kern.h): dout in bf16 as layernorm_bwd16 rounded it (read
+ * in place: no packing pass), dbias from the runs it summed */
+extern "C" void kern_cuda_matmul_bwd16(uint16_t *dinp16, float *dw, float *dbias,
+                                       const uint16_t *dout16, const float *dsums,
+                                       const uint16_t *inp16, const float *w, const uint16_t *w16,
+                                       const uint16_t *pre16, int N, int IC, int OC) {
+  KERN_CUDA_ASSERT(dout16 && kern_cuda_aligned16(dout16) && inp16 && (!dbias || dsums));
+  const gemm_operand_t d = {NULL, dout16, OC, 0};
+  matmul_bwd_dinp16_any(dinp16, dw, dbias, &d, dsums, NULL, inp16, w, w16, pre16, N, IC, OC);
 }
 
 /* matmul_bwd_dgelu16 (kern.h): the fc projection's backward with GELU's
@@ -922,5 +941,6 @@ extern "C" void kern_cuda_matmul_bwd_dgelu16(uint16_t *dinp16, float *dw, float 
                                              const float *w, const uint16_t *w16,
                                              const uint16_t *pre16, int N, int IC, int OC) {
   KERN_CUDA_ASSERT(inp16 && pre16);
-  matmul_bwd_dinp16_any(dinp16, dw, dbias, dout, NULL, inp16, w, w16, pre16, N, IC, OC);
+  const gemm_operand_t d = {dout, NULL, OC, 0};
+  matmul_bwd_dinp16_any(dinp16, dw, dbias, &d, NULL, NULL, inp16, w, w16, pre16, N, IC, OC);
 }

@@ -259,14 +259,21 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
   if (a16)
     OPS_TIME("layernorm_fwd_bf16", sh, n_ln,
              K->layernorm_fwd_bf16(y16, mean, rstd, x, w, bias, (int)N, C));
-  OPS_TIME("layernorm_bwd", sh, 2 * L + 1,
-           K->layernorm_bwd(z, dw, dbias, x, y, w, mean, rstd, (int)N, C));
-  const struct { const char *name; int ic, oc; } mm[] = {
-      {"qkv", C, 3 * C}, {"attproj", C, C}, {"fc", C, 4 * C}, {"fcproj", 4 * C, C}};
   /* fch kept in bf16 where GELU reads it so (gpt.c's fch16): the fc product
    * writes bf16 without its bias, GELU adds it */
   const int h16 = a16 && K->gelu_fwd_bf16in && K->gelu_bwd_bf16in && K->matmul_fwd_bf16_out16;
   const int q16 = a16 && K->attention_bf16_fits(C, NH); /* qkv in bf16 (gpt.c's qkv16) */
+  /* the residual's gradient in bf16 from the norms' backward, read by the
+   * projections' (gpt.c's gpt_dres16): every norm's but block 0's ln1 */
+  const int dr16 = q16 && h16 && K->matmul_bwd_dinp16 && K->layernorm_bwd16 && K->matmul_bwd16;
+  float *dsums = dr16 ? ops_buf((N / 32 + 1) * (size_t)C) : NULL;
+  OPS_TIME("layernorm_bwd", sh, dr16 ? 1 : 2 * L + 1,
+           K->layernorm_bwd(z, dw, dbias, x, y, w, mean, rstd, (int)N, C));
+  if (dr16)
+    OPS_TIME("layernorm_bwd16", sh, 2 * L,
+             K->layernorm_bwd16(z, y16, dsums, dw, dbias, x, y, w, mean, rstd, (int)N, C));
+  const struct { const char *name; int ic, oc; } mm[] = {
+      {"qkv", C, 3 * C}, {"attproj", C, C}, {"fc", C, 4 * C}, {"fcproj", 4 * C, C}};
   /* qkv written in bf16 by its product, with the bias's bf16 image (gpt.c,
    * where the weights' images are there) */
   const int qo16 = q16 && k16 && K->qkv_out16 && K->matmul_fwd_bf16_out16;
@@ -296,7 +303,7 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
     OPS_TIME("matmul_bwd", sh, b || (i == 1 && datt16) ? 0 : L,
              K->matmul_bwd(z, dw, dbias, y, x, w, (int)N, mm[i].ic, mm[i].oc, mm[i].oc, 0));
     if (i == 1 && datt16) /* datt16 needs q16: attproj's input in bf16 */
-      OPS_TIME("matmul_bwd_dinp16", sh, L,
+      OPS_TIME("matmul_bwd_dinp16", sh, dr16 ? 0 : L,
                K->matmul_bwd_dinp16(y16, dw, dbias, y, NULL, x16, w, w16, (int)N, mm[i].ic,
                                     mm[i].oc));
     if (!b) continue;
@@ -329,13 +336,19 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
     }
     const int fdg = fgs && K->matmul_bwd_dgelu16; /* GELU's backward in it (gpt.c's dgelu_in) */
     if (i == 3 && dgelu16)
-      OPS_TIME("matmul_bwd_dinp16", sh, fdg ? 0 : L,
+      OPS_TIME("matmul_bwd_dinp16", sh, fdg || dr16 ? 0 : L,
                K->matmul_bwd_dinp16(y16, dw, dbias, y, NULL, x16, w, w16, (int)N, mm[i].ic,
                                     mm[i].oc));
     if (i == 3 && fg && K->matmul_bwd_dgelu16) /* pre16: x16 again (a timing) */
-      OPS_TIME("matmul_bwd_dgelu16", sh, fdg ? L : 0,
+      OPS_TIME("matmul_bwd_dgelu16", sh, fdg && !dr16 ? L : 0,
                K->matmul_bwd_dgelu16(y16, dw, dbias, y, x16, w, w16, x16, (int)N, mm[i].ic,
                                      mm[i].oc));
+    if (dr16 && (i == 1 || i == 3)) { /* from the norm's bf16 dres (x16's first N C: a timing) */
+      snprintf(sh, sizeof sh, "%s:N=%zu,IC=%d,OC=%d,dres16", mm[i].name, N, mm[i].ic, mm[i].oc);
+      OPS_TIME("matmul_bwd16", sh, L,
+               K->matmul_bwd16(y16, dw, dbias, x16, dsums, x16, w, w16, i == 3 && fdg ? x16 : NULL,
+                               (int)N, mm[i].ic, mm[i].oc));
+    }
     if (!f16) continue;
     snprintf(sh, sizeof sh, "%s:N=%zu,IC=%d,OC=%d,dout16", mm[i].name, N, mm[i].ic, mm[i].oc);
     OPS_TIME("matmul_bwd_bf16", sh, fgs && K->matmul_bwd_dgelu16 ? 0 : L,

@@ -2613,6 +2613,116 @@ static void test_matmul_bwd_dbias16(int N, int IC, int OC) {
   free(dout), free(x), free(w), free(b0), free(want), free(dw), free(d16), free(x16);
 }
 
+/* layernorm_bwd16 and matmul_bwd16 (kern.h): the norm's backward with the
+ * residual's gradient rounded to bf16 and its runs' column sums, then the
+ * backward of the product that wrote the residual from those. Against the
+ * ops they stand for, on the same inputs: layernorm_bwd (dinp, dw, db bit
+ * for bit), dinp16 the CPU's rounding of that dinp, dsums the runs summed
+ * on the host from it (from zero, in row order); then matmul_bwd_dinp16
+ * and (pre16) matmul_bwd_dgelu16 from the fp32 dinp: dinp16, dbias and dw
+ * bit for bit (the same operands, cut into the same blocks where the
+ * packed fp32 dout fits the packing buffer whole, N OC here). */
+static void test_ln_dres16(int N, int C, int IC) {
+  char shape[80];
+  snprintf(shape, sizeof shape, "N=%d C=%d IC=%d", N, C, IC);
+  const size_t n = (size_t)N * C, ni = (size_t)N * IC, nw = (size_t)C * IC;
+  const int runs = (N + KERN_COLSUM_ROWS - 1) / KERN_COLSUM_ROWS;
+  float *x = frand(n, -2, 3), *w = frand(C, 0.5f, 1.5f), *b = frand(C, -0.5f, 0.5f),
+        *out = xmalloc(n * 4), *mean = xmalloc(N * 4), *rstd = xmalloc(N * 4);
+  cpu->layernorm_fwd(out, mean, rstd, x, w, b, N, C);
+  float *dout = frand(n, -1, 1), *dinp = frand(n, -1, 1), *dw = frand(C, -1, 1),
+        *db = frand(C, -1, 1);
+  float *dx = dput(x, n * 4), *dwn = dput(w, C * 4), *dm = dput(mean, N * 4),
+        *dr = dput(rstd, N * 4), *ddout = dput(dout, n * 4);
+  float *ref_dinp = dput(dinp, n * 4), *ref_dw = dput(dw, C * 4), *ref_db = dput(db, C * 4);
+  float *got_dinp = dput(dinp, n * 4), *got_dw = dput(dw, C * 4), *got_db = dput(db, C * 4),
+        *d_sums = dnew((size_t)runs * C * 4);
+  uint16_t *d_r16 = dnew(n * 2);
+  gpu->layernorm_bwd(ref_dinp, ref_dw, ref_db, ddout, dx, dwn, dm, dr, N, C);
+#ifdef KERN_CUDA_EMU
+  const unsigned long strided0 = cuda_emu_launches("layernorm_pack_colsum_kernel");
+#endif
+  gpu->layernorm_bwd16(got_dinp, d_r16, d_sums, got_dw, got_db, ddout, dx, dwn, dm, dr, N, C);
+  float *rd = dget(ref_dinp, n), *rw = dget(ref_dw, C), *rb = dget(ref_db, C);
+  check_dev_bits("layernorm_bwd16", "dinp=layernorm_bwd's", shape, got_dinp, rd, n);
+  check_dev_bits("layernorm_bwd16", "dw=layernorm_bwd's", shape, got_dw, rw, C);
+  check_dev_bits("layernorm_bwd16", "db=layernorm_bwd's", shape, got_db, rb, C);
+  uint16_t *want16 = xmalloc(n * 2), *r16 = (uint16_t *)dget(d_r16, n / 2);
+  cpu->f32_to_bf16(want16, rd, n);
+  check_bits_u16("layernorm_bwd16", "dinp16=bf16(dinp)", shape, r16, want16, n);
+  float *want_sums = xmalloc((size_t)runs * C * 4);
+  for (int j = 0; j < runs; j++)
+    for (int c = 0; c < C; c++) {
+      float a = 0.0f;
+      for (int r = j * KERN_COLSUM_ROWS; r < N && r < (j + 1) * KERN_COLSUM_ROWS; r++)
+        a += rd[(size_t)r * C + c];
+      want_sums[(size_t)j * C + c] = a;
+    }
+  check_dev_bits("layernorm_bwd16", "dsums=runs(dinp)", shape, d_sums, want_sums,
+                 (size_t)runs * C);
+#ifdef KERN_CUDA_EMU
+  /* the wide kernel makes them as it goes where it runs (test_layernorm's
+   * rule: C up to 1536 and its K's shared memory given), else a pass over
+   * dinp after it */
+  const int k = (C / 8 + 31) / 32, kk = k <= 2 ? k : k <= 4 ? 4 : 6;
+  const size_t cmax = 256 * kk < 1536 ? 256 * kk : 1536;
+  const unsigned long after = C <= 1536 && 64 * cmax <= cuda_emu_smem_optin() ? 0 : 1;
+  const unsigned long strided = cuda_emu_launches("layernorm_pack_colsum_kernel") - strided0;
+  report("layernorm_bwd16", "passes after the norm", shape, (double)strided, (double)after, "=",
+         -1, strided == after);
+#endif
+
+  /* the product that wrote the residual (OC = C), from dinp16 and dsums */
+  float *wm = frand(nw, -0.5f, 0.5f), *xi = frand(ni, -1, 2), *pre = frand(ni, -5, 5),
+        *b0 = frand(C, -1, 1);
+  uint16_t *x16 = xmalloc(ni * 2), *p16 = xmalloc(ni * 2);
+  cpu->f32_to_bf16(x16, xi, ni), cpu->f32_to_bf16(p16, pre, ni);
+  uint16_t *wbase, *d_w16 = dput_w16(wm, nw, 0, &wbase), *d_x16 = dput(x16, ni * 2),
+           *d_p16 = dput(p16, ni * 2), *d_g = dnew(ni * 2), *d_h = dnew(ni * 2);
+  float *d_w = dput(wm, nw * 4), *d_dw = dput(wm, nw * 4), *d_dw2 = dput(wm, nw * 4),
+        *d_db = dput(b0, C * 4), *d_db2 = dput(b0, C * 4);
+  for (int pre16 = 0; pre16 < 2; pre16++) {
+    char sh[120];
+    snprintf(sh, sizeof sh, "%s%s", shape, pre16 ? " pre16" : "");
+    gpu->copy_h2d(d_dw, wm, nw * 4), gpu->copy_h2d(d_dw2, wm, nw * 4); /* dw accumulates */
+    gpu->copy_h2d(d_db, b0, C * 4), gpu->copy_h2d(d_db2, b0, C * 4);
+#ifdef KERN_CUDA_EMU
+    const unsigned long packs0 = cuda_emu_launches("gemm_pack_colsum_kernel");
+#endif
+    gpu->matmul_bwd16(d_g, d_dw, d_db, d_r16, d_sums, d_x16, d_w, d_w16, pre16 ? d_p16 : NULL, N,
+                      IC, C);
+#ifdef KERN_CUDA_EMU
+    const unsigned long packs = cuda_emu_launches("gemm_pack_colsum_kernel") - packs0;
+    report("matmul_bwd16", "dout packings", sh, (double)packs, 0, "=", -1, packs == 0);
+#endif
+    if (pre16)
+      gpu->matmul_bwd_dgelu16(d_h, d_dw2, d_db2, got_dinp, d_x16, d_w, d_w16, d_p16, N, IC, C);
+    else
+      gpu->matmul_bwd_dinp16(d_h, d_dw2, d_db2, got_dinp, NULL, d_x16, d_w, d_w16, N, IC, C);
+    const char *ref_op = pre16 ? "matmul_bwd_dgelu16's" : "matmul_bwd_dinp16's";
+    char what[96];
+    uint16_t *g = (uint16_t *)dget(d_g, ni / 2), *h = (uint16_t *)dget(d_h, ni / 2);
+    snprintf(what, sizeof what, "dinp16=%s", ref_op);
+    check_bits_u16("matmul_bwd16", what, sh, g, h, ni);
+    float *dw2 = dget(d_dw2, nw), *db2 = dget(d_db2, C);
+    snprintf(what, sizeof what, "dbias=%s", ref_op);
+    check_dev_bits("matmul_bwd16", what, sh, d_db, db2, C);
+    snprintf(what, sizeof what, "dw=%s", ref_op);
+    check_dev_bits("matmul_bwd16", what, sh, d_dw, dw2, nw);
+    free(g), free(h), free(dw2), free(db2);
+  }
+  gpu->dev_free(dx), gpu->dev_free(dwn), gpu->dev_free(dm), gpu->dev_free(dr),
+      gpu->dev_free(ddout), gpu->dev_free(ref_dinp), gpu->dev_free(ref_dw),
+      gpu->dev_free(ref_db), gpu->dev_free(got_dinp), gpu->dev_free(got_dw),
+      gpu->dev_free(got_db), gpu->dev_free(d_sums), gpu->dev_free(d_r16), gpu->dev_free(wbase),
+      gpu->dev_free(d_x16), gpu->dev_free(d_p16), gpu->dev_free(d_g), gpu->dev_free(d_h),
+      gpu->dev_free(d_w), gpu->dev_free(d_dw), gpu->dev_free(d_dw2), gpu->dev_free(d_db),
+      gpu->dev_free(d_db2);
+  free(x), free(w), free(b), free(out), free(mean), free(rstd), free(dout), free(dinp), free(dw),
+      free(db), free(rd), free(rw), free(rb), free(want16), free(r16), free(want_sums), free(wm),
+      free(xi), free(pre), free(b0), free(x16), free(p16);
+}
+
 static void test_gelu_bf16_offsets(size_t n) {
   char shape[64];
   snprintf(shape, sizeof shape, "n=%zu offsets 4x8", n);
@@ -2976,6 +3086,14 @@ int main(void) {
 #endif
       test_matmul_bwd_dbias16(70, 64, 264);
       test_matmul_bwd_dbias16(1000, 768, 3072);
+      /* the norms' backward with the residual's gradient in bf16 for the
+       * projections' (gpt2's attention and fc projections; a ragged last
+       * run; rows past the emulator's 1536 a launch; C past the wide
+       * kernels, 1536: the strided path and a pass after it) */
+      test_ln_dres16(70, 768, 768);
+      test_ln_dres16(100, 768, 3072);
+      test_ln_dres16(1600, 64, 256);
+      test_ln_dres16(45, 1600, 64);
       /* fp32 rows 16-byte multiples apart, bf16 rows not (C % 8 == 4):
        * helper-69 found the 4-row path storing 16 bytes at an odd row */
       test_gelu_bwd_bf16(40, 36, 0);
@@ -3060,8 +3178,10 @@ int main(void) {
   report("table", "bf16 mode, fp32 activation gradients asked: the bf16 table but dinp16", "-",
          0, 0, "-", -1,
          dinp32_table && dinp32_table->matmul_fwd_bf16 && !dinp32_table->matmul_bwd_dinp16 &&
-             !dinp32_table->attention_bwd_dqkv16 && bf16_table->matmul_bwd_dinp16 &&
-             bf16_table->attention_bwd_dqkv16);
+             !dinp32_table->attention_bwd_dqkv16 && !dinp32_table->layernorm_bwd16 &&
+             !dinp32_table->matmul_bwd16 && bf16_table->matmul_bwd_dinp16 &&
+             bf16_table->attention_bwd_dqkv16 && bf16_table->layernorm_bwd16 &&
+             bf16_table->matmul_bwd16);
   /* FSDP_CUDA_GELU_EXACT: the same table, GELU of the bf16 activations on
    * the CPU's bits (kern_gelu) */
   const kern_cuda_opts_t oge = {.device = 0, .bf16 = 1, .gelu_exact = 1};
