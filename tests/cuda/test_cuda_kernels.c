@@ -2619,9 +2619,11 @@ static void test_matmul_bwd_dbias16(int N, int IC, int OC) {
  * ops they stand for, on the same inputs: layernorm_bwd (dinp, dw, db bit
  * for bit), dinp16 the CPU's rounding of that dinp, dsums the runs summed
  * on the host from it (from zero, in row order); then matmul_bwd_dinp16
- * and (pre16) matmul_bwd_dgelu16 from the fp32 dinp: dinp16, dbias and dw
- * bit for bit (the same operands, cut into the same blocks where the
- * packed fp32 dout fits the packing buffer whole, N OC here). */
+ * and (pre16) matmul_bwd_dgelu16 from the fp32 dinp: dinp16 and dbias bit
+ * for bit, dw too where the packed fp32 dout fits the packing buffer whole
+ * (N OC elements; the same blocks of rows), else within an fp32 sum's
+ * bound of it (the bf16 dout, never packed, takes its rows in fewer
+ * blocks: dw's sum in another order, as kern.h allows; helper-83). */
 static void test_ln_dres16(int N, int C, int IC) {
   char shape[80];
   snprintf(shape, sizeof shape, "N=%d C=%d IC=%d", N, C, IC);
@@ -2707,8 +2709,21 @@ static void test_ln_dres16(int N, int C, int IC) {
     float *dw2 = dget(d_dw2, nw), *db2 = dget(d_db2, C);
     snprintf(what, sizeof what, "dbias=%s", ref_op);
     check_dev_bits("matmul_bwd16", what, sh, d_db, db2, C);
-    snprintf(what, sizeof what, "dw=%s", ref_op);
-    check_dev_bits("matmul_bwd16", what, sh, d_dw, dw2, nw);
+    if (n <= KERN_CUDA_SIZE_PACK_ELEMS) {
+      snprintf(what, sizeof what, "dw=%s", ref_op);
+      check_dev_bits("matmul_bwd16", what, sh, d_dw, dw2, nw);
+    } else { /* |w| + |dout16|^T |x16|: the terms' magnitudes */
+      float *ad = xmalloc(n * 4), *ax = xmalloc(ni * 4), *mw = xmalloc(nw * 4),
+            *scr = xmalloc(ni * 4), *gw = dget(d_dw, nw);
+      cpu->bf16_to_f32(ad, want16, n), cpu->bf16_to_f32(ax, x16, ni);
+      for (size_t i = 0; i < n; i++) ad[i] = fabsf(ad[i]);
+      for (size_t i = 0; i < ni; i++) ax[i] = fabsf(ax[i]);
+      for (size_t i = 0; i < nw; i++) mw[i] = fabsf(wm[i]);
+      cpu->matmul_bwd(scr, mw, NULL, ad, ax, wm, N, IC, C, C, 0);
+      snprintf(what, sizeof what, "dw~%s (other row blocks)", ref_op);
+      check_tol("matmul_bwd16", what, sh, gw, dw2, NULL, mw, NULL, nw, TOL_GEMM);
+      free(ad), free(ax), free(mw), free(scr), free(gw);
+    }
     free(g), free(h), free(dw2), free(db2);
   }
   gpu->dev_free(dx), gpu->dev_free(dwn), gpu->dev_free(dm), gpu->dev_free(dr),
@@ -3094,6 +3109,9 @@ int main(void) {
       test_ln_dres16(100, 768, 3072);
       test_ln_dres16(1600, 64, 256);
       test_ln_dres16(45, 1600, 64);
+      /* N C past the packing buffer: dout packed in 2 blocks of rows before,
+       * read whole in bf16 now (helper-83's shape) */
+      test_ln_dres16(2100, 8192, 16);
       /* fp32 rows 16-byte multiples apart, bf16 rows not (C % 8 == 4):
        * helper-69 found the 4-row path storing 16 bytes at an odd row */
       test_gelu_bwd_bf16(40, 36, 0);
