@@ -858,7 +858,11 @@ int main(int argc, char **argv) {
   if (!k16 || !k16->crossentropy_fwd_bwd_bf16 || !k16->gelu_bwd_bf16 ||
       !k16->matmul_fwd_bf16_out16 || !k16->crossentropy_fwd_bwd_bf16in)
     return 2;
-  static kern_backend_t no_logits16, no_dlogits16, no_dfch16, no_fch16, no_dinp16, no_res;
+  static kern_backend_t no_logits16, no_dlogits16, no_dfch16, no_fch16, no_dinp16, no_res,
+      no_dres16;
+  no_dres16 = *k16; /* the projections' backward packing dres itself */
+  no_dres16.layernorm_bwd16 = NULL;
+  no_dres16.matmul_bwd16 = NULL;
   no_res = *k16; /* the residual added after the projections' products */
   no_res.matmul_fwd_res = NULL;
   no_dinp16 = *k16; /* GELU's and the attention's output gradients in fp32 */
@@ -923,7 +927,14 @@ int main(int argc, char **argv) {
        * layernorm's bf16 outputs, round the other way (on the emulator:
        * losses 3.0e-6 apart, the gradients 3.3e-4) */
       {k16, &no_res, FV_CHUNK, FV_CHUNK, 2, 1, "residual in the product vs after",
-       LOGITS16_LOSS_TOL, GRAD16_TOL}};
+       LOGITS16_LOSS_TOL, GRAD16_TOL},
+      /* dres rounded and its dbias runs summed by the norms' backward for
+       * the projections' (layernorm_bwd16, matmul_bwd16): the operands and
+       * sums the packing made, so the same bits on the emulator (below);
+       * on a GPU cuBLASLt may take another algorithm for the copy, aligned
+       * to 16 bytes where the packing buffer is to 256 (helper-83) */
+      {k16, &no_dres16, FV_CHUNK, FV_CHUNK, 2, 1, "bf16 dres from the norms vs packed", CHUNK_TOL,
+       GRAD_ORDER_TOL}};
   /* gelu_fwd_bf16in_kernel's launches, either index type, the fast form
    * (gelu.cu; the default) */
 #define GELU16_LAUNCHES()                                                                          \
@@ -934,17 +945,26 @@ int main(int argc, char **argv) {
 #define RESIDUAL_LAUNCHES()                                                                        \
   (emu_launches ? emu_launches("residual_fwd_kernel") + emu_launches("residual_fwd_wide_kernel")  \
                 : 0)
+  /* matmul.cu's packings of a product's fp32 dout with its dbias's sums */
+#define PACKS_LAUNCHES() (emu_launches ? emu_launches("gemm_pack_colsum_kernel") : 0)
   fv_biases = 1;
   for (size_t k = 0; k < sizeof vs / sizeof vs[0]; k++) {
     float la[FV_STEPS], lb[FV_STEPS];
     const unsigned long l0 = emu_launches ? emu_launches("ce_row16_kernel") : 0,
-                        g0 = GELU16_LAUNCHES(), r0 = RESIDUAL_LAUNCHES();
+                        g0 = GELU16_LAUNCHES(), r0 = RESIDUAL_LAUNCHES(), p0 = PACKS_LAUNCHES();
     int rc = fv_run(vs[k].with, 0, vs[k].lrows, la, NULL);
     const unsigned long launches = emu_launches ? emu_launches("ce_row16_kernel") - l0 : 0,
-                        g1 = GELU16_LAUNCHES(), r1 = RESIDUAL_LAUNCHES();
+                        g1 = GELU16_LAUNCHES(), r1 = RESIDUAL_LAUNCHES(), p1 = PACKS_LAUNCHES();
     if (rc || fv_run(vs[k].without, 0, vs[k].lrows_without, lb, NULL)) {
       fprintf(stderr, "test_cuda_train: bf16 %s: %s\n", vs[k].how, err_msg());
       return 2;
+    }
+    if (emu_launches && vs[k].with->layernorm_bwd16 && !vs[k].without->layernorm_bwd16) {
+      /* taken: no backward product packs its dout with its dbias's sums then */
+      const unsigned long p2 = PACKS_LAUNCHES();
+      char what[96];
+      snprintf(what, sizeof what, "cuda bf16: %s, dout packings a step (emulator)", vs[k].how);
+      check(p1 == p0 && p2 > p1, what, (double)(p1 - p0) / FV_STEPS, 0);
     }
     if (emu_launches) { /* a residual pass exactly where the table adds none in its products */
       const unsigned long r2 = RESIDUAL_LAUNCHES();
@@ -987,6 +1007,10 @@ int main(int argc, char **argv) {
     if (vs[k].with->matmul_bwd_dinp16 && !vs[k].without->matmul_bwd_dinp16) {
       snprintf(what, sizeof what, "cuda bf16: %s, gradients differ (taken)", vs[k].how);
       check(differ > 0, what, (double)differ, 1);
+    }
+    if (emu_launches && vs[k].with->layernorm_bwd16 && !vs[k].without->layernorm_bwd16) {
+      snprintf(what, sizeof what, "cuda bf16: %s, gradients differing (emulator)", vs[k].how);
+      check(differ == 0 && lw == 0, what, (double)differ, 0);
     }
     snprintf(what, sizeof what, "cuda bf16: %s, losses (relative)", vs[k].how);
     check(lw <= vs[k].loss_tol, what, lw, vs[k].loss_tol);
