@@ -332,6 +332,9 @@ static void fv_batch(int step, int32_t *in, int32_t *tg) {
  * images added by the products' epilogues, GELU's input with or without
  * its bias) then count, as in a trained model. */
 static int fv_biases;
+/* fv_run's recompute level (gpt_set_recompute) and activation
+ * checkpointing (gpt_set_checkpointing): 0 and 0 unless a check sets them */
+static int fv_recompute, fv_ckpt;
 
 /* Those biases: put(ctx, i, v) for each element i (in the model's flat
  * order) of every ".b" tensor of c, v its value. */
@@ -436,6 +439,8 @@ static int fv_run(const kern_backend_t *be, int sharded, int lrows, float *losse
     goto out;
   }
   gpt_set_logits_rows(g, lrows < 0 ? -lrows : lrows);
+  gpt_set_recompute(g, fv_recompute);
+  gpt_set_checkpointing(g, fv_ckpt);
   for (int s = 0; s < FV_STEPS && !rc; s++) {
     fv_batch(s, in, tg);
     float norm;
@@ -1137,6 +1142,81 @@ int main(int argc, char **argv) {
             "cuda bf16: GELU in the fc products' writes, GELU's forward launches (emulator)",
             (double)(l1 - l0), fc.layers);
     free(ga), free(gf);
+  }
+  /* Recompute levels and activation checkpointing under bf16-mixed, the
+   * runtime on device.c's default bf16 table (GELU by its own pass) with
+   * and without the norms' dres16 ops: backward makes again what forward
+   * dropped (GELU's output, the norms', a whole block's) with the ops
+   * forward ran, on the same inputs, so every loss and weight after
+   * FV_STEPS steps is the same bits as keeping it, on the emulator; the two
+   * tables the same bits at every level, as at the default (the vs[] entry
+   * above). And with GELU in the fc products' writes (FSDP_CUDA_GELU_FUSED)
+   * checkpointing against keeping (its blocks' forward again, the epilogue
+   * again); a recompute level there takes GELU by its pass (gpt.c keeps the
+   * epilogue's form only where GELU's output is kept), the difference the
+   * fused-vs-passes check above bounds. On a GPU the losses within
+   * CHUNK_TOL: cuBLASLt may pick another algorithm where a recomputed
+   * operand lies elsewhere (alignment). A recomputation that reads a buffer
+   * backward has overwritten, or skips a term, shows here. */
+  {
+    static const struct {
+      int recompute, ckpt;
+      const char *how;
+    } modes[] = {{0, 0, "kept"},
+                 {1, 0, "recompute 1"},
+                 {2, 0, "recompute 2"},
+                 {0, 1, "checkpointing"},
+                 {2, 1, "checkpointing at recompute 2"}};
+    enum { NM = sizeof modes / sizeof modes[0], NT = 3 };
+    static kern_backend_t apart, apart_no_dres16;
+    apart = *k16, apart_no_dres16 = no_dres16;
+    apart.matmul_fwd_bf16_gelu = apart_no_dres16.matmul_fwd_bf16_gelu = NULL;
+    apart.matmul_bwd_dgelu16 = apart_no_dres16.matmul_bwd_dgelu16 = NULL;
+    const kern_backend_t *tables[NT] = {&apart, &apart_no_dres16, k16};
+    /* the tables as the checks name them */
+    static const char *const tnames[NT] = {"", " without the dres16 ops",
+                                           " with GELU in the fc products"};
+    float l[NT][NM][FV_STEPS], *w[NT][NM] = {{NULL}};
+    const size_t np = gpt_config_num_params(&fc);
+    int rc = 0;
+    fv_biases = 1;
+    for (int t = 0; t < NT && !rc; t++)
+      for (int m = 0; m < NM && !rc; m++) {
+        if (t == 2 && modes[m].recompute) continue;
+        fv_recompute = modes[m].recompute, fv_ckpt = modes[m].ckpt;
+        rc = fv_run(tables[t], 2, FV_CHUNK, l[t][m], &w[t][m]);
+      }
+    fv_biases = fv_recompute = fv_ckpt = 0;
+    if (rc) {
+      fprintf(stderr, "test_cuda_train: bf16 recompute levels: %s\n", err_msg());
+      return 2;
+    }
+    for (int t = 0; t < NT; t++)
+      for (int m = 0; m < NM; m++) {
+        /* the default table at m against it kept; the second against the
+         * default at m; the fused one checkpointing against it kept */
+        const int rt = t == 1 ? 0 : t, rm = t == 1 ? m : 0;
+        if (!w[t][m] || (rt == t && rm == m)) continue;
+        size_t differ = memcmp(l[t][m], l[rt][rm], sizeof l[t][m]) != 0;
+        for (size_t i = 0; i < np; i++) differ += memcmp(&w[t][m][i], &w[rt][rm][i], 4) != 0;
+        double lw = 0;
+        for (int i = 0; i < FV_STEPS; i++)
+          lw = fmax(lw, fabs((double)l[t][m][i] - l[rt][rm][i]) / fabs((double)l[rt][rm][i]));
+        char what[160], check_what[192];
+        snprintf(what, sizeof what, "cuda bf16 sharded: %s%s vs %s%s", modes[m].how, tnames[t],
+                 modes[rm].how, tnames[rt]);
+        printf("%s: %zu parameters and losses differ, losses %.3g apart (relative)\n", what,
+               differ, lw);
+        if (emu_launches) {
+          snprintf(check_what, sizeof check_what, "%s, bits differ (emulator)", what);
+          check(differ == 0, check_what, (double)differ, 0);
+        } else {
+          snprintf(check_what, sizeof check_what, "%s, losses (relative)", what);
+          check(lw <= CHUNK_TOL, check_what, lw, CHUNK_TOL);
+        }
+      }
+    for (int t = 0; t < NT; t++)
+      for (int m = 0; m < NM; m++) free(w[t][m]);
   }
   printf("test_cuda_train: %s\n", fails ? "FAILED" : "passed");
   return fails ? 1 : 0;
