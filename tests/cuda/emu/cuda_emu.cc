@@ -31,13 +31,18 @@
  * threshold (CUDA_EMU_POOLS=0: a device without pools); cuda_emu_waits counts
  * the calls that make a GPU's host wait. CUDA_EMU_LT_BIAS_REFUSE=1 makes
  * cublasLtMatmul refuse every epilogue with a bias its heuristic offered,
- * CUDA_EMU_LT_GELU_REFUSE=1 every GELU epilogue (DGELU's too). */
+ * CUDA_EMU_LT_GELU_REFUSE=1 every GELU epilogue (DGELU's too).
+ * A freed block's host memory goes only after CUDA_EMU_QUARANTINE bytes
+ * (default 256 MiB) freed since (emu_quarantine): a kernel that reads it
+ * after its free finds NaN, or faults where the block spans whole pages,
+ * never a later allocation's data. */
 #include <atomic>
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -425,6 +430,7 @@ static void run_block(int n) {
 static thread_local cudaError_t emu_last = cudaSuccess;
 static std::mutex emu_mu;
 static std::map<uintptr_t, size_t> emu_allocs;     /* device memory: start -> bytes */
+static std::map<uintptr_t, size_t> emu_hosts;      /* its host memory: start -> bytes */
 static std::map<uintptr_t, size_t> emu_registered; /* cudaHostRegister'ed ranges */
 static std::map<const void *, int> emu_smem_allowed;
 static size_t emu_allocated; /* live device memory plus what pools hold idle */
@@ -854,13 +860,76 @@ cudaError_t cudaFuncSetAttribute(const void *f, cudaFuncAttribute attr, int v) {
   return cudaSuccess;
 }
 
+/* Freed blocks' host memory, oldest first, and its bytes: each is NaN (the
+ * free's fill) and, where it spans whole pages (emu_alloc's blocks of 64
+ * KiB on), inaccessible, so a kernel reading it after its free (a missing
+ * stream wait, a buffer freed early) computes NaN or faults, as it would
+ * have when glibc unmapped large blocks, instead of reading the block's
+ * next owner's data; the oldest goes once CUDA_EMU_QUARANTINE bytes wait.
+ * Its own lock: a stream's deferred free takes it on the stream's thread. */
+struct emu_quarantined {
+  void *p;
+  size_t bytes;
+  bool locked; /* PROT_NONE */
+};
+static std::mutex emu_quarantine_mu;
+static std::deque<emu_quarantined> emu_quarantine_q;
+static size_t emu_quarantine_bytes;
+static const size_t EMU_PAGE = 4096, EMU_PAGED = 64 << 10;
+
+/* A fault in a quarantined block stops the run saying so, with the kernel
+ * and thread (emu::fail); any other goes to the handler before this one
+ * (the program's own, or the default) as the access faults again. */
+static struct sigaction emu_segv_before;
+static void emu_segv(int sig, siginfo_t *si, void *uc) {
+  (void)sig, (void)uc;
+  const uintptr_t a = (uintptr_t)si->si_addr;
+  for (const emu_quarantined &q : emu_quarantine_q)
+    if (q.locked && a >= (uintptr_t)q.p && a < (uintptr_t)q.p + q.bytes)
+      emu::fail("an access at %p, %zu bytes into a %zu-byte block of device memory already freed "
+                "(cudaFree or cudaFreeAsync): a use after free",
+                si->si_addr, (size_t)(a - (uintptr_t)q.p), q.bytes);
+  sigaction(SIGSEGV, &emu_segv_before, nullptr);
+}
+
+static void emu_quarantine(void *p, size_t bytes) {
+  const bool whole = (uintptr_t)p % EMU_PAGE == 0 && bytes % EMU_PAGE == 0 && bytes;
+  const emu_quarantined q = {p, bytes, whole && mprotect(p, bytes, PROT_NONE) == 0};
+  const size_t cap = emu_env_size("CUDA_EMU_QUARANTINE", (size_t)256 << 20);
+  std::lock_guard<std::mutex> g(emu_quarantine_mu);
+  static bool handled;
+  if (q.locked && !handled) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = emu_segv;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    handled = sigaction(SIGSEGV, &sa, &emu_segv_before) == 0;
+  }
+  emu_quarantine_q.push_back(q);
+  emu_quarantine_bytes += bytes;
+  while (emu_quarantine_bytes > cap && !emu_quarantine_q.empty()) {
+    const emu_quarantined old = emu_quarantine_q.front();
+    emu_quarantine_q.pop_front();
+    emu_quarantine_bytes -= old.bytes;
+    if (old.locked && mprotect(old.p, old.bytes, PROT_READ | PROT_WRITE) != 0) {
+      perror("cuda_emu: mprotect of a freed block");
+      abort();
+    }
+    free(old.p);
+  }
+}
+
 /* Device memory of n bytes (block: the rounded bytes it takes, already
- * counted in emu_allocated when it comes from a pool's idle block). */
+ * counted in emu_allocated when it comes from a pool's idle block). From
+ * 64 KiB on its host memory is whole pages (emu_quarantine). */
 static cudaError_t emu_alloc(void **p, size_t n, size_t block, bool counted) {
-  *p = aligned_alloc(256, block);
+  const size_t host = block >= EMU_PAGED ? (block + EMU_PAGE - 1) / EMU_PAGE * EMU_PAGE : block;
+  *p = aligned_alloc(block >= EMU_PAGED ? EMU_PAGE : 256, host);
   if (!*p) return emu_err(cudaErrorMemoryAllocation);
-  memset(*p, 0xff, block); /* NaN: cudaMalloc's memory holds anything */
+  memset(*p, 0xff, host); /* NaN: cudaMalloc's memory holds anything */
   emu_allocs[(uintptr_t)*p] = n;
+  emu_hosts[(uintptr_t)*p] = host;
   if (!counted) emu_allocated += block;
   return cudaSuccess;
 }
@@ -901,13 +970,16 @@ cudaError_t cudaMalloc(void **p, size_t n) {
 }
 
 /* Frees p (emu_mu held): a pooled block goes idle in its pool. Its host
- * memory goes now, NaN first (malloc may keep it mapped: a kernel that
- * reads it after its free reads NaN, not the old values), or, with
- * release false, by the caller's free(p) later. */
-static cudaError_t emu_free(void *p, bool release = true) {
+ * memory is NaN and quarantined now (emu_quarantine), or, with release
+ * false, by the caller later; *host (if given): its bytes. */
+static cudaError_t emu_free(void *p, bool release = true, size_t *host = nullptr) {
   auto it = emu_allocs.find((uintptr_t)p);
   if (it == emu_allocs.end()) return emu_err(cudaErrorInvalidValue);
-  if (release) memset(p, 0xff, it->second);
+  auto h = emu_hosts.find((uintptr_t)p);
+  const size_t bytes = h->second;
+  emu_hosts.erase(h);
+  if (host) *host = bytes;
+  if (release) memset(p, 0xff, bytes);
   auto pooled = emu_pooled.find((uintptr_t)p);
   if (pooled != emu_pooled.end()) {
     pooled->second.first->idle.emplace(pooled->second.second, true);
@@ -917,7 +989,7 @@ static cudaError_t emu_free(void *p, bool release = true) {
     emu_allocated -= emu_round(it->second);
   }
   emu_allocs.erase(it);
-  if (release) free(p);
+  if (release) emu_quarantine(p, bytes);
   return cudaSuccess;
 }
 
@@ -1086,17 +1158,15 @@ cudaError_t cudaFreeAsync(void *p, cudaStream_t s) {
   size_t n;
   {
     std::lock_guard<std::mutex> g(emu_mu);
-    auto it = emu_allocs.find((uintptr_t)p);
-    n = it == emu_allocs.end() ? 0 : it->second;
-    const cudaError_t e = emu_free(p, false);
+    const cudaError_t e = emu_free(p, false, &n);
     if (e != cudaSuccess) return e;
   }
-  /* NaN before it goes: work on another stream that still reads it, for
-   * want of a wait, reads garbage here as it may on a GPU once the pool
-   * gives the block to the next allocation */
+  /* NaN and quarantined in the stream's order: work on another stream
+   * that still reads it, for want of a wait, reads garbage here as it may
+   * on a GPU once the pool gives the block to the next allocation */
   emu::enqueue(s, [p, n]() {
     memset(p, 0xff, n);
-    free(p);
+    emu_quarantine(p, n);
     return true;
   });
   return cudaSuccess;

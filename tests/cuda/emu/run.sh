@@ -24,8 +24,10 @@ seed=${CUDA_EMU_SEED:-$(date +%s)}
 # every page was faulted in again (test_cuda_kernels: 15 million page
 # faults, 45 of its 160 CPU seconds in the kernel). Kept, they are 0.7
 # million and 5 s (2 cores, 2026-11-29), for ~130 MB more at the peak (the
-# heap is never trimmed). Read-after-free still reads NaN: the emulator
-# fills what it frees. (Appended to the caller's tunables.)
+# heap is never trimmed). A read after a free still finds NaN or stops the
+# run: the emulator fills what it frees and keeps it a while, its whole
+# pages inaccessible (cuda_emu.cc's quarantine, CUDA_EMU_QUARANTINE).
+# (Appended to the caller's tunables.)
 export GLIBC_TUNABLES=${GLIBC_TUNABLES:+$GLIBC_TUNABLES:}glibc.malloc.mmap_threshold=4294967295:glibc.malloc.trim_threshold=4294967295
 for run in "$@"; do
   order=${run%%:*} t=${run#*:}

@@ -6,7 +6,8 @@
  * with synchronous streams, stops an access whose bytes leave the device
  * buffer. Each case launches one thread's access in a child process: a
  * case that must fail must end the child by abort() with the emulator's
- * message naming the access; one that must pass must exit 0. Built by
+ * message naming the access; one that must pass must exit 0. And a block
+ * read after its free reads NaN, or faults (read_after_free). Built by
  * emu-cu.pl and g++ like kernels/cuda (Makefile), run by `make test` on
  * synchronous streams (run.sh's forward). */
 #include <errno.h>
@@ -91,7 +92,68 @@ static void expect(int kind, size_t off, const char *want, const char *why) {
           BUF_BYTES, why, *msg ? msg : "(no message)");
 }
 
+/* A kernel's read of one float, for the reads after a free below. */
+__global__ static void read_kernel(float *out, const float *p) { out[0] = p[0]; }
+
+/* A block read by a kernel after its cudaFree: the emulator keeps its host
+ * memory a while (cuda_emu.cc's emu_quarantine), NaN, and from 64 KiB on
+ * inaccessible, so such a read computes NaN or stops the run, and never
+ * finds the next allocation's data there: the freed address is not handed
+ * out again at once. bytes: the block's; fault: the read must stop the
+ * process (run in a child) by abort() with the emulator's message naming
+ * the kernel, else it must read NaN. */
+static void read_after_free(size_t bytes, int fault) {
+  char path[] = "/tmp/test_cuda_emu.XXXXXX";
+  const int fd = fault ? mkstemp(path) : -1;
+  if (fault && fd < 0) {
+    check(0, "read after free: mkstemp: %s", strerror(errno));
+    return;
+  }
+  if (fault) unlink(path);
+  fflush(stdout);
+  const pid_t pid = fault ? fork() : 0;
+  if (pid < 0) {
+    check(0, "read after free: fork: %s", strerror(errno));
+    return;
+  }
+  if (pid == 0 && fault) dup2(fd, 2);
+  float *buf = NULL, *out = NULL, *again = NULL, got = 0;
+  if (pid == 0) {
+    if (cudaMalloc((void **)&buf, bytes) != cudaSuccess ||
+        cudaMalloc((void **)&out, sizeof(float)) != cudaSuccess ||
+        cudaMemsetAsync(buf, 0, bytes, 0) != cudaSuccess || cudaFree(buf) != cudaSuccess ||
+        cudaMalloc((void **)&again, bytes) != cudaSuccess) {
+      if (fault) _exit(3);
+      check(0, "read after free of %zu bytes: the allocations failed", bytes);
+      return;
+    }
+    read_kernel<<<1, 1>>>(out, buf);
+    const int rc = cudaMemcpy(&got, out, sizeof got, cudaMemcpyDeviceToHost) != cudaSuccess;
+    if (fault) _exit(4 + rc);
+    uint32_t bits;
+    memcpy(&bits, &got, sizeof bits);
+    check(again != buf && !rc && bits == 0xffffffffu,
+          "a %zu-byte block read after its free: NaN (bits %08x), its address not reused",
+          bytes, bits);
+    cudaFree(out), cudaFree(again);
+    return;
+  }
+  int st = 0;
+  waitpid(pid, &st, 0);
+  char msg[2048] = "";
+  const ssize_t len = pread(fd, msg, sizeof msg - 1, 0);
+  msg[len > 0 ? len : 0] = 0;
+  close(fd);
+  char *nl = strchr(msg, '\n');
+  if (nl) *nl = 0;
+  check(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT && strstr(msg, "use after free") &&
+            strstr(msg, "read_kernel"),
+        "a %zu-byte block read after its free stops the run: %s", bytes, *msg ? msg : "(none)");
+}
+
 int main(void) {
+  read_after_free(48, 0);
+  read_after_free(1 << 20, 1);
   expect(LOAD16, 16, NULL, "aligned, inside");
   expect(STORE16, 32, NULL, "aligned, its last 16 bytes");
   expect(LOAD8, 8, NULL, "8-byte aligned, not 16");
