@@ -206,6 +206,7 @@ static int device_cuda_open(const config_t *c, int rank, const device_t **out) {
   device_cuda.ids = &device_cuda_ids;
   device_cuda.settle = p->nccl_quiesce;
   device_cuda.memory = p->device_memory();
+  device_cuda.usable = p->device_usable ? p->device_usable() : 0;
   snprintf(device_cuda.desc, sizeof device_cuda.desc, "cuda device %lld: %s, %.1f GiB, %s matrix "
            "products", (long long)ord, p->device_name(), (double)p->device_memory() / (1 << 30),
            ko.bf16 ? "bf16" : c->tf32 ? "TF32" : "fp32");

@@ -31,6 +31,11 @@ typedef struct device {
    * where nothing runs in the background (the ring). */
   int (*settle)(int64_t wait_ms);
   size_t memory;              /* bytes of the rank's own device memory (0: host memory, shared) */
+  /* bytes of it a job may plan to take, measured as the device opened:
+   * its free memory and the kernels' workspace, which the plan counts
+   * (what the CUDA context, the libraries and other processes hold is
+   * not); 0: not measured (cpu, or an older plugin) */
+  size_t usable;
   char desc[160];             /* "cpu kernels at avx512", "cuda device 0: NVIDIA H100 ..." */
 } device_t;
 

@@ -15,6 +15,7 @@ static const device_cuda_plugin_t device_cuda_table = {
     .nccl_unique_id = comm_nccl_unique_id,
     .nccl_create = comm_nccl_create,
     .nccl_quiesce = comm_nccl_quiesce,
+    .device_usable = kern_cuda_device_usable,
 };
 
 __attribute__((visibility("default"))) const device_cuda_plugin_t *device_cuda_plugin(void) {

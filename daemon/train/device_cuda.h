@@ -25,7 +25,7 @@
 #include "kernels/cuda/cuda.h"
 
 /* Raised when the table below changes: a plugin of another version is refused. */
-#define DEVICE_CUDA_ABI 24 /* 2: kern_cuda_opts_t.gemm_fast16bf; 3: .attn_fp32, host_pin; 4: pool_stats;
+#define DEVICE_CUDA_ABI 25 /* 2: kern_cuda_opts_t.gemm_fast16bf; 3: .attn_fp32, host_pin; 4: pool_stats;
                            * 5: kern_backend_t's dev_alloc_step and crossentropy_fwd_bwd;
                            * 6: nccl_quiesce; 7: matmul_bwd, attention_bwd and gelu_bwd take acc;
                            * 8: kern_backend_t's bf16 activations; 9: kern_cuda_opts_t.gemm_algo;
@@ -43,7 +43,7 @@
                            * NULL, matmul_bwd_bf16's dbias with dout16;
                            * 21: kern_backend_t's adamw_segs_scaled; 22: its bf16_to_f32_segs and
                            * encoder_fwd16; 23: its attention_bwd_dqkv16; 24: its
-                           * layernorm_bwd16 and matmul_bwd16 */
+                           * layernorm_bwd16 and matmul_bwd16; 25: device_usable */
 #define DEVICE_CUDA_SYMBOL "device_cuda_plugin"
 #define DEVICE_CUDA_FILE "libfsdp-cuda.so"
 
@@ -62,6 +62,9 @@ typedef struct device_cuda_plugin {
   int (*nccl_unique_id)(uint8_t id[COMM_NCCL_ID_BYTES]);
   int (*nccl_create)(const comm_nccl_opts_t *o, comm_t **out);
   int (*nccl_quiesce)(int64_t wait_ms);
+  /* kernels/cuda/cuda.h again (NULL in a plugin built from an older
+   * device_cuda.c: tests/cuda/gpu-pack.sh's bases) */
+  size_t (*device_usable)(void);
 } device_cuda_plugin_t;
 
 /* A cuda rank's kernel options (device.c): its GPU, the job's precision

@@ -683,6 +683,16 @@ int train_open(train_t **out, const config_t *c, const train_opts_t *o) {
                  : device > 0        ? (size_t)device
                  : t->dev->memory    ? t->dev->memory /* a GPU's own, under fsdp-launch too */
                                      : plan_host_available() / (size_t)t->boot.world;
+  /* and never past what the device can give the job (a GPU's total less
+   * what its CUDA context, the libraries and other processes hold): a plan
+   * between the two would pass and fail at its first step */
+  char bound[256] = "";
+  if (t->dev->usable && t->dev->usable < limit) {
+    limit = t->dev->usable;
+    snprintf(bound, sizeof bound, "the GPU's free memory as the rank started, of its %.0f MiB: "
+             "the CUDA context, the libraries and other processes hold the rest",
+             (double)t->dev->memory / (1 << 20));
+  }
   const size_t need0 = t->plan.total;
   const int level0 = config_recompute(c);
   t->recompute_asked = c->recompute;
@@ -697,7 +707,8 @@ int train_open(train_t **out, const config_t *c, const train_opts_t *o) {
             (double)limit / (1 << 20),
             config_logits_chunk_mib(c) > GPT_LOGITS_CHUNK_MIB
                 ? "; a smaller logits_chunk_mib (128) may leave room for it" : "");
-  if ((rc = plan_check(&t->plan, c, limit))) goto fail;
+  if ((rc = bound[0] ? plan_fits(&t->plan, c, limit, bound) : plan_check(&t->plan, c, limit)))
+    goto fail;
   if (t->opts.out) plan_print(&t->plan, c, t->opts.out);
   if (c->save[0] && (rc = train_check_writable("save", c->save))) goto fail;
   if (c->checkpoint_dir[0] && (rc = train_check_dir("checkpoint_dir", c->checkpoint_dir))) goto fail;

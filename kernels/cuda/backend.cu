@@ -544,3 +544,13 @@ extern "C" unsigned long kern_cuda_gelu_passes(void) { return kern_cuda_st.gelu_
 extern "C" const char *kern_cuda_device_name(void) { return kern_cuda_st.name; }
 
 extern "C" size_t kern_cuda_device_memory(void) { return kern_cuda_st.memory; }
+
+extern "C" size_t kern_cuda_device_usable(void) {
+  size_t free_bytes = 0, total = 0;
+  if (!kern_cuda_st.ready || cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  const size_t usable = free_bytes + kern_cuda_size_reserved();
+  return usable > KERN_CUDA_SIZE_POOL_SLACK ? usable - KERN_CUDA_SIZE_POOL_SLACK : 0;
+}

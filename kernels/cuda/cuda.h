@@ -104,6 +104,14 @@ unsigned long kern_cuda_gelu_passes(void);
 const char *kern_cuda_device_name(void);
 size_t kern_cuda_device_memory(void);
 
+/* What a job may plan to take on the selected device now: its free memory
+ * (cudaMemGetInfo: not what the CUDA context, the libraries' handles and
+ * other processes hold) and what this backend holds that the plan counts,
+ * its workspace (kern_cuda_reserved_bytes), less what the step buffers'
+ * pool may keep idle beside them (size.h's KERN_CUDA_SIZE_POOL_SLACK); 0
+ * before init. */
+size_t kern_cuda_device_usable(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -72,6 +72,16 @@ static inline size_t kern_cuda_size_attn_tc_copies_at(int B, int T, int NH) {
   return ((size_t)B * (size_t)NH * (size_t)T + 3) & ~(size_t)3;
 }
 
+/* Device bytes the step buffers' pool (backend.cu's dev_alloc_step) may
+ * hold beyond what its live buffers take, which no plan counts: a GPU's
+ * stream-ordered pool maps memory in pages of 2 MiB and carves buffers out
+ * of them, so a page a buffer takes part of keeps its rest from a larger
+ * buffer; taken as 2 MiB for each of 8 buffers live at once (a step's
+ * gathered units, their bf16 landings, unit gradients and the reduction
+ * in flight: fewer at one rank), an estimate. kern_cuda_device_usable
+ * leaves it out of what a job may plan to take. */
+#define KERN_CUDA_SIZE_POOL_SLACK ((size_t)16 << 20)
+
 /* Bytes of workspace cuDNN's fused attention may take (cudnn.cu: an engine
  * that wants more is passed over); its flash-attention engines on an H200
  * ask 256 (tests/cuda/test_cudnn_graphs.c asks cuDNN for gpt2's shapes). */

@@ -298,6 +298,98 @@ static void check_waits(const run_t *r, const char *what) {
   check(allocs == 0, name, (double)allocs, 0);
 }
 
+/* check_fit's job: bf16-mixed, 2 blocks of 128 channels and GPT-2's
+ * vocabulary, so the embedding's unit (24.7 MiB in fp32) is gathered and
+ * freed twice a step between the blocks' (0.8 MiB each); recompute as
+ * given. 128 tokens a step: the LM head's products stay small. */
+static void fit_config(config_t *c, const char *data, int recompute) {
+  config_default(c);
+  snprintf(c->model, sizeof c->model, "tiny");
+  c->dims.layers = 2;
+  c->dims.channels = 128;
+  c->dims.heads = 2;
+  c->dims.context = 64;
+  c->dims.vocab = 50257;
+  snprintf(c->data, sizeof c->data, "%s", data);
+  snprintf(c->device, sizeof c->device, "cuda");
+  snprintf(c->precision, sizeof c->precision, "bf16-mixed");
+  c->steps = 2;
+  c->batch = 2;
+  c->seq_len = 64;
+  c->eval_every = 0;
+  c->eval_fraction = 0;
+  c->sample_tokens = 0;
+  c->checkpoint_async = 0;
+  c->recompute = recompute;
+}
+
+/* Runs fit_config's job: train_open's code, then its steps' (0: all ran),
+ * with the message of the one that failed in msg. */
+static void fit_run(const char *data, int recompute, int *open_rc, int *step_rc, char *msg,
+                    size_t n) {
+  config_t c;
+  fit_config(&c, data, recompute);
+  train_opts_t o = {0};
+  train_t *t = NULL;
+  *step_rc = 0, *msg = 0;
+  if (!(*open_rc = train_open(&t, &c, &o)))
+    while (!*step_rc && !train_done(t)) *step_rc = train_step(t);
+  if (*open_rc || *step_rc) snprintf(msg, n, "%s", err_msg());
+  train_close(t);
+}
+
+/* A job whose plan the device holds with 0.5 MiB to spare past what the
+ * plugin calls usable trains (the emulator's pool, as a GPU's, carves a
+ * buffer out of the memory it keeps, a page's rest at most, instead of
+ * handing a small buffer a whole large block, which once made the next
+ * large buffer a new block: the device full 24 MiB past the plan at the
+ * first step); and with 64 MiB of the device taken by what no plan
+ * counts (a GPU's CUDA context, another process), the same job at a fixed
+ * recompute level is refused as it opens, naming the GPU's free memory,
+ * instead of failing at its first step (train.c bounds the rank's limit by
+ * device_t.usable). The emulator only: it sets the device's memory
+ * (CUDA_EMU_MEMORY, read at each allocation). */
+static void check_fit(const device_cuda_plugin_t *p, const char *data) {
+  config_t c;
+  plan_t q;
+  fit_config(&c, data, 0);
+  if (config_resolve(&c) || plan_job(&c, 1, &q)) {
+    check(0, "the fitted job's plan", 0, 0);
+    return;
+  }
+  char was[64] = "", msg[512], cap[64];
+  if (getenv("CUDA_EMU_MEMORY")) snprintf(was, sizeof was, "%s", getenv("CUDA_EMU_MEMORY"));
+  const kern_cuda_opts_t o16 = {.bf16 = 1};
+  const kern_backend_t *k = p->kern_init(&o16, msg, sizeof msg);
+  const size_t total = p->device_memory(), usable = p->device_usable ? p->device_usable() : 0;
+  if (!k || !usable || usable > total) {
+    check(0, "the device's usable memory (device_usable)", (double)usable, (double)total);
+    return;
+  }
+  /* held where no plan counts it, and the pool's slack (size.h) */
+  const size_t outside = total - usable;
+  int open_rc, step_rc;
+  snprintf(cap, sizeof cap, "%zu", (size_t)q.total + outside + (512 << 10));
+  setenv("CUDA_EMU_MEMORY", cap, 1);
+  fit_run(data, 0, &open_rc, &step_rc, msg, sizeof msg);
+  printf("a plan of %.2f MiB on a device of %.2f MiB (%.2f MiB held outside it): %s%s\n",
+         (double)q.total / (1 << 20), (double)(q.total + outside + (512 << 10)) / (1 << 20),
+         (double)outside / (1 << 20), open_rc || step_rc ? "failed: " : "trained", msg);
+  check(!open_rc && !step_rc, "a plan 0.5 MiB inside the device's memory trains its steps "
+        "(emulator; code)", open_rc ? open_rc : step_rc, 0);
+  snprintf(cap, sizeof cap, "%zu", (size_t)q.total + outside + ((size_t)32 << 20));
+  setenv("CUDA_EMU_MEMORY", cap, 1);
+  void *held = k->dev_alloc((size_t)64 << 20);
+  fit_run(data, 0, &open_rc, &step_rc, msg, sizeof msg);
+  printf("the same with 64 MiB held outside the plan and 32 MiB to spare: %s\n", msg);
+  check(held && open_rc == FSDP_ENOMEM && strstr(msg, "the GPU's free memory"),
+        "a plan past the device's free memory: refused as the job opens, saying why (emulator; "
+        "code)", open_rc, FSDP_ENOMEM);
+  if (held) k->dev_free(held);
+  if (was[0]) setenv("CUDA_EMU_MEMORY", was, 1);
+  else unsetenv("CUDA_EMU_MEMORY");
+}
+
 /* The step buffers' pool of run r: the same reserved bytes at the end of
  * steps 3..STEPS, at least what its buffers used at once (a pool that gave
  * its memory back at each synchronization would map it again every step),
@@ -699,6 +791,7 @@ int main(int argc, char **argv) {
    * rounded into the shared slot), against the default */
   if (!rc) rc = run_job(data, "cuda", "bf16-mixed", -2, 0, &gpu16r);
   if (!rc) rc = run_job(data, "cuda", "bf16-mixed", -1, 1, &gpu16c);
+  if (!rc && emu_launches) check_fit(p, data);
   unlink(data);
   if (rc) return 2;
   printf("losses: cpu %.6f -> %.6f, cuda %.6f -> %.6f, cuda bf16-mixed %.6f -> %.6f\n",

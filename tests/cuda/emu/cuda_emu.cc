@@ -1117,13 +1117,22 @@ cudaError_t cudaMemPoolTrimTo(cudaMemPool_t pool, size_t keep) {
   return cudaSuccess;
 }
 
+/* A pool's allocation: the smallest idle block that holds it, unless that
+ * is over EMU_POOL_SLACK larger (a GPU's pool carves a request out of its
+ * free memory, mapped in 2 MiB pages, and keeps the rest free: a small
+ * buffer takes at most a page's rest, never a whole large block, which
+ * would leave the next large request to a fresh block and the device
+ * fuller than kernels/cuda/size.h's KERN_CUDA_SIZE_POOL_SLACK allows);
+ * else a fresh one. */
+static const size_t EMU_POOL_SLACK = 2 << 20;
+
 static cudaError_t emu_pool_alloc(void **p, size_t n, emu_pool *pool) {
   std::lock_guard<std::mutex> g(emu_mu);
   const size_t need = emu_round(n);
   auto fit = pool->idle.lower_bound(need);
   size_t block = need;
   bool counted = false;
-  if (fit != pool->idle.end()) {
+  if (fit != pool->idle.end() && fit->first - need <= EMU_POOL_SLACK) {
     block = fit->first, counted = true;
     pool->idle.erase(fit);
   } else if (!emu_fits(block)) {
