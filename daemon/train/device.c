@@ -161,7 +161,9 @@ kern_cuda_opts_t device_cuda_opts(int device, int bf16, int tf32) {
                               .acts_fp32 = param_cuda_acts_fp32() != 0,
                               .dinp_fp32 = param_cuda_dinp_fp32() != 0,
                               .gelu_exact = param_cuda_gelu_exact() != 0,
-                              .attn_cudnn = param_cuda_attn_cudnn() != 0,
+                              /* bf16 jobs' attention only (the plan counts its scratch
+                               * there: plan.c) */
+                              .attn_cudnn = bf16 && param_cuda_attn_cudnn() != 0,
                               .gemm_algo = KERN_CUDA_GEMM_ALGO(param_cuda_gemm_algo())};
   return o;
 }

@@ -422,7 +422,8 @@ static int kern_cuda_cudnn_open(char *msg, size_t n) {
   if (!kern_cuda_st.attn_cudnn) return 1;
   char why[384];
   if (kern_cudnn_open((void *)kern_cuda_st.stream, why, sizeof why)) return 1;
-  snprintf(msg, n, "CUDA device %d: FSDP_CUDA_ATTN_CUDNN=1: %s", kern_cuda_st.device, why);
+  snprintf(msg, n, "FSDP_CUDA_ATTN_CUDNN=1: %s; leave FSDP_CUDA_ATTN_CUDNN unset to run the "
+           "attention on the project's own kernels", why);
   kern_cuda_st.attn_cudnn = 0; /* the table stays the kernels' */
   return 0;
 }

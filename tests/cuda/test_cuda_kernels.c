@@ -3245,6 +3245,9 @@ int main(void) {
   const kern_backend_t *dnn = kern_cuda_init(&odn, msg, sizeof msg);
   if (!dnn) {
     printf("test_cuda_kernels: cuDNN attention skipped: %s\n", msg);
+    report("table", "cuDNN refused: the message says how to run without it", "-", 0, 0, "-", -1,
+           strstr(msg, "FSDP_CUDA_ATTN_CUDNN=1: ") == msg &&
+               strstr(msg, "leave FSDP_CUDA_ATTN_CUDNN unset") != NULL);
   } else {
     gpu = dnn;
     report("table", "bf16 mode, cuDNN attention: the bf16 table", "-", 0, 0, "-", -1,
