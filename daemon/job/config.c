@@ -194,9 +194,10 @@ static int config_parse(config_t *c, const config_opt_t *o, const char *key, con
     return err_set(FSDP_EINVAL, "%s: \"%s\" is not a number", key, value);
   if (o->type == CFG_INT && v != floor(v))
     return err_set(FSDP_EINVAL, "%s: \"%s\" is not a whole number", key, value);
-  if (v < o->lo || v > o->hi)
-    return err_set(FSDP_EINVAL, "%s: %s is out of range; give a value from %g to %g (%s)", key,
-                   value, o->lo, o->hi, o->help);
+  if (v < o->lo || v > o->hi) /* whole numbers as such: 1048576, not 1.04858e+06 */
+    return err_set(FSDP_EINVAL, "%s: %s is out of range; give a value from %.*g to %.*g (%s)", key,
+                   value, o->type == CFG_INT ? 17 : 6, o->lo, o->type == CFG_INT ? 17 : 6, o->hi,
+                   o->help);
   if (o->type == CFG_FLOAT && v != 0 && (float)v == 0)
     return err_set(FSDP_EINVAL, "%s: %s is below the smallest float (%g) and would be 0; give 0 "
                    "or a larger value", key, value, (double)FLT_TRUE_MIN);

@@ -441,6 +441,11 @@ int plan_fits(const plan_t *p, const config_t *c, size_t limit, const char *what
     if (top == MEM_ACTS)
       snprintf(advice, sizeof advice, "lower batch (now %d) or seq_len (now %d) and raise "
                "grad_accum to keep the tokens per step", c->batch, c->seq_len);
+    else if (top == MEM_WORKSPACE) /* the kernels' fixed buffers and their scratch */
+      snprintf(advice, sizeof advice, "the workspace is the kernels' own buffers and their "
+               "scratch, which grows with batch (now %d) and seq_len (now %d), with seq_len "
+               "squared where the heads are too narrow or too wide for the fused attention; lower "
+               "them, or give the rank more memory", c->batch, c->seq_len);
     else
       snprintf(advice, sizeof advice, "parameters, gradients and AdamW state take %s per "
                "parameter of the shard: choose a smaller model, or shard it over more ranks",

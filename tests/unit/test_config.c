@@ -32,6 +32,8 @@ Test(config, bad_values_name_the_key) {
   config_t c = base();
   cr_assert_eq(config_set(&c, "batch", "0"), FSDP_EINVAL);
   cr_assert(strstr(err_msg(), "batch") && strstr(err_msg(), "out of range"), "%s", err_msg());
+  /* an integer's range in whole numbers (not 1.04858e+06) */
+  cr_assert(strstr(err_msg(), "from 1 to 1048576 "), "%s", err_msg());
   cr_assert_eq(config_set(&c, "batch", "-4"), FSDP_EINVAL);
   cr_assert(strstr(err_msg(), "batch"), "%s", err_msg());
   cr_assert_eq(config_set(&c, "steps", "ten"), FSDP_EINVAL);

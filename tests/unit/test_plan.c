@@ -73,6 +73,31 @@ Test(plan, checkpointing_plans_less) {
   free(data);
 }
 
+/* Heads of 1 (the attention's scores whole, heads x T x T a row) at a long
+ * seq_len: the workspace dominates, and no option of the job shrinks it
+ * but batch and seq_len: the advice says that, not "a smaller model". */
+Test(plan, a_job_whose_workspace_does_not_fit_is_told_what_the_workspace_holds) {
+  char *data = tu_token_file("tokens.bin", 20000, 3, 256);
+  config_t c = job_of(data, "tiny");
+  c.dims.layers = 1;
+  c.dims.channels = 128;
+  c.dims.heads = 128;
+  c.dims.context = 4096;
+  c.seq_len = 4096;
+  c.batch = 1;
+  cr_assert_eq(config_finish(&c), 0, "%s", err_msg());
+  plan_t p;
+  cr_assert_eq(plan_job(&c, 1, &p), 0);
+  for (int k = 0; k < MEM__COUNT; k++)
+    cr_assert_leq(p.bytes[k], p.bytes[MEM_WORKSPACE], "%s", mem_cat_name((mem_cat_t)k));
+  cr_assert_eq(plan_check(&p, &c, p.total / 2), FSDP_ENOMEM);
+  cr_assert(strstr(err_msg(), "workspace takes the most") &&
+                strstr(err_msg(), "the workspace is the kernels' own buffers") &&
+                !strstr(err_msg(), "smaller model"),
+            "%s", err_msg());
+  free(data);
+}
+
 Test(plan, a_job_that_does_not_fit_is_refused_with_the_fix) {
   char *data = tu_token_file("tokens.bin", 20000, 3, 256);
   config_t c = job(data, 0);
