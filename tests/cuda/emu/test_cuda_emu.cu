@@ -59,30 +59,55 @@ static void access_once(int kind, size_t off) {
   _exit(cudaDeviceSynchronize() == cudaSuccess ? 0 : 4);
 }
 
-/* Runs the access in a child; it must abort with a message holding want
- * (want NULL: it must exit 0). */
-static void expect(int kind, size_t off, const char *want, const char *why) {
+/* Runs fn(arg) in a child whose stderr goes to a file: its wait status in
+ * *st and the first line it wrote to stderr in msg; 0, or -1 (the check
+ * failed, saying why) where the child could not be made. */
+static int in_child(void (*fn)(const void *), const void *arg, int *st, char *msg, size_t n) {
   char path[] = "/tmp/test_cuda_emu.XXXXXX";
   const int fd = mkstemp(path);
   if (fd < 0) {
-    check(0, "%s at +%zu: mkstemp: %s", access_name[kind], off, strerror(errno));
-    return;
+    check(0, "mkstemp: %s", strerror(errno));
+    return -1;
   }
   unlink(path);
   fflush(stdout);
   const pid_t pid = fork();
+  if (pid < 0) {
+    close(fd);
+    check(0, "fork: %s", strerror(errno));
+    return -1;
+  }
   if (pid == 0) {
     dup2(fd, 2);
-    access_once(kind, off);
+    fn(arg);
+    _exit(0);
   }
-  int st = 0;
-  waitpid(pid, &st, 0);
-  char msg[2048] = "";
-  const ssize_t got = pread(fd, msg, sizeof msg - 1, 0);
+  *st = 0;
+  waitpid(pid, st, 0);
+  const ssize_t got = pread(fd, msg, n - 1, 0);
   msg[got > 0 ? got : 0] = 0;
   close(fd);
   char *nl = strchr(msg, '\n');
   if (nl) *nl = 0;
+  return 0;
+}
+
+typedef struct {
+  int kind;
+  size_t off;
+} access_t;
+
+static void access_child(const void *a) {
+  access_once(((const access_t *)a)->kind, ((const access_t *)a)->off);
+}
+
+/* Runs the access in a child; it must abort with a message holding want
+ * (want NULL: it must exit 0). */
+static void expect(int kind, size_t off, const char *want, const char *why) {
+  const access_t a = {kind, off};
+  char msg[2048];
+  int st;
+  if (in_child(access_child, &a, &st, msg, sizeof msg)) return;
   if (!want)
     check(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s at +%zu of a %d-byte buffer runs (%s)%s%s",
           access_name[kind], off, BUF_BYTES, why, *msg ? ": " : "", msg);
@@ -95,6 +120,29 @@ static void expect(int kind, size_t off, const char *want, const char *why) {
 /* A kernel's read of one float, for the reads after a free below. */
 __global__ static void read_kernel(float *out, const float *p) { out[0] = p[0]; }
 
+/* A block of bytes set to 0, freed, another of the same size allocated,
+ * and the first read by a kernel: 0 and the float read (*got), whether
+ * the second took the first's address (*reused); else not 0. */
+static int read_freed(size_t bytes, float *got, int *reused) {
+  float *buf = NULL, *out = NULL, *again = NULL;
+  if (cudaMalloc((void **)&buf, bytes) != cudaSuccess ||
+      cudaMalloc((void **)&out, sizeof(float)) != cudaSuccess ||
+      cudaMemsetAsync(buf, 0, bytes, 0) != cudaSuccess || cudaFree(buf) != cudaSuccess ||
+      cudaMalloc((void **)&again, bytes) != cudaSuccess)
+    return 1;
+  read_kernel<<<1, 1>>>(out, buf);
+  const int rc = cudaMemcpy(got, out, sizeof *got, cudaMemcpyDeviceToHost) != cudaSuccess;
+  *reused = again == buf;
+  cudaFree(out), cudaFree(again);
+  return rc;
+}
+
+static void read_freed_child(const void *bytes) {
+  float got;
+  int reused;
+  _exit(read_freed(*(const size_t *)bytes, &got, &reused) ? 4 : 0);
+}
+
 /* A block read by a kernel after its cudaFree: the emulator keeps its host
  * memory a while (cuda_emu.cc's emu_quarantine), NaN, and from 64 KiB on
  * inaccessible, so such a read computes NaN or stops the run, and never
@@ -103,49 +151,20 @@ __global__ static void read_kernel(float *out, const float *p) { out[0] = p[0]; 
  * process (run in a child) by abort() with the emulator's message naming
  * the kernel, else it must read NaN. */
 static void read_after_free(size_t bytes, int fault) {
-  char path[] = "/tmp/test_cuda_emu.XXXXXX";
-  const int fd = fault ? mkstemp(path) : -1;
-  if (fault && fd < 0) {
-    check(0, "read after free: mkstemp: %s", strerror(errno));
-    return;
-  }
-  if (fault) unlink(path);
-  fflush(stdout);
-  const pid_t pid = fault ? fork() : 0;
-  if (pid < 0) {
-    check(0, "read after free: fork: %s", strerror(errno));
-    return;
-  }
-  if (pid == 0 && fault) dup2(fd, 2);
-  float *buf = NULL, *out = NULL, *again = NULL, got = 0;
-  if (pid == 0) {
-    if (cudaMalloc((void **)&buf, bytes) != cudaSuccess ||
-        cudaMalloc((void **)&out, sizeof(float)) != cudaSuccess ||
-        cudaMemsetAsync(buf, 0, bytes, 0) != cudaSuccess || cudaFree(buf) != cudaSuccess ||
-        cudaMalloc((void **)&again, bytes) != cudaSuccess) {
-      if (fault) _exit(3);
-      check(0, "read after free of %zu bytes: the allocations failed", bytes);
-      return;
-    }
-    read_kernel<<<1, 1>>>(out, buf);
-    const int rc = cudaMemcpy(&got, out, sizeof got, cudaMemcpyDeviceToHost) != cudaSuccess;
-    if (fault) _exit(4 + rc);
+  if (!fault) {
+    float got = 0;
+    int reused = 1;
+    const int rc = read_freed(bytes, &got, &reused);
     uint32_t bits;
     memcpy(&bits, &got, sizeof bits);
-    check(again != buf && !rc && bits == 0xffffffffu,
+    check(!rc && !reused && bits == 0xffffffffu,
           "a %zu-byte block read after its free: NaN (bits %08x), its address not reused",
           bytes, bits);
-    cudaFree(out), cudaFree(again);
     return;
   }
-  int st = 0;
-  waitpid(pid, &st, 0);
-  char msg[2048] = "";
-  const ssize_t len = pread(fd, msg, sizeof msg - 1, 0);
-  msg[len > 0 ? len : 0] = 0;
-  close(fd);
-  char *nl = strchr(msg, '\n');
-  if (nl) *nl = 0;
+  char msg[2048];
+  int st;
+  if (in_child(read_freed_child, &bytes, &st, msg, sizeof msg)) return;
   check(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT && strstr(msg, "use after free") &&
             strstr(msg, "read_kernel"),
         "a %zu-byte block read after its free stops the run: %s", bytes, *msg ? msg : "(none)");
