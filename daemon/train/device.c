@@ -161,9 +161,12 @@ kern_cuda_opts_t device_cuda_opts(int device, int bf16, int tf32) {
                               .acts_fp32 = param_cuda_acts_fp32() != 0,
                               .dinp_fp32 = param_cuda_dinp_fp32() != 0,
                               .gelu_exact = param_cuda_gelu_exact() != 0,
-                              /* bf16 jobs' attention only (the plan counts its scratch
-                               * there: plan.c) */
-                              .attn_cudnn = bf16 && param_cuda_attn_cudnn() != 0,
+                              /* bf16 jobs' tensor-core attention only (the plan counts
+                               * its scratch there: plan.c), not opened for a job that
+                               * cannot use it */
+                              .attn_cudnn = bf16 && param_cuda_attn_fp32() == 0 &&
+                                            param_cuda_attn_gemm() == 0 &&
+                                            param_cuda_attn_cudnn() != 0,
                               .gemm_algo = KERN_CUDA_GEMM_ALGO(param_cuda_gemm_algo())};
   return o;
 }
@@ -209,6 +212,9 @@ static int device_cuda_open(const config_t *c, int rank, const device_t **out) {
   device_cuda.settle = p->nccl_quiesce;
   device_cuda.memory = p->device_memory();
   device_cuda.usable = p->device_usable ? p->device_usable() : 0;
+  if (p->device_usable && !device_cuda.usable)
+    LOG_WARN("device", "cuda device %lld: its free memory could not be read (cudaMemGetInfo); "
+             "the job is planned against its total", (long long)ord);
   snprintf(device_cuda.desc, sizeof device_cuda.desc, "cuda device %lld: %s, %.1f GiB, %s matrix "
            "products", (long long)ord, p->device_name(), (double)p->device_memory() / (1 << 30),
            ko.bf16 ? "bf16" : c->tf32 ? "TF32" : "fp32");

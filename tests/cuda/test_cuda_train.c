@@ -54,6 +54,7 @@
 #include "daemon/train/device_cuda.h"
 #include "daemon/job/plan.h"
 #include "daemon/train/train.h"
+#include "kernels/cuda/size.h"
 #include "kernels/kern_math.h"
 
 #define STEPS 20
@@ -406,6 +407,13 @@ static void check_pool(const run_t *r, const char *what) {
   check(flat, name, flat ? 0 : 1, 0);
   snprintf(name, sizeof name, "%s: pool bytes once closed", what);
   check(r->pool_closed == 0, name, (double)r->pool_closed, 0);
+  /* what it holds past its buffers' most at once, which no plan counts:
+   * within the slack kern_cuda_device_usable leaves for it (size.h; on a
+   * GPU, its pages' waste measured) */
+  const double over = (double)r->pool[STEPS] - (double)r->pool_used[STEPS];
+  snprintf(name, sizeof name, "%s: pool bytes past its buffers' peak (KERN_CUDA_SIZE_POOL_SLACK)",
+           what);
+  check(over <= (double)KERN_CUDA_SIZE_POOL_SLACK, name, over, (double)KERN_CUDA_SIZE_POOL_SLACK);
 }
 
 /* ---- the sharded runtime against the flat model, on one backend ------------ */

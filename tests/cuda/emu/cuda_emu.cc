@@ -860,12 +860,14 @@ cudaError_t cudaFuncSetAttribute(const void *f, cudaFuncAttribute attr, int v) {
   return cudaSuccess;
 }
 
-/* Freed blocks' host memory, oldest first, and its bytes: each is NaN (the
- * free's fill) and, where it spans whole pages (emu_alloc's blocks of 64
- * KiB on), inaccessible, so a kernel reading it after its free (a missing
+/* Freed blocks' host memory, oldest first, and its bytes: each is NaN or,
+ * where it spans whole pages (emu_alloc's blocks of 64 KiB on),
+ * inaccessible (and its pages given back: madvise), so a kernel reading it
+ * after its free (a missing
  * stream wait, a buffer freed early) computes NaN or faults, as it would
  * have when glibc unmapped large blocks, instead of reading the block's
- * next owner's data; the oldest goes once CUDA_EMU_QUARANTINE bytes wait.
+ * next owner's data; the oldest go once CUDA_EMU_QUARANTINE bytes wait
+ * (the newest stays, however large).
  * Its own lock: a stream's deferred free takes it on the stream's thread. */
 struct emu_quarantined {
   void *p;
@@ -894,7 +896,10 @@ static void emu_segv(int sig, siginfo_t *si, void *uc) {
 
 static void emu_quarantine(void *p, size_t bytes) {
   const bool whole = (uintptr_t)p % EMU_PAGE == 0 && bytes % EMU_PAGE == 0 && bytes;
-  const emu_quarantined q = {p, bytes, whole && mprotect(p, bytes, PROT_NONE) == 0};
+  const emu_quarantined q = {p, bytes,
+                             whole && madvise(p, bytes, MADV_DONTNEED) == 0 &&
+                                 mprotect(p, bytes, PROT_NONE) == 0};
+  if (!q.locked) memset(p, 0xff, bytes);
   const size_t cap = emu_env_size("CUDA_EMU_QUARANTINE", (size_t)256 << 20);
   std::lock_guard<std::mutex> g(emu_quarantine_mu);
   static bool handled;
@@ -908,7 +913,7 @@ static void emu_quarantine(void *p, size_t bytes) {
   }
   emu_quarantine_q.push_back(q);
   emu_quarantine_bytes += bytes;
-  while (emu_quarantine_bytes > cap && !emu_quarantine_q.empty()) {
+  while (emu_quarantine_bytes > cap && emu_quarantine_q.size() > 1) {
     const emu_quarantined old = emu_quarantine_q.front();
     emu_quarantine_q.pop_front();
     emu_quarantine_bytes -= old.bytes;
@@ -970,8 +975,8 @@ cudaError_t cudaMalloc(void **p, size_t n) {
 }
 
 /* Frees p (emu_mu held): a pooled block goes idle in its pool. Its host
- * memory is NaN and quarantined now (emu_quarantine), or, with release
- * false, by the caller later; *host (if given): its bytes. */
+ * memory is quarantined now (emu_quarantine: NaN or inaccessible), or,
+ * with release false, by the caller later; *host (if given): its bytes. */
 static cudaError_t emu_free(void *p, bool release = true, size_t *host = nullptr) {
   auto it = emu_allocs.find((uintptr_t)p);
   if (it == emu_allocs.end()) return emu_err(cudaErrorInvalidValue);
@@ -979,7 +984,6 @@ static cudaError_t emu_free(void *p, bool release = true, size_t *host = nullptr
   const size_t bytes = h->second;
   emu_hosts.erase(h);
   if (host) *host = bytes;
-  if (release) memset(p, 0xff, bytes);
   auto pooled = emu_pooled.find((uintptr_t)p);
   if (pooled != emu_pooled.end()) {
     pooled->second.first->idle.emplace(pooled->second.second, true);
@@ -1170,11 +1174,10 @@ cudaError_t cudaFreeAsync(void *p, cudaStream_t s) {
     const cudaError_t e = emu_free(p, false, &n);
     if (e != cudaSuccess) return e;
   }
-  /* NaN and quarantined in the stream's order: work on another stream
+  /* quarantined in the stream's order: work on another stream
    * that still reads it, for want of a wait, reads garbage here as it may
    * on a GPU once the pool gives the block to the next allocation */
   emu::enqueue(s, [p, n]() {
-    memset(p, 0xff, n);
     emu_quarantine(p, n);
     return true;
   });
@@ -1215,7 +1218,7 @@ cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total) {
   emu_ctx("cudaMemGetInfo");
   std::lock_guard<std::mutex> g(emu_mu);
   *total = emu_env_size("CUDA_EMU_MEMORY", (size_t)8 << 30);
-  *free_bytes = *total - emu_allocated;
+  *free_bytes = *total > emu_allocated ? *total - emu_allocated : 0; /* a cap lowered below it */
   return cudaSuccess;
 }
 
