@@ -152,11 +152,24 @@ coord_node_t *coord_node_get(coord_t *c, int64_t id, int create) {
     if (!n) return NULL;
     n->id = id;
     n->coord = c;
-    n->heard_ms = coord_mono_ms(c);
-    n->heard_unix_ms = coord_unix_ms();
+    coord_node_heard(c, n);
     c->node[id] = n;
   }
   return c->node[id];
+}
+
+void coord_node_heard(coord_t *c, coord_node_t *n) {
+  n->heard_ms = coord_mono_ms(c), n->heard_unix_ms = coord_unix_ms();
+  n->deaf_heard_ms = c->deaf_ms;
+}
+
+/* How long n has been silent (ms): since its last call, less the time the
+ * loop itself was held up meanwhile (coord_tick_cb). A call that came then
+ * waited unread, and a held heartbeat was answered late: the node cannot
+ * be blamed for the coordinator's deafness. */
+static uint64_t coord_node_silent_ms(const coord_t *c, const coord_node_t *n, uint64_t now) {
+  const uint64_t since = now - n->heard_ms, deaf = c->deaf_ms - n->deaf_heard_ms;
+  return since > deaf ? since - deaf : 0;
 }
 
 coord_rank_t *coord_rank_get(coord_t *c, int64_t job, int rank, int create) {
@@ -753,14 +766,13 @@ static void coord_node_died(coord_t *c, coord_node_t *n, uint64_t now) {
   n->dead = 1;
   n->session = 0;
   char why[256];
+  const double silent = (double)coord_node_silent_ms(c, n, now) / 1000;
   if (n->awaited)
     snprintf(why, sizeof why, "node n-%lld did not register again within %.1f s of the "
-             "coordinator's restart (--restart-grace-ms): declared dead", (long long)n->id,
-             (double)(now - n->heard_ms) / 1000);
+             "coordinator's restart (--restart-grace-ms): declared dead", (long long)n->id, silent);
   else
     snprintf(why, sizeof why, "node n-%lld was not heard from for %.1f s (heartbeat timeout "
-             "%.1f s): declared dead", (long long)n->id, (double)(now - n->heard_ms) / 1000,
-             c->o.heartbeat_timeout_ms / 1000.0);
+             "%.1f s): declared dead", (long long)n->id, silent, c->o.heartbeat_timeout_ms / 1000.0);
   int rc = store_node_mark_dead(c->st, n->id, n->heard_unix_ms, &jobs, &nj);
   if (rc) {
     LOG_WARN("coord", "node n-%lld: %s", (long long)n->id, err_msg());
@@ -1450,11 +1462,28 @@ static void coord_jobs_purge(coord_t *c) {
 static void coord_tick_cb(uv_timer_t *t) {
   coord_t *c = t->data;
   const uint64_t now = coord_mono_ms(c);
+  /* a tick this late: the loop was held up (a store write waiting on its
+   * disk's fsync or on a lock, a long callback), reading no call and
+   * answering no held heartbeat meanwhile. That time counts toward no
+   * node's silence: a node beating on time is not declared dead for it
+   * (heartbeats come an interval apart, so a stall of the timeout less an
+   * interval did that before) */
+  if (c->tick_ms && now - c->tick_ms > 2 * COORD_TICK_MS) {
+    const uint64_t late = now - c->tick_ms - COORD_TICK_MS;
+    c->deaf_ms += late;
+    if (late >= (uint64_t)c->o.heartbeat_interval_ms)
+      LOG_WARN("coord", "the coordinator's loop was held up %.1f s (a database write waiting on "
+               "its disk or a lock?): nodes' silence meanwhile does not count toward the "
+               "heartbeat timeout", (double)late / 1000);
+  }
+  c->tick_ms = now;
   for (int64_t id = 1; id < c->cap_node; id++) {
     coord_node_t *n = c->node[id];
     if (!n) continue;
-    if (!n->dead && now - n->heard_ms > (uint64_t)c->o.heartbeat_timeout_ms &&
-        now >= n->grace_until_ms)
+    const uint64_t silent = coord_node_silent_ms(c, n, now);
+    /* (awaited: from the restart, the grace, less the loop's stalls too) */
+    if (!n->dead && silent > (uint64_t)c->o.heartbeat_timeout_ms &&
+        n->heard_ms + silent >= n->grace_until_ms)
       coord_node_died(c, n, now);
   }
   for (coord_rdv_t *w = c->rdv, *next; w; w = next) {

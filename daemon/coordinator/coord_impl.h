@@ -39,7 +39,8 @@ typedef struct coord_node {
   int64_t id;
   uint64_t session;         /* 0: not registered since this coordinator started */
   uint64_t instance;        /* the registered fsdpd process's (proto: instance; 0: unknown) */
-  uint64_t heard_ms;        /* loop time of its last call */
+  uint64_t heard_ms;        /* loop time of its last call (coord_node_heard) */
+  uint64_t deaf_heard_ms;   /* coord_t.deaf_ms then (coord_node_silent_ms) */
   uint64_t grace_until_ms;  /* the store had it alive at start: not dead before (loop time) */
   int awaited;              /* that, and it has not called since */
   int64_t heard_unix_ms;
@@ -198,6 +199,8 @@ struct coord {
   int nodes_changed;        /* a node registered or died since least_device was read */
   uint64_t least_device[2]; /* the smallest device memory of the alive nodes, by kind (cpu, cuda) */
   uint64_t janitor_ms;      /* when coord_ckpt_janitor last ran */
+  uint64_t tick_ms;         /* loop time of the last tick (coord_tick_cb; 0: none yet) */
+  uint64_t deaf_ms;         /* how long the loop has been held up, in all, since start */
   int unsettled;            /* an attempt's end failed to be stored: the tick settles again */
   uint64_t settled_ms;      /* when it last tried */
   uint64_t purged_ms;       /* when the audit log's retention last ran (0: not yet) */
@@ -234,6 +237,8 @@ uint64_t coord_mono_ms(coord_t *c);
  * cut off (its fence and the margin its fsdpd kills them within). */
 uint64_t coord_fence_ms(const coord_t *c);
 coord_node_t *coord_node_get(coord_t *c, int64_t id, int create);
+/* n called now: its silence starts again (heard_ms, heard_unix_ms). */
+void coord_node_heard(coord_t *c, coord_node_t *n);
 coord_rank_t *coord_rank_get(coord_t *c, int64_t job, int rank, int create);
 /* What is known of a job: from coord_t.jobs (one lookup), else resolved from
  * its stored spec and kept there. NULL when that fails. The entry stays

@@ -12,8 +12,8 @@
  *     checkpoint commit latency (last shard report to commit) as histograms;
  *     attempts ended by outcome, checkpoint commits and aborts, leftover
  *     step directories removed, restarts,
- *     failures of the database and calls refused for their token as
- *     counters. */
+ *     failures of the database, calls refused for their token and the
+ *     time the loop was held up (coord_tick_cb) as counters. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -99,6 +99,11 @@ void coord_metrics_render(metrics_buf_t *b, void *arg) {
                      "From a checkpoint's last shard report to its commit (shard headers "
                      "checked, manifest written and synced, the database's transaction).",
                      &c->commit);
+  metrics_family(b, "fsdp_coordinator_stalled_seconds_total", "counter",
+                 "Time the coordinator's loop was held up (a database write waiting on its "
+                 "disk or a lock): no call was read meanwhile, and it counts toward no node's "
+                 "heartbeat timeout.");
+  metrics_sample(b, "fsdp_coordinator_stalled_seconds_total", NULL, (double)c->deaf_ms / 1000);
   static const char *const ended[COORD_ENDED_N] = {"succeeded", "failed", "preempted", "cancelled"};
   uint64_t unauth, denied;
   rpc_server_refusals(c->srv, &unauth, &denied);

@@ -940,7 +940,7 @@ static void coord_register_cb(rpc_call_t *call, const ProtobufCMessage *req, voi
                                   "log key", q->hostname));
     return;
   }
-  n->heard_ms = coord_mono_ms(c), n->heard_unix_ms = coord_unix_ms();
+  coord_node_heard(c, n);
   n->awaited = 0, n->grace_until_ms = 0; /* back: the heartbeat timeout alone, from now */
   /* Reconcile: ranks it runs that are not of a running attempt are killed;
    * ranks the store has there but it does not run were never started
@@ -1050,7 +1050,7 @@ static void coord_heartbeat_cb(rpc_call_t *call, const ProtobufCMessage *req, vo
     rpc_call_reply(call, &rep.base);
     return;
   }
-  n->heard_ms = coord_mono_ms(c), n->heard_unix_ms = coord_unix_ms();
+  coord_node_heard(c, n);
   if (q->stopping && !n->stopping) LOG_INFO("coord", "node %s is stopping: no new ranks there", q->node_id);
   n->stopping |= q->stopping;
   uint64_t busy[COORD_NODE_DEVICES_MAX / 64] = {0};
