@@ -445,7 +445,7 @@ static int cmd_nodes(ctl_t *c, int argc, char **argv) {
 /* fsdpctl nodes' table. */
 static int ctl_nodes_table(ctl_t *c, const Fsdp__V1__NodeInfo *const *nodes, size_t nn) {
   static const char *const h[] = {"NODE", "HOST", "STATE", "ADDRESS", "HEARTBEAT", "DEVICES",
-                                  "MEMORY (USED / TOTAL)", "DRAINED", NULL};
+                                  "MEMORY (USED / USABLE)", "DRAINED", NULL};
   table_t *t = table_create(0, h);
   int64_t now = table_now_ms();
   for (size_t i = 0; t && i < nn; i++) {

@@ -57,6 +57,9 @@
 #define SHUTDOWN_POLL_MS 50
 #define SHUTDOWN_REPORTS_S 3.0 /* beyond the grace: time left to report the exits */
 #define FSDPD_EXIT_REFUSED 78  /* EX_CONFIG */
+/* a GPU with this much less free than its total holds more than a CUDA
+ * context (a few hundred MiB): other processes' memory, said at start */
+#define FSDPD_HELD_WARN (2ull << 30)
 
 typedef struct fsdpd {
   /* options */
@@ -619,6 +622,23 @@ int main(int argc, char **argv) {
   LOG_INFO("fsdpd", "node %s: %d device(s) (%s), Node service on %s, coordinator %s, work dir %s, ranks run "
            "%s%s", D.name, D.inv.count, D.devices, D.address, D.coordinator, D.work_dir,
            as_user ? "as " : "as fsdpd's user", as_user ? D.run_as : "");
+  for (int i = 0; i < D.inv.count; i++) {
+    const inventory_device_t *d = &D.inv.dev[i];
+    if (strcmp(d->kind, "cuda")) continue;
+    if (d->free_error)
+      LOG_WARN("fsdpd", "cuda:%d (%s): its free memory could not be measured with a CUDA context "
+               "(CUDA error %d: another process holds it in exclusive mode?); jobs are planned "
+               "against its total, %.2f GiB, part of which a rank's context takes: a plan near it "
+               "is refused as its ranks open", d->index, d->name, d->free_error,
+               (double)d->total / (1 << 30));
+    else
+      LOG_INFO("fsdpd", "cuda:%d (%s): %.2f GiB free of %.2f GiB with a CUDA context on it; jobs "
+               "are planned against that%s", d->index, d->name, (double)d->memory / (1 << 30),
+               (double)d->total / (1 << 30),
+               d->total - d->memory > FSDPD_HELD_WARN ? " (more than a context takes: other "
+               "processes hold memory there, see nvidia-smi; restart fsdpd to measure again once "
+               "they are gone)" : "");
+  }
 
   uv_signal_t *sigs[2] = {&D.sigint, &D.sigterm};
   const int signums[2] = {SIGINT, SIGTERM};

@@ -3,8 +3,12 @@
  * GPUs come from the CUDA driver API through dlopen: the driver library is
  * what every CUDA machine has (the toolkit need not be installed), and a
  * machine without it still runs fsdpd with CPU devices. A CPU device's memory
- * is the host's physical memory split N ways: a capacity, like a GPU's total
- * memory, that the scheduler compares with a job's memory plan. */
+ * is the host's physical memory split N ways: a capacity, like a GPU's
+ * memory, that the scheduler compares with a job's memory plan. A GPU's is
+ * what is free with a CUDA context on it (inventory_cuda_free), not its
+ * total: a context takes hundreds of MiB, and a plan admitted against the
+ * total could not open on the GPU (train.c bounds each rank by the same
+ * measure, taken again as it starts). */
 #include "inventory.h"
 
 #include <ctype.h>
@@ -23,6 +27,39 @@ typedef int (*cu_count_fn)(int *);
 typedef int (*cu_get_fn)(int *, int);
 typedef int (*cu_name_fn)(char *, int, int);
 typedef int (*cu_mem_fn)(size_t *, int);
+typedef int (*cu_retain_fn)(void **, int);
+typedef int (*cu_release_fn)(int);
+typedef int (*cu_push_fn)(void *);
+typedef int (*cu_pop_fn)(void **);
+typedef int (*cu_info_fn)(size_t *, size_t *);
+
+#define INVENTORY_CU_NOT_FOUND 500 /* CUDA_ERROR_NOT_FOUND: a driver without these entry points */
+
+/* GPU dev's free memory with a CUDA context of this process on it, into
+ * *bytes: what a rank may plan to take there, its own context costing about
+ * what this one does (and other processes' memory held). The device's
+ * primary context is retained for this alone and released; the CUDA error
+ * where it cannot be had (a GPU in exclusive-process mode another process
+ * holds, an older driver). */
+static int inventory_cuda_free(void *lib, int dev, size_t *bytes) {
+  cu_retain_fn retain = (cu_retain_fn)dlsym(lib, "cuDevicePrimaryCtxRetain");
+  cu_release_fn release = (cu_release_fn)dlsym(lib, "cuDevicePrimaryCtxRelease_v2");
+  cu_push_fn push = (cu_push_fn)dlsym(lib, "cuCtxPushCurrent_v2");
+  cu_pop_fn pop = (cu_pop_fn)dlsym(lib, "cuCtxPopCurrent_v2");
+  cu_info_fn info = (cu_info_fn)dlsym(lib, "cuMemGetInfo_v2");
+  if (!retain || !release || !push || !pop || !info) return INVENTORY_CU_NOT_FOUND;
+  void *ctx = NULL;
+  int e = retain(&ctx, dev);
+  if (e) return e;
+  size_t total = 0;
+  if (!(e = push(ctx))) {
+    e = info(bytes, &total);
+    void *was = NULL;
+    pop(&was);
+  }
+  release(dev);
+  return e;
+}
 
 static int inventory_cpu(int n, inventory_t *out) {
   long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
@@ -34,7 +71,7 @@ static int inventory_cpu(int n, inventory_t *out) {
     snprintf(d->kind, sizeof d->kind, "cpu");
     d->index = i;
     snprintf(d->name, sizeof d->name, "CPU device %d of %d", i, n);
-    d->memory = each;
+    d->memory = d->total = each;
   }
   return FSDP_OK;
 }
@@ -78,7 +115,10 @@ static int inventory_cuda(const int *want, int nwant, inventory_t *out) {
     }
     snprintf(d->kind, sizeof d->kind, "cuda");
     d->index = ord;
-    d->memory = bytes;
+    d->total = bytes;
+    size_t free_bytes = 0;
+    d->free_error = inventory_cuda_free(lib, dev, &free_bytes);
+    d->memory = !d->free_error && free_bytes < bytes ? free_bytes : bytes;
     out->count++;
   }
 out:

@@ -17,7 +17,13 @@ typedef struct inventory_device {
   char kind[8];   /* "cpu" or "cuda" */
   int index;      /* the device's index on this node (the CUDA ordinal for GPUs) */
   char name[96];  /* "CPU device 0 of 2", "NVIDIA H100 80GB HBM3" */
-  uint64_t memory; /* bytes a rank may use there */
+  uint64_t memory; /* bytes a rank may use there: a CPU device's share of the host's memory;
+                    * a GPU's free memory with a CUDA context of fsdpd's on it, as fsdpd
+                    * started (a rank's own context takes about as much), or its total where
+                    * the driver could not say (free_error) */
+  uint64_t total;  /* a GPU's whole memory (cuDeviceTotalMem); a CPU device's, memory */
+  int free_error;  /* a GPU's: the CUDA error that kept its free memory from being measured
+                    * (0: measured) */
 } inventory_device_t;
 
 typedef struct inventory {

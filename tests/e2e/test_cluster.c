@@ -215,8 +215,10 @@ static int node_start(int i, const char *name, int gpus) {
   char driver[PATH_MAX + 64], env[3 * PATH_MAX];
   const char *plugin = emu_plugin(driver);
   if (!*plugin) return -1;
-  snprintf(env, sizeof env, "LD_LIBRARY_PATH='%s' FAKE_CUDA_GPUS=%d FSDP_CUDA_PLUGIN='%s' "
-           "CUDA_EMU_DEVICES=%d", driver, gpus, plugin, gpus);
+  /* each GPU 600 MiB short of its total with a context on it (the fake
+   * driver's FAKE_CUDA_HELD_MIB): what the node offers */
+  snprintf(env, sizeof env, "LD_LIBRARY_PATH='%s' FAKE_CUDA_GPUS=%d FAKE_CUDA_HELD_MIB=600 "
+           "FSDP_CUDA_PLUGIN='%s' CUDA_EMU_DEVICES=%d", driver, gpus, plugin, gpus);
   setenv("FSDP_CUDA_PLUGIN", plugin, 1);
   cluster_fsdpd_spawn_on(&node[i], coord.addr, name, "cuda", env, NULL);
   cluster_wait_alive(coord.addr, name);
@@ -238,6 +240,11 @@ Test(cluster, a_hybrid_cuda_job_on_four_emulated_gpus_trains_as_under_fsdp_launc
   char out[65536], a[256];
   cr_assert_eq(cluster_ctl(coord.addr, "nodes", out, sizeof out), 0, "%s", out);
   cr_assert(strstr(out, "cuda"), "the node's GPUs are not listed:\n%s", out);
+  /* a GPU offers what is free with a context on it, not its total: the
+   * fake GPU 0's 80 GiB less the 600 MiB held */
+  cr_assert_eq(cluster_ctl(coord.addr, "--output json nodes", out, sizeof out), 0, "%s", out);
+  cr_expect(strstr(out, "85270200320") && !strstr(out, "85899345920"), "GPU 0's memory is not "
+            "its free memory with a context on it:\n%s", out);
   char *conf = job_file("gpu.conf", "steps = 4\ndevice = cuda\n[shard]\nstrategy = HYBRID_SHARD\n"
                         "mesh = 2x2\n");
   const char *job = submit(conf, "--ranks 4 --name gpu");

@@ -1,8 +1,13 @@
 /* fake_libcuda: a stand-in for the NVIDIA driver library, built as
  * libcuda.so.1 for test_inventory, so that fsdpd's GPU discovery runs on
  * machines without a GPU. FAKE_CUDA_GPUS sets how many GPUs it reports
- * (default 2); GPU i has 80 GiB >> i. Return codes follow the driver's:
- * 0 success, 100 no device, 101 invalid device. */
+ * (default 2); GPU i has 80 GiB >> i, of which FAKE_CUDA_HELD_MIB (default
+ * 0) are held once a context is current (the context's own, other
+ * processes'). FAKE_CUDA_CTX_ERROR, set, is what retaining a primary
+ * context returns (46: CUDA_ERROR_DEVICE_UNAVAILABLE, a GPU in
+ * exclusive-process mode that another process holds). Return codes follow
+ * the driver's: 0 success, 100 no device, 101 invalid device, 201 no
+ * context current. */
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,5 +37,46 @@ int cuDeviceGetName(char *name, int len, int dev) {
 
 int cuDeviceTotalMem_v2(size_t *bytes, int dev) {
   *bytes = ((size_t)80 << 30) >> dev;
+  return 0;
+}
+
+/* the primary context of GPU i is the pointer (void *)(i + 1); one current */
+static int fake_current = -1, fake_retained[64];
+
+int cuDevicePrimaryCtxRetain(void **ctx, int dev) {
+  const char *e = getenv("FAKE_CUDA_CTX_ERROR");
+  if (e && *e) return atoi(e);
+  if (dev < 0 || dev >= fake_gpus() || dev >= 64) return 101;
+  fake_retained[dev]++;
+  *ctx = (void *)(size_t)(dev + 1);
+  return 0;
+}
+
+int cuDevicePrimaryCtxRelease_v2(int dev) {
+  if (dev < 0 || dev >= 64 || !fake_retained[dev]) return 201;
+  fake_retained[dev]--;
+  return 0;
+}
+
+int cuCtxPushCurrent_v2(void *ctx) {
+  const int dev = (int)(size_t)ctx - 1;
+  if (dev < 0 || dev >= 64 || !fake_retained[dev]) return 201;
+  fake_current = dev;
+  return 0;
+}
+
+int cuCtxPopCurrent_v2(void **ctx) {
+  if (fake_current < 0) return 201;
+  if (ctx) *ctx = (void *)(size_t)(fake_current + 1);
+  fake_current = -1;
+  return 0;
+}
+
+int cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
+  if (fake_current < 0) return 201;
+  const char *h = getenv("FAKE_CUDA_HELD_MIB");
+  cuDeviceTotalMem_v2(total, fake_current);
+  const size_t held = (size_t)(h ? atol(h) : 0) << 20;
+  *free_bytes = held < *total ? *total - held : 0;
   return 0;
 }

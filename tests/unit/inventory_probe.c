@@ -1,6 +1,6 @@
 /* inventory_probe: prints what inventory_find makes of a spec, one device per
- * line ("kind index memory name"), or "error CODE MESSAGE"; test_inventory runs
- * it with the fake driver on its library path. */
+ * line ("kind index memory total free_error name"), or "error CODE MESSAGE";
+ * test_inventory runs it with the fake driver on its library path. */
 #include <stdio.h>
 
 #include "daemon/common/err.h"
@@ -14,7 +14,8 @@ int main(int argc, char **argv) {
     return 1;
   }
   for (int i = 0; i < d.count; i++)
-    printf("%s %d %llu %s\n", d.dev[i].kind, d.dev[i].index,
-           (unsigned long long)d.dev[i].memory, d.dev[i].name);
+    printf("%s %d %llu %llu %d %s\n", d.dev[i].kind, d.dev[i].index,
+           (unsigned long long)d.dev[i].memory, (unsigned long long)d.dev[i].total,
+           d.dev[i].free_error, d.dev[i].name);
   return 0;
 }

@@ -35,15 +35,16 @@ static int have_driver(void) {
 }
 
 /* Runs inventory_probe SPEC with the fake driver (gpus of them; -1: no fake
- * driver on the path) and returns its output (static). */
-static const char *probe(const char *spec, int gpus) {
+ * driver on the path), env (more VAR=value words, or ""), and returns its
+ * output (static). */
+static const char *probe_env(const char *spec, int gpus, const char *env) {
   static char out[4096];
   char self[1024] = {0}, cmd[3072];
   cr_assert_gt(readlink("/proc/self/exe", self, sizeof self - 1), 0);
   const char *dir = dirname(self);
   if (gpus >= 0)
-    snprintf(cmd, sizeof cmd, "LD_LIBRARY_PATH='%s/fake-cuda' FAKE_CUDA_GPUS=%d '%s/inventory_probe' '%s'",
-             dir, gpus, dir, spec);
+    snprintf(cmd, sizeof cmd, "LD_LIBRARY_PATH='%s/fake-cuda' FAKE_CUDA_GPUS=%d %s '%s/inventory_probe' '%s'",
+             dir, gpus, env, dir, spec);
   else
     snprintf(cmd, sizeof cmd, "'%s/inventory_probe' '%s'", dir, spec);
   FILE *p = popen(cmd, "r");
@@ -54,6 +55,8 @@ static const char *probe(const char *spec, int gpus) {
   return out;
 }
 
+static const char *probe(const char *spec, int gpus) { return probe_env(spec, gpus, ""); }
+
 Test(inventory, cpu_devices_split_the_host_memory) {
   inventory_t d;
   cr_assert_eq(inventory_find("cpu:3", &d), FSDP_OK, "%s", err_msg());
@@ -62,6 +65,7 @@ Test(inventory, cpu_devices_split_the_host_memory) {
     cr_assert_str_eq(d.dev[i].kind, "cpu");
     cr_assert_eq(d.dev[i].index, i);
     cr_assert_eq(d.dev[i].memory, host_memory() / 3);
+    cr_assert_eq(d.dev[i].total, d.dev[i].memory);
   }
   cr_assert_str_eq(d.dev[1].name, "CPU device 1 of 3");
 }
@@ -81,15 +85,28 @@ Test(inventory, bad_specs_name_the_spec_and_the_fix) {
 }
 
 Test(inventory, gpus_come_from_the_driver) {
-  cr_assert_str_eq(probe("cuda", 2), "cuda 0 85899345920 Fake GPU 0\n"
-                                     "cuda 1 42949672960 Fake GPU 1\n");
-  cr_assert_str_eq(probe("cuda:1", 2), "cuda 1 42949672960 Fake GPU 1\n");
-  cr_assert_str_eq(probe("auto", 1), "cuda 0 85899345920 Fake GPU 0\n");
+  cr_assert_str_eq(probe("cuda", 2), "cuda 0 85899345920 85899345920 0 Fake GPU 0\n"
+                                     "cuda 1 42949672960 42949672960 0 Fake GPU 1\n");
+  cr_assert_str_eq(probe("cuda:1", 2), "cuda 1 42949672960 42949672960 0 Fake GPU 1\n");
+  cr_assert_str_eq(probe("auto", 1), "cuda 0 85899345920 85899345920 0 Fake GPU 0\n");
   const char *o = probe("cuda:0,2", 2);
   cr_assert(strstr(o, "error ERANGE devices: cuda:2: this node has 2 GPUs (ordinals 0-1)"), "%s", o);
   o = probe("cuda", 0);
   cr_assert(strstr(o, "error EUNSUPPORTED") && strstr(o, "no usable GPU") &&
                 strstr(o, "--devices cpu:N"), "%s", o);
+}
+
+/* A GPU offers what is free with a CUDA context on it (a rank's own takes
+ * about as much, and other processes' memory is not the job's): 600 MiB held
+ * leaves each fake GPU its total less 600 MiB; where no context can be had
+ * (exclusive-process mode, another process on it), its total, with the
+ * driver's error kept for fsdpd to say. */
+Test(inventory, a_gpu_offers_its_free_memory_with_a_context_on_it) {
+  cr_assert_str_eq(probe_env("cuda", 2, "FAKE_CUDA_HELD_MIB=600"),
+                   "cuda 0 85270200320 85899345920 0 Fake GPU 0\n"
+                   "cuda 1 42320527360 42949672960 0 Fake GPU 1\n");
+  cr_assert_str_eq(probe_env("cuda:1", 2, "FAKE_CUDA_HELD_MIB=600 FAKE_CUDA_CTX_ERROR=46"),
+                   "cuda 1 42949672960 42949672960 46 Fake GPU 1\n");
 }
 
 Test(inventory, without_a_driver_cuda_is_an_error_and_auto_is_one_cpu_device) {
