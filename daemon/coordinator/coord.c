@@ -234,7 +234,7 @@ void coord_job_facts(coord_job_t *x, const config_t *cfg, const plan_t *plan, co
   snprintf(x->kind, sizeof x->kind, "%s", cfg->device);
   snprintf(x->ckpt_dir, sizeof x->ckpt_dir, "%s", cfg->checkpoint_dir);
   x->keep = cfg->keep_checkpoints;
-  x->need = plan->total;
+  x->need = plan->device; /* what its device must hold */
   for (int k = 0; k < COORD_CATS; k++) x->planned[k] = plan->bytes[k];
 }
 

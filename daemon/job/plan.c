@@ -312,7 +312,18 @@ int plan_job(const config_t *c, int world, plan_t *p) {
   p->world = world;
   int rc = plan_runtime(c, world, p);
   for (int k = 0; k < MEM__COUNT; k++) p->total += p->bytes[k];
+  p->host_apart = plan_device(c) == &plan_cuda;
+  p->device = p->total - plan_host_bytes(p);
   return rc;
+}
+
+size_t plan_host_bytes(const plan_t *p) {
+  return p->host_apart ? p->bytes[MEM_SNAPSHOT] + p->bytes[MEM_OFFLOAD] : 0;
+}
+
+/* The snapshot's bytes the device holds: a CPU device's, none of a GPU's. */
+static size_t plan_snapshot_on_device(const plan_t *p) {
+  return p->host_apart ? 0 : p->bytes[MEM_SNAPSHOT];
 }
 
 int plan_rank_snapshots(const shard_mesh_t *m, int rank) {
@@ -322,6 +333,7 @@ int plan_rank_snapshots(const shard_mesh_t *m, int rank) {
 void plan_for_rank(plan_t *p, const shard_mesh_t *m, int rank) {
   if (plan_rank_snapshots(m, rank)) return;
   p->total -= p->bytes[MEM_SNAPSHOT];
+  p->device -= plan_snapshot_on_device(p);
   p->bytes[MEM_SNAPSHOT] = 0;
 }
 
@@ -338,10 +350,10 @@ size_t plan_host_available(void) {
 
 /* ---- the fit check ---------------------------------------------------------- */
 
-/* The total of c changed by one knob, or 0 when that plan fails. */
+/* What the device holds of c changed by one knob, or 0 when that plan fails. */
 static size_t plan_total_of(const config_t *c, int world) {
   plan_t q;
-  return plan_job(c, world, &q) ? 0 : q.total;
+  return plan_job(c, world, &q) ? 0 : q.device;
 }
 
 /* The first single change that fits, as advice; 0 when none does. */
@@ -396,7 +408,7 @@ static int plan_advice(const plan_t *p, const config_t *c, size_t limit, char *o
 }
 
 int plan_fit_recompute(config_t *c, int world, plan_t *p, size_t limit) {
-  if (!limit || p->total <= limit || c->recompute >= 0) return 0;
+  if (!limit || p->device <= limit || c->recompute >= 0) return 0;
   /* the least level that fits with the snapshot; where none does, the
    * least that fits without it (plan_fit_snapshot then drops the snapshot:
    * a level that fits only so would recompute for nothing), else 2
@@ -408,10 +420,10 @@ int plan_fit_recompute(config_t *c, int world, plan_t *p, size_t limit) {
     k.recompute = level;
     if (level == from) q[level] = *p;
     else if (plan_job(&k, world, &q[level])) return 0;
-    if (level > from && q[level].total <= limit) return c->recompute = level, *p = q[level], 1;
+    if (level > from && q[level].device <= limit) return c->recompute = level, *p = q[level], 1;
   }
   int level = from;
-  while (level < 2 && q[level].total - q[level].bytes[MEM_SNAPSHOT] > limit) level++;
+  while (level < 2 && q[level].device - plan_snapshot_on_device(&q[level]) > limit) level++;
   if (level == from) return 0;
   c->recompute = level;
   *p = q[level];
@@ -419,9 +431,8 @@ int plan_fit_recompute(config_t *c, int world, plan_t *p, size_t limit) {
 }
 
 int plan_fit_snapshot(config_t *c, int world, plan_t *p, size_t limit) {
-  if (!limit || p->total <= limit || !p->bytes[MEM_SNAPSHOT] ||
-      p->total - p->bytes[MEM_SNAPSHOT] > limit)
-    return 0;
+  const size_t snap = plan_snapshot_on_device(p); /* a GPU's is in host memory */
+  if (!limit || p->device <= limit || !snap || p->device - snap > limit) return 0;
   c->checkpoint_async = 0; /* fits without the snapshot: checkpoints are written in place */
   return plan_job(c, world, p) ? 0 : 1;
 }
@@ -432,10 +443,11 @@ int plan_check(const plan_t *p, const config_t *c, size_t limit) {
 }
 
 int plan_fits(const plan_t *p, const config_t *c, size_t limit, const char *what) {
-  if (!limit || p->total <= limit) return FSDP_OK;
-  int top = 0;
+  if (!limit || p->device <= limit) return FSDP_OK;
+  int top = 0; /* of what the device holds */
   for (int k = 1; k < MEM__COUNT; k++)
-    if (p->bytes[k] > p->bytes[top]) top = k;
+    if (p->bytes[k] > p->bytes[top] && (!p->host_apart || (k != MEM_SNAPSHOT && k != MEM_OFFLOAD)))
+      top = k;
   char advice[384];
   if (!plan_advice(p, c, limit, advice, sizeof advice)) {
     if (top == MEM_ACTS)
@@ -455,8 +467,11 @@ int plan_fits(const plan_t *p, const config_t *c, size_t limit, const char *what
                      "on a sharded job)"
                    : "16 bytes");
   }
-  return err_set(FSDP_ENOMEM, "memory: the job needs %.0f MiB per rank but %.0f MiB is available "
-                 "(%s); %s takes the most (%.0f MiB); %s", MIB(p->total), MIB(limit), what,
+  char host[96] = "";
+  if (plan_host_bytes(p))
+    snprintf(host, sizeof host, " on its GPU (and %.0f MiB of host memory)", MIB(plan_host_bytes(p)));
+  return err_set(FSDP_ENOMEM, "memory: the job needs %.0f MiB per rank%s but %.0f MiB is available "
+                 "(%s); %s takes the most (%.0f MiB); %s", MIB(p->device), host, MIB(limit), what,
                  mem_cat_name((mem_cat_t)top), MIB(p->bytes[top]), advice);
 }
 
@@ -464,7 +479,11 @@ void plan_print(const plan_t *p, const config_t *c, FILE *out) {
   fprintf(out, "plan (MiB%s):", p->world > 1 ? " per rank" : "");
   for (int k = 0; k < MEM__COUNT; k++)
     if (p->bytes[k]) fprintf(out, " %s=%.1f", mem_cat_name((mem_cat_t)k), MIB(p->bytes[k]));
-  fprintf(out, " total=%.1f\n", MIB(p->total));
+  if (plan_host_bytes(p)) /* a GPU's: what it holds, and what host memory holds */
+    fprintf(out, " total=%.1f (gpu=%.1f host=%.1f)\n", MIB(p->total), MIB(p->device),
+            MIB(plan_host_bytes(p)));
+  else
+    fprintf(out, " total=%.1f\n", MIB(p->total));
   if (c->grad_accum > 1)
     fprintf(out, "plan: gradient accumulation over %d micro-batches: grads %.1f MiB reducing each "
             "micro-batch%s, %.1f MiB keeping unsharded gradients to the last%s\n", c->grad_accum,

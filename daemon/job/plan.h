@@ -31,6 +31,12 @@
 typedef struct plan {
   size_t bytes[MEM__COUNT]; /* peak per accounting category */
   size_t total;             /* the sum of the peaks */
+  /* what of it the device holds, which limits and admission compare with
+   * its memory: total on a CPU device (host memory is its memory); on a GPU
+   * the total less the categories kept in host memory (ckpt_snapshot,
+   * host_offload: plan_host_bytes) */
+  size_t device;
+  int host_apart;           /* a GPU's plan: those categories are not on the device */
   int world;                /* ranks of the job */
   /* gradient accumulation's two modes (grad_accum > 1): the grads peak when
    * each micro-batch is reduce-scattered, and when unsharded gradients are
@@ -49,6 +55,9 @@ int plan_rank_snapshots(const shard_mesh_t *m, int rank);
  * the most any rank holds, which the fit check takes), as rank holds it:
  * without the snapshot where that rank has none. */
 void plan_for_rank(plan_t *p, const shard_mesh_t *m, int rank);
+/* Bytes of p kept in host memory apart from the device: a GPU plan's
+ * ckpt_snapshot and host_offload; 0 on a CPU device. */
+size_t plan_host_bytes(const plan_t *p);
 /* Memory the host can give now (MemAvailable), in bytes; 0 if unknown. */
 size_t plan_host_available(void);
 /* FSDP_OK when p fits in limit bytes per rank (0: nothing to check);

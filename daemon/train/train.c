@@ -693,7 +693,7 @@ int train_open(train_t **out, const config_t *c, const train_opts_t *o) {
              "the CUDA context, the libraries and other processes hold the rest",
              (double)t->dev->memory / (1 << 20));
   }
-  const size_t need0 = t->plan.total;
+  const size_t need0 = t->plan.device;
   const int level0 = config_recompute(c);
   t->recompute_asked = c->recompute;
   t->async_asked = c->checkpoint_async;

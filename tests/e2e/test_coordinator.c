@@ -534,6 +534,47 @@ Test(coordinator, a_cuda_job_admitted_recomputing_runs_recomputing) {
   ranks_are_told(&n, 2, "recompute", "2");
 }
 
+/* A cuda job's asynchronous checkpoint snapshot is host memory (pinned),
+ * not its GPU's: on GPUs that hold all of its plan but the snapshot it is
+ * admitted and placed as asked, keeping the snapshot and recomputing
+ * nothing; one byte less and it must recompute. (Before, admission counted
+ * the snapshot against the GPU and wrote checkpoint_async = 0.) */
+Test(coordinator, a_cuda_jobs_checkpoint_snapshot_is_not_counted_against_its_gpu) {
+  char d[600], ck[600], ckopt[700], id[32], v[16];
+  data_opt(d, sizeof d);
+  snprintf(ck, sizeof ck, "%s/ck", tu_tmpdir());
+  cr_assert_eq(mkdir(ck, 0755), 0);
+  snprintf(ckopt, sizeof ckopt, "checkpoint_dir=%s", ck);
+  config_t c;
+  config_default(&c);
+  cr_assert_eq(config_set(&c, "model", "tiny"), 0);
+  cr_assert_eq(config_set(&c, "device", "cuda"), 0);
+  cr_assert_eq(config_set(&c, "data", d + strlen("data=")), 0);
+  cr_assert_eq(config_set(&c, "checkpoint_dir", ck), 0);
+  cr_assert_eq(config_set(&c, "checkpoint_every", "10"), 0);
+  cr_assert_eq(config_finish(&c), 0, "%s", err_msg());
+  plan_t p;
+  cr_assert_eq(plan_job(&c, 2, &p), 0);
+  cr_assert(p.bytes[MEM_SNAPSHOT] > 0 && p.device == p.total - p.bytes[MEM_SNAPSHOT]);
+  node_t n = {{0}, 0};
+  node_register_kind(&n, "gpus", 2, p.device, "cuda", NULL, 0);
+  const char *kv[] = {"model=tiny", d, "device=cuda", ckopt, "checkpoint_every=10",
+                      "checkpoint_async=1", NULL};
+  cr_assert_eq(submit(2, kv, id, sizeof id), 0, "%s", err_msg());
+  ranks_are_told(&n, 2, "checkpoint_async", "1"); /* placed, both ranks, the snapshot kept */
+  Fsdp__V1__GetJobReply *g = get_job(id);
+  for (size_t i = 0; i < g->job->spec->n_options; i++)
+    cr_expect(strcmp(g->job->spec->options[i]->key, "recompute"), "admitted recomputing");
+  reply_free(g);
+  cr_assert_eq(cancel(id), 0, "%s", err_msg());
+  node_t m = {{0}, 0};
+  node_register_kind(&m, "smaller", 2, p.device - 1, "cuda", NULL, 0);
+  char id2[32];
+  cr_assert_eq(submit(2, kv, id2, sizeof id2), 0, "%s", err_msg());
+  job_option(id2, "recompute", v, sizeof v);
+  cr_expect_str_eq(v, "1", "one byte short of the GPU plan: recompute 1");
+}
+
 Test(coordinator, malformed_and_unauthorised_calls_get_their_status_at_once) {
   void *rep = NULL;
   size_t rlen = 0;

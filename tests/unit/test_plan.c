@@ -444,19 +444,24 @@ Test(plan, a_cuda_jobs_default_recompute_rises_only_to_fit) {
   free(data);
 }
 
-/* With an asynchronous checkpoint's snapshot that no level makes room
- * for, plan_fit_recompute raises a cuda job's level only as far as it
- * fits without the snapshot (plan_fit_snapshot drops that): not at all
- * where the device's level does, which recomputing would not change. */
-Test(plan, a_cuda_jobs_recompute_rises_no_further_than_without_its_snapshot) {
+/* An asynchronous checkpoint's snapshot is host memory on a GPU (pinned,
+ * ckpt_rank.c), so a cuda job's plan holds it apart (plan_host_bytes) and
+ * the GPU's memory is compared with the rest: a limit between the two fits
+ * at recompute 0 with the snapshot kept, a lower one raises recompute and
+ * still keeps it, and a refusal states both. Before, it counted against the
+ * GPU: gpt2-774m on one GPU lost 9.3 GB to it, recomputing or dropping the
+ * snapshot for nothing. On a CPU device it is the device's memory. */
+Test(plan, a_cuda_jobs_checkpoint_snapshot_is_host_memory_not_the_gpus) {
   char *data = tu_token_file("tokens.bin", 20000, 3, 256), *dir = tu_path("ck");
   cr_assert_eq(mkdir(dir, 0755), 0);
   config_t c = job(data, 0);
-  cr_assert_eq(config_set(&c, "device", "cuda"), 0);
   cr_assert_eq(config_set(&c, "checkpoint_dir", dir), 0);
   cr_assert_eq(config_set(&c, "checkpoint_every", "1"), 0);
+  config_t cpu = c;
+  cr_assert_eq(config_set(&c, "device", "cuda"), 0);
   cr_assert_eq(config_finish(&c), 0, "%s", err_msg());
-  plan_t p[3];
+  cr_assert_eq(config_finish(&cpu), 0, "%s", err_msg());
+  plan_t p[3], pc;
   for (int level = 0; level < 3; level++) {
     config_t k = c;
     k.recompute = level;
@@ -464,19 +469,36 @@ Test(plan, a_cuda_jobs_recompute_rises_no_further_than_without_its_snapshot) {
   }
   const size_t snap = p[0].bytes[MEM_SNAPSHOT];
   cr_assert(snap > 0 && p[2].bytes[MEM_SNAPSHOT] == snap);
-  /* the snapshot outweighs what recomputing saves (else a level keeps it) */
-  cr_assert_gt(p[2].total, p[0].total - snap, "%zu %zu %zu", p[0].total, p[2].total, snap);
+  cr_assert_eq(plan_host_bytes(&p[0]), snap);
+  cr_assert_eq(p[0].device, p[0].total - snap);
+  cr_assert_eq(plan_job(&cpu, 1, &pc), 0);
+  cr_assert(pc.bytes[MEM_SNAPSHOT] > 0 && pc.device == pc.total && !plan_host_bytes(&pc),
+            "a CPU device's snapshot is its own memory");
+  /* the GPU holds all but the snapshot: it fits as planned */
   config_t d = c;
   plan_t q = p[0];
-  cr_assert_eq(plan_fit_recompute(&d, 1, &q, p[0].total - snap), 0, "level 0 fits without it");
-  cr_assert_eq(d.recompute, -1);
-  cr_assert_eq(plan_fit_snapshot(&d, 1, &q, p[0].total - snap), 1);
-  cr_assert(!d.checkpoint_async);
-  d = c, q = p[0];
-  cr_assert_eq(plan_fit_recompute(&d, 1, &q, p[1].total - snap), 1);
-  cr_assert_eq(d.recompute, 1, "the least level that fits without the snapshot");
-  cr_assert_eq(plan_fit_snapshot(&d, 1, &q, p[1].total - snap), 1);
-  cr_assert(!d.checkpoint_async && q.total == p[1].total - snap);
+  cr_assert_eq(plan_fit_recompute(&d, 1, &q, p[0].device), 0, "fits at level 0");
+  cr_assert_eq(plan_fit_snapshot(&d, 1, &q, p[0].device), 0, "the snapshot is not the GPU's");
+  cr_assert(d.recompute == -1 && d.checkpoint_async);
+  cr_assert_eq(plan_check(&q, &d, p[0].device), 0, "%s", err_msg());
+  /* less: a level rises, the snapshot stays */
+  cr_assert_eq(plan_fit_recompute(&d, 1, &q, p[1].device), 1);
+  cr_assert_eq(plan_fit_snapshot(&d, 1, &q, p[1].device), 0);
+  cr_assert(d.recompute == 1 && d.checkpoint_async && q.bytes[MEM_SNAPSHOT] == snap);
+  /* refused: the GPU's figure, and the host's apart */
+  q = p[0];
+  cr_assert_eq(plan_check(&q, &c, p[0].device - 1), FSDP_ENOMEM);
+  char want[96];
+  snprintf(want, sizeof want, "needs %.0f MiB per rank on its GPU (and %.0f MiB of host memory)",
+           p[0].device / 1048576.0, snap / 1048576.0);
+  cr_assert(strstr(err_msg(), want) && !strstr(err_msg(), "ckpt_snapshot takes the most"), "%s",
+            err_msg());
+  char line[1024] = "";
+  FILE *f = fmemopen(line, sizeof line - 1, "w");
+  plan_print(&p[0], &c, f);
+  fclose(f);
+  snprintf(want, sizeof want, "(gpu=%.1f host=%.1f)", p[0].device / 1048576.0, snap / 1048576.0);
+  cr_assert(strstr(line, want), "%s", line);
   free(data), free(dir);
 }
 
