@@ -40,6 +40,7 @@ static int coord_hash_oom;
 #define COORD_FENCE_MARGIN_MS 1000 /* a fenced node's fsdpd kills its ranks within this */
 #define COORD_FENCE_SLACK_MS 1000  /* a heartbeat answered this late fences no healthy node */
 #define COORD_PURGE_MS 10000  /* retention (events, ended jobs), this often (and at start) */
+#define COORD_STALL_LOG_MS 10000 /* a stall of the loop is logged at most this often */
 #define COORD_PURGE_BATCH 2000
 #define COORD_PURGE_PASSES 10
 #define COORD_JOB_PURGE_BATCH 50  /* ended jobs removed a transaction (each with its rows) */
@@ -158,17 +159,30 @@ coord_node_t *coord_node_get(coord_t *c, int64_t id, int create) {
   return c->node[id];
 }
 
+/* The stall the loop is coming out of (ms), which the next tick adds to
+ * coord_t.deaf_ms (coord_tick_cb): its tick is more than a tick late. */
+static uint64_t coord_stall_pending(const coord_t *c, uint64_t now) {
+  return c->tick_ms && now - c->tick_ms > 2 * COORD_TICK_MS ? now - c->tick_ms - COORD_TICK_MS : 0;
+}
+
 void coord_node_heard(coord_t *c, coord_node_t *n) {
   n->heard_ms = coord_mono_ms(c), n->heard_unix_ms = coord_unix_ms();
-  n->deaf_heard_ms = c->deaf_ms;
+  /* a call read as the loop comes out of a stall came after it (or waited
+   * it out): that stall is not this node's to be excused again */
+  n->deaf_heard_ms = c->deaf_ms + coord_stall_pending(c, n->heard_ms);
 }
 
 /* How long n has been silent (ms): since its last call, less the time the
- * loop itself was held up meanwhile (coord_tick_cb). A call that came then
- * waited unread, and a held heartbeat was answered late: the node cannot
- * be blamed for the coordinator's deafness. */
+ * loop itself was held up meanwhile (coord_tick_cb), at most the restart
+ * grace of it. A call that came then waited unread, and a held heartbeat
+ * was answered late: the node cannot be blamed for the coordinator's
+ * deafness; however slow the loop stays, a silent node is dead within the
+ * timeout and the grace (by when its fence has stopped its ranks). */
 static uint64_t coord_node_silent_ms(const coord_t *c, const coord_node_t *n, uint64_t now) {
-  const uint64_t since = now - n->heard_ms, deaf = c->deaf_ms - n->deaf_heard_ms;
+  if (now <= n->heard_ms) return 0; /* heard in this tick (a node made as another died) */
+  uint64_t deaf = c->deaf_ms > n->deaf_heard_ms ? c->deaf_ms - n->deaf_heard_ms : 0;
+  if (deaf > (uint64_t)c->o.restart_grace_ms) deaf = (uint64_t)c->o.restart_grace_ms;
+  const uint64_t since = now - n->heard_ms;
   return since > deaf ? since - deaf : 0;
 }
 
@@ -1468,13 +1482,15 @@ static void coord_tick_cb(uv_timer_t *t) {
    * node's silence: a node beating on time is not declared dead for it
    * (heartbeats come an interval apart, so a stall of the timeout less an
    * interval did that before) */
-  if (c->tick_ms && now - c->tick_ms > 2 * COORD_TICK_MS) {
-    const uint64_t late = now - c->tick_ms - COORD_TICK_MS;
-    c->deaf_ms += late;
-    if (late >= (uint64_t)c->o.heartbeat_interval_ms)
-      LOG_WARN("coord", "the coordinator's loop was held up %.1f s (a database write waiting on "
-               "its disk or a lock?): nodes' silence meanwhile does not count toward the "
-               "heartbeat timeout", (double)late / 1000);
+  const uint64_t late = coord_stall_pending(c, now);
+  c->deaf_ms += late;
+  if (late >= (uint64_t)c->o.heartbeat_interval_ms &&
+      (!c->stall_logged_ms || now - c->stall_logged_ms >= COORD_STALL_LOG_MS)) {
+    c->stall_logged_ms = now;
+    LOG_WARN("coord", "the coordinator's loop was held up %.1f s (a database write waiting on "
+             "its disk or a lock?): nodes' silence meanwhile does not count toward the heartbeat "
+             "timeout (said at most every %d s; fsdp_coordinator_stalled_seconds_total counts "
+             "every stall)", (double)late / 1000, COORD_STALL_LOG_MS / 1000);
   }
   c->tick_ms = now;
   for (int64_t id = 1; id < c->cap_node; id++) {

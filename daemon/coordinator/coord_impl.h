@@ -201,6 +201,7 @@ struct coord {
   uint64_t janitor_ms;      /* when coord_ckpt_janitor last ran */
   uint64_t tick_ms;         /* loop time of the last tick (coord_tick_cb; 0: none yet) */
   uint64_t deaf_ms;         /* how long the loop has been held up, in all, since start */
+  uint64_t stall_logged_ms; /* when a stall was last logged (0: never) */
   int unsettled;            /* an attempt's end failed to be stored: the tick settles again */
   uint64_t settled_ms;      /* when it last tried */
   uint64_t purged_ms;       /* when the audit log's retention last ran (0: not yet) */

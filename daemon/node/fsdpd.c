@@ -57,9 +57,6 @@
 #define SHUTDOWN_POLL_MS 50
 #define SHUTDOWN_REPORTS_S 3.0 /* beyond the grace: time left to report the exits */
 #define FSDPD_EXIT_REFUSED 78  /* EX_CONFIG */
-/* a GPU with this much less free than its total holds more than a CUDA
- * context (a few hundred MiB): other processes' memory, said at start */
-#define FSDPD_HELD_WARN (2ull << 30)
 
 typedef struct fsdpd {
   /* options */
@@ -573,6 +570,8 @@ int main(int argc, char **argv) {
     snprintf(n, sizeof n, "%d", D.inv.count * 2 + 4 < 128 ? D.inv.count * 2 + 4 : 128);
     setenv("UV_THREADPOOL_SIZE", n, 1);
   }
+  /* after the environment is set (the driver's threads may read it) */
+  inventory_measure(&D.inv);
   signal(SIGPIPE, SIG_IGN); /* a closed socket is an error, not our death */
   /* what it and its ranks write (job files, logs, checkpoints) is never
    * for every user of the host, whatever umask it was started with (the
@@ -627,17 +626,19 @@ int main(int argc, char **argv) {
     if (strcmp(d->kind, "cuda")) continue;
     if (d->free_error)
       LOG_WARN("fsdpd", "cuda:%d (%s): its free memory could not be measured with a CUDA context "
-               "(CUDA error %d: another process holds it in exclusive mode?); jobs are planned "
-               "against its total, %.2f GiB, part of which a rank's context takes: a plan near it "
-               "is refused as its ranks open", d->index, d->name, d->free_error,
-               (double)d->total / (1 << 30));
+               "(%s, CUDA error %d); jobs are planned against its total, %.2f GiB, part of which "
+               "a rank's context takes: a plan near it is refused as its ranks open", d->index,
+               d->name, d->free_error == INVENTORY_CU_NOT_FOUND
+                            ? "the driver lacks cuMemGetInfo and the primary context calls: update it"
+                            : "another process holds it in exclusive-process mode?",
+               d->free_error, (double)d->total / (1 << 30));
     else
       LOG_INFO("fsdpd", "cuda:%d (%s): %.2f GiB free of %.2f GiB with a CUDA context on it; jobs "
                "are planned against that%s", d->index, d->name, (double)d->memory / (1 << 30),
                (double)d->total / (1 << 30),
-               d->total - d->memory > FSDPD_HELD_WARN ? " (more than a context takes: other "
-               "processes hold memory there, see nvidia-smi; restart fsdpd to measure again once "
-               "they are gone)" : "");
+               d->total - d->memory > INVENTORY_HELD_MAX ? " (more than a context takes: other "
+               "processes held memory there for 4 s, see nvidia-smi; every job is admitted against "
+               "the smallest GPU, so restart fsdpd to measure again once they are gone)" : "");
   }
 
   uv_signal_t *sigs[2] = {&D.sigint, &D.sigterm};

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "daemon/common/err.h"
@@ -32,8 +33,6 @@ typedef int (*cu_release_fn)(int);
 typedef int (*cu_push_fn)(void *);
 typedef int (*cu_pop_fn)(void **);
 typedef int (*cu_info_fn)(size_t *, size_t *);
-
-#define INVENTORY_CU_NOT_FOUND 500 /* CUDA_ERROR_NOT_FOUND: a driver without these entry points */
 
 /* GPU dev's free memory with a CUDA context of this process on it, into
  * *bytes: what a rank may plan to take there, its own context costing about
@@ -115,15 +114,49 @@ static int inventory_cuda(const int *want, int nwant, inventory_t *out) {
     }
     snprintf(d->kind, sizeof d->kind, "cuda");
     d->index = ord;
-    d->total = bytes;
-    size_t free_bytes = 0;
-    d->free_error = inventory_cuda_free(lib, dev, &free_bytes);
-    d->memory = !d->free_error && free_bytes < bytes ? free_bytes : bytes;
+    d->memory = d->total = bytes;
+    d->free_error = INVENTORY_NOT_MEASURED;
     out->count++;
   }
 out:
   dlclose(lib);
   return rc;
+}
+
+/* Whether d, measured, shows more held than a context takes. */
+static int inventory_held(const inventory_device_t *d) {
+  return !strcmp(d->kind, "cuda") && !d->free_error && d->total - d->memory > INVENTORY_HELD_MAX;
+}
+
+void inventory_measure(inventory_t *inv) {
+  int any = 0;
+  for (int i = 0; i < inv->count; i++) any |= !strcmp(inv->dev[i].kind, "cuda");
+  if (!any) return;
+  /* kept loaded: its threads may outlive the contexts (never closed) */
+  static void *lib;
+  if (!lib) lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  cu_init_fn init = lib ? (cu_init_fn)dlsym(lib, "cuInit") : NULL;
+  cu_get_fn get = lib ? (cu_get_fn)dlsym(lib, "cuDeviceGet") : NULL;
+  const int up = init && get && !init(0);
+  /* memory others hold is measured again a few times, a second apart:
+   * ranks of a previous fsdpd killed a moment ago give theirs back as they
+   * go (a unit restarted after 2 s), and one stray figure would set every
+   * job's admission (the coordinator's smallest device) */
+  for (int round = 0; round < INVENTORY_SETTLE_ROUNDS; round++) {
+    int held = 0;
+    for (int i = 0; i < inv->count; i++) {
+      inventory_device_t *d = &inv->dev[i];
+      if (strcmp(d->kind, "cuda") || (round && !inventory_held(d))) continue;
+      int dev = 0;
+      size_t free_bytes = 0;
+      d->free_error = !up ? INVENTORY_CU_NOT_FOUND : get(&dev, d->index);
+      if (!d->free_error) d->free_error = inventory_cuda_free(lib, dev, &free_bytes);
+      d->memory = !d->free_error && free_bytes < d->total ? free_bytes : d->total;
+      held |= inventory_held(d);
+    }
+    if (!held || round + 1 == INVENTORY_SETTLE_ROUNDS) break;
+    nanosleep(&(struct timespec){1, 0}, NULL);
+  }
 }
 
 /* "N": a whole number in 1..max; -1 otherwise. */

@@ -12,6 +12,13 @@
 #include <stdint.h>
 
 #define INVENTORY_MAX 64
+#define INVENTORY_CU_NOT_FOUND 500 /* CUDA_ERROR_NOT_FOUND */
+#define INVENTORY_NOT_MEASURED -1
+/* A GPU with this much less free than its total holds more than a CUDA
+ * context (a few hundred MiB): others' memory, measured again up to
+ * INVENTORY_SETTLE_ROUNDS times a second apart (inventory_measure) */
+#define INVENTORY_HELD_MAX (2ull << 30)
+#define INVENTORY_SETTLE_ROUNDS 5
 
 typedef struct inventory_device {
   char kind[8];   /* "cpu" or "cuda" */
@@ -19,11 +26,12 @@ typedef struct inventory_device {
   char name[96];  /* "CPU device 0 of 2", "NVIDIA H100 80GB HBM3" */
   uint64_t memory; /* bytes a rank may use there: a CPU device's share of the host's memory;
                     * a GPU's free memory with a CUDA context of fsdpd's on it, as fsdpd
-                    * started (a rank's own context takes about as much), or its total where
-                    * the driver could not say (free_error) */
+                    * started (inventory_measure; a rank's own context takes about as much),
+                    * or its total where the driver could not say (free_error) */
   uint64_t total;  /* a GPU's whole memory (cuDeviceTotalMem); a CPU device's, memory */
   int free_error;  /* a GPU's: the CUDA error that kept its free memory from being measured
-                    * (0: measured) */
+                    * (INVENTORY_CU_NOT_FOUND: a driver without the entry points;
+                    * INVENTORY_NOT_MEASURED before inventory_measure; 0: measured) */
 } inventory_device_t;
 
 typedef struct inventory {
@@ -35,5 +43,14 @@ typedef struct inventory {
  * spec (EINVAL), no driver or no GPU for "cuda" (EUNSUPPORTED), an ordinal
  * the node does not have (ERANGE). */
 int inventory_find(const char *spec, inventory_t *out);
+/* Sets each GPU's memory to what is free on it with a CUDA context of this
+ * process there (its primary context retained, cuMemGetInfo, released), a
+ * GPU whose context cannot be had keeping its total with the error in
+ * free_error; CPU devices are left as they are. A GPU where others hold
+ * more than INVENTORY_HELD_MAX is measured again, a second apart, up to
+ * INVENTORY_SETTLE_ROUNDS times in all (at most 4 s). The driver stays loaded
+ * after (threads it started may outlive the contexts), so call this once
+ * the process's environment is set: they may read it. */
+void inventory_measure(inventory_t *inv);
 
 #endif

@@ -3,7 +3,8 @@
  * machines without a GPU. FAKE_CUDA_GPUS sets how many GPUs it reports
  * (default 2); GPU i has 80 GiB >> i, of which FAKE_CUDA_HELD_MIB (default
  * 0) are held once a context is current (the context's own, other
- * processes'). FAKE_CUDA_CTX_ERROR, set, is what retaining a primary
+ * processes'), for the first FAKE_CUDA_HELD_CALLS reads of it (unset: all;
+ * then a process holding them is gone). FAKE_CUDA_CTX_ERROR, set, is what retaining a primary
  * context returns (46: CUDA_ERROR_DEVICE_UNAVAILABLE, a GPU in
  * exclusive-process mode that another process holds). Return codes follow
  * the driver's: 0 success, 100 no device, 101 invalid device, 201 no
@@ -74,9 +75,10 @@ int cuCtxPopCurrent_v2(void **ctx) {
 
 int cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
   if (fake_current < 0) return 201;
-  const char *h = getenv("FAKE_CUDA_HELD_MIB");
+  const char *h = getenv("FAKE_CUDA_HELD_MIB"), *calls = getenv("FAKE_CUDA_HELD_CALLS");
+  static int reads;
   cuDeviceTotalMem_v2(total, fake_current);
-  const size_t held = (size_t)(h ? atol(h) : 0) << 20;
+  const size_t held = calls && reads++ >= atoi(calls) ? 0 : (size_t)(h ? atol(h) : 0) << 20;
   *free_bytes = held < *total ? *total - held : 0;
   return 0;
 }

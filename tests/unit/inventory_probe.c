@@ -1,4 +1,4 @@
-/* inventory_probe: prints what inventory_find makes of a spec, one device per
+/* inventory_probe: prints what inventory_find (and inventory_measure) make of a spec, one device per
  * line ("kind index memory total free_error name"), or "error CODE MESSAGE";
  * test_inventory runs it with the fake driver on its library path. */
 #include <stdio.h>
@@ -9,6 +9,7 @@
 int main(int argc, char **argv) {
   inventory_t d;
   int rc = inventory_find(argc > 1 ? argv[1] : NULL, &d);
+  if (!rc) inventory_measure(&d);
   if (rc) {
     printf("error %s %s\n", err_name(rc), err_msg());
     return 1;

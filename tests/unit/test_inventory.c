@@ -13,6 +13,7 @@
 
 #include "daemon/common/err.h"
 #include "daemon/node/inventory.h"
+#include "tests/unit/testutil.h"
 
 /* MemTotal from /proc/meminfo, in bytes: the host's memory, read apart from
  * the code under test (which asks sysconf). */
@@ -107,6 +108,21 @@ Test(inventory, a_gpu_offers_its_free_memory_with_a_context_on_it) {
                    "cuda 1 42320527360 42949672960 0 Fake GPU 1\n");
   cr_assert_str_eq(probe_env("cuda:1", 2, "FAKE_CUDA_HELD_MIB=600 FAKE_CUDA_CTX_ERROR=46"),
                    "cuda 1 42949672960 42949672960 46 Fake GPU 1\n");
+}
+
+/* More held than a context takes (4 GiB here) is measured again, a second
+ * apart: memory a process gives back meanwhile (ranks of a previous fsdpd
+ * going) is offered; memory still held after 5 reads is left out. */
+Test(inventory, memory_others_hold_is_measured_again_before_it_is_left_out) {
+  double t0 = tu_now_s();
+  cr_assert_str_eq(probe_env("cuda:0", 1, "FAKE_CUDA_HELD_MIB=4096 FAKE_CUDA_HELD_CALLS=2"),
+                   "cuda 0 85899345920 85899345920 0 Fake GPU 0\n");
+  cr_expect_gt(tu_now_s() - t0, 1.9, "given back at the third read, two waits of 1 s");
+  cr_assert_str_eq(probe_env("cuda:0", 1, "FAKE_CUDA_HELD_MIB=4096"),
+                   "cuda 0 81604378624 85899345920 0 Fake GPU 0\n");
+  /* 2 GiB is what a context may take: not measured again */
+  cr_assert_str_eq(probe_env("cuda:0", 1, "FAKE_CUDA_HELD_MIB=2048"),
+                   "cuda 0 83751862272 85899345920 0 Fake GPU 0\n");
 }
 
 Test(inventory, without_a_driver_cuda_is_an_error_and_auto_is_one_cpu_device) {
