@@ -481,22 +481,32 @@ static void ranks_are_told(const node_t *n, size_t ranks, const char *key, const
  * the snapshot on devices admitted without it (found by review: gpt2-124m
  * on 2 of 16 CPU devices of a 24 GiB host, admitted at 1448 MiB, ran at
  * 2106). */
-Test(coordinator, a_job_admitted_without_its_checkpoint_snapshot_runs_without_it) {
-  char d[600], ck[600], ckopt[700], id[32], v[16];
-  data_opt(d, sizeof d);
+/* The tiny model on device, checkpointing asynchronously every 10 steps
+ * into the test's ck directory: its "data=" option into d, its
+ * "checkpoint_dir=" into ckopt, its plan for 2 ranks (a snapshot in it)
+ * into p. */
+static void snapshot_job_plan(const char *device, char d[600], char ckopt[700], plan_t *p) {
+  char ck[600];
+  data_opt(d, 600);
   snprintf(ck, sizeof ck, "%s/ck", tu_tmpdir());
   cr_assert_eq(mkdir(ck, 0755), 0);
-  snprintf(ckopt, sizeof ckopt, "checkpoint_dir=%s", ck);
+  snprintf(ckopt, 700, "checkpoint_dir=%s", ck);
   config_t c;
   config_default(&c);
   cr_assert_eq(config_set(&c, "model", "tiny"), 0);
+  cr_assert_eq(config_set(&c, "device", device), 0);
   cr_assert_eq(config_set(&c, "data", d + strlen("data=")), 0);
   cr_assert_eq(config_set(&c, "checkpoint_dir", ck), 0);
   cr_assert_eq(config_set(&c, "checkpoint_every", "10"), 0);
   cr_assert_eq(config_finish(&c), 0, "%s", err_msg());
+  cr_assert_eq(plan_job(&c, 2, p), 0);
+  cr_assert_gt(p->bytes[MEM_SNAPSHOT], 0);
+}
+
+Test(coordinator, a_job_admitted_without_its_checkpoint_snapshot_runs_without_it) {
+  char d[600], ckopt[700], id[32], v[16];
   plan_t p;
-  cr_assert_eq(plan_job(&c, 2, &p), 0);
-  cr_assert_gt(p.bytes[MEM_SNAPSHOT], 0);
+  snapshot_job_plan("cpu", d, ckopt, &p);
   node_t n = {{0}, 0};
   node_register(&n, "tight", 2, p.total - p.bytes[MEM_SNAPSHOT] / 2, NULL, 0);
   const char *kv[] = {"model=tiny", d, ckopt, "checkpoint_every=10", "checkpoint_async=1", NULL};
@@ -540,22 +550,10 @@ Test(coordinator, a_cuda_job_admitted_recomputing_runs_recomputing) {
  * nothing; one byte less and it must recompute. (Before, admission counted
  * the snapshot against the GPU and wrote checkpoint_async = 0.) */
 Test(coordinator, a_cuda_jobs_checkpoint_snapshot_is_not_counted_against_its_gpu) {
-  char d[600], ck[600], ckopt[700], id[32], v[16];
-  data_opt(d, sizeof d);
-  snprintf(ck, sizeof ck, "%s/ck", tu_tmpdir());
-  cr_assert_eq(mkdir(ck, 0755), 0);
-  snprintf(ckopt, sizeof ckopt, "checkpoint_dir=%s", ck);
-  config_t c;
-  config_default(&c);
-  cr_assert_eq(config_set(&c, "model", "tiny"), 0);
-  cr_assert_eq(config_set(&c, "device", "cuda"), 0);
-  cr_assert_eq(config_set(&c, "data", d + strlen("data=")), 0);
-  cr_assert_eq(config_set(&c, "checkpoint_dir", ck), 0);
-  cr_assert_eq(config_set(&c, "checkpoint_every", "10"), 0);
-  cr_assert_eq(config_finish(&c), 0, "%s", err_msg());
+  char d[600], ckopt[700], id[32], v[16];
   plan_t p;
-  cr_assert_eq(plan_job(&c, 2, &p), 0);
-  cr_assert(p.bytes[MEM_SNAPSHOT] > 0 && p.device == p.total - p.bytes[MEM_SNAPSHOT]);
+  snapshot_job_plan("cuda", d, ckopt, &p);
+  cr_assert_eq(p.device, p.total - p.bytes[MEM_SNAPSHOT]);
   node_t n = {{0}, 0};
   node_register_kind(&n, "gpus", 2, p.device, "cuda", NULL, 0);
   const char *kv[] = {"model=tiny", d, "device=cuda", ckopt, "checkpoint_every=10",
