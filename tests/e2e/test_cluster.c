@@ -365,9 +365,11 @@ Test(cluster, a_killed_fsdpd_is_declared_dead_and_its_job_restarts) {
   nanosleep(&(struct timespec){0, 500000000}, NULL);
   const double t0 = tu_now_s();
   cluster_stop(&node[1], SIGKILL);
-  /* beta is declared dead within the timeout + 1 s */
+  /* beta is declared dead within the timeout + 2 s (1 s for the last
+   * heartbeat's hold and the tick, 1 s for stalls of a loaded machine's
+   * coordinator, which it does not count as beta's silence) */
   double dead = -1;
-  while (tu_now_s() - t0 < TIMEOUT_MS / 1000.0 + 3) {
+  while (tu_now_s() - t0 < TIMEOUT_MS / 1000.0 + 4) {
     cluster_ctl(coord.addr, "nodes", out, sizeof out);
     char *b = strstr(out, "beta");
     char *eol = b ? strchr(b, '\n') : NULL;
@@ -377,7 +379,7 @@ Test(cluster, a_killed_fsdpd_is_declared_dead_and_its_job_restarts) {
     }
     nanosleep(&(struct timespec){0, 50000000}, NULL);
   }
-  cr_expect(dead >= 0 && dead < TIMEOUT_MS / 1000.0 + 1.0, "beta declared dead after %.2f s:\n%s",
+  cr_expect(dead >= 0 && dead < TIMEOUT_MS / 1000.0 + 2.0, "beta declared dead after %.2f s:\n%s",
             dead, out);
   /* the job left RUNNING (its ranks on alpha saw their peers go, or the
    * node's death failed it), and waits to restart (max_restarts 1): beta's
