@@ -160,7 +160,8 @@ coord_node_t *coord_node_get(coord_t *c, int64_t id, int create) {
 }
 
 /* The stall the loop is coming out of (ms), which the next tick adds to
- * coord_t.deaf_ms (coord_tick_cb): its tick is more than a tick late. */
+ * coord_t.deaf_ms (coord_tick_cb): its tick is more than a tick late (0
+ * before the tick's timer starts: nodes restored from the store then). */
 static uint64_t coord_stall_pending(const coord_t *c, uint64_t now) {
   return c->tick_ms && now - c->tick_ms > 2 * COORD_TICK_MS ? now - c->tick_ms - COORD_TICK_MS : 0;
 }
@@ -1622,6 +1623,7 @@ int coord_create(coord_t **out, uv_loop_t *loop, const coord_opts_t *o) {
   uv_timer_init(loop, &c->tick);
   c->tick.data = c;
   uv_timer_start(&c->tick, coord_tick_cb, COORD_TICK_MS, COORD_TICK_MS);
+  c->tick_ms = coord_mono_ms(c); /* a stall before the first tick counts too (a restart's backlog) */
   uv_timer_init(loop, &c->beat);
   c->beat.data = c;
   uv_check_init(loop, &c->flush);

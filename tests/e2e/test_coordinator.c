@@ -3146,6 +3146,47 @@ Test(coordinator, a_stalled_coordinator_declares_no_beating_node_dead) {
             "2.5 s stall", stalled);
 }
 
+/* The other way: a node gone silent while the loop stalls again and again
+ * (1 s waits on the database, 0.1 s apart) is declared dead within the
+ * timeout and the restart grace (1 s and 3 s here), at ~4.5 s: the stalls
+ * are excused, but at most the grace of them. (Excusing every stall, it
+ * would be dead only once 1 s of the 0.1 s gaps added up, ~11 s.) */
+Test(coordinator, a_silent_node_is_dead_within_the_grace_however_the_loop_stalls) {
+  char d[600];
+  data_opt(d, sizeof d);
+  node_t n = {{0}, 0};
+  node_register(&n, "quiet", 1, 8ull << 30, NULL, 0);
+  const double t0 = tu_now_s();
+  const char *kv[] = {"model=tiny", d, "steps=3", NULL};
+  double dead = -1;
+  sqlite3 *h = NULL;
+  cr_assert_eq(sqlite3_open(co_db, &h), SQLITE_OK);
+  while (dead < 0 && tu_now_s() - t0 < 14) {
+    cr_assert_eq(sqlite3_exec(h, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK, "%s",
+                 sqlite3_errmsg(h));
+    bg_submit_t s = {.kv = kv, .rc = -1};
+    pthread_t sub;
+    cr_assert_eq(pthread_create(&sub, NULL, bg_submit_main, &s), 0);
+    nanosleep(&(struct timespec){1, 0}, NULL); /* the loop waits on the lock */
+    sqlite3_exec(h, "ROLLBACK", NULL, NULL, NULL);
+    pthread_join(sub, NULL);
+    cr_assert_eq(s.rc, 0, "%s", s.err);
+    Fsdp__V1__ListNodesRequest q = FSDP__V1__LIST_NODES_REQUEST__INIT;
+    Fsdp__V1__ListNodesReply *r = NULL;
+    cr_assert_eq(CALL("ListNodes", q, list_nodes_reply, &r), 0, "%s", err_msg());
+    if (r->n_nodes == 1 && r->nodes[0]->state == FSDP__V1__NODE_STATE__NODE_STATE_DEAD)
+      dead = tu_now_s() - t0;
+    reply_free(r);
+    nanosleep(&(struct timespec){0, 100000000}, NULL);
+  }
+  sqlite3_close(h);
+  /* not at 1 s (the stalls are excused: this one registered just after
+   * the coordinator started, before its first tick, which once made the
+   * first stall go unseen), not after all of them */
+  cr_expect(dead > 2.0 && dead < 7.0, "the silent node was declared dead after %.1f s (-1: not "
+            "in 14 s)", dead);
+}
+
 /* A node that stops heartbeating is declared dead, and /metrics counts it
  * so (fsdpctl nodes says DEAD); one that registers again is alive again. */
 Test(coordinator, a_dead_node_counts_as_dead_in_the_metrics) {
