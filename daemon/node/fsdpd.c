@@ -632,13 +632,16 @@ int main(int argc, char **argv) {
                             ? "the driver lacks cuMemGetInfo and the primary context calls: update it"
                             : "another process holds it in exclusive-process mode?",
                d->free_error, (double)d->total / (1 << 30));
+    else if (d->total - d->memory > INVENTORY_HELD_MAX)
+      LOG_WARN("fsdpd", "cuda:%d (%s): %.2f GiB free of %.2f GiB with a CUDA context on it, more "
+               "than a context takes: other processes held memory there for 4 s (see nvidia-smi); "
+               "jobs are planned against that, and every job is admitted against the smallest "
+               "GPU: restart fsdpd to measure again once they are gone", d->index, d->name,
+               (double)d->memory / (1 << 30), (double)d->total / (1 << 30));
     else
       LOG_INFO("fsdpd", "cuda:%d (%s): %.2f GiB free of %.2f GiB with a CUDA context on it; jobs "
-               "are planned against that%s", d->index, d->name, (double)d->memory / (1 << 30),
-               (double)d->total / (1 << 30),
-               d->total - d->memory > INVENTORY_HELD_MAX ? " (more than a context takes: other "
-               "processes held memory there for 4 s, see nvidia-smi; every job is admitted against "
-               "the smallest GPU, so restart fsdpd to measure again once they are gone)" : "");
+               "are planned against that", d->index, d->name, (double)d->memory / (1 << 30),
+               (double)d->total / (1 << 30));
   }
 
   uv_signal_t *sigs[2] = {&D.sigint, &D.sigterm};

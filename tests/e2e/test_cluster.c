@@ -245,6 +245,10 @@ Test(cluster, a_hybrid_cuda_job_on_four_emulated_gpus_trains_as_under_fsdp_launc
   cr_assert_eq(cluster_ctl(coord.addr, "--output json nodes", out, sizeof out), 0, "%s", out);
   cr_expect(strstr(out, "85270200320") && !strstr(out, "85899345920"), "GPU 0's memory is not "
             "its free memory with a context on it:\n%s", out);
+  char *nlog = tu_slurp(node[0].log, NULL);
+  cr_expect(strstr(nlog, "cuda:0 (Fake GPU 0): 79.41 GiB free of 80.00 GiB with a CUDA context"),
+            "fsdpd does not say what GPU 0 offers:\n%s", nlog);
+  free(nlog);
   char *conf = job_file("gpu.conf", "steps = 4\ndevice = cuda\n[shard]\nstrategy = HYBRID_SHARD\n"
                         "mesh = 2x2\n");
   const char *job = submit(conf, "--ranks 4 --name gpu");
