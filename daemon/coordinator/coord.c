@@ -160,8 +160,8 @@ coord_node_t *coord_node_get(coord_t *c, int64_t id, int create) {
 }
 
 /* The stall the loop is coming out of (ms), which the next tick adds to
- * coord_t.deaf_ms (coord_tick_cb): its tick is more than a tick late (0
- * before the tick's timer starts: nodes restored from the store then). */
+ * coord_t.deaf_ms (coord_tick_cb): its tick is more than a tick late
+ * (counted from the store's opening before the first). */
 static uint64_t coord_stall_pending(const coord_t *c, uint64_t now) {
   return c->tick_ms && now - c->tick_ms > 2 * COORD_TICK_MS ? now - c->tick_ms - COORD_TICK_MS : 0;
 }
@@ -1568,6 +1568,10 @@ int coord_create(coord_t **out, uv_loop_t *loop, const coord_opts_t *o) {
     free(c);
     return rc;
   }
+  /* the first tick's lateness counts from here: the rest of the start
+   * (servers, a restart's pending fences) and a stall before the first
+   * tick are no restored node's silence (coord_stall_pending) */
+  c->tick_ms = coord_mono_ms(c);
   /* nodes the store has alive get restart_grace_ms from now to register
    * again: after a restart every fsdpd reconnects at once (each waiting up
    * to its 1 s backoff), and a node declared dead fails its jobs over */
@@ -1623,7 +1627,6 @@ int coord_create(coord_t **out, uv_loop_t *loop, const coord_opts_t *o) {
   uv_timer_init(loop, &c->tick);
   c->tick.data = c;
   uv_timer_start(&c->tick, coord_tick_cb, COORD_TICK_MS, COORD_TICK_MS);
-  c->tick_ms = coord_mono_ms(c); /* a stall before the first tick counts too (a restart's backlog) */
   uv_timer_init(loop, &c->beat);
   c->beat.data = c;
   uv_check_init(loop, &c->flush);

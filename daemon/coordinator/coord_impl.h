@@ -199,7 +199,7 @@ struct coord {
   int nodes_changed;        /* a node registered or died since least_device was read */
   uint64_t least_device[2]; /* the smallest device memory of the alive nodes, by kind (cpu, cuda) */
   uint64_t janitor_ms;      /* when coord_ckpt_janitor last ran */
-  uint64_t tick_ms;         /* loop time of the last tick (coord_tick_cb), or of its timer's start (0: before) */
+  uint64_t tick_ms;         /* loop time of the last tick (coord_tick_cb), or of the store's opening */
   uint64_t deaf_ms;         /* how long the loop has been held up, in all, since start */
   uint64_t stall_logged_ms; /* when a stall was last logged (0: never) */
   int unsettled;            /* an attempt's end failed to be stored: the tick settles again */

@@ -410,9 +410,12 @@ static int plan_advice(const plan_t *p, const config_t *c, size_t limit, char *o
 int plan_fit_recompute(config_t *c, int world, plan_t *p, size_t limit) {
   if (!limit || p->device <= limit || c->recompute >= 0) return 0;
   /* the least level that fits with the snapshot; where none does, the
-   * least that fits without it (plan_fit_snapshot then drops the snapshot:
-   * a level that fits only so would recompute for nothing), else 2
-   * (plan_check then says what fits) */
+   * least that fits without the part of it the device holds
+   * (plan_fit_snapshot then drops the snapshot: a level that fits only so
+   * would recompute for nothing), else 2 (plan_check then says what fits).
+   * Today only a GPU's default is below 2, and its snapshot is host memory:
+   * there none does and it is 2; a device whose snapshot is its own memory
+   * would take the middle way. */
   plan_t q[3];
   const int from = config_recompute(c);
   for (int level = from; level <= 2; level++) {

@@ -3158,7 +3158,7 @@ Test(coordinator, a_silent_node_is_dead_within_the_grace_however_the_loop_stalls
   node_register(&n, "quiet", 1, 8ull << 30, NULL, 0);
   const double t0 = tu_now_s();
   const char *kv[] = {"model=tiny", d, "steps=3", NULL};
-  double dead = -1;
+  double dead = -1, alive = 0; /* when it was seen dead, and last seen alive */
   sqlite3 *h = NULL;
   cr_assert_eq(sqlite3_open(co_db, &h), SQLITE_OK);
   while (dead < 0 && tu_now_s() - t0 < 14) {
@@ -3176,15 +3176,18 @@ Test(coordinator, a_silent_node_is_dead_within_the_grace_however_the_loop_stalls
     cr_assert_eq(CALL("ListNodes", q, list_nodes_reply, &r), 0, "%s", err_msg());
     if (r->n_nodes == 1 && r->nodes[0]->state == FSDP__V1__NODE_STATE__NODE_STATE_DEAD)
       dead = tu_now_s() - t0;
+    else
+      alive = tu_now_s() - t0;
     reply_free(r);
     nanosleep(&(struct timespec){0, 100000000}, NULL);
   }
   sqlite3_close(h);
   /* not at 1 s (the stalls are excused: this one registered just after
    * the coordinator started, before its first tick, which once made the
-   * first stall go unseen), not after all of them */
-  cr_expect(dead > 2.0 && dead < 7.0, "the silent node was declared dead after %.1f s (-1: not "
-            "in 14 s)", dead);
+   * first stall go unseen), and not after all of them: dead by ~4.5 s, so
+   * no check after 6 s sees it alive (a check comes every 1.1 s to ~2 s) */
+  cr_expect(dead > 2.0, "the silent node was declared dead after %.1f s (-1: not in 14 s)", dead);
+  cr_expect(alive < 6.0, "the silent node was still alive %.1f s after it registered", alive);
 }
 
 /* A node that stops heartbeating is declared dead, and /metrics counts it
