@@ -51,7 +51,7 @@
   XX(gather_poison, "FSDP_GATHER_POISON", 0,                                          \
      "bf16 gathers (bf16-mixed, bf16-true) whose products read the gathered bf16 weights (device cuda): 1: each gather first fills the unit's fp32 copy with NaN, so that an op reading in fp32 a tensor the gather does not widen (gpt_tensor_fp32 says which it widens) makes the loss NaN, for tests (0: what the unit's memory held)") \
   XX(cuda_gemm_algo, "FSDP_CUDA_GEMM_ALGO", 0,                                       \
-     "device cuda: every product takes the algorithm cuBLASLt's heuristic ranks this many places below its first (0: its first; at most 15), for comparison") \
+     "device cuda: every product takes the algorithm cuBLASLt's heuristic ranks this many places below its first (0: its first; at most 15, a rank refuses more), for comparison") \
   XX(comm_timeout_ms, "FSDP_COMM_TIMEOUT_MS", 5000, "collective timeout, and ring bootstrap") \
   XX(comm_chunk_bytes, "FSDP_COMM_CHUNK_BYTES", 1048576, "ring: bytes per socket call")       \
   XX(comm_staging_bytes, "FSDP_COMM_STAGING_BYTES", 4194304, "ring: reduce staging per comm") \

@@ -105,6 +105,24 @@ Test(nogpu, a_cuda_job_without_a_gpu_says_so, .timeout = 60 * TU_SLOW) {
   free(data);
 }
 
+/* FSDP_CUDA_GEMM_ALGO out of its range (0 to 15) is refused by name before
+ * anything loads, where the kernels once clamped it without a word. */
+Test(nogpu, a_gemm_algorithm_out_of_range_is_refused_by_name, .timeout = 60 * TU_SLOW) {
+  char *data = tu_token_file("tokens.bin", 1 << 15, 7, 256);
+  char args[1024];
+  snprintf(args, sizeof args, TU_TINY_TRAIN " --steps 3 --data %s --device cuda", data);
+  static const char *const bad[] = {"16", "-1"};
+  for (int i = 0; i < 2; i++) {
+    setenv("FSDP_CUDA_GEMM_ALGO", bad[i], 1);
+    const int rc = tu_run_bin("fsdp-train", args, out, sizeof out);
+    char want[64];
+    snprintf(want, sizeof want, "FSDP_CUDA_GEMM_ALGO: %s; give 0", bad[i]);
+    cr_expect(rc > 0 && strstr(out, want) && strstr(out, "to 15"), "exit %d:\n%s", rc, out);
+  }
+  unsetenv("FSDP_CUDA_GEMM_ALGO");
+  free(data);
+}
+
 /* FSDP_CUDA_PLUGIN names a file that is missing, or a library that is not
  * our plugin (the fake driver test_inventory uses): both are refused by name. */
 Test(nogpu, a_plugin_path_that_is_not_the_plugin_is_refused, .timeout = 60 * TU_SLOW) {
