@@ -24,6 +24,8 @@
      "device cuda: this rank's GPU ordinal (-1: its rank modulo the GPUs it sees; fsdpd sets it)") \
   XX(device_memory_bytes, "FSDP_DEVICE_MEMORY_BYTES", 0,                             \
      "a rank's memory limit when its job sets no memory_limit_mib: its device's bytes (fsdpd sets it from its inventory; 0: the host's available memory divided among the world's ranks, as under fsdp-launch, where they share one host)") \
+  XX(host_memory_bytes, "FSDP_HOST_MEMORY_BYTES", 0,                                 \
+     "device cuda: the host memory a rank may keep apart from its GPU, its asynchronous checkpoint's snapshot, at most the host's available memory as it starts (fsdpd sets it: the host's memory divided among the node's devices; 0: the host's available memory divided among the world's ranks, as under fsdp-launch); a snapshot beyond it is dropped and checkpoints are written in place") \
   XX(cuda_attn_gemm, "FSDP_CUDA_ATTN_GEMM", 0,                                       \
      "device cuda: 1: attention by strided products keeping the probabilities (0: the fused kernel where one is built)") \
   XX(cuda_gemm_fast16bf, "FSDP_CUDA_GEMM_FAST16BF", 0,                               \

@@ -440,6 +440,13 @@ int plan_fit_snapshot(config_t *c, int world, plan_t *p, size_t limit) {
   return plan_job(c, world, p) ? 0 : 1;
 }
 
+int plan_fit_host(config_t *c, int world, plan_t *p, size_t host_limit) {
+  const size_t host = plan_host_bytes(p), snap = p->host_apart ? p->bytes[MEM_SNAPSHOT] : 0;
+  if (!host_limit || host <= host_limit || !snap || host - snap > host_limit) return 0;
+  c->checkpoint_async = 0;
+  return plan_job(c, world, p) ? 0 : 1;
+}
+
 int plan_check(const plan_t *p, const config_t *c, size_t limit) {
   return plan_fits(p, c, limit, "memory_limit_mib, or the rank's device memory: a GPU's own, a CPU "
                    "rank's share of the host's available memory");

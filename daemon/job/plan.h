@@ -60,10 +60,6 @@ void plan_for_rank(plan_t *p, const shard_mesh_t *m, int rank);
 size_t plan_host_bytes(const plan_t *p);
 /* Memory the host can give now (MemAvailable), in bytes; 0 if unknown. */
 size_t plan_host_available(void);
-/* FSDP_OK when p fits in limit bytes per rank (0: nothing to check);
- * otherwise an error that states both numbers, what takes the most, and the
- * first single change that makes the job fit (activation checkpointing,
- * FULL_SHARD, reducing every micro-batch, more ranks...). */
 /* When p exceeds limit and c's recompute is left to the device (-1, which
  * is 0 on cuda), sets the least level that fits, and replans: 1 when it
  * did. Where none fits with an asynchronous checkpoint's snapshot, the
@@ -75,6 +71,16 @@ int plan_fit_recompute(config_t *c, int world, plan_t *p, size_t limit);
  * checkpoint_async off in c (checkpoints are then written in place, the step
  * waiting) and replans: 1 when it did. */
 int plan_fit_snapshot(config_t *c, int world, plan_t *p, size_t limit);
+/* The same for the host memory a GPU's plan keeps apart (plan_host_bytes):
+ * when it exceeds host_limit bytes (0: nothing to check) and dropping the
+ * snapshot brings it within, turns checkpoint_async off in c and replans: 1
+ * when it did. (The other host category, host_offload, is refused on a GPU
+ * by config_finish.) */
+int plan_fit_host(config_t *c, int world, plan_t *p, size_t host_limit);
+/* FSDP_OK when p fits in limit bytes per rank (0: nothing to check);
+ * otherwise an error that states both numbers, what takes the most, and the
+ * first single change that makes the job fit (activation checkpointing,
+ * FULL_SHARD, reducing every micro-batch, more ranks...). */
 int plan_check(const plan_t *p, const config_t *c, size_t limit);
 /* plan_check against a limit described by what ("the smallest device it
  * could land on"), which the message names as where the limit comes from. */

@@ -60,11 +60,15 @@ static int inventory_cuda_free(void *lib, int dev, size_t *bytes) {
   return e;
 }
 
-static int inventory_cpu(int n, inventory_t *out) {
+/* The host's memory divided n ways; 0 where it cannot be read. */
+static uint64_t inventory_host_share(int n) {
   long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  if (pages <= 0 || page <= 0)
-    return err_set_errno(FSDP_EIO, errno, "devices: cannot read this host's memory size");
-  const uint64_t each = (uint64_t)pages * (uint64_t)page / (uint64_t)n;
+  return pages > 0 && page > 0 && n > 0 ? (uint64_t)pages * (uint64_t)page / (uint64_t)n : 0;
+}
+
+static int inventory_cpu(int n, inventory_t *out) {
+  const uint64_t each = inventory_host_share(n);
+  if (!each) return err_set_errno(FSDP_EIO, errno, "devices: cannot read this host's memory size");
   for (int i = 0; i < n; i++) {
     inventory_device_t *d = &out->dev[out->count++];
     snprintf(d->kind, sizeof d->kind, "cpu");
@@ -170,7 +174,7 @@ static int inventory_number(const char *s, size_t len, int max) {
   return v <= max ? v : -1;
 }
 
-int inventory_find(const char *spec, inventory_t *out) {
+static int inventory_find_spec(const char *spec, inventory_t *out) {
   memset(out, 0, sizeof *out);
   if (!spec || !*spec || !strcmp(spec, "auto")) {
     if (inventory_cuda(NULL, 0, out) == FSDP_OK) return FSDP_OK;
@@ -205,4 +209,10 @@ int inventory_find(const char *spec, inventory_t *out) {
   }
   return err_set(FSDP_EINVAL, "devices: '%s' is not a device spec: use cpu:N, cuda, cuda:0,1 or "
                  "auto", spec);
+}
+
+int inventory_find(const char *spec, inventory_t *out) {
+  const int rc = inventory_find_spec(spec, out);
+  if (!rc) out->host_share = inventory_host_share(out->count);
+  return rc;
 }

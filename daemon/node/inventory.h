@@ -36,6 +36,10 @@ typedef struct inventory_device {
 
 typedef struct inventory {
   int count;
+  /* the host's memory divided among the devices: a CPU device's memory, and
+   * the host memory a GPU's rank may keep apart from it (its checkpoint
+   * snapshot; FSDP_HOST_MEMORY_BYTES) */
+  uint64_t host_share;
   inventory_device_t dev[INVENTORY_MAX];
 } inventory_t;
 

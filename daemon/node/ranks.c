@@ -779,14 +779,17 @@ static int rk_spawn(rank_t *rk, const Fsdp__V1__RendezvousReply *rep) {
    * among the job's ranks, most of which run elsewhere) */
   char vmem[64];
   snprintf(vmem, sizeof vmem, "FSDP_DEVICE_MEMORY_BYTES=%" PRIu64, R->o.inv->dev[a->device].memory);
+  /* and its share of the host's, for what it keeps there (a GPU's snapshot) */
+  char vhost[64];
+  snprintf(vhost, sizeof vhost, "FSDP_HOST_MEMORY_BYTES=%" PRIu64, R->o.inv->host_share);
   /* the attempt's ring secret, which each rank proves to its neighbours */
   if (a->ring_secret.len == RING_SECRET_BYTES) ring_secret_env(vsecret, a->ring_secret.data);
   /* the plan's tunables as the coordinator admitted the job with them (over
    * this daemon's own; one it does not name at its default: param.h), then
    * the secret; checked at assignment */
   char *env[16 + PARAM_PLAN_ENV_N] = {vrank, vworld, addrs, "FSDP_LISTEN_FD=3", "FSDP_REPORT_FD=4",
-                                      vnode, vjob, vattempt, vmem, is_cpu ? vthreads : vgpu};
-  int ne = 10;
+                                      vnode, vjob, vattempt, vmem, vhost, is_cpu ? vthreads : vgpu};
+  int ne = 11;
   char unnamed[PARAM_PLAN_ENV_N][PARAM_PLAN_ENV_LEN];
   for (int k = 0; k < PARAM_PLAN_ENV_N; k++) {
     size_t i = 0;

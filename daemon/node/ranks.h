@@ -15,8 +15,10 @@
  *               FSDP_WORLD_SIZE, FSDP_ADDRS (the payloads, in rank order),
  *               FSDP_LISTEN_FD=3, FSDP_REPORT_FD=4, FSDP_JOB_ID and
  *               FSDP_ATTEMPT (whose ring it is), FSDP_DEVICE_MEMORY_BYTES
- *               (its device's, its memory limit) and, on CPU devices,
- *               FSDP_THREADS; its report frames read into its latest status
+ *               (its device's, its memory limit), FSDP_HOST_MEMORY_BYTES
+ *               (its share of the host's) and, on CPU devices, FSDP_THREADS
+ *               (on a GPU, FSDP_CUDA_DEVICE); its report frames read into
+ *               its latest status
  *   EXITED      its process is reaped and its process group empty (polled
  *               in /proc, SIGKILLed again while not); ReportRankExit is
  *               retried until acknowledged, or ESTALE / NOT_FOUND

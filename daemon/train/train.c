@@ -89,6 +89,17 @@ static double train_now(void) {
 
 /* ---- open ------------------------------------------------------------------ */
 
+/* The host memory this rank may keep apart from its device: its share as
+ * fsdpd gives it (FSDP_HOST_MEMORY_BYTES), at most what the host has
+ * available now; else the available memory divided among the world's
+ * ranks, which share this host under fsdp-launch. 0: unknown. */
+static size_t train_host_limit(int world) {
+  const size_t avail = plan_host_available();
+  const int64_t share = param_host_memory_bytes();
+  if (share <= 0) return avail / (size_t)(world > 0 ? world : 1);
+  return avail && avail < (size_t)share ? avail : (size_t)share;
+}
+
 /* A file can be created next to path (its directory exists and takes
  * writes) and path is not a directory: found before the first step, not
  * after the last. */
@@ -707,6 +718,14 @@ int train_open(train_t **out, const config_t *c, const train_opts_t *o) {
             (double)limit / (1 << 20),
             config_logits_chunk_mib(c) > GPT_LOGITS_CHUNK_MIB
                 ? "; a smaller logits_chunk_mib (128) may leave room for it" : "");
+  /* a GPU's snapshot is page-locked host memory, which the rank's share of
+   * the host must hold beside its siblings' (or the first checkpoint
+   * meets the OOM killer): without room it is dropped */
+  const size_t snap = t->plan.bytes[MEM_SNAPSHOT], host = train_host_limit(t->boot.world);
+  if (plan_fit_host(&t->cfg, t->boot.world, &t->plan, host) && t->opts.out)
+    fprintf(t->opts.out, "train: note: no room in host memory for a checkpoint snapshot of %.1f "
+            "MiB (this rank's share of the host: %.0f MiB); checkpoints are written in place "
+            "(checkpoint_async = 0)\n", (double)snap / (1 << 20), (double)host / (1 << 20));
   if ((rc = bound[0] ? plan_fits(&t->plan, c, limit, bound) : plan_check(&t->plan, c, limit)))
     goto fail;
   if (t->opts.out) plan_print(&t->plan, c, t->opts.out);

@@ -606,10 +606,16 @@ static int done_line(const char *out, float *first, float *last, float *eval) {
              : -1;
 }
 
+/* A command fsdp-launch runs fsdp-train through, what it does (for the
+ * messages), and what rank 0 then says and does not say (NULL: nothing). */
+typedef struct {
+  const char *cmd, *what, *says, *not_says;
+} wrap_t;
+
 /* One fsdp-launch run of the tiny model on the emulated GPU plugin. */
 typedef struct {
   const char *ranks, *extra;
-  const char *wrap;     /* a command fsdp-launch runs fsdp-train through, or NULL */
+  const wrap_t *wrap;   /* how fsdp-launch runs fsdp-train, or NULL: as is */
   int ref;              /* the job compared against (-1: none, a reference) */
   double loss_tol, w_tol; /* relative */
   int skip;             /* losses not compared: 1 the first (a resumed run's is a later
@@ -669,18 +675,27 @@ static void training(const char *plugin) {
    * same weights, recomputing being exact (before stop 43 both stopped at
    * open, "not given the same job"; without the raise rank 1's plan does
    * not fit and it stops there) */
-  char plan_opts[512], small[256];
+  char plan_opts[512], small[256], host[256];
   snprintf(plan_opts, sizeof plan_opts, "%s --batch 2 --data %s", common, data);
   const size_t p0 = job_plan_total(plan_opts, 2, 0), p1 = job_plan_total(plan_opts, 2, 1);
   check(p0 > p1 && p1 > 0, "training: the job's plan at recompute 1 (%zu bytes) below that at "
         "0 (%zu): %s", p1, p0, err_msg());
   snprintf(small, sizeof small, "sh -c 'if [ \"$FSDP_RANK\" = 1 ]; then export "
            "FSDP_DEVICE_MEMORY_BYTES=%zu; fi; exec \"$0\" \"$@\"' ", (p0 + p1) / 2);
+  /* rank 0's share of the host (FSDP_HOST_MEMORY_BYTES, as fsdpd sets it)
+   * too small for its snapshot of the shard, which is page-locked host
+   * memory on a GPU: it writes its checkpoints in place, saying so, while
+   * rank 1 writes its own from a snapshot; the checkpoints resumed below */
+  snprintf(host, sizeof host, "sh -c 'if [ \"$FSDP_RANK\" = 0 ]; then export "
+           "FSDP_HOST_MEMORY_BYTES=4096; fi; exec \"$0\" \"$@\"' ");
+  const wrap_t smaller = {small, "rank 1's device smaller", NULL, NULL},
+               in_place = {host, "rank 0's share of the host small",
+                           "no room in host memory for a checkpoint snapshot", ": snapshot of"};
   const job_t jobs[] = {
       {"1", "--batch 4", NULL, -1, 0, 0, 0, 0},
       {"2", "--batch 2", NULL, 0, 1e-4, 1e-5, 0, 0},
       /* rank 1 recomputing GELU to fit its smaller device (above): job 1's bits */
-      {"2", "--batch 2", small, 1, 0, 0, 0, 0},
+      {"2", "--batch 2", &smaller, 1, 0, 0, 0, 0},
       {"4", "--batch 1 --strategy HYBRID_SHARD --mesh 2x2", NULL, 0, 1e-4, 1e-5, 0, 0},
       {"2", "--batch 2 --strategy SHARD_GRAD_OP", NULL, 0, 1e-4, 1e-5, 0, 0},
       {"2", "--batch 2 --strategy NO_SHARD", NULL, 0, 1e-4, 1e-5, 0, 0},
@@ -710,7 +725,7 @@ static void training(const char *plugin) {
       {"2", "--batch 2 --precision bf16-true", NULL, 12, 1e-3, 1e-2, 0, floor10},
       /* checkpoints of 2 ranks at steps 3 and 6; the one of step 3 resumed
        * by 4 ranks of another mesh ends where the uninterrupted run did */
-      {"2", save_every, NULL, 0, 1e-4, 1e-5, 0, 0},
+      {"2", save_every, &in_place, 0, 1e-4, 1e-5, 0, 0},
       {"4", resume, NULL, 0, 1e-4, 1e-5, 1, 0}};
   const int n_jobs = (int)(sizeof jobs / sizeof *jobs);
   float loss[sizeof jobs / sizeof *jobs][3] = {{0}};
@@ -722,23 +737,27 @@ static void training(const char *plugin) {
     snprintf(save, sizeof save, "%s.%d.bin", data, j);
     snprintf(cmd, sizeof cmd, "FSDP_CUDA_PLUGIN=%s FSDP_COMM_TIMEOUT_MS=60000 timeout 600 "
              "bin/fsdp-launch -n %s -- %sbin/fsdp-train %s %s --data %s --save %s 2>&1",
-             plugin, jb->ranks, jb->wrap ? jb->wrap : "", common, jb->extra, data, save);
+             plugin, jb->ranks, jb->wrap ? jb->wrap->cmd : "", common, jb->extra, data, save);
     const double t0 = now_ms();
     int rc = sh_run(cmd, out, sizeof out);
     float *L = loss[j];
     if (rc != 0 || done_line(out, &L[0], &L[1], &L[2]) != 0) {
-      check(0, "training on %s emulated GPU rank(s), %s%s: exit %d", jb->ranks, jb->extra,
-            jb->wrap ? " (rank 1's device smaller)" : "", rc);
+      check(0, "training on %s emulated GPU rank(s), %s (%s): exit %d", jb->ranks, jb->extra,
+            jb->wrap ? jb->wrap->what : "as is", rc);
       fprintf(stderr, "%s\n", out);
       unlink(save);
       continue;
     }
-    printf("training on %s rank(s), %s%s: loss %.6f -> %.6f, eval %.6f (%.1f s)\n", jb->ranks,
-           jb->extra, jb->wrap ? " (rank 1's device smaller)" : "", L[0], L[1], L[2],
+    printf("training on %s rank(s), %s (%s): loss %.6f -> %.6f, eval %.6f (%.1f s)\n", jb->ranks,
+           jb->extra, jb->wrap ? jb->wrap->what : "as is", L[0], L[1], L[2],
            (now_ms() - t0) / 1e3);
     if (j == 0)
       check(strstr(out, "cuda device 0: cuda_emu") != NULL, "training: the job ran on the "
             "emulated GPU");
+    if (jb->wrap && jb->wrap->says)
+      check(strstr(out, jb->wrap->says) && !strstr(out, jb->wrap->not_says), "training on %s "
+            "rank(s), %s (%s): rank 0 says \"%s\" and not \"%s\"", jb->ranks, jb->extra,
+            jb->wrap->what, jb->wrap->says, jb->wrap->not_says);
     if (gpt_load(&w[j], save, kern_cpu())) {
       check(0, "training on %s rank(s), %s: the saved weights: %s", jb->ranks, jb->extra,
             err_msg());
@@ -750,9 +769,9 @@ static void training(const char *plugin) {
     double d = 0;
     for (int k = 0; k < 3; k++)
       if (!(jb->skip & (1 << k))) d = fmax(d, fabs(L[k] - R[k]) / fabs(R[k]));
-    check(d <= jb->loss_tol, "training: %s ranks (%s%s) against %s (%s): worst loss difference "
-          "%.3e (bound %.0e, relative)", jb->ranks, jb->extra,
-          jb->wrap ? "; rank 1's device smaller" : "", jobs[jb->ref].ranks,
+    check(d <= jb->loss_tol, "training: %s ranks (%s; %s) against %s (%s): worst loss difference "
+          "%.3e (bound %.0e, relative)", jb->ranks, jb->extra, jb->wrap ? jb->wrap->what : "as is",
+          jobs[jb->ref].ranks,
           jobs[jb->ref].extra, d, jb->loss_tol);
     /* the weights the ranks saved together, per tensor, relative L2 (the
      * key bias, whose gradient is zero up to rounding, left out as in

@@ -850,6 +850,13 @@ Test(fsdpd, a_kill_stops_both_ranks_within_the_grace_and_leaves_nothing, .timeou
     const char *sec = rank_env(pids[i], "FSDP_RING_SECRET", sb, sizeof sb);
     cr_expect(v && strtoull(v, NULL, 10) > 0, "rank pid %d: FSDP_DEVICE_MEMORY_BYTES %s", pids[i],
               v ? v : "unset");
+    /* and its share of the host's (what a GPU's rank may keep there): half
+     * the host's memory, the node having 2 devices */
+    char hb[64];
+    const char *h = rank_env(pids[i], "FSDP_HOST_MEMORY_BYTES", hb, sizeof hb);
+    const uint64_t half = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE) / 2;
+    cr_expect(h && strtoull(h, NULL, 10) == half, "rank pid %d: FSDP_HOST_MEMORY_BYTES %s, not %llu",
+              pids[i], h ? h : "unset", (unsigned long long)half);
     /* and the attempt's ring secret, which the two ranks proved to each other */
     cr_expect(sec && !strcmp(sec, JOB_SECRET_HEX), "rank pid %d: FSDP_RING_SECRET %s", pids[i],
               sec ? sec : "unset");

@@ -35,7 +35,8 @@ static int have_driver(void) {
   return h != NULL;
 }
 
-/* Runs inventory_probe SPEC with the fake driver (gpus of them; -1: no fake
+/* Runs inventory_probe SPEC (its words: the spec, and "host" for the host's
+ * share) with the fake driver (gpus of them; -1: no fake
  * driver on the path), env (more VAR=value words, or ""), and returns its
  * output (static). */
 static const char *probe_env(const char *spec, int gpus, const char *env) {
@@ -44,10 +45,10 @@ static const char *probe_env(const char *spec, int gpus, const char *env) {
   cr_assert_gt(readlink("/proc/self/exe", self, sizeof self - 1), 0);
   const char *dir = dirname(self);
   if (gpus >= 0)
-    snprintf(cmd, sizeof cmd, "LD_LIBRARY_PATH='%s/fake-cuda' FAKE_CUDA_GPUS=%d %s '%s/inventory_probe' '%s'",
+    snprintf(cmd, sizeof cmd, "LD_LIBRARY_PATH='%s/fake-cuda' FAKE_CUDA_GPUS=%d %s '%s/inventory_probe' %s",
              dir, gpus, env, dir, spec);
   else
-    snprintf(cmd, sizeof cmd, "'%s/inventory_probe' '%s'", dir, spec);
+    snprintf(cmd, sizeof cmd, "'%s/inventory_probe' %s", dir, spec);
   FILE *p = popen(cmd, "r");
   cr_assert_not_null(p);
   size_t n = fread(out, 1, sizeof out - 1, p);
@@ -69,6 +70,7 @@ Test(inventory, cpu_devices_split_the_host_memory) {
     cr_assert_eq(d.dev[i].total, d.dev[i].memory);
   }
   cr_assert_str_eq(d.dev[1].name, "CPU device 1 of 3");
+  cr_assert_eq(d.host_share, host_memory() / 3, "a device's share of the host is its memory");
 }
 
 Test(inventory, bad_specs_name_the_spec_and_the_fix) {
@@ -89,6 +91,14 @@ Test(inventory, gpus_come_from_the_driver) {
   cr_assert_str_eq(probe("cuda", 2), "cuda 0 85899345920 85899345920 0 Fake GPU 0\n"
                                      "cuda 1 42949672960 42949672960 0 Fake GPU 1\n");
   cr_assert_str_eq(probe("cuda:1", 2), "cuda 1 42949672960 42949672960 0 Fake GPU 1\n");
+  /* a GPU's rank may keep its share of the host's memory apart from it
+   * (FSDP_HOST_MEMORY_BYTES: its checkpoint snapshot): the node's devices
+   * split it, as CPU devices do */
+  char want[256];
+  snprintf(want, sizeof want, "cuda 0 85899345920 85899345920 0 Fake GPU 0\n"
+           "cuda 1 42949672960 42949672960 0 Fake GPU 1\nhost %llu\n",
+           (unsigned long long)(host_memory() / 2));
+  cr_assert_str_eq(probe("cuda host", 2), want);
   cr_assert_str_eq(probe("auto", 1), "cuda 0 85899345920 85899345920 0 Fake GPU 0\n");
   const char *o = probe("cuda:0,2", 2);
   cr_assert(strstr(o, "error ERANGE devices: cuda:2: this node has 2 GPUs (ordinals 0-1)"), "%s", o);

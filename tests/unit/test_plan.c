@@ -499,6 +499,22 @@ Test(plan, a_cuda_jobs_checkpoint_snapshot_is_host_memory_not_the_gpus) {
   fclose(f);
   snprintf(want, sizeof want, "(gpu=%.1f host=%.1f)", p[0].device / 1048576.0, snap / 1048576.0);
   cr_assert(strstr(line, want), "%s", line);
+  /* the rank's share of the host holds the snapshot: kept; one byte less
+   * (page-locked, it would meet the OOM killer at the first checkpoint):
+   * dropped, checkpoints written in place, the GPU's figure as it was */
+  d = c, q = p[0];
+  cr_assert_eq(plan_fit_host(&d, 1, &q, snap), 0, "the snapshot fits the host");
+  cr_assert_eq(plan_fit_host(&d, 1, &q, 0), 0, "no host limit");
+  cr_assert(d.checkpoint_async && q.bytes[MEM_SNAPSHOT] == snap);
+  cr_assert_eq(plan_fit_host(&d, 1, &q, snap - 1), 1);
+  cr_assert(!d.checkpoint_async && !q.bytes[MEM_SNAPSHOT] && !plan_host_bytes(&q) &&
+                q.device == p[0].device, "snapshot %zu, device %zu of %zu", q.bytes[MEM_SNAPSHOT],
+            q.device, p[0].device);
+  /* a CPU device's snapshot is its own memory (plan_fit_snapshot's) */
+  config_t e = cpu;
+  plan_t r = pc;
+  cr_assert_eq(plan_fit_host(&e, 1, &r, 1), 0);
+  cr_assert(e.checkpoint_async && r.bytes[MEM_SNAPSHOT] == pc.bytes[MEM_SNAPSHOT]);
   free(data), free(dir);
 }
 
