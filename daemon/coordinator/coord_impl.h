@@ -57,6 +57,10 @@ typedef struct coord_node {
   coord_order_t *sent;      /* assignments sent and not yet seen in its heartbeats */
   int n_sent, cap_sent;
   int ndev;                 /* devices it registered with */
+  struct {
+    int index;
+    uint64_t bytes;
+  } offers[COORD_NODE_DEVICES_MAX]; /* each device's memory, as the store has it */
   uint8_t log_key[TICKET_KEY_BYTES]; /* its log tickets' (ticket.h), new at each registration */
   /* devices it reports still running a job's processes, a bit each */
   uint64_t busy[COORD_NODE_DEVICES_MAX / 64];
@@ -196,7 +200,8 @@ struct coord {
   coord_submit_t *sub;      /* submits waiting for this loop turn's commit */
   int n_sub, cap_sub;
   uv_check_t flush;         /* runs coord_submit_flush after each turn's callbacks */
-  int nodes_changed;        /* a node registered or died since least_device was read */
+  int nodes_changed;        /* a node registered or died, or a device's offer changed, since
+                             * least_device was read */
   uint64_t least_device[2]; /* the smallest device memory of the alive nodes, by kind (cpu, cuda) */
   uint64_t janitor_ms;      /* when coord_ckpt_janitor last ran */
   uint64_t tick_ms;         /* loop time of the last tick (coord_tick_cb), or of the store's opening */

@@ -351,7 +351,7 @@ void coord_text_mend(char *s) {
 static uint64_t coord_smallest_device(coord_t *c, const char *kind) {
   _Static_assert(sizeof c->least_device / sizeof c->least_device[0] == STORE_DEV_cuda + 1,
                  "one least device a kind");
-  if (c->nodes_changed) { /* looked at again after a node came or went */
+  if (c->nodes_changed) { /* looked at again: a node came or went, or offers another figure */
     if (coord_pic_refresh(c)) return 0;
     c->nodes_changed = 0;
     memset(c->least_device, 0, sizeof c->least_device);
@@ -934,6 +934,8 @@ static void coord_register_cb(rpc_call_t *call, const ProtobufCMessage *req, voi
   coord_node_drop_poll(c, n, "superseded: the node registered again");
   n->n_sent = 0; /* what it runs is in this registration; what it lacks is sent below */
   n->session = session, n->dead = 0, n->stopping = 0, n->ndev = (int)q->n_devices;
+  for (size_t i = 0; i < q->n_devices; i++)
+    n->offers[i].index = (int)q->devices[i]->index, n->offers[i].bytes = q->devices[i]->total_bytes;
   n->instance = q->instance;
   if (getrandom(n->log_key, sizeof n->log_key, 0) != (ssize_t)sizeof n->log_key) {
     rpc_call_finish(call, err_set(FSDP_EINTERNAL, "coordinator: no random bytes for node %s's "
@@ -1039,6 +1041,31 @@ static void coord_rank_report(coord_t *c, int64_t node, const Fsdp__V1__RankStat
   if (r->step != before) coord_job_changed(c, job);
 }
 
+/* What a node's devices offer, from its heartbeat: a GPU's free memory,
+ * which its fsdpd measures again while it is idle (others' processes come
+ * and go), stored when it changed, and jobs placed by it. */
+static void coord_node_offers(coord_t *c, coord_node_t *n, const Fsdp__V1__HeartbeatRequest *q) {
+  for (size_t i = 0; i < q->n_devices; i++) {
+    const Fsdp__V1__Device *d = q->devices[i];
+    for (int k = 0; k < n->ndev; k++) {
+      if (n->offers[k].index != (int)d->index || !d->total_bytes ||
+          d->total_bytes == n->offers[k].bytes)
+        continue;
+      if (store_device_memory(c->st, n->id, n->offers[k].index, d->total_bytes)) {
+        LOG_WARN("coord", "node n-%lld device %d: %s", (long long)n->id, n->offers[k].index,
+                 err_msg());
+        break;
+      }
+      LOG_INFO("coord", "node n-%lld device %d offers %.2f GiB now (was %.2f GiB)",
+               (long long)n->id, n->offers[k].index, (double)d->total_bytes / (1 << 30),
+               (double)n->offers[k].bytes / (1 << 30));
+      n->offers[k].bytes = d->total_bytes;
+      c->dirty = c->nodes_changed = 1; /* placed by it, and admitted by it */
+      break;
+    }
+  }
+}
+
 static void coord_heartbeat_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
   coord_t *c = arg;
   const Fsdp__V1__HeartbeatRequest *q = (const void *)req;
@@ -1053,6 +1080,7 @@ static void coord_heartbeat_cb(rpc_call_t *call, const ProtobufCMessage *req, vo
   coord_node_heard(c, n);
   if (q->stopping && !n->stopping) LOG_INFO("coord", "node %s is stopping: no new ranks there", q->node_id);
   n->stopping |= q->stopping;
+  coord_node_offers(c, n, q);
   uint64_t busy[COORD_NODE_DEVICES_MAX / 64] = {0};
   for (size_t i = 0; i < q->n_devices; i++)
     if (q->devices[i]->job_id[0] && q->devices[i]->index < COORD_NODE_DEVICES_MAX)

@@ -949,6 +949,35 @@ int store_node_drain(store_t *st, int64_t node_id, const char *reason) {
   return store_end(st, 0);
 }
 
+int store_device_memory(store_t *st, int64_t node_id, int index, uint64_t bytes) {
+  if (bytes > INT64_MAX)
+    return err_set(FSDP_EINVAL, "node n-%lld device %d: memory %llu bytes", (long long)node_id,
+                   index, (unsigned long long)bytes);
+  int rc = store_begin(st, 1);
+  if (rc) return rc;
+  char name[STORE_NAME_MAX] = "";
+  int64_t was = -1;
+  sqlite3_stmt *s = st_query(st, "SELECT n.name, d.memory_bytes FROM devices d JOIN nodes n ON "
+                             "n.id = d.node_id WHERE d.node_id = ? AND d.idx = ?", A_I(node_id),
+                             A_I(index));
+  if (st_step(st, s) == 1) {
+    st_col_text(s, 0, name, sizeof name);
+    was = sqlite3_column_int64(s, 1);
+    sqlite3_reset(s);
+  } else if (!st->rc) {
+    return store_end(st, err_set(FSDP_ENOTFOUND, "node n-%lld has no device %d", (long long)node_id,
+                                 index));
+  }
+  if (was >= 0 && (uint64_t)was != bytes) {
+    st_exec(st, "UPDATE devices SET memory_bytes = ? WHERE node_id = ? AND idx = ?", A_I(bytes),
+            A_I(node_id), A_I(index));
+    st_touch(st, node_id);
+    st_event(st, 0, node_id, "node.device_memory", "node %s device %d offers %.0f MiB now (was "
+             "%.0f MiB)", name, index, (double)bytes / (1 << 20), (double)was / (1 << 20));
+  }
+  return store_end(st, 0);
+}
+
 int store_node_find(store_t *st, const char *name, int64_t *node_id, char *address, size_t cap) {
   *node_id = 0;
   if (cap) address[0] = 0;

@@ -314,6 +314,10 @@ int store_backup(const char *path, const char *out, int *version);
  * job holds it. Returns its id in *node_id. */
 int store_node_register(store_t *st, const char *name, const char *address,
                         const store_device_t *devices, int n_devices, int64_t *node_id);
+/* Sets what device index of a node offers (its memory_bytes: a GPU's free
+ * memory, measured again by its fsdpd), with an event when it changes.
+ * ENOTFOUND for a device the node did not register. */
+int store_device_memory(store_t *st, int64_t node_id, int index, uint64_t bytes);
 /* The id of the node named name in *node_id (0 when none is), its address
  * in address (cap bytes, cut to fit). */
 int store_node_find(store_t *st, const char *name, int64_t *node_id, char *address, size_t cap);

@@ -14,6 +14,7 @@
 #include <ctype.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -132,16 +133,29 @@ static int inventory_held(const inventory_device_t *d) {
   return !strcmp(d->kind, "cuda") && !d->free_error && d->total - d->memory > INVENTORY_HELD_MAX;
 }
 
+/* The driver for measuring, opened once and kept loaded: its threads may
+ * outlive the contexts (never closed). */
+static void *inventory_lib;
+static void inventory_lib_open(void) { inventory_lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL); }
+
+int inventory_gpu_free(int index, uint64_t *bytes) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, inventory_lib_open);
+  void *lib = inventory_lib;
+  cu_init_fn init = lib ? (cu_init_fn)dlsym(lib, "cuInit") : NULL;
+  cu_get_fn get = lib ? (cu_get_fn)dlsym(lib, "cuDeviceGet") : NULL;
+  int dev = 0, e = init && get ? init(0) : INVENTORY_CU_NOT_FOUND;
+  size_t free_bytes = 0;
+  if (!e) e = get(&dev, index);
+  if (!e) e = inventory_cuda_free(lib, dev, &free_bytes);
+  *bytes = free_bytes;
+  return e;
+}
+
 void inventory_measure(inventory_t *inv) {
   int any = 0;
   for (int i = 0; i < inv->count; i++) any |= !strcmp(inv->dev[i].kind, "cuda");
   if (!any) return;
-  /* kept loaded: its threads may outlive the contexts (never closed) */
-  static void *lib;
-  if (!lib) lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  cu_init_fn init = lib ? (cu_init_fn)dlsym(lib, "cuInit") : NULL;
-  cu_get_fn get = lib ? (cu_get_fn)dlsym(lib, "cuDeviceGet") : NULL;
-  const int up = init && get && !init(0);
   /* memory others hold is measured again a few times, a second apart:
    * ranks of a previous fsdpd killed a moment ago give theirs back as they
    * go (a unit restarted after 2 s), and one stray figure would set every
@@ -151,10 +165,8 @@ void inventory_measure(inventory_t *inv) {
     for (int i = 0; i < inv->count; i++) {
       inventory_device_t *d = &inv->dev[i];
       if (strcmp(d->kind, "cuda") || (round && !inventory_held(d))) continue;
-      int dev = 0;
-      size_t free_bytes = 0;
-      d->free_error = !up ? INVENTORY_CU_NOT_FOUND : get(&dev, d->index);
-      if (!d->free_error) d->free_error = inventory_cuda_free(lib, dev, &free_bytes);
+      uint64_t free_bytes = 0;
+      d->free_error = inventory_gpu_free(d->index, &free_bytes);
       d->memory = !d->free_error && free_bytes < d->total ? free_bytes : d->total;
       held |= inventory_held(d);
     }

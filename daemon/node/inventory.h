@@ -56,5 +56,10 @@ int inventory_find(const char *spec, inventory_t *out);
  * after (threads it started may outlive the contexts), so call this once
  * the process's environment is set: they may read it. */
 void inventory_measure(inventory_t *inv);
+/* GPU index's (its CUDA ordinal) free memory with a context of this process
+ * on it, into *bytes: the CUDA error, 0 when measured. Any thread; the
+ * caller sees that no rank of this node starts on the GPU meanwhile (a
+ * GPU in exclusive-process mode takes one context at a time). */
+int inventory_gpu_free(int index, uint64_t *bytes);
 
 #endif

@@ -107,6 +107,9 @@ struct ranks {
   uint64_t lease_ns;        /* the node's lease (ranks_lease); 0: none yet */
   int ncpu_threads;
   uint64_t exits[4];        /* rank exits since fsdpd started: ok, failed, preempted, signal */
+  uv_timer_t *measure_timer; /* measures an idle GPU again (FSDP_GPU_MEASURE_S) */
+  struct gpu_measure *measuring; /* the measurement in flight: its GPU starts no rank */
+  int measure_next;         /* the inventory index the next one looks at first */
 };
 
 /* ---- bookkeeping --------------------------------------------------------------- */
@@ -916,6 +919,102 @@ static rank_t *rk_device_holder(ranks_t *R, uint32_t d, const rank_t *except) {
   return NULL;
 }
 
+/* ---- measuring idle GPUs again -------------------------------------------------- */
+
+/* A GPU's free memory moves as other processes come and go: measured only
+ * as fsdpd started, a GPU others held then would be offered less for good,
+ * and one they took since more than it has (its ranks refuse at open).
+ * Every FSDP_GPU_MEASURE_S one idle GPU (no rank of this node assigned to
+ * it) is measured again on the loop's pool, its ranks waiting meanwhile (a
+ * context of ours on it would fail theirs in exclusive-process mode); a
+ * figure that moved by RANKS_MEASURE_STEP or more goes in the next
+ * heartbeat, and the coordinator places by it. */
+#define RANKS_MEASURE_STEP (64ull << 20)
+
+typedef struct gpu_measure {
+  uv_work_t req;
+  ranks_t *R;               /* NULL once ranks_destroy ran */
+  int dev, index;           /* inventory slot, CUDA ordinal */
+  int err;
+  uint64_t free_bytes;
+} gpu_measure_t;
+
+/* Whether a rank of this node is assigned device d and not yet gone. */
+static int rk_device_wanted(const ranks_t *R, int d) {
+  for (const rank_t *rk = R->list; rk; rk = rk->next)
+    if (!rk->freeing && rk->a->device == (uint32_t)d && rk->state != RK_EXITED) return 1;
+  return 0;
+}
+
+static void gpu_measure_work(uv_work_t *req) {
+  gpu_measure_t *m = req->data;
+  m->err = inventory_gpu_free(m->index, &m->free_bytes);
+}
+
+static void gpu_measure_done(uv_work_t *req, int status) {
+  gpu_measure_t *m = req->data;
+  ranks_t *R = m->R;
+  if (R) {
+    R->measuring = NULL;
+    inventory_device_t *d = &R->o.inv->dev[m->dev];
+    const uint64_t now = m->free_bytes < d->total ? m->free_bytes : d->total;
+    if (status || m->err) {
+      LOG_DEBUG("fsdpd", "cuda:%d: its free memory cannot be measured again (CUDA error %d); "
+                "offered as before", d->index, status ? status : m->err);
+    } else if (now + RANKS_MEASURE_STEP <= d->memory || d->memory + RANKS_MEASURE_STEP <= now) {
+      LOG_INFO("fsdpd", "cuda:%d (%s): %.2f GiB free now, of %.2f GiB (was %.2f GiB): offered so",
+               d->index, d->name, (double)now / (1 << 30), (double)d->total / (1 << 30),
+               (double)d->memory / (1 << 30));
+      d->memory = now;
+      d->free_error = 0;
+      R->dirty = 1; /* the next heartbeat says so */
+    }
+    rank_try_start_waiting(R);
+  }
+  free(m);
+}
+
+static void gpu_measure_tick(uv_timer_t *t) {
+  ranks_t *R = t->data;
+  const inventory_t *inv = R->o.inv;
+  if (R->measuring || R->stopping) return;
+  for (int k = 0; k < inv->count; k++) {
+    const int d = (R->measure_next + k) % inv->count;
+    if (strcmp(inv->dev[d].kind, "cuda") || rk_device_wanted(R, d)) continue;
+    gpu_measure_t *m = calloc(1, sizeof *m);
+    if (!m) return;
+    *m = (gpu_measure_t){.R = R, .dev = d, .index = inv->dev[d].index};
+    m->req.data = m;
+    if (uv_queue_work(R->o.loop, &m->req, gpu_measure_work, gpu_measure_done)) {
+      free(m);
+      return;
+    }
+    R->measuring = m;
+    R->measure_next = d + 1;
+    return;
+  }
+}
+
+static void gpu_measure_start(ranks_t *R) {
+  int gpus = 0;
+  for (int i = 0; i < R->o.inv->count; i++) gpus += !strcmp(R->o.inv->dev[i].kind, "cuda");
+  const int64_t every = param_gpu_measure_s();
+  if (!gpus || every <= 0) return;
+  R->measure_timer = calloc(1, sizeof *R->measure_timer);
+  if (!R->measure_timer) return; /* measured as fsdpd started, as before */
+  uv_timer_init(R->o.loop, R->measure_timer);
+  R->measure_timer->data = R;
+  const uint64_t ms = (uint64_t)(every > 86400 ? 86400 : every) * 1000;
+  uv_timer_start(R->measure_timer, gpu_measure_tick, ms, ms);
+}
+
+static void gpu_measure_timer_closed(uv_handle_t *h) { free(h); }
+
+/* Whether d may start a rank: no rank holds it and it is not being measured. */
+static int rk_device_free(ranks_t *R, uint32_t d, const rank_t *except) {
+  return !rk_device_holder(R, d, except) && !(R->measuring && R->measuring->dev == (int)d);
+}
+
 static int rk_bind(rank_t *rk) {
   ranks_t *R = rk->R;
   struct sockaddr_storage sa;
@@ -941,7 +1040,7 @@ static void rank_try_start_waiting(ranks_t *R) {
   for (;;) {
     rank_t *first = NULL;
     for (rank_t *rk = R->list; rk; rk = rk->next)
-      if (rk->state == RK_WAITING && !rk->freeing && !rk_device_holder(R, rk->a->device, rk))
+      if (rk->state == RK_WAITING && !rk->freeing && rk_device_free(R, rk->a->device, rk))
         first = rk;
     if (!first) return;
     first->state = RK_RENDEZVOUS;
@@ -965,6 +1064,7 @@ int ranks_create(ranks_t **out, const ranks_opts_t *o) {
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   R->ncpu_threads = cpus && cores / cpus > 1 ? (int)(cores / cpus) : 1;
   R->dirty = 1;
+  gpu_measure_start(R);
   *out = R;
   return FSDP_OK;
 }
@@ -1170,6 +1270,8 @@ int ranks_idle(const ranks_t *R) {
 void ranks_destroy(ranks_t *R) {
   if (!R) return;
   R->destroying = 1;
+  if (R->measure_timer) uv_close((uv_handle_t *)R->measure_timer, gpu_measure_timer_closed);
+  if (R->measuring) R->measuring->R = NULL; /* it ends on the pool, then is freed */
   if (!R->list) {
     free(R);
     return;
@@ -1201,6 +1303,16 @@ void ranks_metrics(const ranks_t *R, metrics_buf_t *b) {
   for (int o = 0; o < 4; o++)
     metrics_sample(b, "fsdp_node_rank_exits_total", (const char *[]){"outcome", outcomes[o], NULL},
                    (double)R->exits[o]);
+  metrics_family(b, "fsdp_node_device_memory_offered_bytes", "gauge",
+                 "What each device offers jobs: a CPU device's share of the host's memory, a "
+                 "GPU's free memory with a context on it as last measured.");
+  for (int i = 0; i < R->o.inv->count; i++) {
+    const inventory_device_t *d = &R->o.inv->dev[i];
+    char name[32];
+    snprintf(name, sizeof name, "%s:%d", d->kind, d->index);
+    metrics_sample(b, "fsdp_node_device_memory_offered_bytes", (const char *[]){"device", name, NULL},
+                   (double)d->memory);
+  }
   metrics_rank_t *m = calloc((size_t)n + 1, sizeof *m);
   const char **cats = NULL;
   uint64_t *bytes = NULL;

@@ -48,7 +48,7 @@ typedef struct ranks ranks_t;
 typedef struct ranks_opts {
   uv_loop_t *loop;
   rpc_client_t *client;
-  const inventory_t *inv;
+  inventory_t *inv;        /* its GPUs' memory is measured again while idle (ranks.c) */
   const char *work_dir, *rank_program, *rank_host;
   int as_user;             /* run ranks as uid/gid */
   unsigned uid, gid;

@@ -207,22 +207,108 @@ static const char *emu_plugin(char driver[PATH_MAX + 64]) {
  * emulated plugin for its probe and ranks; the test's own fsdp-launch runs
  * get the plugin too, FSDP_CUDA_PLUGIN). -1 when the emulator is not built
  * here. */
-static int node_start(int i, const char *name, int gpus) {
+static int node_start_env(int i, const char *name, int gpus, const char *extra) {
   if (!gpus) {
     cluster_fsdpd_start(&node[i], coord.addr, name, 2, NULL);
     return 0;
   }
-  char driver[PATH_MAX + 64], env[3 * PATH_MAX];
+  char driver[PATH_MAX + 64], env[4 * PATH_MAX];
   const char *plugin = emu_plugin(driver);
   if (!*plugin) return -1;
   /* each GPU 600 MiB short of its total with a context on it (the fake
    * driver's FAKE_CUDA_HELD_MIB): what the node offers */
   snprintf(env, sizeof env, "LD_LIBRARY_PATH='%s' FAKE_CUDA_GPUS=%d FAKE_CUDA_HELD_MIB=600 "
-           "FSDP_CUDA_PLUGIN='%s' CUDA_EMU_DEVICES=%d", driver, gpus, plugin, gpus);
+           "FSDP_CUDA_PLUGIN='%s' CUDA_EMU_DEVICES=%d %s", driver, gpus, plugin, gpus, extra);
   setenv("FSDP_CUDA_PLUGIN", plugin, 1);
   cluster_fsdpd_spawn_on(&node[i], coord.addr, name, "cuda", env, NULL);
   cluster_wait_alive(coord.addr, name);
   return 0;
+}
+
+static int node_start(int i, const char *name, int gpus) { return node_start_env(i, name, gpus, ""); }
+
+/* Polls `fsdpctl --output json nodes` until it holds want, up to 15 s:
+ * whether it did. */
+static int nodes_show(const char *want, char *out, size_t len) {
+  for (int i = 0; i < 150; i++) {
+    if (cluster_ctl(coord.addr, "--output json nodes", out, len) == 0 && strstr(out, want)) return 1;
+    usleep(100 * 1000);
+  }
+  return 0;
+}
+
+/* A GPU's free memory moves as other processes come and go: fsdpd measures
+ * an idle GPU again (FSDP_GPU_MEASURE_S, here each second), the next
+ * heartbeat carries the figure and the coordinator offers it, admits by it
+ * and takes it back up. Another process taking 70 GiB of the fake 80 GiB
+ * GPU after fsdpd started (FAKE_CUDA_HELD_FILE) leaves 10 GiB, and a job
+ * that plans 12.5 GiB is refused at submit, naming it; before, the start's
+ * 79.4 GiB stayed offered and the job's rank failed at open. */
+Test(cluster, memory_another_process_takes_on_an_idle_gpu_is_no_longer_offered) {
+  char *held = tu_path("held-mib"), extra[PATH_MAX + 64], out[65536];
+  tu_write_file(held, "600\n", 4);
+  snprintf(extra, sizeof extra, "FSDP_GPU_MEASURE_S=1 FAKE_CUDA_HELD_FILE='%s'", held);
+  if (node_start_env(0, "gpu", 1, extra))
+    cr_skip_test("the emulated CUDA plugin is not built here (no nvcc)");
+  cr_assert(nodes_show("85270200320", out, sizeof out), "GPU 0 as fsdpd started:\n%s", out);
+  tu_write_file(held, "71680\n", 6);
+  cr_assert(nodes_show("10737418240", out, sizeof out), "the 10 GiB left are not offered:\n%s",
+            out);
+  char *nlog = tu_slurp(node[0].log, NULL);
+  cr_expect(strstr(nlog, "cuda:0 (Fake GPU 0): 10.00 GiB free now, of 80.00 GiB (was 79.41 GiB)"),
+            "fsdpd does not say what GPU 0 offers now:\n%s", nlog);
+  free(nlog);
+  char *conf = job_file("big.conf", "batch = 16\nseq_len = 1024\ndevice = cuda\nrecompute = 0\n[model]\n"
+                        "model = gpt2-124m\n");
+  char a[PATH_MAX + 64];
+  snprintf(a, sizeof a, "submit '%s' --ranks 1", conf);
+  cr_assert_neq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "a job beyond the GPU's 10 GiB "
+                "was admitted:\n%s", out);
+  cr_expect(strstr(out, "10240 MiB is available"), "the refusal does not name the 10 GiB:\n%s",
+            out);
+  /* the process gone: the GPU's memory is offered again */
+  tu_write_file(held, "600\n", 4);
+  cr_assert(nodes_show("85270200320", out, sizeof out), "GPU 0's memory is not offered again:\n%s",
+            out);
+  free(conf), free(held);
+}
+
+/* Measuring a GPU again holds a CUDA context of fsdpd's on it, which in
+ * exclusive-process mode fails a rank's own: a rank assigned meanwhile
+ * waits for it to end. Each measurement here holds its context 1.5 s
+ * (FAKE_CUDA_RETAIN_MS, the file FAKE_CUDA_CTX_MARK there meanwhile) and
+ * one starts each second, so the GPU is measured most of the time; each
+ * rank, a script, fails (exit 3) when it starts while the file is there.
+ * Three jobs, each submitted as a measurement begins, all succeed; with
+ * the wait left out each fails. */
+Test(cluster, a_rank_never_starts_while_fsdpd_measures_its_gpu) {
+  char *mark = tu_path("ctx-held"), *prog = tu_path("rank.sh"), extra[PATH_MAX + 128];
+  char script[PATH_MAX + 256], a[PATH_MAX + 64], out[65536];
+  snprintf(script, sizeof script, "#!/bin/sh\n[ \"$1\" = --probe-device ] && exit 0\n"
+           "[ -e '%s' ] && exit 3\nexit 0\n", mark);
+  tu_write_file(prog, script, strlen(script));
+  cr_assert_eq(chmod(prog, 0755), 0);
+  snprintf(extra, sizeof extra, "FSDP_GPU_MEASURE_S=1 FAKE_CUDA_RETAIN_MS=1500 "
+           "FAKE_CUDA_CTX_MARK='%s'", mark);
+  char driver[PATH_MAX + 64], env[4 * PATH_MAX];
+  if (!*emu_plugin(driver)) cr_skip_test("the emulated CUDA plugin is not built here (no nvcc)");
+  snprintf(env, sizeof env, "LD_LIBRARY_PATH='%s' FAKE_CUDA_GPUS=1 %s", driver, extra);
+  snprintf(a, sizeof a, "--rank-program '%s'", prog);
+  cluster_fsdpd_spawn_on(&node[0], coord.addr, "gpu", "cuda", env, a);
+  cluster_wait_alive(coord.addr, "gpu");
+  char *conf = job_file("gpu.conf", "device = cuda\n");
+  for (int i = 0; i < 3; i++) {
+    char job[32];
+    /* submitted as a measurement begins */
+    for (int k = 0; k < 100 && access(mark, F_OK); k++) usleep(50 * 1000);
+    cr_assert_eq(access(mark, F_OK), 0, "fsdpd does not measure its GPU again");
+    snprintf(job, sizeof job, "%s", submit(conf, "--ranks 1 --max-restarts 0"));
+    snprintf(a, sizeof a, "watch %s", job);
+    cluster_ctl(coord.addr, a, out, sizeof out);
+    cr_assert(wait_state(job, "SUCCEEDED", 10), "job %d: its rank started while fsdpd held a "
+              "context on its GPU:\n%s", i, out);
+  }
+  free(conf), free(prog), free(mark);
 }
 
 /* A GPU job through the whole service, on emulated GPUs (the CUDA plugin

@@ -123,6 +123,14 @@ Test(metrics, both_endpoints_pass_promtool_and_prometheus_scrapes_a_running_job)
   cr_assert_eq(sample(got[0], "fsdp_jobs{state=\"RUNNING\"}"), 1, "%s", got[0]);
   cr_assert_eq(sample(got[0], "fsdp_nodes{state=\"alive\"}"), 1, "%s", got[0]);
   cr_assert_eq(sample(got[1], "fsdp_node_ranks{state=\"running\"}"), 2, "%s", got[1]);
+  /* each CPU device offers its share of the host's memory (the node has 2) */
+  const double half = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE) / 2;
+  for (int d = 0; d < 2; d++) {
+    char dev[96];
+    snprintf(dev, sizeof dev, "fsdp_node_device_memory_offered_bytes{device=\"cpu:%d\"}", d);
+    cr_assert(fabs(sample(got[1], dev) - half) <= 1e-6 * half, "%s, not %.0f:\n%s", dev, half,
+              got[1]);
+  }
   char mem[160];
   snprintf(mem, sizeof mem, "fsdp_rank_memory_bytes{job=\"%s\",rank=\"1\",category=\"params\"}", job);
   for (int i = 0; i < 2; i++) cr_assert_gt(sample(got[i], mem), 0, "%s", got[i]);

@@ -4,7 +4,12 @@
  * (default 2); GPU i has 80 GiB >> i, of which FAKE_CUDA_HELD_MIB (default
  * 0) are held once a context is current (the context's own, other
  * processes'), for the first FAKE_CUDA_HELD_CALLS reads of it (unset: all;
- * then a process holding them is gone). FAKE_CUDA_CTX_ERROR, set, is what retaining a primary
+ * then a process holding them is gone); FAKE_CUDA_HELD_FILE, a file holding
+ * that number, read at each measure, overrides it while it is there (a
+ * test's other process coming and going). While a context is retained the
+ * file FAKE_CUDA_CTX_MARK (when set) exists, and retaining takes
+ * FAKE_CUDA_RETAIN_MS (default 0), so a test sees when the caller held
+ * a context. FAKE_CUDA_CTX_ERROR, set, is what retaining a primary
  * context returns (46: CUDA_ERROR_DEVICE_UNAVAILABLE, a GPU in
  * exclusive-process mode that another process holds). Return codes follow
  * the driver's: 0 success, 100 no device, 101 invalid device, 201 no
@@ -12,6 +17,8 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
 
 static int fake_gpus(void) {
   const char *s = getenv("FAKE_CUDA_GPUS");
@@ -50,12 +57,19 @@ int cuDevicePrimaryCtxRetain(void **ctx, int dev) {
   if (dev < 0 || dev >= fake_gpus() || dev >= 64) return 101;
   fake_retained[dev]++;
   *ctx = (void *)(size_t)(dev + 1);
+  const char *mark = getenv("FAKE_CUDA_CTX_MARK"), *ms = getenv("FAKE_CUDA_RETAIN_MS");
+  FILE *f = mark && *mark ? fopen(mark, "w") : NULL;
+  if (f) fclose(f);
+  const int wait = ms ? atoi(ms) : 0;
+  if (wait > 0) nanosleep(&(struct timespec){wait / 1000, wait % 1000 * 1000000L}, NULL);
   return 0;
 }
 
 int cuDevicePrimaryCtxRelease_v2(int dev) {
   if (dev < 0 || dev >= 64 || !fake_retained[dev]) return 201;
   fake_retained[dev]--;
+  const char *mark = getenv("FAKE_CUDA_CTX_MARK");
+  if (mark && *mark) unlink(mark);
   return 0;
 }
 
@@ -78,7 +92,12 @@ int cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
   const char *h = getenv("FAKE_CUDA_HELD_MIB"), *calls = getenv("FAKE_CUDA_HELD_CALLS");
   static int reads;
   cuDeviceTotalMem_v2(total, fake_current);
-  const size_t held = calls && reads++ >= atoi(calls) ? 0 : (size_t)(h ? atol(h) : 0) << 20;
+  size_t held = calls && reads++ >= atoi(calls) ? 0 : (size_t)(h ? atol(h) : 0) << 20;
+  const char *file = getenv("FAKE_CUDA_HELD_FILE");
+  FILE *f = file ? fopen(file, "r") : NULL;
+  long mib = 0;
+  if (f && fscanf(f, "%ld", &mib) == 1 && mib >= 0) held = (size_t)mib << 20;
+  if (f) fclose(f);
   *free_bytes = held < *total ? *total - held : 0;
   return 0;
 }

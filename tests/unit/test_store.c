@@ -823,6 +823,32 @@ Test(store, a_drained_node_stays_drained_until_undrained) {
   store_close(st);
 }
 
+/* What a device offers changes as its fsdpd measures it again: stored
+ * (across a reopening), one event a change, none for the same figure; a
+ * device or node the store does not have is ENOTFOUND. */
+Test(store, a_devices_memory_changes_as_measured_again) {
+  store_t *st = open_db("state.db");
+  int64_t a = add_node(st, "a", 2);
+  cr_assert_eq(store_device_memory(st, a, 1, 10ull << 30), 0, "%s", err_msg());
+  cr_assert_eq(store_device_memory(st, a, 1, 10ull << 30), 0, "the same again: no change");
+  store_close(st);
+  st = open_db("state.db");
+  store_node_t *nodes;
+  int n;
+  cr_assert_eq(store_node_list(st, &nodes, &n), 0);
+  cr_assert_eq(nodes[0].devices[1].memory_bytes, 10ull << 30);
+  cr_assert_neq(nodes[0].devices[0].memory_bytes, 10ull << 30, "device 0 as registered");
+  store_nodes_free(nodes, n);
+  sqlite3 *db = raw_open("state.db");
+  cr_assert_eq(raw_int(db, "SELECT count(*) FROM events WHERE kind = 'node.device_memory'"), 1);
+  sqlite3_close(db);
+  cr_assert_eq(store_device_memory(st, a, 2, 1), FSDP_ENOTFOUND);
+  cr_assert(strstr(err_msg(), "no device 2"), "%s", err_msg());
+  cr_assert_eq(store_device_memory(st, a + 100, 0, 1), FSDP_ENOTFOUND);
+  cr_assert_eq(store_device_memory(st, a, 0, (uint64_t)INT64_MAX + 1), FSDP_EINVAL);
+  store_close(st);
+}
+
 Test(store, re_registering_keeps_held_devices_and_drops_free_ones_it_lost) {
   store_t *st = open_db("state.db");
   int64_t a = add_node(st, "a", 3);
