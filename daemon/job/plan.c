@@ -360,31 +360,33 @@ static size_t plan_total_of(const config_t *c, int world) {
 static int plan_advice(const plan_t *p, const config_t *c, size_t limit, char *out, size_t len) {
   config_t k = *c;
   size_t t;
+  /* the figure limits compare: a GPU's own, its host memory apart */
+  const char *on = p->host_apart ? " on its GPU" : "";
   if (config_recompute(c) < 2) { /* the cheapest: a GELU and two norms more a block in backward */
     k.recompute = 2;
     if ((t = plan_total_of(&k, p->world)) && t <= limit)
-      return snprintf(out, len, "set recompute = 2 (the plan is then %.0f MiB)", MIB(t)), 1;
+      return snprintf(out, len, "set recompute = 2 (the plan is then %.0f MiB%s)", MIB(t), on), 1;
     k = *c;
   }
   if (config_logits_chunk_mib(c) > GPT_LOGITS_CHUNK_MIB) { /* a GPU's larger logits chunk */
     k.logits_chunk_mib = GPT_LOGITS_CHUNK_MIB;
     if ((t = plan_total_of(&k, p->world)) && t <= limit)
-      return snprintf(out, len, "set logits_chunk_mib = %d (the plan is then %.0f MiB)",
-                      GPT_LOGITS_CHUNK_MIB, MIB(t)), 1;
+      return snprintf(out, len, "set logits_chunk_mib = %d (the plan is then %.0f MiB%s)",
+                      GPT_LOGITS_CHUNK_MIB, MIB(t), on), 1;
     k = *c;
   }
   if (!c->activation_checkpointing) {
     k.activation_checkpointing = 1;
     if ((t = plan_total_of(&k, p->world)) && t <= limit)
-      return snprintf(out, len, "set activation_checkpointing = 1 (the plan is then %.0f MiB)",
-                      MIB(t)), 1;
+      return snprintf(out, len, "set activation_checkpointing = 1 (the plan is then %.0f MiB%s)",
+                      MIB(t), on), 1;
     k = *c;
   }
   if (c->keep_unsharded_grads && c->grad_accum > 1) {
     k.keep_unsharded_grads = 0;
     if ((t = plan_total_of(&k, p->world)) && t <= limit)
       return snprintf(out, len, "set keep_unsharded_grads = 0 to reduce every micro-batch into "
-                      "the gradient shard (the plan is then %.0f MiB)", MIB(t)), 1;
+                      "the gradient shard (the plan is then %.0f MiB%s)", MIB(t), on), 1;
     k = *c;
   }
   shard_strategy_t st;
@@ -394,7 +396,7 @@ static int plan_advice(const plan_t *p, const config_t *c, size_t limit, char *o
     if (st == SHARD_NO_SHARD) k.mesh[0] = 0; /* "N" means Nx1 only under NO_SHARD */
     if ((t = plan_total_of(&k, p->world)) && t <= limit)
       return snprintf(out, len, "set strategy = %s, which frees each unit's parameters after "
-                      "use (the plan is then %.0f MiB)", to, MIB(t)), 1;
+                      "use (the plan is then %.0f MiB%s)", to, MIB(t), on), 1;
     k = *c;
   }
   /* more ranks in one shard group: the smallest power of two that fits */
@@ -402,8 +404,8 @@ static int plan_advice(const plan_t *p, const config_t *c, size_t limit, char *o
   snprintf(k.strategy, sizeof k.strategy, "FULL_SHARD");
   for (int w = p->world * 2; w <= 4096; w *= 2)
     if ((t = plan_total_of(&k, w)) && t <= limit)
-      return snprintf(out, len, "shard the model over %d ranks (FULL_SHARD, %.0f MiB per rank)", w,
-                      MIB(t)), 1;
+      return snprintf(out, len, "shard the model over %d ranks (FULL_SHARD, %.0f MiB per rank%s)",
+                      w, MIB(t), on), 1;
   return 0;
 }
 

@@ -493,6 +493,10 @@ Test(plan, a_cuda_jobs_checkpoint_snapshot_is_host_memory_not_the_gpus) {
            p[0].device / 1048576.0, snap / 1048576.0);
   cr_assert(strstr(err_msg(), want) && !strstr(err_msg(), "ckpt_snapshot takes the most"), "%s",
             err_msg());
+  /* and the advice's figure is the GPU's too (recompute 2 fits: p[2]) */
+  snprintf(want, sizeof want, "set recompute = 2 (the plan is then %.0f MiB on its GPU)",
+           p[2].device / 1048576.0);
+  cr_assert(strstr(err_msg(), want), "%s", err_msg());
   char line[1024] = "";
   FILE *f = fmemopen(line, sizeof line - 1, "w");
   plan_print(&p[0], &c, f);
