@@ -51,7 +51,7 @@ static const config_opt_t config_opts[] = {
     {"seed", "train", CFG_U64, OFF(seed), 0, 0, 0, "seed of the initial weights and the data order"},
     {"eval_every", "train", CFG_INT, OFF(eval_every), 0, 0, 1e9, "steps between evaluations (0: only at the end)"},
     {"eval_batches", "train", CFG_INT, OFF(eval_batches), 0, 0, 1e9, "batches per evaluation (0: all held-out data)"},
-    {"threads", "train", CFG_INT, OFF(threads), 0, 0, 4096, "CPU threads (0: FSDP_THREADS, else all cores)"},
+    {"threads", "train", CFG_INT, OFF(threads), 0, 0, 4096, "CPU threads of device cpu's kernels (0: FSDP_THREADS, else all cores; a cuda job has none to set)"},
     {"device", "train", STR(device), "cpu (CPU devices: the ring and the CPU kernels) or cuda (one GPU per rank: the CUDA kernels and NCCL, from the CUDA plugin)"},
     {"tf32", "train", CFG_INT, OFF(tf32), 0, 0, 1, "device cuda: 1 lets fp32 matrix products use TF32 tensor cores (faster, 10-bit mantissa products); 0 keeps them fp32"},
     {"memory_limit_mib", "train", CFG_INT, OFF(memory_limit_mib), 0, 0, 1 << 30, "refuse a job planned above this many MiB per rank, of what its device holds (a GPU's plan less its host memory: the checkpoint snapshot) (0: the rank's device memory: a GPU's own, as fsdpd's inventory or the GPU says; a CPU rank's share of the host's available memory); a GPU rank's never above what its GPU has free as it starts"},
@@ -376,6 +376,10 @@ int config_check(config_t *c, int world, config_report_cb report, void *ctx) {
   if (c->tf32 && strcmp(c->device, "cuda"))
     CONFIG_CHECK(err_set(FSDP_EINVAL, "tf32: 1 asks for GPU tensor cores, but device is %s; set "
                          "device = cuda or drop tf32", c->device));
+  if (c->threads && !strcmp(c->device, "cuda"))
+    CONFIG_CHECK(err_set(FSDP_EINVAL, "threads: %d sets the CPU kernels' threads, but device is "
+                         "cuda, whose kernels run on the GPU; drop threads (or set device = cpu)",
+                         c->threads));
   if (!resolved && c->warmup_steps > c->steps)
     CONFIG_CHECK(err_set(FSDP_EINVAL, "warmup_steps: %d is more than steps %d; warmup must end "
                          "before training does: lower warmup_steps or raise steps",

@@ -83,6 +83,14 @@ Test(config, cross_field_checks) {
   cr_assert_eq(config_set(&c, "offload", "1"), 0);
   cr_assert_eq(config_finish(&c), FSDP_EINVAL);
   cr_assert(strstr(err_msg(), "offload") && strstr(err_msg(), "cuda"), "%s", err_msg());
+  /* and what only a CPU device has: before, threads was ignored there */
+  cr_assert_eq(config_set(&c, "offload", "0"), 0);
+  cr_assert_eq(config_set(&c, "threads", "8"), 0);
+  cr_assert_eq(config_finish(&c), FSDP_EINVAL);
+  cr_assert(strstr(err_msg(), "threads: 8") && strstr(err_msg(), "drop threads"), "%s", err_msg());
+  cr_assert_eq(config_set(&c, "device", "cpu"), 0);
+  cr_assert_eq(config_set(&c, "tf32", "0"), 0);
+  cr_assert_eq(config_finish(&c), 0, "%s", err_msg());
 }
 
 /* The first runs a new user tries: `--model tiny` (the default seq_len 256 is
