@@ -62,7 +62,7 @@
   XX(comm_cma, "FSDP_COMM_CMA", 0, "ring: 1: same-host links read the peer by process_vm_readv") \
   XX(comm_reg, "FSDP_COMM_REG", 1, "registered buffers: peers on this host read them in place (0: off)") \
   XX(gpu_measure_s, "FSDP_GPU_MEASURE_S", 10,                                        \
-     "fsdpd: every this many seconds one idle GPU's free memory is measured again (its ranks wait the moment it takes) and a figure that moved by 64 MiB or more is what the node offers from its next heartbeat (0: measured only as fsdpd starts)") \
+     "fsdpd: every this many seconds one idle GPU's free memory is measured again (its ranks wait the moment it takes) and a figure that moved by 64 MiB or more is what the node offers from its next heartbeat (0 or less: measured only as fsdpd starts; at most 86400; a measurement the driver has not answered in 10 s is given up, its GPU's ranks start and none is measured again)") \
   XX(log_streams_max, "FSDP_LOG_STREAMS_MAX", 64,                                    \
      "fsdpd: GetRankLogs streams open at once (each holds a file descriptor); more are refused") \
   XX(watch_streams_max, "FSDP_WATCH_STREAMS_MAX", 1024,                              \

@@ -1048,9 +1048,10 @@ static void coord_node_offers(coord_t *c, coord_node_t *n, const Fsdp__V1__Heart
   for (size_t i = 0; i < q->n_devices; i++) {
     const Fsdp__V1__Device *d = q->devices[i];
     for (int k = 0; k < n->ndev; k++) {
-      if (n->offers[k].index != (int)d->index || !d->total_bytes ||
-          d->total_bytes == n->offers[k].bytes)
-        continue;
+      if (n->offers[k].index != (int)d->index) continue;
+      /* a figure registration would refuse is not taken either */
+      if (!d->total_bytes || d->total_bytes == n->offers[k].bytes || d->total_bytes > INT64_MAX)
+        break;
       if (store_device_memory(c->st, n->id, n->offers[k].index, d->total_bytes)) {
         LOG_WARN("coord", "node n-%lld device %d: %s", (long long)n->id, n->offers[k].index,
                  err_msg());

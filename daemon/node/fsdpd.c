@@ -636,7 +636,7 @@ int main(int argc, char **argv) {
       LOG_WARN("fsdpd", "cuda:%d (%s): %.2f GiB free of %.2f GiB with a CUDA context on it, more "
                "than a context takes: other processes held memory there for 4 s (see nvidia-smi); "
                "jobs are planned against that, and every job is admitted against the smallest "
-               "GPU: restart fsdpd to measure again once they are gone", d->index, d->name,
+               "GPU: it is measured again while idle (FSDP_GPU_MEASURE_S)", d->index, d->name,
                (double)d->memory / (1 << 30), (double)d->total / (1 << 30));
     else
       LOG_INFO("fsdpd", "cuda:%d (%s): %.2f GiB free of %.2f GiB with a CUDA context on it; jobs "

@@ -26,8 +26,9 @@ typedef struct inventory_device {
   char name[96];  /* "CPU device 0 of 2", "NVIDIA H100 80GB HBM3" */
   uint64_t memory; /* bytes a rank may use there: a CPU device's share of the host's memory;
                     * a GPU's free memory with a CUDA context of fsdpd's on it, as fsdpd
-                    * started (inventory_measure; a rank's own context takes about as much),
-                    * or its total where the driver could not say (free_error) */
+                    * started (inventory_measure; a rank's own context takes about as much)
+                    * and since as measured again while idle (ranks.c), or its total where
+                    * the driver could not say (free_error) */
   uint64_t total;  /* a GPU's whole memory (cuDeviceTotalMem); a CPU device's, memory */
   int free_error;  /* a GPU's: the CUDA error that kept its free memory from being measured
                     * (INVENTORY_CU_NOT_FOUND: a driver without the entry points;

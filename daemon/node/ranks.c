@@ -930,14 +930,28 @@ static rank_t *rk_device_holder(ranks_t *R, uint32_t d, const rank_t *except) {
  * figure that moved by RANKS_MEASURE_STEP or more goes in the next
  * heartbeat, and the coordinator places by it. */
 #define RANKS_MEASURE_STEP (64ull << 20)
+/* A measurement not back by then is a driver that does not answer (a GPU
+ * fallen off the bus, Xid errors): its GPU's ranks stop waiting for it and
+ * no GPU is measured again (its call cannot be taken back: the pool thread
+ * stays with it, and fsdpd's exit waits for it) */
+#define RANKS_MEASURE_HUNG_MS 10000
 
 typedef struct gpu_measure {
   uv_work_t req;
   ranks_t *R;               /* NULL once ranks_destroy ran */
   int dev, index;           /* inventory slot, CUDA ordinal */
+  uint64_t queued_ms;       /* uv_now as it was queued */
   int err;
   uint64_t free_bytes;
 } gpu_measure_t;
+
+static void gpu_measure_tick(uv_timer_t *t);
+
+/* FSDP_GPU_MEASURE_S in ms, at most a day. */
+static uint64_t gpu_measure_every_ms(void) {
+  const int64_t s = param_gpu_measure_s();
+  return (uint64_t)(s > 86400 ? 86400 : s < 1 ? 1 : s) * 1000;
+}
 
 /* Whether a rank of this node is assigned device d and not yet gone. */
 static int rk_device_wanted(const ranks_t *R, int d) {
@@ -959,8 +973,8 @@ static void gpu_measure_done(uv_work_t *req, int status) {
     inventory_device_t *d = &R->o.inv->dev[m->dev];
     const uint64_t now = m->free_bytes < d->total ? m->free_bytes : d->total;
     if (status || m->err) {
-      LOG_DEBUG("fsdpd", "cuda:%d: its free memory cannot be measured again (CUDA error %d); "
-                "offered as before", d->index, status ? status : m->err);
+      LOG_DEBUG("fsdpd", "cuda:%d: its free memory cannot be measured again (%s %d); offered "
+                "as before", d->index, status ? "libuv error" : "CUDA error", status ? status : m->err);
     } else if (now + RANKS_MEASURE_STEP <= d->memory || d->memory + RANKS_MEASURE_STEP <= now) {
       LOG_INFO("fsdpd", "cuda:%d (%s): %.2f GiB free now, of %.2f GiB (was %.2f GiB): offered so",
                d->index, d->name, (double)now / (1 << 30), (double)d->total / (1 << 30),
@@ -970,6 +984,7 @@ static void gpu_measure_done(uv_work_t *req, int status) {
       R->dirty = 1; /* the next heartbeat says so */
     }
     rank_try_start_waiting(R);
+    uv_timer_start(R->measure_timer, gpu_measure_tick, gpu_measure_every_ms(), 0);
   }
   free(m);
 }
@@ -977,35 +992,46 @@ static void gpu_measure_done(uv_work_t *req, int status) {
 static void gpu_measure_tick(uv_timer_t *t) {
   ranks_t *R = t->data;
   const inventory_t *inv = R->o.inv;
-  if (R->measuring || R->stopping) return;
+  if (R->measuring) { /* RANKS_MEASURE_HUNG_MS after it was queued */
+    gpu_measure_t *m = R->measuring;
+    LOG_ERROR("fsdpd", "cuda:%d: measuring its free memory has taken %.0f s: the driver does not "
+              "answer (see nvidia-smi, and the kernel log for Xid errors); its ranks start "
+              "without waiting for it, and no GPU is measured again until fsdpd restarts",
+              m->index, (double)(uv_now(R->o.loop) - m->queued_ms) / 1e3);
+    m->R = NULL, R->measuring = NULL;
+    rank_try_start_waiting(R);
+    return;
+  }
+  if (R->stopping) return;
   for (int k = 0; k < inv->count; k++) {
     const int d = (R->measure_next + k) % inv->count;
     if (strcmp(inv->dev[d].kind, "cuda") || rk_device_wanted(R, d)) continue;
     gpu_measure_t *m = calloc(1, sizeof *m);
     if (!m) return;
-    *m = (gpu_measure_t){.R = R, .dev = d, .index = inv->dev[d].index};
+    *m = (gpu_measure_t){.R = R, .dev = d, .index = inv->dev[d].index,
+                         .queued_ms = uv_now(R->o.loop)};
     m->req.data = m;
     if (uv_queue_work(R->o.loop, &m->req, gpu_measure_work, gpu_measure_done)) {
       free(m);
-      return;
+      break;
     }
     R->measuring = m;
     R->measure_next = d + 1;
+    uv_timer_start(t, gpu_measure_tick, RANKS_MEASURE_HUNG_MS, 0); /* back before it, or hung */
     return;
   }
+  uv_timer_start(t, gpu_measure_tick, gpu_measure_every_ms(), 0); /* none idle now */
 }
 
 static void gpu_measure_start(ranks_t *R) {
   int gpus = 0;
   for (int i = 0; i < R->o.inv->count; i++) gpus += !strcmp(R->o.inv->dev[i].kind, "cuda");
-  const int64_t every = param_gpu_measure_s();
-  if (!gpus || every <= 0) return;
+  if (!gpus || param_gpu_measure_s() <= 0) return;
   R->measure_timer = calloc(1, sizeof *R->measure_timer);
   if (!R->measure_timer) return; /* measured as fsdpd started, as before */
   uv_timer_init(R->o.loop, R->measure_timer);
   R->measure_timer->data = R;
-  const uint64_t ms = (uint64_t)(every > 86400 ? 86400 : every) * 1000;
-  uv_timer_start(R->measure_timer, gpu_measure_tick, ms, ms);
+  uv_timer_start(R->measure_timer, gpu_measure_tick, gpu_measure_every_ms(), 0);
 }
 
 static void gpu_measure_timer_closed(uv_handle_t *h) { free(h); }
@@ -1271,7 +1297,7 @@ void ranks_destroy(ranks_t *R) {
   if (!R) return;
   R->destroying = 1;
   if (R->measure_timer) uv_close((uv_handle_t *)R->measure_timer, gpu_measure_timer_closed);
-  if (R->measuring) R->measuring->R = NULL; /* it ends on the pool, then is freed */
+  if (R->measuring) R->measuring->R = NULL, R->measuring = NULL; /* it ends on the pool, freed */
   if (!R->list) {
     free(R);
     return;

@@ -311,6 +311,41 @@ Test(cluster, a_rank_never_starts_while_fsdpd_measures_its_gpu) {
   free(conf), free(prog), free(mark);
 }
 
+/* A measurement the driver never answers (a GPU fallen off the bus) does
+ * not keep its GPU's ranks waiting for good: after 10 s fsdpd says so and
+ * they start (and it measures no GPU again). The driver here hangs in
+ * cuDevicePrimaryCtxRetain while FAKE_CUDA_HANG_FILE is there. */
+Test(cluster, a_gpu_whose_driver_hangs_while_measured_still_starts_its_ranks) {
+  char *mark = tu_path("ctx-held"), *hang = tu_path("hang"), *prog = tu_path("rank.sh");
+  char script[PATH_MAX + 256], extra[3 * PATH_MAX], a[PATH_MAX + 64];
+  snprintf(script, sizeof script, "#!/bin/sh\n[ \"$1\" = --probe-device ] && exit 0\nexit 0\n");
+  tu_write_file(prog, script, strlen(script));
+  cr_assert_eq(chmod(prog, 0755), 0);
+  char driver[PATH_MAX + 64];
+  if (!*emu_plugin(driver)) cr_skip_test("the emulated CUDA plugin is not built here (no nvcc)");
+  snprintf(extra, sizeof extra, "LD_LIBRARY_PATH='%s' FAKE_CUDA_GPUS=1 FSDP_GPU_MEASURE_S=1 "
+           "FAKE_CUDA_CTX_MARK='%s' FAKE_CUDA_HANG_FILE='%s'", driver, mark, hang);
+  snprintf(a, sizeof a, "--rank-program '%s'", prog);
+  cluster_fsdpd_spawn_on(&node[0], coord.addr, "gpu", "cuda", extra, a);
+  cluster_wait_alive(coord.addr, "gpu");
+  tu_write_file(hang, "", 0);
+  for (int k = 0; k < 100 && access(mark, F_OK); k++) usleep(50 * 1000);
+  cr_assert_eq(access(mark, F_OK), 0, "fsdpd does not measure its GPU again");
+  char *conf = job_file("gpu.conf", "device = cuda\n");
+  char job[32];
+  snprintf(job, sizeof job, "%s", submit(conf, "--ranks 1 --max-restarts 0"));
+  const double t0 = tu_now_s();
+  const int ok = wait_state(job, "SUCCEEDED", 25);
+  const double took = tu_now_s() - t0;
+  unlink(hang); /* the pool thread returns, and fsdpd can exit */
+  cr_assert(ok, "the job's rank still waits for a measurement that never ends");
+  cr_expect_gt(took, 5, "the rank did not wait for the measurement (%.1f s)", took);
+  char *nlog = tu_slurp(node[0].log, NULL);
+  cr_expect(strstr(nlog, "cuda:0: measuring its free memory has taken 10 s: the driver does not "
+                   "answer"), "fsdpd does not say the driver hangs:\n%s", nlog);
+  free(nlog), free(conf), free(prog), free(hang), free(mark);
+}
+
 /* A GPU job through the whole service, on emulated GPUs (the CUDA plugin
  * and NCCL built on tests/cuda/emu, and the fake driver for fsdpd's
  * inventory): fsdpd finds 4 GPUs, probes that its ranks can use them, the

@@ -8,8 +8,9 @@
  * that number, read at each measure, overrides it while it is there (a
  * test's other process coming and going). While a context is retained the
  * file FAKE_CUDA_CTX_MARK (when set) exists, and retaining takes
- * FAKE_CUDA_RETAIN_MS (default 0), so a test sees when the caller held
- * a context. FAKE_CUDA_CTX_ERROR, set, is what retaining a primary
+ * FAKE_CUDA_RETAIN_MS (default 0), and while the file FAKE_CUDA_HANG_FILE
+ * is there (at most 2 minutes: a driver that does not answer), so a test
+ * sees when the caller held a context. FAKE_CUDA_CTX_ERROR, set, is what retaining a primary
  * context returns (46: CUDA_ERROR_DEVICE_UNAVAILABLE, a GPU in
  * exclusive-process mode that another process holds). Return codes follow
  * the driver's: 0 success, 100 no device, 101 invalid device, 201 no
@@ -62,6 +63,9 @@ int cuDevicePrimaryCtxRetain(void **ctx, int dev) {
   if (f) fclose(f);
   const int wait = ms ? atoi(ms) : 0;
   if (wait > 0) nanosleep(&(struct timespec){wait / 1000, wait % 1000 * 1000000L}, NULL);
+  const char *hang = getenv("FAKE_CUDA_HANG_FILE");
+  for (int i = 0; hang && *hang && i < 2400 && !access(hang, F_OK); i++)
+    nanosleep(&(struct timespec){0, 50000000}, NULL);
   return 0;
 }
 
