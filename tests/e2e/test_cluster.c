@@ -227,6 +227,13 @@ static int node_start_env(int i, const char *name, int gpus, const char *extra) 
 
 static int node_start(int i, const char *name, int gpus) { return node_start_env(i, name, gpus, ""); }
 
+/* Expects node[i]'s log to hold want; else says what, with the log. */
+static void expect_log(int i, const char *want, const char *what) {
+  char *log = tu_slurp(node[i].log, NULL);
+  cr_expect(log && strstr(log, want), "%s:\n%s", what, log ? log : "(no log)");
+  free(log);
+}
+
 /* Polls `fsdpctl --output json nodes` until it holds want, up to 15 s:
  * whether it did. */
 static int nodes_show(const char *want, char *out, size_t len) {
@@ -254,12 +261,10 @@ Test(cluster, memory_another_process_takes_on_an_idle_gpu_is_no_longer_offered) 
   tu_write_file(held, "71680\n", 6);
   cr_assert(nodes_show("10737418240", out, sizeof out), "the 10 GiB left are not offered:\n%s",
             out);
-  char *nlog = tu_slurp(node[0].log, NULL);
-  cr_expect(strstr(nlog, "cuda:0 (Fake GPU 0): 10.00 GiB free now, of 80.00 GiB (was 79.41 GiB)"),
-            "fsdpd does not say what GPU 0 offers now:\n%s", nlog);
-  free(nlog);
-  char *conf = job_file("big.conf", "batch = 16\nseq_len = 1024\ndevice = cuda\nrecompute = 0\n[model]\n"
-                        "model = gpt2-124m\n");
+  expect_log(0, "cuda:0 (Fake GPU 0): 10.00 GiB free now, of 80.00 GiB (was 79.41 GiB)",
+             "fsdpd does not say what GPU 0 offers now");
+  char *conf = job_file("big.conf", "batch = 16\nseq_len = 1024\ndevice = cuda\nrecompute = 0\n"
+                        "[model]\nmodel = gpt2-124m\n");
   char a[PATH_MAX + 64];
   snprintf(a, sizeof a, "submit '%s' --ranks 1", conf);
   cr_assert_neq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "a job beyond the GPU's 10 GiB "
@@ -340,10 +345,9 @@ Test(cluster, a_gpu_whose_driver_hangs_while_measured_still_starts_its_ranks) {
   unlink(hang); /* the pool thread returns, and fsdpd can exit */
   cr_assert(ok, "the job's rank still waits for a measurement that never ends");
   cr_expect_gt(took, 5, "the rank did not wait for the measurement (%.1f s)", took);
-  char *nlog = tu_slurp(node[0].log, NULL);
-  cr_expect(strstr(nlog, "cuda:0: measuring its free memory has taken 10 s: the driver does not "
-                   "answer"), "fsdpd does not say the driver hangs:\n%s", nlog);
-  free(nlog), free(conf), free(prog), free(hang), free(mark);
+  expect_log(0, "cuda:0: measuring its free memory has taken 10 s: the driver does not answer",
+             "fsdpd does not say the driver hangs");
+  free(conf), free(prog), free(hang), free(mark);
 }
 
 /* A GPU job through the whole service, on emulated GPUs (the CUDA plugin
@@ -366,10 +370,8 @@ Test(cluster, a_hybrid_cuda_job_on_four_emulated_gpus_trains_as_under_fsdp_launc
   cr_assert_eq(cluster_ctl(coord.addr, "--output json nodes", out, sizeof out), 0, "%s", out);
   cr_expect(strstr(out, "85270200320") && !strstr(out, "85899345920"), "GPU 0's memory is not "
             "its free memory with a context on it:\n%s", out);
-  char *nlog = tu_slurp(node[0].log, NULL);
-  cr_expect(strstr(nlog, "cuda:0 (Fake GPU 0): 79.41 GiB free of 80.00 GiB with a CUDA context"),
-            "fsdpd does not say what GPU 0 offers:\n%s", nlog);
-  free(nlog);
+  expect_log(0, "cuda:0 (Fake GPU 0): 79.41 GiB free of 80.00 GiB with a CUDA context",
+             "fsdpd does not say what GPU 0 offers");
   char *conf = job_file("gpu.conf", "steps = 4\ndevice = cuda\n[shard]\nstrategy = HYBRID_SHARD\n"
                         "mesh = 2x2\n");
   const char *job = submit(conf, "--ranks 4 --name gpu");
