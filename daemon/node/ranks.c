@@ -398,6 +398,7 @@ static void rk_after_report(rank_t *rk, rk_work_t *w) {
 }
 
 static void rank_try_start_waiting(ranks_t *R);
+static void gpu_measure_soon(ranks_t *R, uint32_t d);
 
 /* The rank is over (or never ran): report it, and free its device. */
 static void rk_exited(rank_t *rk) {
@@ -408,6 +409,7 @@ static void rk_exited(rank_t *rk) {
   rk->exit_pending = 1;
   rk_pump(rk); /* after its shards' reports, if any are still going */
   rank_try_start_waiting(rk->R);
+  gpu_measure_soon(rk->R, rk->a->device);
 }
 
 static void rk_not_started(rank_t *rk, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -1035,6 +1037,19 @@ static void gpu_measure_start(ranks_t *R) {
 }
 
 static void gpu_measure_timer_closed(uv_handle_t *h) { free(h); }
+
+/* GPU d, free again, measured now rather than at the next tick (unless a
+ * rank waits for it, or a measurement is going): what it offers is current
+ * in the heartbeats that follow the exit, so a restart, which waits for
+ * the node to show its ranks gone, is mostly placed by it, not again on a
+ * GPU others took since (whose rank refused at open, saying so). */
+static void gpu_measure_soon(ranks_t *R, uint32_t d) {
+  if (!R->measure_timer || R->measuring || R->stopping || d >= (uint32_t)R->o.inv->count ||
+      strcmp(R->o.inv->dev[d].kind, "cuda"))
+    return;
+  R->measure_next = (int)d;
+  uv_timer_start(R->measure_timer, gpu_measure_tick, 0, 0);
+}
 
 /* Whether d may start a rank: no rank holds it and it is not being measured. */
 static int rk_device_free(ranks_t *R, uint32_t d, const rank_t *except) {

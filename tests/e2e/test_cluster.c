@@ -316,6 +316,38 @@ Test(cluster, a_rank_never_starts_while_fsdpd_measures_its_gpu) {
   free(conf), free(prog), free(mark);
 }
 
+/* A GPU is measured again as soon as its rank exits, not only at the next
+ * tick (FSDP_GPU_MEASURE_S, here an hour): memory another process took
+ * while the job ran is no longer offered once the job is over. */
+Test(cluster, a_gpu_is_measured_again_as_its_rank_exits) {
+  char *held = tu_path("held-mib"), *prog = tu_path("rank.sh"), out[65536];
+  char script[256], extra[3 * PATH_MAX], a[PATH_MAX + 64];
+  snprintf(script, sizeof script, "#!/bin/sh\nexit 0\n");
+  tu_write_file(prog, script, strlen(script));
+  cr_assert_eq(chmod(prog, 0755), 0);
+  tu_write_file(held, "600\n", 4);
+  char driver[PATH_MAX + 64];
+  if (!*emu_plugin(driver)) cr_skip_test("the emulated CUDA plugin is not built here (no nvcc)");
+  snprintf(extra, sizeof extra, "LD_LIBRARY_PATH='%s' FAKE_CUDA_GPUS=1 FSDP_GPU_MEASURE_S=3600 "
+           "FAKE_CUDA_HELD_FILE='%s'", driver, held);
+  snprintf(a, sizeof a, "--rank-program '%s'", prog);
+  cluster_fsdpd_spawn_on(&node[0], coord.addr, "gpu", "cuda", extra, a);
+  cluster_wait_alive(coord.addr, "gpu");
+  cr_assert(nodes_show("85270200320", out, sizeof out), "GPU 0 as fsdpd started:\n%s", out);
+  tu_write_file(held, "71680\n", 6); /* taken while no job ran: not measured (an hour's tick) */
+  usleep(1500 * 1000);
+  cr_assert_eq(cluster_ctl(coord.addr, "--output json nodes", out, sizeof out), 0, "%s", out);
+  cr_assert(strstr(out, "85270200320"), "GPU 0 was measured again before its rank exited:\n%s",
+            out);
+  char *conf = job_file("gpu.conf", "device = cuda\n");
+  char job[32];
+  snprintf(job, sizeof job, "%s", submit(conf, "--ranks 1 --max-restarts 0"));
+  cr_assert(wait_state(job, "SUCCEEDED", 15), "the job did not end");
+  cr_assert(nodes_show("10737418240", out, sizeof out), "GPU 0 was not measured again as its "
+            "rank exited:\n%s", out);
+  free(conf), free(prog), free(held);
+}
+
 /* A measurement the driver never answers (a GPU fallen off the bus) does
  * not keep its GPU's ranks waiting for good: after 10 s fsdpd says so and
  * they start (and it measures no GPU again). The driver here hangs in
