@@ -81,6 +81,7 @@ typedef struct fsdpd {
   uv_timer_t publish, shutdown;
   uint64_t shutdown_deadline;
   int stopping, exit_status;
+  int exit_now;             /* a GPU measurement that never returns is out: no loop run waits */
   char address[300], hostname[256], workdir_buf[PATH_MAX], program_buf[PATH_MAX];
 } fsdpd_t;
 
@@ -246,7 +247,9 @@ static void fsdpd_shutdown_cb(uv_timer_t *t) {
   fsdpd_t *D = t->data;
   if (!ranks_idle(D->ranks) && uv_now(&D->loop) < D->shutdown_deadline) return;
   uv_timer_stop(t);
+  D->exit_now = ranks_measures_hung(D->ranks) > 0;
   fsdpd_close_all(D); /* the loop ends once the handles are closed and the work is back */
+  if (D->exit_now) uv_stop(&D->loop); /* that work is never back */
 }
 
 static void fsdpd_signal_cb(uv_signal_t *h, int sig) {
@@ -672,6 +675,12 @@ int main(int argc, char **argv) {
   }
   free(state);
   uv_run(&D.loop, UV_RUN_DEFAULT); /* until fsdpd_close_all after a signal */
+  if (D.exit_now) { /* every rank is stopped and reported: nothing is lost */
+    LOG_WARN("fsdpd", "stopped, leaving a GPU measurement the driver never answered");
+    agent_stop(D.agent, 1.0);
+    fflush(NULL);
+    _exit(D.exit_status);
+  }
 
   /* the session thread may sit in a heartbeat for up to its interval + 5 s:
    * waited for briefly; if it is still inside its call, the process ends

@@ -110,6 +110,7 @@ struct ranks {
   uv_timer_t *measure_timer; /* measures an idle GPU again (FSDP_GPU_MEASURE_S) */
   struct gpu_measure *measuring; /* the measurement in flight: its GPU starts no rank */
   int measure_next;         /* the inventory index the next one looks at first */
+  int measures_hung;        /* given up: the driver never answered (RANKS_MEASURE_HUNG_MS) */
 };
 
 /* ---- bookkeeping --------------------------------------------------------------- */
@@ -935,7 +936,7 @@ static rank_t *rk_device_holder(ranks_t *R, uint32_t d, const rank_t *except) {
 /* A measurement not back by then is a driver that does not answer (a GPU
  * fallen off the bus, Xid errors): its GPU's ranks stop waiting for it and
  * no GPU is measured again (its call cannot be taken back: the pool thread
- * stays with it, and fsdpd's exit waits for it) */
+ * stays with it, and fsdpd exits without it, ranks_measures_hung) */
 #define RANKS_MEASURE_HUNG_MS 10000
 
 typedef struct gpu_measure {
@@ -1001,6 +1002,7 @@ static void gpu_measure_tick(uv_timer_t *t) {
               "without waiting for it, and no GPU is measured again until fsdpd restarts",
               m->index, (double)(uv_now(R->o.loop) - m->queued_ms) / 1e3);
     m->R = NULL, R->measuring = NULL;
+    R->measures_hung++;
     rank_try_start_waiting(R);
     return;
   }
@@ -1330,6 +1332,8 @@ void ranks_destroy(ranks_t *R) {
     rk_forget(rk);
   }
 }
+
+int ranks_measures_hung(const ranks_t *R) { return R->measures_hung; }
 
 void ranks_metrics(const ranks_t *R, metrics_buf_t *b) {
   static const char *const states[] = {"waiting", "rendezvous", "running", "exited"};

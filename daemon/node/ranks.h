@@ -89,6 +89,9 @@ int ranks_idle(const ranks_t *R);
 /* After ranks_idle, or after the deadline: frees what is left (work in
  * flight finishes on the loop first: run it until it returns). */
 void ranks_destroy(ranks_t *R);
+/* Measurements of a GPU given up as the driver never answered: their work
+ * never returns, so a loop run until it does would not end. */
+int ranks_measures_hung(const ranks_t *R);
 /* fsdpd's /metrics: its ranks by state, their exits by outcome, and each
  * running rank's latest report (metrics.h's rank families). */
 void ranks_metrics(const ranks_t *R, metrics_buf_t *b);

@@ -374,11 +374,19 @@ Test(cluster, a_gpu_whose_driver_hangs_while_measured_still_starts_its_ranks) {
   const double t0 = tu_now_s();
   const int ok = wait_state(job, "SUCCEEDED", 25);
   const double took = tu_now_s() - t0;
-  unlink(hang); /* the pool thread returns, and fsdpd can exit */
+  /* and fsdpd still stops when asked, the call still out */
+  const double s0 = tu_now_s();
+  const int st = ok ? cluster_stop(&node[0], SIGTERM) : -1;
+  const double stop_s = tu_now_s() - s0;
+  unlink(hang); /* the pool thread returns */
   cr_assert(ok, "the job's rank still waits for a measurement that never ends");
   cr_expect_gt(took, 5, "the rank did not wait for the measurement (%.1f s)", took);
+  cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0 && stop_s < 10, "fsdpd did not stop on "
+            "SIGTERM: status %d after %.1f s", st, stop_s);
   expect_log(0, "cuda:0: measuring its free memory has taken 10 s: the driver does not answer",
              "fsdpd does not say the driver hangs");
+  expect_log(0, "stopped, leaving a GPU measurement the driver never answered",
+             "fsdpd does not say what it left");
   free(conf), free(prog), free(hang), free(mark);
 }
 
