@@ -51,10 +51,10 @@ static const config_opt_t config_opts[] = {
     {"seed", "train", CFG_U64, OFF(seed), 0, 0, 0, "seed of the initial weights and the data order"},
     {"eval_every", "train", CFG_INT, OFF(eval_every), 0, 0, 1e9, "steps between evaluations (0: only at the end)"},
     {"eval_batches", "train", CFG_INT, OFF(eval_batches), 0, 0, 1e9, "batches per evaluation (0: all held-out data)"},
-    {"threads", "train", CFG_INT, OFF(threads), 0, 0, 4096, "CPU threads of device cpu's kernels (0: FSDP_THREADS, else all cores; a cuda job has none to set)"},
+    {"threads", "train", CFG_INT, OFF(threads), 0, 0, 4096, "CPU threads of device cpu's kernels (0: FSDP_THREADS, else all cores; ignored, with a note, on device cuda)"},
     {"device", "train", STR(device), "cpu (CPU devices: the ring and the CPU kernels) or cuda (one GPU per rank: the CUDA kernels and NCCL, from the CUDA plugin)"},
     {"tf32", "train", CFG_INT, OFF(tf32), 0, 0, 1, "device cuda: 1 lets fp32 matrix products use TF32 tensor cores (faster, 10-bit mantissa products); 0 keeps them fp32"},
-    {"memory_limit_mib", "train", CFG_INT, OFF(memory_limit_mib), 0, 0, 1 << 30, "refuse a job planned above this many MiB per rank, of what its device holds (a GPU's plan less its host memory: the checkpoint snapshot) (0: the rank's device memory: a GPU's own, as fsdpd's inventory or the GPU says; a CPU rank's share of the host's available memory); a GPU rank's never above what its GPU has free as it starts"},
+    {"memory_limit_mib", "train", CFG_INT, OFF(memory_limit_mib), 0, 0, 1 << 30, "refuse a job planned above this many MiB per rank of what its device holds, a GPU's plan less the host memory it keeps (0: the rank's device memory: a GPU's own, as fsdpd's inventory or the GPU says; a CPU rank's share of the host's available memory); a GPU rank's never above what its GPU has free as it starts"},
     {"activation_checkpointing", "train", CFG_INT, OFF(activation_checkpointing), 0, 0, 1, "1: keep only block inputs, recompute each block in backward"},
     {"recompute", "train", CFG_INT, OFF(recompute), 0, -1, 2, "what no block keeps and backward computes again: 0 nothing, 1 GELU's output (a quarter of a block's activations), 2 GELU's and the layernorms' outputs (three eighths); -1: by device, 2 on cpu (host memory is shared), 0 on cuda (a GPU's memory is the job's: recomputing costs ~4% of a gpt2-124m step), raised to 1, then 2, with a note, where the job's plan would not fit the rank's memory"},
     {"logits_chunk_mib", "train", CFG_INT, OFF(logits_chunk_mib), 0, 0, 4096, "MiB of logits (rows x vocab floats) the LM head and its loss compute at once, in chunks of rows: the batch's logits never exist whole; larger chunks take more memory and fewer passes over the embedding (at least one row; at most 4096, so a chunk stays within 2^30 floats, as the kernels index it; 0: by device, 128 on cpu, 1024 on cuda, where each chunk reads the embedding twice at memory speed)"},
@@ -376,10 +376,10 @@ int config_check(config_t *c, int world, config_report_cb report, void *ctx) {
   if (c->tf32 && strcmp(c->device, "cuda"))
     CONFIG_CHECK(err_set(FSDP_EINVAL, "tf32: 1 asks for GPU tensor cores, but device is %s; set "
                          "device = cuda or drop tf32", c->device));
+  /* said, not refused: a job stored with it before must still resolve */
   if (c->threads && !strcmp(c->device, "cuda"))
-    CONFIG_CHECK(err_set(FSDP_EINVAL, "threads: %d sets the CPU kernels' threads, but device is "
-                         "cuda, whose kernels run on the GPU; drop threads (or set device = cpu)",
-                         c->threads));
+    config_note(c, "threads = %d is ignored: it sets device cpu's kernel threads, and device cuda "
+                "runs its kernels on the GPU (drop it)", c->threads);
   if (!resolved && c->warmup_steps > c->steps)
     CONFIG_CHECK(err_set(FSDP_EINVAL, "warmup_steps: %d is more than steps %d; warmup must end "
                          "before training does: lower warmup_steps or raise steps",

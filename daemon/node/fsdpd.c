@@ -246,8 +246,9 @@ static void fsdpd_close_all(fsdpd_t *D) {
 static void fsdpd_shutdown_cb(uv_timer_t *t) {
   fsdpd_t *D = t->data;
   if (!ranks_idle(D->ranks) && uv_now(&D->loop) < D->shutdown_deadline) return;
+  if (ranks_measuring(D->ranks)) return; /* back, or given up, within 10 s */
   uv_timer_stop(t);
-  D->exit_now = ranks_measures_hung(D->ranks) > 0;
+  D->exit_now = ranks_measures_hung() > 0;
   fsdpd_close_all(D); /* the loop ends once the handles are closed and the work is back */
   if (D->exit_now) uv_stop(&D->loop); /* that work is never back */
 }
@@ -675,7 +676,7 @@ int main(int argc, char **argv) {
   }
   free(state);
   uv_run(&D.loop, UV_RUN_DEFAULT); /* until fsdpd_close_all after a signal */
-  if (D.exit_now) { /* every rank is stopped and reported: nothing is lost */
+  if (D.exit_now) { /* every rank is stopped, and reported unless the deadline passed first */
     LOG_WARN("fsdpd", "stopped, leaving a GPU measurement the driver never answered");
     agent_stop(D.agent, 1.0);
     fflush(NULL);

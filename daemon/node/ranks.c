@@ -110,7 +110,7 @@ struct ranks {
   uv_timer_t *measure_timer; /* measures an idle GPU again (FSDP_GPU_MEASURE_S) */
   struct gpu_measure *measuring; /* the measurement in flight: its GPU starts no rank */
   int measure_next;         /* the inventory index the next one looks at first */
-  int measures_hung;        /* given up: the driver never answered (RANKS_MEASURE_HUNG_MS) */
+  int measure_gave_up;      /* one was given up (RANKS_MEASURE_HUNG_MS): none is made again */
 };
 
 /* ---- bookkeeping --------------------------------------------------------------- */
@@ -939,9 +939,14 @@ static rank_t *rk_device_holder(ranks_t *R, uint32_t d, const rank_t *except) {
  * stays with it, and fsdpd exits without it, ranks_measures_hung) */
 #define RANKS_MEASURE_HUNG_MS 10000
 
+/* Measurements given up whose call is still out (ranks_measures_hung):
+ * one fsdpd has one ranks_t, and the count outlives it. */
+static atomic_int gpu_measures_hung;
+
 typedef struct gpu_measure {
   uv_work_t req;
-  ranks_t *R;               /* NULL once ranks_destroy ran */
+  int given_up;             /* counted in gpu_measures_hung until it returns */
+  ranks_t *R;               /* NULL once given up, or once ranks_destroy ran */
   int dev, index;           /* inventory slot, CUDA ordinal */
   uint64_t queued_ms;       /* uv_now as it was queued */
   int err;
@@ -971,6 +976,7 @@ static void gpu_measure_work(uv_work_t *req) {
 static void gpu_measure_done(uv_work_t *req, int status) {
   gpu_measure_t *m = req->data;
   ranks_t *R = m->R;
+  if (m->given_up) atomic_fetch_sub(&gpu_measures_hung, 1);
   if (R) {
     R->measuring = NULL;
     inventory_device_t *d = &R->o.inv->dev[m->dev];
@@ -1002,7 +1008,9 @@ static void gpu_measure_tick(uv_timer_t *t) {
               "without waiting for it, and no GPU is measured again until fsdpd restarts",
               m->index, (double)(uv_now(R->o.loop) - m->queued_ms) / 1e3);
     m->R = NULL, R->measuring = NULL;
-    R->measures_hung++;
+    m->given_up = 1;
+    atomic_fetch_add(&gpu_measures_hung, 1);
+    R->measure_gave_up = 1;
     rank_try_start_waiting(R);
     return;
   }
@@ -1011,7 +1019,7 @@ static void gpu_measure_tick(uv_timer_t *t) {
     const int d = (R->measure_next + k) % inv->count;
     if (strcmp(inv->dev[d].kind, "cuda") || rk_device_wanted(R, d)) continue;
     gpu_measure_t *m = calloc(1, sizeof *m);
-    if (!m) return;
+    if (!m) break; /* tried again at the next tick */
     *m = (gpu_measure_t){.R = R, .dev = d, .index = inv->dev[d].index,
                          .queued_ms = uv_now(R->o.loop)};
     m->req.data = m;
@@ -1046,8 +1054,8 @@ static void gpu_measure_timer_closed(uv_handle_t *h) { free(h); }
  * the node to show its ranks gone, is mostly placed by it, not again on a
  * GPU others took since (whose rank refused at open, saying so). */
 static void gpu_measure_soon(ranks_t *R, uint32_t d) {
-  if (!R->measure_timer || R->measuring || R->stopping || d >= (uint32_t)R->o.inv->count ||
-      strcmp(R->o.inv->dev[d].kind, "cuda"))
+  if (!R->measure_timer || R->measuring || R->measure_gave_up || R->stopping ||
+      d >= (uint32_t)R->o.inv->count || strcmp(R->o.inv->dev[d].kind, "cuda"))
     return;
   R->measure_next = (int)d;
   uv_timer_start(R->measure_timer, gpu_measure_tick, 0, 0);
@@ -1333,7 +1341,9 @@ void ranks_destroy(ranks_t *R) {
   }
 }
 
-int ranks_measures_hung(const ranks_t *R) { return R->measures_hung; }
+int ranks_measuring(const ranks_t *R) { return R->measuring != NULL; }
+
+int ranks_measures_hung(void) { return atomic_load(&gpu_measures_hung); }
 
 void ranks_metrics(const ranks_t *R, metrics_buf_t *b) {
   static const char *const states[] = {"waiting", "rendezvous", "running", "exited"};

@@ -89,9 +89,12 @@ int ranks_idle(const ranks_t *R);
 /* After ranks_idle, or after the deadline: frees what is left (work in
  * flight finishes on the loop first: run it until it returns). */
 void ranks_destroy(ranks_t *R);
-/* Measurements of a GPU given up as the driver never answered: their work
- * never returns, so a loop run until it does would not end. */
-int ranks_measures_hung(const ranks_t *R);
+/* 1 while a GPU is being measured again (it ends, or is given up, within
+ * 10 s): wait for it before ranks_destroy. */
+int ranks_measuring(const ranks_t *R);
+/* Measurements of a GPU given up as the driver never answered whose call
+ * is still out: a loop run until their work returns may never end. */
+int ranks_measures_hung(void);
 /* fsdpd's /metrics: its ranks by state, their exits by outcome, and each
  * running rank's latest report (metrics.h's rank families). */
 void ranks_metrics(const ranks_t *R, metrics_buf_t *b);

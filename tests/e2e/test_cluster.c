@@ -348,12 +348,25 @@ Test(cluster, a_gpu_is_measured_again_as_its_rank_exits) {
   free(conf), free(prog), free(held);
 }
 
+/* Lines of a file (0: none). */
+static int lines_of(const char *path) {
+  FILE *f = fopen(path, "r");
+  int n = 0;
+  for (int ch; f && (ch = fgetc(f)) != EOF;) n += ch == '\n';
+  if (f) fclose(f);
+  return n;
+}
+
 /* A measurement the driver never answers (a GPU fallen off the bus) does
  * not keep its GPU's ranks waiting for good: after 10 s fsdpd says so and
- * they start (and it measures no GPU again). The driver here hangs in
- * cuDevicePrimaryCtxRetain while FAKE_CUDA_HANG_FILE is there. */
+ * they start, it measures no GPU again (not even as the rank exits: each
+ * would hold a pool thread for good), and it stops when asked, the call
+ * still out; asked to stop while a measurement hangs, it stops once that
+ * one is given up. The driver here hangs in cuDevicePrimaryCtxRetain while
+ * FAKE_CUDA_HANG_FILE is there. */
 Test(cluster, a_gpu_whose_driver_hangs_while_measured_still_starts_its_ranks) {
   char *mark = tu_path("ctx-held"), *hang = tu_path("hang"), *prog = tu_path("rank.sh");
+  char *retains = tu_path("retains");
   char script[PATH_MAX + 256], extra[3 * PATH_MAX], a[PATH_MAX + 64];
   snprintf(script, sizeof script, "#!/bin/sh\n[ \"$1\" = --probe-device ] && exit 0\nexit 0\n");
   tu_write_file(prog, script, strlen(script));
@@ -361,7 +374,8 @@ Test(cluster, a_gpu_whose_driver_hangs_while_measured_still_starts_its_ranks) {
   char driver[PATH_MAX + 64];
   if (!*emu_plugin(driver)) cr_skip_test("the emulated CUDA plugin is not built here (no nvcc)");
   snprintf(extra, sizeof extra, "LD_LIBRARY_PATH='%s' FAKE_CUDA_GPUS=1 FSDP_GPU_MEASURE_S=1 "
-           "FAKE_CUDA_CTX_MARK='%s' FAKE_CUDA_HANG_FILE='%s'", driver, mark, hang);
+           "FAKE_CUDA_CTX_MARK='%s' FAKE_CUDA_HANG_FILE='%s' FAKE_CUDA_RETAIN_LOG='%s'", driver,
+           mark, hang, retains);
   snprintf(a, sizeof a, "--rank-program '%s'", prog);
   cluster_fsdpd_spawn_on(&node[0], coord.addr, "gpu", "cuda", extra, a);
   cluster_wait_alive(coord.addr, "gpu");
@@ -374,6 +388,7 @@ Test(cluster, a_gpu_whose_driver_hangs_while_measured_still_starts_its_ranks) {
   const double t0 = tu_now_s();
   const int ok = wait_state(job, "SUCCEEDED", 25);
   const double took = tu_now_s() - t0;
+  usleep(500 * 1000); /* a measurement as the rank exited would have begun */
   /* and fsdpd still stops when asked, the call still out */
   const double s0 = tu_now_s();
   const int st = ok ? cluster_stop(&node[0], SIGTERM) : -1;
@@ -381,13 +396,30 @@ Test(cluster, a_gpu_whose_driver_hangs_while_measured_still_starts_its_ranks) {
   unlink(hang); /* the pool thread returns */
   cr_assert(ok, "the job's rank still waits for a measurement that never ends");
   cr_expect_gt(took, 5, "the rank did not wait for the measurement (%.1f s)", took);
+  cr_expect_eq(lines_of(retains), 2, "contexts retained: %d, not 2 (as fsdpd started, and the "
+               "measurement given up)", lines_of(retains));
   cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0 && stop_s < 10, "fsdpd did not stop on "
             "SIGTERM: status %d after %.1f s", st, stop_s);
   expect_log(0, "cuda:0: measuring its free memory has taken 10 s: the driver does not answer",
              "fsdpd does not say the driver hangs");
   expect_log(0, "stopped, leaving a GPU measurement the driver never answered",
              "fsdpd does not say what it left");
-  free(conf), free(prog), free(hang), free(mark);
+  /* again (a node of another name: registered is this fsdpd), stopped
+   * while the measurement hangs: once it is given up */
+  unlink(mark);
+  cluster_fsdpd_spawn_on(&node[0], coord.addr, "gpu2", "cuda", extra, a);
+  cluster_wait_alive(coord.addr, "gpu2");
+  const int before = lines_of(retains);
+  tu_write_file(hang, "", 0);
+  for (int k = 0; k < 100 && lines_of(retains) == before; k++) usleep(50 * 1000);
+  cr_assert_gt(lines_of(retains), before, "fsdpd does not measure its GPU again");
+  const double s1 = tu_now_s();
+  const int st2 = cluster_stop(&node[0], SIGTERM);
+  const double stop2_s = tu_now_s() - s1;
+  unlink(hang);
+  cr_expect(WIFEXITED(st2) && WEXITSTATUS(st2) == 0 && stop2_s < 14, "fsdpd did not stop on "
+            "SIGTERM during a hung measurement: status %d after %.1f s", st2, stop2_s);
+  free(conf), free(prog), free(hang), free(mark), free(retains);
 }
 
 /* A GPU job through the whole service, on emulated GPUs (the CUDA plugin

@@ -10,7 +10,8 @@
  * file FAKE_CUDA_CTX_MARK (when set) exists, and retaining takes
  * FAKE_CUDA_RETAIN_MS (default 0), and while the file FAKE_CUDA_HANG_FILE
  * is there (at most 2 minutes: a driver that does not answer), so a test
- * sees when the caller held a context. FAKE_CUDA_CTX_ERROR, set, is what retaining a primary
+ * sees when the caller held a context; FAKE_CUDA_RETAIN_LOG, a file each
+ * retain adds a line to, counts them. FAKE_CUDA_CTX_ERROR, set, is what retaining a primary
  * context returns (46: CUDA_ERROR_DEVICE_UNAVAILABLE, a GPU in
  * exclusive-process mode that another process holds). Return codes follow
  * the driver's: 0 success, 100 no device, 101 invalid device, 201 no
@@ -59,8 +60,10 @@ int cuDevicePrimaryCtxRetain(void **ctx, int dev) {
   fake_retained[dev]++;
   *ctx = (void *)(size_t)(dev + 1);
   const char *mark = getenv("FAKE_CUDA_CTX_MARK"), *ms = getenv("FAKE_CUDA_RETAIN_MS");
+  const char *log = getenv("FAKE_CUDA_RETAIN_LOG");
   FILE *f = mark && *mark ? fopen(mark, "w") : NULL;
   if (f) fclose(f);
+  if ((f = log && *log ? fopen(log, "a") : NULL)) fprintf(f, "retain %d\n", dev), fclose(f);
   const int wait = ms ? atoi(ms) : 0;
   if (wait > 0) nanosleep(&(struct timespec){wait / 1000, wait % 1000 * 1000000L}, NULL);
   const char *hang = getenv("FAKE_CUDA_HANG_FILE");
