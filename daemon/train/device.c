@@ -171,12 +171,18 @@ kern_cuda_opts_t device_cuda_opts(int device, int bf16, int tf32) {
   return o;
 }
 
-static int device_cuda_open(const config_t *c, int rank, const device_t **out) {
+int device_cuda_params_check(void) {
   /* said before anything loads: the kernels would clamp it (KERN_CUDA_GEMM_ALGO) */
   const int64_t algo = param_cuda_gemm_algo();
   if (algo != KERN_CUDA_GEMM_ALGO(algo))
     return err_set(FSDP_EINVAL, "FSDP_CUDA_GEMM_ALGO: %lld; give 0 (the first algorithm "
                    "cuBLASLt's heuristic ranks) to 15, or unset it", (long long)algo);
+  return FSDP_OK;
+}
+
+static int device_cuda_open(const config_t *c, int rank, const device_t **out) {
+  int rc = device_cuda_params_check();
+  if (rc) return rc;
   const device_cuda_plugin_t *p;
   int n = device_cuda_count(&p);
   if (n < 0) return n;

@@ -72,6 +72,9 @@ typedef struct device_cuda_plugin {
  * compute) and TF32, and param.h's FSDP_CUDA_* settings; bench_cuda's
  * too. */
 kern_cuda_opts_t device_cuda_opts(int device, int bf16, int tf32);
+/* The tunables device_cuda_opts reads that it would otherwise clamp
+ * (FSDP_CUDA_GEMM_ALGO: 0-15), refused by name: call it first. */
+int device_cuda_params_check(void);
 
 /* The plugin's one exported function (DEVICE_CUDA_SYMBOL). */
 const device_cuda_plugin_t *device_cuda_plugin(void);

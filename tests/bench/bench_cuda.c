@@ -205,6 +205,10 @@ static int ops_main(const device_cuda_plugin_t *p, const char *model, int B, int
   const size_t N = (size_t)B * T, P = gpt_config_num_params(g);
   char msg[512];
   const int bf16 = strcmp(prec, "fp32") != 0;
+  if (device_cuda_params_check()) {
+    fprintf(stderr, "bench_cuda: %s\n", err_msg());
+    return 2;
+  }
   const kern_cuda_opts_t ko = device_cuda_opts(0, bf16, c.tf32);
   if (!(K = p->kern_init(&ko, msg, sizeof msg))) {
     fprintf(stderr, "bench_cuda: %s\n", msg);
