@@ -1187,6 +1187,9 @@ void ranks_assign(ranks_t *R, const Fsdp__V1__RankAssignment *a) {
   if (rk_device_holder(R, a->device, rk))
     LOG_INFO("fsdpd", "job %s rank %" PRIu32 ": waits for device %" PRIu32 " to be free of the "
              "processes of an earlier rank", a->job_id, a->rank, a->device);
+  else if (!rk_device_free(R, a->device, rk))
+    LOG_INFO("fsdpd", "job %s rank %" PRIu32 ": waits for device %" PRIu32 " while fsdpd "
+             "measures its free memory", a->job_id, a->rank, a->device);
   rank_try_start_waiting(R);
 }
 

@@ -313,6 +313,8 @@ Test(cluster, a_rank_never_starts_while_fsdpd_measures_its_gpu) {
     cr_assert(wait_state(job, "SUCCEEDED", 10), "job %d: its rank started while fsdpd held a "
               "context on its GPU:\n%s", i, out);
   }
+  expect_log(0, "rank 0: waits for device 0 while fsdpd measures its free memory",
+             "fsdpd does not say why a rank waits");
   free(conf), free(prog), free(mark);
 }
 
