@@ -155,6 +155,11 @@ out:
 
 int main(int argc, char **argv) {
   crash_install("fsdp-train");
+  /* a line at a time, as on a terminal: a rank's stdout and stderr go to
+   * one log (fsdpd's, fsdp-launch's pipe), whose last line fsdpd reports as
+   * the job's reason; fully buffered, the plan and precision lines landed
+   * after the error a run failed with, and were reported instead of it */
+  setvbuf(stdout, NULL, _IOLBF, 0);
   config_t c;
   config_default(&c);
   int print = 0, rc = main_parse(argc, argv, &c, &print);

@@ -464,6 +464,27 @@ Test(train, command_exit_codes_and_messages) {
   cr_assert(strstr(out, "/nonexistent/t.bin"), "%s", out);
 }
 
+/* A run that fails says why on its last line, whatever it printed before on
+ * stdout (the plan, the precision): fsdpd reports a rank's last log line as
+ * its job's reason, and stdout to a file or a pipe is line-buffered, not
+ * held back past the error. */
+Test(train, a_failed_runs_last_line_is_its_error) {
+  char *data = tu_token_file("tok.bin", 20000, 1, 256), *empty = tu_path("empty"), args[2048];
+  cr_assert_eq(mkdir(empty, 0755), 0);
+  snprintf(args, sizeof args, "--model tiny --data %s --steps 3 --batch 2 --seq_len 32 "
+           "--resume_from %s", data, empty);
+  char out[65536];
+  cr_assert_eq(run_cmd(args, out, sizeof out), 1, "%s", out);
+  cr_assert(strstr(out, "train: precision"), "the run printed its precision first:\n%s", out);
+  size_t n = strlen(out);
+  while (n && out[n - 1] == '\n') out[--n] = 0;
+  const char *last = strrchr(out, '\n');
+  last = last ? last + 1 : out;
+  cr_expect(strstr(last, "resume_from") && strstr(last, "no committed checkpoint"),
+            "the last line is not the error: %s\n(the whole output:\n%s)", last, out);
+  free(data), free(empty);
+}
+
 /* ---- sharded jobs through fsdp-launch ------------------------------------ */
 
 #include "daemon/train/gpt.h"
