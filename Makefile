@@ -657,7 +657,8 @@ demo: deps-demo $(BINS)
 
 # `make install` (PREFIX, DESTDIR as packagers expect): the programs, the
 # systemd units (deploy/systemd, ExecStart pointing at BINDIR), the sysusers
-# file for the user fsdpd runs as, and the documentation.
+# file for the user fsdpd runs as, the Prometheus alerting rules
+# (deploy/prometheus, into DATADIR) and the documentation.
 PREFIX      ?= /usr/local
 BINDIR      ?= $(PREFIX)/bin
 # the CUDA plugin, where the programs look for it: ../lib/fsdpd beside BINDIR
@@ -665,14 +666,17 @@ PLUGINDIR   ?= $(dir $(BINDIR))lib/fsdpd
 UNITDIR     ?= $(PREFIX)/lib/systemd/system
 SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
 DOCDIR      ?= $(PREFIX)/share/doc/fsdpd
+DATADIR     ?= $(PREFIX)/share/fsdpd
 install: $(BINS) $(if $(HAVE_CUDA),$(CUDA_PLUGIN))
-	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(DOCDIR)
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(DOCDIR) \
+	  $(DESTDIR)$(DATADIR)/prometheus
 	install -m 0755 $(BINS) $(DESTDIR)$(BINDIR)/
 	$(if $(HAVE_CUDA),install -d $(DESTDIR)$(PLUGINDIR) && install -m 0755 $(CUDA_PLUGIN) $(DESTDIR)$(PLUGINDIR)/)
 	for u in fsdp-coordinator fsdpd; do \
 	  sed 's|@BINDIR@|$(BINDIR)|g' deploy/systemd/$$u.service >$(DESTDIR)$(UNITDIR)/$$u.service && \
 	  chmod 0644 $(DESTDIR)$(UNITDIR)/$$u.service || exit 1; done
 	install -m 0644 deploy/systemd/fsdpd.sysusers.conf $(DESTDIR)$(SYSUSERSDIR)/fsdpd.conf
+	install -m 0644 deploy/prometheus/fsdp-alerts.yml $(DESTDIR)$(DATADIR)/prometheus/
 	install -m 0644 README.md docs/*.md $(DESTDIR)$(DOCDIR)/
 
 clean:

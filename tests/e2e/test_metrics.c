@@ -10,6 +10,7 @@
  *   - with tokens, the coordinator counts the calls it refused, and fsdpd
  *     whether the coordinator answers it and the refusals of its token. */
 #include <criterion/criterion.h>
+#include <ctype.h>
 #include <jansson.h>
 #include <math.h>
 #include <netinet/in.h>
@@ -76,6 +77,66 @@ static int log_port(const char *path) {
   return 0;
 }
 
+/* The alerting rules (deploy/prometheus/fsdp-alerts.yml), read whole. */
+static char *alert_rules(void) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/deploy/prometheus/fsdp-alerts.yml", tu_root());
+  char *text = tu_slurp(path, NULL);
+  cr_assert_not_null(text, "%s cannot be read", path);
+  return text;
+}
+
+/* Every metric the alerting rules read (fsdp_*; a histogram's _bucket,
+ * _sum and _count by its family) is a family one of the two endpoints'
+ * outputs declares: a misspelled or renamed metric would make its alert
+ * silently never fire. How many names were checked. */
+static int alert_metrics_exported(const char *coord_text, const char *node_text) {
+  char *rules = alert_rules();
+  int checked = 0;
+  for (const char *p = rules; (p = strstr(p, "fsdp_"));) {
+    if (p > rules && (isalnum((unsigned char)p[-1]) || p[-1] == '_')) {
+      p++;
+      continue;
+    }
+    char name[128];
+    size_t n = 0;
+    while (n < sizeof name - 1 && (isalnum((unsigned char)p[n]) || p[n] == '_')) name[n] = p[n], n++;
+    name[n] = 0;
+    p += n;
+    for (const char *suffix = "_bucket\0_count\0_sum\0"; *suffix; suffix += strlen(suffix) + 1) {
+      const size_t k = strlen(suffix);
+      if (n > k && !strcmp(name + n - k, suffix)) {
+        name[n - k] = 0;
+        break;
+      }
+    }
+    char decl[160];
+    snprintf(decl, sizeof decl, "# TYPE %s ", name);
+    cr_expect(strstr(coord_text, decl) || strstr(node_text, decl),
+              "deploy/prometheus/fsdp-alerts.yml reads %s, which neither the coordinator nor "
+              "fsdpd exports", name);
+    checked++;
+  }
+  free(rules);
+  return checked;
+}
+
+/* promtool finds the alerting rules well formed, and their unit tests
+ * (tests/prometheus/fsdp-alerts.test.yml: each alert fires on what should
+ * fire it, with its annotations rendered, and not on the near misses)
+ * pass. */
+Test(metrics, the_alerting_rules_pass_promtool_and_their_unit_tests) {
+  char cmd[4096], out[1 << 14];
+  snprintf(cmd, sizeof cmd, "cd '%s' && promtool check rules deploy/prometheus/fsdp-alerts.yml",
+           tu_root());
+  int rc = tu_sh(cmd, out, sizeof out);
+  cr_assert(rc == 0 && strstr(out, "SUCCESS"), "%s: exit %d:\n%s", cmd, rc, out);
+  snprintf(cmd, sizeof cmd, "cd '%s' && promtool test rules tests/prometheus/fsdp-alerts.test.yml",
+           tu_root());
+  rc = tu_sh(cmd, out, sizeof out);
+  cr_assert(rc == 0 && strstr(out, "SUCCESS"), "%s: exit %d:\n%s", cmd, rc, out);
+}
+
 Test(metrics, both_endpoints_pass_promtool_and_prometheus_scrapes_a_running_job) {
   chmod(tu_tmpdir(), 0755);
   char *db = tu_path("state.db");
@@ -83,7 +144,7 @@ Test(metrics, both_endpoints_pass_promtool_and_prometheus_scrapes_a_running_job)
   cr_assert_gt(coord.metrics_port, 0, "the coordinator did not say its metrics port");
   cluster_fsdpd_start(&node, coord.addr, "solo", 2, "--metrics-listen 127.0.0.1:0");
   const int node_port = log_port(node.log);
-  char *data = tu_token_file("tok.bin", 40000, 5, 256), conf[800], text[1024], out[1 << 16];
+  char *data = tu_token_file("tok.bin", 40000, 5, 256), conf[800], text[4096], out[1 << 16];
   chmod(data, 0644);
   snprintf(conf, sizeof conf, "%s/job.conf", tu_tmpdir());
   char *ck = tu_path("ck");
@@ -120,6 +181,7 @@ Test(metrics, both_endpoints_pass_promtool_and_prometheus_scrapes_a_running_job)
     cr_assert(rc == 0 && !out[0], "%s: exit %d:\n%s", cmd, rc, out);
     free(f);
   }
+  cr_assert_gt(alert_metrics_exported(got[0], got[1]), 10);
   cr_assert_eq(sample(got[0], "fsdp_jobs{state=\"RUNNING\"}"), 1, "%s", got[0]);
   cr_assert_eq(sample(got[0], "fsdp_nodes{state=\"alive\"}"), 1, "%s", got[0]);
   cr_assert_eq(sample(got[1], "fsdp_node_ranks{state=\"running\"}"), 2, "%s", got[1]);
@@ -166,9 +228,12 @@ Test(metrics, both_endpoints_pass_promtool_and_prometheus_scrapes_a_running_job)
   close(fd); /* its port, free again for prometheus */
   snprintf(prom_cfg, sizeof prom_cfg, "%s/prometheus.yml", tu_tmpdir());
   snprintf(prom_dir, sizeof prom_dir, "%s/prometheus-data", tu_tmpdir());
-  snprintf(text, sizeof text, "global:\n  scrape_interval: 1s\nscrape_configs:\n"
+  char root[4096]; /* absolute: Prometheus reads rule_files from its config's directory */
+  cr_assert_not_null(realpath(tu_root(), root));
+  snprintf(text, sizeof text, "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+           "rule_files:\n  - '%s/deploy/prometheus/fsdp-alerts.yml'\nscrape_configs:\n"
            "  - job_name: fsdp\n    honor_labels: true\n    static_configs:\n      - targets: ['127.0.0.1:%d', "
-           "'127.0.0.1:%d']\n", coord.metrics_port, node_port);
+           "'127.0.0.1:%d']\n", root, coord.metrics_port, node_port);
   tu_write_file(prom_cfg, text, strlen(text));
   snprintf(a, sizeof a, "exec prometheus --config.file='%s' --storage.tsdb.path='%s' "
            "--web.listen-address=%s >'%s/prometheus.log' 2>&1", prom_cfg, prom_dir, addr,
@@ -194,6 +259,55 @@ Test(metrics, both_endpoints_pass_promtool_and_prometheus_scrapes_a_running_job)
     }
     nanosleep(&(struct timespec){0, 250000000}, NULL);
   }
+  /* and evaluates every alerting rule against the cluster's series, with
+   * no error (a rule promtool takes can still fail on real series: two
+   * series of one label set on a side of a comparison, say) */
+  char *rules = alert_rules();
+  int want = 0, evaluated = 0, healthy = 0;
+  for (const char *p = rules; (p = strstr(p, "- alert: ")); p++) want++;
+  free(rules);
+  char bad[1024] = "", cmd[1024];
+  /* after both targets' series are in: a rule evaluated before has none */
+  int up = 0;
+  snprintf(cmd, sizeof cmd, "curl -s -m 2 'http://%s/api/v1/query?query=count(up%%3D%%3D1)'", addr);
+  for (const double t2 = tu_now_s(); up < 2 && tu_now_s() - t2 < 20;) {
+    if (tu_sh(cmd, out, sizeof out) == 0) {
+      json_t *j = json_loads(out, 0, NULL);
+      json_t *v = json_array_get(json_object_get(json_array_get(json_object_get(
+                                     json_object_get(j, "data"), "result"), 0), "value"), 1);
+      up = v ? atoi(json_string_value(v)) : 0;
+      json_decref(j);
+    }
+    if (up < 2) nanosleep(&(struct timespec){0, 250000000}, NULL);
+  }
+  cr_expect_eq(up, 2, "Prometheus did not scrape both targets:\n%s", out);
+  nanosleep(&(struct timespec){2, 500000000}, NULL); /* two evaluations more (1 s apart) */
+  for (const double t2 = tu_now_s(); evaluated < want && tu_now_s() - t2 < 20;) {
+    snprintf(cmd, sizeof cmd, "curl -s -m 2 'http://%s/api/v1/rules?type=alert'", addr);
+    evaluated = healthy = 0;
+    if (tu_sh(cmd, out, sizeof out) == 0) {
+      json_t *j = json_loads(out, 0, NULL), *groups = json_object_get(json_object_get(j, "data"), "groups");
+      for (size_t g = 0; g < json_array_size(groups); g++) {
+        json_t *rl = json_object_get(json_array_get(groups, g), "rules");
+        for (size_t r = 0; r < json_array_size(rl); r++) {
+          json_t *rule = json_array_get(rl, r);
+          const char *last = json_string_value(json_object_get(rule, "lastEvaluation"));
+          const char *health = json_string_value(json_object_get(rule, "health"));
+          if (!last || !strncmp(last, "0001-", 5)) continue; /* not evaluated yet */
+          evaluated++;
+          if (health && !strcmp(health, "ok")) healthy++;
+          else
+            snprintf(bad, sizeof bad, "%s: %s (%s)", json_string_value(json_object_get(rule, "name")),
+                     health ? health : "?", json_string_value(json_object_get(rule, "lastError")));
+        }
+      }
+      json_decref(j);
+    }
+    if (evaluated < want) nanosleep(&(struct timespec){0, 250000000}, NULL);
+  }
+  cr_expect_eq(evaluated, want, "Prometheus evaluated %d of the %d alerting rules:\n%s", evaluated,
+               want, out);
+  cr_expect_eq(healthy, evaluated, "an alerting rule failed on the cluster's series: %s", bad);
   kill(prom, SIGTERM);
   int st;
   for (int i = 0; i < 500 && waitpid(prom, &st, WNOHANG) == 0; i++)

@@ -445,7 +445,8 @@ Test(systemd, the_units_command_lines_run_a_job_and_stop_on_sigterm_in_time, .ti
 
 /* `make install DESTDIR= PREFIX=`: the programs executable under BINDIR, the
  * units there with ExecStart naming the installed program (the rest of each
- * unit as checked above), the sysusers file, the documentation. */
+ * unit as checked above), the sysusers file, the alerting rules, the
+ * documentation. */
 Test(systemd, make_install_puts_programs_units_and_docs_where_packagers_expect, .timeout = 120 * TU_SLOW) {
   char dest[800], cmd[4096], out[1 << 14], path[1200];
   snprintf(dest, sizeof dest, "%s/destdir", tu_tmpdir());
@@ -478,5 +479,7 @@ Test(systemd, make_install_puts_programs_units_and_docs_where_packagers_expect, 
   snprintf(path, sizeof path, "%s/opt/fsdp/lib/sysusers.d/fsdpd.conf", dest);
   cr_assert_eq(access(path, R_OK), 0, "%s", path);
   snprintf(path, sizeof path, "%s/opt/fsdp/share/doc/fsdpd/OPERATIONS.md", dest);
+  cr_assert_eq(access(path, R_OK), 0, "%s", path);
+  snprintf(path, sizeof path, "%s/opt/fsdp/share/fsdpd/prometheus/fsdp-alerts.yml", dest);
   cr_assert_eq(access(path, R_OK), 0, "%s", path);
 }
