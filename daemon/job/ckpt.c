@@ -353,6 +353,24 @@ void ckpt_shard_name(char *buf, size_t len, int shard_rank, int shards) {
   snprintf(buf, len, "shard-%05d-of-%05d.fsdp", shard_rank, shards);
 }
 
+/* 1 when name, in a checkpoint root, is exactly the format's name of a
+ * step directory (step-<N, 8 digits>, ckpt_step_dir), its step in *step;
+ * 0 for any other name. */
+static int ckpt_step_name(const char *name, long long *step) {
+  char tail, own[32];
+  if (sscanf(name, "step-%lld%c", step, &tail) != 1 || *step < 0) return 0;
+  snprintf(own, sizeof own, "step-%08lld", *step);
+  return !strcmp(own, name);
+}
+
+int ckpt_dir_step(const char *dir, int64_t *step) {
+  const char *base = strrchr(dir, '/');
+  long long s;
+  if (!ckpt_step_name(base ? base + 1 : dir, &s)) return 0;
+  *step = s;
+  return 1;
+}
+
 /* ---- opening files others write -------------------------------------------------- */
 
 int ckpt_open_file(const char *path, int *out) {
@@ -561,6 +579,12 @@ int ckpt_manifest_read(const char *dir, ckpt_manifest_t *m) {
   close(fd);
   if (!rc) rc = ckpt_manifest_parse(text, n, path, m);
   free(text);
+  int64_t named;
+  if (!rc && ckpt_dir_step(dir, &named) && m->step != named) {
+    rc = err_set(FSDP_EFORMAT, "%s: \"step\" is %" PRId64 " in the directory of step %" PRId64
+                 "; the manifest is damaged", path, m->step, named);
+    ckpt_manifest_free(m);
+  }
   return rc;
 }
 
@@ -663,28 +687,19 @@ void ckpt_manifest_free(ckpt_manifest_t *m) {
   memset(m, 0, sizeof *m);
 }
 
-/* 1 when name, in a checkpoint root, is exactly the format's name of a
- * step directory (step-<N, 8 digits>, ckpt_step_dir), its step in *step;
- * 0 for any other name. */
-static int ckpt_step_name(const char *name, long long *step) {
-  char tail, own[32];
-  if (sscanf(name, "step-%lld%c", step, &tail) != 1 || *step < 0) return 0;
-  snprintf(own, sizeof own, "step-%08lld", *step);
-  return !strcmp(own, name);
-}
-
 int ckpt_latest(const char *root, char *buf, size_t len) {
   ckpt_manifest_t m;
-  if (!ckpt_manifest_read(root, &m)) {
+  const int rc = ckpt_manifest_read(root, &m);
+  if (!rc) {
     ckpt_manifest_free(&m);
     snprintf(buf, len, "%s", root);
     return FSDP_OK;
   }
+  if (rc == FSDP_EFORMAT) return rc; /* root's own manifest, damaged: its error is the answer */
   return ckpt_latest_below(root, LLONG_MAX, buf, len);
 }
 
 int ckpt_latest_below(const char *root, long long below, char *buf, size_t len) {
-  ckpt_manifest_t m;
   DIR *d = opendir(root);
   if (!d) return err_set_errno(err_from_errno(errno), errno, "checkpoints: cannot list %s", root);
   long long best = -1;
@@ -693,10 +708,12 @@ int ckpt_latest_below(const char *root, long long below, char *buf, size_t len) 
     long long step;
     shards |= !strncmp(e->d_name, "shard-", 6);
     if (!ckpt_step_name(e->d_name, &step) || step <= best || step >= below) continue;
-    char dir[4096];
-    ckpt_step_dir(dir, sizeof dir, root, step);
-    if (!ckpt_manifest_read(dir, &m) && m.step == step) best = step;
-    ckpt_manifest_free(&m);
+    /* a manifest there, whole or not: one that does not read is found
+     * damaged when it is loaded, as a damaged shard is, not passed over */
+    char man[4096];
+    struct stat st;
+    snprintf(man, sizeof man, "%s/%s/%s", root, e->d_name, CKPT_MANIFEST);
+    if (!lstat(man, &st)) best = step;
   }
   closedir(d);
   if (best < 0 && shards)
@@ -755,16 +772,45 @@ int ckpt_remove(const char *dir) {
   return rc;
 }
 
-static int ckpt_step_desc(const void *a, const void *b) {
-  const long long x = *(const long long *)a, y = *(const long long *)b;
-  return x < y ? 1 : x > y ? -1 : 0;
+int ckpt_set_aside(const char *dir, char *to, size_t len) {
+  int rc = ckpt_real_dir(dir); /* a link is not followed, nor moved */
+  if (rc) return rc;
+  char parent[4096];
+  const char *slash = strrchr(dir, '/');
+  snprintf(parent, sizeof parent, "%.*s", slash ? (int)(slash - dir) : 1, slash ? dir : ".");
+  for (int i = 1; i <= 100; i++) {
+    if (i == 1) snprintf(to, len, "%s.damaged", dir);
+    else snprintf(to, len, "%s.damaged-%d", dir, i);
+    /* never over anything: an earlier one set aside of the same step stays */
+    if (!renameat2(AT_FDCWD, dir, AT_FDCWD, to, RENAME_NOREPLACE))
+      return ckpt_fsync_dir(parent[0] ? parent : "/");
+    if (errno != EEXIST && errno != ENOTEMPTY)
+      return err_set_errno(err_from_errno(errno), errno, "checkpoint %s: cannot set it aside as "
+                           "%s", dir, to);
+  }
+  return err_set(FSDP_EEXIST, "checkpoint %s: 100 damaged ones of its step are set aside already "
+                 "(%s.damaged*); remove them", dir, dir);
+}
+
+/* 1 when every shard file the manifest m of dir names is there at the size
+ * it committed: a cheap look (no byte read) that catches a cut or missing
+ * shard. */
+static int ckpt_sizes_whole(const char *dir, const ckpt_manifest_t *m) {
+  for (int j = 0; j < m->shards; j++) {
+    char path[4096 + CKPT_NAME_MAX];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/%s", dir, m->shard[j].name);
+    if (lstat(path, &st) || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != m->shard[j].bytes)
+      return 0;
+  }
+  return 1;
 }
 
 int ckpt_retain(const char *root, int keep) {
   if (keep <= 0) return FSDP_OK;
   DIR *d = opendir(root);
   if (!d) return err_set_errno(err_from_errno(errno), errno, "checkpoints: cannot list %s", root);
-  long long *steps = NULL;
+  long long *steps = NULL; /* committed ones, a cut one's step negated: -1 - step */
   size_t n = 0, cap = 0;
   int rc = FSDP_OK;
   for (struct dirent *e; (e = readdir(d)) && !rc;) {
@@ -774,19 +820,33 @@ int ckpt_retain(const char *root, int keep) {
     ckpt_step_dir(dir, sizeof dir, root, step);
     ckpt_manifest_t m;
     if (ckpt_manifest_read(dir, &m)) continue; /* only committed ones count, and go */
+    const int whole = ckpt_sizes_whole(dir, &m);
     ckpt_manifest_free(&m);
     if (n == cap) {
       long long *p = realloc(steps, (cap = cap ? 2 * cap : 16) * sizeof *steps);
       if (!p) rc = err_set(FSDP_ENOMEM, "checkpoints: out of memory");
       else steps = p;
     }
-    if (!rc) steps[n++] = step;
+    if (!rc) steps[n++] = whole ? step : -1 - step;
   }
   closedir(d);
-  if (!rc) qsort(steps, n, sizeof *steps, ckpt_step_desc);
-  for (size_t i = (size_t)keep; !rc && i < n; i++) { /* the newest `keep` stay */
+  for (size_t i = 0; !rc && i < n; i++) /* newest first, cut or not */
+    for (size_t k = i + 1; k < n; k++)
+      if ((steps[k] < 0 ? -1 - steps[k] : steps[k]) > (steps[i] < 0 ? -1 - steps[i] : steps[i])) {
+        const long long t = steps[i];
+        steps[i] = steps[k], steps[k] = t;
+      }
+  /* the newest `keep` whole ones stay, and a cut one newer than the last
+   * of them (a resume finds it damaged and sets it aside): a damaged
+   * checkpoint never takes the place of a whole one */
+  int kept = 0;
+  for (size_t i = 0; !rc && i < n; i++) {
+    if (kept < keep) {
+      kept += steps[i] >= 0;
+      continue;
+    }
     char dir[4096];
-    ckpt_step_dir(dir, sizeof dir, root, steps[i]);
+    ckpt_step_dir(dir, sizeof dir, root, steps[i] < 0 ? -1 - steps[i] : steps[i]);
     rc = ckpt_remove(dir);
   }
   free(steps);
@@ -894,6 +954,28 @@ int ckpt_sweep(const char *root, const int64_t *skip, int nskip, int64_t now_ms,
 
 #define CKPT_READ_STAGE 65536u /* elements converted at a time */
 
+/* Shard j of a manifest that committed checksum sum and `want` bytes, found
+ * with header h in a file of `bytes`: says only what differs. */
+static int ckpt_not_committed(const char *path, const ckpt_header_t *h, uint64_t sum,
+                              uint64_t bytes, uint64_t want, int j) {
+  char what[256] = "";
+  size_t n = 0;
+  if (h->sum != sum)
+    n += (size_t)snprintf(what, sizeof what, "checksum %016" PRIx64 ", committed %016" PRIx64,
+                          h->sum, sum);
+  if (h->shard_rank != j && n < sizeof what)
+    n += (size_t)snprintf(what + n, sizeof what - n, "%sshard %d in the place of shard %d",
+                          n ? "; " : "", h->shard_rank, j);
+  if (bytes != want && n < sizeof what)
+    n += (size_t)snprintf(what + n, sizeof what - n, "%s%" PRIu64 " bytes, committed %" PRIu64,
+                          n ? "; " : "", bytes, want);
+  else if (bytes != ckpt_file_bytes(h) && n < sizeof what)
+    snprintf(what + n, sizeof what - n, "%s%" PRIu64 " bytes, its header implies %" PRIu64,
+             n ? "; " : "", bytes, ckpt_file_bytes(h));
+  return err_set(FSDP_EFORMAT, "%s: not the shard the manifest committed (%s); the file was "
+                 "replaced, truncated or damaged", path, what);
+}
+
 static int ckpt_reader_shard(ckpt_reader_t *rd, int j) {
   if (rd->fd[j] >= 0) return FSDP_OK;
   char path[4096];
@@ -908,10 +990,8 @@ static int ckpt_reader_shard(ckpt_reader_t *rd, int j) {
   if (!rc && (h->sum != rd->m.shard[j].sum || h->shard_rank != j ||
               (uint64_t)st.st_size != rd->m.shard[j].bytes ||
               (uint64_t)st.st_size != ckpt_file_bytes(h)))
-    rc = err_set(FSDP_EFORMAT, "%s: not the shard the manifest committed (checksum %016" PRIx64
-                 " for %016" PRIx64 ", %lld bytes for %" PRIu64 "); the file was replaced, "
-                 "truncated or damaged", path, h->sum, rd->m.shard[j].sum, (long long)st.st_size,
-                 rd->m.shard[j].bytes);
+    rc = ckpt_not_committed(path, h, rd->m.shard[j].sum, (uint64_t)st.st_size,
+                            rd->m.shard[j].bytes, j);
   /* every index the reader computes comes from these: they must agree with
    * the manifest and with shard 0, whatever the files say */
   if (!rc && (h->shards != rd->m.shards || h->shard_total != rd->m.shard_total ||

@@ -162,11 +162,18 @@ int ckpt_manifest_parse(const char *text, size_t len, const char *path, ckpt_man
 void ckpt_manifest_free(ckpt_manifest_t *m);
 /* The committed checkpoint of root with the highest step: its directory in
  * buf. FSDP_ENOENT when there is none. When root itself is a committed
- * checkpoint, that is it. */
+ * checkpoint, that is it; when root's own manifest is damaged, that error
+ * (FSDP_EFORMAT, naming manifest.json and the field). */
 int ckpt_latest(const char *root, char *buf, size_t len);
 /* The same among root's steps below `below` (root's own manifest aside):
- * the one to fall back to when a later one is damaged. */
+ * the one to fall back to when a later one is damaged. A step directory
+ * counts when a manifest is there, whole or not: one that does not read
+ * fails its load as a damaged shard does (ckpt_reader_open), rather than
+ * being passed over unsaid; root's own manifest damaged is that error. */
 int ckpt_latest_below(const char *root, long long below, char *buf, size_t len);
+/* 1 when dir's last name is a step directory's (step-<N, 8 digits>), N in
+ * *step; 0 otherwise. A manifest in such a directory must be of step N. */
+int ckpt_dir_step(const char *dir, int64_t *step);
 
 /* Reading a committed checkpoint by the model's flat indices, whatever mesh
  * wrote it: the shard files are opened as they are needed, each checked
@@ -210,8 +217,19 @@ int ckpt_verify(const char *dir);
 int ckpt_remove(const char *dir);
 /* Keeps the newest keep committed checkpoints of root and removes the older
  * committed ones (keep <= 0: keeps all). The latest committed is never
- * removed; uncommitted directories are not touched. */
+ * removed; uncommitted directories are not touched. One whose shard is
+ * missing or not of the size its manifest says (a cheap look, no byte
+ * read) is not counted among those kept. */
 int ckpt_retain(const char *root, int keep);
+
+/* Moves the checkpoint in dir, found damaged, out of its step's name to
+ * dir.damaged (dir.damaged-2, ... when that is taken; never over anything),
+ * then fsyncs its parent: nothing of it is lost, and its step can be
+ * written and committed again, since a name the format does not give is
+ * never loaded, retained, swept or written into. The new name in to.
+ * Whoever found it damaged calls this once: a second mover finds dir gone
+ * (FSDP_ENOENT). A link is not moved. */
+int ckpt_set_aside(const char *dir, char *to, size_t len);
 
 /* A step directory ckpt_sweep removed, or left saying why. */
 typedef struct ckpt_leftover {

@@ -252,24 +252,31 @@ enum { RESUME_NONE, RESUME_GIVEN, RESUME_UNDER_GIVEN, RESUME_UNDER_OWN, RESUME_F
 static int train_resume_choose(train_t *t, int *src, int64_t *step) {
   const config_t *c = &t->cfg;
   char dir[CONFIG_PATH_MAX + 32];
-  ckpt_manifest_t a, b;
+  ckpt_manifest_t a;
   *src = RESUME_NONE, *step = 0;
   if (c->resume_from[0] || c->auto_resume) {
+    const char *key = c->resume_from[0] ? "resume_from" : "checkpoint_dir";
     int rc = ckpt_latest(c->resume_from[0] ? c->resume_from : c->checkpoint_dir, dir, sizeof dir);
     if (rc == FSDP_ENOENT && !c->resume_from[0]) return FSDP_OK;
-    if (rc || (rc = ckpt_manifest_read(dir, &a))) return rc;
-    *step = a.step;
-    ckpt_manifest_free(&a);
+    if (rc) return err_wrap(rc, "%s", key);
     *src = !c->resume_from[0]                ? RESUME_UNDER_OWN
            : strcmp(dir, c->resume_from) ? RESUME_UNDER_GIVEN
                                          : RESUME_GIVEN;
+    /* a step directory of a root goes by its name: a manifest there that
+     * does not read is found damaged at the load, as a damaged shard is */
+    if (*src != RESUME_GIVEN) {
+      ckpt_dir_step(dir, step);
+    } else {
+      if ((rc = ckpt_manifest_read(dir, &a))) return err_wrap(rc, "%s", key);
+      *step = a.step;
+      ckpt_manifest_free(&a);
+    }
   }
+  int64_t later;
   if (*src == RESUME_UNDER_OWN || !c->checkpoint_dir[0] ||
-      ckpt_latest(c->checkpoint_dir, dir, sizeof dir) || ckpt_manifest_read(dir, &b))
+      ckpt_latest(c->checkpoint_dir, dir, sizeof dir) || !ckpt_dir_step(dir, &later) ||
+      later <= *step)
     return FSDP_OK;
-  const int64_t later = b.step;
-  ckpt_manifest_free(&b);
-  if (later <= *step) return FSDP_OK;
   /* a job started from resume_from that checkpointed since (a restart, a
    * requeue) goes on from its own latest, not back to where it began */
   if (c->auto_resume) {
@@ -447,6 +454,28 @@ static int train_resume_older(const train_t *t, int src, int64_t *step) {
   return RESUME_FAILED;
 }
 
+/* Rank 0 without an owner of commits (fsdp-launch): the damaged checkpoint
+ * dir, chosen from a root (src), is moved out of its step's name when that
+ * root is checkpoint_dir, where this run saves: so that its step is written
+ * and committed again and retention does not count it, with nothing of it
+ * lost (ckpt_set_aside). Under fsdpd the coordinator does it, once it has
+ * checked the checkpoint damaged itself. */
+static void train_resume_set_aside(train_t *t, int src, const char *dir) {
+  const config_t *c = &t->cfg;
+  const char *root = src == RESUME_UNDER_OWN ? c->checkpoint_dir : c->resume_from;
+  char to[CONFIG_PATH_MAX + 64];
+  if (!c->checkpoint_dir[0] || strcmp(root, c->checkpoint_dir)) return;
+  if (ckpt_set_aside(dir, to, sizeof to)) {
+    LOG_WARN("train", "resume: the damaged %s stays where it is, so its step will not be written "
+             "again: %s", dir, err_msg());
+    return;
+  }
+  LOG_WARN("train", "resume: the damaged %s is set aside as %s (its step is written again; "
+           "remove it once it is of no more use)", dir, to);
+  if (t->opts.out)
+    fprintf(t->opts.out, "train: checkpoint %s set aside as %s\n", dir, to);
+}
+
 static int train_resume(train_t *t) {
   const config_t *c = &t->cfg;
   int src = RESUME_NONE, rc = FSDP_OK;
@@ -463,8 +492,8 @@ static int train_resume(train_t *t) {
     if (crc) return err_wrap(crc, "resume: agreeing on the checkpoint");
     src = (int)v[0], step = ((int64_t)v[1] << 12) | (int64_t)v[2];
     key = src == RESUME_UNDER_OWN ? "checkpoint_dir (auto_resume)" : "resume_from";
-    if (src == RESUME_FAILED)
-      return rc ? err_wrap(rc, "%s", c->resume_from[0] ? "resume_from" : "checkpoint_dir")
+    if (src == RESUME_FAILED) /* rank 0's error names its field (train_resume_choose) */
+      return rc ? rc
                 : err_set(FSDP_EPEER, "resume: rank 0 could not read the checkpoint (its log says "
                           "why)");
     if (src == RESUME_NONE) return FSDP_OK;
@@ -492,6 +521,8 @@ static int train_resume(train_t *t) {
               (double)f[0]);
     LOG_WARN("train", "resume: checkpoint %s is damaged (%g rank(s)); trying the one before it",
              dir, (double)f[0]);
+    if (t->boot.rank == 0 && !t->opts.checkpoint)
+      train_resume_set_aside(t, src, dir);
     if (t->boot.rank == 0 && src == RESUME_UNDER_OWN && t->opts.checkpoint) {
       /* its owner counts it committed no more: not the job's latest, and
        * its step is written again (a report that fails changes nothing here) */

@@ -699,6 +699,56 @@ Test(ckpt, a_damaged_newest_checkpoint_falls_back_to_the_one_before, .timeout = 
   free(root);
 }
 
+/* Defects A and B under fsdp-launch: a manifest that is not JSON is a
+ * damaged checkpoint like one with a damaged shard. Named itself, the run
+ * fails naming manifest.json (not "no manifest"); newest in checkpoint_dir,
+ * it is said damaged, set aside whole, and the run goes back to the one
+ * before and writes and commits that step again. A shard cut short the
+ * same: its step is written again, and retention keeps the newest whole
+ * ones (the whole step before it is not removed in its place). */
+static void damaged_is_written_again(const char *name, int cut) {
+  static char out[1 << 17];
+  char *root = mkdir_tmp(name), args[4096], path[4096], want[4096];
+  snprintf(args, sizeof args, "--steps 12 --batch 2 --checkpoint_dir %s --checkpoint_every 4", root);
+  launch(2, args, 0, out, sizeof out);
+  if (cut) {
+    snprintf(path, sizeof path, "%s/step-00000012/shard-00001-of-00002.fsdp", root);
+    cr_assert_eq(truncate(path, 1000), 0);
+  } else {
+    snprintf(path, sizeof path, "%s/step-00000012/%s", root, CKPT_MANIFEST);
+    tu_write_file(path, "garbage{\n", 9);
+    snprintf(args, sizeof args, "--steps 16 --batch 2 --resume_from %s/step-00000012", root);
+    launch(2, args, 1, out, sizeof out);
+    cr_assert(strstr(out, CKPT_MANIFEST) && strstr(out, "line 1") &&
+              !strstr(out, "not a committed checkpoint") && !strstr(out, "resume_from: resume_from"),
+              "%s", out);
+  }
+  snprintf(args, sizeof args, "--steps 20 --batch 2 --checkpoint_dir %s --checkpoint_every 4", root);
+  launch(2, args, 0, out, sizeof out);
+  cr_assert(strstr(out, "step-00000012 is damaged") && strstr(out, "set aside"), "%s", out);
+  snprintf(want, sizeof want, "resumed from %s/step-00000008 at step 8", root);
+  cr_assert(strstr(out, want), "%s", out);
+  cr_assert_null(strstr(out, "NOT written"), "%s", out);
+  for (int step = 12; step <= 20; step += 4) {
+    snprintf(path, sizeof path, "%s/step-%08d", root, step);
+    cr_expect_eq(ckpt_verify(path), 0, "step %d: %s\n%s", step, err_msg(), out);
+  }
+  snprintf(path, sizeof path, "%s/step-00000012.damaged", root);
+  cr_expect_eq(access(path, F_OK), 0, "not set aside:\n%s", out);
+  snprintf(path, sizeof path, "%s/step-00000008", root);
+  cr_expect_neq(access(path, F_OK), 0, "keep_checkpoints 3 kept step 8 beside 12, 16, 20");
+  free(root);
+}
+
+Test(ckpt, a_damaged_manifest_is_a_damaged_checkpoint_whose_step_is_written_again,
+     .timeout = 120) {
+  damaged_is_written_again("badman-run", 0);
+}
+
+Test(ckpt, a_cut_shards_step_is_written_again_and_retention_keeps_whole_ones, .timeout = 120) {
+  damaged_is_written_again("cut-run", 1);
+}
+
 /* ---- manifests ------------------------------------------------------------------ */
 
 /* A manifest of one step in dir (made there) with this model and shards x
@@ -762,7 +812,15 @@ Test(ckpt, manifests_with_impossible_models_are_refused) {
     cr_assert_not_null(strstr(err_msg(), CKPT_MANIFEST), "%s", err_msg());
     cr_assert_not_null(strstr(err_msg(), cases[i].field), "case %zu: no \"%s\" in: %s", i,
                        cases[i].field, err_msg());
-    cr_assert_eq(ckpt_latest(root, latest, sizeof latest), FSDP_ENOENT, "case %zu", i);
+    /* the newest step holding a manifest: its load finds it damaged, as
+     * it would a damaged shard, rather than passing it over unsaid */
+    cr_assert_eq(ckpt_latest(root, latest, sizeof latest), 0, "case %zu: %s", i, err_msg());
+    cr_assert_str_eq(latest, dir);
+    cr_assert_eq(ckpt_verify(dir), FSDP_EFORMAT, "case %zu", i);
+    /* named itself, the error is the manifest's, not "no manifest" */
+    cr_assert_eq(ckpt_latest(dir, latest, sizeof latest), FSDP_EFORMAT, "case %zu", i);
+    cr_assert_not_null(strstr(err_msg(), CKPT_MANIFEST), "%s", err_msg());
+    cr_assert_not_null(strstr(err_msg(), cases[i].field), "case %zu: %s", i, err_msg());
   }
   free(root);
 }
@@ -1115,4 +1173,97 @@ Test(ckpt, a_full_disk_leaves_no_partial_checkpoint_and_training_goes_on, .timeo
     cr_assert_null(strstr(s8, ".tmp."), "a temporary file was left:\n%s", s8);
   }
   free(mnt);
+}
+
+/* A manifest that is not JSON, or of a step other than its directory's, is
+ * damaged: named itself (resume_from) the error names manifest.json and
+ * what is wrong, never "no manifest"; in a directory of checkpoints it is
+ * the newest, found damaged as it is loaded (not passed over unsaid). */
+Test(ckpt, a_damaged_manifest_is_named_not_passed_over) {
+  char *root = mkdir_tmp("badman"), s4[4096], s8[4096], man[4096], latest[4096];
+  snprintf(s4, sizeof s4, "%s/step-00000004", root);
+  snprintf(s8, sizeof s8, "%s/step-00000008", root);
+  make_shards(s4, 4), make_shards(s8, 8);
+  cr_assert_eq(ckpt_commit(s4, 3, NULL, RUN_A), 0, "%s", err_msg());
+  cr_assert_eq(ckpt_commit(s8, 3, NULL, RUN_A), 0, "%s", err_msg());
+  snprintf(man, sizeof man, "%s/%s", s8, CKPT_MANIFEST);
+  size_t n;
+  char *good = tu_slurp(man, &n);
+  tu_write_file(man, "garbage{\n", 9);
+  cr_assert_eq(ckpt_latest(s8, latest, sizeof latest), FSDP_EFORMAT);
+  cr_assert(strstr(err_msg(), man) && strstr(err_msg(), "line 1") &&
+            !strstr(err_msg(), "not a committed"), "%s", err_msg());
+  cr_assert_eq(ckpt_latest(root, latest, sizeof latest), 0, "%s", err_msg());
+  cr_assert_str_eq(latest, s8);
+  cr_assert_eq(ckpt_latest_below(root, 8, latest, sizeof latest), 0, "%s", err_msg());
+  cr_assert_str_eq(latest, s4);
+  /* step 4's manifest under step 8's name */
+  char s4man[4096];
+  snprintf(s4man, sizeof s4man, "%s/%s", s4, CKPT_MANIFEST);
+  char *four = tu_slurp(s4man, &n);
+  tu_write_file(man, four, n);
+  ckpt_manifest_t m;
+  cr_assert_eq(ckpt_manifest_read(s8, &m), FSDP_EFORMAT, "a manifest of step 4 read in step 8's");
+  cr_assert(strstr(err_msg(), "\"step\" is 4") && strstr(err_msg(), "step 8"), "%s", err_msg());
+  free(good), free(four), free(root);
+}
+
+/* A checkpoint found damaged is set aside whole (every file, the damaged
+ * manifest too) under a name the format does not give, never over one set
+ * aside before; its step is free to be written and committed again, and a
+ * second mover finds it gone. A shard cut short says its size, not two
+ * equal checksums. */
+Test(ckpt, a_damaged_checkpoint_is_set_aside_whole_and_its_step_freed) {
+  char *root = mkdir_tmp("aside"), s4[4096], s8[4096], to[4096], path[4096], latest[4096];
+  snprintf(s4, sizeof s4, "%s/step-00000004", root);
+  snprintf(s8, sizeof s8, "%s/step-00000008", root);
+  make_shards(s4, 4), make_shards(s8, 8);
+  cr_assert_eq(ckpt_commit(s4, 3, NULL, RUN_A), 0, "%s", err_msg());
+  cr_assert_eq(ckpt_commit(s8, 3, NULL, RUN_A), 0, "%s", err_msg());
+  snprintf(path, sizeof path, "%s/shard-00000-of-00003.fsdp", s8);
+  cr_assert_eq(truncate(path, 1000), 0);
+  cr_assert_eq(ckpt_verify(s8), FSDP_EFORMAT);
+  cr_assert(strstr(err_msg(), "1000 bytes, committed") && !strstr(err_msg(), "checksum"), "%s",
+            err_msg());
+  cr_assert_eq(ckpt_set_aside(s8, to, sizeof to), 0, "%s", err_msg());
+  cr_assert_eq(access(s8, F_OK), -1, "%s is still there", s8);
+  snprintf(path, sizeof path, "%s.damaged/%s", s8, CKPT_MANIFEST);
+  cr_assert_eq(access(path, F_OK), 0, "%s", to);
+  cr_assert_eq(ckpt_set_aside(s8, to, sizeof to), FSDP_ENOENT, "a second mover moved something");
+  cr_assert_eq(ckpt_latest(root, latest, sizeof latest), 0, "%s", err_msg());
+  cr_assert_str_eq(latest, s4);
+  /* written and committed again, then found damaged again */
+  make_shards(s8, 8);
+  cr_assert_eq(ckpt_commit(s8, 3, NULL, RUN_A), 0, "%s", err_msg());
+  cr_assert_eq(ckpt_latest(root, latest, sizeof latest), 0, "%s", err_msg());
+  cr_assert_str_eq(latest, s8);
+  cr_assert_eq(ckpt_set_aside(s8, to, sizeof to), 0, "%s", err_msg());
+  snprintf(path, sizeof path, "%s.damaged-2", s8);
+  cr_assert_str_eq(to, path);
+  snprintf(path, sizeof path, "%s.damaged/shard-00000-of-00003.fsdp", s8);
+  struct stat st;
+  cr_assert(!stat(path, &st) && st.st_size == 1000, "the first one set aside was touched");
+  free(root);
+}
+
+/* Retention keeps the newest `keep` whole checkpoints: one whose shard is
+ * cut is not counted among them (the whole one below it stays). */
+Test(ckpt, retention_never_counts_a_cut_checkpoint_as_kept) {
+  char *root = mkdir_tmp("retaincut"), dir[4096], path[4096];
+  for (int step = 4; step <= 12; step += 4) {
+    snprintf(dir, sizeof dir, "%s/step-%08d", root, step);
+    make_shards(dir, step);
+    cr_assert_eq(ckpt_commit(dir, 3, NULL, RUN_A), 0, "%s", err_msg());
+  }
+  snprintf(path, sizeof path, "%s/step-00000012/shard-00002-of-00003.fsdp", root);
+  cr_assert_eq(truncate(path, 1000), 0);
+  cr_assert_eq(ckpt_retain(root, 2), 0, "%s", err_msg());
+  for (int step = 4; step <= 12; step += 4) {
+    snprintf(dir, sizeof dir, "%s/step-%08d", root, step);
+    cr_expect_eq(access(dir, F_OK), 0, "step %d was removed", step);
+  }
+  cr_assert_eq(ckpt_retain(root, 1), 0, "%s", err_msg());
+  snprintf(dir, sizeof dir, "%s/step-00000004", root);
+  cr_expect_neq(access(dir, F_OK), 0, "step 4 is beyond the one kept");
+  free(root);
 }
