@@ -89,7 +89,10 @@ typedef struct coord_verify {
   char dir[STORE_PATH_MAX];
   char said[STORE_REASON_MAX]; /* what the rank said */
   int rc, no_dir;
+  int exported;                /* an export reads it: not set aside under it */
   char err[512];
+  char aside[STORE_PATH_MAX];  /* damaged: where it was set aside ("": left in place) */
+  char aside_err[512];         /* ... or why it was not */
   struct coord_verify *next;
 } coord_verify_t;
 
@@ -422,6 +425,14 @@ static void coord_ckpt_verify_work(uv_work_t *w) {
   }
   v->rc = ckpt_verify(v->dir);
   if (v->rc) snprintf(v->err, sizeof v->err, "%s", err_msg()); /* err_msg is per thread */
+  /* damaged here too: out of its step's name, whole, so that the attempt
+   * that resumed writes that step again (a manifest there refuses every
+   * shard of it) and the janitor removes it later from where it went */
+  if ((v->rc == FSDP_EFORMAT || v->rc == FSDP_ENOENT) && !v->exported &&
+      ckpt_set_aside(v->dir, v->aside, sizeof v->aside)) {
+    v->aside[0] = 0;
+    snprintf(v->aside_err, sizeof v->aside_err, "%s", err_msg());
+  }
 }
 
 static void coord_ckpt_verify_done(uv_work_t *w, int status) {
@@ -440,7 +451,8 @@ static void coord_ckpt_verify_done(uv_work_t *w, int status) {
       coord_text_mend(why);
       store_ckpt_t k;
       int changed = 0;
-      if (store_ckpt_damaged(c->st, v->job, 0, v->step, why, &k, &changed))
+      if (store_ckpt_damaged(c->st, v->job, 0, v->step, why, v->aside[0] ? v->aside : NULL, &k,
+                             &changed))
         LOG_WARN("coord", "job j-%lld: checkpoint of step %lld: %s", (long long)v->job,
                  (long long)v->step, err_msg());
       else if (changed) {
@@ -448,6 +460,14 @@ static void coord_ckpt_verify_done(uv_work_t *w, int status) {
                  (long long)v->job, (long long)v->step, why);
         c->ckpt_aborts++;
       }
+      if (v->aside[0])
+        LOG_WARN("coord", "job j-%lld: the damaged checkpoint of step %lld is set aside as %s "
+                 "(removed once no attempt of the job runs); its step may be written again",
+                 (long long)v->job, (long long)v->step, v->aside);
+      else
+        LOG_WARN("coord", "job j-%lld: the damaged checkpoint of step %lld stays in %s, so its "
+                 "step cannot be written again until it is gone: %s", (long long)v->job,
+                 (long long)v->step, v->dir, v->exported ? "an export reads it" : v->aside_err);
     } else {
       LOG_WARN("coord", "job j-%lld: a rank found the committed checkpoint of step %lld damaged "
                "(%s), but %s: it stays committed%s", (long long)v->job, (long long)v->step,
@@ -470,7 +490,7 @@ static void coord_ckpt_damaged(coord_t *c, rpc_call_t *call, int64_t job,
                                const Fsdp__V1__ReportCheckpointShardRequest *q) {
   store_ckpt_t k;
   int changed = 0;
-  int rc = store_ckpt_damaged(c->st, job, q->attempt, q->step, NULL, &k, &changed);
+  int rc = store_ckpt_damaged(c->st, job, q->attempt, q->step, NULL, NULL, &k, &changed);
   if (rc) {
     rpc_call_finish(call, rc);
     return;
@@ -482,6 +502,7 @@ static void coord_ckpt_damaged(coord_t *c, rpc_call_t *call, int64_t job,
   if (v) {
     v->c = c, v->job = job, v->step = q->step, v->work.data = v;
     snprintf(v->dir, sizeof v->dir, "%s", k.dir);
+    v->exported = coord_export_reads(c, k.dir);
     snprintf(v->said, sizeof v->said, "rank %u of attempt %u: %.400s", q->rank, q->attempt,
              q->failed);
     coord_text_mend(v->said);

@@ -31,7 +31,7 @@
 
 /* PRAGMA application_id: "FSDP". Tells our database from another program's. */
 #define STORE_APP_ID 0x46534450
-#define STORE_STMT_MAX 96
+#define STORE_STMT_MAX 128
 #define STORE_BUSY_MS 5000
 
 /* ---- the schema ---------------------------------------------------------
@@ -179,9 +179,29 @@ static const char store_schema_v7[] =
  * start; NULL for one started before), which its ranks prove to each other. */
 static const char store_schema_v8[] = "ALTER TABLE attempts ADD COLUMN ring_secret BLOB;\n";
 
+/* Version 9: a checkpoint found damaged (ABORTED, its reason "damaged: ...")
+ * whose step a newer attempt writes again leaves checkpoints, which holds one
+ * row per step, for here: kept with its reason, its shards' count and bytes,
+ * and its directory (set aside) until the janitor removes that. */
+static const char store_schema_v9[] =
+    "CREATE TABLE checkpoints_damaged(\n"
+    "  job_id INTEGER NOT NULL REFERENCES jobs(id),\n"
+    "  step INTEGER NOT NULL,\n"
+    "  epoch INTEGER NOT NULL,\n"
+    "  shards INTEGER NOT NULL,\n"
+    "  dir TEXT NOT NULL,\n"
+    "  opened_ms INTEGER NOT NULL,\n"
+    "  closed_ms INTEGER NOT NULL,\n"
+    "  reason TEXT NOT NULL,\n"
+    "  removed INTEGER NOT NULL DEFAULT 0,\n"
+    "  reported INTEGER NOT NULL,\n"
+    "  bytes INTEGER NOT NULL,\n"
+    "  PRIMARY KEY(job_id, step, epoch)\n"
+    ") WITHOUT ROWID;\n";
+
 static const char *const store_migrations[] = {store_schema_v1, store_schema_v2, store_schema_v3,
                                                store_schema_v4, store_schema_v5, store_schema_v6,
-                                               store_schema_v7, store_schema_v8};
+                                               store_schema_v7, store_schema_v8, store_schema_v9};
 _Static_assert(sizeof store_migrations / sizeof store_migrations[0] == STORE_SCHEMA_VERSION,
                "one migration per schema version");
 
@@ -1616,6 +1636,7 @@ int store_job_purge(store_t *st, const int64_t *ids, int n) {
     st_exec(st, "DELETE FROM attempts WHERE job_id = ?", A_I(id));
     st_exec(st, "DELETE FROM checkpoint_shards WHERE job_id = ?", A_I(id));
     st_exec(st, "DELETE FROM checkpoints WHERE job_id = ?", A_I(id));
+    st_exec(st, "DELETE FROM checkpoints_damaged WHERE job_id = ?", A_I(id));
     st_exec(st, "DELETE FROM events WHERE job_id = ?", A_I(id));
     st_exec(st, "DELETE FROM jobs WHERE id = ?", A_I(id));
   }
@@ -1938,6 +1959,11 @@ const char *store_ckpt_state_name(store_ckpt_state_t s) {
   "s.step = c.step), (SELECT coalesce(sum(bytes), 0) FROM checkpoint_shards s WHERE "         \
   "s.job_id = c.job_id AND s.step = c.step)"
 
+/* The same columns of a damaged checkpoint a newer attempt wrote again. */
+#define CKPT_DAMAGED_COLS                                                                   \
+  "d.job_id, d.step, d.epoch, 'ABORTED', d.shards, d.dir, d.opened_ms, d.closed_ms, "       \
+  "d.reason, d.removed, d.reported, d.bytes"
+
 static void ckpt_row(sqlite3_stmt *s, void *item) {
   store_ckpt_t *c = item;
   c->job_id = sqlite3_column_int64(s, 0);
@@ -1990,6 +2016,13 @@ static int ckpt_for_epoch(store_t *st, int64_t job_id, int64_t step, int64_t epo
     return err_set(FSDP_ESTATE, "job %lld: the checkpoint of step %lld is already committed",
                    (long long)job_id, (long long)step);
   if (c->epoch >= epoch) return 1;
+  /* one found damaged is kept, its reason and its files' place with it */
+  if (c->state == STORE_CKPT_ABORTED && !strncmp(c->reason, "damaged:", 8))
+    st_exec(st, "INSERT OR REPLACE INTO checkpoints_damaged(job_id, step, epoch, shards, dir, "
+            "opened_ms, closed_ms, reason, removed, reported, bytes) VALUES(?, ?, ?, ?, ?, ?, ?, ?, "
+            "?, ?, ?)", A_I(job_id), A_I(step), A_I(c->epoch), A_I(c->shards), A_T(c->dir),
+            A_I(c->opened_ms), A_I(c->closed_ms), A_T(c->reason), A_I(c->removed),
+            A_I(c->reported), A_I((int64_t)c->bytes));
   st_exec(st, "DELETE FROM checkpoint_shards WHERE job_id = ? AND step = ?", A_I(job_id), A_I(step));
   st_exec(st, "DELETE FROM checkpoints WHERE job_id = ? AND step = ?", A_I(job_id), A_I(step));
   return st->rc ? st->rc : 0;
@@ -2042,9 +2075,10 @@ int store_ckpt_report(store_t *st, int64_t job_id, int64_t epoch, int64_t step, 
 }
 
 int store_ckpt_damaged(store_t *st, int64_t job_id, int64_t epoch, int64_t step,
-                       const char *reason, store_ckpt_t *out, int *changed) {
+                       const char *reason, const char *dir, store_ckpt_t *out, int *changed) {
   *changed = 0;
   int rc = reason ? check_text("damage reason", reason, STORE_REASON_MAX, 0) : 0;
+  if (!rc && dir) rc = check_text("checkpoint directory", dir, STORE_PATH_MAX, 0);
   if (rc || (rc = store_begin(st, reason != NULL))) return rc;
   job_brief_t b;
   store_ckpt_t c;
@@ -2055,9 +2089,10 @@ int store_ckpt_damaged(store_t *st, int64_t job_id, int64_t epoch, int64_t step,
     return store_end(st, err_set(FSDP_ENOTFOUND, "job %lld has no checkpoint of step %lld",
                                  (long long)job_id, (long long)step));
   if (reason && c.state == STORE_CKPT_COMMITTED &&
-      st_exec(st, "UPDATE checkpoints SET state = 'ABORTED', closed_ms = ?, reason = ? "
-              "WHERE job_id = ? AND step = ? AND state = 'COMMITTED'",
-              A_I(store_now_ms()), A_T(reason), A_I(job_id), A_I(step)) > 0) {
+      st_exec(st, "UPDATE checkpoints SET state = 'ABORTED', closed_ms = ?, reason = ?, "
+              "dir = coalesce(?, dir) WHERE job_id = ? AND step = ? AND state = 'COMMITTED'",
+              A_I(store_now_ms()), A_T(reason), A_T(dir), A_I(job_id),
+              A_I(step)) > 0) {
     *changed = 1;
     st_event(st, job_id, 0, "checkpoint.damaged", "step %lld: %s", (long long)step, reason);
   }
@@ -2161,7 +2196,9 @@ int store_ckpt_list(store_t *st, int64_t job_id, store_ckpt_t **ckpts, int *n) {
   if (rc) return rc;
   rc = st_collect(st, store_ckpt_t, ckpt_row, ckpts, n,
                   "SELECT " CKPT_COLS " FROM checkpoints c WHERE ? = 0 OR c.job_id = ? "
-                  "ORDER BY c.job_id, c.step DESC", A_I(job_id), A_I(job_id));
+                  "UNION ALL SELECT " CKPT_DAMAGED_COLS " FROM checkpoints_damaged d "
+                  "WHERE ? = 0 OR d.job_id = ? ORDER BY 1, 2 DESC, 3 DESC", A_I(job_id),
+                  A_I(job_id), A_I(job_id), A_I(job_id));
   return store_end(st, rc);
 }
 
@@ -2170,13 +2207,17 @@ int store_ckpt_pending(store_t *st, store_ckpt_t **ckpts, int *n) {
   if (rc) return rc;
   rc = st_collect(st, store_ckpt_t, ckpt_row, ckpts, n,
                   "SELECT " CKPT_COLS " FROM checkpoints c WHERE c.state = 'OPEN' OR "
-                  "(c.state = 'ABORTED' AND c.removed = 0) ORDER BY c.job_id, c.step");
+                  "(c.state = 'ABORTED' AND c.removed = 0) UNION ALL SELECT " CKPT_DAMAGED_COLS
+                  " FROM checkpoints_damaged d WHERE d.removed = 0 ORDER BY 1, 2, 3");
   return store_end(st, rc);
 }
 
 int store_ckpt_removed(store_t *st, int64_t job_id, int64_t step, int64_t epoch, int forget) {
   int rc = store_begin(st, 1);
   if (rc) return rc;
+  if (st_exec(st, "UPDATE checkpoints_damaged SET removed = 1 WHERE job_id = ? AND step = ? AND "
+              "epoch = ?", A_I(job_id), A_I(step), A_I(epoch)) > 0)
+    return store_end(st, 0); /* a damaged one written again since: kept, listed removed */
   if (!st_int(st, 0, "SELECT 1 FROM checkpoints WHERE job_id = ? AND step = ? AND epoch = ?",
               A_I(job_id), A_I(step), A_I(epoch)))
     return store_end(st, 0); /* a later attempt's row: not the one removed */

@@ -28,7 +28,7 @@
 #include "daemon/common/ring_secret.h"
 
 /* The schema version this build writes and reads (PRAGMA user_version). */
-#define STORE_SCHEMA_VERSION 8
+#define STORE_SCHEMA_VERSION 9
 
 /* Text bounds: longer input is refused (EINVAL) so what is stored reads back
  * whole; reasons and event text are free text and are cut to fit on read. */
@@ -225,16 +225,18 @@ typedef struct store_ckpt_shard {
 int store_ckpt_report(store_t *st, int64_t job_id, int64_t epoch, int64_t step, int shards,
                       const char *dir, const store_ckpt_shard_t *sh, store_ckpt_t *out);
 /* Job's committed checkpoint of step is damaged (the coordinator checked
- * it: coord_ckpt.c): it is ABORTED with reason and a checkpoint.damaged
- * event, so it is not the job's latest, retention and exports pass it by,
- * its files go once no attempt runs, and its step may be written again (a
- * newer attempt's report replaces it). One not committed is left as it is
- * (*changed 0; 1: this call). reason NULL: nothing changes, the checkpoint
- * is only read. epoch not 0: fenced as store_ckpt_report (the attempt
- * whose ranks said so must run). None of that step is FSDP_ENOTFOUND.
- * *out: the checkpoint after it. */
+ * it: coord_ckpt.c): it is ABORTED with reason (starting "damaged:") and a
+ * checkpoint.damaged event, so it is not the job's latest, retention and
+ * exports pass it by, its files go once no attempt runs, and its step may
+ * be written again: a newer attempt's report of that step opens a new row,
+ * and this one is kept beside it, reason and all (store_ckpt_list lists
+ * both). dir not NULL: where its files are now (set aside). One not
+ * committed is left as it is (*changed 0; 1: this call). reason NULL:
+ * nothing changes, the checkpoint is only read. epoch not 0: fenced as
+ * store_ckpt_report (the attempt whose ranks said so must run). None of
+ * that step is FSDP_ENOTFOUND. *out: the checkpoint after it. */
 int store_ckpt_damaged(store_t *st, int64_t job_id, int64_t epoch, int64_t step,
-                       const char *reason, store_ckpt_t *out, int *changed);
+                       const char *reason, const char *dir, store_ckpt_t *out, int *changed);
 /* A shard of job's checkpoint of step (under dir, of shards shards) that
  * its rank could not write, reported by attempt epoch (fenced as
  * store_ckpt_report): the checkpoint is ABORTED at once with reason and a
@@ -253,7 +255,9 @@ int store_ckpt_shards(store_t *st, int64_t job_id, int64_t step, store_ckpt_shar
  * not open (or a later attempt's row replaced it). */
 int store_ckpt_close(store_t *st, int64_t job_id, int64_t step, int64_t epoch,
                      const char *abort_reason);
-/* A job's checkpoints by step (job_id 0: every job's), newest first. */
+/* A job's checkpoints by step (job_id 0: every job's), newest first; of
+ * one step, the newest attempt's first (before a damaged one it wrote
+ * again). */
 int store_ckpt_list(store_t *st, int64_t job_id, store_ckpt_t **ckpts, int *n);
 /* Checkpoints aborted because their attempt ended first (store_attempt_end,
  * store_attempt_requeue, store_job_cancel: each with a checkpoint.aborted

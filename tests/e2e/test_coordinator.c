@@ -3395,6 +3395,11 @@ Test(coordinator, a_committed_checkpoint_found_damaged_is_committed_no_more) {
   cr_expect(strstr(reason, "damaged") && strstr(reason, "adam_v") && strstr(reason, "checked here") &&
             strstr(reason, "checksum mismatch"), "%s", reason);
   cr_expect_eq(ckpt_state(id, 10, NULL, 0), CK_COMMITTED);
+  /* set aside whole, so that the attempt that resumed writes step 20 again */
+  snprintf(sh, sizeof sh, "%s/step-00000020", ck);
+  cr_expect_neq(access(sh, F_OK), 0, "%s is still there: its step cannot be written again", sh);
+  snprintf(sh, sizeof sh, "%s/step-00000020.damaged/%s", ck, CKPT_MANIFEST);
+  cr_expect_eq(access(sh, F_OK), 0, "not set aside whole:\n%s", tu_slurp(co.log, NULL));
   Fsdp__V1__GetJobReply *g = get_job(id);
   cr_expect_eq(g->job->last_checkpoint_step, 10, "latest committed: %lld",
                (long long)g->job->last_checkpoint_step);

@@ -1125,6 +1125,62 @@ Test(store, checkpoints_open_commit_abort_and_are_fenced) {
   store_close(st);
 }
 
+/* A committed checkpoint found damaged is ABORTED with its "damaged:"
+ * reason and the place its files were set aside; a later attempt that
+ * writes its step again (a shard, or the word that one was not written)
+ * gets a row of its own, and the damaged one is kept beside it, listed
+ * after it with its reason, pending removal from where it went; once
+ * removed it is listed so, and the attempt's row is left as it is. */
+Test(store, a_damaged_checkpoint_written_again_keeps_its_reason) {
+  store_t *st = open_db("state.db");
+  int64_t node = add_node(st, "n0", 2);
+  int64_t job = submit(st, "ck", 2, 3), epoch;
+  cr_assert_eq(start_on(st, job, node, 2, &epoch), 0);
+  store_ckpt_t k;
+  store_ckpt_shard_t s0 = {0, 0, 100, 5}, s1 = {1, 1, 100, 7};
+  const char *d40 = "/ck/step-00000040", *aside = "/ck/step-00000040.damaged";
+  cr_assert_eq(store_ckpt_report(st, job, 1, 40, 2, d40, &s0, &k), 0, "%s", err_msg());
+  cr_assert_eq(store_ckpt_report(st, job, 1, 40, 2, d40, &s1, &k), 0, "%s", err_msg());
+  cr_assert_eq(store_ckpt_close(st, job, 40, 1, NULL), 0);
+  store_job_state_t next;
+  cr_assert_eq(store_attempt_end(st, job, 1, 0, "preempted", &next), 0);
+  cr_assert_eq(start_on(st, job, node, 2, &epoch), 0);
+  cr_assert_eq(epoch, 2);
+  int changed = 0;
+  cr_assert_eq(store_ckpt_damaged(st, job, 0, 40, "damaged: shard 1 cut", aside, &k, &changed), 0,
+               "%s", err_msg());
+  cr_assert(changed && k.state == STORE_CKPT_ABORTED && !strcmp(k.dir, aside), "%s", k.dir);
+  /* attempt 2's save of step 40 could not be written, then is written */
+  int aborted;
+  cr_assert_eq(store_ckpt_fail(st, job, 2, 40, 2, d40, "rank 0: disk full", &k, &aborted), 0, "%s",
+               err_msg());
+  cr_assert(aborted && k.epoch == 2 && !strcmp(k.dir, d40), "%s", k.dir);
+  store_ckpt_t *v;
+  int n;
+  cr_assert_eq(store_ckpt_list(st, job, &v, &n), 0);
+  cr_assert_eq(n, 2);
+  cr_assert(v[0].step == 40 && v[0].epoch == 2 && !strcmp(v[0].reason, "rank 0: disk full"));
+  cr_assert(v[1].step == 40 && v[1].epoch == 1 && v[1].state == STORE_CKPT_ABORTED &&
+            !strcmp(v[1].reason, "damaged: shard 1 cut") && !strcmp(v[1].dir, aside) &&
+            v[1].reported == 2 && v[1].bytes == 200, "%s %s", v[1].reason, v[1].dir);
+  store_array_free(v);
+  store_ckpt_removed(st, job, 40, 2, 0); /* attempt 2's failed one removed */
+  cr_assert_eq(store_attempt_end(st, job, 2, 0, "rank 1 died", &next), 0);
+  cr_assert_eq(start_on(st, job, node, 2, &epoch), 0);
+  cr_assert_eq(store_ckpt_report(st, job, 3, 40, 2, d40, &s0, &k), 0, "%s", err_msg());
+  cr_assert(k.state == STORE_CKPT_OPEN && k.epoch == 3 && k.reported == 1);
+  cr_assert_eq(store_ckpt_pending(st, &v, &n), 0);
+  cr_assert(n == 2 && v[0].epoch == 1 && !strcmp(v[0].dir, aside) && v[1].epoch == 3,
+            "the damaged one is pending removal from where it went (%d)", n);
+  store_array_free(v);
+  cr_assert_eq(store_ckpt_removed(st, job, 40, 1, 0), 0);
+  cr_assert_eq(store_ckpt_list(st, job, &v, &n), 0);
+  cr_assert(n == 2 && v[0].epoch == 3 && v[0].state == STORE_CKPT_OPEN && !v[0].removed &&
+            v[1].epoch == 1 && v[1].removed && strstr(v[1].reason, "damaged:"));
+  store_array_free(v);
+  store_close(st);
+}
+
 /* A shard its rank could not write aborts its checkpoint at once, once
  * (the same word again changes nothing); a failure that is the first word
  * of a checkpoint opens it aborted, pending the removal of its files; a
