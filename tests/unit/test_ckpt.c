@@ -907,6 +907,16 @@ static void make_shards(const char *dir, int64_t step) {
   for (int j = 0; j < 3; j++) make_shard(dir, j, step, RUN_A);
 }
 
+/* Checkpoints of steps 4 and 8 committed in root, their directories in s4
+ * and s8 (4096 bytes each). */
+static void committed_4_and_8(const char *root, char *s4, char *s8) {
+  snprintf(s4, 4096, "%s/step-00000004", root);
+  snprintf(s8, 4096, "%s/step-00000008", root);
+  make_shards(s4, 4), make_shards(s8, 8);
+  cr_assert_eq(ckpt_commit(s4, 3, NULL, RUN_A), 0, "%s", err_msg());
+  cr_assert_eq(ckpt_commit(s8, 3, NULL, RUN_A), 0, "%s", err_msg());
+}
+
 /* ckpt_sweep removes an uncommitted step directory left alone for the
  * quiet period, not one the caller names, not a fresh one; and odd step
  * directories (links, here more than a sweep reports) are said up to half
@@ -958,11 +968,7 @@ Test(ckpt, a_sweep_removes_old_leftovers_and_is_not_starved_by_odd_ones) {
  * it again finishes the job. */
 Test(ckpt, removal_makes_the_manifest_gone_durable_before_a_shard_goes) {
   char *root = mkdir_tmp("remove"), s4[4096], s8[4096], latest[4096], path[4096];
-  snprintf(s4, sizeof s4, "%s/step-00000004", root);
-  snprintf(s8, sizeof s8, "%s/step-00000008", root);
-  make_shards(s4, 4), make_shards(s8, 8);
-  cr_assert_eq(ckpt_commit(s4, 3, NULL, RUN_A), 0, "%s", err_msg());
-  cr_assert_eq(ckpt_commit(s8, 3, NULL, RUN_A), 0, "%s", err_msg());
+  committed_4_and_8(root, s4, s8);
   cr_assert_eq(ckpt_latest(root, latest, sizeof latest), 0, "%s", err_msg());
   cr_assert_str_eq(latest, s8);
   fs_log[0] = 0, fs_trace = 1;
@@ -1181,11 +1187,7 @@ Test(ckpt, a_full_disk_leaves_no_partial_checkpoint_and_training_goes_on, .timeo
  * the newest, found damaged as it is loaded (not passed over unsaid). */
 Test(ckpt, a_damaged_manifest_is_named_not_passed_over) {
   char *root = mkdir_tmp("badman"), s4[4096], s8[4096], man[4096], latest[4096];
-  snprintf(s4, sizeof s4, "%s/step-00000004", root);
-  snprintf(s8, sizeof s8, "%s/step-00000008", root);
-  make_shards(s4, 4), make_shards(s8, 8);
-  cr_assert_eq(ckpt_commit(s4, 3, NULL, RUN_A), 0, "%s", err_msg());
-  cr_assert_eq(ckpt_commit(s8, 3, NULL, RUN_A), 0, "%s", err_msg());
+  committed_4_and_8(root, s4, s8);
   snprintf(man, sizeof man, "%s/%s", s8, CKPT_MANIFEST);
   size_t n;
   char *good = tu_slurp(man, &n);
@@ -1215,11 +1217,7 @@ Test(ckpt, a_damaged_manifest_is_named_not_passed_over) {
  * equal checksums. */
 Test(ckpt, a_damaged_checkpoint_is_set_aside_whole_and_its_step_freed) {
   char *root = mkdir_tmp("aside"), s4[4096], s8[4096], to[4096], path[4096], latest[4096];
-  snprintf(s4, sizeof s4, "%s/step-00000004", root);
-  snprintf(s8, sizeof s8, "%s/step-00000008", root);
-  make_shards(s4, 4), make_shards(s8, 8);
-  cr_assert_eq(ckpt_commit(s4, 3, NULL, RUN_A), 0, "%s", err_msg());
-  cr_assert_eq(ckpt_commit(s8, 3, NULL, RUN_A), 0, "%s", err_msg());
+  committed_4_and_8(root, s4, s8);
   snprintf(path, sizeof path, "%s/shard-00000-of-00003.fsdp", s8);
   cr_assert_eq(truncate(path, 1000), 0);
   cr_assert_eq(ckpt_verify(s8), FSDP_EFORMAT);

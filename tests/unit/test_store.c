@@ -1125,6 +1125,14 @@ Test(store, checkpoints_open_commit_abort_and_are_fenced) {
   store_close(st);
 }
 
+/* Job "ck" of 2 ranks (max_restarts) running its first attempt on node n0. */
+static void ckpt_job_running(store_t *st, int max_restarts, int64_t *node, int64_t *job,
+                             int64_t *epoch) {
+  *node = add_node(st, "n0", 2);
+  *job = submit(st, "ck", 2, max_restarts);
+  cr_assert_eq(start_on(st, *job, *node, 2, epoch), 0);
+}
+
 /* A committed checkpoint found damaged is ABORTED with its "damaged:"
  * reason and the place its files were set aside; a later attempt that
  * writes its step again (a shard, or the word that one was not written)
@@ -1133,9 +1141,8 @@ Test(store, checkpoints_open_commit_abort_and_are_fenced) {
  * removed it is listed so, and the attempt's row is left as it is. */
 Test(store, a_damaged_checkpoint_written_again_keeps_its_reason) {
   store_t *st = open_db("state.db");
-  int64_t node = add_node(st, "n0", 2);
-  int64_t job = submit(st, "ck", 2, 3), epoch;
-  cr_assert_eq(start_on(st, job, node, 2, &epoch), 0);
+  int64_t node, job, epoch;
+  ckpt_job_running(st, 3, &node, &job, &epoch);
   store_ckpt_t k;
   store_ckpt_shard_t s0 = {0, 0, 100, 5}, s1 = {1, 1, 100, 7};
   const char *d40 = "/ck/step-00000040", *aside = "/ck/step-00000040.damaged";
@@ -1188,9 +1195,8 @@ Test(store, a_damaged_checkpoint_written_again_keeps_its_reason) {
  * later attempt's failure replaces what an older one left. */
 Test(store, a_shard_not_written_aborts_its_checkpoint_and_is_fenced) {
   store_t *st = open_db("state.db");
-  int64_t node = add_node(st, "n0", 2);
-  int64_t job = submit(st, "ck", 2, 1), epoch;
-  cr_assert_eq(start_on(st, job, node, 2, &epoch), 0);
+  int64_t node, job, epoch;
+  ckpt_job_running(st, 1, &node, &job, &epoch);
   store_ckpt_t k;
   store_ckpt_shard_t s0 = {0, 0, 100, 5}, s1 = {1, 1, 100, 7};
   int aborted = -1;
