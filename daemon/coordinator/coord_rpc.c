@@ -449,6 +449,7 @@ static void coord_submit_cb(rpc_call_t *call, const ProtobufCMessage *req, void 
   if (!rc && (plan.total == 0)) rc = plan_job(&cfg, sub.world, &plan);
   if (!rc) rc = job_paths_check(&cfg, (const char *const *)c->o.roots, c->o.nroots);
   if (!rc) rc = job_init_from_check(&cfg);
+  if (!rc) rc = job_resume_from_check(&cfg);
   if (rc == FSDP_ENOENT || rc == FSDP_EFORMAT) rc = FSDP_EINVAL;
   if (!rc) rc = shard_mesh_resolve(cfg.strategy, cfg.mesh, sub.world, &m, desc, sizeof desc);
   if (!rc && cfg.checkpoint_dir[0]) rc = coord_ckpt_dir_free(c, cfg.checkpoint_dir, 0);

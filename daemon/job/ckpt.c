@@ -687,6 +687,17 @@ void ckpt_manifest_free(ckpt_manifest_t *m) {
   memset(m, 0, sizeof *m);
 }
 
+int ckpt_manifest_model_check(const ckpt_manifest_t *m, const char *dir, const gpt_config_t *want) {
+  const gpt_config_t *h = &m->model;
+  if (h->layers == want->layers && h->channels == want->channels && h->heads == want->heads &&
+      h->vocab == want->vocab && h->context == want->context)
+    return FSDP_OK;
+  return err_set(FSDP_EINVAL, "%s holds a model of layers %d, channels %d, heads %d, vocab %d, "
+                 "context %d; this job's has %d, %d, %d, %d, %d: resume with the model it was "
+                 "saved with", dir, h->layers, h->channels, h->heads, h->vocab, h->context,
+                 want->layers, want->channels, want->heads, want->vocab, want->context);
+}
+
 int ckpt_latest(const char *root, char *buf, size_t len) {
   ckpt_manifest_t m;
   const int rc = ckpt_manifest_read(root, &m);

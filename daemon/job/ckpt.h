@@ -160,6 +160,9 @@ int ckpt_manifest_read(const char *dir, ckpt_manifest_t *m);
 /* The same from a manifest's text (len bytes; path for messages). */
 int ckpt_manifest_parse(const char *text, size_t len, const char *path, ckpt_manifest_t *m);
 void ckpt_manifest_free(ckpt_manifest_t *m);
+/* FSDP_OK when manifest m (of the checkpoint in dir) is of the model want;
+ * else FSDP_EINVAL naming both models and the fix. */
+int ckpt_manifest_model_check(const ckpt_manifest_t *m, const char *dir, const gpt_config_t *want);
 /* The committed checkpoint of root with the highest step: its directory in
  * buf. FSDP_ENOENT when there is none. When root itself is a committed
  * checkpoint, that is it; when root's own manifest is damaged, that error

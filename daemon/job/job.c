@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "daemon/common/err.h"
+#include "daemon/job/ckpt.h"
 #include "daemon/job/safetensors.h"
 
 /* ---- validation ------------------------------------------------------------ */
@@ -235,6 +236,19 @@ int job_paths_check(config_t *c, const char *const *roots, int nroots) {
   }
   free(rr);
   return rc;
+}
+
+int job_resume_from_check(const config_t *c) {
+  char dir[CONFIG_PATH_MAX + 32];
+  ckpt_manifest_t m;
+  /* none yet (a job that resumes another's, still to save), or one damaged:
+   * its ranks say so at their start */
+  if (!c->resume_from[0] || ckpt_latest(c->resume_from, dir, sizeof dir) ||
+      ckpt_manifest_read(dir, &m))
+    return FSDP_OK;
+  const int rc = ckpt_manifest_model_check(&m, dir, &c->gpt);
+  ckpt_manifest_free(&m);
+  return rc ? err_wrap(rc, "resume_from") : FSDP_OK;
 }
 
 int job_init_from_check(const config_t *c) {

@@ -69,6 +69,12 @@ int job_paths_check(config_t *c, const char *const *roots, int nroots);
  * tensor, never at launch. Any other file passes (the ranks check a weights
  * file's header). */
 int job_init_from_check(const config_t *c);
+/* resume_from (after job_paths_check and the model's resolution): the
+ * latest checkpoint committed there, where there is one already, must be
+ * of the job's model, so a job that could only fail at its ranks' start is
+ * refused at submit. None yet (a job that resumes another's, which has
+ * still to save) or a damaged one passes: the ranks check at their start. */
+int job_resume_from_check(const config_t *c);
 /* The value in c of the path option key (data, init_from, save,
  * checkpoint_dir, resume_from: what job_paths_check resolved), NULL for a
  * key that is no path: one list of a job's paths. */

@@ -282,14 +282,7 @@ int ckpt_rank_load(fsdp_t *f, const char *dir, ckpt_rank_meta_t *meta) {
   fsdp_state(f, &st);
   const gpt_config_t *cfg = gpt_get_config(fsdp_model(f));
   uint8_t *stage = NULL;
-  if (memcmp(&rd.m.model, cfg, sizeof *cfg)) {
-    rc = err_set(FSDP_EINVAL, "%s holds a model of layers %d, channels %d, heads %d, "
-                 "vocab %d, context %d; this job's has %d, %d, %d, %d, %d: resume with the model "
-                 "it was saved with", dir, rd.m.model.layers, rd.m.model.channels,
-                 rd.m.model.heads, rd.m.model.vocab, rd.m.model.context, cfg->layers,
-                 cfg->channels, cfg->heads, cfg->vocab, cfg->context);
-    goto out;
-  }
+  if ((rc = ckpt_manifest_model_check(&rd.m, dir, cfg))) goto out;
   if (!(stage = malloc(CKPT_STAGE * sizeof(float)))) {
     rc = err_set(FSDP_ENOMEM, "checkpoint: out of memory");
     goto out;

@@ -388,6 +388,13 @@ Test(coordinator, every_invalid_spec_is_refused_naming_its_field) {
   tu_write_file(stp, st_bytes, st_len);
   snprintf(st_opt, sizeof st_opt, "init_from=%s", stp);
   free(stp);
+  /* a checkpoint of another model (the format's fixture: layers 1, channels 8) */
+  char rf_opt[700], cmd[1400], out[1024];
+  char *rf = tu_path("other-ckpt");
+  snprintf(cmd, sizeof cmd, "cp -r '%s/tests/fixtures/ckpt-v3' '%s'", tu_root(), rf);
+  cr_assert_eq(tu_sh(cmd, out, sizeof out), 0, "%s: %s", cmd, out);
+  snprintf(rf_opt, sizeof rf_opt, "resume_from=%s", rf);
+  free(rf);
   struct {
     int world;
     const char *kv[6];
@@ -407,6 +414,7 @@ Test(coordinator, every_invalid_spec_is_refused_naming_its_field) {
       {2, {"model=tiny", "data=missing.bin", NULL}, "data"},
       {2, {"model=tiny", ok_data, "sample_prompt=a\nb", NULL}, "options[2]"},
       {2, {"model=tiny", ok_data, st_opt, NULL}, "transformer.wte.weight\" has shape [4, 4]"},
+      {2, {"model=tiny", ok_data, rf_opt, NULL}, "holds a model of layers 1, channels 8"},
       {0, {"model=tiny", ok_data, NULL}, "world_size"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
