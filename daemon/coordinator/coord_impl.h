@@ -59,8 +59,9 @@ typedef struct coord_node {
   int ndev;                 /* devices it registered with */
   struct {
     int index;
-    uint64_t bytes;
-  } offers[COORD_NODE_DEVICES_MAX]; /* each device's memory, as the store has it */
+    uint64_t bytes; /* its memory, as the store has it */
+    uint64_t used;  /* what its rank uses, as the last heartbeat said (ListNodes; not stored) */
+  } offers[COORD_NODE_DEVICES_MAX];
   uint8_t log_key[TICKET_KEY_BYTES]; /* its log tickets' (ticket.h), new at each registration */
   /* devices it reports still running a job's processes, a bit each */
   uint64_t busy[COORD_NODE_DEVICES_MAX / 64];

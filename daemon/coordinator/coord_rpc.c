@@ -722,6 +722,8 @@ static Fsdp__V1__NodeInfo *coord_node_msg(coord_t *c, coord_arena_t *a, const st
     d->kind = (char *)store_dev_kind_name(sn->devices[k].kind);
     d->name = coord_str(a, sn->devices[k].name);
     d->total_bytes = sn->devices[k].memory_bytes;
+    for (int i = 0; ln && !ln->dead && i < ln->ndev; i++) /* live: its last heartbeat's */
+      if (ln->offers[i].index == sn->devices[k].index) d->used_bytes = ln->offers[i].used;
     d->job_id = sn->devices[k].job_id ? coord_idstr(a, 'j', sn->devices[k].job_id) : "";
     m->n_devices++;
   }
@@ -936,7 +938,8 @@ static void coord_register_cb(rpc_call_t *call, const ProtobufCMessage *req, voi
   n->n_sent = 0; /* what it runs is in this registration; what it lacks is sent below */
   n->session = session, n->dead = 0, n->stopping = 0, n->ndev = (int)q->n_devices;
   for (size_t i = 0; i < q->n_devices; i++)
-    n->offers[i].index = (int)q->devices[i]->index, n->offers[i].bytes = q->devices[i]->total_bytes;
+    n->offers[i].index = (int)q->devices[i]->index, n->offers[i].bytes = q->devices[i]->total_bytes,
+    n->offers[i].used = q->devices[i]->used_bytes;
   n->instance = q->instance;
   if (getrandom(n->log_key, sizeof n->log_key, 0) != (ssize_t)sizeof n->log_key) {
     rpc_call_finish(call, err_set(FSDP_EINTERNAL, "coordinator: no random bytes for node %s's "
@@ -1050,6 +1053,7 @@ static void coord_node_offers(coord_t *c, coord_node_t *n, const Fsdp__V1__Heart
     const Fsdp__V1__Device *d = q->devices[i];
     for (int k = 0; k < n->ndev; k++) {
       if (n->offers[k].index != (int)d->index) continue;
+      n->offers[k].used = d->used_bytes;
       /* a figure registration would refuse is not taken either */
       if (!d->total_bytes || d->total_bytes == n->offers[k].bytes || d->total_bytes > INT64_MAX)
         break;

@@ -196,6 +196,22 @@ Test(metrics, both_endpoints_pass_promtool_and_prometheus_scrapes_a_running_job)
   char mem[160];
   snprintf(mem, sizeof mem, "fsdp_rank_memory_bytes{job=\"%s\",rank=\"1\",category=\"params\"}", job);
   for (int i = 0; i < 2; i++) cr_assert_gt(sample(got[i], mem), 0, "%s", got[i]);
+  /* fsdpctl nodes shows what each busy device's rank uses, as its
+   * heartbeats say (it showed 0 B, the coordinator not passing it on) */
+  int busy = 0;
+  for (const double t3 = tu_now_s(); busy < 2 && tu_now_s() - t3 < 10;) {
+    cr_assert_eq(cluster_ctl(coord.addr, "--output json nodes", out, sizeof out), 0, "%s", out);
+    json_t *j = json_loads(out, 0, NULL);
+    json_t *devs = json_object_get(json_array_get(j, 0), "devices");
+    busy = 0;
+    for (size_t d = 0; d < json_array_size(devs); d++) {
+      json_t *u = json_object_get(json_array_get(devs, d), "used_bytes");
+      busy += (json_is_string(u) ? atof(json_string_value(u)) : json_number_value(u)) > 1e5;
+    }
+    json_decref(j);
+    if (busy < 2) nanosleep(&(struct timespec){0, 200000000}, NULL);
+  }
+  cr_assert_eq(busy, 2, "fsdpctl nodes does not show the ranks' memory:\n%s", out);
   cr_assert_geq(sample(got[0], "fsdp_scheduling_latency_seconds_count"), 1, "%s", got[0]);
   /* each histogram spans what it measures: a job's wait for placement up to
    * hours (it stopped at 2.048 s), a heartbeat's lateness in milliseconds */
