@@ -195,22 +195,58 @@ static int job_path_usable(const char *key, const char *full, const char *res,
   return FSDP_OK;
 }
 
-int job_paths_check(config_t *c, const char *const *roots, int nroots) {
+/* The roots, each resolved (realpath), in a malloc'd array: the one place
+ * they are resolved. */
+static int job_roots_resolve(const char *const *roots, int nroots, char (**out)[PATH_MAX]) {
+  *out = NULL;
   if (nroots < 1)
     return err_set(FSDP_EINVAL, "roots: no directory is configured for jobs' files, so no path "
                    "can be allowed; configure at least one root");
   char (*rr)[PATH_MAX] = malloc(sizeof *rr * (size_t)nroots);
   if (!rr) return err_set(FSDP_ENOMEM, "roots: out of memory");
-  int rc = FSDP_OK;
-  for (int i = 0; i < nroots && !rc; i++)
-    if (!realpath(roots[i], rr[i]))
-      rc = err_set_errno(FSDP_EINVAL, errno, "roots: %s cannot be resolved; configure an "
-                         "existing directory", roots[i]);
+  for (int i = 0; i < nroots; i++)
+    if (!realpath(roots[i], rr[i])) {
+      free(rr);
+      return err_set_errno(FSDP_EINVAL, errno, "roots: %s cannot be resolved; configure an "
+                           "existing directory", roots[i]);
+    }
+  *out = rr;
+  return FSDP_OK;
+}
+
+/* The root check: res, what path resolved to, inside one of the n resolved
+ * roots rr, else refused naming key, path, res and the roots, then fix. */
+static int job_path_within(const char *key, const char *path, const char *res,
+                           char (*rr)[PATH_MAX], int n, const char *fix) {
+  for (int i = 0; i < n; i++)
+    if (job_path_inside(res, rr[i])) return FSDP_OK;
+  char list[1024];
+  job_roots_list(rr, n, list, sizeof list);
+  return err_set(FSDP_EINVAL, "%s: %s resolves to %s, outside the allowed roots (%s); %s", key,
+                 path, res, list, fix);
+}
+
+int job_path_in_roots(const char *key, const char *path, const char *const *roots, int nroots,
+                      const char *fix, char *res) {
+  char (*rr)[PATH_MAX];
+  int missing = 0, rc = job_roots_resolve(roots, nroots, &rr);
+  if (!rc && path[0] != '/')
+    rc = err_set(FSDP_EINVAL, "%s: %s is not an absolute path", key, path);
+  if (!rc) rc = job_path_resolve(key, path, res, &missing);
+  if (!rc && missing) rc = err_set(FSDP_ENOENT, "%s: %s does not exist", key, path);
+  if (!rc) rc = job_path_within(key, path, res, rr, nroots, fix);
+  free(rr);
+  return rc;
+}
+
+int job_paths_check(config_t *c, const char *const *roots, int nroots) {
+  char (*rr)[PATH_MAX];
+  int rc = job_roots_resolve(roots, nroots, &rr);
   for (size_t k = 0; !rc && k < sizeof job_paths / sizeof *job_paths; k++) {
     char *field = (char *)c + job_paths[k].offset;
     const char *key = job_paths[k].key;
     if (!field[0]) continue;
-    char full[PATH_MAX], res[PATH_MAX], list[1024];
+    char full[PATH_MAX], res[PATH_MAX];
     if (snprintf(full, sizeof full, "%s%s%s", field[0] == '/' ? "" : rr[0],
                  field[0] == '/' ? "" : "/", field) >= (int)sizeof full) {
       rc = err_set(FSDP_EINVAL, "%s: %s is too long", key, field);
@@ -218,14 +254,8 @@ int job_paths_check(config_t *c, const char *const *roots, int nroots) {
     }
     int missing;
     if ((rc = job_path_resolve(key, full, res, &missing))) break;
-    int inside = 0;
-    for (int i = 0; i < nroots && !inside; i++) inside = job_path_inside(res, rr[i]);
-    if (!inside) {
-      job_roots_list(rr, nroots, list, sizeof list);
-      rc = err_set(FSDP_EINVAL, "%s: %s resolves to %s, outside the allowed roots (%s); name a "
-                   "path inside one of them", key, field, res, list);
+    if ((rc = job_path_within(key, field, res, rr, nroots, "name a path inside one of them")))
       break;
-    }
     if ((rc = job_path_usable(key, full, res, job_paths[k].kind, missing))) break;
     if (strlen(res) >= job_paths[k].size) {
       rc = err_set(FSDP_EINVAL, "%s: %s resolves to %zu characters; the limit is %zu", key,

@@ -63,6 +63,14 @@ int job_validate(const job_opt_t *opts, int n, int world, size_t device_bytes, c
  * (openat2 with RESOLVE_BENEATH from a descriptor of the root, or
  * O_NOFOLLOW on each component); the ranks do not do that yet. */
 int job_paths_check(config_t *c, const char *const *roots, int nroots);
+/* The same check for one absolute path that must exist (a directory or
+ * file the coordinator reads, such as a checkpoint's step directory): res
+ * (PATH_MAX) gets what it resolves to, no symlink left in it. A path that
+ * does not exist is FSDP_ENOENT; one that resolves outside every root is
+ * FSDP_EINVAL naming key, the path, what it resolves to and the roots, then
+ * fix (what to do). */
+int job_path_in_roots(const char *key, const char *path, const char *const *roots, int nroots,
+                      const char *fix, char *res);
 /* A safetensors init_from (after job_paths_check and the model's
  * resolution): its header checked against the job's model, so a file of
  * another model, or one whose header lies, is refused at submit naming the
