@@ -698,6 +698,23 @@ int ckpt_manifest_model_check(const ckpt_manifest_t *m, const char *dir, const g
                  want->layers, want->channels, want->heads, want->vocab, want->context);
 }
 
+int ckpt_manifest_check(const ckpt_manifest_t *m, const char *dir, int64_t step, int shards,
+                        const ckpt_shard_report_t *reports) {
+  if (m->step != step)
+    return err_set(FSDP_EFORMAT, "checkpoint %s: step: its manifest says %" PRId64 ", committed "
+                   "as %" PRId64, dir, m->step, step);
+  if (m->shards != shards)
+    return err_set(FSDP_EFORMAT, "checkpoint %s: shards: its manifest says %d, committed with %d",
+                   dir, m->shards, shards);
+  for (int j = 0; j < shards; j++)
+    if (m->shard[j].bytes != reports[j].bytes || m->shard[j].sum != reports[j].sum)
+      return err_set(FSDP_EFORMAT, "checkpoint %s: %s: its manifest says %" PRIu64 " bytes, "
+                     "checksum %016" PRIx64 "; committed as %" PRIu64 " bytes, checksum %016"
+                     PRIx64, dir, m->shard[j].name, m->shard[j].bytes, m->shard[j].sum,
+                     reports[j].bytes, reports[j].sum);
+  return FSDP_OK;
+}
+
 int ckpt_latest(const char *root, char *buf, size_t len) {
   ckpt_manifest_t m;
   const int rc = ckpt_manifest_read(root, &m);

@@ -163,6 +163,13 @@ void ckpt_manifest_free(ckpt_manifest_t *m);
 /* FSDP_OK when manifest m (of the checkpoint in dir) is of the model want;
  * else FSDP_EINVAL naming both models and the fix. */
 int ckpt_manifest_model_check(const ckpt_manifest_t *m, const char *dir, const gpt_config_t *want);
+/* Checks m, read from dir, against what committed it: its step, its shard
+ * count and each shard's size and checksum (reports, shards of them, by
+ * shard rank: the commit's). FSDP_EFORMAT naming dir and the field, with
+ * both values, when one differs: the directory holds other files than
+ * those committed (replaced, or copied from another checkpoint). */
+int ckpt_manifest_check(const ckpt_manifest_t *m, const char *dir, int64_t step, int shards,
+                        const ckpt_shard_report_t *reports);
 /* The committed checkpoint of root with the highest step: its directory in
  * buf. FSDP_ENOENT when there is none. When root itself is a committed
  * checkpoint, that is it; when root's own manifest is damaged, that error
