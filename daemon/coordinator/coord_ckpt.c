@@ -313,6 +313,23 @@ static int coord_ckpt_committing(const coord_t *c, int64_t job, int64_t step) {
   return 0;
 }
 
+int coord_ckpt_reports(coord_t *c, const store_ckpt_t *k, ckpt_shard_report_t **out) {
+  *out = NULL;
+  store_ckpt_shard_t *sh = NULL;
+  int n = 0;
+  int rc = store_ckpt_shards(c->st, k->job_id, k->step, &sh, &n);
+  if (!rc && n != k->shards)
+    rc = err_set(FSDP_EINTERNAL, "%d of %d shards recorded", n, k->shards);
+  if (!rc && !(*out = calloc((size_t)n, sizeof **out))) rc = err_set(FSDP_ENOMEM, "out of memory");
+  for (int j = 0; !rc && j < n; j++) {
+    (*out)[j] = (ckpt_shard_report_t){sh[j].shard, "", sh[j].bytes, sh[j].sum};
+    ckpt_shard_name((*out)[j].name, sizeof (*out)[j].name, sh[j].shard, k->shards);
+  }
+  free(sh);
+  if (rc) free(*out), *out = NULL;
+  return rc;
+}
+
 /* Every shard of k is in: ckpt_commit (each shard's header read and checked
  * against its report, the manifest written and fsynced) runs on the pool,
  * then the store closes the checkpoint and call (the last report, or NULL)
@@ -324,20 +341,9 @@ static int coord_ckpt_commit(coord_t *c, const store_ckpt_t *k, int keep, uint64
   coord_commit_t *m = calloc(1, sizeof *m);
   if (!m) return err_set(FSDP_ENOMEM, "coordinator: out of memory");
   m->c = c, m->k = *k, m->keep = keep, m->t0 = t0, m->work.data = m;
-  store_ckpt_shard_t *sh = NULL;
-  int n = 0;
-  int rc = store_ckpt_shards(c->st, k->job_id, k->step, &sh, &n);
-  if (!rc && n != k->shards)
-    rc = err_set(FSDP_EINTERNAL, "%d of %d shards recorded", n, k->shards);
-  if (!rc && !(m->rep = calloc((size_t)n, sizeof *m->rep)))
-    rc = err_set(FSDP_ENOMEM, "out of memory");
-  for (int j = 0; !rc && j < n; j++) {
-    m->rep[j] = (ckpt_shard_report_t){sh[j].shard, "", sh[j].bytes, sh[j].sum};
-    ckpt_shard_name(m->rep[j].name, sizeof m->rep[j].name, sh[j].shard, k->shards);
-  }
-  free(sh);
+  int rc = coord_ckpt_reports(c, k, &m->rep);
   if (rc) { /* left open: the janitor tries again */
-    free(m->rep), free(m);
+    free(m);
     return rc;
   }
   if (uv_queue_work(c->loop, &m->work, coord_ckpt_commit_work, coord_ckpt_commit_done)) {
@@ -435,6 +441,23 @@ static void coord_ckpt_verify_work(uv_work_t *w) {
   }
 }
 
+void coord_ckpt_mark_damaged(coord_t *c, int64_t job, int64_t step, const char *how,
+                             const char *aside) {
+  char why[STORE_REASON_MAX];
+  snprintf(why, sizeof why, "damaged: %s", how);
+  coord_text_mend(why);
+  store_ckpt_t k;
+  int changed = 0;
+  if (store_ckpt_damaged(c->st, job, 0, step, why, aside, &k, &changed))
+    LOG_WARN("coord", "job j-%lld: checkpoint of step %lld: %s", (long long)job, (long long)step,
+             err_msg());
+  else if (changed) {
+    LOG_WARN("coord", "job j-%lld: committed checkpoint of step %lld is %s; committed no more",
+             (long long)job, (long long)step, why);
+    c->ckpt_aborts++;
+  }
+}
+
 static void coord_ckpt_verify_done(uv_work_t *w, int status) {
   coord_verify_t *v = w->data;
   coord_t *c = v->c;
@@ -447,19 +470,8 @@ static void coord_ckpt_verify_done(uv_work_t *w, int status) {
     const int damaged = !status && !v->no_dir && (v->rc == FSDP_EFORMAT || v->rc == FSDP_ENOENT);
     if (damaged) {
       char why[STORE_REASON_MAX];
-      snprintf(why, sizeof why, "damaged: %.200s; checked here: %.250s", v->said, v->err);
-      coord_text_mend(why);
-      store_ckpt_t k;
-      int changed = 0;
-      if (store_ckpt_damaged(c->st, v->job, 0, v->step, why, v->aside[0] ? v->aside : NULL, &k,
-                             &changed))
-        LOG_WARN("coord", "job j-%lld: checkpoint of step %lld: %s", (long long)v->job,
-                 (long long)v->step, err_msg());
-      else if (changed) {
-        LOG_WARN("coord", "job j-%lld: committed checkpoint of step %lld is %s; committed no more",
-                 (long long)v->job, (long long)v->step, why);
-        c->ckpt_aborts++;
-      }
+      snprintf(why, sizeof why, "%.200s; checked here: %.250s", v->said, v->err);
+      coord_ckpt_mark_damaged(c, v->job, v->step, why, v->aside[0] ? v->aside : NULL);
       if (v->aside[0])
         LOG_WARN("coord", "job j-%lld: the damaged checkpoint of step %lld is set aside as %s "
                  "(removed once no attempt of the job runs); its step may be written again",

@@ -4,7 +4,17 @@
  *
  * The checkpoint is one the store says is COMMITTED (the request names a
  * job and a step, never a path: the directory is the one the coordinator
- * recorded). Reading and converting run on libuv's thread pool, one model
+ * recorded), and what is read is that checkpoint: its directory must
+ * resolve inside the coordinator's roots (job_path_in_roots, the check a
+ * job's paths pass: no link out of them), and its manifest must say what
+ * the store recorded at commit (step, shards, each shard's size and
+ * checksum: ckpt_manifest_check); the reader checks every shard and block
+ * it reads against that manifest. A checkpoint that is not as committed is
+ * refused with FSDP_ESTATE (FAILED_PRECONDITION: the request is fine, the
+ * checkpoint is not), and when its directory is there and what was read
+ * is damaged or other files (not one outside the roots, which is not
+ * read), marked damaged as a rank's report checked here would be
+ * (coord_ckpt_mark_damaged). Reading and converting run on libuv's thread pool, one model
  * unit at a time, never on the loop: the loop only hands pieces to gRPC, up
  * to COORD_EXPORT_BACKLOG messages ahead of the client, waiting on a timer
  * when the client is slower. Memory per export: one unit in fp32 and as
@@ -15,14 +25,17 @@
  * ends: a job that goes on committing never pulls files from under one. A
  * client that accepts nothing for FSDP_STREAM_STALL_S (60 s) is ended. */
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "daemon/common/err.h"
 #include "daemon/common/log.h"
 #include "daemon/common/param.h"
 #include "daemon/coordinator/coord_impl.h"
+#include "daemon/job/job.h"
 #include "daemon/job/safetensors.h"
 
 #define COORD_EXPORT_CHUNK (1u << 20) /* bytes per message: under gRPC's 4 MiB receive limit */
@@ -32,9 +45,15 @@
 typedef struct coord_export {
   coord_t *c;
   rpc_call_t *call;         /* NULL once the call ended */
-  int64_t job, step;
+  int64_t job, step;         /* step: the store's, as found */
   uint32_t dtype;
-  char dir[STORE_PATH_MAX];
+  char dir[STORE_PATH_MAX];  /* the store's: what retention keeps */
+  int shards;                /* what committed it, from the store ... */
+  ckpt_shard_report_t *rep;  /* ... shards of them, checked against the manifest */
+  const char *const *roots;  /* the coordinator's (its options live as long as the process) */
+  int nroots;
+  char real[PATH_MAX];       /* dir resolved inside them: what is read */
+  int damaged;               /* the pool's failure is the checkpoint's, its directory there */
   safetensors_export_t *x;  /* opened on the pool ... */
   int opened;               /* ... once this is set */
   uv_work_t work;
@@ -72,6 +91,7 @@ static void coord_export_free_cb(uv_handle_t *h) {
     if (c->exports[i] == e) c->exports[i] = NULL;
   const coord_job_t *x = c ? coord_job_info(c, e->job) : NULL;
   if (x) coord_ckpt_retain(c, e->job, x->keep);
+  free(e->rep);
   free(e);
 }
 
@@ -102,12 +122,48 @@ static void coord_export_cancel_cb(rpc_call_t *call, void *arg) {
   coord_export_end(e, FSDP_OK);
 }
 
-/* On the pool: open the checkpoint, or produce the next piece. */
+/* On the pool: the checkpoint's directory resolved inside the roots (what
+ * is read has no link out of them), opened, and its manifest checked
+ * against what the store recorded at commit. */
+static int coord_export_open(coord_export_t *e) {
+  int rc = job_path_in_roots("checkpoint", e->dir, e->roots, e->nroots, "the coordinator reads "
+                             "no checkpoint there: put the step's own files back in its "
+                             "directory (no link out of the roots)", e->real);
+  if (rc == FSDP_EINVAL) rc = FSDP_ESTATE; /* not the request's fault; not damaged either */
+  if (!rc) rc = safetensors_export_open(&e->x, e->real, e->dtype);
+  if (!rc)
+    rc = ckpt_manifest_check(safetensors_export_manifest(e->x), e->dir, e->step, e->shards,
+                             e->rep);
+  return rc;
+}
+
+/* On the pool: open the checkpoint, or produce the next piece. A failure
+ * the checkpoint's (a file damaged, missing or not the one committed:
+ * what coord_ckpt_verify_done takes for damaged) with its directory there
+ * is the checkpoint's damage, not the file system's view of it. */
 static void coord_export_work_cb(uv_work_t *w) {
   coord_export_t *e = w->data;
-  e->rc = e->opened ? safetensors_export_next(e->x, &e->piece, &e->len)
-                    : safetensors_export_open(&e->x, e->dir, e->dtype);
-  if (e->rc) snprintf(e->err, sizeof e->err, "%s", err_msg());
+  e->rc = e->opened ? safetensors_export_next(e->x, &e->piece, &e->len) : coord_export_open(e);
+  if (!e->rc) return;
+  snprintf(e->err, sizeof e->err, "%s", err_msg());
+  struct stat st;
+  e->damaged = (e->rc == FSDP_EFORMAT || e->rc == FSDP_ENOENT) && !stat(e->dir, &st) &&
+               S_ISDIR(st.st_mode);
+}
+
+/* A pool task failed (e->rc, e->err): the error the call ends with. A
+ * checkpoint that is not as committed is FSDP_ESTATE, whatever part of it
+ * showed that, and one found damaged is marked so. */
+static int coord_export_failed(coord_export_t *e) {
+  if (e->rc != FSDP_EFORMAT && e->rc != FSDP_ENOENT && e->rc != FSDP_ESTATE)
+    return err_set(e->rc, "%s", e->err);
+  char how[STORE_REASON_MAX];
+  snprintf(how, sizeof how, "an export read: %.400s", e->err);
+  if (e->damaged && e->c) coord_ckpt_mark_damaged(e->c, e->job, e->step, how, NULL);
+  return err_set(FSDP_ESTATE, "the checkpoint of step %" PRId64 " of job j-%" PRId64 " is not as "
+                 "committed: %s;%s export another step (fsdpctl checkpoints j-%" PRId64 " lists "
+                 "them)", e->step, e->job, e->err, e->damaged ? " it is marked damaged (committed "
+                 "no more);" : "", e->job);
 }
 
 static void coord_export_wait_cb(uv_timer_t *t);
@@ -155,12 +211,12 @@ static void coord_export_wait_cb(uv_timer_t *t) { coord_export_pump(t->data); }
 static void coord_export_after_cb(uv_work_t *w, int status) {
   coord_export_t *e = w->data;
   e->working = 0;
+  const int rc = !status && e->rc ? coord_export_failed(e) : FSDP_OK; /* marked even if no call */
   if (!e->call) return coord_export_end(e, FSDP_OK);
   if (status) return coord_export_end(e, err_set(FSDP_ECANCELED, "export: canceled"));
-  if (e->rc) return coord_export_end(e, err_set(e->rc, "%s", e->err));
+  if (rc) return coord_export_end(e, rc);
   if (!e->opened) {
     e->opened = 1;
-    e->step = safetensors_export_step(e->x);
     return coord_export_next(e);
   }
   if (!e->len) {
@@ -183,10 +239,10 @@ static void coord_export_next(coord_export_t *e) {
   }
 }
 
-/* The committed checkpoint of job at step (0: the latest): its directory in
- * dir. The error lists the committed steps. */
-static int coord_export_find(coord_t *c, int64_t job, const char *job_id, int64_t step, char *dir,
-                             size_t len) {
+/* The committed checkpoint of job at step (0: the latest) in *k. The error
+ * lists the committed steps. */
+static int coord_export_find(coord_t *c, int64_t job, const char *job_id, int64_t step,
+                             store_ckpt_t *k) {
   store_ckpt_t *v = NULL;
   int n = 0, rc = store_ckpt_list(c->st, job, &v, &n), found = -1;
   char steps[256] = "";
@@ -203,7 +259,7 @@ static int coord_export_find(coord_t *c, int64_t job, const char *job_id, int64_
                         sl ? ")" : "")
               : err_set(FSDP_ENOTFOUND, "job %s has no committed checkpoint yet (fsdpctl "
                         "checkpoints %s lists them)", job_id, job_id);
-  if (!rc) snprintf(dir, len, "%s", v[found].dir);
+  if (!rc) *k = v[found];
   free(v);
   return rc;
 }
@@ -234,12 +290,16 @@ void coord_export_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
                                                COORD_EXPORT_MAX));
   coord_export_t *e = calloc(1, sizeof *e);
   if (!e) return (void)rpc_call_finish(call, err_set(FSDP_ENOMEM, "export: out of memory"));
-  e->c = c, e->job = job, e->step = q->step, e->dtype = dtype;
-  int rc = coord_export_find(c, job, q->job_id, q->step, e->dir, sizeof e->dir);
+  e->c = c, e->job = job, e->dtype = dtype, e->roots = c->o.roots, e->nroots = c->o.nroots;
+  store_ckpt_t k;
+  int rc = coord_export_find(c, job, q->job_id, q->step, &k);
+  if (!rc) rc = coord_ckpt_reports(c, &k, &e->rep);
   if (rc) {
     free(e);
     return (void)rpc_call_finish(call, rc);
   }
+  e->step = k.step, e->shards = k.shards;
+  snprintf(e->dir, sizeof e->dir, "%s", k.dir);
   uv_timer_init(c->loop, &e->wait);
   e->wait.data = e;
   e->call = call;

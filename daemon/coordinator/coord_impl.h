@@ -12,6 +12,7 @@
 #include "daemon/common/ticket.h"
 #include "daemon/coordinator/coord.h"
 #include "daemon/coordinator/sched.h"
+#include "daemon/job/ckpt.h"
 #include "daemon/job/config.h"
 #include "daemon/job/plan.h"
 #include "daemon/job/shard.h"
@@ -353,6 +354,16 @@ int coord_ckpt_removing(const coord_t *c, const char *dir);
 int coord_ckpt_busy(coord_t *c, int64_t job);
 /* The coordinator goes: removals and commits still running forget it. */
 void coord_ckpt_detach(coord_t *c);
+/* What committed k, from the store: each shard's size and checksum as its
+ * rank reported them (ckpt.h's reports, k->shards of them, by shard rank),
+ * in *out, malloc'd. */
+int coord_ckpt_reports(coord_t *c, const store_ckpt_t *k, ckpt_shard_report_t **out);
+/* The committed checkpoint of job's step, found damaged by the coordinator
+ * itself (how: what it read), is ABORTED with the reason "damaged: how":
+ * committed no more, logged and counted once; its files go as an aborted
+ * checkpoint's do. */
+void coord_ckpt_mark_damaged(coord_t *c, int64_t job, int64_t step, const char *how,
+                             const char *aside);
 /* 0 when no job still to run but self (stored, or in this turn's submits)
  * has checkpoint_dir dir; else an error naming it. */
 int coord_ckpt_dir_free(coord_t *c, const char *dir, int64_t self);

@@ -491,7 +491,9 @@ int safetensors_export_open(safetensors_export_t **out, const char *dir, uint32_
 }
 
 uint64_t safetensors_export_bytes(const safetensors_export_t *x) { return x->file_bytes; }
-int64_t safetensors_export_step(const safetensors_export_t *x) { return x->rd.m.step; }
+const ckpt_manifest_t *safetensors_export_manifest(const safetensors_export_t *x) {
+  return &x->rd.m;
+}
 
 void safetensors_export_close(safetensors_export_t *x) {
   if (!x) return;

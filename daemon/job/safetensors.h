@@ -76,12 +76,14 @@ int safetensors_sniff(const uint8_t *p, size_t n);
 /* ---- export ------------------------------------------------------------------ */
 
 typedef struct safetensors_export safetensors_export_t;
+struct ckpt_manifest;
 /* Opens the committed checkpoint in dir for export as dtype (SAFETENSORS_F32
  * or _BF16). The caller keeps dir valid until close. */
 int safetensors_export_open(safetensors_export_t **out, const char *dir, uint32_t dtype);
-/* The file's size, and the checkpoint's step. */
+/* The file's size, and the checkpoint's manifest (ckpt.h: its step, its
+ * shards' sizes and checksums, which every shard read is checked against). */
 uint64_t safetensors_export_bytes(const safetensors_export_t *x);
-int64_t safetensors_export_step(const safetensors_export_t *x);
+const struct ckpt_manifest *safetensors_export_manifest(const safetensors_export_t *x);
 /* The next piece of the file: the header first, then one model unit's
  * tensors at a time. *p stays valid until the next call; *n is 0 at the end.
  * A damaged checkpoint fails here, naming the shard and the section. */

@@ -3415,6 +3415,119 @@ Test(coordinator, a_committed_checkpoint_found_damaged_is_committed_no_more) {
   cr_expect_eq(report_damaged(&n, id, 1, 20, "again"), 0, "a second report: %s", err_msg());
 }
 
+/* An export of job's step read to its end: its code (0: the whole file
+ * came), its error's message in msg. */
+static int export_all(const char *job, int64_t step, char *msg, size_t len) {
+  Fsdp__V1__ExportCheckpointRequest q = FSDP__V1__EXPORT_CHECKPOINT_REQUEST__INIT;
+  q.job_id = (char *)job, q.step = step;
+  rpc_stream_t *xs;
+  ProtobufCMessage *m;
+  int rc = rpc_stream_open(cl, &xs, "/fsdp.v1.Coordinator/ExportCheckpoint", &q.base, 30);
+  if (!rc) {
+    while ((rc = rpc_stream_next(xs, &fsdp__v1__export_chunk__descriptor, &m)) == 1)
+      protobuf_c_message_free_unpacked(m, NULL);
+    rpc_stream_close(xs);
+  }
+  snprintf(msg, len, "%s", rc ? err_msg() : "");
+  return rc;
+}
+
+/* An export reads only what resolves inside the coordinator's roots: a
+ * committed checkpoint's step directory moved out of them and linked back
+ * (its files intact) is refused naming both paths, FAILED_PRECONDITION
+ * (fsdpctl's exit 2), and stays committed (nothing there was read); once
+ * its directory is back, it exports whole. */
+Test(coordinator, an_export_refuses_a_step_directory_that_resolves_outside_the_roots) {
+  char d[600], ck[600], ckopt[700], id[32], msg[2048], step[700], away[800], out[700];
+  node_t n = {{0}, 0};
+  ckpt_job_start(&n, "model=tiny", "keep_checkpoints=3", d, ck, ckopt, id);
+  cr_assert_eq(ckpt_report_both(&n, id, "tiny", ck, 10), CK_COMMITTED);
+  const char *base = getenv("TMPDIR");
+  snprintf(out, sizeof out, "%s/fsdp-outside-XXXXXX", base && *base ? base : "/tmp");
+  cr_assert_not_null(mkdtemp(out));
+  snprintf(step, sizeof step, "%s/step-00000010", ck);
+  snprintf(away, sizeof away, "%s/step-00000010", out);
+  cr_assert_eq(rename(step, away), 0);
+  cr_assert_eq(symlink(away, step), 0);
+  const int rc = export_all(id, 10, msg, sizeof msg);
+  cr_expect_eq(rc, FSDP_ESTATE, "%s: %s", err_name(rc), msg);
+  cr_expect(strstr(msg, "outside the allowed roots") && strstr(msg, away) && strstr(msg, step) &&
+            strstr(msg, "export another step"), "%s", msg);
+  cr_expect_eq(ckpt_state(id, 10, NULL, 0), CK_COMMITTED, "a checkpoint never read was demoted");
+  cr_assert_eq(unlink(step), 0);
+  cr_assert_eq(rename(away, step), 0);
+  rmdir(out);
+  cr_expect_eq(export_all(id, 10, msg, sizeof msg), 0, "%s", msg);
+}
+
+/* A committed checkpoint (2 shards of the tiny model) in ck whose files
+ * are replaced by those of a checkpoint of step of shards shards of preset
+ * (committed in a directory of its own inside the root, then copied). */
+static void ckpt_files_replaced(const char *ck, int64_t at, const char *preset, int64_t step,
+                                int shards) {
+  char other[700], path[900], sum[64], cmd[3000], out[512];
+  uint64_t bytes;
+  snprintf(other, sizeof other, "%s/other-%lld", tu_tmpdir(), (long long)at);
+  cr_assert_eq(mkdir(other, 0755), 0);
+  for (int j = 0; j < shards; j++)
+    write_shard_of(preset, other, step, j, shards, path, sizeof path, &bytes, sum, sizeof sum);
+  char from[800], to[800];
+  ckpt_step_dir(from, sizeof from, other, step);
+  ckpt_step_dir(to, sizeof to, ck, at);
+  cr_assert_eq(ckpt_commit(from, shards, NULL, 0), 0, "%s", err_msg());
+  snprintf(cmd, sizeof cmd, "rm -f '%s'/* && cp '%s'/* '%s'/", to, from, to);
+  cr_assert_eq(tu_sh(cmd, out, sizeof out), 0, "%s", out);
+}
+
+/* An export reads only the checkpoint the store committed: a step
+ * directory holding another checkpoint's files (whole, each shard
+ * matching its manifest) is refused when its manifest disagrees with the
+ * store on the step, the shard count, or a shard's size and checksum,
+ * naming the field, FAILED_PRECONDITION (fsdpctl's exit 2), and the
+ * checkpoint is marked damaged (committed no more), as one a rank found
+ * damaged and the coordinator checked. So is one with a byte of its
+ * parameters flipped, found as the export reads it. */
+Test(coordinator, an_export_refuses_files_that_are_not_the_committed_checkpoint,
+     .timeout = 60 * TU_SLOW) {
+  char d[600], ck[600], ckopt[700], id[32], msg[2048], reason[512];
+  node_t n = {{0}, 0};
+  ckpt_job_start(&n, "model=tiny", "keep_checkpoints=6", d, ck, ckopt, id);
+  for (int64_t s = 10; s <= 50; s += 10)
+    cr_assert_eq(ckpt_report_both(&n, id, "tiny", ck, s), CK_COMMITTED);
+  ckpt_files_replaced(ck, 20, "tiny", 10, 2); /* another step */
+  ckpt_files_replaced(ck, 30, "tiny", 30, 1); /* another shard count */
+  ckpt_files_replaced(ck, 40, "small", 40, 2); /* other shards */
+  char sh[900];
+  snprintf(sh, sizeof sh, "%s/step-00000050/shard-00001-of-00002.fsdp", ck);
+  int fd = open(sh, O_RDWR);
+  ckpt_header_t h;
+  cr_assert_eq(ckpt_header_read(fd, sh, &h), 0, "%s", err_msg());
+  const uint8_t one = 1;
+  cr_assert_eq(pwrite(fd, &one, 1, (off_t)h.sec[0].offset + 8), 1); /* it held 0 */
+  close(fd);
+  ckpt_header_free(&h);
+  const struct {
+    int64_t step;
+    const char *field[2];
+  } cases[] = {{20, {"step: its manifest says 10, committed as 20", NULL}},
+               {30, {"shards: its manifest says 1, committed with 2", NULL}},
+               {40, {"shard-00000-of-00002.fsdp: its manifest says", "checksum"}},
+               {50, {"shard-00001-of-00002.fsdp", "params"}}};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    const int rc = export_all(id, cases[i].step, msg, sizeof msg);
+    cr_expect_eq(rc, FSDP_ESTATE, "step %lld: %s: %s", (long long)cases[i].step, err_name(rc),
+                 msg);
+    cr_expect(strstr(msg, cases[i].field[0]) &&
+              (!cases[i].field[1] || strstr(msg, cases[i].field[1])) &&
+              strstr(msg, "not as committed") && strstr(msg, "marked damaged"), "%s", msg);
+    cr_expect_eq(ckpt_state(id, cases[i].step, reason, sizeof reason), CK_ABORTED, "step %lld",
+                 (long long)cases[i].step);
+    cr_expect(!strncmp(reason, "damaged: an export read: ", 25), "%s", reason);
+  }
+  cr_expect_eq(ckpt_state(id, 10, NULL, 0), CK_COMMITTED);
+  cr_expect_eq(export_all(id, 0, msg, sizeof msg), 0, "the latest committed, step 10: %s", msg);
+}
+
 /* GetJob names the job's latest committed checkpoint (fsdpctl status:
  * "checkpoint  step N"); an open or aborted one is not it. */
 Test(coordinator, a_job_names_its_last_committed_checkpoint) {
