@@ -3509,7 +3509,7 @@ Test(coordinator, an_export_refuses_files_that_are_not_the_committed_checkpoint,
   const struct {
     int64_t step;
     const char *field[2];
-  } cases[] = {{20, {"step: its manifest says 10, committed as 20", NULL}},
+  } cases[] = {{20, {"\"step\" is 10 in the directory of step 20", NULL}}, /* ckpt_manifest_read */
                {30, {"shards: its manifest says 1, committed with 2", NULL}},
                {40, {"shard-00000-of-00002.fsdp: its manifest says", "checksum"}},
                {50, {"shard-00001-of-00002.fsdp", "params"}}};
