@@ -35,6 +35,7 @@
  * when it is done. A directory being removed is not exported. */
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +46,7 @@
 #include "daemon/common/log.h"
 #include "daemon/coordinator/coord_impl.h"
 #include "daemon/job/ckpt.h"
+#include "daemon/job/job.h"
 
 /* "xxh64:<16 hex digits>" */
 static int coord_ckpt_sum(const char *s, uint64_t *out) {
@@ -71,6 +73,8 @@ typedef struct coord_rm {
   coord_t *c; /* NULL once the coordinator went (coord_ckpt_detach) */
   int64_t job, step, epoch;
   int forget; /* the store forgets the checkpoint (retention), else marks it removed */
+  const char *const *roots; /* the coordinator's (its options live as long as the process) */
+  int nroots;
   int rc;
   char err[512];
   char dir[STORE_PATH_MAX];
@@ -90,6 +94,8 @@ typedef struct coord_verify {
   char said[STORE_REASON_MAX]; /* what the rank said */
   int rc, no_dir;
   int exported;                /* an export reads it: not set aside under it */
+  const char *const *roots;    /* the coordinator's */
+  int nroots;
   char err[512];
   char aside[STORE_PATH_MAX];  /* damaged: where it was set aside ("": left in place) */
   char aside_err[512];         /* ... or why it was not */
@@ -135,6 +141,8 @@ typedef struct coord_sweep {
   int64_t *skip;        /* their steps, but aborted ones whose files were removed */
   int nskip;
   int64_t now_ms, quiet_ms;
+  const char *const *roots; /* the coordinator's */
+  int nroots;
   int rc, n;
   char err[512];
   ckpt_leftover_t out[COORD_SWEEP_MAX];
@@ -149,9 +157,27 @@ static int coord_ckpt_sweeping(coord_t *c, int64_t job) {
   return x && !strcmp(x->ckpt_dir, c->sweeping->dir);
 }
 
+/* On the pool: dir (a job's checkpoint_dir or one of its step directories,
+ * resolved at submit: job_paths_check) resolved again inside the
+ * coordinator's roots into real (PATH_MAX), and still itself: a directory
+ * of its path replaced since by a link (by anyone who can write where it
+ * lies), out of the roots or into another job's, has the coordinator write
+ * and remove nothing there. FSDP_ENOENT: dir is not there. */
+static int coord_ckpt_real(const char *const *roots, int nroots, const char *dir, char *real) {
+  static const char fix[] = "the coordinator writes and removes nothing there: give the job's "
+                            "checkpoint_dir back its own directory (no link in its path)";
+  int rc = job_path_in_roots("checkpoint_dir", dir, roots, nroots, fix, real);
+  if (!rc && strcmp(real, dir))
+    rc = err_set(FSDP_EINVAL, "checkpoint_dir: %s resolves to %s since the job was submitted (a "
+                 "link in its path); %s", dir, real, fix);
+  return rc;
+}
+
 static void coord_ckpt_rm_work(uv_work_t *w) {
   coord_rm_t *r = w->data;
-  r->rc = ckpt_remove(r->dir);
+  char real[PATH_MAX];
+  r->rc = coord_ckpt_real(r->roots, r->nroots, r->dir, real);
+  if (!r->rc || r->rc == FSDP_ENOENT) r->rc = ckpt_remove(r->dir); /* gone: it says what of it */
   if (r->rc) snprintf(r->err, sizeof r->err, "%s", err_msg()); /* err_msg is per thread */
 }
 
@@ -210,6 +236,7 @@ static void coord_ckpt_remove(coord_t *c, const store_ckpt_t *k, int forget) {
   coord_rm_t *r = calloc(1, sizeof *r);
   if (!r) return; /* the next pass tries again */
   r->c = c, r->job = k->job_id, r->step = k->step, r->epoch = k->epoch, r->forget = forget;
+  r->roots = c->o.roots, r->nroots = c->o.nroots;
   snprintf(r->dir, sizeof r->dir, "%s", k->dir);
   r->work.data = r;
   if (uv_queue_work(c->loop, &r->work, coord_ckpt_rm_work, coord_ckpt_rm_done)) {
@@ -247,6 +274,8 @@ typedef struct coord_commit {
   int keep;
   uint64_t t0;         /* uv_hrtime() of the last shard's report (0: unknown) */
   ckpt_shard_report_t *rep;
+  const char *const *roots; /* the coordinator's */
+  int nroots;
   int rc;
   char err[STORE_REASON_MAX];
   struct coord_commit *next;
@@ -254,7 +283,9 @@ typedef struct coord_commit {
 
 static void coord_ckpt_commit_work(uv_work_t *w) {
   coord_commit_t *m = w->data;
-  m->rc = ckpt_commit(m->k.dir, m->k.shards, m->rep, 0); /* the reports vouch for each shard */
+  char real[PATH_MAX];
+  m->rc = coord_ckpt_real(m->roots, m->nroots, m->k.dir, real);
+  if (!m->rc) m->rc = ckpt_commit(m->k.dir, m->k.shards, m->rep, 0); /* the reports vouch for each shard */
   if (m->rc) snprintf(m->err, sizeof m->err, "%s", err_msg()); /* err_msg is per thread */
 }
 
@@ -341,6 +372,7 @@ static int coord_ckpt_commit(coord_t *c, const store_ckpt_t *k, int keep, uint64
   coord_commit_t *m = calloc(1, sizeof *m);
   if (!m) return err_set(FSDP_ENOMEM, "coordinator: out of memory");
   m->c = c, m->k = *k, m->keep = keep, m->t0 = t0, m->work.data = m;
+  m->roots = c->o.roots, m->nroots = c->o.nroots;
   int rc = coord_ckpt_reports(c, k, &m->rep);
   if (rc) { /* left open: the janitor tries again */
     free(m);
@@ -434,8 +466,10 @@ static void coord_ckpt_verify_work(uv_work_t *w) {
   /* damaged here too: out of its step's name, whole, so that the attempt
    * that resumed writes that step again (a manifest there refuses every
    * shard of it) and the janitor removes it later from where it went */
+  char real[PATH_MAX];
   if ((v->rc == FSDP_EFORMAT || v->rc == FSDP_ENOENT) && !v->exported &&
-      ckpt_set_aside(v->dir, v->aside, sizeof v->aside)) {
+      (coord_ckpt_real(v->roots, v->nroots, v->dir, real) ||
+       ckpt_set_aside(v->dir, v->aside, sizeof v->aside))) {
     v->aside[0] = 0;
     snprintf(v->aside_err, sizeof v->aside_err, "%s", err_msg());
   }
@@ -513,6 +547,7 @@ static void coord_ckpt_damaged(coord_t *c, rpc_call_t *call, int64_t job,
   coord_verify_t *v = busy ? NULL : calloc(1, sizeof *v);
   if (v) {
     v->c = c, v->job = job, v->step = q->step, v->work.data = v;
+    v->roots = c->o.roots, v->nroots = c->o.nroots;
     snprintf(v->dir, sizeof v->dir, "%s", k.dir);
     v->exported = coord_export_reads(c, k.dir);
     snprintf(v->said, sizeof v->said, "rank %u of attempt %u: %.400s", q->rank, q->attempt,
@@ -715,8 +750,11 @@ static void coord_ckpt_sweep_say(coord_t *c, int64_t job, const char *dir, const
 
 static void coord_ckpt_sweep_work(uv_work_t *w) {
   coord_sweep_t *s = w->data;
-  s->rc = ckpt_sweep(s->dir, s->skip, s->nskip, s->now_ms, s->quiet_ms, s->out, COORD_SWEEP_MAX,
-                     &s->n);
+  char real[PATH_MAX];
+  s->rc = coord_ckpt_real(s->roots, s->nroots, s->dir, real);
+  if (!s->rc || s->rc == FSDP_ENOENT) /* none: nothing to sweep (ckpt_sweep) */
+    s->rc = ckpt_sweep(s->dir, s->skip, s->nskip, s->now_ms, s->quiet_ms, s->out, COORD_SWEEP_MAX,
+                       &s->n);
   if (s->rc) snprintf(s->err, sizeof s->err, "%s", err_msg()); /* err_msg is per thread */
 }
 
@@ -829,6 +867,7 @@ static void coord_ckpt_sweep_next(coord_t *c) {
     if (s->rows[i].state != STORE_CKPT_ABORTED || !s->rows[i].removed)
       s->skip[s->nskip++] = s->rows[i].step;
   s->c = c, s->job = j.id, s->now_ms = coord_unix_ms(), s->quiet_ms = quiet, s->work.data = s;
+  s->roots = c->o.roots, s->nroots = c->o.nroots;
   snprintf(s->dir, sizeof s->dir, "%s", j.dir);
   if (uv_queue_work(c->loop, &s->work, coord_ckpt_sweep_work, coord_ckpt_sweep_done)) {
     free(s->rows), free(s->skip), free(s);

@@ -1868,6 +1868,50 @@ Test(coordinator, a_shard_is_reported_only_by_its_ranks_node) {
   cr_expect_eq(ckpt_state(id, 10, NULL, 0), FSDP__V1__CHECKPOINT_STATE__CHECKPOINT_STATE_OPEN);
 }
 
+/* A checkpoint_dir replaced by a link after submit (whoever can write
+ * where it lies can: here to a directory outside the roots holding a copy
+ * of the job's step 10) gets nothing written or removed through it by the
+ * coordinator: the next checkpoint is aborted, saying where its path now
+ * leads, and neither it nor step 10's copy is removed there once the
+ * attempt ends (before, the coordinator wrote the manifest there and
+ * retention removed what it found). */
+Test(coordinator, a_checkpoint_dir_made_a_link_after_submit_is_not_written_or_removed_through) {
+  node_t n = {{0}, 0};
+  char d[600], ck[600], ckopt[700], id[32], cmd[4096], out[1024], reason[512], victim[] =
+      "/tmp/fsdp-victim-XXXXXX";
+  ckpt_job_start(&n, "model=tiny", "keep_checkpoints=1", d, ck, ckopt, id);
+  cr_assert_eq(ckpt_report_both(&n, id, "tiny", ck, 10), CK_COMMITTED);
+  cr_assert_not_null(mkdtemp(victim));
+  snprintf(cmd, sizeof cmd, "cp -r '%s/step-00000010' '%s/' && mv '%s' '%s.real' && ln -s '%s' '%s'",
+           ck, victim, ck, ck, victim, ck);
+  cr_assert_eq(tu_sh(cmd, out, sizeof out), 0, "%s: %s", cmd, out);
+  /* the ranks write step 20 through the link (they run as the job's user) */
+  cr_expect_eq(ckpt_report_both(&n, id, "tiny", ck, 20), CK_ABORTED);
+  cr_expect_eq(ckpt_state(id, 20, reason, sizeof reason), CK_ABORTED);
+  cr_expect(strstr(reason, "resolves to") && strstr(reason, victim), "%s", reason);
+  char man[700];
+  snprintf(man, sizeof man, "%s/step-00000020/manifest.json", victim);
+  cr_expect_neq(access(man, F_OK), 0, "the coordinator committed step 20 through the link");
+  /* the attempt ends: an aborted checkpoint's files would go now */
+  cr_assert_eq(report_exit(&n, id, 1, 0, 1), 0, "%s", err_msg());
+  cr_assert_eq(report_exit(&n, id, 1, 1, 1), 0, "%s", err_msg());
+  char *log = NULL;
+  for (const double t0 = tu_now_s(); tu_now_s() - t0 < 5; nanosleep(&(struct timespec){0, 50000000}, NULL)) {
+    free(log);
+    log = tu_slurp(co.log, NULL);
+    if (log && strstr(log, "not removed")) break;
+  }
+  cr_expect(log && strstr(log, "checkpoint of step 20 not removed") && strstr(log, "resolves to"),
+            "%s", log ? log : "(no log)");
+  free(log);
+  snprintf(man, sizeof man, "%s/step-00000020", victim);
+  cr_expect_eq(access(man, F_OK), 0, "step 20's files were removed through the link");
+  snprintf(man, sizeof man, "%s/step-00000010/manifest.json", victim);
+  cr_expect_eq(access(man, F_OK), 0, "step 10's copy was removed through the link");
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", victim);
+  tu_sh(cmd, out, sizeof out);
+}
+
 /* A job that failed after committing a checkpoint is at that step, where a
  * resume goes on, not at 0 (helper-57: "step 0/2000" for a job that had
  * reached 856 and committed 850). */
