@@ -528,7 +528,7 @@ $(FSDPD_OBJS) $(B)/tests/e2e/test_fsdpd.o: | $(PROTO_HDRS)
 bin/fsdpd: $(FSDPD_OBJS) $(METRICS_OBJS) $(RPC_LIB) $(COMMON_SRCS:%.c=$(B)/%.o) \
            $(B)/daemon/common/ini_line.o
 	@mkdir -p bin
-	$(CC) $(EXTRA_LDFLAGS) $^ -o $@ $(RPC_LDLIBS) $(METRICS_LDLIBS) -linih -ldl -lm -lpthread
+	$(CC) $(EXTRA_LDFLAGS) $^ -o $@ $(RPC_LDLIBS) $(METRICS_LDLIBS) -linih -lunistring -ldl -lm -lpthread
 	@! nm $@ | grep -E ' [TtDdBb] (kern_|fsdp_[a-z]|gpt_|train_|comm_)' \
 	  || { echo "bin/fsdpd links engine code (above)"; rm -f $@; exit 1; }
 

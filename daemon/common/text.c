@@ -2,7 +2,10 @@
 #include "daemon/common/text.h"
 
 #include <stdio.h>
+#include <string.h>
 #include <unistr.h>
+
+#include "daemon/common/err.h"
 
 int text_control(uint32_t u) {
   return (u < 0x20 && u != '\t') || (u >= 0x7f && u < 0xa0) || u == 0x61c || u == 0x200e ||
@@ -32,4 +35,19 @@ size_t text_escape(char *out, const char *s, size_t n, unsigned flags, size_t *u
   out[w] = 0;
   if (used) *used = i;
   return w;
+}
+
+int text_plain(const char *what, const char *s, size_t max) {
+  const size_t n = strlen(s);
+  if (n > max) return err_set(FSDP_EINVAL, "%s: %zu bytes; at most %zu", what, n, max);
+  const uint8_t *bad = u8_check((const uint8_t *)s, n);
+  if (bad)
+    return err_set(FSDP_EINVAL, "%s: not UTF-8 at byte %zu; send text in UTF-8", what,
+                   (size_t)(bad - (const uint8_t *)s));
+  ucs4_t u;
+  for (const uint8_t *p = (const uint8_t *)s, *next; (next = u8_next(&u, p)) != NULL; p = next)
+    if (text_control(u))
+      return err_set(FSDP_EINVAL, "%s: a control character (U+%04X) at byte %zu; use plain text",
+                     what, (unsigned)u, (size_t)(p - (const uint8_t *)s));
+  return FSDP_OK;
 }

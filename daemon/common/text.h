@@ -36,4 +36,18 @@ int text_control(uint32_t u);
  * Returns the length written. */
 size_t text_escape(char *out, const char *s, size_t n, unsigned flags, size_t *used);
 
+/* FSDP_OK when s is plain text of at most max bytes: UTF-8 with no control
+ * character (text_control); else FSDP_EINVAL naming what, the byte and the
+ * fix. What the coordinator takes from a request (text that could break
+ * the stored INI, a log line or a client; strings on the wire are UTF-8:
+ * protobuf's Python and Go runtimes refuse a message holding anything else,
+ * so one job named in Latin-1 would break every such client's job
+ * listing), and what fsdpd checks of its own name before it sends it. */
+int text_plain(const char *what, const char *s, size_t max);
+
+/* The most bytes of a node's name and of its address the coordinator takes
+ * (store.h's STORE_NAME_MAX and STORE_ADDR_MAX less their NUL). */
+#define TEXT_NODE_NAME_MAX 127
+#define TEXT_NODE_ADDR_MAX 255
+
 #endif

@@ -305,25 +305,6 @@ static int coord_spec_text(const Fsdp__V1__JobSpec *s, const config_t *cfg,
   return rc;
 }
 
-/* Text that could break the stored INI, a log line or a client: refused,
- * naming it. Strings on the wire are UTF-8: protobuf's Python and Go
- * runtimes refuse a message holding anything else, so one job named in
- * Latin-1 would break every such client's job listing. */
-static int coord_text_ok(const char *what, const char *s, size_t max) {
-  size_t n = strlen(s);
-  if (n > max) return err_set(FSDP_EINVAL, "%s: %zu bytes; at most %zu", what, n, max);
-  const uint8_t *bad = u8_check((const uint8_t *)s, n);
-  if (bad)
-    return err_set(FSDP_EINVAL, "%s: not UTF-8 at byte %zu; send text in UTF-8", what,
-                   (size_t)(bad - (const uint8_t *)s));
-  ucs4_t u;
-  for (const uint8_t *p = (const uint8_t *)s, *next; (next = u8_next(&u, p)) != NULL; p = next)
-    if (text_control(u))
-      return err_set(FSDP_EINVAL, "%s: a control character (U+%04X) at byte %zu; use plain text",
-                     what, (unsigned)u, (size_t)(p - (const uint8_t *)s));
-  return FSDP_OK;
-}
-
 /* Text a node reports (a rank's last log line, a collective's name, why a
  * shard was not written), cut to fit by a byte count: every byte that is
  * not part of valid UTF-8 becomes '?', so what the coordinator repeats to
@@ -418,8 +399,8 @@ static void coord_submit_cb(rpc_call_t *call, const ProtobufCMessage *req, void 
   coord_submit_t sub = {.call = call, .world = (int)s->world_size,
                         .max_restarts = (int)s->max_restarts};
   job_opt_t *opts = NULL;
-  if ((rc = coord_text_ok("spec.name", s->name, STORE_NAME_MAX - 1)) ||
-      (rc = coord_text_ok("request_id", q->request_id, sizeof sub.request_id - 1)))
+  if ((rc = text_plain("spec.name", s->name, STORE_NAME_MAX - 1)) ||
+      (rc = text_plain("request_id", q->request_id, sizeof sub.request_id - 1)))
     goto fail;
   if (s->world_size < 1 || s->world_size > 4096) {
     rc = err_set(FSDP_EINVAL, "spec.world_size: %u; give the number of ranks, 1 to 4096 "
@@ -438,8 +419,8 @@ static void coord_submit_cb(rpc_call_t *call, const ProtobufCMessage *req, void 
     const Fsdp__V1__Option *o = s->options[i];
     char what[96];
     snprintf(what, sizeof what, "options[%zu] (%.40s)", i, o->key);
-    if ((rc = coord_text_ok(what, o->key, 64)) || (rc = coord_text_ok(what, o->section, 64)) ||
-        (rc = coord_text_ok(what, o->value, COORD_VALUE_MAX)))
+    if ((rc = text_plain(what, o->key, 64)) || (rc = text_plain(what, o->section, 64)) ||
+        (rc = text_plain(what, o->value, COORD_VALUE_MAX)))
       goto fail;
     opts[i] = (job_opt_t){o->section, o->key, o->value};
   }
@@ -642,7 +623,7 @@ static void coord_cancel_cb(rpc_call_t *call, const ProtobufCMessage *req, void 
   char why[300];
   snprintf(why, sizeof why, "cancelled: %.256s", q->reason[0] ? q->reason : "by a user");
   store_job_state_t was;
-  int rc = coord_text_ok("reason", q->reason, 256);
+  int rc = text_plain("reason", q->reason, 256);
   if (!rc) rc = store_job_cancel(c->st, id, why, &was);
   if (!rc) {
     LOG_INFO("coord", "job j-%lld %s", (long long)id, why);
@@ -781,7 +762,7 @@ static void coord_drain_cb(rpc_call_t *call, const ProtobufCMessage *req, void *
   else if (!q->undrain && !q->reason[0])
     rc = err_set(FSDP_EINVAL, "reason: say why node %s is drained (fsdpctl drain %s --reason "
                  "\"disk swap\")", q->node_id, q->node_id);
-  else if (q->undrain || (rc = coord_text_ok("reason", q->reason, STORE_DRAIN_MAX - 1)) == FSDP_OK)
+  else if (q->undrain || (rc = text_plain("reason", q->reason, STORE_DRAIN_MAX - 1)) == FSDP_OK)
     rc = store_node_drain(c->st, id, q->undrain ? NULL : q->reason);
   store_node_t *nodes = NULL;
   int nn = 0;
@@ -897,17 +878,20 @@ static int coord_register_unique(coord_t *c, const Fsdp__V1__RegisterNodeRequest
                  "name by default), or stop the other first", q->hostname, addr, q->address);
 }
 
+_Static_assert(TEXT_NODE_NAME_MAX == STORE_NAME_MAX - 1 && TEXT_NODE_ADDR_MAX == STORE_ADDR_MAX - 1,
+               "fsdpd checks its name and address against what the store holds");
+
 static void coord_register_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
   coord_t *c = arg;
   const Fsdp__V1__RegisterNodeRequest *q = (const void *)req;
-  int rc = coord_text_ok("hostname", q->hostname, STORE_NAME_MAX - 1);
+  int rc = text_plain("hostname", q->hostname, TEXT_NODE_NAME_MAX);
   if (!rc && !q->hostname[0]) rc = err_set(FSDP_EINVAL, "hostname: empty; fsdpd sends its --name");
   const char *me = rpc_call_node(call);
   if (!rc && me && strcmp(me, q->hostname))
     rc = err_set(FSDP_EPERM, "hostname: '%s', but this node's token is node %.127s's: a node "
                  "registers only under its own name (fsdpd --name %.127s), or it needs its own "
                  "line in the coordinator's node token file", q->hostname, me, me);
-  if (!rc) rc = coord_text_ok("address", q->address, STORE_ADDR_MAX - 1);
+  if (!rc) rc = text_plain("address", q->address, TEXT_NODE_ADDR_MAX);
   if (!rc && q->n_devices > COORD_NODE_DEVICES_MAX)
     rc = err_set(FSDP_EINVAL, "devices: %zu; a node has at most %d (fsdpd --devices)",
                  q->n_devices, COORD_NODE_DEVICES_MAX);
@@ -919,7 +903,7 @@ static void coord_register_cb(rpc_call_t *call, const ProtobufCMessage *req, voi
     dev[i].memory_bytes = d->total_bytes;
     snprintf(dev[i].name, sizeof dev[i].name, "%s", d->name);
     if (!(rc = coord_kind(d->kind, &dev[i].kind)))
-      rc = coord_text_ok("devices.name", d->name, STORE_NAME_MAX - 1);
+      rc = text_plain("devices.name", d->name, STORE_NAME_MAX - 1);
   }
   int64_t id = 0;
   if (!rc) rc = coord_register_unique(c, q);
@@ -1137,7 +1121,7 @@ static void coord_rendezvous_cb(rpc_call_t *call, const ProtobufCMessage *req, v
   const Fsdp__V1__RendezvousRequest *q = (const void *)req;
   int64_t job = coord_id_parse(q->job_id, 'j');
   int rc = job ? FSDP_OK : err_set(FSDP_ENOTFOUND, "job_id: '%.64s' is not a job id", q->job_id);
-  if (!rc) rc = coord_text_ok("group", q->group, 63);
+  if (!rc) rc = text_plain("group", q->group, 63);
   int world_rank = 0;
   if (!rc) rc = coord_group_rank(c, job, q, &world_rank);
   if (!rc) rc = coord_rank_is_callers(c, call, q->node_id, job, q->attempt, world_rank);
@@ -1218,7 +1202,7 @@ static void coord_rank_exit_cb(rpc_call_t *call, const ProtobufCMessage *req, vo
 static void coord_log_ticket_cb(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   coord_t *c = arg;
   const Fsdp__V1__GetLogTicketRequest *q = (const void *)m;
-  int rc = coord_text_ok("job_id", q->job_id, 63);
+  int rc = text_plain("job_id", q->job_id, 63);
   const int64_t id = coord_id_parse(q->node_id, 'n');
   const coord_node_t *n = rc || !id ? NULL : coord_node_get(c, id, 0);
   if (!rc && (!n || !n->session))

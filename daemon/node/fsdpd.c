@@ -45,6 +45,7 @@
 #include "daemon/common/log.h"
 #include "daemon/common/netaddr.h"
 #include "daemon/common/rpc.h"
+#include "daemon/common/text.h"
 #include "daemon/node/agent.h"
 #include "daemon/node/inventory.h"
 #include "daemon/node/logs.h"
@@ -92,7 +93,8 @@ static void usage(FILE *f) {
     "it is assigned (one process per device) and serves their logs.\n"
     "  --coordinator ADDR    the coordinator (host:port; default $FSDP_COORDINATOR)\n"
     "  --devices SPEC        cpu:N, cuda, cuda:0,1 or auto (default auto)\n"
-    "  --name NAME           the node's host name as registered (default: hostname)\n"
+    "  --name NAME           the node's host name as registered (default: hostname;\n"
+    "                        plain UTF-8, at most 127 bytes)\n"
     "  --listen ADDR         the Node service (rank logs; default 127.0.0.1:0, the bound\n"
     "                        address is registered: on 0.0.0.0, as --name:PORT)\n"
     "  --insecure            serve the Node service beyond loopback without tokens: anyone\n"
@@ -103,7 +105,8 @@ static void usage(FILE *f) {
     "  --rank-host HOST      IPv4 or IPv6 address ranks listen on for their ring\n"
     "                        (default 127.0.0.1)\n"
     "  --work-dir DIR        job files and rank logs (default /var/lib/fsdpd as root, else\n"
-    "                        $XDG_STATE_HOME/fsdpd or ~/.local/state/fsdpd)\n"
+    "                        $XDG_STATE_HOME/fsdpd or ~/.local/state/fsdpd); one fsdpd's\n"
+    "                        alone (fsdpd.lock there: a second one is refused)\n"
     "  --run-as USER         the user ranks run as; required when fsdpd runs as root\n"
     "  --token-file FILE     the node token sent to the coordinator\n"
     "  --user-token-file FILE\n"
@@ -542,6 +545,11 @@ int main(int argc, char **argv) {
     if (gethostname(D.hostname, sizeof D.hostname - 1)) snprintf(D.hostname, sizeof D.hostname, "localhost");
     D.name = D.hostname;
   }
+  /* what the coordinator would refuse at every registration, said once */
+  if (!D.name[0] || text_plain("--name", D.name, TEXT_NODE_NAME_MAX)) {
+    fprintf(stderr, "fsdpd: %s (fsdpd --help)\n", D.name[0] ? err_msg() : "--name: empty");
+    return 2;
+  }
   struct sockaddr_storage rank_addr;
   socklen_t rank_addr_len;
   if (netaddr_parse("--rank-host", D.rank_host, 0, &rank_addr, &rank_addr_len)) {
@@ -566,6 +574,11 @@ int main(int argc, char **argv) {
   if (workdir_mkdirs(D.work_dir, 0755)) {
     fprintf(stderr, "fsdpd: --work-dir: %s\n", err_msg());
     return 1;
+  }
+  int lock_fd; /* held until the process ends */
+  if (workdir_lock(D.work_dir, &lock_fd)) {
+    fprintf(stderr, "fsdpd: %s\n", err_msg());
+    return 2;
   }
   /* Rendezvous calls wait on the pool, up to one per device at once; libuv's
    * default of 4 threads would serialise a larger node's rendezvous */
@@ -610,6 +623,11 @@ int main(int argc, char **argv) {
   else if (!strncmp(D.listen, "unix:", 5)) snprintf(D.address, sizeof D.address, "%s", D.listen);
   else snprintf(D.address, sizeof D.address, "%.*s:%d", any ? (int)strlen(D.name) : hl,
                 any ? D.name : D.listen, rpc_server_port(D.server));
+  if (text_plain(D.advertise ? "--advertise" : "the Node service's address", D.address,
+                 TEXT_NODE_ADDR_MAX)) {
+    fprintf(stderr, "fsdpd: %s (fsdpd --help)\n", err_msg());
+    return 2;
+  }
   if (D.metrics_listen &&
       metrics_server_start(&D.metrics, &D.loop, D.metrics_listen, fsdpd_metrics_cb, &D)) {
     fprintf(stderr, "fsdpd: --metrics-listen: %s\n", err_msg());

@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -84,5 +86,33 @@ int workdir_latest_attempt(const char *root, const char *job, uint32_t *attempt)
   closedir(d);
   if (!best) return err_set(FSDP_ENOTFOUND, "job %s has no attempt on this node", job);
   *attempt = best;
+  return FSDP_OK;
+}
+
+int workdir_lock(const char *root, int *fd) {
+  char path[4096];
+  if (snprintf(path, sizeof path, "%s/fsdpd.lock", root) >= (int)sizeof path)
+    return err_set(FSDP_EINVAL, "--work-dir: %s is too long", root);
+  const int f = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (f < 0)
+    return err_set_errno(err_from_errno(errno), errno, "--work-dir: cannot open %s", path);
+  if (flock(f, LOCK_EX | LOCK_NB)) {
+    const int e = errno;
+    char pid[32] = "";
+    const ssize_t n = pread(f, pid, sizeof pid - 1, 0);
+    pid[n > 0 ? n : 0] = 0;
+    pid[strcspn(pid, "\n")] = 0;
+    close(f);
+    if (e == EWOULDBLOCK)
+      return err_set(FSDP_EEXIST, "--work-dir: %s is another fsdpd's (pid %s), which runs: give "
+                     "each fsdpd a work directory of its own", root, pid[0] ? pid : "unknown");
+    return err_set_errno(err_from_errno(e), e, "--work-dir: cannot lock %s", path);
+  }
+  char pid[32];
+  const int n = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
+  /* the pid is only said to the next one; the lock is what counts */
+  const int said = !ftruncate(f, 0) && pwrite(f, pid, (size_t)n, 0) == n;
+  (void)said;
+  *fd = f;
   return FSDP_OK;
 }

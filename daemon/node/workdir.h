@@ -32,5 +32,11 @@ int workdir_make_attempt(const char *root, const char *job, uint32_t attempt, in
 int workdir_latest_attempt(const char *root, const char *job, uint32_t *attempt);
 /* mkdir -p of dir with mode for what it creates. */
 int workdir_mkdirs(const char *dir, unsigned mode);
+/* Takes the work directory for this process: an exclusive lock on
+ * <root>/fsdpd.lock (flock, held while *fd stays open, so until the
+ * process ends; the file holds its pid). Another fsdpd holding it is
+ * FSDP_EEXIST naming its pid: two daemons in one work directory would run
+ * ranks into each other's attempt directories and serve each other's logs. */
+int workdir_lock(const char *root, int *fd);
 
 #endif

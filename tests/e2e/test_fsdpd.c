@@ -1409,19 +1409,57 @@ Test(fsdpd, refuses_to_run_ranks_as_root, .timeout = 10 * TU_SLOW) {
   free(out);
 }
 
+/* A second fsdpd in a work directory another one runs in is refused at
+ * start (exit 2), naming the other's pid: the two would start ranks into
+ * the same attempt directories and serve each other's logs. Once the first
+ * is gone, the directory is free again. */
+Test(fsdpd, a_second_fsdpd_in_the_same_work_dir_is_refused, .timeout = 30 * TU_SLOW) {
+  fsdpd_start();
+  cr_assert(wait_for(registered, 10), "fsdpd did not register within 10 s:\n%s",
+            tu_slurp(fsdpd_log, NULL));
+  const char *args[] = {"--devices", "cpu:1", "--work-dir", workdir, "--name", "twin",
+                        geteuid() == 0 ? "--run-as" : NULL, "nobody", NULL};
+  int pid = fsdpd_spawn(args), status;
+  cr_assert_eq(waitpid(pid, &status, 0), pid);
+  char *out = tu_slurp(fsdpd_log, NULL), want[128];
+  snprintf(want, sizeof want, "is another fsdpd's (pid %d), which runs", fsdpd_pid);
+  cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 2, "status 0x%x", status);
+  cr_expect(strstr(out, want), "\"%s\" missing in:\n%s", want, out);
+  free(out);
+  kill(fsdpd_pid, SIGTERM);
+  cr_assert_eq(waitpid(fsdpd_pid, &status, 0), fsdpd_pid);
+  fsdpd_pid = 0;
+  pid = fsdpd_spawn(args); /* free again: it runs until stopped */
+  usleep(700 * 1000);
+  cr_expect_eq(waitpid(pid, &status, WNOHANG), 0, "the work directory was not free again:\n%s",
+               tu_slurp(fsdpd_log, NULL));
+  kill(pid, SIGTERM);
+  waitpid(pid, &status, 0);
+}
+
 /* Options that would go wrong later are refused at start: an empty --grace
  * (FSDP_GRACE= in fsdpd.env) was 0 s, every rank SIGKILLed on a stop with
- * no checkpoint; a --listen port past 65535 was served modulo 65536. */
+ * no checkpoint; a --listen port past 65535 was served modulo 65536; a
+ * --name the coordinator refuses (a control character, over 127 bytes)
+ * was retried at every registration forever, the node never registering. */
 Test(fsdpd, options_that_would_go_wrong_later_are_refused_at_start, .timeout = 20 * TU_SLOW) {
   const char *grace[] = {"--devices", "cpu:1", "--work-dir", workdir, "--grace", "", NULL};
   const char *refused[] = {"--devices", "cpu:1", "--work-dir", workdir, "--refused-timeout", "",
                            NULL};
   const char *port[] = {"--devices", "cpu:1", "--work-dir", workdir, "--listen", "127.0.0.1:70700",
                         geteuid() == 0 ? "--run-as" : NULL, "nobody", NULL};
-  const char *const *cases[] = {grace, refused, port};
+  char long_name[200];
+  memset(long_name, 'n', 128), long_name[128] = 0;
+  const char *esc[] = {"--devices", "cpu:1", "--work-dir", workdir, "--name", "a\033]0;b",
+                       geteuid() == 0 ? "--run-as" : NULL, "nobody", NULL};
+  const char *len[] = {"--devices", "cpu:1", "--work-dir", workdir, "--name", long_name,
+                       geteuid() == 0 ? "--run-as" : NULL, "nobody", NULL};
+  const char *const *cases[] = {grace, refused, port, esc, len};
   const char *want[] = {"--grace: \"\" is not a number", "--refused-timeout: \"\" is not a number",
-                        "--listen 127.0.0.1:70700: give HOST:PORT with a port from 0 to 65535"};
-  for (int i = 0; i < 3; i++) {
+                        "--listen 127.0.0.1:70700: give HOST:PORT with a port from 0 to 65535",
+                        "--name: a control character (U+001B) at byte 1",
+                        "--name: 128 bytes; at most 127"};
+  for (int i = 0; i < 5; i++) {
     int pid = fsdpd_spawn(cases[i]), status;
     cr_assert_eq(waitpid(pid, &status, 0), pid);
     char *out = tu_slurp(fsdpd_log, NULL);
