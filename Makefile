@@ -126,7 +126,7 @@ BINS  = bin/fsdp-train bin/fsdp-tokenize bin/fsdp-launch bin/fsdp-coordinator bi
 # under a build directory.
 UNIT_TESTS = err frame param kernels isa device boot data gpt adamw config train ckpt sample shard plan comm \
              fsdp reference supervise sched inventory job rpc store store_txn safetensors netaddr \
-             ini_line file trace
+             ini_line file trace log
 E2E_TESTS  = launch fault coordinator fsdpd cluster systemd metrics k8s slurm nogpu
 test_bins  = $(UNIT_TESTS:%=$(1)/tests/test_%) $(E2E_TESTS:%=$(1)/e2e/test_%)
 TEST_BINS  = $(call test_bins,$(B))

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "param.h"
@@ -21,6 +22,23 @@ static void log_json_str(FILE *f, const char *s) {
     else if (c < 0x20) fprintf(f, "\\u%04x", c);
     else fputc(c, f);
   }
+}
+
+/* 1 when stderr is systemd's journal (JOURNAL_STREAM names its device and
+ * inode, as systemd.exec(5) says to check), which stamps each line itself;
+ * elsewhere (a file, a terminal, a pipe to fsdp-launch or a batch system)
+ * a plain line starts with the time, UTC to the millisecond. Decided once:
+ * stderr is not replaced while a program runs. */
+static int log_to_journal(void) {
+  static int journal = -1; /* a benign race: every thread finds the same */
+  if (journal < 0) {
+    const char *js = getenv("JOURNAL_STREAM");
+    unsigned long long dev, ino;
+    struct stat st;
+    journal = js && sscanf(js, "%llu:%llu", &dev, &ino) == 2 && !fstat(2, &st) &&
+              (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
+  }
+  return journal;
 }
 
 void log_write(int level, const char *subsys, const char *file, int line, const char *fmt, ...) {
@@ -41,6 +59,14 @@ void log_write(int level, const char *subsys, const char *file, int line, const 
     log_json_str(stderr, msg);
     fputs("\"}\n", stderr);
     funlockfile(stderr);
+  } else if (!log_to_journal()) {
+    struct timespec ts;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    char when[40];
+    strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &tm);
+    fprintf(stderr, "%s.%03ldZ fsdp %s %s: %s\n", when, ts.tv_nsec / 1000000, lvl, subsys, msg);
   } else {
     fprintf(stderr, "fsdp %s %s: %s\n", lvl, subsys, msg);
   }
