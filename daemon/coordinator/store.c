@@ -1029,7 +1029,7 @@ int store_node_mark_dead(store_t *st, int64_t node_id, int64_t last_seen_ms, int
     st_col_text(s, 0, name, sizeof name);
     sqlite3_reset(s);
   } else if (!st->rc) {
-    return store_end(st, err_set(FSDP_ENOTFOUND, "node %lld: no such node", (long long)node_id));
+    return store_end(st, err_set(FSDP_ENOTFOUND, "node n-%lld: no such node", (long long)node_id));
   }
   st_exec(st, "UPDATE nodes SET state = 'DEAD', last_seen_ms = ? WHERE id = ?",
           A_I(last_seen_ms), A_I(node_id));
@@ -1105,7 +1105,7 @@ static int job_brief(store_t *st, int64_t job_id, job_brief_t *b) {
       A_I(job_id));
   int rc = st_step(st, s);
   if (rc < 0) return rc;
-  if (rc == 0) return err_set(FSDP_ENOTFOUND, "job %lld: no such job", (long long)job_id);
+  if (rc == 0) return err_set(FSDP_ENOTFOUND, "job j-%lld: no such job", (long long)job_id);
   b->state = ST_ENUM(store_job_state_name, sqlite3_column_text(s, 0));
   b->epoch = sqlite3_column_int64(s, 1);
   b->restarts = sqlite3_column_int(s, 2);
@@ -1125,15 +1125,15 @@ static int job_fence(store_t *st, int64_t job_id, int64_t epoch, const char *wha
   if (rc) return rc;
   if (epoch < b->epoch)
     return err_set(FSDP_ESTALE,
-                   "job %lld: %s for epoch %lld, but the job is at epoch %lld: refused (it "
+                   "job j-%lld: %s for epoch %lld, but the job is at epoch %lld: refused (it "
                    "belongs to an earlier attempt)",
                    (long long)job_id, what, (long long)epoch, (long long)b->epoch);
   if (epoch > b->epoch || epoch <= 0)
-    return err_set(FSDP_ENOTFOUND, "job %lld: %s for epoch %lld, which never started",
+    return err_set(FSDP_ENOTFOUND, "job j-%lld: %s for epoch %lld, which never started",
                    (long long)job_id, what, (long long)epoch);
   /* an ended attempt is as stale as an older one: its ranks must give up */
   if (running && b->state != STORE_JOB_RUNNING)
-    return err_set(FSDP_ESTALE, "job %lld: %s for epoch %lld, an attempt that has ended (job %s)",
+    return err_set(FSDP_ESTALE, "job j-%lld: %s for epoch %lld, an attempt that has ended (job %s)",
                    (long long)job_id, what, (long long)epoch, store_job_state_name(b->state));
   return 0;
 }
@@ -1170,12 +1170,12 @@ static int placement_err(store_t *st, int64_t job_id, const store_placement_t *p
   }
   if (st->rc) return st->rc;
   if (strcmp(state, "DEAD") == 0)
-    return err_set(FSDP_ESTATE, "job %lld rank %d: node %s is dead", (long long)job_id,
+    return err_set(FSDP_ESTATE, "job j-%lld rank %d: node %s is dead", (long long)job_id,
                    p->rank, node);
   if (holder > 0)
-    return err_set(FSDP_ESTATE, "job %lld rank %d: device %s:%d is held by job %lld",
+    return err_set(FSDP_ESTATE, "job j-%lld rank %d: device %s:%d is held by job j-%lld",
                    (long long)job_id, p->rank, node, p->device_index, (long long)holder);
-  return err_set(FSDP_ENOTFOUND, "job %lld rank %d: no device %d on node %lld (%s)",
+  return err_set(FSDP_ENOTFOUND, "job j-%lld rank %d: no device %d on node n-%lld (%s)",
                  (long long)job_id, p->rank, p->device_index, (long long)p->node_id, node);
 }
 
@@ -1187,23 +1187,23 @@ int store_attempt_start(store_t *st, int64_t job_id, const store_placement_t *ra
   job_brief_t b;
   if ((rc = job_brief(st, job_id, &b))) goto out;
   if (b.state != STORE_JOB_PENDING) {
-    rc = err_set(FSDP_ESTATE, "job %lld is %s: only a PENDING job starts an attempt",
+    rc = err_set(FSDP_ESTATE, "job j-%lld is %s: only a PENDING job starts an attempt",
                  (long long)job_id, store_job_state_name(b.state));
     goto out;
   }
   if (n != b.world_size || !ranks) {
-    rc = err_set(FSDP_EINVAL, "job %lld: %d ranks placed, its world size is %d", (long long)job_id,
+    rc = err_set(FSDP_EINVAL, "job j-%lld: %d ranks placed, its world size is %d", (long long)job_id,
                  n, b.world_size);
     goto out;
   }
   if (!(seen = calloc((size_t)n, 1))) {
-    rc = err_set(FSDP_ENOMEM, "job %lld: out of memory placing %d ranks", (long long)job_id, n);
+    rc = err_set(FSDP_ENOMEM, "job j-%lld: out of memory placing %d ranks", (long long)job_id, n);
     goto out;
   }
   int64_t ep = b.epoch + 1, now = store_now_ms();
   uint8_t secret[RING_SECRET_BYTES];
   if (getrandom(secret, sizeof secret, 0) != (ssize_t)sizeof secret) {
-    rc = err_set_errno(FSDP_EIO, errno, "job %lld: getrandom (the attempt's ring secret)",
+    rc = err_set_errno(FSDP_EIO, errno, "job j-%lld: getrandom (the attempt's ring secret)",
                        (long long)job_id);
     goto out;
   }
@@ -1213,7 +1213,7 @@ int store_attempt_start(store_t *st, int64_t job_id, const store_placement_t *ra
   for (int i = 0; i < n && !rc && !st->rc; i++) {
     const store_placement_t *p = &ranks[i];
     if (p->rank < 0 || p->rank >= n || seen[p->rank]) {
-      rc = err_set(FSDP_EINVAL, "job %lld: rank %d placed twice or outside 0..%d",
+      rc = err_set(FSDP_EINVAL, "job j-%lld: rank %d placed twice or outside 0..%d",
                    (long long)job_id, p->rank, n - 1);
       break;
     }
@@ -1262,7 +1262,7 @@ int store_attempt_secret(store_t *st, int64_t job_id, int64_t epoch,
     rc = FSDP_ENOTFOUND;
   }
   if (rc == FSDP_ENOTFOUND)
-    err_set(rc, "job %lld attempt %lld has no ring secret (it ended, or started before schema "
+    err_set(rc, "job j-%lld attempt %lld has no ring secret (it ended, or started before schema "
             "version 8, or there is no such attempt)", (long long)job_id, (long long)epoch);
   return store_end(st, rc);
 }
@@ -1278,7 +1278,7 @@ int store_rank_running(store_t *st, int64_t job_id, int64_t epoch, int rank, int
               "pid = ? WHERE job_id = ? AND epoch = ? AND rank = ? AND node_id = ?",
               A_I(pid), A_I(job_id), A_I(epoch), A_I(rank), A_I(node_id)) == 0 &&
       !st->rc)
-    rc = err_set(FSDP_ENOTFOUND, "job %lld epoch %lld: no rank %d on node %lld", (long long)job_id,
+    rc = err_set(FSDP_ENOTFOUND, "job j-%lld epoch %lld: no rank %d on node n-%lld", (long long)job_id,
                  (long long)epoch, rank, (long long)node_id);
   return store_end(st, rc);
 }
@@ -1310,7 +1310,7 @@ int store_rank_exit(store_t *st, int64_t job_id, int64_t epoch, int rank, int ex
   if (!st_int(st, 0, "SELECT 1 FROM ranks WHERE job_id = ? AND epoch = ? AND rank = ?",
               A_I(job_id), A_I(epoch), A_I(rank)) &&
       !st->rc)
-    return store_end(st, err_set(FSDP_ENOTFOUND, "job %lld epoch %lld: no rank %d",
+    return store_end(st, err_set(FSDP_ENOTFOUND, "job j-%lld epoch %lld: no rank %d",
                                  (long long)job_id, (long long)epoch, rank));
   /* the first report counts; a rank already stopped or lost keeps its state */
   if (st_exec(st,
@@ -1443,7 +1443,7 @@ int store_job_cancel(store_t *st, int64_t job_id, const char *reason, store_job_
   job_brief_t b;
   if ((rc = job_brief(st, job_id, &b))) return store_end(st, rc);
   if (b.state != STORE_JOB_PENDING && b.state != STORE_JOB_RUNNING)
-    return store_end(st, err_set(FSDP_ESTATE, "job %lld already %s: nothing to cancel",
+    return store_end(st, err_set(FSDP_ESTATE, "job j-%lld already %s: nothing to cancel",
                                  (long long)job_id, store_job_state_name(b.state)));
   reason = reason && *reason ? reason : "cancelled";
   int64_t now = store_now_ms();
@@ -1463,7 +1463,7 @@ int store_job_resume(store_t *st, int64_t job_id, const char *checkpoint_dir) {
   job_brief_t b;
   if ((rc = job_brief(st, job_id, &b))) return store_end(st, rc);
   if (b.state != STORE_JOB_FAILED && b.state != STORE_JOB_CANCELLED)
-    return store_end(st, err_set(FSDP_ESTATE, "job %lld is %s: only a FAILED or CANCELLED job "
+    return store_end(st, err_set(FSDP_ESTATE, "job j-%lld is %s: only a FAILED or CANCELLED job "
                                  "can be resumed", (long long)job_id,
                                  store_job_state_name(b.state)));
   st_exec(st, "UPDATE jobs SET state = 'PENDING', restarts = 0, ended_ms = NULL, reason = ?, "
@@ -1489,7 +1489,7 @@ int store_rendezvous_put(store_t *st, int64_t job_id, int64_t epoch, const char 
   if (!st_int(st, 0, "SELECT 1 FROM ranks WHERE job_id = ? AND epoch = ? AND rank = ?",
               A_I(job_id), A_I(epoch), A_I(rank)) &&
       !st->rc)
-    return store_end(st, err_set(FSDP_ENOTFOUND, "job %lld epoch %lld: no rank %d in rendezvous %s",
+    return store_end(st, err_set(FSDP_ENOTFOUND, "job j-%lld epoch %lld: no rank %d in rendezvous %s",
                                  (long long)job_id, (long long)epoch, rank, group));
   st_exec(st,
           "INSERT OR REPLACE INTO rendezvous(job_id, epoch, group_name, rank, payload) "
@@ -1627,7 +1627,7 @@ int store_job_purge(store_t *st, const int64_t *ids, int n) {
     if (!st_int(st, 0, "SELECT 1 FROM jobs WHERE id = ? AND state IN ('SUCCEEDED', 'FAILED', "
                 "'CANCELLED') AND NOT EXISTS (SELECT 1 FROM devices WHERE job_id = ?)",
                 A_I(id), A_I(id))) {
-      if (!st->rc) rc = err_set(FSDP_ESTATE, "job %lld: not an ended job; not removed", (long long)id);
+      if (!st->rc) rc = err_set(FSDP_ESTATE, "job j-%lld: not an ended job; not removed", (long long)id);
       break;
     }
     /* children first: the foreign keys */
@@ -1687,12 +1687,12 @@ int store_job_get(store_t *st, int64_t job_id, store_job_t *job) {
   if (rc) return rc;
   sqlite3_stmt *s = st_query(st, "SELECT " JOB_COLS ", spec FROM jobs WHERE id = ?", A_I(job_id));
   rc = st_step(st, s);
-  if (rc == 0) rc = err_set(FSDP_ENOTFOUND, "job %lld: no such job", (long long)job_id);
+  if (rc == 0) rc = err_set(FSDP_ENOTFOUND, "job j-%lld: no such job", (long long)job_id);
   if (rc == 1) {
     job_row(s, job);
     const unsigned char *spec = sqlite3_column_text(s, 12);
     job->spec = strdup(spec ? (const char *)spec : "");
-    rc = job->spec ? 0 : err_set(FSDP_ENOMEM, "job %lld: out of memory", (long long)job_id);
+    rc = job->spec ? 0 : err_set(FSDP_ENOMEM, "job j-%lld: out of memory", (long long)job_id);
   }
   return store_end(st, rc);
 }
@@ -2013,7 +2013,7 @@ static int ckpt_for_epoch(store_t *st, int64_t job_id, int64_t step, int64_t epo
   have = ckpt_get(st, job_id, step, c);
   if (have <= 0) return have;
   if (c->state == STORE_CKPT_COMMITTED)
-    return err_set(FSDP_ESTATE, "job %lld: the checkpoint of step %lld is already committed",
+    return err_set(FSDP_ESTATE, "job j-%lld: the checkpoint of step %lld is already committed",
                    (long long)job_id, (long long)step);
   if (c->epoch >= epoch) return 1;
   /* one found damaged is kept, its reason and its files' place with it */
@@ -2041,7 +2041,7 @@ int store_ckpt_report(store_t *st, int64_t job_id, int64_t epoch, int64_t step, 
   const int64_t now = store_now_ms();
   if (have && c.state == STORE_CKPT_ABORTED) {
     /* a late shard of its own attempt: the checkpoint stays aborted */
-    return store_end(st, err_set(FSDP_ESTATE, "job %lld: the checkpoint of step %lld was aborted "
+    return store_end(st, err_set(FSDP_ESTATE, "job j-%lld: the checkpoint of step %lld was aborted "
                                  "(%s); this shard comes too late", (long long)job_id,
                                  (long long)step, c.reason));
   }
@@ -2053,7 +2053,7 @@ int store_ckpt_report(store_t *st, int64_t job_id, int64_t epoch, int64_t step, 
     st_event(st, job_id, 0, "checkpoint.opened", "step %lld: %d shards into %s", (long long)step,
              shards, dir);
   } else if (c.shards != shards || strcmp(c.dir, dir)) {
-    return store_end(st, err_set(FSDP_EINVAL, "job %lld: checkpoint of step %lld has %d shards "
+    return store_end(st, err_set(FSDP_EINVAL, "job j-%lld: checkpoint of step %lld has %d shards "
                                  "in %s; this report says %d in %s", (long long)job_id,
                                  (long long)step, c.shards, c.dir, shards, dir));
   }
@@ -2066,7 +2066,7 @@ int store_ckpt_report(store_t *st, int64_t job_id, int64_t epoch, int64_t step, 
             "VALUES(?, ?, ?, ?, ?, ?)", A_I(job_id), A_I(step), A_I(sh->shard), A_I(sh->rank),
             A_I((int64_t)sh->bytes), A_I((int64_t)sh->sum));
   } else if ((uint64_t)prev != sh->sum) {
-    return store_end(st, err_set(FSDP_EEXIST, "job %lld: shard %d of the checkpoint of step %lld "
+    return store_end(st, err_set(FSDP_EEXIST, "job j-%lld: shard %d of the checkpoint of step %lld "
                                  "was reported with another checksum", (long long)job_id,
                                  sh->shard, (long long)step));
   }
@@ -2086,7 +2086,7 @@ int store_ckpt_damaged(store_t *st, int64_t job_id, int64_t epoch, int64_t step,
   if (!have) have = ckpt_get(st, job_id, step, &c);
   if (have < 0) return store_end(st, have);
   if (!have)
-    return store_end(st, err_set(FSDP_ENOTFOUND, "job %lld has no checkpoint of step %lld",
+    return store_end(st, err_set(FSDP_ENOTFOUND, "job j-%lld has no checkpoint of step %lld",
                                  (long long)job_id, (long long)step));
   if (reason && c.state == STORE_CKPT_COMMITTED &&
       st_exec(st, "UPDATE checkpoints SET state = 'ABORTED', closed_ms = ?, reason = ?, "
@@ -2157,7 +2157,7 @@ int store_ckpt_close(store_t *st, int64_t job_id, int64_t step, int64_t epoch,
               A_T(commit ? "COMMITTED" : "ABORTED"), A_I(now), A_T(commit ? "" : abort_reason),
               A_I(job_id), A_I(step), A_I(epoch)) <= 0) {
     if (!st->rc)
-      rc = err_set(FSDP_ESTATE, "job %lld: no open checkpoint of step %lld from attempt %lld",
+      rc = err_set(FSDP_ESTATE, "job j-%lld: no open checkpoint of step %lld from attempt %lld",
                    (long long)job_id, (long long)step, (long long)epoch);
     return store_end(st, rc);
   }
