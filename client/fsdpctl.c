@@ -297,6 +297,55 @@ static void ctl_free(void *m) {
   if (m) protobuf_c_message_free_unpacked(m, NULL);
 }
 
+/* ---- a server that went away ------------------------------------------------------ */
+
+/* The commands that last as long as a job (watch, events --follow, logs
+ * --follow) outlive a restart of the server they follow: a call that finds
+ * it unreachable is tried again after ctl_retry_wait, 0.2 s doubling to
+ * 1.6 s by tries (0: the first), on new channels (the coordinator's, and
+ * other: the node's, or NULL): one that failed to connect sits in gRPC's
+ * reconnect backoff (1 s, growing to 2 min), failing every call without
+ * trying, and a watch went on failing for 8 s after the coordinator was
+ * back (rpc_client_reconnect). */
+static void ctl_retry_wait(ctl_t *c, rpc_client_t *other, int tries) {
+  rpc_client_reconnect(c->client); /* failing, it keeps the channel it has */
+  rpc_client_reconnect(other);
+  const long ms = 200L << (tries < 3 ? tries : 3);
+  nanosleep(&(struct timespec){ms / 1000, ms % 1000 * 1000000L}, NULL);
+}
+
+static double ctl_now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* How long the coordinator has been away from a follower: since (0: it is
+ * not) and the tries since. A follower zeroes it whenever a call succeeds. */
+typedef struct ctl_away {
+  double since;
+  int tries;
+} ctl_away_t;
+
+/* After a follower's call failed with *rc: 1 when it should try again (the
+ * coordinator unreachable, not yet for --timeout since the first failure
+ * of this outage), said on stderr ("fsdpctl: <what> broke (<why>); <then>")
+ * and waited for; else 0, *rc the failure to report. */
+static int ctl_follow_again(ctl_t *c, ctl_away_t *a, int *rc, const char *what, const char *then) {
+  if (ctl_exit_code(*rc) != CTL_EXIT_UNREACHABLE) return 0;
+  const double now = ctl_now_s();
+  if (!a->since) {
+    a->since = now, a->tries = 0;
+  } else if (now - a->since >= c->timeout_s) {
+    /* err_wrap: err_msg() is the buffer err_set would write */
+    *rc = err_wrap(*rc, "the coordinator stayed unreachable for %.0f s", c->timeout_s);
+    return 0;
+  }
+  ctl_line(stderr, "fsdpctl: %s broke (%s); %s", what, err_msg(), then);
+  ctl_retry_wait(c, NULL, a->tries++);
+  return 1;
+}
+
 /* Whether everything written to stdout so far got there: a full disk or a
  * broken pipe must not pass for a whole listing (exit 0). The first failure
  * is printed, once; later checks only return its exit code. */
@@ -536,16 +585,18 @@ static void ctl_bar(const Fsdp__V1__JobProgress *p, char *buf, size_t n) {
  * with --output json) a line per message. A stream that breaks after it
  * gave a message (the coordinator restarting) is opened again, its first
  * message the job's state then, until the coordinator has stayed
- * unreachable for --timeout; one never reached fails at once. */
+ * unreachable for --timeout (ctl_follow_again); one never reached fails at
+ * once. */
 static int ctl_watch(ctl_t *c, const char *job) {
   int rc = ctl_connect(c);
   if (rc) return ctl_fail(c, rc, "watching job %s", job);
   Fsdp__V1__WatchJobRequest req = FSDP__V1__WATCH_JOB_REQUEST__INIT;
   req.job_id = (char *)job;
   int tty = !c->json && isatty(STDOUT_FILENO), drawn = 0, last = 0, got = 0, code = CTL_EXIT_OK;
-  char line[512], safe[TEXT_ESCAPED_MAX(sizeof line)];
-  double lost_at = 0; /* when the stream last broke with nothing read since (0: it did not) */
-  for (int again = 0;; again++) {
+  char line[512], safe[TEXT_ESCAPED_MAX(sizeof line)], what[128];
+  snprintf(what, sizeof what, "the watch of job %s", job);
+  ctl_away_t away = {0};
+  for (;;) {
     rpc_stream_t *st = NULL;
     /* the stream lasts as long as the job: no deadline; a coordinator that
      * goes away ends it with UNAVAILABLE */
@@ -556,7 +607,7 @@ static int ctl_watch(ctl_t *c, const char *job) {
            (rc = rpc_stream_next(st, &fsdp__v1__job_progress__descriptor, (ProtobufCMessage **)&p)) == 1) {
       rc = 0;
       last = p->state;
-      got++, lost_at = 0;
+      got++, away = (ctl_away_t){0};
       if (c->json) {
         code = ctl_json(c, pbjson_message(&p->base), 0); /* printed its failure: stop there */
       } else if (tty) {
@@ -574,20 +625,9 @@ static int ctl_watch(ctl_t *c, const char *job) {
     }
     if (opened) rpc_stream_close(st);
     /* a coordinator never reached is the user's to fix at once (--coordinator) */
-    if (code || rc != FSDP_EUNAVAILABLE || !got || ctl_job_ended(last)) break;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    const double now = (double)ts.tv_sec + ts.tv_nsec / 1e9;
-    if (!lost_at) lost_at = now, again = 0;
-    if (now - lost_at >= c->timeout_s) {
-      /* err_wrap: err_msg() is the buffer err_set would write */
-      rc = err_wrap(FSDP_EUNAVAILABLE, "the coordinator stayed unreachable for %.0f s", c->timeout_s);
-      break;
-    }
+    if (code || !rc || !got || ctl_job_ended(last)) break;
     if (drawn) putchar('\n'), drawn = 0;
-    ctl_line(stderr, "fsdpctl: the watch of job %s broke (%s); watching again", job, err_msg());
-    const long ms = 200L << (again < 3 ? again : 3); /* 0.2 s, doubling to 1.6 s */
-    nanosleep(&(struct timespec){ms / 1000, ms % 1000 * 1000000L}, NULL);
+    if (!ctl_follow_again(c, &away, &rc, what, "watching again")) break;
   }
   if (drawn) putchar('\n');
   if (code) return code;
@@ -773,17 +813,17 @@ static int ctl_events_print(ctl_t *c, const Fsdp__V1__ListEventsReply *rep, int 
   return ctl_table_out(c, t);
 }
 
-/* *ended: whether job has ended, in the coordinator's word. Returns an exit
- * code (the failure printed). */
+/* *ended: whether job has ended, in the coordinator's word. Returns an
+ * err.h code. */
 static int ctl_job_has_ended(ctl_t *c, const char *job, int *ended) {
   Fsdp__V1__GetJobRequest req = FSDP__V1__GET_JOB_REQUEST__INIT;
   req.job_id = (char *)job;
   Fsdp__V1__GetJobReply *rep = NULL;
   int rc = ctl_call(c, "GetJob", &req.base, &fsdp__v1__get_job_reply__descriptor, &rep);
-  if (rc) return ctl_fail(c, rc, "events of job %s", job);
+  if (rc) return rc;
   *ended = rep->job && ctl_job_ended(rep->job->state);
   ctl_free(rep);
-  return CTL_EXIT_OK;
+  return 0;
 }
 
 /* ---- jobs, status, cancel ----------------------------------------------------------- */
@@ -1089,22 +1129,33 @@ static int cmd_events(ctl_t *c, int argc, char **argv) {
   int code = ctl_events_print(c, rep, 1, follow, &last, widths);
   ctl_free(rep);
   /* --follow: new events as they come, a page at a time, until the job has
-   * ended and nothing came after (without JOB: until interrupted) */
+   * ended and nothing came after (without JOB: until interrupted); through a
+   * coordinator restart (ctl_follow_again), asking again after the last
+   * event printed, so none is printed twice or skipped */
+  ctl_away_t away = {0};
+  char broke[128];
+  snprintf(broke, sizeof broke, "following the events of %s", what);
   for (int quiet = 0; follow && code == CTL_EXIT_OK;) {
-    if ((rc = ctl_events_page(c, job, last, 1000, &rep)))
+    size_t got = 0;
+    int ended = 0;
+    if (!(rc = ctl_events_page(c, job, last, 1000, &rep))) {
+      got = rep->n_events;
+      code = ctl_events_print(c, rep, 0, 1, &last, widths);
+      ctl_free(rep);
+      if (!got && job && !quiet && !code) rc = ctl_job_has_ended(c, job, &ended);
+    }
+    if (rc) {
+      char then[64];
+      snprintf(then, sizeof then, "asking again after event %lld", (long long)last);
+      if (ctl_follow_again(c, &away, &rc, broke, then)) continue;
       return ctl_fail(c, rc, "events of %s", what);
-    const size_t got = rep->n_events;
-    code = ctl_events_print(c, rep, 0, 1, &last, widths);
-    ctl_free(rep);
+    }
+    away = (ctl_away_t){0};
     if (got == 1000) continue; /* more are waiting */
     if (quiet) break;          /* the job had ended, and the last ask found nothing more */
-    int ended = 0;
-    if (!got && job) {
-      if ((code = ctl_job_has_ended(c, job, &ended))) break;
-      if (ended) {
-        quiet = 1; /* once more: its last events were committed with its end */
-        continue;
-      }
+    if (ended) {
+      quiet = 1; /* once more: its last events were committed with its end */
+      continue;
     }
     nanosleep(&(struct timespec){CTL_EVENTS_POLL_MS / 1000, CTL_EVENTS_POLL_MS % 1000 * 1000000L},
               NULL);
@@ -1473,9 +1524,7 @@ static int cmd_logs(ctl_t *c, int argc, char **argv) {
       if (!lapsed && !stale)
         ctl_line(stderr, "fsdpctl: the log stream from node %s broke (%s); resuming at byte %lld",
                  node, err_msg(), (long long)(req.offset < 0 ? 0 : req.offset));
-      const int tries = stale ? waited : again; /* waiting for the coordinator: its own count */
-      const long ms = 200L << (tries < 3 ? tries : 3); /* 0.2 s, doubling to 1.6 s */
-      nanosleep(&(struct timespec){ms / 1000, ms % 1000 * 1000000L}, NULL);
+      ctl_retry_wait(c, nc, stale ? waited : again); /* waiting for the coordinator: its own count */
     }
     if (nheld) ctl_log_text(NULL, 0, held, &nheld); /* a character the log ended inside of */
     if (code) rc = 0; /* the failure is stdout's, printed */

@@ -204,6 +204,15 @@ typedef struct rpc_client_opts {
  * the token and CA files now. Usable from any thread; calls block. */
 int rpc_client_create(rpc_client_t **c, const rpc_client_opts_t *o);
 void rpc_client_destroy(rpc_client_t *c);
+/* Replaces c's channel with a new one to the same server (no call may be
+ * open on c), so the next call connects at once. A channel that failed to
+ * connect waits out gRPC's reconnect backoff (1 s, growing 1.6 times a try
+ * to 2 min), failing every call meanwhile without trying; and this gRPC
+ * connects only while a caller waits in a call, so its
+ * grpc_channel_reset_connect_backoff left the calls failing too. A client
+ * that tries again a server it lost (one restarting) calls this before
+ * each try. */
+int rpc_client_reconnect(rpc_client_t *c);
 
 /* Unary call, blocking up to timeout_s. On success *reply is a message of
  * reply_desc, freed with protobuf_c_message_free_unpacked(*reply, NULL). */

@@ -23,6 +23,8 @@
 
 struct rpc_client {
   grpc_channel *ch;
+  grpc_channel_credentials *creds; /* ch's, kept to make it again (rpc_client_reconnect) */
+  int keepalive_s, recv_window;   /* ch's options, the same */
   char *target;
   int has_auth;
   int tls;
@@ -115,6 +117,42 @@ static grpc_metadata rpc_client_auth(rpc_client_t *c) {
   return md;
 }
 
+/* A channel to c->target with c's credentials and options (NULL: none
+ * could be made). own_pool: with subchannels of its own, never those of
+ * another channel to the target (gRPC shares them process-wide, with their
+ * backoff). */
+static grpc_channel *rpc_client_channel(rpc_client_t *c, int own_pool) {
+  if (!c->creds) return NULL;
+  /* While a call is open the client pings the server every
+   * FSDP_RPC_KEEPALIVE_S (30 s) and gives up on it when a ping goes
+   * unanswered as long: a coordinator that stopped answering (frozen, its
+   * host gone, the network cut) ends a watch or a log stream with
+   * UNAVAILABLE instead of leaving it waiting forever. Pings go on while no
+   * data flows (a quiet watch): gRPC's default stops after two. The ack is
+   * read while the caller waits in a call (this gRPC's transport is driven
+   * by polling), so a caller that does not come back to its stream for
+   * that long (a `fsdpctl logs -f | less` paused) loses it too. */
+  const int ka = c->keepalive_s;
+  /* A fixed receive window (no BDP probing) bounds what a server can
+   * have sent toward a stream the caller is not reading. */
+  grpc_arg args[6] = {
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_TIME_MS, .value.integer = ka * 1000},
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_TIMEOUT_MS, .value.integer = ka * 1000},
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, .value.integer = 0},
+  };
+  size_t n = 3;
+  if (own_pool)
+    args[n++] = (grpc_arg){.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL,
+                           .value.integer = 1};
+  if (c->recv_window > 0) {
+    args[n++] = (grpc_arg){.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_HTTP2_BDP_PROBE, .value.integer = 0};
+    args[n++] = (grpc_arg){.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
+                           .value.integer = c->recv_window};
+  }
+  grpc_channel_args ch_args = {n, args};
+  return grpc_channel_create(c->target, c->creds, &ch_args);
+}
+
 int rpc_client_create(rpc_client_t **out, const rpc_client_opts_t *o) {
   *out = NULL;
   if (!o->target || !*o->target) return err_set(FSDP_EINVAL, "rpc client: no server address");
@@ -139,34 +177,15 @@ int rpc_client_create(rpc_client_t **out, const rpc_client_opts_t *o) {
       (rc = rpc__read_file(o->tls_ca_file, "TLS CA file", RPC_PEM_MAX, &ca, NULL)))
     goto fail;
   rpc__init();
-  grpc_channel_credentials *creds =
-      ca ? grpc_ssl_credentials_create(ca, NULL, NULL, NULL) : grpc_insecure_credentials_create();
+  c->creds = ca ? grpc_ssl_credentials_create(ca, NULL, NULL, NULL) : grpc_insecure_credentials_create();
   c->tls = ca != NULL;
-  /* While a call is open the client pings the server every
-   * FSDP_RPC_KEEPALIVE_S (30 s) and gives up on it when a ping goes
-   * unanswered as long: a coordinator that stopped answering (frozen, its
-   * host gone, the network cut) ends a watch or a log stream with
-   * UNAVAILABLE instead of leaving it waiting forever. Pings go on while no
-   * data flows (a quiet watch): gRPC's default stops after two. The ack is
-   * read while the caller waits in a call (this gRPC's transport is driven
-   * by polling), so a caller that does not come back to its stream for
-   * that long (a `fsdpctl logs -f | less` paused) loses it too. */
   const int64_t want = o->keepalive_s > 0 ? o->keepalive_s : param_rpc_keepalive_s();
-  const int64_t ka = want < 1 ? 1 : want > 3600 ? 3600 : want;
-  /* A fixed receive window (no BDP probing) bounds what a server can
-   * have sent toward a stream the caller is not reading. */
-  grpc_arg args[5] = {
-      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_TIME_MS, .value.integer = (int)ka * 1000},
-      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_TIMEOUT_MS, .value.integer = (int)ka * 1000},
-      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, .value.integer = 0},
-      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_HTTP2_BDP_PROBE, .value.integer = 0},
-      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
-       .value.integer = o->recv_window},
-  };
-  grpc_channel_args ch_args = {o->recv_window > 0 ? 5 : 3, args};
-  c->ch = creds ? grpc_channel_create(c->target, creds, &ch_args) : NULL;
-  if (creds) grpc_channel_credentials_release(creds);
+  c->keepalive_s = want < 1 ? 1 : want > 3600 ? 3600 : (int)want;
+  c->recv_window = o->recv_window;
+  c->ch = rpc_client_channel(c, 0);
   if (!c->ch) {
+    if (c->creds) grpc_channel_credentials_release(c->creds);
+    c->creds = NULL;
     grpc_shutdown();
     rc = err_set(FSDP_EINVAL, "rpc client: cannot make a channel to %s%s", c->target,
                  ca ? " (is the CA file PEM?)" : "");
@@ -197,8 +216,18 @@ static void rpc_client_free(rpc_client_t *c) {
 void rpc_client_destroy(rpc_client_t *c) {
   if (!c) return;
   grpc_channel_destroy(c->ch);
+  grpc_channel_credentials_release(c->creds);
   rpc_client_free(c);
   grpc_shutdown();
+}
+
+int rpc_client_reconnect(rpc_client_t *c) {
+  if (!c) return 0;
+  grpc_channel *ch = rpc_client_channel(c, 1);
+  if (!ch) return err_set(FSDP_EINTERNAL, "rpc client: cannot make a channel to %s again", c->target);
+  grpc_channel_destroy(c->ch);
+  c->ch = ch;
+  return 0;
 }
 
 /* Waits for tag; if gRPC has not completed it well past the deadline,

@@ -80,6 +80,7 @@ static void *rec_get(const char *method, const ProtobufCMessageDescriptor *d, in
 /* ---- canned handlers (on the loop's thread) --------------------------------------- */
 
 static int node_port; /* the fake Node service's, for ListNodes */
+static int fake_gen;  /* how many times the fake servers started (fake_restart: 2) */
 
 /* hostile: the servers' strings carry what a terminal acts on (set before
  * fake_start): an OSC that retitles the window, a clear screen, an 8-bit
@@ -154,7 +155,9 @@ static void h_get_job(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
     rpc_call_finish(call, err_set(FSDP_ENOTFOUND, "%s", EVIL_ERROR));
     return;
   }
-  if (strcmp(req->job_id, "j-42") && strcmp(req->job_id, "j-ok") && strcmp(req->job_id, "j-nan")) {
+  const int restart = !strcmp(req->job_id, "j-restart");
+  if (strcmp(req->job_id, "j-42") && strcmp(req->job_id, "j-ok") && strcmp(req->job_id, "j-nan") &&
+      !restart) {
     rpc_call_finish(call, err_set(FSDP_ENOTFOUND, "job %s: no such job; fsdpctl jobs lists them",
                                   req->job_id));
     return;
@@ -163,7 +166,8 @@ static void h_get_job(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   Fsdp__V1__JobSpec spec;
   Fsdp__V1__RankStatus rs[2], *rp[2];
   fill_job(&job, &spec, rs, rp, req->job_id);
-  if (!strcmp(req->job_id, "j-ok")) job.state = FSDP__V1__JOB_STATE__JOB_STATE_SUCCEEDED;
+  if (!strcmp(req->job_id, "j-ok") || (restart && fake_gen > 1))
+    job.state = FSDP__V1__JOB_STATE__JOB_STATE_SUCCEEDED;
   if (!strcmp(req->job_id, "j-nan")) /* a diverged run: rank 0's loss NaN, rank 1's speed inf */
     rs[0].loss = NAN, rs[1].tokens_per_s = INFINITY;
   if (hostile) spec.name = EVIL_NAME, job.reason = EVIL_REASON, rs[1].node_id = EVIL_HOST;
@@ -233,6 +237,30 @@ static void h_cancel(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   rpc_call_reply(call, &rep.base);
 }
 
+/* j-restart lives through a restart of the fake coordinator (fake_restart):
+ * before it, a RUNNING step whose stream stays open, events 1..3 and the
+ * job RUNNING; after it, steps 2 and 3 (SUCCEEDED), events 1..6 and the
+ * job SUCCEEDED. back_watch and back_events: when the first WatchJob and
+ * ListEvents of j-restart came after the restart (0: none yet). */
+static double back_watch, back_events;
+static void h_restart_cancel(rpc_call_t *call, void *arg) { (void)call, (void)arg; }
+static void h_watch_restart(rpc_call_t *call) {
+  pthread_mutex_lock(&R.mu);
+  if (fake_gen > 1 && !back_watch) back_watch = tu_now_s();
+  pthread_mutex_unlock(&R.mu);
+  for (int step = fake_gen > 1 ? 2 : 1; step <= (fake_gen > 1 ? 3 : 1); step++) {
+    Fsdp__V1__JobProgress p = FSDP__V1__JOB_PROGRESS__INIT;
+    p.job_id = "j-restart";
+    p.step = step;
+    p.total_steps = 3;
+    p.state = step == 3 ? FSDP__V1__JOB_STATE__JOB_STATE_SUCCEEDED
+                        : FSDP__V1__JOB_STATE__JOB_STATE_RUNNING;
+    rpc_call_send(call, &p.base);
+  }
+  if (fake_gen > 1) rpc_call_finish(call, 0);
+  else rpc_call_on_cancel(call, h_restart_cancel, NULL); /* open until the server goes */
+}
+
 /* j-flaky: a RUNNING step, then the stream breaks (UNAVAILABLE, as when the
  * coordinator restarts); asked again, the next step and SUCCEEDED. j-down:
  * a RUNNING step, then every stream breaks at once. */
@@ -263,6 +291,10 @@ static void h_watch(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   const Fsdp__V1__WatchJobRequest *req = (const void *)m;
   rec_put(rpc_call_method(call), m);
   if (h_watch_broken(call, req->job_id)) return;
+  if (!strcmp(req->job_id, "j-restart")) {
+    h_watch_restart(call);
+    return;
+  }
   const int nan = !strcmp(req->job_id, "j-nan");
   int ok = !strcmp(req->job_id, "j-ok") || nan;
   if (!ok && strcmp(req->job_id, "j-bad")) {
@@ -390,12 +422,15 @@ static void h_events(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   const Fsdp__V1__ListEventsRequest *req = (const void *)m;
   rec_put(rpc_call_method(call), m);
   static int calls;
-  const int ok = !strcmp(req->job_id, "j-ok");
-  if (!ok && *req->job_id && strcmp(req->job_id, "j-42")) {
+  const int ok = !strcmp(req->job_id, "j-ok"), restart = !strcmp(req->job_id, "j-restart");
+  pthread_mutex_lock(&R.mu);
+  if (restart && fake_gen > 1 && !back_events) back_events = tu_now_s();
+  pthread_mutex_unlock(&R.mu);
+  if (!ok && *req->job_id && strcmp(req->job_id, "j-42") && !restart) {
     rpc_call_finish(call, err_set(FSDP_ENOTFOUND, "job %s: no such job", req->job_id));
     return;
   }
-  const int64_t visible = ok ? (calls++ ? EV_OK : ev_first) : 5;
+  const int64_t visible = ok ? (calls++ ? EV_OK : ev_first) : restart ? 3 + 3 * (fake_gen > 1) : 5;
   const int64_t limit = req->limit ? req->limit : 100;
   int64_t first = req->after_id + 1, last = req->after_id + limit;
   if (!req->after_id && !req->follow) first = visible - limit + 1, last = visible; /* the newest */
@@ -412,9 +447,9 @@ static void h_events(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
     fsdp__v1__event__init(e);
     e->id = id;
     e->unix_ms = 1700000000000 + id * 1000;
-    e->job_id = ok ? "j-ok" : id == 1 ? "" : "j-42";
+    e->job_id = ok ? "j-ok" : restart ? "j-restart" : id == 1 ? "" : "j-42";
     e->node_id = !ok && id == 1 ? "n-1" : ok && id <= 1000 ? "n-12345" : "";
-    e->kind = ok ? "test.tick" : (char *)kinds[id - 1];
+    e->kind = ok || restart ? "test.tick" : (char *)kinds[id - 1];
     snprintf(text[n], sizeof text[n], "e%lld", (long long)id);
     e->text = text[n];
     ep[n] = e;
@@ -631,6 +666,7 @@ static void *server_thread(void *arg) {
 }
 
 static char coord_addr[64];
+static void fake_run(void);
 
 /* Starts both fake servers (tokens: user and node token files, or NULL)
  * and points FSDP_COORDINATOR at the coordinator. */
@@ -644,7 +680,13 @@ static void fake_start_tls(const char *user_token, const char *node_token, const
   F.opts.tls_key_file = key;
   F.node_plain = node_plain;
   fake_user_token = user_token != NULL;
+  fake_run();
+}
+
+/* Starts the fake servers with F.opts. */
+static void fake_run(void) {
   F.ready = 0; /* a test may start them again after fake_stop */
+  fake_gen++;
   pthread_create(&F.thread, NULL, server_thread, NULL);
   struct timespec until;
   clock_gettime(CLOCK_REALTIME, &until);
@@ -672,6 +714,20 @@ static void fake_stop(void) {
   F.started = 0;
   uv_async_send(&F.wake);
   pthread_join(F.thread, NULL);
+}
+
+/* Stops the fake servers and starts them again as they were away_s later,
+ * the coordinator on its port, as a coordinator restarts; returns once it
+ * serves: the time then. */
+static double fake_restart(double away_s) {
+  static char listen[64];
+  snprintf(listen, sizeof listen, "127.0.0.1:%d", F.port);
+  fake_stop();
+  nanosleep(&(struct timespec){(time_t)away_s, (long)((away_s - (time_t)away_s) * 1e9)}, NULL);
+  F.opts.addr = listen;
+  fake_run();
+  cr_assert_str_eq(coord_addr, listen, "the coordinator came back on another port");
+  return tu_now_s();
 }
 
 /* ---- running fsdpctl ---------------------------------------------------------------- */
@@ -1267,6 +1323,135 @@ Test(fsdpctl, a_broken_watch_watches_again_until_the_timeout) {
             "%s", err);
   cr_assert(dt >= 1.0 && dt < 5.0, "gave up after %.2f s (--timeout 1)", dt);
   cr_assert_gt(watch_down_calls, 2, "it watched again (%d streams)", watch_down_calls);
+}
+
+/* bin/fsdpctl with args (NULL-terminated) in the background, its stdout and
+ * stderr into the files NAME.out and NAME.err of the test's directory: its pid. */
+static pid_t ctl_spawn(const char *name, const char *const *args) {
+  const char *argv[64] = {"fsdpctl"};
+  int n = 1;
+  for (; args[n - 1] && n < 63; n++) argv[n] = args[n - 1];
+  argv[n] = NULL;
+  char bin[1024], path[2][256];
+  snprintf(bin, sizeof bin, "%s/bin/fsdpctl", tu_root());
+  for (int i = 0; i < 2; i++) {
+    char *p = tu_path(name);
+    snprintf(path[i], sizeof path[i], "%s.%s", p, i ? "err" : "out");
+    free(p);
+  }
+  pid_t pid = fork();
+  cr_assert_geq(pid, 0);
+  if (!pid) {
+    for (int i = 0; i < 2; i++) {
+      int fd = open(path[i], O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (fd < 0 || dup2(fd, 1 + i) < 0) _exit(127);
+    }
+    execv(bin, (char *const *)argv);
+    _exit(127);
+  }
+  return pid;
+}
+#define CTL_SPAWN(name, ...) ctl_spawn(name, (const char *const[]){__VA_ARGS__, NULL})
+
+/* What fsdpctl spawned as name wrote to stdout ("out") or stderr ("err"), into buf. */
+static const char *ctl_spawned_output(const char *name, const char *which, char *buf, size_t len) {
+  char file[64];
+  snprintf(file, sizeof file, "%s.%s", name, which);
+  char *p = tu_path(file), *text = tu_slurp(p, NULL);
+  snprintf(buf, len, "%s", text ? text : "");
+  free(text), free(p);
+  return buf;
+}
+
+/* The exit status of the fsdpctl pid, which must exit within limit_s. */
+static int ctl_reap(pid_t pid, double limit_s) {
+  int status = 0;
+  pid_t w = 0;
+  for (double t0 = tu_now_s(); !w && tu_now_s() - t0 < limit_s;) {
+    w = waitpid(pid, &status, WNOHANG);
+    if (!w) nanosleep(&(struct timespec){0, 20000000}, NULL);
+  }
+  if (!w) kill(pid, SIGKILL), waitpid(pid, &status, 0);
+  cr_assert_eq(w, pid, "fsdpctl ran past %.0f s", limit_s);
+  cr_assert(WIFEXITED(status), "fsdpctl died of signal %d", WTERMSIG(status));
+  return WEXITSTATUS(status);
+}
+
+/* A coordinator that restarts (gone 3 s) under a watch and an events
+ * --follow: both find it again as soon as it serves, carry on and end with
+ * the job (exit 0), every event printed once. Before, the watch's channel
+ * sat in gRPC's reconnect backoff (failing every try without trying) for
+ * seconds after the coordinator was back, and events --follow gave up at
+ * the first break. */
+Test(fsdpctl, watch_and_events_follow_carry_on_through_a_coordinator_restart) {
+  fake_start(NULL, NULL);
+  const pid_t w = CTL_SPAWN("watch", "watch", "j-restart", "--timeout", "30");
+  const pid_t e = CTL_SPAWN("events", "events", "j-restart", "--follow", "-o", "json", "--timeout", "30");
+  char wout[4096], eout[4096], werr[4096], eerr[4096];
+  /* until both follow: the watch at step 1, events 1..3 printed */
+  for (double t0 = tu_now_s(); tu_now_s() - t0 < CTL_LIMIT_S; nanosleep(&(struct timespec){0, 20000000}, NULL))
+    if (strstr(ctl_spawned_output("watch", "out", wout, sizeof wout), "step 1/3") &&
+        strstr(ctl_spawned_output("events", "out", eout, sizeof eout), "\"e3\""))
+      break;
+  expect_in(wout, "step 1/3");
+  expect_in(eout, "\"e3\"");
+  const double back = fake_restart(3.0);
+  const int wrc = ctl_reap(w, CTL_LIMIT_S), erc = ctl_reap(e, CTL_LIMIT_S);
+  ctl_spawned_output("watch", "out", wout, sizeof wout);
+  ctl_spawned_output("watch", "err", werr, sizeof werr);
+  ctl_spawned_output("events", "out", eout, sizeof eout);
+  ctl_spawned_output("events", "err", eerr, sizeof eerr);
+  cr_assert_eq(wrc, 0, "watch: exit %d: %s%s", wrc, wout, werr);
+  cr_assert_eq(erc, 0, "events: exit %d: %s%s", erc, eout, eerr);
+  expect_in(wout, "step 3/3");
+  expect_in(wout, "SUCCEEDED");
+  expect_in(werr, "the watch of job j-restart broke");
+  expect_in(eerr, "following the events of j-restart broke");
+  expect_in(eerr, "asking again after event 3");
+  /* every event once, in order */
+  int ids = 0;
+  for (char *line = eout, *nl; ids < 10 && (nl = strchr(line, '\n')); line = nl + 1, ids++) {
+    *nl = 0;
+    json_t *j = parse_json(line);
+    cr_assert_eq(json_integer_value(json_object_get(j, "id")), ids + 1, "line %d: %s", ids + 1, line);
+    json_decref(j);
+  }
+  cr_assert_eq(ids, 6, "%d events printed of 6", ids);
+  /* each tried again within its longest wait (1.6 s) of the coordinator's return */
+  pthread_mutex_lock(&R.mu);
+  const double dw = back_watch - back, de = back_events - back;
+  pthread_mutex_unlock(&R.mu);
+  printf("back after the restart: the watch in %.2f s, events --follow in %.2f s\n", dw, de);
+  cr_expect(back_watch && dw < 2.5, "the watch came back %.2f s after the coordinator", dw);
+  cr_expect(back_events && de < 2.5, "events --follow came back %.2f s after the coordinator", de);
+}
+
+/* A coordinator that goes for good under a watch and an events --follow:
+ * each gives up once it has been unreachable for --timeout (exit 4), not
+ * before and not long after. */
+Test(fsdpctl, watch_and_events_follow_give_up_on_a_coordinator_gone_for_good) {
+  fake_start(NULL, NULL);
+  const pid_t w = CTL_SPAWN("watch", "watch", "j-restart", "--timeout", "2");
+  const pid_t e = CTL_SPAWN("events", "events", "j-restart", "--follow", "--timeout", "2");
+  char wout[4096], eout[4096], werr[4096], eerr[4096];
+  for (double t0 = tu_now_s(); tu_now_s() - t0 < CTL_LIMIT_S; nanosleep(&(struct timespec){0, 20000000}, NULL))
+    if (strstr(ctl_spawned_output("watch", "out", wout, sizeof wout), "step 1/3") &&
+        strstr(ctl_spawned_output("events", "out", eout, sizeof eout), "e3"))
+      break;
+  fake_stop();
+  const double t0 = tu_now_s();
+  const int wrc = ctl_reap(w, CTL_LIMIT_S);
+  const double dw = tu_now_s() - t0;
+  const int erc = ctl_reap(e, CTL_LIMIT_S);
+  const double de = tu_now_s() - t0;
+  ctl_spawned_output("watch", "err", werr, sizeof werr);
+  ctl_spawned_output("events", "err", eerr, sizeof eerr);
+  cr_assert_eq(wrc, 4, "watch: exit %d: %s", wrc, werr);
+  cr_assert_eq(erc, 4, "events: exit %d: %s", erc, eerr);
+  expect_in(werr, "the coordinator stayed unreachable for 2 s");
+  expect_in(eerr, "the coordinator stayed unreachable for 2 s");
+  cr_expect(dw >= 2.0 && dw < 5.0, "the watch gave up after %.2f s (--timeout 2)", dw);
+  cr_expect(de >= 2.0 && de < 5.0, "events --follow gave up after %.2f s (--timeout 2)", de);
 }
 
 /* A diverged run reports a NaN loss (and a speed can be infinite): JSON has
