@@ -1363,21 +1363,28 @@ static int cmd_export(ctl_t *c, int argc, char **argv) {
 
 /* ---- logs ------------------------------------------------------------------------------ */
 
-/* The address of the node that runs (or ran) rank of job: GetJob's ranks
- * name the node, ListNodes its address. *addr is malloc'd. */
-static int ctl_rank_node(ctl_t *c, const char *job, unsigned rank, char **addr, char *node, size_t n) {
+/* The address of the node that runs (or ran) rank of job in attempt (0:
+ * the current or last): GetJob's ranks of that attempt name the node,
+ * ListNodes its address. *addr is malloc'd. */
+static int ctl_rank_node(ctl_t *c, const char *job, unsigned rank, unsigned attempt, char **addr,
+                         char *node, size_t n) {
   *addr = NULL;
   Fsdp__V1__GetJobRequest gq = FSDP__V1__GET_JOB_REQUEST__INIT;
   gq.job_id = (char *)job;
+  gq.attempt = attempt;
   Fsdp__V1__GetJobReply *gr = NULL;
   int rc = ctl_call(c, "GetJob", &gq.base, &fsdp__v1__get_job_reply__descriptor, &gr);
   if (rc) return rc;
   node[0] = 0;
+  /* a coordinator older than GetJobRequest.attempt answers with the
+   * current attempt's ranks: that node may hold the attempt asked for too */
   for (size_t i = 0; gr->job && i < gr->job->n_ranks; i++)
     if (gr->job->ranks[i]->rank == rank) snprintf(node, n, "%s", gr->job->ranks[i]->node_id);
   const char *state = gr->job ? JOB_STATE(gr->job->state) : "?";
   if (!node[0]) {
-    rc = err_set(FSDP_ENOTFOUND, "job %s (%s) has no rank %u placed on a node", job, state, rank);
+    char in[32] = "";
+    if (attempt) snprintf(in, sizeof in, " in attempt %u", attempt);
+    rc = err_set(FSDP_ENOTFOUND, "job %s (%s) has no rank %u placed on a node%s", job, state, rank, in);
     ctl_free(gr);
     return rc;
   }
@@ -1438,7 +1445,7 @@ static int cmd_logs(ctl_t *c, int argc, char **argv) {
   }
   if (!job) return ctl_usage(c, "which job? give its id (fsdpctl jobs lists them)");
   char *addr, node[128];
-  int rc = ctl_rank_node(c, job, (unsigned)rank, &addr, node, sizeof node);
+  int rc = ctl_rank_node(c, job, (unsigned)rank, (unsigned)attempt, &addr, node, sizeof node);
   if (rc) return ctl_fail(c, rc, "logs of job %s rank %lu", job, rank);
   /* the nodes' CA: the coordinator's unless --node-tls-ca says */
   const char *ca = c->node_tls_ca ? c->node_tls_ca : c->tls_ca;

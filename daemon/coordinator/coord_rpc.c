@@ -144,7 +144,7 @@ static int coord_memory_find(const char *text, const char *name, uint64_t *cur, 
   return 0;
 }
 
-/* The ranks of j's current attempt, with what they last reported. */
+/* The ranks of j's attempt j->epoch, with what they last reported. */
 static int coord_ranks_msg(coord_t *c, coord_arena_t *a, const store_job_t *j,
                            Fsdp__V1__RankStatus ***out, size_t *n_out) {
   store_rank_t *r = NULL;
@@ -547,9 +547,20 @@ static void coord_get_job_cb(rpc_call_t *call, const ProtobufCMessage *req, void
   const Fsdp__V1__GetJobRequest *q = (const void *)req;
   store_job_t j;
   if (coord_job_arg(c, call, q->job_id, &j)) return;
+  if (q->attempt > j.epoch) {
+    store_job_free(&j);
+    rpc_call_finish(call, err_set(FSDP_ENOTFOUND, "job %s has had %lld attempt(s), not %u",
+                                  q->job_id, (long long)j.epoch, q->attempt));
+    return;
+  }
   coord_arena_t a = {0};
   Fsdp__V1__GetJobReply rep = FSDP__V1__GET_JOB_REPLY__INIT;
   rep.job = coord_job_msg(c, &a, &j, 1);
+  if (rep.job && q->attempt && q->attempt != j.epoch) { /* an earlier attempt's ranks */
+    store_job_t k = j;
+    k.epoch = q->attempt;
+    if (coord_ranks_msg(c, &a, &k, &rep.job->ranks, &rep.job->n_ranks)) a.failed = 1;
+  }
   store_job_free(&j);
   coord_reply(call, &a, &rep.base);
 }

@@ -1469,6 +1469,54 @@ Test(coordinator, a_restarted_jobs_status_says_how_its_last_attempt_ended) {
   cr_expect(strstr(out, "before") && strstr(out, "attempt 1 failed"), "%s", out);
 }
 
+/* GetJob of an earlier attempt (GetJobRequest.attempt) gives that attempt's
+ * ranks, where they ran: the first on solo, drained as it failed, the second
+ * on other. So `fsdpctl logs --attempt 1` goes to solo, not to where the
+ * job runs now (before, it asked other, which has no log of attempt 1). */
+Test(coordinator, get_job_of_an_attempt_names_where_its_ranks_ran) {
+  char id[32], a[128], out[8192];
+  node_t n = {{0}, 0}, m = {{0}, 0};
+  solo_job_restartable(&n, id);
+  Fsdp__V1__DrainNodeRequest dq = FSDP__V1__DRAIN_NODE_REQUEST__INIT;
+  dq.node_id = n.id, dq.reason = "test";
+  Fsdp__V1__DrainNodeReply *dr = NULL;
+  cr_assert_eq(CALL("DrainNode", dq, drain_node_reply, &dr), 0, "%s", err_msg());
+  reply_free(dr);
+  node_register(&m, "other", 2, 8ull << 30, NULL, 0);
+  cr_assert_eq(report_exit(&n, id, 1, 1, 3), 0, "%s", err_msg());
+  cr_assert_eq(collect(&m, id, 2, NULL), 2, "the second attempt was not placed on other");
+  for (uint32_t attempt = 0; attempt <= 2; attempt++) {
+    Fsdp__V1__GetJobRequest q = FSDP__V1__GET_JOB_REQUEST__INIT;
+    q.job_id = id, q.attempt = attempt;
+    Fsdp__V1__GetJobReply *g = NULL;
+    cr_assert_eq(CALL("GetJob", q, get_job_reply, &g), 0, "attempt %u: %s", attempt, err_msg());
+    cr_expect_eq(g->job->attempt, 2, "the job's own attempt stays the current one");
+    cr_assert_eq(g->job->n_ranks, 2, "attempt %u: %zu ranks", attempt, g->job->n_ranks);
+    for (size_t r = 0; r < 2; r++) {
+      cr_expect_str_eq(g->job->ranks[r]->node_id, attempt == 1 ? n.id : m.id, "attempt %u rank %zu",
+                       attempt, r);
+      cr_expect_eq(g->job->ranks[r]->attempt, attempt ? attempt : 2);
+    }
+    reply_free(g);
+  }
+  Fsdp__V1__GetJobRequest q = FSDP__V1__GET_JOB_REQUEST__INIT;
+  Fsdp__V1__GetJobReply *g = NULL;
+  q.job_id = id, q.attempt = 3;
+  cr_expect_eq(CALL("GetJob", q, get_job_reply, &g), FSDP_ENOTFOUND, "attempt 3 of 2");
+  cr_expect(strstr(err_msg(), "has had 2 attempt(s), not 3"), "%s", err_msg());
+  /* the test's nodes serve no logs (and, silent, are dead by now): the
+   * failure names the node fsdpctl went to */
+  char want[64], other[64];
+  for (int attempt = 1; attempt <= 2; attempt++) {
+    snprintf(a, sizeof a, "logs %s --rank 0 --attempt %d --timeout 2", id, attempt);
+    snprintf(want, sizeof want, "node %s:", attempt == 1 ? n.id : m.id);
+    snprintf(other, sizeof other, "node %s:", attempt == 1 ? m.id : n.id);
+    cr_expect_neq(cluster_ctl(co.addr, a, out, sizeof out), 0, "%s", out);
+    cr_expect(strstr(out, want) && !strstr(out, other), "attempt %d: not \"%s\": %s", attempt,
+              want, out);
+  }
+}
+
 /* A node that registers again without both ranks of a running attempt
  * fails it once: the job waits to restart after its first failure, not
  * after the second, which found the attempt already ended. */

@@ -1881,6 +1881,9 @@ Test(fsdpctl, logs_stream_the_nodes_chunks_in_order) {
   cr_assert_eq(req->offset, -100);
   cr_assert(!req->follow);
   protobuf_c_message_free_unpacked(&req->base, NULL);
+  Fsdp__V1__GetJobRequest *gq = rec_get("GetJob", &fsdp__v1__get_job_request__descriptor, NULL);
+  cr_assert_eq(gq->attempt, 1, "the node of attempt 1's rank, not the current attempt's");
+  protobuf_c_message_free_unpacked(&gq->base, NULL);
   Fsdp__V1__ListNodesRequest *nq = rec_get("ListNodes", &fsdp__v1__list_nodes_request__descriptor, NULL);
   cr_assert_str_eq(nq->node_id, "n-1", "the rank's node only, not the whole cluster");
   protobuf_c_message_free_unpacked(&nq->base, NULL);
