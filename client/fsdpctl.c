@@ -33,6 +33,9 @@
 #define FSDPCTL_VERSION "0.1.0"
 #define CTL_DEFAULT_COORDINATOR "127.0.0.1:7070"
 #define CTL_DEFAULT_TIMEOUT_S 10.0
+#define CTL_TIMEOUT_MAX_S 1e6 /* --timeout: at most (11.6 days) */
+#define CTL_RANKS_MAX 4096 /* submit --ranks: the coordinator's bound on spec.world_size */
+#define CTL_RESTARTS_MAX 1000 /* submit --max-restarts: its bound on spec.max_restarts */
 #define CTL_PLAINTEXT "plaintext" /* --node-tls-ca: no TLS to the nodes */
 #define CTL_EXPORT_IDLE_S 300.0 /* export: the least wait for its next piece */
 #define CTL_FOREVER_S 2e9 /* a stream that lasts as long as the job (rpc.h: no deadline) */
@@ -174,13 +177,14 @@ static int ctl_opt(const ctl_t *c, int argc, char **argv, int *i, const char *na
   return 1;
 }
 
-static int ctl_uint(const ctl_t *c, const char *opt, const char *s, unsigned long max,
-                    unsigned long *out) {
+/* A whole number from min to max (the range the message states). */
+static int ctl_uint(const ctl_t *c, const char *opt, const char *s, unsigned long min,
+                    unsigned long max, unsigned long *out) {
   char *end;
   errno = 0;
   unsigned long v = strtoul(s, &end, 10);
-  if (!*s || *end || errno || v > max || *s == '-')
-    return ctl_usage(c, "%s %s: not a whole number from 0 to %lu", opt, s, max), -1;
+  if (!*s || *end || errno || v < min || v > max || *s == '-')
+    return ctl_usage(c, "%s %s: not a whole number from %lu to %lu", opt, s, min, max), -1;
   *out = v;
   return 0;
 }
@@ -199,8 +203,9 @@ static int ctl_global_opt(ctl_t *c, int argc, char **argv, int *i) {
     if (r < 0) return -1;
     char *end;
     double t = strtod(v, &end);
-    if (!*v || *end || !(t > 0) || t > 1e6)
-      return ctl_usage(c, "--timeout %s: give seconds, more than 0", v), -1;
+    if (!*v || *end || !(t > 0) || t > CTL_TIMEOUT_MAX_S)
+      return ctl_usage(c, "--timeout %s: give seconds, more than 0 and at most %.0f", v,
+                       CTL_TIMEOUT_MAX_S), -1;
     c->timeout_s = t;
     return 1;
   }
@@ -667,13 +672,13 @@ static int cmd_submit(ctl_t *c, int argc, char **argv) {
     if ((r = ctl_global_opt(c, argc, argv, &i))) {
       if (r < 0) code = CTL_EXIT_INVALID;
     } else if ((r = ctl_opt(c, argc, argv, &i, "--ranks", &v))) {
-      if (r < 0 || ctl_uint(c, "--ranks", v, 1u << 20, &ranks)) code = CTL_EXIT_INVALID;
-      else if (!ranks) code = ctl_usage(c, "--ranks 0: a job has at least one rank");
+      if (r < 0 || ctl_uint(c, "--ranks", v, 1, CTL_RANKS_MAX, &ranks)) code = CTL_EXIT_INVALID;
     } else if ((r = ctl_opt(c, argc, argv, &i, "--name", &v))) {
       if (r < 0) code = CTL_EXIT_INVALID;
       else name = v;
     } else if ((r = ctl_opt(c, argc, argv, &i, "--max-restarts", &v))) {
-      if (r < 0 || ctl_uint(c, "--max-restarts", v, 1000000, &restarts)) code = CTL_EXIT_INVALID;
+      if (r < 0 || ctl_uint(c, "--max-restarts", v, 0, CTL_RESTARTS_MAX, &restarts))
+        code = CTL_EXIT_INVALID;
     } else if ((r = ctl_opt(c, argc, argv, &i, "--set", &v))) {
       if (r < 0) code = CTL_EXIT_INVALID;
       else if ((rc = spec_set_arg(&flags, v))) code = ctl_usage(c, "%s", err_msg());
@@ -848,7 +853,7 @@ static int cmd_jobs(ctl_t *c, int argc, char **argv) {
       if (ns == sizeof states / sizeof states[0]) return ctl_usage(c, "--state: too many");
       states[ns++] = (Fsdp__V1__JobState)s;
     } else if ((r = ctl_opt(c, argc, argv, &i, "--limit", &v))) {
-      if (r < 0 || ctl_uint(c, "--limit", v, UINT32_MAX, &limit)) return CTL_EXIT_INVALID;
+      if (r < 0 || ctl_uint(c, "--limit", v, 0, UINT32_MAX, &limit)) return CTL_EXIT_INVALID;
     } else {
       return ctl_unknown(c, argv[i]);
     }
@@ -1114,8 +1119,7 @@ static int cmd_events(ctl_t *c, int argc, char **argv) {
     if (r < 0) return CTL_EXIT_INVALID;
     if (r) continue;
     if ((r = ctl_opt(c, argc, argv, &i, "--limit", &v))) {
-      if (r < 0 || ctl_uint(c, "--limit", v, 5000, &limit)) return CTL_EXIT_INVALID;
-      if (!limit) return ctl_usage(c, "--limit 0: give 1 to 5000");
+      if (r < 0 || ctl_uint(c, "--limit", v, 1, 5000, &limit)) return CTL_EXIT_INVALID;
     } else if ((r = ctl_job_or_follow(c, argv[i], &job, &follow))) {
       return r;
     }
@@ -1289,7 +1293,7 @@ static int cmd_export(ctl_t *c, int argc, char **argv) {
     if ((r = ctl_global_opt(c, argc, argv, &i)) < 0) return CTL_EXIT_INVALID;
     if (r) continue;
     if ((r = ctl_opt(c, argc, argv, &i, "--step", &v))) {
-      if (r < 0 || ctl_uint(c, "--step", v, INT64_MAX, &step)) return CTL_EXIT_INVALID;
+      if (r < 0 || ctl_uint(c, "--step", v, 0, INT64_MAX, &step)) return CTL_EXIT_INVALID;
     } else if ((r = ctl_opt(c, argc, argv, &i, "--format", &v))) {
       if (r < 0) return CTL_EXIT_INVALID;
       req.format = (char *)v;
@@ -1433,11 +1437,11 @@ static int cmd_logs(ctl_t *c, int argc, char **argv) {
     if (r < 0) return CTL_EXIT_INVALID;
     if (r) continue;
     if ((r = ctl_opt(c, argc, argv, &i, "--rank", &v))) {
-      if (r < 0 || ctl_uint(c, "--rank", v, UINT32_MAX, &rank)) return CTL_EXIT_INVALID;
+      if (r < 0 || ctl_uint(c, "--rank", v, 0, UINT32_MAX, &rank)) return CTL_EXIT_INVALID;
     } else if ((r = ctl_opt(c, argc, argv, &i, "--attempt", &v))) {
-      if (r < 0 || ctl_uint(c, "--attempt", v, UINT32_MAX, &attempt)) return CTL_EXIT_INVALID;
+      if (r < 0 || ctl_uint(c, "--attempt", v, 0, UINT32_MAX, &attempt)) return CTL_EXIT_INVALID;
     } else if ((r = ctl_opt(c, argc, argv, &i, "--tail", &v))) {
-      if (r < 0 || ctl_uint(c, "--tail", v, 1ul << 40, &tail)) return CTL_EXIT_INVALID;
+      if (r < 0 || ctl_uint(c, "--tail", v, 0, 1ul << 40, &tail)) return CTL_EXIT_INVALID;
       has_tail = 1;
     } else if ((r = ctl_job_or_follow(c, argv[i], &job, &follow))) {
       return r;

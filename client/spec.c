@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "daemon/common/err.h"
 #include "daemon/common/ini_line.h"
@@ -48,6 +49,11 @@ static int spec_ini_cb(void *user, const char *section, const char *key, const c
 int spec_load_file(spec_t *s, const char *path) {
   FILE *f = fopen(path, "r");
   if (!f) return err_set_errno(err_from_errno(errno), errno, "job file %s", path);
+  struct stat st;
+  if (!fstat(fileno(f), &st) && S_ISDIR(st.st_mode)) { /* fopen takes one; it reads as empty */
+    fclose(f);
+    return err_set(FSDP_EINVAL, "job file %s: is a directory; give the job's INI file", path);
+  }
   spec_ini_t x = {s, 0};
   int too_long;
   int line = ini_line_parse(f, NULL, spec_ini_cb, &x, &too_long);

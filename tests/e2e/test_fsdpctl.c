@@ -1632,6 +1632,15 @@ Test(fsdpctl, usage_errors_are_2_and_name_the_option) {
       {{"logs", "j-1", "--rank", "-1"}, "--rank -1"},
       {{"frobnicate"}, "unknown command \"frobnicate\""},
       {{"submit", "/no/such/job.conf", "--ranks", "1"}, "/no/such/job.conf"},
+      /* the ranges stated are those the coordinator takes */
+      {{"submit", "--ranks", "-1"}, "--ranks -1: not a whole number from 1 to 4096"},
+      {{"submit", "--ranks", "0"}, "--ranks 0: not a whole number from 1 to 4096"},
+      {{"submit", "--ranks", "4097"}, "from 1 to 4096"},
+      {{"submit", "--max-restarts", "1001"}, "--max-restarts 1001: not a whole number from 0 to 1000"},
+      {{"--timeout", "1e9", "jobs"}, "--timeout 1e9: give seconds, more than 0 and at most 1000000"},
+      {{"events", "--limit", "0"}, "--limit 0: not a whole number from 1 to 5000"},
+      /* fopen takes a directory, which reads as an empty job file */
+      {{"submit", "/", "--ranks", "1"}, "job file /: is a directory"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     int rc = ctl(cases[i].args);
