@@ -1606,7 +1606,8 @@ static const ctl_cmd_t ctl_cmds[] = {
      "A rank's log, read from the node that runs it (its address from ListNodes), in\n"
      "TLS as to the coordinator unless --node-tls-ca (global options) says otherwise.\n"
      "  --rank R       which rank (default 0)\n"
-     "  --attempt N    which attempt (default: the latest on that node)\n"
+     "  --attempt N    which attempt, from the node that ran the rank in it (default:\n"
+     "                 the latest on the node that runs or last ran it)\n"
      "  --tail BYTES   only the last BYTES bytes\n"
      "  --follow, -f   keep printing as the log grows (until interrupted); a stream\n"
      "                 that breaks is opened again where it stopped\n"
@@ -1627,8 +1628,10 @@ static const ctl_cmd_t ctl_cmds[] = {
      "and node (registered, dead). Kept --event-retention-days (default 90).\n"
      "  --limit N      the newest N events (default 100; with --follow 20), at most 5000\n"
      "  --follow, -f   then keep printing new events as they come (every second) until\n"
-     "                 the job has ended (without JOB: until interrupted); --output\n"
-     "                 json prints one JSON object per line\n"},
+     "                 the job has ended (without JOB: until interrupted), through a\n"
+     "                 coordinator restart (each event once) until it has been\n"
+     "                 unreachable for --timeout; --output json prints one JSON\n"
+     "                 object per line\n"},
     {"export", cmd_export,
      "export JOB [--step N] [--format safetensors] [--dtype fp32|bf16] -o FILE [--force]",
      "Writes a committed checkpoint's weights as one file, streamed from the coordinator:\n"
@@ -1664,8 +1667,10 @@ static const char ctl_globals_help[] =
     "                      deploy/k8s: the log ticket, never a token, then crosses\n"
     "                      the network in the clear); default FSDP_NODE_TLS_CA,\n"
     "                      else as --tls-ca\n"
-    "  --timeout SECONDS   bound on each call (default 10); watch and logs --follow\n"
-    "                      last until the job ends or you stop them; export takes\n"
+    "  --timeout SECONDS   bound on each call (default 10, at most 1000000); watch,\n"
+    "                      events --follow and logs --follow last until the job ends\n"
+    "                      or you stop them (watch and events --follow: until the\n"
+    "                      coordinator has been unreachable this long); export takes\n"
     "                      as long as the file needs, but gives up when no piece\n"
     "                      comes for this long (at least 300 s)\n"
     "  --output table|json human tables (default) or one JSON document (-o json)\n";

@@ -1802,15 +1802,8 @@ Test(fsdpctl, export_beside_a_killed_exports_temporary) {
   tu_write_file(stale, "stale", 5);
   cr_assert_eq(write(go[1], "g", 1), 1);
   close(go[1]);
-  int status = 0;
-  pid_t w = 0;
-  for (double t0 = tu_now_s(); !w && tu_now_s() - t0 < CTL_LIMIT_S;) {
-    w = waitpid(pid, &status, WNOHANG);
-    if (!w) nanosleep(&(struct timespec){0, 20000000}, NULL);
-  }
-  if (!w) kill(pid, SIGKILL), waitpid(pid, &status, 0);
-  cr_assert_eq(w, pid, "fsdpctl ran past %.0f s", CTL_LIMIT_S);
-  cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status 0x%x", status);
+  const int rc = ctl_reap(pid, CTL_LIMIT_S);
+  cr_assert_eq(rc, 0, "exit %d", rc);
   expect_file(model, "hello world\n");
   expect_file(stale, "stale");
   cr_assert_eq(partial_files(dir), 1, "the export's own temporary was left in %s", dir);
