@@ -632,6 +632,59 @@ Test(cluster, a_restarted_coordinator_lets_the_running_job_finish) {
   free(conf);
 }
 
+/* The event ids in text (fsdpctl events -o json: one object a line, or an
+ * array), in order, into ids (at most max); how many. */
+static int event_ids(const char *text, long long *ids, int max) {
+  int n = 0;
+  for (const char *p = text; n < max && (p = strstr(p, "\"id\":")); p += 5)
+    ids[n++] = strtoll(p + 5, NULL, 10);
+  return n;
+}
+
+/* The coordinator stopped (SIGTERM) under a watch and an events --follow
+ * and started again 3 s later: both carry on and end with the job (exit 0),
+ * the events printed once each, as the job's whole listing has them. Before,
+ * the watch kept failing while the coordinator served again, and events
+ * --follow exited 4 at the first break (found by a tester). */
+Test(cluster, a_watch_and_events_follow_outlive_a_coordinator_restart) {
+  char addr[64], db[600], extra[128], job[32], cmd[2048];
+  snprintf(addr, sizeof addr, "%s", coord.addr);
+  snprintf(db, sizeof db, "%.*s", (int)(strlen(coord.log) - 4), coord.log);
+  snprintf(extra, sizeof extra, "--heartbeat-timeout-ms %d --restart-grace-ms %d", TIMEOUT_MS,
+           30000 * TU_SLOW);
+  cluster_stop(&coord, SIGTERM); /* again with a grace past the outage */
+  cluster_coord_start(&coord, db, addr, extra);
+  cluster_fsdpd_start(&node[0], coord.addr, "solo", 2, NULL);
+  char *conf = job_file("restart.conf", "steps = 3000\n");
+  snprintf(job, sizeof job, "%s", submit(conf, "--ranks 2"));
+  cr_assert(wait_state(job, "RUNNING", 10));
+  char *wf = tu_path("watch.txt"), *ef = tu_path("events.txt"), *eerr = tu_path("events.err");
+  snprintf(cmd, sizeof cmd, "exec '%s/bin/fsdpctl' --coordinator %s watch %s >'%s' 2>&1", tu_root(),
+           addr, job, wf);
+  cluster_proc_t w = {.pid = cluster_run(cmd)};
+  snprintf(cmd, sizeof cmd, "exec '%s/bin/fsdpctl' --coordinator %s events %s --follow --limit 5000 "
+           "-o json >'%s' 2>'%s'", tu_root(), addr, job, ef, eerr);
+  cluster_proc_t e = {.pid = cluster_run(cmd)};
+  nanosleep(&(struct timespec){1, 0}, NULL);
+  cluster_stop(&coord, SIGTERM);
+  nanosleep(&(struct timespec){3, 0}, NULL);
+  cluster_coord_start(&coord, db, addr, extra);
+  const int ws = cluster_wait_exit(&w, 120 * TU_SLOW), es = cluster_wait_exit(&e, 120 * TU_SLOW);
+  char *wout = tu_slurp(wf, NULL), *eout = tu_slurp(ef, NULL), *eerrs = tu_slurp(eerr, NULL);
+  cr_assert(ws >= 0 && WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "watch: status 0x%x:\n%s", ws, wout);
+  cr_assert(es >= 0 && WIFEXITED(es) && WEXITSTATUS(es) == 0, "events: status 0x%x:\n%s", es, eerrs);
+  cr_expect(strstr(wout, "SUCCEEDED") && strstr(wout, "broke"), "%s", wout);
+  static char all[1 << 20];
+  snprintf(cmd, sizeof cmd, "--output json events %s --limit 5000", job);
+  cr_assert_eq(cluster_ctl(coord.addr, cmd, all, sizeof all), 0, "%s", all);
+  long long got[512], want[512];
+  const int ng = event_ids(eout, got, 512), nw = event_ids(all, want, 512);
+  cr_expect_eq(ng, nw, "%d events followed, %d listed:\n%s", ng, nw, eout);
+  for (int i = 0; i < ng && i < nw; i++)
+    cr_expect_eq(got[i], want[i], "event %d: id %lld followed, %lld listed", i, got[i], want[i]);
+  free(wout), free(eout), free(eerrs), free(wf), free(ef), free(eerr), free(conf);
+}
+
 /* step-N directories under root that hold a manifest, the first in *first (-1: none). */
 static int committed_steps(const char *root, int steps, int every, int *first_odd) {
   int n = 0;
