@@ -34,8 +34,6 @@
 #define CTL_DEFAULT_COORDINATOR "127.0.0.1:7070"
 #define CTL_DEFAULT_TIMEOUT_S 10.0
 #define CTL_TIMEOUT_MAX_S 1e6 /* --timeout: at most (11.6 days) */
-#define CTL_RANKS_MAX 4096 /* submit --ranks: the coordinator's bound on spec.world_size */
-#define CTL_RESTARTS_MAX 1000 /* submit --max-restarts: its bound on spec.max_restarts */
 #define CTL_PLAINTEXT "plaintext" /* --node-tls-ca: no TLS to the nodes */
 #define CTL_EXPORT_IDLE_S 300.0 /* export: the least wait for its next piece */
 #define CTL_FOREVER_S 2e9 /* a stream that lasts as long as the job (rpc.h: no deadline) */
@@ -672,12 +670,12 @@ static int cmd_submit(ctl_t *c, int argc, char **argv) {
     if ((r = ctl_global_opt(c, argc, argv, &i))) {
       if (r < 0) code = CTL_EXIT_INVALID;
     } else if ((r = ctl_opt(c, argc, argv, &i, "--ranks", &v))) {
-      if (r < 0 || ctl_uint(c, "--ranks", v, 1, CTL_RANKS_MAX, &ranks)) code = CTL_EXIT_INVALID;
+      if (r < 0 || ctl_uint(c, "--ranks", v, 1, RPC_SPEC_WORLD_MAX, &ranks)) code = CTL_EXIT_INVALID;
     } else if ((r = ctl_opt(c, argc, argv, &i, "--name", &v))) {
       if (r < 0) code = CTL_EXIT_INVALID;
       else name = v;
     } else if ((r = ctl_opt(c, argc, argv, &i, "--max-restarts", &v))) {
-      if (r < 0 || ctl_uint(c, "--max-restarts", v, 0, CTL_RESTARTS_MAX, &restarts))
+      if (r < 0 || ctl_uint(c, "--max-restarts", v, 0, RPC_SPEC_RESTARTS_MAX, &restarts))
         code = CTL_EXIT_INVALID;
     } else if ((r = ctl_opt(c, argc, argv, &i, "--set", &v))) {
       if (r < 0) code = CTL_EXIT_INVALID;

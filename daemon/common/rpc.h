@@ -74,6 +74,9 @@ enum { RPC_ROLE_USER = 1u << 0, RPC_ROLE_NODE = 1u << 1, RPC_ROLE_OPERATOR = 1u 
 #define RPC_MAX_MESSAGE_DEFAULT (4u << 20) /* gRPC's own default receive limit */
 #define RPC_TOKEN_MAX 4096                 /* longest token file accepted */
 #define RPC_TOKEN_MIN 16                   /* shortest token a server takes (guessable below) */
+/* SubmitJob's bounds, which the coordinator enforces and fsdpctl checks first */
+#define RPC_SPEC_WORLD_MAX 4096   /* spec.world_size: ranks of a job */
+#define RPC_SPEC_RESTARTS_MAX 1000 /* spec.max_restarts */
 
 /* err.h code <-> gRPC status. Unknown codes become INTERNAL / EINTERNAL. */
 grpc_status_code rpc_status_from_err(int rc);

@@ -402,13 +402,14 @@ static void coord_submit_cb(rpc_call_t *call, const ProtobufCMessage *req, void 
   if ((rc = text_plain("spec.name", s->name, STORE_NAME_MAX - 1)) ||
       (rc = text_plain("request_id", q->request_id, sizeof sub.request_id - 1)))
     goto fail;
-  if (s->world_size < 1 || s->world_size > 4096) {
-    rc = err_set(FSDP_EINVAL, "spec.world_size: %u; give the number of ranks, 1 to 4096 "
-                 "(fsdpctl submit --ranks N)", s->world_size);
+  if (s->world_size < 1 || s->world_size > RPC_SPEC_WORLD_MAX) {
+    rc = err_set(FSDP_EINVAL, "spec.world_size: %u; give the number of ranks, 1 to %d "
+                 "(fsdpctl submit --ranks N)", s->world_size, RPC_SPEC_WORLD_MAX);
     goto fail;
   }
-  if (s->max_restarts > 1000) {
-    rc = err_set(FSDP_EINVAL, "spec.max_restarts: %u; at most 1000", s->max_restarts);
+  if (s->max_restarts > RPC_SPEC_RESTARTS_MAX) {
+    rc = err_set(FSDP_EINVAL, "spec.max_restarts: %u; at most %d", s->max_restarts,
+                 RPC_SPEC_RESTARTS_MAX);
     goto fail;
   }
   if (!(opts = calloc(s->n_options + 1, sizeof *opts))) {
