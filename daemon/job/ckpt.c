@@ -767,19 +767,25 @@ static int ckpt_own_name(const char *n) {
   return !strncmp(n, CKPT_MANIFEST ".tmp.", sizeof CKPT_MANIFEST + 4);
 }
 
-int ckpt_remove(const char *dir) {
+/* ckpt_remove, and ckpt_remove_aborted (committed 0: a manifest there
+ * keeps everything). */
+static int ckpt_remove_dir(const char *dir, int committed) {
   char path[4096];
   int rc = ckpt_real_dir(dir); /* a link to elsewhere is not followed */
   if (rc == FSDP_ENOENT) return FSDP_OK;
   if (rc) return rc;
   snprintf(path, sizeof path, "%s/%s", dir, CKPT_MANIFEST);
+  struct stat st;
+  if (!committed && !lstat(path, &st))
+    return err_set(FSDP_EEXIST, "checkpoint %s is committed (it holds %s); not removed", dir,
+                   CKPT_MANIFEST);
   /* uncommitted first, and durably so before a shard goes: a reader never
    * finds a manifest over missing shards, not even after a power loss (the
    * unlinks are not ordered on disk without the fsync between). A failed
    * fsync leaves the shards: a manifest that comes back still has them */
-  if (unlink(path) && errno != ENOENT)
+  if (committed && unlink(path) && errno != ENOENT)
     return err_set_errno(err_from_errno(errno), errno, "checkpoint: cannot remove %s", path);
-  if ((rc = ckpt_fsync_dir(dir)))
+  if (committed && (rc = ckpt_fsync_dir(dir)))
     return err_wrap(rc, "checkpoint %s: its manifest's removal is not durable, so its shards "
                     "are kept; removing it again retries", dir);
   DIR *d = opendir(dir);
@@ -799,6 +805,10 @@ int ckpt_remove(const char *dir) {
                        "were removed (something else was put there); left in place", dir);
   return rc;
 }
+
+int ckpt_remove(const char *dir) { return ckpt_remove_dir(dir, 1); }
+
+int ckpt_remove_aborted(const char *dir) { return ckpt_remove_dir(dir, 0); }
 
 int ckpt_set_aside(const char *dir, char *to, size_t len) {
   int rc = ckpt_real_dir(dir); /* a link is not followed, nor moved */

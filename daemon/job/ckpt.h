@@ -225,6 +225,10 @@ int ckpt_verify(const char *dir);
  * format's own names are deleted; a directory holding anything else is left
  * with that, and said. */
 int ckpt_remove(const char *dir);
+/* ckpt_remove of a checkpoint that did not commit (a shard not written):
+ * one holding a manifest is committed after all (a shard whose rank failed
+ * past its rename) and is left whole, FSDP_EEXIST. */
+int ckpt_remove_aborted(const char *dir);
 /* Keeps the newest keep committed checkpoints of root and removes the older
  * committed ones (keep <= 0: keeps all). The latest committed is never
  * removed; uncommitted directories are not touched. One whose shard is

@@ -45,6 +45,18 @@ typedef struct train_writer {
   double write_ms;
 } train_writer_t;
 
+/* A checkpoint this rank took part in whose outcome the ranks have not
+ * agreed on yet (train_saves_agree): every rank lists the same steps, the
+ * ones that write nothing (other replicas) as written. */
+typedef enum { TRAIN_SAVE_WRITING, TRAIN_SAVE_WRITTEN, TRAIN_SAVE_FAILED } train_save_state_t;
+typedef struct train_save {
+  int step;
+  train_save_state_t state;
+} train_save_t;
+/* Each save waits for the rank's write before it, so at a step's
+ * all-reduce only the newest can still be writing: two at most. */
+#define TRAIN_SAVES 4
+
 struct train {
   config_t cfg;       /* finished (config_finish) */
   int recompute_asked; /* cfg.recompute as the job gave it, before fitting it to this rank */
@@ -68,6 +80,9 @@ struct train {
   void *snapshot;     /* host copy an asynchronous checkpoint is written from (MEM_SNAPSHOT) */
   train_writer_t writer;
   double ckpt_lost_s; /* training time the checkpoints cost (the step waited) */
+  train_save_t saves[TRAIN_SAVES]; /* oldest first */
+  int n_saves;
+  int ckpt_told_failed; /* the step whose shard the owner of commits heard was not written (-1) */
   double t_start, t_after_first;
   train_result_t res;
 };
@@ -563,6 +578,64 @@ static int train_resume(train_t *t) {
   return FSDP_OK;
 }
 
+/* A save of step begins on this rank (again, for a retry of the same step). */
+static void train_save_begin(train_t *t, int step) {
+  if (t->n_saves && t->saves[t->n_saves - 1].step == step) {
+    t->saves[t->n_saves - 1].state = TRAIN_SAVE_WRITING;
+    return;
+  }
+  if (t->n_saves == TRAIN_SAVES) /* never in practice: the oldest is left undecided, kept */
+    memmove(t->saves, t->saves + 1, --t->n_saves * sizeof *t->saves);
+  t->saves[t->n_saves++] = (train_save_t){step, TRAIN_SAVE_WRITING};
+}
+
+/* This rank's write of step's shard ended (written: reported or committed). */
+static void train_save_end(train_t *t, int step, train_save_state_t state) {
+  for (int i = t->n_saves - 1; i >= 0; i--)
+    if (t->saves[i].step == step) {
+      t->saves[i].state = state;
+      return;
+    }
+}
+
+/* The oldest save's part of the loss's all-reduce: v[0] 1 while this rank
+ * still writes it, v[1] 1 when it could not. */
+static void train_saves_say(const train_t *t, float *v) {
+  const train_save_state_t s = t->n_saves ? t->saves[0].state : TRAIN_SAVE_WRITTEN;
+  v[0] = s == TRAIN_SAVE_WRITING ? 1.0f : 0.0f;
+  v[1] = s == TRAIN_SAVE_FAILED ? 1.0f : 0.0f;
+}
+
+/* v: train_saves_say's values averaged over the ranks. Once no rank writes
+ * the oldest save any more, every rank knows how it went and forgets it. If
+ * a rank could not write its shard the checkpoint never commits (the ranks
+ * that wrote theirs found one missing as they tried), and without an owner
+ * of commits (fsdp-launch) rank 0 removes what the others wrote of it: on
+ * a full disk those shards would take the space of every later checkpoint.
+ * No rank writes there any more, and none commits it (each tried before
+ * its write ended); ckpt_remove_aborted leaves a directory that holds a
+ * manifest. Under fsdpd the coordinator removes it, once every shard of it
+ * is reported. */
+static void train_saves_agree(train_t *t, const float *v) {
+  if (!t->n_saves || v[0] > 0) return;
+  const int step = t->saves[0].step, failed = (int)lroundf(v[1] * (float)t->boot.world);
+  memmove(t->saves, t->saves + 1, --t->n_saves * sizeof *t->saves);
+  if (v[1] <= 0 || t->boot.rank != 0 || t->opts.checkpoint) return;
+  char dir[CONFIG_PATH_MAX + 32];
+  ckpt_step_dir(dir, sizeof dir, t->cfg.checkpoint_dir, step);
+  if (ckpt_remove_aborted(dir)) {
+    LOG_WARN("train", "checkpoint of step %d (%d rank(s) did not write their shard): %s", step,
+             failed, err_msg());
+    return;
+  }
+  LOG_INFO("train", "checkpoint of step %d removed: %d rank(s) did not write their shard and "
+           "every rank's write of it has ended", step, failed);
+  if (t->opts.out)
+    fprintf(t->opts.out, "train: checkpoint step %d removed: %d rank(s) could not write their "
+            "shard, so it never commits; what the others wrote of it is gone, and its space is "
+            "free for the next checkpoint\n", step, failed);
+}
+
 /* Writes this rank's shard of the checkpoint of the step just done (the
  * first replica's ranks; the others hold the same shards), then commits the
  * checkpoint when every shard is there: whichever rank finishes last sees
@@ -575,6 +648,7 @@ static void train_ckpt_written(train_t *t, int step, const char *dir, const ckpt
                                double ms, const char *how) {
   const config_t *c = &t->cfg;
   int rc;
+  train_save_end(t, step, TRAIN_SAVE_WRITTEN);
   if (t->opts.checkpoint) {
     train_ckpt_t k = {t->boot.rank, step, dir, rep, NULL, 0};
     if ((rc = t->opts.checkpoint(t->opts.ctx, &k)))
@@ -606,7 +680,10 @@ static void train_ckpt_failed(train_t *t, int step, const char *why) {
     train_ckpt_t k = {t->boot.rank, step, NULL, NULL, why, 0};
     if (t->opts.checkpoint(t->opts.ctx, &k))
       LOG_WARN("train", "step %d: checkpoint shard not written, nor reported: %s", step, err_msg());
+    else
+      t->ckpt_told_failed = step;
   }
+  train_save_end(t, step, TRAIN_SAVE_FAILED);
 }
 
 static void *train_writer_main(void *arg) {
@@ -643,7 +720,9 @@ static void train_writer_finish(train_t *t, int wait) {
  * going); a thread writes it while training goes on. */
 static int train_checkpoint(train_t *t) {
   const config_t *c = &t->cfg;
+  train_save_begin(t, t->step);
   if (shard_place(&t->mesh, t->boot.rank).replica != 0) { /* the first replica writes */
+    train_save_end(t, t->step, TRAIN_SAVE_WRITTEN);
     t->ckpt_step = t->step;
     return FSDP_OK;
   }
@@ -701,6 +780,7 @@ int train_open(train_t **out, const config_t *c, const train_opts_t *o) {
   t->opts = o ? *o : (train_opts_t){0};
   t->res.eval_loss = NAN;
   t->ckpt_step = -1;
+  t->ckpt_told_failed = -1;
   /* the defaults fitted to the model and the run: said by the caller's
    * finish, or by this one when the caller did not finish its config */
   char adjusted[sizeof c->adjusted];
@@ -870,11 +950,14 @@ int train_step(train_t *t) {
       return err_wrap(rc, "step %d", m.step);
     loss_sum += loss;
   }
-  /* the loss, and whether any rank was asked to stop: one collective */
-  float v[2] = {(float)(loss_sum / c->grad_accum), t->opts.stop && *t->opts.stop ? 1.0f : 0.0f};
-  if ((rc = fsdp_mean_n(t->runtime, v, 2))) return err_wrap(rc, "step %d: averaging the loss", m.step);
+  /* the loss, whether any rank was asked to stop, and how the oldest
+   * checkpoint not agreed on went: one collective */
+  float v[4] = {(float)(loss_sum / c->grad_accum), t->opts.stop && *t->opts.stop ? 1.0f : 0.0f};
+  train_saves_say(t, v + 2);
+  if ((rc = fsdp_mean_n(t->runtime, v, 4))) return err_wrap(rc, "step %d: averaging the loss", m.step);
   m.loss = v[0];
   if (v[1] > 0) t->stop_agreed = 1;
+  train_saves_agree(t, v + 2);
   char fix[128]; /* what to change when training diverged */
   if (c->grad_clip > 0) snprintf(fix, sizeof fix, "lower lr (now %g) or grad_clip (now %g)", c->lr, c->grad_clip);
   else snprintf(fix, sizeof fix, "lower lr (now %g) or set grad_clip (now 0: off)", c->lr);
@@ -919,8 +1002,11 @@ int train_step(train_t *t) {
   }
   if (c->checkpoint_every && t->step % c->checkpoint_every == 0 && (rc = train_checkpoint(t)))
     return rc;
+  /* stopping: what was trained is kept (a shard of this step the
+   * coordinator heard was not written is not tried again: it aborted that
+   * checkpoint and may be removing its directory) */
   if (train_stopped(t) && c->checkpoint_dir[0] && t->ckpt_step != t->step &&
-      (rc = train_checkpoint(t))) /* stopping: what was trained is kept */
+      t->ckpt_told_failed != t->step && (rc = train_checkpoint(t)))
     return rc;
   if (t->opts.metrics) t->opts.metrics(t->opts.ctx, &m);
   return FSDP_OK;

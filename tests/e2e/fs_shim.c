@@ -6,6 +6,8 @@
  * - No atomic no-replace placement, as vfat and some FUSE or SMB mounts:
  *   with FS_NO_NOREPLACE set, renameat2 with RENAME_NOREPLACE fails with
  *   EINVAL and link with EPERM.
+ * - A full disk for chosen files: pwrite to a file whose path contains
+ *   ENOSPC_MATCH fails with ENOSPC (a rank's shard of one checkpoint).
  * Every other call, and every call without those variables set, is the
  * real one. */
 #define _GNU_SOURCE
@@ -18,24 +20,40 @@
 #include <time.h>
 #include <unistd.h>
 
+/* 1 when fd's path contains the value of the variable env (set, not empty). */
+static int fd_matches(int fd, const char *env) {
+  const char *match = getenv(env);
+  if (!match || !*match) return 0;
+  char link[64], path[4096];
+  snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+  const ssize_t n = readlink(link, path, sizeof path - 1);
+  if (n <= 0) return 0;
+  path[n] = 0;
+  return strstr(path, match) != NULL;
+}
+
 int fsync(int fd) {
   static int (*real)(int);
   if (!real) real = (int (*)(int))dlsym(RTLD_NEXT, "fsync");
-  const char *match = getenv("SLOW_FSYNC_MATCH"), *ms = getenv("SLOW_FSYNC_MS");
-  if (match && *match) {
-    char link[64], path[4096];
-    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
-    const ssize_t n = readlink(link, path, sizeof path - 1);
-    if (n > 0) {
-      path[n] = 0;
-      if (strstr(path, match)) {
-        const long t = ms ? atol(ms) : 1000;
-        nanosleep(&(struct timespec){t / 1000, t % 1000 * 1000000L}, NULL);
-      }
-    }
+  if (fd_matches(fd, "SLOW_FSYNC_MATCH")) {
+    const char *ms = getenv("SLOW_FSYNC_MS");
+    const long t = ms ? atol(ms) : 1000;
+    nanosleep(&(struct timespec){t / 1000, t % 1000 * 1000000L}, NULL);
   }
   return real(fd);
 }
+
+ssize_t pwrite(int fd, const void *buf, size_t n, off_t at) {
+  static ssize_t (*real)(int, const void *, size_t, off_t);
+  if (!real) real = (ssize_t(*)(int, const void *, size_t, off_t))dlsym(RTLD_NEXT, "pwrite");
+  if (fd_matches(fd, "ENOSPC_MATCH")) {
+    errno = ENOSPC;
+    return -1;
+  }
+  return real(fd, buf, n, at);
+}
+
+ssize_t pwrite64(int fd, const void *buf, size_t n, off_t at) { return pwrite(fd, buf, n, at); }
 
 static int no_noreplace(void) {
   const char *v = getenv("FS_NO_NOREPLACE");

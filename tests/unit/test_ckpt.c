@@ -965,7 +965,7 @@ Test(ckpt, a_sweep_removes_old_leftovers_and_is_not_starved_by_odd_ones) {
  * before any shard goes, so a power loss cannot leave a manifest over
  * missing shards; when that fsync fails the shards stay and the error says
  * so. A checkpoint whose manifest is gone is never the latest, and removing
- * it again finishes the job. */
+ * it again finishes the job. ckpt_remove_aborted leaves a committed one. */
 Test(ckpt, removal_makes_the_manifest_gone_durable_before_a_shard_goes) {
   char *root = mkdir_tmp("remove"), s4[4096], s8[4096], latest[4096], path[4096];
   committed_4_and_8(root, s4, s8);
@@ -1002,6 +1002,16 @@ Test(ckpt, removal_makes_the_manifest_gone_durable_before_a_shard_goes) {
   cr_assert_eq(access(s8, F_OK), -1, "%s is still there", s8);
   cr_assert_eq(ckpt_latest(root, latest, sizeof latest), 0, "%s", err_msg());
   cr_assert_str_eq(latest, s4);
+  /* what a checkpoint that did not commit left goes; a committed one stays whole */
+  make_shards(s8, 8);
+  cr_assert_eq(ckpt_remove_aborted(s8), 0, "%s", err_msg());
+  cr_assert_eq(access(s8, F_OK), -1, "%s is still there", s8);
+  cr_assert_eq(ckpt_remove_aborted(s4), FSDP_EEXIST, "a committed checkpoint was removed");
+  cr_assert(strstr(err_msg(), s4) && strstr(err_msg(), "committed"), "%s", err_msg());
+  snprintf(path, sizeof path, "%s/%s", s4, CKPT_MANIFEST);
+  cr_assert_eq(access(path, F_OK), 0, "the manifest of a committed checkpoint went");
+  snprintf(path, sizeof path, "%s/shard-00002-of-00003.fsdp", s4);
+  cr_assert_eq(access(path, F_OK), 0, "a shard of a committed checkpoint went");
   free(root);
 }
 
@@ -1139,8 +1149,33 @@ Test(ckpt, options_are_checked) {
 
 /* ---- a full disk --------------------------------------------------------------- */
 
-/* A checkpoint_dir on a 2 MiB tmpfs (in a mount namespace of its own, so
- * nothing outlives the test): step 4's checkpoint fits, step 8's does not
+/* fsdp-launch -n 2 fsdp-train (tiny, this test's data) ARGS with env (""
+ * or VAR=value ...) and its checkpoint_dir on a 2 MiB tmpfs mounted at mnt
+ * (two shards of the tiny model and a manifest fit, three shards do not),
+ * in a mount namespace of its own so that nothing outlives the test. Its
+ * output in out, then "launch=<exit status>" and, for each step directory
+ * left, "== <dir>" and what it holds. Skips the test where no tmpfs can be
+ * mounted. */
+static void small_disk_launch(const char *mnt, const char *env, const char *args, char *out,
+                              size_t len) {
+  if (geteuid() != 0) cr_skip_test("needs root to mount a small tmpfs in its own mount namespace");
+  char cmd[16384];
+  snprintf(cmd, sizeof cmd,
+           "unshare -m --propagation private sh -c '"
+           "mount -t tmpfs -o size=2m tmpfs %s || { echo mount-failed; exit 0; }; "
+           "FSDP_PROGRESS_EVERY=100 %s %s/bin/fsdp-launch -n 2 -- %s/bin/fsdp-train " TU_TINY_TRAIN
+           " --data %s --checkpoint_dir %s %s; "
+           "echo launch=$?; for d in %s/step-*; do echo \"== $d\"; ls -a $d; done' 2>&1",
+           mnt, env, tu_root(), tu_root(), data_file(), mnt, args, mnt);
+  FILE *p = popen(cmd, "r");
+  cr_assert_not_null(p);
+  size_t n = fread(out, 1, len - 1, p);
+  out[n] = 0;
+  pclose(p);
+  if (strstr(out, "mount-failed")) cr_skip_test("cannot mount a tmpfs here:\n%s", out);
+}
+
+/* A checkpoint_dir on a 2 MiB tmpfs: step 4's checkpoint fits, step 8's does not
  * (written in place, so both ranks finish step 4's before either starts
  * step 8's; in the background a fast rank's step 8 could take the space a
  * slow rank's step 4 still needs, which fails step 4 as cleanly).
@@ -1148,23 +1183,10 @@ Test(ckpt, options_are_checked) {
  * left (nor, when nothing is in it, the directory its rank made), step 4
  * stays committed and whole, and it is the latest. */
 Test(ckpt, a_full_disk_leaves_no_partial_checkpoint_and_training_goes_on, .timeout = 120) {
-  if (geteuid() != 0) cr_skip_test("needs root to mount a small tmpfs in its own mount namespace");
-  char *mnt = mkdir_tmp("small"), cmd[8192];
-  snprintf(cmd, sizeof cmd,
-           "unshare -m --propagation private sh -c '"
-           "mount -t tmpfs -o size=2m tmpfs %s || { echo mount-failed; exit 0; }; "
-           "FSDP_PROGRESS_EVERY=100 %s/bin/fsdp-launch -n 2 -- %s/bin/fsdp-train " TU_TINY_TRAIN
-           " --data %s --steps 12 --batch 2 --checkpoint_dir %s --checkpoint_every 4 "
-           "--checkpoint_async 0; "
-           "echo launch=$?; for d in %s/step-*; do echo \"== $d\"; ls -a $d; done' 2>&1",
-           mnt, tu_root(), tu_root(), data_file(), mnt, mnt);
-  FILE *p = popen(cmd, "r");
-  cr_assert_not_null(p);
+  char *mnt = mkdir_tmp("small");
   static char out[1 << 17];
-  size_t n = fread(out, 1, sizeof out - 1, p);
-  out[n] = 0;
-  pclose(p);
-  if (strstr(out, "mount-failed")) cr_skip_test("cannot mount a tmpfs here:\n%s", out);
+  small_disk_launch(mnt, "", "--steps 12 --batch 2 --checkpoint_every 4 --checkpoint_async 0",
+                    out, sizeof out);
   cr_assert_not_null(strstr(out, "launch=0"), "training did not go on to the end:\n%s", out);
   cr_assert_not_null(strstr(out, "NOT written"), "no rank said its shard was not written:\n%s", out);
   char *s4 = strstr(out, "== "), *s8 = s4 ? strstr(s4 + 3, "== ") : NULL;
@@ -1179,6 +1201,61 @@ Test(ckpt, a_full_disk_leaves_no_partial_checkpoint_and_training_goes_on, .timeo
     cr_assert_null(strstr(s8, ".tmp."), "a temporary file was left:\n%s", s8);
   }
   free(mnt);
+}
+
+/* The defect a tester found: on a nearly full disk one failed checkpoint
+ * failed every later one, as the shards its other ranks wrote kept their
+ * space. On the 2 MiB tmpfs rank 0's shard of step 4 meets ENOSPC
+ * (tests/e2e/fs_shim.c), rank 1's is written; once every rank's write of
+ * it has ended the ranks agree it failed (in the loss's all-reduce) and
+ * rank 0 removes step 4 while training runs, so step 8's two shards fit
+ * and it commits (three shards do not fit: with step 4's left, step 8
+ * fails too). */
+Test(ckpt, a_checkpoint_a_full_disk_failed_is_removed_so_the_next_one_commits, .timeout = 120) {
+  char *mnt = mkdir_tmp("small"), env[9000];
+  snprintf(env, sizeof env, "LD_PRELOAD=%s ENOSPC_MATCH=step-00000004/.shard-00000", tu_fs_shim());
+  static char out[1 << 17];
+  small_disk_launch(mnt, env, "--steps 12 --batch 2 --checkpoint_every 4 --checkpoint_async 0",
+                    out, sizeof out);
+  cr_assert_not_null(strstr(out, "launch=0"), "training did not go on to the end:\n%s", out);
+  const char *failed = strstr(out, "checkpoint step 4 NOT written (");
+  cr_assert(failed && strstr(failed, "No space left on device"), "step 4 did not fail:\n%s", out);
+  const char *gone = strstr(out, "train: checkpoint step 4 removed: 1 rank(s) could not write");
+  const char *s8 = strstr(out, "/step-00000008 (shard-00000-of-00002.fsdp, ");
+  cr_assert(gone && gone > failed, "step 4 was not removed:\n%s", out);
+  cr_assert(s8, "rank 0 did not write its shard of step 8:\n%s", out);
+  cr_assert(gone < s8, "step 4 was removed after step 8's save, not while training ran:\n%s", out);
+  const char *left = strstr(out, "launch=0");
+  cr_assert_null(strstr(left, "step-00000004"), "step 4 is still there:\n%s", left);
+  const char *l8 = strstr(left, "== ");
+  cr_assert(l8 && strstr(l8, "step-00000008") && strstr(l8, CKPT_MANIFEST) &&
+            strstr(l8, "shard-00000-of-00002.fsdp") && strstr(l8, "shard-00001-of-00002.fsdp"),
+            "step 8 is not committed whole:\n%s", left);
+  free(mnt);
+}
+
+/* Rank 0's shard of step 4 fails at once, rank 1's, written in the
+ * background, takes a second in its fsync (tests/e2e/fs_shim.c): step 4 is
+ * removed only once rank 1's write has ended, so that write succeeds and
+ * nothing of it is left, and step 8 commits. */
+Test(ckpt, a_failed_checkpoint_is_removed_only_once_every_ranks_write_ended, .timeout = 120) {
+  char *root = mkdir_tmp("slowpeer"), args[4600], dir[4200];
+  snprintf(args, sizeof args, "--steps 12 --batch 2 --checkpoint_dir %s --checkpoint_every 4", root);
+  setenv("LD_PRELOAD", tu_fs_shim(), 1);
+  setenv("ENOSPC_MATCH", "step-00000004/.shard-00000", 1);
+  setenv("SLOW_FSYNC_MATCH", "step-00000004/.shard-00001", 1);
+  static char out[1 << 17];
+  launch(2, args, 0, out, sizeof out);
+  unsetenv("LD_PRELOAD"), unsetenv("ENOSPC_MATCH"), unsetenv("SLOW_FSYNC_MATCH");
+  cr_assert_not_null(strstr(out, "train: checkpoint step 4 removed: 1 rank(s) could not write"),
+                     "%s", out);
+  cr_assert_null(strstr(out, "rank 1: checkpoint of step 4 not written"),
+                 "step 4 was removed under rank 1's write:\n%s", out);
+  snprintf(dir, sizeof dir, "%s/step-00000004", root);
+  cr_assert_eq(access(dir, F_OK), -1, "%s is still there:\n%s", dir, out);
+  snprintf(dir, sizeof dir, "%s/step-00000008/%s", root, CKPT_MANIFEST);
+  cr_assert_eq(access(dir, F_OK), 0, "step 8 did not commit:\n%s", out);
+  free(root);
 }
 
 /* A manifest that is not JSON, or of a step other than its directory's, is
