@@ -21,7 +21,10 @@
  *
  * Aborted checkpoints (a shard missing after --checkpoint-timeout-ms, a bad
  * shard, one not written, or the attempt's end) have their files removed once no attempt of
- * the job runs (a new attempt could be writing the same step's directory).
+ * the job runs (a new attempt could be writing the same step's directory),
+ * or sooner, while their attempt runs, once each of their shards has been
+ * reported, written or not (coord_tally_t): on a nearly full disk the
+ * shards written of one would otherwise fail every later checkpoint.
  * Step directories the store has no checkpoint for (a rank killed
  * mid-save, a shard report that never came) are swept: a job's
  * checkpoint_dir at a time, only when no rank can be writing there and no
@@ -67,12 +70,19 @@ static void coord_ckpt_aborted(coord_t *c, int64_t job, int64_t step, const char
   c->ckpt_aborts++;
 }
 
+/* Why a checkpoint's directory goes. */
+typedef enum {
+  COORD_RM_ABORTED, /* aborted, and no attempt of the job runs */
+  COORD_RM_SETTLED, /* aborted, and every shard of it reported by its attempt, which runs */
+  COORD_RM_RETAINED /* committed, beyond keep_checkpoints: the store forgets it */
+} coord_rm_why_t;
+
 /* A checkpoint directory on its way out, on the pool. */
 typedef struct coord_rm {
   uv_work_t work;
   coord_t *c; /* NULL once the coordinator went (coord_ckpt_detach) */
   int64_t job, step, epoch;
-  int forget; /* the store forgets the checkpoint (retention), else marks it removed */
+  coord_rm_why_t why;
   const char *const *roots; /* the coordinator's (its options live as long as the process) */
   int nroots;
   int rc;
@@ -115,6 +125,89 @@ typedef struct coord_rm_fail {
   uint64_t err_sum;         /* XXH64 | 1 of the last error logged */
   UT_hash_handle hh;
 } coord_rm_fail_t;
+
+/* An aborted checkpoint of a running attempt and which of its shards that
+ * attempt's ranks have reported, written or not. A rank reports a shard
+ * once its write of it has ended (renamed, or its temporary file and the
+ * empty directory it made removed) and never writes that step again in
+ * that attempt (fsdp-train tries a failed one again only unreported), so
+ * once every shard is in, nothing writes into the directory: its files go
+ * while the job runs (COORD_RM_SETTLED). One a shard never reports of
+ * (a rank killed mid-save, a lost report), and every one a restarted
+ * coordinator knew, waits for no attempt to run, as before. */
+typedef struct coord_tally {
+  int64_t job, step, epoch;
+  int shards, heard;
+  struct coord_tally *next;
+  uint8_t seen[]; /* a bit per shard */
+} coord_tally_t;
+
+static coord_tally_t *coord_tally_find(coord_t *c, int64_t job, int64_t step, int64_t epoch) {
+  for (coord_tally_t *t = c->tallies; t; t = t->next)
+    if (t->job == job && t->step == step && t->epoch == epoch) return t;
+  return NULL;
+}
+
+static void coord_tally_drop(coord_t *c, const coord_tally_t *t) {
+  for (coord_tally_t **pp = &c->tallies; *pp; pp = &(*pp)->next)
+    if (*pp == t) {
+      *pp = t->next;
+      free((void *)t);
+      return;
+    }
+}
+
+/* Shard (-1: every one) of k, aborted and of a running attempt, was
+ * reported by its rank: 1 once each of k's shards has been. The shards
+ * reported written before it was aborted count from the store. */
+static int coord_tally_heard(coord_t *c, const store_ckpt_t *k, int shard) {
+  coord_tally_t *t = coord_tally_find(c, k->job_id, k->step, k->epoch);
+  if (!t && (t = calloc(1, sizeof *t + ((size_t)k->shards + 7) / 8))) {
+    t->job = k->job_id, t->step = k->step, t->epoch = k->epoch, t->shards = k->shards;
+    t->next = c->tallies;
+    c->tallies = t;
+    store_ckpt_shard_t *sh = NULL;
+    int n = 0;
+    if (shard >= 0 && !store_ckpt_shards(c->st, k->job_id, k->step, &sh, &n))
+      for (int i = 0; i < n; i++) coord_tally_heard(c, k, sh[i].shard);
+    free(sh);
+  }
+  if (!t) return 0; /* out of memory: removed once no attempt runs */
+  for (int j = shard < 0 ? 0 : shard; j < t->shards && (shard < 0 || j == shard); j++)
+    if (!(t->seen[j / 8] & (1u << (j % 8)))) t->seen[j / 8] |= (uint8_t)(1u << (j % 8)), t->heard++;
+  return t->heard == t->shards;
+}
+
+/* Whether k, aborted, may go while job j runs: its attempt is j's running
+ * one and every shard of it was reported. */
+static int coord_tally_settled(coord_t *c, const store_ckpt_t *k, const store_job_t *j) {
+  const coord_tally_t *t = coord_tally_find(c, k->job_id, k->step, k->epoch);
+  return t && t->heard == t->shards && j->state == STORE_JOB_RUNNING && j->epoch == k->epoch;
+}
+
+/* Forgets the tallies of attempts no longer running (their checkpoints go
+ * once no attempt runs, the next attempt's are its own). */
+static void coord_tally_trim(coord_t *c) {
+  for (coord_tally_t *t = c->tallies, *next; t; t = next) {
+    next = t->next;
+    store_job_t j;
+    if (store_job_get(c->st, t->job, &j)) continue;
+    const int live = j.state == STORE_JOB_RUNNING && j.epoch == t->epoch;
+    store_job_free(&j);
+    if (!live) coord_tally_drop(c, t);
+  }
+}
+
+static void coord_ckpt_remove(coord_t *c, const store_ckpt_t *k, coord_rm_why_t why);
+
+/* Shard of k, an aborted checkpoint of a running attempt, was reported by
+ * its rank (written too late, or not written): once every shard of it has
+ * been, its files go. A checkpoint found damaged is not the attempt's own. */
+static void coord_ckpt_settle(coord_t *c, const store_ckpt_t *k, int shard) {
+  if (k->state != STORE_CKPT_ABORTED || !strncmp(k->reason, "damaged:", 8)) return;
+  if (coord_tally_heard(c, k, shard) && !coord_export_reads(c, k->dir))
+    coord_ckpt_remove(c, k, COORD_RM_SETTLED);
+}
 
 int coord_ckpt_removing(const coord_t *c, const char *dir) {
   for (const coord_rm_t *r = c->removing; r; r = r->next)
@@ -215,27 +308,38 @@ static void coord_ckpt_rm_done(uv_work_t *w, int status) {
         HASH_DEL(c->rm_failed, f);
         free(f);
       }
-      if (store_ckpt_removed(c->st, r->job, r->step, r->epoch, r->forget))
+      const int forget = r->why == COORD_RM_RETAINED;
+      const coord_tally_t *t = coord_tally_find(c, r->job, r->step, r->epoch);
+      if (t) coord_tally_drop(c, t);
+      if (store_ckpt_removed(c->st, r->job, r->step, r->epoch, forget)) {
         LOG_WARN("coord", "job j-%lld: checkpoint of step %lld: %s", (long long)r->job,
                  (long long)r->step, err_msg());
-      else if (r->forget)
+      } else if (forget) {
         LOG_INFO("coord", "job j-%lld: checkpoint of step %lld removed (keep_checkpoints)",
                  (long long)r->job, (long long)r->step);
+      } else {
+        c->ckpt_aborted_removed++;
+        LOG_INFO("coord", "job j-%lld: aborted checkpoint of step %lld removed (%s)",
+                 (long long)r->job, (long long)r->step, r->why == COORD_RM_SETTLED
+                 ? "while its attempt runs: every shard of it was reported, written or not, so "
+                   "no rank writes there any more, and its space is free for the next checkpoints"
+                 : "no attempt of the job runs");
+      }
     }
   }
   free(r);
 }
 
-/* Removes k's directory on the pool, then tells the store (forget: the row
- * goes too). Once per directory at a time. */
-static void coord_ckpt_remove(coord_t *c, const store_ckpt_t *k, int forget) {
+/* Removes k's directory on the pool, then tells the store (retained: the
+ * row goes too). Once per directory at a time. */
+static void coord_ckpt_remove(coord_t *c, const store_ckpt_t *k, coord_rm_why_t why) {
   if (coord_ckpt_removing(c, k->dir)) return;
   const coord_rm_fail_t *f;
   HASH_FIND_STR(c->rm_failed, k->dir, f);
   if (f && coord_mono_ms(c) < f->next_ms) return; /* it failed: not yet again */
   coord_rm_t *r = calloc(1, sizeof *r);
   if (!r) return; /* the next pass tries again */
-  r->c = c, r->job = k->job_id, r->step = k->step, r->epoch = k->epoch, r->forget = forget;
+  r->c = c, r->job = k->job_id, r->step = k->step, r->epoch = k->epoch, r->why = why;
   r->roots = c->o.roots, r->nroots = c->o.nroots;
   snprintf(r->dir, sizeof r->dir, "%s", k->dir);
   r->work.data = r;
@@ -258,7 +362,7 @@ void coord_ckpt_retain(coord_t *c, int64_t job, int keep) {
                (long long)job, (long long)v[i].step);
       continue;
     }
-    coord_ckpt_remove(c, &v[i], 1);
+    coord_ckpt_remove(c, &v[i], COORD_RM_RETAINED);
   }
   free(v);
 }
@@ -310,6 +414,11 @@ static void coord_ckpt_commit_done(uv_work_t *w, int status) {
     } else if (why) {
       coord_ckpt_aborted(c, k->job_id, k->step, why);
       st = STORE_CKPT_ABORTED;
+      /* every shard was reported: no rank writes there any more */
+      store_ckpt_t a = *k;
+      a.state = STORE_CKPT_ABORTED;
+      snprintf(a.reason, sizeof a.reason, "%s", why);
+      coord_ckpt_settle(c, &a, -1);
     } else {
       c->ckpt_commits++;
       st = STORE_CKPT_COMMITTED;
@@ -405,6 +514,7 @@ int coord_commits_in_flight(const coord_t *c) {
 }
 
 void coord_ckpt_detach(coord_t *c) {
+  while (c->tallies) coord_tally_drop(c, c->tallies);
   for (coord_verify_t *v = c->verifying; v; v = v->next) v->c = NULL;
   c->verifying = NULL;
   coord_rm_fail_t *f, *tmp;
@@ -433,7 +543,7 @@ static Fsdp__V1__CheckpointState coord_ckpt_state(store_ckpt_state_t s) {
  * aborted now, not at --checkpoint-timeout-ms, logged and counted once. */
 static void coord_ckpt_failed(coord_t *c, rpc_call_t *call, int64_t job,
                               const Fsdp__V1__ReportCheckpointShardRequest *q, int shards,
-                              const char *dir) {
+                              int shard, const char *dir) {
   char why[STORE_REASON_MAX];
   snprintf(why, sizeof why, "rank %u could not write its shard: %.400s", q->rank, q->failed);
   coord_text_mend(why); /* the rank's error, of any bytes, cut at 400 */
@@ -445,6 +555,7 @@ static void coord_ckpt_failed(coord_t *c, rpc_call_t *call, int64_t job,
     return;
   }
   if (aborted) coord_ckpt_aborted(c, job, q->step, why);
+  coord_ckpt_settle(c, &k, shard);
   Fsdp__V1__ReportCheckpointShardReply rep = FSDP__V1__REPORT_CHECKPOINT_SHARD_REPLY__INIT;
   rep.state = coord_ckpt_state(k.state);
   rpc_call_reply(call, &rep.base);
@@ -626,13 +737,21 @@ void coord_ckpt_report_cb(rpc_call_t *call, const ProtobufCMessage *req, void *a
                    "checked (a rank found it damaged); this shard of it cannot be taken yet",
                    q->step);
   if (!rc && failed) {
-    coord_ckpt_failed(c, call, job, q, x->mesh.shards, dir);
+    coord_ckpt_failed(c, call, job, q, x->mesh.shards, pl.shard_rank, dir);
     return;
   }
   store_ckpt_t k;
   if (!rc) {
     store_ckpt_shard_t sh = {pl.shard_rank, (int)q->rank, q->bytes, sum};
     rc = store_ckpt_report(c->st, job, q->attempt, q->step, x->mesh.shards, dir, &sh, &k);
+    /* a shard of a checkpoint its attempt aborted (another not written, a
+     * timeout) comes too late, but its rank's write has ended */
+    char said[STORE_REASON_MAX];
+    snprintf(said, sizeof said, "%s", rc == FSDP_ESTATE ? err_msg() : "");
+    if (rc == FSDP_ESTATE && store_ckpt_get(c->st, job, q->step, &k) == 1 &&
+        k.epoch == (int64_t)q->attempt)
+      coord_ckpt_settle(c, &k, pl.shard_rank);
+    if (rc == FSDP_ESTATE) err_set(rc, "%s", said); /* the caller's answer */
   }
   if (rc) {
     rpc_call_finish(call, rc);
@@ -912,13 +1031,15 @@ void coord_ckpt_janitor(coord_t *c) {
      * nor any rank of a node cut off from it (its fence) */
     store_job_t j;
     if (store_job_get(c->st, k->job_id, &j)) continue;
-    const int running = j.state == STORE_JOB_RUNNING;
+    const int running = j.state == STORE_JOB_RUNNING, settled = coord_tally_settled(c, k, &j);
     store_job_free(&j);
     const coord_job_t *x = running ? NULL : coord_job_info(c, k->job_id);
-    if (running || (x && x->fence_until > coord_mono_ms(c)) || coord_export_reads(c, k->dir))
+    if ((running && !settled) || (x && x->fence_until > coord_mono_ms(c)) ||
+        coord_export_reads(c, k->dir))
       continue; /* an export of a checkpoint found damaged since: removed when it ends */
-    coord_ckpt_remove(c, k, 0);
+    coord_ckpt_remove(c, k, settled ? COORD_RM_SETTLED : COORD_RM_ABORTED);
   }
   free(v);
+  coord_tally_trim(c);
   coord_ckpt_sweep_next(c);
 }

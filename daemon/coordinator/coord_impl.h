@@ -214,6 +214,7 @@ struct coord {
   uint64_t purged_ms;       /* when the audit log's retention last ran (0: not yet) */
   int retained;             /* its first run applied every job's retention */
   struct coord_rm *removing; /* checkpoint directories being removed on the pool */
+  struct coord_tally *tallies; /* aborted checkpoints of running attempts: shards reported */
   struct coord_rm_fail *rm_failed; /* ...and those whose removal failed, by dir (uthash) */
   struct coord_verify *verifying;  /* checkpoints a rank found damaged, being checked on the pool */
   struct coord_commit *committing; /* checkpoints being committed on the pool */
@@ -234,6 +235,7 @@ struct coord {
   metrics_hist_t commit;    /* a checkpoint's last shard report to its commit */
   uint64_t ckpt_commits, ckpt_aborts, restarts;
   uint64_t ckpt_leftovers;  /* leftover step directories removed */
+  uint64_t ckpt_aborted_removed; /* aborted checkpoints whose files were removed */
   uint64_t ended[COORD_ENDED_N]; /* attempts ended, by coord_ended_t */
   uint64_t ckpt_aborts_at_end; /* store_ckpt_aborted_at_end when coord_job_changed last looked */
 };

@@ -128,12 +128,15 @@ void coord_metrics_render(metrics_buf_t *b, void *arg) {
       {"fsdp_checkpoint_aborts_total", "Checkpoints aborted (a shard bad, or missing at the timeout or at its attempt's end)."},
       {"fsdp_checkpoint_leftovers_removed_total", "Leftover step directories removed (not "
        "committed, no checkpoint of the store's, left alone for the quiet period)."},
+      {"fsdp_checkpoint_aborted_removed_total", "Aborted checkpoints whose files were removed: "
+       "while their attempt ran, once each of their shards was reported written or not, or once "
+       "no attempt of the job ran."},
       {"fsdp_job_restarts_total", "Attempts started after a job's first."},
       {"fsdp_store_errors_total", "Operations on the state database that failed (a full disk, "
        "an I/O error, a damaged file, a lock held elsewhere); the log says which."},
   };
-  const uint64_t v[] = {c->ckpt_commits, c->ckpt_aborts, c->ckpt_leftovers, c->restarts,
-                        store_errors(c->st)};
+  const uint64_t v[] = {c->ckpt_commits, c->ckpt_aborts, c->ckpt_leftovers,
+                        c->ckpt_aborted_removed, c->restarts, store_errors(c->st)};
   for (size_t f = 0; f < sizeof v / sizeof *v; f++) {
     metrics_family(b, counters[f].name, "counter", counters[f].help);
     metrics_sample(b, counters[f].name, NULL, (double)v[f]);

@@ -2135,6 +2135,14 @@ int store_ckpt_fail(store_t *st, int64_t job_id, int64_t epoch, int64_t step, in
   return rc;
 }
 
+int store_ckpt_get(store_t *st, int64_t job_id, int64_t step, store_ckpt_t *out) {
+  int rc = store_begin(st, 0);
+  if (rc) return rc;
+  const int have = ckpt_get(st, job_id, step, out);
+  rc = store_end(st, have < 0 ? have : 0);
+  return rc ? rc : have;
+}
+
 int store_ckpt_shards(store_t *st, int64_t job_id, int64_t step, store_ckpt_shard_t **shards,
                       int *n) {
   int rc = store_begin(st, 0);

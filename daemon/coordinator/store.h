@@ -190,7 +190,8 @@ typedef enum {
  * ABORTED on a timeout, a bad shard, a shard its rank could not write (at
  * once, opened ABORTED when that is the first word of it) or the end of
  * its attempt. The files of an aborted one are removed by the coordinator
- * when no attempt of the job runs (removed = 1 then). */
+ * when no attempt of the job runs, or while its attempt runs once every
+ * shard of it was reported (removed = 1 then). */
 #define STORE_CKPT_STATES(XX) XX(OPEN) XX(COMMITTED) XX(ABORTED)
 typedef enum {
 #define XX(s) STORE_CKPT_##s,
@@ -247,6 +248,10 @@ int store_ckpt_damaged(store_t *st, int64_t job_id, int64_t epoch, int64_t step,
  * checkpoint is FSDP_ESTATE. *out: the checkpoint after it. */
 int store_ckpt_fail(store_t *st, int64_t job_id, int64_t epoch, int64_t step, int shards,
                     const char *dir, const char *reason, store_ckpt_t *out, int *aborted);
+/* Job's checkpoint of step (the latest attempt's, not one found damaged
+ * and written again) in *out: 1, or 0 when there is none; < 0 on a store
+ * error. */
+int store_ckpt_get(store_t *st, int64_t job_id, int64_t step, store_ckpt_t *out);
 /* The shards reported for a checkpoint, by shard. */
 int store_ckpt_shards(store_t *st, int64_t job_id, int64_t step, store_ckpt_shard_t **shards,
                       int *n);

@@ -3910,6 +3910,81 @@ Test(coordinator, a_shard_not_written_aborts_its_checkpoint_at_once) {
   cr_expect_eq(ckpt_state(id, 30, NULL, 0), FSDP__V1__CHECKPOINT_STATE__CHECKPOINT_STATE_UNSPECIFIED);
 }
 
+/* Waits until dir is gone (1) or s seconds have passed (0), node n
+ * heartbeating meanwhile with job's two ranks at work. */
+static int dir_gone_within(const char *dir, double s, const node_t *n, const char *job) {
+  Fsdp__V1__RankStatus rs[2], *rp[2];
+  running_ranks(rs, rp, job, 1);
+  for (const double t0 = tu_now_s(); tu_now_s() - t0 < s;
+       nanosleep(&(struct timespec){0, 20000000}, NULL)) {
+    if (access(dir, F_OK)) return 1;
+    reply_free(heartbeat(n, rp, 2));
+  }
+  return 0;
+}
+
+/* The defect a tester found: on a nearly full disk rank 1's shard of step
+ * 10 was written, rank 0's met ENOSPC, and the shard written kept its space
+ * until the job ended, so every later checkpoint failed too. An aborted
+ * checkpoint whose every shard its running attempt has reported, written
+ * or not, goes at once, the job running: said in the log, counted in
+ * fsdp_checkpoint_aborted_removed_total, listed removed; the next one
+ * commits. In either order (the failure first, the written shard's report
+ * then too late), and when a shard that does not check aborts the commit
+ * (every shard was in). One whose shard is not reported yet stays: its
+ * rank may still be writing there. */
+Test(coordinator, an_aborted_checkpoint_goes_while_its_job_runs_once_every_shard_is_reported,
+     .timeout = 40 * TU_SLOW) {
+  co_start_metrics(NULL);
+  char d[600], ck[600], ckopt[700], id[32], path[800], sum[64], dir[800];
+  node_t n = {{0}, 0};
+  ckpt_job_start(&n, "model=tiny", "keep_checkpoints=3", d, ck, ckopt, id);
+  const char *full = "checkpoint: section params: No space left on device";
+  uint64_t bytes;
+  Fsdp__V1__CheckpointState st = 0;
+  /* step 10: rank 1's shard written, rank 0's not */
+  write_shard(ck, 10, 1, 2, path, sizeof path, &bytes, sum, sizeof sum);
+  cr_assert_eq(report_shard(&n, id, 1, 10, path, bytes, sum, &st), 0, "%s", err_msg());
+  cr_assert_eq(report_failed(&n, id, 0, 10, full, &st), 0, "%s", err_msg());
+  cr_expect_eq(st, CK_ABORTED);
+  snprintf(dir, sizeof dir, "%s/step-00000010", ck);
+  cr_assert(dir_gone_within(dir, 5, &n, id), "%s is still there 5 s after its last shard's "
+            "report", dir);
+  cr_expect_eq(job_state(id, NULL, 0), FSDP__V1__JOB_STATE__JOB_STATE_RUNNING);
+  cr_expect_eq(ckpt_state(id, 10, NULL, 0), CK_ABORTED, "no longer listed aborted");
+  cr_expect_eq(co_metric("fsdp_checkpoint_aborted_removed_total"), 1);
+  cr_expect_eq(co_log_count("aborted checkpoint of step 10 removed (while its attempt runs"), 1,
+               "%s", tu_slurp(co.log, NULL));
+  /* the next one has the space, and commits */
+  cr_expect_eq(ckpt_report_both(&n, id, "tiny", ck, 20), CK_COMMITTED);
+  /* step 30: the failure first, the written shard's report too late */
+  cr_assert_eq(report_failed(&n, id, 0, 30, full, NULL), 0, "%s", err_msg());
+  write_shard(ck, 30, 1, 2, path, sizeof path, &bytes, sum, sizeof sum);
+  cr_expect_eq(report_shard(&n, id, 1, 30, path, bytes, sum, NULL), FSDP_ESTATE, "%s", err_msg());
+  cr_expect(strstr(err_msg(), "too late"), "%s", err_msg());
+  snprintf(dir, sizeof dir, "%s/step-00000030", ck);
+  cr_expect(dir_gone_within(dir, 5, &n, id), "%s is still there 5 s after its last shard's "
+            "report", dir);
+  /* step 40: every shard in, one does not check: the commit aborts, and it goes */
+  write_shard(ck, 40, 0, 2, path, sizeof path, &bytes, sum, sizeof sum);
+  cr_assert_eq(report_shard(&n, id, 0, 40, path, bytes, sum, NULL), 0, "%s", err_msg());
+  write_shard(ck, 40, 1, 2, path, sizeof path, &bytes, sum, sizeof sum);
+  cr_assert_eq(report_shard(&n, id, 1, 40, path, bytes, "xxh64:0123456789abcdef", &st), 0, "%s",
+               err_msg());
+  cr_expect_eq(st, CK_ABORTED);
+  snprintf(dir, sizeof dir, "%s/step-00000040", ck);
+  cr_expect(dir_gone_within(dir, 5, &n, id), "%s is still there 5 s after its commit aborted",
+            dir);
+  /* step 50: rank 0 could not write, rank 1 has not reported: it stays */
+  cr_assert_eq(report_failed(&n, id, 0, 50, full, NULL), 0, "%s", err_msg());
+  write_shard(ck, 50, 1, 2, path, sizeof path, &bytes, sum, sizeof sum);
+  snprintf(dir, sizeof dir, "%s/step-00000050", ck);
+  cr_expect(!dir_gone_within(dir, 2.5, &n, id), "a shard its rank may still be writing was "
+            "removed"); /* two janitor passes */
+  cr_expect_eq(job_state(id, NULL, 0), FSDP__V1__JOB_STATE__JOB_STATE_RUNNING);
+  cr_expect_eq(co_metric("fsdp_checkpoint_aborted_removed_total"), 3);
+}
+
 /* A database that fails the coordinator (here: another program holds its
  * write lock past the busy timeout, as a full disk or an I/O error would
  * fail it) is said in the coordinator's own log and counted in
