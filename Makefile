@@ -547,7 +547,8 @@ $(B)/e2e/test_fsdpd: $(B)/tests/e2e/test_fsdpd.o $(TESTUTIL) $(TESTUTIL_TRAIN) $
 # its cuda jobs: an fsdpd whose inventory finds the fake driver's GPUs and
 # whose ranks run the emulated plugin ($(B)/emu, when nvcc built it)
 $(B)/e2e/test_cluster: $(B)/tests/e2e/test_cluster.o $(B)/tests/e2e/cluster.o $(TESTUTIL) \
-                       $(TESTUTIL_TRAIN) $(LIB) | $(B)/tests/fake-cuda/libcuda.so.1
+                       $(TESTUTIL_TRAIN) $(LIB) | $(B)/tests/fake-cuda/libcuda.so.1 \
+                       $(B)/tests/fs_shim.so
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -lsqlite3 -lcriterion
 # deploy/slurm's batch script under a real Slurm (munged, slurmctld, slurmd

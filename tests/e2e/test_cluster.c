@@ -979,6 +979,39 @@ Test(cluster, a_checkpoint_the_ranks_cannot_write_is_aborted_with_their_error) {
   free(ck), free(ref), free(conf);
 }
 
+/* The tester's defect under the service: rank 0's shard of step 600 meets
+ * ENOSPC (tests/e2e/fs_shim.c), rank 1's is written; on a nearly full disk
+ * that shard kept its space until the job ended and failed every later
+ * checkpoint. The coordinator removes step 600 as soon as both ranks have
+ * reported it, while the job runs, and the later steps commit. */
+Test(cluster, a_checkpoint_a_rank_could_not_write_goes_while_the_job_runs) {
+  setenv("LD_PRELOAD", tu_fs_shim(), 1), setenv("ENOSPC_MATCH", "step-00000600/.shard-00000", 1);
+  cluster_fsdpd_start(&node[0], coord.addr, "solo", 2, NULL);
+  unsetenv("LD_PRELOAD"), unsetenv("ENOSPC_MATCH");
+  char *ck, *ref, a[256], job[32], dir[800];
+  static char out[1 << 16];
+  char *conf = ckpt_job("ck-full", 1200, "", 300, "--ranks 2", &ck, &ref, job);
+  snprintf(dir, sizeof dir, "%s/step-00000900/manifest.json", ck);
+  cluster_wait_file(dir, 60);
+  snprintf(dir, sizeof dir, "%s/step-00000600", ck);
+  cr_expect_neq(access(dir, F_OK), 0, "%s is there as step 900 commits", dir);
+  char *log = tu_slurp(coord.log, NULL);
+  snprintf(a, sizeof a, "aborted checkpoint of step 600 removed (while its attempt runs");
+  cr_expect(log && strstr(log, a), "the coordinator's log (%s) does not say \"%s\"", coord.log, a);
+  free(log);
+  snprintf(a, sizeof a, "watch %s", job);
+  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
+  cr_assert_str_eq(state_of(job, out, sizeof out), "SUCCEEDED", "%s", out);
+  snprintf(a, sizeof a, "checkpoints %s", job);
+  cluster_ctl(coord.addr, a, out, sizeof out);
+  const char *l = ckpt_line(out, 600);
+  cr_expect(strstr(l, "ABORTED") && strstr(l, "rank 0 could not write its shard") &&
+            strstr(l, "No space left on device"), "%s", out);
+  for (int step = 900; step <= 1200; step += 300)
+    cr_expect(strstr(ckpt_line(out, step), "COMMITTED"), "step %d:\n%s", step, out);
+  free(ck), free(ref), free(conf);
+}
+
 /* The pid in a rank's temporary shard name under root (".shard-J-of-S.fsdp.tmp.PID"),
  * and its step, while one is being written; 0 when none is. */
 static pid_t shard_writer(const char *root, int *step) {
