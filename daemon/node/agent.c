@@ -304,6 +304,15 @@ static void *agent_main(void *arg) {
       if (!lost) LOG_WARN("fsdpd", "%s: %s; retrying every %d ms at most, ranks keep running", what,
                           err_msg(), AGENT_BACKOFF_MAX_MS);
       lost = 1;
+      /* unreachable: the next try on a new channel. One whose connects
+       * failed sits out gRPC's reconnect backoff (1 s, growing 1.6 times a
+       * try to 2 min), failing every call without trying, so a coordinator
+       * back after 2 s was found 1 s late, after 10 s 6.5 s late: past the
+       * fence, and every rank stopped, though it was down for less than its
+       * restart grace. (A late answer, DEADLINE_EXCEEDED, keeps the
+       * connection: a busy coordinator gets no handshakes on top.) */
+      if (rc == FSDP_EUNAVAILABLE && rpc_client_reconnect(a->o.client))
+        LOG_WARN("fsdpd", "%s", err_msg()); /* it keeps the channel it has */
       if (agent_sleep(a, agent_until_ms(fence_at, backoff))) break;
       backoff = backoff * 2 > AGENT_BACKOFF_MAX_MS ? AGENT_BACKOFF_MAX_MS : backoff * 2;
       continue;

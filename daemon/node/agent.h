@@ -37,7 +37,10 @@ typedef struct agent agent_t;
 
 typedef struct agent_opts {
   uv_loop_t *loop;
-  rpc_client_t *client;          /* shared: rpc clients may be used from any thread */
+  /* the session's own, no other thread's: a coordinator it could not reach
+   * is tried again on a new channel (rpc_client_reconnect), which needs no
+   * call open on it */
+  rpc_client_t *client;
   const char *hostname, *address, *version;
   /* the node's state for the first registration (see agent_publish); copied */
   const uint8_t *state;

@@ -73,7 +73,8 @@ typedef struct fsdpd {
   /* state */
   uv_loop_t loop;
   inventory_t inv;
-  rpc_client_t *client;
+  rpc_client_t *client;  /* the ranks' calls (Rendezvous, their reports) */
+  rpc_client_t *session; /* the agent's alone (agent_opts_t.client) */
   rpc_server_t *server;
   ranks_t *ranks;
   logs_t *logs;
@@ -597,7 +598,7 @@ int main(int argc, char **argv) {
   fsdpd_raise_nofile();
 
   const rpc_client_opts_t co = {.target = D.coordinator, .token_file = D.token_file, .tls_ca_file = D.tls_ca};
-  if (rpc_client_create(&D.client, &co)) {
+  if (rpc_client_create(&D.client, &co) || rpc_client_create(&D.session, &co)) {
     fprintf(stderr, "fsdpd: %s\n", err_msg());
     return 1;
   }
@@ -680,7 +681,7 @@ int main(int argc, char **argv) {
 
   uint8_t *state = NULL; /* the devices, for the first registration */
   size_t state_len = 0;
-  const agent_opts_t ao = {.loop = &D.loop, .client = D.client, .hostname = D.name, .address = D.address,
+  const agent_opts_t ao = {.loop = &D.loop, .client = D.session, .hostname = D.name, .address = D.address,
                            .version = FSDPD_VERSION, .registered_cb = fsdpd_registered_cb,
                            .refused_cb = fsdpd_refused_cb, .refused_exit_s = D.refused_s,
                            .superseded_cb = fsdpd_superseded_cb,
@@ -714,6 +715,7 @@ int main(int argc, char **argv) {
     _exit(D.exit_status);
   }
   uv_loop_close(&D.loop);
+  rpc_client_destroy(D.session); /* the agent's thread is joined */
   rpc_client_destroy(D.client);
   return D.exit_status;
 }
