@@ -74,6 +74,7 @@ enum { RPC_ROLE_USER = 1u << 0, RPC_ROLE_NODE = 1u << 1, RPC_ROLE_OPERATOR = 1u 
 #define RPC_MAX_MESSAGE_DEFAULT (4u << 20) /* gRPC's own default receive limit */
 #define RPC_TOKEN_MAX 4096                 /* longest token file accepted */
 #define RPC_TOKEN_MIN 16                   /* shortest token a server takes (guessable below) */
+#define RPC_RECONNECT_MAX_MS 1000          /* a client tries a server gone at least this often */
 /* SubmitJob's bounds, which the coordinator enforces and fsdpctl checks first */
 #define RPC_SPEC_WORLD_MAX 4096   /* spec.world_size: ranks of a job */
 #define RPC_SPEC_RESTARTS_MAX 1000 /* spec.max_restarts */
@@ -216,6 +217,17 @@ void rpc_client_destroy(rpc_client_t *c);
  * that tries again a server it lost (one restarting) calls this before
  * each try. */
 int rpc_client_reconnect(rpc_client_t *c);
+/* For a process whose client channels stay open across a server's restart
+ * (fsdpd: its ranks' reports, rendezvous and exits), what gRPC reads from
+ * the environment once, at its first init; call it before any thread and
+ * any client or server. This gRPC services its timers only while a thread
+ * polls: a caller waiting in a call, or its backup poller, every 5 s by
+ * default. Calls to a server that is down fail at once, so the timer of a
+ * channel's next connect (RPC_RECONNECT_MAX_MS) fired only at the backup
+ * poller's turn: a server back from a restart was found up to 5 s late (a
+ * connect 4 s after the one before, measured). 500 ms here, unless the
+ * environment says otherwise (GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS). */
+void rpc_client_env(void);
 
 /* Unary call, blocking up to timeout_s. On success *reply is a message of
  * reply_desc, freed with protobuf_c_message_free_unpacked(*reply, NULL). */

@@ -135,12 +135,22 @@ static grpc_channel *rpc_client_channel(rpc_client_t *c, int own_pool) {
   const int ka = c->keepalive_s;
   /* A fixed receive window (no BDP probing) bounds what a server can
    * have sent toward a stream the caller is not reading. */
-  grpc_arg args[6] = {
+  /* A server gone is tried again at least every second (gRPC's reconnect
+   * backoff, 1 s growing 1.6 times a try, stops at 2 min, and every call
+   * made meanwhile fails without trying): a coordinator back from a
+   * restart is found by the calls on a channel that stays (fsdpd's ranks'
+   * reports, rendezvous and exits) within a second of its return, not
+   * seconds later (with rpc_client_env: gRPC's timers must fire). One
+   * connect a second to a server that is down costs nothing worth the
+   * wait. */
+  grpc_arg args[7] = {
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_TIME_MS, .value.integer = ka * 1000},
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_TIMEOUT_MS, .value.integer = ka * 1000},
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, .value.integer = 0},
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
+       .value.integer = RPC_RECONNECT_MAX_MS},
   };
-  size_t n = 3;
+  size_t n = 4;
   if (own_pool)
     args[n++] = (grpc_arg){.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL,
                            .value.integer = 1};
@@ -152,6 +162,8 @@ static grpc_channel *rpc_client_channel(rpc_client_t *c, int own_pool) {
   grpc_channel_args ch_args = {n, args};
   return grpc_channel_create(c->target, c->creds, &ch_args);
 }
+
+void rpc_client_env(void) { setenv("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "500", 0); }
 
 int rpc_client_create(rpc_client_t **out, const rpc_client_opts_t *o) {
   *out = NULL;

@@ -581,6 +581,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "fsdpd: %s\n", err_msg());
     return 2;
   }
+  rpc_client_env(); /* before gRPC's first init, and any thread */
   /* Rendezvous calls wait on the pool, up to one per device at once; libuv's
    * default of 4 threads would serialise a larger node's rendezvous */
   if (!getenv("UV_THREADPOOL_SIZE")) {

@@ -978,37 +978,6 @@ Test(fsdpd, stops_its_ranks_when_the_coordinator_is_silent_past_its_fence, .time
   fence_ms_given = 0;
 }
 
-/* The coordinator's port while it is away: a listener that takes each
- * connection and closes it at once, so every try to connect fails as a
- * coordinator not yet serving fails it; the longest wait between tries (or
- * from the start to the first, or from the last to the end) in secs. */
-static double longest_wait_between_connects(int port, double secs, int *tries) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  cr_assert_geq(fd, 0);
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &(int){1}, sizeof(int));
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0, "port %d: %s", port, strerror(errno));
-  cr_assert_eq(listen(fd, 16), 0);
-  const double t0 = tu_now_s();
-  double last = t0, longest = 0;
-  *tries = 0;
-  for (double now = t0; now - t0 < secs; now = tu_now_s()) {
-    struct pollfd q = {fd, POLLIN, 0};
-    if (poll(&q, 1, 20) <= 0) continue;
-    const int c = accept(fd, NULL, NULL);
-    if (c < 0) continue;
-    close(c);
-    now = tu_now_s();
-    if (now - last > longest) longest = now - last;
-    last = now;
-    ++*tries;
-  }
-  if (tu_now_s() - last > longest) longest = tu_now_s() - last;
-  close(fd);
-  return longest;
-}
-
 /* A coordinator away for longer than gRPC's first reconnect backoffs is
  * still tried at fsdpd's own backoff (at most 1 s), so it is found within
  * about a second of its return however long it was away. Before, the
@@ -1027,7 +996,7 @@ Test(fsdpd, a_coordinator_away_is_tried_every_second_and_found_as_soon_as_it_is_
   cr_assert(wait_for(registered, 10), "fsdpd did not register within 10 s:\n%s", tu_slurp(fsdpd_log, NULL));
   fake_stop();
   int tries;
-  const double longest = longest_wait_between_connects(F.port, 9.0, &tries);
+  const double longest = tu_connect_gaps(F.port, 9.0, &tries);
   fprintf(stderr, "coordinator away 9 s: %d tries to connect, at most %.2f s apart\n", tries, longest);
   cr_expect_lt(longest, 2.5, "fsdpd tried to connect %d times in 9 s, once after a wait of %.2f s "
                "(its backoff is at most 1 s)", tries, longest);

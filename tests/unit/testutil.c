@@ -3,6 +3,9 @@
 
 #include <criterion/criterion.h>
 #include <fcntl.h>
+#include <arpa/inet.h>
+#include <poll.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -368,4 +371,31 @@ void tu_tls_make(const char *dir) {
            "-extfile san.ext -out srv.pem >/dev/null 2>&1",
            dir);
   cr_assert_eq(system(cmd), 0, "openssl could not make the server certificate");
+}
+
+double tu_connect_gaps(int port, double secs, int *tries) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  cr_assert_geq(fd, 0);
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &(int){1}, sizeof(int));
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0, "port %d: %s", port, strerror(errno));
+  cr_assert_eq(listen(fd, 16), 0);
+  const double t0 = tu_now_s();
+  double last = t0, longest = 0;
+  *tries = 0;
+  for (double now = t0; now - t0 < secs; now = tu_now_s()) {
+    struct pollfd q = {fd, POLLIN, 0};
+    if (poll(&q, 1, 20) <= 0) continue;
+    const int c = accept(fd, NULL, NULL);
+    if (c < 0) continue;
+    close(c);
+    now = tu_now_s();
+    if (now - last > longest) longest = now - last;
+    last = now;
+    ++*tries;
+  }
+  if (tu_now_s() - last > longest) longest = tu_now_s() - last;
+  close(fd);
+  return longest;
 }

@@ -26,6 +26,12 @@ void tu_write_file(const char *path, const void *data, size_t n);
 /* A TCP socket bound (and listening) on 127.0.0.1 at a port the kernel picks,
  * its "127.0.0.1:PORT" in addr (n bytes). For rank processes forked by tests. */
 int tu_listen_loopback(char *addr, size_t n);
+/* A server's port while it is away (127.0.0.1:port, for secs): a listener
+ * that takes each connection and closes it at once, so every try to
+ * connect fails as a server not yet serving fails it. The longest wait
+ * between tries (or from the start to the first, or from the last to the
+ * end), in seconds; how many tries in *tries. */
+double tu_connect_gaps(int port, double secs, int *tries);
 /* Runs bin/PROGRAM ARGS (from tu_root()) through the shell with stderr joined
  * to stdout, which lands in out (len bytes, NUL-terminated); returns the exit
  * status (-1 if killed by a signal). */
