@@ -442,10 +442,16 @@ static data_pos_t train_resume_pos(const train_t *t, const ckpt_rank_meta_t *m, 
     old.lr = was->lr, old.min_lr_frac = was->min_lr_frac, old.steps = was->steps;
     old.warmup_steps = was->warmup_steps;
     const int s = (int)m->step;
+    char then[160]; /* what the checkpoint's run did there, or at its end */
+    if (s < was->steps)
+      snprintf(then, sizeof then, "the checkpoint's run would have used %g",
+               (double)train_lr(&old, s));
+    else
+      snprintf(then, sizeof then, "the checkpoint's run had ended at step %d, at %g", was->steps,
+               (double)train_lr(&old, was->steps - 1));
     fprintf(out, "train: note: the learning-rate schedule changed (%s): step %d goes on at this "
-            "job's rate for it, %g (the checkpoint's run would have used %g), and the curve "
-            "is this job's from there on\n", what + 2, s + 1, (double)train_lr(&t->cfg, s),
-            (double)train_lr(&old, s));
+            "job's rate for it, %g (%s), and the curve is this job's from there on\n", what + 2,
+            s + 1, (double)train_lr(&t->cfg, s), then);
   }
   return pos;
 }

@@ -394,6 +394,14 @@ Test(ckpt, a_resume_under_another_seq_len_or_schedule_says_what_it_means, .timeo
   data_pos_t at = ckpt_pos(b, 3, 2, &batch); /* step 3: one batch of 4 after window 16 */
   cr_assert(at.epoch == 0 && at.window == 20 && batch == 4, "(%llu, %llu), batch %d",
             (unsigned long long)at.epoch, (unsigned long long)at.window, batch);
+  /* a run longer than the checkpoint's, from its end: that run had no rate
+   * for the next step (its curve, carried past its end, climbs again) */
+  snprintf(args, sizeof args, "--steps 6 --batch 2 --resume_from %s/step-00000004", a);
+  launch(2, args, 0, out, sizeof out);
+  cr_assert_not_null(strstr(out, "(steps 4 -> 6): step 5 goes on at this job's rate for it, "),
+                     "%s", out);
+  cr_assert_not_null(strstr(out, "(the checkpoint's run had ended at step 4, at "), "%s", out);
+  cr_assert_null(strstr(out, "would have used"), "%s", out);
   /* and unchanged, nothing is said */
   snprintf(args, sizeof args, "--steps 4 --batch 2 --resume_from %s/step-00000002", a);
   launch(2, args, 0, out, sizeof out);
