@@ -1436,7 +1436,11 @@ Test(cluster, a_second_fsdpd_under_a_nodes_name_is_refused_while_the_first_runs)
   /* the daemons under one name share a log: each one's lines are those after its start */
   size_t first_end = log_size(node[0].log);
   double t0 = tu_now_s();
-  cluster_fsdpd_spawn(&node[1], coord.addr, "twin", 1, "--refused-timeout 0");
+  /* (a work directory of its own: one fsdpd's alone, fsdpd.lock) */
+  char *work2 = tu_path("twin-2"), extra[1200];
+  snprintf(extra, sizeof extra, "--refused-timeout 0 --work-dir '%s'", work2);
+  free(work2);
+  cluster_fsdpd_spawn(&node[1], coord.addr, "twin", 1, extra);
   int st = cluster_wait_exit(&node[1], 15);
   char *log = log_since(node[1].log, first_end);
   cr_assert_neq(st, -1, "the second fsdpd still runs after 15 s:\n%s", log);
