@@ -656,11 +656,20 @@ static int store_lock(store_t *st) {
 
 /* Makes path a file only its owner reads (it holds each running attempt's
  * ring secret; SQLite gives its -wal and -shm files the same mode): created
- * 0600 when absent, tightened (with a warning) when it is ours and group or
- * others may read it. 0, or a code and a message. */
-static int store_private_file(const char *path) {
-  int fd = open(path, O_RDONLY | O_CREAT | O_CLOEXEC, 0600);
-  if (fd < 0) return 0; /* SQLite says why it cannot open it either */
+ * 0600 when absent (create), else tightened (with a warning) when it is
+ * ours and group or others may read it: only once store_check_file found it
+ * a database of ours, so another program's file (a mistyped --db) is left
+ * as it was. 0, or a code and a message. */
+static int store_private_file(const char *path, int create) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC | (create ? O_CREAT | O_EXCL : 0), 0600);
+  if (fd < 0 && create && errno != EEXIST) /* SQLite would say only "unable to open" */
+    return err_set_errno(err_from_errno(errno), errno, "%s cannot be created (its directory "
+                         "must exist and be writable)", path);
+  if (fd < 0) return 0; /* there already (create), or SQLite says why it cannot open it */
+  if (create) {
+    close(fd);
+    return 0;
+  }
   struct stat sb;
   int rc = 0;
   if (!fstat(fd, &sb) && S_ISREG(sb.st_mode) && (sb.st_mode & 077) && sb.st_uid == geteuid()) {
@@ -688,7 +697,8 @@ int store_open(const char *path, const store_opts_t *opts, store_t **out) {
     free(st);
     return rc;
   }
-  if (strcmp(path, ":memory:") && (rc = store_private_file(path))) goto fail;
+  const int file = strcmp(path, ":memory:") != 0;
+  if (file && (rc = store_private_file(path, 1))) goto fail;
   int src = sqlite3_open_v2(path, &st->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL);
   if (src != SQLITE_OK) {
     rc = store_sqlite_err(st, src, NULL);
@@ -697,6 +707,7 @@ int store_open(const char *path, const store_opts_t *opts, store_t **out) {
   sqlite3_extended_result_codes(st->db, 1);
   sqlite3_busy_timeout(st->db, st->busy_ms);
   rc = store_check_file(st, &st->from_version);
+  if (!rc && file) rc = store_private_file(path, 0);
   if (rc) goto fail;
   /* WAL: readers (the sqlite3 shell, a backup) never block the coordinator.
    * synchronous=FULL syncs the log at every commit, so a change the
@@ -758,7 +769,7 @@ int store_backup(const char *path, const char *out, int *version) {
   char tmp[sizeof src.path + 32];
   snprintf(tmp, sizeof tmp, "%s.tmp-%d", out, (int)getpid());
   sqlite3 *dst = NULL;
-  if (!rc) rc = store_private_file(tmp);
+  if (!rc && !(rc = store_private_file(tmp, 1))) rc = store_private_file(tmp, 0);
   if (!rc && (s = sqlite3_open_v2(tmp, &dst, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL)))
     rc = err_set(FSDP_EIO, "backup: cannot create %s: %s", tmp, sqlite3_errstr(s));
   if (!rc) {

@@ -252,13 +252,29 @@ Test(store, a_damaged_database_is_refused_as_damaged) {
             err_msg());
 }
 
+/* Refused untouched: nothing added, and its mode as it was (a readable
+ * database of ours is made private, but only once it is found ours: a
+ * mistyped --db naming a system file must not make it 0600). A file that
+ * is no database at all is left so too. */
 Test(store, another_programs_database_is_refused) {
   sqlite3 *db = raw_open("other.db");
   cr_assert_eq(sqlite3_exec(db, "CREATE TABLE photos(id, path)", NULL, NULL, NULL), SQLITE_OK);
   sqlite3_close(db);
-  store_t *st = NULL;
-  cr_assert_eq(store_open(tpath("other.db"), NULL, &st), FSDP_EFORMAT);
-  cr_assert(strstr(err_msg(), "another program"), "%s", err_msg());
+  FILE *tf = fopen(tpath("text.db"), "w");
+  cr_assert_not_null(tf);
+  fputs("hello\n", tf);
+  fclose(tf);
+  const char *names[] = {"other.db", "text.db"};
+  for (int i = 0; i < 2; i++) {
+    cr_assert_eq(chmod(tpath(names[i]), 0644), 0);
+    store_t *st = NULL;
+    cr_assert_eq(store_open(tpath(names[i]), NULL, &st), FSDP_EFORMAT, "%s", names[i]);
+    cr_assert(strstr(err_msg(), i ? "not" : "another program"), "%s", err_msg());
+    struct stat f;
+    cr_assert_eq(stat(tpath(names[i]), &f), 0);
+    cr_expect_eq(f.st_mode & 0777, 0644, "%s was made mode %03o", names[i],
+                 (unsigned)(f.st_mode & 0777));
+  }
   db = raw_open("other.db");
   cr_assert_eq(raw_int(db, "SELECT count(*) FROM sqlite_schema"), 1, "nothing added");
   sqlite3_close(db);
