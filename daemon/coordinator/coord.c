@@ -779,6 +779,7 @@ static void coord_node_died(coord_t *c, coord_node_t *n, uint64_t now) {
   int64_t *jobs = NULL;
   int nj = 0;
   n->dead = 1;
+  c->nodes_died++;
   n->session = 0;
   char why[256];
   const double silent = (double)coord_node_silent_ms(c, n, now) / 1000;

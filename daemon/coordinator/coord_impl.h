@@ -234,6 +234,7 @@ struct coord {
   metrics_hist_t pass;      /* a placement pass (the loop answers nothing meanwhile) */
   metrics_hist_t commit;    /* a checkpoint's last shard report to its commit */
   uint64_t ckpt_commits, ckpt_aborts, restarts;
+  uint64_t nodes_died; /* nodes declared dead (fsdp_nodes_declared_dead_total) */
   uint64_t ckpt_leftovers;  /* leftover step directories removed */
   uint64_t ckpt_aborted_removed; /* aborted checkpoints whose files were removed */
   uint64_t ended[COORD_ENDED_N]; /* attempts ended, by coord_ended_t */

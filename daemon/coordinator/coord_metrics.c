@@ -132,11 +132,15 @@ void coord_metrics_render(metrics_buf_t *b, void *arg) {
        "while their attempt ran, once each of their shards was reported written or not, or once "
        "no attempt of the job ran."},
       {"fsdp_job_restarts_total", "Attempts started after a job's first."},
+      {"fsdp_nodes_declared_dead_total", "Nodes declared dead (silent past the heartbeat "
+       "timeout, or not back within the restart grace); fsdp_nodes{state=\"dead\"} falls as "
+       "one registers again, this does not."},
       {"fsdp_store_errors_total", "Operations on the state database that failed (a full disk, "
        "an I/O error, a damaged file, a lock held elsewhere); the log says which."},
   };
   const uint64_t v[] = {c->ckpt_commits, c->ckpt_aborts, c->ckpt_leftovers,
-                        c->ckpt_aborted_removed, c->restarts, store_errors(c->st)};
+                        c->ckpt_aborted_removed, c->restarts, c->nodes_died,
+                        store_errors(c->st)};
   for (size_t f = 0; f < sizeof v / sizeof *v; f++) {
     metrics_family(b, counters[f].name, "counter", counters[f].help);
     metrics_sample(b, counters[f].name, NULL, (double)v[f]);

@@ -3354,7 +3354,8 @@ Test(coordinator, a_node_heard_as_the_loop_comes_out_of_a_stall_is_not_excused_i
 }
 
 /* A node that stops heartbeating is declared dead, and /metrics counts it
- * so (fsdpctl nodes says DEAD); one that registers again is alive again. */
+ * so (fsdpctl nodes says DEAD); one that registers again is alive again,
+ * and fsdp_nodes_declared_dead_total keeps counting its death. */
 Test(coordinator, a_dead_node_counts_as_dead_in_the_metrics) {
   co_start_metrics(NULL);
   node_t n = {{0}, 0};
@@ -3367,9 +3368,12 @@ Test(coordinator, a_dead_node_counts_as_dead_in_the_metrics) {
   cr_expect_eq(co_metric("fsdp_nodes{state=\"dead\"}"), 1, "a node silent %.1f s is not counted "
                "dead", tu_now_s() - t0);
   cr_expect_eq(co_metric("fsdp_nodes{state=\"alive\"}"), 0);
+  cr_expect_eq(co_metric("fsdp_nodes_declared_dead_total"), 1);
   node_register(&n, "gone", 2, 8ull << 30, NULL, 0);
   cr_expect_eq(co_metric("fsdp_nodes{state=\"alive\"}"), 1);
   cr_expect_eq(co_metric("fsdp_nodes{state=\"dead\"}"), 0);
+  /* the gauge fell back: the count of deaths (what an alert reads) did not */
+  cr_expect_eq(co_metric("fsdp_nodes_declared_dead_total"), 1);
 }
 
 /* /metrics shows the ranks of running attempts: once a job has ended, its
