@@ -337,7 +337,10 @@ int main(int argc, char **argv) {
     grpc_shutdown();
     return 1;
   }
-  printf("fsdp-coordinator: serving on port %d (database %s)\n", coord_port(coord), o.db);
+  if (!strncmp(o.listen, "unix:", 5)) /* no port: scripts reading one find none */
+    printf("fsdp-coordinator: serving on %s (database %s)\n", o.listen, o.db);
+  else
+    printf("fsdp-coordinator: serving on port %d (database %s)\n", coord_port(coord), o.db);
   if (o.metrics_listen) printf("fsdp-coordinator: metrics on port %d\n", coord_metrics_port(coord));
   fflush(stdout);
   uv_timer_init(&loop, &stop_wait);

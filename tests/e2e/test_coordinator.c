@@ -278,6 +278,24 @@ Test(coordinator, open_access_beyond_loopback_is_refused_unless_insecure) {
   }
 }
 
+/* On a unix socket the coordinator says where it serves (no port: a script
+ * reading "serving on port" finds none, rather than port 0), and fsdpctl
+ * reaches it there. */
+Test(coordinator, a_coordinator_on_a_unix_socket_says_so_and_answers_there) {
+  char cmd[2400], out[8192], sock[700];
+  snprintf(sock, sizeof sock, "%s/coord.sock", tu_tmpdir());
+  snprintf(cmd, sizeof cmd, "%s/bin/fsdp-coordinator --db '%s/unix.db' --root '%s' --listen "
+           "'unix:%s' >'%s/unix.out' 2>&1 & pid=$!; i=0; while [ $i -lt 50 ] && ! [ -S '%s' ]; "
+           "do sleep 0.1; i=$((i+1)); done; %s/bin/fsdpctl --coordinator 'unix:%s' jobs; "
+           "echo \"ctl $?\"; kill $pid; wait $pid; cat '%s/unix.out'", tu_root(), tu_tmpdir(),
+           tu_tmpdir(), sock, tu_tmpdir(), sock, tu_root(), sock, tu_tmpdir());
+  tu_sh(cmd, out, sizeof out);
+  char want[800];
+  snprintf(want, sizeof want, "serving on unix:%s (database", sock);
+  cr_expect(strstr(out, want) && !strstr(out, "serving on port"), "%s", out);
+  cr_expect(strstr(out, "ctl 0"), "fsdpctl did not reach it: %s", out);
+}
+
 /* A token file every user of the host may read is said at start, naming
  * it and the fix; one of mode 0600 is not (helper-56: a 0644 token file was
  * taken without a word). */
