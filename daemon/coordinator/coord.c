@@ -875,7 +875,7 @@ static void coord_watch_remove(coord_t *c, coord_watch_t *w) {
   free(w);
 }
 
-int64_t coord_job_step(coord_t *c, const store_job_t *j, double *loss, double *tokens_per_s) {
+int64_t coord_job_step(coord_t *c, const store_job_t *j) {
   int64_t step = -1;
   int heard = 0;
   for (int i = 0; i < j->world_size; i++) {
@@ -883,10 +883,8 @@ int64_t coord_job_step(coord_t *c, const store_job_t *j, double *loss, double *t
     if (!r || r->epoch != j->epoch) continue;
     heard++;
     if (step < 0 || r->step < step) step = r->step;
-    /* rank 0's figures (they are the job's: the loss is averaged over ranks) */
-    if (loss && (r->rank == 0 || heard == 1)) *loss = r->loss, *tokens_per_s = r->tokens_per_s;
   }
-  if (j->state == STORE_JOB_SUCCEEDED) { /* its ranks are forgotten: it did every step */
+  if (j->state == STORE_JOB_SUCCEEDED) { /* it did every step (a restarted coordinator has no reports) */
     const coord_job_t *x = coord_job_info(c, j->id);
     if (x) return x->steps;
   }
@@ -905,10 +903,26 @@ int64_t coord_job_step(coord_t *c, const store_job_t *j, double *loss, double *t
   return committed;
 }
 
-/* The job's progress as the slowest rank has it. */
+/* The lowest rank of j's attempt whose report is of step; NULL: none. The
+ * loss is averaged over ranks, the same on each: rank 0's is the job's. */
+static const coord_rank_t *coord_rank_at(coord_t *c, const store_job_t *j, int64_t step) {
+  for (int i = 0; i < j->world_size; i++) {
+    const coord_rank_t *r = coord_rank_get(c, j->id, i, 0);
+    if (r && r->epoch == j->epoch && r->reported && r->step == step) return r;
+  }
+  return NULL;
+}
+
+/* The job's progress as the slowest rank has it, with the loss and speed a
+ * rank reported of that very step: a rank further on (rank 0's final
+ * report while another's is still a heartbeat behind) is not paired with
+ * the step of one behind it. */
 static void coord_progress(coord_t *c, const store_job_t *j, Fsdp__V1__JobProgress *p) {
   coord_job_t *x = coord_job_info(c, j->id);
-  const int64_t step = coord_job_step(c, j, &p->loss, &p->tokens_per_s);
+  const int64_t step = coord_job_step(c, j);
+  const coord_rank_t *at = coord_rank_at(c, j, step);
+  if (at) p->loss = at->loss, p->tokens_per_s = at->tokens_per_s;
+  p->unreported = !at;
   p->step = step;
   p->total_steps = x ? x->steps : 0;
   p->state = coord_job_state(j->state);

@@ -75,6 +75,7 @@ typedef struct coord_rank {
   int rank, device, state;  /* state: Fsdp__V1__RankState */
   int64_t step;
   double loss, tokens_per_s;
+  int reported;             /* step, loss and tokens_per_s are a report's (not a start's zeros) */
   int ncat;
   char cat[COORD_CATS][24];
   uint64_t cur[COORD_CATS], peak[COORD_CATS];
@@ -313,8 +314,9 @@ uint64_t coord_reason_sum(const char *why);
 const char *coord_job_reason(coord_t *c, const store_job_t *j);
 void coord_job_changed(coord_t *c, int64_t job);
 /* The slowest rank's last step of j's current attempt (0 while a rank has
- * not reported), with rank 0's loss and tokens/s when loss is not NULL. */
-int64_t coord_job_step(coord_t *c, const store_job_t *j, double *loss, double *tokens_per_s);
+ * not reported; a succeeded job's last step; an ended one's last committed
+ * checkpoint). */
+int64_t coord_job_step(coord_t *c, const store_job_t *j);
 void coord_rdv_answer(coord_t *c, int64_t job, int64_t epoch, const char *group);
 /* Calls held open: a node's heartbeat (long poll), a rendezvous waiting for
  * its group, a WatchJob stream. */

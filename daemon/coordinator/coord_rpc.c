@@ -166,8 +166,9 @@ static int coord_ranks_msg(coord_t *c, coord_arena_t *a, const store_job_t *j,
     s->node_id = coord_idstr(a, 'n', r[i].node_id);
     const coord_rank_t *m = coord_rank_get(c, j->id, r[i].rank, 0);
     if (m && m->epoch != j->epoch) m = NULL;
+    s->unreported = !m || !m->reported;
+    if (m && m->reported) s->step = m->step, s->loss = m->loss, s->tokens_per_s = m->tokens_per_s;
     if (m) {
-      s->step = m->step, s->loss = m->loss, s->tokens_per_s = m->tokens_per_s;
       s->collective_seq = m->collective_seq;
       s->collective_op = coord_str(a, m->collective_op);
     }
@@ -216,7 +217,7 @@ static Fsdp__V1__Job *coord_job_msg(coord_t *c, coord_arena_t *a, const store_jo
   m->ended_unix_ms = j->ended_ms;
   coord_job_t *x = coord_job_info(c, j->id);
   m->total_steps = x ? x->steps : 0;
-  m->step = coord_job_step(c, j, NULL, NULL);
+  m->step = coord_job_step(c, j);
   const int64_t ck = store_ckpt_last_committed(c->st, j->id);
   m->last_checkpoint_step = ck > 0 ? ck : 0;
   if (with_ranks && coord_ranks_msg(c, a, j, &m->ranks, &m->n_ranks)) a->failed = 1;
@@ -1014,6 +1015,34 @@ static void coord_register_cb(rpc_call_t *call, const ProtobufCMessage *req, voi
  * placed on this node) before the coordinator keeps anything of it: a node
  * reporting ranks of old attempts, of other nodes or of no job at all
  * leaves nothing behind. */
+/* The record of rank in attempt, made (or one of an earlier attempt
+ * emptied) for it; NULL when out of memory, or when the record is of a
+ * later attempt, which a late report of this one must not take back. The
+ * caller has the rank checked with the store. */
+static coord_rank_t *coord_rank_of(coord_t *c, int64_t job, int64_t attempt, int rank) {
+  coord_rank_t *r = coord_rank_get(c, job, rank, 1);
+  if (!r || r->epoch > attempt) return NULL;
+  if (r->epoch < attempt) {
+    /* what an earlier attempt reported goes (the key and the hash handle stay) */
+    memset(&r->epoch, 0, offsetof(coord_rank_t, hh) - offsetof(coord_rank_t, epoch));
+    r->epoch = attempt, r->rank = rank;
+  }
+  return r;
+}
+
+/* A rank's step, loss and tokens/s from a report of it (a heartbeat's, or
+ * its exit report's final one), told to the job's watchers when they
+ * changed: all three, from one report, so that a step is never shown with
+ * another's loss. An unreported status (a rank that has not finished a
+ * step) takes back no figure, nor does a report older than them. */
+static void coord_rank_figures(coord_t *c, coord_rank_t *r, const Fsdp__V1__RankStatus *s) {
+  if (s->unreported || (r->reported && s->step < r->step)) return;
+  const int64_t before = r->step;
+  const int was = r->reported;
+  r->step = s->step, r->loss = s->loss, r->tokens_per_s = s->tokens_per_s, r->reported = 1;
+  if (r->step != before || !was) coord_job_changed(c, r->job);
+}
+
 static void coord_rank_report(coord_t *c, int64_t node, const Fsdp__V1__RankStatus *s) {
   int64_t job = coord_id_parse(s->job_id, 'j');
   if (!job || s->rank > INT32_MAX || !s->attempt) return;
@@ -1021,14 +1050,9 @@ static void coord_rank_report(coord_t *c, int64_t node, const Fsdp__V1__RankStat
   if (!r || r->epoch != (int64_t)s->attempt) {
     /* first news of this rank in this attempt: its process runs */
     if (store_rank_running(c->st, job, s->attempt, (int)s->rank, node, 0)) return;
-    if (!r && !(r = coord_rank_get(c, job, (int)s->rank, 1))) return;
-    /* what an earlier attempt reported goes (the key and the hash handle stay) */
-    memset(&r->epoch, 0, offsetof(coord_rank_t, hh) - offsetof(coord_rank_t, epoch));
-    r->epoch = s->attempt, r->rank = (int)s->rank;
+    if (!(r = coord_rank_of(c, job, s->attempt, (int)s->rank))) return;
   }
-  const int64_t before = r->step;
   r->node = node, r->device = (int)s->device, r->state = s->state;
-  r->step = s->step, r->loss = s->loss, r->tokens_per_s = s->tokens_per_s;
   r->collective_seq = s->collective_seq;
   snprintf(r->collective_op, sizeof r->collective_op, "%s", s->collective_op);
   coord_text_mend(r->collective_op);
@@ -1038,7 +1062,7 @@ static void coord_rank_report(coord_t *c, int64_t node, const Fsdp__V1__RankStat
     coord_text_mend(r->cat[r->ncat]);
     r->cur[r->ncat] = s->memory[k]->current_bytes, r->peak[r->ncat] = s->memory[k]->peak_bytes;
   }
-  if (r->step != before) coord_job_changed(c, job);
+  coord_rank_figures(c, r, s);
 }
 
 /* What a node's devices offer, from its heartbeat: a GPU's free memory,
@@ -1175,15 +1199,12 @@ static void coord_rank_exit_cb(rpc_call_t *call, const ProtobufCMessage *req, vo
     rpc_call_finish(call, rc);
     return;
   }
-  /* its last status is the step and loss it ended at (its last heartbeat
-   * report may be many steps older) */
-  coord_rank_t *last = q->status ? coord_rank_get(c, job, (int)q->rank, 0) : NULL;
-  if (last && last->epoch == (int64_t)q->attempt && q->status->step >= last->step) {
-    const int64_t before = last->step;
-    last->step = q->status->step, last->loss = q->status->loss;
-    if (q->status->tokens_per_s > 0) last->tokens_per_s = q->status->tokens_per_s;
-    if (last->step != before) coord_job_changed(c, job);
-  }
+  /* its last status is the step and loss it ended at: its last heartbeat
+   * report may be many steps older, or there was none (a rank that ended
+   * before a heartbeat carried it has no record yet; the store took the
+   * exit, so the rank is this attempt's) */
+  coord_rank_t *last = q->status ? coord_rank_of(c, job, q->attempt, (int)q->rank) : NULL;
+  if (last) coord_rank_figures(c, last, q->status);
   char why[512];
   /* a killed rank's last log line is whatever it printed last (often a
    * line of its start), not a reason: it is named as what it is */

@@ -1270,7 +1270,7 @@ int ranks_pack(ranks_t *R, uint8_t **buf, size_t *len) {
      * registration meanwhile must not read it as a rank gone missing */
     Fsdp__V1__RankStatus *st = &sts[k];
     if (rk->status) *st = *rk->status; /* a shallow copy: only read while packing */
-    else fsdp__v1__rank_status__init(st);
+    else fsdp__v1__rank_status__init(st), st->unreported = 1; /* its zeros are no step */
     st->job_id = (char *)rk_job(rk);
     st->attempt = rk->a->attempt;
     st->rank = rk->a->rank;

@@ -187,6 +187,7 @@ void report_metrics(void *ctx, const train_metrics_t *m) {
   st.step = m->step;
   st.loss = m->loss;
   st.tokens_per_s = m->tokens_per_s;
+  st.unreported = m->no_step;
   st.n_memory = MEM__COUNT;
   st.memory = pcats;
   Fsdp__V1__RankReport rep = FSDP__V1__RANK_REPORT__INIT;

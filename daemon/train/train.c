@@ -1203,7 +1203,7 @@ static void train_report_final(train_t *t, const train_hooks_t *h) {
   const config_t *c = &t->cfg;
   train_metrics_t m = {.rank = t->boot.rank, .world = t->boot.world, .step = t->step,
                        .steps = c->steps, .loss = t->res.last_loss,
-                       .tokens_per_s = t->res.tokens_per_s};
+                       .tokens_per_s = t->res.tokens_per_s, .no_step = !t->res.steps_run};
   mem_snapshot(&m.mem_run, 0);
   m.mem = m.mem_run;
   h->finished(h->ctx, &m);

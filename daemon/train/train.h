@@ -39,6 +39,7 @@ typedef struct train_metrics {
   float eval_loss;     /* ... with this held-out loss */
   mem_snapshot_t mem;  /* this step's memory by category: now and the step's peak */
   mem_snapshot_t mem_run; /* the same, with the run's peaks (since train_open): what a report says */
+  int no_step;         /* a final report of a run that trained no step: its loss and speed are none */
 } train_metrics_t;
 
 typedef void (*train_metrics_cb)(void *ctx, const train_metrics_t *m);

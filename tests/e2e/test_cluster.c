@@ -17,6 +17,7 @@
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <limits.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -523,6 +524,61 @@ Test(cluster, fsdpctl_memory_shows_the_ranks_final_peaks_after_the_job) {
     snprintf(extra, sizeof extra, "--heartbeat-timeout-ms %d", TIMEOUT_MS);
     cluster_coord_start(&coord, db, addr, extra);
   }
+  free(conf);
+}
+
+/* A tester's 6-step job ended before any heartbeat carried a report of
+ * its ranks: the watch's last line and `fsdpctl status` said loss 0.0000
+ * and step 0 for both ranks (a perfect loss). Each rank's exit report
+ * carries its final figures: after the end, status shows every rank at step
+ * 6 with the loss rank 0's log ends with, and so does the watch. */
+Test(cluster, status_after_a_short_job_shows_each_ranks_last_step_and_loss) {
+  cluster_fsdpd_start(&node[0], coord.addr, "solo", 2, NULL);
+  char *conf = job_file("six.conf", "steps = 6\n");
+  char job[32], out[65536], a[256], want[32];
+  snprintf(job, sizeof job, "%s", submit(conf, "--ranks 2"));
+  snprintf(a, sizeof a, "watch %s", job);
+  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
+  char watch[65536];
+  snprintf(watch, sizeof watch, "%s", out);
+  snprintf(a, sizeof a, "logs %s --rank 0", job);
+  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
+  static const char last[] = "step     6/6 | loss ";
+  const char *l = strstr(out, last);
+  cr_assert_not_null(l, "rank 0's log:\n%s", out);
+  l += strlen(last);
+  snprintf(want, sizeof want, "%.*s", (int)strcspn(l, " "), l);
+  char line[64];
+  snprintf(line, sizeof line, "SUCCEEDED");
+  const char *end = strstr(watch, line);
+  cr_assert_not_null(end, "%s", watch);
+  snprintf(line, sizeof line, "step 6/6 | loss %s |", want);
+  cr_expect(strstr(end, line), "the watch's last line, not '%s':\n%s", line, watch);
+
+  snprintf(a, sizeof a, "status %s", job);
+  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
+  for (int r = 0; r < 2; r++) {
+    char row[32], step[16], loss[16];
+    snprintf(row, sizeof row, "\n   %d  ", r);
+    const char *p = strstr(out, row);
+    cr_assert_not_null(p, "rank %d:\n%s", r, out);
+    cr_assert_eq(sscanf(p, " %*d %*s %*d EXITED %15s %15s", step, loss), 2, "%s", out);
+    cr_expect_str_eq(step, "6", "rank %d:\n%s", r, out);
+    cr_expect_str_eq(loss, want, "rank %d's loss, its log's %s:\n%s", r, want, out);
+  }
+  snprintf(a, sizeof a, "--output json status %s", job);
+  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
+  /* each rank's "step", "loss" and "tokens_per_s" (the job's own "step" first) */
+  int ranks = 0;
+  for (const char *p = strstr(out, "\"ranks\""); p && (p = strstr(p, "\"step\": ")); p++, ranks++) {
+    double loss = -1, speed = -1;
+    const char *lp = strstr(p, "\"loss\": "), *tp = strstr(p, "\"tokens_per_s\": ");
+    cr_expect(!strncmp(p, "\"step\": 6,", 10), "rank %d: %.20s\n%s", ranks, p, out);
+    cr_expect(lp && sscanf(lp + 8, "%lf", &loss) == 1 && fabs(loss - strtod(want, NULL)) < 1e-4,
+              "rank %d's loss, its log's %s:\n%s", ranks, want, out);
+    cr_expect(tp && sscanf(tp + 16, "%lf", &speed) == 1 && speed > 0, "rank %d:\n%s", ranks, out);
+  }
+  cr_expect_eq(ranks, 2, "%s", out);
   free(conf);
 }
 

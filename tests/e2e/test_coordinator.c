@@ -201,14 +201,20 @@ static Fsdp__V1__HeartbeatReply *heartbeat(const node_t *n, Fsdp__V1__RankStatus
   return r;
 }
 
-static int report_exit(const node_t *n, const char *job, uint32_t attempt, uint32_t rank, int status) {
+/* A rank's exit report, with its final status last (NULL: none). */
+static int report_exit_with(const node_t *n, const char *job, uint32_t attempt, uint32_t rank,
+                            int status, Fsdp__V1__RankStatus *last) {
   Fsdp__V1__ReportRankExitRequest q = FSDP__V1__REPORT_RANK_EXIT_REQUEST__INIT;
   q.node_id = (char *)n->id, q.job_id = (char *)job, q.attempt = attempt, q.rank = rank;
-  q.exit_status = status;
+  q.exit_status = status, q.status = last;
   Fsdp__V1__ReportRankExitReply *r = NULL;
   int rc = CALL("ReportRankExit", q, report_rank_exit_reply, &r);
   if (r) protobuf_c_message_free_unpacked(&r->base, NULL);
   return rc;
+}
+
+static int report_exit(const node_t *n, const char *job, uint32_t attempt, uint32_t rank, int status) {
+  return report_exit_with(n, job, attempt, rank, status, NULL);
 }
 
 static Fsdp__V1__JobState job_state(const char *id, char *reason, size_t len) {
@@ -1614,6 +1620,71 @@ Test(coordinator, an_exited_ranks_step_is_the_one_its_exit_report_gives) {
   cr_expect_eq(g->job->ranks[0]->loss, 2.5f);
   cr_expect_eq(g->job->ranks[1]->step, 3, "rank 1 still runs");
   reply_free(g);
+}
+
+/* A rank that ended before any heartbeat carried a report of it (a short
+ * job): its exit report is the coordinator's first news of it, and its
+ * final step, loss and tokens/s are what status shows after the end (they
+ * showed 0, 0.0000, 0: a perfect loss). A rank only started (fsdpd's
+ * heartbeat lists it unreported) has no figures, which is not step 0 with
+ * loss 0; and the job's loss and tokens/s are always a report's of the
+ * step shown with them (rank 0's final loss was shown with rank 1's older
+ * step). */
+Test(coordinator, a_ranks_figures_are_its_reports_of_one_step_even_its_first_an_exit) {
+  char d[600], id[32];
+  data_opt(d, sizeof d);
+  node_t n = {{0}, 0};
+  node_register(&n, "quick", 2, 8ull << 30, NULL, 0);
+  const char *kv[] = {"model=tiny", d, "steps=6", NULL};
+  cr_assert_eq(submit(2, kv, id, sizeof id), 0, "%s", err_msg());
+  cr_assert_eq(collect(&n, id, 2, NULL), 2);
+  Fsdp__V1__RankStatus st[2], *sp[2];
+  running_ranks(st, sp, id, 0);
+  st[1].unreported = 1, st[1].state = FSDP__V1__RANK_STATE__RANK_STATE_STARTING;
+  reply_free(heartbeat(&n, sp + 1, 1)); /* rank 1 started; rank 0 never heard */
+  Fsdp__V1__GetJobReply *g = get_job(id);
+  cr_assert_eq(g->job->n_ranks, 2);
+  for (size_t i = 0; i < 2; i++) cr_expect(g->job->ranks[i]->unreported, "rank %zu", i);
+  reply_free(g);
+  Fsdp__V1__JobProgress *pm;
+  rpc_stream_t *ws = watch_first(id, 10, &pm);
+  cr_expect(pm->unreported && pm->step == 0, "step %lld", (long long)pm->step);
+  reply_free(pm);
+  rpc_stream_close(ws);
+
+  /* rank 0 ends first, its exit report its first news; rank 1 is at step 4 */
+  Fsdp__V1__RankStatus last = FSDP__V1__RANK_STATUS__INIT;
+  last.job_id = id, last.attempt = 1, last.rank = 0, last.step = 6, last.loss = 2.5;
+  last.tokens_per_s = 900;
+  cr_assert_eq(report_exit_with(&n, id, 1, 0, 0, &last), 0, "%s", err_msg());
+  st[1].unreported = 0, st[1].step = 4, st[1].loss = 3.25, st[1].tokens_per_s = 800;
+  reply_free(heartbeat(&n, sp + 1, 1));
+  ws = watch_first(id, 10, &pm);
+  cr_expect(!pm->unreported && pm->step == 4, "step %lld", (long long)pm->step);
+  cr_expect_eq(pm->loss, 3.25, "step 4 was shown with loss %g", pm->loss);
+  cr_expect_eq(pm->tokens_per_s, 800);
+  reply_free(pm);
+  rpc_stream_close(ws);
+  /* a heartbeat of a rank unreported takes back no figure */
+  st[1].unreported = 1, st[1].step = 0, st[1].loss = 0;
+  reply_free(heartbeat(&n, sp + 1, 1));
+
+  last.rank = 1, last.tokens_per_s = 850;
+  cr_assert_eq(report_exit_with(&n, id, 1, 1, 0, &last), 0, "%s", err_msg());
+  g = get_job(id);
+  cr_assert_eq(g->job->state, FSDP__V1__JOB_STATE__JOB_STATE_SUCCEEDED);
+  for (size_t i = 0; i < 2; i++) {
+    cr_expect(!g->job->ranks[i]->unreported, "rank %zu", i);
+    cr_expect_eq(g->job->ranks[i]->step, 6, "rank %zu", i);
+    cr_expect_eq(g->job->ranks[i]->loss, 2.5, "rank %zu", i);
+    cr_expect_eq(g->job->ranks[i]->tokens_per_s, i ? 850 : 900, "rank %zu", i);
+  }
+  reply_free(g);
+  ws = watch_first(id, 10, &pm);
+  cr_expect(!pm->unreported && pm->step == 6 && pm->loss == 2.5 && pm->tokens_per_s == 900,
+            "step %lld loss %g %g tok/s", (long long)pm->step, pm->loss, pm->tokens_per_s);
+  reply_free(pm);
+  rpc_stream_close(ws);
 }
 
 /* An assignment whose heartbeat answer never reached the node (fsdpd gave
