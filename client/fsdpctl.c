@@ -383,6 +383,15 @@ static int ctl_json(const ctl_t *c, json_t *j, int indent) {
   return ctl_stdout_check(c);
 }
 
+/* A rank's step, loss and tokens/s (a job's progress: the last two) as
+ * JSON says a figure none reported (unreported, proto/fsdp.proto): null, as
+ * tables say "-". Returns o. */
+static const char *const ctl_figures[] = {"step", "loss", "tokens_per_s", NULL};
+static json_t *ctl_json_none(json_t *o, int none, const char *const *fields) {
+  for (; o && none && *fields; fields++) json_object_set_new(o, *fields, json_null());
+  return o;
+}
+
 /* A repeated message field as one JSON array. */
 static int ctl_json_list(const ctl_t *c, void *const *items, size_t n) {
   json_t *a = json_array();
@@ -579,8 +588,11 @@ static void ctl_bar(const Fsdp__V1__JobProgress *p, char *buf, size_t n) {
     bar[W + 1] = ']';
     bar[W + 2] = 0;
   }
-  snprintf(buf, n, "%s %-10s %s%sstep %s | loss %.4f | %.0f tok/s | ETA %s", p->job_id,
-           JOB_STATE(p->state), bar, *bar ? " " : "", steps, p->loss, p->tokens_per_s, eta);
+  char loss[32] = "-", speed[32] = "-"; /* none reported of that step */
+  if (!p->unreported)
+    snprintf(loss, sizeof loss, "%.4f", p->loss), snprintf(speed, sizeof speed, "%.0f", p->tokens_per_s);
+  snprintf(buf, n, "%s %-10s %s%sstep %s | loss %s | %s tok/s | ETA %s", p->job_id,
+           JOB_STATE(p->state), bar, *bar ? " " : "", steps, loss, speed, eta);
 }
 
 /* Watches job to its end: 0 SUCCEEDED, 1 FAILED or CANCELLED, else the
@@ -612,7 +624,8 @@ static int ctl_watch(ctl_t *c, const char *job) {
       last = p->state;
       got++, away = (ctl_away_t){0};
       if (c->json) {
-        code = ctl_json(c, pbjson_message(&p->base), 0); /* printed its failure: stop there */
+        code = ctl_json(c, ctl_json_none(pbjson_message(&p->base), p->unreported, ctl_figures + 1),
+                        0); /* printed its failure: stop there */
       } else if (tty) {
         if (*p->message) fputs("\r\033[K", stdout), ctl_line(stdout, "%s", p->message);
         ctl_bar(p, line, sizeof line);
@@ -953,12 +966,15 @@ static int cmd_status(ctl_t *c, int argc, char **argv) {
     ctl_free(rep);
     return ctl_fail(c, err_set(FSDP_EINTERNAL, "the coordinator answered without a job"), "job %s", job);
   }
+  const Fsdp__V1__Job *j = rep->job;
   if (c->json) {
-    rc = ctl_json(c, pbjson_message(&rep->job->base), 2);
+    json_t *o = pbjson_message(&j->base), *ranks = json_object_get(o, "ranks");
+    for (size_t i = 0; i < j->n_ranks; i++)
+      ctl_json_none(json_array_get(ranks, i), j->ranks[i]->unreported, ctl_figures);
+    rc = ctl_json(c, o, 2);
     ctl_free(rep);
     return rc;
   }
-  const Fsdp__V1__Job *j = rep->job;
   rc = ctl_table_out(c, ctl_job_table(j));
   if (!rc && j->n_ranks) {
     static const char *const h[] = {"RANK", "NODE", "DEVICE", "STATE", "STEP", "LOSS", "TOKENS/S", NULL};
@@ -969,9 +985,13 @@ static int cmd_status(ctl_t *c, int argc, char **argv) {
       table_cell(t, "%s", r->node_id);
       table_cell(t, "%u", r->device);
       table_cell(t, "%s", ENUM_NAME(fsdp__v1__rank_state__descriptor, r->state));
-      table_cell(t, "%lld", (long long)r->step);
-      table_cell(t, "%.4f", r->loss);
-      table_cell(t, "%.0f", r->tokens_per_s);
+      if (r->unreported) { /* no step of this attempt reported yet */
+        for (int k = 0; k < 3; k++) table_cell(t, "-");
+      } else {
+        table_cell(t, "%lld", (long long)r->step);
+        table_cell(t, "%.4f", r->loss);
+        table_cell(t, "%.0f", r->tokens_per_s);
+      }
     }
     putchar('\n');
     rc = ctl_table_out(c, t);
@@ -1046,7 +1066,12 @@ static int cmd_memory(ctl_t *c, int argc, char **argv) {
   if ((rc = ctl_call(c, "GetMemoryStats", &req.base, &fsdp__v1__get_memory_stats_reply__descriptor, &rep)))
     return ctl_fail(c, rc, "memory of job %s", job);
   if (c->json) {
-    rc = ctl_json_list(c, (void *const *)rep->ranks, rep->n_ranks);
+    json_t *a = json_array();
+    for (size_t i = 0; a && i < rep->n_ranks; i++)
+      if (json_array_append_new(a, ctl_json_none(pbjson_message(&rep->ranks[i]->base),
+                                                 rep->ranks[i]->unreported, ctl_figures)))
+        json_decref(a), a = NULL;
+    rc = ctl_json(c, a, 2);
     ctl_free(rep);
     return rc;
   }

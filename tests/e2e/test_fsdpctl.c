@@ -157,7 +157,7 @@ static void h_get_job(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   }
   const int restart = !strcmp(req->job_id, "j-restart");
   if (strcmp(req->job_id, "j-42") && strcmp(req->job_id, "j-ok") && strcmp(req->job_id, "j-nan") &&
-      !restart) {
+      strcmp(req->job_id, "j-fresh") && !restart) {
     rpc_call_finish(call, err_set(FSDP_ENOTFOUND, "job %s: no such job; fsdpctl jobs lists them",
                                   req->job_id));
     return;
@@ -170,6 +170,8 @@ static void h_get_job(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
     job.state = FSDP__V1__JOB_STATE__JOB_STATE_SUCCEEDED;
   if (!strcmp(req->job_id, "j-nan")) /* a diverged run: rank 0's loss NaN, rank 1's speed inf */
     rs[0].loss = NAN, rs[1].tokens_per_s = INFINITY;
+  if (!strcmp(req->job_id, "j-fresh")) /* rank 1 has reported no step: its zeros are no figures */
+    rs[1].unreported = 1, rs[1].step = 0, rs[1].loss = 0, rs[1].tokens_per_s = 0;
   if (hostile) spec.name = EVIL_NAME, job.reason = EVIL_REASON, rs[1].node_id = EVIL_HOST;
   Fsdp__V1__GetJobReply rep = FSDP__V1__GET_JOB_REPLY__INIT;
   rep.job = &job;
@@ -285,7 +287,8 @@ static int h_watch_broken(rpc_call_t *call, const char *job) {
 }
 
 /* j-ok: two RUNNING steps then SUCCEEDED; j-nan: the same with a NaN loss;
- * j-bad: one step then FAILED; j-flaky, j-down: above; else NOT_FOUND. */
+ * j-fresh: the same, its first step's figures none reported; j-bad: one
+ * step then FAILED; j-flaky, j-down: above; else NOT_FOUND. */
 static void h_watch(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   (void)arg;
   const Fsdp__V1__WatchJobRequest *req = (const void *)m;
@@ -295,8 +298,8 @@ static void h_watch(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
     h_watch_restart(call);
     return;
   }
-  const int nan = !strcmp(req->job_id, "j-nan");
-  int ok = !strcmp(req->job_id, "j-ok") || nan;
+  const int nan = !strcmp(req->job_id, "j-nan"), none = !strcmp(req->job_id, "j-fresh");
+  int ok = !strcmp(req->job_id, "j-ok") || nan || none;
   if (!ok && strcmp(req->job_id, "j-bad")) {
     rpc_call_finish(call, err_set(FSDP_ENOTFOUND, "job %s: no such job", req->job_id));
     return;
@@ -313,6 +316,7 @@ static void h_watch(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
     p.total_steps = 3;
     p.loss = nan ? NAN : 5.0 - i;
     p.tokens_per_s = 1000.0 * i;
+    if (none && i == 1) p.unreported = 1, p.loss = 0, p.tokens_per_s = 0;
     p.eta_s = i < n ? 3.0 - i : 0;
     p.message = i == n && !ok ? hostile ? EVIL_MESSAGE : "rank 0 exited with status 1" : "";
     rpc_call_send(call, &p.base);
@@ -1483,6 +1487,46 @@ Test(fsdpctl, json_prints_nan_and_infinity_as_null) {
     json_decref(j);
   }
   cr_assert_eq(lines, 3, "%d lines of 3", lines);
+}
+
+/* A figure no rank reported (unreported: a rank that ended or started
+ * before any report of a step reached the coordinator) is "-" in tables and
+ * watch lines and null in JSON, never 0 and 0.0000: a loss of 0 reads as a
+ * perfect one. */
+Test(fsdpctl, figures_none_reported_show_as_a_dash_and_null) {
+  fake_start(NULL, NULL);
+  cr_assert_eq(CTL("status", "j-fresh"), 0, "%s", err);
+  const char *row = strstr(out, "\n   1  n-1");
+  cr_assert(row, "%s", out);
+  char step[16], loss[16], speed[16];
+  cr_assert_eq(sscanf(row, " 1 n-1 1 RUNNING %15s %15s %15s", step, loss, speed), 3, "%s", out);
+  cr_expect(!strcmp(step, "-") && !strcmp(loss, "-") && !strcmp(speed, "-"),
+            "rank 1: step %s loss %s tok/s %s", step, loss, speed);
+  expect_in(out, "3.2500"); /* rank 0's, reported */
+
+  int rc = CTL("status", "j-fresh", "-o", "json");
+  cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
+  json_t *j = parse_json(out), *ranks = json_object_get(j, "ranks");
+  json_t *r0 = json_array_get(ranks, 0), *r1 = json_array_get(ranks, 1);
+  for (const char *const *f = (const char *const[]){"step", "loss", "tokens_per_s", NULL}; *f; f++) {
+    cr_expect(json_is_null(json_object_get(r1, *f)), "rank 1's %s: %s", *f, out);
+    cr_expect(!json_is_null(json_object_get(r0, *f)), "rank 0's %s: %s", *f, out);
+  }
+  json_decref(j);
+
+  cr_assert_eq(CTL("watch", "j-fresh"), 0, "%s", err);
+  expect_in(out, "step 1/3 | loss - | - tok/s");
+  expect_in(out, "step 2/3 | loss 3.0000 | 2000 tok/s");
+  rc = CTL("watch", "j-fresh", "-o", "json");
+  cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
+  char *nl = strchr(out, '\n');
+  cr_assert(nl, "%s", out);
+  *nl = 0;
+  j = parse_json(out);
+  cr_expect(json_is_null(json_object_get(j, "loss")) && json_is_null(json_object_get(j, "tokens_per_s")),
+            "%s", out);
+  cr_expect_eq(json_integer_value(json_object_get(j, "step")), 1, "%s", out);
+  json_decref(j);
 }
 
 /* On a terminal (a pseudo-terminal here) watch redraws one line in place. */
