@@ -27,6 +27,7 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: fsdp-coordinator --db FILE --root DIR [--root DIR ...] [options]\n"
           "       fsdp-coordinator --db FILE --backup FILE\n"
+          "       fsdp-coordinator --db FILE --restore BACKUP\n"
           "  --db FILE                  the cluster's state (SQLite; created if absent)\n"
           "  --root DIR                 a directory job paths (data, init_from, save,\n"
           "                             checkpoint_dir, resume_from) may lie in;\n"
@@ -87,7 +88,11 @@ static void usage(FILE *f) {
           "                             kept forever)\n"
           "  --backup FILE              with --db only: copy the database into the new FILE\n"
           "                             and exit; safe while a coordinator runs on it (SQLite's\n"
-          "                             online backup); start a coordinator on FILE to restore\n"
+          "                             online backup)\n"
+          "  --restore BACKUP           with --db only, the coordinator stopped: replace the\n"
+          "                             database with the backup BACKUP and exit, through\n"
+          "                             SQLite, so the log (FILE-wal) a killed coordinator left\n"
+          "                             is not replayed over it; then start the coordinator\n"
           "SIGHUP reads the token files again (a node's line added, a token rotated).\n"
           "exit status: 0 stopped by a signal, 1 failed, 2 bad option\n");
 }
@@ -208,6 +213,7 @@ int main(int argc, char **argv) {
       {"tls-key", required_argument, 0, 'k'},     {"heartbeat-interval-ms", required_argument, 0, 'i'},
       {"heartbeat-timeout-ms", required_argument, 0, 't'}, {"sync", required_argument, 0, 's'},
       {"checkpoint-timeout-ms", required_argument, 0, 'C'}, {"backup", required_argument, 0, 'b'},
+      {"restore", required_argument, 0, 'X'},
       {"metrics-listen", required_argument, 0, 'm'}, {"stop-grace", required_argument, 0, 'g'},
       {"event-retention-days", required_argument, 0, 'e'},
       {"job-retention-days", required_argument, 0, 'J'},
@@ -220,7 +226,7 @@ int main(int argc, char **argv) {
       {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
   const char *roots[ROOTS_MAX];
   coord_opts_t o = {.listen = "127.0.0.1:7070", .roots = roots};
-  const char *backup = NULL;
+  const char *backup = NULL, *restore = NULL;
   int insecure = 0;
   int ch;
   while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -256,6 +262,7 @@ int main(int argc, char **argv) {
       o.sync_normal = !strcmp(optarg, "normal");
       break;
     case 'b': backup = optarg; break;
+    case 'X': restore = optarg; break;
     case 'm': o.metrics_listen = optarg; break;
     case 'g': if (whole("--stop-grace", optarg, 0, 3600, "seconds", &stop_grace_s)) return 2; break;
     case 'e': /* 0: forever */
@@ -269,6 +276,21 @@ int main(int argc, char **argv) {
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
     }
+  }
+  if (backup && restore) {
+    fprintf(stderr, "fsdp-coordinator: --backup and --restore: one at a time\n");
+    return 2;
+  }
+  if (restore && o.db && optind == argc) {
+    int version, had_wal, rc = store_restore(o.db, restore, &version, &had_wal);
+    if (rc) {
+      fprintf(stderr, "fsdp-coordinator: %s\n", err_msg());
+      return 1;
+    }
+    printf("fsdp-coordinator: %s restored from the backup %s (schema version %d)%s; start the "
+           "coordinator on it\n", o.db, restore, version,
+           had_wal ? ", replacing its state and the log (-wal) the last coordinator left" : "");
+    return 0;
   }
   if (backup && o.db && optind == argc) {
     int version, rc = store_backup(o.db, backup, &version);

@@ -820,6 +820,157 @@ int store_backup(const char *path, const char *out, int *version) {
   return rc;
 }
 
+/* ---- restoring a backup ---- */
+
+/* PRAGMA quick_check of db, named path in the message: 0 or EFORMAT. */
+static int store_quick_check(sqlite3 *db, const char *what, const char *path) {
+  sqlite3_stmt *q = NULL;
+  int s = sqlite3_prepare_v2(db, "PRAGMA quick_check", -1, &q, NULL);
+  const char *ok = s == SQLITE_OK && sqlite3_step(q) == SQLITE_ROW
+                       ? (const char *)sqlite3_column_text(q, 0) : NULL;
+  int rc = 0;
+  if (!ok || strcmp(ok, "ok"))
+    rc = err_set(FSDP_EFORMAT, "%s %s does not check (PRAGMA quick_check: %s)", what, path,
+                 ok ? ok : sqlite3_errmsg(db));
+  sqlite3_finalize(q);
+  return rc;
+}
+
+/* fsync of path, and of its directory when dir (a name made or removed). */
+static int store_sync_path(const char *path, int dir) {
+  char d[PATH_MAX];
+  snprintf(d, sizeof d, "%s", path);
+  const char *p = dir ? dirname(d) : path;
+  int fd = open(p, O_RDONLY | O_CLOEXEC | (dir ? O_DIRECTORY : 0));
+  int rc = fd < 0 || fsync(fd) ? err_set_errno(FSDP_EIO, errno, "fsync of %s", p) : 0;
+  if (fd >= 0) close(fd);
+  return rc;
+}
+
+/* Answers one PRAGMA that returns text (journal_mode) into out. */
+static int store_pragma_text(store_t *st, const char *sql, char *out, size_t cap) {
+  sqlite3_stmt *q = NULL;
+  int s = sqlite3_prepare_v2(st->db, sql, -1, &q, NULL);
+  if (s == SQLITE_OK && (s = sqlite3_step(q)) == SQLITE_ROW) s = SQLITE_OK;
+  if (s == SQLITE_OK) st_col_text(q, 0, out, cap);
+  sqlite3_finalize(q);
+  return s == SQLITE_OK ? 0 : store_sqlite_err(st, s, sql);
+}
+
+/* The backup is read (checked, then copied) as store_backup reads its
+ * source; the database is written only through SQLite on a connection
+ * opened as the coordinator opens it, under its lock: SQLite first recovers
+ * a log a killed coordinator left (FILE-wal, those commits belong to FILE),
+ * journal_mode=DELETE folds that log into FILE and removes it, and the
+ * backup API then overwrites every page in one rollback-journal transaction
+ * (a crash in it is rolled back at the next open, to FILE as it was), so
+ * nothing of the old log can be replayed over the result. A plain file copy
+ * would leave FILE-wal to be replayed over the backup at the next start. */
+int store_restore(const char *path, const char *backup, int *version, int *had_wal) {
+  store_t src = {0}, dst = {.lock_fd = -1};
+  int rc = check_text("state database path", path, sizeof dst.path, 0), s;
+  *version = 0, *had_wal = 0;
+  snprintf(src.path, sizeof src.path, "%s", backup);
+  snprintf(dst.path, sizeof dst.path, "%s", path);
+  src.busy_ms = dst.busy_ms = STORE_BUSY_MS;
+  struct stat sa, sb;
+  if (!rc && !stat(path, &sa) && !stat(backup, &sb) && sa.st_dev == sb.st_dev &&
+      sa.st_ino == sb.st_ino)
+    rc = err_set(FSDP_EINVAL, "restore: %s and %s are one file: name the backup to restore", path,
+                 backup);
+  /* the backup: ours, of a schema this build reads, whole */
+  if (!rc && (s = sqlite3_open_v2(backup, &src.db, SQLITE_OPEN_READONLY, NULL)) != SQLITE_OK)
+    rc = store_sqlite_err(&src, s, NULL);
+  if (!rc) {
+    sqlite3_busy_timeout(src.db, STORE_BUSY_MS);
+    rc = store_check_file(&src, version);
+  }
+  if (!rc && *version == 0)
+    rc = err_set(FSDP_ENOENT, "%s holds no fsdp-coordinator state (no schema)", backup);
+  if (!rc) rc = store_quick_check(src.db, "the backup", backup);
+  if (rc) {
+    err_wrap(rc, "restore: the backup was not restored, and %s was left as it was", path);
+    goto out;
+  }
+  /* the database: ours or new (checked before its lock and mode are
+   * touched), and no coordinator on it */
+  char wal[sizeof dst.path + 8];
+  snprintf(wal, sizeof wal, "%s-wal", path);
+  if (!stat(wal, &sa) && sa.st_size > 0) *had_wal = 1;
+  if (access(path, F_OK) && (rc = store_private_file(path))) goto out; /* new: 0600 */
+  if ((s = sqlite3_open_v2(path, &dst.db, SQLITE_OPEN_READWRITE, NULL)) != SQLITE_OK) {
+    rc = store_sqlite_err(&dst, s, NULL);
+    goto out;
+  }
+  sqlite3_extended_result_codes(dst.db, 1);
+  sqlite3_busy_timeout(dst.db, STORE_BUSY_MS);
+  /* the first read recovers a log left by a killed coordinator (into the
+   * shared memory only: the file is not written yet) */
+  const int64_t tables = st_int(&dst, 0, "SELECT count(*) FROM sqlite_schema");
+  const int64_t app = st_int(&dst, 0, "PRAGMA application_id");
+  if (dst.rc) {
+    rc = err_set(FSDP_EFORMAT, "restore: %s is damaged or not a SQLite database (%s), so the "
+                 "backup cannot be written into it through SQLite; it was left as it was: move "
+                 "it and its -wal and -shm files away, then restore onto the path again",
+                 path, sqlite3_errmsg(dst.db));
+    goto out;
+  }
+  if (app != STORE_APP_ID && (app != 0 || tables > 0)) {
+    rc = err_set(FSDP_EFORMAT, "restore: %s is a SQLite database of another program "
+                 "(application_id %lld, %lld tables), not an fsdp-coordinator state file: left as "
+                 "it was; check --db", path, (long long)app, (long long)tables);
+    goto out;
+  }
+  if ((rc = store_lock(&dst))) {
+    err_wrap(rc, "restore: nothing was restored");
+    goto out;
+  }
+  if ((rc = store_private_file(path))) goto out;
+  /* the old log folded into FILE and removed; synchronous=EXTRA also
+   * syncs the directory as the transaction's journal goes */
+  char mode[16] = "";
+  if ((rc = store_pragma_text(&dst, "PRAGMA journal_mode = DELETE", mode, sizeof mode))) goto out;
+  if (strcmp(mode, "delete")) {
+    rc = err_set(FSDP_ETIMEDOUT, "restore: %s is open elsewhere (a --backup, the sqlite3 shell?) "
+                 "and its log cannot be folded in now (journal mode stays %s): nothing was "
+                 "restored; try again once it is closed", path, mode);
+    goto out;
+  }
+  if ((s = sqlite3_exec(dst.db, "PRAGMA synchronous = EXTRA", NULL, NULL, NULL)) != SQLITE_OK) {
+    rc = store_sqlite_err(&dst, s, NULL);
+    goto out;
+  }
+  sqlite3_backup *b = sqlite3_backup_init(dst.db, "main", src.db, "main");
+  if (!b) {
+    rc = err_set(FSDP_EIO, "restore of %s into %s: %s", backup, path, sqlite3_errmsg(dst.db));
+    goto out;
+  }
+  /* all pages in one step: one transaction, all or nothing */
+  for (int tries = 0; (s = sqlite3_backup_step(b, -1)) == SQLITE_BUSY || s == SQLITE_LOCKED;
+       tries++) {
+    if (tries * 10 > STORE_BUSY_MS) break;
+    sqlite3_sleep(10);
+  }
+  const int f = sqlite3_backup_finish(b);
+  if (s != SQLITE_DONE || f != SQLITE_OK) {
+    rc = err_set(FSDP_EIO, "restore of %s into %s: %s: nothing was restored, %s is as it was",
+                 backup, path, sqlite3_errstr(s != SQLITE_DONE ? s : f), path);
+    goto out;
+  }
+  if ((rc = store_quick_check(dst.db, "restore: the restored", path))) goto out;
+out:
+  for (int i = 0; i < src.n_cache; i++) sqlite3_finalize(src.cache[i].stmt);
+  for (int i = 0; i < dst.n_cache; i++) sqlite3_finalize(dst.cache[i].stmt);
+  sqlite3_close(src.db);
+  if (dst.db && sqlite3_close(dst.db) != SQLITE_OK && !rc)
+    rc = err_set(FSDP_EIO, "restore: closing %s", path);
+  if (!rc) rc = store_sync_path(path, 0);
+  if (!rc) rc = store_sync_path(path, 1);
+  if (dst.lock_fd >= 0) close(dst.lock_fd);
+  return rc;
+}
+
+
 /* ---- rows ---- */
 static void device_row(sqlite3_stmt *s, void *item) {
   store_device_t *d = item;

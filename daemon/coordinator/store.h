@@ -316,6 +316,17 @@ int store_schema_from(const store_t *st);
  * renamed, so out is whole or absent; an existing out is refused, and so is
  * a path that is not an fsdp-coordinator database. *version: its schema. */
 int store_backup(const char *path, const char *out, int *version);
+/* Replaces the database at path with the backup at backup, for a
+ * coordinator to start on: refused (ESTATE) while a store holds path's lock,
+ * and (EFORMAT or ENOENT, both files left as they were) for a backup that is
+ * not an fsdp-coordinator database, of a newer schema, or damaged, and for a
+ * path holding another program's database or no SQLite database. Written
+ * through SQLite (the log a killed coordinator left is folded into path,
+ * then every page overwritten in one transaction), so path is the backup
+ * exactly, with no log left to be replayed over it, or, on any failure, as
+ * it was; fsynced with its directory, mode 0600. *version: the backup's
+ * schema; *had_wal: 1 when path had a log (FILE-wal) beforehand. */
+int store_restore(const char *path, const char *backup, int *version, int *had_wal);
 
 /* ---- nodes ---- */
 /* Registers a node by name (a known name is updated: address, devices, ALIVE

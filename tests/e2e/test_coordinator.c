@@ -1783,6 +1783,58 @@ Test(coordinator, a_retried_submit_finds_its_job_across_a_restart) {
   protobuf_c_message_free_unpacked(&lr->base, NULL);
 }
 
+/* The jobs ListJobs gives. */
+static size_t n_jobs(void) {
+  Fsdp__V1__ListJobsRequest q = FSDP__V1__LIST_JOBS_REQUEST__INIT;
+  Fsdp__V1__ListJobsReply *r = NULL;
+  cr_assert_eq(CALL("ListJobs", q, list_jobs_reply, &r), 0, "%s", err_msg());
+  const size_t n = r->n_jobs;
+  protobuf_c_message_free_unpacked(&r->base, NULL);
+  return n;
+}
+
+#define RESTORE_LATER_JOBS 60 /* submitted after the backup: the database grows */
+
+/* The tester's case: a backup taken with --backup while the coordinator
+ * runs, more jobs, the coordinator killed with SIGKILL (its log, state.db-wal,
+ * stays). `--restore` is refused while a coordinator runs, then gives a
+ * database on which the coordinator starts with exactly the backup's one
+ * job, not the 61 the crashed one had (SQLite would replay its log over a
+ * plain copy). */
+Test(coordinator, a_restore_after_a_crash_gives_back_the_backup_not_the_crash) {
+  char d[600], id[32], a[3000], out[8192];
+  data_opt(d, sizeof d);
+  const char *kv[] = {"model=tiny", d, NULL};
+  cr_assert_eq(submit(2, kv, id, sizeof id), 0, "%s", err_msg());
+  char db[600], *bk = tu_path("c1.db");
+  snprintf(db, sizeof db, "%s", co_db);
+  snprintf(a, sizeof a, "--db '%s' --backup '%s'", db, bk);
+  cr_assert_eq(tu_run_bin("fsdp-coordinator", a, out, sizeof out), 0, "%s", out);
+  for (int i = 0; i < RESTORE_LATER_JOBS; i++) {
+    char later[32];
+    cr_assert_eq(submit(2, kv, later, sizeof later), 0, "%s", err_msg());
+  }
+  cr_assert_eq(n_jobs(), 1 + RESTORE_LATER_JOBS);
+  snprintf(a, sizeof a, "--db '%s' --restore '%s'", db, bk);
+  cr_assert_eq(tu_run_bin("fsdp-coordinator", a, out, sizeof out), 1, "restored under a "
+               "running coordinator: %s", out);
+  cr_assert(strstr(out, "in use by another coordinator"), "%s", out);
+  cluster_stop(&co, SIGKILL);
+  struct stat sb;
+  cr_assert(!stat(strcat(strcpy(a, db), "-wal"), &sb) && sb.st_size > 0, "no log left behind");
+
+  snprintf(a, sizeof a, "--db '%s' --restore '%s'", db, bk);
+  cr_assert_eq(tu_run_bin("fsdp-coordinator", a, out, sizeof out), 0, "%s", out);
+  cr_assert(strstr(out, "restored from the backup") && strstr(out, "log (-wal)"), "%s", out);
+  cr_assert(stat(strcat(strcpy(a, db), "-wal"), &sb) || sb.st_size == 0, "a log stayed");
+  co_start(db, "127.0.0.1:0", NULL);
+  client_for(&co, NULL);
+  cr_assert_eq(n_jobs(), 1, "the backup's one job");
+  Fsdp__V1__GetJobReply *j = get_job(id);
+  reply_free(j);
+  free(bk);
+}
+
 /* ---- checkpoints ------------------------------------------------------------ */
 
 #include <sys/stat.h>

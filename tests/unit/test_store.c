@@ -1610,3 +1610,172 @@ Test(store, a_backup_is_the_last_committed_state_and_never_replaces_a_file) {
   cr_assert_eq(store_backup(tpath("other.db"), tpath("other-backup.db"), &version), FSDP_EFORMAT);
   cr_assert_neq(access(tpath("other-backup.db"), F_OK), 0);
 }
+
+/* ---- restoring a backup ---- */
+
+/* FNV-1a of a file's bytes; 0 when it is absent. */
+static uint64_t file_hash(const char *name) {
+  FILE *f = fopen(tpath(name), "rb");
+  if (!f) return 0;
+  uint64_t h = 1469598103934665603ull;
+  for (int c; (c = fgetc(f)) != EOF;) h = (h ^ (unsigned)c) * 1099511628211ull;
+  fclose(f);
+  return h;
+}
+
+static void copy_file(const char *from, const char *to) {
+  FILE *a = fopen(tpath(from), "rb"), *b = fopen(tpath(to), "wb");
+  cr_assert(a && b, "copy %s to %s", from, to);
+  char buf[8192];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, a)) > 0;) cr_assert_eq(fwrite(buf, 1, n, b), n);
+  fclose(a), fclose(b);
+}
+
+static off_t file_size(const char *name) {
+  struct stat sb;
+  return stat(tpath(name), &sb) ? -1 : sb.st_size;
+}
+
+#define RESTORE_MORE_JOBS 200 /* after the backup: the database grows (its page 1 in the log) */
+
+/* A coordinator (a child) opens the database name, commits jobs jobs and is
+ * killed with SIGKILL, leaving its log (name-wal). */
+static void killed_writer(const char *name, int jobs) {
+  int go[2];
+  cr_assert_eq(pipe(go), 0);
+  pid_t child = fork();
+  cr_assert_geq(child, 0);
+  if (child == 0) {
+    store_t *st;
+    if (store_open(tpath(name), NULL, &st)) _exit(2);
+    store_job_spec_t js = {.name = "after-the-backup", .spec = "steps = 10\n", .world_size = 2,
+                           .mesh = "1x2"};
+    for (int i = 0; i < jobs; i++)
+      if (store_job_submit(st, &js, NULL)) _exit(3);
+    (void)!write(go[1], "x", 1);
+    pause(); /* killed */
+    _exit(0);
+  }
+  char b;
+  cr_assert_eq(read(go[0], &b, 1), 1, "the child committed its jobs");
+  kill(child, SIGKILL);
+  int status;
+  cr_assert_eq(waitpid(child, &status, 0), child);
+  close(go[0]), close(go[1]);
+  char wal[64];
+  snprintf(wal, sizeof wal, "%s-wal", name);
+  cr_assert_gt(file_size(wal), 0, "the killed coordinator left its log");
+}
+
+/* state.db with one job and node, its backup backup.db, then a coordinator
+ * (a child) that commits RESTORE_MORE_JOBS more and is killed with SIGKILL,
+ * leaving state.db-wal. */
+static void crashed_after_a_backup(void) {
+  store_t *st = open_db("state.db");
+  add_node(st, "n0", 2);
+  submit(st, "before-the-backup", 2, 0);
+  store_close(st);
+  int version;
+  cr_assert_eq(store_backup(tpath("state.db"), tpath("backup.db"), &version), 0, "%s", err_msg());
+  killed_writer("state.db", RESTORE_MORE_JOBS);
+}
+
+/* The tester's case: a backup restored after a crash is the backup, row for
+ * row, not the backup with the dead coordinator's log replayed over it
+ * (which a plain copy over state.db gives), and leaves no log behind; the
+ * restored file is private and opens as any. */
+Test(store, a_restore_after_a_crash_is_exactly_the_backup) {
+  crashed_after_a_backup();
+  const uint64_t want = digest("backup.db");
+
+  int version, had_wal;
+  cr_assert_eq(chmod(tpath("state.db"), 0644), 0);
+  cr_assert_eq(store_restore(tpath("state.db"), tpath("backup.db"), &version, &had_wal), 0, "%s",
+               err_msg());
+  cr_assert_eq(version, STORE_SCHEMA_VERSION);
+  cr_assert_eq(had_wal, 1);
+  cr_assert_leq(file_size("state.db-wal"), 0, "no log left to replay");
+  struct stat sb;
+  cr_assert_eq(stat(tpath("state.db"), &sb), 0);
+  cr_assert_eq(sb.st_mode & 0777, 0600);
+  store_t *st = open_db("state.db");
+  store_job_t *jobs;
+  int n;
+  cr_assert_eq(store_job_list(st, 0, 0, 0, &jobs, &n), 0, "%s", err_msg());
+  cr_assert_eq(n, 1, "the backup's one job, not %d", n);
+  cr_assert_str_eq(jobs[0].name, "before-the-backup");
+  store_jobs_free(jobs, n);
+  store_close(st);
+  cr_assert(digest("state.db") == want, "the restored database holds the backup's rows");
+  sqlite3 *db = raw_open("state.db");
+  raw_text_eq(db, "PRAGMA integrity_check", "ok");
+  sqlite3_close(db);
+  /* onto a path with no file: made, private */
+  cr_assert_eq(store_restore(tpath("new.db"), tpath("backup.db"), &version, &had_wal), 0, "%s",
+               err_msg());
+  cr_assert_eq(had_wal, 0);
+  cr_assert_eq(stat(tpath("new.db"), &sb), 0);
+  cr_assert_eq(sb.st_mode & 0777, 0600);
+  cr_assert(digest("new.db") == want);
+}
+
+/* A restore is refused while a store (a coordinator) holds the database,
+ * and for a backup that is not one of ours, of a newer schema, damaged or
+ * empty, and onto another program's database: each leaves both files
+ * byte for byte as they were. */
+Test(store, a_restore_refused_leaves_both_files_as_they_were) {
+  store_t *st = open_db("state.db");
+  submit(st, "kept", 2, 0);
+  int version, had_wal;
+  cr_assert_eq(store_backup(tpath("state.db"), tpath("backup.db"), &version), 0, "%s", err_msg());
+  submit(st, "after", 2, 0);
+  const uint64_t live = digest("state.db");
+  cr_assert_eq(store_restore(tpath("state.db"), tpath("backup.db"), &version, &had_wal),
+               FSDP_ESTATE, "while the store is open");
+  cr_expect(strstr(err_msg(), "in use by another coordinator"), "%s", err_msg());
+  cr_assert(digest("state.db") == live);
+  store_close(st);
+
+  sqlite3 *db = raw_open("other.db");
+  cr_assert_eq(sqlite3_exec(db, "CREATE TABLE t (x); INSERT INTO t VALUES (1)", NULL, NULL, NULL),
+               SQLITE_OK);
+  sqlite3_close(db);
+  copy_file("backup.db", "newer.db");
+  db = raw_open("newer.db");
+  cr_assert_eq(sqlite3_exec(db, "PRAGMA user_version = 1000", NULL, NULL, NULL), SQLITE_OK);
+  sqlite3_close(db);
+  FILE *f = fopen(tpath("junk.db"), "wb");
+  cr_assert_not_null(f);
+  for (int i = 0; i < 8192; i++) fputc(i * 7 & 0xff, f);
+  fclose(f);
+  f = fopen(tpath("empty.db"), "wb");
+  fclose(f);
+  struct {
+    const char *db, *backup;
+    int code;
+    const char *says;
+  } no[] = {
+      {"state.db", "other.db", FSDP_EFORMAT, "another program"},
+      {"state.db", "newer.db", FSDP_EFORMAT, "newer"},
+      {"state.db", "junk.db", FSDP_EFORMAT, "not a SQLite database"},
+      {"state.db", "empty.db", FSDP_ENOENT, "no schema"},
+      {"state.db", "state.db", FSDP_EINVAL, "one file"},
+      {"other.db", "backup.db", FSDP_EFORMAT, "another program"},
+      {"junk.db", "backup.db", FSDP_EFORMAT, "move it"},
+  };
+  for (size_t i = 0; i < sizeof no / sizeof no[0]; i++) {
+    const uint64_t d = file_hash(no[i].db), b = file_hash(no[i].backup);
+    struct stat was;
+    cr_assert_eq(chmod(tpath(no[i].db), 0640), 0);
+    cr_assert_eq(stat(tpath(no[i].db), &was), 0);
+    cr_assert_eq(store_restore(tpath(no[i].db), tpath(no[i].backup), &version, &had_wal),
+                 no[i].code, "%s onto %s: %s", no[i].backup, no[i].db, err_msg());
+    cr_expect(strstr(err_msg(), no[i].says), "%s onto %s: %s", no[i].backup, no[i].db, err_msg());
+    cr_assert(file_hash(no[i].db) == d && file_hash(no[i].backup) == b,
+              "%s onto %s changed a file", no[i].backup, no[i].db);
+    struct stat now;
+    cr_assert_eq(stat(tpath(no[i].db), &now), 0);
+    cr_assert_eq(now.st_mode, was.st_mode, "%s onto %s: its mode changed", no[i].backup, no[i].db);
+  }
+  cr_assert(digest("state.db") == live);
+}
