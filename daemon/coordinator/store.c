@@ -897,7 +897,7 @@ int store_restore(const char *path, const char *backup, int *version, int *had_w
   char wal[sizeof dst.path + 8];
   snprintf(wal, sizeof wal, "%s-wal", path);
   if (!stat(wal, &sa) && sa.st_size > 0) *had_wal = 1;
-  if (access(path, F_OK) && (rc = store_private_file(path))) goto out; /* new: 0600 */
+  if ((rc = store_private_file(path, 1))) goto out; /* new: 0600 */
   if ((s = sqlite3_open_v2(path, &dst.db, SQLITE_OPEN_READWRITE, NULL)) != SQLITE_OK) {
     rc = store_sqlite_err(&dst, s, NULL);
     goto out;
@@ -925,7 +925,7 @@ int store_restore(const char *path, const char *backup, int *version, int *had_w
     err_wrap(rc, "restore: nothing was restored");
     goto out;
   }
-  if ((rc = store_private_file(path))) goto out;
+  if ((rc = store_private_file(path, 0))) goto out;
   /* the old log folded into FILE and removed; synchronous=EXTRA also
    * syncs the directory as the transaction's journal goes */
   char mode[16] = "";
