@@ -68,6 +68,7 @@ typedef struct fsdpd {
   double refused_s; /* a first registration refused this long ends fsdpd */
   const char *metrics_listen;
   const char *advertise; /* the Node service's address as registered (NULL: from --listen) */
+  int advertise_host;     /* --advertise is a host alone: registered with the bound port */
   int insecure;          /* --insecure: the Node service beyond loopback without tokens */
   metrics_server_t *metrics;
   /* state */
@@ -101,8 +102,11 @@ static void usage(FILE *f) {
     "  --insecure            serve the Node service beyond loopback without tokens: anyone\n"
     "                        who reaches it reads every rank's log (a closed, trusted\n"
     "                        network only; else refused)\n"
-    "  --advertise HOST:PORT the Node service's address as registered, where fsdpctl logs\n"
-    "                        reaches it when --listen's is not (a pod's IP behind NAT)\n"
+    "  --advertise HOST[:PORT]\n"
+    "                        the Node service's address as registered, where fsdpctl logs\n"
+    "                        reaches it when --listen's is not (a pod's IP behind NAT, a\n"
+    "                        Slurm node name that is no host name); HOST alone: with the\n"
+    "                        bound port (IPv6 in brackets)\n"
     "  --rank-host HOST      IPv4 or IPv6 address ranks listen on for their ring\n"
     "                        (default 127.0.0.1)\n"
     "  --work-dir DIR        job files and rank logs (default /var/lib/fsdpd as root, else\n"
@@ -371,14 +375,24 @@ static int fsdpd_options(fsdpd_t *D, int argc, char **argv, int *as_user, unsign
   if (!D->coordinator) D->coordinator = getenv("FSDP_COORDINATOR");
   if (!D->coordinator || !*D->coordinator)
     return bad("--coordinator", "%s", "required (or FSDP_COORDINATOR): the coordinator's host:port");
-  if (D->advertise) { /* what clients dial: HOST:PORT, a real port */
-    const char *colon = strrchr(D->advertise, ':');
-    char *pend;
-    const long port = colon ? strtol(colon + 1, &pend, 10) : 0;
-    if (!colon || colon == D->advertise || !colon[1] || *pend || port < 1 || port > 65535 ||
-        strlen(D->advertise) >= sizeof D->address)
-      return bad("--advertise", "\"%s\" is not HOST:PORT with a port from 1 to 65535",
-                 D->advertise);
+  if (D->advertise) { /* what clients dial: HOST:PORT with a real port, or HOST alone */
+    const char *a = D->advertise, *colon = strrchr(a, ':');
+    const size_t n = strlen(a);
+    const int bracketed = a[0] == '[', host_only = !colon || (bracketed && a[n - 1] == ']');
+    const size_t hl = host_only ? n : (size_t)(colon - a); /* the host's length */
+    char *pend = NULL;
+    const long port = host_only ? 1 : strtol(colon + 1, &pend, 10);
+    /* an IPv6 host in brackets ([fd00::5]), so that its last colon is not a port's */
+    const int host_ok = bracketed ? hl > 2 && a[hl - 1] == ']' && !memchr(a + 1, '[', hl - 1)
+                                  : hl > 0 && !memchr(a, ':', hl) && !memchr(a, ']', hl);
+    if (!host_ok || (!host_only && (!colon[1] || *pend || port < 1 || port > 65535)) ||
+        hl + sizeof ":65535" > sizeof D->address)
+      return bad("--advertise", "\"%s\" is neither HOST nor HOST:PORT with a port from 1 to "
+                 "65535 (an IPv6 address in brackets)", a);
+    if (host_only && !strncmp(D->listen, "unix:", 5))
+      return bad("--advertise", "\"%s\" has no port, and a unix: --listen has none to add",
+                 a);
+    D->advertise_host = host_only;
   }
   /* the Node service (every rank's log) open beyond loopback: only when
    * the operator says so (a unit started before its tokens were set up) */
@@ -621,7 +635,9 @@ int main(int argc, char **argv) {
   const char *colon = strrchr(D.listen, ':');
   int hl = colon ? (int)(colon - D.listen) : (int)strlen(D.listen);
   int any = !strncmp(D.listen, "0.0.0.0", (size_t)hl) || !strncmp(D.listen, "[::]", (size_t)hl) || !hl;
-  if (D.advertise) snprintf(D.address, sizeof D.address, "%s", D.advertise);
+  if (D.advertise_host)
+    snprintf(D.address, sizeof D.address, "%s:%d", D.advertise, rpc_server_port(D.server));
+  else if (D.advertise) snprintf(D.address, sizeof D.address, "%s", D.advertise);
   else if (!strncmp(D.listen, "unix:", 5)) snprintf(D.address, sizeof D.address, "%s", D.listen);
   else snprintf(D.address, sizeof D.address, "%.*s:%d", any ? (int)strlen(D.name) : hl,
                 any ? D.name : D.listen, rpc_server_port(D.server));

@@ -1531,14 +1531,13 @@ Test(fsdpd, open_rank_logs_beyond_loopback_are_refused_unless_insecure, .timeout
   free(nt);
 }
 
-/* --advertise: the Node service's address as registered, where clients
- * reach it when the listen address is not theirs to dial (a pod's 0.0.0.0
- * registered as the host node's name, which no port answers on); a bad one
- * is refused at start. */
-Test(fsdpd, advertise_is_the_registered_node_address, .timeout = 20 * TU_SLOW) {
-  char listen[64], adv[64];
+/* fsdpd on a free loopback port with --advertise adv registers the Node
+ * service at want; in both, %s stands for that port. */
+static void advertised_as(const char *adv_fmt, const char *want_fmt) {
+  char listen[64], adv[64], want[64];
   close(tu_listen_loopback(listen, sizeof listen)); /* a free port */
-  snprintf(adv, sizeof adv, "localhost:%s", strrchr(listen, ':') + 1);
+  snprintf(adv, sizeof adv, adv_fmt, strrchr(listen, ':') + 1);
+  snprintf(want, sizeof want, want_fmt, strrchr(listen, ':') + 1);
   const char *args[] = {"--devices", "cpu:1", "--work-dir", workdir, "--listen", listen,
                         "--advertise", adv, geteuid() == 0 ? "--run-as" : NULL, "nobody", NULL};
   fsdpd_pid = fsdpd_spawn(args);
@@ -1548,15 +1547,50 @@ Test(fsdpd, advertise_is_the_registered_node_address, .timeout = 20 * TU_SLOW) {
   char got[128];
   snprintf(got, sizeof got, "%s", F.reg_address);
   pthread_mutex_unlock(&F.mu);
-  cr_assert_str_eq(got, adv);
-  const char *bad[] = {"--devices", "cpu:1", "--work-dir", workdir, "--advertise", "10.0.0.5",
-                       NULL};
-  int pid = fsdpd_spawn(bad), status;
+  cr_assert_str_eq(got, want);
+}
+
+/* fsdpd with the options args (after --coordinator) exits 2 at start,
+ * saying want. */
+static void refused_at_start(const char *const *args, const char *want) {
+  cr_assert_eq(truncate(fsdpd_log, 0), 0);
+  int pid = fsdpd_spawn(args), status;
   cr_assert_eq(waitpid(pid, &status, 0), pid);
   char *out = tu_slurp(fsdpd_log, NULL);
-  cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 2, "status 0x%x", status);
-  cr_expect(strstr(out, "--advertise: \"10.0.0.5\" is not HOST:PORT"), "%s", out);
+  cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 2, "%s: status 0x%x", want, status);
+  cr_expect(strstr(out, want), "wanted \"%s\": %s", want, out);
   free(out);
+}
+
+/* --advertise: the Node service's address as registered, where clients
+ * reach it when the listen address is not theirs to dial (a pod's 0.0.0.0
+ * registered as the host node's name, which no port answers on); a bad one
+ * is refused at start. */
+Test(fsdpd, advertise_is_the_registered_node_address, .timeout = 20 * TU_SLOW) {
+  advertised_as("localhost:%s", "localhost:%s");
+  /* a port 0, none after the colon, one out of range, an IPv6 address out
+   * of brackets (its last colon read as a port's), no host, a bracket left
+   * open or followed by anything but a port */
+  static const char *const bads[] = {"10.0.0.5:0", "10.0.0.5:", "host:65536", "fe80::1", ":7071",
+                                     "[::1", "[]:7071", "[::1]x"};
+  for (size_t i = 0; i < sizeof bads / sizeof *bads; i++) {
+    const char *bad[] = {"--devices", "cpu:1", "--work-dir", workdir, "--advertise", bads[i], NULL};
+    char want[128];
+    snprintf(want, sizeof want, "--advertise: \"%s\" is neither HOST nor HOST:PORT", bads[i]);
+    refused_at_start(bad, want);
+  }
+}
+
+/* --advertise HOST alone: registered with the port the Node service bound,
+ * so that a launcher that listens on port 0 (the Slurm script, on every
+ * address) can still name a host clients resolve (its node's NodeAddr: a
+ * Slurm node name need not be a host name; found by a tester); an IPv6
+ * address in brackets. A unix: socket has no port to add. */
+Test(fsdpd, advertise_a_host_alone_is_registered_with_the_bound_port, .timeout = 20 * TU_SLOW) {
+  advertised_as("[::1]", "[::1]:%s");
+  const char *unix_args[] = {"--devices", "cpu:1", "--work-dir", workdir, "--listen",
+                             "unix:/tmp/fsdpd-no.sock", "--advertise", "localhost", NULL};
+  refused_at_start(unix_args, "a unix: --listen has none to add");
 }
 
 static int j3_done(void) { return F.nexits >= 1 && !strcmp(F.exits[F.nexits - 1].job, "j-3"); }
