@@ -15,6 +15,8 @@
  *   - the coordinator needs tokens the script made for the allocation;
  *   - on two nodes, a 2-rank job runs a rank on each (each fsdpd registered
  *     under its Slurm node name) and ends with a one-machine run's shards;
+ *   - `scancel` of a running job ends its allocation without a requeue and
+ *     cancels the training job;
  *   - nothing is left running afterwards.
  * Slurm's daemons run as root here: as another user the tests skip, saying so. */
 #include <criterion/criterion.h>
@@ -320,27 +322,39 @@ static void same_shards_as_one_machine(const char *jc, const char *ck, const cha
   }
 }
 
+/* The script submitted (no --wait) on a 2-rank job of steps steps,
+ * checkpointing every 300 into ck (made here), with its state in STATE and
+ * output in STATE.out, once its ranks run: its first checkpoint committed
+ * (its manifest's path in man). The Slurm job's id; *jc the job file. */
+static int sbatch_running(const char *state, const char *ck, int steps, char **jc, char *man,
+                          size_t len) {
+  char extra[1024], cmd[4096], out[4096];
+  cr_assert_eq(mkdir(ck, 0777), 0);
+  chmod(ck, 0777);
+  snprintf(extra, sizeof extra, "steps = %d\n[output]\ncheckpoint_dir = %s\ncheckpoint_every = 300\n",
+           steps, ck);
+  snprintf(cmd, sizeof cmd, "%s.conf", state);
+  *jc = job_file(cmd, extra);
+  snprintf(cmd, sizeof cmd, "cd '%s' && env %s FSDP_STATE='%s/%s' sbatch --parsable -o '%s/%s.out' "
+           "'%s/deploy/slurm/fsdp.sbatch' '%s' --ranks 2", tu_tmpdir(), env, tu_tmpdir(), state,
+           tu_tmpdir(), state, root, *jc);
+  cr_assert_eq(tu_sh(cmd, out, sizeof out), 0, "%s", out);
+  const int id = atoi(out);
+  cr_assert_gt(id, 0, "%s", out);
+  snprintf(man, len, "%s/step-00000300/manifest.json", ck);
+  cluster_wait_file(man, 60);
+  return id;
+}
+
 /* A running batch job stopped by cmd (%d: its id): its ranks checkpoint, the
  * allocation is requeued and runs again, resumes from that checkpoint, and
  * ends with the uninterrupted run's bytes. */
 static void preempted_resumes_exactly(const char *how) {
-  char ck[700], ref[700], extra[1024], cmd[4096], out[1 << 14];
+  char ck[700], ref[700], cmd[4096], out[1 << 14], man[800], *jc;
   snprintf(ck, sizeof ck, "%s/ck", tu_tmpdir());
   snprintf(ref, sizeof ref, "%s/ck-ref", tu_tmpdir());
-  cr_assert_eq(mkdir(ck, 0777), 0);
-  chmod(ck, 0777);
   cr_assert_eq(mkdir(ref, 0755), 0);
-  snprintf(extra, sizeof extra, "steps = 3000\n[output]\ncheckpoint_dir = %s\ncheckpoint_every = 300\n", ck);
-  char *jc = job_file("long.conf", extra);
-  snprintf(cmd, sizeof cmd, "cd '%s' && env %s FSDP_STATE='%s/long' sbatch --parsable -o '%s/long.out' "
-           "'%s/deploy/slurm/fsdp.sbatch' '%s' --ranks 2", tu_tmpdir(), env, tu_tmpdir(), tu_tmpdir(),
-           root, jc);
-  cr_assert_eq(tu_sh(cmd, out, sizeof out), 0, "%s", out);
-  const int id = atoi(out);
-  cr_assert_gt(id, 0, "%s", out);
-  char man[800];
-  snprintf(man, sizeof man, "%s/step-00000300/manifest.json", ck);
-  cluster_wait_file(man, 60);
+  const int id = sbatch_running("long", ck, 3000, &jc, man, sizeof man);
   snprintf(cmd, sizeof cmd, how, id);
   run_ok(cmd);
   /* requeued (held cred_expire + 1 s), run again, to its end */
@@ -377,6 +391,50 @@ Test(slurm, a_requeued_job_checkpoints_and_its_next_allocation_resumes_exactly) 
 Test(slurm, a_signal_to_the_batch_script_checkpoints_requeues_and_resumes_exactly) {
   SKIP_UNLESS_ROOT();
   preempted_resumes_exactly("scancel --batch --signal=TERM %d");
+}
+
+/* `scancel JOBID`, a user's cancel: Slurm signals the batch script and
+ * every process of the job once and ends it, and the script must not
+ * requeue it (it did: scancel requeued the allocation, and a second scancel
+ * was needed; found by a tester). The ranks checkpoint as on a preemption,
+ * the training job is cancelled too (a coordinator on its database says so
+ * afterwards, with the checkpoint kept), and the Slurm job ends CANCELLED
+ * with Restarts=0. */
+Test(slurm, a_scancel_ends_the_allocation_and_cancels_the_training_job) {
+  SKIP_UNLESS_ROOT();
+  char ck[700], cmd[4096], out[1 << 14], tok[800], man[800], *jc;
+  snprintf(ck, sizeof ck, "%s/ck-cancel", tu_tmpdir());
+  const int id = sbatch_running("cancel", ck, 100000, &jc, man, sizeof man);
+  snprintf(tok, sizeof tok, "--token-file '%s/cancel/tokens/user.token'", tu_tmpdir());
+  /* the cancel */
+  snprintf(cmd, sizeof cmd, "scancel %d", id);
+  run_ok(cmd);
+  snprintf(cmd, sizeof cmd, "squeue -h -j %d -o '%%T %%r'", id);
+  const double t0 = tu_now_s();
+  while (tu_sh(cmd, out, sizeof out), out[0]) {
+    cr_assert_lt(tu_now_s() - t0, 60 * TU_SLOW, "the job outlived scancel:\n%s", out);
+    cr_assert(!strstr(out, "PENDING"), "scancel requeued the job: %s", out);
+    nanosleep(&(struct timespec){0, 200000000}, NULL);
+  }
+  snprintf(cmd, sizeof cmd, "scontrol show job %d", id);
+  tu_sh(cmd, out, sizeof out);
+  cr_expect(strstr(out, "JobState=CANCELLED") && strstr(out, "Restarts=0"), "%s", out);
+  sbatch_out_says("cancel", "SIGTERM from scancel", 1);
+  sbatch_out_says("cancel", "requeueing the allocation", 0);
+  /* the training job: cancelled, for the scancel, its checkpoints kept */
+  cluster_proc_t c = {0};
+  snprintf(cmd, sizeof cmd, "--user-token-file '%s/cancel/tokens/user.token' "
+           "--node-token-file '%s/cancel/tokens/node.token'", tu_tmpdir(), tu_tmpdir());
+  char db[800];
+  snprintf(db, sizeof db, "%s/cancel/state.db", tu_tmpdir());
+  cluster_coord_start(&c, db, "127.0.0.1:0", cmd);
+  snprintf(cmd, sizeof cmd, "%s status j-1", tok);
+  cluster_ctl(c.addr, cmd, out, sizeof out);
+  cluster_stop(&c, SIGTERM);
+  cr_expect(strstr(out, "CANCELLED") && strstr(out, "scancel"),
+            "the training job was not cancelled with the allocation:\n%s", out);
+  cr_expect_eq(access(man, F_OK), 0, "%s: the committed checkpoint is gone", man);
+  free(jc);
 }
 
 /* Two Slurm nodes: the script starts an fsdpd on each, registered under its
