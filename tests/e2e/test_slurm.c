@@ -16,7 +16,8 @@
  *   - on two nodes, a 2-rank job runs a rank on each (each fsdpd registered
  *     under its Slurm node name) and ends with a one-machine run's shards;
  *   - `scancel` of a running job ends its allocation without a requeue and
- *     cancels the training job;
+ *     cancels the training job; fsdpd is registered at its node's NodeAddr
+ *     (where fsdpctl logs reaches it), not at a Slurm node name;
  *   - nothing is left running afterwards.
  * Slurm's daemons run as root here: as another user the tests skip, saying so. */
 #include <criterion/criterion.h>
@@ -34,6 +35,7 @@
 #pragma GCC diagnostic ignored "-Wformat-truncation"
 
 static char dir[600], conf[700], env[2048], root[4096];
+static int fsdp_port; /* the coordinator's, FSDP_PORT */
 static pid_t daemons[4]; /* slurmctld, slurmd of n1 and of n2, munged */
 
 static pid_t pid_of(const char *file) {
@@ -110,11 +112,12 @@ static void setup(void) {
     cr_assert_gt(daemons[i], 0, "no pid in %s", p);
   }
   /* what the batch script needs, as a user would export it */
+  fsdp_port = free_port();
   snprintf(env, sizeof env, "FSDP_BIN='%s/bin' FSDP_ROOT='%s' FSDP_PORT=%d FSDP_COORD_HOST=127.0.0.1 "
            "FSDP_DEVICES=cpu:2 FSDP_GRACE=20 "
            /* expanded on the node, as a per-node --rank-host would be */
            "FSDPD_ARGS='--run-as nobody --rank-host $(echo 127.0.0.1)'", root, tu_tmpdir(),
-           free_port());
+           fsdp_port);
 }
 
 static void teardown(void) {
@@ -399,13 +402,31 @@ Test(slurm, a_signal_to_the_batch_script_checkpoints_requeues_and_resumes_exactl
  * was needed; found by a tester). The ranks checkpoint as on a preemption,
  * the training job is cancelled too (a coordinator on its database says so
  * afterwards, with the checkpoint kept), and the Slurm job ends CANCELLED
- * with Restarts=0. */
+ * with Restarts=0. While it runs, each fsdpd is registered at its node's
+ * NodeAddr (127.0.0.1 here), not at its Slurm node name (n1, which no
+ * resolver knows): fsdpctl logs reads a rank's log (it failed with "DNS
+ * resolution failed for n1:PORT"; found by the same tester). */
 Test(slurm, a_scancel_ends_the_allocation_and_cancels_the_training_job) {
   SKIP_UNLESS_ROOT();
   char ck[700], cmd[4096], out[1 << 14], tok[800], man[800], *jc;
   snprintf(ck, sizeof ck, "%s/ck-cancel", tu_tmpdir());
   const int id = sbatch_running("cancel", ck, 100000, &jc, man, sizeof man);
   snprintf(tok, sizeof tok, "--token-file '%s/cancel/tokens/user.token'", tu_tmpdir());
+  /* the node's registered address is one fsdpctl reaches */
+  char coord[64], rlog[800];
+  snprintf(coord, sizeof coord, "127.0.0.1:%d", fsdp_port);
+  snprintf(cmd, sizeof cmd, "%s nodes", tok);
+  cr_expect_eq(cluster_ctl(coord, cmd, out, sizeof out), 0, "%s", out);
+  cr_expect(strstr(out, " 127.0.0.1:") && !strstr(out, " n1:"),
+            "fsdpd is not registered at its NodeAddr, 127.0.0.1:\n%s", out);
+  snprintf(rlog, sizeof rlog, "%s/cancel-rank-0.log", tu_tmpdir());
+  snprintf(cmd, sizeof cmd, "'%s/bin/fsdpctl' --coordinator %s %s logs j-1 --rank 0 >'%s' 2>&1",
+           root, coord, tok, rlog);
+  const int rc = tu_sh(cmd, out, sizeof out);
+  char *text = tu_slurp(rlog, NULL);
+  cr_expect(rc == 0 && text && strstr(text, "step "), "fsdpctl logs: exit %d:\n%.2000s", rc,
+            text ? text : "");
+  free(text);
   /* the cancel */
   snprintf(cmd, sizeof cmd, "scancel %d", id);
   run_ok(cmd);
