@@ -108,6 +108,7 @@ void metrics_ranks_write(metrics_buf_t *b, const metrics_rank_t *r, int n) {
       char rank[16];
       snprintf(rank, sizeof rank, "%d", r[i].rank);
       if (f < 3) {
+        if (r[i].unreported) continue; /* a start's zeros would read as step 0, a perfect loss */
         const double v = f == 0 ? r[i].step : f == 1 ? r[i].loss : r[i].tokens_per_s;
         metrics_sample(b, fam[f].name, (const char *[]){"job", r[i].job, "rank", rank, NULL}, v);
         continue;

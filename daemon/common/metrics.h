@@ -52,6 +52,7 @@ typedef struct metrics_rank {
   char job[32];
   int rank;
   double step, loss, tokens_per_s;
+  int unreported; /* no step reported yet: no step, loss or tokens/s series (memory only) */
   int ncat;
   const char *const *cat;           /* memory categories ... */
   const uint64_t *cur, *peak;       /* ... and their bytes now and at peak */

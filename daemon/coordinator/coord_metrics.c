@@ -79,6 +79,7 @@ void coord_metrics_render(metrics_buf_t *b, void *arg) {
       if (!coord_metrics_running(run, nrun, x->job, x->epoch)) continue;
       coord_id_str(r[i].job, sizeof r[i].job, 'j', x->job);
       r[i].rank = x->rank, r[i].step = (double)x->step, r[i].loss = x->loss;
+      r[i].unreported = !x->reported;
       r[i].tokens_per_s = x->tokens_per_s, r[i].ncat = x->ncat;
       for (int k = 0; k < x->ncat; k++) cats[i * COORD_CATS + k] = x->cat[k];
       r[i].cat = &cats[i * COORD_CATS], r[i].cur = x->cur, r[i].peak = x->peak;

@@ -1388,6 +1388,7 @@ void ranks_metrics(const ranks_t *R, metrics_buf_t *b) {
       metrics_rank_t *x = &m[k++];
       snprintf(x->job, sizeof x->job, "%s", rk_job(rk));
       x->rank = (int)rk->a->rank, x->step = (double)st->step, x->loss = st->loss;
+      x->unreported = (int)st->unreported;
       x->tokens_per_s = st->tokens_per_s, x->ncat = (int)st->n_memory;
       x->cat = &cats[at], x->cur = &bytes[2 * at], x->peak = &bytes[2 * at + st->n_memory];
       for (size_t i = 0; i < st->n_memory; i++) {

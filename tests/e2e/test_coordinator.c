@@ -3530,6 +3530,13 @@ Test(coordinator, an_ended_jobs_ranks_leave_the_metrics) {
   cr_assert_eq(submit(2, kv, id, sizeof id), 0, "%s", err_msg());
   cr_assert_eq(collect(&n, id, 2, NULL), 2);
   Fsdp__V1__RankStatus rs[2], *rp[2];
+  /* started, no step reported: no step or loss series (a start's zeros
+   * read as step 0 and a perfect loss), its memory already */
+  running_ranks(rs, rp, id, 0);
+  rs[0].unreported = rs[1].unreported = 1;
+  protobuf_c_message_free_unpacked(&heartbeat(&n, rp, 2)->base, NULL);
+  snprintf(series, sizeof series, "fsdp_rank_loss{job=\"%s\",rank=\"1\"}", id);
+  cr_expect_eq(co_metric(series), -1, "an unreported rank has a loss series");
   running_ranks(rs, rp, id, 30);
   protobuf_c_message_free_unpacked(&heartbeat(&n, rp, 2)->base, NULL);
   snprintf(series, sizeof series, "fsdp_rank_step{job=\"%s\",rank=\"1\"}", id);
