@@ -659,30 +659,34 @@ static int store_lock(store_t *st) {
  * 0600 when absent (create), else tightened (with a warning) when it is
  * ours and group or others may read it: only once store_check_file found it
  * a database of ours, so another program's file (a mistyped --db) is left
- * as it was. 0, or a code and a message. */
+ * as it was. The tightening goes by path (stat, chmod), never through a
+ * descriptor opened and closed here: closing any descriptor of a file drops
+ * every POSIX lock the process holds on it, SQLite's included. A
+ * coordinator that did so ran on its database unlocked from its second
+ * start on, and a sqlite3 shell closing on the file took itself for the
+ * last connection and deleted the log the coordinator was still writing,
+ * so a crash then lost every change since (found by an outside tester).
+ * (create runs before SQLite has opened the file.) 0, or a code and a
+ * message. */
 static int store_private_file(const char *path, int create) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC | (create ? O_CREAT | O_EXCL : 0), 0600);
-  if (fd < 0 && create && errno != EEXIST) /* SQLite would say only "unable to open" */
-    return err_set_errno(err_from_errno(errno), errno, "%s cannot be created (its directory "
-                         "must exist and be writable)", path);
-  if (fd < 0) return 0; /* there already (create), or SQLite says why it cannot open it */
   if (create) {
-    close(fd);
-    return 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_CREAT | O_EXCL, 0600);
+    if (fd < 0 && errno != EEXIST) /* SQLite would say only "unable to open" */
+      return err_set_errno(err_from_errno(errno), errno, "%s cannot be created (its directory "
+                           "must exist and be writable)", path);
+    if (fd >= 0) close(fd);
+    return 0; /* made, or there already */
   }
   struct stat sb;
-  int rc = 0;
-  if (!fstat(fd, &sb) && S_ISREG(sb.st_mode) && (sb.st_mode & 077) && sb.st_uid == geteuid()) {
-    if (fchmod(fd, sb.st_mode & 0700))
-      rc = err_set_errno(FSDP_EIO, errno, "state database %s: cannot make it private (chmod "
+  if (stat(path, &sb) || !S_ISREG(sb.st_mode) || !(sb.st_mode & 077) || sb.st_uid != geteuid())
+    return 0; /* SQLite says why it cannot open one that is not there */
+  if (chmod(path, sb.st_mode & 0700))
+    return err_set_errno(FSDP_EIO, errno, "state database %s: cannot make it private (chmod "
                          "0600): it holds the running attempts' ring secrets", path);
-    else
-      LOG_WARN("store", "%s: was readable by group or others (mode %03o); now %03o: it holds the "
-               "running attempts' ring secrets", path, (unsigned)(sb.st_mode & 0777),
-               (unsigned)(sb.st_mode & 0700));
-  }
-  close(fd);
-  return rc;
+  LOG_WARN("store", "%s: was readable by group or others (mode %03o); now %03o: it holds the "
+           "running attempts' ring secrets", path, (unsigned)(sb.st_mode & 0777),
+           (unsigned)(sb.st_mode & 0700));
+  return 0;
 }
 
 int store_open(const char *path, const store_opts_t *opts, store_t **out) {

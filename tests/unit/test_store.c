@@ -812,6 +812,39 @@ Test(store, a_dead_node_loses_its_ranks_and_re_registers) {
   store_close(st);
 }
 
+/* A database opened a second time is locked as SQLite locks it, so a
+ * sqlite3 shell of another process that opens it, reads and closes does
+ * not take itself for the last connection and remove the log the store
+ * still writes into (its changes since would go with a crash). Before,
+ * making the file private opened and closed a descriptor of it after
+ * SQLite had, which dropped SQLite's locks. */
+Test(store, a_shell_closing_on_a_reopened_database_leaves_its_log) {
+  store_t *st = open_db("state.db");
+  add_node(st, "a", 1);
+  store_close(st);
+  chmod(tpath("state.db"), 0644); /* tightened at the next open, with a warning */
+  st = open_db("state.db");
+  struct stat sb;
+  cr_assert_eq(stat(tpath("state.db"), &sb), 0);
+  cr_assert_eq(sb.st_mode & 0777, 0600);
+  add_node(st, "b", 1);
+  /* a process of its own image (a fork would share this one's SQLite
+   * lock bookkeeping): Python's sqlite3, on the same library */
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "python3 -c 'import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); "
+           "c.execute(\"SELECT count(*) FROM nodes\").fetchall(); c.close()' '%s'",
+           tpath("state.db"));
+  cr_assert_eq(system(cmd), 0, "%s: the shell's read failed", cmd);
+  cr_assert_eq(access(tpath("state.db-wal"), F_OK), 0, "the log was removed under the open store");
+  add_node(st, "c", 1); /* and the store goes on writing where it is read */
+  store_node_t *nodes;
+  int n;
+  cr_assert_eq(store_node_list(st, &nodes, &n), 0);
+  cr_assert_eq(n, 3);
+  store_nodes_free(nodes, n);
+  store_close(st);
+}
+
 /* A drain is kept with its reason across the node's re-registration and
  * the store's reopening; each change is one event; undrain clears it. */
 Test(store, a_drained_node_stays_drained_until_undrained) {
