@@ -775,26 +775,39 @@ static void coord_fence_pending(coord_t *c) {
   }
 }
 
-static void coord_node_died(coord_t *c, coord_node_t *n, uint64_t now) {
+/* A node gone: silent past the heartbeat timeout (or not back within the
+ * restart grace after a coordinator restart), or (stopped) its fsdpd
+ * stopped and said so in its last heartbeat, which it sends once every rank
+ * it ran has ended and been reported. Ranks still assigned or running there
+ * are lost: their attempts fail, or for a stopped node (ranks it never
+ * started, an assignment that crossed its stop) are requeued as a
+ * preemption is, and need no fence. Only a silent node counts as a death
+ * (fsdp_nodes_declared_dead_total, its alert). */
+void coord_node_gone(coord_t *c, coord_node_t *n, uint64_t now, int stopped) {
   int64_t *jobs = NULL;
   int nj = 0;
   n->dead = 1;
-  c->nodes_died++;
+  n->stopped = stopped;
+  c->nodes_died += !stopped;
   n->session = 0;
   char why[256];
   const double silent = (double)coord_node_silent_ms(c, n, now) / 1000;
-  if (n->awaited)
+  if (stopped)
+    snprintf(why, sizeof why, "node n-%lld stopped (its fsdpd said so as it exited)",
+             (long long)n->id);
+  else if (n->awaited)
     snprintf(why, sizeof why, "node n-%lld did not register again within %.1f s of the "
              "coordinator's restart (--restart-grace-ms): declared dead", (long long)n->id, silent);
   else
     snprintf(why, sizeof why, "node n-%lld was not heard from for %.1f s (heartbeat timeout "
              "%.1f s): declared dead", (long long)n->id, silent, c->o.heartbeat_timeout_ms / 1000.0);
-  int rc = store_node_mark_dead(c->st, n->id, n->heard_unix_ms, &jobs, &nj);
+  int rc = store_node_mark_dead(c->st, n->id, n->heard_unix_ms, stopped, &jobs, &nj);
   if (rc) {
     LOG_WARN("coord", "node n-%lld: %s", (long long)n->id, err_msg());
     return;
   }
-  LOG_WARN("coord", "%s; %d job(s) affected", why, nj);
+  if (stopped) LOG_INFO("coord", "%s; %d job(s) affected", why, nj);
+  else LOG_WARN("coord", "%s; %d job(s) affected", why, nj);
   /* The node may live, cut off: its fsdpd kills its ranks once it has had
    * no answer for the fence (from the send of its last answered call, which
    * is no later than heard_ms). Its jobs' next attempts wait for that. */
@@ -805,12 +818,19 @@ static void coord_node_died(coord_t *c, coord_node_t *n, uint64_t now) {
     int64_t epoch = j.epoch;
     int running = j.state == STORE_JOB_RUNNING;
     store_job_free(&j);
-    coord_job_t *x = running ? coord_job_info(c, jobs[i]) : NULL;
+    if (!running) continue;
+    if (stopped) {
+      coord_kill_attempt(c, jobs[i], epoch, n->id, why);
+      coord_attempt_settle(c, jobs[i], epoch, STORE_ATTEMPT_PREEMPTED, NULL, why);
+      continue;
+    }
+    coord_job_t *x = coord_job_info(c, jobs[i]);
     if (x && fenced > x->fence_until) x->fence_until = fenced, x->fence_node = n->id;
-    if (running) coord_attempt_fail(c, jobs[i], epoch, n->id, why);
+    coord_attempt_fail(c, jobs[i], epoch, n->id, why);
   }
   store_array_free(jobs);
   n->n_order = n->n_sent = 0; /* a dead node is told nothing more; it re-registers */
+  if (n->poll) coord_node_answer(c, n); /* a heartbeat it holds (a stopped one's, cut short) */
   c->dirty = c->nodes_changed = 1;
 }
 
@@ -1137,7 +1157,8 @@ int coord_pic_load(coord_t *c, coord_pic_t *p) {
     p->sn[i] = (sched_node_t){n->id, n->name,
                               n->state == STORE_NODE_ALIVE && ln && ln->session && !ln->dead &&
                                   !ln->stopping && beating,
-                              n->drain_reason[0] != 0};
+                              n->drain_reason[0] != 0,
+                              n->stopped || (ln && ln->stopping && !ln->dead)};
     for (int k = 0; k < n->n_devices; k++) {
       const store_device_t *d = &n->devices[k];
       p->sd[p->nd++] = (sched_device_t){0, i, d->index, store_dev_kind_name(d->kind),
@@ -1516,7 +1537,7 @@ static void coord_tick_cb(uv_timer_t *t) {
     /* (awaited: from the restart, the grace, less the loop's stalls too) */
     if (!n->dead && silent > (uint64_t)c->o.heartbeat_timeout_ms &&
         n->heard_ms + silent >= n->grace_until_ms)
-      coord_node_died(c, n, now);
+      coord_node_gone(c, n, now, 0);
   }
   for (coord_rdv_t *w = c->rdv, *next; w; w = next) {
     next = w->next;

@@ -47,6 +47,7 @@ typedef struct coord_node {
   int64_t heard_unix_ms;
   int dead;
   int stopping;             /* its fsdpd said it is shutting down: no new ranks (until it registers) */
+  int stopped;              /* dead because its fsdpd stopped and said so (coord_node_gone) */
   rpc_call_t *poll;         /* its held heartbeat */
   uint64_t poll_until;      /* when it is answered: its slot */
   uint64_t slot;            /* loop time its next heartbeat is answered (0: none yet) */
@@ -118,7 +119,7 @@ typedef struct coord_job {
   /* A node of its last attempt was declared dead: its fsdpd kills the ranks
    * it runs once the coordinator has been silent for the fence it gave
    * (restart_grace_ms), so the next attempt starts no sooner, lest the old
-   * ranks write checkpoints beside it (coord_node_died) */
+   * ranks write checkpoints beside it (coord_node_gone) */
   uint64_t fence_until;           /* loop time; 0: none */
   int64_t fence_node;
   uint64_t sweep_said;            /* coord_reason_sum of what the last leftover sweep of its
@@ -321,6 +322,7 @@ void coord_rdv_answer(coord_t *c, int64_t job, int64_t epoch, const char *group)
 /* Calls held open: a node's heartbeat (long poll), a rendezvous waiting for
  * its group, a WatchJob stream. */
 void coord_node_hold(coord_t *c, coord_node_t *n, rpc_call_t *call);
+void coord_node_gone(coord_t *c, coord_node_t *n, uint64_t now, int stopped);
 void coord_rdv_hold(coord_t *c, rpc_call_t *call, int64_t job, int64_t epoch, const char *group,
                     int expected);
 void coord_watch_add(coord_t *c, rpc_call_t *call, int64_t job);

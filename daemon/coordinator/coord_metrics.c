@@ -43,16 +43,19 @@ void coord_metrics_render(metrics_buf_t *b, void *arg) {
   metrics_family(b, "fsdp_jobs_in_memory", "gauge", "Jobs whose facts the coordinator keeps in "
                  "memory: every pending and running one, and at most " COORD_STR(COORD_JOBS_KEPT) " others.");
   metrics_sample(b, "fsdp_jobs_in_memory", NULL, (double)HASH_COUNT(c->jobs));
-  int alive = 0, dead = 0;
+  int alive = 0, stopping = 0, stopped = 0, dead = 0;
   for (int64_t i = 0; i < c->cap_node; i++) {
     const coord_node_t *n = c->node[i];
     if (!n) continue;
-    if (n->dead) dead++; /* declaring it dead cleared its session */
-    else if (n->session) alive++;
+    if (n->dead) n->stopped ? stopped++ : dead++; /* either cleared its session */
+    else if (n->session) n->stopping ? stopping++ : alive++;
   }
   metrics_family(b, "fsdp_nodes", "gauge", "Nodes registered since this coordinator started, "
-                 "by state.");
+                 "by state: alive, stopping (its fsdpd is shutting down), stopped (its fsdpd "
+                 "stopped and said so), dead (silent past the heartbeat timeout).");
   metrics_sample(b, "fsdp_nodes", (const char *[]){"state", "alive", NULL}, alive);
+  metrics_sample(b, "fsdp_nodes", (const char *[]){"state", "stopping", NULL}, stopping);
+  metrics_sample(b, "fsdp_nodes", (const char *[]){"state", "stopped", NULL}, stopped);
   metrics_sample(b, "fsdp_nodes", (const char *[]){"state", "dead", NULL}, dead);
   const int64_t drained = store_nodes_drained(c->st);
   if (drained >= 0) {
@@ -134,8 +137,8 @@ void coord_metrics_render(metrics_buf_t *b, void *arg) {
        "no attempt of the job ran."},
       {"fsdp_job_restarts_total", "Attempts started after a job's first."},
       {"fsdp_nodes_declared_dead_total", "Nodes declared dead (silent past the heartbeat "
-       "timeout, or not back within the restart grace); fsdp_nodes{state=\"dead\"} falls as "
-       "one registers again, this does not."},
+       "timeout, or not back within the restart grace; not a node whose fsdpd stopped and said "
+       "so); fsdp_nodes{state=\"dead\"} falls as one registers again, this does not."},
       {"fsdp_store_errors_total", "Operations on the state database that failed (a full disk, "
        "an I/O error, a damaged file, a lock held elsewhere); the log says which."},
   };

@@ -703,9 +703,13 @@ static Fsdp__V1__NodeInfo *coord_node_msg(coord_t *c, coord_arena_t *a, const st
   m->hostname = coord_str(a, sn->name);
   m->address = coord_str(a, sn->address);
   m->drain_reason = coord_str(a, sn->drain_reason);
-  m->state = sn->state == STORE_NODE_ALIVE ? FSDP__V1__NODE_STATE__NODE_STATE_ALIVE
-                                           : FSDP__V1__NODE_STATE__NODE_STATE_DEAD;
   const coord_node_t *ln = coord_node_get(c, sn->id, 0);
+  if (sn->state == STORE_NODE_ALIVE)
+    m->state = ln && ln->stopping ? FSDP__V1__NODE_STATE__NODE_STATE_STOPPING
+                                  : FSDP__V1__NODE_STATE__NODE_STATE_ALIVE;
+  else
+    m->state = sn->stopped ? FSDP__V1__NODE_STATE__NODE_STATE_STOPPED
+                           : FSDP__V1__NODE_STATE__NODE_STATE_DEAD;
   m->last_heartbeat_unix_ms = ln ? ln->heard_unix_ms : sn->last_seen_ms;
   m->devices = coord_alloc(a, (size_t)sn->n_devices * sizeof *m->devices);
   for (int k = 0; m->devices && k < sn->n_devices; k++) {
@@ -933,7 +937,7 @@ static void coord_register_cb(rpc_call_t *call, const ProtobufCMessage *req, voi
     if (getrandom(&session, sizeof session, 0) != sizeof session) session = (uint64_t)coord_unix_ms();
   coord_node_drop_poll(c, n, "superseded: the node registered again");
   n->n_sent = 0; /* what it runs is in this registration; what it lacks is sent below */
-  n->session = session, n->dead = 0, n->stopping = 0, n->ndev = (int)q->n_devices;
+  n->session = session, n->dead = 0, n->stopping = 0, n->stopped = 0, n->ndev = (int)q->n_devices;
   for (size_t i = 0; i < q->n_devices; i++)
     n->offers[i].index = (int)q->devices[i]->index, n->offers[i].bytes = q->devices[i]->total_bytes,
     n->offers[i].used = q->devices[i]->used_bytes;
@@ -1124,7 +1128,14 @@ static void coord_heartbeat_cb(rpc_call_t *call, const ProtobufCMessage *req, vo
   for (size_t i = 0; i < q->n_ranks && i < most; i++) coord_rank_report(c, n->id, q->ranks[i]);
   coord_node_confirm(c, n, q->ranks, q->n_ranks < most ? q->n_ranks : most);
   coord_hold_confirm(c, n, q->ranks, q->n_ranks);
-  coord_node_hold(c, n, call);
+  if (!q->leaving) {
+    coord_node_hold(c, n, call);
+    return;
+  }
+  coord_node_gone(c, n, coord_mono_ms(c), 1); /* its last call, answered at once */
+  Fsdp__V1__HeartbeatReply rep = FSDP__V1__HEARTBEAT_REPLY__INIT;
+  rep.heartbeat_interval_ms = (uint32_t)c->o.heartbeat_interval_ms;
+  rpc_call_reply(call, &rep.base);
 }
 
 /* The world rank of a rendezvous request's group rank, its group ("world",

@@ -35,11 +35,11 @@ static int sched_usable(const sched_node_t *nodes, const sched_device_t *d, cons
 static void sched_why(const sched_node_t *nodes, int num_nodes, const sched_device_t *devices,
                       int num_devices, const sched_job_t *job, const int *avail, int total,
                       char *note, size_t len) {
-  int held = 0, small = 0, dead = 0, drained = 0, other = 0;
+  int held = 0, small = 0, dead = 0, stopped = 0, drained = 0, other = 0;
   for (int i = 0; i < num_devices; i++) {
     const sched_device_t *d = &devices[i];
     if (strcmp(d->kind, job->kind) != 0) other++;
-    else if (!nodes[d->node].alive) dead++;
+    else if (!nodes[d->node].alive) nodes[d->node].stopped ? stopped++ : dead++;
     else if (nodes[d->node].drained) drained++;
     else if (d->memory < job->need) small++;
     else if (d->held) held++;
@@ -56,12 +56,16 @@ static void sched_why(const sched_node_t *nodes, int num_nodes, const sched_devi
   if (held) sched_say(note, len, "; %d held by running jobs", held);
   if (small) sched_say(note, len, "; %d with too little memory", small);
   if (dead) sched_say(note, len, "; %d on dead nodes", dead);
+  if (stopped) sched_say(note, len, "; %d on nodes stopping or stopped", stopped);
   if (drained) sched_say(note, len, "; %d on drained nodes", drained);
   if (other) sched_say(note, len, "; %d of another kind", other);
   /* devices it could ever have, were every running job done and every
    * drained node back: fewer than it needs, and it waits for new nodes */
   const int ever = total + held + drained;
-  if (ever < job->replicas * job->shards)
+  if (!ever)
+    sched_say(note, len, "; no live node has such devices: it starts once nodes with them "
+              "register (or come back)");
+  else if (ever < job->replicas * job->shards)
     sched_say(note, len, "; the cluster has %d such devices in all, on its live nodes: it starts "
               "only once nodes are added (or cancel it and submit at most %d ranks)", ever, ever);
 }

@@ -18,6 +18,8 @@ typedef struct sched_node {
   const char *name; /* for the reasons and notes */
   int alive;        /* a dead node's devices are never used */
   int drained;      /* nor a drained one's (an operator's word; fsdpctl drain) */
+  int stopped;      /* not alive because its fsdpd is stopping or stopped (and said so), for
+                       the reasons: not a death */
 } sched_node_t;
 
 typedef struct sched_device {

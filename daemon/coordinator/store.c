@@ -199,9 +199,16 @@ static const char store_schema_v9[] =
     "  PRIMARY KEY(job_id, step, epoch)\n"
     ") WITHOUT ROWID;\n";
 
+/* Version 10: a DEAD node whose fsdpd stopped and said so (a planned stop:
+ * systemctl stop, a reboot, the end of a Slurm allocation), told apart from
+ * one that went silent. Registration clears it. */
+static const char store_schema_v10[] =
+    "ALTER TABLE nodes ADD COLUMN stopped INTEGER NOT NULL DEFAULT 0;\n";
+
 static const char *const store_migrations[] = {store_schema_v1, store_schema_v2, store_schema_v3,
                                                store_schema_v4, store_schema_v5, store_schema_v6,
-                                               store_schema_v7, store_schema_v8, store_schema_v9};
+                                               store_schema_v7, store_schema_v8, store_schema_v9,
+                                               store_schema_v10};
 _Static_assert(sizeof store_migrations / sizeof store_migrations[0] == STORE_SCHEMA_VERSION,
                "one migration per schema version");
 
@@ -996,6 +1003,7 @@ static void node_row(sqlite3_stmt *s, void *item) {
   n->registered_ms = sqlite3_column_int64(s, 4);
   n->last_seen_ms = sqlite3_column_int64(s, 5);
   st_col_text(s, 6, n->drain_reason, sizeof n->drain_reason);
+  n->stopped = sqlite3_column_int(s, 7) != 0;
 }
 
 static void job_row(sqlite3_stmt *s, void *item) {
@@ -1077,7 +1085,8 @@ int store_node_register(store_t *st, const char *name, const char *address,
             A_T(name), A_T(address), A_I(now), A_I(now));
     id = sqlite3_last_insert_rowid(st->db);
   } else {
-    st_exec(st, "UPDATE nodes SET address = ?, state = 'ALIVE', last_seen_ms = ? WHERE id = ?",
+    st_exec(st, "UPDATE nodes SET address = ?, state = 'ALIVE', stopped = 0, last_seen_ms = ? "
+            "WHERE id = ?",
             A_T(address), A_I(now), A_I(id));
   }
   /* a device it no longer has goes, unless a job still holds it (that job's
@@ -1184,8 +1193,8 @@ int64_t store_nodes_drained(store_t *st) {
   return store_end(st, 0) ? -1 : n;
 }
 
-int store_node_mark_dead(store_t *st, int64_t node_id, int64_t last_seen_ms, int64_t **jobs,
-                         int *n_jobs) {
+int store_node_mark_dead(store_t *st, int64_t node_id, int64_t last_seen_ms, int stopped,
+                         int64_t **jobs, int *n_jobs) {
   *jobs = NULL, *n_jobs = 0;
   int rc = store_begin(st, 1);
   if (rc) return rc;
@@ -1197,8 +1206,8 @@ int store_node_mark_dead(store_t *st, int64_t node_id, int64_t last_seen_ms, int
   } else if (!st->rc) {
     return store_end(st, err_set(FSDP_ENOTFOUND, "node n-%lld: no such node", (long long)node_id));
   }
-  st_exec(st, "UPDATE nodes SET state = 'DEAD', last_seen_ms = ? WHERE id = ?",
-          A_I(last_seen_ms), A_I(node_id));
+  st_exec(st, "UPDATE nodes SET state = 'DEAD', stopped = ?, last_seen_ms = ? WHERE id = ?",
+          A_I(stopped != 0), A_I(last_seen_ms), A_I(node_id));
   st_touch(st, node_id);
   int64_t *ids = NULL;
   int n = 0;
@@ -1210,8 +1219,12 @@ int store_node_mark_dead(store_t *st, int64_t node_id, int64_t last_seen_ms, int
                      "UPDATE ranks SET state = 'LOST' WHERE node_id = ? "
                      "AND state IN ('ASSIGNED', 'RUNNING')",
                      A_I(node_id));
-  st_event(st, 0, node_id, "node.dead", "node %s is dead (last heard %lld ms ago): %d ranks of %d jobs lost",
-           name, (long long)(store_now_ms() - last_seen_ms), lost, n);
+  if (stopped)
+    st_event(st, 0, node_id, "node.stopped", "node %s stopped (its fsdpd said so): %d ranks of %d "
+             "jobs lost", name, lost, n);
+  else
+    st_event(st, 0, node_id, "node.dead", "node %s is dead (last heard %lld ms ago): %d ranks of "
+             "%d jobs lost", name, (long long)(store_now_ms() - last_seen_ms), lost, n);
   rc = store_end(st, 0);
   if (rc) free(ids);
   else *jobs = ids, *n_jobs = n;
@@ -2003,7 +2016,7 @@ int store_node_list(store_t *st, store_node_t **nodes, int *n) {
   store_device_t *devs = NULL;
   int nd = 0;
   rc = st_collect(st, store_node_t, node_row, nodes, n,
-                  "SELECT id, name, address, state, registered_ms, last_seen_ms, drain_reason "
+                  "SELECT id, name, address, state, registered_ms, last_seen_ms, drain_reason, stopped "
                   "FROM nodes ORDER BY id");
   if (!rc)
     rc = st_collect(st, store_device_t, device_row, &devs, &nd,
@@ -2027,7 +2040,7 @@ int store_nodes_get(store_t *st, const int64_t *ids, int n_ids, store_node_t **n
   store_device_t *devs = NULL;
   int nd = 0;
   rc = st_collect(st, store_node_t, node_row, nodes, n,
-                  "SELECT id, name, address, state, registered_ms, last_seen_ms, drain_reason "
+                  "SELECT id, name, address, state, registered_ms, last_seen_ms, drain_reason, stopped "
                   "FROM nodes WHERE id IN (SELECT value FROM json_each(?)) ORDER BY id", A_T(list));
   if (!rc)
     rc = st_collect(st, store_device_t, device_row, &devs, &nd,

@@ -28,7 +28,7 @@
 #include "daemon/common/ring_secret.h"
 
 /* The schema version this build writes and reads (PRAGMA user_version). */
-#define STORE_SCHEMA_VERSION 9
+#define STORE_SCHEMA_VERSION 10
 
 /* Text bounds: longer input is refused (EINVAL) so what is stored reads back
  * whole; reasons and event text are free text and are cut to fit on read. */
@@ -96,6 +96,7 @@ typedef struct store_node {
   int64_t registered_ms;        /* first registration */
   int64_t last_seen_ms;         /* at its last state change (not every heartbeat) */
   char drain_reason[STORE_DRAIN_MAX]; /* drained by an operator: why ("": takes ranks) */
+  int stopped;                  /* DEAD because its fsdpd stopped and said so, not silent */
   int n_devices;
   store_device_t *devices;      /* by index; freed by store_nodes_free */
 } store_node_t;
@@ -348,11 +349,12 @@ int store_node_find(store_t *st, const char *name, int64_t *node_id, char *addre
 int store_node_drain(store_t *st, int64_t node_id, const char *reason);
 /* How many nodes are drained (-1 when the store cannot say). */
 int64_t store_nodes_drained(store_t *st);
-/* Marks a node DEAD, heard last at last_seen_ms; its ranks still assigned or
- * running become LOST. The distinct jobs they belonged to, every one, in
- * *jobs (store_array_free), their number in *n_jobs. */
-int store_node_mark_dead(store_t *st, int64_t node_id, int64_t last_seen_ms, int64_t **jobs,
-                         int *n_jobs);
+/* Marks a node DEAD, heard last at last_seen_ms (stopped: its fsdpd stopped
+ * and said so, a planned stop; else it went silent); its ranks still
+ * assigned or running become LOST. The distinct jobs they belonged to,
+ * every one, in *jobs (store_array_free), their number in *n_jobs. */
+int store_node_mark_dead(store_t *st, int64_t node_id, int64_t last_seen_ms, int stopped,
+                         int64_t **jobs, int *n_jobs);
 
 /* ---- jobs and attempts ---- */
 /* Stores a new job as PENDING; its id in *job_id. */

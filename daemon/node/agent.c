@@ -19,6 +19,7 @@
 #define AGENT_CALL_S 5.0          /* RegisterNode's deadline, and the heartbeat's beyond its hold */
 #define AGENT_REFUSED_MS 5000     /* a refusal is asked again this often: only the coordinator can change it */
 #define AGENT_REFUSED_LOG_S 60.0  /* a refusal that stays is logged again this often */
+#define AGENT_LEAVE_S 2.0         /* agent_leave's deadline: a stop is not held up for long */
 
 /* A message for the loop. */
 typedef struct agent_msg {
@@ -38,6 +39,11 @@ struct agent {
   int stop, ended;
   int up;           /* the last call to the coordinator was answered */
   uint64_t refusals; /* calls it refused (agent_refusal) */
+  /* the session the coordinator knows, for agent_leave: node id and session
+   * while registered (registered 0 from a "register again" on) */
+  char node_id[256];
+  uint64_t session;
+  int registered;
   uint8_t *state; /* the latest published HeartbeatRequest */
   size_t state_len;
   agent_msg_t *head, *tail;
@@ -181,7 +187,7 @@ static void *agent_main(void *arg) {
     int quiet = 0; /* an empty heartbeat reply */
     int heard = 0; /* the reply says the coordinator counts this node alive */
     /* no call or wait runs past the fence: the coordinator restarts this
-     * node's jobs elsewhere a margin after it (coord_node_died) */
+     * node's jobs elsewhere a margin after it (coord_node_gone) */
     const double fence_at = ever && fence_s > 0 && !fenced ? answered + fence_s : 0;
     if (!registered) {
       what = "RegisterNode";
@@ -207,6 +213,10 @@ static void *agent_main(void *arg) {
         fence_s = rep->fence_ms / 1000.0;
         registered = ever = 1;
         superseded = 0;
+        pthread_mutex_lock(&a->mu);
+        snprintf(a->node_id, sizeof a->node_id, "%s", node_id);
+        a->session = session, a->registered = 1;
+        pthread_mutex_unlock(&a->mu);
         LOG_INFO("fsdpd", "registered as node %s (session %llu, heartbeat every %u ms, %zu rank(s) "
                  "running)", node_id, (unsigned long long)session, interval_ms,
                  st ? st->n_ranks : 0);
@@ -236,6 +246,9 @@ static void *agent_main(void *arg) {
                    "declared the node dead): registering again", node_id,
                    (unsigned long long)session);
           registered = 0;
+          pthread_mutex_lock(&a->mu);
+          a->registered = 0;
+          pthread_mutex_unlock(&a->mu);
         } else if (rep->n_assignments || rep->n_kills) {
           agent_post(a, 1, &rep->base, NULL);
         } else {
@@ -385,6 +398,37 @@ int agent_publish(agent_t *a, const uint8_t *state, size_t len) {
   a->state_len = len;
   pthread_mutex_unlock(&a->mu);
   return FSDP_OK;
+}
+
+int agent_leave(agent_t *a) {
+  pthread_mutex_lock(&a->mu);
+  a->stop = 1; /* no heartbeat after this one: the coordinator would say "register again" */
+  pthread_cond_broadcast(&a->cv);
+  char node_id[sizeof a->node_id];
+  snprintf(node_id, sizeof node_id, "%s", a->node_id);
+  const uint64_t session = a->session;
+  const int registered = a->registered;
+  pthread_mutex_unlock(&a->mu);
+  if (!registered) return err_set(FSDP_ESTATE, "not registered");
+  Fsdp__V1__HeartbeatRequest *st = agent_state(a);
+  Fsdp__V1__HeartbeatRequest empty = FSDP__V1__HEARTBEAT_REQUEST__INIT;
+  Fsdp__V1__HeartbeatRequest *req = st ? st : &empty;
+  char *their_id = req->node_id; /* put back before st is freed */
+  req->node_id = node_id;
+  req->session = session;
+  req->stopping = req->leaving = 1;
+  Fsdp__V1__HeartbeatReply *rep = NULL;
+  int rc = rpc_client_call(a->o.client, "/fsdp.v1.Coordinator/Heartbeat", &req->base,
+                           &fsdp__v1__heartbeat_reply__descriptor, (ProtobufCMessage **)&rep,
+                           AGENT_LEAVE_S);
+  req->node_id = their_id;
+  if (st) fsdp__v1__heartbeat_request__free_unpacked(st, NULL);
+  /* a coordinator that no longer knows the session (it restarted, or
+   * declared the node dead) has nothing to be told */
+  if (!rc && rep->reregister) rc = err_set(FSDP_ESTATE, "the coordinator does not know session %llu",
+                                           (unsigned long long)session);
+  if (rep) protobuf_c_message_free_unpacked(&rep->base, NULL);
+  return rc;
 }
 
 int agent_stop(agent_t *a, double wait_s) {

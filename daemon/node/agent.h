@@ -82,6 +82,13 @@ int agent_publish(agent_t *a, const uint8_t *state, size_t len);
 /* Whether the coordinator answered the session's last call, and how many
  * calls it refused (agent_refusal) since start. Any thread. */
 void agent_health(agent_t *a, int *up, uint64_t *refusals);
+/* fsdpd's last call, once every rank it ran has ended and its exit has been
+ * reported (or given up): a heartbeat with leaving set, so that the
+ * coordinator counts the node STOPPED at once, not dead at its heartbeat
+ * timeout (a planned stop is no death: no alert, no fence). Ends the
+ * session first. Blocks up to 2 s; 0 when the coordinator took it. Any
+ * thread. */
+int agent_leave(agent_t *a);
 /* Asks the thread to end and waits up to wait_s for it: 1 when it ended (then
  * agent_destroy frees everything), 0 when it is still inside a call (the
  * caller then leaves it to process exit; see fsdpd.c). */

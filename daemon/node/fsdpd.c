@@ -85,6 +85,8 @@ typedef struct fsdpd {
   uint64_t shutdown_deadline;
   int stopping, exit_status;
   int exit_now;             /* a GPU measurement that never returns is out: no loop run waits */
+  int ranks_done;           /* stopped with every rank ended and its exit reported (or given up):
+                               the coordinator is told the node left (agent_leave) */
   char address[300], hostname[256], workdir_buf[PATH_MAX], program_buf[PATH_MAX];
 } fsdpd_t;
 
@@ -257,6 +259,7 @@ static void fsdpd_shutdown_cb(uv_timer_t *t) {
   if (ranks_measuring(D->ranks)) return; /* back, or given up, within 10 s */
   uv_timer_stop(t);
   D->exit_now = ranks_measures_hung() > 0;
+  D->ranks_done = ranks_idle(D->ranks);
   fsdpd_close_all(D); /* the loop ends once the handles are closed and the work is back */
   if (D->exit_now) uv_stop(&D->loop); /* that work is never back */
 }
@@ -719,9 +722,19 @@ int main(int argc, char **argv) {
     _exit(D.exit_status);
   }
 
-  /* the session thread may sit in a heartbeat for up to its interval + 5 s:
-   * waited for briefly; if it is still inside its call, the process ends
-   * under it (nothing of the loop's is left to clean) */
+  /* every rank ended: the coordinator counts the node stopped, not dead
+   * (which would fire its alert and fence its jobs) at its heartbeat timeout */
+  if (D.ranks_done) {
+    if (agent_leave(D.agent))
+      LOG_WARN("fsdpd", "could not tell the coordinator that node %s stopped (%s): it counts the "
+               "node dead once its heartbeat timeout is over", D.name, err_msg());
+    else
+      LOG_INFO("fsdpd", "told the coordinator that node %s stopped", D.name);
+  }
+  /* the session thread may sit in a heartbeat for up to its interval + 5 s
+   * (the leave above answers a held one): waited for briefly; if it is still
+   * inside its call, the process ends under it (nothing of the loop's is
+   * left to clean) */
   int joined = agent_stop(D.agent, 1.0);
   if (joined) agent_destroy(D.agent);
   logs_destroy(D.logs);

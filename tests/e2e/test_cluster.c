@@ -1175,11 +1175,21 @@ static void preempted_resumes(int gpu, int steps, int every, int at, int damage)
   char *conf = ckpt_job("ck-preempt", steps, gpu ? "device = cuda\n" : "", every,
                         "--ranks 2 --max-restarts 0", &ck, &ref, job);
   cr_assert(wait_step(job, at, 60), "rank 0 did not log step %d within %d s", at, 60 * TU_SLOW);
+  const double stopped_at = tu_now_s();
   cluster_stop(&node[0], SIGTERM);
+  /* its fsdpd said it stopped as it exited: the node is STOPPED at once,
+   * not DEAD at the heartbeat timeout (no death: no alert, no fence) */
+  cr_assert_eq(cluster_ctl(coord.addr, "nodes", out, sizeof out), 0, "%s", out);
+  cr_expect(strstr(out, "STOPPED") && !strstr(out, "DEAD"), "%.1f s after the SIGTERM:\n%s",
+            tu_now_s() - stopped_at, out);
   cr_assert(wait_state(job, "PENDING", 10), "%s", state_of(job, out, sizeof out) ? out : "");
   snprintf(a, sizeof a, "--output json status %s", job);
   cluster_ctl(coord.addr, a, out, sizeof out);
   cr_assert(strstr(out, "\"restarts\": 0") && strstr(out, "preempted"), "%s", out);
+  cr_expect(strstr(out, "2 on nodes stopping or stopped") && !strstr(out, "dead nodes"),
+            "the wait calls the stopped node's devices dead:\n%s", out);
+  cluster_ctl(coord.addr, "events", out, sizeof out);
+  cr_expect(strstr(out, "node.stopped") && !strstr(out, "node.dead"), "%s", out);
   int odd;
   cr_assert_geq(committed_steps(ck, steps, every, &odd), 1 + damage);
   cr_assert_gt(odd, every * damage, "no checkpoint of the step the job stopped at");

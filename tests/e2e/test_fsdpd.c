@@ -102,6 +102,9 @@ static struct {
   int key_next;                    /* RegisterNode gives log_key_next */
   uint64_t session, generation;
   int heartbeats, reregisters_sent, dev_busy_seen;
+  /* heartbeats saying fsdpd leaves; the exits reported before the first,
+   * and the ranks it still called running */
+  int leaves, leave_nexits, leave_running;
   hb_rec_t recs[MAX_RECS];
   int nrecs;
   exit_rec_t exits[MAX_EXITS];
@@ -209,6 +212,11 @@ static void h_heartbeat(rpc_call_t *call, const ProtobufCMessage *m, void *arg) 
   F.heartbeats++;
   h->reregister = req->session != F.session || strcmp(req->node_id, "n-1");
   F.reregisters_sent += h->reregister;
+  if (req->leaving && !F.leaves++) {
+    F.leave_nexits = F.nexits;
+    for (size_t i = 0; i < req->n_ranks; i++)
+      F.leave_running += req->ranks[i]->state == FSDP__V1__RANK_STATE__RANK_STATE_RUNNING;
+  }
   for (size_t i = 0; i < req->n_devices; i++) F.dev_busy_seen += req->devices[i]->job_id[0] != 0;
   for (size_t i = 0; i < req->n_ranks && F.nrecs < MAX_RECS; i++) {
     const Fsdp__V1__RankStatus *st = req->ranks[i];
@@ -221,8 +229,9 @@ static void h_heartbeat(rpc_call_t *call, const ProtobufCMessage *m, void *arg) 
     for (size_t k = 0; k < st->n_memory; k++)
       r->has_params |= !strcmp(st->memory[k]->name, "params") && st->memory[k]->peak_bytes > 0;
   }
-  /* something queued goes out at once; otherwise the call is held */
-  int now = F.queued != NULL || h->reregister;
+  /* something queued goes out at once, and a leaving one's answer;
+   * otherwise the call is held */
+  int now = F.queued != NULL || h->reregister || req->leaving;
   pthread_mutex_unlock(&F.mu);
   h->call = call;
   uv_timer_init(&F.loop, &h->timer);
@@ -1394,7 +1403,13 @@ Test(fsdpd, sigterm_stops_the_ranks_reports_them_and_exits_0, .timeout = 40 * TU
     cr_expect(F.exits[i].node_stopping, "rank %u's exit does not say the node is stopping",
               F.exits[i].rank);
   }
+  /* and last it said it leaves, so the node is stopped, not dead at its
+   * heartbeat timeout */
+  cr_expect(F.leaves == 1 && F.leave_nexits == 2 && F.leave_running == 0,
+            "%d leaving heartbeat(s), the first after %d exit report(s) with %d rank(s) running",
+            F.leaves, F.leave_nexits, F.leave_running);
   pthread_mutex_unlock(&F.mu);
+  cr_expect_gt(log_count("told the coordinator that node"), 0, "%s", tu_slurp(fsdpd_log, NULL));
   for (int i = 0; i < 2; i++) cr_expect(!group_alive(pids[i]), "rank pid %d's group outlived fsdpd", pids[i]);
 }
 

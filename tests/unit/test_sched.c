@@ -26,7 +26,7 @@ typedef struct {
 static void add_node(cluster_t *c, int k, const char *kind, uint64_t mib) {
   int n = c->nn++;
   snprintf(c->name[n], sizeof c->name[n], "node%d", n);
-  c->node[n] = (sched_node_t){100 + n, c->name[n], 1, 0};
+  c->node[n] = (sched_node_t){100 + n, c->name[n], 1, 0, 0};
   for (int i = 0; i < k; i++)
     c->dev[c->nd] = (sched_device_t){1000 + c->nd, n, i, kind, mib * MIB, 0}, c->nd++;
 }
@@ -157,6 +157,25 @@ Test(sched, dead_nodes_small_devices_and_other_kinds_are_not_used) {
   cr_assert_eq(node_of(&c, s, 0), 0);
   cr_assert_eq(place(&c, 2, 1, "cuda", 40000, s, note, sizeof note), SCHED_PLACED);
   cr_assert_eq(node_of(&c, s, 0), 2);
+}
+
+/* A node whose fsdpd is stopping or stopped (said so) is not a dead one in
+ * the reason; with no live device of the kind at all the reason says the
+ * job waits for nodes to register, not to submit 0 ranks. */
+Test(sched, a_stopped_node_is_not_called_dead_and_no_live_device_says_so) {
+  cluster_t c = {0};
+  add_node(&c, 2, "cpu", 1024);
+  add_node(&c, 1, "cpu", 1024);
+  c.node[0].alive = 0, c.node[0].stopped = 1;
+  c.node[1].alive = 0;
+  sched_slot_t s[2];
+  char note[512];
+  cr_assert_eq(place(&c, 1, 2, "cpu", 100, s, note, sizeof note), SCHED_WAIT);
+  cr_assert(strstr(note, "2 on nodes stopping or stopped"), "%s", note);
+  cr_assert(strstr(note, "1 on dead nodes"), "%s", note);
+  cr_assert(strstr(note, "no live node has such devices: it starts once nodes with them "
+                    "register"), "%s", note);
+  cr_assert_null(strstr(note, "at most 0"), "%s", note);
 }
 
 Test(sched, a_bad_mesh_is_an_error_and_a_short_note_is_cut_not_overrun) {

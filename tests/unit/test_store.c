@@ -506,7 +506,7 @@ Test(store, a_failed_placement_changes_nothing) {
   cr_assert_eq(store_attempt_start(st, j2, dup, 3, &epoch), FSDP_EINVAL);
   int n_jobs;
   int64_t *jobs;
-  cr_assert_eq(store_node_mark_dead(st, a, 0, &jobs, &n_jobs), 0);
+  cr_assert_eq(store_node_mark_dead(st, a, 0, 0, &jobs, &n_jobs), 0);
   store_array_free(jobs);
   cr_assert_eq(start(st, j2, 3, (int64_t[]){a, a, a}, (int[]){0, 1, 1}, &epoch), FSDP_ESTATE);
   cr_assert(strstr(err_msg(), "dead"), "%s", err_msg());
@@ -786,7 +786,7 @@ Test(store, a_dead_node_loses_its_ranks_and_re_registers) {
   cr_assert_eq(start(st, job, 2, (int64_t[]){a, b}, (int[]){0, 0}, &ep), 0);
   int64_t *jobs;
   int n_jobs = 0;
-  cr_assert_eq(store_node_mark_dead(st, b, 1000, &jobs, &n_jobs), 0, "%s", err_msg());
+  cr_assert_eq(store_node_mark_dead(st, b, 1000, 0, &jobs, &n_jobs), 0, "%s", err_msg());
   cr_assert(n_jobs == 1 && jobs[0] == job);
   store_array_free(jobs);
   store_rank_t *r;
@@ -808,7 +808,7 @@ Test(store, a_dead_node_loses_its_ranks_and_re_registers) {
   /* b comes back with two devices; the same name keeps its id */
   cr_assert_eq(add_node(st, "b", 2), b);
   cr_assert_eq(n_free(st), 3);
-  cr_assert_eq(store_node_mark_dead(st, 12345, 0, &jobs, &n_jobs), FSDP_ENOTFOUND);
+  cr_assert_eq(store_node_mark_dead(st, 12345, 0, 0, &jobs, &n_jobs), FSDP_ENOTFOUND);
   store_close(st);
 }
 
@@ -841,6 +841,42 @@ Test(store, a_shell_closing_on_a_reopened_database_leaves_its_log) {
   int n;
   cr_assert_eq(store_node_list(st, &nodes, &n), 0);
   cr_assert_eq(n, 3);
+  store_nodes_free(nodes, n);
+  store_close(st);
+}
+
+/* A node whose fsdpd stopped and said so is DEAD and stopped, with a
+ * node.stopped event, not node.dead; kept across a reopen; its next
+ * registration clears it. */
+Test(store, a_node_that_stopped_is_told_apart_from_a_dead_one_until_it_registers) {
+  store_t *st = open_db("state.db");
+  int64_t a = add_node(st, "a", 1), b = add_node(st, "b", 1);
+  int64_t *jobs;
+  int n_jobs = 0, n;
+  cr_assert_eq(store_node_mark_dead(st, a, 1000, 1, &jobs, &n_jobs), 0, "%s", err_msg());
+  cr_assert_eq(n_jobs, 0);
+  store_array_free(jobs);
+  cr_assert_eq(store_node_mark_dead(st, b, 1000, 0, &jobs, &n_jobs), 0, "%s", err_msg());
+  store_array_free(jobs);
+  store_close(st);
+  st = open_db("state.db");
+  store_node_t *nodes;
+  cr_assert_eq(store_node_list(st, &nodes, &n), 0);
+  cr_assert(n == 2 && nodes[0].state == STORE_NODE_DEAD && nodes[0].stopped);
+  cr_assert(nodes[1].state == STORE_NODE_DEAD && !nodes[1].stopped, "b went silent");
+  store_nodes_free(nodes, n);
+  store_event_t *e;
+  cr_assert_eq(store_event_list(st, 0, 0, 0, &e, &n), 0);
+  int stopped = 0, dead = 0;
+  for (int i = 0; i < n; i++) {
+    stopped += !strcmp(e[i].kind, "node.stopped") && e[i].node_id == a && strstr(e[i].text, "stopped");
+    dead += !strcmp(e[i].kind, "node.dead") && e[i].node_id == b;
+  }
+  store_array_free(e);
+  cr_assert(stopped == 1 && dead == 1, "events: %d node.stopped of a, %d node.dead of b", stopped, dead);
+  cr_assert_eq(add_node(st, "a", 1), a);
+  cr_assert_eq(store_node_list(st, &nodes, &n), 0);
+  cr_assert(nodes[0].state == STORE_NODE_ALIVE && !nodes[0].stopped, "registered again");
   store_nodes_free(nodes, n);
   store_close(st);
 }
@@ -1393,6 +1429,8 @@ Test(store, a_database_of_the_previous_schema_is_migrated_and_its_data_kept) {
                        "AND dflt_value IS NOT NULL"), 1);
   cr_assert_eq(raw_int(db, "SELECT count(*) FROM pragma_table_info('attempts') WHERE name = "
                        "'ring_secret'"), 1, "version 8's ring secrets");
+  cr_assert_eq(raw_int(db, "SELECT count(*) FROM nodes WHERE stopped = 0"), 1,
+               "version 10: a node of before did not stop");
   sqlite3_close(db);
   st = open_db("old.db");
   store_job_dir_t *v;
@@ -1555,7 +1593,7 @@ Test(store, every_change_of_a_node_or_its_devices_is_told) {
   cr_assert_eq(touched(st, t, 8, &all), 0, "the same drain again changes nothing");
   int64_t *jobs;
   int nj;
-  cr_assert_eq(store_node_mark_dead(st, a, 1, &jobs, &nj), 0, "%s", err_msg());
+  cr_assert_eq(store_node_mark_dead(st, a, 1, 0, &jobs, &nj), 0, "%s", err_msg());
   store_array_free(jobs);
   cr_assert(touched(st, t, 8, &all) == 1 && t[0] == a, "dead");
   /* read again, they are what the whole list says */
