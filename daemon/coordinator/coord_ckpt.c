@@ -574,25 +574,32 @@ static void coord_ckpt_verify_work(uv_work_t *w) {
   }
   v->rc = ckpt_verify(v->dir);
   if (v->rc) snprintf(v->err, sizeof v->err, "%s", err_msg()); /* err_msg is per thread */
-  /* damaged here too: out of its step's name, whole, so that the attempt
-   * that resumed writes that step again (a manifest there refuses every
-   * shard of it) and the janitor removes it later from where it went */
+  /* damaged here too: set aside, unless an export reads it */
+  if ((v->rc == FSDP_EFORMAT || v->rc == FSDP_ENOENT) && !v->exported)
+    coord_ckpt_set_aside(v->roots, v->nroots, v->dir, v->aside, sizeof v->aside, v->aside_err,
+                         sizeof v->aside_err);
+}
+
+int coord_ckpt_set_aside(const char *const *roots, int nroots, const char *dir, char *to,
+                         size_t len, char *err, size_t errlen) {
   char real[PATH_MAX];
-  if ((v->rc == FSDP_EFORMAT || v->rc == FSDP_ENOENT) && !v->exported &&
-      (coord_ckpt_real(v->roots, v->nroots, v->dir, real) ||
-       ckpt_set_aside(v->dir, v->aside, sizeof v->aside))) {
-    v->aside[0] = 0;
-    snprintf(v->aside_err, sizeof v->aside_err, "%s", err_msg());
+  int rc = coord_ckpt_real(roots, nroots, dir, real);
+  if (!rc) rc = ckpt_set_aside(dir, to, len);
+  if (rc) {
+    to[0] = 0;
+    snprintf(err, errlen, "%s", err_msg()); /* err_msg is per thread */
   }
+  return rc;
 }
 
 void coord_ckpt_mark_damaged(coord_t *c, int64_t job, int64_t step, const char *how,
-                             const char *aside) {
+                             const char *dir, const char *aside, const char *kept) {
   char why[STORE_REASON_MAX];
   snprintf(why, sizeof why, "damaged: %s", how);
   coord_text_mend(why);
   store_ckpt_t k;
   int changed = 0;
+  if (aside && !*aside) aside = NULL;
   if (store_ckpt_damaged(c->st, job, 0, step, why, aside, &k, &changed))
     LOG_WARN("coord", "job j-%lld: checkpoint of step %lld: %s", (long long)job, (long long)step,
              err_msg());
@@ -601,6 +608,14 @@ void coord_ckpt_mark_damaged(coord_t *c, int64_t job, int64_t step, const char *
              (long long)job, (long long)step, why);
     c->ckpt_aborts++;
   }
+  if (aside)
+    LOG_WARN("coord", "job j-%lld: the damaged checkpoint of step %lld is set aside as %s "
+             "(removed once no attempt of the job runs); its step may be written again",
+             (long long)job, (long long)step, aside);
+  else
+    LOG_WARN("coord", "job j-%lld: the damaged checkpoint of step %lld stays in %s, so its "
+             "step cannot be written again until it is gone: %s", (long long)job,
+             (long long)step, dir, kept);
 }
 
 static void coord_ckpt_verify_done(uv_work_t *w, int status) {
@@ -616,15 +631,8 @@ static void coord_ckpt_verify_done(uv_work_t *w, int status) {
     if (damaged) {
       char why[STORE_REASON_MAX];
       snprintf(why, sizeof why, "%.200s; checked here: %.250s", v->said, v->err);
-      coord_ckpt_mark_damaged(c, v->job, v->step, why, v->aside[0] ? v->aside : NULL);
-      if (v->aside[0])
-        LOG_WARN("coord", "job j-%lld: the damaged checkpoint of step %lld is set aside as %s "
-                 "(removed once no attempt of the job runs); its step may be written again",
-                 (long long)v->job, (long long)v->step, v->aside);
-      else
-        LOG_WARN("coord", "job j-%lld: the damaged checkpoint of step %lld stays in %s, so its "
-                 "step cannot be written again until it is gone: %s", (long long)v->job,
-                 (long long)v->step, v->dir, v->exported ? "an export reads it" : v->aside_err);
+      coord_ckpt_mark_damaged(c, v->job, v->step, why, v->dir, v->aside,
+                              v->exported ? "an export reads it" : v->aside_err);
     } else {
       LOG_WARN("coord", "job j-%lld: a rank found the committed checkpoint of step %lld damaged "
                "(%s), but %s: it stays committed%s", (long long)v->job, (long long)v->step,

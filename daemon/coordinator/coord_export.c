@@ -14,7 +14,10 @@
  * checkpoint is not), and when its directory is there and what was read
  * is damaged or other files (not one outside the roots, which is not
  * read), marked damaged as a rank's report checked here would be
- * (coord_ckpt_mark_damaged). Reading and converting run on libuv's thread pool, one model
+ * (coord_ckpt_mark_damaged), and set aside as that one is, on the pool
+ * (step-N.damaged: coord_ckpt_set_aside), so that an attempt resuming from
+ * an earlier checkpoint writes its step again; not while another export
+ * reads it. Reading and converting run on libuv's thread pool, one model
  * unit at a time, never on the loop: the loop only hands pieces to gRPC, up
  * to COORD_EXPORT_BACKLOG messages ahead of the client, waiting on a timer
  * when the client is slower. Memory per export: one unit in fp32 and as
@@ -54,6 +57,9 @@ typedef struct coord_export {
   int nroots;
   char real[PATH_MAX];       /* dir resolved inside them: what is read */
   int damaged;               /* the pool's failure is the checkpoint's, its directory there */
+  int shared;                /* another export reads dir: not set aside under it */
+  char aside[STORE_PATH_MAX]; /* damaged: where it was set aside ("": left in place) */
+  char aside_err[512];       /* ... or why it was not */
   safetensors_export_t *x;  /* opened on the pool ... */
   int opened;               /* ... once this is set */
   uv_work_t work;
@@ -70,9 +76,10 @@ typedef struct coord_export {
 static void coord_export_next(coord_export_t *e);
 
 int coord_export_reads(const coord_t *c, const char *dir) {
+  int n = 0;
   for (int i = 0; i < COORD_EXPORT_MAX; i++)
-    if (c->exports[i] && !strcmp(c->exports[i]->dir, dir)) return 1;
-  return 0;
+    n += c->exports[i] && !strcmp(c->exports[i]->dir, dir);
+  return n;
 }
 
 int coord_export_of_job(const coord_t *c, int64_t job) {
@@ -140,7 +147,9 @@ static int coord_export_open(coord_export_t *e) {
 /* On the pool: open the checkpoint, or produce the next piece. A failure
  * the checkpoint's (a file damaged, missing or not the one committed:
  * what coord_ckpt_verify_done takes for damaged) with its directory there
- * is the checkpoint's damage, not the file system's view of it. */
+ * is the checkpoint's damage, not the file system's view of it; the
+ * checkpoint is set aside then, here, off the loop (a rename and an
+ * fsync). */
 static void coord_export_work_cb(uv_work_t *w) {
   coord_export_t *e = w->data;
   e->rc = e->opened ? safetensors_export_next(e->x, &e->piece, &e->len) : coord_export_open(e);
@@ -149,21 +158,28 @@ static void coord_export_work_cb(uv_work_t *w) {
   struct stat st;
   e->damaged = (e->rc == FSDP_EFORMAT || e->rc == FSDP_ENOENT) && !stat(e->dir, &st) &&
                S_ISDIR(st.st_mode);
+  if (e->damaged && !e->shared)
+    coord_ckpt_set_aside(e->roots, e->nroots, e->dir, e->aside, sizeof e->aside, e->aside_err,
+                         sizeof e->aside_err);
 }
 
 /* A pool task failed (e->rc, e->err): the error the call ends with. A
  * checkpoint that is not as committed is FSDP_ESTATE, whatever part of it
- * showed that, and one found damaged is marked so. */
+ * showed that, and one found damaged is marked so, saying where it went. */
 static int coord_export_failed(coord_export_t *e) {
   if (e->rc != FSDP_EFORMAT && e->rc != FSDP_ENOENT && e->rc != FSDP_ESTATE)
     return err_set(e->rc, "%s", e->err);
-  char how[STORE_REASON_MAX];
+  char how[STORE_REASON_MAX], marked[STORE_PATH_MAX + 96] = "";
   snprintf(how, sizeof how, "an export read: %.400s", e->err);
-  if (e->damaged && e->c) coord_ckpt_mark_damaged(e->c, e->job, e->step, how, NULL);
+  if (e->damaged && e->c)
+    coord_ckpt_mark_damaged(e->c, e->job, e->step, how, e->dir, e->aside,
+                            e->shared ? "another export reads it" : e->aside_err);
+  if (e->damaged)
+    snprintf(marked, sizeof marked, " it is marked damaged (committed no more)%s%s;",
+             e->aside[0] ? " and set aside as " : "", e->aside);
   return err_set(FSDP_ESTATE, "the checkpoint of step %" PRId64 " of job j-%" PRId64 " is not as "
                  "committed: %s;%s export another step (fsdpctl checkpoints j-%" PRId64 " lists "
-                 "them)", e->step, e->job, e->err, e->damaged ? " it is marked damaged (committed "
-                 "no more);" : "", e->job);
+                 "them)", e->step, e->job, e->err, marked, e->job);
 }
 
 static void coord_export_wait_cb(uv_timer_t *t);
@@ -232,6 +248,7 @@ static void coord_export_after_cb(uv_work_t *w, int status) {
 static void coord_export_next(coord_export_t *e) {
   e->working = 1;
   e->work.data = e;
+  e->shared = coord_export_reads(e->c, e->dir) > 1; /* asked on the loop: exports live there */
   int rc = uv_queue_work(e->c->loop, &e->work, coord_export_work_cb, coord_export_after_cb);
   if (rc) {
     e->working = 0;

@@ -365,18 +365,28 @@ void coord_ckpt_detach(coord_t *c);
  * rank reported them (ckpt.h's reports, k->shards of them, by shard rank),
  * in *out, malloc'd. */
 int coord_ckpt_reports(coord_t *c, const store_ckpt_t *k, ckpt_shard_report_t **out);
-/* The committed checkpoint of job's step, found damaged by the coordinator
- * itself (how: what it read), is ABORTED with the reason "damaged: how":
- * committed no more, logged and counted once; its files go as an aborted
- * checkpoint's do. */
+/* On the pool: the checkpoint in dir, found damaged by the coordinator,
+ * moved out of its step's name, whole (ckpt_set_aside), so that an attempt
+ * that resumes from an earlier one writes that step again (a rank refuses
+ * to write under a manifest) and the janitor removes it later from where
+ * it went; only when dir, resolved inside the roots, is still itself (the
+ * coordinator moves nothing through a link). Its new name in to; else
+ * to is "" and err (errlen) says why. */
+int coord_ckpt_set_aside(const char *const *roots, int nroots, const char *dir, char *to,
+                         size_t len, char *err, size_t errlen);
+/* The committed checkpoint of job's step in dir, found damaged by the
+ * coordinator itself (how: what it read), is ABORTED with the reason
+ * "damaged: how": committed no more, logged and counted once; its files go
+ * as an aborted checkpoint's do, from aside when coord_ckpt_set_aside moved
+ * them there (NULL or "": it did not, kept says why), which is logged. */
 void coord_ckpt_mark_damaged(coord_t *c, int64_t job, int64_t step, const char *how,
-                             const char *aside);
+                             const char *dir, const char *aside, const char *kept);
 /* 0 when no job still to run but self (stored, or in this turn's submits)
  * has checkpoint_dir dir; else an error naming it. */
 int coord_ckpt_dir_free(coord_t *c, const char *dir, int64_t self);
 
-/* coord_export.c: whether a running export reads the checkpoint in dir
- * (retention keeps it, and runs again when the export ends) */
+/* coord_export.c: how many running exports read the checkpoint in dir
+ * (0: none; else retention keeps it, and runs again when they end) */
 int coord_export_reads(const coord_t *c, const char *dir);
 /* Whether an export of job's checkpoints is running. */
 int coord_export_of_job(const coord_t *c, int64_t job);

@@ -3723,6 +3723,20 @@ static void ckpt_files_replaced(const char *ck, int64_t at, const char *preset, 
   cr_assert_eq(tu_sh(cmd, out, sizeof out), 0, "%s", out);
 }
 
+/* A byte of the parameters of step's shard 1 (of 2) under ck set to 1 (it
+ * held 0): the shard whole in size, its checksum no more. */
+static void ckpt_param_flip(const char *ck, int64_t step) {
+  char sh[900];
+  snprintf(sh, sizeof sh, "%s/step-%08lld/shard-00001-of-00002.fsdp", ck, (long long)step);
+  int fd = open(sh, O_RDWR);
+  ckpt_header_t h;
+  cr_assert_eq(ckpt_header_read(fd, sh, &h), 0, "%s", err_msg());
+  const uint8_t one = 1;
+  cr_assert_eq(pwrite(fd, &one, 1, (off_t)h.sec[0].offset + 8), 1);
+  close(fd);
+  ckpt_header_free(&h);
+}
+
 /* An export reads only the checkpoint the store committed: a step
  * directory holding another checkpoint's files (whole, each shard
  * matching its manifest) is refused when its manifest disagrees with the
@@ -3741,15 +3755,7 @@ Test(coordinator, an_export_refuses_files_that_are_not_the_committed_checkpoint,
   ckpt_files_replaced(ck, 20, "tiny", 10, 2); /* another step */
   ckpt_files_replaced(ck, 30, "tiny", 30, 1); /* another shard count */
   ckpt_files_replaced(ck, 40, "small", 40, 2); /* other shards */
-  char sh[900];
-  snprintf(sh, sizeof sh, "%s/step-00000050/shard-00001-of-00002.fsdp", ck);
-  int fd = open(sh, O_RDWR);
-  ckpt_header_t h;
-  cr_assert_eq(ckpt_header_read(fd, sh, &h), 0, "%s", err_msg());
-  const uint8_t one = 1;
-  cr_assert_eq(pwrite(fd, &one, 1, (off_t)h.sec[0].offset + 8), 1); /* it held 0 */
-  close(fd);
-  ckpt_header_free(&h);
+  ckpt_param_flip(ck, 50);
   const struct {
     int64_t step;
     const char *field[2];
@@ -3770,6 +3776,44 @@ Test(coordinator, an_export_refuses_files_that_are_not_the_committed_checkpoint,
   }
   cr_expect_eq(ckpt_state(id, 10, NULL, 0), CK_COMMITTED);
   cr_expect_eq(export_all(id, 0, msg, sizeof msg), 0, "the latest committed, step 10: %s", msg);
+}
+
+/* An export that finds a committed checkpoint damaged while its job runs
+ * sets it aside whole (step-N.damaged), as the coordinator does with one a
+ * resuming rank found damaged: an attempt that resumes from an earlier one
+ * writes that step again, and a rank refuses to write a step whose
+ * directory holds a manifest ("step N is committed already"). The store
+ * records where it went, and the export's error says so. */
+Test(coordinator, an_export_that_finds_a_checkpoint_damaged_sets_it_aside) {
+  char d[600], ck[600], ckopt[700], id[32], msg[2048], reason[512], p[900];
+  node_t n = {{0}, 0};
+  ckpt_job_start(&n, "model=tiny", "keep_checkpoints=3", d, ck, ckopt, id);
+  cr_assert_eq(ckpt_report_both(&n, id, "tiny", ck, 10), CK_COMMITTED);
+  cr_assert_eq(ckpt_report_both(&n, id, "tiny", ck, 20), CK_COMMITTED);
+  ckpt_param_flip(ck, 20);
+  const int rc = export_all(id, 20, msg, sizeof msg);
+  cr_assert_eq(rc, FSDP_ESTATE, "%s: %s", err_name(rc), msg);
+  cr_expect(strstr(msg, "marked damaged") && strstr(msg, "set aside as") &&
+            strstr(msg, "step-00000020.damaged"), "%s", msg);
+  cr_expect_eq(ckpt_state(id, 20, reason, sizeof reason), CK_ABORTED);
+  cr_expect(!strncmp(reason, "damaged: an export read: ", 25), "%s", reason);
+  snprintf(p, sizeof p, "%s/step-00000020/%s", ck, CKPT_MANIFEST);
+  cr_expect_neq(access(p, F_OK), 0, "%s is still there: step 20 cannot be written again:\n%s", p,
+                tu_slurp(co.log, NULL));
+  snprintf(p, sizeof p, "%s/step-00000020.damaged/%s", ck, CKPT_MANIFEST);
+  cr_expect_eq(access(p, F_OK), 0, "not set aside whole:\n%s", tu_slurp(co.log, NULL));
+  cr_expect(co_log_count("is set aside as"), "%s", tu_slurp(co.log, NULL));
+  /* where it went is what the store lists (the janitor removes it there) */
+  Fsdp__V1__ListCheckpointsRequest q = FSDP__V1__LIST_CHECKPOINTS_REQUEST__INIT;
+  q.job_id = id;
+  Fsdp__V1__ListCheckpointsReply *r = NULL;
+  cr_assert_eq(CALL("ListCheckpoints", q, list_checkpoints_reply, &r), 0, "%s", err_msg());
+  for (size_t i = 0; i < r->n_checkpoints; i++)
+    if (r->checkpoints[i]->step == 20)
+      cr_expect(strstr(r->checkpoints[i]->dir, "step-00000020.damaged"), "%s",
+                r->checkpoints[i]->dir);
+  protobuf_c_message_free_unpacked(&r->base, NULL);
+  cr_expect_eq(ckpt_state(id, 10, NULL, 0), CK_COMMITTED);
 }
 
 /* GetJob names the job's latest committed checkpoint (fsdpctl status:
