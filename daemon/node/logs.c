@@ -127,6 +127,7 @@ static void logs_tick_cb(uv_timer_t *t) {
     if (n == 0) break;
     Fsdp__V1__LogChunk c = FSDP__V1__LOG_CHUNK__INIT;
     c.offset = st->off;
+    c.attempt = st->attempt;
     c.data.data = buf;
     c.data.len = (size_t)n;
     if (rpc_call_send(st->call, &c.base)) {

@@ -792,6 +792,7 @@ Test(fsdpd, registers_runs_a_job_to_the_end_and_serves_its_logs, .timeout = 40 *
   while ((rc = rpc_stream_next(st, &fsdp__v1__log_chunk__descriptor, &m)) == 1) {
     Fsdp__V1__LogChunk *ch = (void *)m;
     cr_expect_eq(ch->offset, (int64_t)got);
+    cr_expect_eq(ch->attempt, 1, "the attempt whose log it is, asked for as 0: %u", ch->attempt);
     if (got + ch->data.len < cap) memcpy(text + got, ch->data.data, ch->data.len);
     got += ch->data.len;
     protobuf_c_message_free_unpacked(m, NULL);
