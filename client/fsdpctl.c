@@ -56,6 +56,7 @@ typedef struct ctl {
   const char *tls_ca;
   const char *node_tls_ca; /* the nodes' (logs): NULL as tls_ca, CTL_PLAINTEXT none */
   double timeout_s;
+  int timeout_given;      /* --timeout was on the command line */
   int json;
   const char *cmd;        /* the command running, for messages */
   rpc_client_t *client;   /* to the coordinator, made at the first call */
@@ -204,7 +205,7 @@ static int ctl_global_opt(ctl_t *c, int argc, char **argv, int *i) {
     if (!*v || *end || !(t > 0) || t > CTL_TIMEOUT_MAX_S)
       return ctl_usage(c, "--timeout %s: give seconds, more than 0 and at most %.0f", v,
                        CTL_TIMEOUT_MAX_S), -1;
-    c->timeout_s = t;
+    c->timeout_s = t, c->timeout_given = 1;
     return 1;
   }
   if ((r = ctl_opt(c, argc, argv, i, "--output", &v)) || (r = ctl_opt(c, argc, argv, i, "-o", &v))) {
@@ -323,29 +324,48 @@ static double ctl_now_s(void) {
   return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-/* How long the coordinator has been away from a follower: since (0: it is
- * not) and the tries since. A follower zeroes it whenever a call succeeds. */
+#define CTL_AWAY_SAY_S 30.0 /* a follower waiting on a server says so again this often */
+
+/* How long a server has been away from a follower: since (0: it is not),
+ * the tries since, and when that was last said. What it follows: the
+ * coordinator, or a node through other, given up on after limit_s of one
+ * outage (0: never). A follower calls ctl_away_back whenever a call
+ * succeeds. */
 typedef struct ctl_away {
-  double since;
+  const char *server;  /* for messages: NULL, the coordinator */
+  rpc_client_t *other; /* the node's channel, made again at each try too */
+  double limit_s;
+  double since, said;
   int tries;
 } ctl_away_t;
 
+static void ctl_away_back(ctl_away_t *a) { a->since = a->said = 0, a->tries = 0; }
+
 /* After a follower's call failed with *rc: 1 when it should try again (the
- * coordinator unreachable, not yet for --timeout since the first failure
- * of this outage), said on stderr ("fsdpctl: <what> broke (<why>); <then>")
- * and waited for; else 0, *rc the failure to report. */
+ * server unreachable, not yet for limit_s since the first failure of this
+ * outage), said on stderr ("fsdpctl: <what> broke (<why>); <then>") at the
+ * first try and every CTL_AWAY_SAY_S after, and waited for; else 0, *rc
+ * the failure to report. */
 static int ctl_follow_again(ctl_t *c, ctl_away_t *a, int *rc, const char *what, const char *then) {
   if (ctl_exit_code(*rc) != CTL_EXIT_UNREACHABLE) return 0;
   const double now = ctl_now_s();
   if (!a->since) {
     a->since = now, a->tries = 0;
-  } else if (now - a->since >= c->timeout_s) {
+  } else if (a->limit_s && now - a->since >= a->limit_s) {
     /* err_wrap: err_msg() is the buffer err_set would write */
-    *rc = err_wrap(*rc, "the coordinator stayed unreachable for %.0f s", c->timeout_s);
+    *rc = err_wrap(*rc, "%s stayed unreachable for %.0f s", a->server ? a->server
+                   : "the coordinator", a->limit_s);
     return 0;
   }
-  ctl_line(stderr, "fsdpctl: %s broke (%s); %s", what, err_msg(), then);
-  ctl_retry_wait(c, NULL, a->tries++);
+  if (!a->tries || now - a->said >= CTL_AWAY_SAY_S) {
+    if (a->tries)
+      ctl_line(stderr, "fsdpctl: %s broke %.0f s ago, still (%s); %s", what, now - a->since,
+               err_msg(), then);
+    else
+      ctl_line(stderr, "fsdpctl: %s broke (%s); %s", what, err_msg(), then);
+    a->said = now;
+  }
+  ctl_retry_wait(c, a->other, a->tries++);
   return 1;
 }
 
@@ -610,7 +630,7 @@ static int ctl_watch(ctl_t *c, const char *job) {
   int tty = !c->json && isatty(STDOUT_FILENO), drawn = 0, last = 0, got = 0, code = CTL_EXIT_OK;
   char line[512], safe[TEXT_ESCAPED_MAX(sizeof line)], what[128];
   snprintf(what, sizeof what, "the watch of job %s", job);
-  ctl_away_t away = {0};
+  ctl_away_t away = {.limit_s = c->timeout_s};
   for (;;) {
     rpc_stream_t *st = NULL;
     /* the stream lasts as long as the job: no deadline; a coordinator that
@@ -622,7 +642,7 @@ static int ctl_watch(ctl_t *c, const char *job) {
            (rc = rpc_stream_next(st, &fsdp__v1__job_progress__descriptor, (ProtobufCMessage **)&p)) == 1) {
       rc = 0;
       last = p->state;
-      got++, away = (ctl_away_t){0};
+      got++, ctl_away_back(&away);
       if (c->json) {
         code = ctl_json(c, ctl_json_none(pbjson_message(&p->base), p->unreported, ctl_figures + 1),
                         0); /* printed its failure: stop there */
@@ -778,7 +798,7 @@ out:
 /* ---- events: what status and events print ---------------------------------------------- */
 
 #define CTL_EVENTS_POLL_MS 1000 /* events --follow: how often it asks for new ones */
-#define CTL_LOGS_RESUMES 5      /* logs --follow: reopenings in a row with nothing read */
+#define CTL_LOGS_RESUMES 5      /* logs --follow: reopenings in a row of a node never reached */
 #define CTL_JOBS_DEFAULT 1000   /* jobs: the newest this many unless --limit says */
 #define CTL_JOBS_PAGES 4096     /* jobs: pages asked for at most (each under 4 MiB) */
 #define CTL_STATUS_EVENTS 5     /* status: the job's latest events shown */
@@ -1159,7 +1179,7 @@ static int cmd_events(ctl_t *c, int argc, char **argv) {
    * ended and nothing came after (without JOB: until interrupted); through a
    * coordinator restart (ctl_follow_again), asking again after the last
    * event printed, so none is printed twice or skipped */
-  ctl_away_t away = {0};
+  ctl_away_t away = {.limit_s = c->timeout_s};
   char broke[128];
   snprintf(broke, sizeof broke, "following the events of %s", what);
   for (int quiet = 0; follow && code == CTL_EXIT_OK;) {
@@ -1177,7 +1197,7 @@ static int cmd_events(ctl_t *c, int argc, char **argv) {
       if (ctl_follow_again(c, &away, &rc, broke, then)) continue;
       return ctl_fail(c, rc, "events of %s", what);
     }
-    away = (ctl_away_t){0};
+    ctl_away_back(&away);
     if (got == 1000) continue; /* more are waiting */
     if (quiet) break;          /* the job had ended, and the last ask found nothing more */
     if (ended) {
@@ -1504,18 +1524,30 @@ static int cmd_logs(ctl_t *c, int argc, char **argv) {
   const int tty = isatty(STDOUT_FILENO);
   char held[4];
   size_t nheld = 0;
-  /* --follow lasts until the user stops it; a plain read is bounded by
-   * --timeout. A followed stream that breaks (fsdpd restarted, or the
-   * connection dropped while stdout was not read: a paused pager) is opened
-   * again where it stopped, a few times in a row at most. One whose ticket
-   * lapsed, followed or not (fsdpd ends it ABORTED past the ticket's hour,
-   * or when the node registered again with a new key), is routine: opened
-   * again there with a fresh ticket, saying nothing. A followed stream whose
-   * ticket the node refuses while the coordinator cannot give a fresh one
-   * (it restarts) waits for the coordinator, saying so once. */
+  /* --follow lasts until the rank's log is complete (fsdpd ends the stream
+   * OK once the rank has exited and every byte is sent) or the user stops
+   * it; a plain read is bounded by --timeout. A followed stream that breaks
+   * with the node unreachable (its fsdpd restarting, or the connection
+   * dropped while stdout was not read: a paused pager) is opened again
+   * where it stopped, in the attempt it was reading (LogChunk.attempt: a
+   * restarted fsdpd may run a newer one by then): once the node has
+   * answered with a byte, for as long as it stays away (ctl_follow_again:
+   * 0.2 s doubling to 1.6 s between tries), or until the user's --timeout
+   * of one outage; a node never reached (a wrong address), a few times in
+   * a row at most. One whose ticket lapsed, followed or not (fsdpd ends it
+   * ABORTED past the ticket's hour, or when the node registered again with
+   * a new key), is routine: opened again there with a fresh ticket, saying
+   * nothing. A followed stream whose ticket the node refuses while the
+   * coordinator cannot give a fresh one (it restarts) waits for the
+   * coordinator, saying so once. */
+  char server[160], broke[200];
+  snprintf(server, sizeof server, "node %s", node);
+  snprintf(broke, sizeof broke, "the log stream from node %s", node);
   if ((rc = rpc_client_create(&nc, &o))) {
     code = ctl_fail_at(c, rc, addr, "logs of job %s rank %lu from node %s", job, rank, node);
   } else {
+    ctl_away_t away = {.server = server, .other = nc, .limit_s = c->timeout_given ? c->timeout_s : 0};
+    int reached = 0;
     for (int again = 0, reopened = 0, waited = 0;; again++, reopened = 1) {
       int got = 0, trc = 0;
       /* a stream opened again (it broke, maybe past the ticket's hour) takes
@@ -1527,15 +1559,16 @@ static int cmd_logs(ctl_t *c, int argc, char **argv) {
         tr = fresh;
         req.ticket = tr->ticket;
       }
-      char away[512] = "";
-      if (trc) snprintf(away, sizeof away, "%s", err_msg());
+      char coord_away[512] = "";
+      if (trc) snprintf(coord_away, sizeof coord_away, "%s", err_msg());
       if (!(rc = rpc_stream_open(nc, &st, "/fsdp.v1.Node/GetRankLogs", &req.base,
                                  follow ? CTL_FOREVER_S : c->timeout_s))) {
         Fsdp__V1__LogChunk *ch;
         while ((rc = rpc_stream_next(st, &fsdp__v1__log_chunk__descriptor, (ProtobufCMessage **)&ch)) == 1) {
           if (tty) ctl_log_text(ch->data.data, ch->data.len, held, &nheld);
           else fwrite(ch->data.data, 1, ch->data.len, stdout);
-          req.offset = ch->offset + (int64_t)ch->data.len, got = 1;
+          req.offset = ch->offset + (int64_t)ch->data.len, got = reached = 1;
+          if (!req.attempt) req.attempt = ch->attempt; /* 0 from an older fsdpd: the latest still */
           ctl_free(ch);
           if ((code = ctl_stdout_check(c))) break;
         }
@@ -1545,24 +1578,36 @@ static int cmd_logs(ctl_t *c, int argc, char **argv) {
       const int lapsed = rc == FSDP_ESTALE;
       /* the node refuses the old ticket and the coordinator gave no new one */
       const int stale = follow && rc == FSDP_EAUTH && trc == FSDP_EUNAVAILABLE;
+      const int gone = follow && !lapsed && !stale && ctl_exit_code(rc) == CTL_EXIT_UNREACHABLE;
       if (got || lapsed || stale) again = 0; /* it moved on, or waits on its ticket: a fresh allowance */
-      if (code || again >= CTL_LOGS_RESUMES ||
-          (!lapsed && !stale && (!follow || rc != FSDP_EUNAVAILABLE)))
-        break;
+      if (got || !gone) ctl_away_back(&away); /* the node answered */
+      if (code || (!reached && again >= CTL_LOGS_RESUMES) || (!lapsed && !stale && !gone)) break;
+      const long long at = req.offset < 0 ? 0 : req.offset;
+      if (gone && reached) {
+        char then[64];
+        snprintf(then, sizeof then, "resuming at byte %lld", at);
+        if (!ctl_follow_again(c, &away, &rc, broke, then)) break;
+        continue;
+      }
       if (stale && !waited++)
         ctl_line(stderr, "fsdpctl: the log ticket for node %s expired and the coordinator cannot "
-                 "give a new one (%s); waiting for it, to resume at byte %lld", node, away,
-                 (long long)(req.offset < 0 ? 0 : req.offset));
+                 "give a new one (%s); waiting for it, to resume at byte %lld", node, coord_away, at);
       if (got) waited = 0;
       if (lapsed && got) continue; /* at once: it was reading */
-      if (!lapsed && !stale)
-        ctl_line(stderr, "fsdpctl: the log stream from node %s broke (%s); resuming at byte %lld",
-                 node, err_msg(), (long long)(req.offset < 0 ? 0 : req.offset));
+      if (gone) ctl_line(stderr, "fsdpctl: %s broke (%s); resuming at byte %lld", broke, err_msg(), at);
       ctl_retry_wait(c, nc, stale ? waited : again); /* waiting for the coordinator: its own count */
     }
     if (nheld) ctl_log_text(NULL, 0, held, &nheld); /* a character the log ended inside of */
     if (code) rc = 0; /* the failure is stdout's, printed */
-    else if (rc) code = ctl_fail_at(c, rc, addr, "logs of job %s rank %lu from node %s", job, rank, node);
+    else if (rc && follow && req.offset > 0 && ctl_exit_code(rc) == CTL_EXIT_UNREACHABLE) {
+      char in[32] = "";
+      if (req.attempt) snprintf(in, sizeof in, " --attempt %u", req.attempt);
+      code = ctl_fail_at(c, rc, addr, "logs of job %s rank %lu from node %s, followed to byte %lld "
+                         "(fsdpctl logs %s --rank %lu%s reads it whole once the node is back)",
+                         job, rank, node, (long long)req.offset, job, rank, in);
+    } else if (rc) {
+      code = ctl_fail_at(c, rc, addr, "logs of job %s rank %lu from node %s", job, rank, node);
+    }
   }
   rpc_client_destroy(nc);
   ctl_free(tr);
@@ -1632,8 +1677,12 @@ static const ctl_cmd_t ctl_cmds[] = {
      "  --attempt N    which attempt, from the node that ran the rank in it (default:\n"
      "                 the latest on the node that runs or last ran it)\n"
      "  --tail BYTES   only the last BYTES bytes\n"
-     "  --follow, -f   keep printing as the log grows (until interrupted); a stream\n"
-     "                 that breaks is opened again where it stopped\n"
+     "  --follow, -f   keep printing as the log grows, until the rank's log is complete\n"
+     "                 (the rank exited) or interrupted; a stream that breaks (the\n"
+     "                 node's fsdpd restarting) is opened again where it stopped, in\n"
+     "                 the same attempt, however long the node is away; with a\n"
+     "                 --timeout you give, until it has been unreachable that long\n"
+     "                 (then exit 4)\n"
      "Piped, the log's bytes as written; on a terminal, its control characters (an\n"
      "escape sequence) shown escaped, as \\x1b, newlines and tabs as they are.\n"},
     {"cancel", cmd_cancel, "cancel JOB [--reason TEXT]",
@@ -1693,9 +1742,10 @@ static const char ctl_globals_help[] =
     "  --timeout SECONDS   bound on each call (default 10, at most 1000000); watch,\n"
     "                      events --follow and logs --follow last until the job ends\n"
     "                      or you stop them (watch and events --follow: until the\n"
-    "                      coordinator has been unreachable this long); export takes\n"
-    "                      as long as the file needs, but gives up when no piece\n"
-    "                      comes for this long (at least 300 s)\n"
+    "                      coordinator has been unreachable this long; logs --follow:\n"
+    "                      the node, only when given); export takes as long as the\n"
+    "                      file needs, but gives up when no piece comes for this\n"
+    "                      long (at least 300 s)\n"
     "  --output table|json human tables (default) or one JSON document (-o json)\n";
 
 static const char ctl_exit_help[] =

@@ -505,6 +505,11 @@ static int logs_lapse, tickets_made;
  * refused (EAUTH, "expired") until a fresh one is made (loop thread only). */
 static int tickets_away, ticket_lapsed;
 static int logs_refuse; /* the Node service refuses every ticket (EAUTH) */
+/* The Node service holds a stream followed from the start open after two
+ * chunks (until the node goes: fake_node_restart), as fsdpd does while the
+ * rank runs; its chunks say they are attempt 1's (loop thread only). */
+static int logs_hold;
+static void h_logs_cancel(rpc_call_t *call, void *arg) { (void)call, (void)arg; }
 
 /* GetLogTicket: a ticket naming what it is for, which h_logs checks (and
  * which one it is, when logs_lapse). */
@@ -565,10 +570,15 @@ static void h_logs(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   for (int i = 0; i < 3; i++) {
     Fsdp__V1__LogChunk c = FSDP__V1__LOG_CHUNK__INIT;
     c.offset = off;
+    c.attempt = logs_hold;
     c.data.data = (uint8_t *)lines[i];
     c.data.len = strlen(lines[i]);
     off += (int64_t)c.data.len;
     if (req->follow && c.offset < req->offset) continue;
+    if (breaks && i == 2 && logs_hold) {
+      rpc_call_on_cancel(call, h_logs_cancel, NULL);
+      return;
+    }
     if (breaks && i == 2) {
       if (logs_lapse) ticket_lapsed = tickets_made;
       rpc_call_finish(call, logs_lapse ? err_set(FSDP_ESTALE, "job %s rank %u: the log stream "
@@ -589,6 +599,8 @@ static struct {
   pthread_t thread;
   uv_loop_t loop;
   uv_async_t wake;
+  uv_async_t node_flip; /* the node stops, or starts again on its port */
+  int node_flips;       /* done (F.mu) */
   rpc_server_t *coord, *node;
   rpc_server_opts_t opts;
   pthread_mutex_t mu;
@@ -601,8 +613,43 @@ static struct {
 static void stop_cb(uv_async_t *a) {
   (void)a;
   rpc_server_destroy(F.coord);
-  rpc_server_destroy(F.node);
+  if (F.node) rpc_server_destroy(F.node);
   uv_close((uv_handle_t *)&F.wake, NULL);
+  uv_close((uv_handle_t *)&F.node_flip, NULL);
+}
+
+/* The fake Node service on addr, with F.opts' tokens, in F.node. */
+static int node_serve(const char *addr) {
+  rpc_server_opts_t no = F.opts; /* the node: the same tokens, its own port */
+  no.addr = addr;
+  if (F.node_plain) no.tls_cert_file = no.tls_key_file = NULL;
+  const rpc_method_t logs = {"/fsdp.v1.Node/GetRankLogs", &fsdp__v1__get_rank_logs_request__descriptor,
+                             &fsdp__v1__log_chunk__descriptor, 1, 0, h_logs, NULL};
+  int rc = rpc_server_create(&F.node, &F.loop, &no);
+  if (!rc) rc = rpc_server_add(F.node, &logs);
+  if (!rc) rc = rpc_server_start(F.node);
+  return rc;
+}
+
+/* The node alone goes (its streams end as a killed fsdpd's do), or comes
+ * back on the port it had, as fsdpd restarts. */
+static void node_flip_cb(uv_async_t *a) {
+  (void)a;
+  int rc = 0;
+  if (F.node) {
+    rpc_server_destroy(F.node);
+    F.node = NULL;
+  } else {
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", node_port);
+    rc = node_serve(addr);
+  }
+  pthread_mutex_lock(&F.mu);
+  F.rc = rc;
+  snprintf(F.err, sizeof F.err, "%s", rc ? err_msg() : "");
+  F.node_flips++;
+  pthread_cond_broadcast(&F.cv);
+  pthread_mutex_unlock(&F.mu);
 }
 
 #define U RPC_ROLE_USER
@@ -640,17 +687,12 @@ static void *server_thread(void *arg) {
   (void)arg;
   uv_loop_init(&F.loop);
   uv_async_init(&F.loop, &F.wake, stop_cb);
-  rpc_server_opts_t no = F.opts; /* the node: the same tokens, its own port */
-  no.addr = "127.0.0.1:0";
-  if (F.node_plain) no.tls_cert_file = no.tls_key_file = NULL;
-  const rpc_method_t logs = {"/fsdp.v1.Node/GetRankLogs", &fsdp__v1__get_rank_logs_request__descriptor,
-                             &fsdp__v1__log_chunk__descriptor, 1, 0, h_logs, NULL};
+  uv_async_init(&F.loop, &F.node_flip, node_flip_cb);
+  F.node = NULL;
   int rc = rpc_server_create(&F.coord, &F.loop, &F.opts);
   if (!rc) rc = add_coordinator(F.coord);
   if (!rc) rc = rpc_server_start(F.coord);
-  if (!rc) rc = rpc_server_create(&F.node, &F.loop, &no);
-  if (!rc) rc = rpc_server_add(F.node, &logs);
-  if (!rc) rc = rpc_server_start(F.node);
+  if (!rc) rc = node_serve("127.0.0.1:0");
   pthread_mutex_lock(&F.mu);
   F.rc = rc;
   F.port = rc ? 0 : rpc_server_port(F.coord);
@@ -663,6 +705,7 @@ static void *server_thread(void *arg) {
     if (F.coord) rpc_server_destroy(F.coord);
     if (F.node) rpc_server_destroy(F.node);
     uv_close((uv_handle_t *)&F.wake, NULL);
+    uv_close((uv_handle_t *)&F.node_flip, NULL);
   }
   uv_run(&F.loop, UV_RUN_DEFAULT); /* until stop_cb closes the wake handle */
   uv_loop_close(&F.loop);
@@ -732,6 +775,25 @@ static double fake_restart(double away_s) {
   fake_run();
   cr_assert_str_eq(coord_addr, listen, "the coordinator came back on another port");
   return tu_now_s();
+}
+
+/* The fake node stops (its streams broken) or starts again on its port,
+ * the coordinator serving on; returns once done. */
+static void fake_node_flip(void) {
+  pthread_mutex_lock(&F.mu);
+  const int want = F.node_flips + 1;
+  pthread_mutex_unlock(&F.mu);
+  uv_async_send(&F.node_flip);
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += 10;
+  pthread_mutex_lock(&F.mu);
+  while (F.node_flips < want)
+    if (pthread_cond_timedwait(&F.cv, &F.mu, &until)) break;
+  const int done = F.node_flips >= want, rc = F.rc;
+  pthread_mutex_unlock(&F.mu);
+  cr_assert(done, "the fake node did not stop or start within 10 s");
+  cr_assert_eq(rc, 0, "the fake node: %s", F.err);
 }
 
 /* ---- running fsdpctl ---------------------------------------------------------------- */
@@ -1960,6 +2022,65 @@ Test(fsdpctl, a_followed_log_whose_stream_breaks_goes_on_where_it_stopped) {
       rec_get("GetLogTicket", &fsdp__v1__get_log_ticket_request__descriptor, &calls);
   cr_expect_eq(calls, 2, "%d tickets", calls);
   protobuf_c_message_free_unpacked(&tq->base, NULL);
+}
+
+/* The node's fsdpd restarts under a followed log (gone 6.5 s, longer than
+ * the 5 reopenings, 4.6 s, after which it used to give up): it is opened
+ * again where it stopped, in the attempt it was reading (the node's chunks
+ * say 1), as soon as the node serves again, said once on stderr, and ends
+ * with the log (exit 0), every line once. */
+Test(fsdpctl, a_followed_log_carries_on_through_an_fsdpd_restart) {
+  logs_hold = 1; /* set before the servers' thread starts */
+  fake_start(NULL, NULL);
+  const pid_t p = CTL_SPAWN("logs", "logs", "j-42", "--follow");
+  char lout[4096], lerr[4096];
+  for (double t0 = tu_now_s(); tu_now_s() - t0 < CTL_LIMIT_S; nanosleep(&(struct timespec){0, 20000000}, NULL))
+    if (strstr(ctl_spawned_output("logs", "out", lout, sizeof lout), "step 2")) break;
+  expect_in(lout, "step 2 loss 4.0\n");
+  fake_node_flip();
+  nanosleep(&(struct timespec){6, 500000000}, NULL);
+  fake_node_flip();
+  const double back = tu_now_s();
+  const int rc = ctl_reap(p, CTL_LIMIT_S);
+  const double dt = tu_now_s() - back;
+  ctl_spawned_output("logs", "out", lout, sizeof lout);
+  ctl_spawned_output("logs", "err", lerr, sizeof lerr);
+  cr_assert_eq(rc, 0, "exit %d: %s", rc, lerr);
+  cr_assert_str_eq(lout, "step 1 loss 5.0\nstep 2 loss 4.0\nstep 3 loss 3.0\n");
+  expect_in(lerr, "the log stream from node n-1 broke");
+  expect_in(lerr, "resuming at byte 32");
+  cr_expect(!strstr(strstr(lerr, "broke") + 1, "broke"), "said once: %s", lerr);
+  cr_expect(dt < 2.5, "it came back %.2f s after the node", dt);
+  int calls = 0;
+  Fsdp__V1__GetRankLogsRequest *req =
+      rec_get("GetRankLogs", &fsdp__v1__get_rank_logs_request__descriptor, &calls);
+  cr_expect_eq(calls, 2, "the node served two streams: %d", calls);
+  cr_expect_eq(req->offset, 32, "the last stream starts after what was printed");
+  cr_expect_eq(req->attempt, 1, "the attempt it was reading, not the node's latest then");
+  protobuf_c_message_free_unpacked(&req->base, NULL);
+}
+
+/* A node gone for good under a followed log given --timeout: it gives up
+ * once the node has been unreachable that long (exit 4), saying so and
+ * where the log stopped; not before and not long after. */
+Test(fsdpctl, a_followed_log_gives_up_on_a_node_gone_for_its_timeout) {
+  logs_hold = 1; /* set before the servers' thread starts */
+  fake_start(NULL, NULL);
+  const pid_t p = CTL_SPAWN("logs", "logs", "j-42", "--follow", "--timeout", "2");
+  char lout[4096], lerr[4096];
+  for (double t0 = tu_now_s(); tu_now_s() - t0 < CTL_LIMIT_S; nanosleep(&(struct timespec){0, 20000000}, NULL))
+    if (strstr(ctl_spawned_output("logs", "out", lout, sizeof lout), "step 2")) break;
+  expect_in(lout, "step 2 loss 4.0\n");
+  fake_node_flip();
+  const double t0 = tu_now_s();
+  const int rc = ctl_reap(p, CTL_LIMIT_S);
+  const double dt = tu_now_s() - t0;
+  ctl_spawned_output("logs", "err", lerr, sizeof lerr);
+  cr_assert_eq(rc, 4, "exit %d: %s", rc, lerr);
+  expect_in(lerr, "node n-1 stayed unreachable for 2 s");
+  expect_in(lerr, "followed to byte 32");
+  expect_in(lerr, "fsdpctl logs j-42 --rank 0 --attempt 1 reads it whole");
+  cr_expect(dt >= 2.0 && dt < 5.0, "it gave up after %.2f s (--timeout 2)", dt);
 }
 
 /* A node that refuses the ticket is no matter of the user's token (fsdpctl
