@@ -11,8 +11,10 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <arpa/inet.h>
 #include <jansson.h>
 #include <math.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <pty.h>
 #include <pthread.h>
@@ -20,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -601,6 +604,7 @@ static struct {
   uv_async_t wake;
   uv_async_t node_flip; /* the node stops, or starts again on its port */
   int node_flips;       /* done (F.mu) */
+  int node_hold;        /* while the node is down: a socket bound to its port, not listening */
   rpc_server_t *coord, *node;
   rpc_server_opts_t opts;
   pthread_mutex_t mu;
@@ -614,6 +618,8 @@ static void stop_cb(uv_async_t *a) {
   (void)a;
   rpc_server_destroy(F.coord);
   if (F.node) rpc_server_destroy(F.node);
+  if (F.node_hold >= 0) close(F.node_hold);
+  F.node_hold = -1;
   uv_close((uv_handle_t *)&F.wake, NULL);
   uv_close((uv_handle_t *)&F.node_flip, NULL);
 }
@@ -632,14 +638,26 @@ static int node_serve(const char *addr) {
 }
 
 /* The node alone goes (its streams end as a killed fsdpd's do), or comes
- * back on the port it had, as fsdpd restarts. */
+ * back on the port it had, as fsdpd restarts. While it is down its port is
+ * held by a socket that does not listen (a connect is refused, as to a
+ * stopped fsdpd), so that no other socket of the test run takes it. */
 static void node_flip_cb(uv_async_t *a) {
   (void)a;
   int rc = 0;
   if (F.node) {
     rpc_server_destroy(F.node);
     F.node = NULL;
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)node_port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const int one = 1;
+    F.node_hold = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (F.node_hold >= 0 &&
+        (setsockopt(F.node_hold, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) ||
+         bind(F.node_hold, (struct sockaddr *)&sa, sizeof sa)))
+      rc = err_set(FSDP_EIO, "holding port %d: %s", node_port, strerror(errno));
   } else {
+    if (F.node_hold >= 0) close(F.node_hold);
+    F.node_hold = -1;
     char addr[64];
     snprintf(addr, sizeof addr, "127.0.0.1:%d", node_port);
     rc = node_serve(addr);
@@ -688,7 +706,7 @@ static void *server_thread(void *arg) {
   uv_loop_init(&F.loop);
   uv_async_init(&F.loop, &F.wake, stop_cb);
   uv_async_init(&F.loop, &F.node_flip, node_flip_cb);
-  F.node = NULL;
+  F.node = NULL, F.node_hold = -1;
   int rc = rpc_server_create(&F.coord, &F.loop, &F.opts);
   if (!rc) rc = add_coordinator(F.coord);
   if (!rc) rc = rpc_server_start(F.coord);
