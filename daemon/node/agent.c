@@ -409,7 +409,7 @@ int agent_leave(agent_t *a) {
   const uint64_t session = a->session;
   const int registered = a->registered;
   pthread_mutex_unlock(&a->mu);
-  if (!registered) return err_set(FSDP_ESTATE, "not registered");
+  if (!registered) return err_set(FSDP_ENOTFOUND, "not registered: nothing to tell");
   Fsdp__V1__HeartbeatRequest *st = agent_state(a);
   Fsdp__V1__HeartbeatRequest empty = FSDP__V1__HEARTBEAT_REQUEST__INIT;
   Fsdp__V1__HeartbeatRequest *req = st ? st : &empty;

@@ -86,7 +86,8 @@ void agent_health(agent_t *a, int *up, uint64_t *refusals);
  * reported (or given up): a heartbeat with leaving set, so that the
  * coordinator counts the node STOPPED at once, not dead at its heartbeat
  * timeout (a planned stop is no death: no alert, no fence). Ends the
- * session first. Blocks up to 2 s; 0 when the coordinator took it. Any
+ * session first. Blocks up to 2 s; 0 when the coordinator took it,
+ * FSDP_ENOTFOUND when no session is registered (nothing to tell). Any
  * thread. */
 int agent_leave(agent_t *a);
 /* Asks the thread to end and waits up to wait_s for it: 1 when it ended (then
