@@ -155,6 +155,12 @@ out:
 
 int main(int argc, char **argv) {
   crash_install("fsdp-train");
+  /* a gone reader of the output (a launcher killed outright, whose pipe
+   * the rank's stdout is) is no reason to die: the stop it brings
+   * (die_with_supervisor) still writes and commits its checkpoint, and a
+   * line that finds no reader is lost (EPIPE, which nothing here treats as
+   * fatal) */
+  signal(SIGPIPE, SIG_IGN);
   /* a line at a time, as on a terminal: a rank's stdout and stderr go to
    * one log (fsdpd's, fsdp-launch's pipe), whose last line fsdpd reports as
    * the job's reason; fully buffered, the plan and precision lines landed

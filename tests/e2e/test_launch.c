@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 
@@ -146,19 +147,38 @@ Test(launch, a_signal_to_the_launcher_stops_every_rank, .timeout = 30 * TU_SLOW,
   free(out);
 }
 
+/* fsdp-train's ranks under fsdp-launch: a tiny model training for ever into
+ * checkpoint_dir ck (periodic checkpoints never come), every step printed
+ * (FSDP_PROGRESS_EVERY 1: lines to the launcher's pipe), seed marks them for
+ * pgrep. */
+static void train_args(char *args, size_t len, const char *data, const char *ck,
+                       const char *seed) {
+  snprintf(args, len, "-n 2 -- %s/bin/fsdp-train --model tiny --steps 1000000 "
+           "--warmup_steps 1 --batch 2 --seq_len 32 --eval_fraction 0 --data %s --seed %s "
+           "--checkpoint_dir %s --checkpoint_every 1000000", tu_root(), data, seed, ck);
+}
+
+/* Committed checkpoints (manifests) in ck. */
+static int committed(const char *ck) {
+  char cmd[1024], out[4096];
+  snprintf(cmd, sizeof cmd, "ls %s/step-*/manifest.json 2>/dev/null | wc -l", ck);
+  tu_sh(cmd, out, sizeof out);
+  return atoi(out);
+}
+
 /* A launcher killed outright (SIGKILL: no chance to stop its ranks) leaves
  * no rank training on, holding its cores: each fsdp-train asked the kernel
  * for SIGTERM when its parent dies (FSDP_SUPERVISOR_PID, set by the
- * launcher) and stops at its next step boundary. */
+ * launcher) and stops at its next step boundary, with a committed
+ * checkpoint of that step. Their output is the dead launcher's pipe: a
+ * line printed there (the progress, the checkpoint's) must not kill them
+ * (SIGPIPE) before the checkpoint commits. */
 Test(launch, a_launcher_killed_outright_leaves_no_rank_training, .timeout = 60 * TU_SLOW,
      .fini = kill_world) {
-  char *data = tu_token_file("tok.bin", 20000, 1, 256), args[2048];
-  snprintf(args, sizeof args, "-n 2 -- %s/bin/fsdp-train --model tiny --steps 1000000 "
-           "--warmup_steps 1 --batch 2 --seq_len 32 --eval_fraction 0 --data %s --seed 7531598",
-           tu_root(), data);
-  /* no progress lines: a rank writing to its dead launcher's pipe would die
-   * of SIGPIPE anyway; a quiet one would train on */
-  const char *env[] = {"FSDP_PROGRESS_EVERY=100000000", NULL};
+  char *data = tu_token_file("tok.bin", 20000, 1, 256), *ck = tu_path("ck"), args[2048];
+  cr_assert_eq(mkdir(ck, 0755), 0);
+  train_args(args, sizeof args, data, ck, "7531598");
+  const char *env[] = {"FSDP_PROGRESS_EVERY=1", NULL};
   tu_world_start(&W, 1, "fsdp-launch", args, env, NULL, NULL);
   cr_assert_eq(tu_world_wait_lines(&W, 0, "[rank 0] train: model", 1, 20), 0, "no start:\n%s",
                tu_world_output(&W, 0));
@@ -173,5 +193,7 @@ Test(launch, a_launcher_killed_outright_leaves_no_rank_training, .timeout = 60 *
   }
   if (alive) (void)system("pkill -9 -f 'seed 753159[8]'");
   cr_expect(!alive, "ranks still trained 10 s after their launcher was killed");
-  free(data);
+  cr_expect_eq(committed(ck), 1, "the ranks' stop checkpoint was not committed (a rank died "
+               "writing to its dead launcher's pipe?)");
+  free(data), free(ck);
 }
