@@ -14,9 +14,14 @@
  * Supervision is supervise.h's (each rank in its own session, output lines
  * prefixed "[rank R] ", a rank's group killed when it exits); the policy is
  * this file's: when a rank fails (non-zero exit or a signal), or the launcher
- * gets SIGINT or SIGTERM, the set is stopped (SIGTERM to every rank's group,
- * SIGKILL after the grace period). Nothing outlives the launcher.
- * Exit status: 0 when every rank exited 0, 1 when one failed, 2 on bad usage. */
+ * gets SIGINT, SIGTERM or SIGHUP (a closed terminal or ssh session), the set
+ * is stopped (SIGTERM to every rank's group, SIGKILL after the grace
+ * period). Nothing outlives the launcher.
+ * Exit status, for the scripts around it (a retry loop, a Slurm batch
+ * script): 0 when every rank exited 0; 75 (JOB_EXIT_PREEMPTED) when every
+ * rank exited 75, stopped when asked (run it again to go on); 2 on bad
+ * usage, or when the first rank to fail exited 2 (it refused an option:
+ * running it again changes nothing); 1 otherwise. */
 #include <errno.h>
 #include <getopt.h>
 #include <netinet/in.h>
@@ -31,6 +36,7 @@
 
 #include "daemon/common/err.h"
 #include "daemon/common/ring_secret.h"
+#include "daemon/job/job.h" /* JOB_EXIT_PREEMPTED */
 #include "daemon/node/supervise.h"
 
 typedef struct launch launch_t;
@@ -50,7 +56,7 @@ struct launch {
   launch_rank_t *ranks;
   int failed; /* first rank that failed, n for a signal, -1 if none */
   double grace_s;
-  uv_signal_t sigint, sigterm;
+  uv_signal_t sigs[3]; /* SIGINT, SIGTERM, SIGHUP */
   char secret_env[RING_SECRET_ENV_LEN]; /* the run's ring secret, for every rank */
 };
 
@@ -59,7 +65,10 @@ static void launch_usage(FILE *f) {
              "Starts RANKS copies of PROGRAM on this machine as the ranks of one job and\n"
              "supervises them: when one fails, the others are stopped (SIGTERM, then SIGKILL\n"
              "after --grace seconds, default 5). Each rank's environment has FSDP_RANK,\n"
-             "FSDP_WORLD_SIZE, FSDP_ADDRS and FSDP_LISTEN_FD=3 (its bound listening socket).\n");
+             "FSDP_WORLD_SIZE, FSDP_ADDRS and FSDP_LISTEN_FD=3 (its bound listening socket).\n"
+             "SIGINT, SIGTERM or SIGHUP stops every rank. Exit status: 0 every rank done,\n"
+             "75 every rank stopped when asked (run it again to go on), 2 bad usage or a\n"
+             "refused option, 1 a rank failed.\n");
 }
 
 static void launch_stop(launch_t *L, const char *why) {
@@ -101,6 +110,16 @@ static void launch_signal_cb(uv_signal_t *h, int sig) {
   snprintf(why, sizeof why, "got %s", strsignal(sig));
   if (L->failed < 0) L->failed = L->n; /* not a rank's fault, but a failure all the same */
   launch_stop(L, why);
+}
+
+/* The launcher's exit status from its ranks' (the header says what each
+ * means): a stop every rank made when asked is not a crash, and a refused
+ * option is not something a retry mends. */
+static int launch_status(const launch_t *L, int stopped) {
+  if (stopped == L->n) return JOB_EXIT_PREEMPTED;
+  if (L->failed < 0) return 0;
+  const launch_rank_t *F = L->failed < L->n ? &L->ranks[L->failed] : NULL;
+  return F && !F->term_signal && F->status == 2 ? 2 : 1;
 }
 
 /* A listening TCP socket on 127.0.0.1 with a port the kernel picks. */
@@ -206,13 +225,12 @@ int main(int argc, char **argv) {
     return 1;
   }
   /* unreferenced: the loop ends when the ranks are done, not when signals are */
-  uv_signal_t *sigs[2] = {&L.sigint, &L.sigterm};
-  const int signums[2] = {SIGINT, SIGTERM};
-  for (int i = 0; i < 2; i++) {
-    uv_signal_init(&L.loop, sigs[i]);
-    sigs[i]->data = &L;
-    uv_signal_start(sigs[i], launch_signal_cb, signums[i]);
-    uv_unref((uv_handle_t *)sigs[i]);
+  const int signums[3] = {SIGINT, SIGTERM, SIGHUP};
+  for (int i = 0; i < 3; i++) {
+    uv_signal_init(&L.loop, &L.sigs[i]);
+    L.sigs[i].data = &L;
+    uv_signal_start(&L.sigs[i], launch_signal_cb, signums[i]);
+    uv_unref((uv_handle_t *)&L.sigs[i]);
   }
   for (int r = 0; r < L.n && !supervise_stopping(L.set); r++) {
     if (launch_spawn(&L, &L.ranks[r], cmd, addrs)) {
@@ -225,24 +243,22 @@ int main(int argc, char **argv) {
   }
   for (int r = 0; r < L.n; r++) close(L.ranks[r].listen_fd); /* the ranks hold them now */
   uv_run(&L.loop, UV_RUN_DEFAULT);
-  for (int i = 0; i < 2; i++) uv_close((uv_handle_t *)sigs[i], NULL);
+  for (int i = 0; i < 3; i++) uv_close((uv_handle_t *)&L.sigs[i], NULL);
   supervise_destroy(L.set);
   uv_run(&L.loop, UV_RUN_DEFAULT); /* the close callbacks */
   uv_loop_close(&L.loop);
 
-  int rc = 0;
+  int stopped = 0;
   for (int r = 0; r < L.n; r++) {
     launch_rank_t *R = &L.ranks[r];
-    if (R->term_signal) {
+    if (R->term_signal)
       fprintf(stderr, "fsdp-launch: rank %d: killed by signal %d (%s)\n", r, R->term_signal,
               strsignal(R->term_signal));
-      rc = 1;
-    } else if (R->status) {
+    else if (R->status)
       fprintf(stderr, "fsdp-launch: rank %d: exit status %lld\n", r, (long long)R->status);
-      rc = 1;
-    }
+    stopped += !R->term_signal && R->status == JOB_EXIT_PREEMPTED;
   }
-  if (L.failed >= 0) rc = 1;
+  const int rc = launch_status(&L, stopped);
   free(addrs);
   free(L.ranks);
   return rc;

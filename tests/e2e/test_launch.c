@@ -197,3 +197,37 @@ Test(launch, a_launcher_killed_outright_leaves_no_rank_training, .timeout = 60 *
                "writing to its dead launcher's pipe?)");
   free(data), free(ck);
 }
+
+/* SIGHUP (a closed terminal or ssh session) stops the job as SIGTERM does:
+ * every rank stops after the same step with a committed checkpoint of it,
+ * and the launcher says so with their status, 75, which a retry loop reads
+ * as "run it again to go on" (not 1, a crash). */
+Test(launch, a_hangup_stops_the_job_with_a_checkpoint, .timeout = 60 * TU_SLOW,
+     .fini = kill_world) {
+  char *data = tu_token_file("tok.bin", 20000, 1, 256), *ck = tu_path("ck"), args[2048];
+  cr_assert_eq(mkdir(ck, 0755), 0);
+  train_args(args, sizeof args, data, ck, "7531599");
+  const char *env[] = {"FSDP_PROGRESS_EVERY=1", NULL};
+  tu_world_start(&W, 1, "fsdp-launch", args, env, NULL, NULL);
+  cr_assert_eq(tu_world_wait_lines(&W, 0, "[rank 0] step ", 2, 20 * TU_SLOW), 0, "no steps:\n%s",
+               tu_world_output(&W, 0));
+  cr_assert_eq(kill(W.pid[0], SIGHUP), 0);
+  int left = tu_world_wait_exits(&W, -1, 20 * TU_SLOW);
+  char *out = tu_world_output(&W, 0);
+  if (left) (void)system("pkill -9 -f 'seed 753159[9]'");
+  cr_assert_eq(left, 0, "the launcher still runs 20 s after SIGHUP:\n%s", out);
+  cr_expect(WIFEXITED(W.status[0]) && WEXITSTATUS(W.status[0]) == 75,
+            "every rank stopped when asked: status 0x%x\n%s", W.status[0], out);
+  cr_expect(strstr(out, "got Hangup"), "%s", out);
+  cr_expect_eq(committed(ck), 1, "%s", out);
+  free(out), free(data), free(ck);
+}
+
+/* Ranks that refuse their options exit 2, and so does the launcher: running
+ * the same command again changes nothing, unlike a crash (1). */
+Test(launch, ranks_refusing_their_options_exit_2, .timeout = 30 * TU_SLOW) {
+  char out[16384], args[1024];
+  snprintf(args, sizeof args, "-n 2 -- %s/bin/fsdp-train --model no-such-model", tu_root());
+  cr_assert_eq(launch(args, out, sizeof out, NULL), 2, "%s", out);
+  cr_assert(strstr(out, "no-such-model"), "%s", out);
+}
