@@ -38,6 +38,9 @@
 #define CKPT_BLOCK (1u << 20)        /* bytes per block checksum */
 #define CKPT_HEADER_MAX (64u << 20)  /* a larger header is refused as damaged */
 #define CKPT_MANIFEST "manifest.json"
+/* The file in a checkpoint_dir whose flock the run writing there holds
+ * (daemon/train/train.c, train_lock_dir): one run per directory. */
+#define CKPT_LOCK ".fsdp-train.lock"
 #define CKPT_NAME_MAX 64
 
 typedef enum { CKPT_DTYPE_F32 = 1, CKPT_DTYPE_BF16 = 2 } ckpt_dtype_t;

@@ -11,6 +11,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -83,6 +84,7 @@ struct train {
   train_save_t saves[TRAIN_SAVES]; /* oldest first */
   int n_saves;
   int ckpt_told_failed; /* the step whose shard the owner of commits heard was not written (-1) */
+  int ckpt_lock;        /* rank 0: the fd whose flock holds checkpoint_dir for the run (-1) */
   double t_start, t_after_first;
   train_result_t res;
 };
@@ -148,6 +150,69 @@ static int train_check_dir(const char *key, const char *path) {
     return err_set(FSDP_EINVAL, "%s: %s is not a directory; give the directory checkpoints go "
                    "in", key, path);
   return FSDP_OK;
+}
+
+static int train_agree(train_t *t, int bad, int *total);
+
+/* How long rank 0 under an owner of commits (fsdpd) waits for a
+ * checkpoint_dir's lock: the service runs one job per directory, so a
+ * holder there is the job's previous attempt, whose rank 0 may still be
+ * ending (or its node's file system lease running out). */
+#define TRAIN_LOCK_WAIT_S 30
+
+/* Rank 0's part of train_lock_dir: the lock taken (t->ckpt_lock), else a
+ * sentence naming the holder in err_msg. */
+static int train_lock_take(train_t *t) {
+  const char *dir = t->cfg.checkpoint_dir;
+  char path[CONFIG_PATH_MAX + 32], who[128] = "";
+  snprintf(path, sizeof path, "%s/%s", dir, CKPT_LOCK);
+  const int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return err_set_errno(err_from_errno(errno), errno, "checkpoint_dir: cannot create %s (the "
+                         "directory must be writable)", path);
+  const double until = train_now() + (t->opts.checkpoint ? TRAIN_LOCK_WAIT_S : 0);
+  int held;
+  while ((held = flock(fd, LOCK_EX | LOCK_NB)) && errno == EWOULDBLOCK && train_now() < until)
+    nanosleep(&(struct timespec){0, 200000000}, NULL);
+  if (held) {
+    const int e = errno;
+    const ssize_t n = e == EWOULDBLOCK ? pread(fd, who, sizeof who - 1, 0) : -1;
+    who[n > 0 ? n : 0] = 0;
+    who[strcspn(who, "\n")] = 0;
+    close(fd);
+    if (e != EWOULDBLOCK)
+      return err_set_errno(err_from_errno(e), e, "checkpoint_dir: cannot lock %s", path);
+    return err_set(FSDP_EEXIST, "checkpoint_dir: %s is in use by another run (%s holds %s); "
+                   "two runs in one directory write over each other's checkpoints: stop that "
+                   "run, or give this one a checkpoint_dir of its own", dir,
+                   who[0] ? who : "a process that did not say its pid", CKPT_LOCK);
+  }
+  char host[64] = "?";
+  gethostname(host, sizeof host - 1);
+  const int n = snprintf(who, sizeof who, "pid %d on %s\n", (int)getpid(), host);
+  if (ftruncate(fd, 0) || pwrite(fd, who, (size_t)n, 0) != n) /* only a name for the refused */
+    LOG_WARN("train", "checkpoint_dir: could not write the holder's pid into %s", path);
+  t->ckpt_lock = fd;
+  return FSDP_OK;
+}
+
+/* One run at a time in a checkpoint_dir: a second would write the same
+ * steps, and its shard could replace one under the other's committed
+ * manifest. Rank 0 holds an flock on CKPT_LOCK there for the run, its pid
+ * and host written in it for whoever is refused. Only rank 0: on a file
+ * system the nodes share, an flock is one lock for them all, and the run's
+ * other ranks would be refused by their own rank 0. Every rank learns the
+ * outcome (one all-reduce), so the whole run refuses to start. */
+static int train_lock_dir(train_t *t) {
+  char why[1024] = "";
+  int rc = t->boot.rank == 0 ? train_lock_take(t) : FSDP_OK, total;
+  if (rc) snprintf(why, sizeof why, "%s", err_msg());
+  int crc = train_agree(t, rc, &total);
+  if (crc) return err_wrap(crc, "checkpoint_dir: agreeing on its lock");
+  if (!total) return FSDP_OK;
+  return rc ? err_set(rc, "%s", why)
+            : err_set(FSDP_EEXIST, "checkpoint_dir: rank 0 could not lock %s for this run (its "
+                      "log says why)", t->cfg.checkpoint_dir);
 }
 
 /* How many ranks hold an h other than rank 0's (0: every rank's is alike):
@@ -216,8 +281,6 @@ static int train_same_data(train_t *t) {
                    (unsigned long long)data_sum(t->data));
   return FSDP_OK;
 }
-
-static int train_agree(train_t *t, int bad, int *total);
 
 /* How many ranks hold a NaN or Inf in their shard of the parameters (and,
  * with optimizer, of AdamW's m and v): every rank learns the same count, so
@@ -787,6 +850,7 @@ int train_open(train_t **out, const config_t *c, const train_opts_t *o) {
   t->res.eval_loss = NAN;
   t->ckpt_step = -1;
   t->ckpt_told_failed = -1;
+  t->ckpt_lock = -1;
   /* the defaults fitted to the model and the run: said by the caller's
    * finish, or by this one when the caller did not finish its config */
   char adjusted[sizeof c->adjusted];
@@ -862,7 +926,7 @@ int train_open(train_t **out, const config_t *c, const train_opts_t *o) {
                 ? "the ids past it never occur, and their rows of the embedding only decay"
                 : "such files may hold ids the model cannot take (this one's all fit)",
             data_made_vocab(t->data));
-  if (c->checkpoint_dir[0] && (rc = train_run_id(t))) goto fail;
+  if (c->checkpoint_dir[0] && ((rc = train_lock_dir(t)) || (rc = train_run_id(t)))) goto fail;
   if ((c->resume_from[0] || c->checkpoint_dir[0]) && (rc = train_resume(t)))
     goto fail;
   if (c->checkpoint_dir[0] && c->checkpoint_every && c->checkpoint_async &&
@@ -1159,6 +1223,7 @@ void train_close(train_t *t) {
     LOG_WARN("train", "a communicator's abort still runs after %d ms; exiting anyway",
              TRAIN_SETTLE_MS);
   comm_boot_free(&t->boot);
+  if (t->ckpt_lock >= 0) close(t->ckpt_lock); /* the last: the run's writes are done */
   free(t);
 }
 

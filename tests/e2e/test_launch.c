@@ -231,3 +231,29 @@ Test(launch, ranks_refusing_their_options_exit_2, .timeout = 30 * TU_SLOW) {
   cr_assert_eq(launch(args, out, sizeof out, NULL), 2, "%s", out);
   cr_assert(strstr(out, "no-such-model"), "%s", out);
 }
+
+/* One run per checkpoint_dir: a second run into a directory another run
+ * writes would commit steps over its checkpoints (a shard renamed over one
+ * the other's manifest vouches for). The second is refused at start, every
+ * rank, naming the directory and the run that holds it (rank 0 of the
+ * first, a world of one here); the first trains on. */
+Test(launch, a_second_run_into_a_checkpoint_dir_in_use_is_refused, .timeout = 60 * TU_SLOW,
+     .fini = kill_world) {
+  char *data = tu_token_file("tok.bin", 20000, 1, 256), *ck = tu_path("ck"), args[2048];
+  char out[65536], pid[32];
+  cr_assert_eq(mkdir(ck, 0755), 0);
+  train_args(args, sizeof args, data, ck, "7531600");
+  tu_world_start(&W, 1, "fsdp-train", strstr(args, "--model"), NULL, NULL, NULL);
+  cr_assert_eq(tu_world_wait_lines(&W, 0, "train: model", 1, 20 * TU_SLOW), 0, "no start:\n%s",
+               tu_world_output(&W, 0));
+  cr_assert_eq(launch(args, out, sizeof out, NULL), 1, "%s", out);
+  snprintf(pid, sizeof pid, "pid %d on ", W.pid[0]);
+  cr_expect(strstr(out, ck) && strstr(out, "in use by another run") && strstr(out, pid),
+            "%s", out);
+  cr_expect(strstr(out, "[rank 1] fsdp-train: checkpoint_dir: rank 0 could not lock"), "%s", out);
+  cr_expect_eq(tu_world_wait_exits(&W, -1, 0.5), 1, "the first run stopped");
+  cr_assert_eq(kill(W.pid[0], SIGTERM), 0);
+  cr_expect_eq(tu_world_wait_exits(&W, -1, 20 * TU_SLOW), 0);
+  cr_expect(WIFEXITED(W.status[0]) && WEXITSTATUS(W.status[0]) == 75, "0x%x", W.status[0]);
+  free(data), free(ck);
+}
