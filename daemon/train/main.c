@@ -7,13 +7,15 @@
  * Started by fsdpd, it also reports every step to it (FSDP_REPORT_FD,
  * report.h). Flags override the job file whatever their order.
  *
- * SIGTERM (how fsdpd, fsdp-launch, Slurm and Kubernetes stop a process)
- * stops the run at the next step boundary, every rank after the same step,
- * writing a checkpoint of it when the job has a checkpoint_dir (SIGKILL is
- * what ends a rank at once). Exit status: 0 done, 1 the run failed,
- * 2 bad usage or a bad option (the message names it), 3 its node's lease
- * ended (REPORT_EXIT_FENCED, report.h), 75 stopped by SIGTERM
- * (JOB_EXIT_PREEMPTED: the coordinator requeues the job). */
+ * SIGTERM (how fsdpd, fsdp-launch, Slurm and Kubernetes stop a process),
+ * SIGINT (Ctrl-C) and SIGHUP (a closed terminal) stop the run at the next
+ * step boundary, every rank after the same step, writing a checkpoint of it
+ * when the job has a checkpoint_dir (SIGKILL is what ends a rank at once; a
+ * second Ctrl-C too). Exit status: 0 done, 1 the run failed, 2 bad usage or
+ * a bad option (the message names it), 3 its node's lease ended
+ * (REPORT_EXIT_FENCED, report.h), 75 stopped when asked, before its last
+ * step (JOB_EXIT_PREEMPTED: the coordinator requeues the job; the last line
+ * says which step a resume goes on from). */
 #include <getopt.h>
 #include <errno.h>
 #include <signal.h>
@@ -36,12 +38,16 @@ enum { OPT_HELP = 1, OPT_CONFIG, OPT_PRINT, OPT_PARAMS, OPT_PROBE, OPT_KEY0 = 10
 
 static volatile sig_atomic_t stop_asked;
 
-/* SIGTERM asks the loop to stop at the step boundary. Only that: a job is
- * often sent it twice (Slurm signals the whole step, and the launcher passes
- * it on), and a rank stuck in a step is its supervisor's to SIGKILL after
- * the grace. */
-static void on_sigterm(int sig) {
-  (void)sig;
+/* SIGTERM, SIGINT or SIGHUP asks the loop to stop at the step boundary.
+ * Only that for SIGTERM: a job is often sent it twice (Slurm signals the
+ * whole step, and the launcher passes it on), and a rank stuck in a step is
+ * its supervisor's to SIGKILL after the grace. A second SIGINT is a person
+ * at a terminal who does not want to wait: it ends the process at once. */
+static void on_stop_signal(int sig) {
+  if (sig == SIGINT && stop_asked) {
+    signal(SIGINT, SIG_DFL);
+    raise(SIGINT);
+  }
   stop_asked = 1;
 }
 
@@ -199,9 +205,11 @@ int main(int argc, char **argv) {
     fprintf(stderr, "fsdp-train: %s\n", err_msg());
     return 2;
   }
-  struct sigaction sa = {.sa_handler = on_sigterm};
+  struct sigaction sa = {.sa_handler = on_stop_signal};
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGHUP, &sa, NULL);
   if (die_with_supervisor()) {
     report_close(rep);
     return 1;

@@ -1,7 +1,8 @@
 /* End-to-end tests of fsdp-launch, run as a program: what each rank is given
  * (rank, world, addresses, a bound listening socket), prefixed output, and
  * supervision: one failing rank, or a signal to the launcher, stops the
- * others within the grace period and nothing survives. Every test is bounded
+ * others within the grace period and nothing survives; and how fsdp-train's
+ * ranks stop (the signals, a dead launcher, a checkpoint_dir in use). Every test is bounded
  * (Criterion timeouts; the ranks' sleeps are ended by the launcher). */
 #include <criterion/criterion.h>
 #include <signal.h>
@@ -256,4 +257,32 @@ Test(launch, a_second_run_into_a_checkpoint_dir_in_use_is_refused, .timeout = 60
   cr_expect_eq(tu_world_wait_exits(&W, -1, 20 * TU_SLOW), 0);
   cr_expect(WIFEXITED(W.status[0]) && WEXITSTATUS(W.status[0]) == 75, "0x%x", W.status[0]);
   free(data), free(ck);
+}
+
+/* fsdp-train run by hand stops on Ctrl-C (SIGINT) or a closed terminal
+ * (SIGHUP) as on SIGTERM: at a step boundary, with a committed checkpoint
+ * of that step, exit 75; not at once, with a temporary shard left behind. */
+Test(launch, fsdp_train_alone_stops_with_a_checkpoint_on_sigint_and_sighup,
+     .timeout = 60 * TU_SLOW, .fini = kill_world) {
+  char *data = tu_token_file("tok.bin", 20000, 1, 256), args[2048];
+  const int sigs[2] = {SIGINT, SIGHUP};
+  for (int i = 0; i < 2; i++) {
+    char name[16], *ck;
+    snprintf(name, sizeof name, "ck%d", i);
+    cr_assert_eq(mkdir(ck = tu_path(name), 0755), 0);
+    train_args(args, sizeof args, data, ck, "7531601");
+    const char *env[] = {"FSDP_PROGRESS_EVERY=1", NULL};
+    tu_world_start(&W, 1, "fsdp-train", strstr(args, "--model"), env, NULL, NULL);
+    cr_assert_eq(tu_world_wait_lines(&W, 0, "step ", 2, 20 * TU_SLOW), 0, "no steps:\n%s",
+                 tu_world_output(&W, 0));
+    cr_assert_eq(kill(W.pid[0], sigs[i]), 0);
+    cr_assert_eq(tu_world_wait_exits(&W, -1, 20 * TU_SLOW), 0, "still running after %s",
+                 strsignal(sigs[i]));
+    char *out = tu_world_output(&W, 0);
+    cr_expect(WIFEXITED(W.status[0]) && WEXITSTATUS(W.status[0]) == 75, "%s: status 0x%x\n%s",
+              strsignal(sigs[i]), W.status[0], out);
+    cr_expect_eq(committed(ck), 1, "%s:\n%s", strsignal(sigs[i]), out);
+    free(out), free(ck);
+  }
+  free(data);
 }
