@@ -117,6 +117,21 @@ static size_t train_host_limit(int world) {
   return avail && avail < (size_t)share ? avail : (size_t)share;
 }
 
+/* A file can be created at path + suffix (and is removed again); where
+ * says where that is, for the message. */
+static int train_probe(const char *key, const char *path, const char *suffix, const char *where) {
+  char probe[CONFIG_PATH_MAX + 48];
+  snprintf(probe, sizeof probe, "%s%s.%d", path, suffix, (int)getpid());
+  int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL, 0600);
+  if (fd < 0)
+    return err_set_errno(err_from_errno(errno), errno, "%s: cannot create files %s %s (the "
+                         "directory must exist and be writable); fix the path before training",
+                         key, where, path);
+  close(fd);
+  unlink(probe);
+  return FSDP_OK;
+}
+
 /* A file can be created next to path (its directory exists and takes
  * writes) and path is not a directory: found before the first step, not
  * after the last. */
@@ -125,22 +140,14 @@ static int train_check_writable(const char *key, const char *path) {
   if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
     return err_set(FSDP_EINVAL, "%s: %s is a directory; give the path of the file to write "
                    "(e.g. %s/model.weights)", key, path, path);
-  char probe[CONFIG_PATH_MAX + 48];
-  snprintf(probe, sizeof probe, "%s.tmp.check.%d", path, (int)getpid());
-  int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL, 0600);
-  if (fd < 0)
-    return err_set_errno(err_from_errno(errno), errno, "%s: cannot create files next to %s (the "
-                         "directory must exist and be writable); fix the path before training",
-                         key, path);
-  close(fd);
-  unlink(probe);
-  return FSDP_OK;
+  return train_probe(key, path, ".tmp.check", "next to");
 }
 
-/* A directory the run writes into exists and is one: a missing
- * checkpoint_dir would otherwise skip every checkpoint ("not written",
- * training goes on) and, with auto_resume, start a requeued job over from
- * step 0. */
+/* A directory the run writes into exists, is one, and takes new files
+ * (every rank's own look: each writes its shard there): a missing or
+ * read-only checkpoint_dir would otherwise skip every checkpoint ("not
+ * written", training goes on) and, with auto_resume, start a requeued job
+ * over from step 0. */
 static int train_check_dir(const char *key, const char *path) {
   struct stat st;
   if (stat(path, &st) != 0)
@@ -149,7 +156,7 @@ static int train_check_dir(const char *key, const char *path) {
   if (!S_ISDIR(st.st_mode))
     return err_set(FSDP_EINVAL, "%s: %s is not a directory; give the directory checkpoints go "
                    "in", key, path);
-  return FSDP_OK;
+  return train_probe(key, path, "/.tmp.check", "in");
 }
 
 static int train_agree(train_t *t, int bad, int *total);

@@ -12,6 +12,7 @@
 
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 #include <time.h>
 
 #include "tests/unit/testutil.h"
@@ -285,4 +286,33 @@ Test(launch, fsdp_train_alone_stops_with_a_checkpoint_on_sigint_and_sighup,
     free(out), free(ck);
   }
   free(data);
+}
+
+/* A checkpoint_dir that takes no files is refused before training, as an
+ * unwritable `save` path is: not a run that trains to its end failing
+ * every checkpoint and exits 0. Read-only for root too: a read-only mount
+ * (skipped where the test may not mount). */
+Test(launch, an_unwritable_checkpoint_dir_is_refused_at_start, .timeout = 60 * TU_SLOW) {
+  char *data = tu_token_file("tok.bin", 20000, 1, 256), *ro = tu_path("ro"), cmd[2048];
+  char out[65536];
+  cr_assert_eq(mkdir(ro, 0755), 0);
+  int mounted = 0;
+  if (geteuid() == 0) {
+    snprintf(cmd, sizeof cmd, "mount -t tmpfs -o size=1m,ro tmpfs %s 2>/dev/null", ro);
+    if (system(cmd)) cr_skip_test("cannot mount a read-only tmpfs here");
+    mounted = 1;
+  } else {
+    cr_assert_eq(chmod(ro, 0555), 0);
+  }
+  snprintf(cmd, sizeof cmd, "--model tiny --steps 2 --seq_len 32 --data %s --checkpoint_dir %s "
+           "--checkpoint_every 1", data, ro);
+  const int rc = tu_run_bin("fsdp-train", cmd, out, sizeof out);
+  if (mounted) {
+    snprintf(cmd, sizeof cmd, "umount %s", ro);
+    cr_expect_eq(system(cmd), 0);
+  }
+  cr_expect_eq(rc, 1, "%s", out);
+  cr_expect(strstr(out, "checkpoint_dir: cannot create files in") &&
+            strstr(out, "before training") && !strstr(out, "step "), "%s", out);
+  free(data), free(ro);
 }
