@@ -210,6 +210,8 @@ $(B)/e2e/test_%: $(B)/tests/e2e/test_%.o $(TESTUTIL) $(TESTUTIL_TRAIN) $(LIB)
 
 # test_ckpt fails one rank's shard writes with ENOSPC (tests/e2e/fs_shim.c)
 $(B)/tests/test_ckpt: | $(B)/tests/fs_shim.so
+# test_launch too (a stop whose checkpoint cannot be written)
+$(B)/e2e/test_launch: | $(B)/tests/fs_shim.so
 
 # the programs with CUDA hidden: every program, the plugin (when nvcc is
 # here) and a library that is not the plugin (the fake driver)

@@ -89,8 +89,10 @@ int job_resume_from_check(const config_t *c);
 const char *job_path_value(const config_t *c, const char *key);
 
 /* fsdp-train's exit status when it stopped on SIGTERM at a step boundary
- * (after writing its checkpoint when the job has a checkpoint_dir): the
- * coordinator requeues the job instead of counting a failure (EX_TEMPFAIL). */
+ * (after trying a checkpoint of that step when the job has a
+ * checkpoint_dir): the coordinator requeues the job instead of counting a
+ * failure (EX_TEMPFAIL). It does not say the checkpoint committed (a full
+ * disk): the rank's last line says which step a resume goes on from. */
 #define JOB_EXIT_PREEMPTED 75
 /* The environment variable a rank's supervisor (fsdp-launch, fsdpd: their
  * daemon/node/supervise.c) sets to its pid; fsdp-train then ends with it

@@ -1281,6 +1281,41 @@ static void train_report_final(train_t *t, const train_hooks_t *h) {
   h->finished(h->ctx, &m);
 }
 
+/* What became of a stopped run's last checkpoint, for its last line: every
+ * rank learns how many could not write their shard of it (once every write
+ * has ended, so every commit has been tried); without an owner of commits
+ * each rank looks which step checkpoint_dir's latest committed one is, the
+ * step a resume goes on from. Said only when it is true: a stop is exit 75
+ * whatever became of its checkpoint (requeued, the job goes on from that
+ * latest one), so the line is what tells a person what was kept. */
+static int train_stop_said(train_t *t, char *what, size_t len) {
+  const config_t *c = &t->cfg;
+  if (!c->checkpoint_dir[0]) {
+    snprintf(what, len, "; no checkpoint_dir: a restart begins again");
+    return FSDP_OK;
+  }
+  int failed, rc = train_agree(t, t->ckpt_step != t->step, &failed);
+  if (rc) return err_wrap(rc, "stopping: agreeing on the stop checkpoint");
+  char dir[CONFIG_PATH_MAX + 32];
+  int64_t latest = -1;
+  if (!ckpt_latest(c->checkpoint_dir, dir, sizeof dir)) ckpt_dir_step(dir, &latest);
+  if (!failed && (t->opts.checkpoint || latest == t->step)) {
+    snprintf(what, len, t->opts.checkpoint ? "; its checkpoint's shards are written and reported"
+                                           : "; its checkpoint is committed");
+    return FSDP_OK;
+  }
+  char from[2 * CONFIG_PATH_MAX + 128];
+  if (latest >= 0) snprintf(from, sizeof from, "goes on from step %lld (%s)", (long long)latest, dir);
+  else snprintf(from, sizeof from, "starts over from step 0 (%s holds no committed checkpoint)",
+                c->checkpoint_dir);
+  if (failed)
+    snprintf(what, len, "; its checkpoint was NOT committed: %d rank(s) could not write their "
+             "shard (see above); a resume %s", failed, from);
+  else
+    snprintf(what, len, "; its checkpoint was NOT committed (see above); a resume %s", from);
+  return FSDP_OK;
+}
+
 int train_run_with(const config_t *c, FILE *progress, const train_hooks_t *h,
                    train_result_t *res) {
   train_t *t;
@@ -1300,12 +1335,14 @@ int train_run_with(const config_t *c, FILE *progress, const train_hooks_t *h,
   char why[1024] = "";
   if (rc) snprintf(why, sizeof why, "%s", err_msg());
   train_writer_finish(t, 1); /* the last checkpoint is written and reported before the end */
-  if (!rc && train_stopped(t))
-    rc = err_set(FSDP_EPREEMPTED, "stopped after step %d of %d (asked to stop)%s", t->step,
-                 c->steps, t->ckpt_step == t->step ? "; its checkpoint is written" :
-                 c->checkpoint_dir[0] ? "; its checkpoint could not be written here (see above)"
-                                      : "; no checkpoint_dir: a restart begins again");
-  else if (!rc) rc = train_finish(t);
+  if (!rc && train_stopped(t)) {
+    char what[3 * CONFIG_PATH_MAX + 512];
+    if ((rc = train_stop_said(t, what, sizeof what))) snprintf(why, sizeof why, "%s", err_msg());
+    else rc = err_set(FSDP_EPREEMPTED, "stopped after step %d of %d (asked to stop)%s", t->step,
+                      c->steps, what);
+  } else if (!rc) {
+    rc = train_finish(t);
+  }
   train_result(t, res);
   if (h->finished) train_report_final(t, h);
   train_close(t);

@@ -316,3 +316,31 @@ Test(launch, an_unwritable_checkpoint_dir_is_refused_at_start, .timeout = 60 * T
             strstr(out, "before training") && !strstr(out, "step "), "%s", out);
   free(data), free(ro);
 }
+
+/* A stop whose checkpoint cannot be written (a full disk: the fs shim
+ * fails the shard's writes) still exits 75, which requeues the job, but its
+ * last line does not claim a checkpoint: it says none was committed and
+ * where a resume goes on from (here: nothing committed, step 0). */
+Test(launch, a_stop_whose_checkpoint_failed_says_where_a_resume_goes_on_from,
+     .timeout = 60 * TU_SLOW, .fini = kill_world) {
+  char *data = tu_token_file("tok.bin", 20000, 1, 256), *ck = tu_path("ck"), args[2048];
+  char preload[1024];
+  cr_assert_eq(mkdir(ck, 0755), 0);
+  train_args(args, sizeof args, data, ck, "7531602");
+  snprintf(preload, sizeof preload, "LD_PRELOAD=%s", tu_fs_shim());
+  const char *env[] = {"FSDP_PROGRESS_EVERY=1", preload, "ENOSPC_MATCH=/.shard-00000", NULL};
+  tu_world_start(&W, 1, "fsdp-train", strstr(args, "--model"), env, NULL, NULL);
+  cr_assert_eq(tu_world_wait_lines(&W, 0, "step ", 2, 20 * TU_SLOW), 0, "no steps:\n%s",
+               tu_world_output(&W, 0));
+  cr_assert_eq(kill(W.pid[0], SIGTERM), 0);
+  cr_assert_eq(tu_world_wait_exits(&W, -1, 20 * TU_SLOW), 0, "still running after SIGTERM");
+  char *out = tu_world_output(&W, 0);
+  cr_expect(WIFEXITED(W.status[0]) && WEXITSTATUS(W.status[0]) == 75, "status 0x%x\n%s",
+            W.status[0], out);
+  cr_expect_eq(committed(ck), 0, "%s", out);
+  cr_expect(strstr(out, "its checkpoint was NOT committed: 1 rank(s) could not write") &&
+            strstr(out, "a resume starts over from step 0") &&
+            !strstr(out, "checkpoint is written") && !strstr(out, "checkpoint is committed"),
+            "%s", out);
+  free(out), free(data), free(ck);
+}
