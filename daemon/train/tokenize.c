@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "daemon/common/err.h"
 #include "daemon/train/data.h"
@@ -86,6 +87,24 @@ static int tok_read_file(tok_buf_t *b, const char *path) {
   return rc;
 }
 
+/* The output checked before any input is read: a directory (which the
+ * final rename fails on, only after reading everything), or one of the
+ * inputs (the same file by device and inode: it would be replaced by its
+ * own tokens). */
+static int tok_check_output(const char *out, char **inputs, int n) {
+  struct stat o, in;
+  if (stat(out, &o)) return FSDP_OK; /* a new file: data_write says if it cannot be made */
+  if (S_ISDIR(o.st_mode))
+    return err_set(FSDP_EINVAL, "-o %s is a directory; give the token file's path (e.g. "
+                   "%s/tokens.bin)", out, out);
+  for (int i = 0; i < n; i++)
+    if (strcmp(inputs[i], "-") && !stat(inputs[i], &in) && in.st_dev == o.st_dev &&
+        in.st_ino == o.st_ino)
+      return err_set(FSDP_EINVAL, "-o %s is the input %s: it would be replaced by its tokens; "
+                     "give another output path", out, inputs[i]);
+  return FSDP_OK;
+}
+
 int main(int argc, char **argv) {
   static const struct option opts[] = {
       {"output", required_argument, NULL, 'o'},
@@ -114,7 +133,7 @@ int main(int argc, char **argv) {
 
   tok_buf_t b = {0};
   int nfiles = argc - optind;
-  int rc = FSDP_OK;
+  int rc = tok_check_output(out, argv + optind, nfiles);
   for (int i = optind; i < argc && rc == FSDP_OK; i++) {
     if (i > optind && sep && *sep)
       rc = tok_append(&b, (const unsigned char *)sep, strlen(sep), "--separator");

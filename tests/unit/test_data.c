@@ -854,3 +854,21 @@ Test(data, a_token_file_says_the_vocabulary_its_ids_were_made_for) {
   data_close(d);
   free(p), free(txt);
 }
+
+/* fsdp-tokenize checks its output before reading: one of its inputs (even
+ * by another name) is refused, and stays the text it was; a directory is
+ * refused naming it, not after reading everything at the rename. */
+Test(data, tokenize_refuses_an_output_that_is_an_input_or_a_directory) {
+  char *txt = tu_path("in.txt"), args[8300], out[4096];
+  tu_write_file(txt, "ab", 2);
+  snprintf(args, sizeof args, "-o %s/./in.txt %s", tu_tmpdir(), txt);
+  cr_assert_eq(tu_run_bin("fsdp-tokenize", args, out, sizeof out), 1, "%s", out);
+  cr_expect(strstr(out, "is the input") && strstr(out, txt), "%s", out);
+  size_t n;
+  char *kept = tu_slurp(txt, &n);
+  cr_expect(n == 2 && !memcmp(kept, "ab", 2), "the input was replaced");
+  snprintf(args, sizeof args, "-o %s %s", tu_tmpdir(), txt);
+  cr_assert_eq(tu_run_bin("fsdp-tokenize", args, out, sizeof out), 1, "%s", out);
+  cr_expect(strstr(out, "is a directory"), "%s", out);
+  free(kept), free(txt);
+}
