@@ -150,14 +150,22 @@ Test(launch, a_signal_to_the_launcher_stops_every_rank, .timeout = 30 * TU_SLOW,
 }
 
 /* fsdp-train's ranks under fsdp-launch: a tiny model training for ever into
- * checkpoint_dir ck (periodic checkpoints never come), every step printed
- * (FSDP_PROGRESS_EVERY 1: lines to the launcher's pipe), seed marks them for
- * pgrep. */
+ * checkpoint_dir ck, made here (periodic checkpoints never come); seed marks
+ * them for pgrep. From "--model" on: fsdp-train's own arguments. */
 static void train_args(char *args, size_t len, const char *data, const char *ck,
                        const char *seed) {
+  cr_assert_eq(mkdir(ck, 0755), 0);
   snprintf(args, len, "-n 2 -- %s/bin/fsdp-train --model tiny --steps 1000000 "
            "--warmup_steps 1 --batch 2 --seq_len 32 --eval_fraction 0 --data %s --seed %s "
            "--checkpoint_dir %s --checkpoint_every 1000000", tu_root(), data, seed, ck);
+}
+
+/* Starts bin/program args as the world W, every step printed
+ * (FSDP_PROGRESS_EVERY 1: under fsdp-launch, lines to its pipe) and env1
+ * (or NULL) besides. */
+static void start_printing(const char *program, const char *args, const char *env1) {
+  const char *env[] = {"FSDP_PROGRESS_EVERY=1", env1, NULL};
+  tu_world_start(&W, 1, program, args, env, NULL, NULL);
 }
 
 /* Committed checkpoints (manifests) in ck. */
@@ -178,10 +186,8 @@ static int committed(const char *ck) {
 Test(launch, a_launcher_killed_outright_leaves_no_rank_training, .timeout = 60 * TU_SLOW,
      .fini = kill_world) {
   char *data = tu_token_file("tok.bin", 20000, 1, 256), *ck = tu_path("ck"), args[2048];
-  cr_assert_eq(mkdir(ck, 0755), 0);
   train_args(args, sizeof args, data, ck, "7531598");
-  const char *env[] = {"FSDP_PROGRESS_EVERY=1", NULL};
-  tu_world_start(&W, 1, "fsdp-launch", args, env, NULL, NULL);
+  start_printing("fsdp-launch", args, NULL);
   cr_assert_eq(tu_world_wait_lines(&W, 0, "[rank 0] train: model", 1, 20), 0, "no start:\n%s",
                tu_world_output(&W, 0));
   nanosleep(&(struct timespec){1, 0}, NULL); /* training */
@@ -207,10 +213,8 @@ Test(launch, a_launcher_killed_outright_leaves_no_rank_training, .timeout = 60 *
 Test(launch, a_hangup_stops_the_job_with_a_checkpoint, .timeout = 60 * TU_SLOW,
      .fini = kill_world) {
   char *data = tu_token_file("tok.bin", 20000, 1, 256), *ck = tu_path("ck"), args[2048];
-  cr_assert_eq(mkdir(ck, 0755), 0);
   train_args(args, sizeof args, data, ck, "7531599");
-  const char *env[] = {"FSDP_PROGRESS_EVERY=1", NULL};
-  tu_world_start(&W, 1, "fsdp-launch", args, env, NULL, NULL);
+  start_printing("fsdp-launch", args, NULL);
   cr_assert_eq(tu_world_wait_lines(&W, 0, "[rank 0] step ", 2, 20 * TU_SLOW), 0, "no steps:\n%s",
                tu_world_output(&W, 0));
   cr_assert_eq(kill(W.pid[0], SIGHUP), 0);
@@ -243,7 +247,6 @@ Test(launch, a_second_run_into_a_checkpoint_dir_in_use_is_refused, .timeout = 60
      .fini = kill_world) {
   char *data = tu_token_file("tok.bin", 20000, 1, 256), *ck = tu_path("ck"), args[2048];
   char out[65536], pid[32];
-  cr_assert_eq(mkdir(ck, 0755), 0);
   train_args(args, sizeof args, data, ck, "7531600");
   tu_world_start(&W, 1, "fsdp-train", strstr(args, "--model"), NULL, NULL, NULL);
   cr_assert_eq(tu_world_wait_lines(&W, 0, "train: model", 1, 20 * TU_SLOW), 0, "no start:\n%s",
@@ -270,10 +273,8 @@ Test(launch, fsdp_train_alone_stops_with_a_checkpoint_on_sigint_and_sighup,
   for (int i = 0; i < 2; i++) {
     char name[16], *ck;
     snprintf(name, sizeof name, "ck%d", i);
-    cr_assert_eq(mkdir(ck = tu_path(name), 0755), 0);
-    train_args(args, sizeof args, data, ck, "7531601");
-    const char *env[] = {"FSDP_PROGRESS_EVERY=1", NULL};
-    tu_world_start(&W, 1, "fsdp-train", strstr(args, "--model"), env, NULL, NULL);
+    train_args(args, sizeof args, data, ck = tu_path(name), "7531601");
+    start_printing("fsdp-train", strstr(args, "--model"), NULL);
     cr_assert_eq(tu_world_wait_lines(&W, 0, "step ", 2, 20 * TU_SLOW), 0, "no steps:\n%s",
                  tu_world_output(&W, 0));
     cr_assert_eq(kill(W.pid[0], sigs[i]), 0);
@@ -325,11 +326,10 @@ Test(launch, a_stop_whose_checkpoint_failed_says_where_a_resume_goes_on_from,
      .timeout = 60 * TU_SLOW, .fini = kill_world) {
   char *data = tu_token_file("tok.bin", 20000, 1, 256), *ck = tu_path("ck"), args[2048];
   char preload[1024];
-  cr_assert_eq(mkdir(ck, 0755), 0);
   train_args(args, sizeof args, data, ck, "7531602");
   snprintf(preload, sizeof preload, "LD_PRELOAD=%s", tu_fs_shim());
-  const char *env[] = {"FSDP_PROGRESS_EVERY=1", preload, "ENOSPC_MATCH=/.shard-00000", NULL};
-  tu_world_start(&W, 1, "fsdp-train", strstr(args, "--model"), env, NULL, NULL);
+  setenv("ENOSPC_MATCH", "/.shard-00000", 1); /* only the shim reads it */
+  start_printing("fsdp-train", strstr(args, "--model"), preload);
   cr_assert_eq(tu_world_wait_lines(&W, 0, "step ", 2, 20 * TU_SLOW), 0, "no steps:\n%s",
                tu_world_output(&W, 0));
   cr_assert_eq(kill(W.pid[0], SIGTERM), 0);
