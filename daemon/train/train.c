@@ -651,6 +651,18 @@ static int train_resume(train_t *t) {
     fprintf(t->opts.out, "train: note: not resume_from %s: checkpoint_dir holds a later step, "
             "this job's own (a restarted or requeued job goes on from there); to start from "
             "resume_from, give a checkpoint_dir of its own\n", c->resume_from);
+  /* a fine-tune started into a used checkpoint_dir would otherwise go on
+   * from its old run's weights without a word (found by an outside tester);
+   * not refused: a requeued or restarted job with init_from must go on */
+  if (c->init_from[0] && src == RESUME_UNDER_OWN) {
+    LOG_WARN("train", "init_from %s is not used: checkpoint_dir %s holds step %d, which this run "
+             "goes on from", c->init_from, c->checkpoint_dir, t->step);
+    if (t->opts.out)
+      fprintf(t->opts.out, "train: note: not init_from %s: checkpoint_dir holds this job's "
+              "checkpoint of step %d, which it goes on from (a restarted or requeued job); to "
+              "start from init_from, give a checkpoint_dir of its own or set auto_resume = 0\n",
+              c->init_from, t->step);
+  }
   return FSDP_OK;
 }
 

@@ -107,6 +107,36 @@ Test(train, init_from_must_match_the_model) {
   free(data);
 }
 
+/* init_from with a checkpoint_dir that holds a checkpoint (auto_resume):
+ * the run goes on from the checkpoint, as a requeued job must, and says
+ * that init_from was not used and how to start from it. */
+Test(train, init_from_under_a_checkpoint_it_goes_on_from_is_said_to_be_unused, .timeout = 60) {
+  config_t c;
+  config_default(&c);
+  char *data = demo_tokens(), *w = tu_path("w0.bin"), *ck = tu_path("ck-init");
+  cr_assert_eq(mkdir(ck, 0755), 0);
+  cr_assert_eq(config_set(&c, "data", data), 0);
+  cr_assert_eq(config_set(&c, "model", "tiny"), 0);
+  c.steps = 2, c.warmup_steps = 1, c.batch = 2, c.seq_len = 32, c.eval_batches = 1;
+  cr_assert_eq(config_set(&c, "save", w), 0);
+  train_result_t r;
+  cr_assert_eq(train_run(&c, NULL, &r), 0, "%s", err_msg());
+  c.save[0] = 0;
+  cr_assert_eq(config_set(&c, "checkpoint_dir", ck), 0);
+  c.checkpoint_every = 1;
+  cr_assert_eq(train_run(&c, NULL, &r), 0, "%s", err_msg());
+  cr_assert_eq(config_set(&c, "init_from", w), 0);
+  c.steps = 3;
+  char *text = NULL;
+  size_t len = 0;
+  FILE *out = open_memstream(&text, &len);
+  cr_assert_eq(train_run(&c, out, &r), 0, "%s", err_msg());
+  fclose(out);
+  cr_assert(strstr(text, "resumed from") && strstr(text, "note: not init_from") &&
+                strstr(text, "auto_resume = 0"), "%s", text);
+  free(text), free(data), free(w), free(ck);
+}
+
 /* ---- the step API ---------------------------------------------------------- */
 
 typedef struct {
