@@ -414,14 +414,19 @@ int agent_leave(agent_t *a) {
   Fsdp__V1__HeartbeatRequest empty = FSDP__V1__HEARTBEAT_REQUEST__INIT;
   Fsdp__V1__HeartbeatRequest *req = st ? st : &empty;
   char *their_id = req->node_id; /* put back before st is freed */
+  const size_t their_ranks = req->n_ranks;
   req->node_id = node_id;
   req->session = session;
   req->stopping = req->leaving = 1;
+  /* every rank has ended and been reported: none is listed (the state last
+   * published may be older than the last exits, and list them running) */
+  req->n_ranks = 0;
   Fsdp__V1__HeartbeatReply *rep = NULL;
   int rc = rpc_client_call(a->o.client, "/fsdp.v1.Coordinator/Heartbeat", &req->base,
                            &fsdp__v1__heartbeat_reply__descriptor, (ProtobufCMessage **)&rep,
                            AGENT_LEAVE_S);
   req->node_id = their_id;
+  req->n_ranks = their_ranks;
   if (st) fsdp__v1__heartbeat_request__free_unpacked(st, NULL);
   /* a coordinator that no longer knows the session (it restarted, or
    * declared the node dead) has nothing to be told */
