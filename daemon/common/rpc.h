@@ -126,6 +126,11 @@ typedef struct rpc_method {
 /* A server on loop, not yet listening. Reads the token and TLS files now,
  * so a bad one fails here with its path named. Registers Health/Check. */
 int rpc_server_create(rpc_server_t **s, uv_loop_t *loop, const rpc_server_opts_t *o);
+/* What rpc_server_create and rpc_server_start would refuse in o (the
+ * options together, the listen address's form, the token, JWKS and TLS
+ * files), checked without serving: a program tells a bad option (its
+ * operator's to fix) from a failure to serve. */
+int rpc_server_check(const rpc_server_opts_t *o);
 /* Registers a method (the struct is copied; path must stay valid). Before
  * rpc_server_start. */
 int rpc_server_add(rpc_server_t *s, const rpc_method_t *m);

@@ -722,8 +722,8 @@ static void rpc_server_free(rpc_server_t *s) {
 
 static void rpc_async_closed(uv_handle_t *h) { rpc_server_free(h->data); }
 
-int rpc_server_create(rpc_server_t **out, uv_loop_t *loop, const rpc_server_opts_t *o) {
-  *out = NULL;
+/* What the options say together, before a file is read. */
+static int rpc_server_opts_check(const rpc_server_opts_t *o) {
   if (!o->addr || !*o->addr) return err_set(FSDP_EINVAL, "rpc server: no address to listen on");
   if (!o->user_token_file && (o->node_token_file || o->node_jwks_file))
     return err_set(FSDP_EINVAL, "rpc server: a %s without the user token file: give both (users "
@@ -740,6 +740,33 @@ int rpc_server_create(rpc_server_t **out, uv_loop_t *loop, const rpc_server_opts
                    "ones: give all three (an operator token alone would leave every call open)");
   if (!o->tls_cert_file != !o->tls_key_file)
     return err_set(FSDP_EINVAL, "rpc server: TLS needs both a certificate and a key file");
+  return 0;
+}
+
+static int rpc_server_check_addr(const char *addr);
+
+int rpc_server_check(const rpc_server_opts_t *o) {
+  int rc = rpc_server_opts_check(o);
+  if (!rc) rc = rpc_server_check_addr(o->addr);
+  rpc_keys_t keys;
+  if (!rc && !(rc = rpc__keys_load(&keys, o->user_token_file, o->node_token_file,
+                                   o->operator_token_file,
+                                   &(rpc_jwt_opts_t){o->node_jwks_file, o->node_jwt_audience,
+                                                     o->node_jwt_subject, o->node_jwt_issuer})))
+    rpc__keys_free(&keys);
+  char *pem[2] = {NULL, NULL};
+  if (!rc && o->tls_cert_file &&
+      !(rc = rpc__read_file(o->tls_cert_file, "TLS certificate", RPC_PEM_MAX, &pem[0], NULL)))
+    rc = rpc__read_file(o->tls_key_file, "TLS key", RPC_PEM_MAX, &pem[1], NULL);
+  free(pem[0]);
+  rpc__free_secret(pem[1]);
+  return rc;
+}
+
+int rpc_server_create(rpc_server_t **out, uv_loop_t *loop, const rpc_server_opts_t *o) {
+  *out = NULL;
+  int rc = rpc_server_opts_check(o);
+  if (rc) return rc;
   rpc_server_t *s = calloc(1, sizeof *s);
   if (!s) return err_set(FSDP_ENOMEM, "rpc server: out of memory");
   pthread_mutex_init(&s->mu, NULL);
@@ -749,7 +776,6 @@ int rpc_server_create(rpc_server_t **out, uv_loop_t *loop, const rpc_server_opts
   if (!s->o.max_request_bytes) s->o.max_request_bytes = RPC_MAX_MESSAGE_DEFAULT;
   s->o.addr = NULL;
   s->t_shutdown = (rpc_tag_t){RPC_TAG_SHUTDOWN, s};
-  int rc = 0;
   if (!(s->addr = strdup(o->addr))) {
     rc = err_set(FSDP_ENOMEM, "rpc server: out of memory");
     goto fail;

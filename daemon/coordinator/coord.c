@@ -1572,32 +1572,63 @@ static void coord_flush_cb(uv_check_t *h) { coord_submit_flush(h->data); }
 
 /* ---- life ----------------------------------------------------------------- */
 
-int coord_create(coord_t **out, uv_loop_t *loop, const coord_opts_t *o) {
+/* o's defaults where it leaves 0 (coord.h). */
+static void coord_opts_fill(coord_opts_t *o) {
+  if (!o->heartbeat_interval_ms) o->heartbeat_interval_ms = 1000;
+  if (!o->heartbeat_timeout_ms) o->heartbeat_timeout_ms = 5000;
+  if (!o->restart_grace_ms) o->restart_grace_ms = 3 * o->heartbeat_timeout_ms;
+  if (!o->checkpoint_timeout_ms) o->checkpoint_timeout_ms = 300000;
+  if (!o->event_retention_days) o->event_retention_days = 90;
+}
+
+/* The options alone, filled: what coord_create refuses before it opens anything. */
+static int coord_opts_refuse(const coord_opts_t *o) {
   if (!o->nroots)
     return err_set(FSDP_EINVAL, "coordinator: no --root: give the directories job paths (data, "
                    "init_from, save) must lie in, e.g. --root /data");
-  coord_t *c = calloc(1, sizeof *c);
-  if (!c) return err_set(FSDP_ENOMEM, "coordinator: out of memory");
-  c->loop = loop;
-  c->o = *o;
-  if (!c->o.heartbeat_interval_ms) c->o.heartbeat_interval_ms = 1000;
-  if (!c->o.heartbeat_timeout_ms) c->o.heartbeat_timeout_ms = 5000;
-  if (!c->o.restart_grace_ms) c->o.restart_grace_ms = 3 * c->o.heartbeat_timeout_ms;
   /* the grace is also each node's fence: a node with no answer for that
    * long stops its ranks. Shorter than the timeout, a blip the timeout
    * forgives would stop them; a node learns its heartbeat was heard only
    * when it is answered, up to two intervals after it was sent */
-  const int g = c->o.restart_grace_ms, t = c->o.heartbeat_timeout_ms,
-            two = 2 * c->o.heartbeat_interval_ms + COORD_FENCE_SLACK_MS, least = t > two ? t : two;
-  if (g < least) {
-    free(c);
+  const int g = o->restart_grace_ms, t = o->heartbeat_timeout_ms,
+            two = 2 * o->heartbeat_interval_ms + COORD_FENCE_SLACK_MS, least = t > two ? t : two;
+  if (g < least)
     return err_set(FSDP_EINVAL, "--restart-grace-ms %d is too short: it is also each node's fence "
                    "(a node with no answer for that long stops its ranks), so it must be at least "
                    "the heartbeat timeout, and two heartbeat intervals and a second (a late answer "
                    "must not fence a healthy node); give at least %d", g, least);
-  }
-  if (!c->o.checkpoint_timeout_ms) c->o.checkpoint_timeout_ms = 300000;
-  if (!c->o.event_retention_days) c->o.event_retention_days = 90;
+  return 0;
+}
+
+static rpc_server_opts_t coord_server_opts(const coord_opts_t *o) {
+  return (rpc_server_opts_t){.addr = o->listen, .user_token_file = o->user_token_file,
+                             .node_token_file = o->node_token_file,
+                             .operator_token_file = o->operator_token_file,
+                             .node_jwks_file = o->node_jwks_file,
+                             .node_jwt_audience = o->node_jwt_audience,
+                             .node_jwt_subject = o->node_jwt_subject,
+                             .node_jwt_issuer = o->node_jwt_issuer,
+                             .tls_cert_file = o->tls_cert_file, .tls_key_file = o->tls_key_file};
+}
+
+int coord_opts_check(const coord_opts_t *given) {
+  coord_opts_t o = *given;
+  coord_opts_fill(&o);
+  int rc = coord_opts_refuse(&o);
+  const rpc_server_opts_t ro = coord_server_opts(&o);
+  if (!rc) rc = rpc_server_check(&ro);
+  if (!rc && o.health_listen) rc = rpc_server_check(&(rpc_server_opts_t){.addr = o.health_listen});
+  return rc;
+}
+
+int coord_create(coord_t **out, uv_loop_t *loop, const coord_opts_t *o) {
+  coord_opts_t filled = *o;
+  coord_opts_fill(&filled);
+  if (coord_opts_refuse(&filled)) return FSDP_EINVAL;
+  coord_t *c = calloc(1, sizeof *c);
+  if (!c) return err_set(FSDP_ENOMEM, "coordinator: out of memory");
+  c->loop = loop;
+  c->o = filled;
   store_opts_t so = {.sync_normal = o->sync_normal};
   int rc = store_open(o->db, &so, &c->st);
   if (rc) {
@@ -1630,14 +1661,7 @@ int coord_create(coord_t **out, uv_loop_t *loop, const coord_opts_t *o) {
    * fence after the node's last call, which came before this start */
   c->started_ms = coord_mono_ms(c);
   if (!rc) coord_fence_pending(c);
-  rpc_server_opts_t ro = {.addr = o->listen, .user_token_file = o->user_token_file,
-                          .node_token_file = o->node_token_file,
-                          .operator_token_file = o->operator_token_file,
-                          .node_jwks_file = o->node_jwks_file,
-                          .node_jwt_audience = o->node_jwt_audience,
-                          .node_jwt_subject = o->node_jwt_subject,
-                          .node_jwt_issuer = o->node_jwt_issuer,
-                          .tls_cert_file = o->tls_cert_file, .tls_key_file = o->tls_key_file};
+  const rpc_server_opts_t ro = coord_server_opts(o);
   if (!rc) rc = rpc_server_create(&c->srv, loop, &ro);
   if (!rc) rc = coord_rpc_register(c);
   if (!rc) rc = rpc_server_start(c->srv);

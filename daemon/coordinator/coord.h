@@ -49,6 +49,10 @@ typedef struct coord_opts {
   int job_retention_days;        /* jobs ended longer ago go, with their rows; 0: kept forever */
 } coord_opts_t;
 
+/* What coord_create would refuse in o itself (option values, the token,
+ * JWKS and TLS files they name, the listen addresses' form), checked before
+ * anything opens: the operator's to fix, where a later failure is the run's. */
+int coord_opts_check(const coord_opts_t *o);
 /* Opens the store, reads back what was running, starts serving. */
 int coord_create(coord_t **c, uv_loop_t *loop, const coord_opts_t *o);
 /* Reads its token files again (SIGHUP): see rpc_server_reload_tokens. */

@@ -344,6 +344,10 @@ int main(int argc, char **argv) {
     LOG_WARN("coord", "no tokens (--insecure): anyone who can reach %s may submit and cancel jobs "
              "and register nodes", o.listen);
   }
+  if (coord_opts_check(&o)) { /* a bad option (2), not a failure to serve (1) */
+    fprintf(stderr, "fsdp-coordinator: %s\n", err_msg());
+    return 2;
+  }
   signal(SIGPIPE, SIG_IGN);
   /* its umask is left as it was started with: the ranks' user must read the
    * manifests it writes, and may be another user than its own with no

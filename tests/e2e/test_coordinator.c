@@ -351,6 +351,45 @@ Test(coordinator, a_missing_root_or_an_impossible_port_is_refused_at_start) {
             !strstr(out, "rc=0") && !strstr(out, "serving on port"), "%s", out);
 }
 
+/* --help says "2 bad option": so is every refusal of what the options say,
+ * the files they name included (a token that could be guessed, a missing
+ * partner file), which an operator's script must tell from a failure to
+ * serve (1). */
+Test(coordinator, every_refused_option_exits_2) {
+  const char *d = tu_tmpdir();
+  char pat[600], shrt[600], good[600];
+  snprintf(pat, sizeof pat, "%s/pattern.token", d);
+  snprintf(shrt, sizeof shrt, "%s/short.token", d);
+  snprintf(good, sizeof good, "%s/good.token", d);
+  tu_write_file(pat, "abababababababababababab\n", 25);
+  tu_write_file(shrt, "ab3de\n", 6);
+  tu_write_file(good, "user-secret-token-00001\n", 24);
+  char pair[1300], cert[700];
+  snprintf(pair, sizeof pair, "--user-token-file '%s' --node-token-file '%s'", pat, good);
+  snprintf(cert, sizeof cert, "--tls-cert '%s/none.pem' --tls-key '%s/none.key'", d, d);
+  char shortpair[1300];
+  snprintf(shortpair, sizeof shortpair, "--user-token-file '%s' --node-token-file '%s'", shrt, good);
+  char alone[700];
+  snprintf(alone, sizeof alone, "--user-token-file '%s'", good);
+  const struct {
+    const char *args, *says;
+  } cases[] = {
+      {"--restart-grace-ms 2000", "--restart-grace-ms 2000 is too short"},
+      {pair, "fewer than 5 different characters"},
+      {shortpair, "shorter than 16 bytes"},
+      {alone, "a user token file without a node one"},
+      {cert, "none.pem: cannot open"},
+      {"--health-listen 127.0.0.1:70700", "port from 0 to 65535"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    char cmd[4000], out[8192];
+    snprintf(cmd, sizeof cmd, "timeout 5 %s/bin/fsdp-coordinator --db '%s/bad%zu.db' --root '%s' "
+             "--listen 127.0.0.1:0 %s 2>&1; echo rc=$?", tu_root(), d, i, d, cases[i].args);
+    tu_sh(cmd, out, sizeof out);
+    cr_expect(strstr(out, cases[i].says) && strstr(out, "rc=2\n"), "%s: %s", cases[i].args, out);
+  }
+}
+
 /* --health-listen: gRPC health alone, in plaintext and without a token (the
  * kubelet's grpc probe can do neither TLS nor tokens), while the service
  * itself requires tokens; nothing else is served there. */
