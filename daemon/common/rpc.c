@@ -128,12 +128,15 @@ int rpc__read_token(const char *path, char **token) {
   while (n && (t[n - 1] == '\n' || t[n - 1] == '\r' || t[n - 1] == ' ' || t[n - 1] == '\t'))
     t[--n] = 0;
   const char *why = rpc__token_flaw(t, n);
-  if (!why && n >= 7 && !strncmp(t, "sha256:", 7))
-    why = "holds a token's digest (sha256:...), which only a server that checks tokens takes; a "
-          "client sends the token itself";
-  if (why) {
+  const int digest = !why && n >= 7 && !strncmp(t, "sha256:", 7);
+  if (why || digest) {
     free(t);
     *token = NULL;
+    if (digest)
+      return err_set(FSDP_EINVAL, "token file %s holds a token's digest (sha256:...), which only a "
+                     "server takes: a client sends the token itself, so put the token the "
+                     "digest was made of in it",
+                     path);
     return err_set(FSDP_EINVAL, "token file %s %s: put one token (printable ASCII, no spaces) in it",
                    path, why);
   }

@@ -268,8 +268,8 @@ static const char *rpc_advice(grpc_status_code st) {
            "certificate is signed by the CA file given and names that host)";
   case GRPC_STATUS_DEADLINE_EXCEEDED:
     return "; the server may be overloaded, stalled or unreachable";
-  case GRPC_STATUS_UNAUTHENTICATED:
-    return "; give the token file of this cluster";
+  /* none for UNAUTHENTICATED: the server's words name the token file, and a
+   * program adds its own option for it (fsdpctl --token-file) */
   default: return "";
   }
 }

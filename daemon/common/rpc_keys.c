@@ -120,7 +120,9 @@ static int rpc_keys_one(rpc_keys_t *ks, unsigned role, const char *path) {
   uint8_t sha[RPC_DIGEST_LEN];
   const char *why = rpc_key_parse(t, n, sha);
   rpc__free_secret(t);
-  if (why == rpc_key_short) return err_set(FSDP_EINVAL, "token file %s %s", path, why);
+  /* these two carry their own fix: a digest or another format would not help */
+  if (why == rpc_key_short || why == rpc_key_plain)
+    return err_set(FSDP_EINVAL, "token file %s %s", path, why);
   if (why)
     return err_set(FSDP_EINVAL, "token file %s %s: put one token (printable ASCII, no spaces) in "
                    "it, or its digest, sha256:<64 hex digits>%s", path, why,

@@ -1721,6 +1721,10 @@ Test(fsdpctl, tokens_come_from_files_only) {
   cr_assert_eq(rc, 5, "exit %d: %s", rc, err);
   expect_in(err, "UNAUTHENTICATED");
   expect_in(err, "--token-file");
+  /* the fix said once, in fsdpctl's terms: no second, vaguer one */
+  const char *give = strstr(err, "; give");
+  cr_assert(give && !strstr(give + 1, "; give") && !strstr(err, "token file of this cluster"),
+            "%s", err);
   cr_assert_eq(CTL("jobs", "--token-file", user), 0, "%s", err);
   cr_assert_eq(CTL("--token-file", wrong, "jobs"), 5, "%s", err);
   setenv("FSDP_TOKEN_FILE", user, 1);

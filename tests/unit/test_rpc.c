@@ -1064,6 +1064,16 @@ Test(rpc, token_and_tls_files_are_checked_at_create, .timeout = 20) {
                   strstr(F.err, i == 2 ? fifteen : sh), "case %d: %s", i, F.err);
   }
   free(sh), free(fifteen);
+  /* a pattern: one sentence with its own fix, not a format's fix after it
+   * (a digest of a pattern is no better) */
+  write_token("pattern.token", "abababababababababab\n");
+  char *pat = tu_path("pattern.token");
+  rpc_server_opts_t p = {.user_token_file = pat, .node_token_file = o.node_token_file};
+  cr_expect_eq(srv_try(&p), FSDP_EINVAL);
+  cr_expect(strstr(F.err, "fewer than 5 different characters") && strstr(F.err, pat) &&
+                strstr(F.err, "openssl rand -hex 32") && !strstr(F.err, "sha256:") &&
+                !strstr(F.err, "put one token"), "%s", F.err);
+  free(pat);
   rpc_server_opts_t missing = {.user_token_file = "/nonexistent/u.token", .node_token_file = o.node_token_file};
   cr_assert_eq(srv_try(&missing), FSDP_ENOENT);
   cr_assert(strstr(F.err, "/nonexistent/u.token"), "%s", F.err);
