@@ -113,19 +113,32 @@ static int ctl_fail_at(const ctl_t *c, int rc, const char *target, const char *f
   for (char *p = msg; *p; p++) /* one line, whatever the server wrote */
     if (*p == '\n' || *p == '\r') *p = ' ';
   const char *fix = "";
-  char buf[256];
+  char buf[512];
   int code = ctl_exit_code(rc);
-  if (code == CTL_EXIT_UNREACHABLE && !target) {
+  /* the CA the call was checked against: NULL, it spoke plaintext */
+  const char *ca = !target ? c->tls_ca : c->node_tls_ca ? c->node_tls_ca : c->tls_ca;
+  if (ca && !strcmp(ca, CTL_PLAINTEXT)) ca = NULL;
+  /* a TLS server closes a plaintext client's connection as it opens, which
+   * gRPC reports as "Socket closed": the fix is TLS, not another address */
+  const int tls_wanted = code == CTL_EXIT_UNREACHABLE && !ca && strstr(msg, "Socket closed");
+  if (tls_wanted) {
+    snprintf(buf, sizeof buf, "; fsdpctl spoke plaintext to %s and the connection closed as it "
+             "opened: the %s may require TLS: %s", target ? target : c->coordinator,
+             target ? "node" : "server",
+             !target ? "pass --tls-ca FILE (the PEM file of the CA that signed its certificate)"
+             : c->node_tls_ca ? "drop --node-tls-ca " CTL_PLAINTEXT " (and FSDP_NODE_TLS_CA), or "
+                                "give the CA of the nodes' certificates with --node-tls-ca FILE"
+                              : "pass --tls-ca FILE, or --node-tls-ca FILE for the nodes' CA");
+    fix = buf;
+  } else if (code == CTL_EXIT_UNREACHABLE && !target) {
     snprintf(buf, sizeof buf, "; fsdpctl used %s: check --coordinator or FSDP_COORDINATOR",
              c->coordinator);
     fix = buf;
   } else if (code == CTL_EXIT_UNREACHABLE) {
-    const char *ca = c->node_tls_ca ? c->node_tls_ca : c->tls_ca;
     snprintf(buf, sizeof buf, "; %s is the node's address as ListNodes gives it (fsdpctl nodes)%s",
-             target, ca && strcmp(ca, CTL_PLAINTEXT)
-                         ? "; fsdpctl spoke TLS to it: a node whose fsdpd serves without "
-                           "--tls-cert needs --node-tls-ca " CTL_PLAINTEXT
-                         : "");
+             target, ca ? "; fsdpctl spoke TLS to it: a node whose fsdpd serves without "
+                          "--tls-cert needs --node-tls-ca " CTL_PLAINTEXT
+                        : "");
     fix = buf;
   } else if (rc == FSDP_EAUTH && target) { /* a node: it takes a log ticket, never a token */
     fix = "; the node refused the coordinator's log ticket: run the command again for a fresh one";

@@ -261,11 +261,12 @@ static void rpc_cq_destroy(grpc_completion_queue *cq) {
 }
 
 /* What a user can do about a status, after the server's own words. */
-static const char *rpc_advice(grpc_status_code st) {
+static const char *rpc_advice(grpc_status_code st, int tls) {
   switch (st) {
   case GRPC_STATUS_UNAVAILABLE:
-    return "; check that the server runs at that address and is reachable (with TLS: that its "
-           "certificate is signed by the CA file given and names that host)";
+    return tls ? "; check that the server runs at that address and is reachable, that its "
+                 "certificate is signed by the CA file given and names that host"
+               : "; check that the server runs at that address and is reachable";
   case GRPC_STATUS_DEADLINE_EXCEEDED:
     return "; the server may be overloaded, stalled or unreachable";
   /* none for UNAUTHENTICATED: the server's words name the token file, and a
@@ -283,9 +284,9 @@ static int rpc_status_err(rpc_client_t *c, const char *method, grpc_status_code 
   if (!n && error_string) d = error_string, n = (int)strlen(error_string);
   if (st == GRPC_STATUS_DEADLINE_EXCEEDED) /* gRPC's words ("Deadline Exceeded") add nothing */
     return err_set(FSDP_ETIMEDOUT, "%s at %s: DEADLINE_EXCEEDED: no answer within %g s%s", method,
-                   c->target, timeout_s, rpc_advice(st));
+                   c->target, timeout_s, rpc_advice(st, c->tls));
   return err_set(rpc_err_from_status(st), "%s at %s: %s: %.*s%s", method, c->target,
-                 rpc_status_name(st), n, d, rpc_advice(st));
+                 rpc_status_name(st), n, d, rpc_advice(st, c->tls));
 }
 
 static grpc_call *rpc_new_call(rpc_client_t *c, grpc_completion_queue *cq, const char *method,
@@ -456,7 +457,7 @@ static int rpc_stream_end(rpc_stream_t *st) {
     st->ended = 1;
     st->rc = st->idled ? err_set(FSDP_ETIMEDOUT, "%s at %s: no message for %g s%s", st->method,
                                  st->c->target, st->idle_s,
-                                 rpc_advice(GRPC_STATUS_DEADLINE_EXCEEDED))
+                                 rpc_advice(GRPC_STATUS_DEADLINE_EXCEEDED, st->c->tls))
                        : rpc_status_err(st->c, st->method, st->status, st->details,
                                         st->error_string, st->timeout_s);
     if (st->rc) st->err = strdup(err_msg());

@@ -2271,6 +2271,32 @@ Test(fsdpctl, logs_reach_nodes_as_node_tls_ca_says, .timeout = 60 * TU_SLOW) {
   cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
 }
 
+/* A TLS server closes a plaintext client's connection as it opens: the
+ * error says to speak TLS (--tls-ca), not to check the address, for the
+ * coordinator and for a node reached with --node-tls-ca plaintext. */
+Test(fsdpctl, plaintext_to_a_tls_server_suggests_tls, .timeout = 60 * TU_SLOW) {
+  const char *d = tu_tmpdir();
+  tu_tls_make(d);
+  char cert[600], key[600], ca[600];
+  snprintf(cert, sizeof cert, "%s/srv.pem", d);
+  snprintf(key, sizeof key, "%s/srv.key", d);
+  snprintf(ca, sizeof ca, "%s/ca.pem", d);
+  fake_start_tls(NULL, NULL, cert, key, 0);
+  int rc = CTL("--timeout", "5", "nodes");
+  cr_assert_eq(rc, 4, "exit %d: %s", rc, err);
+  expect_in(err, "may require TLS: pass --tls-ca FILE");
+  cr_assert_null(strstr(err, "check --coordinator"), "%s", err);
+  rc = CTL("--timeout", "5", "--tls-ca", ca, "--node-tls-ca", "plaintext", "logs", "j-42");
+  cr_assert_eq(rc, 4, "exit %d: %s", rc, err);
+  expect_in(err, "may require TLS: drop --node-tls-ca plaintext");
+  /* TLS both ways still works, and a refused port is still an address to check */
+  cr_assert_eq(CTL("--tls-ca", ca, "logs", "j-42"), 0, "%s", err);
+  setenv("FSDP_COORDINATOR", "127.0.0.1:1", 1);
+  cr_assert_eq(CTL("--timeout", "3", "nodes"), 4, "%s", err);
+  expect_in(err, "check --coordinator");
+  cr_assert_null(strstr(err, "may require TLS"), "%s", err);
+}
+
 /* fsdpctl never hands a node the user's token (a node's operator could use
  * it at the coordinator): it asks the coordinator for a ticket for that
  * rank's log on that node, and gives the node that alone. */
