@@ -1343,6 +1343,12 @@ static int cmd_export(ctl_t *c, int argc, char **argv) {
     /* -o is the file here (fsdpctl's -o json is --output json) */
     if ((r = ctl_opt(c, argc, argv, &i, "-o", &v))) {
       if (r < 0) return CTL_EXIT_INVALID;
+      /* fsdpctl's help calls -o --output: a format's name here is a user who
+       * meant the format, not a weights file named "json" */
+      if (!strcmp(v, "json") || !strcmp(v, "table"))
+        return ctl_usage(c, "-o %s: after export, -o names the file to write, not the output "
+                         "format: give ./%s for a file of that name, or --output %s (or -o %s "
+                         "before the command) for the format", v, v, v, v);
       out = v;
       continue;
     }
@@ -1759,7 +1765,8 @@ static const char ctl_globals_help[] =
     "                      the node, only when given); export takes as long as the\n"
     "                      file needs, but gives up when no piece comes for this\n"
     "                      long (at least 300 s)\n"
-    "  --output table|json human tables (default) or one JSON document (-o json)\n";
+    "  --output table|json human tables (default) or one JSON document (-o json;\n"
+    "                      after export, -o is the file to write)\n";
 
 static const char ctl_exit_help[] =
     "Exit codes:\n"

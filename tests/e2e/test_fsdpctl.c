@@ -2297,6 +2297,29 @@ Test(fsdpctl, plaintext_to_a_tls_server_suggests_tls, .timeout = 60 * TU_SLOW) {
   cr_assert_null(strstr(err, "may require TLS"), "%s", err);
 }
 
+/* fsdpctl's help calls -o --output, but after export -o is the file: a
+ * format's name there is refused, not written as a weights file. */
+Test(fsdpctl, export_o_with_a_format_name_is_refused) {
+  char model[1100], *dir = export_dir("export-o", model, sizeof model);
+  unlink("json");
+  for (int i = 0; i < 2; i++) {
+    const char *fmt = i ? "table" : "json";
+    int rc = CTL("export", "j-42", "-o", fmt);
+    cr_expect_eq(rc, 2, "-o %s: exit %d: %s", fmt, rc, err);
+    expect_in(err, "-o names the file to write");
+    cr_expect_neq(access(fmt, F_OK), 0, "export wrote a file named %s", fmt);
+    unlink(fmt);
+  }
+  /* -o json before the command is the format */
+  cr_assert_eq(CTL("-o", "json", "export", "j-42", "-o", model), 0, "%s", err);
+  expect_file(model, "hello world\n");
+  json_error_t je;
+  json_t *j = json_loads(out, 0, &je);
+  cr_expect_not_null(j, "--output json: %s", out);
+  json_decref(j);
+  free(dir);
+}
+
 /* fsdpctl never hands a node the user's token (a node's operator could use
  * it at the coordinator): it asks the coordinator for a ticket for that
  * rank's log on that node, and gives the node that alone. */
