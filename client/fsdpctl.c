@@ -1776,7 +1776,8 @@ static const char ctl_exit_help[] =
     "     (INVALID_ARGUMENT, FAILED_PRECONDITION: export of a checkpoint that is\n"
     "     damaged, or not the one committed, among them)\n"
     "  3  not found (no such job, rank or node)\n"
-    "  4  unreachable: UNAVAILABLE or DEADLINE_EXCEEDED (check --coordinator)\n"
+    "  4  unreachable: UNAVAILABLE or DEADLINE_EXCEEDED (check --coordinator, or\n"
+    "     --tls-ca where the server requires TLS)\n"
     "  5  unauthenticated or permission denied (check --token-file)\n"
     "  6  any other failure of the server or the client (stdout that cannot be\n"
     "     written, such as a full disk: the output is not whole)\n";
