@@ -193,6 +193,9 @@ int rpc_call_auth(rpc_call_t *call, unsigned roles);
 /* The node the caller's token belongs to, from a per-node token file; NULL
  * when the node token is shared, auth is off, or the caller is no node. */
 const char *rpc_call_node(const rpc_call_t *call);
+/* 1: rpc_call_node's name is a Kubernetes service account token's
+ * (kubernetes.io.node.name), not a node token file's line. */
+int rpc_call_node_jwt(const rpc_call_t *call);
 
 /* ---- client ----------------------------------------------------------------- */
 

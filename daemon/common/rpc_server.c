@@ -95,6 +95,7 @@ struct rpc_call {
   ProtobufCMessage *req;
   unsigned role;
   char node[RPC_NODE_NAME_MAX];  /* the node its token names (per-node tokens), else "" */
+  int node_jwt;                  /* node came from a service account token, not a token file */
   char method[256];              /* for messages */
   int close_pending, send_pending;
   int close_in_send;             /* RECV_CLOSE_ON_SERVER rides in the send batch pending */
@@ -429,6 +430,7 @@ static int rpc_auth(rpc_server_t *s, rpc_call_t *c, unsigned roles) {
       return err_set(rc, "%s: %s", c->method, why);
     }
     c->role = RPC_ROLE_NODE;
+    c->node_jwt = 1;
   } else {
     OPENSSL_cleanse(sha, sizeof sha);
     return err_set(FSDP_EAUTH, "%s: the token is not valid on this server; check the token "
@@ -682,6 +684,7 @@ unsigned rpc_call_role(const rpc_call_t *c) { return c->role; }
 
 int rpc_call_auth(rpc_call_t *c, unsigned roles) { return rpc_auth(c->s, c, roles); }
 const char *rpc_call_node(const rpc_call_t *c) { return c->node[0] ? c->node : NULL; }
+int rpc_call_node_jwt(const rpc_call_t *c) { return c->node_jwt; }
 
 /* ---- health -------------------------------------------------------------------------- */
 

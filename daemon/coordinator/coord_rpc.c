@@ -904,7 +904,14 @@ static void coord_register_cb(rpc_call_t *call, const ProtobufCMessage *req, voi
   int rc = text_plain("hostname", q->hostname, TEXT_NODE_NAME_MAX);
   if (!rc && !q->hostname[0]) rc = err_set(FSDP_EINVAL, "hostname: empty; fsdpd sends its --name");
   const char *me = rpc_call_node(call);
-  if (!rc && me && strcmp(me, q->hostname))
+  /* the fix depends on where the name came from: a token file's line (the
+   * operator's to add) or the kubelet's binding (no file to edit) */
+  if (!rc && me && strcmp(me, q->hostname) && rpc_call_node_jwt(call))
+    rc = err_set(FSDP_EPERM, "hostname: '%s', but this node's service account token is bound to "
+                 "node %.127s (its kubernetes.io.node.name): a node registers only under its own "
+                 "name; give fsdpd --name=$(NODE_NAME), the pod's spec.nodeName, as "
+                 "deploy/k8s/fsdpd.yaml does", q->hostname, me);
+  else if (!rc && me && strcmp(me, q->hostname))
     rc = err_set(FSDP_EPERM, "hostname: '%s', but this node's token is node %.127s's: a node "
                  "registers only under its own name (fsdpd --name %.127s), or it needs its own "
                  "line in the coordinator's node token file", q->hostname, me, me);

@@ -189,3 +189,27 @@ void cluster_db_check(const char *path) {
   sqlite3_finalize(s);
   sqlite3_close(h);
 }
+
+void cluster_sa_keys(const char *key, const char *jwks) {
+  char cmd[4096], out[4096];
+  snprintf(cmd, sizeof cmd, "openssl genrsa -out '%s' 2048 && python3 '%s/tests/unit/jwt_mint.py' "
+           "jwks '%s' k > '%s'", key, tu_root(), key, jwks);
+  cr_assert_eq(tu_sh(cmd, out, sizeof out), 0, "%s", out);
+}
+
+void cluster_sa_token(const char *path, const char *key, const char *node, const char *exp) {
+  char *h = tu_path("sa-header.json"), *c = tu_path("sa-claims.json");
+  const char *header = "{\"alg\": \"RS256\", \"kid\": \"k\"}";
+  char claims[1024], cmd[4096], out[4096];
+  snprintf(claims, sizeof claims,
+           "{\"iss\": \"https://kubernetes.default.svc\", \"sub\": \"system:serviceaccount:fsdp:fsdpd\", "
+           "\"aud\": [\"fsdp-coordinator\"], \"exp\": \"%s\", \"iat\": \"@NOW-1\", \"nbf\": \"@NOW-1\", "
+           "\"kubernetes.io\": {\"namespace\": \"fsdp\", \"node\": {\"name\": \"%s\", \"uid\": \"n1\"}, "
+           "\"pod\": {\"name\": \"fsdpd-abcde\", \"uid\": \"p1\"}}}", exp, node);
+  tu_write_file(h, header, strlen(header));
+  tu_write_file(c, claims, strlen(claims));
+  snprintf(cmd, sizeof cmd, "python3 '%s/tests/unit/jwt_mint.py' token '%s' '%s' '%s' > '%s.new' && "
+           "chmod 644 '%s.new' && mv '%s.new' '%s'", tu_root(), key, h, c, path, path, path, path);
+  cr_assert_eq(tu_sh(cmd, out, sizeof out), 0, "%s", out);
+  free(h), free(c);
+}

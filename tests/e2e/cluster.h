@@ -58,4 +58,14 @@ pid_t cluster_pid_under(const char *dir);
  * (a rank runs in its attempt's directory), or -1 after timeout_s. */
 double cluster_wait_gone(const char *dir, double timeout_s);
 
+/* A cluster's service account signing key (an RSA key, PEM, at key) and
+ * its JWKS (kid "k", at jwks), as --node-jwks-file takes it. */
+void cluster_sa_keys(const char *key, const char *jwks);
+/* A token minted by tests/unit/jwt_mint.py, signed by key: a projected
+ * service account token of fsdpd's pod (system:serviceaccount:fsdp:fsdpd,
+ * audience fsdp-coordinator) on node `node`, expiring at exp
+ * ("@NOW+3600"), written to path by a rename over it, as the kubelet
+ * renews the file. */
+void cluster_sa_token(const char *path, const char *key, const char *node, const char *exp);
+
 #endif

@@ -1539,27 +1539,6 @@ Test(cluster, a_second_fsdpd_under_a_nodes_name_is_refused_while_the_first_runs)
   cr_expect_eq(cluster_wait_exit(&node[1], 0), -1, "the successor exited");
 }
 
-/* A token minted by tests/unit/jwt_mint.py (signed by key with the openssl
- * command): a projected service account token of fsdpd's pod on node
- * `node`, expiring at exp ("@NOW+3600"), written to path by a rename over
- * it, as the kubelet renews the file. */
-static void sa_token(const char *path, const char *key, const char *node, const char *exp) {
-  char *h = tu_path("sa-header.json"), *c = tu_path("sa-claims.json");
-  const char *header = "{\"alg\": \"RS256\", \"kid\": \"k\"}";
-  char claims[1024], cmd[4096], out[4096];
-  snprintf(claims, sizeof claims,
-           "{\"iss\": \"https://kubernetes.default.svc\", \"sub\": \"system:serviceaccount:fsdp:fsdpd\", "
-           "\"aud\": [\"fsdp-coordinator\"], \"exp\": \"%s\", \"iat\": \"@NOW-1\", \"nbf\": \"@NOW-1\", "
-           "\"kubernetes.io\": {\"namespace\": \"fsdp\", \"node\": {\"name\": \"%s\", \"uid\": \"n1\"}, "
-           "\"pod\": {\"name\": \"fsdpd-abcde\", \"uid\": \"p1\"}}}", exp, node);
-  tu_write_file(h, header, strlen(header));
-  tu_write_file(c, claims, strlen(claims));
-  snprintf(cmd, sizeof cmd, "python3 '%s/tests/unit/jwt_mint.py' token '%s' '%s' '%s' > '%s.new' && "
-           "chmod 644 '%s.new' && mv '%s.new' '%s'", tu_root(), key, h, c, path, path, path, path);
-  cr_assert_eq(tu_sh(cmd, out, sizeof out), 0, "%s", out);
-  free(h), free(c);
-}
-
 /* Kubernetes nodes show the projected service account token of fsdpd's
  * pod, no token file per node: the coordinator checks it against the
  * cluster's keys (a JWKS) and takes the node the token is bound to as the
@@ -1572,16 +1551,14 @@ Test(cluster, kubernetes_nodes_are_known_by_their_service_account_tokens, .timeo
   char *ut = tu_path("user.token"), *key = tu_path("sa.pem"), *jwks = tu_path("jwks.json");
   char *tok = tu_path("kube-a.jwt"), *db = tu_path("kube.db");
   tu_write_file(ut, "user-secret-1234567890\n", 23);
-  char cmd[4096], out[8192], extra[2000], opt[700];
-  snprintf(cmd, sizeof cmd, "openssl genrsa -out '%s' 2048 && python3 '%s/tests/unit/jwt_mint.py' "
-           "jwks '%s' k > '%s'", key, tu_root(), key, jwks);
-  cr_assert_eq(tu_sh(cmd, out, sizeof out), 0, "%s", out);
+  char out[8192], extra[2000], opt[700];
+  cluster_sa_keys(key, jwks);
   snprintf(extra, sizeof extra, "--heartbeat-timeout-ms %d --user-token-file '%s' --node-jwks-file '%s' "
            "--node-jwt-subject system:serviceaccount:fsdp:fsdpd --node-jwt-audience fsdp-coordinator",
            TIMEOUT_MS * 10, ut, jwks);
   cluster_coord_start(&coord, db, "127.0.0.1:0", extra);
   setenv("FSDP_TOKEN_FILE", ut, 1);
-  sa_token(tok, key, "kube-a", "@NOW+3600");
+  cluster_sa_token(tok, key, "kube-a", "@NOW+3600");
   snprintf(opt, sizeof opt, "--token-file '%s'", tok);
   cluster_fsdpd_start(&node[0], coord.addr, "kube-a", 1, opt);
   /* another name with kube-a's token: refused */
@@ -1597,7 +1574,7 @@ Test(cluster, kubernetes_nodes_are_known_by_their_service_account_tokens, .timeo
   char *conf = job_file("kube.conf", "steps = 2000\n");
   const char *id = submit(conf, "--ranks 1");
   cr_assert(wait_state(id, "RUNNING", 30), "%s", state_of(id, out, sizeof out));
-  sa_token(tok, key, "kube-a", "@NOW-600");
+  cluster_sa_token(tok, key, "kube-a", "@NOW-600");
   const double t0 = tu_now_s();
   for (;;) {
     log = tu_slurp(node[0].log, NULL);
@@ -1607,7 +1584,7 @@ Test(cluster, kubernetes_nodes_are_known_by_their_service_account_tokens, .timeo
     cr_assert_lt(tu_now_s() - t0, 15, "an expired token was not refused");
     nanosleep(&(struct timespec){0, 50000000}, NULL);
   }
-  sa_token(tok, key, "kube-a", "@NOW+3600");
+  cluster_sa_token(tok, key, "kube-a", "@NOW+3600");
   for (;;) {
     log = tu_slurp(node[0].log, NULL);
     const char *back = strstr(log, "the coordinator answers again");

@@ -1440,6 +1440,32 @@ Test(coordinator, a_node_reports_only_its_own_ranks) {
   free(dp);
 }
 
+/* A Kubernetes node's identity is its service account token's node (no
+ * token file): registering under another name is refused with that fix,
+ * fsdpd --name=$(NODE_NAME), not a token file's line to add. */
+Test(coordinator, a_kubernetes_node_under_another_name_is_told_to_use_its_nodes_name) {
+  teardown();
+  char *u = tu_path("user.token"), *key = tu_path("sa.pem"), *jwks = tu_path("jwks.json");
+  char *tok = tu_path("kube-a.jwt"), *db = tu_path("kube.db");
+  tu_write_file(u, "user-secret-1234567890\n", 23);
+  cluster_sa_keys(key, jwks);
+  cluster_sa_token(tok, key, "kube-a", "@NOW+3600");
+  char extra[1800];
+  snprintf(extra, sizeof extra, "--user-token-file '%s' --node-jwks-file '%s' --node-jwt-subject "
+           "system:serviceaccount:fsdp:fsdpd --node-jwt-audience fsdp-coordinator", u, jwks);
+  co_start(db, "127.0.0.1:0", extra);
+  client_for(&co, tok);
+  Fsdp__V1__RegisterNodeRequest q = FSDP__V1__REGISTER_NODE_REQUEST__INIT;
+  q.hostname = "kube-b", q.address = "127.0.0.1:9", q.node_id = "";
+  Fsdp__V1__RegisterNodeReply *r = NULL;
+  cr_expect_eq(CALL("RegisterNode", q, register_node_reply, &r), FSDP_EPERM, "kube-a became kube-b");
+  cr_expect(strstr(err_msg(), "bound to node kube-a") && strstr(err_msg(), "--name=$(NODE_NAME)") &&
+                !strstr(err_msg(), "token file"), "%s", err_msg());
+  node_t a = {{0}, 0};
+  node_register(&a, "kube-a", 1, 8ull << 30, NULL, 0);
+  free(u), free(key), free(jwks), free(tok), free(db);
+}
+
 /* Per-node tokens: a node's token is its identity. It registers only
  * under its own name, and speaks (exits, rendezvous) only for its ranks. */
 Test(coordinator, with_a_token_per_node_a_node_acts_only_as_itself) {
@@ -1460,7 +1486,9 @@ Test(coordinator, with_a_token_per_node_a_node_acts_only_as_itself) {
   q.hostname = "beta", q.address = "127.0.0.1:9", q.node_id = "";
   Fsdp__V1__RegisterNodeReply *r = NULL;
   cr_expect_eq(CALL("RegisterNode", q, register_node_reply, &r), FSDP_EPERM, "alpha became beta");
-  cr_expect(strstr(err_msg(), "registers only under its own name"), "%s", err_msg());
+  cr_expect(strstr(err_msg(), "registers only under its own name") &&
+                strstr(err_msg(), "its own line in the coordinator's node token file"),
+            "%s", err_msg());
   node_register(&a, "alpha", 2, 8ull << 30, NULL, 0);
   client_for(&co, tb);
   node_register(&b, "beta", 2, 8ull << 30, NULL, 0);
