@@ -165,6 +165,18 @@ static int agent_until_ms(double fence_at, int ms) {
   return (int)ceil(1e3 * agent_until(fence_at, ms / 1e3));
 }
 
+/* What a retry line says of the ranks, true in each state: none run before
+ * the first registration; a stopping fsdpd's are ending or gone; and a
+ * node may have none. st: the state published (NULL: none yet). */
+static const char *agent_ranks_note(int ever, const Fsdp__V1__HeartbeatRequest *st) {
+  size_t live = 0;
+  for (size_t i = 0; st && i < st->n_ranks; i++)
+    live += st->ranks[i]->state != FSDP__V1__RANK_STATE__RANK_STATE_EXITED;
+  if (!ever) return " (not registered yet: no rank runs before)";
+  if (st && st->stopping) return live ? ", while fsdpd stops its ranks" : ", while fsdpd stops";
+  return live ? ", ranks keep running" : "";
+}
+
 static void *agent_main(void *arg) {
   agent_t *a = arg;
   char node_id[256] = "", refusal[512] = "";
@@ -257,6 +269,7 @@ static void *agent_main(void *arg) {
         protobuf_c_message_free_unpacked(&rep->base, NULL);
       }
     }
+    const char *ranks_note = agent_ranks_note(ever, st);
     if (st) fsdp__v1__heartbeat_request__free_unpacked(st, NULL);
     pthread_mutex_lock(&a->mu);
     a->up = !rc;
@@ -301,8 +314,8 @@ static void *agent_main(void *arg) {
           LOG_ERROR("fsdpd", "the coordinator refused %s: %s; asking again every %d s (the ranks "
                     "were stopped)", what, refusal, AGENT_REFUSED_MS / 1000);
         else if (ever)
-          LOG_ERROR("fsdpd", "the coordinator refused %s: %s; asking again every %d s, ranks keep "
-                    "running", what, refusal, AGENT_REFUSED_MS / 1000);
+          LOG_ERROR("fsdpd", "the coordinator refused %s: %s; asking again every %d s%s", what,
+                    refusal, AGENT_REFUSED_MS / 1000, ranks_note);
         else
           LOG_ERROR("fsdpd", "the coordinator refused %s: %s; asking again each second, and "
                     "stopping if it still refuses after %g s", what, refusal, a->o.refused_exit_s);
@@ -314,8 +327,8 @@ static void *agent_main(void *arg) {
     }
     if (rc) {
       /* one line when the coordinator goes, one when it is back: not one per retry */
-      if (!lost) LOG_WARN("fsdpd", "%s: %s; retrying every %d ms at most, ranks keep running", what,
-                          err_msg(), AGENT_BACKOFF_MAX_MS);
+      if (!lost) LOG_WARN("fsdpd", "%s: %s; retrying every %d ms at most%s", what, err_msg(),
+                          AGENT_BACKOFF_MAX_MS, ranks_note);
       lost = 1;
       /* unreachable: the next try on a new channel. One whose connects
        * failed sits out gRPC's reconnect backoff (1 s, growing 1.6 times a

@@ -923,6 +923,9 @@ Test(fsdpd, survives_the_coordinator_going_away_and_reregisters_with_its_ranks, 
   fake_stop();
   usleep(1500 * 1000); /* a coordinator restart */
   for (int i = 0; i < 2; i++) cr_assert_eq(kill(pids[i], 0), 0, "rank %d died with the coordinator", i);
+  char *log = tu_slurp(fsdpd_log, NULL);
+  cr_expect(strstr(log, "retrying every 1000 ms at most, ranks keep running"), "%s", log);
+  free(log);
   pthread_mutex_lock(&F.mu);
   int64_t before = max_step("j-2", 0);
   pthread_mutex_unlock(&F.mu);
@@ -1018,6 +1021,48 @@ Test(fsdpd, a_coordinator_away_is_tried_every_second_and_found_as_soon_as_it_is_
   fprintf(stderr, "registered again %.2f s after the coordinator was back\n", took);
   cr_expect_lt(took, 2.0, "registered again %.2f s after the coordinator was back:\n%s", took,
                tu_slurp(fsdpd_log, NULL));
+}
+
+/* Waits (at most secs) for text in fsdpd's log after byte from; the
+ * line it is in (free it), or NULL. */
+static char *log_line_after(size_t from, const char *text, double secs) {
+  for (const double until = tu_now_s() + secs;; usleep(20000)) {
+    size_t n = 0;
+    char *log = tu_slurp(fsdpd_log, &n), *at = n > from ? strstr(log + from, text) : NULL;
+    if (at) {
+      char *start = at;
+      while (start > log && start[-1] != '\n') start--;
+      char *line = strndup(start, strcspn(start, "\n"));
+      free(log);
+      return line;
+    }
+    free(log);
+    if (tu_now_s() > until) return NULL;
+  }
+}
+
+/* The line fsdpd logs when the coordinator stops answering says of the
+ * ranks only what is true: none run before the first registration, and a
+ * registered node with none has none to keep running. */
+Test(fsdpd, the_retry_line_says_what_becomes_of_the_ranks, .timeout = 30 * TU_SLOW) {
+  fake_stop(); /* nothing answers on its port: fsdpd starts unregistered */
+  fsdpd_start();
+  char *line = log_line_after(0, "retrying every", 10);
+  cr_assert_not_null(line, "no retry line:\n%s", tu_slurp(fsdpd_log, NULL));
+  cr_expect(strstr(line, "RegisterNode") && strstr(line, "no rank runs before") &&
+                !strstr(line, "ranks keep running"), "%s", line);
+  free(line);
+  fake_start(); /* the same port */
+  cr_assert(wait_for(registered, 10), "fsdpd did not register within 10 s:\n%s",
+            tu_slurp(fsdpd_log, NULL));
+  size_t mark = 0;
+  free(tu_slurp(fsdpd_log, &mark));
+  fake_stop();
+  line = log_line_after(mark, "retrying every", 10);
+  cr_assert_not_null(line, "no retry line once registered:\n%s", tu_slurp(fsdpd_log, NULL));
+  cr_expect(strstr(line, "Heartbeat") && !strstr(line, "ranks keep running") &&
+                !strstr(line, "no rank runs before"), "%s", line);
+  free(line);
 }
 
 /* 1 for a process pid that is not a zombie. */
