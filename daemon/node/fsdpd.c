@@ -589,6 +589,10 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
+  /* what it and its ranks write (its work directory and lock, job files,
+   * logs, checkpoints) is never for every user of the host, whatever umask
+   * it was started with (the units set 0027; a shell's is often 0022) */
+  umask(umask(0) | 027);
   if (workdir_mkdirs(D.work_dir, 0755)) {
     fprintf(stderr, "fsdpd: --work-dir: %s\n", err_msg());
     return 1;
@@ -609,10 +613,6 @@ int main(int argc, char **argv) {
   /* after the environment is set (the driver's threads may read it) */
   inventory_measure(&D.inv);
   signal(SIGPIPE, SIG_IGN); /* a closed socket is an error, not our death */
-  /* what it and its ranks write (job files, logs, checkpoints) is never
-   * for every user of the host, whatever umask it was started with (the
-   * units set 0027; a shell's is often 0022) */
-  umask(umask(0) | 027);
   fsdpd_raise_nofile();
 
   const rpc_client_opts_t co = {.target = D.coordinator, .token_file = D.token_file, .tls_ca_file = D.tls_ca};

@@ -1065,6 +1065,24 @@ Test(fsdpd, the_retry_line_says_what_becomes_of_the_ranks, .timeout = 30 * TU_SL
   free(line);
 }
 
+/* fsdpd tightens its umask to at least 0027 before it makes anything, its
+ * work directory and lock file included, whatever umask it was started with
+ * (a shell's 0022; docs/OPERATIONS.md). */
+Test(fsdpd, its_work_dir_and_lock_are_not_for_every_user, .timeout = 20 * TU_SLOW) {
+  const mode_t old = umask(022);
+  fsdpd_start();
+  umask(old);
+  cr_assert(wait_for(registered, 10), "fsdpd did not register within 10 s:\n%s",
+            tu_slurp(fsdpd_log, NULL));
+  char lock[1100];
+  snprintf(lock, sizeof lock, "%s/fsdpd.lock", workdir);
+  struct stat d, l;
+  cr_assert_eq(stat(workdir, &d), 0);
+  cr_assert_eq(stat(lock, &l), 0);
+  cr_expect_eq(d.st_mode & 07777, 0750, "work dir mode %04o", (unsigned)(d.st_mode & 07777));
+  cr_expect_eq(l.st_mode & 07777, 0640, "lock mode %04o", (unsigned)(l.st_mode & 07777));
+}
+
 /* 1 for a process pid that is not a zombie. */
 static int runs_pid(int pid, char st, int ppid, int pgrp, void *arg) {
   (void)ppid, (void)pgrp;
