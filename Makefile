@@ -663,8 +663,10 @@ demo: deps-demo $(BINS)
 
 # `make install` (PREFIX, DESTDIR as packagers expect): the programs, the
 # systemd units (deploy/systemd, ExecStart pointing at BINDIR), the sysusers
-# file for the user fsdpd runs as, the Prometheus alerting rules
-# (deploy/prometheus, into DATADIR) and the documentation.
+# file for the user fsdpd runs as, into DATADIR the Prometheus alerting
+# rules (deploy/prometheus), the Slurm batch script (deploy/slurm, FSDP_BIN's
+# default BINDIR) and the Kubernetes manifests (deploy/k8s), and the
+# documentation.
 PREFIX      ?= /usr/local
 BINDIR      ?= $(PREFIX)/bin
 # the CUDA plugin, where the programs look for it: ../lib/fsdpd beside BINDIR
@@ -675,7 +677,7 @@ DOCDIR      ?= $(PREFIX)/share/doc/fsdpd
 DATADIR     ?= $(PREFIX)/share/fsdpd
 install: $(BINS) $(if $(HAVE_CUDA),$(CUDA_PLUGIN))
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(DOCDIR) \
-	  $(DESTDIR)$(DATADIR)/prometheus
+	  $(DESTDIR)$(DATADIR)/prometheus $(DESTDIR)$(DATADIR)/slurm $(DESTDIR)$(DATADIR)/k8s
 	install -m 0755 $(BINS) $(DESTDIR)$(BINDIR)/
 	$(if $(HAVE_CUDA),install -d $(DESTDIR)$(PLUGINDIR) && install -m 0755 $(CUDA_PLUGIN) $(DESTDIR)$(PLUGINDIR)/)
 	for u in fsdp-coordinator fsdpd; do \
@@ -683,6 +685,9 @@ install: $(BINS) $(if $(HAVE_CUDA),$(CUDA_PLUGIN))
 	  chmod 0644 $(DESTDIR)$(UNITDIR)/$$u.service || exit 1; done
 	install -m 0644 deploy/systemd/fsdpd.sysusers.conf $(DESTDIR)$(SYSUSERSDIR)/fsdpd.conf
 	install -m 0644 deploy/prometheus/fsdp-alerts.yml $(DESTDIR)$(DATADIR)/prometheus/
+	sed 's|/usr/local/bin|$(BINDIR)|g' deploy/slurm/fsdp.sbatch >$(DESTDIR)$(DATADIR)/slurm/fsdp.sbatch
+	chmod 0755 $(DESTDIR)$(DATADIR)/slurm/fsdp.sbatch
+	install -m 0644 deploy/k8s/*.yaml $(DESTDIR)$(DATADIR)/k8s/
 	install -m 0644 README.md docs/*.md $(DESTDIR)$(DOCDIR)/
 
 clean:

@@ -482,4 +482,15 @@ Test(systemd, make_install_puts_programs_units_and_docs_where_packagers_expect, 
   cr_assert_eq(access(path, R_OK), 0, "%s", path);
   snprintf(path, sizeof path, "%s/opt/fsdp/share/fsdpd/prometheus/fsdp-alerts.yml", dest);
   cr_assert_eq(access(path, R_OK), 0, "%s", path);
+  /* the Slurm script, its programs where this install put them, and the manifests */
+  snprintf(path, sizeof path, "%s/opt/fsdp/share/fsdpd/slurm/fsdp.sbatch", dest);
+  cr_assert_eq(access(path, X_OK), 0, "%s is not installed", path);
+  char *sb = tu_slurp(path, NULL);
+  cr_expect(strstr(sb, "bin=${FSDP_BIN:-/opt/fsdp/bin}") && !strstr(sb, "/usr/local/bin"), "%s", path);
+  free(sb);
+  const char *manifests[] = {"coordinator.yaml", "fsdpd.yaml", "submit-job.yaml"};
+  for (size_t i = 0; i < sizeof manifests / sizeof *manifests; i++) {
+    snprintf(path, sizeof path, "%s/opt/fsdp/share/fsdpd/k8s/%s", dest, manifests[i]);
+    cr_expect_eq(access(path, R_OK), 0, "%s is not installed", path);
+  }
 }
