@@ -546,37 +546,40 @@ void coord_node_hold(coord_t *c, coord_node_t *n, rpc_call_t *call) {
 /* ---- attempts ------------------------------------------------------------- */
 
 void coord_hold_add(coord_t *c, int64_t job, int64_t epoch, int64_t node) {
-  for (int i = 0; i < c->n_holds; i++)
-    if (c->holds[i].job == job && c->holds[i].epoch == epoch && c->holds[i].node == node) return;
-  if (c->n_holds == c->cap_holds) {
-    const int cap = c->cap_holds ? 2 * c->cap_holds : 16;
-    struct coord_hold *h = realloc(c->holds, (size_t)cap * sizeof *h);
-    if (!h) { /* the job waits the node's whole fence instead */
-      coord_job_t *x = coord_job_info(c, job);
-      coord_node_t *n = coord_node_get(c, node, 0);
-      const uint64_t until = coord_mono_ms(c) + coord_fence_ms(c);
-      if (x && n && until > x->fence_until) x->fence_until = until, x->fence_node = node;
-      return;
-    }
-    c->holds = h, c->cap_holds = cap;
+  const int64_t key[3] = {job, epoch, node};
+  coord_hold_t *h;
+  HASH_FIND(hh, c->holds, key, sizeof key, h);
+  if (h) return;
+  if ((h = calloc(1, sizeof *h))) {
+    memcpy(h->key, key, sizeof key);
+    coord_hash_oom = 0;
+    HASH_ADD(hh, c->holds, key, sizeof h->key, h);
+    if (!coord_hash_oom) return;
+    free(h); /* not added: uthash could not grow its table */
   }
-  c->holds[c->n_holds++] = (struct coord_hold){job, epoch, node};
+  /* the job waits the node's whole fence instead */
+  coord_job_t *x = coord_job_info(c, job);
+  coord_node_t *n = coord_node_get(c, node, 0);
+  const uint64_t until = coord_mono_ms(c) + coord_fence_ms(c);
+  if (x && n && until > x->fence_until) x->fence_until = until, x->fence_node = node;
 }
 
 void coord_hold_confirm(coord_t *c, const coord_node_t *n, Fsdp__V1__RankStatus *const *ranks,
                         size_t nr) {
-  int kept = 0, freed = 0;
-  for (int i = 0; i < c->n_holds; i++) {
-    const struct coord_hold *h = &c->holds[i];
+  coord_hold_t *h, *tmp;
+  int freed = 0;
+  HASH_ITER(hh, c->holds, h, tmp) {
+    if (h->key[2] != n->id) continue;
     int alive = 0;
-    for (size_t k = 0; h->node == n->id && k < nr && !alive; k++)
-      alive = ranks[k]->attempt == (uint64_t)h->epoch &&
+    for (size_t k = 0; k < nr && !alive; k++)
+      alive = ranks[k]->attempt == (uint64_t)h->key[1] &&
               ranks[k]->state != FSDP__V1__RANK_STATE__RANK_STATE_EXITED &&
-              coord_id_parse(ranks[k]->job_id, 'j') == h->job;
-    if (h->node != n->id || alive) c->holds[kept++] = *h;
-    else freed = 1;
+              coord_id_parse(ranks[k]->job_id, 'j') == h->key[0];
+    if (alive) continue;
+    HASH_DEL(c->holds, h);
+    free(h);
+    freed = 1;
   }
-  c->n_holds = kept;
   if (freed) c->dirty = 1; /* a job may wait for it */
 }
 
@@ -586,16 +589,17 @@ void coord_hold_confirm(coord_t *c, const coord_node_t *n, Fsdp__V1__RankStatus 
  * leases); *node: that node. Holds past their fence go. */
 static uint64_t coord_hold_until(coord_t *c, int64_t job, uint64_t now, int64_t *node) {
   uint64_t until = 0;
-  int kept = 0;
-  for (int i = 0; i < c->n_holds; i++) {
-    const struct coord_hold *h = &c->holds[i];
-    const coord_node_t *n = coord_node_get(c, h->node, 0);
+  coord_hold_t *h, *tmp;
+  HASH_ITER(hh, c->holds, h, tmp) {
+    const coord_node_t *n = coord_node_get(c, h->key[2], 0);
     const uint64_t end = n ? n->heard_ms + coord_fence_ms(c) : 0;
-    if (end <= now) continue; /* fenced by now: gone */
-    c->holds[kept++] = *h;
-    if (h->job == job && end > until) until = end, *node = h->node;
+    if (end <= now) { /* fenced by now: gone */
+      HASH_DEL(c->holds, h);
+      free(h);
+      continue;
+    }
+    if (h->key[0] == job && end > until) until = end, *node = h->key[2];
   }
-  c->n_holds = kept;
   return until;
 }
 
@@ -1744,7 +1748,11 @@ void coord_destroy(coord_t *c) {
   coord_ckpt_detach(c);       /* so do removals still on the pool */
   for (int i = 0; i < c->n_sub; i++) free(c->sub[i].text); /* their calls were cancelled */
   free(c->sub);
-  free(c->holds);
+  coord_hold_t *h, *htmp;
+  HASH_ITER(hh, c->holds, h, htmp) {
+    HASH_DEL(c->holds, h);
+    free(h);
+  }
   store_close(c->st);
   uv_close((uv_handle_t *)&c->tick, coord_free_cb);
 }

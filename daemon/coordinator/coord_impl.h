@@ -91,6 +91,13 @@ typedef struct coord_rank {
 #define COORD_STR(x) COORD_STR_(x)
 
 
+/* A hold (coord_hold_*): ranks of attempt epoch of job told to stop on
+ * node, in coord_t.holds. */
+typedef struct coord_hold {
+  int64_t key[3];           /* job, epoch, node: the hash key */
+  UT_hash_handle hh;
+} coord_hold_t;
+
 /* What the coordinator derives from a job's spec, once. */
 #define COORD_EXPORT_MAX 2 /* exports at once (coord_export.c) */
 
@@ -198,8 +205,7 @@ struct coord {
    * not yet shown them gone: the job's next attempt waits until the node's
    * heartbeat lists none of them alive, or, silent, until its fence has
    * surely stopped them (coord_hold_*). */
-  struct coord_hold { int64_t job, epoch, node; } *holds;
-  int n_holds, cap_holds;
+  coord_hold_t *holds;      /* by (job, epoch, node) (uthash): adding one is O(1) */
   uint64_t fence_wake_ms;   /* the first coord_job_t.fence_until a waiting job has (0: none) */
   coord_submit_t *sub;      /* submits waiting for this loop turn's commit */
   int n_sub, cap_sub;
