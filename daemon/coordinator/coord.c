@@ -280,9 +280,28 @@ static int coord_orders_add(coord_order_t **v, int *n, int *cap, const coord_ord
   return FSDP_OK;
 }
 
+/* A node's queue holds at most COORD_NODE_ORDERS_MAX of its devices: more
+ * is a node that takes no orders (one registering again and again without a
+ * heartbeat, each registration a kill per rank it lists grew the
+ * coordinator from 265 MB to 971 MB; found by an outside tester). Past the
+ * bound the queue is emptied and the node is told to register again
+ * (coord_node_t.resync), and nothing more is queued for it until it does.
+ * That is safe: a registration tells it again all a queue can hold (a kill
+ * of every rank it lists that no running attempt has, every assignment the
+ * store has there), and the holds of the kills dropped stay, so their jobs'
+ * next attempts wait until the node shows those ranks gone, or its fence
+ * has stopped them. */
 void coord_order_push(coord_t *c, int64_t node, const coord_order_t *o) {
   coord_node_t *n = coord_node_get(c, node, 1);
-  if (!n) return;
+  if (!n || n->resync) return;
+  if ((size_t)n->n_order >= COORD_NODE_ORDERS_MAX(n->ndev)) {
+    LOG_WARN("coord", "node n-%lld has %d orders queued, the most for its %d devices, and has "
+             "taken none: they are dropped, and it is told to register again", (long long)node,
+             n->n_order, n->ndev);
+    free(n->order);
+    n->order = NULL, n->n_order = n->cap_order = 0, n->resync = 1;
+    return;
+  }
   if (coord_orders_add(&n->order, &n->n_order, &n->cap_order, o)) {
     LOG_WARN("coord", "out of memory queueing an order for node n-%lld", (long long)node);
     return;

@@ -35,6 +35,14 @@ typedef struct coord_order {
 } coord_order_t;
 
 #define COORD_NODE_DEVICES_MAX 4096 /* devices a node may register */
+/* The ranks a node of ndev devices may list (a heartbeat's read, a
+ * registration's most): a rank per device, and an earlier attempt's for a
+ * while. More is not a node of ours, and each listed rank costs the store a
+ * look. */
+#define COORD_NODE_RANKS_MAX(ndev) (2 * (size_t)(ndev) + 16)
+/* The orders a node of ndev devices may have queued (coord_order_push): a
+ * kill and an assignment for each rank it may run. */
+#define COORD_NODE_ORDERS_MAX(ndev) (2 * COORD_NODE_RANKS_MAX(ndev))
 
 typedef struct coord_node {
   int64_t id;
@@ -56,6 +64,7 @@ typedef struct coord_node {
   struct coord *coord;      /* for its poll's cancel callback */
   coord_order_t *order;
   int n_order, cap_order;
+  int resync;               /* its queue overflowed and was emptied: it registers again */
   coord_order_t *sent;      /* assignments sent and not yet seen in its heartbeats */
   int n_sent, cap_sent;
   int ndev;                 /* devices it registered with */

@@ -919,6 +919,17 @@ static void coord_register_cb(rpc_call_t *call, const ProtobufCMessage *req, voi
   if (!rc && q->n_devices > COORD_NODE_DEVICES_MAX)
     rc = err_set(FSDP_EINVAL, "devices: %zu; a node has at most %d (fsdpd --devices)",
                  q->n_devices, COORD_NODE_DEVICES_MAX);
+  /* Refused, where a heartbeat reads the first ranks and warns: a heartbeat
+   * only reports, but a registration acts on its list (kills every rank of
+   * an attempt that is over, fails attempts whose ranks it lacks) and its
+   * answer renews the leases of all it lists, so a part read would leave
+   * ranks past the bound running unkilled and unheld, and fail the attempts
+   * of those placed there. Refused, the node is unregistered and its fsdpd
+   * fences its ranks; then its list is short again. Before, one RegisterNode
+   * of 100,000 ranks held the loop 49 s (found by an outside tester). */
+  if (!rc && q->n_ranks > COORD_NODE_RANKS_MAX(q->n_devices))
+    rc = err_set(FSDP_EINVAL, "ranks: %zu; a node of %zu devices runs at most %zu (2 a device "
+                 "and 16)", q->n_ranks, q->n_devices, COORD_NODE_RANKS_MAX(q->n_devices));
   store_device_t *dev = rc ? NULL : calloc(q->n_devices + 1, sizeof *dev);
   if (!rc && !dev) rc = err_set(FSDP_ENOMEM, "coordinator: out of memory");
   for (size_t i = 0; !rc && i < q->n_devices; i++) {
@@ -956,6 +967,7 @@ static void coord_register_cb(rpc_call_t *call, const ProtobufCMessage *req, voi
   }
   coord_node_heard(c, n);
   n->awaited = 0, n->grace_until_ms = 0; /* back: the heartbeat timeout alone, from now */
+  n->resync = 0; /* this registration tells it what its dropped queue held */
   /* Reconcile: ranks it runs that are not of a running attempt are killed;
    * ranks the store has there but it does not run were never started
    * (assigned: told again) or are gone (running: the attempt fails). */
@@ -966,18 +978,17 @@ static void coord_register_cb(rpc_call_t *call, const ProtobufCMessage *req, voi
     int keep = job && !store_job_get(c->st, job, &j);
     if (keep) keep = j.state == STORE_JOB_RUNNING && j.epoch == (int64_t)r->attempt,
               store_job_free(&j);
-    if (!keep && job) {
-      /* no grace (1 ms: 0 is the node's default): SIGTERM would have it
-       * write a checkpoint, into the directory the job's live attempt now
-       * writes (a node cut off, or stopped, while the job went on) */
-      coord_order_t o = {.kill = 1, .job = job, .epoch = r->attempt, .rank = (int)r->rank,
-                         .grace_ms = 1};
-      snprintf(o.reason, sizeof o.reason, "its attempt is over");
-      coord_order_push(c, id, &o);
-      /* this registration's answer renewed their lease: the job's next
-       * attempt waits until they are shown gone */
-      if (r->state != FSDP__V1__RANK_STATE__RANK_STATE_EXITED) coord_hold_add(c, job, r->attempt, id);
-    }
+    if (keep || !job || r->rank > INT32_MAX) continue;
+    /* no grace (1 ms: 0 is the node's default): SIGTERM would have it
+     * write a checkpoint, into the directory the job's live attempt now
+     * writes (a node cut off, or stopped, while the job went on) */
+    coord_order_t o = {.kill = 1, .job = job, .epoch = r->attempt, .rank = (int)r->rank,
+                       .grace_ms = 1};
+    snprintf(o.reason, sizeof o.reason, "its attempt is over");
+    coord_order_push(c, id, &o);
+    /* this registration's answer renewed their lease: the job's next
+     * attempt waits until they are shown gone */
+    if (r->state != FSDP__V1__RANK_STATE__RANK_STATE_EXITED) coord_hold_add(c, job, r->attempt, id);
   }
   store_rank_t *want = NULL;
   int nw = 0;
@@ -1107,7 +1118,7 @@ static void coord_heartbeat_cb(rpc_call_t *call, const ProtobufCMessage *req, vo
   coord_t *c = arg;
   const Fsdp__V1__HeartbeatRequest *q = (const void *)req;
   coord_node_t *n = coord_node_get(c, coord_id_parse(q->node_id, 'n'), 0);
-  if (!n || !n->session || n->session != q->session || n->dead) {
+  if (!n || !n->session || n->session != q->session || n->dead || n->resync) {
     Fsdp__V1__HeartbeatReply rep = FSDP__V1__HEARTBEAT_REPLY__INIT;
     rep.reregister = 1;
     rep.heartbeat_interval_ms = (uint32_t)c->o.heartbeat_interval_ms;
@@ -1126,9 +1137,7 @@ static void coord_heartbeat_cb(rpc_call_t *call, const ProtobufCMessage *req, vo
     if (n->busy[w] & ~busy[w]) c->dirty = 1; /* a device came free */
     n->busy[w] = busy[w];
   }
-  /* a node runs a rank per device, and an earlier attempt's for a while:
-   * more is not a node of ours (each unknown one costs the store a look) */
-  const size_t most = 2 * (size_t)n->ndev + 16;
+  const size_t most = COORD_NODE_RANKS_MAX(n->ndev);
   if (q->n_ranks > most)
     LOG_WARN("coord", "node %s reports %zu ranks, more than %zu for its %d devices: the first "
              "%zu are read", q->node_id, q->n_ranks, most, n->ndev, most);
