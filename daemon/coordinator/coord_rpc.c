@@ -979,16 +979,25 @@ static void coord_register_cb(rpc_call_t *call, const ProtobufCMessage *req, voi
     if (keep) keep = j.state == STORE_JOB_RUNNING && j.epoch == (int64_t)r->attempt,
               store_job_free(&j);
     if (keep || !job || r->rank > INT32_MAX) continue;
-    /* no grace (1 ms: 0 is the node's default): SIGTERM would have it
-     * write a checkpoint, into the directory the job's live attempt now
-     * writes (a node cut off, or stopped, while the job went on) */
+    /* Killed whatever its job: the order is the node's own processes' (a
+     * rank of a job the store no longer has, purged or before a restore,
+     * stops too), and its queue is bounded (coord_order_push). No grace
+     * (1 ms: 0 is the node's default): SIGTERM would have it write a
+     * checkpoint, into the directory the job's live attempt now writes (a
+     * node cut off, or stopped, while the job went on). */
     coord_order_t o = {.kill = 1, .job = job, .epoch = r->attempt, .rank = (int)r->rank,
                        .grace_ms = 1};
     snprintf(o.reason, sizeof o.reason, "its attempt is over");
     coord_order_push(c, id, &o);
     /* this registration's answer renewed their lease: the job's next
-     * attempt waits until they are shown gone */
-    if (r->state != FSDP__V1__RANK_STATE__RANK_STATE_EXITED) coord_hold_add(c, job, r->attempt, id);
+     * attempt waits until they are shown gone. Only for a rank the store
+     * placed here (or could not say where): before, any node listing
+     * another node's job held its restart for good, renewed at each of
+     * its registrations (found by an outside tester). */
+    if (r->state == FSDP__V1__RANK_STATE__RANK_STATE_EXITED) continue;
+    int64_t on = 0;
+    const int where = store_rank_node(c->st, job, r->attempt, (int)r->rank, &on, NULL, 0);
+    if (where ? where != FSDP_ENOTFOUND : on == id) coord_hold_add(c, job, r->attempt, id);
   }
   store_rank_t *want = NULL;
   int nw = 0;

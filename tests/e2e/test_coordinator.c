@@ -1529,6 +1529,28 @@ Test(coordinator, a_registration_of_more_ranks_than_its_devices_run_is_refused_a
   fake_ranks_free(&f);
 }
 
+/* A registration holds a job's restart only for its own ranks: beta,
+ * listing alpha's ranks of an attempt that failed, does not hold the next
+ * attempt until its fence (before: renewed at each of its registrations,
+ * for good); it restarts once alpha shows them gone. */
+Test(coordinator, a_node_listing_another_nodes_ranks_does_not_hold_their_restart) {
+  char d[600], id[32], reason[512] = "";
+  data_opt(d, sizeof d);
+  node_t a = {{0}, 0}, b = {{0}, 0};
+  node_register(&a, "alpha", 2, 8ull << 30, NULL, 0);
+  const char *kv[] = {"model=tiny", d, NULL};
+  cr_assert_eq(submit_with(2, kv, 2, id, sizeof id), 0, "%s", err_msg());
+  cr_assert_eq(collect(&a, id, 2, NULL), 2);
+  Fsdp__V1__RankStatus rs[2], *rp[2];
+  running_ranks(rs, rp, id, 1);
+  reply_free(heartbeat(&a, rp, 2));
+  cr_assert_eq(report_exit(&a, id, 1, 0, 1), 0, "%s", err_msg());
+  node_register(&b, "beta", 0, 0, rp, 2); /* no devices: the job cannot go there */
+  const double t0 = tu_now_s();
+  const double at = assigned_at(&a, id, FENCE_S - 1.5, reason, sizeof reason);
+  cr_expect_gt(at, 0, "the restart waited %.1f s for beta's fence: %s", tu_now_s() - t0, reason);
+}
+
 /* Per-node tokens: a node's token is its identity. It registers only
  * under its own name, and speaks (exits, rendezvous) only for its ranks. */
 Test(coordinator, with_a_token_per_node_a_node_acts_only_as_itself) {
