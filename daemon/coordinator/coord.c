@@ -1382,6 +1382,11 @@ static void coord_place(coord_t *c, coord_pass_t *ps, int64_t job) {
   free(slot);
 }
 
+int coord_schedule_due(coord_t *c, uint64_t now) {
+  if (c->fence_wake_ms && now >= c->fence_wake_ms) c->fence_wake_ms = 0, c->dirty = 1;
+  return c->dirty;
+}
+
 /* Places every PENDING job it can, in submission order (a job that cannot
  * start does not hold back a smaller one behind it). */
 void coord_schedule(coord_t *c) {
@@ -1576,8 +1581,7 @@ static void coord_tick_cb(uv_timer_t *t) {
     c->settled_ms = now;
     coord_attempts_settle(c, "before its end could be stored");
   }
-  if (c->fence_wake_ms && now >= c->fence_wake_ms) c->fence_wake_ms = 0, c->dirty = 1;
-  if (c->dirty) coord_schedule(c);
+  if (coord_schedule_due(c, now)) coord_schedule(c);
   if (now - c->janitor_ms >= COORD_JANITOR_MS) {
     c->janitor_ms = now;
     coord_ckpt_janitor(c);

@@ -301,6 +301,10 @@ int coord_attempt_settle(coord_t *c, int64_t job, int64_t epoch, store_attempt_v
 /* Drops what the job's ranks reported (its attempt ended). */
 void coord_ranks_forget(coord_t *c, int64_t job);
 void coord_schedule(coord_t *c);
+/* Whether a placement pass is due (the tick runs one): something pending
+ * jobs depend on changed since the last (c->dirty), or a fence one waits
+ * out has passed. */
+int coord_schedule_due(coord_t *c, uint64_t now);
 /* The cluster as placement sees it: alive nodes (known to the store and
  * heard since this coordinator started) and their devices, a device held
  * while the store says a job holds it or while its node still reports

@@ -494,6 +494,15 @@ void coord_submit_flush(coord_t *c) {
   coord_pic_t p;
   int pic = 0, rc = js && ids && slot && why && placed ? FSDP_OK
                                                      : err_set(FSDP_ENOMEM, "coordinator: out of memory");
+  /* Placed now, a submit starts without waiting for the tick; but the
+   * older pending jobs come first (submission order). So the pass the tick
+   * would run is run first when one is due (a device freed, a node back
+   * since the last: an idle cluster's costs a look at the state index);
+   * otherwise every pending job was fitted on this picture and did not
+   * fit, and a submit placed now jumps none that could run. Before, a
+   * submit took the devices an ended job freed from the older job waiting
+   * for them (found by an outside tester). */
+  if (!rc && coord_schedule_due(c, coord_mono_ms(c))) coord_schedule(c);
   if (!rc && !(pic = !coord_pic_load(c, &p))) { /* stored unplaced: the next pass places them */
     LOG_WARN("coord", "placement of this turn's submits: %s", err_msg());
     c->dirty = 1;

@@ -3489,6 +3489,42 @@ static void *bg_submit_main(void *arg) {
   return NULL;
 }
 
+/* Placement goes by submission: a job submitted as the devices it needs
+ * come free does not take them from an older job waiting for them (before,
+ * a submit was placed at once on the devices free then, ahead of the pass
+ * that gives them to the pending jobs in order; an outside tester). Round
+ * after round on a node of 2 devices, beating: the running job ends, a new
+ * one is submitted at once, and the one that waited longest runs. */
+Test(coordinator, a_new_submit_does_not_take_the_devices_an_older_pending_job_waits_for) {
+  char d[600];
+  data_opt(d, sizeof d);
+  beater_t b = {.n = {{0}, 0}};
+  node_register(&b.n, "two", 2, 8ull << 30, NULL, 0);
+  pthread_t beat;
+  cr_assert_eq(pthread_create(&beat, NULL, beater_main, &b), 0);
+  const char *kv[] = {"model=tiny", d, "steps=3", NULL};
+  enum { ROUNDS = 4 };
+  char id[ROUNDS + 2][32];
+  cr_assert_eq(submit(2, kv, id[0], sizeof id[0]), 0, "%s", err_msg());
+  cr_assert_eq(submit(2, kv, id[1], sizeof id[1]), 0, "%s", err_msg());
+  for (int i = 0;; i++) {
+    for (const double t0 = tu_now_s();
+         job_state(id[i], NULL, 0) != FSDP__V1__JOB_STATE__JOB_STATE_RUNNING && tu_now_s() - t0 < 3;)
+      nanosleep(&(struct timespec){0, 20000000}, NULL);
+    cr_assert_eq(job_state(id[i], NULL, 0), FSDP__V1__JOB_STATE__JOB_STATE_RUNNING,
+                 "round %d: %s never ran (%s, submitted after it, did: %d)", i, id[i], id[i + 1],
+                 job_state(id[i + 1], NULL, 0) == FSDP__V1__JOB_STATE__JOB_STATE_RUNNING);
+    cr_assert_eq(job_state(id[i + 1], NULL, 0), FSDP__V1__JOB_STATE__JOB_STATE_PENDING);
+    if (i == ROUNDS) break;
+    cr_assert_eq(report_exit(&b.n, id[i], 1, 0, 0), 0, "%s", err_msg());
+    cr_assert_eq(report_exit(&b.n, id[i], 1, 1, 0), 0, "%s", err_msg());
+    cr_assert_eq(submit(2, kv, id[i + 2], sizeof id[i + 2]), 0, "%s", err_msg());
+  }
+  b.stop = 1;
+  pthread_join(beat, NULL);
+  cr_expect_eq(b.failed, 0, "%s", b.err);
+}
+
 /* The coordinator's loop held up 2.5 s, past the 1 s heartbeat timeout (a
  * store write waiting on the database: here another program holds its
  * write lock, as a disk slow to fsync holds a commit), while a node beats
