@@ -861,12 +861,31 @@ static void coord_events_cb(rpc_call_t *call, const ProtobufCMessage *req, void 
 
 /* ---- node ------------------------------------------------------------------- */
 
-static int coord_kind(const char *s, store_dev_kind_t *k) {
-#define XX(x)                                                                                     \
-  if (!strcmp(s, #x)) return *k = STORE_DEV_##x, FSDP_OK;
+/* Device i of a registration as the store takes it, or why not, naming
+ * the field: the wire's numbers are unsigned (an index of 2^32 - 1 was
+ * shown as device -1, and every refusal said "bad index, kind or memory"). */
+static int coord_device(const Fsdp__V1__Device *d, size_t i, store_device_t *out) {
+  if (d->index > INT32_MAX)
+    return err_set(FSDP_EINVAL, "devices[%zu].index: %u; a device's number on its node, at most "
+                   "%d", i, d->index, INT32_MAX);
+  if (d->total_bytes > INT64_MAX)
+    return err_set(FSDP_EINVAL, "devices[%zu].total_bytes: %llu; its memory in bytes, at most "
+                   "%lld", i, (unsigned long long)d->total_bytes, (long long)INT64_MAX);
+  int known = 0;
+#define XX(x) \
+  if (!strcmp(d->kind, #x)) out->kind = STORE_DEV_##x, known = 1;
   STORE_DEV_KINDS(XX)
 #undef XX
-  return err_set(FSDP_EINVAL, "devices: kind '%.32s'; cpu or cuda", s);
+  if (!known)
+    return err_set(FSDP_EINVAL, "devices[%zu].kind: '%.32s'; cpu or cuda", i, d->kind);
+  char what[48];
+  snprintf(what, sizeof what, "devices[%zu].name", i);
+  int rc = text_plain(what, d->name, STORE_NAME_MAX - 1);
+  if (rc) return rc;
+  out->index = (int)d->index;
+  out->memory_bytes = d->total_bytes;
+  snprintf(out->name, sizeof out->name, "%s", d->name);
+  return FSDP_OK;
 }
 
 int coord_rank_is_callers(coord_t *c, rpc_call_t *call, const char *node_id, int64_t job,
@@ -941,14 +960,7 @@ static void coord_register_cb(rpc_call_t *call, const ProtobufCMessage *req, voi
                  "and 16)", q->n_ranks, q->n_devices, COORD_NODE_RANKS_MAX(q->n_devices));
   store_device_t *dev = rc ? NULL : calloc(q->n_devices + 1, sizeof *dev);
   if (!rc && !dev) rc = err_set(FSDP_ENOMEM, "coordinator: out of memory");
-  for (size_t i = 0; !rc && i < q->n_devices; i++) {
-    const Fsdp__V1__Device *d = q->devices[i];
-    dev[i].index = (int)d->index;
-    dev[i].memory_bytes = d->total_bytes;
-    snprintf(dev[i].name, sizeof dev[i].name, "%s", d->name);
-    if (!(rc = coord_kind(d->kind, &dev[i].kind)))
-      rc = text_plain("devices.name", d->name, STORE_NAME_MAX - 1);
-  }
+  for (size_t i = 0; !rc && i < q->n_devices; i++) rc = coord_device(q->devices[i], i, &dev[i]);
   int64_t id = 0;
   if (!rc) rc = coord_register_unique(c, q);
   if (!rc) rc = store_node_register(c->st, q->hostname, q->address, dev, (int)q->n_devices, &id);

@@ -1067,9 +1067,15 @@ int store_node_register(store_t *st, const char *name, const char *address,
   for (int i = 0; !rc && i < n_devices; i++) {
     const store_device_t *d = &devices[i];
     rc = check_text("device name", d->name, STORE_NAME_MAX, 0);
-    if (!rc && (d->index < 0 || (unsigned)d->kind > STORE_DEV_cuda || d->memory_bytes > INT64_MAX))
-      rc = err_set(FSDP_EINVAL, "node %s: device %d: bad index, kind %d or memory %llu", name,
-                   d->index, (int)d->kind, (unsigned long long)d->memory_bytes);
+    if (!rc && d->index < 0)
+      rc = err_set(FSDP_EINVAL, "node %s: device index %d: negative", name, d->index);
+    if (!rc && (unsigned)d->kind > STORE_DEV_cuda)
+      rc = err_set(FSDP_EINVAL, "node %s: device %d: kind %u: neither cpu nor cuda", name,
+                   d->index, (unsigned)d->kind);
+    if (!rc && d->memory_bytes > INT64_MAX)
+      rc = err_set(FSDP_EINVAL, "node %s: device %d (%s): memory %llu bytes: at most %lld", name,
+                   d->index, store_dev_kind_name(d->kind), (unsigned long long)d->memory_bytes,
+                   (long long)INT64_MAX);
     for (int k = 0; !rc && k < i; k++)
       if (devices[k].index == d->index)
         rc = err_set(FSDP_EINVAL, "node %s: device index %d given twice", name, d->index);

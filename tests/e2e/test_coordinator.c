@@ -1551,6 +1551,31 @@ Test(coordinator, a_node_listing_another_nodes_ranks_does_not_hold_their_restart
   cr_expect_gt(at, 0, "the restart waited %.1f s for beta's fence: %s", tu_now_s() - t0, reason);
 }
 
+/* RegisterNode of node "odd" with one device as given: the call's code. */
+static int register_device(uint32_t index, const char *kind, uint64_t bytes) {
+  Fsdp__V1__Device dev = FSDP__V1__DEVICE__INIT, *dp = &dev;
+  dev.index = index, dev.kind = (char *)kind, dev.name = "dev", dev.total_bytes = bytes;
+  Fsdp__V1__RegisterNodeRequest q = FSDP__V1__REGISTER_NODE_REQUEST__INIT;
+  q.hostname = "odd", q.address = "127.0.0.1:9", q.devices = &dp, q.n_devices = 1, q.node_id = "";
+  Fsdp__V1__RegisterNodeReply *r = NULL;
+  const int rc = CALL("RegisterNode", q, register_node_reply, &r);
+  if (r) reply_free(r);
+  return rc;
+}
+
+/* A device refused names its field and its value as sent (before: "device
+ * -1: bad index, kind 0 or memory 1073741824", whichever was wrong). */
+Test(coordinator, a_bad_device_is_refused_naming_its_field) {
+  cr_expect_eq(register_device(UINT32_MAX, "cpu", 1ull << 30), FSDP_EINVAL);
+  cr_expect(strstr(err_msg(), "devices[0].index: 4294967295;"), "%s", err_msg());
+  cr_expect_eq(register_device(0, "cpu", UINT64_MAX), FSDP_EINVAL);
+  cr_expect(strstr(err_msg(), "devices[0].total_bytes: 18446744073709551615;"), "%s", err_msg());
+  cr_expect_eq(register_device(0, "tpu", 1ull << 30), FSDP_EINVAL);
+  cr_expect(strstr(err_msg(), "devices[0].kind: 'tpu'; cpu or cuda"), "%s", err_msg());
+  cr_expect_eq(register_device((uint32_t)INT32_MAX, "cuda", (uint64_t)INT64_MAX), 0, "%s",
+               err_msg());
+}
+
 /* Per-node tokens: a node's token is its identity. It registers only
  * under its own name, and speaks (exits, rendezvous) only for its ranks. */
 Test(coordinator, with_a_token_per_node_a_node_acts_only_as_itself) {

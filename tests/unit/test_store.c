@@ -954,6 +954,17 @@ Test(store, re_registering_keeps_held_devices_and_drops_free_ones_it_lost) {
   store_nodes_free(nodes, n);
   store_device_t twice[2] = {one, one};
   cr_assert_eq(store_node_register(st, "a", "x", twice, 2, &id), FSDP_EINVAL);
+  /* a device refused says which of its fields is wrong */
+  store_device_t bad = one;
+  bad.index = -1;
+  cr_assert_eq(store_node_register(st, "a", "x", &bad, 1, &id), FSDP_EINVAL);
+  cr_expect(strstr(err_msg(), "device index -1: negative"), "%s", err_msg());
+  bad = one, bad.kind = (store_dev_kind_t)7;
+  cr_assert_eq(store_node_register(st, "a", "x", &bad, 1, &id), FSDP_EINVAL);
+  cr_expect(strstr(err_msg(), "kind 7: neither cpu nor cuda"), "%s", err_msg());
+  bad = one, bad.memory_bytes = UINT64_MAX;
+  cr_assert_eq(store_node_register(st, "a", "x", &bad, 1, &id), FSDP_EINVAL);
+  cr_expect(strstr(err_msg(), "(cuda): memory 18446744073709551615 bytes"), "%s", err_msg());
   char longname[STORE_NAME_MAX + 1];
   memset(longname, 'n', sizeof longname - 1);
   longname[sizeof longname - 1] = 0;
