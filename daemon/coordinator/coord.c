@@ -852,6 +852,9 @@ void coord_node_gone(coord_t *c, coord_node_t *n, uint64_t now, int stopped) {
     coord_attempt_fail(c, jobs[i], epoch, n->id, why);
   }
   store_array_free(jobs);
+  /* a stopped node's ranks have all ended: no job waits to see them gone
+   * (the kills above held them on it too) */
+  if (stopped) coord_hold_confirm(c, n, NULL, 0);
   n->n_order = n->n_sent = 0; /* a dead node is told nothing more; it re-registers */
   if (n->poll) coord_node_answer(c, n); /* a heartbeat it holds (a stopped one's, cut short) */
   c->dirty = c->nodes_changed = 1;

@@ -4788,3 +4788,30 @@ Test(coordinator, every_device_a_node_reports_busy_is_held) {
   }
   cr_expect_eq(got, 1, "the job was not placed once the devices came free");
 }
+
+/* A node whose fsdpd left (its last heartbeat, leaving, lists no ranks)
+ * with an attempt still assigned there (the assignment crossed its stop):
+ * the job is requeued as a preemption and starts on another node at once,
+ * with no wait for the stopped node's fence (its ranks are known gone).
+ * Before, the requeue's own kill held the job on the stopped node for the
+ * restart grace (found by helper-109). */
+Test(coordinator, a_job_requeued_off_a_node_that_left_waits_for_no_fence, .timeout = 40 * TU_SLOW) {
+  node_t A = {{0}, 0}, B = {{0}, 0};
+  char id[32], d[600], reason[512] = "";
+  data_opt(d, sizeof d);
+  node_register(&B, "beta", 2, 8ull << 30, NULL, 0);
+  const char *kv[] = {"model=tiny", d, NULL};
+  cr_assert_eq(submit_with(2, kv, 2, id, sizeof id), 0, "%s", err_msg());
+  cr_assert_eq(collect(&B, id, 2, NULL), 2, "beta did not get the job");
+  node_register(&A, "alpha", 2, 8ull << 30, NULL, 0);
+  Fsdp__V1__HeartbeatRequest q = FSDP__V1__HEARTBEAT_REQUEST__INIT;
+  q.node_id = B.id, q.session = B.session, q.stopping = 1, q.leaving = 1;
+  Fsdp__V1__HeartbeatReply *r = NULL;
+  cr_assert_eq(CALL("Heartbeat", q, heartbeat_reply, &r), 0, "%s", err_msg());
+  reply_free(r);
+  const double left = tu_now_s();
+  const double at = assigned_at(&A, id, 10, reason, sizeof reason);
+  cr_assert_gt(at, 0, "never restarted on alpha: %s", reason);
+  cr_expect_lt(at - left, 1.5, "restarted %.2f s after beta left; reason meanwhile: %s", at - left,
+               reason);
+}
