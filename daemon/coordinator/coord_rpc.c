@@ -1181,6 +1181,7 @@ static void coord_heartbeat_cb(rpc_call_t *call, const ProtobufCMessage *req, vo
   coord_node_gone(c, n, coord_mono_ms(c), 1); /* its last call, answered at once */
   Fsdp__V1__HeartbeatReply rep = FSDP__V1__HEARTBEAT_REPLY__INIT;
   rep.heartbeat_interval_ms = (uint32_t)c->o.heartbeat_interval_ms;
+  rep.left = 1;
   rpc_call_reply(call, &rep.base);
 }
 

@@ -413,7 +413,7 @@ int agent_publish(agent_t *a, const uint8_t *state, size_t len) {
   return FSDP_OK;
 }
 
-int agent_leave(agent_t *a) {
+int agent_leave(agent_t *a, rpc_client_t *via) {
   pthread_mutex_lock(&a->mu);
   a->stop = 1; /* no heartbeat after this one: the coordinator would say "register again" */
   pthread_cond_broadcast(&a->cv);
@@ -435,7 +435,7 @@ int agent_leave(agent_t *a) {
    * published may be older than the last exits, and list them running) */
   req->n_ranks = 0;
   Fsdp__V1__HeartbeatReply *rep = NULL;
-  int rc = rpc_client_call(a->o.client, "/fsdp.v1.Coordinator/Heartbeat", &req->base,
+  int rc = rpc_client_call(via, "/fsdp.v1.Coordinator/Heartbeat", &req->base,
                            &fsdp__v1__heartbeat_reply__descriptor, (ProtobufCMessage **)&rep,
                            AGENT_LEAVE_S);
   req->node_id = their_id;
@@ -445,6 +445,8 @@ int agent_leave(agent_t *a) {
    * declared the node dead) has nothing to be told */
   if (!rc && rep->reregister) rc = err_set(FSDP_ESTATE, "the coordinator does not know session %llu",
                                            (unsigned long long)session);
+  else if (!rc && !rep->left) /* an older coordinator took it for a heartbeat */
+    rc = err_set(FSDP_EUNSUPPORTED, "the coordinator is of a build that takes no leave");
   if (rep) protobuf_c_message_free_unpacked(&rep->base, NULL);
   return rc;
 }

@@ -86,10 +86,12 @@ void agent_health(agent_t *a, int *up, uint64_t *refusals);
  * reported (or given up): a heartbeat with leaving set, so that the
  * coordinator counts the node STOPPED at once, not dead at its heartbeat
  * timeout (a planned stop is no death: no alert, no fence). Ends the
- * session first. Blocks up to 2 s; 0 when the coordinator took it,
- * FSDP_ENOTFOUND when no session is registered (nothing to tell). Any
- * thread. */
-int agent_leave(agent_t *a);
+ * session first. The call goes through via, a client of the coordinator
+ * no other thread uses then: the session's own may be swapped for a new
+ * channel by the agent thread (rpc_client_reconnect) while it ends.
+ * Blocks up to 2 s; 0 when the coordinator took it (HeartbeatReply.left),
+ * FSDP_ENOTFOUND when no session is registered (nothing to tell). */
+int agent_leave(agent_t *a, rpc_client_t *via);
 /* Asks the thread to end and waits up to wait_s for it: 1 when it ended (then
  * agent_destroy frees everything), 0 when it is still inside a call (the
  * caller then leaves it to process exit; see fsdpd.c). */

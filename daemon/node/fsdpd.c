@@ -725,7 +725,7 @@ int main(int argc, char **argv) {
   /* every rank ended: the coordinator counts the node stopped, not dead
    * (which would fire its alert and fence its jobs) at its heartbeat timeout */
   if (D.ranks_done) {
-    const int left = agent_leave(D.agent);
+    const int left = agent_leave(D.agent, D.client); /* the ranks' client: theirs are done */
     if (left && left != FSDP_ENOTFOUND)
       LOG_WARN("fsdpd", "could not tell the coordinator that node %s stopped (%s): it counts the "
                "node dead once its heartbeat timeout is over", D.name, err_msg());

@@ -105,6 +105,7 @@ static struct {
   /* heartbeats saying fsdpd leaves; the exits reported before the first,
    * and the ranks it still called running */
   int leaves, leave_nexits, leave_running;
+  int takes_no_leave; /* answers a leaving heartbeat as an older coordinator: no left */
   hb_rec_t recs[MAX_RECS];
   int nrecs;
   exit_rec_t exits[MAX_EXITS];
@@ -172,7 +173,7 @@ static void h_register(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
 typedef struct hold {
   uv_timer_t timer;
   rpc_call_t *call;
-  int reregister;
+  int reregister, left;
   char job[32];
   uint32_t attempt;
   int rdv_index;
@@ -199,6 +200,7 @@ static void heartbeat_answer(uv_timer_t *t) {
   pthread_mutex_unlock(&F.mu);
   Fsdp__V1__HeartbeatReply empty = FSDP__V1__HEARTBEAT_REPLY__INIT;
   empty.reregister = h->reregister;
+  empty.left = h->left; /* as a coordinator that takes the leave answers */
   rpc_call_reply(h->call, rep ? &rep->base : &empty.base);
   if (rep) fsdp__v1__heartbeat_reply__free_unpacked(rep, NULL);
   uv_close((uv_handle_t *)&h->timer, hold_closed);
@@ -211,6 +213,7 @@ static void h_heartbeat(rpc_call_t *call, const ProtobufCMessage *m, void *arg) 
   pthread_mutex_lock(&F.mu);
   F.heartbeats++;
   h->reregister = req->session != F.session || strcmp(req->node_id, "n-1");
+  h->left = req->leaving && !h->reregister && !F.takes_no_leave;
   F.reregisters_sent += h->reregister;
   if (req->leaving && !F.leaves++) {
     F.leave_nexits = F.nexits;
@@ -1475,6 +1478,29 @@ Test(fsdpd, sigterm_stops_the_ranks_reports_them_and_exits_0, .timeout = 40 * TU
   pthread_mutex_unlock(&F.mu);
   cr_expect_gt(log_count("told the coordinator that node"), 0, "%s", tu_slurp(fsdpd_log, NULL));
   for (int i = 0; i < 2; i++) cr_expect(!group_alive(pids[i]), "rank pid %d's group outlived fsdpd", pids[i]);
+}
+
+/* A coordinator of an older build answers the leaving heartbeat as any
+ * heartbeat (it knows no leave, and will count the node dead at its
+ * timeout): fsdpd does not say it told it, but that it could not. */
+Test(fsdpd, a_coordinator_that_takes_no_leave_is_not_said_to_have_taken_it, .timeout = 40 * TU_SLOW) {
+  F.takes_no_leave = 1;
+  int pids[2];
+  start_long_job(pids);
+  cr_assert_eq(kill(fsdpd_pid, SIGTERM), 0);
+  int status = 0, done = 0;
+  for (const double t0 = tu_now_s(); !done && tu_now_s() - t0 < GRACE_S + 5;) {
+    done = waitpid(fsdpd_pid, &status, WNOHANG) == fsdpd_pid;
+    if (!done) usleep(10000);
+  }
+  cr_assert(done, "fsdpd still runs after SIGTERM:\n%s", tu_slurp(fsdpd_log, NULL));
+  fsdpd_pid = 0;
+  pthread_mutex_lock(&F.mu);
+  const int leaves = F.leaves;
+  pthread_mutex_unlock(&F.mu);
+  cr_expect_eq(leaves, 1);
+  cr_expect(log_count("takes no leave") == 1 && log_count("told the coordinator") == 0, "%s",
+            tu_slurp(fsdpd_log, NULL));
 }
 
 /* A stopping fsdpd tries its ranks' last checkpoint shard reports until
