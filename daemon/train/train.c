@@ -120,8 +120,13 @@ static size_t train_host_limit(int world) {
 /* A file can be created at path + suffix (and is removed again); where
  * says where that is, for the message. */
 static int train_probe(const char *key, const char *path, const char *suffix, const char *where) {
-  char probe[CONFIG_PATH_MAX + 48];
-  snprintf(probe, sizeof probe, "%s%s.%d", path, suffix, (int)getpid());
+  /* a name no other rank takes: ranks on other hosts (or pods, each with
+   * its own pid namespace) share a directory and may share a pid */
+  char probe[CONFIG_PATH_MAX + 64];
+  uint64_t r = 0;
+  if (getrandom(&r, sizeof r, 0) != sizeof r) r = (uint64_t)(train_now() * 1e9);
+  snprintf(probe, sizeof probe, "%s%s.%d.%016llx", path, suffix, (int)getpid(),
+           (unsigned long long)r);
   int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL, 0600);
   if (fd < 0)
     return err_set_errno(err_from_errno(errno), errno, "%s: cannot create files %s %s (the "
@@ -166,40 +171,51 @@ static int train_agree(train_t *t, int bad, int *total);
  * holder there is the job's previous attempt, whose rank 0 may still be
  * ending (or its node's file system lease running out). */
 #define TRAIN_LOCK_WAIT_S 30
+/* How long the ranks of a stopped run wait for each other's last shard
+ * write to agree on what their stop line says (train_stop_said): longer
+ * than any write, shorter than forever (a peer that died fails it at once) */
+#define TRAIN_STOP_AGREE_MS (10 * 60 * 1000)
 
-/* Rank 0's part of train_lock_dir: the lock taken (t->ckpt_lock), else a
- * sentence naming the holder in err_msg. */
-static int train_lock_take(train_t *t) {
+/* Rank 0's look at checkpoint_dir's lock through *fd (opened at the first
+ * look; closed here once it is no longer wanted): FSDP_OK when taken
+ * (t->ckpt_lock), or when the file system takes no lock (Lustre mounted
+ * noflock, some FUSE mounts: a warning, and the run goes on unguarded, as
+ * it did before the lock); FSDP_EEXIST while another run holds it (its
+ * holder in err_msg); another code when the lock file cannot be made. */
+static int train_lock_try(train_t *t, int *fd) {
   const char *dir = t->cfg.checkpoint_dir;
   char path[CONFIG_PATH_MAX + 32], who[128] = "";
   snprintf(path, sizeof path, "%s/%s", dir, CKPT_LOCK);
-  const int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0)
+  if (*fd < 0 && (*fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644)) < 0)
     return err_set_errno(err_from_errno(errno), errno, "checkpoint_dir: cannot create %s (the "
                          "directory must be writable)", path);
-  const double until = train_now() + (t->opts.checkpoint ? TRAIN_LOCK_WAIT_S : 0);
-  int held;
-  while ((held = flock(fd, LOCK_EX | LOCK_NB)) && errno == EWOULDBLOCK && train_now() < until)
-    nanosleep(&(struct timespec){0, 200000000}, NULL);
-  if (held) {
+  if (flock(*fd, LOCK_EX | LOCK_NB)) {
     const int e = errno;
-    const ssize_t n = e == EWOULDBLOCK ? pread(fd, who, sizeof who - 1, 0) : -1;
-    who[n > 0 ? n : 0] = 0;
-    who[strcspn(who, "\n")] = 0;
-    close(fd);
-    if (e != EWOULDBLOCK)
-      return err_set_errno(err_from_errno(e), e, "checkpoint_dir: cannot lock %s", path);
-    return err_set(FSDP_EEXIST, "checkpoint_dir: %s is in use by another run (%s holds %s); "
-                   "two runs in one directory write over each other's checkpoints: stop that "
-                   "run, or give this one a checkpoint_dir of its own", dir,
-                   who[0] ? who : "a process that did not say its pid", CKPT_LOCK);
+    if (e == EWOULDBLOCK) {
+      const ssize_t n = pread(*fd, who, sizeof who - 1, 0);
+      who[n > 0 ? n : 0] = 0;
+      who[strcspn(who, "\n")] = 0;
+      return err_set(FSDP_EEXIST, "checkpoint_dir: %s is in use by another run (%s holds %s); "
+                     "two runs in one directory write over each other's checkpoints: stop that "
+                     "run, or give this one a checkpoint_dir of its own", dir,
+                     who[0] ? who : "a process that did not say its pid", CKPT_LOCK);
+    }
+    close(*fd);
+    *fd = -1;
+    if (e == ENOLCK || e == EOPNOTSUPP || e == ENOSYS || e == EINVAL) {
+      LOG_WARN("train", "checkpoint_dir: %s takes no lock (%s): nothing keeps a second run out "
+               "of it; run one at a time there", dir, strerror(e));
+      return FSDP_OK;
+    }
+    return err_set_errno(err_from_errno(e), e, "checkpoint_dir: cannot lock %s", path);
   }
   char host[64] = "?";
   gethostname(host, sizeof host - 1);
   const int n = snprintf(who, sizeof who, "pid %d on %s\n", (int)getpid(), host);
-  if (ftruncate(fd, 0) || pwrite(fd, who, (size_t)n, 0) != n) /* only a name for the refused */
+  if (ftruncate(*fd, 0) || pwrite(*fd, who, (size_t)n, 0) != n) /* only a name for the refused */
     LOG_WARN("train", "checkpoint_dir: could not write the holder's pid into %s", path);
-  t->ckpt_lock = fd;
+  t->ckpt_lock = *fd;
+  *fd = -1;
   return FSDP_OK;
 }
 
@@ -208,15 +224,31 @@ static int train_lock_take(train_t *t) {
  * manifest. Rank 0 holds an flock on CKPT_LOCK there for the run, its pid
  * and host written in it for whoever is refused. Only rank 0: on a file
  * system the nodes share, an flock is one lock for them all, and the run's
- * other ranks would be refused by their own rank 0. Every rank learns the
- * outcome (one all-reduce), so the whole run refuses to start. */
+ * other ranks would be refused by their own rank 0. Every rank learns each
+ * look's outcome (one all-reduce a look: taken, held, failed), so the whole
+ * run waits, starts or refuses together; under an owner of commits rank 0
+ * looks again every 200 ms for TRAIN_LOCK_WAIT_S, each look a collective
+ * of its own, so no rank sits in one past the communicator's timeout. */
 static int train_lock_dir(train_t *t) {
   char why[1024] = "";
-  int rc = t->boot.rank == 0 ? train_lock_take(t) : FSDP_OK, total;
-  if (rc) snprintf(why, sizeof why, "%s", err_msg());
-  int crc = train_agree(t, rc, &total);
-  if (crc) return err_wrap(crc, "checkpoint_dir: agreeing on its lock");
-  if (!total) return FSDP_OK;
+  const double until = train_now() + (t->opts.checkpoint ? TRAIN_LOCK_WAIT_S : 0);
+  int fd = -1, rc;
+  float v[2]; /* rank 0 waits on (held); rank 0 failed */
+  for (;;) {
+    rc = t->boot.rank == 0 ? train_lock_try(t, &fd) : FSDP_OK;
+    if (rc) snprintf(why, sizeof why, "%s", err_msg());
+    const int wait = rc == FSDP_EEXIST && train_now() < until;
+    v[0] = (float)wait, v[1] = (float)(rc && !wait);
+    int crc = t->groups.world ? comm_all_reduce(t->groups.world, v, v, 2, COMM_F32, COMM_SUM) : 0;
+    if (crc) {
+      if (fd >= 0) close(fd);
+      return err_wrap(crc, "checkpoint_dir: agreeing on its lock");
+    }
+    if (v[0] == 0) break;
+    nanosleep(&(struct timespec){0, 200000000}, NULL);
+  }
+  if (fd >= 0) close(fd);
+  if (v[1] == 0) return FSDP_OK;
   return rc ? err_set(rc, "%s", why)
             : err_set(FSDP_EEXIST, "checkpoint_dir: rank 0 could not lock %s for this run (its "
                       "log says why)", t->cfg.checkpoint_dir);
@@ -1103,12 +1135,18 @@ int train_step(train_t *t) {
 
 /* ---- the end of the run ---------------------------------------------------- */
 
-/* How many ranks report a failure (bad != 0): every rank learns the same count. */
-static int train_agree(train_t *t, int bad, int *total) {
+/* How many ranks report a failure (bad != 0): every rank learns the same
+ * count; within timeout_ms (0: the communicator's op timeout). */
+static int train_agree_within(train_t *t, int bad, int *total, int64_t timeout_ms) {
   float x = (float)(bad != 0);
-  int rc = t->groups.world ? comm_all_reduce(t->groups.world, &x, &x, 1, COMM_F32, COMM_SUM) : 0;
+  const comm_args_t a = {.op = COMM_OP_ALL_REDUCE, .dtype = COMM_F32, .redop = COMM_SUM,
+                         .send = &x, .recv = &x, .count = 1, .timeout_ms = timeout_ms};
+  int rc = t->groups.world ? comm_run(t->groups.world, &a) : 0;
   *total = (int)x;
   return rc;
+}
+static int train_agree(train_t *t, int bad, int *total) {
+  return train_agree_within(t, bad, total, 0);
 }
 
 /* A weights file written by the shard ranks of the first replica, each into
@@ -1306,8 +1344,16 @@ static int train_stop_said(train_t *t, char *what, size_t len) {
     snprintf(what, len, "; no checkpoint_dir: a restart begins again");
     return FSDP_OK;
   }
-  int failed, rc = train_agree(t, t->ckpt_step != t->step, &failed);
-  if (rc) return err_wrap(rc, "stopping: agreeing on the stop checkpoint");
+  /* the ranks arrive as their own writes end: a replica that writes no
+   * shard, or a fast writer, waits here for the slowest's whole write, so
+   * not within the op timeout; and a run asked to stop is still one that
+   * stopped when asked (exit 75), whatever this agreement does */
+  int failed, rc = train_agree_within(t, t->ckpt_step != t->step, &failed, TRAIN_STOP_AGREE_MS);
+  if (rc) {
+    snprintf(what, len, "; whether its checkpoint was committed is not known (the ranks could not "
+             "agree: %.300s): a resume goes on from the latest committed one", err_msg());
+    return FSDP_OK;
+  }
   char dir[CONFIG_PATH_MAX + 32];
   int64_t latest = -1;
   if (!ckpt_latest(c->checkpoint_dir, dir, sizeof dir)) ckpt_dir_step(dir, &latest);

@@ -8,6 +8,8 @@
  *   EINVAL and link with EPERM.
  * - A full disk for chosen files: pwrite to a file whose path contains
  *   ENOSPC_MATCH fails with ENOSPC (a rank's shard of one checkpoint).
+ * - No locks, as NFS without its lock daemon or Lustre mounted noflock:
+ *   with FS_NO_FLOCK set, flock fails with ENOLCK.
  * Every other call, and every call without those variables set, is the
  * real one. */
 #define _GNU_SOURCE
@@ -15,6 +17,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <sys/file.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -80,4 +83,15 @@ int link(const char *oldpath, const char *newpath) {
     return -1;
   }
   return real(oldpath, newpath);
+}
+
+int flock(int fd, int op) {
+  static int (*real)(int, int);
+  if (!real) real = (int (*)(int, int))dlsym(RTLD_NEXT, "flock");
+  const char *v = getenv("FS_NO_FLOCK");
+  if (v && *v) {
+    errno = ENOLCK;
+    return -1;
+  }
+  return real(fd, op);
 }

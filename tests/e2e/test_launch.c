@@ -263,6 +263,29 @@ Test(launch, a_second_run_into_a_checkpoint_dir_in_use_is_refused, .timeout = 60
   free(data), free(ck);
 }
 
+/* A checkpoint_dir on a file system that takes no lock (the fs shim fails
+ * flock with ENOLCK, as NFS without its lock daemon or Lustre mounted
+ * noflock) is no reason to refuse the run: it trains and checkpoints as
+ * before the lock, and says nothing keeps a second run out (found by
+ * helper-109: every rank refused to start there). */
+Test(launch, a_checkpoint_dir_that_takes_no_lock_is_used_with_a_warning, .timeout = 60 * TU_SLOW) {
+  char *data = tu_token_file("tok.bin", 20000, 1, 256), *ck = tu_path("ck"), args[2048];
+  char out[65536];
+  cr_assert_eq(mkdir(ck, 0755), 0);
+  snprintf(args, sizeof args, "-n 2 -- %s/bin/fsdp-train --model tiny --steps 2 --warmup_steps 1 "
+           "--batch 2 --seq_len 32 --eval_fraction 0 --data %s --checkpoint_dir %s "
+           "--checkpoint_every 2", tu_root(), data, ck);
+  setenv("LD_PRELOAD", tu_fs_shim(), 1);
+  setenv("FS_NO_FLOCK", "1", 1);
+  const int rc = launch(args, out, sizeof out, NULL);
+  unsetenv("LD_PRELOAD");
+  unsetenv("FS_NO_FLOCK");
+  cr_expect_eq(rc, 0, "%s", out);
+  cr_expect(strstr(out, "takes no lock") && strstr(out, "second run"), "%s", out);
+  cr_expect_eq(committed(ck), 1, "%s", out);
+  free(data), free(ck);
+}
+
 /* fsdp-train run by hand stops on Ctrl-C (SIGINT) or a closed terminal
  * (SIGHUP) as on SIGTERM: at a step boundary, with a committed checkpoint
  * of that step, exit 75; not at once, with a temporary shard left behind. */
