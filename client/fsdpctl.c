@@ -355,12 +355,15 @@ typedef struct ctl_away {
 static void ctl_away_back(ctl_away_t *a) { a->since = a->said = 0, a->tries = 0; }
 
 /* After a follower's call failed with *rc: 1 when it should try again (the
- * server unreachable, not yet for limit_s since the first failure of this
+ * server unreachable or the call cancelled by it, not yet for limit_s
+ * since the first failure of this
  * outage), said on stderr ("fsdpctl: <what> broke (<why>); <then>") at the
  * first try and every CTL_AWAY_SAY_S after, and waited for; else 0, *rc
  * the failure to report. */
 static int ctl_follow_again(ctl_t *c, ctl_away_t *a, int *rc, const char *what, const char *then) {
-  if (ctl_exit_code(*rc) != CTL_EXIT_UNREACHABLE) return 0;
+  /* a server stopping cancels the calls in flight (CANCELLED): fsdpctl
+   * cancels none of its own, so that is the server going away too */
+  if (ctl_exit_code(*rc) != CTL_EXIT_UNREACHABLE && *rc != FSDP_ECANCELED) return 0;
   const double now = ctl_now_s();
   if (!a->since) {
     a->since = now, a->tries = 0;

@@ -84,6 +84,9 @@ static void *rec_get(const char *method, const ProtobufCMessageDescriptor *d, in
 
 static int node_port; /* the fake Node service's, for ListNodes */
 static int fake_gen;  /* how many times the fake servers started (fake_restart: 2) */
+/* GetJob of j-restart: cancelled by the server once while set (as calls in
+ * flight are when a coordinator stops), then the job has SUCCEEDED */
+static volatile int cancel_once, cancelled;
 
 /* hostile: the servers' strings carry what a terminal acts on (set before
  * fake_start): an OSC that retitles the window, a clear screen, an 8-bit
@@ -159,6 +162,11 @@ static void h_get_job(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
     return;
   }
   const int restart = !strcmp(req->job_id, "j-restart");
+  if (restart && cancel_once) {
+    cancel_once = 0, cancelled = 1;
+    rpc_call_finish(call, err_set(FSDP_ECANCELED, "the server is stopping"));
+    return;
+  }
   if (strcmp(req->job_id, "j-42") && strcmp(req->job_id, "j-ok") && strcmp(req->job_id, "j-nan") &&
       strcmp(req->job_id, "j-fresh") && !restart) {
     rpc_call_finish(call, err_set(FSDP_ENOTFOUND, "job %s: no such job; fsdpctl jobs lists them",
@@ -169,7 +177,7 @@ static void h_get_job(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   Fsdp__V1__JobSpec spec;
   Fsdp__V1__RankStatus rs[2], *rp[2];
   fill_job(&job, &spec, rs, rp, req->job_id);
-  if (!strcmp(req->job_id, "j-ok") || (restart && fake_gen > 1))
+  if (!strcmp(req->job_id, "j-ok") || (restart && (fake_gen > 1 || cancelled)))
     job.state = FSDP__V1__JOB_STATE__JOB_STATE_SUCCEEDED;
   if (!strcmp(req->job_id, "j-nan")) /* a diverged run: rank 0's loss NaN, rank 1's speed inf */
     rs[0].loss = NAN, rs[1].tokens_per_s = INFINITY;
@@ -1459,6 +1467,20 @@ static int ctl_reap(pid_t pid, double limit_s) {
   cr_assert_eq(w, pid, "fsdpctl ran past %.0f s", limit_s);
   cr_assert(WIFEXITED(status), "fsdpctl died of signal %d", WTERMSIG(status));
   return WEXITSTATUS(status);
+}
+
+/* A call a follower makes that the server cancels (a coordinator stopping
+ * cancels the calls in flight: CANCELLED, not UNAVAILABLE) is tried again
+ * as for an unreachable one: events --follow ends with the job, exit 0.
+ * Before, it exited 6 (seen under the sanitizers' timing in the restart
+ * test below). */
+Test(fsdpctl, a_follower_takes_a_call_the_server_cancelled_for_a_break) {
+  fake_start(NULL, NULL);
+  cancel_once = 1;
+  const int rc = CTL("events", "j-restart", "--follow", "--timeout", "20");
+  cr_expect_eq(rc, 0, "events: exit %d: %s%s", rc, out, err);
+  expect_in(err, "following the events of j-restart broke");
+  cr_expect(cancelled, "the server cancelled no call");
 }
 
 /* A coordinator that restarts (gone 3 s) under a watch and an events
