@@ -1436,8 +1436,9 @@ static int cmd_export(ctl_t *c, int argc, char **argv) {
  * the current or last): GetJob's ranks of that attempt name the node,
  * ListNodes its address. *addr is malloc'd. */
 static int ctl_rank_node(ctl_t *c, const char *job, unsigned rank, unsigned attempt, char **addr,
-                         char *node, size_t n) {
+                         char *node, size_t n, unsigned *job_attempt) {
   *addr = NULL;
+  *job_attempt = 0;
   Fsdp__V1__GetJobRequest gq = FSDP__V1__GET_JOB_REQUEST__INIT;
   gq.job_id = (char *)job;
   gq.attempt = attempt;
@@ -1450,6 +1451,7 @@ static int ctl_rank_node(ctl_t *c, const char *job, unsigned rank, unsigned atte
   for (size_t i = 0; gr->job && i < gr->job->n_ranks; i++)
     if (gr->job->ranks[i]->rank == rank) snprintf(node, n, "%s", gr->job->ranks[i]->node_id);
   const char *state = gr->job ? JOB_STATE(gr->job->state) : "?";
+  if (gr->job) *job_attempt = gr->job->attempt;
   if (!node[0]) {
     char in[32] = "";
     if (attempt) snprintf(in, sizeof in, " in attempt %u", attempt);
@@ -1514,7 +1516,9 @@ static int cmd_logs(ctl_t *c, int argc, char **argv) {
   }
   if (!job) return ctl_usage(c, "which job? give its id (fsdpctl jobs lists them)");
   char *addr, node[128];
-  int rc = ctl_rank_node(c, job, (unsigned)rank, (unsigned)attempt, &addr, node, sizeof node);
+  unsigned now_attempt;
+  int rc = ctl_rank_node(c, job, (unsigned)rank, (unsigned)attempt, &addr, node, sizeof node,
+                         &now_attempt);
   if (rc) return ctl_fail(c, rc, "logs of job %s rank %lu", job, rank);
   /* the nodes' CA: the coordinator's unless --node-tls-ca says */
   const char *ca = c->node_tls_ca ? c->node_tls_ca : c->tls_ca;
@@ -1538,7 +1542,11 @@ static int cmd_logs(ctl_t *c, int argc, char **argv) {
   Fsdp__V1__GetRankLogsRequest req = FSDP__V1__GET_RANK_LOGS_REQUEST__INIT;
   req.job_id = (char *)job;
   req.rank = (uint32_t)rank;
-  req.attempt = (uint32_t)attempt;
+  /* the job's attempt now, where none was asked for: a follow stays in it
+   * across the node's restart, also with an fsdpd older than
+   * LogChunk.attempt, which says 0 (found by helper-110: the old "latest"
+   * ran on into the next attempt's log from the old byte) */
+  req.attempt = (uint32_t)(attempt ? attempt : now_attempt);
   req.follow = follow;
   req.offset = has_tail ? -(int64_t)tail : 0;
   req.ticket = tr->ticket;

@@ -926,7 +926,7 @@ int64_t coord_job_step(coord_t *c, const store_job_t *j) {
   int heard = 0;
   for (int i = 0; i < j->world_size; i++) {
     const coord_rank_t *r = coord_rank_get(c, j->id, i, 0);
-    if (!r || r->epoch != j->epoch) continue;
+    if (!r || r->epoch != j->epoch || !r->reported) continue;
     heard++;
     if (step < 0 || r->step < step) step = r->step;
   }
@@ -935,10 +935,12 @@ int64_t coord_job_step(coord_t *c, const store_job_t *j) {
     if (x) return x->steps;
   }
   if (heard == j->world_size && step >= 0) return step;
-  if (j->state == STORE_JOB_RUNNING) return 0; /* a rank not heard from is at 0 */
-  /* ended or waiting again, its ranks forgotten: where it stands is its
-   * latest committed checkpoint, where a resume goes on (not 0: a job that
-   * failed at step 856 after committing 850 is at 850) */
+  /* ended, waiting again (its ranks forgotten), or running with a rank
+   * that has not reported a step yet (it starts, or resumes, or the
+   * coordinator restarted): where it stands is its latest committed
+   * checkpoint, where a resume goes on (not 0: a job that failed at step
+   * 856 after committing 850 is at 850; a requeued job at 470 showed
+   * 470, 0, 479 while its new attempt started, found by helper-110) */
   store_ckpt_t *k = NULL;
   int n = 0;
   int64_t committed = 0;

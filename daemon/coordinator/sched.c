@@ -61,11 +61,16 @@ static void sched_why(const sched_node_t *nodes, int num_nodes, const sched_devi
   if (other) sched_say(note, len, "; %d of another kind", other);
   /* devices it could ever have, were every running job done and every
    * drained node back: fewer than it needs, and it waits for new nodes */
-  const int ever = total + held + drained;
-  if (!ever)
+  const int ever = total + held + drained, need = job->replicas * job->shards;
+  if (ever >= need)
+    return;
+  if (ever + stopped >= need) /* a planned stop: not a reason to resubmit smaller */
+    sched_say(note, len, "; it starts once the nodes stopping or stopped come back (or nodes "
+              "are added)");
+  else if (!ever)
     sched_say(note, len, "; no live node has such devices: it starts once nodes with them "
               "register (or come back)");
-  else if (ever < job->replicas * job->shards)
+  else
     sched_say(note, len, "; the cluster has %d such devices in all, on its live nodes: it starts "
               "only once nodes are added (or cancel it and submit at most %d ranks)", ever, ever);
 }

@@ -4815,3 +4815,19 @@ Test(coordinator, a_job_requeued_off_a_node_that_left_waits_for_no_fence, .timeo
   cr_expect_lt(at - left, 1.5, "restarted %.2f s after beta left; reason meanwhile: %s", at - left,
                reason);
 }
+
+/* A running job none of whose ranks has reported a step yet (an attempt
+ * starting, resuming, or a coordinator restarted under it) stands at its
+ * latest committed checkpoint, as a waiting or ended job does: not at 0
+ * (found by helper-110: a requeued job at 470 showed 470, 0, 479). */
+Test(coordinator, a_running_job_before_its_ranks_report_stands_at_its_checkpoint) {
+  node_t n = {{0}, 0};
+  char d[600], ck[600], ckopt[700], id[32];
+  ckpt_job_start(&n, "model=tiny", "keep_checkpoints=3", d, ck, ckopt, id);
+  cr_assert_eq(ckpt_report_both(&n, id, "tiny", ck, 10), CK_COMMITTED);
+  Fsdp__V1__GetJobReply *r = get_job(id);
+  cr_expect_eq(r->job->state, FSDP__V1__JOB_STATE__JOB_STATE_RUNNING);
+  cr_expect_eq(r->job->step, 10, "a running job with no step reported is at step %lld",
+               (long long)r->job->step);
+  reply_free(r);
+}

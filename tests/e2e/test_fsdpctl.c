@@ -2020,6 +2020,21 @@ Test(fsdpctl, export_interrupted_leaves_no_temporary) {
 
 /* ---- logs -------------------------------------------------------------------------------------- */
 
+/* Without --attempt, logs asks the node for the job's attempt as the
+ * coordinator has it now, not for the node's latest: a follow stays in it
+ * when the node restarts, also with an fsdpd too old to say which
+ * attempt's chunks it sends (found by helper-110: it ran on into the next
+ * attempt's log from the old byte). */
+Test(fsdpctl, logs_ask_for_the_jobs_attempt_now) {
+  fake_start(NULL, NULL);
+  int rc = CTL("logs", "j-42", "--rank", "1");
+  cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
+  Fsdp__V1__GetRankLogsRequest *req =
+      rec_get("GetRankLogs", &fsdp__v1__get_rank_logs_request__descriptor, NULL);
+  cr_expect_eq(req->attempt, 1, "attempt %u asked for, not the job's 1", req->attempt);
+  protobuf_c_message_free_unpacked(&req->base, NULL);
+}
+
 Test(fsdpctl, logs_stream_the_nodes_chunks_in_order) {
   fake_start(NULL, NULL);
   int rc = CTL("logs", "j-42", "--rank", "1", "--tail", "100", "--attempt", "1");

@@ -173,9 +173,22 @@ Test(sched, a_stopped_node_is_not_called_dead_and_no_live_device_says_so) {
   cr_assert_eq(place(&c, 1, 2, "cpu", 100, s, note, sizeof note), SCHED_WAIT);
   cr_assert(strstr(note, "2 on nodes stopping or stopped"), "%s", note);
   cr_assert(strstr(note, "1 on dead nodes"), "%s", note);
+  cr_assert(strstr(note, "it starts once the nodes stopping or stopped come back"), "%s", note);
+  /* none of them there to come back: it waits for nodes to register */
+  c.node[0].stopped = 0;
+  cr_assert_eq(place(&c, 1, 2, "cpu", 100, s, note, sizeof note), SCHED_WAIT);
   cr_assert(strstr(note, "no live node has such devices: it starts once nodes with them "
                     "register"), "%s", note);
   cr_assert_null(strstr(note, "at most 0"), "%s", note);
+  /* three live devices and a stopped one, for four ranks: it waits for the
+   * stopped node, not for a smaller resubmit (helper-110) */
+  cluster_t d = {0};
+  add_node(&d, 3, "cpu", 1024);
+  add_node(&d, 1, "cpu", 1024);
+  d.node[1].alive = 0, d.node[1].stopped = 1;
+  sched_slot_t s4[4];
+  cr_assert_eq(place(&d, 1, 4, "cpu", 100, s4, note, sizeof note), SCHED_WAIT);
+  cr_assert(strstr(note, "come back") && !strstr(note, "at most 3"), "%s", note);
 }
 
 Test(sched, a_bad_mesh_is_an_error_and_a_short_note_is_cut_not_overrun) {
