@@ -1249,7 +1249,13 @@ int ranks_pack(ranks_t *R, uint8_t **buf, size_t *len) {
   }
   for (int i = 0; i < inv->count; i++) {
     fsdp__v1__device__init(&devs[i]);
-    devs[i].index = (uint32_t)inv->dev[i].index;
+    /* the coordinator's number for a device is its place in this node's
+     * list, as every assignment, rank status and busy bit here reads it;
+     * a GPU's CUDA ordinal stays here (FSDP_CUDA_DEVICE). Before, the
+     * ordinal was registered: with --devices cuda:1 every assignment was
+     * refused ("device 1: this node has 1"), and with cuda:1,0 a rank
+     * placed on the 80 GiB GPU ran on the 40 GiB one (helper-111). */
+    devs[i].index = (uint32_t)i;
     devs[i].kind = (char *)inv->dev[i].kind;
     devs[i].name = (char *)inv->dev[i].name;
     devs[i].total_bytes = inv->dev[i].memory;

@@ -319,6 +319,34 @@ Test(cluster, a_rank_never_starts_while_fsdpd_measures_its_gpu) {
   free(conf), free(prog), free(mark);
 }
 
+/* A node given some of its GPUs (--devices cuda:1,0: the second GPU first,
+ * of an 80 and a 40 GiB one) registers each under its place in that list,
+ * and a rank placed on one runs on that GPU: device 0 is GPU 1 (40 GiB),
+ * and a rank on it is told CUDA device 1. Before, fsdpd registered the
+ * CUDA ordinals and read the coordinator's numbers as places: cuda:1 alone
+ * refused every rank, and cuda:1,0 ran a rank placed on the 80 GiB GPU on
+ * the 40 GiB one (helper-111). */
+Test(cluster, a_node_given_some_of_its_gpus_runs_each_rank_on_the_gpu_it_was_placed_on) {
+  char driver[PATH_MAX + 64], env[4 * PATH_MAX], out[65536];
+  const char *plugin = emu_plugin(driver);
+  if (!*plugin) cr_skip_test("the emulated CUDA plugin is not built here (no nvcc)");
+  snprintf(env, sizeof env, "LD_LIBRARY_PATH='%s' FAKE_CUDA_GPUS=2 FAKE_CUDA_HELD_MIB=600 "
+           "FSDP_CUDA_PLUGIN='%s' CUDA_EMU_DEVICES=2", driver, plugin);
+  setenv("FSDP_CUDA_PLUGIN", plugin, 1);
+  cluster_fsdpd_spawn_on(&node[0], coord.addr, "gpu", "cuda:1", env, NULL);
+  cluster_wait_alive(coord.addr, "gpu");
+  char *conf = job_file("gpu1.conf", "steps = 2\ndevice = cuda\n");
+  char job[32], a[128];
+  snprintf(job, sizeof job, "%s", submit(conf, "--ranks 1 --max-restarts 0"));
+  snprintf(a, sizeof a, "watch %s", job);
+  cluster_ctl(coord.addr, a, out, sizeof out);
+  cr_assert(wait_state(job, "SUCCEEDED", 20), "a rank on the node's only GPU:\n%s", out);
+  snprintf(a, sizeof a, "logs %s --rank 0", job);
+  cluster_ctl(coord.addr, a, out, sizeof out);
+  cr_expect(strstr(out, "cuda device 1"), "the rank did not run on GPU 1:\n%.2000s", out);
+  free(conf);
+}
+
 /* A GPU is measured again as soon as its rank exits, not only at the next
  * tick (FSDP_GPU_MEASURE_S, here an hour): memory another process took
  * while the job ran is no longer offered once the job is over. */
