@@ -1126,9 +1126,10 @@ static void coord_node_offers(coord_t *c, coord_node_t *n, const Fsdp__V1__Heart
     for (int k = 0; k < n->ndev; k++) {
       if (n->offers[k].index != (int)d->index) continue;
       n->offers[k].used = d->used_bytes;
-      /* a figure registration would refuse is not taken either */
-      if (!d->total_bytes || d->total_bytes == n->offers[k].bytes || d->total_bytes > INT64_MAX)
-        break;
+      /* a figure registration would refuse is not taken either; 0 is one
+       * it takes: a GPU another process filled (before, it was dropped,
+       * and the full GPU stayed offered at its old figure: helper-111) */
+      if (d->total_bytes == n->offers[k].bytes || d->total_bytes > INT64_MAX) break;
       if (store_device_memory(c->st, n->id, n->offers[k].index, d->total_bytes)) {
         LOG_WARN("coord", "node n-%lld device %d: %s", (long long)n->id, n->offers[k].index,
                  err_msg());

@@ -379,6 +379,26 @@ Test(cluster, a_gpu_is_measured_again_as_its_rank_exits) {
   free(conf), free(prog), free(held);
 }
 
+/* A GPU another process fills while it is idle is measured at 0 bytes
+ * free, and the coordinator offers it so: not at its old figure (the
+ * heartbeat's 0 was dropped, and a rank placed on the full GPU;
+ * helper-111). */
+Test(cluster, a_gpu_another_process_filled_is_offered_at_nothing) {
+  char *held = tu_path("held-mib"), out[65536], extra[3 * PATH_MAX], driver[PATH_MAX + 64];
+  tu_write_file(held, "600\n", 4);
+  const char *plugin = emu_plugin(driver);
+  if (!*plugin) cr_skip_test("the emulated CUDA plugin is not built here (no nvcc)");
+  snprintf(extra, sizeof extra, "LD_LIBRARY_PATH='%s' FAKE_CUDA_GPUS=1 FSDP_GPU_MEASURE_S=1 "
+           "FAKE_CUDA_HELD_FILE='%s' FSDP_CUDA_PLUGIN='%s' CUDA_EMU_DEVICES=1", driver, held, plugin);
+  cluster_fsdpd_spawn_on(&node[0], coord.addr, "gpu", "cuda", extra, NULL);
+  cluster_wait_alive(coord.addr, "gpu");
+  cr_assert(nodes_show("85270200320", out, sizeof out), "GPU 0 as fsdpd started:\n%s", out);
+  tu_write_file(held, "81920\n", 6); /* all of its 80 GiB */
+  cr_expect(nodes_show("\"total_bytes\": 0,", out, sizeof out), "the full GPU is still offered:\n%s",
+            out);
+  free(held);
+}
+
 /* Lines of a file (0: none). */
 static int lines_of(const char *path) {
   FILE *f = fopen(path, "r");
