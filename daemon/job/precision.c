@@ -8,9 +8,8 @@
 const char *precision_describe(precision_t p) {
   switch (p) {
   case PRECISION_BF16_MIXED:
-    return "bf16-mixed: parameters gathered and computed with in bf16 (the CPU backend's "
-           "arithmetic is fp32 on those values), gradients reduced in fp32, fp32 master "
-           "weights and AdamW state on the shard";
+    return "bf16-mixed: parameters gathered and computed with in bf16, gradients reduced in "
+           "fp32, fp32 master weights and AdamW state on the shard";
   case PRECISION_BF16_TRUE:
     return "bf16-true: parameter and gradient shards stored in bf16, gathered and reduced in "
            "bf16, computed with in fp32 on the bf16 values, AdamW m and v in bf16 (8 bytes "

@@ -340,7 +340,10 @@ static int train_open_runtime(train_t *t) {
       (rc = shard_mesh_resolve(c->strategy, c->mesh, t->boot.world, &t->mesh, desc, sizeof desc)))
     return rc;
   if (t->opts.out)
-    fprintf(t->opts.out, "train: %s\ntrain: precision %s\n", desc, precision_describe(prec));
+    fprintf(t->opts.out, "train: %s\ntrain: precision %s%s\n", desc, precision_describe(prec),
+            /* a GPU's bf16 products are bf16's (its device line says so) */
+            prec == PRECISION_BF16_MIXED && !strcmp(t->dev->name, "cpu")
+                ? " (the CPU backend's arithmetic is fp32 on the bf16 values)" : "");
   if ((rc = comm_boot_connect(&t->boot, t->mesh.replicas, t->mesh.shards, &t->groups)) ||
       (rc = train_same_job(t)))
     return rc;
