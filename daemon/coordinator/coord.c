@@ -1776,6 +1776,7 @@ void coord_destroy(coord_t *c) {
   coord_ckpt_detach(c);       /* so do removals still on the pool */
   for (int i = 0; i < c->n_sub; i++) free(c->sub[i].text); /* their calls were cancelled */
   free(c->sub);
+  free(c->dev_mem[0]), free(c->dev_mem[1]);
   coord_hold_t *h, *htmp;
   HASH_ITER(hh, c->holds, h, htmp) {
     HASH_DEL(c->holds, h);

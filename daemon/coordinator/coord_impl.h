@@ -220,8 +220,12 @@ struct coord {
   int n_sub, cap_sub;
   uv_check_t flush;         /* runs coord_submit_flush after each turn's callbacks */
   int nodes_changed;        /* a node registered or died, or a device's offer changed, since
-                             * least_device was read */
-  uint64_t least_device[2]; /* the smallest device memory of the alive nodes, by kind (cpu, cuda) */
+                             * dev_mem was read */
+  /* the alive nodes' devices' memory by kind (cpu, cuda), largest first,
+   * those that offer none (a full GPU) left out: what submits are admitted
+   * against (coord_admit_memory) */
+  uint64_t *dev_mem[2];
+  int dev_n[2];
   uint64_t janitor_ms;      /* when coord_ckpt_janitor last ran */
   uint64_t tick_ms;         /* loop time of the last tick (coord_tick_cb), or of the store's opening */
   uint64_t deaf_ms;         /* how long the loop has been held up, in all, since start */

@@ -330,22 +330,50 @@ void coord_text_mend(char *s) {
 /* The least memory of any device a job of device kind ("cpu", "cuda") could
  * land on (0: no such device known, or another kind: job_validate refuses
  * it). A cuda job is planned against the GPUs, not the nodes' CPU devices. */
-static uint64_t coord_smallest_device(coord_t *c, const char *kind) {
-  _Static_assert(sizeof c->least_device / sizeof c->least_device[0] == STORE_DEV_cuda + 1,
-                 "one least device a kind");
+static int coord_mem_desc(const void *x, const void *y) {
+  const uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
+  return (a < b) - (a > b);
+}
+
+/* The device memory a job of world ranks of kind is planned and admitted
+ * against: the world-th largest of the alive nodes' devices of that kind,
+ * the smallest the job lands on when placed on the largest (placement puts
+ * its ranks only on devices its plan fits: sched_usable), or the smallest
+ * there is when it has more ranks than there are devices (it waits for
+ * nodes then, saying so). So a job is refused only when fewer devices than
+ * its ranks could ever hold it. 0: no device of the kind offers memory
+ * (it waits). Before, every job was planned against the smallest device of
+ * its kind, and a GPU another process had half filled refused jobs an idle
+ * GPU fitted (helper-111). */
+static uint64_t coord_admit_memory(coord_t *c, const char *kind, int world) {
+  _Static_assert(sizeof c->dev_mem / sizeof c->dev_mem[0] == STORE_DEV_cuda + 1,
+                 "one list a kind");
   if (c->nodes_changed) { /* looked at again: a node came or went, or offers another figure */
     if (coord_pic_refresh(c)) return 0;
+    int cap[2] = {0, 0};
+    for (int i = 0; i < c->pic_n; i++)
+      for (int k = 0; c->pic[i].state == STORE_NODE_ALIVE && k < c->pic[i].n_devices; k++)
+        cap[c->pic[i].devices[k].kind]++;
+    for (int t = 0; t <= STORE_DEV_cuda; t++) {
+      free(c->dev_mem[t]);
+      c->dev_mem[t] = calloc((size_t)cap[t] + 1, sizeof *c->dev_mem[t]);
+      c->dev_n[t] = 0;
+      if (!c->dev_mem[t]) return 0; /* nodes_changed stays: asked again at the next submit */
+    }
     c->nodes_changed = 0;
-    memset(c->least_device, 0, sizeof c->least_device);
     for (int i = 0; i < c->pic_n; i++)
       for (int k = 0; c->pic[i].state == STORE_NODE_ALIVE && k < c->pic[i].n_devices; k++) {
         const store_device_t *d = &c->pic[i].devices[k];
-        uint64_t *least = &c->least_device[d->kind];
-        if (!*least || d->memory_bytes < *least) *least = d->memory_bytes;
+        if (d->memory_bytes) c->dev_mem[d->kind][c->dev_n[d->kind]++] = d->memory_bytes;
       }
+    for (int t = 0; t <= STORE_DEV_cuda; t++)
+      qsort(c->dev_mem[t], (size_t)c->dev_n[t], sizeof *c->dev_mem[t], coord_mem_desc);
   }
-  for (int k = 0; k <= STORE_DEV_cuda; k++)
-    if (!strcmp(kind, store_dev_kind_name((store_dev_kind_t)k))) return c->least_device[k];
+  for (int t = 0; t <= STORE_DEV_cuda; t++) {
+    if (strcmp(kind, store_dev_kind_name((store_dev_kind_t)t)) || !c->dev_n[t]) continue;
+    const int at = world < c->dev_n[t] ? world : c->dev_n[t];
+    return c->dev_mem[t][(at > 0 ? at : 1) - 1];
+  }
   return 0;
 }
 
@@ -427,7 +455,8 @@ static void coord_submit_cb(rpc_call_t *call, const ProtobufCMessage *req, void 
     opts[i] = (job_opt_t){o->section, o->key, o->value};
   }
   rc = job_validate(opts, (int)s->n_options, sub.world,
-                    coord_smallest_device(c, coord_spec_value(s, "device", "cpu")), &cfg, &plan);
+                    coord_admit_memory(c, coord_spec_value(s, "device", "cpu"), sub.world), &cfg,
+                    &plan);
   if (rc == FSDP_ENOMEM) rc = FSDP_EINVAL; /* does not fit: the spec is what must change */
   if (!rc && (plan.total == 0)) rc = plan_job(&cfg, sub.world, &plan);
   if (!rc) rc = job_paths_check(&cfg, (const char *const *)c->o.roots, c->o.nroots);
@@ -437,7 +466,7 @@ static void coord_submit_cb(rpc_call_t *call, const ProtobufCMessage *req, void 
   if (!rc) rc = shard_mesh_resolve(cfg.strategy, cfg.mesh, sub.world, &m, desc, sizeof desc);
   if (!rc && cfg.checkpoint_dir[0]) rc = coord_ckpt_dir_free(c, cfg.checkpoint_dir, 0);
   if (rc) goto fail;
-  /* the job fits the smallest device only recomputing more than its
+  /* the job fits its devices (coord_admit_memory) only recomputing more than its
    * device's default, or without an asynchronous checkpoint's snapshot
    * (job_validate: plan_fit_recompute, plan_fit_snapshot): its ranks are
    * told, or each would decide again against its own device's memory and
@@ -447,14 +476,14 @@ static void coord_submit_cb(rpc_call_t *call, const ProtobufCMessage *req, void 
   if (coord_spec_number(s, "recompute", -1) < 0 && cfg.recompute >= 0) {
     adm[nadm].key = "recompute";
     snprintf(adm[nadm++].value, sizeof adm->value, "%d", cfg.recompute);
-    config_note(&cfg, "recompute = %d: the job fits the smallest device only recomputing more "
-                "than its device's default", cfg.recompute);
+    config_note(&cfg, "recompute = %d: the job fits the devices it may land on only recomputing "
+                "more than their default", cfg.recompute);
   }
   if (coord_spec_number(s, "checkpoint_async", 1) != 0 && !cfg.checkpoint_async) {
     adm[nadm].key = "checkpoint_async";
     snprintf(adm[nadm++].value, sizeof adm->value, "0");
     config_note(&cfg, "checkpoint_async = 0: no room for a checkpoint snapshot beside the job on "
-                "the smallest device; checkpoints are written in place");
+                "the devices it may land on; checkpoints are written in place");
   }
   snprintf(sub.note, sizeof sub.note, "%s", config_adjusted(&cfg));
   coord_job_facts(&sub.facts, &cfg, &plan, &m);

@@ -80,7 +80,8 @@ int job_validate(const job_opt_t *opts, int n, int world, size_t device_bytes, c
   plan_fit_snapshot(out, world, plan, own && own < device_bytes ? own : device_bytes);
   if (own && own < device_bytes)
     return plan_fits(plan, out, own, "memory_limit_mib, set by the job");
-  return plan_fits(plan, out, device_bytes, "the smallest device this job could land on");
+  return plan_fits(plan, out, device_bytes, "the smallest of the cluster's largest devices of "
+                   "its kind, one for each rank");
 }
 
 /* ---- paths ------------------------------------------------------------------ */

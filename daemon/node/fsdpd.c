@@ -678,8 +678,9 @@ int main(int argc, char **argv) {
     else if (d->total - d->memory > INVENTORY_HELD_MAX)
       LOG_WARN("fsdpd", "cuda:%d (%s): %.2f GiB free of %.2f GiB with a CUDA context on it, more "
                "than a context takes: other processes held memory there for 4 s (see nvidia-smi); "
-               "jobs are planned against that, and every job is admitted against the smallest "
-               "GPU: it is measured again while idle (FSDP_GPU_MEASURE_S)", d->index, d->name,
+               "jobs are planned against that, and jobs that need it to place all their ranks "
+               "are admitted against it: it is measured again while idle (FSDP_GPU_MEASURE_S)",
+               d->index, d->name,
                (double)d->memory / (1 << 30), (double)d->total / (1 << 30));
     else
       LOG_INFO("fsdpd", "cuda:%d (%s): %.2f GiB free of %.2f GiB with a CUDA context on it; jobs "

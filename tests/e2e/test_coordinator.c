@@ -517,9 +517,14 @@ Test(coordinator, a_job_larger_than_every_device_is_refused_with_the_plan_and_th
   cr_expect(strstr(err_msg(), "MiB"), "%s", err_msg());
 }
 
-/* A job is planned against the smallest device of its own kind: GPUs that
- * hold a cuda job admit it beside CPU devices too small for it, which
- * still refuse the same job on cpu. */
+/* A job is planned against the devices of its own kind: GPUs that hold a
+ * cuda job admit it beside CPU devices too small for it, which still
+ * refuse the same job on cpu. And against the largest of them, one for
+ * each rank: small GPUs beside the large ones do not refuse a job the
+ * large ones hold (placement puts it only there), but one of more ranks
+ * than there are large GPUs (before, every job was planned against the
+ * smallest device of its kind, and a GPU half filled by another process
+ * refused jobs an idle GPU fitted: helper-111). */
 Test(coordinator, a_job_is_planned_against_the_devices_of_its_kind) {
   char d[600], id[32], v[16];
   data_opt(d, sizeof d);
@@ -528,15 +533,16 @@ Test(coordinator, a_job_is_planned_against_the_devices_of_its_kind) {
   node_register_kind(&gpus, "gpus", 2, 64ull << 30, "cuda", NULL, 0);
   const char *on_cpu[] = {"model=tiny", d, NULL}, *on_gpu[] = {"model=tiny", d, "device=cuda", NULL};
   cr_assert_eq(submit(2, on_cpu, id, sizeof id), FSDP_EINVAL);
-  cr_expect(strstr(err_msg(), "smallest device"), "%s", err_msg());
+  cr_expect(strstr(err_msg(), "largest devices of its kind"), "%s", err_msg());
   cr_assert_eq(submit(2, on_gpu, id, sizeof id), 0, "%s", err_msg());
   job_option(id, "device", v, sizeof v);
   cr_expect_str_eq(v, "cuda");
-  /* the smallest of its kind, not the largest: small GPUs refuse it */
   node_t small = {{0}, 0};
   node_register_kind(&small, "small-gpus", 2, 4u << 20, "cuda", NULL, 0);
-  cr_assert_eq(submit(2, on_gpu, id, sizeof id), FSDP_EINVAL);
-  cr_expect(strstr(err_msg(), "smallest device"), "%s", err_msg());
+  cr_assert_eq(submit(2, on_gpu, id, sizeof id), 0, "small GPUs beside two large ones: %s",
+               err_msg());
+  cr_assert_eq(submit(3, on_gpu, id, sizeof id), FSDP_EINVAL, "3 ranks, 2 GPUs that hold one");
+  cr_expect(strstr(err_msg(), "largest devices of its kind"), "%s", err_msg());
 }
 
 /* The node's next heartbeat assigns it ranks ranks, each told key = value
