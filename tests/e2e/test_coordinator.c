@@ -651,6 +651,13 @@ Test(coordinator, a_cuda_jobs_checkpoint_snapshot_is_not_counted_against_its_gpu
     cr_expect(strcmp(g->job->spec->options[i]->key, "recompute"), "admitted recomputing");
   reply_free(g);
   cr_assert_eq(cancel(id), 0, "%s", err_msg());
+  /* a cluster of the smaller GPUs alone (beside the first ones, the job
+   * would be admitted against those: the largest, one for each rank) */
+  teardown();
+  char *db = tu_path("smaller.db");
+  co_start(db, "127.0.0.1:0", NULL);
+  free(db);
+  client_for(&co, NULL);
   node_t m = {{0}, 0};
   node_register_kind(&m, "smaller", 2, p.device - 1, "cuda", NULL, 0);
   char id2[32];
