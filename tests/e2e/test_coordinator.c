@@ -561,7 +561,7 @@ static void ranks_are_told(const node_t *n, size_t ranks, const char *key, const
   protobuf_c_message_free_unpacked(&r->base, NULL);
 }
 
-/* A job that fits the smallest device only without an asynchronous
+/* A job that fits its devices only without an asynchronous
  * checkpoint's snapshot is admitted writing checkpoints in place, and its
  * ranks are told so: left to decide against their host's memory, they kept
  * the snapshot on devices admitted without it (found by review: gpt2-124m
@@ -603,7 +603,7 @@ Test(coordinator, a_job_admitted_without_its_checkpoint_snapshot_runs_without_it
 }
 
 /* A cuda job left to its device's recompute (0 there) that fits the
- * smallest device only recomputing GELU and the layernorms is admitted at
+ * devices it may land on only recomputing GELU and the layernorms is admitted at
  * recompute 2, and its ranks are told so: left to decide against their own
  * devices, each would take as much as its device allows, not what
  * admission counted. */

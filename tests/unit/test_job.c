@@ -162,7 +162,7 @@ Test(job, memory_too_small_is_refused_with_the_fix) {
   const size_t dev = (p.total + q.total) / 2;
   cr_assert_eq(job_validate(o, 3, 1, dev, &c, &p), FSDP_ENOMEM);
   const char *m = err_msg();
-  cr_assert(strstr(m, "memory") && strstr(m, "smallest device"), "%s", m);
+  cr_assert(strstr(m, "memory") && strstr(m, "largest devices of its kind"), "%s", m);
   cr_assert(strstr(m, "activation_checkpointing = 1"), "the fix is named: %s", m);
   char need[64];
   snprintf(need, sizeof need, "%.0f MiB", (double)p.total / 1048576.0);
