@@ -92,6 +92,7 @@ typedef struct rpc_call rpc_call_t;
 
 typedef struct rpc_server_opts {
   const char *addr;            /* "127.0.0.1:0", "0.0.0.0:7070", "unix:/path" */
+  const char *addr_option;     /* the option that gave addr, for messages (NULL: "--listen") */
   const char *user_token_file; /* both or neither (see above) */
   const char *node_token_file; /* one token, or "NAME TOKEN" lines (see above) */
   const char *operator_token_file; /* optional, only with the two above */
@@ -215,6 +216,10 @@ typedef struct rpc_client_opts {
 /* A channel to target (no connection is made until the first call). Reads
  * the token and CA files now. Usable from any thread; calls block. */
 int rpc_client_create(rpc_client_t **c, const rpc_client_opts_t *o);
+/* What rpc_client_create would refuse in o (no target, a token or CA file
+ * that does not read or a token that is not one), checked without gRPC: a
+ * program tells a bad option from a failure to serve. */
+int rpc_client_check(const rpc_client_opts_t *o);
 void rpc_client_destroy(rpc_client_t *c);
 /* Replaces c's channel with a new one to the same server (no call may be
  * open on c), so the next call connects at once. A channel that failed to

@@ -165,6 +165,17 @@ static grpc_channel *rpc_client_channel(rpc_client_t *c, int own_pool) {
 
 void rpc_client_env(void) { setenv("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "500", 0); }
 
+int rpc_client_check(const rpc_client_opts_t *o) {
+  if (!o->target || !*o->target) return err_set(FSDP_EINVAL, "rpc client: no server address");
+  char *text = NULL;
+  int rc = o->token_file ? rpc__read_token(o->token_file, &text) : 0;
+  rpc__free_secret(text);
+  text = NULL;
+  if (!rc && o->tls_ca_file) rc = rpc__read_file(o->tls_ca_file, "TLS CA file", RPC_PEM_MAX, &text, NULL);
+  free(text);
+  return rc;
+}
+
 int rpc_client_create(rpc_client_t **out, const rpc_client_opts_t *o) {
   *out = NULL;
   if (!o->target || !*o->target) return err_set(FSDP_EINVAL, "rpc client: no server address");

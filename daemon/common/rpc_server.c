@@ -746,11 +746,11 @@ static int rpc_server_opts_check(const rpc_server_opts_t *o) {
   return 0;
 }
 
-static int rpc_server_check_addr(const char *addr);
+static int rpc_server_check_addr(const char *addr, const char *option);
 
 int rpc_server_check(const rpc_server_opts_t *o) {
   int rc = rpc_server_opts_check(o);
-  if (!rc) rc = rpc_server_check_addr(o->addr);
+  if (!rc) rc = rpc_server_check_addr(o->addr, o->addr_option);
   rpc_keys_t keys;
   if (!rc && !(rc = rpc__keys_load(&keys, o->user_token_file, o->node_token_file,
                                    o->operator_token_file,
@@ -875,21 +875,22 @@ int rpc_server_reload_tokens(rpc_server_t *s) {
 
 /* HOST:PORT with PORT 0 to 65535 (gRPC takes 70700 as 70700 mod 65536 and
  * serves on another port than the operator wrote), or unix:PATH. */
-static int rpc_server_check_addr(const char *addr) {
+static int rpc_server_check_addr(const char *addr, const char *option) {
   if (!strncmp(addr, "unix:", 5)) return 0;
   const char *colon = strrchr(addr, ':');
   char *end;
   errno = 0;
   const unsigned long port = colon ? strtoul(colon + 1, &end, 10) : 0;
   if (!colon || !colon[1] || !isdigit((unsigned char)colon[1]) || *end || errno || port > 65535)
-    return err_set(FSDP_EINVAL, "--listen %s: give HOST:PORT with a port from 0 to 65535 (0: any "
-                   "free one), or unix:PATH", addr);
+    return err_set(FSDP_EINVAL, "%s %s: give HOST:PORT with a port from 0 to 65535 (0: any "
+                   "free one), or unix:PATH", option ? option : "--listen", addr);
   return 0;
 }
 
 int rpc_server_start(rpc_server_t *s) {
   FSDP_ASSERT(!s->started);
-  if (rpc_server_check_addr(s->addr)) return FSDP_EINVAL;
+  const char *option = s->o.addr_option ? s->o.addr_option : "--listen";
+  if (rpc_server_check_addr(s->addr, option)) return FSDP_EINVAL;
   grpc_server_credentials *creds;
   if (s->cert_pem) {
     grpc_ssl_pem_key_cert_pair pair = {s->key_pem, s->cert_pem};
@@ -904,7 +905,7 @@ int rpc_server_start(rpc_server_t *s) {
   grpc_server_credentials_release(creds);
   if (!s->port)
     return err_set(FSDP_EUNAVAILABLE, "rpc server: cannot listen on %s (in use, not an address "
-                   "of this host, or a bad certificate or key); pick another --listen", s->addr);
+                   "of this host, or a bad certificate or key); pick another %s", s->addr, option);
   if (!strncmp(s->addr, "unix:", 5)) s->port = 0;
   grpc_server_start(s->server);
   s->started = 1;

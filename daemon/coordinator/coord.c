@@ -1649,7 +1649,8 @@ int coord_opts_check(const coord_opts_t *given) {
   int rc = coord_opts_refuse(&o);
   const rpc_server_opts_t ro = coord_server_opts(&o);
   if (!rc) rc = rpc_server_check(&ro);
-  if (!rc && o.health_listen) rc = rpc_server_check(&(rpc_server_opts_t){.addr = o.health_listen});
+  if (!rc && o.health_listen) rc = rpc_server_check(&(rpc_server_opts_t){.addr = o.health_listen,
+                                                                    .addr_option = "--health-listen"});
   return rc;
 }
 
@@ -1699,7 +1700,7 @@ int coord_create(coord_t **out, uv_loop_t *loop, const coord_opts_t *o) {
   if (!rc) rc = rpc_server_start(c->srv);
   /* health alone, in plaintext, for a probe that cannot do TLS or tokens:
    * it says the process serves, nothing of the cluster */
-  rpc_server_opts_t ho = {.addr = o->health_listen};
+  rpc_server_opts_t ho = {.addr = o->health_listen, .addr_option = "--health-listen"};
   if (!rc && o->health_listen && !(rc = rpc_server_create(&c->health, loop, &ho)))
     rc = rpc_server_start(c->health);
   metrics_hist_init(&c->hb_late, 0.001, 2); /* 1 ms .. 2 s */

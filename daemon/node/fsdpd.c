@@ -589,6 +589,15 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
+  /* the Node service has user methods alone: a user token file serves by itself */
+  const rpc_server_opts_t so = {.addr = D.listen, .user_token_file = D.user_token_file,
+                                .node_token_file = D.node_token_file, .user_only = 1,
+                                .tls_cert_file = D.tls_cert, .tls_key_file = D.tls_key};
+  const rpc_client_opts_t co = {.target = D.coordinator, .token_file = D.token_file, .tls_ca_file = D.tls_ca};
+  if (rpc_server_check(&so) || rpc_client_check(&co)) { /* the operator's to fix: no retry would help */
+    fprintf(stderr, "fsdpd: %s (fsdpd --help)\n", err_msg());
+    return 2;
+  }
   /* what it and its ranks write (its work directory and lock, job files,
    * logs, checkpoints) is never for every user of the host, whatever umask
    * it was started with (the units set 0027; a shell's is often 0022) */
@@ -615,7 +624,6 @@ int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN); /* a closed socket is an error, not our death */
   fsdpd_raise_nofile();
 
-  const rpc_client_opts_t co = {.target = D.coordinator, .token_file = D.token_file, .tls_ca_file = D.tls_ca};
   if (rpc_client_create(&D.client, &co) || rpc_client_create(&D.session, &co)) {
     fprintf(stderr, "fsdpd: %s\n", err_msg());
     return 1;
@@ -624,10 +632,6 @@ int main(int argc, char **argv) {
   const ranks_opts_t ro = {.loop = &D.loop, .client = D.client, .inv = &D.inv, .work_dir = D.work_dir,
                            .rank_program = D.rank_program, .rank_host = D.rank_host, .as_user = as_user,
                            .uid = uid, .gid = gid, .grace_s = D.grace_s};
-  /* the Node service has user methods alone: a user token file serves by itself */
-  const rpc_server_opts_t so = {.addr = D.listen, .user_token_file = D.user_token_file,
-                                .node_token_file = D.node_token_file, .user_only = 1,
-                                .tls_cert_file = D.tls_cert, .tls_key_file = D.tls_key};
   if (ranks_create(&D.ranks, &ro) || logs_create(&D.logs, &D.loop, D.work_dir, D.ranks) ||
       rpc_server_create(&D.server, &D.loop, &so) || logs_register(D.logs, D.server) ||
       rpc_server_start(D.server)) {

@@ -388,7 +388,7 @@ Test(coordinator, every_refused_option_exits_2) {
       {shortpair, "shorter than 16 bytes"},
       {alone, "a user token file without a node one"},
       {cert, "none.pem: cannot open"},
-      {"--health-listen 127.0.0.1:70700", "port from 0 to 65535"},
+      {"--health-listen 127.0.0.1:70700", "--health-listen 127.0.0.1:70700: give HOST:PORT"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     char cmd[4000], out[8192];
