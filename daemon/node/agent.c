@@ -254,8 +254,9 @@ static void *agent_main(void *arg) {
          * fence runs on */
         heard = !rep->reregister;
         if (rep->reregister) {
-          LOG_INFO("fsdpd", "the coordinator does not know node %s's session %llu (it restarted, or "
-                   "declared the node dead): registering again", node_id,
+          LOG_INFO("fsdpd", "the coordinator does not know node %s's session %llu (it restarted, "
+                   "declared the node dead, or dropped more orders than the node took in time): "
+                   "registering again", node_id,
                    (unsigned long long)session);
           registered = 0;
           pthread_mutex_lock(&a->mu);
