@@ -167,7 +167,11 @@ static uint64_t coord_stall_pending(const coord_t *c, uint64_t now) {
 }
 
 void coord_node_heard(coord_t *c, coord_node_t *n) {
-  n->heard_ms = coord_mono_ms(c), n->heard_unix_ms = coord_unix_ms();
+  const uint64_t now = coord_mono_ms(c);
+  /* placement leaves a quiet node out (coord_pic_load): a job that waited
+   * meanwhile may fit on it now (else it waited for some other change) */
+  if (!n->poll && now - n->heard_ms > COORD_BEAT_SLACK_MS) c->dirty = 1;
+  n->heard_ms = now, n->heard_unix_ms = coord_unix_ms();
   /* a call read as the loop comes out of a stall came after it (or waited
    * it out): that stall is not this node's to be excused again */
   n->deaf_heard_ms = c->deaf_ms + coord_stall_pending(c, n->heard_ms);

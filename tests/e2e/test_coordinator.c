@@ -861,6 +861,24 @@ Test(coordinator, three_jobs_on_four_devices_two_run_the_third_waits_then_runs) 
   protobuf_c_message_free_unpacked(&r->base, NULL);
 }
 
+/* A node that went quiet for a moment (no heartbeat held, none lately) gets
+ * no new ranks; the job submitted meanwhile waits, and is placed as soon as
+ * the node beats again, not at some later change. */
+Test(coordinator, a_node_beating_again_after_a_quiet_moment_gets_the_job_that_waited) {
+  char d[600], a[32], reason[512];
+  data_opt(d, sizeof d);
+  node_t n = {{0}, 0};
+  node_register(&n, "quiet", 2, 8ull << 30, NULL, 0);
+  usleep(HB_MS * 2500); /* quiet past the beat's slack, short of the timeout */
+  const char *kv[] = {"model=tiny", d, "steps=3", NULL};
+  cr_assert_eq(submit(2, kv, a, sizeof a), 0, "%s", err_msg());
+  cr_assert_eq(job_state(a, reason, sizeof reason), FSDP__V1__JOB_STATE__JOB_STATE_PENDING);
+  const double t0 = tu_now_s();
+  cr_expect_eq(collect(&n, a, 2, NULL), 2, "the job was not placed when its node beat again");
+  cr_expect_lt(tu_now_s() - t0, 2.0 * HB_MS / 1000 + 0.5);
+  cr_expect_eq(job_state(a, NULL, 0), FSDP__V1__JOB_STATE__JOB_STATE_RUNNING);
+}
+
 /* A job's device kind (config device) picks its devices: a cuda job never
  * lands on CPU devices, waits saying why, and runs once GPUs register; a
  * CPU job beside it is not held up. */
