@@ -795,10 +795,13 @@ static void train_ckpt_written(train_t *t, int step, const char *dir, const ckpt
  * it out). Training goes on, and the last committed checkpoint stays the
  * one a restart takes. */
 static void train_ckpt_failed(train_t *t, int step, const char *why) {
-  LOG_WARN("train", "rank %d: checkpoint of step %d not written: %s; training goes on",
-           t->boot.rank, step, why);
+  /* a run that stops or ends here goes on nowhere: its last committed
+   * checkpoint is where a resume starts */
+  const char *then = train_done(t) ? "the run ends without it" : "training goes on";
+  LOG_WARN("train", "rank %d: checkpoint of step %d not written: %s; %s", t->boot.rank, step, why,
+           then);
   if (t->opts.out)
-    fprintf(t->opts.out, "train: checkpoint step %d NOT written (%s); training goes on\n", step, why);
+    fprintf(t->opts.out, "train: checkpoint step %d NOT written (%s); %s\n", step, why, then);
   if (t->opts.checkpoint) {
     train_ckpt_t k = {t->boot.rank, step, NULL, NULL, why, 0};
     if (t->opts.checkpoint(t->opts.ctx, &k))

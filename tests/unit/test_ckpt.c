@@ -1228,6 +1228,8 @@ Test(ckpt, a_checkpoint_a_full_disk_failed_is_removed_so_the_next_one_commits, .
   cr_assert_not_null(strstr(out, "launch=0"), "training did not go on to the end:\n%s", out);
   const char *failed = strstr(out, "checkpoint step 4 NOT written (");
   cr_assert(failed && strstr(failed, "No space left on device"), "step 4 did not fail:\n%s", out);
+  const char *eol = strchr(failed, '\n');
+  cr_assert(eol && !strncmp(eol - 16, "training goes on", 16), "%.*s", (int)(eol - failed), failed);
   const char *gone = strstr(out, "train: checkpoint step 4 removed: 1 rank(s) could not write");
   const char *s8 = strstr(out, "/step-00000008 (shard-00000-of-00002.fsdp, ");
   cr_assert(gone && gone > failed, "step 4 was not removed:\n%s", out);
@@ -1239,6 +1241,22 @@ Test(ckpt, a_checkpoint_a_full_disk_failed_is_removed_so_the_next_one_commits, .
   cr_assert(l8 && strstr(l8, "step-00000008") && strstr(l8, CKPT_MANIFEST) &&
             strstr(l8, "shard-00000-of-00002.fsdp") && strstr(l8, "shard-00001-of-00002.fsdp"),
             "step 8 is not committed whole:\n%s", left);
+  free(mnt);
+}
+
+/* The run's last checkpoint failing is not followed by "training goes on":
+ * the run ends, and its last committed checkpoint is where a resume starts. */
+Test(ckpt, a_last_checkpoint_not_written_says_the_run_ends_without_it, .timeout = 120) {
+  char *mnt = mkdir_tmp("small"), env[9000];
+  snprintf(env, sizeof env, "LD_PRELOAD=%s ENOSPC_MATCH=step-00000004/.shard-00000", tu_fs_shim());
+  static char out[1 << 17];
+  small_disk_launch(mnt, env, "--steps 4 --batch 2 --checkpoint_every 4 --checkpoint_async 0",
+                    out, sizeof out);
+  const char *failed = strstr(out, "checkpoint step 4 NOT written (");
+  cr_assert_not_null(failed, "step 4 did not fail:\n%s", out);
+  const char *eol = strchr(failed, '\n');
+  cr_assert(eol && !strncmp(eol - 23, "the run ends without it", 23), "%.*s",
+            (int)(eol ? eol - failed : 200), failed);
   free(mnt);
 }
 
