@@ -232,12 +232,15 @@ static int train_lock_try(train_t *t, int *fd) {
 static int train_lock_dir(train_t *t) {
   char why[1024] = "";
   const double until = train_now() + (t->opts.checkpoint ? TRAIN_LOCK_WAIT_S : 0);
-  int fd = -1, rc;
+  int fd = -1, rc, said = 0;
   float v[2]; /* rank 0 waits on (held); rank 0 failed */
   for (;;) {
     rc = t->boot.rank == 0 ? train_lock_try(t, &fd) : FSDP_OK;
     if (rc) snprintf(why, sizeof why, "%s", err_msg());
     const int wait = rc == FSDP_EEXIST && train_now() < until;
+    if (wait && !said++) /* err_msg names the holder */
+      LOG_WARN("train", "%s; waiting up to %d s for it to end (under fsdpd the holder is the job's "
+               "previous attempt, still ending)", err_msg(), TRAIN_LOCK_WAIT_S);
     v[0] = (float)wait, v[1] = (float)(rc && !wait);
     int crc = t->groups.world ? comm_all_reduce(t->groups.world, v, v, 2, COMM_F32, COMM_SUM) : 0;
     if (crc) {

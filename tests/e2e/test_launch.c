@@ -263,6 +263,68 @@ Test(launch, a_second_run_into_a_checkpoint_dir_in_use_is_refused, .timeout = 60
   free(data), free(ck);
 }
 
+/* Under an owner of commits (fsdpd: a report channel) rank 0 waits for a
+ * held checkpoint_dir lock (the job's previous attempt may still be
+ * ending), saying so, and every rank waits with it, one collective a look:
+ * a lock held three times the communicator's timeout does not time the
+ * other rank out (it did when the wait was one collective). The report
+ * channel here is /dev/null, fd 5, which fsdp-launch passes on. */
+Test(launch, under_fsdpd_a_held_checkpoint_dir_is_waited_for_past_the_comm_timeout,
+     .timeout = 90 * TU_SLOW) {
+  char *data = tu_token_file("tok.bin", 20000, 1, 256), *ck = tu_path("ck"), cmd[4096];
+  char out[65536];
+  cr_assert_eq(mkdir(ck, 0755), 0);
+  const int timeout_ms = 1500 * TU_SLOW;
+  snprintf(cmd, sizeof cmd,
+           "{ touch '%s/.fsdp-train.lock' && { flock '%s/.fsdp-train.lock' sleep %.1f & } && "
+           "sleep 0.5 && FSDP_REPORT_FD=5 FSDP_COMM_TIMEOUT_MS=%d %s/bin/fsdp-launch -n 2 -- "
+           "%s/bin/fsdp-train --model tiny --steps 2 --warmup_steps 1 --batch 2 --seq_len 32 "
+           "--eval_fraction 0 --data %s --checkpoint_dir %s 5>/dev/null; echo launch=$?; wait; }",
+           ck, ck, 2.5 * timeout_ms / 1000, timeout_ms, tu_root(), tu_root(), data, ck);
+  const double t0 = tu_now_s();
+  tu_sh(cmd, out, sizeof out);
+  const double secs = tu_now_s() - t0;
+  cr_expect(strstr(out, "launch=0"), "%s", out);
+  cr_expect(strstr(out, "[rank 0]") && strstr(out, "is in use by another run") &&
+            strstr(out, "waiting up to 30 s"), "%s", out);
+  cr_expect_geq(secs, 2.5 * timeout_ms / 1000, "it did not wait for the lock:\n%s", out);
+  free(data), free(ck);
+}
+
+/* A stopped run's ranks agree on what their stop line says once every
+ * rank's last shard is written: a shard write slower than the
+ * communicator's timeout (rank 1's fsync held three times it, by the fs
+ * shim) is waited for, and both lines say the checkpoint is committed (with
+ * the op timeout, "whether its checkpoint was committed is not known"). */
+Test(launch, a_stop_whose_last_shard_is_slower_than_the_comm_timeout_is_agreed_on,
+     .timeout = 90 * TU_SLOW) {
+  char *data = tu_token_file("tok.bin", 20000, 1, 256), *ck = tu_path("ck"), *log = tu_path("log");
+  char cmd[8192];
+  static char out[1 << 17];
+  cr_assert_eq(mkdir(ck, 0755), 0);
+  const int timeout_ms = 1000 * TU_SLOW;
+  snprintf(cmd, sizeof cmd,
+           "{ LD_PRELOAD='%s' SLOW_FSYNC_MATCH=shard-00001 SLOW_FSYNC_MS=%d FSDP_COMM_TIMEOUT_MS=%d "
+           "%s/bin/fsdp-launch -n 2 --grace %d -- %s/bin/fsdp-train --model tiny --steps 100000 "
+           "--warmup_steps 1 --batch 2 --seq_len 32 --eval_fraction 0 --data %s "
+           "--checkpoint_dir %s --checkpoint_async 0 > '%s' 2>&1 & p=$!; i=0; "
+           "until grep -q 'train: model' '%s' || [ $i -ge 600 ]; do sleep 0.1; i=$((i+1)); done; "
+           "sleep 1; kill -TERM $p; wait $p; echo launch=$?; cat '%s'; }",
+           tu_fs_shim(), 3 * timeout_ms, timeout_ms, tu_root(), 6 * timeout_ms / 1000, tu_root(),
+           data, ck, log, log, log);
+  tu_sh(cmd, out, sizeof out);
+  cr_expect(strstr(out, "launch=75"), "%s", out);
+  for (int r = 0; r < 2; r++) {
+    char want[64];
+    snprintf(want, sizeof want, "[rank %d] fsdp-train: stopped after step ", r);
+    const char *line = strstr(out, want), *eol = line ? strchr(line, '\n') : NULL;
+    cr_expect(line && eol && strstr(line, "its checkpoint is committed") &&
+              strstr(line, "its checkpoint is committed") < eol, "rank %d:\n%s", r, out);
+  }
+  cr_expect_eq(committed(ck), 1, "%s", out);
+  free(data), free(ck), free(log);
+}
+
 /* A checkpoint_dir on a file system that takes no lock (the fs shim fails
  * flock with ENOLCK, as NFS without its lock daemon or Lustre mounted
  * noflock) is no reason to refuse the run: it trains and checkpoints as
