@@ -626,6 +626,11 @@ static uint64_t coord_hold_until(coord_t *c, int64_t job, uint64_t now, int64_t 
   return until;
 }
 
+static int coord_rank_node_cmp(const void *a, const void *b) {
+  const int64_t x = ((const store_rank_t *)a)->node_id, y = ((const store_rank_t *)b)->node_id;
+  return (x > y) - (x < y);
+}
+
 void coord_kill_attempt(coord_t *c, int64_t job, int64_t epoch, int64_t except_node,
                         const char *why) {
   store_rank_t *r = NULL;
@@ -635,10 +640,9 @@ void coord_kill_attempt(coord_t *c, int64_t job, int64_t epoch, int64_t except_n
              err_msg());
     return;
   }
+  qsort(r, (size_t)n, sizeof *r, coord_rank_node_cmp); /* each node once, in one pass */
   for (int i = 0; i < n; i++) {
-    int seen = 0;
-    for (int k = 0; k < i && !seen; k++) seen = r[k].node_id == r[i].node_id;
-    if (seen) continue;
+    if (i && r[i - 1].node_id == r[i].node_id) continue;
     /* until the node shows them gone, the next attempt waits (a node cut
      * off now would run them until its fence) */
     coord_hold_add(c, job, epoch, r[i].node_id);
