@@ -774,15 +774,21 @@ static void train_ckpt_written(train_t *t, int step, const char *dir, const ckpt
                                double ms, const char *how) {
   const config_t *c = &t->cfg;
   int rc;
-  train_save_end(t, step, TRAIN_SAVE_WRITTEN);
   if (t->opts.checkpoint) {
+    train_save_end(t, step, TRAIN_SAVE_WRITTEN);
     train_ckpt_t k = {t->boot.rank, step, dir, rep, NULL, 0};
     if ((rc = t->opts.checkpoint(t->opts.ctx, &k)))
       LOG_WARN("train", "step %d: checkpoint shard written but not reported: %s", step, err_msg());
   } else {
     rc = ckpt_commit(dir, t->mesh.shards, NULL, t->run); /* only this run's shards */
-    if (rc && rc != FSDP_ENOENT) /* a shard still missing is the others' to commit */
+    /* a shard still missing is the others' to commit; any other failure
+     * (the manifest not written on a full disk) leaves a checkpoint that
+     * never commits: counted as this rank's failed save, so rank 0 removes
+     * its shards once every rank's write has ended (train_saves_agree), or
+     * they would take the space of every later checkpoint */
+    if (rc && rc != FSDP_ENOENT)
       LOG_WARN("train", "step %d: checkpoint %s not committed: %s", step, dir, err_msg());
+    train_save_end(t, step, rc && rc != FSDP_ENOENT ? TRAIN_SAVE_FAILED : TRAIN_SAVE_WRITTEN);
     if (!rc) ckpt_retain(c->checkpoint_dir, c->keep_checkpoints);
   }
   if (t->opts.out)

@@ -6,8 +6,9 @@
  * - No atomic no-replace placement, as vfat and some FUSE or SMB mounts:
  *   with FS_NO_NOREPLACE set, renameat2 with RENAME_NOREPLACE fails with
  *   EINVAL and link with EPERM.
- * - A full disk for chosen files: pwrite to a file whose path contains
- *   ENOSPC_MATCH fails with ENOSPC (a rank's shard of one checkpoint).
+ * - A full disk for chosen files: pwrite or write to a file whose path
+ *   contains ENOSPC_MATCH fails with ENOSPC (a rank's shard of one
+ *   checkpoint, or its manifest).
  * - No locks, as NFS without its lock daemon or Lustre mounted noflock:
  *   with FS_NO_FLOCK set, flock fails with ENOLCK.
  * Every other call, and every call without those variables set, is the
@@ -57,6 +58,16 @@ ssize_t pwrite(int fd, const void *buf, size_t n, off_t at) {
 }
 
 ssize_t pwrite64(int fd, const void *buf, size_t n, off_t at) { return pwrite(fd, buf, n, at); }
+
+ssize_t write(int fd, const void *buf, size_t n) {
+  static ssize_t (*real)(int, const void *, size_t);
+  if (!real) real = (ssize_t(*)(int, const void *, size_t))dlsym(RTLD_NEXT, "write");
+  if (fd > 2 && fd_matches(fd, "ENOSPC_MATCH")) {
+    errno = ENOSPC;
+    return -1;
+  }
+  return real(fd, buf, n);
+}
 
 static int no_noreplace(void) {
   const char *v = getenv("FS_NO_NOREPLACE");

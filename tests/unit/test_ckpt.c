@@ -1244,6 +1244,28 @@ Test(ckpt, a_checkpoint_a_full_disk_failed_is_removed_so_the_next_one_commits, .
   free(mnt);
 }
 
+/* A checkpoint whose shards are all written but whose manifest is not (the
+ * disk full at the commit: the fs shim fails step 4's manifest with ENOSPC)
+ * never commits: its shards are removed once every rank's write has ended,
+ * as a failed shard's checkpoint is, so step 8 has the space (a tester
+ * found step 4's shards kept for ever, and every later checkpoint failing
+ * on the full disk, the run ending with step 0's nothing). */
+Test(ckpt, a_checkpoint_whose_manifest_was_not_written_is_removed, .timeout = 120) {
+  char *mnt = mkdir_tmp("small"), env[9000];
+  snprintf(env, sizeof env, "LD_PRELOAD=%s ENOSPC_MATCH=step-00000004/.manifest", tu_fs_shim());
+  static char out[1 << 17];
+  small_disk_launch(mnt, env, "--steps 12 --batch 2 --checkpoint_every 4 --checkpoint_async 0",
+                    out, sizeof out);
+  cr_assert_not_null(strstr(out, "launch=0"), "training did not go on to the end:\n%s", out);
+  const char *failed = strstr(out, "checkpoint step 4 removed: 1 rank(s)");
+  cr_assert_not_null(failed, "step 4's shards were not removed:\n%s", out);
+  const char *left = strstr(out, "launch=0");
+  cr_assert_null(strstr(left, "step-00000004"), "step 4 is still there:\n%s", left);
+  const char *l8 = strstr(left, "step-00000008");
+  cr_assert(l8 && strstr(l8, CKPT_MANIFEST), "step 8 is not committed:\n%s", left);
+  free(mnt);
+}
+
 /* The run's last checkpoint failing is not followed by "training goes on":
  * the run ends, and its last committed checkpoint is where a resume starts. */
 Test(ckpt, a_last_checkpoint_not_written_says_the_run_ends_without_it, .timeout = 120) {
