@@ -1034,9 +1034,12 @@ static int ckpt_reader_shard(ckpt_reader_t *rd, int j) {
    * the manifest and with shard 0, whatever the files say */
   if (!rc && (h->shards != rd->m.shards || h->shard_total != rd->m.shard_total ||
               memcmp(&h->model, &rd->m.model, sizeof h->model) || h->step != rd->m.step ||
+              h->replicas != rd->m.replicas || h->strategy != rd->m.strategy ||
+              h->precision != rd->m.precision || h->min_params != rd->m.min_params ||
               (j > 0 && !ckpt_header_same_layout(&rd->h[0], h))))
-    rc = err_set(FSDP_EFORMAT, "%s: header: its shards, model, step or layout differ from the "
-                 "manifest's or shard 0's; the checkpoint is damaged", path);
+    rc = err_set(FSDP_EFORMAT, "%s: header: its shards, model, step, mesh, precision, wrap policy "
+                 "or layout differ from the manifest's or shard 0's; the checkpoint is damaged",
+                 path);
   if (rc) {
     ckpt_header_free(h);
     close(fd);
@@ -1061,6 +1064,12 @@ int ckpt_reader_open(ckpt_reader_t *rd, const char *dir) {
   }
   for (int j = 0; j < rd->m.shards; j++) rd->fd[j] = -1;
   return FSDP_OK;
+}
+
+int ckpt_reader_header(ckpt_reader_t *rd, int j) {
+  if (j < 0 || j >= rd->m.shards)
+    return err_set(FSDP_EINVAL, "checkpoint %s: no shard %d of %d", rd->dir, j, rd->m.shards);
+  return ckpt_reader_shard(rd, j);
 }
 
 /* Shard 0's header, which holds the layout, and each unit's place in a shard. */

@@ -215,6 +215,11 @@ int ckpt_reader_open(ckpt_reader_t *rd, const char *dir);
 int ckpt_reader_read(ckpt_reader_t *rd, uint32_t kind, uint64_t g, size_t n, void *dst,
                      uint32_t to);
 void ckpt_reader_close(ckpt_reader_t *rd);
+/* Opens shard j of the checkpoint and checks its header (rd->h[j]) against
+ * the manifest and shard 0, as its first read would: a manifest whose
+ * fields its shards contradict is damaged (FSDP_EFORMAT), whatever a caller
+ * would compare those fields with next. */
+int ckpt_reader_header(ckpt_reader_t *rd, int j);
 /* Checks the committed checkpoint in dir whole, as a load would: its
  * manifest, every shard's header against it and shard 0, and every block of
  * every section against its XXH64. FSDP_EFORMAT or FSDP_ENOENT name what is

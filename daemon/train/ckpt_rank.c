@@ -282,7 +282,11 @@ int ckpt_rank_load(fsdp_t *f, const char *dir, ckpt_rank_meta_t *meta) {
   fsdp_state(f, &st);
   const gpt_config_t *cfg = gpt_get_config(fsdp_model(f));
   uint8_t *stage = NULL;
-  if ((rc = ckpt_manifest_model_check(&rd.m, dir, cfg))) goto out;
+  /* the manifest's model against shard 0's before against the job's: a
+   * manifest damaged there is damaged (a resume falls back past it), not a
+   * checkpoint of another model (a refusal) */
+  if ((rc = ckpt_reader_header(&rd, 0)) || (rc = ckpt_manifest_model_check(&rd.m, dir, cfg)))
+    goto out;
   if (!(stage = malloc(CKPT_STAGE * sizeof(float)))) {
     rc = err_set(FSDP_ENOMEM, "checkpoint: out of memory");
     goto out;

@@ -597,8 +597,8 @@ static void refused(const char *dir, const char *const *want) {
   for (; *want; want++) cr_assert_not_null(strstr(out, *want), "no \"%s\" in:\n%s", *want, out);
 }
 
-/* A changed byte in any section, a truncated shard, a manifest of another
- * model, a shard another run wrote, a missing manifest: never loaded, and
+/* A changed byte in any section, a truncated shard, a manifest its shards
+ * contradict, a shard another run wrote, a missing manifest: never loaded, and
  * the error names the file and, for data, the section. The latest committed
  * checkpoint is found past an uncommitted one. */
 Test(ckpt, damaged_checkpoints_never_load, .timeout = 120) {
@@ -634,17 +634,31 @@ Test(ckpt, damaged_checkpoints_never_load, .timeout = 120) {
   copy_file(other, path);
   refused(bad, (const char *[]){"shard-00001-of-00002.fsdp", "not the shard the manifest committed",
                                 NULL});
-  /* a manifest of another model */
-  copy_ckpt(good, bad);
+  /* a manifest of another model, mesh, precision or wrap policy than its
+   * shards: damaged (a resume from checkpoint_dir falls back past it), not a
+   * checkpoint of another model (a tester's one-bit flip, vocab 256 -> 254,
+   * was refused as "holds a model of vocab 254"), nor taken unchecked */
   char man[4096];
   snprintf(man, sizeof man, "%s/%s", bad, CKPT_MANIFEST);
-  size_t n;
-  char *text = tu_slurp(man, &n), *p = strstr(text, "\"vocab\": 256");
-  cr_assert_not_null(p, "%s", text);
-  p[11] = '5'; /* 255: a smaller model, which its shards could hold */
-  tu_write_file(man, text, n);
-  free(text);
-  refused(bad, (const char *[]){"resume_from", "vocab 255", NULL});
+  const char *edits[][2] = {{"\"vocab\": 256", "\"vocab\": 255"},
+                            {"\"precision\": \"fp32\"", "\"precision\": \"bf16-true\""},
+                            {"\"strategy\": \"FULL_SHARD\"", "\"strategy\": \"NO_SHARD\""},
+                            {"\"replicas\": 1", "\"replicas\": 3"},
+                            {"\"min_params\": 0", "\"min_params\": 9"}};
+  for (size_t e = 0; e < sizeof edits / sizeof *edits; e++) {
+    copy_ckpt(good, bad);
+    size_t n;
+    char *text = tu_slurp(man, &n), *p = strstr(text, edits[e][0]);
+    cr_assert_not_null(p, "%s", text);
+    char *fixed = malloc(n + 64);
+    const size_t at = (size_t)(p - text);
+    const int m = snprintf(fixed, n + 64, "%.*s%s%s", (int)at, text, edits[e][1],
+                           p + strlen(edits[e][0]));
+    tu_write_file(man, fixed, (size_t)m);
+    free(text), free(fixed);
+    refused(bad, (const char *[]){"shard-00000-of-00002.fsdp: header", "the checkpoint is damaged",
+                                  NULL});
+  }
   /* not committed */
   copy_ckpt(good, bad);
   unlink(man);
@@ -704,6 +718,30 @@ Test(ckpt, a_damaged_newest_checkpoint_falls_back_to_the_one_before, .timeout = 
   }
   launch(2, args, 1, out, sizeof out);
   cr_assert(strstr(out, "no committed checkpoint") && strstr(out, "older than step 4"), "%s", out);
+  free(root);
+}
+
+/* The tester's case: the newest manifest's model edited (vocab 256 -> 254,
+ * one bit) in checkpoint_dir: the run falls back to the step before, as for
+ * any damage, instead of failing every restart as a model mismatch. */
+Test(ckpt, a_manifest_whose_model_its_shards_contradict_falls_back, .timeout = 120) {
+  static char out[1 << 17];
+  char *root = mkdir_tmp("manmodel"), args[4096], man[4096];
+  snprintf(args, sizeof args, "--steps 8 --batch 2 --checkpoint_dir %s --checkpoint_every 4", root);
+  launch(2, args, 0, out, sizeof out);
+  snprintf(man, sizeof man, "%s/step-00000008/%s", root, CKPT_MANIFEST);
+  size_t n;
+  char *text = tu_slurp(man, &n), *p = strstr(text, "\"vocab\": 256");
+  cr_assert_not_null(p, "%s", text);
+  p[11] = '4';
+  tu_write_file(man, text, n);
+  free(text);
+  snprintf(args, sizeof args, "--steps 12 --batch 2 --checkpoint_dir %s --checkpoint_every 4 "
+           "--auto_resume 1", root);
+  launch(2, args, 0, out, sizeof out);
+  cr_assert(strstr(out, "step-00000008 is damaged") && strstr(out, "header"), "%s", out);
+  snprintf(man, sizeof man, "resumed from %s/step-00000004 at step 4", root);
+  cr_assert(strstr(out, man), "%s", out);
   free(root);
 }
 
