@@ -185,8 +185,12 @@ static int job_path_usable(const char *key, const char *full, const char *res,
       return err_set(FSDP_EINVAL, "%s: %s is not a directory; name one", key, full);
     return FSDP_OK;
   }
-  if (stat(res, &st) || !S_ISREG(st.st_mode))
-    return err_set(FSDP_EINVAL, "%s: %s is not a regular file; name a file", key, full);
+  const int seen = !stat(res, &st);
+  if (!seen || !S_ISREG(st.st_mode))
+    return err_set(FSDP_EINVAL, "%s: %s is not a regular file; name a file%s", key, full,
+                   seen && S_ISDIR(st.st_mode) && !strcmp(key, "init_from")
+                       ? " (weights: fsdp-train --save, or a .safetensors from fsdpctl export; "
+                         "to go on from a checkpoint, give its directory as resume_from)" : "");
   if (kind == JOB_PATH_OUT) return FSDP_OK;
   int fd = open(res, O_RDONLY | O_CLOEXEC);
   if (fd < 0)

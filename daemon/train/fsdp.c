@@ -34,6 +34,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -485,6 +486,11 @@ static int fsdp_load_safetensors(fsdp_t *f, const char *path) {
 }
 
 int fsdp_load_weights(fsdp_t *f, const char *path) {
+  struct stat st;
+  if (!stat(path, &st) && S_ISDIR(st.st_mode)) /* a checkpoint's, most likely */
+    return err_set(FSDP_EINVAL, "init_from: %s is a directory; init_from takes a weights file "
+                   "(fsdp-train --save, or a .safetensors from fsdpctl export); to go on from a "
+                   "checkpoint, give its directory as resume_from", path);
   uint8_t first[9] = {0};
   FILE *probe = fopen(path, "rb");
   const size_t got = probe ? fread(first, 1, sizeof first, probe) : 0;

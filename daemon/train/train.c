@@ -503,7 +503,7 @@ static data_pos_t train_resume_pos(const train_t *t, const ckpt_rank_meta_t *m, 
     if (out)
       fprintf(out, "train: note: %s is an older checkpoint (shard version 1 or 2): its data "
               "position counts batches and does not record their size; it is taken as this "
-              "job's global batch %d (batch x ranks), so if the run that wrote it had another, "
+              "job's batch x ranks, %d, so if the run that wrote it had another, "
               "windows of epoch %llu are repeated or skipped\n", dir, now.batch,
               (unsigned long long)pos.epoch);
     return pos;
@@ -521,11 +521,11 @@ static data_pos_t train_resume_pos(const train_t *t, const ckpt_rank_meta_t *m, 
               (unsigned long long)m->data_window, was->seq_len,
               (unsigned long long)pos.window, now.seq_len);
   } else if (was->batch != now.batch && out) {
-    fprintf(out, "train: note: global batch %d -> %d (batch x ranks): the data continues at the "
-            "next unread window of epoch %llu's order (window %llu), the windows the "
-            "checkpoint's run would have read next, %d a batch; the epoch ends when fewer than "
-            "%d are left\n", was->batch, now.batch, (unsigned long long)pos.epoch,
-            (unsigned long long)pos.window, now.batch, now.batch);
+    fprintf(out, "train: note: batch x ranks %d -> %d (the windows one micro-batch draws; a step "
+            "draws grad_accum of them): the data continues at the next unread window of epoch "
+            "%llu's order (window %llu), the windows the checkpoint's run would have read next, "
+            "%d a draw; the epoch ends when fewer than %d are left\n", was->batch, now.batch,
+            (unsigned long long)pos.epoch, (unsigned long long)pos.window, now.batch, now.batch);
   }
   pos = train_resume_data(t, was, &now, pos);
   if (out && (was->lr != now.lr || was->min_lr_frac != now.min_lr_frac ||

@@ -338,7 +338,7 @@ Test(ckpt, a_resume_under_another_global_batch_reads_the_next_unread_windows, .t
     cr_assert_not_null(strstr(out, "resumed from"), "%s", out);
     if (B != 8) {
       char note[128];
-      snprintf(note, sizeof note, "global batch 8 -> %d (batch x ranks)", B);
+      snprintf(note, sizeof note, "batch x ranks 8 -> %d (the windows one micro-batch draws", B);
       cr_assert_not_null(strstr(out, note), "no note on the changed batch:\n%s", out);
     }
     data_pos_t pos = saved;

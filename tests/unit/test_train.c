@@ -103,6 +103,16 @@ Test(train, init_from_must_match_the_model) {
   cr_assert_eq(config_set(&c, "layers", "3"), 0);
   cr_assert_eq(train_run(&c, NULL, &r), FSDP_EINVAL);
   cr_assert(strstr(err_msg(), "init_from") && strstr(err_msg(), "layers 2"), "%s", err_msg());
+  /* a directory (a checkpoint's, most likely) is named as one, with the
+   * option that takes it (it was "shorter than the header of a weights file") */
+  char *dir = tu_path("ckpt-dir");
+  cr_assert_eq(mkdir(dir, 0755), 0);
+  cr_assert_eq(config_set(&c, "layers", "2"), 0);
+  cr_assert_eq(config_set(&c, "init_from", dir), 0);
+  cr_assert_eq(train_run(&c, NULL, &r), FSDP_EINVAL);
+  cr_assert(strstr(err_msg(), "is a directory") && strstr(err_msg(), "resume_from"), "%s",
+            err_msg());
+  free(dir);
   free(w);
   free(data);
 }
