@@ -66,7 +66,14 @@ void metrics_sample(metrics_buf_t *b, const char *name, const char *const *label
 void metrics_hist_init(metrics_hist_t *h, double first, double factor) {
   memset(h, 0, sizeof *h);
   h->n = METRICS_BUCKETS;
-  for (int i = 0; i < h->n; i++) h->le[i] = i ? h->le[i - 1] * factor : first;
+  double at = first;
+  for (int i = 0; i < h->n; i++, at *= factor) {
+    /* the bound is the one its label shows (six digits, "%g"): an
+     * observation is counted by the le a reader sees */
+    char text[32];
+    snprintf(text, sizeof text, "%g", at);
+    h->le[i] = strtod(text, NULL);
+  }
 }
 
 void metrics_hist_observe(metrics_hist_t *h, double seconds) {
@@ -199,6 +206,12 @@ static enum MHD_Result metrics_handler(void *cls, struct MHD_Connection *conn, c
     len = body ? strlen(body) : 0;
   }
   return body ? metrics_reply(conn, status, body, len) : MHD_NO;
+}
+
+int metrics_listen_check(const char *addr) {
+  struct sockaddr_storage sa;
+  socklen_t sl;
+  return netaddr_parse("--metrics-listen", addr, 1, &sa, &sl);
 }
 
 int metrics_server_start(metrics_server_t **out, uv_loop_t *loop, const char *addr,

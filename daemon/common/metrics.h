@@ -63,6 +63,10 @@ void metrics_ranks_write(metrics_buf_t *b, const metrics_rank_t *r, int n);
 
 typedef void (*metrics_render_cb)(metrics_buf_t *b, void *arg);
 typedef struct metrics_server metrics_server_t;
+/* What metrics_server_start would refuse in addr (its form, not whether
+ * the port is free), naming --metrics-listen: a bad option, checked before
+ * a program starts serving. */
+int metrics_listen_check(const char *addr);
 /* Serves GET /metrics on addr ("127.0.0.1:9100", "0.0.0.0:0": any port),
  * rendering with cb(arg) on loop's thread. */
 int metrics_server_start(metrics_server_t **out, uv_loop_t *loop, const char *addr,

@@ -1657,6 +1657,7 @@ int coord_opts_check(const coord_opts_t *given) {
   int rc = coord_opts_refuse(&o);
   const rpc_server_opts_t ro = coord_server_opts(&o);
   if (!rc) rc = rpc_server_check(&ro);
+  if (!rc && o.metrics_listen) rc = metrics_listen_check(o.metrics_listen);
   if (!rc && o.health_listen) rc = rpc_server_check(&(rpc_server_opts_t){.addr = o.health_listen,
                                                                     .addr_option = "--health-listen"});
   return rc;
@@ -1711,7 +1712,7 @@ int coord_create(coord_t **out, uv_loop_t *loop, const coord_opts_t *o) {
   rpc_server_opts_t ho = {.addr = o->health_listen, .addr_option = "--health-listen"};
   if (!rc && o->health_listen && !(rc = rpc_server_create(&c->health, loop, &ho)))
     rc = rpc_server_start(c->health);
-  metrics_hist_init(&c->hb_late, 0.001, 2); /* 1 ms .. 2 s */
+  metrics_hist_init(&c->hb_late, 0.002, 2.5); /* 2 ms .. 48 s: a stall of the loop, late past a timeout */
   metrics_hist_init(&c->sched, 0.1, 3);     /* 100 ms .. 5 h: a job may wait for nodes */
   metrics_hist_init(&c->pass, 0.001, 2);    /* 1 ms .. 2 s */
   metrics_hist_init(&c->commit, 0.001, 3);  /* 1 ms .. 3 min: large checkpoints' headers */

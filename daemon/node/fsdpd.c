@@ -594,7 +594,8 @@ int main(int argc, char **argv) {
                                 .node_token_file = D.node_token_file, .user_only = 1,
                                 .tls_cert_file = D.tls_cert, .tls_key_file = D.tls_key};
   const rpc_client_opts_t co = {.target = D.coordinator, .token_file = D.token_file, .tls_ca_file = D.tls_ca};
-  if (rpc_server_check(&so) || rpc_client_check(&co)) { /* the operator's to fix: no retry would help */
+  if (rpc_server_check(&so) || rpc_client_check(&co) ||
+      (D.metrics_listen && metrics_listen_check(D.metrics_listen))) { /* the operator's to fix: no retry would help */
     fprintf(stderr, "fsdpd: %s (fsdpd --help)\n", err_msg());
     return 2;
   }
@@ -655,7 +656,7 @@ int main(int argc, char **argv) {
   }
   if (D.metrics_listen &&
       metrics_server_start(&D.metrics, &D.loop, D.metrics_listen, fsdpd_metrics_cb, &D)) {
-    fprintf(stderr, "fsdpd: --metrics-listen: %s\n", err_msg());
+    fprintf(stderr, "fsdpd: %s\n", err_msg());
     return 1;
   }
   if (D.metrics) LOG_INFO("fsdpd", "metrics on port %d", metrics_server_port(D.metrics));

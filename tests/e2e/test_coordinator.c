@@ -389,6 +389,7 @@ Test(coordinator, every_refused_option_exits_2) {
       {alone, "a user token file without a node one"},
       {cert, "none.pem: cannot open"},
       {"--health-listen 127.0.0.1:70700", "--health-listen 127.0.0.1:70700: give HOST:PORT"},
+      {"--metrics-listen localhost:9101", "--metrics-listen 'localhost:9101' is not a numeric"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     char cmd[4000], out[8192];

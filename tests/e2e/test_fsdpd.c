@@ -1608,14 +1608,17 @@ Test(fsdpd, options_that_would_go_wrong_later_are_refused_at_start, .timeout = 2
                       geteuid() == 0 ? "--run-as" : NULL, "nobody", NULL};
   const char *user[] = {"--devices", "cpu:1", "--work-dir", workdir, "--user-token-file", missing,
                         geteuid() == 0 ? "--run-as" : NULL, "nobody", NULL};
-  const char *const *cases[] = {grace, refused, port, esc, len, tok, flaw, ca, user};
+  const char *metrics[] = {"--devices", "cpu:1", "--work-dir", workdir, "--metrics-listen",
+                           "localhost:9102", geteuid() == 0 ? "--run-as" : NULL, "nobody", NULL};
+  const char *const *cases[] = {grace, refused, port, esc, len, tok, flaw, ca, user, metrics};
   const char *want[] = {"--grace: \"\" is not a number", "--refused-timeout: \"\" is not a number",
                         "--listen 127.0.0.1:70700: give HOST:PORT with a port from 0 to 65535",
                         "--name: a control character (U+001B) at byte 1",
                         "--name: 128 bytes; at most 127",
                         "no-such-token: cannot open", "holds a space", "TLS CA file",
-                        "no-such-token: cannot open"};
-  for (int i = 0; i < 9; i++) {
+                        "no-such-token: cannot open",
+                        "fsdpd: --metrics-listen 'localhost:9102' is not a numeric address"};
+  for (int i = 0; i < 10; i++) {
     struct stat before = {0};
     stat(fsdpd_log, &before); /* its log is appended to: this case's lines follow */
     int pid = fsdpd_spawn(cases[i]), status;
