@@ -441,7 +441,7 @@ $(RPC_LIB): $(RPC_OBJS) $(PROTO_OBJS)
 # linked with daemon/common alone: the layer needs nothing of the engine
 $(B)/tests/test_rpc: $(B)/tests/unit/test_rpc.o $(TESTUTIL) $(RPC_LIB) $(COMMON_SRCS:%.c=$(B)/%.o)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $^ -o $@ $(RPC_LDLIBS) -lm -lpthread -lcriterion
+	$(CC) $(LDFLAGS) $^ -o $@ $(RPC_LDLIBS) -lunistring -lm -lpthread -lcriterion
 
 # the fuzz target needs the generated messages and protobuf-c, nothing of gRPC
 $(B)/fuzz_rpc_requests: $(B)/tests/fuzz/fuzz_rpc_requests.o $(B)/tests/fuzz/fuzz.o $(PROTO_OBJS) $(LIB)

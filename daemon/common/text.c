@@ -51,3 +51,17 @@ int text_plain(const char *what, const char *s, size_t max) {
                      what, (unsigned)u, (size_t)(p - (const uint8_t *)s));
   return FSDP_OK;
 }
+
+char *text_clip(char *out, size_t n, const char *s, size_t max) {
+  if (!n) return out;
+  size_t len = strlen(s), cut = len;
+  if (len > max) {
+    cut = max;
+    while (cut && ((unsigned char)s[cut] & 0xc0) == 0x80) cut--; /* not inside a sequence */
+    size_t sp = cut;
+    while (sp > max / 2 && s[sp - 1] != ' ') sp--;
+    if (sp > max / 2) cut = sp - 1; /* before the space */
+  }
+  snprintf(out, n, "%.*s%s", (int)cut, s, cut < len ? "..." : "");
+  return out;
+}

@@ -45,6 +45,13 @@ size_t text_escape(char *out, const char *s, size_t n, unsigned flags, size_t *u
  * listing), and what fsdpd checks of its own name before it sends it. */
 int text_plain(const char *what, const char *s, size_t max);
 
+/* s into out (n bytes, NUL-terminated), cut to at most max bytes of it:
+ * when it is longer, at the last space within them (mid-word only when a
+ * word alone is longer than half of max), never inside a UTF-8 sequence,
+ * and "..." after the cut. Returns out. For long text quoted in a line (a
+ * rank's last log line inside a job's reason). */
+char *text_clip(char *out, size_t n, const char *s, size_t max);
+
 /* The most bytes of a node's name and of its address the coordinator takes
  * (store.h's STORE_NAME_MAX and STORE_ADDR_MAX less their NUL). */
 #define TEXT_NODE_NAME_MAX 127

@@ -15,6 +15,7 @@
 #define HASH_NONFATAL_OOM 1
 #define uthash_nonfatal_oom(elt) (coord_hash_oom = 1)
 static int coord_hash_oom;
+#include "daemon/common/text.h"
 #include "daemon/coordinator/coord_impl.h"
 
 #include <stdio.h>
@@ -1384,9 +1385,10 @@ static void coord_place(coord_t *c, coord_pass_t *ps, int64_t job) {
   char note[512];
   int rc = slot ? coord_pass_fit(ps, x, slot, note, sizeof note) : FSDP_ENOMEM;
   if (rc == SCHED_WAIT && x->failure[0]) { /* waiting to restart: say after what */
-    char why[STORE_REASON_MAX];
-    snprintf(why, sizeof why, "%s (%.200s); %.250s", x->preempted ? "requeued after preemption"
-             : "restarting after attempt failed", x->failure, note);
+    char why[STORE_REASON_MAX], failure[216];
+    snprintf(why, sizeof why, "%s (%s); %.250s", x->preempted ? "requeued after preemption"
+             : "restarting after attempt failed", text_clip(failure, sizeof failure, x->failure, 200),
+             note);
     coord_pass_wait(ps, x, why);
   } else if (rc == SCHED_WAIT) {
     coord_pass_wait(ps, x, note);

@@ -20,6 +20,7 @@
 
 #include "daemon/common/err.h"
 #include "daemon/common/rpc.h"
+#include "daemon/common/text.h"
 #include "proto/fsdp.pb-c.h"
 #include "proto/health.pb-c.h"
 #include "tests/unit/testutil.h"
@@ -1304,4 +1305,18 @@ Test(rpc, dead_address_is_unavailable_with_advice, .timeout = 20) {
   cr_assert_lt(tu_now_s() - t0, 5);
   cr_assert(strstr(err_msg(), addr) && strstr(err_msg(), "check that the server runs"), "%s", err_msg());
   rpc_client_destroy(c);
+}
+
+/* text_clip: long text quoted in a line is cut at a word's end with "...",
+ * never inside a UTF-8 sequence; short text is whole; a long word alone is
+ * cut where it must be. */
+Test(rpc, text_clip_cuts_at_a_word_and_never_inside_a_character) {
+  char out[64];
+  cr_assert_str_eq(text_clip(out, sizeof out, "short text", 20), "short text");
+  cr_assert_str_eq(text_clip(out, sizeof out, "train 8437, eval 936; train 27 tokens", 24),
+                   "train 8437, eval 936;...");
+  cr_assert_str_eq(text_clip(out, sizeof out, "abcdefghijklmnopqrstuvwxyz", 10), "abcdefghij...");
+  /* "é" is two bytes: a cut at byte 5 would split the second one */
+  cr_assert_str_eq(text_clip(out, sizeof out, "ééééé", 5), "éé...");
+  cr_assert_str_eq(text_clip(out, 8, "a b c d e f g h", 100), "a b c d");
 }
