@@ -561,6 +561,22 @@ static void coord_ckpt_failed(coord_t *c, rpc_call_t *call, int64_t job,
   rpc_call_reply(call, &rep.base);
 }
 
+/* 1 when dir was set aside (ckpt_set_aside's names: dir.damaged, then
+ * dir.damaged-2 ...): the last such name in to. */
+static int coord_ckpt_aside_found(const char *dir, char *to, size_t len) {
+  int found = 0;
+  for (int i = 1; i <= 100; i++) {
+    char path[STORE_PATH_MAX + 16];
+    struct stat st;
+    if (i == 1) snprintf(path, sizeof path, "%s.damaged", dir);
+    else snprintf(path, sizeof path, "%s.damaged-%d", dir, i);
+    if (lstat(path, &st) || !S_ISDIR(st.st_mode)) break;
+    if ((size_t)snprintf(to, len, "%s", path) >= len) break; /* no name cut short */
+    found = 1;
+  }
+  return found;
+}
+
 static void coord_ckpt_verify_work(uv_work_t *w) {
   coord_verify_t *v = w->data;
   struct stat st;
@@ -568,8 +584,17 @@ static void coord_ckpt_verify_work(uv_work_t *w) {
    * system, not the checkpoint, is what is wrong (retention removed it, or
    * the mount went) */
   if (stat(v->dir, &st) || !S_ISDIR(st.st_mode)) {
+    const int e = errno ? errno : ENOTDIR;
+    /* ... unless it was set aside as damaged (step-N.damaged, by the
+     * coordinator, whose record of it a stop cut off, or by hand): the file
+     * system is there, and the checkpoint is not in its step's name */
+    if (e == ENOENT && coord_ckpt_aside_found(v->dir, v->aside, sizeof v->aside)) {
+      v->rc = FSDP_ENOENT;
+      snprintf(v->err, sizeof v->err, "its directory was set aside as damaged: %.300s", v->aside);
+      return;
+    }
     v->no_dir = 1;
-    snprintf(v->err, sizeof v->err, "%.300s: %s", v->dir, strerror(errno ? errno : ENOTDIR));
+    snprintf(v->err, sizeof v->err, "%.300s: %s", v->dir, strerror(e));
     return;
   }
   v->rc = ckpt_verify(v->dir);

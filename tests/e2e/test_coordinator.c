@@ -3904,6 +3904,34 @@ Test(coordinator, a_committed_checkpoint_found_damaged_is_committed_no_more) {
   cr_expect_eq(report_damaged(&n, id, 1, 20, "again"), 0, "a second report: %s", err_msg());
 }
 
+/* A committed checkpoint whose directory is gone because it was set aside
+ * as damaged (step-N.damaged), the record of which a coordinator's stop cut
+ * off, is committed no more once a rank finds it missing: the file system
+ * is there (not a missing mount, which leaves a checkpoint committed), and
+ * it is recorded as set aside, not "cannot see its directory either". */
+Test(coordinator, a_committed_checkpoint_set_aside_unrecorded_is_committed_no_more) {
+  char d[600], ck[600], ckopt[700], id[32], reason[512], from[700], to[720];
+  node_t n = {{0}, 0};
+  ckpt_job_start(&n, "model=tiny", "keep_checkpoints=3", d, ck, ckopt, id);
+  cr_assert_eq(ckpt_report_both(&n, id, "tiny", ck, 10), CK_COMMITTED);
+  cr_assert_eq(ckpt_report_both(&n, id, "tiny", ck, 20), CK_COMMITTED);
+  snprintf(from, sizeof from, "%s/step-00000020", ck);
+  snprintf(to, sizeof to, "%s.damaged", from);
+  cr_assert_eq(rename(from, to), 0);
+  cr_assert_eq(report_damaged(&n, id, 1, 20, "shard 0: No such file or directory"), 0, "%s",
+               err_msg());
+  cr_expect_eq(ckpt_state_wait(id, 20, FSDP__V1__CHECKPOINT_STATE__CHECKPOINT_STATE_ABORTED,
+                               reason, sizeof reason),
+               FSDP__V1__CHECKPOINT_STATE__CHECKPOINT_STATE_ABORTED, "%s", tu_slurp(co.log, NULL));
+  cr_expect(strstr(reason, "set aside as damaged") && strstr(reason, "step-00000020.damaged"), "%s",
+            reason);
+  cr_expect_eq(ckpt_state(id, 10, NULL, 0), CK_COMMITTED);
+  Fsdp__V1__GetJobReply *g = get_job(id);
+  cr_expect_eq(g->job->last_checkpoint_step, 10, "latest committed: %lld",
+               (long long)g->job->last_checkpoint_step);
+  reply_free(g);
+}
+
 /* An export of job's step read to its end: its code (0: the whole file
  * came), its error's message in msg. */
 static int export_all(const char *job, int64_t step, char *msg, size_t len) {
