@@ -222,8 +222,9 @@ int ring_live_silent(ring_t *r, ring_op_t *o) {
   if (quiet <= o->silence_ns) return 0;
   return err_set(FSDP_ETIMEDOUT,
                  "%s on rank %d of group '%s': rank %d (%s) has not been heard from for %lld ms: "
-                 "its process is stopped or hung (SIGSTOP, a debugger, a frozen host); check its "
-                 "state and log, then restart the job from its last checkpoint",
+                 "its process is stopped or hung (SIGSTOP, a debugger, a frozen host), or the "
+                 "network between the two ranks is cut; check its state and log and the link, "
+                 "then restart the job from its last checkpoint",
                  o->sig, r->base.rank, r->base.name, r->rank_next, r->addr_next,
                  (long long)(quiet / 1000000));
 }

@@ -229,9 +229,12 @@ static void *agent_main(void *arg) {
         snprintf(a->node_id, sizeof a->node_id, "%s", node_id);
         a->session = session, a->registered = 1;
         pthread_mutex_unlock(&a->mu);
+        size_t live = 0; /* those listed ended, their exit not reported yet, are not running */
+        for (size_t i = 0; st && i < st->n_ranks; i++)
+          live += st->ranks[i]->state != FSDP__V1__RANK_STATE__RANK_STATE_EXITED;
         LOG_INFO("fsdpd", "registered as node %s (session %llu, heartbeat every %u ms, %zu rank(s) "
-                 "running)", node_id, (unsigned long long)session, interval_ms,
-                 st ? st->n_ranks : 0);
+                 "running, %zu ended with their exit still to report)", node_id,
+                 (unsigned long long)session, interval_ms, live, (st ? st->n_ranks : 0) - live);
         agent_post(a, 0, &rep->base, NULL);
         protobuf_c_message_free_unpacked(&rep->base, NULL);
       }

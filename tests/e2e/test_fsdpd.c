@@ -1310,6 +1310,10 @@ Test(fsdpd, a_rank_whose_exit_is_not_reported_yet_is_listed_when_fsdpd_registers
   F.refuse_exits = 0;
   pthread_mutex_unlock(&F.mu);
   cr_expect(wait_for(two_exits, 10), "the exits were reported once taken");
+  /* and its log does not count them running (it said "2 rank(s) running") */
+  char *log = tu_slurp(fsdpd_log, NULL);
+  cr_expect(strstr(log, "0 rank(s) running, 2 ended with their exit still to report"), "%s", log);
+  free(log);
 }
 
 Test(fsdpd, a_job_id_with_a_path_in_it_is_refused_before_any_file, .timeout = 20 * TU_SLOW) {
