@@ -671,6 +671,24 @@ static int coord_attempt_stored(coord_t *c, int rc, int64_t job, const char *doi
   return rc;
 }
 
+/* x's attempt failed and it restarts: a failure soon after the attempt
+ * started (a link or a node failing again) counts toward the wait before
+ * the next start, 0 for the first, then the backoff, doubling, at most
+ * COORD_BACKOFF_MAX_MS; else restarts burn in seconds, each placed on the
+ * same nodes, and a failure a minute of patience would outlast fails the
+ * job. */
+static void coord_backoff(coord_t *c, coord_job_t *x) {
+  const uint64_t now = coord_mono_ms(c);
+  if (!x->started_ms || now - x->started_ms >= COORD_BACKOFF_RESET_MS) x->fails = 0;
+  x->fails++;
+  x->backoff_until = 0;
+  if (c->o.restart_backoff_ms <= 0 || x->fails < 2) return;
+  uint64_t wait = (uint64_t)c->o.restart_backoff_ms;
+  for (int k = 2; k < x->fails && wait < COORD_BACKOFF_MAX_MS; k++) wait *= 2;
+  if (wait > COORD_BACKOFF_MAX_MS) wait = COORD_BACKOFF_MAX_MS;
+  x->backoff_until = now + wait;
+}
+
 int coord_attempt_fail(coord_t *c, int64_t job, int64_t epoch, int64_t except_node,
                        const char *why) {
   coord_kill_attempt(c, job, epoch, except_node, why);
@@ -681,6 +699,7 @@ int coord_attempt_fail(coord_t *c, int64_t job, int64_t epoch, int64_t except_no
    * ended, e.g. a registration missing several of its ranks) changes nothing */
   coord_job_t *x = rc ? NULL : coord_job_info(c, job);
   if (x) x->preempted = 0, snprintf(x->failure, sizeof x->failure, "%s", why);
+  if (x && state == STORE_JOB_PENDING) coord_backoff(c, x);
   if (!rc) {
     c->ended[COORD_ENDED_FAILED]++;
     LOG_INFO("coord", "job j-%lld attempt %lld failed (%s): now %s", (long long)job,
@@ -1350,6 +1369,18 @@ static void coord_place(coord_t *c, coord_pass_t *ps, int64_t job) {
     return;
   }
   const uint64_t now = coord_mono_ms(c);
+  if (x->backoff_until > now) { /* failing again and again: not placed yet */
+    char why[STORE_REASON_MAX], failure[216];
+    snprintf(why, sizeof why, "restarting after attempt failed (%s); its %d%s failure in a row "
+             "soon after a start: waiting %.0f s more before the next (--restart-backoff-ms, "
+             "doubling), so that a node or link that fails again does not use up every restart "
+             "at once", text_clip(failure, sizeof failure, x->failure, 200), x->fails,
+             x->fails == 2 ? "nd" : x->fails == 3 ? "rd" : "th",
+             (double)(x->backoff_until - now) / 1000);
+    coord_pass_wait(ps, x, why);
+    if (!c->fence_wake_ms || x->backoff_until < c->fence_wake_ms) c->fence_wake_ms = x->backoff_until;
+    return;
+  }
   int64_t held_by = 0;
   const uint64_t held = coord_hold_until(c, job, now, &held_by);
   if (held > now && held >= x->fence_until) {
@@ -1393,7 +1424,10 @@ static void coord_place(coord_t *c, coord_pass_t *ps, int64_t job) {
   } else if (rc == SCHED_WAIT) {
     coord_pass_wait(ps, x, note);
   }
-  if (rc == SCHED_PLACED) coord_start(c, &ps->pic, job, x, slot, note);
+  if (rc == SCHED_PLACED) {
+    coord_start(c, &ps->pic, job, x, slot, note);
+    x->started_ms = now;
+  }
   free(slot);
 }
 

@@ -25,6 +25,12 @@
 
 typedef struct coord coord_t;
 
+/* Restarts of a job failing again and again (coord_opts_t.restart_backoff_ms):
+ * the longest wait, and how long an attempt must have run for its failure
+ * to count as a first again. */
+#define COORD_BACKOFF_MAX_MS (5 * 60 * 1000)
+#define COORD_BACKOFF_RESET_MS (10 * 60 * 1000)
+
 typedef struct coord_opts {
   const char *listen;            /* "127.0.0.1:7070"; port 0 picks one (coord_port) */
   const char *db;                /* SQLite file */
@@ -41,6 +47,10 @@ typedef struct coord_opts {
   int restart_grace_ms;          /* nodes the store has alive at start are not declared dead
                                     before this (and the timeout) passed; 0: 3 x the timeout */
   int checkpoint_timeout_ms;     /* an open checkpoint missing a shard this long aborts; 0: 300000 */
+  int restart_backoff_ms;        /* a job's attempt failing again within COORD_BACKOFF_RESET_MS
+                                    of its start waits this before its restart, doubled at each
+                                    more such failure, at most COORD_BACKOFF_MAX_MS (its first
+                                    failure restarts at once); 0: 10000; < 0: none */
   int sync_normal;               /* the store's synchronous=NORMAL (store.h) */
   const char *metrics_listen;    /* "0.0.0.0:9101": /metrics there (NULL: none) */
   const char *health_listen;     /* "0.0.0.0:7079": gRPC health alone, plaintext, no token, for

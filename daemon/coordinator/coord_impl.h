@@ -138,6 +138,12 @@ typedef struct coord_job {
    * ranks write checkpoints beside it (coord_node_gone) */
   uint64_t fence_until;           /* loop time; 0: none */
   int64_t fence_node;
+  /* Failures in a row, each within COORD_BACKOFF_RESET_MS of its attempt's
+   * start: from the second on, the restart waits (coord_backoff). In
+   * memory: a coordinator's restart forgets them, and a user's resume. */
+  int fails;
+  uint64_t started_ms;            /* loop time the last attempt was placed */
+  uint64_t backoff_until;         /* loop time; 0: none */
   uint64_t sweep_said;            /* coord_reason_sum of what the last leftover sweep of its
                                      checkpoint_dir left and why (said once, not every round) */
   UT_hash_handle hh;              /* in coord_t.jobs, by id */

@@ -702,7 +702,7 @@ static void coord_resume_cb(rpc_call_t *call, const ProtobufCMessage *req, void 
   if (!rc) {
     LOG_INFO("coord", "job j-%lld resumed by a user", (long long)id);
     coord_job_t *x = coord_job_info(c, id);
-    if (x) x->failure[0] = 0, x->preempted = 0;
+    if (x) x->failure[0] = 0, x->preempted = 0, x->fails = 0, x->backoff_until = 0;
     c->dirty = 1;
     coord_job_changed(c, id);
   }

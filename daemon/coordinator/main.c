@@ -68,6 +68,9 @@ static void usage(FILE *f) {
           "                             node's jobs restart this + 1 s after its last call\n"
           "  --checkpoint-timeout-ms N  a checkpoint still missing a shard this long after its\n"
           "                             first is aborted (default 300000)\n"
+          "  --restart-backoff-ms N     a job failing again within 10 min of its restart waits\n"
+          "                             this before the next one, doubled at each more, at\n"
+          "                             most 5 min (default 10000; 0: restart at once)\n"
           "  --sync normal|full         SQLite synchronous mode (default full: what was\n"
           "                             answered survives a power loss)\n"
           "  --metrics-listen ADDR      serve Prometheus metrics at http://ADDR/metrics\n"
@@ -213,6 +216,7 @@ int main(int argc, char **argv) {
       {"tls-key", required_argument, 0, 'k'},     {"heartbeat-interval-ms", required_argument, 0, 'i'},
       {"heartbeat-timeout-ms", required_argument, 0, 't'}, {"sync", required_argument, 0, 's'},
       {"checkpoint-timeout-ms", required_argument, 0, 'C'}, {"backup", required_argument, 0, 'b'},
+      {"restart-backoff-ms", required_argument, 0, 'B'},
       {"restore", required_argument, 0, 'X'},
       {"metrics-listen", required_argument, 0, 'm'}, {"stop-grace", required_argument, 0, 'g'},
       {"event-retention-days", required_argument, 0, 'e'},
@@ -254,6 +258,12 @@ int main(int argc, char **argv) {
     case 'i': if (positive("--heartbeat-interval-ms", optarg, &o.heartbeat_interval_ms)) return 2; break;
     case 't': if (positive("--heartbeat-timeout-ms", optarg, &o.heartbeat_timeout_ms)) return 2; break;
     case 'C': if (positive("--checkpoint-timeout-ms", optarg, &o.checkpoint_timeout_ms)) return 2; break;
+    case 'B':
+      if (whole("--restart-backoff-ms", optarg, 0, COORD_BACKOFF_MAX_MS, "milliseconds",
+                &o.restart_backoff_ms))
+        return 2;
+      if (!o.restart_backoff_ms) o.restart_backoff_ms = -1; /* none */
+      break;
     case 's':
       if (strcmp(optarg, "normal") && strcmp(optarg, "full")) {
         fprintf(stderr, "fsdp-coordinator: --sync: '%s'; normal or full\n", optarg);

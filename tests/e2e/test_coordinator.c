@@ -1583,6 +1583,51 @@ Test(coordinator, a_node_listing_another_nodes_ranks_does_not_hold_their_restart
   cr_expect_gt(at, 0, "the restart waited %.1f s for beta's fence: %s", tu_now_s() - t0, reason);
 }
 
+/* A job whose attempts fail again soon after their start (a node or a link
+ * failing again and again) restarts at once after its first failure, then
+ * waits --restart-backoff-ms (1 s here), then twice that, saying why while
+ * it waits: before, each restart came within a second, on the same nodes,
+ * and a failure that lasted a few seconds used up every restart. */
+Test(coordinator, a_job_failing_again_and_again_waits_longer_each_time, .timeout = 40 * TU_SLOW) {
+  char db[600];
+  snprintf(db, sizeof db, "%s", co_db);
+  teardown();
+  co_start(db, "127.0.0.1:0", "--restart-backoff-ms 1000");
+  client_for(&co, NULL);
+  char d[600], id[32], reason[512] = "";
+  data_opt(d, sizeof d);
+  node_t a = {{0}, 0};
+  node_register(&a, "alpha", 2, 8ull << 30, NULL, 0);
+  const char *kv[] = {"model=tiny", d, NULL};
+  cr_assert_eq(submit_with(2, kv, 3, id, sizeof id), 0, "%s", err_msg());
+  cr_assert_eq(collect(&a, id, 2, NULL), 2);
+  const double want[3] = {0, 1.0, 2.0}; /* the wait before attempts 2, 3 and 4 */
+  for (int k = 0; k < 3; k++) {
+    const uint32_t attempt = (uint32_t)k + 1;
+    cr_assert_eq(report_exit(&a, id, attempt, 0, 1), 0, "%s", err_msg());
+    const double failed = tu_now_s();
+    if (k) { /* waiting, and saying why */
+      nanosleep(&(struct timespec){0, 100000000}, NULL); /* the pass after the failure */
+      cr_expect_eq(job_state(id, reason, sizeof reason), FSDP__V1__JOB_STATE__JOB_STATE_PENDING);
+      cr_expect(strstr(reason, k == 1 ? "its 2nd failure in a row" : "its 3rd failure in a row") &&
+                strstr(reason, "--restart-backoff-ms"), "attempt %u: %s", attempt, reason);
+    }
+    double at = 0;
+    for (const double t0 = tu_now_s(); !at && tu_now_s() - t0 < 10;) {
+      Fsdp__V1__HeartbeatReply *r = heartbeat(&a, NULL, 0);
+      for (size_t i = 0; i < r->n_assignments; i++)
+        if (!strcmp(r->assignments[i]->job_id, id) && r->assignments[i]->attempt == attempt + 1)
+          at = tu_now_s();
+      reply_free(r);
+    }
+    cr_assert_gt(at, 0, "attempt %u was never started:\n%s", attempt + 1, tu_slurp(co.log, NULL));
+    cr_expect_geq(at - failed, want[k] - 0.05, "attempt %u restarted %.2f s after the failure",
+                  attempt + 1, at - failed);
+    cr_expect_lt(at - failed, want[k] + 1.0, "attempt %u restarted %.2f s after the failure",
+                 attempt + 1, at - failed);
+  }
+}
+
 /* RegisterNode of node "odd" with one device as given: the call's code. */
 static int register_device(uint32_t index, const char *kind, uint64_t bytes) {
   Fsdp__V1__Device dev = FSDP__V1__DEVICE__INIT, *dp = &dev;
