@@ -1495,6 +1495,35 @@ static void ctl_log_text(const uint8_t *d, size_t n, char held[4], size_t *nheld
   } while (n);
 }
 
+/* A followed log's node was unreachable: asks the coordinator where rank's
+ * node is now (the attempt's ranks name the node, ListNodes its address
+ * as it registered last) and, when that moved (an fsdpd restarted on
+ * --listen's port 0), puts the stream's client there (*nc, and the
+ * away's). The coordinator away, or the address the same: as it was. */
+static void ctl_logs_renode(ctl_t *c, const char *job, unsigned rank, unsigned attempt,
+                            const char *node, const char *ca, char **addr, rpc_client_t **nc,
+                            ctl_away_t *away, int64_t offset) {
+  char *now = NULL, id[128];
+  unsigned ignored;
+  if (ctl_rank_node(c, job, rank, attempt, &now, id, sizeof id, &ignored) || strcmp(id, node) ||
+      !strcmp(now, *addr)) {
+    free(now);
+    return;
+  }
+  rpc_client_opts_t o = {.target = now, .tls_ca_file = ca};
+  rpc_client_t *moved = NULL;
+  if (rpc_client_create(&moved, &o)) {
+    free(now);
+    return;
+  }
+  ctl_line(stderr, "fsdpctl: node %s is at %s now (was %s); resuming there at byte %lld", node,
+           now, *addr, offset < 0 || offset == INT64_MAX ? 0 : (long long)offset);
+  rpc_client_destroy(*nc);
+  *nc = away->other = moved;
+  free(*addr);
+  *addr = now;
+}
+
 static int cmd_logs(ctl_t *c, int argc, char **argv) {
   const char *job = NULL, *v;
   unsigned long rank = 0, attempt = 0, tail = 0;
@@ -1577,9 +1606,13 @@ static int cmd_logs(ctl_t *c, int argc, char **argv) {
     code = ctl_fail_at(c, rc, addr, "logs of job %s rank %lu from node %s", job, rank, node);
   } else {
     ctl_away_t away = {.server = server, .other = nc, .limit_s = c->timeout_given ? c->timeout_s : 0};
-    int reached = 0;
+    int reached = 0, renode = 0;
     for (int again = 0, reopened = 0, waited = 0;; again++, reopened = 1) {
       int got = 0, trc = 0;
+      /* the node was unreachable: where is it now? an fsdpd restarted on
+       * --listen's port 0 registered a new address */
+      if (renode) ctl_logs_renode(c, job, (unsigned)rank, req.attempt, node, ca, &addr, &nc, &away,
+                                  req.offset);
       /* a stream opened again (it broke, maybe past the ticket's hour) takes
        * a fresh ticket; the coordinator away keeps the one it has */
       Fsdp__V1__GetLogTicketReply *fresh = NULL;
@@ -1609,6 +1642,7 @@ static int cmd_logs(ctl_t *c, int argc, char **argv) {
       /* the node refuses the old ticket and the coordinator gave no new one */
       const int stale = follow && rc == FSDP_EAUTH && trc == FSDP_EUNAVAILABLE;
       const int gone = follow && !lapsed && !stale && ctl_exit_code(rc) == CTL_EXIT_UNREACHABLE;
+      renode = gone;
       if (got || lapsed || stale) again = 0; /* it moved on, or waits on its ticket: a fresh allowance */
       if (got || !gone) ctl_away_back(&away); /* the node answered */
       if (code || (!reached && again >= CTL_LOGS_RESUMES) || (!lapsed && !stale && !gone)) break;
@@ -1710,7 +1744,9 @@ static const ctl_cmd_t ctl_cmds[] = {
      "  --follow, -f   keep printing as the log grows, until the rank's log is complete\n"
      "                 (the rank exited) or interrupted; a stream that breaks (the\n"
      "                 node's fsdpd restarting) is opened again where it stopped, in\n"
-     "                 the same attempt, however long the node is away; with a\n"
+     "                 the same attempt, at the node's address then (asked of the\n"
+     "                 coordinator: a restarted fsdpd may listen on another port),\n"
+     "                 however long the node is away; with a\n"
      "                 --timeout you give, until it has been unreachable that long\n"
      "                 (then exit 4)\n"
      "Piped, the log's bytes as written; on a terminal, its control characters (an\n"

@@ -520,6 +520,9 @@ static int logs_refuse; /* the Node service refuses every ticket (EAUTH) */
  * chunks (until the node goes: fake_node_restart), as fsdpd does while the
  * rank runs; its chunks say they are attempt 1's (loop thread only). */
 static int logs_hold;
+/* The node comes back on a port of its own, not the one it had (set before
+ * the flip that brings it back; the loop's thread reads it). */
+static volatile int node_move;
 static void h_logs_cancel(rpc_call_t *call, void *arg) { (void)call, (void)arg; }
 
 /* GetLogTicket: a ticket naming what it is for, which h_logs checks (and
@@ -663,6 +666,9 @@ static void node_flip_cb(uv_async_t *a) {
         (setsockopt(F.node_hold, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) ||
          bind(F.node_hold, (struct sockaddr *)&sa, sizeof sa)))
       rc = err_set(FSDP_EIO, "holding port %d: %s", node_port, strerror(errno));
+  } else if (node_move) { /* on another port (fsdpd's --listen 127.0.0.1:0); the old one refuses */
+    rc = node_serve("127.0.0.1:0");
+    if (!rc) node_port = rpc_server_port(F.node); /* what ListNodes says from now on */
   } else {
     if (F.node_hold >= 0) close(F.node_hold);
     F.node_hold = -1;
@@ -2404,3 +2410,43 @@ Test(fsdpctl, python_grpc_client_submits_reads_and_checks_health, .timeout = 60 
   protobuf_c_message_free_unpacked(&req->base, NULL);
   free(user), free(node);
 }
+
+/* ---- found by an outside tester (helper-117) ------------------------------------------------------ */
+
+/* The node's fsdpd restarts under a followed log on a new port (its
+ * default --listen 127.0.0.1:0) and registers that address: the follower
+ * asks the coordinator where the node is now, goes on there where it
+ * stopped, says so, and ends with the log (exit 0), every line once.
+ * Before, it dialed the old address for good. */
+Test(fsdpctl, a_followed_log_finds_a_restarted_fsdpd_on_its_new_port) {
+  logs_hold = 1; /* set before the servers' thread starts */
+  fake_start(NULL, NULL);
+  const pid_t p = CTL_SPAWN("logs", "logs", "j-42", "--follow");
+  char lout[4096], lerr[4096];
+  for (double t0 = tu_now_s(); tu_now_s() - t0 < CTL_LIMIT_S; nanosleep(&(struct timespec){0, 20000000}, NULL))
+    if (strstr(ctl_spawned_output("logs", "out", lout, sizeof lout), "step 2")) break;
+  expect_in(lout, "step 2 loss 4.0\n");
+  const int old_port = node_port;
+  fake_node_flip();
+  nanosleep(&(struct timespec){1, 0}, NULL);
+  node_move = 1;
+  fake_node_flip();
+  const double back = tu_now_s();
+  cr_assert_neq(node_port, old_port, "the node came back on its old port");
+  const int rc = ctl_reap(p, 10.0);
+  const double dt = tu_now_s() - back;
+  ctl_spawned_output("logs", "out", lout, sizeof lout);
+  ctl_spawned_output("logs", "err", lerr, sizeof lerr);
+  cr_assert_eq(rc, 0, "exit %d: %s", rc, lerr);
+  cr_assert_str_eq(lout, "step 1 loss 5.0\nstep 2 loss 4.0\nstep 3 loss 3.0\n");
+  char moved[128];
+  snprintf(moved, sizeof moved, "node n-1 is at 127.0.0.1:%d now (was 127.0.0.1:%d)", node_port, old_port);
+  expect_in(lerr, moved);
+  cr_expect(dt < 2.5, "it came back %.2f s after the node", dt);
+  Fsdp__V1__GetRankLogsRequest *req =
+      rec_get("GetRankLogs", &fsdp__v1__get_rank_logs_request__descriptor, NULL);
+  cr_expect_eq(req->offset, 32, "the last stream starts after what was printed");
+  cr_expect_eq(req->attempt, 1, "in the attempt it was reading");
+  protobuf_c_message_free_unpacked(&req->base, NULL);
+}
+
