@@ -26,6 +26,7 @@
 #include "client/spec.h"
 #include "client/table.h"
 #include "daemon/common/err.h"
+#include "daemon/common/param.h"
 #include "daemon/common/rpc.h"
 #include "daemon/common/text.h"
 #include "proto/fsdp.pb-c.h"
@@ -296,7 +297,16 @@ static int ctl_connect(ctl_t *c) {
   if (c->client) return 0;
   int rc = c->tls_ca ? ctl_check_ca(c->tls_ca, "--tls-ca") : 0;
   if (rc) return rc;
-  rpc_client_opts_t o = {.target = c->coordinator, .token_file = c->token_file, .tls_ca_file = c->tls_ca};
+  /* A coordinator that stops answering under a stream (frozen, its host
+   * gone) is noticed only by the keepalive ping going unanswered
+   * (rpc_client.c): pinged every --timeout/2 at most, a watch finds it
+   * gone within --timeout, not FSDP_RPC_KEEPALIVE_S twice over (60 s), and
+   * gives up --timeout later (ctl_follow_again). The servers take pings a
+   * second apart. */
+  const double half = c->timeout_s / 2;
+  const int64_t ka = param_rpc_keepalive_s();
+  rpc_client_opts_t o = {.target = c->coordinator, .token_file = c->token_file, .tls_ca_file = c->tls_ca,
+                         .keepalive_s = half < 1 ? 1 : half < (double)ka ? (int)(half + 0.999) : 0};
   return rpc_client_create(&c->client, &o);
 }
 
@@ -651,12 +661,18 @@ static int ctl_watch(ctl_t *c, const char *job) {
     rpc_stream_t *st = NULL;
     /* the stream lasts as long as the job: no deadline; a coordinator that
      * goes away ends it with UNAVAILABLE */
-    rc = rpc_stream_open(c->client, &st, CTL_SVC "WatchJob", &req.base, CTL_FOREVER_S);
+    /* but it is sent, and its first message (the job's state then, sent
+     * at once) comes, within --timeout: a server that never answers (a port
+     * that takes connections and speaks no HTTP/2, a coordinator frozen) is
+     * no coordinator, however long gRPC's connect timeout (20 s) */
+    rc = rpc_stream_open_idle(c->client, &st, CTL_SVC "WatchJob", &req.base, CTL_FOREVER_S,
+                              c->timeout_s);
     const int opened = rc == 0;
     Fsdp__V1__JobProgress *p;
     while (opened && !code &&
            (rc = rpc_stream_next(st, &fsdp__v1__job_progress__descriptor, (ProtobufCMessage **)&p)) == 1) {
       rc = 0;
+      rpc_stream_set_idle(st, 0); /* then as long as the job: a step may take an hour */
       last = p->state;
       got++, ctl_away_back(&away);
       if (c->json) {

@@ -256,6 +256,14 @@ int rpc_client_call_raw(rpc_client_t *c, const char *method, const void *req, si
  * deadline covers the whole stream. */
 int rpc_stream_open(rpc_client_t *c, rpc_stream_t **st, const char *method,
                     const ProtobufCMessage *req, double timeout_s);
+/* The same, the stream's idle limit (rpc_stream_set_idle) set from the
+ * start: the request must be sent within idle_s too. Sending waits for a
+ * connection, and a server that takes a TCP connection but never speaks
+ * HTTP/2 (a frozen process, another program on the port) holds it for
+ * gRPC's connect timeout, 20 s: then FSDP_ETIMEDOUT, "no message for N s",
+ * after idle_s. */
+int rpc_stream_open_idle(rpc_client_t *c, rpc_stream_t **st, const char *method,
+                         const ProtobufCMessage *req, double timeout_s, double idle_s);
 /* 1 and *msg (a message of desc, free with protobuf_c_message_free_unpacked)
  * when one arrived; 0 when the stream ended with OK; a negative code when it
  * ended otherwise. After 0 or an error, every later call returns the same. */

@@ -411,12 +411,19 @@ int rpc_client_call(rpc_client_t *c, const char *method, const ProtobufCMessage 
 
 /* ---- server streaming --------------------------------------------------------------- */
 
+static int rpc_stream_end(rpc_stream_t *st);
+
 #define RPC_TAG_SENT ((void *)1)
 #define RPC_TAG_STATUS ((void *)2)
 #define RPC_TAG_MSG ((void *)3)
 
 int rpc_stream_open(rpc_client_t *c, rpc_stream_t **out, const char *method,
                     const ProtobufCMessage *req, double timeout_s) {
+  return rpc_stream_open_idle(c, out, method, req, timeout_s, 0);
+}
+
+int rpc_stream_open_idle(rpc_client_t *c, rpc_stream_t **out, const char *method,
+                         const ProtobufCMessage *req, double timeout_s, double idle_s) {
   *out = NULL;
   rpc_stream_t *st = calloc(1, sizeof *st);
   if (!st || !(st->method = strdup(method))) {
@@ -447,8 +454,25 @@ int rpc_stream_open(rpc_client_t *c, rpc_stream_t **out, const char *method,
   grpc_call_error e2 = e1 == GRPC_CALL_OK ? grpc_call_start_batch(st->call, &sop, 1, RPC_TAG_STATUS, NULL)
                                           : e1;
   int rc = 0;
-  if (e1 == GRPC_CALL_OK) rpc_pluck(st->cq, st->call, RPC_TAG_SENT, st->deadline);
+  rpc_stream_set_idle(st, idle_s);
+  if (e1 == GRPC_CALL_OK && e2 == GRPC_CALL_OK && st->idle_s > 0 &&
+      gpr_time_cmp(rpc__deadline(st->idle_s), st->deadline) < 0) {
+    /* sent within idle_s, or the call is given up (the cancel completes the batch) */
+    gpr_timespec until = rpc__deadline(st->idle_s);
+    if (grpc_completion_queue_pluck(st->cq, RPC_TAG_SENT, until, NULL).type == GRPC_QUEUE_TIMEOUT) {
+      st->idled = 1;
+      grpc_call_cancel(st->call, NULL);
+      rpc_pluck(st->cq, st->call, RPC_TAG_SENT, st->deadline);
+    }
+  } else if (e1 == GRPC_CALL_OK) {
+    rpc_pluck(st->cq, st->call, RPC_TAG_SENT, st->deadline);
+  }
   grpc_byte_buffer_destroy(bb);
+  if (st->idled) {
+    rc = rpc_stream_end(st);
+    rpc_stream_close(st);
+    return rc;
+  }
   if (e2 != GRPC_CALL_OK) {
     rc = err_set(FSDP_EINTERNAL, "%s at %s: gRPC refused the call (grpc_call_error %d)", method,
                  c->target, (int)e2);

@@ -2450,3 +2450,108 @@ Test(fsdpctl, a_followed_log_finds_a_restarted_fsdpd_on_its_new_port) {
   protobuf_c_message_free_unpacked(&req->base, NULL);
 }
 
+/* A port that takes connections and never speaks HTTP/2 (another program
+ * on it): the watch gives up after --timeout (exit 4), as a unary call
+ * does, not after gRPC's connect timeout (20 s). */
+Test(fsdpctl, a_watch_gives_up_on_a_port_that_never_speaks_within_the_timeout) {
+  char addr[64];
+  const int fd = tu_listen_loopback(addr, sizeof addr); /* listens; the kernel accepts; no one speaks */
+  const int rc = CTL("watch", "j-1", "--timeout", "2", "--coordinator", addr);
+  close(fd);
+  cr_assert_eq(rc, 4, "exit %d: %s", rc, err);
+  expect_in(err, "no message for 2 s");
+  expect_in(err, "check --coordinator");
+  cr_assert(ctl_seconds >= 2.0 && ctl_seconds < 4.0, "gave up after %.2f s (--timeout 2)", ctl_seconds);
+}
+
+/* A TCP relay to the fake coordinator that can freeze: then it reads and
+ * writes nothing and accepts no connection (the kernel still completes
+ * them), as a coordinator stopped with SIGSTOP. */
+static struct {
+  pthread_t thread;
+  int lfd, target;
+  volatile int frozen, stop;
+  char addr[64];
+} X;
+
+static void *relay_thread(void *arg) {
+  (void)arg;
+  int fds[64][2], n = 0;
+  while (!X.stop) {
+    if (X.frozen) {
+      nanosleep(&(struct timespec){0, 20000000}, NULL);
+      continue;
+    }
+    struct pollfd p[1 + 128];
+    p[0] = (struct pollfd){X.lfd, POLLIN, 0};
+    for (int i = 0; i < n; i++)
+      p[1 + 2 * i] = (struct pollfd){fds[i][0], POLLIN, 0}, p[2 + 2 * i] = (struct pollfd){fds[i][1], POLLIN, 0};
+    if (poll(p, (nfds_t)(1 + 2 * n), 20) <= 0 || X.frozen) continue;
+    for (int i = 0; i < n; i++)
+      for (int k = 0; k < 2; k++) {
+        if (fds[i][0] < 0 || !(p[1 + 2 * i + k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        char buf[65536];
+        ssize_t r = read(fds[i][k], buf, sizeof buf);
+        for (ssize_t w = 0, o = 0; r > 0 && o < r; o += w)
+          if ((w = write(fds[i][!k], buf + o, (size_t)(r - o))) <= 0) r = -1;
+        if (r <= 0) close(fds[i][0]), close(fds[i][1]), fds[i][0] = fds[i][1] = -1;
+      }
+    if ((p[0].revents & POLLIN) && n < 64) {
+      const int a = accept(X.lfd, NULL, NULL);
+      const int b = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)X.target)};
+      sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      if (a >= 0 && b >= 0 && !connect(b, (struct sockaddr *)&sa, sizeof sa)) {
+        fds[n][0] = a, fds[n][1] = b, n++;
+      } else {
+        if (a >= 0) close(a);
+        if (b >= 0) close(b);
+      }
+    }
+  }
+  for (int i = 0; i < n; i++)
+    if (fds[i][0] >= 0) close(fds[i][0]), close(fds[i][1]);
+  close(X.lfd);
+  return NULL;
+}
+
+/* A coordinator frozen under a watch (kill -STOP: its connections stay
+ * open, its port takes new ones, nothing answers): the watch notices within
+ * --timeout (its keepalive pings go unanswered), tries again, and gives up
+ * once it has been unreachable for --timeout (exit 4), as events --follow
+ * does. Before, the ping timeout was 30 s (found near 60 s), and every
+ * try again waited out gRPC's 20 s connect timeout: still running after 75 s. */
+Test(fsdpctl, a_watch_gives_up_on_a_frozen_coordinator_within_the_timeout) {
+  fake_start(NULL, NULL);
+  X.target = F.port, X.frozen = X.stop = 0;
+  X.lfd = tu_listen_loopback(X.addr, sizeof X.addr);
+  cr_assert_geq(X.lfd, 0);
+  pthread_create(&X.thread, NULL, relay_thread, NULL);
+  const pid_t w = CTL_SPAWN("watch", "watch", "j-restart", "--timeout", "2", "--coordinator", X.addr);
+  const pid_t e = CTL_SPAWN("events", "events", "j-restart", "--follow", "--timeout", "2",
+                            "--coordinator", X.addr);
+  char wout[4096], werr[4096], eout[4096];
+  for (double t0 = tu_now_s(); tu_now_s() - t0 < CTL_LIMIT_S; nanosleep(&(struct timespec){0, 20000000}, NULL))
+    if (strstr(ctl_spawned_output("watch", "out", wout, sizeof wout), "step 1/3") &&
+        strstr(ctl_spawned_output("events", "out", eout, sizeof eout), "e3"))
+      break;
+  expect_in(wout, "step 1/3");
+  /* frozen under a quiet watch, as a coordinator is between a job's messages */
+  nanosleep(&(struct timespec){3, 0}, NULL);
+  X.frozen = 1;
+  const double t0 = tu_now_s();
+  const int wrc = ctl_reap(w, 15.0);
+  const double dw = tu_now_s() - t0;
+  const int erc = ctl_reap(e, 15.0);
+  X.stop = 1;
+  pthread_join(X.thread, NULL);
+  ctl_spawned_output("watch", "err", werr, sizeof werr);
+  printf("a frozen coordinator: the watch gave up after %.2f s (--timeout 2)\n", dw);
+  cr_assert_eq(wrc, 4, "watch: exit %d: %s", wrc, werr);
+  cr_assert_eq(erc, 4, "events --follow: exit %d", erc);
+  expect_in(werr, "the coordinator stayed unreachable for 2 s");
+  /* unnoticed for at most --timeout (pings every 1 s, 1 s for the answer),
+   * then unreachable for --timeout, and a try's --timeout at most */
+  cr_expect(dw >= 2.0 && dw < 8.0, "the watch gave up after %.2f s (--timeout 2)", dw);
+}
+
