@@ -122,7 +122,11 @@ static int ctl_fail_at(const ctl_t *c, int rc, const char *target, const char *f
   /* a TLS server closes a plaintext client's connection as it opens, which
    * gRPC reports as "Socket closed": the fix is TLS, not another address */
   const int tls_wanted = code == CTL_EXIT_UNREACHABLE && !ca && strstr(msg, "Socket closed");
-  if (tls_wanted) {
+  /* a DEADLINE_EXCEEDED the server sent (its words in msg) is no address's fault */
+  const int answered = rc == FSDP_ETIMEDOUT && !rpc_client_deadline_passed();
+  if (answered) {
+    fix = "";
+  } else if (tls_wanted) {
     snprintf(buf, sizeof buf, "; fsdpctl spoke plaintext to %s and the connection closed as it "
              "opened: the %s may require TLS: %s", target ? target : c->coordinator,
              target ? "node" : "server",

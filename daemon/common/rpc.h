@@ -252,6 +252,12 @@ int rpc_client_call(rpc_client_t *c, const char *method, const ProtobufCMessage 
 int rpc_client_call_raw(rpc_client_t *c, const char *method, const void *req, size_t req_len,
                         void **reply, size_t *reply_len, double timeout_s);
 
+/* After a call or stream on this thread failed with FSDP_ETIMEDOUT: 1 when
+ * its own deadline (or a stream's idle limit) passed with no answer, 0 when
+ * the server sent DEADLINE_EXCEEDED itself (its words are the message: it
+ * answered, so it is reachable). */
+int rpc_client_deadline_passed(void);
+
 /* Server-streaming call: sends req; rpc_stream_next reads the replies. The
  * deadline covers the whole stream. */
 int rpc_stream_open(rpc_client_t *c, rpc_stream_t **st, const char *method,

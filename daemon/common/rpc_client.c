@@ -59,6 +59,7 @@ struct rpc_stream {
   char *err;   /* the error's message, replayed on every later next */
   double idle_s; /* the most a next waits for its message (0: up to the deadline) */
   int idled;     /* a next waited that long: the call was cancelled for it */
+  int own_deadline; /* it ended for its deadline or idle limit (rpc_client_deadline_passed) */
 };
 
 static void rpc_client_free(rpc_client_t *c);
@@ -286,16 +287,31 @@ static const char *rpc_advice(grpc_status_code st, int tls) {
   }
 }
 
-/* Maps a call's final status to err.h with a sentence naming the call. */
+/* Whether this thread's last DEADLINE_EXCEEDED was the call's own deadline
+ * (or a stream's idle limit) passing, not the server's status. */
+static __thread int rpc_own_deadline;
+int rpc_client_deadline_passed(void) { return rpc_own_deadline; }
+
+/* Maps a call's final status to err.h with a sentence naming the call.
+ * DEADLINE_EXCEEDED is the call's own deadline passing (gRPC's words,
+ * "Deadline Exceeded", add nothing: "no answer within N s") unless the
+ * server sent it with words of its own, or before the deadline (a server
+ * that gave up on its database's lock): then its words, as any status's. */
 static int rpc_status_err(rpc_client_t *c, const char *method, grpc_status_code st,
-                          grpc_slice details, const char *error_string, double timeout_s) {
+                          grpc_slice details, const char *error_string, double timeout_s,
+                          gpr_timespec deadline) {
   if (st == GRPC_STATUS_OK) return 0;
   int n = (int)GRPC_SLICE_LENGTH(details);
   const char *d = (const char *)GRPC_SLICE_START_PTR(details);
+  const int server_words = n && !(n == 17 && !memcmp(d, "Deadline Exceeded", 17));
   if (!n && error_string) d = error_string, n = (int)strlen(error_string);
-  if (st == GRPC_STATUS_DEADLINE_EXCEEDED) /* gRPC's words ("Deadline Exceeded") add nothing */
+  rpc_own_deadline = st == GRPC_STATUS_DEADLINE_EXCEEDED && !server_words &&
+                     gpr_time_cmp(gpr_now(deadline.clock_type), deadline) >= 0;
+  if (rpc_own_deadline)
     return err_set(FSDP_ETIMEDOUT, "%s at %s: DEADLINE_EXCEEDED: no answer within %g s%s", method,
                    c->target, timeout_s, rpc_advice(st, c->tls));
+  if (st == GRPC_STATUS_DEADLINE_EXCEEDED) /* the server's: it answered, it is reachable */
+    return err_set(FSDP_ETIMEDOUT, "%s at %s: DEADLINE_EXCEEDED: %.*s", method, c->target, n, d);
   return err_set(rpc_err_from_status(st), "%s at %s: %s: %.*s%s", method, c->target,
                  rpc_status_name(st), n, d, rpc_advice(st, c->tls));
 }
@@ -360,7 +376,7 @@ int rpc_client_call_raw(rpc_client_t *c, const char *method, const void *req, si
                  c->target, (int)e);
   } else {
     rpc_pluck(cq, call, (void *)1, deadline);
-    rc = rpc_status_err(c, method, st, details, error_string, timeout_s);
+    rc = rpc_status_err(c, method, st, details, error_string, timeout_s, deadline);
     if (!rc && !resp)
       rc = err_set(FSDP_EINTERNAL, "%s at %s: the server answered OK without a reply message",
                    method, c->target);
@@ -494,10 +510,12 @@ static int rpc_stream_end(rpc_stream_t *st) {
                                  st->c->target, st->idle_s,
                                  rpc_advice(GRPC_STATUS_DEADLINE_EXCEEDED, st->c->tls))
                        : rpc_status_err(st->c, st->method, st->status, st->details,
-                                        st->error_string, st->timeout_s);
+                                        st->error_string, st->timeout_s, st->deadline);
+    st->own_deadline = st->idled || rpc_own_deadline;
     if (st->rc) st->err = strdup(err_msg());
   }
   if (st->rc) err_set(st->rc, "%s", st->err ? st->err : err_str(st->rc));
+  rpc_own_deadline = st->own_deadline;
   return st->rc;
 }
 

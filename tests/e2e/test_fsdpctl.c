@@ -108,6 +108,12 @@ static void h_submit(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
                                   "give heads that divide it"));
     return;
   }
+  if (req->spec && !strcmp(req->spec->name, "locked")) { /* the coordinator's store, busy */
+    rpc_call_finish(call, err_set(FSDP_ETIMEDOUT, "state database /var/lib/fsdp/state.db: locked "
+                                  "by another connection for over 5000 ms; is another "
+                                  "fsdp-coordinator using it?"));
+    return;
+  }
   Fsdp__V1__Job job = FSDP__V1__JOB__INIT;
   job.job_id = "j-42";
   job.spec = req->spec;
@@ -2553,5 +2559,27 @@ Test(fsdpctl, a_watch_gives_up_on_a_frozen_coordinator_within_the_timeout) {
   /* unnoticed for at most --timeout (pings every 1 s, 1 s for the answer),
    * then unreachable for --timeout, and a try's --timeout at most */
   cr_expect(dw >= 2.0 && dw < 8.0, "the watch gave up after %.2f s (--timeout 2)", dw);
+}
+
+/* A DEADLINE_EXCEEDED the coordinator sent (its database locked) shows its
+ * words, not "no answer within 10 s", and no fix pointing at
+ * --coordinator (it answered); one the client's own deadline ends still
+ * says so. */
+Test(fsdpctl, a_deadline_the_server_sent_shows_its_words) {
+  fake_start(NULL, NULL);
+  int rc = CTL("submit", "--ranks", "1", "--name", "locked");
+  cr_assert_eq(rc, 4, "exit %d: %s", rc, err);
+  expect_in(err, "fsdpctl: submitting the job: ");
+  expect_in(err, "DEADLINE_EXCEEDED: state database /var/lib/fsdp/state.db: locked by another "
+                 "connection for over 5000 ms");
+  cr_assert_null(strstr(err, "no answer within"), "%s", err);
+  cr_assert_null(strstr(err, "check --coordinator"), "%s", err);
+  char addr[64];
+  const int fd = tu_listen_loopback(addr, sizeof addr);
+  rc = CTL("jobs", "--timeout", "1", "--coordinator", addr);
+  close(fd);
+  cr_assert_eq(rc, 4, "exit %d: %s", rc, err);
+  expect_in(err, "DEADLINE_EXCEEDED: no answer within 1 s");
+  expect_in(err, "check --coordinator");
 }
 
