@@ -53,6 +53,7 @@ enum {
 
 typedef struct ctl {
   const char *coordinator;
+  const char *coordinator_from; /* where it came from, for messages: an option or variable */
   const char *token_file;
   const char *tls_ca;
   const char *node_tls_ca; /* the nodes' (logs): NULL as tls_ca, CTL_PLAINTEXT none */
@@ -211,7 +212,8 @@ static int ctl_uint(const ctl_t *c, const char *opt, const char *s, unsigned lon
 static int ctl_global_opt(ctl_t *c, int argc, char **argv, int *i) {
   const char *v;
   int r;
-  if ((r = ctl_opt(c, argc, argv, i, "--coordinator", &v))) return r < 0 ? -1 : (c->coordinator = v, 1);
+  if ((r = ctl_opt(c, argc, argv, i, "--coordinator", &v)))
+    return r < 0 ? -1 : (c->coordinator = v, c->coordinator_from = "--coordinator", 1);
   if ((r = ctl_opt(c, argc, argv, i, "--token-file", &v))) return r < 0 ? -1 : (c->token_file = v, 1);
   if ((r = ctl_opt(c, argc, argv, i, "--tls-ca", &v))) return r < 0 ? -1 : (c->tls_ca = v, 1);
   if ((r = ctl_opt(c, argc, argv, i, "--node-tls-ca", &v)))
@@ -299,8 +301,10 @@ static int ctl_check_ca(const char *path, const char *opt) {
 
 static int ctl_connect(ctl_t *c) {
   if (c->client) return 0;
-  int rc = c->tls_ca ? ctl_check_ca(c->tls_ca, "--tls-ca") : 0;
-  if (rc) return rc;
+  /* a port out of range is the user's to fix (gRPC would dial 99999 - 65536) */
+  int rc = rpc_target_check(c->coordinator);
+  if (rc) return err_wrap(rc, "%s", c->coordinator_from);
+  if ((rc = c->tls_ca ? ctl_check_ca(c->tls_ca, "--tls-ca") : 0)) return rc;
   /* A coordinator that stops answering under a stream (frozen, its host
    * gone) is noticed only by the keepalive ping going unanswered
    * (rpc_client.c): pinged every --timeout/2 at most, a watch finds it
@@ -1864,6 +1868,7 @@ static void ctl_help(FILE *out) {
 /* The command line's exit code, before stdout is closed. */
 static int ctl_main(ctl_t *c, int argc, char **argv) {
   c->coordinator = getenv("FSDP_COORDINATOR");
+  c->coordinator_from = "FSDP_COORDINATOR";
   if (!c->coordinator || !*c->coordinator) c->coordinator = CTL_DEFAULT_COORDINATOR;
   c->token_file = getenv("FSDP_TOKEN_FILE");
   if (c->token_file && !*c->token_file) c->token_file = NULL;

@@ -89,18 +89,29 @@ int rpc__read_file(const char *path, const char *what, size_t max, char **out, s
   FILE *f = fopen(path, "rb");
   if (!f)
     return err_set_errno(err_from_errno(errno), errno, "%s %s: cannot open", what, path);
+  /* a directory opens, then fails at the first read (EISDIR): said for
+   * what it is, as a usage error, like a file that is missing. A pipe or a
+   * terminal is read (--token-file <(pass show fsdp)); a socket never opens */
+  struct stat st;
+  if (!fstat(fileno(f), &st) && !S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode) &&
+      !S_ISCHR(st.st_mode)) {
+    fclose(f);
+    return err_set(FSDP_EINVAL, "%s %s: %s, not a file; give the path of the file itself", what,
+                   path, S_ISDIR(st.st_mode) ? "a directory" : "a block device or another special file");
+  }
   if (strstr(what, "token") || strstr(what, "key")) rpc_secret_mode_check(f, path, what);
   char *buf = malloc(max + 1);
   if (!buf) {
     fclose(f);
     return err_set(FSDP_ENOMEM, "%s %s: out of memory", what, path);
   }
+  errno = 0;
   size_t n = fread(buf, 1, max + 1, f);
-  int bad = ferror(f);
+  const int bad = ferror(f), e = errno ? errno : EIO;
   fclose(f);
   if (bad) {
     free(buf);
-    return err_set(FSDP_EIO, "%s %s: read failed", what, path);
+    return err_set_errno(err_from_errno(e), e, "%s %s: cannot read it", what, path);
   }
   if (n > max) {
     free(buf);

@@ -213,6 +213,11 @@ typedef struct rpc_client_opts {
                                   (0: gRPC's, which grows with the link's bandwidth-delay product) */
 } rpc_client_opts_t;
 
+/* FSDP_EINVAL when target names a port outside 1..65535 (host:port,
+ * [v6]:port, after a dns:, ipv4: or ipv6: scheme): gRPC takes 99999 as
+ * 34463 without a word. The message starts with target; a program puts its
+ * option before it. rpc_client_create and rpc_client_check check it too. */
+int rpc_target_check(const char *target);
 /* A channel to target (no connection is made until the first call). Reads
  * the token and CA files now. Usable from any thread; calls block. */
 int rpc_client_create(rpc_client_t **c, const rpc_client_opts_t *o);

@@ -166,10 +166,56 @@ static grpc_channel *rpc_client_channel(rpc_client_t *c, int own_pool) {
 
 void rpc_client_env(void) { setenv("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "500", 0); }
 
+/* One host:port, [v6]:port or bare name or address of a target (len bytes). */
+static int rpc_target_port_check(const char *target, const char *hp, size_t len) {
+  const char *port = NULL, *end = hp + len;
+  if (len && hp[0] == '[') {
+    const char *rb = memchr(hp, ']', len);
+    if (rb && rb + 1 < end && rb[1] == ':') port = rb + 2;
+  } else {
+    const char *colon = memchr(hp, ':', len);
+    /* more than one colon: an IPv6 address without brackets, no port */
+    if (colon && !memchr(colon + 1, ':', (size_t)(end - colon - 1))) port = colon + 1;
+  }
+  if (!port || port == end) return 0;
+  unsigned long v = 0;
+  for (const char *p = port; p < end; p++) {
+    if (*p < '0' || *p > '9') return 0; /* a service name: the resolver's */
+    if (v <= 65535) v = v * 10 + (unsigned long)(*p - '0');
+  }
+  if (v >= 1 && v <= 65535) return 0;
+  return err_set(FSDP_EINVAL, "%s: port %.*s is out of range: a port is from 1 to 65535", target,
+                 (int)(end - port), port);
+}
+
+int rpc_target_check(const char *target) {
+  if (!target || !*target) return err_set(FSDP_EINVAL, "rpc client: no server address");
+  if (!strncmp(target, "unix:", 5) || !strncmp(target, "unix-abstract:", 14)) return 0;
+  const char *t = target;
+  int list = 0; /* ipv4:a:p,b:p */
+  if (!strncmp(t, "dns:", 4)) {
+    t += 4;
+    if (!strncmp(t, "//", 2)) { /* dns://[authority]/host:port */
+      const char *slash = strchr(t + 2, '/');
+      t = slash ? slash + 1 : t + 2;
+    }
+  } else if (!strncmp(t, "ipv4:", 5) || !strncmp(t, "ipv6:", 5)) {
+    t += 5, list = 1;
+  }
+  for (;;) {
+    const char *comma = list ? strchr(t, ',') : NULL;
+    const size_t len = comma ? (size_t)(comma - t) : strlen(t);
+    int rc = rpc_target_port_check(target, t, len);
+    if (rc || !comma) return rc;
+    t = comma + 1;
+  }
+}
+
 int rpc_client_check(const rpc_client_opts_t *o) {
-  if (!o->target || !*o->target) return err_set(FSDP_EINVAL, "rpc client: no server address");
+  int rc = rpc_target_check(o->target);
+  if (rc) return rc;
   char *text = NULL;
-  int rc = o->token_file ? rpc__read_token(o->token_file, &text) : 0;
+  rc = o->token_file ? rpc__read_token(o->token_file, &text) : 0;
   rpc__free_secret(text);
   text = NULL;
   if (!rc && o->tls_ca_file) rc = rpc__read_file(o->tls_ca_file, "TLS CA file", RPC_PEM_MAX, &text, NULL);
@@ -179,7 +225,7 @@ int rpc_client_check(const rpc_client_opts_t *o) {
 
 int rpc_client_create(rpc_client_t **out, const rpc_client_opts_t *o) {
   *out = NULL;
-  if (!o->target || !*o->target) return err_set(FSDP_EINVAL, "rpc client: no server address");
+  if (rpc_target_check(o->target)) return FSDP_EINVAL;
   rpc_client_t *c = calloc(1, sizeof *c);
   if (!c || !(c->target = strdup(o->target))) {
     free(c);

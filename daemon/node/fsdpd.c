@@ -378,6 +378,7 @@ static int fsdpd_options(fsdpd_t *D, int argc, char **argv, int *as_user, unsign
   if (!D->coordinator) D->coordinator = getenv("FSDP_COORDINATOR");
   if (!D->coordinator || !*D->coordinator)
     return bad("--coordinator", "%s", "required (or FSDP_COORDINATOR): the coordinator's host:port");
+  if (rpc_target_check(D->coordinator)) return bad("--coordinator (or FSDP_COORDINATOR)", "%s", err_msg());
   if (D->advertise) { /* what clients dial: HOST:PORT with a real port, or HOST alone */
     const char *a = D->advertise, *colon = strrchr(a, ':');
     const size_t n = strlen(a);

@@ -2583,3 +2583,27 @@ Test(fsdpctl, a_deadline_the_server_sent_shows_its_words) {
   expect_in(err, "check --coordinator");
 }
 
+/* A port out of range (gRPC takes 99999 as 34463) and a directory as a
+ * token file are usage errors naming what is wrong and where it came from
+ * (exit 2), found before any call. */
+Test(fsdpctl, a_port_out_of_range_and_a_directory_token_file_are_usage_errors) {
+  setenv("FSDP_COORDINATOR", "127.0.0.1:99999", 1);
+  int rc = CTL("jobs");
+  cr_assert_eq(rc, 2, "exit %d: %s", rc, err);
+  expect_in(err, "FSDP_COORDINATOR: 127.0.0.1:99999: port 99999 is out of range: a port is from 1 to 65535");
+  rc = CTL("jobs", "--coordinator", "[::1]:0");
+  cr_assert_eq(rc, 2, "exit %d: %s", rc, err);
+  expect_in(err, "--coordinator: [::1]:0: port 0 is out of range");
+  rc = CTL("watch", "j-1", "--coordinator", "dns:///localhost:123456");
+  cr_assert_eq(rc, 2, "exit %d: %s", rc, err);
+  expect_in(err, "port 123456 is out of range");
+  setenv("FSDP_COORDINATOR", "127.0.0.1:1", 1); /* never reached */
+  rc = CTL("jobs", "--token-file", tu_tmpdir());
+  cr_assert_eq(rc, 2, "exit %d: %s", rc, err);
+  char want[1024];
+  snprintf(want, sizeof want, "token file %s: a directory, not a file; give the path of the file itself",
+           tu_tmpdir());
+  expect_in(err, want);
+  cr_assert_lt(ctl_seconds, 2.0, "a usage error took %.2f s", ctl_seconds);
+}
+

@@ -1553,6 +1553,20 @@ Test(fsdpd, refuses_to_run_ranks_as_root, .timeout = 10 * TU_SLOW) {
   free(out);
 }
 
+/* A coordinator address whose port is out of range is refused at start
+ * (exit 2) naming the option: gRPC would dial 99999 - 65536 = 34463. */
+Test(fsdpd, a_coordinator_port_out_of_range_is_refused, .timeout = 10 * TU_SLOW) {
+  const char *args[] = {"--coordinator", "127.0.0.1:99999", "--devices", "cpu:1", "--work-dir",
+                        workdir, NULL};
+  int pid = fsdpd_spawn(args), status;
+  cr_assert_eq(waitpid(pid, &status, 0), pid);
+  char *out = tu_slurp(fsdpd_log, NULL);
+  cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 2, "status 0x%x", status);
+  cr_expect(strstr(out, "--coordinator (or FSDP_COORDINATOR): 127.0.0.1:99999: port 99999 is out of "
+                        "range: a port is from 1 to 65535"), "%s", out);
+  free(out);
+}
+
 /* A second fsdpd in a work directory another one runs in is refused at
  * start (exit 2), naming the other's pid: the two would start ranks into
  * the same attempt directories and serve each other's logs. Once the first
