@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <math.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -629,11 +630,18 @@ static int cmd_undrain(ctl_t *c, int argc, char **argv) { return ctl_drain(c, ar
 
 /* ---- watch ------------------------------------------------------------------------- */
 
+/* A progress's ETA in seconds, or 0 when there is none: unknown (the
+ * proto's 0), or the job has ended (a coordinator sent one for a cancelled
+ * job). */
+static double ctl_eta(const Fsdp__V1__JobProgress *p) {
+  return ctl_job_ended(p->state) || !(p->eta_s > 0) || !isfinite(p->eta_s) ? 0 : p->eta_s;
+}
+
 static void ctl_bar(const Fsdp__V1__JobProgress *p, char *buf, size_t n) {
   enum { W = 24 };
   char steps[48], eta[32], bar[W + 3] = "";
   ctl_steps(steps, sizeof steps, p->step, p->total_steps);
-  table_secs(eta, sizeof eta, p->eta_s);
+  table_secs(eta, sizeof eta, ctl_eta(p)); /* "-" for none */
   if (p->total_steps > 0) {
     int64_t s = p->step < 0 ? 0 : p->step > p->total_steps ? p->total_steps : p->step;
     int fill = (int)(W * s / p->total_steps);
@@ -684,8 +692,9 @@ static int ctl_watch(ctl_t *c, const char *job) {
       last = p->state;
       got++, ctl_away_back(&away);
       if (c->json) {
-        code = ctl_json(c, ctl_json_none(pbjson_message(&p->base), p->unreported, ctl_figures + 1),
-                        0); /* printed its failure: stop there */
+        json_t *o = ctl_json_none(pbjson_message(&p->base), p->unreported, ctl_figures + 1);
+        if (o && !ctl_eta(p)) json_object_set_new(o, "eta_s", json_null()); /* none, as "-" */
+        code = ctl_json(c, o, 0); /* printed its failure: stop there */
       } else if (tty) {
         if (*p->message) fputs("\r\033[K", stdout), ctl_line(stdout, "%s", p->message);
         ctl_bar(p, line, sizeof line);

@@ -315,6 +315,18 @@ static void h_watch(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
     h_watch_restart(call);
     return;
   }
+  if (!strcmp(req->job_id, "j-cancel")) { /* an ETA unknown, then one sent with the end */
+    for (int i = 1; i <= 2; i++) {
+      Fsdp__V1__JobProgress p = FSDP__V1__JOB_PROGRESS__INIT;
+      p.job_id = req->job_id;
+      p.state = i < 2 ? FSDP__V1__JOB_STATE__JOB_STATE_RUNNING : FSDP__V1__JOB_STATE__JOB_STATE_CANCELLED;
+      p.step = i, p.total_steps = 3, p.loss = 4.5, p.tokens_per_s = 100;
+      p.eta_s = i < 2 ? 0 : 1962.25;
+      rpc_call_send(call, &p.base);
+    }
+    rpc_call_finish(call, 0);
+    return;
+  }
   const int nan = !strcmp(req->job_id, "j-nan"), none = !strcmp(req->job_id, "j-fresh");
   int ok = !strcmp(req->job_id, "j-ok") || nan || none;
   if (!ok && strcmp(req->job_id, "j-bad")) {
@@ -2605,5 +2617,34 @@ Test(fsdpctl, a_port_out_of_range_and_a_directory_token_file_are_usage_errors) {
            tu_tmpdir());
   expect_in(err, want);
   cr_assert_lt(ctl_seconds, 2.0, "a usage error took %.2f s", ctl_seconds);
+}
+
+/* watch -o json: an ETA none knows (the proto's 0) is null, and an ended
+ * job has none (null; "ETA -" in the lines), whatever the coordinator sent
+ * with the end (1962.25 s for a cancelled job). */
+Test(fsdpctl, watch_says_no_eta_when_unknown_or_ended) {
+  fake_start(NULL, NULL);
+  int rc = CTL("watch", "j-cancel", "-o", "json");
+  cr_assert_eq(rc, 1, "exit %d: %s", rc, err);
+  int lines = 0;
+  for (char *line = out, *nl; lines < 4 && (nl = strchr(line, '\n')); line = nl + 1, lines++) {
+    *nl = 0;
+    json_t *j = parse_json(line), *eta = json_object_get(j, "eta_s");
+    cr_assert(eta && json_is_null(eta), "line %d: eta_s is not null: %s", lines + 1, line);
+    json_decref(j);
+  }
+  cr_assert_eq(lines, 2);
+  cr_assert_eq(CTL("watch", "j-cancel"), 1, "%s", err);
+  expect_in(out, "CANCELLED");
+  cr_assert_null(strstr(out, "ETA 3"), "%s", out);
+  cr_assert_null(strstr(out, "ETA 0"), "%s", out);
+  const char *second = strchr(out, '\n') + 1;
+  expect_in(second, "| ETA -");
+  /* an ETA that is known is a number */
+  cr_assert_eq(CTL("watch", "j-ok", "-o", "json"), 0, "%s", err);
+  *strchr(out, '\n') = 0;
+  json_t *j = parse_json(out);
+  cr_assert_float_eq(json_real_value(json_object_get(j, "eta_s")), 2.0, 1e-9, "%s", out);
+  json_decref(j);
 }
 
