@@ -968,7 +968,16 @@ static int cmd_jobs(ctl_t *c, int argc, char **argv) {
   } else if (!jobs) {
     code = ctl_fail(c, FSDP_ENOMEM, "listing jobs");
   } else if (c->json) {
-    code = ctl_json_list(c, (void *const *)jobs, n);
+    /* ListJobs leaves each spec's options out (pages stay small): an empty
+     * "options" would read as a job without options, so the listing has
+     * none; fsdpctl status JOB -o json has them */
+    json_t *a = json_array();
+    for (size_t i = 0; a && i < n; i++) {
+      json_t *o = pbjson_message(&jobs[i]->base);
+      json_object_del(json_object_get(o, "spec"), "options");
+      if (json_array_append_new(a, o)) json_decref(a), a = NULL;
+    }
+    code = ctl_json(c, a, 2);
   } else {
     static const char *const h[] = {"JOB", "NAME", "STATE", "STEP", "RESTARTS", "AGE", "REASON", NULL};
     table_t *t = table_create(1u << 4, h);
@@ -1577,6 +1586,12 @@ static int cmd_logs(ctl_t *c, int argc, char **argv) {
     }
   }
   if (!job) return ctl_usage(c, "which job? give its id (fsdpctl jobs lists them)");
+  /* a log is the rank's bytes, not a document: JSON of it would be a
+   * chunk list nobody asked for, and raw text under -o json misleads a
+   * script that parses what it asked for */
+  if (c->json)
+    return ctl_usage(c, "--output json: a log is printed as the rank wrote it, never as JSON; "
+                     "drop -o json (fsdpctl status %s -o json has the ranks' state)", job);
   char *addr, node[128];
   unsigned now_attempt;
   int rc = ctl_rank_node(c, job, (unsigned)rank, (unsigned)attempt, &addr, node, sizeof node,
@@ -1752,7 +1767,9 @@ static const ctl_cmd_t ctl_cmds[] = {
      "  --state S   only jobs in state S (PENDING, RUNNING, SUCCEEDED, FAILED,\n"
      "              CANCELLED); repeat for several. A job waiting to restart is PENDING\n"
      "  --limit N   the newest N jobs (default 1000); more than one reply holds\n"
-     "              are asked for a page at a time\n"},
+     "              are asked for a page at a time\n"
+     "--output json leaves out each job's spec.options (ListJobs does not carry them;\n"
+     "fsdpctl status JOB -o json has them).\n"},
     {"status", cmd_status, "status JOB",
      "One job: its state and why, steps, attempts and times, then its ranks (node,\n"
      "device, state, step, loss, tokens/s), then its latest 5 events (fsdpctl events\n"
@@ -1783,7 +1800,8 @@ static const ctl_cmd_t ctl_cmds[] = {
      "                 --timeout you give, until it has been unreachable that long\n"
      "                 (then exit 4)\n"
      "Piped, the log's bytes as written; on a terminal, its control characters (an\n"
-     "escape sequence) shown escaped, as \\x1b, newlines and tabs as they are.\n"},
+     "escape sequence) shown escaped, as \\x1b, newlines and tabs as they are. Never\n"
+     "JSON: --output json is refused (exit 2).\n"},
     {"cancel", cmd_cancel, "cancel JOB [--reason TEXT]",
      "Cancels a job: its ranks are stopped and its devices freed.\n"},
     {"resume", cmd_resume, "resume JOB",

@@ -2648,3 +2648,20 @@ Test(fsdpctl, watch_says_no_eta_when_unknown_or_ended) {
   json_decref(j);
 }
 
+/* logs -o json is refused (a log is bytes, not JSON), and jobs -o json
+ * does not show each job's options as empty (ListJobs carries none). */
+Test(fsdpctl, logs_refuse_json_and_the_listing_leaves_out_options) {
+  fake_start(NULL, NULL);
+  int rc = CTL("logs", "j-42", "-o", "json");
+  cr_assert_eq(rc, 2, "exit %d: %s", rc, err);
+  expect_in(err, "--output json: a log is printed as the rank wrote it, never as JSON");
+  cr_assert_str_eq(out, "");
+  cr_assert_eq(CTL("-o", "json", "logs", "j-42"), 2, "%s", err);
+  cr_assert_eq(CTL("jobs", "-o", "json"), 0, "%s", err);
+  json_t *j = parse_json(out), *spec = json_object_get(json_array_get(j, 0), "spec");
+  cr_assert(json_is_object(spec), "%s", out);
+  cr_assert_null(json_object_get(spec, "options"), "a listing's job shows options: %s", out);
+  cr_assert_str_eq(json_string_value(json_object_get(spec, "name")), "demo");
+  json_decref(j);
+}
+
