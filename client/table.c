@@ -114,33 +114,34 @@ void table_print(const table_t *t, FILE *out, int width) {
   size_t rows = (t->n + (size_t)t->ncols - 1) / (size_t)t->ncols;
   int headers = 0;
   for (int c = 0; c < t->ncols; c++) headers |= t->headers[c][0] != 0;
+  char *line = NULL;
+  size_t cap = 0;
   for (size_t r = !headers; r <= rows; r++) { /* row 0: the headers */
-    size_t col = 0; /* columns printed on this line */
+    free(line), line = NULL;
+    FILE *f = open_memstream(&line, &cap);
+    if (!f) break; /* out of memory: the table is cut short */
     for (int c = 0; c < t->ncols; c++) {
       size_t i = (r - 1) * (size_t)t->ncols + (size_t)c;
       const char *s = !r ? t->headers[c] : i < t->n ? t->cells[i] : "";
       int last = c == t->ncols - 1;
       size_t l = table_width(s);
-      if (c) fputs("  ", out), col += 2;
-      if (last && !(t->right >> c & 1)) {
-        /* the last column is cut to the terminal (a reason can run on) */
-        if (width > 0 && col + l > (size_t)width) {
-          size_t keep = (size_t)width > col + 3 ? (size_t)width - col - 3 : 0;
-          fprintf(out, "%.*s...", (int)table_fit(s, keep), s);
-        } else {
-          fputs(s, out);
-        }
-      } else if (t->right >> c & 1) {
-        table_spaces(out, w[c] - l);
-        fputs(s, out);
-      } else {
-        fputs(s, out);
-        table_spaces(out, w[c] - l);
-      }
-      col += w[c];
+      if (c) fputs("  ", f);
+      if (t->right >> c & 1) table_spaces(f, w[c] - l);
+      fputs(s, f);
+      if (!last && !(t->right >> c & 1)) table_spaces(f, w[c] - l);
     }
-    fputc('\n', out);
+    if (fclose(f)) break;
+    /* a line runs no further than the terminal (a reason can run on, and a
+     * wide listing's columns, nodes', add up past it), cut at a
+     * character's end and marked; a pipe gets it whole */
+    if (width > 0 && table_width(line) > (size_t)width) {
+      size_t keep = (size_t)width > 3 ? (size_t)width - 3 : 0;
+      fprintf(out, "%.*s...\n", (int)table_fit(line, keep), line);
+    } else {
+      fprintf(out, "%s\n", line);
+    }
   }
+  free(line);
 }
 
 int table_term_width(void) {

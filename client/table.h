@@ -5,10 +5,10 @@
  * A table owns copies of its cells. Columns are as wide as their widest
  * cell, in a terminal's columns, not bytes (UTF-8 through libunistring: a
  * CJK character takes two, a combining accent none); numbers can be
- * right-aligned; the last column is cut to the terminal's width when stdout
- * is a terminal (a reason or a path can be long), at a character's end so
- * the line stays valid UTF-8, never when it is a pipe: scripts get every
- * byte. */
+ * right-aligned; a line is cut to the terminal's width when stdout is a
+ * terminal (a reason or a path can be long, a wide listing's columns add
+ * up), at a character's end so the line stays valid UTF-8, never when it is
+ * a pipe: scripts get every byte. */
 #ifndef FSDP_CLIENT_TABLE_H
 #define FSDP_CLIENT_TABLE_H
 

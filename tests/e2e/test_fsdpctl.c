@@ -2665,3 +2665,22 @@ Test(fsdpctl, logs_refuse_json_and_the_listing_leaves_out_options) {
   json_decref(j);
 }
 
+/* On a terminal 60 columns wide the nodes table fits (its columns add up
+ * to 88 here), as jobs' and status' do: each line cut at the width. */
+Test(fsdpctl, the_nodes_table_fits_the_terminal) {
+  fake_start(NULL, NULL);
+  cr_assert_eq(ctl_pty(60, (const char *const[]){"nodes", NULL}), 0, "%s", out);
+  int lines = 0;
+  for (char *line = out, *nl; lines < 10 && (nl = strchr(line, '\n')); line = nl + 1, lines++) {
+    *nl = 0;
+    const int w = utf8_columns(line);
+    cr_assert(w >= 0 && w <= 60, "a line of %d columns: \"%s\"", w, line);
+    cr_assert(!strcmp(line + strlen(line) - 3, "..."), "not cut: \"%s\"", line);
+  }
+  cr_assert_eq(lines, 2, "%s", out);
+  /* a pipe gets the lines whole */
+  cr_assert_eq(CTL("nodes"), 0, "%s", err);
+  const char *row = strstr(out, "n-1");
+  cr_assert(row && strstr(row, "1.0 GiB / 16.0 GiB") && strstr(row, "-\n") - row > 60, "%s", out);
+}
+
