@@ -917,6 +917,7 @@ static int cmd_jobs(ctl_t *c, int argc, char **argv) {
   Fsdp__V1__JobState states[16];
   size_t ns = 0;
   unsigned long limit = 0;
+  int has_limit = 0;
   const char *v;
   for (int i = 0; i < argc; i++) {
     int r = ctl_global_opt(c, argc, argv, &i);
@@ -934,13 +935,15 @@ static int cmd_jobs(ctl_t *c, int argc, char **argv) {
       states[ns++] = (Fsdp__V1__JobState)s;
     } else if ((r = ctl_opt(c, argc, argv, &i, "--limit", &v))) {
       if (r < 0 || ctl_uint(c, "--limit", v, 0, UINT32_MAX, &limit)) return CTL_EXIT_INVALID;
+      has_limit = 1;
     } else {
       return ctl_unknown(c, argv[i]);
     }
   }
   /* pages, newest first, until the limit is reached or none is left: a
-   * reply holds what fits in one message */
-  if (!limit) limit = CTL_JOBS_DEFAULT;
+   * reply holds what fits in one message; --limit 0: every job */
+  if (!has_limit) limit = CTL_JOBS_DEFAULT;
+  else if (!limit) limit = UINT32_MAX;
   Fsdp__V1__ListJobsReply *page[CTL_JOBS_PAGES];
   int np = 0, rc = 0;
   size_t got = 0;
@@ -1625,7 +1628,10 @@ static int cmd_logs(ctl_t *c, int argc, char **argv) {
    * ran on into the next attempt's log from the old byte) */
   req.attempt = (uint32_t)(attempt ? attempt : now_attempt);
   req.follow = follow;
-  req.offset = has_tail ? -(int64_t)tail : 0;
+  /* --tail 0: none of what is there (-0 would be the start): an offset
+   * past the end, which fsdpd takes as the end; --follow then prints only
+   * what comes */
+  req.offset = !has_tail ? 0 : tail ? -(int64_t)tail : INT64_MAX;
   req.ticket = tr->ticket;
   int code = CTL_EXIT_OK;
   const int tty = isatty(STDOUT_FILENO);
@@ -1694,7 +1700,7 @@ static int cmd_logs(ctl_t *c, int argc, char **argv) {
       if (got || lapsed || stale) again = 0; /* it moved on, or waits on its ticket: a fresh allowance */
       if (got || !gone) ctl_away_back(&away); /* the node answered */
       if (code || (!reached && again >= CTL_LOGS_RESUMES) || (!lapsed && !stale && !gone)) break;
-      const long long at = req.offset < 0 ? 0 : req.offset;
+      const long long at = req.offset < 0 || req.offset == INT64_MAX ? 0 : req.offset;
       if (gone && reached) {
         char then[64];
         snprintf(then, sizeof then, "resuming at byte %lld", at);
@@ -1766,8 +1772,8 @@ static const ctl_cmd_t ctl_cmds[] = {
      "Jobs: id, name, state, step of total, restarts, age, reason (cut to the terminal).\n"
      "  --state S   only jobs in state S (PENDING, RUNNING, SUCCEEDED, FAILED,\n"
      "              CANCELLED); repeat for several. A job waiting to restart is PENDING\n"
-     "  --limit N   the newest N jobs (default 1000); more than one reply holds\n"
-     "              are asked for a page at a time\n"
+     "  --limit N   the newest N jobs (default 1000; 0: every job); more than one\n"
+     "              reply holds are asked for a page at a time\n"
      "--output json leaves out each job's spec.options (ListJobs does not carry them;\n"
      "fsdpctl status JOB -o json has them).\n"},
     {"status", cmd_status, "status JOB",
@@ -1790,7 +1796,8 @@ static const ctl_cmd_t ctl_cmds[] = {
      "  --rank R       which rank (default 0)\n"
      "  --attempt N    which attempt, from the node that ran the rank in it (default:\n"
      "                 the latest on the node that runs or last ran it)\n"
-     "  --tail BYTES   only the last BYTES bytes\n"
+     "  --tail BYTES   only the last BYTES bytes (0: none; with --follow, only what\n"
+     "                 is written from now on)\n"
      "  --follow, -f   keep printing as the log grows, until the rank's log is complete\n"
      "                 (the rank exited) or interrupted; a stream that breaks (the\n"
      "                 node's fsdpd restarting) is opened again where it stopped, in\n"

@@ -598,7 +598,12 @@ static void h_logs(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   static const char *const evil[] = {"\x1b]0;log\x07 caf\xc3", "\xa9\tok\r", "\n10%\r50%\rend\n"};
   const char *const *lines = hostile ? evil : plain;
   const int breaks = req->follow && req->offset <= 0;
-  int64_t off = 0;
+  /* where fsdpd starts: an offset past the end is the end, a negative one
+   * that many bytes before it */
+  int64_t off = 0, size = 0, start;
+  for (int i = 0; i < 3; i++) size += (int64_t)strlen(lines[i]);
+  start = req->offset >= 0 ? (req->offset < size ? req->offset : size)
+                           : (size + req->offset > 0 ? size + req->offset : 0);
   for (int i = 0; i < 3; i++) {
     Fsdp__V1__LogChunk c = FSDP__V1__LOG_CHUNK__INIT;
     c.offset = off;
@@ -606,7 +611,7 @@ static void h_logs(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
     c.data.data = (uint8_t *)lines[i];
     c.data.len = strlen(lines[i]);
     off += (int64_t)c.data.len;
-    if (req->follow && c.offset < req->offset) continue;
+    if (c.offset + (int64_t)c.data.len <= start) continue;
     if (breaks && i == 2 && logs_hold) {
       rpc_call_on_cancel(call, h_logs_cancel, NULL);
       return;
@@ -2684,3 +2689,24 @@ Test(fsdpctl, the_nodes_table_fits_the_terminal) {
   cr_assert(row && strstr(row, "1.0 GiB / 16.0 GiB") && strstr(row, "-\n") - row > 60, "%s", out);
 }
 
+/* --tail 0 is none of the log (as tail -c 0), not the whole of it: an
+ * offset at the end; jobs --limit 0 is every job, not the default 1000. */
+Test(fsdpctl, tail_0_prints_nothing_and_limit_0_lists_every_job) {
+  fake_start(NULL, NULL);
+  int rc = CTL("logs", "j-42", "--tail", "0");
+  cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
+  cr_assert_str_eq(out, "", "--tail 0 printed the log");
+  Fsdp__V1__GetRankLogsRequest *req =
+      rec_get("GetRankLogs", &fsdp__v1__get_rank_logs_request__descriptor, NULL);
+  cr_assert_eq(req->offset, INT64_MAX, "offset %lld", (long long)req->offset);
+  protobuf_c_message_free_unpacked(&req->base, NULL);
+  cr_assert_eq(CTL("jobs", "--limit", "0"), 0, "%s", err);
+  Fsdp__V1__ListJobsRequest *lq = rec_get("ListJobs", &fsdp__v1__list_jobs_request__descriptor, NULL);
+  cr_assert_eq(lq->limit, UINT32_MAX, "--limit 0 asked for %u", lq->limit);
+  protobuf_c_message_free_unpacked(&lq->base, NULL);
+  expect_in(out, "j-43");
+  cr_assert_eq(CTL("jobs"), 0, "%s", err);
+  lq = rec_get("ListJobs", &fsdp__v1__list_jobs_request__descriptor, NULL);
+  cr_assert_eq(lq->limit, 1000, "no --limit asked for %u", lq->limit);
+  protobuf_c_message_free_unpacked(&lq->base, NULL);
+}
