@@ -1282,7 +1282,8 @@ static void coord_rank_exit_cb(rpc_call_t *call, const ProtobufCMessage *req, vo
   store_attempt_verdict_t verdict = STORE_ATTEMPT_GOING;
   char memory[STORE_RANK_MEMORY_MAX] = "";
   if (!rc) coord_memory_of_exit(c, job, q, memory, sizeof memory);
-  if (!rc) rc = store_rank_exit(c->st, job, q->attempt, (int)q->rank, status, memory, &verdict);
+  if (!rc) rc = store_rank_exit(c->st, job, q->attempt, (int)q->rank, status, memory, NULL,
+                                &verdict);
   if (rc) {
     rpc_call_finish(call, rc);
     return;

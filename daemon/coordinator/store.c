@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <libgen.h>
 #include <limits.h>
+#include <math.h>
 #include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -205,10 +206,20 @@ static const char store_schema_v9[] =
 static const char store_schema_v10[] =
     "ALTER TABLE nodes ADD COLUMN stopped INTEGER NOT NULL DEFAULT 0;\n";
 
+/* Version 11: the figures a rank last reported (one report's step, loss and
+ * tokens/s), kept at its exit report and as its attempt ends, so that they
+ * outlive the coordinator's memory (a restart, an attempt ended by a node's
+ * death). NULL step: none reported (every row of before); a NULL loss or
+ * tokens/s beside a step is a NaN (SQLite stores NaN as NULL). */
+static const char store_schema_v11[] =
+    "ALTER TABLE ranks ADD COLUMN step INTEGER;\n"
+    "ALTER TABLE ranks ADD COLUMN loss REAL;\n"
+    "ALTER TABLE ranks ADD COLUMN tokens_per_s REAL;\n";
+
 static const char *const store_migrations[] = {store_schema_v1, store_schema_v2, store_schema_v3,
                                                store_schema_v4, store_schema_v5, store_schema_v6,
                                                store_schema_v7, store_schema_v8, store_schema_v9,
-                                               store_schema_v10};
+                                               store_schema_v10, store_schema_v11};
 _Static_assert(sizeof store_migrations / sizeof store_migrations[0] == STORE_SCHEMA_VERSION,
                "one migration per schema version");
 
@@ -380,17 +391,19 @@ static int store_end(store_t *st, int rc) {
 }
 
 /* ---- statements ----
- * Values are bound, never printed into SQL: A_I(int), A_T(text or NULL),
- * A_B(pointer, bytes). ST_ARGS counts them at compile time. */
+ * Values are bound, never printed into SQL: A_I(int), A_D(double),
+ * A_T(text or NULL), A_B(pointer, bytes). ST_ARGS counts them at compile time. */
 typedef struct {
   char type;
   int64_t i;
+  double d;
   const void *p;
   size_t n;
 } st_arg_t;
-#define A_I(x) ((st_arg_t){'i', (int64_t)(x), NULL, 0})
-#define A_T(s) ((st_arg_t){'t', 0, (s), 0})
-#define A_B(ptr, len) ((st_arg_t){'b', 0, (ptr), (len)})
+#define A_I(x) ((st_arg_t){'i', (int64_t)(x), 0, NULL, 0})
+#define A_D(x) ((st_arg_t){'d', 0, (double)(x), NULL, 0}) /* NaN is stored as NULL */
+#define A_T(s) ((st_arg_t){'t', 0, 0, (s), 0})
+#define A_B(ptr, len) ((st_arg_t){'b', 0, 0, (ptr), (len)})
 #define ST_ARGS(...) \
   (st_arg_t[]){__VA_ARGS__}, (int)(sizeof((st_arg_t[]){__VA_ARGS__}) / sizeof(st_arg_t))
 
@@ -416,6 +429,7 @@ static sqlite3_stmt *st_prep(store_t *st, const char *sql, const st_arg_t *a, in
   for (int i = 0; i < n; i++) {
     int rc;
     if (a[i].type == 'i') rc = sqlite3_bind_int64(s, i + 1, a[i].i);
+    else if (a[i].type == 'd') rc = sqlite3_bind_double(s, i + 1, a[i].d);
     else if (a[i].type == 't') rc = sqlite3_bind_text(s, i + 1, a[i].p, -1, SQLITE_STATIC);
     else rc = sqlite3_bind_blob64(s, i + 1, a[i].p ? a[i].p : "", a[i].n, SQLITE_STATIC);
     if (rc != SQLITE_OK) {
@@ -463,6 +477,11 @@ static int64_t st_int_(store_t *st, int64_t dflt, const char *sql, const st_arg_
 static void st_col_text(sqlite3_stmt *s, int col, char *buf, size_t cap) {
   const unsigned char *t = sqlite3_column_text(s, col);
   snprintf(buf, cap, "%s", t ? (const char *)t : "");
+}
+
+/* A REAL column: NULL is a NaN stored (A_D). */
+static double st_col_real(sqlite3_stmt *s, int col) {
+  return sqlite3_column_type(s, col) == SQLITE_NULL ? NAN : sqlite3_column_double(s, col);
 }
 
 /* Node id's row or devices changed (store_nodes_touched hands the ids over).
@@ -1039,10 +1058,13 @@ static void rank_row(sqlite3_stmt *s, void *item) {
   r->exit_status = sqlite3_column_int(s, 8);
   r->pid = sqlite3_column_int64(s, 9);
   st_col_text(s, 10, r->memory, sizeof r->memory);
+  r->reported = sqlite3_column_type(s, 11) != SQLITE_NULL;
+  r->step = sqlite3_column_int64(s, 11);
+  r->loss = st_col_real(s, 12), r->tokens_per_s = st_col_real(s, 13);
 }
 #define RANK_COLS                                                                             \
   "job_id, epoch, rank, node_id, device_idx, shard_group, replica_group, state, exit_status, " \
-  "pid, memory"
+  "pid, memory, step, loss, tokens_per_s"
 
 static void event_row(sqlite3_stmt *s, void *item) {
   store_event_t *e = item;
@@ -1486,8 +1508,27 @@ static store_attempt_verdict_t attempt_verdict(store_t *st, int64_t job_id, int6
          : stopped ? STORE_ATTEMPT_PREEMPTED : STORE_ATTEMPT_SUCCEEDED;
 }
 
+/* Keeps a rank's figures in the open transaction (never an older step over
+ * a newer: a same step's later report replaces it, as in memory). */
+static void rank_figures_set(store_t *st, const store_figures_t *f) {
+  st_exec(st,
+          "UPDATE ranks SET step = ?, loss = ?, tokens_per_s = ? WHERE job_id = ? AND epoch = ? "
+          "AND rank = ? AND (step IS NULL OR step <= ?)",
+          A_I(f->step), A_D(f->loss), A_D(f->tokens_per_s), A_I(f->job_id), A_I(f->epoch),
+          A_I(f->rank), A_I(f->step));
+}
+
+int store_rank_figures(store_t *st, const store_figures_t *f, int n) {
+  if (n <= 0) return 0;
+  int rc = store_begin(st, 1);
+  if (rc) return rc;
+  for (int i = 0; i < n; i++) rank_figures_set(st, &f[i]);
+  return store_end(st, 0);
+}
+
 int store_rank_exit(store_t *st, int64_t job_id, int64_t epoch, int rank, int exit_status,
-                    const char *memory, store_attempt_verdict_t *verdict) {
+                    const char *memory, const store_figures_t *figures,
+                    store_attempt_verdict_t *verdict) {
   int rc = store_begin(st, 1);
   if (rc) return rc;
   job_brief_t b;
@@ -1513,6 +1554,11 @@ int store_rank_exit(store_t *st, int64_t job_id, int64_t epoch, int rank, int ex
   if (memory && *memory)
     st_exec(st, "UPDATE ranks SET memory = ? WHERE job_id = ? AND epoch = ? AND rank = ?",
             A_T(memory), A_I(job_id), A_I(epoch), A_I(rank));
+  if (figures) {
+    store_figures_t f = *figures;
+    f.job_id = job_id, f.epoch = epoch, f.rank = rank;
+    rank_figures_set(st, &f);
+  }
   store_attempt_verdict_t v =
       b.state == STORE_JOB_RUNNING ? attempt_verdict(st, job_id, epoch) : STORE_ATTEMPT_ENDED;
   rc = store_end(st, 0);
@@ -2121,6 +2167,26 @@ int store_ranks_of_job(store_t *st, int64_t job_id, int64_t epoch, store_rank_t 
                   "AND epoch = (CASE WHEN ? > 0 THEN ? ELSE "
                   "(SELECT epoch FROM jobs WHERE id = ?) END) ORDER BY rank",
                   A_I(job_id), A_I(epoch), A_I(epoch), A_I(job_id));
+  return store_end(st, rc);
+}
+
+static void figures_row(sqlite3_stmt *s, void *item) {
+  store_figures_t *f = item;
+  f->job_id = sqlite3_column_int64(s, 0);
+  f->epoch = sqlite3_column_int64(s, 1);
+  f->rank = sqlite3_column_int(s, 2);
+  f->step = sqlite3_column_int64(s, 3);
+  f->loss = st_col_real(s, 4), f->tokens_per_s = st_col_real(s, 5);
+}
+
+int store_rank_figures_of(store_t *st, int64_t job_id, int64_t epoch, store_figures_t **figures,
+                          int *n) {
+  int rc = store_begin(st, 0);
+  if (rc) return rc;
+  rc = st_collect(st, store_figures_t, figures_row, figures, n,
+                  "SELECT job_id, epoch, rank, step, loss, tokens_per_s FROM ranks "
+                  "WHERE job_id = ? AND epoch = ? AND step IS NOT NULL ORDER BY rank",
+                  A_I(job_id), A_I(epoch));
   return store_end(st, rc);
 }
 

@@ -28,7 +28,7 @@
 #include "daemon/common/ring_secret.h"
 
 /* The schema version this build writes and reads (PRAGMA user_version). */
-#define STORE_SCHEMA_VERSION 10
+#define STORE_SCHEMA_VERSION 11
 
 /* Text bounds: longer input is refused (EINVAL) so what is stored reads back
  * whole; reasons and event text are free text and are cut to fit on read. */
@@ -152,7 +152,21 @@ typedef struct store_rank {
   /* its memory as its exit report gave it ("" : none yet): the coordinator's
    * text (coord_rpc.c), opaque here */
   char memory[STORE_RANK_MEMORY_MAX];
+  /* the figures it last reported (store_rank_figures), 0 when reported is 0 */
+  int reported;
+  int64_t step;
+  double loss, tokens_per_s;
 } store_rank_t;
+
+/* A rank's figures from one report of it (a heartbeat's or its exit
+ * report's): its step, and the loss and tokens/s of that step (a NaN loss is
+ * kept as one). */
+typedef struct store_figures {
+  int64_t job_id, epoch;
+  int rank;
+  int64_t step;
+  double loss, tokens_per_s;
+} store_figures_t;
 
 typedef struct store_event {
   int64_t id;                   /* ascending: a reader resumes after the last it saw */
@@ -387,11 +401,20 @@ int store_attempt_secret(store_t *st, int64_t job_id, int64_t epoch,
 int store_rank_running(store_t *st, int64_t job_id, int64_t epoch, int rank, int64_t node_id,
                        int64_t pid);
 /* A rank's process ended with exit_status (0: success; a code; -signal),
- * with its memory (store_rank_t.memory; NULL or "": leaves what is stored).
+ * with its memory (store_rank_t.memory; NULL or "": leaves what is stored)
+ * and the figures it ended at (NULL: none reported; kept as
+ * store_rank_figures keeps them; its job_id, epoch and rank are these).
  * *verdict says whether the attempt is over and how. A report for an older
  * epoch is refused with FSDP_ESTALE. */
 int store_rank_exit(store_t *st, int64_t job_id, int64_t epoch, int rank, int exit_status,
-                    const char *memory, store_attempt_verdict_t *verdict);
+                    const char *memory, const store_figures_t *figures,
+                    store_attempt_verdict_t *verdict);
+/* Keeps the figures ranks last reported, with their rows, in one
+ * transaction: the coordinator has them in memory and writes them where
+ * they would be lost (as an attempt ends, at a cancel, as it stops), never
+ * per report. A figure of an older step than the one kept is passed over,
+ * as is one of a rank no attempt has (its job purged). */
+int store_rank_figures(store_t *st, const store_figures_t *f, int n);
 /* The verdict store_rank_exit gave on the job's current attempt, read again
  * (ENDED when the job does not run), its epoch in *epoch: a coordinator
  * stopped between a rank's exit and the attempt's end finishes it at start. */
@@ -529,7 +552,12 @@ int store_rank_node(store_t *st, int64_t job_id, int64_t epoch, int rank, int64_
 int store_ranks_of_node(store_t *st, int64_t node_id, store_rank_t **ranks, int *n);
 /* The ranks of one attempt (epoch 0: the job's current one), by rank. */
 int store_ranks_of_job(store_t *st, int64_t job_id, int64_t epoch, store_rank_t **ranks, int *n);
-/* Frees an array from store_free_devices, store_ranks_of_*, store_event_list. */
+/* The figures kept of the ranks of job's attempt epoch that have any, by
+ * rank (a lighter read than store_ranks_of_job, for listings). */
+int store_rank_figures_of(store_t *st, int64_t job_id, int64_t epoch, store_figures_t **figures,
+                          int *n);
+/* Frees an array from store_free_devices, store_ranks_of_*, store_rank_figures_of,
+ * store_event_list. */
 void store_array_free(void *array);
 
 #endif

@@ -6,6 +6,7 @@
  * directory removed after each test. */
 #include <criterion/criterion.h>
 #include <dirent.h>
+#include <math.h>
 #include <signal.h>
 #include <sqlite3.h>
 #include <stdio.h>
@@ -373,9 +374,9 @@ Test(store, a_job_runs_to_success_and_frees_its_devices) {
   cr_assert_eq(store_rank_running(st, job + 100, 1, 0, node, 4242), FSDP_ENOTFOUND, "no such job");
   cr_assert_eq(store_rank_running(st, job, 1, 0, node, 4242), 0, "%s", err_msg());
   store_attempt_verdict_t v;
-  cr_assert_eq(store_rank_exit(st, job, 1, 0, 0, NULL, &v), 0, "%s", err_msg());
+  cr_assert_eq(store_rank_exit(st, job, 1, 0, 0, NULL, NULL, &v), 0, "%s", err_msg());
   cr_assert_eq(v, STORE_ATTEMPT_GOING);
-  cr_assert_eq(store_rank_exit(st, job, 1, 1, 0, NULL, &v), 0);
+  cr_assert_eq(store_rank_exit(st, job, 1, 1, 0, NULL, NULL, &v), 0);
   cr_assert_eq(v, STORE_ATTEMPT_SUCCEEDED);
   store_job_state_t next;
   cr_assert_eq(store_attempt_end(st, job, 1, 1, "", &next), 0, "%s", err_msg());
@@ -405,7 +406,7 @@ Test(store, a_failed_rank_restarts_the_job_at_a_new_epoch_and_the_old_one_is_fen
   cr_assert_eq(start_on(st, job, node, 2, &epoch), 0);
   cr_assert_eq(store_rendezvous_put(st, job, 1, "world", 0, "addr-a", 6), 0, "%s", err_msg());
   store_attempt_verdict_t v;
-  cr_assert_eq(store_rank_exit(st, job, 1, 0, 1, NULL, &v), 0);
+  cr_assert_eq(store_rank_exit(st, job, 1, 0, 1, NULL, NULL, &v), 0);
   cr_assert_eq(v, STORE_ATTEMPT_FAILED, "one failed rank fails the attempt");
   store_job_state_t next;
   cr_assert_eq(store_attempt_end(st, job, 1, 0, "rank 0 exited with 1", &next), 0, "%s",
@@ -432,7 +433,7 @@ Test(store, a_failed_rank_restarts_the_job_at_a_new_epoch_and_the_old_one_is_fen
   cr_assert(strstr(err_msg(), "epoch 1") && strstr(err_msg(), "epoch 2"), "%s", err_msg());
   store_rendezvous_t rv;
   cr_assert_eq(store_rendezvous_get(st, job, 1, "world", 2, &rv), FSDP_ESTALE);
-  cr_assert_eq(store_rank_exit(st, job, 1, 1, 0, NULL, &v), FSDP_ESTALE);
+  cr_assert_eq(store_rank_exit(st, job, 1, 1, 0, NULL, NULL, &v), FSDP_ESTALE);
   cr_assert_eq(store_attempt_end(st, job, 1, 1, "", NULL), FSDP_ESTALE);
   cr_assert_eq(store_rendezvous_get(st, job, 2, "world", 2, &rv), 0);
   cr_assert(!rv.complete && rv.n == 0, "nothing of epoch 1 reaches epoch 2");
@@ -440,7 +441,7 @@ Test(store, a_failed_rank_restarts_the_job_at_a_new_epoch_and_the_old_one_is_fen
   cr_assert_eq(store_rendezvous_put(st, job, 3, "world", 0, "x", 1), FSDP_ENOTFOUND,
                "an epoch that never started");
 
-  cr_assert_eq(store_rank_exit(st, job, 2, 1, -9, NULL, &v), 0);
+  cr_assert_eq(store_rank_exit(st, job, 2, 1, -9, NULL, NULL, &v), 0);
   cr_assert_eq(v, STORE_ATTEMPT_FAILED);
   cr_assert_eq(store_attempt_end(st, job, 2, 0, "rank 1 killed by signal 9", &next), 0);
   cr_assert_eq(next, STORE_JOB_FAILED, "no restarts left");
@@ -539,7 +540,7 @@ Test(store, cancel_ends_a_pending_or_running_job_once) {
   store_array_free(r);
   cr_assert_eq(store_rendezvous_put(st, running, epoch, "world", 1, "y", 1), FSDP_ESTALE);
   store_attempt_verdict_t v;
-  cr_assert_eq(store_rank_exit(st, running, epoch, 0, -15, NULL, &v), 0, "a late exit is recorded");
+  cr_assert_eq(store_rank_exit(st, running, epoch, 0, -15, NULL, NULL, &v), 0, "a late exit is recorded");
   cr_assert_eq(v, STORE_ATTEMPT_ENDED);
   cr_assert_eq(store_job_cancel(st, running, "again", &was), FSDP_ESTATE);
   cr_assert_eq(start_on(st, waiting, node, 2, &epoch), FSDP_ESTATE);
@@ -595,7 +596,7 @@ Test(store, state_changes_leave_events_in_order) {
   cr_assert_eq(start_on(st, job, node, 1, &ep), 0);
   cr_assert_eq(store_event_add(st, job, node, "rank.progress", "step %d of %d", 5, 10), 0);
   store_attempt_verdict_t v;
-  cr_assert_eq(store_rank_exit(st, job, ep, 0, 0, NULL, &v), 0);
+  cr_assert_eq(store_rank_exit(st, job, ep, 0, 0, NULL, NULL, &v), 0);
   cr_assert_eq(store_attempt_end(st, job, ep, 1, NULL, NULL), 0);
   store_event_t *e;
   int n;
@@ -711,7 +712,7 @@ Test(store, ended_jobs_are_purged_with_their_rows) {
   cr_assert_eq(store_ckpt_report(st, old, ep, 10, 1, "/ck/step-00000010", &s0, &k), 0, "%s", err_msg());
   cr_assert_eq(store_ckpt_close(st, old, 10, ep, NULL), 0, "%s", err_msg());
   store_attempt_verdict_t v;
-  cr_assert_eq(store_rank_exit(st, old, ep, 0, 0, NULL, &v), 0);
+  cr_assert_eq(store_rank_exit(st, old, ep, 0, 0, NULL, NULL, &v), 0);
   cr_assert_eq(store_attempt_end(st, old, ep, 1, NULL, NULL), 0);
   int64_t recent = submit(st, "recent", 1, 0);
   cr_assert_eq(store_job_cancel(st, recent, "test", NULL), 0);
@@ -795,7 +796,7 @@ Test(store, a_dead_node_loses_its_ranks_and_re_registers) {
   cr_assert(r[0].state == STORE_RANK_ASSIGNED && r[1].state == STORE_RANK_LOST);
   store_array_free(r);
   store_attempt_verdict_t v;
-  cr_assert_eq(store_rank_exit(st, job, ep, 0, -15, NULL, &v), 0);
+  cr_assert_eq(store_rank_exit(st, job, ep, 0, -15, NULL, NULL, &v), 0);
   cr_assert_eq(v, STORE_ATTEMPT_FAILED, "a lost rank fails the attempt");
   cr_assert_eq(store_attempt_end(st, job, ep, 0, "node b died", NULL), 0);
   store_node_t *nodes;
@@ -1350,9 +1351,9 @@ Test(store, a_preempted_attempt_is_requeued_without_a_restart) {
   int64_t job = submit(st, "pre", 2, 0), epoch;
   cr_assert_eq(start_on(st, job, node, 2, &epoch), 0);
   store_attempt_verdict_t v;
-  cr_assert_eq(store_rank_exit(st, job, 1, 0, JOB_EXIT_PREEMPTED, NULL, &v), 0);
+  cr_assert_eq(store_rank_exit(st, job, 1, 0, JOB_EXIT_PREEMPTED, NULL, NULL, &v), 0);
   cr_assert_eq(v, STORE_ATTEMPT_GOING, "the other rank still writes its checkpoint");
-  cr_assert_eq(store_rank_exit(st, job, 1, 1, JOB_EXIT_PREEMPTED, NULL, &v), 0);
+  cr_assert_eq(store_rank_exit(st, job, 1, 1, JOB_EXIT_PREEMPTED, NULL, NULL, &v), 0);
   cr_assert_eq(v, STORE_ATTEMPT_PREEMPTED);
   cr_assert_eq(store_attempt_requeue(st, job, 1, "node n-1 stopping"), 0, "%s", err_msg());
   store_job_t j = get_job(st, job);
@@ -1363,8 +1364,8 @@ Test(store, a_preempted_attempt_is_requeued_without_a_restart) {
   cr_assert_eq(n_free(st), 2, "its devices are free");
   /* attempt 2: one preempted, one failed: that fails it */
   cr_assert_eq(start_on(st, job, node, 2, &epoch), 0);
-  cr_assert_eq(store_rank_exit(st, job, 2, 0, JOB_EXIT_PREEMPTED, NULL, &v), 0);
-  cr_assert_eq(store_rank_exit(st, job, 2, 1, 1, NULL, &v), 0);
+  cr_assert_eq(store_rank_exit(st, job, 2, 0, JOB_EXIT_PREEMPTED, NULL, NULL, &v), 0);
+  cr_assert_eq(store_rank_exit(st, job, 2, 1, 1, NULL, NULL, &v), 0);
   cr_assert_eq(v, STORE_ATTEMPT_FAILED);
   store_close(st);
 }
@@ -1387,8 +1388,8 @@ Test(store, a_failed_or_cancelled_job_resumes_with_its_restarts_reset) {
   cr_assert_eq(start_on(st, job, node, 2, &epoch), 0);
   cr_assert_eq(epoch, 2, "a new attempt");
   store_attempt_verdict_t v;
-  cr_assert_eq(store_rank_exit(st, job, 2, 0, 0, NULL, &v), 0);
-  cr_assert_eq(store_rank_exit(st, job, 2, 1, 0, NULL, &v), 0);
+  cr_assert_eq(store_rank_exit(st, job, 2, 0, 0, NULL, NULL, &v), 0);
+  cr_assert_eq(store_rank_exit(st, job, 2, 1, 0, NULL, NULL, &v), 0);
   cr_assert_eq(store_attempt_end(st, job, 2, 1, "", &next), 0);
   cr_assert_eq(store_job_resume(st, job, NULL), FSDP_ESTATE, "a succeeded job");
   store_close(st);
@@ -1455,6 +1456,114 @@ Test(store, a_database_of_the_previous_schema_is_migrated_and_its_data_kept) {
             "%d rows", n);
   free(v);
   store_close(st);
+}
+
+/* The figures a rank last reported (step, loss, tokens/s) are kept with its
+ * row: by its exit report and by store_rank_figures (the coordinator's
+ * memory as an attempt ends), never an older step over a newer, a NaN loss
+ * read back as one; they outlive the store's close and stay with an ended
+ * attempt once the next one runs. A rank with none reads as unreported. */
+Test(store, a_ranks_last_figures_are_kept_never_an_older_step) {
+  store_t *st = open_db("state.db");
+  int64_t node = add_node(st, "n0", 2);
+  int64_t job = submit(st, "fig", 2, 1), epoch;
+  cr_assert_eq(start_on(st, job, node, 2, &epoch), 0);
+  store_rank_t *r;
+  int n;
+  cr_assert_eq(store_ranks_of_job(st, job, 1, &r, &n), 0);
+  cr_assert(n == 2 && !r[0].reported && !r[1].reported, "none reported at the start");
+  store_array_free(r);
+  store_figures_t f[3] = {
+      {.job_id = job, .epoch = 1, .rank = 0, .step = 1867, .loss = 2.75, .tokens_per_s = 1200},
+      {.job_id = job, .epoch = 1, .rank = 1, .step = 1866, .loss = NAN, .tokens_per_s = 1100},
+      {.job_id = job, .epoch = 1, .rank = 7, .step = 5}, /* no such rank: passed over */
+  };
+  cr_assert_eq(store_rank_figures(st, f, 3), 0, "%s", err_msg());
+  store_figures_t older = {.step = 1800, .loss = 3.5, .tokens_per_s = 1};
+  store_attempt_verdict_t v;
+  cr_assert_eq(store_rank_exit(st, job, 1, 0, -9, NULL, &older, &v), 0, "%s", err_msg());
+  cr_assert_eq(v, STORE_ATTEMPT_FAILED);
+  f[0].step = 1700;
+  cr_assert_eq(store_rank_figures(st, f, 1), 0, "%s", err_msg());
+  store_job_state_t next;
+  cr_assert_eq(store_attempt_end(st, job, 1, 0, "rank 0 killed", &next), 0, "%s", err_msg());
+  cr_assert_eq(next, STORE_JOB_PENDING);
+  cr_assert_eq(start_on(st, job, node, 2, &epoch), 0);
+  cr_assert_eq(epoch, 2);
+  store_figures_t later = {.step = 1900, .loss = 2.5, .tokens_per_s = 1300};
+  cr_assert_eq(store_rank_exit(st, job, 2, 1, 1, NULL, &later, &v), 0, "%s", err_msg());
+  store_close(st);
+
+  st = open_db("state.db");
+  cr_assert_eq(store_ranks_of_job(st, job, 1, &r, &n), 0, "%s", err_msg());
+  cr_assert_eq(n, 2);
+  cr_assert(r[0].reported && r[0].step == 1867 && r[0].loss == 2.75 && r[0].tokens_per_s == 1200,
+            "rank 0: step %lld loss %g: an older step replaced a newer", (long long)r[0].step,
+            r[0].loss);
+  cr_assert(r[1].reported && r[1].step == 1866 && isnan(r[1].loss) && r[1].tokens_per_s == 1100,
+            "rank 1: step %lld loss %g", (long long)r[1].step, r[1].loss);
+  store_array_free(r);
+  store_figures_t *k;
+  cr_assert_eq(store_rank_figures_of(st, job, 2, &k, &n), 0, "%s", err_msg());
+  cr_assert(n == 1 && k[0].rank == 1 && k[0].epoch == 2 && k[0].step == 1900 && k[0].loss == 2.5,
+            "attempt 2: %d ranks with figures", n);
+  store_array_free(k);
+  cr_assert_eq(store_rank_figures_of(st, job, 1, &k, &n), 0);
+  cr_assert(n == 2 && k[0].step == 1867 && k[1].step == 1866, "attempt 1 keeps its own");
+  store_array_free(k);
+  store_close(st);
+}
+
+/* A database of schema 10 (before ranks kept their figures) opens migrated:
+ * its jobs, attempts and ranks read as they were (memory from the exit
+ * reports kept), every rank of before unreported, never step 0; a rank's
+ * figures are kept from then on. */
+Test(store, a_database_of_schema_10_keeps_its_jobs_and_ranks_without_figures) {
+  store_t *st = NULL;
+  store_opts_t old = {.version = 10};
+  cr_assert_eq(store_open(tpath("v10.db"), &old, &st), 0, "%s", err_msg());
+  cr_assert_eq(store_schema_from(st), 0);
+  int64_t node = add_node(st, "n0", 2);
+  int64_t job = submit(st, "before", 2, 0), epoch;
+  cr_assert_eq(start_on(st, job, node, 2, &epoch), 0, "%s", err_msg());
+  store_attempt_verdict_t v;
+  cr_assert_eq(store_rank_exit(st, job, 1, 0, 0, "activations=1/2", NULL, &v), 0, "%s", err_msg());
+  cr_assert_eq(store_rank_exit(st, job, 1, 1, 0, NULL, NULL, &v), 0, "%s", err_msg());
+  cr_assert_eq(store_attempt_end(st, job, 1, 1, "", NULL), 0, "%s", err_msg());
+  store_close(st);
+  sqlite3 *db = raw_open("v10.db");
+  cr_assert_eq(raw_int(db, "PRAGMA user_version"), 10);
+  cr_assert_eq(raw_int(db, "SELECT count(*) FROM pragma_table_info('ranks') WHERE name = 'step'"),
+               0, "schema 10 has no figures");
+  sqlite3_close(db);
+
+  st = open_db("v10.db");
+  cr_assert_eq(store_schema_from(st), 10);
+  store_job_t j = get_job(st, job);
+  cr_assert(j.state == STORE_JOB_SUCCEEDED && j.epoch == 1 && !strcmp(j.name, "before"));
+  store_job_free(&j);
+  store_rank_t *r;
+  int n;
+  cr_assert_eq(store_ranks_of_job(st, job, 0, &r, &n), 0, "%s", err_msg());
+  cr_assert_eq(n, 2);
+  for (int i = 0; i < 2; i++)
+    cr_assert(r[i].state == STORE_RANK_SUCCEEDED && !r[i].reported && r[i].step == 0,
+              "rank %d of before: state %d reported %d", i, r[i].state, r[i].reported);
+  cr_assert_str_eq(r[0].memory, "activations=1/2");
+  store_array_free(r);
+  store_figures_t *k;
+  cr_assert_eq(store_rank_figures_of(st, job, 1, &k, &n), 0, "%s", err_msg());
+  cr_assert_eq(n, 0, "no figures of before");
+  store_array_free(k);
+  store_figures_t f = {.job_id = job, .epoch = 1, .rank = 1, .step = 10, .loss = 4.5};
+  cr_assert_eq(store_rank_figures(st, &f, 1), 0, "%s", err_msg());
+  cr_assert_eq(store_rank_figures_of(st, job, 1, &k, &n), 0);
+  cr_assert(n == 1 && k[0].rank == 1 && k[0].step == 10 && k[0].loss == 4.5);
+  store_array_free(k);
+  store_close(st);
+  db = raw_open("v10.db");
+  cr_assert_eq(raw_int(db, "PRAGMA user_version"), STORE_SCHEMA_VERSION);
+  sqlite3_close(db);
 }
 
 /* Each attempt draws its own ring secret, kept with it while it runs (a
