@@ -206,6 +206,38 @@ coord_rank_t *coord_rank_get(coord_t *c, int64_t job, int rank, int create) {
   return r;
 }
 
+/* Keeps in the store the figures the ranks of job's attempt epoch reported
+ * (job 0: of every attempt in memory), which live only here: a report
+ * writes nothing (a store write per step of every rank would be the
+ * coordinator's whole disk budget), so this runs where they would be lost,
+ * before an attempt's end forgets them or the coordinator stops. One
+ * transaction for all; a failure is logged and costs only the figures. */
+void coord_ranks_keep(coord_t *c, int64_t job, int64_t epoch) {
+  int n = 0;
+  const coord_rank_t *r;
+  for (r = c->ranks; r; r = r->hh.next)
+    n += r->reported && (!job || (r->job == job && r->epoch == epoch));
+  if (!n) return;
+  store_figures_t *f = calloc((size_t)n, sizeof *f);
+  if (!f) {
+    LOG_WARN("coord", "out of memory: the last figures of %d rank(s) are not kept", n);
+    return;
+  }
+  n = 0;
+  for (r = c->ranks; r; r = r->hh.next)
+    if (r->reported && (!job || (r->job == job && r->epoch == epoch)))
+      f[n++] = (store_figures_t){.job_id = r->job, .epoch = r->epoch, .rank = r->rank,
+                                 .step = r->step, .loss = r->loss, .tokens_per_s = r->tokens_per_s};
+  if (store_rank_figures(c->st, f, n)) {
+    if (job)
+      LOG_WARN("coord", "job j-%lld attempt %lld: its ranks' last figures are not kept (status "
+               "will show them as not reported): %s", (long long)job, (long long)epoch, err_msg());
+    else
+      LOG_WARN("coord", "the last figures of %d running rank(s) are not kept: %s", n, err_msg());
+  }
+  free(f);
+}
+
 /* Forgets the ranks' reports of a job (its attempt ended). */
 void coord_ranks_forget(coord_t *c, int64_t job) {
   coord_rank_t *r, *tmp;
@@ -692,6 +724,7 @@ static void coord_backoff(coord_t *c, coord_job_t *x) {
 int coord_attempt_fail(coord_t *c, int64_t job, int64_t epoch, int64_t except_node,
                        const char *why) {
   coord_kill_attempt(c, job, epoch, except_node, why);
+  coord_ranks_keep(c, job, epoch); /* forgotten below */
   store_job_state_t state;
   int rc = store_attempt_end(c->st, job, epoch, 0, why, &state);
   const int failed = coord_attempt_stored(c, rc, job, "ending its attempt");
@@ -717,6 +750,8 @@ int coord_attempt_fail(coord_t *c, int64_t job, int64_t epoch, int64_t except_no
 int coord_attempt_settle(coord_t *c, int64_t job, int64_t epoch, store_attempt_verdict_t v,
                          const char *why, const char *what) {
   int rc = 0;
+  if (v == STORE_ATTEMPT_SUCCEEDED || v == STORE_ATTEMPT_PREEMPTED)
+    coord_ranks_keep(c, job, epoch); /* what a restart would lose, or the requeue forgets */
   if (v == STORE_ATTEMPT_SUCCEEDED) {
     store_job_state_t state;
     rc = store_attempt_end(c->st, job, epoch, 1, "", &state);
@@ -949,45 +984,101 @@ static void coord_watch_remove(coord_t *c, coord_watch_t *w) {
   free(w);
 }
 
-int64_t coord_job_step(coord_t *c, const store_job_t *j) {
-  int64_t step = -1;
+/* The figures each rank of job's attempt epoch (world ranks) last
+ * reported, in f[rank]: the newer of its report in memory and what the
+ * store kept (at its exit report, as its attempt ended: coord_ranks_keep),
+ * so an ended attempt's, and one's after a restart, are there; f[rank].epoch
+ * 0: none. Returns how many ranks have figures. The store is read only when
+ * memory lacks a rank (an attempt ended, starting, or after a restart). */
+static int coord_attempt_figures(coord_t *c, int64_t job, int64_t epoch, int world,
+                                 store_figures_t *f) {
   int heard = 0;
-  for (int i = 0; i < j->world_size; i++) {
-    const coord_rank_t *r = coord_rank_get(c, j->id, i, 0);
-    if (!r || r->epoch != j->epoch || !r->reported) continue;
+  memset(f, 0, (size_t)world * sizeof *f);
+  for (int i = 0; i < world; i++) {
+    const coord_rank_t *r = coord_rank_get(c, job, i, 0);
+    if (!r || r->epoch != epoch || !r->reported) continue;
+    f[i] = (store_figures_t){.job_id = job, .epoch = epoch, .rank = i, .step = r->step,
+                             .loss = r->loss, .tokens_per_s = r->tokens_per_s};
     heard++;
-    if (step < 0 || r->step < step) step = r->step;
   }
-  if (j->state == STORE_JOB_SUCCEEDED) { /* it did every step (a restarted coordinator has no reports) */
-    const coord_job_t *x = coord_job_info(c, j->id);
-    if (x) return x->steps;
-  }
-  if (heard == j->world_size && step >= 0) return step;
-  /* ended, waiting again (its ranks forgotten), or running with a rank
-   * that has not reported a step yet (it starts, or resumes, or the
-   * coordinator restarted): where it stands is its latest committed
-   * checkpoint, where a resume goes on (not 0: a job that failed at step
-   * 856 after committing 850 is at 850; a requeued job at 470 showed
-   * 470, 0, 479 while its new attempt started, found by helper-110) */
-  store_ckpt_t *k = NULL;
+  store_figures_t *k = NULL;
   int n = 0;
-  int64_t committed = 0;
-  if (!store_ckpt_list(c->st, j->id, &k, &n))
-    for (int i = 0; i < n; i++)
-      if (k[i].state == STORE_CKPT_COMMITTED && k[i].step > committed) committed = k[i].step;
+  if (heard == world || store_rank_figures_of(c->st, job, epoch, &k, &n)) return heard;
+  for (int i = 0; i < n; i++) {
+    const int rank = k[i].rank;
+    if (rank < 0 || rank >= world || (f[rank].epoch && f[rank].step >= k[i].step)) continue;
+    heard += !f[rank].epoch;
+    f[rank] = k[i];
+  }
   store_array_free(k);
-  return committed;
+  return heard;
 }
 
-/* The lowest rank of j's attempt whose report is of step; NULL: none. The
- * loss is averaged over ranks, the same on each: rank 0's is the job's. */
-static const coord_rank_t *coord_rank_at(coord_t *c, const store_job_t *j, int64_t step) {
-  for (int i = 0; i < j->world_size; i++) {
-    const coord_rank_t *r = coord_rank_get(c, j->id, i, 0);
-    if (r && r->epoch == j->epoch && r->reported && r->step == step) return r;
-  }
+/* The slowest rank's step in f (world ranks' figures, heard of them with
+ * some) when every rank has figures; else -1. */
+static int64_t coord_figures_step(const store_figures_t *f, int world, int heard) {
+  int64_t step = -1;
+  for (int i = 0; heard == world && i < world; i++)
+    if (step < 0 || f[i].step < step) step = f[i].step;
+  return step;
+}
+
+/* The lowest rank of f whose figures are of step (rank 0's when it is
+ * there; the loss is averaged over ranks, the same on each); NULL: none. */
+static const store_figures_t *coord_figures_at(const store_figures_t *f, int world, int64_t step) {
+  for (int i = 0; f && i < world; i++)
+    if (f[i].epoch && f[i].step == step) return &f[i];
   return NULL;
 }
+
+int64_t coord_attempt_step(coord_t *c, int64_t job, int64_t epoch, int world) {
+  store_figures_t *f = world > 0 && epoch > 0 ? calloc((size_t)world, sizeof *f) : NULL;
+  const int64_t step =
+      f ? coord_figures_step(f, world, coord_attempt_figures(c, job, epoch, world, f)) : -1;
+  free(f);
+  return step;
+}
+
+/* Where j stands (coord_job_step), and in *at (may be NULL; epoch 0: none)
+ * a rank's figures of that very step, so a step is never shown with another
+ * step's loss: rank 0's final report while another's is still a heartbeat
+ * behind is not paired with the step of the one behind. */
+static int64_t coord_job_standing(coord_t *c, const store_job_t *j, store_figures_t *at) {
+  const int world = j->world_size;
+  store_figures_t *f = world > 0 && j->epoch > 0 ? calloc((size_t)world, sizeof *f) : NULL;
+  int64_t step =
+      f ? coord_figures_step(f, world, coord_attempt_figures(c, j->id, j->epoch, world, f)) : -1;
+  if (j->state == STORE_JOB_SUCCEEDED) { /* it did every step */
+    const coord_job_t *x = coord_job_info(c, j->id);
+    if (x) step = x->steps;
+  }
+  if (step < 0) {
+    /* a rank of its latest attempt reported no step (it starts, or resumes,
+     * or ended before its first report came): where it stands is its
+     * latest committed checkpoint, where a resume goes on (not 0: a
+     * requeued job at 470 showed 470, 0, 479 while its new attempt
+     * started, found by helper-110). An attempt whose every rank reported
+     * stands where they did, ended or not: a job that failed at step 856
+     * after committing 850 shows 856, as it did before its end, with its
+     * checkpoint beside it (Job.last_checkpoint_step) */
+    store_ckpt_t *k = NULL;
+    int n = 0;
+    step = 0;
+    if (!store_ckpt_list(c->st, j->id, &k, &n))
+      for (int i = 0; i < n; i++)
+        if (k[i].state == STORE_CKPT_COMMITTED && k[i].step > step) step = k[i].step;
+    store_array_free(k);
+  }
+  if (at) {
+    const store_figures_t *a = coord_figures_at(f, world, step);
+    if (a) *at = *a;
+    else memset(at, 0, sizeof *at);
+  }
+  free(f);
+  return step;
+}
+
+int64_t coord_job_step(coord_t *c, const store_job_t *j) { return coord_job_standing(c, j, NULL); }
 
 /* The job's progress as the slowest rank has it, with the loss and speed a
  * rank reported of that very step: a rank further on (rank 0's final
@@ -995,10 +1086,10 @@ static const coord_rank_t *coord_rank_at(coord_t *c, const store_job_t *j, int64
  * the step of one behind it. */
 static void coord_progress(coord_t *c, const store_job_t *j, Fsdp__V1__JobProgress *p) {
   coord_job_t *x = coord_job_info(c, j->id);
-  const int64_t step = coord_job_step(c, j);
-  const coord_rank_t *at = coord_rank_at(c, j, step);
-  if (at) p->loss = at->loss, p->tokens_per_s = at->tokens_per_s;
-  p->unreported = !at;
+  store_figures_t at;
+  const int64_t step = coord_job_standing(c, j, &at);
+  if (at.epoch) p->loss = at.loss, p->tokens_per_s = at.tokens_per_s;
+  p->unreported = !at.epoch;
   p->step = step;
   p->total_steps = x ? x->steps : 0;
   p->state = coord_job_state(j->state);
@@ -1828,6 +1919,9 @@ void coord_destroy(coord_t *c) {
     HASH_DEL(c->holds, h);
     free(h);
   }
+  /* the running ranks' figures, for the next coordinator to show until
+   * their heartbeats come (and for good, if their attempt ends meanwhile) */
+  coord_ranks_keep(c, 0, 0);
   store_close(c->st);
   uv_close((uv_handle_t *)&c->tick, coord_free_cb);
 }

@@ -310,6 +310,12 @@ int coord_attempt_settle(coord_t *c, int64_t job, int64_t epoch, store_attempt_v
                          const char *why, const char *what);
 /* Drops what the job's ranks reported (its attempt ended). */
 void coord_ranks_forget(coord_t *c, int64_t job);
+/* Keeps in the store the figures the ranks of job's attempt epoch reported
+ * (job 0: every rank's in memory), before they are forgotten. */
+void coord_ranks_keep(coord_t *c, int64_t job, int64_t epoch);
+/* The slowest rank's step of job's attempt epoch when every rank reported
+ * one (memory, else the store's); -1 otherwise. */
+int64_t coord_attempt_step(coord_t *c, int64_t job, int64_t epoch, int world);
 void coord_schedule(coord_t *c);
 /* Whether a placement pass is due (the tick runs one): something pending
  * jobs depend on changed since the last (c->dirty), or a fence one waits
@@ -343,9 +349,10 @@ uint64_t coord_reason_sum(const char *why);
  * (coord_job_t.waiting) while it is PENDING, else the store's. */
 const char *coord_job_reason(coord_t *c, const store_job_t *j);
 void coord_job_changed(coord_t *c, int64_t job);
-/* The slowest rank's last step of j's current attempt (0 while a rank has
- * not reported; a succeeded job's last step; an ended one's last committed
- * checkpoint). */
+/* Where j stands: the slowest rank's last step of its latest attempt, ended
+ * or not, when every rank of it reported one (the store keeps them past the
+ * attempt's end and a restart); a succeeded job's last step; otherwise its
+ * latest committed checkpoint (0: none). */
 int64_t coord_job_step(coord_t *c, const store_job_t *j);
 void coord_rdv_answer(coord_t *c, int64_t job, int64_t epoch, const char *group);
 /* Calls held open: a node's heartbeat (long poll), a rendezvous waiting for

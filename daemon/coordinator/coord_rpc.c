@@ -134,6 +134,23 @@ static void coord_memory_of_exit(coord_t *c, int64_t job, const Fsdp__V1__Report
     for (int k = 0; k < r->ncat; k++) coord_memory_add(out, cap, &at, r->cat[k], r->cur[k], r->peak[k]);
 }
 
+/* The step, loss and tokens/s a rank ended at, which its exit report keeps
+ * in the store: its last status's, else (none, or an older step) its last
+ * heartbeat report's in this attempt; 0 when neither reported a step. */
+static int coord_figures_of_exit(coord_t *c, int64_t job, const Fsdp__V1__ReportRankExitRequest *q,
+                                 store_figures_t *f) {
+  const coord_rank_t *r = coord_rank_get(c, job, (int)q->rank, 0);
+  const Fsdp__V1__RankStatus *s = q->status && !q->status->unreported ? q->status : NULL;
+  if (r && (r->epoch != (int64_t)q->attempt || !r->reported)) r = NULL;
+  if (!r && !s) return 0;
+  *f = (store_figures_t){.job_id = job, .epoch = q->attempt, .rank = (int)q->rank};
+  if (s && !(r && r->step > s->step))
+    f->step = s->step, f->loss = s->loss, f->tokens_per_s = s->tokens_per_s;
+  else
+    f->step = r->step, f->loss = r->loss, f->tokens_per_s = r->tokens_per_s;
+  return 1;
+}
+
 /* name's figures in a stored memory text; 0 when it has none. */
 static int coord_memory_find(const char *text, const char *name, uint64_t *cur, uint64_t *peak) {
   const size_t len = strlen(name);
@@ -166,8 +183,12 @@ static int coord_ranks_msg(coord_t *c, coord_arena_t *a, const store_job_t *j,
     s->node_id = coord_idstr(a, 'n', r[i].node_id);
     const coord_rank_t *m = coord_rank_get(c, j->id, r[i].rank, 0);
     if (m && m->epoch != j->epoch) m = NULL;
-    s->unreported = !m || !m->reported;
+    /* its latest report in memory, else what the store kept of it (its
+     * attempt ended, or the coordinator restarted): the newer */
+    s->unreported = !(m && m->reported) && !r[i].reported;
     if (m && m->reported) s->step = m->step, s->loss = m->loss, s->tokens_per_s = m->tokens_per_s;
+    if (r[i].reported && !(m && m->reported && m->step >= r[i].step))
+      s->step = r[i].step, s->loss = r[i].loss, s->tokens_per_s = r[i].tokens_per_s;
     if (m) {
       s->collective_seq = m->collective_seq;
       s->collective_op = coord_str(a, m->collective_op);
@@ -223,13 +244,17 @@ static Fsdp__V1__Job *coord_job_msg(coord_t *c, coord_arena_t *a, const store_jo
   if (with_ranks && coord_ranks_msg(c, a, j, &m->ranks, &m->n_ranks)) a->failed = 1;
   /* a running attempt after the first: how the one before it ended (a
    * waiting or ended job's reason says that already) */
-  char outcome[16], why[STORE_REASON_MAX], prev[STORE_REASON_MAX + 64];
+  char outcome[16], why[STORE_REASON_MAX], prev[STORE_REASON_MAX + 96], at[48] = "";
   if (with_ranks && j->state == STORE_JOB_RUNNING && j->epoch > 1 &&
       store_attempt_ended(c->st, j->id, j->epoch - 1, outcome, sizeof outcome, why, sizeof why) > 0) {
-    snprintf(prev, sizeof prev, "attempt %lld %s: %s", (long long)j->epoch - 1,
+    /* where it ended, when every rank of it had reported a step (the
+     * current attempt's ranks show their own figures from its start) */
+    const int64_t ended = coord_attempt_step(c, j->id, j->epoch - 1, j->world_size);
+    if (ended >= 0) snprintf(at, sizeof at, " at step %lld", (long long)ended);
+    snprintf(prev, sizeof prev, "attempt %lld %s%s: %s", (long long)j->epoch - 1,
              !strcmp(outcome, "FAILED") ? "failed" : !strcmp(outcome, "CANCELLED") ? "was stopped"
                                                                                     : "ended",
-             why[0] ? why : "no reason given");
+             at, why[0] ? why : "no reason given");
     m->previous_attempt = coord_str(a, prev);
   }
   return m;
@@ -670,11 +695,15 @@ static void coord_cancel_cb(rpc_call_t *call, const ProtobufCMessage *req, void 
   store_job_t j;
   if (coord_job_arg(c, call, q->job_id, &j)) return;
   const int64_t id = j.id, epoch = j.epoch;
+  const int running = j.state == STORE_JOB_RUNNING;
   store_job_free(&j);
   char why[300];
   snprintf(why, sizeof why, "cancelled: %.256s", q->reason[0] ? q->reason : "by a user");
   store_job_state_t was;
   int rc = text_plain("reason", q->reason, 256);
+  /* its ranks' figures, in case no exit report of them comes (a node gone
+   * with them) before a restart forgets them */
+  if (!rc && running) coord_ranks_keep(c, id, epoch);
   if (!rc) rc = store_job_cancel(c->st, id, why, &was);
   if (!rc) {
     LOG_INFO("coord", "job j-%lld %s", (long long)id, why);
@@ -1281,9 +1310,11 @@ static void coord_rank_exit_cb(rpc_call_t *call, const ProtobufCMessage *req, vo
   }
   store_attempt_verdict_t verdict = STORE_ATTEMPT_GOING;
   char memory[STORE_RANK_MEMORY_MAX] = "";
+  store_figures_t fig;
+  const int has_fig = !rc && coord_figures_of_exit(c, job, q, &fig);
   if (!rc) coord_memory_of_exit(c, job, q, memory, sizeof memory);
-  if (!rc) rc = store_rank_exit(c->st, job, q->attempt, (int)q->rank, status, memory, NULL,
-                                &verdict);
+  if (!rc) rc = store_rank_exit(c->st, job, q->attempt, (int)q->rank, status, memory,
+                                has_fig ? &fig : NULL, &verdict);
   if (rc) {
     rpc_call_finish(call, rc);
     return;

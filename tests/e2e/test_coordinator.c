@@ -1941,6 +1941,154 @@ Test(coordinator, a_ranks_figures_are_its_reports_of_one_step_even_its_first_an_
   rpc_stream_close(ws);
 }
 
+/* Rank statuses of job's attempt, ranks 0 and 1, at step with loss and
+ * tokens/s (RUNNING). */
+static void ranks_at(Fsdp__V1__RankStatus rs[2], Fsdp__V1__RankStatus *rp[2], const char *job,
+                     uint32_t attempt, int64_t step, double loss, double tps) {
+  running_ranks(rs, rp, job, step);
+  for (int k = 0; k < 2; k++) rs[k].attempt = attempt, rs[k].loss = loss, rs[k].tokens_per_s = tps;
+}
+
+/* What GetJob, ListJobs and WatchJob say of job id: it stands at step, and
+ * so do its two ranks (of the attempt GetJob shows), with that step's loss
+ * and tokens/s (what an ended job showed before: figures that lived only in
+ * the coordinator's memory came back as step 0 and "-"). */
+static void job_shows(const char *id, int64_t step, double loss, double tps, const char *what) {
+  Fsdp__V1__GetJobReply *g = get_job(id);
+  cr_expect_eq(g->job->step, step, "%s: job step %lld, not %lld", what, (long long)g->job->step,
+               (long long)step);
+  cr_assert_eq(g->job->n_ranks, 2, "%s", what);
+  for (size_t i = 0; i < 2; i++) {
+    const Fsdp__V1__RankStatus *r = g->job->ranks[i];
+    cr_expect(!r->unreported && r->step == step && r->loss == loss && r->tokens_per_s == tps,
+              "%s: rank %zu unreported %d step %lld loss %g %g tok/s", what, i, r->unreported,
+              (long long)r->step, r->loss, r->tokens_per_s);
+  }
+  reply_free(g);
+  Fsdp__V1__ListJobsRequest lq = FSDP__V1__LIST_JOBS_REQUEST__INIT;
+  Fsdp__V1__ListJobsReply *l = NULL;
+  cr_assert_eq(CALL("ListJobs", lq, list_jobs_reply, &l), 0, "%s", err_msg());
+  int listed = 0;
+  for (size_t i = 0; i < l->n_jobs; i++)
+    if (!strcmp(l->jobs[i]->job_id, id)) {
+      listed = 1;
+      cr_expect_eq(l->jobs[i]->step, step, "%s: listed at step %lld", what,
+                   (long long)l->jobs[i]->step);
+    }
+  cr_expect(listed, "%s: not listed", what);
+  reply_free(l);
+  Fsdp__V1__JobProgress *pm;
+  rpc_stream_t *ws = watch_first(id, 10, &pm);
+  cr_expect(!pm->unreported && pm->step == step && pm->loss == loss && pm->tokens_per_s == tps,
+            "%s: watch unreported %d step %lld loss %g %g tok/s", what, pm->unreported,
+            (long long)pm->step, pm->loss, pm->tokens_per_s);
+  reply_free(pm);
+  rpc_stream_close(ws);
+}
+
+/* The figures the ranks last reported outlive the coordinator (a tester
+ * restarted it: every cancelled and failed job showed step 0 and its ranks
+ * "-", a succeeded one lost its loss). Four jobs on one node: one
+ * cancelled at 4045 (no exit report comes: kept at the cancel), one failed
+ * at 1867 by a rank that exited with no status (kept as the attempt
+ * ended), one succeeded with its exit reports' figures, one running. After
+ * a SIGKILL and a start on the same database each ended one shows its
+ * figures; after a SIGTERM the running one's show before any heartbeat. */
+Test(coordinator, an_ended_jobs_figures_survive_a_coordinator_restart, .timeout = 60 * TU_SLOW) {
+  char d[600], c[32], f[32], s[32], r[32];
+  data_opt(d, sizeof d);
+  node_t n = {{0}, 0};
+  node_register(&n, "eight", 8, 8ull << 30, NULL, 0);
+  const char *kv[] = {"model=tiny", d, "steps=1000000", NULL}, *kv6[] = {"model=tiny", d, "steps=6", NULL};
+  cr_assert_eq(submit(2, kv, c, sizeof c), 0, "%s", err_msg());
+  cr_assert_eq(submit(2, kv, f, sizeof f), 0, "%s", err_msg());
+  cr_assert_eq(submit(2, kv6, s, sizeof s), 0, "%s", err_msg());
+  cr_assert_eq(submit(2, kv, r, sizeof r), 0, "%s", err_msg());
+  const char *ids[4] = {c, f, s, r};
+  for (int k = 0; k < 4; k++)
+    cr_assert_eq(job_state(ids[k], NULL, 0), FSDP__V1__JOB_STATE__JOB_STATE_RUNNING, "%s", ids[k]);
+  Fsdp__V1__RankStatus rs[8], *rp[8];
+  ranks_at(rs, rp, c, 1, 4045, 2.75, 1234);
+  ranks_at(rs + 2, rp + 2, f, 1, 1867, 3.5, 900);
+  ranks_at(rs + 4, rp + 4, s, 1, 3, 4.25, 800);
+  ranks_at(rs + 6, rp + 6, r, 1, 100, 5.5, 700);
+  reply_free(heartbeat(&n, rp, 8));
+  cr_assert_eq(cancel(c), 0, "%s", err_msg());
+  cr_assert_eq(report_exit(&n, f, 1, 1, 3), 0, "%s", err_msg());
+  cr_assert_eq(job_state(f, NULL, 0), FSDP__V1__JOB_STATE__JOB_STATE_FAILED);
+  Fsdp__V1__RankStatus last = FSDP__V1__RANK_STATUS__INIT;
+  last.job_id = s, last.attempt = 1, last.step = 6, last.loss = 2.5, last.tokens_per_s = 900;
+  for (uint32_t k = 0; k < 2; k++) {
+    last.rank = k;
+    cr_assert_eq(report_exit_with(&n, s, 1, k, 0, &last), 0, "%s", err_msg());
+  }
+  cr_assert_eq(job_state(s, NULL, 0), FSDP__V1__JOB_STATE__JOB_STATE_SUCCEEDED);
+  job_shows(c, 4045, 2.75, 1234, "cancelled, before the restart");
+  job_shows(f, 1867, 3.5, 900, "failed, before the restart");
+
+  co_restart(); /* SIGKILL: what was kept before it */
+  job_shows(c, 4045, 2.75, 1234, "cancelled");
+  job_shows(f, 1867, 3.5, 900, "failed");
+  job_shows(s, 6, 2.5, 900, "succeeded");
+
+  /* the running job: its node back with its ranks, at step 120 */
+  ranks_at(rs + 6, rp + 6, r, 1, 120, 5.25, 750);
+  node_register(&n, "eight", 8, 8ull << 30, rp + 6, 2);
+  reply_free(heartbeat(&n, rp + 6, 2));
+  job_shows(r, 120, 5.25, 750, "running");
+  char db[600];
+  snprintf(db, sizeof db, "%s", co_db);
+  cluster_stop(&co, SIGTERM);
+  co_start(db, "127.0.0.1:0", NULL);
+  client_for(&co, NULL);
+  job_shows(r, 120, 5.25, 750, "running, after a stop, before any heartbeat");
+  cr_expect_eq(job_state(r, NULL, 0), FSDP__V1__JOB_STATE__JOB_STATE_RUNNING);
+}
+
+/* A node declared dead ends its job's attempt; the step and loss its ranks
+ * had reported stay (status showed step 0 and "-", watch "step 0 | loss -",
+ * of a job whose ranks had reported step 1867). The job waits to restart
+ * where its attempt ended; once attempt 2 runs, GetJob shows attempt 2's
+ * ranks (none reported yet), says where attempt 1 ended, and attempt 1's
+ * ranks keep their figures. */
+Test(coordinator, a_dead_nodes_job_keeps_the_figures_its_ranks_reported, .timeout = 40 * TU_SLOW) {
+  char id[32], reason[512] = "";
+  node_t n = {{0}, 0}, m = {{0}, 0};
+  solo_job_restartable(&n, id);
+  Fsdp__V1__RankStatus rs[2], *rp[2];
+  ranks_at(rs, rp, id, 1, 1867, 2.75, 1000);
+  reply_free(heartbeat(&n, rp, 2));
+  /* solo goes silent */
+  for (const double t0 = tu_now_s();
+       job_state(id, NULL, 0) == FSDP__V1__JOB_STATE__JOB_STATE_RUNNING && tu_now_s() - t0 < 5;)
+    nanosleep(&(struct timespec){0, 50000000}, NULL);
+  cr_assert_eq(job_state(id, NULL, 0), FSDP__V1__JOB_STATE__JOB_STATE_PENDING, "solo not dead");
+  job_shows(id, 1867, 2.75, 1000, "waiting to restart");
+
+  node_register(&m, "other", 2, 8ull << 30, NULL, 0);
+  cr_assert_gt(assigned_at(&m, id, 10, reason, sizeof reason), 0, "no attempt 2: %s", reason);
+  Fsdp__V1__GetJobReply *g = get_job(id);
+  cr_expect_eq(g->job->attempt, 2);
+  cr_expect(strstr(g->job->previous_attempt, "attempt 1 failed at step 1867:"), "previous: %s",
+            g->job->previous_attempt);
+  cr_assert_eq(g->job->n_ranks, 2);
+  for (size_t i = 0; i < 2; i++)
+    cr_expect(g->job->ranks[i]->attempt == 2 && g->job->ranks[i]->unreported,
+              "rank %zu of attempt 2 reported nothing yet", i);
+  cr_expect_eq(g->job->step, 0, "attempt 2 resumes from no checkpoint: %lld",
+               (long long)g->job->step);
+  reply_free(g);
+  Fsdp__V1__GetJobRequest q = FSDP__V1__GET_JOB_REQUEST__INIT;
+  q.job_id = id, q.attempt = 1;
+  cr_assert_eq(CALL("GetJob", q, get_job_reply, &g), 0, "%s", err_msg());
+  cr_assert_eq(g->job->n_ranks, 2);
+  for (size_t i = 0; i < 2; i++)
+    cr_expect(!g->job->ranks[i]->unreported && g->job->ranks[i]->step == 1867 &&
+              g->job->ranks[i]->loss == 2.75, "attempt 1 rank %zu: step %lld", i,
+              (long long)g->job->ranks[i]->step);
+  reply_free(g);
+}
+
 /* An assignment whose heartbeat answer never reached the node (fsdpd gave
  * up on the call as the coordinator answered it) is sent again once the
  * node's heartbeats go on without the rank; once listed, it is not. */
