@@ -107,6 +107,21 @@ Test(systemd, units_are_hardened) {
   cr_assert_lt(ec, 4.0, "the coordinator's unit scores %.1f", ec);
   cr_assert_leq(ef, 2.0, "fsdpd's unit scores %.1f (docs/OPERATIONS.md: 1.8, GPUs and the "
                 "network being what it must keep)", ef);
+  /* both run as fsdp: fsdpd and its ranks do not see the coordinator's
+   * state directory (its database) nor its credentials (its tokens), on a
+   * host running both (an outside tester read both as a rank's user) */
+  const char *state = strstr(tc, "\nStateDirectory=");
+  char dir[128] = "";
+  cr_assert(state && sscanf(state + 16, "%127s", dir) == 1, "%s", tc);
+  const char *hide = strstr(tf, "\nInaccessiblePaths=");
+  char want[256];
+  snprintf(want, sizeof want, "-/var/lib/%s", dir);
+  cr_assert(hide && strstr(hide, want) < strchr(hide + 1, '\n') && strstr(hide, want), "%s", tf);
+  cr_assert(strstr(hide, "-/run/credentials/fsdp-coordinator.service") < strchr(hide + 1, '\n') &&
+            strstr(hide, "-/run/credentials/fsdp-coordinator.service"), "%s", tf);
+  /* a bad option (exit 2) is not restarted over and over */
+  cr_assert(strstr(tc, "\nRestartPreventExitStatus=2\n"), "%s", tc);
+  cr_assert(strstr(tf, "\nRestartPreventExitStatus=2 78\n"), "%s", tf);
   free(c), free(f), free(tc), free(tf);
 }
 
