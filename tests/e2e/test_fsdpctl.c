@@ -2112,19 +2112,27 @@ Test(fsdpctl, a_followed_log_whose_stream_breaks_goes_on_where_it_stopped) {
   protobuf_c_message_free_unpacked(&tq->base, NULL);
 }
 
+/* A fake cluster whose node holds its log open, and `fsdpctl logs j-42
+ * --follow` started on it, once it has printed step 2 (lout: its output):
+ * the follower's pid. */
+static pid_t follow_to_step_2(char *lout, size_t len) {
+  logs_hold = 1; /* set before the servers' thread starts */
+  fake_start(NULL, NULL);
+  const pid_t p = CTL_SPAWN("logs", "logs", "j-42", "--follow");
+  for (double t0 = tu_now_s(); tu_now_s() - t0 < CTL_LIMIT_S; nanosleep(&(struct timespec){0, 20000000}, NULL))
+    if (strstr(ctl_spawned_output("logs", "out", lout, len), "step 2")) break;
+  expect_in(lout, "step 2 loss 4.0\n");
+  return p;
+}
+
 /* The node's fsdpd restarts under a followed log (gone 6.5 s, longer than
  * the 5 reopenings, 4.6 s, after which it used to give up): it is opened
  * again where it stopped, in the attempt it was reading (the node's chunks
  * say 1), as soon as the node serves again, said once on stderr, and ends
  * with the log (exit 0), every line once. */
 Test(fsdpctl, a_followed_log_carries_on_through_an_fsdpd_restart) {
-  logs_hold = 1; /* set before the servers' thread starts */
-  fake_start(NULL, NULL);
-  const pid_t p = CTL_SPAWN("logs", "logs", "j-42", "--follow");
   char lout[4096], lerr[4096];
-  for (double t0 = tu_now_s(); tu_now_s() - t0 < CTL_LIMIT_S; nanosleep(&(struct timespec){0, 20000000}, NULL))
-    if (strstr(ctl_spawned_output("logs", "out", lout, sizeof lout), "step 2")) break;
-  expect_in(lout, "step 2 loss 4.0\n");
+  const pid_t p = follow_to_step_2(lout, sizeof lout);
   fake_node_flip();
   nanosleep(&(struct timespec){6, 500000000}, NULL);
   fake_node_flip();
@@ -2442,13 +2450,8 @@ Test(fsdpctl, python_grpc_client_submits_reads_and_checks_health, .timeout = 60 
  * stopped, says so, and ends with the log (exit 0), every line once.
  * Before, it dialed the old address for good. */
 Test(fsdpctl, a_followed_log_finds_a_restarted_fsdpd_on_its_new_port) {
-  logs_hold = 1; /* set before the servers' thread starts */
-  fake_start(NULL, NULL);
-  const pid_t p = CTL_SPAWN("logs", "logs", "j-42", "--follow");
   char lout[4096], lerr[4096];
-  for (double t0 = tu_now_s(); tu_now_s() - t0 < CTL_LIMIT_S; nanosleep(&(struct timespec){0, 20000000}, NULL))
-    if (strstr(ctl_spawned_output("logs", "out", lout, sizeof lout), "step 2")) break;
-  expect_in(lout, "step 2 loss 4.0\n");
+  const pid_t p = follow_to_step_2(lout, sizeof lout);
   const int old_port = node_port;
   fake_node_flip();
   nanosleep(&(struct timespec){1, 0}, NULL);
