@@ -292,7 +292,8 @@ int main(int argc, char **argv) {
     return 2;
   }
   if (restore && o.db && optind == argc) {
-    int version, had_wal, rc = store_restore(o.db, restore, &version, &had_wal);
+    store_restore_info_t info;
+    int version, had_wal, rc = store_restore(o.db, restore, &version, &had_wal, &info);
     if (rc) {
       fprintf(stderr, "fsdp-coordinator: %s\n", err_msg());
       return 1;
@@ -300,6 +301,16 @@ int main(int argc, char **argv) {
     printf("fsdp-coordinator: %s restored from the backup %s (schema version %d)%s; start the "
            "coordinator on it\n", o.db, restore, version,
            had_wal ? ", replacing its state and the log (-wal) the last coordinator left" : "");
+    /* what the backup lacks of what the replaced database had handed out:
+     * the operator cleans up after it (OPERATIONS.md, Backups and upgrades) */
+    if (info.report) fputs(info.report, stdout);
+    if (info.known && !info.report)
+      printf("fsdp-coordinator: nothing was handed out after this backup: no job, node, attempt, "
+             "checkpoint or event is lost\n");
+    printf("fsdp-coordinator: ids go on from job j-%lld, node n-%lld, event %lld%s\n",
+           (long long)info.next_job, (long long)info.next_node, (long long)info.next_event,
+           info.known ? "" : " (a gap: see above)");
+    free(info.report);
     return 0;
   }
   if (backup && o.db && optind == argc) {

@@ -887,6 +887,235 @@ static int store_pragma_text(store_t *st, const char *sql, char *out, size_t cap
   return s == SQLITE_OK ? 0 : store_sqlite_err(st, s, sql);
 }
 
+/* ---- a restore hands out no id again ----
+ * The ids the replaced database had handed out are read through "old" (it
+ * attached to the in-memory copy of the backup, "main"), and main is raised
+ * above them before it is written over the database: jobs by their
+ * AUTOINCREMENT counter (sqlite_sequence 'jobs'); nodes and each job's
+ * attempts by floors kept in the same table (rows 'nodes' and
+ * 'attempts:<job id>', which SQLite itself ignores: store_node_register and
+ * store_attempt_start read them); events by the event that records the
+ * restore, given the next id (store_event_purge never removes the newest).
+ * A floor is only ever raised. What was lost goes into the report. */
+
+/* max(x's highest id, its sqlite_sequence row) in schema db ("main", "old"). */
+static const char *const sql_hi_job[2] = {
+    "SELECT max(coalesce((SELECT seq FROM main.sqlite_sequence WHERE name = 'jobs'), 0), "
+    "coalesce((SELECT max(id) FROM main.jobs), 0))",
+    "SELECT max(coalesce((SELECT seq FROM old.sqlite_sequence WHERE name = 'jobs'), 0), "
+    "coalesce((SELECT max(id) FROM old.jobs), 0))"};
+static const char *const sql_hi_node[2] = {
+    "SELECT max(coalesce((SELECT seq FROM main.sqlite_sequence WHERE name = 'nodes'), 0), "
+    "coalesce((SELECT max(id) FROM main.nodes), 0))",
+    "SELECT max(coalesce((SELECT seq FROM old.sqlite_sequence WHERE name = 'nodes'), 0), "
+    "coalesce((SELECT max(id) FROM old.nodes), 0))"};
+static const char *const sql_hi_event[2] = {"SELECT coalesce(max(id), 0) FROM main.events",
+                                            "SELECT coalesce(max(id), 0) FROM old.events"};
+
+/* sqlite_sequence's row name := max(its value, v) in main. */
+static void st_seq_raise(store_t *t, const char *name, int64_t v) {
+  if (st_exec(t, "UPDATE main.sqlite_sequence SET seq = max(seq, ?) WHERE name = ?", A_I(v),
+              A_T(name)) == 0)
+    st_exec(t, "INSERT INTO main.sqlite_sequence(name, seq) VALUES(?, ?)", A_T(name), A_I(v));
+}
+
+/* "j-5..j-9, j-12": the ids of q (ascending; column 0) with prefix, into
+ * out (n bytes, cut to fit); their count. */
+static int64_t st_ranges(store_t *t, sqlite3_stmt *q, const char *prefix, char *out, size_t n) {
+  int64_t count = 0, first = 0, last = 0;
+  size_t w = 0;
+  out[0] = 0;
+  for (int more = 1; more;) {
+    more = st_step(t, q) == 1;
+    const int64_t id = more ? sqlite3_column_int64(q, 0) : 0;
+    if (more && count++ && id == last + 1) {
+      last = id;
+      continue;
+    }
+    if (count > (more ? 1 : 0) && w < n) {
+      w += (size_t)(first == last
+                        ? snprintf(out + w, n - w, "%s%s%lld", w ? ", " : "", prefix,
+                                   (long long)first)
+                        : snprintf(out + w, n - w, "%s%s%lld..%s%lld", w ? ", " : "", prefix,
+                                   (long long)first, prefix, (long long)last));
+    }
+    first = last = id;
+  }
+  return count;
+}
+
+/* Raises t (the backup's copy, "main") above the database at path, whose
+ * schema had `tables` tables (0: new or empty), and says what was lost. 0, or
+ * a failure of the copy (the restore then stops); the replaced database
+ * unreadable is no failure: a gap is left instead. */
+static int store_restore_raise(store_t *t, const char *path, const char *backup, int64_t tables,
+                               store_restore_info_t *in) {
+  char *text = NULL, *summary = NULL;
+  size_t tlen = 0, slen = 0;
+  FILE *f = open_memstream(&text, &tlen), *sf = open_memstream(&summary, &slen);
+  if (!f || !sf) {
+    if (f) fclose(f), free(text);
+    if (sf) fclose(sf), free(summary);
+    return err_set(FSDP_ENOMEM, "restore: out of memory");
+  }
+  const int64_t bk_job = st_int(t, 0, sql_hi_job[0]), bk_node = st_int(t, 0, sql_hi_node[0]),
+                bk_event = st_int(t, 0, sql_hi_event[0]);
+  if (t->rc) goto out; /* the backup's copy: checked, so a failure here is real */
+  /* the replaced database's, through a second connection of this process
+   * (the folded file; the restore's lock is held) */
+  char why[600] = "";
+  int64_t old_job = 0, old_node = 0, old_event = 0;
+  if (tables == 0) {
+    snprintf(why, sizeof why, "%s was new or empty", path);
+  } else {
+    st_exec(t, "ATTACH DATABASE ? AS old", A_T(path));
+    old_job = st_int(t, 0, sql_hi_job[1]);
+    old_node = st_int(t, 0, sql_hi_node[1]);
+    old_event = st_int(t, 0, sql_hi_event[1]);
+    if (t->rc) {
+      snprintf(why, sizeof why, "%s could not be read (%s)", path, err_msg());
+      t->rc = 0;
+    }
+  }
+  const int known = !why[0];
+  in->known = known;
+  const int64_t job = known ? (old_job > bk_job ? old_job : bk_job) : bk_job + STORE_RESTORE_GAP;
+  const int64_t node = known ? (old_node > bk_node ? old_node : bk_node)
+                             : bk_node + STORE_RESTORE_GAP;
+  const int64_t event = (known ? (old_event > bk_event ? old_event : bk_event)
+                               : bk_event + STORE_RESTORE_GAP) + 1;
+  in->next_job = job + 1, in->next_node = node + 1, in->next_event = event;
+  st_seq_raise(t, "jobs", job);
+  if (node > bk_node) st_seq_raise(t, "nodes", node);
+  if (!known) {
+    /* each live job's next attempt well above its last */
+    sqlite3_stmt *q = st_query(t, "SELECT id, epoch FROM main.jobs WHERE state IN "
+                               "('PENDING', 'RUNNING') ORDER BY id");
+    int64_t n = 0;
+    while (st_step(t, q) == 1) {
+      char name[40];
+      snprintf(name, sizeof name, "attempts:%lld", (long long)sqlite3_column_int64(q, 0));
+      st_seq_raise(t, name, sqlite3_column_int64(q, 1) + STORE_RESTORE_EPOCH_GAP);
+      n++;
+    }
+    fprintf(sf, "restored from the backup %s; the ids handed out after it are unknown (%s): a "
+            "gap was left", backup, why);
+    fprintf(f, "The ids %s handed out after this backup are unknown: %s.\n"
+            "A gap was left so that none is handed out again: the next job is j-%lld, the next "
+            "node n-%lld, the next event %lld, and the next attempt of each of the %lld live "
+            "job(s) is %d above its last.\n"
+            "Jobs created, attempts started and checkpoints committed after this backup are not "
+            "in it: their files stay in the fsdpd work directories (jobs/<job id>/<attempt>) and "
+            "on the checkpoint roots; see docs/OPERATIONS.md, \"Backups and upgrades\".\n",
+            path, why, (long long)in->next_job, (long long)in->next_node, (long long)event,
+            (long long)n, STORE_RESTORE_EPOCH_GAP);
+    goto event;
+  }
+  fprintf(sf, "restored from the backup %s", backup);
+  /* jobs created after the backup */
+  sqlite3_stmt *q = st_query(t, "SELECT id FROM old.jobs WHERE id > ? ORDER BY id", A_I(bk_job));
+  char ids[4096];
+  if ((in->lost_jobs = st_ranges(t, q, "j-", ids, sizeof ids))) {
+    fprintf(f, "jobs %s (%lld) were created after this backup and are not in it: their ids are "
+            "not handed out again (the next job is j-%lld); their checkpoints, and their logs in "
+            "the fsdpd work directories (jobs/<job id>/), stay on disk, unknown to the "
+            "coordinator:\n", ids, (long long)in->lost_jobs, (long long)in->next_job);
+    fprintf(sf, "; lost: %lld job(s) created after it (%s)", (long long)in->lost_jobs,
+            strlen(ids) < 200 ? ids : "see the restore's output");
+    const int v6 = st_int(t, 0, "PRAGMA old.user_version") >= 6;
+    q = st_query(t, v6 ? "SELECT id, name, state, coalesce(checkpoint_dir, '') FROM old.jobs "
+                         "WHERE id > ? ORDER BY id"
+                       : "SELECT id, name, state, '' FROM old.jobs WHERE id > ? ORDER BY id",
+                 A_I(bk_job));
+    while (st_step(t, q) == 1) {
+      const char *dir = (const char *)sqlite3_column_text(q, 3);
+      fprintf(f, "  j-%lld %s (%s)%s%s\n", (long long)sqlite3_column_int64(q, 0),
+              (const char *)sqlite3_column_text(q, 1), (const char *)sqlite3_column_text(q, 2),
+              dir && dir[0] ? ": checkpoints under " : "", dir ? dir : "");
+    }
+  }
+  /* nodes registered after it */
+  q = st_query(t, "SELECT id FROM old.nodes WHERE id > ? ORDER BY id", A_I(bk_node));
+  if ((in->lost_nodes = st_ranges(t, q, "n-", ids, sizeof ids))) {
+    fprintf(f, "nodes %s were registered after this backup: they register again with new ids "
+            "(from n-%lld)\n", ids, (long long)in->next_node);
+    fprintf(sf, "; %lld node(s) registered after it", (long long)in->lost_nodes);
+  }
+  /* attempts of the backup's jobs started after it: their next is above */
+  q = st_query(t, "SELECT id, epoch, hi FROM (SELECT m.id AS id, m.epoch AS epoch, max(o.epoch, "
+               "coalesce((SELECT max(a.epoch) FROM old.attempts a WHERE a.job_id = o.id), 0), "
+               "coalesce((SELECT seq FROM old.sqlite_sequence s WHERE s.name = 'attempts:' || "
+               "o.id), 0)) AS hi FROM main.jobs m JOIN old.jobs o ON o.id = m.id) "
+               "WHERE hi > epoch ORDER BY id");
+  while (st_step(t, q) == 1) {
+    const int64_t id = sqlite3_column_int64(q, 0), ep = sqlite3_column_int64(q, 1),
+                  hi = sqlite3_column_int64(q, 2);
+    char name[40];
+    snprintf(name, sizeof name, "attempts:%lld", (long long)id);
+    st_seq_raise(t, name, hi);
+    in->lost_attempts += hi - ep;
+    if (hi - ep > 1)
+      snprintf(ids, sizeof ids, "attempts %lld..%lld", (long long)ep + 1, (long long)hi);
+    else
+      snprintf(ids, sizeof ids, "attempt %lld", (long long)hi);
+    fprintf(f, "job j-%lld: %s ran after this backup (which has it at attempt %lld): its next "
+            "attempt is %lld\n", (long long)id, ids, (long long)ep, (long long)hi + 1);
+  }
+  if (in->lost_attempts)
+    fprintf(sf, "; %lld attempt(s) of its jobs started after it", (long long)in->lost_attempts);
+  /* checkpoints of the backup's jobs committed after it (both schemas 3+) */
+  if (st_int(t, 0, "PRAGMA old.user_version") >= 3 && st_int(t, 0, "PRAGMA main.user_version") >= 3) {
+    q = st_query(t, "SELECT o.job_id, o.step, o.dir FROM old.checkpoints o JOIN main.jobs m ON "
+                 "m.id = o.job_id WHERE o.state = 'COMMITTED' AND o.removed = 0 AND NOT EXISTS "
+                 "(SELECT 1 FROM main.checkpoints c WHERE c.job_id = o.job_id AND c.step = "
+                 "o.step AND c.state = 'COMMITTED') ORDER BY o.job_id, o.step");
+    while (st_step(t, q) == 1) {
+      if (!in->lost_checkpoints++)
+        fprintf(f, "checkpoints committed after this backup, which it does not list (a restarted "
+                "attempt still resumes from them; keep_checkpoints does not remove them):\n");
+      fprintf(f, "  j-%lld step %lld: %s\n", (long long)sqlite3_column_int64(q, 0),
+              (long long)sqlite3_column_int64(q, 1), (const char *)sqlite3_column_text(q, 2));
+    }
+  }
+  if (in->lost_checkpoints)
+    fprintf(sf, "; %lld checkpoint(s) committed after it", (long long)in->lost_checkpoints);
+  /* events written after it */
+  if ((in->lost_events = old_event > bk_event ? old_event - bk_event : 0)) {
+    fprintf(f, "events %lld..%lld were written after this backup and are lost; the next is "
+            "%lld (a follower, fsdpctl events --follow, goes on from its place)\n",
+            (long long)bk_event + 1, (long long)old_event, (long long)event);
+    fprintf(sf, "; %lld event(s) written after it", (long long)in->lost_events);
+  }
+  if (t->rc) { /* the replaced database failed midway: keep the floors, say so */
+    fprintf(f, "(%s could not be read to the end: %s)\n", path, err_msg());
+    t->rc = 0;
+  }
+event:
+  fflush(sf);
+  if (!t->rc) {
+    char ev[STORE_REASON_MAX];
+    snprintf(ev, sizeof ev, "%s", summary ? summary : "restored");
+    st_exec(t, "INSERT INTO main.events(id, time_ms, job_id, node_id, kind, text) "
+            "VALUES(?, ?, NULL, NULL, 'store.restored', ?)", A_I(event), A_I(store_now_ms()),
+            A_T(ev));
+  }
+out:
+  if (tables) {
+    const int rc = t->rc;
+    t->rc = 0;
+    for (int i = 0; i < t->n_cache; i++) sqlite3_finalize(t->cache[i].stmt);
+    t->n_cache = 0; /* statements on old go before it does */
+    sqlite3_exec(t->db, "DETACH DATABASE old", NULL, NULL, NULL);
+    t->rc = rc;
+  }
+  fclose(sf);
+  free(summary);
+  fclose(f);
+  if (t->rc || !tlen) free(text), text = NULL;
+  in->report = text;
+  return t->rc;
+}
+
 /* The backup is read (checked, then copied) as store_backup reads its
  * source; the database is written only through SQLite on a connection
  * opened as the coordinator opens it, under its lock: SQLite first recovers
@@ -896,13 +1125,17 @@ static int store_pragma_text(store_t *st, const char *sql, char *out, size_t cap
  * (a crash in it is rolled back at the next open, to FILE as it was), so
  * nothing of the old log can be replayed over the result. A plain file copy
  * would leave FILE-wal to be replayed over the backup at the next start. */
-int store_restore(const char *path, const char *backup, int *version, int *had_wal) {
-  store_t src = {0}, dst = {.lock_fd = -1};
+int store_restore(const char *path, const char *backup, int *version, int *had_wal,
+                  store_restore_info_t *info) {
+  store_t src = {0}, dst = {.lock_fd = -1}, mem = {.lock_fd = -1};
+  store_restore_info_t none, *in = info ? info : &none;
+  memset(in, 0, sizeof *in);
   int rc = check_text("state database path", path, sizeof dst.path, 0), s;
   *version = 0, *had_wal = 0;
   snprintf(src.path, sizeof src.path, "%s", backup);
   snprintf(dst.path, sizeof dst.path, "%s", path);
-  src.busy_ms = dst.busy_ms = STORE_BUSY_MS;
+  snprintf(mem.path, sizeof mem.path, "%s (its copy in memory)", backup);
+  src.busy_ms = dst.busy_ms = mem.busy_ms = STORE_BUSY_MS;
   struct stat sa, sb;
   if (!rc && !stat(path, &sa) && !stat(backup, &sb) && sa.st_dev == sb.st_dev &&
       sa.st_ino == sb.st_ino)
@@ -970,7 +1203,39 @@ int store_restore(const char *path, const char *backup, int *version, int *had_w
     rc = store_sqlite_err(&dst, s, NULL);
     goto out;
   }
-  sqlite3_backup *b = sqlite3_backup_init(dst.db, "main", src.db, "main");
+  /* the backup into memory, raised there above every id path handed out
+   * (store_restore_raise), so that the copy and the raise are one
+   * transaction on path */
+  const int64_t page = st_int(&src, 4096, "PRAGMA page_size");
+  if ((s = sqlite3_open_v2(":memory:", &mem.db, SQLITE_OPEN_READWRITE, NULL)) != SQLITE_OK) {
+    rc = err_set(FSDP_ENOMEM, "restore: cannot open a database in memory: %s", sqlite3_errstr(s));
+    goto out;
+  }
+  sqlite3_extended_result_codes(mem.db, 1);
+  sqlite3_busy_timeout(mem.db, STORE_BUSY_MS);
+  char sql[64];
+  snprintf(sql, sizeof sql, "PRAGMA page_size = %lld", (long long)page);
+  sqlite3_exec(mem.db, sql, NULL, NULL, NULL);
+  sqlite3_backup *b = sqlite3_backup_init(mem.db, "main", src.db, "main");
+  if (b) {
+    s = sqlite3_backup_step(b, -1);
+    const int f = sqlite3_backup_finish(b);
+    if (s == SQLITE_DONE && f == SQLITE_OK) b = (sqlite3_backup *)1;
+    else b = NULL, s = s != SQLITE_DONE ? s : f;
+  } else {
+    s = sqlite3_errcode(mem.db);
+  }
+  if (!b) {
+    rc = err_set(FSDP_EIO, "restore: reading the backup %s: %s: nothing was restored, %s is as "
+                 "it was", backup, sqlite3_errstr(s), path);
+    goto out;
+  }
+  if ((rc = store_restore_raise(&mem, path, backup, tables, in))) {
+    err_wrap(rc, "restore: raising the backup's ids above those %s handed out: nothing was "
+             "restored, %s is as it was", path, path);
+    goto out;
+  }
+  b = sqlite3_backup_init(dst.db, "main", mem.db, "main");
   if (!b) {
     rc = err_set(FSDP_EIO, "restore of %s into %s: %s", backup, path, sqlite3_errmsg(dst.db));
     goto out;
@@ -991,12 +1256,15 @@ int store_restore(const char *path, const char *backup, int *version, int *had_w
 out:
   for (int i = 0; i < src.n_cache; i++) sqlite3_finalize(src.cache[i].stmt);
   for (int i = 0; i < dst.n_cache; i++) sqlite3_finalize(dst.cache[i].stmt);
+  for (int i = 0; i < mem.n_cache; i++) sqlite3_finalize(mem.cache[i].stmt);
   sqlite3_close(src.db);
+  sqlite3_close(mem.db);
   if (dst.db && sqlite3_close(dst.db) != SQLITE_OK && !rc)
     rc = err_set(FSDP_EIO, "restore: closing %s", path);
   if (!rc) rc = store_sync_path(path, 0);
   if (!rc) rc = store_sync_path(path, 1);
   if (dst.lock_fd >= 0) close(dst.lock_fd);
+  if (rc || !info) free(in->report), in->report = NULL;
   return rc;
 }
 
@@ -1107,9 +1375,13 @@ int store_node_register(store_t *st, const char *name, const char *address,
   int64_t now = store_now_ms();
   int64_t id = st_int(st, 0, "SELECT id FROM nodes WHERE name = ?", A_T(name));
   if (id == 0) {
+    /* above the highest id handed out, and above the floor a restore left
+     * (sqlite_sequence 'nodes': the ids the replaced database had handed
+     * out, which nodes, events and logs still name) */
     st_exec(st,
-            "INSERT INTO nodes(name, address, state, registered_ms, last_seen_ms) "
-            "VALUES(?, ?, 'ALIVE', ?, ?)",
+            "INSERT INTO nodes(id, name, address, state, registered_ms, last_seen_ms) "
+            "VALUES(max(coalesce((SELECT max(id) FROM nodes), 0), coalesce((SELECT seq FROM "
+            "sqlite_sequence WHERE name = 'nodes'), 0)) + 1, ?, ?, 'ALIVE', ?, ?)",
             A_T(name), A_T(address), A_I(now), A_I(now));
     id = sqlite3_last_insert_rowid(st->db);
   } else {
@@ -1407,7 +1679,15 @@ int store_attempt_start(store_t *st, int64_t job_id, const store_placement_t *ra
     rc = err_set(FSDP_ENOMEM, "job j-%lld: out of memory placing %d ranks", (long long)job_id, n);
     goto out;
   }
-  int64_t ep = b.epoch + 1, now = store_now_ms();
+  /* above the last attempt, and above the floor a restore left for this job
+   * (sqlite_sequence 'attempts:<id>': attempts the backup missed, whose
+   * fsdpd work directories jobs/<id>/<attempt> exist), used up here */
+  char floor_name[40];
+  snprintf(floor_name, sizeof floor_name, "attempts:%lld", (long long)job_id);
+  const int64_t floor = st_int(st, 0, "SELECT seq FROM sqlite_sequence WHERE name = ?",
+                               A_T(floor_name));
+  if (floor > 0) st_exec(st, "DELETE FROM sqlite_sequence WHERE name = ?", A_T(floor_name));
+  int64_t ep = (floor > b.epoch ? floor : b.epoch) + 1, now = store_now_ms();
   uint8_t secret[RING_SECRET_BYTES];
   if (getrandom(secret, sizeof secret, 0) != (ssize_t)sizeof secret) {
     rc = err_set_errno(FSDP_EIO, errno, "job j-%lld: getrandom (the attempt's ring secret)",
@@ -1870,6 +2150,7 @@ int store_job_purge(store_t *st, const int64_t *ids, int n) {
     st_exec(st, "DELETE FROM checkpoints_damaged WHERE job_id = ?", A_I(id));
     st_exec(st, "DELETE FROM events WHERE job_id = ?", A_I(id));
     st_exec(st, "DELETE FROM jobs WHERE id = ?", A_I(id));
+    st_exec(st, "DELETE FROM sqlite_sequence WHERE name = 'attempts:' || ?", A_I(id));
   }
   return store_end(st, rc);
 }

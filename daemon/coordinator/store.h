@@ -298,6 +298,31 @@ int store_ckpt_pending(store_t *st, store_ckpt_t **ckpts, int *n);
  * only: one a later attempt put there is left alone. */
 int store_ckpt_removed(store_t *st, int64_t job_id, int64_t step, int64_t epoch, int forget);
 
+/* What a restore found of the ids the replaced database had handed out.
+ * Ids leave the coordinator (users and scripts hold job ids, fsdpd names
+ * its work directories jobs/<job id>/<attempt>, fsdpctl events --follow
+ * pages by event id), so the restored database hands out none again: its
+ * jobs, nodes and events continue above the highest the replaced database
+ * had handed out (sqlite_sequence, max(id)), and each job's next attempt
+ * above the last the replaced database knew of it. When those cannot be
+ * read (no such database, a new or empty file, a damaged one), they are
+ * unknown: a gap is left (STORE_RESTORE_GAP ids, STORE_RESTORE_EPOCH_GAP
+ * attempts of each job) and known is 0. */
+#define STORE_RESTORE_GAP 1000000
+#define STORE_RESTORE_EPOCH_GAP 1000
+typedef struct store_restore_info {
+  int known;            /* 1: the replaced database's ids were read; 0: a gap was left */
+  int64_t next_job;     /* the first ids the restored database hands out */
+  int64_t next_node;
+  int64_t next_event;   /* the event that records the restore (store.restored) */
+  int64_t lost_jobs;    /* jobs created after the backup (not in it) */
+  int64_t lost_nodes;   /* nodes registered after it */
+  int64_t lost_events;  /* events written after it */
+  int64_t lost_attempts; /* attempts of the backup's jobs started after it */
+  int64_t lost_checkpoints; /* checkpoints of the backup's jobs committed after it */
+  char *report;         /* lines for the operator saying what was lost (free()); NULL if none */
+} store_restore_info_t;
+
 /* ---- opening ---- */
 typedef struct store_opts {
   int busy_timeout_ms;          /* a second writer waits this long; 0: 5000 */
@@ -340,8 +365,12 @@ int store_backup(const char *path, const char *out, int *version);
  * then every page overwritten in one transaction), so path is the backup
  * exactly, with no log left to be replayed over it, or, on any failure, as
  * it was; fsynced with its directory, mode 0600. *version: the backup's
- * schema; *had_wal: 1 when path had a log (FILE-wal) beforehand. */
-int store_restore(const char *path, const char *backup, int *version, int *had_wal);
+ * schema; *had_wal: 1 when path had a log (FILE-wal) beforehand. The
+ * restored database never hands out an id path had handed out (see
+ * store_restore_info_t, filled when info is not NULL): it is raised in the
+ * same transaction as the copy, and records the restore as an event. */
+int store_restore(const char *path, const char *backup, int *version, int *had_wal,
+                  store_restore_info_t *info);
 
 /* ---- nodes ---- */
 /* Registers a node by name (a known name is updated: address, devices, ALIVE

@@ -1080,7 +1080,9 @@ static uint64_t digest(const char *name) {
       "SELECT job_id, epoch, ended_ms IS NULL, outcome, reason FROM attempts ORDER BY 1, 2",
       "SELECT * FROM ranks ORDER BY 1, 2, 3",
       "SELECT * FROM rendezvous ORDER BY 1, 2, 3, 4",
-      "SELECT id, job_id, node_id, kind, text FROM events ORDER BY id"};
+      /* but the event a restore adds, above every id handed out before it */
+      "SELECT id, job_id, node_id, kind, text FROM events WHERE kind != 'store.restored' "
+      "ORDER BY id"};
   sqlite3 *db = raw_open(name);
   uint64_t h = 1469598103934665603ull;
   for (size_t k = 0; k < sizeof q / sizeof q[0]; k++) {
@@ -1881,7 +1883,7 @@ Test(store, a_restore_after_a_crash_is_exactly_the_backup) {
 
   int version, had_wal;
   cr_assert_eq(chmod(tpath("state.db"), 0644), 0);
-  cr_assert_eq(store_restore(tpath("state.db"), tpath("backup.db"), &version, &had_wal), 0, "%s",
+  cr_assert_eq(store_restore(tpath("state.db"), tpath("backup.db"), &version, &had_wal, NULL), 0, "%s",
                err_msg());
   cr_assert_eq(version, STORE_SCHEMA_VERSION);
   cr_assert_eq(had_wal, 1);
@@ -1902,12 +1904,111 @@ Test(store, a_restore_after_a_crash_is_exactly_the_backup) {
   raw_text_eq(db, "PRAGMA integrity_check", "ok");
   sqlite3_close(db);
   /* onto a path with no file: made, private */
-  cr_assert_eq(store_restore(tpath("new.db"), tpath("backup.db"), &version, &had_wal), 0, "%s",
+  cr_assert_eq(store_restore(tpath("new.db"), tpath("backup.db"), &version, &had_wal, NULL), 0, "%s",
                err_msg());
   cr_assert_eq(had_wal, 0);
   cr_assert_eq(stat(tpath("new.db"), &sb), 0);
   cr_assert_eq(sb.st_mode & 0777, 0600);
   cr_assert(digest("new.db") == want);
+}
+
+/* The newest event's id in db (what a follower last saw). */
+static int64_t newest_event(store_t *st) {
+  store_event_t *ev;
+  int n;
+  cr_assert_eq(store_event_list(st, 0, STORE_EVENTS_NEWEST, 1, &ev, &n), 0, "%s", err_msg());
+  cr_assert_eq(n, 1);
+  const int64_t id = ev[0].id;
+  free(ev);
+  return id;
+}
+
+/* The tester's case: a restore gives back the backup's rows, but never an id
+ * the replaced database had handed out after the backup (users, scripts,
+ * fsdpd's work directories jobs/<id>/<attempt> and fsdpctl events --follow
+ * still hold them): jobs, nodes, events and each job's attempts go on above
+ * them, and the restore says what the backup lacks (the jobs made after it,
+ * their checkpoints, attempts and checkpoints of its jobs, nodes, events).
+ * Onto a database it cannot read (here: none), a gap is left, and said. */
+Test(store, a_restore_hands_out_no_id_the_replaced_database_had) {
+  store_t *st = open_db("state.db");
+  const int64_t node = add_node(st, "n0", 2);
+  int64_t a = submit(st, "a", 1, 0), ep;
+  cr_assert_eq(start_on(st, a, node, 1, &ep), 0);
+  cr_assert_eq(ep, 1);
+  store_ckpt_t k;
+  store_ckpt_shard_t s0 = {0, 0, 100, 5};
+  cr_assert_eq(store_ckpt_report(st, a, 1, 10, 1, "/ck/step-00000010", &s0, &k), 0, "%s", err_msg());
+  cr_assert_eq(store_ckpt_close(st, a, 10, 1, NULL), 0, "%s", err_msg());
+  store_close(st);
+  int version, had_wal;
+  cr_assert_eq(store_backup(tpath("state.db"), tpath("backup.db"), &version), 0, "%s", err_msg());
+  /* after the backup: a's attempt 2 and its checkpoint, a node, three jobs */
+  st = open_db("state.db");
+  cr_assert_eq(store_attempt_requeue(st, a, 1, "preempted"), 0, "%s", err_msg());
+  cr_assert_eq(start_on(st, a, node, 1, &ep), 0);
+  cr_assert_eq(ep, 2);
+  cr_assert_eq(store_ckpt_report(st, a, 2, 20, 1, "/ck/step-00000020", &s0, &k), 0, "%s", err_msg());
+  cr_assert_eq(store_ckpt_close(st, a, 20, 2, NULL), 0, "%s", err_msg());
+  cr_assert_eq(add_node(st, "late", 1), 2);
+  for (int i = 0; i < 3; i++) cr_assert_eq(submit(st, "lost", 1, 0), 2 + i);
+  const int64_t seen = newest_event(st); /* a follower's cursor */
+  store_close(st);
+
+  store_restore_info_t info;
+  cr_assert_eq(store_restore(tpath("state.db"), tpath("backup.db"), &version, &had_wal, &info), 0,
+               "%s", err_msg());
+  cr_assert(info.report, "the restore says what was lost");
+  cr_expect_eq(info.known, 1);
+  cr_expect_eq(info.lost_jobs, 3);
+  cr_expect_eq(info.next_job, 5);
+  cr_expect_eq(info.lost_nodes, 1);
+  cr_expect_eq(info.next_node, 3);
+  cr_expect_eq(info.lost_attempts, 1);
+  cr_expect_eq(info.lost_checkpoints, 1);
+  cr_expect_gt(info.lost_events, 0);
+  cr_expect_eq(info.next_event, seen + 1);
+  cr_expect(strstr(info.report, "jobs j-2..j-4 (3) were created after this backup"), "%s",
+            info.report);
+  cr_expect(strstr(info.report, "nodes n-2 were registered after this backup"), "%s", info.report);
+  cr_expect(strstr(info.report, "job j-1: attempt 2 ran after this backup"), "%s", info.report);
+  cr_expect(strstr(info.report, "j-1 step 20: /ck/step-00000020"), "%s", info.report);
+  free(info.report);
+
+  st = open_db("state.db");
+  store_job_t *jobs;
+  int n;
+  cr_assert_eq(store_job_list(st, 0, 0, 0, &jobs, &n), 0, "%s", err_msg());
+  cr_assert_eq(n, 1, "the backup's one job, not %d", n);
+  store_jobs_free(jobs, n);
+  cr_assert_eq(submit(st, "next", 1, 0), 5, "job ids go on above j-4");
+  cr_assert_eq(add_node(st, "newer", 1), 3, "node ids go on above n-2");
+  store_event_t *ev;
+  cr_assert_eq(store_event_list(st, 0, seen, 0, &ev, &n), 0, "%s", err_msg());
+  cr_assert_geq(n, 3, "the follower reads on: the restore's event, the submit, the node");
+  cr_assert_str_eq(ev[0].kind, "store.restored");
+  cr_assert_eq(ev[0].id, seen + 1);
+  free(ev);
+  /* a's next attempt comes after the one the backup missed */
+  cr_assert_eq(store_attempt_requeue(st, a, 1, "restored"), 0, "%s", err_msg());
+  cr_assert_eq(start_on(st, a, node, 1, &ep), 0);
+  cr_assert_eq(ep, 3, "attempt %lld: jobs/j-1/2 holds the attempt the backup missed",
+               (long long)ep);
+  store_close(st);
+
+  /* onto a path that holds nothing to read: a gap, said */
+  cr_assert_eq(store_restore(tpath("fresh.db"), tpath("backup.db"), &version, &had_wal, &info), 0,
+               "%s", err_msg());
+  cr_expect_eq(info.known, 0);
+  cr_expect_eq(info.next_job, 2 + STORE_RESTORE_GAP);
+  cr_assert(info.report && strstr(info.report, "A gap was left"), "%s", info.report);
+  free(info.report);
+  st = open_db("fresh.db");
+  cr_assert_eq(submit(st, "next", 1, 0), 2 + STORE_RESTORE_GAP);
+  cr_assert_eq(store_attempt_requeue(st, a, 1, "restored"), 0, "%s", err_msg());
+  cr_assert_eq(start_on(st, a, node, 1, &ep), 0);
+  cr_assert_eq(ep, 2 + STORE_RESTORE_EPOCH_GAP);
+  store_close(st);
 }
 
 /* A restore is refused while a store (a coordinator) holds the database,
@@ -1921,7 +2022,7 @@ Test(store, a_restore_refused_leaves_both_files_as_they_were) {
   cr_assert_eq(store_backup(tpath("state.db"), tpath("backup.db"), &version), 0, "%s", err_msg());
   submit(st, "after", 2, 0);
   const uint64_t live = digest("state.db");
-  cr_assert_eq(store_restore(tpath("state.db"), tpath("backup.db"), &version, &had_wal),
+  cr_assert_eq(store_restore(tpath("state.db"), tpath("backup.db"), &version, &had_wal, NULL),
                FSDP_ESTATE, "while the store is open");
   cr_expect(strstr(err_msg(), "in use by another coordinator"), "%s", err_msg());
   cr_assert(digest("state.db") == live);
@@ -1959,7 +2060,7 @@ Test(store, a_restore_refused_leaves_both_files_as_they_were) {
     struct stat was;
     cr_assert_eq(chmod(tpath(no[i].db), 0640), 0);
     cr_assert_eq(stat(tpath(no[i].db), &was), 0);
-    cr_assert_eq(store_restore(tpath(no[i].db), tpath(no[i].backup), &version, &had_wal),
+    cr_assert_eq(store_restore(tpath(no[i].db), tpath(no[i].backup), &version, &had_wal, NULL),
                  no[i].code, "%s onto %s: %s", no[i].backup, no[i].db, err_msg());
     cr_expect(strstr(err_msg(), no[i].says), "%s onto %s: %s", no[i].backup, no[i].db, err_msg());
     cr_assert(file_hash(no[i].db) == d && file_hash(no[i].backup) == b,
