@@ -2202,7 +2202,9 @@ static size_t n_jobs(void) {
  * stays). `--restore` is refused while a coordinator runs, then gives a
  * database on which the coordinator starts with exactly the backup's one
  * job, not the 61 the crashed one had (SQLite would replay its log over a
- * plain copy). */
+ * plain copy). The restore says which jobs the backup lacks, and their ids
+ * are not handed out again: the next submit is the 62nd, not the 2nd (fsdpd
+ * would have written its logs over the lost job's, jobs/<id>/1/). */
 Test(coordinator, a_restore_after_a_crash_gives_back_the_backup_not_the_crash) {
   char d[600], id[32], a[3000], out[8192];
   data_opt(d, sizeof d);
@@ -2212,10 +2214,9 @@ Test(coordinator, a_restore_after_a_crash_gives_back_the_backup_not_the_crash) {
   snprintf(db, sizeof db, "%s", co_db);
   snprintf(a, sizeof a, "--db '%s' --backup '%s'", db, bk);
   cr_assert_eq(tu_run_bin("fsdp-coordinator", a, out, sizeof out), 0, "%s", out);
-  for (int i = 0; i < RESTORE_LATER_JOBS; i++) {
-    char later[32];
+  char later[32] = "";
+  for (int i = 0; i < RESTORE_LATER_JOBS; i++)
     cr_assert_eq(submit(2, kv, later, sizeof later), 0, "%s", err_msg());
-  }
   cr_assert_eq(n_jobs(), 1 + RESTORE_LATER_JOBS);
   snprintf(a, sizeof a, "--db '%s' --restore '%s'", db, bk);
   cr_assert_eq(tu_run_bin("fsdp-coordinator", a, out, sizeof out), 1, "restored under a "
@@ -2228,12 +2229,22 @@ Test(coordinator, a_restore_after_a_crash_gives_back_the_backup_not_the_crash) {
   snprintf(a, sizeof a, "--db '%s' --restore '%s'", db, bk);
   cr_assert_eq(tu_run_bin("fsdp-coordinator", a, out, sizeof out), 0, "%s", out);
   cr_assert(strstr(out, "restored from the backup") && strstr(out, "log (-wal)"), "%s", out);
+  const long first = strtol(id + 2, NULL, 10), last = strtol(later + 2, NULL, 10);
+  cr_assert_eq(last, first + RESTORE_LATER_JOBS, "%s %s", id, later);
+  char lost[128];
+  snprintf(lost, sizeof lost, "jobs j-%ld..j-%ld (%d) were created after this backup", first + 1,
+           last, RESTORE_LATER_JOBS);
+  cr_assert(strstr(out, lost), "the restore names the jobs it lost (%s): %s", lost, out);
   cr_assert(stat(strcat(strcpy(a, db), "-wal"), &sb) || sb.st_size == 0, "a log stayed");
   co_start(db, "127.0.0.1:0", NULL);
   client_for(&co, NULL);
   cr_assert_eq(n_jobs(), 1, "the backup's one job");
   Fsdp__V1__GetJobReply *j = get_job(id);
   reply_free(j);
+  char next[32];
+  cr_assert_eq(submit(2, kv, next, sizeof next), 0, "%s", err_msg());
+  cr_assert_eq(strtol(next + 2, NULL, 10), last + 1, "the next job is %s, after %s: no id the "
+               "crashed coordinator handed out is handed out again", next, later);
   free(bk);
 }
 
