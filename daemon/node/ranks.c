@@ -705,9 +705,45 @@ static int rk_write_job(rank_t *rk, const char *path) {
   return FSDP_OK;
 }
 
+/* A log already at path is an earlier run's: a job of this id ran this
+ * attempt on this node before (a coordinator restored from an older backup
+ * handed its id out again, before it kept ids above those handed out; a
+ * node moved between clusters; a work directory reused). Its log may be the
+ * only record of that run, so it is never truncated: it is moved aside, to
+ * path.N (the first N free: link, which never replaces, then unlink), with
+ * a warning, and the new rank runs. Refusing the rank instead would fail a
+ * job for a name clash the coordinator no longer makes, and would leave the
+ * operator nothing to do but the same move. 0, or an error (the log could
+ * not be kept: the rank does not start). */
+#define RK_LOG_ASIDE_MAX 1000
+static int rk_keep_old_log(rank_t *rk, const char *path) {
+  struct stat sb;
+  if (lstat(path, &sb) || !S_ISREG(sb.st_mode) || sb.st_nlink != 1)
+    return 0; /* none; or not a plain file, which rk_create refuses */
+  char aside[PATH_MAX + 48];
+  for (int i = 1; i <= RK_LOG_ASIDE_MAX; i++) {
+    snprintf(aside, sizeof aside, "%s.%d", path, i);
+    if (link(path, aside)) {
+      if (errno == EEXIST) continue;
+      break;
+    }
+    if (unlink(path) && errno != ENOENT) break;
+    LOG_WARN("fsdpd", "job %s attempt %" PRIu32 " rank %" PRIu32 ": %s was already there (%lld "
+             "bytes: an earlier run of a job with this id and attempt on this node); kept as %s, "
+             "not overwritten", rk_job(rk), rk->a->attempt, rk->a->rank, path,
+             (long long)sb.st_size, aside);
+    return 0;
+  }
+  return err_set_errno(FSDP_EEXIST, errno, "%s is an earlier run's log (%lld bytes: a job of this "
+                       "id and attempt ran on this node before) and cannot be moved aside (to "
+                       "%s): it is not overwritten; move it away, then run the job again", path,
+                       (long long)sb.st_size, aside);
+}
+
 static FILE *rk_open_log(rank_t *rk, char *path) {
   ranks_t *R = rk->R;
   int fd; /* as rk_write_job: never a FIFO's wait, nor another's file */
+  if (rk_keep_old_log(rk, path)) return NULL;
   if (rk_create(path, 0640, &fd)) {
     err_wrap(FSDP_EIO, "cannot create the rank's log");
     return NULL;

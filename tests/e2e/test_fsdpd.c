@@ -854,6 +854,52 @@ Test(fsdpd, a_link_planted_for_a_ranks_files_is_not_written_through, .timeout = 
   free(v);
 }
 
+/* A rank whose log is already there (a job of that id and attempt ran on
+ * this node before: a coordinator restored from an older backup handed the
+ * id out again) keeps it: the earlier log is moved aside to rank-R.log.N
+ * (the first N free), with a warning, and the new rank runs with a log of
+ * its own; the earlier one was truncated before (an outside tester lost a
+ * 2.2 MB log that way). */
+Test(fsdpd, a_log_already_there_is_moved_aside_not_overwritten, .timeout = 40 * TU_SLOW) {
+  char dir[1200], p[1300], cmd[1400], out[256];
+  snprintf(dir, sizeof dir, "%s/jobs/j-8/1", workdir);
+  snprintf(cmd, sizeof cmd, "mkdir -p '%s'", dir);
+  cr_assert_eq(tu_sh(cmd, out, sizeof out), 0, "%s", out);
+  snprintf(p, sizeof p, "%s/rank-0.log", dir);
+  tu_write_file(p, "the earlier job's rank 0\n", 25);
+  snprintf(p, sizeof p, "%s/rank-1.log", dir);
+  tu_write_file(p, "the earlier job's rank 1\n", 25);
+  snprintf(p, sizeof p, "%s/rank-1.log.1", dir);
+  tu_write_file(p, "an even earlier one\n", 20);
+  fsdpd_start();
+  cr_assert(wait_for(registered, 10), "%s", tu_slurp(fsdpd_log, NULL));
+  queue_job("j-8", 2, 3);
+  cr_assert(wait_for(two_exits, 30), "the ranks did not end:\n%s", tu_slurp(fsdpd_log, NULL));
+  pthread_mutex_lock(&F.mu);
+  for (int i = 0; i < 2; i++)
+    cr_expect_eq(F.exits[i].exit_status, 0, "rank %u: %s", F.exits[i].rank, F.exits[i].message);
+  pthread_mutex_unlock(&F.mu);
+  static const struct { const char *name, *text; } kept[] = {
+      {"rank-0.log.1", "the earlier job's rank 0\n"},
+      {"rank-1.log.2", "the earlier job's rank 1\n"},
+      {"rank-1.log.1", "an even earlier one\n"}};
+  for (size_t i = 0; i < sizeof kept / sizeof kept[0]; i++) {
+    snprintf(p, sizeof p, "%s/%s", dir, kept[i].name);
+    char *t = tu_slurp(p, NULL);
+    cr_expect(t && !strcmp(t, kept[i].text), "%s: %s", kept[i].name, t ? t : "missing");
+    free(t);
+  }
+  for (int r = 0; r < 2; r++) {
+    snprintf(p, sizeof p, "%s/rank-%d.log", dir, r);
+    char *t = tu_slurp(p, NULL);
+    cr_expect(t && !strstr(t, "earlier"), "rank %d's own log: %s", r, t ? t : "missing");
+    free(t);
+  }
+  char *l = tu_slurp(fsdpd_log, NULL);
+  cr_expect(l && strstr(l, "kept as") && strstr(l, "rank-0.log.1"), "no warning:\n%s", l);
+  free(l);
+}
+
 Test(fsdpd, a_kill_stops_both_ranks_within_the_grace_and_leaves_nothing, .timeout = 40 * TU_SLOW) {
   int pids[2];
   start_long_job(pids);
