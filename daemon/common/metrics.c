@@ -76,6 +76,12 @@ void metrics_hist_init(metrics_hist_t *h, double first, double factor) {
   }
 }
 
+void metrics_hist_init_bounds(metrics_hist_t *h, const double *le, int n) {
+  memset(h, 0, sizeof *h);
+  h->n = n < METRICS_BUCKETS ? n : METRICS_BUCKETS;
+  for (int i = 0; i < h->n; i++) h->le[i] = le[i];
+}
+
 void metrics_hist_observe(metrics_hist_t *h, double seconds) {
   for (int i = 0; i < h->n; i++)
     if (seconds <= h->le[i]) h->count[i]++;

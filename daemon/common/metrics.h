@@ -42,6 +42,9 @@ typedef struct metrics_hist {
  * (then +Inf): what is measured decides its range (milliseconds for a
  * heartbeat's lateness, up to hours for a job's wait for placement). */
 void metrics_hist_init(metrics_hist_t *h, double first, double factor);
+/* n (at most METRICS_BUCKETS) bounds as given, ascending: where an alert's
+ * threshold must be a bound (a quantile is interpolated inside a bucket). */
+void metrics_hist_init_bounds(metrics_hist_t *h, const double *le, int n);
 void metrics_hist_observe(metrics_hist_t *h, double seconds);
 /* Its family and samples: name_bucket{le=...}, name_sum, name_count. */
 void metrics_hist_write(metrics_buf_t *b, const char *name, const char *help,

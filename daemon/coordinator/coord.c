@@ -167,11 +167,21 @@ static uint64_t coord_stall_pending(const coord_t *c, uint64_t now) {
   return c->tick_ms && now - c->tick_ms > 2 * COORD_TICK_MS ? now - c->tick_ms - COORD_TICK_MS : 0;
 }
 
+/* 1 when n is beating: its heartbeat is held now (a node keeps one in
+ * flight, and the call is cancelled when its process or connection dies),
+ * or it called, or was answered, a moment ago (between an answer and its
+ * next call). A node that stopped gets no new ranks while its timeout runs
+ * out. */
+static int coord_node_beating(const coord_node_t *n, uint64_t now) {
+  const uint64_t last = n->heard_ms > n->answered_ms ? n->heard_ms : n->answered_ms;
+  return n->poll || now - last <= COORD_BEAT_SLACK_MS;
+}
+
 void coord_node_heard(coord_t *c, coord_node_t *n) {
   const uint64_t now = coord_mono_ms(c);
   /* placement leaves a quiet node out (coord_pic_load): a job that waited
    * meanwhile may fit on it now (else it waited for some other change) */
-  if (!n->poll && now - n->heard_ms > COORD_BEAT_SLACK_MS) c->dirty = 1;
+  if (!coord_node_beating(n, now)) c->dirty = 1;
   n->heard_ms = now, n->heard_unix_ms = coord_unix_ms();
   /* a call read as the loop comes out of a stall came after it (or waited
    * it out): that stall is not this node's to be excused again */
@@ -459,6 +469,7 @@ void coord_node_drop_poll(coord_t *c, coord_node_t *n, const char *why) {
 static void coord_node_answer(coord_t *c, coord_node_t *n) {
   rpc_call_t *call = n->poll;
   n->poll = NULL;
+  n->answered_ms = coord_mono_ms(c);
   coord_held_unlink(c, n);
   rpc_call_on_cancel(call, NULL, NULL);
   Fsdp__V1__HeartbeatReply rep = FSDP__V1__HEARTBEAT_REPLY__INIT;
@@ -1296,11 +1307,7 @@ int coord_pic_load(coord_t *c, coord_pic_t *p) {
   for (int i = 0; i < p->nn; i++) {
     const store_node_t *n = &p->nodes[i];
     coord_node_t *ln = coord_node_get(c, n->id, 0);
-    /* beating: its heartbeat is held now (a node keeps one in flight, and
-     * the call is cancelled when its process or connection dies), or the
-     * last one came a moment ago (between a reply and the next call). A
-     * node that stopped gets no new ranks while its timeout runs out. */
-    const int beating = ln && (ln->poll || now - ln->heard_ms <= COORD_BEAT_SLACK_MS);
+    const int beating = ln && coord_node_beating(ln, now);
     p->sn[i] = (sched_node_t){n->id, n->name,
                               n->state == STORE_NODE_ALIVE && ln && ln->session && !ln->dead &&
                                   !ln->stopping && beating,
@@ -1745,6 +1752,7 @@ static void coord_opts_fill(coord_opts_t *o) {
   if (!o->heartbeat_timeout_ms) o->heartbeat_timeout_ms = 5000;
   if (!o->restart_grace_ms) o->restart_grace_ms = 3 * o->heartbeat_timeout_ms;
   if (!o->checkpoint_timeout_ms) o->checkpoint_timeout_ms = 300000;
+  if (!o->restart_backoff_ms) o->restart_backoff_ms = 10000;
   if (!o->event_retention_days) o->event_retention_days = 90;
 }
 
@@ -1839,7 +1847,11 @@ int coord_create(coord_t **out, uv_loop_t *loop, const coord_opts_t *o) {
   rpc_server_opts_t ho = {.addr = o->health_listen, .addr_option = "--health-listen"};
   if (!rc && o->health_listen && !(rc = rpc_server_create(&c->health, loop, &ho)))
     rc = rpc_server_start(c->health);
-  metrics_hist_init(&c->hb_late, 0.002, 2.5); /* 2 ms .. 48 s: a stall of the loop, late past a timeout */
+  /* 1 ms .. 30 s (a stall of the loop, late past a timeout), with 1 s, the
+   * alert's threshold, a bound: inside a bucket the p99 is interpolated,
+   * and a few beats 0.5 s late would read as over 1 s */
+  static const double hb_le[] = {0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 30};
+  metrics_hist_init_bounds(&c->hb_late, hb_le, (int)(sizeof hb_le / sizeof *hb_le));
   metrics_hist_init(&c->sched, 0.1, 3);     /* 100 ms .. 5 h: a job may wait for nodes */
   metrics_hist_init(&c->pass, 0.001, 2);    /* 1 ms .. 2 s */
   metrics_hist_init(&c->commit, 0.001, 3);  /* 1 ms .. 3 min: large checkpoints' headers */

@@ -583,8 +583,9 @@ static void coord_ckpt_verify_work(uv_work_t *w) {
   /* the step's directory gone too: the coordinator's view of the file
    * system, not the checkpoint, is what is wrong (retention removed it, or
    * the mount went) */
-  if (stat(v->dir, &st) || !S_ISDIR(st.st_mode)) {
-    const int e = errno ? errno : ENOTDIR;
+  const int seen = !stat(v->dir, &st);
+  if (!seen || !S_ISDIR(st.st_mode)) {
+    const int e = seen ? ENOTDIR : errno;
     /* ... unless it was set aside as damaged (step-N.damaged, by the
      * coordinator, whose record of it a stop cut off, or by hand): the file
      * system is there, and the checkpoint is not in its step's name */

@@ -49,6 +49,7 @@ typedef struct coord_node {
   uint64_t session;         /* 0: not registered since this coordinator started */
   uint64_t instance;        /* the registered fsdpd process's (proto: instance; 0: unknown) */
   uint64_t heard_ms;        /* loop time of its last call (coord_node_heard) */
+  uint64_t answered_ms;     /* loop time its held heartbeat was last answered */
   uint64_t deaf_heard_ms;   /* coord_t.deaf_ms then (coord_node_silent_ms) */
   uint64_t grace_until_ms;  /* the store had it alive at start: not dead before (loop time) */
   int awaited;              /* that, and it has not called since */

@@ -595,10 +595,14 @@ int main(int argc, char **argv) {
                                 .node_token_file = D.node_token_file, .user_only = 1,
                                 .tls_cert_file = D.tls_cert, .tls_key_file = D.tls_key};
   const rpc_client_opts_t co = {.target = D.coordinator, .token_file = D.token_file, .tls_ca_file = D.tls_ca};
-  if (rpc_server_check(&so) || rpc_client_check(&co) ||
-      (D.metrics_listen && metrics_listen_check(D.metrics_listen))) { /* the operator's to fix: no retry would help */
+  int bad = rpc_server_check(&so);
+  if (!bad) bad = rpc_client_check(&co);
+  if (!bad && D.metrics_listen) bad = metrics_listen_check(D.metrics_listen);
+  if (bad) {
     fprintf(stderr, "fsdpd: %s (fsdpd --help)\n", err_msg());
-    return 2;
+    /* the operator's to fix (2: the unit does not restart it), but for a
+     * file not there yet (a secret a provisioner writes after boot): 1 */
+    return bad == FSDP_ENOENT ? 1 : 2;
   }
   /* what it and its ranks write (its work directory and lock, job files,
    * logs, checkpoints) is never for every user of the host, whatever umask

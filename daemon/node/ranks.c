@@ -723,11 +723,15 @@ static int rk_keep_old_log(rank_t *rk, const char *path) {
   char aside[PATH_MAX + 48];
   for (int i = 1; i <= RK_LOG_ASIDE_MAX; i++) {
     snprintf(aside, sizeof aside, "%s.%d", path, i);
-    if (link(path, aside)) {
+    int moved = !link(path, aside) && !(unlink(path) && errno != ENOENT);
+    /* no hard links (vfat, SMB, some FUSE mounts; fs.protected_hardlinks
+     * for another user's file): a rename that never replaces */
+    if (!moved && errno != EEXIST)
+      moved = !renameat2(AT_FDCWD, path, AT_FDCWD, aside, RENAME_NOREPLACE);
+    if (!moved) {
       if (errno == EEXIST) continue;
       break;
     }
-    if (unlink(path) && errno != ENOENT) break;
     LOG_WARN("fsdpd", "job %s attempt %" PRIu32 " rank %" PRIu32 ": %s was already there (%lld "
              "bytes: an earlier run of a job with this id and attempt on this node); kept as %s, "
              "not overwritten", rk_job(rk), rk->a->attempt, rk->a->rank, path,

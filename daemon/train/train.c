@@ -754,12 +754,12 @@ static void train_saves_agree(train_t *t, const float *v) {
              failed, err_msg());
     return;
   }
-  LOG_INFO("train", "checkpoint of step %d removed: %d rank(s) did not write their shard and "
-           "every rank's write of it has ended", step, failed);
+  LOG_INFO("train", "checkpoint of step %d removed: %d rank(s) did not write their shard or its "
+           "manifest, and every rank's write of it has ended", step, failed);
   if (t->opts.out)
     fprintf(t->opts.out, "train: checkpoint step %d removed: %d rank(s) could not write their "
-            "shard, so it never commits; what the others wrote of it is gone, and its space is "
-            "free for the next checkpoint\n", step, failed);
+            "shard or its manifest, so it never commits; what was written of it is gone, and its "
+            "space is free for the next checkpoint\n", step, failed);
 }
 
 /* Writes this rank's shard of the checkpoint of the step just done (the

@@ -2146,7 +2146,7 @@ Test(fsdpctl, a_followed_log_carries_on_through_an_fsdpd_restart) {
   expect_in(lerr, "the log stream from node n-1 broke");
   expect_in(lerr, "resuming at byte 32");
   cr_expect(!strstr(strstr(lerr, "broke") + 1, "broke"), "said once: %s", lerr);
-  cr_expect(dt < 2.5, "it came back %.2f s after the node", dt);
+  cr_expect(dt < 2.5 * TU_SLOW, "it came back %.2f s after the node", dt);
   int calls = 0;
   Fsdp__V1__GetRankLogsRequest *req =
       rec_get("GetRankLogs", &fsdp__v1__get_rank_logs_request__descriptor, &calls);
@@ -2468,7 +2468,7 @@ Test(fsdpctl, a_followed_log_finds_a_restarted_fsdpd_on_its_new_port) {
   char moved[128];
   snprintf(moved, sizeof moved, "node n-1 is at 127.0.0.1:%d now (was 127.0.0.1:%d)", node_port, old_port);
   expect_in(lerr, moved);
-  cr_expect(dt < 2.5, "it came back %.2f s after the node", dt);
+  cr_expect(dt < 2.5 * TU_SLOW, "it came back %.2f s after the node", dt);
   Fsdp__V1__GetRankLogsRequest *req =
       rec_get("GetRankLogs", &fsdp__v1__get_rank_logs_request__descriptor, NULL);
   cr_expect_eq(req->offset, 32, "the last stream starts after what was printed");
@@ -2487,7 +2487,8 @@ Test(fsdpctl, a_watch_gives_up_on_a_port_that_never_speaks_within_the_timeout) {
   cr_assert_eq(rc, 4, "exit %d: %s", rc, err);
   expect_in(err, "no message for 2 s");
   expect_in(err, "check --coordinator");
-  cr_assert(ctl_seconds >= 2.0 && ctl_seconds < 4.0, "gave up after %.2f s (--timeout 2)", ctl_seconds);
+  cr_assert(ctl_seconds >= 2.0 && ctl_seconds < 4.0 * TU_SLOW, "gave up after %.2f s (--timeout 2)",
+            ctl_seconds);
 }
 
 /* A TCP relay to the fake coordinator that can freeze: then it reads and
@@ -2578,7 +2579,7 @@ Test(fsdpctl, a_watch_gives_up_on_a_frozen_coordinator_within_the_timeout) {
   expect_in(werr, "the coordinator stayed unreachable for 2 s");
   /* unnoticed for at most --timeout (pings every 1 s, 1 s for the answer),
    * then unreachable for --timeout, and a try's --timeout at most */
-  cr_expect(dw >= 2.0 && dw < 8.0, "the watch gave up after %.2f s (--timeout 2)", dw);
+  cr_expect(dw >= 2.0 && dw < 8.0 * TU_SLOW, "the watch gave up after %.2f s (--timeout 2)", dw);
 }
 
 /* A DEADLINE_EXCEEDED the coordinator sent (its database locked) shows its
