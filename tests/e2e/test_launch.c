@@ -307,12 +307,13 @@ Test(launch, a_stop_whose_last_shard_is_slower_than_the_comm_timeout_is_agreed_o
   cr_assert_eq(mkdir(ck, 0755), 0);
   const int timeout_ms = 1000 * TU_SLOW;
   snprintf(cmd, sizeof cmd,
-           "{ LD_PRELOAD='%s' SLOW_FSYNC_MATCH=shard-00001 SLOW_FSYNC_MS=%d FSDP_COMM_TIMEOUT_MS=%d "
+           "{ FSDP_PROGRESS_EVERY=1000 LD_PRELOAD='%s' SLOW_FSYNC_MATCH=shard-00001 SLOW_FSYNC_MS=%d "
+           "FSDP_COMM_TIMEOUT_MS=%d "
            "%s/bin/fsdp-launch -n 2 --grace %d -- %s/bin/fsdp-train --model tiny --steps 100000 "
            "--warmup_steps 1 --batch 2 --seq_len 32 --eval_fraction 0 --data %s "
            "--checkpoint_dir %s --checkpoint_async 0 > '%s' 2>&1 & p=$!; i=0; "
            "until grep -q 'train: model' '%s' || [ $i -ge 600 ]; do sleep 0.1; i=$((i+1)); done; "
-           "sleep 1; kill -TERM $p; wait $p; echo launch=$?; cat '%s'; }",
+           "sleep 1; kill -TERM $p; wait $p; echo launch=$?; tail -n 60 '%s'; }",
            tu_fs_shim(), 3 * timeout_ms, timeout_ms, tu_root(), 6 * timeout_ms / 1000, tu_root(),
            data, ck, log, log, log);
   tu_sh(cmd, out, sizeof out);
