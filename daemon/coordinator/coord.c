@@ -1886,6 +1886,13 @@ int coord_running_jobs(coord_t *c) {
   return store_job_counts(c->st, n) ? -1 : (int)n[STORE_JOB_RUNNING];
 }
 
+int coord_nodes_live(const coord_t *c) {
+  int n = 0;
+  for (int64_t i = 0; i < c->cap_node; i++)
+    n += c->node[i] && !c->node[i]->dead && c->node[i]->session;
+  return n;
+}
+
 int coord_metrics_port(const coord_t *c) { return c->metrics ? metrics_server_port(c->metrics) : 0; }
 
 /* The handles close one after another (tick, beat, flush); the last frees. */

@@ -70,6 +70,10 @@ int coord_reload_tokens(coord_t *c);
 int coord_port(const coord_t *c);
 /* Jobs in state RUNNING (-1 when the store cannot say). */
 int coord_running_jobs(coord_t *c);
+/* Nodes registered since it started and neither dead nor stopped: a stop
+ * with --stop-grace waits for them to say they leave (their fsdpd stopped
+ * by the same signal). */
+int coord_nodes_live(const coord_t *c);
 /* Checkpoint commits still on the thread pool: a stop waits for them (their
  * last shard's report is answered with the outcome). */
 int coord_commits_in_flight(const coord_t *c);

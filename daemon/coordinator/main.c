@@ -79,10 +79,12 @@ static void usage(FILE *f) {
           "  --health-listen ADDR       serve gRPC health alone there, plaintext and without a\n"
           "                             token, for probes that cannot do TLS (kubelet's grpc:\n"
           "                             probe with --tls-cert on; default: none)\n"
-          "  --stop-grace SECONDS       on SIGTERM, keep serving while jobs still run, up to\n"
+          "  --stop-grace SECONDS       on SIGTERM, keep serving while jobs still run or nodes\n"
+          "                             registered with it have not said they leave, up to\n"
           "                             this long, so that nodes stopped by the same signal\n"
           "                             (a batch allocation ending) report their ranks'\n"
-          "                             checkpoints and exits first (default 0: stop at once)\n"
+          "                             checkpoints and exits, and leave, first (default 0:\n"
+          "                             stop at once)\n"
           "  --event-retention-days N   audit events (the database's events table) older\n"
           "                             than this are removed (default 90; 0: kept forever)\n"
           "  --job-retention-days N     jobs that ended more than N days ago are removed from\n"
@@ -119,45 +121,53 @@ static void stop_now(void) {
   uv_close((uv_handle_t *)&stop_wait, NULL);
 }
 
-/* What a stop waits for: running jobs (only with --stop-grace, for as long
- * as it says) and checkpoint commits on the pool (always, up to
- * COMMIT_WAIT_S past the grace: a checkpoint whose every shard is in is
- * committed and its last report answered before the store closes, also one
- * whose last shard came near the grace's end). */
+/* What a stop waits for: running jobs and live nodes (only with
+ * --stop-grace, for as long as it says) and checkpoint commits on the pool
+ * (always, up to COMMIT_WAIT_S past the grace: a checkpoint whose every
+ * shard is in is committed and its last report answered before the store
+ * closes, also one whose last shard came near the grace's end). A node
+ * stopped by the same signal says it leaves after its ranks' exits: a
+ * coordinator gone by then (the job requeued, nothing else running) left it
+ * counted dead at its heartbeat timeout, with "could not tell the
+ * coordinator" in its log (under Slurm, on every scancel and requeue). */
 static int stop_jobs(void) { return stop_grace_s ? coord_running_jobs(coord) : 0; }
+static int stop_nodes(void) { return stop_grace_s ? coord_nodes_live(coord) : 0; }
 
 static void stop_wait_cb(uv_timer_t *t) {
   const uint64_t now = uv_now(t->loop);
-  const int running = stop_jobs(), commits = coord_commits_in_flight(coord);
-  if (running > 0 && now < stop_jobs_until) return;
+  const int running = stop_jobs(), nodes = stop_nodes(), commits = coord_commits_in_flight(coord);
+  if ((running > 0 || nodes > 0) && now < stop_jobs_until) return;
   if (commits > 0 && now < stop_jobs_until + COMMIT_WAIT_S * 1000ull) return;
   const double after = (double)(now - stop_signal_ms) / 1e3;
-  if (running > 0)
-    LOG_WARN("coord", "--stop-grace of %d s over with %d job(s) still running: stopping %.1f s "
-             "after the signal", stop_grace_s, running, after);
+  if (running > 0 || nodes > 0)
+    LOG_WARN("coord", "--stop-grace of %d s over with %d job(s) still running and %d node(s) "
+             "not left: stopping %.1f s after the signal", stop_grace_s, running > 0 ? running : 0,
+             nodes, after);
   if (commits > 0)
     LOG_WARN("coord", "%d checkpoint commit(s) still running %.1f s after the signal: stopping "
              "(the next start commits them)", commits, after);
-  if (running <= 0 && !commits)
+  if (running <= 0 && nodes <= 0 && !commits)
     LOG_INFO("coord", "nothing left to wait for: stopping %.1f s after the signal", after);
   stop_now();
 }
 
 static void on_signal(uv_signal_t *s, int signum) {
-  const int running = stop_jobs(), commits = coord_commits_in_flight(coord);
-  if (stop_signal_ms || (running <= 0 && commits == 0)) {
+  const int running = stop_jobs(), nodes = stop_nodes(), commits = coord_commits_in_flight(coord);
+  if (stop_signal_ms || (running <= 0 && nodes <= 0 && commits == 0)) {
     LOG_INFO("coord", "signal %d: stopping", signum);
     stop_now();
     return;
   }
   /* the nodes got the same signal (a batch system stopping its allocation):
-   * their ranks checkpoint and report through this coordinator first */
+   * their ranks checkpoint and report through this coordinator first, and
+   * then they leave */
+  const int wait = running > 0 || nodes > 0;
   stop_signal_ms = uv_now(s->loop);
-  stop_jobs_until = stop_signal_ms + (running > 0 ? (uint64_t)stop_grace_s * 1000 : 0);
-  LOG_INFO("coord", "signal %d: stopping once %d running job(s) have stopped (at most %d s) and "
-           "no checkpoint commit runs (%d now; at most %d s more); a second signal stops now",
-           signum, running > 0 ? running : 0, running > 0 ? stop_grace_s : 0, commits,
-           COMMIT_WAIT_S);
+  stop_jobs_until = stop_signal_ms + (wait ? (uint64_t)stop_grace_s * 1000 : 0);
+  LOG_INFO("coord", "signal %d: stopping once %d running job(s) have stopped and %d node(s) have "
+           "left (at most %d s) and no checkpoint commit runs (%d now; at most %d s more); a "
+           "second signal stops now", signum, running > 0 ? running : 0, nodes,
+           wait ? stop_grace_s : 0, commits, COMMIT_WAIT_S);
   uv_timer_start(&stop_wait, stop_wait_cb, 50, 50);
 }
 
