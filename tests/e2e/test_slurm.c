@@ -18,9 +18,16 @@
  *   - `scancel` of a running job ends its allocation without a requeue and
  *     cancels the training job; fsdpd is registered at its node's NodeAddr
  *     (where fsdpctl logs reaches it), not at a Slurm node name;
+ *   - fsdpd that cannot start fails the allocation at once; fsdpd or the
+ *     coordinator killed mid-run requeues it and the job goes on in the
+ *     next; a coordinator that exits at its start ends it at once, exit 2;
+ *   - nothing the script started is left running, between two allocations
+ *     of a requeue or afterwards (its watch was), no watch line comes twice,
+ *     and fsdpd leaves before the coordinator stops;
  *   - nothing is left running afterwards.
  * Slurm's daemons run as root here: as another user the tests skip, saying so. */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -184,6 +191,102 @@ static void sbatch_out_says(const char *state, const char *what, int want) {
   free(text);
 }
 
+/* The processes the batch script of state started, and theirs: those whose
+ * environment holds its FSDP_STATE (sbatch and srun pass it on to each),
+ * Slurm's own slurmstepd aside; first: only the first allocation's (no
+ * SLURM_RESTART_COUNT past 0). "PID COMM" lines into out, how many. */
+static int procs_of_run(const char *state, int first, char *out, size_t len) {
+  char want[1200];
+  const int wl = snprintf(want, sizeof want, "FSDP_STATE=%s/%s", tu_tmpdir(), state) + 1; /* its NUL too */
+  static char env[1 << 18];
+  DIR *d = opendir("/proc");
+  cr_assert_not_null(d);
+  struct dirent *e;
+  int n = 0;
+  size_t o = 0;
+  out[0] = 0;
+  while ((e = readdir(d))) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    char path[300], comm[64] = "";
+    snprintf(path, sizeof path, "/proc/%s/environ", e->d_name);
+    FILE *f = fopen(path, "r");
+    if (!f) continue;
+    const size_t k = fread(env, 1, sizeof env, f);
+    fclose(f);
+    int found = 0, later = 0;
+    for (size_t i = 0; i < k; i += strnlen(env + i, k - i) + 1) {
+      found |= i + (size_t)wl <= k && !memcmp(env + i, want, (size_t)wl);
+      later |= !strncmp(env + i, "SLURM_RESTART_COUNT=", 20) && atoi(env + i + 20) > 0;
+    }
+    if (!found || (first && later)) continue;
+    snprintf(path, sizeof path, "/proc/%s/comm", e->d_name);
+    if ((f = fopen(path, "r"))) {
+      if (!fgets(comm, sizeof comm, f)) comm[0] = 0;
+      fclose(f);
+    }
+    comm[strcspn(comm, "\n")] = 0;
+    if (!strcmp(comm, "slurmstepd")) continue;
+    n++;
+    if (o < len) o += (size_t)snprintf(out + o, len - o, "%s %s\n", e->d_name, comm);
+  }
+  closedir(d);
+  return n;
+}
+static int procs_of(const char *state, char *out, size_t len) { return procs_of_run(state, 0, out, len); }
+
+/* None of those (first: of the first allocation) is left within limit_s
+ * (they may be on their way out). */
+static void none_left_of_run(const char *state, int first, double limit_s, const char *when) {
+  char out[4096];
+  const double t0 = tu_now_s();
+  while (procs_of_run(state, first, out, sizeof out) && tu_now_s() - t0 < limit_s)
+    nanosleep(&(struct timespec){0, 100000000}, NULL);
+  cr_expect_eq(procs_of_run(state, first, out, sizeof out), 0, "%s, processes the batch script "
+               "started still run:\n%s", when, out);
+}
+static void none_left_of(const char *state, double limit_s, const char *when) {
+  none_left_of_run(state, 0, limit_s, when);
+}
+
+/* The pid of the one process named comm among those of state (0: none). */
+static pid_t proc_of(const char *state, const char *comm) {
+  char out[4096], *save;
+  procs_of(state, out, sizeof out);
+  for (char *l = strtok_r(out, "\n", &save); l; l = strtok_r(NULL, "\n", &save))
+    if (!strcmp(strchr(l, ' ') + 1, comm)) return atoi(l);
+  return 0;
+}
+
+/* STATE.out shows no watch line of a step's report twice (a watch left
+ * running from an allocation before printed each one again; a state's line,
+ * "loss -", may come again at a new attempt) and no watch giving up. */
+static void no_watch_twice(const char *state) {
+  char cmd[1400], out[4096];
+  snprintf(cmd, sizeof cmd, "grep '^j-1 ' '%s/%s.out' | grep -v ' loss - ' | sort | uniq -d | head -5", tu_tmpdir(), state);
+  tu_sh(cmd, out, sizeof out);
+  cr_expect_eq(out[0], 0, "%s.out has watch lines twice:\n%s", state, out);
+  sbatch_out_says(state, "stayed unreachable", 0);
+}
+
+/* The batch job id's squeue lines are gone within limit_s; else it is
+ * cancelled (SIGKILL) and the test fails. */
+static void gone_within(int id, double limit_s, const char *state) {
+  char cmd[256], out[4096];
+  snprintf(cmd, sizeof cmd, "squeue -h -j %d -o '%%T %%r'", id);
+  const double t0 = tu_now_s();
+  while (tu_sh(cmd, out, sizeof out), out[0] && tu_now_s() - t0 < limit_s)
+    nanosleep(&(struct timespec){0, 500000000}, NULL);
+  if (!out[0]) return;
+  char path[1200];
+  snprintf(path, sizeof path, "%s/%s.out", tu_tmpdir(), state);
+  char *said = tu_slurp(path, NULL);
+  snprintf(cmd, sizeof cmd, "scancel --full -s KILL %d; scancel %d", id, id);
+  char o2[1024];
+  tu_sh(cmd, o2, sizeof o2);
+  cr_assert_fail("batch job %d is still %s after %.0f s; its output:\n%s", id, out, limit_s,
+                 said ? said : "(none)");
+}
+
 Test(slurm, the_batch_jobs_exit_code_is_the_training_jobs_outcome) {
   SKIP_UNLESS_ROOT();
   char out[1 << 14];
@@ -329,8 +432,8 @@ static void same_shards_as_one_machine(const char *jc, const char *ck, const cha
  * checkpointing every 300 into ck (made here), with its state in STATE and
  * output in STATE.out, once its ranks run: its first checkpoint committed
  * (its manifest's path in man). The Slurm job's id; *jc the job file. */
-static int sbatch_running(const char *state, const char *ck, int steps, char **jc, char *man,
-                          size_t len) {
+static int sbatch_running_opts(const char *state, const char *ck, int steps, const char *opts,
+                               char **jc, char *man, size_t len) {
   char extra[1024], cmd[4096], out[4096];
   cr_assert_eq(mkdir(ck, 0777), 0);
   chmod(ck, 0777);
@@ -339,14 +442,18 @@ static int sbatch_running(const char *state, const char *ck, int steps, char **j
   snprintf(cmd, sizeof cmd, "%s.conf", state);
   *jc = job_file(cmd, extra);
   snprintf(cmd, sizeof cmd, "cd '%s' && env %s FSDP_STATE='%s/%s' sbatch --parsable -o '%s/%s.out' "
-           "'%s/deploy/slurm/fsdp.sbatch' '%s' --ranks 2", tu_tmpdir(), env, tu_tmpdir(), state,
-           tu_tmpdir(), state, root, *jc);
+           "'%s/deploy/slurm/fsdp.sbatch' '%s' --ranks 2 %s", tu_tmpdir(), env, tu_tmpdir(), state,
+           tu_tmpdir(), state, root, *jc, opts);
   cr_assert_eq(tu_sh(cmd, out, sizeof out), 0, "%s", out);
   const int id = atoi(out);
   cr_assert_gt(id, 0, "%s", out);
   snprintf(man, len, "%s/step-00000300/manifest.json", ck);
   cluster_wait_file(man, 60);
   return id;
+}
+static int sbatch_running(const char *state, const char *ck, int steps, char **jc, char *man,
+                          size_t len) {
+  return sbatch_running_opts(state, ck, steps, "", jc, man, len);
 }
 
 /* A running batch job stopped by cmd (%d: its id): its ranks checkpoint, the
@@ -360,13 +467,28 @@ static void preempted_resumes_exactly(const char *how) {
   const int id = sbatch_running("long", ck, 3000, &jc, man, sizeof man);
   snprintf(cmd, sizeof cmd, how, id);
   run_ok(cmd);
-  /* requeued (held cred_expire + 1 s), run again, to its end */
-  snprintf(cmd, sizeof cmd, "squeue -h -j %d", id);
+  /* requeued (held cred_expire + 1 s): nothing of the first allocation is
+   * left meanwhile (its watch was: it went on into the next one) */
+  snprintf(cmd, sizeof cmd, "scontrol show job -o %d", id);
+  const double t0 = tu_now_s();
+  while (tu_sh(cmd, out, sizeof out), !strstr(out, "Restarts=1") ||
+         !(strstr(out, "JobState=PENDING") || strstr(out, "JobState=RUNNING"))) {
+    cr_assert_lt(tu_now_s() - t0, 120 * TU_SLOW, "the job was not requeued: %s", out);
+    nanosleep(&(struct timespec){0, 100000000}, NULL);
+  }
+  none_left_of_run("long", 1, 5, "between the allocations");
+  /* run again, to its end */
+  snprintf(cmd, sizeof cmd, "squeue -h -j %d -o %%T", id);
   const double t1 = tu_now_s();
   while (tu_sh(cmd, out, sizeof out), out[0]) {
     cr_assert_lt(tu_now_s() - t1, 180 * TU_SLOW, "the job is still queued or running:\n%s", out);
     nanosleep(&(struct timespec){0, 500000000}, NULL);
   }
+  none_left_of("long", 10, "after the allocation");
+  no_watch_twice("long");
+  /* fsdpd left before the coordinator stopped, and the job's state was read */
+  sbatch_out_says("long", "could not tell the coordinator", 0);
+  sbatch_out_says("long", "did not answer", 0);
   snprintf(cmd, sizeof cmd, "scontrol show job %d", id);
   run_ok(cmd);
   tu_sh(cmd, out, sizeof out);
@@ -442,6 +564,10 @@ Test(slurm, a_scancel_ends_the_allocation_and_cancels_the_training_job) {
   cr_expect(strstr(out, "JobState=CANCELLED") && strstr(out, "Restarts=0"), "%s", out);
   sbatch_out_says("cancel", "SIGTERM from scancel", 1);
   sbatch_out_says("cancel", "requeueing the allocation", 0);
+  /* fsdpd left before the coordinator stopped (it did not: the coordinator
+   * stopped once the job was requeued, before fsdpd's last call) */
+  sbatch_out_says("cancel", "could not tell the coordinator", 0);
+  none_left_of("cancel", 10, "after the scancel");
   /* the training job: cancelled, for the scancel, its checkpoints kept */
   cluster_proc_t c = {0};
   snprintf(cmd, sizeof cmd, "--user-token-file '%s/cancel/tokens/user.token' "
@@ -497,4 +623,96 @@ Test(slurm, a_two_node_allocation_runs_a_rank_on_each_node) {
             "the nodes did not register under their Slurm names:\n%s", log);
   same_shards_as_one_machine(jc, ck, ref, 300);
   free(jc);
+}
+
+/* fsdpd that cannot start (as root without --run-as: exit 2 at once) ends
+ * the allocation, failed, saying so; the training job stays queued in
+ * FSDP_STATE. The allocation was held till its time limit, the watch
+ * showing the job PENDING for want of a node (found by a tester). */
+Test(slurm, an_fsdpd_that_cannot_start_fails_the_allocation) {
+  SKIP_UNLESS_ROOT();
+  char cmd[4096], out[1 << 14];
+  char *jc = job_file("nostart.conf", "steps = 50\n");
+  snprintf(cmd, sizeof cmd, "cd '%s' && env %s FSDPD_ARGS= FSDP_STATE='%s/nostart' sbatch --parsable "
+           "-o '%s/nostart.out' '%s/deploy/slurm/fsdp.sbatch' '%s' --ranks 2", tu_tmpdir(), env,
+           tu_tmpdir(), tu_tmpdir(), root, jc);
+  cr_assert_eq(tu_sh(cmd, out, sizeof out), 0, "%s", out);
+  const int id = atoi(out);
+  gone_within(id, 60 * TU_SLOW, "nostart");
+  snprintf(cmd, sizeof cmd, "scontrol show job %d", id);
+  tu_sh(cmd, out, sizeof out);
+  cr_expect(strstr(out, "JobState=FAILED") && strstr(out, "ExitCode=1:0") && strstr(out, "Restarts=0"),
+            "%s", out);
+  sbatch_out_says("nostart", "--run-as", 1); /* fsdpd's own word */
+  sbatch_out_says("nostart", "fsdpd could not start", 1);
+  none_left_of("nostart", 10, "after the allocation");
+  free(jc);
+}
+
+/* The coordinator that exits at its start (its database in use by another
+ * coordinator) ends the allocation at once, exit 2, with the end of its log;
+ * the script waited the 10 s out and said "did not start within 10 s". */
+Test(slurm, a_coordinator_that_exits_at_its_start_ends_the_allocation_at_once) {
+  SKIP_UNLESS_ROOT();
+  char dbdir[800], db[900], out[1 << 14];
+  snprintf(dbdir, sizeof dbdir, "%s/locked", tu_tmpdir());
+  cr_assert_eq(mkdir(dbdir, 0755), 0);
+  snprintf(db, sizeof db, "%s/state.db", dbdir);
+  cluster_proc_t c = {0};
+  cluster_coord_start(&c, db, "127.0.0.1:0", "");
+  char *jc = job_file("locked.conf", "steps = 50\n");
+  const int rc = sbatch_wait(jc, "locked", out, sizeof out);
+  cluster_stop(&c, SIGTERM);
+  cr_expect_eq(rc, 2, "exit %d: %s", rc, out);
+  sbatch_out_says("locked", "did not start within", 0);
+  sbatch_out_says("locked", "the coordinator exited at its start", 1);
+  sbatch_out_says("locked", "in use by another coordinator", 1); /* its log's last lines */
+  none_left_of("locked", 10, "after the allocation");
+  free(jc);
+}
+
+/* A process of the allocation killed (SIGKILL) mid-run, comm its name: the
+ * script says so (said), requeues the allocation, and the next one runs
+ * the job to its end from its checkpoint on the same database. Without it
+ * the allocation was held till its time limit (fsdpd gone, the job
+ * PENDING), or ended FAILED, exit 4, not requeued, with the job RUNNING in
+ * the database (the coordinator gone; both found by a tester). */
+static void killed_requeues_and_resumes(const char *state, const char *comm, const char *said) {
+  char ck[700], cmd[4096], out[1 << 14], man[800], *jc;
+  snprintf(ck, sizeof ck, "%s/ck-%s", tu_tmpdir(), state);
+  /* a lost node's attempt spends a restart */
+  const int id = sbatch_running_opts(state, ck, 1500, "--max-restarts 1", &jc, man, sizeof man);
+  const pid_t pid = proc_of(state, comm);
+  if (!pid) {
+    procs_of(state, out, sizeof out);
+    snprintf(cmd, sizeof cmd, "scancel %d", id);
+    tu_sh(cmd, man, sizeof man);
+    cr_assert_fail("no %s among the job's processes:\n%s", comm, out);
+  }
+  kill(pid, SIGKILL);
+  gone_within(id, 240 * TU_SLOW, state);
+  snprintf(cmd, sizeof cmd, "scontrol show job %d", id);
+  tu_sh(cmd, out, sizeof out);
+  snprintf(cmd, sizeof cmd, "%s/%s.out", tu_tmpdir(), state);
+  char *text = tu_slurp(cmd, NULL);
+  cr_expect(strstr(out, "JobState=COMPLETED") && strstr(out, "ExitCode=0:0") &&
+                strstr(out, "Restarts=1"), "%s\nits output:\n%s", out, text ? text : "");
+  free(text);
+  sbatch_out_says(state, said, 1);
+  sbatch_out_says(state, "requeueing the allocation", 1);
+  snprintf(cmd, sizeof cmd, "%s/step-00001500/manifest.json", ck);
+  cr_expect_eq(access(cmd, F_OK), 0, "the job did not reach its end: no %s", cmd);
+  none_left_of(state, 10, "after the allocation");
+  no_watch_twice(state);
+  free(jc);
+}
+
+Test(slurm, fsdpd_killed_mid_run_requeues_the_allocation) {
+  SKIP_UNLESS_ROOT();
+  killed_requeues_and_resumes("fsdpdkill", "fsdpd", "fsdpd stopped (srun exit");
+}
+
+Test(slurm, the_coordinator_killed_mid_run_requeues_the_allocation) {
+  SKIP_UNLESS_ROOT();
+  killed_requeues_and_resumes("coordkill", "fsdp-coordinato", "the coordinator exited (status");
 }
