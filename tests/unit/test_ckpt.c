@@ -1295,8 +1295,10 @@ Test(ckpt, a_checkpoint_whose_manifest_was_not_written_is_removed, .timeout = 12
   small_disk_launch(mnt, env, "--steps 12 --batch 2 --checkpoint_every 4 --checkpoint_async 0",
                     out, sizeof out);
   cr_assert_not_null(strstr(out, "launch=0"), "training did not go on to the end:\n%s", out);
-  const char *failed = strstr(out, "checkpoint step 4 removed: 1 rank(s)");
-  cr_assert_not_null(failed, "step 4's shards were not removed:\n%s", out);
+  /* one rank commits, or both at once when they finish together */
+  const char *failed = strstr(out, "checkpoint step 4 removed: ");
+  cr_assert(failed && strstr(failed, " rank(s) could not write their shard or its manifest"),
+            "step 4's shards were not removed:\n%s", out);
   const char *left = strstr(out, "launch=0");
   cr_assert_null(strstr(left, "step-00000004"), "step 4 is still there:\n%s", left);
   const char *l8 = strstr(left, "step-00000008");
