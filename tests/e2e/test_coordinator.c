@@ -1583,6 +1583,17 @@ Test(coordinator, a_node_listing_another_nodes_ranks_does_not_hold_their_restart
   cr_expect_gt(at, 0, "the restart waited %.1f s for beta's fence: %s", tu_now_s() - t0, reason);
 }
 
+/* A 2-rank job of 3 restarts (its id in id) running on node alpha (a), 2
+ * devices, its assignments fetched. */
+static void restartable_on_alpha(node_t *a, char id[32]) {
+  char d[600];
+  data_opt(d, sizeof d);
+  node_register(a, "alpha", 2, 8ull << 30, NULL, 0);
+  const char *kv[] = {"model=tiny", d, NULL};
+  cr_assert_eq(submit_with(2, kv, 3, id, 32), 0, "%s", err_msg());
+  cr_assert_eq(collect(a, id, 2, NULL), 2);
+}
+
 /* A job whose attempts fail again soon after their start (a node or a link
  * failing again and again) restarts at once after its first failure, then
  * waits --restart-backoff-ms (1 s here), then twice that, saying why while
@@ -1594,13 +1605,9 @@ Test(coordinator, a_job_failing_again_and_again_waits_longer_each_time, .timeout
   teardown();
   co_start(db, "127.0.0.1:0", "--restart-backoff-ms 1000");
   client_for(&co, NULL);
-  char d[600], id[32], reason[512] = "";
-  data_opt(d, sizeof d);
+  char id[32], reason[512] = "";
   node_t a = {{0}, 0};
-  node_register(&a, "alpha", 2, 8ull << 30, NULL, 0);
-  const char *kv[] = {"model=tiny", d, NULL};
-  cr_assert_eq(submit_with(2, kv, 3, id, sizeof id), 0, "%s", err_msg());
-  cr_assert_eq(collect(&a, id, 2, NULL), 2);
+  restartable_on_alpha(&a, id);
   const double want[3] = {0, 1.0, 2.0}; /* the wait before attempts 2, 3 and 4 */
   for (int k = 0; k < 3; k++) {
     const uint32_t attempt = (uint32_t)k + 1;
@@ -1636,13 +1643,9 @@ static double co_metric(const char *name);
 /* Without --restart-backoff-ms the wait is 10 s: a second failure in a row
  * says so at once (a reviewer found the default never applied: no wait). */
 Test(coordinator, the_restart_backoff_is_10_s_by_default) {
-  char d[600], id[32], reason[512] = "";
-  data_opt(d, sizeof d);
+  char id[32], reason[512] = "";
   node_t a = {{0}, 0};
-  node_register(&a, "alpha", 2, 8ull << 30, NULL, 0);
-  const char *kv[] = {"model=tiny", d, NULL};
-  cr_assert_eq(submit_with(2, kv, 3, id, sizeof id), 0, "%s", err_msg());
-  cr_assert_eq(collect(&a, id, 2, NULL), 2);
+  restartable_on_alpha(&a, id);
   cr_assert_eq(report_exit(&a, id, 1, 0, 1), 0, "%s", err_msg());
   cr_assert_gt(assigned_at(&a, id, 5, reason, sizeof reason), 0, "no restart: %s", reason);
   cr_assert_eq(report_exit(&a, id, 2, 0, 1), 0, "%s", err_msg());
