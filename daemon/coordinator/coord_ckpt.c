@@ -566,7 +566,7 @@ static void coord_ckpt_failed(coord_t *c, rpc_call_t *call, int64_t job,
 static int coord_ckpt_aside_found(const char *dir, char *to, size_t len) {
   int found = 0;
   for (int i = 1; i <= 100; i++) {
-    char path[STORE_PATH_MAX + 16];
+    char path[STORE_PATH_MAX + 32]; /* ".damaged-" and any int */
     struct stat st;
     if (i == 1) snprintf(path, sizeof path, "%s.damaged", dir);
     else snprintf(path, sizeof path, "%s.damaged-%d", dir, i);
