@@ -47,6 +47,11 @@ typedef struct logs_stream {
   int64_t off;
   uint64_t stalled_since; /* uv_now when its backlog last became full; 0: not full */
   int follow;
+  /* opened at an offset from the end (--tail): its first tick says where
+   * that is, with an empty chunk when nothing is there to send, so a
+   * follower whose stream breaks resumes at that byte, not at the end
+   * again (skipping what was written meanwhile) */
+  int placed;
   uint64_t key_gen; /* L->key_gen when it opened */
   int64_t expiry;   /* its ticket's, seconds since the epoch; 0: opened without one */
   char job[WORKDIR_ID_MAX + 1];
@@ -103,6 +108,22 @@ static int logs_stream_lapsed(logs_stream_t *st) {
   return 1;
 }
 
+/* Sends the chunk at st->off and moves past it; nonzero: the stream ended. */
+static int logs_stream_send(logs_stream_t *st, uint8_t *data, size_t len) {
+  Fsdp__V1__LogChunk c = FSDP__V1__LOG_CHUNK__INIT;
+  c.offset = st->off;
+  c.attempt = st->attempt;
+  c.data.data = data;
+  c.data.len = len;
+  if (rpc_call_send(st->call, &c.base)) {
+    logs_stream_end(st, FSDP_ENOMEM);
+    return -1;
+  }
+  st->off += (int64_t)len;
+  st->placed = 0;
+  return 0;
+}
+
 /* Sends what the file holds beyond st->off, as far as the backlog allows. */
 static void logs_tick_cb(uv_timer_t *t) {
   logs_stream_t *st = t->data;
@@ -125,17 +146,9 @@ static void logs_tick_cb(uv_timer_t *t) {
       return;
     }
     if (n == 0) break;
-    Fsdp__V1__LogChunk c = FSDP__V1__LOG_CHUNK__INIT;
-    c.offset = st->off;
-    c.attempt = st->attempt;
-    c.data.data = buf;
-    c.data.len = (size_t)n;
-    if (rpc_call_send(st->call, &c.base)) {
-      logs_stream_end(st, FSDP_ENOMEM);
-      return;
-    }
-    st->off += n;
+    if (logs_stream_send(st, buf, (size_t)n)) return;
   }
+  if (st->placed && logs_stream_send(st, NULL, 0)) return;
   if (!active) logs_stream_end(st, 0); /* everything is sent */
 }
 
@@ -226,6 +239,7 @@ static void logs_get_rank_logs(rpc_call_t *call, const ProtobufCMessage *m, void
   snprintf(st->job, sizeof st->job, "%s", req->job_id);
   st->off = req->offset >= 0 ? (req->offset < size ? req->offset : size)
                              : (size + req->offset > 0 ? size + req->offset : 0);
+  st->placed = req->offset < 0 || req->offset > size;
   uv_timer_init(L->loop, &st->timer);
   st->timer.data = st;
   L->streams++;

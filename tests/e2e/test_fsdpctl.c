@@ -604,6 +604,15 @@ static void h_logs(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   for (int i = 0; i < 3; i++) size += (int64_t)strlen(lines[i]);
   start = req->offset >= 0 ? (req->offset < size ? req->offset : size)
                            : (size + req->offset > 0 ? size + req->offset : 0);
+  if (start == size && req->offset > size) { /* from the end: an empty chunk says where */
+    Fsdp__V1__LogChunk c = FSDP__V1__LOG_CHUNK__INIT;
+    c.offset = size;
+    rpc_call_send(call, &c.base);
+    /* followed, the first such stream breaks: the next must start there */
+    static int broke;
+    rpc_call_finish(call, req->follow && !broke++ ? err_set(FSDP_EUNAVAILABLE, "the connection was lost") : 0);
+    return;
+  }
   for (int i = 0; i < 3; i++) {
     Fsdp__V1__LogChunk c = FSDP__V1__LOG_CHUNK__INIT;
     c.offset = off;
@@ -2703,6 +2712,16 @@ Test(fsdpctl, tail_0_prints_nothing_and_limit_0_lists_every_job) {
   Fsdp__V1__GetRankLogsRequest *req =
       rec_get("GetRankLogs", &fsdp__v1__get_rank_logs_request__descriptor, NULL);
   cr_assert_eq(req->offset, INT64_MAX, "offset %lld", (long long)req->offset);
+  protobuf_c_message_free_unpacked(&req->base, NULL);
+  /* followed from the end, a stream that breaks before its first byte
+   * resumes where the end was (the node's empty chunk said), not at the
+   * end again, which would skip what was written meanwhile */
+  int calls = 0;
+  rc = CTL("logs", "j-42", "--tail", "0", "--follow");
+  cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
+  expect_in(err, "resuming at byte 48");
+  req = rec_get("GetRankLogs", &fsdp__v1__get_rank_logs_request__descriptor, &calls);
+  cr_assert_eq(req->offset, 48, "the second stream asked for byte %lld", (long long)req->offset);
   protobuf_c_message_free_unpacked(&req->base, NULL);
   cr_assert_eq(CTL("jobs", "--limit", "0"), 0, "%s", err);
   Fsdp__V1__ListJobsRequest *lq = rec_get("ListJobs", &fsdp__v1__list_jobs_request__descriptor, NULL);

@@ -810,6 +810,17 @@ Test(fsdpd, registers_runs_a_job_to_the_end_and_serves_its_logs, .timeout = 40 *
   cr_expect_eq(((Fsdp__V1__LogChunk *)m)->data.len, 20);
   protobuf_c_message_free_unpacked(m, NULL);
   rpc_stream_close(st);
+  /* from the end (fsdpctl logs --tail 0): an empty chunk says where that
+   * is, so a follower whose stream breaks resumes there, not at the end
+   * again, which would skip what was written meanwhile */
+  req.offset = INT64_MAX;
+  cr_assert_eq(rpc_stream_open(c, &st, "/fsdp.v1.Node/GetRankLogs", &req.base, 10), 0);
+  cr_assert_eq(rpc_stream_next(st, &fsdp__v1__log_chunk__descriptor, &m), 1, "%s", err_msg());
+  cr_expect_eq(((Fsdp__V1__LogChunk *)m)->data.len, 0);
+  cr_expect_eq(((Fsdp__V1__LogChunk *)m)->offset, (int64_t)strlen(log), "where the end is");
+  protobuf_c_message_free_unpacked(m, NULL);
+  cr_expect_eq(rpc_stream_next(st, &fsdp__v1__log_chunk__descriptor, &m), 0, "then the end");
+  rpc_stream_close(st);
   req.offset = 0;
   req.job_id = "../j-1";
   cr_assert_eq(rpc_stream_open(c, &st, "/fsdp.v1.Node/GetRankLogs", &req.base, 10), 0);
