@@ -714,16 +714,24 @@ static int coord_attempt_stored(coord_t *c, int rc, int64_t job, const char *doi
   return rc;
 }
 
-/* x's attempt failed and it restarts: a failure soon after the attempt
+/* x's attempt failed (laid to node, 0: none known) and it restarts: the
+ * next placements avoid node while others will do; a failure soon after the attempt
  * started (a link or a node failing again) counts toward the wait before
  * the next start, 0 for the first, then the backoff, doubling, at most
  * COORD_BACKOFF_MAX_MS; else restarts burn in seconds, each placed on the
  * same nodes, and a failure a minute of patience would outlast fails the
  * job. */
-static void coord_backoff(coord_t *c, coord_job_t *x) {
+static void coord_backoff(coord_t *c, coord_job_t *x, int64_t node) {
   const uint64_t now = coord_mono_ms(c);
-  if (!x->started_ms || now - x->started_ms >= COORD_BACKOFF_RESET_MS) x->fails = 0;
+  if (!x->started_ms || now - x->started_ms >= COORD_BACKOFF_RESET_MS) x->fails = 0, x->n_avoid = 0;
   x->fails++;
+  int k = 0; /* node goes last, once */
+  for (int i = 0; i < x->n_avoid; i++)
+    if (x->avoid[i] != node) x->avoid[k++] = x->avoid[i];
+  x->n_avoid = k;
+  if (node && x->n_avoid == COORD_AVOID_MAX)
+    memmove(x->avoid, x->avoid + 1, --x->n_avoid * sizeof *x->avoid);
+  if (node) x->avoid[x->n_avoid++] = node;
   x->backoff_until = 0;
   if (c->o.restart_backoff_ms <= 0 || x->fails < 2) return;
   uint64_t wait = (uint64_t)c->o.restart_backoff_ms;
@@ -732,7 +740,7 @@ static void coord_backoff(coord_t *c, coord_job_t *x) {
   x->backoff_until = now + wait;
 }
 
-int coord_attempt_fail(coord_t *c, int64_t job, int64_t epoch, int64_t except_node,
+int coord_attempt_fail(coord_t *c, int64_t job, int64_t epoch, int64_t except_node, int64_t node,
                        const char *why) {
   coord_kill_attempt(c, job, epoch, except_node, why);
   coord_ranks_keep(c, job, epoch); /* forgotten below */
@@ -743,7 +751,7 @@ int coord_attempt_fail(coord_t *c, int64_t job, int64_t epoch, int64_t except_no
    * ended, e.g. a registration missing several of its ranks) changes nothing */
   coord_job_t *x = rc ? NULL : coord_job_info(c, job);
   if (x) x->preempted = 0, snprintf(x->failure, sizeof x->failure, "%s", why);
-  if (x && state == STORE_JOB_PENDING) coord_backoff(c, x);
+  if (x && state == STORE_JOB_PENDING) coord_backoff(c, x, node);
   if (!rc) {
     c->ended[COORD_ENDED_FAILED]++;
     LOG_INFO("coord", "job j-%lld attempt %lld failed (%s): now %s", (long long)job,
@@ -759,7 +767,7 @@ int coord_attempt_fail(coord_t *c, int64_t job, int64_t epoch, int64_t except_no
  * store_attempt_verdict's at start): why is the failure for FAILED, what the
  * preemption for PREEMPTED; GOING and ENDED leave it. */
 int coord_attempt_settle(coord_t *c, int64_t job, int64_t epoch, store_attempt_verdict_t v,
-                         const char *why, const char *what) {
+                         int64_t node, const char *why, const char *what) {
   int rc = 0;
   if (v == STORE_ATTEMPT_SUCCEEDED || v == STORE_ATTEMPT_PREEMPTED)
     coord_ranks_keep(c, job, epoch); /* what a restart would lose, or the requeue forgets */
@@ -773,7 +781,7 @@ int coord_attempt_settle(coord_t *c, int64_t job, int64_t epoch, store_attempt_v
     c->dirty = 1;
     coord_job_changed(c, job);
   } else if (v == STORE_ATTEMPT_FAILED) {
-    rc = coord_attempt_fail(c, job, epoch, 0, why);
+    rc = coord_attempt_fail(c, job, epoch, 0, node, why);
   } else if (v == STORE_ATTEMPT_PREEMPTED) {
     rc = store_attempt_requeue(c->st, job, epoch, what);
     if (!(rc = coord_attempt_stored(c, rc, job, "requeueing"))) {
@@ -816,8 +824,10 @@ static void coord_attempts_settle(coord_t *c, const char *when) {
     char why[512] = "", what[160];
     store_rank_t *r = NULL;
     int n = 0;
+    int64_t node = 0;
     if (v == STORE_ATTEMPT_FAILED && !store_ranks_of_job(c->st, jobs[i], epoch, &r, &n))
       for (int k = 0; k < n && !why[0]; k++) {
+        if (r[k].state == STORE_RANK_LOST || r[k].state == STORE_RANK_FAILED) node = r[k].node_id;
         if (r[k].state == STORE_RANK_LOST)
           snprintf(why, sizeof why, "rank %d on node n-%lld was lost %s", r[k].rank,
                    (long long)r[k].node_id, when);
@@ -830,7 +840,7 @@ static void coord_attempts_settle(coord_t *c, const char *when) {
     snprintf(what, sizeof what, "its ranks were stopped (preempted) %s", when);
     LOG_INFO("coord", "job j-%lld: its attempt %lld was over %s: ending it", (long long)jobs[i],
              (long long)epoch, when);
-    coord_attempt_settle(c, jobs[i], epoch, v, why, what);
+    coord_attempt_settle(c, jobs[i], epoch, v, node, why, what);
   }
   free(jobs);
 }
@@ -918,12 +928,12 @@ void coord_node_gone(coord_t *c, coord_node_t *n, uint64_t now, int stopped) {
     if (!running) continue;
     if (stopped) {
       coord_kill_attempt(c, jobs[i], epoch, n->id, why);
-      coord_attempt_settle(c, jobs[i], epoch, STORE_ATTEMPT_PREEMPTED, NULL, why);
+      coord_attempt_settle(c, jobs[i], epoch, STORE_ATTEMPT_PREEMPTED, 0, NULL, why);
       continue;
     }
     coord_job_t *x = coord_job_info(c, jobs[i]);
     if (x && fenced > x->fence_until) x->fence_until = fenced, x->fence_node = n->id;
-    coord_attempt_fail(c, jobs[i], epoch, n->id, why);
+    coord_attempt_fail(c, jobs[i], epoch, n->id, n->id, why);
   }
   store_array_free(jobs);
   /* a stopped node's ranks have all ended: no job waits to see them gone
@@ -1326,9 +1336,24 @@ int coord_pic_load(coord_t *c, coord_pic_t *p) {
  * devices then held in the picture), or SCHED_WAIT with the reason in note. */
 int coord_fit(coord_pic_t *p, const coord_job_t *x, sched_slot_t *slot, char *note,
                      size_t len) {
-  sched_job_t sj = {x->R, x->S, x->kind, x->need};
+  char *avoid = x->n_avoid ? calloc((size_t)p->nn + 1, 1) : NULL;
+  for (int i = 0; avoid && i < p->nn; i++) /* the oldest failure 1, the latest n_avoid */
+    for (int k = 0; k < x->n_avoid; k++)
+      if (p->sn[i].id == x->avoid[k]) avoid[i] = (char)(k + 1);
+  sched_job_t sj = {x->R, x->S, x->kind, x->need, avoid};
   int rc = sched_place(p->sn, p->nn, p->sd, p->nd, &sj, slot, note, len);
   for (int r = 0; rc == SCHED_PLACED && r < x->R * x->S; r++) p->sd[slot[r].device].held = 1;
+  /* where it failed before: said in the placement's note, avoided or not */
+  for (int i = 0, used; rc == SCHED_PLACED && avoid && i < p->nn; i++) {
+    if (!avoid[i]) continue;
+    used = 0;
+    for (int r = 0; r < x->R * x->S && !used; r++) used = p->sd[slot[r].device].node == i;
+    const size_t at = strnlen(note, len);
+    snprintf(note + at, len - at, "%s%s node %s%s, where an attempt of it failed%s",
+             at ? "; " : "", used ? "on" : "not on", p->sn[i].name, used ? " again" : "",
+             used ? ": no other node will do" : "");
+  }
+  free(avoid);
   return rc;
 }
 

@@ -111,6 +111,10 @@ typedef struct coord_hold {
 /* What the coordinator derives from a job's spec, once. */
 #define COORD_EXPORT_MAX 2 /* exports at once (coord_export.c) */
 
+/* Nodes a job's placement avoids after failures there, at most (the oldest
+ * forgotten first). */
+#define COORD_AVOID_MAX 8
+
 typedef struct coord_job {
   int64_t id;
   int R, S, steps;
@@ -143,6 +147,11 @@ typedef struct coord_job {
    * start: from the second on, the restart waits (coord_backoff). In
    * memory: a coordinator's restart forgets them, and a user's resume. */
   int fails;
+  /* The node each of those failures is laid to (the failing rank's, the dead
+   * one's), the latest last: the next placements put no rank there while
+   * other nodes will do (sched_job_t.avoid); also in memory only */
+  int64_t avoid[COORD_AVOID_MAX];
+  int n_avoid;
   uint64_t started_ms;            /* loop time the last attempt was placed */
   uint64_t backoff_until;         /* loop time; 0: none */
   uint64_t sweep_said;            /* coord_reason_sum of what the last leftover sweep of its
@@ -306,9 +315,12 @@ void coord_hold_confirm(coord_t *c, const coord_node_t *n, Fsdp__V1__RankStatus 
  * stored: then c->unsettled, and the tick settles every running attempt
  * whose ranks are done, by their verdict, every COORD_SETTLE_RETRY_MS until
  * the store takes it. */
-int coord_attempt_fail(coord_t *c, int64_t job, int64_t epoch, int64_t except_node, const char *why);
+/* node: the node the failure is laid to (the failing rank's, the dead
+ * one's), which the job's next placements avoid; 0: none known. */
+int coord_attempt_fail(coord_t *c, int64_t job, int64_t epoch, int64_t except_node, int64_t node,
+                       const char *why);
 int coord_attempt_settle(coord_t *c, int64_t job, int64_t epoch, store_attempt_verdict_t v,
-                         const char *why, const char *what);
+                         int64_t node, const char *why, const char *what);
 /* Drops what the job's ranks reported (its attempt ended). */
 void coord_ranks_forget(coord_t *c, int64_t job);
 /* Keeps in the store the figures the ranks of job's attempt epoch reported

@@ -731,7 +731,7 @@ static void coord_resume_cb(rpc_call_t *call, const ProtobufCMessage *req, void 
   if (!rc) {
     LOG_INFO("coord", "job j-%lld resumed by a user", (long long)id);
     coord_job_t *x = coord_job_info(c, id);
-    if (x) x->failure[0] = 0, x->preempted = 0, x->fails = 0, x->backoff_until = 0;
+    if (x) x->failure[0] = 0, x->preempted = 0, x->fails = 0, x->backoff_until = 0, x->n_avoid = 0;
     c->dirty = 1;
     coord_job_changed(c, id);
   }
@@ -1097,7 +1097,7 @@ static void coord_register_cb(rpc_call_t *call, const ProtobufCMessage *req, voi
         char why[256];
         snprintf(why, sizeof why, "rank %d is gone from node n-%lld (%s registered again "
                  "without it)", want[i].rank, (long long)id, q->hostname);
-        coord_attempt_fail(c, want[i].job_id, want[i].epoch, 0, why);
+        coord_attempt_fail(c, want[i].job_id, want[i].epoch, 0, id, why);
       }
     }
   store_array_free(want);
@@ -1342,7 +1342,8 @@ static void coord_rank_exit_cb(rpc_call_t *call, const ProtobufCMessage *req, vo
   snprintf(what, sizeof what, "its ranks were stopped on node %.32s (preempted)", q->node_id);
   /* answered once the attempt's end is stored: an error makes fsdpd report
    * again (the tick also settles it when the store takes it) */
-  if ((rc = coord_attempt_settle(c, job, q->attempt, verdict, why, what))) {
+  if ((rc = coord_attempt_settle(c, job, q->attempt, verdict, coord_id_parse(q->node_id, 'n'), why,
+                                 what))) {
     rpc_call_finish(call, rc);
     return;
   }

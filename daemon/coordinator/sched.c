@@ -5,7 +5,9 @@
  * best fit (the node with the fewest free devices that still holds a group)
  * reaches that count while leaving the larger holes to larger jobs. Groups
  * that cannot be whole take the devices left, from the nodes with the most
- * free first, so a group spans as few nodes as it can. */
+ * free first, so a group spans as few nodes as it can. Nodes the job avoids
+ * (where it failed) come after every other in both orders: with equal items
+ * the count of whole groups does not depend on which node takes each. */
 #include "sched.h"
 
 #include <stdarg.h>
@@ -75,6 +77,15 @@ static void sched_why(const sched_node_t *nodes, int num_nodes, const sched_devi
               "only once nodes are added (or cancel it and submit at most %d ranks)", ever, ever);
 }
 
+/* Whether node a comes before node b: one the job does not avoid first, then
+ * the one it failed on longest ago, then fewer free devices (best fit), or
+ * more (spanning: most_first). */
+static int sched_before(const sched_job_t *job, const int *avail, int a, int b, int most_first) {
+  const int va = job->avoid ? job->avoid[a] : 0, vb = job->avoid ? job->avoid[b] : 0;
+  if (va != vb) return va < vb;
+  return most_first ? avail[a] > avail[b] : avail[a] < avail[b];
+}
+
 /* Takes k usable devices of node n for ranks first.., lowest device index first. */
 static void sched_take(const sched_node_t *nodes, const sched_device_t *devices, int num_devices,
                        const sched_job_t *job, char *taken, int n, int k, sched_slot_t *slot) {
@@ -114,7 +125,7 @@ int sched_place(const sched_node_t *nodes, int num_nodes, const sched_device_t *
     sched_slot_t *group = slot + (size_t)g * S;
     int best = -1;
     for (int n = 0; n < num_nodes; n++)
-      if (avail[n] >= S && (best < 0 || avail[n] < avail[best])) best = n;
+      if (avail[n] >= S && (best < 0 || sched_before(job, avail, n, best, 0))) best = n;
     if (best >= 0) {
       sched_take(nodes, devices, num_devices, job, taken, best, S, group);
       avail[best] -= S;
@@ -123,9 +134,9 @@ int sched_place(const sched_node_t *nodes, int num_nodes, const sched_device_t *
     sched_say(note, len, "%sshard group %d (ranks %d-%d) spans nodes", *note ? "; " : "", g,
               g * S, g * S + S - 1);
     for (int got = 0; got < S;) { /* the count above leaves enough usable devices */
-      int most = 0;
-      for (int n = 1; n < num_nodes; n++)
-        if (avail[n] > avail[most]) most = n;
+      int most = -1;
+      for (int n = 0; n < num_nodes; n++)
+        if (avail[n] && (most < 0 || sched_before(job, avail, n, most, 1))) most = n;
       int k = avail[most] < S - got ? avail[most] : S - got;
       sched_take(nodes, devices, num_devices, job, taken, most, k, group + got);
       avail[most] -= k, got += k;

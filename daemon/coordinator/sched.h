@@ -35,6 +35,10 @@ typedef struct sched_job {
   int replicas, shards; /* the mesh R x S: world = R * S, rank = group * S + shard */
   const char *kind;     /* the device kind every rank needs */
   uint64_t need;        /* bytes per rank (the memory plan's total) */
+  /* per node index, nonzero: a node where its last attempts failed, used only
+   * where no other node will do (the same whole groups fit either way), the
+   * lowest (the oldest failure) first; NULL: none */
+  const char *avoid;
 } sched_job_t;
 
 typedef struct sched_slot {

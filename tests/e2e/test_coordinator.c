@@ -1638,6 +1638,61 @@ Test(coordinator, a_job_failing_again_and_again_waits_longer_each_time, .timeout
   }
 }
 
+/* The node of job's attempt: alpha's or beta's heartbeat brings its
+ * assignments (NULL: neither within 5 s). */
+static const node_t *attempt_node(const node_t *a, const node_t *b, const char *job, uint32_t attempt) {
+  for (const double t0 = tu_now_s(); tu_now_s() - t0 < 5 * TU_SLOW;)
+    for (int k = 0; k < 2; k++) {
+      const node_t *n = k ? b : a;
+      Fsdp__V1__HeartbeatReply *r = heartbeat(n, NULL, 0);
+      int got = 0;
+      for (size_t i = 0; i < r->n_assignments; i++)
+        got |= !strcmp(r->assignments[i]->job_id, job) && r->assignments[i]->attempt == attempt;
+      reply_free(r);
+      if (got) return n;
+    }
+  return NULL;
+}
+
+/* The text of job's latest event of kind ("" when none). */
+static void last_event(const char *job, const char *kind, char *text, size_t len) {
+  Fsdp__V1__ListEventsRequest q = FSDP__V1__LIST_EVENTS_REQUEST__INIT;
+  q.job_id = (char *)job;
+  Fsdp__V1__ListEventsReply *r = NULL;
+  cr_assert_eq(CALL("ListEvents", q, list_events_reply, &r), 0, "%s", err_msg());
+  text[0] = 0;
+  for (size_t i = 0; i < r->n_events; i++)
+    if (!strcmp(r->events[i]->kind, kind)) snprintf(text, len, "%s", r->events[i]->text);
+  reply_free(r);
+}
+
+/* A job whose rank failed on a node restarts on another that will do, saying
+ * so (before, best fit put it back on the same node, and a flaky node or
+ * link used up its restarts); once it has failed on both, it goes back to
+ * the one it failed on longest ago. */
+Test(coordinator, a_failed_job_restarts_away_from_the_node_it_failed_on, .timeout = 40 * TU_SLOW) {
+  char db[600];
+  snprintf(db, sizeof db, "%s", co_db);
+  teardown();
+  co_start(db, "127.0.0.1:0", "--restart-backoff-ms 0");
+  client_for(&co, NULL);
+  char id[32], text[512];
+  node_t a = {{0}, 0}, b = {{0}, 0};
+  restartable_on_alpha(&a, id);
+  node_register(&b, "beta", 2, 8ull << 30, NULL, 0); /* as free as alpha once the job is off it */
+  cr_assert_eq(report_exit(&a, id, 1, 0, 1), 0, "%s", err_msg());
+  const node_t *on = attempt_node(&a, &b, id, 2);
+  cr_assert_eq(on, &b, "attempt 2 went to %s, not beta", on ? on->id : "no node");
+  last_event(id, "job.placement", text, sizeof text);
+  cr_expect(strstr(text, "not on node alpha") && strstr(text, "failed"), "the note: %s", text);
+  cr_assert_eq(report_exit(&b, id, 2, 1, 1), 0, "%s", err_msg());
+  on = attempt_node(&a, &b, id, 3);
+  cr_assert_eq(on, &a, "attempt 3 went to %s, not alpha (failed on longest ago)", on ? on->id : "no node");
+  last_event(id, "job.placement", text, sizeof text);
+  cr_expect(strstr(text, "on node alpha again") && strstr(text, "no other node will do") &&
+            strstr(text, "not on node beta"), "the note: %s", text);
+}
+
 static double co_metric(const char *name);
 
 /* Without --restart-backoff-ms the wait is 10 s: a second failure in a row

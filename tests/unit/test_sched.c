@@ -31,10 +31,16 @@ static void add_node(cluster_t *c, int k, const char *kind, uint64_t mib) {
     c->dev[c->nd] = (sched_device_t){1000 + c->nd, n, i, kind, mib * MIB, 0}, c->nd++;
 }
 
+/* avoid: per node, or NULL */
+static int place_avoiding(cluster_t *c, int R, int S, const char *kind, uint64_t need_mib,
+                          const char *avoid, sched_slot_t *slot, char *note, size_t len) {
+  sched_job_t j = {R, S, kind, need_mib * MIB, avoid};
+  return sched_place(c->node, c->nn, c->dev, c->nd, &j, slot, note, len);
+}
+
 static int place(cluster_t *c, int R, int S, const char *kind, uint64_t need_mib,
                  sched_slot_t *slot, char *note, size_t len) {
-  sched_job_t j = {R, S, kind, need_mib * MIB};
-  return sched_place(c->node, c->nn, c->dev, c->nd, &j, slot, note, len);
+  return place_avoiding(c, R, S, kind, need_mib, NULL, slot, note, len);
 }
 
 static void hold(cluster_t *c, const sched_slot_t *slot, int n) {
@@ -136,6 +142,40 @@ Test(sched, a_group_that_fits_no_node_spans_and_says_so) {
   cr_assert_eq(on1, 3);
 }
 
+/* A job that failed on a node goes elsewhere when another node will do,
+ * even where best fit would pick the node it failed on; and back there only
+ * when nothing else fits, or to keep a shard group whole. */
+Test(sched, a_node_the_job_failed_on_is_used_only_when_no_other_will_do) {
+  cluster_t c = {0};
+  add_node(&c, 2, "cpu", 1024);
+  add_node(&c, 4, "cpu", 1024);
+  add_node(&c, 2, "cpu", 1024);
+  char avoid[3] = {1, 0, 0};
+  sched_slot_t s[8];
+  char note[256];
+  /* best fit alone: node0 (2 free, the fewest that hold the group) */
+  cr_assert_eq(place(&c, 1, 2, "cpu", 100, s, note, sizeof note), SCHED_PLACED);
+  cr_assert_eq(node_of(&c, s, 0), 0);
+  /* avoiding node0: node2, the best fit of the others */
+  cr_assert_eq(place_avoiding(&c, 1, 2, "cpu", 100, avoid, s, note, sizeof note), SCHED_PLACED);
+  cr_assert_eq(node_of(&c, s, 0), 2);
+  cr_assert_eq(node_of(&c, s, 1), 2);
+  /* 4 groups of 2 fill node1 and node2 first, then node0 */
+  cr_assert_eq(place_avoiding(&c, 4, 2, "cpu", 100, avoid, s, note, sizeof note), SCHED_PLACED);
+  cr_assert_eq(node_of(&c, s, 6), 0, "the last group on the avoided node: nothing else left");
+  for (int r = 0; r < 6; r++) cr_assert_neq(node_of(&c, s, r), 0, "rank %d", r);
+  /* a spanning group takes the others' devices first */
+  avoid[0] = 0, avoid[1] = 1;
+  cr_assert_eq(place_avoiding(&c, 1, 5, "cpu", 100, avoid, s, note, sizeof note), SCHED_PLACED);
+  int on1 = 0;
+  for (int r = 0; r < 5; r++) on1 += node_of(&c, s, r) == 1;
+  cr_assert_eq(on1, 1, "only what node0 and node2 lack from node1: %d there", on1);
+  /* whole beats avoided: a group of 4 fits whole only on node1 */
+  cr_assert_eq(place_avoiding(&c, 1, 4, "cpu", 100, avoid, s, note, sizeof note), SCHED_PLACED);
+  cr_assert_str_empty(note);
+  for (int r = 0; r < 4; r++) cr_assert_eq(node_of(&c, s, r), 1);
+}
+
 Test(sched, dead_nodes_small_devices_and_other_kinds_are_not_used) {
   cluster_t c = {0};
   add_node(&c, 2, "cpu", 1024); /* dead */
@@ -219,6 +259,8 @@ Test(sched, random_clusters_keep_the_rules) {
     for (int n = 0; n < nn; n++) c.node[n].alive = tu_rand_u64(&seed) % 6 != 0;
     for (int i = 0; i < c.nd; i++) c.dev[i].held = tu_rand_u64(&seed) % 4 == 0;
     int R = 1 + (int)(tu_rand_u64(&seed) % 3), S = 1 + (int)(tu_rand_u64(&seed) % 4);
+    char avoid[MAXN] = {0};
+    for (int n = 0; n < nn; n++) avoid[n] = tu_rand_u64(&seed) % 3 == 0;
     int avail[MAXN] = {0}, usable = 0;
     for (int i = 0; i < c.nd; i++) {
       const sched_device_t *d = &c.dev[i];
@@ -227,7 +269,7 @@ Test(sched, random_clusters_keep_the_rules) {
     }
     sched_slot_t s[12];
     char note[512];
-    int rc = place(&c, R, S, "cpu", 100, s, note, sizeof note);
+    int rc = place_avoiding(&c, R, S, "cpu", 100, trial % 2 ? avoid : NULL, s, note, sizeof note);
     if (usable < R * S) {
       cr_assert_eq(rc, SCHED_WAIT, "trial %d", trial);
       continue;
@@ -251,5 +293,10 @@ Test(sched, random_clusters_keep_the_rules) {
     cr_assert_geq(whole, can_whole, "trial %d: %d groups whole, %d could be", trial, whole,
                   can_whole);
     cr_assert_eq(note[0] == '\0', whole == R, "trial %d: note '%s'", trial, note);
+    /* where the other nodes hold every group whole, none goes to an avoided one */
+    int elsewhere = 0;
+    for (int n = 0; n < c.nn; n++) elsewhere += avoid[n] ? 0 : avail[n] / S;
+    for (int r = 0; trial % 2 && elsewhere >= R && r < R * S; r++)
+      cr_assert(!avoid[node_of(&c, s, r)], "trial %d: rank %d on an avoided node", trial, r);
   }
 }
