@@ -20,7 +20,8 @@
  *     (where fsdpctl logs reaches it), not at a Slurm node name;
  *   - fsdpd that cannot start fails the allocation at once; fsdpd or the
  *     coordinator killed mid-run requeues it and the job goes on in the
- *     next; a coordinator that exits at its start ends it at once, exit 2;
+ *     next, also one node's fsdpd of two (srun runs on without it); a
+ *     coordinator that exits at its start ends it at once, exit 2;
  *   - nothing the script started is left running, between two allocations
  *     of a requeue or afterwards (its watch was), no watch line comes twice,
  *     and fsdpd leaves before the coordinator stops;
@@ -432,8 +433,9 @@ static void same_shards_as_one_machine(const char *jc, const char *ck, const cha
  * checkpointing every 300 into ck (made here), with its state in STATE and
  * output in STATE.out, once its ranks run: its first checkpoint committed
  * (its manifest's path in man). The Slurm job's id; *jc the job file. */
+/* envx: more of the environment ("A=1 B=2"), sb: more sbatch options */
 static int sbatch_running_opts(const char *state, const char *ck, int steps, const char *opts,
-                               char **jc, char *man, size_t len) {
+                               const char *envx, const char *sb, char **jc, char *man, size_t len) {
   char extra[1024], cmd[4096], out[4096];
   cr_assert_eq(mkdir(ck, 0777), 0);
   chmod(ck, 0777);
@@ -441,9 +443,9 @@ static int sbatch_running_opts(const char *state, const char *ck, int steps, con
            steps, ck);
   snprintf(cmd, sizeof cmd, "%s.conf", state);
   *jc = job_file(cmd, extra);
-  snprintf(cmd, sizeof cmd, "cd '%s' && env %s FSDP_STATE='%s/%s' sbatch --parsable -o '%s/%s.out' "
-           "'%s/deploy/slurm/fsdp.sbatch' '%s' --ranks 2 %s", tu_tmpdir(), env, tu_tmpdir(), state,
-           tu_tmpdir(), state, root, *jc, opts);
+  snprintf(cmd, sizeof cmd, "cd '%s' && env %s %s FSDP_STATE='%s/%s' sbatch --parsable %s -o '%s/%s.out' "
+           "'%s/deploy/slurm/fsdp.sbatch' '%s' --ranks 2 %s", tu_tmpdir(), env, envx, tu_tmpdir(),
+           state, sb, tu_tmpdir(), state, root, *jc, opts);
   cr_assert_eq(tu_sh(cmd, out, sizeof out), 0, "%s", out);
   const int id = atoi(out);
   cr_assert_gt(id, 0, "%s", out);
@@ -453,7 +455,7 @@ static int sbatch_running_opts(const char *state, const char *ck, int steps, con
 }
 static int sbatch_running(const char *state, const char *ck, int steps, char **jc, char *man,
                           size_t len) {
-  return sbatch_running_opts(state, ck, steps, "", jc, man, len);
+  return sbatch_running_opts(state, ck, steps, "", "", "", jc, man, len);
 }
 
 /* A running batch job stopped by cmd (%d: its id): its ranks checkpoint, the
@@ -677,11 +679,14 @@ Test(slurm, a_coordinator_that_exits_at_its_start_ends_the_allocation_at_once) {
  * the allocation was held till its time limit (fsdpd gone, the job
  * PENDING), or ended FAILED, exit 4, not requeued, with the job RUNNING in
  * the database (the coordinator gone; both found by a tester). */
-static void killed_requeues_and_resumes(const char *state, const char *comm, const char *said) {
+static void killed_requeues_and_resumes(const char *state, const char *comm, const char *said,
+                                        int nodes) {
   char ck[700], cmd[4096], out[1 << 14], man[800], *jc;
   snprintf(ck, sizeof ck, "%s/ck-%s", tu_tmpdir(), state);
   /* a lost node's attempt spends a restart */
-  const int id = sbatch_running_opts(state, ck, 1500, "--max-restarts 1", &jc, man, sizeof man);
+  const int id = sbatch_running_opts(state, ck, 1500, "--max-restarts 1",
+                                     nodes > 1 ? "FSDP_DEVICES=cpu:1" : "",
+                                     nodes > 1 ? "--nodes=2" : "", &jc, man, sizeof man);
   const pid_t pid = proc_of(state, comm);
   if (!pid) {
     procs_of(state, out, sizeof out);
@@ -709,10 +714,19 @@ static void killed_requeues_and_resumes(const char *state, const char *comm, con
 
 Test(slurm, fsdpd_killed_mid_run_requeues_the_allocation) {
   SKIP_UNLESS_ROOT();
-  killed_requeues_and_resumes("fsdpdkill", "fsdpd", "fsdpd stopped (srun exit");
+  killed_requeues_and_resumes("fsdpdkill", "fsdpd", "fsdpd stopped (node n", 1);
+}
+
+/* On two nodes, one fsdpd killed: srun runs on with the other's, and the
+ * allocation was held, the job waiting for the lost node, till its time
+ * limit (found by a tester); the script sees it within seconds, stops the
+ * other and requeues the allocation, and the next runs the job to its end. */
+Test(slurm, one_nodes_fsdpd_killed_on_two_nodes_requeues_the_allocation) {
+  SKIP_UNLESS_ROOT();
+  killed_requeues_and_resumes("fsdpdkill2", "fsdpd", "fsdpd stopped (node n", 2);
 }
 
 Test(slurm, the_coordinator_killed_mid_run_requeues_the_allocation) {
   SKIP_UNLESS_ROOT();
-  killed_requeues_and_resumes("coordkill", "fsdp-coordinato", "the coordinator exited (status");
+  killed_requeues_and_resumes("coordkill", "fsdp-coordinato", "the coordinator exited (status", 1);
 }
