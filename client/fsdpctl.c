@@ -112,9 +112,17 @@ static int ctl_fail_at(const ctl_t *c, int rc, const char *target, const char *f
   vsnprintf(what, sizeof what, fmt, ap);
   va_end(ap);
   char msg[2048];
-  snprintf(msg, sizeof msg, "%s", *err_msg() ? err_msg() : err_str(rc));
-  for (char *p = msg; *p; p++) /* one line, whatever the server wrote */
-    if (*p == '\n' || *p == '\r') *p = ' ';
+  /* one line, whatever the server wrote: its lines (one problem each, as
+   * a refused job's, whose own words may hold "; ") numbered "(1) ... (2) ..." */
+  const char *from = *err_msg() ? err_msg() : err_str(rc);
+  int lines = 1, k = 1;
+  for (const char *p = from; *p; p++) lines += (*p == '\n' || *p == '\r') && p[1] && p[1] != '\n';
+  size_t m = lines > 1 ? (size_t)snprintf(msg, sizeof msg, "(1) ") : 0;
+  for (const char *p = from; *p && m + 8 < sizeof msg; p++) {
+    if (*p != '\n' && *p != '\r') msg[m++] = *p;
+    else if (p[1] && p[1] != '\n') m += (size_t)snprintf(msg + m, sizeof msg - m, " (%d) ", ++k);
+  }
+  msg[m] = 0;
   const char *fix = "";
   char buf[512];
   int code = ctl_exit_code(rc);
@@ -824,7 +832,8 @@ static int cmd_submit(ctl_t *c, int argc, char **argv) {
   free(opts);
   free(optp);
   if (rc) {
-    code = ctl_fail(c, rc, "submitting the job");
+    code = file ? ctl_fail(c, rc, "submitting the job of %s (and the command line's options)", file)
+                : ctl_fail(c, rc, "submitting the job");
     goto out;
   }
   if (c->json) {

@@ -105,7 +105,7 @@ static void h_submit(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   rec_put(rpc_call_method(call), m);
   if (req->spec && !strcmp(req->spec->name, "bad")) {
     rpc_call_finish(call, err_set(FSDP_EINVAL, "model.heads: 5 does not divide channels 64; "
-                                  "give heads that divide it"));
+                                  "give heads that divide it\nsteps: \"abc\" is not a number"));
     return;
   }
   if (req->spec && !strcmp(req->spec->name, "locked")) { /* the coordinator's store, busy */
@@ -1027,6 +1027,16 @@ Test(fsdpctl, submit_json_and_a_refusal) {
   cr_assert(!strncmp(err, "fsdpctl: ", 9), "%s", err);
   expect_in(err, "model.heads: 5 does not divide channels 64");
   cr_assert_eq(strchr(err, '\n'), err + strlen(err) - 1, "more than one line: %s", err);
+  /* its problems numbered, where one's own words hold "; " (they were run
+   * together by a space), and the job file named */
+  expect_in(err, "(1) ");
+  expect_in(err, "give heads that divide it (2) steps: \"abc\" is not a number");
+  char *jf = write_tmp("refused.conf", "[train]\nsteps = 5\n");
+  rc = CTL("submit", jf, "--ranks", "1", "--name", "bad");
+  cr_assert_eq(rc, 2, "exit %d: %s", rc, err);
+  expect_in(err, "submitting the job of ");
+  expect_in(err, "refused.conf (and the command line's options): ");
+  free(jf);
 }
 
 /* ---- tables and JSON of the listing commands --------------------------------------------- */
