@@ -19,4 +19,10 @@
  * missing file); the message names path. */
 int file_open_regular(const char *path, int flags, mode_t mode, int *fd);
 
+/* Marks every descriptor from 3 up close-on-exec: what a process was
+ * started with (a file its parent left open) does not pass on to the
+ * programs it runs, which may run as a less trusted user. Its own it opens
+ * close-on-exec already. */
+void file_cloexec_inherited(void);
+
 #endif

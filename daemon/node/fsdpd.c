@@ -40,6 +40,7 @@
 #include <uv.h>
 
 #include "daemon/common/crash.h"
+#include "daemon/common/file.h"
 #include "daemon/common/err.h"
 #include "daemon/common/ring_secret.h"
 #include "daemon/common/log.h"
@@ -64,6 +65,9 @@ typedef struct fsdpd {
   const char *coordinator, *devices, *name, *listen, *rank_host, *work_dir, *run_as;
   const char *token_file, *user_token_file, *node_token_file, *tls_ca, *tls_cert, *tls_key;
   const char *rank_program;
+  /* the ranks' user's HOME, USER and LOGNAME (with --run-as), NULL-ended */
+  char user_vars[3][PATH_MAX + 16];
+  char *user_env[4];
   double grace_s;
   double refused_s; /* a first registration refused this long ends fsdpd */
   const char *metrics_listen;
@@ -422,6 +426,12 @@ static int fsdpd_options(fsdpd_t *D, int argc, char **argv, int *as_user, unsign
     *as_user = geteuid() == 0;
     *uid = pw->pw_uid;
     *gid = pw->pw_gid;
+    /* not root's (fsdpd's): a rank that writes a cache or a config under
+     * $HOME would try /root */
+    snprintf(D->user_vars[0], sizeof D->user_vars[0], "HOME=%s", pw->pw_dir);
+    snprintf(D->user_vars[1], sizeof D->user_vars[1], "USER=%s", pw->pw_name);
+    snprintf(D->user_vars[2], sizeof D->user_vars[2], "LOGNAME=%s", pw->pw_name);
+    for (int k = 0; k < 3; k++) D->user_env[k] = D->user_vars[k];
   } else if (geteuid() == 0) {
     fprintf(stderr, "fsdpd: --run-as: required when fsdpd runs as root, so that ranks never run as "
                     "root; give an unprivileged user (e.g. --run-as nobody, or a dedicated account)\n");
@@ -473,8 +483,9 @@ static int fsdpd_probe_gpus(const fsdpd_t *D, int as_user, unsigned uid, unsigne
   const supervise_opts_t so = {.out = out, .err = out};
   fsdpd_probe_t p = {0};
   char *argv[] = {(char *)D->rank_program, "--probe-device", "cuda", NULL};
-  const supervise_child_opts_t co = {.argv = argv, .cwd = "/", .as_user = as_user, .uid = uid,
-                                     .gid = gid, .exit_cb = fsdpd_probe_exit, .arg = &p};
+  const supervise_child_opts_t co = {.argv = argv, .env = as_user ? D->user_env : NULL, .cwd = "/",
+                                     .as_user = as_user, .uid = uid, .gid = gid,
+                                     .exit_cb = fsdpd_probe_exit, .arg = &p};
   int rc = out ? supervise_create(&s, &loop, &so)
                : err_set_errno(FSDP_EIO, errno, "probing the GPUs: a temporary file");
   uv_timer_init(&loop, &p.timer);
@@ -551,6 +562,9 @@ static void fsdpd_raise_nofile(void) {
 
 int main(int argc, char **argv) {
   crash_install("fsdpd");
+  /* nothing fsdpd was started with passes to its ranks (another user's,
+   * with --run-as): a descriptor its parent left open to a secret */
+  file_cloexec_inherited();
   /* a rank's ring secret is its attempt's, from its assignment, or none:
    * never one this daemon was started with */
   unsetenv(RING_SECRET_VAR);
@@ -637,7 +651,7 @@ int main(int argc, char **argv) {
   uv_loop_init(&D.loop);
   const ranks_opts_t ro = {.loop = &D.loop, .client = D.client, .inv = &D.inv, .work_dir = D.work_dir,
                            .rank_program = D.rank_program, .rank_host = D.rank_host, .as_user = as_user,
-                           .uid = uid, .gid = gid, .grace_s = D.grace_s};
+                           .uid = uid, .gid = gid, .user_env = D.user_env, .grace_s = D.grace_s};
   if (ranks_create(&D.ranks, &ro) || logs_create(&D.logs, &D.loop, D.work_dir, D.ranks) ||
       rpc_server_create(&D.server, &D.loop, &so) || logs_register(D.logs, D.server) ||
       rpc_server_start(D.server)) {

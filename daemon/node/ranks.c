@@ -848,6 +848,8 @@ static int rk_spawn(rank_t *rk, const Fsdp__V1__RendezvousReply *rep) {
     }
   }
   if (vsecret[0]) env[ne++] = vsecret;
+  for (int k = 0; R->o.as_user && R->o.user_env && R->o.user_env[k] && k < 3; k++)
+    env[ne++] = R->o.user_env[k];
   env[ne] = NULL;
   char *argv[] = {(char *)R->o.rank_program, "--config", confname, NULL};
   const int fds[2] = {rk->listen_fd, sv[1]};

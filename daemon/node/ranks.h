@@ -52,6 +52,9 @@ typedef struct ranks_opts {
   const char *work_dir, *rank_program, *rank_host;
   int as_user;             /* run ranks as uid/gid */
   unsigned uid, gid;
+  /* with as_user: HOME, USER and LOGNAME of that user, over fsdpd's own
+   * (NULL-terminated; at most 3) */
+  char *const *user_env;
   double grace_s;          /* SIGTERM -> SIGKILL when a Kill gives none */
 } ranks_opts_t;
 

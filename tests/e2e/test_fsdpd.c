@@ -461,6 +461,8 @@ static int group_alive(int pgid) { return proc_each(in_group, &pgid) > 0; }
 
 /* ---- fsdpd, the process -------------------------------------------------------------- */
 
+#define FSDPD_LEAK_FD 77
+
 /* Runs bin/fsdpd with args (NULL-terminated, after --coordinator), its
  * output into fsdpd_log; returns its pid. */
 static int fsdpd_spawn(const char *const *extra) {
@@ -479,6 +481,9 @@ static int fsdpd_spawn(const char *const *extra) {
     int fd = open(fsdpd_log, O_WRONLY | O_CREAT | O_APPEND, 0644);
     dup2(fd, 1);
     dup2(fd, 2);
+    /* a descriptor its parent left open (not close-on-exec), which must not
+     * reach the ranks: FSDPD_LEAK_FD, to the log */
+    dup2(fd, FSDPD_LEAK_FD);
     execv(prog, (char **)argv);
     _exit(127);
   }
@@ -916,6 +921,19 @@ Test(fsdpd, a_kill_stops_both_ranks_within_the_grace_and_leaves_nothing, .timeou
   start_long_job(pids);
   if (geteuid() == 0)
     for (int i = 0; i < 2; i++) cr_expect_eq(proc_uid(pids[i]), NOBODY, "ranks run as nobody");
+  /* nothing fsdpd was started with passes to them: not a descriptor its
+   * parent left open, not root's HOME (an outside tester found a 0600
+   * token file, open in fsdpd's parent, readable by a rank as nobody) */
+  for (int i = 0; i < 2; i++) {
+    char fdp[64], hb[PATH_MAX], ub[64];
+    snprintf(fdp, sizeof fdp, "/proc/%d/fd/%d", pids[i], FSDPD_LEAK_FD);
+    cr_expect_neq(access(fdp, F_OK), 0, "rank pid %d holds fsdpd's inherited descriptor", pids[i]);
+    if (geteuid() != 0) continue;
+    const struct passwd *pw = getpwnam("nobody");
+    const char *h = rank_env(pids[i], "HOME", hb, sizeof hb), *u = rank_env(pids[i], "USER", ub, sizeof ub);
+    cr_expect(pw && h && !strcmp(h, pw->pw_dir), "rank pid %d: HOME %s", pids[i], h ? h : "unset");
+    cr_expect(u && !strcmp(u, "nobody"), "rank pid %d: USER %s", pids[i], u ? u : "unset");
+  }
   /* each rank's memory limit is its device's, as fsdpd registered it */
   for (int i = 0; i < 2; i++) {
     char vb[64], sb[128];
