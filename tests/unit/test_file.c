@@ -5,6 +5,8 @@
  * directory is refused; a missing file is FSDP_ENOENT. */
 #include <criterion/criterion.h>
 #include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -61,4 +63,87 @@ Test(file, a_link_a_directory_and_a_missing_file_are_refused) {
   cr_expect_eq(file_open_regular(m, O_RDONLY, 0, &fd), FSDP_ENOENT, "%s", err_msg());
   cr_expect_eq(fd, -1);
   free(t), free(l), free(d), free(m);
+}
+
+/* An output written by a temporary and a rename (file_output_check): what
+ * the rename would replace is refused, naming the option, the path, what is
+ * there and the fix; nothing there, or a regular file, passes. A link is
+ * followed: one to /dev/null is a character device (and renaming over the
+ * link would not touch /dev/null, so the test is safe without the check). */
+Test(file, an_output_that_is_no_regular_file_is_refused) {
+  char *fifo = tu_path("out-fifo"), *null = tu_path("out-null"), *d = tu_path("out-dir");
+  char *reg = tu_path("out-reg"), *none = tu_path("out-none");
+  cr_assert_eq(mkfifo(fifo, 0600), 0);
+  cr_assert_eq(symlink("/dev/null", null), 0);
+  cr_assert_eq(mkdir(d, 0700), 0);
+  tu_write_file(reg, "x", 1);
+  const struct {
+    const char *path, *says;
+  } bad[] = {{fifo, "is a FIFO, not a file"},
+             {null, "is a character device, not a file"},
+             {d, "is a directory, not a file"}};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    cr_expect_eq(file_output_check("save", bad[i].path, "model.bin"), FSDP_EINVAL, "%s", bad[i].path);
+    const char *m = err_msg();
+    cr_expect(!strncmp(m, "save: ", 6) && strstr(m, bad[i].path) && strstr(m, bad[i].says) &&
+              (strstr(m, "give a file path") || strstr(m, "model.bin")), "%s", m);
+  }
+  cr_expect_eq(file_output_check("save", reg, "model.bin"), 0, "%s", err_msg());
+  cr_expect_eq(file_output_check("save", none, "model.bin"), 0, "%s", err_msg());
+  /* the last look, at the rename: a FIFO there is refused and left as it is */
+  char tmp[4200];
+  int fd = -1;
+  cr_assert_eq(file_temp_create(fifo, tmp, sizeof tmp, &fd), 0, "%s", err_msg());
+  close(fd);
+  cr_expect_eq(file_temp_place("-o", tmp, fifo), FSDP_EINVAL);
+  struct stat st;
+  cr_expect(!stat(fifo, &st) && S_ISFIFO(st.st_mode), "the FIFO was replaced");
+  unlink(tmp);
+  free(fifo), free(null), free(d), free(reg), free(none);
+}
+
+/* A temporary is its writer's own: "<path>.tmp.<pid>" when free; a link
+ * planted there (or any file) is neither followed nor reused, another name
+ * is taken, and what the link points at is untouched. */
+Test(file, a_temporary_is_created_never_through_a_link) {
+  char *out = tu_path("w.bin"), *victim = tu_path("victim.txt"), planted[4200], tmp[4200];
+  tu_write_file(victim, "precious", 8);
+  int fd = -1;
+  cr_assert_eq(file_temp_create(out, tmp, sizeof tmp, &fd), 0, "%s", err_msg());
+  snprintf(planted, sizeof planted, "%s.tmp.%d", out, (int)getpid());
+  cr_expect_str_eq(tmp, planted, "the first name is <path>.tmp.<pid> (docs/FORMATS.md)");
+  close(fd);
+  unlink(tmp);
+  cr_assert_eq(symlink(victim, planted), 0);
+  cr_assert_eq(file_temp_create(out, tmp, sizeof tmp, &fd), 0, "%s", err_msg());
+  cr_expect_str_neq(tmp, planted);
+  cr_expect(!strncmp(tmp, planted, strlen(planted)) && tmp[strlen(planted)] == '.', "%s", tmp);
+  cr_expect_eq(write(fd, "weights", 7), 7);
+  close(fd);
+  cr_assert_eq(file_temp_place("save", tmp, out), 0, "%s", err_msg());
+  size_t n;
+  char *v = tu_slurp(victim, &n);
+  cr_expect(n == 8 && !memcmp(v, "precious", 8), "written through the planted link");
+  struct stat st;
+  cr_expect(!lstat(planted, &st) && S_ISLNK(st.st_mode), "the planted link is left alone");
+  free(v), free(out), free(victim);
+}
+
+/* file_same: by inode where both exist (a hard link, another spelling),
+ * by resolved name where one does not. */
+Test(file, the_same_file_by_inode_or_by_name) {
+  char *a = tu_path("same-a"), *h = tu_path("same-hard"), *b = tu_path("same-b");
+  tu_write_file(a, "x", 1);
+  tu_write_file(b, "x", 1);
+  cr_assert_eq(link(a, h), 0);
+  char dotted[4200], missing[4200], missing2[4200];
+  snprintf(dotted, sizeof dotted, "%s/./same-a", tu_tmpdir());
+  snprintf(missing, sizeof missing, "%s/new.bin", tu_tmpdir());
+  snprintf(missing2, sizeof missing2, "%s/../%s/new.bin", tu_tmpdir(), strrchr(tu_tmpdir(), '/') + 1);
+  cr_expect(file_same(a, h));
+  cr_expect(file_same(a, dotted));
+  cr_expect(!file_same(a, b), "equal contents are not the same file");
+  cr_expect(file_same(missing, missing2), "%s, %s", missing, missing2);
+  cr_expect(!file_same(missing, a));
+  free(a), free(h), free(b);
 }
