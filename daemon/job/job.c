@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "daemon/common/err.h"
+#include "daemon/common/file.h"
 #include "daemon/job/ckpt.h"
 #include "daemon/job/safetensors.h"
 
@@ -270,7 +271,24 @@ int job_paths_check(config_t *c, const char *const *roots, int nroots) {
     memcpy(field, res, strlen(res) + 1);
   }
   free(rr);
-  return rc;
+  return rc ? rc : job_save_apart(c);
+}
+
+int job_save_apart(const config_t *c) {
+  static const struct {
+    const char *key, *lost;
+  } reads[] = {
+      {"data", "the token file"},
+      {"init_from", "the weights the run starts from (a restart would start from trained ones)"},
+  };
+  for (size_t i = 0; c->save[0] && i < sizeof reads / sizeof *reads; i++) {
+    const char *p = job_path_value(c, reads[i].key);
+    if (p[0] && file_same(c->save, p))
+      return err_set(FSDP_EINVAL, "save: %s is the %s file (%s = %s): the weights written at the "
+                     "end would replace %s; give save a path of its own", c->save, reads[i].key,
+                     reads[i].key, p, reads[i].lost);
+  }
+  return FSDP_OK;
 }
 
 int job_resume_from_check(const config_t *c) {

@@ -53,6 +53,8 @@ int job_validate(const job_opt_t *opts, int n, int world, size_t device_bytes, c
  * for reading by this process; an output (save) whose directory does not
  * exist, or that is a symlink or not a regular file. A root that does not
  * exist, or no root at all, is the operator's error (FSDP_EINVAL, "roots").
+ * Then save must be a file apart from the ones the run reads
+ * (job_save_apart).
  *
  * Assumptions: the nodes see the same file system paths as the caller (a
  * shared file system), and this process's permissions stand for the ranks';
@@ -71,6 +73,14 @@ int job_paths_check(config_t *c, const char *const *roots, int nroots);
  * fix (what to do). */
 int job_path_in_roots(const char *key, const char *path, const char *const *roots, int nroots,
                       const char *fix, char *res);
+/* save is not a file the run reads: not data (the weights written at the
+ * end would replace the token file), not init_from (nor the weights it
+ * starts from, which a restarted run would then start from trained). The
+ * same file by device and inode where both exist (a hard link too), else by
+ * name (file_same). FSDP_EINVAL naming both options and the fix. The ranks
+ * check at their start (fsdp-train, fsdp-launch), the coordinator at submit
+ * (job_paths_check). */
+int job_save_apart(const config_t *c);
 /* A safetensors init_from (after job_paths_check and the model's
  * resolution): its header checked against the job's model, so a file of
  * another model, or one whose header lies, is refused at submit naming the

@@ -318,7 +318,39 @@ Test(job, paths_inside_the_roots_resolve) {
   cr_assert_eq(check_path(&t, "init_from", abs, &c), FSDP_OK, "%s", err_msg());
   cr_assert_str_eq(c.init_from, rabs);
   /* an existing output is overwritten: fine inside a root */
-  cr_assert_eq(check_path(&t, "save", "data.bin", &c), FSDP_OK, "%s", err_msg());
+  touch(t.root, "out/old.bin");
+  cr_assert_eq(check_path(&t, "save", "out/old.bin", &c), FSDP_OK, "%s", err_msg());
+  tree_remove(&t);
+}
+
+/* save naming a file the run reads is refused at submit, naming both
+ * options: the data (submit's --data and --save to one file destroyed the
+ * token file), by any spelling or a hard link, and init_from. */
+Test(job, a_save_that_is_the_data_or_init_from_is_refused) {
+  tree_t t;
+  tree_make(&t);
+  char p[PATH_MAX], q[PATH_MAX];
+  snprintf(p, sizeof p, "%s/data.bin", t.root);
+  snprintf(q, sizeof q, "%s/hard.bin", t.root);
+  cr_assert_eq(link(p, q), 0);
+  const char *same[] = {"data.bin", "./out/../data.bin", p, "hard.bin"};
+  for (size_t i = 0; i < sizeof same / sizeof *same; i++) {
+    config_t c;
+    cr_assert_eq(check_path(&t, "save", same[i], &c), FSDP_EINVAL, "save = %s: %s", same[i],
+                 err_msg());
+    const char *m = err_msg();
+    cr_assert(!strncmp(m, "save: ", 6) && strstr(m, "is the data file") &&
+              strstr(m, "give save a path of its own"), "%s", m);
+  }
+  config_t c;
+  config_default(&c);
+  cr_assert_eq(config_set(&c, "data", "data.bin"), 0);
+  cr_assert_eq(config_set(&c, "init_from", "out/w.bin"), 0);
+  cr_assert_eq(config_set(&c, "save", "out/w.bin"), 0);
+  touch(t.root, "out/w.bin");
+  const char *roots[] = {t.root, t.root2};
+  cr_assert_eq(job_paths_check(&c, roots, 2), FSDP_EINVAL);
+  cr_assert(strstr(err_msg(), "is the init_from file"), "%s", err_msg());
   tree_remove(&t);
 }
 
