@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "daemon/common/err.h"
+#include "daemon/common/file.h"
 #include "daemon/common/rng.h"
 #include "daemon/common/log.h"
 #include "daemon/common/mem.h"
@@ -1092,17 +1093,19 @@ static int gpt_write_all(int fd, const void *p, size_t n, const char *path) {
 
 int gpt_save(const gpt_t *g, const char *path) {
   char tmp[4096];
-  snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+  int fd = -1, rc = file_output_check("save", path, "model.weights");
+  if (!rc && (rc = file_temp_create(path, tmp, sizeof tmp, &fd)))
+    rc = err_wrap(rc, "saving weights to %s", path);
+  if (rc) return rc;
   float *stage = mem_alloc(MEM_WORKSPACE, GPT_STAGE * sizeof(float), "saved weights (staging)");
-  if (!stage) return FSDP_ENOMEM;
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) {
-    mem_free(stage);
-    return err_set_errno(err_from_errno(errno), errno, "saving weights to %s", tmp);
+  if (!stage) {
+    close(fd);
+    unlink(tmp);
+    return FSDP_ENOMEM;
   }
   int32_t hdr[GPT_HEADER_INTS];
   gpt_weights_header(&g->cfg, hdr);
-  int rc = gpt_write_all(fd, hdr, sizeof hdr, path);
+  rc = gpt_write_all(fd, hdr, sizeof hdr, path);
   for (size_t i = 0, c; !rc && i < g->num_params; i += c) {
     c = g->num_params - i < GPT_STAGE ? g->num_params - i : GPT_STAGE;
     g->be->copy_d2h(stage, g->params + i, c * sizeof(float));
@@ -1112,8 +1115,7 @@ int gpt_save(const gpt_t *g, const char *path) {
   mem_free(stage);
   if (!rc && fsync(fd) != 0) rc = err_set_errno(err_from_errno(errno), errno, "saving weights to %s", path);
   if (close(fd) != 0 && !rc) rc = err_set_errno(err_from_errno(errno), errno, "saving weights to %s", path);
-  if (!rc && rename(tmp, path) != 0)
-    rc = err_set_errno(err_from_errno(errno), errno, "saving weights: rename %s to %s", tmp, path);
+  if (!rc) rc = file_temp_place("save", tmp, path);
   if (rc) unlink(tmp);
   return rc;
 }

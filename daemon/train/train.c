@@ -21,10 +21,12 @@
 #include "ckpt_rank.h"
 #include "daemon/comm/boot.h"
 #include "daemon/common/err.h"
+#include "daemon/common/file.h"
 #include "daemon/common/log.h"
 #include "daemon/common/param.h"
 #include "device.h"
 #include "gpt.h"
+#include "daemon/job/job.h"
 #include "daemon/job/plan.h"
 #include "sample.h"
 #include "daemon/job/shard.h"
@@ -138,14 +140,12 @@ static int train_probe(const char *key, const char *path, const char *suffix, co
 }
 
 /* A file can be created next to path (its directory exists and takes
- * writes) and path is not a directory: found before the first step, not
- * after the last. */
+ * writes) and path is nothing yet or a regular file (the rename at the end
+ * would replace a directory, a device or a FIFO): found before the first
+ * step, not after the last. */
 static int train_check_writable(const char *key, const char *path) {
-  struct stat st;
-  if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
-    return err_set(FSDP_EINVAL, "%s: %s is a directory; give the path of the file to write "
-                   "(e.g. %s/model.weights)", key, path, path);
-  return train_probe(key, path, ".tmp.check", "next to");
+  int rc = file_output_check(key, path, "model.weights");
+  return rc ? rc : train_probe(key, path, ".tmp.check", "next to");
 }
 
 /* A directory the run writes into exists, is one, and takes new files
@@ -976,7 +976,8 @@ int train_open(train_t **out, const config_t *c, const train_opts_t *o) {
   if ((rc = bound[0] ? plan_fits(&t->plan, c, limit, bound) : plan_check(&t->plan, c, limit)))
     goto fail;
   if (t->opts.out) plan_print(&t->plan, c, t->opts.out);
-  if (c->save[0] && (rc = train_check_writable("save", c->save))) goto fail;
+  if (c->save[0] && ((rc = train_check_writable("save", c->save)) || (rc = job_save_apart(c))))
+    goto fail;
   if (c->checkpoint_dir[0] && (rc = train_check_dir("checkpoint_dir", c->checkpoint_dir))) goto fail;
   if ((rc = train_open_runtime(t))) goto fail;
   if ((rc = data_open(&t->data, c->data, c->gpt.vocab, c->eval_fraction, c->seq_len)) ||
@@ -1167,11 +1168,16 @@ static int train_agree(train_t *t, int bad, int *total) {
 /* A weights file written by the shard ranks of the first replica, each into
  * its own byte ranges of one temporary file, renamed by rank 0 once all of
  * them succeeded: no rank holds the whole model, and a failure on any rank
- * leaves no file under the real name. */
+ * leaves no file under the real name. Rank 0 makes the temporary, a name of
+ * its own (file_temp_create: never a link followed, never another run's
+ * file), and tells the others its name. */
 static int train_save(train_t *t, const char *path) {
-  char tmp[CONFIG_PATH_MAX + 32];
-  if (snprintf(tmp, sizeof tmp, "%s.tmp.sharded", path) >= (int)sizeof tmp)
-    return err_set(FSDP_EINVAL, "save: path too long");
+  /* rank 0's status word, then the temporary's name: float storage, as the
+   * boot's id (a broadcast moves the bytes, it never computes on them) */
+  float msg[1 + (CONFIG_PATH_MAX + 64) / sizeof(float)];
+  char *tmp = (char *)(msg + 1);
+  const size_t tmp_size = sizeof msg - sizeof msg[0];
+  memset(msg, 0, sizeof msg);
   const gpt_config_t *cfg = gpt_get_config(t->model);
   const int rank = t->boot.rank;
   int rc = FSDP_OK, bad = 0, total;
@@ -1180,16 +1186,27 @@ static int train_save(train_t *t, const char *path) {
     int32_t hdr[256];
     gpt_weights_header(cfg, hdr);
     off_t size = GPT_WEIGHTS_HEADER_BYTES + (off_t)(gpt_config_num_params(cfg) * sizeof(float));
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0 || write(fd, hdr, sizeof hdr) != (ssize_t)sizeof hdr || ftruncate(fd, size))
-      bad = 1, err_set_errno(err_from_errno(errno), errno, "saving weights to %s", tmp);
+    int fd = -1;
+    int32_t status = file_temp_create(path, tmp, tmp_size, &fd);
+    if (!status && (write(fd, hdr, sizeof hdr) != (ssize_t)sizeof hdr || ftruncate(fd, size)))
+      status = err_set_errno(err_from_errno(errno), errno, "saving weights to %s", tmp);
     if (fd >= 0) close(fd);
+    if (status) {
+      if (fd >= 0) unlink(tmp);
+      snprintf(why, sizeof why, "%s", err_msg());
+    }
+    memcpy(msg, &status, sizeof status);
   }
-  if (bad) snprintf(why, sizeof why, "%s", err_msg());
-  if ((rc = train_agree(t, bad, &total))) return rc;
-  if (total) return err_set(FSDP_EIO, "save: rank 0 could not create %s%s%s", tmp, why[0] ? ": " : "", why);
+  if (t->groups.world &&
+      (rc = comm_broadcast(t->groups.world, msg, sizeof msg / sizeof msg[0], COMM_F32, 0)))
+    return rc;
+  int32_t status;
+  memcpy(&status, msg, sizeof status);
+  tmp[tmp_size - 1] = 0;
+  if (status) return err_set(FSDP_EIO, "save: rank 0 could not create a temporary beside %s%s%s",
+                             path, why[0] ? ": " : "", why);
   if (rank < t->mesh.shards) { /* the first replica's shard group writes */
-    int fd = open(tmp, O_WRONLY);
+    int fd = open(tmp, O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) {
       bad = 1;
       err_set_errno(err_from_errno(errno), errno, "save: open %s", tmp);
@@ -1206,8 +1223,8 @@ static int train_save(train_t *t, const char *path) {
     if (bad) snprintf(why, sizeof why, "%s", err_msg());
   }
   if ((rc = train_agree(t, bad, &total))) return rc;
-  if (!total && rank == 0 && rename(tmp, path))
-    bad = 1, snprintf(why, sizeof why, "rename: %s", strerror(errno));
+  if (!total && rank == 0 && file_temp_place("save", tmp, path))
+    bad = 1, snprintf(why, sizeof why, "%s", err_msg());
   if (!total && (rc = train_agree(t, bad, &total))) return rc;
   if (total) {
     if (rank == 0) unlink(tmp);

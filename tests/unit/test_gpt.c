@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "daemon/common/err.h"
 #include "daemon/common/mem.h"
@@ -138,6 +139,14 @@ Test(gpt, weights_file_round_trip_and_corruption) {
   /* missing directory: an error, and nothing left behind */
   cr_assert_neq(gpt_save(g, "/nonexistent-dir/w.bin"), 0);
   cr_assert(strstr(err_msg(), "/nonexistent-dir/w.bin"), "%s", err_msg());
+  /* a FIFO (or a device) at the path is refused, not renamed over */
+  char *fifo = tu_path("w.fifo");
+  cr_assert_eq(mkfifo(fifo, 0600), 0);
+  cr_assert_eq(gpt_save(g, fifo), FSDP_EINVAL);
+  cr_assert(strstr(err_msg(), "is a FIFO") && strstr(err_msg(), fifo), "%s", err_msg());
+  struct stat st;
+  cr_assert(!stat(fifo, &st) && S_ISFIFO(st.st_mode), "the FIFO was replaced");
+  free(fifo);
   free(buf);
   free(bad);
   free(path);

@@ -12,6 +12,7 @@
 
 #include "daemon/common/err.h"
 #include "daemon/train/data.h"
+#include "daemon/train/gpt.h"
 #include "daemon/train/train.h"
 #include "tests/unit/testutil.h"
 
@@ -448,8 +449,13 @@ Test(train, an_unwritable_save_path_is_refused_before_training) {
  * step 1, after allocating for it). */
 Test(train, what_the_run_would_find_wrong_later_is_refused_at_open) {
   char *data = demo_tokens(), *dir = tu_path("adir"), *file = tu_path("afile");
+  char *fifo = tu_path("afifo"), *null = tu_path("anull");
   cr_assert_eq(mkdir(dir, 0755), 0);
   tu_write_file(file, "x", 1);
+  /* the save's rename would replace these: a FIFO, and a device (through a
+   * link to /dev/null: a rename replaces the link, never /dev/null itself) */
+  cr_assert_eq(mkfifo(fifo, 0600), 0);
+  cr_assert_eq(symlink("/dev/null", null), 0);
   char missing[700];
   snprintf(missing, sizeof missing, "%s/none", dir);
   const struct {
@@ -457,6 +463,9 @@ Test(train, what_the_run_would_find_wrong_later_is_refused_at_open) {
     int rc;
   } cases[] = {
       {"save", dir, "0.1", "2", "is a directory", FSDP_EINVAL},
+      {"save", fifo, "0.1", "2", "is a FIFO, not a file: give a file path", FSDP_EINVAL},
+      {"save", null, "0.1", "2", "is a character device, not a file", FSDP_EINVAL},
+      {"save", data, "0.1", "2", "is the data file", FSDP_EINVAL},
       {"checkpoint_dir", missing, "0.1", "2", "existing directory", FSDP_ENOENT},
       {"checkpoint_dir", file, "0.1", "2", "is not a directory", FSDP_EINVAL},
       {"seed", "1", "0.0003", "2", "fewer than one evaluation batch", FSDP_EINVAL},
@@ -477,11 +486,97 @@ Test(train, what_the_run_would_find_wrong_later_is_refused_at_open) {
     cr_assert_eq(train_open(&t, &c, &o), cases[i].rc, "case %zu (%s = %s): %s", i, cases[i].key,
                  cases[i].value, err_msg());
     cr_assert(strstr(err_msg(), cases[i].want), "case %zu: %s", i, err_msg());
-    if (i < 3) cr_assert(strstr(err_msg(), cases[i].key), "case %zu: %s", i, err_msg());
+    if (i < 6) cr_assert(strstr(err_msg(), cases[i].key), "case %zu: %s", i, err_msg());
     cr_assert_eq(log.n, 0, "not a step ran");
     cr_assert_eq(mem_total_current(), 0, "nothing is left allocated");
   }
-  free(data), free(dir), free(file);
+  struct stat st;
+  cr_assert(!stat(fifo, &st) && S_ISFIFO(st.st_mode), "the FIFO is left as it was");
+  cr_assert(!lstat(null, &st) && S_ISLNK(st.st_mode), "the link is left as it was");
+  free(data), free(dir), free(file), free(fifo), free(null);
+}
+
+/* save naming a file the run reads is refused before training, however it
+ * is spelled: the data (the token file would be replaced by the weights,
+ * a hard link included) and init_from. */
+Test(train, a_save_that_is_a_file_the_run_reads_is_refused_at_open) {
+  char *data = demo_tokens(), *hard = tu_path("demo-hard.bin"), *w = tu_path("w-in.bin");
+  cr_assert_eq(link(data, hard), 0);
+  char dotted[4200];
+  snprintf(dotted, sizeof dotted, "%s/./demo.bin", tu_tmpdir());
+  size_t n0;
+  char *before = tu_slurp(data, &n0);
+  const char *same[] = {dotted, hard};
+  for (size_t i = 0; i < sizeof same / sizeof *same; i++) {
+    config_t c;
+    config_default(&c);
+    cr_assert_eq(config_set(&c, "data", data), 0);
+    cr_assert_eq(config_set(&c, "model", "tiny"), 0);
+    cr_assert_eq(config_set(&c, "save", same[i]), 0);
+    c.steps = 1, c.warmup_steps = 1, c.seq_len = 32;
+    train_result_t r;
+    cr_assert_eq(train_run(&c, NULL, &r), FSDP_EINVAL, "save = %s: %s", same[i], err_msg());
+    cr_assert(strstr(err_msg(), "save: ") && strstr(err_msg(), "is the data file") &&
+              strstr(err_msg(), "give save a path of its own"), "%s", err_msg());
+  }
+  size_t n1;
+  char *after = tu_slurp(data, &n1);
+  cr_assert(n0 == n1 && !memcmp(before, after, n0), "the token file was replaced");
+  /* init_from: weights saved by a first run, then named as both */
+  config_t c;
+  config_default(&c);
+  cr_assert_eq(config_set(&c, "data", data), 0);
+  cr_assert_eq(config_set(&c, "model", "tiny"), 0);
+  cr_assert_eq(config_set(&c, "save", w), 0);
+  c.steps = 1, c.warmup_steps = 1, c.seq_len = 32;
+  train_result_t r;
+  cr_assert_eq(train_run(&c, NULL, &r), 0, "%s", err_msg());
+  cr_assert_eq(config_set(&c, "init_from", w), 0);
+  cr_assert_eq(train_run(&c, NULL, &r), FSDP_EINVAL, "%s", err_msg());
+  cr_assert(strstr(err_msg(), "is the init_from file"), "%s", err_msg());
+  free(before), free(after), free(data), free(hard), free(w);
+}
+
+/* save writes a temporary of its own, <save>.tmp.<pid> or another name
+ * when that is taken, created O_EXCL | O_NOFOLLOW: links planted at the
+ * names a save might use (the old fixed <save>.tmp.sharded, and
+ * <save>.tmp.<pid>) are not written through, the file they point at keeps
+ * its bytes, and the weights land at the save path, with no temporary
+ * left behind. */
+Test(train, a_save_never_writes_through_a_link_at_its_temporary_name) {
+  char *data = demo_tokens(), *w = tu_path("sym.w"), *victim = tu_path("victim.txt");
+  tu_write_file(victim, "precious", 8);
+  char planted[2][4200];
+  snprintf(planted[0], sizeof planted[0], "%s.tmp.sharded", w);
+  snprintf(planted[1], sizeof planted[1], "%s.tmp.%d", w, (int)getpid());
+  for (int i = 0; i < 2; i++) cr_assert_eq(symlink(victim, planted[i]), 0);
+  config_t c;
+  config_default(&c);
+  cr_assert_eq(config_set(&c, "data", data), 0);
+  cr_assert_eq(config_set(&c, "model", "tiny"), 0);
+  cr_assert_eq(config_set(&c, "save", w), 0);
+  c.steps = 1, c.warmup_steps = 1, c.seq_len = 32;
+  train_result_t r;
+  cr_assert_eq(train_run(&c, NULL, &r), 0, "%s", err_msg());
+  size_t n;
+  char *v = tu_slurp(victim, &n);
+  cr_assert(n == 8 && !memcmp(v, "precious", 8), "the weights were written through a link");
+  struct stat st;
+  cr_assert(!lstat(w, &st) && S_ISREG(st.st_mode), "the weights are at %s", w);
+  gpt_t *g;
+  cr_assert_eq(gpt_load(&g, w, kern_cpu()), 0, "%s", err_msg());
+  gpt_destroy(g);
+  for (int i = 0; i < 2; i++)
+    cr_assert(!lstat(planted[i], &st) && S_ISLNK(st.st_mode), "%s is left alone", planted[i]);
+  DIR *d = opendir(tu_tmpdir());
+  cr_assert_not_null(d);
+  for (struct dirent *e; (e = readdir(d));)
+    if (!strncmp(e->d_name, "sym.w.tmp.", 10))
+      cr_assert(!strcmp(e->d_name, "sym.w.tmp.sharded") ||
+                strcspn(e->d_name + 10, ".") == strlen(e->d_name + 10),
+                "a temporary is left: %s", e->d_name);
+  closedir(d);
+  free(v), free(data), free(w), free(victim);
 }
 
 static int run_cmd(const char *args, char *out, size_t len) {
@@ -526,8 +621,6 @@ Test(train, a_failed_runs_last_line_is_its_error) {
 }
 
 /* ---- sharded jobs through fsdp-launch ------------------------------------ */
-
-#include "daemon/train/gpt.h"
 
 static int launch_cmd(const char *args, char *out, size_t len) {
   return tu_run_bin("fsdp-launch", args, out, len);
