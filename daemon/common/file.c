@@ -91,8 +91,8 @@ int file_temp_create(const char *path, char *tmp, size_t size, int *fd) {
       return FSDP_OK;
     }
     if (errno != EEXIST) /* EEXIST: taken, a link to anywhere included; try another */
-      return err_set_errno(err_from_errno(errno), errno, "cannot create %s (the directory must "
-                           "exist and be writable)", tmp);
+      return err_set_errno(err_from_errno(errno), errno, "cannot create %s (check that the "
+                           "directory exists and is writable)", tmp);
   }
   return err_set(FSDP_EEXIST, "cannot create a temporary beside %s: every name tried (%s) was "
                  "taken", path, tmp);

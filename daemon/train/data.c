@@ -50,6 +50,7 @@
 #include <xxhash.h>
 
 #include "daemon/common/err.h"
+#include "daemon/common/file.h"
 #include "daemon/common/log.h"
 #include "daemon/common/rng.h"
 
@@ -565,15 +566,12 @@ int data_write_for(const char *path, const uint16_t *tokens, size_t n, int vocab
     rc = err_set(FSDP_ENOMEM, "token file %s: out of memory", path);
     goto out;
   }
-  snprintf(tmp, len, "%s.tmp.%ld", path, (long)getpid());
-
-  fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    int e = errno;
-    rc = err_set(err_from_errno(e),
-                 "token file %s: cannot create %s: %s; check that the directory exists and is "
-                 "writable",
-                 path, tmp, strerror(e));
+  /* a device or a FIFO at path is refused, not renamed over; the temporary
+   * is this process's own (never a link followed) */
+  rc = file_output_check("token file", path, "tokens.bin");
+  if (!rc && (rc = file_temp_create(path, tmp, len, &fd)))
+    rc = err_wrap(rc, "token file %s", path);
+  if (rc) {
     free(tmp); /* nothing was created: nothing to remove */
     tmp = NULL;
     goto out;
@@ -609,12 +607,7 @@ int data_write_for(const char *path, const uint16_t *tokens, size_t n, int vocab
                  tmp, strerror(e));
     goto out;
   }
-  if (rename(tmp, path) != 0) {
-    int e = errno;
-    rc = err_set(err_from_errno(e), "token file %s: renaming %s into place failed: %s", path, tmp,
-                 strerror(e));
-    goto out;
-  }
+  if ((rc = file_temp_place("token file", tmp, path)) != FSDP_OK) goto out;
   free(tmp); /* renamed: no temporary left to remove */
   tmp = NULL;
   rc = data__sync_dir(path);

@@ -14,8 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "daemon/common/err.h"
+#include "daemon/common/file.h"
 #include "daemon/train/data.h"
 
 #define TOK_MAX_TOKENS ((size_t)INT32_MAX) /* the header's count is an int32 */
@@ -87,19 +89,15 @@ static int tok_read_file(tok_buf_t *b, const char *path) {
   return rc;
 }
 
-/* The output checked before any input is read: a directory (which the
- * final rename fails on, only after reading everything), or one of the
- * inputs (the same file by device and inode: it would be replaced by its
- * own tokens). */
+/* The output checked before any input is read: a directory, a device or a
+ * FIFO (which the final rename would replace, or fail on, only after
+ * reading everything: file_output_check), or one of the inputs (the same
+ * file by device and inode: it would be replaced by its own tokens). */
 static int tok_check_output(const char *out, char **inputs, int n) {
-  struct stat o, in;
-  if (stat(out, &o)) return FSDP_OK; /* a new file: data_write says if it cannot be made */
-  if (S_ISDIR(o.st_mode))
-    return err_set(FSDP_EINVAL, "-o %s is a directory; give the token file's path (e.g. "
-                   "%s/tokens.bin)", out, out);
+  int rc = file_output_check("-o", out, "tokens.bin");
+  if (rc || access(out, F_OK)) return rc; /* a new file: data_write says if it cannot be made */
   for (int i = 0; i < n; i++)
-    if (strcmp(inputs[i], "-") && !stat(inputs[i], &in) && in.st_dev == o.st_dev &&
-        in.st_ino == o.st_ino)
+    if (strcmp(inputs[i], "-") && file_same(out, inputs[i]))
       return err_set(FSDP_EINVAL, "-o %s is the input %s: it would be replaced by its tokens; "
                      "give another output path", out, inputs[i]);
   return FSDP_OK;

@@ -760,6 +760,45 @@ Test(data, write_to_missing_directory) {
   free(dir);
 }
 
+/* A FIFO, or a device (a link to /dev/null: renaming over the link would
+ * leave /dev/null alone), at the path is refused, not renamed over: it was
+ * replaced by a regular file (fsdp-tokenize -o mynull). */
+Test(data, write_over_a_fifo_or_a_device_is_refused) {
+  char *fifo = tu_path("t.fifo"), *null = tu_path("t.null");
+  cr_assert_eq(mkfifo(fifo, 0600), 0);
+  cr_assert_eq(symlink("/dev/null", null), 0);
+  uint16_t t[10] = {1, 2, 3};
+  cr_assert_eq(data_write(fifo, t, 10), FSDP_EINVAL);
+  assert_msg_has(fifo);
+  assert_msg_has("is a FIFO, not a file");
+  cr_assert_eq(data_write(null, t, 10), FSDP_EINVAL);
+  assert_msg_has("is a character device, not a file");
+  struct stat st;
+  cr_assert(!stat(fifo, &st) && S_ISFIFO(st.st_mode), "the FIFO was replaced");
+  cr_assert(!lstat(null, &st) && S_ISLNK(st.st_mode), "the link was replaced");
+  cr_assert_not(dir_has(tu_tmpdir(), ".tmp."), "temporary file left behind");
+  free(fifo), free(null);
+}
+
+/* The temporary is the writer's own, created O_EXCL | O_NOFOLLOW: a link
+ * planted at <path>.tmp.<pid> is not written through (it truncated its
+ * target and was then renamed to the path). */
+Test(data, write_never_goes_through_a_link_at_its_temporary_name) {
+  char *p = tu_path("tok.bin"), *victim = tu_path("victim.txt"), planted[4200];
+  tu_write_file(victim, "precious", 8);
+  snprintf(planted, sizeof planted, "%s.tmp.%d", p, (int)getpid());
+  cr_assert_eq(symlink(victim, planted), 0);
+  uint16_t t[10] = {1, 2, 3};
+  cr_assert_eq(data_write(p, t, 10), FSDP_OK, "%s", err_msg());
+  size_t n;
+  char *v = tu_slurp(victim, &n);
+  cr_assert(n == 8 && !memcmp(v, "precious", 8), "the tokens were written through the link");
+  struct stat st;
+  cr_assert(!lstat(p, &st) && S_ISREG(st.st_mode) && st.st_size == 1024 + 20);
+  cr_assert(!lstat(planted, &st) && S_ISLNK(st.st_mode), "the planted link is left alone");
+  free(v), free(p), free(victim);
+}
+
 /* In a child limited to a 4 KiB file size, writes 100000 tokens to path and
  * sends back "rc message". Returns rc; the message goes to msg. */
 static int write_limited(const char *path, char *msg, size_t msgsz) {
@@ -856,9 +895,10 @@ Test(data, a_token_file_says_the_vocabulary_its_ids_were_made_for) {
 }
 
 /* fsdp-tokenize checks its output before reading: one of its inputs (even
- * by another name) is refused, and stays the text it was; a directory is
- * refused naming it, not after reading everything at the rename. */
-Test(data, tokenize_refuses_an_output_that_is_an_input_or_a_directory) {
+ * by another name) is refused, and stays the text it was; a directory, a
+ * FIFO or a device is refused naming it, not after reading everything at
+ * the rename (which replaced the FIFO or the device). */
+Test(data, tokenize_refuses_an_output_that_is_an_input_a_directory_or_a_fifo) {
   char *txt = tu_path("in.txt"), args[8300], out[4096];
   tu_write_file(txt, "ab", 2);
   snprintf(args, sizeof args, "-o %s/./in.txt %s", tu_tmpdir(), txt);
@@ -870,5 +910,19 @@ Test(data, tokenize_refuses_an_output_that_is_an_input_or_a_directory) {
   snprintf(args, sizeof args, "-o %s %s", tu_tmpdir(), txt);
   cr_assert_eq(tu_run_bin("fsdp-tokenize", args, out, sizeof out), 1, "%s", out);
   cr_expect(strstr(out, "is a directory"), "%s", out);
-  free(kept), free(txt);
+  /* a FIFO, and a device (a link to /dev/null), named and left as they are */
+  char *fifo = tu_path("out.fifo"), *null = tu_path("out.null");
+  cr_assert_eq(mkfifo(fifo, 0600), 0);
+  cr_assert_eq(symlink("/dev/null", null), 0);
+  snprintf(args, sizeof args, "-o %s %s", fifo, txt);
+  cr_assert_eq(tu_run_bin("fsdp-tokenize", args, out, sizeof out), 1, "%s", out);
+  cr_expect(strstr(out, "-o: ") && strstr(out, fifo) && strstr(out, "is a FIFO, not a file"), "%s",
+            out);
+  snprintf(args, sizeof args, "-o %s %s", null, txt);
+  cr_assert_eq(tu_run_bin("fsdp-tokenize", args, out, sizeof out), 1, "%s", out);
+  cr_expect(strstr(out, "is a character device, not a file: give a file path"), "%s", out);
+  struct stat st;
+  cr_expect(!stat(fifo, &st) && S_ISFIFO(st.st_mode), "the FIFO was replaced");
+  cr_expect(!lstat(null, &st) && S_ISLNK(st.st_mode), "the link was replaced");
+  free(kept), free(txt), free(fifo), free(null);
 }
