@@ -489,9 +489,9 @@ bin/fsdp-coordinator: $(COORD_BIN_OBJS)
 	$(CC) $(EXTRA_LDFLAGS) $^ -o $@ $(RPC_LDLIBS) $(METRICS_LDLIBS) $(COORD_LDLIBS) $(JOB_LDLIBS) -lm
 
 # ---- fsdpctl (client/) ------------------------------------------------------
-# The client links only the wire: its own objects, RPC_LIB and four objects
+# The client links only the wire: its own objects, RPC_LIB and five objects
 # of daemon/common (errors, log lines, the tunables the log reads, job file
-# lines), plus inih
+# lines, the checks before an export's file is written), plus inih
 # for job files, jansson for --output json and libunistring for the display
 # width of table cells in UTF-8. No libfsdp, no OpenMP: the nm
 # check below fails the build if an engine symbol ever gets in.
@@ -499,7 +499,7 @@ bin/fsdp-coordinator: $(COORD_BIN_OBJS)
 CLIENT_SRCS        = client/fsdpctl.c client/spec.c client/table.c client/pbjson.c
 CLIENT_OBJS        = $(CLIENT_SRCS:%.c=$(B)/%.o)
 CLIENT_COMMON_OBJS = $(B)/daemon/common/err.o $(B)/daemon/common/log.o $(B)/daemon/common/param.o \
-                     $(B)/daemon/common/ini_line.o
+                     $(B)/daemon/common/ini_line.o $(B)/daemon/common/file.o
 BINS      += bin/fsdpctl
 E2E_TESTS += fsdpctl
 all: bin/fsdpctl

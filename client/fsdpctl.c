@@ -27,6 +27,7 @@
 #include "client/spec.h"
 #include "client/table.h"
 #include "daemon/common/err.h"
+#include "daemon/common/file.h"
 #include "daemon/common/param.h"
 #include "daemon/common/rpc.h"
 #include "daemon/common/text.h"
@@ -1361,9 +1362,7 @@ static void ctl_export_catch(void) {
  * with neither (vfat, some FUSE and SMB mounts) gets a check just before a
  * plain rename: not atomic, but a whole export is not thrown away. */
 static int ctl_export_place(const char *tmp, const char *out, int force) {
-  if (force)
-    return rename(tmp, out) ? err_set_errno(err_from_errno(errno), errno, "rename %s to %s", tmp, out)
-                            : 0;
+  if (force) return file_temp_place("-o", tmp, out); /* a file is replaced; a device or FIFO not */
   if (!renameat2(AT_FDCWD, tmp, AT_FDCWD, out, RENAME_NOREPLACE)) return 0;
   int e = errno;
   if (e == EINVAL || e == ENOSYS || e == ENOTSUP) { /* no RENAME_NOREPLACE here */
@@ -1431,6 +1430,10 @@ static int cmd_export(ctl_t *c, int argc, char **argv) {
   if (!out || !*out) return ctl_usage(c, "-o FILE: where to write the exported weights");
   if (!force && access(out, F_OK) == 0)
     return ctl_usage(c, "-o %s: the file exists; remove it, choose another name or pass --force", out);
+  /* --force replaces a file, never a device, a FIFO or a directory (a
+   * rename over /dev/null replaces the device) */
+  if (force && file_output_check("-o", out, "model.safetensors"))
+    return ctl_usage(c, "%s", err_msg());
   req.job_id = (char *)job;
   req.step = (int64_t)step;
   /* a temporary name beside the file, renamed once whole: an interrupted

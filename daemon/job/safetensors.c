@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "daemon/common/err.h"
+#include "daemon/common/file.h"
 #include "daemon/common/log.h"
 #include "daemon/job/ckpt.h"
 #include "daemon/job/shard.h"
@@ -554,9 +555,10 @@ int safetensors_export_file(const char *dir, uint32_t dtype, const char *path) {
   int rc = safetensors_export_open(&x, dir, dtype);
   if (rc) return rc;
   char tmp[4096];
-  snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()); /* FORMATS.md: as every writer */
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
-  if (fd < 0) rc = err_set_errno(err_from_errno(errno), errno, "export: cannot create %s", tmp);
+  int fd = -1; /* FORMATS.md: a temporary of its own, as every writer */
+  if (!(rc = file_output_check("export", path, "model.safetensors")) &&
+      (rc = file_temp_create(path, tmp, sizeof tmp, &fd)))
+    rc = err_wrap(rc, "export");
   uint64_t at = 0;
   for (const uint8_t *p; !rc;) {
     size_t n;
@@ -568,8 +570,7 @@ int safetensors_export_file(const char *dir, uint32_t dtype, const char *path) {
     rc = err_set(FSDP_EINTERNAL, "export: wrote %" PRIu64 " bytes of %" PRIu64, at, x->file_bytes);
   if (!rc && fsync(fd)) rc = err_set_errno(FSDP_EIO, errno, "export: fsync %s", tmp);
   if (fd >= 0 && close(fd) && !rc) rc = err_set_errno(FSDP_EIO, errno, "export: close %s", tmp);
-  if (!rc && rename(tmp, path))
-    rc = err_set_errno(err_from_errno(errno), errno, "export: rename %s to %s", tmp, path);
+  if (!rc) rc = file_temp_place("export", tmp, path);
   if (!rc) {
     char parent[4096];
     snprintf(parent, sizeof parent, "%s", path);

@@ -1924,6 +1924,22 @@ Test(fsdpctl, export_never_replaces_a_file_made_while_it_ran) {
   cr_assert_eq(CTL("export", "j-42", "-o", model), 2, "%s", err); /* there before: refused at once */
   expect_in(err, "the file exists");
   cr_assert_eq(CTL("export", "j-42", "-o", model, "--force"), 0, "%s", err);
+  /* --force replaces a file, never a FIFO or a device (a link to
+   * /dev/null here: a rename would replace the link, not the device) */
+  char fifo[1200], null[1200];
+  snprintf(fifo, sizeof fifo, "%s/export.fifo", dir);
+  snprintf(null, sizeof null, "%s/export.null", dir);
+  cr_assert_eq(mkfifo(fifo, 0600), 0);
+  cr_assert_eq(symlink("/dev/null", null), 0);
+  cr_assert_eq(CTL("export", "j-42", "-o", fifo, "--force"), 2, "%s", err);
+  expect_in(err, "is a FIFO, not a file");
+  cr_assert_eq(CTL("export", "j-42", "-o", null, "--force"), 2, "%s", err);
+  expect_in(err, "is a character device, not a file: give a file path");
+  struct stat fst;
+  cr_assert(!stat(fifo, &fst) && S_ISFIFO(fst.st_mode), "the FIFO was replaced");
+  cr_assert(!lstat(null, &fst) && S_ISLNK(fst.st_mode), "the link was replaced");
+  unlink(fifo), unlink(null);
+  cr_assert_eq(partial_files(dir), 0, "a temporary was left in %s", dir);
 
   /* made while it ran: left as it was, the export's temporary removed */
   unlink(model);

@@ -238,6 +238,14 @@ Test(safetensors, damaged_headers_are_refused_naming_the_tensor, .timeout = 120)
   int fd;
   cr_assert_eq(safetensors_open(good, &tiny, &fd, &st), 0, "%s", err_msg());
   safetensors_free(&st);
+  /* a FIFO at the export's path is refused, not renamed over */
+  char *fifo = tu_path("export.fifo");
+  cr_assert_eq(mkfifo(fifo, 0600), 0);
+  cr_assert_eq(safetensors_export_file(dir, SAFETENSORS_F32, fifo), FSDP_EINVAL);
+  cr_assert(strstr(err_msg(), "export: ") && strstr(err_msg(), "is a FIFO"), "%s", err_msg());
+  struct stat fst;
+  cr_assert(!stat(fifo, &fst) && S_ISFIFO(fst.st_mode), "the FIFO was replaced");
+  free(fifo);
   close(fd);
   st_file_t s = st_read(good);
   json_t *qkv = json_object_get(s.header, QKV);
