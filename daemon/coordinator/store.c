@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "daemon/common/err.h"
+#include "daemon/common/file.h"
 #include "daemon/common/log.h"
 #include "daemon/job/job.h"
 
@@ -796,12 +797,21 @@ int store_backup(const char *path, const char *out, int *version) {
   }
   if (!rc && *version == 0)
     rc = err_set(FSDP_ENOENT, "backup: %s holds no fsdp-coordinator state (no schema)", path);
-  char tmp[sizeof src.path + 32];
-  snprintf(tmp, sizeof tmp, "%s.tmp-%d", out, (int)getpid());
+  /* a temporary of its own (file_temp_create: O_EXCL, so never a link
+   * planted at its name, which SQLite would have written through), private
+   * from the start as the database is (it holds the ring secrets) */
+  char tmp[sizeof src.path + 32] = "";
   sqlite3 *dst = NULL;
-  if (!rc && !(rc = store_private_file(tmp, 1))) rc = store_private_file(tmp, 0);
-  if (!rc && (s = sqlite3_open_v2(tmp, &dst, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL)))
-    rc = err_set(FSDP_EIO, "backup: cannot create %s: %s", tmp, sqlite3_errstr(s));
+  int tfd = -1;
+  if (!rc && (rc = file_temp_create(out, tmp, sizeof tmp, &tfd))) {
+    tmp[0] = 0; /* not ours: nothing to remove */
+    rc = err_wrap(rc, "backup");
+  }
+  if (tfd >= 0 && fchmod(tfd, 0600))
+    rc = err_set_errno(FSDP_EIO, errno, "backup: chmod 0600 %s", tmp);
+  if (tfd >= 0) close(tfd);
+  if (!rc && (s = sqlite3_open_v2(tmp, &dst, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOFOLLOW, NULL)))
+    rc = err_set(FSDP_EIO, "backup: cannot open %s: %s", tmp, sqlite3_errstr(s));
   if (!rc) {
     sqlite3_backup *b = sqlite3_backup_init(dst, "main", src.db, "main");
     if (!b) {
@@ -846,7 +856,7 @@ int store_backup(const char *path, const char *out, int *version) {
     if (fd < 0 || fsync(fd)) rc = err_set_errno(FSDP_EIO, errno, "backup: fsync of %s's directory", out);
     if (fd >= 0) close(fd);
   }
-  if (rc) unlink(tmp);
+  if (rc && tmp[0]) unlink(tmp);
   return rc;
 }
 

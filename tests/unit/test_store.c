@@ -1804,6 +1804,41 @@ Test(store, a_backup_is_the_last_committed_state_and_never_replaces_a_file) {
   cr_assert_neq(access(tpath("other-backup.db"), F_OK), 0);
 }
 
+/* The backup's temporary is its own (created O_EXCL): links planted at
+ * the names it might take (<out>.tmp.<pid>, and the <out>.tmp-<pid> it
+ * took before) are not written through; the file they point at keeps its
+ * bytes and the backup lands whole at its name. */
+Test(store, a_backup_never_writes_through_a_link_at_its_temporary_name) {
+  store_t *st = open_db("state.db");
+  submit(st, "backed-up", 1, 0);
+  store_close(st);
+  char victim[4200], planted[2][4200];
+  snprintf(victim, sizeof victim, "%s", tpath("victim.txt"));
+  FILE *f = fopen(victim, "w");
+  cr_assert_not_null(f);
+  fputs("precious", f);
+  fclose(f);
+  snprintf(planted[0], sizeof planted[0], "%s.tmp.%d", tpath("backup.db"), (int)getpid());
+  snprintf(planted[1], sizeof planted[1], "%s.tmp-%d", tpath("backup.db"), (int)getpid());
+  for (int i = 0; i < 2; i++) cr_assert_eq(symlink(victim, planted[i]), 0);
+  int version;
+  cr_assert_eq(store_backup(tpath("state.db"), tpath("backup.db"), &version), 0, "%s", err_msg());
+  char got[64] = "";
+  f = fopen(victim, "r");
+  cr_assert_not_null(f);
+  size_t n = fread(got, 1, sizeof got - 1, f);
+  fclose(f);
+  cr_assert(n == 8 && !memcmp(got, "precious", 8), "the backup was written through a link");
+  struct stat sb;
+  cr_assert(!lstat(tpath("backup.db"), &sb) && S_ISREG(sb.st_mode) && (sb.st_mode & 077) == 0,
+            "the backup is a private regular file");
+  for (int i = 0; i < 2; i++)
+    cr_assert(!lstat(planted[i], &sb) && S_ISLNK(sb.st_mode), "%s is left alone", planted[i]);
+  st = open_db("backup.db");
+  cr_assert_eq(store_schema_from(st), STORE_SCHEMA_VERSION);
+  store_close(st);
+}
+
 /* ---- restoring a backup ---- */
 
 /* FNV-1a of a file's bytes; 0 when it is absent. */
