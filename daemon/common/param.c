@@ -1,31 +1,43 @@
 /* param: getters for the tunables listed in param.h. */
 #include "param.h"
 
+#include "err.h"
+
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 
-static int64_t param_read(const char *env, int64_t def) {
+/* The value of env as this process has it: def where it is unset or empty;
+ * def, said once, where it is not a decimal integer or (bad PARAM_WARN) lies
+ * outside lo..hi. */
+static int64_t param_read(const char *env, int64_t def, int64_t lo, int64_t hi, int bad) {
   const char *s = getenv(env);
   if (!s || !*s) return def;
   char *end;
   errno = 0;
-  long long v = strtoll(s, &end, 0);
+  long long v = strtoll(s, &end, 10); /* decimal, as param_plan_env_ok wants it */
+  /* Not through the logger: the log level is itself a tunable read here. */
   if (errno || *end) {
-    /* Not through the logger: the log level is itself a tunable read here. */
-    fprintf(stderr, "fsdp WARN param: %s=\"%s\" is not an integer; using the default %lld\n",
+    fprintf(stderr, "fsdp WARN param: %s=\"%s\" is not a decimal integer; using the default %lld\n",
             env, s, (long long)def);
+    return def;
+  }
+  if ((v < lo || v > hi) && bad == PARAM_WARN) {
+    fprintf(stderr, "fsdp WARN param: %s=%lld is outside its range, %lld to %lld; using the "
+            "default %lld\n", env, v, (long long)lo, (long long)hi, (long long)def);
     return def;
   }
   return (int64_t)v;
 }
 
-#define XX(name, env, def, help)                                                   \
+#define XX(name, env, def, lo, hi, bad, help)                                      \
   static int64_t param_val_##name;                                                 \
   static pthread_once_t param_once_##name = PTHREAD_ONCE_INIT;                     \
-  static void param_init_##name(void) { param_val_##name = param_read(env, def); } \
+  static void param_init_##name(void) {                                            \
+    param_val_##name = param_read(env, def, lo, hi, bad);                          \
+  }                                                                                \
   int64_t param_##name(void) {                                                     \
     pthread_once(&param_once_##name, param_init_##name);                           \
     return param_val_##name;                                                       \
@@ -34,11 +46,22 @@ FSDP_PARAM_LIST(XX)
 #undef XX
 
 void param_dump(FILE *out) {
-#define XX(name, env, def, help)                                                   \
-  fprintf(out, "  %-22s default %-6lld now %-6lld %s\n", env, (long long)(def),    \
-          (long long)param_##name(), help);
+#define XX(name, env, def, lo, hi, bad, help)                                      \
+  fprintf(out, "  %-22s default %-6lld now %-6lld (%lld to %lld) %s\n", env,        \
+          (long long)(def), (long long)param_##name(), (long long)(lo), (long long)(hi), help);
   FSDP_PARAM_LIST(XX)
 #undef XX
+}
+
+int param_check(void) {
+#define XX(name, env, def, lo, hi, bad, help)                                      \
+  if (bad == PARAM_REFUSE && (param_##name() < (lo) || param_##name() > (hi)))     \
+    return err_set(FSDP_EINVAL, "%s: %lld; give %lld to %lld, or unset it (its default, %lld)", \
+                   env, (long long)param_##name(), (long long)(lo), (long long)(hi),        \
+                   (long long)(def));
+  FSDP_PARAM_LIST(XX)
+#undef XX
+  return FSDP_OK;
 }
 
 static const struct {
@@ -62,7 +85,7 @@ static const struct {
 
 /* A tunable's default, by its variable (FSDP_PARAM_LIST's). */
 static int64_t param_default(const char *env) {
-#define XX(name, var, def, help) \
+#define XX(name, var, def, lo, hi, bad, help) \
   if (!strcmp(env, var)) return (def);
   FSDP_PARAM_LIST(XX)
 #undef XX

@@ -172,12 +172,9 @@ kern_cuda_opts_t device_cuda_opts(int device, int bf16, int tf32) {
 }
 
 int device_cuda_params_check(void) {
-  /* said before anything loads: the kernels would clamp it (KERN_CUDA_GEMM_ALGO) */
-  const int64_t algo = param_cuda_gemm_algo();
-  if (algo != KERN_CUDA_GEMM_ALGO(algo))
-    return err_set(FSDP_EINVAL, "FSDP_CUDA_GEMM_ALGO: %lld; give 0 (the first algorithm "
-                   "cuBLASLt's heuristic ranks) to 15, or unset it", (long long)algo);
-  return FSDP_OK;
+  /* said before anything loads: the kernels would clamp FSDP_CUDA_GEMM_ALGO
+   * (KERN_CUDA_GEMM_ALGO); its range is param.h's */
+  return param_check();
 }
 
 static int device_cuda_open(const config_t *c, int rank, const device_t **out) {

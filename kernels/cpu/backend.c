@@ -24,13 +24,15 @@ static _Atomic(const kern_backend_t *) cpu_current;
 int kern_cpu_supports_op(kern_op_t op) { return op >= 0 && op < KERN_OP__COUNT; }
 
 /* oneDNN is built on the same OpenMP runtime (libgomp), so this one setting
- * sizes both our loops and its sgemm. */
+ * sizes both our loops and its sgemm. At most KERN_CPU_THREADS_MAX, the
+ * range of --threads and FSDP_THREADS that callers check: libgomp crashes
+ * creating a team of 100000. */
 void kern_cpu_set_threads(int n) {
   if (n <= 0) {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     n = cores > 0 ? (int)cores : 1;
   }
-  omp_set_num_threads(n);
+  omp_set_num_threads(n < KERN_CPU_THREADS_MAX ? n : KERN_CPU_THREADS_MAX);
 }
 
 int kern_cpu_get_threads(void) { return omp_get_max_threads(); }

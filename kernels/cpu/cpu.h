@@ -77,6 +77,7 @@ extern const kern_backend_t kern_cpu_table_generic, kern_cpu_table_avx2, kern_cp
 
 /* The table's entries every level shares (backend.c). */
 int kern_cpu_supports_op(kern_op_t op);
+#define KERN_CPU_THREADS_MAX 4096 /* more are cut to it (config.c's threads, param.h's FSDP_THREADS) */
 void kern_cpu_set_threads(int n);
 int kern_cpu_get_threads(void);
 
