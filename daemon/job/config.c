@@ -140,6 +140,15 @@ static int config_opt_is_dim(const config_opt_t *o) {
          o->offset < offsetof(config_t, dims) + sizeof(gpt_config_t);
 }
 
+/* The options whose default follows the others: the model's dimensions (the
+ * preset's) and the defaults config_resolve fits (seq_len to the context,
+ * warmup_steps to steps). config_write writes them as comments unless set, so
+ * a printed job file read back with other flags fits them again. */
+static int config_opt_derived(const config_opt_t *o) {
+  return config_opt_is_dim(o) || o->offset == offsetof(config_t, seq_len) ||
+         o->offset == offsetof(config_t, warmup_steps);
+}
+
 /* Explicit: set through config_set, or (code that writes fields directly)
  * holding something other than the default. */
 static int config_given(const config_t *c, const config_opt_t *o) {
@@ -457,10 +466,14 @@ int config_write(const config_t *c, FILE *out) {
     int rc = ini_line_check(config_opts[i].section, config_opts[i].key, val[i]);
     if (rc) return rc;
   }
+  fprintf(out, "; a line that starts with \"; \" holds a value that follows the other options "
+          "(the model's dimensions, a default fitted to the model or the run): it is not set "
+          "here; delete the \"; \" to set it\n");
   const char *sec = "";
   for (int i = 0; i < CONFIG_NUM_OPTS; i++) {
     const config_opt_t *o = &config_opts[i];
-    if (strcmp(sec, o->section)) fprintf(out, "%s[%s]\n", i ? "\n" : "", sec = o->section);
+    if (strcmp(sec, o->section)) fprintf(out, "\n[%s]\n", sec = o->section);
+    if (config_opt_derived(o) && !(c->given & config_bit(o))) fputs("; ", out);
     ini_line_write(out, o->section, o->key, val[i]);
   }
   return FSDP_OK;

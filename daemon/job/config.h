@@ -136,8 +136,12 @@ const char *config_section_of(const char *key);
 /* Prints every option with its help (for --help). */
 void config_print_help(FILE *out);
 /* Prints the effective options, one `key = value` line each (a job file).
- * After config_resolve the model's dimensions are the resolved ones, so the
- * file read back with config_load_file describes the same run. A value no
+ * After config_resolve the model's dimensions are the resolved ones. Those
+ * and seq_len and warmup_steps, where not set through config_set, follow the
+ * other options (the preset, the context, steps): they are written as
+ * comments (`; key = value`), so the file read back with config_load_file
+ * describes the same run, and read back with other flags (another model,
+ * fewer steps) the run those flags would make. A value no
  * job file line can hold (ini_line_check: too long, a ';' that would start
  * a comment) is an error naming it, and nothing is written. */
 int config_write(const config_t *c, FILE *out);

@@ -63,8 +63,10 @@ static void usage(FILE *out) {
   config_print_help(out);
   fprintf(out, "  other flags:\n"
                "    --config FILE     read options from a job file (flags override it)\n"
-               "    --print-config    print the effective job file (the model's dimensions and\n"
-               "                      the defaults as this run would use them) and exit\n"
+               "    --print-config    check the options as a run would (but for data) and print\n"
+               "                      the effective job file (the values that follow the others,\n"
+               "                      the model's dimensions and fitted defaults, as `; ` comments)\n"
+               "                      and exit\n"
                "    --help-params     list the FSDP_* environment tunables\n"
                "    --probe-device K  whether a rank can use devices of kind K (cpu, cuda) here:\n"
                "                      for cuda, the plugin loads and sees a GPU; exit 0 or 1\n"
@@ -176,17 +178,24 @@ int main(int argc, char **argv) {
   config_default(&c);
   int print = 0, rc = main_parse(argc, argv, &c, &print);
   if (rc >= 0) return rc;
-  /* --print-config needs the model resolved (its dimensions, the defaults
-   * fitted to it) but not a runnable job: no data file yet is fine */
-  if (print ? config_resolve(&c) : config_finish(&c)) {
-    fprintf(stderr, "fsdp-train: %s\n", err_msg());
-    return 2;
-  }
   /* the mesh against the world the launcher gives (one rank without one): a
    * bad option, said before planning and connecting */
   const char *ws = getenv("FSDP_WORLD_SIZE"); /* a bad one is the boot's to say (train_open) */
   const long world = ws ? strtol(ws, NULL, 10) : 1;
-  if (!print && world >= 1 && world <= 4096 && config_check(&c, (int)world, NULL, NULL)) {
+  const int world_ok = world >= 1 && world <= 4096;
+  if (print) {
+    /* checked as a run is, with its errors and exit status, but for two
+     * things a job file may leave to the command that runs it: the data
+     * file (--data), and, outside a launcher, the mesh's fit to a world */
+    const int no_data = !c.data[0];
+    if (no_data) snprintf(c.data, sizeof c.data, "-");
+    rc = config_check(&c, ws && world_ok ? (int)world : 0, NULL, NULL);
+    if (no_data) c.data[0] = 0;
+  } else {
+    rc = config_finish(&c);
+    if (!rc && world_ok) rc = config_check(&c, (int)world, NULL, NULL);
+  }
+  if (rc) {
     fprintf(stderr, "fsdp-train: %s\n", err_msg());
     return 2;
   }
