@@ -62,7 +62,7 @@ static void usage(FILE *out) {
           "optional [section] headers):\n");
   config_print_help(out);
   fprintf(out, "  other flags:\n"
-               "    --config FILE     read options from a job file (flags override it)\n"
+               "    --config FILE     read options from a job file, one (flags override it)\n"
                "    --print-config    check the options as a run would (but for data) and print\n"
                "                      the effective job file (the values that follow the others,\n"
                "                      the model's dimensions and fitted defaults, as `; ` comments)\n"
@@ -112,10 +112,19 @@ static int main_parse(int argc, char **argv, config_t *c, int *print) {
   opts[n + 3] = (struct option){"help-params", no_argument, NULL, OPT_PARAMS};
   opts[n + 4] = (struct option){"probe-device", required_argument, NULL, OPT_PROBE};
   const char *job = NULL;
-  /* first pass: find the job file, so flags can override it in the second */
+  /* first pass: find the job file, so flags can override it in the second;
+   * one only: a second one silently replaced the first */
   opterr = 0;
-  while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1)
-    if (ch == OPT_CONFIG) job = optarg;
+  while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    if (ch != OPT_CONFIG) continue;
+    if (job) {
+      fprintf(stderr, "fsdp-train: --config given twice (%s, then %s); give one job file, and "
+              "its changes as flags\n", job, optarg);
+      rc = 2;
+      goto out;
+    }
+    job = optarg;
+  }
   if (job && config_load_file(c, job)) {
     fprintf(stderr, "fsdp-train: %s\n", err_msg());
     rc = 2;

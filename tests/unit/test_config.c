@@ -263,6 +263,27 @@ Test(config, fsdp_train_print_config_checks_like_a_run) {
   }
 }
 
+/* A second --config is refused, naming both (the first was silently
+ * dropped); a repeated option flag keeps the usual last-wins. */
+Test(config, fsdp_train_config_given_twice_is_refused) {
+  char out[16384], args[512];
+  char *a = tu_path("a.conf"), *b = tu_path("b.conf");
+  FILE *f = fopen(a, "w");
+  fputs("steps = 7\n", f);
+  fclose(f);
+  f = fopen(b, "w");
+  fputs("batch = 3\n", f);
+  fclose(f);
+  snprintf(args, sizeof args, "--config %s --config %s --print-config", a, b);
+  cr_assert_eq(tu_run_bin("fsdp-train", args, out, sizeof out), 2, "%s", out);
+  cr_assert(strstr(out, "--config given twice") && strstr(out, a) && strstr(out, b), "%s", out);
+  snprintf(args, sizeof args, "--config %s --steps 8 --steps 9 --print-config", a);
+  cr_assert_eq(tu_run_bin("fsdp-train", args, out, sizeof out), 0, "%s", out);
+  cr_assert(strstr(out, "\nsteps = 9\n"), "%s", out);
+  free(a);
+  free(b);
+}
+
 /* README's recipe: the printed file run with other flags (fewer steps than
  * the default warmup, another model) runs as those options would have, the
  * defaults fitted again (a printed warmup_steps 10 once refused --steps 1). */
