@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 
 #include "daemon/common/err.h"
@@ -191,18 +192,35 @@ static int config_parse(config_t *c, const config_opt_t *o, const char *key, con
   if (isspace((unsigned char)value[0])) /* strtoull would skip it, and then a '-' */
     return err_set(FSDP_EINVAL, "%s: \"%s\" starts with a space; give the number alone", key,
                    value);
+  /* One rule for every integer option: decimal digits, a '-' before them
+   * where the range has negatives; leading zeros are decimal too (seed once
+   * took 010 as octal 8 and 0x10 as 16, while steps took 1e3 as 1000). */
+  const int integer = o->type == CFG_INT || o->type == CFG_U64;
+  const size_t sign = value[0] == '-', digits = strspn(value + sign, "0123456789");
+  if (integer && (!digits || value[sign + digits]))
+    return err_set(FSDP_EINVAL, "%s: \"%s\" is not a whole number in decimal digits; write it "
+                   "as one (1000, not 1e3, 0x3e8 or 1000.0)", key, value);
+  if (!integer && (!strncasecmp(value + sign, "0x", 2) ||
+                   (value[0] == '+' && !strncasecmp(value + 1, "0x", 2))))
+    return err_set(FSDP_EINVAL, "%s: \"%s\" is hexadecimal; give a decimal number (such as "
+                   "0.001 or 1e-3)", key, value);
   if (o->type == CFG_U64) {
-    unsigned long long u = strtoull(value, &end, 0);
-    if (errno || end == value || *end || value[0] == '-')
-      return err_set(FSDP_EINVAL, "%s: \"%s\" is not a non-negative integer", key, value);
+    unsigned long long u = strtoull(value, &end, 10);
+    if (errno || sign)
+      return err_set(FSDP_EINVAL, "%s: %s is out of range; give a value from 0 to %llu (%s)", key,
+                     value, ULLONG_MAX, o->help);
     *(uint64_t *)field = u;
     return FSDP_OK;
   }
-  double v = strtod(value, &end);
-  if (errno || end == value || *end || !isfinite(v))
-    return err_set(FSDP_EINVAL, "%s: \"%s\" is not a number", key, value);
-  if (o->type == CFG_INT && v != floor(v))
-    return err_set(FSDP_EINVAL, "%s: \"%s\" is not a whole number", key, value);
+  double v;
+  if (integer) { /* digits only, so strtoll reads them all */
+    const long long i = strtoll(value, &end, 10);
+    v = errno ? (sign ? -HUGE_VAL : HUGE_VAL) : (double)i; /* past long long: out of range */
+  } else {
+    v = strtod(value, &end);
+    if (errno || end == value || *end || !isfinite(v))
+      return err_set(FSDP_EINVAL, "%s: \"%s\" is not a number", key, value);
+  }
   if (v < o->lo || v > o->hi) /* whole numbers as such: 1048576, not 1.04858e+06 */
     return err_set(FSDP_EINVAL, "%s: %s is out of range; give a value from %.*g to %.*g (%s)", key,
                    value, o->type == CFG_INT ? 17 : 6, o->lo, o->type == CFG_INT ? 17 : 6, o->hi,

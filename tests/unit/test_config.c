@@ -20,7 +20,7 @@ Test(config, sets_typed_values) {
   config_t c = base();
   cr_assert_eq(config_set(&c, "steps", "250"), 0);
   cr_assert_eq(config_set(&c, "lr", "3e-4"), 0);
-  cr_assert_eq(config_set(&c, "seed", "0xdeadbeef"), 0);
+  cr_assert_eq(config_set(&c, "seed", "3735928559"), 0);
   cr_assert_eq(config_set(&c, "eval_fraction", "0.25"), 0);
   cr_assert_eq(c.steps, 250);
   cr_assert_float_eq(c.lr, 3e-4f, 1e-10);
@@ -37,14 +37,49 @@ Test(config, bad_values_name_the_key) {
   cr_assert_eq(config_set(&c, "batch", "-4"), FSDP_EINVAL);
   cr_assert(strstr(err_msg(), "batch"), "%s", err_msg());
   cr_assert_eq(config_set(&c, "steps", "ten"), FSDP_EINVAL);
-  cr_assert(strstr(err_msg(), "steps") && strstr(err_msg(), "not a number"), "%s", err_msg());
+  cr_assert(strstr(err_msg(), "steps") && strstr(err_msg(), "not a whole number"), "%s", err_msg());
   cr_assert_eq(config_set(&c, "steps", "2.5"), FSDP_EINVAL);
   cr_assert(strstr(err_msg(), "whole number"), "%s", err_msg());
+  cr_assert_eq(config_set(&c, "lr", "ten"), FSDP_EINVAL);
+  cr_assert(strstr(err_msg(), "lr") && strstr(err_msg(), "not a number"), "%s", err_msg());
   cr_assert_eq(config_set(&c, "seed", "-1"), FSDP_EINVAL);
   cr_assert_eq(config_set(&c, "lr", "nan"), FSDP_EINVAL);
   cr_assert_eq(config_set(&c, "learning_rate", "1"), FSDP_EINVAL);
   cr_assert(strstr(err_msg(), "unknown option \"learning_rate\""), "%s", err_msg());
   cr_assert_eq(c.batch, 4, "a rejected value leaves the option unchanged");
+}
+
+/* One rule for every integer option, seed's too: decimal digits, leading
+ * zeros decimal (seed read 010 as 8 and 0x10 as 16; steps read 1e3 as 1000);
+ * a real number in decimal, not hexadecimal (lr took 0x1p-10). */
+Test(config, integers_are_decimal_digits) {
+  config_t c = base();
+  cr_assert_eq(config_set(&c, "seed", "010"), 0, "%s", err_msg());
+  cr_assert_eq(c.seed, 10);
+  cr_assert_eq(config_set(&c, "steps", "010"), 0, "%s", err_msg());
+  cr_assert_eq(c.steps, 10);
+  cr_assert_eq(config_set(&c, "seed", "18446744073709551615"), 0, "%s", err_msg());
+  cr_assert_eq(c.seed, UINT64_MAX);
+  cr_assert_eq(config_set(&c, "recompute", "-1"), 0, "%s", err_msg());
+  static const char *const bad[][2] = {{"seed", "0x10"}, {"steps", "0x10"}, {"steps", "1e3"},
+                                       {"seed", "1e3"}, {"steps", "+5"}, {"steps", "5 "},
+                                       {"seed", "-"}, {"steps", "10.0"}};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    cr_expect_eq(config_set(&c, bad[i][0], bad[i][1]), FSDP_EINVAL, "%s %s", bad[i][0], bad[i][1]);
+    cr_expect(strstr(err_msg(), bad[i][0]) && strstr(err_msg(), "decimal digits"), "%s",
+              err_msg());
+  }
+  cr_assert_eq(config_set(&c, "seed", "18446744073709551616"), FSDP_EINVAL);
+  cr_assert(strstr(err_msg(), "seed") && strstr(err_msg(), "out of range"), "%s", err_msg());
+  cr_assert_eq(config_set(&c, "steps", "99999999999999999999"), FSDP_EINVAL);
+  cr_assert(strstr(err_msg(), "steps") && strstr(err_msg(), "out of range"), "%s", err_msg());
+  cr_assert_eq(config_set(&c, "lr", "0x1p-10"), FSDP_EINVAL);
+  cr_assert(strstr(err_msg(), "lr") && strstr(err_msg(), "hexadecimal"), "%s", err_msg());
+  cr_assert_eq(config_set(&c, "lr", "-0X1p-10"), FSDP_EINVAL);
+  cr_assert_eq(config_set(&c, "lr", "1e-3"), 0, "%s", err_msg());
+  cr_assert_float_eq(c.lr, 1e-3f, 1e-9);
+  cr_assert_eq(c.seed, UINT64_MAX, "a rejected value leaves the option unchanged");
+  cr_assert_eq(c.steps, 10);
 }
 
 Test(config, cross_field_checks) {
