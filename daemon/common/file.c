@@ -16,8 +16,8 @@
 
 #include "daemon/common/err.h"
 
-int file_open_regular(const char *path, int flags, mode_t mode, int *out) {
-  int fd = open(path, flags | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, mode);
+static int file_open(const char *path, int flags, mode_t mode, int *out) {
+  int fd = open(path, flags | O_CLOEXEC | O_NONBLOCK, mode);
   struct stat st;
   /* ENXIO: a FIFO with no reader, a socket or a device without a driver */
   if ((fd < 0 && errno == ENXIO) || (fd >= 0 && (fstat(fd, &st) || !S_ISREG(st.st_mode)))) {
@@ -136,4 +136,11 @@ int file_same(const char *a, const char *b) {
   file_resolve(a, ra);
   file_resolve(b, rb);
   return !strcmp(ra, rb);
+
+int file_open_regular(const char *path, int flags, mode_t mode, int *out) {
+  return file_open(path, flags | O_NOFOLLOW, mode, out);
+}
+
+int file_open_regular_named(const char *path, int flags, mode_t mode, int *out) {
+  return file_open(path, flags, mode, out);
 }

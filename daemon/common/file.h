@@ -26,6 +26,10 @@
  * once, ENXIO, and is one), else the open's errno mapped (FSDP_ENOENT for a
  * missing file); the message names path. */
 int file_open_regular(const char *path, int flags, mode_t mode, int *fd);
+/* The same for a path the user names (a job file given to --config): a
+ * link is followed, as any program follows one, and the open still never
+ * waits on a FIFO. */
+int file_open_regular_named(const char *path, int flags, mode_t mode, int *fd);
 
 /* Marks every descriptor from 3 up close-on-exec: what a process was
  * started with (a file its parent left open) does not pass on to the

@@ -13,9 +13,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/stat.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include "daemon/common/err.h"
+#include "daemon/common/file.h"
 #include "daemon/common/ini_line.h"
 #include "daemon/job/precision.h"
 #include "daemon/job/shard.h"
@@ -296,13 +298,19 @@ static int config_ini_cb(void *user, const char *section, const char *name, cons
 }
 
 int config_load_file(config_t *c, const char *path) {
-  FILE *f = fopen(path, "r");
-  if (!f) return err_set_errno(err_from_errno(errno), errno, "job file %s", path);
-  struct stat st;
-  if (fstat(fileno(f), &st) || !S_ISREG(st.st_mode)) {
-    fclose(f);
-    return err_set(FSDP_EINVAL, "job file %s: not a regular file; give the path of a job file "
-                   "(fsdp-train --print-config writes one)", path);
+  /* the type checked before anything waits: fopen of a FIFO blocked until a
+   * writer came, forever */
+  int fd, rc = file_open_regular_named(path, O_RDONLY, 0, &fd);
+  if (rc == FSDP_EFORMAT)
+    return err_set(FSDP_EINVAL, "job file %s: not a regular file (a FIFO, a directory or a "
+                   "device); give the path of a job file (fsdp-train --print-config writes one)",
+                   path);
+  if (rc) return err_wrap(rc, "job file");
+  FILE *f = fdopen(fd, "r");
+  if (!f) {
+    const int e = errno;
+    close(fd);
+    return err_set_errno(FSDP_ENOMEM, e, "job file %s", path);
   }
   config_ini_ctx_t x = {c, path, FSDP_OK, 0};
   int too_long;

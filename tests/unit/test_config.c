@@ -4,6 +4,8 @@
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "daemon/common/err.h"
 #include "daemon/job/config.h"
@@ -437,6 +439,35 @@ Test(config, hand_written_job_files_are_read_as_meant) {
   cr_assert_eq(config_load_file(&c, tu_tmpdir()), FSDP_EINVAL);
   cr_assert(strstr(err_msg(), "not a regular file"), "%s", err_msg());
   free(path);
+}
+
+/* A FIFO as the job file is refused at once (fopen waited for a writer,
+ * forever), as a directory and /dev/null are; a link to a job file is
+ * followed, and a missing file is named. */
+Test(config, a_job_file_that_is_not_a_regular_file_is_refused_at_once, .timeout = 20) {
+  config_t c;
+  char *fifo = tu_path("job.fifo"), *real = tu_path("real.conf"), *link = tu_path("link.conf");
+  cr_assert_eq(mkfifo(fifo, 0600), 0);
+  config_default(&c);
+  cr_assert_eq(config_load_file(&c, fifo), FSDP_EINVAL);
+  cr_assert(strstr(err_msg(), fifo) && strstr(err_msg(), "not a regular file"), "%s", err_msg());
+  cr_assert_eq(config_load_file(&c, "/dev/null"), FSDP_EINVAL);
+  cr_assert(strstr(err_msg(), "not a regular file"), "%s", err_msg());
+  cr_assert_eq(load_text(&c, real, "steps = 6\n"), 0, "%s", err_msg());
+  cr_assert_eq(symlink(real, link), 0);
+  config_default(&c);
+  cr_assert_eq(config_load_file(&c, link), 0, "%s", err_msg());
+  cr_assert_eq(c.steps, 6);
+  unlink(real);
+  cr_assert_eq(config_load_file(&c, real), FSDP_ENOENT);
+  cr_assert(strstr(err_msg(), "job file") && strstr(err_msg(), real), "%s", err_msg());
+  char out[4096], args[512]; /* the command the tester ran */
+  snprintf(args, sizeof args, "--config %s --print-config", fifo);
+  cr_assert_eq(tu_run_bin("fsdp-train", args, out, sizeof out), 2, "%s", out);
+  cr_assert(strstr(out, "not a regular file"), "%s", out);
+  free(fifo);
+  free(real);
+  free(link);
 }
 
 /* A printed job runs the same job: reals print as the shortest text that

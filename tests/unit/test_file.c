@@ -146,4 +146,23 @@ Test(file, the_same_file_by_inode_or_by_name) {
   cr_expect(file_same(missing, missing2), "%s, %s", missing, missing2);
   cr_expect(!file_same(missing, a));
   free(a), free(h), free(b);
+
+/* A path the user names (--config): a link to a regular file is followed,
+ * a link to a FIFO is still refused at once. */
+Test(file, a_named_path_follows_a_link_but_never_waits, .timeout = 10) {
+  char *t = tu_path("target"), *l = tu_path("link"), *p = tu_path("fifo"), *lp = tu_path("link2");
+  tu_write_file(t, "abc", 3);
+  cr_assert_eq(symlink(t, l), 0);
+  cr_assert_eq(mkfifo(p, 0600), 0);
+  cr_assert_eq(symlink(p, lp), 0);
+  int fd = -1;
+  cr_assert_eq(file_open_regular_named(l, O_RDONLY, 0, &fd), FSDP_OK, "%s", err_msg());
+  char buf[4] = "";
+  cr_expect_eq(read(fd, buf, 3), 3);
+  cr_expect_str_eq(buf, "abc");
+  close(fd);
+  fd = -1;
+  cr_expect_eq(file_open_regular_named(lp, O_RDONLY, 0, &fd), FSDP_EFORMAT, "%s", err_msg());
+  cr_expect_eq(fd, -1);
+  free(t), free(l), free(p), free(lp);
 }
