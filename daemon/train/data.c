@@ -217,11 +217,10 @@ int data_open(data_t **out, const char *path, int vocab, double eval_fraction, i
   if ((rc = data__read_all(fd, hdr, sizeof hdr, 0, path, DATA_ENDED_AT_OPEN)) != FSDP_OK) goto out;
   int32_t magic = (int32_t)data__le32(hdr), version = (int32_t)data__le32(hdr + 4);
   int32_t count = (int32_t)data__le32(hdr + 8);
-  /* header[3]: the vocabulary the ids were made for, advice only (llm.c's
-   * files hold 0 there: not said; a value no vocabulary has is ignored);
+  /* header[3]: the vocabulary the ids were made for (llm.c's files hold 0
+   * there: not said); checked below, against the range and the ids;
    * header[4..255] are reserved: not checked, as llm.c does not check them */
-  const uint32_t made = data__le32(hdr + 12);
-  d->made_vocab = made <= DATA_VOCAB_MAX ? (int)made : 0;
+  const int32_t made = (int32_t)data__le32(hdr + 12);
   if (magic != DATA_MAGIC) {
     rc = err_set(FSDP_EFORMAT,
                  "token file %s: not a token file (magic number %d at byte 0, expected %d); "
@@ -236,6 +235,15 @@ int data_open(data_t **out, const char *path, int vocab, double eval_fraction, i
                  path, version, DATA_VERSION);
     goto out;
   }
+  if (made < 0 || made > DATA_VOCAB_MAX) { /* once taken as "not said", without a word */
+    rc = err_set(FSDP_EFORMAT,
+                 "token file %s: header vocab %d (header[3], at byte 12) is no vocabulary: it "
+                 "is 1 to %d, or 0 for not said; the header is corrupt: re-create the file "
+                 "with fsdp-tokenize",
+                 path, made, DATA_VOCAB_MAX);
+    goto out;
+  }
+  d->made_vocab = made;
   if (count < 0) {
     rc = err_set(FSDP_EFORMAT,
                  "token file %s: header token count %d (at byte 8) is negative: the header is "
@@ -271,7 +279,7 @@ int data_open(data_t **out, const char *path, int vocab, double eval_fraction, i
     goto out;
   }
   /* check every id now: a bad one is found at start, not at step 40000 */
-  size_t bad = SIZE_MAX;
+  size_t bad = SIZE_MAX, past_made = SIZE_MAX; /* the first id >= vocab, >= made */
   unsigned maxid = 0, badid = 0;
   for (size_t at = 0; at < d->n;) {
     const size_t k = d->n - at < DATA_CHECK_BYTES / 2 ? d->n - at : DATA_CHECK_BYTES / 2;
@@ -283,6 +291,7 @@ int data_open(data_t **out, const char *path, int vocab, double eval_fraction, i
       const unsigned id = (unsigned)raw[2 * i] | (unsigned)raw[2 * i + 1] << 8;
       if (id > maxid) maxid = id;
       if (id >= (unsigned)vocab && bad == SIZE_MAX) bad = at + i, badid = id;
+      if (made && id >= (unsigned)made && past_made == SIZE_MAX) past_made = at + i;
     }
     at += k;
   }
@@ -296,6 +305,14 @@ int data_open(data_t **out, const char *path, int vocab, double eval_fraction, i
     goto out;
   }
 
+  if (past_made != SIZE_MAX) { /* the note on it (train.c) would say these ids never occur */
+    rc = err_set(FSDP_EFORMAT,
+                 "token file %s: header vocab %d (header[3], at byte 12), but it holds ids up to "
+                 "%u, the first at position %zu: the header and the ids disagree; re-create the "
+                 "file with fsdp-tokenize (or write 0 there, for not said)",
+                 path, made, maxid, past_made);
+    goto out;
+  }
   d->sum = XXH64_digest(sum);
   if ((rc = data__split(d, eval_fraction, T)) != FSDP_OK) goto out;
 

@@ -38,7 +38,10 @@ typedef struct data_pos {
   uint64_t window; /* windows of the epoch's order read so far: the next batch starts there */
 } data_pos_t;
 
-/* Opens and validates path. vocab: token ids must be below it. eval_fraction in
+/* Opens and validates path. vocab: token ids must be below it. The header's
+ * own vocabulary (header[3]) must be 0 (not said) or 1 to DATA_VOCAB_MAX and
+ * above every id the file holds: else the file is refused, naming the field.
+ * eval_fraction in
  * [0, 0.5]: share of tokens held out (0: no evaluation split). T: the sequence
  * length batches will use (the training split must hold at least one window). */
 int data_open(data_t **out, const char *path, int vocab, double eval_fraction, int T);

@@ -860,7 +860,7 @@ Test(data, failed_write_keeps_the_old_file) {
 
 /* header[3] says what vocabulary the ids were made for: fsdp-tokenize's
  * bytes are 256; data_write (and llm.c) leave 0, not said; a value no
- * vocabulary has is taken as not said. */
+ * vocabulary has is refused, naming the field (it was taken as not said). */
 Test(data, a_token_file_says_the_vocabulary_its_ids_were_made_for) {
   uint16_t tok[64];
   for (int i = 0; i < 64; i++) tok[i] = (uint16_t)(i * 3 % 200);
@@ -874,15 +874,19 @@ Test(data, a_token_file_says_the_vocabulary_its_ids_were_made_for) {
   cr_assert_eq(data_open(&d, p, 512, 0, 8), FSDP_OK, "%s", err_msg());
   cr_assert_eq(data_made_vocab(d), 0);
   data_close(d);
-  FILE *f = fopen(p, "r+b"); /* an absurd header[3] */
-  cr_assert_not_null(f);
-  const uint8_t big[4] = {0xff, 0xff, 0xff, 0x7f};
-  cr_assert_eq(fseek(f, 12, SEEK_SET), 0);
-  cr_assert_eq(fwrite(big, 1, 4, f), 4);
-  fclose(f);
-  cr_assert_eq(data_open(&d, p, 512, 0, 8), FSDP_OK, "%s", err_msg());
-  cr_assert_eq(data_made_vocab(d), 0);
-  data_close(d);
+  static const int32_t absurd[] = {INT32_MAX, -5, 1000000, 65537};
+  for (size_t i = 0; i < sizeof absurd / sizeof *absurd; i++) {
+    FILE *f = fopen(p, "r+b");
+    cr_assert_not_null(f);
+    cr_assert_eq(fseek(f, 12, SEEK_SET), 0);
+    cr_assert_eq(fwrite(&absurd[i], 4, 1, f), 1); /* little-endian, as the format */
+    fclose(f);
+    cr_expect_eq(data_open(&d, p, 512, 0, 8), FSDP_EFORMAT, "header vocab %d", absurd[i]);
+    char want[64];
+    snprintf(want, sizeof want, "header vocab %d (header[3]", absurd[i]);
+    cr_expect(strstr(err_msg(), p) && strstr(err_msg(), want) && strstr(err_msg(), "fsdp-tokenize"),
+              "%s", err_msg());
+  }
   /* fsdp-tokenize records bytes */
   char *txt = tu_path("made.txt"), args[8300], out[4096];
   tu_write_file(txt, "hello, token file\n", 18);
@@ -892,6 +896,28 @@ Test(data, a_token_file_says_the_vocabulary_its_ids_were_made_for) {
   cr_assert_eq(data_made_vocab(d), 256);
   data_close(d);
   free(p), free(txt);
+}
+
+/* A header vocab not above the file's ids (100, with ids up to 189) is
+ * refused: the run's note said the ids past it never occur. One above them
+ * all (190) is taken. */
+Test(data, a_header_vocab_below_the_ids_is_refused) {
+  uint16_t tok[64];
+  for (int i = 0; i < 64; i++) tok[i] = (uint16_t)(i * 3 % 200);
+  char *p = tu_path("below.bin");
+  data_t *d = NULL;
+  cr_assert_eq(data_write_for(p, tok, 64, 100), FSDP_OK, "%s", err_msg());
+  cr_assert_eq(data_open(&d, p, 256, 0, 8), FSDP_EFORMAT);
+  cr_assert(strstr(err_msg(), p) && strstr(err_msg(), "header vocab 100") &&
+            strstr(err_msg(), "ids up to 189") && strstr(err_msg(), "position 34"), "%s", err_msg());
+  cr_assert_null(d);
+  cr_assert_eq(data_write_for(p, tok, 64, 189), FSDP_OK, "%s", err_msg());
+  cr_assert_eq(data_open(&d, p, 256, 0, 8), FSDP_EFORMAT, "189 is an id: the vocabulary is above it");
+  cr_assert_eq(data_write_for(p, tok, 64, 190), FSDP_OK, "%s", err_msg());
+  cr_assert_eq(data_open(&d, p, 256, 0, 8), FSDP_OK, "%s", err_msg());
+  cr_assert_eq(data_made_vocab(d), 190);
+  data_close(d);
+  free(p);
 }
 
 /* fsdp-tokenize checks its output before reading: one of its inputs (even
