@@ -163,6 +163,10 @@ int main(int argc, char **argv) {
   launch_t L = {.failed = -1, .grace_s = 5.0};
   int ch;
   char *end;
+  /* the reader of our output gone (`fsdp-launch ... | head`) is no reason to
+   * die and take the ranks' work with us: the relay stops writing there and
+   * says so (supervise_emit); libuv's spawn gives the ranks SIGPIPE back */
+  signal(SIGPIPE, SIG_IGN);
   while ((ch = getopt_long(argc, argv, "+n:g:h", opts, NULL)) != -1) {
     switch (ch) {
     case 'n':

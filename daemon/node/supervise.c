@@ -67,10 +67,27 @@ struct supervise {
 
 /* ---- output relay ------------------------------------------------------ */
 
+/* Relays the line held. A destination whose reader is gone (EPIPE: the
+ * pipe fsdp-launch's output went into, `| head`, closed; SIGPIPE is
+ * ignored) gets nothing more: its error indicator, which stdio keeps set,
+ * marks it, so the first line to find it gone says so once, on stderr, and
+ * the children run on, their lines to it read and dropped. Another error
+ * (a full disk under a log file) loses the line and the next is tried. */
 static void supervise_emit(supervise_stream_t *st) {
-  fprintf(st->to, "%s%.*s\n", st->child->prefix, (int)st->len, st->line);
-  fflush(st->to);
+  FILE *to = st->to;
+  const int len = (int)st->len;
   st->len = 0;
+  if (ferror(to)) return; /* gone, said already */
+  errno = 0;
+  if (fprintf(to, "%s%.*s\n", st->child->prefix, len, st->line) >= 0 && fflush(to) == 0) return;
+  if (errno != EPIPE) {
+    clearerr(to);
+    return;
+  }
+  /* where stderr is the one gone, this finds no reader either */
+  fprintf(stderr, "%s: %s has no reader any more (EPIPE): the children's lines to it are "
+          "dropped from now on; they run on\n", program_invocation_short_name,
+          to == stdout ? "standard output" : to == stderr ? "standard error" : "an output");
 }
 
 /* Appends n bytes of output, relaying every line they complete. A line

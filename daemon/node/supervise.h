@@ -25,7 +25,9 @@
  * thread and returns at once, never waiting for a child; callbacks run on
  * that thread and must not block. The relay writes with stdio to out and err:
  * the caller gives files, or a terminal or pipe that is read, since a write
- * that blocks stalls the loop.
+ * that blocks stalls the loop. The caller ignores SIGPIPE: a destination
+ * whose reader is gone (EPIPE) is said once on stderr and gets no more
+ * lines, and the children run on.
  *
  * Not covered: a descendant that leaves the child's session (setsid, a daemon
  * forking twice) escapes the group's SIGKILL; the node daemon will need a

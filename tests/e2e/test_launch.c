@@ -124,6 +124,32 @@ Test(launch, bad_usage, .timeout = 10 * TU_SLOW) {
   cr_assert(strstr(out, "rank 0: cannot start /nonexistent/prog"), "%s", out);
 }
 
+/* `fsdp-launch ... | head -1`: the reader of the launcher's output gone, it
+ * once died of SIGPIPE (exit 141) and the ranks with it. Now it says so once
+ * on stderr, drops their lines, and the ranks run to their end (each writes
+ * a file after its last line); the launcher exits 0 with them. */
+Test(launch, a_gone_reader_of_the_output_stops_only_the_forwarding, .timeout = 30 * TU_SLOW) {
+  char *err = tu_path("launch.err"), *st = tu_path("launch.status"), *done = tu_path("done");
+  char cmd[4096];
+  snprintf(cmd, sizeof cmd,
+           "(%s/bin/fsdp-launch -n 2 -- sh -c 'echo first; sleep 0.5; seq 1 5000; "
+           "echo rank $FSDP_RANK on >&2; touch %s.$FSDP_RANK' 2>%s; echo $? >%s) | head -1 "
+           ">/dev/null", tu_root(), done, err, st);
+  cr_assert_eq(system(cmd), 0);
+  char *status = tu_slurp(st, NULL), *text = tu_slurp(err, NULL);
+  cr_assert_str_eq(status, "0\n", "the launcher's exit status (141: SIGPIPE); stderr:\n%s", text);
+  const char *say = "standard output has no reader any more";
+  cr_assert(strstr(text, say) && !strstr(strstr(text, say) + 1, say), "said once:\n%s", text);
+  cr_assert(strstr(text, "[rank 0] rank 0 on") && strstr(text, "[rank 1] rank 1 on"),
+            "stderr still relayed:\n%s", text);
+  for (int r = 0; r < 2; r++) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s.%d", done, r);
+    cr_assert_eq(access(path, F_OK), 0, "rank %d did not run to its end:\n%s", r, text);
+  }
+  free(status), free(text), free(err), free(st), free(done);
+}
+
 /* The launcher started the way a job's ranks are (testutil's world of one
  * process), so the test can signal it; .fini ends whatever is left. */
 static tu_world_t W;
