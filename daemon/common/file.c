@@ -35,16 +35,13 @@ static int file_open(const char *path, int flags, mode_t mode, int *out) {
   return FSDP_OK;
 }
 
-void file_cloexec_inherited(void) {
-#ifdef CLOSE_RANGE_CLOEXEC
-  if (!close_range(3, ~0u, CLOSE_RANGE_CLOEXEC)) return;
-#endif
-  /* a kernel before 5.11: each one open */
-  const long max = sysconf(_SC_OPEN_MAX);
-  for (int fd = 3; fd < (max > 0 && max < 1 << 20 ? max : 1 << 16); fd++) {
-    const int fl = fcntl(fd, F_GETFD);
-    if (fl >= 0 && !(fl & FD_CLOEXEC)) fcntl(fd, F_SETFD, fl | FD_CLOEXEC);
-  }
+int file_open_regular(const char *path, int flags, mode_t mode, int *out) {
+  return file_open(path, flags | O_NOFOLLOW, mode, out);
+}
+
+int file_open_regular_named(const char *path, int flags, mode_t mode, int *out) {
+  return file_open(path, flags, mode, out);
+}
 
 /* ---- outputs written by a temporary and a rename --------------------------- */
 
@@ -136,11 +133,16 @@ int file_same(const char *a, const char *b) {
   file_resolve(a, ra);
   file_resolve(b, rb);
   return !strcmp(ra, rb);
-
-int file_open_regular(const char *path, int flags, mode_t mode, int *out) {
-  return file_open(path, flags | O_NOFOLLOW, mode, out);
 }
 
-int file_open_regular_named(const char *path, int flags, mode_t mode, int *out) {
-  return file_open(path, flags, mode, out);
+void file_cloexec_inherited(void) {
+#ifdef CLOSE_RANGE_CLOEXEC
+  if (!close_range(3, ~0u, CLOSE_RANGE_CLOEXEC)) return;
+#endif
+  /* a kernel before 5.11: each one open */
+  const long max = sysconf(_SC_OPEN_MAX);
+  for (int fd = 3; fd < (max > 0 && max < 1 << 20 ? max : 1 << 16); fd++) {
+    const int fl = fcntl(fd, F_GETFD);
+    if (fl >= 0 && !(fl & FD_CLOEXEC)) fcntl(fd, F_SETFD, fl | FD_CLOEXEC);
+  }
 }

@@ -146,6 +146,7 @@ Test(file, the_same_file_by_inode_or_by_name) {
   cr_expect(file_same(missing, missing2), "%s, %s", missing, missing2);
   cr_expect(!file_same(missing, a));
   free(a), free(h), free(b);
+}
 
 /* A path the user names (--config): a link to a regular file is followed,
  * a link to a FIFO is still refused at once. */
