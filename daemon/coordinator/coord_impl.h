@@ -175,7 +175,7 @@ typedef struct coord_submit {
   char name[STORE_NAME_MAX];
   char mesh[32];
   char request_id[64];
-  char note[256];           /* the defaults resolution fitted */
+  char note[768];           /* the defaults resolution fitted, and config_check's notes */
   int world, max_restarts;
   coord_job_t facts;
 } coord_submit_t;

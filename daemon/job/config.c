@@ -399,6 +399,22 @@ int config_check(config_t *c, int world, config_report_cb report, void *ctx) {
   shard_mesh_t m;
   if (!strategy && world > 0) CONFIG_CHECK(shard_mesh_resolve(c->strategy, c->mesh, world, &m, NULL, 0));
   else if (!strategy && c->mesh[0]) CONFIG_CHECK(shard_mesh_parse(c->mesh, st, &m));
+  /* said, not refused: what runs is what was asked, only not what was meant */
+  if (!strategy && (st == SHARD_HYBRID_SHARD || st == SHARD_HYBRID_SHARD_ZERO2) && !c->mesh[0] && world > 1)
+    config_note(c, "strategy = %s without a mesh: one replica of all %d ranks, the same as %s; "
+                "for shard groups within nodes and replicas across them set mesh = RxS (e.g. "
+                "%dx%d)", c->strategy, world, st == SHARD_HYBRID_SHARD ? "FULL_SHARD" : "SHARD_GRAD_OP",
+                world % 2 ? world : world / 2, world % 2 ? 1 : 2);
+  if (c->min_params != floor(c->min_params))
+    CONFIG_CHECK(err_set(FSDP_EINVAL, "min_params: %g is not a whole number of parameters; give "
+                         "one (e.g. %.0f)", c->min_params, ceil(c->min_params)));
+  else if (!resolved && c->min_params > (double)gpt_config_num_params(&c->gpt))
+    config_note(c, "min_params = %.0f is more than the model's %zu parameters: one unit, the "
+                "whole model gathered at once on every rank", c->min_params,
+                gpt_config_num_params(&c->gpt));
+  if (c->keep_unsharded_grads && c->grad_accum == 1)
+    config_note(c, "keep_unsharded_grads = 1 does nothing with grad_accum 1: there is one "
+                "micro-batch to reduce (drop it, or raise grad_accum)");
   precision_t prec;
   CONFIG_CHECK(precision_parse(c->precision, &prec));
   if (strcmp(c->device, "cpu") && strcmp(c->device, "cuda"))

@@ -75,7 +75,8 @@ typedef struct config {
   float sample_temperature;
   /* bookkeeping */
   uint64_t given;             /* bit i: option i was set by config_set (a flag or a job file) */
-  char adjusted[256];         /* what the last config_resolve changed of the defaults ("": nothing) */
+  char adjusted[768];         /* what the last config_resolve changed of the defaults, and what
+                                 config_check notes ("": nothing) */
 } config_t;
 
 void config_default(config_t *c);

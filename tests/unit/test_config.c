@@ -132,6 +132,37 @@ Test(config, cross_field_checks) {
   cr_assert(!strstr(config_adjusted(&c), "threads"), "%s", config_adjusted(&c));
 }
 
+/* Options that run, but not as meant (an outside tester found each
+ * accepted without a word): said at the check, or refused where the value
+ * cannot mean anything. */
+Test(config, options_that_run_otherwise_than_meant_are_said) {
+  config_t c = base();
+  cr_assert_eq(config_set(&c, "strategy", "HYBRID_SHARD"), 0);
+  cr_assert_eq(config_check(&c, 8, NULL, NULL), 0, "%s", err_msg());
+  cr_assert(strstr(config_adjusted(&c), "HYBRID_SHARD without a mesh: one replica of all 8 ranks, "
+                   "the same as FULL_SHARD") && strstr(config_adjusted(&c), "mesh = RxS (e.g. 4x2)"),
+            "%s", config_adjusted(&c));
+  cr_assert_eq(config_set(&c, "mesh", "4x2"), 0);
+  cr_assert_eq(config_check(&c, 8, NULL, NULL), 0, "%s", err_msg());
+  cr_assert(!strstr(config_adjusted(&c), "mesh"), "%s", config_adjusted(&c));
+  c = base();
+  cr_assert_eq(config_set(&c, "min_params", "1.5"), 0);
+  cr_assert_eq(config_finish(&c), FSDP_EINVAL);
+  cr_assert(strstr(err_msg(), "min_params: 1.5 is not a whole number"), "%s", err_msg());
+  cr_assert_eq(config_set(&c, "min_params", "1e15"), 0);
+  cr_assert_eq(config_finish(&c), 0, "%s", err_msg());
+  cr_assert(strstr(config_adjusted(&c), "is more than the model's") &&
+            strstr(config_adjusted(&c), "one unit"), "%s", config_adjusted(&c));
+  c = base();
+  cr_assert_eq(config_set(&c, "keep_unsharded_grads", "1"), 0);
+  cr_assert_eq(config_finish(&c), 0, "%s", err_msg());
+  cr_assert(strstr(config_adjusted(&c), "keep_unsharded_grads = 1 does nothing with grad_accum 1"),
+            "%s", config_adjusted(&c));
+  cr_assert_eq(config_set(&c, "grad_accum", "2"), 0);
+  cr_assert_eq(config_finish(&c), 0, "%s", err_msg());
+  cr_assert(!strstr(config_adjusted(&c), "keep_unsharded"), "%s", config_adjusted(&c));
+}
+
 /* The first runs a new user tries: `--model tiny` (the default seq_len 256 is
  * longer than tiny's context 64) and `--steps 5` (the default warmup of 10 is
  * longer than the run). Defaults give way, and the note says how. */
