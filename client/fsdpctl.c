@@ -1170,6 +1170,17 @@ static int cmd_memory(ctl_t *c, int argc, char **argv) {
                                   "PEAK MiB", NULL};
   table_t *t = table_create(1u << 0 | 1u << 3 | 1u << 4 | 1u << 5, h);
   const double mib = 1024.0 * 1024.0;
+  /* no ranks (a job waiting to be placed): what each will hold, as planned */
+  if (!rep->n_ranks && rep->n_plan)
+    ctl_line(stderr, "fsdpctl: job %s has no ranks now; its plan, per rank:", job);
+  for (size_t k = 0; t && !rep->n_ranks && k < rep->n_plan; k++) {
+    table_cell(t, "-");
+    table_cell(t, "-");
+    table_cell(t, "%s", rep->plan[k]->name);
+    table_cell(t, "%.1f", (double)rep->plan[k]->planned_bytes / mib);
+    table_cell(t, "-");
+    table_cell(t, "-");
+  }
   for (size_t i = 0; t && i < rep->n_ranks; i++) {
     const Fsdp__V1__RankStatus *r = rep->ranks[i];
     for (size_t k = 0; k < r->n_memory; k++) {

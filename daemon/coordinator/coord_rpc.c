@@ -757,6 +757,16 @@ static void coord_memory_cb(rpc_call_t *call, const ProtobufCMessage *req, void 
   coord_arena_t a = {0};
   Fsdp__V1__GetMemoryStatsReply rep = FSDP__V1__GET_MEMORY_STATS_REPLY__INIT;
   if (coord_ranks_msg(c, &a, &j, &rep.ranks, &rep.n_ranks)) a.failed = 1;
+  const coord_job_t *x = coord_job_info(c, j.id);
+  rep.plan = x ? coord_alloc(&a, COORD_CATS * sizeof *rep.plan) : NULL;
+  for (int k = 0; rep.plan && k < COORD_CATS; k++) {
+    Fsdp__V1__MemoryCategory *mc = rep.plan[k] = coord_alloc(&a, sizeof *mc);
+    if (!mc) break;
+    fsdp__v1__memory_category__init(mc);
+    mc->name = (char *)mem_cat_name((mem_cat_t)k);
+    mc->planned_bytes = x->planned[k];
+    rep.n_plan++;
+  }
   store_job_free(&j);
   coord_reply(call, &a, &rep.base);
 }

@@ -15,6 +15,7 @@
 #include <fcntl.h>
 #include <libgen.h>
 #include <pthread.h>
+#include <math.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <sys/wait.h>
@@ -834,6 +835,23 @@ Test(coordinator, three_jobs_on_four_devices_two_run_the_third_waits_then_runs) 
   cr_expect_eq(job_state(x, reason, sizeof reason), FSDP__V1__JOB_STATE__JOB_STATE_PENDING);
   cr_expect(strstr(reason, "waiting for 2 free cpu devices") && strstr(reason, "4 held"), "%s",
             reason);
+  /* the waiting job has no ranks, and its memory is its plan per rank, the
+   * figure its reason waits for: before, GetMemoryStats gave nothing */
+  Fsdp__V1__GetMemoryStatsRequest mq = FSDP__V1__GET_MEMORY_STATS_REQUEST__INIT;
+  mq.job_id = x;
+  Fsdp__V1__GetMemoryStatsReply *mr = NULL;
+  cr_assert_eq(CALL("GetMemoryStats", mq, get_memory_stats_reply, &mr), 0, "%s", err_msg());
+  cr_expect_eq(mr->n_ranks, 0);
+  uint64_t planned = 0, params = 0;
+  for (size_t k = 0; k < mr->n_plan; k++) {
+    planned += mr->plan[k]->planned_bytes;
+    if (!strcmp(mr->plan[k]->name, "params")) params = mr->plan[k]->planned_bytes;
+  }
+  cr_expect_gt(params, 0, "no params in the plan of %zu categories", mr->n_plan);
+  const char *least = strstr(reason, "at least ");
+  cr_expect(least && fabs(atof(least + 9) - (double)planned / (1 << 20)) < 1.0,
+            "the plan sums to %.1f MiB; the reason: %s", (double)planned / (1 << 20), reason);
+  protobuf_c_message_free_unpacked(&mr->base, NULL);
   /* the assignments reach the node at once (a held heartbeat answers) */
   double t0 = tu_now_s();
   Fsdp__V1__HeartbeatReply *r = heartbeat(&n, NULL, 0);

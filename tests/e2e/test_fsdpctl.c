@@ -379,6 +379,10 @@ static void h_memory(rpc_call_t *call, const ProtobufCMessage *m, void *arg) {
   Fsdp__V1__GetMemoryStatsReply rep = FSDP__V1__GET_MEMORY_STATS_REPLY__INIT;
   rep.ranks = rp;
   rep.n_ranks = 2;
+  Fsdp__V1__MemoryCategory *pp[2] = {&cat[0][0], &cat[0][1]};
+  rep.plan = pp, rep.n_plan = 2;
+  const Fsdp__V1__GetMemoryStatsRequest *q = (const void *)m;
+  if (!strcmp(q->job_id, "j-43")) rep.n_ranks = 0; /* pending: the plan alone */
   rpc_call_reply(call, &rep.base);
 }
 
@@ -1260,6 +1264,11 @@ Test(fsdpctl, nodes_memory_checkpoints_cancel) {
   for (const char *q = out; (q = strstr(q, "optimizer")); q++) row = q;
   cr_assert_not_null(row, "%s", out);
   cr_assert(strstr(row, "8.0") < strstr(row, "4.0") && strstr(row, "4.0") < strstr(row, "6.5"), "%s", row);
+  /* a job with no ranks (waiting to be placed): its plan per rank */
+  cr_assert_eq(CTL("memory", "j-43"), 0, "%s", err);
+  expect_in(err, "job j-43 has no ranks now; its plan, per rank:");
+  row = strstr(out, "optimizer");
+  cr_assert(row && strstr(row, "8.0") && strstr(row, "-"), "%s", out);
   cr_assert_eq(CTL("memory", "j-42", "-o", "json"), 0, "%s", err);
   j = parse_json(out);
   json_t *cat = json_array_get(json_object_get(json_array_get(j, 1), "memory"), 1);
