@@ -399,6 +399,16 @@ static int plan_advice(const plan_t *p, const config_t *c, size_t limit, char *o
                       "use (the plan is then %.0f MiB%s)", to, MIB(t), on), 1;
     k = *c;
   }
+  /* fewer sequences a micro-batch, as many a step: the largest divisor of
+   * batch that fits, grad_accum raised by as much */
+  for (int b = c->batch - 1; b >= 1; b--) {
+    if (c->batch % b || (long)c->grad_accum * (c->batch / b) > 1 << 20) continue;
+    k.batch = b, k.grad_accum = c->grad_accum * (c->batch / b);
+    if ((t = plan_total_of(&k, p->world)) && t <= limit)
+      return snprintf(out, len, "set batch = %d and grad_accum = %d, the same tokens a step (the "
+                      "plan is then %.0f MiB%s)", b, k.grad_accum, MIB(t), on), 1;
+  }
+  k = *c;
   /* more ranks in one shard group: the smallest power of two that fits */
   k.mesh[0] = 0;
   snprintf(k.strategy, sizeof k.strategy, "FULL_SHARD");
@@ -460,18 +470,24 @@ int plan_fits(const plan_t *p, const config_t *c, size_t limit, const char *what
   for (int k = 1; k < MEM__COUNT; k++)
     if (p->bytes[k] > p->bytes[top] && (!p->host_apart || (k != MEM_SNAPSHOT && k != MEM_OFFLOAD)))
       top = k;
-  char advice[384];
+  char advice[512];
   if (!plan_advice(p, c, limit, advice, sizeof advice)) {
+    /* none of plan_advice's single changes fits: where the bytes are */
+    const int n = snprintf(advice, sizeof advice, "no single change fits (recompute, "
+                           "activation_checkpointing, strategy, a smaller batch with more "
+                           "grad_accum, up to 4096 ranks); ");
+    char *a = advice + n;
+    const size_t alen = sizeof advice - (size_t)n;
     if (top == MEM_ACTS)
-      snprintf(advice, sizeof advice, "lower batch (now %d) or seq_len (now %d) and raise "
-               "grad_accum to keep the tokens per step", c->batch, c->seq_len);
+      snprintf(a, alen, "activations grow with seq_len (now %d) and batch (now %d): shorten "
+               "seq_len, or give the rank more memory", c->seq_len, c->batch);
     else if (top == MEM_WORKSPACE) /* the kernels' fixed buffers and their scratch */
-      snprintf(advice, sizeof advice, "the workspace is the kernels' own buffers and their "
+      snprintf(a, alen, "the workspace is the kernels' own buffers and their "
                "scratch, which grows with batch (now %d) and seq_len (now %d), with seq_len "
                "squared where the heads are too narrow or too wide for the fused attention; lower "
                "them, or give the rank more memory", c->batch, c->seq_len);
     else
-      snprintf(advice, sizeof advice, "parameters, gradients and AdamW state take %s per "
+      snprintf(a, alen, "parameters, gradients and AdamW state take %s per "
                "parameter of the shard: choose a smaller model, or shard it over more ranks",
                !strcmp(c->precision, "bf16-true") ? "8 bytes"
                : !strcmp(c->precision, "bf16-mixed") && !param_gather_round()

@@ -113,7 +113,23 @@ Test(plan, a_job_that_does_not_fit_is_refused_with_the_fix) {
   cr_assert(strstr(err_msg(), "activation_checkpointing = 1"), "%s", err_msg());
   cr_assert_eq(plan_check(&q, &ck, limit), 0);
   cr_assert_eq(plan_check(&q, &ck, q.total - 1), FSDP_ENOMEM);
-  cr_assert(strstr(err_msg(), "lower batch") && strstr(err_msg(), "grad_accum"), "%s", err_msg());
+  /* a smaller batch with more grad_accum, as many tokens a step, and the
+   * advice holds: it fits (an outside tester followed "lower batch" to a
+   * plan that still did not fit) */
+  const char *adv = strstr(err_msg(), "set batch = ");
+  cr_assert(adv && strstr(adv, "grad_accum = ") && strstr(adv, "the same tokens a step"), "%s",
+            err_msg());
+  config_t cb = ck;
+  cb.batch = atoi(adv + strlen("set batch = "));
+  cb.grad_accum = atoi(strstr(adv, "grad_accum = ") + strlen("grad_accum = "));
+  cr_assert_eq(cb.batch * cb.grad_accum, ck.batch * ck.grad_accum, "%s", adv);
+  plan_t qb;
+  cr_assert_eq(plan_job(&cb, 1, &qb), 0);
+  cr_assert_eq(plan_check(&qb, &cb, q.total - 1), 0, "the advice does not fit: %s", adv);
+  /* where no single change fits, it says so, then where the bytes are */
+  cr_assert_eq(plan_check(&q, &ck, 1 << 20), FSDP_ENOMEM);
+  cr_assert(strstr(err_msg(), "no single change fits") && strstr(err_msg(), "takes the most"), "%s",
+            err_msg());
   /* through the loop: refused before anything is allocated */
   c.memory_limit_mib = 1;
   train_result_t r;
