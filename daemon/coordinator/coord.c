@@ -1240,7 +1240,7 @@ static int coord_node_busy(const coord_node_t *n, int index) {
  * heard since this coordinator started) and their devices, a device held
  * while the store says a job holds it or while its node still reports
  * processes of an earlier job on it. */
-void coord_pic_free(coord_pic_t *p) { free(p->sn), free(p->sd); }
+void coord_pic_free(coord_pic_t *p) { free(p->sn), free(p->sd), free(p->freeing); }
 
 static int coord_node_id_cmp(const void *a, const void *b) {
   const int64_t x = ((const store_node_t *)a)->id, y = ((const store_node_t *)b)->id;
@@ -1309,11 +1309,15 @@ int coord_pic_load(coord_t *c, coord_pic_t *p) {
   for (int i = 0; i < p->nn; i++) nd += p->nodes[i].n_devices;
   p->sn = calloc((size_t)p->nn + 1, sizeof *p->sn);
   p->sd = calloc((size_t)nd + 1, sizeof *p->sd);
-  if (!p->sn || !p->sd) {
+  p->freeing = calloc((size_t)nd + 1, 1);
+  if (!p->sn || !p->sd || !p->freeing) {
     coord_pic_free(p);
     return err_set(FSDP_ENOMEM, "coordinator: out of memory placing jobs");
   }
   const uint64_t now = coord_mono_ms(c);
+  p->now = now;
+  /* a node reports its ranks gone at its next heartbeat */
+  p->whole_wait_ms = 2 * (uint64_t)(c->o.heartbeat_interval_ms > 0 ? c->o.heartbeat_interval_ms : 1000) + 1000;
   for (int i = 0; i < p->nn; i++) {
     const store_node_t *n = &p->nodes[i];
     coord_node_t *ln = coord_node_get(c, n->id, 0);
@@ -1325,6 +1329,7 @@ int coord_pic_load(coord_t *c, coord_pic_t *p) {
                               n->stopped || (ln && ln->stopping && !ln->dead)};
     for (int k = 0; k < n->n_devices; k++) {
       const store_device_t *d = &n->devices[k];
+      p->freeing[p->nd] = d->job_id == 0 && coord_node_busy(ln, d->index);
       p->sd[p->nd++] = (sched_device_t){0, i, d->index, store_dev_kind_name(d->kind),
                                         d->memory_bytes, d->job_id != 0 || coord_node_busy(ln, d->index)};
     }
@@ -1332,16 +1337,50 @@ int coord_pic_load(coord_t *c, coord_pic_t *p) {
   return FSDP_OK;
 }
 
+/* Whether job would be placed with every shard group inside a node were the
+ * devices being released (coord_pic_t.freeing) free already. */
+static int coord_fit_whole_soon(const coord_pic_t *p, const sched_job_t *job) {
+  int any = 0;
+  for (int i = 0; i < p->nd && !any; i++) any = p->freeing[i];
+  sched_device_t *sd = any ? malloc((size_t)p->nd * sizeof *sd) : NULL;
+  sched_slot_t *slot = sd ? calloc((size_t)(job->replicas * job->shards), sizeof *slot) : NULL;
+  char note[512];
+  int whole = 0;
+  if (slot) {
+    for (int i = 0; i < p->nd; i++) sd[i] = p->sd[i], sd[i].held &= !p->freeing[i];
+    whole = sched_place(p->sn, p->nn, sd, p->nd, job, slot, note, sizeof note) == SCHED_PLACED &&
+            !note[0];
+  }
+  free(sd), free(slot);
+  return whole;
+}
+
 /* Fits a job of facts x on the picture: SCHED_PLACED with its slots (their
- * devices then held in the picture), or SCHED_WAIT with the reason in note. */
+ * devices then held in the picture), or SCHED_WAIT with the reason in note.
+ * A placement whose shard group would span nodes waits up to
+ * p->whole_wait_ms instead where devices being released would keep every
+ * group whole: a job placed as another ends found the ended job's devices
+ * held until their node's next heartbeat (an outside tester). */
 int coord_fit(coord_pic_t *p, const coord_job_t *x, sched_slot_t *slot, char *note,
-                     size_t len) {
+                     size_t len, uint64_t *whole_since) {
   char *avoid = x->n_avoid ? calloc((size_t)p->nn + 1, 1) : NULL;
   for (int i = 0; avoid && i < p->nn; i++) /* the oldest failure 1, the latest n_avoid */
     for (int k = 0; k < x->n_avoid; k++)
       if (p->sn[i].id == x->avoid[k]) avoid[i] = (char)(k + 1);
   sched_job_t sj = {x->R, x->S, x->kind, x->need, avoid};
   int rc = sched_place(p->sn, p->nn, p->sd, p->nd, &sj, slot, note, len);
+  if (rc == SCHED_PLACED && note[0] && whole_since && coord_fit_whole_soon(p, &sj)) {
+    if (!*whole_since) *whole_since = p->now;
+    const uint64_t waited = p->now - *whole_since;
+    if (waited < p->whole_wait_ms) {
+      snprintf(note, len, "waiting %.1f s at most for devices their nodes are releasing (the ranks "
+               "of an attempt that ended, exiting there): with them every shard group fits inside "
+               "one node, where now one would span nodes", (double)(p->whole_wait_ms - waited) / 1e3);
+      free(avoid);
+      return SCHED_WAIT;
+    }
+  }
+  if (whole_since) *whole_since = 0; /* not waiting so (any more) */
   for (int r = 0; rc == SCHED_PLACED && r < x->R * x->S; r++) p->sd[slot[r].device].held = 1;
   /* where it failed before: said in the placement's note, avoided or not */
   for (int i = 0, used; rc == SCHED_PLACED && avoid && i < p->nn; i++) {
@@ -1425,7 +1464,7 @@ typedef struct coord_pass {
 } coord_pass_t;
 
 /* Fits x on the pass's picture, reusing the verdict on a shape that did not fit. */
-static int coord_pass_fit(coord_pass_t *ps, const coord_job_t *x, sched_slot_t *slot, char *note,
+static int coord_pass_fit(coord_pass_t *ps, coord_job_t *x, sched_slot_t *slot, char *note,
                           size_t len) {
   for (int i = 0; i < ps->n_memo; i++)
     if (ps->memo[i].R == x->R && ps->memo[i].S == x->S && ps->memo[i].need == x->need &&
@@ -1433,7 +1472,7 @@ static int coord_pass_fit(coord_pass_t *ps, const coord_job_t *x, sched_slot_t *
       snprintf(note, len, "%s", ps->memo[i].note);
       return SCHED_WAIT;
     }
-  int rc = coord_fit(&ps->pic, x, slot, note, len);
+  int rc = coord_fit(&ps->pic, x, slot, note, len, &x->whole_since);
   if (rc == SCHED_PLACED) {
     ps->n_memo = 0; /* the picture changed */
   } else if (rc == SCHED_WAIT) {
@@ -1546,6 +1585,10 @@ static void coord_place(coord_t *c, coord_pass_t *ps, int64_t job) {
     coord_pass_wait(ps, x, why);
   } else if (rc == SCHED_WAIT) {
     coord_pass_wait(ps, x, note);
+  }
+  if (rc == SCHED_WAIT && x->whole_since) { /* a pass when its wait is up, freed or not */
+    const uint64_t until = x->whole_since + ps->pic.whole_wait_ms;
+    if (!c->fence_wake_ms || until < c->fence_wake_ms) c->fence_wake_ms = until;
   }
   if (rc == SCHED_PLACED) {
     coord_start(c, &ps->pic, job, x, slot, note);

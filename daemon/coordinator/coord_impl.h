@@ -153,6 +153,7 @@ typedef struct coord_job {
   int64_t avoid[COORD_AVOID_MAX];
   int n_avoid;
   uint64_t started_ms;            /* loop time the last attempt was placed */
+  uint64_t whole_since;           /* coord_fit's: waiting for devices being released since */
   uint64_t backoff_until;         /* loop time; 0: none */
   uint64_t sweep_said;            /* coord_reason_sum of what the last leftover sweep of its
                                      checkpoint_dir left and why (said once, not every round) */
@@ -343,6 +344,11 @@ typedef struct coord_pic {
   int nn, nd;
   sched_node_t *sn;
   sched_device_t *sd;
+  /* per device: held only because its node still reports ranks of an
+   * attempt that has ended (they exit within a heartbeat or so) */
+  char *freeing;
+  uint64_t now;          /* loop time of the load */
+  uint64_t whole_wait_ms; /* how long a job waits for freeing devices to keep its groups whole */
 } coord_pic_t;
 /* Brings coord_t.pic (every node and its devices as the store has them) up
  * to date: the nodes the store says changed are read again, or all of them
@@ -350,7 +356,11 @@ typedef struct coord_pic {
 int coord_pic_refresh(coord_t *c);
 int coord_pic_load(coord_t *c, coord_pic_t *p);
 void coord_pic_free(coord_pic_t *p);
-int coord_fit(coord_pic_t *p, const coord_job_t *x, sched_slot_t *slot, char *note, size_t len);
+/* whole_since (NULL: never wait): when the job began to wait for devices
+ * being released to keep its shard groups whole (0: not waiting), which
+ * coord_fit sets, and clears once it places the job. */
+int coord_fit(coord_pic_t *p, const coord_job_t *x, sched_slot_t *slot, char *note, size_t len,
+              uint64_t *whole_since);
 void coord_start(coord_t *c, const coord_pic_t *p, int64_t job, const coord_job_t *x,
                  const sched_slot_t *slot, const char *note);
 /* A job's facts from its resolved config, plan and mesh; kept by id. */

@@ -574,7 +574,7 @@ void coord_submit_flush(coord_t *c) {
     const coord_job_t *x = &sub[i].facts;
     slot[i] = calloc((size_t)(x->R * x->S) + 1, sizeof **slot);
     if (pic && slot[i] && sub[i].call)
-      placed[i] = coord_fit(&p, x, slot[i], why[i], sizeof why[i]) == SCHED_PLACED;
+      placed[i] = coord_fit(&p, x, slot[i], why[i], sizeof why[i], &(uint64_t){0}) == SCHED_PLACED;
     js[m++] = (store_job_spec_t){sub[i].name, sub[i].text, sub[i].world, sub[i].mesh,
                                  sub[i].max_restarts, placed[i] ? NULL : why[i], sub[i].request_id,
                                  x->ckpt_dir};

@@ -5174,6 +5174,59 @@ Test(coordinator, every_device_a_node_reports_busy_is_held) {
   cr_expect_eq(got, 1, "the job was not placed once the devices came free");
 }
 
+/* Nodes alpha (2 devices, both still running an ended job's ranks), beta
+ * (2, one of them so) and gamma (1), and a 2-rank job: its shard group fits
+ * whole only on alpha once alpha's ranks are gone, and spans beta and gamma
+ * now. It waits (saying why) instead of spanning: before, a job placed as
+ * another ended found the ended job's devices held until their node's next
+ * heartbeat, and split its groups (an outside tester). With alpha_frees, alpha
+ * beats free: the job is placed there, whole; else past the wait
+ * (2 x 200 ms + 1 s here) it spans. The node the job went to, its id. */
+static const char *whole_or_spanning(int alpha_frees, double *waited) {
+  static node_t a, b, g;
+  memset(&a, 0, sizeof a), memset(&b, 0, sizeof b), memset(&g, 0, sizeof g);
+  node_register(&a, "alpha", 2, 8ull << 30, NULL, 0);
+  node_register(&b, "beta", 2, 8ull << 30, NULL, 0);
+  node_register(&g, "gamma", 1, 8ull << 30, NULL, 0);
+  reply_free(heartbeat_busy(&a, 2, 2));
+  reply_free(heartbeat_busy(&b, 2, 1));
+  reply_free(heartbeat_busy(&g, 1, 0));
+  char d0[600], reason[512] = "";
+  static char id[32];
+  data_opt(d0, sizeof d0);
+  const char *kv[] = {"model=tiny", d0, NULL};
+  cr_assert_eq(submit(2, kv, id, sizeof id), 0, "%s", err_msg());
+  const double t0 = tu_now_s();
+  cr_expect_eq(job_state(id, reason, sizeof reason), FSDP__V1__JOB_STATE__JOB_STATE_PENDING);
+  cr_expect(strstr(reason, "devices their nodes are releasing") &&
+            strstr(reason, "every shard group fits inside one node"), "%s", reason);
+  int on[3] = {0};
+  const node_t *nodes[3] = {&a, &b, &g};
+  const int busy[3] = {2, 1, 0};
+  for (double t = t0; on[0] + on[1] + on[2] < 2 && (t = tu_now_s()) - t0 < 5 * TU_SLOW;)
+    for (int k = 0; k < 3; k++) {
+      Fsdp__V1__HeartbeatReply *r =
+          heartbeat_busy(nodes[k], k == 2 ? 1 : 2, k == 0 && alpha_frees && t - t0 > 0.3 ? 0 : busy[k]);
+      for (size_t i = 0; i < r->n_assignments; i++) on[k] += !strcmp(r->assignments[i]->job_id, id);
+      reply_free(r);
+    }
+  *waited = tu_now_s() - t0;
+  cr_assert_eq(on[0] + on[1] + on[2], 2, "the job was never placed: %s", reason);
+  return on[0] == 2 ? "alpha" : on[1] == 1 && on[2] == 1 ? "beta+gamma" : "elsewhere";
+}
+
+Test(coordinator, a_group_waits_for_devices_being_released_to_stay_whole) {
+  double waited;
+  cr_expect_str_eq(whole_or_spanning(1, &waited), "alpha");
+  cr_expect_lt(waited, 1.4, "placed %.2f s on: alpha came free at 0.3 s", waited);
+}
+
+Test(coordinator, a_group_waits_for_devices_being_released_a_bounded_time) {
+  double waited;
+  cr_expect_str_eq(whole_or_spanning(0, &waited), "beta+gamma");
+  cr_expect(waited > 1.0 && waited < 1.4 + 1.0 * TU_SLOW, "it spanned after %.2f s", waited);
+}
+
 /* A node whose fsdpd left (its last heartbeat, leaving, lists no ranks)
  * with an attempt still assigned there (the assignment crossed its stop):
  * the job is requeued as a preemption and starts on another node at once,
