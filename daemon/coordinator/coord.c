@@ -1998,6 +1998,7 @@ void coord_destroy(coord_t *c) {
   if (c->health) rpc_server_destroy(c->health);
   coord_export_detach(c);     /* before the store goes: they close later */
   coord_ckpt_detach(c);       /* so do removals still on the pool */
+  coord_submit_checks_detach(c);
   for (int i = 0; i < c->n_sub; i++) free(c->sub[i].text); /* their calls were cancelled */
   free(c->sub);
   free(c->dev_mem[0]), free(c->dev_mem[1]);

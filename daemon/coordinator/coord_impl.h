@@ -235,6 +235,9 @@ struct coord {
   uint64_t fence_wake_ms;   /* the first coord_job_t.fence_until a waiting job has (0: none) */
   coord_submit_t *sub;      /* submits waiting for this loop turn's commit */
   int n_sub, cap_sub;
+  /* submits whose files are checked on the pool (coord_rpc.c): those of the
+   * turns since the batch before went, and the one batch on the pool */
+  struct coord_checks *checks_next, *checks_running;
   uv_check_t flush;         /* runs coord_submit_flush after each turn's callbacks */
   int nodes_changed;        /* a node registered or died, or a device's offer changed, since
                              * dev_mem was read */
@@ -465,5 +468,8 @@ int coord_rpc_register(coord_t *c);
  * with NOT_FOUND and its error returned. */
 int coord_job_arg(coord_t *c, rpc_call_t *call, const char *id, store_job_t *j);
 void coord_submit_flush(coord_t *c);
+/* The coordinator goes: submits still to be checked are dropped (their
+ * calls were cancelled), the batch on the pool is freed when it is back. */
+void coord_submit_checks_detach(coord_t *c);
 
 #endif

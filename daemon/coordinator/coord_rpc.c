@@ -2,8 +2,9 @@
  * checked and turned into store changes and coord.c's state, replies built
  * from both. Client-facing calls need the user role, node-facing calls the
  * node role, DrainNode the operator's (rpc.h). Every handler answers at once except Heartbeat (held as
- * a long poll), Rendezvous (held until its group is complete, or 1 s) and
- * WatchJob (a stream until the job ends).
+ * a long poll), Rendezvous (held until its group is complete, or 1 s),
+ * WatchJob (a stream until the job ends) and SubmitJob (answered once the
+ * files it names are checked on the pool and it is stored with its turn's).
  *
  * Nothing from a request reaches the file system unchecked: a job's paths go
  * through job_paths_check (inside the operator's roots) before they are
@@ -427,8 +428,103 @@ static void coord_submit_reply(coord_t *c, rpc_call_t *call, int64_t job, const 
   coord_reply(call, &a, &rep.base);
 }
 
-/* A submit is checked here and queued; the loop turn's submits are stored
- * together by coord_submit_flush (one transaction, one fsync). */
+/* A submit is checked in three steps. On the loop, what needs no file:
+ * the options as text, the spec validated and planned (coord_submit_cb).
+ * On the pool, what the spec names: its paths resolved inside the roots,
+ * an init_from's header and a resume_from's manifest read against the
+ * model (coord_checks_work_cb): a file system can take any time (a hung
+ * NFS mount, a directory of a million entries) and a header or manifest
+ * is parsed, so none of that holds the loop that answers heartbeats: a
+ * 99 MiB safetensors header held it 37 s, past every node's fence, and
+ * every running rank of the cluster was killed (found by an outside
+ * tester). Back on the loop, the rest (coord_submit_checked), and the
+ * submit joins its turn's, stored together by coord_submit_flush (one
+ * transaction, one fsync). The submits that came since the last batch
+ * left are checked as one batch, one pool task, one at a time: a turn's
+ * submits stay one transaction, and submits never hold more than one of
+ * the pool's threads from checkpoint commits and exports. */
+typedef struct coord_check {
+  rpc_call_t *call;                    /* NULL once its client went, and its request */
+  const Fsdp__V1__SubmitJobRequest *q; /* valid while call is */
+  config_t cfg;                        /* validated; its paths resolved on the pool */
+  plan_t plan;
+  int rc;                              /* the pool's verdict, and its message */
+  char err[1024];
+} coord_check_t;
+
+typedef struct coord_checks {
+  coord_t *c;                /* NULL once the coordinator went */
+  const char *const *roots;  /* the coordinator's (its options live as long as the process) */
+  int nroots;
+  coord_check_t **k;
+  int n, cap;
+  uv_work_t work;
+} coord_checks_t;
+
+static void coord_checks_free(coord_checks_t *b) {
+  for (int i = 0; i < b->n; i++) free(b->k[i]);
+  free(b->k), free(b);
+}
+
+static void coord_check_cancel_cb(rpc_call_t *call, void *arg) {
+  (void)call;
+  coord_check_t *k = arg;
+  k->call = NULL, k->q = NULL; /* freed as this returns */
+}
+
+/* On the pool: each submit's files. Touches nothing but the batch. */
+static void coord_checks_work_cb(uv_work_t *w) {
+  coord_checks_t *b = w->data;
+  for (int i = 0; i < b->n; i++) {
+    coord_check_t *k = b->k[i];
+    int rc = job_paths_check(&k->cfg, b->roots, b->nroots);
+    if (!rc) rc = job_init_from_check(&k->cfg);
+    if (!rc) rc = job_resume_from_check(&k->cfg);
+    if (rc == FSDP_ENOENT || rc == FSDP_EFORMAT) rc = FSDP_EINVAL;
+    if ((k->rc = rc)) snprintf(k->err, sizeof k->err, "%s", err_msg());
+  }
+}
+
+static void coord_submit_checked(coord_t *c, coord_check_t *k);
+
+static void coord_checks_done_cb(uv_work_t *w, int status) {
+  (void)status;
+  coord_checks_t *b = w->data;
+  coord_t *c = b->c;
+  if (c) c->checks_running = NULL;
+  for (int i = 0; c && i < b->n; i++) {
+    if (!b->k[i]->call) continue; /* its client went meanwhile */
+    rpc_call_on_cancel(b->k[i]->call, NULL, NULL);
+    coord_submit_checked(c, b->k[i]);
+  }
+  coord_checks_free(b); /* this turn's flush stores them, then starts the next batch */
+}
+
+/* The submits that came since the last batch went, onto the pool (one
+ * batch there at a time). */
+static void coord_checks_start(coord_t *c) {
+  coord_checks_t *b = c->checks_next;
+  if (!b || c->checks_running) return;
+  c->checks_next = NULL;
+  b->work.data = b;
+  int rc = uv_queue_work(c->loop, &b->work, coord_checks_work_cb, coord_checks_done_cb);
+  if (!rc) {
+    c->checks_running = b;
+    return;
+  }
+  rc = err_set(FSDP_EIO, "coordinator: the submit could not be checked (%s); submit again",
+               uv_strerror(rc));
+  for (int i = 0; i < b->n; i++)
+    if (b->k[i]->call) rpc_call_on_cancel(b->k[i]->call, NULL, NULL), rpc_call_finish(b->k[i]->call, rc);
+  coord_checks_free(b);
+}
+
+void coord_submit_checks_detach(coord_t *c) {
+  if (c->checks_next) coord_checks_free(c->checks_next); /* their calls were cancelled */
+  if (c->checks_running) c->checks_running->c = NULL;
+  c->checks_next = c->checks_running = NULL;
+}
+
 static void coord_submit_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
   coord_t *c = arg;
   const Fsdp__V1__SubmitJobRequest *q = (const void *)req;
@@ -446,15 +542,12 @@ static void coord_submit_cb(rpc_call_t *call, const ProtobufCMessage *req, void 
     coord_submit_reply(c, call, made, NULL);
     return;
   }
-  config_t cfg;
-  plan_t plan;
-  shard_mesh_t m;
-  char desc[256];
-  coord_submit_t sub = {.call = call, .world = (int)s->world_size,
-                        .max_restarts = (int)s->max_restarts};
+  const int world = (int)s->world_size;
+  coord_check_t *k = NULL;
+  coord_checks_t *b = c->checks_next;
   job_opt_t *opts = NULL;
   if ((rc = text_plain("spec.name", s->name, STORE_NAME_MAX - 1)) ||
-      (rc = text_plain("request_id", q->request_id, sizeof sub.request_id - 1)))
+      (rc = text_plain("request_id", q->request_id, sizeof c->sub[0].request_id - 1)))
     goto fail;
   if (s->world_size < 1 || s->world_size > RPC_SPEC_WORLD_MAX) {
     rc = err_set(FSDP_EINVAL, "spec.world_size: %u; give the number of ranks, 1 to %d "
@@ -466,7 +559,7 @@ static void coord_submit_cb(rpc_call_t *call, const ProtobufCMessage *req, void 
                  RPC_SPEC_RESTARTS_MAX);
     goto fail;
   }
-  if (!(opts = calloc(s->n_options + 1, sizeof *opts))) {
+  if (!(opts = calloc(s->n_options + 1, sizeof *opts)) || !(k = calloc(1, sizeof *k))) {
     rc = err_set(FSDP_ENOMEM, "coordinator: out of memory");
     goto fail;
   }
@@ -479,17 +572,59 @@ static void coord_submit_cb(rpc_call_t *call, const ProtobufCMessage *req, void 
       goto fail;
     opts[i] = (job_opt_t){o->section, o->key, o->value};
   }
-  rc = job_validate(opts, (int)s->n_options, sub.world,
-                    coord_admit_memory(c, coord_spec_value(s, "device", "cpu"), sub.world), &cfg,
-                    &plan);
+  rc = job_validate(opts, (int)s->n_options, world,
+                    coord_admit_memory(c, coord_spec_value(s, "device", "cpu"), world), &k->cfg,
+                    &k->plan);
   if (rc == FSDP_ENOMEM) rc = FSDP_EINVAL; /* does not fit: the spec is what must change */
-  if (!rc && (plan.total == 0)) rc = plan_job(&cfg, sub.world, &plan);
-  if (!rc) rc = job_paths_check(&cfg, (const char *const *)c->o.roots, c->o.nroots);
-  if (!rc) rc = job_init_from_check(&cfg);
-  if (!rc) rc = job_resume_from_check(&cfg);
+  if (!rc && (k->plan.total == 0)) rc = plan_job(&k->cfg, world, &k->plan);
   if (rc == FSDP_ENOENT || rc == FSDP_EFORMAT) rc = FSDP_EINVAL;
-  if (!rc) rc = shard_mesh_resolve(cfg.strategy, cfg.mesh, sub.world, &m, desc, sizeof desc);
-  if (!rc && cfg.checkpoint_dir[0]) rc = coord_ckpt_dir_free(c, cfg.checkpoint_dir, 0);
+  if (rc) goto fail;
+  /* its files next, on the pool, with the others since the last batch */
+  if (!b && !(b = calloc(1, sizeof *b))) {
+    rc = err_set(FSDP_ENOMEM, "coordinator: out of memory");
+    goto fail;
+  }
+  c->checks_next = b;
+  b->c = c, b->roots = (const char *const *)c->o.roots, b->nroots = c->o.nroots;
+  if (b->n == b->cap) {
+    const int cap = b->cap ? 2 * b->cap : 16;
+    coord_check_t **p = realloc(b->k, (size_t)cap * sizeof *p);
+    if (!p) {
+      rc = err_set(FSDP_ENOMEM, "coordinator: out of memory");
+      goto fail;
+    }
+    b->k = p, b->cap = cap;
+  }
+  k->call = call, k->q = q;
+  b->k[b->n++] = k;
+  rpc_call_on_cancel(call, coord_check_cancel_cb, k);
+  free(opts);
+  return;
+fail:
+  free(opts), free(k);
+  rpc_call_finish(call, rc);
+}
+
+/* Back from the pool (k->rc, k->err: its files' verdict): the rest of the
+ * submit's checks, and the submit queued for its turn's flush. */
+static void coord_submit_checked(coord_t *c, coord_check_t *k) {
+  rpc_call_t *call = k->call;
+  const Fsdp__V1__SubmitJobRequest *q = k->q;
+  const Fsdp__V1__JobSpec *s = q->spec;
+  config_t *cfg = &k->cfg;
+  /* the first of a retried submit may have been stored meanwhile */
+  int64_t made = 0;
+  if (q->request_id[0] && !store_job_by_request(c->st, q->request_id, &made)) {
+    coord_submit_reply(c, call, made, NULL);
+    return;
+  }
+  shard_mesh_t m;
+  char desc[256];
+  coord_submit_t sub = {.call = call, .world = (int)s->world_size,
+                        .max_restarts = (int)s->max_restarts};
+  int rc = k->rc ? err_set(k->rc, "%s", k->err) : FSDP_OK;
+  if (!rc) rc = shard_mesh_resolve(cfg->strategy, cfg->mesh, sub.world, &m, desc, sizeof desc);
+  if (!rc && cfg->checkpoint_dir[0]) rc = coord_ckpt_dir_free(c, cfg->checkpoint_dir, 0);
   if (rc) goto fail;
   /* the job fits its devices (coord_admit_memory) only recomputing more than its
    * device's default, or without an asynchronous checkpoint's snapshot
@@ -498,24 +633,24 @@ static void coord_submit_cb(rpc_call_t *call, const ProtobufCMessage *req, void 
    * could take more than admission counted */
   coord_admitted_t adm[2];
   int nadm = 0;
-  if (coord_spec_number(s, "recompute", -1) < 0 && cfg.recompute >= 0) {
+  if (coord_spec_number(s, "recompute", -1) < 0 && cfg->recompute >= 0) {
     adm[nadm].key = "recompute";
-    snprintf(adm[nadm++].value, sizeof adm->value, "%d", cfg.recompute);
-    config_note(&cfg, "recompute = %d: the job fits the devices it may land on only recomputing "
-                "more than their default", cfg.recompute);
+    snprintf(adm[nadm++].value, sizeof adm->value, "%d", cfg->recompute);
+    config_note(cfg, "recompute = %d: the job fits the devices it may land on only recomputing "
+                "more than their default", cfg->recompute);
   }
-  if (coord_spec_number(s, "checkpoint_async", 1) != 0 && !cfg.checkpoint_async) {
+  if (coord_spec_number(s, "checkpoint_async", 1) != 0 && !cfg->checkpoint_async) {
     adm[nadm].key = "checkpoint_async";
     snprintf(adm[nadm++].value, sizeof adm->value, "0");
-    config_note(&cfg, "checkpoint_async = 0: no room for a checkpoint snapshot beside the job on "
+    config_note(cfg, "checkpoint_async = 0: no room for a checkpoint snapshot beside the job on "
                 "the devices it may land on; checkpoints are written in place");
   }
-  snprintf(sub.note, sizeof sub.note, "%s", config_adjusted(&cfg));
-  coord_job_facts(&sub.facts, &cfg, &plan, &m);
+  snprintf(sub.note, sizeof sub.note, "%s", config_adjusted(cfg));
+  coord_job_facts(&sub.facts, cfg, &k->plan, &m);
   snprintf(sub.mesh, sizeof sub.mesh, "%dx%d", m.replicas, m.shards);
   snprintf(sub.name, sizeof sub.name, "%s", s->name[0] ? s->name : "job"); /* a name is optional */
   snprintf(sub.request_id, sizeof sub.request_id, "%s", q->request_id);
-  if ((rc = coord_spec_text(s, &cfg, adm, nadm, &sub.text))) goto fail;
+  if ((rc = coord_spec_text(s, cfg, adm, nadm, &sub.text))) goto fail;
   if (c->n_sub == c->cap_sub) {
     int cap = c->cap_sub ? 2 * c->cap_sub : 32;
     coord_submit_t *p = realloc(c->sub, (size_t)cap * sizeof *p);
@@ -528,14 +663,13 @@ static void coord_submit_cb(rpc_call_t *call, const ProtobufCMessage *req, void 
   }
   c->sub[c->n_sub++] = sub;
   rpc_call_on_cancel(call, coord_submit_cancel_cb, c);
-  free(opts);
   return;
 fail:
-  free(opts);
   rpc_call_finish(call, rc);
 }
 
-void coord_submit_flush(coord_t *c) {
+/* This turn's submits, checked, stored in one transaction, placed and answered. */
+static void coord_submit_store(coord_t *c) {
   const int n = c->n_sub;
   if (!n) return;
   coord_submit_t *sub = c->sub;
@@ -605,6 +739,11 @@ void coord_submit_flush(coord_t *c) {
   }
   if (pic) coord_pic_free(&p);
   free(sub), free(js), free(ids), free(slot), free(why), free(placed), free(dup);
+}
+
+void coord_submit_flush(coord_t *c) {
+  coord_submit_store(c);
+  coord_checks_start(c);
 }
 
 static void coord_get_job_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {

@@ -11,12 +11,16 @@
  *   checkpoint, or its manifest).
  * - No locks, as NFS without its lock daemon or Lustre mounted noflock:
  *   with FS_NO_FLOCK set, flock fails with ENOLCK.
+ * - A slow file system, as an NFS server that answers late: open of a
+ *   path containing SLOW_OPEN_MATCH sleeps SLOW_OPEN_MS (default 1000)
+ *   first (a submit whose data file takes that long to check).
  * Every other call, and every call without those variables set, is the
  * real one. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <sys/file.h>
 #include <stdlib.h>
@@ -105,4 +109,35 @@ int flock(int fd, int op) {
     return -1;
   }
   return real(fd, op);
+}
+
+/* open and open64: the mode is there only with O_CREAT or O_TMPFILE. */
+static int slow_open(const char *sym, const char *path, int flags, va_list ap) {
+  static int (*real[2])(const char *, int, ...);
+  const int k = !strcmp(sym, "open64");
+  if (!real[k]) real[k] = (int (*)(const char *, int, ...))dlsym(RTLD_NEXT, sym);
+  const char *match = getenv("SLOW_OPEN_MATCH");
+  if (match && *match && strstr(path, match)) {
+    const char *ms = getenv("SLOW_OPEN_MS");
+    const long t = ms ? atol(ms) : 1000;
+    nanosleep(&(struct timespec){t / 1000, t % 1000 * 1000000L}, NULL);
+  }
+  if (flags & (O_CREAT | O_TMPFILE)) return real[k](path, flags, va_arg(ap, int));
+  return real[k](path, flags);
+}
+
+int open(const char *path, int flags, ...) {
+  va_list ap;
+  va_start(ap, flags);
+  const int fd = slow_open("open", path, flags, ap);
+  va_end(ap);
+  return fd;
+}
+
+int open64(const char *path, int flags, ...) {
+  va_list ap;
+  va_start(ap, flags);
+  const int fd = slow_open("open64", path, flags, ap);
+  va_end(ap);
+  return fd;
 }

@@ -435,6 +435,72 @@ Test(coordinator, the_health_port_answers_probes_and_nothing_else) {
 
 /* ---- admission ---------------------------------------------------------------- */
 
+typedef struct bg_timed {
+  const char *const *kv;
+  int rc;
+  double took_s;
+  char id[32], err[1024];
+} bg_timed_t;
+
+static int submit(int world, const char *const *kv, char *id, size_t len);
+
+static void *bg_timed_main(void *arg) {
+  bg_timed_t *b = arg;
+  const double t0 = tu_now_s();
+  b->rc = submit(1, b->kv, b->id, sizeof b->id);
+  b->took_s = tu_now_s() - t0;
+  snprintf(b->err, sizeof b->err, "%s", err_msg());
+  return NULL;
+}
+
+/* A submit's files are checked off the loop: one whose data file takes 3 s
+ * to open (an NFS server answering late: tests/e2e/fs_shim.c) holds no
+ * other call meanwhile (ListJobs, a node's heartbeat), is stored once
+ * checked, and a submit that came meanwhile is stored after it. Before,
+ * the checks ran on the loop: a safetensors header of 99 MiB held it 37 s,
+ * past every node's fence (found by an outside tester). */
+Test(coordinator, a_submit_whose_files_are_slow_to_read_holds_no_other_call) {
+  teardown();
+  char *db = tu_path("slow-open.db");
+  setenv("LD_PRELOAD", tu_fs_shim(), 1);
+  setenv("SLOW_OPEN_MATCH", "slow-data", 1), setenv("SLOW_OPEN_MS", "3000", 1);
+  co_start(db, "127.0.0.1:0", NULL);
+  unsetenv("LD_PRELOAD"), unsetenv("SLOW_OPEN_MATCH"), unsetenv("SLOW_OPEN_MS");
+  free(db);
+  client_for(&co, NULL);
+  node_t n = {0};
+  node_register(&n, "n1", 2, 1ull << 30, NULL, 0);
+  char slow[700], ok[600];
+  char *sp = tu_token_file("slow-data.bin", 20000, 1, 256);
+  snprintf(slow, sizeof slow, "data=%s", sp);
+  free(sp);
+  data_opt(ok, sizeof ok);
+  const char *kv_slow[] = {"model=tiny", slow, NULL}, *kv_ok[] = {"model=tiny", ok, NULL};
+  bg_timed_t b = {.kv = kv_slow};
+  pthread_t th;
+  cr_assert_eq(pthread_create(&th, NULL, bg_timed_main, &b), 0);
+  usleep(500 * 1000); /* it is being checked */
+  Fsdp__V1__ListJobsRequest lq = FSDP__V1__LIST_JOBS_REQUEST__INIT;
+  Fsdp__V1__ListJobsReply *lr = NULL;
+  double t0 = tu_now_s();
+  cr_assert_eq(CALL("ListJobs", lq, list_jobs_reply, &lr), 0, "%s", err_msg());
+  const double list_s = tu_now_s() - t0;
+  reply_free(lr);
+  t0 = tu_now_s();
+  reply_free(heartbeat(&n, NULL, 0));
+  const double beat_s = tu_now_s() - t0;
+  char id[32];
+  cr_assert_eq(submit(1, kv_ok, id, sizeof id), 0, "%s", err_msg());
+  pthread_join(th, NULL);
+  cr_expect_lt(list_s, 1.0 * TU_SLOW, "ListJobs waited %.2f s for a submit's check", list_s);
+  cr_expect_lt(beat_s, HB_MS / 1000.0 + 1.0 * TU_SLOW, "a heartbeat waited %.2f s", beat_s);
+  cr_assert_eq(b.rc, 0, "the slow submit: %s", b.err);
+  cr_expect_gt(b.took_s, 2.5, "its data file was not slow to open (%.2f s)", b.took_s);
+  cr_expect_str_eq(b.id, "j-1");
+  cr_expect_str_eq(id, "j-2");
+}
+
+
 Test(coordinator, every_invalid_spec_is_refused_naming_its_field) {
   char outside[] = "/tmp/fsdp-outside-XXXXXX";
   cr_assert_not_null(mkdtemp(outside));
