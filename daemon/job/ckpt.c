@@ -554,6 +554,10 @@ static int ckpt_json_int(json_t *o, const char *key, const char *path, int64_t l
 }
 
 int ckpt_manifest_read(const char *dir, ckpt_manifest_t *m) {
+  return ckpt_manifest_read_max(dir, CKPT_HEADER_MAX, m);
+}
+
+int ckpt_manifest_read_max(const char *dir, uint64_t max, ckpt_manifest_t *m) {
   memset(m, 0, sizeof *m);
   char path[4096];
   snprintf(path, sizeof path, "%s/%s", dir, CKPT_MANIFEST);
@@ -567,6 +571,9 @@ int ckpt_manifest_read(const char *dir, ckpt_manifest_t *m) {
   if (fstat(fd, &st) || st.st_size > (off_t)CKPT_HEADER_MAX)
     rc = err_set(FSDP_EFORMAT, "%s: larger than %u bytes or unreadable; the manifest is damaged",
                  path, CKPT_HEADER_MAX);
+  else if ((uint64_t)st.st_size > max)
+    rc = err_set(FSDP_ELIMIT, "%s: %lld bytes, over the limit of %" PRIu64 " bytes", path,
+                 (long long)st.st_size, max);
   else if (!(text = malloc((size_t)st.st_size + 1)))
     rc = err_set(FSDP_ENOMEM, "%s: out of memory", path);
   size_t n = 0;

@@ -160,6 +160,10 @@ typedef struct ckpt_manifest {
 int ckpt_commit(const char *dir, int shards, const ckpt_shard_report_t *reports, uint64_t run);
 /* Reads and checks dir's manifest (absent: FSDP_ENOENT, "not committed"). */
 int ckpt_manifest_read(const char *dir, ckpt_manifest_t *m);
+/* The same, refusing unread a manifest over max bytes (FSDP_ELIMIT, naming
+ * its size and max): what the coordinator parses at a submit is bounded by
+ * what the job's model could need (job_manifest_max). */
+int ckpt_manifest_read_max(const char *dir, uint64_t max, ckpt_manifest_t *m);
 /* The same from a manifest's text (len bytes; path for messages). */
 int ckpt_manifest_parse(const char *text, size_t len, const char *path, ckpt_manifest_t *m);
 void ckpt_manifest_free(ckpt_manifest_t *m);

@@ -2,6 +2,7 @@
 #include "daemon/job/job.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <stddef.h>
@@ -15,6 +16,7 @@
 #include "daemon/common/file.h"
 #include "daemon/job/ckpt.h"
 #include "daemon/job/safetensors.h"
+#include "daemon/job/shard.h"
 
 /* ---- validation ------------------------------------------------------------ */
 
@@ -291,31 +293,82 @@ int job_save_apart(const config_t *c) {
   return FSDP_OK;
 }
 
+uint64_t job_header_max(const gpt_config_t *model) {
+  const uint64_t entries = (uint64_t)gpt_config_tensors(model, NULL, 0) + 2 * (uint64_t)model->layers;
+  return JOB_HEADER_BASE + JOB_HEADER_ENTRY * entries;
+}
+
+uint64_t job_manifest_max(const gpt_config_t *model) {
+  const uint64_t entries = JOB_SHARDS_MAX + (uint64_t)model->layers + 1;
+  return JOB_MANIFEST_BASE + JOB_MANIFEST_ENTRY * entries;
+}
+
+/* A manifest over the limit (FSDP_ELIMIT from ckpt_manifest_read_max) is
+ * refused; any other failure passes (the ranks say why at their start). */
+static int job_manifest_over(int rc, const config_t *c) {
+  if (rc != FSDP_ELIMIT) return FSDP_OK;
+  return err_set(FSDP_EINVAL, "resume_from: %s, the most a checkpoint of this model (layers %d) "
+                 "of up to %d shards could need; name the directory of a checkpoint this "
+                 "service wrote", err_msg(), c->gpt.layers, JOB_SHARDS_MAX);
+}
+
 int job_resume_from_check(const config_t *c) {
+  if (!c->resume_from[0]) return FSDP_OK;
   char dir[CONFIG_PATH_MAX + 32];
+  const uint64_t max = job_manifest_max(&c->gpt);
   ckpt_manifest_t m;
-  /* none yet (a job that resumes another's, still to save), or one damaged:
-   * its ranks say so at their start */
-  if (!c->resume_from[0] || ckpt_latest(c->resume_from, dir, sizeof dir) ||
-      ckpt_manifest_read(dir, &m))
-    return FSDP_OK;
-  const int rc = ckpt_manifest_model_check(&m, dir, &c->gpt);
+  /* ckpt_latest, each manifest read under the limit: resume_from's own
+   * (a step directory), else the latest step's below it. None yet (a job
+   * that resumes another's, still to save), or one damaged: its ranks say
+   * so at their start */
+  int rc = ckpt_manifest_read_max(c->resume_from, max, &m);
+  if (rc == FSDP_ENOENT || (rc && rc != FSDP_EFORMAT && rc != FSDP_ELIMIT)) {
+    if (ckpt_latest_below(c->resume_from, LLONG_MAX, dir, sizeof dir)) return FSDP_OK;
+    rc = ckpt_manifest_read_max(dir, max, &m);
+  } else {
+    snprintf(dir, sizeof dir, "%s", c->resume_from);
+  }
+  if (rc) return job_manifest_over(rc, c);
+  rc = ckpt_manifest_model_check(&m, dir, &c->gpt);
   ckpt_manifest_free(&m);
   return rc ? err_wrap(rc, "resume_from") : FSDP_OK;
 }
 
 int job_init_from_check(const config_t *c) {
   if (!c->init_from[0]) return FSDP_OK;
-  uint8_t first[9];
-  int fd = open(c->init_from, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  /* one descriptor for the look at the length and the read: the file
+   * swapped for another in between would be parsed unbounded */
+  int fd = open(c->init_from, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
   if (fd < 0) return FSDP_OK; /* job_paths_check says why */
-  const ssize_t got = read(fd, first, sizeof first);
+  uint8_t first[9], *buf = NULL;
+  struct stat st;
+  const ssize_t got = pread(fd, first, sizeof first, 0);
+  int rc = FSDP_OK;
+  if (fstat(fd, &st) || !S_ISREG(st.st_mode) || got <= 0 ||
+      !safetensors_sniff(first, (size_t)got))
+    goto out; /* not safetensors: the ranks check a weights file's header */
+  uint64_t len = 0;
+  for (int i = 7; i >= 0; i--) len = len << 8 | first[i];
+  const uint64_t max = job_header_max(&c->gpt);
+  if (len > max) {
+    rc = err_set(FSDP_EINVAL, "init_from: %s has a safetensors header of %" PRIu64 " bytes, over "
+                 "the limit of %" PRIu64 " bytes, the most a GPT-2 of %d layers could need; name "
+                 "a weights file of this model (fsdpctl export writes one)", c->init_from, len,
+                 max, c->gpt.layers);
+    goto out;
+  }
+  safetensors_t sf;
+  if (len > (uint64_t)st.st_size - 8) { /* safetensors_parse names the fault */
+    rc = safetensors_parse(first, 8, (uint64_t)st.st_size, c->init_from, &c->gpt, &sf);
+  } else if (!(buf = malloc(8 + len))) {
+    rc = err_set(FSDP_ENOMEM, "init_from: out of memory for a %" PRIu64 "-byte header", len);
+  } else if (!(rc = shard_file_io(fd, buf, 8 + len, 0, 0, 0, c->init_from))) {
+    rc = safetensors_parse(buf, 8 + len, (uint64_t)st.st_size, c->init_from, &c->gpt, &sf);
+    if (!rc) safetensors_free(&sf);
+  }
+  if (rc) rc = err_wrap(rc, "init_from");
+out:
+  free(buf);
   close(fd);
-  if (got <= 0 || !safetensors_sniff(first, (size_t)got)) return FSDP_OK;
-  safetensors_t st;
-  int rc = safetensors_open(c->init_from, &c->gpt, &fd, &st);
-  if (rc) return err_wrap(rc, "init_from");
-  safetensors_free(&st);
-  close(fd);
-  return FSDP_OK;
+  return rc;
 }

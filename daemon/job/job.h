@@ -81,17 +81,44 @@ int job_path_in_roots(const char *key, const char *path, const char *const *root
  * check at their start (fsdp-train, fsdp-launch), the coordinator at submit
  * (job_paths_check). */
 int job_save_apart(const config_t *c);
+
+/* What a submit parses is bounded by what the job's model could need, so
+ * a file named at submit costs the coordinator a fraction of a second and
+ * tens of MB at most (a 99 MiB safetensors header of nested arrays took
+ * 29 s and 2.6 GB to parse; the format allows 100 MiB, a manifest 64 MiB).
+ * A safetensors header: an entry per tensor of the model and per buffer
+ * Hugging Face's files add (two a layer), JOB_HEADER_ENTRY bytes each
+ * (GPT-2's longest, pretty-printed, is under 300), and JOB_HEADER_BASE for
+ * __metadata__ and padding: 342 KiB for GPT-2 (the header of its file on
+ * the Hub is about 15 KB).
+ * A manifest: an entry per shard of the largest job (JOB_SHARDS_MAX, the
+ * wire's world_size bound) and per model unit (layers + 1), at most
+ * JOB_MANIFEST_ENTRY bytes each as ckpt_commit writes them with every
+ * number at 20 digits (about 190), and JOB_MANIFEST_BASE for the rest
+ * (under 1 KiB): 1.0 MiB for GPT-2, 2.0 MiB at the 4096 layers a model may
+ * have. */
+#define JOB_HEADER_BASE (256u << 10)
+#define JOB_HEADER_ENTRY 512u
+#define JOB_MANIFEST_BASE (16u << 10)
+#define JOB_MANIFEST_ENTRY 256u
+#define JOB_SHARDS_MAX 4096
+uint64_t job_header_max(const gpt_config_t *model);
+uint64_t job_manifest_max(const gpt_config_t *model);
+
 /* A safetensors init_from (after job_paths_check and the model's
  * resolution): its header checked against the job's model, so a file of
  * another model, or one whose header lies, is refused at submit naming the
- * tensor, never at launch. Any other file passes (the ranks check a weights
- * file's header). */
+ * tensor, never at launch; a header over job_header_max is refused unread,
+ * naming its size and the limit. Any other file passes (the ranks check a
+ * weights file's header). */
 int job_init_from_check(const config_t *c);
 /* resume_from (after job_paths_check and the model's resolution): the
  * latest checkpoint committed there, where there is one already, must be
  * of the job's model, so a job that could only fail at its ranks' start is
- * refused at submit. None yet (a job that resumes another's, which has
- * still to save) or a damaged one passes: the ranks check at their start. */
+ * refused at submit. A manifest over job_manifest_max (root's own, or the
+ * latest step's) is refused unread, naming its size and the limit. None
+ * yet (a job that resumes another's, which has still to save) or a
+ * damaged one passes: the ranks check at their start. */
 int job_resume_from_check(const config_t *c);
 /* The value in c of the path option key (data, init_from, save,
  * checkpoint_dir, resume_from: what job_paths_check resolved), NULL for a

@@ -378,3 +378,68 @@ Test(job, unreadable_data_is_refused) {
             err_msg());
   tree_remove(&t);
 }
+
+/* path holds a JSON value of exactly len bytes: {"k0":[[1]],"k1":...}
+ * (slow to parse: each key a nested array), padded with spaces, after an
+ * 8-byte length when st is set (a safetensors header). */
+static void write_json(const char *path, uint64_t len, int st) {
+  FILE *f = fopen(path, "wb");
+  cr_assert_not_null(f, "%s", path);
+  if (st)
+    for (int i = 0; i < 8; i++) fputc((int)(len >> (8 * i) & 0xff), f);
+  uint64_t n = 1;
+  fputc('{', f);
+  for (int k = 0; n + 32 < len; k++) n += (uint64_t)fprintf(f, "%s\"k%d\":[[1]]", k ? "," : "", k);
+  for (; n + 1 < len; n++) fputc(' ', f);
+  fputc('}', f);
+  fclose(f);
+}
+
+/* What a submit parses is bounded by the model: an init_from whose
+ * safetensors header, or a resume_from whose manifest (the directory's own
+ * or its latest step's), is larger than the model could need is refused
+ * unread, naming the field, the file, its size and the limit; one at the
+ * limit is read (and refused for what it holds). Before, the coordinator
+ * parsed up to 100 MiB (a header) or 64 MiB (a manifest): 29 s and 2.6 GB
+ * on its loop for a 99 MiB header (found by an outside tester). */
+Test(job, a_header_or_manifest_larger_than_the_model_needs_is_refused_unread) {
+  tree_t t;
+  tree_make(&t);
+  char p[PATH_MAX], want[256];
+  config_t c;
+  cr_assert_eq(check_path(&t, "save", "out/m.bin", &c), FSDP_OK, "%s", err_msg());
+  const uint64_t hmax = job_header_max(&c.gpt), mmax = job_manifest_max(&c.gpt);
+  cr_assert(hmax < (2u << 20) && mmax < (3u << 20), "limits %llu, %llu", (unsigned long long)hmax,
+            (unsigned long long)mmax);
+  snprintf(p, sizeof p, "%s/big.safetensors", t.root);
+  write_json(p, hmax + 1, 1);
+  cr_assert_eq(check_path(&t, "init_from", "big.safetensors", &c), FSDP_OK, "%s", err_msg());
+  cr_assert_eq(job_init_from_check(&c), FSDP_EINVAL);
+  snprintf(want, sizeof want, "header of %llu bytes, over the limit of %llu bytes",
+           (unsigned long long)hmax + 1, (unsigned long long)hmax);
+  cr_expect(!strncmp(err_msg(), "init_from: ", 11) && strstr(err_msg(), "big.safetensors") &&
+            strstr(err_msg(), want), "%s", err_msg());
+  write_json(p, hmax, 1); /* at the limit: read, and refused for its tensors */
+  cr_assert_eq(check_path(&t, "init_from", "big.safetensors", &c), FSDP_OK, "%s", err_msg());
+  cr_assert_neq(job_init_from_check(&c), FSDP_OK);
+  cr_expect(!strstr(err_msg(), "over the limit"), "%s", err_msg());
+  /* a manifest: the latest step's, then the directory's own */
+  snprintf(p, sizeof p, "%s/ck", t.root);
+  cr_assert_eq(mkdir(p, 0700), 0);
+  snprintf(p, sizeof p, "%s/ck/step-00000004", t.root);
+  cr_assert_eq(mkdir(p, 0700), 0);
+  snprintf(p, sizeof p, "%s/ck/step-00000004/manifest.json", t.root);
+  write_json(p, mmax + 1, 0);
+  snprintf(want, sizeof want, "%llu bytes, over the limit of %llu bytes",
+           (unsigned long long)mmax + 1, (unsigned long long)mmax);
+  const char *dirs[] = {"ck", "ck/step-00000004"};
+  for (int i = 0; i < 2; i++) {
+    cr_assert_eq(check_path(&t, "resume_from", dirs[i], &c), FSDP_OK, "%s", err_msg());
+    cr_assert_eq(job_resume_from_check(&c), FSDP_EINVAL, "%s", dirs[i]);
+    cr_expect(!strncmp(err_msg(), "resume_from: ", 13) && strstr(err_msg(), "manifest.json") &&
+              strstr(err_msg(), want), "%s: %s", dirs[i], err_msg());
+  }
+  write_json(p, mmax, 0); /* at the limit: read; damaged, it passes (the ranks say so) */
+  cr_expect_eq(job_resume_from_check(&c), FSDP_OK, "%s", err_msg());
+  tree_remove(&t);
+}
