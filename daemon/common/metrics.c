@@ -17,6 +17,16 @@
 #include "daemon/common/log.h"
 #include "daemon/common/netaddr.h"
 
+/* Connections: a client that sends a header line every few seconds keeps
+ * one for as long as it likes (the timeout, 10 s, is of silence, and
+ * libmicrohttpd 0.9.75 bounds no request's whole time), so one peer may hold
+ * METRICS_PER_PEER and all of them METRICS_CONNECTIONS. Before, 16 in all
+ * and none a peer: 16 slow connections from one address left every scrape
+ * unanswered, and FsdpTargetDown fired (found by an outside tester).
+ * Prometheus scrapes over one connection; a few more are a person's curl. */
+#define METRICS_CONNECTIONS 64
+#define METRICS_PER_PEER 4
+
 /* ---- text ---------------------------------------------------------------------- */
 
 static void mb_put(metrics_buf_t *b, const char *s, size_t n) {
@@ -247,7 +257,8 @@ int metrics_server_start(metrics_server_t **out, uv_loop_t *loop, const char *ad
                               (any6 ? MHD_USE_DUAL_STACK : v6 ? MHD_USE_IPv6 : 0),
                           0, NULL, NULL, metrics_handler, m,
                           MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
-                          MHD_OPTION_CONNECTION_LIMIT, (unsigned)16,
+                          MHD_OPTION_CONNECTION_LIMIT, (unsigned)METRICS_CONNECTIONS,
+                          MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)METRICS_PER_PEER,
                           MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_END);
   if (!m->d) {
     int e = errno;

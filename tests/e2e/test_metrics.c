@@ -8,16 +8,19 @@
  *     rank's tokens/s comes back through its query API;
  *   - anything but GET /metrics gets its HTTP error;
  *   - with tokens, the coordinator counts the calls it refused, and fsdpd
- *     whether the coordinator answers it and the refusals of its token. */
+ *     whether the coordinator answers it and the refusals of its token;
+ *   - slow connections from one address leave a scrape answered. */
 #include <criterion/criterion.h>
 #include <ctype.h>
 #include <jansson.h>
 #include <math.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -464,4 +467,37 @@ Test(metrics, refused_calls_and_a_nodes_standing_with_the_coordinator_are_counte
             "%s", got[1]);
   unsetenv("FSDP_TOKEN_FILE");
   free(db), free(ut), free(nt), free(mine);
+}
+
+/* One peer cannot take every /metrics connection: 24 connections from
+ * 127.0.0.2 that send a request line and a header and never end their
+ * request (one header line every few seconds would keep each past the 10 s
+ * timeout of silence; these stay well within it) leave a scrape from
+ * 127.0.0.1 answered at once. Before, 16 such connections took all there
+ * were, and the scrape got nothing: FsdpTargetDown (an outside tester). */
+Test(metrics, slow_connections_from_one_peer_leave_the_scrape_answered) {
+  char *db = tu_path("slow.db");
+  cluster_coord_start(&coord, db, "127.0.0.1:0", "--metrics-listen 127.0.0.1:0");
+  free(db);
+  enum { N = 24 };
+  int fd[N];
+  struct sockaddr_in from = {.sin_family = AF_INET}, to = {.sin_family = AF_INET};
+  inet_pton(AF_INET, "127.0.0.2", &from.sin_addr);
+  inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+  to.sin_port = htons((uint16_t)coord.metrics_port);
+  const char *part = "GET /metrics HTTP/1.1\r\nHost: slow\r\n";
+  for (int i = 0; i < N; i++) {
+    fd[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    cr_assert_geq(fd[i], 0);
+    cr_assert_eq(bind(fd[i], (struct sockaddr *)&from, sizeof from), 0, "bind 127.0.0.2");
+    cr_assert_eq(connect(fd[i], (struct sockaddr *)&to, sizeof to), 0, "connect");
+    (void)!send(fd[i], part, strlen(part), MSG_NOSIGNAL); /* one refused may be closed already */
+  }
+  usleep(300 * 1000); /* each held by the server, or closed */
+  static char got[1 << 16];
+  const double t0 = tu_now_s();
+  cr_assert_eq(http_get(coord.metrics_port, "/metrics", got, sizeof got), 200);
+  cr_expect_lt(tu_now_s() - t0, 1.0 * TU_SLOW, "the scrape took %.2f s", tu_now_s() - t0);
+  cr_expect(strstr(got, "fsdp_nodes"), "%s", got);
+  for (int i = 0; i < N; i++) close(fd[i]);
 }
