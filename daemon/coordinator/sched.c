@@ -3,9 +3,10 @@
  * All shard groups have S ranks, so placing them whole is bin packing with
  * equal items: at most sum over nodes of floor(free / S) groups fit whole, and
  * best fit (the node with the fewest free devices that still holds a group)
- * reaches that count while leaving the larger holes to larger jobs. Groups
- * that cannot be whole take the devices left, from the nodes with the most
- * free first, so a group spans as few nodes as it can. Nodes the job avoids
+ * reaches that count while leaving the larger holes to larger jobs. A group
+ * that cannot be whole spans two nodes where a pair holds it (the pair
+ * leaving the least over), else takes the devices left from the nodes with
+ * the most free first. Nodes the job avoids
  * (where it failed) come after every other in both orders: with equal items
  * the count of whole groups does not depend on which node takes each. */
 #include "sched.h"
@@ -86,6 +87,24 @@ static int sched_before(const sched_job_t *job, const int *avail, int a, int b, 
   return most_first ? avail[a] > avail[b] : avail[a] < avail[b];
 }
 
+/* The two nodes a group of S that fits no node whole spans, as few as it
+ * can: a pair holding S between them, the pair the job avoids least, then
+ * the one leaving the least over (the larger holes stay for whole groups
+ * of later jobs); 0 when no pair holds S. Found by an outside tester: most
+ * free first spread a group over three nodes where two held it. */
+static int sched_pair(const sched_job_t *job, const int *avail, int num_nodes, int S, int *a, int *b) {
+  int best_av = -1, best_waste = 0;
+  for (int i = 0; i < num_nodes; i++)
+    for (int j = i + 1; j < num_nodes; j++) {
+      if (!avail[i] || !avail[j] || avail[i] + avail[j] < S) continue;
+      const int vi = job->avoid ? job->avoid[i] : 0, vj = job->avoid ? job->avoid[j] : 0;
+      const int av = vi > vj ? vi : vj, waste = avail[i] + avail[j] - S;
+      if (best_av < 0 || av < best_av || (av == best_av && waste < best_waste))
+        best_av = av, best_waste = waste, *a = avail[i] >= avail[j] ? i : j, *b = *a == i ? j : i;
+    }
+  return best_av >= 0;
+}
+
 /* Takes k usable devices of node n for ranks first.., lowest device index first. */
 static void sched_take(const sched_node_t *nodes, const sched_device_t *devices, int num_devices,
                        const sched_job_t *job, char *taken, int n, int k, sched_slot_t *slot) {
@@ -133,9 +152,12 @@ int sched_place(const sched_node_t *nodes, int num_nodes, const sched_device_t *
     }
     sched_say(note, len, "%sshard group %d (ranks %d-%d) spans nodes", *note ? "; " : "", g,
               g * S, g * S + S - 1);
+    int pa = -1, pb = -1;
+    const int paired = sched_pair(job, avail, num_nodes, S, &pa, &pb);
     for (int got = 0; got < S;) { /* the count above leaves enough usable devices */
       int most = -1;
-      for (int n = 0; n < num_nodes; n++)
+      if (paired) most = got ? pb : pa; /* the larger first */
+      for (int n = 0; !paired && n < num_nodes; n++)
         if (avail[n] && (most < 0 || sched_before(job, avail, n, most, 1))) most = n;
       int k = avail[most] < S - got ? avail[most] : S - got;
       sched_take(nodes, devices, num_devices, job, taken, most, k, group + got);
