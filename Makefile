@@ -404,7 +404,7 @@ PROTOS      = proto/fsdp.proto proto/health.proto
 PROTO_HDRS  = $(PROTOS:%.proto=$(B)/%.pb-c.h)
 PROTO_OBJS  = $(PROTOS:%.proto=$(B)/%.pb-c.o)
 RPC_SRCS    = daemon/common/rpc.c daemon/common/rpc_server.c daemon/common/rpc_client.c \
-              daemon/common/rpc_keys.c daemon/common/rpc_jwt.c daemon/common/ticket.c \
+              daemon/common/rpc_keys.c daemon/common/rpc_jwt.c daemon/common/rpc_guard.c daemon/common/ticket.c \
               daemon/common/text.c
 RPC_OBJS    = $(RPC_SRCS:%.c=$(B)/%.o)
 RPC_LIB     = $(B)/libfsdp_rpc.a

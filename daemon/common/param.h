@@ -78,6 +78,12 @@
      "coordinator: WatchJob streams open at once (each holds memory and work at every change); more are refused") \
   XX(rpc_keepalive_s, "FSDP_RPC_KEEPALIVE_S", 30, 1, 3600, PARAM_WARN,                                    \
      "RPC clients (fsdpctl, fsdpd): ping the server this often while a call is open; one unanswered as long ends the call") \
+  XX(rpc_streams_max, "FSDP_RPC_STREAMS_MAX", 100, 1, 65536, PARAM_WARN,                          \
+     "RPC servers: calls one connection may hold open at once (HTTP/2 MAX_CONCURRENT_STREAMS; a client's further calls wait for one to end, a peer that opens more loses the connection)") \
+  XX(rpc_idle_ms, "FSDP_RPC_IDLE_MS", 120000, 0, 86400000, PARAM_WARN,                             \
+     "RPC servers: a connection without a call for this long is closed (clients connect again at their next call; 0: never)") \
+  XX(rpc_handshake_ms, "FSDP_RPC_HANDSHAKE_MS", 20000, 100, 3600000, PARAM_WARN,                    \
+     "RPC servers: a connection that has not finished TLS and sent HTTP/2's preface and SETTINGS this long after it opened is closed") \
   XX(stream_stall_s, "FSDP_STREAM_STALL_S", 60, 1, 86400, PARAM_WARN,                                     \
      "a stream whose client accepts nothing for this many seconds is ended (fsdpd's GetRankLogs, the coordinator's ExportCheckpoint)")
 

@@ -76,6 +76,25 @@ grpc_byte_buffer *rpc__pack(const ProtobufCMessage *m);
 grpc_slice rpc__flatten(grpc_byte_buffer *bb);
 /* grpc_init, with gRPC's log lines sent to log.h's (once per process). */
 void rpc__init(void);
+
+/* rpc_guard.c: the listener's defence against running out of descriptors. */
+/* The descriptor number at and above which an accepted connection is
+ * ended at once: RLIMIT_NOFILE less a quarter of it (256 at least). */
+int rpc__guard_cap(void);
+/* The socket mutator argument for a server's channel args (static: no
+ * reference to drop). */
+grpc_arg rpc__guard_arg(void);
+/* Whether gRPC called the mutator on a listening socket (its layout is right). */
+int rpc__guard_saw_listener(void);
+/* Around grpc_server_add_http2_port: the listening sockets it made get a
+ * backlog of half the descriptors above the cap (4096 at most); returns how
+ * many it set. */
+void rpc__guard_listen_begin(void);
+int rpc__guard_listen_end(void);
+/* Connections ended at the cap, in this process. */
+uint64_t rpc__guard_shed(void);
+/* Soft RLIMIT_NOFILE up to the hard limit. */
+void rpc__guard_raise_nofile(void);
 /* gpr deadline timeout_s seconds from now. */
 gpr_timespec rpc__deadline(double timeout_s);
 

@@ -37,6 +37,7 @@
 
 #include "daemon/common/err.h"
 #include "daemon/common/log.h"
+#include "daemon/common/param.h"
 #include "proto/health.pb-c.h"
 #include "rpc_impl.h"
 
@@ -766,6 +767,9 @@ int rpc_server_check(const rpc_server_opts_t *o) {
   return rc;
 }
 
+/* A tunable as a gRPC integer argument: at least min, at most INT32_MAX. */
+static int rpc_param_int(int64_t v, int min) { return v < min ? min : v > INT32_MAX ? INT32_MAX : (int)v; }
+
 int rpc_server_create(rpc_server_t **out, uv_loop_t *loop, const rpc_server_opts_t *o) {
   *out = NULL;
   int rc = rpc_server_opts_check(o);
@@ -806,7 +810,7 @@ int rpc_server_create(rpc_server_t **out, uv_loop_t *loop, const rpc_server_opts
    * No SO_REUSEPORT (gRPC sets it by default on Linux): a second server on
    * a port in use fails to bind, where it would share the connections with
    * the first (two coordinators over two state databases). */
-  grpc_arg arg[6] = {
+  grpc_arg arg[10] = {
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH},
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
        .value.integer = 1000},
@@ -814,9 +818,28 @@ int rpc_server_create(rpc_server_t **out, uv_loop_t *loop, const rpc_server_opts
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_TIME_MS, .value.integer = 60000},
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_TIMEOUT_MS, .value.integer = 20000},
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_ALLOW_REUSEPORT, .value.integer = 0},
+      /* What a peer may hold before any token is looked at (gRPC reads a
+       * call's headers and message before the server sees it). Streams: a
+       * call that sent its headers and never its message was kept forever,
+       * ~12 KiB each, any number on one connection (250,000 took a
+       * coordinator to 4 GB); the cap is advertised in SETTINGS, enforced
+       * once the peer acknowledges them, and gRPC clients queue calls
+       * beyond it. Idle: a connection without calls (a flood of them held
+       * descriptors and memory for good) is closed; a node's held heartbeat,
+       * a watch or a followed log are calls, so theirs never idle. The
+       * handshake limit closes one that never finishes TLS and SETTINGS
+       * (gRPC's default 120 s). */
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_CONCURRENT_STREAMS},
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_CONNECTION_IDLE_MS},
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS},
+      rpc__guard_arg(), /* rpc_guard.c: the listener never meets EMFILE */
   };
   arg[0].value.integer = s->o.max_request_bytes > INT32_MAX ? INT32_MAX : (int)s->o.max_request_bytes;
-  grpc_channel_args args = {6, arg};
+  arg[6].value.integer = rpc_param_int(param_rpc_streams_max(), 1);
+  arg[7].value.integer = param_rpc_idle_ms() > 0 ? rpc_param_int(param_rpc_idle_ms(), 1) : INT32_MAX;
+  arg[8].value.integer = rpc_param_int(param_rpc_handshake_ms(), 100);
+  rpc__guard_raise_nofile();
+  grpc_channel_args args = {10, arg};
   s->server = grpc_server_create(&args, NULL);
   s->cq = grpc_completion_queue_create_for_next(NULL);
   grpc_server_register_completion_queue(s->server, s->cq, NULL);
@@ -901,12 +924,17 @@ int rpc_server_start(rpc_server_t *s) {
   }
   if (!creds) return err_set(FSDP_EINVAL, "rpc server: TLS certificate %s or key %s is not "
                              "usable PEM", s->o.tls_cert_file, s->o.tls_key_file);
+  rpc__guard_listen_begin();
   s->port = grpc_server_add_http2_port(s->server, s->addr, creds);
+  rpc__guard_listen_end();
   grpc_server_credentials_release(creds);
   if (!s->port)
     return err_set(FSDP_EUNAVAILABLE, "rpc server: cannot listen on %s (in use, not an address "
                    "of this host, or a bad certificate or key); pick another %s", s->addr, option);
   if (!strncmp(s->addr, "unix:", 5)) s->port = 0;
+  else if (!rpc__guard_saw_listener())
+    LOG_WARN("rpc", "gRPC did not call the socket mutator on %s's listener (not gRPC 1.51's "
+             "layout?): connections are not capped below the open-file limit", s->addr);
   grpc_server_start(s->server);
   s->started = 1;
   for (int i = 0; i < s->nregs; i++)

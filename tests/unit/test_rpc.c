@@ -7,9 +7,20 @@
  * once; truncated and oversized requests; bearer tokens and roles; the
  * health service; a deadline on a handler that never answers (the client
  * times out, the server frees the call); shutdown with a call in flight;
- * TLS with a throwaway CA (openssl), and a client trusting another CA.
+ * TLS with a throwaway CA (openssl), and a client trusting another CA;
+ * what a peer may hold before any token is read (raw HTTP/2 by hand: the
+ * streams of a connection capped in SETTINGS and enforced, an idle
+ * connection closed, the listener alive after a flood of connections past
+ * RLIMIT_NOFILE).
  * Every wait is bounded. */
+#include <arpa/inet.h>
 #include <criterion/criterion.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <stdatomic.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -1319,4 +1330,162 @@ Test(rpc, text_clip_cuts_at_a_word_and_never_inside_a_character) {
   /* "é" is two bytes: a cut at byte 5 would split the second one */
   cr_assert_str_eq(text_clip(out, sizeof out, "ééééé", 5), "éé...");
   cr_assert_str_eq(text_clip(out, 8, "a b c d e f g h", 100), "a b c d");
+}
+
+/* ---- what a peer may hold before any token is read (rpc_server.c, rpc_guard.c) ---- */
+
+/* A raw HTTP/2 connection to the test server: the client preface and an
+ * empty SETTINGS sent. */
+static int h2_open(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  cr_assert_geq(fd, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)F.port)};
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0, "connect: %s", strerror(errno));
+  static const char pre[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\4\0\0\0\0\0";
+  cr_assert_eq(send(fd, pre, sizeof pre - 1, MSG_NOSIGNAL), (ssize_t)(sizeof pre - 1));
+  return fd;
+}
+
+static void h2_frame(uint8_t *f, uint32_t len, uint8_t type, uint8_t flags, uint32_t sid) {
+  f[0] = (uint8_t)(len >> 16), f[1] = (uint8_t)(len >> 8), f[2] = (uint8_t)len;
+  f[3] = type, f[4] = flags;
+  f[5] = (uint8_t)(sid >> 24), f[6] = (uint8_t)(sid >> 16), f[7] = (uint8_t)(sid >> 8), f[8] = (uint8_t)sid;
+}
+
+/* Reads frames for at most limit_s: returns the first frame of the given
+ * type (its payload in p, at most n bytes, its length in *len), or -1 when
+ * the server closed the connection, -2 at the time limit. */
+static int h2_wait(int fd, int type, double limit_s, uint8_t *p, size_t n, uint32_t *len) {
+  static uint8_t buf[1 << 16];
+  size_t have = 0;
+  const double until = tu_now_s() + limit_s;
+  for (;;) {
+    while (have >= 9) {
+      const uint32_t l = (uint32_t)buf[0] << 16 | (uint32_t)buf[1] << 8 | buf[2];
+      if (have < 9 + l) break;
+      if (buf[3] == type && !(type == 4 && (buf[4] & 1))) { /* a SETTINGS ack is not what we want */
+        if (p) memcpy(p, buf + 9, l < n ? l : n);
+        if (len) *len = l;
+        return type;
+      }
+      memmove(buf, buf + 9 + l, have - 9 - l);
+      have -= 9 + l;
+    }
+    const double left = until - tu_now_s();
+    if (left <= 0 || have == sizeof buf) return -2;
+    struct pollfd pf = {fd, POLLIN, 0};
+    if (poll(&pf, 1, (int)(left * 1000) + 1) <= 0) continue;
+    ssize_t r = recv(fd, buf + have, sizeof buf - have, 0);
+    if (r <= 0) return -1;
+    have += (size_t)r;
+  }
+}
+
+Test(rpc, the_server_caps_the_streams_of_a_connection, .timeout = 30) {
+  srv_start(&(rpc_server_opts_t){0});
+  int fd = h2_open();
+  uint8_t p[256];
+  uint32_t len = 0;
+  cr_assert_eq(h2_wait(fd, 4, 5, p, sizeof p, &len), 4, "no SETTINGS from the server");
+  int64_t streams = -1;
+  for (uint32_t i = 0; i + 6 <= len && i + 6 <= sizeof p; i += 6)
+    if ((p[i] << 8 | p[i + 1]) == 3)
+      streams = (int64_t)((uint32_t)p[i + 2] << 24 | (uint32_t)p[i + 3] << 16 | (uint32_t)p[i + 4] << 8 | p[i + 5]);
+  cr_assert_eq(streams, 100, "SETTINGS_MAX_CONCURRENT_STREAMS %lld, not FSDP_RPC_STREAMS_MAX's 100",
+               (long long)streams);
+  /* acknowledged, the cap holds: 101 calls that send headers and never a
+   * message lose the connection (they were all kept, ~12 KiB each) */
+  static uint8_t out[101 * 128];
+  size_t o = 0;
+  h2_frame(out, 0, 4, 1, 0), o = 9;
+  static const char *hdr[][2] = {{":method", "POST"}, {":scheme", "http"}, {":path", GET_JOB},
+                                 {":authority", "x"}, {"content-type", "application/grpc"},
+                                 {"te", "trailers"}};
+  uint8_t hb[128];
+  size_t hn = 0;
+  for (size_t k = 0; k < sizeof hdr / sizeof hdr[0]; k++) {
+    const size_t nl = strlen(hdr[k][0]), vl = strlen(hdr[k][1]);
+    hb[hn++] = 0, hb[hn++] = (uint8_t)nl, memcpy(hb + hn, hdr[k][0], nl), hn += nl;
+    hb[hn++] = (uint8_t)vl, memcpy(hb + hn, hdr[k][1], vl), hn += vl;
+  }
+  for (uint32_t k = 0; k < 101; k++) {
+    h2_frame(out + o, (uint32_t)hn, 1, 4, 1 + 2 * k); /* HEADERS, END_HEADERS, no END_STREAM */
+    memcpy(out + o + 9, hb, hn);
+    o += 9 + hn;
+  }
+  cr_assert_eq(send(fd, out, o, MSG_NOSIGNAL), (ssize_t)o);
+  int r = h2_wait(fd, 7, 10, NULL, 0, NULL); /* GOAWAY, or the connection closed */
+  cr_assert(r == 7 || r == -1, "101 open streams on one connection were all kept");
+  close(fd);
+  srv_stop();
+}
+
+Test(rpc, an_idle_connection_is_closed_and_clients_connect_again, .timeout = 30) {
+  setenv("FSDP_RPC_IDLE_MS", "300", 1);
+  rpc_client_t *c = open_default();
+  int fd = h2_open();
+  uint8_t ack[9];
+  h2_frame(ack, 0, 4, 1, 0);
+  cr_assert_eq(send(fd, ack, 9, MSG_NOSIGNAL), 9);
+  const double t0 = tu_now_s();
+  int r = h2_wait(fd, 7, 5, NULL, 0, NULL);
+  cr_assert(r == 7 || r == -1, "a connection with no call was kept 5 s (FSDP_RPC_IDLE_MS 300)");
+  cr_assert_gt(tu_now_s() - t0, 0.2, "closed before its idle time");
+  close(fd);
+  /* a call's connection, idle past the limit, is made again by the next call */
+  expect_get_job_ok(c);
+  struct timespec s = {1, 0};
+  nanosleep(&s, NULL);
+  expect_get_job_ok(c);
+  close_checked(c);
+}
+
+/* A child opens n connections at once (non-blocking), sends each the
+ * preface, holds them hold_s and exits. */
+static void flood_child(int port_pipe, int n, double hold_s) {
+  alarm(30);
+  int port = 0;
+  if (read(port_pipe, &port, sizeof port) != sizeof port) _exit(2);
+  static int fds[4096];
+  if (n > 4096) n = 4096;
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  for (int i = 0; i < n; i++) {
+    fds[i] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    if (fds[i] >= 0) (void)connect(fds[i], (struct sockaddr *)&a, sizeof a);
+  }
+  struct timespec s = {1, 0};
+  nanosleep(&s, NULL);
+  static const char pre[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\4\0\0\0\0\0";
+  for (int i = 0; i < n; i++)
+    if (fds[i] >= 0) (void)send(fds[i], pre, sizeof pre - 1, MSG_NOSIGNAL);
+  s.tv_sec = (time_t)hold_s;
+  nanosleep(&s, NULL);
+  _exit(0);
+}
+
+Test(rpc, the_listener_outlives_a_flood_that_would_exhaust_its_descriptors, .timeout = 60) {
+  int pp[2];
+  cr_assert_eq(pipe(pp), 0);
+  pid_t kid = fork(); /* before any thread of the test's */
+  cr_assert_geq(kid, 0);
+  if (!kid) {
+    close(pp[1]);
+    flood_child(pp[0], 1500, 3);
+  }
+  close(pp[0]);
+  /* 1024 descriptors against 1,500 connections: gRPC 1.51's listener
+   * stopped for good at the first EMFILE */
+  struct rlimit rl = {1024, 1024};
+  cr_assert_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+  srv_start(&(rpc_server_opts_t){0});
+  cr_assert_eq(write(pp[1], &F.port, sizeof F.port), (ssize_t)sizeof F.port);
+  close(pp[1]);
+  int st = 0;
+  cr_assert_eq(waitpid(kid, &st, 0), kid);
+  cr_assert(WIFEXITED(st) && !WEXITSTATUS(st), "the flooding child failed (%d)", st);
+  rpc_client_t *c = client(NULL, NULL, NULL);
+  expect_get_job_ok(c); /* 10 s deadline: a dead listener never answers */
+  close_checked(c);
 }
