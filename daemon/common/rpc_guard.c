@@ -134,6 +134,8 @@ grpc_arg rpc__guard_arg(void) {
 
 int rpc__guard_saw_listener(void) { return atomic_load(&rpc_guard_listener); }
 
+int rpc__guard_fits(const char *core) { return core && !strcmp(core, RPC_GUARD_GRPC_CORE); }
+
 void rpc__guard_listen_begin(void) { atomic_store(&rpc_guard_nlisten, 0); }
 
 int rpc__guard_listen_end(void) {

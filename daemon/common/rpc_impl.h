@@ -86,6 +86,11 @@ int rpc__guard_cap(void);
 grpc_arg rpc__guard_arg(void);
 /* Whether gRPC called the mutator on a listening socket (its layout is right). */
 int rpc__guard_saw_listener(void);
+/* The gRPC core version (grpc_version_string) whose private socket mutator
+ * rpc_guard.c mirrors, and whether core is it: the mutator goes into a
+ * server's args only then. */
+#define RPC_GUARD_GRPC_CORE "29.0.0"
+int rpc__guard_fits(const char *core);
 /* Around grpc_server_add_http2_port: the listening sockets it made get a
  * backlog of half the descriptors above the cap (4096 at most); returns how
  * many it set. */

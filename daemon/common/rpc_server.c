@@ -839,7 +839,11 @@ int rpc_server_create(rpc_server_t **out, uv_loop_t *loop, const rpc_server_opts
   arg[7].value.integer = param_rpc_idle_ms() > 0 ? rpc_param_int(param_rpc_idle_ms(), 1) : INT32_MAX;
   arg[8].value.integer = rpc_param_int(param_rpc_handshake_ms(), 100);
   rpc__guard_raise_nofile();
-  grpc_channel_args args = {10, arg};
+  /* the mutator is gRPC's private struct mirrored for 1.51 (core 29.0.0):
+   * under any other core it is left out, lest gRPC call through a layout
+   * it no longer has (the cap is then off; the raised limit stays) */
+  const int guard = rpc__guard_fits(grpc_version_string());
+  grpc_channel_args args = {guard ? 10 : 9, arg};
   s->server = grpc_server_create(&args, NULL);
   s->cq = grpc_completion_queue_create_for_next(NULL);
   grpc_server_register_completion_queue(s->server, s->cq, NULL);
@@ -932,6 +936,10 @@ int rpc_server_start(rpc_server_t *s) {
     return err_set(FSDP_EUNAVAILABLE, "rpc server: cannot listen on %s (in use, not an address "
                    "of this host, or a bad certificate or key); pick another %s", s->addr, option);
   if (!strncmp(s->addr, "unix:", 5)) s->port = 0;
+  else if (!rpc__guard_fits(grpc_version_string()))
+    LOG_WARN("rpc", "gRPC core %s, not the %s whose socket mutator rpc_guard.c mirrors: "
+             "connections on %s are not capped below the open-file limit, and a flood of them "
+             "may stop its listener for good", grpc_version_string(), RPC_GUARD_GRPC_CORE, s->addr);
   else if (!rpc__guard_saw_listener())
     LOG_WARN("rpc", "gRPC did not call the socket mutator on %s's listener (not gRPC 1.51's "
              "layout?): connections are not capped below the open-file limit", s->addr);

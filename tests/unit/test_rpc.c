@@ -31,6 +31,7 @@
 
 #include "daemon/common/err.h"
 #include "daemon/common/rpc.h"
+#include "daemon/common/rpc_impl.h"
 #include "daemon/common/text.h"
 #include "proto/fsdp.pb-c.h"
 #include "proto/health.pb-c.h"
@@ -1463,6 +1464,19 @@ static void flood_child(int port_pipe, int n, double hold_s) {
   s.tv_sec = (time_t)hold_s;
   nanosleep(&s, NULL);
   _exit(0);
+}
+
+/* The listener's guard mirrors a private struct of gRPC 1.51's core: it is
+ * used under that core alone (another's would call through a layout it no
+ * longer has), and this machine's is that one, or the test below proves
+ * nothing. */
+Test(rpc, the_listeners_guard_is_used_only_under_the_grpc_it_mirrors) {
+  cr_expect(rpc__guard_fits(RPC_GUARD_GRPC_CORE));
+  cr_expect(!rpc__guard_fits("30.0.0"));
+  cr_expect(!rpc__guard_fits("29.0.0.1"));
+  cr_expect(!rpc__guard_fits(NULL));
+  cr_assert(rpc__guard_fits(grpc_version_string()), "this gRPC core is %s, the guard mirrors %s",
+            grpc_version_string(), RPC_GUARD_GRPC_CORE);
 }
 
 Test(rpc, the_listener_outlives_a_flood_that_would_exhaust_its_descriptors, .timeout = 60) {
