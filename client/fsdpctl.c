@@ -520,7 +520,8 @@ static void ctl_devices(char *buf, size_t n, const Fsdp__V1__NodeInfo *node) {
     for (size_t j = 0; j < i && !seen; j++) seen = !strcmp(node->devices[j]->kind, kind);
     if (seen) continue;
     for (size_t j = i; j < node->n_devices; j++)
-      if (!strcmp(node->devices[j]->kind, kind)) count++, free_ += !*node->devices[j]->job_id;
+      if (!strcmp(node->devices[j]->kind, kind))
+        count++, free_ += !*node->devices[j]->job_id && node->state == FSDP__V1__NODE_STATE__NODE_STATE_ALIVE;
     if (k < n)
       k += (size_t)snprintf(buf + k, n - k, "%s%dx %s (%d free)", k ? ", " : "", count,
                             *kind ? kind : "?", free_);
