@@ -496,6 +496,15 @@ Test(train, what_the_run_would_find_wrong_later_is_refused_at_open) {
   free(data), free(dir), free(file), free(fifo), free(null);
 }
 
+/* c: one step of the tiny model on data, saving its weights to save. */
+static void one_step_saving(config_t *c, const char *data, const char *save) {
+  config_default(c);
+  cr_assert_eq(config_set(c, "data", data), 0);
+  cr_assert_eq(config_set(c, "model", "tiny"), 0);
+  cr_assert_eq(config_set(c, "save", save), 0);
+  c->steps = 1, c->warmup_steps = 1, c->seq_len = 32;
+}
+
 /* save naming a file the run reads is refused before training, however it
  * is spelled: the data (the token file would be replaced by the weights,
  * a hard link included) and init_from. */
@@ -524,11 +533,7 @@ Test(train, a_save_that_is_a_file_the_run_reads_is_refused_at_open) {
   cr_assert(n0 == n1 && !memcmp(before, after, n0), "the token file was replaced");
   /* init_from: weights saved by a first run, then named as both */
   config_t c;
-  config_default(&c);
-  cr_assert_eq(config_set(&c, "data", data), 0);
-  cr_assert_eq(config_set(&c, "model", "tiny"), 0);
-  cr_assert_eq(config_set(&c, "save", w), 0);
-  c.steps = 1, c.warmup_steps = 1, c.seq_len = 32;
+  one_step_saving(&c, data, w);
   train_result_t r;
   cr_assert_eq(train_run(&c, NULL, &r), 0, "%s", err_msg());
   cr_assert_eq(config_set(&c, "init_from", w), 0);
@@ -551,11 +556,7 @@ Test(train, a_save_never_writes_through_a_link_at_its_temporary_name) {
   snprintf(planted[1], sizeof planted[1], "%s.tmp.%d", w, (int)getpid());
   for (int i = 0; i < 2; i++) cr_assert_eq(symlink(victim, planted[i]), 0);
   config_t c;
-  config_default(&c);
-  cr_assert_eq(config_set(&c, "data", data), 0);
-  cr_assert_eq(config_set(&c, "model", "tiny"), 0);
-  cr_assert_eq(config_set(&c, "save", w), 0);
-  c.steps = 1, c.warmup_steps = 1, c.seq_len = 32;
+  one_step_saving(&c, data, w);
   train_result_t r;
   cr_assert_eq(train_run(&c, NULL, &r), 0, "%s", err_msg());
   size_t n;
