@@ -131,6 +131,10 @@ const char *job_path_value(const config_t *c, const char *key);
  * failure (EX_TEMPFAIL). It does not say the checkpoint committed (a full
  * disk): the rank's last line says which step a resume goes on from. */
 #define JOB_EXIT_PREEMPTED 75
+/* fsdp-train's exit status when its node's lease ended (the coordinator
+ * silent past the fence it gave fsdpd: daemon/train/report.c): fsdpd reports
+ * such an exit as fenced (ReportRankExitRequest.fenced), not as a failure. */
+#define JOB_EXIT_FENCED 3
 /* The environment variable a rank's supervisor (fsdp-launch, fsdpd: their
  * daemon/node/supervise.c) sets to its pid; fsdp-train then ends with it
  * (PR_SET_PDEATHSIG). */

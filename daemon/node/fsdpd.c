@@ -217,7 +217,7 @@ static void fsdpd_fence_cb(void *arg, const char *why) {
   if (D->stopping) return;
   LOG_ERROR("fsdpd", "%s: this node's ranks are stopped; their jobs go on elsewhere from their "
             "last checkpoint", why);
-  ranks_kill_all(D->ranks, "the coordinator was silent past its fence", RANKS_NO_GRACE_S);
+  ranks_fence(D->ranks, why); /* reported as fenced: no restart of their jobs is spent */
   fsdpd_publish(D);
 }
 

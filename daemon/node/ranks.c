@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "daemon/job/job.h" /* JOB_EXIT_PREEMPTED */
@@ -72,6 +73,7 @@ struct rank {
   int listen_fd;
   char payload[64];
   int killed;
+  int fenced;                  /* stopped at the node's fence (or its lease): why says so */
   double grace_s;
   char why[RANKS_MESSAGE_MAX]; /* why it never started, or the kill's reason */
   int work;                    /* a call in flight (the rank is kept until it is back) */
@@ -362,7 +364,8 @@ static void rk_report_start(rank_t *rk) {
   }
   /* one block: the message and its strings, freed with free() after the call */
   char msg[RANKS_MESSAGE_MAX];
-  if (rk->started) rk_last_line(rk, msg, sizeof msg);
+  /* a fenced rank's last log line is whatever it was doing: the fence is why */
+  if (rk->started && !rk->fenced) rk_last_line(rk, msg, sizeof msg);
   else snprintf(msg, sizeof msg, "%s", rk->why);
   size_t nid = strlen(R->node_id) + 1, njob = strlen(rk_job(rk)) + 1, nmsg = strlen(msg) + 1;
   Fsdp__V1__ReportRankExitRequest *req = malloc(sizeof *req + nid + njob + nmsg);
@@ -377,6 +380,7 @@ static void rk_report_start(rank_t *rk) {
   req->exit_status = (int32_t)rk->exit_status;
   req->term_signal = rk->term_signal;
   req->node_stopping = R->stopping; /* before the verdict requeues its job */
+  req->fenced = rk->fenced;          /* not the job's fault: requeued, no restart spent */
   /* its final figures (the status it sent after the run): read by the pool
    * thread, never changed now that its channel is closed, and rk outlives
    * the call */
@@ -471,6 +475,17 @@ static void rk_exit_cb(supervise_t *s, void *arg, int64_t status, int term_signa
   (void)s;
   rk->exit_status = status;
   rk->term_signal = term_signal;
+  /* it ended itself at the node's lease, which fsdpd saw pass too: the
+   * coordinator was silent past its fence (a race with fsdpd_fence_cb's
+   * SIGKILL, whichever came first) */
+  struct timespec ts;
+  clock_gettime(CLOCK_BOOTTIME, &ts);
+  if (!term_signal && status == JOB_EXIT_FENCED && !rk->fenced && rk->R->lease_ns &&
+      (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec >= rk->R->lease_ns) {
+    rk->fenced = 1;
+    snprintf(rk->why, sizeof rk->why, "it ended itself at its node's lease: fsdpd had no answer "
+             "from the coordinator for the fence it gave");
+  }
   rk->R->exits[term_signal ? 3 : status == 0 ? 0 : status == JOB_EXIT_PREEMPTED ? 2 : 1]++;
   LOG_INFO("fsdpd", "job %s attempt %" PRIu32 " rank %" PRIu32 " (pid %d): %s %d", rk_job(rk),
            rk->a->attempt, rk->a->rank, rk->pid, term_signal ? "killed by signal" : "exited with status",
@@ -1273,6 +1288,14 @@ void ranks_kill(ranks_t *R, const Fsdp__V1__Kill *k) {
 
 void ranks_kill_all(ranks_t *R, const char *reason, double grace_s) {
   for (rank_t *rk = R->list; rk; rk = rk->next) rk_kill(rk, reason, grace_s);
+}
+
+void ranks_fence(ranks_t *R, const char *why) {
+  for (rank_t *rk = R->list; rk; rk = rk->next) {
+    if (rk->freeing || rk->state == RK_EXITED) continue;
+    rk->fenced = 1; /* before the kill: a rank that never ran is reported from inside it */
+    rk_kill(rk, why, RANKS_NO_GRACE_S);
+  }
 }
 
 int ranks_dirty(const ranks_t *R) { return R->dirty; }

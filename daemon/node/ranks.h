@@ -71,6 +71,13 @@ void ranks_kill(ranks_t *R, const Fsdp__V1__Kill *k);
  * RANKS_NO_GRACE_S: none), for reason; unlike ranks_stop_all, later
  * assignments still start. */
 void ranks_kill_all(ranks_t *R, const char *reason, double grace_s);
+/* The node's fence (the coordinator silent past the fence it gave): every
+ * rank is SIGKILLed at once (no grace) and its exit reported as fenced
+ * (ReportRankExitRequest.fenced, why its message), so the coordinator
+ * requeues its job without spending a restart. A rank that ended itself at
+ * the node's lease (JOB_EXIT_FENCED once the lease passed) is reported so
+ * too. */
+void ranks_fence(ranks_t *R, const char *why);
 /* The node's lease (CLOCK_BOOTTIME ns, 0: none; proto: RankLease): sent to
  * every running rank when it is later than the last (or, reset, after a
  * registration, whatever it is), and to each rank as it starts. A rank ends

@@ -14,11 +14,12 @@
 #ifndef FSDP_REPORT_H
 #define FSDP_REPORT_H
 
+#include "daemon/job/job.h"
 #include "daemon/train/train.h"
 
 /* The exit status of a rank that ended itself at the end of its node's
  * lease (fsdpd sends RankLease frames on the channel; a thread reads them). */
-#define REPORT_EXIT_FENCED 3
+#define REPORT_EXIT_FENCED JOB_EXIT_FENCED
 
 typedef struct report report_t;
 

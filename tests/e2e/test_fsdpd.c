@@ -72,6 +72,7 @@ typedef struct exit_rec {
   uint32_t attempt, rank;
   int32_t exit_status, term_signal;
   int node_stopping;
+  int fenced;
   double at;
 } exit_rec_t;
 
@@ -322,6 +323,7 @@ static void h_report_exit(rpc_call_t *call, const ProtobufCMessage *m, void *arg
     e->exit_status = req->exit_status;
     e->term_signal = req->term_signal;
     e->node_stopping = req->node_stopping;
+    e->fenced = req->fenced;
     e->at = tu_now_s();
   }
   pthread_mutex_unlock(&F.mu);
@@ -1065,6 +1067,17 @@ Test(fsdpd, stops_its_ranks_when_the_coordinator_is_silent_past_its_fence, .time
    * reported), or not at all */
   cr_expect_eq(F.reg_exited, F.reg_nranks, "it comes back with %d of %d ranks still running",
                F.reg_nranks - F.reg_exited, F.reg_nranks);
+  pthread_mutex_unlock(&F.mu);
+  /* their exits say they were fenced, and why (not the rank's last log
+   * line): the coordinator requeues the job without spending a restart */
+  cr_expect(wait_for(two_exits, 10), "the fenced ranks' exits were not reported");
+  pthread_mutex_lock(&F.mu);
+  for (int i = 0; i < F.nexits; i++) {
+    cr_expect(F.exits[i].fenced, "rank %u's exit is not reported fenced: status %d signal %d: %s",
+              F.exits[i].rank, F.exits[i].exit_status, F.exits[i].term_signal, F.exits[i].message);
+    cr_expect(strstr(F.exits[i].message, "no answer from the coordinator"), "rank %u: %s",
+              F.exits[i].rank, F.exits[i].message);
+  }
   pthread_mutex_unlock(&F.mu);
   fence_ms_given = 0;
 }
