@@ -39,6 +39,9 @@ static int coord_hash_oom;
 #define COORD_JANITOR_MS 1000 /* checkpoints' timeouts and removals are looked at this often */
 #define COORD_SETTLE_RETRY_MS 1000 /* an attempt's end the store failed to take, tried again */
 #define COORD_FENCE_MARGIN_MS 1000 /* a fenced node's fsdpd kills its ranks within this */
+/* after the fence and its margin from a restart, for the fenced ranks'
+ * exit reports to come in (fsdpd retries each within a second or two) */
+#define COORD_OUTAGE_SLACK_MS 5000
 #define COORD_FENCE_SLACK_MS 1000  /* a heartbeat answered this late fences no healthy node */
 #define COORD_PURGE_MS 10000  /* retention (events, ended jobs), this often (and at start) */
 #define COORD_STALL_LOG_MS 10000 /* a stall of the loop is logged at most this often */
@@ -763,13 +766,39 @@ int coord_attempt_fail(coord_t *c, int64_t job, int64_t epoch, int64_t except_no
   return failed;
 }
 
+/* A failure (why, laid to node) of an attempt that ran through the
+ * coordinator's outage, before coord_t.outage_until: held, not settled (1).
+ * Its nodes may have fenced its ranks while the coordinator was down, and a
+ * rank whose ring peer was fenced fails on its own, its report racing the
+ * fenced one's: the failure is the outage's, not the job's. The tick
+ * settles it (coord_outage_tick) when a fenced rank of it is reported
+ * (then a requeue), when no rank of it is left running, or at
+ * outage_until (then the failure it is). */
+static int coord_outage_hold(coord_t *c, int64_t job, int64_t epoch, int64_t node, const char *why) {
+  coord_job_t *x = coord_job_info(c, job);
+  if (!x || x->outage_epoch != epoch || coord_mono_ms(c) >= c->outage_until) return 0;
+  if (!x->held) {
+    x->held = 1, x->held_node = node, c->n_outage_held++;
+    snprintf(x->held_why, sizeof x->held_why, "%s", why);
+    LOG_INFO("coord", "job j-%lld attempt %lld: %s; it ran through the coordinator's outage, so "
+             "its end waits (at most %.1f s) for its other ranks: one its node fenced meanwhile "
+             "makes it a requeue", (long long)job, (long long)epoch, why,
+             (double)(c->outage_until - coord_mono_ms(c)) / 1000);
+  }
+  return 1;
+}
+
 /* Ends an attempt as its ranks' verdict says (store_rank_exit's, or
  * store_attempt_verdict's at start): why is the failure for FAILED, what the
- * preemption for PREEMPTED; GOING and ENDED leave it. */
+ * preemption for PREEMPTED and the fence for FENCED; GOING and ENDED leave
+ * it. */
 int coord_attempt_settle(coord_t *c, int64_t job, int64_t epoch, store_attempt_verdict_t v,
                          int64_t node, const char *why, const char *what) {
   int rc = 0;
-  if (v == STORE_ATTEMPT_SUCCEEDED || v == STORE_ATTEMPT_PREEMPTED)
+  if (v == STORE_ATTEMPT_FAILED && coord_outage_hold(c, job, epoch, node, why)) return 0;
+  coord_job_t *h = v != STORE_ATTEMPT_GOING ? coord_job_info(c, job) : NULL;
+  if (h && h->outage_epoch == epoch && h->held) h->held = 0, c->n_outage_held--;
+  if (v == STORE_ATTEMPT_SUCCEEDED || v == STORE_ATTEMPT_PREEMPTED || v == STORE_ATTEMPT_FENCED)
     coord_ranks_keep(c, job, epoch); /* what a restart would lose, or the requeue forgets */
   if (v == STORE_ATTEMPT_SUCCEEDED) {
     store_job_state_t state;
@@ -782,12 +811,15 @@ int coord_attempt_settle(coord_t *c, int64_t job, int64_t epoch, store_attempt_v
     coord_job_changed(c, job);
   } else if (v == STORE_ATTEMPT_FAILED) {
     rc = coord_attempt_fail(c, job, epoch, 0, node, why);
-  } else if (v == STORE_ATTEMPT_PREEMPTED) {
+  } else if (v == STORE_ATTEMPT_PREEMPTED || v == STORE_ATTEMPT_FENCED) {
+    /* fenced: the others may run on (their node answered in time), and
+     * cannot go on without the fenced rank */
+    if (v == STORE_ATTEMPT_FENCED) coord_kill_attempt(c, job, epoch, 0, what);
     rc = store_attempt_requeue(c->st, job, epoch, what);
     if (!(rc = coord_attempt_stored(c, rc, job, "requeueing"))) {
       c->ended[COORD_ENDED_PREEMPTED]++;
-      LOG_INFO("coord", "job j-%lld attempt %lld preempted: requeued", (long long)job,
-               (long long)epoch);
+      LOG_INFO("coord", "job j-%lld attempt %lld %s: requeued, no restart spent", (long long)job,
+               (long long)epoch, v == STORE_ATTEMPT_FENCED ? "fenced" : "preempted");
     }
     coord_job_t *x = coord_job_info(c, job);
     if (x) x->preempted = 1, snprintf(x->failure, sizeof x->failure, "%s", what);
@@ -837,7 +869,11 @@ static void coord_attempts_settle(coord_t *c, const char *when) {
       }
     store_array_free(r);
     if (!why[0]) snprintf(why, sizeof why, "a rank failed %s", when);
-    snprintf(what, sizeof what, "its ranks were stopped (preempted) %s", when);
+    if (v == STORE_ATTEMPT_FENCED)
+      snprintf(what, sizeof what, "a rank was stopped by its node's fence (the coordinator silent "
+               "past the fence it gave the node; no restart spent) %s", when);
+    else
+      snprintf(what, sizeof what, "its ranks were stopped (preempted) %s", when);
     LOG_INFO("coord", "job j-%lld: its attempt %lld was over %s: ending it", (long long)jobs[i],
              (long long)epoch, when);
     coord_attempt_settle(c, jobs[i], epoch, v, node, why, what);
@@ -882,6 +918,61 @@ static void coord_fence_pending(coord_t *c) {
   }
 }
 
+/* At start, once the attempts over before it are settled: those running
+ * now ran through the outage (coord_outage_hold). */
+static void coord_outage_mark(coord_t *c) {
+  int64_t *jobs = NULL;
+  int nj = 0;
+  c->outage_until = c->started_ms + coord_fence_ms(c) + COORD_OUTAGE_SLACK_MS;
+  if (store_job_ids(c->st, STORE_JOB_RUNNING, &jobs, &nj)) {
+    LOG_WARN("coord", "running jobs, to hold their failures for the nodes' fence: %s", err_msg());
+    return; /* their failures count as before the hold was known */
+  }
+  for (int i = 0; i < nj; i++) {
+    store_job_t j;
+    if (store_job_get(c->st, jobs[i], &j)) continue;
+    coord_job_t *x = coord_job_info(c, jobs[i]);
+    if (x) x->outage_epoch = j.epoch;
+    store_job_free(&j);
+  }
+  store_array_free(jobs);
+}
+
+/* On the tick, while a failure is held (coord_outage_hold): each held
+ * attempt is settled once a fenced rank of it is reported (FENCED: a
+ * requeue; its exit report settles it first, this is for a store that
+ * refused then), once none of its ranks runs, or at coord_t.outage_until
+ * (the failure held). */
+static void coord_outage_tick(coord_t *c, uint64_t now) {
+  for (coord_job_t *x = c->jobs, *next; x && c->n_outage_held; x = next) {
+    next = x->hh.next;
+    if (!x->held) continue;
+    int64_t epoch = 0;
+    store_attempt_verdict_t v;
+    if (store_attempt_verdict(c->st, x->id, &epoch, &v)) continue; /* the next tick */
+    int live = 0;
+    store_rank_t *r = NULL;
+    int n = 0;
+    if (v == STORE_ATTEMPT_FAILED && !store_ranks_of_job(c->st, x->id, epoch, &r, &n))
+      for (int k = 0; k < n; k++)
+        live += r[k].state == STORE_RANK_ASSIGNED || r[k].state == STORE_RANK_RUNNING;
+    store_array_free(r);
+    if (epoch != x->outage_epoch || v == STORE_ATTEMPT_ENDED) {
+      x->held = 0, c->n_outage_held--; /* ended otherwise (a node gone, a cancel) */
+    } else if (v == STORE_ATTEMPT_FENCED) {
+      coord_attempt_settle(c, x->id, epoch, v, 0, NULL, "a rank was stopped by its node's fence "
+                           "(the coordinator silent past the fence it gave the node; no restart "
+                           "spent)");
+    } else if (v == STORE_ATTEMPT_FAILED && (!live || now >= c->outage_until)) {
+      char why[sizeof x->held_why];
+      snprintf(why, sizeof why, "%s", x->held_why);
+      x->outage_epoch = 0; /* settled as it is now: no hold again */
+      x->held = 0, c->n_outage_held--;
+      coord_attempt_settle(c, x->id, epoch, v, x->held_node, why, NULL);
+    }
+  }
+}
+
 /* A node gone: silent past the heartbeat timeout (or not back within the
  * restart grace after a coordinator restart), or (stopped) its fsdpd
  * stopped and said so in its last heartbeat, which it sends once every rank
@@ -904,7 +995,9 @@ void coord_node_gone(coord_t *c, coord_node_t *n, uint64_t now, int stopped) {
              (long long)n->id);
   else if (n->awaited)
     snprintf(why, sizeof why, "node n-%lld did not register again within %.1f s of the "
-             "coordinator's restart (--restart-grace-ms): declared dead", (long long)n->id, silent);
+             "coordinator's restart (--restart-grace-ms): declared dead (silent since before "
+             "the restart: it may only have fenced its ranks, so no restart spent)",
+             (long long)n->id, silent);
   else
     snprintf(why, sizeof why, "node n-%lld was not heard from for %.1f s (heartbeat timeout "
              "%.1f s): declared dead", (long long)n->id, silent, c->o.heartbeat_timeout_ms / 1000.0);
@@ -933,7 +1026,11 @@ void coord_node_gone(coord_t *c, coord_node_t *n, uint64_t now, int stopped) {
     }
     coord_job_t *x = coord_job_info(c, jobs[i]);
     if (x && fenced > x->fence_until) x->fence_until = fenced, x->fence_node = n->id;
-    coord_attempt_fail(c, jobs[i], epoch, n->id, n->id, why);
+    /* silent since before the restart: as if its node had reported its
+     * ranks fenced (which it does when back), the outcome whichever comes
+     * first; its ranks are LOST, so this is no verdict of theirs */
+    if (n->awaited) coord_attempt_settle(c, jobs[i], epoch, STORE_ATTEMPT_FENCED, 0, NULL, why);
+    else coord_attempt_fail(c, jobs[i], epoch, n->id, n->id, why);
   }
   store_array_free(jobs);
   /* a stopped node's ranks have all ended: no job waits to see them gone
@@ -1789,6 +1886,7 @@ static void coord_tick_cb(uv_timer_t *t) {
     coord_rdv_reply(w, NULL); /* not yet: ask again */
     coord_rdv_remove(c, w);
   }
+  if (c->n_outage_held) coord_outage_tick(c, now);
   /* an attempt whose end the store failed to take (a full disk, a lock
    * held elsewhere) is ended once it takes it: its ranks may all be gone */
   if (c->unsettled && now - c->settled_ms >= COORD_SETTLE_RETRY_MS) {
@@ -1943,6 +2041,8 @@ int coord_create(coord_t **out, uv_loop_t *loop, const coord_opts_t *o) {
   uv_check_start(&c->flush, coord_flush_cb);
   c->dirty = c->nodes_changed = 1;
   coord_attempts_settle(c, "before the coordinator restarted");
+  /* after: a failure stored before the restart came before the outage */
+  coord_outage_mark(c);
   *out = c;
   return FSDP_OK;
 }

@@ -157,6 +157,15 @@ typedef struct coord_job {
   uint64_t backoff_until;         /* loop time; 0: none */
   uint64_t sweep_said;            /* coord_reason_sum of what the last leftover sweep of its
                                      checkpoint_dir left and why (said once, not every round) */
+  /* Its attempt ran through the coordinator's outage (running at start):
+   * its nodes may have fenced its ranks, and a rank whose peer was fenced
+   * fails on its own, perhaps reported first. Until coord_t.outage_until a
+   * failure of it is held (coord_outage_hold), not settled: a fenced rank
+   * reported meanwhile makes it a requeue that spends no restart. */
+  int64_t outage_epoch;           /* that attempt (0: none) */
+  int held;                       /* a failure of it is held: ... */
+  int64_t held_node;              /* ... laid to this node, */
+  char held_why[512];             /* ... for this reason */
   UT_hash_handle hh;              /* in coord_t.jobs, by id */
 } coord_job_t;
 
@@ -227,6 +236,9 @@ struct coord {
   coord_rdv_t *rdv;
   int dirty;                /* something changed that placement depends on */
   uint64_t started_ms;      /* loop time at start: a restarting job waits out the fence from here */
+  uint64_t outage_until;    /* loop time: until then failures of attempts running at start are
+                             * held (coord_job_t.outage_epoch) */
+  int n_outage_held;        /* jobs with a failure held */
   /* Ranks of an ended attempt told to stop (a kill order) on a node that has
    * not yet shown them gone: the job's next attempt waits until the node's
    * heartbeat lists none of them alive, or, silent, until its fence has

@@ -1462,8 +1462,12 @@ static void coord_rank_exit_cb(rpc_call_t *call, const ProtobufCMessage *req, vo
   store_figures_t fig;
   const int has_fig = !rc && coord_figures_of_exit(c, job, q, &fig);
   if (!rc) coord_memory_of_exit(c, job, q, memory, sizeof memory);
-  if (!rc) rc = store_rank_exit(c->st, job, q->attempt, (int)q->rank, status, memory,
-                                has_fig ? &fig : NULL, &verdict);
+  /* fenced: its node stopped it because this coordinator (or its previous
+   * run) was silent past the fence it gave: not the job's doing */
+  if (!rc)
+    rc = (q->fenced ? store_rank_fenced : store_rank_exit)(c->st, job, q->attempt, (int)q->rank,
+                                                           status, memory, has_fig ? &fig : NULL,
+                                                           &verdict);
   if (rc) {
     rpc_call_finish(call, rc);
     return;
@@ -1487,8 +1491,14 @@ static void coord_rank_exit_cb(rpc_call_t *call, const ProtobufCMessage *req, vo
              q->node_id, q->exit_status, q->message[0] ? ": " : "", q->message);
   }
   coord_text_mend(why); /* a log line of any bytes, cut at 300 */
-  char what[160];
-  snprintf(what, sizeof what, "its ranks were stopped on node %.32s (preempted)", q->node_id);
+  char what[512];
+  if (q->fenced)
+    snprintf(what, sizeof what, "rank %u on node %.32s was stopped by its node's fence (the "
+             "coordinator silent past the fence it gave the node; no restart spent): %.300s",
+             q->rank, q->node_id, q->message);
+  else
+    snprintf(what, sizeof what, "its ranks were stopped on node %.32s (preempted)", q->node_id);
+  coord_text_mend(what);
   /* answered once the attempt's end is stored: an error makes fsdpd report
    * again (the tick also settles it when the store takes it) */
   if ((rc = coord_attempt_settle(c, job, q->attempt, verdict, coord_id_parse(q->node_id, 'n'), why,

@@ -1794,7 +1794,14 @@ static store_attempt_verdict_t attempt_verdict(store_t *st, int64_t job_id, int6
                            "SELECT count(*) FROM ranks WHERE job_id = ? AND epoch = ? "
                            "AND state = 'STOPPED' AND exit_status = ?",
                            A_I(job_id), A_I(epoch), A_I(JOB_EXIT_PREEMPTED));
-  return bad ? STORE_ATTEMPT_FAILED : live ? STORE_ATTEMPT_GOING
+  /* a running attempt's rank is STOPPED with another status only by its
+   * node's fence (store_rank_fenced; attempt_close leaves exit_status NULL):
+   * it outranks a failure, which a peer's fence causes (its ring broke) */
+  int64_t fenced = st_int(st, 0,
+                          "SELECT count(*) FROM ranks WHERE job_id = ? AND epoch = ? "
+                          "AND state = 'STOPPED' AND exit_status IS NOT NULL AND exit_status != ?",
+                          A_I(job_id), A_I(epoch), A_I(JOB_EXIT_PREEMPTED));
+  return fenced ? STORE_ATTEMPT_FENCED : bad ? STORE_ATTEMPT_FAILED : live ? STORE_ATTEMPT_GOING
          : stopped ? STORE_ATTEMPT_PREEMPTED : STORE_ATTEMPT_SUCCEEDED;
 }
 
@@ -1816,9 +1823,9 @@ int store_rank_figures(store_t *st, const store_figures_t *f, int n) {
   return store_end(st, 0);
 }
 
-int store_rank_exit(store_t *st, int64_t job_id, int64_t epoch, int rank, int exit_status,
-                    const char *memory, const store_figures_t *figures,
-                    store_attempt_verdict_t *verdict) {
+static int rank_exit(store_t *st, int64_t job_id, int64_t epoch, int rank, int exit_status,
+                     int fenced, const char *memory, const store_figures_t *figures,
+                     store_attempt_verdict_t *verdict) {
   int rc = store_begin(st, 1);
   if (rc) return rc;
   job_brief_t b;
@@ -1828,18 +1835,21 @@ int store_rank_exit(store_t *st, int64_t job_id, int64_t epoch, int rank, int ex
       !st->rc)
     return store_end(st, err_set(FSDP_ENOTFOUND, "job j-%lld epoch %lld: no rank %d",
                                  (long long)job_id, (long long)epoch, rank));
-  /* the first report counts; a rank already stopped or lost keeps its state */
+  /* the first report counts; a rank already stopped or lost keeps its state.
+   * A fenced one is STOPPED, unless it had succeeded as the fence came */
+  if (!exit_status) fenced = 0;
   if (st_exec(st,
               "UPDATE ranks SET exit_status = ?, state = CASE WHEN state IN ('ASSIGNED', "
-              "'RUNNING') THEN (CASE WHEN ? = 0 THEN 'SUCCEEDED' WHEN ? = ? THEN 'STOPPED' "
-              "ELSE 'FAILED' END) ELSE state END WHERE job_id = ? AND epoch = ? AND rank = ? "
-              "AND exit_status IS NULL",
-              A_I(exit_status), A_I(exit_status), A_I(exit_status), A_I(JOB_EXIT_PREEMPTED),
-              A_I(job_id), A_I(epoch), A_I(rank)) > 0)
+              "'RUNNING') THEN (CASE WHEN ? THEN 'STOPPED' WHEN ? = 0 THEN 'SUCCEEDED' "
+              "WHEN ? = ? THEN 'STOPPED' ELSE 'FAILED' END) ELSE state END "
+              "WHERE job_id = ? AND epoch = ? AND rank = ? AND exit_status IS NULL",
+              A_I(exit_status), A_I(fenced != 0), A_I(exit_status), A_I(exit_status),
+              A_I(JOB_EXIT_PREEMPTED), A_I(job_id), A_I(epoch), A_I(rank)) > 0)
     st_event(st, job_id,
              st_int(st, 0, "SELECT node_id FROM ranks WHERE job_id = ? AND epoch = ? AND rank = ?",
                     A_I(job_id), A_I(epoch), A_I(rank)),
-             "rank.exited", "rank %d of attempt %lld exited with status %d", rank,
+             "rank.exited", fenced ? "rank %d of attempt %lld was stopped by its node's fence "
+             "(status %d)" : "rank %d of attempt %lld exited with status %d", rank,
              (long long)epoch, exit_status);
   if (memory && *memory)
     st_exec(st, "UPDATE ranks SET memory = ? WHERE job_id = ? AND epoch = ? AND rank = ?",
@@ -1854,6 +1864,18 @@ int store_rank_exit(store_t *st, int64_t job_id, int64_t epoch, int rank, int ex
   rc = store_end(st, 0);
   if (!rc && verdict) *verdict = v;
   return rc;
+}
+
+int store_rank_exit(store_t *st, int64_t job_id, int64_t epoch, int rank, int exit_status,
+                    const char *memory, const store_figures_t *figures,
+                    store_attempt_verdict_t *verdict) {
+  return rank_exit(st, job_id, epoch, rank, exit_status, 0, memory, figures, verdict);
+}
+
+int store_rank_fenced(store_t *st, int64_t job_id, int64_t epoch, int rank, int exit_status,
+                      const char *memory, const store_figures_t *figures,
+                      store_attempt_verdict_t *verdict) {
+  return rank_exit(st, job_id, epoch, rank, exit_status, 1, memory, figures, verdict);
 }
 
 int store_attempt_verdict(store_t *st, int64_t job_id, int64_t *epoch,

@@ -197,6 +197,9 @@ typedef enum {
   STORE_ATTEMPT_ENDED,      /* the attempt was already ended: nothing to do */
   STORE_ATTEMPT_PREEMPTED,  /* every rank is gone, none failed, some stopped on SIGTERM
                              * (JOB_EXIT_PREEMPTED): requeue it (store_attempt_requeue) */
+  STORE_ATTEMPT_FENCED,     /* a rank was stopped by its node's fence (store_rank_fenced),
+                             * whatever the others did since (a peer gone breaks their
+                             * ring): stop the others and requeue it, no restart spent */
 } store_attempt_verdict_t;
 
 /* ---- checkpoints ----
@@ -438,6 +441,13 @@ int store_rank_running(store_t *st, int64_t job_id, int64_t epoch, int rank, int
 int store_rank_exit(store_t *st, int64_t job_id, int64_t epoch, int rank, int exit_status,
                     const char *memory, const store_figures_t *figures,
                     store_attempt_verdict_t *verdict);
+/* store_rank_exit for a rank its node stopped at its fence (the coordinator
+ * silent past the fence it gave: ReportRankExitRequest.fenced): the rank is
+ * STOPPED with exit_status as it ended (-9, or the lease's
+ * JOB_EXIT_FENCED), and the verdict is STORE_ATTEMPT_FENCED from then on. */
+int store_rank_fenced(store_t *st, int64_t job_id, int64_t epoch, int rank, int exit_status,
+                      const char *memory, const store_figures_t *figures,
+                      store_attempt_verdict_t *verdict);
 /* Keeps the figures ranks last reported, with their rows, in one
  * transaction: the coordinator has them in memory and writes them where
  * they would be lost (as an attempt ends, at a cancel, as it stops), never

@@ -1304,12 +1304,111 @@ Test(coordinator, a_restarted_coordinator_keeps_the_running_job_and_fences_old_e
   cluster_db_check(db);
 }
 
+/* A rank's exit as fsdpd reports one it stopped at its fence (SIGKILL,
+ * fenced set, the fence's reason as its message). */
+static int report_fenced(const node_t *n, const char *job, uint32_t attempt, uint32_t rank) {
+  Fsdp__V1__ReportRankExitRequest q = FSDP__V1__REPORT_RANK_EXIT_REQUEST__INIT;
+  q.node_id = (char *)n->id, q.job_id = (char *)job, q.attempt = attempt, q.rank = rank;
+  q.term_signal = 9, q.fenced = 1;
+  q.message = "no answer from the coordinator for 16 s, past the 15 s it gave (connection refused)";
+  Fsdp__V1__ReportRankExitReply *r = NULL;
+  int rc = CALL("ReportRankExit", q, report_rank_exit_reply, &r);
+  if (r) protobuf_c_message_free_unpacked(&r->base, NULL);
+  return rc;
+}
+
+static uint32_t job_restarts(const char *id) {
+  Fsdp__V1__GetJobReply *g = get_job(id);
+  const uint32_t n = g->job->restarts;
+  reply_free(g);
+  return n;
+}
+
+/* A job of 2 ranks on a fresh node called name, both running at step 5. */
+static void two_ranks_on(node_t *n, const char *name, char *id, size_t len, Fsdp__V1__RankStatus rs[2],
+                         Fsdp__V1__RankStatus *rp[2]) {
+  char d[600];
+  data_opt(d, sizeof d);
+  node_register(n, name, 2, 8ull << 30, NULL, 0);
+  const char *kv[] = {"model=tiny", d, NULL};
+  cr_assert_eq(submit(2, kv, id, len), 0, "%s", err_msg()); /* max_restarts 0 */
+  cr_assert_eq(collect(n, id, 2, NULL), 2, "%s did not get the job", name);
+  running_ranks(rs, rp, id, 5);
+  reply_free(heartbeat(n, rp, 2));
+}
+
+/* A rank its fsdpd stopped at the fence (the coordinator silent past it:
+ * an outage, a partition) is not the job's failure: the attempt is
+ * requeued as a preemption, no restart spent (max_restarts 0 here: before,
+ * the job FAILED with "killed by signal 9 (SIGKILL); the last line of its
+ * log: ..."), the reason naming the fence and the node's words, and the
+ * other rank, which cannot go on alone, is told to stop. */
+Test(coordinator, a_rank_stopped_by_its_nodes_fence_requeues_the_job_without_a_restart) {
+  node_t A = {{0}, 0};
+  char id[32], reason[512];
+  Fsdp__V1__RankStatus rs[2], *rp[2];
+  two_ranks_on(&A, "alpha", id, sizeof id, rs, rp);
+  cr_assert_eq(report_fenced(&A, id, 1, 1), 0, "%s", err_msg());
+  cr_expect_eq(job_state(id, reason, sizeof reason), FSDP__V1__JOB_STATE__JOB_STATE_PENDING, "%s",
+               reason);
+  cr_expect_eq(job_restarts(id), 0, "a restart was spent");
+  cr_expect(strstr(reason, "fence") && strstr(reason, "no restart spent") &&
+            strstr(reason, "past the 15 s it gave") && !strstr(reason, "SIGKILL"), "%s", reason);
+  int killed = 0;
+  for (const double t0 = tu_now_s(); !killed && tu_now_s() - t0 < 3;) {
+    Fsdp__V1__HeartbeatReply *r = heartbeat(&A, rp, 1);
+    for (size_t i = 0; i < r->n_kills; i++) killed |= !strcmp(r->kills[i]->job_id, id);
+    reply_free(r);
+  }
+  cr_expect(killed, "rank 0 was not told to stop");
+}
+
+/* The other order, after a coordinator outage longer than the fence: the
+ * node answered in time for one rank and fenced the other, whose death
+ * broke the first one's ring; the first's failure comes before the fenced
+ * rank's report. It is held (the attempt ran through the outage) and the
+ * fenced report makes the attempt a requeue, no restart spent. A job whose
+ * ranks both fail, with no fence, still fails at once: the hold ends when no
+ * rank of the attempt runs. */
+Test(coordinator, after_an_outage_a_failure_before_the_fenced_ranks_report_spends_no_restart,
+     .timeout = 40 * TU_SLOW) {
+  node_t A = {{0}, 0}, Bn = {{0}, 0};
+  char ja[32], jb[32], reason[512];
+  Fsdp__V1__RankStatus ra[2], *pa[2], rb[2], *pb[2];
+  two_ranks_on(&A, "alpha", ja, sizeof ja, ra, pa);
+  two_ranks_on(&Bn, "beta", jb, sizeof jb, rb, pb);
+  co_restart();
+  ra[1].state = FSDP__V1__RANK_STATE__RANK_STATE_EXITED; /* fenced, its report still to come */
+  node_register(&A, "alpha", 2, 8ull << 30, pa, 2);
+  node_register(&Bn, "beta", 2, 8ull << 30, pb, 2);
+  cr_assert_eq(report_exit(&A, ja, 1, 0, 1), 0, "%s", err_msg()); /* its ring broke */
+  cr_expect_eq(job_state(ja, reason, sizeof reason), FSDP__V1__JOB_STATE__JOB_STATE_RUNNING,
+               "alpha's job, its rank 1 not yet reported: %s", reason);
+  cr_assert_eq(report_fenced(&A, ja, 1, 1), 0, "%s", err_msg());
+  cr_expect_eq(job_state(ja, reason, sizeof reason), FSDP__V1__JOB_STATE__JOB_STATE_PENDING, "%s",
+               reason);
+  cr_expect_eq(job_restarts(ja), 0, "a restart was spent");
+  cr_expect(strstr(reason, "fence"), "%s", reason);
+  const double t0 = tu_now_s();
+  cr_assert_eq(report_exit(&Bn, jb, 1, 0, 1), 0, "%s", err_msg());
+  cr_assert_eq(report_exit(&Bn, jb, 1, 1, 1), 0, "%s", err_msg());
+  Fsdp__V1__JobState sb;
+  while ((sb = job_state(jb, reason, sizeof reason)) == FSDP__V1__JOB_STATE__JOB_STATE_RUNNING &&
+         tu_now_s() - t0 < 10)
+    nanosleep(&(struct timespec){0, 50000000}, NULL);
+  cr_expect_eq(sb, FSDP__V1__JOB_STATE__JOB_STATE_FAILED, "beta's job: %s", reason);
+  cr_expect(tu_now_s() - t0 < 2, "beta's job failed %.1f s after its ranks", tu_now_s() - t0);
+  cr_expect(strstr(reason, "exited with status 1"), "%s", reason);
+}
+
 /* After a restart every fsdpd reconnects at once, each after up to its 1 s
  * backoff: nodes the database has alive get --restart-grace-ms (3 x the
  * heartbeat timeout unless given), not just the timeout, to register
  * again. alpha registers 2 s after the restart (twice the 1 s timeout) and
  * its job runs on; beta never does and is declared dead once the grace
- * (3 s) has passed, its job failing with a reason that names the flag;
+ * (3 s) has passed, its job requeued (no restart spent: silent since before
+ * the restart, it may only have fenced its ranks) with a reason that names
+ * the flag;
  * gamma registers at once and then goes silent: back, it has the timeout
  * alone, and is dead well before the grace ends. */
 Test(coordinator, a_restart_gives_the_nodes_its_grace_to_register_again, .timeout = 40 * TU_SLOW) {
@@ -1358,8 +1457,12 @@ Test(coordinator, a_restart_gives_the_nodes_its_grace_to_register_again, .timeou
     sb = job_state(jb, reason, sizeof reason);
   }
   const double t1 = tu_now_s();
-  cr_expect_eq(sb, FSDP__V1__JOB_STATE__JOB_STATE_FAILED, "beta's job, its node gone: %s", reason);
-  cr_expect(strstr(reason, Bn.id) && strstr(reason, "--restart-grace-ms"), "%s", reason);
+  /* not back since before the restart, beta may only have fenced its ranks
+   * while the coordinator was down: requeued, as its fenced report would */
+  cr_expect_eq(sb, FSDP__V1__JOB_STATE__JOB_STATE_PENDING, "beta's job, its node gone: %s", reason);
+  cr_expect(strstr(reason, Bn.id) && strstr(reason, "--restart-grace-ms") &&
+            strstr(reason, "no restart spent"), "%s", reason);
+  cr_expect_eq(job_restarts(jb), 0, "a restart was spent");
   cr_expect(t1 - t_start >= 3.0 && t1 - t0 < 4.5, "beta declared dead %.2f s after the restart",
             t1 - t0);
   cr_expect_eq(job_state(ja, reason, sizeof reason), FSDP__V1__JOB_STATE__JOB_STATE_RUNNING, "%s",

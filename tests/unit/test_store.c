@@ -1372,6 +1372,43 @@ Test(store, a_preempted_attempt_is_requeued_without_a_restart) {
   store_close(st);
 }
 
+/* A rank its node fenced (store_rank_fenced) outranks a failure: a peer's
+ * fence breaks the other ranks' ring, and their failures may be reported
+ * first or after. Its verdict says so whichever came first; a fenced rank
+ * that had exited 0 is a success. */
+Test(store, a_fenced_rank_makes_its_attempt_fenced_whatever_the_others_did) {
+  store_t *st = open_db("state.db");
+  int64_t node = add_node(st, "n0", 2);
+  int64_t job = submit(st, "fen", 2, 0), epoch;
+  cr_assert_eq(start_on(st, job, node, 2, &epoch), 0);
+  store_attempt_verdict_t v;
+  cr_assert_eq(store_rank_fenced(st, job, 1, 1, -9, NULL, NULL, &v), 0, "%s", err_msg());
+  cr_assert_eq(v, STORE_ATTEMPT_FENCED, "the other rank cannot go on without it");
+  cr_assert_eq(store_rank_exit(st, job, 1, 0, 1, NULL, NULL, &v), 0);
+  cr_assert_eq(v, STORE_ATTEMPT_FENCED, "its ring broke: the fence's doing");
+  int64_t e = 0;
+  cr_assert_eq(store_attempt_verdict(st, job, &e, &v), 0);
+  cr_assert(e == 1 && v == STORE_ATTEMPT_FENCED, "read again: %d", v);
+  cr_assert_eq(store_attempt_requeue(st, job, 1, "fenced"), 0, "%s", err_msg());
+  store_job_t j = get_job(st, job);
+  cr_assert(j.state == STORE_JOB_PENDING && j.restarts == 0, "state %d restarts %d", j.state,
+            j.restarts);
+  store_job_free(&j);
+  /* failure first, then the fence */
+  cr_assert_eq(start_on(st, job, node, 2, &epoch), 0);
+  cr_assert_eq(store_rank_exit(st, job, 2, 0, 1, NULL, NULL, &v), 0);
+  cr_assert_eq(v, STORE_ATTEMPT_FAILED);
+  cr_assert_eq(store_rank_fenced(st, job, 2, 1, JOB_EXIT_FENCED, NULL, NULL, &v), 0);
+  cr_assert_eq(v, STORE_ATTEMPT_FENCED);
+  cr_assert_eq(store_attempt_requeue(st, job, 2, "fenced"), 0, "%s", err_msg());
+  /* one that had succeeded as the fence came */
+  cr_assert_eq(start_on(st, job, node, 2, &epoch), 0);
+  cr_assert_eq(store_rank_fenced(st, job, 3, 0, 0, NULL, NULL, &v), 0);
+  cr_assert_eq(store_rank_exit(st, job, 3, 1, 0, NULL, NULL, &v), 0);
+  cr_assert_eq(v, STORE_ATTEMPT_SUCCEEDED);
+  store_close(st);
+}
+
 /* Only a FAILED or CANCELLED job resumes: PENDING again, restarts from zero. */
 Test(store, a_failed_or_cancelled_job_resumes_with_its_restarts_reset) {
   store_t *st = open_db("state.db");
