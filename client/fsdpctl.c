@@ -1103,6 +1103,8 @@ static int cmd_status(ctl_t *c, int argc, char **argv) {
 
 static int cmd_cancel(ctl_t *c, int argc, char **argv) {
   const char *job = NULL, *reason = "", *v;
+  int keep = 0;
+  double grace = 0;
   for (int i = 0; i < argc; i++) {
     int r = ctl_global_opt(c, argc, argv, &i);
     if (r < 0) return CTL_EXIT_INVALID;
@@ -1110,6 +1112,14 @@ static int cmd_cancel(ctl_t *c, int argc, char **argv) {
     if ((r = ctl_opt(c, argc, argv, &i, "--reason", &v))) {
       if (r < 0) return CTL_EXIT_INVALID;
       reason = v;
+    } else if (!strcmp(argv[i], "--checkpoint")) {
+      keep = 1;
+    } else if ((r = ctl_opt(c, argc, argv, &i, "--grace", &v))) {
+      if (r < 0) return CTL_EXIT_INVALID;
+      char *end;
+      grace = strtod(v, &end);
+      if (end == v || *end || !(grace > 0 && grace <= 3600))
+        return ctl_usage(c, "--grace %s: give seconds, more than 0 and at most 3600", v);
     } else if (argv[i][0] == '-' || job) {
       return ctl_unknown(c, argv[i]);
     } else {
@@ -1117,13 +1127,21 @@ static int cmd_cancel(ctl_t *c, int argc, char **argv) {
     }
   }
   if (!job) return ctl_usage(c, "which job? give its id (fsdpctl jobs lists them)");
+  if (grace && !keep) return ctl_usage(c, "--grace goes with --checkpoint");
   Fsdp__V1__CancelJobRequest req = FSDP__V1__CANCEL_JOB_REQUEST__INIT;
   req.job_id = (char *)job;
   req.reason = (char *)reason;
+  req.checkpoint = keep;
+  req.grace_ms = (uint32_t)(grace * 1000 + 0.5);
   Fsdp__V1__CancelJobReply *rep = NULL;
   int rc = ctl_call(c, "CancelJob", &req.base, &fsdp__v1__cancel_job_reply__descriptor, &rep);
   if (rc) return ctl_fail(c, rc, "cancelling job %s", job);
   if (c->json) rc = ctl_json(c, pbjson_message(rep->job ? &rep->job->base : NULL), 2);
+  else if (rep->job && keep && rep->job->state == FSDP__V1__JOB_STATE__JOB_STATE_RUNNING)
+    ctl_line(stdout, "%s %s: %s (fsdpctl watch %s follows it)", rep->job->job_id,
+             JOB_STATE(rep->job->state), rep->job->reason, rep->job->job_id);
+  else if (rep->job && keep)
+    ctl_line(stdout, "%s %s: %s", rep->job->job_id, JOB_STATE(rep->job->state), rep->job->reason);
   else if (rep->job) ctl_line(stdout, "%s %s", rep->job->job_id, JOB_STATE(rep->job->state));
   else printf("%s cancelled\n", job);
   ctl_free(rep);
@@ -1833,8 +1851,20 @@ static const ctl_cmd_t ctl_cmds[] = {
      "Piped, the log's bytes as written; on a terminal, its control characters (an\n"
      "escape sequence) shown escaped, as \\x1b, newlines and tabs as they are. Never\n"
      "JSON: --output json is refused (exit 2).\n"},
-    {"cancel", cmd_cancel, "cancel JOB [--reason TEXT]",
-     "Cancels a job: its ranks are stopped and its devices freed.\n"},
+    {"cancel", cmd_cancel, "cancel JOB [--reason TEXT] [--checkpoint [--grace SECONDS]]",
+     "Cancels a job: its ranks are stopped (SIGKILL: the work since its last committed\n"
+     "checkpoint is lost) and its devices freed.\n"
+     "  --checkpoint     keep that work: the ranks stop at their next step boundary and\n"
+     "                   write a checkpoint of it, the coordinator commits it, then the\n"
+     "                   job is CANCELLED, its reason naming the step kept (fsdpctl\n"
+     "                   resume goes on from it). It returns at once, the job RUNNING\n"
+     "                   and \"stopping\" until then (fsdpctl watch follows it). A pending\n"
+     "                   job, or one without a checkpoint_dir (nothing to keep: the\n"
+     "                   reason says so), is cancelled at once. A plain cancel during\n"
+     "                   the stop kills the ranks at once.\n"
+     "  --grace SECONDS  how long the ranks get (default 60, at most 3600): those not\n"
+     "                   done by then are killed and the job CANCELLED all the same,\n"
+     "                   saying no checkpoint was written\n"},
     {"resume", cmd_resume, "resume JOB",
      "Puts a FAILED or CANCELLED job back in the queue with its restarts counted from zero;\n"
      "its next attempt continues from its latest committed checkpoint.\n"},

@@ -680,6 +680,11 @@ static int coord_rank_node_cmp(const void *a, const void *b) {
 
 void coord_kill_attempt(coord_t *c, int64_t job, int64_t epoch, int64_t except_node,
                         const char *why) {
+  coord_kill_attempt_grace(c, job, epoch, except_node, why, 1);
+}
+
+void coord_kill_attempt_grace(coord_t *c, int64_t job, int64_t epoch, int64_t except_node,
+                              const char *why, int grace_ms) {
   store_rank_t *r = NULL;
   int n = 0;
   if (store_ranks_of_job(c->st, job, epoch, &r, &n)) {
@@ -694,10 +699,11 @@ void coord_kill_attempt(coord_t *c, int64_t job, int64_t epoch, int64_t except_n
      * off now would run them until its fence) */
     coord_hold_add(c, job, epoch, r[i].node_id);
     if (r[i].node_id == except_node) continue;
-    /* no grace (1 ms: 0 is the node's default): the attempt is over in the
-     * store already, so a checkpoint its ranks wrote on SIGTERM would be
-     * refused, a full write wasted and its directory left behind */
-    coord_order_t o = {.kill = 1, .job = job, .epoch = epoch, .rank = -1, .grace_ms = 1};
+    /* no grace (1 ms: 0 is the node's default) unless a stop asks for one:
+     * an attempt over in the store already would refuse a checkpoint its
+     * ranks wrote on SIGTERM, a full write wasted and its directory left
+     * behind */
+    coord_order_t o = {.kill = 1, .job = job, .epoch = epoch, .rank = -1, .grace_ms = grace_ms};
     snprintf(o.reason, sizeof o.reason, "%s", why);
     coord_order_push(c, r[i].node_id, &o);
   }
@@ -816,12 +822,14 @@ int coord_attempt_settle(coord_t *c, int64_t job, int64_t epoch, store_attempt_v
      * cannot go on without the fenced rank */
     if (v == STORE_ATTEMPT_FENCED) coord_kill_attempt(c, job, epoch, 0, what);
     rc = store_attempt_requeue(c->st, job, epoch, what);
-    if (!(rc = coord_attempt_stored(c, rc, job, "requeueing"))) {
-      c->ended[COORD_ENDED_PREEMPTED]++;
-      LOG_INFO("coord", "job j-%lld attempt %lld %s: requeued, no restart spent", (long long)job,
-               (long long)epoch, v == STORE_ATTEMPT_FENCED ? "fenced" : "preempted");
-    }
     coord_job_t *x = coord_job_info(c, job);
+    const int stop = x && x->stop_until; /* cancel --checkpoint: the store cancelled it */
+    if (!(rc = coord_attempt_stored(c, rc, job, "requeueing"))) {
+      c->ended[stop ? COORD_ENDED_CANCELLED : COORD_ENDED_PREEMPTED]++;
+      LOG_INFO("coord", "job j-%lld attempt %lld %s", (long long)job, (long long)epoch,
+               stop ? "stopped as asked: cancelled" : v == STORE_ATTEMPT_FENCED
+               ? "fenced: requeued, no restart spent" : "preempted: requeued, no restart spent");
+    }
     if (x) x->preempted = 1, snprintf(x->failure, sizeof x->failure, "%s", what);
     coord_ranks_forget(c, job);
     c->dirty = 1;
@@ -934,8 +942,71 @@ static void coord_outage_mark(coord_t *c) {
     coord_job_t *x = coord_job_info(c, jobs[i]);
     if (x) x->outage_epoch = j.epoch;
     store_job_free(&j);
+    /* a stop asked before the restart (cancel --checkpoint) runs on to its
+     * time: its ranks are told again as their nodes register */
+    int64_t asked = 0, until = 0;
+    if (x && !store_job_stopping(c->st, jobs[i], &asked, &until, NULL, 0) && asked) {
+      const int64_t left = until - coord_unix_ms();
+      coord_stop_set(c, x, c->started_ms + (uint64_t)(left > 0 ? left : 0));
+    }
   }
   store_array_free(jobs);
+}
+
+void coord_stop_set(coord_t *c, coord_job_t *x, uint64_t until) {
+  if (!x->stop_until) c->n_stopping++;
+  x->stop_until = until ? until : 1;
+}
+
+void coord_stop_resend(coord_t *c, int64_t node, int64_t job, int64_t epoch, int rank) {
+  const coord_job_t *x = coord_job_info(c, job);
+  const uint64_t now = coord_mono_ms(c);
+  if (!x || !x->stop_until || x->stop_until <= now + COORD_STOP_MARGIN_MS) return;
+  coord_order_t o = {.kill = 1, .job = job, .epoch = epoch, .rank = rank,
+                     .grace_ms = (int)(x->stop_until - COORD_STOP_MARGIN_MS - now)};
+  snprintf(o.reason, sizeof o.reason, "cancelled with --checkpoint: checkpoint at the next step "
+           "boundary and stop");
+  coord_order_push(c, node, &o);
+}
+
+/* On the tick, while a stop is asked (cancel --checkpoint): a job whose
+ * ranks have not all ended by its stop_until is CANCELLED now, what is left
+ * of it killed, saying no checkpoint was written as it stopped; one ended
+ * meanwhile (its ranks' exits, a plain cancel) is let go. */
+static void coord_stop_tick(coord_t *c, uint64_t now) {
+  for (coord_job_t *x = c->jobs, *next; x && c->n_stopping; x = next) {
+    next = x->hh.next;
+    if (!x->stop_until) continue;
+    store_job_t j;
+    if (store_job_get(c->st, x->id, &j)) continue; /* the next tick */
+    const int running = j.state == STORE_JOB_RUNNING;
+    const int64_t epoch = j.epoch;
+    store_job_free(&j);
+    if (running && now < x->stop_until) continue;
+    x->stop_until = 0, c->n_stopping--;
+    if (!running) continue;
+    int64_t asked = 0, until = 0;
+    char why[STORE_REASON_MAX] = "", reason[300] = "cancelled";
+    store_job_stopping(c->st, x->id, &asked, &until, reason, sizeof reason);
+    snprintf(why, sizeof why, "%.300s; its ranks did not stop within the grace of %.0f s: killed, "
+             "no checkpoint written as it stopped (fsdpctl resume goes on from the latest "
+             "committed: fsdpctl checkpoints)", reason, asked && until > asked ?
+             (double)(until - asked - COORD_STOP_MARGIN_MS) / 1000 : 0.0);
+    coord_ranks_keep(c, x->id, epoch);
+    store_job_state_t was;
+    if (store_job_cancel(c->st, x->id, why, &was)) {
+      LOG_WARN("coord", "job j-%lld: cancelling it past its stop's grace: %s", (long long)x->id,
+               err_msg());
+      coord_stop_set(c, x, now + COORD_SETTLE_RETRY_MS);
+      continue;
+    }
+    LOG_WARN("coord", "job j-%lld %s", (long long)x->id, why);
+    coord_kill_attempt(c, x->id, epoch, 0, why);
+    c->ended[COORD_ENDED_CANCELLED]++;
+    coord_ranks_forget(c, x->id);
+    c->dirty = 1;
+    coord_job_changed(c, x->id);
+  }
 }
 
 /* On the tick, while a failure is held (coord_outage_hold): each held
@@ -1887,6 +1958,7 @@ static void coord_tick_cb(uv_timer_t *t) {
     coord_rdv_remove(c, w);
   }
   if (c->n_outage_held) coord_outage_tick(c, now);
+  if (c->n_stopping) coord_stop_tick(c, now);
   /* an attempt whose end the store failed to take (a full disk, a lock
    * held elsewhere) is ended once it takes it: its ranks may all be gone */
   if (c->unsettled && now - c->settled_ms >= COORD_SETTLE_RETRY_MS) {

@@ -163,6 +163,11 @@ typedef struct coord_job {
    * failure of it is held (coord_outage_hold), not settled: a fenced rank
    * reported meanwhile makes it a requeue that spends no restart. */
   int64_t outage_epoch;           /* that attempt (0: none) */
+  /* cancel --checkpoint asked its ranks to checkpoint and stop: by then
+   * (loop time: the grace and COORD_STOP_MARGIN_MS) what is left is killed
+   * and the job CANCELLED (coord_stop_tick); 0: no stop asked. The store
+   * keeps the stop (store_job_stop), so a restart does not requeue it. */
+  uint64_t stop_until;
   int held;                       /* a failure of it is held: ... */
   int64_t held_node;              /* ... laid to this node, */
   char held_why[512];             /* ... for this reason */
@@ -239,6 +244,7 @@ struct coord {
   uint64_t outage_until;    /* loop time: until then failures of attempts running at start are
                              * held (coord_job_t.outage_epoch) */
   int n_outage_held;        /* jobs with a failure held */
+  int n_stopping;           /* jobs with coord_job_t.stop_until set */
   /* Ranks of an ended attempt told to stop (a kill order) on a node that has
    * not yet shown them gone: the job's next attempt waits until the node's
    * heartbeat lists none of them alive, or, silent, until its fence has
@@ -320,6 +326,20 @@ void coord_node_deliver(coord_t *c, coord_node_t *n);
  * as fsdpd gave up on it) is sent again while its attempt runs. */
 void coord_node_confirm(coord_t *c, coord_node_t *n, Fsdp__V1__RankStatus *const *ranks, size_t nr);
 void coord_kill_attempt(coord_t *c, int64_t job, int64_t epoch, int64_t except_node, const char *why);
+/* The same with a grace (ms) for the ranks: SIGTERM, each checkpoints at its
+ * next step boundary and exits 75; SIGKILL after it (cancel --checkpoint). */
+void coord_kill_attempt_grace(coord_t *c, int64_t job, int64_t epoch, int64_t except_node,
+                              const char *why, int grace_ms);
+/* A stop asked of job (cancel --checkpoint): COORD_STOP_GRACE_MS by default,
+ * what is left killed COORD_STOP_MARGIN_MS after the grace. */
+#define COORD_STOP_GRACE_MS 60000
+#define COORD_STOP_GRACE_MAX_MS 3600000
+#define COORD_STOP_MARGIN_MS 3000
+void coord_stop_set(coord_t *c, coord_job_t *x, uint64_t until);
+/* Registration: a rank of a stopping job it lists as running is told the
+ * stop again (with the grace left): the coordinator may have restarted
+ * before its order was delivered. */
+void coord_stop_resend(coord_t *c, int64_t node, int64_t job, int64_t epoch, int rank);
 /* Job's next attempt waits for node to show its ranks of attempt epoch
  * gone (or its fence to pass). */
 void coord_hold_add(coord_t *c, int64_t job, int64_t epoch, int64_t node);

@@ -836,10 +836,37 @@ static void coord_cancel_cb(rpc_call_t *call, const ProtobufCMessage *req, void 
   const int64_t id = j.id, epoch = j.epoch;
   const int running = j.state == STORE_JOB_RUNNING;
   store_job_free(&j);
-  char why[300];
+  char why[400];
   snprintf(why, sizeof why, "cancelled: %.256s", q->reason[0] ? q->reason : "by a user");
   store_job_state_t was;
   int rc = text_plain("reason", q->reason, 256);
+  if (!rc && q->checkpoint && q->grace_ms > COORD_STOP_GRACE_MAX_MS)
+    rc = err_set(FSDP_EINVAL, "grace_ms: %u; a stop's grace is at most %d ms (1 hour)",
+                 q->grace_ms, COORD_STOP_GRACE_MAX_MS);
+  coord_job_t *x = rc ? NULL : coord_job_info(c, id);
+  /* cancel --checkpoint: the ranks checkpoint at their next step boundary
+   * and exit 75 (SIGTERM, SIGKILL after the grace); the attempt stays live
+   * so that the checkpoint commits, and its end makes the job CANCELLED
+   * (store_job_stop; coord_stop_tick past the grace) */
+  if (!rc && q->checkpoint && running && x && x->ckpt_dir[0]) {
+    const int grace = q->grace_ms ? (int)q->grace_ms : COORD_STOP_GRACE_MS;
+    int64_t at = 0;
+    rc = store_job_stop(c->st, id, why, coord_unix_ms() + grace + COORD_STOP_MARGIN_MS, &at);
+    if (!rc && at == epoch && !x->stop_until) {
+      LOG_INFO("coord", "job j-%lld stopping with a checkpoint (grace %.1f s): %s", (long long)id,
+               grace / 1000.0, why);
+      coord_stop_set(c, x, coord_mono_ms(c) + (uint64_t)grace + COORD_STOP_MARGIN_MS);
+      coord_kill_attempt_grace(c, id, epoch, 0, "cancelled with --checkpoint: checkpoint at the "
+                               "next step boundary and stop", grace);
+      coord_job_changed(c, id);
+    }
+    Fsdp__V1__CancelJobReply rep = FSDP__V1__CANCEL_JOB_REPLY__INIT;
+    coord_reply_job(c, call, id, rc, &rep.base, &rep.job);
+    return;
+  }
+  if (!rc && q->checkpoint && running)
+    snprintf(why + strlen(why), sizeof why - strlen(why), " (with --checkpoint, but the job has "
+             "no checkpoint_dir: there was nothing to keep, its ranks were killed)");
   /* its ranks' figures, in case no exit report of them comes (a node gone
    * with them) before a restart forgets them */
   if (!rc && running) coord_ranks_keep(c, id, epoch);
@@ -1206,6 +1233,8 @@ static void coord_register_cb(rpc_call_t *call, const ProtobufCMessage *req, voi
     int keep = job && !store_job_get(c->st, job, &j);
     if (keep) keep = j.state == STORE_JOB_RUNNING && j.epoch == (int64_t)r->attempt,
               store_job_free(&j);
+    if (keep && r->rank <= INT32_MAX && r->state != FSDP__V1__RANK_STATE__RANK_STATE_EXITED)
+      coord_stop_resend(c, id, job, r->attempt, (int)r->rank); /* a stop asked before a restart */
     if (keep || !job || r->rank > INT32_MAX) continue;
     /* Killed whatever its job: the order is the node's own processes' (a
      * rank of a job the store no longer has, purged or before a restore,

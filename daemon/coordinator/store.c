@@ -217,10 +217,19 @@ static const char store_schema_v11[] =
     "ALTER TABLE ranks ADD COLUMN loss REAL;\n"
     "ALTER TABLE ranks ADD COLUMN tokens_per_s REAL;\n";
 
+/* Version 12: a stop asked with cancel --checkpoint (store_job_stop): when,
+ * until when its ranks may take to checkpoint, and the cancel's reason. A
+ * coordinator restarted during the stop ends the job CANCELLED as asked,
+ * never requeued (NULL: none asked; every row of before). */
+static const char store_schema_v12[] =
+    "ALTER TABLE jobs ADD COLUMN stop_ms INTEGER;\n"
+    "ALTER TABLE jobs ADD COLUMN stop_until_ms INTEGER;\n"
+    "ALTER TABLE jobs ADD COLUMN stop_reason TEXT;\n";
+
 static const char *const store_migrations[] = {store_schema_v1, store_schema_v2, store_schema_v3,
                                                store_schema_v4, store_schema_v5, store_schema_v6,
                                                store_schema_v7, store_schema_v8, store_schema_v9,
-                                               store_schema_v10, store_schema_v11};
+                                               store_schema_v10, store_schema_v11, store_schema_v12};
 _Static_assert(sizeof store_migrations / sizeof store_migrations[0] == STORE_SCHEMA_VERSION,
                "one migration per schema version");
 
@@ -1929,6 +1938,45 @@ static void attempt_close(store_t *st, int64_t job_id, int64_t epoch, const char
 
 uint64_t store_ckpt_aborted_at_end(const store_t *st) { return st->ckpt_aborts_at_end; }
 
+/* A job whose stop was asked (store_job_stop) and whose attempt `epoch`
+ * has just been closed, for how (reason): CANCELLED with the stop's reason
+ * and whether the stop's checkpoint was committed (one of this attempt,
+ * committed since the stop was asked), never restarted or requeued. 1 when
+ * it was such a job, 0 when no stop was asked. */
+static int job_stop_end(store_t *st, int64_t job_id, int64_t epoch, const char *how, int64_t now) {
+  char asked[STORE_REASON_MAX] = "";
+  int64_t stop_ms = -1;
+  sqlite3_stmt *s = st_query(st, "SELECT stop_ms, stop_reason FROM jobs WHERE id = ? AND "
+                             "stop_ms IS NOT NULL", A_I(job_id));
+  if (st_step(st, s) == 1) {
+    stop_ms = sqlite3_column_int64(s, 0);
+    st_col_text(s, 1, asked, sizeof asked);
+    sqlite3_reset(s);
+  }
+  if (stop_ms < 0) return 0;
+  const int64_t kept = st_int(st, -1, "SELECT max(step) FROM checkpoints WHERE job_id = ? AND "
+                              "epoch = ? AND state = 'COMMITTED' AND closed_ms >= ?",
+                              A_I(job_id), A_I(epoch), A_I(stop_ms));
+  const int64_t last = st_int(st, -1, "SELECT max(step) FROM checkpoints WHERE job_id = ? AND "
+                              "state = 'COMMITTED'", A_I(job_id));
+  char why[STORE_REASON_MAX];
+  if (kept > 0)
+    snprintf(why, sizeof why, "%.150s; its ranks stopped at a step boundary and its checkpoint of "
+             "step %lld was committed: fsdpctl resume goes on from it", asked, (long long)kept);
+  else if (last > 0)
+    snprintf(why, sizeof why, "%.150s; no checkpoint was written as it stopped (%.200s); the "
+             "latest committed is step %lld, where fsdpctl resume goes on", asked, how,
+             (long long)last);
+  else
+    snprintf(why, sizeof why, "%.150s; no checkpoint was written as it stopped (%.200s), and "
+             "none was committed before", asked, how);
+  st_exec(st, "UPDATE jobs SET state = 'CANCELLED', reason = ?, ended_ms = ? WHERE id = ?",
+          A_T(why), A_I(now), A_I(job_id));
+  st_event(st, job_id, 0, "job.cancelled", "attempt %lld stopped as asked: %s", (long long)epoch,
+           why);
+  return 1;
+}
+
 int store_attempt_requeue(store_t *st, int64_t job_id, int64_t epoch, const char *reason) {
   int rc = store_begin(st, 1);
   if (rc) return rc;
@@ -1936,6 +1984,7 @@ int store_attempt_requeue(store_t *st, int64_t job_id, int64_t epoch, const char
   if ((rc = job_fence(st, job_id, epoch, "requeue", 1, &b))) return store_end(st, rc);
   reason = reason ? reason : "";
   attempt_close(st, job_id, epoch, "CANCELLED", reason, store_now_ms());
+  if (job_stop_end(st, job_id, epoch, reason, store_now_ms())) return store_end(st, 0);
   char why[STORE_REASON_MAX];
   snprintf(why, sizeof why, "attempt %lld stopped: %s; requeued, it resumes from its latest "
            "committed checkpoint", (long long)epoch, reason);
@@ -1955,6 +2004,11 @@ int store_attempt_end(store_t *st, int64_t job_id, int64_t epoch, int succeeded,
   attempt_close(st, job_id, epoch, succeeded ? "SUCCEEDED" : "FAILED", reason, now);
   store_job_state_t next;
   char why[STORE_REASON_MAX];
+  if (!succeeded && job_stop_end(st, job_id, epoch, reason, now)) {
+    rc = store_end(st, 0);
+    if (!rc && state) *state = STORE_JOB_CANCELLED;
+    return rc;
+  }
   if (succeeded) {
     next = STORE_JOB_SUCCEEDED;
     why[0] = 0;
@@ -2000,6 +2054,48 @@ int store_job_cancel(store_t *st, int64_t job_id, const char *reason, store_job_
   return rc;
 }
 
+int store_job_stop(store_t *st, int64_t job_id, const char *reason, int64_t until_ms,
+                   int64_t *epoch) {
+  int rc = check_text("stop reason", reason, STORE_REASON_MAX, 1);
+  if (rc || (rc = store_begin(st, 1))) return rc;
+  job_brief_t b;
+  if ((rc = job_brief(st, job_id, &b))) return store_end(st, rc);
+  if (b.state != STORE_JOB_RUNNING)
+    return store_end(st, err_set(FSDP_ESTATE, "job j-%lld is %s: only a running job is stopped "
+                                 "with a checkpoint", (long long)job_id,
+                                 store_job_state_name(b.state)));
+  /* asked again: the first stop stands (its time and grace) */
+  if (!st_int(st, 0, "SELECT 1 FROM jobs WHERE id = ? AND stop_ms IS NOT NULL", A_I(job_id))) {
+    char why[STORE_REASON_MAX];
+    snprintf(why, sizeof why, "stopping: its ranks checkpoint at their next step boundary, then it "
+             "ends CANCELLED (%.400s)", reason);
+    st_exec(st, "UPDATE jobs SET stop_ms = ?, stop_until_ms = ?, stop_reason = ?, reason = ? "
+            "WHERE id = ?", A_I(store_now_ms()), A_I(until_ms), A_T(reason), A_T(why),
+            A_I(job_id));
+    st_event(st, job_id, 0, "job.stopping", "stop asked for attempt %lld: %s", (long long)b.epoch,
+             reason);
+  }
+  rc = store_end(st, 0);
+  if (!rc && epoch) *epoch = b.epoch;
+  return rc;
+}
+
+int store_job_stopping(store_t *st, int64_t job_id, int64_t *stop_ms, int64_t *until_ms,
+                       char *reason, size_t len) {
+  *stop_ms = *until_ms = 0;
+  int rc = store_begin(st, 0);
+  if (rc) return rc;
+  sqlite3_stmt *s = st_query(st, "SELECT stop_ms, coalesce(stop_until_ms, 0), stop_reason FROM "
+                             "jobs WHERE id = ? AND stop_ms IS NOT NULL", A_I(job_id));
+  if (st_step(st, s) == 1) {
+    *stop_ms = sqlite3_column_int64(s, 0);
+    *until_ms = sqlite3_column_int64(s, 1);
+    if (reason) st_col_text(s, 2, reason, len);
+    sqlite3_reset(s);
+  }
+  return store_end(st, 0);
+}
+
 int store_job_resume(store_t *st, int64_t job_id, const char *checkpoint_dir) {
   int rc = store_begin(st, 1);
   if (rc) return rc;
@@ -2010,7 +2106,8 @@ int store_job_resume(store_t *st, int64_t job_id, const char *checkpoint_dir) {
                                  "can be resumed", (long long)job_id,
                                  store_job_state_name(b.state)));
   st_exec(st, "UPDATE jobs SET state = 'PENDING', restarts = 0, ended_ms = NULL, reason = ?, "
-          "checkpoint_dir = coalesce(?, checkpoint_dir) WHERE id = ?",
+          "checkpoint_dir = coalesce(?, checkpoint_dir), stop_ms = NULL, stop_until_ms = NULL, "
+          "stop_reason = NULL WHERE id = ?",
           A_T("resumed: waiting for its devices"), A_T(checkpoint_dir), A_I(job_id));
   st_event(st, job_id, 0, "job.resumed", "resumed after it was %s", store_job_state_name(b.state));
   return store_end(st, 0);

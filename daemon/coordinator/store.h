@@ -28,7 +28,7 @@
 #include "daemon/common/ring_secret.h"
 
 /* The schema version this build writes and reads (PRAGMA user_version). */
-#define STORE_SCHEMA_VERSION 11
+#define STORE_SCHEMA_VERSION 12
 
 /* Text bounds: longer input is refused (EINVAL) so what is stored reads back
  * whole; reasons and event text are free text and are cut to fit on read. */
@@ -473,6 +473,21 @@ int store_attempt_verdict(store_t *st, int64_t job_id, int64_t *epoch,
 int store_attempt_requeue(store_t *st, int64_t job_id, int64_t epoch, const char *reason);
 int store_attempt_end(store_t *st, int64_t job_id, int64_t epoch, int succeeded,
                       const char *reason, store_job_state_t *state);
+/* cancel --checkpoint: a RUNNING job's ranks are to checkpoint and stop
+ * (FSDP_ESTATE for a job in another state). Kept with the job (its time,
+ * until_ms (unix ms) when the coordinator kills what is left, and reason),
+ * so that a coordinator restarted meanwhile does the same: however its
+ * attempt ends (store_attempt_requeue, store_attempt_end but for success),
+ * the job is CANCELLED, never requeued nor restarted, its reason saying
+ * whether the stop's checkpoint was committed. Asked again, the first
+ * stands. Its attempt in *epoch (may be NULL). */
+int store_job_stop(store_t *st, int64_t job_id, const char *reason, int64_t until_ms,
+                   int64_t *epoch);
+/* The stop asked of job (store_job_stop): when, and until when (unix ms);
+ * both 0 when none is (a resume forgets it); its reason in reason (len
+ * bytes; NULL: not wanted). */
+int store_job_stopping(store_t *st, int64_t job_id, int64_t *stop_ms, int64_t *until_ms,
+                       char *reason, size_t len);
 /* A FAILED or CANCELLED job back to PENDING with its restarts reset (its
  * next attempt resumes from its latest committed checkpoint); FSDP_ESTATE
  * for a job still pending, running or succeeded. checkpoint_dir: its

@@ -2669,6 +2669,129 @@ static Fsdp__V1__CheckpointState ckpt_report_both(const node_t *n, const char *i
   return st;
 }
 
+/* CancelJob with checkpoint set (grace_ms: 0 is the default): the call's
+ * code; the job's state and reason as the reply shows them. */
+static int cancel_keep(const char *id, uint32_t grace_ms, Fsdp__V1__JobState *state, char *reason,
+                       size_t len) {
+  Fsdp__V1__CancelJobRequest q = FSDP__V1__CANCEL_JOB_REQUEST__INIT;
+  q.job_id = (char *)id, q.reason = "keep it", q.checkpoint = 1, q.grace_ms = grace_ms;
+  Fsdp__V1__CancelJobReply *r = NULL;
+  int rc = CALL("CancelJob", q, cancel_job_reply, &r);
+  if (r && r->job) {
+    if (state) *state = r->job->state;
+    if (reason) snprintf(reason, len, "%s", r->job->reason);
+  }
+  if (r) reply_free(r);
+  return rc;
+}
+
+/* Heartbeats of n (listing ranks) until a kill of job comes (up to 3 s): its
+ * grace_ms, or -1 when none came. */
+static int kill_grace(const node_t *n, const char *job, Fsdp__V1__RankStatus **ranks, size_t nr) {
+  for (const double t0 = tu_now_s(); tu_now_s() - t0 < 3;) {
+    Fsdp__V1__HeartbeatReply *r = heartbeat(n, ranks, nr);
+    int g = -1;
+    for (size_t i = 0; i < r->n_kills; i++)
+      if (!strcmp(r->kills[i]->job_id, job)) g = (int)r->kills[i]->grace_ms;
+    reply_free(r);
+    if (g >= 0) return g;
+  }
+  return -1;
+}
+
+/* cancel --checkpoint: the ranks are told to stop with the grace (SIGTERM:
+ * each checkpoints at its next step boundary and exits 75), the job stays
+ * RUNNING so that their checkpoint commits, then it ends CANCELLED, not
+ * requeued as a preemption is, its reason naming the step kept; no restart
+ * spent, and a resume goes on (PENDING again). Before, cancel SIGKILLed
+ * the ranks and lost the work since the last checkpoint. */
+Test(coordinator, cancel_with_checkpoint_commits_the_ranks_checkpoint_then_cancels) {
+  node_t n = {{0}, 0};
+  char d[600], ck[600], ckopt[700], id[32], reason[512];
+  ckpt_job_start(&n, "model=tiny", "keep_checkpoints=3", d, ck, ckopt, id);
+  Fsdp__V1__RankStatus rs[2], *rp[2];
+  running_ranks(rs, rp, id, 13);
+  reply_free(heartbeat(&n, rp, 2));
+  Fsdp__V1__JobState st = 0;
+  cr_assert_eq(cancel_keep(id, 5000, &st, reason, sizeof reason), 0, "%s", err_msg());
+  cr_expect_eq(st, FSDP__V1__JOB_STATE__JOB_STATE_RUNNING, "%s", reason);
+  cr_expect(strstr(reason, "stopping"), "%s", reason);
+  cr_expect_eq(kill_grace(&n, id, rp, 2), 5000, "the ranks were not told to stop with the grace");
+  cr_assert_eq(ckpt_report_both(&n, id, "tiny", ck, 14),
+               FSDP__V1__CHECKPOINT_STATE__CHECKPOINT_STATE_COMMITTED, "the stop's checkpoint");
+  cr_assert_eq(report_exit(&n, id, 1, 0, 75), 0, "%s", err_msg());
+  cr_expect_eq(job_state(id, NULL, 0), FSDP__V1__JOB_STATE__JOB_STATE_RUNNING, "rank 1 still saves");
+  cr_assert_eq(report_exit(&n, id, 1, 1, 75), 0, "%s", err_msg());
+  cr_expect_eq(job_state(id, reason, sizeof reason), FSDP__V1__JOB_STATE__JOB_STATE_CANCELLED, "%s",
+               reason);
+  cr_expect(strstr(reason, "keep it") && strstr(reason, "step 14 was committed"), "%s", reason);
+  cr_expect_eq(job_restarts(id), 0);
+  cr_assert_eq(resume(id), 0, "%s", err_msg());
+  cr_expect_eq(job_state(id, NULL, 0) == FSDP__V1__JOB_STATE__JOB_STATE_PENDING ||
+               job_state(id, NULL, 0) == FSDP__V1__JOB_STATE__JOB_STATE_RUNNING, 1);
+}
+
+/* A coordinator restarted during the stop keeps it (the store's): the node,
+ * registering again with the ranks still saving, is told the stop again
+ * with the grace left, and their exits 75 end the job CANCELLED, not
+ * requeued to run again. */
+Test(coordinator, a_stop_with_checkpoint_survives_a_coordinator_restart, .timeout = 40 * TU_SLOW) {
+  node_t n = {{0}, 0};
+  char d[600], ck[600], ckopt[700], id[32], reason[512];
+  ckpt_job_start(&n, "model=tiny", "keep_checkpoints=3", d, ck, ckopt, id);
+  Fsdp__V1__RankStatus rs[2], *rp[2];
+  running_ranks(rs, rp, id, 13);
+  reply_free(heartbeat(&n, rp, 2));
+  cr_assert_eq(cancel_keep(id, 20000, NULL, NULL, 0), 0, "%s", err_msg());
+  co_restart();
+  node_register(&n, "solo", 2, 8ull << 30, rp, 2);
+  const int g = kill_grace(&n, id, rp, 2);
+  cr_expect(g > 10000 && g <= 20000, "the stop was not told again after the restart (grace %d)", g);
+  cr_assert_eq(report_exit(&n, id, 1, 0, 75), 0, "%s", err_msg());
+  cr_assert_eq(report_exit(&n, id, 1, 1, 75), 0, "%s", err_msg());
+  cr_expect_eq(job_state(id, reason, sizeof reason), FSDP__V1__JOB_STATE__JOB_STATE_CANCELLED, "%s",
+               reason);
+  cr_expect(strstr(reason, "keep it") && strstr(reason, "no checkpoint was written"), "%s", reason);
+}
+
+/* Ranks that do not stop within the grace are killed and the job is
+ * CANCELLED all the same, saying no checkpoint was written; a job without a
+ * checkpoint_dir has nothing to keep and is cancelled at once, saying so. */
+Test(coordinator, a_stop_past_its_grace_cancels_and_one_with_nothing_to_keep_cancels_at_once) {
+  node_t n = {{0}, 0};
+  char d[600], ck[600], ckopt[700], id[32], reason[512];
+  ckpt_job_start(&n, "model=tiny", "keep_checkpoints=3", d, ck, ckopt, id);
+  Fsdp__V1__RankStatus rs[2], *rp[2];
+  running_ranks(rs, rp, id, 13);
+  reply_free(heartbeat(&n, rp, 2));
+  const double t0 = tu_now_s();
+  cr_assert_eq(cancel_keep(id, 1000, NULL, NULL, 0), 0, "%s", err_msg());
+  Fsdp__V1__JobState s;
+  int killed = 0; /* told to SIGKILL what was left */
+  while ((s = job_state(id, reason, sizeof reason)) == FSDP__V1__JOB_STATE__JOB_STATE_RUNNING &&
+         tu_now_s() - t0 < 10) {
+    Fsdp__V1__HeartbeatReply *r = heartbeat(&n, rp, 2);
+    for (size_t i = 0; i < r->n_kills; i++)
+      killed |= !strcmp(r->kills[i]->job_id, id) && r->kills[i]->grace_ms == 1;
+    reply_free(r);
+  }
+  const double took = tu_now_s() - t0;
+  cr_expect_eq(s, FSDP__V1__JOB_STATE__JOB_STATE_CANCELLED, "%s", reason);
+  cr_expect(took >= 1.0 + 3.0 - 0.3 && took < 1.0 + 3.0 + 2.0, "cancelled %.1f s after the stop "
+            "of 1 s grace (and 3 s for the reports)", took);
+  cr_expect(strstr(reason, "did not stop within the grace") && strstr(reason, "no checkpoint"),
+            "%s", reason);
+  cr_expect(killed || kill_grace(&n, id, rp, 2) == 1, "what was left was not killed at once");
+  /* nothing to keep */
+  const char *kv[] = {"model=tiny", d, NULL};
+  char j2[32];
+  cr_assert_eq(submit(2, kv, j2, sizeof j2), 0, "%s", err_msg());
+  cr_assert_eq(collect(&n, j2, 2, NULL), 2);
+  cr_assert_eq(cancel_keep(j2, 0, &s, reason, sizeof reason), 0, "%s", err_msg());
+  cr_expect_eq(s, FSDP__V1__JOB_STATE__JOB_STATE_CANCELLED, "%s", reason);
+  cr_expect(strstr(reason, "no checkpoint_dir") && strstr(reason, "nothing to keep"), "%s", reason);
+}
+
 /* Waits (at most 5 s) until the checkpoint of step, in dir, is removed:
  * its directory gone and the coordinator no longer listing it (removal
  * runs on the coordinator's pool, the store hears after). 1 when it is. */

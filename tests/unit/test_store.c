@@ -1553,6 +1553,59 @@ Test(store, a_ranks_last_figures_are_kept_never_an_older_step) {
   store_close(st);
 }
 
+/* A database of schema 11 (before a stop could be asked) migrates to 12
+ * with its running job kept and no stop asked; a stop asked then is kept
+ * (when, until when, why) and ends the job CANCELLED whichever way its
+ * attempt ends (a requeue, a failure with restarts left), never PENDING;
+ * a resume forgets it. */
+Test(store, a_database_of_schema_11_migrates_and_a_stop_asked_is_kept) {
+  store_t *st = NULL;
+  store_opts_t old = {.version = 11};
+  cr_assert_eq(store_open(tpath("v11.db"), &old, &st), 0, "%s", err_msg());
+  int64_t node = add_node(st, "n0", 2);
+  int64_t job = submit(st, "before", 2, 3), epoch;
+  cr_assert_eq(start_on(st, job, node, 2, &epoch), 0, "%s", err_msg());
+  store_close(st);
+  sqlite3 *db = raw_open("v11.db");
+  cr_assert_eq(raw_int(db, "PRAGMA user_version"), 11);
+  cr_assert_eq(raw_int(db, "SELECT count(*) FROM pragma_table_info('jobs') WHERE name = 'stop_ms'"), 0);
+  sqlite3_close(db);
+  st = open_db("v11.db");
+  cr_assert_eq(store_schema_from(st), 11);
+  int64_t asked = -1, until = -1;
+  cr_assert_eq(store_job_stopping(st, job, &asked, &until, NULL, 0), 0, "%s", err_msg());
+  cr_assert(asked == 0 && until == 0, "a stop read from before: %lld", (long long)asked);
+  store_job_t j = get_job(st, job);
+  cr_assert_eq(j.state, STORE_JOB_RUNNING);
+  store_job_free(&j);
+  cr_assert_eq(store_job_stop(st, job, "cancelled: keep it", 12345, &epoch), 0, "%s", err_msg());
+  cr_assert_eq(epoch, 1);
+  cr_assert_eq(store_job_stop(st, job, "again", 99999, NULL), 0, "asked again: the first stands");
+  char why[64] = "";
+  cr_assert_eq(store_job_stopping(st, job, &asked, &until, why, sizeof why), 0);
+  cr_assert(asked > 0 && until == 12345 && !strcmp(why, "cancelled: keep it"), "%lld %s",
+            (long long)until, why);
+  store_job_state_t next;
+  cr_assert_eq(store_attempt_end(st, job, 1, 0, "rank 0 killed by signal 9", &next), 0,
+               "%s", err_msg());
+  cr_assert_eq(next, STORE_JOB_CANCELLED, "a failure with 3 restarts left restarted it");
+  j = get_job(st, job);
+  cr_assert(j.state == STORE_JOB_CANCELLED && j.restarts == 0 && strstr(j.reason, "keep it") &&
+            strstr(j.reason, "no checkpoint was written") && strstr(j.reason, "signal 9"),
+            "%d: %s", j.state, j.reason);
+  store_job_free(&j);
+  cr_assert_eq(store_job_resume(st, job, NULL), 0, "%s", err_msg());
+  cr_assert_eq(store_job_stopping(st, job, &asked, &until, NULL, 0), 0);
+  cr_assert_eq(asked, 0, "a resume forgets the stop");
+  cr_assert_eq(start_on(st, job, node, 2, &epoch), 0, "%s", err_msg());
+  cr_assert_eq(store_job_stop(st, job, "cancelled: again", 1, NULL), 0, "%s", err_msg());
+  cr_assert_eq(store_attempt_requeue(st, job, epoch, "its ranks were stopped"), 0, "%s", err_msg());
+  j = get_job(st, job);
+  cr_assert_eq(j.state, STORE_JOB_CANCELLED, "requeued: %s", j.reason);
+  store_job_free(&j);
+  store_close(st);
+}
+
 /* A database of schema 10 (before ranks kept their figures) opens migrated:
  * its jobs, attempts and ranks read as they were (memory from the exit
  * reports kept), every rank of before unreported, never step 0; a rank's
