@@ -1330,6 +1330,42 @@ Test(cluster, a_cancelled_job_resumes_from_its_last_checkpoint) {
   free(ck), free(ref), free(conf);
 }
 
+/* `fsdpctl cancel --checkpoint` of a running job: its ranks checkpoint the
+ * step they are on (between two of checkpoint_every's), the coordinator
+ * commits it, the job ends CANCELLED naming that step; resumed, it goes on
+ * from that very step (a plain cancel loses every step since the last
+ * checkpoint) and ends with the bytes of an uninterrupted run. */
+Test(cluster, a_job_cancelled_with_a_checkpoint_resumes_from_the_step_it_stopped_at) {
+  cluster_fsdpd_start(&node[0], coord.addr, "solo", 2, NULL);
+  char *ck, *ref, a[2048], job[32];
+  static char out[1 << 16];
+  char *conf = ckpt_job("ck-stop", 3000, "", 1000, "--ranks 2", &ck, &ref, job);
+  cr_assert(wait_step(job, 100, 60), "rank 0 did not log step 100 within %d s", 60 * TU_SLOW);
+  snprintf(a, sizeof a, "cancel %s --checkpoint --reason done-for-now", job);
+  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
+  cr_assert(wait_state(job, "CANCELLED", 30), "%s", state_of(job, out, sizeof out) ? out : "");
+  int odd;
+  cr_assert_eq(committed_steps(ck, 3000, 1000, &odd), 1, "one checkpoint, the stop's");
+  cr_assert(odd > 100 && odd < 1000, "the stop's checkpoint is of step %d", odd);
+  snprintf(a, sizeof a, "--output json status %s", job);
+  cluster_ctl(coord.addr, a, out, sizeof out);
+  char want[64];
+  snprintf(want, sizeof want, "step %d", odd);
+  cr_assert(strstr(out, want) && strstr(out, "CANCELLED"), "the reason does not name step %d:\n%s",
+            odd, out);
+  snprintf(a, sizeof a, "resume %s", job);
+  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
+  snprintf(a, sizeof a, "watch %s", job);
+  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
+  snprintf(a, sizeof a, "logs %s --rank 0", job);
+  cluster_ctl(coord.addr, a, out, sizeof out);
+  snprintf(want, sizeof want, "at step %d ", odd);
+  cr_assert(strstr(out, "resumed from") && strstr(out, want), "not resumed at step %d:\n%.2000s",
+            odd, out);
+  matches_uninterrupted(conf, ck, ref, 3000);
+  free(ck), free(ref), free(conf);
+}
+
 /* A backup taken with `fsdp-coordinator --backup` while a job runs, then
  * the coordinator lost (SIGKILL) and a new one started on the backup at the
  * same address: the node registers again and the job runs to its end in its
