@@ -995,6 +995,52 @@ Test(cluster, checkpoints_written_while_the_coordinator_is_away_commit_when_it_i
   free(ck), free(ref), free(conf);
 }
 
+/* A coordinator away past its nodes' fence (the restart grace, 3 s here):
+ * fsdpd stops the ranks as its fence says, reports them fenced once the
+ * coordinator is back, and the job (max_restarts 0) is requeued without
+ * spending a restart, resuming from its last checkpoint to an uninterrupted
+ * run's bytes. Before, such an outage ended every job FAILED, "killed by
+ * signal 9" (an outside tester). */
+Test(cluster, an_outage_past_the_fence_requeues_its_jobs_without_a_restart) {
+  char addr[64], db[600], extra[128];
+  snprintf(addr, sizeof addr, "%s", coord.addr);
+  snprintf(db, sizeof db, "%.*s", (int)(strlen(coord.log) - 4), coord.log);
+  snprintf(extra, sizeof extra, "--heartbeat-timeout-ms %d --restart-grace-ms %d", TIMEOUT_MS, 3000);
+  cluster_stop(&coord, SIGTERM);
+  cluster_coord_start(&coord, db, addr, extra);
+  cluster_fsdpd_start(&node[0], coord.addr, "solo", 2, NULL);
+  char *ck, *ref, a[2048], job[32], man[800];
+  static char out[1 << 16];
+  char *conf = ckpt_job("ck-fence", 3000, "", 300, "--ranks 2 --max-restarts 0", &ck, &ref, job);
+  snprintf(man, sizeof man, "%s/step-00000300/manifest.json", ck);
+  cluster_wait_file(man, 30);
+  cluster_stop(&coord, SIGKILL);
+  /* past the fence: fsdpd stops the ranks */
+  for (const double t0 = tu_now_s(); tu_now_s() - t0 < 20 * TU_SLOW; nanosleep(&(struct timespec){0, 100000000}, NULL)) {
+    char *l = tu_slurp(node[0].log, NULL);
+    const int fenced = l && strstr(l, "this node's ranks are stopped") != NULL;
+    free(l);
+    if (fenced) break;
+  }
+  char dir[700];
+  snprintf(dir, sizeof dir, "%s/solo/jobs/%s", tu_tmpdir(), job);
+  for (const double t0 = tu_now_s(); cluster_pid_under(dir) > 0 && tu_now_s() - t0 < 10 * TU_SLOW;)
+    nanosleep(&(struct timespec){0, 100000000}, NULL);
+  cr_assert_eq(cluster_pid_under(dir), 0, "the ranks outlived the fence:\n%s", tu_slurp(node[0].log, NULL));
+  cluster_coord_start(&coord, db, addr, extra);
+  snprintf(a, sizeof a, "watch %s", job);
+  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
+  snprintf(a, sizeof a, "--output json status %s", job);
+  cluster_ctl(coord.addr, a, out, sizeof out);
+  cr_assert(strstr(out, "\"restarts\": 0") && strstr(out, "SUCCEEDED"), "%s", out);
+  snprintf(a, sizeof a, "logs %s --rank 0", job);
+  cluster_ctl(coord.addr, a, out, sizeof out);
+  cr_assert(strstr(out, "resumed from"), "the requeued attempt began again:\n%.2000s", out);
+  matches_uninterrupted(conf, ck, ref, 3000);
+  cluster_stop(&coord, SIGTERM);
+  free(ck), free(ref), free(conf);
+}
+
 /* A rank killed (SIGKILL) after a committed checkpoint: the attempt fails,
  * the job restarts (max_restarts 1), its ranks resume from the latest
  * committed checkpoint (auto_resume), and the job ends with the bytes of the
