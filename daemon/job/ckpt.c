@@ -408,7 +408,7 @@ int ckpt_header_same_layout(const ckpt_header_t *a, const ckpt_header_t *b) {
       a->num_units != b->num_units || memcmp(&a->model, &b->model, sizeof a->model) ||
       a->precision != b->precision || a->data_epoch != b->data_epoch ||
       a->data_window != b->data_window || a->adam_steps != b->adam_steps ||
-      memcmp(&a->sched, &b->sched, sizeof a->sched))
+      a->seed != b->seed || memcmp(&a->sched, &b->sched, sizeof a->sched))
     return 0;
   for (uint32_t k = 0; k < a->num_units; k++)
     if (memcmp(&a->units[k], &b->units[k], sizeof a->units[k])) return 0;
@@ -433,14 +433,19 @@ static json_t *ckpt_manifest_json(const ckpt_header_t *h, const ckpt_shard_repor
                                            "bytes", (json_int_t)r[j].bytes, "xxh64", sum));
   }
   precision_t p = (precision_t)h->precision;
-  return json_pack("{s:s,s:i,s:I,s:i,s:i,s:s,s:s,s:{s:i,s:i,s:i,s:i,s:i},s:I,s:I,s:o,s:o}",
+  /* the seed as decimal text: it is any u64, more than a JSON integer
+   * (jansson's, signed) holds */
+  char seed[24];
+  snprintf(seed, sizeof seed, "%" PRIu64, h->seed);
+  return json_pack("{s:s,s:i,s:I,s:i,s:i,s:s,s:s,s:{s:i,s:i,s:i,s:i,s:i},s:I,s:I,s:s,s:o,s:o}",
                    "format", "fsdpd-checkpoint", "version", CKPT_MANIFEST_VERSION, "step",
                    (json_int_t)h->step, "shards", h->shards, "replicas", h->replicas,
                    "strategy", shard_strategy_name((shard_strategy_t)h->strategy), "precision",
                    precision_name(p), "model", "layers", h->model.layers, "channels",
                    h->model.channels, "heads", h->model.heads, "vocab", h->model.vocab,
                    "context", h->model.context, "min_params", (json_int_t)h->min_params,
-                   "shard_total", (json_int_t)h->shard_total, "units", units, "files", files);
+                   "shard_total", (json_int_t)h->shard_total, "seed", seed, "units", units,
+                   "files", files);
 }
 
 /* 1 when path is a regular file holding exactly text and a newline (how a
@@ -636,6 +641,22 @@ int ckpt_manifest_parse(const char *text, size_t len, const char *path, ckpt_man
   m->step = v[1], m->shards = (int)v[2], m->replicas = (int)v[3], m->strategy = (int)st;
   m->precision = (int)pr, m->min_params = (uint64_t)v[4], m->shard_total = (uint64_t)v[5];
   m->model = (gpt_config_t){(int)v[6], (int)v[7], (int)v[8], (int)v[9], (int)v[10]};
+  /* the seed: absent in a manifest written before it was recorded (then
+   * unknown, and only the shards' headers say it); present, decimal digits
+   * of a u64 */
+  json_t *seed = json_object_get(root, "seed");
+  if (seed) {
+    const char *t = json_string_value(seed);
+    char *end = NULL;
+    errno = 0;
+    m->seed = t && t[0] >= '0' && t[0] <= '9' ? strtoull(t, &end, 10) : 0;
+    if (!t || !end || *end || errno) {
+      rc = err_set(FSDP_EFORMAT, "%s: \"seed\" is not the decimal text of a 64-bit number; the "
+                   "manifest is damaged", path);
+      goto out;
+    }
+    m->has_seed = 1;
+  }
   /* the model sizes what its readers allocate (tensor tables by layers) and
    * every byte count an export writes: it must be one a job could have
    * (gpt_config_validate: heads dividing channels, each dimension within
@@ -1043,9 +1064,10 @@ static int ckpt_reader_shard(ckpt_reader_t *rd, int j) {
               memcmp(&h->model, &rd->m.model, sizeof h->model) || h->step != rd->m.step ||
               h->replicas != rd->m.replicas || h->strategy != rd->m.strategy ||
               h->precision != rd->m.precision || h->min_params != rd->m.min_params ||
+              (rd->m.has_seed && h->seed != rd->m.seed) ||
               (j > 0 && !ckpt_header_same_layout(&rd->h[0], h))))
-    rc = err_set(FSDP_EFORMAT, "%s: header: its shards, model, step, mesh, precision, wrap policy "
-                 "or layout differ from the manifest's or shard 0's; the checkpoint is damaged",
+    rc = err_set(FSDP_EFORMAT, "%s: header: its shards, model, step, mesh, precision, wrap policy, "
+                 "seed or layout differ from the manifest's or shard 0's; the checkpoint is damaged",
                  path);
   if (rc) {
     ckpt_header_free(h);

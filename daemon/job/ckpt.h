@@ -124,7 +124,7 @@ int ckpt_fsync_dir(const char *dir);
  * followed, no FIFO waited on); the error names path. */
 int ckpt_open_file(const char *path, int *fd);
 /* 1 when two shards' headers belong to one checkpoint: step, shards, model,
- * precision, data position, schedule, AdamW steps, units and section dtypes. */
+ * precision, data position, schedule, AdamW steps, seed, units and section dtypes. */
 int ckpt_header_same_layout(const ckpt_header_t *a, const ckpt_header_t *b);
 
 /* Names inside a checkpoint root. */
@@ -145,6 +145,8 @@ typedef struct ckpt_manifest {
   int shards, replicas, strategy, precision;
   gpt_config_t model;
   uint64_t min_params, shard_total;
+  uint64_t seed;              /* the run's seed, as its shards' headers have it ... */
+  int has_seed;               /* ... when the manifest records it (0: one written before) */
   ckpt_shard_report_t *shard; /* shards of them, by shard rank */
 } ckpt_manifest_t;
 

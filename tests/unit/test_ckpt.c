@@ -1346,6 +1346,56 @@ Test(ckpt, a_failed_checkpoint_is_removed_only_once_every_ranks_write_ended, .ti
   free(root);
 }
 
+/* The manifest records the run's seed (its shards'), so that what a resume
+ * must match is in the manifest alone (the coordinator checks a submit with
+ * it, job_resume_check); a shard whose header has another seed than the
+ * manifest's is damaged, a manifest without one (written before it was
+ * recorded) reads with the seed unknown, and one whose seed is not a u64's
+ * decimal text is damaged. */
+Test(ckpt, a_manifest_records_the_runs_seed) {
+  char *root = mkdir_tmp("seed"), s4[4096], s8[4096], man[4096];
+  committed_4_and_8(root, s4, s8);
+  ckpt_manifest_t m;
+  cr_assert_eq(ckpt_manifest_read(s8, &m), 0, "%s", err_msg());
+  cr_expect(m.has_seed && m.seed == 0xfeedULL, "seed %d %llu", m.has_seed,
+            (unsigned long long)m.seed);
+  ckpt_manifest_free(&m);
+  snprintf(man, sizeof man, "%s/%s", s8, CKPT_MANIFEST);
+  size_t n;
+  char *text = tu_slurp(man, &n), *at = strstr(text, "\"seed\": \"65261\"");
+  cr_assert_not_null(at, "%s", text);
+  const size_t off = (size_t)(at - text);
+  struct {
+    const char *with; /* in place of "seed": "65261" */
+    int read, has, header;
+  } cases[] = {
+      {"\"seed\": \"65262\"", FSDP_OK, 1, FSDP_EFORMAT}, /* not its shards' */
+      {"\"seeds\": \"65261\"", FSDP_OK, 0, FSDP_OK},     /* none: unknown */
+      {"\"seed\": \"-65261\"", FSDP_EFORMAT, 0, 0},
+      {"\"seed\": 65261", FSDP_EFORMAT, 0, 0},
+      {"\"seed\": \"99999999999999999999\"", FSDP_EFORMAT, 0, 0}, /* past 2^64 */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    char buf[8192];
+    snprintf(buf, sizeof buf, "%.*s%s%s", (int)off, text, cases[i].with,
+             text + off + strlen("\"seed\": \"65261\""));
+    tu_write_file(man, buf, strlen(buf));
+    cr_expect_eq(ckpt_manifest_read(s8, &m), cases[i].read, "case %zu: %s", i, err_msg());
+    if (cases[i].read) {
+      cr_expect(strstr(err_msg(), "seed"), "case %zu: %s", i, err_msg());
+      continue;
+    }
+    cr_expect_eq(m.has_seed, cases[i].has, "case %zu", i);
+    ckpt_manifest_free(&m);
+    ckpt_reader_t rd;
+    cr_assert_eq(ckpt_reader_open(&rd, s8), 0, "%s", err_msg());
+    cr_expect_eq(ckpt_reader_header(&rd, 0), cases[i].header, "case %zu: %s", i, err_msg());
+    if (cases[i].header) cr_expect(strstr(err_msg(), "seed"), "case %zu: %s", i, err_msg());
+    ckpt_reader_close(&rd);
+  }
+  free(text), free(root);
+}
+
 /* A manifest that is not JSON, or of a step other than its directory's, is
  * damaged: named itself (resume_from) the error names manifest.json and
  * what is wrong, never "no manifest"; in a directory of checkpoints it is
