@@ -431,8 +431,8 @@ static void coord_submit_reply(coord_t *c, rpc_call_t *call, int64_t job, const 
 /* A submit is checked in three steps. On the loop, what needs no file:
  * the options as text, the spec validated and planned (coord_submit_cb).
  * On the pool, what the spec names: its paths resolved inside the roots,
- * an init_from's header and a resume_from's manifest read against the
- * model (coord_checks_work_cb): a file system can take any time (a hung
+ * an init_from's header and the manifest of the checkpoint it would resume
+ * from read against the job (coord_checks_work_cb): a file system can take any time (a hung
  * NFS mount, a directory of a million entries) and a header or manifest
  * is parsed, so none of that holds the loop that answers heartbeats: a
  * 99 MiB safetensors header held it 37 s, past every node's fence, and
@@ -479,7 +479,7 @@ static void coord_checks_work_cb(uv_work_t *w) {
     coord_check_t *k = b->k[i];
     int rc = job_paths_check(&k->cfg, b->roots, b->nroots);
     if (!rc) rc = job_init_from_check(&k->cfg);
-    if (!rc) rc = job_resume_from_check(&k->cfg);
+    if (!rc) rc = job_resume_check(&k->cfg);
     if (rc == FSDP_ENOENT || rc == FSDP_EFORMAT) rc = FSDP_EINVAL;
     if ((k->rc = rc)) snprintf(k->err, sizeof k->err, "%s", err_msg());
   }

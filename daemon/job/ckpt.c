@@ -715,15 +715,70 @@ void ckpt_manifest_free(ckpt_manifest_t *m) {
   memset(m, 0, sizeof *m);
 }
 
-int ckpt_manifest_model_check(const ckpt_manifest_t *m, const char *dir, const gpt_config_t *want) {
-  const gpt_config_t *h = &m->model;
-  if (h->layers == want->layers && h->channels == want->channels && h->heads == want->heads &&
-      h->vocab == want->vocab && h->context == want->context)
+int ckpt_resume_check(const ckpt_manifest_t *m, const char *dir, const ckpt_want_t *want) {
+  const gpt_config_t *h = &m->model, *w = &want->model;
+  /* a checkpoint_dir's latest is gone on from unasked (auto_resume): the
+   * directory may be another run's, whose fix is one of the job's own */
+  const char *own = want->own ? " (or give this job a checkpoint_dir of its own: with auto_resume "
+                                "it goes on from the latest checkpoint there)" : "";
+  if (h->layers != w->layers || h->channels != w->channels || h->heads != w->heads ||
+      h->vocab != w->vocab || h->context != w->context)
+    return err_set(FSDP_EINVAL, "%s holds a model of layers %d, channels %d, heads %d, vocab %d, "
+                   "context %d; this job's has %d, %d, %d, %d, %d: resume with the model it was "
+                   "saved with%s", dir, h->layers, h->channels, h->heads, h->vocab, h->context,
+                   w->layers, w->channels, w->heads, w->vocab, w->context, own);
+  if (m->has_seed && m->seed != want->seed)
+    return err_set(FSDP_EINVAL, "%s was trained with seed %llu, this job has %llu; the data "
+                   "order would differ: set seed = %llu%s", dir, (unsigned long long)m->seed,
+                   (unsigned long long)want->seed, (unsigned long long)m->seed, own);
+  if (m->step > want->steps)
+    return err_set(FSDP_EINVAL, "%s is at step %lld, past this job's steps %d; raise steps%s",
+                   dir, (long long)m->step, want->steps, own);
+  return FSDP_OK;
+}
+
+int ckpt_resume_choose(const char *resume_from, const char *checkpoint_dir, int auto_resume,
+                       uint64_t max, ckpt_from_t *from, int64_t *step) {
+  char dir[4096];
+  ckpt_manifest_t a;
+  *from = CKPT_FROM_NONE, *step = 0;
+  if (resume_from[0] || auto_resume) {
+    const char *key = resume_from[0] ? "resume_from" : "checkpoint_dir";
+    int rc = ckpt_latest_max(resume_from[0] ? resume_from : checkpoint_dir, max, dir, sizeof dir);
+    if (rc == FSDP_ENOENT && !resume_from[0]) return FSDP_OK;
+    if (rc) return err_wrap(rc, "%s", key);
+    *from = !resume_from[0]              ? CKPT_FROM_UNDER_OWN
+            : strcmp(dir, resume_from) ? CKPT_FROM_UNDER_GIVEN
+                                       : CKPT_FROM_GIVEN;
+    /* a step directory of a root goes by its name: a manifest there that
+     * does not read is found damaged at the load, as a damaged shard is */
+    if (*from != CKPT_FROM_GIVEN) {
+      ckpt_dir_step(dir, step);
+    } else {
+      if ((rc = ckpt_manifest_read_max(dir, max, &a))) return err_wrap(rc, "%s", key);
+      *step = a.step;
+      ckpt_manifest_free(&a);
+    }
+  }
+  int64_t later;
+  if (*from == CKPT_FROM_UNDER_OWN || !checkpoint_dir[0] ||
+      ckpt_latest_max(checkpoint_dir, max, dir, sizeof dir) || !ckpt_dir_step(dir, &later) ||
+      later <= *step)
     return FSDP_OK;
-  return err_set(FSDP_EINVAL, "%s holds a model of layers %d, channels %d, heads %d, vocab %d, "
-                 "context %d; this job's has %d, %d, %d, %d, %d: resume with the model it was "
-                 "saved with", dir, h->layers, h->channels, h->heads, h->vocab, h->context,
-                 want->layers, want->channels, want->heads, want->vocab, want->context);
+  /* a job started from resume_from that checkpointed since (a restart, a
+   * requeue) goes on from its own latest, not back to where it began */
+  if (auto_resume) {
+    *from = CKPT_FROM_UNDER_OWN, *step = later;
+    return FSDP_OK;
+  }
+  /* a run that would write steps checkpoint_dir holds another run's of:
+   * those steps are never written again (ckpt_rank_write), and a restart
+   * would take that run's latest for this one's */
+  return err_set(FSDP_EEXIST, "checkpoint_dir: %s holds step %lld, committed by an earlier run, "
+                 "and this run starts at step %lld (auto_resume = 0%s%s): its checkpoints up to "
+                 "that step would not be written and a restart would go on from the other run; "
+                 "give this run a checkpoint_dir of its own", checkpoint_dir, (long long)later,
+                 (long long)*step, resume_from[0] ? ", resume_from " : "", resume_from);
 }
 
 int ckpt_manifest_check(const ckpt_manifest_t *m, const char *dir, int64_t step, int shards,
@@ -744,14 +799,19 @@ int ckpt_manifest_check(const ckpt_manifest_t *m, const char *dir, int64_t step,
 }
 
 int ckpt_latest(const char *root, char *buf, size_t len) {
+  return ckpt_latest_max(root, CKPT_HEADER_MAX, buf, len);
+}
+
+int ckpt_latest_max(const char *root, uint64_t max, char *buf, size_t len) {
   ckpt_manifest_t m;
-  const int rc = ckpt_manifest_read(root, &m);
+  const int rc = ckpt_manifest_read_max(root, max, &m);
   if (!rc) {
     ckpt_manifest_free(&m);
     snprintf(buf, len, "%s", root);
     return FSDP_OK;
   }
-  if (rc == FSDP_EFORMAT) return rc; /* root's own manifest, damaged: its error is the answer */
+  /* root's own manifest, damaged or too large: its error is the answer */
+  if (rc == FSDP_EFORMAT || rc == FSDP_ELIMIT) return rc;
   return ckpt_latest_below(root, LLONG_MAX, buf, len);
 }
 

@@ -169,9 +169,45 @@ int ckpt_manifest_read_max(const char *dir, uint64_t max, ckpt_manifest_t *m);
 /* The same from a manifest's text (len bytes; path for messages). */
 int ckpt_manifest_parse(const char *text, size_t len, const char *path, ckpt_manifest_t *m);
 void ckpt_manifest_free(ckpt_manifest_t *m);
-/* FSDP_OK when manifest m (of the checkpoint in dir) is of the model want;
- * else FSDP_EINVAL naming both models and the fix. */
-int ckpt_manifest_model_check(const ckpt_manifest_t *m, const char *dir, const gpt_config_t *want);
+/* What a job that resumes from a checkpoint must share with it: the
+ * rules a resume is refused by, in one place, which the ranks apply as they
+ * load (daemon/train: ckpt_rank_load, the seed taken from shard 0's header)
+ * and the coordinator at submit from the manifest alone (job_resume_check),
+ * in the same words. */
+typedef struct ckpt_want {
+  gpt_config_t model; /* the job's */
+  uint64_t seed;
+  int steps;
+  int own;            /* 1: the checkpoint is the latest of the job's own checkpoint_dir, which
+                         auto_resume goes on from (the fix may be a directory of its own) */
+} ckpt_want_t;
+/* FSDP_OK when the checkpoint committed in dir (its manifest m) can be
+ * resumed by the job want: of its model, trained with its seed (where m
+ * records one: has_seed) and at a step not past its steps. Else
+ * FSDP_EINVAL naming dir, both values and the fix; the caller puts the
+ * field in front (err_wrap: "resume_from", "checkpoint_dir (auto_resume)"). */
+int ckpt_resume_check(const ckpt_manifest_t *m, const char *dir, const ckpt_want_t *want);
+
+/* Where a job starts, which the ranks' rank 0 decides (daemon/train) and the
+ * coordinator checks at submit (job_resume_check): one rule for both. */
+typedef enum {
+  CKPT_FROM_NONE,        /* from scratch (init_from, or a seed) */
+  CKPT_FROM_GIVEN,       /* resume_from itself, a committed checkpoint */
+  CKPT_FROM_UNDER_GIVEN, /* the latest committed step below resume_from */
+  CKPT_FROM_UNDER_OWN,   /* the latest committed step of checkpoint_dir (auto_resume) */
+} ckpt_from_t;
+/* The checkpoint a job of resume_from, checkpoint_dir and auto_resume (""
+ * and 0: not set) starts from: *from and its *step (0 for none). resume_from
+ * must hold a committed checkpoint (FSDP_ENOENT, "resume_from: ... holds no
+ * committed checkpoint" when not); checkpoint_dir with auto_resume may hold
+ * none (a fresh start). A checkpoint_dir holding a later step than that
+ * one is gone on from with auto_resume (a restarted or requeued job), and
+ * refused without it (FSDP_EEXIST: those steps would not be written, and a
+ * restart would go on from the other run). Manifests read are bounded by
+ * max bytes (FSDP_ELIMIT over it: the coordinator's job_manifest_max; the
+ * ranks pass CKPT_HEADER_MAX). Errors name the field first. */
+int ckpt_resume_choose(const char *resume_from, const char *checkpoint_dir, int auto_resume,
+                       uint64_t max, ckpt_from_t *from, int64_t *step);
 /* Checks m, read from dir, against what committed it: its step, its shard
  * count and each shard's size and checksum (reports, shards of them, by
  * shard rank: the commit's). FSDP_EFORMAT naming dir and the field, with
@@ -184,6 +220,8 @@ int ckpt_manifest_check(const ckpt_manifest_t *m, const char *dir, int64_t step,
  * checkpoint, that is it; when root's own manifest is damaged, that error
  * (FSDP_EFORMAT, naming manifest.json and the field). */
 int ckpt_latest(const char *root, char *buf, size_t len);
+/* The same, root's own manifest read only up to max bytes (FSDP_ELIMIT). */
+int ckpt_latest_max(const char *root, uint64_t max, char *buf, size_t len);
 /* The same among root's steps below `below` (root's own manifest aside):
  * the one to fall back to when a later one is damaged. A step directory
  * counts when a manifest is there, whole or not: one that does not read

@@ -303,35 +303,68 @@ uint64_t job_manifest_max(const gpt_config_t *model) {
   return JOB_MANIFEST_BASE + JOB_MANIFEST_ENTRY * entries;
 }
 
-/* A manifest over the limit (FSDP_ELIMIT from ckpt_manifest_read_max) is
- * refused; any other failure passes (the ranks say why at their start). */
-static int job_manifest_over(int rc, const config_t *c) {
-  if (rc != FSDP_ELIMIT) return FSDP_OK;
-  return err_set(FSDP_EINVAL, "resume_from: %s, the most a checkpoint of this model (layers %d) "
-                 "of up to %d shards could need; name the directory of a checkpoint this "
-                 "service wrote", err_msg(), c->gpt.layers, JOB_SHARDS_MAX);
+/* A manifest over the limit (FSDP_ELIMIT from ckpt_manifest_read_max; the
+ * message names the field, the file, its size and the limit) is refused. */
+static int job_manifest_over(const config_t *c, const char *key) {
+  char was[1024]; /* err_set writes where err_msg() points */
+  snprintf(was, sizeof was, "%s", err_msg());
+  return err_set(FSDP_EINVAL, "%s, the most a checkpoint of this model (layers %d) of up to %d "
+                 "shards could need; %s", was, c->gpt.layers, JOB_SHARDS_MAX,
+                 strcmp(key, "resume_from") ? "give this job a checkpoint_dir of its own"
+                                            : "name the directory of a checkpoint this service "
+                                              "wrote");
 }
 
-int job_resume_from_check(const config_t *c) {
-  if (!c->resume_from[0]) return FSDP_OK;
-  char dir[CONFIG_PATH_MAX + 32];
+int job_resume_check(const config_t *c) {
+  if (!c->resume_from[0] && !c->checkpoint_dir[0]) return FSDP_OK;
   const uint64_t max = job_manifest_max(&c->gpt);
+  ckpt_from_t from;
+  int64_t step;
+  /* where the ranks' rank 0 will start, by its own rule (every manifest
+   * read under the limit) */
+  int rc = ckpt_resume_choose(c->resume_from, c->checkpoint_dir, c->auto_resume, max, &from, &step);
+  if (rc == FSDP_ELIMIT)
+    return job_manifest_over(c, c->resume_from[0] ? "resume_from" : "checkpoint_dir");
+  char was[1024]; /* err_set writes where err_msg() points */
+  snprintf(was, sizeof was, "%s", err_msg());
+  if (rc == FSDP_ENOENT) /* resume_from holds none (yet): its ranks would fail at once */
+    return err_set(FSDP_EINVAL, "%s; name a committed checkpoint (a step-N directory holding %s) "
+                   "or a directory holding one (a running job's checkpoint_dir holds its first "
+                   "once every shard of it is written: fsdpctl checkpoints JOB lists them; submit "
+                   "this job then)", was, CKPT_MANIFEST);
+  if (rc == FSDP_EFORMAT) /* resume_from's own manifest, damaged: the ranks fall back to none */
+    return err_set(FSDP_EINVAL, "%s; name another checkpoint", was);
+  if (rc == FSDP_EEXIST) /* a rewind into checkpoint_dir's steps (it names the fix) */
+    return err_set(FSDP_EINVAL, "%s", was);
+  if (rc || from == CKPT_FROM_NONE) return FSDP_OK; /* unreadable here: the ranks say (their
+                                                       permissions, not the coordinator's) */
+  const char *key = from == CKPT_FROM_UNDER_OWN ? "checkpoint_dir (auto_resume)" : "resume_from";
+  const char *root = from == CKPT_FROM_UNDER_OWN ? c->checkpoint_dir : c->resume_from;
+  char dir[CONFIG_PATH_MAX + 32];
+  if (from == CKPT_FROM_GIVEN) snprintf(dir, sizeof dir, "%s", c->resume_from);
+  else ckpt_step_dir(dir, sizeof dir, root, step);
   ckpt_manifest_t m;
-  /* ckpt_latest, each manifest read under the limit: resume_from's own
-   * (a step directory), else the latest step's below it. None yet (a job
-   * that resumes another's, still to save), or one damaged: its ranks say
-   * so at their start */
-  int rc = ckpt_manifest_read_max(c->resume_from, max, &m);
-  if (rc == FSDP_ENOENT || (rc && rc != FSDP_EFORMAT && rc != FSDP_ELIMIT)) {
-    if (ckpt_latest_below(c->resume_from, LLONG_MAX, dir, sizeof dir)) return FSDP_OK;
-    rc = ckpt_manifest_read_max(dir, max, &m);
-  } else {
-    snprintf(dir, sizeof dir, "%s", c->resume_from);
+  rc = ckpt_manifest_read_max(dir, max, &m);
+  if (rc == FSDP_ELIMIT) {
+    job_manifest_over(c, key);
+    return err_wrap(FSDP_EINVAL, "%s", key);
   }
-  if (rc) return job_manifest_over(rc, c);
-  rc = ckpt_manifest_model_check(&m, dir, &c->gpt);
+  if (rc == FSDP_EFORMAT || rc == FSDP_ENOENT) {
+    /* damaged: the ranks go back to the committed checkpoint before it, and
+     * check that one (whatever it is, it is theirs to say); with none
+     * before it, or named itself, they fail */
+    char why[600], older[CONFIG_PATH_MAX + 32];
+    snprintf(why, sizeof why, "%s", err_msg()); /* err_set writes where err_msg() points */
+    if (from != CKPT_FROM_GIVEN && !ckpt_latest_below(root, step, older, sizeof older))
+      return FSDP_OK;
+    return err_set(FSDP_EINVAL, "%s: %s is damaged (%s)%s; name another checkpoint", key, dir,
+                   why, from != CKPT_FROM_GIVEN ? ", and no committed checkpoint is before it" : "");
+  }
+  if (rc) return FSDP_OK;
+  const ckpt_want_t want = {c->gpt, c->seed, c->steps, from == CKPT_FROM_UNDER_OWN};
+  rc = ckpt_resume_check(&m, dir, &want);
   ckpt_manifest_free(&m);
-  return rc ? err_wrap(rc, "resume_from") : FSDP_OK;
+  return rc ? err_wrap(rc, "%s", key) : FSDP_OK;
 }
 
 int job_init_from_check(const config_t *c) {

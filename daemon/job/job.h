@@ -112,14 +112,25 @@ uint64_t job_manifest_max(const gpt_config_t *model);
  * naming its size and the limit. Any other file passes (the ranks check a
  * weights file's header). */
 int job_init_from_check(const config_t *c);
-/* resume_from (after job_paths_check and the model's resolution): the
- * latest checkpoint committed there, where there is one already, must be
- * of the job's model, so a job that could only fail at its ranks' start is
- * refused at submit. A manifest over job_manifest_max (root's own, or the
- * latest step's) is refused unread, naming its size and the limit. None
- * yet (a job that resumes another's, which has still to save) or a
- * damaged one passes: the ranks check at their start. */
-int job_resume_from_check(const config_t *c);
+/* The checkpoint the job's ranks would resume from (after job_paths_check
+ * and the model's resolution): resume_from's, or with auto_resume
+ * checkpoint_dir's latest (ckpt_resume_choose, the ranks' own rule), is
+ * checked against the job from its manifest alone, by the rules its ranks
+ * check it by as they load (ckpt_resume_check: the model, the seed where
+ * the manifest records it, a step not past steps), so a job that could
+ * only fail at its ranks' start is refused at submit, in their words after
+ * the field ("resume_from", "checkpoint_dir (auto_resume)"). Refused too, as
+ * the ranks would: a resume_from holding no committed checkpoint (yet), or
+ * whose own manifest is damaged; a checkpoint_dir holding later steps than
+ * the job starts at with auto_resume = 0; a damaged latest step with none
+ * committed before it to fall back to. A manifest over job_manifest_max is
+ * refused unread, naming its size and the limit. Passes: no checkpoint in
+ * checkpoint_dir (a fresh start), a damaged latest step with one before it
+ * (the ranks fall back and check that one), what this process cannot read
+ * (the ranks' permissions are theirs to say), and every difference a
+ * resume takes (world size, strategy, precision, batch, schedule). Every
+ * refusal is FSDP_EINVAL. */
+int job_resume_check(const config_t *c);
 /* The value in c of the path option key (data, init_from, save,
  * checkpoint_dir, resume_from: what job_paths_check resolved), NULL for a
  * key that is no path: one list of a job's paths. */

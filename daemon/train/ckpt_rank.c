@@ -274,19 +274,20 @@ static int ckpt_load_section(ckpt_reader_t *rd, const fsdp_state_t *st, uint32_t
   return rc;
 }
 
-int ckpt_rank_load(fsdp_t *f, const char *dir, ckpt_rank_meta_t *meta) {
+int ckpt_rank_load(fsdp_t *f, const char *dir, const ckpt_want_t *want, ckpt_rank_meta_t *meta) {
   ckpt_reader_t rd;
   int rc = ckpt_reader_open(&rd, dir);
   if (rc) return rc;
   fsdp_state_t st;
   fsdp_state(f, &st);
-  const gpt_config_t *cfg = gpt_get_config(fsdp_model(f));
   uint8_t *stage = NULL;
-  /* the manifest's model against shard 0's before against the job's: a
+  /* the manifest against shard 0's header before against the job: a
    * manifest damaged there is damaged (a resume falls back past it), not a
-   * checkpoint of another model (a refusal) */
-  if ((rc = ckpt_reader_header(&rd, 0)) || (rc = ckpt_manifest_model_check(&rd.m, dir, cfg)))
-    goto out;
+   * checkpoint of another model (a refusal). The seed is the header's, which
+   * an older manifest does not record (and a newer one's agrees with) */
+  if ((rc = ckpt_reader_header(&rd, 0))) goto out;
+  rd.m.seed = rd.h[0].seed, rd.m.has_seed = 1;
+  if ((rc = ckpt_resume_check(&rd.m, dir, want))) goto out;
   if (!(stage = malloc(CKPT_STAGE * sizeof(float)))) {
     rc = err_set(FSDP_ENOMEM, "checkpoint: out of memory");
     goto out;

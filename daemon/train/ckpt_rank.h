@@ -72,7 +72,10 @@ void ckpt_rank_image_free(ckpt_rank_image_t *img);
  * (SCHED_IDLE), so the write never slows the steps by taking a core. */
 void ckpt_rank_writer_priority(void);
 /* Loads the committed checkpoint in dir into f's shards and optimizer; meta
- * gets its step, data position and seed. */
-int ckpt_rank_load(fsdp_t *f, const char *dir, ckpt_rank_meta_t *meta);
+ * gets its step, data position and seed. First, before a byte of data is
+ * read, the checkpoint must be one the job want can resume
+ * (ckpt_resume_check: its model, seed and steps; FSDP_EINVAL naming them),
+ * the rules the coordinator checks a submit by too. */
+int ckpt_rank_load(fsdp_t *f, const char *dir, const ckpt_want_t *want, ckpt_rank_meta_t *meta);
 
 #endif

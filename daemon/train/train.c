@@ -369,52 +369,23 @@ static int train_open_runtime(train_t *t) {
  * shards, AdamW, the step and the data position (under any mesh). */
 /* Which checkpoint to resume from, as rank 0 found it: every rank takes
  * the same one (each looking on its own, a commit landing between two
- * looks would split them). */
-enum { RESUME_NONE, RESUME_GIVEN, RESUME_UNDER_GIVEN, RESUME_UNDER_OWN, RESUME_FAILED };
+ * looks would split them). The rule is ckpt_resume_choose, which the
+ * coordinator checks a submit with too; RESUME_FAILED is rank 0's own. */
+enum {
+  RESUME_NONE = CKPT_FROM_NONE,
+  RESUME_GIVEN = CKPT_FROM_GIVEN,
+  RESUME_UNDER_GIVEN = CKPT_FROM_UNDER_GIVEN,
+  RESUME_UNDER_OWN = CKPT_FROM_UNDER_OWN,
+  RESUME_FAILED
+};
 
 static int train_resume_choose(train_t *t, int *src, int64_t *step) {
   const config_t *c = &t->cfg;
-  char dir[CONFIG_PATH_MAX + 32];
-  ckpt_manifest_t a;
-  *src = RESUME_NONE, *step = 0;
-  if (c->resume_from[0] || c->auto_resume) {
-    const char *key = c->resume_from[0] ? "resume_from" : "checkpoint_dir";
-    int rc = ckpt_latest(c->resume_from[0] ? c->resume_from : c->checkpoint_dir, dir, sizeof dir);
-    if (rc == FSDP_ENOENT && !c->resume_from[0]) return FSDP_OK;
-    if (rc) return err_wrap(rc, "%s", key);
-    *src = !c->resume_from[0]                ? RESUME_UNDER_OWN
-           : strcmp(dir, c->resume_from) ? RESUME_UNDER_GIVEN
-                                         : RESUME_GIVEN;
-    /* a step directory of a root goes by its name: a manifest there that
-     * does not read is found damaged at the load, as a damaged shard is */
-    if (*src != RESUME_GIVEN) {
-      ckpt_dir_step(dir, step);
-    } else {
-      if ((rc = ckpt_manifest_read(dir, &a))) return err_wrap(rc, "%s", key);
-      *step = a.step;
-      ckpt_manifest_free(&a);
-    }
-  }
-  int64_t later;
-  if (*src == RESUME_UNDER_OWN || !c->checkpoint_dir[0] ||
-      ckpt_latest(c->checkpoint_dir, dir, sizeof dir) || !ckpt_dir_step(dir, &later) ||
-      later <= *step)
-    return FSDP_OK;
-  /* a job started from resume_from that checkpointed since (a restart, a
-   * requeue) goes on from its own latest, not back to where it began */
-  if (c->auto_resume) {
-    *src = RESUME_UNDER_OWN, *step = later;
-    return FSDP_OK;
-  }
-  /* a run that would write steps checkpoint_dir holds another run's of:
-   * those steps are never written again (ckpt_rank_write), and a restart
-   * would take that run's latest for this one's */
-  return err_set(FSDP_EEXIST, "checkpoint_dir: %s holds step %lld, committed by an earlier run, "
-                 "and this run starts at step %lld (auto_resume = 0%s%s): its checkpoints up to "
-                 "that step would not be written and a restart would go on from the other run; "
-                 "give this run a checkpoint_dir of its own", c->checkpoint_dir,
-                 (long long)later, (long long)*step, c->resume_from[0] ? ", resume_from " : "",
-                 c->resume_from);
+  ckpt_from_t from;
+  const int rc = ckpt_resume_choose(c->resume_from, c->checkpoint_dir, c->auto_resume,
+                                    CKPT_HEADER_MAX, &from, step);
+  *src = (int)from;
+  return rc;
 }
 
 /* The run's id, which every shard this run writes carries: rank 0 draws 64
@@ -629,7 +600,8 @@ static int train_resume(train_t *t) {
     if (src == RESUME_GIVEN) snprintf(dir, sizeof dir, "%s", c->resume_from);
     else ckpt_step_dir(dir, sizeof dir, src == RESUME_UNDER_OWN ? c->checkpoint_dir : c->resume_from,
                        step);
-    rc = ckpt_rank_load(t->runtime, dir, &m);
+    const ckpt_want_t want = {c->gpt, c->seed, c->steps, src == RESUME_UNDER_OWN};
+    rc = ckpt_rank_load(t->runtime, dir, &want, &m);
     /* every rank's outcome: a damaged part (a checksum, a cut or missing
      * file) on any rank sends all back to the previous committed
      * checkpoint, as long as they chose from a directory of checkpoints;
@@ -670,14 +642,6 @@ static int train_resume(train_t *t) {
     return err_set(FSDP_EINVAL, "%s: %s holds NaN or Inf parameters or AdamW state (in %d "
                    "rank(s)' parts): it is a diverged run's; resume from an earlier checkpoint",
                    key, dir, bad);
-  if (m.seed != c->seed)
-    return err_set(FSDP_EINVAL, "%s: %s was trained with seed %llu, this job has %llu; "
-                   "the data order would differ: set seed = %llu", key, dir,
-                   (unsigned long long)m.seed, (unsigned long long)c->seed,
-                   (unsigned long long)m.seed);
-  if (m.step > c->steps)
-    return err_set(FSDP_EINVAL, "%s: %s is at step %lld, past this job's steps %d; "
-                   "raise steps", key, dir, (long long)m.step, c->steps);
   t->step = t->first_step = (int)m.step;
   t->res.steps_done = t->step;
   if (t->opts.out)

@@ -1346,6 +1346,38 @@ Test(ckpt, a_failed_checkpoint_is_removed_only_once_every_ranks_write_ended, .ti
   free(root);
 }
 
+/* A checkpoint the job cannot resume (another seed, a step past its steps)
+ * is refused by every rank as it opens it, before a byte of data is read,
+ * naming the field, both values and the fix: the rule ckpt_resume_check
+ * holds, which the coordinator checks a submit by too (test_job), in the
+ * same words. From checkpoint_dir (auto_resume) the fix also offers a
+ * directory of the job's own. */
+Test(ckpt, a_checkpoint_the_job_does_not_match_is_refused_naming_the_fix, .timeout = 120) {
+  char *root = mkdir_tmp("want"), args[4600];
+  static char out[1 << 16];
+  snprintf(args, sizeof args, "--steps 4 --batch 2 --checkpoint_dir %s --checkpoint_every 4", root);
+  launch(2, args, 0, out, sizeof out);
+  struct {
+    const char *args, *key, *want;
+  } cases[] = {
+      {"--steps 8 --seed 7 --resume_from", "resume_from: ",
+       "step-00000004 was trained with seed 1337, this job has 7; the data order would differ: "
+       "set seed = 1337"},
+      {"--steps 2 --resume_from", "resume_from: ",
+       "step-00000004 is at step 4, past this job's steps 2; raise steps"},
+      {"--steps 2 --checkpoint_dir", "checkpoint_dir (auto_resume): ",
+       "is at step 4, past this job's steps 2; raise steps (or give this job a checkpoint_dir of "
+       "its own"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    snprintf(args, sizeof args, "--batch 2 %s %s", cases[i].args, root);
+    launch(2, args, 1, out, sizeof out);
+    const char *k = strstr(out, cases[i].key);
+    cr_expect(k && strstr(k, cases[i].want), "case %zu: %s", i, out);
+  }
+  free(root);
+}
+
 /* The manifest records the run's seed (its shards'), so that what a resume
  * must match is in the manifest alone (the coordinator checks a submit with
  * it, job_resume_check); a shard whose header has another seed than the

@@ -435,11 +435,137 @@ Test(job, a_header_or_manifest_larger_than_the_model_needs_is_refused_unread) {
   const char *dirs[] = {"ck", "ck/step-00000004"};
   for (int i = 0; i < 2; i++) {
     cr_assert_eq(check_path(&t, "resume_from", dirs[i], &c), FSDP_OK, "%s", err_msg());
-    cr_assert_eq(job_resume_from_check(&c), FSDP_EINVAL, "%s", dirs[i]);
+    cr_assert_eq(job_resume_check(&c), FSDP_EINVAL, "%s", dirs[i]);
     cr_expect(!strncmp(err_msg(), "resume_from: ", 13) && strstr(err_msg(), "manifest.json") &&
               strstr(err_msg(), want), "%s: %s", dirs[i], err_msg());
   }
-  write_json(p, mmax, 0); /* at the limit: read; damaged, it passes (the ranks say so) */
-  cr_expect_eq(job_resume_from_check(&c), FSDP_OK, "%s", err_msg());
+  /* at the limit: read, and damaged, with no checkpoint before it to fall
+   * back to: refused as the ranks would refuse it, not for its size */
+  write_json(p, mmax, 0);
+  for (int i = 0; i < 2; i++) {
+    cr_assert_eq(check_path(&t, "resume_from", dirs[i], &c), FSDP_OK, "%s", err_msg());
+    cr_expect_eq(job_resume_check(&c), FSDP_EINVAL, "%s", dirs[i]);
+    cr_expect(strstr(err_msg(), "not an fsdpd checkpoint manifest") &&
+              strstr(err_msg(), "name another checkpoint") && !strstr(err_msg(), "over the limit"),
+              "%s: %s", dirs[i], err_msg());
+  }
+  tree_remove(&t);
+}
+
+/* ---- what a resume must match, checked at submit --------------------------- */
+
+static const gpt_config_t model_a = {2, 32, 2, 64, 32}, model_b = {1, 16, 2, 64, 32};
+
+/* root/dir/step-<step>/manifest.json of model m, by a run of seed (NULL:
+ * none recorded, as before it was), of 2 shards of a 2x2 HYBRID_SHARD mesh
+ * in bf16-true: what job_resume_check reads (no shard is there: it never
+ * opens one). damaged: not JSON. */
+static void manifest_at(const char *root, const char *dir, long long step, gpt_config_t m,
+                        const char *seed, int damaged) {
+  char p[PATH_MAX];
+  snprintf(p, sizeof p, "%s/%s", root, dir);
+  mkdir(p, 0700);
+  snprintf(p, sizeof p, "%s/%s/step-%08lld", root, dir, step);
+  cr_assert_eq(mkdir(p, 0700), 0, "%s", p);
+  snprintf(p, sizeof p, "%s/%s/step-%08lld/manifest.json", root, dir, step);
+  FILE *f = fopen(p, "w");
+  cr_assert_not_null(f, "%s", p);
+  const unsigned long long total = (gpt_config_num_params(&m) + 1) / 2;
+  if (damaged) fputs("{\"format\": ", f);
+  else
+    fprintf(f, "{\"format\": \"fsdpd-checkpoint\", \"version\": 1, \"step\": %lld, \"shards\": 2, "
+            "\"replicas\": 2, \"strategy\": \"HYBRID_SHARD\", \"precision\": \"bf16-true\", "
+            "\"min_params\": 0, \"shard_total\": %llu,%s%s%s \"model\": {\"layers\": %d, "
+            "\"channels\": %d, \"heads\": %d, \"vocab\": %d, \"context\": %d}, \"units\": [], "
+            "\"files\": [{\"shard\": 0, \"name\": \"shard-00000-of-00002.fsdp\", \"bytes\": 1, "
+            "\"xxh64\": \"0000000000000000\"}, {\"shard\": 1, \"name\": "
+            "\"shard-00001-of-00002.fsdp\", \"bytes\": 1, \"xxh64\": \"0000000000000000\"}]}\n",
+            step, total, seed ? " \"seed\": \"" : "", seed ? seed : "", seed ? "\"," : "",
+            m.layers, m.channels, m.heads, m.vocab, m.context);
+  fclose(f);
+}
+
+/* The job of model_a and the options kv ("key", "value", ..., NULL) under
+ * the tree's roots, its paths checked, then job_resume_check's verdict. */
+static int resume_verdict(const tree_t *t, const char *const *kv) {
+  config_t c;
+  config_default(&c);
+  cr_assert_eq(config_set(&c, "data", "data.bin"), 0);
+  for (int i = 0; kv[i]; i += 2) cr_assert_eq(config_set(&c, kv[i], kv[i + 1]), 0, "%s", err_msg());
+  c.gpt = model_a;
+  const char *roots[] = {t->root, t->root2};
+  int rc = job_paths_check(&c, roots, 2);
+  return rc ? rc : job_resume_check(&c);
+}
+
+/* Everything the ranks would refuse as they load the checkpoint they
+ * resume from (resume_from's, or with auto_resume checkpoint_dir's latest)
+ * that its manifest says is refused at submit, in the ranks' words after
+ * the field, with the fix; before, only resume_from's model was checked,
+ * and each of these was admitted and failed at its ranks (an attempt and a
+ * restart each, found by an outside tester). What a resume allows passes:
+ * another mesh, strategy and precision than the checkpoint's, a
+ * checkpoint_dir with no checkpoint yet, steps equal to the checkpoint's,
+ * a manifest that does not record the seed (the ranks check the shards'). */
+Test(job, a_resume_its_ranks_would_refuse_is_refused_at_submit_in_their_words) {
+  tree_t t;
+  tree_make(&t);
+  manifest_at(t.root, "ck", 20, model_a, "1337", 0);
+  manifest_at(t.root, "ck", 40, model_a, "1337", 0);
+  manifest_at(t.root, "tiny", 10, model_b, "1337", 0);
+  manifest_at(t.root, "old", 5, model_a, NULL, 0);
+  manifest_at(t.root, "dmg", 10, model_a, "1337", 0);
+  manifest_at(t.root, "dmg", 20, model_a, "1337", 1);
+  manifest_at(t.root, "dmg1", 20, model_a, "1337", 1);
+  char p[PATH_MAX];
+  snprintf(p, sizeof p, "%s/live", t.root); /* a running job's: no checkpoint committed yet */
+  cr_assert_eq(mkdir(p, 0700), 0);
+  snprintf(p, sizeof p, "%s/live/step-00000005", t.root);
+  cr_assert_eq(mkdir(p, 0700), 0);
+  struct {
+    const char *kv[9];
+    int rc;
+    const char *want[3]; /* in the message, in order */
+  } cases[] = {
+      {{"resume_from", "ck/step-00000040", "steps", "20", NULL}, FSDP_EINVAL,
+       {"resume_from: ", "step-00000040 is at step 40, past this job's steps 20; raise steps"}},
+      {{"resume_from", "ck", "seed", "7", "steps", "45", NULL}, FSDP_EINVAL,
+       {"resume_from: ", "step-00000040 was trained with seed 1337, this job has 7", "set seed = 1337"}},
+      {{"checkpoint_dir", "tiny", "checkpoint_every", "5", "steps", "50", NULL}, FSDP_EINVAL,
+       {"checkpoint_dir (auto_resume): ", "holds a model of layers 1, channels 16",
+        "give this job a checkpoint_dir of its own"}},
+      {{"checkpoint_dir", "ck", "steps", "20", NULL}, FSDP_EINVAL,
+       {"checkpoint_dir (auto_resume): ", "is at step 40, past this job's steps 20; raise steps",
+        "checkpoint_dir of its own"}},
+      {{"checkpoint_dir", "ck", "seed", "7", NULL}, FSDP_EINVAL,
+       {"checkpoint_dir (auto_resume): ", "trained with seed 1337, this job has 7"}},
+      {{"checkpoint_dir", "ck", "auto_resume", "0", NULL}, FSDP_EINVAL,
+       {"checkpoint_dir: ", "holds step 40, committed by an earlier run", "of its own"}},
+      {{"resume_from", "live", NULL}, FSDP_EINVAL,
+       {"resume_from: ", "holds no committed checkpoint", "name a committed checkpoint"}},
+      {{"resume_from", "dmg1", NULL}, FSDP_EINVAL,
+       {"resume_from: ", "is damaged", "no committed checkpoint is before it"}},
+      /* allowed */
+      {{"resume_from", "ck", "steps", "45", NULL}, FSDP_OK, {NULL}},
+      {{"resume_from", "ck/step-00000020", "steps", "20", NULL}, FSDP_OK, {NULL}},
+      {{"checkpoint_dir", "ck", "steps", "40", NULL}, FSDP_OK, {NULL}},
+      {{"checkpoint_dir", "live", "checkpoint_every", "5", NULL}, FSDP_OK, {NULL}},
+      {{"checkpoint_dir", "out", NULL}, FSDP_OK, {NULL}},
+      {{"resume_from", "old", "seed", "7", NULL}, FSDP_OK, {NULL}},
+      {{"resume_from", "dmg", NULL}, FSDP_OK, {NULL}},
+      {{"resume_from", "tiny", "checkpoint_dir", "ck", NULL}, FSDP_OK, {NULL}}, /* ck's 40 is later */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    const int rc = resume_verdict(&t, cases[i].kv);
+    cr_expect_eq(rc, cases[i].rc, "case %zu (%s %s): %d %s", i, cases[i].kv[0], cases[i].kv[1],
+                 rc, rc ? err_msg() : "");
+    const char *at = err_msg();
+    for (int k = 0; rc && k < 3 && cases[i].want[k]; k++) {
+      const char *hit = strstr(at, cases[i].want[k]);
+      cr_expect(hit && (k || hit == at), "case %zu: \"%s\" not in: %s", i, cases[i].want[k],
+                err_msg());
+      if (hit) at = hit;
+    }
+  }
   tree_remove(&t);
 }
