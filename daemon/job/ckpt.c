@@ -841,6 +841,29 @@ int ckpt_latest_below(const char *root, long long below, char *buf, size_t len) 
   return FSDP_OK;
 }
 
+int ckpt_steps(const char *root, int64_t *steps, int cap, int *total) {
+  *total = 0;
+  DIR *d = opendir(root);
+  if (!d) return err_set_errno(err_from_errno(errno), errno, "checkpoints: cannot list %s", root);
+  int n = 0; /* steps[0..n) ascending: the highest seen */
+  for (struct dirent *e; (e = readdir(d));) {
+    long long step;
+    char man[4096];
+    struct stat st;
+    if (!ckpt_step_name(e->d_name, &step)) continue;
+    snprintf(man, sizeof man, "%s/%s/%s", root, e->d_name, CKPT_MANIFEST);
+    if (lstat(man, &st)) continue; /* as ckpt_latest_below counts them */
+    (*total)++;
+    if (cap < 1 || (n == cap && step <= steps[0])) continue;
+    if (n == cap) memmove(steps, steps + 1, (size_t)--n * sizeof *steps); /* the lowest goes */
+    int i = n++;
+    for (; i > 0 && steps[i - 1] > step; i--) steps[i] = steps[i - 1];
+    steps[i] = step;
+  }
+  closedir(d);
+  return FSDP_OK;
+}
+
 /* ---- removal ------------------------------------------------------------------ */
 
 /* 1 for the names a checkpoint directory may hold: its shards, their

@@ -228,6 +228,11 @@ int ckpt_latest_max(const char *root, uint64_t max, char *buf, size_t len);
  * fails its load as a damaged shard does (ckpt_reader_open), rather than
  * being passed over unsaid; root's own manifest damaged is that error. */
 int ckpt_latest_below(const char *root, long long below, char *buf, size_t len);
+/* The committed steps of root (step directories holding a manifest, as
+ * ckpt_latest_below counts them): the highest cap of them, ascending, in
+ * steps (as many as there are, when fewer), and in *total how many there
+ * are; for a message that names what there is. */
+int ckpt_steps(const char *root, int64_t *steps, int cap, int *total);
 /* 1 when dir's last name is a step directory's (step-<N, 8 digits>), N in
  * *step; 0 otherwise. A manifest in such a directory must be of step N. */
 int ckpt_dir_step(const char *dir, int64_t *step);

@@ -169,10 +169,51 @@ static int job_path_resolve(const char *key, const char *full, char res[PATH_MAX
   return FSDP_OK;
 }
 
+/* resume_from names nothing: what its directory holds, and one to name
+ * (res, resolved, and missing as job_path_resolve gave them). Creating the
+ * directory, the advice for a checkpoint_dir, makes no checkpoint. */
+static int job_resume_missing(const char *full, const char *res, int missing) {
+  char parent[PATH_MAX];
+  snprintf(parent, sizeof parent, "%s", res);
+  char *slash = strrchr(parent, '/');
+  if (slash) slash == parent ? (void)(slash[1] = 0) : (void)(*slash = 0);
+  enum { SHOWN = 8 };
+  int64_t steps[SHOWN];
+  int total = 0;
+  if (missing > 1 || ckpt_steps(parent, steps, SHOWN, &total) || !total)
+    return err_set(FSDP_ENOENT, "resume_from: %s does not exist; name a committed checkpoint (a "
+                   "step-N directory holding %s) or a checkpoint_dir holding one (its latest)",
+                   full, CKPT_MANIFEST);
+  const int n = total < SHOWN ? total : SHOWN;
+  char list[256], more[48] = "", what[64] = "the latest", pick[PATH_MAX + 32];
+  size_t k = 0;
+  list[0] = 0;
+  for (int i = 0; i < n && k < sizeof list; i++)
+    k += (size_t)snprintf(list + k, sizeof list - k, "%s%lld", i ? ", " : "", (long long)steps[i]);
+  if (total > n) snprintf(more, sizeof more, " (and %d earlier)", total - n);
+  /* a step directory asked for: the one before it, else the latest */
+  int best = n - 1;
+  int64_t asked;
+  if (ckpt_dir_step(res, &asked))
+    for (int i = n - 1; i >= 0; i--)
+      if (steps[i] < asked) {
+        best = i;
+        if (i < n - 1) snprintf(what, sizeof what, "the latest before step %lld", (long long)asked);
+        break;
+      }
+  ckpt_step_dir(pick, sizeof pick, parent, steps[best]);
+  return err_set(FSDP_ENOENT, "resume_from: %s does not exist; %s holds the committed "
+                 "checkpoints of step%s %s%s: name one, such as %s (%s), or %s itself for its "
+                 "latest (step %lld)", full, parent, total > 1 ? "s" : "", list, more, pick, what,
+                 parent, (long long)steps[n - 1]);
+}
+
 /* After the root check: what a path must be to be used. */
 static int job_path_usable(const char *key, const char *full, const char *res,
                            job_path_kind_t kind, int missing) {
   if (missing) {
+    if (kind == JOB_PATH_DIR && !strcmp(key, "resume_from"))
+      return job_resume_missing(full, res, missing);
     if (kind == JOB_PATH_DIR)
       return err_set(FSDP_ENOENT, "%s: %s does not exist; create the directory first", key, full);
     if (kind == JOB_PATH_IN)

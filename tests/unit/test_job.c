@@ -543,6 +543,8 @@ Test(job, a_resume_its_ranks_would_refuse_is_refused_at_submit_in_their_words) {
        {"checkpoint_dir: ", "holds step 40, committed by an earlier run", "of its own"}},
       {{"resume_from", "live", NULL}, FSDP_EINVAL,
        {"resume_from: ", "holds no committed checkpoint", "name a committed checkpoint"}},
+      {{"resume_from", "ck/step-00000025", NULL}, FSDP_ENOENT,
+       {"resume_from: ", "does not exist; ", "checkpoints of steps 20, 40: name one, such as "}},
       {{"resume_from", "dmg1", NULL}, FSDP_EINVAL,
        {"resume_from: ", "is damaged", "no committed checkpoint is before it"}},
       /* allowed */
@@ -567,5 +569,14 @@ Test(job, a_resume_its_ranks_would_refuse_is_refused_at_submit_in_their_words) {
       if (hit) at = hit;
     }
   }
+  /* the one suggested for a missing step is the one before it, then the latest */
+  const char *missing[] = {"resume_from", "ck/step-00000025", NULL};
+  cr_assert_eq(resume_verdict(&t, missing), FSDP_ENOENT);
+  cr_expect(strstr(err_msg(), "ck/step-00000020 (the latest before step 25)") &&
+            strstr(err_msg(), "ck itself for its latest (step 40)") &&
+            !strstr(err_msg(), "create the directory"), "%s", err_msg());
+  const char *after[] = {"resume_from", "ck/step-00000090", NULL};
+  cr_assert_eq(resume_verdict(&t, after), FSDP_ENOENT);
+  cr_expect(strstr(err_msg(), "ck/step-00000040 (the latest)"), "%s", err_msg());
   tree_remove(&t);
 }
