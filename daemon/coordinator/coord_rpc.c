@@ -445,7 +445,9 @@ static void coord_submit_reply(coord_t *c, rpc_call_t *call, int64_t job, const 
  * the pool's threads from checkpoint commits and exports. */
 typedef struct coord_check {
   rpc_call_t *call;                    /* NULL once its client went, and its request */
-  const Fsdp__V1__SubmitJobRequest *q; /* valid while call is */
+  const Fsdp__V1__SubmitJobRequest *q; /* valid while call is; NULL for a resume */
+  int64_t resume;                      /* a ResumeJob of this job, not a submit: only the
+                                          checkpoint it resumes from is checked (0: a submit) */
   config_t cfg;                        /* validated; its paths resolved on the pool */
   plan_t plan;
   int rc;                              /* the pool's verdict, and its message */
@@ -477,8 +479,8 @@ static void coord_checks_work_cb(uv_work_t *w) {
   coord_checks_t *b = w->data;
   for (int i = 0; i < b->n; i++) {
     coord_check_t *k = b->k[i];
-    int rc = job_paths_check(&k->cfg, b->roots, b->nroots);
-    if (!rc) rc = job_init_from_check(&k->cfg);
+    int rc = k->resume ? FSDP_OK : job_paths_check(&k->cfg, b->roots, b->nroots);
+    if (!rc && !k->resume) rc = job_init_from_check(&k->cfg);
     if (!rc) rc = job_resume_check(&k->cfg);
     if (rc == FSDP_ENOENT || rc == FSDP_EFORMAT) rc = FSDP_EINVAL;
     if ((k->rc = rc)) snprintf(k->err, sizeof k->err, "%s", err_msg());
@@ -486,6 +488,7 @@ static void coord_checks_work_cb(uv_work_t *w) {
 }
 
 static void coord_submit_checked(coord_t *c, coord_check_t *k);
+static void coord_resume_checked(coord_t *c, coord_check_t *k);
 
 static void coord_checks_done_cb(uv_work_t *w, int status) {
   (void)status;
@@ -495,7 +498,8 @@ static void coord_checks_done_cb(uv_work_t *w, int status) {
   for (int i = 0; c && i < b->n; i++) {
     if (!b->k[i]->call) continue; /* its client went meanwhile */
     rpc_call_on_cancel(b->k[i]->call, NULL, NULL);
-    coord_submit_checked(c, b->k[i]);
+    if (b->k[i]->resume) coord_resume_checked(c, b->k[i]);
+    else coord_submit_checked(c, b->k[i]);
   }
   coord_checks_free(b); /* this turn's flush stores them, then starts the next batch */
 }
@@ -525,6 +529,24 @@ void coord_submit_checks_detach(coord_t *c) {
   c->checks_next = c->checks_running = NULL;
 }
 
+/* k (its call set) joins the batch of checks the pool runs next; the batch
+ * then owns it. */
+static int coord_checks_add(coord_t *c, coord_check_t *k) {
+  coord_checks_t *b = c->checks_next;
+  if (!b && !(b = calloc(1, sizeof *b))) return err_set(FSDP_ENOMEM, "coordinator: out of memory");
+  c->checks_next = b;
+  b->c = c, b->roots = (const char *const *)c->o.roots, b->nroots = c->o.nroots;
+  if (b->n == b->cap) {
+    const int cap = b->cap ? 2 * b->cap : 16;
+    coord_check_t **p = realloc(b->k, (size_t)cap * sizeof *p);
+    if (!p) return err_set(FSDP_ENOMEM, "coordinator: out of memory");
+    b->k = p, b->cap = cap;
+  }
+  b->k[b->n++] = k;
+  rpc_call_on_cancel(k->call, coord_check_cancel_cb, k);
+  return FSDP_OK;
+}
+
 static void coord_submit_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
   coord_t *c = arg;
   const Fsdp__V1__SubmitJobRequest *q = (const void *)req;
@@ -544,7 +566,6 @@ static void coord_submit_cb(rpc_call_t *call, const ProtobufCMessage *req, void 
   }
   const int world = (int)s->world_size;
   coord_check_t *k = NULL;
-  coord_checks_t *b = c->checks_next;
   job_opt_t *opts = NULL;
   if ((rc = text_plain("spec.name", s->name, STORE_NAME_MAX - 1)) ||
       (rc = text_plain("request_id", q->request_id, sizeof c->sub[0].request_id - 1)))
@@ -580,24 +601,8 @@ static void coord_submit_cb(rpc_call_t *call, const ProtobufCMessage *req, void 
   if (rc == FSDP_ENOENT || rc == FSDP_EFORMAT) rc = FSDP_EINVAL;
   if (rc) goto fail;
   /* its files next, on the pool, with the others since the last batch */
-  if (!b && !(b = calloc(1, sizeof *b))) {
-    rc = err_set(FSDP_ENOMEM, "coordinator: out of memory");
-    goto fail;
-  }
-  c->checks_next = b;
-  b->c = c, b->roots = (const char *const *)c->o.roots, b->nroots = c->o.nroots;
-  if (b->n == b->cap) {
-    const int cap = b->cap ? 2 * b->cap : 16;
-    coord_check_t **p = realloc(b->k, (size_t)cap * sizeof *p);
-    if (!p) {
-      rc = err_set(FSDP_ENOMEM, "coordinator: out of memory");
-      goto fail;
-    }
-    b->k = p, b->cap = cap;
-  }
   k->call = call, k->q = q;
-  b->k[b->n++] = k;
-  rpc_call_on_cancel(call, coord_check_cancel_cb, k);
+  if ((rc = coord_checks_add(c, k))) goto fail;
   free(opts);
   return;
 fail:
@@ -884,15 +889,57 @@ static void coord_cancel_cb(rpc_call_t *call, const ProtobufCMessage *req, void 
   coord_reply_job(c, call, id, rc, &rep.base, &rep.job);
 }
 
+/* A resume is checked as a submit is, against the checkpoint its ranks
+ * would resume from (job_resume_check, on the pool): a job admitted before
+ * that check, or whose checkpoint_dir or resume_from changed since, would
+ * otherwise fail again at its ranks' start, an attempt and a restart each,
+ * with the reason only in their logs (found by an outside tester). */
 static void coord_resume_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {
   coord_t *c = arg;
   const Fsdp__V1__ResumeJobRequest *q = (const void *)req;
   store_job_t j;
   if (coord_job_arg(c, call, q->job_id, &j)) return;
-  const int64_t id = j.id;
+  Fsdp__V1__JobSpec spec;
+  coord_check_t *k = calloc(1, sizeof *k);
+  job_opt_t *opts = NULL;
+  plan_t plan;
+  int rc = k ? FSDP_OK : err_set(FSDP_ENOMEM, "coordinator: out of memory"), parsed = 0;
+  if (!rc) k->call = call, k->resume = j.id;
+  /* one that cannot be resumed in its state is told so by the store */
+  if (!rc && j.state != STORE_JOB_FAILED && j.state != STORE_JOB_CANCELLED) {
+    store_job_free(&j);
+    coord_resume_checked(c, k);
+    free(k);
+    return;
+  }
+  if (!rc) rc = coord_spec_from_text(j.spec ? j.spec : "", &spec), parsed = !rc;
+  if (!rc && !(opts = calloc(spec.n_options + 1, sizeof *opts)))
+    rc = err_set(FSDP_ENOMEM, "coordinator: out of memory");
+  for (size_t i = 0; !rc && i < spec.n_options; i++)
+    opts[i] = (job_opt_t){spec.options[i]->section, spec.options[i]->key, spec.options[i]->value};
+  if (!rc && (rc = job_validate(opts, (int)spec.n_options, j.world_size, 0, &k->cfg, &plan)))
+    rc = err_wrap(FSDP_EINVAL, "job j-%lld cannot be resumed: its spec is refused now (submit it "
+                  "again with this changed)", (long long)j.id);
+  if (parsed) coord_spec_free(&spec);
+  free(opts);
   store_job_free(&j);
-  const coord_job_t *x = coord_job_info(c, id);
-  int rc = x && x->ckpt_dir[0] ? coord_ckpt_dir_free(c, x->ckpt_dir, id) : FSDP_OK;
+  if (!rc) rc = coord_checks_add(c, k); /* the batch owns it */
+  if (rc) {
+    free(k);
+    rpc_call_finish(call, rc);
+  }
+}
+
+/* Back from the pool: the resume refused, naming what its ranks would
+ * refuse, or done. */
+static void coord_resume_checked(coord_t *c, coord_check_t *k) {
+  const int64_t id = k->resume;
+  int rc = k->rc ? err_set(FSDP_EINVAL, "job j-%lld cannot be resumed: its ranks would refuse "
+                           "the checkpoint it resumes from: %s; submit it again with that "
+                           "changed", (long long)id, k->err)
+                 : FSDP_OK;
+  const coord_job_t *x = rc ? NULL : coord_job_info(c, id);
+  if (!rc && x && x->ckpt_dir[0]) rc = coord_ckpt_dir_free(c, x->ckpt_dir, id);
   if (!rc) rc = store_job_resume(c->st, id, x ? x->ckpt_dir : NULL);
   if (!rc) {
     LOG_INFO("coord", "job j-%lld resumed by a user", (long long)id);
@@ -902,7 +949,7 @@ static void coord_resume_cb(rpc_call_t *call, const ProtobufCMessage *req, void 
     coord_job_changed(c, id);
   }
   Fsdp__V1__ResumeJobReply rep = FSDP__V1__RESUME_JOB_REPLY__INIT;
-  coord_reply_job(c, call, id, rc, &rep.base, &rep.job);
+  coord_reply_job(c, k->call, id, rc, &rep.base, &rep.job);
 }
 
 static void coord_watch_cb(rpc_call_t *call, const ProtobufCMessage *req, void *arg) {

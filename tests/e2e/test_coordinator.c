@@ -3363,6 +3363,100 @@ Test(coordinator, an_option_that_would_not_survive_the_job_file_is_refused) {
   cr_assert_str_eq(v, "  \"two\" sides ", "after a restart");
 }
 
+/* A manifest of step in root/step-<step> for tiny with layers extra layers
+ * (0: tiny itself), by a run of seed 1337, of 2 shards: all a submit
+ * reads of a checkpoint (no shard is there). */
+static void tiny_manifest(const char *root, long long step, int extra) {
+  gpt_config_t m;
+  cr_assert_eq(gpt_config_preset(&m, "tiny"), 0);
+  m.layers += extra;
+  char p[900];
+  mkdir(root, 0755);
+  snprintf(p, sizeof p, "%s/step-%08lld", root, step);
+  cr_assert_eq(mkdir(p, 0755), 0, "%s", p);
+  snprintf(p, sizeof p, "%s/step-%08lld/%s", root, step, CKPT_MANIFEST);
+  FILE *f = fopen(p, "w");
+  cr_assert_not_null(f, "%s", p);
+  fprintf(f, "{\"format\": \"fsdpd-checkpoint\", \"version\": 1, \"step\": %lld, \"shards\": 2, "
+          "\"replicas\": 1, \"strategy\": \"FULL_SHARD\", \"precision\": \"fp32\", \"min_params\": "
+          "0, \"shard_total\": %zu, \"seed\": \"1337\", \"model\": {\"layers\": %d, \"channels\": "
+          "%d, \"heads\": %d, \"vocab\": %d, \"context\": %d}, \"units\": [], \"files\": ["
+          "{\"shard\": 0, \"name\": \"shard-00000-of-00002.fsdp\", \"bytes\": 1, \"xxh64\": "
+          "\"0000000000000000\"}, {\"shard\": 1, \"name\": \"shard-00001-of-00002.fsdp\", "
+          "\"bytes\": 1, \"xxh64\": \"0000000000000000\"}]}\n", step,
+          (gpt_config_num_params(&m) + 1) / 2, m.layers, m.channels, m.heads, m.vocab, m.context);
+  fclose(f);
+}
+
+/* Each checkpoint mismatch an outside tester found admitted, failing only
+ * at the ranks (an attempt and a restart each), is refused at submit from
+ * the manifest, naming the field and the fix in the ranks' words: steps
+ * below the checkpoint's, another seed, a checkpoint_dir of another
+ * model's or of a later step (auto_resume), a resume_from with no
+ * committed checkpoint yet, and a missing step told the steps there are
+ * (not to create it). A resume of a job whose checkpoint_dir came to hold
+ * such a checkpoint since is refused the same way, saying the job cannot
+ * be resumed (before, it was queued and failed at its ranks again). */
+Test(coordinator, a_checkpoint_its_ranks_would_refuse_is_refused_at_submit_and_resume) {
+  char d[600], ck[600], other[600], live[600], fresh[600], opt[8][700], id[32];
+  data_opt(d, sizeof d);
+  snprintf(ck, sizeof ck, "%s/ck_svc1", tu_tmpdir());
+  snprintf(other, sizeof other, "%s/ck_h", tu_tmpdir());
+  snprintf(live, sizeof live, "%s/live", tu_tmpdir());
+  snprintf(fresh, sizeof fresh, "%s/fresh", tu_tmpdir());
+  tiny_manifest(ck, 40, 0);
+  tiny_manifest(other, 40, 1);
+  cr_assert_eq(mkdir(live, 0755), 0);
+  cr_assert_eq(mkdir(fresh, 0755), 0);
+  snprintf(opt[0], sizeof opt[0], "resume_from=%s/step-00000040", ck);
+  snprintf(opt[1], sizeof opt[1], "resume_from=%s", ck);
+  snprintf(opt[2], sizeof opt[2], "checkpoint_dir=%s", other);
+  snprintf(opt[3], sizeof opt[3], "checkpoint_dir=%s", ck);
+  snprintf(opt[4], sizeof opt[4], "resume_from=%s", live);
+  snprintf(opt[5], sizeof opt[5], "resume_from=%s/step-00000025", ck);
+  snprintf(opt[6], sizeof opt[6], "checkpoint_dir=%s", fresh);
+  struct {
+    const char *kv[6];
+    const char *want[2];
+  } bad[] = {
+      {{"model=tiny", d, opt[0], "steps=20", NULL},
+       {"resume_from: ", "is at step 40, past this job's steps 20; raise steps"}},
+      {{"model=tiny", d, opt[1], "seed=7", "steps=45", NULL},
+       {"resume_from: ", "was trained with seed 1337, this job has 7"}},
+      {{"model=tiny", d, opt[2], "checkpoint_every=5", "steps=50", NULL},
+       {"checkpoint_dir (auto_resume): ", "holds a model of layers"}},
+      {{"model=tiny", d, opt[3], "steps=20", NULL},
+       {"checkpoint_dir (auto_resume): ", "past this job's steps 20"}},
+      {{"model=tiny", d, opt[4], NULL}, {"resume_from: ", "holds no committed checkpoint"}},
+      {{"model=tiny", d, opt[5], NULL},
+       {"resume_from: ", "checkpoints of step 40: name one, such as "}},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    cr_expect_eq(submit(2, bad[i].kv, id, sizeof id), FSDP_EINVAL, "case %zu admitted", i);
+    const char *k = strstr(err_msg(), bad[i].want[0]);
+    cr_expect(k && strstr(k, bad[i].want[1]) && !strstr(err_msg(), "create the directory"),
+              "case %zu: %s", i, err_msg());
+  }
+  /* allowed: the checkpoint's step within steps, on another world size
+   * than the 2 shards that wrote it; an empty checkpoint_dir */
+  const char *ok[] = {"model=tiny", d, opt[1], "steps=45", NULL};
+  cr_assert_eq(submit(3, ok, id, sizeof id), 0, "%s", err_msg());
+  cr_assert_eq(cancel(id), 0, "%s", err_msg());
+  const char *own[] = {"model=tiny", d, opt[6], "checkpoint_every=5", "steps=50", NULL};
+  cr_assert_eq(submit(2, own, id, sizeof id), 0, "%s", err_msg());
+  cr_assert_eq(cancel(id), 0, "%s", err_msg());
+  /* its checkpoint_dir holds another model's checkpoint now */
+  tiny_manifest(fresh, 10, 1);
+  cr_assert_eq(resume(id), FSDP_EINVAL, "resumed onto another model's checkpoint");
+  cr_expect(strstr(err_msg(), "cannot be resumed") &&
+            strstr(err_msg(), "checkpoint_dir (auto_resume): ") &&
+            strstr(err_msg(), "holds a model of layers"), "%s", err_msg());
+  char cmd[800], out[256];
+  snprintf(cmd, sizeof cmd, "rm -r '%s/step-00000010'", fresh);
+  cr_assert_eq(tu_sh(cmd, out, sizeof out), 0, "%s", out);
+  cr_assert_eq(resume(id), 0, "%s", err_msg());
+}
+
 /* One live job per checkpoint directory, pending ones too: a second is
  * refused naming the first, until the first has ended; a resume is checked
  * the same way; and a job whose directory the database does not record (as
