@@ -2557,6 +2557,7 @@ static void write_shard_of(const char *preset, const char *root, int64_t step, i
   ckpt_header_t h = {0};
   h.shard_rank = j, h.shards = S, h.replicas = 1, h.model = cfg, h.shard_total = l->shard_total;
   h.step = step, h.adam_steps = step, h.num_units = (uint32_t)l->num_units, h.num_sections = 3;
+  h.seed = 1337; /* a job's default seed: the resume check compares it */
   h.sched = (ckpt_sched_t){.batch = 2, .seq_len = 64, .steps = 100, .lr = 3e-4f};
   h.units = malloc(h.num_units * sizeof *h.units);
   memcpy(h.units, l->units, h.num_units * sizeof *h.units);

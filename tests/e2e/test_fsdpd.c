@@ -1327,7 +1327,7 @@ Test(fsdpd, a_refusal_past_the_fence_stops_the_ranks, .timeout = 40 * TU_SLOW) {
   /* "register again" is no answer either, and the refusals' 5 s waits are
    * cut at the fence: dead within the coordinator's 1 s margin of it */
   cr_expect_lt(took, 2.0 + 1.0, "stopped %.2f s into the refusals (fence 2 s)", took);
-  cr_expect_eq(log_count("no answer from the coordinator"), 1, "%s", tu_slurp(fsdpd_log, NULL));
+  cr_expect_eq(log_count("ERROR fsdpd: no answer from the coordinator"), 1, "%s", tu_slurp(fsdpd_log, NULL));
   pthread_mutex_lock(&F.mu);
   F.refuse_regs = 0;
   pthread_mutex_unlock(&F.mu);
