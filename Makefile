@@ -74,7 +74,7 @@ CONTROL_PKGS = libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libsqlite3-dev 
 
 COMMON_SRCS = daemon/common/err.c daemon/common/log.c daemon/common/param.c daemon/common/mem.c \
               daemon/common/frame.c daemon/common/crash.c daemon/common/netaddr.c \
-              daemon/common/file.c
+              daemon/common/file.c daemon/common/hostmem.c
 # kernels/cpu: backend.c once (it picks the level), the rest once per level,
 # in $(B)/kernels/cpu/<level>/ (kernels/cpu/cpu.h names their symbols apart).
 KERN_ISAS     = generic avx2 avx512
@@ -126,7 +126,7 @@ BINS  = bin/fsdp-train bin/fsdp-tokenize bin/fsdp-launch bin/fsdp-coordinator bi
 # under a build directory.
 UNIT_TESTS = err frame param kernels isa device boot data gpt adamw config train ckpt sample shard plan comm \
              fsdp reference supervise sched inventory job rpc store store_txn safetensors netaddr \
-             ini_line file trace log
+             ini_line file trace log hostmem
 E2E_TESTS  = launch fault coordinator fsdpd cluster systemd metrics k8s slurm nogpu
 test_bins  = $(UNIT_TESTS:%=$(1)/tests/test_%) $(E2E_TESTS:%=$(1)/e2e/test_%)
 TEST_BINS  = $(call test_bins,$(B))

@@ -11,6 +11,7 @@
 
 #include "daemon/comm/ring_size.h"
 #include "daemon/common/err.h"
+#include "daemon/common/hostmem.h"
 #include "daemon/common/param.h"
 #include "daemon/job/precision.h"
 #include "daemon/job/shard.h"
@@ -337,16 +338,7 @@ void plan_for_rank(plan_t *p, const shard_mesh_t *m, int rank) {
   p->bytes[MEM_SNAPSHOT] = 0;
 }
 
-size_t plan_host_available(void) {
-  FILE *f = fopen("/proc/meminfo", "r");
-  if (!f) return 0;
-  char line[256];
-  size_t kb = 0;
-  while (fgets(line, sizeof line, f))
-    if (sscanf(line, "MemAvailable: %zu kB", &kb) == 1) break;
-  fclose(f);
-  return kb * 1024;
-}
+size_t plan_host_available(void) { return (size_t)hostmem_available(); }
 
 /* ---- the fit check ---------------------------------------------------------- */
 

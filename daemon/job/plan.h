@@ -58,7 +58,8 @@ void plan_for_rank(plan_t *p, const shard_mesh_t *m, int rank);
 /* Bytes of p kept in host memory apart from the device: a GPU plan's
  * ckpt_snapshot and host_offload; 0 on a CPU device. */
 size_t plan_host_bytes(const plan_t *p);
-/* Memory the host can give now (MemAvailable), in bytes; 0 if unknown. */
+/* Memory the host can give now (MemAvailable, or this process's control
+ * group's room where less: hostmem.h), in bytes; 0 if unknown. */
 size_t plan_host_available(void);
 /* When p exceeds limit and c's recompute is left to the device (-1, which
  * is 0 on cuda), sets the least level that fits, and replans: 1 when it

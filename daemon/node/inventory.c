@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "daemon/common/err.h"
+#include "daemon/common/hostmem.h"
 
 /* The few driver entry points used, by their C ABI (cuda.h is not needed). */
 typedef int (*cu_init_fn)(unsigned);
@@ -61,11 +62,9 @@ static int inventory_cuda_free(void *lib, int dev, size_t *bytes) {
   return e;
 }
 
-/* The host's memory divided n ways; 0 where it cannot be read. */
-static uint64_t inventory_host_share(int n) {
-  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  return pages > 0 && page > 0 && n > 0 ? (uint64_t)pages * (uint64_t)page / (uint64_t)n : 0;
-}
+/* The host's memory (its control group's limit where lower: a container's)
+ * divided n ways; 0 where it cannot be read. */
+static uint64_t inventory_host_share(int n) { return n > 0 ? hostmem_total() / (uint64_t)n : 0; }
 
 static int inventory_cpu(int n, inventory_t *out) {
   const uint64_t each = inventory_host_share(n);
