@@ -1991,6 +1991,7 @@ static void coord_opts_fill(coord_opts_t *o) {
   if (!o->restart_grace_ms) o->restart_grace_ms = 3 * o->heartbeat_timeout_ms;
   if (!o->checkpoint_timeout_ms) o->checkpoint_timeout_ms = 300000;
   if (!o->restart_backoff_ms) o->restart_backoff_ms = 10000;
+  if (!o->max_pending_jobs) o->max_pending_jobs = 10000;
   if (!o->event_retention_days) o->event_retention_days = 90;
 }
 

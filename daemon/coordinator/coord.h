@@ -51,6 +51,7 @@ typedef struct coord_opts {
                                     of its start waits this before its restart, doubled at each
                                     more such failure, at most COORD_BACKOFF_MAX_MS (its first
                                     failure restarts at once); 0: 10000; < 0: none */
+  int max_pending_jobs;          /* submits past this many PENDING jobs are refused; 0: 10000 */
   int sync_normal;               /* the store's synchronous=NORMAL (store.h) */
   const char *metrics_listen;    /* "0.0.0.0:9101": /metrics there (NULL: none) */
   const char *health_listen;     /* "0.0.0.0:7079": gRPC health alone, plaintext, no token, for

@@ -71,6 +71,9 @@ static void usage(FILE *f) {
           "  --restart-backoff-ms N     a job failing again within 10 min of its restart waits\n"
           "                             this before the next one, doubled at each more, at\n"
           "                             most 5 min (default 10000; 0: restart at once)\n"
+          "  --max-pending-jobs N       a submit is refused while this many jobs wait to be\n"
+          "                             placed (default 10000): one user's loop of submits\n"
+          "                             cannot fill the database's disk\n"
           "  --sync normal|full         SQLite synchronous mode (default full: what was\n"
           "                             answered survives a power loss)\n"
           "  --metrics-listen ADDR      serve Prometheus metrics at http://ADDR/metrics\n"
@@ -227,6 +230,7 @@ int main(int argc, char **argv) {
       {"heartbeat-timeout-ms", required_argument, 0, 't'}, {"sync", required_argument, 0, 's'},
       {"checkpoint-timeout-ms", required_argument, 0, 'C'}, {"backup", required_argument, 0, 'b'},
       {"restart-backoff-ms", required_argument, 0, 'B'},
+      {"max-pending-jobs", required_argument, 0, 'P'},
       {"restore", required_argument, 0, 'X'},
       {"metrics-listen", required_argument, 0, 'm'}, {"stop-grace", required_argument, 0, 'g'},
       {"event-retention-days", required_argument, 0, 'e'},
@@ -274,6 +278,7 @@ int main(int argc, char **argv) {
         return 2;
       if (!o.restart_backoff_ms) o.restart_backoff_ms = -1; /* none */
       break;
+    case 'P': if (positive("--max-pending-jobs", optarg, &o.max_pending_jobs)) return 2; break;
     case 's':
       if (strcmp(optarg, "normal") && strcmp(optarg, "full")) {
         fprintf(stderr, "fsdp-coordinator: --sync: '%s'; normal or full\n", optarg);

@@ -1880,6 +1880,31 @@ Test(coordinator, a_failed_job_restarts_away_from_the_node_it_failed_on, .timeou
             strstr(text, "not on node beta"), "the note: %s", text);
 }
 
+/* Past --max-pending-jobs waiting, a submit is refused, naming the bound
+ * and the fix, until one of them leaves the queue: before, a loop of
+ * submits (8000 in 3 s, an outside tester) grew the database for good. */
+Test(coordinator, submits_past_the_pending_bound_are_refused) {
+  char db[600];
+  snprintf(db, sizeof db, "%s", co_db);
+  teardown();
+  co_start(db, "127.0.0.1:0", "--max-pending-jobs 2");
+  client_for(&co, NULL);
+  char d[600], a[32], b[32], x[32];
+  data_opt(d, sizeof d);
+  const char *kv[] = {"model=tiny", d, NULL};
+  cr_assert_eq(submit(1, kv, a, sizeof a), 0, "%s", err_msg()); /* no node: they wait */
+  cr_assert_eq(submit(1, kv, b, sizeof b), 0, "%s", err_msg());
+  cr_assert_eq(submit(1, kv, x, sizeof x), FSDP_ELIMIT);
+  cr_expect(strstr(err_msg(), "2 jobs wait to be placed") && strstr(err_msg(), "--max-pending-jobs 2"),
+            "%s", err_msg());
+  Fsdp__V1__CancelJobRequest cq = FSDP__V1__CANCEL_JOB_REQUEST__INIT;
+  cq.job_id = a, cq.reason = "test";
+  Fsdp__V1__CancelJobReply *cr = NULL;
+  cr_assert_eq(CALL("CancelJob", cq, cancel_job_reply, &cr), 0, "%s", err_msg());
+  reply_free(cr);
+  cr_assert_eq(submit(1, kv, x, sizeof x), 0, "%s", err_msg());
+}
+
 static double co_metric(const char *name);
 
 /* Without --restart-backoff-ms the wait is 10 s: a second failure in a row
