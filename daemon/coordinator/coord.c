@@ -946,8 +946,10 @@ static void coord_outage_mark(coord_t *c) {
      * time: its ranks are told again as their nodes register */
     int64_t asked = 0, until = 0;
     if (x && !store_job_stopping(c->st, jobs[i], &asked, &until, NULL, 0) && asked) {
-      const int64_t left = until - coord_unix_ms();
-      coord_stop_set(c, x, c->started_ms + (uint64_t)(left > 0 ? left : 0));
+      /* at least the nodes' time to register again and report the stop's
+       * exits, lest the first tick cancel a stop that ended meanwhile */
+      const int64_t left = until - coord_unix_ms(), grace = c->o.restart_grace_ms;
+      coord_stop_set(c, x, c->started_ms + (uint64_t)(left > grace ? left : grace));
     }
   }
   store_array_free(jobs);
@@ -986,12 +988,13 @@ static void coord_stop_tick(coord_t *c, uint64_t now) {
     x->stop_until = 0, c->n_stopping--;
     if (!running) continue;
     int64_t asked = 0, until = 0;
-    char why[STORE_REASON_MAX] = "", reason[300] = "cancelled";
-    store_job_stopping(c->st, x->id, &asked, &until, reason, sizeof reason);
-    snprintf(why, sizeof why, "%.300s; its ranks did not stop within the grace of %.0f s: killed, "
-             "no checkpoint written as it stopped (fsdpctl resume goes on from the latest "
-             "committed: fsdpctl checkpoints)", reason, asked && until > asked ?
-             (double)(until - asked - COORD_STOP_MARGIN_MS) / 1000 : 0.0);
+    char why[STORE_REASON_MAX] = "cancelled", how[128];
+    store_job_stopping(c->st, x->id, &asked, &until, NULL, 0);
+    snprintf(how, sizeof how, "its ranks did not stop within the grace of %.0f s: killed",
+             asked && until > asked ? (double)(until - asked - COORD_STOP_MARGIN_MS) / 1000 : 0.0);
+    /* as a stop's end says it: the step its checkpoint kept (committed
+     * before a rank failed to exit in time), else the latest */
+    store_job_stop_reason(c->st, x->id, epoch, how, why, sizeof why);
     coord_ranks_keep(c, x->id, epoch);
     store_job_state_t was;
     if (store_job_cancel(c->st, x->id, why, &was)) {
@@ -1410,6 +1413,10 @@ static int coord_node_busy(const coord_node_t *n, int index) {
  * processes of an earlier job on it. */
 void coord_pic_free(coord_pic_t *p) { free(p->sn), free(p->sd), free(p->freeing); }
 
+void coord_pic_wake(coord_t *c, const coord_pic_t *p) {
+  if (p->wake && (!c->fence_wake_ms || p->wake < c->fence_wake_ms)) c->fence_wake_ms = p->wake;
+}
+
 static int coord_node_id_cmp(const void *a, const void *b) {
   const int64_t x = ((const store_node_t *)a)->id, y = ((const store_node_t *)b)->id;
   return x < y ? -1 : x > y;
@@ -1538,9 +1545,13 @@ int coord_fit(coord_pic_t *p, const coord_job_t *x, sched_slot_t *slot, char *no
   sched_job_t sj = {x->R, x->S, x->kind, x->need, avoid};
   int rc = sched_place(p->sn, p->nn, p->sd, p->nd, &sj, slot, note, len);
   if (rc == SCHED_PLACED && note[0] && whole_since && coord_fit_whole_soon(p, &sj)) {
-    if (!*whole_since) *whole_since = p->now;
+    /* the wait's start is kept across a pass that found otherwise (a node
+     * quiet a moment): the bound holds; one long past starts anew */
+    if (!*whole_since || p->now - *whole_since > 4 * p->whole_wait_ms) *whole_since = p->now;
     const uint64_t waited = p->now - *whole_since;
     if (waited < p->whole_wait_ms) {
+      /* a pass when its wait is up, freed or not (a submit's too) */
+      if (!p->wake || *whole_since + p->whole_wait_ms < p->wake) p->wake = *whole_since + p->whole_wait_ms;
       snprintf(note, len, "waiting %.1f s at most for devices their nodes are releasing (the ranks "
                "of an attempt that ended, exiting there): with them every shard group fits inside "
                "one node, where now one would span nodes", (double)(p->whole_wait_ms - waited) / 1e3);
@@ -1548,7 +1559,7 @@ int coord_fit(coord_pic_t *p, const coord_job_t *x, sched_slot_t *slot, char *no
       return SCHED_WAIT;
     }
   }
-  if (whole_since) *whole_since = 0; /* not waiting so (any more) */
+  if (rc == SCHED_PLACED && whole_since) *whole_since = 0;
   for (int r = 0; rc == SCHED_PLACED && r < x->R * x->S; r++) p->sd[slot[r].device].held = 1;
   /* where it failed before: said in the placement's note, avoided or not */
   for (int i = 0, used; rc == SCHED_PLACED && avoid && i < p->nn; i++) {
@@ -1754,10 +1765,6 @@ static void coord_place(coord_t *c, coord_pass_t *ps, int64_t job) {
   } else if (rc == SCHED_WAIT) {
     coord_pass_wait(ps, x, note);
   }
-  if (rc == SCHED_WAIT && x->whole_since) { /* a pass when its wait is up, freed or not */
-    const uint64_t until = x->whole_since + ps->pic.whole_wait_ms;
-    if (!c->fence_wake_ms || until < c->fence_wake_ms) c->fence_wake_ms = until;
-  }
   if (rc == SCHED_PLACED) {
     coord_start(c, &ps->pic, job, x, slot, note);
     x->started_ms = now;
@@ -1794,6 +1801,7 @@ void coord_schedule(coord_t *c) {
      * remove under it. */
     for (int i = 0; i < nj; i++)
       if (!coord_ckpt_busy(c, jobs[i])) coord_place(c, ps, jobs[i]);
+    coord_pic_wake(c, &ps->pic);
     coord_pic_free(&ps->pic);
   }
   if (ps && ps->n) {

@@ -383,6 +383,8 @@ typedef struct coord_pic {
    * attempt that has ended (they exit within a heartbeat or so) */
   char *freeing;
   uint64_t now;          /* loop time of the load */
+  uint64_t wake;         /* coord_fit's: when a job's wait for devices being released ends
+                            (0: none), for coord_pic_wake */
   uint64_t whole_wait_ms; /* how long a job waits for freeing devices to keep its groups whole */
 } coord_pic_t;
 /* Brings coord_t.pic (every node and its devices as the store has them) up
@@ -391,6 +393,8 @@ typedef struct coord_pic {
 int coord_pic_refresh(coord_t *c);
 int coord_pic_load(coord_t *c, coord_pic_t *p);
 void coord_pic_free(coord_pic_t *p);
+/* A placement pass due when a wait coord_fit began on p ends (p->wake). */
+void coord_pic_wake(coord_t *c, const coord_pic_t *p);
 /* whole_since (NULL: never wait): when the job began to wait for devices
  * being released to keep its shard groups whole (0: not waiting), which
  * coord_fit sets, and clears once it places the job. */

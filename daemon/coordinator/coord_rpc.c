@@ -723,7 +723,8 @@ static void coord_submit_store(coord_t *c) {
     const coord_job_t *x = &sub[i].facts;
     slot[i] = calloc((size_t)(x->R * x->S) + 1, sizeof **slot);
     if (pic && slot[i] && sub[i].call)
-      placed[i] = coord_fit(&p, x, slot[i], why[i], sizeof why[i], &(uint64_t){0}) == SCHED_PLACED;
+      placed[i] = coord_fit(&p, x, slot[i], why[i], sizeof why[i], &sub[i].facts.whole_since) ==
+                  SCHED_PLACED;
     js[m++] = (store_job_spec_t){sub[i].name, sub[i].text, sub[i].world, sub[i].mesh,
                                  sub[i].max_restarts, placed[i] ? NULL : why[i], sub[i].request_id,
                                  x->ckpt_dir};
@@ -752,7 +753,7 @@ static void coord_submit_store(coord_t *c) {
     free(sub[i].text);
     if (slot) free(slot[i]);
   }
-  if (pic) coord_pic_free(&p);
+  if (pic) coord_pic_wake(c, &p), coord_pic_free(&p);
   free(sub), free(js), free(ids), free(slot), free(why), free(placed), free(dup);
 }
 
@@ -955,6 +956,7 @@ static void coord_resume_checked(coord_t *c, coord_check_t *k) {
     LOG_INFO("coord", "job j-%lld resumed by a user", (long long)id);
     coord_job_t *x = coord_job_info(c, id);
     if (x) x->failure[0] = 0, x->preempted = 0, x->fails = 0, x->backoff_until = 0, x->n_avoid = 0;
+    if (x && x->stop_until) x->stop_until = 0, c->n_stopping--; /* its stop's tick must not end the new attempt */
     c->dirty = 1;
     coord_job_changed(c, id);
   }

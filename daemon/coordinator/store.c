@@ -1943,7 +1943,11 @@ uint64_t store_ckpt_aborted_at_end(const store_t *st) { return st->ckpt_aborts_a
  * and whether the stop's checkpoint was committed (one of this attempt,
  * committed since the stop was asked), never restarted or requeued. 1 when
  * it was such a job, 0 when no stop was asked. */
-static int job_stop_end(store_t *st, int64_t job_id, int64_t epoch, const char *how, int64_t now) {
+/* The reason of a stopped job (cancel --checkpoint) whose attempt epoch ended
+ * (how: how it ended when no checkpoint came of the stop): the step kept, or
+ * the latest committed; 0 when no stop was asked. */
+static int job_stop_why(store_t *st, int64_t job_id, int64_t epoch, const char *how, char *why,
+                        size_t len) {
   char asked[STORE_REASON_MAX] = "";
   int64_t stop_ms = -1;
   sqlite3_stmt *s = st_query(st, "SELECT stop_ms, stop_reason FROM jobs WHERE id = ? AND "
@@ -1959,17 +1963,27 @@ static int job_stop_end(store_t *st, int64_t job_id, int64_t epoch, const char *
                               A_I(job_id), A_I(epoch), A_I(stop_ms));
   const int64_t last = st_int(st, -1, "SELECT max(step) FROM checkpoints WHERE job_id = ? AND "
                               "state = 'COMMITTED'", A_I(job_id));
-  char why[STORE_REASON_MAX];
   if (kept > 0)
-    snprintf(why, sizeof why, "%.150s; its ranks stopped at a step boundary and its checkpoint of "
+    snprintf(why, len, "%.150s; its ranks stopped at a step boundary and its checkpoint of "
              "step %lld was committed: fsdpctl resume goes on from it", asked, (long long)kept);
   else if (last > 0)
-    snprintf(why, sizeof why, "%.150s; no checkpoint was written as it stopped (%.200s); the "
+    snprintf(why, len, "%.150s; no checkpoint was written as it stopped (%.200s); the "
              "latest committed is step %lld, where fsdpctl resume goes on", asked, how,
              (long long)last);
   else
-    snprintf(why, sizeof why, "%.150s; no checkpoint was written as it stopped (%.200s), and "
+    snprintf(why, len, "%.150s; no checkpoint was written as it stopped (%.200s), and "
              "none was committed before", asked, how);
+  return 1;
+}
+
+int store_job_stop_reason(store_t *st, int64_t job_id, int64_t epoch, const char *how, char *why,
+                          size_t len) {
+  return job_stop_why(st, job_id, epoch, how, why, len);
+}
+
+static int job_stop_end(store_t *st, int64_t job_id, int64_t epoch, const char *how, int64_t now) {
+  char why[STORE_REASON_MAX];
+  if (!job_stop_why(st, job_id, epoch, how, why, sizeof why)) return 0;
   st_exec(st, "UPDATE jobs SET state = 'CANCELLED', reason = ?, ended_ms = ? WHERE id = ?",
           A_T(why), A_I(now), A_I(job_id));
   st_event(st, job_id, 0, "job.cancelled", "attempt %lld stopped as asked: %s", (long long)epoch,

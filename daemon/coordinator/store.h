@@ -488,6 +488,12 @@ int store_job_stop(store_t *st, int64_t job_id, const char *reason, int64_t unti
  * bytes; NULL: not wanted). */
 int store_job_stopping(store_t *st, int64_t job_id, int64_t *stop_ms, int64_t *until_ms,
                        char *reason, size_t len);
+/* The reason a stopped job (store_job_stop) ends with, its attempt epoch
+ * over (how: how it ended, for when no checkpoint came of the stop): the
+ * step its stop's checkpoint kept, or the latest committed; 0 (why
+ * untouched) when no stop was asked. */
+int store_job_stop_reason(store_t *st, int64_t job_id, int64_t epoch, const char *how, char *why,
+                          size_t len);
 /* A FAILED or CANCELLED job back to PENDING with its restarts reset (its
  * next attempt resumes from its latest committed checkpoint); FSDP_ESTATE
  * for a job still pending, running or succeeded. checkpoint_dir: its

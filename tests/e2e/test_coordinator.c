@@ -5639,6 +5639,70 @@ Test(coordinator, a_group_waits_for_devices_being_released_a_bounded_time) {
   cr_expect(waited > 1.0 && waited < 1.4 + 1.0 * TU_SLOW, "it spanned after %.2f s", waited);
 }
 
+/* A stop (cancel --checkpoint, 1 s grace) whose checkpoint committed but one
+ * of whose ranks never reported its exit: cancelled past the grace, its
+ * reason names the step kept (it said "no checkpoint written": a reviewer). */
+Test(coordinator, a_stop_past_its_grace_names_the_checkpoint_it_kept) {
+  node_t n = {{0}, 0};
+  char d[600], ck[600], ckopt[700], id[32], reason[512];
+  ckpt_job_start(&n, "model=tiny", "keep_checkpoints=3", d, ck, ckopt, id);
+  Fsdp__V1__RankStatus rs[2], *rp[2];
+  running_ranks(rs, rp, id, 13);
+  reply_free(heartbeat(&n, rp, 2));
+  cr_assert_eq(cancel_keep(id, 1000, NULL, NULL, 0), 0, "%s", err_msg());
+  cr_assert_eq(ckpt_report_both(&n, id, "tiny", ck, 14),
+               FSDP__V1__CHECKPOINT_STATE__CHECKPOINT_STATE_COMMITTED, "the stop's checkpoint");
+  cr_assert_eq(report_exit(&n, id, 1, 0, 75), 0, "%s", err_msg());
+  const double t0 = tu_now_s();
+  Fsdp__V1__JobState s;
+  while ((s = job_state(id, reason, sizeof reason)) == FSDP__V1__JOB_STATE__JOB_STATE_RUNNING &&
+         tu_now_s() - t0 < 10)
+    reply_free(heartbeat(&n, rp + 1, 1));
+  cr_expect_eq(s, FSDP__V1__JOB_STATE__JOB_STATE_CANCELLED, "%s", reason);
+  cr_expect(strstr(reason, "checkpoint of step 14 was committed"), "%s", reason);
+}
+
+/* Nodes beating steadily (held heartbeats, nothing changing) and a job
+ * submitted while a device is being released for good (an ended job's rank
+ * that never exits): stored waiting "at most 1.4 s", it is placed, spanning,
+ * once that wait is up. It waited for good: only a pass made a wake for
+ * its wait, never a submit (a reviewer). */
+typedef struct beat { const node_t *n; int ndev, busy, stop, got; const char *job; } beat_t;
+static void *beat_main(void *arg) {
+  beat_t *b = arg;
+  while (!__atomic_load_n(&b->stop, __ATOMIC_SEQ_CST)) {
+    Fsdp__V1__HeartbeatReply *r = heartbeat_busy(b->n, b->ndev, b->busy);
+    const char *job = __atomic_load_n(&b->job, __ATOMIC_SEQ_CST);
+    for (size_t i = 0; job && i < r->n_assignments; i++)
+      if (!strcmp(r->assignments[i]->job_id, job)) __atomic_add_fetch(&b->got, 1, __ATOMIC_SEQ_CST);
+    reply_free(r);
+  }
+  return NULL;
+}
+Test(coordinator, a_job_waiting_at_submit_for_devices_being_released_is_placed_after_its_wait, .timeout = 60) {
+  static node_t a, b, g;
+  node_register(&a, "alpha", 2, 8ull << 30, NULL, 0);
+  node_register(&b, "beta", 2, 8ull << 30, NULL, 0);
+  node_register(&g, "gamma", 1, 8ull << 30, NULL, 0);
+  beat_t hb[3] = {{&a, 2, 2, 0, 0, NULL}, {&b, 2, 1, 0, 0, NULL}, {&g, 1, 0, 0, 0, NULL}};
+  pthread_t th[3];
+  for (int k = 0; k < 3; k++) cr_assert_eq(pthread_create(&th[k], NULL, beat_main, &hb[k]), 0);
+  usleep(1500 * 1000); /* steady */
+  char d0[600], reason[512] = "", id[32];
+  data_opt(d0, sizeof d0);
+  const char *kv[] = {"model=tiny", d0, NULL};
+  cr_assert_eq(submit(2, kv, id, sizeof id), 0, "%s", err_msg());
+  for (int k = 0; k < 3; k++) __atomic_store_n(&hb[k].job, id, __ATOMIC_SEQ_CST);
+  const double t0 = tu_now_s();
+  while (hb[0].got + hb[1].got + hb[2].got < 2 && tu_now_s() - t0 < 8) usleep(100 * 1000);
+  const double took = tu_now_s() - t0;
+  job_state(id, reason, sizeof reason);
+  for (int k = 0; k < 3; k++) __atomic_store_n(&hb[k].stop, 1, __ATOMIC_SEQ_CST);
+  for (int k = 0; k < 3; k++) pthread_join(th[k], NULL);
+  cr_expect_eq(hb[0].got + hb[1].got + hb[2].got, 2, "never placed in 8 s: %s", reason);
+  cr_expect_lt(took, 1.4 + 1.5 * TU_SLOW, "placed %.2f s after the submit", took);
+}
+
 /* A node whose fsdpd left (its last heartbeat, leaving, lists no ranks)
  * with an attempt still assigned there (the assignment crossed its stop):
  * the job is requeued as a preemption and starts on another node at once,
