@@ -1132,7 +1132,8 @@ static int cmd_cancel(ctl_t *c, int argc, char **argv) {
   req.job_id = (char *)job;
   req.reason = (char *)reason;
   req.checkpoint = keep;
-  req.grace_ms = (uint32_t)(grace * 1000 + 0.5);
+  /* a grace asked is never 0 ms, which the coordinator takes as its default */
+  req.grace_ms = grace > 0 && grace * 1000 < 1 ? 1 : (uint32_t)(grace * 1000 + 0.5);
   Fsdp__V1__CancelJobReply *rep = NULL;
   int rc = ctl_call(c, "CancelJob", &req.base, &fsdp__v1__cancel_job_reply__descriptor, &rep);
   if (rc) return ctl_fail(c, rc, "cancelling job %s", job);

@@ -1295,7 +1295,19 @@ Test(fsdpctl, nodes_memory_checkpoints_cancel) {
   Fsdp__V1__CancelJobRequest *req = rec_get("CancelJob", &fsdp__v1__cancel_job_request__descriptor, NULL);
   cr_assert_str_eq(req->job_id, "j-42");
   cr_assert_str_eq(req->reason, "wrong data");
+  cr_assert(!req->checkpoint && !req->grace_ms);
   protobuf_c_message_free_unpacked(&req->base, NULL);
+  /* --checkpoint with a grace: in ms, and never 0 (the coordinator's "use
+   * the default, 60 s") however small the grace asked (a reviewer) */
+  static const struct { const char *grace; uint32_t ms; } g[] = {{"2.5", 2500}, {"0.0004", 1}};
+  for (int k = 0; k < 2; k++) {
+    cr_assert_eq(CTL("cancel", "j-42", "--checkpoint", "--grace", g[k].grace), 0, "%s", err);
+    req = rec_get("CancelJob", &fsdp__v1__cancel_job_request__descriptor, NULL);
+    cr_expect(req->checkpoint && req->grace_ms == g[k].ms, "--grace %s sent %u ms", g[k].grace,
+              req->grace_ms);
+    protobuf_c_message_free_unpacked(&req->base, NULL);
+  }
+  cr_assert_eq(CTL("cancel", "j-42", "--grace", "5"), 2, "--grace without --checkpoint: %s", err);
 }
 
 /* ---- events ----------------------------------------------------------------------------- */
