@@ -74,7 +74,10 @@ int rpc__guard_cap(void) {
     return INT32_MAX;
   const long lim = (long)rl.rlim_cur, reserve = lim / 4 > RPC_GUARD_RESERVE_MIN ? lim / 4
                                                                                : RPC_GUARD_RESERVE_MIN;
-  return lim > reserve ? (int)(lim - reserve) : 0;
+  /* a limit this small leaves no room to shed from: no cap (a limit of 300
+   * would shed every connection past descriptor 44) */
+  if (lim < 4 * RPC_GUARD_RESERVE_MIN) return INT32_MAX;
+  return (int)(lim - reserve);
 }
 
 static bool rpc_guard_mutate(const rpc_mutate_info_t *info, grpc_socket_mutator *m) {
@@ -142,15 +145,21 @@ int rpc__guard_listen_end(void) {
   int n = atomic_load(&rpc_guard_nlisten);
   if (n > RPC_GUARD_LISTENERS) n = RPC_GUARD_LISTENERS;
   const int cap = rpc__guard_cap();
+  if (cap == INT32_MAX) return n; /* no cap: gRPC's own backlog */
   struct rlimit rl;
   long lim = getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur > INT32_MAX ? INT32_MAX : (long)rl.rlim_cur;
   long backlog = (lim - cap) / 2;
   if (backlog > RPC_GUARD_BACKLOG_MAX) backlog = RPC_GUARD_BACKLOG_MAX;
   if (backlog < 16) backlog = 16;
-  /* listen() again on a listening socket sets its backlog (Linux) */
-  for (int i = 0; i < n; i++)
+  /* listen() again on a listening socket sets its backlog (Linux); one
+   * that is no longer a listener (closed, its number reused) is left */
+  for (int i = 0; i < n; i++) {
+    int on = 0;
+    socklen_t ol = sizeof on;
+    if (getsockopt(rpc_guard_listen_fd[i], SOL_SOCKET, SO_ACCEPTCONN, &on, &ol) || !on) continue;
     if (listen(rpc_guard_listen_fd[i], (int)backlog))
       LOG_WARN("rpc", "cannot set the listener's backlog to %ld: %s", backlog, strerror(errno));
+  }
   return n;
 }
 

@@ -930,7 +930,7 @@ int rpc_server_start(rpc_server_t *s) {
                              "usable PEM", s->o.tls_cert_file, s->o.tls_key_file);
   rpc__guard_listen_begin();
   s->port = grpc_server_add_http2_port(s->server, s->addr, creds);
-  rpc__guard_listen_end();
+  if (s->port) rpc__guard_listen_end(); /* a failed add closed what it made */
   grpc_server_credentials_release(creds);
   if (!s->port)
     return err_set(FSDP_EUNAVAILABLE, "rpc server: cannot listen on %s (in use, not an address "
