@@ -90,9 +90,14 @@ static int sched_before(const sched_job_t *job, const int *avail, int a, int b, 
 /* The two nodes a group of S that fits no node whole spans, as few as it
  * can: a pair holding S between them, the pair the job avoids least, then
  * the one leaving the least over (the larger holes stay for whole groups
- * of later jobs); 0 when no pair holds S. Found by an outside tester: most
- * free first spread a group over three nodes where two held it. */
+ * of later jobs); 0 when no pair holds S, when the only pairs take a node
+ * the job avoids while the others hold S between them (more nodes, but
+ * none it failed on), or on a cluster past SCHED_PAIR_NODES (the search is
+ * quadratic, and runs on the coordinator's loop). Found by an outside
+ * tester: most free first spread a group over three nodes where two held it. */
+#define SCHED_PAIR_NODES 512
 static int sched_pair(const sched_job_t *job, const int *avail, int num_nodes, int S, int *a, int *b) {
+  if (num_nodes > SCHED_PAIR_NODES) return 0;
   int best_av = -1, best_waste = 0;
   for (int i = 0; i < num_nodes; i++)
     for (int j = i + 1; j < num_nodes; j++) {
@@ -102,6 +107,11 @@ static int sched_pair(const sched_job_t *job, const int *avail, int num_nodes, i
       if (best_av < 0 || av < best_av || (av == best_av && waste < best_waste))
         best_av = av, best_waste = waste, *a = avail[i] >= avail[j] ? i : j, *b = *a == i ? j : i;
     }
+  if (best_av > 0) { /* the nodes it does not avoid, all together */
+    int clean = 0;
+    for (int n = 0; n < num_nodes; n++) clean += job->avoid[n] ? 0 : avail[n];
+    if (clean >= S) return 0;
+  }
   return best_av >= 0;
 }
 

@@ -200,6 +200,16 @@ Test(sched, a_spanning_group_takes_the_pair_of_nodes_that_holds_it) {
   for (int r = 0; r < 4; r++) cr_expect_neq(node_of(&d, s, r), 2, "best fit pair: %s", note);
   cr_assert_eq(place_avoiding(&d, 1, 4, "cpu", 100, avoid, s, note, sizeof note), SCHED_PLACED);
   for (int r = 0; r < 4; r++) cr_expect_neq(node_of(&d, s, r), 0, "rank %d on the avoided node", r);
+  /* every pair takes the avoided node, but the three others hold the group:
+   * three nodes it did not fail on, not two with one it did */
+  cluster_t e = {0};
+  add_node(&e, 3, "cpu", 1024);
+  add_node(&e, 1, "cpu", 1024);
+  add_node(&e, 1, "cpu", 1024);
+  add_node(&e, 2, "cpu", 1024);
+  char avoid0[4] = {1, 0, 0, 0};
+  cr_assert_eq(place_avoiding(&e, 1, 4, "cpu", 100, avoid0, s, note, sizeof note), SCHED_PLACED);
+  for (int r = 0; r < 4; r++) cr_expect_neq(node_of(&e, s, r), 0, "rank %d on the avoided node", r);
 }
 
 Test(sched, dead_nodes_small_devices_and_other_kinds_are_not_used) {
