@@ -531,8 +531,15 @@ void coord_submit_checks_detach(coord_t *c) {
 
 /* k (its call set) joins the batch of checks the pool runs next; the batch
  * then owns it. */
+#define COORD_CHECKS_MAX 256 /* waiting for the batch out to come back */
 static int coord_checks_add(coord_t *c, coord_check_t *k) {
   coord_checks_t *b = c->checks_next;
+  /* one batch is on the pool at a time: while it hangs (a file system that
+   * does not answer), those waiting are bounded, not each retry's memory */
+  if (b && b->n >= COORD_CHECKS_MAX)
+    return err_set(FSDP_ELIMIT, "the coordinator is still checking the files of %d submits or "
+                   "resumes (a file system slow to answer under a job root?); try again shortly",
+                   b->n + (c->checks_running ? c->checks_running->n : 0));
   if (!b && !(b = calloc(1, sizeof *b))) return err_set(FSDP_ENOMEM, "coordinator: out of memory");
   c->checks_next = b;
   b->c = c, b->roots = (const char *const *)c->o.roots, b->nroots = c->o.nroots;
