@@ -479,7 +479,9 @@ static void coord_checks_work_cb(uv_work_t *w) {
   coord_checks_t *b = w->data;
   for (int i = 0; i < b->n; i++) {
     coord_check_t *k = b->k[i];
-    int rc = k->resume ? FSDP_OK : job_paths_check(&k->cfg, b->roots, b->nroots);
+    /* a resume's paths too: a root the operator has since removed, or a
+     * component since made a link out of the roots, is refused as at submit */
+    int rc = job_paths_check(&k->cfg, b->roots, b->nroots);
     if (!rc && !k->resume) rc = job_init_from_check(&k->cfg);
     if (!rc) rc = job_resume_check(&k->cfg);
     if (rc == FSDP_ENOENT || rc == FSDP_EFORMAT) rc = FSDP_EINVAL;

@@ -1880,6 +1880,34 @@ Test(coordinator, a_failed_job_restarts_away_from_the_node_it_failed_on, .timeou
             strstr(text, "not on node beta"), "the note: %s", text);
 }
 
+/* A resume checks the job's paths as a submit does: a directory of its
+ * data replaced since by a link out of the job roots is refused, naming
+ * the field (the resume read the stored paths wherever they now led: a
+ * reviewer). */
+Test(coordinator, a_resume_refuses_paths_that_now_lead_out_of_the_roots) {
+  char *dir = tu_path("dd"), *away = tu_path("../away-dd"), path[1200], opt[1300], id[32];
+  cr_assert_eq(mkdir(dir, 0755), 0);
+  snprintf(path, sizeof path, "%s/tok.bin", dir);
+  char *tok = tu_token_file("tok.bin", 20000, 1, 256);
+  cr_assert_eq(rename(tok, path), 0, "%s", strerror(errno));
+  snprintf(opt, sizeof opt, "data=%s", path);
+  const char *kv[] = {"model=tiny", opt, NULL};
+  cr_assert_eq(submit(1, kv, id, sizeof id), 0, "%s", err_msg());
+  Fsdp__V1__CancelJobRequest cq = FSDP__V1__CANCEL_JOB_REQUEST__INIT;
+  cq.job_id = id, cq.reason = "test";
+  Fsdp__V1__CancelJobReply *cr = NULL;
+  cr_assert_eq(CALL("CancelJob", cq, cancel_job_reply, &cr), 0, "%s", err_msg());
+  reply_free(cr);
+  cr_assert_eq(rename(dir, away), 0, "%s", strerror(errno));
+  cr_assert_eq(symlink(away, dir), 0);
+  cr_assert_eq(resume(id), FSDP_EINVAL, "a resume through a link out of the roots");
+  cr_expect(strstr(err_msg(), "data"), "%s", err_msg());
+  cr_assert_eq(unlink(dir), 0);
+  cr_assert_eq(rename(away, dir), 0);
+  cr_assert_eq(resume(id), 0, "%s", err_msg());
+  free(dir), free(away), free(tok);
+}
+
 /* Past --max-pending-jobs waiting, a submit is refused, naming the bound
  * and the fix, until one of them leaves the queue: before, a loop of
  * submits (8000 in 3 s, an outside tester) grew the database for good. */
