@@ -762,7 +762,7 @@ int coord_attempt_fail(coord_t *c, int64_t job, int64_t epoch, int64_t except_no
   if (x) x->preempted = 0, snprintf(x->failure, sizeof x->failure, "%s", why);
   if (x && state == STORE_JOB_PENDING) coord_backoff(c, x, node);
   if (!rc) {
-    c->ended[COORD_ENDED_FAILED]++;
+    c->ended[state == STORE_JOB_CANCELLED ? COORD_ENDED_CANCELLED : COORD_ENDED_FAILED]++; /* a stop's */
     LOG_INFO("coord", "job j-%lld attempt %lld failed (%s): now %s", (long long)job,
              (long long)epoch, why, store_job_state_name(state));
   }
