@@ -29,31 +29,48 @@ Test(k8s, the_manifests_pass_the_schemas_and_the_rules) {
   cr_assert(strstr(out, "ok: 6 documents"), "%s", out);
 }
 
-/* A copy of deploy/k8s/NAME with the first `from` replaced by `to` (to
- * appended when from is NULL), checked with the other manifests, is
- * refused, the output naming want. */
-static void refused(const char *name, const char *from, const char *to, const char *want) {
-  char src[1024], out[1 << 14];
+/* The manifests deploy/k8s holds, each a file name. */
+static const char *const all[] = {"coordinator.yaml", "fsdpd.yaml", "submit-job.yaml"};
+#define NALL (sizeof all / sizeof all[0])
+
+/* A copy of deploy/k8s/NAME with `from` replaced by `to` (the first one, or
+ * every one with every; to appended when from is NULL), checked with the
+ * other manifests; its exit status, the output in out. */
+static int check_copy(const char *name, const char *from, const char *to, int every, char *out,
+                      size_t len) {
+  char src[1024];
   snprintf(src, sizeof src, "%s/deploy/k8s/%s", tu_root(), name);
-  char *text = tu_slurp(src, NULL), *p = from ? strstr(text, from) : NULL;
-  cr_assert(!from || p, "%s has no \"%s\"", name, from);
-  size_t n = strlen(text) + strlen(to) + 2;
-  char *broken = malloc(n);
-  if (from)
-    snprintf(broken, n, "%.*s%s%s", (int)(p - text), text, to, p + strlen(from));
-  else
-    snprintf(broken, n, "%s%s", text, to);
+  char *text = tu_slurp(src, NULL);
+  cr_assert(!from || strstr(text, from), "%s has no \"%s\"", name, from);
+  for (int done = 0; !done;) {
+    char *p = from ? strstr(text, from) : NULL;
+    size_t n = strlen(text) + strlen(to) + 2;
+    char *edited = malloc(n);
+    if (p)
+      snprintf(edited, n, "%.*s%s%s", (int)(p - text), text, to, p + strlen(from));
+    else
+      snprintf(edited, n, "%s%s", text, to);
+    free(text);
+    text = edited;
+    done = !from || !every || !strstr(text, from) || strstr(to, from);
+  }
   char *path = tu_path("broken.yaml");
-  tu_write_file(path, broken, strlen(broken));
-  static const char *const all[] = {"coordinator.yaml", "fsdpd.yaml", "submit-job.yaml"};
+  tu_write_file(path, text, strlen(text));
   char files[4096];
   size_t at = (size_t)snprintf(files, sizeof files, "'%s'", path);
-  for (int i = 0; i < 3; i++)
+  for (size_t i = 0; i < NALL; i++)
     if (strcmp(all[i], name)) at += (size_t)snprintf(files + at, sizeof files - at, " deploy/k8s/%s", all[i]);
-  int rc = check(files, out, sizeof out);
+  int rc = check(files, out, len);
+  free(text), free(path);
+  return rc;
+}
+
+/* Such a copy (the first `from`) is refused, the output naming want. */
+static void refused(const char *name, const char *from, const char *to, const char *want) {
+  char out[1 << 14];
+  int rc = check_copy(name, from, to, 0, out, sizeof out);
   cr_assert_eq(rc, 1, "a copy with \"%s\" -> \"%s\" passed:\n%s", from ? from : "", to, out);
   cr_assert(strstr(out, want), "the refusal does not name \"%s\":\n%s", want, out);
-  free(text), free(broken), free(path);
 }
 
 Test(k8s, a_wrong_type_is_refused) {
@@ -88,6 +105,21 @@ Test(k8s, the_projects_rules_are_kept) {
           "{key: node.token, path: node.token}", "shared node token");
   refused("fsdpd.yaml", "            defaultMode: 0400\n            items: [{key: user.token",
           "            defaultMode: 0400\n            x: [{key: user.token", "shared node token");
+}
+
+/* The kubelet writes a Secret's files as root:root with their mode, and only
+ * fsGroup makes a 0400 file readable by a pod's non-root user: the Job's
+ * fsdpctl could not read its CA or token without it (every run failed). The
+ * mode is read as the cluster reads it, YAML 1.1: 0400 is octal. */
+Test(k8s, a_non_root_pod_reads_its_secrets_through_fs_group) {
+  refused("submit-job.yaml", "        fsGroup: 65532\n", "", "Secret fsdp-tls ca.crt is written root:root, mode 0400");
+  refused("coordinator.yaml", "        fsGroup: 65532\n", "", "Secret fsdp-operator-token * is written root:root");
+  /* without the group, a file others may read (the JWKS, 0444) is read all the same */
+  char out[1 << 14];
+  int rc = check_copy("coordinator.yaml", "        fsGroup: 65532\n", "", 0, out, sizeof out);
+  cr_assert_eq(rc, 1, "%s", out);
+  cr_assert(strstr(out, "Secret fsdp-tls * is written root:root, mode 0400"), "%s", out);
+  cr_assert(!strstr(out, "ConfigMap fsdp-node-jwks"), "%s", out);
 }
 
 /* A node's identity is its projected service account token: for the

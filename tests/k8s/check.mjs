@@ -18,9 +18,15 @@
 // a DaemonSet (every node) holds no user, operator or shared node token; a
 // projected service account token has an audience, and the one fsdpd sends
 // is for an audience and of an account a coordinator here checks
-// (--node-jwt-audience, --node-jwt-subject). With FSDP_BIN set (a bin/ of
-// this tree), every --flag a container passes must be in its program's
-// --help.
+// (--node-jwt-audience, --node-jwt-subject); a pod that runs as a user
+// other than root reads the files the kubelet writes (Secrets, ConfigMaps)
+// through fsGroup when their mode keeps them from others (0400). With
+// FSDP_BIN set (a bin/ of this tree), every --flag a container passes must
+// be in its program's --help.
+//
+// YAML is read as kubectl and Helm read it, YAML 1.1 (sigs.k8s.io/yaml over
+// go-yaml): `defaultMode: 0400` is octal, 256, where YAML 1.2 would make it
+// decimal 400 (0620), so the rules see the modes the cluster sets.
 //
 // Exit 0 with "ok: N documents" on stdout, else 1 with one line per finding.
 import { execFileSync } from "node:child_process";
@@ -72,6 +78,27 @@ function unknownFields(validate, doc, obj, path, where) {
   }
 }
 
+const octal = (m) => "0" + m.toString(8);
+
+// The files the kubelet writes for volume v (Secret, ConfigMap, projected
+// sources): {what, mode} each, the mode an item's, else the volume's
+// defaultMode, else the API's default 0644. A projected service account
+// token is left out: the kubelet gives it to the pod's runAsUser itself.
+function kubeletFiles(v) {
+  const files = [];
+  const add = (what, src, defaultMode) => {
+    const items = src.items?.length ? src.items : [{ key: "*" }];
+    for (const i of items) files.push({ what: `${what} ${i.key}`, mode: i.mode ?? defaultMode ?? 0o644 });
+  };
+  if (v.secret) add(`Secret ${v.secret.secretName}`, v.secret, v.secret.defaultMode);
+  if (v.configMap) add(`ConfigMap ${v.configMap.name}`, v.configMap, v.configMap.defaultMode);
+  for (const src of v.projected?.sources || []) {
+    if (src.secret) add(`Secret ${src.secret.name}`, src.secret, v.projected.defaultMode);
+    if (src.configMap) add(`ConfigMap ${src.configMap.name}`, src.configMap, v.projected.defaultMode);
+  }
+  return files;
+}
+
 function podSpecOf(doc) {
   if (["Deployment", "StatefulSet", "DaemonSet", "Job"].includes(doc.kind)) return doc.spec?.template?.spec;
   if (doc.kind === "Pod") return doc.spec;
@@ -105,6 +132,15 @@ function projectRules(doc, where) {
       }
   if (pod.securityContext?.runAsNonRoot !== true)
     findings.push(`${where}: spec.template.spec.securityContext.runAsNonRoot must be true`);
+  // the kubelet writes a Secret's files as root:root with their mode; with
+  // fsGroup they are root:fsGroup and group-readable. Without it a pod not
+  // run as root cannot read a file whose mode keeps others out (0400).
+  const psc = pod.securityContext || {};
+  if (psc.fsGroup === undefined && psc.runAsUser !== 0)
+    for (const v of pod.volumes || [])
+      for (const f of kubeletFiles(v))
+        if (!(f.mode & 0o004))
+          findings.push(`${where}: volume ${v.name}: ${f.what} is written root:root, mode ${octal(f.mode)}, which user ${psc.runAsUser ?? "(non-root)"} cannot read: set spec.template.spec.securityContext.fsGroup (and runAsGroup) to its group, as the other pods do`);
   for (const c of [...(pod.initContainers || []), ...(pod.containers || [])]) {
     const w = `${where}: container ${c.name}`;
     const sc = c.securityContext || {};
@@ -164,7 +200,7 @@ function identityRules() {
 for (const file of process.argv.slice(2)) {
   let docs;
   try {
-    docs = parseAllDocuments(readFileSync(file, "utf8"));
+    docs = parseAllDocuments(readFileSync(file, "utf8"), { version: "1.1" });
   } catch (e) {
     findings.push(`${file}: ${e.message}`);
     continue;
