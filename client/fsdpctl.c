@@ -743,6 +743,10 @@ static int cmd_watch(ctl_t *c, int argc, char **argv) {
 
 /* ---- submit ----------------------------------------------------------------------- */
 
+/* The most bytes of a request id the coordinator takes (coord_impl.h's
+ * coord_submit_t.request_id less its NUL). */
+#define CTL_REQUEST_ID_MAX 63
+
 /* A random idempotency key: a retried submit with it returns the first job. */
 static int ctl_request_id(char *buf, size_t n) {
   unsigned char r[16];
@@ -754,7 +758,7 @@ static int ctl_request_id(char *buf, size_t n) {
 
 static int cmd_submit(ctl_t *c, int argc, char **argv) {
   spec_t spec = {0}, flags = {0};
-  const char *file = NULL, *name = "", *v;
+  const char *file = NULL, *name = "", *given_id = NULL, *v;
   unsigned long ranks = 0, restarts = 0;
   int watch = 0, rc = 0, code = CTL_EXIT_OK, r;
   for (int i = 0; i < argc && !code; i++) {
@@ -772,6 +776,16 @@ static int cmd_submit(ctl_t *c, int argc, char **argv) {
     } else if ((r = ctl_opt(c, argc, argv, &i, "--set", &v))) {
       if (r < 0) code = CTL_EXIT_INVALID;
       else if ((rc = spec_set_arg(&flags, v))) code = ctl_usage(c, "%s", err_msg());
+    } else if ((r = ctl_opt(c, argc, argv, &i, "--request-id", &v))) {
+      /* refused here as the coordinator would refuse it (text_plain), and
+       * never empty: an empty id is no id, and a retry would make a second job */
+      if (r < 0) code = CTL_EXIT_INVALID;
+      else if (!*v)
+        code = ctl_usage(c, "--request-id: empty; give the same id to every retry of one "
+                         "submit (under Kubernetes, the Job's uid)");
+      else if (text_plain("--request-id", v, CTL_REQUEST_ID_MAX))
+        code = ctl_usage(c, "%s", err_msg());
+      else given_id = v;
     } else if (!strcmp(a, "--watch")) {
       watch = 1;
     } else if (!strncmp(a, "--", 2) && a[2]) {
@@ -802,8 +816,9 @@ static int cmd_submit(ctl_t *c, int argc, char **argv) {
     else if (!world)
       code = ctl_usage(c, "how many ranks? give --ranks N, or a mesh RxS (in the job file or --mesh)");
   }
-  char request_id[40] = "";
-  if (!code && (rc = ctl_request_id(request_id, sizeof request_id))) code = ctl_fail(c, rc, "submit");
+  char request_id[CTL_REQUEST_ID_MAX + 1] = "";
+  if (given_id) snprintf(request_id, sizeof request_id, "%s", given_id);
+  else if (!code && (rc = ctl_request_id(request_id, sizeof request_id))) code = ctl_fail(c, rc, "submit");
   if (code) goto out;
 
   Fsdp__V1__Option *opts = calloc(spec.n ? spec.n : 1, sizeof *opts);
@@ -1799,7 +1814,7 @@ static const ctl_cmd_t ctl_cmds[] = {
     {"undrain", cmd_undrain, "undrain NODE", "Lets a drained node take ranks again.\n"},
     {"submit", cmd_submit,
      "submit [JOB.conf] [--ranks N] [--name NAME] [--max-restarts N]\n"
-     "              [--set section.key=value]... [--KEY VALUE]... [--watch]",
+     "              [--set section.key=value]... [--KEY VALUE]... [--request-id ID] [--watch]",
      "Submits a job: every `[section] key = value` of the job file (the INI file\n"
      "fsdp-train reads), then the flags, which override the file's key in any section.\n"
      "--KEY VALUE (or --KEY=VALUE) is any job option (fsdp-train --help lists them);\n"
@@ -1807,10 +1822,16 @@ static const ctl_cmd_t ctl_cmds[] = {
      "  --ranks N          ranks (world size); default: R*S of the mesh option\n"
      "  --name NAME        a name for people\n"
      "  --max-restarts N   restarts after a failure before the job fails (default 0)\n"
+     "  --request-id ID    the submit's idempotency key (default: a random one): a\n"
+     "                     submit with the id of one the coordinator already took\n"
+     "                     gets that job, whatever its state, and makes none; give\n"
+     "                     every retry of one submit the same id (a Kubernetes Job:\n"
+     "                     its uid), so a retry gets the first one's job (and, with\n"
+     "                     --watch, watches it). Plain UTF-8 text, 1 to 63 bytes\n"
      "  --watch            then watch it to its end (exit code as `watch`)\n"
      "Prints the job id on stdout (--output json: the whole reply), the coordinator's\n"
-     "notes on stderr. Each submit carries a random request id, so the coordinator\n"
-     "never makes two jobs of one submit.\n"},
+     "notes on stderr. Each submit carries a request id (random unless --request-id\n"
+     "gives it), so the coordinator never makes two jobs of one submit.\n"},
     {"jobs", cmd_jobs, "jobs [--state S]... [--limit N]",
      "Jobs: id, name, state, step of total, restarts, age, reason (cut to the terminal).\n"
      "  --state S   only jobs in state S (PENDING, RUNNING, SUCCEEDED, FAILED,\n"

@@ -1016,6 +1016,52 @@ Test(fsdpctl, submit_sends_the_job_file_with_the_flags_on_top) {
   free(bad);
 }
 
+/* --request-id: every retry of one submit (a Kubernetes Job's second pod)
+ * sends the id it is given, so the coordinator, which keeps the first job
+ * made under an id, gives it that job instead of a second one. An id the
+ * coordinator would refuse is refused here, before any call. */
+Test(fsdpctl, a_retried_submit_sends_the_request_id_it_is_given) {
+  fake_start(NULL, NULL);
+  const char *uid = "0f4c5a4e-6a3b-4d8e-9a43-2b0d6c1e7f10";
+  int calls = 0;
+  for (int i = 0; i < 2; i++) {
+    cr_assert_eq(CTL("submit", "--ranks", "1", "--request-id", uid), 0, "%s", err);
+    Fsdp__V1__SubmitJobRequest *req =
+        rec_get("SubmitJob", &fsdp__v1__submit_job_request__descriptor, &calls);
+    cr_assert_str_eq(req->request_id, uid, "try %d", i);
+    cr_assert_eq(calls, i + 1);
+    /* the option is the submit's, not a job option named request-id */
+    cr_assert_eq(req->spec->n_options, 0, "%zu options", req->spec->n_options);
+    protobuf_c_message_free_unpacked(&req->base, NULL);
+  }
+  cr_assert_eq(CTL("submit", "--ranks", "1", "--request-id=k8s-1"), 0, "%s", err);
+  Fsdp__V1__SubmitJobRequest *req = rec_get("SubmitJob", &fsdp__v1__submit_job_request__descriptor, &calls);
+  cr_assert_str_eq(req->request_id, "k8s-1");
+  protobuf_c_message_free_unpacked(&req->base, NULL);
+
+  /* refused as the coordinator refuses it: empty (a Job's label the
+   * cluster does not set), too long, a control character, not UTF-8 */
+  char long_id[80];
+  memset(long_id, 'a', 64), long_id[64] = 0;
+  const struct { const char *id, *why; } bad[] = {
+      {"", "--request-id: empty"},
+      {long_id, "--request-id: 64 bytes; at most 63"},
+      {"job\x1b[2J", "a control character (U+001B)"},
+      {"caf\xe9", "not UTF-8 at byte 3"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    int rc = CTL("submit", "--ranks", "1", "--request-id", bad[i].id);
+    cr_assert_eq(rc, 2, "id %zu: exit %d: %s", i, rc, err);
+    expect_in(err, bad[i].why);
+  }
+  memset(long_id, 'a', 63), long_id[63] = 0; /* the longest the coordinator keeps */
+  cr_assert_eq(CTL("submit", "--ranks", "1", "--request-id", long_id), 0, "%s", err);
+  req = rec_get("SubmitJob", &fsdp__v1__submit_job_request__descriptor, &calls);
+  cr_assert_str_eq(req->request_id, long_id);
+  cr_assert_eq(calls, 4, "a refused id reached the coordinator: %d submits", calls);
+  protobuf_c_message_free_unpacked(&req->base, NULL);
+}
+
 Test(fsdpctl, submit_json_and_a_refusal) {
   fake_start(NULL, NULL);
   cr_assert_eq(CTL("--output", "json", "submit", "--ranks", "2", "--steps", "5"), 0, "%s", err);
