@@ -26,7 +26,7 @@ Test(k8s, the_manifests_pass_the_schemas_and_the_rules) {
   char out[1 << 14];
   int rc = check("deploy/k8s/*.yaml", out, sizeof out);
   cr_assert_eq(rc, 0, "deploy/k8s: exit %d:\n%s", rc, out);
-  cr_assert(strstr(out, "ok: 6 documents"), "%s", out);
+  cr_assert(strstr(out, "ok: 10 documents"), "%s", out);
 }
 
 /* The manifests deploy/k8s holds, each a file name. */
@@ -85,11 +85,13 @@ Test(k8s, an_unknown_field_is_refused) {
 
 Test(k8s, the_projects_rules_are_kept) {
   refused("fsdpd.yaml", "allowPrivilegeEscalation: false", "privileged: true", "privileged");
-  refused("coordinator.yaml", "grpc: {port: 7079}\n            periodSeconds: 10",
-          "tcpSocket: {port: 7079}\n            periodSeconds: 10", "native gRPC");
+  refused("coordinator.yaml", "livenessProbe:\n            grpc: {port: 7079}",
+          "livenessProbe:\n            tcpSocket: {port: 7079}", "native gRPC");
   /* a TLS port probed by the kubelet's grpc probe, which speaks no TLS */
   refused("coordinator.yaml", "grpc: {port: 7079}\n            periodSeconds: 5",
           "grpc: {port: 7070}\n            periodSeconds: 5", "--health-listen");
+  refused("coordinator.yaml", "startupProbe:\n            grpc: {port: 7079}",
+          "startupProbe:\n            grpc: {port: 7070}", "--health-listen");
   refused("submit-job.yaml", NULL,
           "---\napiVersion: v1\nkind: Secret\nmetadata: {name: fsdp-tokens}\n"
           "stringData: {user.token: hunter2}\n", "a Secret is inlined");
@@ -120,6 +122,26 @@ Test(k8s, a_non_root_pod_reads_its_secrets_through_fs_group) {
   cr_assert_eq(rc, 1, "%s", out);
   cr_assert(strstr(out, "Secret fsdp-tls * is written root:root, mode 0400"), "%s", out);
   cr_assert(!strstr(out, "ConfigMap fsdp-node-jwks"), "%s", out);
+}
+
+/* One coordinator, one database: a StatefulSet of exactly one replica,
+ * governed by a headless Service. */
+Test(k8s, the_coordinator_is_one_replica_under_a_headless_service) {
+  refused("coordinator.yaml", "replicas: 1", "replicas: 2", "must have exactly 1");
+  refused("coordinator.yaml", "  clusterIP: None\n", "", "is not headless");
+  refused("coordinator.yaml", "serviceName: fsdp-coordinator-pods", "serviceName: fsdp-coordinator",
+          "is not headless");
+  refused("coordinator.yaml", "serviceName: fsdp-coordinator-pods", "serviceName: fsdp-coord",
+          "no such Service");
+  refused("coordinator.yaml", "kind: StatefulSet", "kind: Deployment", "make it a StatefulSet");
+}
+
+/* fsGroup alone makes the kubelet walk every file of fsdp-data at each pod
+ * start; the image has no entry point, so each container names its program. */
+Test(k8s, volumes_are_not_walked_and_programs_are_named) {
+  refused("fsdpd.yaml", "        fsGroupChangePolicy: OnRootMismatch\n", "", "fsGroupChangePolicy");
+  refused("coordinator.yaml", "        fsGroupChangePolicy: OnRootMismatch\n", "", "fsGroupChangePolicy");
+  refused("submit-job.yaml", "command: [fsdpctl]", "workingDir: /", "no command");
 }
 
 /* A node's identity is its projected service account token: for the

@@ -39,15 +39,21 @@ let documents = 0;
 // coordinators that check them, matched once every document is read
 const identities = [];
 const checkers = [];
+// the programs containers run, the coordinators' workloads, the Services
+const programs = [];
+const coordinators = [];
+const services = {};
 // with FSDP_BIN (this tree's bin/): every --flag a container passes must be
 // one its program's --help lists
 const bin = process.env.FSDP_BIN;
 const helpOf = {};
 
-// apps/v1 StatefulSet -> IoK8sApiAppsV1StatefulSet; v1 Service -> IoK8sApiCoreV1Service
+// apps/v1 StatefulSet -> IoK8sApiAppsV1StatefulSet; v1 Service -> IoK8sApiCoreV1Service;
+// networking.k8s.io/v1 NetworkPolicy -> IoK8sApiNetworkingV1NetworkPolicy
 function schemaName(apiVersion, kind) {
-  const [group, version] = apiVersion.includes("/") ? apiVersion.split("/") : ["core", apiVersion];
+  let [group, version] = apiVersion.includes("/") ? apiVersion.split("/") : ["core", apiVersion];
   const cap = (s) => s.charAt(0).toUpperCase() + s.slice(1);
+  if (group.endsWith(".k8s.io")) group = group.slice(0, -".k8s.io".length);
   if (group.includes(".")) return null; // only the built-in groups are known here
   return `IoK8sApi${cap(group)}${cap(version)}${kind}`;
 }
@@ -141,6 +147,11 @@ function projectRules(doc, where) {
       for (const f of kubeletFiles(v))
         if (!(f.mode & 0o004))
           findings.push(`${where}: volume ${v.name}: ${f.what} is written root:root, mode ${octal(f.mode)}, which user ${psc.runAsUser ?? "(non-root)"} cannot read: set spec.template.spec.securityContext.fsGroup (and runAsGroup) to its group, as the other pods do`);
+  // fsGroup without OnRootMismatch: the kubelet walks every file of every
+  // volume at each start, fsdp-data's terabytes included
+  if (psc.fsGroup !== undefined && psc.fsGroupChangePolicy !== "OnRootMismatch" &&
+      (pod.volumes || []).some((v) => v.persistentVolumeClaim))
+    findings.push(`${where}: fsGroup without fsGroupChangePolicy: OnRootMismatch makes the kubelet change the ownership of every file of its volumes at each start`);
   for (const c of [...(pod.initContainers || []), ...(pod.containers || [])]) {
     const w = `${where}: container ${c.name}`;
     const sc = c.securityContext || {};
@@ -152,11 +163,16 @@ function projectRules(doc, where) {
       findings.push(`${w}: needs native gRPC liveness and readiness probes (livenessProbe.grpc, readinessProbe.grpc)`);
     // the kubelet's grpc: probe speaks no TLS: with --tls-cert the probes go
     // to the plaintext --health-listen port
-    const args = c.args || [];
+    // the image has no entry point: command names the program, args its options
+    const args = [...(c.command || []), ...(c.args || [])];
+    if (!c.command?.length) findings.push(`${w}: no command: the image has no ENTRYPOINT; name the program in command (args for its options)`);
+    const prog = args.length ? args[0].split("/").pop() : "";
+    if (prog) programs.push({ where: w, prog });
+    if (prog === "fsdp-coordinator") coordinators.push({ where, doc, pod });
     if (args.some((a) => a.startsWith("--tls-cert"))) {
       const h = args.find((a) => a.startsWith("--health-listen="));
       const port = h ? Number(h.split(":").pop()) : NaN;
-      for (const p of [c.livenessProbe, c.readinessProbe])
+      for (const p of [c.startupProbe, c.livenessProbe, c.readinessProbe])
         if (p?.grpc && p.grpc.port !== port)
           findings.push(`${w}: serves TLS (--tls-cert), which the kubelet's grpc probe cannot speak: probe the plaintext --health-listen port (${h || "none given"})`);
     }
@@ -172,8 +188,7 @@ function projectRules(doc, where) {
         identities.push({ where: w, audience: projected[m.name].audience, account: pod.serviceAccountName || "default" });
     if (flag("node-jwks-file"))
       checkers.push({ where: w, audience: flag("node-jwt-audience") || "fsdp-coordinator", subject: flag("node-jwt-subject") || "" });
-    if (bin && args.length) {
-      const prog = args[0];
+    if (bin && prog && c.command?.length) {
       try {
         helpOf[prog] ??= execFileSync(`${bin}/${prog}`, ["--help"], { encoding: "utf8" });
       } catch (e) {
@@ -185,6 +200,25 @@ function projectRules(doc, where) {
           findings.push(`${w}: ${prog} has no option ${m[1]} (${prog} --help)`);
       }
     }
+  }
+}
+
+// One coordinator: its state is one SQLite database, so it is a StatefulSet
+// of one replica (two would split the state), governed by a headless
+// Service (a ClusterIP one gives its pods no DNS names).
+function coordinatorRules() {
+  for (const { where, doc } of coordinators) {
+    if (doc.kind !== "StatefulSet") {
+      findings.push(`${where}: fsdp-coordinator runs in a ${doc.kind}: make it a StatefulSet of one replica (its database on a volume of its own)`);
+      continue;
+    }
+    if ((doc.spec.replicas ?? 1) !== 1)
+      findings.push(`${where}: replicas ${doc.spec.replicas}: fsdp-coordinator must have exactly 1 (one database; a second replica would be a second, diverging state)`);
+    const svc = services[doc.spec.serviceName];
+    if (!svc)
+      findings.push(`${where}: serviceName ${doc.spec.serviceName}: no such Service here (the StatefulSet's governing, headless Service)`);
+    else if (svc.spec?.clusterIP !== "None")
+      findings.push(`${where}: serviceName ${doc.spec.serviceName} is not headless (clusterIP: None): a StatefulSet's governing Service gives its pods their DNS names`);
   }
 }
 
@@ -225,10 +259,12 @@ for (const file of process.argv.slice(2)) {
     for (const e of errorsOf(validate, doc))
       findings.push(`${where}: ${e.instancePath || "/"}: ${e.message || e.keyword + " " + JSON.stringify(e.params)}`);
     unknownFields(validate, doc, doc, [], where);
+    if (doc.kind === "Service") services[doc.metadata?.name] = doc;
     projectRules(doc, where);
   }
 }
 identityRules();
+coordinatorRules();
 if (findings.length) {
   for (const f of findings) console.log(f);
   process.exit(1);
