@@ -26,11 +26,12 @@ Test(k8s, the_manifests_pass_the_schemas_and_the_rules) {
   char out[1 << 14];
   int rc = check("deploy/k8s/*.yaml", out, sizeof out);
   cr_assert_eq(rc, 0, "deploy/k8s: exit %d:\n%s", rc, out);
-  cr_assert(strstr(out, "ok: 10 documents"), "%s", out);
+  cr_assert(strstr(out, "ok: 12 documents"), "%s", out);
 }
 
 /* The manifests deploy/k8s holds, each a file name. */
-static const char *const all[] = {"coordinator.yaml", "fsdpd.yaml", "submit-job.yaml"};
+static const char *const all[] = {"coordinator.yaml", "fsdpd.yaml", "submit-job.yaml",
+                                  "networkpolicy.yaml"};
 #define NALL (sizeof all / sizeof all[0])
 
 /* A copy of deploy/k8s/NAME with `from` replaced by `to` (the first one, or
