@@ -24,7 +24,7 @@ static int check(const char *files, char *out, size_t len) {
 
 Test(k8s, the_manifests_pass_the_schemas_and_the_rules) {
   char out[1 << 14];
-  int rc = check("deploy/k8s/*.yaml", out, sizeof out);
+  int rc = check("deploy/k8s/*.yaml deploy/k8s/Dockerfile", out, sizeof out);
   cr_assert_eq(rc, 0, "deploy/k8s: exit %d:\n%s", rc, out);
   cr_assert(strstr(out, "ok: 12 documents"), "%s", out);
 }
@@ -33,6 +33,8 @@ Test(k8s, the_manifests_pass_the_schemas_and_the_rules) {
 static const char *const all[] = {"coordinator.yaml", "fsdpd.yaml", "submit-job.yaml",
                                   "networkpolicy.yaml"};
 #define NALL (sizeof all / sizeof all[0])
+/* 1: check the image's Dockerfile too (it runs make -n and readelf: slower) */
+static int with_image;
 
 /* A copy of deploy/k8s/NAME with `from` replaced by `to` (the first one, or
  * every one with every; to appended when from is NULL), checked with the
@@ -55,12 +57,14 @@ static int check_copy(const char *name, const char *from, const char *to, int ev
     text = edited;
     done = !from || !every || !strstr(text, from) || strstr(to, from);
   }
-  char *path = tu_path("broken.yaml");
+  const int image = !strcmp(name, "Dockerfile");
+  char *path = tu_path(image ? "Dockerfile" : "broken.yaml");
   tu_write_file(path, text, strlen(text));
   char files[4096];
   size_t at = (size_t)snprintf(files, sizeof files, "'%s'", path);
   for (size_t i = 0; i < NALL; i++)
     if (strcmp(all[i], name)) at += (size_t)snprintf(files + at, sizeof files - at, " deploy/k8s/%s", all[i]);
+  if (with_image && !image) snprintf(files + at, sizeof files - at, " deploy/k8s/Dockerfile");
   int rc = check(files, out, len);
   free(text), free(path);
   return rc;
@@ -143,6 +147,27 @@ Test(k8s, volumes_are_not_walked_and_programs_are_named) {
   refused("fsdpd.yaml", "        fsGroupChangePolicy: OnRootMismatch\n", "", "fsGroupChangePolicy");
   refused("coordinator.yaml", "        fsGroupChangePolicy: OnRootMismatch\n", "", "fsGroupChangePolicy");
   refused("submit-job.yaml", "command: [fsdpctl]", "workingDir: /", "no command");
+}
+
+/* deploy/k8s/Dockerfile cannot be built here (no network); what it takes
+ * from the tree is checked: each COPY a path make install writes, the CUDA
+ * libraries in the plugin's RUNPATH, the plugin beside the programs, every
+ * program a manifest runs on the image's PATH, and (the programs built) a
+ * package for every library they link. */
+Test(k8s, the_image_holds_what_the_manifests_run, .timeout = 120) {
+  with_image = 1;
+  refused("Dockerfile", "COPY usr/local/lib/fsdpd/ /usr/local/lib/fsdpd/",
+          "COPY usr/local/lib/fsdp/ /usr/local/lib/fsdpd/", "COPY usr/local/lib/fsdp/: make install");
+  refused("Dockerfile", "COPY usr/local/lib/fsdpd/ /usr/local/lib/fsdpd/",
+          "COPY usr/local/lib/fsdpd/ /usr/lib/fsdpd/", "../lib/fsdpd beside the programs");
+  refused("Dockerfile", "COPY usr/local/cuda/lib64/ /usr/local/cuda/lib64/",
+          "COPY usr/local/cuda/lib64/ /usr/lib/", "its RUNPATH /usr/local/cuda/lib64");
+  refused("Dockerfile", "COPY usr/local/bin/ /usr/local/bin/", "COPY usr/local/bin/ /opt/fsdpd/bin/",
+          "runs fsdpd, which");
+  refused("fsdpd.yaml", "command: [fsdpd]", "command: [fsdpd-gpu]", "runs fsdpd-gpu, which");
+  /* fsdpd (built for this test) links libuv */
+  refused("Dockerfile", " libuv1 ", " ", "links libuv.so.1, from the package libuv1");
+  with_image = 0;
 }
 
 /* A node's identity is its projected service account token: for the

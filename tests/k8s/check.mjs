@@ -28,9 +28,18 @@
 // go-yaml): `defaultMode: 0400` is octal, 256, where YAML 1.2 would make it
 // decimal 400 (0620), so the rules see the modes the cluster sets.
 //
+// A Dockerfile among the files (deploy/k8s/Dockerfile, which cannot be built
+// here) is checked against this tree: each COPY takes a path `make install`
+// writes (or, for the CUDA libraries, lands in the plugin's RUNPATH), every
+// program a manifest runs is installed on the image's PATH, and with FSDP_BIN
+// every library the built programs and plugin link (readelf -d) comes from a
+// Debian package it installs.
+//
 // Exit 0 with "ok: N documents" on stdout, else 1 with one line per finding.
 import { execFileSync } from "node:child_process";
-import { readFileSync } from "node:fs";
+import { existsSync, readFileSync } from "node:fs";
+import { basename, dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
 import { parseAllDocuments } from "yaml";
 
 const findings = [];
@@ -222,6 +231,87 @@ function coordinatorRules() {
   }
 }
 
+// ---- the image ----
+const root = join(dirname(fileURLToPath(import.meta.url)), "..", "..");
+const dockerfiles = [];
+const DEFAULT_PATH = ["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"];
+const STAGE = "/fsdp-image-stage";
+
+// Its instructions, continuation lines joined: [{op, args: text}].
+function dockerInstructions(text) {
+  const out = [];
+  for (const line of text.replace(/\\\n/g, " ").split("\n")) {
+    const m = /^\s*([A-Za-z]+)\s+(.*)$/.exec(line);
+    if (m && !line.trim().startsWith("#")) out.push({ op: m[1].toUpperCase(), args: m[2].trim() });
+  }
+  return out;
+}
+
+function dockerRules(file, text) {
+  const ins = dockerInstructions(text);
+  // what `make install` writes, with the plugin as where nvcc is
+  const plan = execFileSync("make", ["-s", "-n", "-C", root, "install", `DESTDIR=${STAGE}`,
+                                     "PREFIX=/usr/local", "NVCC=/bin/true"], { encoding: "utf8" });
+  const staged = [...plan.matchAll(new RegExp(`${STAGE}(/[^\\s;&|>]*)`, "g"))].map((m) => m[1].replace(/\/+$/, ""));
+  const installed = new Set();
+  for (const m of plan.matchAll(/install -m 0755 ([^\n]*) \S+\/usr\/local\/bin\/?\n/g))
+    for (const w of m[1].split(/\s+/)) installed.add(basename(w));
+  const rpath = /-rpath,(\S+)/.exec(readFileSync(join(root, "Makefile"), "utf8"))?.[1];
+  const copied = [];
+  for (const { op, args } of ins.filter((i) => i.op === "COPY" || i.op === "ADD")) {
+    const words = args.split(/\s+/).filter((w) => !w.startsWith("--"));
+    if (/--from/.test(args)) continue;
+    const dest = words.pop().replace(/\/+$/, "");
+    for (const src of words) {
+      const path = "/" + src.replace(/^\/+|\/+$/g, "");
+      copied.push({ src: path, dest });
+      if (path.startsWith("/usr/local/cuda/")) {
+        if (dest !== rpath)
+          findings.push(`${file}: ${op} ${src}: the CUDA libraries go where the plugin looks for them, its RUNPATH ${rpath} (Makefile), not ${dest}`);
+      } else if (!staged.some((p) => p === path || p.startsWith(path + "/")))
+        findings.push(`${file}: ${op} ${src}: make install (DESTDIR, PREFIX=/usr/local) writes nothing there`);
+    }
+  }
+  const env = ins.filter((i) => i.op === "ENV").map((i) => /^PATH[= ](\S+)/.exec(i.args)?.[1]).filter(Boolean).pop();
+  const path = env ? env.split(":") : DEFAULT_PATH;
+  const onPath = copied.some((c) => c.src === "/usr/local/bin" && path.includes(c.dest));
+  for (const { where, prog } of programs)
+    if (!installed.has(prog) || !onPath)
+      findings.push(`${where}: runs ${prog}, which ${file} does not put on the image's PATH (make install's /usr/local/bin, copied to a PATH directory)`);
+  if (!copied.some((c) => c.src === "/usr/local/lib/fsdpd" && c.dest === "/usr/local/lib/fsdpd"))
+    findings.push(`${file}: the CUDA plugin is looked for in ../lib/fsdpd beside the programs: COPY usr/local/lib/fsdpd/ /usr/local/lib/fsdpd/`);
+  if (!bin) return;
+  // every library the built programs and plugin link: from a package installed here
+  const pkgs = new Set(ins.filter((i) => i.op === "RUN").flatMap((i) =>
+    [...i.args.matchAll(/apt-get install ([^&|;]*)/g)].flatMap((m) => m[1].split(/\s+/).filter((w) => w && !w.startsWith("-")))));
+  const essential = new Set(["libc6"]);
+  const where = {};
+  for (const line of execFileSync("ldconfig", ["-p"], { encoding: "utf8" }).split("\n")) {
+    const m = /^\s*(\S+) \((libc6,x86-64)[^)]*\) => (\S+)/.exec(line);
+    if (m) where[m[1]] ??= m[3];
+  }
+  const objects = [...installed].map((p) => join(bin, p)).concat(join(bin, "..", "lib", "fsdpd", "libfsdp-cuda.so"));
+  for (const obj of objects.filter((o) => existsSync(o))) {
+    const needed = [...execFileSync("readelf", ["-d", obj], { encoding: "utf8" }).matchAll(/\(NEEDED\)\s+Shared library: \[([^\]]+)\]/g)].map((m) => m[1]);
+    for (const lib of needed) {
+      const at = where[lib];
+      // the CUDA libraries: copied into the image by its recipe, which names them
+      if ((at && at.startsWith("/usr/local/cuda")) || (obj.endsWith(".so") && text.includes(lib))) continue;
+      // dpkg knows a file by the path its package ships (/lib or /usr/lib, merged here)
+      let pkg = "";
+      const real = at ? execFileSync("readlink", ["-f", at], { encoding: "utf8" }).trim() : "";
+      for (const p of at ? [at, real, real.replace(/^\/usr/, ""), at.replace(/^\/usr/, "")] : []) {
+        try {
+          pkg ||= execFileSync("dpkg", ["-S", p], { encoding: "utf8", stdio: ["ignore", "pipe", "ignore"] }).split(":")[0];
+        } catch { /* not by this path */ }
+      }
+      if (!pkg) findings.push(`${file}: ${basename(obj)} links ${lib}, which no Debian package here provides: copy it into the image`);
+      else if (!pkgs.has(pkg) && !essential.has(pkg))
+        findings.push(`${file}: ${basename(obj)} links ${lib}, from the package ${pkg}, which the image does not install (apt-get install)`);
+    }
+  }
+}
+
 // every node identity is one a coordinator takes: its audience, its account
 function identityRules() {
   for (const id of identities) {
@@ -232,6 +322,10 @@ function identityRules() {
 }
 
 for (const file of process.argv.slice(2)) {
+  if (/(^|\/)Dockerfile[^/]*$/.test(file)) {
+    dockerfiles.push(file);
+    continue;
+  }
   let docs;
   try {
     docs = parseAllDocuments(readFileSync(file, "utf8"), { version: "1.1" });
@@ -265,6 +359,13 @@ for (const file of process.argv.slice(2)) {
 }
 identityRules();
 coordinatorRules();
+for (const file of dockerfiles) {
+  try {
+    dockerRules(file, readFileSync(file, "utf8"));
+  } catch (e) {
+    findings.push(`${file}: ${e.message}`);
+  }
+}
 if (findings.length) {
   for (const f of findings) console.log(f);
   process.exit(1);
