@@ -79,6 +79,15 @@ static void teardown(void) {
   cluster_stop(&co, SIGKILL);
 }
 
+/* The test's coordinator again on its database, with extra options. */
+static void co_restart_with(const char *extra) {
+  char db[600];
+  snprintf(db, sizeof db, "%s", co_db);
+  teardown();
+  co_start(db, "127.0.0.1:0", extra);
+  client_for(&co, NULL);
+}
+
 static void co_start_with_tokens(const char *name, char *ut, char *nt, char *ot) {
   teardown();
   char *u = tu_path("user.token"), *n = tu_path("node.token"), *o = tu_path("operator.token");
@@ -1787,11 +1796,7 @@ static void restartable_on_alpha(node_t *a, char id[32]) {
  * it waits: before, each restart came within a second, on the same nodes,
  * and a failure that lasted a few seconds used up every restart. */
 Test(coordinator, a_job_failing_again_and_again_waits_longer_each_time, .timeout = 40 * TU_SLOW) {
-  char db[600];
-  snprintf(db, sizeof db, "%s", co_db);
-  teardown();
-  co_start(db, "127.0.0.1:0", "--restart-backoff-ms 1000");
-  client_for(&co, NULL);
+  co_restart_with("--restart-backoff-ms 1000");
   char id[32], reason[512] = "";
   node_t a = {{0}, 0};
   restartable_on_alpha(&a, id);
@@ -1858,11 +1863,7 @@ static void last_event(const char *job, const char *kind, char *text, size_t len
  * link used up its restarts); once it has failed on both, it goes back to
  * the one it failed on longest ago. */
 Test(coordinator, a_failed_job_restarts_away_from_the_node_it_failed_on, .timeout = 40 * TU_SLOW) {
-  char db[600];
-  snprintf(db, sizeof db, "%s", co_db);
-  teardown();
-  co_start(db, "127.0.0.1:0", "--restart-backoff-ms 0");
-  client_for(&co, NULL);
+  co_restart_with("--restart-backoff-ms 0");
   char id[32], text[512];
   node_t a = {{0}, 0}, b = {{0}, 0};
   restartable_on_alpha(&a, id);
@@ -1885,7 +1886,9 @@ Test(coordinator, a_failed_job_restarts_away_from_the_node_it_failed_on, .timeou
  * the field (the resume read the stored paths wherever they now led: a
  * reviewer). */
 Test(coordinator, a_resume_refuses_paths_that_now_lead_out_of_the_roots) {
-  char *dir = tu_path("dd"), *away = tu_path("../away-dd"), path[1200], opt[1300], id[32];
+  char *dir = tu_path("dd"), away[] = "/tmp/fsdp-away-XXXXXX", path[1200], opt[1300], id[32];
+  cr_assert_not_null(mkdtemp(away)); /* out of the roots, a name of its own */
+  cr_assert_eq(rmdir(away), 0);
   cr_assert_eq(mkdir(dir, 0755), 0);
   snprintf(path, sizeof path, "%s/tok.bin", dir);
   char *tok = tu_token_file("tok.bin", 20000, 1, 256);
@@ -1905,18 +1908,14 @@ Test(coordinator, a_resume_refuses_paths_that_now_lead_out_of_the_roots) {
   cr_assert_eq(unlink(dir), 0);
   cr_assert_eq(rename(away, dir), 0);
   cr_assert_eq(resume(id), 0, "%s", err_msg());
-  free(dir), free(away), free(tok);
+  free(dir), free(tok);
 }
 
 /* Past --max-pending-jobs waiting, a submit is refused, naming the bound
  * and the fix, until one of them leaves the queue: before, a loop of
  * submits (8000 in 3 s, an outside tester) grew the database for good. */
 Test(coordinator, submits_past_the_pending_bound_are_refused) {
-  char db[600];
-  snprintf(db, sizeof db, "%s", co_db);
-  teardown();
-  co_start(db, "127.0.0.1:0", "--max-pending-jobs 2");
-  client_for(&co, NULL);
+  co_restart_with("--max-pending-jobs 2");
   char d[600], a[32], b[32], x[32];
   data_opt(d, sizeof d);
   const char *kv[] = {"model=tiny", d, NULL};
@@ -1955,12 +1954,8 @@ Test(coordinator, the_restart_backoff_is_10_s_by_default) {
  * sent at the answer) is never quiet: an idle cluster runs no placement
  * passes (a reviewer found one run at every heartbeat of every node). */
 Test(coordinator, an_idle_cluster_beating_runs_no_placement_passes) {
-  char db[600];
-  snprintf(db, sizeof db, "%s", co_db);
-  teardown();
   /* an interval longer than the beat's slack (250 ms), as the default 1 s */
-  co_start(db, "127.0.0.1:0", "--metrics-listen 127.0.0.1:0 --heartbeat-interval-ms 600");
-  client_for(&co, NULL);
+  co_restart_with("--metrics-listen 127.0.0.1:0 --heartbeat-interval-ms 600");
   node_t a = {{0}, 0};
   node_register(&a, "alpha", 2, 8ull << 30, NULL, 0);
   reply_free(heartbeat(&a, NULL, 0));
