@@ -1397,19 +1397,20 @@ Test(rpc, the_server_caps_the_streams_of_a_connection, .timeout = 30) {
                (long long)streams);
   /* acknowledged, the cap holds: 101 calls that send headers and never a
    * message lose the connection (they were all kept, ~12 KiB each) */
-  static uint8_t out[101 * 128];
+  static uint8_t out[9 + 101 * (9 + 256)];
   size_t o = 0;
   h2_frame(out, 0, 4, 1, 0), o = 9;
   static const char *hdr[][2] = {{":method", "POST"}, {":scheme", "http"}, {":path", GET_JOB},
                                  {":authority", "x"}, {"content-type", "application/grpc"},
                                  {"te", "trailers"}};
-  uint8_t hb[128];
+  uint8_t hb[256];
   size_t hn = 0;
   for (size_t k = 0; k < sizeof hdr / sizeof hdr[0]; k++) {
     const size_t nl = strlen(hdr[k][0]), vl = strlen(hdr[k][1]);
     hb[hn++] = 0, hb[hn++] = (uint8_t)nl, memcpy(hb + hn, hdr[k][0], nl), hn += nl;
     hb[hn++] = (uint8_t)vl, memcpy(hb + hn, hdr[k][1], vl), hn += vl;
   }
+  cr_assert_leq(9 + 101 * (9 + hn), sizeof out, "a HEADERS frame of %zu bytes", hn);
   for (uint32_t k = 0; k < 101; k++) {
     h2_frame(out + o, (uint32_t)hn, 1, 4, 1 + 2 * k); /* HEADERS, END_HEADERS, no END_STREAM */
     memcpy(out + o + 9, hb, hn);
