@@ -1344,6 +1344,17 @@ Test(cluster, a_damaged_newest_checkpoint_is_committed_no_more_and_the_job_ends_
   preempted_resumes(0, 3000, 100, 150, 1);
 }
 
+/* fsdpctl resume of job, watched to its end: rank 0's log in out. */
+static void resumed_to_its_end(const char *job, char *out, size_t len) {
+  char a[128];
+  snprintf(a, sizeof a, "resume %s", job);
+  cr_assert_eq(cluster_ctl(coord.addr, a, out, len), 0, "%s", out);
+  snprintf(a, sizeof a, "watch %s", job);
+  cr_assert_eq(cluster_ctl(coord.addr, a, out, len), 0, "%s", out);
+  snprintf(a, sizeof a, "logs %s --rank 0", job);
+  cluster_ctl(coord.addr, a, out, len);
+}
+
 Test(cluster, a_cancelled_job_resumes_from_its_last_checkpoint) {
   cluster_fsdpd_start(&node[0], coord.addr, "solo", 2, NULL);
   char *ck, *ref, text[1024], a[2048];
@@ -1365,12 +1376,7 @@ Test(cluster, a_cancelled_job_resumes_from_its_last_checkpoint) {
   snprintf(a, sizeof a, "cancel %s", job);
   cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
   cr_assert(wait_state(job, "CANCELLED", 5));
-  snprintf(a, sizeof a, "resume %s", job);
-  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
-  snprintf(a, sizeof a, "watch %s", job);
-  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
-  snprintf(a, sizeof a, "logs %s --rank 0", job);
-  cluster_ctl(coord.addr, a, out, sizeof out);
+  resumed_to_its_end(job, out, sizeof out);
   cr_assert(strstr(out, "resumed from"), "the resumed attempt began again:\n%.2000s", out);
   matches_uninterrupted(conf, ck, ref, 3000);
   free(ck), free(ref), free(conf);
@@ -1399,12 +1405,7 @@ Test(cluster, a_job_cancelled_with_a_checkpoint_resumes_from_the_step_it_stopped
   snprintf(want, sizeof want, "step %d", odd);
   cr_assert(strstr(out, want) && strstr(out, "CANCELLED"), "the reason does not name step %d:\n%s",
             odd, out);
-  snprintf(a, sizeof a, "resume %s", job);
-  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
-  snprintf(a, sizeof a, "watch %s", job);
-  cr_assert_eq(cluster_ctl(coord.addr, a, out, sizeof out), 0, "%s", out);
-  snprintf(a, sizeof a, "logs %s --rank 0", job);
-  cluster_ctl(coord.addr, a, out, sizeof out);
+  resumed_to_its_end(job, out, sizeof out);
   snprintf(want, sizeof want, "at step %d ", odd);
   cr_assert(strstr(out, "resumed from") && strstr(out, want), "not resumed at step %d:\n%.2000s",
             odd, out);
