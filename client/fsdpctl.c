@@ -1740,8 +1740,9 @@ static int cmd_logs(ctl_t *c, int argc, char **argv) {
                                  follow ? CTL_FOREVER_S : c->timeout_s))) {
         Fsdp__V1__LogChunk *ch;
         while ((rc = rpc_stream_next(st, &fsdp__v1__log_chunk__descriptor, (ProtobufCMessage **)&ch)) == 1) {
-          if (tty) ctl_log_text(ch->data.data, ch->data.len, held, &nheld);
-          else fwrite(ch->data.data, 1, ch->data.len, stdout);
+          /* an empty chunk (where a stream from the end starts) says only where */
+          if (ch->data.len && tty) ctl_log_text(ch->data.data, ch->data.len, held, &nheld);
+          else if (ch->data.len) fwrite(ch->data.data, 1, ch->data.len, stdout);
           req.offset = ch->offset + (int64_t)ch->data.len, got = reached = 1;
           if (!req.attempt) req.attempt = ch->attempt; /* 0 from an older fsdpd: the latest still */
           ctl_free(ch);
